@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Installs everything muond needs on a Debian 12 machine (the CUDA toolkit, if
+# any, is expected at /usr/local/cuda) and the project's Python environment.
+# Idempotent and quick when everything is already there. Called by both
+# commands of README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+APT_PACKAGES=(
+  bazel-bootstrap g++ clang libclang-rt-14-dev lld
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libabsl-dev libgoogle-glog-dev libgflags-dev libgloo-dev libopenblas-dev
+  nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3-venv fortunes fortunes-min procps
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The virtual environment, rebuilt only when requirements.txt changes.
+stamp=.venv/.requirements.sha256
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: creating .venv from requirements.txt"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -r requirements.txt
+  .venv/bin/pip install -q --no-deps --ignore-requires-python emerging-optimizers==0.3.0
+  echo "$want" > "$stamp"
+fi
+
+# Machine-specific Bazel settings: Python tests run with the venv's python3.
+cat > .bazelrc.user <<RC
+build --action_env=PATH=$root/.venv/bin:/usr/local/cuda/bin:/usr/bin:/bin
+test --test_env=PATH=$root/.venv/bin:/usr/local/cuda/bin:/usr/bin:/bin
+test --test_env=HOME=$HOME
+RC
+
+# Python stubs for the client package when used outside Bazel (examples, tools).
+mkdir -p client/python/muond/v1
+if [ -d proto/muond ]; then
+  protoc --proto_path=proto --python_out=client/python --grpc_python_out=client/python \
+    --plugin=protoc-gen-grpc_python="$(command -v grpc_python_plugin)" \
+    $(cd proto && find muond -name '*.proto' | sort)
+fi
+echo "setup: ok"

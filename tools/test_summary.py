@@ -1,0 +1,70 @@
+"""Counts test cases from a Bazel build-event JSON file and its test.xml files.
+
+Prints one line "N passed, N failed, N skipped" and exits non-zero when any
+test failed or a target did not report (e.g. it did not build).
+"""
+import json
+import sys
+import urllib.parse
+import xml.etree.ElementTree as ET
+
+
+def count_xml(path):
+    """Returns (passed, failed, skipped) from a JUnit XML file, or None."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    passed = failed = skipped = 0
+    cases = list(root.iter("testcase"))
+    if not cases:
+        return None
+    for case in cases:
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+        elif case.find("skipped") is not None or case.get("result") == "skipped" \
+                or case.get("status") == "notrun":
+            skipped += 1
+        else:
+            passed += 1
+    return passed, failed, skipped
+
+
+def main(events_path):
+    passed = failed = skipped = 0
+    results = {}
+    with open(events_path) as f:
+        for line in f:
+            event = json.loads(line)
+            eid = event.get("id", {})
+            if "testResult" in eid:
+                label = eid["testResult"]["label"]
+                payload = event.get("testResult", {})
+                results[(label, eid["testResult"].get("shard", 0))] = payload
+            elif "targetCompleted" in eid and "aborted" in event:
+                failed += 1
+                print(f"did not build: {eid['targetCompleted']['label']}")
+    for (label, _), payload in sorted(results.items()):
+        status = payload.get("status", "FAILED")
+        xml = None
+        for out in payload.get("testActionOutput", []):
+            if out.get("name") == "test.xml":
+                xml = urllib.parse.urlparse(out["uri"]).path
+        counts = count_xml(xml) if xml else None
+        if status != "PASSED":
+            print(f"FAILED: {label} ({status})")
+        if counts is None or (status != "PASSED" and counts[1] == 0):
+            if status == "PASSED":
+                passed += 1
+            else:
+                failed += 1
+            continue
+        passed += counts[0]
+        failed += counts[1]
+        skipped += counts[2]
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
