@@ -1,0 +1,132 @@
+#pragma once
+// The layer-sharded Muon step of DESIGN.md §3 over real communicators.
+//
+// One LayerShardedMuon per daemon (process). It owns the optimizer state of
+// its local shards (momentum, Adam moments) and the exchange buffers; it
+// reads gradients and writes parameters in place through MatrixViews into
+// trainer memory (host shm or CUDA IPC mappings, in the backend's memory
+// space).
+//
+// Per group and step: momentum on local shards -> stage 1 all_to_allv over
+// the gtp_remat group along dim 0 -> strip pad -> stage 2 over the tp group
+// along tp_dim -> Newton–Schulz at the NS home (batched by shape up to
+// ns_batch_size) -> scale -> reverse stage 2 -> restore pad -> reverse
+// stage 1 -> weight decay + update. Replicated params run local NS on every
+// rank. AdamW groups update local shards without exchange.
+//
+// Numerics contract: with ns_batch_size = 1 every update is bit-identical to
+// the duplicated path (all_gather + full NS on every rank) and to the
+// single-process reference on the same backend.
+//
+// Thread-safety: not thread-safe; the daemon serializes calls.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/backend/backend.h"
+#include "core/comm/communicator.h"
+#include "core/common/matrix_view.h"
+#include "core/muon/adamw.h"
+#include "core/muon/muon_update.h"
+#include "core/plan/planner.h"
+#include "core/plan/sharding.h"
+
+namespace muond {
+
+enum class Algorithm { kMuon, kAdamW };
+
+// One param of a group, as this rank holds it.
+struct ParamBinding {
+  std::string name;
+  std::vector<int64_t> full_shape;  // unsharded shape (2-D for Muon params)
+  ShardTags tags;
+  MatrixView param;  // local shard, updated in place (fp32 or bf16)
+  MatrixView grad;   // local shard of the gradient, read only (fp32 or bf16)
+};
+
+// The domain a group is sharded over and this rank's place in it. `gtp` and
+// `tp` are the communicators of this rank's gtp_remat group ({(g', t)}) and
+// tp group ({(g, t')}); null means the axis has size 1. Not owned.
+struct DomainBinding {
+  DomainSize size;
+  int g = 0;
+  int t = 0;
+  Communicator* gtp = nullptr;
+  Communicator* tp = nullptr;
+};
+
+struct GroupConfig {
+  std::string name;
+  Algorithm algorithm = Algorithm::kMuon;
+  MuonOptions muon;
+  AdamWOptions adamw;
+  DomainBinding domain;
+  std::vector<ParamBinding> params;
+};
+
+// Per-step overrides by group name.
+struct StepOverrides {
+  std::map<std::string, double> lr;
+  std::map<std::string, double> weight_decay;
+};
+
+struct StepOptions {
+  // Non-finite gradients fail the step (default) or skip it; either way no
+  // param or state changes.
+  bool skip_nonfinite = false;
+};
+
+// Microseconds per phase of one step, summed over groups.
+struct PhaseTimings {
+  double momentum_us = 0;
+  double a2a_fwd_us = 0;
+  double ns_us = 0;
+  double a2a_bwd_us = 0;
+  double update_us = 0;
+  double total_us = 0;
+};
+
+struct StepResult {
+  PhaseTimings timings;
+  // Non-empty when the step was skipped for non-finite gradients.
+  std::vector<std::string> skipped_nonfinite;
+};
+
+class LayerShardedMuon {
+ public:
+  // Validates every group (hyperparameters, shard specs, views against
+  // shapes) and returns InvalidArgument naming the group/param and the rule.
+  // `backend` is not owned and must outlive the optimizer.
+  static absl::StatusOr<std::unique_ptr<LayerShardedMuon>> Create(
+      Backend* backend, std::vector<GroupConfig> groups,
+      StepOptions options = {});
+  virtual ~LayerShardedMuon() = default;
+
+  // NS homes of a Muon group, one per param in registration order (as
+  // computed by PlanNsHomes over the domain). Takes effect at the next Step.
+  // Never called -> round-robin fallback with a loud warning.
+  virtual absl::Status SetHomes(const std::string& group,
+                                std::vector<NsHome> homes) = 0;
+
+  // One optimizer step over every group. On error nothing was applied
+  // (errors from a communicator mid-step are the exception: they are
+  // reported as Unavailable/DeadlineExceeded naming the group).
+  virtual absl::StatusOr<StepResult> Step(const StepOverrides& overrides) = 0;
+
+  // Optimizer state of the local shards, for save/load: name -> fp32 host
+  // copy ("<param>.momentum", "<param>.exp_avg", "<param>.exp_avg_sq") plus
+  // the AdamW step counts.
+  virtual absl::StatusOr<std::map<std::string, std::vector<float>>>
+  ExportState() const = 0;
+  virtual absl::Status ImportState(
+      const std::map<std::string, std::vector<float>>& state) = 0;
+
+  // Bytes of persistent state and the peak of transient exchange buffers.
+  virtual int64_t state_bytes() const = 0;
+  virtual int64_t peak_transient_bytes() const = 0;
+};
+
+}  // namespace muond
