@@ -1,0 +1,37 @@
+#pragma once
+// Host-memory communicator over Gloo's TCP transport (CPU mode). Gloo stays
+// inside gloo_communicator.cc; its exceptions never cross this interface.
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/comm/communicator.h"
+#include "core/comm/kv_store.h"
+
+namespace muond {
+
+struct GlooOptions {
+  // Bounds rendezvous (waiting for peers' addresses in the store) and every
+  // operation, so a dead peer makes the survivors fail instead of hang.
+  // (Gloo allows 5x this for the TCP connect itself.)
+  absl::Duration timeout = absl::Seconds(60);
+  // Address to listen on; empty: Gloo's default (this host name resolved).
+  // Tests and single-host launches use "127.0.0.1".
+  std::string hostname;
+  // Network interface to listen on instead of `hostname` (e.g. "eth0").
+  std::string iface;
+};
+
+// Joins the group of `size` ranks that rendezvous under `prefix` in `store`
+// (keys "<prefix>/gloo/<rank>"; use a fresh prefix per communicator, see
+// groups.h) and connects to every peer. size 1 returns a LocalCommunicator
+// without touching the store. `store` is used only during this call.
+// Errors: InvalidArgument (rank/size/timeout); DeadlineExceeded naming the
+// missing key when a peer does not show up within the timeout; Unavailable
+// for transport failures.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
+    KeyValueStore* store, const std::string& prefix, int rank, int size,
+    const GlooOptions& options = {});
+
+}  // namespace muond
