@@ -1,0 +1,324 @@
+#include "core/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "glog/logging.h"
+
+namespace muond {
+namespace {
+
+// A GTP_REMAT param loads every rank of its home row; other routed params
+// load one rank.
+bool IsRowItem(const ParamShardSpec& spec) {
+  return spec.sharding == ParamSharding::kGtpRemat;
+}
+
+absl::StatusOr<double> MedianSecondsPerFlop(const PlannerOptions& options) {
+  std::vector<double> ratios;
+  for (const auto& [shape, cost] : options.measured_cost) {
+    if (!(cost > 0) || !std::isfinite(cost) || shape.first <= 0 ||
+        shape.second <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "measured cost table: entry for shape [", shape.first, ", ",
+          shape.second, "] is ", cost, "; shapes and costs must be > 0"));
+    }
+    ratios.push_back(
+        cost / NsFlops(shape.first, shape.second, options.ns_steps,
+                       options.symmetric_ns));
+  }
+  if (ratios.empty()) return 0.0;
+  std::sort(ratios.begin(), ratios.end());
+  const size_t n = ratios.size();
+  return n % 2 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
+}
+
+struct Item {
+  int spec;
+  double cost;
+  bool row;
+};
+
+// Total order that does not depend on input order: cost descending, row items
+// first, then shape, then name.
+bool ItemBefore(const Item& a, const Item& b,
+                const std::vector<ParamShardSpec>& specs) {
+  if (a.cost != b.cost) return a.cost > b.cost;
+  if (a.row != b.row) return a.row;
+  const ParamShardSpec& sa = specs[a.spec];
+  const ParamShardSpec& sb = specs[b.spec];
+  if (sa.full_shape != sb.full_shape) return sa.full_shape < sb.full_shape;
+  return sa.name < sb.name;
+}
+
+struct ShapeKey {
+  bool row;
+  int64_t rows, cols;
+  bool operator==(const ShapeKey& o) const {
+    return row == o.row && rows == o.rows && cols == o.cols;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const ShapeKey& k) {
+    return H::combine(std::move(h), k.row, k.rows, k.cols);
+  }
+};
+
+// One LPT pass. Returns the homes (flat rank for single items, row for row
+// items, per item in `items` order) and the final max load.
+struct LptResult {
+  std::vector<int> slot;  // per item
+  double max_load = 0;
+};
+
+LptResult RunLpt(const std::vector<Item>& items,
+                 const std::vector<ParamShardSpec>& specs, DomainSize domain,
+                 bool colocate) {
+  const int G = domain.gtp, T = domain.tp;
+  std::vector<double> load(domain.ranks(), 0.0);
+  std::vector<double> row_max(G, 0.0), row_sum(G, 0.0);
+  double global_max = 0;
+  absl::flat_hash_map<ShapeKey, std::vector<int>> hosts;
+  LptResult result;
+  result.slot.resize(items.size());
+
+  auto better_row = [&](int a, int b) {
+    return std::tie(row_max[a], row_sum[a], a) <
+           std::tie(row_max[b], row_sum[b], b);
+  };
+  auto better_rank = [&](int a, int b) {
+    return std::tie(load[a], a) < std::tie(load[b], b);
+  };
+
+  for (size_t k = 0; k < items.size(); ++k) {
+    const Item& item = items[k];
+    const ParamShardSpec& spec = specs[item.spec];
+    const int num_slots = item.row ? G : G * T;
+    int best = 0;
+    for (int s = 1; s < num_slots; ++s) {
+      if (item.row ? better_row(s, best) : better_rank(s, best)) best = s;
+    }
+    auto peak_after = [&](int s) {
+      return (item.row ? row_max[s] : load[s]) + item.cost;
+    };
+    std::vector<int>* same_shape = nullptr;
+    if (colocate) {
+      same_shape = &hosts[ShapeKey{item.row, spec.full_shape[0],
+                                   spec.full_shape[1]}];
+      int best_host = -1;
+      for (int s : *same_shape) {
+        if (best_host < 0 ||
+            (item.row ? better_row(s, best_host) : better_rank(s, best_host))) {
+          best_host = s;
+        }
+      }
+      if (best_host >= 0 && best_host != best &&
+          peak_after(best_host) <= std::max(global_max, peak_after(best))) {
+        best = best_host;
+      }
+    }
+    if (item.row) {
+      for (int t = 0; t < T; ++t) load[best * T + t] += item.cost;
+      row_max[best] += item.cost;
+      row_sum[best] += item.cost * T;
+      global_max = std::max(global_max, row_max[best]);
+    } else {
+      load[best] += item.cost;
+      const int g = best / T;
+      row_max[g] = std::max(row_max[g], load[best]);
+      row_sum[g] += item.cost;
+      global_max = std::max(global_max, load[best]);
+    }
+    if (same_shape != nullptr &&
+        std::find(same_shape->begin(), same_shape->end(), best) ==
+            same_shape->end()) {
+      same_shape->push_back(best);
+    }
+    result.slot[k] = best;
+  }
+  result.max_load = global_max;
+  return result;
+}
+
+absl::Status CheckSpecs(const std::vector<ParamShardSpec>& specs,
+                        DomainSize domain) {
+  absl::flat_hash_set<std::string> names;
+  names.reserve(specs.size());
+  for (const ParamShardSpec& spec : specs) {
+    RETURN_IF_ERROR(ValidateShardSpec(spec, domain));
+    if (!names.insert(spec.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", spec.name,
+          "': duplicate name (names are the planner's stable tie-break key)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> ParamCosts(
+    const std::vector<ParamShardSpec>& specs, const PlannerOptions& options) {
+  double seconds_per_flop = 0;
+  if (options.cost == kMeasured) {
+    ASSIGN_OR_RETURN(seconds_per_flop, MedianSecondsPerFlop(options));
+  }
+  std::vector<double> costs;
+  costs.reserve(specs.size());
+  for (const ParamShardSpec& spec : specs) {
+    if (spec.full_shape.size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("param '", spec.name, "': full shape is not 2-D"));
+    }
+    const int64_t rows = spec.full_shape[0], cols = spec.full_shape[1];
+    double cost = 0;
+    switch (options.cost) {
+      case kNsCost:
+        cost = NsCost(rows, cols);
+        break;
+      case kFlops:
+        cost = NsFlops(rows, cols, options.ns_steps, options.symmetric_ns);
+        break;
+      case kMeasured: {
+        auto it = options.measured_cost.find({rows, cols});
+        if (it != options.measured_cost.end()) {
+          cost = it->second;
+        } else if (seconds_per_flop > 0) {
+          cost = seconds_per_flop * NsFlops(rows, cols, options.ns_steps,
+                                            options.symmetric_ns);
+        } else {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "param '", spec.name, "': cost model is kMeasured but the "
+              "measured cost table is empty"));
+        }
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown cost model ", int(options.cost)));
+    }
+    costs.push_back(cost + options.per_matrix_cost);
+  }
+  return costs;
+}
+
+absl::Status ComputePlanLoads(const std::vector<ParamShardSpec>& specs,
+                              const std::vector<double>& costs,
+                              DomainSize domain, HomePlan& plan) {
+  const int G = domain.gtp, T = domain.tp, ranks = domain.ranks();
+  if (plan.homes.size() != specs.size() || costs.size() != specs.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan has ", plan.homes.size(), " homes and ",
+                     costs.size(), " costs for ", specs.size(), " specs"));
+  }
+  plan.rank_load.assign(ranks, 0.0);
+  double replicated = 0, routed_total = 0, largest = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const double c = costs[i];
+    const NsHome& h = plan.homes[i];
+    if (!specs[i].routed()) {
+      replicated += c;
+      for (double& l : plan.rank_load) l += c;
+      continue;
+    }
+    if (h.g < 0 || h.g >= G || h.t < 0 || h.t >= T) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("param '", specs[i].name, "': home (", h.g, ", ", h.t,
+                       ") outside the ", G, "x", T, " domain"));
+    }
+    largest = std::max(largest, c);
+    if (IsRowItem(specs[i])) {
+      for (int t = 0; t < T; ++t) plan.rank_load[domain.FlatRank(h.g, t)] += c;
+      routed_total += c * T;
+    } else {
+      plan.rank_load[domain.FlatRank(h.g, h.t)] += c;
+      routed_total += c;
+    }
+  }
+  const double max_load =
+      *std::max_element(plan.rank_load.begin(), plan.rank_load.end());
+  const double mean =
+      std::accumulate(plan.rank_load.begin(), plan.rank_load.end(), 0.0) /
+      ranks;
+  plan.max_over_mean = mean > 0 ? max_load / mean : 1.0;
+  plan.lower_bound = replicated + std::max(routed_total / ranks, largest);
+  plan.lower_bound_ratio =
+      plan.lower_bound > 0 ? max_load / plan.lower_bound : 1.0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HomePlan> PlanNsHomes(const std::vector<ParamShardSpec>& specs,
+                                     DomainSize domain,
+                                     const PlannerOptions& options) {
+  if (domain.gtp < 1 || domain.tp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "domain sizes must be >= 1, got G=", domain.gtp, " T=", domain.tp));
+  }
+  RETURN_IF_ERROR(CheckSpecs(specs, domain));
+  ASSIGN_OR_RETURN(std::vector<double> costs, ParamCosts(specs, options));
+
+  std::vector<Item> items;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].routed()) {
+      items.push_back(Item{int(i), costs[i], IsRowItem(specs[i])});
+    }
+  }
+  std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    return ItemBefore(a, b, specs);
+  });
+
+  HomePlan plan;
+  LptResult chosen = RunLpt(items, specs, domain, options.colocate_same_shape);
+  plan.colocated = options.colocate_same_shape;
+  if (options.colocate_same_shape) {
+    LptResult plain = RunLpt(items, specs, domain, /*colocate=*/false);
+    if (plain.max_load < chosen.max_load) {
+      chosen = std::move(plain);
+      plan.colocated = false;
+    }
+  }
+  plan.homes.assign(specs.size(), NsHome{});
+  for (size_t k = 0; k < items.size(); ++k) {
+    const int slot = chosen.slot[k];
+    plan.homes[items[k].spec] =
+        items[k].row ? NsHome{slot, 0}
+                     : NsHome{slot / domain.tp, slot % domain.tp};
+  }
+  RETURN_IF_ERROR(ComputePlanLoads(specs, costs, domain, plan));
+  return plan;
+}
+
+HomePlan RoundRobinHomes(const std::vector<ParamShardSpec>& specs,
+                         DomainSize domain, const PlannerOptions& options) {
+  LOG(WARNING) << "##### ROUND-ROBIN NS HOMES IN USE for " << specs.size()
+               << " params on a " << domain.gtp << "x" << domain.tp
+               << " domain: LPT load balancing is NOT in effect; expect an "
+                  "unbalanced Newton-Schulz step #####";
+  HomePlan plan;
+  plan.round_robin_fallback = true;
+  plan.homes.assign(specs.size(), NsHome{});
+  int k = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!specs[i].routed()) continue;
+    if (IsRowItem(specs[i])) {
+      plan.homes[i] = NsHome{k % domain.gtp, 0};
+    } else {
+      const int f = k % domain.ranks();
+      plan.homes[i] = NsHome{f / domain.tp, f % domain.tp};
+    }
+    ++k;
+  }
+  absl::StatusOr<std::vector<double>> costs = ParamCosts(specs, options);
+  if (!costs.ok()) costs = ParamCosts(specs, PlannerOptions{});
+  if (costs.ok()) ComputePlanLoads(specs, *costs, domain, plan).IgnoreError();
+  return plan;
+}
+
+}  // namespace muond

@@ -1,0 +1,93 @@
+#pragma once
+// NS-home assignment: which rank of a G x T domain assembles each routed 2-D
+// weight and runs Newton–Schulz on it (DESIGN.md §4).
+//
+// Load model (one "item" per routed param, cost c from the cost model):
+//   * GTP_REMAT (TP-replicated): every TP rank of the home row runs the same NS,
+//     so the item adds c to all T ranks of row g_home (t_home is 0, ignored).
+//   * TP (G == 1) and GTP_REMAT_AND_TP: the item adds c to one rank (g, t).
+//   * REPLICATED: not routed; adds c to every rank (home {0, 0}).
+// Balancing is deterministic longest-processing-time-first: items by cost
+// descending (ties: row items first, then shape, then name), each to the
+// least-loaded eligible home (ties: lowest index). With colocate_same_shape an
+// item goes to a home already holding its shape when that does not raise the
+// running maximum beyond what the least-loaded choice would give; the result
+// is kept only if its final max load is not worse than plain LPT.
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/plan/sharding.h"
+
+namespace muond {
+
+struct NsHome {
+  int g = 0;
+  int t = 0;
+  bool operator==(const NsHome& o) const { return g == o.g && t == o.t; }
+};
+
+enum CostModel {
+  kNsCost,    // NsCost(P, Q) = max * min^2 (Megatron's proxy)
+  kFlops,     // NsFlops(P, Q, ns_steps, symmetric_ns): the kernel path's FLOPs
+  kMeasured,  // measured_cost[(P, Q)] (e.g. seconds per NS), from rebalancing
+};
+
+struct PlannerOptions {
+  CostModel cost = kNsCost;
+  bool colocate_same_shape = true;
+  // kFlops: the NS kernel path actually used.
+  int ns_steps = 5;
+  bool symmetric_ns = false;
+  // kMeasured: cost of one NS on a full matrix of shape (rows, cols). A shape
+  // missing from the table is estimated as NsFlops * the median
+  // (measured / NsFlops) ratio of the table's shapes.
+  std::map<std::pair<int64_t, int64_t>, double> measured_cost;
+  // Added to every routed or replicated matrix's cost (per-NS launch
+  // overhead, in the cost model's units). 0 by default.
+  double per_matrix_cost = 0;
+};
+
+struct HomePlan {
+  // One per spec, in spec order. Replicated params get {0, 0} and are not
+  // routed; GTP_REMAT params get t = 0 (their whole home row runs NS).
+  std::vector<NsHome> homes;
+  std::vector<double> rank_load;  // per flat rank g * T + t, cost units
+  double max_over_mean = 1;       // max(rank_load) / mean(rank_load)
+  // max(total / ranks, largest item) + the replicated load on every rank.
+  double lower_bound = 0;
+  double lower_bound_ratio = 1;  // max(rank_load) / lower_bound
+  bool round_robin_fallback = false;
+  bool colocated = false;  // the same-shape colocating result was kept
+};
+
+// The cost of one NS on each spec's full matrix under `options`, in spec
+// order. Errors: a measured table with a non-positive entry, or kMeasured
+// with an empty table (message names the first param it could not cost).
+absl::StatusOr<std::vector<double>> ParamCosts(
+    const std::vector<ParamShardSpec>& specs, const PlannerOptions& options);
+
+// Deterministic LPT over the G x T grid. Same specs in any order -> the same
+// home for every name. Errors: invalid domain or spec (ValidateShardSpec),
+// duplicate names, cost-model errors.
+absl::StatusOr<HomePlan> PlanNsHomes(const std::vector<ParamShardSpec>& specs,
+                                     DomainSize domain,
+                                     const PlannerOptions& options = {});
+
+// Explicit fallback only: the i-th routed param goes to home i mod (number of
+// eligible homes of its kind), in spec order; Megatron's (i % G, 0) for
+// GTP_REMAT. Logs a loud warning that LPT balancing is NOT in effect. Loads
+// are reported with options' cost model (kNsCost if that model fails).
+// Specs are assumed valid for `domain`.
+HomePlan RoundRobinHomes(const std::vector<ParamShardSpec>& specs,
+                         DomainSize domain, const PlannerOptions& options = {});
+
+// Fills rank_load, max_over_mean, lower_bound and lower_bound_ratio of `plan`
+// for its homes (used by both planners; public for tools and tests).
+absl::Status ComputePlanLoads(const std::vector<ParamShardSpec>& specs,
+                              const std::vector<double>& costs,
+                              DomainSize domain, HomePlan& plan);
+
+}  // namespace muond

@@ -1,0 +1,277 @@
+#include "core/plan/sharding.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+
+namespace muond {
+namespace {
+
+absl::Status Invalid(const std::string& name, const std::string& rule) {
+  return absl::InvalidArgumentError(absl::StrCat("param '", name, "': ", rule));
+}
+
+std::string ShapeStr(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::Status CheckDomain(const std::string& name, DomainSize domain) {
+  if (domain.gtp < 1 || domain.tp < 1) {
+    return Invalid(name, absl::StrCat("domain sizes must be >= 1, got G=",
+                                      domain.gtp, " T=", domain.tp));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMatrixShape(const std::string& name, const char* what,
+                              const std::vector<int64_t>& shape) {
+  if (shape.size() != 2) {
+    return Invalid(name, absl::StrCat(what, " shape ", ShapeStr(shape),
+                                      " is not 2-D (Muon orthogonalizes "
+                                      "matrices; send it to the AdamW path)"));
+  }
+  if (shape[0] <= 0 || shape[1] <= 0) {
+    return Invalid(name, absl::StrCat(what, " shape ", ShapeStr(shape),
+                                      " has a dimension <= 0"));
+  }
+  return absl::OkStatus();
+}
+
+ParamSharding Classify(bool tp_sharded, bool gtp_sharded) {
+  if (tp_sharded && gtp_sharded) return ParamSharding::kGtpRematAndTp;
+  if (tp_sharded) return ParamSharding::kTp;
+  if (gtp_sharded) return ParamSharding::kGtpRemat;
+  return ParamSharding::kReplicated;
+}
+
+// The rules shared by both factories once tp_dim and gtp_sharded are known
+// (axes of size 1 already folded away).
+absl::Status CheckAxisRules(const std::string& name, int tp_dim,
+                            bool gtp_sharded, int64_t pad_length,
+                            DomainSize domain) {
+  if (tp_dim >= 0 && !gtp_sharded && domain.gtp > 1) {
+    return Invalid(name, absl::StrCat(
+                             "TP-sharded (tp_dim=", tp_dim,
+                             ") but not GTP-sharded in a domain with a GTP "
+                             "axis (G=", domain.gtp,
+                             "): stage 1 would concatenate its replicated "
+                             "copies as shards and corrupt the update"));
+  }
+  if (pad_length < 0) {
+    return Invalid(name, absl::StrCat("pad_length ", pad_length, " < 0"));
+  }
+  if (pad_length > 0 && !gtp_sharded) {
+    return Invalid(name, absl::StrCat("pad_length ", pad_length,
+                                      " > 0 but the param is not GTP-sharded "
+                                      "(G=", domain.gtp,
+                                      "): padding exists only on the GTP "
+                                      "gathered dim"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* ParamShardingName(ParamSharding sharding) {
+  switch (sharding) {
+    case ParamSharding::kReplicated:
+      return "REPLICATED";
+    case ParamSharding::kGtpRemat:
+      return "GTP_REMAT";
+    case ParamSharding::kTp:
+      return "TP";
+    case ParamSharding::kGtpRematAndTp:
+      return "GTP_REMAT_AND_TP";
+  }
+  return "UNKNOWN";
+}
+
+absl::StatusOr<ParamShardSpec> MakeShardSpec(std::string name,
+                                             std::vector<int64_t> local_shape,
+                                             const ShardTags& tags,
+                                             DomainSize domain) {
+  if (absl::Status s = CheckDomain(name, domain); !s.ok()) return s;
+  if (absl::Status s = CheckMatrixShape(name, "local", local_shape); !s.ok()) {
+    return s;
+  }
+  int tp_dim = -1;
+  if (domain.tp > 1 && tags.tensor_model_parallel) {
+    if (tags.partition_dim < -1 || tags.partition_dim > 1) {
+      return Invalid(name, absl::StrCat("partition_dim ", tags.partition_dim,
+                                        " is not -1, 0 or 1 for a 2-D "
+                                        "tensor_model_parallel weight"));
+    }
+    tp_dim = tags.partition_dim;
+  }
+  const bool gtp_sharded = domain.gtp > 1 && tags.is_gtp_weight_remat;
+  if (absl::Status s = CheckAxisRules(name, tp_dim, gtp_sharded,
+                                      tags.pad_length, domain);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t gathered_rows =
+      gtp_sharded ? local_shape[0] * domain.gtp : local_shape[0];
+  if (tags.pad_length >= gathered_rows) {
+    return Invalid(name, absl::StrCat("pad_length ", tags.pad_length,
+                                      " >= the gathered dim 0 (", gathered_rows,
+                                      " = local rows ", local_shape[0], " x G ",
+                                      domain.gtp, "): no real rows left"));
+  }
+  ParamShardSpec spec;
+  spec.name = std::move(name);
+  spec.tp_dim = tp_dim;
+  spec.gtp_sharded = gtp_sharded;
+  spec.pad_length = tags.pad_length;
+  spec.sharding = Classify(tp_dim >= 0, gtp_sharded);
+  spec.full_shape = {gathered_rows - tags.pad_length, local_shape[1]};
+  if (tp_dim >= 0) spec.full_shape[tp_dim] *= domain.tp;
+  spec.local_shape = std::move(local_shape);
+  return spec;
+}
+
+absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
+    std::string name, std::vector<int64_t> full_shape, int tp_dim,
+    bool gtp_sharded, int64_t pad_length, DomainSize domain) {
+  if (absl::Status s = CheckDomain(name, domain); !s.ok()) return s;
+  if (absl::Status s = CheckMatrixShape(name, "full", full_shape); !s.ok()) {
+    return s;
+  }
+  if (tp_dim < -1 || tp_dim > 1) {
+    return Invalid(name,
+                   absl::StrCat("tp_dim ", tp_dim, " is not -1, 0 or 1"));
+  }
+  const int effective_tp_dim = domain.tp > 1 ? tp_dim : -1;
+  const bool effective_gtp = domain.gtp > 1 && gtp_sharded;
+  std::vector<int64_t> tp_local = full_shape;
+  if (effective_tp_dim >= 0) {
+    if (full_shape[effective_tp_dim] % domain.tp != 0) {
+      return Invalid(name, absl::StrCat("full dim ", effective_tp_dim, " (",
+                                        full_shape[effective_tp_dim],
+                                        ") is not divisible by T=", domain.tp));
+    }
+    tp_local[effective_tp_dim] /= domain.tp;
+  }
+  if (pad_length < 0) {
+    pad_length = effective_gtp ? (domain.gtp - tp_local[0] % domain.gtp) %
+                                     domain.gtp
+                               : 0;
+  }
+  if (absl::Status s = CheckAxisRules(name, effective_tp_dim, effective_gtp,
+                                      pad_length, domain);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<int64_t> local = tp_local;
+  if (effective_gtp) {
+    if ((tp_local[0] + pad_length) % domain.gtp != 0) {
+      return Invalid(name,
+                     absl::StrCat("TP-local dim 0 (", tp_local[0],
+                                  ") + pad_length (", pad_length,
+                                  ") is not divisible by G=", domain.gtp));
+    }
+    local[0] = (tp_local[0] + pad_length) / domain.gtp;
+  }
+  ParamShardSpec spec;
+  spec.name = std::move(name);
+  spec.local_shape = std::move(local);
+  spec.full_shape = std::move(full_shape);
+  spec.tp_dim = effective_tp_dim;
+  spec.gtp_sharded = effective_gtp;
+  spec.pad_length = pad_length;
+  spec.sharding = Classify(effective_tp_dim >= 0, effective_gtp);
+  if (absl::Status s = ValidateShardSpec(spec, domain); !s.ok()) return s;
+  return spec;
+}
+
+absl::Status ValidateShardSpec(const ParamShardSpec& spec, DomainSize domain) {
+  const std::string& name = spec.name;
+  if (absl::Status s = CheckDomain(name, domain); !s.ok()) return s;
+  if (absl::Status s = CheckMatrixShape(name, "local", spec.local_shape);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckMatrixShape(name, "full", spec.full_shape);
+      !s.ok()) {
+    return s;
+  }
+  if (spec.tp_dim < -1 || spec.tp_dim > 1) {
+    return Invalid(name, absl::StrCat("tp_dim ", spec.tp_dim,
+                                      " is not -1, 0 or 1"));
+  }
+  if (spec.tp_dim >= 0 && domain.tp == 1) {
+    return Invalid(name, "tp_dim set but the domain has no TP axis (T=1)");
+  }
+  if (spec.gtp_sharded && domain.gtp == 1) {
+    return Invalid(name, "gtp_sharded set but the domain has no GTP axis (G=1)");
+  }
+  if (absl::Status s = CheckAxisRules(name, spec.tp_dim, spec.gtp_sharded,
+                                      spec.pad_length, domain);
+      !s.ok()) {
+    return s;
+  }
+  if (spec.sharding != Classify(spec.tp_dim >= 0, spec.gtp_sharded)) {
+    return Invalid(name, absl::StrCat("sharding ",
+                                      ParamShardingName(spec.sharding),
+                                      " does not match tp_dim=", spec.tp_dim,
+                                      " gtp_sharded=", spec.gtp_sharded));
+  }
+  std::vector<int64_t> expected = spec.local_shape;
+  if (spec.gtp_sharded) expected[0] = expected[0] * domain.gtp - spec.pad_length;
+  if (expected[0] <= 0) {
+    return Invalid(name, absl::StrCat("pad_length ", spec.pad_length,
+                                      " >= the gathered dim 0 (",
+                                      spec.local_shape[0] * domain.gtp, ")"));
+  }
+  if (spec.tp_dim >= 0) expected[spec.tp_dim] *= domain.tp;
+  if (expected != spec.full_shape) {
+    return Invalid(
+        name, absl::StrCat("local shape ", ShapeStr(spec.local_shape),
+                           " is inconsistent with full shape ",
+                           ShapeStr(spec.full_shape), " for G=", domain.gtp,
+                           " T=", domain.tp, " tp_dim=", spec.tp_dim,
+                           " pad_length=", spec.pad_length, " (expected ",
+                           ShapeStr(expected), ")"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> TpLocalShape(const ParamShardSpec& spec,
+                                  DomainSize domain) {
+  std::vector<int64_t> shape = spec.local_shape;
+  if (spec.gtp_sharded) shape[0] = shape[0] * domain.gtp - spec.pad_length;
+  return shape;
+}
+
+int64_t ValidLocalRows(const ParamShardSpec& spec, DomainSize domain, int g) {
+  const int64_t local_rows = spec.local_shape[0];
+  if (!spec.gtp_sharded) return local_rows;
+  const int64_t real_rows = local_rows * domain.gtp - spec.pad_length;
+  return std::clamp<int64_t>(real_rows - g * local_rows, 0, local_rows);
+}
+
+double NsCost(int64_t rows, int64_t cols) {
+  const double m = double(std::min(rows, cols));
+  const double n = double(std::max(rows, cols));
+  return n * m * m;
+}
+
+double NsCostOfShape(const std::vector<int64_t>& shape) {
+  if (shape.size() == 2) return NsCost(shape[0], shape[1]);
+  double numel = 1;
+  for (int64_t d : shape) numel *= double(d);
+  return numel;
+}
+
+double NsFlops(int64_t rows, int64_t cols, int num_steps, bool symmetric) {
+  const double m = double(std::min(rows, cols));
+  const double n = double(std::max(rows, cols));
+  const double per_step =
+      symmetric ? 3 * m * m * n + m * m * m : 4 * m * m * n + 2 * m * m * m;
+  return num_steps * per_step;
+}
+
+}  // namespace muond

@@ -1,0 +1,114 @@
+#pragma once
+// The sharding model of a 2-D Muon weight in a GTP_remat x TP domain
+// (DESIGN.md §2; Megatron-LM `ParamShardSpec.from_param`, anchors-muon.md §1.2).
+//
+// Domain = G x T ranks; rank (g, t) has flat index g * T + t (TP innermost).
+// A weight of full shape (P, Q):
+//   * TP splits it along tp_dim (0: column-parallel, rows split; 1: row-parallel,
+//     cols split) into T equal pieces when it is TP-sharded; otherwise every TP
+//     rank holds the whole TP-local matrix (TP-replicated).
+//   * GTP_remat pads dim 0 of the TP-local matrix with pad_length trailing zero
+//     rows and splits it into G equal row blocks.
+//   * An axis of size 1 is absent and its tag is ignored.
+// So local_shape = ((R + pad) / G, C) where (R, C) is the TP-local shape, and
+// full_shape = (R, C) with the tp_dim extent multiplied by T.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace muond {
+
+enum class ParamSharding {
+  kReplicated,      // no exchange: every rank runs the same local NS
+  kGtpRemat,        // stage 1 only: every TP rank of the home row runs NS
+  kTp,              // stage 2 only (only possible when G == 1)
+  kGtpRematAndTp,   // both stages: one rank (g_home, t_home) runs NS
+};
+
+const char* ParamShardingName(ParamSharding sharding);
+
+// Sizes of the two axes of a domain, G x T. Both must be >= 1.
+struct DomainSize {
+  int gtp = 1;
+  int tp = 1;
+  int ranks() const { return gtp * tp; }
+  int FlatRank(int g, int t) const { return g * tp + t; }
+};
+
+// The model's tags on a parameter (Megatron names).
+struct ShardTags {
+  bool tensor_model_parallel = false;
+  // Counts only when tensor_model_parallel is set (Transformer Engine stamps
+  // partition_dim = 0 on duplicated weights). -1 with the flag set means
+  // TP-replicated, as in Megatron's tp_partition_dim().
+  int partition_dim = -1;
+  bool is_gtp_weight_remat = false;
+  // Trailing zero rows appended to dim 0 of the TP-local matrix before the
+  // GTP split (GTP alignment padding). Must be 0 unless GTP-sharded.
+  int64_t pad_length = 0;
+};
+
+struct ParamShardSpec {
+  std::string name;
+  std::vector<int64_t> local_shape;  // the shard this rank holds (2-D)
+  std::vector<int64_t> full_shape;   // the matrix NS runs on (2-D, unpadded)
+  int tp_dim = -1;  // -1 none (TP axis absent or replicated), 0 column-, 1 row-parallel
+  bool gtp_sharded = false;  // GTP axis present and the param is GTP-tagged
+  int64_t pad_length = 0;    // zero rows on the gathered dim (only if gtp_sharded)
+  ParamSharding sharding = ParamSharding::kReplicated;
+
+  bool routed() const { return sharding != ParamSharding::kReplicated; }
+  bool tp_sharded() const { return tp_dim >= 0; }
+};
+
+// Builds the spec of one param from its tags and the shape of the local shard.
+// Errors (InvalidArgument, message names the param and the rule):
+//   * local_shape not 2-D, or a dimension <= 0 (non-2-D tensors go to AdamW);
+//   * domain sizes < 1; partition_dim not in {-1, 0, 1} when TP tags count;
+//   * TP-sharded but not GTP-tagged while G > 1 (stage 1 would concatenate
+//     replicated copies as shards and silently corrupt the update);
+//   * pad_length < 0, pad_length > 0 on a param that is not GTP-sharded, or
+//     pad_length >= the gathered dim (local rows * G).
+absl::StatusOr<ParamShardSpec> MakeShardSpec(std::string name,
+                                             std::vector<int64_t> local_shape,
+                                             const ShardTags& tags,
+                                             DomainSize domain);
+
+// Builds the spec from the FULL shape (what manifests list). tp_dim in
+// {-1, 0, 1} applies when T > 1; gtp_sharded applies when G > 1. pad_length
+// < 0 means "choose the smallest padding that makes the TP-local dim 0
+// divisible by G". Errors: as MakeShardSpec, plus the full dim not divisible
+// by T on tp_dim, and (TP-local rows + pad) not divisible by G.
+absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
+    std::string name, std::vector<int64_t> full_shape, int tp_dim,
+    bool gtp_sharded, int64_t pad_length, DomainSize domain);
+
+// Checks that a spec (e.g. one received from elsewhere) is self-consistent and
+// belongs to `domain`: local * sizes - padding == full, flags match the axes,
+// sharding matches the flags.
+absl::Status ValidateShardSpec(const ParamShardSpec& spec, DomainSize domain);
+
+// The TP-local matrix without padding: what stage 1 assembles on the home row,
+// and the stage-2 input (for a param with no stage 1 it is the local shard).
+std::vector<int64_t> TpLocalShape(const ParamShardSpec& spec, DomainSize domain);
+
+// Rows of the local shard on GTP rank g that are real (not padding):
+// clamp(R - g * r, 0, r) for TP-local rows R and local rows r.
+// (local_shape[0] for a param that is not GTP-sharded.)
+int64_t ValidLocalRows(const ParamShardSpec& spec, DomainSize domain, int g);
+
+// Megatron's balancing proxy: max(P, Q) * min(P, Q)^2 (anchors-muon.md §1.2).
+double NsCost(int64_t rows, int64_t cols);
+// ns_cost of any tensor: NsCost for 2-D, the element count otherwise.
+double NsCostOfShape(const std::vector<int64_t>& shape);
+
+// Exact floating-point operation count of `num_steps` Newton–Schulz iterations
+// on a rows x cols matrix, m = min, n = max (anchors-performance.md §2.1,
+// Dao-AILab "Runtime of Standard Newton-Schulz"): per step X·Xᵀ 2m²n, A² 2m³,
+// B·X 2m²n = 4m²n + 2m³. With symmetric (SYRK) kernels X·Xᵀ and A² compute
+// half of their outputs: 3m²n + m³ per step.
+double NsFlops(int64_t rows, int64_t cols, int num_steps, bool symmetric);
+
+}  // namespace muond
