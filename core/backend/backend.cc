@@ -1,0 +1,173 @@
+#include "core/backend/backend.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace muond {
+namespace {
+
+std::string Shape(const MatrixView& v) {
+  return absl::StrCat(v.rows, "x", v.cols, " ",
+                      std::string(DTypeName(v.dtype)));
+}
+
+}  // namespace
+
+std::string_view MatmulPrecisionName(MatmulPrecision precision) {
+  switch (precision) {
+    case MatmulPrecision::kHighest:
+      return "highest";
+    case MatmulPrecision::kHigh:
+      return "high";
+    case MatmulPrecision::kMedium:
+      return "medium";
+  }
+  return "unknown";
+}
+
+std::string_view WeightDecayMethodName(WeightDecayMethod method) {
+  switch (method) {
+    case WeightDecayMethod::kDecoupled:
+      return "decoupled";
+    case WeightDecayMethod::kIndependent:
+      return "independent";
+    case WeightDecayMethod::kCautious:
+      return "cautious";
+    case WeightDecayMethod::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+absl::Status CheckView(const MatrixView& v, std::string_view what) {
+  if (v.rows < 0 || v.cols < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what), ": rows and cols must be >= 0, got ", Shape(v)));
+  }
+  if (v.rows > 1 && v.row_stride < v.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": row_stride (", v.row_stride,
+                     ") must be >= cols (", v.cols, ")"));
+  }
+  if (v.numel() > 0 && v.data == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": data is null for a non-empty view"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameShape(const MatrixView& a, const MatrixView& b,
+                            std::string_view what_a, std::string_view what_b) {
+  if (auto s = CheckView(a, what_a); !s.ok()) return s;
+  if (auto s = CheckView(b, what_b); !s.ok()) return s;
+  if (a.rows != b.rows || a.cols != b.cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what_a), " (", Shape(a), ") and ", std::string(what_b),
+        " (", Shape(b), ") must have the same shape"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDType(const MatrixView& v, DType dtype,
+                        std::string_view what) {
+  if (v.dtype != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what), ": dtype must be ", std::string(DTypeName(dtype)),
+        ", got ", std::string(DTypeName(v.dtype))));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGemm(Op op_a, Op op_b, const MatrixView& a,
+                       const MatrixView& b, const MatrixView& c,
+                       MatmulPrecision precision) {
+  if (auto s = CheckView(a, "gemm a"); !s.ok()) return s;
+  if (auto s = CheckView(b, "gemm b"); !s.ok()) return s;
+  if (auto s = CheckView(c, "gemm c"); !s.ok()) return s;
+  const int64_t m = op_a == Op::kN ? a.rows : a.cols;
+  const int64_t k = op_a == Op::kN ? a.cols : a.rows;
+  const int64_t kb = op_b == Op::kN ? b.rows : b.cols;
+  const int64_t n = op_b == Op::kN ? b.cols : b.rows;
+  if (k != kb || c.rows != m || c.cols != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gemm: op(a) is ", m, "x", k, ", op(b) is ", kb, "x", n, ", c is ",
+        c.rows, "x", c.cols, "; need op(a) m x k, op(b) k x n, c m x n"));
+  }
+  const DType want = precision == MatmulPrecision::kMedium ? DType::kBFloat16
+                                                           : DType::kFloat32;
+  for (const MatrixView* v : {&a, &b, &c}) {
+    if (v->dtype != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gemm: precision ", std::string(MatmulPrecisionName(precision)),
+          " needs ", std::string(DTypeName(want)), " a, b and c; got a ",
+          std::string(DTypeName(a.dtype)), ", b ",
+          std::string(DTypeName(b.dtype)), ", c ",
+          std::string(DTypeName(c.dtype))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNormalize(const MatrixView& src, const MatrixView& dst,
+                            int64_t batch, float eps) {
+  if (auto s = CheckSameShape(src, dst, "normalize src", "normalize dst");
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckDType(src, DType::kFloat32, "normalize src"); !s.ok()) {
+    return s;
+  }
+  if (batch < 1 || src.rows % batch != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("normalize: batch (", batch,
+                     ") must be >= 1 and divide rows (", src.rows, ")"));
+  }
+  if (!(eps > 0.0f) || !std::isfinite(eps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("normalize: eps must be finite and > 0, got ", eps));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum,
+                           const MatrixView& out) {
+  if (auto s = CheckSameShape(grad, momentum, "grad", "momentum"); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckSameShape(grad, out, "grad", "ns input"); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckDType(out, DType::kFloat32, "ns input"); !s.ok()) return s;
+  if (out.data == momentum.data && out.numel() > 0) {
+    return absl::InvalidArgumentError(
+        "momentum: the NS input buffer must not alias the momentum state");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckUpdate(const MatrixView& param, const MatrixView& update) {
+  if (auto s = CheckSameShape(param, update, "param", "update"); !s.ok()) {
+    return s;
+  }
+  return CheckDType(update, DType::kFloat32, "update");
+}
+
+absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
+                        const MatrixView& exp_avg,
+                        const MatrixView& exp_avg_sq) {
+  if (auto s = CheckSameShape(param, grad, "param", "grad"); !s.ok()) return s;
+  if (auto s = CheckSameShape(param, exp_avg, "param", "exp_avg"); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckSameShape(param, exp_avg_sq, "param", "exp_avg_sq");
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckDType(exp_avg, DType::kFloat32, "exp_avg"); !s.ok()) {
+    return s;
+  }
+  return CheckDType(exp_avg_sq, DType::kFloat32, "exp_avg_sq");
+}
+
+}  // namespace muond

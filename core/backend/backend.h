@@ -1,0 +1,198 @@
+#pragma once
+// The compute backend interface: everything the Muon/AdamW math needs from a
+// device, implemented once for the CPU (OpenBLAS, fp32) and once for CUDA
+// (cuBLAS + our kernels). core/muon is written only against this interface,
+// so the CPU backend is both the no-GPU runtime and the reference the CUDA
+// backend is tested against.
+//
+// Conventions (all calls):
+// * Matrices are MatrixViews: row-major, column stride 1, any row_stride >=
+//   cols (a TP column block of a row-major matrix is a first-class view, it is
+//   never copied to make it contiguous). Where the memory lives (host for the
+//   CPU backend, device or mapped memory for CUDA) is the caller's business.
+// * Calls are stream-ordered: on CUDA every call is enqueued on the backend's
+//   one stream and returns without a host synchronisation, except
+//   AllFinite, CopyToHost and Synchronize, which say so. Errors returned are
+//   argument errors found on the host (shapes, dtypes, precisions) or launch
+//   failures; a failed call has not modified anything.
+// * Elementwise math is defined once in core/backend/elementwise_math.h and
+//   evaluated without fused multiply-adds on both backends, so the CPU and the
+//   CUDA backend give bit-identical elementwise results.
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/common/matrix_view.h"
+
+namespace muond {
+
+// Matmul precision, named after torch.set_float32_matmul_precision (the
+// `fp32_matmul_prec` of Emerging-Optimizers / Megatron Muon):
+//   kHighest: fp32 operands, fp32 products and accumulation.
+//   kHigh:    fp32 operands, TF32 tensor-core products, fp32 accumulation.
+//   kMedium:  bf16 operands and outputs, fp32 accumulation (views are bf16).
+// The CPU backend implements only kHighest.
+enum class MatmulPrecision : int32_t { kHighest = 0, kHigh = 1, kMedium = 2 };
+std::string_view MatmulPrecisionName(MatmulPrecision precision);
+
+// Whether a GEMM operand is used as stored or transposed.
+enum class Op : int32_t { kN = 0, kT = 1 };
+
+// Weight decay of the Muon update (EO mixin.py, dtensor-muon for cautious):
+//   kDecoupled:   p <- p - lr*wd*p                  (default)
+//   kIndependent: p <- p - wd*p
+//   kCautious:    p <- p - lr*wd*p only where update*p > 0, else p unchanged
+//   kNone:        no decay
+enum class WeightDecayMethod : int32_t {
+  kDecoupled = 0,
+  kIndependent = 1,
+  kCautious = 2,
+  kNone = 3,
+};
+std::string_view WeightDecayMethodName(WeightDecayMethod method);
+
+// Per-step AdamW scalars, computed on the host in double and rounded to fp32
+// once, as torch.optim.AdamW (single-tensor path) does with Python floats.
+// core/muon/adamw.h builds them from AdamWOptions and the step number.
+struct AdamWScalars {
+  float param_decay = 1.0f;      // 1 - lr*wd
+  float one_minus_beta1 = 0.1f;  // exp_avg.lerp_(grad, 1 - beta1)
+  float beta2 = 0.999f;          // exp_avg_sq * beta2
+  float one_minus_beta2 = 0.001f;
+  float step_size = 1e-3f;  // lr / (1 - beta1^t)   (lr if no correction)
+  float bias_correction2_sqrt = 1.0f;  // sqrt(1 - beta2^t) (1 if none)
+  float eps = 1e-8f;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu" or "cuda:<device>".
+  virtual std::string_view name() const = 0;
+  // True when views must point at device memory.
+  virtual bool is_device() const = 0;
+  // Whether `precision` exists on this backend (CPU: kHighest only).
+  virtual bool SupportsPrecision(MatmulPrecision precision) const = 0;
+  // The cudaStream_t every call is enqueued on (for the NCCL communicator of
+  // the same group); nullptr on the CPU backend.
+  virtual void* stream() const { return nullptr; }
+
+  // ---- memory -------------------------------------------------------------
+  // `bytes` >= 0; the memory is 256-byte aligned and uninitialised. Allocate
+  // and Free may synchronise; call them at setup, not inside a step.
+  virtual absl::StatusOr<void*> Allocate(int64_t bytes) = 0;
+  virtual void Free(void* ptr) = 0;
+  // Sets every element of `view` to +0.
+  virtual absl::Status Memset0(const MatrixView& view) = 0;
+  // Plain byte copies between host memory and backend memory. CopyFromHost
+  // may return before the copy ran (the host buffer must stay valid until
+  // the next Synchronize); CopyToHost returns after the bytes arrived.
+  virtual absl::Status CopyFromHost(void* dst, const void* src,
+                                    int64_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src,
+                                  int64_t bytes) = 0;
+  // dst <- src elementwise for two same-shape strided views of backend
+  // memory, converting fp32 <-> bf16 (fp32 -> bf16 rounds to nearest even;
+  // bf16 -> fp32 is exact). The views must not overlap unless identical.
+  virtual absl::Status Copy2D(const MatrixView& dst, const MatrixView& src) = 0;
+
+  // ---- matmul -------------------------------------------------------------
+  // c <- alpha * op(a) op(b) + beta * c, with op(a) m x k, op(b) k x n and c
+  // m x n (shapes taken from the views; a view of a transposed operand has
+  // the stored shape). beta == 0 never reads c (NaN in c does not leak).
+  // dtypes: kHighest/kHigh need fp32 a, b, c; kMedium needs bf16 a, b, c.
+  // c must not overlap a or b.
+  virtual absl::Status Gemm(Op op_a, Op op_b, float alpha, const MatrixView& a,
+                            const MatrixView& b, float beta,
+                            const MatrixView& c, MatmulPrecision precision) = 0;
+  // The same for `batch` problems; slice i of x is the view x with `data`
+  // advanced by i * stride_x elements (stride_x >= span of one slice).
+  virtual absl::Status GemmStridedBatched(Op op_a, Op op_b, float alpha,
+                                          const MatrixView& a, int64_t stride_a,
+                                          const MatrixView& b, int64_t stride_b,
+                                          float beta, const MatrixView& c,
+                                          int64_t stride_c, int64_t batch,
+                                          MatmulPrecision precision) = 0;
+  // Mirrors the lower triangle (diagonal included) of each square slice into
+  // its upper triangle: slice i is `a` advanced by i * stride elements.
+  virtual absl::Status SymmetrizeFromLower(const MatrixView& a, int64_t stride,
+                                           int64_t batch) = 0;
+
+  // ---- Newton–Schulz input ------------------------------------------------
+  // src (fp32) holds `batch` matrices stacked along rows (src.rows divisible
+  // by batch). For each slice: dst = src / max(||src||_F, eps), the
+  // F.normalize(x, p=2, dim=(-2,-1), eps) of Emerging-Optimizers. The sum of
+  // squares is accumulated in fp64 (tiny inputs such as 1e-30 * I do not
+  // underflow), the norm rounded to fp32, the division done in fp32; dst is
+  // fp32 or bf16 (rounded once). No host synchronisation on CUDA.
+  // dst may equal src; it must not otherwise overlap it.
+  virtual absl::Status FrobeniusNormalize(const MatrixView& src,
+                                          const MatrixView& dst, int64_t batch,
+                                          float eps) = 0;
+
+  // ---- elementwise (formulas in elementwise_math.h) ------------------------
+  // Muon momentum (EMA form of EO / torch.optim.Muon); the weights float(beta)
+  // and float(1 - beta) are formed from the double `beta` on the host:
+  //   momentum <- lerp(momentum, grad, 1 - beta)   = m + (1-beta)(g - m)
+  //   out      <- nesterov ? lerp(grad, momentum, beta) = g + beta(m - g)
+  //                        : momentum
+  // grad fp32|bf16, momentum fp32|bf16 (state, updated in place), out fp32
+  // and distinct from momentum (the NS input is never state). Same shapes.
+  virtual absl::Status MuonMomentum(const MatrixView& grad,
+                                    const MatrixView& momentum, double beta,
+                                    bool nesterov, const MatrixView& out) = 0;
+  // x <- (x * scale) * extra, fp32 in place: two multiplies in that order
+  // (EO muon.py: orth * scale_factor * extra_scale_factor).
+  virtual absl::Status ScaleInPlace(const MatrixView& x, float scale,
+                                    float extra) = 0;
+  // Weight decay then p <- p - lr * update, computed in fp32 and stored in
+  // the param's dtype (fp32 or bf16) with one rounding. update is fp32.
+  // `decay` is the decay factor already resolved by the caller
+  // (lr*wd for decoupled/cautious, wd for independent; ignored for kNone).
+  virtual absl::Status ApplyUpdate(const MatrixView& param,
+                                   const MatrixView& update, float lr,
+                                   float decay, WeightDecayMethod method) = 0;
+  // Fused AdamW, torch.optim.AdamW single-tensor order:
+  //   p *= param_decay; m = lerp(m, g, 1-beta1); v = v*beta2 + (1-beta2)*g*g;
+  //   p += -step_size * m / (sqrt(v) / bias_correction2_sqrt + eps).
+  // param fp32|bf16 (one rounding), grad fp32|bf16, exp_avg/exp_avg_sq fp32.
+  virtual absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
+                             const MatrixView& exp_avg,
+                             const MatrixView& exp_avg_sq,
+                             const AdamWScalars& scalars) = 0;
+
+  // ---- checks and sync ----------------------------------------------------
+  // True when no element of any view is NaN or +-Inf. Synchronises once
+  // (all views are checked before the one device-to-host read).
+  virtual absl::StatusOr<bool> AllFinite(
+      absl::Span<const MatrixView> views) = 0;
+  // Waits for every call enqueued so far.
+  virtual absl::Status Synchronize() = 0;
+};
+
+// ---- argument checks shared by the implementations ------------------------
+// Each returns InvalidArgument naming `what` and the rule broken.
+absl::Status CheckView(const MatrixView& v, std::string_view what);
+absl::Status CheckSameShape(const MatrixView& a, const MatrixView& b,
+                            std::string_view what_a, std::string_view what_b);
+absl::Status CheckDType(const MatrixView& v, DType dtype,
+                        std::string_view what);
+// Checks a Gemm call's shapes and dtypes against `precision`.
+absl::Status CheckGemm(Op op_a, Op op_b, const MatrixView& a,
+                       const MatrixView& b, const MatrixView& c,
+                       MatmulPrecision precision);
+// Checks FrobeniusNormalize's arguments.
+absl::Status CheckNormalize(const MatrixView& src, const MatrixView& dst,
+                            int64_t batch, float eps);
+// Checks MuonMomentum's / ApplyUpdate's / AdamW's arguments.
+absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum,
+                           const MatrixView& out);
+absl::Status CheckUpdate(const MatrixView& param, const MatrixView& update);
+absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
+                        const MatrixView& exp_avg,
+                        const MatrixView& exp_avg_sq);
+
+}  // namespace muond

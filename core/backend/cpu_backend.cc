@@ -1,0 +1,280 @@
+#include "core/backend/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/backend/bf16.h"
+#include "core/backend/elementwise_math.h"
+#include "core/common/status_macros.h"
+
+namespace muond {
+namespace {
+
+char* ElemPtr(const MatrixView& v, int64_t i, int64_t j) {
+  return static_cast<char*>(v.data) +
+         (i * v.row_stride + j) * int64_t(DTypeSize(v.dtype));
+}
+
+float Load(const MatrixView& v, int64_t i, int64_t j) {
+  const char* p = ElemPtr(v, i, j);
+  if (v.dtype == DType::kFloat32) return *reinterpret_cast<const float*>(p);
+  return Bf16BitsToFloat(*reinterpret_cast<const uint16_t*>(p));
+}
+
+void Store(const MatrixView& v, int64_t i, int64_t j, float x) {
+  char* p = ElemPtr(v, i, j);
+  if (v.dtype == DType::kFloat32) {
+    *reinterpret_cast<float*>(p) = x;
+  } else {
+    *reinterpret_cast<uint16_t*>(p) = FloatToBf16Bits(x);
+  }
+}
+
+template <typename F>
+void ForEach(const MatrixView& shape, F&& f) {
+  for (int64_t i = 0; i < shape.rows; ++i) {
+    for (int64_t j = 0; j < shape.cols; ++j) f(i, j);
+  }
+}
+
+MatrixView Slice(const MatrixView& v, int64_t stride, int64_t i) {
+  MatrixView s = v;
+  s.data =
+      static_cast<char*>(v.data) + i * stride * int64_t(DTypeSize(v.dtype));
+  return s;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+  bool is_device() const override { return false; }
+  bool SupportsPrecision(MatmulPrecision p) const override {
+    return p == MatmulPrecision::kHighest;
+  }
+
+  absl::StatusOr<void*> Allocate(int64_t bytes) override {
+    if (bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("allocate: bytes must be >= 0, got ", bytes));
+    }
+    const size_t rounded = (size_t(bytes) + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("allocate: out of host memory for ", bytes, " bytes"));
+    }
+    return p;
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+
+  absl::Status Memset0(const MatrixView& v) override {
+    RETURN_IF_ERROR(CheckView(v, "memset0"));
+    const size_t row_bytes = size_t(v.cols) * DTypeSize(v.dtype);
+    for (int64_t i = 0; i < v.rows; ++i)
+      std::memset(ElemPtr(v, i, 0), 0, row_bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyFromHost(void* dst, const void* src,
+                            int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, size_t(bytes));
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, size_t(bytes));
+    return absl::OkStatus();
+  }
+  absl::Status Copy2D(const MatrixView& dst, const MatrixView& src) override {
+    RETURN_IF_ERROR(CheckSameShape(dst, src, "copy dst", "copy src"));
+    if (dst.data == src.data && dst.dtype == src.dtype &&
+        dst.row_stride == src.row_stride) {
+      return absl::OkStatus();
+    }
+    if (dst.dtype == src.dtype) {
+      const size_t row_bytes = size_t(src.cols) * DTypeSize(src.dtype);
+      for (int64_t i = 0; i < src.rows; ++i) {
+        std::memmove(ElemPtr(dst, i, 0), ElemPtr(src, i, 0), row_bytes);
+      }
+      return absl::OkStatus();
+    }
+    ForEach(src,
+            [&](int64_t i, int64_t j) { Store(dst, i, j, Load(src, i, j)); });
+    return absl::OkStatus();
+  }
+
+  absl::Status Gemm(Op op_a, Op op_b, float alpha, const MatrixView& a,
+                    const MatrixView& b, float beta, const MatrixView& c,
+                    MatmulPrecision precision) override {
+    return GemmStridedBatched(op_a, op_b, alpha, a, 0, b, 0, beta, c, 0, 1,
+                              precision);
+  }
+
+  absl::Status GemmStridedBatched(Op op_a, Op op_b, float alpha,
+                                  const MatrixView& a, int64_t stride_a,
+                                  const MatrixView& b, int64_t stride_b,
+                                  float beta, const MatrixView& c,
+                                  int64_t stride_c, int64_t batch,
+                                  MatmulPrecision precision) override {
+    RETURN_IF_ERROR(CheckPrecision(precision));
+    RETURN_IF_ERROR(CheckGemm(op_a, op_b, a, b, c, precision));
+    if (batch < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gemm: batch must be >= 0, got ", batch));
+    }
+    const int64_t m = c.rows, n = c.cols;
+    const int64_t k = op_a == Op::kN ? a.cols : a.rows;
+    for (int64_t i = 0; i < batch; ++i) {
+      const MatrixView ai = Slice(a, stride_a, i), bi = Slice(b, stride_b, i),
+                       ci = Slice(c, stride_c, i);
+      if (m == 0 || n == 0) continue;
+      if (k == 0) {  // BLAS leaves c untouched only when beta == 1.
+        ForEach(ci, [&](int64_t r, int64_t s) {
+          Store(ci, r, s, beta == 0.0f ? 0.0f : beta * Load(ci, r, s));
+        });
+        continue;
+      }
+      cblas_sgemm(CblasRowMajor, op_a == Op::kN ? CblasNoTrans : CblasTrans,
+                  op_b == Op::kN ? CblasNoTrans : CblasTrans, int(m), int(n),
+                  int(k), alpha, static_cast<const float*>(ai.data),
+                  int(std::max<int64_t>(ai.row_stride, ai.cols)),
+                  static_cast<const float*>(bi.data),
+                  int(std::max<int64_t>(bi.row_stride, bi.cols)), beta,
+                  static_cast<float*>(ci.data),
+                  int(std::max<int64_t>(ci.row_stride, ci.cols)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SymmetrizeFromLower(const MatrixView& a, int64_t stride,
+                                   int64_t batch) override {
+    RETURN_IF_ERROR(CheckView(a, "symmetrize"));
+    if (a.rows != a.cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "symmetrize: slices must be square, got ", a.rows, "x", a.cols));
+    }
+    const size_t es = DTypeSize(a.dtype);
+    for (int64_t s = 0; s < batch; ++s) {
+      const MatrixView v = Slice(a, stride, s);
+      for (int64_t i = 0; i < v.rows; ++i) {
+        for (int64_t j = i + 1; j < v.cols; ++j) {
+          std::memcpy(ElemPtr(v, i, j), ElemPtr(v, j, i), es);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status FrobeniusNormalize(const MatrixView& src, const MatrixView& dst,
+                                  int64_t batch, float eps) override {
+    RETURN_IF_ERROR(CheckNormalize(src, dst, batch, eps));
+    const int64_t r = src.rows / batch;
+    for (int64_t s = 0; s < batch; ++s) {
+      double sum = 0.0;
+      for (int64_t i = s * r; i < (s + 1) * r; ++i) {
+        for (int64_t j = 0; j < src.cols; ++j) {
+          const double x = Load(src, i, j);
+          sum += x * x;
+        }
+      }
+      const float norm = static_cast<float>(std::sqrt(sum));
+      const float denom = std::max(norm, eps);
+      for (int64_t i = s * r; i < (s + 1) * r; ++i) {
+        for (int64_t j = 0; j < src.cols; ++j) {
+          Store(dst, i, j, Load(src, i, j) / denom);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status MuonMomentum(const MatrixView& grad, const MatrixView& momentum,
+                            double beta, bool nesterov,
+                            const MatrixView& out) override {
+    RETURN_IF_ERROR(CheckMomentum(grad, momentum, out));
+    const float w_ema = static_cast<float>(1.0 - beta);
+    const float w_nesterov = static_cast<float>(beta);
+    ForEach(grad, [&](int64_t i, int64_t j) {
+      const float g = Load(grad, i, j);
+      Store(momentum, i, j, ew::MomentumEma(Load(momentum, i, j), g, w_ema));
+      // Read back: with bf16 state the NS input sees the stored momentum.
+      const float m = Load(momentum, i, j);
+      Store(out, i, j, nesterov ? ew::NesterovInput(g, m, w_nesterov) : m);
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status ScaleInPlace(const MatrixView& x, float scale,
+                            float extra) override {
+    RETURN_IF_ERROR(CheckView(x, "scale"));
+    RETURN_IF_ERROR(CheckDType(x, DType::kFloat32, "scale"));
+    ForEach(x, [&](int64_t i, int64_t j) {
+      Store(x, i, j, ew::Scale2(Load(x, i, j), scale, extra));
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status ApplyUpdate(const MatrixView& param, const MatrixView& update,
+                           float lr, float decay,
+                           WeightDecayMethod method) override {
+    RETURN_IF_ERROR(CheckUpdate(param, update));
+    const int m = static_cast<int>(method);
+    ForEach(param, [&](int64_t i, int64_t j) {
+      Store(
+          param, i, j,
+          ew::UpdateParam(Load(param, i, j), Load(update, i, j), lr, decay, m));
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
+                     const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
+                     const AdamWScalars& s) override {
+    RETURN_IF_ERROR(CheckAdamW(param, grad, exp_avg, exp_avg_sq));
+    ForEach(param, [&](int64_t i, int64_t j) {
+      const ew::AdamWOut o = ew::AdamWElement(
+          Load(param, i, j), Load(grad, i, j), Load(exp_avg, i, j),
+          Load(exp_avg_sq, i, j), s.param_decay, s.one_minus_beta1, s.beta2,
+          s.one_minus_beta2, s.step_size, s.bias_correction2_sqrt, s.eps);
+      Store(param, i, j, o.p);
+      Store(exp_avg, i, j, o.m);
+      Store(exp_avg_sq, i, j, o.v);
+    });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> AllFinite(absl::Span<const MatrixView> views) override {
+    for (const MatrixView& v : views)
+      RETURN_IF_ERROR(CheckView(v, "all_finite"));
+    for (const MatrixView& v : views) {
+      for (int64_t i = 0; i < v.rows; ++i) {
+        for (int64_t j = 0; j < v.cols; ++j) {
+          if (!std::isfinite(Load(v, i, j))) return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  absl::Status CheckPrecision(MatmulPrecision p) const {
+    if (!SupportsPrecision(p)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gemm: precision ", std::string(MatmulPrecisionName(p)),
+                       " is not available on the CPU backend (only highest)"));
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend() {
+  return std::make_unique<CpuBackend>();
+}
+
+}  // namespace muond

@@ -1,0 +1,54 @@
+#pragma once
+// Launchers of muond's own CUDA kernels (the non-GEMM half of the CUDA
+// backend). Plain header: the .cu side sees no absl. Every launcher enqueues
+// on `stream`, never synchronises, and returns the launch's cudaError_t.
+// Arguments are assumed validated by CudaBackend (core/backend/backend.h
+// documents the semantics; the elementwise formulas are those of
+// core/backend/elementwise_math.h).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace muond {
+namespace cuda_kernels {
+
+// A row-major strided matrix as the kernels see it (the backend converts
+// MatrixView; kept separate so nvcc needs no project header beyond this).
+struct KView {
+  void* data;
+  int64_t rows, cols;
+  int64_t ld;  // elements between row starts, >= cols
+  int elem;    // bytes per element: 4 fp32, 2 bf16
+};
+
+// Blocks per slice for the Frobenius-norm partial sums; the scratch buffer
+// holds kNormBlocks * kNormBatchChunk doubles.
+constexpr int kNormBlocks = 64;
+constexpr int64_t kNormBatchChunk = 4096;
+
+cudaError_t Copy2DConvert(const KView& dst, const KView& src,
+                          cudaStream_t stream);
+cudaError_t SymmetrizeFromLower(const KView& a, int64_t stride, int64_t batch,
+                                cudaStream_t stream);
+// dst slices = src slices / max(||slice||_F, eps); `batch` <= kNormBatchChunk,
+// `partials` holds kNormBlocks * batch doubles of scratch.
+cudaError_t FrobeniusNormalize(const KView& src, const KView& dst,
+                               int64_t batch, float eps, double* partials,
+                               cudaStream_t stream);
+cudaError_t MuonMomentum(const KView& grad, const KView& momentum,
+                         float one_minus_beta, float beta, bool nesterov,
+                         const KView& out, cudaStream_t stream);
+cudaError_t ScaleInPlace(const KView& x, float scale, float extra,
+                         cudaStream_t stream);
+cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
+                        float decay, int method, cudaStream_t stream);
+cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
+                  const KView& exp_avg_sq, float param_decay,
+                  float one_minus_beta1, float beta2, float one_minus_beta2,
+                  float step_size, float bc2_sqrt, float eps,
+                  cudaStream_t stream);
+// Sets *flag = 1 (device int) when `v` holds a NaN or an Inf.
+cudaError_t MarkNonFinite(const KView& v, int* flag, cudaStream_t stream);
+
+}  // namespace cuda_kernels
+}  // namespace muond
