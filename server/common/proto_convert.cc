@@ -1,0 +1,66 @@
+#include "server/common/proto_convert.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+
+namespace muond {
+
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype,
+                                     const std::string& field) {
+  switch (dtype) {
+    case v1::DTYPE_FP32:
+      return DType::kFloat32;
+    case v1::DTYPE_BF16:
+      return DType::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": dtype ", v1::DType_Name(dtype),
+                       " is not supported (DTYPE_FP32 or DTYPE_BF16)"));
+  }
+}
+
+absl::StatusOr<v1::GroupPlan> PlanGroup(
+    const v1::GroupManifest& manifest, const std::string& cost_model,
+    const std::map<std::vector<int64_t>, double>& measured) {
+  const DomainSize domain = DomainSizeOf(manifest.domain());
+  std::vector<ParamShardSpec> specs;
+  specs.reserve(manifest.params_size());
+  for (const v1::ParamSpec& p : manifest.params()) {
+    ASSIGN_OR_RETURN(ParamShardSpec spec,
+                     MakeShardSpec(p.name(),
+                                   std::vector<int64_t>(p.local_shape().begin(),
+                                                        p.local_shape().end()),
+                                   FromProto(p.tags()), domain));
+    if (!std::equal(spec.full_shape.begin(), spec.full_shape.end(),
+                    p.full_shape().begin(), p.full_shape().end())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("param '", p.name(),
+                       "': full_shape does not follow from "
+                       "local_shape, tags and the ",
+                       domain.gtp, "x", domain.tp, " domain"));
+    }
+    specs.push_back(std::move(spec));
+  }
+  PlannerOptions options;
+  if (cost_model == "flops") {
+    options.cost = kFlops;
+  } else if (cost_model == "measured") {
+    options.cost = kMeasured;
+    for (const auto& [shape, cost] : measured) {
+      if (shape.size() == 2) options.measured_cost[{shape[0], shape[1]}] = cost;
+    }
+  } else if (!cost_model.empty() && cost_model != "ns_cost") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cost_model '", cost_model, "' is unknown"));
+  }
+  ASSIGN_OR_RETURN(HomePlan plan, PlanNsHomes(specs, domain, options));
+  v1::GroupPlan out;
+  out.set_group(manifest.group());
+  for (const NsHome& h : plan.homes) *out.add_homes() = ToProto(h);
+  for (double load : plan.rank_load) out.add_rank_load(load);
+  out.set_max_over_mean(plan.max_over_mean);
+  out.set_lower_bound_ratio(plan.lower_bound_ratio);
+  return out;
+}
+
+}  // namespace muond

@@ -1,0 +1,46 @@
+#pragma once
+// Conversions between the wire types (muond.v1) and core types.
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/common/dtype.h"
+#include "core/plan/planner.h"
+#include "core/plan/sharding.h"
+#include "muond/v1/muond.pb.h"
+
+namespace muond {
+
+inline ShardTags FromProto(const v1::ShardTags& tags) {
+  ShardTags out;
+  out.tensor_model_parallel = tags.tensor_model_parallel();
+  out.partition_dim = tags.partition_dim();
+  out.is_gtp_weight_remat = tags.is_gtp_weight_remat();
+  out.pad_length = tags.pad_length();
+  return out;
+}
+
+inline DomainSize DomainSizeOf(const v1::Domain& domain) {
+  return DomainSize{domain.gtp_size(), domain.tp_size()};
+}
+
+// InvalidArgument naming `field` for DTYPE_UNSPECIFIED or an unknown value.
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, const std::string& field);
+
+inline v1::NsHome ToProto(const NsHome& home) {
+  v1::NsHome out;
+  out.set_g(home.g);
+  out.set_t(home.t);
+  return out;
+}
+
+inline NsHome FromProto(const v1::NsHome& home) { return {home.g(), home.t()}; }
+
+// Plans the NS homes of one Muon group manifest with core/plan. `cost_model`:
+// "ns_cost" (or empty), "flops", "measured" (with `measured`, per full-matrix
+// shape {rows, cols}). Errors name the param (from MakeShardSpec/PlanNsHomes).
+absl::StatusOr<v1::GroupPlan> PlanGroup(
+    const v1::GroupManifest& manifest, const std::string& cost_model,
+    const std::map<std::vector<int64_t>, double>& measured);
+
+}  // namespace muond

@@ -1,0 +1,81 @@
+#include "server/common/unix_socket.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace muond {
+
+bool ParseUnixAddress(const std::string& address, std::string* path) {
+  constexpr absl::string_view kTriple = "unix://";
+  constexpr absl::string_view kSingle = "unix:";
+  if (absl::StartsWith(address, kTriple)) {
+    *path = address.substr(kTriple.size());
+    return true;
+  }
+  if (absl::StartsWith(address, kSingle)) {
+    *path = address.substr(kSingle.size());
+    return true;
+  }
+  return false;
+}
+
+absl::Status PrepareUnixSocketPath(const std::string& path) {
+  if (path.empty() || path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix socket path '", path, "' must be absolute"));
+  }
+  const std::string dir = path.substr(0, path.rfind('/'));
+  struct stat st;
+  if (stat(dir.empty() ? "/" : dir.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket directory '", dir, "' is not usable: ", strerror(errno)));
+  }
+  const bool sticky = (st.st_mode & S_ISVTX) != 0;
+  const bool mine = st.st_uid == geteuid();
+  const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+  if (!mine && !(st.st_uid == 0 && sticky)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket directory '", dir,
+        "' belongs to another user and is not a sticky root directory"));
+  }
+  if (others_write && !sticky) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket directory '", dir,
+                     "' is writable by other users and not sticky"));
+  }
+  struct stat old;
+  if (lstat(path.c_str(), &old) == 0) {
+    if (!S_ISSOCK(old.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", path, "' exists and is not a socket; refusing to replace it"));
+    }
+    if (old.st_uid != geteuid()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("socket '", path, "' belongs to another user"));
+    }
+    unlink(path.c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RestrictUnixSocket(const std::string& path) {
+  if (chmod(path.c_str(), 0600) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot chmod 0600 socket '", path, "': ", strerror(errno)));
+  }
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0 || st.st_uid != geteuid() ||
+      (st.st_mode & 0077) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket '", path, "' is not private (0600, owned by us)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muond

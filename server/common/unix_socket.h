@@ -1,0 +1,24 @@
+#pragma once
+// Private Unix-domain listening sockets (DESIGN.md §7): the socket file lives
+// in a directory only the current user can write and is chmod 0600 once the
+// server has bound it.
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace muond {
+
+// True for "unix:" addresses; `path` receives the file path.
+bool ParseUnixAddress(const std::string& address, std::string* path);
+
+// Before binding: checks that the parent directory of `path` exists, is owned
+// by this user (or is root-owned and sticky, like /tmp) and is not writable by
+// others unless sticky; removes a stale socket file at `path` (only a socket,
+// never a regular file). FailedPrecondition naming the path otherwise.
+absl::Status PrepareUnixSocketPath(const std::string& path);
+
+// After binding: chmod 0600 and verify ownership. FailedPrecondition naming
+// the path when the file is missing or cannot be restricted.
+absl::Status RestrictUnixSocket(const std::string& path);
+
+}  // namespace muond

@@ -1,0 +1,546 @@
+#include "server/coordinator/coordinator_core.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+#include "glog/logging.h"
+
+namespace muond {
+namespace {
+
+std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+}
+
+std::string TagsString(const v1::ShardTags& t) {
+  return absl::StrCat("{tensor_model_parallel=", t.tensor_model_parallel(),
+                      ", partition_dim=", t.partition_dim(),
+                      ", is_gtp_weight_remat=", t.is_gtp_weight_remat(),
+                      ", pad_length=", t.pad_length(), "}");
+}
+
+bool SameTags(const v1::ShardTags& a, const v1::ShardTags& b) {
+  return a.tensor_model_parallel() == b.tensor_model_parallel() &&
+         a.partition_dim() == b.partition_dim() &&
+         a.is_gtp_weight_remat() == b.is_gtp_weight_remat() &&
+         a.pad_length() == b.pad_length();
+}
+
+bool SameShape(const google::protobuf::RepeatedField<int64_t>& a,
+               const google::protobuf::RepeatedField<int64_t>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end());
+}
+
+// Empty when `a` (rank ra) and `b` (rank rb) describe the same params;
+// otherwise the first difference, naming the param and both ranks.
+std::string FirstParamDifference(const v1::GroupManifest& a, int ra,
+                                 const v1::GroupManifest& b, int rb) {
+  const std::string where =
+      absl::StrCat("group '", a.group(), "': rank ", ra, " and rank ", rb);
+  const int n = std::min(a.params_size(), b.params_size());
+  for (int i = 0; i < n; ++i) {
+    const v1::ParamSpec& pa = a.params(i);
+    const v1::ParamSpec& pb = b.params(i);
+    const std::string at =
+        absl::StrCat(where, " differ at param #", i, " '", pa.name(), "'");
+    if (pa.name() != pb.name()) {
+      return absl::StrCat(at, ": name '", pa.name(), "' vs '", pb.name(), "'");
+    }
+    if (!SameShape(pa.full_shape(), pb.full_shape())) {
+      return absl::StrCat(at, ": full_shape ", ShapeString(pa.full_shape()),
+                          " vs ", ShapeString(pb.full_shape()));
+    }
+    if (!SameShape(pa.local_shape(), pb.local_shape())) {
+      return absl::StrCat(at, ": local_shape ", ShapeString(pa.local_shape()),
+                          " vs ", ShapeString(pb.local_shape()));
+    }
+    if (!SameTags(pa.tags(), pb.tags())) {
+      return absl::StrCat(at, ": tags ", TagsString(pa.tags()), " vs ",
+                          TagsString(pb.tags()));
+    }
+  }
+  if (a.params_size() != b.params_size()) {
+    const bool a_longer = a.params_size() > b.params_size();
+    const v1::ParamSpec& extra = a_longer ? a.params(n) : b.params(n);
+    return absl::StrCat(where, " differ at param #", n, " '", extra.name(),
+                        "': only rank ", a_longer ? ra : rb, " has it (",
+                        a.params_size(), " vs ", b.params_size(), " params)");
+  }
+  if (a.algorithm() != b.algorithm()) {
+    return absl::StrCat(where, " differ in algorithm");
+  }
+  return "";
+}
+
+absl::Status ValidateManifestShape(const v1::PublishManifestRequest& request) {
+  std::set<std::string> groups;
+  for (const v1::GroupManifest& g : request.groups()) {
+    if (g.group().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", request.rank(), ": a group has an empty name"));
+    }
+    if (!groups.insert(g.group()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", request.rank(), ": group '", g.group(), "' appears twice"));
+    }
+    const v1::Domain& d = g.domain();
+    if (d.gtp_size() < 1 || d.tp_size() < 1 || d.g() < 0 ||
+        d.g() >= d.gtp_size() || d.t() < 0 || d.t() >= d.tp_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group '", g.group(), "': domain '", d.name(),
+                       "' of size ", d.gtp_size(), "x", d.tp_size(),
+                       " does not contain (g=", d.g(), ", t=", d.t(), ")"));
+    }
+    std::set<std::string> names;
+    for (const v1::ParamSpec& p : g.params()) {
+      if (p.name().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("group '", g.group(), "': a param has an empty name"));
+      }
+      if (!names.insert(p.name()).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "group '", g.group(), "': duplicate param name '", p.name(), "'"));
+      }
+      for (int64_t dim : p.full_shape()) {
+        if (dim < 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("param '", p.name(), "': full_shape ",
+                           ShapeString(p.full_shape()), " has a dim < 1"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Fingerprint(const std::map<int, std::string>& manifests) {
+  std::string out;
+  for (const auto& [rank, bytes] : manifests) {
+    absl::StrAppend(&out, rank, ":", bytes.size(), ":", bytes, ";");
+  }
+  return out;
+}
+
+}  // namespace
+
+CoordinatorCore::CoordinatorCore(CoordinatorOptions options)
+    : options_(std::move(options)) {}
+
+absl::StatusOr<CoordinatorCore::Job*> CoordinatorCore::FindJob(
+    const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job_id '", job_id,
+                     "' is unknown to this coordinator (no daemon "
+                     "joined it)"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
+    const v1::JoinRequest& request) {
+  if (request.job_id().empty()) {
+    return absl::InvalidArgumentError("job_id: must not be empty");
+  }
+  if (request.world_size() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: ", request.world_size(), " must be >= 1"));
+  }
+  if (request.rank() < 0 || request.rank() >= request.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", request.rank(),
+                                                   " is outside [0, ",
+                                                   request.world_size(), ")"));
+  }
+  if (!options_.token.empty() && request.token() != options_.token) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("job '", request.job_id(), "' rank ", request.rank(),
+                     ": token does not match the coordinator's"));
+  }
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<Job>& slot = jobs_[request.job_id()];
+  if (slot == nullptr) {
+    slot = std::make_unique<Job>();
+    slot->id = request.job_id();
+    slot->world_size = request.world_size();
+    slot->token = request.token();
+  }
+  Job& job = *slot;
+  if (request.world_size() != job.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size: ", request.world_size(), " differs from job '", job.id,
+        "' world size ", job.world_size));
+  }
+  if (request.token() != job.token) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("job '", job.id, "' rank ", request.rank(),
+                     ": token differs from the job's first daemon"));
+  }
+  auto it = job.daemons.find(request.rank());
+  if (it != job.daemons.end() && it->second.live) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "job '", job.id, "' rank ", request.rank(),
+        " is already joined and live (from ", it->second.join.host(), " at ",
+        it->second.join.address(), ")"));
+  }
+  Daemon& daemon = job.daemons[request.rank()];
+  daemon.join = request;
+  daemon.join.clear_token();
+  daemon.live = true;
+  v1::JoinResponse response;
+  response.set_store_prefix(absl::StrCat("job/", job.id));
+  return response;
+}
+
+void CoordinatorCore::Leave(const std::string& job_id, int rank) {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return;
+  auto it = job->second->daemons.find(rank);
+  if (it != job->second->daemons.end()) it->second.live = false;
+}
+
+absl::Status CoordinatorCore::KvSet(const v1::KvSetRequest& request) {
+  if (request.key().empty()) {
+    return absl::InvalidArgumentError("key: must not be empty");
+  }
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
+  job->kv[request.key()] = request.value();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CoordinatorCore::KvGet(
+    const v1::KvGetRequest& request, const std::function<bool()>& cancelled) {
+  if (request.key().empty()) {
+    return absl::InvalidArgumentError("key: must not be empty");
+  }
+  if (request.timeout_ms() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout_ms: ", request.timeout_ms(), " must be >= 0"));
+  }
+  const absl::Duration timeout =
+      std::min(absl::Milliseconds(request.timeout_ms()), options_.max_wait);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
+  // Jobs are never deleted, so `job` stays valid while we wait.
+  auto is_set = [job, &request]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return job->kv.count(request.key()) > 0;
+  };
+  while (!is_set()) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline || (cancelled && cancelled())) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("key '", request.key(), "' of job '", job->id,
+                       "' was not set within ", request.timeout_ms(), " ms"));
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&is_set),
+                         std::min(deadline - now, absl::Milliseconds(200)));
+  }
+  return job->kv.at(request.key());
+}
+
+absl::Status CoordinatorCore::CheckAgainstPeers(
+    const Job& job, const v1::PublishManifestRequest& request) {
+  for (const v1::GroupManifest& mine : request.groups()) {
+    for (const auto& [rank, daemon] : job.daemons) {
+      if (rank == request.rank() || !daemon.has_manifest) continue;
+      for (const v1::GroupManifest& theirs : daemon.manifest.groups()) {
+        if (theirs.group() != mine.group()) continue;
+        const v1::Domain& a = mine.domain();
+        const v1::Domain& b = theirs.domain();
+        if (a.name() != b.name() || a.gtp_size() != b.gtp_size() ||
+            a.tp_size() != b.tp_size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("group '", mine.group(), "': rank ", request.rank(),
+                           " has domain '", a.name(), "' ", a.gtp_size(), "x",
+                           a.tp_size(), " but rank ", rank, " has '", b.name(),
+                           "' ", b.gtp_size(), "x", b.tp_size()));
+        }
+        if (a.g() == b.g() && a.t() == b.t()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("group '", mine.group(), "': ranks ", rank, " and ",
+                           request.rank(), " both claim (g=", a.g(),
+                           ", t=", a.t(), ") of domain '", a.name(), "'"));
+        }
+        // The earlier rank is the reference, so messages read "rank 0 and
+        // rank 1 differ".
+        const std::string diff =
+            rank < request.rank()
+                ? FirstParamDifference(theirs, rank, mine, request.rank())
+                : FirstParamDifference(mine, request.rank(), theirs, rank);
+        if (!diff.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "manifest mismatch in domain '", a.name(), "': ", diff));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool CoordinatorCore::AllPublished(const Job& job) const {
+  int published = 0;
+  for (const auto& [rank, daemon] : job.daemons)
+    published += daemon.has_manifest;
+  return published == job.world_size;
+}
+
+absl::StatusOr<v1::Plan> CoordinatorCore::ComputePlan(
+    const Job& job, const CostTable& costs, const std::string& cost_model,
+    int64_t activate_at_step) {
+  // Per group: the manifest of the lowest rank and the (g, t) coverage.
+  struct GroupInfo {
+    const v1::GroupManifest* manifest = nullptr;
+    std::set<std::pair<int, int>> coords;
+  };
+  std::map<std::string, GroupInfo> groups;
+  for (const auto& [rank, daemon] : job.daemons) {
+    for (const v1::GroupManifest& g : daemon.manifest.groups()) {
+      GroupInfo& info = groups[g.group()];
+      if (info.manifest == nullptr) info.manifest = &g;
+      info.coords.insert({g.domain().g(), g.domain().t()});
+    }
+  }
+  v1::Plan plan;
+  plan.set_job_id(job.id);
+  plan.set_version(job.plans.empty() ? 1 : job.plans.back().version() + 1);
+  plan.set_activate_at_step(activate_at_step);
+  plan.set_cost_model(cost_model);
+  for (const auto& [name, info] : groups) {
+    const v1::Domain& d = info.manifest->domain();
+    const size_t expected = size_t(d.gtp_size()) * size_t(d.tp_size());
+    if (info.coords.size() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", name, "': ", info.coords.size(), " of the ", expected,
+          " ranks of domain '", d.name(), "' (", d.gtp_size(), "x", d.tp_size(),
+          ") published it; every rank of the domain must"));
+    }
+    v1::GroupPlan* group_plan = plan.add_groups();
+    if (info.manifest->algorithm() == v1::ADAMW) {
+      group_plan->set_group(name);
+      continue;
+    }
+    if (!options_.planner) {
+      return absl::InternalError("coordinator has no planner configured");
+    }
+    absl::StatusOr<v1::GroupPlan> computed =
+        options_.planner(*info.manifest, cost_model, costs);
+    if (!computed.ok()) {
+      return absl::Status(computed.status().code(),
+                          absl::StrCat("planning group '", name,
+                                       "': ", computed.status().message()));
+    }
+    *group_plan = *std::move(computed);
+    group_plan->set_group(name);
+    if (group_plan->homes_size() != info.manifest->params_size()) {
+      return absl::InternalError(absl::StrCat(
+          "planner returned ", group_plan->homes_size(), " homes for the ",
+          info.manifest->params_size(), " params of group '", name, "'"));
+    }
+  }
+  return plan;
+}
+
+absl::Status CoordinatorCore::PublishManifest(
+    const v1::PublishManifestRequest& request) {
+  RETURN_IF_ERROR(ValidateManifestShape(request));
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
+  auto it = job->daemons.find(request.rank());
+  if (it == job->daemons.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", request.rank(), " has not joined job '", job->id,
+                     "'; Join first"));
+  }
+  Daemon& daemon = it->second;
+  const std::string bytes = request.SerializeAsString();
+  if (daemon.has_manifest && daemon.manifest.SerializeAsString() == bytes) {
+    return absl::OkStatus();  // a daemon re-publishing after a reconnect
+  }
+  if (daemon.has_manifest) {
+    // A re-registration: start a new round, the peers publish again.
+    LOG(INFO) << "job " << job->id << ": rank " << request.rank()
+              << " published a new manifest; waiting for every rank again";
+    for (auto& [rank, d] : job->daemons) d.has_manifest = false;
+  }
+  RETURN_IF_ERROR(CheckAgainstPeers(*job, request));
+  const v1::PublishManifestRequest previous = daemon.manifest;
+  daemon.manifest = request;
+  daemon.has_manifest = true;
+  if (!AllPublished(*job)) return absl::OkStatus();
+
+  std::map<int, std::string> manifests;
+  for (const auto& [rank, d] : job->daemons) {
+    manifests[rank] = d.manifest.SerializeAsString();
+  }
+  const std::string fingerprint = Fingerprint(manifests);
+  if (fingerprint == job->planned_fingerprint) return absl::OkStatus();
+  // A plan from manifests serves params that have no plan yet: at once.
+  absl::StatusOr<v1::Plan> plan =
+      ComputePlan(*job, CostTable{}, "ns_cost", /*activate_at_step=*/0);
+  if (!plan.ok()) {
+    daemon.manifest = previous;
+    daemon.has_manifest = false;
+    return plan.status();
+  }
+  job->plans.push_back(*std::move(plan));
+  job->planned_fingerprint = fingerprint;
+  LOG(INFO) << "job " << job->id << ": plan version "
+            << job->plans.back().version() << " computed for "
+            << job->plans.back().groups_size() << " groups";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Plan> CoordinatorCore::GetPlan(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJob(job_id));
+  if (job->plans.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "job '", job_id, "' has no plan yet (waiting for manifests)"));
+  }
+  return job->plans.back();
+}
+
+absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForPlan(
+    const std::string& job_id, int64_t after_version, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJob(job_id));
+  auto newer = [job, after_version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !job->plans.empty() && job->plans.back().version() > after_version;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&newer), timeout)) {
+    return std::optional<v1::Plan>();
+  }
+  return std::optional<v1::Plan>(job->plans.back());
+}
+
+absl::Status CoordinatorCore::ReportTimings(
+    const v1::ReportTimingsRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
+  auto it = job->daemons.find(request.rank());
+  if (it == job->daemons.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", request.rank(), " has not joined job '", job->id, "'"));
+  }
+  for (const v1::ShapeTiming& s : request.shapes()) {
+    if (s.count() < 1 || !(s.ns_us() >= 0) || !std::isfinite(s.ns_us())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shapes: entry ", ShapeString(s.shape()),
+                       " needs count >= 1 and a finite ns_us >= 0"));
+    }
+  }
+  Daemon& daemon = it->second;
+  daemon.last_step_id = std::max(daemon.last_step_id, request.step_id());
+  daemon.last_timings = request.timings();
+  for (const v1::ShapeTiming& s : request.shapes()) {
+    auto& [sum, count] = daemon.shape_times[std::vector<int64_t>(
+        s.shape().begin(), s.shape().end())];
+    sum += s.ns_us();
+    count += s.count();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
+    const v1::RebalanceRequest& request) {
+  if (request.activate_after_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("activate_after_steps: ", request.activate_after_steps(),
+                     " must be >= 0"));
+  }
+  const std::string& model = request.cost_model();
+  if (!model.empty() && model != "ns_cost" && model != "flops" &&
+      model != "measured") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cost_model: '", model, "' is not one of ns_cost, flops, measured"));
+  }
+  CostTable explicit_costs;
+  for (const v1::ShapeTiming& s : request.cost_table()) {
+    if (s.shape_size() != 2 || s.shape(0) < 1 || s.shape(1) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cost_table: shape ", ShapeString(s.shape()),
+                       " must be 2-D with positive dims"));
+    }
+    if (!std::isfinite(s.ns_us()) || s.ns_us() <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cost_table: shape ", ShapeString(s.shape()),
+                       " has cost ", s.ns_us(), "; needs a finite cost > 0"));
+    }
+    explicit_costs[{s.shape(0), s.shape(1)}] = s.ns_us();
+  }
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
+  if (job->plans.empty() || !AllPublished(*job)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job->id, "' has no complete set of manifests to plan from"));
+  }
+  // Mean measured time per matrix, over every daemon's reports.
+  std::map<std::vector<int64_t>, std::pair<double, int64_t>> measured;
+  int64_t latest_step = 0;
+  for (const auto& [rank, d] : job->daemons) {
+    latest_step = std::max(latest_step, d.last_step_id);
+    for (const auto& [shape, sc] : d.shape_times) {
+      measured[shape].first += sc.first;
+      measured[shape].second += sc.second;
+    }
+  }
+  CostTable costs;
+  std::string used_model = model.empty() ? "ns_cost" : model;
+  if (model == "measured" || (model.empty() && !measured.empty())) {
+    if (measured.empty()) {
+      return absl::FailedPreconditionError(
+          "cost_model 'measured': no daemon has reported shape timings");
+    }
+    for (const auto& [shape, sc] : measured) {
+      costs[shape] = sc.first / double(sc.second);
+    }
+    used_model = "measured";
+  }
+  for (const auto& [shape, cost] : explicit_costs) costs[shape] = cost;
+  // An explicit table is a measured table (shapes it lacks are estimated by
+  // the planner from the table's cost/FLOP ratio).
+  if (!explicit_costs.empty()) used_model = "measured";
+  const int64_t after =
+      request.activate_after_steps() == 0 ? 2 : request.activate_after_steps();
+  ASSIGN_OR_RETURN(v1::Plan plan,
+                   ComputePlan(*job, costs, used_model, latest_step + after));
+  job->plans.push_back(plan);
+  LOG(INFO) << "job " << job->id << ": rebalanced to plan version "
+            << plan.version() << " (" << used_model << "), activating at step "
+            << plan.activate_at_step();
+  return plan;
+}
+
+absl::StatusOr<v1::ListDaemonsResponse> CoordinatorCore::ListDaemons(
+    const v1::ListDaemonsRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
+  v1::ListDaemonsResponse response;
+  for (const auto& [rank, d] : job->daemons) {
+    v1::DaemonInfo* info = response.add_daemons();
+    info->set_rank(rank);
+    info->set_host(d.join.host());
+    info->set_device(d.join.device());
+    info->set_address(d.join.address());
+    info->set_last_step_id(d.last_step_id);
+    *info->mutable_last_timings() = d.last_timings;
+  }
+  return response;
+}
+
+std::vector<std::string> CoordinatorCore::JobIds() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, job] : jobs_) ids.push_back(id);
+  return ids;
+}
+
+}  // namespace muond

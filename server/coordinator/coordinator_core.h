@@ -1,0 +1,146 @@
+#pragma once
+// The coordinator's job logic, apart from gRPC (the service in
+// coordinator_service.h is a thin layer over this class, so everything here is
+// testable in-process).
+//
+// A CoordinatorCore holds many jobs. Per job: the expected world size (from
+// the first Join), the joined daemons, a rendezvous key/value store, the
+// manifests the daemons published and the versioned NS-home plans.
+//
+// Plan lifecycle: when every rank of the job has published a manifest and the
+// manifests of each group agree across the ranks of its domain, the core plans
+// every Muon group (version 1, activate_at_step 0 = at once) and wakes the
+// watchers. Rebalance computes version + 1 with a cost table; it activates at
+// the latest reported step + activate_after_steps. A rank that publishes a
+// different manifest later (re-registration) invalidates the job's manifests
+// until all ranks agree again; the next plan gets the next version.
+//
+// Thread-safety: all methods are thread-safe; WaitForPlan and KvGet block.
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "muond/v1/muond.pb.h"
+
+namespace muond {
+
+// Cost of NS on one matrix, by shape ({rows, cols}); absent shapes use the
+// planner's analytic ns_cost.
+using CostTable = std::map<std::vector<int64_t>, double>;
+
+// Plans one Muon group: a home per param in manifest order. The manifest is
+// the one of the domain's lowest global rank. `cost_model` is "ns_cost",
+// "flops" or "measured" (then `costs` is non-empty).
+using GroupPlanner = std::function<absl::StatusOr<v1::GroupPlan>(
+    const v1::GroupManifest& manifest, const std::string& cost_model,
+    const CostTable& costs)>;
+
+struct CoordinatorOptions {
+  // When non-empty every Join must carry this token.
+  std::string token;
+  // Longest a KvGet or a watcher may block in one call.
+  absl::Duration max_wait = absl::Minutes(10);
+  GroupPlanner planner;
+};
+
+class CoordinatorCore {
+ public:
+  explicit CoordinatorCore(CoordinatorOptions options);
+
+  // InvalidArgument: empty job id, world_size < 1, rank outside
+  // [0, world_size), world_size different from the job's. PermissionDenied:
+  // wrong token. AlreadyExists: the rank is joined and live (it has not left
+  // through Leave).
+  absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
+  // Marks a rank not live (its WatchPlans stream ended), so it may join again.
+  void Leave(const std::string& job_id, int rank);
+
+  // NotFound: unknown job. InvalidArgument: empty key.
+  absl::Status KvSet(const v1::KvSetRequest& request);
+  // Blocks up to min(timeout_ms, max_wait) or until `cancelled()` returns
+  // true (polled). DeadlineExceeded naming the key when it stays unset.
+  absl::StatusOr<std::string> KvGet(
+      const v1::KvGetRequest& request,
+      const std::function<bool()>& cancelled = {});
+
+  // NotFound: unknown job. FailedPrecondition: rank not joined.
+  // InvalidArgument: empty/duplicate group or param names, a domain that does
+  // not contain the rank's coordinates, a manifest that differs from an
+  // earlier rank of the same domain (names the first differing param, both
+  // ranks), two ranks claiming the same (g, t). Nothing is stored on error.
+  absl::Status PublishManifest(const v1::PublishManifestRequest& request);
+
+  // NotFound: unknown job, or no plan yet.
+  absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id);
+
+  // Waits up to `timeout` for a plan of version > `after_version`; nullopt on
+  // timeout. NotFound: unknown job.
+  absl::StatusOr<std::optional<v1::Plan>> WaitForPlan(const std::string& job_id,
+                                                      int64_t after_version,
+                                                      absl::Duration timeout);
+
+  // NotFound: unknown job. FailedPrecondition: rank not joined.
+  absl::Status ReportTimings(const v1::ReportTimingsRequest& request);
+
+  // NotFound: unknown job. FailedPrecondition: no plan yet (manifests
+  // missing). InvalidArgument: unknown cost model, a cost table entry with a
+  // non-positive or non-finite cost or a shape that is not 2-D,
+  // activate_after_steps < 0.
+  absl::StatusOr<v1::Plan> Rebalance(const v1::RebalanceRequest& request);
+
+  // NotFound: unknown job. Ranks in order.
+  absl::StatusOr<v1::ListDaemonsResponse> ListDaemons(
+      const v1::ListDaemonsRequest& request);
+
+  std::vector<std::string> JobIds();
+
+ private:
+  struct Daemon {
+    v1::JoinRequest join;
+    bool live = false;
+    int64_t last_step_id = -1;
+    v1::StepTimings last_timings;
+    bool has_manifest = false;
+    v1::PublishManifestRequest manifest;
+    // Shape -> (sum of ns_us, count) as reported.
+    std::map<std::vector<int64_t>, std::pair<double, int64_t>> shape_times;
+  };
+  struct Job {
+    std::string id;
+    int world_size = 0;
+    std::string token;
+    std::map<int, Daemon> daemons;
+    std::map<std::string, std::string> kv;
+    std::vector<v1::Plan> plans;  // every version, oldest first
+    // Manifest fingerprint the latest plan was computed from.
+    std::string planned_fingerprint;
+  };
+
+  absl::StatusOr<Job*> FindJob(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks the published manifests of the job against each other; OK when
+  // consistent (maybe incomplete).
+  absl::Status CheckAgainstPeers(const Job& job,
+                                 const v1::PublishManifestRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Computes version + 1 of the job's plan from its manifests.
+  absl::StatusOr<v1::Plan> ComputePlan(const Job& job, const CostTable& costs,
+                                       const std::string& cost_model,
+                                       int64_t activate_at_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllPublished(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const CoordinatorOptions options_;
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace muond

@@ -1,0 +1,105 @@
+#include "server/coordinator/coordinator_service.h"
+
+#include "glog/logging.h"
+#include "server/common/grpc_status.h"
+
+namespace muond {
+
+grpc::Status CoordinatorService::Join(grpc::ServerContext*,
+                                      const v1::JoinRequest* request,
+                                      v1::JoinResponse* response) {
+  absl::StatusOr<v1::JoinResponse> r = core_->Join(*request);
+  if (!r.ok()) {
+    LOG(WARNING) << "Join refused: " << r.status();
+    return ToGrpc(r.status());
+  }
+  LOG(INFO) << "job " << request->job_id() << ": rank " << request->rank()
+            << "/" << request->world_size() << " joined from "
+            << request->host() << " (" << request->device() << ", "
+            << request->address() << ")";
+  *response = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::KvSet(grpc::ServerContext*,
+                                       const v1::KvSetRequest* request,
+                                       v1::KvSetResponse*) {
+  return ToGrpc(core_->KvSet(*request));
+}
+
+grpc::Status CoordinatorService::KvGet(grpc::ServerContext* context,
+                                       const v1::KvGetRequest* request,
+                                       v1::KvGetResponse* response) {
+  absl::StatusOr<std::string> value =
+      core_->KvGet(*request, [context] { return context->IsCancelled(); });
+  if (!value.ok()) return ToGrpc(value.status());
+  response->set_value(*std::move(value));
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::PublishManifest(
+    grpc::ServerContext*, const v1::PublishManifestRequest* request,
+    v1::PublishManifestResponse*) {
+  absl::Status status = core_->PublishManifest(*request);
+  if (!status.ok()) LOG(WARNING) << "PublishManifest refused: " << status;
+  return ToGrpc(status);
+}
+
+grpc::Status CoordinatorService::WatchPlans(
+    grpc::ServerContext* context, const v1::WatchPlansRequest* request,
+    grpc::ServerWriter<v1::Plan>* writer) {
+  int64_t sent = 0;
+  grpc::Status result = grpc::Status::OK;
+  while (!context->IsCancelled()) {
+    absl::StatusOr<std::optional<v1::Plan>> plan =
+        core_->WaitForPlan(request->job_id(), sent, absl::Milliseconds(200));
+    if (!plan.ok()) {
+      result = ToGrpc(plan.status());
+      break;
+    }
+    if (!plan->has_value()) continue;
+    if (!writer->Write(**plan)) break;  // the daemon went away
+    sent = (*plan)->version();
+    VLOG(1) << "job " << request->job_id() << ": plan version " << sent
+            << " sent to rank " << request->rank();
+  }
+  core_->Leave(request->job_id(), request->rank());
+  LOG(INFO) << "job " << request->job_id() << ": rank " << request->rank()
+            << " stopped watching plans";
+  return result;
+}
+
+grpc::Status CoordinatorService::GetPlan(grpc::ServerContext*,
+                                         const v1::GetPlanRequest* request,
+                                         v1::Plan* response) {
+  absl::StatusOr<v1::Plan> plan = core_->GetPlan(request->job_id());
+  if (!plan.ok()) return ToGrpc(plan.status());
+  *response = *std::move(plan);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ReportTimings(
+    grpc::ServerContext*, const v1::ReportTimingsRequest* request,
+    v1::ReportTimingsResponse*) {
+  return ToGrpc(core_->ReportTimings(*request));
+}
+
+grpc::Status CoordinatorService::Rebalance(grpc::ServerContext*,
+                                           const v1::RebalanceRequest* request,
+                                           v1::Plan* response) {
+  absl::StatusOr<v1::Plan> plan = core_->Rebalance(*request);
+  if (!plan.ok()) return ToGrpc(plan.status());
+  *response = *std::move(plan);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListDaemons(
+    grpc::ServerContext*, const v1::ListDaemonsRequest* request,
+    v1::ListDaemonsResponse* response) {
+  absl::StatusOr<v1::ListDaemonsResponse> r = core_->ListDaemons(*request);
+  if (!r.ok()) return ToGrpc(r.status());
+  *response = *std::move(r);
+  return grpc::Status::OK;
+}
+
+}  // namespace muond

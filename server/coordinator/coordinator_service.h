@@ -1,0 +1,41 @@
+#pragma once
+// The Coordinator gRPC service: a thin layer over CoordinatorCore (status
+// conversion, stream plumbing, cancellation).
+#include "muond/v1/muond.grpc.pb.h"
+#include "server/coordinator/coordinator_core.h"
+
+namespace muond {
+
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  // `core` is not owned and must outlive the service.
+  explicit CoordinatorService(CoordinatorCore* core) : core_(core) {}
+
+  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest*,
+                    v1::JoinResponse*) override;
+  grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest*,
+                     v1::KvSetResponse*) override;
+  grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest*,
+                     v1::KvGetResponse*) override;
+  grpc::Status PublishManifest(grpc::ServerContext*,
+                               const v1::PublishManifestRequest*,
+                               v1::PublishManifestResponse*) override;
+  // Sends the current plan (if any) and every later one until the client
+  // cancels; then marks the rank not live (it may Join again).
+  grpc::Status WatchPlans(grpc::ServerContext*, const v1::WatchPlansRequest*,
+                          grpc::ServerWriter<v1::Plan>*) override;
+  grpc::Status GetPlan(grpc::ServerContext*, const v1::GetPlanRequest*,
+                       v1::Plan*) override;
+  grpc::Status ReportTimings(grpc::ServerContext*,
+                             const v1::ReportTimingsRequest*,
+                             v1::ReportTimingsResponse*) override;
+  grpc::Status Rebalance(grpc::ServerContext*, const v1::RebalanceRequest*,
+                         v1::Plan*) override;
+  grpc::Status ListDaemons(grpc::ServerContext*, const v1::ListDaemonsRequest*,
+                           v1::ListDaemonsResponse*) override;
+
+ private:
+  CoordinatorCore* core_;
+};
+
+}  // namespace muond

@@ -1,0 +1,73 @@
+// muond-coordinator: rendezvous store, manifests and NS-home plans for any
+// number of jobs (DESIGN.md §1, §4). Listens on TCP.
+#include <grpcpp/grpcpp.h>
+
+#include <csignal>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/time/clock.h"
+#include "glog/logging.h"
+#include "server/common/logging.h"
+#include "server/common/proto_convert.h"
+#include "server/coordinator/coordinator_core.h"
+#include "server/coordinator/coordinator_service.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
+          "TCP address to serve the Coordinator service on (host:port; port 0 "
+          "picks a free one, see --port_file)");
+ABSL_FLAG(std::string, port_file, "",
+          "When set, the bound port is written to this file once serving");
+ABSL_FLAG(std::string, token, "",
+          "When set, every Join must carry this shared token");
+
+namespace {
+void OnSignal(int) {
+  // Shutdown from a signal handler is not async-signal-safe; exit quickly.
+  _exit(0);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  muond::InitServerLogging(argv[0]);
+
+  muond::CoordinatorOptions options;
+  options.token = absl::GetFlag(FLAGS_token);
+  options.planner = [](const muond::v1::GroupManifest& manifest,
+                       const std::string& model,
+                       const muond::CostTable& costs) {
+    return muond::PlanGroup(manifest, model, costs);
+  };
+  muond::CoordinatorCore core(options);
+  muond::CoordinatorService service(&core);
+
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen);
+    return 1;
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "w");
+    if (f == nullptr || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 ||
+        rename(tmp.c_str(), port_file.c_str()) != 0) {
+      LOG(ERROR) << "cannot write --port_file " << port_file;
+      return 1;
+    }
+  }
+  LOG(INFO) << "muond-coordinator serving on port " << port
+            << (options.token.empty() ? " (no token)" : " (token required)");
+  server->Wait();
+  return 0;
+}

@@ -1,0 +1,307 @@
+// CoordinatorCore in-process: joins, the rendezvous store, manifest checks,
+// planning once every rank published, rebalancing. Plans come from the real
+// core planner (server/common PlanGroup); expected homes are checked against
+// an independent recomputation of the load model where it matters.
+#include "server/coordinator/coordinator_core.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "server/common/proto_convert.h"
+
+namespace muond {
+namespace {
+
+using ::testing::HasSubstr;
+
+CoordinatorOptions Options(std::string token = "") {
+  CoordinatorOptions o;
+  o.token = std::move(token);
+  o.planner = [](const v1::GroupManifest& m, const std::string& model,
+                 const CostTable& costs) { return PlanGroup(m, model, costs); };
+  return o;
+}
+
+v1::JoinRequest JoinReq(const std::string& job, int rank, int world,
+                        const std::string& token = "") {
+  v1::JoinRequest r;
+  r.set_job_id(job);
+  r.set_rank(rank);
+  r.set_world_size(world);
+  r.set_host("localhost");
+  r.set_device("cpu");
+  r.set_address("unix:///tmp/x" + std::to_string(rank));
+  r.set_token(token);
+  return r;
+}
+
+// A 2x2 domain (G=2, T=2) with GTP+TP column-parallel weights of the given
+// full shapes; rank r = g * 2 + t.
+v1::PublishManifestRequest Manifest(
+    const std::string& job, int rank,
+    const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  v1::PublishManifestRequest r;
+  r.set_job_id(job);
+  r.set_rank(rank);
+  v1::GroupManifest* g = r.add_groups();
+  g->set_group("muon");
+  g->set_algorithm(v1::MUON);
+  g->mutable_domain()->set_name("dense");
+  g->mutable_domain()->set_gtp_size(2);
+  g->mutable_domain()->set_tp_size(2);
+  g->mutable_domain()->set_g(rank / 2);
+  g->mutable_domain()->set_t(rank % 2);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    v1::ParamSpec* p = g->add_params();
+    p->set_name("w" + std::to_string(i));
+    p->add_full_shape(shapes[i].first);
+    p->add_full_shape(shapes[i].second);
+    // Column-parallel: rows split over T, then over G.
+    p->add_local_shape(shapes[i].first / 4);
+    p->add_local_shape(shapes[i].second);
+    p->mutable_tags()->set_tensor_model_parallel(true);
+    p->mutable_tags()->set_partition_dim(0);
+    p->mutable_tags()->set_is_gtp_weight_remat(true);
+  }
+  return r;
+}
+
+const std::vector<std::pair<int64_t, int64_t>> kShapes = {
+    {64, 32}, {32, 32}, {64, 64}, {16, 32}, {32, 16}, {128, 32}};
+
+void JoinAll(CoordinatorCore& core, const std::string& job, int world) {
+  for (int r = 0; r < world; ++r)
+    ASSERT_TRUE(core.Join(JoinReq(job, r, world)).ok());
+}
+
+TEST(CoordinatorCore, DuplicateJoinOfLiveRankIsAlreadyExists) {
+  CoordinatorCore core(Options());
+  ASSERT_TRUE(core.Join(JoinReq("j", 1, 4)).ok());
+  absl::StatusOr<v1::JoinResponse> again = core.Join(JoinReq("j", 1, 4));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(again.status().message(), HasSubstr("rank 1"));
+  // After the rank left (its plan stream ended) it may join again.
+  core.Leave("j", 1);
+  EXPECT_TRUE(core.Join(JoinReq("j", 1, 4)).ok());
+}
+
+TEST(CoordinatorCore, WrongJobIdAndBadJoinFields) {
+  CoordinatorCore core(Options("secret"));
+  EXPECT_EQ(core.Join(JoinReq("j", 0, 2, "nope")).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  ASSERT_TRUE(core.Join(JoinReq("j", 0, 2, "secret")).ok());
+  // World size disagreeing with the job, rank out of range, empty job id.
+  absl::Status world = core.Join(JoinReq("j", 1, 3, "secret")).status();
+  EXPECT_EQ(world.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(world.message(), HasSubstr("world_size"));
+  EXPECT_EQ(core.Join(JoinReq("j", 2, 2, "secret")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core.Join(JoinReq("", 0, 2, "secret")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Every other RPC with an unknown job id: NotFound naming it.
+  v1::PublishManifestRequest m = Manifest("other", 0, kShapes);
+  absl::Status publish = core.PublishManifest(m);
+  EXPECT_EQ(publish.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(publish.message(), HasSubstr("'other'"));
+  EXPECT_EQ(core.GetPlan("other").status().code(), absl::StatusCode::kNotFound);
+  v1::KvSetRequest set;
+  set.set_job_id("other");
+  set.set_key("k");
+  EXPECT_EQ(core.KvSet(set).code(), absl::StatusCode::kNotFound);
+  v1::RebalanceRequest rb;
+  rb.set_job_id("other");
+  EXPECT_EQ(core.Rebalance(rb).status().code(), absl::StatusCode::kNotFound);
+  // Publishing for a rank that never joined.
+  v1::PublishManifestRequest unjoined = Manifest("j", 1, kShapes);
+  EXPECT_EQ(core.PublishManifest(unjoined).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CoordinatorCore, KvGetBlocksUntilSetAndTimesOut) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 1);
+  v1::KvGetRequest get;
+  get.set_job_id("j");
+  get.set_key("gloo/addr");
+  get.set_timeout_ms(20);
+  absl::StatusOr<std::string> missing = core.KvGet(get);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(missing.status().message(), HasSubstr("gloo/addr"));
+
+  get.set_timeout_ms(10000);
+  std::thread setter([&core] {
+    absl::SleepFor(absl::Milliseconds(50));
+    v1::KvSetRequest set;
+    set.set_job_id("j");
+    set.set_key("gloo/addr");
+    set.set_value(std::string("a\0b", 3));
+    ASSERT_TRUE(core.KvSet(set).ok());
+  });
+  absl::StatusOr<std::string> value = core.KvGet(get);
+  setter.join();
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, std::string("a\0b", 3));
+}
+
+TEST(CoordinatorCore, ManifestMismatchNamesParamAndRanks) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  ASSERT_TRUE(core.PublishManifest(Manifest("j", 0, kShapes)).ok());
+  std::vector<std::pair<int64_t, int64_t>> other = kShapes;
+  other[2] = {64, 128};
+  absl::Status st = core.PublishManifest(Manifest("j", 1, other));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("'w2'"));
+  EXPECT_THAT(st.message(), HasSubstr("rank 0"));
+  EXPECT_THAT(st.message(), HasSubstr("rank 1"));
+  EXPECT_THAT(st.message(), HasSubstr("full_shape"));
+  // A missing param is named too.
+  std::vector<std::pair<int64_t, int64_t>> shorter(kShapes.begin(),
+                                                   kShapes.end() - 1);
+  st = core.PublishManifest(Manifest("j", 2, shorter));
+  EXPECT_THAT(st.message(), HasSubstr("'w5'"));
+  // Two ranks claiming the same coordinates.
+  v1::PublishManifestRequest clash = Manifest("j", 3, kShapes);
+  clash.mutable_groups(0)->mutable_domain()->set_g(0);
+  clash.mutable_groups(0)->mutable_domain()->set_t(0);
+  st = core.PublishManifest(clash);
+  EXPECT_THAT(st.message(), HasSubstr("both claim (g=0, t=0)"));
+  // Nothing was stored: the valid manifests still complete the job.
+  EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound);
+  for (int r = 1; r < 4; ++r) {
+    ASSERT_TRUE(core.PublishManifest(Manifest("j", r, kShapes)).ok());
+  }
+  EXPECT_TRUE(core.GetPlan("j").ok());
+}
+
+TEST(CoordinatorCore, DuplicateParamNamesRefused) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  v1::PublishManifestRequest m = Manifest("j", 0, kShapes);
+  m.mutable_groups(0)->mutable_params(3)->set_name("w1");
+  absl::Status st = core.PublishManifest(m);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("duplicate param name 'w1'"));
+}
+
+TEST(CoordinatorCore, PlanComputedOnceAllPublished) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(core.PublishManifest(Manifest("j", r, kShapes)).ok());
+    EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound);
+  }
+  std::thread last([&core] {
+    absl::SleepFor(absl::Milliseconds(30));
+    ASSERT_TRUE(core.PublishManifest(Manifest("j", 3, kShapes)).ok());
+  });
+  absl::StatusOr<std::optional<v1::Plan>> waited =
+      core.WaitForPlan("j", 0, absl::Seconds(10));
+  last.join();
+  ASSERT_TRUE(waited.ok() && waited->has_value());
+  const v1::Plan& plan = **waited;
+  EXPECT_EQ(plan.version(), 1);
+  EXPECT_EQ(plan.activate_at_step(), 0);
+  ASSERT_EQ(plan.groups_size(), 1);
+  ASSERT_EQ(plan.groups(0).homes_size(), int(kShapes.size()));
+  // Independent check of the load model: every GTP+TP param loads exactly its
+  // home rank with ns_cost = max * min^2, so the rank loads sum to the total.
+  std::vector<double> load(4, 0);
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    const auto [p, q] = kShapes[i];
+    const double cost =
+        double(std::max(p, q)) * std::min(p, q) * std::min(p, q);
+    const v1::NsHome& h = plan.groups(0).homes(i);
+    ASSERT_TRUE(h.g() >= 0 && h.g() < 2 && h.t() >= 0 && h.t() < 2);
+    load[h.g() * 2 + h.t()] += cost;
+  }
+  ASSERT_EQ(plan.groups(0).rank_load_size(), 4);
+  for (int r = 0; r < 4; ++r)
+    EXPECT_DOUBLE_EQ(plan.groups(0).rank_load(r), load[r]);
+  // Re-publishing the same manifest (a daemon reconnecting) keeps the plan.
+  ASSERT_TRUE(core.PublishManifest(Manifest("j", 2, kShapes)).ok());
+  EXPECT_EQ(core.GetPlan("j")->version(), 1);
+}
+
+TEST(CoordinatorCore, RebalanceBumpsVersionWithActivationStep) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  v1::RebalanceRequest early;
+  early.set_job_id("j");
+  EXPECT_EQ(core.Rebalance(early).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(core.PublishManifest(Manifest("j", r, kShapes)).ok());
+  }
+  const v1::Plan first = *core.GetPlan("j");
+  for (int r = 0; r < 4; ++r) {
+    v1::ReportTimingsRequest t;
+    t.set_job_id("j");
+    t.set_rank(r);
+    t.set_step_id(r == 2 ? 7 : 6);
+    ASSERT_TRUE(core.ReportTimings(t).ok());
+  }
+  // Make the largest matrix (128x32) the cheapest: its home must change.
+  v1::RebalanceRequest req;
+  req.set_job_id("j");
+  req.set_activate_after_steps(3);
+  for (const auto& [p, q] : kShapes) {
+    v1::ShapeTiming* c = req.add_cost_table();
+    c->add_shape(p);
+    c->add_shape(q);
+    c->set_ns_us(p == 128 ? 1.0 : 1000.0 / (p * q / 512.0));
+  }
+  absl::StatusOr<v1::Plan> plan = core.Rebalance(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->version(), 2);
+  EXPECT_EQ(plan->activate_at_step(), 7 + 3);
+  EXPECT_EQ(plan->cost_model(), "measured");
+  bool changed = false;
+  for (int i = 0; i < plan->groups(0).homes_size(); ++i) {
+    changed |= plan->groups(0).homes(i).g() != first.groups(0).homes(i).g() ||
+               plan->groups(0).homes(i).t() != first.groups(0).homes(i).t();
+  }
+  EXPECT_TRUE(changed);
+  EXPECT_EQ(core.GetPlan("j")->version(), 2);
+  absl::StatusOr<std::optional<v1::Plan>> seen =
+      core.WaitForPlan("j", 1, absl::Seconds(1));
+  ASSERT_TRUE(seen.ok() && seen->has_value());
+  EXPECT_EQ((*seen)->version(), 2);
+
+  // Bad requests.
+  v1::RebalanceRequest bad = req;
+  bad.mutable_cost_table(0)->set_ns_us(-1);
+  EXPECT_THAT(core.Rebalance(bad).status().message(), HasSubstr("cost_table"));
+  bad = req;
+  bad.set_cost_model("magic");
+  EXPECT_THAT(core.Rebalance(bad).status().message(), HasSubstr("'magic'"));
+  bad = req;
+  bad.set_activate_after_steps(-1);
+  EXPECT_EQ(core.Rebalance(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CoordinatorCore, ListDaemonsReportsJoinedRanks) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 2);
+  v1::ReportTimingsRequest t;
+  t.set_job_id("j");
+  t.set_rank(1);
+  t.set_step_id(5);
+  t.mutable_timings()->set_total_us(42);
+  ASSERT_TRUE(core.ReportTimings(t).ok());
+  v1::ListDaemonsRequest req;
+  req.set_job_id("j");
+  absl::StatusOr<v1::ListDaemonsResponse> list = core.ListDaemons(req);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->daemons_size(), 2);
+  EXPECT_EQ(list->daemons(0).last_step_id(), -1);
+  EXPECT_EQ(list->daemons(1).last_step_id(), 5);
+  EXPECT_EQ(list->daemons(1).last_timings().total_us(), 42);
+  EXPECT_EQ(list->daemons(1).address(), "unix:///tmp/x1");
+}
+
+}  // namespace
+}  // namespace muond
