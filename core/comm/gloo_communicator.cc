@@ -277,6 +277,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(ToChrono(options.timeout));
     context->connectFullMesh(adapter, device);
+    // A rank's connectFullMesh can return before its peers' do; without
+    // this barrier a rank that fails or aborts right after creation would
+    // break its peers' rendezvous instead of their first operation.
+    gloo::BarrierOptions barrier(context);
+    barrier.setTimeout(ToChrono(options.timeout));
+    gloo::barrier(barrier);
   });
   if (!status.ok()) {
     if (!adapter.first_error().ok()) {

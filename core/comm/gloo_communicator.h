@@ -25,7 +25,8 @@ struct GlooOptions {
 
 // Joins the group of `size` ranks that rendezvous under `prefix` in `store`
 // (keys "<prefix>/gloo/<rank>"; use a fresh prefix per communicator, see
-// groups.h) and connects to every peer. size 1 returns a LocalCommunicator
+// groups.h), connects to every peer and ends with a barrier, so every rank
+// has finished connecting when any returns. size 1 returns a LocalCommunicator
 // without touching the store. `store` is used only during this call.
 // Errors: InvalidArgument (rank/size/timeout); DeadlineExceeded naming the
 // missing key when a peer does not show up within the timeout; Unavailable
