@@ -1,0 +1,11 @@
+"""muond trainer-side Python client.
+
+* ``muond.client.Client`` — a thin wrapper over the generated gRPC stub of one daemon.
+* ``muond.torch.Muon``    — a ``torch.optim.Optimizer`` whose step runs on muond daemons.
+* ``muond.split``         — single-trainer split mode: how a full weight is laid out in one
+  shared buffer and cut into per-daemon strided views (pure math, no I/O).
+* ``muond.shm``           — POSIX shared-memory buffers viewed as torch tensors.
+
+The generated stubs live in ``muond.v1`` (``deploy/setup.sh`` generates them).
+"""
+__all__ = ["client", "shm", "split", "torch"]

@@ -1,0 +1,86 @@
+"""A thin client for one muond daemon's Optimizer service (proto/muond/v1/muond.proto)."""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import grpc
+
+from muond.v1 import muond_pb2 as pb
+from muond.v1 import muond_pb2_grpc as pb_grpc
+
+
+class Client:
+    """One daemon, e.g. ``Client("unix:///tmp/muond-job-0.sock")``.
+
+    Every method raises ``grpc.RpcError`` on a failed RPC (its ``.code()`` and
+    ``.details()`` name the param/field the daemon rejected). ``timeout`` is a
+    per-RPC deadline in seconds (None: no deadline).
+    """
+
+    def __init__(self, address: str, timeout: float | None = None):
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.OptimizerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- RPCs ---------------------------------------------------------------
+    def register(self, job_id: str, groups: Iterable[pb.ParamGroup],
+                 client_id: str = "") -> pb.RegisterParamsResponse:
+        return self.register_future(job_id, groups, client_id).result()
+
+    def register_future(self, job_id, groups, client_id=""):
+        req = pb.RegisterParamsRequest(job_id=job_id, groups=list(groups), client_id=client_id)
+        return self.stub.RegisterParams.future(req, timeout=self.timeout)
+
+    def step(self, job_id: str, step_id: int, overrides: Iterable[pb.GroupOverride] = (),
+             client_id: str = "") -> pb.StepResponse:
+        return self.step_future(job_id, step_id, overrides, client_id).result()
+
+    def step_future(self, job_id, step_id, overrides=(), client_id=""):
+        req = pb.StepRequest(job_id=job_id, step_id=step_id, overrides=list(overrides),
+                             client_id=client_id)
+        return self.stub.Step.future(req, timeout=self.timeout)
+
+    def unregister(self, job_id: str, client_id: str = "") -> pb.UnregisterParamsResponse:
+        return self.stub.UnregisterParams(
+            pb.UnregisterParamsRequest(job_id=job_id, client_id=client_id), timeout=self.timeout)
+
+    def status(self) -> pb.GetStatusResponse:
+        return self.stub.GetStatus(pb.GetStatusRequest(), timeout=self.timeout)
+
+    def health(self, timeout: float | None = None) -> pb.HealthResponse:
+        return self.stub.Health(pb.HealthRequest(), timeout=timeout or self.timeout)
+
+    def save_state(self, path: str) -> pb.SaveStateResponse:
+        return self.stub.SaveState(pb.SaveStateRequest(path=path), timeout=self.timeout)
+
+    def load_state(self, path: str) -> pb.LoadStateResponse:
+        return self.stub.LoadState(pb.LoadStateRequest(path=path), timeout=self.timeout)
+
+    def wait_healthy(self, timeout: float = 30.0, poll: float = 0.1) -> pb.HealthResponse:
+        """Polls Health until the daemon answers ``serving``; raises TimeoutError
+        naming the address and the last error otherwise."""
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while True:
+            try:
+                resp = self.health(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+                if resp.serving:
+                    return resp
+                last = "answered serving=false"
+            except grpc.RpcError as e:  # not up yet
+                last = f"{e.code().name}: {e.details()}"
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"muond daemon at {self.address} not healthy after "
+                                   f"{timeout:.1f}s ({last})")
+            time.sleep(poll)

@@ -1,0 +1,52 @@
+"""POSIX shared-memory buffers viewed as torch tensors (host mode).
+
+A buffer is a shm object ``/muond-<job>-<pid>-<n>`` (the file
+``/dev/shm/muond-<job>-<pid>-<n>``, mode 0600, zero-filled by ftruncate),
+mapped MAP_SHARED by ``torch.from_file(..., shared=True)``. The daemon opens
+the same object with ``shm_open(name)`` + ``mmap``: writes on either side are
+visible to the other. ``unlink()`` removes the name; existing mappings stay
+valid, so a model keeps working after the optimizer is closed.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+
+import torch
+
+SHM_DIR = "/dev/shm"
+_counter = itertools.count()
+
+
+def shm_name(job_id: str) -> str:
+    """A fresh, unique shm object name (leading slash, no other slash)."""
+    job = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id) or "job"
+    return f"/muond-{job}-{os.getpid()}-{next(_counter)}"
+
+
+class ShmBuffer:
+    """One shm object of ``numel`` elements of ``dtype`` (a flat tensor view)."""
+
+    def __init__(self, job_id: str, numel: int, dtype: torch.dtype = torch.float32):
+        if numel <= 0:
+            raise ValueError(f"shm buffer needs numel > 0, got {numel}")
+        self.name = shm_name(job_id)
+        self.path = SHM_DIR + self.name
+        self.dtype = dtype
+        self.nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, self.nbytes)
+        finally:
+            os.close(fd)
+        self.flat = torch.from_file(self.path, shared=True, size=numel, dtype=dtype)
+        self._unlinked = False
+
+    def unlink(self) -> None:
+        if not self._unlinked:
+            self._unlinked = True
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,416 @@
+"""``muond.torch.Muon``: a torch.optim.Optimizer whose step runs on muond daemons.
+
+    from muond.torch import Muon
+    opt = Muon([{"params": matrices},
+                {"params": others, "algorithm": "adamw", "lr": 3e-3, "betas": (0.9, 0.95)}],
+               lr=3e-3, daemons=["unix:///tmp/muond-job-0.sock", ...], job_id="job",
+               gtp_size=2, tp_size=2)
+    ...
+    opt.zero_grad(); loss.backward(); opt.step()
+
+The constructor mirrors ``torch.optim.Muon`` (lr, weight_decay, momentum, nesterov,
+ns_coefficients, eps, ns_steps, adjust_lr_fn) plus muond's options. Groups with
+``"algorithm": "adamw"`` take AdamW (their own lr, betas, eps, weight_decay).
+
+Memory. At construction every param is moved once into memory the daemons can
+map, and the model's ``param.data`` is rebound to it (same Parameter objects):
+CPU tensors into POSIX shared memory (muond.shm), CUDA tensors into a fresh
+CUDA allocation shared by IPC handle + byte offset. Each param also gets a
+``.grad`` in such memory; backward accumulates into it in place. Therefore
+``zero_grad`` here always zeroes in place (``set_to_none`` is ignored); if a
+grad is set to None or replaced anyway, ``step()`` copies it back into the
+shared grad (a param without grad is stepped with a zero gradient) and
+re-points ``.grad``.
+
+Modes (``shard_mode``):
+
+* ``"split"`` (default; one trainer, ``len(daemons) == gtp_size * tp_size``):
+  every Muon weight is sharded over the G x T daemons as strided views of one
+  buffer (layout: muond.split). The daemon at flat rank ``g*T + t`` gets
+  group ``<group>`` in domain ``domain_name`` with its (g, t). Weights that do
+  not split, and every AdamW param, go *whole to exactly one daemon* (the
+  least loaded by ns_cost resp. element count, deterministic), in a group
+  ``<group>.solo`` (Muon) or ``<group>`` (AdamW) whose domain is the 1x1
+  domain ``solo-r<rank>`` of that daemon. Nothing is registered with two
+  daemons, so no update is applied twice to the same memory.
+* ``"local"`` (one trainer per daemon, e.g. Megatron ranks; ``len(daemons)
+  == 1``): the params are this rank's local shards, tagged with Megatron
+  attributes (``tensor_model_parallel``, ``partition_dim``,
+  ``is_gtp_weight_remat``, ``pad_length``, optionally ``full_shape``); every
+  group is registered in domain ``domain_name`` with (gtp_size, tp_size, g, t).
+
+Step contract: ``step()`` sends Step with the same step id to every daemon
+concurrently and returns when all answered (params updated in place). CUDA:
+the current device is synchronised before the RPC. ``last_timings`` holds
+per-phase daemon times (max over daemons, µs), ``rpc_us`` (client wall time
+of the concurrent RPCs) and ``overhead_us = rpc_us - total_us``.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+import weakref
+
+import torch
+
+from muond import split as _split
+from muond.client import Client
+from muond.shm import ShmBuffer
+from muond.v1 import muond_pb2 as pb
+
+_DTYPES = {torch.float32: pb.DTYPE_FP32, torch.bfloat16: pb.DTYPE_BF16}
+_PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "update_us", "total_us")
+
+
+class _Buffer:
+    """Memory one param (or its grad) lives in: a flat tensor plus how a daemon
+    reaches it (shm name, or CUDA IPC handle + base offset)."""
+
+    def __init__(self, job_id: str, numel: int, like: torch.Tensor):
+        self.shm = None
+        if like.is_cuda:
+            self.flat = torch.zeros(numel, dtype=like.dtype, device=like.device)
+            storage = self.flat.untyped_storage()
+            # (device, handle, storage_bytes, storage_offset_bytes, ...): the handle is
+            # the IPC handle of the allocation *base*; our storage starts at the offset.
+            info = storage._share_cuda_()
+            self.device, self.handle = int(info[0]), bytes(info[1])
+            self.base_offset = int(info[3])
+            self.allocation_bytes = self.base_offset + int(info[2])  # a safe lower bound
+        elif like.device.type == "cpu":
+            self.shm = ShmBuffer(job_id, numel, like.dtype)
+            self.flat = self.shm.flat
+            self.base_offset = 0
+        else:
+            raise ValueError(f"muond handles cpu and cuda tensors, got {like.device}")
+
+    def ref(self, offset: int, shape, strides) -> pb.TensorRef:
+        itemsize = self.flat.element_size()
+        r = pb.TensorRef(byte_offset=self.base_offset + offset * itemsize,
+                         dtype=_DTYPES[self.flat.dtype], shape=list(shape), strides=list(strides))
+        if self.shm is not None:
+            r.kind, r.shm_name = pb.HOST_SHM, self.shm.name
+        else:
+            r.kind, r.cuda_ipc_handle, r.device = pb.CUDA_IPC, self.handle, self.device
+            r.allocation_bytes = self.allocation_bytes
+        return r
+
+    def release(self) -> None:
+        if self.shm is not None:
+            self.shm.unlink()
+
+
+def _scale_from_adjust_lr_fn(adjust_lr_fn, scale_mode, extra_scale_factor):
+    """torch.optim.Muon's adjust_lr_fn as muond's scale mode:
+    None/"original": lr * sqrt(max(1, A/B)) = "shape_scaling" x 1;
+    "match_rms_adamw": lr * 0.2 * sqrt(max(A, B)) = "spectral" x 0.2.
+    An explicit scale_mode / extra_scale_factor wins."""
+    if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+        raise ValueError(f"adjust_lr_fn {adjust_lr_fn!r} not in (None, 'original', "
+                         "'match_rms_adamw')")
+    mode, extra = (("spectral", 0.2) if adjust_lr_fn == "match_rms_adamw"
+                   else ("shape_scaling", 1.0))
+    return (scale_mode or mode,
+            extra if extra_scale_factor is None else float(extra_scale_factor))
+
+
+class Muon(torch.optim.Optimizer):
+    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1,
+                 momentum: float = 0.95, nesterov: bool = True, ns_coefficients=None,
+                 eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: str | None = None, *,
+                 coefficient_type: str | None = None, scale_mode: str | None = None,
+                 extra_scale_factor: float | None = None, ns_batch_size: int = 1,
+                 weight_decay_method: str = "decoupled", fp32_matmul_prec: str = "highest",
+                 use_syrk: bool = False, betas=(0.9, 0.95), adamw_eps: float = 1e-8,
+                 daemons=(), job_id: str = "default", gtp_size: int = 1, tp_size: int = 1,
+                 shard_mode: str = "split", g: int = 0, t: int = 0, domain_name: str = "dense",
+                 client_id: str | None = None, wait_healthy_timeout: float = 30.0,
+                 rpc_timeout: float | None = None, first_step_id: int = 1):
+        if ns_coefficients is not None:
+            if coefficient_type not in (None, "custom"):
+                raise ValueError("give ns_coefficients or coefficient_type, not both")
+            coefficient_type = "custom"
+            flat = list(ns_coefficients)
+            custom = [float(c) for c in (sum(map(list, flat), []) if flat and
+                                         isinstance(flat[0], (tuple, list)) else flat)]
+        else:
+            custom = []
+        scale_mode, extra_scale_factor = _scale_from_adjust_lr_fn(
+            adjust_lr_fn, scale_mode, extra_scale_factor)
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        eps=eps, ns_steps=ns_steps, coefficient_type=coefficient_type or "quintic",
+                        custom_coefficients=custom, scale_mode=scale_mode,
+                        extra_scale_factor=extra_scale_factor, ns_batch_size=ns_batch_size,
+                        weight_decay_method=weight_decay_method,
+                        fp32_matmul_prec=fp32_matmul_prec, use_syrk=use_syrk,
+                        algorithm="muon", betas=tuple(betas))
+        params = list(params)
+        if params and isinstance(params[0], dict):  # AdamW groups: their own eps default
+            params = [dict(grp) for grp in params]
+            for grp in params:
+                if grp.get("algorithm", "muon") == "adamw":
+                    grp.setdefault("eps", adamw_eps)
+        super().__init__(params, defaults)
+
+        daemons = [daemons] if isinstance(daemons, str) else list(daemons)
+        if not daemons:
+            raise ValueError("muond.torch.Muon needs daemons=[addresses]")
+        if shard_mode not in ("split", "local"):
+            raise ValueError(f"shard_mode {shard_mode!r} not in ('split', 'local')")
+        if shard_mode == "split" and len(daemons) != gtp_size * tp_size:
+            raise ValueError(f"split mode needs gtp_size x tp_size = {gtp_size} x {tp_size} "
+                             f"daemons, got {len(daemons)}")
+        if shard_mode == "local" and len(daemons) != 1:
+            raise ValueError(f"local mode talks to one daemon, got {len(daemons)}")
+        self.job_id, self.shard_mode, self.domain_name = job_id, shard_mode, domain_name
+        self.gtp_size, self.tp_size, self.g, self.t = int(gtp_size), int(tp_size), int(g), int(t)
+        self.client_id = client_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.step_id = int(first_step_id) - 1
+        self.last_timings: dict[str, float] = {}
+        self.layouts: dict[str, object] = {}   # param name -> SplitLayout | ("solo", rank) | "local"
+        self._buffers: list[_Buffer] = []
+        self._grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self._wire_groups: list[tuple[int, str]] = []  # (param group index, wire group name)
+        self._closed = False
+        self.clients = [Client(a, timeout=rpc_timeout) for a in daemons]
+        self._finalizer = weakref.finalize(self, _release, self._buffers)
+        try:
+            for c in self.clients:
+                c.wait_healthy(wait_healthy_timeout)
+            per_rank = self._place_params()
+            futures = [c.register_future(job_id, per_rank[r], self.client_id)
+                       for r, c in enumerate(self.clients)]
+            for c, f in zip(self.clients, futures):
+                _result(f, c, "RegisterParams")
+        except BaseException:
+            self._finalizer()
+            raise
+
+    # -- placement ---------------------------------------------------------
+    def _place_params(self) -> list[list[pb.ParamGroup]]:
+        n = len(self.clients)
+        wire: list[dict[str, pb.ParamGroup]] = [dict() for _ in range(n)]
+        muon_load, adamw_load = [0] * n, [0] * n
+        seen = set()
+        for gi, group in enumerate(self.param_groups):
+            algorithm = group["algorithm"]
+            if algorithm not in ("muon", "adamw"):
+                raise ValueError(f"param group {gi}: algorithm {algorithm!r} not in "
+                                 "('muon', 'adamw')")
+            gname = group.get("name", f"group{gi}")
+            names = group.get("param_names") or [f"{gname}.param{j}"
+                                                  for j in range(len(group["params"]))]
+            for name, p in zip(names, group["params"]):
+                if name in seen:
+                    raise ValueError(f"param name {name!r} appears twice")
+                seen.add(name)
+                if p.dtype not in _DTYPES:
+                    raise ValueError(f"param {name}: dtype {p.dtype} not in (float32, bfloat16)")
+                if algorithm == "muon" and p.ndim != 2:
+                    raise ValueError(f"param {name}: Muon params must be 2-D, got shape "
+                                     f"{tuple(p.shape)}; put it in an algorithm='adamw' group")
+                if self.shard_mode == "local":
+                    self._place_local(gi, gname, group, name, p, wire)
+                    continue
+                layout = None
+                if algorithm == "muon":
+                    preferred = (int(getattr(p, "partition_dim", 0))
+                                 if getattr(p, "tensor_model_parallel", False) else None)
+                    layout = _split.plan_split(tuple(p.shape), self.gtp_size, self.tp_size,
+                                               preferred)
+                if layout is not None:
+                    self._place_split(gi, gname, group, name, p, layout, wire)
+                else:
+                    load = muon_load if algorithm == "muon" else adamw_load
+                    rank = min(range(n), key=lambda r: (load[r], r))
+                    load[rank] += (_split.ns_cost(tuple(p.shape)) if algorithm == "muon"
+                                   else p.numel())
+                    self._place_solo(gi, gname, group, name, p, rank, wire)
+        return [list(w.values()) for w in wire]
+
+    def _wire_group(self, wire, rank, gi, wname, group, domain) -> pb.ParamGroup:
+        if wname not in wire[rank]:
+            wg = pb.ParamGroup(name=wname, domain=domain)
+            wg.algorithm = pb.ADAMW if group["algorithm"] == "adamw" else pb.MUON
+            if group["algorithm"] == "adamw":
+                beta1, beta2 = group["betas"]
+                wg.adamw.CopyFrom(pb.AdamWHyperparams(
+                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                    weight_decay=group["weight_decay"]))
+            else:
+                wg.muon.CopyFrom(pb.MuonHyperparams(
+                    lr=group["lr"], momentum=group["momentum"], nesterov=group["nesterov"],
+                    weight_decay=group["weight_decay"],
+                    weight_decay_method=group["weight_decay_method"],
+                    coefficient_type=group["coefficient_type"],
+                    custom_coefficients=group["custom_coefficients"],
+                    num_ns_steps=group["ns_steps"], eps=group["eps"],
+                    scale_mode=group["scale_mode"],
+                    extra_scale_factor=group["extra_scale_factor"],
+                    ns_batch_size=group["ns_batch_size"],
+                    fp32_matmul_prec=group["fp32_matmul_prec"], use_syrk=group["use_syrk"]))
+            wire[rank][wname] = wg
+            if (gi, wname) not in self._wire_groups:
+                self._wire_groups.append((gi, wname))
+        return wire[rank][wname]
+
+    def _rebind(self, p: torch.nn.Parameter, numel: int):
+        """Moves p (and a zero grad) into daemon-visible buffers of `numel`
+        elements; the model's tensor is the contiguous prefix."""
+        pbuf, gbuf = _Buffer(self.job_id, numel, p), _Buffer(self.job_id, numel, p)
+        self._buffers += [pbuf, gbuf]
+        with torch.no_grad():
+            view = pbuf.flat[:p.numel()].view(p.shape)
+            view.copy_(p.data)
+            p.data = view
+            grad = gbuf.flat[:p.numel()].view(p.shape)
+            p.grad = grad
+        self._grads.append((p, grad))
+        return pbuf, gbuf
+
+    def _place_split(self, gi, gname, group, name, p, layout, wire):
+        pbuf, gbuf = self._rebind(p, layout.buffer_numel)
+        self.layouts[name] = layout
+        tags = pb.ShardTags(tensor_model_parallel=layout.tp_sharded,
+                            partition_dim=layout.tp_dim or 0,
+                            is_gtp_weight_remat=layout.gtp_sharded,
+                            pad_length=layout.pad_length)
+        for s in layout.shards:
+            domain = pb.Domain(name=self.domain_name, gtp_size=self.gtp_size,
+                               tp_size=self.tp_size, g=s.g, t=s.t)
+            wg = self._wire_group(wire, s.rank, gi, gname, group, domain)
+            wg.params.append(pb.Param(name=name, full_shape=list(layout.full_shape),
+                                      param=pbuf.ref(s.offset, s.shape, s.strides),
+                                      grad=gbuf.ref(s.offset, s.shape, s.strides), tags=tags))
+
+    def _place_solo(self, gi, gname, group, name, p, rank, wire):
+        pbuf, gbuf = self._rebind(p, p.numel())
+        self.layouts[name] = ("solo", rank)
+        shape, strides = _whole(p)
+        domain = pb.Domain(name=f"solo-r{rank}", gtp_size=1, tp_size=1, g=0, t=0)
+        wname = gname + ".solo" if group["algorithm"] == "muon" else gname
+        wg = self._wire_group(wire, rank, gi, wname, group, domain)
+        wg.params.append(pb.Param(name=name, full_shape=list(p.shape),
+                                  param=pbuf.ref(0, shape, strides),
+                                  grad=gbuf.ref(0, shape, strides), tags=pb.ShardTags()))
+
+    def _place_local(self, gi, gname, group, name, p, wire):
+        pbuf, gbuf = self._rebind(p, p.numel())
+        self.layouts[name] = "local"
+        shape, strides = _whole(p)
+        tp = bool(getattr(p, "tensor_model_parallel", False))
+        pd = int(getattr(p, "partition_dim", 0))
+        gtp = bool(getattr(p, "is_gtp_weight_remat", False))
+        pad = int(getattr(p, "pad_length", 0))
+        full = list(getattr(p, "full_shape", p.shape))
+        if not hasattr(p, "full_shape") and p.ndim == 2:
+            if gtp and self.gtp_size > 1:
+                full[0] = full[0] * self.gtp_size - pad
+            if tp and self.tp_size > 1:
+                full[pd] *= self.tp_size
+        domain = pb.Domain(name=self.domain_name, gtp_size=self.gtp_size, tp_size=self.tp_size,
+                           g=self.g, t=self.t)
+        wg = self._wire_group(wire, 0, gi, gname, group, domain)
+        wg.params.append(pb.Param(
+            name=name, full_shape=full, param=pbuf.ref(0, shape, strides),
+            grad=gbuf.ref(0, shape, strides),
+            tags=pb.ShardTags(tensor_model_parallel=tp, partition_dim=pd,
+                              is_gtp_weight_remat=gtp, pad_length=pad)))
+
+    # -- optimizer API -----------------------------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zeroes every grad in place; ``set_to_none`` is ignored because the
+        daemons read the grads from the shared buffers."""
+        with torch.no_grad():
+            for p, grad in self._grads:
+                if p.grad is not grad:
+                    p.grad = grad
+                grad.zero_()
+
+    def _repoint_grads(self) -> None:
+        with torch.no_grad():
+            for p, grad in self._grads:
+                if p.grad is None:
+                    grad.zero_()
+                    p.grad = grad
+                elif p.grad.data_ptr() != grad.data_ptr():
+                    grad.copy_(p.grad)
+                    p.grad = grad
+
+    def _overrides(self) -> list[pb.GroupOverride]:
+        return [pb.GroupOverride(group=wname, lr=self.param_groups[gi]["lr"],
+                                 weight_decay=self.param_groups[gi]["weight_decay"])
+                for gi, wname in self._wire_groups]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self._closed:
+            raise RuntimeError("muond.torch.Muon.step after close()")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._repoint_grads()
+        if any(p.is_cuda for p, _ in self._grads):
+            torch.cuda.synchronize()  # the daemon reads grads from another process
+        self.step_id += 1
+        overrides = self._overrides()
+        t0 = time.perf_counter()
+        futures = [c.step_future(self.job_id, self.step_id, overrides, self.client_id)
+                   for c in self.clients]
+        responses = [_result(f, c, f"Step {self.step_id}")
+                     for c, f in zip(self.clients, futures)]
+        rpc_us = (time.perf_counter() - t0) * 1e6
+        timings = {k: max(getattr(r.timings, k) for r in responses) for k in _PHASES}
+        timings["rpc_us"] = rpc_us
+        timings["overhead_us"] = rpc_us - timings["total_us"]
+        self.last_timings = timings
+        self.last_responses = responses
+        return loss
+
+    def status(self):
+        return [c.status() for c in self.clients]
+
+    def close(self) -> None:
+        """Unregisters from every daemon and unlinks the shm names. The model
+        keeps its (now private) memory and works on; this optimizer does not."""
+        if self._closed:
+            return
+        self._closed = True
+        for c in self.clients:
+            try:
+                c.unregister(self.job_id, self.client_id)
+            except Exception:  # best effort: the daemon may be gone already
+                pass
+            c.close()
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _whole(p: torch.Tensor):
+    """Shape/strides of a whole param on the wire: 2-D as is, else flat 1-D."""
+    if p.ndim == 2:
+        return list(p.shape), [p.shape[1], 1]
+    return [p.numel()], [1]
+
+
+def _result(future, client: Client, what: str):
+    try:
+        return future.result()
+    except Exception as e:
+        detail = e.details() if hasattr(e, "details") else str(e)
+        code = e.code().name if hasattr(e, "code") else type(e).__name__
+        raise RuntimeError(f"muond daemon {client.address}: {what} failed: {code}: "
+                           f"{detail}") from e
+
+
+def _release(buffers) -> None:
+    for b in buffers:
+        b.release()

@@ -1,0 +1,197 @@
+"""An in-process fake of the muond Optimizer service, for client tests.
+
+Each FakeDaemon serves one Unix socket. It maps the HOST_SHM refs it is given
+with numpy (checking each view against the object's size, as the real daemon
+must), and on Step applies a reference Muon/AdamW step *following the wire
+contract only*: momentum on its local shard; then, for a G x T domain, every
+daemon publishes its shard of the NS input, the shards of each param are
+assembled as DESIGN.md §2 says (stage 1: concatenate the G shards of a TP
+column along dim 0 and strip pad_length rows; stage 2: concatenate the T
+TP-local blocks along partition_dim), Newton–Schulz runs on the full matrix
+(reference_muon.newton_schulz of examples/char_gpt), and each daemon takes
+back its own shard of the update (padding rows restored as zeros).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+for p in (os.path.join(REPO, "client", "python"), os.path.join(REPO, "examples", "char_gpt")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import reference_muon as ref  # noqa: E402
+from muond.v1 import muond_pb2 as pb  # noqa: E402
+from muond.v1 import muond_pb2_grpc as pb_grpc  # noqa: E402
+
+
+class _Mapping:
+    def __init__(self, name: str):
+        fd = os.open("/dev/shm" + name, os.O_RDWR)
+        try:
+            self.size = os.fstat(fd).st_size
+            self.mm = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+
+
+def map_ref(ref_: pb.TensorRef, mappings: dict, what: str) -> np.ndarray:
+    if ref_.kind != pb.HOST_SHM:
+        raise ValueError(f"{what}: kind must be HOST_SHM")
+    if ref_.dtype != pb.DTYPE_FP32:
+        raise ValueError(f"{what}: dtype must be FP32 in this fake")
+    if ref_.shm_name not in mappings:
+        mappings[ref_.shm_name] = _Mapping(ref_.shm_name)
+    m = mappings[ref_.shm_name]
+    shape, strides = list(ref_.shape), list(ref_.strides)
+    if len(shape) != len(strides) or len(shape) not in (1, 2) or strides[-1] != 1:
+        raise ValueError(f"{what}: bad shape/strides {shape}/{strides}")
+    last = ref_.byte_offset + 4 * (1 + sum((n - 1) * s for n, s in zip(shape, strides)))
+    if last > m.size:
+        raise ValueError(f"{what}: view ends at byte {last}, past the mapping of {m.size}")
+    return np.ndarray(shape, np.float32, buffer=m.mm, offset=ref_.byte_offset,
+                      strides=[4 * s for s in strides])
+
+
+class FakeCluster:
+    """Shared between the fake daemons of one test: the exchange board."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=20)
+        self.board: dict = {}
+        self.lock = threading.Lock()
+        self.daemons: list[FakeDaemon] = []
+
+
+class FakeDaemon(pb_grpc.OptimizerServicer):
+    def __init__(self, cluster: FakeCluster, rank: int, address: str):
+        self.cluster, self.rank, self.address = cluster, rank, address
+        self.groups: list[tuple[pb.ParamGroup, list]] = []
+        self.mappings: dict = {}
+        self.state: dict = {}
+        self.last_step = 0
+        self.requests: list = []
+        cluster.daemons.append(self)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_OptimizerServicer_to_server(self, self.server)
+        self.server.add_insecure_port(address)
+        self.server.start()
+
+    def stop(self):
+        self.server.stop(None)
+
+    def Health(self, request, context):
+        return pb.HealthResponse(serving=True, has_plan=True)
+
+    def GetStatus(self, request, context):
+        return pb.GetStatusResponse(rank=self.rank, device="cpu", last_step_id=self.last_step,
+                                    num_params=sum(len(g.params) for g, _ in self.groups))
+
+    def UnregisterParams(self, request, context):
+        self.groups = []
+        return pb.UnregisterParamsResponse()
+
+    def RegisterParams(self, request, context):
+        self.requests.append(request)
+        try:
+            for group in request.groups:
+                views = [(map_ref(p.param, self.mappings, f"{p.name}.param"),
+                          map_ref(p.grad, self.mappings, f"{p.name}.grad")) for p in group.params]
+                self.groups.append((group, views))
+        except (ValueError, OSError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return pb.RegisterParamsResponse(num_params=sum(len(g.params) for g in request.groups))
+
+    def Step(self, request, context):
+        lr = {o.group: o.lr for o in request.overrides if o.HasField("lr")}
+        wd = {o.group: o.weight_decay for o in request.overrides if o.HasField("weight_decay")}
+        step = request.step_id
+        local = []
+        for group, views in self.groups:
+            if group.algorithm == pb.ADAMW:
+                continue
+            h = group.muon
+            for p, (pv, gv) in zip(group.params, views):
+                grad = torch.from_numpy(gv.copy())
+                buf = self.state.setdefault(p.name, torch.zeros_like(grad))
+                buf.lerp_(grad, 1 - h.momentum)
+                x = grad.lerp(buf, h.momentum) if h.nesterov else buf.clone()
+                d = group.domain
+                with self.cluster.lock:
+                    self.cluster.board[(step, d.name, p.name, d.g, d.t)] = x
+                local.append((group, p, pv))
+        self.cluster.barrier.wait()
+        for group, p, pv in local:
+            h, d = group.muon, group.domain
+            full = assemble(self.cluster.board, step, d, p)
+            orth = ref.newton_schulz(full, h.num_ns_steps, h.coefficient_type, h.eps,
+                                     list(h.custom_coefficients))
+            rows, cols = p.full_shape
+            update = orth * ref.scale_factor(rows, cols, h.scale_mode) * (
+                h.extra_scale_factor or 1.0)
+            mine = shard_of(update, d, p)
+            ref.apply_muon(torch.from_numpy(pv), mine, lr.get(group.name, h.lr),
+                           wd.get(group.name, h.weight_decay))
+        for group, views in self.groups:
+            if group.algorithm != pb.ADAMW:
+                continue
+            h = group.adamw
+            for p, (pv, gv) in zip(group.params, views):
+                st = self.state.setdefault(p.name, {"step": 0, "m": torch.zeros(gv.shape),
+                                                    "v": torch.zeros(gv.shape)})
+                st["step"] += 1
+                ref.adamw_step(torch.from_numpy(pv), torch.from_numpy(gv.copy()), st["m"],
+                               st["v"], st["step"], lr=lr.get(group.name, h.lr), beta1=h.beta1,
+                               beta2=h.beta2, eps=h.eps,
+                               weight_decay=wd.get(group.name, h.weight_decay))
+        self.cluster.barrier.wait()
+        self.last_step = step
+        return pb.StepResponse(step_id=step, timings=pb.StepTimings(
+            ns_us=10.0 * (self.rank + 1), total_us=100.0 * (self.rank + 1)))
+
+
+def assemble(board, step, d: pb.Domain, p: pb.Param) -> torch.Tensor:
+    G, T = max(d.gtp_size, 1), max(d.tp_size, 1)
+    tags = p.tags
+    gtp = tags.is_gtp_weight_remat and G > 1
+    tp = tags.tensor_model_parallel and T > 1
+    if not gtp and not tp:
+        return board[(step, d.name, p.name, d.g, d.t)]
+    blocks = []
+    for t in (range(T) if tp else [d.t]):
+        col = [board[(step, d.name, p.name, g, t)] for g in (range(G) if gtp else [d.g])]
+        local = torch.cat(col, 0)
+        if gtp and tags.pad_length:
+            local = local[:local.shape[0] - tags.pad_length]
+        blocks.append(local)
+    return torch.cat(blocks, tags.partition_dim) if tp else blocks[0]
+
+
+def shard_of(full: torch.Tensor, d: pb.Domain, p: pb.Param) -> torch.Tensor:
+    G, T = max(d.gtp_size, 1), max(d.tp_size, 1)
+    tags = p.tags
+    x = full
+    if tags.tensor_model_parallel and T > 1:
+        x = torch.chunk(x, T, tags.partition_dim)[d.t]
+    if tags.is_gtp_weight_remat and G > 1:
+        x = torch.cat([x, torch.zeros(tags.pad_length, x.shape[1])], 0)
+        x = torch.chunk(x, G, 0)[d.g]
+    return x
+
+
+def start_cluster(directory: str, world: int):
+    cluster = FakeCluster(world)
+    addresses = [f"unix://{directory}/fake-{r}.sock" for r in range(world)]
+    for r, a in enumerate(addresses):
+        FakeDaemon(cluster, r, a)
+    return cluster, addresses

@@ -1,0 +1,89 @@
+"""Shared-memory rebinding: the model's param and grad view the shm objects."""
+import mmap
+import os
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fake_daemon import start_cluster  # noqa: E402
+from muond.shm import ShmBuffer  # noqa: E402
+from muond.torch import Muon  # noqa: E402
+
+
+def open_second_mapping(name: str) -> np.ndarray:
+    fd = os.open("/dev/shm" + name, os.O_RDWR)
+    try:
+        mm = mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+    return np.frombuffer(mm, np.float32)
+
+
+class ShmBufferTest(unittest.TestCase):
+    def test_two_mappings_share_memory(self):
+        b = ShmBuffer("test", 10)
+        try:
+            self.assertTrue(b.name.startswith(f"/muond-test-{os.getpid()}-"))
+            self.assertEqual(os.stat(b.path).st_mode & 0o777, 0o600)
+            other = open_second_mapping(b.name)
+            other[3] = 42.0
+            self.assertEqual(b.flat[3].item(), 42.0)
+            b.flat[5] = -1.5
+            self.assertEqual(other[5], -1.5)
+        finally:
+            b.unlink()
+        self.assertFalse(os.path.exists(b.path))
+
+
+class RebindTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="muond-test-")
+        self.cluster, self.addresses = start_cluster(self.dir, 4)
+
+    def tearDown(self):
+        for d in self.cluster.daemons:
+            d.stop()
+
+    def test_model_param_views_shm(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 9, bias=True),
+                                    torch.nn.Linear(9, 6, bias=False))
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        weights = [p for p in model.parameters() if p.ndim == 2]
+        biases = [p for p in model.parameters() if p.ndim == 1]
+        opt = Muon([{"params": weights}, {"params": biases, "algorithm": "adamw"}],
+                   daemons=self.addresses, job_id="rebind", gtp_size=2, tp_size=2)
+        try:
+            for n, p in model.named_parameters():
+                torch.testing.assert_close(p.detach(), before[n], rtol=0, atol=0)
+                self.assertIsNotNone(p.grad)
+            w = model[0].weight  # (9, 8): split, padded buffer of 10 rows
+            req = self.cluster.daemons[0].requests[0]
+            ref = next(pp for g in req.groups for pp in g.params if pp.name == "group0.param0")
+            other = open_second_mapping(ref.param.shm_name)
+            self.assertEqual(other.size, 10 * 8)  # 9 real rows + 1 pad row (G = 2)
+            other[1 * 8 + 2] = 123.0
+            self.assertEqual(w[1, 2].item(), 123.0)
+            w.data[4, 5] = -7.0
+            self.assertEqual(other[4 * 8 + 5], -7.0)
+            # backward accumulates into the shm grad in place
+            gptr = w.grad.data_ptr()
+            opt.zero_grad()  # set_to_none is ignored
+            model(torch.randn(3, 8)).sum().backward()
+            self.assertEqual(w.grad.data_ptr(), gptr)
+            g_other = open_second_mapping(ref.grad.shm_name)
+            np.testing.assert_array_equal(g_other[:72].reshape(9, 8), w.grad.numpy())
+            self.assertTrue((g_other[72:] == 0).all())
+        finally:
+            names = [b.shm.path for b in opt._buffers]
+            opt.close()
+        self.assertFalse(any(os.path.exists(p) for p in names))
+        model(torch.randn(2, 8))  # the model still works after close
+
+
+if __name__ == "__main__":
+    unittest.main()
