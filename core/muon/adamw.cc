@@ -1,0 +1,68 @@
+#include "core/muon/adamw.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+
+namespace muond {
+namespace {
+
+absl::Status InUnitInterval(double v, std::string_view field) {
+  if (!std::isfinite(v) || v < 0.0 || v >= 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adamw ", std::string(field), " must be in [0, 1), got ", v));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AdamWOptions::Validate() const {
+  if (!std::isfinite(lr) || lr < 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adamw lr must be finite and >= 0, got ", lr));
+  }
+  RETURN_IF_ERROR(InUnitInterval(beta1, "beta1"));
+  RETURN_IF_ERROR(InUnitInterval(beta2, "beta2"));
+  if (!std::isfinite(eps) || eps <= 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adamw eps must be finite and > 0, got ", eps));
+  }
+  if (!std::isfinite(weight_decay) || weight_decay < 0.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adamw weight_decay must be finite and >= 0, got ", weight_decay));
+  }
+  return absl::OkStatus();
+}
+
+AdamWScalars MakeAdamWScalars(const AdamWOptions& o, int64_t step) {
+  const double t = double(step);
+  const double bc1 = o.bias_correction ? 1.0 - std::pow(o.beta1, t) : 1.0;
+  const double bc2 = o.bias_correction ? 1.0 - std::pow(o.beta2, t) : 1.0;
+  AdamWScalars s;
+  s.param_decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+  s.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+  s.beta2 = static_cast<float>(o.beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+  s.step_size = static_cast<float>(o.lr / bc1);
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.eps = static_cast<float>(o.eps);
+  return s;
+}
+
+absl::Status AdamWStep(Backend& backend, const AdamWOptions& options,
+                       int64_t step, const MatrixView& param,
+                       const MatrixView& grad, const MatrixView& exp_avg,
+                       const MatrixView& exp_avg_sq) {
+  RETURN_IF_ERROR(options.Validate());
+  if (step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adamw step must be >= 1, got ", step));
+  }
+  return backend.AdamW(param, grad, exp_avg, exp_avg_sq,
+                       MakeAdamWScalars(options, step));
+}
+
+}  // namespace muond

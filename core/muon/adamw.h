@@ -1,0 +1,41 @@
+#pragma once
+// AdamW for params of `algorithm: adamw` groups (1-D tensors, embeddings,
+// heads): one fused elementwise kernel per tensor, same math and operation
+// order as torch.optim.AdamW's single-tensor path (torch/optim/adamw.py ->
+// adam.py _single_tensor_adam with decoupled weight decay):
+//   p *= 1 - lr*wd
+//   m  = lerp(m, g, 1 - beta1)
+//   v  = v*beta2 + (1 - beta2)*g*g
+//   p += -(lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// (without bias correction both corrections are 1).
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "core/backend/backend.h"
+#include "core/common/matrix_view.h"
+
+namespace muond {
+
+struct AdamWOptions {
+  double lr = 1e-3;            // >= 0, finite
+  double beta1 = 0.9;          // in [0, 1)
+  double beta2 = 0.999;        // in [0, 1)
+  double eps = 1e-8;           // > 0, finite
+  double weight_decay = 0.01;  // >= 0, finite
+  bool bias_correction = true;
+
+  // InvalidArgument naming the field and the rule.
+  absl::Status Validate() const;
+};
+
+// The fp32 scalars of step `step` (1-based), computed in double.
+AdamWScalars MakeAdamWScalars(const AdamWOptions& options, int64_t step);
+
+// One AdamW step at step number `step` >= 1. param fp32|bf16, grad
+// fp32|bf16, exp_avg/exp_avg_sq fp32 (zero before step 1), all same shape.
+absl::Status AdamWStep(Backend& backend, const AdamWOptions& options,
+                       int64_t step, const MatrixView& param,
+                       const MatrixView& grad, const MatrixView& exp_avg,
+                       const MatrixView& exp_avg_sq);
+
+}  // namespace muond

@@ -1,0 +1,177 @@
+#include "core/muon/muon_update.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+
+namespace muond {
+namespace {
+
+absl::Status NonNegativeFinite(double v, std::string_view field) {
+  if (!std::isfinite(v) || v < 0.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "muon ", std::string(field), " must be finite and >= 0, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view ScaleModeName(ScaleMode mode) {
+  switch (mode) {
+    case ScaleMode::kSpectral:
+      return "spectral";
+    case ScaleMode::kShapeScaling:
+      return "shape_scaling";
+    case ScaleMode::kUnitRmsNorm:
+      return "unit_rms_norm";
+    case ScaleMode::kOriginal:
+      return "original";
+    case ScaleMode::kMatchRmsAdamW:
+      return "match_rms_adamw";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ScaleMode> ParseScaleMode(std::string_view name) {
+  for (ScaleMode m :
+       {ScaleMode::kSpectral, ScaleMode::kShapeScaling, ScaleMode::kUnitRmsNorm,
+        ScaleMode::kOriginal, ScaleMode::kMatchRmsAdamW}) {
+    if (ScaleModeName(m) == name) return m;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "scale_mode: unknown name '", std::string(name),
+      "'; expected spectral, shape_scaling, unit_rms_norm, original or "
+      "match_rms_adamw"));
+}
+
+absl::StatusOr<WeightDecayMethod> ParseWeightDecayMethod(
+    std::string_view name) {
+  for (WeightDecayMethod m :
+       {WeightDecayMethod::kDecoupled, WeightDecayMethod::kIndependent,
+        WeightDecayMethod::kCautious, WeightDecayMethod::kNone}) {
+    if (WeightDecayMethodName(m) == name) return m;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight_decay_method: unknown name '", std::string(name),
+                   "'; expected decoupled, independent, cautious or none"));
+}
+
+double MuonShapeScale(ScaleMode mode, int64_t rows, int64_t cols) {
+  const double r = double(rows), c = double(cols);
+  switch (mode) {
+    case ScaleMode::kSpectral:
+      return std::sqrt(std::max(r, c));
+    case ScaleMode::kShapeScaling:
+    case ScaleMode::kOriginal:
+      return std::sqrt(std::max(1.0, r / c));
+    case ScaleMode::kUnitRmsNorm:
+      return std::sqrt(r / c);
+    case ScaleMode::kMatchRmsAdamW:
+      return 0.2 * std::sqrt(std::max(r, c));
+  }
+  return 1.0;
+}
+
+double MuonScaleFactor(ScaleMode mode, int64_t rows, int64_t cols,
+                       double extra) {
+  return MuonShapeScale(mode, rows, cols) * extra;
+}
+
+absl::Status MuonOptions::Validate() const {
+  RETURN_IF_ERROR(NonNegativeFinite(lr, "lr"));
+  if (!std::isfinite(momentum) || momentum < 0.0 || momentum >= 1.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muon momentum must be in [0, 1), got ", momentum));
+  }
+  RETURN_IF_ERROR(NonNegativeFinite(weight_decay, "weight_decay"));
+  if (!std::isfinite(extra_scale_factor) || extra_scale_factor <= 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muon extra_scale_factor must be finite and > 0, got ",
+                     extra_scale_factor));
+  }
+  if (ns_batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muon ns_batch_size must be >= 1, got ", ns_batch_size));
+  }
+  if (ns.num_steps < 1 || ns.num_steps > 99) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "muon ns.num_steps must be in [1, 99], got ", ns.num_steps));
+  }
+  if (!std::isfinite(ns.eps) || !(ns.eps > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muon ns.eps must be finite and > 0, got ", ns.eps));
+  }
+  if (ns.use_syrk && ns.precision != MatmulPrecision::kMedium) {
+    return absl::InvalidArgumentError(
+        "muon ns.use_syrk needs ns.precision medium");
+  }
+  return CoefficientSchedule(ns.coefficient_type, ns.custom, ns.num_steps)
+      .status();
+}
+
+absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
+                               const MatrixView& grad,
+                               const MatrixView& momentum,
+                               const MatrixView& ns_input) {
+  if (momentum.dtype != options.state_dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum: dtype must be the state_dtype ",
+                     std::string(DTypeName(options.state_dtype)), ", got ",
+                     std::string(DTypeName(momentum.dtype))));
+  }
+  return backend.MuonMomentum(grad, momentum, options.momentum,
+                              options.nesterov, ns_input);
+}
+
+absl::Status MuonScalePhase(Backend& backend, const MuonOptions& options,
+                            int64_t full_rows, int64_t full_cols,
+                            const MatrixView& orth) {
+  if (full_rows < 1 || full_cols < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scale: full_rows and full_cols must be >= 1, got ",
+                     full_rows, "x", full_cols));
+  }
+  const float scale = static_cast<float>(
+      MuonShapeScale(options.scale_mode, full_rows, full_cols));
+  return backend.ScaleInPlace(orth, scale,
+                              static_cast<float>(options.extra_scale_factor));
+}
+
+absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
+                             const MatrixView& param,
+                             const MatrixView& update) {
+  // Decay factors formed in double, rounded once (as Python floats reach
+  // torch kernels): decoupled/cautious lr*wd, independent wd.
+  const double decay =
+      options.weight_decay_method == WeightDecayMethod::kIndependent
+          ? options.weight_decay
+          : options.lr * options.weight_decay;
+  const WeightDecayMethod method = options.weight_decay == 0.0
+                                       ? WeightDecayMethod::kNone
+                                       : options.weight_decay_method;
+  return backend.ApplyUpdate(param, update, static_cast<float>(options.lr),
+                             static_cast<float>(decay), method);
+}
+
+absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
+                                NewtonSchulz& ns, const MatrixView& param,
+                                const MatrixView& grad,
+                                const MatrixView& momentum,
+                                const MatrixView& scratch) {
+  if (ns.rows() != param.rows || ns.cols() != param.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muon step: NewtonSchulz is for ", ns.rows(), "x",
+                     ns.cols(), ", param is ", param.rows, "x", param.cols));
+  }
+  RETURN_IF_ERROR(MuonMomentumPhase(backend, options, grad, momentum, scratch));
+  RETURN_IF_ERROR(ns.Run(scratch, scratch, 1));
+  RETURN_IF_ERROR(
+      MuonScalePhase(backend, options, param.rows, param.cols, scratch));
+  return MuonUpdatePhase(backend, options, param, scratch);
+}
+
+}  // namespace muond

@@ -1,0 +1,101 @@
+#pragma once
+// The per-parameter Muon math around Newton–Schulz: options, the update
+// scale, and the three elementwise phases of a step (DESIGN.md §3):
+//   1. MuonMomentumPhase  buf <- buf + (1-beta)(g - buf) on the local shard;
+//                         NS input = nesterov ? g + beta(buf - g) : buf
+//   4. NewtonSchulz (newton_schulz.h) on the full matrix, then MuonScalePhase:
+//                         orth <- (orth * scale) * extra
+//   6. MuonUpdatePhase    weight decay, then p <- p - lr * update
+// MuonStepFullMatrix chains them for one whole matrix on one backend (the
+// single-process reference, REPLICATED params, tests and peer oracles).
+// Sources: EO orthogonalized_optimizers/muon.py and mixin.py, torch
+// torch/optim/_muon.py; anchors-muon.md §0.2, §2.2, §4.
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/backend/backend.h"
+#include "core/common/dtype.h"
+#include "core/common/matrix_view.h"
+#include "core/muon/newton_schulz.h"
+
+namespace muond {
+
+// Update scale modes; rows = dim -2 (size_out), cols = dim -1 (size_in) of
+// the FULL matrix (not the local shard):
+//   kSpectral      sqrt(max(rows, cols))          EO default; K. Jordan / Kimi
+//                                                 arXiv 2502.16982
+//   kShapeScaling  sqrt(max(1, rows/cols))        EO; KellerJordan/Muon
+//   kUnitRmsNorm   sqrt(rows/cols)                EO; Scion arXiv 2502.07529
+//   kOriginal      sqrt(max(1, rows/cols))        torch adjust_lr_fn
+//                                                 None/"original"
+//   kMatchRmsAdamW 0.2 * sqrt(max(rows, cols))    torch "match_rms_adamw"
+//                                                 (Moonlight)
+enum class ScaleMode : int32_t {
+  kSpectral = 0,
+  kShapeScaling = 1,
+  kUnitRmsNorm = 2,
+  kOriginal = 3,
+  kMatchRmsAdamW = 4,
+};
+
+// "spectral", "shape_scaling", "unit_rms_norm", "original", "match_rms_adamw".
+std::string_view ScaleModeName(ScaleMode mode);
+absl::StatusOr<ScaleMode> ParseScaleMode(std::string_view name);
+absl::StatusOr<WeightDecayMethod> ParseWeightDecayMethod(std::string_view name);
+
+// The shape factor of `mode` (formulas above), in double. rows, cols >= 1.
+double MuonShapeScale(ScaleMode mode, int64_t rows, int64_t cols);
+// MuonShapeScale * extra: the total factor, for reporting and plans. The
+// update itself applies the two factors as two fp32 multiplies,
+// (orth * float(shape)) * float(extra) (EO muon.py; Megatron keeps the two
+// multiplies to stay bitwise equal to TensorParallelMuon).
+double MuonScaleFactor(ScaleMode mode, int64_t rows, int64_t cols,
+                       double extra = 1.0);
+
+struct MuonOptions {
+  double lr = 3e-4;            // >= 0, finite
+  double momentum = 0.95;      // in [0, 1)
+  bool nesterov = false;       // EO default (PR #65); torch's is true
+  double weight_decay = 0.01;  // >= 0, finite
+  WeightDecayMethod weight_decay_method = WeightDecayMethod::kDecoupled;
+  NsOptions ns;  // see newton_schulz.h
+  ScaleMode scale_mode = ScaleMode::kSpectral;
+  double extra_scale_factor = 1.0;      // > 0, finite
+  int64_t ns_batch_size = 1;            // >= 1; 1 = bit-exact numerics contract
+  DType state_dtype = DType::kFloat32;  // momentum buffer dtype
+
+  // InvalidArgument naming the field and the rule (backend-independent
+  // checks; ValidateNsOptions adds the backend ones).
+  absl::Status Validate() const;
+};
+
+// Phase 1. grad fp32|bf16 (trainer memory), momentum in options.state_dtype,
+// ns_input fp32 (a scratch buffer, never the state). Same shapes (any
+// strides: works on the local shard).
+absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
+                               const MatrixView& grad,
+                               const MatrixView& momentum,
+                               const MatrixView& ns_input);
+
+// Phase 4b. orth fp32 in place; full_rows x full_cols is the full matrix's
+// shape (for a batch, `orth` may hold several same-shape matrices).
+absl::Status MuonScalePhase(Backend& backend, const MuonOptions& options,
+                            int64_t full_rows, int64_t full_cols,
+                            const MatrixView& orth);
+
+// Phase 6. param fp32|bf16 (updated in place, one rounding), update fp32.
+absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
+                             const MatrixView& param, const MatrixView& update);
+
+// A whole Muon step of one full matrix: momentum -> NS (into `scratch`, fp32
+// rows x cols) -> scale -> weight decay + update. `ns` must have been created
+// for the param's shape with options.ns.
+absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
+                                NewtonSchulz& ns, const MatrixView& param,
+                                const MatrixView& grad,
+                                const MatrixView& momentum,
+                                const MatrixView& scratch);
+
+}  // namespace muond

@@ -1,0 +1,227 @@
+#include "core/muon/newton_schulz.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+
+namespace muond {
+namespace {
+
+// Lower-triangle block rows for use_syrk: tiles of >= 256 rows, multiples of
+// 8 (16-byte aligned bf16 offsets), at most about 8 block rows.
+int64_t SyrkTile(int64_t m) {
+  const int64_t t = std::max<int64_t>((m + 7) / 8, 256);
+  return (t + 7) / 8 * 8;
+}
+
+}  // namespace
+
+absl::Status ValidateNsOptions(const NsOptions& options,
+                               const Backend& backend) {
+  if (options.num_steps < 1 || options.num_steps > 99) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ns num_steps must be in [1, 99], got ", options.num_steps));
+  }
+  if (!std::isfinite(options.eps) || !(options.eps > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns eps must be finite and > 0, got ", options.eps));
+  }
+  RETURN_IF_ERROR(CoefficientSchedule(options.coefficient_type, options.custom,
+                                      options.num_steps)
+                      .status());
+  if (!backend.SupportsPrecision(options.precision)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ns precision ", std::string(MatmulPrecisionName(options.precision)),
+        " is not available on backend ", std::string(backend.name()),
+        " (the CPU backend has only highest)"));
+  }
+  if (options.use_syrk && options.precision != MatmulPrecision::kMedium) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns use_syrk needs precision medium, got ",
+                     std::string(MatmulPrecisionName(options.precision))));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<NewtonSchulz>> NewtonSchulz::Create(
+    Backend* backend, const NsOptions& options, int64_t rows, int64_t cols,
+    int64_t max_batch) {
+  if (backend == nullptr) {
+    return absl::InvalidArgumentError("ns backend must not be null");
+  }
+  RETURN_IF_ERROR(ValidateNsOptions(options, *backend));
+  if (rows < 1 || cols < 1 || max_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns rows, cols and max_batch must be >= 1, got ", rows,
+                     ", ", cols, ", ", max_batch));
+  }
+  if (options.use_syrk && (rows % 8 != 0 || cols % 8 != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns use_syrk needs rows and cols divisible by 8, got ",
+                     rows, "x", cols));
+  }
+  ASSIGN_OR_RETURN(std::vector<NsCoefficients> schedule,
+                   CoefficientSchedule(options.coefficient_type, options.custom,
+                                       options.num_steps));
+  std::unique_ptr<NewtonSchulz> ns(new NewtonSchulz(
+      backend, options, rows, cols, max_batch, std::move(schedule)));
+  RETURN_IF_ERROR(ns->AllocateWorkspace());
+  return ns;
+}
+
+NewtonSchulz::NewtonSchulz(Backend* backend, NsOptions options, int64_t rows,
+                           int64_t cols, int64_t max_batch,
+                           std::vector<NsCoefficients> schedule)
+    : backend_(backend),
+      options_(std::move(options)),
+      rows_(rows),
+      cols_(cols),
+      max_batch_(max_batch),
+      m_(std::min(rows, cols)),
+      n_(std::max(rows, cols)),
+      tall_(rows > cols),
+      work_dtype_(options_.precision == MatmulPrecision::kMedium
+                      ? DType::kBFloat16
+                      : DType::kFloat32),
+      schedule_(std::move(schedule)) {}
+
+NewtonSchulz::~NewtonSchulz() {
+  for (void* p : {x_[0], x_[1], a_, b_}) {
+    if (p != nullptr) backend_->Free(p);
+  }
+}
+
+absl::Status NewtonSchulz::AllocateWorkspace() {
+  const int64_t es = int64_t(DTypeSize(work_dtype_));
+  ASSIGN_OR_RETURN(x_[0], backend_->Allocate(max_batch_ * rows_ * cols_ * es));
+  ASSIGN_OR_RETURN(x_[1], backend_->Allocate(max_batch_ * rows_ * cols_ * es));
+  ASSIGN_OR_RETURN(a_, backend_->Allocate(max_batch_ * m_ * m_ * es));
+  ASSIGN_OR_RETURN(b_, backend_->Allocate(max_batch_ * m_ * m_ * es));
+  return absl::OkStatus();
+}
+
+double NewtonSchulz::FlopsPerMatrix() const {
+  const double m = double(m_), n = double(n_);
+  return options_.num_steps * (4.0 * m * m * n + 2.0 * m * m * m);
+}
+
+absl::Status NewtonSchulz::Mm(Op op_a, Op op_b, float alpha,
+                              const MatrixView& a, int64_t sa,
+                              const MatrixView& b, int64_t sb, float beta,
+                              const MatrixView& c, int64_t sc, int64_t batch) {
+  if (batch == 1) {
+    return backend_->Gemm(op_a, op_b, alpha, a, b, beta, c, options_.precision);
+  }
+  return backend_->GemmStridedBatched(op_a, op_b, alpha, a, sa, b, sb, beta, c,
+                                      sc, batch, options_.precision);
+}
+
+absl::Status NewtonSchulz::Gram(const MatrixView& x, int64_t sx,
+                                const MatrixView& a, int64_t batch) {
+  const int64_t mm = m_ * m_;
+  const Op lhs = tall_ ? Op::kT : Op::kN, rhs = tall_ ? Op::kN : Op::kT;
+  if (!options_.use_syrk)
+    return Mm(lhs, rhs, 1.0f, x, sx, x, sx, 0.0f, a, mm, batch);
+  const int64_t tile = SyrkTile(m_);
+  for (int64_t i0 = 0; i0 < m_; i0 += tile) {
+    const int64_t ti = std::min(tile, m_ - i0);
+    // Block row i0 of the lower triangle: rows [i0, i0+ti), cols [0, i0+ti).
+    const MatrixView rows_i =
+        tall_ ? x.Block(0, i0, n_, ti) : x.Block(i0, 0, ti, n_);
+    const MatrixView upto =
+        tall_ ? x.Block(0, 0, n_, i0 + ti) : x.Block(0, 0, i0 + ti, n_);
+    RETURN_IF_ERROR(Mm(lhs, rhs, 1.0f, rows_i, sx, upto, sx, 0.0f,
+                       a.Block(i0, 0, ti, i0 + ti), mm, batch));
+  }
+  return backend_->SymmetrizeFromLower(a, mm, batch);
+}
+
+absl::Status NewtonSchulz::Poly(const MatrixView& a, float b, float c,
+                                const MatrixView& b_out, int64_t batch) {
+  const int64_t mm = m_ * m_;
+  if (!options_.use_syrk) {
+    return Mm(Op::kN, Op::kN, c, a, mm, a, mm, b, b_out, mm, batch);
+  }
+  const int64_t tile = SyrkTile(m_);
+  for (int64_t i0 = 0; i0 < m_; i0 += tile) {
+    const int64_t ti = std::min(tile, m_ - i0);
+    RETURN_IF_ERROR(Mm(Op::kN, Op::kN, c, a.Block(i0, 0, ti, m_), mm,
+                       a.Block(0, 0, m_, i0 + ti), mm, b,
+                       b_out.Block(i0, 0, ti, i0 + ti), mm, batch));
+  }
+  return backend_->SymmetrizeFromLower(b_out, mm, batch);
+}
+
+absl::Status NewtonSchulz::Run(const MatrixView& in, const MatrixView& out,
+                               int64_t batch) {
+  if (batch < 1 || batch > max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns batch must be in [1, ", max_batch_, "], got ", batch));
+  }
+  for (const MatrixView* v : {&in, &out}) {
+    RETURN_IF_ERROR(CheckView(*v, v == &in ? "ns input" : "ns output"));
+    RETURN_IF_ERROR(
+        CheckDType(*v, DType::kFloat32, v == &in ? "ns input" : "ns output"));
+    if (v->rows != batch * rows_ || v->cols != cols_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(v == &in ? "ns input" : "ns output", " must be ",
+                       batch * rows_, "x", cols_, " (batch ", batch, " of ",
+                       rows_, "x", cols_, "), got ", v->rows, "x", v->cols));
+    }
+  }
+  const int64_t sx = rows_ * cols_, mm = m_ * m_;
+  auto x_full = [&](int i) {
+    return ContiguousView(x_[i], work_dtype_, batch * rows_, cols_);
+  };
+  auto x_slice = [&](int i) {
+    return ContiguousView(x_[i], work_dtype_, rows_, cols_);
+  };
+  const MatrixView a = ContiguousView(a_, work_dtype_, m_, m_);
+  const MatrixView b_buf = ContiguousView(b_, work_dtype_, m_, m_);
+  const MatrixView a_full = ContiguousView(a_, work_dtype_, batch * m_, m_);
+  const MatrixView b_full = ContiguousView(b_, work_dtype_, batch * m_, m_);
+  const bool into_out = work_dtype_ == DType::kFloat32;
+  const int64_t out_ld = std::max(out.row_stride, out.cols);
+  MatrixView out_slice = out;
+  out_slice.rows = rows_;
+
+  // Normalise into the workspace (never in place in the caller's buffer).
+  RETURN_IF_ERROR(
+      backend_->FrobeniusNormalize(in, x_full(0), batch, options_.eps));
+  int cur = 0;
+  const int steps = static_cast<int>(schedule_.size());
+  for (int s = 0; s < steps; ++s) {
+    const NsCoefficients& k = schedule_[s];
+    const MatrixView x = x_slice(cur);
+    RETURN_IF_ERROR(Gram(x, sx, a, batch));
+    MatrixView poly = a;
+    float alpha = k.b;  // c == 0: X <- a X + b A X (cubic step, no A^2)
+    if (k.c != 0.0f) {
+      RETURN_IF_ERROR(backend_->Copy2D(b_full, a_full));
+      RETURN_IF_ERROR(Poly(a, k.b, k.c, b_buf, batch));
+      poly = b_buf;
+      alpha = 1.0f;
+    }
+    const bool last = s + 1 == steps;
+    const MatrixView next = last && into_out ? out_slice : x_slice(1 - cur);
+    const MatrixView next_full = last && into_out ? out : x_full(1 - cur);
+    const int64_t s_next = last && into_out ? rows_ * out_ld : sx;
+    RETURN_IF_ERROR(backend_->Copy2D(next_full, x_full(cur)));
+    if (tall_) {  // X^T <- a X^T + P X^T  <=>  X <- a X + X P^T
+      RETURN_IF_ERROR(
+          Mm(Op::kN, Op::kT, alpha, x, sx, poly, mm, k.a, next, s_next, batch));
+    } else {
+      RETURN_IF_ERROR(
+          Mm(Op::kN, Op::kN, alpha, poly, mm, x, sx, k.a, next, s_next, batch));
+    }
+    cur = 1 - cur;
+  }
+  if (!into_out) RETURN_IF_ERROR(backend_->Copy2D(out, x_full(cur)));
+  return absl::OkStatus();
+}
+
+}  // namespace muond

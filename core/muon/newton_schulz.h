@@ -1,0 +1,112 @@
+#pragma once
+// Newton–Schulz orthogonalisation, written once over the Backend interface.
+//
+// For an fp32 matrix G (rows x cols), with m = min(rows, cols):
+//   X = G / max(||G||_F, eps)                    (EO newton_schulz, HEAD eps)
+//   per step (a, b, c) of the coefficient schedule:
+//     A = X X^T   (m x m: for rows > cols the iteration runs on G^T, i.e.
+//                  A = X^T X and X <- a X + X B^T, which is the transposed
+//                  iteration without materialising a transpose)
+//     B = b A + c A^2;  X <- a X + B X             (c == 0: X <- a X + b A X)
+//   result X (rows x cols, fp32).
+// Sources: EO muon_utils.py newton_schulz / newton_schulz_step;
+// anchors-muon.md §0.1 (coefficients), §0.3 (eps placement), §0.4 (transpose).
+//
+// Precision (NsOptions::precision, EO fp32_matmul_prec):
+//   kHighest  fp32 GEMMs (the only one on the CPU backend).
+//   kHigh     TF32 GEMMs, X kept in fp32.
+//   kMedium   bf16 operands and outputs, fp32 accumulation; X, A and B are
+//             kept in bf16 across steps and cast back to fp32 at the end
+//             (as EO does under "medium").
+// use_syrk (opt-in, needs kMedium and rows, cols divisible by 8): A = X X^T
+// and B = b A + c A A^T are computed on block rows of their lower triangle
+// only (blocked GEMMs over lower tiles, about 40% fewer FLOPs for these two
+// products) and mirrored. Same math, different rounding.
+//
+// A batch of same-shape matrices runs through strided-batched GEMMs; a batch
+// of one takes the unbatched (Gemm) path, so its result is bitwise equal to
+// an unbatched call. A zero matrix gives a zero result (never NaN).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/backend/backend.h"
+#include "core/common/matrix_view.h"
+#include "core/muon/coefficients.h"
+
+namespace muond {
+
+struct NsOptions {
+  CoefficientType coefficient_type = CoefficientType::kQuintic;
+  std::vector<NsCoefficients> custom;  // only with kCustom
+  int num_steps = 5;                   // 1..99
+  float eps = 1e-15f;                  // > 0; EO HEAD default (commit 7ebd3cf)
+  MatmulPrecision precision = MatmulPrecision::kHighest;
+  bool use_syrk = false;
+};
+
+// InvalidArgument naming the field and the rule: num_steps out of [1, 99],
+// eps not finite or <= 0, custom list rules (CoefficientSchedule), a
+// precision the backend lacks (e.g. high/medium on CPU: an error, never a
+// silent change), use_syrk without kMedium.
+absl::Status ValidateNsOptions(const NsOptions& options,
+                               const Backend& backend);
+
+// Owns the workspace for one matrix shape and up to `max_batch` matrices,
+// allocated once on the backend at creation and reused by every Run. Not
+// thread-safe; calls are stream-ordered on the backend.
+class NewtonSchulz {
+ public:
+  // Errors: ValidateNsOptions's; rows/cols < 1 or max_batch < 1; use_syrk
+  // with rows or cols not divisible by 8; allocation failures.
+  static absl::StatusOr<std::unique_ptr<NewtonSchulz>> Create(
+      Backend* backend, const NsOptions& options, int64_t rows, int64_t cols,
+      int64_t max_batch = 1);
+  ~NewtonSchulz();
+  NewtonSchulz(const NewtonSchulz&) = delete;
+  NewtonSchulz& operator=(const NewtonSchulz&) = delete;
+
+  // in:  fp32, (batch*rows) x cols, the batch matrices stacked along rows;
+  //      any row_stride. Read only (never normalised in place).
+  // out: fp32, same shape, any row_stride; may be the same view as `in`.
+  // 1 <= batch <= max_batch.
+  absl::Status Run(const MatrixView& in, const MatrixView& out, int64_t batch);
+
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  int64_t max_batch() const { return max_batch_; }
+  const NsOptions& options() const { return options_; }
+  // 2*m*m*n + 2*m^3 + 2*m*m*n per step (Gram, A^2, B X), times num_steps.
+  double FlopsPerMatrix() const;
+
+ private:
+  NewtonSchulz(Backend* backend, NsOptions options, int64_t rows, int64_t cols,
+               int64_t max_batch, std::vector<NsCoefficients> schedule);
+  absl::Status AllocateWorkspace();
+  // c = alpha op(a) op(b) + beta c over `batch` slices with the given
+  // per-slice strides (elements); batch 1 is a plain Gemm.
+  absl::Status Mm(Op op_a, Op op_b, float alpha, const MatrixView& a,
+                  int64_t sa, const MatrixView& b, int64_t sb, float beta,
+                  const MatrixView& c, int64_t sc, int64_t batch);
+  // A = X X^T (or X^T X when tall), full or lower-triangle blocks + mirror.
+  absl::Status Gram(const MatrixView& x, int64_t sx, const MatrixView& a,
+                    int64_t batch);
+  // b_out = b*A + c*A*A (b_out preloaded with A).
+  absl::Status Poly(const MatrixView& a, float b, float c,
+                    const MatrixView& b_out, int64_t batch);
+
+  Backend* backend_;
+  NsOptions options_;
+  int64_t rows_, cols_, max_batch_;
+  int64_t m_, n_;  // m = min(rows, cols), n = max
+  bool tall_;
+  DType work_dtype_;
+  std::vector<NsCoefficients> schedule_;
+  void* x_[2] = {nullptr, nullptr};  // batch * rows * cols, work dtype
+  void* a_ = nullptr;                // batch * m * m
+  void* b_ = nullptr;                // batch * m * m
+};
+
+}  // namespace muond
