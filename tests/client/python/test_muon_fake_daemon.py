@@ -1,0 +1,158 @@
+"""muond.torch.Muon through fake daemons (fake_daemon.py) equals the example's
+in-process ReferenceMuon after 3 steps. The fake reconstructs full matrices
+from the refs, tags and domains alone, so this checks the client's wire
+contract independently of the C++ daemon."""
+import os
+import sys
+import tempfile
+import unittest
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fake_daemon import pb, start_cluster  # noqa: E402
+from muond.torch import Muon  # noqa: E402
+from reference_muon import ReferenceMuon  # noqa: E402
+
+# name: (shape, tag partition_dim or None, algorithm)
+PARAMS = {
+    "w_pad_tp1": ((9, 8), 1, "muon"),      # TP along cols, 1 GTP pad row
+    "w_tp0": ((8, 6), 0, "muon"),          # TP along rows, no pad
+    "w_fallback": ((6, 8), 0, "muon"),     # dim 0 would need a pad -> dim 1
+    "w_solo": ((6, 7), 0, "muon"),         # splits on neither dim -> one daemon
+    "w_tall": ((12, 4), None, "muon"),     # untagged, rows > cols (transposed NS)
+    "emb": ((11, 4), None, "adamw"),
+    "bias": ((9,), None, "adamw"),
+    "norm": ((4,), None, "adamw"),
+}
+HYPER = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=True, ns_steps=5, eps=1e-15,
+             coefficient_type="quintic", scale_mode="spectral", extra_scale_factor=0.2)
+
+
+def make_params():
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for name, (shape, pd, _) in PARAMS.items():
+        p = torch.nn.Parameter(torch.randn(shape, generator=g))
+        if pd is not None:
+            p.tensor_model_parallel, p.partition_dim = True, pd
+        out[name] = p
+    return out
+
+
+def groups(params):
+    muon = [n for n, v in PARAMS.items() if v[2] == "muon"]
+    adamw = [n for n, v in PARAMS.items() if v[2] == "adamw"]
+    return [dict(params=[params[n] for n in muon], param_names=muon),
+            dict(params=[params[n] for n in adamw], param_names=adamw, algorithm="adamw",
+                 lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)]
+
+
+def run(opt, params, steps=3):
+    g = torch.Generator().manual_seed(11)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=False)
+        for p in params.values():
+            # as backward would: accumulate into an existing grad, else create one
+            (p * torch.randn(p.shape, generator=g)).sum().backward()
+        for group in opt.param_groups:  # a schedule: exercises GroupOverride
+            group["lr"] *= 0.5 if step == 2 else 1.0
+        opt.step()
+    return {n: p.detach().clone() for n, p in params.items()}
+
+
+class MuonFakeDaemonTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="muond-test-")
+
+    def start(self, world):
+        self.cluster, self.addresses = start_cluster(self.dir, world)
+
+    def tearDown(self):
+        for d in self.cluster.daemons:
+            d.stop()
+
+    def compare(self, G, T):
+        self.start(G * T)
+        ref_params = make_params()
+        want = run(ReferenceMuon(groups(ref_params), **HYPER), ref_params)
+        params = make_params()
+        opt = Muon(groups(params), daemons=self.addresses, job_id="fake", gtp_size=G, tp_size=T,
+                   **HYPER)
+        try:
+            got = run(opt, params)
+            self.assertEqual(opt.step_id, 3)
+            self.assertEqual(opt.last_timings["total_us"], 100.0 * G * T)  # max over daemons
+            self.assertGreaterEqual(opt.last_timings["rpc_us"], 0)
+        finally:
+            opt.close()
+        for name in PARAMS:
+            # Same formulas on the same full matrices: bitwise equal is expected.
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+            self.assertFalse(torch.equal(got[name], make_params()[name]), name)
+        return opt
+
+    def test_2x2_matches_reference(self):
+        opt = self.compare(2, 2)
+        lay = opt.layouts
+        self.assertEqual((lay["w_pad_tp1"].tp_dim, lay["w_pad_tp1"].pad_length), (1, 1))
+        self.assertEqual(lay["w_tp0"].tp_dim, 0)
+        self.assertEqual(lay["w_fallback"].tp_dim, 1)
+        self.assertEqual(lay["w_solo"][0], "solo")
+        # Wire conventions every daemon received.
+        for rank, d in enumerate(self.cluster.daemons):
+            req = d.requests[0]
+            self.assertEqual(req.job_id, "fake")
+            dense = [g for g in req.groups if g.domain.name == "dense"]
+            self.assertEqual(len(dense), 1)
+            self.assertEqual((dense[0].domain.g, dense[0].domain.t), divmod(rank, 2))
+            self.assertEqual(dense[0].muon.extra_scale_factor, 0.2)
+            for g in req.groups:
+                if g.domain.name != "dense":
+                    self.assertEqual(g.domain.name, f"solo-r{rank}")
+                    self.assertEqual((g.domain.gtp_size, g.domain.tp_size), (1, 1))
+        # Every param is registered exactly once per shard: no double updates.
+        owners = {}
+        for d in self.cluster.daemons:
+            for g in d.requests[0].groups:
+                for p in g.params:
+                    owners.setdefault(p.name, []).append(d.rank)
+        for name, ranks in owners.items():
+            split = name in ("w_pad_tp1", "w_tp0", "w_fallback", "w_tall")
+            self.assertEqual(sorted(ranks), [0, 1, 2, 3] if split else ranks, name)
+            self.assertEqual(len(ranks), 4 if split else 1, name)
+
+    def test_4x1_matches_reference(self):
+        self.compare(4, 1)
+
+    def test_1x3_matches_reference(self):
+        self.compare(1, 3)
+
+    def test_single_daemon_matches_reference(self):
+        self.compare(1, 1)
+
+
+class LocalModeTest(unittest.TestCase):
+    def test_local_mode_registers_tags(self):
+        d = tempfile.mkdtemp(prefix="muond-test-")
+        cluster, addresses = start_cluster(d, 1)
+        try:
+            w = torch.nn.Parameter(torch.randn(5, 4))  # rank's shard of a (9*2, 4)... tagged
+            w.tensor_model_parallel, w.partition_dim = True, 1
+            w.is_gtp_weight_remat, w.pad_length = True, 1
+            opt = Muon([w], daemons=addresses, shard_mode="local", gtp_size=2, tp_size=2,
+                       g=1, t=0, job_id="loc")
+            p = cluster.daemons[0].requests[0].groups[0].params[0]
+            self.assertEqual(list(p.full_shape), [9, 8])
+            self.assertEqual((p.tags.partition_dim, p.tags.pad_length), (1, 1))
+            g = cluster.daemons[0].requests[0].groups[0].domain
+            self.assertEqual((g.name, g.gtp_size, g.tp_size, g.g, g.t), ("dense", 2, 2, 1, 0))
+            self.assertEqual(p.param.kind, pb.HOST_SHM)
+            self.assertEqual(list(p.param.strides), [4, 1])
+            opt.close()
+        finally:
+            cluster.daemons[0].stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
