@@ -1,0 +1,89 @@
+#pragma once
+// muond::Client: the trainer side of the Optimizer service (DESIGN.md §1).
+//
+//   ASSIGN_OR_RETURN(auto region, ShmRegion::Create("/muond-job-r0", bytes));
+//   float* w = static_cast<float*>(*region->Allocate(rows * cols * 4));
+//   ...
+//   ASSIGN_OR_RETURN(auto client,
+//   Client::Connect("unix:///tmp/muond-job-0.sock",
+//                                                 {.job_id = "job"}));
+//   v1::Param p = MakeParam("w", {P, Q}, *HostRef(*region, w, ...), ...);
+//   client->Register(groups); client->WaitForPlan(absl::Seconds(30));
+//   for (step ...) { backward(); client->Step(step_id); }
+//
+// Contract of Step: the gradients are complete when it is called (the
+// trainer's CUDA stream synchronised); the updated params are visible to the
+// trainer when it returns.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/cpp/shm_region.h"
+#include "muond/v1/muond.grpc.pb.h"
+
+namespace muond {
+
+struct ClientOptions {
+  std::string job_id;
+  // Identifies this trainer to the daemon (ownership of its params); default
+  // "<hostname>:<pid>".
+  std::string client_id;
+  // Deadline of each unary RPC (Step included).
+  absl::Duration rpc_timeout = absl::Minutes(5);
+};
+
+// A TensorRef for `shape`/`strides` (elements; innermost stride 1; empty
+// strides = row-major contiguous) at `ptr` inside `region`. InvalidArgument
+// when the view does not lie inside the region.
+absl::StatusOr<v1::TensorRef> HostRef(const ShmRegion& region, const void* ptr,
+                                      v1::DType dtype,
+                                      std::vector<int64_t> shape,
+                                      std::vector<int64_t> strides = {});
+
+// A TensorRef for a view at device pointer `ptr`: the CUDA IPC handle of the
+// allocation that contains it plus the byte offset (client/cpp:cuda_ref;
+// Unavailable when built or run without CUDA).
+absl::StatusOr<v1::TensorRef> CudaRef(const void* ptr, v1::DType dtype,
+                                      std::vector<int64_t> shape,
+                                      std::vector<int64_t> strides = {});
+
+// A param entry for a group.
+v1::Param MakeParam(const std::string& name, std::vector<int64_t> full_shape,
+                    v1::TensorRef param, v1::TensorRef grad,
+                    const v1::ShardTags& tags = {});
+
+class Client {
+ public:
+  // Connects to a daemon ("unix:///path" or "host:port"). Does not wait for
+  // it to be up; the first RPC does (with the RPC timeout).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& address, ClientOptions options);
+
+  absl::StatusOr<v1::RegisterParamsResponse> Register(
+      const std::vector<v1::ParamGroup>& groups);
+  // Polls Health until the daemon has a plan and its step engine, or times
+  // out with DeadlineExceeded.
+  absl::Status WaitForPlan(absl::Duration timeout);
+  absl::StatusOr<v1::StepResponse> Step(
+      int64_t step_id, const std::vector<v1::GroupOverride>& overrides = {});
+  absl::Status Unregister();
+  absl::StatusOr<v1::GetStatusResponse> Status();
+  absl::StatusOr<v1::HealthResponse> Health();
+  absl::StatusOr<v1::SaveStateResponse> SaveState(const std::string& path);
+  absl::StatusOr<v1::LoadStateResponse> LoadState(const std::string& path);
+
+  const ClientOptions& options() const { return options_; }
+  v1::Optimizer::Stub* stub() { return stub_.get(); }
+
+ private:
+  Client(std::unique_ptr<v1::Optimizer::Stub> stub, ClientOptions options)
+      : stub_(std::move(stub)), options_(std::move(options)) {}
+  void Prepare(grpc::ClientContext* context) const;
+
+  std::unique_ptr<v1::Optimizer::Stub> stub_;
+  ClientOptions options_;
+};
+
+}  // namespace muond
