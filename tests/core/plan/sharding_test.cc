@@ -1,0 +1,221 @@
+// Classification for every tag combination x {G, T} in {1,2,4}^2, against an
+// independent restatement of DESIGN.md §2, plus every error case.
+#include <string>
+#include <vector>
+
+#include "core/plan/sharding.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace muond {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Expected {
+  bool ok;
+  int tp_dim;
+  bool gtp;
+  ParamSharding sharding;
+  std::vector<int64_t> full;
+};
+
+// DESIGN.md §2, written out case by case.
+Expected Reference(const ShardTags& tags, int64_t r, int64_t c, int G, int T) {
+  const bool tp_counts = T > 1 && tags.tensor_model_parallel &&
+                         tags.partition_dim >= 0;
+  const int tp_dim = tp_counts ? tags.partition_dim : -1;
+  const bool gtp = G > 1 && tags.is_gtp_weight_remat;
+  const Expected error{false, -1, false, ParamSharding::kReplicated, {}};
+  if (tp_dim >= 0 && !gtp && G > 1) return error;
+  if (tags.pad_length > 0 && !gtp) return error;
+  if (gtp && tags.pad_length >= r * G) return error;
+  ParamSharding sharding = ParamSharding::kReplicated;
+  if (tp_dim >= 0 && gtp) sharding = ParamSharding::kGtpRematAndTp;
+  if (tp_dim >= 0 && !gtp) sharding = ParamSharding::kTp;
+  if (tp_dim < 0 && gtp) sharding = ParamSharding::kGtpRemat;
+  int64_t rows = gtp ? r * G - tags.pad_length : r;
+  int64_t cols = c;
+  if (tp_dim == 0) rows *= T;
+  if (tp_dim == 1) cols *= T;
+  return {true, tp_dim, gtp, sharding, {rows, cols}};
+}
+
+TEST(MakeShardSpec, EveryTagCombinationEveryDomain) {
+  const int64_t r = 3, c = 5;
+  int checked = 0, errors = 0;
+  for (int G : {1, 2, 4})
+    for (int T : {1, 2, 4})
+      for (bool tmp : {false, true})
+        for (int pd : {-1, 0, 1})
+          for (bool gtp_tag : {false, true})
+            for (int64_t pad : {0, 1, 3}) {
+              ShardTags tags{tmp, pd, gtp_tag, pad};
+              const Expected want = Reference(tags, r, c, G, T);
+              const std::string name = "layers.7.w";
+              absl::StatusOr<ParamShardSpec> got =
+                  MakeShardSpec(name, {r, c}, tags, DomainSize{G, T});
+              SCOPED_TRACE(testing::Message()
+                           << "G=" << G << " T=" << T << " tmp=" << tmp
+                           << " pd=" << pd << " gtp=" << gtp_tag
+                           << " pad=" << pad);
+              ++checked;
+              ASSERT_EQ(got.ok(), want.ok) << got.status();
+              if (!want.ok) {
+                ++errors;
+                EXPECT_EQ(got.status().code(),
+                          absl::StatusCode::kInvalidArgument);
+                EXPECT_THAT(std::string(got.status().message()),
+                            HasSubstr(name));
+                continue;
+              }
+              EXPECT_EQ(got->name, name);
+              EXPECT_EQ(got->tp_dim, want.tp_dim);
+              EXPECT_EQ(got->gtp_sharded, want.gtp);
+              EXPECT_EQ(got->sharding, want.sharding);
+              EXPECT_EQ(got->full_shape, want.full);
+              EXPECT_EQ(got->local_shape, (std::vector<int64_t>{r, c}));
+              EXPECT_EQ(got->pad_length, pad);
+              EXPECT_TRUE(ValidateShardSpec(*got, DomainSize{G, T}).ok());
+              // The full-shape factory reproduces the same spec.
+              absl::StatusOr<ParamShardSpec> again =
+                  MakeShardSpecFromFullShape(name, want.full, want.tp_dim,
+                                             want.gtp, pad, DomainSize{G, T});
+              ASSERT_TRUE(again.ok()) << again.status();
+              EXPECT_EQ(again->local_shape, got->local_shape);
+              EXPECT_EQ(again->sharding, got->sharding);
+            }
+  EXPECT_EQ(checked, 3 * 3 * 2 * 3 * 2 * 3);
+  EXPECT_GT(errors, 0);
+}
+
+TEST(MakeShardSpec, TpShardedWithoutGtpInGtpDomainIsAnError) {
+  absl::StatusOr<ParamShardSpec> s = MakeShardSpec(
+      "dec.0.fc1", {8, 8}, ShardTags{true, 0, false, 0}, DomainSize{2, 2});
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("dec.0.fc1"));
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("corrupt"));
+  // The same param is fine when the GTP axis is absent...
+  EXPECT_TRUE(MakeShardSpec("dec.0.fc1", {8, 8}, ShardTags{true, 0, false, 0},
+                            DomainSize{1, 2})
+                  .ok());
+  // ...or when its TP tag does not count (partition_dim without the flag).
+  absl::StatusOr<ParamShardSpec> dup = MakeShardSpec(
+      "dup", {8, 8}, ShardTags{false, 0, false, 0}, DomainSize{2, 2});
+  ASSERT_TRUE(dup.ok());
+  EXPECT_EQ(dup->sharding, ParamSharding::kReplicated);
+}
+
+TEST(MakeShardSpec, ShapeAndTagErrorsNameTheParam) {
+  const DomainSize d{2, 2};
+  struct Bad {
+    std::vector<int64_t> shape;
+    ShardTags tags;
+    const char* rule;
+  };
+  const std::vector<Bad> bad = {
+      {{8}, {}, "not 2-D"},
+      {{2, 3, 4}, {}, "not 2-D"},
+      {{-1, 4}, {}, "<= 0"},
+      {{4, 0}, {}, "<= 0"},
+      {{4, 4}, ShardTags{true, 2, true, 0}, "partition_dim"},
+      {{4, 4}, ShardTags{true, -2, true, 0}, "partition_dim"},
+      {{4, 4}, ShardTags{false, -1, true, -1}, "< 0"},
+      {{4, 4}, ShardTags{false, -1, false, 1}, "not GTP-sharded"},
+      {{4, 4}, ShardTags{false, -1, true, 8}, "gathered dim"},
+      {{4, 4}, ShardTags{false, -1, true, 9}, "gathered dim"},
+  };
+  for (const Bad& b : bad) {
+    absl::StatusOr<ParamShardSpec> s =
+        MakeShardSpec("model.bad_param", b.shape, b.tags, d);
+    ASSERT_FALSE(s.ok()) << b.rule;
+    EXPECT_THAT(std::string(s.status().message()),
+                HasSubstr("model.bad_param"));
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(b.rule));
+  }
+  absl::StatusOr<ParamShardSpec> s =
+      MakeShardSpec("p", {4, 4}, ShardTags{}, DomainSize{0, 2});
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("'p'"));
+}
+
+TEST(MakeShardSpecFromFullShape, AutoPadAndDivisibilityErrors) {
+  // 14336 rows column-parallel over T=2 -> 7168 TP-local; G=3 -> pad 2.
+  absl::StatusOr<ParamShardSpec> s = MakeShardSpecFromFullShape(
+      "gate", {14336, 4096}, 0, true, -1, DomainSize{3, 2});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->pad_length, 2);
+  EXPECT_EQ(s->local_shape, (std::vector<int64_t>{2390, 4096}));
+  EXPECT_EQ(TpLocalShape(*s, DomainSize{3, 2}),
+            (std::vector<int64_t>{7168, 4096}));
+  EXPECT_EQ(ValidLocalRows(*s, DomainSize{3, 2}, 2), 2388);
+  EXPECT_EQ(ValidLocalRows(*s, DomainSize{3, 2}, 0), 2390);
+
+  s = MakeShardSpecFromFullShape("odd", {15, 4}, 0, true, 0, DomainSize{1, 2});
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("'odd'"));
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("divisible by T"));
+  s = MakeShardSpecFromFullShape("odd", {10, 4}, -1, true, 1,
+                                 DomainSize{4, 1});
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("divisible by G"));
+  s = MakeShardSpecFromFullShape("x", {8, 4}, 3, true, 0, DomainSize{2, 2});
+  EXPECT_FALSE(s.ok());
+  // Axes of size 1 drop their tags.
+  s = MakeShardSpecFromFullShape("x", {8, 4}, 1, true, -1, DomainSize{1, 1});
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->sharding, ParamSharding::kReplicated);
+  EXPECT_EQ(s->local_shape, (std::vector<int64_t>{8, 4}));
+}
+
+TEST(ValidateShardSpec, RejectsInconsistentSpecs) {
+  const DomainSize d{2, 2};
+  absl::StatusOr<ParamShardSpec> good =
+      MakeShardSpec("w", {4, 6}, ShardTags{true, 1, true, 1}, d);
+  ASSERT_TRUE(good.ok());
+  EXPECT_EQ(good->full_shape, (std::vector<int64_t>{7, 12}));
+  ASSERT_TRUE(ValidateShardSpec(*good, d).ok());
+  auto expect_bad = [&](ParamShardSpec s, const char* rule) {
+    absl::Status st = ValidateShardSpec(s, d);
+    EXPECT_FALSE(st.ok()) << rule;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("'w'"));
+    EXPECT_THAT(std::string(st.message()), HasSubstr(rule));
+  };
+  ParamShardSpec s = *good;
+  s.full_shape = {8, 12};
+  expect_bad(s, "inconsistent");
+  s = *good;
+  s.sharding = ParamSharding::kTp;
+  expect_bad(s, "does not match");
+  s = *good;
+  s.gtp_sharded = false;
+  expect_bad(s, "not GTP-sharded");
+  EXPECT_FALSE(ValidateShardSpec(*good, DomainSize{1, 2}).ok());
+  EXPECT_FALSE(ValidateShardSpec(*good, DomainSize{2, 1}).ok());
+}
+
+TEST(Cost, NsCostAndFlopsKnownValues) {
+  EXPECT_EQ(NsCost(4096, 14336), 14336.0 * 4096 * 4096);
+  EXPECT_EQ(NsCost(14336, 4096), NsCost(4096, 14336));
+  EXPECT_EQ(NsCostOfShape({3, 4, 5}), 60.0);
+  EXPECT_EQ(NsCostOfShape({7}), 7.0);
+  // anchors-performance.md §2.1: 4096x14336, plain NS, 5 steps = 5.50 TFLOP.
+  const double m = 4096, n = 14336;
+  EXPECT_EQ(NsFlops(4096, 14336, 5, false), 5 * (4 * m * m * n + 2 * m * m * m));
+  EXPECT_NEAR(NsFlops(4096, 14336, 5, false) / 1e12, 5.50, 0.005);
+  // Square: (20 alpha + 10) m^3 = 30 m^3; symmetric 5 (3 alpha + 1) m^3 = 20 m^3.
+  EXPECT_EQ(NsFlops(1024, 1024, 5, false), 30.0 * 1024 * 1024 * 1024);
+  EXPECT_EQ(NsFlops(1024, 1024, 5, true), 20.0 * 1024 * 1024 * 1024);
+  EXPECT_EQ(NsFlops(1024, 1024, 3, false), 18.0 * 1024 * 1024 * 1024);
+}
+
+TEST(ParamShardingName, AllNames) {
+  EXPECT_STREQ(ParamShardingName(ParamSharding::kReplicated), "REPLICATED");
+  EXPECT_STREQ(ParamShardingName(ParamSharding::kGtpRemat), "GTP_REMAT");
+  EXPECT_STREQ(ParamShardingName(ParamSharding::kTp), "TP");
+  EXPECT_STREQ(ParamShardingName(ParamSharding::kGtpRematAndTp),
+               "GTP_REMAT_AND_TP");
+}
+
+}  // namespace
+}  // namespace muond
