@@ -194,7 +194,7 @@ def train_one(kind: str, corpus, args) -> dict:
     curves = {"step": [], "train_loss": [], "val_step": [], "val_loss": []}
     step_times, rpc_times, phase_sums = [], [], {}
     tokens = args.batch * args.context
-    val_loss = float("nan")
+    val_loss = float("nan")  # shown as "-" until the first evaluation
     t_start = time.perf_counter()
     try:
         for step in range(args.steps):
@@ -229,7 +229,8 @@ def train_one(kind: str, corpus, args) -> dict:
                 curves["val_step"].append(step + 1)
                 curves["val_loss"].append(val_loss)
             tok_s = tokens * (step + 1) / (time.perf_counter() - t_start)
-            progress.update(step, f"loss {loss.item():.3f} val {val_loss:.3f} "
+            val_text = "-" if math.isnan(val_loss) else f"{val_loss:.3f}"
+            progress.update(step, f"loss {loss.item():.3f} val {val_text} "
                                   f"{tok_s:,.0f} tok/s {timing}", force=evaluated)
         wall = time.perf_counter() - t_start
         samples = []
