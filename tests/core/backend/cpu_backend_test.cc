@@ -1,0 +1,339 @@
+// CPU backend against plain fp64 loops and hand-computed values.
+#include "core/backend/cpu_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/backend/bf16.h"
+
+namespace muond {
+namespace {
+
+std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+MatrixView V(std::vector<float>& v, int64_t rows, int64_t cols,
+             int64_t ld = -1) {
+  return MatrixView{v.data(), DType::kFloat32, rows, cols, ld < 0 ? cols : ld};
+}
+
+MatrixView V16(std::vector<uint16_t>& v, int64_t rows, int64_t cols) {
+  return MatrixView{v.data(), DType::kBFloat16, rows, cols, cols};
+}
+
+struct GemmCase {
+  Op op_a, op_b;
+};
+
+class GemmTest : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmTest, MatchesFp64LoopOnStridedViews) {
+  auto backend = MakeCpuBackend();
+  const auto [op_a, op_b] = GetParam();
+  const int64_t m = 13, n = 7, k = 11, pad = 5;
+  // Stored shapes, each a column block of a wider matrix (row_stride > cols).
+  const int64_t ar = op_a == Op::kN ? m : k, ac = op_a == Op::kN ? k : m;
+  const int64_t br = op_b == Op::kN ? k : n, bc = op_b == Op::kN ? n : k;
+  std::vector<float> a = Random(ar * (ac + pad), 1),
+                     b = Random(br * (bc + pad), 2),
+                     c = Random(m * (n + pad), 3), c0 = c;
+  const float alpha = 0.75f, beta = -1.5f;
+  ASSERT_TRUE(backend
+                  ->Gemm(op_a, op_b, alpha, V(a, ar, ac, ac + pad),
+                         V(b, br, bc, bc + pad), beta, V(c, m, n, n + pad),
+                         MatmulPrecision::kHighest)
+                  .ok());
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0;
+      for (int64_t l = 0; l < k; ++l) {
+        const double x =
+            op_a == Op::kN ? a[i * (ac + pad) + l] : a[l * (ac + pad) + i];
+        const double y =
+            op_b == Op::kN ? b[l * (bc + pad) + j] : b[j * (bc + pad) + l];
+        ref += x * y;
+      }
+      ref = alpha * ref + beta * double(c0[i * (n + pad) + j]);
+      EXPECT_NEAR(c[i * (n + pad) + j], ref, 1e-5 * (1 + std::fabs(ref)));
+    }
+    for (int64_t j = n; j < n + pad; ++j) {  // padding untouched
+      EXPECT_EQ(c[i * (n + pad) + j], c0[i * (n + pad) + j]);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransposes, GemmTest,
+                         ::testing::Values(GemmCase{Op::kN, Op::kN},
+                                           GemmCase{Op::kN, Op::kT},
+                                           GemmCase{Op::kT, Op::kN},
+                                           GemmCase{Op::kT, Op::kT}));
+
+TEST(CpuBackend, GemmBetaZeroIgnoresNanInC) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> a = {1, 2, 3, 4}, b = {1, 0, 0, 1},
+                     c(4, std::numeric_limits<float>::quiet_NaN());
+  ASSERT_TRUE(backend
+                  ->Gemm(Op::kN, Op::kN, 1, V(a, 2, 2), V(b, 2, 2), 0,
+                         V(c, 2, 2), MatmulPrecision::kHighest)
+                  .ok());
+  EXPECT_EQ(c, a);
+}
+
+TEST(CpuBackend, StridedBatchedEqualsPerSliceGemm) {
+  auto backend = MakeCpuBackend();
+  const int64_t batch = 3, m = 6, k = 5, n = 4;
+  std::vector<float> a = Random(batch * m * k, 4), b = Random(batch * k * n, 5),
+                     c(batch * m * n, 0), c1(batch * m * n, 0);
+  ASSERT_TRUE(backend
+                  ->GemmStridedBatched(Op::kN, Op::kN, 1, V(a, m, k), m * k,
+                                       V(b, k, n), k * n, 0, V(c, m, n), m * n,
+                                       batch, MatmulPrecision::kHighest)
+                  .ok());
+  for (int64_t s = 0; s < batch; ++s) {
+    MatrixView as{a.data() + s * m * k, DType::kFloat32, m, k, k};
+    MatrixView bs{b.data() + s * k * n, DType::kFloat32, k, n, n};
+    MatrixView cs{c1.data() + s * m * n, DType::kFloat32, m, n, n};
+    ASSERT_TRUE(
+        backend
+            ->Gemm(Op::kN, Op::kN, 1, as, bs, 0, cs, MatmulPrecision::kHighest)
+            .ok());
+  }
+  EXPECT_EQ(c, c1);
+}
+
+TEST(CpuBackend, NonHighestPrecisionIsAnError) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> a(4, 1), c(4, 0);
+  for (MatmulPrecision p : {MatmulPrecision::kHigh, MatmulPrecision::kMedium}) {
+    const absl::Status s = backend->Gemm(Op::kN, Op::kN, 1, V(a, 2, 2),
+                                         V(a, 2, 2), 0, V(c, 2, 2), p);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("CPU"), std::string_view::npos) << s;
+  }
+  EXPECT_FALSE(backend->SupportsPrecision(MatmulPrecision::kMedium));
+}
+
+TEST(CpuBackend, GemmShapeMismatchNamesTheRule) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> a(6, 1), c(4, 0);
+  const absl::Status s =
+      backend->Gemm(Op::kN, Op::kN, 1, V(a, 2, 3), V(a, 2, 3), 0, V(c, 2, 2),
+                    MatmulPrecision::kHighest);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("k x n"), std::string_view::npos) << s;
+}
+
+TEST(Bf16, RoundToNearestEvenKnownValues) {
+  // 1 + 2^-8 is halfway between bf16 1 and 1 + 2^-7: ties to even -> 1.
+  EXPECT_EQ(FloatToBf16Bits(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  // 1 + 3*2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: -> 1 + 2^-6.
+  EXPECT_EQ(FloatToBf16Bits(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  // Just above the tie rounds up.
+  EXPECT_EQ(
+      FloatToBf16Bits(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)),
+      0x3f81);
+  EXPECT_EQ(FloatToBf16Bits(-2.0f), 0xc000);
+  EXPECT_EQ(FloatToBf16Bits(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_TRUE(std::isnan(Bf16BitsToFloat(
+      FloatToBf16Bits(std::numeric_limits<float>::quiet_NaN()))));
+  // Largest finite fp32 overflows to +inf under RNE.
+  EXPECT_EQ(FloatToBf16Bits(std::numeric_limits<float>::max()), 0x7f80);
+}
+
+TEST(CpuBackend, Copy2DConvertsAndRespectsStrides) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> src = {1.0f, 1.00390625f, 3.0f, -0.1f, 9, 9,
+                            5.5f, 1e-3f,       7.0f, 2.0f,  9, 9};
+  std::vector<uint16_t> mid(8, 0);
+  std::vector<float> back(8, -1);
+  ASSERT_TRUE(backend->Copy2D(V16(mid, 2, 4), V(src, 2, 4, 6)).ok());
+  ASSERT_TRUE(backend->Copy2D(V(back, 2, 4), V16(mid, 2, 4)).ok());
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      const float x = src[i * 6 + j];
+      EXPECT_EQ(mid[i * 4 + j], FloatToBf16Bits(x));
+      EXPECT_EQ(back[i * 4 + j], RoundToBf16(x));
+      EXPECT_LE(std::fabs(back[i * 4 + j] - x),
+                std::fabs(x) * std::ldexp(1.0, -8));
+    }
+  }
+}
+
+TEST(CpuBackend, FrobeniusNormalizePerSliceWithEps) {
+  auto backend = MakeCpuBackend();
+  // Three 2x3 slices: random, zero, and 1e-30 scaled.
+  std::vector<float> src = Random(18, 7);
+  for (int i = 6; i < 12; ++i) src[i] = 0.0f;
+  for (int i = 12; i < 18; ++i) src[i] = src[i - 12] * 1e-30f;
+  std::vector<float> dst(18, -1);
+  ASSERT_TRUE(
+      backend->FrobeniusNormalize(V(src, 6, 3), V(dst, 6, 3), 3, 1e-37f).ok());
+  double n0 = 0;
+  for (int i = 0; i < 6; ++i) n0 += double(src[i]) * src[i];
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_NEAR(dst[i], src[i] / std::sqrt(n0), 1e-6);
+    EXPECT_EQ(dst[6 + i], 0.0f);
+    // The 1e-30 slice normalises to the same matrix (fp64 sum of squares).
+    EXPECT_NEAR(dst[12 + i], dst[i], 1e-6);
+  }
+  // With a larger eps the tiny slice is divided by eps instead.
+  ASSERT_TRUE(
+      backend->FrobeniusNormalize(V(src, 6, 3), V(dst, 6, 3), 3, 1e-15f).ok());
+  for (int i = 0; i < 6; ++i)
+    EXPECT_NEAR(dst[12 + i], src[12 + i] / 1e-15f, 1e-20);
+  EXPECT_FALSE(
+      backend->FrobeniusNormalize(V(src, 6, 3), V(dst, 6, 3), 4, 1e-15f).ok());
+  EXPECT_FALSE(
+      backend->FrobeniusNormalize(V(src, 6, 3), V(dst, 6, 3), 3, 0.0f).ok());
+}
+
+TEST(CpuBackend, MuonMomentumNesterovOnAndOff) {
+  auto backend = MakeCpuBackend();
+  const double beta = 0.95;
+  for (bool nesterov : {false, true}) {
+    std::vector<float> g = Random(12, 8), m = Random(12, 9), m0 = m, out(12);
+    ASSERT_TRUE(
+        backend
+            ->MuonMomentum(V(g, 3, 4), V(m, 3, 4), beta, nesterov, V(out, 3, 4))
+            .ok());
+    for (int i = 0; i < 12; ++i) {
+      const double mref = m0[i] + (1 - beta) * (double(g[i]) - m0[i]);
+      const double oref = nesterov ? g[i] + beta * (mref - g[i]) : mref;
+      EXPECT_NEAR(m[i], mref, 1e-6);
+      EXPECT_NEAR(out[i], oref, 1e-6);
+    }
+  }
+  // The NS input never aliases the state.
+  std::vector<float> g(4, 1), m(4, 0);
+  EXPECT_FALSE(
+      backend->MuonMomentum(V(g, 2, 2), V(m, 2, 2), beta, true, V(m, 2, 2))
+          .ok());
+}
+
+TEST(CpuBackend, MuonMomentumBf16StateRoundsOnce) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> g = Random(8, 10), out(8);
+  std::vector<uint16_t> m(8);
+  for (int i = 0; i < 8; ++i) m[i] = FloatToBf16Bits(0.5f * i);
+  ASSERT_TRUE(
+      backend->MuonMomentum(V(g, 2, 4), V16(m, 2, 4), 0.9, false, V(out, 2, 4))
+          .ok());
+  for (int i = 0; i < 8; ++i) {
+    const float mref = 0.5f * i + 0.1f * (g[i] - 0.5f * i);
+    EXPECT_NEAR(Bf16BitsToFloat(m[i]), mref, std::fabs(mref) * 0.008 + 1e-6);
+    EXPECT_EQ(out[i], Bf16BitsToFloat(m[i]));
+  }
+}
+
+TEST(CpuBackend, ScaleIsTwoMultipliesInOrder) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> x = Random(6, 11), x0 = x;
+  const float scale = 45.254833f, extra = 0.2f;
+  ASSERT_TRUE(backend->ScaleInPlace(V(x, 2, 3), scale, extra).ok());
+  for (int i = 0; i < 6; ++i) {
+    volatile float t = x0[i] * scale;
+    EXPECT_EQ(x[i], t * extra);
+  }
+}
+
+TEST(CpuBackend, ApplyUpdateWeightDecayVariants) {
+  auto backend = MakeCpuBackend();
+  const float lr = 0.1f, wd = 0.5f;
+  std::vector<float> p0 = {1.0f, -2.0f, 3.0f, -4.0f};
+  std::vector<float> u = {0.5f, 0.5f, -0.5f, -0.5f};
+  struct Case {
+    WeightDecayMethod method;
+    float decay;
+    std::vector<double> want;
+  };
+  const std::vector<Case> cases = {
+      // decoupled: p - lr*wd*p - lr*u
+      {WeightDecayMethod::kDecoupled,
+       lr * wd,
+       {1 - 0.05 - 0.05, -2 + 0.1 - 0.05, 3 - 0.15 + 0.05, -4 + 0.2 + 0.05}},
+      // independent: p - wd*p - lr*u
+      {WeightDecayMethod::kIndependent,
+       wd,
+       {0.5 - 0.05, -1 - 0.05, 1.5 + 0.05, -2 + 0.05}},
+      // cautious: decay only where u*p > 0 (elements 0 and 3).
+      {WeightDecayMethod::kCautious,
+       lr * wd,
+       {1 - 0.05 - 0.05, -2 - 0.05, 3 + 0.05, -4 + 0.2 + 0.05}},
+      {WeightDecayMethod::kNone, lr * wd, {0.95, -2.05, 3.05, -3.95}},
+  };
+  for (const Case& c : cases) {
+    std::vector<float> p = p0;
+    ASSERT_TRUE(
+        backend->ApplyUpdate(V(p, 2, 2), V(u, 2, 2), lr, c.decay, c.method)
+            .ok());
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(p[i], c.want[i], 1e-6)
+          << WeightDecayMethodName(c.method) << " " << i;
+    }
+  }
+}
+
+TEST(CpuBackend, ApplyUpdateBf16ParamRoundsOnce) {
+  auto backend = MakeCpuBackend();
+  std::vector<uint16_t> p(4);
+  std::vector<float> p0 = {1.0f, 256.0f, -3.0f, 0.01f},
+                     u = {1e-3f, 0.3f, 1e-4f, 2e-5f};
+  for (int i = 0; i < 4; ++i) p[i] = FloatToBf16Bits(p0[i]);
+  ASSERT_TRUE(backend
+                  ->ApplyUpdate(V16(p, 2, 2), V(u, 2, 2), 1.0f, 0.0f,
+                                WeightDecayMethod::kNone)
+                  .ok());
+  for (int i = 0; i < 4; ++i) {
+    const float want =
+        RoundToBf16(Bf16BitsToFloat(FloatToBf16Bits(p0[i])) - u[i]);
+    EXPECT_EQ(Bf16BitsToFloat(p[i]), want) << i;
+  }
+}
+
+TEST(CpuBackend, AllFiniteFindsNanAndInf) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> a = {1, 2, 3, 4}, b = {1, 2, 3, 4};
+  std::vector<MatrixView> views = {V(a, 2, 2), V(b, 2, 2)};
+  EXPECT_TRUE(*backend->AllFinite(views));
+  b[3] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(*backend->AllFinite(views));
+  b[3] = 0;
+  // A NaN outside the view (in the row padding) does not count.
+  std::vector<float> c = {1, std::nanf(""), 2, 3};
+  EXPECT_TRUE(
+      *backend->AllFinite({MatrixView{c.data(), DType::kFloat32, 2, 1, 2}}));
+  c[2] = std::nanf("");
+  EXPECT_FALSE(
+      *backend->AllFinite({MatrixView{c.data(), DType::kFloat32, 2, 1, 2}}));
+}
+
+TEST(CpuBackend, SymmetrizeFromLowerPerSlice) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> a = {1, 99, 2, 3, 4, 99, 5, 6};
+  ASSERT_TRUE(backend->SymmetrizeFromLower(V(a, 2, 2), 4, 2).ok());
+  EXPECT_EQ(a, (std::vector<float>{1, 2, 2, 3, 4, 5, 5, 6}));
+}
+
+TEST(CpuBackend, MemoryRoundTrip) {
+  auto backend = MakeCpuBackend();
+  auto p = backend->Allocate(64);
+  ASSERT_TRUE(p.ok());
+  std::vector<float> in = {1, 2, 3, 4}, out(4);
+  ASSERT_TRUE(backend->CopyFromHost(*p, in.data(), 16).ok());
+  ASSERT_TRUE(backend->Memset0(MatrixView{*p, DType::kFloat32, 1, 2, 2}).ok());
+  ASSERT_TRUE(backend->CopyToHost(out.data(), *p, 16).ok());
+  EXPECT_EQ(out, (std::vector<float>{0, 0, 3, 4}));
+  backend->Free(*p);
+}
+
+}  // namespace
+}  // namespace muond

@@ -1,0 +1,260 @@
+// CUDA backend against the CPU backend (the reference): GEMMs at highest
+// to 1e-5 relative, medium within bf16 rounding of an fp64 product of the
+// rounded inputs, elementwise kernels bit-identical. Skipped without a GPU.
+#include "core/backend/cuda_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/backend/bf16.h"
+#include "core/backend/cpu_backend.h"
+
+namespace muond {
+namespace {
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!CudaDeviceAvailable())
+      GTEST_SKIP() << "no CUDA device on this machine";
+    auto b = MakeCudaBackend(0);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+    cpu_ = MakeCpuBackend();
+  }
+  void TearDown() override {
+    for (void* p : allocs_) gpu_->Free(p);
+  }
+  // Device copy of host bytes; returns a view with the host view's layout.
+  MatrixView Up(const MatrixView& host) {
+    const int64_t bytes = (host.rows * std::max(host.row_stride, host.cols)) *
+                          int64_t(DTypeSize(host.dtype));
+    void* p = *gpu_->Allocate(bytes);
+    allocs_.push_back(p);
+    EXPECT_TRUE(gpu_->CopyFromHost(p, host.data, bytes).ok());
+    MatrixView d = host;
+    d.data = p;
+    return d;
+  }
+  template <typename T>
+  std::vector<T> Down(const MatrixView& dev, int64_t n) {
+    std::vector<T> out(n);
+    EXPECT_TRUE(gpu_->CopyToHost(out.data(), dev.data, n * sizeof(T)).ok());
+    return out;
+  }
+  std::unique_ptr<Backend> gpu_, cpu_;
+  std::vector<void*> allocs_;
+};
+
+TEST_F(CudaBackendTest, HasStreamAndName) {
+  EXPECT_NE(gpu_->stream(), nullptr);
+  EXPECT_TRUE(gpu_->is_device());
+  EXPECT_EQ(gpu_->name(), "cuda:0");
+}
+
+TEST_F(CudaBackendTest, GemmHighestMatchesCpuAllTransposesStrided) {
+  const int64_t m = 70, n = 33, k = 129, pad = 3;
+  for (Op oa : {Op::kN, Op::kT}) {
+    for (Op ob : {Op::kN, Op::kT}) {
+      const int64_t ar = oa == Op::kN ? m : k, ac = oa == Op::kN ? k : m;
+      const int64_t br = ob == Op::kN ? k : n, bc = ob == Op::kN ? n : k;
+      std::vector<float> a = Random(ar * (ac + pad), 1),
+                         b = Random(br * (bc + pad), 2),
+                         c = Random(m * (n + pad), 3);
+      MatrixView ha{a.data(), DType::kFloat32, ar, ac, ac + pad};
+      MatrixView hb{b.data(), DType::kFloat32, br, bc, bc + pad};
+      MatrixView hc{c.data(), DType::kFloat32, m, n, n + pad};
+      MatrixView da = Up(ha), db = Up(hb), dc = Up(hc);
+      ASSERT_TRUE(
+          gpu_->Gemm(oa, ob, 0.5f, da, db, 2.0f, dc, MatmulPrecision::kHighest)
+              .ok());
+      ASSERT_TRUE(
+          cpu_->Gemm(oa, ob, 0.5f, ha, hb, 2.0f, hc, MatmulPrecision::kHighest)
+              .ok());
+      const std::vector<float> got = Down<float>(dc, m * (n + pad));
+      double max_ref = 0, max_diff = 0;
+      for (int64_t i = 0; i < m * (n + pad); ++i) {
+        max_ref = std::max(max_ref, std::fabs(double(c[i])));
+        max_diff = std::max(max_diff, std::fabs(double(got[i]) - c[i]));
+      }
+      EXPECT_LE(max_diff, 1e-5 * max_ref) << int(oa) << int(ob);
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, GemmMediumWithinBf16Rounding) {
+  const int64_t m = 64, n = 48, k = 256;
+  std::vector<float> a = Random(m * k, 4), b = Random(k * n, 5);
+  std::vector<uint16_t> a16(m * k), b16(k * n), c16(m * n, 0);
+  for (size_t i = 0; i < a.size(); ++i) a16[i] = FloatToBf16Bits(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b16[i] = FloatToBf16Bits(b[i]);
+  MatrixView da = Up({a16.data(), DType::kBFloat16, m, k, k});
+  MatrixView db = Up({b16.data(), DType::kBFloat16, k, n, n});
+  MatrixView dc = Up({c16.data(), DType::kBFloat16, m, n, n});
+  ASSERT_TRUE(
+      gpu_->Gemm(Op::kN, Op::kN, 1, da, db, 0, dc, MatmulPrecision::kMedium)
+          .ok());
+  const std::vector<uint16_t> got = Down<uint16_t>(dc, m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0, mag = 0;
+      for (int64_t l = 0; l < k; ++l) {
+        const double p = double(Bf16BitsToFloat(a16[i * k + l])) *
+                         Bf16BitsToFloat(b16[l * n + j]);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      // One bf16 output rounding (2^-8 relative) plus fp32 accumulation.
+      EXPECT_NEAR(Bf16BitsToFloat(got[i * n + j]), ref,
+                  std::fabs(ref) * std::ldexp(1.0, -8) + mag * 1e-6);
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, GemmHighMatchesCpuToTf32Accuracy) {
+  const int64_t m = 32, n = 32, k = 64;
+  std::vector<float> a = Random(m * k, 6), b = Random(k * n, 7), c(m * n, 0),
+                     c_cpu(m * n, 0);
+  MatrixView ha{a.data(), DType::kFloat32, m, k, k},
+      hb{b.data(), DType::kFloat32, k, n, n};
+  MatrixView dc = Up({c.data(), DType::kFloat32, m, n, n});
+  ASSERT_TRUE(gpu_->Gemm(Op::kN, Op::kN, 1, Up(ha), Up(hb), 0, dc,
+                         MatmulPrecision::kHigh)
+                  .ok());
+  ASSERT_TRUE(cpu_->Gemm(Op::kN, Op::kN, 1, ha, hb, 0,
+                         {c_cpu.data(), DType::kFloat32, m, n, n},
+                         MatmulPrecision::kHighest)
+                  .ok());
+  const std::vector<float> got = Down<float>(dc, m * n);
+  for (int64_t i = 0; i < m * n; ++i)
+    EXPECT_NEAR(got[i], c_cpu[i], 0.05);  // TF32: 2^-11
+}
+
+TEST_F(CudaBackendTest, ElementwiseKernelsAreBitIdenticalToCpu) {
+  const int64_t r = 37, c = 41, n = r * c;
+  std::vector<float> g = Random(n, 8), m = Random(n, 9), p = Random(n, 10),
+                     u = Random(n, 11);
+  std::vector<float> v = Random(n, 12);
+  for (float& x : v) x = x * x;
+  auto hv = [&](std::vector<float>& x) {
+    return MatrixView{x.data(), DType::kFloat32, r, c, c};
+  };
+  // Momentum (Nesterov on and off).
+  for (bool nesterov : {false, true}) {
+    std::vector<float> mc = m, oc(n), og(n, 0);
+    MatrixView dg = Up(hv(g)), dm = Up(hv(m)), dout = Up(hv(og));
+    ASSERT_TRUE(gpu_->MuonMomentum(dg, dm, 0.95, nesterov, dout).ok());
+    ASSERT_TRUE(cpu_->MuonMomentum(hv(g), hv(mc), 0.95, nesterov, hv(oc)).ok());
+    EXPECT_EQ(Down<float>(dm, n), mc);
+    EXPECT_EQ(Down<float>(dout, n), oc);
+  }
+  // Scale.
+  {
+    std::vector<float> xc = u;
+    MatrixView dx = Up(hv(u));
+    ASSERT_TRUE(gpu_->ScaleInPlace(dx, 45.25f, 0.2f).ok());
+    ASSERT_TRUE(cpu_->ScaleInPlace(hv(xc), 45.25f, 0.2f).ok());
+    EXPECT_EQ(Down<float>(dx, n), xc);
+  }
+  // Update, every weight decay method, fp32 and bf16 params.
+  for (WeightDecayMethod w :
+       {WeightDecayMethod::kDecoupled, WeightDecayMethod::kIndependent,
+        WeightDecayMethod::kCautious, WeightDecayMethod::kNone}) {
+    std::vector<float> pc = p;
+    MatrixView dp = Up(hv(p)), du = Up(hv(u));
+    ASSERT_TRUE(gpu_->ApplyUpdate(dp, du, 0.02f, 0.001f, w).ok());
+    ASSERT_TRUE(cpu_->ApplyUpdate(hv(pc), hv(u), 0.02f, 0.001f, w).ok());
+    EXPECT_EQ(Down<float>(dp, n), pc) << WeightDecayMethodName(w);
+    std::vector<uint16_t> p16(n);
+    for (int64_t i = 0; i < n; ++i) p16[i] = FloatToBf16Bits(p[i]);
+    std::vector<uint16_t> p16c = p16;
+    MatrixView dp16 = Up({p16.data(), DType::kBFloat16, r, c, c});
+    ASSERT_TRUE(gpu_->ApplyUpdate(dp16, du, 0.02f, 0.001f, w).ok());
+    ASSERT_TRUE(cpu_->ApplyUpdate({p16c.data(), DType::kBFloat16, r, c, c},
+                                  hv(u), 0.02f, 0.001f, w)
+                    .ok());
+    EXPECT_EQ(Down<uint16_t>(dp16, n), p16c) << WeightDecayMethodName(w);
+  }
+  // AdamW.
+  {
+    AdamWScalars s;
+    s.param_decay = 0.99999f;
+    s.step_size = 1e-3f / 0.271f;
+    s.bias_correction2_sqrt = 0.0632f;
+    std::vector<float> pc = p, mc = m, vc = v;
+    MatrixView dp = Up(hv(p)), dg = Up(hv(g)), dm = Up(hv(m)), dv = Up(hv(v));
+    ASSERT_TRUE(gpu_->AdamW(dp, dg, dm, dv, s).ok());
+    ASSERT_TRUE(cpu_->AdamW(hv(pc), hv(g), hv(mc), hv(vc), s).ok());
+    EXPECT_EQ(Down<float>(dp, n), pc);
+    EXPECT_EQ(Down<float>(dm, n), mc);
+    EXPECT_EQ(Down<float>(dv, n), vc);
+  }
+  // Copy2D with conversion, strided source.
+  {
+    std::vector<uint16_t> o16(n), o16c(n);
+    MatrixView src{g.data(), DType::kFloat32, r, c - 5, c};
+    MatrixView dsrc = Up(src);
+    MatrixView ddst = Up({o16.data(), DType::kBFloat16, r, c - 5, c - 5});
+    ASSERT_TRUE(gpu_->Copy2D(ddst, dsrc).ok());
+    ASSERT_TRUE(
+        cpu_->Copy2D({o16c.data(), DType::kBFloat16, r, c - 5, c - 5}, src)
+            .ok());
+    const auto got = Down<uint16_t>(ddst, r * (c - 5));
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), o16c.begin()));
+  }
+}
+
+TEST_F(CudaBackendTest, FrobeniusNormalizeMatchesCpuIncludingZeroAndTiny) {
+  const int64_t r = 96, c = 80, batch = 3;
+  std::vector<float> x = Random(batch * r * c, 13);
+  for (int64_t i = r * c; i < 2 * r * c; ++i) x[i] = 0.0f;
+  for (int64_t i = 2 * r * c; i < 3 * r * c; ++i)
+    x[i] = x[i - 2 * r * c] * 1e-30f;
+  MatrixView hx{x.data(), DType::kFloat32, batch * r, c, c};
+  std::vector<float> want(x.size()), got_init(x.size(), -1);
+  MatrixView dx = Up(hx),
+             dy = Up({got_init.data(), DType::kFloat32, batch * r, c, c});
+  ASSERT_TRUE(gpu_->FrobeniusNormalize(dx, dy, batch, 1e-37f).ok());
+  ASSERT_TRUE(cpu_->FrobeniusNormalize(
+                      hx, {want.data(), DType::kFloat32, batch * r, c, c},
+                      batch, 1e-37f)
+                  .ok());
+  const auto got = Down<float>(dy, x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-30) << i;
+  }
+}
+
+TEST_F(CudaBackendTest, AllFinite) {
+  std::vector<float> a = {1, 2, 3, 4};
+  MatrixView da = Up({a.data(), DType::kFloat32, 2, 2, 2});
+  EXPECT_TRUE(*gpu_->AllFinite({da}));
+  a[2] = std::numeric_limits<float>::quiet_NaN();
+  MatrixView db = Up({a.data(), DType::kFloat32, 2, 2, 2});
+  EXPECT_FALSE(*gpu_->AllFinite({da, db}));
+}
+
+TEST(CudaBackendCreate, FailsCleanlyWithoutDevice) {
+  if (CudaDeviceAvailable()) {
+    EXPECT_FALSE(MakeCudaBackend(1 << 20).ok());
+  } else {
+    auto b = MakeCudaBackend(0);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+}  // namespace
+}  // namespace muond
