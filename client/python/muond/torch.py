@@ -76,7 +76,7 @@ class _Buffer:
             # (device, handle, storage_bytes, storage_offset_bytes, ...): the handle is
             # the IPC handle of the allocation *base*; our storage starts at the offset.
             info = storage._share_cuda_()
-            self.device, self.handle = int(info[0]), bytes(info[1])
+            self.device, self.handle = int(info[0]), _raw_cuda_ipc_handle(bytes(info[1]))
             self.base_offset = int(info[3])
             self.allocation_bytes = self.base_offset + int(info[2])  # a safe lower bound
         elif like.device.type == "cpu":
@@ -100,6 +100,27 @@ class _Buffer:
     def release(self) -> None:
         if self.shm is not None:
             self.shm.unlink()
+
+
+CUDA_IPC_HANDLE_SIZE = 64
+
+
+def _raw_cuda_ipc_handle(handle: bytes) -> bytes:
+    """The 64-byte cudaIpcMemHandle_t the wire wants, from torch's shareable
+    handle. torch >= 2.2 (c10 CUDACachingAllocator::shareIpcHandle) writes
+    [version byte][type byte][payload]: type 'c' = cudaMalloc block, payload the
+    cudaIpcMemHandle_t of the allocation base; 'e' = expandable segment (a
+    different payload that cudaIpcOpenMemHandle cannot open). Older torch
+    returned the raw 64 bytes."""
+    if len(handle) == CUDA_IPC_HANDLE_SIZE:
+        return handle
+    if len(handle) == CUDA_IPC_HANDLE_SIZE + 2 and handle[1:2] == b"c":
+        return handle[2:]
+    if len(handle) >= 2 and handle[1:2] == b"e":
+        raise ValueError("CUDA tensors from expandable segments cannot be shared by "
+                         "cudaIpcMemHandle; run the trainer with "
+                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
+    raise ValueError(f"unrecognised torch CUDA IPC handle ({len(handle)} bytes)")
 
 
 def _scale_from_adjust_lr_fn(adjust_lr_fn, scale_mode, extra_scale_factor):
