@@ -157,8 +157,9 @@ class NcclCommunicator : public Communicator {
     if (comm_ != nullptr) {
       // Finalize flushes outstanding work; if that does not finish in time
       // the communicator is aborted instead of blocking the destructor.
-      bool clean = ncclCommFinalize(comm_) != ncclSystemError &&
-                   PollComm("destroy", absl::Now() + timeout_).ok();
+      const ncclResult_t res = ncclCommFinalize(comm_);
+      const bool clean = (res == ncclSuccess || res == ncclInProgress) &&
+                         PollComm("destroy", absl::Now() + timeout_).ok();
       if (comm_ != nullptr) {
         if (clean) {
           ncclCommDestroy(comm_);

@@ -84,6 +84,45 @@ TEST(NcclCommunicator, SizeOneCopiesOnTheStreamWithoutAStore) {
   cudaStreamDestroy(stream);
 }
 
+// Rank 0 of a group of two whose peer never comes: the non-blocking init is
+// polled until the timeout, then aborted, and DeadlineExceeded comes back.
+TEST(NcclCommunicator, AbsentPeerTimesOutAtInit) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  InMemoryKeyValueStore store;
+  NcclOptions options;
+  options.timeout = absl::Seconds(3);
+  auto comm =
+      CreateNcclCommunicator(&store, "job/absent", 0, 2, stream, options);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << comm.status();
+  EXPECT_NE(comm.status().message().find("job/absent"), std::string::npos)
+      << comm.status();
+  // Rank 0 did publish the unique id, base64-encoded.
+  absl::StatusOr<std::string> id =
+      store.Get("job/absent/nccl/unique_id", absl::Seconds(1));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_FALSE(id->empty());
+  cudaStreamDestroy(stream);
+}
+
+// A non-zero rank waits for rank 0's unique id; none comes.
+TEST(NcclCommunicator, MissingUniqueIdTimesOutNamingTheKey) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  InMemoryKeyValueStore store;
+  NcclOptions options;
+  options.timeout = absl::Milliseconds(300);
+  auto comm =
+      CreateNcclCommunicator(&store, "job/noid", 1, 2, nullptr, options);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(comm.status().message().find("job/noid/nccl/unique_id"),
+            std::string::npos)
+      << comm.status();
+}
+
 TEST(NcclCommunicator, RejectsBadArguments) {
   InMemoryKeyValueStore store;
   EXPECT_EQ(CreateNcclCommunicator(&store, "p", 1, 1, nullptr).status().code(),
