@@ -1,0 +1,169 @@
+#include "tools/muonctl/plan_command.h"
+
+#include <map>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/plan/manifest.h"
+#include "core/plan/planner.h"
+#include "core/plan/sharding.h"
+#include "nlohmann/json.hpp"
+
+namespace muond::muonctl {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: muonctl plan --manifest FILE --gtp G --tp T\n"
+    "                    [--cost ns_cost|flops|flops_syrk] [--ns-steps N]\n"
+    "                    [--no-colocate] [--round-robin]\n"
+    "Plans Newton-Schulz homes offline and prints the plan as JSON.\n";
+
+struct PlanArgs {
+  std::string manifest;
+  int gtp = 1, tp = 1;
+  std::string cost = "ns_cost";
+  int ns_steps = 5;
+  bool colocate = true;
+  bool round_robin = false;
+};
+
+// Accepts "--flag value" and "--flag=value". Returns an error message or "".
+std::string ParseArgs(const std::vector<std::string>& args, PlanArgs& out) {
+  const std::map<std::string, std::string*> strings = {
+      {"--manifest", &out.manifest}, {"--cost", &out.cost}};
+  const std::map<std::string, int*> ints = {
+      {"--gtp", &out.gtp}, {"--tp", &out.tp}, {"--ns-steps", &out.ns_steps}};
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    const bool has_eq = flag.find('=') != std::string::npos;
+    if (has_eq) {
+      value = flag.substr(flag.find('=') + 1);
+      flag = flag.substr(0, flag.find('='));
+    }
+    if (flag == "--no-colocate" || flag == "--round-robin") {
+      if (has_eq) return flag + " takes no value";
+      (flag == "--no-colocate" ? out.colocate : out.round_robin) =
+          flag == "--round-robin";
+      continue;
+    }
+    const bool known = strings.count(flag) || ints.count(flag);
+    if (!known) return "unknown flag " + flag;
+    if (!has_eq) {
+      if (i + 1 >= args.size()) return flag + " needs a value";
+      value = args[++i];
+    }
+    if (strings.count(flag)) {
+      *strings.at(flag) = value;
+    } else if (!absl::SimpleAtoi(value, ints.at(flag))) {
+      return flag + " needs an integer, got '" + value + "'";
+    }
+  }
+  if (out.manifest.empty()) return "--manifest is required";
+  if (out.gtp < 1 || out.tp < 1) return "--gtp and --tp must be >= 1";
+  if (out.ns_steps < 1) return "--ns-steps must be >= 1";
+  if (out.cost != "ns_cost" && out.cost != "flops" &&
+      out.cost != "flops_syrk") {
+    return "--cost must be ns_cost, flops or flops_syrk, got '" + out.cost +
+           "'";
+  }
+  return "";
+}
+
+using Json = nlohmann::ordered_json;
+
+Json PlanJson(const std::string& model, const PlanArgs& a,
+                        const std::vector<ParamShardSpec>& specs,
+                        const HomePlan& plan) {
+  Json j;
+  j["model"] = model;
+  j["domain"] = {{"gtp", a.gtp}, {"tp", a.tp}};
+  j["cost"] = a.cost;
+  j["num_params"] = specs.size();
+  int routed = 0;
+  for (const ParamShardSpec& s : specs) routed += s.routed();
+  j["num_routed"] = routed;
+  j["round_robin_fallback"] = plan.round_robin_fallback;
+  j["colocated"] = plan.colocated;
+  j["max_over_mean"] = plan.max_over_mean;
+  j["lower_bound"] = plan.lower_bound;
+  j["lower_bound_ratio"] = plan.lower_bound_ratio;
+  j["rank_load"] = plan.rank_load;
+  Json homes = Json::array();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    homes.push_back({{"name", specs[i].name},
+                     {"sharding", ParamShardingName(specs[i].sharding)},
+                     {"home", {plan.homes[i].g, plan.homes[i].t}},
+                     {"full_shape", specs[i].full_shape},
+                     {"local_shape", specs[i].local_shape},
+                     {"pad_length", specs[i].pad_length}});
+  }
+  j["homes"] = std::move(homes);
+  return j;
+}
+
+// One top-level field per line and one home per line: readable and greppable
+// for plans of tens of thousands of params.
+void PrintPlan(const Json& j, std::ostream& out) {
+  out << "{";
+  const char* sep = "\n";
+  for (const auto& [key, value] : j.items()) {
+    out << sep << " " << Json(key).dump() << ": ";
+    if (key == "homes") {
+      out << "[";
+      const char* inner = "\n";
+      for (const Json& h : value) {
+        out << inner << "  " << h.dump();
+        inner = ",\n";
+      }
+      out << "\n ]";
+    } else {
+      out << value.dump();
+    }
+    sep = ",\n";
+  }
+  out << "\n}\n";
+}
+
+}  // namespace
+
+int RunPlan(const std::vector<std::string>& args, std::ostream& out,
+            std::ostream& err) {
+  PlanArgs a;
+  if (std::string problem = ParseArgs(args, a); !problem.empty()) {
+    err << "muonctl plan: " << problem << "\n" << kUsage;
+    return 2;
+  }
+  absl::StatusOr<Manifest> manifest = LoadManifestFile(a.manifest);
+  if (!manifest.ok()) {
+    err << "muonctl plan: " << manifest.status().message() << "\n";
+    return 1;
+  }
+  const DomainSize domain{a.gtp, a.tp};
+  absl::StatusOr<std::vector<ParamShardSpec>> specs =
+      ManifestSpecs(*manifest, domain);
+  if (!specs.ok()) {
+    err << "muonctl plan: " << specs.status().message() << "\n";
+    return 1;
+  }
+  PlannerOptions options;
+  options.cost = a.cost == "ns_cost" ? kNsCost : kFlops;
+  options.symmetric_ns = a.cost == "flops_syrk";
+  options.ns_steps = a.ns_steps;
+  options.colocate_same_shape = a.colocate;
+  HomePlan plan;
+  if (a.round_robin) {
+    plan = RoundRobinHomes(*specs, domain, options);
+  } else {
+    absl::StatusOr<HomePlan> planned = PlanNsHomes(*specs, domain, options);
+    if (!planned.ok()) {
+      err << "muonctl plan: " << planned.status().message() << "\n";
+      return 1;
+    }
+    plan = *std::move(planned);
+  }
+  PrintPlan(PlanJson(manifest->model, a, *specs, plan), out);
+  return 0;
+}
+
+}  // namespace muond::muonctl
