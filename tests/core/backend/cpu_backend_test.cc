@@ -117,7 +117,7 @@ TEST(CpuBackend, NonHighestPrecisionIsAnError) {
     const absl::Status s = backend->Gemm(Op::kN, Op::kN, 1, V(a, 2, 2),
                                          V(a, 2, 2), 0, V(c, 2, 2), p);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find("CPU"), std::string_view::npos) << s;
+    EXPECT_NE(s.message().find("CPU"), absl::string_view::npos) << s;
   }
   EXPECT_FALSE(backend->SupportsPrecision(MatmulPrecision::kMedium));
 }
@@ -129,7 +129,7 @@ TEST(CpuBackend, GemmShapeMismatchNamesTheRule) {
       backend->Gemm(Op::kN, Op::kN, 1, V(a, 2, 3), V(a, 2, 3), 0, V(c, 2, 2),
                     MatmulPrecision::kHighest);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("k x n"), std::string_view::npos) << s;
+  EXPECT_NE(s.message().find("k x n"), absl::string_view::npos) << s;
 }
 
 TEST(Bf16, RoundToNearestEvenKnownValues) {
