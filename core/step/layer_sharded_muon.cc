@@ -1,0 +1,752 @@
+#include "core/step/layer_sharded_muon.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/common/status_macros.h"
+#include "core/muon/newton_schulz.h"
+#include "core/plan/exchange_plan.h"
+#include "glog/logging.h"
+
+namespace muond {
+namespace {
+
+// Backend memory owned by the optimizer, freed with the backend.
+class OwnedBuffer {
+ public:
+  OwnedBuffer() = default;
+  OwnedBuffer(Backend* backend, void* data) : backend_(backend), data_(data) {}
+  OwnedBuffer(OwnedBuffer&& o) noexcept { *this = std::move(o); }
+  OwnedBuffer& operator=(OwnedBuffer&& o) noexcept {
+    Reset();
+    backend_ = o.backend_;
+    data_ = o.data_;
+    o.data_ = nullptr;
+    return *this;
+  }
+  ~OwnedBuffer() { Reset(); }
+  void* data() const { return data_; }
+
+ private:
+  void Reset() {
+    if (data_ != nullptr) backend_->Free(data_);
+    data_ = nullptr;
+  }
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+};
+
+absl::StatusOr<OwnedBuffer> AllocateZeroed(Backend* backend, DType dtype,
+                                           int64_t rows, int64_t cols) {
+  const int64_t bytes = std::max<int64_t>(rows * cols, 1) * DTypeSize(dtype);
+  ASSIGN_OR_RETURN(void* data, backend->Allocate(bytes));
+  OwnedBuffer buffer(backend, data);
+  if (rows * cols > 0) {
+    RETURN_IF_ERROR(backend->Memset0(ContiguousView(data, dtype, rows, cols)));
+  }
+  return buffer;
+}
+
+double MicrosSince(absl::Time start) {
+  return absl::ToDoubleMicroseconds(absl::Now() - start);
+}
+
+std::vector<int64_t> ViewShape(const MatrixView& v) { return {v.rows, v.cols}; }
+
+// Per-param buffers of one rank.
+struct ParamState {
+  ParamShardSpec spec;
+  OwnedBuffer momentum_buf, exp_avg_buf, exp_avg_sq_buf, local_buf;
+  MatrixView momentum, exp_avg, exp_avg_sq;
+  // L_i: fp32 local shard; NS input after momentum, the update after the
+  // reverse route.
+  MatrixView local;
+  // A1_i / A2_i: assembled matrices (stage 1 / stage 2) when this rank
+  // assembles the param under the current plan; owned by the plan buffers.
+  MatrixView a1, a2;
+};
+
+// Buffers that depend on the plan (assembled matrices), replaced when the
+// homes change.
+struct PlanBuffers {
+  GroupExchangePlan plan;
+  std::vector<OwnedBuffer> owned;
+};
+
+struct GroupState {
+  GroupConfig config;
+  std::vector<ParamState> params;
+  std::optional<PlanBuffers> plan;
+  bool homes_set = false;
+  int64_t adamw_step = 0;
+  // Newton–Schulz engines by (rows, cols, batch capacity).
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<NewtonSchulz>>
+      ns;
+  // Staging for batched NS (ns_batch_size > 1).
+  OwnedBuffer batch_buf;
+  int64_t batch_buf_elems = 0;
+};
+
+class LayerShardedMuonImpl final : public LayerShardedMuon {
+ public:
+  LayerShardedMuonImpl(Backend* backend, StepOptions options)
+      : backend_(backend), options_(options) {}
+
+  absl::Status Init(std::vector<GroupConfig> groups);
+  absl::Status SetHomes(const std::string& group,
+                        std::vector<NsHome> homes) override;
+  absl::StatusOr<StepResult> Step(const StepOverrides& overrides) override;
+  absl::StatusOr<std::map<std::string, std::vector<float>>> ExportState()
+      const override;
+  absl::Status ImportState(
+      const std::map<std::string, std::vector<float>>& state) override;
+  int64_t state_bytes() const override { return state_bytes_; }
+  int64_t peak_transient_bytes() const override { return transient_bytes_; }
+
+ private:
+  absl::Status InitGroup(GroupConfig config, GroupState& group);
+  absl::Status BuildPlan(GroupState& group, std::vector<NsHome> homes);
+  absl::Status EnsureExchangeBuffers(int64_t send, int64_t recv);
+  absl::StatusOr<std::vector<std::string>> NonFiniteGrads();
+  absl::StatusOr<bool> DomainAllFinite(GroupState& group, bool local_finite);
+
+  absl::Status StepMuonGroup(GroupState& group, const MuonOptions& options,
+                             PhaseTimings& t);
+  absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,
+                              PhaseTimings& t);
+  // Runs NS (+ scale) on the matrices `select(i)` of params `indices`,
+  // batched by shape up to ns_batch_size.
+  absl::Status RunNs(GroupState& group, const MuonOptions& options,
+                     const std::vector<int>& indices,
+                     MatrixView ParamState::*matrix);
+  absl::StatusOr<NewtonSchulz*> GetNs(GroupState& group,
+                                      const MuonOptions& options, int64_t rows,
+                                      int64_t cols, int64_t batch);
+  absl::Status Exchange(GroupState& group, const StageExchange& stage,
+                        const AllToAllvPlan& route, Communicator* comm,
+                        MatrixView ParamState::*src,
+                        MatrixView ParamState::*dst);
+
+  Backend* backend_;
+  StepOptions options_;
+  std::vector<GroupState> groups_;
+  OwnedBuffer send_buf_, recv_buf_;
+  int64_t send_elems_ = 0, recv_elems_ = 0;
+  OwnedBuffer flag_buf_;
+  int64_t state_bytes_ = 0;
+  int64_t transient_bytes_ = 0;
+};
+
+absl::Status CheckBinding(const std::string& group, const ParamBinding& p,
+                          const ParamShardSpec& spec) {
+  const std::vector<int64_t> local = spec.local_shape;
+  auto shape_str = [](const std::vector<int64_t>& s) {
+    return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+  };
+  if (local.size() != 2 || ViewShape(p.param) != local ||
+      ViewShape(p.grad) != local) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group, "' param '", p.name, "': param view ",
+        shape_str(ViewShape(p.param)), " and grad view ",
+        shape_str(ViewShape(p.grad)), " must both have the local shard shape ",
+        shape_str(local)));
+  }
+  if (p.param.data == nullptr || p.grad.data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group, "' param '", p.name, "': null param or grad view"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerShardedMuonImpl::Init(std::vector<GroupConfig> groups) {
+  std::map<std::string, int> names;
+  groups_.resize(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (!names.emplace(groups[i].name, int(i)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("duplicate param group name '", groups[i].name, "'"));
+    }
+    RETURN_IF_ERROR(InitGroup(std::move(groups[i]), groups_[i]));
+  }
+  ASSIGN_OR_RETURN(flag_buf_, AllocateZeroed(backend_, DType::kFloat32, 1, 64));
+  return absl::OkStatus();
+}
+
+absl::Status LayerShardedMuonImpl::InitGroup(GroupConfig config,
+                                             GroupState& group) {
+  const std::string& gname = config.name;
+  const DomainBinding& d = config.domain;
+  if (d.size.gtp < 1 || d.size.tp < 1 || d.g < 0 || d.g >= d.size.gtp ||
+      d.t < 0 || d.t >= d.size.tp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", gname, "': domain coordinates (g=", d.g, ", t=", d.t,
+        ") must lie in the ", d.size.gtp, " x ", d.size.tp, " domain"));
+  }
+  auto check_comm = [&](Communicator* comm, int size, int rank,
+                        const char* axis) -> absl::Status {
+    if (size == 1) return absl::OkStatus();
+    if (comm == nullptr || comm->size() != size || comm->rank() != rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", gname, "': the ", axis, " communicator must have size ",
+          size, " and rank ", rank));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check_comm(d.gtp, d.size.gtp, d.g, "gtp_remat"));
+  RETURN_IF_ERROR(check_comm(d.tp, d.size.tp, d.t, "tp"));
+  if (config.algorithm == Algorithm::kMuon) {
+    RETURN_IF_ERROR(config.muon.Validate());
+    RETURN_IF_ERROR(ValidateNsOptions(config.muon.ns, *backend_));
+  } else {
+    RETURN_IF_ERROR(config.adamw.Validate());
+  }
+  std::map<std::string, int> names;
+  for (const ParamBinding& p : config.params) {
+    if (!names.emplace(p.name, 0).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", gname, "': duplicate param name '", p.name, "'"));
+    }
+    ParamState st;
+    if (config.algorithm == Algorithm::kMuon) {
+      ASSIGN_OR_RETURN(
+          st.spec, MakeShardSpec(p.name, ViewShape(p.param), p.tags, d.size));
+      if (!p.full_shape.empty() && p.full_shape != st.spec.full_shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "group '", gname, "' param '", p.name, "': full_shape [",
+            absl::StrJoin(p.full_shape, ", "),
+            "] disagrees with the shape implied by the local shard and tags [",
+            absl::StrJoin(st.spec.full_shape, ", "), "]"));
+      }
+    } else {
+      st.spec.name = p.name;
+      st.spec.local_shape = ViewShape(p.param);
+      st.spec.full_shape = st.spec.local_shape;
+    }
+    RETURN_IF_ERROR(CheckBinding(gname, p, st.spec));
+    const int64_t rows = p.param.rows, cols = p.param.cols;
+    if (config.algorithm == Algorithm::kMuon) {
+      const DType sd = config.muon.state_dtype;
+      ASSIGN_OR_RETURN(st.momentum_buf,
+                       AllocateZeroed(backend_, sd, rows, cols));
+      st.momentum = ContiguousView(st.momentum_buf.data(), sd, rows, cols);
+      ASSIGN_OR_RETURN(st.local_buf,
+                       AllocateZeroed(backend_, DType::kFloat32, rows, cols));
+      st.local =
+          ContiguousView(st.local_buf.data(), DType::kFloat32, rows, cols);
+      state_bytes_ += rows * cols * DTypeSize(sd);
+    } else {
+      ASSIGN_OR_RETURN(st.exp_avg_buf,
+                       AllocateZeroed(backend_, DType::kFloat32, rows, cols));
+      ASSIGN_OR_RETURN(st.exp_avg_sq_buf,
+                       AllocateZeroed(backend_, DType::kFloat32, rows, cols));
+      st.exp_avg =
+          ContiguousView(st.exp_avg_buf.data(), DType::kFloat32, rows, cols);
+      st.exp_avg_sq =
+          ContiguousView(st.exp_avg_sq_buf.data(), DType::kFloat32, rows, cols);
+      state_bytes_ += 2 * rows * cols * 4;
+    }
+    group.params.push_back(std::move(st));
+  }
+  group.config = std::move(config);
+  return absl::OkStatus();
+}
+
+absl::Status LayerShardedMuonImpl::SetHomes(const std::string& name,
+                                            std::vector<NsHome> homes) {
+  for (GroupState& group : groups_) {
+    if (group.config.name != name) continue;
+    if (group.config.algorithm != Algorithm::kMuon) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", name, "' is an AdamW group: it has no NS homes"));
+    }
+    RETURN_IF_ERROR(BuildPlan(group, std::move(homes)));
+    group.homes_set = true;
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("no param group named '", name, "'"));
+}
+
+absl::Status LayerShardedMuonImpl::BuildPlan(GroupState& group,
+                                             std::vector<NsHome> homes) {
+  std::vector<ParamShardSpec> specs;
+  for (const ParamState& p : group.params) specs.push_back(p.spec);
+  const DomainBinding& d = group.config.domain;
+  ASSIGN_OR_RETURN(
+      GroupExchangePlan plan,
+      BuildGroupExchangePlan(specs, std::move(homes), d.size, d.g, d.t));
+  PlanBuffers buffers;
+  // Allocate every buffer first: a failure leaves the old plan in place.
+  std::vector<std::pair<int, MatrixView>> a1, a2;
+  auto allocate = [&](const AssembledParam& ap) -> absl::StatusOr<MatrixView> {
+    ASSIGN_OR_RETURN(OwnedBuffer buf, AllocateZeroed(backend_, DType::kFloat32,
+                                                     ap.rows, ap.cols));
+    MatrixView v =
+        ContiguousView(buf.data(), DType::kFloat32, ap.rows, ap.cols);
+    buffers.owned.push_back(std::move(buf));
+    return v;
+  };
+  int64_t assembled_bytes = 0;
+  if (plan.has_stage1) {
+    for (const AssembledParam& ap : plan.stage1.assembled) {
+      ASSIGN_OR_RETURN(MatrixView v, allocate(ap));
+      a1.emplace_back(ap.param, v);
+      assembled_bytes += ap.rows * ap.cols * 4;
+    }
+  }
+  for (const StageExchange& s2 : plan.stage2) {
+    for (const AssembledParam& ap : s2.assembled) {
+      ASSIGN_OR_RETURN(MatrixView v, allocate(ap));
+      a2.emplace_back(ap.param, v);
+      assembled_bytes += ap.rows * ap.cols * 4;
+    }
+  }
+  RETURN_IF_ERROR(
+      EnsureExchangeBuffers(plan.max_send_elems, plan.max_recv_elems));
+  for (ParamState& p : group.params) p.a1 = p.a2 = MatrixView{};
+  for (auto& [i, v] : a1) group.params[i].a1 = v;
+  for (auto& [i, v] : a2) group.params[i].a2 = v;
+  buffers.plan = std::move(plan);
+  group.plan = std::move(buffers);
+  transient_bytes_ = std::max(
+      transient_bytes_, assembled_bytes + (send_elems_ + recv_elems_) * 4);
+  return absl::OkStatus();
+}
+
+absl::Status LayerShardedMuonImpl::EnsureExchangeBuffers(int64_t send,
+                                                         int64_t recv) {
+  if (send > send_elems_) {
+    ASSIGN_OR_RETURN(send_buf_,
+                     AllocateZeroed(backend_, DType::kFloat32, 1, send));
+    send_elems_ = send;
+  }
+  if (recv > recv_elems_) {
+    ASSIGN_OR_RETURN(recv_buf_,
+                     AllocateZeroed(backend_, DType::kFloat32, 1, recv));
+    recv_elems_ = recv;
+  }
+  return absl::OkStatus();
+}
+
+// The matrix a stage reads or writes for param i: the stage-specific buffer,
+// falling back to the previous stage's matrix where a stage is absent for the
+// param (kTp params have no stage 1: A1 is L).
+MatrixView StageMatrix(const ParamState& p, MatrixView ParamState::*which) {
+  if (which == &ParamState::a1 && p.a1.data == nullptr) return p.local;
+  return p.*which;
+}
+
+absl::Status LayerShardedMuonImpl::Exchange(GroupState& group,
+                                            const StageExchange& stage,
+                                            const AllToAllvPlan& route,
+                                            Communicator* comm,
+                                            MatrixView ParamState::*src,
+                                            MatrixView ParamState::*dst) {
+  if (!stage.active) return absl::OkStatus();
+  float* send = static_cast<float*>(send_buf_.data());
+  float* recv = static_cast<float*>(recv_buf_.data());
+  for (const auto& pieces : route.send) {
+    for (const Piece& pc : pieces) {
+      const MatrixView m = StageMatrix(group.params[pc.param], src);
+      RETURN_IF_ERROR(backend_->Copy2D(
+          ContiguousView(send + pc.offset, DType::kFloat32, pc.block.rows,
+                         pc.block.cols),
+          m.Block(pc.block.row0, pc.block.col0, pc.block.rows, pc.block.cols)));
+    }
+  }
+  if (comm == nullptr) {
+    return absl::InternalError(absl::StrCat(
+        "group '", group.config.name, "': exchange needs a communicator"));
+  }
+  RETURN_IF_ERROR(comm->AllToAllV(send, route.send_counts, recv,
+                                  route.recv_counts, DType::kFloat32));
+  for (const auto& pieces : route.recv) {
+    for (const Piece& pc : pieces) {
+      const MatrixView m = StageMatrix(group.params[pc.param], dst);
+      RETURN_IF_ERROR(backend_->Copy2D(
+          m.Block(pc.block.row0, pc.block.col0, pc.block.rows, pc.block.cols),
+          ContiguousView(recv + pc.offset, DType::kFloat32, pc.block.rows,
+                         pc.block.cols)));
+    }
+  }
+  return comm->Wait();
+}
+
+absl::StatusOr<NewtonSchulz*> LayerShardedMuonImpl::GetNs(
+    GroupState& group, const MuonOptions& options, int64_t rows, int64_t cols,
+    int64_t batch) {
+  auto key = std::make_tuple(rows, cols, batch);
+  auto it = group.ns.find(key);
+  if (it != group.ns.end()) return it->second.get();
+  ASSIGN_OR_RETURN(
+      auto ns, NewtonSchulz::Create(backend_, options.ns, rows, cols, batch));
+  NewtonSchulz* raw = ns.get();
+  group.ns.emplace(key, std::move(ns));
+  return raw;
+}
+
+absl::Status LayerShardedMuonImpl::RunNs(GroupState& group,
+                                         const MuonOptions& options,
+                                         const std::vector<int>& indices,
+                                         MatrixView ParamState::*matrix) {
+  // Same-shape matrices in first-appearance order, so chunking depends only
+  // on the (rank-independent) param order.
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::vector<int>>>
+      by_shape;
+  for (int i : indices) {
+    const MatrixView m = StageMatrix(group.params[i], matrix);
+    auto shape = std::make_pair(m.rows, m.cols);
+    auto it = std::find_if(by_shape.begin(), by_shape.end(),
+                           [&](const auto& e) { return e.first == shape; });
+    if (it == by_shape.end()) {
+      by_shape.push_back({shape, {i}});
+    } else {
+      it->second.push_back(i);
+    }
+  }
+  const int64_t max_batch = std::max<int64_t>(1, options.ns_batch_size);
+  for (const auto& [shape, members] : by_shape) {
+    const auto [rows, cols] = shape;
+    for (size_t begin = 0; begin < members.size(); begin += max_batch) {
+      const int64_t batch =
+          std::min<int64_t>(max_batch, int64_t(members.size()) - begin);
+      ASSIGN_OR_RETURN(NewtonSchulz * ns,
+                       GetNs(group, options, rows, cols, batch));
+      if (batch == 1) {
+        // The unbatched path, in place: bit-exact numerics contract.
+        const MatrixView m = StageMatrix(group.params[members[begin]], matrix);
+        RETURN_IF_ERROR(ns->Run(m, m, 1));
+        RETURN_IF_ERROR(MuonScalePhase(*backend_, options, rows, cols, m));
+        continue;
+      }
+      const int64_t elems = batch * rows * cols;
+      if (elems > group.batch_buf_elems) {
+        ASSIGN_OR_RETURN(group.batch_buf,
+                         AllocateZeroed(backend_, DType::kFloat32, 1, elems));
+        group.batch_buf_elems = elems;
+      }
+      float* base = static_cast<float*>(group.batch_buf.data());
+      const MatrixView stacked =
+          ContiguousView(base, DType::kFloat32, batch * rows, cols);
+      for (int64_t b = 0; b < batch; ++b) {
+        RETURN_IF_ERROR(backend_->Copy2D(
+            stacked.Block(b * rows, 0, rows, cols),
+            StageMatrix(group.params[members[begin + b]], matrix)));
+      }
+      RETURN_IF_ERROR(ns->Run(stacked, stacked, batch));
+      RETURN_IF_ERROR(MuonScalePhase(*backend_, options, rows, cols, stacked));
+      for (int64_t b = 0; b < batch; ++b) {
+        RETURN_IF_ERROR(backend_->Copy2D(
+            StageMatrix(group.params[members[begin + b]], matrix),
+            stacked.Block(b * rows, 0, rows, cols)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerShardedMuonImpl::StepMuonGroup(GroupState& group,
+                                                 const MuonOptions& options,
+                                                 PhaseTimings& t) {
+  if (!group.plan.has_value()) {
+    // Homes were never set: round-robin fallback, loudly (planner logs it).
+    std::vector<ParamShardSpec> specs;
+    for (const ParamState& p : group.params) specs.push_back(p.spec);
+    HomePlan rr = RoundRobinHomes(specs, group.config.domain.size);
+    LOG(WARNING) << "group '" << group.config.name
+                 << "': no NS homes were set; using the round-robin fallback "
+                    "(LPT balancing NOT in effect)";
+    RETURN_IF_ERROR(BuildPlan(group, rr.homes));
+  }
+  const GroupExchangePlan& plan = group.plan->plan;
+  const DomainBinding& d = group.config.domain;
+
+  absl::Time start = absl::Now();
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    ParamState& p = group.params[i];
+    RETURN_IF_ERROR(MuonMomentumPhase(
+        *backend_, options, group.config.params[i].grad, p.momentum, p.local));
+  }
+  RETURN_IF_ERROR(backend_->Synchronize());
+  t.momentum_us += MicrosSince(start);
+
+  start = absl::Now();
+  if (plan.has_stage1) {
+    RETURN_IF_ERROR(Exchange(group, plan.stage1, plan.stage1.forward, d.gtp,
+                             &ParamState::local, &ParamState::a1));
+  }
+  for (const StageExchange& s2 : plan.stage2) {
+    RETURN_IF_ERROR(Exchange(group, s2, s2.forward, d.tp, &ParamState::a1,
+                             &ParamState::a2));
+  }
+  RETURN_IF_ERROR(backend_->Synchronize());
+  t.a2a_fwd_us += MicrosSince(start);
+
+  start = absl::Now();
+  RETURN_IF_ERROR(RunNs(group, options, plan.replicated, &ParamState::local));
+  RETURN_IF_ERROR(RunNs(group, options, plan.ns_tp_complete, &ParamState::a1));
+  RETURN_IF_ERROR(RunNs(group, options, plan.ns_after_stage2, &ParamState::a2));
+  RETURN_IF_ERROR(backend_->Synchronize());
+  t.ns_us += MicrosSince(start);
+
+  start = absl::Now();
+  for (auto it = plan.stage2.rbegin(); it != plan.stage2.rend(); ++it) {
+    RETURN_IF_ERROR(Exchange(group, *it, it->reverse, d.tp, &ParamState::a2,
+                             &ParamState::a1));
+  }
+  if (plan.has_stage1) {
+    RETURN_IF_ERROR(Exchange(group, plan.stage1, plan.stage1.reverse, d.gtp,
+                             &ParamState::a1, &ParamState::local));
+    for (const ZeroFill& z : plan.stage1.reverse_zero_fill) {
+      const MatrixView& m = group.params[z.param].local;
+      RETURN_IF_ERROR(backend_->Memset0(
+          m.Block(z.block.row0, z.block.col0, z.block.rows, z.block.cols)));
+    }
+  }
+  RETURN_IF_ERROR(backend_->Synchronize());
+  t.a2a_bwd_us += MicrosSince(start);
+
+  start = absl::Now();
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    RETURN_IF_ERROR(MuonUpdatePhase(*backend_, options,
+                                    group.config.params[i].param,
+                                    group.params[i].local));
+  }
+  RETURN_IF_ERROR(backend_->Synchronize());
+  t.update_us += MicrosSince(start);
+  return absl::OkStatus();
+}
+
+absl::Status LayerShardedMuonImpl::StepAdamWGroup(GroupState& group,
+                                                  const AdamWOptions& options,
+                                                  PhaseTimings& t) {
+  const absl::Time start = absl::Now();
+  const int64_t step = group.adamw_step + 1;
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const ParamBinding& b = group.config.params[i];
+    ParamState& p = group.params[i];
+    RETURN_IF_ERROR(AdamWStep(*backend_, options, step, b.param, b.grad,
+                              p.exp_avg, p.exp_avg_sq));
+  }
+  RETURN_IF_ERROR(backend_->Synchronize());
+  group.adamw_step = step;
+  t.update_us += MicrosSince(start);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>>
+LayerShardedMuonImpl::NonFiniteGrads() {
+  std::vector<std::string> bad;
+  for (GroupState& group : groups_) {
+    std::vector<MatrixView> grads;
+    for (const ParamBinding& b : group.config.params) grads.push_back(b.grad);
+    bool finite = true;
+    if (!grads.empty()) {
+      ASSIGN_OR_RETURN(finite, backend_->AllFinite(grads));
+    }
+    std::vector<std::string> local_bad;
+    if (!finite) {
+      for (const ParamBinding& b : group.config.params) {
+        ASSIGN_OR_RETURN(bool ok, backend_->AllFinite({b.grad}));
+        if (!ok) local_bad.push_back(group.config.name + "/" + b.name);
+      }
+    }
+    // Every rank of the domain must take the same decision, or the ranks
+    // that go ahead would wait forever in the exchange.
+    ASSIGN_OR_RETURN(bool domain_finite, DomainAllFinite(group, finite));
+    if (!domain_finite && local_bad.empty()) {
+      local_bad.push_back(group.config.name +
+                          "/(non-finite gradients on another rank of the "
+                          "domain)");
+    }
+    bad.insert(bad.end(), local_bad.begin(), local_bad.end());
+  }
+  return bad;
+}
+
+absl::StatusOr<bool> LayerShardedMuonImpl::DomainAllFinite(GroupState& group,
+                                                           bool local_finite) {
+  bool finite = local_finite;
+  float* flags = static_cast<float*>(flag_buf_.data());
+  for (Communicator* comm : {group.config.domain.gtp, group.config.domain.tp}) {
+    if (comm == nullptr || comm->size() <= 1) continue;
+    const float mine = finite ? 1.0f : 0.0f;
+    RETURN_IF_ERROR(backend_->CopyFromHost(flags, &mine, sizeof(float)));
+    RETURN_IF_ERROR(comm->AllGather(flags, 1, flags + 1, DType::kFloat32));
+    RETURN_IF_ERROR(comm->Wait());
+    std::vector<float> all(comm->size());
+    RETURN_IF_ERROR(backend_->CopyToHost(all.data(), flags + 1,
+                                         all.size() * sizeof(float)));
+    for (float f : all) finite = finite && f == 1.0f;
+  }
+  return finite;
+}
+
+absl::StatusOr<StepResult> LayerShardedMuonImpl::Step(
+    const StepOverrides& overrides) {
+  for (const auto* m : {&overrides.lr, &overrides.weight_decay}) {
+    for (const auto& [name, value] : *m) {
+      if (std::none_of(
+              groups_.begin(), groups_.end(),
+              [&](const GroupState& g) { return g.config.name == name; })) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "step override names unknown param group '", name, "'"));
+      }
+      if (!(value >= 0) || value > 1e30) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("step override for group '", name,
+                         "' must be finite and >= 0, got ", value));
+      }
+    }
+  }
+  const absl::Time start = absl::Now();
+  StepResult result;
+  ASSIGN_OR_RETURN(std::vector<std::string> bad, NonFiniteGrads());
+  if (!bad.empty()) {
+    if (options_.skip_nonfinite) {
+      result.skipped_nonfinite = std::move(bad);
+      return result;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "non-finite gradients (NaN or Inf) in: ", absl::StrJoin(bad, ", "),
+        "; the step was not applied"));
+  }
+  for (GroupState& group : groups_) {
+    const std::string& name = group.config.name;
+    if (group.config.algorithm == Algorithm::kMuon) {
+      MuonOptions options = group.config.muon;
+      if (auto it = overrides.lr.find(name); it != overrides.lr.end())
+        options.lr = it->second;
+      if (auto it = overrides.weight_decay.find(name);
+          it != overrides.weight_decay.end())
+        options.weight_decay = it->second;
+      RETURN_IF_ERROR(StepMuonGroup(group, options, result.timings));
+    } else {
+      AdamWOptions options = group.config.adamw;
+      if (auto it = overrides.lr.find(name); it != overrides.lr.end())
+        options.lr = it->second;
+      if (auto it = overrides.weight_decay.find(name);
+          it != overrides.weight_decay.end())
+        options.weight_decay = it->second;
+      RETURN_IF_ERROR(StepAdamWGroup(group, options, result.timings));
+    }
+  }
+  result.timings.total_us = MicrosSince(start);
+  return result;
+}
+
+absl::StatusOr<std::map<std::string, std::vector<float>>>
+LayerShardedMuonImpl::ExportState() const {
+  std::map<std::string, std::vector<float>> out;
+  auto dump = [&](const std::string& key, const MatrixView& v) -> absl::Status {
+    std::vector<float> host(v.numel());
+    if (v.dtype == DType::kFloat32) {
+      RETURN_IF_ERROR(backend_->CopyToHost(host.data(), v.data, v.numel() * 4));
+    } else {
+      return absl::UnimplementedError(absl::StrCat(
+          "exporting ", std::string(DTypeName(v.dtype)), " state of '", key,
+          "' is not supported; use fp32 state"));
+    }
+    out[key] = std::move(host);
+    return absl::OkStatus();
+  };
+  for (const GroupState& group : groups_) {
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      const ParamState& p = group.params[i];
+      const std::string base = group.config.name + "/" + p.spec.name;
+      if (group.config.algorithm == Algorithm::kMuon) {
+        RETURN_IF_ERROR(dump(base + ".momentum", p.momentum));
+      } else {
+        RETURN_IF_ERROR(dump(base + ".exp_avg", p.exp_avg));
+        RETURN_IF_ERROR(dump(base + ".exp_avg_sq", p.exp_avg_sq));
+      }
+    }
+    if (group.config.algorithm == Algorithm::kAdamW) {
+      out[group.config.name + "/.step"] = {float(group.adamw_step)};
+    }
+  }
+  return out;
+}
+
+absl::Status LayerShardedMuonImpl::ImportState(
+    const std::map<std::string, std::vector<float>>& state) {
+  // Validate everything before writing anything.
+  std::vector<std::pair<MatrixView, const std::vector<float>*>> writes;
+  std::vector<std::pair<GroupState*, int64_t>> steps;
+  size_t expected = 0;
+  std::set<std::string> known;
+  for (GroupState& group : groups_) {
+    for (ParamState& p : group.params) {
+      const std::string base = group.config.name + "/" + p.spec.name;
+      std::vector<std::pair<std::string, MatrixView>> keys;
+      if (group.config.algorithm == Algorithm::kMuon) {
+        keys = {{base + ".momentum", p.momentum}};
+      } else {
+        keys = {{base + ".exp_avg", p.exp_avg},
+                {base + ".exp_avg_sq", p.exp_avg_sq}};
+      }
+      for (auto& [key, view] : keys) {
+        auto it = state.find(key);
+        if (it == state.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("state has no entry for '", key, "'"));
+        }
+        if (int64_t(it->second.size()) != view.numel() ||
+            view.dtype != DType::kFloat32) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "state entry '", key, "' has ", it->second.size(),
+              " fp32 elements; the param's shard needs ", view.numel()));
+        }
+        writes.emplace_back(view, &it->second);
+        known.insert(key);
+        ++expected;
+      }
+    }
+    if (group.config.algorithm == Algorithm::kAdamW) {
+      auto it = state.find(group.config.name + "/.step");
+      if (it == state.end() || it->second.size() != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("state has no step count for AdamW group '",
+                         group.config.name, "'"));
+      }
+      steps.emplace_back(&group, int64_t(it->second[0]));
+      known.insert(it->first);
+      ++expected;
+    }
+  }
+  if (state.size() != expected) {
+    for (const auto& [key, _] : state) {
+      if (!known.contains(key)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "state entry '", key, "' matches no registered param"));
+      }
+    }
+  }
+  for (auto& [view, data] : writes) {
+    RETURN_IF_ERROR(
+        backend_->CopyFromHost(view.data, data->data(), data->size() * 4));
+  }
+  for (auto& [group, step] : steps) group->adamw_step = step;
+  return backend_->Synchronize();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LayerShardedMuon>> LayerShardedMuon::Create(
+    Backend* backend, std::vector<GroupConfig> groups, StepOptions options) {
+  if (backend == nullptr) {
+    return absl::InvalidArgumentError("LayerShardedMuon needs a backend");
+  }
+  auto impl = std::make_unique<LayerShardedMuonImpl>(backend, options);
+  RETURN_IF_ERROR(impl->Init(std::move(groups)));
+  return std::unique_ptr<LayerShardedMuon>(std::move(impl));
+}
+
+}  // namespace muond

@@ -1,0 +1,468 @@
+// The layer-sharded step across real processes over Gloo (loopback): every
+// rank's params after 3 steps must equal, bit for bit, a single-process
+// reference that runs the same Muon math on the full matrices (which is also
+// what the duplicated path computes: every rank gathering the full momentum
+// and running NS), replicated params must be identical on every rank and
+// GTP pad rows must stay zero.
+//
+// Each test forks one process per rank of the domain. Every rank derives the
+// same full matrices from a seed and keeps its shard (TP split along tp_dim,
+// then the GTP split of dim 0 after padding), so nothing but the optimizer
+// moves data between ranks.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/backend/cpu_backend.h"
+#include "core/comm/gloo_communicator.h"
+#include "core/comm/groups.h"
+#include "core/comm/kv_store.h"
+#include "core/common/status_macros.h"
+#include "core/muon/adamw.h"
+#include "core/muon/muon_update.h"
+#include "core/muon/newton_schulz.h"
+#include "core/plan/planner.h"
+#include "core/step/layer_sharded_muon.h"
+
+namespace muond {
+namespace {
+
+struct ParamCase {
+  std::string name;
+  int64_t rows, cols;  // full shape
+  int tp_dim;          // -1, 0, 1
+  bool gtp;            // GTP-sharded
+};
+
+struct GroupCase {
+  std::string name;
+  Algorithm algorithm = Algorithm::kMuon;
+  int G = 1, T = 1;
+  std::vector<ParamCase> params;
+  // Homes: "lpt" (PlanNsHomes), "zero" (everything at (0, 0): idle ranks),
+  // "none" (never set: round-robin fallback).
+  std::string homes = "lpt";
+  int64_t ns_batch_size = 1;
+};
+
+// A deterministic full matrix for (param, step, what).
+std::vector<float> FullMatrix(const std::string& name, int step, int what,
+                              int64_t rows, int64_t cols) {
+  std::seed_seq seq(name.begin(), name.end());
+  std::vector<uint32_t> seeds(1);
+  seq.generate(seeds.begin(), seeds.end());
+  std::mt19937 rng(seeds[0] * 7919u + step * 31u + what);
+  std::normal_distribution<float> dist(0.0f, what == 0 ? 0.5f : 1.0f);
+  std::vector<float> m(rows * cols);
+  for (float& x : m) x = dist(rng);
+  return m;
+}
+
+int64_t Pad(int64_t tp_rows, int G) { return (G - tp_rows % G) % G; }
+
+// The local shard of rank (g, t): rows x cols, padding rows zero.
+std::vector<float> Shard(const std::vector<float>& full, const ParamCase& p,
+                         int G, int T, int g, int t, int64_t* rows,
+                         int64_t* cols) {
+  const int tp = (T > 1) ? p.tp_dim : -1;
+  int64_t r0 = 0, c0 = 0, tr = p.rows, tc = p.cols;
+  if (tp == 0) {
+    tr = p.rows / T;
+    r0 = t * tr;
+  }
+  if (tp == 1) {
+    tc = p.cols / T;
+    c0 = t * tc;
+  }
+  int64_t lr = tr, lr0 = 0;
+  if (p.gtp && G > 1) {
+    lr = (tr + Pad(tr, G)) / G;
+    lr0 = g * lr;
+  }
+  std::vector<float> out(lr * tc, 0.0f);
+  for (int64_t i = 0; i < lr; ++i) {
+    if (lr0 + i >= tr) break;  // pad rows stay zero
+    for (int64_t j = 0; j < tc; ++j) {
+      out[i * tc + j] = full[(r0 + lr0 + i) * p.cols + c0 + j];
+    }
+  }
+  *rows = lr;
+  *cols = tc;
+  return out;
+}
+
+ShardTags TagsOf(const ParamCase& p, int G, int T) {
+  ShardTags tags;
+  tags.tensor_model_parallel = p.tp_dim >= 0;
+  tags.partition_dim = p.tp_dim;
+  tags.is_gtp_weight_remat = p.gtp;
+  const int64_t tp_rows = (T > 1 && p.tp_dim == 0) ? p.rows / T : p.rows;
+  tags.pad_length = (p.gtp && G > 1) ? Pad(tp_rows, G) : 0;
+  return tags;
+}
+
+MuonOptions TestMuonOptions(int64_t ns_batch_size) {
+  MuonOptions o;
+  o.lr = 0.02;
+  o.momentum = 0.9;
+  o.nesterov = true;
+  o.weight_decay = 0.1;
+  o.ns.coefficient_type = CoefficientType::kQuintic;
+  o.ns_batch_size = ns_batch_size;
+  return o;
+}
+
+AdamWOptions TestAdamWOptions() {
+  AdamWOptions o;
+  o.lr = 0.01;
+  o.weight_decay = 0.05;
+  return o;
+}
+
+constexpr int kSteps = 3;
+
+// What one rank holds of one param.
+struct RankParam {
+  std::vector<float> param, grad;
+  int64_t rows = 0, cols = 0;
+};
+
+// Runs `groups` on rank (flat) of a world of `world` processes; the groups'
+// domains are laid over the world as flat = g * T + t (domains smaller than
+// the world use the first G*T ranks; other ranks skip them). Writes each
+// param's final local shard to <dir>/rank<r>.bin. Returns 0 on success.
+int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
+            const std::string& dir, int die_at_rank = -1) {
+  FileKeyValueStore store(dir + "/store");
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<GroupConfig> configs;
+  std::vector<std::vector<RankParam>> held(cases.size());
+  std::vector<const GroupCase*> mine;
+  GlooOptions gloo;
+  gloo.hostname = "127.0.0.1";
+  gloo.timeout = absl::Seconds(8);
+  for (size_t gi = 0; gi < cases.size(); ++gi) {
+    const GroupCase& gc = cases[gi];
+    if (rank >= gc.G * gc.T) continue;
+    const int g = rank / gc.T, t = rank % gc.T;
+    GroupConfig cfg;
+    cfg.name = gc.name;
+    cfg.algorithm = gc.algorithm;
+    cfg.muon = TestMuonOptions(gc.ns_batch_size);
+    cfg.adamw = TestAdamWOptions();
+    cfg.domain.size = DomainSize{gc.G, gc.T};
+    cfg.domain.g = g;
+    cfg.domain.t = t;
+    auto groups = SplitDomain(gc.G, gc.T, g, t, "/" + gc.name);
+    if (!groups.ok()) return 10;
+    if (gc.G > 1) {
+      auto c = CreateGlooCommunicator(&store, groups->gtp_remat_prefix, g, gc.G,
+                                      gloo);
+      if (!c.ok()) {
+        fprintf(stderr, "%s\n", c.status().ToString().c_str());
+        return 11;
+      }
+      cfg.domain.gtp = c->get();
+      comms.push_back(std::move(*c));
+    }
+    if (gc.T > 1) {
+      auto c = CreateGlooCommunicator(&store, groups->tp_prefix, t, gc.T, gloo);
+      if (!c.ok()) {
+        fprintf(stderr, "%s\n", c.status().ToString().c_str());
+        return 12;
+      }
+      cfg.domain.tp = c->get();
+      comms.push_back(std::move(*c));
+    }
+    held[gi].resize(gc.params.size());
+    for (size_t pi = 0; pi < gc.params.size(); ++pi) {
+      const ParamCase& p = gc.params[pi];
+      RankParam& rp = held[gi][pi];
+      rp.param = Shard(FullMatrix(p.name, 0, 0, p.rows, p.cols), p, gc.G, gc.T,
+                       g, t, &rp.rows, &rp.cols);
+      rp.grad.assign(rp.param.size(), 0.0f);
+      ParamBinding b;
+      b.name = p.name;
+      b.full_shape = {p.rows, p.cols};
+      b.tags = gc.algorithm == Algorithm::kMuon ? TagsOf(p, gc.G, gc.T)
+                                                : ShardTags{};
+      b.param =
+          ContiguousView(rp.param.data(), DType::kFloat32, rp.rows, rp.cols);
+      b.grad =
+          ContiguousView(rp.grad.data(), DType::kFloat32, rp.rows, rp.cols);
+      if (gc.algorithm == Algorithm::kAdamW) b.full_shape = {rp.rows, rp.cols};
+      cfg.params.push_back(b);
+    }
+    configs.push_back(std::move(cfg));
+    mine.push_back(&gc);
+  }
+  auto opt = LayerShardedMuon::Create(backend.get(), configs);
+  if (!opt.ok()) {
+    fprintf(stderr, "%s\n", opt.status().ToString().c_str());
+    return 13;
+  }
+  for (const GroupCase* gc : mine) {
+    if (gc->algorithm != Algorithm::kMuon || gc->homes == "none") continue;
+    std::vector<ParamShardSpec> specs;
+    for (const ParamCase& p : gc->params) {
+      const ShardTags tags = TagsOf(p, gc->G, gc->T);
+      specs.push_back(*MakeShardSpecFromFullShape(
+          p.name, {p.rows, p.cols}, tags.tensor_model_parallel ? p.tp_dim : -1,
+          p.gtp, tags.pad_length, DomainSize{gc->G, gc->T}));
+    }
+    std::vector<NsHome> homes(specs.size());
+    if (gc->homes == "lpt") {
+      auto plan = PlanNsHomes(specs, DomainSize{gc->G, gc->T}, {});
+      if (!plan.ok()) return 14;
+      homes = plan->homes;
+    }
+    if (!(*opt)->SetHomes(gc->name, homes).ok()) return 15;
+  }
+  if (rank == die_at_rank) _exit(0);  // a peer that dies before the step
+  for (int step = 1; step <= kSteps; ++step) {
+    for (size_t gi = 0; gi < cases.size(); ++gi) {
+      const GroupCase& gc = cases[gi];
+      if (rank >= gc.G * gc.T) continue;
+      for (size_t pi = 0; pi < gc.params.size(); ++pi) {
+        const ParamCase& p = gc.params[pi];
+        int64_t r, c;
+        const int g = rank / gc.T, t = rank % gc.T;
+        std::vector<float> full =
+            gc.algorithm == Algorithm::kAdamW
+                ? FullMatrix(p.name, step, 1, p.rows, p.cols)
+                : FullMatrix(p.name, step, 1, p.rows, p.cols);
+        std::vector<float> shard =
+            gc.algorithm == Algorithm::kAdamW
+                ? full
+                : Shard(full, p, gc.G, gc.T, g, t, &r, &c);
+        std::memcpy(held[gi][pi].grad.data(), shard.data(), shard.size() * 4);
+      }
+    }
+    auto result = (*opt)->Step({});
+    if (!result.ok()) {
+      std::ofstream(dir + "/error" + std::to_string(rank))
+          << result.status().ToString();
+      return 20;
+    }
+  }
+  std::ofstream out(dir + "/rank" + std::to_string(rank) + ".bin",
+                    std::ios::binary);
+  for (auto& group : held) {
+    for (RankParam& rp : group) {
+      out.write(reinterpret_cast<const char*>(rp.param.data()),
+                rp.param.size() * 4);
+    }
+  }
+  return 0;
+}
+
+// The single-process reference: the same math on full matrices.
+std::vector<float> ReferenceFinal(const GroupCase& gc, const ParamCase& p) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::vector<float> param = FullMatrix(p.name, 0, 0, p.rows, p.cols);
+  std::vector<float> state1(param.size(), 0.0f), state2(param.size(), 0.0f),
+      scratch(param.size());
+  auto view = [&](std::vector<float>& v) {
+    return ContiguousView(v.data(), DType::kFloat32, p.rows, p.cols);
+  };
+  const MuonOptions muon = TestMuonOptions(1);
+  auto ns = NewtonSchulz::Create(backend.get(), muon.ns, p.rows, p.cols, 1);
+  EXPECT_TRUE(ns.ok());
+  for (int step = 1; step <= kSteps; ++step) {
+    std::vector<float> grad = FullMatrix(p.name, step, 1, p.rows, p.cols);
+    if (gc.algorithm == Algorithm::kAdamW) {
+      EXPECT_TRUE(AdamWStep(*backend, TestAdamWOptions(), step, view(param),
+                            view(grad), view(state1), view(state2))
+                      .ok());
+    } else {
+      EXPECT_TRUE(MuonStepFullMatrix(*backend, muon, **ns, view(param),
+                                     view(grad), view(state1), view(scratch))
+                      .ok());
+    }
+  }
+  return param;
+}
+
+// Forks the world, waits, and compares every rank's shards with the
+// reference.
+void RunAndCompare(const std::vector<GroupCase>& cases, float rel_tol = 0) {
+  int world = 0;
+  for (const GroupCase& gc : cases) world = std::max(world, gc.G * gc.T);
+  char tmpl[] = "/tmp/muond-step-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(mkdir((dir + "/store").c_str(), 0700), 0);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) _exit(RunRank(r, world, cases, dir));
+    pids.push_back(pid);
+  }
+  for (int r = 0; r < world; ++r) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pids[r], &status, 0), pids[r]);
+    std::ifstream err(dir + "/error" + std::to_string(r));
+    std::string msg((std::istreambuf_iterator<char>(err)),
+                    std::istreambuf_iterator<char>());
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << r << " exit " << WEXITSTATUS(status) << " " << msg;
+  }
+  // Reference full results.
+  std::map<std::string, std::vector<float>> ref;
+  for (const GroupCase& gc : cases) {
+    for (const ParamCase& p : gc.params) ref[p.name] = ReferenceFinal(gc, p);
+  }
+  for (int r = 0; r < world; ++r) {
+    std::ifstream in(dir + "/rank" + std::to_string(r) + ".bin",
+                     std::ios::binary);
+    for (const GroupCase& gc : cases) {
+      if (r >= gc.G * gc.T) continue;
+      const int g = r / gc.T, t = r % gc.T;
+      for (const ParamCase& p : gc.params) {
+        int64_t rows = p.rows, cols = p.cols;
+        std::vector<float> want =
+            gc.algorithm == Algorithm::kAdamW
+                ? ref[p.name]
+                : Shard(ref[p.name], p, gc.G, gc.T, g, t, &rows, &cols);
+        std::vector<float> got(want.size());
+        in.read(reinterpret_cast<char*>(got.data()), got.size() * 4);
+        ASSERT_TRUE(in.good()) << "short result file of rank " << r;
+        if (rel_tol == 0) {
+          // Bitwise, pad rows (zero in `want`) included.
+          ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+              << "param " << p.name << " on rank " << r << " (g=" << g
+              << ", t=" << t << ") of group " << gc.name << " differs";
+          continue;
+        }
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          diff += double(got[i] - want[i]) * (got[i] - want[i]);
+          norm += double(want[i]) * want[i];
+        }
+        EXPECT_LE(std::sqrt(diff), rel_tol * std::sqrt(norm))
+            << "param " << p.name << " on rank " << r;
+      }
+    }
+  }
+}
+
+// Heterogeneous shapes: column- and row-parallel, GTP-only, replicated,
+// padded, tiny 1 x k, tall and wide.
+std::vector<ParamCase> MixedParams(int G, int T) {
+  std::vector<ParamCase> ps = {
+      {"qkv", int64_t(12 * T), 8, 0, true},  // column-parallel, tall
+      {"proj", 8, int64_t(6 * T), 1, true},  // row-parallel, wide
+      {"up", int64_t(10 * T), 6, 0, true},   // padded when G does not divide
+      {"down", 7, int64_t(5 * T), 1, true},  // padded (7 rows)
+      {"gtp_only", 9, 16, -1, true},         // TP-replicated, GTP-sharded
+      {"replicated", 6, 10, -1, false},      // every rank runs local NS
+      {"tiny", 1, 12, -1, false},            // 1 x k
+  };
+  if (G > 1 || T == 1) return ps;
+  // Without a GTP axis every TP-sharded param is fine as is.
+  return ps;
+}
+
+GroupCase Mixed(int G, int T, std::string homes = "lpt", int64_t batch = 1) {
+  GroupCase gc;
+  gc.name = absl::StrCat("dense_", G, "x", T);
+  gc.G = G;
+  gc.T = T;
+  gc.params = MixedParams(G, T);
+  gc.homes = homes;
+  gc.ns_batch_size = batch;
+  return gc;
+}
+
+TEST(LayerShardedStep, Domain1x4) { RunAndCompare({Mixed(1, 4)}); }
+TEST(LayerShardedStep, Domain4x1) { RunAndCompare({Mixed(4, 1)}); }
+TEST(LayerShardedStep, Domain2x2) { RunAndCompare({Mixed(2, 2)}); }
+TEST(LayerShardedStep, Domain2x3) { RunAndCompare({Mixed(2, 3)}); }
+TEST(LayerShardedStep, Domain3x2) { RunAndCompare({Mixed(3, 2)}); }
+
+// ns_batch_size > 1 stacks same-shape matrices into strided-batched GEMMs:
+// same math, different rounding (DESIGN.md §3), so a relative tolerance.
+TEST(LayerShardedStep, BatchedNsMatchesReferenceWithinRounding) {
+  GroupCase gc = Mixed(2, 2, "zero", /*batch=*/4);
+  gc.params.push_back({"qkv_twin", 24, 8, 0, true});
+  gc.params.push_back({"proj_twin", 8, 12, 1, true});
+  RunAndCompare({gc}, 1e-5f);
+}
+
+TEST(LayerShardedStep, UnevenHomesWithIdleRanks) {
+  RunAndCompare({Mixed(2, 2, "zero")});
+}
+
+TEST(LayerShardedStep, RoundRobinFallbackWhenHomesNeverSet) {
+  RunAndCompare({Mixed(2, 2, "none")});
+}
+
+TEST(LayerShardedStep, TwoDomainsAndAnAdamWGroup) {
+  GroupCase dense = Mixed(2, 2);
+  GroupCase expert;
+  expert.name = "expert";
+  expert.G = 4;
+  expert.T = 1;
+  expert.params = {{"expert0_up", 12, 8, -1, true},
+                   {"expert1_up", 12, 8, -1, true},
+                   {"expert0_down", 8, 12, -1, true}};
+  GroupCase adamw;
+  adamw.name = "adamw";
+  adamw.algorithm = Algorithm::kAdamW;
+  adamw.G = 2;
+  adamw.T = 2;
+  adamw.params = {{"norm", 1, 16, -1, false}, {"embed", 10, 4, -1, false}};
+  RunAndCompare({dense, expert, adamw});
+}
+
+TEST(LayerShardedStep, SingleRankDomainRunsLocalNs) {
+  RunAndCompare({Mixed(1, 1)});
+}
+
+TEST(LayerShardedStep, DeadPeerFailsTheOthersWithAClearError) {
+  const std::vector<GroupCase> cases = {Mixed(2, 2)};
+  char tmpl[] = "/tmp/muond-step-dead-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(mkdir((dir + "/store").c_str(), 0700), 0);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 4; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) _exit(RunRank(r, 4, cases, dir, /*die_at_rank=*/3));
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  for (int r = 0; r < 4; ++r) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pids[r], &status, 0), pids[r]);
+    ASSERT_TRUE(WIFEXITED(status));
+    if (r == 3) continue;
+    if (WEXITSTATUS(status) == 20) {
+      std::ifstream err(dir + "/error" + std::to_string(r));
+      std::string msg((std::istreambuf_iterator<char>(err)),
+                      std::istreambuf_iterator<char>());
+      EXPECT_NE(msg.find("gloo"), std::string::npos) << msg;
+      ++failed;
+    }
+  }
+  // Ranks that exchange with rank 3 (its gtp or tp group) must fail.
+  EXPECT_GE(failed, 2);
+}
+
+}  // namespace
+}  // namespace muond
