@@ -64,8 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     # optimizer
-    p.add_argument("--lr", type=float, default=5e-3, help="Muon lr")
-    p.add_argument("--adamw-lr", type=float, default=5e-3)
+    p.add_argument("--lr", type=float, default=1e-2, help="Muon lr")
+    p.add_argument("--adamw-lr", type=float, default=1e-2)
     p.add_argument("--momentum", type=float, default=0.95)
     p.add_argument("--weight-decay", type=float, default=0.1, help="Muon weight decay")
     p.add_argument("--adamw-weight-decay", type=float, default=0.0)
