@@ -7,7 +7,6 @@
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
@@ -45,18 +44,16 @@ struct Item {
   int spec;
   double cost;
   bool row;
+  int64_t rows, cols;  // full shape, for ordering and colocation
 };
 
 // Total order that does not depend on input order: cost descending, row items
-// first, then shape, then name.
-bool ItemBefore(const Item& a, const Item& b,
-                const std::vector<ParamShardSpec>& specs) {
+// first, then shape; equal keys keep the (name-sorted) order they come in.
+bool ItemBefore(const Item& a, const Item& b) {
   if (a.cost != b.cost) return a.cost > b.cost;
   if (a.row != b.row) return a.row;
-  const ParamShardSpec& sa = specs[a.spec];
-  const ParamShardSpec& sb = specs[b.spec];
-  if (sa.full_shape != sb.full_shape) return sa.full_shape < sb.full_shape;
-  return sa.name < sb.name;
+  if (a.rows != b.rows) return a.rows < b.rows;
+  return a.cols < b.cols;
 }
 
 struct ShapeKey {
@@ -78,8 +75,7 @@ struct LptResult {
   double max_load = 0;
 };
 
-LptResult RunLpt(const std::vector<Item>& items,
-                 const std::vector<ParamShardSpec>& specs, DomainSize domain,
+LptResult RunLpt(const std::vector<Item>& items, DomainSize domain,
                  bool colocate) {
   const int G = domain.gtp, T = domain.tp;
   std::vector<double> load(domain.ranks(), 0.0);
@@ -99,7 +95,6 @@ LptResult RunLpt(const std::vector<Item>& items,
 
   for (size_t k = 0; k < items.size(); ++k) {
     const Item& item = items[k];
-    const ParamShardSpec& spec = specs[item.spec];
     const int num_slots = item.row ? G : G * T;
     int best = 0;
     for (int s = 1; s < num_slots; ++s) {
@@ -110,8 +105,7 @@ LptResult RunLpt(const std::vector<Item>& items,
     };
     std::vector<int>* same_shape = nullptr;
     if (colocate) {
-      same_shape = &hosts[ShapeKey{item.row, spec.full_shape[0],
-                                   spec.full_shape[1]}];
+      same_shape = &hosts[ShapeKey{item.row, item.rows, item.cols}];
       int best_host = -1;
       for (int s : *same_shape) {
         if (best_host < 0 ||
@@ -147,19 +141,36 @@ LptResult RunLpt(const std::vector<Item>& items,
   return result;
 }
 
-absl::Status CheckSpecs(const std::vector<ParamShardSpec>& specs,
-                        DomainSize domain) {
-  absl::flat_hash_set<std::string> names;
-  names.reserve(specs.size());
-  for (const ParamShardSpec& spec : specs) {
-    RETURN_IF_ERROR(ValidateShardSpec(spec, domain));
-    if (!names.insert(spec.name).second) {
+// Validates every spec and returns the spec indices sorted by name (the
+// stable tie-break key); a name may appear only once.
+absl::StatusOr<std::vector<int>> CheckSpecsAndSortByName(
+    const std::vector<ParamShardSpec>& specs, DomainSize domain) {
+  std::vector<int> by_name(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    RETURN_IF_ERROR(ValidateShardSpec(specs[i], domain));
+    by_name[i] = int(i);
+  }
+  std::sort(by_name.begin(), by_name.end(), [&](int a, int b) {
+    return specs[a].name < specs[b].name;
+  });
+  for (size_t k = 1; k < by_name.size(); ++k) {
+    if (specs[by_name[k]].name == specs[by_name[k - 1]].name) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "param '", spec.name,
+          "param '", specs[by_name[k]].name,
           "': duplicate name (names are the planner's stable tie-break key)"));
     }
   }
-  return absl::OkStatus();
+  return by_name;
+}
+
+// max(routed total / ranks, largest item): no plan of `items` beats it.
+double RoutedLowerBound(const std::vector<Item>& items, DomainSize domain) {
+  double total = 0, largest = 0;
+  for (const Item& item : items) {
+    total += item.row ? item.cost * domain.tp : item.cost;
+    largest = std::max(largest, item.cost);
+  }
+  return std::max(total / domain.ranks(), largest);
 }
 
 }  // namespace
@@ -261,24 +272,29 @@ absl::StatusOr<HomePlan> PlanNsHomes(const std::vector<ParamShardSpec>& specs,
     return absl::InvalidArgumentError(absl::StrCat(
         "domain sizes must be >= 1, got G=", domain.gtp, " T=", domain.tp));
   }
-  RETURN_IF_ERROR(CheckSpecs(specs, domain));
+  ASSIGN_OR_RETURN(const std::vector<int> by_name,
+                   CheckSpecsAndSortByName(specs, domain));
   ASSIGN_OR_RETURN(std::vector<double> costs, ParamCosts(specs, options));
 
   std::vector<Item> items;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    if (specs[i].routed()) {
-      items.push_back(Item{int(i), costs[i], IsRowItem(specs[i])});
+  items.reserve(specs.size());
+  for (int i : by_name) {
+    const ParamShardSpec& spec = specs[i];
+    if (spec.routed()) {
+      items.push_back(Item{i, costs[i], IsRowItem(spec), spec.full_shape[0],
+                           spec.full_shape[1]});
     }
   }
-  std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
-    return ItemBefore(a, b, specs);
-  });
+  std::stable_sort(items.begin(), items.end(), ItemBefore);
 
   HomePlan plan;
-  LptResult chosen = RunLpt(items, specs, domain, options.colocate_same_shape);
+  LptResult chosen = RunLpt(items, domain, options.colocate_same_shape);
   plan.colocated = options.colocate_same_shape;
-  if (options.colocate_same_shape) {
-    LptResult plain = RunLpt(items, specs, domain, /*colocate=*/false);
+  if (options.colocate_same_shape &&
+      chosen.max_load > RoutedLowerBound(items, domain) * (1 + 1e-12)) {
+    // Colocating did not reach the bound: keep it only if plain LPT is not
+    // better.
+    LptResult plain = RunLpt(items, domain, /*colocate=*/false);
     if (plain.max_load < chosen.max_load) {
       chosen = std::move(plain);
       plan.colocated = false;
