@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <tuple>
@@ -163,14 +164,48 @@ absl::StatusOr<std::vector<int>> CheckSpecsAndSortByName(
   return by_name;
 }
 
-// max(routed total / ranks, largest item): no plan of `items` beats it.
-double RoutedLowerBound(const std::vector<Item>& items, DomainSize domain) {
+// A lower bound on the max routed load of any plan: max(total / ranks,
+// largest item) and, when every item has the same kind (m homes of one rank
+// or one row each), the pair bound c[m-1] + c[m] over costs sorted descending
+// (among the m + 1 largest items two share a home).
+double RoutedLowerBound(std::vector<double> costs, int num_row_items,
+                        DomainSize domain) {
   double total = 0, largest = 0;
-  for (const Item& item : items) {
-    total += item.row ? item.cost * domain.tp : item.cost;
-    largest = std::max(largest, item.cost);
+  for (double c : costs) {
+    total += c;
+    largest = std::max(largest, c);
   }
-  return std::max(total / domain.ranks(), largest);
+  const int num_items = int(costs.size());
+  double bound = largest;
+  const bool all_rows = num_row_items == num_items;
+  const bool no_rows = num_row_items == 0;
+  if (all_rows || no_rows) {
+    const int homes = all_rows ? domain.gtp : domain.ranks();
+    bound = std::max(bound, total / homes);
+    if (num_items > homes) {
+      std::nth_element(costs.begin(), costs.begin() + homes, costs.end(),
+                       std::greater<double>());
+      const double c_m = costs[homes];  // (m+1)-th largest
+      const double c_m1 = *std::min_element(costs.begin(),
+                                            costs.begin() + homes);
+      bound = std::max(bound, c_m1 + c_m);
+    }
+  }
+  return bound;
+}
+
+double RoutedLowerBound(const std::vector<Item>& items, DomainSize domain) {
+  std::vector<double> costs;
+  costs.reserve(items.size());
+  int rows = 0;
+  double total_rank_load = 0;
+  for (const Item& item : items) {
+    costs.push_back(item.cost);
+    rows += item.row;
+    total_rank_load += item.row ? item.cost * domain.tp : item.cost;
+  }
+  return std::max(RoutedLowerBound(std::move(costs), rows, domain),
+                  total_rank_load / domain.ranks());
 }
 
 }  // namespace
@@ -230,7 +265,9 @@ absl::Status ComputePlanLoads(const std::vector<ParamShardSpec>& specs,
                      costs.size(), " costs for ", specs.size(), " specs"));
   }
   plan.rank_load.assign(ranks, 0.0);
-  double replicated = 0, routed_total = 0, largest = 0;
+  double replicated = 0, routed_total = 0;
+  std::vector<double> routed_costs;
+  int row_items = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const double c = costs[i];
     const NsHome& h = plan.homes[i];
@@ -244,8 +281,9 @@ absl::Status ComputePlanLoads(const std::vector<ParamShardSpec>& specs,
           absl::StrCat("param '", specs[i].name, "': home (", h.g, ", ", h.t,
                        ") outside the ", G, "x", T, " domain"));
     }
-    largest = std::max(largest, c);
+    routed_costs.push_back(c);
     if (IsRowItem(specs[i])) {
+      ++row_items;
       for (int t = 0; t < T; ++t) plan.rank_load[domain.FlatRank(h.g, t)] += c;
       routed_total += c * T;
     } else {
@@ -259,7 +297,9 @@ absl::Status ComputePlanLoads(const std::vector<ParamShardSpec>& specs,
       std::accumulate(plan.rank_load.begin(), plan.rank_load.end(), 0.0) /
       ranks;
   plan.max_over_mean = mean > 0 ? max_load / mean : 1.0;
-  plan.lower_bound = replicated + std::max(routed_total / ranks, largest);
+  plan.lower_bound =
+      replicated + std::max(routed_total / ranks,
+                            RoutedLowerBound(routed_costs, row_items, domain));
   plan.lower_bound_ratio =
       plan.lower_bound > 0 ? max_load / plan.lower_bound : 1.0;
   return absl::OkStatus();
