@@ -1,0 +1,210 @@
+"""Local launcher of the main job: coordinator + one muond per rank + trainer.
+
+Started by deploy/run-demo.sh after setup and build. It starts
+`muond-coordinator` on a free loopback port and one `muond` per rank of the
+G x T domain (host mode on a machine without a GPU, one per GPU with
+--device cuda), waits until every daemon answers Health, runs the trainer
+(examples/char_gpt/train.py) and stops everything it started, also on Ctrl-C
+or when a process dies: no orphan processes, sockets or shm objects are left
+behind. Logs go to <out>/logs/; a process that dies is named with the last
+lines of its log.
+"""
+import argparse
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    p.add_argument("--ranks", default=None,
+                   help="domain G x T, e.g. 2x2 (default 2x2 on CPU, 1x<GPUs> on CUDA)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="cpu = host mode (shared memory, Gloo); cuda = one daemon per GPU "
+                        "(CUDA IPC, NCCL); auto = cuda when a GPU is visible")
+    p.add_argument("--out", default=os.path.join(ROOT, "out", "demo"))
+    p.add_argument("--bin", default=os.path.join(ROOT, "bazel-bin"),
+                   help="where server/daemon/muond and server/coordinator/muond-coordinator are")
+    p.add_argument("--optimizer", default="both", choices=["both", "muond"],
+                   help="both = also train the in-process reference for the overlay plot")
+    p.add_argument("--health-timeout", type=float, default=60.0)
+    p.add_argument("trainer_args", nargs=argparse.REMAINDER,
+                   help="after --, extra arguments for examples/char_gpt/train.py")
+    return p.parse_args()
+
+
+def cuda_device_count():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def tail(path, n=20):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+class Launcher:
+    def __init__(self, args):
+        self.args = args
+        self.procs = []  # (name, Popen, log path)
+        self.job = f"demo{os.getpid()}"
+        self.logs = os.path.join(args.out, "logs")
+        self.sockdir = f"/tmp/muond-{self.job}"
+
+    def start(self, name, cmd, env=None):
+        log = os.path.join(self.logs, f"{name}.log")
+        f = open(log, "w")
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                env=env or os.environ.copy(), start_new_session=True)
+        self.procs.append((name, proc, log))
+        return proc
+
+    def check_alive(self):
+        for name, proc, log in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; "
+                                   f"last lines of {log}:\n{tail(log)}")
+
+    def stop(self):
+        for _, proc, _ in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + 10
+        for _, proc, _ in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        shutil.rmtree(self.sockdir, ignore_errors=True)
+        for path in glob.glob(f"/dev/shm/muond-{self.job}*"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def run(self):
+        a = self.args
+        os.makedirs(self.logs, exist_ok=True)
+        device = a.device
+        gpus = cuda_device_count() if device in ("auto", "cuda") else 0
+        if device == "auto":
+            device = "cuda" if gpus > 0 else "cpu"
+        if device == "cuda" and gpus == 0:
+            raise RuntimeError("--device cuda: no GPU visible (nvidia-smi -L lists none)")
+        ranks = a.ranks or ("2x2" if device == "cpu" else f"1x{gpus}")
+        G, T = (int(x) for x in ranks.lower().split("x"))
+        world = G * T
+        if device == "cuda" and world > gpus:
+            raise RuntimeError(f"--ranks {ranks} needs {world} GPUs; {gpus} visible "
+                               "(NCCL cannot put two ranks on one GPU)")
+        os.makedirs(self.sockdir, mode=0o700, exist_ok=True)
+
+        port_file = os.path.join(self.logs, "coordinator.port")
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        self.start("coordinator", [os.path.join(a.bin, "server/coordinator/muond-coordinator"),
+                                   "--listen=127.0.0.1:0", f"--port_file={port_file}"])
+        deadline = time.time() + a.health_timeout
+        while not os.path.exists(port_file) or not open(port_file).read().strip():
+            self.check_alive()
+            if time.time() > deadline:
+                raise RuntimeError("the coordinator did not report its port")
+            time.sleep(0.05)
+        coordinator = f"127.0.0.1:{open(port_file).read().strip()}"
+
+        addresses = []
+        for r in range(world):
+            addr = f"unix://{self.sockdir}/rank{r}.sock"
+            addresses.append(addr)
+            mode = ["--host"] if device == "cpu" else [f"--device={r}"]
+            self.start(f"muond-rank{r}", [
+                os.path.join(a.bin, "server/daemon/muond"), f"--coordinator={coordinator}",
+                f"--job_id={self.job}", f"--rank={r}", f"--world_size={world}",
+                f"--listen={addr}", *mode])
+        self.wait_healthy(addresses, deadline)
+        print(f"launcher: coordinator {coordinator}, {world} daemons ({G}x{T}, {device}) "
+              f"healthy; logs in {self.logs}", flush=True)
+
+        trainer_args = [a for a in a.trainer_args if a != "--"]
+        cmd = [sys.executable, os.path.join(ROOT, "examples/char_gpt/train.py"),
+               "--optimizer", a.optimizer, "--steps", str(a.steps),
+               "--daemons", ",".join(addresses), "--gtp", str(G), "--tp", str(T),
+               "--job-id", self.job, "--out", a.out, *trainer_args]
+        if device == "cuda":
+            cmd += ["--device", "cuda"]
+        trainer = subprocess.Popen(cmd)
+        while trainer.poll() is None:
+            try:
+                self.check_alive()
+            except RuntimeError:
+                trainer.terminate()
+                trainer.wait()
+                raise
+            time.sleep(0.2)
+        if trainer.returncode != 0:
+            raise RuntimeError(f"the trainer exited with code {trainer.returncode}")
+
+    def wait_healthy(self, addresses, deadline):
+        import grpc
+        from muond.v1 import muond_pb2, muond_pb2_grpc
+        pending = list(addresses)
+        while pending:
+            self.check_alive()
+            if time.time() > deadline:
+                raise RuntimeError(f"daemons not healthy in time: {pending}")
+            addr = pending[0]
+            try:
+                with grpc.insecure_channel(addr) as ch:
+                    reply = muond_pb2_grpc.OptimizerStub(ch).Health(
+                        muond_pb2.HealthRequest(), timeout=1.0)
+                if reply.serving:
+                    pending.pop(0)
+                    continue
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+
+
+def main():
+    args = parse_args()
+    launcher = Launcher(args)
+
+    def on_signal(signum, _):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        launcher.run()
+        print(f"launcher: done; report in {os.path.join(args.out, 'report.md')}")
+        return 0
+    except KeyboardInterrupt:
+        print("launcher: interrupted; stopping everything", file=sys.stderr)
+        return 130
+    except RuntimeError as e:
+        print(f"launcher: FAILED: {e}", file=sys.stderr)
+        return 1
+    finally:
+        launcher.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The README's first command: the main job. Installs what is missing
+# (deploy/setup.sh), builds the servers, then deploy/local/launch.py starts a
+# coordinator and one muond per rank (default: a 2x2 GTP_remat x TP domain in
+# host mode on a machine without a GPU; one daemon per GPU on a GPU host) and
+# trains a small GPT on Debian's fortunes through them.
+#   deploy/run-demo.sh [--steps N] [--ranks GxT] [--device auto|cpu|cuda] [--out DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/setup.sh
+bazel build -c opt //server/daemon:muond //server/coordinator:muond-coordinator 2>&1 \
+  | grep -vE '^(INFO|Loading|Analyzing)' || true
+test -x bazel-bin/server/daemon/muond && test -x bazel-bin/server/coordinator/muond-coordinator
+exec .venv/bin/python deploy/local/launch.py "$@"
