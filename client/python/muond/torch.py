@@ -193,7 +193,8 @@ class Muon(torch.optim.Optimizer):
         self.layouts: dict[str, object] = {}   # param name -> SplitLayout | ("solo", rank) | "local"
         self._buffers: list[_Buffer] = []
         self._grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        self._wire_groups: list[tuple[int, str]] = []  # (param group index, wire group name)
+        # rank -> [(param group index, wire group name)] registered with that daemon
+        self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
         self.clients = [Client(a, timeout=rpc_timeout) for a in daemons]
         self._finalizer = weakref.finalize(self, _release, self._buffers)
@@ -273,8 +274,7 @@ class Muon(torch.optim.Optimizer):
                     ns_batch_size=group["ns_batch_size"],
                     fp32_matmul_prec=group["fp32_matmul_prec"], use_syrk=group["use_syrk"]))
             wire[rank][wname] = wg
-            if (gi, wname) not in self._wire_groups:
-                self._wire_groups.append((gi, wname))
+            self._wire_groups.setdefault(rank, []).append((gi, wname))
         return wire[rank][wname]
 
     def _rebind(self, p: torch.nn.Parameter, numel: int):
@@ -360,10 +360,12 @@ class Muon(torch.optim.Optimizer):
                     grad.copy_(p.grad)
                     p.grad = grad
 
-    def _overrides(self) -> list[pb.GroupOverride]:
+    def _overrides(self, rank: int) -> list[pb.GroupOverride]:
+        """The current lr / weight_decay of every group this daemon holds (so
+        LR schedulers work); a daemon never sees a group it does not hold."""
         return [pb.GroupOverride(group=wname, lr=self.param_groups[gi]["lr"],
                                  weight_decay=self.param_groups[gi]["weight_decay"])
-                for gi, wname in self._wire_groups]
+                for gi, wname in self._wire_groups.get(rank, [])]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -377,10 +379,10 @@ class Muon(torch.optim.Optimizer):
         if any(p.is_cuda for p, _ in self._grads):
             torch.cuda.synchronize()  # the daemon reads grads from another process
         self.step_id += 1
-        overrides = self._overrides()
+        overrides = [self._overrides(r) for r in range(len(self.clients))]
         t0 = time.perf_counter()
-        futures = [c.step_future(self.job_id, self.step_id, overrides, self.client_id)
-                   for c in self.clients]
+        futures = [c.step_future(self.job_id, self.step_id, overrides[r], self.client_id)
+                   for r, c in enumerate(self.clients)]
         responses = [_result(f, c, f"Step {self.step_id}")
                      for c, f in zip(self.clients, futures)]
         rpc_us = (time.perf_counter() - t0) * 1e6

@@ -116,6 +116,10 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         lr = {o.group: o.lr for o in request.overrides if o.HasField("lr")}
         wd = {o.group: o.weight_decay for o in request.overrides if o.HasField("weight_decay")}
         step = request.step_id
+        known = {g.name for g, _ in self.groups}
+        for o in request.overrides:
+            if o.group not in known:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"override for unknown group {o.group}")
         local = []
         for group, views in self.groups:
             if group.algorithm == pb.ADAMW:
