@@ -1,0 +1,188 @@
+#include "server/daemon/coordinator_link.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "server/common/grpc_status.h"
+
+namespace muond {
+namespace {
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration d) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        absl::ToChronoMilliseconds(d));
+}
+
+}  // namespace
+
+GrpcCoordinatorLink::GrpcCoordinatorLink(const std::string& address,
+                                         v1::JoinRequest join)
+    : join_(std::move(join)),
+      stub_(v1::Coordinator::NewStub(
+          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+
+GrpcCoordinatorLink::~GrpcCoordinatorLink() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+  }
+  if (watcher_.joinable()) watcher_.join();
+  if (reporter_.joinable()) reporter_.join();
+}
+
+absl::Status GrpcCoordinatorLink::JoinOnce() {
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(10));
+  v1::JoinResponse response;
+  return FromGrpc(stub_->Join(&context, join_, &response));
+}
+
+absl::Status GrpcCoordinatorLink::Start(
+    std::function<void(const v1::Plan&)> on_plan, absl::Duration timeout) {
+  on_plan_ = std::move(on_plan);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    absl::Status st = JoinOnce();
+    if (st.ok()) break;
+    if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st)) {
+      return absl::Status(st.code(),
+                          absl::StrCat("Join refused: ", st.message()));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(
+          absl::StrCat("coordinator unreachable: ", st.message()));
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  LOG(INFO) << "joined job " << join_.job_id() << " as rank " << join_.rank()
+            << "/" << join_.world_size();
+  watcher_ = std::thread([this] { WatchLoop(); });
+  reporter_ = std::thread([this] { ReportLoop(); });
+  return absl::OkStatus();
+}
+
+void GrpcCoordinatorLink::WatchLoop() {
+  bool need_join = false;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+    }
+    if (need_join) {
+      // The coordinator restarted or dropped us: join and re-publish.
+      absl::Status st = JoinOnce();
+      if (!st.ok() && !absl::IsAlreadyExists(st)) {
+        VLOG(1) << "re-join failed: " << st;
+        absl::SleepFor(absl::Milliseconds(500));
+        continue;
+      }
+      std::optional<v1::PublishManifestRequest> manifest;
+      {
+        absl::MutexLock lock(&mu_);
+        manifest = manifest_;
+      }
+      if (manifest) {
+        grpc::ClientContext context;
+        SetDeadline(&context, absl::Seconds(10));
+        v1::PublishManifestResponse response;
+        stub_->PublishManifest(&context, *manifest, &response);
+      }
+      need_join = false;
+    }
+    grpc::ClientContext context;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      watch_context_ = &context;
+    }
+    v1::WatchPlansRequest request;
+    request.set_job_id(join_.job_id());
+    request.set_rank(join_.rank());
+    auto reader = stub_->WatchPlans(&context, request);
+    v1::Plan plan;
+    while (reader->Read(&plan)) on_plan_(plan);
+    grpc::Status st = reader->Finish();
+    {
+      absl::MutexLock lock(&mu_);
+      watch_context_ = nullptr;
+      if (stopping_) return;
+    }
+    LOG(WARNING) << "plan stream ended (" << st.error_message()
+                 << "); keeping the current plan and reconnecting";
+    need_join = true;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+}
+
+void GrpcCoordinatorLink::ReportLoop() {
+  while (true) {
+    v1::ReportTimingsRequest report;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || pending_report_.has_value();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      report = *pending_report_;
+      pending_report_.reset();
+    }
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::Seconds(5));
+    v1::ReportTimingsResponse response;
+    grpc::Status st = stub_->ReportTimings(&context, report, &response);
+    if (!st.ok()) VLOG(1) << "ReportTimings failed: " << st.error_message();
+  }
+}
+
+absl::Status GrpcCoordinatorLink::PublishManifest(
+    const v1::PublishManifestRequest& manifest) {
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(30));
+  v1::PublishManifestResponse response;
+  absl::Status st =
+      FromGrpc(stub_->PublishManifest(&context, manifest, &response));
+  if (st.ok()) {
+    absl::MutexLock lock(&mu_);
+    manifest_ = manifest;
+  }
+  return st;
+}
+
+void GrpcCoordinatorLink::ReportTimings(
+    const v1::ReportTimingsRequest& report) {
+  absl::MutexLock lock(&mu_);
+  pending_report_ = report;
+}
+
+absl::Status GrpcCoordinatorLink::Set(const std::string& key,
+                                      const std::string& value) {
+  v1::KvSetRequest request;
+  request.set_job_id(join_.job_id());
+  request.set_key(key);
+  request.set_value(value);
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(30));
+  v1::KvSetResponse response;
+  return FromGrpc(stub_->KvSet(&context, request, &response));
+}
+
+absl::StatusOr<std::string> GrpcCoordinatorLink::Get(const std::string& key,
+                                                     absl::Duration timeout) {
+  v1::KvGetRequest request;
+  request.set_job_id(join_.job_id());
+  request.set_key(key);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout + absl::Seconds(10));
+  v1::KvGetResponse response;
+  absl::Status st = FromGrpc(stub_->KvGet(&context, request, &response));
+  if (!st.ok()) return st;
+  return response.value();
+}
+
+}  // namespace muond

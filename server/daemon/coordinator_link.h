@@ -1,0 +1,56 @@
+#pragma once
+// The daemon's side of the Coordinator service over gRPC: Join (retried
+// until the coordinator answers), the manifest, a background WatchPlans
+// stream that re-joins and re-subscribes when the coordinator goes away and
+// comes back (the daemon keeps its plans meanwhile), fire-and-forget timing
+// reports, and a KeyValueStore over KvSet/KvGet for communicator rendezvous.
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "core/comm/kv_store.h"
+#include "muond/v1/muond.grpc.pb.h"
+#include "server/daemon/daemon_core.h"
+
+namespace muond {
+
+class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
+ public:
+  // `join` carries job, rank, world size, host, device, address and token.
+  GrpcCoordinatorLink(const std::string& address, v1::JoinRequest join);
+  ~GrpcCoordinatorLink() override;
+
+  // Joins (retrying UNAVAILABLE up to `timeout`) and starts the plan watcher,
+  // which calls `on_plan` for every plan.
+  absl::Status Start(std::function<void(const v1::Plan&)> on_plan,
+                     absl::Duration timeout);
+
+  absl::Status PublishManifest(
+      const v1::PublishManifestRequest& manifest) override;
+  void ReportTimings(const v1::ReportTimingsRequest& report) override;
+
+  // KeyValueStore over the coordinator's per-job store.
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key,
+                                  absl::Duration timeout) override;
+
+ private:
+  absl::Status JoinOnce();
+  void WatchLoop();
+  void ReportLoop();
+
+  const v1::JoinRequest join_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::function<void(const v1::Plan&)> on_plan_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::optional<v1::ReportTimingsRequest> pending_report_ ABSL_GUARDED_BY(mu_);
+  // The last manifest, re-published after a coordinator restart.
+  std::optional<v1::PublishManifestRequest> manifest_ ABSL_GUARDED_BY(mu_);
+  std::thread watcher_;
+  std::thread reporter_;
+};
+
+}  // namespace muond

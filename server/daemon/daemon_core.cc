@@ -1,0 +1,387 @@
+#include "server/daemon/daemon_core.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "glog/logging.h"
+#include "server/common/proto_convert.h"
+
+namespace muond {
+namespace {
+
+v1::StepTimings ToProto(const PhaseTimings& t) {
+  v1::StepTimings out;
+  out.set_momentum_us(t.momentum_us);
+  out.set_a2a_fwd_us(t.a2a_fwd_us);
+  out.set_ns_us(t.ns_us);
+  out.set_a2a_bwd_us(t.a2a_bwd_us);
+  out.set_update_us(t.update_us);
+  out.set_total_us(t.total_us);
+  return out;
+}
+
+}  // namespace
+
+DaemonCore::DaemonCore(DaemonConfig config,
+                       std::unique_ptr<HandleOpener> opener,
+                       CoordinatorLink* link, EngineFactory factory)
+    : config_(std::move(config)),
+      opener_(std::move(opener)),
+      link_(link),
+      factory_(std::move(factory)) {
+  builder_ = std::thread([this] { BuilderLoop(); });
+}
+
+DaemonCore::~DaemonCore() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+  }
+  builder_.join();
+  absl::MutexLock lock(&mu_);
+  engine_.reset();
+  registration_.reset();
+}
+
+bool DaemonCore::PlanMatches(const v1::Plan& plan) const {
+  if (registration_ == nullptr) return false;
+  std::map<std::string, int> plan_homes;
+  for (const v1::GroupPlan& g : plan.groups())
+    plan_homes[g.group()] = g.homes_size();
+  if (plan_homes.size() != registration_->groups.size()) return false;
+  for (const BoundGroup& g : registration_->groups) {
+    auto it = plan_homes.find(g.proto.name());
+    if (it == plan_homes.end()) return false;
+    const bool muon = g.proto.algorithm() != v1::ADAMW;
+    if (muon && it->second != int(g.params.size())) return false;
+  }
+  return true;
+}
+
+const v1::Plan* DaemonCore::NewestMatchingPlan(
+    std::optional<int64_t> at_step) const {
+  for (auto it = plans_.rbegin(); it != plans_.rend(); ++it) {
+    if (at_step && it->second.activate_at_step() > *at_step) continue;
+    if (PlanMatches(it->second)) return &it->second;
+  }
+  return nullptr;
+}
+
+void DaemonCore::OnPlan(const v1::Plan& plan) {
+  absl::MutexLock lock(&mu_);
+  if (plans_.count(plan.version())) return;
+  plans_[plan.version()] = plan;
+  LOG(INFO) << "plan version " << plan.version()
+            << " received (activates at step " << plan.activate_at_step()
+            << ", cost model '" << plan.cost_model() << "')"
+            << (PlanMatches(plan)
+                    ? ""
+                    : "; it does not match the registered params");
+  if (last_step_id_ && plan.activate_at_step() <= *last_step_id_ &&
+      plan.activate_at_step() > 0) {
+    LOG(WARNING) << "plan version " << plan.version()
+                 << " arrived after its activation step "
+                 << plan.activate_at_step() << " (last step " << *last_step_id_
+                 << "); it takes effect at the next step";
+  }
+}
+
+void DaemonCore::BuilderLoop() {
+  int64_t failed_version = 0;
+  uint64_t failed_generation = ~0ull;
+  while (true) {
+    std::shared_ptr<Registration> reg;
+    v1::Plan plan;
+    uint64_t generation;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (shutdown_) return true;
+        if (registration_ == nullptr || engine_ != nullptr) return false;
+        const v1::Plan* p = NewestMatchingPlan(std::nullopt);
+        return p != nullptr &&
+               !(registration_generation_ == failed_generation &&
+                 p->version() <= failed_version);
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (shutdown_) return;
+      reg = registration_;
+      plan = *NewestMatchingPlan(std::nullopt);
+      generation = registration_generation_;
+      building_ = true;
+    }
+    LOG(INFO) << "creating the step engine for plan version " << plan.version();
+    absl::StatusOr<std::unique_ptr<StepEngine>> engine = factory_(*reg, plan);
+    absl::MutexLock lock(&mu_);
+    building_ = false;
+    if (!engine.ok()) {
+      engine_error_ = engine.status().ToString();
+      failed_version = plan.version();
+      failed_generation = generation;
+      LOG(ERROR) << "cannot create the step engine: " << engine.status();
+      continue;
+    }
+    if (generation != registration_generation_) continue;  // unregistered
+    engine_ = *std::move(engine);
+    engine_error_.clear();
+    active_plan_version_ = 0;
+    LOG(INFO) << "step engine ready (" << reg->num_params << " params)";
+  }
+}
+
+absl::Status DaemonCore::CheckClient(const std::string& job_id,
+                                     const std::string& client_id) const {
+  if (job_id != config_.job_id) {
+    return absl::InvalidArgumentError(absl::StrCat("job_id: '", job_id,
+                                                   "' but this daemon serves '",
+                                                   config_.job_id, "'"));
+  }
+  if (registration_ != nullptr && !registration_->client_id.empty() &&
+      !client_id.empty() && client_id != registration_->client_id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("client_id '", client_id, "' does not own the params (",
+                     "registered by '", registration_->client_id, "')"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
+    const v1::RegisterParamsRequest& request,
+    const std::function<bool()>& cancelled) {
+  absl::MutexLock op(&op_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (registration_ != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "params are already registered (", registration_->num_params,
+          " params by client '", registration_->client_id,
+          "'); call UnregisterParams first"));
+    }
+  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Registration> reg,
+      BuildRegistration(request, {config_.job_id, config_.world_size}, *opener_,
+                        cancelled));
+  const v1::PublishManifestRequest manifest =
+      reg->Manifest(config_.job_id, config_.rank);
+  if (absl::Status st = link_->PublishManifest(manifest); !st.ok()) {
+    return absl::Status(
+        st.code(),
+        absl::StrCat("the coordinator refused the manifest: ", st.message()));
+  }
+  if (cancelled && cancelled()) {
+    return absl::CancelledError(
+        "the trainer disconnected during RegisterParams; nothing registered");
+  }
+  absl::MutexLock lock(&mu_);
+  v1::RegisterParamsResponse response;
+  response.set_num_params(reg->num_params);
+  LOG(INFO) << "registered " << reg->num_params << " params in "
+            << reg->groups.size() << " groups for client '" << reg->client_id
+            << "' (" << reg->mappings.size() << " mappings)";
+  registration_ = std::move(reg);
+  ++registration_generation_;
+  last_step_id_.reset();
+  active_plan_version_ = 0;
+  engine_error_.clear();
+  if (const v1::Plan* p = NewestMatchingPlan(std::nullopt)) {
+    response.set_plan_version(p->version());
+  }
+  return response;
+}
+
+absl::Status DaemonCore::Unregister(
+    const v1::UnregisterParamsRequest& request) {
+  absl::MutexLock op(&op_mu_);
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckClient(request.job_id(), request.client_id()));
+  if (registration_ == nullptr) return absl::OkStatus();
+  LOG(INFO) << "unregistering " << registration_->num_params << " params";
+  engine_.reset();
+  registration_.reset();
+  ++registration_generation_;
+  last_step_id_.reset();
+  active_plan_version_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status DaemonCore::ActivatePlanFor(int64_t step_id) {
+  const v1::Plan* plan = NewestMatchingPlan(step_id);
+  if (plan == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no plan is active at step ", step_id,
+                     " (every received plan activates later)"));
+  }
+  if (plan->version() == active_plan_version_) return absl::OkStatus();
+  for (const v1::GroupPlan& gp : plan->groups()) {
+    const BoundGroup* group = nullptr;
+    for (const BoundGroup& g : registration_->groups) {
+      if (g.proto.name() == gp.group()) group = &g;
+    }
+    if (group == nullptr || group->proto.algorithm() == v1::ADAMW) continue;
+    std::vector<NsHome> homes;
+    for (const v1::NsHome& h : gp.homes()) homes.push_back(FromProto(h));
+    RETURN_IF_ERROR(engine_->muon->SetHomes(gp.group(), std::move(homes)));
+  }
+  LOG(INFO) << "plan version " << plan->version() << " active from step "
+            << step_id;
+  active_plan_version_ = plan->version();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOverrides> DaemonCore::ParseOverrides(
+    const v1::StepRequest& request) const {
+  StepOverrides out;
+  for (const v1::GroupOverride& o : request.overrides()) {
+    bool known = false;
+    for (const BoundGroup& g : registration_->groups) {
+      known |= g.proto.name() == o.group();
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("overrides: unknown group '", o.group(), "'"));
+    }
+    if (o.has_lr()) {
+      if (!std::isfinite(o.lr()) || o.lr() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("overrides: group '", o.group(), "' lr ", o.lr(),
+                         " must be finite and >= 0"));
+      }
+      out.lr[o.group()] = o.lr();
+    }
+    if (o.has_weight_decay()) {
+      if (!std::isfinite(o.weight_decay()) || o.weight_decay() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("overrides: group '", o.group(), "' weight_decay ",
+                         o.weight_decay(), " must be finite and >= 0"));
+      }
+      out.weight_decay[o.group()] = o.weight_decay();
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::StepResponse> DaemonCore::Step(
+    const v1::StepRequest& request) {
+  absl::MutexLock op(&op_mu_);
+  StepOverrides overrides;
+  LayerShardedMuon* muon = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckClient(request.job_id(), request.client_id()));
+    if (registration_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "step before RegisterParams: no params are registered");
+    }
+    const int64_t id = request.step_id();
+    if (id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step_id ", id, " must be >= 0"));
+    }
+    if (last_step_id_) {
+      if (id == *last_step_id_) {
+        v1::StepResponse replay = last_response_;
+        replay.set_replayed(true);
+        return replay;
+      }
+      if (id != *last_step_id_ + 1) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step_id ", id, " does not follow the last applied step_id ",
+            *last_step_id_, " (expected ", *last_step_id_ + 1, ", or ",
+            *last_step_id_, " to replay)"));
+      }
+    }
+    if (engine_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", id,
+          " before the plan: the daemon has no plan and step "
+          "engine yet (waiting for the coordinator's plan",
+          engine_error_.empty() ? "" : "; last error: " + engine_error_, ")"));
+    }
+    ASSIGN_OR_RETURN(overrides, ParseOverrides(request));
+    RETURN_IF_ERROR(ActivatePlanFor(id));
+    muon = engine_->muon.get();
+  }
+  // The engine cannot go away: op_mu_ excludes Unregister/Register.
+  absl::StatusOr<StepResult> result = muon->Step(overrides);
+  if (!result.ok()) {
+    LOG(ERROR) << "step " << request.step_id()
+               << " failed: " << result.status();
+    return result.status();
+  }
+  absl::MutexLock lock(&mu_);
+  v1::StepResponse response;
+  response.set_step_id(request.step_id());
+  *response.mutable_timings() = ToProto(result->timings);
+  response.set_plan_version(active_plan_version_);
+  for (const std::string& name : result->skipped_nonfinite) {
+    response.add_skipped_nonfinite(name);
+  }
+  last_step_id_ = request.step_id();
+  last_response_ = response;
+  ++steps_done_;
+  if (config_.log_every > 0 && steps_done_ % config_.log_every == 0) {
+    LOG(INFO) << "step " << request.step_id() << ": total "
+              << result->timings.total_us << " us (momentum "
+              << result->timings.momentum_us << ", a2a "
+              << result->timings.a2a_fwd_us + result->timings.a2a_bwd_us
+              << ", ns " << result->timings.ns_us << ", update "
+              << result->timings.update_us << "), plan v"
+              << active_plan_version_;
+  }
+  v1::ReportTimingsRequest report;
+  report.set_job_id(config_.job_id);
+  report.set_rank(config_.rank);
+  report.set_step_id(request.step_id());
+  *report.mutable_timings() = response.timings();
+  link_->ReportTimings(report);
+  return response;
+}
+
+v1::GetStatusResponse DaemonCore::Status() {
+  absl::MutexLock lock(&mu_);
+  v1::GetStatusResponse s;
+  s.set_job_id(config_.job_id);
+  s.set_rank(config_.rank);
+  s.set_device(config_.device);
+  s.set_num_params(registration_ ? registration_->num_params : 0);
+  s.set_last_step_id(last_step_id_.value_or(-1));
+  s.set_plan_version(active_plan_version_);
+  if (const v1::Plan* p = NewestMatchingPlan(std::nullopt)) {
+    s.set_latest_plan_version(p->version());
+  }
+  *s.mutable_last_timings() = last_response_.timings();
+  if (engine_ != nullptr) {
+    s.set_state_bytes(engine_->muon->state_bytes());
+    s.set_peak_transient_bytes(engine_->muon->peak_transient_bytes());
+  }
+  return s;
+}
+
+v1::HealthResponse DaemonCore::Health() {
+  absl::MutexLock lock(&mu_);
+  v1::HealthResponse h;
+  h.set_serving(true);
+  h.set_has_plan(engine_ != nullptr);
+  return h;
+}
+
+std::string DaemonCore::engine_error() {
+  absl::MutexLock lock(&mu_);
+  return engine_error_;
+}
+
+absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
+    const std::string&) {
+  return absl::UnimplementedError(
+      "SaveState is not implemented yet (reliability issue)");
+}
+
+absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
+    const std::string&) {
+  return absl::UnimplementedError(
+      "LoadState is not implemented yet (reliability issue)");
+}
+
+}  // namespace muond

@@ -1,0 +1,140 @@
+#pragma once
+// The daemon's state machine, apart from gRPC (optimizer_service.h is the thin
+// layer in front; tests drive this class in-process with fakes).
+//
+//  RegisterParams -> validate + map (registration.h) -> publish the manifest
+//  -> (plans arrive through OnPlan) -> the builder thread creates the step
+//  engine (communicators + LayerShardedMuon) from the first plan that matches
+//  the registration -> Step.
+//
+// Step ids: the first step after registration may have any id >= 0; then each
+// step must be the previous id + 1. Repeating the previous id returns the
+// recorded response with replayed = true and applies nothing; a smaller id or
+// a gap is FailedPrecondition naming both ids. A failed step records nothing.
+//
+// Plans: every plan received is kept; before step s the daemon activates the
+// newest plan with activate_at_step <= s (SetHomes per group), so all ranks
+// of a domain switch at the same boundary. Plans that do not match the
+// registration (other groups or param counts) are ignored. Losing the
+// coordinator changes nothing: the daemon keeps stepping with its plans.
+//
+// Thread-safety: all methods are thread-safe; steps are serialized.
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/comm/communicator.h"
+#include "core/step/layer_sharded_muon.h"
+#include "muond/v1/muond.pb.h"
+#include "server/daemon/memory_mapper.h"
+#include "server/daemon/registration.h"
+
+namespace muond {
+
+// What the daemon needs from the coordinator (coordinator_link.h over gRPC;
+// fakes in tests).
+class CoordinatorLink {
+ public:
+  virtual ~CoordinatorLink() = default;
+  virtual absl::Status PublishManifest(
+      const v1::PublishManifestRequest& manifest) = 0;
+  // Fire and forget (the latest report wins; never blocks a step).
+  virtual void ReportTimings(const v1::ReportTimingsRequest& report) = 0;
+};
+
+// The step engine and the communicators it uses (declared first, so they
+// are destroyed after the engine).
+struct StepEngine {
+  std::vector<std::unique_ptr<Communicator>> communicators;
+  std::shared_ptr<void> backend;  // keeps the backend alive
+  std::unique_ptr<LayerShardedMuon> muon;
+};
+
+// Creates the engine for `registration` under plan `plan` (communicators
+// rendezvous under a prefix naming the plan version, so every rank of a
+// domain meets its peers). Blocks until peers arrive or a timeout.
+using EngineFactory = std::function<absl::StatusOr<std::unique_ptr<StepEngine>>(
+    const Registration& registration, const v1::Plan& plan)>;
+
+struct DaemonConfig {
+  std::string job_id;
+  int rank = 0;
+  int world_size = 1;
+  std::string device = "cpu";
+  int log_every = 100;
+};
+
+class DaemonCore {
+ public:
+  DaemonCore(DaemonConfig config, std::unique_ptr<HandleOpener> opener,
+             CoordinatorLink* link, EngineFactory factory);
+  ~DaemonCore();
+
+  // Errors: BuildRegistration's; FailedPrecondition when params are already
+  // registered (UnregisterParams first); the coordinator's status when the
+  // manifest is refused (then nothing stays registered).
+  absl::StatusOr<v1::RegisterParamsResponse> Register(
+      const v1::RegisterParamsRequest& request,
+      const std::function<bool()>& cancelled = {});
+  // InvalidArgument for a wrong job id; PermissionDenied when another client
+  // registered the params. Unregistering nothing is OK.
+  absl::Status Unregister(const v1::UnregisterParamsRequest& request);
+  absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
+  v1::GetStatusResponse Status();
+  v1::HealthResponse Health();
+
+  // A plan from the coordinator (WatchPlans).
+  void OnPlan(const v1::Plan& plan);
+
+  // Save/load optimizer state (state_file.h format).
+  absl::StatusOr<v1::SaveStateResponse> SaveState(const std::string& path);
+  absl::StatusOr<v1::LoadStateResponse> LoadState(const std::string& path);
+
+  // The last engine creation error (empty if none), for Health/logs.
+  std::string engine_error();
+
+ private:
+  bool PlanMatches(const v1::Plan& plan) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const v1::Plan* NewestMatchingPlan(std::optional<int64_t> at_step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BuilderLoop();
+  absl::Status CheckClient(const std::string& job_id,
+                           const std::string& client_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ActivatePlanFor(int64_t step_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<StepOverrides> ParseOverrides(
+      const v1::StepRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DaemonConfig config_;
+  const std::unique_ptr<HandleOpener> opener_;
+  CoordinatorLink* const link_;
+  const EngineFactory factory_;
+
+  // Serializes Register/Unregister/Step/Load against each other; mu_ guards
+  // the state and is what the builder thread waits on.
+  absl::Mutex op_mu_;
+  absl::Mutex mu_;
+  std::shared_ptr<Registration> registration_ ABSL_GUARDED_BY(mu_);
+  uint64_t registration_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<StepEngine> engine_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, v1::Plan> plans_ ABSL_GUARDED_BY(mu_);  // by version
+  int64_t active_plan_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<int64_t> last_step_id_ ABSL_GUARDED_BY(mu_);
+  v1::StepResponse last_response_ ABSL_GUARDED_BY(mu_);
+  std::string engine_error_ ABSL_GUARDED_BY(mu_);
+  bool building_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread builder_;
+};
+
+}  // namespace muond

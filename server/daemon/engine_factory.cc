@@ -1,0 +1,179 @@
+#include "server/daemon/engine_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/backend/cpu_backend.h"
+#include "core/backend/cuda_backend.h"
+#include "core/comm/gloo_communicator.h"
+#include "core/comm/groups.h"
+#include "core/comm/nccl_communicator.h"
+#include "core/common/status_macros.h"
+#include "core/muon/coefficients.h"
+#include "glog/logging.h"
+#include "server/common/proto_convert.h"
+
+namespace muond {
+namespace {
+
+absl::Status InGroup(const v1::ParamGroup& group, absl::Status st) {
+  if (st.ok()) return st;
+  return absl::Status(
+      st.code(), absl::StrCat("group '", group.name(), "': ", st.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
+  const v1::MuonHyperparams& h = group.muon();
+  MuonOptions o;
+  o.lr = h.lr();
+  o.momentum = h.momentum();
+  o.nesterov = h.nesterov();
+  o.weight_decay = h.weight_decay();
+  if (!h.weight_decay_method().empty()) {
+    absl::StatusOr<WeightDecayMethod> m =
+        ParseWeightDecayMethod(h.weight_decay_method());
+    RETURN_IF_ERROR(InGroup(group, m.status()));
+    o.weight_decay_method = *m;
+  }
+  if (!h.coefficient_type().empty()) {
+    absl::StatusOr<CoefficientType> c =
+        ParseCoefficientType(h.coefficient_type());
+    RETURN_IF_ERROR(InGroup(group, c.status()));
+    o.ns.coefficient_type = *c;
+  }
+  if (h.custom_coefficients_size() % 3 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group.name(), "': custom_coefficients has ",
+        h.custom_coefficients_size(), " values, not a multiple of 3"));
+  }
+  for (int i = 0; i + 2 < h.custom_coefficients_size(); i += 3) {
+    o.ns.custom.push_back({float(h.custom_coefficients(i)),
+                           float(h.custom_coefficients(i + 1)),
+                           float(h.custom_coefficients(i + 2))});
+  }
+  if (h.num_ns_steps() != 0) o.ns.num_steps = h.num_ns_steps();
+  if (h.eps() != 0) o.ns.eps = float(h.eps());
+  if (!h.scale_mode().empty()) {
+    absl::StatusOr<ScaleMode> s = ParseScaleMode(h.scale_mode());
+    RETURN_IF_ERROR(InGroup(group, s.status()));
+    o.scale_mode = *s;
+  }
+  if (h.extra_scale_factor() != 0)
+    o.extra_scale_factor = h.extra_scale_factor();
+  if (h.ns_batch_size() != 0) o.ns_batch_size = h.ns_batch_size();
+  const std::string& prec = h.fp32_matmul_prec();
+  if (prec.empty() || prec == "highest") {
+    o.ns.precision = MatmulPrecision::kHighest;
+  } else if (prec == "high") {
+    o.ns.precision = MatmulPrecision::kHigh;
+  } else if (prec == "medium") {
+    o.ns.precision = MatmulPrecision::kMedium;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group '", group.name(), "': fp32_matmul_prec '", prec,
+                     "' is not highest, high or medium"));
+  }
+  o.ns.use_syrk = h.use_syrk();
+  RETURN_IF_ERROR(InGroup(group, o.Validate()));
+  return o;
+}
+
+absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(
+    const v1::ParamGroup& group) {
+  const v1::AdamWHyperparams& h = group.adamw();
+  AdamWOptions o;
+  o.lr = h.lr();
+  if (h.beta1() != 0) o.beta1 = h.beta1();
+  if (h.beta2() != 0) o.beta2 = h.beta2();
+  if (h.eps() != 0) o.eps = h.eps();
+  o.weight_decay = h.weight_decay();
+  RETURN_IF_ERROR(InGroup(group, o.Validate()));
+  return o;
+}
+
+EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
+  return [options, store](const Registration& reg, const v1::Plan& plan)
+             -> absl::StatusOr<std::unique_ptr<StepEngine>> {
+    auto engine = std::make_unique<StepEngine>();
+    std::shared_ptr<Backend> backend;
+    if (options.device < 0) {
+      backend = MakeCpuBackend();
+    } else {
+      ASSIGN_OR_RETURN(std::unique_ptr<Backend> cuda,
+                       MakeCudaBackend(options.device));
+      backend = std::move(cuda);
+    }
+    engine->backend = backend;
+    // One pair of communicators per domain name, shared by its groups.
+    std::map<std::string, std::pair<Communicator*, Communicator*>> comms;
+    std::vector<GroupConfig> configs;
+    for (const BoundGroup& group : reg.groups) {
+      const v1::Domain& d = group.proto.domain();
+      if (!comms.count(d.name())) {
+        const std::string prefix =
+            absl::StrCat("comm/", d.name(), "/v", plan.version());
+        ASSIGN_OR_RETURN(
+            DomainGroups groups,
+            SplitDomain(d.gtp_size(), d.tp_size(), d.g(), d.t(), prefix));
+        auto make =
+            [&](const std::string& p, int rank,
+                int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+          if (options.device < 0) {
+            GlooOptions gloo;
+            gloo.hostname = options.gloo_hostname;
+            gloo.timeout = options.comm_timeout;
+            return CreateGlooCommunicator(store, p, rank, size, gloo);
+          }
+          NcclOptions nccl;
+          nccl.device = options.device;
+          return CreateNcclCommunicator(store, p, rank, size, backend->stream(),
+                                        nccl);
+        };
+        Communicator* gtp = nullptr;
+        Communicator* tp = nullptr;
+        if (d.gtp_size() > 1) {
+          ASSIGN_OR_RETURN(auto c,
+                           make(groups.gtp_remat_prefix, d.g(), d.gtp_size()));
+          gtp = c.get();
+          engine->communicators.push_back(std::move(c));
+        }
+        if (d.tp_size() > 1) {
+          ASSIGN_OR_RETURN(auto c, make(groups.tp_prefix, d.t(), d.tp_size()));
+          tp = c.get();
+          engine->communicators.push_back(std::move(c));
+        }
+        comms[d.name()] = {gtp, tp};
+      }
+      GroupConfig config;
+      config.name = group.proto.name();
+      config.algorithm = group.proto.algorithm() == v1::ADAMW
+                             ? Algorithm::kAdamW
+                             : Algorithm::kMuon;
+      if (config.algorithm == Algorithm::kMuon) {
+        ASSIGN_OR_RETURN(config.muon, MuonOptionsFromProto(group.proto));
+      } else {
+        ASSIGN_OR_RETURN(config.adamw, AdamWOptionsFromProto(group.proto));
+      }
+      config.domain.size = DomainSizeOf(d);
+      config.domain.g = d.g();
+      config.domain.t = d.t();
+      config.domain.gtp = comms[d.name()].first;
+      config.domain.tp = comms[d.name()].second;
+      for (const BoundParam& p : group.params) {
+        ParamBinding b;
+        b.name = p.name;
+        b.full_shape = p.full_shape;
+        b.tags = p.tags;
+        b.param = p.param;
+        b.grad = p.grad;
+        config.params.push_back(std::move(b));
+      }
+      configs.push_back(std::move(config));
+    }
+    ASSIGN_OR_RETURN(engine->muon, LayerShardedMuon::Create(
+                                       backend.get(), std::move(configs)));
+    return engine;
+  };
+}
+
+}  // namespace muond

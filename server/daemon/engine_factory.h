@@ -1,0 +1,31 @@
+#pragma once
+// The real step engine: a compute backend, Gloo (host) or NCCL (device)
+// communicators per domain through the coordinator's store, and
+// LayerShardedMuon over the registration's views.
+#include <string>
+
+#include "absl/time/time.h"
+#include "core/comm/kv_store.h"
+#include "core/muon/adamw.h"
+#include "core/muon/muon_update.h"
+#include "server/daemon/daemon_core.h"
+
+namespace muond {
+
+struct EngineOptions {
+  std::string job_id;
+  int device = -1;  // -1: host mode (CPU backend, Gloo)
+  std::string gloo_hostname = "127.0.0.1";
+  absl::Duration comm_timeout = absl::Seconds(60);
+};
+
+// Proto hyperparameters -> core options; zero/empty fields take the
+// documented defaults (num_ns_steps 5, eps 1e-15, extra_scale_factor 1,
+// ns_batch_size 1, quintic, spectral, decoupled, highest).
+absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group);
+absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(const v1::ParamGroup& group);
+
+// `store` (not owned) must outlive the factory.
+EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store);
+
+}  // namespace muond

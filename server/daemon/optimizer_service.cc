@@ -1,0 +1,67 @@
+#include "server/daemon/optimizer_service.h"
+
+#include "glog/logging.h"
+#include "server/common/grpc_status.h"
+
+namespace muond {
+namespace {
+
+template <typename T>
+grpc::Status Reply(absl::StatusOr<T> result, T* response, const char* rpc) {
+  if (!result.ok()) {
+    LOG(WARNING) << rpc << " refused: " << result.status();
+    return ToGrpc(result.status());
+  }
+  *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status OptimizerService::RegisterParams(
+    grpc::ServerContext* context, const v1::RegisterParamsRequest* request,
+    v1::RegisterParamsResponse* response) {
+  return Reply(
+      core_->Register(*request, [context] { return context->IsCancelled(); }),
+      response, "RegisterParams");
+}
+
+grpc::Status OptimizerService::Step(grpc::ServerContext*,
+                                    const v1::StepRequest* request,
+                                    v1::StepResponse* response) {
+  return Reply(core_->Step(*request), response, "Step");
+}
+
+grpc::Status OptimizerService::UnregisterParams(
+    grpc::ServerContext*, const v1::UnregisterParamsRequest* request,
+    v1::UnregisterParamsResponse*) {
+  return ToGrpc(core_->Unregister(*request));
+}
+
+grpc::Status OptimizerService::GetStatus(grpc::ServerContext*,
+                                         const v1::GetStatusRequest*,
+                                         v1::GetStatusResponse* response) {
+  *response = core_->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status OptimizerService::SaveState(grpc::ServerContext*,
+                                         const v1::SaveStateRequest* request,
+                                         v1::SaveStateResponse* response) {
+  return Reply(core_->SaveState(request->path()), response, "SaveState");
+}
+
+grpc::Status OptimizerService::LoadState(grpc::ServerContext*,
+                                         const v1::LoadStateRequest* request,
+                                         v1::LoadStateResponse* response) {
+  return Reply(core_->LoadState(request->path()), response, "LoadState");
+}
+
+grpc::Status OptimizerService::Health(grpc::ServerContext*,
+                                      const v1::HealthRequest*,
+                                      v1::HealthResponse* response) {
+  *response = core_->Health();
+  return grpc::Status::OK;
+}
+
+}  // namespace muond

@@ -1,0 +1,33 @@
+#pragma once
+// The Optimizer gRPC service: a thin layer over DaemonCore.
+#include "muond/v1/muond.grpc.pb.h"
+#include "server/daemon/daemon_core.h"
+
+namespace muond {
+
+class OptimizerService final : public v1::Optimizer::Service {
+ public:
+  explicit OptimizerService(DaemonCore* core) : core_(core) {}
+
+  grpc::Status RegisterParams(grpc::ServerContext*,
+                              const v1::RegisterParamsRequest*,
+                              v1::RegisterParamsResponse*) override;
+  grpc::Status Step(grpc::ServerContext*, const v1::StepRequest*,
+                    v1::StepResponse*) override;
+  grpc::Status UnregisterParams(grpc::ServerContext*,
+                                const v1::UnregisterParamsRequest*,
+                                v1::UnregisterParamsResponse*) override;
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                         v1::GetStatusResponse*) override;
+  grpc::Status SaveState(grpc::ServerContext*, const v1::SaveStateRequest*,
+                         v1::SaveStateResponse*) override;
+  grpc::Status LoadState(grpc::ServerContext*, const v1::LoadStateRequest*,
+                         v1::LoadStateResponse*) override;
+  grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*,
+                      v1::HealthResponse*) override;
+
+ private:
+  DaemonCore* core_;
+};
+
+}  // namespace muond

@@ -1,0 +1,317 @@
+#include "server/daemon/registration.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+#include "server/common/checked_math.h"
+#include "server/common/proto_convert.h"
+
+namespace muond {
+namespace {
+
+std::string Shape(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+}
+
+template <typename T>
+std::vector<int64_t> Vec(const T& repeated) {
+  return std::vector<int64_t>(repeated.begin(), repeated.end());
+}
+
+absl::Status ValidateDomain(const v1::ParamGroup& group, int world_size) {
+  const v1::Domain& d = group.domain();
+  const std::string where = absl::StrCat("group '", group.name(), "' domain");
+  if (d.gtp_size() < 1 || d.tp_size() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": gtp_size ", d.gtp_size(), " and tp_size ",
+                     d.tp_size(), " must be >= 1"));
+  }
+  if (int64_t(d.gtp_size()) * d.tp_size() > world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", d.gtp_size(), "x", d.tp_size(),
+                     " ranks exceed the job's world size ", world_size));
+  }
+  if (d.g() < 0 || d.g() >= d.gtp_size() || d.t() < 0 || d.t() >= d.tp_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": (g=", d.g(), ", t=", d.t(), ") lies outside ",
+                     d.gtp_size(), "x", d.tp_size()));
+  }
+  return absl::OkStatus();
+}
+
+// The shape this rank must hold for a param; for Muon params from
+// core/plan's sharding model.
+absl::StatusOr<std::vector<int64_t>> ExpectedLocalShape(
+    const v1::ParamGroup& group, const v1::Param& p,
+    const std::vector<int64_t>& local) {
+  const std::vector<int64_t> full = Vec(p.full_shape());
+  const std::string where = absl::StrCat("param '", p.name(), "'");
+  if (full.empty() || full.size() > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": full_shape ", Shape(full), " must be 1-D or 2-D"));
+  }
+  for (int64_t d : full) {
+    if (d < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": full_shape ", Shape(full), " has a dim < 1"));
+    }
+  }
+  const bool muon = group.algorithm() != v1::ADAMW;
+  if (muon && full.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": Muon params must be 2-D (full_shape ",
+                     Shape(full), "); put it in an ADAMW group"));
+  }
+  if (local.size() != full.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": param.shape ", Shape(local), " and full_shape ",
+                     Shape(full), " differ in rank"));
+  }
+  const DomainSize domain = DomainSizeOf(group.domain());
+  if (full.size() == 2) {
+    absl::StatusOr<ParamShardSpec> spec =
+        MakeShardSpec(p.name(), local, FromProto(p.tags()), domain);
+    if (!spec.ok()) return spec.status();
+    if (spec->full_shape != full) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": param.shape ", Shape(local), " with its tags in the ",
+          domain.gtp, "x", domain.tp, " domain implies full_shape ",
+          Shape(spec->full_shape), ", not ", Shape(full)));
+    }
+    return local;
+  }
+  // 1-D (AdamW): whole, or split along dim 0 by TP or GTP.
+  const v1::ShardTags& tags = p.tags();
+  const bool tp = tags.tensor_model_parallel() && tags.partition_dim() == 0 &&
+                  domain.tp > 1;
+  const bool gtp = tags.is_gtp_weight_remat() && domain.gtp > 1;
+  int64_t n = full[0];
+  if (tp) {
+    if (n % domain.tp != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": full_shape ", Shape(full),
+                       " not divisible by tp_size ", domain.tp));
+    }
+    n /= domain.tp;
+  }
+  if (gtp) {
+    if (tags.pad_length() < 0 || (n + tags.pad_length()) % domain.gtp != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", n, " + pad_length ", tags.pad_length(),
+                       " not divisible by gtp_size ", domain.gtp));
+    }
+    n = (n + tags.pad_length()) / domain.gtp;
+  }
+  return std::vector<int64_t>{n};
+}
+
+class Binder {
+ public:
+  Binder(HandleOpener& opener, Registration& reg)
+      : opener_(opener), reg_(reg) {}
+
+  // A view of `ref` (which must have `expected_shape`), checked against its
+  // mapping.
+  absl::StatusOr<MatrixView> Bind(const v1::TensorRef& ref,
+                                  const std::vector<int64_t>& expected_shape,
+                                  const std::string& field) {
+    ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(ref.dtype(), field));
+    const std::vector<int64_t> shape = Vec(ref.shape());
+    const std::vector<int64_t> strides = Vec(ref.strides());
+    if (shape != expected_shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape ", Shape(shape), " should be ",
+                       Shape(expected_shape), " (the local shard)"));
+    }
+    if (strides.size() != shape.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": strides ", Shape(strides),
+                       " must have one entry per dim of shape ", Shape(shape)));
+    }
+    if (strides.back() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": innermost stride is ", strides.back(), "; it must be 1"));
+    }
+    if (shape.size() == 2 && strides[0] < shape[1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": row stride ", strides[0],
+                       " is smaller than the row length ", shape[1],
+                       " (rows would overlap)"));
+    }
+    // Bytes from the view start to one past its last element, checked.
+    std::optional<int64_t> last = 0;
+    for (size_t d = 0; d < shape.size() && last; ++d) {
+      std::optional<int64_t> step = CheckedMul(shape[d] - 1, strides[d]);
+      last = step ? CheckedAdd(*last, *step) : std::nullopt;
+    }
+    std::optional<int64_t> span = last ? CheckedAdd(*last, 1) : std::nullopt;
+    if (span) span = CheckedMul(*span, int64_t(DTypeSize(dtype)));
+    std::optional<int64_t> end =
+        span && ref.byte_offset() <= uint64_t(INT64_MAX)
+            ? CheckedAdd(int64_t(ref.byte_offset()), *span)
+            : std::nullopt;
+    if (!end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": byte_offset ", ref.byte_offset(), " + the extent of shape ",
+          Shape(shape), " strides ", Shape(strides), " overflows int64"));
+    }
+    ASSIGN_OR_RETURN(MappedRegion * region, Open(ref, field));
+    if (uint64_t(*end) > region->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": view [", ref.byte_offset(), ", ", *end,
+          ") bytes runs past its mapping of ", region->size(), " bytes",
+          ref.kind() == v1::HOST_SHM
+              ? absl::StrCat(" (shm object '", ref.shm_name(), "' too small)")
+              : ""));
+    }
+    if (ref.byte_offset() % DTypeSize(dtype) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": byte_offset ", ref.byte_offset(),
+          " is not a multiple of the element size ", DTypeSize(dtype)));
+    }
+    MatrixView view;
+    view.data = static_cast<char*>(region->base()) + ref.byte_offset();
+    view.dtype = dtype;
+    view.rows = shape.size() == 2 ? shape[0] : 1;
+    view.cols = shape.back();
+    view.row_stride = shape.size() == 2 ? strides[0] : shape[0];
+    return view;
+  }
+
+ private:
+  absl::StatusOr<MappedRegion*> Open(const v1::TensorRef& ref,
+                                     const std::string& field) {
+    std::string key;
+    if (ref.kind() == v1::HOST_SHM) {
+      key = "shm:" + ref.shm_name();
+    } else if (ref.kind() == v1::CUDA_IPC) {
+      key = "ipc:" + ref.cuda_ipc_handle();
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": kind ", v1::MemoryKind_Name(ref.kind()),
+                       " is not HOST_SHM or CUDA_IPC"));
+    }
+    auto it = reg_.mappings.find(key);
+    if (it != reg_.mappings.end()) return it->second.get();
+    std::unique_ptr<MappedRegion> region;
+    if (ref.kind() == v1::HOST_SHM) {
+      ASSIGN_OR_RETURN(region, opener_.OpenShm(ref.shm_name(), field));
+    } else {
+      ASSIGN_OR_RETURN(region, opener_.OpenCudaIpc(ref.cuda_ipc_handle(),
+                                                   ref.allocation_bytes(),
+                                                   ref.device(), field));
+    }
+    MappedRegion* raw = region.get();
+    reg_.mappings[key] = std::move(region);
+    return raw;
+  }
+
+  HandleOpener& opener_;
+  Registration& reg_;
+};
+
+}  // namespace
+
+v1::PublishManifestRequest Registration::Manifest(const std::string& job_id,
+                                                  int rank) const {
+  v1::PublishManifestRequest m;
+  m.set_job_id(job_id);
+  m.set_rank(rank);
+  for (const BoundGroup& g : groups) {
+    v1::GroupManifest* gm = m.add_groups();
+    gm->set_group(g.proto.name());
+    gm->set_algorithm(g.proto.algorithm() == v1::ADAMW ? v1::ADAMW : v1::MUON);
+    *gm->mutable_domain() = g.proto.domain();
+    for (const BoundParam& p : g.params) {
+      v1::ParamSpec* spec = gm->add_params();
+      spec->set_name(p.name);
+      for (int64_t d : p.full_shape) spec->add_full_shape(d);
+      for (int64_t d : p.local_shape) spec->add_local_shape(d);
+      v1::ShardTags* t = spec->mutable_tags();
+      t->set_tensor_model_parallel(p.tags.tensor_model_parallel);
+      t->set_partition_dim(p.tags.partition_dim);
+      t->set_is_gtp_weight_remat(p.tags.is_gtp_weight_remat);
+      t->set_pad_length(p.tags.pad_length);
+    }
+  }
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
+    const v1::RegisterParamsRequest& request, const RegistrationLimits& limits,
+    HandleOpener& opener, const std::function<bool()>& cancelled) {
+  if (request.job_id() != limits.job_id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id: '", request.job_id(),
+                     "' but this daemon serves '", limits.job_id, "'"));
+  }
+  if (request.groups().empty()) {
+    return absl::InvalidArgumentError("groups: at least one group is needed");
+  }
+  auto reg = std::make_unique<Registration>();
+  reg->client_id = request.client_id();
+  Binder binder(opener, *reg);
+  std::set<std::string> group_names, param_names;
+  std::map<std::string, v1::Domain> domains;
+  for (const v1::ParamGroup& group : request.groups()) {
+    if (group.name().empty()) {
+      return absl::InvalidArgumentError("groups: a group has an empty name");
+    }
+    if (!group_names.insert(group.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("groups: duplicate group name '", group.name(), "'"));
+    }
+    if (group.algorithm() != v1::ALGORITHM_UNSPECIFIED &&
+        group.algorithm() != v1::MUON && group.algorithm() != v1::ADAMW) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", group.name(), "': unknown algorithm ", group.algorithm()));
+    }
+    RETURN_IF_ERROR(ValidateDomain(group, limits.world_size));
+    auto [it, fresh] = domains.emplace(group.domain().name(), group.domain());
+    if (!fresh &&
+        it->second.SerializeAsString() != group.domain().SerializeAsString()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", group.name(), "': domain '", group.domain().name(),
+          "' has different sizes or coordinates in another group"));
+    }
+    BoundGroup bound;
+    bound.proto = group;
+    bound.proto.clear_params();
+    for (const v1::Param& p : group.params()) {
+      if (p.name().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "group '", group.name(), "': a param has an empty name"));
+      }
+      if (!param_names.insert(p.name()).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("param '", p.name(), "': duplicate param name"));
+      }
+      const std::vector<int64_t> local = Vec(p.param().shape());
+      ASSIGN_OR_RETURN(std::vector<int64_t> expected,
+                       ExpectedLocalShape(group, p, local));
+      BoundParam bp;
+      bp.name = p.name();
+      bp.full_shape = Vec(p.full_shape());
+      bp.local_shape = expected;
+      bp.tags = FromProto(p.tags());
+      ASSIGN_OR_RETURN(
+          bp.param, binder.Bind(p.param(), expected,
+                                absl::StrCat("param '", p.name(), "' param")));
+      ASSIGN_OR_RETURN(
+          bp.grad, binder.Bind(p.grad(), expected,
+                               absl::StrCat("param '", p.name(), "' grad")));
+      bound.params.push_back(std::move(bp));
+      ++reg->num_params;
+    }
+    reg->groups.push_back(std::move(bound));
+  }
+  if (cancelled && cancelled()) {
+    return absl::CancelledError(
+        "the trainer disconnected during RegisterParams; nothing registered");
+  }
+  return reg;
+}
+
+}  // namespace muond
