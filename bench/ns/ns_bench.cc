@@ -1,0 +1,173 @@
+// Newton–Schulz throughput relative to the GEMM ceiling of the same backend,
+// measured side by side in one run (bench/README.md).
+//
+// For each shape (rows x cols, m = min, n = max) and precision:
+//   NS rate   = 5 * (4 m^2 n + 2 m^3) / t_ns          (issue 4's FLOP count)
+//   GEMM rate = 2 m^2 n / t_gemm for C(m x n) = B(m x m) X(m x n), the
+//               dominant NS product, at the same precision and dtypes
+//   ratio     = NS rate / GEMM rate (1.0 = NS runs at GEMM speed)
+// The syrk rows count the full FLOPs too, so their ratio is the effective
+// speed-up of the symmetric path over plain GEMM speed.
+//
+//   ns_bench --backend=cpu|cuda [--shapes=square|llama|all] [--reps=N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/backend/cpu_backend.h"
+#include "core/backend/cuda_backend.h"
+#include "core/muon/newton_schulz.h"
+
+namespace muond {
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t rows, cols;
+};
+
+double Seconds(Backend& b, int reps, const std::function<void()>& f) {
+  f();  // warm-up
+  (void)b.Synchronize();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    (void)b.Synchronize();
+    t.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void Fill(Backend& b, void* p, int64_t n, DType dtype) {
+  std::vector<float> h(n);
+  uint32_t s = 12345;
+  for (auto& x : h) {
+    s = s * 1664525u + 1013904223u;
+    x = float(int32_t(s >> 8) - (1 << 23)) / float(1 << 23);
+  }
+  if (dtype == DType::kFloat32) {
+    (void)b.CopyFromHost(p, h.data(), n * 4);
+  } else {  // upload fp32 to a scratch then convert
+    void* tmp = *b.Allocate(n * 4);
+    (void)b.CopyFromHost(tmp, h.data(), n * 4);
+    (void)b.Copy2D(ContiguousView(p, dtype, 1, n),
+                   ContiguousView(tmp, DType::kFloat32, 1, n));
+    (void)b.Synchronize();
+    b.Free(tmp);
+  }
+  (void)b.Synchronize();
+}
+
+void Bench(Backend& b, const Shape& s, MatmulPrecision prec, bool syrk,
+           int reps) {
+  NsOptions o;
+  o.precision = prec;
+  o.use_syrk = syrk;
+  auto ns_or = NewtonSchulz::Create(&b, o, s.rows, s.cols);
+  if (!ns_or.ok()) {
+    std::printf("| %s | %ldx%ld | %s%s | skipped: %s |\n", s.name, long(s.rows),
+                long(s.cols), std::string(MatmulPrecisionName(prec)).c_str(),
+                syrk ? "+syrk" : "",
+                std::string(ns_or.status().message()).c_str());
+    return;
+  }
+  auto& ns = **ns_or;
+  const int64_t m = std::min(s.rows, s.cols), n = std::max(s.rows, s.cols);
+  const DType gd =
+      prec == MatmulPrecision::kMedium ? DType::kBFloat16 : DType::kFloat32;
+  const int64_t es = int64_t(DTypeSize(gd));
+  void* in = *b.Allocate(s.rows * s.cols * 4);
+  void* out = *b.Allocate(s.rows * s.cols * 4);
+  void* ga = *b.Allocate(m * m * es);
+  void* gx = *b.Allocate(m * n * es);
+  void* gc = *b.Allocate(m * n * es);
+  Fill(b, in, s.rows * s.cols, DType::kFloat32);
+  Fill(b, ga, m * m, gd);
+  Fill(b, gx, m * n, gd);
+  const MatrixView vin = ContiguousView(in, DType::kFloat32, s.rows, s.cols);
+  const MatrixView vout = ContiguousView(out, DType::kFloat32, s.rows, s.cols);
+  const double t_ns = Seconds(b, reps, [&] { (void)ns.Run(vin, vout, 1); });
+  const double t_gemm = Seconds(b, reps, [&] {
+    (void)b.Gemm(Op::kN, Op::kN, 1.0f, ContiguousView(ga, gd, m, m),
+                 ContiguousView(gx, gd, m, n), 0.0f,
+                 ContiguousView(gc, gd, m, n), prec);
+  });
+  const double ns_rate = ns.FlopsPerMatrix() / t_ns;
+  const double gemm_rate = 2.0 * m * m * n / t_gemm;
+  const double unit = b.is_device() ? 1e12 : 1e9;
+  std::printf("| %s | %ldx%ld | %s%s | %.3f | %.2f | %.2f | %.3f |\n", s.name,
+              long(s.rows), long(s.cols),
+              std::string(MatmulPrecisionName(prec)).c_str(),
+              syrk ? "+syrk" : "", t_ns * 1e3, ns_rate / unit, gemm_rate / unit,
+              ns_rate / gemm_rate);
+  std::fflush(stdout);
+  for (void* p : {in, out, ga, gx, gc}) b.Free(p);
+}
+
+int Main(int argc, char** argv) {
+  std::string backend_name = "cpu", shapes = "all";
+  int reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strncmp(argv[i], "--backend=", 10)) backend_name = argv[i] + 10;
+    if (!std::strncmp(argv[i], "--shapes=", 9)) shapes = argv[i] + 9;
+    if (!std::strncmp(argv[i], "--reps=", 7)) reps = std::atoi(argv[i] + 7);
+  }
+  std::unique_ptr<Backend> b;
+  std::vector<Shape> list;
+  std::vector<std::pair<MatmulPrecision, bool>> modes;
+  if (backend_name == "cpu") {
+    b = MakeCpuBackend();
+    list = {{"square", 256, 256},
+            {"square", 512, 512},
+            {"square", 1024, 1024},
+            {"rect 1:4", 512, 2048},
+            {"rect 4:1", 2048, 512}};
+    modes = {{MatmulPrecision::kHighest, false}};
+  } else {
+    auto c = MakeCudaBackend(0);
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(c.status().message()).c_str());
+      return 1;
+    }
+    b = std::move(*c);
+    if (shapes != "llama") {
+      for (int64_t d : {1024, 2048, 4096, 8192})
+        list.push_back({"square", d, d});
+    }
+    if (shapes != "square") {  // Llama-3-8B 2-D weights (full, unsharded)
+      list.push_back({"llama3-8b q/o_proj", 4096, 4096});
+      list.push_back({"llama3-8b k/v_proj", 1024, 4096});
+      list.push_back({"llama3-8b gate/up_proj", 14336, 4096});
+      list.push_back({"llama3-8b down_proj", 4096, 14336});
+    }
+    modes = {{MatmulPrecision::kHighest, false},
+             {MatmulPrecision::kHigh, false},
+             {MatmulPrecision::kMedium, false},
+             {MatmulPrecision::kMedium, true}};
+  }
+  const char* unit = b->is_device() ? "TFLOP/s" : "GFLOP/s";
+  std::printf("backend %s, quintic, 5 steps, median of %d\n\n",
+              std::string(b->name()).c_str(), reps);
+  std::printf(
+      "| shape | rows x cols | precision | NS ms | NS %s | GEMM %s | NS/GEMM "
+      "|\n",
+      unit, unit);
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const Shape& s : list) {
+    for (auto [p, syrk] : modes) Bench(*b, s, p, syrk, reps);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace muond
+
+int main(int argc, char** argv) { return muond::Main(argc, argv); }
