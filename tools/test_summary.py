@@ -4,6 +4,8 @@ Prints one line "N passed, N failed, N skipped" and exits non-zero when any
 test failed or a target did not report (e.g. it did not build).
 """
 import json
+import os
+import re
 import sys
 import urllib.parse
 import xml.etree.ElementTree as ET
@@ -30,6 +32,27 @@ def count_xml(path):
     return passed, failed, skipped
 
 
+def count_unittest_log(xml_path):
+    """(passed, failed, skipped) from a Python unittest log beside test.xml.
+
+    Bazel writes a one-case test.xml for tests that do not write their own;
+    unittest's closing lines ("Ran N tests", "OK (skipped=K)" or
+    "FAILED (failures=F, errors=E)") give the real counts."""
+    log = os.path.join(os.path.dirname(xml_path), "test.log")
+    try:
+        text = open(log, errors="replace").read()
+    except OSError:
+        return None
+    ran = re.findall(r"^Ran (\d+) tests? in", text, re.M)
+    if not ran:
+        return None
+    total = int(ran[-1])
+    tail = text[text.rfind("Ran "):]
+    failed = sum(int(x) for x in re.findall(r"(?:failures|errors)=(\d+)", tail))
+    skipped = sum(int(x) for x in re.findall(r"skipped=(\d+)", tail))
+    return total - failed - skipped, failed, skipped
+
+
 def main(events_path):
     passed = failed = skipped = 0
     results = {}
@@ -50,7 +73,7 @@ def main(events_path):
         for out in payload.get("testActionOutput", []):
             if out.get("name") == "test.xml":
                 xml = urllib.parse.urlparse(out["uri"]).path
-        counts = count_xml(xml) if xml else None
+        counts = (count_unittest_log(xml) or count_xml(xml)) if xml else None
         if status != "PASSED":
             print(f"FAILED: {label} ({status})")
         if counts is None or (status != "PASSED" and counts[1] == 0):
