@@ -1,0 +1,355 @@
+// DaemonCore in-process with a fake coordinator link and a fake step engine:
+// every bad input gets a status naming the param/field and changes nothing.
+#include "server/daemon/daemon_core.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "client/cpp/client.h"
+#include "client/cpp/shm_region.h"
+
+namespace muond {
+namespace {
+
+using ::testing::HasSubstr;
+
+class FakeLink : public CoordinatorLink {
+ public:
+  absl::Status PublishManifest(const v1::PublishManifestRequest& m) override {
+    manifests.push_back(m);
+    return publish_status;
+  }
+  void ReportTimings(const v1::ReportTimingsRequest& r) override {
+    reports.push_back(r);
+  }
+  std::vector<v1::PublishManifestRequest> manifests;
+  std::vector<v1::ReportTimingsRequest> reports;
+  absl::Status publish_status;
+};
+
+// Adds 1 to the first element of every param per step; records homes.
+class FakeMuon : public LayerShardedMuon {
+ public:
+  explicit FakeMuon(std::vector<float*> firsts) : firsts_(std::move(firsts)) {}
+  absl::Status SetHomes(const std::string& group,
+                        std::vector<NsHome> homes) override {
+    homes_set.push_back({group, homes});
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StepResult> Step(const StepOverrides&) override {
+    for (float* f : firsts_) *f += 1;
+    StepResult r;
+    r.timings.total_us = 7;
+    return r;
+  }
+  absl::StatusOr<std::map<std::string, std::vector<float>>> ExportState()
+      const override {
+    return std::map<std::string, std::vector<float>>{};
+  }
+  absl::Status ImportState(
+      const std::map<std::string, std::vector<float>>&) override {
+    return absl::OkStatus();
+  }
+  int64_t state_bytes() const override { return 0; }
+  int64_t peak_transient_bytes() const override { return 0; }
+  std::vector<std::pair<std::string, std::vector<NsHome>>> homes_set;
+
+ private:
+  std::vector<float*> firsts_;
+};
+
+class DaemonCoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    name_ = "/muond-daemon-test-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    region_ = *ShmRegion::Create(name_, 4096);
+    DaemonConfig config;
+    config.job_id = "job";
+    config.rank = 0;
+    config.world_size = 4;
+    core_ = std::make_unique<DaemonCore>(
+        config, std::make_unique<HandleOpener>(), &link_,
+        [this](const Registration& reg,
+               const v1::Plan&) -> absl::StatusOr<std::unique_ptr<StepEngine>> {
+          std::vector<float*> firsts;
+          for (const BoundGroup& g : reg.groups) {
+            for (const BoundParam& p : g.params) {
+              firsts.push_back(static_cast<float*>(p.param.data));
+            }
+          }
+          auto engine = std::make_unique<StepEngine>();
+          auto muon = std::make_unique<FakeMuon>(firsts);
+          fake_ = muon.get();
+          engine->muon = std::move(muon);
+          return engine;
+        });
+  }
+
+  // Group "muon" in a 2x2 domain at (0, 0): w (8x4 full, column-parallel
+  // GTP+TP: local 2x4) at offset 0, its grad at 256; v (4x8 row-parallel:
+  // local 2x4 as a column block of a 2x8 buffer) at 512, grad at 768.
+  v1::RegisterParamsRequest Valid() {
+    v1::RegisterParamsRequest r;
+    r.set_job_id("job");
+    r.set_client_id("trainer0");
+    v1::ParamGroup* g = r.add_groups();
+    g->set_name("muon");
+    g->set_algorithm(v1::MUON);
+    g->mutable_muon()->set_lr(0.02);
+    g->mutable_domain()->set_name("dense");
+    g->mutable_domain()->set_gtp_size(2);
+    g->mutable_domain()->set_tp_size(2);
+    char* base = static_cast<char*>(region_->data());
+    v1::ShardTags col;
+    col.set_tensor_model_parallel(true);
+    col.set_partition_dim(0);
+    col.set_is_gtp_weight_remat(true);
+    *g->add_params() =
+        MakeParam("w", {8, 4}, *HostRef(*region_, base, v1::DTYPE_FP32, {2, 4}),
+                  *HostRef(*region_, base + 256, v1::DTYPE_FP32, {2, 4}), col);
+    v1::ShardTags row = col;
+    row.set_partition_dim(1);
+    *g->add_params() = MakeParam(
+        "v", {4, 8},
+        *HostRef(*region_, base + 512, v1::DTYPE_FP32, {2, 4}, {8, 1}),
+        *HostRef(*region_, base + 768, v1::DTYPE_FP32, {2, 4}, {8, 1}), row);
+    return r;
+  }
+
+  v1::Plan PlanFor(int64_t version, int64_t activate_at, int home_g) {
+    v1::Plan p;
+    p.set_job_id("job");
+    p.set_version(version);
+    p.set_activate_at_step(activate_at);
+    v1::GroupPlan* g = p.add_groups();
+    g->set_group("muon");
+    for (int i = 0; i < 2; ++i) {
+      v1::NsHome* h = g->add_homes();
+      h->set_g(home_g);
+      h->set_t(i);
+    }
+    return p;
+  }
+
+  void ExpectRefused(const v1::RegisterParamsRequest& r, absl::StatusCode code,
+                     const std::string& needle) {
+    absl::StatusOr<v1::RegisterParamsResponse> got = core_->Register(r);
+    EXPECT_EQ(got.status().code(), code) << got.status();
+    EXPECT_THAT(got.status().message(), HasSubstr(needle));
+    EXPECT_EQ(core_->Status().num_params(), 0);
+  }
+
+  v1::StepRequest StepReq(int64_t id) {
+    v1::StepRequest s;
+    s.set_job_id("job");
+    s.set_client_id("trainer0");
+    s.set_step_id(id);
+    return s;
+  }
+
+  void WaitForEngine() {
+    for (int i = 0; i < 1000 && !core_->Health().has_plan(); ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_TRUE(core_->Health().has_plan());
+  }
+
+  std::string name_;
+  std::unique_ptr<ShmRegion> region_;
+  FakeLink link_;
+  FakeMuon* fake_ = nullptr;
+  std::unique_ptr<DaemonCore> core_;
+};
+
+TEST_F(DaemonCoreTest, ValidRegistrationPublishesManifest) {
+  absl::StatusOr<v1::RegisterParamsResponse> r = core_->Register(Valid());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->num_params(), 2);
+  EXPECT_EQ(r->plan_version(), 0);
+  ASSERT_EQ(link_.manifests.size(), 1u);
+  const v1::GroupManifest& m = link_.manifests[0].groups(0);
+  EXPECT_EQ(m.params(1).name(), "v");
+  EXPECT_EQ(m.params(1).local_shape(0), 2);
+  EXPECT_EQ(m.params(1).local_shape(1), 4);
+  EXPECT_EQ(core_->Status().num_params(), 2);
+  // A second registration needs an unregister first.
+  EXPECT_EQ(core_->Register(Valid()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(DaemonCoreTest, BadRegistrationsNameTheProblemAndChangeNothing) {
+  v1::RegisterParamsRequest r = Valid();
+  r.set_job_id("other");
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "job_id: 'other'");
+
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(1)->set_name("w");
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument,
+                "param 'w': duplicate param name");
+
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(0)->mutable_grad()->set_dtype(
+      v1::DTYPE_UNSPECIFIED);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "param 'w' grad: dtype");
+
+  // A stride that makes the view run past the 4096-byte mapping.
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(1)->mutable_param()->set_strides(0, 1000);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument,
+                "param 'v' param: view [512, 4528) bytes runs past its mapping "
+                "of 4096 bytes");
+
+  // An offset near the end.
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(0)->mutable_grad()->set_byte_offset(4090);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "too small");
+
+  // Overflowing extents.
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(0)->mutable_param()->set_strides(
+      0, int64_t(1) << 62);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "overflows int64");
+
+  // Innermost stride.
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(0)->mutable_param()->set_strides(1, 2);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument,
+                "param 'w' param: innermost stride is 2");
+
+  // Shape that does not follow from full shape and tags.
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(0)->set_full_shape(0, 16);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "param 'w'");
+
+  // Grad shape differs from the local shard.
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(0)->mutable_grad()->set_shape(0, 3);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument,
+                "param 'w' grad: shape [3, 4] should be [2, 4]");
+
+  // Missing shm object.
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(0)->mutable_param()->set_shm_name(
+      "/muond-no-such-object");
+  ExpectRefused(r, absl::StatusCode::kNotFound, "'/muond-no-such-object'");
+
+  // CUDA IPC on a host-mode daemon.
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(0)->mutable_param()->set_kind(
+      v1::CUDA_IPC);
+  ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "--host mode");
+
+  // Domain coordinates outside the domain.
+  r = Valid();
+  r.mutable_groups(0)->mutable_domain()->set_t(2);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument,
+                "group 'muon' domain: (g=0, t=2) lies outside 2x2");
+
+  EXPECT_TRUE(link_.manifests.empty());
+  // After all that a valid registration still works.
+  EXPECT_TRUE(core_->Register(Valid()).ok());
+}
+
+TEST_F(DaemonCoreTest, ShmObjectTooSmall) {
+  const std::string small = name_ + "-small";
+  auto tiny = ShmRegion::Create(small, 16);
+  ASSERT_TRUE(tiny.ok());
+  v1::RegisterParamsRequest r = Valid();
+  r.mutable_groups(0)->mutable_params(0)->mutable_grad()->set_shm_name(small);
+  ExpectRefused(
+      r, absl::StatusCode::kInvalidArgument,
+      "param 'w' grad: view [256, 288) bytes runs past its mapping of "
+      "16 bytes (shm object '" +
+          small + "' too small)");
+}
+
+TEST_F(DaemonCoreTest, TrainerDisconnectingMidRegistrationRegistersNothing) {
+  absl::StatusOr<v1::RegisterParamsResponse> r =
+      core_->Register(Valid(), [] { return true; });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(core_->Status().num_params(), 0);
+  EXPECT_TRUE(core_->Register(Valid()).ok());
+}
+
+TEST_F(DaemonCoreTest, CoordinatorRefusingManifestRegistersNothing) {
+  link_.publish_status = absl::InvalidArgumentError("manifest mismatch at 'w'");
+  absl::StatusOr<v1::RegisterParamsResponse> r = core_->Register(Valid());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("'w'"));
+  EXPECT_EQ(core_->Status().num_params(), 0);
+}
+
+TEST_F(DaemonCoreTest, StepRulesAndPlanActivation) {
+  EXPECT_THAT(core_->Step(StepReq(1)).status().message(),
+              HasSubstr("no params are registered"));
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  absl::Status before = core_->Step(StepReq(1)).status();
+  EXPECT_EQ(before.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(before.message(), HasSubstr("before the plan"));
+
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  float* w = static_cast<float*>(region_->data());
+  ASSERT_EQ(*w, 0.0f);
+  absl::StatusOr<v1::StepResponse> s1 = core_->Step(StepReq(1));
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  EXPECT_EQ(s1->plan_version(), 1);
+  EXPECT_FALSE(s1->replayed());
+  EXPECT_EQ(*w, 1.0f);
+  ASSERT_EQ(link_.reports.size(), 1u);
+  EXPECT_EQ(link_.reports[0].step_id(), 1);
+
+  // Replay: recorded answer, nothing applied.
+  absl::StatusOr<v1::StepResponse> again = core_->Step(StepReq(1));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->replayed());
+  EXPECT_EQ(again->timings().total_us(), 7);
+  EXPECT_EQ(*w, 1.0f);
+
+  // Backwards and gaps name both ids.
+  absl::Status back = core_->Step(StepReq(0)).status();
+  EXPECT_EQ(back.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(back.message(), HasSubstr("step_id 0"));
+  EXPECT_THAT(back.message(), HasSubstr("last applied step_id 1"));
+  EXPECT_THAT(core_->Step(StepReq(5)).status().message(),
+              HasSubstr("step_id 5"));
+  EXPECT_EQ(*w, 1.0f);
+
+  // Wrong job, foreign client, unknown group in overrides.
+  v1::StepRequest bad = StepReq(2);
+  bad.set_job_id("nope");
+  EXPECT_EQ(core_->Step(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = StepReq(2);
+  bad.set_client_id("intruder");
+  EXPECT_EQ(core_->Step(bad).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  bad = StepReq(2);
+  bad.add_overrides()->set_group("ghost");
+  EXPECT_THAT(core_->Step(bad).status().message(),
+              HasSubstr("unknown group 'ghost'"));
+  EXPECT_EQ(*w, 1.0f);
+
+  // A plan activating at step 3: step 2 keeps version 1, step 3 switches.
+  core_->OnPlan(PlanFor(2, 3, 1));
+  EXPECT_EQ(core_->Status().latest_plan_version(), 2);
+  EXPECT_EQ(core_->Step(StepReq(2))->plan_version(), 1);
+  EXPECT_EQ(core_->Step(StepReq(3))->plan_version(), 2);
+  ASSERT_EQ(fake_->homes_set.size(), 2u);
+  EXPECT_EQ(fake_->homes_set[1].second[0].g, 1);
+  EXPECT_EQ(*w, 3.0f);
+  EXPECT_EQ(core_->Status().last_step_id(), 3);
+
+  // Unregister drops the engine; a new registration starts fresh step ids.
+  v1::UnregisterParamsRequest un;
+  un.set_job_id("job");
+  un.set_client_id("trainer0");
+  ASSERT_TRUE(core_->Unregister(un).ok());
+  EXPECT_FALSE(core_->Health().has_plan());
+  EXPECT_EQ(core_->Status().num_params(), 0);
+}
+
+}  // namespace
+}  // namespace muond
