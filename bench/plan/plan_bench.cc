@@ -28,7 +28,8 @@ Manifest SyntheticMoe() {
   Manifest m;
   m.model = "synthetic MoE 100k";
   auto add = [&](std::string name, int64_t p, int64_t q, int tp_dim) {
-    m.params.push_back(ManifestParam{std::move(name), {p, q}, tp_dim, true, -1});
+    m.params.push_back(
+        ManifestParam{std::move(name), {p, q}, tp_dim, true, -1});
   };
   for (int l = 0; l < 52; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
@@ -80,8 +81,8 @@ double MaxOverMean(const std::vector<ParamShardSpec>& specs,
 
 int Run(const std::string& dir, int reps) {
   std::vector<Manifest> workloads;
-  for (const char* f : {"llama3_8b.json", "llama3_70b.json",
-                        "qwen3_30b_a3b.json"}) {
+  for (const char* f :
+       {"llama3_8b.json", "llama3_70b.json", "qwen3_30b_a3b.json"}) {
     absl::StatusOr<Manifest> m = LoadManifestFile(dir + "/" + f);
     if (!m.ok()) {
       std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
@@ -90,8 +91,8 @@ int Run(const std::string& dir, int reps) {
     workloads.push_back(*std::move(m));
   }
   workloads.push_back(SyntheticMoe());
-  const std::vector<DomainSize> domains = {{8, 1},  {4, 2},  {16, 1},
-                                           {8, 2},  {64, 1}, {8, 8}};
+  const std::vector<DomainSize> domains = {{8, 1}, {4, 2},  {16, 1},
+                                           {8, 2}, {64, 1}, {8, 8}};
   std::printf(
       "| workload | matrices | G x T | plan ms | exch. plan ms (1 rank) | "
       "LPT max/mean | LB/mean | LPT max/LB | round-robin max/mean | "

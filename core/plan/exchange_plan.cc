@@ -23,10 +23,8 @@ class AllToAllvBuilder {
   }
   AllToAllvPlan Finish() && {
     AllToAllvPlan plan;
-    plan.total_send =
-        Layout(send_, plan.send_counts, plan.send_displs);
-    plan.total_recv =
-        Layout(recv_, plan.recv_counts, plan.recv_displs);
+    plan.total_send = Layout(send_, plan.send_counts, plan.send_displs);
+    plan.total_recv = Layout(recv_, plan.recv_counts, plan.recv_displs);
     plan.send = std::move(send_);
     plan.recv = std::move(recv_);
     return plan;
@@ -57,7 +55,8 @@ StageExchange BuildStage1(const GroupExchangePlan& plan) {
   const DomainSize d = plan.domain;
   const int G = d.gtp;
   StageExchange ex;
-  for (int g = 0; g < G; ++g) ex.group_ranks.push_back(d.FlatRank(g, plan.my_t));
+  for (int g = 0; g < G; ++g)
+    ex.group_ranks.push_back(d.FlatRank(g, plan.my_t));
   ex.my_peer = plan.my_g;
   AllToAllvBuilder fwd(G), rev(G);
   for (int i : plan.routed) {
@@ -91,7 +90,8 @@ StageExchange BuildStage2(const GroupExchangePlan& plan, int tp_dim) {
   const int T = d.tp;
   StageExchange ex;
   ex.tp_dim = tp_dim;
-  for (int t = 0; t < T; ++t) ex.group_ranks.push_back(d.FlatRank(plan.my_g, t));
+  for (int t = 0; t < T; ++t)
+    ex.group_ranks.push_back(d.FlatRank(plan.my_g, t));
   ex.my_peer = plan.my_t;
   AllToAllvBuilder fwd(T), rev(T);
   for (int i : plan.routed) {
@@ -140,8 +140,8 @@ absl::StatusOr<GroupExchangePlan> BuildGroupExchangePlan(
                      domain.gtp, "x", domain.tp, " domain"));
   }
   if (homes.size() != specs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        homes.size(), " NS homes for ", specs.size(), " params"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(homes.size(), " NS homes for ", specs.size(), " params"));
   }
   GroupExchangePlan plan;
   plan.domain = domain;

@@ -12,13 +12,13 @@
 //   U*_i  the NS update in the same shapes, flowing back.
 // Stage 1 (GTP group = ranks (g', my_t), g' = 0..G-1, peer index g'):
 //   forward  packs from L_i,  unpacks into A1_i on every rank of row g_home;
-//   reverse  packs from U1_i, unpacks into UL_i (the update of the local shard).
-//   Padding rows are never sent: a rank sends only its real rows and, on the
-//   way back, zero-fills its pad rows (`reverse_zero_fill`).
+//   reverse  packs from U1_i, unpacks into UL_i (the update of the local
+//   shard). Padding rows are never sent: a rank sends only its real rows and,
+//   on the way back, zero-fills its pad rows (`reverse_zero_fill`).
 // Stage 2 (TP group = ranks (my_g, t'), t' = 0..T-1, peer index t'), one
 // exchange per tp_dim present among the specs, in tp_dim order:
-//   forward  packs from A1_i (L_i for kTp), unpacks into A2_i on (g_home, t_home);
-//   reverse  packs from U2_i, unpacks into U1_i.
+//   forward  packs from A1_i (L_i for kTp), unpacks into A2_i on (g_home,
+//   t_home); reverse  packs from U2_i, unpacks into U1_i.
 // Buffers are packed [data for peer 0 | data for peer 1 | ...]; within a peer
 // segment pieces are in param (spec) order, each block flattened row-major.
 // Counts and offsets are in elements. Zero-size segments are normal (idle
@@ -41,8 +41,7 @@ struct Block {
   int64_t cols = 0;
   int64_t numel() const { return rows * cols; }
   bool operator==(const Block& o) const {
-    return row0 == o.row0 && col0 == o.col0 && rows == o.rows &&
-           cols == o.cols;
+    return row0 == o.row0 && col0 == o.col0 && rows == o.rows && cols == o.cols;
   }
 };
 
@@ -98,7 +97,7 @@ struct GroupExchangePlan {
   int my_g = 0;
   int my_t = 0;
   std::vector<ParamShardSpec> specs;
-  std::vector<NsHome> homes;  // normalized: replicated {0,0}, GTP_REMAT t=0
+  std::vector<NsHome> homes;    // normalized: replicated {0,0}, GTP_REMAT t=0
   std::vector<int> replicated;  // every rank runs local NS on L_i
   std::vector<int> routed;      // all params that move (param order)
   // Stage 1; absent (has_stage1 false) when no param is GTP-sharded.

@@ -14,10 +14,9 @@ using nlohmann::json;
 
 absl::Status EntryError(size_t index, const std::string& name,
                         const std::string& rule) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("manifest entry ", index,
-                   name.empty() ? "" : absl::StrCat(" (param '", name, "')"),
-                   ": ", rule));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "manifest entry ", index,
+      name.empty() ? "" : absl::StrCat(" (param '", name, "')"), ": ", rule));
 }
 
 absl::StatusOr<ManifestParam> ParseEntry(const json& e, size_t index) {

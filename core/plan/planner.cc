@@ -31,9 +31,8 @@ absl::StatusOr<double> MedianSecondsPerFlop(const PlannerOptions& options) {
           "measured cost table: entry for shape [", shape.first, ", ",
           shape.second, "] is ", cost, "; shapes and costs must be > 0"));
     }
-    ratios.push_back(
-        cost / NsFlops(shape.first, shape.second, options.ns_steps,
-                       options.symmetric_ns));
+    ratios.push_back(cost / NsFlops(shape.first, shape.second, options.ns_steps,
+                                    options.symmetric_ns));
   }
   if (ratios.empty()) return 0.0;
   std::sort(ratios.begin(), ratios.end());
@@ -151,9 +150,8 @@ absl::StatusOr<std::vector<int>> CheckSpecsAndSortByName(
     RETURN_IF_ERROR(ValidateShardSpec(specs[i], domain));
     by_name[i] = int(i);
   }
-  std::sort(by_name.begin(), by_name.end(), [&](int a, int b) {
-    return specs[a].name < specs[b].name;
-  });
+  std::sort(by_name.begin(), by_name.end(),
+            [&](int a, int b) { return specs[a].name < specs[b].name; });
   for (size_t k = 1; k < by_name.size(); ++k) {
     if (specs[by_name[k]].name == specs[by_name[k - 1]].name) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -186,8 +184,8 @@ double RoutedLowerBound(std::vector<double> costs, int num_row_items,
       std::nth_element(costs.begin(), costs.begin() + homes, costs.end(),
                        std::greater<double>());
       const double c_m = costs[homes];  // (m+1)-th largest
-      const double c_m1 = *std::min_element(costs.begin(),
-                                            costs.begin() + homes);
+      const double c_m1 =
+          *std::min_element(costs.begin(), costs.begin() + homes);
       bound = std::max(bound, c_m1 + c_m);
     }
   }
@@ -237,12 +235,13 @@ absl::StatusOr<std::vector<double>> ParamCosts(
         if (it != options.measured_cost.end()) {
           cost = it->second;
         } else if (seconds_per_flop > 0) {
-          cost = seconds_per_flop * NsFlops(rows, cols, options.ns_steps,
-                                            options.symmetric_ns);
+          cost = seconds_per_flop *
+                 NsFlops(rows, cols, options.ns_steps, options.symmetric_ns);
         } else {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "param '", spec.name, "': cost model is kMeasured but the "
-              "measured cost table is empty"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("param '", spec.name,
+                           "': cost model is kMeasured but the "
+                           "measured cost table is empty"));
         }
         break;
       }

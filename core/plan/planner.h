@@ -3,7 +3,8 @@
 // weight and runs Newton–Schulz on it (DESIGN.md §4).
 //
 // Load model (one "item" per routed param, cost c from the cost model):
-//   * GTP_REMAT (TP-replicated): every TP rank of the home row runs the same NS,
+//   * GTP_REMAT (TP-replicated): every TP rank of the home row runs the same
+//   NS,
 //     so the item adds c to all T ranks of row g_home (t_home is 0, ignored).
 //   * TP (G == 1) and GTP_REMAT_AND_TP: the item adds c to one rank (g, t).
 //   * REPLICATED: not routed; adds c to every rank (home {0, 0}).

@@ -54,12 +54,13 @@ absl::Status CheckAxisRules(const std::string& name, int tp_dim,
                             bool gtp_sharded, int64_t pad_length,
                             DomainSize domain) {
   if (tp_dim >= 0 && !gtp_sharded && domain.gtp > 1) {
-    return Invalid(name, absl::StrCat(
-                             "TP-sharded (tp_dim=", tp_dim,
-                             ") but not GTP-sharded in a domain with a GTP "
-                             "axis (G=", domain.gtp,
-                             "): stage 1 would concatenate its replicated "
-                             "copies as shards and corrupt the update"));
+    return Invalid(name,
+                   absl::StrCat("TP-sharded (tp_dim=", tp_dim,
+                                ") but not GTP-sharded in a domain with a GTP "
+                                "axis (G=",
+                                domain.gtp,
+                                "): stage 1 would concatenate its replicated "
+                                "copies as shards and corrupt the update"));
   }
   if (pad_length < 0) {
     return Invalid(name, absl::StrCat("pad_length ", pad_length, " < 0"));
@@ -67,7 +68,8 @@ absl::Status CheckAxisRules(const std::string& name, int tp_dim,
   if (pad_length > 0 && !gtp_sharded) {
     return Invalid(name, absl::StrCat("pad_length ", pad_length,
                                       " > 0 but the param is not GTP-sharded "
-                                      "(G=", domain.gtp,
+                                      "(G=",
+                                      domain.gtp,
                                       "): padding exists only on the GTP "
                                       "gathered dim"));
   }
@@ -108,8 +110,8 @@ absl::StatusOr<ParamShardSpec> MakeShardSpec(std::string name,
     tp_dim = tags.partition_dim;
   }
   const bool gtp_sharded = domain.gtp > 1 && tags.is_gtp_weight_remat;
-  if (absl::Status s = CheckAxisRules(name, tp_dim, gtp_sharded,
-                                      tags.pad_length, domain);
+  if (absl::Status s =
+          CheckAxisRules(name, tp_dim, gtp_sharded, tags.pad_length, domain);
       !s.ok()) {
     return s;
   }
@@ -141,8 +143,7 @@ absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
     return s;
   }
   if (tp_dim < -1 || tp_dim > 1) {
-    return Invalid(name,
-                   absl::StrCat("tp_dim ", tp_dim, " is not -1, 0 or 1"));
+    return Invalid(name, absl::StrCat("tp_dim ", tp_dim, " is not -1, 0 or 1"));
   }
   const int effective_tp_dim = domain.tp > 1 ? tp_dim : -1;
   const bool effective_gtp = domain.gtp > 1 && gtp_sharded;
@@ -156,9 +157,9 @@ absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
     tp_local[effective_tp_dim] /= domain.tp;
   }
   if (pad_length < 0) {
-    pad_length = effective_gtp ? (domain.gtp - tp_local[0] % domain.gtp) %
-                                     domain.gtp
-                               : 0;
+    pad_length = effective_gtp
+                     ? (domain.gtp - tp_local[0] % domain.gtp) % domain.gtp
+                     : 0;
   }
   if (absl::Status s = CheckAxisRules(name, effective_tp_dim, effective_gtp,
                                       pad_length, domain);
@@ -168,10 +169,10 @@ absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
   std::vector<int64_t> local = tp_local;
   if (effective_gtp) {
     if ((tp_local[0] + pad_length) % domain.gtp != 0) {
-      return Invalid(name,
-                     absl::StrCat("TP-local dim 0 (", tp_local[0],
-                                  ") + pad_length (", pad_length,
-                                  ") is not divisible by G=", domain.gtp));
+      return Invalid(
+          name,
+          absl::StrCat("TP-local dim 0 (", tp_local[0], ") + pad_length (",
+                       pad_length, ") is not divisible by G=", domain.gtp));
     }
     local[0] = (tp_local[0] + pad_length) / domain.gtp;
   }
@@ -199,14 +200,15 @@ absl::Status ValidateShardSpec(const ParamShardSpec& spec, DomainSize domain) {
     return s;
   }
   if (spec.tp_dim < -1 || spec.tp_dim > 1) {
-    return Invalid(name, absl::StrCat("tp_dim ", spec.tp_dim,
-                                      " is not -1, 0 or 1"));
+    return Invalid(name,
+                   absl::StrCat("tp_dim ", spec.tp_dim, " is not -1, 0 or 1"));
   }
   if (spec.tp_dim >= 0 && domain.tp == 1) {
     return Invalid(name, "tp_dim set but the domain has no TP axis (T=1)");
   }
   if (spec.gtp_sharded && domain.gtp == 1) {
-    return Invalid(name, "gtp_sharded set but the domain has no GTP axis (G=1)");
+    return Invalid(name,
+                   "gtp_sharded set but the domain has no GTP axis (G=1)");
   }
   if (absl::Status s = CheckAxisRules(name, spec.tp_dim, spec.gtp_sharded,
                                       spec.pad_length, domain);
@@ -214,13 +216,14 @@ absl::Status ValidateShardSpec(const ParamShardSpec& spec, DomainSize domain) {
     return s;
   }
   if (spec.sharding != Classify(spec.tp_dim >= 0, spec.gtp_sharded)) {
-    return Invalid(name, absl::StrCat("sharding ",
-                                      ParamShardingName(spec.sharding),
-                                      " does not match tp_dim=", spec.tp_dim,
-                                      " gtp_sharded=", spec.gtp_sharded));
+    return Invalid(name,
+                   absl::StrCat("sharding ", ParamShardingName(spec.sharding),
+                                " does not match tp_dim=", spec.tp_dim,
+                                " gtp_sharded=", spec.gtp_sharded));
   }
   std::vector<int64_t> expected = spec.local_shape;
-  if (spec.gtp_sharded) expected[0] = expected[0] * domain.gtp - spec.pad_length;
+  if (spec.gtp_sharded)
+    expected[0] = expected[0] * domain.gtp - spec.pad_length;
   if (expected[0] <= 0) {
     return Invalid(name, absl::StrCat("pad_length ", spec.pad_length,
                                       " >= the gathered dim 0 (",

@@ -1,10 +1,12 @@
 #pragma once
 // The sharding model of a 2-D Muon weight in a GTP_remat x TP domain
-// (DESIGN.md §2; Megatron-LM `ParamShardSpec.from_param`, anchors-muon.md §1.2).
+// (DESIGN.md §2; Megatron-LM `ParamShardSpec.from_param`, anchors-muon.md
+// §1.2).
 //
 // Domain = G x T ranks; rank (g, t) has flat index g * T + t (TP innermost).
 // A weight of full shape (P, Q):
-//   * TP splits it along tp_dim (0: column-parallel, rows split; 1: row-parallel,
+//   * TP splits it along tp_dim (0: column-parallel, rows split; 1:
+//   row-parallel,
 //     cols split) into T equal pieces when it is TP-sharded; otherwise every TP
 //     rank holds the whole TP-local matrix (TP-replicated).
 //   * GTP_remat pads dim 0 of the TP-local matrix with pad_length trailing zero
@@ -21,10 +23,10 @@
 namespace muond {
 
 enum class ParamSharding {
-  kReplicated,      // no exchange: every rank runs the same local NS
-  kGtpRemat,        // stage 1 only: every TP rank of the home row runs NS
-  kTp,              // stage 2 only (only possible when G == 1)
-  kGtpRematAndTp,   // both stages: one rank (g_home, t_home) runs NS
+  kReplicated,     // no exchange: every rank runs the same local NS
+  kGtpRemat,       // stage 1 only: every TP rank of the home row runs NS
+  kTp,             // stage 2 only (only possible when G == 1)
+  kGtpRematAndTp,  // both stages: one rank (g_home, t_home) runs NS
 };
 
 const char* ParamShardingName(ParamSharding sharding);
@@ -54,9 +56,11 @@ struct ParamShardSpec {
   std::string name;
   std::vector<int64_t> local_shape;  // the shard this rank holds (2-D)
   std::vector<int64_t> full_shape;   // the matrix NS runs on (2-D, unpadded)
-  int tp_dim = -1;  // -1 none (TP axis absent or replicated), 0 column-, 1 row-parallel
+  int tp_dim =
+      -1;  // -1 none (TP axis absent or replicated), 0 column-, 1 row-parallel
   bool gtp_sharded = false;  // GTP axis present and the param is GTP-tagged
-  int64_t pad_length = 0;    // zero rows on the gathered dim (only if gtp_sharded)
+  int64_t pad_length =
+      0;  // zero rows on the gathered dim (only if gtp_sharded)
   ParamSharding sharding = ParamSharding::kReplicated;
 
   bool routed() const { return sharding != ParamSharding::kReplicated; }
@@ -92,7 +96,8 @@ absl::Status ValidateShardSpec(const ParamShardSpec& spec, DomainSize domain);
 
 // The TP-local matrix without padding: what stage 1 assembles on the home row,
 // and the stage-2 input (for a param with no stage 1 it is the local shard).
-std::vector<int64_t> TpLocalShape(const ParamShardSpec& spec, DomainSize domain);
+std::vector<int64_t> TpLocalShape(const ParamShardSpec& spec,
+                                  DomainSize domain);
 
 // Rows of the local shard on GTP rank g that are real (not padding):
 // clamp(R - g * r, 0, r) for TP-local rows R and local rows r.

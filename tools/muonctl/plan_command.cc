@@ -73,8 +73,7 @@ std::string ParseArgs(const std::vector<std::string>& args, PlanArgs& out) {
 using Json = nlohmann::ordered_json;
 
 Json PlanJson(const std::string& model, const PlanArgs& a,
-                        const std::vector<ParamShardSpec>& specs,
-                        const HomePlan& plan) {
+              const std::vector<ParamShardSpec>& specs, const HomePlan& plan) {
   Json j;
   j["model"] = model;
   j["domain"] = {{"gtp", a.gtp}, {"tp", a.tp}};

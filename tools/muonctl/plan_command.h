@@ -1,5 +1,6 @@
 #pragma once
-// `muonctl plan --manifest FILE --gtp G --tp T [--cost ns_cost|flops|flops_syrk]
+// `muonctl plan --manifest FILE --gtp G --tp T [--cost
+// ns_cost|flops|flops_syrk]
 //               [--ns-steps N] [--no-colocate] [--round-robin]`
 // Offline: reads a param manifest (core/plan/manifest.h), plans NS homes for a
 // G x T domain and prints the plan as JSON: homes, per-rank loads,

@@ -3,6 +3,8 @@
 // unpacks. Checks against an independent reference sharding (plain loops):
 // every NS home assembles exactly the full matrix, and the reverse route
 // returns every shard of the update bit-exactly, pad rows zero.
+#include "core/plan/exchange_plan.h"
+
 #include <cstring>
 #include <map>
 #include <random>
@@ -10,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/plan/exchange_plan.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
 #include "gtest/gtest.h"
@@ -130,8 +131,8 @@ void Unpack(const std::vector<double>& buf, int rank, const AllToAllvPlan& a2a,
 
 // One all_to_allv among `members` (flat ranks, peer order).
 void AllToAllv(const std::vector<int>& members,
-               const std::vector<const AllToAllvPlan*>& plans,
-               const Store& src, Store& dst) {
+               const std::vector<const AllToAllvPlan*>& plans, const Store& src,
+               Store& dst) {
   const size_t n = members.size();
   std::vector<std::vector<double>> send(n), recv(n);
   for (size_t q = 0; q < n; ++q) {
@@ -182,9 +183,9 @@ void RunAndCheck(const Sim& s) {
         A2[{r, a.param}] = Mat(a.rows, a.cols, kUnwritten);
         U2[{r, a.param}] = Mat(a.rows, a.cols, kUnwritten);
       }
-    for (int i : p.routed) UL[{r, i}] = Mat(s.specs[i].local_shape[0],
-                                              s.specs[i].local_shape[1],
-                                              kUnwritten);
+    for (int i : p.routed)
+      UL[{r, i}] =
+          Mat(s.specs[i].local_shape[0], s.specs[i].local_shape[1], kUnwritten);
   }
   // Stage-2 sources: A1 for GTP params, L itself for kTp params.
   auto stage2_source = [&](const Store& a1) {
@@ -251,8 +252,8 @@ void RunAndCheck(const Sim& s) {
   // exactly the TP-local matrix of its column.
   for (const auto& [key, m] : A1) {
     const int t = key.first % d.tp;
-    EXPECT_TRUE(BitEqual(m, TpLocalOf(s.full[key.second],
-                                      s.cases[key.second], t)))
+    EXPECT_TRUE(
+        BitEqual(m, TpLocalOf(s.full[key.second], s.cases[key.second], t)))
         << "stage-1 assembly of " << s.specs[key.second].name << " on rank "
         << key.first;
   }
@@ -340,8 +341,8 @@ Sim RandomSim(DomainSize d, std::mt19937_64& rng, int num_params) {
           std::uniform_int_distribution<int64_t>(0, r * d.gtp - 1)(rng);
       if (coin(rng)) tags.pad_length = std::min<int64_t>(tags.pad_length, 1);
     }
-    absl::StatusOr<ParamShardSpec> spec = MakeShardSpec(
-        "p" + std::to_string(i), {r, c}, tags, d);
+    absl::StatusOr<ParamShardSpec> spec =
+        MakeShardSpec("p" + std::to_string(i), {r, c}, tags, d);
     EXPECT_TRUE(spec.ok()) << spec.status();
     s.specs.push_back(*spec);
     Case k{gtp ? r * d.gtp - tags.pad_length : r, c, tp_dim, gtp,
@@ -379,8 +380,8 @@ TEST(ExchangePlanSimulation, RandomShapesHomesPaddingAllDomainsUpTo4x4) {
   for (int G = 1; G <= 4; ++G)
     for (int T = 1; T <= 4; ++T)
       for (int trial = 0; trial < 12; ++trial) {
-        SCOPED_TRACE(testing::Message() << "G=" << G << " T=" << T
-                                        << " trial=" << trial);
+        SCOPED_TRACE(testing::Message()
+                     << "G=" << G << " T=" << T << " trial=" << trial);
         Sim s = RandomSim(DomainSize{G, T}, rng,
                           std::uniform_int_distribution<int>(1, 10)(rng));
         BuildPlans(s, RandomHomes(s, rng));

@@ -1,5 +1,7 @@
 // Manifest parsing, the shipped manifests (counts and shapes from
 // anchors-performance.md §6), and `muonctl plan` end to end (JSON out).
+#include "core/plan/manifest.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -7,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "core/plan/manifest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -61,11 +62,14 @@ struct Expect {
 
 TEST(ShippedManifests, CountsAndShapes) {
   const std::vector<Expect> expect = {
-      {"bench/manifests/llama3_8b.json", 224,
+      {"bench/manifests/llama3_8b.json",
+       224,
        {{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}}},
-      {"bench/manifests/llama3_70b.json", 560,
+      {"bench/manifests/llama3_70b.json",
+       560,
        {{8192, 8192}, {1024, 8192}, {28672, 8192}, {8192, 28672}}},
-      {"bench/manifests/qwen3_30b_a3b.json", 18624,
+      {"bench/manifests/qwen3_30b_a3b.json",
+       18624,
        {{4096, 2048}, {512, 2048}, {2048, 4096}, {768, 2048}, {2048, 768}}},
   };
   for (const Expect& e : expect) {
@@ -86,9 +90,10 @@ TEST(ShippedManifests, CountsAndShapes) {
 
 TEST(MuonctlPlan, PrintsJsonPlan) {
   std::ostringstream out, err;
-  const int rc = muonctl::RunPlan({"--manifest", "bench/manifests/llama3_8b.json",
-                                   "--gtp=4", "--tp", "2", "--cost", "flops"},
-                                  out, err);
+  const int rc =
+      muonctl::RunPlan({"--manifest", "bench/manifests/llama3_8b.json",
+                        "--gtp=4", "--tp", "2", "--cost", "flops"},
+                       out, err);
   ASSERT_EQ(rc, 0) << err.str();
   nlohmann::json j = nlohmann::json::parse(out.str());
   EXPECT_EQ(j["homes"].size(), 224u);

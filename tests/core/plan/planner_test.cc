@@ -1,5 +1,7 @@
 // NS-home planner against brute-force optima on small random instances,
 // determinism under permuted input, idle ranks, colocation, cost models.
+#include "core/plan/planner.h"
+
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -7,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "core/plan/planner.h"
 #include "core/plan/sharding.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -19,12 +20,12 @@ using ::testing::HasSubstr;
 
 ParamShardSpec Spec(const std::string& name, int64_t P, int64_t Q,
                     ParamSharding kind, DomainSize d) {
-  const int tp_dim = (kind == ParamSharding::kTp ||
-                      kind == ParamSharding::kGtpRematAndTp)
-                         ? 0
-                         : -1;
-  const bool gtp = kind == ParamSharding::kGtpRemat ||
-                   kind == ParamSharding::kGtpRematAndTp;
+  const int tp_dim =
+      (kind == ParamSharding::kTp || kind == ParamSharding::kGtpRematAndTp)
+          ? 0
+          : -1;
+  const bool gtp =
+      kind == ParamSharding::kGtpRemat || kind == ParamSharding::kGtpRematAndTp;
   absl::StatusOr<ParamShardSpec> s =
       MakeShardSpecFromFullShape(name, {P, Q}, tp_dim, gtp, -1, d);
   EXPECT_TRUE(s.ok()) << s.status();
@@ -40,12 +41,12 @@ std::vector<double> Loads(const std::vector<ParamShardSpec>& specs,
     const double c = NsCost(specs[i].full_shape[0], specs[i].full_shape[1]);
     for (int g = 0; g < d.gtp; ++g)
       for (int t = 0; t < d.tp; ++t) {
-        const bool loads =
-            specs[i].sharding == ParamSharding::kReplicated ||
-            (specs[i].sharding == ParamSharding::kGtpRemat && g == homes[i].g) ||
-            (specs[i].routed() &&
-             specs[i].sharding != ParamSharding::kGtpRemat &&
-             g == homes[i].g && t == homes[i].t);
+        const bool loads = specs[i].sharding == ParamSharding::kReplicated ||
+                           (specs[i].sharding == ParamSharding::kGtpRemat &&
+                            g == homes[i].g) ||
+                           (specs[i].routed() &&
+                            specs[i].sharding != ParamSharding::kGtpRemat &&
+                            g == homes[i].g && t == homes[i].t);
         if (loads) load[g * d.tp + t] += c;
       }
   }
@@ -85,7 +86,8 @@ double BruteForceOptimum(const std::vector<ParamShardSpec>& specs, DomainSize d,
 }
 
 std::vector<ParamShardSpec> RandomSpecs(std::mt19937_64& rng, DomainSize d,
-                                        int n, std::vector<ParamSharding> kinds) {
+                                        int n,
+                                        std::vector<ParamSharding> kinds) {
   std::vector<ParamShardSpec> specs;
   std::uniform_int_distribution<int> dim(1, 6), pick(0, int(kinds.size()) - 1);
   for (int i = 0; i < n; ++i) {
@@ -138,12 +140,14 @@ TEST(PlanNsHomes, SingleRankItemsWithinFourThirdsOfOptimum) {
   CheckAgainstOptimum(DomainSize{2, 2}, {ParamSharding::kGtpRematAndTp}, 60, 1,
                       true);
   CheckAgainstOptimum(DomainSize{1, 3}, {ParamSharding::kTp}, 60, 2, true);
-  CheckAgainstOptimum(DomainSize{3, 1}, {ParamSharding::kGtpRemat}, 60, 3, true);
+  CheckAgainstOptimum(DomainSize{3, 1}, {ParamSharding::kGtpRemat}, 60, 3,
+                      true);
 }
 
 TEST(PlanNsHomes, RowItemsWithinFourThirdsOfOptimum) {
   // GTP_REMAT-only params in a G x T domain: each row is one "machine".
-  CheckAgainstOptimum(DomainSize{3, 2}, {ParamSharding::kGtpRemat}, 60, 4, true);
+  CheckAgainstOptimum(DomainSize{3, 2}, {ParamSharding::kGtpRemat}, 60, 4,
+                      true);
 }
 
 TEST(PlanNsHomes, MixedItemsAreFeasibleAndBounded) {
@@ -168,14 +172,14 @@ TEST(PlanNsHomes, EqualItemsAreSpreadEvenly) {
 TEST(PlanNsHomes, DeterministicUnderPermutedInput) {
   std::mt19937_64 rng(99);
   const DomainSize d{4, 2};
-  std::vector<ParamShardSpec> specs = RandomSpecs(
-      rng, d, 40,
-      {ParamSharding::kGtpRemat, ParamSharding::kGtpRematAndTp,
-       ParamSharding::kReplicated});
+  std::vector<ParamShardSpec> specs =
+      RandomSpecs(rng, d, 40,
+                  {ParamSharding::kGtpRemat, ParamSharding::kGtpRematAndTp,
+                   ParamSharding::kReplicated});
   // Many equal items: ties must be broken by name, not by input position.
   for (int i = 0; i < 20; ++i)
-    specs.push_back(
-        Spec("tie" + std::to_string(i), 16, 8, ParamSharding::kGtpRematAndTp, d));
+    specs.push_back(Spec("tie" + std::to_string(i), 16, 8,
+                         ParamSharding::kGtpRematAndTp, d));
   absl::StatusOr<HomePlan> base = PlanNsHomes(specs, d);
   ASSERT_TRUE(base.ok());
   std::map<std::string, std::pair<int, int>> by_name;
@@ -226,18 +230,18 @@ TEST(PlanNsHomes, ReplicatedAndRowLoads) {
   EXPECT_EQ(plan->homes[0], (NsHome{0, 0}));
   EXPECT_EQ(plan->homes[1], (NsHome{0, 0}));
   const double rep = NsCost(8, 8), row = NsCost(16, 16);
-  EXPECT_EQ(plan->rank_load, (std::vector<double>{rep + row, rep + row, rep, rep}));
+  EXPECT_EQ(plan->rank_load,
+            (std::vector<double>{rep + row, rep + row, rep, rep}));
   EXPECT_DOUBLE_EQ(plan->lower_bound, rep + row);
 }
 
 TEST(PlanNsHomes, ColocatesSameShapeWithoutRaisingMaxLoad) {
   // Measured costs by shape: X 10, A 3 (two params), B 2, on 3 ranks.
   const DomainSize d{1, 3};
-  std::vector<ParamShardSpec> specs = {
-      Spec("x", 30, 3, ParamSharding::kTp, d),
-      Spec("a1", 9, 3, ParamSharding::kTp, d),
-      Spec("a2", 9, 3, ParamSharding::kTp, d),
-      Spec("b", 6, 3, ParamSharding::kTp, d)};
+  std::vector<ParamShardSpec> specs = {Spec("x", 30, 3, ParamSharding::kTp, d),
+                                       Spec("a1", 9, 3, ParamSharding::kTp, d),
+                                       Spec("a2", 9, 3, ParamSharding::kTp, d),
+                                       Spec("b", 6, 3, ParamSharding::kTp, d)};
   PlannerOptions o;
   o.cost = kMeasured;
   o.measured_cost = {{{30, 3}, 10.0}, {{9, 3}, 3.0}, {{6, 3}, 2.0}};
@@ -315,7 +319,8 @@ TEST(RoundRobinHomes, ExplicitFallbackInSpecOrder) {
   EXPECT_TRUE(plan.round_robin_fallback);
   const std::vector<NsHome> want = {{0, 0}, {0, 0}, {1, 0},
                                     {1, 0}, {1, 1}, {0, 0}};
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(plan.homes[i], want[i]) << i;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(plan.homes[i], want[i]) << i;
   EXPECT_EQ(plan.rank_load, Loads(specs, plan.homes, d));
 }
 

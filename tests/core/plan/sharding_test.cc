@@ -1,9 +1,10 @@
 // Classification for every tag combination x {G, T} in {1,2,4}^2, against an
 // independent restatement of DESIGN.md §2, plus every error case.
+#include "core/plan/sharding.h"
+
 #include <string>
 #include <vector>
 
-#include "core/plan/sharding.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -22,8 +23,8 @@ struct Expected {
 
 // DESIGN.md §2, written out case by case.
 Expected Reference(const ShardTags& tags, int64_t r, int64_t c, int G, int T) {
-  const bool tp_counts = T > 1 && tags.tensor_model_parallel &&
-                         tags.partition_dim >= 0;
+  const bool tp_counts =
+      T > 1 && tags.tensor_model_parallel && tags.partition_dim >= 0;
   const int tp_dim = tp_counts ? tags.partition_dim : -1;
   const bool gtp = G > 1 && tags.is_gtp_weight_remat;
   const Expected error{false, -1, false, ParamSharding::kReplicated, {}};
@@ -155,8 +156,7 @@ TEST(MakeShardSpecFromFullShape, AutoPadAndDivisibilityErrors) {
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("'odd'"));
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("divisible by T"));
-  s = MakeShardSpecFromFullShape("odd", {10, 4}, -1, true, 1,
-                                 DomainSize{4, 1});
+  s = MakeShardSpecFromFullShape("odd", {10, 4}, -1, true, 1, DomainSize{4, 1});
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("divisible by G"));
   s = MakeShardSpecFromFullShape("x", {8, 4}, 3, true, 0, DomainSize{2, 2});
@@ -201,9 +201,11 @@ TEST(Cost, NsCostAndFlopsKnownValues) {
   EXPECT_EQ(NsCostOfShape({7}), 7.0);
   // anchors-performance.md §2.1: 4096x14336, plain NS, 5 steps = 5.50 TFLOP.
   const double m = 4096, n = 14336;
-  EXPECT_EQ(NsFlops(4096, 14336, 5, false), 5 * (4 * m * m * n + 2 * m * m * m));
+  EXPECT_EQ(NsFlops(4096, 14336, 5, false),
+            5 * (4 * m * m * n + 2 * m * m * m));
   EXPECT_NEAR(NsFlops(4096, 14336, 5, false) / 1e12, 5.50, 0.005);
-  // Square: (20 alpha + 10) m^3 = 30 m^3; symmetric 5 (3 alpha + 1) m^3 = 20 m^3.
+  // Square: (20 alpha + 10) m^3 = 30 m^3; symmetric 5 (3 alpha + 1) m^3 = 20
+  // m^3.
   EXPECT_EQ(NsFlops(1024, 1024, 5, false), 30.0 * 1024 * 1024 * 1024);
   EXPECT_EQ(NsFlops(1024, 1024, 5, true), 20.0 * 1024 * 1024 * 1024);
   EXPECT_EQ(NsFlops(1024, 1024, 3, false), 18.0 * 1024 * 1024 * 1024);
