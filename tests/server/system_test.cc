@@ -1,0 +1,119 @@
+// Multi-process system test (issue 6): muond-coordinator + 4 muond daemons
+// (2x2 domain, host mode, Gloo) + 4 trainer processes using the C++ client.
+// The trainers check their shards bitwise against the single-process
+// reference after 3 steps; rank 0 issues a Rebalance with another cost table
+// that changes homes from step 2 on. Launches the real binaries (data deps).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+extern char** environ;
+
+namespace {
+
+std::string Runfile(const std::string& path) {
+  const char* dir = getenv("TEST_SRCDIR");
+  return absl::StrCat(dir ? dir : ".", "/muond/", path);
+}
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ),
+            0)
+      << args[0];
+  return pid;
+}
+
+bool WaitForFile(const std::string& path, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  struct stat st;
+  while (stat(path.c_str(), &st) != 0) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+// Waits for `pid` up to `deadline`; -1 on timeout (then kills it).
+int WaitExit(pid_t pid, absl::Time deadline) {
+  while (true) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    if (absl::Now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+TEST(SystemTest, FourDaemonsFourTrainersBitwiseWithRebalance) {
+  char dir_template[] = "/tmp/muond-sys-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);  // mode 0700
+  const std::string dir = dir_template;
+  const std::string job = absl::StrCat("sys", getpid());
+
+  std::vector<pid_t> servers;
+  servers.push_back(
+      Spawn({Runfile("server/coordinator/muond-coordinator"),
+             "--listen=127.0.0.1:0", "--port_file=" + dir + "/port"}));
+  ASSERT_TRUE(WaitForFile(dir + "/port", absl::Seconds(10)));
+  int port = 0;
+  std::ifstream(dir + "/port") >> port;
+  ASSERT_GT(port, 0);
+  const std::string coordinator = absl::StrCat("127.0.0.1:", port);
+
+  std::vector<std::string> sockets;
+  for (int r = 0; r < 4; ++r) {
+    sockets.push_back(absl::StrCat(dir, "/d", r, ".sock"));
+    servers.push_back(Spawn({Runfile("server/daemon/muond"), "--host",
+                             "--coordinator=" + coordinator, "--job_id=" + job,
+                             absl::StrCat("--rank=", r), "--world_size=4",
+                             "--listen=unix://" + sockets.back(),
+                             "--log_every=1", "--comm_timeout_s=30"}));
+  }
+  for (const std::string& s : sockets) {
+    ASSERT_TRUE(WaitForFile(s, absl::Seconds(10))) << s;
+    struct stat st;
+    ASSERT_EQ(stat(s.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << s;
+  }
+
+  std::vector<pid_t> trainers;
+  for (int r = 0; r < 4; ++r) {
+    trainers.push_back(
+        Spawn({Runfile("tests/server/system_trainer"),
+               "--daemon=unix://" + sockets[r], "--coordinator=" + coordinator,
+               "--job=" + job, absl::StrCat("--rank=", r),
+               r == 0 ? "--rebalance" : "--expect_rebalance"}));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(45);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(WaitExit(trainers[r], deadline), 0) << "trainer " << r;
+  }
+  for (pid_t pid : servers) kill(pid, SIGTERM);
+  for (pid_t pid : servers) WaitExit(pid, absl::Now() + absl::Seconds(5));
+  for (const std::string& s : sockets) unlink(s.c_str());
+  unlink((dir + "/port").c_str());
+  rmdir(dir.c_str());
+}
+
+}  // namespace

@@ -1,0 +1,352 @@
+// A trainer process of the multi-process system test (system_test.cc): it
+// owns full copies of a few weights in shared memory, registers its (g, t)
+// shard of each with its daemon (column blocks as strided views into the full
+// matrix, padded GTP shards as separate buffers), runs 3 steps and compares
+// its shards bitwise with the single-process reference (MuonStepFullMatrix
+// on the same CPU backend). It also checks that nothing outside its shards
+// changed, the step-id replay rule, and (rank 0 with --rebalance) that a
+// Rebalance with another cost table changes homes and activates at step 2.
+// Exit 0 = all checks passed; messages on stderr otherwise.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "client/cpp/client.h"
+#include "client/cpp/shm_region.h"
+#include "core/backend/cpu_backend.h"
+#include "core/muon/muon_update.h"
+#include "core/muon/newton_schulz.h"
+#include "server/daemon/engine_factory.h"
+
+ABSL_FLAG(std::string, daemon, "", "daemon address");
+ABSL_FLAG(std::string, coordinator, "", "coordinator host:port");
+ABSL_FLAG(std::string, job, "sys", "job id");
+ABSL_FLAG(int, rank, 0, "rank = g * 2 + t in the 2x2 domain");
+ABSL_FLAG(bool, rebalance, false, "issue a Rebalance before step 1");
+ABSL_FLAG(int, steps, 3, "steps");
+ABSL_FLAG(bool, expect_rebalance, false,
+          "a Rebalance activating at step 2 is issued by rank 0");
+
+namespace muond {
+namespace {
+
+constexpr int G = 2, T = 2;
+
+struct Weight {
+  std::string name;
+  int64_t rows, cols;
+  int tp_dim;  // -1 TP-replicated, 0 column-, 1 row-parallel
+  bool gtp;
+  int64_t pad;
+};
+
+const std::vector<Weight> kWeights = {
+    {"col", 32, 16, 0, true, 0},  {"row", 16, 32, 1, true, 0},
+    {"gtp", 24, 16, -1, true, 0}, {"pad", 36, 8, 0, true, 2},
+    {"rep", 8, 8, -1, false, 0},  {"big", 64, 32, 0, true, 0},
+    {"wide", 16, 64, 1, true, 0},
+};
+
+float Value(const std::string& name, int step, int64_t i, int64_t j) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : name) h = (h ^ uint8_t(c)) * 1099511628211ull;
+  h ^= uint64_t(step) * 0x9E3779B97F4A7C15ull +
+       uint64_t(i) * 0xBF58476D1CE4E5B9ull +
+       uint64_t(j) * 0x94D049BB133111EBull;
+  h ^= h >> 31;
+  h *= 0xD6E8FEB86659FD93ull;
+  h ^= h >> 29;
+  return float(int64_t(h % 20001) - 10000) / 10000.0f;
+}
+
+// The shard of rank (g, t): rows [r0, r0 + nr) and cols [c0, c0 + nc) of the
+// full matrix, of which the first `real` rows exist (the rest are padding).
+struct Shard {
+  int64_t r0, nr, c0, nc, real;
+};
+
+Shard ShardOf(const Weight& w, int g, int t) {
+  int64_t tr0 = 0, tr = w.rows, c0 = 0, nc = w.cols;
+  if (w.tp_dim == 0) {
+    tr = w.rows / T;
+    tr0 = t * tr;
+  } else if (w.tp_dim == 1) {
+    nc = w.cols / T;
+    c0 = t * nc;
+  }
+  if (!w.gtp) return {tr0, tr, c0, nc, tr};
+  const int64_t local = (tr + w.pad) / G;
+  const int64_t start = g * local;
+  const int64_t real = std::max<int64_t>(0, std::min(local, tr - start));
+  return {tr0 + start, local, c0, nc, real};
+}
+
+v1::ShardTags TagsOf(const Weight& w) {
+  v1::ShardTags tags;
+  tags.set_tensor_model_parallel(w.tp_dim >= 0);
+  tags.set_partition_dim(w.tp_dim >= 0 ? w.tp_dim : 0);
+  tags.set_is_gtp_weight_remat(w.gtp);
+  tags.set_pad_length(w.pad);
+  return tags;
+}
+
+bool rebalance_all() {
+  return absl::GetFlag(FLAGS_rebalance) ||
+         absl::GetFlag(FLAGS_expect_rebalance);
+}
+
+int Fail(const std::string& msg) {
+  fprintf(stderr, "trainer %d: FAIL: %s\n", absl::GetFlag(FLAGS_rank),
+          msg.c_str());
+  return 1;
+}
+
+v1::ParamGroup GroupProto(int g, int t) {
+  v1::ParamGroup group;
+  group.set_name("muon");
+  group.set_algorithm(v1::MUON);
+  v1::MuonHyperparams* h = group.mutable_muon();
+  h->set_lr(0.02);
+  h->set_momentum(0.95);
+  h->set_nesterov(true);
+  h->set_weight_decay(0.01);
+  v1::Domain* d = group.mutable_domain();
+  d->set_name("dense");
+  d->set_gtp_size(G);
+  d->set_tp_size(T);
+  d->set_g(g);
+  d->set_t(t);
+  return group;
+}
+
+int Run() {
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int g = rank / T, t = rank % T;
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const bool rebalance = absl::GetFlag(FLAGS_rebalance);
+
+  // Shared memory: full param + grad per weight, plus a local buffer pair for
+  // padded shards.
+  size_t bytes = 0;
+  for (const Weight& w : kWeights)
+    bytes += 4 * (w.rows * w.cols * 2 + 64) + 4096;
+  auto region = ShmRegion::Create(
+      absl::StrCat("/muond-sys-", getpid(), "-r", rank), bytes);
+  if (!region.ok()) return Fail(region.status().ToString());
+  struct Buffers {
+    float* full_param;
+    float* full_grad;
+    float* local_param = nullptr;  // padded shards only
+    float* local_grad = nullptr;
+    Shard shard;
+  };
+  std::vector<Buffers> buffers;
+  v1::ParamGroup group = GroupProto(g, t);
+  for (const Weight& w : kWeights) {
+    Buffers b;
+    b.full_param =
+        static_cast<float*>(*(*region)->Allocate(4 * w.rows * w.cols));
+    b.full_grad =
+        static_cast<float*>(*(*region)->Allocate(4 * w.rows * w.cols));
+    b.shard = ShardOf(w, g, t);
+    for (int64_t i = 0; i < w.rows; ++i) {
+      for (int64_t j = 0; j < w.cols; ++j) {
+        b.full_param[i * w.cols + j] = Value(w.name, 0, i, j);
+      }
+    }
+    absl::StatusOr<v1::TensorRef> pref, gref;
+    if (w.pad > 0) {
+      const size_t n = 4 * b.shard.nr * b.shard.nc;
+      b.local_param = static_cast<float*>(*(*region)->Allocate(n));
+      b.local_grad = static_cast<float*>(*(*region)->Allocate(n));
+      for (int64_t i = 0; i < b.shard.real; ++i) {
+        memcpy(b.local_param + i * b.shard.nc,
+               b.full_param + (b.shard.r0 + i) * w.cols + b.shard.c0,
+               4 * b.shard.nc);
+      }
+      pref = HostRef(**region, b.local_param, v1::DTYPE_FP32,
+                     {b.shard.nr, b.shard.nc});
+      gref = HostRef(**region, b.local_grad, v1::DTYPE_FP32,
+                     {b.shard.nr, b.shard.nc});
+    } else {
+      const int64_t off = b.shard.r0 * w.cols + b.shard.c0;
+      pref = HostRef(**region, b.full_param + off, v1::DTYPE_FP32,
+                     {b.shard.nr, b.shard.nc}, {w.cols, 1});
+      gref = HostRef(**region, b.full_grad + off, v1::DTYPE_FP32,
+                     {b.shard.nr, b.shard.nc}, {w.cols, 1});
+    }
+    if (!pref.ok() || !gref.ok()) return Fail("HostRef failed");
+    *group.add_params() =
+        MakeParam(w.name, {w.rows, w.cols}, *pref, *gref, TagsOf(w));
+    buffers.push_back(b);
+  }
+
+  ClientOptions options;
+  options.job_id = absl::GetFlag(FLAGS_job);
+  options.rpc_timeout = absl::Seconds(30);
+  auto client = Client::Connect(absl::GetFlag(FLAGS_daemon), options);
+  if (!client.ok()) return Fail(client.status().ToString());
+  auto registered = (*client)->Register({group});
+  if (!registered.ok())
+    return Fail("Register: " + registered.status().ToString());
+  if (absl::Status st = (*client)->WaitForPlan(absl::Seconds(30)); !st.ok()) {
+    return Fail(st.ToString());
+  }
+
+  if (rebalance) {
+    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+        absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials()));
+    v1::GetPlanRequest get;
+    get.set_job_id(options.job_id);
+    v1::Plan first;
+    {
+      grpc::ClientContext ctx;
+      if (!stub->GetPlan(&ctx, get, &first).ok()) return Fail("GetPlan");
+    }
+    v1::RebalanceRequest req;
+    req.set_job_id(options.job_id);
+    req.set_activate_after_steps(2);
+    // Costs that invert the analytic order: small matrices expensive.
+    for (const Weight& w : kWeights) {
+      v1::ShapeTiming* c = req.add_cost_table();
+      c->add_shape(w.rows);
+      c->add_shape(w.cols);
+      c->set_ns_us(1e6 / double(w.rows * w.cols));
+    }
+    v1::Plan second;
+    grpc::ClientContext ctx;
+    grpc::Status st = stub->Rebalance(&ctx, req, &second);
+    if (!st.ok()) return Fail("Rebalance: " + st.error_message());
+    if (second.version() != first.version() + 1 ||
+        second.activate_at_step() != 2) {
+      return Fail(absl::StrCat("Rebalance gave version ", second.version(),
+                               " activating at ", second.activate_at_step()));
+    }
+    bool changed = false;
+    for (int i = 0; i < first.groups(0).homes_size(); ++i) {
+      changed |=
+          first.groups(0).homes(i).g() != second.groups(0).homes(i).g() ||
+          first.groups(0).homes(i).t() != second.groups(0).homes(i).t();
+    }
+    if (!changed) return Fail("the rebalanced plan has the same homes");
+    fprintf(stderr, "trainer 0: plan v%ld -> v%ld (activates at step %ld)\n",
+            long(first.version()), long(second.version()),
+            long(second.activate_at_step()));
+  }
+
+  for (int step = 1; step <= steps; ++step) {
+    for (size_t k = 0; k < kWeights.size(); ++k) {
+      const Weight& w = kWeights[k];
+      Buffers& b = buffers[k];
+      for (int64_t i = 0; i < w.rows; ++i) {
+        for (int64_t j = 0; j < w.cols; ++j) {
+          b.full_grad[i * w.cols + j] = Value(w.name + "/grad", step, i, j);
+        }
+      }
+      if (b.local_grad != nullptr) {
+        memset(b.local_grad, 0, 4 * b.shard.nr * b.shard.nc);
+        for (int64_t i = 0; i < b.shard.real; ++i) {
+          memcpy(b.local_grad + i * b.shard.nc,
+                 b.full_grad + (b.shard.r0 + i) * w.cols + b.shard.c0,
+                 4 * b.shard.nc);
+        }
+      }
+    }
+    const int64_t expected_version = (rebalance_all() && step >= 2) ? 2 : 1;
+    if (expected_version == 2) {
+      // Plan v2 must have reached our daemon before its activation step.
+      for (int i = 0; i < 2000; ++i) {
+        auto s = (*client)->Status();
+        if (s.ok() && s->latest_plan_version() >= 2) break;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    }
+    auto r = (*client)->Step(step);
+    if (!r.ok())
+      return Fail(absl::StrCat("Step ", step, ": ", r.status().ToString()));
+    if (r->plan_version() != expected_version) {
+      return Fail(absl::StrCat("step ", step, " ran with plan v",
+                               r->plan_version(), ", expected v",
+                               expected_version));
+    }
+  }
+  // Replays change nothing; going back is refused.
+  std::vector<float> before(buffers[0].full_param,
+                            buffers[0].full_param + 32 * 16);
+  auto replay = (*client)->Step(steps);
+  if (!replay.ok() || !replay->replayed()) return Fail("replay not recorded");
+  if (memcmp(before.data(), buffers[0].full_param, before.size() * 4) != 0) {
+    return Fail("replay changed params");
+  }
+  auto back = (*client)->Step(1);
+  if (back.ok() ||
+      back.status().code() != absl::StatusCode::kFailedPrecondition) {
+    return Fail("step id going back was not refused");
+  }
+
+  // The single-process reference.
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  absl::StatusOr<MuonOptions> muon = MuonOptionsFromProto(GroupProto(g, t));
+  if (!muon.ok()) return Fail(muon.status().ToString());
+  int mismatches = 0;
+  for (size_t k = 0; k < kWeights.size(); ++k) {
+    const Weight& w = kWeights[k];
+    const Buffers& b = buffers[k];
+    std::vector<float> p(w.rows * w.cols), m(p.size(), 0.0f), s(p.size()),
+        gr(p.size());
+    for (int64_t i = 0; i < w.rows; ++i)
+      for (int64_t j = 0; j < w.cols; ++j)
+        p[i * w.cols + j] = Value(w.name, 0, i, j);
+    auto view = [&](std::vector<float>& v) {
+      return ContiguousView(v.data(), DType::kFloat32, w.rows, w.cols);
+    };
+    auto ns = NewtonSchulz::Create(backend.get(), muon->ns, w.rows, w.cols, 1);
+    if (!ns.ok()) return Fail(ns.status().ToString());
+    for (int step = 1; step <= steps; ++step) {
+      for (int64_t i = 0; i < w.rows; ++i)
+        for (int64_t j = 0; j < w.cols; ++j)
+          gr[i * w.cols + j] = Value(w.name + "/grad", step, i, j);
+      absl::Status st = MuonStepFullMatrix(*backend, *muon, **ns, view(p),
+                                           view(gr), view(m), view(s));
+      if (!st.ok()) return Fail(st.ToString());
+    }
+    const Shard& sh = b.shard;
+    for (int64_t i = 0; i < w.rows; ++i) {
+      for (int64_t j = 0; j < w.cols; ++j) {
+        const bool mine = i >= sh.r0 && i < sh.r0 + sh.real && j >= sh.c0 &&
+                          j < sh.c0 + sh.nc;
+        float got = b.full_param[i * w.cols + j];
+        if (mine && b.local_param != nullptr) {
+          got = b.local_param[(i - sh.r0) * sh.nc + (j - sh.c0)];
+        }
+        const float want = mine ? p[i * w.cols + j] : Value(w.name, 0, i, j);
+        if (memcmp(&got, &want, 4) != 0 && mismatches++ < 5) {
+          fprintf(stderr, "trainer %d: %s[%ld,%ld] (%s) = %.9g, want %.9g\n",
+                  rank, w.name.c_str(), long(i), long(j),
+                  mine ? "shard" : "outside shard", got, want);
+        }
+      }
+    }
+  }
+  if (mismatches > 0)
+    return Fail(absl::StrCat(mismatches, " mismatching elements"));
+  (*client)->Unregister();
+  fprintf(stderr, "trainer %d: %d steps bitwise equal to the reference\n", rank,
+          steps);
+  return 0;
+}
+
+}  // namespace
+}  // namespace muond
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return muond::Run();
+}
