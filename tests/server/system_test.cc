@@ -28,16 +28,31 @@ std::string Runfile(const std::string& path) {
   return absl::StrCat(dir ? dir : ".", "/muond/", path);
 }
 
-pid_t Spawn(const std::vector<std::string>& args) {
+// Starts `args`; stdout goes to `stdout_path` when given.
+pid_t Spawn(const std::vector<std::string>& args,
+            const std::string& stdout_path = "") {
   std::vector<char*> argv;
-  for (const std::string& a : args)
+  for (const std::string& a : args) {
     argv.push_back(const_cast<char*>(a.c_str()));
+  }
   argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!stdout_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  }
   pid_t pid = -1;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ),
+  EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ),
             0)
       << args[0];
+  posix_spawn_file_actions_destroy(&actions);
   return pid;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 bool WaitForFile(const std::string& path, absl::Duration timeout) {
@@ -109,6 +124,30 @@ TEST(SystemTest, FourDaemonsFourTrainersBitwiseWithRebalance) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(WaitExit(trainers[r], deadline), 0) << "trainer " << r;
   }
+
+  // The operator's view of the finished job.
+  const std::string status_out = dir + "/status.txt";
+  EXPECT_EQ(WaitExit(Spawn({Runfile("tools/muonctl/muonctl"), "status",
+                            "--coordinator=" + coordinator, "--job=" + job},
+                           status_out),
+                     absl::Now() + absl::Seconds(10)),
+            0);
+  const std::string status = ReadFile(status_out);
+  EXPECT_NE(status.find("plan version 2, activates at step 2"),
+            std::string::npos)
+      << status;
+  const std::string daemons_out = dir + "/daemons.txt";
+  EXPECT_EQ(WaitExit(Spawn({Runfile("tools/muonctl/muonctl"), "daemons",
+                            "--coordinator=" + coordinator, "--job=" + job},
+                           daemons_out),
+                     absl::Now() + absl::Seconds(10)),
+            0);
+  const std::string daemons = ReadFile(daemons_out);
+  EXPECT_NE(daemons.find(absl::StrCat("3  ")), std::string::npos) << daemons;
+  EXPECT_NE(daemons.find("unix://" + sockets[3]), std::string::npos) << daemons;
+  unlink(status_out.c_str());
+  unlink(daemons_out.c_str());
+
   for (pid_t pid : servers) kill(pid, SIGTERM);
   for (pid_t pid : servers) WaitExit(pid, absl::Now() + absl::Seconds(5));
   for (const std::string& s : sockets) unlink(s.c_str());

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tools/muonctl/command.h"
+#include "tools/muonctl/coordinator_commands.h"
 #include "tools/muonctl/plan_command.h"
 
 namespace muond::muonctl {
@@ -15,6 +16,9 @@ namespace {
 const std::map<std::string, Command>& Commands() {
   static const auto* commands = new std::map<std::string, Command>{
       {"plan", {RunPlan, "plan NS homes offline from a manifest (JSON out)"}},
+      {"status", {RunStatus, "a running job: current plan and daemons"}},
+      {"daemons", {RunDaemons, "a running job's daemons, one per line"}},
+      {"rebalance", {RunRebalance, "push a new plan (cost model/table)"}},
   };
   return *commands;
 }
