@@ -2,10 +2,12 @@
 
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
 #include "server/common/proto_convert.h"
+#include "server/common/safetensors.h"
 
 namespace muond {
 namespace {
@@ -49,7 +51,8 @@ bool DaemonCore::PlanMatches(const v1::Plan& plan) const {
   std::map<std::string, int> plan_homes;
   for (const v1::GroupPlan& g : plan.groups())
     plan_homes[g.group()] = g.homes_size();
-  if (plan_homes.size() != registration_->groups.size()) return false;
+  // The plan covers every group of the job; other daemons' groups (e.g. the
+  // 1x1 groups a single trainer gives each daemon) are not ours to match.
   for (const BoundGroup& g : registration_->groups) {
     auto it = plan_homes.find(g.proto.name());
     if (it == plan_homes.end()) return false;
@@ -372,16 +375,135 @@ std::string DaemonCore::engine_error() {
   return engine_error_;
 }
 
+namespace {
+
+// "<param>.<suffix>" of a registered param -> "<param>/g<g>t<t>/<suffix>",
+// so files of different ranks never collide and Python tools can group them.
+struct StateKeys {
+  std::map<std::string, std::string> to_file;  // engine name -> file key
+  std::map<std::string, std::vector<int64_t>> shapes;  // engine name -> shape
+};
+
+StateKeys MapStateKeys(const Registration& reg,
+                       const std::map<std::string, std::vector<float>>& state) {
+  StateKeys keys;
+  for (const auto& [name, values] : state) {
+    keys.to_file[name] = name;
+    keys.shapes[name] = {int64_t(values.size())};
+    for (const BoundGroup& g : reg.groups) {
+      for (const BoundParam& p : g.params) {
+        if (name.size() > p.name.size() + 1 &&
+            name.compare(0, p.name.size() + 1, p.name + ".") == 0) {
+          keys.to_file[name] = absl::StrCat(p.name, "/g", g.proto.domain().g(),
+                                            "t", g.proto.domain().t(), "/",
+                                            name.substr(p.name.size() + 1));
+          int64_t numel = 1;
+          for (int64_t d : p.local_shape) numel *= d;
+          if (numel == int64_t(values.size()))
+            keys.shapes[name] = p.local_shape;
+        }
+      }
+    }
+  }
+  return keys;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
-    const std::string&) {
-  return absl::UnimplementedError(
-      "SaveState is not implemented yet (reliability issue)");
+    const std::string& path) {
+  if (path.empty())
+    return absl::InvalidArgumentError("path: must not be empty");
+  absl::MutexLock op(&op_mu_);
+  absl::MutexLock lock(&mu_);
+  if (engine_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "SaveState before the step engine exists (register params and wait "
+        "for the plan)");
+  }
+  ASSIGN_OR_RETURN(auto state, engine_->muon->ExportState());
+  const StateKeys keys = MapStateKeys(*registration_, state);
+  SafetensorsFile file;
+  file.metadata["format"] = "muond-state-v1";
+  file.metadata["job_id"] = config_.job_id;
+  file.metadata["rank"] = absl::StrCat(config_.rank);
+  file.metadata["step_id"] = absl::StrCat(last_step_id_.value_or(-1));
+  file.metadata["plan_version"] = absl::StrCat(active_plan_version_);
+  for (auto& [name, values] : state) {
+    file.tensors[keys.to_file.at(name)] =
+        Fp32Tensor{keys.shapes.at(name), std::move(values)};
+  }
+  ASSIGN_OR_RETURN(int64_t bytes, WriteSafetensors(path, file));
+  LOG(INFO) << "saved " << file.tensors.size() << " state tensors (" << bytes
+            << " bytes) to " << path;
+  v1::SaveStateResponse response;
+  response.set_path(path);
+  response.set_bytes(bytes);
+  return response;
 }
 
 absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
-    const std::string&) {
-  return absl::UnimplementedError(
-      "LoadState is not implemented yet (reliability issue)");
+    const std::string& path) {
+  if (path.empty())
+    return absl::InvalidArgumentError("path: must not be empty");
+  absl::MutexLock op(&op_mu_);
+  absl::MutexLock lock(&mu_);
+  if (engine_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "LoadState before the step engine exists (register params and wait "
+        "for the plan)");
+  }
+  ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(path));
+  if (file.metadata["job_id"] != config_.job_id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state file '", path, "' is of job '",
+                     file.metadata["job_id"], "', not '", config_.job_id, "'"));
+  }
+  // The current state tells which tensors and sizes the engine expects.
+  ASSIGN_OR_RETURN(auto current, engine_->muon->ExportState());
+  const StateKeys keys = MapStateKeys(*registration_, current);
+  std::map<std::string, std::vector<float>> loaded;
+  for (const auto& [name, values] : current) {
+    const std::string& key = keys.to_file.at(name);
+    auto it = file.tensors.find(key);
+    if (it == file.tensors.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state file '", path, "' lacks tensor '", key, "'"));
+    }
+    if (it->second.data.size() != values.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state file '", path, "': tensor '", key, "' has ",
+                       it->second.data.size(),
+                       " values, the registered shard needs ", values.size()));
+    }
+    loaded[name] = it->second.data;
+  }
+  if (loaded.size() != file.tensors.size()) {
+    for (const auto& [key, t] : file.tensors) {
+      bool used = false;
+      for (const auto& [name, k] : keys.to_file) used |= k == key;
+      if (!used) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("state file '", path, "' has tensor '", key,
+                         "' that no registered param of this rank owns"));
+      }
+    }
+  }
+  RETURN_IF_ERROR(engine_->muon->ImportState(loaded));
+  int64_t step_id = -1;
+  if (!absl::SimpleAtoi(file.metadata["step_id"], &step_id)) step_id = -1;
+  if (step_id >= 0) {
+    last_step_id_ = step_id;
+    last_response_ = v1::StepResponse();
+    last_response_.set_step_id(step_id);
+  } else {
+    last_step_id_.reset();
+  }
+  LOG(INFO) << "loaded " << loaded.size() << " state tensors from " << path
+            << " (step " << step_id << ")";
+  v1::LoadStateResponse response;
+  response.set_step_id(step_id);
+  return response;
 }
 
 }  // namespace muond

@@ -67,17 +67,21 @@ class Client:
     def load_state(self, path: str) -> pb.LoadStateResponse:
         return self.stub.LoadState(pb.LoadStateRequest(path=path), timeout=self.timeout)
 
-    def wait_healthy(self, timeout: float = 30.0, poll: float = 0.1) -> pb.HealthResponse:
-        """Polls Health until the daemon answers ``serving``; raises TimeoutError
-        naming the address and the last error otherwise."""
+    def wait_healthy(self, timeout: float = 30.0, poll: float = 0.1,
+                     need_plan: bool = False) -> pb.HealthResponse:
+        """Polls Health until the daemon answers ``serving`` (and, with
+        ``need_plan``, ``has_plan``: after registration the daemon publishes its
+        manifest, receives the coordinator's plan and builds its communicators
+        together with its peers; Step before that is refused). Raises
+        TimeoutError naming the address and the last state otherwise."""
         deadline = time.monotonic() + timeout
         last = "no answer"
         while True:
             try:
                 resp = self.health(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
-                if resp.serving:
+                if resp.serving and (resp.has_plan or not need_plan):
                     return resp
-                last = "answered serving=false"
+                last = "no plan yet" if resp.serving else "answered serving=false"
             except grpc.RpcError as e:  # not up yet
                 last = f"{e.code().name}: {e.details()}"
             if time.monotonic() >= deadline:

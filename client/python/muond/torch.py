@@ -30,7 +30,7 @@ Modes (``shard_mode``):
   group ``<group>`` in domain ``domain_name`` with its (g, t). Weights that do
   not split, and every AdamW param, go *whole to exactly one daemon* (the
   least loaded by ns_cost resp. element count, deterministic), in a group
-  ``<group>.solo`` (Muon) or ``<group>`` (AdamW) whose domain is the 1x1
+  ``<group>.solo-r<rank>`` whose domain is the 1x1
   domain ``solo-r<rank>`` of that daemon. Nothing is registered with two
   daemons, so no update is applied twice to the same memory.
 * ``"local"`` (one trainer per daemon, e.g. Megatron ranks; ``len(daemons)
@@ -206,6 +206,8 @@ class Muon(torch.optim.Optimizer):
                        for r, c in enumerate(self.clients)]
             for c, f in zip(self.clients, futures):
                 _result(f, c, "RegisterParams")
+            for c in self.clients:
+                c.wait_healthy(wait_healthy_timeout, need_plan=True)
         except BaseException:
             self._finalizer()
             raise
@@ -311,7 +313,9 @@ class Muon(torch.optim.Optimizer):
         self.layouts[name] = ("solo", rank)
         shape, strides = _whole(p)
         domain = pb.Domain(name=f"solo-r{rank}", gtp_size=1, tp_size=1, g=0, t=0)
-        wname = gname + ".solo" if group["algorithm"] == "muon" else gname
+        # A group name names one domain on the wire (the coordinator checks that
+        # every rank holding it agrees), so each daemon's 1x1 group is its own.
+        wname = f"{gname}.solo-r{rank}"
         wg = self._wire_group(wire, rank, gi, wname, group, domain)
         wg.params.append(pb.Param(name=name, full_shape=list(p.shape),
                                   param=pbuf.ref(0, shape, strides),

@@ -110,6 +110,8 @@ class MuonFakeDaemonTest(unittest.TestCase):
             for g in req.groups:
                 if g.domain.name != "dense":
                     self.assertEqual(g.domain.name, f"solo-r{rank}")
+                    # One wire group name per domain: the coordinator checks it.
+                    self.assertTrue(g.name.endswith(f".solo-r{rank}"), g.name)
                     self.assertEqual((g.domain.gtp_size, g.domain.tp_size), (1, 1))
         # Every param is registered exactly once per shard: no double updates.
         owners = {}
