@@ -93,7 +93,11 @@ class DaemonCore {
   // A plan from the coordinator (WatchPlans).
   void OnPlan(const v1::Plan& plan);
 
-  // Save/load optimizer state (state_file.h format).
+  // Optimizer state of this rank's shards as a safetensors file (atomic
+  // write): fp32 tensors keyed "<param>/g<g>t<t>/<momentum|exp_avg|...>",
+  // metadata job_id, rank, step_id, plan_version. Load validates job, names
+  // and sizes (naming the tensor) and restores the step id, so the next step
+  // must be step_id + 1. FailedPrecondition before the engine exists.
   absl::StatusOr<v1::SaveStateResponse> SaveState(const std::string& path);
   absl::StatusOr<v1::LoadStateResponse> LoadState(const std::string& path);
 
