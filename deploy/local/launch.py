@@ -37,6 +37,7 @@ def parse_args():
     p.add_argument("--optimizer", default="both", choices=["both", "muond"],
                    help="both = also train the in-process reference for the overlay plot")
     p.add_argument("--health-timeout", type=float, default=60.0)
+    p.add_argument("--job-id", default=None, help="job id (default demo<pid>)")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER,
                    help="after --, extra arguments for examples/char_gpt/train.py")
     return p.parse_args()
@@ -62,7 +63,7 @@ class Launcher:
     def __init__(self, args):
         self.args = args
         self.procs = []  # (name, Popen, log path)
-        self.job = f"demo{os.getpid()}"
+        self.job = args.job_id or f"demo{os.getpid()}"
         self.logs = os.path.join(args.out, "logs")
         self.sockdir = f"/tmp/muond-{self.job}"
 
