@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-FORTUNES_DIR = "/usr/share/games/fortunes"
+# MUOND_FORTUNES_DIR: a copy elsewhere (the GPU bundle carries one in data/fortunes).
+FORTUNES_DIR = os.environ.get("MUOND_FORTUNES_DIR", "/usr/share/games/fortunes")
 
 
 def read_fortunes(directory: str = FORTUNES_DIR) -> list[str]:
