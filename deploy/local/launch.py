@@ -63,6 +63,7 @@ class Launcher:
     def __init__(self, args):
         self.args = args
         self.procs = []  # (name, Popen, log path)
+        self.trainer = None
         self.job = args.job_id or f"demo{os.getpid()}"
         self.logs = os.path.join(args.out, "logs")
         self.sockdir = f"/tmp/muond-{self.job}"
@@ -82,6 +83,13 @@ class Launcher:
                                    f"last lines of {log}:\n{tail(log)}")
 
     def stop(self):
+        if self.trainer is not None and self.trainer.poll() is None:
+            self.trainer.terminate()
+            try:
+                self.trainer.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.trainer.kill()
+                self.trainer.wait()
         for _, proc, _ in self.procs:
             if proc.poll() is None:
                 try:
@@ -153,6 +161,7 @@ class Launcher:
         if device == "cuda":
             cmd += ["--device", "cuda"]
         trainer = subprocess.Popen(cmd)
+        self.trainer = trainer
         while trainer.poll() is None:
             try:
                 self.check_alive()
