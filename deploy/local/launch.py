@@ -32,8 +32,10 @@ def parse_args():
                    help="cpu = host mode (shared memory, Gloo); cuda = one daemon per GPU "
                         "(CUDA IPC, NCCL); auto = cuda when a GPU is visible")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "demo"))
-    p.add_argument("--bin", default=os.path.join(ROOT, "bazel-bin"),
-                   help="where server/daemon/muond and server/coordinator/muond-coordinator are")
+    p.add_argument("--bin", default=os.environ.get("MUOND_BIN", os.path.join(ROOT, "bazel-bin")),
+                   help="where server/daemon/muond and server/coordinator/muond-coordinator "
+                        "are, or a GPU bundle's bin/ with muond and muond-coordinator "
+                        "(default $MUOND_BIN, else bazel-bin)")
     p.add_argument("--optimizer", default="both", choices=["both", "muond"],
                    help="both = also train the in-process reference for the overlay plot")
     p.add_argument("--health-timeout", type=float, default=60.0)
@@ -49,6 +51,12 @@ def cuda_device_count():
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def binary(bin_dir, rel):
+    """bin_dir/rel (a bazel-bin tree), or bin_dir/<name> (a bundle's flat bin/)."""
+    flat = os.path.join(bin_dir, os.path.basename(rel))
+    return flat if os.path.isfile(flat) else os.path.join(bin_dir, rel)
 
 
 def tail(path, n=20):
@@ -130,7 +138,7 @@ class Launcher:
         port_file = os.path.join(self.logs, "coordinator.port")
         if os.path.exists(port_file):
             os.unlink(port_file)
-        self.start("coordinator", [os.path.join(a.bin, "server/coordinator/muond-coordinator"),
+        self.start("coordinator", [binary(a.bin, "server/coordinator/muond-coordinator"),
                                    "--listen=127.0.0.1:0", f"--port_file={port_file}"])
         deadline = time.time() + a.health_timeout
         while not os.path.exists(port_file) or not open(port_file).read().strip():
@@ -146,7 +154,7 @@ class Launcher:
             addresses.append(addr)
             mode = ["--host"] if device == "cpu" else [f"--device={r}"]
             self.start(f"muond-rank{r}", [
-                os.path.join(a.bin, "server/daemon/muond"), f"--coordinator={coordinator}",
+                binary(a.bin, "server/daemon/muond"), f"--coordinator={coordinator}",
                 f"--job_id={self.job}", f"--rank={r}", f"--world_size={world}",
                 f"--listen={addr}", *mode])
         self.wait_healthy(addresses, deadline)
