@@ -84,10 +84,15 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=10, help="plain-line period (non-TTY)")
     p.add_argument("--sample-chars", type=int, default=200)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores, max 4)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where model and data live; cuda = the current GPU, params reach "
+                        "the daemons by CUDA IPC (the daemons must serve that GPU)")
     args = p.parse_args(argv)
     args.daemon_list = [a for a in args.daemons.split(",") if a]
     if args.optimizer == "auto":
         args.optimizer = "both" if args.daemon_list else "reference"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device")
     if args.optimizer in ("muond", "both"):
         n = len(args.daemon_list)
         if n == 0:
@@ -169,6 +174,7 @@ def evaluate(model: CharGPT, data: torch.Tensor, args) -> float:
     losses = []
     for _ in range(args.eval_batches):
         x, y = batch_at(data, sample_starts(g, len(data), args.batch, args.context), args.context)
+        x, y = x.to(args.device), y.to(args.device)
         losses.append(F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item())
     return sum(losses) / len(losses)
 
@@ -186,7 +192,9 @@ def params_checksum(state: dict[str, torch.Tensor]) -> dict:
 
 def train_one(kind: str, corpus, args) -> dict:
     torch.manual_seed(args.seed)
+    # Initialised on the CPU (same weights for every device), then moved.
     model = CharGPT(corpus.vocab_size, args.context, args.d_model, args.layers, args.heads)
+    model.to(args.device)
     opt = build_optimizer(kind, model, args)
     base_lrs = [g["lr"] for g in opt.param_groups]
     data_gen = torch.Generator().manual_seed(args.seed)
@@ -203,6 +211,7 @@ def train_one(kind: str, corpus, args) -> dict:
                 group["lr"] = base * mult
             x, y = batch_at(corpus.train, sample_starts(data_gen, len(corpus.train), args.batch,
                                                         args.context), args.context)
+            x, y = x.to(args.device), y.to(args.device)
             opt.zero_grad(set_to_none=False)
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
             loss.backward()
@@ -232,15 +241,21 @@ def train_one(kind: str, corpus, args) -> dict:
             val_text = "-" if math.isnan(val_loss) else f"{val_loss:.3f}"
             progress.update(step, f"loss {loss.item():.3f} val {val_text} "
                                   f"{tok_s:,.0f} tok/s {timing}", force=evaluated)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         wall = time.perf_counter() - t_start
+        state = {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
+        # Sampled on the CPU from the final weights: the seeded CPU generator
+        # gives the same samples whatever device trained the model.
+        sampler = CharGPT(corpus.vocab_size, args.context, args.d_model, args.layers, args.heads)
+        sampler.load_state_dict(state)
+        sampler.eval()
         samples = []
         g = torch.Generator().manual_seed(args.seed)
-        model.eval()
         for prompt in SAMPLE_PROMPTS:
             idx = torch.tensor([corpus.encode(prompt)], dtype=torch.int64)
-            out = model.generate(idx, args.sample_chars, generator=g)
+            out = sampler.generate(idx, args.sample_chars, generator=g)
             samples.append(corpus.decode(out[0]))
-        state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     finally:
         if hasattr(opt, "close"):
             opt.close()
@@ -265,7 +280,11 @@ def train_one(kind: str, corpus, args) -> dict:
 
 
 def plot(results: dict, baseline: float, path: str) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # e.g. a bare GPU node: curves.json still has the curves
+        print(f"matplotlib not installed: {path} not drawn (curves in curves.json)")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -304,7 +323,8 @@ def write_report(args, corpus, baseline, results, rel_diff, path):
               f"fortunes ({len(corpus.train):,} / {len(corpus.val):,} chars, "
               f"vocabulary {corpus.vocab_size}), split seed {args.data_seed}",
               f"- model: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
-              f"context {args.context}, batch {args.batch}, seed {args.seed}",
+              f"context {args.context}, batch {args.batch}, seed {args.seed}, "
+              f"device {args.device}",
               f"- Muon: lr {args.lr}, momentum {args.momentum} (Nesterov), weight decay "
               f"{args.weight_decay} (decoupled), {args.coefficient_type} x {args.ns_steps}, "
               f"scale {args.scale_mode} x {args.extra_scale_factor}",

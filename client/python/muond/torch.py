@@ -123,6 +123,21 @@ def _raw_cuda_ipc_handle(handle: bytes) -> bytes:
     raise ValueError(f"unrecognised torch CUDA IPC handle ({len(handle)} bytes)")
 
 
+def _widen_ipc_allocations(wire) -> None:
+    """Small params share one caching-allocator block, hence one IPC handle. A
+    daemon opens each handle once and bounds every view by the first ref's
+    allocation_bytes, so every ref of a handle must carry the largest bound
+    seen for it (each buffer's own is only base_offset + its storage size)."""
+    refs = [ref for w in wire for wg in w.values() for prm in wg.params
+            for ref in (prm.param, prm.grad) if ref.kind == pb.CUDA_IPC]
+    widest: dict[bytes, int] = {}
+    for ref in refs:
+        widest[ref.cuda_ipc_handle] = max(widest.get(ref.cuda_ipc_handle, 0),
+                                          ref.allocation_bytes)
+    for ref in refs:
+        ref.allocation_bytes = widest[ref.cuda_ipc_handle]
+
+
 def _scale_from_adjust_lr_fn(adjust_lr_fn, scale_mode, extra_scale_factor):
     """torch.optim.Muon's adjust_lr_fn as muond's scale mode:
     None/"original": lr * sqrt(max(1, A/B)) = "shape_scaling" x 1;
@@ -252,6 +267,7 @@ class Muon(torch.optim.Optimizer):
                     load[rank] += (_split.ns_cost(tuple(p.shape)) if algorithm == "muon"
                                    else p.numel())
                     self._place_solo(gi, gname, group, name, p, rank, wire)
+        _widen_ipc_allocations(wire)
         return [list(w.values()) for w in wire]
 
     def _wire_group(self, wire, rank, gi, wname, group, domain) -> pb.ParamGroup:

@@ -1,0 +1,152 @@
+// One Muon optimizer step over a list of full matrices, muond's core library
+// called directly on the CUDA backend (no daemon, no RPC): momentum ->
+// Newton–Schulz -> scale -> decoupled weight decay + update per matrix
+// (MuonStepFullMatrix), one NewtonSchulz workspace per distinct shape. The
+// settings mirror torch.optim.Muon's defaults as bench/gpu/step_bench.py
+// configures both: simple coefficients x 5, eps 1e-7, `original` scale,
+// Nesterov, fp32 params/grads/momentum, NS at --precision (medium = bf16).
+//
+//   step_bench --shapes=4096x4096,1024x4096,... [--precision=medium]
+//              [--reps=20] [--warmup=3]
+// Prints one line: "step_ms_median <ms> step_ms_min <ms> matrices <n>"
+// (host clock around the step + stream synchronize).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend/cuda_backend.h"
+#include "core/muon/muon_update.h"
+#include "core/muon/newton_schulz.h"
+
+namespace muond {
+namespace {
+
+struct Matrix {
+  int64_t rows, cols;
+  void *param, *grad, *momentum;
+};
+
+void FillRandom(Backend& b, void* p, int64_t n, uint32_t seed, float scale) {
+  std::vector<float> h(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (auto& x : h) {
+    s = s * 1664525u + 1013904223u;
+    x = scale * float(int32_t(s >> 8) - (1 << 23)) / float(1 << 23);
+  }
+  (void)b.CopyFromHost(p, h.data(), n * 4);
+  (void)b.Synchronize();
+}
+
+int Fail(const absl::Status& st) {
+  std::fprintf(stderr, "step_bench: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+int Main(int argc, char** argv) {
+  std::string shapes, precision = "medium";
+  int reps = 20, warmup = 3;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strncmp(argv[i], "--shapes=", 9)) shapes = argv[i] + 9;
+    else if (!std::strncmp(argv[i], "--precision=", 12)) precision = argv[i] + 12;
+    else if (!std::strncmp(argv[i], "--reps=", 7)) reps = std::atoi(argv[i] + 7);
+    else if (!std::strncmp(argv[i], "--warmup=", 9)) warmup = std::atoi(argv[i] + 9);
+    else {
+      std::fprintf(stderr, "usage: step_bench --shapes=RxC,... [--precision=highest|high|medium] [--reps=N] [--warmup=N]\n");
+      return 2;
+    }
+  }
+  if (shapes.empty()) {
+    std::fprintf(stderr, "step_bench: --shapes=RxC,... is required\n");
+    return 2;
+  }
+  auto backend_or = MakeCudaBackend(0);
+  if (!backend_or.ok()) return Fail(backend_or.status());
+  Backend& b = **backend_or;
+
+  MuonOptions o;
+  o.lr = 0.02;
+  o.momentum = 0.95;
+  o.nesterov = true;
+  o.weight_decay = 0.1;
+  o.weight_decay_method = WeightDecayMethod::kDecoupled;
+  o.ns.coefficient_type = CoefficientType::kSimple;
+  o.ns.num_steps = 5;
+  o.ns.eps = 1e-7f;
+  o.scale_mode = ScaleMode::kOriginal;
+  o.extra_scale_factor = 1.0;
+  if (precision == "medium") o.ns.precision = MatmulPrecision::kMedium;
+  else if (precision == "high") o.ns.precision = MatmulPrecision::kHigh;
+  else if (precision == "highest") o.ns.precision = MatmulPrecision::kHighest;
+  else return Fail(absl::InvalidArgumentError("--precision: highest|high|medium"));
+  if (auto st = o.Validate(); !st.ok()) return Fail(st);
+
+  std::vector<Matrix> mats;
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<NewtonSchulz>> ns;
+  int64_t max_numel = 0;
+  for (size_t pos = 0; pos < shapes.size();) {
+    size_t end = shapes.find(',', pos);
+    if (end == std::string::npos) end = shapes.size();
+    const std::string tok = shapes.substr(pos, end - pos);
+    pos = end + 1;
+    long r = 0, c = 0;
+    if (std::sscanf(tok.c_str(), "%ldx%ld", &r, &c) != 2 || r < 1 || c < 1)
+      return Fail(absl::InvalidArgumentError("--shapes: bad entry " + tok));
+    Matrix m{r, c, nullptr, nullptr, nullptr};
+    for (void** p : {&m.param, &m.grad, &m.momentum}) {
+      auto a = b.Allocate(r * c * 4);
+      if (!a.ok()) return Fail(a.status());
+      *p = *a;
+    }
+    const uint32_t seed = uint32_t(mats.size());
+    FillRandom(b, m.param, r * c, 3 * seed, 0.02f);
+    FillRandom(b, m.grad, r * c, 3 * seed + 1, 1e-3f);
+    (void)b.Memset0(ContiguousView(m.momentum, DType::kFloat32, r, c));
+    max_numel = std::max<int64_t>(max_numel, r * c);
+    if (!ns.count({r, c})) {
+      auto n = NewtonSchulz::Create(&b, o.ns, r, c);
+      if (!n.ok()) return Fail(n.status());
+      ns[{r, c}] = std::move(*n);
+    }
+    mats.push_back(m);
+  }
+  auto scratch = b.Allocate(max_numel * 4);
+  if (!scratch.ok()) return Fail(scratch.status());
+
+  auto step = [&]() -> absl::Status {
+    for (const Matrix& m : mats) {
+      const auto v = [&](void* p) {
+        return ContiguousView(p, DType::kFloat32, m.rows, m.cols);
+      };
+      absl::Status st = MuonStepFullMatrix(b, o, *ns[{m.rows, m.cols}],
+                                           v(m.param), v(m.grad),
+                                           v(m.momentum), v(*scratch));
+      if (!st.ok()) return st;
+    }
+    return b.Synchronize();
+  };
+  for (int i = 0; i < warmup; ++i)
+    if (auto st = step(); !st.ok()) return Fail(st);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (auto st = step(); !st.ok()) return Fail(st);
+    t.push_back(std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count());
+  }
+  std::sort(t.begin(), t.end());
+  std::printf("step_ms_median %.4f step_ms_min %.4f matrices %zu\n",
+              t[t.size() / 2], t.front(), mats.size());
+  return 0;
+}
+
+}  // namespace
+}  // namespace muond
+
+int main(int argc, char** argv) { return muond::Main(argc, argv); }

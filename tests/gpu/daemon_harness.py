@@ -1,0 +1,72 @@
+"""Starts a muond-coordinator and one muond on a GPU for the GPU checks and
+benchmarks (tests/gpu, bench/gpu_step_bench.py); stops both on exit.
+
+Binaries come from $MUOND_BIN (a GPU bundle's bin/, deploy/bundle.sh) or
+bazel-bin. Used as a context manager; `.address` is the daemon's socket.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+
+
+def _binary(rel: str) -> str:
+    bin_dir = os.environ.get("MUOND_BIN", os.path.join(ROOT, "bazel-bin"))
+    flat = os.path.join(bin_dir, os.path.basename(rel))
+    return flat if os.path.isfile(flat) else os.path.join(bin_dir, rel)
+
+
+class Daemon:
+    def __init__(self, job_id: str, device: int = 0, log_dir: str | None = None):
+        self.job_id, self.device = job_id, device
+        self.dir = tempfile.mkdtemp(prefix=f"muond-{job_id}-")
+        self.log_dir = log_dir or self.dir
+        self.address = f"unix://{self.dir}/rank0.sock"
+        self.procs = []
+
+    def _start(self, name, cmd):
+        log = open(os.path.join(self.log_dir, f"{self.job_id}-{name}.log"), "w")
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+
+    def __enter__(self):
+        port_file = os.path.join(self.dir, "port")
+        self._start("coordinator", [_binary("server/coordinator/muond-coordinator"),
+                                    "--listen=127.0.0.1:0", f"--port_file={port_file}"])
+        deadline = time.time() + 30
+        while not (os.path.exists(port_file) and open(port_file).read().strip()):
+            self._check(deadline)
+        port = open(port_file).read().strip()
+        self._start("muond", [_binary("server/daemon/muond"), f"--coordinator=127.0.0.1:{port}",
+                              f"--job_id={self.job_id}", "--rank=0", "--world_size=1",
+                              f"--listen={self.address}", f"--device={self.device}"])
+        return self
+
+    def _check(self, deadline):
+        for p in self.procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{p.args[0]} exited with {p.returncode}; logs in "
+                                   f"{self.log_dir}")
+        if time.time() > deadline:
+            raise RuntimeError("muond did not start in time")
+        time.sleep(0.05)
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
