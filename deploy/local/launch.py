@@ -210,6 +210,7 @@ def main():
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)  # also when started with SIGINT ignored
     try:
         launcher.run()
         print(f"launcher: done; report in {os.path.join(args.out, 'report.md')}")
