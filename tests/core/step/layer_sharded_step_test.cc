@@ -139,12 +139,101 @@ struct RankParam {
   int64_t rows = 0, cols = 0;
 };
 
+// The duplicated path (Megatron's tp_mode="duplicated", dtensor-muon's
+// full_tensor()): every rank all-gathers the full momentum matrix over its
+// gtp_remat and tp groups, runs Newton–Schulz on it and keeps its own slice.
+// Written here with plain all_gathers and no exchange plan, as an
+// independent check of the layer-sharded routing.
+struct DuplicatedParam {
+  ParamCase pc;
+  ParamBinding binding;
+  std::vector<float> momentum, local;
+};
+
+absl::Status DuplicatedStep(Backend& backend, const GroupCase& gc, int g, int t,
+                            Communicator* gtp, Communicator* tp,
+                            std::vector<DuplicatedParam>& params, int step) {
+  const MuonOptions muon = TestMuonOptions(1);
+  for (DuplicatedParam& p : params) {
+    const ParamBinding& b = p.binding;
+    if (gc.algorithm == Algorithm::kAdamW) {
+      if (p.momentum.empty()) p.momentum.assign(2 * b.param.numel(), 0.0f);
+      const int64_t n = b.param.numel();
+      RETURN_IF_ERROR(
+          AdamWStep(backend, TestAdamWOptions(), step, b.param, b.grad,
+                    ContiguousView(p.momentum.data(), DType::kFloat32,
+                                   b.param.rows, b.param.cols),
+                    ContiguousView(p.momentum.data() + n, DType::kFloat32,
+                                   b.param.rows, b.param.cols)));
+      continue;
+    }
+    const int64_t lr = b.param.rows, lc = b.param.cols;
+    if (p.momentum.empty()) p.momentum.assign(lr * lc, 0.0f);
+    p.local.assign(lr * lc, 0.0f);
+    const MatrixView local =
+        ContiguousView(p.local.data(), DType::kFloat32, lr, lc);
+    RETURN_IF_ERROR(MuonMomentumPhase(
+        backend, muon, b.grad,
+        ContiguousView(p.momentum.data(), DType::kFloat32, lr, lc), local));
+    // Stage 1: gather the GTP pieces, strip the pad rows.
+    const bool gtp_split = gc.G > 1 && p.pc.gtp;
+    const bool tp_split = gc.T > 1 && p.pc.tp_dim >= 0;
+    const int64_t tp_rows = gtp_split ? lr * gc.G - b.tags.pad_length : lr;
+    std::vector<float> tp_local(p.local);
+    if (gtp_split) {
+      tp_local.resize(lr * gc.G * lc);
+      RETURN_IF_ERROR(gtp->AllGather(p.local.data(), lr * lc, tp_local.data(),
+                                     DType::kFloat32));
+      tp_local.resize(tp_rows * lc);
+    }
+    // Stage 2: gather the TP blocks into the full matrix.
+    const int64_t rows = p.pc.rows, cols = p.pc.cols;
+    std::vector<float> full(tp_local);
+    if (tp_split) {
+      std::vector<float> blocks(tp_local.size() * gc.T);
+      RETURN_IF_ERROR(tp->AllGather(tp_local.data(), tp_local.size(),
+                                    blocks.data(), DType::kFloat32));
+      full.assign(rows * cols, 0.0f);
+      for (int peer = 0; peer < gc.T; ++peer) {
+        for (int64_t i = 0; i < tp_rows; ++i) {
+          for (int64_t j = 0; j < lc; ++j) {
+            const float v = blocks[peer * tp_rows * lc + i * lc + j];
+            if (p.pc.tp_dim == 0)
+              full[(peer * tp_rows + i) * cols + j] = v;
+            else
+              full[i * cols + peer * lc + j] = v;
+          }
+        }
+      }
+    }
+    const MatrixView fv =
+        ContiguousView(full.data(), DType::kFloat32, rows, cols);
+    ASSIGN_OR_RETURN(auto ns,
+                     NewtonSchulz::Create(&backend, muon.ns, rows, cols, 1));
+    RETURN_IF_ERROR(ns->Run(fv, fv, 1));
+    RETURN_IF_ERROR(MuonScalePhase(backend, muon, rows, cols, fv));
+    // Keep this rank's slice; pad rows get a zero update.
+    const int64_t r0 = tp_split && p.pc.tp_dim == 0 ? t * tp_rows : 0;
+    const int64_t c0 = tp_split && p.pc.tp_dim == 1 ? t * lc : 0;
+    const int64_t g0 = gtp_split ? g * lr : 0;
+    for (int64_t i = 0; i < lr; ++i) {
+      for (int64_t j = 0; j < lc; ++j) {
+        p.local[i * lc + j] =
+            g0 + i < tp_rows ? full[(r0 + g0 + i) * cols + c0 + j] : 0.0f;
+      }
+    }
+    RETURN_IF_ERROR(MuonUpdatePhase(backend, muon, b.param, local));
+  }
+  return absl::OkStatus();
+}
+
 // Runs `groups` on rank (flat) of a world of `world` processes; the groups'
 // domains are laid over the world as flat = g * T + t (domains smaller than
 // the world use the first G*T ranks; other ranks skip them). Writes each
 // param's final local shard to <dir>/rank<r>.bin. Returns 0 on success.
 int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
-            const std::string& dir, int die_at_rank = -1) {
+            const std::string& dir, int die_at_rank = -1,
+            bool duplicated = false) {
   FileKeyValueStore store(dir + "/store");
   std::unique_ptr<Backend> backend = MakeCpuBackend();
   std::vector<std::unique_ptr<Communicator>> comms;
@@ -232,6 +321,12 @@ int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
     if (!(*opt)->SetHomes(gc->name, homes).ok()) return 15;
   }
   if (rank == die_at_rank) _exit(0);  // a peer that dies before the step
+  std::vector<std::vector<DuplicatedParam>> dup(mine.size());
+  for (size_t k = 0; k < mine.size(); ++k) {
+    for (size_t pi = 0; pi < mine[k]->params.size(); ++pi) {
+      dup[k].push_back({mine[k]->params[pi], configs[k].params[pi], {}, {}});
+    }
+  }
   for (int step = 1; step <= kSteps; ++step) {
     for (size_t gi = 0; gi < cases.size(); ++gi) {
       const GroupCase& gc = cases[gi];
@@ -251,10 +346,19 @@ int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
         std::memcpy(held[gi][pi].grad.data(), shard.data(), shard.size() * 4);
       }
     }
-    auto result = (*opt)->Step({});
-    if (!result.ok()) {
-      std::ofstream(dir + "/error" + std::to_string(rank))
-          << result.status().ToString();
+    absl::Status status;
+    if (duplicated) {
+      for (size_t k = 0; k < mine.size() && status.ok(); ++k) {
+        status = DuplicatedStep(*backend, *mine[k], configs[k].domain.g,
+                                configs[k].domain.t, configs[k].domain.gtp,
+                                configs[k].domain.tp, dup[k], step);
+      }
+    } else {
+      auto result = (*opt)->Step({});
+      status = result.status();
+    }
+    if (!status.ok()) {
+      std::ofstream(dir + "/error" + std::to_string(rank)) << status.ToString();
       return 20;
     }
   }
@@ -298,7 +402,8 @@ std::vector<float> ReferenceFinal(const GroupCase& gc, const ParamCase& p) {
 
 // Forks the world, waits, and compares every rank's shards with the
 // reference.
-void RunAndCompare(const std::vector<GroupCase>& cases, float rel_tol = 0) {
+void RunAndCompare(const std::vector<GroupCase>& cases, float rel_tol = 0,
+                   bool duplicated = false) {
   int world = 0;
   for (const GroupCase& gc : cases) world = std::max(world, gc.G * gc.T);
   char tmpl[] = "/tmp/muond-step-test-XXXXXX";
@@ -309,7 +414,7 @@ void RunAndCompare(const std::vector<GroupCase>& cases, float rel_tol = 0) {
   for (int r = 0; r < world; ++r) {
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
-    if (pid == 0) _exit(RunRank(r, world, cases, dir));
+    if (pid == 0) _exit(RunRank(r, world, cases, dir, -1, duplicated));
     pids.push_back(pid);
   }
   for (int r = 0; r < world; ++r) {
@@ -401,6 +506,20 @@ TEST(LayerShardedStep, BatchedNsMatchesReferenceWithinRounding) {
   gc.params.push_back({"qkv_twin", 24, 8, 0, true});
   gc.params.push_back({"proj_twin", 8, 12, 1, true});
   RunAndCompare({gc}, 1e-5f);
+}
+
+// The duplicated path (all_gather + full NS on every rank + slice) lands on
+// the same bits as the single-process reference, so layer-sharded ==
+// duplicated == reference, bit for bit.
+TEST(DuplicatedPath, EqualsTheReferenceBitwise) {
+  GroupCase adamw;
+  adamw.name = "adamw";
+  adamw.algorithm = Algorithm::kAdamW;
+  adamw.G = 2;
+  adamw.T = 3;
+  adamw.params = {{"norm", 1, 16, -1, false}};
+  RunAndCompare({Mixed(2, 3), adamw}, 0, /*duplicated=*/true);
+  RunAndCompare({Mixed(3, 2)}, 0, /*duplicated=*/true);
 }
 
 TEST(LayerShardedStep, UnevenHomesWithIdleRanks) {
