@@ -127,6 +127,10 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   absl::Status RunNs(GroupState& group, const MuonOptions& options,
                      const std::vector<int>& indices,
                      MatrixView ParamState::*matrix);
+  // Adds one NS chunk (`count` matrices of rows x cols started at `start`)
+  // to the step's per-shape times when the step is measured.
+  absl::Status RecordShapeTime(int64_t rows, int64_t cols, int64_t count,
+                               absl::Time start);
   absl::StatusOr<NewtonSchulz*> GetNs(GroupState& group,
                                       const MuonOptions& options, int64_t rows,
                                       int64_t cols, int64_t batch);
@@ -138,6 +142,11 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   Backend* backend_;
   StepOptions options_;
   std::vector<GroupState> groups_;
+  // Steps run (for sampling per-shape NS timings on device backends).
+  int64_t steps_run_ = 0;
+  // Whether the current step measures per-shape NS times, and the times.
+  bool measure_shapes_ = false;
+  std::map<std::pair<int64_t, int64_t>, ShapeTiming> shape_times_;
   OwnedBuffer send_buf_, recv_buf_;
   int64_t send_elems_ = 0, recv_elems_ = 0;
   OwnedBuffer flag_buf_;
@@ -419,11 +428,13 @@ absl::Status LayerShardedMuonImpl::RunNs(GroupState& group,
           std::min<int64_t>(max_batch, int64_t(members.size()) - begin);
       ASSIGN_OR_RETURN(NewtonSchulz * ns,
                        GetNs(group, options, rows, cols, batch));
+      const absl::Time chunk_start = absl::Now();
       if (batch == 1) {
         // The unbatched path, in place: bit-exact numerics contract.
         const MatrixView m = StageMatrix(group.params[members[begin]], matrix);
         RETURN_IF_ERROR(ns->Run(m, m, 1));
         RETURN_IF_ERROR(MuonScalePhase(*backend_, options, rows, cols, m));
+        RETURN_IF_ERROR(RecordShapeTime(rows, cols, batch, chunk_start));
         continue;
       }
       const int64_t elems = batch * rows * cols;
@@ -447,8 +458,23 @@ absl::Status LayerShardedMuonImpl::RunNs(GroupState& group,
             StageMatrix(group.params[members[begin + b]], matrix),
             stacked.Block(b * rows, 0, rows, cols)));
       }
+      RETURN_IF_ERROR(RecordShapeTime(rows, cols, batch, chunk_start));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status LayerShardedMuonImpl::RecordShapeTime(int64_t rows, int64_t cols,
+                                                   int64_t count,
+                                                   absl::Time start) {
+  if (!measure_shapes_) return absl::OkStatus();
+  // The chunk's work must have finished (device backends run async).
+  RETURN_IF_ERROR(backend_->Synchronize());
+  ShapeTiming& t = shape_times_[{rows, cols}];
+  t.rows = rows;
+  t.cols = cols;
+  t.ns_us += MicrosSince(start);
+  t.count += count;
   return absl::OkStatus();
 }
 
@@ -618,6 +644,13 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::Step(
         "non-finite gradients (NaN or Inf) in: ", absl::StrJoin(bad, ", "),
         "; the step was not applied"));
   }
+  // Host backends are measured every step (no extra sync); device backends
+  // every ns_shape_timing_every-th step.
+  const int every = options_.ns_shape_timing_every;
+  measure_shapes_ =
+      every > 0 && (!backend_->is_device() || steps_run_ % every == 0);
+  ++steps_run_;
+  shape_times_.clear();
   for (GroupState& group : groups_) {
     const std::string& name = group.config.name;
     if (group.config.algorithm == Algorithm::kMuon) {
@@ -637,6 +670,9 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::Step(
         options.weight_decay = it->second;
       RETURN_IF_ERROR(StepAdamWGroup(group, options, result.timings));
     }
+  }
+  for (const auto& [shape, timing] : shape_times_) {
+    result.ns_shapes.push_back(timing);
   }
   result.timings.total_us = MicrosSince(start);
   return result;

@@ -77,6 +77,12 @@ struct StepOptions {
   // Non-finite gradients fail the step (default) or skip it; either way no
   // param or state changes.
   bool skip_nonfinite = false;
+  // Per-shape NS timing (StepResult::ns_shapes) on device backends: every
+  // this many steps (1 = every step, 0 = never). A measured step synchronises
+  // the backend after each same-shape NS chunk (one host sync per chunk
+  // instead of one per NS phase), so it is sampled. Host backends run
+  // synchronously and are measured every step at no extra cost (unless 0).
+  int ns_shape_timing_every = 10;
 };
 
 // Microseconds per phase of one step, summed over groups.
@@ -89,8 +95,24 @@ struct PhaseTimings {
   double total_us = 0;
 };
 
+// Measured Newton–Schulz time for one full-matrix shape in one step, summed
+// over the groups of this rank: wall time (microseconds) of the `count` NS
+// runs of that shape this rank did (the scale factor and, when batched, the
+// staging copies included). The coordinator rebalances NS homes with
+// ns_us / count per shape (DESIGN.md §4).
+struct ShapeTiming {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  double ns_us = 0;
+  int64_t count = 0;
+};
+
 struct StepResult {
   PhaseTimings timings;
+  // Per-shape NS times of this step, by (rows, cols) ascending; empty when
+  // the step was not measured (StepOptions::ns_shape_timing_every) or ran no
+  // NS.
+  std::vector<ShapeTiming> ns_shapes;
   // Non-empty when the step was skipped for non-finite gradients.
   std::vector<std::string> skipped_nonfinite;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -423,6 +424,18 @@ absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForPlan(
 
 absl::Status CoordinatorCore::ReportTimings(
     const v1::ReportTimingsRequest& request) {
+  for (const v1::ShapeTiming& s : request.shapes()) {
+    if (s.shape_size() != 2 || s.shape(0) < 1 || s.shape(1) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shapes: entry ", ShapeString(s.shape()),
+                       " must be 2-D with positive dims"));
+    }
+    if (s.count() < 1 || !(s.ns_us() >= 0) || !std::isfinite(s.ns_us())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shapes: entry ", ShapeString(s.shape()),
+                       " needs count >= 1 and a finite ns_us >= 0"));
+    }
+  }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
   auto it = job->daemons.find(request.rank());
@@ -430,23 +443,123 @@ absl::Status CoordinatorCore::ReportTimings(
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", request.rank(), " has not joined job '", job->id, "'"));
   }
-  for (const v1::ShapeTiming& s : request.shapes()) {
-    if (s.count() < 1 || !(s.ns_us() >= 0) || !std::isfinite(s.ns_us())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shapes: entry ", ShapeString(s.shape()),
-                       " needs count >= 1 and a finite ns_us >= 0"));
-    }
-  }
   Daemon& daemon = it->second;
   daemon.last_step_id = std::max(daemon.last_step_id, request.step_id());
   daemon.last_timings = request.timings();
   for (const v1::ShapeTiming& s : request.shapes()) {
-    auto& [sum, count] = daemon.shape_times[std::vector<int64_t>(
-        s.shape().begin(), s.shape().end())];
-    sum += s.ns_us();
-    count += s.count();
+    daemon.shape_times[{s.shape(0), s.shape(1)}] = {s.ns_us(), s.count()};
   }
+  MaybeRebalance(*job);
   return absl::OkStatus();
+}
+
+CostTable CoordinatorCore::JobMeasuredCosts(const Job& job) const {
+  std::map<std::vector<int64_t>, std::pair<double, int64_t>> sums;
+  for (const auto& [rank, d] : job.daemons) {
+    for (const auto& [shape, sc] : d.shape_times) {
+      sums[shape].first += sc.first;
+      sums[shape].second += sc.second;
+    }
+  }
+  CostTable costs;
+  for (const auto& [shape, sc] : sums) {
+    const double per_matrix = sc.first / double(sc.second);
+    // The planner needs positive costs; it estimates shapes left out.
+    if (per_matrix > 0) costs[shape] = per_matrix;
+  }
+  return costs;
+}
+
+absl::StatusOr<CostTable> CoordinatorCore::MeasuredCosts(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJob(job_id));
+  return JobMeasuredCosts(*job);
+}
+
+namespace {
+
+bool SameHomes(const v1::Plan& a, const v1::Plan& b) {
+  std::map<std::string, const v1::GroupPlan*> by_name;
+  for (const v1::GroupPlan& g : b.groups()) by_name[g.group()] = &g;
+  if (a.groups_size() != int(by_name.size())) return false;
+  for (const v1::GroupPlan& g : a.groups()) {
+    auto it = by_name.find(g.group());
+    if (it == by_name.end() || it->second->homes_size() != g.homes_size()) {
+      return false;
+    }
+    for (int i = 0; i < g.homes_size(); ++i) {
+      if (g.homes(i).g() != it->second->homes(i).g() ||
+          g.homes(i).t() != it->second->homes(i).t()) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void CoordinatorCore::MaybeRebalance(Job& job) {
+  if (options_.rebalance_threshold <= 0 || job.plans.empty() ||
+      !AllPublished(job) || int(job.daemons.size()) != job.world_size) {
+    return;
+  }
+  int64_t oldest = std::numeric_limits<int64_t>::max(), latest = -1;
+  double max_ns = 0, sum_ns = 0;
+  for (const auto& [rank, d] : job.daemons) {
+    oldest = std::min(oldest, d.last_step_id);
+    latest = std::max(latest, d.last_step_id);
+    max_ns = std::max(max_ns, d.last_timings.ns_us());
+    sum_ns += d.last_timings.ns_us();
+  }
+  // Every rank's latest timings must come from the current plan and the
+  // previous check must be `interval` steps ago (hysteresis).
+  const int64_t interval =
+      std::max<int64_t>(1, options_.rebalance_interval_steps);
+  const int64_t since = std::max(job.plans.back().activate_at_step(),
+                                 job.last_rebalance_check_step);
+  if (oldest < 0 || oldest - since < interval) return;
+  job.last_rebalance_check_step = oldest;
+  const double mean_ns = sum_ns / double(job.world_size);
+  if (!(mean_ns > 0)) return;
+  const double imbalance = max_ns / mean_ns;
+  if (imbalance <= options_.rebalance_threshold) {
+    VLOG(1) << "job " << job.id << ": NS max/mean " << imbalance << " at step "
+            << oldest << " is within the threshold "
+            << options_.rebalance_threshold;
+    return;
+  }
+  const CostTable costs = JobMeasuredCosts(job);
+  if (costs.empty()) {
+    LOG(WARNING) << "job " << job.id << ": NS max/mean " << imbalance
+                 << " exceeds " << options_.rebalance_threshold
+                 << " but no daemon reported shape timings; not rebalancing";
+    return;
+  }
+  const int64_t activate =
+      latest + std::max<int64_t>(1, options_.rebalance_activate_margin);
+  absl::StatusOr<v1::Plan> plan = ComputePlan(job, costs, "measured", activate);
+  if (!plan.ok()) {
+    LOG(WARNING) << "job " << job.id
+                 << ": automatic rebalance failed: " << plan.status();
+    return;
+  }
+  if (SameHomes(*plan, job.plans.back())) {
+    LOG(INFO) << "job " << job.id << ": NS max/mean " << imbalance
+              << " exceeds " << options_.rebalance_threshold
+              << " but the measured cost table gives the same homes; "
+                 "keeping plan version "
+              << job.plans.back().version();
+    return;
+  }
+  job.plans.push_back(*std::move(plan));
+  LOG(INFO) << "job " << job.id << ": NS max/mean " << imbalance << " exceeds "
+            << options_.rebalance_threshold
+            << "; automatic rebalance to plan version "
+            << job.plans.back().version() << " (measured, " << costs.size()
+            << " shapes), activating at step "
+            << job.plans.back().activate_at_step();
 }
 
 absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
@@ -482,26 +595,20 @@ absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job->id, "' has no complete set of manifests to plan from"));
   }
-  // Mean measured time per matrix, over every daemon's reports.
-  std::map<std::vector<int64_t>, std::pair<double, int64_t>> measured;
   int64_t latest_step = 0;
   for (const auto& [rank, d] : job->daemons) {
     latest_step = std::max(latest_step, d.last_step_id);
-    for (const auto& [shape, sc] : d.shape_times) {
-      measured[shape].first += sc.first;
-      measured[shape].second += sc.second;
-    }
   }
+  // Mean measured time per matrix, over every daemon's latest reports.
+  const CostTable measured = JobMeasuredCosts(*job);
   CostTable costs;
   std::string used_model = model.empty() ? "ns_cost" : model;
   if (model == "measured" || (model.empty() && !measured.empty())) {
-    if (measured.empty()) {
+    if (measured.empty() && explicit_costs.empty()) {
       return absl::FailedPreconditionError(
           "cost_model 'measured': no daemon has reported shape timings");
     }
-    for (const auto& [shape, sc] : measured) {
-      costs[shape] = sc.first / double(sc.second);
-    }
+    costs = measured;
     used_model = "measured";
   }
   for (const auto& [shape, cost] : explicit_costs) costs[shape] = cost;

@@ -49,6 +49,20 @@ struct CoordinatorOptions {
   // Longest a KvGet or a watcher may block in one call.
   absl::Duration max_wait = absl::Minutes(10);
   GroupPlanner planner;
+  // Automatic rebalancing from measured timings (DESIGN.md §4). A job is
+  // checked when every rank has reported a step at least
+  // `rebalance_interval_steps` after both the activation of its latest plan
+  // and its previous check (hysteresis: at most one automatic rebalance per
+  // that many steps, and only from timings measured under the current plan).
+  // It is rebalanced when the per-rank NS phase times of the latest reports
+  // show max/mean > `rebalance_threshold`: the job is planned again with the
+  // measured cost table ("measured" model) and, if any home changes, the
+  // plan is pushed as the next version activating at the latest reported
+  // step + `rebalance_activate_margin` (far enough ahead that every daemon
+  // has it before that step). rebalance_threshold <= 0: off.
+  double rebalance_threshold = 0;
+  int64_t rebalance_interval_steps = 100;
+  int64_t rebalance_activate_margin = 20;
 };
 
 class CoordinatorCore {
@@ -87,8 +101,18 @@ class CoordinatorCore {
                                                       int64_t after_version,
                                                       absl::Duration timeout);
 
+  // Keeps the rank's latest step timings and, per shape, its latest measured
+  // NS time; may push an automatic rebalance (CoordinatorOptions).
   // NotFound: unknown job. FailedPrecondition: rank not joined.
+  // InvalidArgument: a shape entry that is not 2-D with positive dims, with
+  // count < 1 or a non-finite or negative ns_us (nothing is stored).
   absl::Status ReportTimings(const v1::ReportTimingsRequest& request);
+
+  // The job's measured cost table: per shape, the NS time of one matrix in
+  // microseconds (sum of ns_us / sum of count over every rank's latest
+  // measurement of that shape). Shapes measured as 0 are left out (the
+  // planner estimates them). NotFound: unknown job.
+  absl::StatusOr<CostTable> MeasuredCosts(const std::string& job_id);
 
   // NotFound: unknown job. FailedPrecondition: no plan yet (manifests
   // missing). InvalidArgument: unknown cost model, a cost table entry with a
@@ -110,7 +134,7 @@ class CoordinatorCore {
     v1::StepTimings last_timings;
     bool has_manifest = false;
     v1::PublishManifestRequest manifest;
-    // Shape -> (sum of ns_us, count) as reported.
+    // Shape -> (ns_us, count) of the latest report that measured it.
     std::map<std::vector<int64_t>, std::pair<double, int64_t>> shape_times;
   };
   struct Job {
@@ -122,6 +146,8 @@ class CoordinatorCore {
     std::vector<v1::Plan> plans;  // every version, oldest first
     // Manifest fingerprint the latest plan was computed from.
     std::string planned_fingerprint;
+    // Lowest reported step at the last automatic-rebalance check.
+    int64_t last_rebalance_check_step = -1;
   };
 
   absl::StatusOr<Job*> FindJob(const std::string& job_id)
@@ -137,6 +163,10 @@ class CoordinatorCore {
                                        int64_t activate_at_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllPublished(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  CostTable JobMeasuredCosts(const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The automatic rebalance of CoordinatorOptions, checked after a report.
+  void MaybeRebalance(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   absl::Mutex mu_;

@@ -23,6 +23,17 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(std::string, token, "",
           "When set, every Join must carry this shared token");
 
+ABSL_FLAG(double, rebalance_threshold, 1.25,
+          "Rebalance a job automatically (measured cost table) when the "
+          "per-rank NS times of the latest reports show max/mean above this; "
+          "0 = off");
+ABSL_FLAG(int64_t, rebalance_interval_steps, 100,
+          "At most one automatic rebalance check per this many steps, counted "
+          "from the activation of the job's latest plan");
+ABSL_FLAG(int64_t, rebalance_activate_margin, 20,
+          "An automatic rebalance activates this many steps after the latest "
+          "reported step (so every daemon has the plan before it)");
+
 namespace {
 void OnSignal(int) {
   // Shutdown from a signal handler is not async-signal-safe; exit quickly.
@@ -36,6 +47,11 @@ int main(int argc, char** argv) {
 
   muond::CoordinatorOptions options;
   options.token = absl::GetFlag(FLAGS_token);
+  options.rebalance_threshold = absl::GetFlag(FLAGS_rebalance_threshold);
+  options.rebalance_interval_steps =
+      absl::GetFlag(FLAGS_rebalance_interval_steps);
+  options.rebalance_activate_margin =
+      absl::GetFlag(FLAGS_rebalance_activate_margin);
   options.planner = [](const muond::v1::GroupManifest& manifest,
                        const std::string& model,
                        const muond::CostTable& costs) {

@@ -156,6 +156,15 @@ absl::Status GrpcCoordinatorLink::PublishManifest(
 void GrpcCoordinatorLink::ReportTimings(
     const v1::ReportTimingsRequest& report) {
   absl::MutexLock lock(&mu_);
+  // Only the latest report is kept while the sender is busy; keep the shape
+  // timings of a measured step the newer (unmeasured) report would drop.
+  if (report.shapes_size() == 0 && pending_report_.has_value() &&
+      pending_report_->shapes_size() > 0) {
+    v1::ReportTimingsRequest merged = report;
+    *merged.mutable_shapes() = pending_report_->shapes();
+    pending_report_ = std::move(merged);
+    return;
+  }
   pending_report_ = report;
 }
 

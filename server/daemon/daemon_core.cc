@@ -1,6 +1,8 @@
 #include "server/daemon/daemon_core.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -338,6 +340,15 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
   report.set_rank(config_.rank);
   report.set_step_id(request.step_id());
   *report.mutable_timings() = response.timings();
+  // Measured NS time per full-matrix shape: the coordinator's rebalancing
+  // cost table (empty on unmeasured steps).
+  for (const ShapeTiming& s : result->ns_shapes) {
+    v1::ShapeTiming* out = report.add_shapes();
+    out->add_shape(s.rows);
+    out->add_shape(s.cols);
+    out->set_ns_us(s.ns_us);
+    out->set_count(int32_t(std::min<int64_t>(s.count, INT32_MAX)));
+  }
   link_->ReportTimings(report);
   return response;
 }

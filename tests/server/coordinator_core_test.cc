@@ -303,5 +303,191 @@ TEST(CoordinatorCore, ListDaemonsReportsJoinedRanks) {
   EXPECT_EQ(list->daemons(1).address(), "unix:///tmp/x1");
 }
 
+// --- Automatic rebalancing from measured timings -------------------------
+
+// Records what reached the planner, then plans with the real core planner.
+struct PlannerSpy {
+  std::vector<std::string> models;
+  std::vector<CostTable> tables;
+};
+
+CoordinatorOptions AutoOptions(PlannerSpy* spy, double threshold) {
+  CoordinatorOptions o = Options();
+  o.planner = [spy](const v1::GroupManifest& m, const std::string& model,
+                    const CostTable& costs) {
+    spy->models.push_back(model);
+    spy->tables.push_back(costs);
+    return PlanGroup(m, model, costs);
+  };
+  o.rebalance_threshold = threshold;
+  o.rebalance_interval_steps = 5;
+  o.rebalance_activate_margin = 3;
+  return o;
+}
+
+// A report of `rank` at `step` with NS phase time `ns_us` that measured
+// every shape of kShapes once at the "inverted" per-matrix cost (the largest
+// matrix cheapest), so a measured plan differs from the ns_cost plan.
+v1::ReportTimingsRequest Report(int rank, int64_t step, double ns_us) {
+  v1::ReportTimingsRequest t;
+  t.set_job_id("j");
+  t.set_rank(rank);
+  t.set_step_id(step);
+  t.mutable_timings()->set_ns_us(ns_us);
+  for (const auto& [p, q] : kShapes) {
+    v1::ShapeTiming* s = t.add_shapes();
+    s->add_shape(p);
+    s->add_shape(q);
+    s->set_ns_us(p == 128 ? 1.0 : 1e6 / double(p * q));
+    s->set_count(1);
+  }
+  return t;
+}
+
+void PublishAll(CoordinatorCore& core) {
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(core.PublishManifest(Manifest("j", r, kShapes)).ok());
+  }
+}
+
+// Rank 0 is 4x slower than the others: max/mean = 40 / 17.5 = 2.29.
+void ReportImbalancedStep(CoordinatorCore& core, int64_t step) {
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(core.ReportTimings(Report(r, step, r == 0 ? 40 : 10)).ok());
+  }
+}
+
+TEST(CoordinatorCoreAutoRebalance,
+     ImbalanceTriggersMeasuredPlanWithHysteresis) {
+  PlannerSpy spy;
+  CoordinatorCore core(AutoOptions(&spy, 1.25));
+  PublishAll(core);
+  const v1::Plan first = *core.GetPlan("j");
+  ASSERT_EQ(spy.models, std::vector<std::string>{"ns_cost"});
+  // Steps 1..4: fewer than rebalance_interval_steps (5) since plan v1
+  // activated at step 0 -> no check yet.
+  for (int64_t step = 1; step <= 4; ++step) ReportImbalancedStep(core, step);
+  EXPECT_EQ(core.GetPlan("j")->version(), 1);
+  // Step 5 from ranks 0..2 only: the oldest rank (3) is still at step 4.
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(core.ReportTimings(Report(r, 5, r == 0 ? 40 : 10)).ok());
+  }
+  EXPECT_EQ(core.GetPlan("j")->version(), 1);
+  ASSERT_TRUE(core.ReportTimings(Report(3, 5, 10)).ok());
+  const v1::Plan second = *core.GetPlan("j");
+  ASSERT_EQ(second.version(), 2);
+  EXPECT_EQ(second.cost_model(), "measured");
+  EXPECT_EQ(second.activate_at_step(), 5 + 3);  // latest step + margin
+  // The measured table reached the planner: per shape, one matrix's time.
+  ASSERT_EQ(spy.models.back(), "measured");
+  CostTable want;
+  for (const auto& [p, q] : kShapes) {
+    want[{p, q}] = p == 128 ? 1.0 : 1e6 / double(p * q);
+  }
+  EXPECT_EQ(spy.tables.back(), want);
+  bool changed = false;
+  for (int i = 0; i < second.groups(0).homes_size(); ++i) {
+    changed |= second.groups(0).homes(i).g() != first.groups(0).homes(i).g() ||
+               second.groups(0).homes(i).t() != first.groups(0).homes(i).t();
+  }
+  EXPECT_TRUE(changed);
+  // Watchers see it.
+  absl::StatusOr<std::optional<v1::Plan>> seen =
+      core.WaitForPlan("j", 1, absl::Seconds(1));
+  ASSERT_TRUE(seen.ok() && seen->has_value());
+  EXPECT_EQ((*seen)->version(), 2);
+
+  // Hysteresis: still imbalanced, but no check before every rank reported
+  // step >= activation (8) + interval (5) = 13.
+  const size_t plans_before = spy.models.size();
+  for (int64_t step = 6; step <= 12; ++step) ReportImbalancedStep(core, step);
+  EXPECT_EQ(spy.models.size(), plans_before);
+  EXPECT_EQ(core.GetPlan("j")->version(), 2);
+  // At 13 the check runs; the same measured table gives the same homes, so
+  // nothing is pushed (and the next check is 5 steps later).
+  ReportImbalancedStep(core, 13);
+  EXPECT_EQ(spy.models.size(), plans_before + 1);
+  EXPECT_EQ(core.GetPlan("j")->version(), 2);
+  for (int64_t step = 14; step <= 17; ++step) ReportImbalancedStep(core, step);
+  EXPECT_EQ(spy.models.size(), plans_before + 1);
+}
+
+TEST(CoordinatorCoreAutoRebalance, BalancedOrOffDoesNotRebalance) {
+  for (double threshold : {1.25, 0.0}) {
+    PlannerSpy spy;
+    CoordinatorCore core(AutoOptions(&spy, threshold));
+    PublishAll(core);
+    for (int64_t step = 1; step <= 20; ++step) {
+      for (int r = 0; r < 4; ++r) {
+        // threshold 1.25: max/mean = 12 / 10.5 = 1.14, within it.
+        // threshold 0 (off): even a 4x imbalance changes nothing.
+        const double ns =
+            threshold > 0 ? (r == 0 ? 12 : 10) : (r == 0 ? 40 : 10);
+        ASSERT_TRUE(core.ReportTimings(Report(r, step, ns)).ok());
+      }
+    }
+    EXPECT_EQ(core.GetPlan("j")->version(), 1) << "threshold " << threshold;
+    EXPECT_EQ(spy.models.size(), 1u) << "threshold " << threshold;
+  }
+}
+
+TEST(CoordinatorCoreAutoRebalance, MeasuredCostsKeepTheLatestPerRankAndShape) {
+  PlannerSpy spy;
+  CoordinatorCore core(AutoOptions(&spy, 0));
+  JoinAll(core, "j", 2);
+  auto report = [&](int rank, int64_t step, std::vector<int64_t> shape,
+                    double ns_us, int count) {
+    v1::ReportTimingsRequest t;
+    t.set_job_id("j");
+    t.set_rank(rank);
+    t.set_step_id(step);
+    v1::ShapeTiming* s = t.add_shapes();
+    for (int64_t d : shape) s->add_shape(d);
+    s->set_ns_us(ns_us);
+    s->set_count(count);
+    return core.ReportTimings(t);
+  };
+  ASSERT_TRUE(report(0, 1, {64, 32}, 300, 3).ok());
+  ASSERT_TRUE(report(0, 2, {64, 32}, 200, 2).ok());  // replaces step 1's
+  ASSERT_TRUE(report(1, 2, {64, 32}, 100, 1).ok());
+  ASSERT_TRUE(report(1, 2, {16, 16}, 0, 1).ok());  // below timer resolution
+  ASSERT_TRUE(report(0, 3, {32, 32}, 50, 2).ok());
+  // A report without shapes (an unmeasured step) keeps the measurements.
+  v1::ReportTimingsRequest plain;
+  plain.set_job_id("j");
+  plain.set_rank(0);
+  plain.set_step_id(4);
+  ASSERT_TRUE(core.ReportTimings(plain).ok());
+  absl::StatusOr<CostTable> costs = core.MeasuredCosts("j");
+  ASSERT_TRUE(costs.ok());
+  const CostTable want = {{{64, 32}, (200.0 + 100.0) / 3}, {{32, 32}, 25.0}};
+  EXPECT_EQ(*costs, want);
+  // Bad entries change nothing.
+  EXPECT_THAT(report(0, 5, {64}, 1, 1).message(), HasSubstr("2-D"));
+  EXPECT_THAT(report(0, 5, {64, 32}, 1, 0).message(), HasSubstr("count"));
+  EXPECT_THAT(report(0, 5, {64, 32}, -1, 1).message(), HasSubstr("ns_us"));
+  EXPECT_EQ(*core.MeasuredCosts("j"), want);
+  EXPECT_EQ(core.MeasuredCosts("nope").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(CoordinatorCoreAutoRebalance, ManualRebalanceUsesTheMeasuredTable) {
+  PlannerSpy spy;
+  CoordinatorCore core(AutoOptions(&spy, 0));
+  PublishAll(core);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(core.ReportTimings(Report(r, 3, 10)).ok());
+  }
+  v1::RebalanceRequest req;
+  req.set_job_id("j");  // empty cost_model: measured when available
+  absl::StatusOr<v1::Plan> plan = core.Rebalance(req);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->cost_model(), "measured");
+  EXPECT_EQ(spy.models.back(), "measured");
+  EXPECT_EQ(spy.tables.back(), *core.MeasuredCosts("j"));
+  EXPECT_EQ(spy.tables.back().size(), kShapes.size());
+}
+
 }  // namespace
 }  // namespace muond
