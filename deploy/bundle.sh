@@ -21,7 +21,8 @@ out=${1:-dist/muond-bundle}
 deploy/setup.sh >/dev/null
 
 bazel=(bazel ${MUOND_BAZEL_OUTPUT_BASE:+--output_base=$MUOND_BAZEL_OUTPUT_BASE})
-opts=(-c opt --symlink_prefix=/)  # no bazel-* links: other builds keep theirs
+# --dynamic_mode=off: test binaries link the project statically (no _solib).
+opts=(-c opt --dynamic_mode=off --symlink_prefix=/)  # no bazel-* links
 targets=(//server/daemon:muond //server/coordinator:muond-coordinator
          //tools/muonctl:muonctl)
 mapfile -t gpu_tests < <("${bazel[@]}" query 'kind(cc_test, attr(tags, "gpu", tests(//tests/...)))' 2>/dev/null)
@@ -88,7 +89,8 @@ cp -r examples/char_gpt "$out/examples/"
 cp -r /usr/share/games/fortunes "$out/data/"
 cp deploy/local/launch.py "$out/deploy/local/"
 cp -r tests/gpu "$out/tests/"
-find bench -maxdepth 1 -name 'gpu*' -exec cp -r {} "$out/bench/" \;
+find bench -maxdepth 1 -name "gpu*" -exec cp -r {} "$out/bench/" \;
+cp -r bench/manifests "$out/bench/"
 find "$out" -name __pycache__ -prune -exec rm -rf {} +
 cat > "$out/env.sh" <<'ENV'
 # `. env.sh`: the bundle's Python client and demo corpus for this shell.
