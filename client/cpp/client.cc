@@ -91,16 +91,26 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
-  return std::unique_ptr<Client>(
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  if (!options.tls_root_cert_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_cert_pem;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto channel = grpc::CreateCustomChannel(address, credentials, args);
+  auto client = std::unique_ptr<Client>(
       new Client(v1::Optimizer::NewStub(channel), std::move(options)));
+  client->address_ = address;
+  return client;
 }
 
 void Client::Prepare(grpc::ClientContext* context) const {
   context->set_deadline(std::chrono::system_clock::now() +
                         absl::ToChronoMilliseconds(options_.rpc_timeout));
   context->set_wait_for_ready(true);
+  if (!options_.token.empty())
+    context->AddMetadata("x-muond-token", options_.token);
 }
 
 absl::StatusOr<v1::RegisterParamsResponse> Client::Register(
@@ -143,7 +153,15 @@ absl::StatusOr<v1::StepResponse> Client::Step(
   v1::StepResponse response;
   grpc::ClientContext context;
   Prepare(&context);
+  // A daemon that is gone must fail the step at once, not after the deadline.
+  context.set_wait_for_ready(false);
   absl::Status st = FromGrpcStatus(stub_->Step(&context, request, &response));
+  if (absl::IsUnavailable(st) &&
+      st.message().find("peer daemon") == absl::string_view::npos) {
+    return absl::UnavailableError(absl::StrCat("daemon at ", address_,
+                                               " is unreachable: ",
+                                               st.message()));
+  }
   if (!st.ok()) return st;
   return response;
 }
@@ -173,6 +191,8 @@ absl::StatusOr<v1::HealthResponse> Client::Health() {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(5));
+  if (!options_.token.empty())
+    context.AddMetadata("x-muond-token", options_.token);
   absl::Status st =
       FromGrpcStatus(stub_->Health(&context, v1::HealthRequest(), &response));
   if (!st.ok()) return st;

@@ -11,6 +11,9 @@
 //   client->Register(groups); client->WaitForPlan(absl::Seconds(30));
 //   for (step ...) { backward(); client->Step(step_id); }
 //
+// Step fails fast (no wait-for-ready): UNAVAILABLE naming the address when
+// the daemon is gone, or the daemon's UNAVAILABLE naming a dead peer rank.
+//
 // Contract of Step: the gradients are complete when it is called (the
 // trainer's CUDA stream synchronised); the updated params are visible to the
 // trainer when it returns.
@@ -32,6 +35,10 @@ struct ClientOptions {
   std::string client_id;
   // Deadline of each unary RPC (Step included).
   absl::Duration rpc_timeout = absl::Minutes(5);
+  // Shared job token for a daemon on TCP (sent as 'x-muond-token').
+  std::string token;
+  // PEM root certificate: connect with TLS (daemon started with --tls_cert).
+  std::string tls_root_cert_pem;
 };
 
 // A TensorRef for `shape`/`strides` (elements; innermost stride 1; empty
@@ -84,6 +91,7 @@ class Client {
 
   std::unique_ptr<v1::Optimizer::Stub> stub_;
   ClientOptions options_;
+  std::string address_;
 };
 
 }  // namespace muond

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -62,6 +63,26 @@ absl::Status PrepareUnixSocketPath(const std::string& path) {
     unlink(path.c_str());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> PrivateSocketDir() {
+  const char* xdg = getenv("XDG_RUNTIME_DIR");
+  const std::string dir = (xdg != nullptr && xdg[0] == '/')
+                              ? absl::StrCat(xdg, "/muond")
+                              : absl::StrCat("/tmp/muond-", geteuid());
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create socket directory '", dir,
+                     "': ", strerror(errno)));
+  }
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+      st.st_uid != geteuid() || (st.st_mode & 0077) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket directory '", dir,
+        "' must be a directory owned by this user with mode 0700"));
+  }
+  return dir;
 }
 
 absl::Status RestrictUnixSocket(const std::string& path) {

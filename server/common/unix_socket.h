@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace muond {
 
@@ -16,6 +17,12 @@ bool ParseUnixAddress(const std::string& address, std::string* path);
 // others unless sticky; removes a stale socket file at `path` (only a socket,
 // never a regular file). FailedPrecondition naming the path otherwise.
 absl::Status PrepareUnixSocketPath(const std::string& path);
+
+// The default directory for a daemon's socket: $XDG_RUNTIME_DIR/muond when
+// XDG_RUNTIME_DIR is set (a per-user 0700 directory), else /tmp/muond-<uid>.
+// Created mode 0700 when missing; FailedPrecondition when it exists but is
+// not a directory owned by this user with no group/other access.
+absl::StatusOr<std::string> PrivateSocketDir();
 
 // After binding: chmod 0600 and verify ownership. FailedPrecondition naming
 // the path when the file is missing or cannot be restricted.

@@ -189,6 +189,16 @@ absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
         " is already joined and live (from ", it->second.join.host(), " at ",
         it->second.join.address(), ")"));
   }
+  bool any_live = false;
+  for (const auto& [r, d] : job.daemons) any_live |= d.live;
+  if (!any_live && !job.kv.empty()) {
+    // Every daemon of the job went away and one is back (the job restarts):
+    // rendezvous keys of the dead incarnation would point peers at dead
+    // addresses, so the new one starts from an empty store.
+    LOG(INFO) << "job " << job.id << ": every daemon had left; clearing "
+              << job.kv.size() << " rendezvous keys";
+    job.kv.clear();
+  }
   Daemon& daemon = job.daemons[request.rank()];
   daemon.join = request;
   daemon.join.clear_token();
@@ -196,6 +206,24 @@ absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
   v1::JoinResponse response;
   response.set_store_prefix(absl::StrCat("job/", job.id));
   return response;
+}
+
+absl::Status CoordinatorCore::CheckJobToken(const std::string& job_id,
+                                           const std::string& token) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second->token.empty()) return absl::OkStatus();
+  const std::string& want = it->second->token;
+  unsigned char diff = want.size() == token.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size() && i < token.size(); ++i)
+    diff |= want[i] ^ token[i];
+  if (diff != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("job '", job_id,
+                     "' requires its token (metadata 'x-muond-token' or "
+                     "'authorization: Bearer <token>')"));
+  }
+  return absl::OkStatus();
 }
 
 void CoordinatorCore::Leave(const std::string& job_id, int rank) {
@@ -638,6 +666,7 @@ absl::StatusOr<v1::ListDaemonsResponse> CoordinatorCore::ListDaemons(
     info->set_device(d.join.device());
     info->set_address(d.join.address());
     info->set_last_step_id(d.last_step_id);
+    info->set_live(d.live);
     *info->mutable_last_timings() = d.last_timings;
   }
   return response;

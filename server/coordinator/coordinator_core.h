@@ -73,7 +73,16 @@ class CoordinatorCore {
   // [0, world_size), world_size different from the job's. PermissionDenied:
   // wrong token. AlreadyExists: the rank is joined and live (it has not left
   // through Leave).
+  // When no rank of the job is live (all left: the job's daemons restart),
+  // the job's key/value store is cleared first; plans and manifests stay.
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
+  // OK when the job has no token (its first Join carried none) or `token`
+  // equals it; PermissionDenied naming the job otherwise. Unknown jobs are
+  // OK here (the RPC itself answers NotFound). Every job-scoped RPC after
+  // Join checks this, so only members of the job reach its rendezvous keys.
+  absl::Status CheckJobToken(const std::string& job_id,
+                             const std::string& token);
+
   // Marks a rank not live (its WatchPlans stream ended), so it may join again.
   void Leave(const std::string& job_id, int rank);
 
@@ -120,7 +129,8 @@ class CoordinatorCore {
   // activate_after_steps < 0.
   absl::StatusOr<v1::Plan> Rebalance(const v1::RebalanceRequest& request);
 
-  // NotFound: unknown job. Ranks in order.
+  // NotFound: unknown job. Ranks in order; `live` is false for a rank whose
+  // plan stream ended (dead, or restarting).
   absl::StatusOr<v1::ListDaemonsResponse> ListDaemons(
       const v1::ListDaemonsRequest& request);
 

@@ -1,14 +1,18 @@
 #include "server/coordinator/coordinator_service.h"
 
 #include "glog/logging.h"
+#include "server/common/auth.h"
 #include "server/common/grpc_status.h"
 
 namespace muond {
 
-grpc::Status CoordinatorService::Join(grpc::ServerContext*,
+grpc::Status CoordinatorService::Join(grpc::ServerContext* context,
                                       const v1::JoinRequest* request,
                                       v1::JoinResponse* response) {
-  absl::StatusOr<v1::JoinResponse> r = core_->Join(*request);
+  // The token may come in the request or, like every other RPC, in metadata.
+  v1::JoinRequest join = *request;
+  if (join.token().empty()) join.set_token(PresentedToken(*context));
+  absl::StatusOr<v1::JoinResponse> r = core_->Join(join);
   if (!r.ok()) {
     LOG(WARNING) << "Join refused: " << r.status();
     return ToGrpc(r.status());
@@ -21,15 +25,19 @@ grpc::Status CoordinatorService::Join(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::KvSet(grpc::ServerContext*,
+grpc::Status CoordinatorService::KvSet(grpc::ServerContext* context,
                                        const v1::KvSetRequest* request,
                                        v1::KvSetResponse*) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
   return ToGrpc(core_->KvSet(*request));
 }
 
 grpc::Status CoordinatorService::KvGet(grpc::ServerContext* context,
                                        const v1::KvGetRequest* request,
                                        v1::KvGetResponse* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
   absl::StatusOr<std::string> value =
       core_->KvGet(*request, [context] { return context->IsCancelled(); });
   if (!value.ok()) return ToGrpc(value.status());
@@ -38,8 +46,10 @@ grpc::Status CoordinatorService::KvGet(grpc::ServerContext* context,
 }
 
 grpc::Status CoordinatorService::PublishManifest(
-    grpc::ServerContext*, const v1::PublishManifestRequest* request,
+    grpc::ServerContext* context, const v1::PublishManifestRequest* request,
     v1::PublishManifestResponse*) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
   absl::Status status = core_->PublishManifest(*request);
   if (!status.ok()) LOG(WARNING) << "PublishManifest refused: " << status;
   return ToGrpc(status);
@@ -48,6 +58,8 @@ grpc::Status CoordinatorService::PublishManifest(
 grpc::Status CoordinatorService::WatchPlans(
     grpc::ServerContext* context, const v1::WatchPlansRequest* request,
     grpc::ServerWriter<v1::Plan>* writer) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
   int64_t sent = 0;
   grpc::Status result = grpc::Status::OK;
   while (!context->IsCancelled()) {
@@ -69,9 +81,11 @@ grpc::Status CoordinatorService::WatchPlans(
   return result;
 }
 
-grpc::Status CoordinatorService::GetPlan(grpc::ServerContext*,
+grpc::Status CoordinatorService::GetPlan(grpc::ServerContext* context,
                                          const v1::GetPlanRequest* request,
                                          v1::Plan* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
   absl::StatusOr<v1::Plan> plan = core_->GetPlan(request->job_id());
   if (!plan.ok()) return ToGrpc(plan.status());
   *response = *std::move(plan);
@@ -79,14 +93,18 @@ grpc::Status CoordinatorService::GetPlan(grpc::ServerContext*,
 }
 
 grpc::Status CoordinatorService::ReportTimings(
-    grpc::ServerContext*, const v1::ReportTimingsRequest* request,
+    grpc::ServerContext* context, const v1::ReportTimingsRequest* request,
     v1::ReportTimingsResponse*) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
   return ToGrpc(core_->ReportTimings(*request));
 }
 
-grpc::Status CoordinatorService::Rebalance(grpc::ServerContext*,
+grpc::Status CoordinatorService::Rebalance(grpc::ServerContext* context,
                                            const v1::RebalanceRequest* request,
                                            v1::Plan* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
   absl::StatusOr<v1::Plan> plan = core_->Rebalance(*request);
   if (!plan.ok()) return ToGrpc(plan.status());
   *response = *std::move(plan);
@@ -94,8 +112,10 @@ grpc::Status CoordinatorService::Rebalance(grpc::ServerContext*,
 }
 
 grpc::Status CoordinatorService::ListDaemons(
-    grpc::ServerContext*, const v1::ListDaemonsRequest* request,
+    grpc::ServerContext* context, const v1::ListDaemonsRequest* request,
     v1::ListDaemonsResponse* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
   absl::StatusOr<v1::ListDaemonsResponse> r = core_->ListDaemons(*request);
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);

@@ -1,4 +1,5 @@
 #pragma once
+#include <string>
 // The Coordinator gRPC service: a thin layer over CoordinatorCore (status
 // conversion, stream plumbing, cancellation).
 #include "muond/v1/muond.grpc.pb.h"
@@ -9,7 +10,10 @@ namespace muond {
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
   // `core` is not owned and must outlive the service.
-  explicit CoordinatorService(CoordinatorCore* core) : core_(core) {}
+  // `token`: when non-empty every RPC must carry it in metadata
+  // (server/common/auth.h); Join may carry it in JoinRequest.token instead.
+  explicit CoordinatorService(CoordinatorCore* core, std::string token = "")
+      : core_(core), token_(std::move(token)) {}
 
   grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest*,
                     v1::JoinResponse*) override;
@@ -36,6 +40,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
  private:
   CoordinatorCore* core_;
+  const std::string token_;
 };
 
 }  // namespace muond

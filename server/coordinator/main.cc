@@ -10,18 +10,27 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
+#include "server/common/auth.h"
 #include "server/common/logging.h"
 #include "server/common/proto_convert.h"
 #include "server/coordinator/coordinator_core.h"
 #include "server/coordinator/coordinator_service.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:7070",
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "TCP address to serve the Coordinator service on (host:port; port 0 "
-          "picks a free one, see --port_file)");
+          "picks a free one, see --port_file). A non-loopback address needs "
+          "--token or --tls_cert/--tls_key (or --allow_insecure_tcp)");
 ABSL_FLAG(std::string, port_file, "",
           "When set, the bound port is written to this file once serving");
 ABSL_FLAG(std::string, token, "",
-          "When set, every Join must carry this shared token");
+          "When set, every Join must carry this shared token and every other "
+          "RPC must send it in metadata ('x-muond-token' or 'authorization: "
+          "Bearer <token>'); without it a job still requires the token its "
+          "first daemon joined with");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate: serve TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
+ABSL_FLAG(bool, allow_insecure_tcp, false,
+          "Serve a non-loopback address without token or TLS");
 
 ABSL_FLAG(double, rebalance_threshold, 1.25,
           "Rebalance a job automatically (measured cost table) when the "
@@ -35,6 +44,11 @@ ABSL_FLAG(int64_t, rebalance_activate_margin, 20,
           "reported step (so every daemon has the plan before it)");
 
 namespace {
+bool IsLoopback(const std::string& address) {
+  return address.rfind("127.", 0) == 0 || address.rfind("localhost:", 0) == 0 ||
+         address.rfind("[::1]:", 0) == 0;
+}
+
 void OnSignal(int) {
   // Shutdown from a signal handler is not async-signal-safe; exit quickly.
   _exit(0);
@@ -58,12 +72,27 @@ int main(int argc, char** argv) {
     return muond::PlanGroup(manifest, model, costs);
   };
   muond::CoordinatorCore core(options);
-  muond::CoordinatorService service(&core);
+  muond::CoordinatorService service(&core, options.token);
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (options.token.empty() && absl::GetFlag(FLAGS_tls_cert).empty() &&
+      !IsLoopback(listen) && !absl::GetFlag(FLAGS_allow_insecure_tcp)) {
+    LOG(ERROR) << "--listen=" << listen
+               << " is reachable from other hosts: give --token or "
+                  "--tls_cert/--tls_key (or --allow_insecure_tcp)";
+    return 2;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      muond::ServerCredentials(absl::GetFlag(FLAGS_tls_cert),
+                               absl::GetFlag(FLAGS_tls_key));
+  if (!credentials.ok()) {
+    LOG(ERROR) << credentials.status();
+    return 2;
+  }
 
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen),
-                           grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

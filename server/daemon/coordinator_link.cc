@@ -5,7 +5,9 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "glog/logging.h"
+#include "server/common/auth.h"
 #include "server/common/grpc_status.h"
 
 namespace muond {
@@ -18,11 +20,54 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration d) {
 
 }  // namespace
 
-GrpcCoordinatorLink::GrpcCoordinatorLink(const std::string& address,
-                                         v1::JoinRequest join)
+GrpcCoordinatorLink::GrpcCoordinatorLink(
+    const std::string& address, v1::JoinRequest join,
+    std::shared_ptr<grpc::ChannelCredentials> credentials)
     : join_(std::move(join)),
       stub_(v1::Coordinator::NewStub(
-          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+          grpc::CreateChannel(address, std::move(credentials)))) {}
+
+void GrpcCoordinatorLink::Prepare(grpc::ClientContext* context,
+                                  absl::Duration deadline) const {
+  SetDeadline(context, deadline);
+  AttachToken(context, join_.token());
+}
+
+std::string GrpcCoordinatorLink::DescribeDeadPeers(absl::Duration wait) {
+  // The coordinator marks a rank not live when its plan stream breaks, which
+  // may lag the transport error of a collective by a moment: poll briefly.
+  const absl::Time deadline = absl::Now() + wait;
+  while (true) {
+    grpc::ClientContext context;
+    Prepare(&context, absl::Seconds(2));
+    v1::ListDaemonsRequest request;
+    request.set_job_id(join_.job_id());
+    v1::ListDaemonsResponse response;
+    grpc::Status st = stub_->ListDaemons(&context, request, &response);
+    std::vector<std::string> dead;
+    if (st.ok()) {
+      std::vector<bool> seen(join_.world_size(), false);
+      for (const v1::DaemonInfo& d : response.daemons()) {
+        if (d.rank() >= 0 && d.rank() < join_.world_size())
+          seen[d.rank()] = d.live();
+      }
+      for (int r = 0; r < join_.world_size(); ++r) {
+        if (!seen[r] && r != join_.rank()) dead.push_back(absl::StrCat(r));
+      }
+      if (!dead.empty()) {
+        return absl::StrCat("dead rank", dead.size() > 1 ? "s " : " ",
+                            absl::StrJoin(dead, ", "),
+                            " (not connected to the coordinator)");
+      }
+    }
+    if (absl::Now() >= deadline) {
+      return st.ok() ? "no dead rank known to the coordinator"
+                     : absl::StrCat("the coordinator is unreachable (",
+                                    st.error_message(), ")");
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
 
 GrpcCoordinatorLink::~GrpcCoordinatorLink() {
   {
@@ -36,7 +81,7 @@ GrpcCoordinatorLink::~GrpcCoordinatorLink() {
 
 absl::Status GrpcCoordinatorLink::JoinOnce() {
   grpc::ClientContext context;
-  SetDeadline(&context, absl::Seconds(10));
+  Prepare(&context, absl::Seconds(10));
   v1::JoinResponse response;
   return FromGrpc(stub_->Join(&context, join_, &response));
 }
@@ -87,13 +132,14 @@ void GrpcCoordinatorLink::WatchLoop() {
       }
       if (manifest) {
         grpc::ClientContext context;
-        SetDeadline(&context, absl::Seconds(10));
+        Prepare(&context, absl::Seconds(10));
         v1::PublishManifestResponse response;
         stub_->PublishManifest(&context, *manifest, &response);
       }
       need_join = false;
     }
     grpc::ClientContext context;
+    AttachToken(&context, join_.token());
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
@@ -132,7 +178,7 @@ void GrpcCoordinatorLink::ReportLoop() {
       pending_report_.reset();
     }
     grpc::ClientContext context;
-    SetDeadline(&context, absl::Seconds(5));
+    Prepare(&context, absl::Seconds(5));
     v1::ReportTimingsResponse response;
     grpc::Status st = stub_->ReportTimings(&context, report, &response);
     if (!st.ok()) VLOG(1) << "ReportTimings failed: " << st.error_message();
@@ -142,7 +188,7 @@ void GrpcCoordinatorLink::ReportLoop() {
 absl::Status GrpcCoordinatorLink::PublishManifest(
     const v1::PublishManifestRequest& manifest) {
   grpc::ClientContext context;
-  SetDeadline(&context, absl::Seconds(30));
+  Prepare(&context, absl::Seconds(30));
   v1::PublishManifestResponse response;
   absl::Status st =
       FromGrpc(stub_->PublishManifest(&context, manifest, &response));
@@ -175,7 +221,7 @@ absl::Status GrpcCoordinatorLink::Set(const std::string& key,
   request.set_key(key);
   request.set_value(value);
   grpc::ClientContext context;
-  SetDeadline(&context, absl::Seconds(30));
+  Prepare(&context, absl::Seconds(30));
   v1::KvSetResponse response;
   return FromGrpc(stub_->KvSet(&context, request, &response));
 }
@@ -187,7 +233,7 @@ absl::StatusOr<std::string> GrpcCoordinatorLink::Get(const std::string& key,
   request.set_key(key);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   grpc::ClientContext context;
-  SetDeadline(&context, timeout + absl::Seconds(10));
+  Prepare(&context, timeout + absl::Seconds(10));
   v1::KvGetResponse response;
   absl::Status st = FromGrpc(stub_->KvGet(&context, request, &response));
   if (!st.ok()) return st;

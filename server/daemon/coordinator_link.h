@@ -8,6 +8,8 @@
 #include <string>
 #include <thread>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/synchronization/mutex.h"
 #include "core/comm/kv_store.h"
 #include "muond/v1/muond.grpc.pb.h"
@@ -18,7 +20,10 @@ namespace muond {
 class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
  public:
   // `join` carries job, rank, world size, host, device, address and token.
-  GrpcCoordinatorLink(const std::string& address, v1::JoinRequest join);
+  // Every call carries join.token() in metadata as well.
+  GrpcCoordinatorLink(const std::string& address, v1::JoinRequest join,
+                      std::shared_ptr<grpc::ChannelCredentials> credentials =
+                          grpc::InsecureChannelCredentials());
   ~GrpcCoordinatorLink() override;
 
   // Joins (retrying UNAVAILABLE up to `timeout`) and starts the plan watcher,
@@ -29,6 +34,7 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   absl::Status PublishManifest(
       const v1::PublishManifestRequest& manifest) override;
   void ReportTimings(const v1::ReportTimingsRequest& report) override;
+  std::string DescribeDeadPeers(absl::Duration wait) override;
 
   // KeyValueStore over the coordinator's per-job store.
   absl::Status Set(const std::string& key, const std::string& value) override;
@@ -37,6 +43,8 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
 
  private:
   absl::Status JoinOnce();
+  // Deadline + token.
+  void Prepare(grpc::ClientContext* context, absl::Duration deadline) const;
   void WatchLoop();
   void ReportLoop();
 

@@ -4,8 +4,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
 #include "server/common/proto_convert.h"
@@ -23,6 +27,15 @@ v1::StepTimings ToProto(const PhaseTimings& t) {
   out.set_update_us(t.update_us);
   out.set_total_us(t.total_us);
   return out;
+}
+
+// Collective failures: a transport error or timeout of Gloo/NCCL, or a
+// communicator that an earlier failure aborted.
+bool IsCommunicationFailure(const absl::Status& st) {
+  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
+         absl::IsAborted(st) ||
+         (absl::IsFailedPrecondition(st) &&
+          absl::StrContains(st.message(), "aborted"));
 }
 
 }  // namespace
@@ -142,8 +155,7 @@ absl::Status DaemonCore::CheckClient(const std::string& job_id,
                                                    "' but this daemon serves '",
                                                    config_.job_id, "'"));
   }
-  if (registration_ != nullptr && !registration_->client_id.empty() &&
-      !client_id.empty() && client_id != registration_->client_id) {
+  if (registration_ != nullptr && client_id != registration_->client_id) {
     return absl::PermissionDeniedError(
         absl::StrCat("client_id '", client_id, "' does not own the params (",
                      "registered by '", registration_->client_id, "')"));
@@ -313,6 +325,13 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
   if (!result.ok()) {
     LOG(ERROR) << "step " << request.step_id()
                << " failed: " << result.status();
+    if (IsCommunicationFailure(result.status())) {
+      const std::string peers = link_->DescribeDeadPeers(absl::Seconds(3));
+      return absl::UnavailableError(absl::StrCat(
+          "step ", request.step_id(), " failed: a peer daemon is gone",
+          peers.empty() ? "" : ": ", peers, " (", result.status().message(),
+          "); restart the job's daemons and LoadState"));
+    }
     return result.status();
   }
   absl::MutexLock lock(&mu_);
@@ -403,11 +422,17 @@ StateKeys MapStateKeys(const Registration& reg,
     keys.shapes[name] = {int64_t(values.size())};
     for (const BoundGroup& g : reg.groups) {
       for (const BoundParam& p : g.params) {
-        if (name.size() > p.name.size() + 1 &&
-            name.compare(0, p.name.size() + 1, p.name + ".") == 0) {
-          keys.to_file[name] = absl::StrCat(p.name, "/g", g.proto.domain().g(),
+        // The engine names state "<group>/<param>.<suffix>" (or
+        // "<param>.<suffix>"); the file key keeps the same prefix.
+        for (const std::string& prefix :
+             {g.proto.name() + "/" + p.name, p.name}) {
+          if (name.size() <= prefix.size() + 1 ||
+              name.compare(0, prefix.size() + 1, prefix + ".") != 0) {
+            continue;
+          }
+          keys.to_file[name] = absl::StrCat(prefix, "/g", g.proto.domain().g(),
                                             "t", g.proto.domain().t(), "/",
-                                            name.substr(p.name.size() + 1));
+                                            name.substr(prefix.size() + 1));
           int64_t numel = 1;
           for (int64_t d : p.local_shape) numel *= d;
           if (numel == int64_t(values.size()))
@@ -417,6 +442,42 @@ StateKeys MapStateKeys(const Registration& reg,
     }
   }
   return keys;
+}
+
+// JSON of each group's domain and hyperparameters, for the file's metadata
+// (informational: load checks tensors, so a file saved under other
+// hyperparameters still loads).
+std::string DomainsJson(const Registration& reg) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const BoundGroup& g : reg.groups) {
+    const v1::Domain& d = g.proto.domain();
+    out[g.proto.name()] = {{"name", d.name()},       {"gtp_size", d.gtp_size()},
+                           {"tp_size", d.tp_size()}, {"g", d.g()},
+                           {"t", d.t()}};
+  }
+  return out.dump();
+}
+
+std::string HyperparametersJson(const Registration& reg) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const BoundGroup& g : reg.groups) {
+    const bool adamw = g.proto.algorithm() == v1::ADAMW;
+    std::string json;
+    google::protobuf::util::JsonPrintOptions options;
+    options.always_print_primitive_fields = true;
+    options.preserve_proto_field_names = true;
+    if (adamw) {
+      (void)google::protobuf::util::MessageToJsonString(g.proto.adamw(), &json,
+                                                        options);
+    } else {
+      (void)google::protobuf::util::MessageToJsonString(g.proto.muon(), &json,
+                                                        options);
+    }
+    nlohmann::json h = nlohmann::json::parse(json, nullptr, false);
+    out[g.proto.name()] = {{"algorithm", adamw ? "adamw" : "muon"},
+                           {adamw ? "adamw" : "muon", h}};
+  }
+  return out.dump();
 }
 
 }  // namespace
@@ -440,6 +501,8 @@ absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
   file.metadata["rank"] = absl::StrCat(config_.rank);
   file.metadata["step_id"] = absl::StrCat(last_step_id_.value_or(-1));
   file.metadata["plan_version"] = absl::StrCat(active_plan_version_);
+  file.metadata["domains"] = DomainsJson(*registration_);
+  file.metadata["hyperparameters"] = HyperparametersJson(*registration_);
   for (auto& [name, values] : state) {
     file.tensors[keys.to_file.at(name)] =
         Fp32Tensor{keys.shapes.at(name), std::move(values)};
@@ -481,11 +544,12 @@ absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
       return absl::InvalidArgumentError(
           absl::StrCat("state file '", path, "' lacks tensor '", key, "'"));
     }
-    if (it->second.data.size() != values.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("state file '", path, "': tensor '", key, "' has ",
-                       it->second.data.size(),
-                       " values, the registered shard needs ", values.size()));
+    const std::vector<int64_t>& want = keys.shapes.at(name);
+    if (it->second.shape != want || it->second.data.size() != values.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state file '", path, "': tensor '", key, "' has shape [",
+          absl::StrJoin(it->second.shape, ", "),
+          "], the registered shard needs [", absl::StrJoin(want, ", "), "]"));
     }
     loaded[name] = it->second.data;
   }

@@ -11,6 +11,13 @@
 // step must be the previous id + 1. Repeating the previous id returns the
 // recorded response with replayed = true and applies nothing; a smaller id or
 // a gap is FailedPrecondition naming both ids. A failed step records nothing.
+// A step whose collectives fail (a peer died: Gloo transport error or
+// timeout, or a communicator aborted by an earlier failure) is UNAVAILABLE
+// naming the dead ranks as the coordinator sees them.
+//
+// Ownership: the client_id of RegisterParams owns the params; Step and
+// UnregisterParams from any other client_id (empty included) are
+// PermissionDenied.
 //
 // Plans: every plan received is kept; before step s the daemon activates the
 // newest plan with activate_at_step <= s (SetHomes per group), so all ranks
@@ -47,6 +54,10 @@ class CoordinatorLink {
       const v1::PublishManifestRequest& manifest) = 0;
   // Fire and forget (the latest report wins; never blocks a step).
   virtual void ReportTimings(const v1::ReportTimingsRequest& report) = 0;
+  // After a collective failed: which peer ranks are gone, as a phrase for the
+  // error message (e.g. "dead rank 3 (not connected to the coordinator)").
+  // May wait up to `wait` for the coordinator to notice. Empty when unknown.
+  virtual std::string DescribeDeadPeers(absl::Duration /*wait*/) { return ""; }
 };
 
 // The step engine and the communicators it uses (declared first, so they
@@ -95,9 +106,13 @@ class DaemonCore {
 
   // Optimizer state of this rank's shards as a safetensors file (atomic
   // write): fp32 tensors keyed "<param>/g<g>t<t>/<momentum|exp_avg|...>",
-  // metadata job_id, rank, step_id, plan_version. Load validates job, names
-  // and sizes (naming the tensor) and restores the step id, so the next step
-  // must be step_id + 1. FailedPrecondition before the engine exists.
+  // metadata (all strings) format, job_id, rank, step_id, plan_version,
+  // domains (JSON: group -> {name, gtp_size, tp_size, g, t}) and
+  // hyperparameters (JSON: group -> algorithm + hyperparams). Load validates
+  // job, names, shapes and dtypes (InvalidArgument naming the tensor) and
+  // restores the step id, so the next step must be step_id + 1. Shards do not
+  // depend on the plan, so a file saved under one plan loads under another.
+  // FailedPrecondition before the engine exists.
   absl::StatusOr<v1::SaveStateResponse> SaveState(const std::string& path);
   absl::StatusOr<v1::LoadStateResponse> LoadState(const std::string& path);
 

@@ -170,8 +170,11 @@ EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
       }
       configs.push_back(std::move(config));
     }
-    ASSIGN_OR_RETURN(engine->muon, LayerShardedMuon::Create(
-                                       backend.get(), std::move(configs)));
+    StepOptions step_options;
+    step_options.skip_nonfinite = options.skip_nonfinite;
+    ASSIGN_OR_RETURN(engine->muon,
+                     LayerShardedMuon::Create(backend.get(), std::move(configs),
+                                              step_options));
     return engine;
   };
 }

@@ -17,6 +17,9 @@ struct EngineOptions {
   int device = -1;  // -1: host mode (CPU backend, Gloo)
   std::string gloo_hostname = "127.0.0.1";
   absl::Duration comm_timeout = absl::Seconds(60);
+  // Skip (instead of fail) steps with non-finite gradients (muond
+  // --skip_nonfinite); params and momentum stay unchanged either way.
+  bool skip_nonfinite = false;
 };
 
 // Proto hyperparameters -> core options; zero/empty fields take the

@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "server/common/auth.h"
 #include "server/common/logging.h"
 #include "server/common/unix_socket.h"
 #include "server/daemon/coordinator_link.h"
@@ -25,12 +26,26 @@ ABSL_FLAG(int, rank, -1, "Global rank of this daemon in the job (required)");
 ABSL_FLAG(int, world_size, -1, "Number of daemons in the job (required)");
 ABSL_FLAG(std::string, listen, "",
           "Optimizer service address; default "
-          "unix:///tmp/muond-<job>-<rank>.sock (created mode 0600)");
+          "unix://$XDG_RUNTIME_DIR/muond/muond-<job>-<rank>.sock, or "
+          "/tmp/muond-<uid>/... without XDG_RUNTIME_DIR (directory created "
+          "0700, socket mode 0600). A TCP address (host:port) needs --token "
+          "or --tls_cert/--tls_key");
 ABSL_FLAG(int, device, -1, "CUDA device to serve (CUDA IPC, NCCL)");
 ABSL_FLAG(bool, host, false,
           "Host mode: CPU backend, shared memory, Gloo (default without "
           "--device)");
-ABSL_FLAG(std::string, token, "", "Shared job token for the coordinator");
+ABSL_FLAG(std::string, token, "",
+          "Shared job token: sent to the coordinator (Join and every call) "
+          "and, on a TCP --listen, required from trainers in metadata "
+          "('authorization: Bearer <token>' or 'x-muond-token')");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate for a TLS TCP listener (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
+ABSL_FLAG(std::string, coordinator_tls_ca, "",
+          "PEM root certificate: connect to the coordinator over TLS");
+ABSL_FLAG(bool, skip_nonfinite, false,
+          "Skip (instead of fail) a step whose gradients hold NaN/Inf; either "
+          "way params and momentum stay unchanged and the params are named");
 ABSL_FLAG(int, log_every, 100, "Log a one-line step summary every N steps");
 ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
           "Address Gloo listens on in host mode");
@@ -62,7 +77,12 @@ int main(int argc, char** argv) {
   }
   std::string listen = absl::GetFlag(FLAGS_listen);
   if (listen.empty()) {
-    listen = absl::StrCat("unix:///tmp/muond-", job, "-", rank, ".sock");
+    absl::StatusOr<std::string> dir = muond::PrivateSocketDir();
+    if (!dir.ok()) {
+      LOG(ERROR) << dir.status();
+      return 1;
+    }
+    listen = absl::StrCat("unix://", *dir, "/muond-", job, "-", rank, ".sock");
   }
   std::string socket_path;
   const bool is_unix = muond::ParseUnixAddress(listen, &socket_path);
@@ -72,10 +92,19 @@ int main(int argc, char** argv) {
       LOG(ERROR) << st;
       return 1;
     }
-  } else if (absl::GetFlag(FLAGS_token).empty()) {
-    LOG(WARNING) << "listening on TCP " << listen
-                 << " without a token: any local or remote process can "
-                    "reach the Optimizer service";
+  } else if (absl::GetFlag(FLAGS_token).empty() &&
+             absl::GetFlag(FLAGS_tls_cert).empty()) {
+    LOG(ERROR) << "--listen=" << listen
+               << " is TCP: give --token (trainers must send it) or "
+                  "--tls_cert/--tls_key, or use a unix:// address";
+    return 2;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      muond::ServerCredentials(absl::GetFlag(FLAGS_tls_cert),
+                               absl::GetFlag(FLAGS_tls_key));
+  if (!credentials.ok()) {
+    LOG(ERROR) << credentials.status();
+    return 2;
   }
 
   muond::v1::JoinRequest join;
@@ -88,7 +117,14 @@ int main(int argc, char** argv) {
   join.set_device(device >= 0 ? absl::StrCat("cuda:", device) : "cpu");
   join.set_address(listen);
   join.set_token(absl::GetFlag(FLAGS_token));
-  muond::GrpcCoordinatorLink link(absl::GetFlag(FLAGS_coordinator), join);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> coordinator_creds =
+      muond::ChannelCredentials(absl::GetFlag(FLAGS_coordinator_tls_ca));
+  if (!coordinator_creds.ok()) {
+    LOG(ERROR) << coordinator_creds.status();
+    return 2;
+  }
+  muond::GrpcCoordinatorLink link(absl::GetFlag(FLAGS_coordinator), join,
+                                  *coordinator_creds);
 
   muond::DaemonConfig config;
   config.job_id = job;
@@ -100,6 +136,7 @@ int main(int argc, char** argv) {
   engine_options.job_id = job;
   engine_options.device = device;
   engine_options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
+  engine_options.skip_nonfinite = absl::GetFlag(FLAGS_skip_nonfinite);
   engine_options.comm_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
   std::unique_ptr<muond::HandleOpener> opener =
@@ -107,15 +144,17 @@ int main(int argc, char** argv) {
                   : std::make_unique<muond::HandleOpener>();
   muond::DaemonCore core(config, std::move(opener), &link,
                          muond::MakeEngineFactory(engine_options, &link));
-  muond::OptimizerService service(&core);
+  // Unix sockets are private by file mode; TCP trainers must send the token.
+  muond::OptimizerService service(
+      &core, is_unix ? std::string() : absl::GetFlag(FLAGS_token));
 
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials());
+  builder.AddListeningPort(listen, *credentials);
   builder.RegisterService(&service);
-  // The socket file is created by bind: a restrictive umask closes the window
-  // before the chmod below.
-  const mode_t old_umask = umask(0077);
+  // The socket file is created by bind: umask 0177 makes it 0600 from the
+  // start (no window before the chmod below).
+  const mode_t old_umask = umask(0177);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   umask(old_umask);
   if (server == nullptr) {

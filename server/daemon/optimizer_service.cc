@@ -1,6 +1,7 @@
 #include "server/daemon/optimizer_service.h"
 
 #include "glog/logging.h"
+#include "server/common/auth.h"
 #include "server/common/grpc_status.h"
 
 namespace muond {
@@ -21,45 +22,52 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response, const char* rpc) {
 grpc::Status OptimizerService::RegisterParams(
     grpc::ServerContext* context, const v1::RegisterParamsRequest* request,
     v1::RegisterParamsResponse* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
   return Reply(
       core_->Register(*request, [context] { return context->IsCancelled(); }),
       response, "RegisterParams");
 }
 
-grpc::Status OptimizerService::Step(grpc::ServerContext*,
+grpc::Status OptimizerService::Step(grpc::ServerContext* context,
                                     const v1::StepRequest* request,
                                     v1::StepResponse* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
   return Reply(core_->Step(*request), response, "Step");
 }
 
 grpc::Status OptimizerService::UnregisterParams(
-    grpc::ServerContext*, const v1::UnregisterParamsRequest* request,
+    grpc::ServerContext* context, const v1::UnregisterParamsRequest* request,
     v1::UnregisterParamsResponse*) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
   return ToGrpc(core_->Unregister(*request));
 }
 
-grpc::Status OptimizerService::GetStatus(grpc::ServerContext*,
+grpc::Status OptimizerService::GetStatus(grpc::ServerContext* context,
                                          const v1::GetStatusRequest*,
                                          v1::GetStatusResponse* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
   *response = core_->Status();
   return grpc::Status::OK;
 }
 
-grpc::Status OptimizerService::SaveState(grpc::ServerContext*,
+grpc::Status OptimizerService::SaveState(grpc::ServerContext* context,
                                          const v1::SaveStateRequest* request,
                                          v1::SaveStateResponse* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
   return Reply(core_->SaveState(request->path()), response, "SaveState");
 }
 
-grpc::Status OptimizerService::LoadState(grpc::ServerContext*,
+grpc::Status OptimizerService::LoadState(grpc::ServerContext* context,
                                          const v1::LoadStateRequest* request,
                                          v1::LoadStateResponse* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
   return Reply(core_->LoadState(request->path()), response, "LoadState");
 }
 
-grpc::Status OptimizerService::Health(grpc::ServerContext*,
+grpc::Status OptimizerService::Health(grpc::ServerContext* context,
                                       const v1::HealthRequest*,
                                       v1::HealthResponse* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
   *response = core_->Health();
   return grpc::Status::OK;
 }

@@ -1,4 +1,5 @@
 #pragma once
+#include <string>
 // The Optimizer gRPC service: a thin layer over DaemonCore.
 #include "muond/v1/muond.grpc.pb.h"
 #include "server/daemon/daemon_core.h"
@@ -7,7 +8,9 @@ namespace muond {
 
 class OptimizerService final : public v1::Optimizer::Service {
  public:
-  explicit OptimizerService(DaemonCore* core) : core_(core) {}
+  // `token`: when non-empty every RPC must carry it (server/common/auth.h).
+  explicit OptimizerService(DaemonCore* core, std::string token = "")
+      : core_(core), token_(std::move(token)) {}
 
   grpc::Status RegisterParams(grpc::ServerContext*,
                               const v1::RegisterParamsRequest*,
@@ -28,6 +31,7 @@ class OptimizerService final : public v1::Optimizer::Service {
 
  private:
   DaemonCore* core_;
+  const std::string token_;
 };
 
 }  // namespace muond

@@ -3,9 +3,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <fstream>
+#include <set>
 #include <map>
 #include <memory>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -21,12 +24,15 @@ struct Args {
   std::string cost_model;
   std::vector<std::string> costs;
   int64_t after = 0;
+  std::string token;   // --token: sent as x-muond-token to every server
+  std::string tls_ca;  // --tls-ca: PEM root certificate (TLS to the coordinator)
+  std::string dir;     // save/load: the state directory
 };
 
 // Parses "--name value" / "--name=value" pairs; `extra` allows the
 // rebalance-only flags. Returns false (after printing) on a usage error.
 bool Parse(const std::vector<std::string>& args, bool extra, Args* out,
-           std::ostream& err) {
+           std::ostream& err, bool state = false) {
   for (size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i], value;
     const size_t eq = name.find('=');
@@ -43,6 +49,12 @@ bool Parse(const std::vector<std::string>& args, bool extra, Args* out,
       out->coordinator = value;
     } else if (name == "--job") {
       out->job = value;
+    } else if (name == "--token") {
+      out->token = value;
+    } else if (name == "--tls-ca") {
+      out->tls_ca = value;
+    } else if (state && name == "--dir") {
+      out->dir = value;
     } else if (name == "--timeout-s" &&
                absl::SimpleAtoi(value, &out->timeout_s)) {
     } else if (extra && name == "--cost-model") {
@@ -60,17 +72,31 @@ bool Parse(const std::vector<std::string>& args, bool extra, Args* out,
     err << "muonctl: --coordinator HOST:PORT and --job JOB are required\n";
     return false;
   }
+  if (state && (out->dir.empty() || out->dir[0] != '/')) {
+    err << "muonctl: --dir must be an absolute directory (the daemons open "
+           "the files)\n";
+    return false;
+  }
   return true;
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const Args& a) {
+  if (a.tls_ca.empty()) return grpc::InsecureChannelCredentials();
+  std::ifstream in(a.tls_ca);
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs.assign(std::istreambuf_iterator<char>(in), {});
+  return grpc::SslCredentials(options);
 }
 
 std::unique_ptr<v1::Coordinator::Stub> Connect(const Args& a) {
   return v1::Coordinator::NewStub(
-      grpc::CreateChannel(a.coordinator, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(a.coordinator, Credentials(a)));
 }
 
 void Deadline(grpc::ClientContext* ctx, const Args& a) {
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::seconds(a.timeout_s));
+  if (!a.token.empty()) ctx->AddMetadata("x-muond-token", a.token);
 }
 
 int RpcFailed(const char* rpc, const grpc::Status& st, std::ostream& err) {
@@ -96,15 +122,125 @@ void PrintPlan(const v1::Plan& plan, std::ostream& out) {
 }
 
 void PrintDaemons(const v1::ListDaemonsResponse& list, std::ostream& out) {
-  out << "rank  host  device  address  last_step  total_us\n";
+  out << "rank  host  device  address  last_step  total_us  live\n";
   for (const v1::DaemonInfo& d : list.daemons()) {
     out << d.rank() << "  " << d.host() << "  " << d.device() << "  "
         << d.address() << "  " << d.last_step_id() << "  "
-        << d.last_timings().total_us() << "\n";
+        << d.last_timings().total_us() << "  " << (d.live() ? "yes" : "no")
+        << "\n";
   }
 }
 
+// Every daemon of the job, all live; prints why not otherwise.
+bool ListLiveDaemons(const Args& a, v1::ListDaemonsResponse* list,
+                     std::ostream& err) {
+  v1::ListDaemonsRequest req;
+  req.set_job_id(a.job);
+  grpc::ClientContext ctx;
+  Deadline(&ctx, a);
+  grpc::Status st = Connect(a)->ListDaemons(&ctx, req, list);
+  if (!st.ok()) {
+    RpcFailed("ListDaemons", st, err);
+    return false;
+  }
+  if (list->daemons().empty()) {
+    err << "muonctl: job " << a.job << " has no daemons\n";
+    return false;
+  }
+  for (const v1::DaemonInfo& d : list->daemons()) {
+    if (!d.live()) {
+      err << "muonctl: rank " << d.rank() << " (" << d.address()
+          << ") is not live; refusing a partial save/load\n";
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string StatePath(const Args& a, int rank) {
+  return absl::StrCat(a.dir, "/rank", rank, ".safetensors");
+}
+
+// Daemons on Unix sockets must be on this host (muonctl opens the socket).
+std::unique_ptr<v1::Optimizer::Stub> ConnectDaemon(const v1::DaemonInfo& d,
+                                                   const Args& a) {
+  return v1::Optimizer::NewStub(grpc::CreateChannel(
+      d.address(), absl::StartsWith(d.address(), "unix:")
+                       ? grpc::InsecureChannelCredentials()
+                       : Credentials(a)));
+}
+
 }  // namespace
+
+int RunSave(const std::vector<std::string>& args, std::ostream& out,
+            std::ostream& err) {
+  Args a;
+  if (!Parse(args, false, &a, err, /*state=*/true)) return 2;
+  v1::ListDaemonsResponse list;
+  if (!ListLiveDaemons(a, &list, err)) return 1;
+  std::set<int64_t> steps;
+  for (const v1::DaemonInfo& d : list.daemons()) {
+    auto stub = ConnectDaemon(d, a);
+    v1::SaveStateRequest req;
+    req.set_path(StatePath(a, d.rank()));
+    v1::SaveStateResponse resp;
+    grpc::ClientContext ctx;
+    Deadline(&ctx, a);
+    grpc::Status st = stub->SaveState(&ctx, req, &resp);
+    if (!st.ok()) {
+      err << "muonctl: rank " << d.rank() << ": ";
+      return RpcFailed("SaveState", st, err);
+    }
+    v1::GetStatusResponse status;
+    grpc::ClientContext sctx;
+    Deadline(&sctx, a);
+    if (stub->GetStatus(&sctx, v1::GetStatusRequest(), &status).ok()) {
+      steps.insert(status.last_step_id());
+    }
+    out << "rank " << d.rank() << ": " << resp.path() << " (" << resp.bytes()
+        << " bytes)\n";
+  }
+  if (steps.size() > 1) {
+    err << "muonctl: the daemons saved different step ids (a step ran during "
+           "the save); pause the trainers and save again\n";
+    return 1;
+  }
+  out << "saved " << list.daemons_size() << " ranks at step "
+      << (steps.empty() ? -1 : *steps.begin()) << "\n";
+  return 0;
+}
+
+int RunLoad(const std::vector<std::string>& args, std::ostream& out,
+            std::ostream& err) {
+  Args a;
+  if (!Parse(args, false, &a, err, /*state=*/true)) return 2;
+  v1::ListDaemonsResponse list;
+  if (!ListLiveDaemons(a, &list, err)) return 1;
+  std::set<int64_t> steps;
+  for (const v1::DaemonInfo& d : list.daemons()) {
+    auto stub = ConnectDaemon(d, a);
+    v1::LoadStateRequest req;
+    req.set_path(StatePath(a, d.rank()));
+    v1::LoadStateResponse resp;
+    grpc::ClientContext ctx;
+    Deadline(&ctx, a);
+    grpc::Status st = stub->LoadState(&ctx, req, &resp);
+    if (!st.ok()) {
+      err << "muonctl: rank " << d.rank() << ": ";
+      return RpcFailed("LoadState", st, err);
+    }
+    steps.insert(resp.step_id());
+    out << "rank " << d.rank() << ": loaded " << req.path() << " (step "
+        << resp.step_id() << ")\n";
+  }
+  if (steps.size() > 1) {
+    err << "muonctl: the state files hold different step ids\n";
+    return 1;
+  }
+  out << "loaded " << list.daemons_size() << " ranks at step " << *steps.begin()
+      << "; the next step id is " << *steps.begin() + 1 << "\n";
+  return 0;
+}
 
 int RunDaemons(const std::vector<std::string>& args, std::ostream& out,
                std::ostream& err) {

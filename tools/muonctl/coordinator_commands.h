@@ -10,6 +10,14 @@
 //                     [--cost ROWSxCOLS=US]... [--after N]
 //       asks for a new plan (explicit per-shape costs override the model),
 //       activating N steps after the latest reported step; prints it.
+//   muonctl save|load --coordinator HOST:PORT --job JOB --dir /ABS/DIR
+//       every daemon of the job (addresses from ListDaemons; all must be
+//       live) saves/loads its optimizer state to/from DIR/rank<R>.safetensors
+//       (SaveState/LoadState on each daemon, so muonctl must reach the
+//       daemons' addresses: Unix sockets mean the same host). Save between
+//       steps (trainers paused); save fails when the ranks' step ids differ.
+// Every subcommand takes --token T (sent as metadata 'x-muond-token' to the
+// coordinator and the daemons) and --tls-ca PEM (TLS to TCP servers).
 // Exit codes: 0 ok, 1 RPC failure (the gRPC status is printed), 2 usage.
 #include <ostream>
 #include <string>
@@ -21,6 +29,10 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out,
               std::ostream& err);
 int RunDaemons(const std::vector<std::string>& args, std::ostream& out,
                std::ostream& err);
+int RunSave(const std::vector<std::string>& args, std::ostream& out,
+            std::ostream& err);
+int RunLoad(const std::vector<std::string>& args, std::ostream& out,
+            std::ostream& err);
 int RunRebalance(const std::vector<std::string>& args, std::ostream& out,
                  std::ostream& err);
 

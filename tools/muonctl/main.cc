@@ -19,6 +19,8 @@ const std::map<std::string, Command>& Commands() {
       {"status", {RunStatus, "a running job: current plan and daemons"}},
       {"daemons", {RunDaemons, "a running job's daemons, one per line"}},
       {"rebalance", {RunRebalance, "push a new plan (cost model/table)"}},
+      {"save", {RunSave, "every daemon saves its state to --dir"}},
+      {"load", {RunLoad, "every daemon loads its state from --dir"}},
   };
   return *commands;
 }

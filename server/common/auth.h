@@ -1,0 +1,41 @@
+#pragma once
+// Access control for TCP listeners (DESIGN.md §7): a shared token carried in
+// request metadata, and TLS server credentials from PEM files.
+//
+// Token: a client sends either `authorization: Bearer <token>` or
+// `x-muond-token: <token>`. With an empty configured token every request is
+// accepted (Unix sockets rely on the 0600 socket in a private directory).
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace muond {
+
+inline constexpr char kTokenMetadataKey[] = "x-muond-token";
+
+// OK when `expected` is empty or the request carries it (compared in
+// constant time); UNAUTHENTICATED naming the metadata keys otherwise.
+grpc::Status CheckToken(const grpc::ServerContext& context,
+                        const std::string& expected);
+
+// The token a request carries ('x-muond-token', else the Bearer value of
+// 'authorization'); empty when none.
+std::string PresentedToken(const grpc::ServerContext& context);
+
+// Adds `token` (when non-empty) to an outgoing call.
+void AttachToken(grpc::ClientContext* context, const std::string& token);
+
+// TLS credentials from PEM files when both paths are set, insecure ones when
+// both are empty; InvalidArgument when only one is set, NotFound naming a file
+// that cannot be read.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const std::string& cert_path, const std::string& key_path);
+
+// Client-side: TLS with `root_cert_path` (PEM) when set, else insecure.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const std::string& root_cert_path);
+
+}  // namespace muond
