@@ -9,6 +9,12 @@
 // same full matrices from a seed and keeps its shard (TP split along tp_dim,
 // then the GTP split of dim 0 after padding), so nothing but the optimizer
 // moves data between ranks.
+//
+// Built twice (tests/core/step/BUILD): over Gloo and the CPU backend, and
+// with MUOND_STEP_TEST_CUDA over NCCL and the CUDA backend (one GPU per
+// rank; tagged gpu/multigpu; a domain larger than the GPU count is skipped,
+// since NCCL cannot put two ranks on one GPU). The parent process never
+// touches CUDA: forked children could not use it afterwards.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -19,6 +25,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <random>
 #include <string>
@@ -27,6 +34,12 @@
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu_backend.h"
 #include "core/comm/gloo_communicator.h"
+#ifdef MUOND_STEP_TEST_CUDA
+#include <cuda_runtime.h>
+
+#include "core/backend/cuda_backend.h"
+#include "core/comm/nccl_communicator.h"
+#endif
 #include "core/comm/groups.h"
 #include "core/comm/kv_store.h"
 #include "core/common/status_macros.h"
@@ -133,11 +146,98 @@ AdamWOptions TestAdamWOptions() {
 
 constexpr int kSteps = 3;
 
+#ifdef MUOND_STEP_TEST_CUDA
+constexpr bool kCuda = true;
+constexpr const char* kCommName = "nccl";
+#else
+constexpr bool kCuda = false;
+constexpr const char* kCommName = "gloo";
+#endif
+
+// The backend of rank `rank` (CUDA: device rank % count), or null.
+std::unique_ptr<Backend> MakeTestBackend(int rank) {
+#ifdef MUOND_STEP_TEST_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return nullptr;
+  auto backend = MakeCudaBackend(rank % count);
+  return backend.ok() ? std::move(*backend) : nullptr;
+#else
+  (void)rank;
+  return MakeCpuBackend();
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MakeTestComm(
+    KeyValueStore* store, const std::string& prefix, int rank, int size,
+    Backend& backend) {
+#ifdef MUOND_STEP_TEST_CUDA
+  NcclOptions nccl;
+  nccl.timeout = absl::Seconds(8);
+  return CreateNcclCommunicator(store, prefix, rank, size, backend.stream(),
+                                nccl);
+#else
+  (void)backend;
+  GlooOptions gloo;
+  gloo.hostname = "127.0.0.1";
+  gloo.timeout = absl::Seconds(8);
+  return CreateGlooCommunicator(store, prefix, rank, size, gloo);
+#endif
+}
+
+// Backend memory holding a copy of a host vector (the host memory itself on
+// the CPU backend).
+struct Mirror {
+  Backend* backend = nullptr;
+  std::vector<float>* host = nullptr;
+  void* data = nullptr;
+  bool owned = false;
+
+  absl::Status Init(Backend* b, std::vector<float>* h) {
+    backend = b;
+    host = h;
+    if (!b->is_device()) {
+      data = h->data();
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(data, b->Allocate(std::max<size_t>(h->size(), 1) * 4));
+    owned = true;
+    return Push();
+  }
+  absl::Status Push() {
+    if (!owned) return absl::OkStatus();
+    RETURN_IF_ERROR(
+        backend->CopyFromHost(data, host->data(), host->size() * 4));
+    return backend->Synchronize();
+  }
+  absl::Status Pull() {
+    if (!owned) return absl::OkStatus();
+    return backend->CopyToHost(host->data(), data, host->size() * 4);
+  }
+};
+
 // What one rank holds of one param.
 struct RankParam {
   std::vector<float> param, grad;
   int64_t rows = 0, cols = 0;
+  Mirror dparam, dgrad;
 };
+
+// Number of CUDA devices, counted in a child so the parent stays CUDA-free.
+int DeviceCountInChild() {
+#ifdef MUOND_STEP_TEST_CUDA
+  pid_t pid = fork();
+  if (pid == 0) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    _exit(count);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+#else
+  return 0;
+#endif
+}
 
 // The duplicated path (Megatron's tp_mode="duplicated", dtensor-muon's
 // full_tensor()): every rank all-gathers the full momentum matrix over its
@@ -235,14 +335,12 @@ int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
             const std::string& dir, int die_at_rank = -1,
             bool duplicated = false) {
   FileKeyValueStore store(dir + "/store");
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<Backend> backend = MakeTestBackend(rank);
+  if (backend == nullptr) return 9;
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<GroupConfig> configs;
   std::vector<std::vector<RankParam>> held(cases.size());
   std::vector<const GroupCase*> mine;
-  GlooOptions gloo;
-  gloo.hostname = "127.0.0.1";
-  gloo.timeout = absl::Seconds(8);
   for (size_t gi = 0; gi < cases.size(); ++gi) {
     const GroupCase& gc = cases[gi];
     if (rank >= gc.G * gc.T) continue;
@@ -258,8 +356,8 @@ int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
     auto groups = SplitDomain(gc.G, gc.T, g, t, "/" + gc.name);
     if (!groups.ok()) return 10;
     if (gc.G > 1) {
-      auto c = CreateGlooCommunicator(&store, groups->gtp_remat_prefix, g, gc.G,
-                                      gloo);
+      auto c =
+          MakeTestComm(&store, groups->gtp_remat_prefix, g, gc.G, *backend);
       if (!c.ok()) {
         fprintf(stderr, "%s\n", c.status().ToString().c_str());
         return 11;
@@ -268,7 +366,7 @@ int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
       comms.push_back(std::move(*c));
     }
     if (gc.T > 1) {
-      auto c = CreateGlooCommunicator(&store, groups->tp_prefix, t, gc.T, gloo);
+      auto c = MakeTestComm(&store, groups->tp_prefix, t, gc.T, *backend);
       if (!c.ok()) {
         fprintf(stderr, "%s\n", c.status().ToString().c_str());
         return 12;
@@ -288,10 +386,13 @@ int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
       b.full_shape = {p.rows, p.cols};
       b.tags = gc.algorithm == Algorithm::kMuon ? TagsOf(p, gc.G, gc.T)
                                                 : ShardTags{};
+      if (!rp.dparam.Init(backend.get(), &rp.param).ok() ||
+          !rp.dgrad.Init(backend.get(), &rp.grad).ok()) {
+        return 16;
+      }
       b.param =
-          ContiguousView(rp.param.data(), DType::kFloat32, rp.rows, rp.cols);
-      b.grad =
-          ContiguousView(rp.grad.data(), DType::kFloat32, rp.rows, rp.cols);
+          ContiguousView(rp.dparam.data, DType::kFloat32, rp.rows, rp.cols);
+      b.grad = ContiguousView(rp.dgrad.data, DType::kFloat32, rp.rows, rp.cols);
       if (gc.algorithm == Algorithm::kAdamW) b.full_shape = {rp.rows, rp.cols};
       cfg.params.push_back(b);
     }
@@ -344,6 +445,7 @@ int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
                 ? full
                 : Shard(full, p, gc.G, gc.T, g, t, &r, &c);
         std::memcpy(held[gi][pi].grad.data(), shard.data(), shard.size() * 4);
+        if (!held[gi][pi].dgrad.Push().ok()) return 17;
       }
     }
     absl::Status status;
@@ -366,6 +468,7 @@ int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
                     std::ios::binary);
   for (auto& group : held) {
     for (RankParam& rp : group) {
+      if (!rp.dparam.Pull().ok()) return 18;
       out.write(reinterpret_cast<const char*>(rp.param.data()),
                 rp.param.size() * 4);
     }
@@ -373,31 +476,72 @@ int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
   return 0;
 }
 
-// The single-process reference: the same math on full matrices.
-std::vector<float> ReferenceFinal(const GroupCase& gc, const ParamCase& p) {
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
+// The single-process reference: the same math on full matrices, on the same
+// kind of backend as the ranks (CUDA: device 0, in a child process).
+absl::StatusOr<std::vector<float>> ReferenceFinal(Backend& backend,
+                                                  const GroupCase& gc,
+                                                  const ParamCase& p) {
   std::vector<float> param = FullMatrix(p.name, 0, 0, p.rows, p.cols);
-  std::vector<float> state1(param.size(), 0.0f), state2(param.size(), 0.0f),
-      scratch(param.size());
-  auto view = [&](std::vector<float>& v) {
-    return ContiguousView(v.data(), DType::kFloat32, p.rows, p.cols);
+  std::vector<float> grad(param.size()), state1(param.size(), 0.0f),
+      state2(param.size(), 0.0f), scratch(param.size());
+  Mirror dp, dg, d1, d2, ds;
+  RETURN_IF_ERROR(dp.Init(&backend, &param));
+  RETURN_IF_ERROR(dg.Init(&backend, &grad));
+  RETURN_IF_ERROR(d1.Init(&backend, &state1));
+  RETURN_IF_ERROR(d2.Init(&backend, &state2));
+  RETURN_IF_ERROR(ds.Init(&backend, &scratch));
+  auto view = [&](Mirror& m) {
+    return ContiguousView(m.data, DType::kFloat32, p.rows, p.cols);
   };
   const MuonOptions muon = TestMuonOptions(1);
-  auto ns = NewtonSchulz::Create(backend.get(), muon.ns, p.rows, p.cols, 1);
-  EXPECT_TRUE(ns.ok());
+  ASSIGN_OR_RETURN(auto ns,
+                   NewtonSchulz::Create(&backend, muon.ns, p.rows, p.cols, 1));
   for (int step = 1; step <= kSteps; ++step) {
-    std::vector<float> grad = FullMatrix(p.name, step, 1, p.rows, p.cols);
+    // Copy into the existing buffer: the CPU mirror aliases its storage.
+    const std::vector<float> g = FullMatrix(p.name, step, 1, p.rows, p.cols);
+    std::copy(g.begin(), g.end(), grad.begin());
+    RETURN_IF_ERROR(dg.Push());
     if (gc.algorithm == Algorithm::kAdamW) {
-      EXPECT_TRUE(AdamWStep(*backend, TestAdamWOptions(), step, view(param),
-                            view(grad), view(state1), view(state2))
-                      .ok());
+      RETURN_IF_ERROR(AdamWStep(backend, TestAdamWOptions(), step, view(dp),
+                                view(dg), view(d1), view(d2)));
     } else {
-      EXPECT_TRUE(MuonStepFullMatrix(*backend, muon, **ns, view(param),
-                                     view(grad), view(state1), view(scratch))
-                      .ok());
+      RETURN_IF_ERROR(MuonStepFullMatrix(backend, muon, *ns, view(dp), view(dg),
+                                         view(d1), view(ds)));
     }
   }
+  RETURN_IF_ERROR(backend.Synchronize());
+  RETURN_IF_ERROR(dp.Pull());
   return param;
+}
+
+// Every reference result, computed in a child (CUDA stays out of the parent)
+// and written to <dir>/reference.bin in case order.
+int WriteReferences(const std::vector<GroupCase>& cases,
+                    const std::string& dir) {
+  std::unique_ptr<Backend> backend = MakeTestBackend(0);
+  if (backend == nullptr) return 9;
+  std::ofstream out(dir + "/reference.bin", std::ios::binary);
+  for (const GroupCase& gc : cases) {
+    for (const ParamCase& p : gc.params) {
+      auto ref = ReferenceFinal(*backend, gc, p);
+      if (!ref.ok()) {
+        std::ofstream(dir + "/error-reference") << ref.status().ToString();
+        return 19;
+      }
+      out.write(reinterpret_cast<const char*>(ref->data()), ref->size() * 4);
+    }
+  }
+  return 0;
+}
+
+// Skips (returns true) when the domain needs more GPUs than there are.
+bool SkipForDevices(int world) {
+  if (!kCuda) return false;
+  const int devices = DeviceCountInChild();
+  if (devices >= world) return false;
+  std::cout << "[  SKIPPED ] needs " << world << " CUDA devices, have "
+            << devices << std::endl;
+  return true;
 }
 
 // Forks the world, waits, and compares every rank's shards with the
@@ -406,6 +550,10 @@ void RunAndCompare(const std::vector<GroupCase>& cases, float rel_tol = 0,
                    bool duplicated = false) {
   int world = 0;
   for (const GroupCase& gc : cases) world = std::max(world, gc.G * gc.T);
+  if (SkipForDevices(world)) GTEST_SKIP() << "not enough CUDA devices";
+  if (kCuda && duplicated) {
+    GTEST_SKIP() << "the duplicated-path reference runs on host memory only";
+  }
   char tmpl[] = "/tmp/muond-step-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
@@ -427,9 +575,22 @@ void RunAndCompare(const std::vector<GroupCase>& cases, float rel_tol = 0,
         << "rank " << r << " exit " << WEXITSTATUS(status) << " " << msg;
   }
   // Reference full results.
+  pid_t ref_pid = fork();
+  ASSERT_GE(ref_pid, 0);
+  if (ref_pid == 0) _exit(WriteReferences(cases, dir));
+  int ref_status = 0;
+  ASSERT_EQ(waitpid(ref_pid, &ref_status, 0), ref_pid);
+  ASSERT_TRUE(WIFEXITED(ref_status) && WEXITSTATUS(ref_status) == 0)
+      << "reference process exit " << WEXITSTATUS(ref_status);
   std::map<std::string, std::vector<float>> ref;
+  std::ifstream ref_in(dir + "/reference.bin", std::ios::binary);
   for (const GroupCase& gc : cases) {
-    for (const ParamCase& p : gc.params) ref[p.name] = ReferenceFinal(gc, p);
+    for (const ParamCase& p : gc.params) {
+      std::vector<float>& r = ref[p.name];
+      r.resize(p.rows * p.cols);
+      ref_in.read(reinterpret_cast<char*>(r.data()), r.size() * 4);
+      ASSERT_TRUE(ref_in.good()) << "short reference file";
+    }
   }
   for (int r = 0; r < world; ++r) {
     std::ifstream in(dir + "/rank" + std::to_string(r) + ".bin",
@@ -553,6 +714,7 @@ TEST(LayerShardedStep, SingleRankDomainRunsLocalNs) {
 }
 
 TEST(LayerShardedStep, DeadPeerFailsTheOthersWithAClearError) {
+  if (SkipForDevices(4)) GTEST_SKIP() << "not enough CUDA devices";
   const std::vector<GroupCase> cases = {Mixed(2, 2)};
   char tmpl[] = "/tmp/muond-step-dead-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -575,7 +737,7 @@ TEST(LayerShardedStep, DeadPeerFailsTheOthersWithAClearError) {
       std::ifstream err(dir + "/error" + std::to_string(r));
       std::string msg((std::istreambuf_iterator<char>(err)),
                       std::istreambuf_iterator<char>());
-      EXPECT_NE(msg.find("gloo"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(kCommName), std::string::npos) << msg;
       ++failed;
     }
   }
