@@ -7,7 +7,11 @@
 // Nesterov, fp32 params/grads/momentum, NS at --precision (medium = bf16).
 //
 //   step_bench --shapes=4096x4096,1024x4096,... [--precision=medium]
-//              [--reps=20] [--warmup=3]
+//              [--reps=20] [--warmup=3] [--ns_batch_size=1]
+// --ns_batch_size=N > 1: same-shape matrices run N at a time through one
+// batched NewtonSchulz (momentum of each into its slice of a stacked
+// scratch, one batched NS, then scale + update per matrix), as the step
+// engine's batched path does; 1 is MuonStepFullMatrix per matrix.
 // Prints one line: "step_ms_median <ms> step_ms_min <ms> matrices <n>"
 // (host clock around the step + stream synchronize).
 #include <algorithm>
@@ -51,13 +55,23 @@ int Fail(const absl::Status& st) {
 int Main(int argc, char** argv) {
   std::string shapes, precision = "medium";
   int reps = 20, warmup = 3;
+  int64_t ns_batch = 1;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strncmp(argv[i], "--shapes=", 9)) shapes = argv[i] + 9;
-    else if (!std::strncmp(argv[i], "--precision=", 12)) precision = argv[i] + 12;
-    else if (!std::strncmp(argv[i], "--reps=", 7)) reps = std::atoi(argv[i] + 7);
-    else if (!std::strncmp(argv[i], "--warmup=", 9)) warmup = std::atoi(argv[i] + 9);
+    if (!std::strncmp(argv[i], "--shapes=", 9))
+      shapes = argv[i] + 9;
+    else if (!std::strncmp(argv[i], "--precision=", 12))
+      precision = argv[i] + 12;
+    else if (!std::strncmp(argv[i], "--reps=", 7))
+      reps = std::atoi(argv[i] + 7);
+    else if (!std::strncmp(argv[i], "--warmup=", 9))
+      warmup = std::atoi(argv[i] + 9);
+    else if (!std::strncmp(argv[i], "--ns_batch_size=", 16))
+      ns_batch = std::atoll(argv[i] + 16);
     else {
-      std::fprintf(stderr, "usage: step_bench --shapes=RxC,... [--precision=highest|high|medium] [--reps=N] [--warmup=N]\n");
+      std::fprintf(stderr,
+                   "usage: step_bench --shapes=RxC,... "
+                   "[--precision=highest|high|medium] [--reps=N] "
+                   "[--warmup=N] [--ns_batch_size=N]\n");
       return 2;
     }
   }
@@ -80,10 +94,17 @@ int Main(int argc, char** argv) {
   o.ns.eps = 1e-7f;
   o.scale_mode = ScaleMode::kOriginal;
   o.extra_scale_factor = 1.0;
-  if (precision == "medium") o.ns.precision = MatmulPrecision::kMedium;
-  else if (precision == "high") o.ns.precision = MatmulPrecision::kHigh;
-  else if (precision == "highest") o.ns.precision = MatmulPrecision::kHighest;
-  else return Fail(absl::InvalidArgumentError("--precision: highest|high|medium"));
+  if (precision == "medium")
+    o.ns.precision = MatmulPrecision::kMedium;
+  else if (precision == "high")
+    o.ns.precision = MatmulPrecision::kHigh;
+  else if (precision == "highest")
+    o.ns.precision = MatmulPrecision::kHighest;
+  else
+    return Fail(absl::InvalidArgumentError("--precision: highest|high|medium"));
+  if (ns_batch < 1)
+    return Fail(absl::InvalidArgumentError("--ns_batch_size >= 1"));
+  o.ns_batch_size = ns_batch;
   if (auto st = o.Validate(); !st.ok()) return Fail(st);
 
   std::vector<Matrix> mats;
@@ -107,26 +128,77 @@ int Main(int argc, char** argv) {
     FillRandom(b, m.param, r * c, 3 * seed, 0.02f);
     FillRandom(b, m.grad, r * c, 3 * seed + 1, 1e-3f);
     (void)b.Memset0(ContiguousView(m.momentum, DType::kFloat32, r, c));
-    max_numel = std::max<int64_t>(max_numel, r * c);
-    if (!ns.count({r, c})) {
-      auto n = NewtonSchulz::Create(&b, o.ns, r, c);
-      if (!n.ok()) return Fail(n.status());
-      ns[{r, c}] = std::move(*n);
-    }
     mats.push_back(m);
+  }
+  // Chunks of up to ns_batch same-shape matrices, in first-seen shape order.
+  std::vector<std::vector<size_t>> chunks;
+  {
+    std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_shape;
+    std::vector<std::pair<int64_t, int64_t>> order;
+    for (size_t i = 0; i < mats.size(); ++i) {
+      const auto key = std::make_pair(mats[i].rows, mats[i].cols);
+      if (!by_shape.count(key)) order.push_back(key);
+      by_shape[key].push_back(i);
+    }
+    if (ns_batch == 1) {
+      for (size_t i = 0; i < mats.size(); ++i) chunks.push_back({i});
+    } else {
+      for (const auto& key : order) {
+        const auto& idx = by_shape[key];
+        for (size_t k = 0; k < idx.size(); k += size_t(ns_batch))
+          chunks.emplace_back(
+              idx.begin() + k,
+              idx.begin() + std::min(idx.size(), k + size_t(ns_batch)));
+      }
+    }
+  }
+  for (const auto& ch : chunks) {
+    const Matrix& m = mats[ch.front()];
+    const int64_t batch = int64_t(ch.size());
+    max_numel = std::max<int64_t>(max_numel, batch * m.rows * m.cols);
+    auto& slot = ns[{m.rows, m.cols}];
+    if (!slot || slot->max_batch() < batch) {
+      auto n = NewtonSchulz::Create(
+          &b, o.ns, m.rows, m.cols,
+          ns_batch == 1 ? 1 : std::min<int64_t>(ns_batch, batch));
+      if (!n.ok()) return Fail(n.status());
+      slot = std::move(*n);
+    }
   }
   auto scratch = b.Allocate(max_numel * 4);
   if (!scratch.ok()) return Fail(scratch.status());
 
   auto step = [&]() -> absl::Status {
-    for (const Matrix& m : mats) {
+    for (const auto& ch : chunks) {
+      const Matrix& first = mats[ch.front()];
+      const int64_t r = first.rows, c = first.cols, batch = int64_t(ch.size());
+      NewtonSchulz& engine = *ns[{r, c}];
       const auto v = [&](void* p) {
-        return ContiguousView(p, DType::kFloat32, m.rows, m.cols);
+        return ContiguousView(p, DType::kFloat32, r, c);
       };
-      absl::Status st = MuonStepFullMatrix(b, o, *ns[{m.rows, m.cols}],
-                                           v(m.param), v(m.grad),
-                                           v(m.momentum), v(*scratch));
-      if (!st.ok()) return st;
+      if (ns_batch == 1) {
+        absl::Status st =
+            MuonStepFullMatrix(b, o, engine, v(first.param), v(first.grad),
+                               v(first.momentum), v(*scratch));
+        if (!st.ok()) return st;
+        continue;
+      }
+      float* base = static_cast<float*>(*scratch);
+      for (int64_t k = 0; k < batch; ++k) {
+        const Matrix& m = mats[ch[k]];
+        absl::Status st = MuonMomentumPhase(b, o, v(m.grad), v(m.momentum),
+                                            v(base + k * r * c));
+        if (!st.ok()) return st;
+      }
+      const MatrixView stacked =
+          ContiguousView(base, DType::kFloat32, batch * r, c);
+      if (auto st = engine.Run(stacked, stacked, batch); !st.ok()) return st;
+      if (auto st = MuonScalePhase(b, o, r, c, stacked); !st.ok()) return st;
+      for (int64_t k = 0; k < batch; ++k) {
+        absl::Status st =
+            MuonUpdatePhase(b, o, v(mats[ch[k]].param), v(base + k * r * c));
+        if (!st.ok()) return st;
+      }
     }
     return b.Synchronize();
   };

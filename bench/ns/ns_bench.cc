@@ -10,6 +10,12 @@
 // speed-up of the symmetric path over plain GEMM speed.
 //
 //   ns_bench --backend=cpu|cuda [--shapes=square|llama|all] [--reps=N]
+//            [--precisions=all|medium] [--detail]
+// --detail (CUDA, medium) adds one row per shape timing the NS pieces alone:
+// Gram, A^2 (separate output), the X update (separate output), the
+// normalisation and the final bf16 -> fp32 copy (TFLOP/s in brackets).
+// Environment (CUDA backend): MUOND_CUBLAS_GEMMEX=1 uses the legacy
+// cublasGemmEx path; MUOND_LT_AUTOTUNE=N times cublasLt's first N algorithms.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -67,7 +73,7 @@ void Fill(Backend& b, void* p, int64_t n, DType dtype) {
 }
 
 void Bench(Backend& b, const Shape& s, MatmulPrecision prec, bool syrk,
-           int reps) {
+           int reps, bool detail) {
   NsOptions o;
   o.precision = prec;
   o.use_syrk = syrk;
@@ -100,6 +106,48 @@ void Bench(Backend& b, const Shape& s, MatmulPrecision prec, bool syrk,
                  ContiguousView(gx, gd, m, n), 0.0f,
                  ContiguousView(gc, gd, m, n), prec);
   });
+  if (detail && prec == MatmulPrecision::kMedium && !syrk) {
+    // The NS pieces one by one on the same buffers (bf16): Gram, A^2 with
+    // a separate output, the X update with a separate output, normalise.
+    const bool tall = s.rows > s.cols;
+    void* ga2 = *b.Allocate(m * m * es);
+    void* gx2 = *b.Allocate(m * n * es);
+    Fill(b, ga2, m * m, gd);
+    const MatrixView A = ContiguousView(ga, gd, m, m);
+    const MatrixView B = ContiguousView(ga2, gd, m, m);
+    const MatrixView X =
+        tall ? ContiguousView(gx, gd, n, m) : ContiguousView(gx, gd, m, n);
+    const MatrixView X2 =
+        tall ? ContiguousView(gx2, gd, n, m) : ContiguousView(gx2, gd, m, n);
+    const double t_gram = Seconds(b, reps, [&] {
+      (void)b.Gemm(tall ? Op::kT : Op::kN, tall ? Op::kN : Op::kT, 1.0f, X, X,
+                   0.0f, A, prec);
+    });
+    const double t_sq = Seconds(b, reps, [&] {
+      (void)b.GemmOut(Op::kN, Op::kN, 2.0f, A, A, -4.0f, A, B, prec);
+    });
+    const double t_upd = Seconds(b, reps, [&] {
+      if (tall) {
+        (void)b.GemmOut(Op::kN, Op::kT, 1.0f, X, B, 3.0f, X, X2, prec);
+      } else {
+        (void)b.GemmOut(Op::kN, Op::kN, 1.0f, B, X, 3.0f, X, X2, prec);
+      }
+    });
+    const double t_norm =
+        Seconds(b, reps, [&] { (void)b.FrobeniusNormalize(vin, X, 1, 1e-7f); });
+    const double t_conv = Seconds(b, reps, [&] { (void)b.Copy2D(vout, X); });
+    const double f_mmn = 2.0 * m * m * n, f_mmm = 2.0 * m * m * m;
+    std::printf(
+        "| %s detail | %ldx%ld | gram %.3f ms (%.0f) | A^2 %.3f ms (%.0f) | "
+        "update %.3f ms (%.0f) | normalize %.3f ms | to fp32 %.3f ms | 5x sum "
+        "%.3f ms |\n",
+        s.name, long(s.rows), long(s.cols), t_gram * 1e3, f_mmn / t_gram / 1e12,
+        t_sq * 1e3, f_mmm / t_sq / 1e12, t_upd * 1e3, f_mmn / t_upd / 1e12,
+        t_norm * 1e3, t_conv * 1e3,
+        (5 * (t_gram + t_sq + t_upd) + t_norm + t_conv) * 1e3);
+    b.Free(ga2);
+    b.Free(gx2);
+  }
   const double ns_rate = ns.FlopsPerMatrix() / t_ns;
   const double gemm_rate = 2.0 * m * m * n / t_gemm;
   const double unit = b.is_device() ? 1e12 : 1e9;
@@ -115,10 +163,14 @@ void Bench(Backend& b, const Shape& s, MatmulPrecision prec, bool syrk,
 int Main(int argc, char** argv) {
   std::string backend_name = "cpu", shapes = "all";
   int reps = 5;
+  bool detail = false;
+  std::string precisions = "all";
   for (int i = 1; i < argc; ++i) {
     if (!std::strncmp(argv[i], "--backend=", 10)) backend_name = argv[i] + 10;
     if (!std::strncmp(argv[i], "--shapes=", 9)) shapes = argv[i] + 9;
     if (!std::strncmp(argv[i], "--reps=", 7)) reps = std::atoi(argv[i] + 7);
+    if (!std::strcmp(argv[i], "--detail")) detail = true;
+    if (!std::strncmp(argv[i], "--precisions=", 13)) precisions = argv[i] + 13;
   }
   std::unique_ptr<Backend> b;
   std::vector<Shape> list;
@@ -152,6 +204,10 @@ int Main(int argc, char** argv) {
              {MatmulPrecision::kHigh, false},
              {MatmulPrecision::kMedium, false},
              {MatmulPrecision::kMedium, true}};
+    if (precisions == "medium") {
+      modes = {{MatmulPrecision::kMedium, false},
+               {MatmulPrecision::kMedium, true}};
+    }
   }
   const char* unit = b->is_device() ? "TFLOP/s" : "GFLOP/s";
   std::printf("backend %s, quintic, 5 steps, median of %d\n\n",
@@ -162,7 +218,7 @@ int Main(int argc, char** argv) {
       unit, unit);
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const Shape& s : list) {
-    for (auto [p, syrk] : modes) Bench(*b, s, p, syrk, reps);
+    for (auto [p, syrk] : modes) Bench(*b, s, p, syrk, reps, detail);
   }
   return 0;
 }

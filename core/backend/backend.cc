@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 
 namespace muond {
 namespace {
@@ -38,6 +39,33 @@ std::string_view WeightDecayMethodName(WeightDecayMethod method) {
       return "none";
   }
   return "unknown";
+}
+
+absl::Status Backend::GemmOut(Op op_a, Op op_b, float alpha,
+                              const MatrixView& a, const MatrixView& b,
+                              float beta, const MatrixView& c,
+                              const MatrixView& d, MatmulPrecision precision) {
+  if (beta != 0.0f) RETURN_IF_ERROR(Copy2D(d, c));
+  return Gemm(op_a, op_b, alpha, a, b, beta, d, precision);
+}
+
+absl::Status Backend::GemmStridedBatchedOut(
+    Op op_a, Op op_b, float alpha, const MatrixView& a, int64_t stride_a,
+    const MatrixView& b, int64_t stride_b, float beta, const MatrixView& c,
+    int64_t stride_c, const MatrixView& d, int64_t stride_d, int64_t batch,
+    MatmulPrecision precision) {
+  if (beta != 0.0f) {
+    RETURN_IF_ERROR(CheckSameShape(d, c, "gemm d", "gemm c"));
+    const int64_t es = int64_t(DTypeSize(c.dtype));
+    for (int64_t i = 0; i < batch; ++i) {
+      MatrixView ci = c, di = d;
+      ci.data = static_cast<char*>(c.data) + i * stride_c * es;
+      di.data = static_cast<char*>(d.data) + i * stride_d * es;
+      RETURN_IF_ERROR(Copy2D(di, ci));
+    }
+  }
+  return GemmStridedBatched(op_a, op_b, alpha, a, stride_a, b, stride_b, beta,
+                            d, stride_d, batch, precision);
 }
 
 absl::Status CheckView(const MatrixView& v, std::string_view what) {

@@ -116,6 +116,22 @@ class Backend {
                                           float beta, const MatrixView& c,
                                           int64_t stride_c, int64_t batch,
                                           MatmulPrecision precision) = 0;
+  // d <- alpha * op(a) op(b) + beta * c with a separate output d of c's shape
+  // and dtype: c is only read (beta == 0 never reads it) and may be any view
+  // of that shape. d must not overlap a, b or c (d == c, the same view, is
+  // the in-place Gemm). The default, used by the CPU backend, is
+  // Copy2D(d, c) followed by Gemm into d (bitwise that sequence); the CUDA
+  // backend writes D directly (cublasLt, no copy).
+  virtual absl::Status GemmOut(Op op_a, Op op_b, float alpha,
+                               const MatrixView& a, const MatrixView& b,
+                               float beta, const MatrixView& c,
+                               const MatrixView& d, MatmulPrecision precision);
+  // The same for `batch` problems (slice i of x = x advanced by i*stride_x).
+  virtual absl::Status GemmStridedBatchedOut(
+      Op op_a, Op op_b, float alpha, const MatrixView& a, int64_t stride_a,
+      const MatrixView& b, int64_t stride_b, float beta, const MatrixView& c,
+      int64_t stride_c, const MatrixView& d, int64_t stride_d, int64_t batch,
+      MatmulPrecision precision);
   // Mirrors the lower triangle (diagonal included) of each square slice into
   // its upper triangle: slice i is `a` advanced by i * stride elements.
   virtual absl::Status SymmetrizeFromLower(const MatrixView& a, int64_t stride,

@@ -2,6 +2,8 @@
 // symmetric mirror, the deterministic two-pass Frobenius normalisation and
 // the elementwise Muon/AdamW steps. Elementwise math comes from
 // elementwise_math.h (no FMA contraction: bit-identical to the CPU backend).
+#include <initializer_list>
+
 #include "core/backend/bf16.h"
 #include "core/backend/cuda_kernels.h"
 #include "core/backend/elementwise_math.h"
@@ -39,29 +41,45 @@ __device__ __forceinline__ void St(const DView& v, int64_t i, int64_t j,
   }
 }
 
-int GridFor(int64_t n) {
-  int64_t blocks = (n + kThreads - 1) / kThreads;
-  if (blocks > 65535 * 4) blocks = 65535 * 4;
-  return blocks < 1 ? 1 : static_cast<int>(blocks);
-}
-
-// Calls f(i, j) for every element of a rows x cols shape (grid-stride).
+// Calls f(i, j) for every element of a rows x cols shape: block rows
+// grid-stride over i, threads over j. No integer division per element.
 template <typename F>
 __global__ void ForEachKernel(int64_t rows, int64_t cols, F f) {
-  const int64_t n = rows * cols;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = idx / cols;
-    f(i, idx - i * cols);
+  const int64_t jstep = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.y; i < rows; i += gridDim.y) {
+    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols;
+         j += jstep) {
+      f(i, j);
+    }
   }
 }
 
 template <typename F>
-cudaError_t LaunchForEach(int64_t rows, int64_t cols, cudaStream_t stream,
-                          F f) {
+cudaError_t LaunchForEach2D(int64_t rows, int64_t cols, cudaStream_t stream,
+                            F f) {
   if (rows * cols == 0) return cudaSuccess;
-  ForEachKernel<<<GridFor(rows * cols), kThreads, 0, stream>>>(rows, cols, f);
+  int64_t bx = (cols + kThreads - 1) / kThreads, by = rows;
+  if (by > 65535) by = 65535;
+  if (bx > 4096) bx = 4096;
+  if (by * bx > 262144) bx = (262144 + by - 1) / by;
+  ForEachKernel<<<dim3(unsigned(bx), unsigned(by)), kThreads, 0, stream>>>(
+      rows, cols, f);
   return cudaGetLastError();
+}
+
+bool Flat(std::initializer_list<KView> views) {
+  for (const KView& v : views)
+    if (v.rows > 1 && v.ld != v.cols) return false;
+  return true;
+}
+
+// Elementwise over same-shape views: when every view is contiguous the shape
+// is walked as one row (i = 0, j = flat index), else row by row.
+template <typename F>
+cudaError_t LaunchForEach(std::initializer_list<KView> views, int64_t rows,
+                          int64_t cols, cudaStream_t stream, F f) {
+  if (Flat(views)) return LaunchForEach2D(1, rows * cols, stream, f);
+  return LaunchForEach2D(rows, cols, stream, f);
 }
 
 struct CopyOp {
@@ -71,23 +89,41 @@ struct CopyOp {
   }
 };
 
-struct SymOp {
-  DView a;
-  int64_t stride_bytes;
-  __device__ void operator()(int64_t idx_slice_row, int64_t j) const {
-    const int64_t s = idx_slice_row / a.cols, i = idx_slice_row % a.cols;
-    if (j <= i) return;
-    char* base = a.data + s * stride_bytes;
-    char* dst = base + (i * a.ld + j) * a.elem;
-    const char* src = base + (j * a.ld + i) * a.elem;
-    if (a.elem == 4) {
-      *reinterpret_cast<float*>(dst) = *reinterpret_cast<const float*>(src);
-    } else {
-      *reinterpret_cast<uint16_t*>(dst) =
-          *reinterpret_cast<const uint16_t*>(src);
+// upper[i][j] = lower[j][i] for i < j, tile by tile through shared memory
+// (coalesced reads and writes). grid (tiles, tiles, batch), block 32 x 8.
+constexpr int kTile = 32;
+__global__ void SymmetrizeKernel(DView a, int64_t stride_bytes) {
+  const int bi = blockIdx.y, bj = blockIdx.x;  // destination tile (upper)
+  if (bi > bj) return;
+  __shared__ uint32_t tile[kTile][kTile + 1];
+  char* base = a.data + int64_t(blockIdx.z) * stride_bytes;
+  const int64_t n = a.cols;
+  // Source tile: rows bj*32.., cols bi*32.. (lower part).
+  for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
+    const int64_t i = int64_t(bj) * kTile + r, j = int64_t(bi) * kTile +
+                                                  threadIdx.x;
+    if (i < n && j < n) {
+      const char* p = base + (i * a.ld + j) * a.elem;
+      tile[r][threadIdx.x] =
+          a.elem == 4 ? *reinterpret_cast<const uint32_t*>(p)
+                      : uint32_t(*reinterpret_cast<const uint16_t*>(p));
     }
   }
-};
+  __syncthreads();
+  for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
+    const int64_t i = int64_t(bi) * kTile + r, j = int64_t(bj) * kTile +
+                                                  threadIdx.x;
+    if (i < n && j < n && j > i) {
+      char* p = base + (i * a.ld + j) * a.elem;
+      const uint32_t v = tile[threadIdx.x][r];
+      if (a.elem == 4) {
+        *reinterpret_cast<uint32_t*>(p) = v;
+      } else {
+        *reinterpret_cast<uint16_t*>(p) = uint16_t(v);
+      }
+    }
+  }
+}
 
 // Block-wide sum in shared memory, fixed tree order (deterministic).
 __device__ double BlockSum(double x, double* shared) {
@@ -102,41 +138,40 @@ __device__ double BlockSum(double x, double* shared) {
   return total;
 }
 
-// grid (kNormBlocks, batch): partials[slice * kNormBlocks + block].
+// grid (nb, batch): partials[slice * nb + block]; block b sums rows
+// b, b + nb, ... of its slice (fixed order: deterministic for a shape).
 __global__ void NormPartialsKernel(DView src, int64_t rows_per_slice,
                                    double* partials) {
   __shared__ double shared[kThreads];
   const int64_t slice = blockIdx.y;
-  const int64_t n = rows_per_slice * src.cols;
   double sum = 0.0;
-  for (int64_t idx = blockIdx.x * int64_t(kThreads) + threadIdx.x; idx < n;
-       idx += int64_t(kNormBlocks) * kThreads) {
-    const int64_t i = idx / src.cols;
-    const double x = Ld(src, slice * rows_per_slice + i, idx - i * src.cols);
-    sum += x * x;
+  for (int64_t r = blockIdx.x; r < rows_per_slice; r += gridDim.x) {
+    const int64_t i = slice * rows_per_slice + r;
+    for (int64_t j = threadIdx.x; j < src.cols; j += kThreads) {
+      const double x = Ld(src, i, j);
+      sum += x * x;
+    }
   }
   const double total = BlockSum(sum, shared);
-  if (threadIdx.x == 0) partials[slice * kNormBlocks + blockIdx.x] = total;
+  if (threadIdx.x == 0) partials[slice * gridDim.x + blockIdx.x] = total;
 }
 
-// grid (blocks, batch): every block reduces its slice's partials in the same
-// order, then divides its share of the slice.
+// grid (blocks, batch): every block reduces its slice's nb partials in the
+// same order, then divides its rows of the slice.
 __global__ void NormScaleKernel(DView src, DView dst, int64_t rows_per_slice,
-                                const double* partials, float eps) {
+                                const double* partials, int nb, float eps) {
   __shared__ double shared[kThreads];
   const int64_t slice = blockIdx.y;
-  const double part = threadIdx.x < kNormBlocks
-                          ? partials[slice * kNormBlocks + threadIdx.x]
-                          : 0.0;
+  double part = 0.0;
+  for (int t = threadIdx.x; t < nb; t += kThreads)
+    part += partials[slice * nb + t];
   const double total = BlockSum(part, shared);
   const float norm = static_cast<float>(sqrt(total));
   const float denom = norm > eps ? norm : eps;
-  const int64_t n = rows_per_slice * src.cols;
-  for (int64_t idx = blockIdx.x * int64_t(kThreads) + threadIdx.x; idx < n;
-       idx += int64_t(gridDim.x) * kThreads) {
-    const int64_t i = slice * rows_per_slice + idx / src.cols;
-    const int64_t j = idx % src.cols;
-    St(dst, i, j, __fdiv_rn(Ld(src, i, j), denom));
+  for (int64_t r = blockIdx.x; r < rows_per_slice; r += gridDim.x) {
+    const int64_t i = slice * rows_per_slice + r;
+    for (int64_t j = threadIdx.x; j < src.cols; j += kThreads)
+      St(dst, i, j, __fdiv_rn(Ld(src, i, j), denom));
   }
 }
 
@@ -194,14 +229,35 @@ struct FiniteOp {
 
 cudaError_t Copy2DConvert(const KView& dst, const KView& src,
                           cudaStream_t stream) {
-  return LaunchForEach(src.rows, src.cols, stream, CopyOp{D(dst), D(src)});
+  return LaunchForEach({dst, src}, src.rows, src.cols, stream,
+                       CopyOp{D(dst), D(src)});
 }
 
 cudaError_t SymmetrizeFromLower(const KView& a, int64_t stride, int64_t batch,
                                 cudaStream_t stream) {
+  if (a.rows == 0 || batch == 0) return cudaSuccess;
+  const unsigned tiles = unsigned((a.cols + kTile - 1) / kTile);
   const DView d = D(a);
-  return LaunchForEach(batch * a.rows, a.cols, stream,
-                       SymOp{d, stride * d.elem});
+  for (int64_t s0 = 0; s0 < batch; s0 += 65535) {
+    const int64_t nb = batch - s0 < 65535 ? batch - s0 : 65535;
+    DView ds = d;
+    ds.data += s0 * stride * d.elem;
+    SymmetrizeKernel<<<dim3(tiles, tiles, unsigned(nb)), dim3(kTile, 8), 0,
+                       stream>>>(ds, stride * d.elem);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+int NormBlocksPerSlice(int64_t rows_per_slice, int64_t cols, int64_t batch) {
+  int64_t nb = kNormPartials / batch;
+  if (nb > 1024) nb = 1024;
+  if (nb > rows_per_slice) nb = rows_per_slice;
+  // At least ~8K elements per block.
+  const int64_t by_size = (rows_per_slice * cols + 8191) / 8192;
+  if (nb > by_size) nb = by_size;
+  return nb < 1 ? 1 : int(nb);
 }
 
 cudaError_t FrobeniusNormalize(const KView& src, const KView& dst,
@@ -209,14 +265,17 @@ cudaError_t FrobeniusNormalize(const KView& src, const KView& dst,
                                cudaStream_t stream) {
   if (src.rows * src.cols == 0) return cudaSuccess;
   const int64_t r = src.rows / batch;
-  NormPartialsKernel<<<dim3(kNormBlocks, unsigned(batch)), kThreads, 0,
+  const int nb = NormBlocksPerSlice(r, src.cols, batch);
+  NormPartialsKernel<<<dim3(unsigned(nb), unsigned(batch)), kThreads, 0,
                        stream>>>(D(src), r, partials);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  int64_t blocks = (r * src.cols + kThreads - 1) / kThreads;
-  if (blocks > 1024) blocks = 1024;
+  int64_t blocks = (r * src.cols + 4 * kThreads - 1) / (4 * kThreads);
+  if (blocks > r) blocks = r;
+  if (blocks * batch > 65536) blocks = (65536 + batch - 1) / batch;
+  if (blocks < 1) blocks = 1;
   NormScaleKernel<<<dim3(unsigned(blocks), unsigned(batch)), kThreads, 0,
-                    stream>>>(D(src), D(dst), r, partials, eps);
+                    stream>>>(D(src), D(dst), r, partials, nb, eps);
   return cudaGetLastError();
 }
 
@@ -224,18 +283,19 @@ cudaError_t MuonMomentum(const KView& grad, const KView& momentum,
                          float one_minus_beta, float beta, bool nesterov,
                          const KView& out, cudaStream_t stream) {
   return LaunchForEach(
-      grad.rows, grad.cols, stream,
+      {grad, momentum, out}, grad.rows, grad.cols, stream,
       MomentumOp{D(grad), D(momentum), D(out), one_minus_beta, beta, nesterov});
 }
 
 cudaError_t ScaleInPlace(const KView& x, float scale, float extra,
                          cudaStream_t stream) {
-  return LaunchForEach(x.rows, x.cols, stream, ScaleOp{D(x), scale, extra});
+  return LaunchForEach({x}, x.rows, x.cols, stream,
+                       ScaleOp{D(x), scale, extra});
 }
 
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
                         float decay, int method, cudaStream_t stream) {
-  return LaunchForEach(param.rows, param.cols, stream,
+  return LaunchForEach({param, update}, param.rows, param.cols, stream,
                        UpdateOp{D(param), D(update), lr, decay, method});
 }
 
@@ -244,14 +304,15 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                   float one_minus_beta1, float beta2, float one_minus_beta2,
                   float step_size, float bc2_sqrt, float eps,
                   cudaStream_t stream) {
-  return LaunchForEach(param.rows, param.cols, stream,
+  return LaunchForEach({param, grad, exp_avg, exp_avg_sq}, param.rows,
+                       param.cols, stream,
                        AdamWOp{D(param), D(grad), D(exp_avg), D(exp_avg_sq),
                                param_decay, one_minus_beta1, beta2,
                                one_minus_beta2, step_size, bc2_sqrt, eps});
 }
 
 cudaError_t MarkNonFinite(const KView& v, int* flag, cudaStream_t stream) {
-  return LaunchForEach(v.rows, v.cols, stream, FiniteOp{D(v), flag});
+  return LaunchForEach({v}, v.rows, v.cols, stream, FiniteOp{D(v), flag});
 }
 
 }  // namespace cuda_kernels

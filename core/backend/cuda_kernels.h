@@ -21,9 +21,10 @@ struct KView {
   int elem;    // bytes per element: 4 fp32, 2 bf16
 };
 
-// Blocks per slice for the Frobenius-norm partial sums; the scratch buffer
-// holds kNormBlocks * kNormBatchChunk doubles.
-constexpr int kNormBlocks = 64;
+// Scratch doubles for the Frobenius-norm partial sums (up to 1024 blocks per
+// slice, fewer for large batches: kNormPartials / batch, at least 64);
+// batches are split into chunks of kNormBatchChunk slices.
+constexpr int64_t kNormPartials = 64 * 4096;
 constexpr int64_t kNormBatchChunk = 4096;
 
 cudaError_t Copy2DConvert(const KView& dst, const KView& src,
@@ -31,7 +32,7 @@ cudaError_t Copy2DConvert(const KView& dst, const KView& src,
 cudaError_t SymmetrizeFromLower(const KView& a, int64_t stride, int64_t batch,
                                 cudaStream_t stream);
 // dst slices = src slices / max(||slice||_F, eps); `batch` <= kNormBatchChunk,
-// `partials` holds kNormBlocks * batch doubles of scratch.
+// `partials` holds kNormPartials doubles of scratch.
 cudaError_t FrobeniusNormalize(const KView& src, const KView& dst,
                                int64_t batch, float eps, double* partials,
                                cudaStream_t stream);

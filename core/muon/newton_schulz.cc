@@ -120,6 +120,21 @@ absl::Status NewtonSchulz::Mm(Op op_a, Op op_b, float alpha,
                                       sc, batch, options_.precision);
 }
 
+absl::Status NewtonSchulz::MmOut(Op op_a, Op op_b, float alpha,
+                                 const MatrixView& a, int64_t sa,
+                                 const MatrixView& b, int64_t sb, float beta,
+                                 const MatrixView& c, int64_t sc,
+                                 const MatrixView& d, int64_t sd,
+                                 int64_t batch) {
+  if (batch == 1) {
+    return backend_->GemmOut(op_a, op_b, alpha, a, b, beta, c, d,
+                             options_.precision);
+  }
+  return backend_->GemmStridedBatchedOut(op_a, op_b, alpha, a, sa, b, sb, beta,
+                                         c, sc, d, sd, batch,
+                                         options_.precision);
+}
+
 absl::Status NewtonSchulz::Gram(const MatrixView& x, int64_t sx,
                                 const MatrixView& a, int64_t batch) {
   const int64_t mm = m_ * m_;
@@ -144,14 +159,15 @@ absl::Status NewtonSchulz::Poly(const MatrixView& a, float b, float c,
                                 const MatrixView& b_out, int64_t batch) {
   const int64_t mm = m_ * m_;
   if (!options_.use_syrk) {
-    return Mm(Op::kN, Op::kN, c, a, mm, a, mm, b, b_out, mm, batch);
+    return MmOut(Op::kN, Op::kN, c, a, mm, a, mm, b, a, mm, b_out, mm, batch);
   }
   const int64_t tile = SyrkTile(m_);
   for (int64_t i0 = 0; i0 < m_; i0 += tile) {
     const int64_t ti = std::min(tile, m_ - i0);
-    RETURN_IF_ERROR(Mm(Op::kN, Op::kN, c, a.Block(i0, 0, ti, m_), mm,
-                       a.Block(0, 0, m_, i0 + ti), mm, b,
-                       b_out.Block(i0, 0, ti, i0 + ti), mm, batch));
+    RETURN_IF_ERROR(MmOut(Op::kN, Op::kN, c, a.Block(i0, 0, ti, m_), mm,
+                          a.Block(0, 0, m_, i0 + ti), mm, b,
+                          a.Block(i0, 0, ti, i0 + ti), mm,
+                          b_out.Block(i0, 0, ti, i0 + ti), mm, batch));
   }
   return backend_->SymmetrizeFromLower(b_out, mm, batch);
 }
@@ -182,8 +198,6 @@ absl::Status NewtonSchulz::Run(const MatrixView& in, const MatrixView& out,
   };
   const MatrixView a = ContiguousView(a_, work_dtype_, m_, m_);
   const MatrixView b_buf = ContiguousView(b_, work_dtype_, m_, m_);
-  const MatrixView a_full = ContiguousView(a_, work_dtype_, batch * m_, m_);
-  const MatrixView b_full = ContiguousView(b_, work_dtype_, batch * m_, m_);
   const bool into_out = work_dtype_ == DType::kFloat32;
   const int64_t out_ld = std::max(out.row_stride, out.cols);
   MatrixView out_slice = out;
@@ -200,23 +214,21 @@ absl::Status NewtonSchulz::Run(const MatrixView& in, const MatrixView& out,
     RETURN_IF_ERROR(Gram(x, sx, a, batch));
     MatrixView poly = a;
     float alpha = k.b;  // c == 0: X <- a X + b A X (cubic step, no A^2)
-    if (k.c != 0.0f) {
-      RETURN_IF_ERROR(backend_->Copy2D(b_full, a_full));
+    if (k.c != 0.0f) {  // B = b A + c A^2 into the B buffer (A only read)
       RETURN_IF_ERROR(Poly(a, k.b, k.c, b_buf, batch));
       poly = b_buf;
       alpha = 1.0f;
     }
     const bool last = s + 1 == steps;
+    // X_next = a X + P X (ping-pong buffers: X is read as C, never copied).
     const MatrixView next = last && into_out ? out_slice : x_slice(1 - cur);
-    const MatrixView next_full = last && into_out ? out : x_full(1 - cur);
     const int64_t s_next = last && into_out ? rows_ * out_ld : sx;
-    RETURN_IF_ERROR(backend_->Copy2D(next_full, x_full(cur)));
     if (tall_) {  // X^T <- a X^T + P X^T  <=>  X <- a X + X P^T
-      RETURN_IF_ERROR(
-          Mm(Op::kN, Op::kT, alpha, x, sx, poly, mm, k.a, next, s_next, batch));
+      RETURN_IF_ERROR(MmOut(Op::kN, Op::kT, alpha, x, sx, poly, mm, k.a, x, sx,
+                            next, s_next, batch));
     } else {
-      RETURN_IF_ERROR(
-          Mm(Op::kN, Op::kN, alpha, poly, mm, x, sx, k.a, next, s_next, batch));
+      RETURN_IF_ERROR(MmOut(Op::kN, Op::kN, alpha, poly, mm, x, sx, k.a, x, sx,
+                            next, s_next, batch));
     }
     cur = 1 - cur;
   }

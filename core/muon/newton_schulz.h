@@ -90,6 +90,12 @@ class NewtonSchulz {
   absl::Status Mm(Op op_a, Op op_b, float alpha, const MatrixView& a,
                   int64_t sa, const MatrixView& b, int64_t sb, float beta,
                   const MatrixView& c, int64_t sc, int64_t batch);
+  // d = alpha op(a) op(b) + beta c with d a separate buffer (no copy of c on
+  // the CUDA backend; Copy2D + Gemm on the CPU backend, as before).
+  absl::Status MmOut(Op op_a, Op op_b, float alpha, const MatrixView& a,
+                     int64_t sa, const MatrixView& b, int64_t sb, float beta,
+                     const MatrixView& c, int64_t sc, const MatrixView& d,
+                     int64_t sd, int64_t batch);
   // A = X X^T (or X^T X when tall), full or lower-triangle blocks + mirror.
   absl::Status Gram(const MatrixView& x, int64_t sx, const MatrixView& a,
                     int64_t batch);

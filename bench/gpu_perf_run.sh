@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call for the NS/step performance work (issue 8, Speed): unpack
+# the bundle, run the GPU tests and the exactness check, then the NS and step
+# benchmarks, logs under $OUT. Usage (repository root on the GPU machine):
+#   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick]
+set -uo pipefail
+tarball=$1; mode=${2:-full}
+out=${OUT:-/tmp/perf-out}; mkdir -p "$out"
+R=$(pwd)
+work=/tmp/perf-bundle; rm -rf "$work"; mkdir -p "$work"
+tar -xJf "$tarball" -C "$work" || exit 1
+cd "$work"/muond-bundle && . env.sh
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv > "$out/gpu.txt" 2>&1
+{
+  echo "== gpu tests"; ./run-gpu-tests.sh 2>&1 | tail -40
+  echo "== exactness"; timeout 300 python3 tests/gpu/test_exactness_vs_torch.py 2>&1 | tail -15
+} > "$out/tests.log" 2>&1
+tail -25 "$out/tests.log"
+{
+  echo "== ns_bench medium --detail (cublasLt)"
+  bin/ns_bench --backend=cuda --shapes=llama --reps=7 --precisions=medium --detail
+  echo "== ns_bench medium, legacy cublasGemmEx"
+  MUOND_CUBLAS_GEMMEX=1 bin/ns_bench --backend=cuda --shapes=llama --reps=7 --precisions=medium
+  echo "== ns_bench medium, cublasLt autotune 8"
+  MUOND_LT_AUTOTUNE=8 bin/ns_bench --backend=cuda --shapes=llama --reps=7 --precisions=medium --detail
+} > "$out/ns_diag.log" 2>&1
+cat "$out/ns_diag.log"
+[ "$mode" = quick ] && exit 0
+bin/ns_bench --backend=cuda --shapes=llama --reps=5 > "$out/ns_bench.md" 2>&1
+cat "$out/ns_bench.md"
+python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/llama3_8b.json" --layers 4 --reps 10 --rounds 2 --out "$out/step_llama.md" > "$out/step_llama.log" 2>&1
+tail -8 "$out/step_llama.log"
+python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/qwen3_30b_a3b.json" --layers 1 --reps 5 --rounds 1 --ns-batch-size 128 --out "$out/step_moe.md" > "$out/step_moe.log" 2>&1
+tail -8 "$out/step_moe.log"
