@@ -10,6 +10,8 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <atomic>
+#include <csignal>
+#include <mutex>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -253,6 +255,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     KeyValueStore* store, const std::string& prefix, int rank, int size,
     const GlooOptions& options) {
   RETURN_IF_ERROR(ValidateRankAndSize(rank, size));
+  // Gloo's TCP pairs write with writev(): a peer that died would raise
+  // SIGPIPE and kill this process instead of failing the collective with a
+  // status. Ignore it once, process-wide (Python does the same at startup).
+  static std::once_flag ignore_sigpipe;
+  std::call_once(ignore_sigpipe, [] { std::signal(SIGPIPE, SIG_IGN); });
   if (options.timeout < absl::Milliseconds(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GlooOptions.timeout = ", absl::FormatDuration(options.timeout),

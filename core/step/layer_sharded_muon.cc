@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/common/status_macros.h"
@@ -61,6 +64,15 @@ double MicrosSince(absl::Time start) {
 
 std::vector<int64_t> ViewShape(const MatrixView& v) { return {v.rows, v.cols}; }
 
+// Phase work of concurrently run lanes adds up; total_us stays wall time.
+void AddTimings(const PhaseTimings& from, PhaseTimings& to) {
+  to.momentum_us += from.momentum_us;
+  to.a2a_fwd_us += from.a2a_fwd_us;
+  to.ns_us += from.ns_us;
+  to.a2a_bwd_us += from.a2a_bwd_us;
+  to.update_us += from.update_us;
+}
+
 // Per-param buffers of one rank.
 struct ParamState {
   ParamShardSpec spec;
@@ -83,6 +95,10 @@ struct PlanBuffers {
 
 struct GroupState {
   GroupConfig config;
+  // The backend this group computes on (its own, e.g. a CUDA stream of its
+  // own, or the optimizer's) and its lane.
+  Backend* backend = nullptr;
+  int lane = 0;
   std::vector<ParamState> params;
   std::optional<PlanBuffers> plan;
   bool homes_set = false;
@@ -93,6 +109,17 @@ struct GroupState {
   // Staging for batched NS (ns_batch_size > 1).
   OwnedBuffer batch_buf;
   int64_t batch_buf_elems = 0;
+};
+
+// Groups that share a communicator, or a device backend (one stream orders
+// its work, and NCCL orders the collectives of one communicator), must run
+// one after the other: each such set is a lane. Lanes run concurrently, each
+// on a thread of its own with its own exchange buffers.
+struct Lane {
+  Backend* backend = nullptr;
+  std::vector<int> groups;
+  OwnedBuffer send_buf, recv_buf, flag_buf;
+  int64_t send_elems = 0, recv_elems = 0;
 };
 
 class LayerShardedMuonImpl final : public LayerShardedMuon {
@@ -114,7 +141,11 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
  private:
   absl::Status InitGroup(GroupConfig config, GroupState& group);
   absl::Status BuildPlan(GroupState& group, std::vector<NsHome> homes);
-  absl::Status EnsureExchangeBuffers(int64_t send, int64_t recv);
+  absl::Status AssignLanes();
+  absl::Status EnsureExchangeBuffers(Lane& lane, int64_t send, int64_t recv);
+  // Steps the groups of one lane, in registration order.
+  absl::Status StepLane(const Lane& lane, const StepOverrides& overrides,
+                        PhaseTimings& timings);
   absl::StatusOr<std::vector<std::string>> NonFiniteGrads();
   absl::StatusOr<bool> DomainAllFinite(GroupState& group, bool local_finite);
 
@@ -129,8 +160,8 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
                      MatrixView ParamState::*matrix);
   // Adds one NS chunk (`count` matrices of rows x cols started at `start`)
   // to the step's per-shape times when the step is measured.
-  absl::Status RecordShapeTime(int64_t rows, int64_t cols, int64_t count,
-                               absl::Time start);
+  absl::Status RecordShapeTime(GroupState& group, int64_t rows, int64_t cols,
+                               int64_t count, absl::Time start);
   absl::StatusOr<NewtonSchulz*> GetNs(GroupState& group,
                                       const MuonOptions& options, int64_t rows,
                                       int64_t cols, int64_t batch);
@@ -147,9 +178,10 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // Whether the current step measures per-shape NS times, and the times.
   bool measure_shapes_ = false;
   std::map<std::pair<int64_t, int64_t>, ShapeTiming> shape_times_;
-  OwnedBuffer send_buf_, recv_buf_;
-  int64_t send_elems_ = 0, recv_elems_ = 0;
-  OwnedBuffer flag_buf_;
+  std::vector<Lane> lanes_;
+  // Guards what lanes running concurrently share: shape_times_ and
+  // transient_bytes_.
+  absl::Mutex mu_;
   int64_t state_bytes_ = 0;
   int64_t transient_bytes_ = 0;
 };
@@ -185,7 +217,42 @@ absl::Status LayerShardedMuonImpl::Init(std::vector<GroupConfig> groups) {
     }
     RETURN_IF_ERROR(InitGroup(std::move(groups[i]), groups_[i]));
   }
-  ASSIGN_OR_RETURN(flag_buf_, AllocateZeroed(backend_, DType::kFloat32, 1, 64));
+  return AssignLanes();
+}
+
+absl::Status LayerShardedMuonImpl::AssignLanes() {
+  // Union-find over groups: shared communicator or shared device backend.
+  std::vector<int> parent(groups_.size());
+  for (size_t i = 0; i < parent.size(); ++i) parent[i] = int(i);
+  std::function<int(int)> find = [&](int i) {
+    return parent[i] == i ? i : parent[i] = find(parent[i]);
+  };
+  auto shares = [](const GroupState& a, const GroupState& b) {
+    const DomainBinding &x = a.config.domain, &y = b.config.domain;
+    for (Communicator* c : {x.gtp, x.tp}) {
+      if (c != nullptr && (c == y.gtp || c == y.tp)) return true;
+    }
+    return a.backend == b.backend && a.backend->is_device();
+  };
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (shares(groups_[i], groups_[j])) parent[find(int(i))] = find(int(j));
+    }
+  }
+  std::map<int, int> lane_of_root;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const int root = find(int(i));
+    auto [it, fresh] = lane_of_root.emplace(root, int(lanes_.size()));
+    if (fresh) {
+      lanes_.emplace_back();
+      lanes_.back().backend = groups_[i].backend;
+      ASSIGN_OR_RETURN(
+          lanes_.back().flag_buf,
+          AllocateZeroed(groups_[i].backend, DType::kFloat32, 1, 64));
+    }
+    groups_[i].lane = it->second;
+    lanes_[it->second].groups.push_back(int(i));
+  }
   return absl::OkStatus();
 }
 
@@ -193,6 +260,7 @@ absl::Status LayerShardedMuonImpl::InitGroup(GroupConfig config,
                                              GroupState& group) {
   const std::string& gname = config.name;
   const DomainBinding& d = config.domain;
+  group.backend = config.backend != nullptr ? config.backend : backend_;
   if (d.size.gtp < 1 || d.size.tp < 1 || d.g < 0 || d.g >= d.size.gtp ||
       d.t < 0 || d.t >= d.size.tp) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -213,7 +281,7 @@ absl::Status LayerShardedMuonImpl::InitGroup(GroupConfig config,
   RETURN_IF_ERROR(check_comm(d.tp, d.size.tp, d.t, "tp"));
   if (config.algorithm == Algorithm::kMuon) {
     RETURN_IF_ERROR(config.muon.Validate());
-    RETURN_IF_ERROR(ValidateNsOptions(config.muon.ns, *backend_));
+    RETURN_IF_ERROR(ValidateNsOptions(config.muon.ns, *group.backend));
   } else {
     RETURN_IF_ERROR(config.adamw.Validate());
   }
@@ -244,18 +312,21 @@ absl::Status LayerShardedMuonImpl::InitGroup(GroupConfig config,
     if (config.algorithm == Algorithm::kMuon) {
       const DType sd = config.muon.state_dtype;
       ASSIGN_OR_RETURN(st.momentum_buf,
-                       AllocateZeroed(backend_, sd, rows, cols));
+                       AllocateZeroed(group.backend, sd, rows, cols));
       st.momentum = ContiguousView(st.momentum_buf.data(), sd, rows, cols);
-      ASSIGN_OR_RETURN(st.local_buf,
-                       AllocateZeroed(backend_, DType::kFloat32, rows, cols));
+      ASSIGN_OR_RETURN(
+          st.local_buf,
+          AllocateZeroed(group.backend, DType::kFloat32, rows, cols));
       st.local =
           ContiguousView(st.local_buf.data(), DType::kFloat32, rows, cols);
       state_bytes_ += rows * cols * DTypeSize(sd);
     } else {
-      ASSIGN_OR_RETURN(st.exp_avg_buf,
-                       AllocateZeroed(backend_, DType::kFloat32, rows, cols));
-      ASSIGN_OR_RETURN(st.exp_avg_sq_buf,
-                       AllocateZeroed(backend_, DType::kFloat32, rows, cols));
+      ASSIGN_OR_RETURN(
+          st.exp_avg_buf,
+          AllocateZeroed(group.backend, DType::kFloat32, rows, cols));
+      ASSIGN_OR_RETURN(
+          st.exp_avg_sq_buf,
+          AllocateZeroed(group.backend, DType::kFloat32, rows, cols));
       st.exp_avg =
           ContiguousView(st.exp_avg_buf.data(), DType::kFloat32, rows, cols);
       st.exp_avg_sq =
@@ -295,8 +366,9 @@ absl::Status LayerShardedMuonImpl::BuildPlan(GroupState& group,
   // Allocate every buffer first: a failure leaves the old plan in place.
   std::vector<std::pair<int, MatrixView>> a1, a2;
   auto allocate = [&](const AssembledParam& ap) -> absl::StatusOr<MatrixView> {
-    ASSIGN_OR_RETURN(OwnedBuffer buf, AllocateZeroed(backend_, DType::kFloat32,
-                                                     ap.rows, ap.cols));
+    ASSIGN_OR_RETURN(
+        OwnedBuffer buf,
+        AllocateZeroed(group.backend, DType::kFloat32, ap.rows, ap.cols));
     MatrixView v =
         ContiguousView(buf.data(), DType::kFloat32, ap.rows, ap.cols);
     buffers.owned.push_back(std::move(buf));
@@ -317,29 +389,33 @@ absl::Status LayerShardedMuonImpl::BuildPlan(GroupState& group,
       assembled_bytes += ap.rows * ap.cols * 4;
     }
   }
+  Lane& lane = lanes_[group.lane];
   RETURN_IF_ERROR(
-      EnsureExchangeBuffers(plan.max_send_elems, plan.max_recv_elems));
+      EnsureExchangeBuffers(lane, plan.max_send_elems, plan.max_recv_elems));
   for (ParamState& p : group.params) p.a1 = p.a2 = MatrixView{};
   for (auto& [i, v] : a1) group.params[i].a1 = v;
   for (auto& [i, v] : a2) group.params[i].a2 = v;
   buffers.plan = std::move(plan);
   group.plan = std::move(buffers);
-  transient_bytes_ = std::max(
-      transient_bytes_, assembled_bytes + (send_elems_ + recv_elems_) * 4);
+  absl::MutexLock lock(&mu_);
+  transient_bytes_ =
+      std::max(transient_bytes_,
+               assembled_bytes + (lane.send_elems + lane.recv_elems) * 4);
   return absl::OkStatus();
 }
 
-absl::Status LayerShardedMuonImpl::EnsureExchangeBuffers(int64_t send,
+absl::Status LayerShardedMuonImpl::EnsureExchangeBuffers(Lane& lane,
+                                                         int64_t send,
                                                          int64_t recv) {
-  if (send > send_elems_) {
-    ASSIGN_OR_RETURN(send_buf_,
-                     AllocateZeroed(backend_, DType::kFloat32, 1, send));
-    send_elems_ = send;
+  if (send > lane.send_elems) {
+    ASSIGN_OR_RETURN(lane.send_buf,
+                     AllocateZeroed(lane.backend, DType::kFloat32, 1, send));
+    lane.send_elems = send;
   }
-  if (recv > recv_elems_) {
-    ASSIGN_OR_RETURN(recv_buf_,
-                     AllocateZeroed(backend_, DType::kFloat32, 1, recv));
-    recv_elems_ = recv;
+  if (recv > lane.recv_elems) {
+    ASSIGN_OR_RETURN(lane.recv_buf,
+                     AllocateZeroed(lane.backend, DType::kFloat32, 1, recv));
+    lane.recv_elems = recv;
   }
   return absl::OkStatus();
 }
@@ -359,12 +435,13 @@ absl::Status LayerShardedMuonImpl::Exchange(GroupState& group,
                                             MatrixView ParamState::*src,
                                             MatrixView ParamState::*dst) {
   if (!stage.active) return absl::OkStatus();
-  float* send = static_cast<float*>(send_buf_.data());
-  float* recv = static_cast<float*>(recv_buf_.data());
+  Lane& lane = lanes_[group.lane];
+  float* send = static_cast<float*>(lane.send_buf.data());
+  float* recv = static_cast<float*>(lane.recv_buf.data());
   for (const auto& pieces : route.send) {
     for (const Piece& pc : pieces) {
       const MatrixView m = StageMatrix(group.params[pc.param], src);
-      RETURN_IF_ERROR(backend_->Copy2D(
+      RETURN_IF_ERROR(group.backend->Copy2D(
           ContiguousView(send + pc.offset, DType::kFloat32, pc.block.rows,
                          pc.block.cols),
           m.Block(pc.block.row0, pc.block.col0, pc.block.rows, pc.block.cols)));
@@ -379,7 +456,7 @@ absl::Status LayerShardedMuonImpl::Exchange(GroupState& group,
   for (const auto& pieces : route.recv) {
     for (const Piece& pc : pieces) {
       const MatrixView m = StageMatrix(group.params[pc.param], dst);
-      RETURN_IF_ERROR(backend_->Copy2D(
+      RETURN_IF_ERROR(group.backend->Copy2D(
           m.Block(pc.block.row0, pc.block.col0, pc.block.rows, pc.block.cols),
           ContiguousView(recv + pc.offset, DType::kFloat32, pc.block.rows,
                          pc.block.cols)));
@@ -394,8 +471,8 @@ absl::StatusOr<NewtonSchulz*> LayerShardedMuonImpl::GetNs(
   auto key = std::make_tuple(rows, cols, batch);
   auto it = group.ns.find(key);
   if (it != group.ns.end()) return it->second.get();
-  ASSIGN_OR_RETURN(
-      auto ns, NewtonSchulz::Create(backend_, options.ns, rows, cols, batch));
+  ASSIGN_OR_RETURN(auto ns, NewtonSchulz::Create(group.backend, options.ns,
+                                                 rows, cols, batch));
   NewtonSchulz* raw = ns.get();
   group.ns.emplace(key, std::move(ns));
   return raw;
@@ -433,43 +510,47 @@ absl::Status LayerShardedMuonImpl::RunNs(GroupState& group,
         // The unbatched path, in place: bit-exact numerics contract.
         const MatrixView m = StageMatrix(group.params[members[begin]], matrix);
         RETURN_IF_ERROR(ns->Run(m, m, 1));
-        RETURN_IF_ERROR(MuonScalePhase(*backend_, options, rows, cols, m));
-        RETURN_IF_ERROR(RecordShapeTime(rows, cols, batch, chunk_start));
+        RETURN_IF_ERROR(MuonScalePhase(*group.backend, options, rows, cols, m));
+        RETURN_IF_ERROR(RecordShapeTime(group, rows, cols, batch, chunk_start));
         continue;
       }
       const int64_t elems = batch * rows * cols;
       if (elems > group.batch_buf_elems) {
-        ASSIGN_OR_RETURN(group.batch_buf,
-                         AllocateZeroed(backend_, DType::kFloat32, 1, elems));
+        ASSIGN_OR_RETURN(
+            group.batch_buf,
+            AllocateZeroed(group.backend, DType::kFloat32, 1, elems));
         group.batch_buf_elems = elems;
       }
       float* base = static_cast<float*>(group.batch_buf.data());
       const MatrixView stacked =
           ContiguousView(base, DType::kFloat32, batch * rows, cols);
       for (int64_t b = 0; b < batch; ++b) {
-        RETURN_IF_ERROR(backend_->Copy2D(
+        RETURN_IF_ERROR(group.backend->Copy2D(
             stacked.Block(b * rows, 0, rows, cols),
             StageMatrix(group.params[members[begin + b]], matrix)));
       }
       RETURN_IF_ERROR(ns->Run(stacked, stacked, batch));
-      RETURN_IF_ERROR(MuonScalePhase(*backend_, options, rows, cols, stacked));
+      RETURN_IF_ERROR(
+          MuonScalePhase(*group.backend, options, rows, cols, stacked));
       for (int64_t b = 0; b < batch; ++b) {
-        RETURN_IF_ERROR(backend_->Copy2D(
+        RETURN_IF_ERROR(group.backend->Copy2D(
             StageMatrix(group.params[members[begin + b]], matrix),
             stacked.Block(b * rows, 0, rows, cols)));
       }
-      RETURN_IF_ERROR(RecordShapeTime(rows, cols, batch, chunk_start));
+      RETURN_IF_ERROR(RecordShapeTime(group, rows, cols, batch, chunk_start));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status LayerShardedMuonImpl::RecordShapeTime(int64_t rows, int64_t cols,
+absl::Status LayerShardedMuonImpl::RecordShapeTime(GroupState& group,
+                                                   int64_t rows, int64_t cols,
                                                    int64_t count,
                                                    absl::Time start) {
   if (!measure_shapes_) return absl::OkStatus();
   // The chunk's work must have finished (device backends run async).
-  RETURN_IF_ERROR(backend_->Synchronize());
+  RETURN_IF_ERROR(group.backend->Synchronize());
+  absl::MutexLock lock(&mu_);
   ShapeTiming& t = shape_times_[{rows, cols}];
   t.rows = rows;
   t.cols = cols;
@@ -497,10 +578,11 @@ absl::Status LayerShardedMuonImpl::StepMuonGroup(GroupState& group,
   absl::Time start = absl::Now();
   for (size_t i = 0; i < group.params.size(); ++i) {
     ParamState& p = group.params[i];
-    RETURN_IF_ERROR(MuonMomentumPhase(
-        *backend_, options, group.config.params[i].grad, p.momentum, p.local));
+    RETURN_IF_ERROR(MuonMomentumPhase(*group.backend, options,
+                                      group.config.params[i].grad, p.momentum,
+                                      p.local));
   }
-  RETURN_IF_ERROR(backend_->Synchronize());
+  RETURN_IF_ERROR(group.backend->Synchronize());
   t.momentum_us += MicrosSince(start);
 
   start = absl::Now();
@@ -512,14 +594,14 @@ absl::Status LayerShardedMuonImpl::StepMuonGroup(GroupState& group,
     RETURN_IF_ERROR(Exchange(group, s2, s2.forward, d.tp, &ParamState::a1,
                              &ParamState::a2));
   }
-  RETURN_IF_ERROR(backend_->Synchronize());
+  RETURN_IF_ERROR(group.backend->Synchronize());
   t.a2a_fwd_us += MicrosSince(start);
 
   start = absl::Now();
   RETURN_IF_ERROR(RunNs(group, options, plan.replicated, &ParamState::local));
   RETURN_IF_ERROR(RunNs(group, options, plan.ns_tp_complete, &ParamState::a1));
   RETURN_IF_ERROR(RunNs(group, options, plan.ns_after_stage2, &ParamState::a2));
-  RETURN_IF_ERROR(backend_->Synchronize());
+  RETURN_IF_ERROR(group.backend->Synchronize());
   t.ns_us += MicrosSince(start);
 
   start = absl::Now();
@@ -532,20 +614,20 @@ absl::Status LayerShardedMuonImpl::StepMuonGroup(GroupState& group,
                              &ParamState::a1, &ParamState::local));
     for (const ZeroFill& z : plan.stage1.reverse_zero_fill) {
       const MatrixView& m = group.params[z.param].local;
-      RETURN_IF_ERROR(backend_->Memset0(
+      RETURN_IF_ERROR(group.backend->Memset0(
           m.Block(z.block.row0, z.block.col0, z.block.rows, z.block.cols)));
     }
   }
-  RETURN_IF_ERROR(backend_->Synchronize());
+  RETURN_IF_ERROR(group.backend->Synchronize());
   t.a2a_bwd_us += MicrosSince(start);
 
   start = absl::Now();
   for (size_t i = 0; i < group.params.size(); ++i) {
-    RETURN_IF_ERROR(MuonUpdatePhase(*backend_, options,
+    RETURN_IF_ERROR(MuonUpdatePhase(*group.backend, options,
                                     group.config.params[i].param,
                                     group.params[i].local));
   }
-  RETURN_IF_ERROR(backend_->Synchronize());
+  RETURN_IF_ERROR(group.backend->Synchronize());
   t.update_us += MicrosSince(start);
   return absl::OkStatus();
 }
@@ -558,10 +640,10 @@ absl::Status LayerShardedMuonImpl::StepAdamWGroup(GroupState& group,
   for (size_t i = 0; i < group.params.size(); ++i) {
     const ParamBinding& b = group.config.params[i];
     ParamState& p = group.params[i];
-    RETURN_IF_ERROR(AdamWStep(*backend_, options, step, b.param, b.grad,
+    RETURN_IF_ERROR(AdamWStep(*group.backend, options, step, b.param, b.grad,
                               p.exp_avg, p.exp_avg_sq));
   }
-  RETURN_IF_ERROR(backend_->Synchronize());
+  RETURN_IF_ERROR(group.backend->Synchronize());
   group.adamw_step = step;
   t.update_us += MicrosSince(start);
   return absl::OkStatus();
@@ -575,12 +657,12 @@ LayerShardedMuonImpl::NonFiniteGrads() {
     for (const ParamBinding& b : group.config.params) grads.push_back(b.grad);
     bool finite = true;
     if (!grads.empty()) {
-      ASSIGN_OR_RETURN(finite, backend_->AllFinite(grads));
+      ASSIGN_OR_RETURN(finite, group.backend->AllFinite(grads));
     }
     std::vector<std::string> local_bad;
     if (!finite) {
       for (const ParamBinding& b : group.config.params) {
-        ASSIGN_OR_RETURN(bool ok, backend_->AllFinite({b.grad}));
+        ASSIGN_OR_RETURN(bool ok, group.backend->AllFinite({b.grad}));
         if (!ok) local_bad.push_back(group.config.name + "/" + b.name);
       }
     }
@@ -600,16 +682,16 @@ LayerShardedMuonImpl::NonFiniteGrads() {
 absl::StatusOr<bool> LayerShardedMuonImpl::DomainAllFinite(GroupState& group,
                                                            bool local_finite) {
   bool finite = local_finite;
-  float* flags = static_cast<float*>(flag_buf_.data());
+  float* flags = static_cast<float*>(lanes_[group.lane].flag_buf.data());
   for (Communicator* comm : {group.config.domain.gtp, group.config.domain.tp}) {
     if (comm == nullptr || comm->size() <= 1) continue;
     const float mine = finite ? 1.0f : 0.0f;
-    RETURN_IF_ERROR(backend_->CopyFromHost(flags, &mine, sizeof(float)));
+    RETURN_IF_ERROR(group.backend->CopyFromHost(flags, &mine, sizeof(float)));
     RETURN_IF_ERROR(comm->AllGather(flags, 1, flags + 1, DType::kFloat32));
     RETURN_IF_ERROR(comm->Wait());
     std::vector<float> all(comm->size());
-    RETURN_IF_ERROR(backend_->CopyToHost(all.data(), flags + 1,
-                                         all.size() * sizeof(float)));
+    RETURN_IF_ERROR(group.backend->CopyToHost(all.data(), flags + 1,
+                                              all.size() * sizeof(float)));
     for (float f : all) finite = finite && f == 1.0f;
   }
   return finite;
@@ -648,27 +730,29 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::Step(
   // every ns_shape_timing_every-th step.
   const int every = options_.ns_shape_timing_every;
   measure_shapes_ =
-      every > 0 && (!backend_->is_device() || steps_run_ % every == 0);
+      every > 0 &&
+      (std::none_of(lanes_.begin(), lanes_.end(),
+                    [](const Lane& l) { return l.backend->is_device(); }) ||
+       steps_run_ % every == 0);
   ++steps_run_;
   shape_times_.clear();
-  for (GroupState& group : groups_) {
-    const std::string& name = group.config.name;
-    if (group.config.algorithm == Algorithm::kMuon) {
-      MuonOptions options = group.config.muon;
-      if (auto it = overrides.lr.find(name); it != overrides.lr.end())
-        options.lr = it->second;
-      if (auto it = overrides.weight_decay.find(name);
-          it != overrides.weight_decay.end())
-        options.weight_decay = it->second;
-      RETURN_IF_ERROR(StepMuonGroup(group, options, result.timings));
-    } else {
-      AdamWOptions options = group.config.adamw;
-      if (auto it = overrides.lr.find(name); it != overrides.lr.end())
-        options.lr = it->second;
-      if (auto it = overrides.weight_decay.find(name);
-          it != overrides.weight_decay.end())
-        options.weight_decay = it->second;
-      RETURN_IF_ERROR(StepAdamWGroup(group, options, result.timings));
+  if (lanes_.size() > 1 && options_.concurrent_groups) {
+    std::vector<PhaseTimings> lane_timings(lanes_.size());
+    std::vector<absl::Status> lane_status(lanes_.size());
+    std::vector<std::thread> threads;
+    for (size_t l = 0; l < lanes_.size(); ++l) {
+      threads.emplace_back([&, l] {
+        lane_status[l] = StepLane(lanes_[l], overrides, lane_timings[l]);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t l = 0; l < lanes_.size(); ++l) {
+      RETURN_IF_ERROR(lane_status[l]);
+      AddTimings(lane_timings[l], result.timings);
+    }
+  } else {
+    for (const Lane& lane : lanes_) {
+      RETURN_IF_ERROR(StepLane(lane, overrides, result.timings));
     }
   }
   for (const auto& [shape, timing] : shape_times_) {
@@ -678,13 +762,37 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::Step(
   return result;
 }
 
+absl::Status LayerShardedMuonImpl::StepLane(const Lane& lane,
+                                            const StepOverrides& overrides,
+                                            PhaseTimings& timings) {
+  for (int gi : lane.groups) {
+    GroupState& group = groups_[gi];
+    const std::string& name = group.config.name;
+    auto lr = overrides.lr.find(name);
+    auto wd = overrides.weight_decay.find(name);
+    if (group.config.algorithm == Algorithm::kMuon) {
+      MuonOptions options = group.config.muon;
+      if (lr != overrides.lr.end()) options.lr = lr->second;
+      if (wd != overrides.weight_decay.end()) options.weight_decay = wd->second;
+      RETURN_IF_ERROR(StepMuonGroup(group, options, timings));
+    } else {
+      AdamWOptions options = group.config.adamw;
+      if (lr != overrides.lr.end()) options.lr = lr->second;
+      if (wd != overrides.weight_decay.end()) options.weight_decay = wd->second;
+      RETURN_IF_ERROR(StepAdamWGroup(group, options, timings));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::map<std::string, std::vector<float>>>
 LayerShardedMuonImpl::ExportState() const {
   std::map<std::string, std::vector<float>> out;
-  auto dump = [&](const std::string& key, const MatrixView& v) -> absl::Status {
+  auto dump = [&](Backend* backend, const std::string& key,
+                  const MatrixView& v) -> absl::Status {
     std::vector<float> host(v.numel());
     if (v.dtype == DType::kFloat32) {
-      RETURN_IF_ERROR(backend_->CopyToHost(host.data(), v.data, v.numel() * 4));
+      RETURN_IF_ERROR(backend->CopyToHost(host.data(), v.data, v.numel() * 4));
     } else {
       return absl::UnimplementedError(absl::StrCat(
           "exporting ", std::string(DTypeName(v.dtype)), " state of '", key,
@@ -698,10 +806,11 @@ LayerShardedMuonImpl::ExportState() const {
       const ParamState& p = group.params[i];
       const std::string base = group.config.name + "/" + p.spec.name;
       if (group.config.algorithm == Algorithm::kMuon) {
-        RETURN_IF_ERROR(dump(base + ".momentum", p.momentum));
+        RETURN_IF_ERROR(dump(group.backend, base + ".momentum", p.momentum));
       } else {
-        RETURN_IF_ERROR(dump(base + ".exp_avg", p.exp_avg));
-        RETURN_IF_ERROR(dump(base + ".exp_avg_sq", p.exp_avg_sq));
+        RETURN_IF_ERROR(dump(group.backend, base + ".exp_avg", p.exp_avg));
+        RETURN_IF_ERROR(
+            dump(group.backend, base + ".exp_avg_sq", p.exp_avg_sq));
       }
     }
     if (group.config.algorithm == Algorithm::kAdamW) {
@@ -714,7 +823,12 @@ LayerShardedMuonImpl::ExportState() const {
 absl::Status LayerShardedMuonImpl::ImportState(
     const std::map<std::string, std::vector<float>>& state) {
   // Validate everything before writing anything.
-  std::vector<std::pair<MatrixView, const std::vector<float>*>> writes;
+  struct Write {
+    Backend* backend;
+    MatrixView view;
+    const std::vector<float>* data;
+  };
+  std::vector<Write> writes;
   std::vector<std::pair<GroupState*, int64_t>> steps;
   size_t expected = 0;
   std::set<std::string> known;
@@ -740,7 +854,7 @@ absl::Status LayerShardedMuonImpl::ImportState(
               "state entry '", key, "' has ", it->second.size(),
               " fp32 elements; the param's shard needs ", view.numel()));
         }
-        writes.emplace_back(view, &it->second);
+        writes.push_back({group.backend, view, &it->second});
         known.insert(key);
         ++expected;
       }
@@ -765,12 +879,13 @@ absl::Status LayerShardedMuonImpl::ImportState(
       }
     }
   }
-  for (auto& [view, data] : writes) {
-    RETURN_IF_ERROR(
-        backend_->CopyFromHost(view.data, data->data(), data->size() * 4));
+  for (const Write& w : writes) {
+    RETURN_IF_ERROR(w.backend->CopyFromHost(w.view.data, w.data->data(),
+                                            w.data->size() * 4));
   }
   for (auto& [group, step] : steps) group->adamw_step = step;
-  return backend_->Synchronize();
+  for (const Lane& lane : lanes_) RETURN_IF_ERROR(lane.backend->Synchronize());
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -61,6 +61,11 @@ struct DomainBinding {
 struct GroupConfig {
   std::string name;
   Algorithm algorithm = Algorithm::kMuon;
+  // The backend this group computes on; null: the optimizer's. Groups whose
+  // domains are disjoint and that have backends of their own (on CUDA: a
+  // stream each) run concurrently; groups that share a communicator or a
+  // device backend run one after the other (StepOptions::concurrent_groups).
+  Backend* backend = nullptr;
   MuonOptions muon;
   AdamWOptions adamw;
   DomainBinding domain;
@@ -74,6 +79,9 @@ struct StepOverrides {
 };
 
 struct StepOptions {
+  // Run independent groups (no shared communicator or device backend) on
+  // threads of their own; false: every group in registration order.
+  bool concurrent_groups = true;
   // Non-finite gradients fail the step (default) or skip it; either way no
   // param or state changes.
   bool skip_nonfinite = false;

@@ -731,7 +731,8 @@ TEST(LayerShardedStep, DeadPeerFailsTheOthersWithAClearError) {
   for (int r = 0; r < 4; ++r) {
     int status = 0;
     ASSERT_EQ(waitpid(pids[r], &status, 0), pids[r]);
-    ASSERT_TRUE(WIFEXITED(status));
+    ASSERT_TRUE(WIFEXITED(status))
+        << "rank " << r << " was killed by signal " << WTERMSIG(status);
     if (r == 3) continue;
     if (WEXITSTATUS(status) == 20) {
       std::ifstream err(dir + "/error" + std::to_string(r));
