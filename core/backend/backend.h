@@ -187,6 +187,13 @@ class Backend {
       absl::Span<const MatrixView> views) = 0;
   // Waits for every call enqueued so far.
   virtual absl::Status Synchronize() = 0;
+
+  // ---- tracing --------------------------------------------------------------
+  // Named ranges around the phases of a step (NVTX on CUDA, so Nsight Systems
+  // shows lsmuon/momentum, a2a_fwd, ns, a2a_bwd, update); no-ops elsewhere.
+  // Ranges nest; every Push has a Pop on the same thread.
+  virtual void PushRange(const char* name) { (void)name; }
+  virtual void PopRange() {}
 };
 
 // ---- argument checks shared by the implementations ------------------------

@@ -2,6 +2,7 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <nvtx3/nvToolsExt.h>
 #include <cuda_runtime.h>
 
 #include <array>
@@ -321,6 +322,9 @@ class CudaBackend final : public Backend {
         CudaStatus(cudaStreamSynchronize(stream_), "all_finite sync"));
     return *host_flag_ == 0;
   }
+
+  void PushRange(const char* name) override { nvtxRangePushA(name); }
+  void PopRange() override { nvtxRangePop(); }
 
   absl::Status Synchronize() override {
     return CudaStatus(cudaStreamSynchronize(stream_), "synchronize");

@@ -64,6 +64,28 @@ double MicrosSince(absl::Time start) {
 
 std::vector<int64_t> ViewShape(const MatrixView& v) { return {v.rows, v.cols}; }
 
+// One phase of a step: a trace range (NVTX on CUDA) and its wall time. The
+// phases synchronise the backend at their end so the times are real; the
+// step has five such points, none inside a phase.
+class Phase {
+ public:
+  Phase(Backend& backend, const char* name)
+      : backend_(backend), start_(absl::Now()) {
+    backend_.PushRange(name);
+  }
+  ~Phase() { backend_.PopRange(); }
+  // Waits for the phase's work and adds its wall time to `total_us`.
+  absl::Status Finish(double& total_us) {
+    const absl::Status status = backend_.Synchronize();
+    total_us += MicrosSince(start_);
+    return status;
+  }
+
+ private:
+  Backend& backend_;
+  const absl::Time start_;
+};
+
 // Phase work of concurrently run lanes adds up; total_us stays wall time.
 void AddTimings(const PhaseTimings& from, PhaseTimings& to) {
   to.momentum_us += from.momentum_us;
@@ -575,67 +597,74 @@ absl::Status LayerShardedMuonImpl::StepMuonGroup(GroupState& group,
   const GroupExchangePlan& plan = group.plan->plan;
   const DomainBinding& d = group.config.domain;
 
-  absl::Time start = absl::Now();
-  for (size_t i = 0; i < group.params.size(); ++i) {
-    ParamState& p = group.params[i];
-    RETURN_IF_ERROR(MuonMomentumPhase(*group.backend, options,
-                                      group.config.params[i].grad, p.momentum,
-                                      p.local));
-  }
-  RETURN_IF_ERROR(group.backend->Synchronize());
-  t.momentum_us += MicrosSince(start);
-
-  start = absl::Now();
-  if (plan.has_stage1) {
-    RETURN_IF_ERROR(Exchange(group, plan.stage1, plan.stage1.forward, d.gtp,
-                             &ParamState::local, &ParamState::a1));
-  }
-  for (const StageExchange& s2 : plan.stage2) {
-    RETURN_IF_ERROR(Exchange(group, s2, s2.forward, d.tp, &ParamState::a1,
-                             &ParamState::a2));
-  }
-  RETURN_IF_ERROR(group.backend->Synchronize());
-  t.a2a_fwd_us += MicrosSince(start);
-
-  start = absl::Now();
-  RETURN_IF_ERROR(RunNs(group, options, plan.replicated, &ParamState::local));
-  RETURN_IF_ERROR(RunNs(group, options, plan.ns_tp_complete, &ParamState::a1));
-  RETURN_IF_ERROR(RunNs(group, options, plan.ns_after_stage2, &ParamState::a2));
-  RETURN_IF_ERROR(group.backend->Synchronize());
-  t.ns_us += MicrosSince(start);
-
-  start = absl::Now();
-  for (auto it = plan.stage2.rbegin(); it != plan.stage2.rend(); ++it) {
-    RETURN_IF_ERROR(Exchange(group, *it, it->reverse, d.tp, &ParamState::a2,
-                             &ParamState::a1));
-  }
-  if (plan.has_stage1) {
-    RETURN_IF_ERROR(Exchange(group, plan.stage1, plan.stage1.reverse, d.gtp,
-                             &ParamState::a1, &ParamState::local));
-    for (const ZeroFill& z : plan.stage1.reverse_zero_fill) {
-      const MatrixView& m = group.params[z.param].local;
-      RETURN_IF_ERROR(group.backend->Memset0(
-          m.Block(z.block.row0, z.block.col0, z.block.rows, z.block.cols)));
+  {
+    Phase phase(*group.backend, "lsmuon/momentum");
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      ParamState& p = group.params[i];
+      RETURN_IF_ERROR(MuonMomentumPhase(*group.backend, options,
+                                        group.config.params[i].grad, p.momentum,
+                                        p.local));
     }
+    RETURN_IF_ERROR(phase.Finish(t.momentum_us));
   }
-  RETURN_IF_ERROR(group.backend->Synchronize());
-  t.a2a_bwd_us += MicrosSince(start);
 
-  start = absl::Now();
-  for (size_t i = 0; i < group.params.size(); ++i) {
-    RETURN_IF_ERROR(MuonUpdatePhase(*group.backend, options,
-                                    group.config.params[i].param,
-                                    group.params[i].local));
+  {
+    Phase phase(*group.backend, "lsmuon/a2a_fwd");
+    if (plan.has_stage1) {
+      RETURN_IF_ERROR(Exchange(group, plan.stage1, plan.stage1.forward, d.gtp,
+                               &ParamState::local, &ParamState::a1));
+    }
+    for (const StageExchange& s2 : plan.stage2) {
+      RETURN_IF_ERROR(Exchange(group, s2, s2.forward, d.tp, &ParamState::a1,
+                               &ParamState::a2));
+    }
+    RETURN_IF_ERROR(phase.Finish(t.a2a_fwd_us));
   }
-  RETURN_IF_ERROR(group.backend->Synchronize());
-  t.update_us += MicrosSince(start);
+
+  {
+    Phase phase(*group.backend, "lsmuon/ns");
+    RETURN_IF_ERROR(RunNs(group, options, plan.replicated, &ParamState::local));
+    RETURN_IF_ERROR(
+        RunNs(group, options, plan.ns_tp_complete, &ParamState::a1));
+    RETURN_IF_ERROR(
+        RunNs(group, options, plan.ns_after_stage2, &ParamState::a2));
+    RETURN_IF_ERROR(phase.Finish(t.ns_us));
+  }
+
+  {
+    Phase phase(*group.backend, "lsmuon/a2a_bwd");
+    for (auto it = plan.stage2.rbegin(); it != plan.stage2.rend(); ++it) {
+      RETURN_IF_ERROR(Exchange(group, *it, it->reverse, d.tp, &ParamState::a2,
+                               &ParamState::a1));
+    }
+    if (plan.has_stage1) {
+      RETURN_IF_ERROR(Exchange(group, plan.stage1, plan.stage1.reverse, d.gtp,
+                               &ParamState::a1, &ParamState::local));
+      for (const ZeroFill& z : plan.stage1.reverse_zero_fill) {
+        const MatrixView& m = group.params[z.param].local;
+        RETURN_IF_ERROR(group.backend->Memset0(
+            m.Block(z.block.row0, z.block.col0, z.block.rows, z.block.cols)));
+      }
+    }
+    RETURN_IF_ERROR(phase.Finish(t.a2a_bwd_us));
+  }
+
+  {
+    Phase phase(*group.backend, "lsmuon/update");
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      RETURN_IF_ERROR(MuonUpdatePhase(*group.backend, options,
+                                      group.config.params[i].param,
+                                      group.params[i].local));
+    }
+    RETURN_IF_ERROR(phase.Finish(t.update_us));
+  }
   return absl::OkStatus();
 }
 
 absl::Status LayerShardedMuonImpl::StepAdamWGroup(GroupState& group,
                                                   const AdamWOptions& options,
                                                   PhaseTimings& t) {
-  const absl::Time start = absl::Now();
+  Phase phase(*group.backend, "lsmuon/adamw");
   const int64_t step = group.adamw_step + 1;
   for (size_t i = 0; i < group.params.size(); ++i) {
     const ParamBinding& b = group.config.params[i];
@@ -643,9 +672,8 @@ absl::Status LayerShardedMuonImpl::StepAdamWGroup(GroupState& group,
     RETURN_IF_ERROR(AdamWStep(*group.backend, options, step, b.param, b.grad,
                               p.exp_avg, p.exp_avg_sq));
   }
-  RETURN_IF_ERROR(group.backend->Synchronize());
+  RETURN_IF_ERROR(phase.Finish(t.update_us));
   group.adamw_step = step;
-  t.update_us += MicrosSince(start);
   return absl::OkStatus();
 }
 
