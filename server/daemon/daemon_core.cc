@@ -176,6 +176,10 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
           "'); call UnregisterParams first"));
     }
   }
+  if (config_.validate_group) {
+    for (const v1::ParamGroup& group : request.groups())
+      RETURN_IF_ERROR(config_.validate_group(group));
+  }
   ASSIGN_OR_RETURN(
       std::unique_ptr<Registration> reg,
       BuildRegistration(request, {config_.job_id, config_.world_size}, *opener_,

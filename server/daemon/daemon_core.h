@@ -80,6 +80,9 @@ struct DaemonConfig {
   int world_size = 1;
   std::string device = "cpu";
   int log_every = 100;
+  // Checks a group's hyperparameters at RegisterParams (so a bad value is
+  // refused there, not when the engine is built); unset = no check.
+  std::function<absl::Status(const v1::ParamGroup&)> validate_group;
 };
 
 class DaemonCore {

@@ -259,6 +259,15 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
     if (group.name().empty()) {
       return absl::InvalidArgumentError("groups: a group has an empty name");
     }
+    if (group.domain().name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", group.name(),
+          "': domain.name is empty (it names the communicators)"));
+    }
+    if (group.params().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group '", group.name(), "': has no params"));
+    }
     if (!group_names.insert(group.name()).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("groups: duplicate group name '", group.name(), "'"));

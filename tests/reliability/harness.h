@@ -47,6 +47,8 @@ class Cluster {
   void StartDaemon(int rank);
   void KillDaemon(int rank, int sig = SIGKILL);
   bool DaemonAlive(int rank);
+  pid_t daemon_pid(int rank) const { return daemons_[rank]; }
+  pid_t coordinator_pid() const { return coordinator_pid_; }
   void StartAll();
 
   // ListDaemons until every rank is live (or none is, when `live` is false).
