@@ -103,7 +103,13 @@ EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
                        MakeCudaBackend(options.device));
       backend = std::move(cuda);
     }
-    engine->backend = backend;
+    // On a GPU every domain gets a backend (a CUDA stream) of its own, so
+    // groups of disjoint domains run concurrently (LayerShardedMuon lanes);
+    // on the host one CPU backend serves all.
+    auto backends = std::make_shared<std::vector<std::shared_ptr<Backend>>>();
+    backends->push_back(backend);
+    engine->backend = backends;
+    std::map<std::string, Backend*> domain_backend;
     // One pair of communicators per domain name, shared by its groups.
     std::map<std::string, std::pair<Communicator*, Communicator*>> comms;
     std::vector<GroupConfig> configs;
@@ -115,6 +121,14 @@ EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
         ASSIGN_OR_RETURN(
             DomainGroups groups,
             SplitDomain(d.gtp_size(), d.tp_size(), d.g(), d.t(), prefix));
+        Backend* dom_backend = backend.get();
+        if (options.device >= 0 && !domain_backend.empty()) {
+          ASSIGN_OR_RETURN(std::unique_ptr<Backend> own,
+                           MakeCudaBackend(options.device));
+          dom_backend = own.get();
+          backends->push_back(std::move(own));
+        }
+        domain_backend[d.name()] = dom_backend;
         auto make =
             [&](const std::string& p, int rank,
                 int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
@@ -126,8 +140,8 @@ EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
           }
           NcclOptions nccl;
           nccl.device = options.device;
-          return CreateNcclCommunicator(store, p, rank, size, backend->stream(),
-                                        nccl);
+          return CreateNcclCommunicator(store, p, rank, size,
+                                        dom_backend->stream(), nccl);
         };
         Communicator* gtp = nullptr;
         Communicator* tp = nullptr;
@@ -154,6 +168,7 @@ EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
       } else {
         ASSIGN_OR_RETURN(config.adamw, AdamWOptionsFromProto(group.proto));
       }
+      config.backend = domain_backend[d.name()];
       config.domain.size = DomainSizeOf(d);
       config.domain.g = d.g();
       config.domain.t = d.t();
