@@ -33,3 +33,5 @@ python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/llama3_8b.json" -
 tail -8 "$out/step_llama.log"
 python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/qwen3_30b_a3b.json" --layers 1 --reps 5 --rounds 1 --ns-batch-size 128 --out "$out/step_moe.md" > "$out/step_moe.log" 2>&1
 tail -8 "$out/step_moe.log"
+python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/qwen3_1_7b.json" --layers 28 --reps 10 --rounds 1 --out "$out/step_qwen17.md" > "$out/step_qwen17.log" 2>&1
+tail -8 "$out/step_qwen17.log"

@@ -74,3 +74,7 @@ if __name__ == "__main__":
           "hidden 2048, expert FFN 768, 48 layers, 128 experts, 32/4 heads "
           "of 128 (HF config); router and embeddings excluded",
           qwen3_30b_a3b())
+    write("qwen3_1_7b.json", "Qwen3-1.7B",
+          "hidden 2048, FFN 6144, 28 layers, 16/8 heads of 128 (HF config); "
+          "embeddings excluded",
+          dense("", 28, 2048, 6144, 16, 8, 128))
