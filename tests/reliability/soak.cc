@@ -4,6 +4,7 @@
 // of the coordinator is sampled along the way. Prints a Markdown table; exit 1
 // when a step fails or the result after N steps differs from the reference.
 //   bazel run //tests/reliability:soak -- --steps=10000
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -41,6 +42,7 @@ int Run() {
   }
   const int check = absl::GetFlag(FLAGS_reference_steps);
   std::vector<int> samples = {100, 1000, steps / 2, steps};
+  std::sort(samples.begin(), samples.end());
   std::vector<std::vector<int64_t>> rss;  // [sample][process]
   const absl::Time start = absl::Now();
   for (int s = 1; s <= steps; ++s) {
@@ -65,8 +67,9 @@ int Run() {
     }
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  printf("| process | RSS at step 100 (KiB) | step 1000 | step %d | step %d | change 100 -> %d |\n",
-         steps / 2, steps, steps);
+  printf("| process | RSS at step %d (KiB) | step %d | step %d | step %d | "
+         "change %d -> %d |\n",
+         samples[0], samples[1], samples[2], samples[3], samples[0], steps);
   printf("|---|---|---|---|---|---|\n");
   for (int p = 0; p <= kWorld; ++p) {
     const std::string name =
