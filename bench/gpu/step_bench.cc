@@ -192,8 +192,12 @@ int Main(int argc, char** argv) {
       }
       const MatrixView stacked =
           ContiguousView(base, DType::kFloat32, batch * r, c);
-      if (auto st = engine.Run(stacked, stacked, batch); !st.ok()) return st;
-      if (auto st = MuonScalePhase(b, o, r, c, stacked); !st.ok()) return st;
+      auto factors = MuonScaleFactors(o, r, c);
+      if (!factors.ok()) return factors.status();
+      if (auto st = engine.RunScaled(stacked, stacked, batch, factors->first,
+                                     factors->second);
+          !st.ok())
+        return st;
       for (int64_t k = 0; k < batch; ++k) {
         absl::Status st =
             MuonUpdatePhase(b, o, v(mats[ch[k]].param), v(base + k * r * c));

@@ -6,6 +6,13 @@
 #include "core/common/status_macros.h"
 
 namespace muond {
+
+absl::Status Backend::Copy2DScaled(const MatrixView& dst, const MatrixView& src,
+                                   float scale, float extra) {
+  RETURN_IF_ERROR(CheckDType(dst, DType::kFloat32, "scaled copy dst"));
+  RETURN_IF_ERROR(Copy2D(dst, src));
+  return ScaleInPlace(dst, scale, extra);
+}
 namespace {
 
 std::string Shape(const MatrixView& v) {

@@ -164,6 +164,14 @@ class Backend {
   // (EO muon.py: orth * scale_factor * extra_scale_factor).
   virtual absl::Status ScaleInPlace(const MatrixView& x, float scale,
                                     float extra) = 0;
+  // dst <- (float(src) * scale) * extra: Copy2D then ScaleInPlace in one
+  // pass (bitwise that sequence; the bf16 -> fp32 conversion is exact). dst
+  // fp32, src fp32|bf16 of the same shape; they must not overlap unless
+  // identical. Used to scale the Newton–Schulz output while converting it
+  // from the bf16 workspace. The default is the two calls.
+  virtual absl::Status Copy2DScaled(const MatrixView& dst,
+                                    const MatrixView& src, float scale,
+                                    float extra);
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in
   // the param's dtype (fp32 or bf16) with one rounding. update is fp32.
   // `decay` is the decay factor already resolved by the caller

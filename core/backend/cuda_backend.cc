@@ -2,8 +2,8 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
-#include <nvtx3/nvToolsExt.h>
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <array>
 #include <cstdlib>
@@ -283,6 +283,16 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(CheckDType(x, DType::kFloat32, "scale"));
     return CudaStatus(cuda_kernels::ScaleInPlace(K(x), scale, extra, stream_),
                       "scale");
+  }
+
+  absl::Status Copy2DScaled(const MatrixView& dst, const MatrixView& src,
+                            float scale, float extra) override {
+    RETURN_IF_ERROR(
+        CheckSameShape(dst, src, "scaled copy dst", "scaled copy src"));
+    RETURN_IF_ERROR(CheckDType(dst, DType::kFloat32, "scaled copy dst"));
+    return CudaStatus(
+        cuda_kernels::Copy2DScaled(K(dst), K(src), scale, extra, stream_),
+        "scaled copy");
   }
 
   absl::Status ApplyUpdate(const MatrixView& param, const MatrixView& update,

@@ -181,8 +181,11 @@ struct MomentumOp {
   bool nesterov;
   __device__ void operator()(int64_t i, int64_t j) const {
     const float g = Ld(grad, i, j);
-    St(mom, i, j, ew::MomentumEma(Ld(mom, i, j), g, w_ema));
-    const float m = Ld(mom, i, j);
+    const float m_new = ew::MomentumEma(Ld(mom, i, j), g, w_ema);
+    St(mom, i, j, m_new);
+    // The stored value, without reading it back (bf16 state: rounded once).
+    const float m =
+        mom.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
     St(out, i, j, nesterov ? ew::NesterovInput(g, m, w_nesterov) : m);
   }
 };
@@ -214,6 +217,14 @@ struct AdamWOp {
     St(p, i, j, o.p);
     St(m, i, j, o.m);
     St(v, i, j, o.v);
+  }
+};
+
+struct CopyScaleOp {
+  DView dst, src;
+  float scale, extra;
+  __device__ void operator()(int64_t i, int64_t j) const {
+    St(dst, i, j, ew::Scale2(Ld(src, i, j), scale, extra));
   }
 };
 
@@ -291,6 +302,12 @@ cudaError_t ScaleInPlace(const KView& x, float scale, float extra,
                          cudaStream_t stream) {
   return LaunchForEach({x}, x.rows, x.cols, stream,
                        ScaleOp{D(x), scale, extra});
+}
+
+cudaError_t Copy2DScaled(const KView& dst, const KView& src, float scale,
+                         float extra, cudaStream_t stream) {
+  return LaunchForEach({dst, src}, src.rows, src.cols, stream,
+                       CopyScaleOp{D(dst), D(src), scale, extra});
 }
 
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,

@@ -41,6 +41,9 @@ cudaError_t MuonMomentum(const KView& grad, const KView& momentum,
                          const KView& out, cudaStream_t stream);
 cudaError_t ScaleInPlace(const KView& x, float scale, float extra,
                          cudaStream_t stream);
+// dst (fp32) = (float(src) * scale) * extra.
+cudaError_t Copy2DScaled(const KView& dst, const KView& src, float scale,
+                         float extra, cudaStream_t stream);
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
                         float decay, int method, cudaStream_t stream);
 cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,

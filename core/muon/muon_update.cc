@@ -127,18 +127,24 @@ absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
                               options.nesterov, ns_input);
 }
 
-absl::Status MuonScalePhase(Backend& backend, const MuonOptions& options,
-                            int64_t full_rows, int64_t full_cols,
-                            const MatrixView& orth) {
+absl::StatusOr<std::pair<float, float>> MuonScaleFactors(
+    const MuonOptions& options, int64_t full_rows, int64_t full_cols) {
   if (full_rows < 1 || full_cols < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("scale: full_rows and full_cols must be >= 1, got ",
                      full_rows, "x", full_cols));
   }
-  const float scale = static_cast<float>(
-      MuonShapeScale(options.scale_mode, full_rows, full_cols));
-  return backend.ScaleInPlace(orth, scale,
-                              static_cast<float>(options.extra_scale_factor));
+  return std::make_pair(static_cast<float>(MuonShapeScale(
+                            options.scale_mode, full_rows, full_cols)),
+                        static_cast<float>(options.extra_scale_factor));
+}
+
+absl::Status MuonScalePhase(Backend& backend, const MuonOptions& options,
+                            int64_t full_rows, int64_t full_cols,
+                            const MatrixView& orth) {
+  ASSIGN_OR_RETURN(auto factors,
+                   MuonScaleFactors(options, full_rows, full_cols));
+  return backend.ScaleInPlace(orth, factors.first, factors.second);
 }
 
 absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
@@ -168,9 +174,10 @@ absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
                      ns.cols(), ", param is ", param.rows, "x", param.cols));
   }
   RETURN_IF_ERROR(MuonMomentumPhase(backend, options, grad, momentum, scratch));
-  RETURN_IF_ERROR(ns.Run(scratch, scratch, 1));
+  ASSIGN_OR_RETURN(auto factors,
+                   MuonScaleFactors(options, param.rows, param.cols));
   RETURN_IF_ERROR(
-      MuonScalePhase(backend, options, param.rows, param.cols, scratch));
+      ns.RunScaled(scratch, scratch, 1, factors.first, factors.second));
   return MuonUpdatePhase(backend, options, param, scratch);
 }
 

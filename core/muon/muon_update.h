@@ -12,6 +12,7 @@
 // torch/optim/_muon.py; anchors-muon.md §0.2, §2.2, §4.
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -84,6 +85,12 @@ absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
 absl::Status MuonScalePhase(Backend& backend, const MuonOptions& options,
                             int64_t full_rows, int64_t full_cols,
                             const MatrixView& orth);
+
+// The (scale, extra) factors MuonScalePhase multiplies by, as fp32, for
+// NewtonSchulz::RunScaled (which fuses the scaling into its output pass).
+// Errors: full_rows or full_cols < 1.
+absl::StatusOr<std::pair<float, float>> MuonScaleFactors(
+    const MuonOptions& options, int64_t full_rows, int64_t full_cols);
 
 // Phase 6. param fp32|bf16 (updated in place, one rounding), update fp32.
 absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,

@@ -174,6 +174,18 @@ absl::Status NewtonSchulz::Poly(const MatrixView& a, float b, float c,
 
 absl::Status NewtonSchulz::Run(const MatrixView& in, const MatrixView& out,
                                int64_t batch) {
+  return RunImpl(in, out, batch, nullptr);
+}
+
+absl::Status NewtonSchulz::RunScaled(const MatrixView& in,
+                                     const MatrixView& out, int64_t batch,
+                                     float scale, float extra) {
+  const float scale_extra[2] = {scale, extra};
+  return RunImpl(in, out, batch, scale_extra);
+}
+
+absl::Status NewtonSchulz::RunImpl(const MatrixView& in, const MatrixView& out,
+                                   int64_t batch, const float* scale_extra) {
   if (batch < 1 || batch > max_batch_) {
     return absl::InvalidArgumentError(
         absl::StrCat("ns batch must be in [1, ", max_batch_, "], got ", batch));
@@ -232,8 +244,15 @@ absl::Status NewtonSchulz::Run(const MatrixView& in, const MatrixView& out,
     }
     cur = 1 - cur;
   }
-  if (!into_out) RETURN_IF_ERROR(backend_->Copy2D(out, x_full(cur)));
-  return absl::OkStatus();
+  if (scale_extra == nullptr) {
+    if (!into_out) RETURN_IF_ERROR(backend_->Copy2D(out, x_full(cur)));
+    return absl::OkStatus();
+  }
+  if (into_out) {
+    return backend_->ScaleInPlace(out, scale_extra[0], scale_extra[1]);
+  }
+  return backend_->Copy2DScaled(out, x_full(cur), scale_extra[0],
+                                scale_extra[1]);
 }
 
 }  // namespace muond

@@ -73,6 +73,12 @@ class NewtonSchulz {
   // out: fp32, same shape, any row_stride; may be the same view as `in`.
   // 1 <= batch <= max_batch.
   absl::Status Run(const MatrixView& in, const MatrixView& out, int64_t batch);
+  // Run, then out <- (out * scale) * extra (MuonScalePhase's scaling),
+  // bitwise the same as Run followed by Backend::ScaleInPlace; with a bf16
+  // workspace the scaling is fused into the final bf16 -> fp32 conversion
+  // (one pass over the output instead of two).
+  absl::Status RunScaled(const MatrixView& in, const MatrixView& out,
+                         int64_t batch, float scale, float extra);
 
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
@@ -85,6 +91,9 @@ class NewtonSchulz {
   NewtonSchulz(Backend* backend, NsOptions options, int64_t rows, int64_t cols,
                int64_t max_batch, std::vector<NsCoefficients> schedule);
   absl::Status AllocateWorkspace();
+  // Run with an optional output scaling (scale, extra); null: none.
+  absl::Status RunImpl(const MatrixView& in, const MatrixView& out,
+                       int64_t batch, const float* scale_extra);
   // c = alpha op(a) op(b) + beta c over `batch` slices with the given
   // per-slice strides (elements); batch 1 is a plain Gemm.
   absl::Status Mm(Op op_a, Op op_b, float alpha, const MatrixView& a,

@@ -58,6 +58,40 @@ absl::StatusOr<OwnedBuffer> AllocateZeroed(Backend* backend, DType dtype,
   return buffer;
 }
 
+// Zeroed fp32 matrices of the given shapes, each shape's matrices laid out
+// back to back in one slab in list order, so a run of same-shape matrices
+// (the chunks RunNs batches) is one contiguous stacked view that batched NS
+// can work on in place. Returns one view per entry of `shapes`.
+absl::StatusOr<std::vector<MatrixView>> AllocateSlabs(
+    Backend* backend, const std::vector<std::pair<int64_t, int64_t>>& shapes,
+    std::vector<OwnedBuffer>& owned) {
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::vector<size_t>>>
+      by_shape;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    auto it = std::find_if(by_shape.begin(), by_shape.end(),
+                           [&](const auto& e) { return e.first == shapes[i]; });
+    if (it == by_shape.end()) {
+      by_shape.push_back({shapes[i], {i}});
+    } else {
+      it->second.push_back(i);
+    }
+  }
+  std::vector<MatrixView> views(shapes.size());
+  for (const auto& [shape, members] : by_shape) {
+    const auto [rows, cols] = shape;
+    ASSIGN_OR_RETURN(OwnedBuffer buf,
+                     AllocateZeroed(backend, DType::kFloat32,
+                                    int64_t(members.size()) * rows, cols));
+    float* base = static_cast<float*>(buf.data());
+    for (size_t k = 0; k < members.size(); ++k) {
+      views[members[k]] = ContiguousView(base + int64_t(k) * rows * cols,
+                                         DType::kFloat32, rows, cols);
+    }
+    owned.push_back(std::move(buf));
+  }
+  return views;
+}
+
 double MicrosSince(absl::Time start) {
   return absl::ToDoubleMicroseconds(absl::Now() - start);
 }
@@ -98,7 +132,7 @@ void AddTimings(const PhaseTimings& from, PhaseTimings& to) {
 // Per-param buffers of one rank.
 struct ParamState {
   ParamShardSpec spec;
-  OwnedBuffer momentum_buf, exp_avg_buf, exp_avg_sq_buf, local_buf;
+  OwnedBuffer momentum_buf, exp_avg_buf, exp_avg_sq_buf;
   MatrixView momentum, exp_avg, exp_avg_sq;
   // L_i: fp32 local shard; NS input after momentum, the update after the
   // reverse route.
@@ -122,6 +156,8 @@ struct GroupState {
   Backend* backend = nullptr;
   int lane = 0;
   std::vector<ParamState> params;
+  // The params' fp32 local buffers (L_i), one slab per shape (AllocateSlabs).
+  std::vector<OwnedBuffer> local_slabs;
   std::optional<PlanBuffers> plan;
   bool homes_set = false;
   int64_t adamw_step = 0;
@@ -336,11 +372,6 @@ absl::Status LayerShardedMuonImpl::InitGroup(GroupConfig config,
       ASSIGN_OR_RETURN(st.momentum_buf,
                        AllocateZeroed(group.backend, sd, rows, cols));
       st.momentum = ContiguousView(st.momentum_buf.data(), sd, rows, cols);
-      ASSIGN_OR_RETURN(
-          st.local_buf,
-          AllocateZeroed(group.backend, DType::kFloat32, rows, cols));
-      st.local =
-          ContiguousView(st.local_buf.data(), DType::kFloat32, rows, cols);
       state_bytes_ += rows * cols * DTypeSize(sd);
     } else {
       ASSIGN_OR_RETURN(
@@ -356,6 +387,17 @@ absl::Status LayerShardedMuonImpl::InitGroup(GroupConfig config,
       state_bytes_ += 2 * rows * cols * 4;
     }
     group.params.push_back(std::move(st));
+  }
+  if (config.algorithm == Algorithm::kMuon) {
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    for (const ParamBinding& p : config.params) {
+      shapes.emplace_back(p.param.rows, p.param.cols);
+    }
+    ASSIGN_OR_RETURN(std::vector<MatrixView> locals,
+                     AllocateSlabs(group.backend, shapes, group.local_slabs));
+    for (size_t i = 0; i < locals.size(); ++i) {
+      group.params[i].local = locals[i];
+    }
   }
   group.config = std::move(config);
   return absl::OkStatus();
@@ -387,29 +429,44 @@ absl::Status LayerShardedMuonImpl::BuildPlan(GroupState& group,
   PlanBuffers buffers;
   // Allocate every buffer first: a failure leaves the old plan in place.
   std::vector<std::pair<int, MatrixView>> a1, a2;
-  auto allocate = [&](const AssembledParam& ap) -> absl::StatusOr<MatrixView> {
-    ASSIGN_OR_RETURN(
-        OwnedBuffer buf,
-        AllocateZeroed(group.backend, DType::kFloat32, ap.rows, ap.cols));
-    MatrixView v =
-        ContiguousView(buf.data(), DType::kFloat32, ap.rows, ap.cols);
-    buffers.owned.push_back(std::move(buf));
-    return v;
+  // Same-shape assembled matrices share a slab in param order (the order
+  // RunNs chunks them in), so batched NS runs on them in place.
+  auto allocate =
+      [&](const std::vector<const AssembledParam*>& aps,
+          std::vector<std::pair<int, MatrixView>>& out) -> absl::Status {
+    std::vector<const AssembledParam*> sorted = aps;
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const AssembledParam* x, const AssembledParam* y) {
+                       return x->param < y->param;
+                     });
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    for (const AssembledParam* ap : sorted)
+      shapes.emplace_back(ap->rows, ap->cols);
+    ASSIGN_OR_RETURN(std::vector<MatrixView> views,
+                     AllocateSlabs(group.backend, shapes, buffers.owned));
+    for (size_t k = 0; k < sorted.size(); ++k) {
+      out.emplace_back(sorted[k]->param, views[k]);
+    }
+    return absl::OkStatus();
   };
   int64_t assembled_bytes = 0;
   if (plan.has_stage1) {
+    std::vector<const AssembledParam*> aps;
     for (const AssembledParam& ap : plan.stage1.assembled) {
-      ASSIGN_OR_RETURN(MatrixView v, allocate(ap));
-      a1.emplace_back(ap.param, v);
+      aps.push_back(&ap);
       assembled_bytes += ap.rows * ap.cols * 4;
     }
+    RETURN_IF_ERROR(allocate(aps, a1));
   }
-  for (const StageExchange& s2 : plan.stage2) {
-    for (const AssembledParam& ap : s2.assembled) {
-      ASSIGN_OR_RETURN(MatrixView v, allocate(ap));
-      a2.emplace_back(ap.param, v);
-      assembled_bytes += ap.rows * ap.cols * 4;
+  {
+    std::vector<const AssembledParam*> aps;
+    for (const StageExchange& s2 : plan.stage2) {
+      for (const AssembledParam& ap : s2.assembled) {
+        aps.push_back(&ap);
+        assembled_bytes += ap.rows * ap.cols * 4;
+      }
     }
+    RETURN_IF_ERROR(allocate(aps, a2));
   }
   Lane& lane = lanes_[group.lane];
   RETURN_IF_ERROR(
@@ -527,12 +584,32 @@ absl::Status LayerShardedMuonImpl::RunNs(GroupState& group,
           std::min<int64_t>(max_batch, int64_t(members.size()) - begin);
       ASSIGN_OR_RETURN(NewtonSchulz * ns,
                        GetNs(group, options, rows, cols, batch));
+      ASSIGN_OR_RETURN(auto factors, MuonScaleFactors(options, rows, cols));
+      const auto [scale, extra] = factors;
       const absl::Time chunk_start = absl::Now();
       if (batch == 1) {
         // The unbatched path, in place: bit-exact numerics contract.
         const MatrixView m = StageMatrix(group.params[members[begin]], matrix);
-        RETURN_IF_ERROR(ns->Run(m, m, 1));
-        RETURN_IF_ERROR(MuonScalePhase(*group.backend, options, rows, cols, m));
+        RETURN_IF_ERROR(ns->RunScaled(m, m, 1, scale, extra));
+        RETURN_IF_ERROR(RecordShapeTime(group, rows, cols, batch, chunk_start));
+        continue;
+      }
+      // In place when the chunk's matrices lie back to back (the slabs of
+      // AllocateSlabs); staged through the batch buffer otherwise.
+      const MatrixView first =
+          StageMatrix(group.params[members[begin]], matrix);
+      bool contiguous = first.dtype == DType::kFloat32;
+      for (int64_t b = 0; b < batch && contiguous; ++b) {
+        const MatrixView m =
+            StageMatrix(group.params[members[begin + b]], matrix);
+        contiguous =
+            (m.rows <= 1 || m.row_stride == cols) &&
+            m.data == static_cast<float*>(first.data) + b * rows * cols;
+      }
+      if (contiguous) {
+        const MatrixView stacked =
+            ContiguousView(first.data, DType::kFloat32, batch * rows, cols);
+        RETURN_IF_ERROR(ns->RunScaled(stacked, stacked, batch, scale, extra));
         RETURN_IF_ERROR(RecordShapeTime(group, rows, cols, batch, chunk_start));
         continue;
       }
@@ -551,9 +628,7 @@ absl::Status LayerShardedMuonImpl::RunNs(GroupState& group,
             stacked.Block(b * rows, 0, rows, cols),
             StageMatrix(group.params[members[begin + b]], matrix)));
       }
-      RETURN_IF_ERROR(ns->Run(stacked, stacked, batch));
-      RETURN_IF_ERROR(
-          MuonScalePhase(*group.backend, options, rows, cols, stacked));
+      RETURN_IF_ERROR(ns->RunScaled(stacked, stacked, batch, scale, extra));
       for (int64_t b = 0; b < batch; ++b) {
         RETURN_IF_ERROR(group.backend->Copy2D(
             StageMatrix(group.params[members[begin + b]], matrix),
