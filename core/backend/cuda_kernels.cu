@@ -82,8 +82,52 @@ cudaError_t LaunchForEach(std::initializer_list<KView> views, int64_t rows,
   return LaunchForEach2D(rows, cols, stream, f);
 }
 
+// Contiguous views walked as one flat array, kIlp elements per thread per
+// iteration with all loads issued before any store: a load-store op (one
+// with In Load(j) and Store(j, In)) keeps kIlp independent loads in flight
+// per thread, which the one-element loop cannot (the char* views may alias,
+// so the compiler may not hoist a later load above an earlier store). The
+// per-element math is unchanged, so results are bitwise those of
+// ForEachKernel.
+constexpr int kIlp = 4;
+template <typename F>
+__global__ void ForEachFlatIlpKernel(int64_t n, F f) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t base = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+       base < n; base += stride * kIlp) {
+    typename F::In in[kIlp];
+#pragma unroll
+    for (int k = 0; k < kIlp; ++k) {
+      const int64_t j = base + k * stride;
+      if (j < n) in[k] = f.Load(j);
+    }
+#pragma unroll
+    for (int k = 0; k < kIlp; ++k) {
+      const int64_t j = base + k * stride;
+      if (j < n) f.Store(j, in[k]);
+    }
+  }
+}
+
+// Runs a load-store op: the flat ILP kernel when every view is contiguous,
+// else ForEach2D with op(i, j) (F also has operator()(i, j)).
+template <typename F>
+cudaError_t LaunchLoadStore(std::initializer_list<KView> views, int64_t rows,
+                            int64_t cols, cudaStream_t stream, F f) {
+  if (!Flat(views)) return LaunchForEach2D(rows, cols, stream, f);
+  const int64_t n = rows * cols;
+  if (n == 0) return cudaSuccess;
+  int64_t blocks = (n + int64_t(kThreads) * kIlp - 1) / (kThreads * kIlp);
+  if (blocks > 132 * 16) blocks = 132 * 16;
+  ForEachFlatIlpKernel<<<unsigned(blocks), kThreads, 0, stream>>>(n, f);
+  return cudaGetLastError();
+}
+
 struct CopyOp {
   DView dst, src;
+  using In = float;
+  __device__ In Load(int64_t j) const { return Ld(src, 0, j); }
+  __device__ void Store(int64_t j, In v) const { St(dst, 0, j, v); }
   __device__ void operator()(int64_t i, int64_t j) const {
     St(dst, i, j, Ld(src, i, j));
   }
@@ -179,6 +223,19 @@ struct MomentumOp {
   DView grad, mom, out;
   float w_ema, w_nesterov;
   bool nesterov;
+  struct In {
+    float g, m;
+  };
+  __device__ In Load(int64_t j) const {
+    return In{Ld(grad, 0, j), Ld(mom, 0, j)};
+  }
+  __device__ void Store(int64_t j, In in) const {
+    const float m_new = ew::MomentumEma(in.m, in.g, w_ema);
+    St(mom, 0, j, m_new);
+    const float m =
+        mom.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
+    St(out, 0, j, nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
+  }
   __device__ void operator()(int64_t i, int64_t j) const {
     const float g = Ld(grad, i, j);
     const float m_new = ew::MomentumEma(Ld(mom, i, j), g, w_ema);
@@ -193,6 +250,11 @@ struct MomentumOp {
 struct ScaleOp {
   DView x;
   float scale, extra;
+  using In = float;
+  __device__ In Load(int64_t j) const { return Ld(x, 0, j); }
+  __device__ void Store(int64_t j, In v) const {
+    St(x, 0, j, ew::Scale2(v, scale, extra));
+  }
   __device__ void operator()(int64_t i, int64_t j) const {
     St(x, i, j, ew::Scale2(Ld(x, i, j), scale, extra));
   }
@@ -202,6 +264,13 @@ struct UpdateOp {
   DView p, u;
   float lr, decay;
   int method;
+  struct In {
+    float p, u;
+  };
+  __device__ In Load(int64_t j) const { return In{Ld(p, 0, j), Ld(u, 0, j)}; }
+  __device__ void Store(int64_t j, In in) const {
+    St(p, 0, j, ew::UpdateParam(in.p, in.u, lr, decay, method));
+  }
   __device__ void operator()(int64_t i, int64_t j) const {
     St(p, i, j, ew::UpdateParam(Ld(p, i, j), Ld(u, i, j), lr, decay, method));
   }
@@ -223,6 +292,11 @@ struct AdamWOp {
 struct CopyScaleOp {
   DView dst, src;
   float scale, extra;
+  using In = float;
+  __device__ In Load(int64_t j) const { return Ld(src, 0, j); }
+  __device__ void Store(int64_t j, In v) const {
+    St(dst, 0, j, ew::Scale2(v, scale, extra));
+  }
   __device__ void operator()(int64_t i, int64_t j) const {
     St(dst, i, j, ew::Scale2(Ld(src, i, j), scale, extra));
   }
@@ -240,8 +314,8 @@ struct FiniteOp {
 
 cudaError_t Copy2DConvert(const KView& dst, const KView& src,
                           cudaStream_t stream) {
-  return LaunchForEach({dst, src}, src.rows, src.cols, stream,
-                       CopyOp{D(dst), D(src)});
+  return LaunchLoadStore({dst, src}, src.rows, src.cols, stream,
+                         CopyOp{D(dst), D(src)});
 }
 
 cudaError_t SymmetrizeFromLower(const KView& a, int64_t stride, int64_t batch,
@@ -293,27 +367,27 @@ cudaError_t FrobeniusNormalize(const KView& src, const KView& dst,
 cudaError_t MuonMomentum(const KView& grad, const KView& momentum,
                          float one_minus_beta, float beta, bool nesterov,
                          const KView& out, cudaStream_t stream) {
-  return LaunchForEach(
+  return LaunchLoadStore(
       {grad, momentum, out}, grad.rows, grad.cols, stream,
       MomentumOp{D(grad), D(momentum), D(out), one_minus_beta, beta, nesterov});
 }
 
 cudaError_t ScaleInPlace(const KView& x, float scale, float extra,
                          cudaStream_t stream) {
-  return LaunchForEach({x}, x.rows, x.cols, stream,
-                       ScaleOp{D(x), scale, extra});
+  return LaunchLoadStore({x}, x.rows, x.cols, stream,
+                         ScaleOp{D(x), scale, extra});
 }
 
 cudaError_t Copy2DScaled(const KView& dst, const KView& src, float scale,
                          float extra, cudaStream_t stream) {
-  return LaunchForEach({dst, src}, src.rows, src.cols, stream,
-                       CopyScaleOp{D(dst), D(src), scale, extra});
+  return LaunchLoadStore({dst, src}, src.rows, src.cols, stream,
+                         CopyScaleOp{D(dst), D(src), scale, extra});
 }
 
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
                         float decay, int method, cudaStream_t stream) {
-  return LaunchForEach({param, update}, param.rows, param.cols, stream,
-                       UpdateOp{D(param), D(update), lr, decay, method});
+  return LaunchLoadStore({param, update}, param.rows, param.cols, stream,
+                         UpdateOp{D(param), D(update), lr, decay, method});
 }
 
 cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
