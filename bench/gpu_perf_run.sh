@@ -2,7 +2,8 @@
 # One device call for the NS/step performance work (issue 8, Speed): unpack
 # the bundle, run the GPU tests and the exactness check, then the NS and step
 # benchmarks, logs under $OUT. Usage (repository root on the GPU machine):
-#   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick]
+#   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick|steps]
+# steps: tests, exactness, the three step benchmarks, one NS detail run.
 set -uo pipefail
 tarball=$1; mode=${2:-full}
 out=${OUT:-/tmp/perf-out}; mkdir -p "$out"
@@ -17,6 +18,17 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,tempe
   echo "== exactness"; timeout 300 python3 tests/gpu/test_exactness_vs_torch.py 2>&1 | tail -15
 } > "$out/tests.log" 2>&1
 tail -25 "$out/tests.log"
+if [ "$mode" = steps ]; then
+  # Step benchmarks first (the short device budget), then the NS detail.
+  for run in "llama3_8b 4 10 2 1 step_llama" "qwen3_30b_a3b 1 5 1 128 step_moe" "qwen3_1_7b 28 10 1 1 step_qwen17"; do
+    set -- $run
+    timeout 150 python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/$1.json" --layers $2 --reps $3 --rounds $4 --ns-batch-size $5 --out "$out/$6.md" > "$out/$6.log" 2>&1
+    tail -8 "$out/$6.log"
+  done
+  timeout 60 bin/ns_bench --backend=cuda --shapes=llama --reps=7 --precisions=medium --detail > "$out/ns_diag.log" 2>&1
+  cat "$out/ns_diag.log"
+  exit 0
+fi
 {
   echo "== ns_bench medium --detail (cublasLt)"
   bin/ns_bench --backend=cuda --shapes=llama --reps=7 --precisions=medium --detail
