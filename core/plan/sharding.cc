@@ -27,6 +27,8 @@ absl::Status CheckDomain(const std::string& name, DomainSize domain) {
   return absl::OkStatus();
 }
 
+constexpr int64_t kMaxMatrixDim = int64_t{1} << 31;
+
 absl::Status CheckMatrixShape(const std::string& name, const char* what,
                               const std::vector<int64_t>& shape) {
   if (shape.size() != 2) {
@@ -37,6 +39,12 @@ absl::Status CheckMatrixShape(const std::string& name, const char* what,
   if (shape[0] <= 0 || shape[1] <= 0) {
     return Invalid(name, absl::StrCat(what, " shape ", ShapeStr(shape),
                                       " has a dimension <= 0"));
+  }
+  // Bounded so that dims times a domain size (an int) or plus a bounded
+  // pad_length never overflow int64 (found by UBSan on malformed requests).
+  if (shape[0] > kMaxMatrixDim || shape[1] > kMaxMatrixDim) {
+    return Invalid(name, absl::StrCat(what, " shape ", ShapeStr(shape),
+                                      " has a dimension > ", kMaxMatrixDim));
   }
   return absl::OkStatus();
 }
@@ -109,6 +117,10 @@ absl::StatusOr<ParamShardSpec> MakeShardSpec(std::string name,
     }
     tp_dim = tags.partition_dim;
   }
+  if (tags.pad_length > kMaxMatrixDim) {
+    return Invalid(name, absl::StrCat("pad_length ", tags.pad_length, " > ",
+                                      kMaxMatrixDim));
+  }
   const bool gtp_sharded = domain.gtp > 1 && tags.is_gtp_weight_remat;
   if (absl::Status s =
           CheckAxisRules(name, tp_dim, gtp_sharded, tags.pad_length, domain);
@@ -155,6 +167,10 @@ absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
                                         ") is not divisible by T=", domain.tp));
     }
     tp_local[effective_tp_dim] /= domain.tp;
+  }
+  if (pad_length > kMaxMatrixDim) {
+    return Invalid(name,
+                   absl::StrCat("pad_length ", pad_length, " > ", kMaxMatrixDim));
   }
   if (pad_length < 0) {
     pad_length = effective_gtp
