@@ -22,11 +22,37 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 
 
-def parse_args():
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def domain(text):
+    """'GxT' -> (G, T), both >= 1."""
+    parts = text.lower().split("x")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not G x T (GTP_remat size x TP size), e.g. 2x2")
+    try:
+        return tuple(positive_int(p) for p in parts)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"--ranks {text!r}: {e}") from None
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
-    p.add_argument("--ranks", default=None,
+    p.add_argument("--check-args", action="store_true",
+                   help="only validate the arguments and exit (run-demo.sh does this "
+                        "before it builds)")
+    p.add_argument("--steps", type=positive_int, default=300,
+                   help="training steps (default 300)")
+    p.add_argument("--ranks", type=domain, default=None,
                    help="domain G x T, e.g. 2x2 (default 2x2 on CPU, 1x<GPUs> on CUDA)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="cpu = host mode (shared memory, Gloo); cuda = one daemon per GPU "
@@ -42,7 +68,7 @@ def parse_args():
     p.add_argument("--job-id", default=None, help="job id (default demo<pid>)")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER,
                    help="after --, extra arguments for examples/char_gpt/train.py")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def cuda_device_count():
@@ -91,6 +117,10 @@ class Launcher:
                                    f"last lines of {log}:\n{tail(log)}")
 
     def stop(self):
+        # A second Ctrl-C (or timeout's signal to the whole group) must not
+        # abandon the clean-up half way: ignore them while stopping.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self.trainer is not None and self.trainer.poll() is None:
             self.trainer.terminate()
             try:
@@ -98,7 +128,9 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 self.trainer.kill()
                 self.trainer.wait()
-        for _, proc, _ in self.procs:
+        # Daemons first (started last), then the coordinator, so no daemon
+        # sees its coordinator go away and tries to reconnect.
+        for _, proc, _ in reversed(self.procs):
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)
@@ -127,8 +159,8 @@ class Launcher:
             device = "cuda" if gpus > 0 else "cpu"
         if device == "cuda" and gpus == 0:
             raise RuntimeError("--device cuda: no GPU visible (nvidia-smi -L lists none)")
-        ranks = a.ranks or ("2x2" if device == "cpu" else f"1x{gpus}")
-        G, T = (int(x) for x in ranks.lower().split("x"))
+        G, T = a.ranks or ((2, 2) if device == "cpu" else (1, gpus))
+        ranks = f"{G}x{T}"
         world = G * T
         if device == "cuda" and world > gpus:
             raise RuntimeError(f"--ranks {ranks} needs {world} GPUs; {gpus} visible "
@@ -204,6 +236,8 @@ class Launcher:
 
 def main():
     args = parse_args()
+    if args.check_args:
+        return 0
     launcher = Launcher(args)
 
     def on_signal(signum, _):

@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -331,9 +332,9 @@ absl::Status DuplicatedStep(Backend& backend, const GroupCase& gc, int g, int t,
 // domains are laid over the world as flat = g * T + t (domains smaller than
 // the world use the first G*T ranks; other ranks skip them). Writes each
 // param's final local shard to <dir>/rank<r>.bin. Returns 0 on success.
-int RunRank(int rank, int world, const std::vector<GroupCase>& cases,
-            const std::string& dir, int die_at_rank = -1,
-            bool duplicated = false) {
+int RunRank(int rank, [[maybe_unused]] int world,
+            const std::vector<GroupCase>& cases, const std::string& dir,
+            int die_at_rank = -1, bool duplicated = false) {
   FileKeyValueStore store(dir + "/store");
   std::unique_ptr<Backend> backend = MakeTestBackend(rank);
   if (backend == nullptr) return 9;
@@ -534,6 +535,15 @@ int WriteReferences(const std::vector<GroupCase>& cases,
   return 0;
 }
 
+// Removes a test's scratch folder when the test ends (pass or fail).
+struct RemoveOnExit {
+  std::string dir;
+  ~RemoveOnExit() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  }
+};
+
 // Skips (returns true) when the domain needs more GPUs than there are.
 bool SkipForDevices(int world) {
   if (!kCuda) return false;
@@ -557,6 +567,7 @@ void RunAndCompare(const std::vector<GroupCase>& cases, float rel_tol = 0,
   char tmpl[] = "/tmp/muond-step-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
+  const RemoveOnExit cleanup{dir};
   ASSERT_EQ(mkdir((dir + "/store").c_str(), 0700), 0);
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
@@ -719,6 +730,7 @@ TEST(LayerShardedStep, DeadPeerFailsTheOthersWithAClearError) {
   char tmpl[] = "/tmp/muond-step-dead-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
+  const RemoveOnExit cleanup{dir};
   ASSERT_EQ(mkdir((dir + "/store").c_str(), 0700), 0);
   std::vector<pid_t> pids;
   for (int r = 0; r < 4; ++r) {
