@@ -2,8 +2,9 @@
 # One device call for the NS/step performance work (issue 8, Speed): unpack
 # the bundle, run the GPU tests and the exactness check, then the NS and step
 # benchmarks, logs under $OUT. Usage (repository root on the GPU machine):
-#   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick|steps]
+#   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick|steps|verify]
 # steps: tests, exactness, the three step benchmarks, one NS detail run.
+# verify: tests, exactness, and the demo with --device cuda (report + plot).
 set -uo pipefail
 tarball=$1; mode=${2:-full}
 out=${OUT:-/tmp/perf-out}; mkdir -p "$out"
@@ -18,6 +19,15 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,tempe
   echo "== exactness"; timeout 300 python3 tests/gpu/test_exactness_vs_torch.py 2>&1 | tail -15
 } > "$out/tests.log" 2>&1
 tail -25 "$out/tests.log"
+if [ "$mode" = verify ]; then
+  timeout 400 python3 deploy/local/launch.py --device cuda --steps 200 --out "$out/demo" \
+    > "$out/demo.log" 2>&1
+  echo "demo exit $?"; tail -6 "$out/demo.log"
+  cp "$out/demo/report.md" "$out/demo_report.md" 2>/dev/null
+  cp "$out/demo/loss.png" "$out/demo_loss.png" 2>/dev/null
+  rm -rf "$out/demo"
+  exit 0
+fi
 if [ "$mode" = steps ]; then
   # Step benchmarks first (the short device budget), then the NS detail.
   for run in "llama3_8b 4 10 2 1 step_llama" "qwen3_30b_a3b 1 5 1 128 step_moe" "qwen3_1_7b 28 10 1 1 step_qwen17"; do
