@@ -1,6 +1,8 @@
 #include "server/common/unix_socket.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -60,9 +62,45 @@ absl::Status PrepareUnixSocketPath(const std::string& path) {
       return absl::FailedPreconditionError(
           absl::StrCat("socket '", path, "' belongs to another user"));
     }
-    unlink(path.c_str());
+    if (absl::Status live = CheckSocketIsStale(path); !live.ok()) return live;
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot remove stale socket '", path, "': ", strerror(errno)));
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckSocketIsStale(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix socket path '", path, "' is longer than ",
+                     sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("socket(AF_UNIX): ", strerror(errno)));
+  }
+  const int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr),
+                         sizeof(addr));
+  const int connect_errno = errno;
+  close(fd);
+  if (rc == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "unix socket '", path,
+        "': address in use by a live process (another muond is serving "
+        "it; stop it or choose another --listen)"));
+  }
+  if (connect_errno == ECONNREFUSED || connect_errno == ENOENT) {
+    return absl::OkStatus();  // nobody listens: a stale file
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("unix socket '", path, "' exists and cannot be probed (",
+                   strerror(connect_errno), "); refusing to replace it"));
 }
 
 absl::StatusOr<std::string> PrivateSocketDir() {

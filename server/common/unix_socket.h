@@ -14,9 +14,16 @@ bool ParseUnixAddress(const std::string& address, std::string* path);
 
 // Before binding: checks that the parent directory of `path` exists, is owned
 // by this user (or is root-owned and sticky, like /tmp) and is not writable by
-// others unless sticky; removes a stale socket file at `path` (only a socket,
-// never a regular file). FailedPrecondition naming the path otherwise.
+// others unless sticky; removes a stale socket file at `path` (only a socket
+// of this user, never a regular file, and only when nobody listens on it:
+// see CheckSocketIsStale). FailedPrecondition naming the path otherwise,
+// "address in use by a live process" when a server answers on it.
 absl::Status PrepareUnixSocketPath(const std::string& path);
+
+// connect()s to the socket file `path`: OK when refused (or gone), i.e. the
+// file is stale; FailedPrecondition "address in use by a live process" when
+// the connect succeeds; FailedPrecondition for other errors (EACCES, ...).
+absl::Status CheckSocketIsStale(const std::string& path);
 
 // The default directory for a daemon's socket: $XDG_RUNTIME_DIR/muond when
 // XDG_RUNTIME_DIR is set (a per-user 0700 directory), else /tmp/muond-<uid>.

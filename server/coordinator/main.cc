@@ -2,16 +2,21 @@
 // number of jobs (DESIGN.md §1, §4). Listens on TCP.
 #include <grpcpp/grpcpp.h>
 
-#include <csignal>
+#include <unistd.h>
+
+#include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
+#include "server/common/cli.h"
 #include "server/common/logging.h"
+#include "server/common/shutdown.h"
 #include "server/common/proto_convert.h"
 #include "server/coordinator/coordinator_core.h"
 #include "server/coordinator/coordinator_service.h"
@@ -21,7 +26,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "picks a free one, see --port_file). A non-loopback address needs "
           "--token or --tls_cert/--tls_key (or --allow_insecure_tcp)");
 ABSL_FLAG(std::string, port_file, "",
-          "When set, the bound port is written to this file once serving");
+          "When set, the bound port is written to this file once serving "
+          "(and the file is removed on SIGTERM/SIGINT)");
 ABSL_FLAG(std::string, token, "",
           "When set, every Join must carry this shared token and every other "
           "RPC must send it in metadata ('x-muond-token' or 'authorization: "
@@ -44,18 +50,27 @@ ABSL_FLAG(int64_t, rebalance_activate_margin, 20,
           "reported step (so every daemon has the plan before it)");
 
 namespace {
+constexpr char kUsage[] =
+    "usage: muond-coordinator [--listen=HOST:PORT] [--port_file=FILE] "
+    "[--token=T | --tls_cert=PEM --tls_key=PEM] [flags...]\n"
+    "Rendezvous store, manifests and NS-home plans for muond jobs.";
+const std::vector<std::string> kFlagSources = {"server/coordinator/",
+                                               "server/common/"};
+
 bool IsLoopback(const std::string& address) {
   return address.rfind("127.", 0) == 0 || address.rfind("localhost:", 0) == 0 ||
          address.rfind("[::1]:", 0) == 0;
 }
-
-void OnSignal(int) {
-  // Shutdown from a signal handler is not async-signal-safe; exit quickly.
-  _exit(0);
-}
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread exists: SIGTERM/SIGINT go to the watcher's sigwait.
+  muond::BlockShutdownSignals();
+  muond::InstallServerUsage(kUsage, kFlagSources);
+  if (muond::WantsHelp(argc, argv)) {
+    muond::PrintServerHelp(std::cout, kUsage, kFlagSources);
+    return 0;
+  }
   absl::ParseCommandLine(argc, argv);
   muond::InitServerLogging(argv[0]);
 
@@ -74,6 +89,11 @@ int main(int argc, char** argv) {
   muond::CoordinatorCore core(options);
   muond::CoordinatorService service(&core, options.token);
   const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (absl::Status st = muond::CheckListenAddress("--listen", listen);
+      !st.ok()) {
+    LOG(ERROR) << st.message();
+    return 2;
+  }
   if (options.token.empty() && absl::GetFlag(FLAGS_tls_cert).empty() &&
       !IsLoopback(listen) && !absl::GetFlag(FLAGS_allow_insecure_tcp)) {
     LOG(ERROR) << "--listen=" << listen
@@ -99,20 +119,25 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen);
     return 1;
   }
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  // SIGTERM/SIGINT: stop serving; main then removes the port file.
+  muond::ShutdownSignalWatcher watcher([&server](int signum) {
+    LOG(INFO) << "signal " << signum << ": shutting down";
+    server->Shutdown();
+  });
   if (!port_file.empty()) {
     const std::string tmp = port_file + ".tmp";
     FILE* f = fopen(tmp.c_str(), "w");
     if (f == nullptr || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 ||
         rename(tmp.c_str(), port_file.c_str()) != 0) {
       LOG(ERROR) << "cannot write --port_file " << port_file;
+      server->Shutdown();
       return 1;
     }
   }
   LOG(INFO) << "muond-coordinator serving on port " << port
             << (options.token.empty() ? " (no token)" : " (token required)");
   server->Wait();
+  if (!port_file.empty()) unlink(port_file.c_str());
   return 0;
 }

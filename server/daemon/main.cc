@@ -3,18 +3,23 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <csignal>
+#include <atomic>
+#include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
+#include "server/common/cli.h"
 #include "server/common/logging.h"
+#include "server/common/shutdown.h"
 #include "server/common/unix_socket.h"
 #include "server/daemon/coordinator_link.h"
+#include "server/daemon/cuda_device.h"
 #include "server/daemon/daemon_core.h"
 #include "server/daemon/engine_factory.h"
 #include "server/daemon/optimizer_service.h"
@@ -30,7 +35,8 @@ ABSL_FLAG(std::string, listen, "",
           "/tmp/muond-<uid>/... without XDG_RUNTIME_DIR (directory created "
           "0700, socket mode 0600). A TCP address (host:port) needs --token "
           "or --tls_cert/--tls_key");
-ABSL_FLAG(int, device, -1, "CUDA device to serve (CUDA IPC, NCCL)");
+ABSL_FLAG(int, device, -1,
+          "CUDA device to serve (CUDA IPC, NCCL); must exist at startup");
 ABSL_FLAG(bool, host, false,
           "Host mode: CPU backend, shared memory, Gloo (default without "
           "--device)");
@@ -55,25 +61,52 @@ ABSL_FLAG(int, coordinator_timeout_s, 60,
           "How long to retry joining the coordinator at start, seconds");
 
 namespace {
-void OnSignal(int) { _exit(0); }
+constexpr char kUsage[] =
+    "usage: muond --job_id=JOB --coordinator=HOST:PORT --rank=R "
+    "--world_size=N\n"
+    "             [--device=D | --host] [--listen=unix:///PATH | HOST:PORT] "
+    "[flags...]\n"
+    "The per-GPU (or per host-mode rank) optimizer daemon of one job.";
+// Flags of muond itself (and the shared --v), not of its libraries.
+const std::vector<std::string> kFlagSources = {"server/daemon/",
+                                               "server/common/"};
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread exists: SIGTERM/SIGINT go to the watcher's sigwait.
+  muond::BlockShutdownSignals();
+  muond::InstallServerUsage(kUsage, kFlagSources);
+  if (muond::WantsHelp(argc, argv)) {
+    muond::PrintServerHelp(std::cout, kUsage, kFlagSources);
+    return 0;
+  }
   absl::ParseCommandLine(argc, argv);
   muond::InitServerLogging(argv[0]);
   const std::string job = absl::GetFlag(FLAGS_job_id);
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);
   const int device = absl::GetFlag(FLAGS_device);
-  if (job.empty() || absl::GetFlag(FLAGS_coordinator).empty() || rank < 0 ||
-      world < 1 || rank >= world) {
-    LOG(ERROR) << "--job_id, --coordinator, --rank (0 <= rank < world) and "
-                  "--world_size are required";
+  if (absl::Status st = muond::CheckDaemonIdentityFlags(
+          job, absl::GetFlag(FLAGS_coordinator), rank, world);
+      !st.ok()) {
+    LOG(ERROR) << st.message();
     return 2;
   }
   if (absl::GetFlag(FLAGS_host) && device >= 0) {
     LOG(ERROR) << "--host and --device are exclusive";
     return 2;
+  }
+  if (device < -1) {
+    LOG(ERROR) << "--device=" << device << " must be >= 0 (or omitted)";
+    return 2;
+  }
+  // Fail before binding or joining: a daemon that cannot reach its device
+  // must not report healthy to the coordinator.
+  if (device >= 0) {
+    if (absl::Status st = muond::CheckCudaDevice(device); !st.ok()) {
+      LOG(ERROR) << st.message();
+      return 1;
+    }
   }
   std::string listen = absl::GetFlag(FLAGS_listen);
   if (listen.empty()) {
@@ -83,6 +116,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     listen = absl::StrCat("unix://", *dir, "/muond-", job, "-", rank, ".sock");
+  }
+  if (absl::Status st = muond::CheckListenAddress("--listen", listen);
+      !st.ok()) {
+    LOG(ERROR) << st.message();
+    return 2;
   }
   std::string socket_path;
   const bool is_unix = muond::ParseUnixAddress(listen, &socket_path);
@@ -166,24 +204,40 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot listen on " << listen;
     return 1;
   }
+  const auto remove_socket = [&] {
+    if (is_unix) unlink(socket_path.c_str());
+  };
   if (is_unix) {
     absl::Status st = muond::RestrictUnixSocket(socket_path);
     if (!st.ok()) {
       LOG(ERROR) << st;
+      server->Shutdown();
+      remove_socket();
       return 1;
     }
   }
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
+  // SIGTERM/SIGINT: stop serving, remove the socket file, exit 0. While
+  // still joining (main is in link.Start), exit right after the cleanup.
+  std::atomic<bool> serving{false};
+  muond::ShutdownSignalWatcher watcher([&](int signum) {
+    LOG(INFO) << "signal " << signum << ": shutting down";
+    server->Shutdown();
+    remove_socket();
+    if (!serving.load()) _exit(0);
+  });
   absl::Status started =
       link.Start([&core](const muond::v1::Plan& plan) { core.OnPlan(plan); },
                  absl::Seconds(absl::GetFlag(FLAGS_coordinator_timeout_s)));
   if (!started.ok()) {
     LOG(ERROR) << started;
+    server->Shutdown();
+    remove_socket();
     return 1;
   }
+  serving.store(true);
   LOG(INFO) << "muond rank " << rank << "/" << world << " of job " << job
             << " serving on " << listen << " (" << config.device << ")";
   server->Wait();
+  remove_socket();
   return 0;
 }
