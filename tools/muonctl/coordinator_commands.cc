@@ -4,9 +4,9 @@
 
 #include <chrono>
 #include <fstream>
-#include <set>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -24,60 +24,143 @@ struct Args {
   std::string cost_model;
   std::vector<std::string> costs;
   int64_t after = 0;
-  std::string token;   // --token: sent as x-muond-token to every server
-  std::string tls_ca;  // --tls-ca: PEM root certificate (TLS to the coordinator)
-  std::string dir;     // save/load: the state directory
+  std::string token;  // --token: sent as x-muond-token to every server
+  std::string
+      tls_ca;       // --tls-ca: PEM root certificate (TLS to the coordinator)
+  std::string dir;  // save/load: the state directory
 };
 
-// Parses "--name value" / "--name=value" pairs; `extra` allows the
-// rebalance-only flags. Returns false (after printing) on a usage error.
-bool Parse(const std::vector<std::string>& args, bool extra, Args* out,
-           std::ostream& err, bool state = false) {
+constexpr char kCommonFlags[] =
+    "  --coordinator HOST:PORT  the job's muond-coordinator (required)\n"
+    "  --job_id JOB             the job id (required; --job is the same)\n"
+    "  --token T                shared token (x-muond-token metadata)\n"
+    "  --tls-ca PEM             root certificate: TLS to TCP servers\n"
+    "  --timeout-s N            per-RPC deadline, seconds (default 10)\n"
+    "  --help                   this text\n";
+
+enum class Kind { kPlain, kRebalance, kState };
+
+std::string Usage(const std::string& sub, Kind kind) {
+  std::string text = absl::StrCat("usage: muonctl ", sub,
+                                  " --coordinator HOST:PORT --job_id JOB");
+  if (kind == Kind::kRebalance) {
+    absl::StrAppend(&text,
+                    " [--cost-model ns_cost|flops|measured]\n"
+                    "                 [--cost ROWSxCOLS=US]... [--after N]");
+  } else if (kind == Kind::kState) {
+    absl::StrAppend(&text, " --dir /ABS/DIR");
+  }
+  absl::StrAppend(&text, " [--token T] [--tls-ca PEM] [--timeout-s N]\n");
+  if (sub == "status") {
+    absl::StrAppend(&text,
+                    "Prints the job's current plan (version, activation "
+                    "step, cost model, per group max/mean) and its daemons.\n");
+  } else if (sub == "daemons") {
+    absl::StrAppend(&text,
+                    "Prints one line per daemon: rank, host, device, "
+                    "address, last step, total us, live.\n");
+  } else if (sub == "rebalance") {
+    absl::StrAppend(
+        &text,
+        "Asks the coordinator for a new plan and prints it.\n"
+        "  --cost-model M     ns_cost, flops or measured (coordinator's "
+        "default when omitted)\n"
+        "  --cost RxC=US      explicit NS cost of a shape (repeatable; "
+        "overrides the model)\n"
+        "  --after N          activate N steps after the latest reported "
+        "step\n");
+  } else if (sub == "save") {
+    absl::StrAppend(&text,
+                    "Every live daemon of the job saves its optimizer state "
+                    "to DIR/rank<R>.safetensors (run between steps).\n"
+                    "  --dir /ABS/DIR     absolute directory the daemons "
+                    "write\n");
+  } else if (sub == "load") {
+    absl::StrAppend(&text,
+                    "Every live daemon of the job loads its optimizer state "
+                    "from DIR/rank<R>.safetensors.\n"
+                    "  --dir /ABS/DIR     absolute directory the daemons "
+                    "read\n");
+  }
+  return absl::StrCat(text, kCommonFlags);
+}
+
+// Parses "--name value" / "--name=value" pairs for subcommand `sub`.
+// Returns -1 to go on, else the exit code (0 after --help, 2 after a usage
+// error, which is printed with the usage).
+int Parse(const std::string& sub, Kind kind,
+          const std::vector<std::string>& args, Args* out,
+          std::ostream& std_out, std::ostream& err) {
+  const bool extra = kind == Kind::kRebalance;
+  const bool state = kind == Kind::kState;
+  const auto usage_error = [&](const std::string& problem) {
+    err << "muonctl " << sub << ": " << problem << "\n" << Usage(sub, kind);
+    return 2;
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i], value;
+    if (name == "--help" || name == "-h" || name == "help") {
+      std_out << Usage(sub, kind);
+      return 0;
+    }
     const size_t eq = name.find('=');
     if (eq != std::string::npos) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
-    } else if (i + 1 < args.size()) {
+    }
+    const bool known =
+        name == "--coordinator" || name == "--job" || name == "--job_id" ||
+        name == "--token" || name == "--tls-ca" || name == "--timeout-s" ||
+        (state && name == "--dir") ||
+        (extra &&
+         (name == "--cost-model" || name == "--cost" || name == "--after"));
+    if (!known) {
+      return usage_error(absl::StrCat(absl::StartsWith(name, "-")
+                                          ? "unknown flag '"
+                                          : "unexpected argument '",
+                                      name, "'"));
+    }
+    if (eq == std::string::npos) {
+      if (i + 1 >= args.size()) {
+        return usage_error(absl::StrCat(name, " needs a value"));
+      }
       value = args[++i];
-    } else {
-      err << "muonctl: " << name << " needs a value\n";
-      return false;
     }
     if (name == "--coordinator") {
       out->coordinator = value;
-    } else if (name == "--job") {
+    } else if (name == "--job" || name == "--job_id") {
       out->job = value;
     } else if (name == "--token") {
       out->token = value;
     } else if (name == "--tls-ca") {
       out->tls_ca = value;
-    } else if (state && name == "--dir") {
+    } else if (name == "--dir") {
       out->dir = value;
-    } else if (name == "--timeout-s" &&
-               absl::SimpleAtoi(value, &out->timeout_s)) {
-    } else if (extra && name == "--cost-model") {
+    } else if (name == "--timeout-s") {
+      if (!absl::SimpleAtoi(value, &out->timeout_s) || out->timeout_s < 1) {
+        return usage_error(absl::StrCat(
+            "--timeout-s needs a positive integer, got '", value, "'"));
+      }
+    } else if (name == "--cost-model") {
       out->cost_model = value;
-    } else if (extra && name == "--cost") {
+    } else if (name == "--cost") {
       out->costs.push_back(value);
-    } else if (extra && name == "--after" &&
-               absl::SimpleAtoi(value, &out->after)) {
-    } else {
-      err << "muonctl: unknown or malformed argument '" << args[i] << "'\n";
-      return false;
+    } else if (name == "--after") {
+      if (!absl::SimpleAtoi(value, &out->after) || out->after < 0) {
+        return usage_error(absl::StrCat(
+            "--after needs a non-negative integer, got '", value, "'"));
+      }
     }
   }
-  if (out->coordinator.empty() || out->job.empty()) {
-    err << "muonctl: --coordinator HOST:PORT and --job JOB are required\n";
-    return false;
+  if (out->coordinator.empty()) {
+    return usage_error("--coordinator HOST:PORT is required");
   }
+  if (out->job.empty()) return usage_error("--job_id JOB is required");
   if (state && (out->dir.empty() || out->dir[0] != '/')) {
-    err << "muonctl: --dir must be an absolute directory (the daemons open "
-           "the files)\n";
-    return false;
+    return usage_error(
+        "--dir must be an absolute directory (the daemons open the files)");
   }
-  return true;
+  return -1;
 }
 
 std::shared_ptr<grpc::ChannelCredentials> Credentials(const Args& a) {
@@ -164,10 +247,10 @@ std::string StatePath(const Args& a, int rank) {
 // Daemons on Unix sockets must be on this host (muonctl opens the socket).
 std::unique_ptr<v1::Optimizer::Stub> ConnectDaemon(const v1::DaemonInfo& d,
                                                    const Args& a) {
-  return v1::Optimizer::NewStub(grpc::CreateChannel(
-      d.address(), absl::StartsWith(d.address(), "unix:")
-                       ? grpc::InsecureChannelCredentials()
-                       : Credentials(a)));
+  return v1::Optimizer::NewStub(
+      grpc::CreateChannel(d.address(), absl::StartsWith(d.address(), "unix:")
+                                           ? grpc::InsecureChannelCredentials()
+                                           : Credentials(a)));
 }
 
 }  // namespace
@@ -175,7 +258,9 @@ std::unique_ptr<v1::Optimizer::Stub> ConnectDaemon(const v1::DaemonInfo& d,
 int RunSave(const std::vector<std::string>& args, std::ostream& out,
             std::ostream& err) {
   Args a;
-  if (!Parse(args, false, &a, err, /*state=*/true)) return 2;
+  if (int rc = Parse("save", Kind::kState, args, &a, out, err); rc >= 0) {
+    return rc;
+  }
   v1::ListDaemonsResponse list;
   if (!ListLiveDaemons(a, &list, err)) return 1;
   std::set<int64_t> steps;
@@ -213,7 +298,9 @@ int RunSave(const std::vector<std::string>& args, std::ostream& out,
 int RunLoad(const std::vector<std::string>& args, std::ostream& out,
             std::ostream& err) {
   Args a;
-  if (!Parse(args, false, &a, err, /*state=*/true)) return 2;
+  if (int rc = Parse("load", Kind::kState, args, &a, out, err); rc >= 0) {
+    return rc;
+  }
   v1::ListDaemonsResponse list;
   if (!ListLiveDaemons(a, &list, err)) return 1;
   std::set<int64_t> steps;
@@ -245,7 +332,9 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out,
 int RunDaemons(const std::vector<std::string>& args, std::ostream& out,
                std::ostream& err) {
   Args a;
-  if (!Parse(args, false, &a, err)) return 2;
+  if (int rc = Parse("daemons", Kind::kPlain, args, &a, out, err); rc >= 0) {
+    return rc;
+  }
   auto stub = Connect(a);
   v1::ListDaemonsRequest req;
   req.set_job_id(a.job);
@@ -261,7 +350,9 @@ int RunDaemons(const std::vector<std::string>& args, std::ostream& out,
 int RunStatus(const std::vector<std::string>& args, std::ostream& out,
               std::ostream& err) {
   Args a;
-  if (!Parse(args, false, &a, err)) return 2;
+  if (int rc = Parse("status", Kind::kPlain, args, &a, out, err); rc >= 0) {
+    return rc;
+  }
   auto stub = Connect(a);
   out << "job " << a.job << " at " << a.coordinator << "\n";
   v1::GetPlanRequest plan_req;
@@ -292,7 +383,10 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out,
 int RunRebalance(const std::vector<std::string>& args, std::ostream& out,
                  std::ostream& err) {
   Args a;
-  if (!Parse(args, true, &a, err)) return 2;
+  if (int rc = Parse("rebalance", Kind::kRebalance, args, &a, out, err);
+      rc >= 0) {
+    return rc;
+  }
   v1::RebalanceRequest req;
   req.set_job_id(a.job);
   req.set_cost_model(a.cost_model);

@@ -1,21 +1,23 @@
 #pragma once
 // muonctl subcommands against a running muond-coordinator:
-//   muonctl status    --coordinator HOST:PORT --job JOB [--timeout-s N]
+//   muonctl status    --coordinator HOST:PORT --job_id JOB [--timeout-s N]
 //       the job's current plan (version, activation step, cost model, per
 //       group max/mean) and every daemon's last step and timings.
-//   muonctl daemons   --coordinator HOST:PORT --job JOB
+//   muonctl daemons   --coordinator HOST:PORT --job_id JOB
 //       one line per daemon: rank, host, device, address, last step, total us.
-//   muonctl rebalance --coordinator HOST:PORT --job JOB
+//   muonctl rebalance --coordinator HOST:PORT --job_id JOB
 //                     [--cost-model ns_cost|flops|measured]
 //                     [--cost ROWSxCOLS=US]... [--after N]
 //       asks for a new plan (explicit per-shape costs override the model),
 //       activating N steps after the latest reported step; prints it.
-//   muonctl save|load --coordinator HOST:PORT --job JOB --dir /ABS/DIR
+//   muonctl save|load --coordinator HOST:PORT --job_id JOB --dir /ABS/DIR
 //       every daemon of the job (addresses from ListDaemons; all must be
 //       live) saves/loads its optimizer state to/from DIR/rank<R>.safetensors
 //       (SaveState/LoadState on each daemon, so muonctl must reach the
 //       daemons' addresses: Unix sockets mean the same host). Save between
 //       steps (trainers paused); save fails when the ranks' step ids differ.
+// --job is accepted as a synonym of --job_id. `muonctl SUB --help` prints
+// SUB's usage to stdout and exits 0.
 // Every subcommand takes --token T (sent as metadata 'x-muond-token' to the
 // coordinator and the daemons) and --tls-ca PEM (TLS to TCP servers).
 // Exit codes: 0 ok, 1 RPC failure (the gRPC status is printed), 2 usage.

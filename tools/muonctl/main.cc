@@ -30,6 +30,7 @@ void PrintHelp(std::ostream& os) {
   for (const auto& [name, command] : Commands()) {
     os << "  " << name << "  " << command.summary << "\n";
   }
+  os << "`muonctl SUBCOMMAND --help` prints that subcommand's flags.\n";
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "tools/muonctl/plan_command.h"
 
+#include <limits>
 #include <map>
 #include <string>
 
@@ -17,11 +18,21 @@ constexpr char kUsage[] =
     "usage: muonctl plan --manifest FILE --gtp G --tp T\n"
     "                    [--cost ns_cost|flops|flops_syrk] [--ns-steps N]\n"
     "                    [--no-colocate] [--round-robin]\n"
-    "Plans Newton-Schulz homes offline and prints the plan as JSON.\n";
+    "Plans Newton-Schulz homes offline for a G x T (gtp x tp) domain and\n"
+    "prints the plan as JSON. Talks to no daemon.\n"
+    "  --manifest FILE  param manifest (JSON, core/plan/manifest.h); required\n"
+    "  --gtp G          group tensor-parallel size, >= 1; required\n"
+    "  --tp T           tensor-parallel size, >= 1; required\n"
+    "  --cost C         ns_cost (default), flops or flops_syrk\n"
+    "  --ns-steps N     Newton-Schulz iterations (default 5)\n"
+    "  --no-colocate    do not keep same-shape params on one home\n"
+    "  --round-robin    round-robin homes instead of the planner\n"
+    "  --help           this text\n";
 
 struct PlanArgs {
   std::string manifest;
-  int gtp = 1, tp = 1;
+  static constexpr int kUnset = std::numeric_limits<int>::min();
+  int gtp = kUnset, tp = kUnset;  // required
   std::string cost = "ns_cost";
   int ns_steps = 5;
   bool colocate = true;
@@ -59,8 +70,11 @@ std::string ParseArgs(const std::vector<std::string>& args, PlanArgs& out) {
       return flag + " needs an integer, got '" + value + "'";
     }
   }
-  if (out.manifest.empty()) return "--manifest is required";
-  if (out.gtp < 1 || out.tp < 1) return "--gtp and --tp must be >= 1";
+  if (out.manifest.empty()) return "--manifest FILE is required";
+  if (out.gtp == PlanArgs::kUnset) return "--gtp G is required (G >= 1)";
+  if (out.tp == PlanArgs::kUnset) return "--tp T is required (T >= 1)";
+  if (out.gtp < 1) return "--gtp=" + std::to_string(out.gtp) + " must be >= 1";
+  if (out.tp < 1) return "--tp=" + std::to_string(out.tp) + " must be >= 1";
   if (out.ns_steps < 1) return "--ns-steps must be >= 1";
   if (out.cost != "ns_cost" && out.cost != "flops" &&
       out.cost != "flops_syrk") {
@@ -129,6 +143,12 @@ void PrintPlan(const Json& j, std::ostream& out) {
 int RunPlan(const std::vector<std::string>& args, std::ostream& out,
             std::ostream& err) {
   PlanArgs a;
+  for (const std::string& arg : args) {
+    if (arg == "--help" || arg == "-h" || arg == "help") {
+      out << kUsage;
+      return 0;
+    }
+  }
   if (std::string problem = ParseArgs(args, a); !problem.empty()) {
     err << "muonctl plan: " << problem << "\n" << kUsage;
     return 2;
