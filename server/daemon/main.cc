@@ -73,8 +73,8 @@ const std::vector<std::string> kFlagSources = {"server/daemon/",
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before any thread exists: SIGTERM/SIGINT go to the watcher's sigwait.
-  muond::BlockShutdownSignals();
+  // SIGTERM/SIGINT from now on go to the shutdown watcher (below).
+  muond::InstallShutdownSignalHandler();
   muond::InstallServerUsage(kUsage, kFlagSources);
   if (muond::WantsHelp(argc, argv)) {
     muond::PrintServerHelp(std::cout, kUsage, kFlagSources);

@@ -147,7 +147,7 @@ TEST_F(UnixSocketTest, ReplacesAStaleSocket) {
 }
 
 TEST(ShutdownSignalWatcher, RunsTheHandlerOnSigterm) {
-  BlockShutdownSignals();
+  InstallShutdownSignalHandler();
   absl::Notification fired;
   int got = 0;
   ShutdownSignalWatcher watcher([&](int signum) {
@@ -160,7 +160,7 @@ TEST(ShutdownSignalWatcher, RunsTheHandlerOnSigterm) {
 }
 
 TEST(ShutdownSignalWatcher, StopsWithoutASignal) {
-  BlockShutdownSignals();
+  InstallShutdownSignalHandler();
   bool called = false;
   {
     ShutdownSignalWatcher watcher([&](int) { called = true; });

@@ -1,0 +1,162 @@
+// The real muond / muond-coordinator binaries at startup and shutdown:
+// --help exits 0 with the binary's flags, a missing --device fails before
+// joining, a live socket is not taken over, SIGTERM removes the socket.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+extern char** environ;
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string Runfile(const std::string& path) {
+  const char* dir = getenv("TEST_SRCDIR");
+  return absl::StrCat(dir ? dir : ".", "/muond/", path);
+}
+
+std::string TmpFile(const std::string& name) {
+  const char* dir = getenv("TEST_TMPDIR");
+  return absl::StrCat(dir ? dir : "/tmp", "/", name);
+}
+
+// Starts `args` with stdout+stderr into `log`.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<char*> argv;
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ),
+            0);
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+int ExitCode(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+// Runs to completion; returns the exit code, output in *out.
+int RunToExit(const std::vector<std::string>& args, std::string* out) {
+  const std::string log = TmpFile("run.log");
+  const int rc = ExitCode(Spawn(args, log));
+  *out = Read(log);
+  return rc;
+}
+
+TEST(Startup, HelpListsOwnFlagsAndExitsZero) {
+  std::string out;
+  EXPECT_EQ(RunToExit({Runfile("server/daemon/muond"), "--help"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("usage: muond"));
+  EXPECT_THAT(out, HasSubstr("--world_size"));
+  EXPECT_THAT(out, Not(HasSubstr("No flags matched")));
+  EXPECT_EQ(
+      RunToExit({Runfile("server/coordinator/muond-coordinator"), "--help"},
+                &out),
+      0);
+  EXPECT_THAT(out, HasSubstr("usage: muond-coordinator"));
+  EXPECT_THAT(out, HasSubstr("--port_file"));
+  EXPECT_THAT(out, Not(HasSubstr("--world_size")));
+}
+
+TEST(Startup, FlagErrorsArePrecise) {
+  std::string out;
+  EXPECT_EQ(
+      RunToExit({Runfile("server/daemon/muond"), "--rank=5", "--world_size=2",
+                 "--job_id=j", "--coordinator=127.0.0.1:1"},
+                &out),
+      2);
+  EXPECT_THAT(out, HasSubstr("--rank=5 must be in [0, --world_size=2)"));
+  EXPECT_EQ(RunToExit({Runfile("server/coordinator/muond-coordinator"),
+                       "--listen=foo"},
+                      &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("--listen='foo' is malformed"));
+}
+
+// No machine has 10000 GPUs: fails at startup, before joining (the
+// coordinator address is unreachable, so a join attempt would hang).
+TEST(Startup, MissingDeviceFailsBeforeJoining) {
+  std::string out;
+  EXPECT_EQ(
+      RunToExit({Runfile("server/daemon/muond"), "--device=10000", "--rank=0",
+                 "--world_size=1", "--job_id=j", "--coordinator=127.0.0.1:1",
+                 "--coordinator_timeout_s=600"},
+                &out),
+      1);
+  EXPECT_THAT(out, HasSubstr("--device=10000"));
+  EXPECT_THAT(out, Not(HasSubstr("serving on")));
+}
+
+TEST(Startup, LiveSocketIsRefusedAndSigtermRemovesIt) {
+  char dir[] = "/tmp/muond-startup-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string sock = absl::StrCat(dir, "/d.sock");
+  // The first daemon listens, then keeps retrying the (absent) coordinator.
+  const std::vector<std::string> args = {Runfile("server/daemon/muond"),
+                                         "--host",
+                                         "--rank=0",
+                                         "--world_size=1",
+                                         "--job_id=j",
+                                         "--coordinator=127.0.0.1:1",
+                                         "--coordinator_timeout_s=600",
+                                         "--listen=unix://" + sock};
+  const pid_t first = Spawn(args, TmpFile("first.log"));
+  while (!Exists(sock)) absl::SleepFor(absl::Milliseconds(20));
+
+  std::string out;
+  EXPECT_EQ(RunToExit(args, &out), 1);
+  EXPECT_THAT(out, HasSubstr("address in use by a live process"));
+  EXPECT_TRUE(Exists(sock));
+
+  kill(first, SIGTERM);
+  EXPECT_EQ(ExitCode(first), 0);
+  EXPECT_FALSE(Exists(sock));
+  rmdir(dir);
+}
+
+TEST(Startup, CoordinatorSigtermRemovesPortFile) {
+  const std::string port_file = TmpFile("coordinator.port");
+  const pid_t pid = Spawn({Runfile("server/coordinator/muond-coordinator"),
+                           "--listen=127.0.0.1:0", "--port_file=" + port_file},
+                          TmpFile("coordinator.log"));
+  while (!Exists(port_file)) absl::SleepFor(absl::Milliseconds(20));
+  kill(pid, SIGTERM);
+  EXPECT_EQ(ExitCode(pid), 0);
+  EXPECT_FALSE(Exists(port_file));
+}
+
+}  // namespace
