@@ -134,7 +134,7 @@ TEST(MuonctlPlan, UsageAndErrors) {
   err.str("");
   out.str("");
   EXPECT_EQ(muonctl::RunPlan({"--manifest", "bench/manifests/llama3_8b.json",
-                              "--gtp", "2", "--round-robin"},
+                              "--gtp", "2", "--tp", "1", "--round-robin"},
                              out, err),
             0);
   EXPECT_TRUE(nlohmann::json::parse(out.str())["round_robin_fallback"]);
