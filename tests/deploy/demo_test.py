@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 import unittest
 
@@ -41,6 +42,7 @@ def child_pids(pid):
 class DemoTest(unittest.TestCase):
     def test_tiny_demo_end_to_end(self):
         out = tempfile.mkdtemp(prefix="muond-demo-test-")
+        self.addCleanup(shutil.rmtree, out, ignore_errors=True)
         job = f"ci{os.getpid()}"
         cmd = [sys.executable, os.path.join(RUNFILES, "deploy/local/launch.py"),
                "--steps", str(STEPS), "--ranks", "2x2", "--device", "cpu",

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 import unittest
 
@@ -36,6 +37,7 @@ class CharGptTest(unittest.TestCase):
 
     def test_reference_run(self):
         out = tempfile.mkdtemp(prefix="char-gpt-")
+        self.addCleanup(shutil.rmtree, out, ignore_errors=True)
         proc = subprocess.run([sys.executable, TRAIN, "--optimizer", "reference", "--out", out]
                               + TINY, capture_output=True, text=True, timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
@@ -50,6 +52,7 @@ class CharGptTest(unittest.TestCase):
         from fake_daemon import start_cluster
         import train
         out = tempfile.mkdtemp(prefix="char-gpt-")
+        self.addCleanup(shutil.rmtree, out, ignore_errors=True)
         cluster, addresses = start_cluster(out, 4)
         try:
             rc = train.main(["--optimizer", "both", "--daemons", ",".join(addresses),

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -152,7 +153,8 @@ TEST(SystemTest, FourDaemonsFourTrainersBitwiseWithRebalance) {
   for (pid_t pid : servers) WaitExit(pid, absl::Now() + absl::Seconds(5));
   for (const std::string& s : sockets) unlink(s.c_str());
   unlink((dir + "/port").c_str());
-  rmdir(dir.c_str());
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 }  // namespace

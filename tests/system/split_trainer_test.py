@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 import unittest
@@ -79,6 +80,7 @@ def wait_for(predicate, timeout, what):
 class SplitTrainerSystemTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="muond-split-")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
         # Unique across parallel runs: sandboxes have their own pid namespace
         # but share /dev/shm, where the client's shm names include the job.
         self.job = f"split{os.getpid()}-{uuid.uuid4().hex[:8]}"

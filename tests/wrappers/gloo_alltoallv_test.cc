@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,8 @@ TEST(GlooWrapper, AllToAllvBetweenTwoProcesses) {
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_EQ(WEXITSTATUS(status), 0) << "rank process " << pid;
   }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_template, ignored);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@ from the refs, tags and domains alone, so this checks the client's wire
 contract independently of the C++ daemon."""
 import os
 import sys
+import shutil
 import tempfile
 import unittest
 
@@ -64,6 +65,7 @@ def run(opt, params, steps=3):
 class MuonFakeDaemonTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
 
     def start(self, world):
         self.cluster, self.addresses = start_cluster(self.dir, world)
@@ -137,6 +139,7 @@ class MuonFakeDaemonTest(unittest.TestCase):
 class LocalModeTest(unittest.TestCase):
     def test_local_mode_registers_tags(self):
         d = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, d, ignore_errors=True)
         cluster, addresses = start_cluster(d, 1)
         try:
             w = torch.nn.Parameter(torch.randn(5, 4))  # rank's shard of a (9*2, 4)... tagged

@@ -2,6 +2,7 @@
 import mmap
 import os
 import sys
+import shutil
 import tempfile
 import unittest
 
@@ -42,6 +43,7 @@ class ShmBufferTest(unittest.TestCase):
 class RebindTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         self.cluster, self.addresses = start_cluster(self.dir, 4)
 
     def tearDown(self):
