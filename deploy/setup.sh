@@ -12,7 +12,7 @@ APT_PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libgoogle-glog-dev libgflags-dev libgloo-dev libopenblas-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  python3-venv fortunes fortunes-min procps
+  python3-venv fortunes fortunes-min procps openssl
 )
 
 missing=()
