@@ -183,13 +183,18 @@ int Main(int argc, char** argv) {
         if (!st.ok()) return st;
         continue;
       }
+      // Momentum and update batched over the chunk, as the step engine does.
       float* base = static_cast<float*>(*scratch);
+      std::vector<MatrixView> grads, moms, slots, params;
       for (int64_t k = 0; k < batch; ++k) {
         const Matrix& m = mats[ch[k]];
-        absl::Status st = MuonMomentumPhase(b, o, v(m.grad), v(m.momentum),
-                                            v(base + k * r * c));
-        if (!st.ok()) return st;
+        grads.push_back(v(m.grad));
+        moms.push_back(v(m.momentum));
+        slots.push_back(v(base + k * r * c));
+        params.push_back(v(m.param));
       }
+      if (auto st = MuonMomentumPhaseBatch(b, o, grads, moms, slots); !st.ok())
+        return st;
       const MatrixView stacked =
           ContiguousView(base, DType::kFloat32, batch * r, c);
       auto factors = MuonScaleFactors(o, r, c);
@@ -198,11 +203,8 @@ int Main(int argc, char** argv) {
                                      factors->second);
           !st.ok())
         return st;
-      for (int64_t k = 0; k < batch; ++k) {
-        absl::Status st =
-            MuonUpdatePhase(b, o, v(mats[ch[k]].param), v(base + k * r * c));
-        if (!st.ok()) return st;
-      }
+      if (auto st = MuonUpdatePhaseBatch(b, o, params, slots); !st.ok())
+        return st;
     }
     return b.Synchronize();
   };

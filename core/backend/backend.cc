@@ -13,6 +13,36 @@ absl::Status Backend::Copy2DScaled(const MatrixView& dst, const MatrixView& src,
   RETURN_IF_ERROR(Copy2D(dst, src));
   return ScaleInPlace(dst, scale, extra);
 }
+absl::Status Backend::MuonMomentumBatch(absl::Span<const MatrixView> grads,
+                                        absl::Span<const MatrixView> momenta,
+                                        double beta, bool nesterov,
+                                        absl::Span<const MatrixView> outs) {
+  if (momenta.size() != grads.size() || outs.size() != grads.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "momentum batch: grads, momenta and outs must have the same length, "
+        "got ",
+        grads.size(), ", ", momenta.size(), ", ", outs.size()));
+  }
+  for (size_t i = 0; i < grads.size(); ++i)
+    RETURN_IF_ERROR(
+        MuonMomentum(grads[i], momenta[i], beta, nesterov, outs[i]));
+  return absl::OkStatus();
+}
+
+absl::Status Backend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
+                                       absl::Span<const MatrixView> updates,
+                                       float lr, float decay,
+                                       WeightDecayMethod method) {
+  if (updates.size() != params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update batch: params and updates must have the same length, got ",
+        params.size(), ", ", updates.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    RETURN_IF_ERROR(ApplyUpdate(params[i], updates[i], lr, decay, method));
+  return absl::OkStatus();
+}
+
 namespace {
 
 std::string Shape(const MatrixView& v) {

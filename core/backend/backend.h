@@ -160,6 +160,13 @@ class Backend {
   virtual absl::Status MuonMomentum(const MatrixView& grad,
                                     const MatrixView& momentum, double beta,
                                     bool nesterov, const MatrixView& out) = 0;
+  // MuonMomentum for n params at once (grads[i], momenta[i], outs[i]; the
+  // three spans have the same length). Bitwise the n single calls, which is
+  // the default; CUDA batches small contiguous tensors into few launches.
+  virtual absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
+                                         absl::Span<const MatrixView> momenta,
+                                         double beta, bool nesterov,
+                                         absl::Span<const MatrixView> outs);
   // x <- (x * scale) * extra, fp32 in place: two multiplies in that order
   // (EO muon.py: orth * scale_factor * extra_scale_factor).
   virtual absl::Status ScaleInPlace(const MatrixView& x, float scale,
@@ -179,6 +186,12 @@ class Backend {
   virtual absl::Status ApplyUpdate(const MatrixView& param,
                                    const MatrixView& update, float lr,
                                    float decay, WeightDecayMethod method) = 0;
+  // ApplyUpdate for n params at once (params[i], updates[i]); bitwise the n
+  // single calls (the default), batched into few launches on CUDA.
+  virtual absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
+                                        absl::Span<const MatrixView> updates,
+                                        float lr, float decay,
+                                        WeightDecayMethod method);
   // Fused AdamW, torch.optim.AdamW single-tensor order:
   //   p *= param_decay; m = lerp(m, g, 1-beta1); v = v*beta2 + (1-beta2)*g*g;
   //   p += -step_size * m / (sqrt(v) / bias_correction2_sqrt + eps).

@@ -277,6 +277,45 @@ class CudaBackend final : public Backend {
         "muon momentum");
   }
 
+  absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
+                                 absl::Span<const MatrixView> momenta,
+                                 double beta, bool nesterov,
+                                 absl::Span<const MatrixView> outs) override {
+    if (momenta.size() != grads.size() || outs.size() != grads.size()) {
+      return Backend::MuonMomentumBatch(grads, momenta, beta, nesterov, outs);
+    }
+    std::vector<cuda_kernels::KView> g, m, o;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      RETURN_IF_ERROR(CheckMomentum(grads[i], momenta[i], outs[i]));
+      g.push_back(K(grads[i]));
+      m.push_back(K(momenta[i]));
+      o.push_back(K(outs[i]));
+    }
+    return CudaStatus(cuda_kernels::MuonMomentumMulti(
+                          g.data(), m.data(), o.data(), int64_t(g.size()),
+                          float(1.0 - beta), float(beta), nesterov, stream_),
+                      "muon momentum batch");
+  }
+
+  absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
+                                absl::Span<const MatrixView> updates, float lr,
+                                float decay,
+                                WeightDecayMethod method) override {
+    if (updates.size() != params.size()) {
+      return Backend::ApplyUpdateBatch(params, updates, lr, decay, method);
+    }
+    std::vector<cuda_kernels::KView> p, u;
+    for (size_t i = 0; i < params.size(); ++i) {
+      RETURN_IF_ERROR(CheckUpdate(params[i], updates[i]));
+      p.push_back(K(params[i]));
+      u.push_back(K(updates[i]));
+    }
+    return CudaStatus(
+        cuda_kernels::ApplyUpdateMulti(p.data(), u.data(), int64_t(p.size()),
+                                       lr, decay, int(method), stream_),
+        "apply update batch");
+  }
+
   absl::Status ScaleInPlace(const MatrixView& x, float scale,
                             float extra) override {
     RETURN_IF_ERROR(CheckView(x, "scale"));
@@ -321,10 +360,11 @@ class CudaBackend final : public Backend {
       RETURN_IF_ERROR(CheckView(v, "all_finite"));
     RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(flag_, 0, sizeof(int), stream_),
                                "all_finite"));
-    for (const MatrixView& v : views) {
-      RETURN_IF_ERROR(CudaStatus(
-          cuda_kernels::MarkNonFinite(K(v), flag_, stream_), "all_finite"));
-    }
+    std::vector<cuda_kernels::KView> k;
+    for (const MatrixView& v : views) k.push_back(K(v));
+    RETURN_IF_ERROR(CudaStatus(cuda_kernels::MarkNonFiniteMulti(
+                                   k.data(), int64_t(k.size()), flag_, stream_),
+                               "all_finite"));
     RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host_flag_, flag_, sizeof(int),
                                                cudaMemcpyDeviceToHost, stream_),
                                "all_finite"));

@@ -93,8 +93,8 @@ constexpr int kIlp = 4;
 template <typename F>
 __global__ void ForEachFlatIlpKernel(int64_t n, F f) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t base = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-       base < n; base += stride * kIlp) {
+  for (int64_t base = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; base < n;
+       base += stride * kIlp) {
     typename F::In in[kIlp];
 #pragma unroll
     for (int k = 0; k < kIlp; ++k) {
@@ -144,8 +144,8 @@ __global__ void SymmetrizeKernel(DView a, int64_t stride_bytes) {
   const int64_t n = a.cols;
   // Source tile: rows bj*32.., cols bi*32.. (lower part).
   for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
-    const int64_t i = int64_t(bj) * kTile + r, j = int64_t(bi) * kTile +
-                                                  threadIdx.x;
+    const int64_t i = int64_t(bj) * kTile + r,
+                  j = int64_t(bi) * kTile + threadIdx.x;
     if (i < n && j < n) {
       const char* p = base + (i * a.ld + j) * a.elem;
       tile[r][threadIdx.x] =
@@ -155,8 +155,8 @@ __global__ void SymmetrizeKernel(DView a, int64_t stride_bytes) {
   }
   __syncthreads();
   for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
-    const int64_t i = int64_t(bi) * kTile + r, j = int64_t(bj) * kTile +
-                                                  threadIdx.x;
+    const int64_t i = int64_t(bi) * kTile + r,
+                  j = int64_t(bj) * kTile + threadIdx.x;
     if (i < n && j < n && j > i) {
       char* p = base + (i * a.ld + j) * a.elem;
       const uint32_t v = tile[threadIdx.x][r];
@@ -191,9 +191,22 @@ __global__ void NormPartialsKernel(DView src, int64_t rows_per_slice,
   double sum = 0.0;
   for (int64_t r = blockIdx.x; r < rows_per_slice; r += gridDim.x) {
     const int64_t i = slice * rows_per_slice + r;
-    for (int64_t j = threadIdx.x; j < src.cols; j += kThreads) {
-      const double x = Ld(src, i, j);
-      sum += x * x;
+    // kIlp loads in flight before the adds; the adds keep the j order of
+    // the one-element loop (bitwise the same sum).
+    for (int64_t j0 = threadIdx.x; j0 < src.cols; j0 += kThreads * kIlp) {
+      float x[kIlp];
+#pragma unroll
+      for (int k = 0; k < kIlp; ++k) {
+        const int64_t j = j0 + k * kThreads;
+        x[k] = j < src.cols ? Ld(src, i, j) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kIlp; ++k) {
+        if (j0 + k * kThreads < src.cols) {
+          const double xd = x[k];
+          sum += xd * xd;
+        }
+      }
     }
   }
   const double total = BlockSum(sum, shared);
@@ -214,8 +227,21 @@ __global__ void NormScaleKernel(DView src, DView dst, int64_t rows_per_slice,
   const float denom = norm > eps ? norm : eps;
   for (int64_t r = blockIdx.x; r < rows_per_slice; r += gridDim.x) {
     const int64_t i = slice * rows_per_slice + r;
-    for (int64_t j = threadIdx.x; j < src.cols; j += kThreads)
-      St(dst, i, j, __fdiv_rn(Ld(src, i, j), denom));
+    // All kIlp loads before the stores (dst may be src: each element is
+    // read and written by this thread only).
+    for (int64_t j0 = threadIdx.x; j0 < src.cols; j0 += kThreads * kIlp) {
+      float x[kIlp];
+#pragma unroll
+      for (int k = 0; k < kIlp; ++k) {
+        const int64_t j = j0 + k * kThreads;
+        if (j < src.cols) x[k] = Ld(src, i, j);
+      }
+#pragma unroll
+      for (int k = 0; k < kIlp; ++k) {
+        const int64_t j = j0 + k * kThreads;
+        if (j < src.cols) St(dst, i, j, __fdiv_rn(x[k], denom));
+      }
+    }
   }
 }
 
@@ -301,6 +327,164 @@ struct CopyScaleOp {
     St(dst, i, j, ew::Scale2(Ld(src, i, j), scale, extra));
   }
 };
+
+// ---- multi-tensor launches ------------------------------------------------
+// Up to kMultiMaxTensors contiguous tensors per launch, passed by value in the
+// kernel arguments (< 4 KB). Block b works on tensor k with
+// block_start[k] <= b < block_start[k + 1], elements
+// [(b - block_start[k]) * kMultiTile, + kMultiTile).
+constexpr int kMultiViews = 3;
+constexpr int64_t kMultiTile = int64_t(kThreads) * kIlp * 4;
+struct MultiTable {
+  char* ptr[kMultiViews][kMultiMaxTensors];
+  int64_t n[kMultiMaxTensors];
+  int block_start[kMultiMaxTensors + 1];
+  unsigned char elem[kMultiViews][kMultiMaxTensors];
+  int count;
+};
+
+__device__ __forceinline__ float LdFlat(const char* p, int elem, int64_t j) {
+  if (elem == 4) return reinterpret_cast<const float*>(p)[j];
+  return Bf16BitsToFloat(reinterpret_cast<const uint16_t*>(p)[j]);
+}
+__device__ __forceinline__ void StFlat(char* p, int elem, int64_t j, float x) {
+  if (elem == 4) {
+    reinterpret_cast<float*>(p)[j] = x;
+  } else {
+    reinterpret_cast<uint16_t*>(p)[j] = FloatToBf16Bits(x);
+  }
+}
+
+__device__ __forceinline__ int MultiTensorOf(const MultiTable& t, int b) {
+  int lo = 0, hi = t.count - 1;  // last k with block_start[k] <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.block_start[mid] <= b) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Load-store op over the table: In Load(t, k, j), Store(t, k, j, In).
+template <typename F>
+__global__ void MultiLoadStoreKernel(MultiTable t, F f) {
+  const int k = MultiTensorOf(t, blockIdx.x);
+  const int64_t n = t.n[k];
+  const int64_t t0 = int64_t(blockIdx.x - t.block_start[k]) * kMultiTile;
+  const int64_t end = t0 + kMultiTile < n ? t0 + kMultiTile : n;
+  for (int64_t base = t0 + threadIdx.x; base < end; base += kThreads * kIlp) {
+    typename F::In in[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      const int64_t j = base + u * kThreads;
+      if (j < end) in[u] = f.Load(t, k, j);
+    }
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      const int64_t j = base + u * kThreads;
+      if (j < end) f.Store(t, k, j, in[u]);
+    }
+  }
+}
+
+__global__ void MultiFiniteKernel(MultiTable t, int* flag) {
+  const int k = MultiTensorOf(t, blockIdx.x);
+  const int64_t n = t.n[k];
+  const int64_t t0 = int64_t(blockIdx.x - t.block_start[k]) * kMultiTile;
+  const int64_t end = t0 + kMultiTile < n ? t0 + kMultiTile : n;
+  bool bad = false;
+  for (int64_t base = t0 + threadIdx.x; base < end; base += kThreads * kIlp) {
+    float x[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      const int64_t j = base + u * kThreads;
+      x[u] = j < end ? LdFlat(t.ptr[0][k], t.elem[0][k], j) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) bad = bad || !isfinite(x[u]);
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+struct MultiMomentumOp {
+  float w_ema, w_nesterov;
+  bool nesterov;
+  struct In {
+    float g, m;
+  };
+  __device__ In Load(const MultiTable& t, int k, int64_t j) const {
+    return In{LdFlat(t.ptr[0][k], t.elem[0][k], j),
+              LdFlat(t.ptr[1][k], t.elem[1][k], j)};
+  }
+  __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
+    const float m_new = ew::MomentumEma(in.m, in.g, w_ema);
+    StFlat(t.ptr[1][k], t.elem[1][k], j, m_new);
+    const float m =
+        t.elem[1][k] == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
+    StFlat(t.ptr[2][k], t.elem[2][k], j,
+           nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
+  }
+};
+
+struct MultiUpdateOp {
+  float lr, decay;
+  int method;
+  struct In {
+    float p, u;
+  };
+  __device__ In Load(const MultiTable& t, int k, int64_t j) const {
+    return In{LdFlat(t.ptr[0][k], t.elem[0][k], j),
+              LdFlat(t.ptr[1][k], t.elem[1][k], j)};
+  }
+  __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
+    StFlat(t.ptr[0][k], t.elem[0][k], j,
+           ew::UpdateParam(in.p, in.u, lr, decay, method));
+  }
+};
+
+// Collects tensors into tables and launches `launch(table)` per full table;
+// `single(i)` launches tensor i alone (non-contiguous or large).
+template <typename Launch, typename Single>
+cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
+                     Launch launch, Single single) {
+  MultiTable t;
+  t.count = 0;
+  t.block_start[0] = 0;
+  auto flush = [&]() -> cudaError_t {
+    if (t.count == 0) return cudaSuccess;
+    const cudaError_t err = launch(t);
+    t.count = 0;
+    return err;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t n = views[0][i].rows * views[0][i].cols;
+    if (n == 0) continue;
+    bool flat = n < kMultiMaxElems;
+    for (int v = 0; v < nviews && flat; ++v) flat = Flat({views[v][i]});
+    if (!flat) {
+      const cudaError_t err = single(i);
+      if (err != cudaSuccess) return err;
+      continue;
+    }
+    const int k = t.count;
+    for (int v = 0; v < nviews; ++v) {
+      t.ptr[v][k] = static_cast<char*>(views[v][i].data);
+      t.elem[v][k] = static_cast<unsigned char>(views[v][i].elem);
+    }
+    t.n[k] = n;
+    t.block_start[k + 1] =
+        t.block_start[k] + int((n + kMultiTile - 1) / kMultiTile);
+    ++t.count;
+    if (t.count == kMultiMaxTensors) {
+      const cudaError_t err = flush();
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return flush();
+}
 
 struct FiniteOp {
   DView v;
@@ -404,6 +588,55 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
 
 cudaError_t MarkNonFinite(const KView& v, int* flag, cudaStream_t stream) {
   return LaunchForEach({v}, v.rows, v.cols, stream, FiniteOp{D(v), flag});
+}
+
+cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
+                              const KView* outs, int64_t count,
+                              float one_minus_beta, float beta, bool nesterov,
+                              cudaStream_t stream) {
+  const KView* views[3] = {grads, moms, outs};
+  const MultiMomentumOp op{one_minus_beta, beta, nesterov};
+  return RunMulti(
+      views, 3, count,
+      [&](const MultiTable& t) {
+        MultiLoadStoreKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
+                               stream>>>(t, op);
+        return cudaGetLastError();
+      },
+      [&](int64_t i) {
+        return MuonMomentum(grads[i], moms[i], one_minus_beta, beta, nesterov,
+                            outs[i], stream);
+      });
+}
+
+cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
+                             int64_t count, float lr, float decay, int method,
+                             cudaStream_t stream) {
+  const KView* views[2] = {params, updates};
+  const MultiUpdateOp op{lr, decay, method};
+  return RunMulti(
+      views, 2, count,
+      [&](const MultiTable& t) {
+        MultiLoadStoreKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
+                               stream>>>(t, op);
+        return cudaGetLastError();
+      },
+      [&](int64_t i) {
+        return ApplyUpdate(params[i], updates[i], lr, decay, method, stream);
+      });
+}
+
+cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, int* flag,
+                               cudaStream_t stream) {
+  const KView* table[1] = {views};
+  return RunMulti(
+      table, 1, count,
+      [&](const MultiTable& t) {
+        MultiFiniteKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
+                            stream>>>(t, flag);
+        return cudaGetLastError();
+      },
+      [&](int64_t i) { return MarkNonFinite(views[i], flag, stream); });
 }
 
 }  // namespace cuda_kernels

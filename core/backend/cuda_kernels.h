@@ -54,5 +54,22 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
 // Sets *flag = 1 (device int) when `v` holds a NaN or an Inf.
 cudaError_t MarkNonFinite(const KView& v, int* flag, cudaStream_t stream);
 
+// Multi-tensor forms of the above for `count` same-op tensors (one launch per
+// up to kMultiMaxTensors contiguous tensors of < kMultiMaxElems elements, a
+// pointer table passed as a kernel argument: nothing is uploaded; any other
+// tensor gets its own launch). Per-element math identical to the single
+// forms, so the results are bitwise the same.
+constexpr int kMultiMaxTensors = 40;
+constexpr int64_t kMultiMaxElems = int64_t(1) << 22;
+cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
+                              const KView* outs, int64_t count,
+                              float one_minus_beta, float beta, bool nesterov,
+                              cudaStream_t stream);
+cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
+                             int64_t count, float lr, float decay, int method,
+                             cudaStream_t stream);
+cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, int* flag,
+                               cudaStream_t stream);
+
 }  // namespace cuda_kernels
 }  // namespace muond

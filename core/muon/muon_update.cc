@@ -127,6 +127,23 @@ absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
                               options.nesterov, ns_input);
 }
 
+absl::Status MuonMomentumPhaseBatch(Backend& backend,
+                                    const MuonOptions& options,
+                                    absl::Span<const MatrixView> grads,
+                                    absl::Span<const MatrixView> momenta,
+                                    absl::Span<const MatrixView> ns_inputs) {
+  for (const MatrixView& momentum : momenta) {
+    if (momentum.dtype != options.state_dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("momentum: dtype must be the state_dtype ",
+                       std::string(DTypeName(options.state_dtype)), ", got ",
+                       std::string(DTypeName(momentum.dtype))));
+    }
+  }
+  return backend.MuonMomentumBatch(grads, momenta, options.momentum,
+                                   options.nesterov, ns_inputs);
+}
+
 absl::StatusOr<std::pair<float, float>> MuonScaleFactors(
     const MuonOptions& options, int64_t full_rows, int64_t full_cols) {
   if (full_rows < 1 || full_cols < 1) {
@@ -161,6 +178,22 @@ absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
                                        : options.weight_decay_method;
   return backend.ApplyUpdate(param, update, static_cast<float>(options.lr),
                              static_cast<float>(decay), method);
+}
+
+absl::Status MuonUpdatePhaseBatch(Backend& backend, const MuonOptions& options,
+                                  absl::Span<const MatrixView> params,
+                                  absl::Span<const MatrixView> updates) {
+  // The same factors as MuonUpdatePhase.
+  const double decay =
+      options.weight_decay_method == WeightDecayMethod::kIndependent
+          ? options.weight_decay
+          : options.lr * options.weight_decay;
+  const WeightDecayMethod method = options.weight_decay == 0.0
+                                       ? WeightDecayMethod::kNone
+                                       : options.weight_decay_method;
+  return backend.ApplyUpdateBatch(params, updates,
+                                  static_cast<float>(options.lr),
+                                  static_cast<float>(decay), method);
 }
 
 absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,

@@ -80,6 +80,14 @@ absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
                                const MatrixView& momentum,
                                const MatrixView& ns_input);
 
+// Phase 1 for n params at once (same-length spans; bitwise the n single
+// calls, fewer launches on CUDA).
+absl::Status MuonMomentumPhaseBatch(Backend& backend,
+                                    const MuonOptions& options,
+                                    absl::Span<const MatrixView> grads,
+                                    absl::Span<const MatrixView> momenta,
+                                    absl::Span<const MatrixView> ns_inputs);
+
 // Phase 4b. orth fp32 in place; full_rows x full_cols is the full matrix's
 // shape (for a batch, `orth` may hold several same-shape matrices).
 absl::Status MuonScalePhase(Backend& backend, const MuonOptions& options,
@@ -95,6 +103,11 @@ absl::StatusOr<std::pair<float, float>> MuonScaleFactors(
 // Phase 6. param fp32|bf16 (updated in place, one rounding), update fp32.
 absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
                              const MatrixView& param, const MatrixView& update);
+
+// Phase 6 for n params at once (bitwise the n single calls).
+absl::Status MuonUpdatePhaseBatch(Backend& backend, const MuonOptions& options,
+                                  absl::Span<const MatrixView> params,
+                                  absl::Span<const MatrixView> updates);
 
 // A whole Muon step of one full matrix: momentum -> NS (into `scratch`, fp32
 // rows x cols) -> scale -> weight decay + update. `ns` must have been created

@@ -674,12 +674,15 @@ absl::Status LayerShardedMuonImpl::StepMuonGroup(GroupState& group,
 
   {
     Phase phase(*group.backend, "lsmuon/momentum");
+    // One batched call (CUDA: a launch per ~40 small params, not per param).
+    std::vector<MatrixView> grads, momenta, locals;
     for (size_t i = 0; i < group.params.size(); ++i) {
-      ParamState& p = group.params[i];
-      RETURN_IF_ERROR(MuonMomentumPhase(*group.backend, options,
-                                        group.config.params[i].grad, p.momentum,
-                                        p.local));
+      grads.push_back(group.config.params[i].grad);
+      momenta.push_back(group.params[i].momentum);
+      locals.push_back(group.params[i].local);
     }
+    RETURN_IF_ERROR(MuonMomentumPhaseBatch(*group.backend, options, grads,
+                                           momenta, locals));
     RETURN_IF_ERROR(phase.Finish(t.momentum_us));
   }
 
@@ -726,11 +729,13 @@ absl::Status LayerShardedMuonImpl::StepMuonGroup(GroupState& group,
 
   {
     Phase phase(*group.backend, "lsmuon/update");
+    std::vector<MatrixView> params, updates;
     for (size_t i = 0; i < group.params.size(); ++i) {
-      RETURN_IF_ERROR(MuonUpdatePhase(*group.backend, options,
-                                      group.config.params[i].param,
-                                      group.params[i].local));
+      params.push_back(group.config.params[i].param);
+      updates.push_back(group.params[i].local);
     }
+    RETURN_IF_ERROR(
+        MuonUpdatePhaseBatch(*group.backend, options, params, updates));
     RETURN_IF_ERROR(phase.Finish(t.update_us));
   }
   return absl::OkStatus();
