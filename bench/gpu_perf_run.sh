@@ -33,7 +33,7 @@ if [ "$mode" = steps ]; then
   for run in "llama3_8b 4 10 2 1 step_llama" "qwen3_30b_a3b 1 5 1 128 step_moe" "qwen3_1_7b 28 10 1 1 step_qwen17"; do
     set -- $run
     timeout 150 python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/$1.json" --layers $2 --reps $3 --rounds $4 --ns-batch-size $5 --out "$out/$6.md" > "$out/$6.log" 2>&1
-    tail -8 "$out/$6.log"
+    grep breakdown "$out/$6.log"; tail -8 "$out/$6.log"
   done
   timeout 60 bin/ns_bench --backend=cuda --shapes=llama --reps=7 --precisions=medium --detail > "$out/ns_diag.log" 2>&1
   cat "$out/ns_diag.log"

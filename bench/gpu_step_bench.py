@@ -102,18 +102,41 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size=1):
             for p, g in zip(ps, grads):
                 p.grad.copy_(g)
             daemon_ms = []
+            parts = []
 
             def step():
+                t0 = time.perf_counter()
                 opt.step()
+                wall = (time.perf_counter() - t0) * 1e6
                 daemon_ms.append(opt.last_timings["total_us"] / 1e3)
+                parts.append(dict(opt.last_timings, wall_us=wall))
 
             med, _ = timed(step, reps, warmup)
             dm = sorted(daemon_ms[warmup:])
+            print_breakdown(parts[warmup:])
         finally:
             opt.close()
     del ps, params, grads
     torch.cuda.empty_cache()
     return med, dm[len(dm) // 2]
+
+
+def print_breakdown(parts):
+    """Where a daemon step's time goes (medians, ms): the client's Python
+    (wall - rpc: grad re-pointing, device sync, overrides), gRPC + server
+    (rpc - daemon total), the daemon's phases, and the daemon total not in a
+    phase (the non-finite check and its sync, shape timing, bookkeeping)."""
+    def med(key):
+        v = sorted(p[key] for p in parts)
+        return v[len(v) // 2] / 1e3
+    phases = ["momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "update_us"]
+    outside = sorted((p["total_us"] - sum(p[k] for k in phases)) for p in parts)
+    print("daemon breakdown (median ms): wall %.2f = client %.2f + rpc %.2f; rpc = "
+          "grpc/server %.2f + daemon %.2f; daemon = %s + outside phases %.2f" % (
+              med("wall_us"), med("wall_us") - med("rpc_us"), med("rpc_us"),
+              med("overhead_us"), med("total_us"),
+              " + ".join("%s %.2f" % (k[:-3], med(k)) for k in phases),
+              outside[len(outside) // 2] / 1e3), flush=True)
 
 
 def bench_rpc(reps, job, log_dir):
