@@ -191,22 +191,9 @@ __global__ void NormPartialsKernel(DView src, int64_t rows_per_slice,
   double sum = 0.0;
   for (int64_t r = blockIdx.x; r < rows_per_slice; r += gridDim.x) {
     const int64_t i = slice * rows_per_slice + r;
-    // kIlp loads in flight before the adds; the adds keep the j order of
-    // the one-element loop (bitwise the same sum).
-    for (int64_t j0 = threadIdx.x; j0 < src.cols; j0 += kThreads * kIlp) {
-      float x[kIlp];
-#pragma unroll
-      for (int k = 0; k < kIlp; ++k) {
-        const int64_t j = j0 + k * kThreads;
-        x[k] = j < src.cols ? Ld(src, i, j) : 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < kIlp; ++k) {
-        if (j0 + k * kThreads < src.cols) {
-          const double xd = x[k];
-          sum += xd * xd;
-        }
-      }
+    for (int64_t j = threadIdx.x; j < src.cols; j += kThreads) {
+      const double x = Ld(src, i, j);
+      sum += x * x;
     }
   }
   const double total = BlockSum(sum, shared);
@@ -227,21 +214,8 @@ __global__ void NormScaleKernel(DView src, DView dst, int64_t rows_per_slice,
   const float denom = norm > eps ? norm : eps;
   for (int64_t r = blockIdx.x; r < rows_per_slice; r += gridDim.x) {
     const int64_t i = slice * rows_per_slice + r;
-    // All kIlp loads before the stores (dst may be src: each element is
-    // read and written by this thread only).
-    for (int64_t j0 = threadIdx.x; j0 < src.cols; j0 += kThreads * kIlp) {
-      float x[kIlp];
-#pragma unroll
-      for (int k = 0; k < kIlp; ++k) {
-        const int64_t j = j0 + k * kThreads;
-        if (j < src.cols) x[k] = Ld(src, i, j);
-      }
-#pragma unroll
-      for (int k = 0; k < kIlp; ++k) {
-        const int64_t j = j0 + k * kThreads;
-        if (j < src.cols) St(dst, i, j, __fdiv_rn(x[k], denom));
-      }
-    }
+    for (int64_t j = threadIdx.x; j < src.cols; j += kThreads)
+      St(dst, i, j, __fdiv_rn(Ld(src, i, j), denom));
   }
 }
 
