@@ -224,6 +224,13 @@ class Muon(torch.optim.Optimizer):
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout, need_plan=True)
         except BaseException:
+            # Leave nothing registered: otherwise the daemons refuse every
+            # later trainer ("params are already registered").
+            for c in self.clients:
+                try:
+                    c.unregister(job_id, self.client_id)
+                except Exception:  # not registered there, or unreachable
+                    pass
             self._finalizer()
             raise
 
@@ -398,13 +405,25 @@ class Muon(torch.optim.Optimizer):
         self._repoint_grads()
         if any(p.is_cuda for p, _ in self._grads):
             torch.cuda.synchronize()  # the daemon reads grads from another process
-        self.step_id += 1
+        # The id advances only when every daemon applied the step: a refused
+        # step (e.g. non-finite gradients, refused on every rank before
+        # anything changed) can be retried with the same id.
+        step_id = self.step_id + 1
         overrides = [self._overrides(r) for r in range(len(self.clients))]
         t0 = time.perf_counter()
-        futures = [c.step_future(self.job_id, self.step_id, overrides[r], self.client_id)
+        futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id)
                    for r, c in enumerate(self.clients)]
-        responses = [_result(f, c, f"Step {self.step_id}")
-                     for c, f in zip(self.clients, futures)]
+        results = []
+        for c, f in zip(self.clients, futures):
+            try:
+                results.append(_result(f, c, f"Step {step_id}"))
+            except RuntimeError as e:
+                results.append(e)
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            raise errors[0]
+        responses = results
+        self.step_id = step_id
         rpc_us = (time.perf_counter() - t0) * 1e6
         timings = {k: max(getattr(r.timings, k) for r in responses) for k in _PHASES}
         timings["rpc_us"] = rpc_us
