@@ -176,7 +176,9 @@ class Muon(torch.optim.Optimizer):
         scale_mode, extra_scale_factor = _scale_from_adjust_lr_fn(
             adjust_lr_fn, scale_mode, extra_scale_factor)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                        eps=eps, ns_steps=ns_steps, coefficient_type=coefficient_type or "quintic",
+                        # torch.optim.Muon's own default (ns_coefficients=None) is the
+                        # "simple" triple (3.4445, -4.775, 2.0315): the drop-in keeps it.
+                        eps=eps, ns_steps=ns_steps, coefficient_type=coefficient_type or "simple",
                         custom_coefficients=custom, scale_mode=scale_mode,
                         extra_scale_factor=extra_scale_factor, ns_batch_size=ns_batch_size,
                         weight_decay_method=weight_decay_method,
@@ -223,6 +225,7 @@ class Muon(torch.optim.Optimizer):
                 _result(f, c, "RegisterParams")
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout, need_plan=True)
+            self._registered = True
         except BaseException:
             # Leave nothing registered: otherwise the daemons refuse every
             # later trainer ("params are already registered").
@@ -434,6 +437,26 @@ class Muon(torch.optim.Optimizer):
 
     def status(self):
         return [c.status() for c in self.clients]
+
+    def state_dict(self):
+        """Param groups and the step id; the optimizer state itself (momentum,
+        Adam moments) lives in the daemons: `muonctl save|load`."""
+        sd = super().state_dict()
+        sd["muond_step_id"] = self.step_id
+        return sd
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        if "muond_step_id" in state_dict:
+            self.step_id = int(state_dict.pop("muond_step_id"))
+        super().load_state_dict(state_dict)
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_registered", False):
+            raise NotImplementedError(
+                "muond.torch.Muon registers its params with the daemons at construction; "
+                "add_param_group afterwards is not supported (build a new optimizer)")
+        super().add_param_group(param_group)
 
     def close(self) -> None:
         """Unregisters from every daemon and unlinks the shm names. The model

@@ -159,5 +159,29 @@ class LocalModeTest(unittest.TestCase):
             cluster.daemons[0].stop()
 
 
+class OptimizerProtocolTest(unittest.TestCase):
+    def test_state_dict_carries_the_step_id_and_no_late_groups(self):
+        d = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, d, ignore_errors=True)
+        cluster, addresses = start_cluster(d, 1)
+        try:
+            w = torch.nn.Parameter(torch.randn(6, 4))
+            opt = Muon([w], daemons=addresses, job_id="proto")
+            self.assertEqual(opt.param_groups[0]["coefficient_type"], "simple")  # torch's
+            for _ in range(2):
+                w.grad = torch.randn(6, 4)
+                opt.step()
+            sd = opt.state_dict()
+            self.assertEqual(sd["muond_step_id"], 2)
+            opt.step_id = 0
+            opt.load_state_dict(sd)
+            self.assertEqual(opt.step_id, 2)
+            with self.assertRaises(NotImplementedError):
+                opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(3, 3))]})
+            opt.close()
+        finally:
+            cluster.daemons[0].stop()
+
+
 if __name__ == "__main__":
     unittest.main()
