@@ -14,6 +14,14 @@
 
 namespace muond {
 
+// PublishManifest metadata between muond and muond-coordinator: the daemon's
+// registration id (request; new for every RegisterParams, repeated when it
+// re-publishes after a coordinator restart) and the lowest plan version of
+// that registration's round (the response's trailing metadata).
+inline constexpr char kRegistrationMetadata[] = "x-muond-registration";
+inline constexpr char kRoundPlanVersionMetadata[] =
+    "x-muond-round-plan-version";
+
 inline constexpr char kTokenMetadataKey[] = "x-muond-token";
 
 // OK when `expected` is empty or the request carries it (compared in

@@ -379,6 +379,12 @@ absl::StatusOr<v1::Plan> CoordinatorCore::ComputePlan(
 
 absl::Status CoordinatorCore::PublishManifest(
     const v1::PublishManifestRequest& request) {
+  return PublishRegistration(request, "").status();
+}
+
+absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
+    const v1::PublishManifestRequest& request,
+    const std::string& registration) {
   RETURN_IF_ERROR(ValidateManifestShape(request));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
@@ -389,11 +395,16 @@ absl::Status CoordinatorCore::PublishManifest(
                      "'; Join first"));
   }
   Daemon& daemon = it->second;
+  // Any plan computed from now on is at least this version.
+  const int64_t round_version =
+      job->plans.empty() ? 1 : job->plans.back().version() + 1;
   const std::string bytes = request.SerializeAsString();
-  if (daemon.has_manifest && daemon.manifest.SerializeAsString() == bytes) {
-    return absl::OkStatus();  // a daemon re-publishing after a reconnect
+  const bool same_manifest =
+      daemon.has_manifest && daemon.manifest.SerializeAsString() == bytes;
+  if (same_manifest && registration == daemon.registration) {
+    return round_version;  // a daemon re-publishing after a reconnect
   }
-  if (daemon.has_manifest) {
+  if (daemon.has_manifest && !same_manifest) {
     // A re-registration: start a new round, the peers publish again.
     LOG(INFO) << "job " << job->id << ": rank " << request.rank()
               << " published a new manifest; waiting for every rank again";
@@ -401,30 +412,41 @@ absl::Status CoordinatorCore::PublishManifest(
   }
   RETURN_IF_ERROR(CheckAgainstPeers(*job, request));
   const v1::PublishManifestRequest previous = daemon.manifest;
+  const std::string previous_registration = daemon.registration;
+  const bool previous_new_round = daemon.new_round;
   daemon.manifest = request;
   daemon.has_manifest = true;
-  if (!AllPublished(*job)) return absl::OkStatus();
+  daemon.registration = registration;
+  daemon.new_round = true;
+  if (!AllPublished(*job)) return round_version;
 
   std::map<int, std::string> manifests;
+  bool round_complete = true;
   for (const auto& [rank, d] : job->daemons) {
     manifests[rank] = d.manifest.SerializeAsString();
+    round_complete &= d.new_round;
   }
   const std::string fingerprint = Fingerprint(manifests);
-  if (fingerprint == job->planned_fingerprint) return absl::OkStatus();
-  // A plan from manifests serves params that have no plan yet: at once.
+  if (fingerprint == job->planned_fingerprint && !round_complete) {
+    return round_version;
+  }
+  // A plan for a new round serves params that have no plan yet: at once.
   absl::StatusOr<v1::Plan> plan =
       ComputePlan(*job, CostTable{}, "ns_cost", /*activate_at_step=*/0);
   if (!plan.ok()) {
     daemon.manifest = previous;
     daemon.has_manifest = false;
+    daemon.registration = previous_registration;
+    daemon.new_round = previous_new_round;
     return plan.status();
   }
   job->plans.push_back(*std::move(plan));
   job->planned_fingerprint = fingerprint;
+  for (auto& [rank, d] : job->daemons) d.new_round = false;
   LOG(INFO) << "job " << job->id << ": plan version "
             << job->plans.back().version() << " computed for "
             << job->plans.back().groups_size() << " groups";
-  return absl::OkStatus();
+  return round_version;
 }
 
 absl::StatusOr<v1::Plan> CoordinatorCore::GetPlan(const std::string& job_id) {

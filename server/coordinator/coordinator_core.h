@@ -100,6 +100,18 @@ class CoordinatorCore {
   // earlier rank of the same domain (names the first differing param, both
   // ranks), two ranks claiming the same (g, t). Nothing is stored on error.
   absl::Status PublishManifest(const v1::PublishManifestRequest& request);
+  // The same, for a daemon registration identified by `registration` (a
+  // daemon-chosen id, new for every RegisterParams; the same id again is a
+  // reconnect re-publish). Registration rounds: once every rank has
+  // published a new registration since the latest plan, the job gets a new
+  // plan version (activating at step 0) even when the manifests are
+  // unchanged, so communicators rendezvous under fresh keys. Returns the
+  // lowest plan version that can belong to this registration's round (the
+  // daemon builds its engine only from such a plan). An empty
+  // `registration` counts as new only when the manifest is new.
+  absl::StatusOr<int64_t> PublishRegistration(
+      const v1::PublishManifestRequest& request,
+      const std::string& registration);
 
   // NotFound: unknown job, or no plan yet.
   absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id);
@@ -144,6 +156,9 @@ class CoordinatorCore {
     v1::StepTimings last_timings;
     bool has_manifest = false;
     v1::PublishManifestRequest manifest;
+    std::string registration;  // id of the registration that published
+    // Published a new registration since the job's latest plan.
+    bool new_round = false;
     // Shape -> (ns_us, count) of the latest report that measured it.
     std::map<std::vector<int64_t>, std::pair<double, int64_t>> shape_times;
   };

@@ -50,9 +50,20 @@ grpc::Status CoordinatorService::PublishManifest(
     v1::PublishManifestResponse*) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
   if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
-  absl::Status status = core_->PublishManifest(*request);
-  if (!status.ok()) LOG(WARNING) << "PublishManifest refused: " << status;
-  return ToGrpc(status);
+  std::string registration;
+  auto it = context->client_metadata().find(kRegistrationMetadata);
+  if (it != context->client_metadata().end()) {
+    registration.assign(it->second.data(), it->second.size());
+  }
+  absl::StatusOr<int64_t> round_version =
+      core_->PublishRegistration(*request, registration);
+  if (!round_version.ok()) {
+    LOG(WARNING) << "PublishManifest refused: " << round_version.status();
+    return ToGrpc(round_version.status());
+  }
+  context->AddTrailingMetadata(kRoundPlanVersionMetadata,
+                               std::to_string(*round_version));
+  return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::WatchPlans(
@@ -62,7 +73,7 @@ grpc::Status CoordinatorService::WatchPlans(
   if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
   int64_t sent = 0;
   grpc::Status result = grpc::Status::OK;
-  while (!context->IsCancelled()) {
+  while (!context->IsCancelled() && !shutting_down_.load()) {
     absl::StatusOr<std::optional<v1::Plan>> plan =
         core_->WaitForPlan(request->job_id(), sent, absl::Milliseconds(200));
     if (!plan.ok()) {

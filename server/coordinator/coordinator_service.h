@@ -1,4 +1,5 @@
 #pragma once
+#include <atomic>
 #include <string>
 // The Coordinator gRPC service: a thin layer over CoordinatorCore (status
 // conversion, stream plumbing, cancellation).
@@ -38,9 +39,14 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status ListDaemons(grpc::ServerContext*, const v1::ListDaemonsRequest*,
                            v1::ListDaemonsResponse*) override;
 
+  // Ends every WatchPlans stream (within its 200 ms poll), so that
+  // grpc::Server::Shutdown does not wait for the daemons to hang up.
+  void BeginShutdown() { shutting_down_.store(true); }
+
  private:
   CoordinatorCore* core_;
   const std::string token_;
+  std::atomic<bool> shutting_down_{false};
 };
 
 }  // namespace muond

@@ -1,9 +1,9 @@
 // muond-coordinator: rendezvous store, manifests and NS-home plans for any
 // number of jobs (DESIGN.md §1, §4). Listens on TCP.
 #include <grpcpp/grpcpp.h>
-
 #include <unistd.h>
 
+#include <chrono>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -16,8 +16,8 @@
 #include "server/common/auth.h"
 #include "server/common/cli.h"
 #include "server/common/logging.h"
-#include "server/common/shutdown.h"
 #include "server/common/proto_convert.h"
+#include "server/common/shutdown.h"
 #include "server/coordinator/coordinator_core.h"
 #include "server/coordinator/coordinator_service.h"
 
@@ -121,9 +121,13 @@ int main(int argc, char** argv) {
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   // SIGTERM/SIGINT: stop serving; main then removes the port file.
-  muond::ShutdownSignalWatcher watcher([&server](int signum) {
+  muond::ShutdownSignalWatcher watcher([&server, &service](int signum) {
     LOG(INFO) << "signal " << signum << ": shutting down";
-    server->Shutdown();
+    // Plan streams never end on their own: end them, and cancel whatever
+    // call is still running after the deadline (a long KvGet).
+    service.BeginShutdown();
+    server->Shutdown(std::chrono::system_clock::now() +
+                     std::chrono::seconds(2));
   });
   if (!port_file.empty()) {
     const std::string tmp = port_file + ".tmp";

@@ -3,7 +3,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
@@ -12,6 +14,12 @@
 
 namespace muond {
 namespace {
+
+std::string RandomIncarnation() {
+  std::random_device device;
+  std::mt19937_64 rng((uint64_t(device()) << 32) ^ device());
+  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
+}
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration d) {
   context->set_deadline(std::chrono::system_clock::now() +
@@ -25,7 +33,8 @@ GrpcCoordinatorLink::GrpcCoordinatorLink(
     std::shared_ptr<grpc::ChannelCredentials> credentials)
     : join_(std::move(join)),
       stub_(v1::Coordinator::NewStub(
-          grpc::CreateChannel(address, std::move(credentials)))) {}
+          grpc::CreateChannel(address, std::move(credentials)))),
+      incarnation_(RandomIncarnation()) {}
 
 void GrpcCoordinatorLink::Prepare(grpc::ClientContext* context,
                                   absl::Duration deadline) const {
@@ -105,6 +114,10 @@ absl::Status GrpcCoordinatorLink::Start(
   }
   LOG(INFO) << "joined job " << join_.job_id() << " as rank " << join_.rank()
             << "/" << join_.world_size();
+  {
+    absl::MutexLock lock(&mu_);
+    joined_ = true;
+  }
   watcher_ = std::thread([this] { WatchLoop(); });
   reporter_ = std::thread([this] { ReportLoop(); });
   return absl::OkStatus();
@@ -126,13 +139,18 @@ void GrpcCoordinatorLink::WatchLoop() {
         continue;
       }
       std::optional<v1::PublishManifestRequest> manifest;
+      std::string registration;
       {
         absl::MutexLock lock(&mu_);
         manifest = manifest_;
+        registration = registration_;
       }
       if (manifest) {
         grpc::ClientContext context;
         Prepare(&context, absl::Seconds(10));
+        if (!registration.empty()) {
+          context.AddMetadata(kRegistrationMetadata, registration);
+        }
         v1::PublishManifestResponse response;
         stub_->PublishManifest(&context, *manifest, &response);
       }
@@ -197,6 +215,43 @@ absl::Status GrpcCoordinatorLink::PublishManifest(
     manifest_ = manifest;
   }
   return st;
+}
+
+absl::StatusOr<int64_t> GrpcCoordinatorLink::PublishRegistration(
+    const v1::PublishManifestRequest& manifest) {
+  std::string registration;
+  {
+    absl::MutexLock lock(&mu_);
+    auto joined = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return joined_ || stopping_;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&joined), absl::Seconds(30)) ||
+        !joined_) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", join_.rank(), " has not joined job '",
+                       join_.job_id(), "' at the coordinator yet"));
+    }
+    registration = absl::StrCat(incarnation_, "-", ++registrations_);
+  }
+  grpc::ClientContext context;
+  Prepare(&context, absl::Seconds(30));
+  context.AddMetadata(kRegistrationMetadata, registration);
+  v1::PublishManifestResponse response;
+  absl::Status st =
+      FromGrpc(stub_->PublishManifest(&context, manifest, &response));
+  if (!st.ok()) return st;
+  int64_t round_version = 0;
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find(kRoundPlanVersionMetadata);
+  if (it == trailers.end() ||
+      !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
+                        &round_version)) {
+    round_version = 0;  // an older coordinator: any plan
+  }
+  absl::MutexLock lock(&mu_);
+  manifest_ = manifest;
+  registration_ = registration;
+  return round_version;
 }
 
 void GrpcCoordinatorLink::ReportTimings(

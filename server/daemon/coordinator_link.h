@@ -33,6 +33,10 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
 
   absl::Status PublishManifest(
       const v1::PublishManifestRequest& manifest) override;
+  // Sends a new registration id (metadata), kept for re-publishing after a
+  // coordinator restart; returns the coordinator's round plan version.
+  absl::StatusOr<int64_t> PublishRegistration(
+      const v1::PublishManifestRequest& manifest) override;
   void ReportTimings(const v1::ReportTimingsRequest& report) override;
   std::string DescribeDeadPeers(absl::Duration wait) override;
 
@@ -53,10 +57,18 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   std::function<void(const v1::Plan&)> on_plan_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Start's Join succeeded. The Optimizer service serves before that, so a
+  // RegisterParams arriving early waits for it (PublishManifest needs it).
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<v1::ReportTimingsRequest> pending_report_ ABSL_GUARDED_BY(mu_);
   // The last manifest, re-published after a coordinator restart.
   std::optional<v1::PublishManifestRequest> manifest_ ABSL_GUARDED_BY(mu_);
+  std::string registration_ ABSL_GUARDED_BY(mu_);  // id of manifest_
+  // Registration ids: "<random per process>-<counter>", so a restarted
+  // daemon never repeats an id its previous process used.
+  const std::string incarnation_;
+  uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread watcher_;
   std::thread reporter_;
 };

@@ -80,6 +80,7 @@ bool DaemonCore::PlanMatches(const v1::Plan& plan) const {
 const v1::Plan* DaemonCore::NewestMatchingPlan(
     std::optional<int64_t> at_step) const {
   for (auto it = plans_.rbegin(); it != plans_.rend(); ++it) {
+    if (it->first < round_plan_version_) break;  // an earlier round's plan
     if (at_step && it->second.activate_at_step() > *at_step) continue;
     if (PlanMatches(it->second)) return &it->second;
   }
@@ -186,7 +187,9 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
                         cancelled));
   const v1::PublishManifestRequest manifest =
       reg->Manifest(config_.job_id, config_.rank);
-  if (absl::Status st = link_->PublishManifest(manifest); !st.ok()) {
+  absl::StatusOr<int64_t> round_version = link_->PublishRegistration(manifest);
+  if (!round_version.ok()) {
+    const absl::Status& st = round_version.status();
     return absl::Status(
         st.code(),
         absl::StrCat("the coordinator refused the manifest: ", st.message()));
@@ -202,6 +205,7 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
             << reg->groups.size() << " groups for client '" << reg->client_id
             << "' (" << reg->mappings.size() << " mappings)";
   registration_ = std::move(reg);
+  round_plan_version_ = *round_version;
   ++registration_generation_;
   last_step_id_.reset();
   active_plan_version_ = 0;
@@ -229,6 +233,18 @@ absl::Status DaemonCore::Unregister(
 
 absl::Status DaemonCore::ActivatePlanFor(int64_t step_id) {
   const v1::Plan* plan = NewestMatchingPlan(step_id);
+  if (plan == nullptr) {
+    // Every plan of the round activates later (e.g. a restarted job stepping
+    // from 1 under a rebalance made for a later step): use the round's
+    // oldest, which every rank of the domain received too.
+    for (auto it = plans_.lower_bound(round_plan_version_); it != plans_.end();
+         ++it) {
+      if (PlanMatches(it->second)) {
+        plan = &it->second;
+        break;
+      }
+    }
+  }
   if (plan == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("no plan is active at step ", step_id,

@@ -19,9 +19,13 @@
 // UnregisterParams from any other client_id (empty included) are
 // PermissionDenied.
 //
-// Plans: every plan received is kept; before step s the daemon activates the
-// newest plan with activate_at_step <= s (SetHomes per group), so all ranks
-// of a domain switch at the same boundary. Plans that do not match the
+// Plans: every plan received is kept; only plans of the current registration
+// round (version >= the round version the coordinator answered at
+// RegisterParams) are used. The engine is built from the newest such plan;
+// before step s the daemon activates the newest one with activate_at_step <= s
+// (SetHomes per group), so all ranks of a domain switch at the same boundary;
+// when every one activates later, the oldest one of the round (the same rule
+// on every rank). Plans that do not match the
 // registration (other groups or param counts) are ignored. Losing the
 // coordinator changes nothing: the daemon keeps stepping with its plans.
 //
@@ -52,6 +56,16 @@ class CoordinatorLink {
   virtual ~CoordinatorLink() = default;
   virtual absl::Status PublishManifest(
       const v1::PublishManifestRequest& manifest) = 0;
+  // Publishes the manifest of a new registration (RegisterParams) and returns
+  // the lowest plan version of its registration round: the daemon builds its
+  // engine only from such a plan, never from one of an earlier round (whose
+  // rendezvous keys are stale). 0 = any plan.
+  virtual absl::StatusOr<int64_t> PublishRegistration(
+      const v1::PublishManifestRequest& manifest) {
+    absl::Status st = PublishManifest(manifest);
+    if (!st.ok()) return st;
+    return int64_t{0};
+  }
   // Fire and forget (the latest report wins; never blocks a step).
   virtual void ReportTimings(const v1::ReportTimingsRequest& report) = 0;
   // After a collective failed: which peer ranks are gone, as a phrase for the
@@ -150,6 +164,8 @@ class DaemonCore {
   std::unique_ptr<StepEngine> engine_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, v1::Plan> plans_ ABSL_GUARDED_BY(mu_);  // by version
   int64_t active_plan_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Lowest plan version of the current registration round.
+  int64_t round_plan_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<int64_t> last_step_id_ ABSL_GUARDED_BY(mu_);
   v1::StepResponse last_response_ ABSL_GUARDED_BY(mu_);
   std::string engine_error_ ABSL_GUARDED_BY(mu_);

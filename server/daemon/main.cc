@@ -92,6 +92,14 @@ int main(int argc, char** argv) {
     LOG(ERROR) << st.message();
     return 2;
   }
+  // A malformed --coordinator would only fail at RegisterParams (Join keeps
+  // retrying): refuse it at startup.
+  if (absl::Status st = muond::CheckListenAddress(
+          "--coordinator", absl::GetFlag(FLAGS_coordinator));
+      !st.ok()) {
+    LOG(ERROR) << st.message();
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_host) && device >= 0) {
     LOG(ERROR) << "--host and --device are exclusive";
     return 2;

@@ -130,6 +130,14 @@ void Cluster::KillCoordinator(int sig) {
   coordinator_pid_ = -1;
 }
 
+int Cluster::StopCoordinator(int sig, absl::Duration bound) {
+  if (coordinator_pid_ <= 0) return -1;
+  kill(coordinator_pid_, sig);
+  const int code = WaitExit(coordinator_pid_, bound);
+  coordinator_pid_ = -1;
+  return code;
+}
+
 std::string Cluster::coordinator() const {
   return absl::StrCat("127.0.0.1:", port_);
 }
@@ -351,9 +359,18 @@ absl::Status Trainers::RegisterAll(absl::Duration timeout) {
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < kWorld; ++r) {
-    if (!st[r].ok())
-      return absl::Status(st[r].code(),
-                          absl::StrCat("rank ", r, ": ", st[r].message()));
+    if (!st[r].ok()) {
+      // The servers' logs say why (the test directory is removed at the end).
+      std::string logs;
+      for (const std::string name :
+           {"coordinator", "daemon0", "daemon1", "daemon2", "daemon3"}) {
+        std::ifstream in(cluster_.dir() + "/" + name + ".log");
+        logs += "\n--- " + name + ".log\n" +
+                std::string(std::istreambuf_iterator<char>(in), {});
+      }
+      return absl::Status(
+          st[r].code(), absl::StrCat("rank ", r, ": ", st[r].message(), logs));
+    }
   }
   return absl::OkStatus();
 }

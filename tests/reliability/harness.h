@@ -44,6 +44,9 @@ class Cluster {
 
   void StartCoordinator(int port = 0);  // 0: pick one (then fixed)
   void KillCoordinator(int sig = SIGKILL);
+  // Sends `sig` and returns the exit code (WaitExit: -1 when it is still
+  // running after `bound`, then SIGKILLed).
+  int StopCoordinator(int sig, absl::Duration bound);
   void StartDaemon(int rank);
   void KillDaemon(int rank, int sig = SIGKILL);
   bool DaemonAlive(int rank);

@@ -113,8 +113,10 @@ TEST(ReliabilityTest, ResumeAfterRestartUnderAnotherPlanIsBitwise) {
   ASSERT_TRUE(b.WaitDaemonsLive(false, absl::Seconds(10)));
   for (int r = 0; r < kWorld; ++r) b.StartDaemon(r);
   ASSERT_TRUE(t.RegisterAll().ok());
+  // The restarted daemons' registration round got plan version 2 (fresh
+  // rendezvous keys); the rebalance is version 3.
   const v1::Plan v2 = Rebalance(b, /*inverted=*/true, 0);
-  ASSERT_EQ(v2.version(), 2);
+  ASSERT_EQ(v2.version(), 3);
   ASSERT_LE(v2.activate_at_step(), 6) << "v2 must take effect before step 6";
   out = Muonctl(b, "load", state, &rc);
   ASSERT_EQ(rc, 0) << out;
@@ -122,7 +124,7 @@ TEST(ReliabilityTest, ResumeAfterRestartUnderAnotherPlanIsBitwise) {
   for (int r = 0; r < kWorld; ++r) {
     for (int i = 0; i < 500; ++i) {
       auto s = t.client(r).Status();
-      if (s.ok() && s->latest_plan_version() >= 2) break;
+      if (s.ok() && s->latest_plan_version() >= 3) break;
       absl::SleepFor(absl::Milliseconds(10));
     }
   }
@@ -131,7 +133,7 @@ TEST(ReliabilityTest, ResumeAfterRestartUnderAnotherPlanIsBitwise) {
     auto results = t.StepAll(s);
     for (int r = 0; r < kWorld; ++r) {
       ASSERT_TRUE(results[r].ok()) << results[r].status();
-      EXPECT_EQ(results[r]->plan_version(), s >= v2.activate_at_step() ? 2 : 1)
+      EXPECT_EQ(results[r]->plan_version(), s >= v2.activate_at_step() ? 3 : 2)
           << "v2 activates at " << v2.activate_at_step();
     }
   }
@@ -291,6 +293,87 @@ TEST(ReliabilityTest, CoordinatorRestartDaemonsKeepSteppingAndRejoin) {
   ASSERT_TRUE(t.RunSteps(4, 4).ok());
   ExpectBitwise(t.Shards(), t.ReferenceShards(Steps(1, 4)),
                 "steps across a coordinator restart");
+}
+
+// The coordinator's SIGTERM ends the daemons' plan streams: it exits 0, and
+// the daemons re-join a coordinator restarted on the same port.
+TEST(ReliabilityTest, CoordinatorSigtermExitsAndDaemonsRejoin) {
+  Cluster c({});
+  c.StartAll();
+  Trainers t(c);
+  absl::Status registered = t.RegisterAll();
+  ASSERT_TRUE(registered.ok()) << registered;
+  ASSERT_TRUE(t.RunSteps(1, 1).ok());
+  EXPECT_EQ(c.StopCoordinator(SIGTERM, absl::Seconds(30)), 0)
+      << "muond-coordinator did not exit cleanly on SIGTERM with daemons "
+         "watching plans";
+  ASSERT_TRUE(t.RunSteps(2, 2).ok());
+  c.StartCoordinator();  // same port
+  ASSERT_TRUE(c.WaitDaemonsLive(true, absl::Seconds(30)))
+      << "daemons did not re-join";
+  ASSERT_TRUE(t.RunSteps(3, 3).ok());
+  ExpectBitwise(t.Shards(), t.ReferenceShards(Steps(1, 3)),
+                "steps across a coordinator SIGTERM + restart");
+}
+
+// ------------------------------------------------------------------ rounds
+
+// The same live daemons serve two trainers one after the other; the second
+// registration round gets a new plan version (fresh rendezvous keys) although
+// the manifests are identical, and both runs equal the reference.
+TEST(ReliabilityTest, SecondTrainerOnTheSameDaemonsGetsFreshRendezvous) {
+  Cluster c({});
+  c.StartAll();
+  int64_t first_version = 0;
+  {
+    Trainers t(c, "first");
+    ASSERT_TRUE(t.RegisterAll().ok());
+    ASSERT_TRUE(t.RunSteps(1, 3).ok());
+    ExpectBitwise(t.Shards(), t.ReferenceShards(Steps(1, 3)), "first trainer");
+    auto s = t.client(0).Status();
+    ASSERT_TRUE(s.ok()) << s.status();
+    first_version = s->latest_plan_version();
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(t.client(r).Unregister().ok()) << r;
+    }
+  }
+  for (int round = 0; round < 2; ++round) {
+    Trainers t(c, absl::StrCat("next", round));
+    ASSERT_TRUE(t.RegisterAll().ok()) << "round " << round;
+    ASSERT_TRUE(t.RunSteps(1, 3).ok()) << "round " << round;
+    ExpectBitwise(t.Shards(), t.ReferenceShards(Steps(1, 3)),
+                  absl::StrCat("trainer of round ", round));
+    for (int r = 0; r < kWorld; ++r) {
+      auto s = t.client(r).Status();
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_EQ(s->latest_plan_version(), first_version + 1 + round) << r;
+      ASSERT_TRUE(t.client(r).Unregister().ok()) << r;
+    }
+  }
+}
+
+// After a rebalance that activates late, restarted daemons with a fresh
+// trainer stepping from 1 still have a plan for step 1.
+TEST(ReliabilityTest, FreshTrainerAfterLateRebalanceStepsFromOne) {
+  Cluster c({});
+  c.StartAll();
+  {
+    Trainers t(c, "before");
+    absl::Status registered = t.RegisterAll();
+    ASSERT_TRUE(registered.ok()) << registered;
+    ASSERT_TRUE(t.RunSteps(1, 2).ok());
+    const v1::Plan late = Rebalance(c, /*inverted=*/true, 50);
+    ASSERT_GT(late.activate_at_step(), 3);
+  }
+  for (int r = 0; r < kWorld; ++r) c.KillDaemon(r);
+  ASSERT_TRUE(c.WaitDaemonsLive(false, absl::Seconds(10)));
+  for (int r = 0; r < kWorld; ++r) c.StartDaemon(r);
+  Trainers t(c, "after");
+  absl::Status registered = t.RegisterAll();
+  ASSERT_TRUE(registered.ok()) << registered;
+  ASSERT_TRUE(t.RunSteps(1, 3).ok());
+  ExpectBitwise(t.Shards(), t.ReferenceShards(Steps(1, 3)),
+                "fresh trainer after a late rebalance");
 }
 
 // ------------------------------------------------------------------ access

@@ -225,6 +225,37 @@ TEST(CoordinatorCore, PlanComputedOnceAllPublished) {
   EXPECT_EQ(core.GetPlan("j")->version(), 1);
 }
 
+// Registration rounds: identical manifests from new registrations (a second
+// trainer on the same daemons) get a new plan version once every rank has
+// re-published; a reconnect re-publish (same registration id) does not.
+TEST(CoordinatorCore, EveryRegistrationRoundGetsANewPlanVersion) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 4; ++r) {
+    absl::StatusOr<int64_t> round = core.PublishRegistration(
+        Manifest("j", r, kShapes), "a" + std::to_string(r));
+    ASSERT_TRUE(round.ok()) << round.status();
+    EXPECT_EQ(*round, 1);
+  }
+  ASSERT_EQ(core.GetPlan("j")->version(), 1);
+  // Reconnect re-publish: same id, same manifest, no new plan.
+  ASSERT_TRUE(core.PublishRegistration(Manifest("j", 2, kShapes), "a2").ok());
+  EXPECT_EQ(core.GetPlan("j")->version(), 1);
+  // Round 2: ranks 0..2 re-register; no plan until rank 3 does.
+  for (int r = 0; r < 3; ++r) {
+    absl::StatusOr<int64_t> round = core.PublishRegistration(
+        Manifest("j", r, kShapes), "b" + std::to_string(r));
+    ASSERT_TRUE(round.ok()) << round.status();
+    EXPECT_EQ(*round, 2) << "the round's plan is at least version 2";
+    EXPECT_EQ(core.GetPlan("j")->version(), 1);
+  }
+  ASSERT_TRUE(core.PublishRegistration(Manifest("j", 3, kShapes), "b3").ok());
+  absl::StatusOr<v1::Plan> plan = core.GetPlan("j");
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->version(), 2);
+  EXPECT_EQ(plan->activate_at_step(), 0);
+}
+
 TEST(CoordinatorCore, RebalanceBumpsVersionWithActivationStep) {
   CoordinatorCore core(Options());
   JoinAll(core, "j", 4);

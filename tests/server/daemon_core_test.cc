@@ -21,9 +21,16 @@ class FakeLink : public CoordinatorLink {
     manifests.push_back(m);
     return publish_status;
   }
+  absl::StatusOr<int64_t> PublishRegistration(
+      const v1::PublishManifestRequest& m) override {
+    absl::Status st = PublishManifest(m);
+    if (!st.ok()) return st;
+    return round_version;
+  }
   void ReportTimings(const v1::ReportTimingsRequest& r) override {
     reports.push_back(r);
   }
+  int64_t round_version = 0;  // what the coordinator answers a registration
   std::vector<v1::PublishManifestRequest> manifests;
   std::vector<v1::ReportTimingsRequest> reports;
   absl::Status publish_status;
@@ -354,6 +361,35 @@ TEST_F(DaemonCoreTest, StepRulesAndPlanActivation) {
   ASSERT_TRUE(core_->Unregister(un).ok());
   EXPECT_FALSE(core_->Health().has_plan());
   EXPECT_EQ(core_->Status().num_params(), 0);
+}
+
+// A re-registration uses only plans of its own round (never the plan of the
+// previous trainer, whose rendezvous keys are stale); when every plan of the
+// round activates later than the step, the round's oldest one serves it.
+TEST_F(DaemonCoreTest, ReRegistrationUsesOnlyItsRoundsPlans) {
+  link_.round_version = 1;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  ASSERT_EQ(core_->Step(StepReq(1))->plan_version(), 1);
+  v1::UnregisterParamsRequest un;
+  un.set_job_id("job");
+  un.set_client_id("trainer0");
+  ASSERT_TRUE(core_->Unregister(un).ok());
+
+  link_.round_version = 2;
+  absl::StatusOr<v1::RegisterParamsResponse> again = core_->Register(Valid());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->plan_version(), 0) << "plan 1 belongs to the last round";
+  absl::Status early = core_->Step(StepReq(1)).status();
+  EXPECT_THAT(early.message(), HasSubstr("before the plan"));
+  core_->OnPlan(PlanFor(2, 10, 1));  // the round's plan activates later
+  WaitForEngine();
+  absl::StatusOr<v1::StepResponse> s1 = core_->Step(StepReq(1));
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  EXPECT_EQ(s1->plan_version(), 2);
+  ASSERT_FALSE(fake_->homes_set.empty());
+  EXPECT_EQ(fake_->homes_set.back().second[0].g, 1);
 }
 
 TEST_F(DaemonCoreTest, SaveAndLoadStateRoundTrip) {

@@ -105,6 +105,15 @@ TEST(Startup, FlagErrorsArePrecise) {
                       &out),
             2);
   EXPECT_THAT(out, HasSubstr("--listen='foo' is malformed"));
+  // An empty coordinator port is refused at startup, not at RegisterParams.
+  EXPECT_EQ(
+      RunToExit({Runfile("server/daemon/muond"), "--host", "--rank=0",
+                 "--world_size=1", "--job_id=j",
+                 "--coordinator=127.0.0.1:", "--coordinator_timeout_s=600"},
+                &out),
+      2);
+  EXPECT_THAT(out, HasSubstr("--coordinator='127.0.0.1:' is malformed"));
+  EXPECT_THAT(out, Not(HasSubstr("serving on")));
 }
 
 // No machine has 10000 GPUs: fails at startup, before joining (the
