@@ -15,7 +15,8 @@ cd "$work"/muond-bundle && . env.sh
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv > "$out/gpu.txt" 2>&1
 {
-  echo "== gpu tests"; ./run-gpu-tests.sh 2>&1 | tail -40
+  echo "== gpu tests"; ./run-gpu-tests.sh > "$out/gpu-tests-full.log" 2>&1
+  grep -E "^(PASS|FAIL) |gpu test binaries|SKIPPED \]|FAILED  \]" "$out/gpu-tests-full.log" | sort | uniq -c
   echo "== exactness"; timeout 300 python3 tests/gpu/test_exactness_vs_torch.py 2>&1 | tail -15
 } > "$out/tests.log" 2>&1
 tail -25 "$out/tests.log"
