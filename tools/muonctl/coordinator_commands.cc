@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -253,6 +254,28 @@ std::unique_ptr<v1::Optimizer::Stub> ConnectDaemon(const v1::DaemonInfo& d,
                                            : Credentials(a)));
 }
 
+// Calls `call` on every live daemon of the job, in rank order, stopping at
+// the first that returns non-zero and returning that code (1 when the daemon
+// list cannot be had). `count` gets the number of daemons.
+int ForEachLiveDaemon(const Args& a, std::ostream& err, int* count,
+                      const std::function<int(const v1::DaemonInfo&,
+                                              v1::Optimizer::Stub&)>& call) {
+  v1::ListDaemonsResponse list;
+  if (!ListLiveDaemons(a, &list, err)) return 1;
+  *count = list.daemons_size();
+  for (const v1::DaemonInfo& d : list.daemons()) {
+    auto stub = ConnectDaemon(d, a);
+    if (int rc = call(d, *stub); rc != 0) return rc;
+  }
+  return 0;
+}
+
+int DaemonRpcFailed(const v1::DaemonInfo& d, const char* rpc,
+                    const grpc::Status& st, std::ostream& err) {
+  err << "muonctl: rank " << d.rank() << ": ";
+  return RpcFailed(rpc, st, err);
+}
+
 }  // namespace
 
 int RunSave(const std::vector<std::string>& args, std::ostream& out,
@@ -261,36 +284,34 @@ int RunSave(const std::vector<std::string>& args, std::ostream& out,
   if (int rc = Parse("save", Kind::kState, args, &a, out, err); rc >= 0) {
     return rc;
   }
-  v1::ListDaemonsResponse list;
-  if (!ListLiveDaemons(a, &list, err)) return 1;
   std::set<int64_t> steps;
-  for (const v1::DaemonInfo& d : list.daemons()) {
-    auto stub = ConnectDaemon(d, a);
-    v1::SaveStateRequest req;
-    req.set_path(StatePath(a, d.rank()));
-    v1::SaveStateResponse resp;
-    grpc::ClientContext ctx;
-    Deadline(&ctx, a);
-    grpc::Status st = stub->SaveState(&ctx, req, &resp);
-    if (!st.ok()) {
-      err << "muonctl: rank " << d.rank() << ": ";
-      return RpcFailed("SaveState", st, err);
-    }
-    v1::GetStatusResponse status;
-    grpc::ClientContext sctx;
-    Deadline(&sctx, a);
-    if (stub->GetStatus(&sctx, v1::GetStatusRequest(), &status).ok()) {
-      steps.insert(status.last_step_id());
-    }
-    out << "rank " << d.rank() << ": " << resp.path() << " (" << resp.bytes()
-        << " bytes)\n";
-  }
+  int count = 0;
+  const int rc = ForEachLiveDaemon(
+      a, err, &count, [&](const v1::DaemonInfo& d, v1::Optimizer::Stub& stub) {
+        v1::SaveStateRequest req;
+        req.set_path(StatePath(a, d.rank()));
+        v1::SaveStateResponse resp;
+        grpc::ClientContext ctx;
+        Deadline(&ctx, a);
+        grpc::Status st = stub.SaveState(&ctx, req, &resp);
+        if (!st.ok()) return DaemonRpcFailed(d, "SaveState", st, err);
+        v1::GetStatusResponse status;
+        grpc::ClientContext sctx;
+        Deadline(&sctx, a);
+        if (stub.GetStatus(&sctx, v1::GetStatusRequest(), &status).ok()) {
+          steps.insert(status.last_step_id());
+        }
+        out << "rank " << d.rank() << ": " << resp.path() << " ("
+            << resp.bytes() << " bytes)\n";
+        return 0;
+      });
+  if (rc != 0) return rc;
   if (steps.size() > 1) {
     err << "muonctl: the daemons saved different step ids (a step ran during "
            "the save); pause the trainers and save again\n";
     return 1;
   }
-  out << "saved " << list.daemons_size() << " ranks at step "
+  out << "saved " << count << " ranks at step "
       << (steps.empty() ? -1 : *steps.begin()) << "\n";
   return 0;
 }
@@ -301,30 +322,28 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out,
   if (int rc = Parse("load", Kind::kState, args, &a, out, err); rc >= 0) {
     return rc;
   }
-  v1::ListDaemonsResponse list;
-  if (!ListLiveDaemons(a, &list, err)) return 1;
   std::set<int64_t> steps;
-  for (const v1::DaemonInfo& d : list.daemons()) {
-    auto stub = ConnectDaemon(d, a);
-    v1::LoadStateRequest req;
-    req.set_path(StatePath(a, d.rank()));
-    v1::LoadStateResponse resp;
-    grpc::ClientContext ctx;
-    Deadline(&ctx, a);
-    grpc::Status st = stub->LoadState(&ctx, req, &resp);
-    if (!st.ok()) {
-      err << "muonctl: rank " << d.rank() << ": ";
-      return RpcFailed("LoadState", st, err);
-    }
-    steps.insert(resp.step_id());
-    out << "rank " << d.rank() << ": loaded " << req.path() << " (step "
-        << resp.step_id() << ")\n";
-  }
+  int count = 0;
+  const int rc = ForEachLiveDaemon(
+      a, err, &count, [&](const v1::DaemonInfo& d, v1::Optimizer::Stub& stub) {
+        v1::LoadStateRequest req;
+        req.set_path(StatePath(a, d.rank()));
+        v1::LoadStateResponse resp;
+        grpc::ClientContext ctx;
+        Deadline(&ctx, a);
+        grpc::Status st = stub.LoadState(&ctx, req, &resp);
+        if (!st.ok()) return DaemonRpcFailed(d, "LoadState", st, err);
+        steps.insert(resp.step_id());
+        out << "rank " << d.rank() << ": loaded " << req.path() << " (step "
+            << resp.step_id() << ")\n";
+        return 0;
+      });
+  if (rc != 0) return rc;
   if (steps.size() > 1) {
     err << "muonctl: the state files hold different step ids\n";
     return 1;
   }
-  out << "loaded " << list.daemons_size() << " ranks at step " << *steps.begin()
+  out << "loaded " << count << " ranks at step " << *steps.begin()
       << "; the next step id is " << *steps.begin() + 1 << "\n";
   return 0;
 }
