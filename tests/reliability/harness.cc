@@ -33,7 +33,8 @@ std::string Runfile(const std::string& path) {
 
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
   std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -159,8 +160,7 @@ void Cluster::StartDaemon(int rank) {
   if (!options_.token.empty()) args.push_back("--token=" + options_.token);
   for (const std::string& f : options_.daemon_flags) args.push_back(f);
   unlink(socket(rank).c_str());
-  daemons_[rank] =
-      Spawn(args, absl::StrCat(dir_, "/daemon", rank, ".log"));
+  daemons_[rank] = Spawn(args, absl::StrCat(dir_, "/daemon", rank, ".log"));
   WaitForFile(socket(rank), absl::Seconds(10));
 }
 
@@ -217,10 +217,8 @@ bool Cluster::WaitDaemonsLive(bool live, absl::Duration timeout) {
 
 const std::vector<Weight>& Weights() {
   static const auto* w = new std::vector<Weight>{
-      {"col", 32, 16, 0, true, 0},
-      {"row", 16, 32, 1, true, 0},
-      {"pad", 36, 8, 0, true, 2},
-      {"rep", 8, 8, -1, false, 0},
+      {"col", 32, 16, 0, true, 0},  {"row", 16, 32, 1, true, 0},
+      {"pad", 36, 8, 0, true, 2},   {"rep", 8, 8, -1, false, 0},
       {"wide", 16, 24, 1, true, 0},
   };
   return *w;
@@ -258,22 +256,6 @@ v1::ParamGroup BaseGroup(int g, int t) {
 
 // ---------------------------------------------------------------- Trainers
 
-Trainers::Shard Trainers::ShardOf(const Weight& w, int g, int t) {
-  int64_t tr0 = 0, tr = w.rows, c0 = 0, nc = w.cols;
-  if (w.tp_dim == 0) {
-    tr = w.rows / kT;
-    tr0 = t * tr;
-  } else if (w.tp_dim == 1) {
-    nc = w.cols / kT;
-    c0 = t * nc;
-  }
-  if (!w.gtp) return {tr0, tr, c0, nc, tr};
-  const int64_t local = (tr + w.pad) / kG;
-  const int64_t start = g * local;
-  const int64_t real = std::max<int64_t>(0, std::min(local, tr - start));
-  return {tr0 + start, local, c0, nc, real};
-}
-
 Trainers::Trainers(const Cluster& cluster, const std::string& tag)
     : cluster_(cluster) {
   static int counter = 0;
@@ -281,11 +263,12 @@ Trainers::Trainers(const Cluster& cluster, const std::string& tag)
   for (int rank = 0; rank < kWorld; ++rank) {
     const int g = rank / kT, t = rank % kT;
     size_t bytes = 0;
-    for (const Weight& w : Weights()) bytes += 4 * (w.rows * w.cols * 2 + 64) + 4096;
+    for (const Weight& w : Weights())
+      bytes += 4 * (w.rows * w.cols * 2 + 64) + 4096;
     auto region = ShmRegion::Create(
         absl::StrCat("/muond-rel-", getpid(), "-",
-                     absl::ToUnixMicros(absl::Now()) % 1000000007, "-", tag,
-                     id, "-r", rank),
+                     absl::ToUnixMicros(absl::Now()) % 1000000007, "-", tag, id,
+                     "-r", rank),
         bytes);
     regions_.push_back(std::move(*region));
     ShmRegion& reg = *regions_.back();
@@ -295,7 +278,7 @@ Trainers::Trainers(const Cluster& cluster, const std::string& tag)
       Buffers b;
       b.full_param = static_cast<float*>(*reg.Allocate(4 * w.rows * w.cols));
       b.full_grad = static_cast<float*>(*reg.Allocate(4 * w.rows * w.cols));
-      b.shard = ShardOf(w, g, t);
+      b.shard = testing::ShardOf(w, kG, kT, g, t);
       for (int64_t i = 0; i < w.rows; ++i)
         for (int64_t j = 0; j < w.cols; ++j)
           b.full_param[i * w.cols + j] = Value(w.name, 0, i, j);
@@ -382,7 +365,8 @@ void Trainers::FillGrads(int grad_step, const std::string& poison) {
       Buffers& b = buffers_[rank][k];
       for (int64_t i = 0; i < w.rows; ++i)
         for (int64_t j = 0; j < w.cols; ++j)
-          b.full_grad[i * w.cols + j] = Value(w.name + "/grad", grad_step, i, j);
+          b.full_grad[i * w.cols + j] =
+              Value(w.name + "/grad", grad_step, i, j);
       if (w.name == poison) {
         b.full_grad[b.shard.r0 * w.cols + b.shard.c0] =
             std::numeric_limits<float>::quiet_NaN();
@@ -431,10 +415,10 @@ std::vector<float> Trainers::Shards() const {
       const Buffers& b = buffers_[rank][k];
       for (int64_t i = 0; i < b.shard.real; ++i)
         for (int64_t j = 0; j < b.shard.nc; ++j)
-          out.push_back(b.local_param != nullptr
-                            ? b.local_param[i * b.shard.nc + j]
-                            : b.full_param[(b.shard.r0 + i) * w.cols +
-                                           b.shard.c0 + j]);
+          out.push_back(
+              b.local_param != nullptr
+                  ? b.local_param[i * b.shard.nc + j]
+                  : b.full_param[(b.shard.r0 + i) * w.cols + b.shard.c0 + j]);
     }
   }
   return out;

@@ -17,6 +17,7 @@
 #include "client/cpp/client.h"
 #include "client/cpp/shm_region.h"
 #include "muond/v1/muond.grpc.pb.h"
+#include "tests/common/shard_geometry.h"
 
 namespace muond::reliability {
 
@@ -75,13 +76,7 @@ class Cluster {
 };
 
 // The weights of the 2x2 test: (rows, cols, tp_dim -1/0/1, gtp, pad).
-struct Weight {
-  std::string name;
-  int64_t rows, cols;
-  int tp_dim;
-  bool gtp;
-  int64_t pad;
-};
+using testing::Weight;
 const std::vector<Weight>& Weights();
 
 // Deterministic values in [-1, 1]: params at step 0, grads at step >= 1.
@@ -113,9 +108,7 @@ class Trainers {
   v1::ParamGroup Group(int rank) const;  // the registered group of `rank`
 
  private:
-  struct Shard {
-    int64_t r0, nr, c0, nc, real;
-  };
+  using Shard = testing::Shard;
   struct Buffers {
     float* full_param;
     float* full_grad;
@@ -123,7 +116,6 @@ class Trainers {
     float* local_grad = nullptr;
     Shard shard;
   };
-  static Shard ShardOf(const Weight& w, int g, int t);
   const Cluster& cluster_;
   std::vector<std::unique_ptr<ShmRegion>> regions_;
   std::vector<std::vector<Buffers>> buffers_;  // [rank][weight]

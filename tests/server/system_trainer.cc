@@ -24,6 +24,7 @@
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
 #include "server/daemon/engine_factory.h"
+#include "tests/common/shard_geometry.h"
 
 ABSL_FLAG(std::string, daemon, "", "daemon address");
 ABSL_FLAG(std::string, coordinator, "", "coordinator host:port");
@@ -39,13 +40,8 @@ namespace {
 
 constexpr int G = 2, T = 2;
 
-struct Weight {
-  std::string name;
-  int64_t rows, cols;
-  int tp_dim;  // -1 TP-replicated, 0 column-, 1 row-parallel
-  bool gtp;
-  int64_t pad;
-};
+using testing::Shard;
+using testing::Weight;
 
 const std::vector<Weight> kWeights = {
     {"col", 32, 16, 0, true, 0},  {"row", 16, 32, 1, true, 0},
@@ -64,28 +60,6 @@ float Value(const std::string& name, int step, int64_t i, int64_t j) {
   h *= 0xD6E8FEB86659FD93ull;
   h ^= h >> 29;
   return float(int64_t(h % 20001) - 10000) / 10000.0f;
-}
-
-// The shard of rank (g, t): rows [r0, r0 + nr) and cols [c0, c0 + nc) of the
-// full matrix, of which the first `real` rows exist (the rest are padding).
-struct Shard {
-  int64_t r0, nr, c0, nc, real;
-};
-
-Shard ShardOf(const Weight& w, int g, int t) {
-  int64_t tr0 = 0, tr = w.rows, c0 = 0, nc = w.cols;
-  if (w.tp_dim == 0) {
-    tr = w.rows / T;
-    tr0 = t * tr;
-  } else if (w.tp_dim == 1) {
-    nc = w.cols / T;
-    c0 = t * nc;
-  }
-  if (!w.gtp) return {tr0, tr, c0, nc, tr};
-  const int64_t local = (tr + w.pad) / G;
-  const int64_t start = g * local;
-  const int64_t real = std::max<int64_t>(0, std::min(local, tr - start));
-  return {tr0 + start, local, c0, nc, real};
 }
 
 v1::ShardTags TagsOf(const Weight& w) {
@@ -155,7 +129,7 @@ int Run() {
         static_cast<float*>(*(*region)->Allocate(4 * w.rows * w.cols));
     b.full_grad =
         static_cast<float*>(*(*region)->Allocate(4 * w.rows * w.cols));
-    b.shard = ShardOf(w, g, t);
+    b.shard = testing::ShardOf(w, G, T, g, t);
     for (int64_t i = 0; i < w.rows; ++i) {
       for (int64_t j = 0; j < w.cols; ++j) {
         b.full_param[i * w.cols + j] = Value(w.name, 0, i, j);
