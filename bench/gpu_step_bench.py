@@ -80,16 +80,16 @@ def bench_torch(shapes, reps, warmup):
     return med
 
 
-def bench_inprocess(shapes, reps, warmup, ns_batch_size=1):
+def bench_inprocess(shapes, reps, warmup, ns_batch_size=1, syrk=False):
     arg = ",".join(f"{r}x{c}" for r, c in shapes)
     out = subprocess.run([_binary("bench/gpu/step_bench"), f"--shapes={arg}",
                           "--precision=medium", f"--reps={reps}", f"--warmup={warmup}",
-                          f"--ns_batch_size={ns_batch_size}"],
+                          f"--ns_batch_size={ns_batch_size}"] + (["--use_syrk"] if syrk else []),
                          capture_output=True, text=True, check=True).stdout
     return float(re.search(r"step_ms_median (\S+)", out).group(1))
 
 
-def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size=1):
+def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size=1, syrk=False):
     from muond.torch import Muon
     params, grads = fresh(shapes, 0)
     ps = [torch.nn.Parameter(p) for p in params]
@@ -97,7 +97,7 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size=1):
         opt = Muon([{"params": ps, "param_names": [f"p{i}" for i in range(len(ps))]}],
                    daemons=[d.address], job_id=job, coefficient_type="simple",
                    scale_mode="original", extra_scale_factor=1.0, fp32_matmul_prec="medium",
-                   ns_batch_size=ns_batch_size, **SETTINGS)
+                   ns_batch_size=ns_batch_size, use_syrk=syrk, **SETTINGS)
         try:
             for p, g in zip(ps, grads):
                 p.grad.copy_(g)
@@ -167,6 +167,9 @@ def main() -> int:
                     help="torch / in-process / daemon measured this many times, interleaved")
     ap.add_argument("--ns-batch-size", type=int, default=1,
                     help="muond ns_batch_size (same-shape matrices per batched NS; 1 = unbatched)")
+    ap.add_argument("--syrk", action="store_true",
+                    help="muond runs the symmetric NS path (use_syrk; same math, "
+                         "X X^T and A^2 on their lower triangle)")
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--out", default=None, help="also write the markdown table here")
     a = ap.parse_args()
@@ -175,9 +178,9 @@ def main() -> int:
     rows = []
     for r in range(a.rounds):
         t = bench_torch(shapes, a.reps, a.warmup)
-        i = bench_inprocess(shapes, a.reps, a.warmup, a.ns_batch_size)
+        i = bench_inprocess(shapes, a.reps, a.warmup, a.ns_batch_size, a.syrk)
         d, dd = bench_daemon(shapes, a.reps, a.warmup, f"bench{r}", a.log_dir,
-                             a.ns_batch_size)
+                             a.ns_batch_size, a.syrk)
         rows.append((t, i, d, dd))
         print(f"round {r + 1}: torch {t:.2f} ms, in-process {i:.2f} ms, daemon {d:.2f} ms "
               f"(daemon-side {dd:.2f})", flush=True)
@@ -185,7 +188,8 @@ def main() -> int:
     name = json.load(open(a.manifest))["model"]
     lines = [f"{name}, first {a.layers} layers: {len(shapes)} matrices, "
              f"{flops / 1e12:.2f} TFLOP of NS per step; {torch.cuda.get_device_name()}, "
-             f"torch {torch.__version__}; muond ns_batch_size {a.ns_batch_size}; "
+             f"torch {torch.__version__}; muond ns_batch_size {a.ns_batch_size}"
+             f"{', symmetric NS path (use_syrk)' if a.syrk else ', plain GEMM NS path'}; "
              f"median of {a.reps} steps per cell", "",
              "| round | torch.optim.Muon ms | muond in-process ms | muond daemon ms "
              "(daemon-side) | torch / in-process | torch / daemon | daemon / in-process "

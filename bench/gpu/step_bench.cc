@@ -7,11 +7,14 @@
 // Nesterov, fp32 params/grads/momentum, NS at --precision (medium = bf16).
 //
 //   step_bench --shapes=4096x4096,1024x4096,... [--precision=medium]
-//              [--reps=20] [--warmup=3] [--ns_batch_size=1]
+//              [--reps=20] [--warmup=3] [--ns_batch_size=1] [--use_syrk]
+//              [--syrk_block_rows=K]
 // --ns_batch_size=N > 1: same-shape matrices run N at a time through one
 // batched NewtonSchulz (momentum of each into its slice of a stacked
 // scratch, one batched NS, then scale + update per matrix), as the step
 // engine's batched path does; 1 is MuonStepFullMatrix per matrix.
+// --use_syrk: the symmetric NS path (NsOptions::use_syrk), with
+// --syrk_block_rows=K (0 = auto).
 // Prints one line: "step_ms_median <ms> step_ms_min <ms> matrices <n>"
 // (host clock around the step + stream synchronize).
 #include <algorithm>
@@ -56,6 +59,8 @@ int Main(int argc, char** argv) {
   std::string shapes, precision = "medium";
   int reps = 20, warmup = 3;
   int64_t ns_batch = 1;
+  bool use_syrk = false;
+  int syrk_block_rows = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strncmp(argv[i], "--shapes=", 9))
       shapes = argv[i] + 9;
@@ -67,11 +72,16 @@ int Main(int argc, char** argv) {
       warmup = std::atoi(argv[i] + 9);
     else if (!std::strncmp(argv[i], "--ns_batch_size=", 16))
       ns_batch = std::atoll(argv[i] + 16);
+    else if (!std::strcmp(argv[i], "--use_syrk"))
+      use_syrk = true;
+    else if (!std::strncmp(argv[i], "--syrk_block_rows=", 18))
+      syrk_block_rows = std::atoi(argv[i] + 18);
     else {
       std::fprintf(stderr,
                    "usage: step_bench --shapes=RxC,... "
                    "[--precision=highest|high|medium] [--reps=N] "
-                   "[--warmup=N] [--ns_batch_size=N]\n");
+                   "[--warmup=N] [--ns_batch_size=N] [--use_syrk] "
+                   "[--syrk_block_rows=K]\n");
       return 2;
     }
   }
@@ -105,6 +115,8 @@ int Main(int argc, char** argv) {
   if (ns_batch < 1)
     return Fail(absl::InvalidArgumentError("--ns_batch_size >= 1"));
   o.ns_batch_size = ns_batch;
+  o.ns.use_syrk = use_syrk;
+  o.ns.syrk_block_rows = syrk_block_rows;
   if (auto st = o.Validate(); !st.ok()) return Fail(st);
 
   std::vector<Matrix> mats;

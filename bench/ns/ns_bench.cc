@@ -9,8 +9,14 @@
 // The syrk rows count the full FLOPs too, so their ratio is the effective
 // speed-up of the symmetric path over plain GEMM speed.
 //
-//   ns_bench --backend=cpu|cuda [--shapes=square|llama|all] [--reps=N]
-//            [--precisions=all|medium] [--detail]
+//   ns_bench --backend=cpu|cuda [--shapes=SET|RxC,...] [--reps=N]
+//            [--precisions=all|medium] [--detail] [--batch=N]
+//            [--syrk_block_rows=K,...]
+// SET: square, llama (Llama-3-8B), qwen (Qwen3-1.7B), moe (Qwen3-30B-A3B
+// experts) or all (square + llama). --batch=N runs N same-shape matrices
+// through one batched NS (the step engine's ns_batch_size) against a strided
+// batched GEMM of N. --syrk_block_rows lists the symmetric path's block-row
+// counts to time (default: 0 = the auto choice).
 // --detail (CUDA, medium) adds one row per shape timing the NS pieces alone:
 // Gram, A^2 (separate output), the X update (separate output), the
 // normalisation and the final bf16 -> fp32 copy (TFLOP/s in brackets).
@@ -32,7 +38,7 @@ namespace muond {
 namespace {
 
 struct Shape {
-  const char* name;
+  std::string name;
   int64_t rows, cols;
 };
 
@@ -72,16 +78,33 @@ void Fill(Backend& b, void* p, int64_t n, DType dtype) {
   (void)b.Synchronize();
 }
 
-void Bench(Backend& b, const Shape& s, MatmulPrecision prec, bool syrk,
-           int reps, bool detail) {
+struct Mode {
+  MatmulPrecision precision;
+  bool syrk;
+  int syrk_block_rows;  // 0 = auto
+};
+
+std::string ModeName(const Mode& mode) {
+  std::string name(MatmulPrecisionName(mode.precision));
+  if (!mode.syrk) return name;
+  return name + "+syrk" +
+         (mode.syrk_block_rows > 0
+              ? "(k=" + std::to_string(mode.syrk_block_rows) + ")"
+              : "");
+}
+
+void Bench(Backend& b, const Shape& s, const Mode& mode, int reps, bool detail,
+           int64_t batch) {
+  const MatmulPrecision prec = mode.precision;
+  const bool syrk = mode.syrk;
   NsOptions o;
   o.precision = prec;
   o.use_syrk = syrk;
-  auto ns_or = NewtonSchulz::Create(&b, o, s.rows, s.cols);
+  o.syrk_block_rows = mode.syrk_block_rows;
+  auto ns_or = NewtonSchulz::Create(&b, o, s.rows, s.cols, batch);
   if (!ns_or.ok()) {
-    std::printf("| %s | %ldx%ld | %s%s | skipped: %s |\n", s.name, long(s.rows),
-                long(s.cols), std::string(MatmulPrecisionName(prec)).c_str(),
-                syrk ? "+syrk" : "",
+    std::printf("| %s | %ldx%ld | %s | skipped: %s |\n", s.name.c_str(),
+                long(s.rows), long(s.cols), ModeName(mode).c_str(),
                 std::string(ns_or.status().message()).c_str());
     return;
   }
@@ -90,23 +113,31 @@ void Bench(Backend& b, const Shape& s, MatmulPrecision prec, bool syrk,
   const DType gd =
       prec == MatmulPrecision::kMedium ? DType::kBFloat16 : DType::kFloat32;
   const int64_t es = int64_t(DTypeSize(gd));
-  void* in = *b.Allocate(s.rows * s.cols * 4);
-  void* out = *b.Allocate(s.rows * s.cols * 4);
-  void* ga = *b.Allocate(m * m * es);
-  void* gx = *b.Allocate(m * n * es);
-  void* gc = *b.Allocate(m * n * es);
-  Fill(b, in, s.rows * s.cols, DType::kFloat32);
-  Fill(b, ga, m * m, gd);
-  Fill(b, gx, m * n, gd);
-  const MatrixView vin = ContiguousView(in, DType::kFloat32, s.rows, s.cols);
-  const MatrixView vout = ContiguousView(out, DType::kFloat32, s.rows, s.cols);
-  const double t_ns = Seconds(b, reps, [&] { (void)ns.Run(vin, vout, 1); });
+  void* in = *b.Allocate(batch * s.rows * s.cols * 4);
+  void* out = *b.Allocate(batch * s.rows * s.cols * 4);
+  void* ga = *b.Allocate(batch * m * m * es);
+  void* gx = *b.Allocate(batch * m * n * es);
+  void* gc = *b.Allocate(batch * m * n * es);
+  Fill(b, in, batch * s.rows * s.cols, DType::kFloat32);
+  Fill(b, ga, batch * m * m, gd);
+  Fill(b, gx, batch * m * n, gd);
+  const MatrixView vin =
+      ContiguousView(in, DType::kFloat32, batch * s.rows, s.cols);
+  const MatrixView vout =
+      ContiguousView(out, DType::kFloat32, batch * s.rows, s.cols);
+  const double t_ns = Seconds(b, reps, [&] { (void)ns.Run(vin, vout, batch); });
   const double t_gemm = Seconds(b, reps, [&] {
-    (void)b.Gemm(Op::kN, Op::kN, 1.0f, ContiguousView(ga, gd, m, m),
-                 ContiguousView(gx, gd, m, n), 0.0f,
-                 ContiguousView(gc, gd, m, n), prec);
+    const MatrixView a = ContiguousView(ga, gd, m, m);
+    const MatrixView x = ContiguousView(gx, gd, m, n);
+    const MatrixView c = ContiguousView(gc, gd, m, n);
+    if (batch == 1) {
+      (void)b.Gemm(Op::kN, Op::kN, 1.0f, a, x, 0.0f, c, prec);
+    } else {
+      (void)b.GemmStridedBatched(Op::kN, Op::kN, 1.0f, a, m * m, x, m * n, 0.0f,
+                                 c, m * n, batch, prec);
+    }
   });
-  if (detail && prec == MatmulPrecision::kMedium && !syrk) {
+  if (detail && prec == MatmulPrecision::kMedium && !syrk && batch == 1) {
     // The NS pieces one by one on the same buffers (bf16): Gram, A^2 with
     // a separate output, the X update with a separate output, normalise.
     const bool tall = s.rows > s.cols;
@@ -141,28 +172,66 @@ void Bench(Backend& b, const Shape& s, MatmulPrecision prec, bool syrk,
         "| %s detail | %ldx%ld | gram %.3f ms (%.0f) | A^2 %.3f ms (%.0f) | "
         "update %.3f ms (%.0f) | normalize %.3f ms | to fp32 %.3f ms | 5x sum "
         "%.3f ms |\n",
-        s.name, long(s.rows), long(s.cols), t_gram * 1e3, f_mmn / t_gram / 1e12,
-        t_sq * 1e3, f_mmm / t_sq / 1e12, t_upd * 1e3, f_mmn / t_upd / 1e12,
-        t_norm * 1e3, t_conv * 1e3,
+        s.name.c_str(), long(s.rows), long(s.cols), t_gram * 1e3,
+        f_mmn / t_gram / 1e12, t_sq * 1e3, f_mmm / t_sq / 1e12, t_upd * 1e3,
+        f_mmn / t_upd / 1e12, t_norm * 1e3, t_conv * 1e3,
         (5 * (t_gram + t_sq + t_upd) + t_norm + t_conv) * 1e3);
     b.Free(ga2);
     b.Free(gx2);
   }
-  const double ns_rate = ns.FlopsPerMatrix() / t_ns;
-  const double gemm_rate = 2.0 * m * m * n / t_gemm;
+  const double ns_rate = batch * ns.FlopsPerMatrix() / t_ns;
+  const double gemm_rate = batch * 2.0 * m * m * n / t_gemm;
   const double unit = b.is_device() ? 1e12 : 1e9;
-  std::printf("| %s | %ldx%ld | %s%s | %.3f | %.2f | %.2f | %.3f |\n", s.name,
-              long(s.rows), long(s.cols),
-              std::string(MatmulPrecisionName(prec)).c_str(),
-              syrk ? "+syrk" : "", t_ns * 1e3, ns_rate / unit, gemm_rate / unit,
-              ns_rate / gemm_rate);
+  std::printf("| %s | %ldx%ld%s | %s | %.3f | %.2f | %.2f | %.3f |\n",
+              s.name.c_str(), long(s.rows), long(s.cols),
+              batch > 1 ? (" x" + std::to_string(batch)).c_str() : "",
+              ModeName(mode).c_str(), t_ns * 1e3, ns_rate / unit,
+              gemm_rate / unit, ns_rate / gemm_rate);
   std::fflush(stdout);
   for (void* p : {in, out, ga, gx, gc}) b.Free(p);
 }
 
+// Shapes of a named set (full, unsharded 2-D weights), or "RxC,RxC,...".
+std::vector<Shape> ShapeSet(const std::string& set) {
+  std::vector<Shape> list;
+  if (set == "square" || set == "all") {
+    for (int64_t d : {1024, 2048, 4096, 8192}) list.push_back({"square", d, d});
+  }
+  if (set == "llama" || set == "all") {
+    list.push_back({"llama3-8b q/o_proj", 4096, 4096});
+    list.push_back({"llama3-8b k/v_proj", 1024, 4096});
+    list.push_back({"llama3-8b gate/up_proj", 14336, 4096});
+    list.push_back({"llama3-8b down_proj", 4096, 14336});
+  }
+  if (set == "qwen") {
+    list.push_back({"qwen3-1.7b q/o_proj", 2048, 2048});
+    list.push_back({"qwen3-1.7b k/v_proj", 1024, 2048});
+    list.push_back({"qwen3-1.7b gate/up_proj", 6144, 2048});
+    list.push_back({"qwen3-1.7b down_proj", 2048, 6144});
+  }
+  if (set == "moe") {
+    list.push_back({"qwen3-30b-a3b expert gate/up", 768, 2048});
+    list.push_back({"qwen3-30b-a3b expert down", 2048, 768});
+  }
+  if (!list.empty()) return list;
+  for (size_t pos = 0; pos < set.size();) {
+    size_t end = set.find(',', pos);
+    if (end == std::string::npos) end = set.size();
+    long r = 0, c = 0;
+    if (std::sscanf(set.substr(pos, end - pos).c_str(), "%ldx%ld", &r, &c) ==
+            2 &&
+        r > 0 && c > 0) {
+      list.push_back({"custom", r, c});
+    }
+    pos = end + 1;
+  }
+  return list;
+}
+
 int Main(int argc, char** argv) {
-  std::string backend_name = "cpu", shapes = "all";
+  std::string backend_name = "cpu", shapes = "all", block_rows = "0";
   int reps = 5;
+  int64_t batch = 1;
   bool detail = false;
   std::string precisions = "all";
   for (int i = 1; i < argc; ++i) {
@@ -171,10 +240,17 @@ int Main(int argc, char** argv) {
     if (!std::strncmp(argv[i], "--reps=", 7)) reps = std::atoi(argv[i] + 7);
     if (!std::strcmp(argv[i], "--detail")) detail = true;
     if (!std::strncmp(argv[i], "--precisions=", 13)) precisions = argv[i] + 13;
+    if (!std::strncmp(argv[i], "--batch=", 8)) batch = std::atoll(argv[i] + 8);
+    if (!std::strncmp(argv[i], "--syrk_block_rows=", 18))
+      block_rows = argv[i] + 18;
+  }
+  if (batch < 1) {
+    std::fprintf(stderr, "ns_bench: --batch must be >= 1\n");
+    return 2;
   }
   std::unique_ptr<Backend> b;
   std::vector<Shape> list;
-  std::vector<std::pair<MatmulPrecision, bool>> modes;
+  std::vector<Mode> modes;
   if (backend_name == "cpu") {
     b = MakeCpuBackend();
     list = {{"square", 256, 256},
@@ -182,7 +258,7 @@ int Main(int argc, char** argv) {
             {"square", 1024, 1024},
             {"rect 1:4", 512, 2048},
             {"rect 4:1", 2048, 512}};
-    modes = {{MatmulPrecision::kHighest, false}};
+    modes = {{MatmulPrecision::kHighest, false, 0}};
   } else {
     auto c = MakeCudaBackend(0);
     if (!c.ok()) {
@@ -190,23 +266,18 @@ int Main(int argc, char** argv) {
       return 1;
     }
     b = std::move(*c);
-    if (shapes != "llama") {
-      for (int64_t d : {1024, 2048, 4096, 8192})
-        list.push_back({"square", d, d});
+    list = ShapeSet(shapes);
+    if (precisions != "medium") {
+      modes = {{MatmulPrecision::kHighest, false, 0},
+               {MatmulPrecision::kHigh, false, 0}};
     }
-    if (shapes != "square") {  // Llama-3-8B 2-D weights (full, unsharded)
-      list.push_back({"llama3-8b q/o_proj", 4096, 4096});
-      list.push_back({"llama3-8b k/v_proj", 1024, 4096});
-      list.push_back({"llama3-8b gate/up_proj", 14336, 4096});
-      list.push_back({"llama3-8b down_proj", 4096, 14336});
-    }
-    modes = {{MatmulPrecision::kHighest, false},
-             {MatmulPrecision::kHigh, false},
-             {MatmulPrecision::kMedium, false},
-             {MatmulPrecision::kMedium, true}};
-    if (precisions == "medium") {
-      modes = {{MatmulPrecision::kMedium, false},
-               {MatmulPrecision::kMedium, true}};
+    modes.push_back({MatmulPrecision::kMedium, false, 0});
+    for (size_t pos = 0; pos < block_rows.size();) {
+      size_t end = block_rows.find(',', pos);
+      if (end == std::string::npos) end = block_rows.size();
+      modes.push_back({MatmulPrecision::kMedium, true,
+                       std::atoi(block_rows.substr(pos, end - pos).c_str())});
+      pos = end + 1;
     }
   }
   const char* unit = b->is_device() ? "TFLOP/s" : "GFLOP/s";
@@ -218,7 +289,7 @@ int Main(int argc, char** argv) {
       unit, unit);
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const Shape& s : list) {
-    for (auto [p, syrk] : modes) Bench(*b, s, p, syrk, reps, detail);
+    for (const Mode& mode : modes) Bench(*b, s, mode, reps, detail, batch);
   }
   return 0;
 }

@@ -105,9 +105,10 @@ absl::Status MuonOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("muon ns.eps must be finite and > 0, got ", ns.eps));
   }
-  if (ns.use_syrk && ns.precision != MatmulPrecision::kMedium) {
-    return absl::InvalidArgumentError(
-        "muon ns.use_syrk needs ns.precision medium");
+  if (ns.syrk_block_rows < 0 || ns.syrk_block_rows > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "muon ns.syrk_block_rows must be in [0, 16] (0 = auto), got ",
+        ns.syrk_block_rows));
   }
   return CoefficientSchedule(ns.coefficient_type, ns.custom, ns.num_steps)
       .status();

@@ -11,14 +11,20 @@
 namespace muond {
 namespace {
 
-// Lower-triangle block rows for use_syrk: tiles of >= 256 rows, multiples of
-// 8 (16-byte aligned bf16 offsets), at most about 8 block rows.
-int64_t SyrkTile(int64_t m) {
-  const int64_t t = std::max<int64_t>((m + 7) / 8, 256);
-  return (t + 7) / 8 * 8;
+// Start row of lower-triangle block row i of k (i = k gives m): multiples of
+// 8 so every block starts 16-byte aligned in bf16.
+int64_t SyrkBlockStart(int64_t m, int k, int i) {
+  if (i >= k) return m;
+  return (m * i / k) / 8 * 8;
 }
 
 }  // namespace
+
+int SyrkBlockRows(int64_t m, int requested) {
+  if (requested > 0)
+    return int(std::min<int64_t>(requested, std::max<int64_t>(m / 8, 1)));
+  return m >= 512 ? 2 : 1;
+}
 
 absl::Status ValidateNsOptions(const NsOptions& options,
                                const Backend& backend) {
@@ -39,10 +45,10 @@ absl::Status ValidateNsOptions(const NsOptions& options,
         " is not available on backend ", std::string(backend.name()),
         " (the CPU backend has only highest)"));
   }
-  if (options.use_syrk && options.precision != MatmulPrecision::kMedium) {
+  if (options.syrk_block_rows < 0 || options.syrk_block_rows > 16) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ns use_syrk needs precision medium, got ",
-                     std::string(MatmulPrecisionName(options.precision))));
+        absl::StrCat("ns syrk_block_rows must be in [0, 16] (0 = auto), got ",
+                     options.syrk_block_rows));
   }
   return absl::OkStatus();
 }
@@ -141,10 +147,12 @@ absl::Status NewtonSchulz::Gram(const MatrixView& x, int64_t sx,
   const Op lhs = tall_ ? Op::kT : Op::kN, rhs = tall_ ? Op::kN : Op::kT;
   if (!options_.use_syrk)
     return Mm(lhs, rhs, 1.0f, x, sx, x, sx, 0.0f, a, mm, batch);
-  const int64_t tile = SyrkTile(m_);
-  for (int64_t i0 = 0; i0 < m_; i0 += tile) {
-    const int64_t ti = std::min(tile, m_ - i0);
-    // Block row i0 of the lower triangle: rows [i0, i0+ti), cols [0, i0+ti).
+  const int k = SyrkBlockRows(m_, options_.syrk_block_rows);
+  if (k == 1) return Mm(lhs, rhs, 1.0f, x, sx, x, sx, 0.0f, a, mm, batch);
+  for (int i = 0; i < k; ++i) {
+    const int64_t i0 = SyrkBlockStart(m_, k, i);
+    const int64_t ti = SyrkBlockStart(m_, k, i + 1) - i0;
+    // Block row i of the lower triangle: rows [i0, i0+ti), cols [0, i0+ti).
     const MatrixView rows_i =
         tall_ ? x.Block(0, i0, n_, ti) : x.Block(i0, 0, ti, n_);
     const MatrixView upto =
@@ -161,9 +169,13 @@ absl::Status NewtonSchulz::Poly(const MatrixView& a, float b, float c,
   if (!options_.use_syrk) {
     return MmOut(Op::kN, Op::kN, c, a, mm, a, mm, b, a, mm, b_out, mm, batch);
   }
-  const int64_t tile = SyrkTile(m_);
-  for (int64_t i0 = 0; i0 < m_; i0 += tile) {
-    const int64_t ti = std::min(tile, m_ - i0);
+  const int k = SyrkBlockRows(m_, options_.syrk_block_rows);
+  if (k == 1) {
+    return MmOut(Op::kN, Op::kN, c, a, mm, a, mm, b, a, mm, b_out, mm, batch);
+  }
+  for (int i = 0; i < k; ++i) {
+    const int64_t i0 = SyrkBlockStart(m_, k, i);
+    const int64_t ti = SyrkBlockStart(m_, k, i + 1) - i0;
     RETURN_IF_ERROR(MmOut(Op::kN, Op::kN, c, a.Block(i0, 0, ti, m_), mm,
                           a.Block(0, 0, m_, i0 + ti), mm, b,
                           a.Block(i0, 0, ti, i0 + ti), mm,

@@ -18,10 +18,14 @@
 //   kMedium   bf16 operands and outputs, fp32 accumulation; X, A and B are
 //             kept in bf16 across steps and cast back to fp32 at the end
 //             (as EO does under "medium").
-// use_syrk (opt-in, needs kMedium and rows, cols divisible by 8): A = X X^T
-// and B = b A + c A A^T are computed on block rows of their lower triangle
-// only (blocked GEMMs over lower tiles, about 40% fewer FLOPs for these two
-// products) and mirrored. Same math, different rounding.
+// use_syrk (opt-in, any precision, rows and cols divisible by 8): A = X X^T
+// and B = b A + c A A^T are symmetric, so only the lower triangle is computed
+// and then mirrored. The triangle is covered by `syrk_block_rows` (k) block
+// rows of height ~m/k: block row i is one GEMM of (m/k) x ((i+1) m/k), so the
+// two products cost (k+1)/(2k) of the full ones (k = 2: 3/4). Fewer, larger
+// GEMMs keep every launch at whole waves of the GPU; k = 8 halves more FLOPs
+// but its skinny GEMMs ran slower than the full product on an H200
+// (bench/results/gpu_h200.md). Same math, different rounding.
 //
 // A batch of same-shape matrices runs through strided-batched GEMMs; a batch
 // of one takes the unbatched (Gemm) path, so its result is bitwise equal to
@@ -45,12 +49,20 @@ struct NsOptions {
   float eps = 1e-15f;                  // > 0; EO HEAD default (commit 7ebd3cf)
   MatmulPrecision precision = MatmulPrecision::kHighest;
   bool use_syrk = false;
+  // Lower-triangle block rows for use_syrk: 0 = auto (SyrkBlockRows), else
+  // 1..16 (1 = the full product, no FLOPs saved; for benchmarks).
+  int syrk_block_rows = 0;
 };
+
+// The block-row count use_syrk runs with for an m x m product: `requested`
+// when > 0, else the default for m (2 for m >= 512, 1 below, where the half
+// products are too small to fill the GPU).
+int SyrkBlockRows(int64_t m, int requested);
 
 // InvalidArgument naming the field and the rule: num_steps out of [1, 99],
 // eps not finite or <= 0, custom list rules (CoefficientSchedule), a
 // precision the backend lacks (e.g. high/medium on CPU: an error, never a
-// silent change), use_syrk without kMedium.
+// silent change), syrk_block_rows outside [0, 16].
 absl::Status ValidateNsOptions(const NsOptions& options,
                                const Backend& backend);
 

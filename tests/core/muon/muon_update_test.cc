@@ -93,8 +93,8 @@ TEST(MuonOptions, ValidateNamesFieldAndRule) {
   o.ns.num_steps = 100;
   expect(o, "num_steps");
   o = {};
-  o.ns.use_syrk = true;
-  expect(o, "use_syrk");
+  o.ns.syrk_block_rows = 17;
+  expect(o, "syrk_block_rows");
   AdamWOptions a;
   EXPECT_TRUE(a.Validate().ok());
   a.beta2 = 1.0;

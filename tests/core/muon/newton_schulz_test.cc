@@ -191,6 +191,46 @@ TEST(NewtonSchulz, BatchedEqualsPerSliceAndBatchOfOneIsUnbatched) {
   }
 }
 
+// The symmetric path computes only lower-triangle block rows of A = X X^T and
+// B = b A + c A^2 and mirrors them: for every block-row count (including the
+// clamp to m/8 rows per block and uneven last rows), both orientations and a
+// batch, it must equal the fp64 reference as the full-product path does.
+TEST(NewtonSchulz, SymmetricPathMatchesFp64ReferenceForEveryBlockRowCount) {
+  auto backend = MakeCpuBackend();
+  NsOptions o;
+  o.use_syrk = true;
+  const int batch = 3;
+  for (auto [rows, cols] : {std::pair<int, int>{40, 64}, {72, 48}, {56, 56}}) {
+    const std::vector<float> g = Random(batch * rows * cols, rows + cols);
+    for (int k : {0, 1, 2, 3, 5, 16}) {
+      o.syrk_block_rows = k;
+      auto ns = *NewtonSchulz::Create(backend.get(), o, rows, cols, batch);
+      std::vector<float> out(g.size(), -1.0f), in = g;
+      ASSERT_TRUE(
+          ns->Run(V(in, batch * rows, cols), V(out, batch * rows, cols), batch)
+              .ok());
+      for (int s = 0; s < batch; ++s) {
+        const std::vector<float> slice(g.begin() + s * rows * cols,
+                                       g.begin() + (s + 1) * rows * cols);
+        const std::vector<float> got(out.begin() + s * rows * cols,
+                                     out.begin() + (s + 1) * rows * cols);
+        const Mat want =
+            testing::NewtonSchulzRef(slice, rows, cols, ScheduleOf(o), o.eps);
+        EXPECT_LT(testing::RelFrobDiff(got, want), 2e-5)
+            << rows << "x" << cols << " block rows " << k << " slice " << s;
+      }
+    }
+  }
+}
+
+TEST(NewtonSchulz, SyrkBlockRowsDefaultsAndClamp) {
+  EXPECT_EQ(SyrkBlockRows(4096, 0), 2);
+  EXPECT_EQ(SyrkBlockRows(768, 0), 2);
+  EXPECT_EQ(SyrkBlockRows(256, 0), 1);
+  EXPECT_EQ(SyrkBlockRows(4096, 8), 8);
+  EXPECT_EQ(SyrkBlockRows(40, 16), 5);  // blocks of at least 8 rows
+}
+
 TEST(NewtonSchulz, InputUntouchedAndOutputMayAliasInput) {
   auto backend = MakeCpuBackend();
   std::vector<float> g = Random(8 * 12, 15), g0 = g, out(g.size());
@@ -241,8 +281,10 @@ TEST(NsValidation, ErrorsNameTheFieldAndRule) {
   o.precision = MatmulPrecision::kHigh;
   expect_error(o, "precision high");
   o = NsOptions{};
-  o.use_syrk = true;
-  expect_error(o, "use_syrk");
+  o.syrk_block_rows = 17;
+  expect_error(o, "syrk_block_rows");
+  o.syrk_block_rows = -1;
+  expect_error(o, "syrk_block_rows");
   EXPECT_TRUE(ValidateNsOptions(NsOptions{}, *backend).ok());
 }
 
