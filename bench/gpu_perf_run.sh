@@ -2,9 +2,11 @@
 # One device call for the NS/step performance work (issue 8, Speed): unpack
 # the bundle, run the GPU tests and the exactness check, then the NS and step
 # benchmarks, logs under $OUT. Usage (repository root on the GPU machine):
-#   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick|steps|verify]
+#   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick|steps|verify|syrk]
 # steps: tests, exactness, the three step benchmarks, one NS detail run.
 # verify: tests, exactness, and the demo with --device cuda (report + plot).
+# syrk: ns_cuda_test, NS per shape set for symmetric-path block-row counts,
+# then the three step benchmarks with --syrk (no exactness run).
 set -uo pipefail
 tarball=$1; mode=${2:-full}
 out=${OUT:-/tmp/perf-out}; mkdir -p "$out"
@@ -13,6 +15,22 @@ work=/tmp/perf-bundle; rm -rf "$work"; mkdir -p "$work"
 tar -xJf "$tarball" -C "$work" || exit 1
 cd "$work"/muond-bundle && . env.sh
 export PYTHONUNBUFFERED=1
+if [ "$mode" = syrk ]; then
+  libexec/ns_cuda_test 2>&1 | tail -3
+  { for set in llama qwen; do
+      timeout 90 bin/ns_bench --backend=cuda --shapes=$set --reps=7 --precisions=medium --syrk_block_rows=0,3,4,8
+    done
+    timeout 90 bin/ns_bench --backend=cuda --shapes=qwen --batch=4 --reps=7 --precisions=medium --syrk_block_rows=0,4
+    timeout 90 bin/ns_bench --backend=cuda --shapes=moe --batch=128 --reps=7 --precisions=medium --syrk_block_rows=0,3,4
+  } > "$out/ns_syrk.log" 2>&1
+  cat "$out/ns_syrk.log"
+  for run in "llama3_8b 4 10 1 1 step_llama" "qwen3_1_7b 28 10 1 1 step_qwen17" "qwen3_1_7b 28 10 1 4 step_qwen17_b4" "qwen3_30b_a3b 1 5 1 128 step_moe"; do
+    set -- $run
+    timeout 150 python3 bench/gpu_step_bench.py --syrk --manifest "$R/bench/manifests/$1.json" --layers $2 --reps $3 --rounds $4 --ns-batch-size $5 --out "$out/$6_syrk.md" > "$out/$6_syrk.log" 2>&1
+    grep breakdown "$out/$6_syrk.log"; tail -8 "$out/$6_syrk.log"
+  done
+  exit 0
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv > "$out/gpu.txt" 2>&1
 {
   echo "== gpu tests"; ./run-gpu-tests.sh > "$out/gpu-tests-full.log" 2>&1
