@@ -44,7 +44,11 @@ class Client:
 
     def step(self, job_id: str, step_id: int, overrides: Iterable[pb.GroupOverride] = (),
              client_id: str = "") -> pb.StepResponse:
-        return self.step_future(job_id, step_id, overrides, client_id).result()
+        # A blocking call runs on this thread; a future makes grpc start a
+        # channel polling thread per call (~100 µs more per step).
+        req = pb.StepRequest(job_id=job_id, step_id=step_id, overrides=list(overrides),
+                             client_id=client_id)
+        return self.stub.Step(req, timeout=self.timeout)
 
     def step_future(self, job_id, step_id, overrides=(), client_id=""):
         req = pb.StepRequest(job_id=job_id, step_id=step_id, overrides=list(overrides),

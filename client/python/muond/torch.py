@@ -222,9 +222,11 @@ class Muon(torch.optim.Optimizer):
             futures = [c.register_future(job_id, per_rank[r], self.client_id)
                        for r, c in enumerate(self.clients)]
             for c, f in zip(self.clients, futures):
-                _result(f, c, "RegisterParams")
+                _result(f.result, c, "RegisterParams")
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout, need_plan=True)
+            # The daemons read the shared grad buffers, which never move.
+            self._on_cuda = any(grad.is_cuda for _, grad in self._grads)
             self._registered = True
         except BaseException:
             # Leave nothing registered: otherwise the daemons refuse every
@@ -383,11 +385,14 @@ class Muon(torch.optim.Optimizer):
     def _repoint_grads(self) -> None:
         with torch.no_grad():
             for p, grad in self._grads:
-                if p.grad is None:
+                current = p.grad
+                if current is grad:  # the usual case: backward accumulated in place
+                    continue
+                if current is None:
                     grad.zero_()
                     p.grad = grad
-                elif p.grad.data_ptr() != grad.data_ptr():
-                    grad.copy_(p.grad)
+                elif current.data_ptr() != grad.data_ptr():
+                    grad.copy_(current)
                     p.grad = grad
 
     def _overrides(self, rank: int) -> list[pb.GroupOverride]:
@@ -406,20 +411,29 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._repoint_grads()
-        if any(p.is_cuda for p, _ in self._grads):
+        if self._on_cuda:
             torch.cuda.synchronize()  # the daemon reads grads from another process
         # The id advances only when every daemon applied the step: a refused
         # step (e.g. non-finite gradients, refused on every rank before
         # anything changed) can be retried with the same id.
         step_id = self.step_id + 1
         overrides = [self._overrides(r) for r in range(len(self.clients))]
+        what = f"Step {step_id}"
         t0 = time.perf_counter()
+        # Ranks 1.. as futures, rank 0 as a blocking call on this thread
+        # meanwhile: all run concurrently, and one daemon needs no future.
         futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id)
-                   for r, c in enumerate(self.clients)]
+                   for r, c in enumerate(self.clients) if r > 0]
         results = []
-        for c, f in zip(self.clients, futures):
+        try:
+            first = self.clients[0]
+            results.append(_result(lambda: first.step(self.job_id, step_id, overrides[0],
+                                                      self.client_id), first, what))
+        except RuntimeError as e:
+            results.append(e)
+        for c, f in zip(self.clients[1:], futures):
             try:
-                results.append(_result(f, c, f"Step {step_id}"))
+                results.append(_result(f.result, c, what))
             except RuntimeError as e:
                 results.append(e)
         errors = [r for r in results if isinstance(r, Exception)]
@@ -486,9 +500,11 @@ def _whole(p: torch.Tensor):
     return [p.numel()], [1]
 
 
-def _result(future, client: Client, what: str):
+def _result(call, client: Client, what: str):
+    """call(): an RPC's response (e.g. a future's ``result``); its grpc error
+    as a RuntimeError naming the daemon and the RPC."""
     try:
-        return future.result()
+        return call()
     except Exception as e:
         detail = e.details() if hasattr(e, "details") else str(e)
         code = e.code().name if hasattr(e, "code") else type(e).__name__

@@ -136,6 +136,51 @@ class MuonFakeDaemonTest(unittest.TestCase):
         self.compare(1, 1)
 
 
+def run_replacing_grads(opt, params, steps=4):
+    """Like run(), but on odd steps every grad is a *new* tensor assigned to
+    ``p.grad`` (as user code may do) instead of accumulated in place."""
+    g = torch.Generator().manual_seed(23)
+    for step in range(steps):
+        if step % 2:
+            for p in params.values():
+                p.grad = torch.randn(p.shape, generator=g)
+        else:
+            opt.zero_grad(set_to_none=False)
+            for p in params.values():
+                (p * torch.randn(p.shape, generator=g)).sum().backward()
+        opt.step()
+    return {n: p.detach().clone() for n, p in params.items()}
+
+
+class ReplacedGradTest(unittest.TestCase):
+    """step() copies a grad tensor that replaced the shared one (the daemon
+    reads only the shared buffer) and re-points .grad, so the next backward
+    accumulates into the shared buffer again."""
+
+    def test_replaced_grads_are_used(self):
+        d = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, d, ignore_errors=True)
+        cluster, addresses = start_cluster(d, 2)
+        try:
+            ref_params = make_params()
+            want = run_replacing_grads(ReferenceMuon(groups(ref_params), **HYPER), ref_params)
+            params = make_params()
+            opt = Muon(groups(params), daemons=addresses, job_id="replace", gtp_size=2,
+                       tp_size=1, **HYPER)
+            shared = {id(p): grad for p, grad in opt._grads}
+            try:
+                got = run_replacing_grads(opt, params)
+                for name, p in params.items():  # re-pointed to the shared buffer
+                    self.assertIs(p.grad, shared[id(p)], name)
+            finally:
+                opt.close()
+            for name in PARAMS:
+                torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+        finally:
+            for daemon in cluster.daemons:
+                daemon.stop()
+
+
 class LocalModeTest(unittest.TestCase):
     def test_local_mode_registers_tags(self):
         d = tempfile.mkdtemp(prefix="muond-test-")
