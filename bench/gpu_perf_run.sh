@@ -3,10 +3,12 @@
 # the bundle, run the GPU tests and the exactness check, then the NS and step
 # benchmarks, logs under $OUT. Usage (repository root on the GPU machine):
 #   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick|steps|verify|syrk]
+#   bench/gpu_perf_run.sh BUNDLE.tar.xz runs "MANIFEST LAYERS REPS ROUNDS NS_BATCH SYRK NAME" ...
 # steps: tests, exactness, the three step benchmarks, one NS detail run.
 # verify: tests, exactness, and the demo with --device cuda (report + plot).
 # syrk: ns_cuda_test, NS per shape set for symmetric-path block-row counts,
 # then the three step benchmarks with --syrk (no exactness run).
+# runs: only the step benchmarks named (SYRK 1 adds --syrk), logs NAME.log/md.
 set -uo pipefail
 tarball=$1; mode=${2:-full}
 out=${OUT:-/tmp/perf-out}; mkdir -p "$out"
@@ -15,6 +17,16 @@ work=/tmp/perf-bundle; rm -rf "$work"; mkdir -p "$work"
 tar -xJf "$tarball" -C "$work" || exit 1
 cd "$work"/muond-bundle && . env.sh
 export PYTHONUNBUFFERED=1
+if [ "$mode" = runs ]; then
+  shift 2
+  for run in "$@"; do
+    set -- $run
+    flag=""; [ "$6" = 1 ] && flag=--syrk
+    timeout 200 python3 bench/gpu_step_bench.py $flag --manifest "$R/bench/manifests/$1.json" --layers $2 --reps $3 --rounds $4 --ns-batch-size $5 --out "$out/$7.md" > "$out/$7.log" 2>&1
+    echo "== $run"; grep breakdown "$out/$7.log"; grep -E '^\| [0-9]' "$out/$7.log"
+  done
+  exit 0
+fi
 if [ "$mode" = syrk ]; then
   libexec/ns_cuda_test 2>&1 | tail -3
   { for set in llama qwen; do

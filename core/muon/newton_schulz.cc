@@ -23,7 +23,10 @@ int64_t SyrkBlockStart(int64_t m, int k, int i) {
 int SyrkBlockRows(int64_t m, int requested) {
   if (requested > 0)
     return int(std::min<int64_t>(requested, std::max<int64_t>(m / 8, 1)));
-  return m >= 512 ? 2 : 1;
+  // H200 sweep (bench/results/gpu_h200.md, "Symmetric path"): k = 4 beats the
+  // full product by 6% (4096 x 4096) to 13% (4096 x 14336) and beats k = 2, 3
+  // and 8; for m <= 2048, single or batched, every k > 1 was slower.
+  return m >= 4096 ? 4 : 1;
 }
 
 absl::Status ValidateNsOptions(const NsOptions& options,

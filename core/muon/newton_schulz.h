@@ -22,10 +22,13 @@
 // and B = b A + c A A^T are symmetric, so only the lower triangle is computed
 // and then mirrored. The triangle is covered by `syrk_block_rows` (k) block
 // rows of height ~m/k: block row i is one GEMM of (m/k) x ((i+1) m/k), so the
-// two products cost (k+1)/(2k) of the full ones (k = 2: 3/4). Fewer, larger
-// GEMMs keep every launch at whole waves of the GPU; k = 8 halves more FLOPs
-// but its skinny GEMMs ran slower than the full product on an H200
-// (bench/results/gpu_h200.md). Same math, different rounding.
+// two products cost (k+1)/(2k) of the full ones (k = 4: 5/8). The saving
+// only pays where the block GEMMs still fill the GPU: on an H200 k = 4 is
+// the fastest for m >= 4096 and every k > 1 is slower than the full product
+// for m <= 2048, so the default (syrk_block_rows = 0) runs k = 4 for
+// m >= 4096 and the full product below (use_syrk is then a no-op)
+// (bench/results/gpu_h200.md, "Symmetric path"). Same math, different
+// rounding.
 //
 // A batch of same-shape matrices runs through strided-batched GEMMs; a batch
 // of one takes the unbatched (Gemm) path, so its result is bitwise equal to
@@ -55,8 +58,8 @@ struct NsOptions {
 };
 
 // The block-row count use_syrk runs with for an m x m product: `requested`
-// when > 0, else the default for m (2 for m >= 512, 1 below, where the half
-// products are too small to fill the GPU).
+// when > 0 (at most m/8, blocks of >= 8 rows), else the default for m: 4 for
+// m >= 4096, 1 (the full product) below.
 int SyrkBlockRows(int64_t m, int requested);
 
 // InvalidArgument naming the field and the rule: num_steps out of [1, 99],

@@ -224,9 +224,10 @@ TEST(NewtonSchulz, SymmetricPathMatchesFp64ReferenceForEveryBlockRowCount) {
 }
 
 TEST(NewtonSchulz, SyrkBlockRowsDefaultsAndClamp) {
-  EXPECT_EQ(SyrkBlockRows(4096, 0), 2);
-  EXPECT_EQ(SyrkBlockRows(768, 0), 2);
-  EXPECT_EQ(SyrkBlockRows(256, 0), 1);
+  EXPECT_EQ(SyrkBlockRows(4096, 0), 4);
+  EXPECT_EQ(SyrkBlockRows(14336, 0), 4);
+  EXPECT_EQ(SyrkBlockRows(2048, 0), 1);
+  EXPECT_EQ(SyrkBlockRows(768, 0), 1);
   EXPECT_EQ(SyrkBlockRows(4096, 8), 8);
   EXPECT_EQ(SyrkBlockRows(40, 16), 5);  // blocks of at least 8 rows
 }
