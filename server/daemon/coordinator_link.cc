@@ -21,6 +21,9 @@ std::string RandomIncarnation() {
   return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
 }
 
+// How long a timing report waits before it is sent (see ReportLoop).
+constexpr absl::Duration kReportDelay = absl::Milliseconds(2);
+
 void SetDeadline(grpc::ClientContext* context, absl::Duration d) {
   context->set_deadline(std::chrono::system_clock::now() +
                         absl::ToChronoMilliseconds(d));
@@ -191,6 +194,14 @@ void GrpcCoordinatorLink::ReportLoop() {
         return stopping_ || pending_report_.has_value();
       };
       mu_.Await(absl::Condition(&ready));
+      // The report was posted by a Step handler that has yet to send its
+      // response: sending now puts an RPC to the coordinator (and its
+      // thread wake-ups) on the step's critical path. Wait a moment; newer
+      // reports meanwhile replace this one (ReportTimings).
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&stopping), kReportDelay);
       if (stopping_) return;
       report = *pending_report_;
       pending_report_.reset();
