@@ -314,8 +314,22 @@ struct MultiTable {
   int64_t n[kMultiMaxTensors];
   int block_start[kMultiMaxTensors + 1];
   unsigned char elem[kMultiViews][kMultiMaxTensors];
+  // Every view of tensor k is fp32 and 16-byte aligned: the kernels move it
+  // as float4 (one 128-bit access per 4 elements; the scalar loop reached
+  // only 56-74% of HBM bandwidth on an H200, bench/results/gpu_h200.md).
+  bool vec4[kMultiMaxTensors];
   int count;
 };
+
+__device__ __forceinline__ float4 Ld4(const char* p, int64_t j) {
+  return *reinterpret_cast<const float4*>(p + j * 4);
+}
+__device__ __forceinline__ void St4(char* p, int64_t j, float4 x) {
+  *reinterpret_cast<float4*>(p + j * 4) = x;
+}
+__device__ __forceinline__ float& At(float4& v, int e) {
+  return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+}
 
 __device__ __forceinline__ float LdFlat(const char* p, int elem, int64_t j) {
   if (elem == 4) return reinterpret_cast<const float*>(p)[j];
@@ -342,13 +356,44 @@ __device__ __forceinline__ int MultiTensorOf(const MultiTable& t, int b) {
   return lo;
 }
 
-// Load-store op over the table: In Load(t, k, j), Store(t, k, j, In).
+// A vec4 tensor's tile: each thread moves kIlp runs of 4 consecutive
+// elements, the op's first F::kLoads views loaded as float4 before any store;
+// a ragged end (n % 4) goes element by element through Load/Store.
+template <typename F>
+__device__ void MultiVec4Tile(const MultiTable& t, const F& f, int k,
+                              int64_t t0, int64_t end) {
+  float4 in[kIlp][F::kLoads];
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u) {
+    const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
+    if (j + 4 <= end) {
+#pragma unroll
+      for (int v = 0; v < F::kLoads; ++v) in[u][v] = Ld4(t.ptr[v][k], j);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u) {
+    const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
+    if (j + 4 <= end) {
+      f.Store4(t, k, j, in[u]);
+    } else {
+      for (int64_t e = j; e < end; ++e) f.Store(t, k, e, f.Load(t, k, e));
+    }
+  }
+}
+
+// Load-store op over the table: In Load(t, k, j), Store(t, k, j, In), and
+// for vec4 tensors Store4(t, k, j, float4[kLoads]) on 4 elements from j.
 template <typename F>
 __global__ void MultiLoadStoreKernel(MultiTable t, F f) {
   const int k = MultiTensorOf(t, blockIdx.x);
   const int64_t n = t.n[k];
   const int64_t t0 = int64_t(blockIdx.x - t.block_start[k]) * kMultiTile;
   const int64_t end = t0 + kMultiTile < n ? t0 + kMultiTile : n;
+  if (t.vec4[k]) {  // kMultiTile = kThreads * kIlp * 4: one pass per tile
+    MultiVec4Tile(t, f, k, t0, end);
+    return;
+  }
   for (int64_t base = t0 + threadIdx.x; base < end; base += kThreads * kIlp) {
     typename F::In in[kIlp];
 #pragma unroll
@@ -370,6 +415,22 @@ __global__ void MultiFiniteKernel(MultiTable t, int* flag) {
   const int64_t t0 = int64_t(blockIdx.x - t.block_start[k]) * kMultiTile;
   const int64_t end = t0 + kMultiTile < n ? t0 + kMultiTile : n;
   bool bad = false;
+  if (t.vec4[k]) {
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
+      if (j + 4 <= end) {
+        const float4 x = Ld4(t.ptr[0][k], j);
+        bad = bad || !isfinite(x.x) || !isfinite(x.y) || !isfinite(x.z) ||
+              !isfinite(x.w);
+      } else {
+        for (int64_t e = j; e < end; ++e)
+          bad = bad || !isfinite(LdFlat(t.ptr[0][k], 4, e));
+      }
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+    return;
+  }
   for (int64_t base = t0 + threadIdx.x; base < end; base += kThreads * kIlp) {
     float x[kIlp];
 #pragma unroll
@@ -401,6 +462,20 @@ struct MultiMomentumOp {
     StFlat(t.ptr[2][k], t.elem[2][k], j,
            nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
   }
+  static constexpr int kLoads = 2;  // grad, momentum (all fp32)
+  __device__ void Store4(const MultiTable& t, int k, int64_t j,
+                         float4 (&in)[kLoads]) const {
+    float4 m_new, out;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      At(m_new, e) = ew::MomentumEma(At(in[1], e), At(in[0], e), w_ema);
+      At(out, e) =
+          nesterov ? ew::NesterovInput(At(in[0], e), At(m_new, e), w_nesterov)
+                   : At(m_new, e);
+    }
+    St4(t.ptr[1][k], j, m_new);
+    St4(t.ptr[2][k], j, out);
+  }
 };
 
 struct MultiUpdateOp {
@@ -416,6 +491,15 @@ struct MultiUpdateOp {
   __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
     StFlat(t.ptr[0][k], t.elem[0][k], j,
            ew::UpdateParam(in.p, in.u, lr, decay, method));
+  }
+  static constexpr int kLoads = 2;  // param, update (all fp32)
+  __device__ void Store4(const MultiTable& t, int k, int64_t j,
+                         float4 (&in)[kLoads]) const {
+    float4 p;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      At(p, e) = ew::UpdateParam(At(in[0], e), At(in[1], e), lr, decay, method);
+    St4(t.ptr[0][k], j, p);
   }
 };
 
@@ -444,9 +528,12 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
       continue;
     }
     const int k = t.count;
+    t.vec4[k] = true;
     for (int v = 0; v < nviews; ++v) {
       t.ptr[v][k] = static_cast<char*>(views[v][i].data);
       t.elem[v][k] = static_cast<unsigned char>(views[v][i].elem);
+      t.vec4[k] = t.vec4[k] && views[v][i].elem == 4 &&
+                  reinterpret_cast<uintptr_t>(views[v][i].data) % 16 == 0;
     }
     t.n[k] = n;
     t.block_start[k + 1] =

@@ -60,7 +60,7 @@ cudaError_t MarkNonFinite(const KView& v, int* flag, cudaStream_t stream);
 // tensor gets its own launch). Per-element math identical to the single
 // forms, so the results are bitwise the same.
 constexpr int kMultiMaxTensors = 40;
-constexpr int64_t kMultiMaxElems = int64_t(1) << 22;
+constexpr int64_t kMultiMaxElems = int64_t(1) << 31;
 cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
                               const KView* outs, int64_t count,
                               float one_minus_beta, float beta, bool nesterov,

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/backend/bf16.h"
@@ -335,6 +336,75 @@ TEST_F(CudaBackendTest, BatchedElementwiseIsBitIdenticalToSingleCalls) {
   hb.data = bad.data();
   with_bad.back() = Up(hb);
   EXPECT_FALSE(*gpu_->AllFinite(with_bad));
+}
+
+// The float4 (vec4) path of the batched kernels: fp32 tensors of several
+// 4096-element tiles with a ragged end (n % 4 != 0), next to views that start
+// 4 bytes into an allocation (not 16-byte aligned: the scalar path) and 16
+// bytes in (aligned again). Bitwise the CPU backend; AllFinite finds one
+// non-finite value in a middle tile, in the ragged end, and in the unaligned
+// view.
+TEST_F(CudaBackendTest, Vec4AndUnalignedElementwiseBitIdenticalToCpu) {
+  const int64_t sizes[] = {3 * 4096 + 7, 4096, 5, 2 * 4096 + 2};
+  const int64_t offsets[] = {0, 1, 4, 0};  // elements into the allocation
+  const int count = 4;
+  std::vector<std::vector<float>> g(count), m(count), p(count), u(count),
+      out(count);
+  std::vector<MatrixView> hg, hm, ho, hp, hu, dg, dm, dout, dp, du;
+  auto view = [](std::vector<float>& v, int64_t off, int64_t n) {
+    return MatrixView{v.data() + off, DType::kFloat32, 1, n, n};
+  };
+  for (int i = 0; i < count; ++i) {
+    const int64_t n = sizes[i], off = offsets[i], total = n + off;
+    g[i] = Random(total, 900 + i);
+    m[i] = Random(total, 910 + i);
+    p[i] = Random(total, 920 + i);
+    u[i] = Random(total, 930 + i);
+    out[i].assign(total, 0.0f);
+    for (auto [host, dev, vec] :
+         {std::tuple{&hg, &dg, &g[i]}, std::tuple{&hm, &dm, &m[i]},
+          std::tuple{&ho, &dout, &out[i]}, std::tuple{&hp, &dp, &p[i]},
+          std::tuple{&hu, &du, &u[i]}}) {
+      MatrixView whole = view(*vec, 0, total);
+      MatrixView d = Up(whole);
+      d.data = static_cast<float*>(d.data) + off;
+      d.cols = d.row_stride = n;
+      host->push_back(view(*vec, off, n));
+      dev->push_back(d);
+    }
+  }
+  ASSERT_TRUE(gpu_->MuonMomentumBatch(dg, dm, 0.95, true, dout).ok());
+  ASSERT_TRUE(gpu_->ApplyUpdateBatch(dp, du, 0.02f, 0.001f,
+                                     WeightDecayMethod::kDecoupled)
+                  .ok());
+  for (int i = 0; i < count; ++i) {
+    ASSERT_TRUE(cpu_->MuonMomentum(hg[i], hm[i], 0.95, true, ho[i]).ok());
+    ASSERT_TRUE(cpu_->ApplyUpdate(hp[i], hu[i], 0.02f, 0.001f,
+                                  WeightDecayMethod::kDecoupled)
+                    .ok());
+  }
+  for (int i = 0; i < count; ++i) {
+    const int64_t n = sizes[i], off = offsets[i];
+    const auto got_m = Down<float>(dm[i], n), got_o = Down<float>(dout[i], n),
+               got_p = Down<float>(dp[i], n);
+    for (int64_t k = 0; k < n; ++k) {
+      ASSERT_EQ(got_m[k], m[i][off + k]) << "tensor " << i << " elem " << k;
+      ASSERT_EQ(got_o[k], out[i][off + k]) << "tensor " << i << " elem " << k;
+      ASSERT_EQ(got_p[k], p[i][off + k]) << "tensor " << i << " elem " << k;
+    }
+  }
+  EXPECT_TRUE(*gpu_->AllFinite(dg));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (auto [i, k] : {std::pair<int, int64_t>{0, 4096 + 123},  // middle tile
+                      {0, sizes[0] - 1},                       // ragged end
+                      {1, 77}}) {                              // unaligned
+    float* at = static_cast<float*>(dg[i].data) + k;
+    ASSERT_TRUE(gpu_->CopyFromHost(at, &nan, sizeof(float)).ok());
+    EXPECT_FALSE(*gpu_->AllFinite(dg)) << "tensor " << i << " elem " << k;
+    const float fine = g[i][offsets[i] + k];
+    ASSERT_TRUE(gpu_->CopyFromHost(at, &fine, sizeof(float)).ok());
+    EXPECT_TRUE(*gpu_->AllFinite(dg));
+  }
 }
 
 TEST(CudaBackendCreate, FailsCleanlyWithoutDevice) {
