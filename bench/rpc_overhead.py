@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Per-step overhead of the daemon path on the CPU (issue 8: "daemon path
+within 1% of in-process", "Step RPC round trip with no work"): everything a
+step costs that is not optimizer math.
+
+Starts a muond-coordinator and one host-mode muond (shared memory, Unix
+socket), registers muond.torch.Muon with (a) one 8x8 param and (b) 388 small
+params (64x32, the MoE set's param count), and runs a few hundred steps.
+Per step it splits the client's wall time of ``opt.step()`` into
+
+    client Python = wall - rpc        (grad re-pointing, overrides, futures)
+    gRPC + server = rpc - daemon      (transport, handler, bookkeeping)
+    daemon        = timings.total_us  (the step engine's phases)
+
+and compares gRPC + server with the transport floor: a bare Health RPC on
+the same channel (same socket, a handler that does nothing), back to back and
+after an idle gap as long as the daemon's step (the trainer's thread sleeps
+that long in a Step; waking idle threads costs extra on some machines, e.g.
+VMs). All figures p50 / p99 µs.
+
+    bazel build //server/daemon:muond //server/coordinator:muond-coordinator
+    .venv/bin/python bench/rpc_overhead.py --steps 500
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+
+import torch  # noqa: E402
+
+from muond.torch import Muon  # noqa: E402
+from muond.v1 import muond_pb2 as pb  # noqa: E402
+
+
+def binary(bin_dir: str, rel: str) -> str:
+    flat = os.path.join(bin_dir, os.path.basename(rel))
+    return flat if os.path.isfile(flat) else os.path.join(bin_dir, rel)
+
+
+class HostDaemon:
+    """Coordinator + one host-mode daemon on a Unix socket; stops both on exit."""
+
+    def __init__(self, bin_dir: str, job: str):
+        self.bin_dir, self.job = bin_dir, job
+        self.dir = tempfile.mkdtemp(prefix=f"muond-{job}-")
+        self.address = f"unix://{self.dir}/rank0.sock"
+        self.procs = []
+
+    def _start(self, name, argv):
+        log = open(os.path.join(self.dir, f"{name}.log"), "w")
+        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+
+    def __enter__(self):
+        port_file = os.path.join(self.dir, "port")
+        self._start("coordinator", [binary(self.bin_dir, "server/coordinator/muond-coordinator"),
+                                    "--listen=127.0.0.1:0", f"--port_file={port_file}"])
+        deadline = time.time() + 30
+        while not (os.path.exists(port_file) and open(port_file).read().strip()):
+            if time.time() > deadline or self.procs[0].poll() is not None:
+                raise RuntimeError(f"coordinator did not start; logs in {self.dir}")
+            time.sleep(0.02)
+        port = open(port_file).read().strip()
+        self._start("muond", [binary(self.bin_dir, "server/daemon/muond"), "--host",
+                              f"--coordinator=127.0.0.1:{port}", f"--job_id={self.job}",
+                              "--rank=0", "--world_size=1", f"--listen={self.address}"])
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def pct(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))]
+
+
+def fmt(values):
+    return f"{pct(values, 0.5):7.0f} / {pct(values, 0.99):7.0f}"
+
+
+def timed_calls(fn, n, warmup):
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def run_case(bin_dir, job, shapes, steps, warmup, profile):
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(0.02 * torch.randn(s)) for s in shapes]
+    with HostDaemon(bin_dir, job) as d:
+        opt = Muon([{"params": params, "param_names": [f"p{i}" for i in range(len(params))]}],
+                   lr=0.02, weight_decay=0.1, daemons=[d.address], job_id=job)
+        try:
+            for p in params:
+                p.grad.normal_(0, 1e-3)
+            rows = []
+            for i in range(warmup + steps):
+                t0 = time.perf_counter()
+                opt.step()
+                wall = (time.perf_counter() - t0) * 1e6
+                if i >= warmup:
+                    rows.append(dict(opt.last_timings, wall_us=wall))
+            # The transport floor: a Health RPC (same channel, a handler that
+            # does nothing), back to back and after an idle gap as long as the
+            # daemon's step (a Step's client sleeps that long; waking an idle
+            # process costs extra on some machines).
+            client = opt.clients[0]
+            health_req = pb.HealthRequest()
+            health = timed_calls(lambda: client.stub.Health(health_req), steps, warmup)
+            gap = pct([r["total_us"] for r in rows], 0.5) / 1e6
+
+            def idle_health():
+                time.sleep(gap)
+                t0 = time.perf_counter()
+                client.stub.Health(health_req)
+                return (time.perf_counter() - t0) * 1e6
+            idle = [idle_health() for _ in range(steps)]
+            prof_text = None
+            if profile:
+                pr = cProfile.Profile()
+                pr.enable()
+                for _ in range(steps):
+                    opt.step()
+                pr.disable()
+                buf = io.StringIO()
+                pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(15)
+                prof_text = buf.getvalue()
+        finally:
+            opt.close()
+    wall = [r["wall_us"] for r in rows]
+    rpc = [r["rpc_us"] for r in rows]
+    total = [r["total_us"] for r in rows]
+    return dict(wall=wall, rpc=rpc, total=total,
+                client=[r["wall_us"] - r["rpc_us"] for r in rows],
+                server=[r["rpc_us"] - r["total_us"] for r in rows],
+                health=health, idle_health=idle, prof=prof_text)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default=os.environ.get("MUOND_BIN", os.path.join(ROOT, "bazel-bin")))
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--many", type=int, default=388, help="params of case (b)")
+    ap.add_argument("--cases", default="one,many", help="which cases: one, many")
+    ap.add_argument("--profile", action="store_true", help="cProfile the client's step()")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    cases = [("one 8x8 param", [(8, 8)]), (f"{a.many} params 64x32", [(64, 32)] * a.many)]
+    print(f"{a.steps} steps per case after {a.warmup} warm-up; p50 / p99 µs\n")
+    print("| case | step wall | client Python | Step RPC | gRPC + server | daemon total "
+          "| Health RPC | Health RPC after idle gap | gRPC + server / idle Health (p50) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    profiles = []
+    cases = [c for c, key in zip(cases, ("one", "many")) if key in a.cases.split(",")]
+    for k, (name, shapes) in enumerate(cases):
+        r = run_case(a.bin, f"rpcbench{os.getpid()}x{k}", shapes, a.steps, a.warmup, a.profile)
+        print(f"| {name} | {fmt(r['wall'])} | {fmt(r['client'])} | {fmt(r['rpc'])} | "
+              f"{fmt(r['server'])} | {fmt(r['total'])} | {fmt(r['health'])} | "
+              f"{fmt(r['idle_health'])} | "
+              f"{pct(r['server'], .5) / pct(r['idle_health'], .5):.2f} |", flush=True)
+        if r["prof"]:
+            profiles.append((name, r["prof"]))
+    for name, text in profiles:
+        print(f"\n== cProfile of step(), {name} ==\n{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
