@@ -2,9 +2,12 @@
 # One device call for the NS/step performance work (issue 8, Speed): unpack
 # the bundle, run the GPU tests and the exactness check, then the NS and step
 # benchmarks, logs under $OUT. Usage (repository root on the GPU machine):
-#   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick|steps|verify|syrk]
+#   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick|steps|verify|final|syrk]
 #   bench/gpu_perf_run.sh BUNDLE.tar.xz runs "MANIFEST LAYERS REPS ROUNDS NS_BATCH SYRK NAME" ...
-# steps: tests, exactness, the three step benchmarks, one NS detail run.
+# steps: tests, exactness, the step benchmarks (Llama plain and symmetric at
+# ns_batch_size 4, Qwen3-1.7B at 8, the MoE layer at 256, 2 rounds each),
+# NS per shape set (plain and symmetric).
+# final: verify, then steps.
 # verify: tests, exactness, and the demo with --device cuda (report + plot).
 # syrk: ns_cuda_test, NS per shape set for symmetric-path block-row counts,
 # then the three step benchmarks with --syrk (no exactness run).
@@ -50,24 +53,28 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,tempe
   echo "== exactness"; timeout 300 python3 tests/gpu/test_exactness_vs_torch.py 2>&1 | tail -15
 } > "$out/tests.log" 2>&1
 tail -25 "$out/tests.log"
-if [ "$mode" = verify ]; then
+if [ "$mode" = verify ] || [ "$mode" = final ]; then
   timeout 400 python3 deploy/local/launch.py --device cuda --steps 200 --out "$out/demo" \
     > "$out/demo.log" 2>&1
   echo "demo exit $?"; tail -6 "$out/demo.log"
   cp "$out/demo/report.md" "$out/demo_report.md" 2>/dev/null
   cp "$out/demo/loss.png" "$out/demo_loss.png" 2>/dev/null
   rm -rf "$out/demo"
-  exit 0
+  [ "$mode" = verify ] && exit 0
 fi
-if [ "$mode" = steps ]; then
-  # Step benchmarks first (the short device budget), then the NS detail.
-  for run in "llama3_8b 4 10 2 1 step_llama" "qwen3_30b_a3b 1 5 1 128 step_moe" "qwen3_1_7b 28 10 1 1 step_qwen17"; do
+if [ "$mode" = steps ] || [ "$mode" = final ]; then
+  # Step benchmarks first (the short device budget), then NS per shape.
+  for run in "llama3_8b 4 10 2 4 0 step_llama" "llama3_8b 4 10 2 4 1 step_llama_syrk" "qwen3_1_7b 28 10 2 8 0 step_qwen17" "qwen3_30b_a3b 1 5 2 256 0 step_moe"; do
     set -- $run
-    timeout 150 python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/$1.json" --layers $2 --reps $3 --rounds $4 --ns-batch-size $5 --out "$out/$6.md" > "$out/$6.log" 2>&1
-    grep breakdown "$out/$6.log"; tail -8 "$out/$6.log"
+    flag=""; [ "$6" = 1 ] && flag=--syrk
+    timeout 200 python3 bench/gpu_step_bench.py $flag --manifest "$R/bench/manifests/$1.json" --layers $2 --reps $3 --rounds $4 --ns-batch-size $5 --out "$out/$7.md" > "$out/$7.log" 2>&1
+    grep breakdown "$out/$7.log"; tail -9 "$out/$7.log"
   done
-  timeout 60 bin/ns_bench --backend=cuda --shapes=llama --reps=7 --precisions=medium --detail > "$out/ns_diag.log" 2>&1
-  cat "$out/ns_diag.log"
+  { timeout 60 bin/ns_bench --backend=cuda --shapes=llama --reps=7 --precisions=medium --syrk_block_rows=0
+    timeout 60 bin/ns_bench --backend=cuda --shapes=qwen --batch=8 --reps=7 --precisions=medium
+    timeout 60 bin/ns_bench --backend=cuda --shapes=moe --batch=256 --reps=7 --precisions=medium
+  } > "$out/ns_final.log" 2>&1
+  cat "$out/ns_final.log"
   exit 0
 fi
 {
