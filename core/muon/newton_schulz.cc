@@ -68,11 +68,6 @@ absl::StatusOr<std::unique_ptr<NewtonSchulz>> NewtonSchulz::Create(
         absl::StrCat("ns rows, cols and max_batch must be >= 1, got ", rows,
                      ", ", cols, ", ", max_batch));
   }
-  if (options.use_syrk && (rows % 8 != 0 || cols % 8 != 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ns use_syrk needs rows and cols divisible by 8, got ",
-                     rows, "x", cols));
-  }
   ASSIGN_OR_RETURN(std::vector<NsCoefficients> schedule,
                    CoefficientSchedule(options.coefficient_type, options.custom,
                                        options.num_steps));

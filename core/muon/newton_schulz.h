@@ -18,7 +18,7 @@
 //   kMedium   bf16 operands and outputs, fp32 accumulation; X, A and B are
 //             kept in bf16 across steps and cast back to fp32 at the end
 //             (as EO does under "medium").
-// use_syrk (opt-in, any precision, rows and cols divisible by 8): A = X X^T
+// use_syrk (opt-in, any precision and shape): A = X X^T
 // and B = b A + c A A^T are symmetric, so only the lower triangle is computed
 // and then mirrored. The triangle is covered by `syrk_block_rows` (k) block
 // rows of height ~m/k: block row i is one GEMM of (m/k) x ((i+1) m/k), so the
@@ -74,8 +74,8 @@ absl::Status ValidateNsOptions(const NsOptions& options,
 // thread-safe; calls are stream-ordered on the backend.
 class NewtonSchulz {
  public:
-  // Errors: ValidateNsOptions's; rows/cols < 1 or max_batch < 1; use_syrk
-  // with rows or cols not divisible by 8; allocation failures.
+  // Errors: ValidateNsOptions's; rows/cols < 1 or max_batch < 1; allocation
+  // failures.
   static absl::StatusOr<std::unique_ptr<NewtonSchulz>> Create(
       Backend* backend, const NsOptions& options, int64_t rows, int64_t cols,
       int64_t max_batch = 1);

@@ -200,7 +200,8 @@ TEST(NewtonSchulz, SymmetricPathMatchesFp64ReferenceForEveryBlockRowCount) {
   NsOptions o;
   o.use_syrk = true;
   const int batch = 3;
-  for (auto [rows, cols] : {std::pair<int, int>{40, 64}, {72, 48}, {56, 56}}) {
+  for (auto [rows, cols] :
+       {std::pair<int, int>{40, 64}, {72, 48}, {56, 56}, {41, 57}, {57, 41}}) {
     const std::vector<float> g = Random(batch * rows * cols, rows + cols);
     for (int k : {0, 1, 2, 3, 5, 16}) {
       o.syrk_block_rows = k;
