@@ -28,68 +28,19 @@ import cProfile
 import io
 import os
 import pstats
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
 
 import torch  # noqa: E402
 
 from muond.torch import Muon  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
-
-
-def binary(bin_dir: str, rel: str) -> str:
-    flat = os.path.join(bin_dir, os.path.basename(rel))
-    return flat if os.path.isfile(flat) else os.path.join(bin_dir, rel)
-
-
-class HostDaemon:
-    """Coordinator + one host-mode daemon on a Unix socket; stops both on exit."""
-
-    def __init__(self, bin_dir: str, job: str):
-        self.bin_dir, self.job = bin_dir, job
-        self.dir = tempfile.mkdtemp(prefix=f"muond-{job}-")
-        self.address = f"unix://{self.dir}/rank0.sock"
-        self.procs = []
-
-    def _start(self, name, argv):
-        log = open(os.path.join(self.dir, f"{name}.log"), "w")
-        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True))
-
-    def __enter__(self):
-        port_file = os.path.join(self.dir, "port")
-        self._start("coordinator", [binary(self.bin_dir, "server/coordinator/muond-coordinator"),
-                                    "--listen=127.0.0.1:0", f"--port_file={port_file}"])
-        deadline = time.time() + 30
-        while not (os.path.exists(port_file) and open(port_file).read().strip()):
-            if time.time() > deadline or self.procs[0].poll() is not None:
-                raise RuntimeError(f"coordinator did not start; logs in {self.dir}")
-            time.sleep(0.02)
-        port = open(port_file).read().strip()
-        self._start("muond", [binary(self.bin_dir, "server/daemon/muond"), "--host",
-                              f"--coordinator=127.0.0.1:{port}", f"--job_id={self.job}",
-                              "--rank=0", "--world_size=1", f"--listen={self.address}"])
-        return self
-
-    def __exit__(self, *exc):
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+from daemon_harness import Daemon  # noqa: E402
 
 
 def pct(values, q):
@@ -112,10 +63,10 @@ def timed_calls(fn, n, warmup):
     return out
 
 
-def run_case(bin_dir, job, shapes, steps, warmup, profile):
+def run_case(job, shapes, steps, warmup, profile):
     torch.manual_seed(0)
     params = [torch.nn.Parameter(0.02 * torch.randn(s)) for s in shapes]
-    with HostDaemon(bin_dir, job) as d:
+    with Daemon(job, host=True) as d:
         opt = Muon([{"params": params, "param_names": [f"p{i}" for i in range(len(params))]}],
                    lr=0.02, weight_decay=0.1, daemons=[d.address], job_id=job)
         try:
@@ -173,6 +124,7 @@ def main() -> int:
     ap.add_argument("--cases", default="one,many", help="which cases: one, many")
     ap.add_argument("--profile", action="store_true", help="cProfile the client's step()")
     a = ap.parse_args()
+    os.environ["MUOND_BIN"] = a.bin  # the harness's binaries
     torch.set_num_threads(1)
     cases = [("one 8x8 param", [(8, 8)]), (f"{a.many} params 64x32", [(64, 32)] * a.many)]
     print(f"{a.steps} steps per case after {a.warmup} warm-up; p50 / p99 µs\n")
@@ -182,7 +134,7 @@ def main() -> int:
     profiles = []
     cases = [c for c, key in zip(cases, ("one", "many")) if key in a.cases.split(",")]
     for k, (name, shapes) in enumerate(cases):
-        r = run_case(a.bin, f"rpcbench{os.getpid()}x{k}", shapes, a.steps, a.warmup, a.profile)
+        r = run_case(f"rpcbench{os.getpid()}x{k}", shapes, a.steps, a.warmup, a.profile)
         print(f"| {name} | {fmt(r['wall'])} | {fmt(r['client'])} | {fmt(r['rpc'])} | "
               f"{fmt(r['server'])} | {fmt(r['total'])} | {fmt(r['health'])} | "
               f"{fmt(r['idle_health'])} | "

@@ -1,5 +1,6 @@
-"""Starts a muond-coordinator and one muond on a GPU for the GPU checks and
-benchmarks (tests/gpu, bench/gpu_step_bench.py); stops both on exit.
+"""Starts a muond-coordinator and one muond (on a GPU, or in host mode with
+host=True) for the GPU checks and benchmarks (tests/gpu,
+bench/gpu_step_bench.py, bench/rpc_overhead.py); stops both on exit.
 
 Binaries come from $MUOND_BIN (a GPU bundle's bin/, deploy/bundle.sh) or
 bazel-bin. Used as a context manager; `.address` is the daemon's socket.
@@ -25,8 +26,9 @@ def _binary(rel: str) -> str:
 
 
 class Daemon:
-    def __init__(self, job_id: str, device: int = 0, log_dir: str | None = None):
-        self.job_id, self.device = job_id, device
+    def __init__(self, job_id: str, device: int = 0, log_dir: str | None = None,
+                 host: bool = False):
+        self.job_id, self.device, self.host = job_id, device, host
         self.dir = tempfile.mkdtemp(prefix=f"muond-{job_id}-")
         self.log_dir = log_dir or self.dir
         self.address = f"unix://{self.dir}/rank0.sock"
@@ -47,7 +49,8 @@ class Daemon:
         port = open(port_file).read().strip()
         self._start("muond", [_binary("server/daemon/muond"), f"--coordinator=127.0.0.1:{port}",
                               f"--job_id={self.job_id}", "--rank=0", "--world_size=1",
-                              f"--listen={self.address}", f"--device={self.device}"])
+                              f"--listen={self.address}",
+                              "--host" if self.host else f"--device={self.device}"])
         return self
 
     def _check(self, deadline):
