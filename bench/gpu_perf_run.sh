@@ -20,14 +20,16 @@ work=/tmp/perf-bundle; rm -rf "$work"; mkdir -p "$work"
 tar -xJf "$tarball" -C "$work" || exit 1
 cd "$work"/muond-bundle && . env.sh
 export PYTHONUNBUFFERED=1
+# One step benchmark: MANIFEST LAYERS REPS ROUNDS NS_BATCH SYRK(0|1) NAME;
+# logs $out/NAME.log and .md, prints the breakdown and the table rows.
+step_run() {
+  local flag=""; [ "$6" = 1 ] && flag=--syrk
+  timeout 200 python3 bench/gpu_step_bench.py $flag --manifest "$R/bench/manifests/$1.json" --layers $2 --reps $3 --rounds $4 --ns-batch-size $5 --out "$out/$7.md" > "$out/$7.log" 2>&1
+  echo "== $*"; grep breakdown "$out/$7.log"; grep -E '^\| [0-9]' "$out/$7.log"
+}
 if [ "$mode" = runs ]; then
   shift 2
-  for run in "$@"; do
-    set -- $run
-    flag=""; [ "$6" = 1 ] && flag=--syrk
-    timeout 200 python3 bench/gpu_step_bench.py $flag --manifest "$R/bench/manifests/$1.json" --layers $2 --reps $3 --rounds $4 --ns-batch-size $5 --out "$out/$7.md" > "$out/$7.log" 2>&1
-    echo "== $run"; grep breakdown "$out/$7.log"; grep -E '^\| [0-9]' "$out/$7.log"
-  done
+  for run in "$@"; do step_run $run; done
   exit 0
 fi
 if [ "$mode" = syrk ]; then
@@ -39,10 +41,8 @@ if [ "$mode" = syrk ]; then
     timeout 90 bin/ns_bench --backend=cuda --shapes=moe --batch=128 --reps=7 --precisions=medium --syrk_block_rows=0,3,4
   } > "$out/ns_syrk.log" 2>&1
   cat "$out/ns_syrk.log"
-  for run in "llama3_8b 4 10 1 1 step_llama" "qwen3_1_7b 28 10 1 1 step_qwen17" "qwen3_1_7b 28 10 1 4 step_qwen17_b4" "qwen3_30b_a3b 1 5 1 128 step_moe"; do
-    set -- $run
-    timeout 150 python3 bench/gpu_step_bench.py --syrk --manifest "$R/bench/manifests/$1.json" --layers $2 --reps $3 --rounds $4 --ns-batch-size $5 --out "$out/$6_syrk.md" > "$out/$6_syrk.log" 2>&1
-    grep breakdown "$out/$6_syrk.log"; tail -8 "$out/$6_syrk.log"
+  for run in "llama3_8b 4 10 1 1 1 step_llama_syrk" "qwen3_1_7b 28 10 1 1 1 step_qwen17_syrk" "qwen3_1_7b 28 10 1 4 1 step_qwen17_b4_syrk" "qwen3_30b_a3b 1 5 1 128 1 step_moe_syrk"; do
+    step_run $run
   done
   exit 0
 fi
@@ -65,10 +65,7 @@ fi
 if [ "$mode" = steps ] || [ "$mode" = final ]; then
   # Step benchmarks first (the short device budget), then NS per shape.
   for run in "llama3_8b 4 10 2 4 0 step_llama" "llama3_8b 4 10 2 4 1 step_llama_syrk" "qwen3_1_7b 28 10 2 8 0 step_qwen17" "qwen3_30b_a3b 1 5 2 256 0 step_moe"; do
-    set -- $run
-    flag=""; [ "$6" = 1 ] && flag=--syrk
-    timeout 200 python3 bench/gpu_step_bench.py $flag --manifest "$R/bench/manifests/$1.json" --layers $2 --reps $3 --rounds $4 --ns-batch-size $5 --out "$out/$7.md" > "$out/$7.log" 2>&1
-    grep breakdown "$out/$7.log"; tail -9 "$out/$7.log"
+    step_run $run
   done
   { timeout 60 bin/ns_bench --backend=cuda --shapes=llama --reps=7 --precisions=medium --syrk_block_rows=0
     timeout 60 bin/ns_bench --backend=cuda --shapes=qwen --batch=8 --reps=7 --precisions=medium
@@ -89,9 +86,6 @@ cat "$out/ns_diag.log"
 [ "$mode" = quick ] && exit 0
 bin/ns_bench --backend=cuda --shapes=llama --reps=5 > "$out/ns_bench.md" 2>&1
 cat "$out/ns_bench.md"
-python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/llama3_8b.json" --layers 4 --reps 10 --rounds 2 --out "$out/step_llama.md" > "$out/step_llama.log" 2>&1
-tail -8 "$out/step_llama.log"
-python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/qwen3_30b_a3b.json" --layers 1 --reps 5 --rounds 1 --ns-batch-size 128 --out "$out/step_moe.md" > "$out/step_moe.log" 2>&1
-tail -8 "$out/step_moe.log"
-python3 bench/gpu_step_bench.py --manifest "$R/bench/manifests/qwen3_1_7b.json" --layers 28 --reps 10 --rounds 1 --out "$out/step_qwen17.md" > "$out/step_qwen17.log" 2>&1
-tail -8 "$out/step_qwen17.log"
+for run in "llama3_8b 4 10 2 1 0 step_llama" "qwen3_30b_a3b 1 5 1 128 0 step_moe" "qwen3_1_7b 28 10 1 1 0 step_qwen17"; do
+  step_run $run
+done
