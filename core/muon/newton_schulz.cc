@@ -88,6 +88,8 @@ NewtonSchulz::NewtonSchulz(Backend* backend, NsOptions options, int64_t rows,
       m_(std::min(rows, cols)),
       n_(std::max(rows, cols)),
       tall_(rows > cols),
+      block_rows_(
+          options_.use_syrk ? SyrkBlockRows(m_, options_.syrk_block_rows) : 1),
       work_dtype_(options_.precision == MatmulPrecision::kMedium
                       ? DType::kBFloat16
                       : DType::kFloat32),
@@ -143,9 +145,7 @@ absl::Status NewtonSchulz::Gram(const MatrixView& x, int64_t sx,
                                 const MatrixView& a, int64_t batch) {
   const int64_t mm = m_ * m_;
   const Op lhs = tall_ ? Op::kT : Op::kN, rhs = tall_ ? Op::kN : Op::kT;
-  if (!options_.use_syrk)
-    return Mm(lhs, rhs, 1.0f, x, sx, x, sx, 0.0f, a, mm, batch);
-  const int k = SyrkBlockRows(m_, options_.syrk_block_rows);
+  const int k = block_rows_;
   if (k == 1) return Mm(lhs, rhs, 1.0f, x, sx, x, sx, 0.0f, a, mm, batch);
   for (int i = 0; i < k; ++i) {
     const int64_t i0 = SyrkBlockStart(m_, k, i);
@@ -164,10 +164,7 @@ absl::Status NewtonSchulz::Gram(const MatrixView& x, int64_t sx,
 absl::Status NewtonSchulz::Poly(const MatrixView& a, float b, float c,
                                 const MatrixView& b_out, int64_t batch) {
   const int64_t mm = m_ * m_;
-  if (!options_.use_syrk) {
-    return MmOut(Op::kN, Op::kN, c, a, mm, a, mm, b, a, mm, b_out, mm, batch);
-  }
-  const int k = SyrkBlockRows(m_, options_.syrk_block_rows);
+  const int k = block_rows_;
   if (k == 1) {
     return MmOut(Op::kN, Op::kN, c, a, mm, a, mm, b, a, mm, b_out, mm, batch);
   }

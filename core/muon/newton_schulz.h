@@ -132,6 +132,7 @@ class NewtonSchulz {
   int64_t rows_, cols_, max_batch_;
   int64_t m_, n_;  // m = min(rows, cols), n = max
   bool tall_;
+  int block_rows_;  // lower-triangle block rows of Gram/Poly; 1 = full product
   DType work_dtype_;
   std::vector<NsCoefficients> schedule_;
   void* x_[2] = {nullptr, nullptr};  // batch * rows * cols, work dtype
