@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
 #include "core/muon/newton_schulz.h"
@@ -214,16 +215,12 @@ std::vector<Shape> ShapeSet(const std::string& set) {
     list.push_back({"qwen3-30b-a3b expert down", 2048, 768});
   }
   if (!list.empty()) return list;
-  for (size_t pos = 0; pos < set.size();) {
-    size_t end = set.find(',', pos);
-    if (end == std::string::npos) end = set.size();
+  for (const std::string& tok :
+       std::vector<std::string>(absl::StrSplit(set, ','))) {
     long r = 0, c = 0;
-    if (std::sscanf(set.substr(pos, end - pos).c_str(), "%ldx%ld", &r, &c) ==
-            2 &&
-        r > 0 && c > 0) {
+    if (std::sscanf(tok.c_str(), "%ldx%ld", &r, &c) == 2 && r > 0 && c > 0) {
       list.push_back({"custom", r, c});
     }
-    pos = end + 1;
   }
   return list;
 }
@@ -272,12 +269,9 @@ int Main(int argc, char** argv) {
                {MatmulPrecision::kHigh, false, 0}};
     }
     modes.push_back({MatmulPrecision::kMedium, false, 0});
-    for (size_t pos = 0; pos < block_rows.size();) {
-      size_t end = block_rows.find(',', pos);
-      if (end == std::string::npos) end = block_rows.size();
-      modes.push_back({MatmulPrecision::kMedium, true,
-                       std::atoi(block_rows.substr(pos, end - pos).c_str())});
-      pos = end + 1;
+    for (const std::string& k :
+         std::vector<std::string>(absl::StrSplit(block_rows, ','))) {
+      modes.push_back({MatmulPrecision::kMedium, true, std::atoi(k.c_str())});
     }
   }
   const char* unit = b->is_device() ? "TFLOP/s" : "GFLOP/s";
