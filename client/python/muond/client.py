@@ -46,14 +46,12 @@ class Client:
              client_id: str = "") -> pb.StepResponse:
         # A blocking call runs on this thread; a future makes grpc start a
         # channel polling thread per call (~100 µs more per step).
-        req = pb.StepRequest(job_id=job_id, step_id=step_id, overrides=list(overrides),
-                             client_id=client_id)
-        return self.stub.Step(req, timeout=self.timeout)
+        return self.stub.Step(_step_request(job_id, step_id, overrides, client_id),
+                              timeout=self.timeout)
 
     def step_future(self, job_id, step_id, overrides=(), client_id=""):
-        req = pb.StepRequest(job_id=job_id, step_id=step_id, overrides=list(overrides),
-                             client_id=client_id)
-        return self.stub.Step.future(req, timeout=self.timeout)
+        return self.stub.Step.future(_step_request(job_id, step_id, overrides, client_id),
+                                     timeout=self.timeout)
 
     def unregister(self, job_id: str, client_id: str = "") -> pb.UnregisterParamsResponse:
         return self.stub.UnregisterParams(
@@ -92,3 +90,8 @@ class Client:
                 raise TimeoutError(f"muond daemon at {self.address} not healthy after "
                                    f"{timeout:.1f}s ({last})")
             time.sleep(poll)
+
+
+def _step_request(job_id, step_id, overrides, client_id) -> pb.StepRequest:
+    return pb.StepRequest(job_id=job_id, step_id=step_id, overrides=list(overrides),
+                          client_id=client_id)
