@@ -4,19 +4,17 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/cli.h"
-#include "server/common/logging.h"
 #include "server/common/proto_convert.h"
+#include "server/common/server_main.h"
 #include "server/common/shutdown.h"
 #include "server/coordinator/coordinator_core.h"
 #include "server/coordinator/coordinator_service.h"
@@ -33,7 +31,8 @@ ABSL_FLAG(std::string, token, "",
           "RPC must send it in metadata ('x-muond-token' or 'authorization: "
           "Bearer <token>'); without it a job still requires the token its "
           "first daemon joined with");
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate: serve TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate: serve TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
 ABSL_FLAG(bool, allow_insecure_tcp, false,
           "Serve a non-loopback address without token or TLS");
@@ -65,14 +64,7 @@ bool IsLoopback(const std::string& address) {
 
 int main(int argc, char** argv) {
   // SIGTERM/SIGINT from now on go to the shutdown watcher (below).
-  muond::InstallShutdownSignalHandler();
-  muond::InstallServerUsage(kUsage, kFlagSources);
-  if (muond::WantsHelp(argc, argv)) {
-    muond::PrintServerHelp(std::cout, kUsage, kFlagSources);
-    return 0;
-  }
-  absl::ParseCommandLine(argc, argv);
-  muond::InitServerLogging(argv[0]);
+  if (!muond::BeginServerMain(argc, argv, kUsage, kFlagSources)) return 0;
 
   muond::CoordinatorOptions options;
   options.token = absl::GetFlag(FLAGS_token);

@@ -4,18 +4,16 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/cli.h"
-#include "server/common/logging.h"
+#include "server/common/server_main.h"
 #include "server/common/shutdown.h"
 #include "server/common/unix_socket.h"
 #include "server/daemon/coordinator_link.h"
@@ -74,14 +72,7 @@ const std::vector<std::string> kFlagSources = {"server/daemon/",
 
 int main(int argc, char** argv) {
   // SIGTERM/SIGINT from now on go to the shutdown watcher (below).
-  muond::InstallShutdownSignalHandler();
-  muond::InstallServerUsage(kUsage, kFlagSources);
-  if (muond::WantsHelp(argc, argv)) {
-    muond::PrintServerHelp(std::cout, kUsage, kFlagSources);
-    return 0;
-  }
-  absl::ParseCommandLine(argc, argv);
-  muond::InitServerLogging(argv[0]);
+  if (!muond::BeginServerMain(argc, argv, kUsage, kFlagSources)) return 0;
   const std::string job = absl::GetFlag(FLAGS_job_id);
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);
