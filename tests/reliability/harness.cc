@@ -21,6 +21,7 @@
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
 #include "server/daemon/engine_factory.h"
+#include "tests/common/muon_group.h"
 
 extern char** environ;
 
@@ -237,21 +238,7 @@ float Value(const std::string& name, int step, int64_t i, int64_t j) {
 }
 
 v1::ParamGroup BaseGroup(int g, int t) {
-  v1::ParamGroup group;
-  group.set_name("muon");
-  group.set_algorithm(v1::MUON);
-  v1::MuonHyperparams* h = group.mutable_muon();
-  h->set_lr(0.02);
-  h->set_momentum(0.95);
-  h->set_nesterov(true);
-  h->set_weight_decay(0.01);
-  v1::Domain* d = group.mutable_domain();
-  d->set_name("dense");
-  d->set_gtp_size(kG);
-  d->set_tp_size(kT);
-  d->set_g(g);
-  d->set_t(t);
-  return group;
+  return muond::testing::DenseMuonGroup(kG, kT, g, t);
 }
 
 // ---------------------------------------------------------------- Trainers

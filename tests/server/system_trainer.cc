@@ -24,6 +24,7 @@
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
 #include "server/daemon/engine_factory.h"
+#include "tests/common/muon_group.h"
 #include "tests/common/shard_geometry.h"
 
 ABSL_FLAG(std::string, daemon, "", "daemon address");
@@ -82,24 +83,6 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
-v1::ParamGroup GroupProto(int g, int t) {
-  v1::ParamGroup group;
-  group.set_name("muon");
-  group.set_algorithm(v1::MUON);
-  v1::MuonHyperparams* h = group.mutable_muon();
-  h->set_lr(0.02);
-  h->set_momentum(0.95);
-  h->set_nesterov(true);
-  h->set_weight_decay(0.01);
-  v1::Domain* d = group.mutable_domain();
-  d->set_name("dense");
-  d->set_gtp_size(G);
-  d->set_tp_size(T);
-  d->set_g(g);
-  d->set_t(t);
-  return group;
-}
-
 int Run() {
   const int rank = absl::GetFlag(FLAGS_rank);
   const int g = rank / T, t = rank % T;
@@ -122,7 +105,7 @@ int Run() {
     Shard shard;
   };
   std::vector<Buffers> buffers;
-  v1::ParamGroup group = GroupProto(g, t);
+  v1::ParamGroup group = muond::testing::DenseMuonGroup(G, T, g, t);
   for (const Weight& w : kWeights) {
     Buffers b;
     b.full_param =
@@ -267,7 +250,8 @@ int Run() {
 
   // The single-process reference.
   std::unique_ptr<Backend> backend = MakeCpuBackend();
-  absl::StatusOr<MuonOptions> muon = MuonOptionsFromProto(GroupProto(g, t));
+  absl::StatusOr<MuonOptions> muon =
+      MuonOptionsFromProto(muond::testing::DenseMuonGroup(G, T, g, t));
   if (!muon.ok()) return Fail(muon.status().ToString());
   int mismatches = 0;
   for (size_t k = 0; k < kWeights.size(); ++k) {
