@@ -177,7 +177,9 @@ int Main(int argc, char** argv) {
       slot = std::move(*n);
     }
   }
-  auto scratch = b.Allocate(max_numel * 4);
+  // The NS input/output in NS's work dtype, as the step engine keeps it.
+  const DType ns_dtype = NsWorkDType(o.ns.precision);
+  auto scratch = b.Allocate(max_numel * int64_t(DTypeSize(ns_dtype)));
   if (!scratch.ok()) return Fail(scratch.status());
 
   auto step = [&]() -> absl::Status {
@@ -188,34 +190,35 @@ int Main(int argc, char** argv) {
       const auto v = [&](void* p) {
         return ContiguousView(p, DType::kFloat32, r, c);
       };
+      const auto ns_view = [&](void* p, int64_t rows) {
+        return ContiguousView(p, ns_dtype, rows, c);
+      };
       if (ns_batch == 1) {
         absl::Status st =
             MuonStepFullMatrix(b, o, engine, v(first.param), v(first.grad),
-                               v(first.momentum), v(*scratch));
+                               v(first.momentum), ns_view(*scratch, r));
         if (!st.ok()) return st;
         continue;
       }
       // Momentum and update batched over the chunk, as the step engine does.
-      float* base = static_cast<float*>(*scratch);
+      char* base = static_cast<char*>(*scratch);
+      const int64_t bytes = r * c * int64_t(DTypeSize(ns_dtype));
+      auto adjusted_lr = MuonAdjustedLr(o, r, c);
+      if (!adjusted_lr.ok()) return adjusted_lr.status();
       std::vector<MatrixView> grads, moms, slots, params;
       for (int64_t k = 0; k < batch; ++k) {
         const Matrix& m = mats[ch[k]];
         grads.push_back(v(m.grad));
         moms.push_back(v(m.momentum));
-        slots.push_back(v(base + k * r * c));
+        slots.push_back(ns_view(base + k * bytes, r));
         params.push_back(v(m.param));
       }
+      const std::vector<float> lrs(size_t(batch), *adjusted_lr);
       if (auto st = MuonMomentumPhaseBatch(b, o, grads, moms, slots); !st.ok())
         return st;
-      const MatrixView stacked =
-          ContiguousView(base, DType::kFloat32, batch * r, c);
-      auto factors = MuonScaleFactors(o, r, c);
-      if (!factors.ok()) return factors.status();
-      if (auto st = engine.RunScaled(stacked, stacked, batch, factors->first,
-                                     factors->second);
-          !st.ok())
-        return st;
-      if (auto st = MuonUpdatePhaseBatch(b, o, params, slots); !st.ok())
+      const MatrixView stacked = ns_view(base, batch * r);
+      if (auto st = engine.Run(stacked, stacked, batch); !st.ok()) return st;
+      if (auto st = MuonUpdatePhaseBatch(b, o, params, slots, lrs); !st.ok())
         return st;
     }
     return b.Synchronize();

@@ -7,12 +7,6 @@
 
 namespace muond {
 
-absl::Status Backend::Copy2DScaled(const MatrixView& dst, const MatrixView& src,
-                                   float scale, float extra) {
-  RETURN_IF_ERROR(CheckDType(dst, DType::kFloat32, "scaled copy dst"));
-  RETURN_IF_ERROR(Copy2D(dst, src));
-  return ScaleInPlace(dst, scale, extra);
-}
 absl::Status Backend::MuonMomentumBatch(absl::Span<const MatrixView> grads,
                                         absl::Span<const MatrixView> momenta,
                                         double beta, bool nesterov,
@@ -31,15 +25,11 @@ absl::Status Backend::MuonMomentumBatch(absl::Span<const MatrixView> grads,
 
 absl::Status Backend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                        absl::Span<const MatrixView> updates,
-                                       float lr, float decay,
+                                       absl::Span<const float> lrs, float decay,
                                        WeightDecayMethod method) {
-  if (updates.size() != params.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "update batch: params and updates must have the same length, got ",
-        params.size(), ", ", updates.size()));
-  }
+  RETURN_IF_ERROR(CheckUpdateBatch(params, updates, lrs));
   for (size_t i = 0; i < params.size(); ++i)
-    RETURN_IF_ERROR(ApplyUpdate(params[i], updates[i], lr, decay, method));
+    RETURN_IF_ERROR(ApplyUpdate(params[i], updates[i], lrs[i], decay, method));
   return absl::OkStatus();
 }
 
@@ -180,9 +170,6 @@ absl::Status CheckNormalize(const MatrixView& src, const MatrixView& dst,
       !s.ok()) {
     return s;
   }
-  if (auto s = CheckDType(src, DType::kFloat32, "normalize src"); !s.ok()) {
-    return s;
-  }
   if (batch < 1 || src.rows % batch != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("normalize: batch (", batch,
@@ -203,7 +190,6 @@ absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum,
   if (auto s = CheckSameShape(grad, out, "grad", "ns input"); !s.ok()) {
     return s;
   }
-  if (auto s = CheckDType(out, DType::kFloat32, "ns input"); !s.ok()) return s;
   if (out.data == momentum.data && out.numel() > 0) {
     return absl::InvalidArgumentError(
         "momentum: the NS input buffer must not alias the momentum state");
@@ -212,10 +198,19 @@ absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum,
 }
 
 absl::Status CheckUpdate(const MatrixView& param, const MatrixView& update) {
-  if (auto s = CheckSameShape(param, update, "param", "update"); !s.ok()) {
-    return s;
+  return CheckSameShape(param, update, "param", "update");
+}
+
+absl::Status CheckUpdateBatch(absl::Span<const MatrixView> params,
+                              absl::Span<const MatrixView> updates,
+                              absl::Span<const float> lrs) {
+  if (updates.size() != params.size() || lrs.size() != params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update batch: params, updates and lrs must have the same length, "
+        "got ",
+        params.size(), ", ", updates.size(), ", ", lrs.size()));
   }
-  return CheckDType(update, DType::kFloat32, "update");
+  return absl::OkStatus();
 }
 
 absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,

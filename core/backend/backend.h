@@ -138,8 +138,8 @@ class Backend {
                                            int64_t batch) = 0;
 
   // ---- Newton–Schulz input ------------------------------------------------
-  // src (fp32) holds `batch` matrices stacked along rows (src.rows divisible
-  // by batch). For each slice: dst = src / max(||src||_F, eps), the
+  // src (fp32 or bf16) holds `batch` matrices stacked along rows (src.rows
+  // divisible by batch). For each slice: dst = src / max(||src||_F, eps), the
   // F.normalize(x, p=2, dim=(-2,-1), eps) of Emerging-Optimizers. The sum of
   // squares is accumulated in fp64 (tiny inputs such as 1e-30 * I do not
   // underflow), the norm rounded to fp32, the division done in fp32; dst is
@@ -155,7 +155,8 @@ class Backend {
   //   momentum <- lerp(momentum, grad, 1 - beta)   = m + (1-beta)(g - m)
   //   out      <- nesterov ? lerp(grad, momentum, beta) = g + beta(m - g)
   //                        : momentum
-  // grad fp32|bf16, momentum fp32|bf16 (state, updated in place), out fp32
+  // grad fp32|bf16, momentum fp32|bf16 (state, updated in place), out
+  // fp32|bf16 (the Newton–Schulz input in the NS work dtype, rounded once)
   // and distinct from momentum (the NS input is never state). Same shapes.
   virtual absl::Status MuonMomentum(const MatrixView& grad,
                                     const MatrixView& momentum, double beta,
@@ -167,31 +168,22 @@ class Backend {
                                          absl::Span<const MatrixView> momenta,
                                          double beta, bool nesterov,
                                          absl::Span<const MatrixView> outs);
-  // x <- (x * scale) * extra, fp32 in place: two multiplies in that order
-  // (EO muon.py: orth * scale_factor * extra_scale_factor).
-  virtual absl::Status ScaleInPlace(const MatrixView& x, float scale,
-                                    float extra) = 0;
-  // dst <- (float(src) * scale) * extra: Copy2D then ScaleInPlace in one
-  // pass (bitwise that sequence; the bf16 -> fp32 conversion is exact). dst
-  // fp32, src fp32|bf16 of the same shape; they must not overlap unless
-  // identical. Used to scale the Newton–Schulz output while converting it
-  // from the bf16 workspace. The default is the two calls.
-  virtual absl::Status Copy2DScaled(const MatrixView& dst,
-                                    const MatrixView& src, float scale,
-                                    float extra);
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in
-  // the param's dtype (fp32 or bf16) with one rounding. update is fp32.
+  // the param's dtype (fp32 or bf16) with one rounding. update is fp32 or
+  // bf16 (the Newton–Schulz output, unscaled: `lr` is the adjusted lr, the
+  // base lr times the Muon scale, as torch.optim.Muon's adjusted_lr).
   // `decay` is the decay factor already resolved by the caller
   // (lr*wd for decoupled/cautious, wd for independent; ignored for kNone).
   virtual absl::Status ApplyUpdate(const MatrixView& param,
                                    const MatrixView& update, float lr,
                                    float decay, WeightDecayMethod method) = 0;
-  // ApplyUpdate for n params at once (params[i], updates[i]); bitwise the n
-  // single calls (the default), batched into few launches on CUDA.
+  // ApplyUpdate for n params at once (params[i], updates[i], lrs[i]: each
+  // param's adjusted lr; one shared decay); bitwise the n single calls (the
+  // default), batched into few launches on CUDA.
   virtual absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                         absl::Span<const MatrixView> updates,
-                                        float lr, float decay,
-                                        WeightDecayMethod method);
+                                        absl::Span<const float> lrs,
+                                        float decay, WeightDecayMethod method);
   // Fused AdamW, torch.optim.AdamW single-tensor order:
   //   p *= param_decay; m = lerp(m, g, 1-beta1); v = v*beta2 + (1-beta2)*g*g;
   //   p += -step_size * m / (sqrt(v) / bias_correction2_sqrt + eps).
@@ -235,6 +227,9 @@ absl::Status CheckNormalize(const MatrixView& src, const MatrixView& dst,
 absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum,
                            const MatrixView& out);
 absl::Status CheckUpdate(const MatrixView& param, const MatrixView& update);
+absl::Status CheckUpdateBatch(absl::Span<const MatrixView> params,
+                              absl::Span<const MatrixView> updates,
+                              absl::Span<const float> lrs);
 absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
                         const MatrixView& exp_avg,
                         const MatrixView& exp_avg_sq);

@@ -206,27 +206,6 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status ScaleInPlace(const MatrixView& x, float scale,
-                            float extra) override {
-    RETURN_IF_ERROR(CheckView(x, "scale"));
-    RETURN_IF_ERROR(CheckDType(x, DType::kFloat32, "scale"));
-    ForEach(x, [&](int64_t i, int64_t j) {
-      Store(x, i, j, ew::Scale2(Load(x, i, j), scale, extra));
-    });
-    return absl::OkStatus();
-  }
-
-  absl::Status Copy2DScaled(const MatrixView& dst, const MatrixView& src,
-                            float scale, float extra) override {
-    RETURN_IF_ERROR(
-        CheckSameShape(dst, src, "scaled copy dst", "scaled copy src"));
-    RETURN_IF_ERROR(CheckDType(dst, DType::kFloat32, "scaled copy dst"));
-    ForEach(dst, [&](int64_t i, int64_t j) {
-      Store(dst, i, j, ew::Scale2(Load(src, i, j), scale, extra));
-    });
-    return absl::OkStatus();
-  }
-
   absl::Status ApplyUpdate(const MatrixView& param, const MatrixView& update,
                            float lr, float decay,
                            WeightDecayMethod method) override {

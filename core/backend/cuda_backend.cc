@@ -298,40 +298,20 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
-                                absl::Span<const MatrixView> updates, float lr,
-                                float decay,
+                                absl::Span<const MatrixView> updates,
+                                absl::Span<const float> lrs, float decay,
                                 WeightDecayMethod method) override {
-    if (updates.size() != params.size()) {
-      return Backend::ApplyUpdateBatch(params, updates, lr, decay, method);
-    }
+    RETURN_IF_ERROR(CheckUpdateBatch(params, updates, lrs));
     std::vector<cuda_kernels::KView> p, u;
     for (size_t i = 0; i < params.size(); ++i) {
       RETURN_IF_ERROR(CheckUpdate(params[i], updates[i]));
       p.push_back(K(params[i]));
       u.push_back(K(updates[i]));
     }
-    return CudaStatus(
-        cuda_kernels::ApplyUpdateMulti(p.data(), u.data(), int64_t(p.size()),
-                                       lr, decay, int(method), stream_),
-        "apply update batch");
-  }
-
-  absl::Status ScaleInPlace(const MatrixView& x, float scale,
-                            float extra) override {
-    RETURN_IF_ERROR(CheckView(x, "scale"));
-    RETURN_IF_ERROR(CheckDType(x, DType::kFloat32, "scale"));
-    return CudaStatus(cuda_kernels::ScaleInPlace(K(x), scale, extra, stream_),
-                      "scale");
-  }
-
-  absl::Status Copy2DScaled(const MatrixView& dst, const MatrixView& src,
-                            float scale, float extra) override {
-    RETURN_IF_ERROR(
-        CheckSameShape(dst, src, "scaled copy dst", "scaled copy src"));
-    RETURN_IF_ERROR(CheckDType(dst, DType::kFloat32, "scaled copy dst"));
-    return CudaStatus(
-        cuda_kernels::Copy2DScaled(K(dst), K(src), scale, extra, stream_),
-        "scaled copy");
+    return CudaStatus(cuda_kernels::ApplyUpdateMulti(
+                          p.data(), u.data(), lrs.data(), int64_t(p.size()),
+                          decay, int(method), stream_),
+                      "apply update batch");
   }
 
   absl::Status ApplyUpdate(const MatrixView& param, const MatrixView& update,

@@ -247,19 +247,6 @@ struct MomentumOp {
   }
 };
 
-struct ScaleOp {
-  DView x;
-  float scale, extra;
-  using In = float;
-  __device__ In Load(int64_t j) const { return Ld(x, 0, j); }
-  __device__ void Store(int64_t j, In v) const {
-    St(x, 0, j, ew::Scale2(v, scale, extra));
-  }
-  __device__ void operator()(int64_t i, int64_t j) const {
-    St(x, i, j, ew::Scale2(Ld(x, i, j), scale, extra));
-  }
-};
-
 struct UpdateOp {
   DView p, u;
   float lr, decay;
@@ -289,19 +276,6 @@ struct AdamWOp {
   }
 };
 
-struct CopyScaleOp {
-  DView dst, src;
-  float scale, extra;
-  using In = float;
-  __device__ In Load(int64_t j) const { return Ld(src, 0, j); }
-  __device__ void Store(int64_t j, In v) const {
-    St(dst, 0, j, ew::Scale2(v, scale, extra));
-  }
-  __device__ void operator()(int64_t i, int64_t j) const {
-    St(dst, i, j, ew::Scale2(Ld(src, i, j), scale, extra));
-  }
-};
-
 // ---- multi-tensor launches ------------------------------------------------
 // Up to kMultiMaxTensors contiguous tensors per launch, passed by value in the
 // kernel arguments (< 4 KB). Block b works on tensor k with
@@ -314,21 +288,37 @@ struct MultiTable {
   int64_t n[kMultiMaxTensors];
   int block_start[kMultiMaxTensors + 1];
   unsigned char elem[kMultiViews][kMultiMaxTensors];
-  // Every view of tensor k is fp32 and 16-byte aligned: the kernels move it
-  // as float4 (one 128-bit access per 4 elements; the scalar loop reached
-  // only 56-74% of HBM bandwidth on an H200, bench/results/gpu_h200.md).
+  // Every view of tensor k is fp32 and 16-byte aligned or bf16 and 8-byte
+  // aligned: the kernels move 4 elements per access (float4 / 4 x bf16; the
+  // scalar loop reached only 56-74% of HBM bandwidth on an H200,
+  // bench/results/gpu_h200.md).
   bool vec4[kMultiMaxTensors];
+  float scalar[kMultiMaxTensors];  // a per-tensor operand (the update's lr)
   int count;
 };
 
-__device__ __forceinline__ float4 Ld4(const char* p, int64_t j) {
-  return *reinterpret_cast<const float4*>(p + j * 4);
-}
-__device__ __forceinline__ void St4(char* p, int64_t j, float4 x) {
-  *reinterpret_cast<float4*>(p + j * 4) = x;
-}
 __device__ __forceinline__ float& At(float4& v, int e) {
   return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+}
+// Elements j..j+3 of a vec4 view (fp32, or bf16 widened exactly).
+__device__ __forceinline__ float4 Ld4(const char* p, int elem, int64_t j) {
+  if (elem == 4) return *reinterpret_cast<const float4*>(p + j * 4);
+  const uint2 h = *reinterpret_cast<const uint2*>(p + j * 2);
+  return make_float4(Bf16BitsToFloat(uint16_t(h.x & 0xffffu)),
+                     Bf16BitsToFloat(uint16_t(h.x >> 16)),
+                     Bf16BitsToFloat(uint16_t(h.y & 0xffffu)),
+                     Bf16BitsToFloat(uint16_t(h.y >> 16)));
+}
+// Stores 4 elements from j, each rounded once to bf16 for a bf16 view.
+__device__ __forceinline__ void St4(char* p, int elem, int64_t j, float4 x) {
+  if (elem == 4) {
+    *reinterpret_cast<float4*>(p + j * 4) = x;
+    return;
+  }
+  uint2 h;
+  h.x = uint32_t(FloatToBf16Bits(x.x)) | (uint32_t(FloatToBf16Bits(x.y)) << 16);
+  h.y = uint32_t(FloatToBf16Bits(x.z)) | (uint32_t(FloatToBf16Bits(x.w)) << 16);
+  *reinterpret_cast<uint2*>(p + j * 2) = h;
 }
 
 __device__ __forceinline__ float LdFlat(const char* p, int elem, int64_t j) {
@@ -368,7 +358,8 @@ __device__ void MultiVec4Tile(const MultiTable& t, const F& f, int k,
     const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
     if (j + 4 <= end) {
 #pragma unroll
-      for (int v = 0; v < F::kLoads; ++v) in[u][v] = Ld4(t.ptr[v][k], j);
+      for (int v = 0; v < F::kLoads; ++v)
+        in[u][v] = Ld4(t.ptr[v][k], t.elem[v][k], j);
     }
   }
 #pragma unroll
@@ -420,12 +411,12 @@ __global__ void MultiFiniteKernel(MultiTable t, int* flag) {
     for (int u = 0; u < kIlp; ++u) {
       const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
       if (j + 4 <= end) {
-        const float4 x = Ld4(t.ptr[0][k], j);
+        const float4 x = Ld4(t.ptr[0][k], t.elem[0][k], j);
         bad = bad || !isfinite(x.x) || !isfinite(x.y) || !isfinite(x.z) ||
               !isfinite(x.w);
       } else {
         for (int64_t e = j; e < end; ++e)
-          bad = bad || !isfinite(LdFlat(t.ptr[0][k], 4, e));
+          bad = bad || !isfinite(LdFlat(t.ptr[0][k], t.elem[0][k], e));
       }
     }
     if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
@@ -462,24 +453,28 @@ struct MultiMomentumOp {
     StFlat(t.ptr[2][k], t.elem[2][k], j,
            nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
   }
-  static constexpr int kLoads = 2;  // grad, momentum (all fp32)
+  static constexpr int kLoads = 2;  // grad, momentum
   __device__ void Store4(const MultiTable& t, int k, int64_t j,
                          float4 (&in)[kLoads]) const {
+    const bool bf16_state = t.elem[1][k] == 2;
     float4 m_new, out;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       At(m_new, e) = ew::MomentumEma(At(in[1], e), At(in[0], e), w_ema);
+      // The stored value (bf16 state: rounded once), as in Store.
+      const float m = bf16_state
+                          ? Bf16BitsToFloat(FloatToBf16Bits(At(m_new, e)))
+                          : At(m_new, e);
       At(out, e) =
-          nesterov ? ew::NesterovInput(At(in[0], e), At(m_new, e), w_nesterov)
-                   : At(m_new, e);
+          nesterov ? ew::NesterovInput(At(in[0], e), m, w_nesterov) : m;
     }
-    St4(t.ptr[1][k], j, m_new);
-    St4(t.ptr[2][k], j, out);
+    St4(t.ptr[1][k], t.elem[1][k], j, m_new);
+    St4(t.ptr[2][k], t.elem[2][k], j, out);
   }
 };
 
-struct MultiUpdateOp {
-  float lr, decay;
+struct MultiUpdateOp {  // lr: t.scalar[k]
+  float decay;
   int method;
   struct In {
     float p, u;
@@ -490,24 +485,31 @@ struct MultiUpdateOp {
   }
   __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
     StFlat(t.ptr[0][k], t.elem[0][k], j,
-           ew::UpdateParam(in.p, in.u, lr, decay, method));
+           ew::UpdateParam(in.p, in.u, t.scalar[k], decay, method));
   }
-  static constexpr int kLoads = 2;  // param, update (all fp32)
+  static constexpr int kLoads = 2;  // param, update
   __device__ void Store4(const MultiTable& t, int k, int64_t j,
                          float4 (&in)[kLoads]) const {
+    const float lr = t.scalar[k];
     float4 p;
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       At(p, e) = ew::UpdateParam(At(in[0], e), At(in[1], e), lr, decay, method);
-    St4(t.ptr[0][k], j, p);
+    St4(t.ptr[0][k], t.elem[0][k], j, p);
   }
 };
 
+bool Vec4Ok(const KView& v) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(v.data);
+  return (v.elem == 4 && a % 16 == 0) || (v.elem == 2 && a % 8 == 0);
+}
+
 // Collects tensors into tables and launches `launch(table)` per full table;
-// `single(i)` launches tensor i alone (non-contiguous or large).
+// `single(i)` launches tensor i alone (non-contiguous or large). `scalars`
+// (may be null) gives each tensor's MultiTable::scalar.
 template <typename Launch, typename Single>
 cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
-                     Launch launch, Single single) {
+                     const float* scalars, Launch launch, Single single) {
   MultiTable t;
   t.count = 0;
   t.block_start[0] = 0;
@@ -532,9 +534,9 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
     for (int v = 0; v < nviews; ++v) {
       t.ptr[v][k] = static_cast<char*>(views[v][i].data);
       t.elem[v][k] = static_cast<unsigned char>(views[v][i].elem);
-      t.vec4[k] = t.vec4[k] && views[v][i].elem == 4 &&
-                  reinterpret_cast<uintptr_t>(views[v][i].data) % 16 == 0;
+      t.vec4[k] = t.vec4[k] && Vec4Ok(views[v][i]);
     }
+    t.scalar[k] = scalars == nullptr ? 0.0f : scalars[i];
     t.n[k] = n;
     t.block_start[k + 1] =
         t.block_start[k] + int((n + kMultiTile - 1) / kMultiTile);
@@ -617,18 +619,6 @@ cudaError_t MuonMomentum(const KView& grad, const KView& momentum,
       MomentumOp{D(grad), D(momentum), D(out), one_minus_beta, beta, nesterov});
 }
 
-cudaError_t ScaleInPlace(const KView& x, float scale, float extra,
-                         cudaStream_t stream) {
-  return LaunchLoadStore({x}, x.rows, x.cols, stream,
-                         ScaleOp{D(x), scale, extra});
-}
-
-cudaError_t Copy2DScaled(const KView& dst, const KView& src, float scale,
-                         float extra, cudaStream_t stream) {
-  return LaunchLoadStore({dst, src}, src.rows, src.cols, stream,
-                         CopyScaleOp{D(dst), D(src), scale, extra});
-}
-
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
                         float decay, int method, cudaStream_t stream) {
   return LaunchLoadStore({param, update}, param.rows, param.cols, stream,
@@ -658,7 +648,7 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
   const KView* views[3] = {grads, moms, outs};
   const MultiMomentumOp op{one_minus_beta, beta, nesterov};
   return RunMulti(
-      views, 3, count,
+      views, 3, count, nullptr,
       [&](const MultiTable& t) {
         MultiLoadStoreKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
                                stream>>>(t, op);
@@ -671,19 +661,20 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
 }
 
 cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
-                             int64_t count, float lr, float decay, int method,
-                             cudaStream_t stream) {
+                             const float* lrs, int64_t count, float decay,
+                             int method, cudaStream_t stream) {
   const KView* views[2] = {params, updates};
-  const MultiUpdateOp op{lr, decay, method};
+  const MultiUpdateOp op{decay, method};
   return RunMulti(
-      views, 2, count,
+      views, 2, count, lrs,
       [&](const MultiTable& t) {
         MultiLoadStoreKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
                                stream>>>(t, op);
         return cudaGetLastError();
       },
       [&](int64_t i) {
-        return ApplyUpdate(params[i], updates[i], lr, decay, method, stream);
+        return ApplyUpdate(params[i], updates[i], lrs[i], decay, method,
+                           stream);
       });
 }
 
@@ -691,7 +682,7 @@ cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, int* flag,
                                cudaStream_t stream) {
   const KView* table[1] = {views};
   return RunMulti(
-      table, 1, count,
+      table, 1, count, nullptr,
       [&](const MultiTable& t) {
         MultiFiniteKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
                             stream>>>(t, flag);

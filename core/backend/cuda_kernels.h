@@ -39,11 +39,6 @@ cudaError_t FrobeniusNormalize(const KView& src, const KView& dst,
 cudaError_t MuonMomentum(const KView& grad, const KView& momentum,
                          float one_minus_beta, float beta, bool nesterov,
                          const KView& out, cudaStream_t stream);
-cudaError_t ScaleInPlace(const KView& x, float scale, float extra,
-                         cudaStream_t stream);
-// dst (fp32) = (float(src) * scale) * extra.
-cudaError_t Copy2DScaled(const KView& dst, const KView& src, float scale,
-                         float extra, cudaStream_t stream);
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
                         float decay, int method, cudaStream_t stream);
 cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
@@ -65,9 +60,10 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
                               const KView* outs, int64_t count,
                               float one_minus_beta, float beta, bool nesterov,
                               cudaStream_t stream);
+// lrs[i]: tensor i's (adjusted) lr.
 cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
-                             int64_t count, float lr, float decay, int method,
-                             cudaStream_t stream);
+                             const float* lrs, int64_t count, float decay,
+                             int method, cudaStream_t stream);
 cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, int* flag,
                                cudaStream_t stream);
 

@@ -43,10 +43,6 @@ MUOND_HD float NesterovInput(float g, float m_new, float beta) {
   return Lerp(g, m_new, beta);
 }
 
-MUOND_HD float Scale2(float x, float scale, float extra) {
-  return Mul(Mul(x, scale), extra);
-}
-
 // method: 0 decoupled, 1 independent, 2 cautious, 3 none (WeightDecayMethod).
 MUOND_HD float UpdateParam(float p, float u, float lr, float decay,
                            int method) {

@@ -145,56 +145,48 @@ absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                    options.nesterov, ns_inputs);
 }
 
-absl::StatusOr<std::pair<float, float>> MuonScaleFactors(
-    const MuonOptions& options, int64_t full_rows, int64_t full_cols) {
+absl::StatusOr<float> MuonAdjustedLr(const MuonOptions& options,
+                                     int64_t full_rows, int64_t full_cols) {
   if (full_rows < 1 || full_cols < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("scale: full_rows and full_cols must be >= 1, got ",
                      full_rows, "x", full_cols));
   }
-  return std::make_pair(static_cast<float>(MuonShapeScale(
-                            options.scale_mode, full_rows, full_cols)),
-                        static_cast<float>(options.extra_scale_factor));
+  return static_cast<float>(
+      options.lr * MuonScaleFactor(options.scale_mode, full_rows, full_cols,
+                                   options.extra_scale_factor));
 }
 
-absl::Status MuonScalePhase(Backend& backend, const MuonOptions& options,
-                            int64_t full_rows, int64_t full_cols,
-                            const MatrixView& orth) {
-  ASSIGN_OR_RETURN(auto factors,
-                   MuonScaleFactors(options, full_rows, full_cols));
-  return backend.ScaleInPlace(orth, factors.first, factors.second);
-}
+namespace {
 
-absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
-                             const MatrixView& param,
-                             const MatrixView& update) {
-  // Decay factors formed in double, rounded once (as Python floats reach
-  // torch kernels): decoupled/cautious lr*wd, independent wd.
+// The decay factor ApplyUpdate takes, formed in double and rounded once (as
+// Python floats reach torch kernels): decoupled/cautious lr*wd (base lr),
+// independent wd; kNone when weight_decay is 0.
+std::pair<float, WeightDecayMethod> DecayOf(const MuonOptions& options) {
   const double decay =
       options.weight_decay_method == WeightDecayMethod::kIndependent
           ? options.weight_decay
           : options.lr * options.weight_decay;
-  const WeightDecayMethod method = options.weight_decay == 0.0
-                                       ? WeightDecayMethod::kNone
-                                       : options.weight_decay_method;
-  return backend.ApplyUpdate(param, update, static_cast<float>(options.lr),
-                             static_cast<float>(decay), method);
+  return {static_cast<float>(decay), options.weight_decay == 0.0
+                                         ? WeightDecayMethod::kNone
+                                         : options.weight_decay_method};
+}
+
+}  // namespace
+
+absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
+                             const MatrixView& param, const MatrixView& update,
+                             float adjusted_lr) {
+  const auto [decay, method] = DecayOf(options);
+  return backend.ApplyUpdate(param, update, adjusted_lr, decay, method);
 }
 
 absl::Status MuonUpdatePhaseBatch(Backend& backend, const MuonOptions& options,
                                   absl::Span<const MatrixView> params,
-                                  absl::Span<const MatrixView> updates) {
-  // The same factors as MuonUpdatePhase.
-  const double decay =
-      options.weight_decay_method == WeightDecayMethod::kIndependent
-          ? options.weight_decay
-          : options.lr * options.weight_decay;
-  const WeightDecayMethod method = options.weight_decay == 0.0
-                                       ? WeightDecayMethod::kNone
-                                       : options.weight_decay_method;
-  return backend.ApplyUpdateBatch(params, updates,
-                                  static_cast<float>(options.lr),
-                                  static_cast<float>(decay), method);
+                                  absl::Span<const MatrixView> updates,
+                                  absl::Span<const float> adjusted_lrs) {
+  const auto [decay, method] = DecayOf(options);
+  return backend.ApplyUpdateBatch(params, updates, adjusted_lrs, decay, method);
 }
 
 absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
@@ -207,12 +199,11 @@ absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
         absl::StrCat("muon step: NewtonSchulz is for ", ns.rows(), "x",
                      ns.cols(), ", param is ", param.rows, "x", param.cols));
   }
+  ASSIGN_OR_RETURN(const float adjusted_lr,
+                   MuonAdjustedLr(options, param.rows, param.cols));
   RETURN_IF_ERROR(MuonMomentumPhase(backend, options, grad, momentum, scratch));
-  ASSIGN_OR_RETURN(auto factors,
-                   MuonScaleFactors(options, param.rows, param.cols));
-  RETURN_IF_ERROR(
-      ns.RunScaled(scratch, scratch, 1, factors.first, factors.second));
-  return MuonUpdatePhase(backend, options, param, scratch);
+  RETURN_IF_ERROR(ns.Run(scratch, scratch, 1));
+  return MuonUpdatePhase(backend, options, param, scratch, adjusted_lr);
 }
 
 }  // namespace muond

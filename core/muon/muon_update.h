@@ -3,9 +3,9 @@
 // scale, and the three elementwise phases of a step (DESIGN.md §3):
 //   1. MuonMomentumPhase  buf <- buf + (1-beta)(g - buf) on the local shard;
 //                         NS input = nesterov ? g + beta(buf - g) : buf
-//   4. NewtonSchulz (newton_schulz.h) on the full matrix, then MuonScalePhase:
-//                         orth <- (orth * scale) * extra
-//   6. MuonUpdatePhase    weight decay, then p <- p - lr * update
+//   4. NewtonSchulz (newton_schulz.h) on the full matrix: orth (unscaled)
+//   6. MuonUpdatePhase    weight decay, then p <- p - adjusted_lr * orth,
+//                         adjusted_lr = lr * scale * extra (MuonAdjustedLr)
 // MuonStepFullMatrix chains them for one whole matrix on one backend (the
 // single-process reference, REPLICATED params, tests and peer oracles).
 // Sources: EO orthogonalized_optimizers/muon.py and mixin.py, torch
@@ -48,10 +48,7 @@ absl::StatusOr<WeightDecayMethod> ParseWeightDecayMethod(std::string_view name);
 
 // The shape factor of `mode` (formulas above), in double. rows, cols >= 1.
 double MuonShapeScale(ScaleMode mode, int64_t rows, int64_t cols);
-// MuonShapeScale * extra: the total factor, for reporting and plans. The
-// update itself applies the two factors as two fp32 multiplies,
-// (orth * float(shape)) * float(extra) (EO muon.py; Megatron keeps the two
-// multiplies to stay bitwise equal to TensorParallelMuon).
+// MuonShapeScale * extra: the total factor, for reporting and plans.
 double MuonScaleFactor(ScaleMode mode, int64_t rows, int64_t cols,
                        double extra = 1.0);
 
@@ -73,8 +70,9 @@ struct MuonOptions {
 };
 
 // Phase 1. grad fp32|bf16 (trainer memory), momentum in options.state_dtype,
-// ns_input fp32 (a scratch buffer, never the state). Same shapes (any
-// strides: works on the local shard).
+// ns_input fp32|bf16 (a scratch buffer, never the state; the step engine
+// uses NsWorkDType(options.ns.precision)). Same shapes (any strides: works
+// on the local shard).
 absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
                                const MatrixView& grad,
                                const MatrixView& momentum,
@@ -88,30 +86,33 @@ absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     absl::Span<const MatrixView> momenta,
                                     absl::Span<const MatrixView> ns_inputs);
 
-// Phase 4b. orth fp32 in place; full_rows x full_cols is the full matrix's
-// shape (for a batch, `orth` may hold several same-shape matrices).
-absl::Status MuonScalePhase(Backend& backend, const MuonOptions& options,
-                            int64_t full_rows, int64_t full_cols,
-                            const MatrixView& orth);
+// The lr an update of a full_rows x full_cols matrix applies to the
+// unscaled Newton–Schulz output: lr * MuonShapeScale * extra_scale_factor,
+// formed in double and rounded once to fp32, as torch.optim.Muon forms
+// adjusted_lr = lr * scale and adds update * -adjusted_lr. (Scaling the
+// update instead, (orth * scale) * extra as EO does, is the same math with
+// one more rounding and a pass over the NS output; applying it here keeps
+// the output in the bf16 workspace.) Errors: full_rows or full_cols < 1.
+absl::StatusOr<float> MuonAdjustedLr(const MuonOptions& options,
+                                     int64_t full_rows, int64_t full_cols);
 
-// The (scale, extra) factors MuonScalePhase multiplies by, as fp32, for
-// NewtonSchulz::RunScaled (which fuses the scaling into its output pass).
-// Errors: full_rows or full_cols < 1.
-absl::StatusOr<std::pair<float, float>> MuonScaleFactors(
-    const MuonOptions& options, int64_t full_rows, int64_t full_cols);
-
-// Phase 6. param fp32|bf16 (updated in place, one rounding), update fp32.
+// Phase 6. param fp32|bf16 (updated in place, one rounding), update (the
+// unscaled NS output) fp32|bf16, adjusted_lr from MuonAdjustedLr. The
+// weight decay uses the base lr (decoupled: p <- p - lr*wd*p).
 absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
-                             const MatrixView& param, const MatrixView& update);
+                             const MatrixView& param, const MatrixView& update,
+                             float adjusted_lr);
 
 // Phase 6 for n params at once (bitwise the n single calls).
 absl::Status MuonUpdatePhaseBatch(Backend& backend, const MuonOptions& options,
                                   absl::Span<const MatrixView> params,
-                                  absl::Span<const MatrixView> updates);
+                                  absl::Span<const MatrixView> updates,
+                                  absl::Span<const float> adjusted_lrs);
 
-// A whole Muon step of one full matrix: momentum -> NS (into `scratch`, fp32
-// rows x cols) -> scale -> weight decay + update. `ns` must have been created
-// for the param's shape with options.ns.
+// A whole Muon step of one full matrix: momentum -> NS (in place in
+// `scratch`, rows x cols, fp32 or bf16; the step engine's dtype is
+// NsWorkDType) -> weight decay + update with MuonAdjustedLr. `ns` must have
+// been created for the param's shape with options.ns.
 absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
                                 NewtonSchulz& ns, const MatrixView& param,
                                 const MatrixView& grad,

@@ -20,6 +20,11 @@ int64_t SyrkBlockStart(int64_t m, int k, int i) {
 
 }  // namespace
 
+DType NsWorkDType(MatmulPrecision precision) {
+  return precision == MatmulPrecision::kMedium ? DType::kBFloat16
+                                               : DType::kFloat32;
+}
+
 int SyrkBlockRows(int64_t m, int requested) {
   if (requested > 0)
     return int(std::min<int64_t>(requested, std::max<int64_t>(m / 8, 1)));
@@ -90,9 +95,7 @@ NewtonSchulz::NewtonSchulz(Backend* backend, NsOptions options, int64_t rows,
       tall_(rows > cols),
       block_rows_(
           options_.use_syrk ? SyrkBlockRows(m_, options_.syrk_block_rows) : 1),
-      work_dtype_(options_.precision == MatmulPrecision::kMedium
-                      ? DType::kBFloat16
-                      : DType::kFloat32),
+      work_dtype_(NsWorkDType(options_.precision)),
       schedule_(std::move(schedule)) {}
 
 NewtonSchulz::~NewtonSchulz() {
@@ -181,26 +184,18 @@ absl::Status NewtonSchulz::Poly(const MatrixView& a, float b, float c,
 
 absl::Status NewtonSchulz::Run(const MatrixView& in, const MatrixView& out,
                                int64_t batch) {
-  return RunImpl(in, out, batch, nullptr);
-}
-
-absl::Status NewtonSchulz::RunScaled(const MatrixView& in,
-                                     const MatrixView& out, int64_t batch,
-                                     float scale, float extra) {
-  const float scale_extra[2] = {scale, extra};
-  return RunImpl(in, out, batch, scale_extra);
-}
-
-absl::Status NewtonSchulz::RunImpl(const MatrixView& in, const MatrixView& out,
-                                   int64_t batch, const float* scale_extra) {
   if (batch < 1 || batch > max_batch_) {
     return absl::InvalidArgumentError(
         absl::StrCat("ns batch must be in [1, ", max_batch_, "], got ", batch));
   }
   for (const MatrixView* v : {&in, &out}) {
     RETURN_IF_ERROR(CheckView(*v, v == &in ? "ns input" : "ns output"));
-    RETURN_IF_ERROR(
-        CheckDType(*v, DType::kFloat32, v == &in ? "ns input" : "ns output"));
+    if (v->dtype != DType::kFloat32 && v->dtype != DType::kBFloat16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(v == &in ? "ns input" : "ns output",
+                       " must be float32 or bfloat16, got ",
+                       std::string(DTypeName(v->dtype))));
+    }
     if (v->rows != batch * rows_ || v->cols != cols_) {
       return absl::InvalidArgumentError(
           absl::StrCat(v == &in ? "ns input" : "ns output", " must be ",
@@ -217,7 +212,8 @@ absl::Status NewtonSchulz::RunImpl(const MatrixView& in, const MatrixView& out,
   };
   const MatrixView a = ContiguousView(a_, work_dtype_, m_, m_);
   const MatrixView b_buf = ContiguousView(b_, work_dtype_, m_, m_);
-  const bool into_out = work_dtype_ == DType::kFloat32;
+  // The last step writes `out` directly when it is in the work dtype.
+  const bool into_out = out.dtype == work_dtype_;
   const int64_t out_ld = std::max(out.row_stride, out.cols);
   MatrixView out_slice = out;
   out_slice.rows = rows_;
@@ -251,15 +247,8 @@ absl::Status NewtonSchulz::RunImpl(const MatrixView& in, const MatrixView& out,
     }
     cur = 1 - cur;
   }
-  if (scale_extra == nullptr) {
-    if (!into_out) RETURN_IF_ERROR(backend_->Copy2D(out, x_full(cur)));
-    return absl::OkStatus();
-  }
-  if (into_out) {
-    return backend_->ScaleInPlace(out, scale_extra[0], scale_extra[1]);
-  }
-  return backend_->Copy2DScaled(out, x_full(cur), scale_extra[0],
-                                scale_extra[1]);
+  if (!into_out) RETURN_IF_ERROR(backend_->Copy2D(out, x_full(cur)));
+  return absl::OkStatus();
 }
 
 }  // namespace muond

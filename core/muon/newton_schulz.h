@@ -1,14 +1,15 @@
 #pragma once
 // Newton–Schulz orthogonalisation, written once over the Backend interface.
 //
-// For an fp32 matrix G (rows x cols), with m = min(rows, cols):
+// For a matrix G (rows x cols, fp32 or bf16), with m = min(rows, cols):
 //   X = G / max(||G||_F, eps)                    (EO newton_schulz, HEAD eps)
 //   per step (a, b, c) of the coefficient schedule:
 //     A = X X^T   (m x m: for rows > cols the iteration runs on G^T, i.e.
 //                  A = X^T X and X <- a X + X B^T, which is the transposed
 //                  iteration without materialising a transpose)
 //     B = b A + c A^2;  X <- a X + B X             (c == 0: X <- a X + b A X)
-//   result X (rows x cols, fp32).
+//   result X (rows x cols, fp32 or bf16), unscaled: the Muon scale is
+//   applied by the update (muon_update.h, MuonAdjustedLr).
 // Sources: EO muon_utils.py newton_schulz / newton_schulz_step;
 // anchors-muon.md §0.1 (coefficients), §0.3 (eps placement), §0.4 (transpose).
 //
@@ -16,8 +17,10 @@
 //   kHighest  fp32 GEMMs (the only one on the CPU backend).
 //   kHigh     TF32 GEMMs, X kept in fp32.
 //   kMedium   bf16 operands and outputs, fp32 accumulation; X, A and B are
-//             kept in bf16 across steps and cast back to fp32 at the end
-//             (as EO does under "medium").
+//             kept in bf16 across steps. The step engine keeps the NS input
+//             and output in bf16 too (NsWorkDType), as torch.optim.Muon
+//             does (grad.bfloat16() first, the bf16 result added to the
+//             fp32 param): no fp32 copies on the way in or out.
 // use_syrk (opt-in, any precision and shape): A = X X^T
 // and B = b A + c A A^T are symmetric, so only the lower triangle is computed
 // and then mirrored. The triangle is covered by `syrk_block_rows` (k) block
@@ -57,6 +60,11 @@ struct NsOptions {
   int syrk_block_rows = 0;
 };
 
+// The dtype Newton–Schulz iterates in for `precision`: bf16 for kMedium,
+// fp32 otherwise. The step engine stores NS inputs and outputs (and
+// exchanges them) in this dtype.
+DType NsWorkDType(MatmulPrecision precision);
+
 // The block-row count use_syrk runs with for an m x m product: `requested`
 // when > 0 (at most m/8, blocks of >= 8 rows), else the default for m: 4 for
 // m >= 4096, 1 (the full product) below.
@@ -83,17 +91,14 @@ class NewtonSchulz {
   NewtonSchulz(const NewtonSchulz&) = delete;
   NewtonSchulz& operator=(const NewtonSchulz&) = delete;
 
-  // in:  fp32, (batch*rows) x cols, the batch matrices stacked along rows;
-  //      any row_stride. Read only (never normalised in place).
-  // out: fp32, same shape, any row_stride; may be the same view as `in`.
-  // 1 <= batch <= max_batch.
+  // in:  fp32 or bf16, (batch*rows) x cols, the batch matrices stacked
+  //      along rows; any row_stride. Read only (never normalised in place).
+  // out: fp32 or bf16, same shape, any row_stride; may be the same view as
+  //      `in`. In the work dtype (NsWorkDType) the last step writes it
+  //      directly; otherwise one converting copy.
+  // 1 <= batch <= max_batch. Errors: InvalidArgument naming `ns input` /
+  // `ns output` and the shape rule.
   absl::Status Run(const MatrixView& in, const MatrixView& out, int64_t batch);
-  // Run, then out <- (out * scale) * extra (MuonScalePhase's scaling),
-  // bitwise the same as Run followed by Backend::ScaleInPlace; with a bf16
-  // workspace the scaling is fused into the final bf16 -> fp32 conversion
-  // (one pass over the output instead of two).
-  absl::Status RunScaled(const MatrixView& in, const MatrixView& out,
-                         int64_t batch, float scale, float extra);
 
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
@@ -106,9 +111,6 @@ class NewtonSchulz {
   NewtonSchulz(Backend* backend, NsOptions options, int64_t rows, int64_t cols,
                int64_t max_batch, std::vector<NsCoefficients> schedule);
   absl::Status AllocateWorkspace();
-  // Run with an optional output scaling (scale, extra); null: none.
-  absl::Status RunImpl(const MatrixView& in, const MatrixView& out,
-                       int64_t batch, const float* scale_extra);
   // c = alpha op(a) op(b) + beta c over `batch` slices with the given
   // per-slice strides (elements); batch 1 is a plain Gemm.
   absl::Status Mm(Op op_a, Op op_b, float alpha, const MatrixView& a,

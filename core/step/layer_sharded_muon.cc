@@ -58,12 +58,13 @@ absl::StatusOr<OwnedBuffer> AllocateZeroed(Backend* backend, DType dtype,
   return buffer;
 }
 
-// Zeroed fp32 matrices of the given shapes, each shape's matrices laid out
+// Zeroed `dtype` matrices of the given shapes, each shape's matrices laid out
 // back to back in one slab in list order, so a run of same-shape matrices
 // (the chunks RunNs batches) is one contiguous stacked view that batched NS
 // can work on in place. Returns one view per entry of `shapes`.
 absl::StatusOr<std::vector<MatrixView>> AllocateSlabs(
-    Backend* backend, const std::vector<std::pair<int64_t, int64_t>>& shapes,
+    Backend* backend, DType dtype,
+    const std::vector<std::pair<int64_t, int64_t>>& shapes,
     std::vector<OwnedBuffer>& owned) {
   std::vector<std::pair<std::pair<int64_t, int64_t>, std::vector<size_t>>>
       by_shape;
@@ -79,13 +80,14 @@ absl::StatusOr<std::vector<MatrixView>> AllocateSlabs(
   std::vector<MatrixView> views(shapes.size());
   for (const auto& [shape, members] : by_shape) {
     const auto [rows, cols] = shape;
-    ASSIGN_OR_RETURN(OwnedBuffer buf,
-                     AllocateZeroed(backend, DType::kFloat32,
-                                    int64_t(members.size()) * rows, cols));
-    float* base = static_cast<float*>(buf.data());
+    ASSIGN_OR_RETURN(
+        OwnedBuffer buf,
+        AllocateZeroed(backend, dtype, int64_t(members.size()) * rows, cols));
+    char* base = static_cast<char*>(buf.data());
+    const int64_t bytes = rows * cols * int64_t(DTypeSize(dtype));
     for (size_t k = 0; k < members.size(); ++k) {
-      views[members[k]] = ContiguousView(base + int64_t(k) * rows * cols,
-                                         DType::kFloat32, rows, cols);
+      views[members[k]] =
+          ContiguousView(base + int64_t(k) * bytes, dtype, rows, cols);
     }
     owned.push_back(std::move(buf));
   }
@@ -134,8 +136,8 @@ struct ParamState {
   ParamShardSpec spec;
   OwnedBuffer momentum_buf, exp_avg_buf, exp_avg_sq_buf;
   MatrixView momentum, exp_avg, exp_avg_sq;
-  // L_i: fp32 local shard; NS input after momentum, the update after the
-  // reverse route.
+  // L_i: local shard in the group's NS dtype; NS input after momentum, the
+  // (unscaled) update after the reverse route.
   MatrixView local;
   // A1_i / A2_i: assembled matrices (stage 1 / stage 2) when this rank
   // assembles the param under the current plan; owned by the plan buffers.
@@ -156,8 +158,12 @@ struct GroupState {
   Backend* backend = nullptr;
   int lane = 0;
   std::vector<ParamState> params;
-  // The params' fp32 local buffers (L_i), one slab per shape (AllocateSlabs).
+  // The params' local buffers (L_i), one slab per shape (AllocateSlabs).
   std::vector<OwnedBuffer> local_slabs;
+  // The dtype of L_i, the assembled matrices and the exchanges: NS's work
+  // dtype (bf16 for medium precision), so nothing is converted between the
+  // momentum kernel and the update kernel but inside Newton–Schulz.
+  DType ns_dtype = DType::kFloat32;
   std::optional<PlanBuffers> plan;
   bool homes_set = false;
   int64_t adamw_step = 0;
@@ -177,7 +183,7 @@ struct Lane {
   Backend* backend = nullptr;
   std::vector<int> groups;
   OwnedBuffer send_buf, recv_buf, flag_buf;
-  int64_t send_elems = 0, recv_elems = 0;
+  int64_t send_bytes = 0, recv_bytes = 0;
 };
 
 class LayerShardedMuonImpl final : public LayerShardedMuon {
@@ -200,7 +206,8 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   absl::Status InitGroup(GroupConfig config, GroupState& group);
   absl::Status BuildPlan(GroupState& group, std::vector<NsHome> homes);
   absl::Status AssignLanes();
-  absl::Status EnsureExchangeBuffers(Lane& lane, int64_t send, int64_t recv);
+  absl::Status EnsureExchangeBuffers(Lane& lane, int64_t send_bytes,
+                                     int64_t recv_bytes);
   // Steps the groups of one lane, in registration order.
   absl::Status StepLane(const Lane& lane, const StepOverrides& overrides,
                         PhaseTimings& timings);
@@ -393,8 +400,10 @@ absl::Status LayerShardedMuonImpl::InitGroup(GroupConfig config,
     for (const ParamBinding& p : config.params) {
       shapes.emplace_back(p.param.rows, p.param.cols);
     }
+    group.ns_dtype = NsWorkDType(config.muon.ns.precision);
     ASSIGN_OR_RETURN(std::vector<MatrixView> locals,
-                     AllocateSlabs(group.backend, shapes, group.local_slabs));
+                     AllocateSlabs(group.backend, group.ns_dtype, shapes,
+                                   group.local_slabs));
     for (size_t i = 0; i < locals.size(); ++i) {
       group.params[i].local = locals[i];
     }
@@ -442,19 +451,21 @@ absl::Status LayerShardedMuonImpl::BuildPlan(GroupState& group,
     std::vector<std::pair<int64_t, int64_t>> shapes;
     for (const AssembledParam* ap : sorted)
       shapes.emplace_back(ap->rows, ap->cols);
-    ASSIGN_OR_RETURN(std::vector<MatrixView> views,
-                     AllocateSlabs(group.backend, shapes, buffers.owned));
+    ASSIGN_OR_RETURN(
+        std::vector<MatrixView> views,
+        AllocateSlabs(group.backend, group.ns_dtype, shapes, buffers.owned));
     for (size_t k = 0; k < sorted.size(); ++k) {
       out.emplace_back(sorted[k]->param, views[k]);
     }
     return absl::OkStatus();
   };
+  const int64_t elem = int64_t(DTypeSize(group.ns_dtype));
   int64_t assembled_bytes = 0;
   if (plan.has_stage1) {
     std::vector<const AssembledParam*> aps;
     for (const AssembledParam& ap : plan.stage1.assembled) {
       aps.push_back(&ap);
-      assembled_bytes += ap.rows * ap.cols * 4;
+      assembled_bytes += ap.rows * ap.cols * elem;
     }
     RETURN_IF_ERROR(allocate(aps, a1));
   }
@@ -463,38 +474,40 @@ absl::Status LayerShardedMuonImpl::BuildPlan(GroupState& group,
     for (const StageExchange& s2 : plan.stage2) {
       for (const AssembledParam& ap : s2.assembled) {
         aps.push_back(&ap);
-        assembled_bytes += ap.rows * ap.cols * 4;
+        assembled_bytes += ap.rows * ap.cols * elem;
       }
     }
     RETURN_IF_ERROR(allocate(aps, a2));
   }
   Lane& lane = lanes_[group.lane];
-  RETURN_IF_ERROR(
-      EnsureExchangeBuffers(lane, plan.max_send_elems, plan.max_recv_elems));
+  RETURN_IF_ERROR(EnsureExchangeBuffers(lane, plan.max_send_elems * elem,
+                                        plan.max_recv_elems * elem));
   for (ParamState& p : group.params) p.a1 = p.a2 = MatrixView{};
   for (auto& [i, v] : a1) group.params[i].a1 = v;
   for (auto& [i, v] : a2) group.params[i].a2 = v;
   buffers.plan = std::move(plan);
   group.plan = std::move(buffers);
   absl::MutexLock lock(&mu_);
-  transient_bytes_ =
-      std::max(transient_bytes_,
-               assembled_bytes + (lane.send_elems + lane.recv_elems) * 4);
+  transient_bytes_ = std::max(
+      transient_bytes_, assembled_bytes + lane.send_bytes + lane.recv_bytes);
   return absl::OkStatus();
 }
 
 absl::Status LayerShardedMuonImpl::EnsureExchangeBuffers(Lane& lane,
-                                                         int64_t send,
-                                                         int64_t recv) {
-  if (send > lane.send_elems) {
+                                                         int64_t send_bytes,
+                                                         int64_t recv_bytes) {
+  // Raw bytes: the groups of a lane may exchange different dtypes.
+  if (send_bytes > lane.send_bytes) {
     ASSIGN_OR_RETURN(lane.send_buf,
-                     AllocateZeroed(lane.backend, DType::kFloat32, 1, send));
-    lane.send_elems = send;
+                     AllocateZeroed(lane.backend, DType::kBFloat16, 1,
+                                    (send_bytes + 1) / 2));
+    lane.send_bytes = send_bytes;
   }
-  if (recv > lane.recv_elems) {
+  if (recv_bytes > lane.recv_bytes) {
     ASSIGN_OR_RETURN(lane.recv_buf,
-                     AllocateZeroed(lane.backend, DType::kFloat32, 1, recv));
-    lane.recv_elems = recv;
+                     AllocateZeroed(lane.backend, DType::kBFloat16, 1,
+                                    (recv_bytes + 1) / 2));
+    lane.recv_bytes = recv_bytes;
   }
   return absl::OkStatus();
 }
@@ -515,13 +528,15 @@ absl::Status LayerShardedMuonImpl::Exchange(GroupState& group,
                                             MatrixView ParamState::*dst) {
   if (!stage.active) return absl::OkStatus();
   Lane& lane = lanes_[group.lane];
-  float* send = static_cast<float*>(lane.send_buf.data());
-  float* recv = static_cast<float*>(lane.recv_buf.data());
+  const DType dt = group.ns_dtype;
+  const int64_t elem = int64_t(DTypeSize(dt));
+  char* send = static_cast<char*>(lane.send_buf.data());
+  char* recv = static_cast<char*>(lane.recv_buf.data());
   for (const auto& pieces : route.send) {
     for (const Piece& pc : pieces) {
       const MatrixView m = StageMatrix(group.params[pc.param], src);
       RETURN_IF_ERROR(group.backend->Copy2D(
-          ContiguousView(send + pc.offset, DType::kFloat32, pc.block.rows,
+          ContiguousView(send + pc.offset * elem, dt, pc.block.rows,
                          pc.block.cols),
           m.Block(pc.block.row0, pc.block.col0, pc.block.rows, pc.block.cols)));
     }
@@ -530,14 +545,14 @@ absl::Status LayerShardedMuonImpl::Exchange(GroupState& group,
     return absl::InternalError(absl::StrCat(
         "group '", group.config.name, "': exchange needs a communicator"));
   }
-  RETURN_IF_ERROR(comm->AllToAllV(send, route.send_counts, recv,
-                                  route.recv_counts, DType::kFloat32));
+  RETURN_IF_ERROR(
+      comm->AllToAllV(send, route.send_counts, recv, route.recv_counts, dt));
   for (const auto& pieces : route.recv) {
     for (const Piece& pc : pieces) {
       const MatrixView m = StageMatrix(group.params[pc.param], dst);
       RETURN_IF_ERROR(group.backend->Copy2D(
           m.Block(pc.block.row0, pc.block.col0, pc.block.rows, pc.block.cols),
-          ContiguousView(recv + pc.offset, DType::kFloat32, pc.block.rows,
+          ContiguousView(recv + pc.offset * elem, dt, pc.block.rows,
                          pc.block.cols)));
     }
   }
@@ -584,13 +599,11 @@ absl::Status LayerShardedMuonImpl::RunNs(GroupState& group,
           std::min<int64_t>(max_batch, int64_t(members.size()) - begin);
       ASSIGN_OR_RETURN(NewtonSchulz * ns,
                        GetNs(group, options, rows, cols, batch));
-      ASSIGN_OR_RETURN(auto factors, MuonScaleFactors(options, rows, cols));
-      const auto [scale, extra] = factors;
       const absl::Time chunk_start = absl::Now();
       if (batch == 1) {
         // The unbatched path, in place: bit-exact numerics contract.
         const MatrixView m = StageMatrix(group.params[members[begin]], matrix);
-        RETURN_IF_ERROR(ns->RunScaled(m, m, 1, scale, extra));
+        RETURN_IF_ERROR(ns->Run(m, m, 1));
         RETURN_IF_ERROR(RecordShapeTime(group, rows, cols, batch, chunk_start));
         continue;
       }
@@ -598,37 +611,36 @@ absl::Status LayerShardedMuonImpl::RunNs(GroupState& group,
       // AllocateSlabs); staged through the batch buffer otherwise.
       const MatrixView first =
           StageMatrix(group.params[members[begin]], matrix);
-      bool contiguous = first.dtype == DType::kFloat32;
+      const DType dt = group.ns_dtype;
+      const int64_t bytes = rows * cols * int64_t(DTypeSize(dt));
+      bool contiguous = first.dtype == dt;
       for (int64_t b = 0; b < batch && contiguous; ++b) {
         const MatrixView m =
             StageMatrix(group.params[members[begin + b]], matrix);
-        contiguous =
-            (m.rows <= 1 || m.row_stride == cols) &&
-            m.data == static_cast<float*>(first.data) + b * rows * cols;
+        contiguous = (m.rows <= 1 || m.row_stride == cols) &&
+                     m.data == static_cast<char*>(first.data) + b * bytes;
       }
       if (contiguous) {
         const MatrixView stacked =
-            ContiguousView(first.data, DType::kFloat32, batch * rows, cols);
-        RETURN_IF_ERROR(ns->RunScaled(stacked, stacked, batch, scale, extra));
+            ContiguousView(first.data, dt, batch * rows, cols);
+        RETURN_IF_ERROR(ns->Run(stacked, stacked, batch));
         RETURN_IF_ERROR(RecordShapeTime(group, rows, cols, batch, chunk_start));
         continue;
       }
       const int64_t elems = batch * rows * cols;
       if (elems > group.batch_buf_elems) {
-        ASSIGN_OR_RETURN(
-            group.batch_buf,
-            AllocateZeroed(group.backend, DType::kFloat32, 1, elems));
+        ASSIGN_OR_RETURN(group.batch_buf,
+                         AllocateZeroed(group.backend, dt, 1, elems));
         group.batch_buf_elems = elems;
       }
-      float* base = static_cast<float*>(group.batch_buf.data());
       const MatrixView stacked =
-          ContiguousView(base, DType::kFloat32, batch * rows, cols);
+          ContiguousView(group.batch_buf.data(), dt, batch * rows, cols);
       for (int64_t b = 0; b < batch; ++b) {
         RETURN_IF_ERROR(group.backend->Copy2D(
             stacked.Block(b * rows, 0, rows, cols),
             StageMatrix(group.params[members[begin + b]], matrix)));
       }
-      RETURN_IF_ERROR(ns->RunScaled(stacked, stacked, batch, scale, extra));
+      RETURN_IF_ERROR(ns->Run(stacked, stacked, batch));
       for (int64_t b = 0; b < batch; ++b) {
         RETURN_IF_ERROR(group.backend->Copy2D(
             StageMatrix(group.params[members[begin + b]], matrix),
@@ -671,6 +683,14 @@ absl::Status LayerShardedMuonImpl::StepMuonGroup(GroupState& group,
   }
   const GroupExchangePlan& plan = group.plan->plan;
   const DomainBinding& d = group.config.domain;
+  // Each param's lr times its Muon scale (of the full matrix), formed before
+  // anything is written.
+  std::vector<float> adjusted_lrs;
+  for (const ParamState& p : group.params) {
+    ASSIGN_OR_RETURN(float lr, MuonAdjustedLr(options, p.spec.full_shape[0],
+                                              p.spec.full_shape[1]));
+    adjusted_lrs.push_back(lr);
+  }
 
   {
     Phase phase(*group.backend, "lsmuon/momentum");
@@ -734,8 +754,8 @@ absl::Status LayerShardedMuonImpl::StepMuonGroup(GroupState& group,
       params.push_back(group.config.params[i].param);
       updates.push_back(group.params[i].local);
     }
-    RETURN_IF_ERROR(
-        MuonUpdatePhaseBatch(*group.backend, options, params, updates));
+    RETURN_IF_ERROR(MuonUpdatePhaseBatch(*group.backend, options, params,
+                                         updates, adjusted_lrs));
     RETURN_IF_ERROR(phase.Finish(t.update_us));
   }
   return absl::OkStatus();

@@ -234,15 +234,70 @@ TEST(CpuBackend, MuonMomentumBf16StateRoundsOnce) {
   }
 }
 
-TEST(CpuBackend, ScaleIsTwoMultipliesInOrder) {
+// The bf16 NS data path: the momentum kernel writes the Newton–Schulz input
+// rounded once to bf16 (the fp32 value it would have written, then
+// round-to-nearest-even), and the update reads a bf16 update exactly.
+TEST(CpuBackend, MomentumWritesBf16NsInputRoundedOnce) {
   auto backend = MakeCpuBackend();
-  std::vector<float> x = Random(6, 11), x0 = x;
-  const float scale = 45.254833f, extra = 0.2f;
-  ASSERT_TRUE(backend->ScaleInPlace(V(x, 2, 3), scale, extra).ok());
-  for (int i = 0; i < 6; ++i) {
-    volatile float t = x0[i] * scale;
-    EXPECT_EQ(x[i], t * extra);
+  for (bool nesterov : {false, true}) {
+    std::vector<float> g = Random(12, 21), m = Random(12, 22), m32 = m,
+                       out32(12);
+    std::vector<uint16_t> out16(12);
+    ASSERT_TRUE(backend
+                    ->MuonMomentum(V(g, 3, 4), V(m, 3, 4), 0.95, nesterov,
+                                   V16(out16, 3, 4))
+                    .ok());
+    ASSERT_TRUE(backend
+                    ->MuonMomentum(V(g, 3, 4), V(m32, 3, 4), 0.95, nesterov,
+                                   V(out32, 3, 4))
+                    .ok());
+    for (int i = 0; i < 12; ++i) {
+      EXPECT_EQ(m[i], m32[i]) << i;  // the state does not depend on out
+      EXPECT_EQ(out16[i], FloatToBf16Bits(out32[i])) << i;
+      EXPECT_NEAR(Bf16BitsToFloat(out16[i]), out32[i],
+                  std::fabs(out32[i]) * 0.004 + 1e-30);
+    }
   }
+}
+
+TEST(CpuBackend, ApplyUpdateReadsBf16UpdateExactly) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> p = Random(6, 23), p32 = p, u = Random(6, 24);
+  std::vector<uint16_t> u16(6);
+  for (int i = 0; i < 6; ++i) {
+    u16[i] = FloatToBf16Bits(u[i]);
+    u[i] = Bf16BitsToFloat(u16[i]);  // the same values in fp32
+  }
+  ASSERT_TRUE(backend
+                  ->ApplyUpdate(V(p, 2, 3), V16(u16, 2, 3), 0.02f, 0.001f,
+                                WeightDecayMethod::kDecoupled)
+                  .ok());
+  ASSERT_TRUE(backend
+                  ->ApplyUpdate(V(p32, 2, 3), V(u, 2, 3), 0.02f, 0.001f,
+                                WeightDecayMethod::kDecoupled)
+                  .ok());
+  EXPECT_EQ(p, p32);
+}
+
+TEST(CpuBackend, ApplyUpdateBatchTakesOneLrPerParam) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> p1 = {1.0f, 2.0f}, p2 = {1.0f, 2.0f}, u = {0.5f, -0.5f};
+  const std::vector<MatrixView> params = {V(p1, 1, 2), V(p2, 1, 2)},
+                                updates = {V(u, 1, 2), V(u, 1, 2)};
+  const std::vector<float> lrs = {0.1f, 0.2f};
+  ASSERT_TRUE(backend
+                  ->ApplyUpdateBatch(params, updates, lrs, 0.0f,
+                                     WeightDecayMethod::kNone)
+                  .ok());
+  EXPECT_FLOAT_EQ(p1[0], 0.95f);
+  EXPECT_FLOAT_EQ(p1[1], 2.05f);
+  EXPECT_FLOAT_EQ(p2[0], 0.9f);
+  EXPECT_FLOAT_EQ(p2[1], 2.1f);
+  const std::vector<float> one_lr = {0.1f};
+  const absl::Status st = backend->ApplyUpdateBatch(
+      params, updates, one_lr, 0.0f, WeightDecayMethod::kNone);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("lrs"), std::string::npos) << st;
 }
 
 TEST(CpuBackend, ApplyUpdateWeightDecayVariants) {

@@ -54,17 +54,18 @@ TEST(MuonScale, ModesMatchFormulasExactly) {
   EXPECT_EQ(*ParseWeightDecayMethod("cautious"), WeightDecayMethod::kCautious);
 }
 
-TEST(MuonScale, PhaseAppliesTwoMultipliesInOrder) {
-  auto backend = MakeCpuBackend();
+TEST(MuonScale, AdjustedLrIsLrTimesScaleRoundedOnce) {
   MuonOptions o;
+  o.lr = 0.02;
   o.extra_scale_factor = 0.2;
-  std::vector<float> x = Random(12, 1), x0 = x;
-  ASSERT_TRUE(MuonScalePhase(*backend, o, 3000, 1000, V(x, 3, 4)).ok());
-  const float s = float(std::sqrt(3000.0)), e = 0.2f;
-  for (int i = 0; i < 12; ++i) {
-    volatile float t = x0[i] * s;
-    EXPECT_EQ(x[i], t * e);
-  }
+  o.scale_mode = ScaleMode::kShapeScaling;
+  EXPECT_EQ(*MuonAdjustedLr(o, 3000, 1000),
+            float(0.02 * (std::sqrt(3000.0 / 1000.0) * 0.2)));
+  o.scale_mode = ScaleMode::kOriginal;  // torch: lr * max(1, A/B)^0.5
+  EXPECT_EQ(*MuonAdjustedLr(o, 1000, 3000), float(0.02 * 0.2));
+  const absl::Status st = MuonAdjustedLr(o, 0, 3).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("full_rows"), std::string::npos) << st;
 }
 
 TEST(MuonOptions, ValidateNamesFieldAndRule) {

@@ -312,7 +312,7 @@ absl::Status DuplicatedStep(Backend& backend, const GroupCase& gc, int g, int t,
     ASSIGN_OR_RETURN(auto ns,
                      NewtonSchulz::Create(&backend, muon.ns, rows, cols, 1));
     RETURN_IF_ERROR(ns->Run(fv, fv, 1));
-    RETURN_IF_ERROR(MuonScalePhase(backend, muon, rows, cols, fv));
+    ASSIGN_OR_RETURN(const float adjusted_lr, MuonAdjustedLr(muon, rows, cols));
     // Keep this rank's slice; pad rows get a zero update.
     const int64_t r0 = tp_split && p.pc.tp_dim == 0 ? t * tp_rows : 0;
     const int64_t c0 = tp_split && p.pc.tp_dim == 1 ? t * lc : 0;
@@ -323,7 +323,8 @@ absl::Status DuplicatedStep(Backend& backend, const GroupCase& gc, int g, int t,
             g0 + i < tp_rows ? full[(r0 + g0 + i) * cols + c0 + j] : 0.0f;
       }
     }
-    RETURN_IF_ERROR(MuonUpdatePhase(backend, muon, b.param, local));
+    RETURN_IF_ERROR(
+        MuonUpdatePhase(backend, muon, b.param, local, adjusted_lr));
   }
   return absl::OkStatus();
 }
