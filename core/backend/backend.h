@@ -1,6 +1,6 @@
 #pragma once
 // The compute backend interface: everything the Muon/AdamW math needs from a
-// device, implemented once for the CPU (OpenBLAS, fp32) and once for CUDA
+// device, implemented once for the CPU (OpenBLAS) and once for CUDA
 // (cuBLAS + our kernels). core/muon is written only against this interface,
 // so the CPU backend is both the no-GPU runtime and the reference the CUDA
 // backend is tested against.
@@ -33,7 +33,7 @@ namespace muond {
 //   kHighest: fp32 operands, fp32 products and accumulation.
 //   kHigh:    fp32 operands, TF32 tensor-core products, fp32 accumulation.
 //   kMedium:  bf16 operands and outputs, fp32 accumulation (views are bf16).
-// The CPU backend implements only kHighest.
+// The CPU backend implements kHighest and kMedium (not kHigh: no TF32 on CPUs).
 enum class MatmulPrecision : int32_t { kHighest = 0, kHigh = 1, kMedium = 2 };
 std::string_view MatmulPrecisionName(MatmulPrecision precision);
 
@@ -74,7 +74,7 @@ class Backend {
   virtual std::string_view name() const = 0;
   // True when views must point at device memory.
   virtual bool is_device() const = 0;
-  // Whether `precision` exists on this backend (CPU: kHighest only).
+  // Whether `precision` exists on this backend (CPU: kHighest, kMedium).
   virtual bool SupportsPrecision(MatmulPrecision precision) const = 0;
   // The cudaStream_t every call is enqueued on (for the NCCL communicator of
   // the same group); nullptr on the CPU backend.

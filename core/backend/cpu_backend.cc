@@ -2,9 +2,11 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/bf16.h"
@@ -48,12 +50,75 @@ MatrixView Slice(const MatrixView& v, int64_t stride, int64_t i) {
   return s;
 }
 
+// dst <- src elementwise for same-shape views (fp32 -> bf16 rounds to nearest
+// even, bf16 -> fp32 is exact).
+void ConvertInto(const MatrixView& dst, const MatrixView& src) {
+  ForEach(src,
+          [&](int64_t i, int64_t j) { Store(dst, i, j, Load(src, i, j)); });
+}
+
+int Ld(const MatrixView& v) {
+  return int(std::max<int64_t>(v.row_stride, v.cols));
+}
+
+// c <- alpha * op(a) op(b) + beta * c for one fp32 problem (views checked).
+// beta == 0 never reads c: BLAS overwrites c then, and so does the k == 0
+// branch.
+void SgemmSlice(Op op_a, Op op_b, float alpha, const MatrixView& a,
+                const MatrixView& b, float beta, const MatrixView& c) {
+  const int64_t m = c.rows, n = c.cols;
+  const int64_t k = op_a == Op::kN ? a.cols : a.rows;
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // BLAS leaves c untouched only when beta == 1.
+    ForEach(c, [&](int64_t r, int64_t s) {
+      Store(c, r, s, beta == 0.0f ? 0.0f : beta * Load(c, r, s));
+    });
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, op_a == Op::kN ? CblasNoTrans : CblasTrans,
+              op_b == Op::kN ? CblasNoTrans : CblasTrans, int(m), int(n),
+              int(k), alpha, static_cast<const float*>(a.data), Ld(a),
+              static_cast<const float*>(b.data), Ld(b), beta,
+              static_cast<float*>(c.data), Ld(c));
+}
+
+// fp32 scratch for the bf16 (kMedium) GEMM, reused across batch slices.
+struct Fp32Scratch {
+  std::vector<float> a, b, c;
+};
+
+// A contiguous fp32 view of v's shape over `buf` (resized, not cleared).
+MatrixView Fp32Like(std::vector<float>& buf, const MatrixView& v) {
+  buf.resize(size_t(v.numel()));
+  return ContiguousView(buf.data(), DType::kFloat32, v.rows, v.cols);
+}
+
+// kMedium on bf16 views, with the semantics of cuBLASLt's bf16 GEMM with
+// CUBLAS_COMPUTE_32F: the operands are widened to fp32 (exact), so every
+// product of two bf16 values (16 significant bits) is exact in fp32 and the
+// sum is accumulated in fp32 by the fp32 path; alpha and beta apply in fp32
+// (beta * c from the bf16 c), and the result is rounded to bf16 once.
+void GemmBf16Slice(Op op_a, Op op_b, float alpha, const MatrixView& a,
+                   const MatrixView& b, float beta, const MatrixView& c,
+                   Fp32Scratch& scratch) {
+  const MatrixView a32 = Fp32Like(scratch.a, a), b32 = Fp32Like(scratch.b, b),
+                   c32 = Fp32Like(scratch.c, c);
+  ConvertInto(a32, a);
+  ConvertInto(b32, b);
+  if (beta != 0.0f) ConvertInto(c32, c);  // beta == 0 never reads c
+  SgemmSlice(op_a, op_b, alpha, a32, b32, beta, c32);
+  ConvertInto(c, c32);
+}
+
 class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
   bool is_device() const override { return false; }
+  // kHigh (TF32 products) has no CPU counterpart: CPUs have no TF32 unit,
+  // and emulating it would match neither cuBLAS's TF32 kernels nor fp32, so
+  // it stays an error rather than a silent switch to kHighest.
   bool SupportsPrecision(MatmulPrecision p) const override {
-    return p == MatmulPrecision::kHighest;
+    return p == MatmulPrecision::kHighest || p == MatmulPrecision::kMedium;
   }
 
   absl::StatusOr<void*> Allocate(int64_t bytes) override {
@@ -124,26 +189,15 @@ class CpuBackend final : public Backend {
       return absl::InvalidArgumentError(
           absl::StrCat("gemm: batch must be >= 0, got ", batch));
     }
-    const int64_t m = c.rows, n = c.cols;
-    const int64_t k = op_a == Op::kN ? a.cols : a.rows;
+    Fp32Scratch scratch;
     for (int64_t i = 0; i < batch; ++i) {
       const MatrixView ai = Slice(a, stride_a, i), bi = Slice(b, stride_b, i),
                        ci = Slice(c, stride_c, i);
-      if (m == 0 || n == 0) continue;
-      if (k == 0) {  // BLAS leaves c untouched only when beta == 1.
-        ForEach(ci, [&](int64_t r, int64_t s) {
-          Store(ci, r, s, beta == 0.0f ? 0.0f : beta * Load(ci, r, s));
-        });
-        continue;
+      if (precision == MatmulPrecision::kMedium) {
+        GemmBf16Slice(op_a, op_b, alpha, ai, bi, beta, ci, scratch);
+      } else {
+        SgemmSlice(op_a, op_b, alpha, ai, bi, beta, ci);
       }
-      cblas_sgemm(CblasRowMajor, op_a == Op::kN ? CblasNoTrans : CblasTrans,
-                  op_b == Op::kN ? CblasNoTrans : CblasTrans, int(m), int(n),
-                  int(k), alpha, static_cast<const float*>(ai.data),
-                  int(std::max<int64_t>(ai.row_stride, ai.cols)),
-                  static_cast<const float*>(bi.data),
-                  int(std::max<int64_t>(bi.row_stride, bi.cols)), beta,
-                  static_cast<float*>(ci.data),
-                  int(std::max<int64_t>(ci.row_stride, ci.cols)));
     }
     return absl::OkStatus();
   }
@@ -253,9 +307,9 @@ class CpuBackend final : public Backend {
  private:
   absl::Status CheckPrecision(MatmulPrecision p) const {
     if (!SupportsPrecision(p)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gemm: precision ", std::string(MatmulPrecisionName(p)),
-                       " is not available on the CPU backend (only highest)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gemm: precision ", std::string(MatmulPrecisionName(p)),
+          " is not available on the CPU backend (it has highest and medium)"));
     }
     return absl::OkStatus();
   }

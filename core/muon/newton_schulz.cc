@@ -51,7 +51,7 @@ absl::Status ValidateNsOptions(const NsOptions& options,
     return absl::InvalidArgumentError(absl::StrCat(
         "ns precision ", std::string(MatmulPrecisionName(options.precision)),
         " is not available on backend ", std::string(backend.name()),
-        " (the CPU backend has only highest)"));
+        " (the CPU backend has highest and medium)"));
   }
   if (options.syrk_block_rows < 0 || options.syrk_block_rows > 16) {
     return absl::InvalidArgumentError(

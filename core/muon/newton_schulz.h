@@ -14,8 +14,8 @@
 // anchors-muon.md §0.1 (coefficients), §0.3 (eps placement), §0.4 (transpose).
 //
 // Precision (NsOptions::precision, EO fp32_matmul_prec):
-//   kHighest  fp32 GEMMs (the only one on the CPU backend).
-//   kHigh     TF32 GEMMs, X kept in fp32.
+//   kHighest  fp32 GEMMs.
+//   kHigh     TF32 GEMMs, X kept in fp32 (CUDA only: CPUs have no TF32).
 //   kMedium   bf16 operands and outputs, fp32 accumulation; X, A and B are
 //             kept in bf16 across steps. The step engine keeps the NS input
 //             and output in bf16 too (NsWorkDType), as torch.optim.Muon
@@ -72,7 +72,7 @@ int SyrkBlockRows(int64_t m, int requested);
 
 // InvalidArgument naming the field and the rule: num_steps out of [1, 99],
 // eps not finite or <= 0, custom list rules (CoefficientSchedule), a
-// precision the backend lacks (e.g. high/medium on CPU: an error, never a
+// precision the backend lacks (e.g. high on CPU: an error, never a
 // silent change), syrk_block_rows outside [0, 16].
 absl::Status ValidateNsOptions(const NsOptions& options,
                                const Backend& backend);

@@ -1,6 +1,7 @@
 // Newton–Schulz on the CPU backend against an fp64 plain-loop reference (every
-// coefficient set, both orientations), the SVD polar factor, and its edge
-// cases (zero, tiny norms, batching, validation).
+// coefficient set, both orientations), the SVD polar factor, the bf16
+// (medium) path against highest, and its edge cases (zero, tiny norms,
+// batching, validation).
 #include "core/muon/newton_schulz.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "core/backend/bf16.h"
 #include "core/backend/cpu_backend.h"
 #include "tests/core/muon/ns_reference.h"
 
@@ -257,6 +259,42 @@ TEST(NewtonSchulz, StridedOutputView) {
   }
 }
 
+// kMedium on the CPU backend: X, A and B in bf16, every GEMM accumulated in
+// fp32 and rounded once to bf16. The result stays within bf16 rounding of
+// the fp32 (kHighest) one: 2^-8 relative per rounding, a few of them over 5
+// steps (the CUDA bound of ns_cuda_test), for tall, wide, square and a batch.
+TEST(NewtonSchulz, MediumWithinBf16RoundingOfHighest) {
+  auto backend = MakeCpuBackend();
+  NsOptions medium;
+  medium.precision = MatmulPrecision::kMedium;
+  const double tol = 2e-2;  // ~ 5 * 2^-8
+  const int batch = 3;
+  for (auto [r, c] : {std::pair<int, int>{48, 32}, {32, 48}, {40, 40}}) {
+    const int64_t n = int64_t(r) * c;
+    std::vector<float> g = Random(batch * n, r * 7 + c);
+    auto high = *NewtonSchulz::Create(backend.get(), NsOptions{}, r, c, batch);
+    auto med = *NewtonSchulz::Create(backend.get(), medium, r, c, batch);
+    std::vector<float> want(g.size()), got(g.size()), one(n);
+    ASSERT_TRUE(
+        high->Run(V(g, batch * r, c), V(want, batch * r, c), batch).ok());
+    ASSERT_TRUE(med->Run(V(g, batch * r, c), V(got, batch * r, c), batch).ok());
+    for (int s = 0; s < batch; ++s) {
+      const std::vector<float> got_s(got.begin() + s * n,
+                                     got.begin() + (s + 1) * n);
+      const Mat want_s(want.begin() + s * n, want.begin() + (s + 1) * n);
+      const double d = testing::RelFrobDiff(got_s, want_s);
+      EXPECT_LE(d, tol) << r << "x" << c << " slice " << s;
+      // It did run in bf16: not the fp32 result, every element a bf16 value.
+      EXPECT_GT(d, 0.0) << r << "x" << c << " slice " << s;
+      for (float x : got_s) ASSERT_EQ(x, RoundToBf16(x)) << r << "x" << c;
+    }
+    // The unbatched path (Gemm) on slice 1 agrees with the batched one.
+    std::vector<float> slice(g.begin() + n, g.begin() + 2 * n);
+    ASSERT_TRUE(med->Run(V(slice, r, c), V(one, r, c), 1).ok());
+    EXPECT_EQ(one, std::vector<float>(got.begin() + n, got.begin() + 2 * n));
+  }
+}
+
 TEST(NsValidation, ErrorsNameTheFieldAndRule) {
   auto backend = MakeCpuBackend();
   auto expect_error = [&](NsOptions o, const char* needle) {
@@ -277,11 +315,10 @@ TEST(NsValidation, ErrorsNameTheFieldAndRule) {
   o.custom = {{1, 2, 3}};
   expect_error(o, "custom");
   o = NsOptions{};
-  o.precision = MatmulPrecision::kMedium;
-  expect_error(o, "precision medium");
-  o = NsOptions{};
-  o.precision = MatmulPrecision::kHigh;
+  o.precision = MatmulPrecision::kHigh;  // TF32: CUDA only
   expect_error(o, "precision high");
+  o.precision = MatmulPrecision::kMedium;
+  EXPECT_TRUE(ValidateNsOptions(o, *backend).ok());
   o = NsOptions{};
   o.syrk_block_rows = 17;
   expect_error(o, "syrk_block_rows");
