@@ -69,6 +69,9 @@ struct GroupCase {
   // "none" (never set: round-robin fallback).
   std::string homes = "lpt";
   int64_t ns_batch_size = 1;
+  // kMedium: bf16 NS, so the momentum output, the exchanges and the NS
+  // output are bf16 (NsWorkDType) on the ranks and in the reference.
+  MatmulPrecision precision = MatmulPrecision::kHighest;
 };
 
 // A deterministic full matrix for (param, step, what).
@@ -127,8 +130,11 @@ ShardTags TagsOf(const ParamCase& p, int G, int T) {
   return tags;
 }
 
-MuonOptions TestMuonOptions(int64_t ns_batch_size) {
+MuonOptions TestMuonOptions(
+    int64_t ns_batch_size,
+    MatmulPrecision precision = MatmulPrecision::kHighest) {
   MuonOptions o;
+  o.ns.precision = precision;
   o.lr = 0.02;
   o.momentum = 0.9;
   o.nesterov = true;
@@ -350,7 +356,7 @@ int RunRank(int rank, [[maybe_unused]] int world,
     GroupConfig cfg;
     cfg.name = gc.name;
     cfg.algorithm = gc.algorithm;
-    cfg.muon = TestMuonOptions(gc.ns_batch_size);
+    cfg.muon = TestMuonOptions(gc.ns_batch_size, gc.precision);
     cfg.adamw = TestAdamWOptions();
     cfg.domain.size = DomainSize{gc.G, gc.T};
     cfg.domain.g = g;
@@ -495,7 +501,11 @@ absl::StatusOr<std::vector<float>> ReferenceFinal(Backend& backend,
   auto view = [&](Mirror& m) {
     return ContiguousView(m.data, DType::kFloat32, p.rows, p.cols);
   };
-  const MuonOptions muon = TestMuonOptions(1);
+  const MuonOptions muon = TestMuonOptions(1, gc.precision);
+  // The NS input/output in the engine's dtype (bf16 for medium): `scratch`
+  // has room for either.
+  const MatrixView scratch_view =
+      ContiguousView(ds.data, NsWorkDType(muon.ns.precision), p.rows, p.cols);
   ASSIGN_OR_RETURN(auto ns,
                    NewtonSchulz::Create(&backend, muon.ns, p.rows, p.cols, 1));
   for (int step = 1; step <= kSteps; ++step) {
@@ -508,7 +518,7 @@ absl::StatusOr<std::vector<float>> ReferenceFinal(Backend& backend,
                                 view(dg), view(d1), view(d2)));
     } else {
       RETURN_IF_ERROR(MuonStepFullMatrix(backend, muon, *ns, view(dp), view(dg),
-                                         view(d1), view(ds)));
+                                         view(d1), scratch_view));
     }
   }
   RETURN_IF_ERROR(backend.Synchronize());
@@ -674,6 +684,21 @@ TEST(LayerShardedStep, Domain3x2) { RunAndCompare({Mixed(3, 2)}); }
 
 // ns_batch_size > 1 stacks same-shape matrices into strided-batched GEMMs:
 // same math, different rounding (DESIGN.md §3), so a relative tolerance.
+// bf16 Newton–Schulz (medium): the shards' momentum outputs are rounded to
+// bf16 once, exchanged as bf16, and the NS output comes back as bf16, which
+// is exactly what the single-process reference computes on the full matrix:
+// bitwise equal.
+TEST(LayerShardedStep, MediumPrecisionExchangesBf16Bitwise) {
+  GroupCase gc = Mixed(2, 3);
+  gc.precision = MatmulPrecision::kMedium;
+  RunAndCompare({gc});
+  GroupCase batched = Mixed(2, 2, "zero", /*batch=*/4);
+  batched.name = "batched_medium";
+  batched.precision = MatmulPrecision::kMedium;
+  batched.params.push_back({"qkv_twin", 24, 8, 0, true});
+  RunAndCompare({batched}, 1e-3f);
+}
+
 TEST(LayerShardedStep, BatchedNsMatchesReferenceWithinRounding) {
   GroupCase gc = Mixed(2, 2, "zero", /*batch=*/4);
   gc.params.push_back({"qkv_twin", 24, 8, 0, true});
