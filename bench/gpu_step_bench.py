@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """One Muon optimizer step over a shape set on one GPU, three ways in one run
 (issue 8): torch.optim.Muon on identical copies of the params and grads;
-muond in-process (bench/gpu:step_bench, the core library on the CUDA backend,
-run as a subprocess between the others); muond through the daemon
+muond in-process (bench/gpu:step_bench --engine: the daemon's step engine,
+LayerShardedMuon::Step with its non-finite-gradient check, on the CUDA
+backend, run as a subprocess between the others; the "kernels" column is the
+same phases chained without the engine or the check); muond through the daemon
 (muond.torch.Muon: Python client, CUDA IPC, gRPC over a Unix socket). All
 three use the same math: simple coefficients x 5, eps 1e-7, `original`
 scale, Nesterov, decoupled weight decay, fp32 params, bf16 NS.
@@ -80,11 +82,12 @@ def bench_torch(shapes, reps, warmup):
     return med
 
 
-def bench_inprocess(shapes, reps, warmup, ns_batch_size=1, syrk=False):
+def bench_inprocess(shapes, reps, warmup, ns_batch_size=1, syrk=False, engine=True):
     arg = ",".join(f"{r}x{c}" for r, c in shapes)
     out = subprocess.run([_binary("bench/gpu/step_bench"), f"--shapes={arg}",
                           "--precision=medium", f"--reps={reps}", f"--warmup={warmup}",
-                          f"--ns_batch_size={ns_batch_size}"] + (["--use_syrk"] if syrk else []),
+                          f"--ns_batch_size={ns_batch_size}"] + (["--use_syrk"] if syrk else [])
+                         + (["--engine"] if engine else []),
                          capture_output=True, text=True, check=True).stdout
     return float(re.search(r"step_ms_median (\S+)", out).group(1))
 
@@ -179,11 +182,13 @@ def main() -> int:
     for r in range(a.rounds):
         t = bench_torch(shapes, a.reps, a.warmup)
         i = bench_inprocess(shapes, a.reps, a.warmup, a.ns_batch_size, a.syrk)
+        kern = bench_inprocess(shapes, a.reps, a.warmup, a.ns_batch_size, a.syrk,
+                               engine=False)
         d, dd = bench_daemon(shapes, a.reps, a.warmup, f"bench{r}", a.log_dir,
                              a.ns_batch_size, a.syrk)
-        rows.append((t, i, d, dd))
-        print(f"round {r + 1}: torch {t:.2f} ms, in-process {i:.2f} ms, daemon {d:.2f} ms "
-              f"(daemon-side {dd:.2f})", flush=True)
+        rows.append((t, i, d, dd, kern))
+        print(f"round {r + 1}: torch {t:.2f} ms, in-process {i:.2f} ms (kernels {kern:.2f}), "
+              f"daemon {d:.2f} ms (daemon-side {dd:.2f})", flush=True)
     p50, p99 = bench_rpc(200, "benchrpc", a.log_dir)
     name = json.load(open(a.manifest))["model"]
     lines = [f"{name}, first {a.layers} layers: {len(shapes)} matrices, "
@@ -193,10 +198,12 @@ def main() -> int:
              f"median of {a.reps} steps per cell", "",
              "| round | torch.optim.Muon ms | muond in-process ms | muond daemon ms "
              "(daemon-side) | torch / in-process | torch / daemon | daemon / in-process "
-             "| in-process NS TFLOP/s |", "|---|---|---|---|---|---|---|---|"]
-    for k, (t, i, d, dd) in enumerate(rows):
+             "| in-process NS TFLOP/s | kernels only ms (torch / kernels) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for k, (t, i, d, dd, kern) in enumerate(rows):
         lines.append(f"| {k + 1} | {t:.2f} | {i:.2f} | {d:.2f} ({dd:.2f}) | {t / i:.3f}x | "
-                     f"{t / d:.3f}x | {d / i:.3f} | {flops / i / 1e9:.0f} |")
+                     f"{t / d:.3f}x | {d / i:.3f} | {flops / i / 1e9:.0f} | "
+                     f"{kern:.2f} ({t / kern:.3f}x) |")
     lines += ["", f"Step RPC round trip, one 8x8 param (Unix socket): p50 {p50:.0f} µs, "
                   f"p99 {p99:.0f} µs"]
     text = "\n".join(lines)

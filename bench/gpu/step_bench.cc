@@ -15,6 +15,11 @@
 // engine's batched path does; 1 is MuonStepFullMatrix per matrix.
 // --use_syrk: the symmetric NS path (NsOptions::use_syrk), with
 // --syrk_block_rows=K (0 = auto).
+// --engine: the step engine the daemon runs (LayerShardedMuon::Step on a
+// 1x1 domain: the non-finite-gradient check, the batched momentum, NS and
+// update phases, each ending in a stream synchronize), so daemon minus
+// in-process is the transport alone. Without it, the phase functions are
+// chained directly (no check, one synchronize per step).
 // Prints one line: "step_ms_median <ms> step_ms_min <ms> matrices <n>"
 // (host clock around the step + stream synchronize).
 #include <algorithm>
@@ -22,14 +27,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/backend/cuda_backend.h"
+#include "core/common/status_macros.h"
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
+#include "core/step/layer_sharded_muon.h"
 
 namespace muond {
 namespace {
@@ -50,6 +58,31 @@ void FillRandom(Backend& b, void* p, int64_t n, uint32_t seed, float scale) {
   (void)b.Synchronize();
 }
 
+// The daemon's step engine over the matrices: one Muon group on a 1x1 domain
+// (every NS at home), default StepOptions as the daemon uses them.
+absl::StatusOr<std::unique_ptr<LayerShardedMuon>> MakeEngine(
+    Backend& b, const MuonOptions& o, const std::vector<Matrix>& mats) {
+  GroupConfig group;
+  group.name = "bench";
+  group.muon = o;
+  for (size_t i = 0; i < mats.size(); ++i) {
+    const Matrix& m = mats[i];
+    ParamBinding p;
+    p.name = "m" + std::to_string(i);
+    p.full_shape = {m.rows, m.cols};
+    p.param = ContiguousView(m.param, DType::kFloat32, m.rows, m.cols);
+    p.grad = ContiguousView(m.grad, DType::kFloat32, m.rows, m.cols);
+    group.params.push_back(std::move(p));
+  }
+  std::vector<GroupConfig> groups;
+  groups.push_back(std::move(group));
+  ASSIGN_OR_RETURN(auto engine,
+                   LayerShardedMuon::Create(&b, std::move(groups)));
+  RETURN_IF_ERROR(
+      engine->SetHomes("bench", std::vector<NsHome>(mats.size(), NsHome{})));
+  return engine;
+}
+
 int Fail(const absl::Status& st) {
   std::fprintf(stderr, "step_bench: %s\n", st.ToString().c_str());
   return 1;
@@ -59,7 +92,7 @@ int Main(int argc, char** argv) {
   std::string shapes, precision = "medium";
   int reps = 20, warmup = 3;
   int64_t ns_batch = 1;
-  bool use_syrk = false;
+  bool use_syrk = false, engine_mode = false;
   int syrk_block_rows = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strncmp(argv[i], "--shapes=", 9))
@@ -74,6 +107,8 @@ int Main(int argc, char** argv) {
       ns_batch = std::atoll(argv[i] + 16);
     else if (!std::strcmp(argv[i], "--use_syrk"))
       use_syrk = true;
+    else if (!std::strcmp(argv[i], "--engine"))
+      engine_mode = true;
     else if (!std::strncmp(argv[i], "--syrk_block_rows=", 18))
       syrk_block_rows = std::atoi(argv[i] + 18);
     else {
@@ -81,7 +116,7 @@ int Main(int argc, char** argv) {
                    "usage: step_bench --shapes=RxC,... "
                    "[--precision=highest|high|medium] [--reps=N] "
                    "[--warmup=N] [--ns_batch_size=N] [--use_syrk] "
-                   "[--syrk_block_rows=K]\n");
+                   "[--syrk_block_rows=K] [--engine]\n");
       return 2;
     }
   }
@@ -223,12 +258,20 @@ int Main(int argc, char** argv) {
     }
     return b.Synchronize();
   };
+  std::unique_ptr<LayerShardedMuon> step_engine;
+  std::function<absl::Status()> run = step;
+  if (engine_mode) {
+    auto e = MakeEngine(b, o, mats);
+    if (!e.ok()) return Fail(e.status());
+    step_engine = std::move(*e);
+    run = [&]() { return step_engine->Step({}).status(); };
+  }
   for (int i = 0; i < warmup; ++i)
-    if (auto st = step(); !st.ok()) return Fail(st);
+    if (auto st = run(); !st.ok()) return Fail(st);
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (auto st = step(); !st.ok()) return Fail(st);
+    if (auto st = run(); !st.ok()) return Fail(st);
     t.push_back(std::chrono::duration<double, std::milli>(
                     std::chrono::steady_clock::now() - t0)
                     .count());
