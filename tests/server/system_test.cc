@@ -2,7 +2,9 @@
 // (2x2 domain, host mode, Gloo) + 4 trainer processes using the C++ client.
 // The trainers check their shards bitwise against the single-process
 // reference after 3 steps; rank 0 issues a Rebalance with another cost table
-// that changes homes from step 2 on. Launches the real binaries (data deps).
+// that changes homes from step 2 on. Run at fp32_matmul_prec "highest" and
+// "medium" (bf16 NS input, exchanges and output; the reference runs bf16 NS
+// too). Launches the real binaries (data deps).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -12,8 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -81,11 +83,13 @@ int WaitExit(pid_t pid, absl::Time deadline) {
   }
 }
 
-TEST(SystemTest, FourDaemonsFourTrainersBitwiseWithRebalance) {
+// Coordinator + 4 daemons + 4 trainers at `precision`; the trainers exit 0
+// when their shards are bitwise the reference's.
+void RunFourDaemonsFourTrainers(const std::string& precision) {
   char dir_template[] = "/tmp/muond-sys-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);  // mode 0700
   const std::string dir = dir_template;
-  const std::string job = absl::StrCat("sys", getpid());
+  const std::string job = absl::StrCat("sys", getpid(), precision);
 
   std::vector<pid_t> servers;
   servers.push_back(
@@ -115,15 +119,16 @@ TEST(SystemTest, FourDaemonsFourTrainersBitwiseWithRebalance) {
 
   std::vector<pid_t> trainers;
   for (int r = 0; r < 4; ++r) {
-    trainers.push_back(
-        Spawn({Runfile("tests/server/system_trainer"),
-               "--daemon=unix://" + sockets[r], "--coordinator=" + coordinator,
-               "--job=" + job, absl::StrCat("--rank=", r),
-               r == 0 ? "--rebalance" : "--expect_rebalance"}));
+    trainers.push_back(Spawn(
+        {Runfile("tests/server/system_trainer"),
+         "--daemon=unix://" + sockets[r], "--coordinator=" + coordinator,
+         "--job=" + job, absl::StrCat("--rank=", r), "--precision=" + precision,
+         r == 0 ? "--rebalance" : "--expect_rebalance"}));
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(45);
   for (int r = 0; r < 4; ++r) {
-    EXPECT_EQ(WaitExit(trainers[r], deadline), 0) << "trainer " << r;
+    EXPECT_EQ(WaitExit(trainers[r], deadline), 0)
+        << "trainer " << r << " (" << precision << ")";
   }
 
   // The operator's view of the finished job.
@@ -155,6 +160,16 @@ TEST(SystemTest, FourDaemonsFourTrainersBitwiseWithRebalance) {
   unlink((dir + "/port").c_str());
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
+}
+
+TEST(SystemTest, FourDaemonsFourTrainersBitwiseWithRebalance) {
+  RunFourDaemonsFourTrainers("highest");
+}
+
+// bf16 Newton–Schulz end to end: the daemons' bf16 exchanges and in-place
+// bf16 NS output land on the bits of the single-process bf16 reference.
+TEST(SystemTest, MediumPrecisionFourDaemonsBitwiseWithRebalance) {
+  RunFourDaemonsFourTrainers("medium");
 }
 
 }  // namespace

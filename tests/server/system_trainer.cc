@@ -6,6 +6,8 @@
 // on the same CPU backend). It also checks that nothing outside its shards
 // changed, the step-id replay rule, and (rank 0 with --rebalance) that a
 // Rebalance with another cost table changes homes and activates at step 2.
+// With --precision=medium the group runs bf16 Newton–Schulz (NsWorkDType) and
+// the reference does too, so the comparison stays bitwise.
 // Exit 0 = all checks passed; messages on stderr otherwise.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -35,6 +37,9 @@ ABSL_FLAG(bool, rebalance, false, "issue a Rebalance before step 1");
 ABSL_FLAG(int, steps, 3, "steps");
 ABSL_FLAG(bool, expect_rebalance, false,
           "a Rebalance activating at step 2 is issued by rank 0");
+ABSL_FLAG(std::string, precision, "highest",
+          "fp32_matmul_prec of the group (medium: bf16 NS input, exchanges "
+          "and output on the daemons and in the reference)");
 
 namespace muond {
 namespace {
@@ -72,6 +77,14 @@ v1::ShardTags TagsOf(const Weight& w) {
   return tags;
 }
 
+// The group this trainer registers, before params are added; the reference
+// takes its options from the same message.
+v1::ParamGroup TrainerGroup(int g, int t) {
+  v1::ParamGroup group = muond::testing::DenseMuonGroup(G, T, g, t);
+  group.mutable_muon()->set_fp32_matmul_prec(absl::GetFlag(FLAGS_precision));
+  return group;
+}
+
 bool rebalance_all() {
   return absl::GetFlag(FLAGS_rebalance) ||
          absl::GetFlag(FLAGS_expect_rebalance);
@@ -105,7 +118,7 @@ int Run() {
     Shard shard;
   };
   std::vector<Buffers> buffers;
-  v1::ParamGroup group = muond::testing::DenseMuonGroup(G, T, g, t);
+  v1::ParamGroup group = TrainerGroup(g, t);
   for (const Weight& w : kWeights) {
     Buffers b;
     b.full_param =
@@ -250,8 +263,7 @@ int Run() {
 
   // The single-process reference.
   std::unique_ptr<Backend> backend = MakeCpuBackend();
-  absl::StatusOr<MuonOptions> muon =
-      MuonOptionsFromProto(muond::testing::DenseMuonGroup(G, T, g, t));
+  absl::StatusOr<MuonOptions> muon = MuonOptionsFromProto(TrainerGroup(g, t));
   if (!muon.ok()) return Fail(muon.status().ToString());
   int mismatches = 0;
   for (size_t k = 0; k < kWeights.size(); ++k) {
@@ -265,6 +277,10 @@ int Run() {
     auto view = [&](std::vector<float>& v) {
       return ContiguousView(v.data(), DType::kFloat32, w.rows, w.cols);
     };
+    // NS input and output in the daemon's work dtype (bf16 for medium);
+    // `s` has room for either.
+    const MatrixView scratch = ContiguousView(
+        s.data(), NsWorkDType(muon->ns.precision), w.rows, w.cols);
     auto ns = NewtonSchulz::Create(backend.get(), muon->ns, w.rows, w.cols, 1);
     if (!ns.ok()) return Fail(ns.status().ToString());
     for (int step = 1; step <= steps; ++step) {
@@ -272,7 +288,7 @@ int Run() {
         for (int64_t j = 0; j < w.cols; ++j)
           gr[i * w.cols + j] = Value(w.name + "/grad", step, i, j);
       absl::Status st = MuonStepFullMatrix(*backend, *muon, **ns, view(p),
-                                           view(gr), view(m), view(s));
+                                           view(gr), view(m), scratch);
       if (!st.ok()) return Fail(st.ToString());
     }
     const Shard& sh = b.shard;
@@ -296,8 +312,8 @@ int Run() {
   if (mismatches > 0)
     return Fail(absl::StrCat(mismatches, " mismatching elements"));
   (*client)->Unregister();
-  fprintf(stderr, "trainer %d: %d steps bitwise equal to the reference\n", rank,
-          steps);
+  fprintf(stderr, "trainer %d: %d steps (%s) bitwise equal to the reference\n",
+          rank, steps, absl::GetFlag(FLAGS_precision).c_str());
   return 0;
 }
 
