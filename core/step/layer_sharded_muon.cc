@@ -777,21 +777,68 @@ absl::Status LayerShardedMuonImpl::StepAdamWGroup(GroupState& group,
   return absl::OkStatus();
 }
 
+// Whether a Muon group carries gradients through bf16 (the NS input of
+// medium precision, or bf16 momentum state): there a finite fp32 gradient
+// beyond the bf16 range (|g| >= 0x1.ffp127 ~ 3.396e38, half an ulp above the
+// bf16 max 0x1.fep127) would round to inf there and turn the whole update
+// into NaN, so such a grad fails (or skips) the step like a non-finite one.
+bool CarriesGradsInBf16(const GroupState& group) {
+  return group.config.algorithm == Algorithm::kMuon &&
+         (group.ns_dtype == DType::kBFloat16 ||
+          group.config.muon.state_dtype == DType::kBFloat16);
+}
+
+// The views whose finiteness decides param i's step: its grad, or, where
+// the group carries grads in bf16 and the grad is fp32, the grad rounded to
+// bf16 into the param's local buffer (the NS input scratch, rewritten by the
+// momentum phase; its storage has room for a contiguous bf16 copy). The
+// rounded copy is non-finite exactly when the grad is NaN/Inf or beyond the
+// bf16 range; momentum and NS input are convex combinations of grads (lerp),
+// so grads within the range keep them within it.
+absl::StatusOr<MatrixView> FinitenessView(GroupState& group, size_t i) {
+  const MatrixView& grad = group.config.params[i].grad;
+  if (!CarriesGradsInBf16(group) || grad.dtype == DType::kBFloat16) {
+    return grad;
+  }
+  const MatrixView& local = group.params[i].local;
+  const MatrixView rounded =
+      ContiguousView(local.data, DType::kBFloat16, grad.rows, grad.cols);
+  RETURN_IF_ERROR(group.backend->Copy2D(rounded, grad));
+  return rounded;
+}
+
 absl::StatusOr<std::vector<std::string>>
 LayerShardedMuonImpl::NonFiniteGrads() {
   std::vector<std::string> bad;
   for (GroupState& group : groups_) {
-    std::vector<MatrixView> grads;
-    for (const ParamBinding& b : group.config.params) grads.push_back(b.grad);
+    std::vector<MatrixView> views;
+    for (size_t i = 0; i < group.config.params.size(); ++i) {
+      ASSIGN_OR_RETURN(MatrixView v, FinitenessView(group, i));
+      views.push_back(v);
+    }
     bool finite = true;
-    if (!grads.empty()) {
-      ASSIGN_OR_RETURN(finite, group.backend->AllFinite(grads));
+    if (!views.empty()) {
+      ASSIGN_OR_RETURN(finite, group.backend->AllFinite(views));
     }
     std::vector<std::string> local_bad;
     if (!finite) {
-      for (const ParamBinding& b : group.config.params) {
-        ASSIGN_OR_RETURN(bool ok, group.backend->AllFinite({b.grad}));
-        if (!ok) local_bad.push_back(group.config.name + "/" + b.name);
+      for (size_t i = 0; i < views.size(); ++i) {
+        const ParamBinding& b = group.config.params[i];
+        ASSIGN_OR_RETURN(bool ok, group.backend->AllFinite({views[i]}));
+        if (ok) continue;
+        std::string name = group.config.name + "/" + b.name;
+        ASSIGN_OR_RETURN(bool fp32_finite, group.backend->AllFinite({b.grad}));
+        if (fp32_finite) {
+          absl::StrAppend(
+              &name,
+              " (finite in fp32 but beyond the bf16 range, |g| >= 3.396e38, "
+              "which ",
+              group.ns_dtype == DType::kBFloat16
+                  ? "fp32_matmul_prec \"medium\" (bf16 Newton-Schulz input)"
+                  : "the bf16 momentum state",
+              " cannot hold)");
+        }
+        local_bad.push_back(std::move(name));
       }
     }
     // Every rank of the domain must take the same decision, or the ranks

@@ -83,7 +83,9 @@ struct StepOptions {
   // threads of their own; false: every group in registration order.
   bool concurrent_groups = true;
   // Non-finite gradients fail the step (default) or skip it; either way no
-  // param or state changes.
+  // param or state changes. In a group that carries gradients in bf16
+  // (fp32_matmul_prec medium, or bf16 momentum state) an fp32 gradient beyond
+  // the bf16 range (|g| >= ~3.396e38, inf once rounded) counts as non-finite.
   bool skip_nonfinite = false;
   // Per-shape NS timing (StepResult::ns_shapes) on device backends: every
   // this many steps (1 = every step, 0 = never). A measured step synchronises
