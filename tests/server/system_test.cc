@@ -83,13 +83,16 @@ int WaitExit(pid_t pid, absl::Time deadline) {
   }
 }
 
-// Coordinator + 4 daemons + 4 trainers at `precision`; the trainers exit 0
+// Coordinator + 4 daemons + 4 trainers at `precision` (and a second group
+// at `second_precision` on the same domain when set); the trainers exit 0
 // when their shards are bitwise the reference's.
-void RunFourDaemonsFourTrainers(const std::string& precision) {
+void RunFourDaemonsFourTrainers(const std::string& precision,
+                                const std::string& second_precision = "") {
   char dir_template[] = "/tmp/muond-sys-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);  // mode 0700
   const std::string dir = dir_template;
-  const std::string job = absl::StrCat("sys", getpid(), precision);
+  const std::string job =
+      absl::StrCat("sys", getpid(), precision, second_precision);
 
   std::vector<pid_t> servers;
   servers.push_back(
@@ -123,6 +126,7 @@ void RunFourDaemonsFourTrainers(const std::string& precision) {
         {Runfile("tests/server/system_trainer"),
          "--daemon=unix://" + sockets[r], "--coordinator=" + coordinator,
          "--job=" + job, absl::StrCat("--rank=", r), "--precision=" + precision,
+         "--second_precision=" + second_precision,
          r == 0 ? "--rebalance" : "--expect_rebalance"}));
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(45);
@@ -170,6 +174,12 @@ TEST(SystemTest, FourDaemonsFourTrainersBitwiseWithRebalance) {
 // bf16 NS output land on the bits of the single-process bf16 reference.
 TEST(SystemTest, MediumPrecisionFourDaemonsBitwiseWithRebalance) {
   RunFourDaemonsFourTrainers("medium");
+}
+
+// A medium and a highest group on one domain share a lane and its raw-byte
+// exchange buffers (bf16 and fp32 pieces in turn); both stay bitwise.
+TEST(SystemTest, MediumAndHighestGroupsOnOneDomainBitwise) {
+  RunFourDaemonsFourTrainers("medium", "highest");
 }
 
 }  // namespace

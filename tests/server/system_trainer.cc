@@ -7,7 +7,9 @@
 // changed, the step-id replay rule, and (rank 0 with --rebalance) that a
 // Rebalance with another cost table changes homes and activates at step 2.
 // With --precision=medium the group runs bf16 Newton–Schulz (NsWorkDType) and
-// the reference does too, so the comparison stays bitwise.
+// the reference does too, so the comparison stays bitwise. With
+// --second_precision two weights go to a second group of that precision on
+// the same domain (same communicators, so the same lane in the daemon).
 // Exit 0 = all checks passed; messages on stderr otherwise.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -40,6 +42,10 @@ ABSL_FLAG(bool, expect_rebalance, false,
 ABSL_FLAG(std::string, precision, "highest",
           "fp32_matmul_prec of the group (medium: bf16 NS input, exchanges "
           "and output on the daemons and in the reference)");
+ABSL_FLAG(std::string, second_precision, "",
+          "when set, 'row' and 'big' go to a second Muon group 'muon2' of this "
+          "fp32_matmul_prec on the same domain (one lane: both groups share "
+          "the daemon's exchange buffers, in different dtypes)");
 
 namespace muond {
 namespace {
@@ -77,11 +83,21 @@ v1::ShardTags TagsOf(const Weight& w) {
   return tags;
 }
 
-// The group this trainer registers, before params are added; the reference
-// takes its options from the same message.
-v1::ParamGroup TrainerGroup(int g, int t) {
+// Which registered group weight `w` belongs to: 0 ("muon"), or 1 ("muon2")
+// with --second_precision.
+int GroupOf(const Weight& w) {
+  const bool second = !absl::GetFlag(FLAGS_second_precision).empty() &&
+                      (w.name == "row" || w.name == "big");
+  return second ? 1 : 0;
+}
+
+// Group `index` as this trainer registers it, before params are added; the
+// reference takes its options from the same message.
+v1::ParamGroup TrainerGroup(int index, int g, int t) {
   v1::ParamGroup group = muond::testing::DenseMuonGroup(G, T, g, t);
-  group.mutable_muon()->set_fp32_matmul_prec(absl::GetFlag(FLAGS_precision));
+  if (index == 1) group.set_name("muon2");
+  group.mutable_muon()->set_fp32_matmul_prec(
+      absl::GetFlag(index == 0 ? FLAGS_precision : FLAGS_second_precision));
   return group;
 }
 
@@ -118,7 +134,10 @@ int Run() {
     Shard shard;
   };
   std::vector<Buffers> buffers;
-  v1::ParamGroup group = TrainerGroup(g, t);
+  std::vector<v1::ParamGroup> groups = {TrainerGroup(0, g, t)};
+  if (!absl::GetFlag(FLAGS_second_precision).empty()) {
+    groups.push_back(TrainerGroup(1, g, t));
+  }
   for (const Weight& w : kWeights) {
     Buffers b;
     b.full_param =
@@ -153,7 +172,7 @@ int Run() {
                      {b.shard.nr, b.shard.nc}, {w.cols, 1});
     }
     if (!pref.ok() || !gref.ok()) return Fail("HostRef failed");
-    *group.add_params() =
+    *groups[GroupOf(w)].add_params() =
         MakeParam(w.name, {w.rows, w.cols}, *pref, *gref, TagsOf(w));
     buffers.push_back(b);
   }
@@ -163,7 +182,7 @@ int Run() {
   options.rpc_timeout = absl::Seconds(30);
   auto client = Client::Connect(absl::GetFlag(FLAGS_daemon), options);
   if (!client.ok()) return Fail(client.status().ToString());
-  auto registered = (*client)->Register({group});
+  auto registered = (*client)->Register(groups);
   if (!registered.ok())
     return Fail("Register: " + registered.status().ToString());
   if (absl::Status st = (*client)->WaitForPlan(absl::Seconds(30)); !st.ok()) {
@@ -200,10 +219,12 @@ int Run() {
                                " activating at ", second.activate_at_step()));
     }
     bool changed = false;
-    for (int i = 0; i < first.groups(0).homes_size(); ++i) {
-      changed |=
-          first.groups(0).homes(i).g() != second.groups(0).homes(i).g() ||
-          first.groups(0).homes(i).t() != second.groups(0).homes(i).t();
+    for (int k = 0; k < first.groups_size(); ++k) {
+      for (int i = 0; i < first.groups(k).homes_size(); ++i) {
+        changed |=
+            first.groups(k).homes(i).g() != second.groups(k).homes(i).g() ||
+            first.groups(k).homes(i).t() != second.groups(k).homes(i).t();
+      }
     }
     if (!changed) return Fail("the rebalanced plan has the same homes");
     fprintf(stderr, "trainer 0: plan v%ld -> v%ld (activates at step %ld)\n",
@@ -263,12 +284,13 @@ int Run() {
 
   // The single-process reference.
   std::unique_ptr<Backend> backend = MakeCpuBackend();
-  absl::StatusOr<MuonOptions> muon = MuonOptionsFromProto(TrainerGroup(g, t));
-  if (!muon.ok()) return Fail(muon.status().ToString());
   int mismatches = 0;
   for (size_t k = 0; k < kWeights.size(); ++k) {
     const Weight& w = kWeights[k];
     const Buffers& b = buffers[k];
+    absl::StatusOr<MuonOptions> muon =
+        MuonOptionsFromProto(TrainerGroup(GroupOf(w), g, t));
+    if (!muon.ok()) return Fail(muon.status().ToString());
     std::vector<float> p(w.rows * w.cols), m(p.size(), 0.0f), s(p.size()),
         gr(p.size());
     for (int64_t i = 0; i < w.rows; ++i)
