@@ -1023,8 +1023,12 @@ absl::Status LayerShardedMuonImpl::ImportState(
           return absl::InvalidArgumentError(
               absl::StrCat("state has no entry for '", key, "'"));
         }
-        if (int64_t(it->second.size()) != view.numel() ||
-            view.dtype != DType::kFloat32) {
+        if (view.dtype != DType::kFloat32) {
+          return absl::UnimplementedError(absl::StrCat(
+              "importing '", key, "' into ", std::string(DTypeName(view.dtype)),
+              " state is not supported; use fp32 state"));
+        }
+        if (int64_t(it->second.size()) != view.numel()) {
           return absl::InvalidArgumentError(absl::StrCat(
               "state entry '", key, "' has ", it->second.size(),
               " fp32 elements; the param's shard needs ", view.numel()));

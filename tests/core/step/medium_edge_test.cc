@@ -320,5 +320,34 @@ TEST(MediumEdge, ExportImportRoundTripBitwise) {
                                  p0, grads, rows, cols));
 }
 
+// bf16 momentum cannot be exported or imported (the state files are fp32):
+// both refuse with an error naming the entry and the rule, and a refused
+// import changes nothing.
+TEST(MediumEdge, Bf16StateExportImportRefusedNamingTheEntry) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  const int64_t rows = 8, cols = 8;
+  MuonOptions o = MediumOptions();
+  o.state_dtype = DType::kBFloat16;
+  const std::vector<float> p0 = Random(rows * cols, 11);
+  Matrix param(DType::kFloat32, rows, cols, p0);
+  Matrix grad(DType::kFloat32, rows, cols, Random(rows * cols, 12));
+  auto opt = MakeOptimizer(backend.get(), o, param, grad);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  auto exported = (*opt)->ExportState();
+  EXPECT_EQ(exported.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(exported.status().message().find("muon/w.momentum"),
+            std::string::npos)
+      << exported.status();
+  const absl::Status imported = (*opt)->ImportState(
+      {{"muon/w.momentum", std::vector<float>(rows * cols, 1.0f)}});
+  EXPECT_EQ(imported.code(), absl::StatusCode::kUnimplemented) << imported;
+  EXPECT_NE(imported.message().find("muon/w.momentum"), std::string::npos);
+  EXPECT_NE(imported.message().find("bf16"), std::string::npos) << imported;
+  // The momentum is still zero: the first step equals the reference's.
+  ASSERT_TRUE((*opt)->Step({}).ok());
+  ExpectBitwise(param, Reference(*backend, o, DType::kFloat32, DType::kFloat32,
+                                 p0, {Random(rows * cols, 12)}, rows, cols));
+}
+
 }  // namespace
 }  // namespace muond
