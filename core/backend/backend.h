@@ -19,6 +19,7 @@
 //   evaluated without fused multiply-adds on both backends, so the CPU and the
 //   CUDA backend give bit-identical elementwise results.
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -194,10 +195,17 @@ class Backend {
                              const AdamWScalars& scalars) = 0;
 
   // ---- checks and sync ----------------------------------------------------
-  // True when no element of any view is NaN or +-Inf. Synchronises once
-  // (all views are checked before the one device-to-host read).
-  virtual absl::StatusOr<bool> AllFinite(
-      absl::Span<const MatrixView> views) = 0;
+  // True when every element x of every view has |x| < limit (so none is NaN
+  // or +-Inf; limit = +inf is the plain finiteness check, limit =
+  // kBf16OverflowThreshold also rejects fp32 values that round to inf in
+  // bf16). One read of the views; synchronises once (all views are checked
+  // before the one device-to-host read).
+  virtual absl::StatusOr<bool> AllFiniteBelow(
+      absl::Span<const MatrixView> views, float limit) = 0;
+  // AllFiniteBelow with limit +inf: no NaN or +-Inf.
+  absl::StatusOr<bool> AllFinite(absl::Span<const MatrixView> views) {
+    return AllFiniteBelow(views, std::numeric_limits<float>::infinity());
+  }
   // Waits for every call enqueued so far.
   virtual absl::Status Synchronize() = 0;
 

@@ -51,6 +51,11 @@ MUOND_HD float Bf16BitsToFloat(uint16_t b) {
   return BitsToFloat(static_cast<uint32_t>(b) << 16);
 }
 
+// The smallest fp32 magnitude that rounds to inf in bf16: 0x7f7f8000
+// (~3.3961514e38), halfway between the bf16 max 0x7f7f and inf; ties go to
+// the even neighbour, inf. |x| < this rounds to a finite bf16.
+constexpr uint32_t kBf16OverflowThresholdBits = 0x7f7f8000u;
+
 // fp32 -> bf16 -> fp32: the value a bf16 store keeps.
 MUOND_HD float RoundToBf16(float f) {
   return Bf16BitsToFloat(FloatToBf16Bits(f));

@@ -335,16 +335,18 @@ class CudaBackend final : public Backend {
         "adamw");
   }
 
-  absl::StatusOr<bool> AllFinite(absl::Span<const MatrixView> views) override {
+  absl::StatusOr<bool> AllFiniteBelow(absl::Span<const MatrixView> views,
+                                      float limit) override {
     for (const MatrixView& v : views)
       RETURN_IF_ERROR(CheckView(v, "all_finite"));
     RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(flag_, 0, sizeof(int), stream_),
                                "all_finite"));
     std::vector<cuda_kernels::KView> k;
     for (const MatrixView& v : views) k.push_back(K(v));
-    RETURN_IF_ERROR(CudaStatus(cuda_kernels::MarkNonFiniteMulti(
-                                   k.data(), int64_t(k.size()), flag_, stream_),
-                               "all_finite"));
+    RETURN_IF_ERROR(
+        CudaStatus(cuda_kernels::MarkNonFiniteMulti(k.data(), int64_t(k.size()),
+                                                    limit, flag_, stream_),
+                   "all_finite"));
     RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host_flag_, flag_, sizeof(int),
                                                cudaMemcpyDeviceToHost, stream_),
                                "all_finite"));

@@ -400,7 +400,12 @@ __global__ void MultiLoadStoreKernel(MultiTable t, F f) {
   }
 }
 
-__global__ void MultiFiniteKernel(MultiTable t, int* flag) {
+// !(|x| < limit): NaN, +-Inf, or at/beyond the limit.
+__device__ __forceinline__ bool OutOfRange(float x, float limit) {
+  return !(fabsf(x) < limit);
+}
+
+__global__ void MultiFiniteKernel(MultiTable t, float limit, int* flag) {
   const int k = MultiTensorOf(t, blockIdx.x);
   const int64_t n = t.n[k];
   const int64_t t0 = int64_t(blockIdx.x - t.block_start[k]) * kMultiTile;
@@ -412,11 +417,11 @@ __global__ void MultiFiniteKernel(MultiTable t, int* flag) {
       const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
       if (j + 4 <= end) {
         const float4 x = Ld4(t.ptr[0][k], t.elem[0][k], j);
-        bad = bad || !isfinite(x.x) || !isfinite(x.y) || !isfinite(x.z) ||
-              !isfinite(x.w);
+        bad = bad || OutOfRange(x.x, limit) || OutOfRange(x.y, limit) ||
+              OutOfRange(x.z, limit) || OutOfRange(x.w, limit);
       } else {
         for (int64_t e = j; e < end; ++e)
-          bad = bad || !isfinite(LdFlat(t.ptr[0][k], t.elem[0][k], e));
+          bad = bad || OutOfRange(LdFlat(t.ptr[0][k], t.elem[0][k], e), limit);
       }
     }
     if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
@@ -430,7 +435,7 @@ __global__ void MultiFiniteKernel(MultiTable t, int* flag) {
       x[u] = j < end ? LdFlat(t.ptr[0][k], t.elem[0][k], j) : 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < kIlp; ++u) bad = bad || !isfinite(x[u]);
+    for (int u = 0; u < kIlp; ++u) bad = bad || OutOfRange(x[u], limit);
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
@@ -551,9 +556,10 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
 
 struct FiniteOp {
   DView v;
+  float limit;
   int* flag;
   __device__ void operator()(int64_t i, int64_t j) const {
-    if (!isfinite(Ld(v, i, j))) *flag = 1;
+    if (OutOfRange(Ld(v, i, j), limit)) *flag = 1;
   }
 };
 
@@ -637,8 +643,10 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                                one_minus_beta2, step_size, bc2_sqrt, eps});
 }
 
-cudaError_t MarkNonFinite(const KView& v, int* flag, cudaStream_t stream) {
-  return LaunchForEach({v}, v.rows, v.cols, stream, FiniteOp{D(v), flag});
+cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,
+                          cudaStream_t stream) {
+  return LaunchForEach({v}, v.rows, v.cols, stream,
+                       FiniteOp{D(v), limit, flag});
 }
 
 cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
@@ -678,17 +686,17 @@ cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
       });
 }
 
-cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, int* flag,
-                               cudaStream_t stream) {
+cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, float limit,
+                               int* flag, cudaStream_t stream) {
   const KView* table[1] = {views};
   return RunMulti(
       table, 1, count, nullptr,
       [&](const MultiTable& t) {
         MultiFiniteKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
-                            stream>>>(t, flag);
+                            stream>>>(t, limit, flag);
         return cudaGetLastError();
       },
-      [&](int64_t i) { return MarkNonFinite(views[i], flag, stream); });
+      [&](int64_t i) { return MarkNonFinite(views[i], limit, flag, stream); });
 }
 
 }  // namespace cuda_kernels

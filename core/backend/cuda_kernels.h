@@ -46,8 +46,10 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                   float one_minus_beta1, float beta2, float one_minus_beta2,
                   float step_size, float bc2_sqrt, float eps,
                   cudaStream_t stream);
-// Sets *flag = 1 (device int) when `v` holds a NaN or an Inf.
-cudaError_t MarkNonFinite(const KView& v, int* flag, cudaStream_t stream);
+// Sets *flag = 1 (device int) when `v` holds an x with !(|x| < limit): a NaN,
+// an Inf, or a value at or beyond `limit`.
+cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,
+                          cudaStream_t stream);
 
 // Multi-tensor forms of the above for `count` same-op tensors (one launch per
 // up to kMultiMaxTensors contiguous tensors of < kMultiMaxElems elements, a
@@ -64,8 +66,8 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
 cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
                              const float* lrs, int64_t count, float decay,
                              int method, cudaStream_t stream);
-cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, int* flag,
-                               cudaStream_t stream);
+cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, float limit,
+                               int* flag, cudaStream_t stream);
 
 }  // namespace cuda_kernels
 }  // namespace muond

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -14,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/backend/bf16.h"
 #include "core/common/status_macros.h"
 #include "core/muon/newton_schulz.h"
 #include "core/plan/exchange_plan.h"
@@ -777,69 +779,61 @@ absl::Status LayerShardedMuonImpl::StepAdamWGroup(GroupState& group,
   return absl::OkStatus();
 }
 
-// Whether a Muon group carries gradients through bf16 (the NS input of
-// medium precision, or bf16 momentum state): there a finite fp32 gradient
-// beyond the bf16 range (|g| >= 0x1.ffp127 ~ 3.396e38, half an ulp above the
-// bf16 max 0x1.fep127) would round to inf there and turn the whole update
-// into NaN, so such a grad fails (or skips) the step like a non-finite one.
-bool CarriesGradsInBf16(const GroupState& group) {
-  return group.config.algorithm == Algorithm::kMuon &&
-         (group.ns_dtype == DType::kBFloat16 ||
-          group.config.muon.state_dtype == DType::kBFloat16);
+// The bound every gradient element must stay under, |g| < limit, for a
+// group's step to go ahead. Where a Muon group carries gradients through
+// bf16 (the NS input of medium precision, or bf16 momentum state) a finite
+// fp32 gradient at or beyond the bf16 overflow threshold (~3.396e38) would
+// round to inf there and turn the whole update into NaN, so it fails (or
+// skips) the step like a non-finite one. Momentum and NS input are convex
+// combinations of gradients (lerp), so gradients under the bound keep them
+// under it. The bound costs nothing: the same one read of the gradients.
+float GradLimit(const GroupState& group) {
+  const bool bf16 = group.config.algorithm == Algorithm::kMuon &&
+                    (group.ns_dtype == DType::kBFloat16 ||
+                     group.config.muon.state_dtype == DType::kBFloat16);
+  return bf16 ? BitsToFloat(kBf16OverflowThresholdBits)
+              : std::numeric_limits<float>::infinity();
 }
 
-// The views whose finiteness decides param i's step: its grad, or, where
-// the group carries grads in bf16 and the grad is fp32, the grad rounded to
-// bf16 into the param's local buffer (the NS input scratch, rewritten by the
-// momentum phase; its storage has room for a contiguous bf16 copy). The
-// rounded copy is non-finite exactly when the grad is NaN/Inf or beyond the
-// bf16 range; momentum and NS input are convex combinations of grads (lerp),
-// so grads within the range keep them within it.
-absl::StatusOr<MatrixView> FinitenessView(GroupState& group, size_t i) {
-  const MatrixView& grad = group.config.params[i].grad;
-  if (!CarriesGradsInBf16(group) || grad.dtype == DType::kBFloat16) {
-    return grad;
+// The params of a group whose gradients break GradLimit, by name, with the
+// reason when the gradient is finite but beyond the bf16 range.
+absl::StatusOr<std::vector<std::string>> BadGradNames(const GroupState& group,
+                                                      float limit) {
+  std::vector<std::string> names;
+  for (const ParamBinding& b : group.config.params) {
+    ASSIGN_OR_RETURN(bool ok, group.backend->AllFiniteBelow({b.grad}, limit));
+    if (ok) continue;
+    std::string name = group.config.name + "/" + b.name;
+    ASSIGN_OR_RETURN(bool finite, group.backend->AllFinite({b.grad}));
+    if (finite) {
+      absl::StrAppend(
+          &name,
+          " (finite in fp32 but beyond the bf16 range, |g| >= 3.396e38, "
+          "which ",
+          group.ns_dtype == DType::kBFloat16
+              ? "fp32_matmul_prec \"medium\" (bf16 Newton-Schulz input)"
+              : "the bf16 momentum state",
+          " cannot hold)");
+    }
+    names.push_back(std::move(name));
   }
-  const MatrixView& local = group.params[i].local;
-  const MatrixView rounded =
-      ContiguousView(local.data, DType::kBFloat16, grad.rows, grad.cols);
-  RETURN_IF_ERROR(group.backend->Copy2D(rounded, grad));
-  return rounded;
+  return names;
 }
 
 absl::StatusOr<std::vector<std::string>>
 LayerShardedMuonImpl::NonFiniteGrads() {
   std::vector<std::string> bad;
   for (GroupState& group : groups_) {
-    std::vector<MatrixView> views;
-    for (size_t i = 0; i < group.config.params.size(); ++i) {
-      ASSIGN_OR_RETURN(MatrixView v, FinitenessView(group, i));
-      views.push_back(v);
-    }
+    std::vector<MatrixView> grads;
+    for (const ParamBinding& b : group.config.params) grads.push_back(b.grad);
+    const float limit = GradLimit(group);
     bool finite = true;
-    if (!views.empty()) {
-      ASSIGN_OR_RETURN(finite, group.backend->AllFinite(views));
+    if (!grads.empty()) {
+      ASSIGN_OR_RETURN(finite, group.backend->AllFiniteBelow(grads, limit));
     }
     std::vector<std::string> local_bad;
     if (!finite) {
-      for (size_t i = 0; i < views.size(); ++i) {
-        const ParamBinding& b = group.config.params[i];
-        ASSIGN_OR_RETURN(bool ok, group.backend->AllFinite({views[i]}));
-        if (ok) continue;
-        std::string name = group.config.name + "/" + b.name;
-        ASSIGN_OR_RETURN(bool fp32_finite, group.backend->AllFinite({b.grad}));
-        if (fp32_finite) {
-          absl::StrAppend(
-              &name,
-              " (finite in fp32 but beyond the bf16 range, |g| >= 3.396e38, "
-              "which ",
-              group.ns_dtype == DType::kBFloat16
-                  ? "fp32_matmul_prec \"medium\" (bf16 Newton-Schulz input)"
-                  : "the bf16 momentum state",
-              " cannot hold)");
-        }
-        local_bad.push_back(std::move(name));
-      }
+      ASSIGN_OR_RETURN(local_bad, BadGradNames(group, limit));
     }
     // Every rank of the domain must take the same decision, or the ranks
     // that go ahead would wait forever in the exchange.

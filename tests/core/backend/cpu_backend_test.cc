@@ -372,6 +372,23 @@ TEST(CpuBackend, AllFiniteFindsNanAndInf) {
       *backend->AllFinite({MatrixView{c.data(), DType::kFloat32, 2, 1, 2}}));
 }
 
+// The bf16 overflow threshold: the largest fp32 below it rounds to the bf16
+// max, the threshold itself to inf; AllFiniteBelow draws the line there.
+TEST(CpuBackend, AllFiniteBelowTheBf16OverflowThreshold) {
+  auto backend = MakeCpuBackend();
+  const float limit = BitsToFloat(kBf16OverflowThresholdBits);
+  const float below = BitsToFloat(kBf16OverflowThresholdBits - 1);
+  EXPECT_TRUE(std::isinf(RoundToBf16(limit)));
+  EXPECT_FALSE(std::isinf(RoundToBf16(below)));
+  std::vector<float> a = {1, -below, 3, below};
+  EXPECT_TRUE(*backend->AllFiniteBelow({V(a, 2, 2)}, limit));
+  a[2] = -limit;
+  EXPECT_FALSE(*backend->AllFiniteBelow({V(a, 2, 2)}, limit));
+  EXPECT_TRUE(*backend->AllFinite({V(a, 2, 2)}));  // finite in fp32
+  a[2] = std::nanf("");
+  EXPECT_FALSE(*backend->AllFiniteBelow({V(a, 2, 2)}, limit));
+}
+
 TEST(CpuBackend, SymmetrizeFromLowerPerSlice) {
   auto backend = MakeCpuBackend();
   std::vector<float> a = {1, 99, 2, 3, 4, 99, 5, 6};

@@ -400,6 +400,23 @@ TEST_F(CudaBackendTest, Vec4AndUnalignedElementwiseBitIdenticalToCpu) {
     ASSERT_TRUE(gpu_->CopyFromHost(at, &fine, sizeof(float)).ok());
     EXPECT_TRUE(*gpu_->AllFinite(dg));
   }
+  // The bf16 range check: the same places, a value at the bf16 overflow
+  // threshold (finite in fp32), then one just below it.
+  const float limit = BitsToFloat(kBf16OverflowThresholdBits);
+  const float below = BitsToFloat(kBf16OverflowThresholdBits - 1);
+  EXPECT_TRUE(*gpu_->AllFiniteBelow(dg, limit));
+  for (auto [i, k] :
+       {std::pair<int, int64_t>{0, 4096 + 123}, {0, sizes[0] - 1}, {1, 77}}) {
+    float* at = static_cast<float*>(dg[i].data) + k;
+    for (float v : {-limit, below}) {
+      ASSERT_TRUE(gpu_->CopyFromHost(at, &v, sizeof(float)).ok());
+      EXPECT_EQ(*gpu_->AllFiniteBelow(dg, limit), v == below)
+          << "tensor " << i << " elem " << k << " value " << v;
+      EXPECT_TRUE(*gpu_->AllFinite(dg));
+    }
+    const float fine = g[i][offsets[i] + k];
+    ASSERT_TRUE(gpu_->CopyFromHost(at, &fine, sizeof(float)).ok());
+  }
 }
 
 // The bf16 NS data path through the 4-wide (vec4) kernels: fp32 grads and
