@@ -295,30 +295,52 @@ struct MultiTable {
   bool vec4[kMultiMaxTensors];
   float scalar[kMultiMaxTensors];  // a per-tensor operand (the update's lr)
   int count;
+  // The dtypes of the table's vec4 tensors, one bit per view (1 = bf16), the
+  // same for all of them (RunMulti starts a new table when it changes): the
+  // kernel is compiled for it, so the vec4 loads have no dtype branch between
+  // them and stay in flight together (a branch per load cost the bf16 update
+  // a quarter of its bandwidth). -1: no vec4 tensor yet.
+  int vec4_sig;
 };
+
+// Bytes per element of view v under a vec4 signature.
+__host__ __device__ constexpr int ElemOf(int sig, int v) {
+  return (sig >> v) & 1 ? 2 : 4;
+}
 
 __device__ __forceinline__ float& At(float4& v, int e) {
   return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
 }
-// Elements j..j+3 of a vec4 view (fp32, or bf16 widened exactly).
+// Elements j..j+3 of a vec4 view of kElem-byte elements (fp32, or bf16
+// widened exactly).
+template <int kElem>
+__device__ __forceinline__ float4 Ld4(const char* p, int64_t j) {
+  if constexpr (kElem == 4) {
+    return *reinterpret_cast<const float4*>(p + j * 4);
+  } else {
+    const uint2 h = *reinterpret_cast<const uint2*>(p + j * 2);
+    return make_float4(Bf16BitsToFloat(uint16_t(h.x & 0xffffu)),
+                       Bf16BitsToFloat(uint16_t(h.x >> 16)),
+                       Bf16BitsToFloat(uint16_t(h.y & 0xffffu)),
+                       Bf16BitsToFloat(uint16_t(h.y >> 16)));
+  }
+}
 __device__ __forceinline__ float4 Ld4(const char* p, int elem, int64_t j) {
-  if (elem == 4) return *reinterpret_cast<const float4*>(p + j * 4);
-  const uint2 h = *reinterpret_cast<const uint2*>(p + j * 2);
-  return make_float4(Bf16BitsToFloat(uint16_t(h.x & 0xffffu)),
-                     Bf16BitsToFloat(uint16_t(h.x >> 16)),
-                     Bf16BitsToFloat(uint16_t(h.y & 0xffffu)),
-                     Bf16BitsToFloat(uint16_t(h.y >> 16)));
+  return elem == 4 ? Ld4<4>(p, j) : Ld4<2>(p, j);
 }
 // Stores 4 elements from j, each rounded once to bf16 for a bf16 view.
-__device__ __forceinline__ void St4(char* p, int elem, int64_t j, float4 x) {
-  if (elem == 4) {
+template <int kElem>
+__device__ __forceinline__ void St4(char* p, int64_t j, float4 x) {
+  if constexpr (kElem == 4) {
     *reinterpret_cast<float4*>(p + j * 4) = x;
-    return;
+  } else {
+    uint2 h;
+    h.x =
+        uint32_t(FloatToBf16Bits(x.x)) | (uint32_t(FloatToBf16Bits(x.y)) << 16);
+    h.y =
+        uint32_t(FloatToBf16Bits(x.z)) | (uint32_t(FloatToBf16Bits(x.w)) << 16);
+    *reinterpret_cast<uint2*>(p + j * 2) = h;
   }
-  uint2 h;
-  h.x = uint32_t(FloatToBf16Bits(x.x)) | (uint32_t(FloatToBf16Bits(x.y)) << 16);
-  h.y = uint32_t(FloatToBf16Bits(x.z)) | (uint32_t(FloatToBf16Bits(x.w)) << 16);
-  *reinterpret_cast<uint2*>(p + j * 2) = h;
 }
 
 __device__ __forceinline__ float LdFlat(const char* p, int elem, int64_t j) {
@@ -347,26 +369,27 @@ __device__ __forceinline__ int MultiTensorOf(const MultiTable& t, int b) {
 }
 
 // A vec4 tensor's tile: each thread moves kIlp runs of 4 consecutive
-// elements, the op's first F::kLoads views loaded as float4 before any store;
-// a ragged end (n % 4) goes element by element through Load/Store.
-template <typename F>
+// elements, the op's first F::kLoads (<= 2) views loaded as float4 before any
+// store, dtypes fixed by kSig; a ragged end (n % 4) goes element by element
+// through Load/Store.
+template <typename F, int kSig>
 __device__ void MultiVec4Tile(const MultiTable& t, const F& f, int k,
                               int64_t t0, int64_t end) {
+  static_assert(F::kLoads == 2, "two loaded views");
   float4 in[kIlp][F::kLoads];
 #pragma unroll
   for (int u = 0; u < kIlp; ++u) {
     const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
     if (j + 4 <= end) {
-#pragma unroll
-      for (int v = 0; v < F::kLoads; ++v)
-        in[u][v] = Ld4(t.ptr[v][k], t.elem[v][k], j);
+      in[u][0] = Ld4<ElemOf(kSig, 0)>(t.ptr[0][k], j);
+      in[u][1] = Ld4<ElemOf(kSig, 1)>(t.ptr[1][k], j);
     }
   }
 #pragma unroll
   for (int u = 0; u < kIlp; ++u) {
     const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
     if (j + 4 <= end) {
-      f.Store4(t, k, j, in[u]);
+      f.template Store4<kSig>(t, k, j, in[u]);
     } else {
       for (int64_t e = j; e < end; ++e) f.Store(t, k, e, f.Load(t, k, e));
     }
@@ -374,15 +397,16 @@ __device__ void MultiVec4Tile(const MultiTable& t, const F& f, int k,
 }
 
 // Load-store op over the table: In Load(t, k, j), Store(t, k, j, In), and
-// for vec4 tensors Store4(t, k, j, float4[kLoads]) on 4 elements from j.
-template <typename F>
+// for vec4 tensors Store4<kSig>(t, k, j, float4[kLoads]) on 4 elements from
+// j; kSig is the table's vec4_sig.
+template <typename F, int kSig>
 __global__ void MultiLoadStoreKernel(MultiTable t, F f) {
   const int k = MultiTensorOf(t, blockIdx.x);
   const int64_t n = t.n[k];
   const int64_t t0 = int64_t(blockIdx.x - t.block_start[k]) * kMultiTile;
   const int64_t end = t0 + kMultiTile < n ? t0 + kMultiTile : n;
   if (t.vec4[k]) {  // kMultiTile = kThreads * kIlp * 4: one pass per tile
-    MultiVec4Tile(t, f, k, t0, end);
+    MultiVec4Tile<F, kSig>(t, f, k, t0, end);
     return;
   }
   for (int64_t base = t0 + threadIdx.x; base < end; base += kThreads * kIlp) {
@@ -459,9 +483,10 @@ struct MultiMomentumOp {
            nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
   }
   static constexpr int kLoads = 2;  // grad, momentum
+  template <int kSig>
   __device__ void Store4(const MultiTable& t, int k, int64_t j,
                          float4 (&in)[kLoads]) const {
-    const bool bf16_state = t.elem[1][k] == 2;
+    constexpr bool bf16_state = ElemOf(kSig, 1) == 2;
     float4 m_new, out;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -473,8 +498,8 @@ struct MultiMomentumOp {
       At(out, e) =
           nesterov ? ew::NesterovInput(At(in[0], e), m, w_nesterov) : m;
     }
-    St4(t.ptr[1][k], t.elem[1][k], j, m_new);
-    St4(t.ptr[2][k], t.elem[2][k], j, out);
+    St4<ElemOf(kSig, 1)>(t.ptr[1][k], j, m_new);
+    St4<ElemOf(kSig, 2)>(t.ptr[2][k], j, out);
   }
 };
 
@@ -493,6 +518,7 @@ struct MultiUpdateOp {  // lr: t.scalar[k]
            ew::UpdateParam(in.p, in.u, t.scalar[k], decay, method));
   }
   static constexpr int kLoads = 2;  // param, update
+  template <int kSig>
   __device__ void Store4(const MultiTable& t, int k, int64_t j,
                          float4 (&in)[kLoads]) const {
     const float lr = t.scalar[k];
@@ -500,7 +526,7 @@ struct MultiUpdateOp {  // lr: t.scalar[k]
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       At(p, e) = ew::UpdateParam(At(in[0], e), At(in[1], e), lr, decay, method);
-    St4(t.ptr[0][k], t.elem[0][k], j, p);
+    St4<ElemOf(kSig, 0)>(t.ptr[0][k], j, p);
   }
 };
 
@@ -518,10 +544,12 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
   MultiTable t;
   t.count = 0;
   t.block_start[0] = 0;
+  t.vec4_sig = -1;
   auto flush = [&]() -> cudaError_t {
     if (t.count == 0) return cudaSuccess;
     const cudaError_t err = launch(t);
     t.count = 0;
+    t.vec4_sig = -1;
     return err;
   };
   for (int64_t i = 0; i < count; ++i) {
@@ -534,12 +562,22 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
       if (err != cudaSuccess) return err;
       continue;
     }
+    bool vec4 = true;
+    int sig = 0;
+    for (int v = 0; v < nviews; ++v) {
+      vec4 = vec4 && Vec4Ok(views[v][i]);
+      if (views[v][i].elem == 2) sig |= 1 << v;
+    }
+    if (vec4 && t.vec4_sig >= 0 && sig != t.vec4_sig) {
+      const cudaError_t err = flush();  // one vec4 signature per table
+      if (err != cudaSuccess) return err;
+    }
     const int k = t.count;
-    t.vec4[k] = true;
+    t.vec4[k] = vec4;
+    if (vec4) t.vec4_sig = sig;
     for (int v = 0; v < nviews; ++v) {
       t.ptr[v][k] = static_cast<char*>(views[v][i].data);
       t.elem[v][k] = static_cast<unsigned char>(views[v][i].elem);
-      t.vec4[k] = t.vec4[k] && Vec4Ok(views[v][i]);
     }
     t.scalar[k] = scalars == nullptr ? 0.0f : scalars[i];
     t.n[k] = n;
@@ -643,6 +681,30 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                                one_minus_beta2, step_size, bc2_sqrt, eps});
 }
 
+// Launches MultiLoadStoreKernel for a table, compiled for its vec4 dtypes.
+template <typename F>
+cudaError_t LaunchTable(const MultiTable& t, const F& op, cudaStream_t stream) {
+  const unsigned blocks = unsigned(t.block_start[t.count]);
+  switch (t.vec4_sig < 0 ? 0 : t.vec4_sig) {
+#define MUOND_SIG_CASE(S)                                               \
+  case S:                                                               \
+    MultiLoadStoreKernel<F, S><<<blocks, kThreads, 0, stream>>>(t, op); \
+    break;
+    MUOND_SIG_CASE(0)
+    MUOND_SIG_CASE(1)
+    MUOND_SIG_CASE(2)
+    MUOND_SIG_CASE(3)
+    MUOND_SIG_CASE(4)
+    MUOND_SIG_CASE(5)
+    MUOND_SIG_CASE(6)
+    MUOND_SIG_CASE(7)
+#undef MUOND_SIG_CASE
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
 cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,
                           cudaStream_t stream) {
   return LaunchForEach({v}, v.rows, v.cols, stream,
@@ -657,11 +719,7 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
   const MultiMomentumOp op{one_minus_beta, beta, nesterov};
   return RunMulti(
       views, 3, count, nullptr,
-      [&](const MultiTable& t) {
-        MultiLoadStoreKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
-                               stream>>>(t, op);
-        return cudaGetLastError();
-      },
+      [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
         return MuonMomentum(grads[i], moms[i], one_minus_beta, beta, nesterov,
                             outs[i], stream);
@@ -675,11 +733,7 @@ cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
   const MultiUpdateOp op{decay, method};
   return RunMulti(
       views, 2, count, lrs,
-      [&](const MultiTable& t) {
-        MultiLoadStoreKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
-                               stream>>>(t, op);
-        return cudaGetLastError();
-      },
+      [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
         return ApplyUpdate(params[i], updates[i], lrs[i], decay, method,
                            stream);
