@@ -231,6 +231,54 @@ TEST_F(CudaBackendTest, FrobeniusNormalizeMatchesCpuIncludingZeroAndTiny) {
   }
 }
 
+// Every src/dst dtype pair, on contiguous slices whose size is a multiple
+// of 8 (the 16-byte path) and on slices that are not (35 elements: the
+// element-wise path), against the CPU backend: within 1e-6 relative for an
+// fp32 dst, one bf16 rounding step (2^-8 relative) for a bf16 dst.
+TEST_F(CudaBackendTest, FrobeniusNormalizeBf16AndFp32BothPaths) {
+  const int64_t batch = 3;
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{24, 40}, {5, 7}}) {
+    const int64_t n = batch * r * c;
+    for (DType sd : {DType::kFloat32, DType::kBFloat16}) {
+      for (DType dd : {DType::kFloat32, DType::kBFloat16}) {
+        std::vector<float> x = Random(n, 17);
+        std::vector<uint16_t> x16(n);
+        for (int64_t i = 0; i < n; ++i) {
+          x16[i] = FloatToBf16Bits(x[i]);
+          if (sd == DType::kBFloat16) x[i] = Bf16BitsToFloat(x16[i]);
+        }
+        MatrixView hx = sd == DType::kFloat32
+                            ? MatrixView{x.data(), sd, batch * r, c, c}
+                            : MatrixView{x16.data(), sd, batch * r, c, c};
+        std::vector<float> want(n), out32(n, -1);
+        std::vector<uint16_t> out16(n, 0);
+        MatrixView dy = dd == DType::kFloat32
+                            ? Up({out32.data(), dd, batch * r, c, c})
+                            : Up({out16.data(), dd, batch * r, c, c});
+        ASSERT_TRUE(gpu_->FrobeniusNormalize(Up(hx), dy, batch, 1e-7f).ok());
+        ASSERT_TRUE(cpu_->FrobeniusNormalize(
+                            {x.data(), DType::kFloat32, batch * r, c, c},
+                            {want.data(), DType::kFloat32, batch * r, c, c},
+                            batch, 1e-7f)
+                        .ok());
+        std::vector<float> got(n);
+        if (dd == DType::kFloat32) {
+          got = Down<float>(dy, n);
+        } else {
+          const auto g16 = Down<uint16_t>(dy, n);
+          for (int64_t i = 0; i < n; ++i) got[i] = Bf16BitsToFloat(g16[i]);
+        }
+        const double tol = dd == DType::kFloat32 ? 1e-6 : 1.0 / 256;
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_NEAR(got[i], want[i], tol * std::fabs(want[i]) + 1e-30)
+              << r << "x" << c << " src " << DTypeName(sd) << " dst "
+              << DTypeName(dd) << " elem " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, AllFinite) {
   std::vector<float> a = {1, 2, 3, 4};
   MatrixView da = Up({a.data(), DType::kFloat32, 2, 2, 2});
