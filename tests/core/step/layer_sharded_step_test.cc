@@ -676,6 +676,8 @@ GroupCase Mixed(int G, int T, std::string homes = "lpt", int64_t batch = 1) {
   return gc;
 }
 
+TEST(LayerShardedStep, Domain1x2) { RunAndCompare({Mixed(1, 2)}); }
+TEST(LayerShardedStep, Domain2x1) { RunAndCompare({Mixed(2, 1)}); }
 TEST(LayerShardedStep, Domain1x4) { RunAndCompare({Mixed(1, 4)}); }
 TEST(LayerShardedStep, Domain4x1) { RunAndCompare({Mixed(4, 1)}); }
 TEST(LayerShardedStep, Domain2x2) { RunAndCompare({Mixed(2, 2)}); }
@@ -697,6 +699,15 @@ TEST(LayerShardedStep, MediumPrecisionExchangesBf16Bitwise) {
   batched.precision = MatmulPrecision::kMedium;
   batched.params.push_back({"qkv_twin", 24, 8, 0, true});
   RunAndCompare({batched}, 1e-3f);
+}
+
+// The same on two ranks (two GPUs with NCCL: bf16 all_to_allv), TP and GTP.
+TEST(LayerShardedStep, MediumPrecisionTwoRanksBitwise) {
+  for (auto [g, t] : {std::pair<int, int>{1, 2}, {2, 1}}) {
+    GroupCase gc = Mixed(g, t);
+    gc.precision = MatmulPrecision::kMedium;
+    RunAndCompare({gc});
+  }
 }
 
 TEST(LayerShardedStep, BatchedNsMatchesReferenceWithinRounding) {
