@@ -53,10 +53,10 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=positive_int, default=300,
                    help="training steps (default 300)")
     p.add_argument("--ranks", type=domain, default=None,
-                   help="domain G x T, e.g. 2x2 (default 2x2 on CPU, 1x<GPUs> on CUDA)")
+                   help="domain G x T, e.g. 2x2 (default 2x2 on CPU; CUDA runs 1x1)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="cpu = host mode (shared memory, Gloo); cuda = one daemon per GPU "
-                        "(CUDA IPC, NCCL); auto = cuda when a GPU is visible")
+                   help="cpu = host mode (shared memory, Gloo); cuda = one daemon on the "
+                        "trainer's GPU (CUDA IPC); auto = cuda when a GPU is visible")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "demo"))
     p.add_argument("--bin", default=os.environ.get("MUOND_BIN", os.path.join(ROOT, "bazel-bin")),
                    help="where server/daemon/muond and server/coordinator/muond-coordinator "
@@ -159,12 +159,19 @@ class Launcher:
             device = "cuda" if gpus > 0 else "cpu"
         if device == "cuda" and gpus == 0:
             raise RuntimeError("--device cuda: no GPU visible (nvidia-smi -L lists none)")
-        G, T = a.ranks or ((2, 2) if device == "cpu" else (1, gpus))
+        # CUDA: one daemon, on the trainer's GPU. The demo trainer is one process
+        # with the whole model on cuda:0, and a daemon reads CUDA IPC memory of its
+        # own GPU only, so a 1x2 domain on two GPUs refuses the trainer's params
+        # (seen on an nvidia-h200-x2). Multi-GPU domains need one trainer per GPU
+        # (tests/server/system_trainer.cc does that).
+        G, T = a.ranks or ((2, 2) if device == "cpu" else (1, 1))
         ranks = f"{G}x{T}"
         world = G * T
-        if device == "cuda" and world > gpus:
-            raise RuntimeError(f"--ranks {ranks} needs {world} GPUs; {gpus} visible "
-                               "(NCCL cannot put two ranks on one GPU)")
+        if device == "cuda" and world > 1:
+            raise RuntimeError(
+                f"--ranks {ranks} with --device cuda: the demo trainer keeps the model on "
+                "one GPU, and each daemon serves its own GPU's memory, so a CUDA demo "
+                "runs 1x1 (use --device cpu for a multi-rank domain)")
         os.makedirs(self.sockdir, mode=0o700, exist_ok=True)
 
         port_file = os.path.join(self.logs, "coordinator.port")
