@@ -209,7 +209,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
 }
 
 absl::Status CoordinatorCore::CheckJobToken(const std::string& job_id,
-                                           const std::string& token) {
+                                            const std::string& token) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second->token.empty()) return absl::OkStatus();
@@ -339,7 +339,7 @@ absl::StatusOr<v1::Plan> CoordinatorCore::ComputePlan(
   }
   v1::Plan plan;
   plan.set_job_id(job.id);
-  plan.set_version(job.plans.empty() ? 1 : job.plans.back().version() + 1);
+  plan.set_version(NextPlanVersion(job));
   plan.set_activate_at_step(activate_at_step);
   plan.set_cost_model(cost_model);
   for (const auto& [name, info] : groups) {
@@ -382,10 +382,30 @@ absl::Status CoordinatorCore::PublishManifest(
   return PublishRegistration(request, "").status();
 }
 
+int64_t CoordinatorCore::NextPlanVersion(const Job& job) {
+  const int64_t next = job.plans.empty() ? 1 : job.plans.back().version() + 1;
+  return std::max(next, job.version_floor + 1);
+}
+
 absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
-    const v1::PublishManifestRequest& request,
+    const v1::PublishManifestRequest& published,
     const std::string& registration) {
-  RETURN_IF_ERROR(ValidateManifestShape(request));
+  RETURN_IF_ERROR(ValidateManifestShape(published));
+  for (const auto& [field, value] :
+       {std::pair<const char*, int64_t>{"known_plan_version",
+                                        published.known_plan_version()},
+        {"last_step_id", published.last_step_id()}}) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest of rank ", published.rank(), ": ", field,
+                       " must be >= 0, got ", value));
+    }
+  }
+  // The daemon's resume fields are not part of its manifest: a reconnect
+  // re-publishes the same manifest with newer values.
+  v1::PublishManifestRequest request = published;
+  request.clear_known_plan_version();
+  request.clear_last_step_id();
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
   auto it = job->daemons.find(request.rank());
@@ -395,9 +415,11 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
                      "'; Join first"));
   }
   Daemon& daemon = it->second;
+  job->version_floor =
+      std::max(job->version_floor, published.known_plan_version());
+  job->resume_step = std::max(job->resume_step, published.last_step_id());
   // Any plan computed from now on is at least this version.
-  const int64_t round_version =
-      job->plans.empty() ? 1 : job->plans.back().version() + 1;
+  const int64_t round_version = NextPlanVersion(*job);
   const std::string bytes = request.SerializeAsString();
   const bool same_manifest =
       daemon.has_manifest && daemon.manifest.SerializeAsString() == bytes;
@@ -431,8 +453,15 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
     return round_version;
   }
   // A plan for a new round serves params that have no plan yet: at once.
+  // Unless this coordinator restarted under daemons that are stepping with
+  // plans of its predecessor: they keep those until every rank can switch
+  // together, as after a rebalance.
+  const int64_t activate =
+      job->plans.empty() && job->resume_step > 0
+          ? job->resume_step + options_.rebalance_activate_margin
+          : 0;
   absl::StatusOr<v1::Plan> plan =
-      ComputePlan(*job, CostTable{}, "ns_cost", /*activate_at_step=*/0);
+      ComputePlan(*job, CostTable{}, "ns_cost", activate);
   if (!plan.ok()) {
     daemon.manifest = previous;
     daemon.has_manifest = false;

@@ -173,7 +173,16 @@ class CoordinatorCore {
     std::string planned_fingerprint;
     // Lowest reported step at the last automatic-rebalance check.
     int64_t last_rebalance_check_step = -1;
+    // From the daemons' publishes (PublishManifestRequest): the newest plan
+    // version any of them holds and the latest step any of them applied.
+    // Non-zero on a fresh coordinator means it restarted under running
+    // daemons.
+    int64_t version_floor = 0;
+    int64_t resume_step = 0;
   };
+  // The version the job's next plan gets: above its latest plan and above
+  // every version a daemon reported holding.
+  static int64_t NextPlanVersion(const Job& job);
 
   absl::StatusOr<Job*> FindJob(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -182,7 +191,7 @@ class CoordinatorCore {
   absl::Status CheckAgainstPeers(const Job& job,
                                  const v1::PublishManifestRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Computes version + 1 of the job's plan from its manifests.
+  // Computes the job's next plan (NextPlanVersion) from its manifests.
   absl::StatusOr<v1::Plan> ComputePlan(const Job& job, const CostTable& costs,
                                        const std::string& cost_model,
                                        int64_t activate_at_step)

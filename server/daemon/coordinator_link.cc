@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -145,7 +146,7 @@ void GrpcCoordinatorLink::WatchLoop() {
       std::string registration;
       {
         absl::MutexLock lock(&mu_);
-        manifest = manifest_;
+        if (manifest_) manifest = WithResumeFields(*manifest_);
         registration = registration_;
       }
       if (manifest) {
@@ -171,7 +172,13 @@ void GrpcCoordinatorLink::WatchLoop() {
     request.set_rank(join_.rank());
     auto reader = stub_->WatchPlans(&context, request);
     v1::Plan plan;
-    while (reader->Read(&plan)) on_plan_(plan);
+    while (reader->Read(&plan)) {
+      {
+        absl::MutexLock lock(&mu_);
+        newest_plan_ = std::max(newest_plan_, plan.version());
+      }
+      on_plan_(plan);
+    }
     grpc::Status st = reader->Finish();
     {
       absl::MutexLock lock(&mu_);
@@ -214,8 +221,20 @@ void GrpcCoordinatorLink::ReportLoop() {
   }
 }
 
+v1::PublishManifestRequest GrpcCoordinatorLink::WithResumeFields(
+    v1::PublishManifestRequest manifest) {
+  manifest.set_known_plan_version(newest_plan_);
+  manifest.set_last_step_id(last_step_);
+  return manifest;
+}
+
 absl::Status GrpcCoordinatorLink::PublishManifest(
-    const v1::PublishManifestRequest& manifest) {
+    const v1::PublishManifestRequest& plain) {
+  v1::PublishManifestRequest manifest;
+  {
+    absl::MutexLock lock(&mu_);
+    manifest = WithResumeFields(plain);
+  }
   grpc::ClientContext context;
   Prepare(&context, absl::Seconds(30));
   v1::PublishManifestResponse response;
@@ -223,7 +242,7 @@ absl::Status GrpcCoordinatorLink::PublishManifest(
       FromGrpc(stub_->PublishManifest(&context, manifest, &response));
   if (st.ok()) {
     absl::MutexLock lock(&mu_);
-    manifest_ = manifest;
+    manifest_ = plain;
   }
   return st;
 }
@@ -243,13 +262,19 @@ absl::StatusOr<int64_t> GrpcCoordinatorLink::PublishRegistration(
                        join_.job_id(), "' at the coordinator yet"));
     }
     registration = absl::StrCat(incarnation_, "-", ++registrations_);
+    last_step_ = 0;  // a new registration: its steps start again
+  }
+  v1::PublishManifestRequest published;
+  {
+    absl::MutexLock lock(&mu_);
+    published = WithResumeFields(manifest);
   }
   grpc::ClientContext context;
   Prepare(&context, absl::Seconds(30));
   context.AddMetadata(kRegistrationMetadata, registration);
   v1::PublishManifestResponse response;
   absl::Status st =
-      FromGrpc(stub_->PublishManifest(&context, manifest, &response));
+      FromGrpc(stub_->PublishManifest(&context, published, &response));
   if (!st.ok()) return st;
   int64_t round_version = 0;
   const auto& trailers = context.GetServerTrailingMetadata();
@@ -268,6 +293,7 @@ absl::StatusOr<int64_t> GrpcCoordinatorLink::PublishRegistration(
 void GrpcCoordinatorLink::ReportTimings(
     const v1::ReportTimingsRequest& report) {
   absl::MutexLock lock(&mu_);
+  last_step_ = std::max(last_step_, report.step_id());
   // Only the latest report is kept while the sender is busy; keep the shape
   // timings of a measured step the newer (unmeasured) report would drop.
   if (report.shapes_size() == 0 && pending_report_.has_value() &&

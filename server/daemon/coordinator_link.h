@@ -4,11 +4,11 @@
 // stream that re-joins and re-subscribes when the coordinator goes away and
 // comes back (the daemon keeps its plans meanwhile), fire-and-forget timing
 // reports, and a KeyValueStore over KvSet/KvGet for communicator rendezvous.
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/synchronization/mutex.h"
 #include "core/comm/kv_store.h"
@@ -51,6 +51,9 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   void Prepare(grpc::ClientContext* context, absl::Duration deadline) const;
   void WatchLoop();
   void ReportLoop();
+  // `manifest` with the resume fields set from newest_plan_ / last_step_.
+  v1::PublishManifestRequest WithResumeFields(
+      v1::PublishManifestRequest manifest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const v1::JoinRequest join_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
@@ -65,6 +68,12 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   // The last manifest, re-published after a coordinator restart.
   std::optional<v1::PublishManifestRequest> manifest_ ABSL_GUARDED_BY(mu_);
   std::string registration_ ABSL_GUARDED_BY(mu_);  // id of manifest_
+  // Sent with every publish (PublishManifestRequest's resume fields): the
+  // newest plan version the watcher delivered and the last step reported
+  // since the registration, so a restarted coordinator numbers its plans
+  // above ours and activates its first one after our current step.
+  int64_t newest_plan_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
   // Registration ids: "<random per process>-<counter>", so a restarted
   // daemon never repeats an id its previous process used.
   const std::string incarnation_;

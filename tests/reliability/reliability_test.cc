@@ -28,13 +28,13 @@ std::vector<int> Steps(int first, int last) {
 }
 
 // Bitwise equality with the index of the first difference.
-void ExpectBitwise(const std::vector<float>& got, const std::vector<float>& want,
-                   const std::string& what) {
+void ExpectBitwise(const std::vector<float>& got,
+                   const std::vector<float>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) {
     if (memcmp(&got[i], &want[i], 4) != 0) {
-      ADD_FAILURE() << what << ": element " << i << " = " << got[i]
-                    << ", want " << want[i];
+      ADD_FAILURE() << what << ": element " << i << " = " << got[i] << ", want "
+                    << want[i];
       return;
     }
   }
@@ -47,7 +47,8 @@ std::string Muonctl(const Cluster& c, const std::string& sub,
                                    "--coordinator=" + c.coordinator(),
                                    "--job=" + c.job()};
   if (!dir.empty()) args.push_back("--dir=" + dir);
-  if (!c.options().token.empty()) args.push_back("--token=" + c.options().token);
+  if (!c.options().token.empty())
+    args.push_back("--token=" + c.options().token);
   *rc = RunTool(args, &out);
   return out;
 }
@@ -286,13 +287,38 @@ TEST(ReliabilityTest, CoordinatorRestartDaemonsKeepSteppingAndRejoin) {
   c.StartCoordinator();  // same port
   ASSERT_TRUE(c.WaitDaemonsLive(true, absl::Seconds(30)))
       << "daemons did not re-join";
+  // The daemons hold plan 1 and applied step 3: the restarted coordinator's
+  // first plan is version 2 (not 1 again, which they would drop as old),
+  // activating rebalance_activate_margin (20) steps after step 3.
   int rc = 0;
   const std::string out = Muonctl(c, "status", "", &rc);
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_TRUE(absl::StrContains(out, "plan version 1")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "plan version 2, activates at step 23"))
+      << out;
   ASSERT_TRUE(t.RunSteps(4, 4).ok());
-  ExpectBitwise(t.Shards(), t.ReferenceShards(Steps(1, 4)),
-                "steps across a coordinator restart");
+  // A rebalance on the restarted coordinator takes effect on every daemon.
+  const v1::Plan moved = Rebalance(c, /*inverted=*/true, 1);
+  ASSERT_EQ(moved.version(), 3);
+  for (int r = 0; r < kWorld; ++r) {
+    for (int i = 0; i < 500; ++i) {
+      auto s = t.client(r).Status();
+      if (s.ok() && s->latest_plan_version() >= 3) break;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  for (int s = 5; s <= 7; ++s) {
+    t.FillGrads(s);
+    auto results = t.StepAll(s);
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(results[r].ok()) << results[r].status();
+      EXPECT_EQ(results[r]->plan_version(),
+                s >= moved.activate_at_step() ? 3 : 1)
+          << "step " << s << " rank " << r << "; v3 activates at "
+          << moved.activate_at_step();
+    }
+  }
+  ExpectBitwise(t.Shards(), t.ReferenceShards(Steps(1, 7)),
+                "steps across a coordinator restart and a rebalance after it");
 }
 
 // The coordinator's SIGTERM ends the daemons' plan streams: it exits 0, and
@@ -472,11 +498,11 @@ TEST(ReliabilityTest, TokensSocketsAndOwnership) {
             2)
       << out;
   // With a token it serves only requests that carry it.
-  pid_t pid = Spawn({Runfile("server/daemon/muond"), "--host",
-                     "--coordinator=" + c.coordinator(), "--job_id=tcpjob",
-                     "--rank=0", "--world_size=1", "--listen=" + tcp,
-                     "--token=s3cret"},
-                    c.dir() + "/tcp.log");
+  pid_t pid =
+      Spawn({Runfile("server/daemon/muond"), "--host",
+             "--coordinator=" + c.coordinator(), "--job_id=tcpjob", "--rank=0",
+             "--world_size=1", "--listen=" + tcp, "--token=s3cret"},
+            c.dir() + "/tcp.log");
   auto tcp_stub = v1::Optimizer::NewStub(
       grpc::CreateChannel(tcp, grpc::InsecureChannelCredentials()));
   {

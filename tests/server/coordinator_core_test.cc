@@ -256,6 +256,46 @@ TEST(CoordinatorCore, EveryRegistrationRoundGetsANewPlanVersion) {
   EXPECT_EQ(plan->activate_at_step(), 0);
 }
 
+// A coordinator restarted under running daemons: they re-publish with the
+// newest plan version they hold (7) and their last step (40, 42). Its plans
+// are numbered above 7 (a version the daemons already hold would be dropped
+// as an old plan), its first plan activates rebalance_activate_margin steps
+// after the latest step (every rank switches at the same step; the daemons
+// keep their plan meanwhile), and a reconnect re-publish with newer resume
+// fields is still the same manifest (no new round).
+TEST(CoordinatorCore, RestartedCoordinatorNumbersAboveTheDaemonsPlans) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 4; ++r) {
+    v1::PublishManifestRequest m = Manifest("j", r, kShapes);
+    m.set_known_plan_version(r == 1 ? 7 : 5);
+    m.set_last_step_id(r == 3 ? 42 : 40);
+    absl::StatusOr<int64_t> round =
+        core.PublishRegistration(m, "old" + std::to_string(r));
+    ASSERT_TRUE(round.ok()) << round.status();
+    EXPECT_EQ(*round, r == 0 ? 6 : 8) << "rank " << r;
+  }
+  absl::StatusOr<v1::Plan> plan = core.GetPlan("j");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->version(), 8);
+  EXPECT_EQ(plan->activate_at_step(), 42 + Options().rebalance_activate_margin);
+  v1::PublishManifestRequest again = Manifest("j", 2, kShapes);
+  again.set_known_plan_version(8);
+  again.set_last_step_id(45);
+  ASSERT_TRUE(core.PublishRegistration(again, "old2").ok());
+  EXPECT_EQ(core.GetPlan("j")->version(), 8) << "a reconnect is no new round";
+  v1::RebalanceRequest req;
+  req.set_job_id("j");
+  absl::StatusOr<v1::Plan> next = core.Rebalance(req);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->version(), 9);
+  v1::PublishManifestRequest bad = Manifest("j", 0, kShapes);
+  bad.set_known_plan_version(-1);
+  absl::Status st = core.PublishRegistration(bad, "old0").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("known_plan_version"));
+}
+
 TEST(CoordinatorCore, RebalanceBumpsVersionWithActivationStep) {
   CoordinatorCore core(Options());
   JoinAll(core, "j", 4);
