@@ -59,6 +59,11 @@ def count_unittest_log(xml_path):
 def main(events_path):
     passed = failed = skipped = 0
     results = {}
+    if not os.path.exists(events_path):
+        # Setup or Bazel failed before any test ran (the log above says why).
+        print(f"no test results: {events_path} was not written")
+        print("0 passed, 1 failed, 0 skipped")
+        return 1
     with open(events_path) as f:
         for line in f:
             event = json.loads(line)
