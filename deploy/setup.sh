@@ -33,8 +33,8 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   echo "setup: creating .venv from requirements.txt"
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip >/dev/null
-  # torch's CUDA wheels are ~2.5 GB: retry and resume interrupted downloads
-  # (a CI run once died on one cut off at 110 of 146 MB).
+  # torch and its CUDA wheels are ~2.5 GB (4.8 GB installed: keep that much
+  # disk free): retry and resume interrupted downloads.
   .venv/bin/pip install -q --retries 10 --resume-retries 20 -r requirements.txt
   .venv/bin/pip install -q --no-deps --ignore-requires-python emerging-optimizers==0.3.0
   echo "$want" > "$stamp"
