@@ -674,7 +674,11 @@ absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job->id, "' has no complete set of manifests to plan from"));
   }
-  int64_t latest_step = 0;
+  // After a coordinator restart no daemon may have reported timings yet; the
+  // steps they published with their manifests count too, or the plan would
+  // activate at a step already past and each rank would switch whenever the
+  // plan reaches it.
+  int64_t latest_step = job->resume_step;
   for (const auto& [rank, d] : job->daemons) {
     latest_step = std::max(latest_step, d.last_step_id);
   }

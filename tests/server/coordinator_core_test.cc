@@ -296,6 +296,27 @@ TEST(CoordinatorCore, RestartedCoordinatorNumbersAboveTheDaemonsPlans) {
   EXPECT_THAT(std::string(st.message()), HasSubstr("known_plan_version"));
 }
 
+// muonctl rebalance right after a coordinator restart, before any daemon
+// has reported timings: the activation step counts from the steps the
+// daemons published with their manifests (40, 42), not from 0 (a plan for a
+// step already past takes effect whenever each rank receives it).
+TEST(CoordinatorCore, RebalanceAfterRestartActivatesAfterThePublishedSteps) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 4; ++r) {
+    v1::PublishManifestRequest m = Manifest("j", r, kShapes);
+    m.set_known_plan_version(5);
+    m.set_last_step_id(r == 3 ? 42 : 40);
+    ASSERT_TRUE(core.PublishRegistration(m, "old" + std::to_string(r)).ok());
+  }
+  v1::RebalanceRequest req;
+  req.set_job_id("j");
+  req.set_activate_after_steps(3);
+  absl::StatusOr<v1::Plan> next = core.Rebalance(req);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->activate_at_step(), 42 + 3);
+}
+
 TEST(CoordinatorCore, RebalanceBumpsVersionWithActivationStep) {
   CoordinatorCore core(Options());
   JoinAll(core, "j", 4);
