@@ -194,4 +194,18 @@ EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
   };
 }
 
+absl::Status ValidateGroupForDevice(const v1::ParamGroup& group, int device) {
+  if (group.algorithm() == v1::ADAMW) {
+    return AdamWOptionsFromProto(group).status();
+  }
+  ASSIGN_OR_RETURN(MuonOptions muon, MuonOptionsFromProto(group));
+  if (device >= 0) return absl::OkStatus();  // CUDA has every precision
+  static Backend* const cpu = MakeCpuBackend().release();
+  const absl::Status st = ValidateNsOptions(muon.ns, *cpu);
+  if (st.ok()) return st;
+  return absl::InvalidArgumentError(
+      absl::StrCat("group '", group.name(), "': ", st.message(),
+                   "; this daemon runs in host mode (--host, no GPU)"));
+}
+
 }  // namespace muond

@@ -28,6 +28,14 @@ struct EngineOptions {
 absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group);
 absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(const v1::ParamGroup& group);
 
+// RegisterParams's check of a group for a daemon on CUDA device `device` (-1:
+// host mode): its hyperparameters (MuonOptionsFromProto /
+// AdamWOptionsFromProto) and, for Muon, the NS precision against the backend
+// the daemon steps on (host mode has highest and medium; TF32 "high" is CUDA
+// only). InvalidArgument naming the group, at registration, instead of a
+// step engine that later fails to build and a trainer left waiting.
+absl::Status ValidateGroupForDevice(const v1::ParamGroup& group, int device);
+
 // `store` (not owned) must outlive the factory.
 EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store);
 

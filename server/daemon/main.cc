@@ -169,10 +169,8 @@ int main(int argc, char** argv) {
   config.world_size = world;
   config.device = join.device();
   config.log_every = absl::GetFlag(FLAGS_log_every);
-  config.validate_group = [](const muond::v1::ParamGroup& group) {
-    return group.algorithm() == muond::v1::ADAMW
-               ? muond::AdamWOptionsFromProto(group).status()
-               : muond::MuonOptionsFromProto(group).status();
+  config.validate_group = [device](const muond::v1::ParamGroup& group) {
+    return muond::ValidateGroupForDevice(group, device);
   };
   muond::EngineOptions engine_options;
   engine_options.job_id = job;

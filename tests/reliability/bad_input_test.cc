@@ -81,13 +81,11 @@ std::vector<RegisterCase> RegisterCorpus() {
         add(at + absl::StrCat("offset ", off),
             [=](auto* r) { ref(r)->set_byte_offset(off); });
       }
-      add(at + "unaligned offset", [=](auto* r) {
-        ref(r)->set_byte_offset(ref(r)->byte_offset() + 1);
-      });
+      add(at + "unaligned offset",
+          [=](auto* r) { ref(r)->set_byte_offset(ref(r)->byte_offset() + 1); });
       add(at + "no shm name", [=](auto* r) { ref(r)->clear_shm_name(); });
-      add(at + "missing shm", [=](auto* r) {
-        ref(r)->set_shm_name("/muond-no-such-object");
-      });
+      add(at + "missing shm",
+          [=](auto* r) { ref(r)->set_shm_name("/muond-no-such-object"); });
       add(at + "shm path traversal",
           [=](auto* r) { ref(r)->set_shm_name("/../../etc/passwd"); });
       add(at + "long shm name",
@@ -121,7 +119,8 @@ std::vector<RegisterCase> RegisterCorpus() {
   add("partition_dim -1", [=](auto* r) { tags(r, 0)->set_partition_dim(-1); });
   add("pad_length -1", [=](auto* r) { tags(r, 2)->set_pad_length(-1); });
   add("pad_length huge", [=](auto* r) { tags(r, 2)->set_pad_length(kMax); });
-  add("pad_length on unpadded", [=](auto* r) { tags(r, 0)->set_pad_length(4); });
+  add("pad_length on unpadded",
+      [=](auto* r) { tags(r, 0)->set_pad_length(4); });
   add("TP tag off on a TP param",
       [=](auto* r) { tags(r, 0)->set_tensor_model_parallel(false); });
   add("TP without GTP in a GTP domain",
@@ -132,12 +131,10 @@ std::vector<RegisterCase> RegisterCorpus() {
     r->mutable_groups(0)->mutable_params(1)->set_name(
         r->groups(0).params(0).name());
   });
-  add("param without refs", [](auto* r) {
-    r->mutable_groups(0)->mutable_params(1)->clear_param();
-  });
-  add("param without grad", [](auto* r) {
-    r->mutable_groups(0)->mutable_params(1)->clear_grad();
-  });
+  add("param without refs",
+      [](auto* r) { r->mutable_groups(0)->mutable_params(1)->clear_param(); });
+  add("param without grad",
+      [](auto* r) { r->mutable_groups(0)->mutable_params(1)->clear_grad(); });
   add("grad shape differs from param", [](auto* r) {
     SetRepeated(Ref(r, 1, true)->mutable_shape(), {4, 4});
   });
@@ -187,12 +184,16 @@ std::vector<RegisterCase> RegisterCorpus() {
     muon(r)->add_custom_coefficients(1.0);
   });
   add("num_ns_steps -1", [=](auto* r) { muon(r)->set_num_ns_steps(-1); });
-  add("num_ns_steps huge", [=](auto* r) { muon(r)->set_num_ns_steps(1 << 30); });
+  add("num_ns_steps huge",
+      [=](auto* r) { muon(r)->set_num_ns_steps(1 << 30); });
   add("eps negative", [=](auto* r) { muon(r)->set_eps(-1); });
   add("scale_mode bogus", [=](auto* r) { muon(r)->set_scale_mode("bogus"); });
   add("ns_batch_size -1", [=](auto* r) { muon(r)->set_ns_batch_size(-1); });
   add("fp32_matmul_prec bogus",
       [=](auto* r) { muon(r)->set_fp32_matmul_prec("bogus"); });
+  // TF32 is CUDA only; these daemons run in host mode.
+  add("fp32_matmul_prec high on a host daemon",
+      [=](auto* r) { muon(r)->set_fp32_matmul_prec("high"); });
   add("extra_scale_factor NaN", [=](auto* r) {
     muon(r)->set_extra_scale_factor(std::numeric_limits<double>::quiet_NaN());
   });
@@ -281,7 +282,9 @@ TEST_F(BadInputTest, CorpusIsRefusedAndTheJobStillStepsExactly) {
   }
   auto step = [&](v1::StepRequest req) {
     return Call<v1::StepRequest, v1::StepResponse>(
-        [&](auto* ctx, auto& r, auto* resp) { return daemon_->Step(ctx, r, resp); },
+        [&](auto* ctx, auto& r, auto* resp) {
+          return daemon_->Step(ctx, r, resp);
+        },
         req);
   };
   v1::StepRequest step1;
@@ -400,8 +403,10 @@ TEST_F(BadInputTest, CorpusIsRefusedAndTheJobStillStepsExactly) {
           {"world -3", [](auto* r) { r->set_world_size(-3); }},
           {"rank = world", [](auto* r) { r->set_rank(kWorld); }},
           {"rank -1", [](auto* r) { r->set_rank(-1); }},
-          {"world differs from the job's", [](auto* r) { r->set_world_size(8); }},
-          {"token on a tokenless job", [](auto* r) {
+          {"world differs from the job's",
+           [](auto* r) { r->set_world_size(8); }},
+          {"token on a tokenless job",
+           [](auto* r) {
              r->set_rank(1);
              r->set_token("t");
            }},
@@ -482,8 +487,8 @@ TEST_F(BadInputTest, CorpusIsRefusedAndTheJobStillStepsExactly) {
   }
   ASSERT_TRUE(publish(manifest_of(0)).ok());
   const v1::PublishManifestRequest manifest = manifest_of(1);
-  std::vector<std::pair<std::string,
-                        std::function<void(v1::PublishManifestRequest*)>>>
+  std::vector<
+      std::pair<std::string, std::function<void(v1::PublishManifestRequest*)>>>
       manifests = {
           {"unknown job", [](auto* r) { r->set_job_id("no-such-job"); }},
           {"rank not joined", [](auto* r) { r->set_rank(kWorld + 3); }},
@@ -496,7 +501,9 @@ TEST_F(BadInputTest, CorpusIsRefusedAndTheJobStillStepsExactly) {
              r->mutable_groups(0)->mutable_params(1)->set_full_shape(0, 18);
            }},
           {"param missing",
-           [](auto* r) { r->mutable_groups(0)->mutable_params()->RemoveLast(); }},
+           [](auto* r) {
+             r->mutable_groups(0)->mutable_params()->RemoveLast();
+           }},
           {"duplicate params",
            [](auto* r) {
              *r->mutable_groups(0)->add_params() = r->groups(0).params(0);
@@ -529,11 +536,13 @@ TEST_F(BadInputTest, CorpusIsRefusedAndTheJobStillStepsExactly) {
         },
         req);
   };
-  std::vector<std::pair<std::string, std::function<void(v1::RebalanceRequest*)>>>
+  std::vector<
+      std::pair<std::string, std::function<void(v1::RebalanceRequest*)>>>
       rebalances = {
           {"unknown job", [](auto* r) { r->set_job_id("no-such-job"); }},
           {"unknown cost model", [](auto* r) { r->set_cost_model("magic"); }},
-          {"negative activation", [](auto* r) { r->set_activate_after_steps(-1); }},
+          {"negative activation",
+           [](auto* r) { r->set_activate_after_steps(-1); }},
           {"3-D cost shape",
            [](auto* r) {
              auto* t = r->add_cost_table();
@@ -599,12 +608,12 @@ TEST_F(BadInputTest, CorpusIsRefusedAndTheJobStillStepsExactly) {
   {
     v1::GetPlanRequest req;
     req.set_job_id("no-such-job");
-    Expect("GetPlan: unknown job",
-           Call<v1::GetPlanRequest, v1::Plan>(
-               [&](auto* ctx, auto& r, auto* resp) {
-                 return coordinator_->GetPlan(ctx, r, resp);
-               },
-               req));
+    Expect("GetPlan: unknown job", Call<v1::GetPlanRequest, v1::Plan>(
+                                       [&](auto* ctx, auto& r, auto* resp) {
+                                         return coordinator_->GetPlan(ctx, r,
+                                                                      resp);
+                                       },
+                                       req));
     v1::ListDaemonsRequest list;
     list.set_job_id("no-such-job");
     Expect("ListDaemons: unknown job",
