@@ -18,12 +18,14 @@
 #include "client/cpp/shm_region.h"
 #include "muond/v1/muond.grpc.pb.h"
 #include "tests/common/shard_geometry.h"
+#include "tests/common/spawn.h"
 
 namespace muond::reliability {
 
-std::string Runfile(const std::string& path);
-// Starts `args` (stdout+stderr to `log` when given); -1 on failure.
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "");
+// Runfile(path) and Spawn(args, log) (stdout+stderr appended to `log` when
+// given; -1 on failure): tests/common/spawn.h.
+using ::muond::testing::Runfile;
+using ::muond::testing::Spawn;
 // Exit code, 128 + signal, or -1 after `timeout` (then SIGKILLed).
 int WaitExit(pid_t pid, absl::Duration timeout);
 bool WaitForFile(const std::string& path, absl::Duration timeout);

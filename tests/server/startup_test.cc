@@ -17,39 +17,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-
-extern char** environ;
+#include "tests/common/spawn.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string Runfile(const std::string& path) {
-  const char* dir = getenv("TEST_SRCDIR");
-  return absl::StrCat(dir ? dir : ".", "/muond/", path);
-}
+using ::muond::testing::Runfile;
 
 std::string TmpFile(const std::string& name) {
   const char* dir = getenv("TEST_TMPDIR");
   return absl::StrCat(dir ? dir : "/tmp", "/", name);
 }
 
-// Starts `args` with stdout+stderr into `log`.
+// Starts `args` with stdout+stderr into `log` (truncated first).
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<char*> argv;
-  for (const std::string& a : args)
-    argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ),
-            0);
-  posix_spawn_file_actions_destroy(&actions);
+  const pid_t pid = ::muond::testing::Spawn(args, log, /*truncate=*/true);
+  EXPECT_NE(pid, -1) << "could not start " << args[0];
   return pid;
 }
 
