@@ -200,18 +200,26 @@ __global__ void NormPartialsKernel(DView src, int64_t rows_per_slice,
   if (threadIdx.x == 0) partials[slice * gridDim.x + blockIdx.x] = total;
 }
 
-// grid (blocks, batch): every block reduces its slice's nb partials in the
-// same order, then divides its rows of the slice.
-__global__ void NormScaleKernel(DView src, DView dst, int64_t rows_per_slice,
-                                const double* partials, int nb, float eps) {
+// max(||slice||_F, eps): the slice's nb partial sums of squares reduced in
+// the same fixed order by every block (so every block divides by the same
+// value), the norm rounded to fp32.
+__device__ float SliceDenominator(const double* partials, int64_t slice, int nb,
+                                  float eps) {
   __shared__ double shared[kThreads];
-  const int64_t slice = blockIdx.y;
   double part = 0.0;
   for (int t = threadIdx.x; t < nb; t += kThreads)
     part += partials[slice * nb + t];
   const double total = BlockSum(part, shared);
   const float norm = static_cast<float>(sqrt(total));
-  const float denom = norm > eps ? norm : eps;
+  return norm > eps ? norm : eps;
+}
+
+// grid (blocks, batch): every block reduces its slice's nb partials in the
+// same order, then divides its rows of the slice.
+__global__ void NormScaleKernel(DView src, DView dst, int64_t rows_per_slice,
+                                const double* partials, int nb, float eps) {
+  const int64_t slice = blockIdx.y;
+  const float denom = SliceDenominator(partials, slice, nb, eps);
   for (int64_t r = blockIdx.x; r < rows_per_slice; r += gridDim.x) {
     const int64_t i = slice * rows_per_slice + r;
     for (int64_t j = threadIdx.x; j < src.cols; j += kThreads)
@@ -288,14 +296,8 @@ __global__ void NormPartialsVecKernel(const char* src, int64_t groups,
 template <int kSrcElem, int kDstElem>
 __global__ void NormScaleVecKernel(const char* src, char* dst, int64_t groups,
                                    const double* partials, int nb, float eps) {
-  __shared__ double shared[kThreads];
   const int64_t slice = blockIdx.y;
-  double part = 0.0;
-  for (int t = threadIdx.x; t < nb; t += kThreads)
-    part += partials[slice * nb + t];
-  const double total = BlockSum(part, shared);
-  const float norm = static_cast<float>(sqrt(total));
-  const float denom = norm > eps ? norm : eps;
+  const float denom = SliceDenominator(partials, slice, nb, eps);
   const char* s = src + slice * groups * 8 * kSrcElem;
   char* d = dst + slice * groups * 8 * kDstElem;
   const int64_t step = int64_t(gridDim.x) * kThreads;
