@@ -9,15 +9,11 @@ set -uo pipefail
 R=$1; shift
 for spec in "$@"; do
   set -- $spec; manifest=$1; layers=$2; shift 2
-  shapes=$(python3 - "$R/bench/manifests/$manifest.json" "$layers" <<'PY'
-import json, re, sys
-params = json.load(open(sys.argv[1]))["params"]
-layers = int(sys.argv[2])
-keep = [p["shape"] for p in params if len(p["shape"]) == 2 and
-        (m := re.match(r"layers\.(\d+)\.", p["name"])) and int(m.group(1)) < layers]
-print(",".join(f"{r}x{c}" for r, c in keep))
-PY
-)
+  # The shape set exactly as bench/gpu_step_bench.py takes it (shape_set).
+  shapes=$(cd "$R/bench" && python3 -c "import sys
+from gpu_step_bench import shape_set
+print(','.join(f'{r}x{c}' for r, c in shape_set(sys.argv[1], int(sys.argv[2]))))" \
+    "$R/bench/manifests/$manifest.json" "$layers")
   for round in 1 2; do
     for b in "$@"; do
       ms=$(timeout 120 bin/step_bench --shapes="$shapes" --precision=medium --reps=10 \

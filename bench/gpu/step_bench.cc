@@ -199,6 +199,9 @@ int Main(int argc, char** argv) {
       }
     }
   }
+  // --engine: the step engine keeps its own NS workspaces and buffers; the
+  // chain's would only take device memory.
+  if (engine_mode) chunks.clear();
   for (const auto& ch : chunks) {
     const Matrix& m = mats[ch.front()];
     const int64_t batch = int64_t(ch.size());
@@ -214,7 +217,8 @@ int Main(int argc, char** argv) {
   }
   // The NS input/output in NS's work dtype, as the step engine keeps it.
   const DType ns_dtype = NsWorkDType(o.ns.precision);
-  auto scratch = b.Allocate(max_numel * int64_t(DTypeSize(ns_dtype)));
+  auto scratch = b.Allocate(std::max<int64_t>(max_numel, 1) *
+                            int64_t(DTypeSize(ns_dtype)));
   if (!scratch.ok()) return Fail(scratch.status());
 
   auto step = [&]() -> absl::Status {
