@@ -10,11 +10,11 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <atomic>
-#include <csignal>
-#include <mutex>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -273,7 +273,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
   const std::string where =
       absl::StrCat(kBackend, " group '", prefix, "' rank ", rank, "/", size,
                    ": rendezvous: ");
-  PrefixStore group_store(store, absl::StrCat(prefix, "/gloo"));
+  CancellableStore cancellable(store, options.cancelled);
+  PrefixStore group_store(&cancellable, absl::StrCat(prefix, "/gloo"));
   GlooStoreAdapter adapter(&group_store, options.timeout);
   std::shared_ptr<gloo::rendezvous::Context> context;
   absl::Status status = CallGloo(where, [&] {

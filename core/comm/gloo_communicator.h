@@ -1,6 +1,7 @@
 #pragma once
 // Host-memory communicator over Gloo's TCP transport (CPU mode). Gloo stays
 // inside gloo_communicator.cc; its exceptions never cross this interface.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,10 @@ struct GlooOptions {
   std::string hostname;
   // Network interface to listen on instead of `hostname` (e.g. "eth0").
   std::string iface;
+  // Polled while waiting for peers' addresses in the store; once it returns
+  // true the rendezvous stops with Cancelled instead of waiting out the
+  // timeout. Unset: never cancelled.
+  std::function<bool()> cancelled;
 };
 
 // Joins the group of `size` ranks that rendezvous under `prefix` in `store`

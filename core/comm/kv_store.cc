@@ -176,4 +176,38 @@ absl::StatusOr<std::string> PrefixStore::Get(const std::string& key,
   return base_->Get(FullKey(key), timeout);
 }
 
+CancellableStore::CancellableStore(KeyValueStore* base,
+                                   std::function<bool()> cancelled,
+                                   absl::Duration slice)
+    : base_(base), cancelled_(std::move(cancelled)), slice_(slice) {}
+
+absl::Status CancellableStore::Set(const std::string& key,
+                                   const std::string& value) {
+  return base_->Set(key, value);
+}
+
+absl::StatusOr<std::string> CancellableStore::Get(const std::string& key,
+                                                  absl::Duration timeout) {
+  if (!cancelled_) return base_->Get(key, timeout);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (cancelled_()) {
+      return absl::CancelledError(absl::StrCat(
+          "stopped waiting for key '", key, "': the rendezvous was cancelled"));
+    }
+    const absl::Duration left = deadline - absl::Now();
+    const bool last = left <= slice_;
+    absl::StatusOr<std::string> value =
+        base_->Get(key, last ? std::max(left, absl::ZeroDuration()) : slice_);
+    // Only the last slice's DeadlineExceeded is the caller's timeout, and it
+    // names the whole timeout.
+    if (value.ok() || !absl::IsDeadlineExceeded(value.status())) return value;
+    if (last) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "key '", key, "' was not set within ", absl::FormatDuration(timeout),
+          " (last wait: ", value.status().message(), ")"));
+    }
+  }
+}
+
 }  // namespace muond

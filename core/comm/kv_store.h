@@ -3,6 +3,7 @@
 // through it and NCCL its unique id. Implementations: a directory of files
 // (processes on one host or a shared file system), an in-process map (tests),
 // and later the coordinator's store over gRPC. Values are opaque bytes.
+#include <functional>
 #include <map>
 #include <string>
 
@@ -82,6 +83,27 @@ class PrefixStore : public KeyValueStore {
 
   KeyValueStore* base_;
   std::string prefix_;
+};
+
+// Passes everything to `base` (not owned) but gives up waiting once
+// `cancelled()` turns true: Get waits on `base` in slices of at most `slice`
+// and checks between them, so a rendezvous whose result nobody wants any more
+// (a daemon whose trainer unregistered while it waited for peers) returns
+// Cancelled, naming the key, within one slice instead of at the timeout.
+// `cancelled` is called from the waiting thread and must be thread-safe.
+class CancellableStore : public KeyValueStore {
+ public:
+  CancellableStore(KeyValueStore* base, std::function<bool()> cancelled,
+                   absl::Duration slice = absl::Milliseconds(200));
+
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key,
+                                  absl::Duration timeout) override;
+
+ private:
+  KeyValueStore* base_;
+  std::function<bool()> cancelled_;
+  absl::Duration slice_;
 };
 
 }  // namespace muond

@@ -409,7 +409,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
     return absl::InvalidArgumentError("store is null; size > 1 needs one");
   }
 
-  ASSIGN_OR_RETURN(ncclUniqueId id, ExchangeUniqueId(store, prefix, rank,
+  CancellableStore cancellable(store, options.cancelled);
+  ASSIGN_OR_RETURN(ncclUniqueId id, ExchangeUniqueId(&cancellable, prefix, rank,
                                                      options.timeout, where));
   float* scratch = nullptr;
   cudaError_t err = cudaMalloc(&scratch, sizeof(float));
@@ -435,6 +436,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
       if (state == ncclSuccess) break;
       if (state != ncclInProgress) {
         st = NcclError(where, "ncclCommInitRankConfig", state, comm);
+        break;
+      }
+      if (options.cancelled && options.cancelled()) {
+        st = absl::CancelledError(
+            absl::StrCat(where, "stopped waiting for the ", size,
+                         " ranks: the communicator creation was cancelled"));
         break;
       }
       if (absl::Now() >= deadline) {

@@ -2,6 +2,7 @@
 // Device-memory communicator over NCCL. This header carries no CUDA types
 // (streams are void*), so callers compile without the CUDA headers; CUDA and
 // NCCL stay inside nccl_communicator.cc.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,10 @@ struct NcclOptions {
   // CUDA device the communicator lives on; -1: the current device at creation.
   // It is made current around every call.
   int device = -1;
+  // Polled while waiting for peers (unique id, communicator init); once it
+  // returns true the creation stops with Cancelled instead of waiting out
+  // the timeout. Unset: never cancelled.
+  std::function<bool()> cancelled;
 };
 
 // True when a CUDA device is visible and the NCCL library answers.

@@ -8,10 +8,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/util/json_util.h"
-#include "nlohmann/json.hpp"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 #include "server/common/proto_convert.h"
 #include "server/common/safetensors.h"
 
@@ -131,9 +131,25 @@ void DaemonCore::BuilderLoop() {
       building_ = true;
     }
     LOG(INFO) << "creating the step engine for plan version " << plan.version();
-    absl::StatusOr<std::unique_ptr<StepEngine>> engine = factory_(*reg, plan);
+    // The engine is dropped anyway once the registration changes, so peers
+    // are not worth waiting for after that.
+    const auto abandoned = [this, generation] {
+      absl::MutexLock lock(&mu_);
+      return shutdown_ || generation != registration_generation_;
+    };
+    absl::StatusOr<std::unique_ptr<StepEngine>> engine =
+        factory_(*reg, plan, abandoned);
     absl::MutexLock lock(&mu_);
     building_ = false;
+    if (shutdown_) return;
+    if (generation != registration_generation_) {
+      LOG(INFO) << "dropped the step engine for plan version " << plan.version()
+                << ": the params it was for are unregistered"
+                << (engine.ok()
+                        ? ""
+                        : absl::StrCat(" (", engine.status().ToString(), ")"));
+      continue;
+    }
     if (!engine.ok()) {
       engine_error_ = engine.status().ToString();
       failed_version = plan.version();
@@ -141,7 +157,6 @@ void DaemonCore::BuilderLoop() {
       LOG(ERROR) << "cannot create the step engine: " << engine.status();
       continue;
     }
-    if (generation != registration_generation_) continue;  // unregistered
     engine_ = *std::move(engine);
     engine_error_.clear();
     active_plan_version_ = 0;
@@ -471,8 +486,10 @@ std::string DomainsJson(const Registration& reg) {
   nlohmann::json out = nlohmann::json::object();
   for (const BoundGroup& g : reg.groups) {
     const v1::Domain& d = g.proto.domain();
-    out[g.proto.name()] = {{"name", d.name()},       {"gtp_size", d.gtp_size()},
-                           {"tp_size", d.tp_size()}, {"g", d.g()},
+    out[g.proto.name()] = {{"name", d.name()},
+                           {"gtp_size", d.gtp_size()},
+                           {"tp_size", d.tp_size()},
+                           {"g", d.g()},
                            {"t", d.t()}};
   }
   return out.dump();

@@ -84,9 +84,13 @@ struct StepEngine {
 
 // Creates the engine for `registration` under plan `plan` (communicators
 // rendezvous under a prefix naming the plan version, so every rank of a
-// domain meets its peers). Blocks until peers arrive or a timeout.
+// domain meets its peers). Blocks until peers arrive or a timeout, or until
+// `abandoned()` turns true (the registration it is for is gone, or the daemon
+// shuts down): then it should stop waiting and return Cancelled, so a trainer
+// that re-registers is not kept waiting for a rendezvous peers have left.
 using EngineFactory = std::function<absl::StatusOr<std::unique_ptr<StepEngine>>(
-    const Registration& registration, const v1::Plan& plan)>;
+    const Registration& registration, const v1::Plan& plan,
+    const std::function<bool()>& abandoned)>;
 
 struct DaemonConfig {
   std::string job_id;

@@ -92,7 +92,8 @@ absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(
 }
 
 EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
-  return [options, store](const Registration& reg, const v1::Plan& plan)
+  return [options, store](const Registration& reg, const v1::Plan& plan,
+                          const std::function<bool()>& abandoned)
              -> absl::StatusOr<std::unique_ptr<StepEngine>> {
     auto engine = std::make_unique<StepEngine>();
     std::shared_ptr<Backend> backend;
@@ -136,10 +137,12 @@ EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
             GlooOptions gloo;
             gloo.hostname = options.gloo_hostname;
             gloo.timeout = options.comm_timeout;
+            gloo.cancelled = abandoned;
             return CreateGlooCommunicator(store, p, rank, size, gloo);
           }
           NcclOptions nccl;
           nccl.device = options.device;
+          nccl.cancelled = abandoned;
           return CreateNcclCommunicator(store, p, rank, size,
                                         dom_backend->stream(), nccl);
         };

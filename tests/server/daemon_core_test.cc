@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+
 #include "client/cpp/client.h"
 #include "client/cpp/shm_region.h"
 #include "server/common/safetensors.h"
@@ -83,8 +85,10 @@ class DaemonCoreTest : public ::testing::Test {
     config.world_size = 4;
     core_ = std::make_unique<DaemonCore>(
         config, std::make_unique<HandleOpener>(), &link_,
-        [this](const Registration& reg,
-               const v1::Plan&) -> absl::StatusOr<std::unique_ptr<StepEngine>> {
+        [this](const Registration& reg, const v1::Plan&,
+               const std::function<bool()>& abandoned)
+            -> absl::StatusOr<std::unique_ptr<StepEngine>> {
+          if (hold_builds_) return HoldUntilAbandoned(abandoned);
           std::vector<float*> firsts;
           for (const BoundGroup& g : reg.groups) {
             for (const BoundParam& p : g.params) {
@@ -168,6 +172,24 @@ class DaemonCoreTest : public ::testing::Test {
     ASSERT_TRUE(core_->Health().has_plan());
   }
 
+  // A build whose peers never come: waits (up to 120 s, far past the test's
+  // pace) until the daemon abandons it, as a Gloo/NCCL rendezvous does.
+  absl::Status HoldUntilAbandoned(const std::function<bool()>& abandoned) {
+    builds_held_.fetch_add(1);
+    const absl::Time give_up = absl::Now() + absl::Seconds(120);
+    while (!abandoned()) {
+      if (absl::Now() > give_up) {
+        return absl::DeadlineExceededError("the build was never abandoned");
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    builds_abandoned_.fetch_add(1);
+    return absl::CancelledError("abandoned");
+  }
+
+  std::atomic<bool> hold_builds_{false};
+  std::atomic<int> builds_held_{0};
+  std::atomic<int> builds_abandoned_{0};
   std::string name_;
   std::unique_ptr<ShmRegion> region_;
   FakeLink link_;
@@ -390,6 +412,49 @@ TEST_F(DaemonCoreTest, ReRegistrationUsesOnlyItsRoundsPlans) {
   EXPECT_EQ(s1->plan_version(), 2);
   ASSERT_FALSE(fake_->homes_set.empty());
   EXPECT_EQ(fake_->homes_set.back().second[0].g, 1);
+}
+
+// A trainer that unregisters while the daemon waits for its domain's peers
+// (client_recovery_test's failed constructor: one rank got the plan only after
+// the unregister and never joined) must not leave the next registration
+// waiting out the communicator timeout.
+TEST_F(DaemonCoreTest, UnregisterAbandonsAnEngineStillWaitingForPeers) {
+  hold_builds_ = true;
+  link_.round_version = 1;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  for (int i = 0; i < 2000 && builds_held_.load() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(builds_held_.load(), 1);
+  v1::UnregisterParamsRequest un;
+  un.set_job_id("job");
+  un.set_client_id("trainer0");
+  ASSERT_TRUE(core_->Unregister(un).ok());
+
+  hold_builds_ = false;
+  link_.round_version = 2;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(2, 0, 1));
+  WaitForEngine();
+  EXPECT_EQ(builds_abandoned_.load(), 1);
+  EXPECT_EQ(core_->engine_error(), "") << "an abandoned build is no error";
+  absl::StatusOr<v1::StepResponse> s1 = core_->Step(StepReq(1));
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  EXPECT_EQ(s1->plan_version(), 2);
+}
+
+// Shutting down does not wait out a rendezvous either.
+TEST_F(DaemonCoreTest, ShutdownAbandonsAnEngineStillWaitingForPeers) {
+  hold_builds_ = true;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  for (int i = 0; i < 2000 && builds_held_.load() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(builds_held_.load(), 1);
+  core_.reset();
+  EXPECT_EQ(builds_abandoned_.load(), 1);
 }
 
 TEST_F(DaemonCoreTest, SaveAndLoadStateRoundTrip) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -196,6 +197,28 @@ TEST(GlooCommunicator, AbsentPeerTimesOutAtRendezvous) {
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded)
       << comm.status();
   EXPECT_TRUE(absl::StrContains(comm.status().message(), "job/absent/gloo/1"))
+      << comm.status();
+}
+
+// A rendezvous whose result is no longer wanted (GlooOptions.cancelled) stops
+// with Cancelled naming the missing key, long before its timeout.
+TEST(GlooCommunicator, CancelledRendezvousStopsWaiting) {
+  InMemoryKeyValueStore store;
+  std::atomic<bool> cancel{false};
+  GlooOptions options = TestOptions();
+  options.timeout = absl::Hours(1);  // only the cancellation can end it
+  options.cancelled = [&] { return cancel.load(); };
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    cancel = true;
+  });
+  auto comm = CreateGlooCommunicator(&store, "job/cancelled", 0, 2, options);
+  canceller.join();
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kCancelled)
+      << comm.status();
+  EXPECT_TRUE(
+      absl::StrContains(comm.status().message(), "job/cancelled/gloo/1"))
       << comm.status();
 }
 

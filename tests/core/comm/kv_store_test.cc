@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -134,6 +135,45 @@ TEST(FileKeyValueStore, AcrossProcesses) {
     return *value == big ? 0 : 3;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST(CancellableStore, PassesValuesThroughAndTimesOutLikeItsBase) {
+  InMemoryKeyValueStore base;
+  std::atomic<bool> cancel{false};
+  CancellableStore store(
+      &base, [&] { return cancel.load(); }, absl::Milliseconds(5));
+  ASSERT_TRUE(store.Set("a", "1").ok());
+  EXPECT_EQ(*base.Get("a", absl::ZeroDuration()), "1");
+  // Set by another thread after several slices have passed.
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(40));
+    ASSERT_TRUE(base.Set("b", "2").ok());
+  });
+  absl::StatusOr<std::string> b = store.Get("b", absl::Seconds(30));
+  late.join();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*b, "2");
+  absl::StatusOr<std::string> c = store.Get("c", absl::Milliseconds(30));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(c.status().message().find("key 'c' was not set within 30ms"),
+            std::string::npos)
+      << c.status();
+}
+
+TEST(CancellableStore, StopsWaitingOnceCancelled) {
+  InMemoryKeyValueStore base;
+  std::atomic<bool> cancel{false};
+  CancellableStore store(
+      &base, [&] { return cancel.load(); }, absl::Milliseconds(5));
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    cancel = true;
+  });
+  // Far longer than the test may take: only the cancellation ends it.
+  absl::StatusOr<std::string> got = store.Get("never", absl::Hours(1));
+  canceller.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << got.status();
+  EXPECT_NE(got.status().message().find("key 'never'"), std::string::npos);
 }
 
 }  // namespace
