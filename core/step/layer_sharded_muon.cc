@@ -954,20 +954,26 @@ absl::Status LayerShardedMuonImpl::StepLane(const Lane& lane,
   return absl::OkStatus();
 }
 
+// A contiguous state buffer as fp32 on the host; bf16 state widens exactly.
+absl::StatusOr<std::vector<float>> StateToHost(Backend* backend,
+                                               const MatrixView& v) {
+  std::vector<float> host(v.numel());
+  if (v.dtype == DType::kFloat32) {
+    RETURN_IF_ERROR(backend->CopyToHost(host.data(), v.data, v.numel() * 4));
+    return host;
+  }
+  std::vector<uint16_t> bits(v.numel());
+  RETURN_IF_ERROR(backend->CopyToHost(bits.data(), v.data, v.numel() * 2));
+  for (size_t i = 0; i < bits.size(); ++i) host[i] = Bf16BitsToFloat(bits[i]);
+  return host;
+}
+
 absl::StatusOr<std::map<std::string, std::vector<float>>>
 LayerShardedMuonImpl::ExportState() const {
   std::map<std::string, std::vector<float>> out;
   auto dump = [&](Backend* backend, const std::string& key,
                   const MatrixView& v) -> absl::Status {
-    std::vector<float> host(v.numel());
-    if (v.dtype == DType::kFloat32) {
-      RETURN_IF_ERROR(backend->CopyToHost(host.data(), v.data, v.numel() * 4));
-    } else {
-      return absl::UnimplementedError(absl::StrCat(
-          "exporting ", std::string(DTypeName(v.dtype)), " state of '", key,
-          "' is not supported; use fp32 state"));
-    }
-    out[key] = std::move(host);
+    ASSIGN_OR_RETURN(out[key], StateToHost(backend, v));
     return absl::OkStatus();
   };
   for (const GroupState& group : groups_) {
@@ -1017,11 +1023,6 @@ absl::Status LayerShardedMuonImpl::ImportState(
           return absl::InvalidArgumentError(
               absl::StrCat("state has no entry for '", key, "'"));
         }
-        if (view.dtype != DType::kFloat32) {
-          return absl::UnimplementedError(absl::StrCat(
-              "importing '", key, "' into ", std::string(DTypeName(view.dtype)),
-              " state is not supported; use fp32 state"));
-        }
         if (int64_t(it->second.size()) != view.numel()) {
           return absl::InvalidArgumentError(absl::StrCat(
               "state entry '", key, "' has ", it->second.size(),
@@ -1052,9 +1053,21 @@ absl::Status LayerShardedMuonImpl::ImportState(
       }
     }
   }
+  // CopyFromHost may read the source until the next Synchronize, so the
+  // bf16 images live until the lanes have synchronized below.
+  std::vector<std::vector<uint16_t>> bf16_images;
   for (const Write& w : writes) {
-    RETURN_IF_ERROR(w.backend->CopyFromHost(w.view.data, w.data->data(),
-                                            w.data->size() * 4));
+    if (w.view.dtype == DType::kFloat32) {
+      RETURN_IF_ERROR(w.backend->CopyFromHost(w.view.data, w.data->data(),
+                                              w.data->size() * 4));
+      continue;
+    }
+    std::vector<uint16_t>& image = bf16_images.emplace_back(w.data->size());
+    for (size_t i = 0; i < image.size(); ++i) {
+      image[i] = FloatToBf16Bits((*w.data)[i]);
+    }
+    RETURN_IF_ERROR(
+        w.backend->CopyFromHost(w.view.data, image.data(), image.size() * 2));
   }
   for (auto& [group, step] : steps) group->adamw_step = step;
   for (const Lane& lane : lanes_) RETURN_IF_ERROR(lane.backend->Synchronize());
