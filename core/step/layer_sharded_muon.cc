@@ -24,6 +24,12 @@
 namespace muond {
 namespace {
 
+// Floats each rank contributes to the per-step domain agreement.
+constexpr int kAgreementFloats = 3;
+// NS homes versions a group keeps, so a rank can follow its domain back to a
+// version an earlier plan set (a newer plan reached only some ranks yet).
+constexpr size_t kHomesHistory = 8;
+
 // Backend memory owned by the optimizer, freed with the backend.
 class OwnedBuffer {
  public:
@@ -167,7 +173,12 @@ struct GroupState {
   // momentum kernel and the update kernel but inside Newton–Schulz.
   DType ns_dtype = DType::kFloat32;
   std::optional<PlanBuffers> plan;
-  bool homes_set = false;
+  // The version `plan` was built from: 0 = the round-robin fallback, -1 =
+  // none yet.
+  int64_t plan_version = -1;
+  // NS homes by plan version (SetHomes), the newest kHomesHistory kept. Each
+  // step the domain agrees on one of them (AgreeAcrossDomain).
+  std::map<int64_t, std::vector<NsHome>> homes_by_version;
   int64_t adamw_step = 0;
   // Newton–Schulz engines by (rows, cols, batch capacity).
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<NewtonSchulz>>
@@ -194,8 +205,9 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
       : backend_(backend), options_(options) {}
 
   absl::Status Init(std::vector<GroupConfig> groups);
-  absl::Status SetHomes(const std::string& group,
-                        std::vector<NsHome> homes) override;
+  using LayerShardedMuon::SetHomes;
+  absl::Status SetHomes(const std::string& group, std::vector<NsHome> homes,
+                        int64_t version) override;
   absl::StatusOr<StepResult> Step(const StepOverrides& overrides) override;
   absl::StatusOr<std::map<std::string, std::vector<float>>> ExportState()
       const override;
@@ -213,8 +225,19 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // Steps the groups of one lane, in registration order.
   absl::Status StepLane(const Lane& lane, const StepOverrides& overrides,
                         PhaseTimings& timings);
-  absl::StatusOr<std::vector<std::string>> NonFiniteGrads();
-  absl::StatusOr<bool> DomainAllFinite(GroupState& group, bool local_finite);
+  // Before anything changes: agrees across each group's domain on whether
+  // every gradient is finite and on the NS homes version (the oldest of the
+  // ranks' newest), and builds that version's exchange plan. Returns the
+  // names of non-finite gradients (empty: step).
+  absl::StatusOr<std::vector<std::string>> AgreeAcrossDomains(
+      StepResult& result);
+  struct DomainAgreement {
+    bool all_finite = true;
+    int64_t homes_version = 0;
+  };
+  absl::StatusOr<DomainAgreement> AgreeAcrossDomain(GroupState& group,
+                                                    DomainAgreement mine);
+  absl::Status UseHomesVersion(GroupState& group, int64_t version);
 
   absl::Status StepMuonGroup(GroupState& group, const MuonOptions& options,
                              PhaseTimings& t);
@@ -313,12 +336,23 @@ absl::Status LayerShardedMuonImpl::AssignLanes() {
     if (fresh) {
       lanes_.emplace_back();
       lanes_.back().backend = groups_[i].backend;
-      ASSIGN_OR_RETURN(
-          lanes_.back().flag_buf,
-          AllocateZeroed(groups_[i].backend, DType::kFloat32, 1, 64));
     }
     groups_[i].lane = it->second;
     lanes_[it->second].groups.push_back(int(i));
+  }
+  // The agreement gathers kAgreementFloats per rank of the largest
+  // communicator of the lane, after the rank's own.
+  for (Lane& lane : lanes_) {
+    int64_t most = 1;
+    for (int g : lane.groups) {
+      for (Communicator* c :
+           {groups_[g].config.domain.gtp, groups_[g].config.domain.tp}) {
+        if (c != nullptr) most = std::max<int64_t>(most, c->size());
+      }
+    }
+    ASSIGN_OR_RETURN(lane.flag_buf,
+                     AllocateZeroed(lane.backend, DType::kFloat32, 1,
+                                    kAgreementFloats * (1 + most)));
   }
   return absl::OkStatus();
 }
@@ -415,18 +449,75 @@ absl::Status LayerShardedMuonImpl::InitGroup(GroupConfig config,
 }
 
 absl::Status LayerShardedMuonImpl::SetHomes(const std::string& name,
-                                            std::vector<NsHome> homes) {
+                                            std::vector<NsHome> homes,
+                                            int64_t version) {
   for (GroupState& group : groups_) {
     if (group.config.name != name) continue;
     if (group.config.algorithm != Algorithm::kMuon) {
       return absl::InvalidArgumentError(absl::StrCat(
           "group '", name, "' is an AdamW group: it has no NS homes"));
     }
-    RETURN_IF_ERROR(BuildPlan(group, std::move(homes)));
-    group.homes_set = true;
+    std::map<int64_t, std::vector<NsHome>>& held = group.homes_by_version;
+    if (version == kNextHomesVersion) {
+      version = held.empty() ? 1 : held.rbegin()->first + 1;
+    }
+    if (version < 1 || version > kMaxHomesVersion) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group '", name, "': homes version ", version,
+                       " must be in [1, ", kMaxHomesVersion, "]"));
+    }
+    // Validate now, so bad homes are refused here and not at a later step.
+    std::vector<ParamShardSpec> specs;
+    for (const ParamState& p : group.params) specs.push_back(p.spec);
+    const DomainBinding& d = group.config.domain;
+    RETURN_IF_ERROR(
+        BuildGroupExchangePlan(specs, homes, d.size, d.g, d.t).status());
+    auto it = held.find(version);
+    if (it != held.end()) {
+      if (it->second == homes) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", name, "': homes version ", version,
+          " was already set to different homes (versions name one plan)"));
+    }
+    held.emplace(version, std::move(homes));
+    while (held.size() > kHomesHistory) held.erase(held.begin());
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("no param group named '", name, "'"));
+}
+
+absl::Status LayerShardedMuonImpl::UseHomesVersion(GroupState& group,
+                                                   int64_t version) {
+  if (group.plan_version == version && group.plan.has_value()) {
+    return absl::OkStatus();
+  }
+  std::vector<NsHome> homes;
+  if (version == 0) {
+    // Homes were never set: round-robin fallback, loudly (planner logs it).
+    std::vector<ParamShardSpec> specs;
+    for (const ParamState& p : group.params) specs.push_back(p.spec);
+    homes = RoundRobinHomes(specs, group.config.domain.size).homes;
+    LOG(WARNING) << "group '" << group.config.name
+                 << "': no NS homes were set; using the round-robin fallback "
+                    "(LPT balancing NOT in effect)";
+  } else {
+    auto it = group.homes_by_version.find(version);
+    if (it == group.homes_by_version.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("group '", group.config.name,
+                       "': the domain agreed on the NS homes of plan version ",
+                       version, ", which this rank does not hold (it holds ",
+                       group.homes_by_version.size(), " versions, newest ",
+                       group.homes_by_version.empty()
+                           ? 0
+                           : group.homes_by_version.rbegin()->first,
+                       "); the step was not applied"));
+    }
+    homes = it->second;
+  }
+  RETURN_IF_ERROR(BuildPlan(group, std::move(homes)));
+  group.plan_version = version;
+  return absl::OkStatus();
 }
 
 absl::Status LayerShardedMuonImpl::BuildPlan(GroupState& group,
@@ -673,16 +764,6 @@ absl::Status LayerShardedMuonImpl::RecordShapeTime(GroupState& group,
 absl::Status LayerShardedMuonImpl::StepMuonGroup(GroupState& group,
                                                  const MuonOptions& options,
                                                  PhaseTimings& t) {
-  if (!group.plan.has_value()) {
-    // Homes were never set: round-robin fallback, loudly (planner logs it).
-    std::vector<ParamShardSpec> specs;
-    for (const ParamState& p : group.params) specs.push_back(p.spec);
-    HomePlan rr = RoundRobinHomes(specs, group.config.domain.size);
-    LOG(WARNING) << "group '" << group.config.name
-                 << "': no NS homes were set; using the round-robin fallback "
-                    "(LPT balancing NOT in effect)";
-    RETURN_IF_ERROR(BuildPlan(group, rr.homes));
-  }
   const GroupExchangePlan& plan = group.plan->plan;
   const DomainBinding& d = group.config.domain;
   // Each param's lr times its Muon scale (of the full matrix), formed before
@@ -821,49 +902,71 @@ absl::StatusOr<std::vector<std::string>> BadGradNames(const GroupState& group,
 }
 
 absl::StatusOr<std::vector<std::string>>
-LayerShardedMuonImpl::NonFiniteGrads() {
+LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result) {
   std::vector<std::string> bad;
   for (GroupState& group : groups_) {
     std::vector<MatrixView> grads;
     for (const ParamBinding& b : group.config.params) grads.push_back(b.grad);
     const float limit = GradLimit(group);
-    bool finite = true;
+    DomainAgreement mine;
     if (!grads.empty()) {
-      ASSIGN_OR_RETURN(finite, group.backend->AllFiniteBelow(grads, limit));
+      ASSIGN_OR_RETURN(mine.all_finite,
+                       group.backend->AllFiniteBelow(grads, limit));
+    }
+    if (!group.homes_by_version.empty()) {
+      mine.homes_version = group.homes_by_version.rbegin()->first;
     }
     std::vector<std::string> local_bad;
-    if (!finite) {
+    if (!mine.all_finite) {
       ASSIGN_OR_RETURN(local_bad, BadGradNames(group, limit));
     }
-    // Every rank of the domain must take the same decision, or the ranks
-    // that go ahead would wait forever in the exchange.
-    ASSIGN_OR_RETURN(bool domain_finite, DomainAllFinite(group, finite));
-    if (!domain_finite && local_bad.empty()) {
+    // Every rank of the domain must take the same decision and route by the
+    // same homes, or the ranks would wait forever in (or garble) the
+    // exchange. A plan that reached one rank late is used by all once it has.
+    ASSIGN_OR_RETURN(DomainAgreement domain, AgreeAcrossDomain(group, mine));
+    if (!domain.all_finite && local_bad.empty()) {
       local_bad.push_back(group.config.name +
                           "/(non-finite gradients on another rank of the "
                           "domain)");
     }
     bad.insert(bad.end(), local_bad.begin(), local_bad.end());
+    if (group.config.algorithm == Algorithm::kMuon) {
+      RETURN_IF_ERROR(UseHomesVersion(group, domain.homes_version));
+      result.homes_versions[group.config.name] = domain.homes_version;
+    }
   }
   return bad;
 }
 
-absl::StatusOr<bool> LayerShardedMuonImpl::DomainAllFinite(GroupState& group,
-                                                           bool local_finite) {
-  bool finite = local_finite;
+absl::StatusOr<LayerShardedMuonImpl::DomainAgreement>
+LayerShardedMuonImpl::AgreeAcrossDomain(GroupState& group,
+                                        DomainAgreement mine) {
+  // Per rank: [all finite, homes version / 2^24, homes version % 2^24]; fp32
+  // holds integers below 2^24 exactly, so versions up to 2^48 travel exactly.
+  // Gathered over GTP, then (carrying the GTP result) over TP: the whole
+  // domain.
+  constexpr int64_t kLow = int64_t(1) << 24;
   float* flags = static_cast<float*>(lanes_[group.lane].flag_buf.data());
   for (Communicator* comm : {group.config.domain.gtp, group.config.domain.tp}) {
     if (comm == nullptr || comm->size() <= 1) continue;
-    const float mine = finite ? 1.0f : 0.0f;
-    RETURN_IF_ERROR(group.backend->CopyFromHost(flags, &mine, sizeof(float)));
-    RETURN_IF_ERROR(comm->AllGather(flags, 1, flags + 1, DType::kFloat32));
+    const float local[kAgreementFloats] = {mine.all_finite ? 1.0f : 0.0f,
+                                           float(mine.homes_version / kLow),
+                                           float(mine.homes_version % kLow)};
+    RETURN_IF_ERROR(group.backend->CopyFromHost(flags, local, sizeof(local)));
+    RETURN_IF_ERROR(comm->AllGather(flags, kAgreementFloats,
+                                    flags + kAgreementFloats, DType::kFloat32));
     RETURN_IF_ERROR(comm->Wait());
-    std::vector<float> all(comm->size());
-    RETURN_IF_ERROR(group.backend->CopyToHost(all.data(), flags + 1,
-                                              all.size() * sizeof(float)));
-    for (float f : all) finite = finite && f == 1.0f;
+    std::vector<float> all(kAgreementFloats * comm->size());
+    RETURN_IF_ERROR(group.backend->CopyToHost(
+        all.data(), flags + kAgreementFloats, all.size() * sizeof(float)));
+    for (int r = 0; r < comm->size(); ++r) {
+      const float* f = &all[kAgreementFloats * r];
+      mine.all_finite = mine.all_finite && f[0] == 1.0f;
+      mine.homes_version =
+          std::min(mine.homes_version, int64_t(f[1]) * kLow + int64_t(f[2]));
+    }
   }
-  return finite;
+  return mine;
 }
 
 absl::StatusOr<StepResult> LayerShardedMuonImpl::Step(
@@ -885,7 +988,7 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::Step(
   }
   const absl::Time start = absl::Now();
   StepResult result;
-  ASSIGN_OR_RETURN(std::vector<std::string> bad, NonFiniteGrads());
+  ASSIGN_OR_RETURN(std::vector<std::string> bad, AgreeAcrossDomains(result));
   if (!bad.empty()) {
     if (options_.skip_nonfinite) {
       result.skipped_nonfinite = std::move(bad);

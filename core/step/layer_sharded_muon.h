@@ -125,6 +125,9 @@ struct StepResult {
   std::vector<ShapeTiming> ns_shapes;
   // Non-empty when the step was skipped for non-finite gradients.
   std::vector<std::string> skipped_nonfinite;
+  // The NS homes version each Muon group's domain agreed on for this step
+  // (SetHomes; 0 = round-robin fallback).
+  std::map<std::string, int64_t> homes_versions;
 };
 
 class LayerShardedMuon {
@@ -138,10 +141,26 @@ class LayerShardedMuon {
   virtual ~LayerShardedMuon() = default;
 
   // NS homes of a Muon group, one per param in registration order (as
-  // computed by PlanNsHomes over the domain). Takes effect at the next Step.
-  // Never called -> round-robin fallback with a loud warning.
+  // computed by PlanNsHomes over the domain), as plan `version` (>= 1; the
+  // daemon passes the plan's version; kNextHomesVersion: one above the newest
+  // this group holds). The homes are checked here (InvalidArgument naming the
+  // group); a version set again must name the same homes.
+  //
+  // Not applied at once: at each Step the ranks of the group's domain agree
+  // on a version, the oldest of their newest ones, and all route by it. So a
+  // plan that reached one rank late is taken up by the whole domain one step
+  // later instead of leaving the ranks routing by different homes. Each group
+  // keeps its newest 8 versions; a rank asked for a version it no longer
+  // holds fails the step (FailedPrecondition, nothing applied). Never called
+  // on any rank of the domain -> round-robin fallback (version 0) with a loud
+  // warning.
+  static constexpr int64_t kNextHomesVersion = -1;
+  static constexpr int64_t kMaxHomesVersion = (int64_t(1) << 48) - 1;
   virtual absl::Status SetHomes(const std::string& group,
-                                std::vector<NsHome> homes) = 0;
+                                std::vector<NsHome> homes, int64_t version) = 0;
+  absl::Status SetHomes(const std::string& group, std::vector<NsHome> homes) {
+    return SetHomes(group, std::move(homes), kNextHomesVersion);
+  }
 
   // One optimizer step over every group. On error nothing was applied
   // (errors from a communicator mid-step are the exception: they are

@@ -16,7 +16,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
@@ -98,9 +100,10 @@ class Launcher:
         self.args = args
         self.procs = []  # (name, Popen, log path)
         self.trainer = None
-        self.job = args.job_id or f"demo{os.getpid()}"
+        # pid + random tag: pids repeat across PID namespaces (containers).
+        self.job = args.job_id or f"demo{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.logs = os.path.join(args.out, "logs")
-        self.sockdir = f"/tmp/muond-{self.job}"
+        self.sockdir = None  # a fresh directory per launch (run)
 
     def start(self, name, cmd, env=None):
         log = os.path.join(self.logs, f"{name}.log")
@@ -143,8 +146,10 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        shutil.rmtree(self.sockdir, ignore_errors=True)
-        for path in glob.glob(f"/dev/shm/muond-{self.job}*"):
+        if self.sockdir:
+            shutil.rmtree(self.sockdir, ignore_errors=True)
+        # The trainer's shm objects are named /muond-<job>-<pid>-... (shm.py).
+        for path in glob.glob(f"/dev/shm/muond-{self.job}-*"):
             try:
                 os.unlink(path)
             except OSError:
@@ -172,7 +177,7 @@ class Launcher:
                 f"--ranks {ranks} with --device cuda: the demo trainer keeps the model on "
                 "one GPU, and each daemon serves its own GPU's memory, so a CUDA demo "
                 "runs 1x1 (use --device cpu for a multi-rank domain)")
-        os.makedirs(self.sockdir, mode=0o700, exist_ok=True)
+        self.sockdir = tempfile.mkdtemp(prefix=f"muond-{self.job}-", dir="/tmp")
 
         port_file = os.path.join(self.logs, "coordinator.port")
         if os.path.exists(port_file):

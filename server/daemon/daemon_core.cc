@@ -102,7 +102,8 @@ void DaemonCore::OnPlan(const v1::Plan& plan) {
     LOG(WARNING) << "plan version " << plan.version()
                  << " arrived after its activation step "
                  << plan.activate_at_step() << " (last step " << *last_step_id_
-                 << "); it takes effect at the next step";
+                 << "); it takes effect at the next step (the domain's "
+                    "ranks agree on the version each step)";
   }
 }
 
@@ -246,6 +247,26 @@ absl::Status DaemonCore::Unregister(
   return absl::OkStatus();
 }
 
+absl::Status DaemonCore::SetEngineHomes(const v1::Plan& plan) {
+  for (const v1::GroupPlan& gp : plan.groups()) {
+    const BoundGroup* group = nullptr;
+    for (const BoundGroup& g : registration_->groups) {
+      if (g.proto.name() == gp.group()) group = &g;
+    }
+    if (group == nullptr || group->proto.algorithm() == v1::ADAMW) continue;
+    std::vector<NsHome> homes;
+    for (const v1::NsHome& h : gp.homes()) homes.push_back(FromProto(h));
+    const absl::Status st =
+        engine_->muon->SetHomes(gp.group(), std::move(homes), plan.version());
+    if (!st.ok()) {
+      return absl::Status(
+          st.code(),
+          absl::StrCat("plan version ", plan.version(), ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DaemonCore::ActivatePlanFor(int64_t step_id) {
   const v1::Plan* plan = NewestMatchingPlan(step_id);
   if (plan == nullptr) {
@@ -266,15 +287,14 @@ absl::Status DaemonCore::ActivatePlanFor(int64_t step_id) {
                      " (every received plan activates later)"));
   }
   if (plan->version() == active_plan_version_) return absl::OkStatus();
-  for (const v1::GroupPlan& gp : plan->groups()) {
-    const BoundGroup* group = nullptr;
-    for (const BoundGroup& g : registration_->groups) {
-      if (g.proto.name() == gp.group()) group = &g;
-    }
-    if (group == nullptr || group->proto.algorithm() == v1::ADAMW) continue;
-    std::vector<NsHome> homes;
-    for (const v1::NsHome& h : gp.homes()) homes.push_back(FromProto(h));
-    RETURN_IF_ERROR(engine_->muon->SetHomes(gp.group(), std::move(homes)));
+  // The engine gets every version up to this one, not just this one: the
+  // domain's ranks agree each step on the oldest of their newest versions,
+  // so a rank may have to route by a version it skipped over while a peer
+  // that received it late catches up.
+  for (auto it = plans_.upper_bound(
+           std::max(active_plan_version_, round_plan_version_ - 1));
+       it != plans_.end() && it->first <= plan->version(); ++it) {
+    if (PlanMatches(it->second)) RETURN_IF_ERROR(SetEngineHomes(it->second));
   }
   LOG(INFO) << "plan version " << plan->version() << " active from step "
             << step_id;
@@ -373,7 +393,12 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
   v1::StepResponse response;
   response.set_step_id(request.step_id());
   *response.mutable_timings() = ToProto(result->timings);
-  response.set_plan_version(active_plan_version_);
+  // The version the domains agreed on (a peer may not have the newest yet).
+  int64_t used_version = active_plan_version_;
+  for (const auto& [group, version] : result->homes_versions) {
+    used_version = std::min(used_version, version);
+  }
+  response.set_plan_version(used_version);
   for (const std::string& name : result->skipped_nonfinite) {
     response.add_skipped_nonfinite(name);
   }

@@ -151,6 +151,9 @@ class DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ActivatePlanFor(int64_t step_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the plan's NS homes of this daemon's Muon groups to the engine.
+  absl::Status SetEngineHomes(const v1::Plan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<StepOverrides> ParseOverrides(
       const v1::StepRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <optional>
 
 #include "client/cpp/client.h"
 #include "client/cpp/shm_region.h"
@@ -42,15 +43,17 @@ class FakeLink : public CoordinatorLink {
 class FakeMuon : public LayerShardedMuon {
  public:
   explicit FakeMuon(std::vector<float*> firsts) : firsts_(std::move(firsts)) {}
-  absl::Status SetHomes(const std::string& group,
-                        std::vector<NsHome> homes) override {
+  absl::Status SetHomes(const std::string& group, std::vector<NsHome> homes,
+                        int64_t version) override {
     homes_set.push_back({group, homes});
+    versions_set.push_back(version);
     return absl::OkStatus();
   }
   absl::StatusOr<StepResult> Step(const StepOverrides&) override {
     for (float* f : firsts_) *f += 1;
     StepResult r;
     r.timings.total_us = 7;
+    if (agreed_version) r.homes_versions["muon"] = *agreed_version;
     return r;
   }
   absl::StatusOr<std::map<std::string, std::vector<float>>> ExportState()
@@ -68,6 +71,9 @@ class FakeMuon : public LayerShardedMuon {
   int64_t state_bytes() const override { return 0; }
   int64_t peak_transient_bytes() const override { return 0; }
   std::vector<std::pair<std::string, std::vector<NsHome>>> homes_set;
+  std::vector<int64_t> versions_set;
+  // The homes version the domain "agreed" on (unset: none reported).
+  std::optional<int64_t> agreed_version;
 
  private:
   std::vector<float*> firsts_;
@@ -383,6 +389,29 @@ TEST_F(DaemonCoreTest, StepRulesAndPlanActivation) {
   ASSERT_TRUE(core_->Unregister(un).ok());
   EXPECT_FALSE(core_->Health().has_plan());
   EXPECT_EQ(core_->Status().num_params(), 0);
+}
+
+// Two plans that become active at the same step both reach the engine, in
+// version order, so this rank can route by the older one while a peer that
+// has not received the newer one yet catches up; the response names the
+// version the domain agreed on.
+TEST_F(DaemonCoreTest, EveryPlanVersionReachesTheEngineInOrder) {
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  ASSERT_TRUE(core_->Step(StepReq(1)).ok());
+  core_->OnPlan(PlanFor(2, 3, 1));
+  core_->OnPlan(PlanFor(3, 3, 0));
+  core_->OnPlan(PlanFor(4, 9, 1));  // later: not handed over at step 3
+  ASSERT_TRUE(core_->Step(StepReq(2)).ok());
+  fake_->agreed_version = 2;  // a peer holds version 2 only
+  absl::StatusOr<v1::StepResponse> s3 = core_->Step(StepReq(3));
+  ASSERT_TRUE(s3.ok()) << s3.status();
+  EXPECT_EQ(s3->plan_version(), 2);
+  EXPECT_EQ(fake_->versions_set, (std::vector<int64_t>{1, 2, 3}));
+  ASSERT_EQ(fake_->homes_set.size(), 3u);
+  EXPECT_EQ(fake_->homes_set[1].second[0].g, 1);
+  EXPECT_EQ(fake_->homes_set[2].second[0].g, 0);
 }
 
 // A re-registration uses only plans of its own round (never the plan of the

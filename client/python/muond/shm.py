@@ -12,17 +12,24 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import uuid
 
 import torch
 
 SHM_DIR = "/dev/shm"
 _counter = itertools.count()
+_PROCESS_TAG = uuid.uuid4().hex[:8]
 
 
 def shm_name(job_id: str) -> str:
-    """A fresh, unique shm object name (leading slash, no other slash)."""
+    """A fresh, unique shm object name (leading slash, no other slash).
+
+    The pid alone is not unique: processes in other PID namespaces
+    (containers, sandboxes) that share /dev/shm have the same small pids, so
+    a per-process random tag follows it.
+    """
     job = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id) or "job"
-    return f"/muond-{job}-{os.getpid()}-{next(_counter)}"
+    return f"/muond-{job}-{os.getpid()}-{_PROCESS_TAG}-{next(_counter)}"
 
 
 class ShmBuffer:

@@ -66,7 +66,8 @@ struct GroupCase {
   int G = 1, T = 1;
   std::vector<ParamCase> params;
   // Homes: "lpt" (PlanNsHomes), "zero" (everything at (0, 0): idle ranks),
-  // "none" (never set: round-robin fallback).
+  // "none" (never set: round-robin fallback), "late" (plans that reach the
+  // ranks at different steps: LateHomesVersions).
   std::string homes = "lpt";
   int64_t ns_batch_size = 1;
   // kMedium: bf16 NS, so the momentum output, the exchanges and the NS
@@ -339,6 +340,18 @@ absl::Status DuplicatedStep(Backend& backend, const GroupCase& gc, int g, int t,
 // domains are laid over the world as flat = g * T + t (domains smaller than
 // the world use the first G*T ranks; other ranks skip them). Writes each
 // param's final local shard to <dir>/rank<r>.bin. Returns 0 on success.
+// "late" homes: version 1 puts every NS at (0, 0), version 2 is LPT and
+// version 3 round-robin. Before step 1 every rank holds version 1 and rank 0
+// already versions 2 and 3; before step 2 every rank gets version 2, before
+// step 3 version 3. The domain must route by version 1, 2, 3 (the oldest
+// newest), rank 0 included.
+std::vector<int64_t> LateHomesVersions(int rank, int step) {
+  if (step == 1)
+    return rank == 0 ? std::vector<int64_t>{1, 2, 3} : std::vector<int64_t>{1};
+  return {int64_t(step)};
+}
+constexpr int64_t kLateAgreed[kSteps] = {1, 2, 3};
+
 int RunRank(int rank, [[maybe_unused]] int world,
             const std::vector<GroupCase>& cases, const std::string& dir,
             int die_at_rank = -1, bool duplicated = false) {
@@ -412,6 +425,8 @@ int RunRank(int rank, [[maybe_unused]] int world,
     fprintf(stderr, "%s\n", opt.status().ToString().c_str());
     return 13;
   }
+  // Version -> homes of each "late" group.
+  std::map<std::string, std::map<int64_t, std::vector<NsHome>>> late;
   for (const GroupCase* gc : mine) {
     if (gc->algorithm != Algorithm::kMuon || gc->homes == "none") continue;
     std::vector<ParamShardSpec> specs;
@@ -422,10 +437,17 @@ int RunRank(int rank, [[maybe_unused]] int world,
           p.gtp, tags.pad_length, DomainSize{gc->G, gc->T}));
     }
     std::vector<NsHome> homes(specs.size());
-    if (gc->homes == "lpt") {
+    if (gc->homes == "lpt" || gc->homes == "late") {
       auto plan = PlanNsHomes(specs, DomainSize{gc->G, gc->T}, {});
       if (!plan.ok()) return 14;
       homes = plan->homes;
+    }
+    if (gc->homes == "late") {
+      late[gc->name] = {
+          {1, std::vector<NsHome>(specs.size())},
+          {2, homes},
+          {3, RoundRobinHomes(specs, DomainSize{gc->G, gc->T}).homes}};
+      continue;
     }
     if (!(*opt)->SetHomes(gc->name, homes).ok()) return 15;
   }
@@ -464,8 +486,19 @@ int RunRank(int rank, [[maybe_unused]] int world,
                                 configs[k].domain.tp, dup[k], step);
       }
     } else {
+      for (auto& [group, versions] : late) {
+        for (int64_t v : LateHomesVersions(rank, step)) {
+          if (!(*opt)->SetHomes(group, versions.at(v), v).ok()) return 15;
+        }
+      }
       auto result = (*opt)->Step({});
       status = result.status();
+      if (result.ok()) {
+        for (auto& [group, versions] : late) {
+          std::ofstream(dir + "/versions" + std::to_string(rank), std::ios::app)
+              << result->homes_versions.at(group) << "\n";
+        }
+      }
     }
     if (!status.ok()) {
       std::ofstream(dir + "/error" + std::to_string(rank)) << status.ToString();
@@ -567,8 +600,10 @@ bool SkipForDevices(int world) {
 
 // Forks the world, waits, and compares every rank's shards with the
 // reference.
-void RunAndCompare(const std::vector<GroupCase>& cases, float rel_tol = 0,
-                   bool duplicated = false) {
+void RunAndCompare(
+    const std::vector<GroupCase>& cases, float rel_tol = 0,
+    bool duplicated = false,
+    const std::function<void(const std::string& dir)>& check_dir = {}) {
   int world = 0;
   for (const GroupCase& gc : cases) world = std::max(world, gc.G * gc.T);
   if (SkipForDevices(world)) GTEST_SKIP() << "not enough CUDA devices";
@@ -596,6 +631,7 @@ void RunAndCompare(const std::vector<GroupCase>& cases, float rel_tol = 0,
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << "rank " << r << " exit " << WEXITSTATUS(status) << " " << msg;
   }
+  if (check_dir) check_dir(dir);
   // Reference full results.
   pid_t ref_pid = fork();
   ASSERT_GE(ref_pid, 0);
@@ -733,6 +769,30 @@ TEST(DuplicatedPath, EqualsTheReferenceBitwise) {
 
 TEST(LayerShardedStep, UnevenHomesWithIdleRanks) {
   RunAndCompare({Mixed(2, 2, "zero")});
+}
+
+// Plans that reach the ranks at different steps (a rank two versions ahead,
+// the others catching up a step later): every rank routes by the same
+// version each step, the oldest of the ranks' newest, and the result is
+// bitwise the reference. Without the per-step agreement the ranks would
+// route by different homes and the exchange would fail or mix up blocks.
+TEST(LayerShardedStep, LatePlansAreAgreedOnAcrossTheDomain) {
+  for (auto [G, T] : {std::pair{2, 2}, std::pair{3, 2}}) {
+    SCOPED_TRACE(absl::StrCat(G, "x", T));
+    // RunAndCompare removes its directory; the ranks' agreed versions are
+    // checked through a hook on the directory before that.
+    RunAndCompare({Mixed(G, T, "late")}, 0, false, [&](const std::string& dir) {
+      for (int r = 0; r < G * T; ++r) {
+        std::ifstream in(dir + "/versions" + std::to_string(r));
+        for (int step = 1; step <= kSteps; ++step) {
+          int64_t v = -1;
+          ASSERT_TRUE(in >> v) << "rank " << r << " step " << step;
+          EXPECT_EQ(v, kLateAgreed[step - 1])
+              << "rank " << r << " step " << step;
+        }
+      }
+    });
+  }
 }
 
 TEST(LayerShardedStep, RoundRobinFallbackWhenHomesNeverSet) {
