@@ -1,6 +1,7 @@
 #include "server/daemon/daemon_core.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -8,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
@@ -107,6 +109,35 @@ void DaemonCore::OnPlan(const v1::Plan& plan) {
   }
 }
 
+std::optional<absl::StatusOr<std::unique_ptr<StepEngine>>>
+DaemonCore::BuildUnlessAbandoned(std::shared_ptr<Registration> reg,
+                                 const v1::Plan& plan, uint64_t generation) {
+  struct Pending {
+    absl::Notification done;
+    absl::StatusOr<std::unique_ptr<StepEngine>> result;
+  };
+  auto pending = std::make_shared<Pending>();
+  // The build thread holds copies and shared state only, never `this`, so
+  // an abandoned one may outlive the daemon core (a shutdown does not wait
+  // for it). Once `cancel` is set it stops touching the store (EngineFactory).
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  std::thread build([factory = factory_, pending, reg, plan, cancel] {
+    pending->result = factory(*reg, plan, [cancel] { return cancel->load(); });
+    pending->done.Notify();
+  });
+  while (
+      !pending->done.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_ || generation != registration_generation_) {
+      cancel->store(true);
+      build.detach();
+      return std::nullopt;
+    }
+  }
+  build.join();
+  return std::move(pending->result);
+}
+
 void DaemonCore::BuilderLoop() {
   int64_t failed_version = 0;
   uint64_t failed_generation = ~0ull;
@@ -134,23 +165,22 @@ void DaemonCore::BuilderLoop() {
     LOG(INFO) << "creating the step engine for plan version " << plan.version();
     // The engine is dropped anyway once the registration changes, so peers
     // are not worth waiting for after that.
-    const auto abandoned = [this, generation] {
-      absl::MutexLock lock(&mu_);
-      return shutdown_ || generation != registration_generation_;
-    };
-    absl::StatusOr<std::unique_ptr<StepEngine>> engine =
-        factory_(*reg, plan, abandoned);
+    std::optional<absl::StatusOr<std::unique_ptr<StepEngine>>> built =
+        BuildUnlessAbandoned(reg, plan, generation);
     absl::MutexLock lock(&mu_);
     building_ = false;
     if (shutdown_) return;
-    if (generation != registration_generation_) {
+    if (!built.has_value() || generation != registration_generation_) {
       LOG(INFO) << "dropped the step engine for plan version " << plan.version()
                 << ": the params it was for are unregistered"
-                << (engine.ok()
+                << (!built.has_value() ? " (abandoned while connecting; it "
+                                         "ends in the background)"
+                    : built->ok()
                         ? ""
-                        : absl::StrCat(" (", engine.status().ToString(), ")"));
+                        : absl::StrCat(" (", built->status().ToString(), ")"));
       continue;
     }
+    absl::StatusOr<std::unique_ptr<StepEngine>>& engine = *built;
     if (!engine.ok()) {
       engine_error_ = engine.status().ToString();
       failed_version = plan.version();

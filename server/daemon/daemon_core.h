@@ -146,6 +146,16 @@ class DaemonCore {
   const v1::Plan* NewestMatchingPlan(std::optional<int64_t> at_step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BuilderLoop();
+  // Runs the factory on a thread of its own and returns its result, or
+  // nullopt once the registration `generation` is gone or the daemon shuts
+  // down: the engine would be dropped anyway. The factory's store waits then
+  // stop within a slice, but a TCP connect to a peer that gave up cannot be
+  // interrupted and would hold the next registration (or a shutdown) for
+  // the whole communicator timeout, so an abandoned build is left to end in
+  // the background, its result dropped.
+  std::optional<absl::StatusOr<std::unique_ptr<StepEngine>>>
+  BuildUnlessAbandoned(std::shared_ptr<Registration> reg, const v1::Plan& plan,
+                       uint64_t generation);
   absl::Status CheckClient(const std::string& job_id,
                            const std::string& client_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -94,6 +94,7 @@ class DaemonCoreTest : public ::testing::Test {
         [this](const Registration& reg, const v1::Plan&,
                const std::function<bool()>& abandoned)
             -> absl::StatusOr<std::unique_ptr<StepEngine>> {
+          if (stuck_builds_) return StuckUntilReleased();
           if (hold_builds_) return HoldUntilAbandoned(abandoned);
           std::vector<float*> firsts;
           for (const BoundGroup& g : reg.groups) {
@@ -190,9 +191,34 @@ class DaemonCoreTest : public ::testing::Test {
       absl::SleepFor(absl::Milliseconds(1));
     }
     builds_abandoned_.fetch_add(1);
+    builds_ended_.fetch_add(1);
     return absl::CancelledError("abandoned");
   }
 
+  // A build stuck where abandonment cannot reach it (Gloo's TCP connect to
+  // a peer that gave up) until the test releases it.
+  absl::Status StuckUntilReleased() {
+    builds_held_.fetch_add(1);
+    const absl::Time give_up = absl::Now() + absl::Seconds(120);
+    while (!release_stuck_.load() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    builds_ended_.fetch_add(1);
+    return absl::DeadlineExceededError("connect timed out");
+  }
+
+  // Abandoned builds run on (detached) after the daemon core moved on; the
+  // fixture outlives them.
+  void WaitForBuildsToEnd(int n) {
+    for (int i = 0; i < 24000 && builds_ended_.load() < n; ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(builds_ended_.load(), n);
+  }
+
+  std::atomic<int> builds_ended_{0};
+  std::atomic<bool> stuck_builds_{false};
+  std::atomic<bool> release_stuck_{false};
   std::atomic<bool> hold_builds_{false};
   std::atomic<int> builds_held_{0};
   std::atomic<int> builds_abandoned_{0};
@@ -466,11 +492,43 @@ TEST_F(DaemonCoreTest, UnregisterAbandonsAnEngineStillWaitingForPeers) {
   ASSERT_TRUE(core_->Register(Valid()).ok());
   core_->OnPlan(PlanFor(2, 0, 1));
   WaitForEngine();
+  WaitForBuildsToEnd(1);
   EXPECT_EQ(builds_abandoned_.load(), 1);
   EXPECT_EQ(core_->engine_error(), "") << "an abandoned build is no error";
   absl::StatusOr<v1::StepResponse> s1 = core_->Step(StepReq(1));
   ASSERT_TRUE(s1.ok()) << s1.status();
   EXPECT_EQ(s1->plan_version(), 2);
+}
+
+// The same when the build cannot be interrupted (stuck connecting to a peer
+// that gave up): the daemon leaves it to end in the background and builds
+// the next registration's engine meanwhile.
+TEST_F(DaemonCoreTest, UnregisterLeavesAStuckBuildBehind) {
+  stuck_builds_ = true;
+  link_.round_version = 1;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  for (int i = 0; i < 2000 && builds_held_.load() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(builds_held_.load(), 1);
+  v1::UnregisterParamsRequest un;
+  un.set_job_id("job");
+  un.set_client_id("trainer0");
+  ASSERT_TRUE(core_->Unregister(un).ok());
+
+  stuck_builds_ = false;
+  link_.round_version = 2;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(2, 0, 1));
+  WaitForEngine();  // while the first build is still stuck
+  absl::StatusOr<v1::StepResponse> s1 = core_->Step(StepReq(1));
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  EXPECT_EQ(s1->plan_version(), 2);
+  EXPECT_EQ(core_->engine_error(), "");
+  EXPECT_EQ(builds_ended_.load(), 0) << "the first build is still stuck";
+  release_stuck_ = true;
+  WaitForBuildsToEnd(1);
 }
 
 // Shutting down does not wait out a rendezvous either.
@@ -483,6 +541,7 @@ TEST_F(DaemonCoreTest, ShutdownAbandonsAnEngineStillWaitingForPeers) {
   }
   ASSERT_EQ(builds_held_.load(), 1);
   core_.reset();
+  WaitForBuildsToEnd(1);
   EXPECT_EQ(builds_abandoned_.load(), 1);
 }
 
