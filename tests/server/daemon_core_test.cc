@@ -216,6 +216,33 @@ class DaemonCoreTest : public ::testing::Test {
     ASSERT_EQ(builds_ended_.load(), n);
   }
 
+  void WaitForHeldBuild() {
+    for (int i = 0; i < 2000 && builds_held_.load() == 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(builds_held_.load(), 1);
+  }
+
+  // Round 1: registers and receives plan 1 while its build is held (the
+  // mode the test set), then unregisters. Round 2: registers again with
+  // builds no longer held and waits for plan 2's engine.
+  void ReRegisterWhileTheFirstBuildIsHeld() {
+    link_.round_version = 1;
+    ASSERT_TRUE(core_->Register(Valid()).ok());
+    core_->OnPlan(PlanFor(1, 0, 0));
+    WaitForHeldBuild();
+    v1::UnregisterParamsRequest un;
+    un.set_job_id("job");
+    un.set_client_id("trainer0");
+    ASSERT_TRUE(core_->Unregister(un).ok());
+    hold_builds_ = false;
+    stuck_builds_ = false;
+    link_.round_version = 2;
+    ASSERT_TRUE(core_->Register(Valid()).ok());
+    core_->OnPlan(PlanFor(2, 0, 1));
+    WaitForEngine();
+  }
+
   std::atomic<int> builds_ended_{0};
   std::atomic<bool> stuck_builds_{false};
   std::atomic<bool> release_stuck_{false};
@@ -475,23 +502,8 @@ TEST_F(DaemonCoreTest, ReRegistrationUsesOnlyItsRoundsPlans) {
 // waiting out the communicator timeout.
 TEST_F(DaemonCoreTest, UnregisterAbandonsAnEngineStillWaitingForPeers) {
   hold_builds_ = true;
-  link_.round_version = 1;
-  ASSERT_TRUE(core_->Register(Valid()).ok());
-  core_->OnPlan(PlanFor(1, 0, 0));
-  for (int i = 0; i < 2000 && builds_held_.load() == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(builds_held_.load(), 1);
-  v1::UnregisterParamsRequest un;
-  un.set_job_id("job");
-  un.set_client_id("trainer0");
-  ASSERT_TRUE(core_->Unregister(un).ok());
-
-  hold_builds_ = false;
-  link_.round_version = 2;
-  ASSERT_TRUE(core_->Register(Valid()).ok());
-  core_->OnPlan(PlanFor(2, 0, 1));
-  WaitForEngine();
+  ReRegisterWhileTheFirstBuildIsHeld();
+  ASSERT_FALSE(HasFatalFailure());
   WaitForBuildsToEnd(1);
   EXPECT_EQ(builds_abandoned_.load(), 1);
   EXPECT_EQ(core_->engine_error(), "") << "an abandoned build is no error";
@@ -505,23 +517,8 @@ TEST_F(DaemonCoreTest, UnregisterAbandonsAnEngineStillWaitingForPeers) {
 // the next registration's engine meanwhile.
 TEST_F(DaemonCoreTest, UnregisterLeavesAStuckBuildBehind) {
   stuck_builds_ = true;
-  link_.round_version = 1;
-  ASSERT_TRUE(core_->Register(Valid()).ok());
-  core_->OnPlan(PlanFor(1, 0, 0));
-  for (int i = 0; i < 2000 && builds_held_.load() == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(builds_held_.load(), 1);
-  v1::UnregisterParamsRequest un;
-  un.set_job_id("job");
-  un.set_client_id("trainer0");
-  ASSERT_TRUE(core_->Unregister(un).ok());
-
-  stuck_builds_ = false;
-  link_.round_version = 2;
-  ASSERT_TRUE(core_->Register(Valid()).ok());
-  core_->OnPlan(PlanFor(2, 0, 1));
-  WaitForEngine();  // while the first build is still stuck
+  ReRegisterWhileTheFirstBuildIsHeld();  // while the first build is stuck
+  ASSERT_FALSE(HasFatalFailure());
   absl::StatusOr<v1::StepResponse> s1 = core_->Step(StepReq(1));
   ASSERT_TRUE(s1.ok()) << s1.status();
   EXPECT_EQ(s1->plan_version(), 2);
@@ -536,10 +533,7 @@ TEST_F(DaemonCoreTest, ShutdownAbandonsAnEngineStillWaitingForPeers) {
   hold_builds_ = true;
   ASSERT_TRUE(core_->Register(Valid()).ok());
   core_->OnPlan(PlanFor(1, 0, 0));
-  for (int i = 0; i < 2000 && builds_held_.load() == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(builds_held_.load(), 1);
+  WaitForHeldBuild();
   core_.reset();
   WaitForBuildsToEnd(1);
   EXPECT_EQ(builds_abandoned_.load(), 1);
