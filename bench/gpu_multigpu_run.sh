@@ -4,7 +4,9 @@
 #   1. the multi-GPU correctness tests, one process per GPU over NCCL:
 #      layer_sharded_step_cuda_test (1xN, Nx1, 2x(N/2) domains, uneven homes,
 #      late plans, duplicated path, dead peer; bitwise vs the single-GPU
-#      reference) and nccl_multigpu_test;
+#      reference), nccl_multigpu_test, and system_cuda_test (the full system:
+#      coordinator + one muond and one C++-client trainer per GPU, CUDA IPC,
+#      bitwise vs the single-GPU reference; needs 4 GPUs);
 #   2. bench/scaling (scaling_bench): the matrix set of MANIFEST's first
 #      LAYERS layers on 1, 2, 4, 8 GPUs (as many as there are): layer-sharded
 #      step engine vs the duplicated path vs a raw NCCL all_to_allv of the
@@ -23,7 +25,7 @@ export NCCL_NVLS_ENABLE=0
 gpus=$(nvidia-smi -L | wc -l)
 echo "== $gpus GPUs" | tee "$out/summary.txt"
 nvidia-smi topo -m > "$out/topo.txt" 2>&1
-for t in layer_sharded_step_cuda_test nccl_multigpu_test; do
+for t in layer_sharded_step_cuda_test nccl_multigpu_test system_cuda_test; do
   timeout 300 bin/$t > "$out/$t.log" 2>&1
   echo "$t exit $?: $(grep -cE '^\[       OK \]' "$out/$t.log") ok," \
        "$(grep -cE '^\[  SKIPPED \]' "$out/$t.log") skipped," \

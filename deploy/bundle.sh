@@ -23,8 +23,9 @@ deploy/setup.sh >/dev/null
 bazel=(bazel ${MUOND_BAZEL_OUTPUT_BASE:+--output_base=$MUOND_BAZEL_OUTPUT_BASE})
 # --dynamic_mode=off: test binaries link the project statically (no _solib).
 opts=(-c opt --dynamic_mode=off --symlink_prefix=/)  # no bazel-* links
+# system_trainer: the trainer processes of the bundled system_cuda_test.
 targets=(//server/daemon:muond //server/coordinator:muond-coordinator
-         //tools/muonctl:muonctl)
+         //tools/muonctl:muonctl //tests/server:system_trainer)
 mapfile -t gpu_tests < <("${bazel[@]}" query 'kind(cc_test, attr(tags, "gpu", tests(//tests/...)))' 2>/dev/null)
 mapfile -t bench_bins < <("${bazel[@]}" query 'kind(cc_binary, //bench/...)' 2>/dev/null)
 log=$(mktemp)
@@ -97,6 +98,8 @@ cat > "$out/env.sh" <<'ENV'
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export PYTHONPATH="$here/client/python${PYTHONPATH:+:$PYTHONPATH}"
 export MUOND_FORTUNES_DIR="$here/data/fortunes" MUOND_BIN="$here/bin"
+# Tests that start the real binaries (system_cuda_test) find them here.
+export MUOND_BIN_DIR="$here/bin"
 ENV
 cat > "$out/run-gpu-tests.sh" <<'RUN'
 #!/usr/bin/env bash

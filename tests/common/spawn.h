@@ -1,7 +1,7 @@
 #pragma once
 // Test helpers that start the real binaries: their path in the runfiles and
-// posix_spawn with the output in a log file. Shared by the startup tests and
-// the reliability harness.
+// posix_spawn with the output in a log file. Shared by the startup tests, the
+// system tests and the reliability harness.
 #include <fcntl.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -15,8 +15,13 @@ extern char** environ;
 
 namespace muond::testing {
 
-// A data dependency's path under Bazel's runfiles (workspace "muond").
+// A data dependency's path under Bazel's runfiles (workspace "muond"), or,
+// when MUOND_BIN_DIR is set, the binary of that name there (a relocatable
+// bundle's bin/, deploy/bundle.sh, where there are no runfiles).
 inline std::string Runfile(const std::string& path) {
+  if (const char* bin = getenv("MUOND_BIN_DIR"); bin != nullptr && *bin) {
+    return absl::StrCat(bin, "/", path.substr(path.rfind('/') + 1));
+  }
   const char* dir = getenv("TEST_SRCDIR");
   return absl::StrCat(dir ? dir : ".", "/muond/", path);
 }

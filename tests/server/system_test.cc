@@ -4,16 +4,17 @@
 // reference after 3 steps; rank 0 issues a Rebalance with another cost table
 // that changes homes from step 2 on. Run at fp32_matmul_prec "highest" and
 // "medium" (bf16 NS input, exchanges and output; the reference runs bf16 NS
-// too). Launches the real binaries (data deps).
-#include <fcntl.h>
+// too). Launches the real binaries (data deps, or MUOND_BIN_DIR).
+// Built with MUOND_SYSTEM_TEST_CUDA (system_cuda_test, tag gpu) it runs the
+// same on 4 GPUs instead: daemon and trainer r on GPU r, CUDA IPC, NCCL.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -21,35 +22,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-
-extern char** environ;
+#include "tests/common/spawn.h"
 
 namespace {
 
-std::string Runfile(const std::string& path) {
-  const char* dir = getenv("TEST_SRCDIR");
-  return absl::StrCat(dir ? dir : ".", "/muond/", path);
-}
+using muond::testing::Runfile;
 
-// Starts `args`; stdout goes to `stdout_path` when given.
-pid_t Spawn(const std::vector<std::string>& args,
-            const std::string& stdout_path = "") {
-  std::vector<char*> argv;
-  for (const std::string& a : args) {
-    argv.push_back(const_cast<char*>(a.c_str()));
-  }
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (!stdout_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  }
-  pid_t pid = -1;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ),
-            0)
-      << args[0];
-  posix_spawn_file_actions_destroy(&actions);
+// Starts `args` with stdout and stderr in `log` (truncated) when given.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "") {
+  const pid_t pid = muond::testing::Spawn(args, log, /*truncate=*/true);
+  EXPECT_GT(pid, 0) << args[0];
   return pid;
 }
 
@@ -85,9 +67,11 @@ int WaitExit(pid_t pid, absl::Time deadline) {
 
 // Coordinator + 4 daemons + 4 trainers at `precision` (and a second group
 // at `second_precision` on the same domain when set); the trainers exit 0
-// when their shards are bitwise the reference's.
+// when their shards are bitwise the reference's. `cuda`: daemon and trainer
+// r on GPU r (CUDA IPC, NCCL), the reference on the CUDA backend.
 void RunFourDaemonsFourTrainers(const std::string& precision,
-                                const std::string& second_precision = "") {
+                                const std::string& second_precision = "",
+                                bool cuda = false) {
   char dir_template[] = "/tmp/muond-sys-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);  // mode 0700
   const std::string dir = dir_template;
@@ -107,7 +91,8 @@ void RunFourDaemonsFourTrainers(const std::string& precision,
   std::vector<std::string> sockets;
   for (int r = 0; r < 4; ++r) {
     sockets.push_back(absl::StrCat(dir, "/d", r, ".sock"));
-    servers.push_back(Spawn({Runfile("server/daemon/muond"), "--host",
+    servers.push_back(Spawn({Runfile("server/daemon/muond"),
+                             cuda ? absl::StrCat("--device=", r) : "--host",
                              "--coordinator=" + coordinator, "--job_id=" + job,
                              absl::StrCat("--rank=", r), "--world_size=4",
                              "--listen=unix://" + sockets.back(),
@@ -127,7 +112,8 @@ void RunFourDaemonsFourTrainers(const std::string& precision,
          "--daemon=unix://" + sockets[r], "--coordinator=" + coordinator,
          "--job=" + job, absl::StrCat("--rank=", r), "--precision=" + precision,
          "--second_precision=" + second_precision,
-         r == 0 ? "--rebalance" : "--expect_rebalance"}));
+         r == 0 ? "--rebalance" : "--expect_rebalance",
+         absl::StrCat("--device=", cuda ? r : -1)}));
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(45);
   for (int r = 0; r < 4; ++r) {
@@ -166,6 +152,29 @@ void RunFourDaemonsFourTrainers(const std::string& precision,
   std::filesystem::remove_all(dir, ignored);
 }
 
+#ifdef MUOND_SYSTEM_TEST_CUDA
+// CUDA devices visible to this process (the /dev/nvidiaN nodes, so the test
+// itself needs no CUDA runtime).
+int CudaDeviceNodes() {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev", ec)) {
+    const std::string name = e.path().filename();
+    n += name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
+         std::all_of(name.begin() + 6, name.end(), ::isdigit);
+  }
+  return n;
+}
+
+// Issue 9's full system: one muond and one trainer process per GPU, the
+// trainers' shards in device memory handed over by CUDA IPC, NCCL between
+// the daemons; bitwise the single-GPU reference, with a rebalance.
+TEST(SystemCudaTest, FourGpusFourTrainersBitwiseWithRebalance) {
+  if (CudaDeviceNodes() < 4) GTEST_SKIP() << "needs 4 CUDA devices";
+  RunFourDaemonsFourTrainers("highest", "", /*cuda=*/true);
+  RunFourDaemonsFourTrainers("medium", "", /*cuda=*/true);
+}
+#else
 TEST(SystemTest, FourDaemonsFourTrainersBitwiseWithRebalance) {
   RunFourDaemonsFourTrainers("highest");
 }
@@ -181,5 +190,7 @@ TEST(SystemTest, MediumPrecisionFourDaemonsBitwiseWithRebalance) {
 TEST(SystemTest, MediumAndHighestGroupsOnOneDomainBitwise) {
   RunFourDaemonsFourTrainers("medium", "highest");
 }
+
+#endif  // MUOND_SYSTEM_TEST_CUDA
 
 }  // namespace

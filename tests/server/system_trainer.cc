@@ -10,6 +10,10 @@
 // the reference does too, so the comparison stays bitwise. With
 // --second_precision two weights go to a second group of that precision on
 // the same domain (same communicators, so the same lane in the daemon).
+// With --device=N the shards live on CUDA device N (copies of the shm
+// buffers, registered by CUDA IPC; the daemon runs on the same GPU) and the
+// reference runs on the CUDA backend, so the comparison stays bitwise: the
+// multi-GPU full system of issue 9 (system_cuda_test).
 // Exit 0 = all checks passed; messages on stderr otherwise.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -25,6 +29,8 @@
 #include "client/cpp/client.h"
 #include "client/cpp/shm_region.h"
 #include "core/backend/cpu_backend.h"
+#include "core/backend/cuda_backend.h"
+#include "core/common/status_macros.h"
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
 #include "server/daemon/engine_factory.h"
@@ -42,6 +48,8 @@ ABSL_FLAG(bool, expect_rebalance, false,
 ABSL_FLAG(std::string, precision, "highest",
           "fp32_matmul_prec of the group (medium: bf16 NS input, exchanges "
           "and output on the daemons and in the reference)");
+ABSL_FLAG(int, device, -1,
+          "CUDA device of the shards (-1: host shared memory, the default)");
 ABSL_FLAG(std::string, second_precision, "",
           "when set, 'row' and 'big' go to a second Muon group 'muon2' of this "
           "fp32_matmul_prec on the same domain (one lane: both groups share "
@@ -132,6 +140,49 @@ int Run() {
     float* local_param = nullptr;  // padded shards only
     float* local_grad = nullptr;
     Shard shard;
+    // --device: device copies of the host buffers the daemon sees (the
+    // local pair for padded shards, else the full pair).
+    void* dev_param = nullptr;
+    void* dev_grad = nullptr;
+    int64_t dev_bytes = 0;
+    float* host_param() const { return local_param ? local_param : full_param; }
+    float* host_grad() const { return local_grad ? local_grad : full_grad; }
+  };
+  const int device = absl::GetFlag(FLAGS_device);
+  std::unique_ptr<Backend> cuda;
+  if (device >= 0) {
+    auto made = MakeCudaBackend(device);
+    if (!made.ok()) return Fail(made.status().ToString());
+    cuda = *std::move(made);
+  }
+  // The daemon's view of a host buffer: the buffer itself (shm), or its
+  // device copy at the same offset.
+  auto ref =
+      [&](const Buffers& b, bool param, float* at, std::vector<int64_t> shape,
+          std::vector<int64_t> strides = {}) -> absl::StatusOr<v1::TensorRef> {
+    if (cuda == nullptr) {
+      return HostRef(**region, at, v1::DTYPE_FP32, std::move(shape),
+                     std::move(strides));
+    }
+    float* host = param ? b.host_param() : b.host_grad();
+    char* dev = static_cast<char*>(param ? b.dev_param : b.dev_grad);
+    return CudaRef(dev + (at - host) * 4, v1::DTYPE_FP32, std::move(shape),
+                   std::move(strides));
+  };
+  auto push = [&](const Buffers& b, bool param) -> absl::Status {
+    if (cuda == nullptr) return absl::OkStatus();
+    RETURN_IF_ERROR(cuda->CopyFromHost(param ? b.dev_param : b.dev_grad,
+                                       param ? b.host_param() : b.host_grad(),
+                                       b.dev_bytes));
+    return cuda->Synchronize();
+  };
+  auto pull_params = [&](std::vector<Buffers>& all) -> absl::Status {
+    if (cuda == nullptr) return absl::OkStatus();
+    for (Buffers& b : all) {
+      RETURN_IF_ERROR(
+          cuda->CopyToHost(b.host_param(), b.dev_param, b.dev_bytes));
+    }
+    return absl::OkStatus();
   };
   std::vector<Buffers> buffers;
   std::vector<v1::ParamGroup> groups = {TrainerGroup(0, g, t)};
@@ -160,18 +211,31 @@ int Run() {
                b.full_param + (b.shard.r0 + i) * w.cols + b.shard.c0,
                4 * b.shard.nc);
       }
-      pref = HostRef(**region, b.local_param, v1::DTYPE_FP32,
-                     {b.shard.nr, b.shard.nc});
-      gref = HostRef(**region, b.local_grad, v1::DTYPE_FP32,
-                     {b.shard.nr, b.shard.nc});
+    }
+    if (cuda != nullptr) {
+      b.dev_bytes =
+          b.local_param ? 4 * b.shard.nr * b.shard.nc : 4 * w.rows * w.cols;
+      auto p = cuda->Allocate(b.dev_bytes);
+      auto gr = cuda->Allocate(b.dev_bytes);
+      if (!p.ok() || !gr.ok()) return Fail("cannot allocate device memory");
+      b.dev_param = *p;
+      b.dev_grad = *gr;
+      if (!push(b, true).ok()) return Fail("cannot copy params to the device");
+    }
+    if (w.pad > 0) {
+      pref = ref(b, true, b.local_param, {b.shard.nr, b.shard.nc});
+      gref = ref(b, false, b.local_grad, {b.shard.nr, b.shard.nc});
     } else {
       const int64_t off = b.shard.r0 * w.cols + b.shard.c0;
-      pref = HostRef(**region, b.full_param + off, v1::DTYPE_FP32,
-                     {b.shard.nr, b.shard.nc}, {w.cols, 1});
-      gref = HostRef(**region, b.full_grad + off, v1::DTYPE_FP32,
-                     {b.shard.nr, b.shard.nc}, {w.cols, 1});
+      pref = ref(b, true, b.full_param + off, {b.shard.nr, b.shard.nc},
+                 {w.cols, 1});
+      gref = ref(b, false, b.full_grad + off, {b.shard.nr, b.shard.nc},
+                 {w.cols, 1});
     }
-    if (!pref.ok() || !gref.ok()) return Fail("HostRef failed");
+    if (!pref.ok() || !gref.ok()) {
+      return Fail("TensorRef: " +
+                  (pref.ok() ? gref.status() : pref.status()).ToString());
+    }
     *groups[GroupOf(w)].add_params() =
         MakeParam(w.name, {w.rows, w.cols}, *pref, *gref, TagsOf(w));
     buffers.push_back(b);
@@ -249,6 +313,7 @@ int Run() {
                  4 * b.shard.nc);
         }
       }
+      if (!push(b, false).ok()) return Fail("cannot copy grads to the device");
     }
     const int64_t expected_version = (rebalance_all() && step >= 2) ? 2 : 1;
     if (expected_version == 2) {
@@ -269,10 +334,12 @@ int Run() {
     }
   }
   // Replays change nothing; going back is refused.
+  if (!pull_params(buffers).ok()) return Fail("cannot copy params back");
   std::vector<float> before(buffers[0].full_param,
                             buffers[0].full_param + 32 * 16);
   auto replay = (*client)->Step(steps);
   if (!replay.ok() || !replay->replayed()) return Fail("replay not recorded");
+  if (!pull_params(buffers).ok()) return Fail("cannot copy params back");
   if (memcmp(before.data(), buffers[0].full_param, before.size() * 4) != 0) {
     return Fail("replay changed params");
   }
@@ -282,8 +349,9 @@ int Run() {
     return Fail("step id going back was not refused");
   }
 
-  // The single-process reference.
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  // The single-process reference, on the backend the daemons step on.
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  Backend* backend = cuda ? cuda.get() : cpu.get();
   int mismatches = 0;
   for (size_t k = 0; k < kWeights.size(); ++k) {
     const Weight& w = kWeights[k];
@@ -291,28 +359,44 @@ int Run() {
     absl::StatusOr<MuonOptions> muon =
         MuonOptionsFromProto(TrainerGroup(GroupOf(w), g, t));
     if (!muon.ok()) return Fail(muon.status().ToString());
-    std::vector<float> p(w.rows * w.cols), m(p.size(), 0.0f), s(p.size()),
-        gr(p.size());
+    std::vector<float> p(w.rows * w.cols), m(p.size(), 0.0f), gr(p.size());
     for (int64_t i = 0; i < w.rows; ++i)
       for (int64_t j = 0; j < w.cols; ++j)
         p[i * w.cols + j] = Value(w.name, 0, i, j);
-    auto view = [&](std::vector<float>& v) {
-      return ContiguousView(v.data(), DType::kFloat32, w.rows, w.cols);
+    // Param, grad, momentum and the NS scratch (in the daemon's work dtype,
+    // bf16 for medium; room for fp32) in the backend's memory.
+    const int64_t bytes = 4 * w.rows * w.cols;
+    void* mem[4];
+    for (void*& ptr : mem) {
+      auto a = backend->Allocate(bytes);
+      if (!a.ok()) return Fail(a.status().ToString());
+      ptr = *a;
+    }
+    auto view = [&](void* ptr, DType dtype = DType::kFloat32) {
+      return ContiguousView(ptr, dtype, w.rows, w.cols);
     };
-    // NS input and output in the daemon's work dtype (bf16 for medium);
-    // `s` has room for either.
-    const MatrixView scratch = ContiguousView(
-        s.data(), NsWorkDType(muon->ns.precision), w.rows, w.cols);
-    auto ns = NewtonSchulz::Create(backend.get(), muon->ns, w.rows, w.cols, 1);
+    if (!backend->CopyFromHost(mem[0], p.data(), bytes).ok() ||
+        !backend->CopyFromHost(mem[2], m.data(), bytes).ok()) {
+      return Fail("reference: cannot copy to the backend");
+    }
+    auto ns = NewtonSchulz::Create(backend, muon->ns, w.rows, w.cols, 1);
     if (!ns.ok()) return Fail(ns.status().ToString());
     for (int step = 1; step <= steps; ++step) {
       for (int64_t i = 0; i < w.rows; ++i)
         for (int64_t j = 0; j < w.cols; ++j)
           gr[i * w.cols + j] = Value(w.name + "/grad", step, i, j);
-      absl::Status st = MuonStepFullMatrix(*backend, *muon, **ns, view(p),
-                                           view(gr), view(m), scratch);
+      if (!backend->CopyFromHost(mem[1], gr.data(), bytes).ok()) {
+        return Fail("reference: cannot copy grads to the backend");
+      }
+      absl::Status st = MuonStepFullMatrix(
+          *backend, *muon, **ns, view(mem[0]), view(mem[1]), view(mem[2]),
+          view(mem[3], NsWorkDType(muon->ns.precision)));
       if (!st.ok()) return Fail(st.ToString());
     }
+    if (!backend->CopyToHost(p.data(), mem[0], bytes).ok()) {
+      return Fail("reference: cannot copy params back");
+    }
+    for (void* ptr : mem) backend->Free(ptr);
     const Shard& sh = b.shard;
     for (int64_t i = 0; i < w.rows; ++i) {
       for (int64_t j = 0; j < w.cols; ++j) {
