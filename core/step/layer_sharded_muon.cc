@@ -24,8 +24,9 @@
 namespace muond {
 namespace {
 
-// Floats each rank contributes to the per-step domain agreement.
-constexpr int kAgreementFloats = 3;
+// Floats each rank contributes to the per-step domain agreement: all finite,
+// newest and oldest NS homes version held (two floats each).
+constexpr int kAgreementFloats = 5;
 // NS homes versions a group keeps, so a rank can follow its domain back to a
 // version an earlier plan set (a newer plan reached only some ranks yet).
 constexpr size_t kHomesHistory = 8;
@@ -233,7 +234,11 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
       StepResult& result);
   struct DomainAgreement {
     bool all_finite = true;
+    // This rank's newest NS homes version; agreed: the oldest of the ranks'.
     int64_t homes_version = 0;
+    // This rank's oldest held version; agreed: the newest of the ranks'. The
+    // agreed homes_version below it was dropped by some rank.
+    int64_t oldest_held = 0;
   };
   absl::StatusOr<DomainAgreement> AgreeAcrossDomain(GroupState& group,
                                                     DomainAgreement mine);
@@ -904,6 +909,9 @@ absl::StatusOr<std::vector<std::string>> BadGradNames(const GroupState& group,
 absl::StatusOr<std::vector<std::string>>
 LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result) {
   std::vector<std::string> bad;
+  // A group that cannot step fails the step only after every group's
+  // agreement, so all ranks run the same collectives whatever they decide.
+  absl::Status refused;
   for (GroupState& group : groups_) {
     std::vector<MatrixView> grads;
     for (const ParamBinding& b : group.config.params) grads.push_back(b.grad);
@@ -915,6 +923,7 @@ LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result) {
     }
     if (!group.homes_by_version.empty()) {
       mine.homes_version = group.homes_by_version.rbegin()->first;
+      mine.oldest_held = group.homes_by_version.begin()->first;
     }
     std::vector<std::string> local_bad;
     if (!mine.all_finite) {
@@ -930,28 +939,44 @@ LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result) {
                           "domain)");
     }
     bad.insert(bad.end(), local_bad.begin(), local_bad.end());
-    if (group.config.algorithm == Algorithm::kMuon) {
-      RETURN_IF_ERROR(UseHomesVersion(group, domain.homes_version));
-      result.homes_versions[group.config.name] = domain.homes_version;
+    if (group.config.algorithm != Algorithm::kMuon || !refused.ok()) continue;
+    if (domain.homes_version > 0 && domain.homes_version < domain.oldest_held) {
+      // Every rank sees the same gathered versions, so every rank of the
+      // domain refuses here alike (a rank failing alone would leave its
+      // peers waiting in the exchange for the communicator timeout).
+      refused = absl::FailedPreconditionError(absl::StrCat(
+          "group '", group.config.name,
+          "': the domain's ranks hold no NS homes version in common (a "
+          "rank's newest is version ",
+          domain.homes_version, ", another rank holds only versions from ",
+          domain.oldest_held, " on; each keeps its newest ", kHomesHistory,
+          ": more plan versions reached it between two steps); the step "
+          "was not applied on any rank, retry it"));
+      continue;
     }
+    refused = UseHomesVersion(group, domain.homes_version);
+    result.homes_versions[group.config.name] = domain.homes_version;
   }
+  RETURN_IF_ERROR(refused);
   return bad;
 }
 
 absl::StatusOr<LayerShardedMuonImpl::DomainAgreement>
 LayerShardedMuonImpl::AgreeAcrossDomain(GroupState& group,
                                         DomainAgreement mine) {
-  // Per rank: [all finite, homes version / 2^24, homes version % 2^24]; fp32
-  // holds integers below 2^24 exactly, so versions up to 2^48 travel exactly.
+  // Per rank: [all finite, newest version / 2^24, newest % 2^24, oldest
+  // version / 2^24, oldest % 2^24]; fp32 holds integers below 2^24 exactly,
+  // so versions up to 2^48 travel exactly.
   // Gathered over GTP, then (carrying the GTP result) over TP: the whole
   // domain.
   constexpr int64_t kLow = int64_t(1) << 24;
   float* flags = static_cast<float*>(lanes_[group.lane].flag_buf.data());
   for (Communicator* comm : {group.config.domain.gtp, group.config.domain.tp}) {
     if (comm == nullptr || comm->size() <= 1) continue;
-    const float local[kAgreementFloats] = {mine.all_finite ? 1.0f : 0.0f,
-                                           float(mine.homes_version / kLow),
-                                           float(mine.homes_version % kLow)};
+    const float local[kAgreementFloats] = {
+        mine.all_finite ? 1.0f : 0.0f, float(mine.homes_version / kLow),
+        float(mine.homes_version % kLow), float(mine.oldest_held / kLow),
+        float(mine.oldest_held % kLow)};
     RETURN_IF_ERROR(group.backend->CopyFromHost(flags, local, sizeof(local)));
     RETURN_IF_ERROR(comm->AllGather(flags, kAgreementFloats,
                                     flags + kAgreementFloats, DType::kFloat32));
@@ -964,6 +989,8 @@ LayerShardedMuonImpl::AgreeAcrossDomain(GroupState& group,
       mine.all_finite = mine.all_finite && f[0] == 1.0f;
       mine.homes_version =
           std::min(mine.homes_version, int64_t(f[1]) * kLow + int64_t(f[2]));
+      mine.oldest_held =
+          std::max(mine.oldest_held, int64_t(f[3]) * kLow + int64_t(f[4]));
     }
   }
   return mine;

@@ -498,7 +498,14 @@ absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForPlan(
   if (!mu_.AwaitWithTimeout(absl::Condition(&newer), timeout)) {
     return std::optional<v1::Plan>();
   }
-  return std::optional<v1::Plan>(job->plans.back());
+  if (after_version <= 0) return std::optional<v1::Plan>(job->plans.back());
+  // The next version, not the newest: a daemon must hold every version its
+  // domain's ranks may agree on (the oldest of their newest), so a watcher
+  // that fell behind a burst of rebalances must not skip one.
+  auto next = std::upper_bound(
+      job->plans.begin(), job->plans.end(), after_version,
+      [](int64_t v, const v1::Plan& plan) { return v < plan.version(); });
+  return std::optional<v1::Plan>(*next);
 }
 
 absl::Status CoordinatorCore::ReportTimings(

@@ -116,8 +116,11 @@ class CoordinatorCore {
   // NotFound: unknown job, or no plan yet.
   absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id);
 
-  // Waits up to `timeout` for a plan of version > `after_version`; nullopt on
-  // timeout. NotFound: unknown job.
+  // Waits up to `timeout` for a plan of version > `after_version` and returns
+  // the oldest such one, so a watcher gets every version in order (a daemon
+  // that skipped one could be asked for it by its domain); after_version 0
+  // (a new watcher): the newest plan. nullopt on timeout. NotFound: unknown
+  // job.
   absl::StatusOr<std::optional<v1::Plan>> WaitForPlan(const std::string& job_id,
                                                       int64_t after_version,
                                                       absl::Duration timeout);

@@ -375,6 +375,41 @@ TEST(CoordinatorCore, RebalanceBumpsVersionWithActivationStep) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Rebalances in quick succession (versions 2, 3, 4 before a watcher asks
+// again): a watcher that holds version 1 gets 2, then 3, then 4, not just the
+// newest. A daemon that skipped a version could be asked for it by its
+// domain (the ranks agree on the oldest of their newest versions) and fail
+// the step alone while its peers waited in the exchange. A new watcher
+// (after_version 0) starts at the newest.
+TEST(CoordinatorCore, WatchersGetEveryPlanVersionInOrder) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(core.PublishManifest(Manifest("j", r, kShapes)).ok());
+  }
+  v1::RebalanceRequest req;
+  req.set_job_id("j");
+  for (int64_t want = 2; want <= 4; ++want) {
+    absl::StatusOr<v1::Plan> plan = core.Rebalance(req);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->version(), want);
+  }
+  for (int64_t held = 1; held <= 3; ++held) {
+    absl::StatusOr<std::optional<v1::Plan>> next =
+        core.WaitForPlan("j", held, absl::Seconds(1));
+    ASSERT_TRUE(next.ok() && next->has_value()) << "after version " << held;
+    EXPECT_EQ((*next)->version(), held + 1);
+  }
+  absl::StatusOr<std::optional<v1::Plan>> none =
+      core.WaitForPlan("j", 4, absl::Milliseconds(10));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  absl::StatusOr<std::optional<v1::Plan>> fresh =
+      core.WaitForPlan("j", 0, absl::Seconds(1));
+  ASSERT_TRUE(fresh.ok() && fresh->has_value());
+  EXPECT_EQ((*fresh)->version(), 4);
+}
+
 TEST(CoordinatorCore, ListDaemonsReportsJoinedRanks) {
   CoordinatorCore core(Options());
   JoinAll(core, "j", 2);
