@@ -10,6 +10,7 @@ behind. Logs go to <out>/logs/; a process that dies is named with the last
 lines of its log.
 """
 import argparse
+import fcntl
 import glob
 import os
 import shutil
@@ -32,6 +33,26 @@ def positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be >= 1")
     return value
+
+
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0 (seconds)")
+    return value
+
+
+def job_id(text):
+    """Names the socket directory and the shm objects: letters, digits, '._-'."""
+    if not text or len(text) > 64 or not all(c.isascii() and (c.isalnum() or c in "._-")
+                                             for c in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be 1-64 letters, digits, '.', '_' or '-' (it names the "
+            "socket directory and shared-memory objects)")
+    return text
 
 
 def domain(text):
@@ -59,15 +80,18 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="cpu = host mode (shared memory, Gloo); cuda = one daemon on the "
                         "trainer's GPU (CUDA IPC); auto = cuda when a GPU is visible")
-    p.add_argument("--out", default=os.path.join(ROOT, "out", "demo"))
+    p.add_argument("--out", default=os.path.join(ROOT, "out", "demo"),
+                   help="logs, report and params (default out/demo); one launch at a "
+                        "time per --out")
     p.add_argument("--bin", default=os.environ.get("MUOND_BIN", os.path.join(ROOT, "bazel-bin")),
                    help="where server/daemon/muond and server/coordinator/muond-coordinator "
                         "are, or a GPU bundle's bin/ with muond and muond-coordinator "
                         "(default $MUOND_BIN, else bazel-bin)")
     p.add_argument("--optimizer", default="both", choices=["both", "muond"],
                    help="both = also train the in-process reference for the overlay plot")
-    p.add_argument("--health-timeout", type=float, default=60.0)
-    p.add_argument("--job-id", default=None, help="job id (default demo<pid>)")
+    p.add_argument("--health-timeout", type=positive_float, default=60.0,
+                   help="seconds to wait for the coordinator and daemons (default 60)")
+    p.add_argument("--job-id", type=job_id, default=None, help="job id (default demo<pid>)")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER,
                    help="after --, extra arguments for examples/char_gpt/train.py")
     return p.parse_args(argv)
@@ -104,6 +128,34 @@ class Launcher:
         self.job = args.job_id or f"demo{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.logs = os.path.join(args.out, "logs")
         self.sockdir = None  # a fresh directory per launch (run)
+        self.out_lock = None  # held while this launch writes to --out
+
+    def lock_out(self):
+        """Two launches writing one --out would overwrite each other's logs and
+        report: the second fails here, before it starts anything."""
+        path = os.path.join(self.args.out, ".launch.lock")
+        lock = open(path, "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            owner = lock.read().strip() or "?"
+            lock.close()
+            raise RuntimeError(f"--out {self.args.out} is in use by another launch (pid "
+                               f"{owner}): wait for it to end, or give each launch its "
+                               "own --out") from None
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        self.out_lock = lock
+
+    def check_binaries(self):
+        for rel in ("server/coordinator/muond-coordinator", "server/daemon/muond"):
+            path = binary(self.args.bin, rel)
+            if not os.access(path, os.X_OK):
+                raise RuntimeError(
+                    f"--bin {self.args.bin}: no {os.path.basename(rel)} at {path} (run "
+                    "deploy/run-demo.sh, which builds it, or pass --bin / $MUOND_BIN)")
 
     def start(self, name, cmd, env=None):
         log = os.path.join(self.logs, f"{name}.log")
@@ -157,7 +209,13 @@ class Launcher:
 
     def run(self):
         a = self.args
+        try:
+            os.makedirs(a.out, exist_ok=True)
+        except OSError as e:
+            raise RuntimeError(f"--out {a.out}: cannot create it ({e.strerror})") from None
+        self.lock_out()
         os.makedirs(self.logs, exist_ok=True)
+        self.check_binaries()
         device = a.device
         gpus = cuda_device_count() if device in ("auto", "cuda") else 0
         if device == "auto":

@@ -104,11 +104,17 @@ int main(int argc, char** argv) {
   int port = 0;
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(16 << 20);
+  // gRPC binds with SO_REUSEPORT by default: a second coordinator on a busy
+  // port would start too and the kernel would split the daemons between the
+  // two (rendezvous and plans never meet). Refuse the busy port instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen);
+    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen)
+               << " (--listen: is the port in use, e.g. by another "
+                  "muond-coordinator?)";
     return 1;
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);

@@ -91,6 +91,13 @@ int main(int argc, char** argv) {
     LOG(ERROR) << st.message();
     return 2;
   }
+  // A bad timeout would only fail when the step engine is built, after
+  // RegisterParams: the trainer would wait for a plan that never comes.
+  if (const int t = absl::GetFlag(FLAGS_comm_timeout_s); t < 1) {
+    LOG(ERROR) << "--comm_timeout_s=" << t
+               << " must be >= 1 (seconds a communicator waits for its peers)";
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_host) && device >= 0) {
     LOG(ERROR) << "--host and --device are exclusive";
     return 2;
@@ -109,6 +116,13 @@ int main(int argc, char** argv) {
   }
   std::string listen = absl::GetFlag(FLAGS_listen);
   if (listen.empty()) {
+    if (job.find('/') != std::string::npos) {
+      LOG(ERROR) << "--job_id='" << job
+                 << "' contains '/', but it names the default socket file "
+                    "muond-<job_id>-<rank>.sock: use another job id or give "
+                    "--listen";
+      return 2;
+    }
     absl::StatusOr<std::string> dir = muond::PrivateSocketDir();
     if (!dir.ok()) {
       LOG(ERROR) << dir.status();
@@ -190,6 +204,9 @@ int main(int argc, char** argv) {
 
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(64 << 20);
+  // No SO_REUSEPORT (gRPC's default): a second muond on a busy TCP port
+  // must fail, not share the trainers' connections with the first.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, *credentials);
   builder.RegisterService(&service);
   // The socket file is created by bind: umask 0177 makes it 0600 from the
@@ -198,7 +215,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   umask(old_umask);
   if (server == nullptr) {
-    LOG(ERROR) << "cannot listen on " << listen;
+    LOG(ERROR) << "cannot listen on " << listen
+               << " (--listen: is the address in use?)";
     return 1;
   }
   const auto remove_socket = [&] {

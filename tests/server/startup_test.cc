@@ -101,6 +101,30 @@ TEST(Startup, FlagErrorsArePrecise) {
   EXPECT_THAT(out, Not(HasSubstr("serving on")));
 }
 
+// Refused at startup naming the flag, before joining (the coordinator is
+// unreachable; --coordinator_timeout_s=1 ends a join attempt quickly):
+// --comm_timeout_s=0 would only fail at the first engine build, after
+// RegisterParams, leaving the trainer waiting for a plan; a '/' in --job_id
+// breaks the default socket file name.
+TEST(Startup, CommTimeoutAndJobIdAreCheckedAtStartup) {
+  const std::vector<std::string> base = {Runfile("server/daemon/muond"),
+                                         "--host",
+                                         "--rank=0",
+                                         "--world_size=1",
+                                         "--coordinator=127.0.0.1:1",
+                                         "--coordinator_timeout_s=1"};
+  std::string out;
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--job_id=j", "--comm_timeout_s=0"});
+  EXPECT_EQ(RunToExit(args, &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--comm_timeout_s=0 must be >= 1"));
+  args = base;
+  args.push_back("--job_id=team/a");
+  EXPECT_EQ(RunToExit(args, &out), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--job_id='team/a' contains '/'"));
+  EXPECT_THAT(out, Not(HasSubstr("serving on")));
+}
+
 // No machine has 10000 GPUs: fails at startup, before joining (the
 // coordinator address is unreachable, so a join attempt would hang).
 TEST(Startup, MissingDeviceFailsBeforeJoining) {
@@ -151,6 +175,41 @@ TEST(Startup, CoordinatorSigtermRemovesPortFile) {
   kill(pid, SIGTERM);
   EXPECT_EQ(ExitCode(pid), 0);
   EXPECT_FALSE(Exists(port_file));
+}
+
+// gRPC binds with SO_REUSEPORT unless told not to: a second coordinator on
+// the port of a running one must fail at startup naming --listen, not serve
+// beside it (the kernel would split the job's daemons between the two).
+TEST(Startup, SecondCoordinatorOnABusyPortIsRefused) {
+  const std::string port_file = TmpFile("busy.port");
+  const pid_t first =
+      Spawn({Runfile("server/coordinator/muond-coordinator"),
+             "--listen=127.0.0.1:0", "--port_file=" + port_file},
+            TmpFile("busy-first.log"));
+  while (Read(port_file).empty()) absl::SleepFor(absl::Milliseconds(20));
+  const std::string listen =
+      absl::StrCat("--listen=127.0.0.1:", std::stoi(Read(port_file)));
+  const std::string log = TmpFile("busy-second.log");
+  const pid_t second =
+      Spawn({Runfile("server/coordinator/muond-coordinator"), listen}, log);
+  // Until it exits, or serves (the bug: then it is stopped here).
+  int status = 0;
+  bool served = false;
+  while (waitpid(second, &status, WNOHANG) == 0) {
+    if (Read(log).find("serving on") != std::string::npos) {
+      served = true;
+      kill(second, SIGTERM);
+      waitpid(second, &status, 0);
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_FALSE(served) << Read(log);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << Read(log);
+  EXPECT_THAT(Read(log), HasSubstr("cannot listen on 127.0.0.1:"));
+  EXPECT_THAT(Read(log), HasSubstr("--listen"));
+  kill(first, SIGTERM);
+  EXPECT_EQ(ExitCode(first), 0);
 }
 
 }  // namespace

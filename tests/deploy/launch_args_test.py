@@ -1,0 +1,78 @@
+"""deploy/local/launch.py refuses what a user plausibly gets wrong with one
+clear line naming the option and the rule (exit 2 from --check-args, the
+check run-demo.sh makes before building; exit 1 "launcher: FAILED: ..." at
+launch), never a Python traceback, and before it starts any process:
+
+* --job-id with a '/' (it names the socket directory and shm objects) and a
+  non-positive --health-timeout;
+* an --out that cannot be created, a --bin without the servers;
+* a second launch writing to the --out of a running one (both used to write
+  the same logs/, report.md and params files, the later silently winning).
+"""
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+RUNFILES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+LAUNCH = os.path.join(RUNFILES, "deploy/local/launch.py")
+
+
+def launch(*args):
+    return subprocess.run([sys.executable, LAUNCH, *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+class LaunchArgsTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="muond-launch-args-")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        self.missing_bin = os.path.join(self.tmp, "no-bin")
+
+    def assertRefused(self, proc, code, *phrases):
+        text = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, code, text)
+        self.assertNotIn("Traceback", text)
+        for phrase in phrases:
+            self.assertIn(phrase, text)
+
+    def test_check_args_names_the_option(self):
+        self.assertRefused(launch("--check-args", "--job-id", "team/a"), 2,
+                           "--job-id", "'team/a'", "letters, digits")
+        self.assertRefused(launch("--check-args", "--health-timeout", "0"), 2,
+                           "--health-timeout", "must be > 0")
+        self.assertEqual(launch("--check-args", "--job-id", "run-7.a_b").returncode, 0)
+
+    def test_unusable_out_and_bin_fail_before_starting_anything(self):
+        blocker = os.path.join(self.tmp, "file")
+        open(blocker, "w").close()
+        self.assertRefused(launch("--out", os.path.join(blocker, "out"),
+                                  "--bin", self.missing_bin), 1,
+                           "launcher: FAILED: --out", "cannot create")
+        out = os.path.join(self.tmp, "out")
+        self.assertRefused(launch("--out", out, "--bin", self.missing_bin), 1,
+                           f"launcher: FAILED: --bin {self.missing_bin}: no muond-coordinator")
+        self.assertEqual(os.listdir(os.path.join(out, "logs")), [])
+
+    def test_second_launch_on_the_same_out_is_refused(self):
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        # This process plays the running launch.
+        with open(os.path.join(out, ".launch.lock"), "a+") as held:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.write(f"{os.getpid()}\n")
+            held.flush()
+            proc = launch("--out", out, "--bin", self.missing_bin)
+        self.assertRefused(proc, 1, f"--out {out} is in use by another launch "
+                                    f"(pid {os.getpid()})", "own --out")
+        self.assertFalse(os.path.exists(os.path.join(out, "logs")))
+        # Once the first ended, the same --out works again (here: up to --bin).
+        self.assertRefused(launch("--out", out, "--bin", self.missing_bin), 1,
+                           "--bin")
+
+
+if __name__ == "__main__":
+    unittest.main()
