@@ -133,6 +133,10 @@ absl::Status Client::WaitForPlan(absl::Duration timeout) {
   while (true) {
     absl::StatusOr<v1::HealthResponse> health = Health();
     if (health.ok() && health->has_plan()) return absl::OkStatus();
+    if (health.ok() && !health->engine_error().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("daemon has no step engine: ", health->engine_error()));
+    }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "daemon has no plan after ", absl::FormatDuration(timeout),
@@ -158,9 +162,8 @@ absl::StatusOr<v1::StepResponse> Client::Step(
   absl::Status st = FromGrpcStatus(stub_->Step(&context, request, &response));
   if (absl::IsUnavailable(st) &&
       st.message().find("peer daemon") == absl::string_view::npos) {
-    return absl::UnavailableError(absl::StrCat("daemon at ", address_,
-                                               " is unreachable: ",
-                                               st.message()));
+    return absl::UnavailableError(absl::StrCat(
+        "daemon at ", address_, " is unreachable: ", st.message()));
   }
   if (!st.ok()) return st;
   return response;

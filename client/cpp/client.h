@@ -71,7 +71,9 @@ class Client {
   absl::StatusOr<v1::RegisterParamsResponse> Register(
       const std::vector<v1::ParamGroup>& groups);
   // Polls Health until the daemon has a plan and its step engine, or times
-  // out with DeadlineExceeded.
+  // out with DeadlineExceeded; FailedPrecondition with the daemon's reason as
+  // soon as building the step engine failed (Health.engine_error: the daemon
+  // waits for a new plan, so waiting on is pointless).
   absl::Status WaitForPlan(absl::Duration timeout);
   absl::StatusOr<v1::StepResponse> Step(
       int64_t step_id, const std::vector<v1::GroupOverride>& overrides = {});

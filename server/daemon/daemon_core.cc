@@ -487,6 +487,9 @@ v1::HealthResponse DaemonCore::Health() {
   v1::HealthResponse h;
   h.set_serving(true);
   h.set_has_plan(engine_ != nullptr);
+  if (engine_ == nullptr && registration_ != nullptr) {
+    h.set_engine_error(engine_error_);
+  }
   return h;
 }
 

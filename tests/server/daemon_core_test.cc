@@ -94,6 +94,9 @@ class DaemonCoreTest : public ::testing::Test {
         [this](const Registration& reg, const v1::Plan&,
                const std::function<bool()>& abandoned)
             -> absl::StatusOr<std::unique_ptr<StepEngine>> {
+          if (fail_builds_) {
+            return absl::DeadlineExceededError("rendezvous: rank 1 never came");
+          }
           if (stuck_builds_) return StuckUntilReleased();
           if (hold_builds_) return HoldUntilAbandoned(abandoned);
           std::vector<float*> firsts;
@@ -244,6 +247,7 @@ class DaemonCoreTest : public ::testing::Test {
   }
 
   std::atomic<int> builds_ended_{0};
+  std::atomic<bool> fail_builds_{false};
   std::atomic<bool> stuck_builds_{false};
   std::atomic<bool> release_stuck_{false};
   std::atomic<bool> hold_builds_{false};
@@ -526,6 +530,34 @@ TEST_F(DaemonCoreTest, UnregisterLeavesAStuckBuildBehind) {
   EXPECT_EQ(builds_ended_.load(), 0) << "the first build is still stuck";
   release_stuck_ = true;
   WaitForBuildsToEnd(1);
+}
+
+// A failed engine build is reported by Health (the daemon waits for a new
+// plan), so a trainer waiting for has_plan can stop with the reason; a new
+// registration clears it.
+TEST_F(DaemonCoreTest, HealthReportsAFailedEngineBuild) {
+  fail_builds_ = true;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  EXPECT_EQ(core_->Health().engine_error(), "");
+  core_->OnPlan(PlanFor(1, 0, 0));
+  for (int i = 0; i < 2000 && core_->Health().engine_error().empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const v1::HealthResponse h = core_->Health();
+  EXPECT_FALSE(h.has_plan());
+  EXPECT_THAT(h.engine_error(), HasSubstr("rendezvous: rank 1 never came"));
+  v1::UnregisterParamsRequest un;
+  un.set_job_id("job");
+  un.set_client_id("trainer0");
+  ASSERT_TRUE(core_->Unregister(un).ok());
+  EXPECT_EQ(core_->Health().engine_error(), "") << "nothing is registered";
+  fail_builds_ = false;
+  link_.round_version = 2;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  EXPECT_EQ(core_->Health().engine_error(), "");
+  core_->OnPlan(PlanFor(2, 0, 0));
+  WaitForEngine();
+  EXPECT_EQ(core_->Health().engine_error(), "");
 }
 
 // Shutting down does not wait out a rendezvous either.

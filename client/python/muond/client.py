@@ -75,7 +75,10 @@ class Client:
         ``need_plan``, ``has_plan``: after registration the daemon publishes its
         manifest, receives the coordinator's plan and builds its communicators
         together with its peers; Step before that is refused). Raises
-        TimeoutError naming the address and the last state otherwise."""
+        TimeoutError naming the address and the last state otherwise, and
+        RuntimeError with the daemon's reason when building its step engine
+        failed (``engine_error``; it waits for a new plan, so waiting on is
+        pointless)."""
         deadline = time.monotonic() + timeout
         last = "no answer"
         while True:
@@ -83,6 +86,10 @@ class Client:
                 resp = self.health(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
                 if resp.serving and (resp.has_plan or not need_plan):
                     return resp
+                if need_plan and resp.engine_error:
+                    # The build failed and waits for a new plan: no use waiting.
+                    raise RuntimeError(f"muond daemon at {self.address}: no step engine: "
+                                       f"{resp.engine_error}")
                 last = "no plan yet" if resp.serving else "answered serving=false"
             except grpc.RpcError as e:  # not up yet
                 last = f"{e.code().name}: {e.details()}"

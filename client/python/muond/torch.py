@@ -420,26 +420,14 @@ class Muon(torch.optim.Optimizer):
         overrides = [self._overrides(r) for r in range(len(self.clients))]
         what = f"Step {step_id}"
         t0 = time.perf_counter()
-        # Ranks 1.. as futures, rank 0 as a blocking call on this thread
-        # meanwhile: all run concurrently, and one daemon needs no future.
-        futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id)
-                   for r, c in enumerate(self.clients) if r > 0]
-        results = []
-        try:
+        if len(self.clients) == 1:  # a blocking call: no future, no extra thread
             first = self.clients[0]
-            results.append(_result(lambda: first.step(self.job_id, step_id, overrides[0],
-                                                      self.client_id), first, what))
-        except RuntimeError as e:
-            results.append(e)
-        for c, f in zip(self.clients[1:], futures):
-            try:
-                results.append(_result(f.result, c, what))
-            except RuntimeError as e:
-                results.append(e)
-        errors = [r for r in results if isinstance(r, Exception)]
-        if errors:
-            raise errors[0]
-        responses = results
+            responses = [_result(lambda: first.step(self.job_id, step_id, overrides[0],
+                                                    self.client_id), first, what)]
+        else:
+            futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id)
+                       for r, c in enumerate(self.clients)]
+            responses = _gather(futures, self.clients, what)
         self.step_id = step_id
         rpc_us = (time.perf_counter() - t0) * 1e6
         timings = {k: max(getattr(r.timings, k) for r in responses) for k in _PHASES}
@@ -498,6 +486,30 @@ def _whole(p: torch.Tensor):
     if p.ndim == 2:
         return list(p.shape), [p.shape[1], 1]
     return [p.numel()], [1]
+
+
+def _gather(futures, clients, what: str):
+    """The responses of concurrent calls, one per daemon, in rank order. The
+    first failure is raised at once (as _result's RuntimeError) and the other
+    calls are cancelled: a peer of a failed step may never answer (a stopped
+    daemon), and waiting for it would hang the trainer."""
+    changed = threading.Event()
+    for f in futures:
+        f.add_done_callback(lambda _: changed.set())
+    pending = set(range(len(futures)))
+    while pending:
+        changed.clear()
+        for i in sorted(pending):
+            if not futures[i].done():
+                continue
+            pending.discard(i)
+            if futures[i].exception() is not None:
+                for j in pending:
+                    futures[j].cancel()
+                _result(futures[i].result, clients[i], what)  # raises
+        if pending:
+            changed.wait()
+    return [_result(f.result, c, what) for f, c in zip(futures, clients)]
 
 
 def _result(call, client: Client, what: str):

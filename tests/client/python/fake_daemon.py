@@ -81,6 +81,10 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         self.state: dict = {}
         self.last_step = 0
         self.requests: list = []
+        # Test hooks: Health's engine_error (with has_plan false when set),
+        # and a Step handler that replaces the fake step.
+        self.engine_error = ""
+        self.on_step = None
         cluster.daemons.append(self)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_OptimizerServicer_to_server(self, self.server)
@@ -91,7 +95,8 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         self.server.stop(None)
 
     def Health(self, request, context):
-        return pb.HealthResponse(serving=True, has_plan=True)
+        return pb.HealthResponse(serving=True, has_plan=not self.engine_error,
+                                 engine_error=self.engine_error)
 
     def GetStatus(self, request, context):
         return pb.GetStatusResponse(rank=self.rank, device="cpu", last_step_id=self.last_step,
@@ -113,6 +118,8 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         return pb.RegisterParamsResponse(num_params=sum(len(g.params) for g in request.groups))
 
     def Step(self, request, context):
+        if self.on_step is not None:
+            return self.on_step(request, context)
         lr = {o.group: o.lr for o in request.overrides if o.HasField("lr")}
         wd = {o.group: o.weight_decay for o in request.overrides if o.HasField("weight_decay")}
         step = request.step_id

@@ -6,7 +6,11 @@ import os
 import sys
 import shutil
 import tempfile
+import threading
+import time
 import unittest
+
+import grpc
 
 import torch
 
@@ -125,6 +129,44 @@ class MuonFakeDaemonTest(unittest.TestCase):
             split = name in ("w_pad_tp1", "w_tp0", "w_fallback", "w_tall")
             self.assertEqual(sorted(ranks), [0, 1, 2, 3] if split else ranks, name)
             self.assertEqual(len(ranks), 4 if split else 1, name)
+
+    def test_engine_error_fails_the_constructor_at_once(self):
+        self.start(2)
+        self.cluster.daemons[1].engine_error = "DEADLINE_EXCEEDED: rendezvous: rank 0 never came"
+        t0 = time.monotonic()
+        with self.assertRaisesRegex(RuntimeError, r"no step engine: DEADLINE_EXCEEDED: "
+                                                  r"rendezvous: rank 0 never came"):
+            Muon(groups(make_params()), daemons=self.addresses, job_id="fake", gtp_size=2,
+                 tp_size=1, wait_healthy_timeout=60, **HYPER)
+        self.assertLess(time.monotonic() - t0, 20, "it waited out wait_healthy_timeout")
+        # The failed constructor unregistered everywhere.
+        self.assertEqual([d.groups for d in self.cluster.daemons], [[], []])
+
+    def test_a_failing_daemon_fails_the_step_while_a_peer_never_answers(self):
+        self.start(2)
+        params = make_params()
+        opt = Muon(groups(params), daemons=self.addresses, job_id="fake", gtp_size=2,
+                   tp_size=1, **HYPER)
+        stuck = threading.Event()
+        self.addCleanup(stuck.set)
+
+        def never_answers(request, context):
+            stuck.wait(60)  # a stopped daemon
+            context.abort(grpc.StatusCode.CANCELLED, "released")
+
+        def fails(request, context):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "a peer daemon is gone")
+
+        self.cluster.daemons[0].on_step = never_answers
+        self.cluster.daemons[1].on_step = fails
+        for p in params.values():
+            p.grad = torch.ones_like(p)
+        t0 = time.monotonic()
+        with self.assertRaisesRegex(RuntimeError, r"Step 1 failed: UNAVAILABLE: a peer daemon "
+                                                  r"is gone"):
+            opt.step()
+        self.assertLess(time.monotonic() - t0, 20, "step() waited for the stopped daemon")
+        self.assertEqual(opt.step_id, 0)  # not advanced: the step can be retried
 
     def test_4x1_matches_reference(self):
         self.compare(4, 1)
