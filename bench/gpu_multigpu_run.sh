@@ -16,11 +16,7 @@
 #   bench/gpu_multigpu_run.sh BUNDLE.tar.xz [MANIFEST=llama3_8b] [LAYERS=4] [PRECISION=medium]
 set -uo pipefail
 tarball=$1; manifest=${2:-llama3_8b}; layers=${3:-4}; precision=${4:-medium}
-out=${OUT:-/tmp/multigpu-out}; mkdir -p "$out"
-R=$(pwd)
-work=/tmp/multigpu-bundle; rm -rf "$work"; mkdir -p "$work"
-tar -xJf "$tarball" -C "$work" || exit 1
-cd "$work"/muond-bundle && . env.sh
+. bench/gpu_bundle_enter.sh && enter_bundle "$tarball" multigpu
 export NCCL_NVLS_ENABLE=0
 gpus=$(nvidia-smi -L | wc -l)
 echo "== $gpus GPUs" | tee "$out/summary.txt"

@@ -14,11 +14,7 @@
 # runs: only the step benchmarks named (SYRK 1 adds --syrk), logs NAME.log/md.
 set -uo pipefail
 tarball=$1; mode=${2:-full}
-out=${OUT:-/tmp/perf-out}; mkdir -p "$out"
-R=$(pwd)
-work=/tmp/perf-bundle; rm -rf "$work"; mkdir -p "$work"
-tar -xJf "$tarball" -C "$work" || exit 1
-cd "$work"/muond-bundle && . env.sh
+. bench/gpu_bundle_enter.sh && enter_bundle "$tarball" perf
 export PYTHONUNBUFFERED=1
 # One step benchmark: MANIFEST LAYERS REPS ROUNDS NS_BATCH SYRK(0|1) NAME;
 # logs $out/NAME.log and .md, prints the breakdown and the table rows.
