@@ -387,6 +387,14 @@ int64_t CoordinatorCore::NextPlanVersion(const Job& job) {
   return std::max(next, job.version_floor + 1);
 }
 
+void CoordinatorCore::AddPlan(Job& job, v1::Plan plan) {
+  job.plans.push_back(std::move(plan));
+  const size_t kept = size_t(std::max(1, options_.plans_kept));
+  if (job.plans.size() > kept) {
+    job.plans.erase(job.plans.begin(), job.plans.end() - kept);
+  }
+}
+
 absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
     const v1::PublishManifestRequest& published,
     const std::string& registration) {
@@ -469,7 +477,7 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
     daemon.new_round = previous_new_round;
     return plan.status();
   }
-  job->plans.push_back(*std::move(plan));
+  AddPlan(*job, *std::move(plan));
   job->planned_fingerprint = fingerprint;
   for (auto& [rank, d] : job->daemons) d.new_round = false;
   LOG(INFO) << "job " << job->id << ": plan version "
@@ -639,7 +647,7 @@ void CoordinatorCore::MaybeRebalance(Job& job) {
               << job.plans.back().version();
     return;
   }
-  job.plans.push_back(*std::move(plan));
+  AddPlan(job, *std::move(plan));
   LOG(INFO) << "job " << job.id << ": NS max/mean " << imbalance << " exceeds "
             << options_.rebalance_threshold
             << "; automatic rebalance to plan version "
@@ -709,7 +717,7 @@ absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
       request.activate_after_steps() == 0 ? 2 : request.activate_after_steps();
   ASSIGN_OR_RETURN(v1::Plan plan,
                    ComputePlan(*job, costs, used_model, latest_step + after));
-  job->plans.push_back(plan);
+  AddPlan(*job, plan);
   LOG(INFO) << "job " << job->id << ": rebalanced to plan version "
             << plan.version() << " (" << used_model << "), activating at step "
             << plan.activate_at_step();

@@ -63,6 +63,10 @@ struct CoordinatorOptions {
   double rebalance_threshold = 0;
   int64_t rebalance_interval_steps = 100;
   int64_t rebalance_activate_margin = 20;
+  // Plans a job keeps, oldest dropped first, so a long job that rebalances
+  // often does not grow without bound (a plan holds every param's home). A
+  // watcher further behind than that gets the oldest kept plan.
+  int plans_kept = 64;
 };
 
 class CoordinatorCore {
@@ -171,7 +175,8 @@ class CoordinatorCore {
     std::string token;
     std::map<int, Daemon> daemons;
     std::map<std::string, std::string> kv;
-    std::vector<v1::Plan> plans;  // every version, oldest first
+    // The newest CoordinatorOptions::plans_kept versions, oldest first.
+    std::vector<v1::Plan> plans;
     // Manifest fingerprint the latest plan was computed from.
     std::string planned_fingerprint;
     // Lowest reported step at the last automatic-rebalance check.
@@ -186,6 +191,8 @@ class CoordinatorCore {
   // The version the job's next plan gets: above its latest plan and above
   // every version a daemon reported holding.
   static int64_t NextPlanVersion(const Job& job);
+  // Appends the job's next plan and drops the oldest beyond plans_kept.
+  void AddPlan(Job& job, v1::Plan plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<Job*> FindJob(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -410,6 +410,32 @@ TEST(CoordinatorCore, WatchersGetEveryPlanVersionInOrder) {
   EXPECT_EQ((*fresh)->version(), 4);
 }
 
+// A job keeps its newest plans_kept plans: a long job that rebalances often
+// does not grow without bound; a watcher further behind gets the oldest kept.
+TEST(CoordinatorCore, KeepsTheNewestPlans) {
+  CoordinatorOptions options = Options();
+  options.plans_kept = 3;
+  CoordinatorCore core(options);
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(core.PublishManifest(Manifest("j", r, kShapes)).ok());
+  }
+  v1::RebalanceRequest req;
+  req.set_job_id("j");
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(core.Rebalance(req).ok());
+  EXPECT_EQ(core.GetPlan("j")->version(), 7);
+  absl::StatusOr<std::optional<v1::Plan>> behind =
+      core.WaitForPlan("j", 1, absl::Seconds(1));
+  ASSERT_TRUE(behind.ok() && behind->has_value());
+  EXPECT_EQ((*behind)->version(), 5) << "versions 1-4 are dropped";
+  absl::StatusOr<std::optional<v1::Plan>> next =
+      core.WaitForPlan("j", 5, absl::Seconds(1));
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ((*next)->version(), 6);
+  // Numbering continues above the dropped versions.
+  EXPECT_EQ(core.Rebalance(req)->version(), 8);
+}
+
 TEST(CoordinatorCore, ListDaemonsReportsJoinedRanks) {
   CoordinatorCore core(Options());
   JoinAll(core, "j", 2);
