@@ -99,7 +99,8 @@ absl::Status CheckDaemonIdentityFlags(const std::string& job_id,
         absl::StrCat("--world_size=", world_size, " must be >= 1"));
   }
   if (rank == -1) {
-    problems.push_back("--rank is required (this daemon's rank)");
+    problems.push_back(
+        "--rank is required (this daemon's rank, >= 0; -1 means unset)");
   } else if (rank < 0 || (world_size >= 1 && rank >= world_size)) {
     problems.push_back(
         world_size >= 1
