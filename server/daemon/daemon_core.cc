@@ -20,6 +20,9 @@
 namespace muond {
 namespace {
 
+// Plans a daemon keeps (OnPlan), as the coordinator does.
+constexpr size_t kPlansKept = 64;
+
 v1::StepTimings ToProto(const PhaseTimings& t) {
   v1::StepTimings out;
   out.set_momentum_us(t.momentum_us);
@@ -93,6 +96,9 @@ void DaemonCore::OnPlan(const v1::Plan& plan) {
   absl::MutexLock lock(&mu_);
   if (plans_.count(plan.version())) return;
   plans_[plan.version()] = plan;
+  // The newest kPlansKept only: the engine keeps 8 homes versions, so older
+  // plans are never asked for, and a long job would grow without bound.
+  while (plans_.size() > kPlansKept) plans_.erase(plans_.begin());
   LOG(INFO) << "plan version " << plan.version()
             << " received (activates at step " << plan.activate_at_step()
             << ", cost model '" << plan.cost_model() << "')"

@@ -471,6 +471,19 @@ TEST_F(DaemonCoreTest, EveryPlanVersionReachesTheEngineInOrder) {
   EXPECT_EQ(fake_->homes_set[2].second[0].g, 0);
 }
 
+// A daemon keeps its newest 64 plans; the engine gets the kept versions.
+TEST_F(DaemonCoreTest, KeepsTheNewestPlans) {
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  for (int64_t v = 1; v <= 70; ++v) core_->OnPlan(PlanFor(v, 0, v % 2));
+  WaitForEngine();
+  absl::StatusOr<v1::StepResponse> s1 = core_->Step(StepReq(1));
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  EXPECT_EQ(s1->plan_version(), 70);
+  ASSERT_EQ(fake_->versions_set.size(), 64u);
+  EXPECT_EQ(fake_->versions_set.front(), 7);
+  EXPECT_EQ(fake_->versions_set.back(), 70);
+}
+
 // A re-registration uses only plans of its own round (never the plan of the
 // previous trainer, whose rendezvous keys are stale); when every plan of the
 // round activates later than the step, the round's oldest one serves it.
