@@ -55,16 +55,25 @@ def job_id(text):
     return text
 
 
+# One daemon process per rank on this host: far more than the cores is a typo.
+MAX_LOCAL_RANKS = 64
+
+
 def domain(text):
-    """'GxT' -> (G, T), both >= 1."""
+    """'GxT' -> (G, T), both >= 1, G * T <= MAX_LOCAL_RANKS."""
     parts = text.lower().split("x")
     if len(parts) != 2:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not G x T (GTP_remat size x TP size), e.g. 2x2")
     try:
-        return tuple(positive_int(p) for p in parts)
+        G, T = (positive_int(p) for p in parts)
     except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(f"--ranks {text!r}: {e}") from None
+    if G * T > MAX_LOCAL_RANKS:
+        raise argparse.ArgumentTypeError(
+            f"--ranks {text!r}: {G * T} ranks, but the launcher starts one daemon "
+            f"process per rank on this host; at most {MAX_LOCAL_RANKS}")
+    return G, T
 
 
 def parse_args(argv=None):

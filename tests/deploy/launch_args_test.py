@@ -45,6 +45,9 @@ class LaunchArgsTest(unittest.TestCase):
         self.assertRefused(launch("--check-args", "--health-timeout", "0"), 2,
                            "--health-timeout", "must be > 0")
         self.assertEqual(launch("--check-args", "--job-id", "run-7.a_b").returncode, 0)
+        self.assertRefused(launch("--check-args", "--ranks", "1000x1000"), 2,
+                           "--ranks '1000x1000'", "1000000 ranks", "at most 64")
+        self.assertEqual(launch("--check-args", "--ranks", "8x8").returncode, 0)
 
     def test_unusable_out_and_bin_fail_before_starting_anything(self):
         blocker = os.path.join(self.tmp, "file")
