@@ -163,7 +163,7 @@ class Muon(torch.optim.Optimizer):
                  daemons=(), job_id: str = "default", gtp_size: int = 1, tp_size: int = 1,
                  shard_mode: str = "split", g: int = 0, t: int = 0, domain_name: str = "dense",
                  client_id: str | None = None, wait_healthy_timeout: float = 30.0,
-                 rpc_timeout: float | None = None, first_step_id: int = 1):
+                 rpc_timeout: float | None = 300.0, first_step_id: int = 1):
         if ns_coefficients is not None:
             if coefficient_type not in (None, "custom"):
                 raise ValueError("give ns_coefficients or coefficient_type, not both")
