@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/torch_muon_defaults.h"
 #include "core/backend/cuda_backend.h"
 #include "core/common/status_macros.h"
 #include "core/muon/muon_update.h"
@@ -128,25 +129,9 @@ int Main(int argc, char** argv) {
   if (!backend_or.ok()) return Fail(backend_or.status());
   Backend& b = **backend_or;
 
-  MuonOptions o;
-  o.lr = 0.02;
-  o.momentum = 0.95;
-  o.nesterov = true;
-  o.weight_decay = 0.1;
-  o.weight_decay_method = WeightDecayMethod::kDecoupled;
-  o.ns.coefficient_type = CoefficientType::kSimple;
-  o.ns.num_steps = 5;
-  o.ns.eps = 1e-7f;
-  o.scale_mode = ScaleMode::kOriginal;
-  o.extra_scale_factor = 1.0;
-  if (precision == "medium")
-    o.ns.precision = MatmulPrecision::kMedium;
-  else if (precision == "high")
-    o.ns.precision = MatmulPrecision::kHigh;
-  else if (precision == "highest")
-    o.ns.precision = MatmulPrecision::kHighest;
-  else
-    return Fail(absl::InvalidArgumentError("--precision: highest|high|medium"));
+  absl::StatusOr<MuonOptions> defaults = TorchMuonDefaults(precision);
+  if (!defaults.ok()) return Fail(defaults.status());
+  MuonOptions o = *defaults;
   if (ns_batch < 1)
     return Fail(absl::InvalidArgumentError("--ns_batch_size >= 1"));
   o.ns_batch_size = ns_batch;

@@ -51,6 +51,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/common/torch_muon_defaults.h"
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
 #include "core/comm/gloo_communicator.h"
@@ -133,23 +134,6 @@ PhaseTimings MedianTimings(const std::vector<PhaseTimings>& steps) {
   return out;
 }
 
-MuonOptions BenchMuonOptions(const std::string& precision) {
-  // torch.optim.Muon's defaults, as bench/gpu/step_bench.cc.
-  MuonOptions o;
-  o.lr = 0.02;
-  o.momentum = 0.95;
-  o.nesterov = true;
-  o.weight_decay = 0.1;
-  o.ns.coefficient_type = CoefficientType::kSimple;
-  o.ns.num_steps = 5;
-  o.ns.eps = 1e-7f;
-  o.scale_mode = ScaleMode::kOriginal;
-  o.ns.precision = precision == "highest" ? MatmulPrecision::kHighest
-                   : precision == "high"  ? MatmulPrecision::kHigh
-                                          : MatmulPrecision::kMedium;
-  return o;
-}
-
 class Rank {
  public:
   Rank(const Options& o, int rank, int world, const std::string& dir)
@@ -161,7 +145,7 @@ class Rank {
     } else {
       backend_ = MakeCpuBackend();
     }
-    muon_ = BenchMuonOptions(o_.precision);
+    ASSIGN_OR_RETURN(muon_, TorchMuonDefaults(o_.precision));
     if (world_ > 1) {
       if (o_.cuda) {
         NcclOptions nccl;

@@ -166,7 +166,6 @@ void DaemonCore::BuilderLoop() {
       reg = registration_;
       plan = *NewestMatchingPlan(std::nullopt);
       generation = registration_generation_;
-      building_ = true;
     }
     LOG(INFO) << "creating the step engine for plan version " << plan.version();
     // The engine is dropped anyway once the registration changes, so peers
@@ -174,7 +173,6 @@ void DaemonCore::BuilderLoop() {
     std::optional<absl::StatusOr<std::unique_ptr<StepEngine>>> built =
         BuildUnlessAbandoned(reg, plan, generation);
     absl::MutexLock lock(&mu_);
-    building_ = false;
     if (shutdown_) return;
     if (!built.has_value() || generation != registration_generation_) {
       LOG(INFO) << "dropped the step engine for plan version " << plan.version()

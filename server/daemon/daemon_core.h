@@ -186,7 +186,6 @@ class DaemonCore {
   std::optional<int64_t> last_step_id_ ABSL_GUARDED_BY(mu_);
   v1::StepResponse last_response_ ABSL_GUARDED_BY(mu_);
   std::string engine_error_ ABSL_GUARDED_BY(mu_);
-  bool building_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread builder_;

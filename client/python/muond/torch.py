@@ -219,10 +219,8 @@ class Muon(torch.optim.Optimizer):
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout)
             per_rank = self._place_params()
-            futures = [c.register_future(job_id, per_rank[r], self.client_id)
-                       for r, c in enumerate(self.clients)]
-            for c, f in zip(self.clients, futures):
-                _result(f.result, c, "RegisterParams")
+            _gather([c.register_future(job_id, per_rank[r], self.client_id)
+                     for r, c in enumerate(self.clients)], self.clients, "RegisterParams")
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout, need_plan=True)
             # The daemons read the shared grad buffers, which never move.
