@@ -24,16 +24,12 @@ inline absl::StatusOr<MuonOptions> TorchMuonDefaults(
   o.ns.eps = 1e-7f;
   o.scale_mode = ScaleMode::kOriginal;
   o.extra_scale_factor = 1.0;
-  if (precision == "medium") {
-    o.ns.precision = MatmulPrecision::kMedium;
-  } else if (precision == "high") {
-    o.ns.precision = MatmulPrecision::kHigh;
-  } else if (precision == "highest") {
-    o.ns.precision = MatmulPrecision::kHighest;
-  } else {
-    return absl::InvalidArgumentError(
-        "--precision: highest|high|medium, got '" + precision + "'");
+  absl::StatusOr<MatmulPrecision> p = ParseMatmulPrecision(precision);
+  if (!p.ok()) {
+    return absl::InvalidArgumentError("--precision: " +
+                                      std::string(p.status().message()));
   }
+  o.ns.precision = *p;
   return o;
 }
 

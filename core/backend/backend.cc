@@ -54,6 +54,16 @@ std::string_view MatmulPrecisionName(MatmulPrecision precision) {
   return "unknown";
 }
 
+absl::StatusOr<MatmulPrecision> ParseMatmulPrecision(std::string_view name) {
+  for (MatmulPrecision p : {MatmulPrecision::kHighest, MatmulPrecision::kHigh,
+                            MatmulPrecision::kMedium}) {
+    if (MatmulPrecisionName(p) == name) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("fp32_matmul_prec '", std::string(name),
+                   "' is not highest, high or medium"));
+}
+
 std::string_view WeightDecayMethodName(WeightDecayMethod method) {
   switch (method) {
     case WeightDecayMethod::kDecoupled:

@@ -37,6 +37,9 @@ namespace muond {
 // The CPU backend implements kHighest and kMedium (not kHigh: no TF32 on CPUs).
 enum class MatmulPrecision : int32_t { kHighest = 0, kHigh = 1, kMedium = 2 };
 std::string_view MatmulPrecisionName(MatmulPrecision precision);
+// "highest", "high" or "medium" (MatmulPrecisionName); InvalidArgument
+// "fp32_matmul_prec '<name>' is not highest, high or medium" otherwise.
+absl::StatusOr<MatmulPrecision> ParseMatmulPrecision(std::string_view name);
 
 // Whether a GEMM operand is used as stored or transposed.
 enum class Op : int32_t { kN = 0, kT = 1 };

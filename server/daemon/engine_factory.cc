@@ -61,17 +61,11 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
   if (h.extra_scale_factor() != 0)
     o.extra_scale_factor = h.extra_scale_factor();
   if (h.ns_batch_size() != 0) o.ns_batch_size = h.ns_batch_size();
-  const std::string& prec = h.fp32_matmul_prec();
-  if (prec.empty() || prec == "highest") {
-    o.ns.precision = MatmulPrecision::kHighest;
-  } else if (prec == "high") {
-    o.ns.precision = MatmulPrecision::kHigh;
-  } else if (prec == "medium") {
-    o.ns.precision = MatmulPrecision::kMedium;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group '", group.name(), "': fp32_matmul_prec '", prec,
-                     "' is not highest, high or medium"));
+  if (!h.fp32_matmul_prec().empty()) {
+    absl::StatusOr<MatmulPrecision> p =
+        ParseMatmulPrecision(h.fp32_matmul_prec());
+    RETURN_IF_ERROR(InGroup(group, p.status()));
+    o.ns.precision = *p;
   }
   o.ns.use_syrk = h.use_syrk();
   RETURN_IF_ERROR(InGroup(group, o.Validate()));
