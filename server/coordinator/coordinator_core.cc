@@ -129,6 +129,10 @@ std::string Fingerprint(const std::map<int, std::string>& manifests) {
 
 }  // namespace
 
+absl::Status CoordinatorOptions::Validate() const {
+  return ValidatePlansKept("plans_kept", plans_kept);
+}
+
 CoordinatorCore::CoordinatorCore(CoordinatorOptions options)
     : options_(std::move(options)) {}
 
@@ -167,6 +171,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
   std::unique_ptr<Job>& slot = jobs_[request.job_id()];
   if (slot == nullptr) {
     slot = std::make_unique<Job>();
+    slot->plans = PlanHistory<v1::Plan>(options_.plans_kept);
     slot->id = request.job_id();
     slot->world_size = request.world_size();
     slot->token = request.token();
@@ -339,7 +344,7 @@ absl::StatusOr<v1::Plan> CoordinatorCore::ComputePlan(
   }
   v1::Plan plan;
   plan.set_job_id(job.id);
-  plan.set_version(NextPlanVersion(job));
+  plan.set_version(job.plans.NextVersion());
   plan.set_activate_at_step(activate_at_step);
   plan.set_cost_model(cost_model);
   for (const auto& [name, info] : groups) {
@@ -382,19 +387,6 @@ absl::Status CoordinatorCore::PublishManifest(
   return PublishRegistration(request, "").status();
 }
 
-int64_t CoordinatorCore::NextPlanVersion(const Job& job) {
-  const int64_t next = job.plans.empty() ? 1 : job.plans.back().version() + 1;
-  return std::max(next, job.version_floor + 1);
-}
-
-void CoordinatorCore::AddPlan(Job& job, v1::Plan plan) {
-  job.plans.push_back(std::move(plan));
-  const size_t kept = size_t(std::max(1, options_.plans_kept));
-  if (job.plans.size() > kept) {
-    job.plans.erase(job.plans.begin(), job.plans.end() - kept);
-  }
-}
-
 absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
     const v1::PublishManifestRequest& published,
     const std::string& registration) {
@@ -423,11 +415,10 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
                      "'; Join first"));
   }
   Daemon& daemon = it->second;
-  job->version_floor =
-      std::max(job->version_floor, published.known_plan_version());
-  job->resume_step = std::max(job->resume_step, published.last_step_id());
+  job->plans.RaiseFloor(published.known_plan_version(),
+                        published.last_step_id());
   // Any plan computed from now on is at least this version.
-  const int64_t round_version = NextPlanVersion(*job);
+  const int64_t round_version = job->plans.NextVersion();
   const std::string bytes = request.SerializeAsString();
   const bool same_manifest =
       daemon.has_manifest && daemon.manifest.SerializeAsString() == bytes;
@@ -465,9 +456,7 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
   // plans of its predecessor: they keep those until every rank can switch
   // together, as after a rebalance.
   const int64_t activate =
-      job->plans.empty() && job->resume_step > 0
-          ? job->resume_step + options_.rebalance_activate_margin
-          : 0;
+      job->plans.RoundActivationStep(options_.rebalance_activate_margin);
   absl::StatusOr<v1::Plan> plan =
       ComputePlan(*job, CostTable{}, "ns_cost", activate);
   if (!plan.ok()) {
@@ -477,12 +466,12 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
     daemon.new_round = previous_new_round;
     return plan.status();
   }
-  AddPlan(*job, *std::move(plan));
+  RETURN_IF_ERROR(job->plans.Append(*std::move(plan)));
   job->planned_fingerprint = fingerprint;
   for (auto& [rank, d] : job->daemons) d.new_round = false;
   LOG(INFO) << "job " << job->id << ": plan version "
-            << job->plans.back().version() << " computed for "
-            << job->plans.back().groups_size() << " groups";
+            << job->plans.newest()->version() << " computed for "
+            << job->plans.newest()->groups_size() << " groups";
   return round_version;
 }
 
@@ -493,7 +482,7 @@ absl::StatusOr<v1::Plan> CoordinatorCore::GetPlan(const std::string& job_id) {
     return absl::NotFoundError(absl::StrCat(
         "job '", job_id, "' has no plan yet (waiting for manifests)"));
   }
-  return job->plans.back();
+  return *job->plans.newest();
 }
 
 absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForPlan(
@@ -501,19 +490,12 @@ absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForPlan(
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJob(job_id));
   auto newer = [job, after_version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !job->plans.empty() && job->plans.back().version() > after_version;
+    return job->plans.NextForWatcher(after_version) != nullptr;
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&newer), timeout)) {
     return std::optional<v1::Plan>();
   }
-  if (after_version <= 0) return std::optional<v1::Plan>(job->plans.back());
-  // The next version, not the newest: a daemon must hold every version its
-  // domain's ranks may agree on (the oldest of their newest), so a watcher
-  // that fell behind a burst of rebalances must not skip one.
-  auto next = std::upper_bound(
-      job->plans.begin(), job->plans.end(), after_version,
-      [](int64_t v, const v1::Plan& plan) { return v < plan.version(); });
-  return std::optional<v1::Plan>(*next);
+  return std::optional<v1::Plan>(*job->plans.NextForWatcher(after_version));
 }
 
 absl::Status CoordinatorCore::ReportTimings(
@@ -611,7 +593,7 @@ void CoordinatorCore::MaybeRebalance(Job& job) {
   // previous check must be `interval` steps ago (hysteresis).
   const int64_t interval =
       std::max<int64_t>(1, options_.rebalance_interval_steps);
-  const int64_t since = std::max(job.plans.back().activate_at_step(),
+  const int64_t since = std::max(job.plans.newest()->activate_at_step(),
                                  job.last_rebalance_check_step);
   if (oldest < 0 || oldest - since < interval) return;
   job.last_rebalance_check_step = oldest;
@@ -639,21 +621,24 @@ void CoordinatorCore::MaybeRebalance(Job& job) {
                  << ": automatic rebalance failed: " << plan.status();
     return;
   }
-  if (SameHomes(*plan, job.plans.back())) {
+  if (SameHomes(*plan, *job.plans.newest())) {
     LOG(INFO) << "job " << job.id << ": NS max/mean " << imbalance
               << " exceeds " << options_.rebalance_threshold
               << " but the measured cost table gives the same homes; "
                  "keeping plan version "
-              << job.plans.back().version();
+              << job.plans.newest()->version();
     return;
   }
-  AddPlan(job, *std::move(plan));
+  if (absl::Status st = job.plans.Append(*std::move(plan)); !st.ok()) {
+    LOG(WARNING) << "job " << job.id << ": automatic rebalance failed: " << st;
+    return;
+  }
   LOG(INFO) << "job " << job.id << ": NS max/mean " << imbalance << " exceeds "
             << options_.rebalance_threshold
             << "; automatic rebalance to plan version "
-            << job.plans.back().version() << " (measured, " << costs.size()
+            << job.plans.newest()->version() << " (measured, " << costs.size()
             << " shapes), activating at step "
-            << job.plans.back().activate_at_step();
+            << job.plans.newest()->activate_at_step();
 }
 
 absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
@@ -693,7 +678,7 @@ absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
   // steps they published with their manifests count too, or the plan would
   // activate at a step already past and each rank would switch whenever the
   // plan reaches it.
-  int64_t latest_step = job->resume_step;
+  int64_t latest_step = job->plans.resume_step();
   for (const auto& [rank, d] : job->daemons) {
     latest_step = std::max(latest_step, d.last_step_id);
   }
@@ -717,7 +702,7 @@ absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
       request.activate_after_steps() == 0 ? 2 : request.activate_after_steps();
   ASSIGN_OR_RETURN(v1::Plan plan,
                    ComputePlan(*job, costs, used_model, latest_step + after));
-  AddPlan(*job, plan);
+  RETURN_IF_ERROR(job->plans.Append(plan));
   LOG(INFO) << "job " << job->id << ": rebalanced to plan version "
             << plan.version() << " (" << used_model << "), activating at step "
             << plan.activate_at_step();

@@ -13,7 +13,9 @@
 // watchers. Rebalance computes version + 1 with a cost table; it activates at
 // the latest reported step + activate_after_steps. A rank that publishes a
 // different manifest later (re-registration) invalidates the job's manifests
-// until all ranks agree again; the next plan gets the next version.
+// until all ranks agree again; the next plan gets the next version. Version
+// numbers, the floor after a coordinator restart and retention are the rules
+// of each job's PlanHistory (core/plan/plan_history.h).
 //
 // Thread-safety: all methods are thread-safe; WaitForPlan and KvGet block.
 #include <functional>
@@ -28,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/plan/plan_history.h"
 #include "muond/v1/muond.pb.h"
 
 namespace muond {
@@ -49,11 +52,12 @@ struct CoordinatorOptions {
   // Longest a KvGet or a watcher may block in one call.
   absl::Duration max_wait = absl::Minutes(10);
   GroupPlanner planner;
-  // Automatic rebalancing from measured timings (DESIGN.md §4). A job is
-  // checked when every rank has reported a step at least
-  // `rebalance_interval_steps` after both the activation of its latest plan
-  // and its previous check (hysteresis: at most one automatic rebalance per
-  // that many steps, and only from timings measured under the current plan).
+  // Automatic rebalancing from measured timings (docs/ARCHITECTURE.md
+  // "Plans and their versions"). A job is checked when every rank has
+  // reported a step at least `rebalance_interval_steps` after both the
+  // activation of its latest plan and its previous check (hysteresis: at most
+  // one automatic rebalance per that many steps, and only from timings
+  // measured under the current plan).
   // It is rebalanced when the per-rank NS phase times of the latest reports
   // show max/mean > `rebalance_threshold`: the job is planned again with the
   // measured cost table ("measured" model) and, if any home changes, the
@@ -65,8 +69,13 @@ struct CoordinatorOptions {
   int64_t rebalance_activate_margin = 20;
   // Plans a job keeps, oldest dropped first, so a long job that rebalances
   // often does not grow without bound (a plan holds every param's home). A
-  // watcher further behind than that gets the oldest kept plan.
-  int plans_kept = 64;
+  // watcher further behind than that gets the oldest kept plan. In
+  // [1, kPlansKept] (Validate): daemons keep kPlansKept, so keeping more is
+  // of no use.
+  int plans_kept = kPlansKept;
+
+  // InvalidArgument naming the field: plans_kept outside [1, kPlansKept].
+  absl::Status Validate() const;
 };
 
 class CoordinatorCore {
@@ -175,24 +184,17 @@ class CoordinatorCore {
     std::string token;
     std::map<int, Daemon> daemons;
     std::map<std::string, std::string> kv;
-    // The newest CoordinatorOptions::plans_kept versions, oldest first.
-    std::vector<v1::Plan> plans;
+    // The newest CoordinatorOptions::plans_kept versions; its floor and
+    // resume step come from the daemons' publishes (PublishManifestRequest:
+    // the newest plan version any of them holds and the latest step any of
+    // them applied), non-zero on a coordinator that restarted under running
+    // daemons.
+    PlanHistory<v1::Plan> plans;
     // Manifest fingerprint the latest plan was computed from.
     std::string planned_fingerprint;
     // Lowest reported step at the last automatic-rebalance check.
     int64_t last_rebalance_check_step = -1;
-    // From the daemons' publishes (PublishManifestRequest): the newest plan
-    // version any of them holds and the latest step any of them applied.
-    // Non-zero on a fresh coordinator means it restarted under running
-    // daemons.
-    int64_t version_floor = 0;
-    int64_t resume_step = 0;
   };
-  // The version the job's next plan gets: above its latest plan and above
-  // every version a daemon reported holding.
-  static int64_t NextPlanVersion(const Job& job);
-  // Appends the job's next plan and drops the oldest beyond plans_kept.
-  void AddPlan(Job& job, v1::Plan plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<Job*> FindJob(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -201,7 +203,8 @@ class CoordinatorCore {
   absl::Status CheckAgainstPeers(const Job& job,
                                  const v1::PublishManifestRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Computes the job's next plan (NextPlanVersion) from its manifests.
+  // Computes the job's next plan (PlanHistory::NextVersion) from its
+  // manifests.
   absl::StatusOr<v1::Plan> ComputePlan(const Job& job, const CostTable& costs,
                                        const std::string& cost_model,
                                        int64_t activate_at_step)

@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
                        const muond::CostTable& costs) {
     return muond::PlanGroup(manifest, model, costs);
   };
+  if (absl::Status st = options.Validate(); !st.ok()) {
+    LOG(ERROR) << st.message();
+    return 2;
+  }
   muond::CoordinatorCore core(options);
   muond::CoordinatorService service(&core, options.token);
   const std::string listen = absl::GetFlag(FLAGS_listen);
