@@ -20,9 +20,6 @@
 namespace muond {
 namespace {
 
-// Plans a daemon keeps (OnPlan), as the coordinator does.
-constexpr size_t kPlansKept = 64;
-
 v1::StepTimings ToProto(const PhaseTimings& t) {
   v1::StepTimings out;
   out.set_momentum_us(t.momentum_us);
@@ -82,23 +79,16 @@ bool DaemonCore::PlanMatches(const v1::Plan& plan) const {
   return true;
 }
 
-const v1::Plan* DaemonCore::NewestMatchingPlan(
-    std::optional<int64_t> at_step) const {
-  for (auto it = plans_.rbegin(); it != plans_.rend(); ++it) {
-    if (it->first < round_plan_version_) break;  // an earlier round's plan
-    if (at_step && it->second.activate_at_step() > *at_step) continue;
-    if (PlanMatches(it->second)) return &it->second;
-  }
-  return nullptr;
+PlanHistory<v1::Plan>::Usable DaemonCore::Matches() const {
+  return [this](const v1::Plan& plan) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return PlanMatches(plan);  // called under mu_ by plans_' methods
+  };
 }
 
 void DaemonCore::OnPlan(const v1::Plan& plan) {
   absl::MutexLock lock(&mu_);
-  if (plans_.count(plan.version())) return;
-  plans_[plan.version()] = plan;
-  // The newest kPlansKept only: the engine keeps 8 homes versions, so older
-  // plans are never asked for, and a long job would grow without bound.
-  while (plans_.size() > kPlansKept) plans_.erase(plans_.begin());
+  // The newest kPlansKept only, as the coordinator and the engine keep.
+  if (!plans_.Insert(plan)) return;
   LOG(INFO) << "plan version " << plan.version()
             << " received (activates at step " << plan.activate_at_step()
             << ", cost model '" << plan.cost_model() << "')"
@@ -156,7 +146,7 @@ void DaemonCore::BuilderLoop() {
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (shutdown_) return true;
         if (registration_ == nullptr || engine_ != nullptr) return false;
-        const v1::Plan* p = NewestMatchingPlan(std::nullopt);
+        const v1::Plan* p = plans_.NewestOfRound(Matches());
         return p != nullptr &&
                !(registration_generation_ == failed_generation &&
                  p->version() <= failed_version);
@@ -164,7 +154,7 @@ void DaemonCore::BuilderLoop() {
       mu_.Await(absl::Condition(&ready));
       if (shutdown_) return;
       reg = registration_;
-      plan = *NewestMatchingPlan(std::nullopt);
+      plan = *plans_.NewestOfRound(Matches());
       generation = registration_generation_;
     }
     LOG(INFO) << "creating the step engine for plan version " << plan.version();
@@ -255,12 +245,12 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
             << reg->groups.size() << " groups for client '" << reg->client_id
             << "' (" << reg->mappings.size() << " mappings)";
   registration_ = std::move(reg);
-  round_plan_version_ = *round_version;
+  plans_.StartRound(*round_version);
   ++registration_generation_;
   last_step_id_.reset();
   active_plan_version_ = 0;
   engine_error_.clear();
-  if (const v1::Plan* p = NewestMatchingPlan(std::nullopt)) {
+  if (const v1::Plan* p = plans_.NewestOfRound(Matches())) {
     response.set_plan_version(p->version());
   }
   return response;
@@ -302,19 +292,10 @@ absl::Status DaemonCore::SetEngineHomes(const v1::Plan& plan) {
 }
 
 absl::Status DaemonCore::ActivatePlanFor(int64_t step_id) {
-  const v1::Plan* plan = NewestMatchingPlan(step_id);
-  if (plan == nullptr) {
-    // Every plan of the round activates later (e.g. a restarted job stepping
-    // from 1 under a rebalance made for a later step): use the round's
-    // oldest, which every rank of the domain received too.
-    for (auto it = plans_.lower_bound(round_plan_version_); it != plans_.end();
-         ++it) {
-      if (PlanMatches(it->second)) {
-        plan = &it->second;
-        break;
-      }
-    }
-  }
+  // When every plan of the round activates later (e.g. a restarted job
+  // stepping from 1 under a rebalance made for a later step) this is the
+  // round's oldest, which every rank of the domain received too.
+  const v1::Plan* plan = plans_.ActiveAt(step_id, Matches());
   if (plan == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("no plan is active at step ", step_id,
@@ -325,10 +306,9 @@ absl::Status DaemonCore::ActivatePlanFor(int64_t step_id) {
   // domain's ranks agree each step on the oldest of their newest versions,
   // so a rank may have to route by a version it skipped over while a peer
   // that received it late catches up.
-  for (auto it = plans_.upper_bound(
-           std::max(active_plan_version_, round_plan_version_ - 1));
-       it != plans_.end() && it->first <= plan->version(); ++it) {
-    if (PlanMatches(it->second)) RETURN_IF_ERROR(SetEngineHomes(it->second));
+  for (const v1::Plan* handed :
+       plans_.HandOver(active_plan_version_, plan->version(), Matches())) {
+    RETURN_IF_ERROR(SetEngineHomes(*handed));
   }
   LOG(INFO) << "plan version " << plan->version() << " active from step "
             << step_id;
@@ -428,11 +408,8 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
   response.set_step_id(request.step_id());
   *response.mutable_timings() = ToProto(result->timings);
   // The version the domains agreed on (a peer may not have the newest yet).
-  int64_t used_version = active_plan_version_;
-  for (const auto& [group, version] : result->homes_versions) {
-    used_version = std::min(used_version, version);
-  }
-  response.set_plan_version(used_version);
+  response.set_plan_version(
+      AgreedPlanVersion(active_plan_version_, result->homes_versions));
   for (const std::string& name : result->skipped_nonfinite) {
     response.add_skipped_nonfinite(name);
   }
@@ -475,7 +452,7 @@ v1::GetStatusResponse DaemonCore::Status() {
   s.set_num_params(registration_ ? registration_->num_params : 0);
   s.set_last_step_id(last_step_id_.value_or(-1));
   s.set_plan_version(active_plan_version_);
-  if (const v1::Plan* p = NewestMatchingPlan(std::nullopt)) {
+  if (const v1::Plan* p = plans_.NewestOfRound(Matches())) {
     s.set_latest_plan_version(p->version());
   }
   *s.mutable_last_timings() = last_response_.timings();

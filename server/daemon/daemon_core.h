@@ -19,15 +19,15 @@
 // UnregisterParams from any other client_id (empty included) are
 // PermissionDenied.
 //
-// Plans: every plan received is kept; only plans of the current registration
+// Plans (PlanHistory, core/plan/plan_history.h, holds the rules): the newest
+// kPlansKept plans received are kept; only plans of the current registration
 // round (version >= the round version the coordinator answered at
 // RegisterParams) are used. The engine is built from the newest such plan;
-// before step s the daemon activates the newest one with activate_at_step <= s
-// (SetHomes per group), so all ranks of a domain switch at the same boundary;
-// when every one activates later, the oldest one of the round (the same rule
-// on every rank). Plans that do not match the
-// registration (other groups or param counts) are ignored. Losing the
-// coordinator changes nothing: the daemon keeps stepping with its plans.
+// before step s the daemon activates PlanHistory::ActiveAt(s) (SetHomes per
+// group), so all ranks of a domain switch at the same boundary. Plans that do
+// not match the registration (other groups or param counts) are ignored.
+// Losing the coordinator changes nothing: the daemon keeps stepping with its
+// plans.
 //
 // Thread-safety: all methods are thread-safe; steps are serialized.
 #include <functional>
@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/comm/communicator.h"
+#include "core/plan/plan_history.h"
 #include "core/step/layer_sharded_muon.h"
 #include "muond/v1/muond.pb.h"
 #include "server/daemon/memory_mapper.h"
@@ -143,8 +144,8 @@ class DaemonCore {
  private:
   bool PlanMatches(const v1::Plan& plan) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  const v1::Plan* NewestMatchingPlan(std::optional<int64_t> at_step) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PlanMatches as PlanHistory's predicate (call it under mu_).
+  PlanHistory<v1::Plan>::Usable Matches() const;
   void BuilderLoop();
   // Runs the factory on a thread of its own and returns its result, or
   // nullopt once the registration `generation` is gone or the daemon shuts
@@ -179,10 +180,9 @@ class DaemonCore {
   std::shared_ptr<Registration> registration_ ABSL_GUARDED_BY(mu_);
   uint64_t registration_generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<StepEngine> engine_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, v1::Plan> plans_ ABSL_GUARDED_BY(mu_);  // by version
+  // Every plan received; its round is the current registration's.
+  PlanHistory<v1::Plan> plans_ ABSL_GUARDED_BY(mu_);
   int64_t active_plan_version_ ABSL_GUARDED_BY(mu_) = 0;
-  // Lowest plan version of the current registration round.
-  int64_t round_plan_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<int64_t> last_step_id_ ABSL_GUARDED_BY(mu_);
   v1::StepResponse last_response_ ABSL_GUARDED_BY(mu_);
   std::string engine_error_ ABSL_GUARDED_BY(mu_);
