@@ -3,6 +3,8 @@
 #include <iostream>
 
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/auth.h"
 #include "server/common/cli.h"
 #include "server/common/logging.h"
 #include "server/common/shutdown.h"
@@ -21,6 +23,33 @@ bool BeginServerMain(int argc, char** argv, absl::string_view usage,
   absl::ParseCommandLine(argc, argv);
   InitServerLogging(argv[0]);
   return true;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CheckListener(
+    const ListenerFlags& flags) {
+  if (absl::Status st = CheckListenAddress("--listen", flags.listen);
+      !st.ok()) {
+    return st;
+  }
+  return ServerCredentials(flags.tls_cert, flags.tls_key);
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const std::string& listen,
+    const std::shared_ptr<grpc::ServerCredentials>& credentials,
+    grpc::Service* service, int max_receive_bytes, absl::string_view busy_hint,
+    int* bound_port) {
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(max_receive_bytes);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(listen, credentials, bound_port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || (bound_port != nullptr && *bound_port == 0)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,
+                                               " (--listen: ", busy_hint, ")"));
+  }
+  return server;
 }
 
 }  // namespace muond

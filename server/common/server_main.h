@@ -1,8 +1,12 @@
 #pragma once
 // The start every server main shares (muond, muond-coordinator).
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace muond {
@@ -14,5 +18,31 @@ namespace muond {
 // Returns true when the server should go on starting.
 bool BeginServerMain(int argc, char** argv, absl::string_view usage,
                      const std::vector<std::string>& flag_sources);
+
+// A server's listening flags.
+struct ListenerFlags {
+  std::string listen;    // --listen
+  std::string tls_cert;  // --tls_cert
+  std::string tls_key;   // --tls_key
+};
+
+// The checks both servers make before binding: --listen's form
+// (CheckListenAddress) and the TLS files (ServerCredentials; insecure
+// credentials without --tls_cert). InvalidArgument naming the flag.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CheckListener(
+    const ListenerFlags& flags);
+
+// Binds `listen` and starts serving `service`, with SO_REUSEPORT off
+// (gRPC's default is on: a second server on a busy port would start too and
+// the kernel would split the clients between the two; refuse the busy port
+// instead) and messages up to `max_receive_bytes`. `bound_port`, when
+// non-null, receives the TCP port bound (port 0 picks a free one).
+// Unavailable "cannot listen on <listen> (--listen: <busy_hint>)" when the
+// address cannot be bound.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const std::string& listen,
+    const std::shared_ptr<grpc::ServerCredentials>& credentials,
+    grpc::Service* service, int max_receive_bytes, absl::string_view busy_hint,
+    int* bound_port = nullptr);
 
 }  // namespace muond

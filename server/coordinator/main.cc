@@ -1,5 +1,6 @@
 // muond-coordinator: rendezvous store, manifests and NS-home plans for any
-// number of jobs (DESIGN.md §1, §4). Listens on TCP.
+// number of jobs (docs/ARCHITECTURE.md "Processes", "Plans and their
+// versions"). Listens on TCP.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -84,43 +85,36 @@ int main(int argc, char** argv) {
   }
   muond::CoordinatorCore core(options);
   muond::CoordinatorService service(&core, options.token);
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  if (absl::Status st = muond::CheckListenAddress("--listen", listen);
-      !st.ok()) {
-    LOG(ERROR) << st.message();
+  const muond::ListenerFlags listener = {absl::GetFlag(FLAGS_listen),
+                                         absl::GetFlag(FLAGS_tls_cert),
+                                         absl::GetFlag(FLAGS_tls_key)};
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      muond::CheckListener(listener);
+  if (!credentials.ok()) {
+    LOG(ERROR) << credentials.status().message();
     return 2;
   }
-  if (options.token.empty() && absl::GetFlag(FLAGS_tls_cert).empty() &&
-      !IsLoopback(listen) && !absl::GetFlag(FLAGS_allow_insecure_tcp)) {
-    LOG(ERROR) << "--listen=" << listen
+  if (options.token.empty() && listener.tls_cert.empty() &&
+      !IsLoopback(listener.listen) &&
+      !absl::GetFlag(FLAGS_allow_insecure_tcp)) {
+    LOG(ERROR) << "--listen=" << listener.listen
                << " is reachable from other hosts: give --token or "
                   "--tls_cert/--tls_key (or --allow_insecure_tcp)";
     return 2;
   }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      muond::ServerCredentials(absl::GetFlag(FLAGS_tls_cert),
-                               absl::GetFlag(FLAGS_tls_key));
-  if (!credentials.ok()) {
-    LOG(ERROR) << credentials.status();
-    return 2;
-  }
 
+  // A second coordinator on the port would split the daemons between the
+  // two (rendezvous and plans never meet): StartGrpcServer refuses it.
   int port = 0;
-  grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(16 << 20);
-  // gRPC binds with SO_REUSEPORT by default: a second coordinator on a busy
-  // port would start too and the kernel would split the daemons between the
-  // two (rendezvous and plans never meet). Refuse the busy port instead.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(listen, *credentials, &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen)
-               << " (--listen: is the port in use, e.g. by another "
-                  "muond-coordinator?)";
+  absl::StatusOr<std::unique_ptr<grpc::Server>> listening =
+      muond::StartGrpcServer(
+          listener.listen, *credentials, &service, 16 << 20,
+          "is the port in use, e.g. by another muond-coordinator?", &port);
+  if (!listening.ok()) {
+    LOG(ERROR) << listening.status().message();
     return 1;
   }
+  std::unique_ptr<grpc::Server> server = *std::move(listening);
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   // SIGTERM/SIGINT: stop serving; main then removes the port file.
   muond::ShutdownSignalWatcher watcher([&server, &service](int signum) {

@@ -82,7 +82,9 @@ std::string GrpcCoordinatorLink::DescribeDeadPeers(absl::Duration wait) {
   }
 }
 
-GrpcCoordinatorLink::~GrpcCoordinatorLink() {
+GrpcCoordinatorLink::~GrpcCoordinatorLink() { Stop(); }
+
+void GrpcCoordinatorLink::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;

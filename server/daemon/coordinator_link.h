@@ -24,12 +24,18 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   GrpcCoordinatorLink(const std::string& address, v1::JoinRequest join,
                       std::shared_ptr<grpc::ChannelCredentials> credentials =
                           grpc::InsecureChannelCredentials());
+  // Stop().
   ~GrpcCoordinatorLink() override;
 
   // Joins (retrying UNAVAILABLE up to `timeout`) and starts the plan watcher,
   // which calls `on_plan` for every plan.
   absl::Status Start(std::function<void(const v1::Plan&)> on_plan,
                      absl::Duration timeout);
+  // Ends and joins the watcher and reporter threads, so `on_plan` is never
+  // called again (call it before its target goes away). The store (Set,
+  // Get) and the other calls keep working: an abandoned engine build that
+  // shares this link may still use it.
+  void Stop();
 
   absl::Status PublishManifest(
       const v1::PublishManifestRequest& manifest) override;

@@ -48,7 +48,7 @@ DaemonCore::DaemonCore(DaemonConfig config,
     : config_(std::move(config)),
       opener_(std::move(opener)),
       link_(link),
-      factory_(std::move(factory)) {
+      builds_(std::move(factory)) {
   builder_ = std::thread([this] { BuilderLoop(); });
 }
 
@@ -105,33 +105,9 @@ void DaemonCore::OnPlan(const v1::Plan& plan) {
   }
 }
 
-std::optional<absl::StatusOr<std::unique_ptr<StepEngine>>>
-DaemonCore::BuildUnlessAbandoned(std::shared_ptr<Registration> reg,
-                                 const v1::Plan& plan, uint64_t generation) {
-  struct Pending {
-    absl::Notification done;
-    absl::StatusOr<std::unique_ptr<StepEngine>> result;
-  };
-  auto pending = std::make_shared<Pending>();
-  // The build thread holds copies and shared state only, never `this`, so
-  // an abandoned one may outlive the daemon core (a shutdown does not wait
-  // for it). Once `cancel` is set it stops touching the store (EngineFactory).
-  auto cancel = std::make_shared<std::atomic<bool>>(false);
-  std::thread build([factory = factory_, pending, reg, plan, cancel] {
-    pending->result = factory(*reg, plan, [cancel] { return cancel->load(); });
-    pending->done.Notify();
-  });
-  while (
-      !pending->done.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
-    absl::MutexLock lock(&mu_);
-    if (shutdown_ || generation != registration_generation_) {
-      cancel->store(true);
-      build.detach();
-      return std::nullopt;
-    }
-  }
-  build.join();
-  return std::move(pending->result);
+bool DaemonCore::Abandoned(uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  return shutdown_ || generation != registration_generation_;
 }
 
 void DaemonCore::BuilderLoop() {
@@ -161,7 +137,8 @@ void DaemonCore::BuilderLoop() {
     // The engine is dropped anyway once the registration changes, so peers
     // are not worth waiting for after that.
     std::optional<absl::StatusOr<std::unique_ptr<StepEngine>>> built =
-        BuildUnlessAbandoned(reg, plan, generation);
+        builds_.Build(reg, plan,
+                      [this, generation] { return Abandoned(generation); });
     absl::MutexLock lock(&mu_);
     if (shutdown_) return;
     if (!built.has_value() || generation != registration_generation_) {

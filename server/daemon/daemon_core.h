@@ -29,6 +29,10 @@
 // Losing the coordinator changes nothing: the daemon keeps stepping with its
 // plans.
 //
+// Threads (docs/ARCHITECTURE.md "Threads"): the gRPC handlers call in; the
+// core owns one builder thread (BuilderLoop, joined by the destructor) and,
+// through builds_, each engine build's thread.
+//
 // Thread-safety: all methods are thread-safe; steps are serialized.
 #include <functional>
 #include <map>
@@ -45,6 +49,7 @@
 #include "core/plan/plan_history.h"
 #include "core/step/layer_sharded_muon.h"
 #include "muond/v1/muond.pb.h"
+#include "server/daemon/engine_builder.h"
 #include "server/daemon/memory_mapper.h"
 #include "server/daemon/registration.h"
 
@@ -74,24 +79,6 @@ class CoordinatorLink {
   // May wait up to `wait` for the coordinator to notice. Empty when unknown.
   virtual std::string DescribeDeadPeers(absl::Duration /*wait*/) { return ""; }
 };
-
-// The step engine and the communicators it uses (declared first, so they
-// are destroyed after the engine).
-struct StepEngine {
-  std::vector<std::unique_ptr<Communicator>> communicators;
-  std::shared_ptr<void> backend;  // keeps the backend alive
-  std::unique_ptr<LayerShardedMuon> muon;
-};
-
-// Creates the engine for `registration` under plan `plan` (communicators
-// rendezvous under a prefix naming the plan version, so every rank of a
-// domain meets its peers). Blocks until peers arrive or a timeout, or until
-// `abandoned()` turns true (the registration it is for is gone, or the daemon
-// shuts down): then it should stop waiting and return Cancelled, so a trainer
-// that re-registers is not kept waiting for a rendezvous peers have left.
-using EngineFactory = std::function<absl::StatusOr<std::unique_ptr<StepEngine>>(
-    const Registration& registration, const v1::Plan& plan,
-    const std::function<bool()>& abandoned)>;
 
 struct DaemonConfig {
   std::string job_id;
@@ -146,17 +133,11 @@ class DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PlanMatches as PlanHistory's predicate (call it under mu_).
   PlanHistory<v1::Plan>::Usable Matches() const;
+  // The builder thread: builds the engine once a registration has a plan.
   void BuilderLoop();
-  // Runs the factory on a thread of its own and returns its result, or
-  // nullopt once the registration `generation` is gone or the daemon shuts
-  // down: the engine would be dropped anyway. The factory's store waits then
-  // stop within a slice, but a TCP connect to a peer that gave up cannot be
-  // interrupted and would hold the next registration (or a shutdown) for
-  // the whole communicator timeout, so an abandoned build is left to end in
-  // the background, its result dropped.
-  std::optional<absl::StatusOr<std::unique_ptr<StepEngine>>>
-  BuildUnlessAbandoned(std::shared_ptr<Registration> reg, const v1::Plan& plan,
-                       uint64_t generation);
+  // True once the registration `generation` is gone or the daemon shuts
+  // down: a build for it would be dropped anyway (EngineBuilder::Build).
+  bool Abandoned(uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckClient(const std::string& job_id,
                            const std::string& client_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -171,7 +152,6 @@ class DaemonCore {
   const DaemonConfig config_;
   const std::unique_ptr<HandleOpener> opener_;
   CoordinatorLink* const link_;
-  const EngineFactory factory_;
 
   // Serializes Register/Unregister/Step/Load against each other; mu_ guards
   // the state and is what the builder thread waits on.
@@ -188,6 +168,9 @@ class DaemonCore {
   std::string engine_error_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
+  // Runs the builds; used by builder_ only. Destroyed after builder_ is
+  // joined (the destructor joins it first).
+  EngineBuilder builds_;
   std::thread builder_;
 };
 

@@ -85,7 +85,8 @@ absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(
   return o;
 }
 
-EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
+EngineFactory MakeEngineFactory(EngineOptions options,
+                                std::shared_ptr<KeyValueStore> store) {
   return [options, store](const Registration& reg, const v1::Plan& plan,
                           const std::function<bool()>& abandoned)
              -> absl::StatusOr<std::unique_ptr<StepEngine>> {
@@ -101,9 +102,7 @@ EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
     // On a GPU every domain gets a backend (a CUDA stream) of its own, so
     // groups of disjoint domains run concurrently (LayerShardedMuon lanes);
     // on the host one CPU backend serves all.
-    auto backends = std::make_shared<std::vector<std::shared_ptr<Backend>>>();
-    backends->push_back(backend);
-    engine->backend = backends;
+    engine->backends.push_back(backend);
     std::map<std::string, Backend*> domain_backend;
     // One pair of communicators per domain name, shared by its groups.
     std::map<std::string, std::pair<Communicator*, Communicator*>> comms;
@@ -121,7 +120,7 @@ EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
           ASSIGN_OR_RETURN(std::unique_ptr<Backend> own,
                            MakeCudaBackend(options.device));
           dom_backend = own.get();
-          backends->push_back(std::move(own));
+          engine->backends.push_back(std::move(own));
         }
         domain_backend[d.name()] = dom_backend;
         auto make =
@@ -132,12 +131,12 @@ EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store) {
             gloo.hostname = options.gloo_hostname;
             gloo.timeout = options.comm_timeout;
             gloo.cancelled = abandoned;
-            return CreateGlooCommunicator(store, p, rank, size, gloo);
+            return CreateGlooCommunicator(store.get(), p, rank, size, gloo);
           }
           NcclOptions nccl;
           nccl.device = options.device;
           nccl.cancelled = abandoned;
-          return CreateNcclCommunicator(store, p, rank, size,
+          return CreateNcclCommunicator(store.get(), p, rank, size,
                                         dom_backend->stream(), nccl);
         };
         Communicator* gtp = nullptr;

@@ -2,6 +2,7 @@
 // The real step engine: a compute backend, Gloo (host) or NCCL (device)
 // communicators per domain through the coordinator's store, and
 // LayerShardedMuon over the registration's views.
+#include <memory>
 #include <string>
 
 #include "absl/time/time.h"
@@ -36,7 +37,9 @@ absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(const v1::ParamGroup& group);
 // step engine that later fails to build and a trainer left waiting.
 absl::Status ValidateGroupForDevice(const v1::ParamGroup& group, int device);
 
-// `store` (not owned) must outlive the factory.
-EngineFactory MakeEngineFactory(EngineOptions options, KeyValueStore* store);
+// The factory and every build it runs share `store` (the rendezvous store),
+// so an abandoned build may outlive its daemon core (engine_builder.h).
+EngineFactory MakeEngineFactory(EngineOptions options,
+                                std::shared_ptr<KeyValueStore> store);
 
 }  // namespace muond

@@ -1,4 +1,5 @@
-// muond: the per-GPU (or per host-mode rank) optimizer daemon (DESIGN.md §1).
+// muond: the per-GPU (or per host-mode rank) optimizer daemon
+// (docs/ARCHITECTURE.md "Processes").
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -130,9 +132,11 @@ int main(int argc, char** argv) {
     }
     listen = absl::StrCat("unix://", *dir, "/muond-", job, "-", rank, ".sock");
   }
-  if (absl::Status st = muond::CheckListenAddress("--listen", listen);
-      !st.ok()) {
-    LOG(ERROR) << st.message();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      muond::CheckListener({listen, absl::GetFlag(FLAGS_tls_cert),
+                            absl::GetFlag(FLAGS_tls_key)});
+  if (!credentials.ok()) {
+    LOG(ERROR) << credentials.status().message();
     return 2;
   }
   std::string socket_path;
@@ -148,13 +152,6 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "--listen=" << listen
                << " is TCP: give --token (trainers must send it) or "
                   "--tls_cert/--tls_key, or use a unix:// address";
-    return 2;
-  }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      muond::ServerCredentials(absl::GetFlag(FLAGS_tls_cert),
-                               absl::GetFlag(FLAGS_tls_key));
-  if (!credentials.ok()) {
-    LOG(ERROR) << credentials.status();
     return 2;
   }
 
@@ -174,8 +171,10 @@ int main(int argc, char** argv) {
     LOG(ERROR) << coordinator_creds.status();
     return 2;
   }
-  muond::GrpcCoordinatorLink link(absl::GetFlag(FLAGS_coordinator), join,
-                                  *coordinator_creds);
+  // Shared with the engine factory: an abandoned engine build may outlive
+  // this scope (engine_builder.h).
+  auto link = std::make_shared<muond::GrpcCoordinatorLink>(
+      absl::GetFlag(FLAGS_coordinator), join, *coordinator_creds);
 
   muond::DaemonConfig config;
   config.job_id = job;
@@ -196,29 +195,28 @@ int main(int argc, char** argv) {
   std::unique_ptr<muond::HandleOpener> opener =
       device >= 0 ? muond::MakeCudaHandleOpener(device)
                   : std::make_unique<muond::HandleOpener>();
-  muond::DaemonCore core(config, std::move(opener), &link,
-                         muond::MakeEngineFactory(engine_options, &link));
+  muond::DaemonCore core(config, std::move(opener), link.get(),
+                         muond::MakeEngineFactory(engine_options, link));
+  // Runs before `core` goes away: no plan reaches it after that.
+  absl::Cleanup stop_link = [&link] { link->Stop(); };
   // Unix sockets are private by file mode; TCP trainers must send the token.
   muond::OptimizerService service(
       &core, is_unix ? std::string() : absl::GetFlag(FLAGS_token));
 
-  grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  // No SO_REUSEPORT (gRPC's default): a second muond on a busy TCP port
-  // must fail, not share the trainers' connections with the first.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(listen, *credentials);
-  builder.RegisterService(&service);
-  // The socket file is created by bind: umask 0177 makes it 0600 from the
-  // start (no window before the chmod below).
+  // A second muond on a busy TCP port must fail, not share the trainers'
+  // connections with the first (StartGrpcServer). The socket file is
+  // created by bind: umask 0177 makes it 0600 from the start (no window
+  // before the chmod below).
   const mode_t old_umask = umask(0177);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  absl::StatusOr<std::unique_ptr<grpc::Server>> listening =
+      muond::StartGrpcServer(listen, *credentials, &service, 64 << 20,
+                             "is the address in use?");
   umask(old_umask);
-  if (server == nullptr) {
-    LOG(ERROR) << "cannot listen on " << listen
-               << " (--listen: is the address in use?)";
+  if (!listening.ok()) {
+    LOG(ERROR) << listening.status().message();
     return 1;
   }
+  std::unique_ptr<grpc::Server> server = *std::move(listening);
   const auto remove_socket = [&] {
     if (is_unix) unlink(socket_path.c_str());
   };
@@ -241,8 +239,8 @@ int main(int argc, char** argv) {
     if (!serving.load()) _exit(0);
   });
   absl::Status started =
-      link.Start([&core](const muond::v1::Plan& plan) { core.OnPlan(plan); },
-                 absl::Seconds(absl::GetFlag(FLAGS_coordinator_timeout_s)));
+      link->Start([&core](const muond::v1::Plan& plan) { core.OnPlan(plan); },
+                  absl::Seconds(absl::GetFlag(FLAGS_coordinator_timeout_s)));
   if (!started.ok()) {
     LOG(ERROR) << started;
     server->Shutdown();

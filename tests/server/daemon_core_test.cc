@@ -210,8 +210,8 @@ class DaemonCoreTest : public ::testing::Test {
     return absl::DeadlineExceededError("connect timed out");
   }
 
-  // Abandoned builds run on (detached) after the daemon core moved on; the
-  // fixture outlives them.
+  // Abandoned builds run on after the daemon core moved on (its
+  // EngineBuilder owns their threads); the fixture outlives them.
   void WaitForBuildsToEnd(int n) {
     for (int i = 0; i < 24000 && builds_ended_.load() < n; ++i) {
       absl::SleepFor(absl::Milliseconds(5));
