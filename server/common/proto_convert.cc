@@ -1,5 +1,8 @@
 #include "server/common/proto_convert.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 
@@ -17,6 +20,26 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype,
           absl::StrCat(field, ": dtype ", v1::DType_Name(dtype),
                        " is not supported (DTYPE_FP32 or DTYPE_BF16)"));
   }
+}
+
+v1::StepTimings ToProto(const PhaseTimings& timings) {
+  v1::StepTimings out;
+  out.set_momentum_us(timings.momentum_us);
+  out.set_a2a_fwd_us(timings.a2a_fwd_us);
+  out.set_ns_us(timings.ns_us);
+  out.set_a2a_bwd_us(timings.a2a_bwd_us);
+  out.set_update_us(timings.update_us);
+  out.set_total_us(timings.total_us);
+  return out;
+}
+
+v1::ShapeTiming ToProto(const ShapeTiming& timing) {
+  v1::ShapeTiming out;
+  out.add_shape(timing.rows);
+  out.add_shape(timing.cols);
+  out.set_ns_us(timing.ns_us);
+  out.set_count(int32_t(std::min<int64_t>(timing.count, INT32_MAX)));
+  return out;
 }
 
 absl::StatusOr<v1::GroupPlan> PlanGroup(

@@ -7,6 +7,7 @@
 #include "core/common/dtype.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
+#include "core/step/layer_sharded_muon.h"
 #include "muond/v1/muond.pb.h"
 
 namespace muond {
@@ -35,6 +36,13 @@ inline v1::NsHome ToProto(const NsHome& home) {
 }
 
 inline NsHome FromProto(const v1::NsHome& home) { return {home.g(), home.t()}; }
+
+// A step's phase times (microseconds), field for field.
+v1::StepTimings ToProto(const PhaseTimings& timings);
+
+// One measured NS shape as {rows, cols}; the count saturates at INT32_MAX
+// (the wire's int32).
+v1::ShapeTiming ToProto(const ShapeTiming& timing);
 
 // Plans the NS homes of one Muon group manifest with core/plan. `cost_model`:
 // "ns_cost" (or empty), "flops", "measured" (with `measured`, per full-matrix

@@ -20,17 +20,6 @@
 namespace muond {
 namespace {
 
-v1::StepTimings ToProto(const PhaseTimings& t) {
-  v1::StepTimings out;
-  out.set_momentum_us(t.momentum_us);
-  out.set_a2a_fwd_us(t.a2a_fwd_us);
-  out.set_ns_us(t.ns_us);
-  out.set_a2a_bwd_us(t.a2a_bwd_us);
-  out.set_update_us(t.update_us);
-  out.set_total_us(t.total_us);
-  return out;
-}
-
 // Collective failures: a transport error or timeout of Gloo/NCCL, or a
 // communicator that an earlier failure aborted.
 bool IsCommunicationFailure(const absl::Status& st) {
@@ -410,11 +399,7 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
   // Measured NS time per full-matrix shape: the coordinator's rebalancing
   // cost table (empty on unmeasured steps).
   for (const ShapeTiming& s : result->ns_shapes) {
-    v1::ShapeTiming* out = report.add_shapes();
-    out->add_shape(s.rows);
-    out->add_shape(s.cols);
-    out->set_ns_us(s.ns_us);
-    out->set_count(int32_t(std::min<int64_t>(s.count, INT32_MAX)));
+    *report.add_shapes() = ToProto(s);
   }
   link_->ReportTimings(report);
   return response;
