@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/error_reason.h"
 
 namespace muond {
 namespace {
@@ -67,8 +68,8 @@ absl::Status Communicator::AllToAllV(const void* send,
         recv_counts[rank_], "; a rank's block to itself must match"));
   }
   if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("all_to_allv in group '", name_,
-                                                "': ", st.message()));
+    return WithContext(st,
+                       absl::StrCat("all_to_allv in group '", name_, "': "));
   }
   return DoAllToAllV(send, send_counts, recv, recv_counts, dtype);
 }
@@ -90,8 +91,7 @@ absl::Status Communicator::AllGather(const void* send, int64_t count,
 
 absl::Status LocalCommunicator::Barrier() {
   if (aborted_) {
-    return absl::FailedPreconditionError(
-        "local communicator: used after Abort()");
+    return absl::AbortedError("local communicator: used after Abort()");
   }
   return absl::OkStatus();
 }

@@ -39,7 +39,9 @@ class Communicator {
   // recv_counts[rank()]. Zero counts and null buffers with a zero total are
   // fine. Buffers must not overlap. Errors: InvalidArgument for bad counts;
   // DeadlineExceeded / Unavailable naming the group and the operation when a
-  // peer is dead or slow; FailedPrecondition after Abort().
+  // peer is dead or slow; Aborted after Abort() or after an earlier failure
+  // aborted the communicator (the daemon reads DeadlineExceeded, Unavailable
+  // and Aborted as "a peer is gone": docs/ARCHITECTURE.md "Errors").
   absl::Status AllToAllV(const void* send,
                          absl::Span<const int64_t> send_counts, void* recv,
                          absl::Span<const int64_t> recv_counts, DType dtype);
@@ -60,9 +62,9 @@ class Communicator {
   // device collectives forever otherwise).
   virtual absl::Status Wait() = 0;
 
-  // Tears the communicator down: later operations fail with
-  // FailedPrecondition and peers blocked on this rank see an error instead of
-  // waiting for their timeout. Idempotent; safe to call from another thread.
+  // Tears the communicator down: later operations fail with Aborted and peers
+  // blocked on this rank see an error instead of waiting for their timeout.
+  // Idempotent; safe to call from another thread.
   virtual void Abort() = 0;
 
  protected:

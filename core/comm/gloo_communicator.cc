@@ -22,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 
 namespace muond {
@@ -84,6 +85,17 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   absl::Status first_error_;
 };
 
+// Whether Gloo's I/O error is a timeout. Gloo (as Debian ships it) throws
+// one type, gloo::IoException, for every I/O failure and says "timeout" only
+// in the text ("Timed out waiting ...", "Read timeout", "Connect timeout"),
+// so this third-party text is read here, at the boundary, and nowhere else:
+// everything above sees DeadlineExceeded or Unavailable.
+bool IsGlooTimeout(const gloo::IoException& e) {
+  const absl::string_view text = e.what();
+  return absl::StrContains(text, "imeout") ||
+         absl::StrContains(text, "Timed out");
+}
+
 // Runs `fn` and turns whatever Gloo throws into a Status prefixed by `where`.
 template <typename Fn>
 absl::Status CallGloo(const std::string& where, Fn&& fn) {
@@ -91,15 +103,12 @@ absl::Status CallGloo(const std::string& where, Fn&& fn) {
     fn();
     return absl::OkStatus();
   } catch (const gloo::IoException& e) {
-    const std::string msg = e.what();
-    const bool timed_out =
-        absl::StrContains(msg, "imeout") || absl::StrContains(msg, "Timed out");
-    if (timed_out) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(where, "timed out (a peer is dead or slow): ", msg));
+    if (IsGlooTimeout(e)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          where, "timed out (a peer is dead or slow): ", e.what()));
     }
     return absl::UnavailableError(
-        absl::StrCat(where, "transport failed (a peer is gone?): ", msg));
+        absl::StrCat(where, "transport failed (a peer is gone?): ", e.what()));
   } catch (const gloo::EnforceNotMet& e) {
     return absl::InternalError(
         absl::StrCat(where, "gloo check failed: ", e.what()));
@@ -214,7 +223,7 @@ class GlooCommunicator : public Communicator {
   absl::Status CheckUsableLocked(const char* op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (aborted_ || context_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      return absl::AbortedError(absl::StrCat(
           ErrorContext(kBackend, op), "communicator was aborted",
           broken_by_.empty() ? "" : " after an earlier failure: ", broken_by_));
     }
@@ -294,8 +303,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
   });
   if (!status.ok()) {
     if (!adapter.first_error().ok()) {
-      return absl::Status(adapter.first_error().code(),
-                          absl::StrCat(where, adapter.first_error().message()));
+      return WithContext(adapter.first_error(), where);
     }
     return status;
   }

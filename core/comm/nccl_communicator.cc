@@ -12,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 
 namespace muond {
@@ -114,7 +115,7 @@ class NcclLocalCommunicator : public Communicator {
  private:
   absl::Status Usable(const char* op) const {
     if (aborted_) {
-      return absl::FailedPreconditionError(
+      return absl::AbortedError(
           absl::StrCat(ErrorContext(kBackend, op), "communicator was aborted"));
     }
     return absl::OkStatus();
@@ -274,7 +275,7 @@ class NcclCommunicator : public Communicator {
  private:
   absl::Status UsableLocked(const char* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (aborted_ || comm_ == nullptr) {
-      return absl::FailedPreconditionError(
+      return absl::AbortedError(
           absl::StrCat(ErrorContext(kBackend, op), "communicator was aborted",
                        broken_by_.empty() ? "" : ": ", broken_by_));
     }
@@ -358,8 +359,7 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(KeyValueStore* store,
   }
   absl::StatusOr<std::string> encoded = group_store.Get("unique_id", timeout);
   if (!encoded.ok()) {
-    return absl::Status(encoded.status().code(),
-                        absl::StrCat(where, encoded.status().message()));
+    return WithContext(encoded.status(), where);
   }
   std::string raw;
   if (!absl::Base64Unescape(*encoded, &raw) ||

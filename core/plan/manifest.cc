@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/error_reason.h"
 #include "nlohmann/json.hpp"
 
 namespace muond {
@@ -98,8 +99,7 @@ absl::StatusOr<Manifest> LoadManifestFile(const std::string& path) {
   text << in.rdbuf();
   absl::StatusOr<Manifest> m = ParseManifest(text.str());
   if (!m.ok()) {
-    return absl::Status(m.status().code(),
-                        absl::StrCat(path, ": ", m.status().message()));
+    return WithContext(m.status(), absl::StrCat(path, ": "));
   }
   return m;
 }

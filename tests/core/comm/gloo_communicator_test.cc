@@ -252,7 +252,7 @@ TEST(GlooCommunicator, PeerThatExitsMakesSurvivorsFail) {
       return 12;
     }
     st = (*comm)->Barrier();
-    if (st.code() != absl::StatusCode::kFailedPrecondition) return 13;
+    if (st.code() != absl::StatusCode::kAborted) return 13;
     return 0;
   });
   EXPECT_EQ(codes, Zeros(kSize));
@@ -283,7 +283,7 @@ TEST(GlooCommunicator, SilentPeerTimesOut) {
 }
 
 // Abort() on a live rank makes its peer fail (the connections close) and
-// its own later calls fail with FailedPrecondition.
+// its own later calls fail with Aborted.
 TEST(GlooCommunicator, AbortMakesPeersFail) {
   const std::string dir = MakeTempDir();
   std::vector<int> codes = RunRanks(2, [&](int rank) {
@@ -293,7 +293,7 @@ TEST(GlooCommunicator, AbortMakesPeersFail) {
     if (!comm.ok()) return Fail(rank, "create", comm.status());
     if (rank == 1) {
       (*comm)->Abort();
-      if ((*comm)->Barrier().code() != absl::StatusCode::kFailedPrecondition) {
+      if ((*comm)->Barrier().code() != absl::StatusCode::kAborted) {
         return 20;
       }
       // Stay alive until rank 0 saw the failure, so it is Abort, not exit,

@@ -75,7 +75,7 @@ TEST(NcclCommunicator, SizeOneCopiesOnTheStreamWithoutAStore) {
       (*comm)->AllToAllV(nullptr, zero, nullptr, zero, DType::kFloat32).ok());
   (*comm)->Abort();
   EXPECT_EQ((*comm)->AllGather(d_send, 1, d_recv, DType::kFloat32).code(),
-            absl::StatusCode::kFailedPrecondition);
+            absl::StatusCode::kAborted);
   comm->reset();
   cudaFree(d_send);
   cudaFree(d_recv);

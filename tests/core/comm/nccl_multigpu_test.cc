@@ -186,7 +186,7 @@ TEST_F(NcclMultiGpu, PeerThatExitsMakesSurvivorsFail) {
                  st.ToString().c_str());
     if (st.ok()) return 41;
     if (!absl::StrContains(st.message(), "job/dead")) return 42;
-    if ((*comm)->Barrier().code() != absl::StatusCode::kFailedPrecondition) {
+    if ((*comm)->Barrier().code() != absl::StatusCode::kAborted) {
       return 43;
     }
     return 0;

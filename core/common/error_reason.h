@@ -1,0 +1,71 @@
+#pragma once
+// Why an operation failed, beyond its canonical code (docs/ARCHITECTURE.md
+// "Errors"). Code that must react to one particular failure branches on its
+// ErrorReason, never on the message text: messages are for people and may
+// change; reasons are part of the API.
+//
+// In process the reason travels as an absl::Status payload under
+// kErrorReasonTypeUrl. On the wire (proto/status_details.h) it becomes a
+// google.rpc.ErrorInfo {reason: ErrorReasonName(r), domain: kErrorDomain,
+// metadata} in the gRPC status details, which every client can read.
+//
+// Re-wrapping a status to add context must keep its payloads: use
+// WithContext, not absl::Status(st.code(), absl::StrCat(prefix,
+// st.message())).
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace muond {
+
+// Only the reasons some code branches on. Names (ErrorReasonName) are the
+// wire contract: never rename one; the Python client repeats them
+// (client/python/muond/client.py, checked by a test).
+enum class ErrorReason {
+  kUnspecified = 0,  // no reason attached
+  // A step failed because a collective with a peer daemon failed (transport
+  // error, timeout, or a communicator an earlier failure aborted): a peer is
+  // gone or stuck. Set by the daemon's Step (UNAVAILABLE); clients report it
+  // as such instead of as their own daemon being unreachable.
+  kPeerGone,
+  // The coordinator has no plan for the job yet: not every daemon published
+  // its manifest (NOT_FOUND from GetPlan; "unknown job" has no reason).
+  kNoPlanYet,
+};
+
+// Free-form details of a reason (ErrorInfo.metadata): lower_snake_case keys,
+// any values, e.g. {"step_id": "12"}.
+using ErrorMetadata = std::map<std::string, std::string>;
+
+// The absl::Status payload type URL of the reason.
+inline constexpr absl::string_view kErrorReasonTypeUrl =
+    "type.muond.dev/muond.ErrorReason";
+// ErrorInfo.domain of muond's reasons.
+inline constexpr absl::string_view kErrorDomain = "muond.dev";
+
+// UPPER_SNAKE_CASE name, e.g. "PEER_GONE"; "ERROR_REASON_UNSPECIFIED" for
+// kUnspecified.
+absl::string_view ErrorReasonName(ErrorReason reason);
+// The reason named `name`; kUnspecified for an unknown name (a newer peer's
+// reason: the canonical code still holds).
+ErrorReason ErrorReasonFromName(absl::string_view name);
+
+// `status` with `reason` and `metadata` attached (replacing an earlier
+// reason). An OK status, or kUnspecified, is returned unchanged.
+absl::Status WithErrorReason(absl::Status status, ErrorReason reason,
+                             const ErrorMetadata& metadata = {});
+// The attached reason; kUnspecified when there is none.
+ErrorReason GetErrorReason(const absl::Status& status);
+// The attached reason's metadata; empty when there is none.
+ErrorMetadata GetErrorMetadata(const absl::Status& status);
+inline bool HasErrorReason(const absl::Status& status, ErrorReason reason) {
+  return GetErrorReason(status) == reason;
+}
+
+// `status` with its message prefixed by `prefix` (code and every payload
+// kept). OK stays OK.
+absl::Status WithContext(const absl::Status& status, absl::string_view prefix);
+
+}  // namespace muond
