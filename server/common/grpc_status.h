@@ -1,22 +1,20 @@
 #pragma once
-// absl::Status <-> grpc::Status. The canonical codes share numbering, so the
-// conversion keeps code and message.
+// absl::Status <-> grpc::Status for the servers: code, message and the
+// ErrorReason (as google.rpc.ErrorInfo in the status details; see
+// proto/status_details.h, shared with the clients).
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
+#include "proto/status_details.h"
 
 namespace muond {
 
 inline grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return ToGrpcStatus(status);
 }
 
 inline absl::Status FromGrpc(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  return FromGrpcStatus(status);
 }
 
 }  // namespace muond

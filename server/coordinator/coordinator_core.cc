@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
 
@@ -367,9 +368,8 @@ absl::StatusOr<v1::Plan> CoordinatorCore::ComputePlan(
     absl::StatusOr<v1::GroupPlan> computed =
         options_.planner(*info.manifest, cost_model, costs);
     if (!computed.ok()) {
-      return absl::Status(computed.status().code(),
-                          absl::StrCat("planning group '", name,
-                                       "': ", computed.status().message()));
+      return WithContext(computed.status(),
+                         absl::StrCat("planning group '", name, "': "));
     }
     *group_plan = *std::move(computed);
     group_plan->set_group(name);
@@ -479,8 +479,10 @@ absl::StatusOr<v1::Plan> CoordinatorCore::GetPlan(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJob(job_id));
   if (job->plans.empty()) {
-    return absl::NotFoundError(absl::StrCat(
-        "job '", job_id, "' has no plan yet (waiting for manifests)"));
+    return WithErrorReason(
+        absl::NotFoundError(absl::StrCat(
+            "job '", job_id, "' has no plan yet (waiting for manifests)")),
+        ErrorReason::kNoPlanYet);
   }
   return *job->plans.newest();
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/error_reason.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/grpc_status.h"
@@ -109,8 +110,7 @@ absl::Status GrpcCoordinatorLink::Start(
     absl::Status st = JoinOnce();
     if (st.ok()) break;
     if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st)) {
-      return absl::Status(st.code(),
-                          absl::StrCat("Join refused: ", st.message()));
+      return WithContext(st, "Join refused: ");
     }
     if (absl::Now() >= deadline) {
       return absl::UnavailableError(

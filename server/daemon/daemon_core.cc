@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstdint>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
@@ -21,12 +21,10 @@ namespace muond {
 namespace {
 
 // Collective failures: a transport error or timeout of Gloo/NCCL, or a
-// communicator that an earlier failure aborted.
+// communicator that an earlier failure aborted (core/comm/communicator.h).
 bool IsCommunicationFailure(const absl::Status& st) {
   return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
-         absl::IsAborted(st) ||
-         (absl::IsFailedPrecondition(st) &&
-          absl::StrContains(st.message(), "aborted"));
+         absl::IsAborted(st);
 }
 
 }  // namespace
@@ -196,9 +194,7 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
   absl::StatusOr<int64_t> round_version = link_->PublishRegistration(manifest);
   if (!round_version.ok()) {
     const absl::Status& st = round_version.status();
-    return absl::Status(
-        st.code(),
-        absl::StrCat("the coordinator refused the manifest: ", st.message()));
+    return WithContext(st, "the coordinator refused the manifest: ");
   }
   if (cancelled && cancelled()) {
     return absl::CancelledError(
@@ -249,9 +245,8 @@ absl::Status DaemonCore::SetEngineHomes(const v1::Plan& plan) {
     const absl::Status st =
         engine_->muon->SetHomes(gp.group(), std::move(homes), plan.version());
     if (!st.ok()) {
-      return absl::Status(
-          st.code(),
-          absl::StrCat("plan version ", plan.version(), ": ", st.message()));
+      return WithContext(st,
+                         absl::StrCat("plan version ", plan.version(), ": "));
     }
   }
   return absl::OkStatus();
@@ -362,10 +357,14 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
                << " failed: " << result.status();
     if (IsCommunicationFailure(result.status())) {
       const std::string peers = link_->DescribeDeadPeers(absl::Seconds(3));
-      return absl::UnavailableError(absl::StrCat(
-          "step ", request.step_id(), " failed: a peer daemon is gone",
-          peers.empty() ? "" : ": ", peers, " (", result.status().message(),
-          "); restart the job's daemons and LoadState"));
+      return WithErrorReason(
+          absl::UnavailableError(absl::StrCat(
+              "step ", request.step_id(), " failed: a peer daemon is gone",
+              peers.empty() ? "" : ": ", peers, " (",
+              result.status().message(),
+              "); restart the job's daemons and LoadState")),
+          ErrorReason::kPeerGone,
+          {{"step_id", absl::StrCat(request.step_id())}});
     }
     return result.status();
   }

@@ -6,6 +6,7 @@
 #include "core/comm/gloo_communicator.h"
 #include "core/comm/groups.h"
 #include "core/comm/nccl_communicator.h"
+#include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "core/muon/coefficients.h"
 #include "glog/logging.h"
@@ -16,8 +17,7 @@ namespace {
 
 absl::Status InGroup(const v1::ParamGroup& group, absl::Status st) {
   if (st.ok()) return st;
-  return absl::Status(
-      st.code(), absl::StrCat("group '", group.name(), "': ", st.message()));
+  return WithContext(st, absl::StrCat("group '", group.name(), "': "));
 }
 
 }  // namespace

@@ -13,7 +13,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/common/error_reason.h"
 #include "muond/v1/muond.grpc.pb.h"
+#include "proto/status_details.h"
 
 namespace muond::muonctl {
 namespace {
@@ -382,8 +384,7 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out,
   grpc::Status st = stub->GetPlan(&plan_ctx, plan_req, &plan);
   if (st.ok()) {
     PrintPlan(plan, out);
-  } else if (st.error_code() == grpc::StatusCode::NOT_FOUND &&
-             st.error_message().find("no plan yet") != std::string::npos) {
+  } else if (HasErrorReason(FromGrpcStatus(st), ErrorReason::kNoPlanYet)) {
     out << "no plan yet (waiting for manifests)\n";
   } else {
     return RpcFailed("GetPlan", st, err);
