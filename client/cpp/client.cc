@@ -8,15 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/view_util.h"
+#include "core/common/error_reason.h"
+#include "proto/status_details.h"
 
 namespace muond {
 namespace {
 
-absl::Status FromGrpcStatus(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_message());
-}
+using Stub = v1::Optimizer::Stub;
 
 size_t ElementSize(v1::DType dtype) { return dtype == v1::DTYPE_BF16 ? 2 : 4; }
 
@@ -105,12 +103,25 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   return client;
 }
 
-void Client::Prepare(grpc::ClientContext* context) const {
-  context->set_deadline(std::chrono::system_clock::now() +
-                        absl::ToChronoMilliseconds(options_.rpc_timeout));
-  context->set_wait_for_ready(true);
-  if (!options_.token.empty())
-    context->AddMetadata("x-muond-token", options_.token);
+// One unary RPC: the deadline, wait-for-ready and the job token on its
+// context; the reply's status converted with its ErrorReason
+// (proto/status_details.h), so callers branch on the reason, not the text.
+template <typename Request, typename Response>
+absl::StatusOr<Response> Client::Call(UnaryRpc<Request, Response> rpc,
+                                      const Request& request,
+                                      const RpcSettings& settings) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoMilliseconds(settings.timeout));
+  context.set_wait_for_ready(settings.wait_for_ready);
+  if (!options_.token.empty()) {
+    context.AddMetadata("x-muond-token", options_.token);
+  }
+  Response response;
+  absl::Status st =
+      FromGrpcStatus((stub_.get()->*rpc)(&context, request, &response));
+  if (!st.ok()) return st;
+  return response;
 }
 
 absl::StatusOr<v1::RegisterParamsResponse> Client::Register(
@@ -119,13 +130,7 @@ absl::StatusOr<v1::RegisterParamsResponse> Client::Register(
   request.set_job_id(options_.job_id);
   request.set_client_id(options_.client_id);
   for (const v1::ParamGroup& g : groups) *request.add_groups() = g;
-  v1::RegisterParamsResponse response;
-  grpc::ClientContext context;
-  Prepare(&context);
-  absl::Status st =
-      FromGrpcStatus(stub_->RegisterParams(&context, request, &response));
-  if (!st.ok()) return st;
-  return response;
+  return Call(&Stub::RegisterParams, request, DefaultRpc());
 }
 
 absl::Status Client::WaitForPlan(absl::Duration timeout) {
@@ -154,18 +159,17 @@ absl::StatusOr<v1::StepResponse> Client::Step(
   request.set_client_id(options_.client_id);
   request.set_step_id(step_id);
   for (const v1::GroupOverride& o : overrides) *request.add_overrides() = o;
-  v1::StepResponse response;
-  grpc::ClientContext context;
-  Prepare(&context);
   // A daemon that is gone must fail the step at once, not after the deadline.
-  context.set_wait_for_ready(false);
-  absl::Status st = FromGrpcStatus(stub_->Step(&context, request, &response));
-  if (absl::IsUnavailable(st) &&
-      st.message().find("peer daemon") == absl::string_view::npos) {
-    return absl::UnavailableError(absl::StrCat(
-        "daemon at ", address_, " is unreachable: ", st.message()));
+  RpcSettings rpc = DefaultRpc();
+  rpc.wait_for_ready = false;
+  absl::StatusOr<v1::StepResponse> response = Call(&Stub::Step, request, rpc);
+  // UNAVAILABLE without a reason is the transport's (our daemon is gone);
+  // with PEER_GONE it is the daemon's report of a peer.
+  if (absl::IsUnavailable(response.status()) &&
+      !HasErrorReason(response.status(), ErrorReason::kPeerGone)) {
+    return WithContext(response.status(), absl::StrCat("daemon at ", address_,
+                                                       " is unreachable: "));
   }
-  if (!st.ok()) return st;
   return response;
 }
 
@@ -173,59 +177,31 @@ absl::Status Client::Unregister() {
   v1::UnregisterParamsRequest request;
   request.set_job_id(options_.job_id);
   request.set_client_id(options_.client_id);
-  v1::UnregisterParamsResponse response;
-  grpc::ClientContext context;
-  Prepare(&context);
-  return FromGrpcStatus(stub_->UnregisterParams(&context, request, &response));
+  return Call(&Stub::UnregisterParams, request, DefaultRpc()).status();
 }
 
 absl::StatusOr<v1::GetStatusResponse> Client::Status() {
-  v1::GetStatusResponse response;
-  grpc::ClientContext context;
-  Prepare(&context);
-  absl::Status st = FromGrpcStatus(
-      stub_->GetStatus(&context, v1::GetStatusRequest(), &response));
-  if (!st.ok()) return st;
-  return response;
+  return Call(&Stub::GetStatus, v1::GetStatusRequest(), DefaultRpc());
 }
 
 absl::StatusOr<v1::HealthResponse> Client::Health() {
-  v1::HealthResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(5));
-  if (!options_.token.empty())
-    context.AddMetadata("x-muond-token", options_.token);
-  absl::Status st =
-      FromGrpcStatus(stub_->Health(&context, v1::HealthRequest(), &response));
-  if (!st.ok()) return st;
-  return response;
+  // A short deadline and no wait-for-ready: a probe, polled by WaitForPlan.
+  return Call(&Stub::Health, v1::HealthRequest(),
+              {.timeout = absl::Seconds(5), .wait_for_ready = false});
 }
 
 absl::StatusOr<v1::SaveStateResponse> Client::SaveState(
     const std::string& path) {
   v1::SaveStateRequest request;
   request.set_path(path);
-  v1::SaveStateResponse response;
-  grpc::ClientContext context;
-  Prepare(&context);
-  absl::Status st =
-      FromGrpcStatus(stub_->SaveState(&context, request, &response));
-  if (!st.ok()) return st;
-  return response;
+  return Call(&Stub::SaveState, request, DefaultRpc());
 }
 
 absl::StatusOr<v1::LoadStateResponse> Client::LoadState(
     const std::string& path) {
   v1::LoadStateRequest request;
   request.set_path(path);
-  v1::LoadStateResponse response;
-  grpc::ClientContext context;
-  Prepare(&context);
-  absl::Status st =
-      FromGrpcStatus(stub_->LoadState(&context, request, &response));
-  if (!st.ok()) return st;
-  return response;
+  return Call(&Stub::LoadState, request, DefaultRpc());
 }
 
 }  // namespace muond

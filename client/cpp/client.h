@@ -1,5 +1,6 @@
 #pragma once
-// muond::Client: the trainer side of the Optimizer service (DESIGN.md §1).
+// muond::Client: the trainer side of the Optimizer service
+// (docs/ARCHITECTURE.md "Processes").
 //
 //   ASSIGN_OR_RETURN(auto region, ShmRegion::Create("/muond-job-r0", bytes));
 //   float* w = static_cast<float*>(*region->Allocate(rows * cols * 4));
@@ -12,7 +13,10 @@
 //   for (step ...) { backward(); client->Step(step_id); }
 //
 // Step fails fast (no wait-for-ready): UNAVAILABLE naming the address when
-// the daemon is gone, or the daemon's UNAVAILABLE naming a dead peer rank.
+// the daemon is gone, or the daemon's UNAVAILABLE naming a dead peer rank,
+// which carries ErrorReason::kPeerGone (core/common/error_reason.h):
+//   if (HasErrorReason(st, ErrorReason::kPeerGone)) { restart the job }
+// Every method's error keeps the daemon's code, message and ErrorReason.
 //
 // Contract of Step: the gradients are complete when it is called (the
 // trainer's CUDA stream synchronised); the updated params are visible to the
@@ -87,9 +91,25 @@ class Client {
   v1::Optimizer::Stub* stub() { return stub_.get(); }
 
  private:
+  // A unary method of the stub, e.g. &v1::Optimizer::Stub::Step.
+  template <typename Request, typename Response>
+  using UnaryRpc = grpc::Status (v1::Optimizer::Stub::*)(grpc::ClientContext*,
+                                                         const Request&,
+                                                         Response*);
+  struct RpcSettings {
+    absl::Duration timeout;  // the RPC's deadline, from now
+    bool wait_for_ready;     // wait for the daemon to come up (until then)
+  };
+
   Client(std::unique_ptr<v1::Optimizer::Stub> stub, ClientOptions options)
       : stub_(std::move(stub)), options_(std::move(options)) {}
-  void Prepare(grpc::ClientContext* context) const;
+  RpcSettings DefaultRpc() const {
+    return {.timeout = options_.rpc_timeout, .wait_for_ready = true};
+  }
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(UnaryRpc<Request, Response> rpc,
+                                const Request& request,
+                                const RpcSettings& settings);
 
   std::unique_ptr<v1::Optimizer::Stub> stub_;
   ClientOptions options_;

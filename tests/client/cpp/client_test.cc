@@ -2,12 +2,16 @@
 #include "client/cpp/client.h"
 
 #include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 
+#include "absl/synchronization/mutex.h"
 #include "client/cpp/shm_region.h"
+#include "core/common/error_reason.h"
+#include "proto/status_details.h"
 
 namespace muond {
 namespace {
@@ -92,6 +96,138 @@ TEST(Client, ConnectNeedsJobIdAndStepFailsWithoutDaemon) {
   ASSERT_TRUE(client.ok());
   EXPECT_FALSE((*client)->options().client_id.empty());
   EXPECT_FALSE((*client)->Step(1).ok());
+}
+
+// An in-process Optimizer service that answers every RPC with `reply` (as
+// the daemon's service does, through ToGrpcStatus) and records the token and
+// deadline each call arrived with.
+class FakeDaemon : public v1::Optimizer::Service {
+ public:
+  explicit FakeDaemon(absl::Status reply) : reply_(std::move(reply)) {}
+
+  grpc::Status Step(grpc::ServerContext* context, const v1::StepRequest*,
+                    v1::StepResponse*) override {
+    return Answer(context);
+  }
+  grpc::Status RegisterParams(grpc::ServerContext* context,
+                              const v1::RegisterParamsRequest*,
+                              v1::RegisterParamsResponse*) override {
+    return Answer(context);
+  }
+  grpc::Status GetStatus(grpc::ServerContext* context,
+                         const v1::GetStatusRequest*,
+                         v1::GetStatusResponse*) override {
+    return Answer(context);
+  }
+  grpc::Status Health(grpc::ServerContext* context, const v1::HealthRequest*,
+                      v1::HealthResponse*) override {
+    return Answer(context);
+  }
+
+  std::vector<std::string> tokens() {
+    absl::MutexLock lock(&mu_);
+    return tokens_;
+  }
+  std::vector<absl::Duration> deadlines() {
+    absl::MutexLock lock(&mu_);
+    return deadlines_;
+  }
+
+ private:
+  grpc::Status Answer(grpc::ServerContext* context) {
+    absl::MutexLock lock(&mu_);
+    auto token = context->client_metadata().find("x-muond-token");
+    tokens_.push_back(
+        token == context->client_metadata().end()
+            ? ""
+            : std::string(token->second.data(), token->second.size()));
+    deadlines_.push_back(absl::FromChrono(context->deadline()) - absl::Now());
+    return ToGrpcStatus(reply_);
+  }
+
+  const absl::Status reply_;
+  absl::Mutex mu_;
+  std::vector<std::string> tokens_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Duration> deadlines_ ABSL_GUARDED_BY(mu_);
+};
+
+class ClientAgainstFakeDaemon : public ::testing::Test {
+ protected:
+  void Serve(absl::Status reply) {
+    daemon_ = std::make_unique<FakeDaemon>(std::move(reply));
+    address_ = "unix://" + std::string("/tmp/muond-client-test-") +
+               std::to_string(getpid()) + ".sock";
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address_, grpc::InsecureServerCredentials());
+    builder.RegisterService(daemon_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ClientOptions options;
+    options.job_id = "j";
+    options.token = "secret";
+    options.rpc_timeout = absl::Seconds(60);
+    auto client = Client::Connect(address_, options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  std::unique_ptr<FakeDaemon> daemon_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Client> client_;
+  std::string address_;
+};
+
+// The daemon's PEER_GONE reaches the caller typed and with the daemon's text,
+// not rewritten as "this daemon is unreachable".
+TEST_F(ClientAgainstFakeDaemon, StepKeepsTheDaemonsPeerGoneReason) {
+  const std::string text =
+      "step 7 failed: a peer daemon is gone: dead rank 3 (...)";
+  Serve(WithErrorReason(absl::UnavailableError(text), ErrorReason::kPeerGone,
+                        {{"step_id", "7"}}));
+  absl::StatusOr<v1::StepResponse> r = client_->Step(7);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(r.status().message(), text);
+  EXPECT_TRUE(HasErrorReason(r.status(), ErrorReason::kPeerGone));
+  EXPECT_EQ(GetErrorMetadata(r.status()), (ErrorMetadata{{"step_id", "7"}}));
+}
+
+// UNAVAILABLE without a reason: the client names its daemon's address.
+TEST_F(ClientAgainstFakeDaemon, StepUnavailableWithoutReasonNamesTheAddress) {
+  Serve(absl::UnavailableError("socket closed"));
+  absl::StatusOr<v1::StepResponse> r = client_->Step(1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(r.status().message(),
+            "daemon at " + address_ + " is unreachable: socket closed");
+  EXPECT_EQ(GetErrorReason(r.status()), ErrorReason::kUnspecified);
+}
+
+// Every RPC carries the token and a deadline (rpc_timeout; Health: 5 s) and
+// returns the daemon's code, message and reason.
+TEST_F(ClientAgainstFakeDaemon, EveryRpcSendsTokenAndDeadlineAndKeepsReason) {
+  Serve(WithErrorReason(absl::NotFoundError("nothing here"),
+                        ErrorReason::kNoPlanYet));
+  const std::vector<absl::Status> results = {client_->Register({}).status(),
+                                             client_->Status().status(),
+                                             client_->Health().status()};
+  for (const absl::Status& st : results) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+    EXPECT_EQ(st.message(), "nothing here");
+    EXPECT_TRUE(HasErrorReason(st, ErrorReason::kNoPlanYet)) << st;
+  }
+  EXPECT_THAT(daemon_->tokens(),
+              ::testing::ElementsAre("secret", "secret", "secret"));
+  const std::vector<absl::Duration> deadlines = daemon_->deadlines();
+  ASSERT_EQ(deadlines.size(), 3u);
+  // gRPC rounds a deadline up on the wire: bounds, not exact values.
+  for (int i : {0, 1}) {
+    EXPECT_GT(deadlines[i], absl::Seconds(30)) << i;
+    EXPECT_LT(deadlines[i], absl::Seconds(61)) << i;
+  }
+  EXPECT_GT(deadlines[2], absl::Seconds(1));
+  EXPECT_LT(deadlines[2], absl::Seconds(6));
 }
 
 }  // namespace
