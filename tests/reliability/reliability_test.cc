@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/error_reason.h"
 #include "server/common/safetensors.h"
 #include "tests/reliability/harness.h"
 
@@ -267,6 +268,16 @@ TEST(ReliabilityTest, DeadDaemonGivesUnavailableNamingTheRank) {
         EXPECT_TRUE(
             absl::StrContains(results[r].status().message(), "dead rank 3"))
             << "rank " << r << ": " << results[r].status();
+        // The daemon's reason reached the client typed (gRPC ErrorInfo).
+        EXPECT_TRUE(
+            HasErrorReason(results[r].status(), ErrorReason::kPeerGone))
+            << "rank " << r << ": " << results[r].status();
+        EXPECT_EQ(GetErrorMetadata(results[r].status()),
+                  (ErrorMetadata{{"step_id", "2"}}))
+            << "rank " << r;
+      } else {  // its own daemon is the dead one: no daemon gave a reason
+        EXPECT_EQ(GetErrorReason(results[r].status()),
+                  ErrorReason::kUnspecified);
       }
     }
   }

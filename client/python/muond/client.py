@@ -6,16 +6,70 @@ from typing import Iterable
 
 import grpc
 
+from muond.v1 import error_details_pb2
 from muond.v1 import muond_pb2 as pb
 from muond.v1 import muond_pb2_grpc as pb_grpc
+
+# Why an RPC failed, beyond its status code: google.rpc.ErrorInfo.reason in
+# the status details (proto/muond/v1/error_details.proto). The names repeat
+# core/common/error_reason.h; tests/client/python/test_error_reason.py checks
+# that the two lists agree.
+ERROR_DOMAIN = "muond.dev"
+PEER_GONE = "PEER_GONE"      # Step: a peer daemon is gone; restart the job's daemons
+NO_PLAN_YET = "NO_PLAN_YET"  # Coordinator.GetPlan: the job has no plan yet
+REASONS = (PEER_GONE, NO_PLAN_YET)
+
+_ERROR_INFO_TYPE_URL = "type.googleapis.com/google.rpc.ErrorInfo"
+_DETAILS_KEY = "grpc-status-details-bin"
+
+
+class MuondError(RuntimeError):
+    """A failed muond RPC, as muond.torch raises it: ``code`` (a
+    grpc.StatusCode, or None when the failure was not an RPC status),
+    ``reason`` (one of REASONS, or "" when the daemon gave none) and its
+    ``metadata`` (dict), so callers branch on them, never on the text."""
+
+    def __init__(self, message: str, code=None, reason: str = "", metadata=None):
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.metadata = dict(metadata or {})
+
+
+def error_info(error) -> error_details_pb2.ErrorInfo | None:
+    """The muond ErrorInfo of a failed RPC (a grpc.RpcError, or a failed
+    future's exception), read from its trailing metadata; None without one.
+    Unparsable details count as none (the status code still holds)."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key != _DETAILS_KEY:
+            continue
+        try:
+            status = error_details_pb2.RpcStatus.FromString(value)
+            for detail in status.details:
+                if detail.type_url != _ERROR_INFO_TYPE_URL:
+                    continue
+                info = error_details_pb2.ErrorInfo.FromString(detail.value)
+                if info.domain == ERROR_DOMAIN:
+                    return info
+        except Exception:  # a DecodeError: not muond's details
+            return None
+    return None
+
+
+def error_reason(error) -> str:
+    """ErrorInfo.reason of a failed RPC (see error_info); "" without one."""
+    info = error_info(error)
+    return info.reason if info is not None else ""
 
 
 class Client:
     """One daemon, e.g. ``Client("unix:///tmp/muond-job-0.sock")``.
 
     Every method raises ``grpc.RpcError`` on a failed RPC (its ``.code()`` and
-    ``.details()`` name the param/field the daemon rejected). ``timeout`` is a
-    per-RPC deadline in seconds (None: no deadline).
+    ``.details()`` name the param/field the daemon rejected; ``error_reason(e)``
+    says why, where the daemon says). ``timeout`` is a per-RPC deadline in
+    seconds (None: no deadline).
     """
 
     def __init__(self, address: str, timeout: float | None = None):

@@ -56,7 +56,7 @@ import weakref
 import torch
 
 from muond import split as _split
-from muond.client import Client
+from muond.client import Client, MuondError, error_info
 from muond.shm import ShmBuffer
 from muond.v1 import muond_pb2 as pb
 
@@ -488,7 +488,7 @@ def _whole(p: torch.Tensor):
 
 def _gather(futures, clients, what: str):
     """The responses of concurrent calls, one per daemon, in rank order. The
-    first failure is raised at once (as _result's RuntimeError) and the other
+    first failure is raised at once (as _result's MuondError) and the other
     calls are cancelled: a peer of a failed step may never answer (a stopped
     daemon), and waiting for it would hang the trainer."""
     changed = threading.Event()
@@ -512,14 +512,18 @@ def _gather(futures, clients, what: str):
 
 def _result(call, client: Client, what: str):
     """call(): an RPC's response (e.g. a future's ``result``); its grpc error
-    as a RuntimeError naming the daemon and the RPC."""
+    as a MuondError (a RuntimeError) naming the daemon and the RPC, with the
+    status code and the daemon's reason (e.g. PEER_GONE) as attributes."""
     try:
         return call()
     except Exception as e:
         detail = e.details() if hasattr(e, "details") else str(e)
-        code = e.code().name if hasattr(e, "code") else type(e).__name__
-        raise RuntimeError(f"muond daemon {client.address}: {what} failed: {code}: "
-                           f"{detail}") from e
+        code = e.code() if hasattr(e, "code") else None
+        info = error_info(e)
+        raise MuondError(f"muond daemon {client.address}: {what} failed: "
+                         f"{code.name if code is not None else type(e).__name__}: {detail}",
+                         code=code, reason=info.reason if info else "",
+                         metadata=info.metadata if info else None) from e
 
 
 def _release(buffers) -> None:

@@ -16,7 +16,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_daemon import pb, start_cluster  # noqa: E402
+from muond.client import PEER_GONE, MuondError  # noqa: E402
 from muond.torch import Muon  # noqa: E402
+from muond.v1 import error_details_pb2  # noqa: E402
 from reference_muon import ReferenceMuon  # noqa: E402
 
 # name: (shape, tag partition_dim or None, algorithm)
@@ -167,6 +169,37 @@ class MuonFakeDaemonTest(unittest.TestCase):
             opt.step()
         self.assertLess(time.monotonic() - t0, 20, "step() waited for the stopped daemon")
         self.assertEqual(opt.step_id, 0)  # not advanced: the step can be retried
+
+    def test_the_daemons_reason_reaches_the_caller_typed(self):
+        self.start(2)
+        params = make_params()
+        opt = Muon(groups(params), daemons=self.addresses, job_id="fake", gtp_size=2,
+                   tp_size=1, **HYPER)
+
+        def peer_gone(request, context):
+            # What the real daemon sends (proto/status_details.cc).
+            info = error_details_pb2.ErrorInfo(reason="PEER_GONE", domain="muond.dev",
+                                               metadata={"step_id": str(request.step_id)})
+            status = error_details_pb2.RpcStatus(code=grpc.StatusCode.UNAVAILABLE.value[0],
+                                                 message="a peer daemon is gone")
+            status.details.add(type_url="type.googleapis.com/google.rpc.ErrorInfo",
+                               value=info.SerializeToString())
+            context.set_trailing_metadata(
+                (("grpc-status-details-bin", status.SerializeToString()),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "a peer daemon is gone")
+
+        for d in self.cluster.daemons:
+            d.on_step = peer_gone
+        for p in params.values():
+            p.grad = torch.ones_like(p)
+        with self.assertRaises(MuondError) as raised:
+            opt.step()
+        self.assertIsInstance(raised.exception, RuntimeError)
+        self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(raised.exception.reason, PEER_GONE)
+        self.assertEqual(raised.exception.metadata, {"step_id": "1"})
+        self.assertIn("Step 1 failed: UNAVAILABLE: a peer daemon is gone",
+                      str(raised.exception))
 
     def test_4x1_matches_reference(self):
         self.compare(4, 1)

@@ -1,0 +1,59 @@
+"""The Python client's error reasons: the same names as the C++ definition
+(core/common/error_reason.h, printed by error_reason_names), read from the
+gRPC status details a server sends (google.rpc.Status + ErrorInfo bytes built
+here by hand, as any googleapis server writes them)."""
+import os
+import subprocess
+import unittest
+
+from muond import client as mc
+
+RUNFILES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+NAMES = os.path.join(RUNFILES, "tests/client/python/error_reason_names")
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (payloads < 128 bytes)."""
+    assert len(payload) < 128
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+def google_rpc_status(code: int, message: str, reason: str, domain: str,
+                      metadata: dict) -> bytes:
+    entries = b"".join(_field(3, _field(1, k.encode()) + _field(2, v.encode()))
+                       for k, v in metadata.items())
+    info = _field(1, reason.encode()) + _field(2, domain.encode()) + entries
+    any_ = _field(1, b"type.googleapis.com/google.rpc.ErrorInfo") + _field(2, info)
+    return bytes([1 << 3, code]) + _field(2, message.encode()) + _field(3, any_)
+
+
+class FakeRpcError:
+    def __init__(self, trailing):
+        self._trailing = trailing
+
+    def trailing_metadata(self):
+        return self._trailing
+
+
+class ErrorReasonTest(unittest.TestCase):
+    def test_names_match_the_cpp_definition(self):
+        out = subprocess.run([NAMES], capture_output=True, text=True, check=True).stdout
+        self.assertEqual(tuple(out.split()), mc.REASONS)
+
+    def test_reads_error_info_from_status_details(self):
+        details = google_rpc_status(14, "step 3 failed: a peer daemon is gone", "PEER_GONE",
+                                    "muond.dev", {"step_id": "3"})
+        error = FakeRpcError((("other", "x"), ("grpc-status-details-bin", details)))
+        self.assertEqual(mc.error_reason(error), mc.PEER_GONE)
+        self.assertEqual(dict(mc.error_info(error).metadata), {"step_id": "3"})
+
+    def test_no_or_foreign_or_broken_details_give_no_reason(self):
+        foreign = google_rpc_status(14, "x", "PEER_GONE", "example.com", {})
+        for trailing in [None, (), (("grpc-status-details-bin", foreign),),
+                         (("grpc-status-details-bin", b"\xff\xff not a proto"),)]:
+            self.assertEqual(mc.error_reason(FakeRpcError(trailing)), "")
+        self.assertEqual(mc.error_reason(ValueError("not an RPC error")), "")
+
+
+if __name__ == "__main__":
+    unittest.main()
