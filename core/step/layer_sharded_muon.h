@@ -1,5 +1,6 @@
 #pragma once
-// The layer-sharded Muon step of DESIGN.md §3 over real communicators.
+// The layer-sharded Muon step (docs/ARCHITECTURE.md "One step") over real
+// communicators.
 //
 // One LayerShardedMuon per daemon (process). It owns the optimizer state of
 // its local shards (momentum, Adam moments) and the exchange buffers; it
@@ -109,7 +110,7 @@ struct PhaseTimings {
 // over the groups of this rank: wall time (microseconds) of the `count` NS
 // runs of that shape this rank did (the scale factor and, when batched, the
 // staging copies included). The coordinator rebalances NS homes with
-// ns_us / count per shape (DESIGN.md §4).
+// ns_us / count per shape (docs/ARCHITECTURE.md "Plans").
 struct ShapeTiming {
   int64_t rows = 0;
   int64_t cols = 0;

@@ -721,7 +721,8 @@ TEST(LayerShardedStep, Domain2x3) { RunAndCompare({Mixed(2, 3)}); }
 TEST(LayerShardedStep, Domain3x2) { RunAndCompare({Mixed(3, 2)}); }
 
 // ns_batch_size > 1 stacks same-shape matrices into strided-batched GEMMs:
-// same math, different rounding (DESIGN.md §3), so a relative tolerance.
+// same math, different rounding (docs/ARCHITECTURE.md "One step"), so a
+// relative tolerance.
 // bf16 Newton–Schulz (medium): the shards' momentum outputs are rounded to
 // bf16 once, exchanged as bf16, and the NS output comes back as bf16, which
 // is exactly what the single-process reference computes on the full matrix:

@@ -1,0 +1,29 @@
+#pragma once
+// This rank's half of the "every gradient is finite" vote of a group.
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/step/group_state.h"
+
+namespace muond {
+
+// The bound every gradient element must stay under, |g| < limit, for a
+// group's step to go ahead. Where a Muon group carries gradients through
+// bf16 (the NS input of medium precision, or bf16 momentum state) a finite
+// fp32 gradient at or beyond the bf16 overflow threshold (~3.396e38) would
+// round to inf there and turn the whole update into NaN, so it fails (or
+// skips) the step like a non-finite one. Momentum and NS input are convex
+// combinations of gradients (lerp), so gradients under the bound keep them
+// under it. The bound costs nothing: the same one read of the gradients.
+float GradLimit(const GroupState& group);
+
+// Whether every gradient of the group is under GradLimit (true for a group
+// without params).
+absl::StatusOr<bool> GradsWithinLimit(const GroupState& group);
+
+// The params of a group whose gradients break GradLimit, as "group/param",
+// with the reason when the gradient is finite but beyond the bf16 range.
+absl::StatusOr<std::vector<std::string>> BadGradNames(const GroupState& group);
+
+}  // namespace muond

@@ -1,0 +1,148 @@
+#include "core/step/group_state.h"
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+#include "core/muon/newton_schulz.h"
+
+namespace muond {
+namespace {
+
+std::vector<int64_t> ViewShape(const MatrixView& v) { return {v.rows, v.cols}; }
+
+absl::Status CheckDomain(const std::string& group, const DomainBinding& d) {
+  if (d.size.gtp < 1 || d.size.tp < 1 || d.g < 0 || d.g >= d.size.gtp ||
+      d.t < 0 || d.t >= d.size.tp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group, "': domain coordinates (g=", d.g, ", t=", d.t,
+        ") must lie in the ", d.size.gtp, " x ", d.size.tp, " domain"));
+  }
+  auto check_comm = [&](Communicator* comm, int size, int rank,
+                        const char* axis) -> absl::Status {
+    if (size == 1) return absl::OkStatus();
+    if (comm == nullptr || comm->size() != size || comm->rank() != rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", group, "': the ", axis, " communicator must have size ",
+          size, " and rank ", rank));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check_comm(d.gtp, d.size.gtp, d.g, "gtp_remat"));
+  return check_comm(d.tp, d.size.tp, d.t, "tp");
+}
+
+absl::Status CheckBinding(const std::string& group, const ParamBinding& p,
+                          const ParamShardSpec& spec) {
+  const std::vector<int64_t> local = spec.local_shape;
+  auto shape_str = [](const std::vector<int64_t>& s) {
+    return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+  };
+  if (local.size() != 2 || ViewShape(p.param) != local ||
+      ViewShape(p.grad) != local) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group, "' param '", p.name, "': param view ",
+        shape_str(ViewShape(p.param)), " and grad view ",
+        shape_str(ViewShape(p.grad)), " must both have the local shard shape ",
+        shape_str(local)));
+  }
+  if (p.param.data == nullptr || p.grad.data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group, "' param '", p.name, "': null param or grad view"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ParamShardSpec> MakeSpec(const GroupConfig& config,
+                                        const ParamBinding& p) {
+  ParamShardSpec spec;
+  if (config.algorithm == Algorithm::kMuon) {
+    ASSIGN_OR_RETURN(spec, MakeShardSpec(p.name, ViewShape(p.param), p.tags,
+                                         config.domain.size));
+    if (!p.full_shape.empty() && p.full_shape != spec.full_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", config.name, "' param '", p.name, "': full_shape [",
+          absl::StrJoin(p.full_shape, ", "),
+          "] disagrees with the shape implied by the local shard and tags [",
+          absl::StrJoin(spec.full_shape, ", "), "]"));
+    }
+  } else {
+    spec.name = p.name;
+    spec.local_shape = ViewShape(p.param);
+    spec.full_shape = spec.local_shape;
+  }
+  RETURN_IF_ERROR(CheckBinding(config.name, p, spec));
+  return spec;
+}
+
+// Zeroed optimizer state of one param's shard; adds its bytes to the group's.
+absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
+                                const ParamBinding& p, ParamState& st) {
+  const int64_t rows = p.param.rows, cols = p.param.cols;
+  if (config.algorithm == Algorithm::kMuon) {
+    const DType sd = config.muon.state_dtype;
+    ASSIGN_OR_RETURN(st.momentum_buf,
+                     AllocateZeroed(group.backend, sd, rows, cols));
+    st.momentum = ContiguousView(st.momentum_buf.data(), sd, rows, cols);
+    group.state_bytes += rows * cols * DTypeSize(sd);
+    return absl::OkStatus();
+  }
+  constexpr DType f32 = DType::kFloat32;
+  ASSIGN_OR_RETURN(st.exp_avg_buf,
+                   AllocateZeroed(group.backend, f32, rows, cols));
+  ASSIGN_OR_RETURN(st.exp_avg_sq_buf,
+                   AllocateZeroed(group.backend, f32, rows, cols));
+  st.exp_avg = ContiguousView(st.exp_avg_buf.data(), f32, rows, cols);
+  st.exp_avg_sq = ContiguousView(st.exp_avg_sq_buf.data(), f32, rows, cols);
+  group.state_bytes += 2 * rows * cols * 4;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
+                                            Backend* default_backend) {
+  GroupState group;
+  group.backend = config.backend != nullptr ? config.backend : default_backend;
+  RETURN_IF_ERROR(CheckDomain(config.name, config.domain));
+  if (config.algorithm == Algorithm::kMuon) {
+    RETURN_IF_ERROR(config.muon.Validate());
+    RETURN_IF_ERROR(ValidateNsOptions(config.muon.ns, *group.backend));
+  } else {
+    RETURN_IF_ERROR(config.adamw.Validate());
+  }
+  std::map<std::string, int> names;
+  for (const ParamBinding& p : config.params) {
+    if (!names.emplace(p.name, 0).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", config.name, "': duplicate param name '", p.name, "'"));
+    }
+    ParamState st;
+    ASSIGN_OR_RETURN(st.spec, MakeSpec(config, p));
+    RETURN_IF_ERROR(AllocateParamState(group, config, p, st));
+    group.params.push_back(std::move(st));
+  }
+  if (config.algorithm == Algorithm::kMuon) {
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    for (const ParamBinding& p : config.params) {
+      shapes.emplace_back(p.param.rows, p.param.cols);
+    }
+    group.ns_dtype = NsWorkDType(config.muon.ns.precision);
+    ASSIGN_OR_RETURN(group.local, AllocateSlabs(group.backend, group.ns_dtype,
+                                                shapes, group.local_slabs));
+    group.ns = NsRunner(group.backend, group.ns_dtype);
+  }
+  group.config = std::move(config);
+  return group;
+}
+
+std::vector<ParamShardSpec> ParamSpecs(const GroupState& group) {
+  std::vector<ParamShardSpec> specs;
+  for (const ParamState& p : group.params) specs.push_back(p.spec);
+  return specs;
+}
+
+}  // namespace muond

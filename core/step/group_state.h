@@ -1,0 +1,64 @@
+#pragma once
+// What the engine keeps per param group: the config, the optimizer state of
+// the local shards, L_i, the NS homes by version and the plan in use.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/backend/backend.h"
+#include "core/common/matrix_view.h"
+#include "core/plan/sharding.h"
+#include "core/step/buffers.h"
+#include "core/step/layer_sharded_muon.h"
+#include "core/step/ns_homes_by_version.h"
+#include "core/step/ns_runner.h"
+#include "core/step/plan_buffers.h"
+
+namespace muond {
+
+// The persistent state of one param's local shard.
+struct ParamState {
+  ParamShardSpec spec;
+  OwnedBuffer momentum_buf, exp_avg_buf, exp_avg_sq_buf;
+  // Muon: momentum (MuonOptions::state_dtype). AdamW: exp_avg, exp_avg_sq
+  // (fp32).
+  MatrixView momentum, exp_avg, exp_avg_sq;
+};
+
+struct GroupState {
+  GroupConfig config;
+  // The backend this group computes on (its own, e.g. a CUDA stream of its
+  // own, or the optimizer's) and the lane it runs in.
+  Backend* backend = nullptr;
+  int lane = 0;
+  std::vector<ParamState> params;
+  // Muon: L_i per param, the local shard in ns_dtype: NS input after the
+  // momentum phase, the (unscaled) update after the reverse route. One slab
+  // per shape (AllocateSlabs).
+  std::vector<MatrixView> local;
+  std::vector<OwnedBuffer> local_slabs;
+  // The dtype of L_i, the assembled matrices and the exchanges: NS's work
+  // dtype (bf16 for medium precision), so nothing is converted between the
+  // momentum kernel and the update kernel but inside Newton–Schulz.
+  DType ns_dtype = DType::kFloat32;
+  int64_t state_bytes = 0;
+  NsHomesByVersion homes;
+  // The plan in use and the homes version it was built from (0: the
+  // round-robin fallback, -1: none yet).
+  std::optional<PlanBuffers> plan;
+  int64_t plan_version = -1;
+  NsRunner ns;
+  int64_t adamw_step = 0;
+};
+
+// Validates `config` (domain coordinates and communicators, hyperparameters,
+// shard specs, views against shapes: InvalidArgument naming the group/param
+// and the rule) and allocates its zeroed state on its backend (config's, or
+// `default_backend`).
+absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
+                                            Backend* default_backend);
+
+std::vector<ParamShardSpec> ParamSpecs(const GroupState& group);
+
+}  // namespace muond

@@ -1,0 +1,177 @@
+#include "core/step/group_step.h"
+
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/common/status_macros.h"
+#include "core/step/exchange_stage.h"
+
+namespace muond {
+namespace {
+
+// One phase of a step: a trace range (NVTX on CUDA) and its wall time. The
+// phases synchronise the backend at their end so the times are real; the
+// step has five such points, none inside a phase.
+class Phase {
+ public:
+  Phase(Backend& backend, const char* name)
+      : backend_(backend), start_(absl::Now()) {
+    backend_.PushRange(name);
+  }
+  ~Phase() { backend_.PopRange(); }
+  // Waits for the phase's work and adds its wall time to `total_us`.
+  absl::Status Finish(double& total_us) {
+    const absl::Status status = backend_.Synchronize();
+    total_us += absl::ToDoubleMicroseconds(absl::Now() - start_);
+    return status;
+  }
+
+ private:
+  Backend& backend_;
+  const absl::Time start_;
+};
+
+// The views of `views` at `indices`, in that order.
+std::vector<MatrixView> Pick(const std::vector<MatrixView>& views,
+                             const std::vector<int>& indices) {
+  std::vector<MatrixView> picked;
+  picked.reserve(indices.size());
+  for (int i : indices) picked.push_back(views[i]);
+  return picked;
+}
+
+// grad_i -> momentum_i, L_i: one batched call (CUDA: a launch per ~40 small
+// params, not per param).
+absl::Status MomentumPhase(GroupState& group, const MuonOptions& options) {
+  std::vector<MatrixView> grads, momenta;
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    grads.push_back(group.config.params[i].grad);
+    momenta.push_back(group.params[i].momentum);
+  }
+  return MuonMomentumPhaseBatch(*group.backend, options, grads, momenta,
+                                group.local);
+}
+
+// L_i -> A1_i over gtp_remat, then A1_i -> A2_i over tp.
+absl::Status ForwardExchangePhase(GroupState& group,
+                                  ExchangeBuffers& exchange) {
+  const PlanBuffers& pb = *group.plan;
+  const GroupExchangePlan& plan = pb.plan;
+  const DomainBinding& d = group.config.domain;
+  if (plan.has_stage1) {
+    RETURN_IF_ERROR(ExchangeStage(*group.backend, d.gtp, plan.stage1,
+                                  plan.stage1.forward, group.ns_dtype, exchange,
+                                  group.local, pb.stage1, group.config.name));
+  }
+  for (const StageExchange& s2 : plan.stage2) {
+    RETURN_IF_ERROR(ExchangeStage(*group.backend, d.tp, s2, s2.forward,
+                                  group.ns_dtype, exchange, pb.stage1,
+                                  pb.stage2, group.config.name));
+  }
+  return absl::OkStatus();
+}
+
+// NS in place where each param is whole on this rank.
+absl::Status NsPhase(GroupState& group, const MuonOptions& options,
+                     ShapeTimes* shape_times) {
+  const PlanBuffers& pb = *group.plan;
+  const GroupExchangePlan& plan = pb.plan;
+  RETURN_IF_ERROR(
+      group.ns.Run(options, Pick(group.local, plan.replicated), shape_times));
+  RETURN_IF_ERROR(
+      group.ns.Run(options, Pick(pb.stage1, plan.ns_tp_complete), shape_times));
+  return group.ns.Run(options, Pick(pb.stage2, plan.ns_after_stage2),
+                      shape_times);
+}
+
+// A2_i -> A1_i over tp, A1_i -> L_i over gtp_remat, pad rows of L_i zeroed.
+absl::Status ReverseExchangePhase(GroupState& group,
+                                  ExchangeBuffers& exchange) {
+  const PlanBuffers& pb = *group.plan;
+  const GroupExchangePlan& plan = pb.plan;
+  const DomainBinding& d = group.config.domain;
+  for (auto it = plan.stage2.rbegin(); it != plan.stage2.rend(); ++it) {
+    RETURN_IF_ERROR(ExchangeStage(*group.backend, d.tp, *it, it->reverse,
+                                  group.ns_dtype, exchange, pb.stage2,
+                                  pb.stage1, group.config.name));
+  }
+  if (!plan.has_stage1) return absl::OkStatus();
+  RETURN_IF_ERROR(ExchangeStage(*group.backend, d.gtp, plan.stage1,
+                                plan.stage1.reverse, group.ns_dtype, exchange,
+                                pb.stage1, group.local, group.config.name));
+  for (const ZeroFill& z : plan.stage1.reverse_zero_fill) {
+    const MatrixView& m = group.local[z.param];
+    RETURN_IF_ERROR(group.backend->Memset0(
+        m.Block(z.block.row0, z.block.col0, z.block.rows, z.block.cols)));
+  }
+  return absl::OkStatus();
+}
+
+// L_i -> param_i.
+absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
+                         const std::vector<float>& adjusted_lrs) {
+  std::vector<MatrixView> params;
+  for (const ParamBinding& b : group.config.params) params.push_back(b.param);
+  return MuonUpdatePhaseBatch(*group.backend, options, params, group.local,
+                              adjusted_lrs);
+}
+
+}  // namespace
+
+absl::Status StepMuonGroup(GroupState& group, const MuonOptions& options,
+                           ExchangeBuffers& exchange, ShapeTimes* shape_times,
+                           PhaseTimings& t) {
+  // Each param's lr times its Muon scale (of the full matrix), formed before
+  // anything is written.
+  std::vector<float> adjusted_lrs;
+  for (const ParamState& p : group.params) {
+    ASSIGN_OR_RETURN(float lr, MuonAdjustedLr(options, p.spec.full_shape[0],
+                                              p.spec.full_shape[1]));
+    adjusted_lrs.push_back(lr);
+  }
+  Backend& backend = *group.backend;
+  {
+    Phase phase(backend, "lsmuon/momentum");
+    RETURN_IF_ERROR(MomentumPhase(group, options));
+    RETURN_IF_ERROR(phase.Finish(t.momentum_us));
+  }
+  {
+    Phase phase(backend, "lsmuon/a2a_fwd");
+    RETURN_IF_ERROR(ForwardExchangePhase(group, exchange));
+    RETURN_IF_ERROR(phase.Finish(t.a2a_fwd_us));
+  }
+  {
+    Phase phase(backend, "lsmuon/ns");
+    RETURN_IF_ERROR(NsPhase(group, options, shape_times));
+    RETURN_IF_ERROR(phase.Finish(t.ns_us));
+  }
+  {
+    Phase phase(backend, "lsmuon/a2a_bwd");
+    RETURN_IF_ERROR(ReverseExchangePhase(group, exchange));
+    RETURN_IF_ERROR(phase.Finish(t.a2a_bwd_us));
+  }
+  {
+    Phase phase(backend, "lsmuon/update");
+    RETURN_IF_ERROR(UpdatePhase(group, options, adjusted_lrs));
+    RETURN_IF_ERROR(phase.Finish(t.update_us));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,
+                            PhaseTimings& t) {
+  Phase phase(*group.backend, "lsmuon/adamw");
+  const int64_t step = group.adamw_step + 1;
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const ParamBinding& b = group.config.params[i];
+    ParamState& p = group.params[i];
+    RETURN_IF_ERROR(AdamWStep(*group.backend, options, step, b.param, b.grad,
+                              p.exp_avg, p.exp_avg_sq));
+  }
+  RETURN_IF_ERROR(phase.Finish(t.update_us));
+  group.adamw_step = step;
+  return absl::OkStatus();
+}
+
+}  // namespace muond

@@ -1,0 +1,38 @@
+#pragma once
+// One group's share of a step, phase by phase (docs/ARCHITECTURE.md "One
+// step"). Each phase names the views it reads and writes:
+//
+//   momentum   grad_i -> momentum_i, L_i
+//   a2a_fwd    stage 1 over gtp_remat:  L_i  -> A1_i
+//              stage 2 over tp:         A1_i -> A2_i
+//   ns         replicated params on L_i, ns_tp_complete on A1_i,
+//              ns_after_stage2 on A2_i (NsRunner, in place)
+//   a2a_bwd    reverse stage 2:  A2_i -> A1_i
+//              reverse stage 1:  A1_i -> L_i, then the pad rows of L_i zeroed
+//   update     L_i -> param_i (weight decay + adjusted lr)
+//
+// A1_i is PlanBuffers::stage1 (L_i itself where this rank assembles no A1_i),
+// A2_i is PlanBuffers::stage2. Each phase ends with a backend sync so its
+// wall time is real.
+#include "absl/status/status.h"
+#include "core/muon/adamw.h"
+#include "core/muon/muon_update.h"
+#include "core/step/buffers.h"
+#include "core/step/group_state.h"
+#include "core/step/layer_sharded_muon.h"
+#include "core/step/ns_runner.h"
+
+namespace muond {
+
+// A Muon group's step under its current plan (group.plan must be set).
+// `exchange`: the lane's buffers, reserved for the plan. `shape_times`: null
+// when this step does not measure NS per shape. Phase times add to `t`.
+absl::Status StepMuonGroup(GroupState& group, const MuonOptions& options,
+                           ExchangeBuffers& exchange, ShapeTimes* shape_times,
+                           PhaseTimings& t);
+
+// An AdamW group's step on its local shards (no exchange).
+absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,
+                            PhaseTimings& t);
+
+}  // namespace muond
