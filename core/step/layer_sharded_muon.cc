@@ -8,7 +8,8 @@
 //   gather_domain_votes.h  the all_gather that carries the votes
 //   finite_grads.h         this rank's finite-gradient vote
 //   plan_buffers.h         the plan of the agreed homes and its views
-//   lanes.h                lanes and their threads
+//   lanes.h                lanes: groups that must run one after the other
+//   lane_threads.h         one thread per lane, created with the engine
 //   group_step.h           one group's phases (momentum ... update)
 //   exchange_stage.h       one all_to_allv stage: pack, exchange, unpack
 //   ns_runner.h            Newton–Schulz batched by shape, shape timing
