@@ -45,7 +45,7 @@ class FakeOpener : public HandleOpener {
 void PlanAndPublish(const Registration& reg, const std::string& job) {
   v1::PublishManifestRequest manifest = reg.Manifest(job, 0);
   for (const v1::GroupManifest& g : manifest.groups()) {
-    for (const char* model : {"ns_cost", "flops"}) {
+    for (v1::CostModel model : {v1::COST_MODEL_NS_COST, v1::COST_MODEL_FLOPS}) {
       (void)PlanGroup(g, model, {});
     }
   }
@@ -55,7 +55,7 @@ void PlanAndPublish(const Registration& reg, const std::string& job) {
   if (world < 1 || world > 16) return;
   CoordinatorOptions options;
   options.max_wait = absl::ZeroDuration();
-  options.planner = [](const v1::GroupManifest& m, const std::string& model,
+  options.planner = [](const v1::GroupManifest& m, v1::CostModel model,
                        const CostTable& costs) {
     return PlanGroup(m, model, costs);
   };
@@ -81,7 +81,7 @@ void PlanAndPublish(const Registration& reg, const std::string& job) {
   (void)core.GetPlan(job);
   v1::RebalanceRequest rebalance;
   rebalance.set_job_id(job);
-  rebalance.set_cost_model("flops");
+  rebalance.set_cost_model(v1::COST_MODEL_FLOPS);
   (void)core.Rebalance(rebalance);
 }
 

@@ -208,6 +208,28 @@ double RoutedLowerBound(const std::vector<Item>& items, DomainSize domain) {
 
 }  // namespace
 
+std::string_view CostModelName(CostModel model) {
+  switch (model) {
+    case kNsCost:
+      return "ns_cost";
+    case kFlops:
+      return "flops";
+    case kMeasured:
+      return "measured";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<CostModel> ParseCostModel(std::string_view name,
+                                         std::string_view field) {
+  for (CostModel model : {kNsCost, kFlops, kMeasured}) {
+    if (CostModelName(model) == name) return model;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(field), ": '", std::string(name),
+                   "' is not one of ns_cost, flops, measured"));
+}
+
 absl::StatusOr<std::vector<double>> ParamCosts(
     const std::vector<ParamShardSpec>& specs, const PlannerOptions& options) {
   double seconds_per_flop = 0;

@@ -16,6 +16,7 @@
 // is kept only if its final max load is not worse than plain LPT.
 #include <cstdint>
 #include <map>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,13 @@ enum CostModel {
   kFlops,     // NsFlops(P, Q, ns_steps, symmetric_ns): the kernel path's FLOPs
   kMeasured,  // measured_cost[(P, Q)] (e.g. seconds per NS), from rebalancing
 };
+
+// "ns_cost", "flops", "measured": the names operators type (muonctl) and the
+// wire enum muond.v1.CostModel spells in upper case.
+std::string_view CostModelName(CostModel model);
+// Inverse of CostModelName; InvalidArgument naming `field` and the names.
+absl::StatusOr<CostModel> ParseCostModel(std::string_view name,
+                                         std::string_view field = "cost_model");
 
 struct PlannerOptions {
   CostModel cost = kNsCost;

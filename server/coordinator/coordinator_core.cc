@@ -328,7 +328,7 @@ bool CoordinatorCore::AllPublished(const Job& job) const {
 }
 
 absl::StatusOr<v1::Plan> CoordinatorCore::ComputePlan(
-    const Job& job, const CostTable& costs, const std::string& cost_model,
+    const Job& job, const CostTable& costs, v1::CostModel cost_model,
     int64_t activate_at_step) {
   // Per group: the manifest of the lowest rank and the (g, t) coverage.
   struct GroupInfo {
@@ -458,7 +458,7 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
   const int64_t activate =
       job->plans.RoundActivationStep(options_.rebalance_activate_margin);
   absl::StatusOr<v1::Plan> plan =
-      ComputePlan(*job, CostTable{}, "ns_cost", activate);
+      ComputePlan(*job, CostTable{}, v1::COST_MODEL_NS_COST, activate);
   if (!plan.ok()) {
     daemon.manifest = previous;
     daemon.has_manifest = false;
@@ -617,7 +617,8 @@ void CoordinatorCore::MaybeRebalance(Job& job) {
   }
   const int64_t activate =
       latest + std::max<int64_t>(1, options_.rebalance_activate_margin);
-  absl::StatusOr<v1::Plan> plan = ComputePlan(job, costs, "measured", activate);
+  absl::StatusOr<v1::Plan> plan =
+      ComputePlan(job, costs, v1::COST_MODEL_MEASURED, activate);
   if (!plan.ok()) {
     LOG(WARNING) << "job " << job.id
                  << ": automatic rebalance failed: " << plan.status();
@@ -645,16 +646,18 @@ void CoordinatorCore::MaybeRebalance(Job& job) {
 
 absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
     const v1::RebalanceRequest& request) {
-  if (request.activate_after_steps() < 0) {
+  if (request.has_activate_after_steps() &&
+      request.activate_after_steps() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("activate_after_steps: ", request.activate_after_steps(),
-                     " must be >= 0"));
+                     " must be >= 1 (unset: 2)"));
   }
-  const std::string& model = request.cost_model();
-  if (!model.empty() && model != "ns_cost" && model != "flops" &&
-      model != "measured") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cost_model: '", model, "' is not one of ns_cost, flops, measured"));
+  const v1::CostModel model = request.cost_model();
+  if (!v1::CostModel_IsValid(model)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cost_model: value ", model,
+                     " is not one of COST_MODEL_NS_COST, COST_MODEL_FLOPS, "
+                     "COST_MODEL_MEASURED (or unset)"));
   }
   CostTable explicit_costs;
   for (const v1::ShapeTiming& s : request.cost_table()) {
@@ -687,21 +690,23 @@ absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
   // Mean measured time per matrix, over every daemon's latest reports.
   const CostTable measured = JobMeasuredCosts(*job);
   CostTable costs;
-  std::string used_model = model.empty() ? "ns_cost" : model;
-  if (model == "measured" || (model.empty() && !measured.empty())) {
+  const bool unspecified = model == v1::COST_MODEL_UNSPECIFIED;
+  v1::CostModel used_model = unspecified ? v1::COST_MODEL_NS_COST : model;
+  if (model == v1::COST_MODEL_MEASURED || (unspecified && !measured.empty())) {
     if (measured.empty() && explicit_costs.empty()) {
       return absl::FailedPreconditionError(
-          "cost_model 'measured': no daemon has reported shape timings");
+          "cost_model COST_MODEL_MEASURED: no daemon has reported shape "
+          "timings");
     }
     costs = measured;
-    used_model = "measured";
+    used_model = v1::COST_MODEL_MEASURED;
   }
   for (const auto& [shape, cost] : explicit_costs) costs[shape] = cost;
   // An explicit table is a measured table (shapes it lacks are estimated by
   // the planner from the table's cost/FLOP ratio).
-  if (!explicit_costs.empty()) used_model = "measured";
+  if (!explicit_costs.empty()) used_model = v1::COST_MODEL_MEASURED;
   const int64_t after =
-      request.activate_after_steps() == 0 ? 2 : request.activate_after_steps();
+      request.has_activate_after_steps() ? request.activate_after_steps() : 2;
   ASSIGN_OR_RETURN(v1::Plan plan,
                    ComputePlan(*job, costs, used_model, latest_step + after));
   RETURN_IF_ERROR(job->plans.Append(plan));

@@ -40,10 +40,10 @@ namespace muond {
 using CostTable = std::map<std::vector<int64_t>, double>;
 
 // Plans one Muon group: a home per param in manifest order. The manifest is
-// the one of the domain's lowest global rank. `cost_model` is "ns_cost",
-// "flops" or "measured" (then `costs` is non-empty).
+// the one of the domain's lowest global rank. `cost_model` is never
+// UNSPECIFIED; with COST_MODEL_MEASURED `costs` is non-empty.
 using GroupPlanner = std::function<absl::StatusOr<v1::GroupPlan>(
-    const v1::GroupManifest& manifest, const std::string& cost_model,
+    const v1::GroupManifest& manifest, v1::CostModel cost_model,
     const CostTable& costs)>;
 
 struct CoordinatorOptions {
@@ -206,7 +206,7 @@ class CoordinatorCore {
   // Computes the job's next plan (PlanHistory::NextVersion) from its
   // manifests.
   absl::StatusOr<v1::Plan> ComputePlan(const Job& job, const CostTable& costs,
-                                       const std::string& cost_model,
+                                       v1::CostModel cost_model,
                                        int64_t activate_at_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllPublished(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   options.rebalance_activate_margin =
       absl::GetFlag(FLAGS_rebalance_activate_margin);
   options.planner = [](const muond::v1::GroupManifest& manifest,
-                       const std::string& model,
+                       muond::v1::CostModel model,
                        const muond::CostTable& costs) {
     return muond::PlanGroup(manifest, model, costs);
   };

@@ -78,7 +78,7 @@ void DaemonCore::OnPlan(const v1::Plan& plan) {
   if (!plans_.Insert(plan)) return;
   LOG(INFO) << "plan version " << plan.version()
             << " received (activates at step " << plan.activate_at_step()
-            << ", cost model '" << plan.cost_model() << "')"
+            << ", " << v1::CostModel_Name(plan.cost_model()) << ")"
             << (PlanMatches(plan)
                     ? ""
                     : "; it does not match the registered params");

@@ -20,6 +20,13 @@ absl::Status InGroup(const v1::ParamGroup& group, absl::Status st) {
   return WithContext(st, absl::StrCat("group '", group.name(), "': "));
 }
 
+template <typename T>
+absl::StatusOr<T> InGroup(const v1::ParamGroup& group,
+                          absl::StatusOr<T> value) {
+  if (value.ok()) return value;
+  return InGroup(group, value.status());
+}
+
 }  // namespace
 
 absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
@@ -29,17 +36,16 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
   o.momentum = h.momentum();
   o.nesterov = h.nesterov();
   o.weight_decay = h.weight_decay();
-  if (!h.weight_decay_method().empty()) {
-    absl::StatusOr<WeightDecayMethod> m =
-        ParseWeightDecayMethod(h.weight_decay_method());
-    RETURN_IF_ERROR(InGroup(group, m.status()));
-    o.weight_decay_method = *m;
+  // UNSPECIFIED enums and unset optional fields keep MuonOptions' defaults.
+  if (h.weight_decay_method() != v1::WEIGHT_DECAY_METHOD_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(o.weight_decay_method,
+                     InGroup(group, FromProto(h.weight_decay_method(),
+                                              "weight_decay_method")));
   }
-  if (!h.coefficient_type().empty()) {
-    absl::StatusOr<CoefficientType> c =
-        ParseCoefficientType(h.coefficient_type());
-    RETURN_IF_ERROR(InGroup(group, c.status()));
-    o.ns.coefficient_type = *c;
+  if (h.coefficient_type() != v1::COEFFICIENT_TYPE_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(
+        o.ns.coefficient_type,
+        InGroup(group, FromProto(h.coefficient_type(), "coefficient_type")));
   }
   if (h.custom_coefficients_size() % 3 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -51,21 +57,20 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
                            float(h.custom_coefficients(i + 1)),
                            float(h.custom_coefficients(i + 2))});
   }
-  if (h.num_ns_steps() != 0) o.ns.num_steps = h.num_ns_steps();
-  if (h.eps() != 0) o.ns.eps = float(h.eps());
-  if (!h.scale_mode().empty()) {
-    absl::StatusOr<ScaleMode> s = ParseScaleMode(h.scale_mode());
-    RETURN_IF_ERROR(InGroup(group, s.status()));
-    o.scale_mode = *s;
+  if (h.has_num_ns_steps()) o.ns.num_steps = h.num_ns_steps();
+  if (h.has_eps()) o.ns.eps = float(h.eps());
+  if (h.scale_mode() != v1::SCALE_MODE_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(o.scale_mode,
+                     InGroup(group, FromProto(h.scale_mode(), "scale_mode")));
   }
-  if (h.extra_scale_factor() != 0)
+  if (h.has_extra_scale_factor()) {
     o.extra_scale_factor = h.extra_scale_factor();
-  if (h.ns_batch_size() != 0) o.ns_batch_size = h.ns_batch_size();
-  if (!h.fp32_matmul_prec().empty()) {
-    absl::StatusOr<MatmulPrecision> p =
-        ParseMatmulPrecision(h.fp32_matmul_prec());
-    RETURN_IF_ERROR(InGroup(group, p.status()));
-    o.ns.precision = *p;
+  }
+  if (h.has_ns_batch_size()) o.ns_batch_size = h.ns_batch_size();
+  if (h.fp32_matmul_prec() != v1::MATMUL_PRECISION_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(
+        o.ns.precision,
+        InGroup(group, FromProto(h.fp32_matmul_prec(), "fp32_matmul_prec")));
   }
   o.ns.use_syrk = h.use_syrk();
   RETURN_IF_ERROR(InGroup(group, o.Validate()));
@@ -77,9 +82,9 @@ absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(
   const v1::AdamWHyperparams& h = group.adamw();
   AdamWOptions o;
   o.lr = h.lr();
-  if (h.beta1() != 0) o.beta1 = h.beta1();
-  if (h.beta2() != 0) o.beta2 = h.beta2();
-  if (h.eps() != 0) o.eps = h.eps();
+  if (h.has_beta1()) o.beta1 = h.beta1();
+  if (h.has_beta2()) o.beta2 = h.beta2();
+  if (h.has_eps()) o.eps = h.eps();
   o.weight_decay = h.weight_decay();
   RETURN_IF_ERROR(InGroup(group, o.Validate()));
   return o;

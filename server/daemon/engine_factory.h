@@ -23,9 +23,10 @@ struct EngineOptions {
   bool skip_nonfinite = false;
 };
 
-// Proto hyperparameters -> core options; zero/empty fields take the
-// documented defaults (num_ns_steps 5, eps 1e-15, extra_scale_factor 1,
-// ns_batch_size 1, quintic, spectral, decoupled, highest).
+// Proto hyperparameters -> core options; unset optional fields and
+// *_UNSPECIFIED enums take the documented defaults (num_ns_steps 5, eps
+// 1e-15, extra_scale_factor 1, ns_batch_size 1, quintic, spectral, decoupled,
+// highest); set ones are validated as given.
 absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group);
 absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(const v1::ParamGroup& group);
 

@@ -175,25 +175,41 @@ std::vector<RegisterCase> RegisterCorpus() {
   add("momentum 2", [=](auto* r) { muon(r)->set_momentum(2); });
   add("momentum -0.5", [=](auto* r) { muon(r)->set_momentum(-0.5); });
   add("weight_decay negative", [=](auto* r) { muon(r)->set_weight_decay(-1); });
-  add("weight_decay_method bogus",
-      [=](auto* r) { muon(r)->set_weight_decay_method("bogus"); });
-  add("coefficient_type bogus",
-      [=](auto* r) { muon(r)->set_coefficient_type("bogus"); });
+  // Enum numbers the wire API does not define (an open proto3 enum keeps
+  // them).
+  add("weight_decay_method bogus", [=](auto* r) {
+    muon(r)->set_weight_decay_method(static_cast<v1::WeightDecayMethod>(99));
+  });
+  add("coefficient_type bogus", [=](auto* r) {
+    muon(r)->set_coefficient_type(static_cast<v1::CoefficientType>(99));
+  });
   add("custom coefficients not triples", [=](auto* r) {
-    muon(r)->set_coefficient_type("custom");
+    muon(r)->set_coefficient_type(v1::COEFFICIENT_TYPE_CUSTOM);
     muon(r)->add_custom_coefficients(1.0);
   });
   add("num_ns_steps -1", [=](auto* r) { muon(r)->set_num_ns_steps(-1); });
   add("num_ns_steps huge",
       [=](auto* r) { muon(r)->set_num_ns_steps(1 << 30); });
   add("eps negative", [=](auto* r) { muon(r)->set_eps(-1); });
-  add("scale_mode bogus", [=](auto* r) { muon(r)->set_scale_mode("bogus"); });
+  add("scale_mode bogus", [=](auto* r) {
+    muon(r)->set_scale_mode(static_cast<v1::ScaleMode>(99));
+  });
   add("ns_batch_size -1", [=](auto* r) { muon(r)->set_ns_batch_size(-1); });
-  add("fp32_matmul_prec bogus",
-      [=](auto* r) { muon(r)->set_fp32_matmul_prec("bogus"); });
+  // Optional fields: an explicit 0 is a value (refused), not the default.
+  add("num_ns_steps explicit 0",
+      [=](auto* r) { muon(r)->set_num_ns_steps(0); });
+  add("eps explicit 0", [=](auto* r) { muon(r)->set_eps(0); });
+  add("ns_batch_size explicit 0",
+      [=](auto* r) { muon(r)->set_ns_batch_size(0); });
+  add("extra_scale_factor explicit 0",
+      [=](auto* r) { muon(r)->set_extra_scale_factor(0); });
+  add("fp32_matmul_prec bogus", [=](auto* r) {
+    muon(r)->set_fp32_matmul_prec(static_cast<v1::MatmulPrecision>(99));
+  });
   // TF32 is CUDA only; these daemons run in host mode.
-  add("fp32_matmul_prec high on a host daemon",
-      [=](auto* r) { muon(r)->set_fp32_matmul_prec("high"); });
+  add("fp32_matmul_prec high on a host daemon", [=](auto* r) {
+    muon(r)->set_fp32_matmul_prec(v1::MATMUL_PRECISION_HIGH);
+  });
   add("extra_scale_factor NaN", [=](auto* r) {
     muon(r)->set_extra_scale_factor(std::numeric_limits<double>::quiet_NaN());
   });
@@ -540,9 +556,12 @@ TEST_F(BadInputTest, CorpusIsRefusedAndTheJobStillStepsExactly) {
       std::pair<std::string, std::function<void(v1::RebalanceRequest*)>>>
       rebalances = {
           {"unknown job", [](auto* r) { r->set_job_id("no-such-job"); }},
-          {"unknown cost model", [](auto* r) { r->set_cost_model("magic"); }},
+          {"unknown cost model",
+           [](auto* r) { r->set_cost_model(static_cast<v1::CostModel>(99)); }},
           {"negative activation",
            [](auto* r) { r->set_activate_after_steps(-1); }},
+          {"explicit activation 0",
+           [](auto* r) { r->set_activate_after_steps(0); }},
           {"3-D cost shape",
            [](auto* r) {
              auto* t = r->add_cost_table();

@@ -19,7 +19,7 @@ using ::testing::HasSubstr;
 CoordinatorOptions Options(std::string token = "") {
   CoordinatorOptions o;
   o.token = std::move(token);
-  o.planner = [](const v1::GroupManifest& m, const std::string& model,
+  o.planner = [](const v1::GroupManifest& m, v1::CostModel model,
                  const CostTable& costs) { return PlanGroup(m, model, costs); };
   return o;
 }
@@ -349,7 +349,7 @@ TEST(CoordinatorCore, RebalanceBumpsVersionWithActivationStep) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->version(), 2);
   EXPECT_EQ(plan->activate_at_step(), 7 + 3);
-  EXPECT_EQ(plan->cost_model(), "measured");
+  EXPECT_EQ(plan->cost_model(), v1::COST_MODEL_MEASURED);
   bool changed = false;
   for (int i = 0; i < plan->groups(0).homes_size(); ++i) {
     changed |= plan->groups(0).homes(i).g() != first.groups(0).homes(i).g() ||
@@ -367,12 +367,18 @@ TEST(CoordinatorCore, RebalanceBumpsVersionWithActivationStep) {
   bad.mutable_cost_table(0)->set_ns_us(-1);
   EXPECT_THAT(core.Rebalance(bad).status().message(), HasSubstr("cost_table"));
   bad = req;
-  bad.set_cost_model("magic");
-  EXPECT_THAT(core.Rebalance(bad).status().message(), HasSubstr("'magic'"));
+  bad.set_cost_model(static_cast<v1::CostModel>(99));
+  EXPECT_THAT(core.Rebalance(bad).status().message(),
+              HasSubstr("cost_model: value 99"));
   bad = req;
   bad.set_activate_after_steps(-1);
   EXPECT_EQ(core.Rebalance(bad).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // An explicit 0 is not "the default" any more: it is refused by name.
+  bad = req;
+  bad.set_activate_after_steps(0);
+  EXPECT_THAT(core.Rebalance(bad).status().message(),
+              HasSubstr("activate_after_steps: 0 must be >= 1"));
 }
 
 // Rebalances in quick succession (versions 2, 3, 4 before a watcher asks
@@ -460,13 +466,13 @@ TEST(CoordinatorCore, ListDaemonsReportsJoinedRanks) {
 
 // Records what reached the planner, then plans with the real core planner.
 struct PlannerSpy {
-  std::vector<std::string> models;
+  std::vector<v1::CostModel> models;
   std::vector<CostTable> tables;
 };
 
 CoordinatorOptions AutoOptions(PlannerSpy* spy, double threshold) {
   CoordinatorOptions o = Options();
-  o.planner = [spy](const v1::GroupManifest& m, const std::string& model,
+  o.planner = [spy](const v1::GroupManifest& m, v1::CostModel model,
                     const CostTable& costs) {
     spy->models.push_back(model);
     spy->tables.push_back(costs);
@@ -517,7 +523,7 @@ TEST(CoordinatorCoreAutoRebalance,
   CoordinatorCore core(AutoOptions(&spy, 1.25));
   PublishAll(core);
   const v1::Plan first = *core.GetPlan("j");
-  ASSERT_EQ(spy.models, std::vector<std::string>{"ns_cost"});
+  ASSERT_EQ(spy.models, std::vector<v1::CostModel>{v1::COST_MODEL_NS_COST});
   // Steps 1..4: fewer than rebalance_interval_steps (5) since plan v1
   // activated at step 0 -> no check yet.
   for (int64_t step = 1; step <= 4; ++step) ReportImbalancedStep(core, step);
@@ -530,10 +536,10 @@ TEST(CoordinatorCoreAutoRebalance,
   ASSERT_TRUE(core.ReportTimings(Report(3, 5, 10)).ok());
   const v1::Plan second = *core.GetPlan("j");
   ASSERT_EQ(second.version(), 2);
-  EXPECT_EQ(second.cost_model(), "measured");
+  EXPECT_EQ(second.cost_model(), v1::COST_MODEL_MEASURED);
   EXPECT_EQ(second.activate_at_step(), 5 + 3);  // latest step + margin
   // The measured table reached the planner: per shape, one matrix's time.
-  ASSERT_EQ(spy.models.back(), "measured");
+  ASSERT_EQ(spy.models.back(), v1::COST_MODEL_MEASURED);
   CostTable want;
   for (const auto& [p, q] : kShapes) {
     want[{p, q}] = p == 128 ? 1.0 : 1e6 / double(p * q);
@@ -633,11 +639,11 @@ TEST(CoordinatorCoreAutoRebalance, ManualRebalanceUsesTheMeasuredTable) {
     ASSERT_TRUE(core.ReportTimings(Report(r, 3, 10)).ok());
   }
   v1::RebalanceRequest req;
-  req.set_job_id("j");  // empty cost_model: measured when available
+  req.set_job_id("j");  // unset cost_model: measured when available
   absl::StatusOr<v1::Plan> plan = core.Rebalance(req);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->cost_model(), "measured");
-  EXPECT_EQ(spy.models.back(), "measured");
+  EXPECT_EQ(plan->cost_model(), v1::COST_MODEL_MEASURED);
+  EXPECT_EQ(spy.models.back(), v1::COST_MODEL_MEASURED);
   EXPECT_EQ(spy.tables.back(), *core.MeasuredCosts("j"));
   EXPECT_EQ(spy.tables.back().size(), kShapes.size());
 }

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "core/common/status_macros.h"
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
+#include "server/common/proto_convert.h"
 #include "server/daemon/engine_factory.h"
 #include "tests/common/muon_group.h"
 #include "tests/common/shard_geometry.h"
@@ -104,8 +106,17 @@ int GroupOf(const Weight& w) {
 v1::ParamGroup TrainerGroup(int index, int g, int t) {
   v1::ParamGroup group = muond::testing::DenseMuonGroup(G, T, g, t);
   if (index == 1) group.set_name("muon2");
-  group.mutable_muon()->set_fp32_matmul_prec(
-      absl::GetFlag(index == 0 ? FLAGS_precision : FLAGS_second_precision));
+  const std::string precision =
+      absl::GetFlag(index == 0 ? FLAGS_precision : FLAGS_second_precision);
+  if (!precision.empty()) {
+    absl::StatusOr<MatmulPrecision> parsed = ParseMatmulPrecision(precision);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "system_trainer: %s\n",
+                   std::string(parsed.status().message()).c_str());
+      std::exit(2);
+    }
+    group.mutable_muon()->set_fp32_matmul_prec(ToProto(*parsed));
+  }
   return group;
 }
 

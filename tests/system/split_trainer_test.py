@@ -247,9 +247,10 @@ class SplitTrainerSystemTest(unittest.TestCase):
             elif step == 2:
                 # The daemons' measured per-shape NS times (ReportTimings).
                 v3 = self.coord.Rebalance(pb.RebalanceRequest(
-                    job_id=self.job, cost_model="measured", activate_after_steps=1), timeout=10)
+                    job_id=self.job, cost_model=pb.COST_MODEL_MEASURED, activate_after_steps=1),
+                    timeout=10)
                 self.assertEqual((v3.version, v3.activate_at_step, v3.cost_model),
-                                 (3, 3, "measured"))
+                                 (3, 3, pb.COST_MODEL_MEASURED))
                 self.wait_daemons_have(opt, 3)
         self.assertEqual(versions, [{1}, {2}, {3}])
 

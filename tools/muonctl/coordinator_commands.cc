@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -14,8 +15,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/common/error_reason.h"
+#include "core/plan/planner.h"
 #include "muond/v1/muond.grpc.pb.h"
 #include "proto/status_details.h"
+#include "server/common/proto_convert.h"
 
 namespace muond::muonctl {
 namespace {
@@ -24,9 +27,9 @@ struct Args {
   std::string coordinator;
   std::string job;
   int timeout_s = 10;
-  std::string cost_model;
+  v1::CostModel cost_model = v1::COST_MODEL_UNSPECIFIED;
   std::vector<std::string> costs;
-  int64_t after = 0;
+  std::optional<int64_t> after;  // unset: the coordinator's default
   std::string token;  // --token: sent as x-muond-token to every server
   std::string
       tls_ca;       // --tls-ca: PEM root certificate (TLS to the coordinator)
@@ -70,8 +73,8 @@ std::string Usage(const std::string& sub, Kind kind) {
         "default when omitted)\n"
         "  --cost RxC=US      explicit NS cost of a shape (repeatable; "
         "overrides the model)\n"
-        "  --after N          activate N steps after the latest reported "
-        "step\n");
+        "  --after N          activate N >= 1 steps after the latest "
+        "reported step (coordinator's default 2 when omitted)\n");
   } else if (sub == "save") {
     absl::StrAppend(&text,
                     "Every live daemon of the job saves its optimizer state "
@@ -145,14 +148,19 @@ int Parse(const std::string& sub, Kind kind,
             "--timeout-s needs a positive integer, got '", value, "'"));
       }
     } else if (name == "--cost-model") {
-      out->cost_model = value;
+      absl::StatusOr<CostModel> model = ParseCostModel(value, "--cost-model");
+      if (!model.ok())
+        return usage_error(std::string(model.status().message()));
+      out->cost_model = ToProto(*model);
     } else if (name == "--cost") {
       out->costs.push_back(value);
     } else if (name == "--after") {
-      if (!absl::SimpleAtoi(value, &out->after) || out->after < 0) {
+      int64_t after = 0;
+      if (!absl::SimpleAtoi(value, &after) || after < 1) {
         return usage_error(absl::StrCat(
-            "--after needs a non-negative integer, got '", value, "'"));
+            "--after needs a positive integer, got '", value, "'"));
       }
+      out->after = after;
     }
   }
   if (out->coordinator.empty()) {
@@ -191,10 +199,18 @@ int RpcFailed(const char* rpc, const grpc::Status& st, std::ostream& err) {
   return 1;
 }
 
+// The operator's name of a plan's cost model ("measured"), as --cost-model
+// takes it.
+std::string CostModelNameOf(v1::CostModel model) {
+  absl::StatusOr<CostModel> core = FromProto(model, "cost_model");
+  return core.ok() ? std::string(CostModelName(*core))
+                   : v1::CostModel_Name(model);
+}
+
 void PrintPlan(const v1::Plan& plan, std::ostream& out) {
   out << "plan version " << plan.version() << ", activates at step "
-      << plan.activate_at_step() << ", cost model '" << plan.cost_model()
-      << "'\n";
+      << plan.activate_at_step() << ", cost model '"
+      << CostModelNameOf(plan.cost_model()) << "'\n";
   for (const v1::GroupPlan& g : plan.groups()) {
     out << "  group " << g.group() << ": " << g.homes_size()
         << " routed homes, max/mean " << g.max_over_mean()
@@ -410,7 +426,7 @@ int RunRebalance(const std::vector<std::string>& args, std::ostream& out,
   v1::RebalanceRequest req;
   req.set_job_id(a.job);
   req.set_cost_model(a.cost_model);
-  req.set_activate_after_steps(a.after);
+  if (a.after) req.set_activate_after_steps(*a.after);
   for (const std::string& c : a.costs) {
     // ROWSxCOLS=US
     std::vector<std::string> kv = absl::StrSplit(c, '=');

@@ -56,6 +56,7 @@ import weakref
 import torch
 
 from muond import split as _split
+from muond import wire_enums as _wire_enums
 from muond.client import Client, MuondError, error_info
 from muond.shm import ShmBuffer
 from muond.v1 import muond_pb2 as pb
@@ -290,17 +291,18 @@ class Muon(torch.optim.Optimizer):
                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                     weight_decay=group["weight_decay"]))
             else:
+                # The string options (scale_mode="spectral", ...) become
+                # wire enums here, in one place (muond.wire_enums).
+                enums = {field: _wire_enums.to_wire(enum, field, group[field])
+                         for field, enum in _wire_enums.MUON_ENUM_FIELDS.items()}
                 wg.muon.CopyFrom(pb.MuonHyperparams(
                     lr=group["lr"], momentum=group["momentum"], nesterov=group["nesterov"],
                     weight_decay=group["weight_decay"],
-                    weight_decay_method=group["weight_decay_method"],
-                    coefficient_type=group["coefficient_type"],
                     custom_coefficients=group["custom_coefficients"],
                     num_ns_steps=group["ns_steps"], eps=group["eps"],
-                    scale_mode=group["scale_mode"],
                     extra_scale_factor=group["extra_scale_factor"],
-                    ns_batch_size=group["ns_batch_size"],
-                    fp32_matmul_prec=group["fp32_matmul_prec"], use_syrk=group["use_syrk"]))
+                    ns_batch_size=group["ns_batch_size"], use_syrk=group["use_syrk"],
+                    **enums))
             wire[rank][wname] = wg
             self._wire_groups.setdefault(rank, []).append((gi, wname))
         return wire[rank][wname]

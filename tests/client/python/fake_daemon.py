@@ -30,6 +30,7 @@ for p in (os.path.join(REPO, "client", "python"), os.path.join(REPO, "examples",
         sys.path.insert(0, p)
 
 import reference_muon as ref  # noqa: E402
+from muond import wire_enums  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
 from muond.v1 import muond_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -145,11 +146,16 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         for group, p, pv in local:
             h, d = group.muon, group.domain
             full = assemble(self.cluster.board, step, d, p)
-            orth = ref.newton_schulz(full, h.num_ns_steps, h.coefficient_type, h.eps,
+            # The daemon's defaults for unset fields (proto_convert, core/muon).
+            coefficient_type = wire_enums.from_wire(pb.CoefficientType, h.coefficient_type,
+                                                    "quintic")
+            orth = ref.newton_schulz(full, h.num_ns_steps if h.HasField("num_ns_steps") else 5,
+                                     coefficient_type, h.eps if h.HasField("eps") else 1e-15,
                                      list(h.custom_coefficients))
             rows, cols = p.full_shape
-            update = orth * ref.scale_factor(rows, cols, h.scale_mode) * (
-                h.extra_scale_factor or 1.0)
+            scale_mode = wire_enums.from_wire(pb.ScaleMode, h.scale_mode, "spectral")
+            update = orth * ref.scale_factor(rows, cols, scale_mode) * (
+                h.extra_scale_factor if h.HasField("extra_scale_factor") else 1.0)
             mine = shard_of(update, d, p)
             ref.apply_muon(torch.from_numpy(pv), mine, lr.get(group.name, h.lr),
                            wd.get(group.name, h.weight_decay))

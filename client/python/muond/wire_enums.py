@@ -1,0 +1,51 @@
+"""Option names <-> muond.v1 enum values, the one place the Python client maps them.
+
+The wire names an option value by its enum's prefix followed by the core name in
+upper case: ``scale_mode="shape_scaling"`` is ``SCALE_MODE_SHAPE_SCALING``,
+``cost_model="measured"`` is ``COST_MODEL_MEASURED``. server/common/proto_convert
+applies the same rule on the daemon's side (and the core parsers own the list of
+names), so the user-facing string kwargs of muond.torch stay what they always were.
+Value 0, ``*_UNSPECIFIED``, means "the daemon's default".
+"""
+from __future__ import annotations
+
+from muond.v1 import muond_pb2 as pb
+
+_UNSPECIFIED = "UNSPECIFIED"
+
+
+def _prefix(enum) -> str:
+    return enum.Name(0)[:-len(_UNSPECIFIED)]
+
+
+def names(enum) -> list[str]:
+    """The option names of `enum` (without UNSPECIFIED), e.g. ['spectral', ...]."""
+    prefix = _prefix(enum)
+    return [n[len(prefix):].lower() for n in enum.keys() if not n.endswith(_UNSPECIFIED)]
+
+
+def to_wire(enum, field: str, name: str | None) -> int:
+    """The enum value of option `name`; None or "" -> UNSPECIFIED (the default).
+    ValueError naming `field` and the allowed names otherwise."""
+    if not name:
+        return 0
+    try:
+        return enum.Value(_prefix(enum) + str(name).upper())
+    except ValueError:
+        raise ValueError(f"{field} {name!r} not in {names(enum)}") from None
+
+
+def from_wire(enum, value: int, default: str) -> str:
+    """The option name of an enum value; UNSPECIFIED -> `default`."""
+    if value == 0:
+        return default
+    return enum.Name(value)[len(_prefix(enum)):].lower()
+
+
+# The MuonHyperparams fields that are enums: field -> its enum.
+MUON_ENUM_FIELDS = {
+    "weight_decay_method": pb.WeightDecayMethod,
+    "coefficient_type": pb.CoefficientType,
+    "scale_mode": pb.ScaleMode,
+    "fp32_matmul_prec": pb.MatmulPrecision,
+}
