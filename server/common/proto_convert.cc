@@ -3,59 +3,16 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status_macros.h"
+#include "server/common/wire_enum.h"
 
 namespace muond {
 namespace {
 
-using google::protobuf::EnumDescriptor;
-using google::protobuf::EnumValueDescriptor;
-
-// "SCALE_MODE_" for ScaleMode: the name of value 0 without "UNSPECIFIED".
-std::string WirePrefix(const EnumDescriptor& wire) {
-  std::string prefix = wire.value(0)->name();
-  prefix.resize(prefix.size() - std::string_view("UNSPECIFIED").size());
-  return prefix;
-}
-
-// Wire value -> core value by the naming rule: strip the prefix, lower-case,
-// and let the core parser (the one list of names) decide.
-template <typename Core>
-absl::StatusOr<Core> CoreFromWire(
-    const EnumDescriptor& wire, int number, std::string_view field,
-    absl::StatusOr<Core> (*parse)(std::string_view)) {
-  const EnumValueDescriptor* value = wire.FindValueByNumber(number);
-  if (value == nullptr || number == 0) {
-    std::vector<std::string> names;
-    for (int i = 1; i < wire.value_count(); ++i) {
-      names.push_back(wire.value(i)->name());
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(field), ": ",
-                     value ? value->name() : absl::StrCat("value ", number),
-                     " is not one of ", absl::StrJoin(names, ", ")));
-  }
-  const std::string prefix = WirePrefix(wire);
-  absl::StatusOr<Core> core =
-      parse(absl::AsciiStrToLower(value->name().substr(prefix.size())));
-  if (!core.ok()) {
-    return absl::InternalError(absl::StrCat(std::string(field), ": wire value ",
-                                            value->name(),
-                                            " has no core value of that name"));
-  }
-  return core;
-}
-
-template <typename Wire>
-Wire WireFromCore(const EnumDescriptor& wire, std::string_view core_name) {
-  const EnumValueDescriptor* value = wire.FindValueByName(absl::StrCat(
-      WirePrefix(wire), absl::AsciiStrToUpper(std::string(core_name))));
-  return Wire(value ? value->number() : 0);
-}
+using wire_enum::CoreFromWire;
+using wire_enum::WireFromCore;
 
 absl::StatusOr<CostModel> ParseCostModelName(std::string_view name) {
   return ParseCostModel(name);
@@ -63,54 +20,10 @@ absl::StatusOr<CostModel> ParseCostModelName(std::string_view name) {
 
 }  // namespace
 
-absl::StatusOr<WeightDecayMethod> FromProto(v1::WeightDecayMethod method,
-                                            std::string_view field) {
-  return CoreFromWire<WeightDecayMethod>(*v1::WeightDecayMethod_descriptor(),
-                                         method, field, ParseWeightDecayMethod);
-}
-
-absl::StatusOr<CoefficientType> FromProto(v1::CoefficientType type,
-                                          std::string_view field) {
-  return CoreFromWire<CoefficientType>(*v1::CoefficientType_descriptor(), type,
-                                       field, ParseCoefficientType);
-}
-
-absl::StatusOr<ScaleMode> FromProto(v1::ScaleMode mode,
-                                    std::string_view field) {
-  return CoreFromWire<ScaleMode>(*v1::ScaleMode_descriptor(), mode, field,
-                                 ParseScaleMode);
-}
-
-absl::StatusOr<MatmulPrecision> FromProto(v1::MatmulPrecision precision,
-                                          std::string_view field) {
-  return CoreFromWire<MatmulPrecision>(*v1::MatmulPrecision_descriptor(),
-                                       precision, field, ParseMatmulPrecision);
-}
-
 absl::StatusOr<CostModel> FromProto(v1::CostModel model,
                                     std::string_view field) {
   return CoreFromWire<CostModel>(*v1::CostModel_descriptor(), model, field,
                                  ParseCostModelName);
-}
-
-v1::WeightDecayMethod ToProto(WeightDecayMethod method) {
-  return WireFromCore<v1::WeightDecayMethod>(
-      *v1::WeightDecayMethod_descriptor(), WeightDecayMethodName(method));
-}
-
-v1::CoefficientType ToProto(CoefficientType type) {
-  return WireFromCore<v1::CoefficientType>(*v1::CoefficientType_descriptor(),
-                                           CoefficientTypeName(type));
-}
-
-v1::ScaleMode ToProto(ScaleMode mode) {
-  return WireFromCore<v1::ScaleMode>(*v1::ScaleMode_descriptor(),
-                                     ScaleModeName(mode));
-}
-
-v1::MatmulPrecision ToProto(MatmulPrecision precision) {
-  return WireFromCore<v1::MatmulPrecision>(*v1::MatmulPrecision_descriptor(),
-                                           MatmulPrecisionName(precision));
 }
 
 v1::CostModel ToProto(CostModel model) {

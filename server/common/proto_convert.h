@@ -5,10 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/backend/backend.h"
 #include "core/common/dtype.h"
-#include "core/muon/coefficients.h"
-#include "core/muon/muon_update.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
 #include "core/step/layer_sharded_muon.h"
@@ -32,26 +29,12 @@ inline DomainSize DomainSizeOf(const v1::Domain& domain) {
 // InvalidArgument naming `field` for DTYPE_UNSPECIFIED or an unknown value.
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, const std::string& field);
 
-// The option enums. A wire value is named by its enum's prefix followed by
-// the core name (ScaleModeName, ...) in upper case, so each pair below is the
-// core Parse*/ *Name functions applied to the wire name; the clients follow
-// the same rule (muond.torch, muonctl). FromProto: InvalidArgument naming
-// `field` for *_UNSPECIFIED (callers test it first: it means the core
-// default) and for numbers the enum does not define. ToProto never fails
-// (tests/server/proto_convert_test checks every core value has a wire value).
-absl::StatusOr<WeightDecayMethod> FromProto(v1::WeightDecayMethod method,
-                                            std::string_view field);
-absl::StatusOr<CoefficientType> FromProto(v1::CoefficientType type,
-                                          std::string_view field);
-absl::StatusOr<ScaleMode> FromProto(v1::ScaleMode mode, std::string_view field);
-absl::StatusOr<MatmulPrecision> FromProto(v1::MatmulPrecision precision,
-                                          std::string_view field);
+// The cost model (the Muon option enums: proto_convert_options.h). A wire
+// value is named by the rule of wire_enum.h; FromProto: InvalidArgument
+// naming `field` for COST_MODEL_UNSPECIFIED (callers resolve it first) and
+// for numbers the enum does not define.
 absl::StatusOr<CostModel> FromProto(v1::CostModel model,
                                     std::string_view field);
-v1::WeightDecayMethod ToProto(WeightDecayMethod method);
-v1::CoefficientType ToProto(CoefficientType type);
-v1::ScaleMode ToProto(ScaleMode mode);
-v1::MatmulPrecision ToProto(MatmulPrecision precision);
 v1::CostModel ToProto(CostModel model);
 
 inline v1::NsHome ToProto(const NsHome& home) {

@@ -11,6 +11,7 @@
 #include "core/muon/coefficients.h"
 #include "glog/logging.h"
 #include "server/common/proto_convert.h"
+#include "server/common/proto_convert_options.h"
 
 namespace muond {
 namespace {

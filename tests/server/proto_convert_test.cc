@@ -3,6 +3,7 @@
 // every wire value names a core value, and UNSPECIFIED / undefined numbers are
 // refused naming the field.
 #include "server/common/proto_convert.h"
+#include "server/common/proto_convert_options.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -34,7 +34,7 @@
 #include "core/common/status_macros.h"
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
-#include "server/common/proto_convert.h"
+#include "server/common/proto_convert_options.h"
 #include "server/daemon/engine_factory.h"
 #include "tests/common/muon_group.h"
 #include "tests/common/shard_geometry.h"

@@ -1,0 +1,32 @@
+#pragma once
+// The Muon option enums of the wire (MuonHyperparams) <-> core/muon and
+// core/backend. A wire value is named by the rule of wire_enum.h (the enum's
+// prefix + the core name in upper case). FromProto: InvalidArgument naming
+// `field` for *_UNSPECIFIED (callers test it first: it means the core
+// default) and for numbers the enum does not define. ToProto never fails
+// (tests/server/proto_convert_test checks every core value has a wire value).
+// Separate from proto_convert so the coordinator and the fuzzer do not link
+// the Muon math.
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "core/backend/backend.h"
+#include "core/muon/coefficients.h"
+#include "core/muon/muon_update.h"
+#include "muond/v1/muond.pb.h"
+
+namespace muond {
+
+absl::StatusOr<WeightDecayMethod> FromProto(v1::WeightDecayMethod method,
+                                            std::string_view field);
+absl::StatusOr<CoefficientType> FromProto(v1::CoefficientType type,
+                                          std::string_view field);
+absl::StatusOr<ScaleMode> FromProto(v1::ScaleMode mode, std::string_view field);
+absl::StatusOr<MatmulPrecision> FromProto(v1::MatmulPrecision precision,
+                                          std::string_view field);
+v1::WeightDecayMethod ToProto(WeightDecayMethod method);
+v1::CoefficientType ToProto(CoefficientType type);
+v1::ScaleMode ToProto(ScaleMode mode);
+v1::MatmulPrecision ToProto(MatmulPrecision precision);
+
+}  // namespace muond
