@@ -130,15 +130,7 @@ void TrackBufferSizes(const StageExchange& ex, GroupExchangePlan& plan) {
 absl::StatusOr<GroupExchangePlan> BuildGroupExchangePlan(
     std::vector<ParamShardSpec> specs, std::vector<NsHome> homes,
     DomainSize domain, int my_g, int my_t) {
-  if (domain.gtp < 1 || domain.tp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "domain sizes must be >= 1, got G=", domain.gtp, " T=", domain.tp));
-  }
-  if (my_g < 0 || my_g >= domain.gtp || my_t < 0 || my_t >= domain.tp) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank (", my_g, ", ", my_t, ") is outside the ",
-                     domain.gtp, "x", domain.tp, " domain"));
-  }
+  RETURN_IF_ERROR(CheckDomainCoordinates(domain, my_g, my_t, "this rank"));
   if (homes.size() != specs.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(homes.size(), " NS homes for ", specs.size(), " params"));
@@ -158,8 +150,7 @@ absl::StatusOr<GroupExchangePlan> BuildGroupExchangePlan(
       continue;
     }
     if (spec.sharding == ParamSharding::kGtpRemat) home.t = 0;
-    if (home.g < 0 || home.g >= domain.gtp || home.t < 0 ||
-        home.t >= domain.tp) {
+    if (!domain.Contains(home.g, home.t)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "param '", spec.name, "': NS home (", home.g, ", ", home.t,
           ") is outside the ", domain.gtp, "x", domain.tp, " domain"));

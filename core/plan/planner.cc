@@ -297,7 +297,7 @@ absl::Status ComputePlanLoads(const std::vector<ParamShardSpec>& specs,
       for (double& l : plan.rank_load) l += c;
       continue;
     }
-    if (h.g < 0 || h.g >= G || h.t < 0 || h.t >= T) {
+    if (!domain.Contains(h.g, h.t)) {
       return absl::InvalidArgumentError(
           absl::StrCat("param '", specs[i].name, "': home (", h.g, ", ", h.t,
                        ") outside the ", G, "x", T, " domain"));

@@ -86,6 +86,21 @@ absl::Status CheckAxisRules(const std::string& name, int tp_dim,
 
 }  // namespace
 
+absl::Status CheckDomainCoordinates(DomainSize domain, int g, int t,
+                                    const std::string& where) {
+  if (domain.gtp < 1 || domain.tp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": gtp_size ",
+                                                   domain.gtp, " and tp_size ",
+                                                   domain.tp, " must be >= 1"));
+  }
+  if (!domain.Contains(g, t)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": (g=", g, ", t=", t,
+                                                   ") lies outside ",
+                                                   domain.gtp, "x", domain.tp));
+  }
+  return absl::OkStatus();
+}
+
 const char* ParamShardingName(ParamSharding sharding) {
   switch (sharding) {
     case ParamSharding::kReplicated:
@@ -169,8 +184,8 @@ absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
     tp_local[effective_tp_dim] /= domain.tp;
   }
   if (pad_length > kMaxMatrixDim) {
-    return Invalid(name,
-                   absl::StrCat("pad_length ", pad_length, " > ", kMaxMatrixDim));
+    return Invalid(
+        name, absl::StrCat("pad_length ", pad_length, " > ", kMaxMatrixDim));
   }
   if (pad_length < 0) {
     pad_length = effective_gtp

@@ -37,7 +37,17 @@ struct DomainSize {
   int tp = 1;
   int ranks() const { return gtp * tp; }
   int FlatRank(int g, int t) const { return g * tp + t; }
+  bool Contains(int g, int t) const {
+    return g >= 0 && g < gtp && t >= 0 && t < tp;
+  }
 };
+
+// The one check of a domain and a rank's coordinates in it (registration,
+// the coordinator's manifests, exchange plans): sizes >= 1 and (g, t)
+// inside G x T. InvalidArgument "<where>: ..." naming the sizes or the
+// coordinates.
+absl::Status CheckDomainCoordinates(DomainSize domain, int g, int t,
+                                    const std::string& where);
 
 // The model's tags on a parameter (Megatron names).
 struct ShardTags {

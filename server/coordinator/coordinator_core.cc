@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
+#include "core/plan/sharding.h"
 #include "glog/logging.h"
 
 namespace muond {
@@ -91,13 +92,9 @@ absl::Status ValidateManifestShape(const v1::PublishManifestRequest& request) {
           "rank ", request.rank(), ": group '", g.group(), "' appears twice"));
     }
     const v1::Domain& d = g.domain();
-    if (d.gtp_size() < 1 || d.tp_size() < 1 || d.g() < 0 ||
-        d.g() >= d.gtp_size() || d.t() < 0 || d.t() >= d.tp_size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("group '", g.group(), "': domain '", d.name(),
-                       "' of size ", d.gtp_size(), "x", d.tp_size(),
-                       " does not contain (g=", d.g(), ", t=", d.t(), ")"));
-    }
+    RETURN_IF_ERROR(CheckDomainCoordinates(
+        DomainSize{d.gtp_size(), d.tp_size()}, d.g(), d.t(),
+        absl::StrCat("group '", g.group(), "': domain '", d.name(), "'")));
     std::set<std::string> names;
     for (const v1::ParamSpec& p : g.params()) {
       if (p.name().empty()) {

@@ -23,20 +23,11 @@ std::vector<int64_t> Vec(const T& repeated) {
 absl::Status ValidateDomain(const v1::ParamGroup& group, int world_size) {
   const v1::Domain& d = group.domain();
   const std::string where = absl::StrCat("group '", group.name(), "' domain");
-  if (d.gtp_size() < 1 || d.tp_size() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": gtp_size ", d.gtp_size(), " and tp_size ",
-                     d.tp_size(), " must be >= 1"));
-  }
+  RETURN_IF_ERROR(CheckDomainCoordinates(DomainSizeOf(d), d.g(), d.t(), where));
   if (int64_t(d.gtp_size()) * d.tp_size() > world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": ", d.gtp_size(), "x", d.tp_size(),
                      " ranks exceed the job's world size ", world_size));
-  }
-  if (d.g() < 0 || d.g() >= d.gtp_size() || d.t() < 0 || d.t() >= d.tp_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": (g=", d.g(), ", t=", d.t(), ") lies outside ",
-                     d.gtp_size(), "x", d.tp_size()));
   }
   return absl::OkStatus();
 }
@@ -260,9 +251,9 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
       return absl::InvalidArgumentError("groups: a group has an empty name");
     }
     if (group.domain().name().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "group '", group.name(),
-          "': domain.name is empty (it names the communicators)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("group '", group.name(),
+                       "': domain.name is empty (it names the communicators)"));
     }
     if (group.params().empty()) {
       return absl::InvalidArgumentError(

@@ -112,8 +112,26 @@ def plan_split(full_shape, gtp_size: int, tp_size: int,
     return SplitLayout((P, Q), G, T, tp_dim, pad, P + pad, tuple(shards))
 
 
+def full_shape_from_local(local_shape, gtp_size: int, tp_size: int, *,
+                          tensor_model_parallel: bool = False, partition_dim: int = 0,
+                          is_gtp_weight_remat: bool = False, pad_length: int = 0):
+    """The full shape of a 2-D weight from its local shard and Megatron tags in a
+    G x T domain: core/plan MakeShardSpec's rule (the daemon checks the two
+    agree). An axis of size 1 ignores its tag; partition_dim -1 (or anything
+    but 0 and 1) is TP-replicated. Checked against the C++ by the shared
+    table tests/core/plan/sharding_cases.json."""
+    G, T = int(gtp_size), int(tp_size)
+    full = [int(d) for d in local_shape]
+    if is_gtp_weight_remat and G > 1:
+        full[0] = full[0] * G - int(pad_length)
+    if tensor_model_parallel and T > 1 and partition_dim in (0, 1):
+        full[partition_dim] *= T
+    return full
+
+
 def ns_cost(shape) -> int:
-    """DESIGN.md §2: max(P,Q) * min(P,Q)^2 for 2-D, else the element count."""
+    """core/plan NsCostOfShape: max(P,Q) * min(P,Q)^2 for 2-D, else the element
+    count (checked against the C++ by tests/core/plan/sharding_cases.json)."""
     if len(shape) == 2:
         P, Q = shape
         return max(P, Q) * min(P, Q) ** 2

@@ -359,10 +359,9 @@ class Muon(torch.optim.Optimizer):
         pad = int(getattr(p, "pad_length", 0))
         full = list(getattr(p, "full_shape", p.shape))
         if not hasattr(p, "full_shape") and p.ndim == 2:
-            if gtp and self.gtp_size > 1:
-                full[0] = full[0] * self.gtp_size - pad
-            if tp and self.tp_size > 1:
-                full[pd] *= self.tp_size
+            full = _split.full_shape_from_local(
+                p.shape, self.gtp_size, self.tp_size, tensor_model_parallel=tp,
+                partition_dim=pd, is_gtp_weight_remat=gtp, pad_length=pad)
         domain = pb.Domain(name=self.domain_name, gtp_size=self.gtp_size, tp_size=self.tp_size,
                            g=self.g, t=self.t)
         wg = self._wire_group(wire, 0, gi, gname, group, domain)

@@ -1,5 +1,6 @@
 """muond.split against a plain numpy slicing reference (Megatron semantics:
 TP split along tp_dim, pad the TP-local dim 0 with zero rows, GTP split dim 0)."""
+import json
 import os
 import random
 import sys
@@ -75,6 +76,32 @@ class SplitTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "plan",
+                     "sharding_cases.json")
+
+
+class SameRulesAsCoreTest(unittest.TestCase):
+    """The rules muond.split repeats from core/plan, on the table that
+    tests/core/plan:sharding_cases_test checks the C++ against."""
+
+    @classmethod
+    def setUpClass(cls):
+        with open(CASES) as f:
+            cls.cases = json.load(f)
+
+    def test_full_shape_from_local(self):
+        self.assertTrue(self.cases["full_shape_from_local"])
+        for c in self.cases["full_shape_from_local"]:
+            got = split.full_shape_from_local(c["local_shape"], c["gtp_size"], c["tp_size"],
+                                              **c["tags"])
+            self.assertEqual(got, c["full_shape"], c["why"])
+
+    def test_ns_cost(self):
+        self.assertTrue(self.cases["ns_cost"])
+        for c in self.cases["ns_cost"]:
+            self.assertEqual(split.ns_cost(tuple(c["shape"])), c["cost"], c["shape"])
 
 
 class CudaHandleTest(unittest.TestCase):
