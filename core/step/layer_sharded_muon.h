@@ -151,7 +151,7 @@ class LayerShardedMuon {
   // on a version, the oldest of their newest ones, and all route by it. So a
   // plan that reached one rank late is taken up by the whole domain one step
   // later instead of leaving the ranks routing by different homes. Each group
-  // keeps its newest 8 versions; when a rank has dropped the agreed version
+  // keeps its newest kPlansKept (64) versions; when a rank has dropped the agreed version
   // (the ranks also gather their oldest held one) every rank of the domain
   // fails the step alike (FailedPrecondition, nothing applied; a retry works
   // once the lagging rank caught up). A version missing from the middle of a

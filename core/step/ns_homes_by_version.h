@@ -5,14 +5,16 @@
 // rank can follow its domain back to a version an earlier plan set while a
 // newer plan has reached only some ranks.
 //
-// The retention rule lives here alone; plan versioning and activation belong
-// to core/plan. Not thread-safe (the engine serializes SetHomes and Step).
+// Retention is the one rule of core/plan/plan_history.h: every holder of plan
+// versions (coordinator, daemon, this store) keeps the newest kPlansKept, so
+// a version the domain may agree on is held everywhere or nowhere. Not thread-safe (the engine serializes SetHomes and Step).
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/plan/plan_history.h"
 #include "core/plan/planner.h"
 
 namespace muond {
@@ -20,7 +22,7 @@ namespace muond {
 class NsHomesByVersion {
  public:
   // Versions kept; an older one is dropped when a newer one arrives.
-  static constexpr size_t kCapacity = 8;
+  static constexpr size_t kCapacity = kPlansKept;
 
   // Holds `homes` as `version` (>= 1, checked by the caller). A version
   // already held must name the same homes: InvalidArgument otherwise

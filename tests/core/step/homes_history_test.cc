@@ -1,7 +1,7 @@
 // NS homes versions that left a rank's history: many plan versions reaching
 // the ranks of a domain between two steps (e.g. `muonctl rebalance` in a
 // tight loop) can leave the domain with no version every rank still holds
-// (each group keeps its newest 8). Then every rank of the domain must fail
+// (each group keeps its newest kPlansKept = 64). Then every rank of the domain must fail
 // the step the same way, before anything changes. Before the fix only the
 // rank that had dropped the agreed version failed; its peers went on into the
 // exchange, waited there for the communicator timeout and failed as if a peer
@@ -26,6 +26,7 @@
 #include "core/backend/cpu_backend.h"
 #include "core/comm/gloo_communicator.h"
 #include "core/comm/kv_store.h"
+#include "core/plan/plan_history.h"
 #include "core/step/layer_sharded_muon.h"
 
 namespace muond {
@@ -35,7 +36,7 @@ constexpr int kT = 2;         // the domain: G = 1, T = 2
 constexpr int64_t kRows = 8;  // full shape of each param, TP split of dim 0
 constexpr int64_t kCols = 6;
 constexpr int kParams = 2;
-constexpr int64_t kVersions = 10;  // more than a group keeps (8)
+constexpr int64_t kVersions = kPlansKept + 2;  // more than a group keeps
 
 // Homes of plan `version`: the two params' NS on alternating ranks.
 std::vector<NsHome> HomesOf(int64_t version) {
