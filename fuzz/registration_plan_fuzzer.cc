@@ -1,7 +1,8 @@
 // libFuzzer target: request validation and plan building (issue 10).
 //
 // The input is a serialized v1::RegisterParamsRequest. It goes through the
-// daemon's validation (BuildRegistration, over a fake 1 MiB shm mapping), and
+// daemon's validation (BuildRegistration, every region over a fake mapping of
+// its declared size, at most 1 MiB: larger ones are refused), and
 // when accepted its manifest goes through the coordinator (Join of every rank
 // of the first group's domain, PublishManifest with each rank's coordinates,
 // plan computation) and the planner directly with each cost model. Nothing
@@ -20,11 +21,11 @@
 namespace muond {
 namespace {
 
-constexpr uint64_t kMappingBytes = 1 << 20;
+constexpr uint64_t kMaxMappingBytes = 1 << 20;
 
 class FakeRegion : public MappedRegion {
  public:
-  FakeRegion() : data_(kMappingBytes) {}
+  explicit FakeRegion(uint64_t bytes) : data_(bytes) {}
   void* base() const override { return const_cast<char*>(data_.data()); }
   uint64_t size() const override { return data_.size(); }
 
@@ -32,13 +33,18 @@ class FakeRegion : public MappedRegion {
   std::vector<char> data_;
 };
 
+// Shm objects of up to 1 MiB exist under every well-formed name; CUDA IPC is
+// refused as on a host-mode daemon (the base class).
 class FakeOpener : public HandleOpener {
  public:
   absl::StatusOr<std::unique_ptr<MappedRegion>> OpenShm(
-      const std::string& name, const std::string& field) override {
+      const std::string& name, uint64_t byte_size,
+      const std::string& field) override {
     if (name.empty() || name[0] != '/')
       return absl::NotFoundError(field + ": no such shm object");
-    return std::unique_ptr<MappedRegion>(new FakeRegion());
+    if (byte_size > kMaxMappingBytes)
+      return absl::InvalidArgumentError(field + ": shm object too small");
+    return std::unique_ptr<MappedRegion>(new FakeRegion(byte_size));
   }
 };
 

@@ -24,6 +24,7 @@ CXX="${CXX_FUZZ:-clang++}"
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined
        -fno-sanitize-recover=undefined -I. -I"$WORK/gen" -w)
 SRCS=(fuzz/registration_plan_fuzzer.cc server/daemon/registration.cc
+      server/daemon/region_table.cc
       server/daemon/memory_mapper.cc server/common/proto_convert.cc
       server/coordinator/coordinator_core.cc core/plan/planner.cc
       core/plan/sharding.cc core/plan/manifest.cc core/plan/exchange_plan.cc

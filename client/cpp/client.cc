@@ -16,31 +16,15 @@ namespace {
 
 using Stub = v1::Optimizer::Stub;
 
-size_t ElementSize(v1::DType dtype) { return dtype == v1::DTYPE_BF16 ? 2 : 4; }
-
 }  // namespace
 
-absl::StatusOr<int64_t> ViewSpanBytes(v1::DType dtype,
-                                      const std::vector<int64_t>& shape,
-                                      std::vector<int64_t>* strides) {
-  if (shape.empty() || shape.size() > 2) {
-    return absl::InvalidArgumentError("shape must be 1-D or 2-D");
-  }
-  if (strides->empty()) {
-    *strides = shape.size() == 2 ? std::vector<int64_t>{shape[1], 1}
-                                 : std::vector<int64_t>{1};
-  }
-  if (strides->size() != shape.size() || strides->back() != 1) {
-    return absl::InvalidArgumentError(
-        "strides must match shape and the innermost stride must be 1");
-  }
-  int64_t last = 0;  // element index of the last element
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] < 1)
-      return absl::InvalidArgumentError("shape dims must be >= 1");
-    last += (shape[d] - 1) * (*strides)[d];
-  }
-  return (last + 1) * int64_t(ElementSize(dtype));
+v1::MemoryRegion HostRegion(const ShmRegion& region) {
+  v1::MemoryRegion declaration;
+  declaration.set_name(region.name());
+  declaration.set_kind(v1::HOST_SHM);
+  declaration.set_shm_name(region.name());
+  declaration.set_byte_size(region.size());
+  return declaration;
 }
 
 absl::StatusOr<v1::TensorRef> HostRef(const ShmRegion& region, const void* ptr,
@@ -54,15 +38,10 @@ absl::StatusOr<v1::TensorRef> HostRef(const ShmRegion& region, const void* ptr,
         "view of ", *span, " bytes does not lie inside shm object '",
         region.name(), "' (", region.size(), " bytes)"));
   }
-  v1::TensorRef ref;
-  ref.set_kind(v1::HOST_SHM);
-  ref.set_shm_name(region.name());
-  ref.set_byte_offset(static_cast<const char*>(ptr) -
-                      static_cast<const char*>(region.data()));
-  ref.set_dtype(dtype);
-  for (int64_t d : shape) ref.add_shape(d);
-  for (int64_t s : strides) ref.add_strides(s);
-  return ref;
+  return MakeTensorRef(
+      region.name(),
+      static_cast<const char*>(ptr) - static_cast<const char*>(region.data()),
+      dtype, shape, strides);
 }
 
 v1::Param MakeParam(const std::string& name, std::vector<int64_t> full_shape,
@@ -125,10 +104,12 @@ absl::StatusOr<Response> Client::Call(UnaryRpc<Request, Response> rpc,
 }
 
 absl::StatusOr<v1::RegisterParamsResponse> Client::Register(
+    const std::vector<v1::MemoryRegion>& regions,
     const std::vector<v1::ParamGroup>& groups) {
   v1::RegisterParamsRequest request;
   request.set_job_id(options_.job_id);
   request.set_client_id(options_.client_id);
+  for (const v1::MemoryRegion& r : regions) *request.add_regions() = r;
   for (const v1::ParamGroup& g : groups) *request.add_groups() = g;
   return Call(&Stub::RegisterParams, request, DefaultRpc());
 }

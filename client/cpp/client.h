@@ -9,7 +9,8 @@
 //   Client::Connect("unix:///tmp/muond-job-0.sock",
 //                                                 {.job_id = "job"}));
 //   v1::Param p = MakeParam("w", {P, Q}, *HostRef(*region, w, ...), ...);
-//   client->Register(groups); client->WaitForPlan(absl::Seconds(30));
+//   client->Register({HostRegion(*region)}, groups);
+//   client->WaitForPlan(absl::Seconds(30));
 //   for (step ...) { backward(); client->Step(step_id); }
 //
 // Step fails fast (no wait-for-ready): UNAVAILABLE naming the address when
@@ -45,18 +46,41 @@ struct ClientOptions {
   std::string tls_root_cert_pem;
 };
 
-// A TensorRef for `shape`/`strides` (elements; innermost stride 1; empty
-// strides = row-major contiguous) at `ptr` inside `region`. InvalidArgument
-// when the view does not lie inside the region.
+// Memory is registered as regions (docs/ARCHITECTURE.md "Memory
+// registration"): Register declares each region once, and every TensorRef
+// names its region plus a byte offset, dtype, shape and strides.
+
+// The region declaration of a whole shm object: kind HOST_SHM, named after
+// the object (its shm name), byte_size its size.
+v1::MemoryRegion HostRegion(const ShmRegion& region);
+
+// A TensorRef into HostRegion(region) for `shape`/`strides` (elements;
+// innermost stride 1; empty strides = row-major contiguous) at `ptr`.
+// InvalidArgument when the view does not lie inside the region.
 absl::StatusOr<v1::TensorRef> HostRef(const ShmRegion& region, const void* ptr,
                                       v1::DType dtype,
                                       std::vector<int64_t> shape,
                                       std::vector<int64_t> strides = {});
 
-// A TensorRef for a view at device pointer `ptr`: the CUDA IPC handle of the
-// allocation that contains it plus the byte offset (client/cpp:cuda_ref;
-// Unavailable when built or run without CUDA).
-absl::StatusOr<v1::TensorRef> CudaRef(const void* ptr, v1::DType dtype,
+// A CUDA allocation shared by IPC (client/cpp/cuda_ref.cc).
+struct CudaAllocation {
+  const void* base = nullptr;  // device pointer to the allocation's start
+  // Kind CUDA_IPC: the allocation's IPC handle, byte_size (all of it) and
+  // device ordinal, under the name given to CudaRegion.
+  v1::MemoryRegion region;
+};
+
+// The allocation that contains device pointer `ptr`, as region `name`.
+// Unavailable when run without the CUDA driver or when the allocation cannot
+// be shared by IPC (pool or cuMemCreate memory); InvalidArgument when `ptr`
+// is not in a CUDA allocation. The calling thread must have the device's
+// context current.
+absl::StatusOr<CudaAllocation> CudaRegion(const void* ptr, std::string name);
+
+// A TensorRef into `allocation`'s region for a view at device pointer `ptr`.
+// InvalidArgument when the view does not lie inside the allocation.
+absl::StatusOr<v1::TensorRef> CudaRef(const CudaAllocation& allocation,
+                                      const void* ptr, v1::DType dtype,
                                       std::vector<int64_t> shape,
                                       std::vector<int64_t> strides = {});
 
@@ -72,7 +96,9 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, ClientOptions options);
 
+  // Registers `groups`, whose TensorRefs lie in `regions`, all or nothing.
   absl::StatusOr<v1::RegisterParamsResponse> Register(
+      const std::vector<v1::MemoryRegion>& regions,
       const std::vector<v1::ParamGroup>& groups);
   // Polls Health until the daemon has a plan and its step engine, or times
   // out with DeadlineExceeded; FailedPrecondition with the daemon's reason as

@@ -1,10 +1,10 @@
-// CudaRef: the IPC handle of the allocation holding a device pointer, plus
-// the pointer's byte offset in it. The CUDA driver is loaded with dlopen so
-// the client library links and runs on hosts without CUDA (CudaRef then
-// returns Unavailable). Driver-API IPC handles are the runtime's
-// cudaIpcMemHandle_t bytes, so the daemon opens them with
-// cudaIpcOpenMemHandle. The calling thread must have the device's context
-// current (any CUDA runtime call on that device makes it so).
+// CudaRegion: the allocation holding a device pointer as a CUDA_IPC region
+// (its IPC handle, size and device); CudaRef: a view's byte offset in it. The
+// CUDA driver is loaded with dlopen so the client library links and runs on
+// hosts without CUDA (CudaRegion then returns Unavailable). Driver-API IPC
+// handles are the runtime's cudaIpcMemHandle_t bytes, so the daemon opens
+// them with cudaIpcOpenMemHandle. The calling thread must have the device's
+// context current (any CUDA runtime call on that device makes it so).
 #include <cuda.h>
 #include <dlfcn.h>
 
@@ -44,50 +44,58 @@ const Driver& LoadDriver() {
 
 }  // namespace
 
-absl::StatusOr<v1::TensorRef> CudaRef(const void* ptr, v1::DType dtype,
-                                      std::vector<int64_t> shape,
-                                      std::vector<int64_t> strides) {
-  absl::StatusOr<int64_t> span = ViewSpanBytes(dtype, shape, &strides);
-  if (!span.ok()) return span.status();
+absl::StatusOr<CudaAllocation> CudaRegion(const void* ptr, std::string name) {
   const Driver& cu = LoadDriver();
   if (!cu.ok) {
     return absl::UnavailableError(
-        "CudaRef: the CUDA driver (libcuda.so.1) is not available");
+        "CudaRegion: the CUDA driver (libcuda.so.1) is not available");
   }
   const CUdeviceptr p = reinterpret_cast<CUdeviceptr>(ptr);
   CUdeviceptr base = 0;
   size_t bytes = 0;
   if (CUresult r = cu.get_address_range(&base, &bytes, p); r != CUDA_SUCCESS) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "CudaRef: pointer is not in a CUDA allocation (cuMemGetAddressRange "
-        "error ",
+        "CudaRegion '", name,
+        "': pointer is not in a CUDA allocation (cuMemGetAddressRange error ",
         int(r), "; is its device's context current?)"));
-  }
-  const uint64_t offset = p - base;
-  if (offset + uint64_t(*span) > bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CudaRef: view of ", *span, " bytes at offset ", offset,
-                     " runs past its allocation of ", bytes, " bytes"));
   }
   CUipcMemHandle handle;
   if (CUresult r = cu.ipc_get_mem_handle(&handle, base); r != CUDA_SUCCESS) {
     return absl::UnavailableError(absl::StrCat(
-        "CudaRef: cuIpcGetMemHandle failed with error ", int(r),
+        "CudaRegion '", name, "': cuIpcGetMemHandle failed with error ", int(r),
         " (memory from a pool or cuMemCreate cannot be shared by IPC)"));
   }
   int device = -1;
   cu.pointer_get_attribute(&device, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p);
-  v1::TensorRef ref;
-  ref.set_kind(v1::CUDA_IPC);
-  ref.set_cuda_ipc_handle(
+  CudaAllocation allocation;
+  allocation.base = reinterpret_cast<const void*>(base);
+  v1::MemoryRegion& region = allocation.region;
+  region.set_name(std::move(name));
+  region.set_kind(v1::CUDA_IPC);
+  region.set_cuda_ipc_handle(
       std::string(handle.reserved, sizeof(handle.reserved)));
-  ref.set_allocation_bytes(bytes);
-  ref.set_byte_offset(offset);
-  ref.set_dtype(dtype);
-  ref.set_device(device);
-  for (int64_t d : shape) ref.add_shape(d);
-  for (int64_t s : strides) ref.add_strides(s);
-  return ref;
+  region.set_byte_size(bytes);
+  region.set_device(device);
+  return allocation;
+}
+
+absl::StatusOr<v1::TensorRef> CudaRef(const CudaAllocation& allocation,
+                                      const void* ptr, v1::DType dtype,
+                                      std::vector<int64_t> shape,
+                                      std::vector<int64_t> strides) {
+  absl::StatusOr<int64_t> span = ViewSpanBytes(dtype, shape, &strides);
+  if (!span.ok()) return span.status();
+  const auto* base = static_cast<const char*>(allocation.base);
+  const auto* at = static_cast<const char*>(ptr);
+  const uint64_t bytes = allocation.region.byte_size();
+  if (at < base || uint64_t(at - base) > bytes ||
+      uint64_t(*span) > bytes - uint64_t(at - base)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaRef: view of ", *span, " bytes does not lie inside region '",
+        allocation.region.name(), "' (", bytes, " bytes)"));
+  }
+  return MakeTensorRef(allocation.region.name(), uint64_t(at - base), dtype,
+                       shape, strides);
 }
 
 }  // namespace muond

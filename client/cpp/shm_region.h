@@ -1,6 +1,7 @@
 #pragma once
 // A POSIX shared-memory object mapped into this process: the host-mode way a
-// trainer shares parameter and gradient memory with its daemon (DESIGN.md §5).
+// trainer shares parameter and gradient memory with its daemon: one region
+// (client.h HostRegion; docs/ARCHITECTURE.md "Memory registration").
 #include <cstddef>
 #include <cstdint>
 #include <memory>

@@ -30,16 +30,12 @@ class CudaHandleOpener : public HandleOpener {
   explicit CudaHandleOpener(int device) : device_(device) {}
 
   absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(
-      const std::string& handle, uint64_t allocation_bytes, int device,
+      const std::string& handle, uint64_t byte_size, int device,
       const std::string& field) override {
     if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": cuda_ipc_handle has ", handle.size(),
                        " bytes, needs ", sizeof(cudaIpcMemHandle_t)));
-    }
-    if (allocation_bytes == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": allocation_bytes must be > 0"));
     }
     if (device != device_) {
       return absl::InvalidArgumentError(
@@ -62,7 +58,7 @@ class CudaHandleOpener : public HandleOpener {
           " (stale or foreign handle?)"));
     }
     return std::unique_ptr<MappedRegion>(
-        new IpcMapping(base, allocation_bytes, device_));
+        new IpcMapping(base, byte_size, device_));
   }
 
  private:

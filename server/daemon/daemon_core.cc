@@ -205,7 +205,7 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
   response.set_num_params(reg->num_params);
   LOG(INFO) << "registered " << reg->num_params << " params in "
             << reg->groups.size() << " groups for client '" << reg->client_id
-            << "' (" << reg->mappings.size() << " mappings)";
+            << "' (" << reg->regions.size() << " memory regions)";
   registration_ = std::move(reg);
   plans_.StartRound(*round_version);
   ++registration_generation_;

@@ -39,7 +39,7 @@ absl::Status ShmError(const std::string& field, const std::string& name,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MappedRegion>> HandleOpener::OpenShm(
-    const std::string& name, const std::string& field) {
+    const std::string& name, uint64_t byte_size, const std::string& field) {
   if (name.size() < 2 || name[0] != '/' ||
       name.find('/', 1) != std::string::npos || name.size() > 250) {
     return absl::InvalidArgumentError(
@@ -59,11 +59,19 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> HandleOpener::OpenShm(
     return absl::FailedPreconditionError(
         absl::StrCat(field, ": shm object '", name, "' is empty"));
   }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (static_cast<uint64_t>(st.st_size) < byte_size) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": shm object '", name, "' has ", st.st_size,
+                     " bytes, fewer than the region's byte_size ", byte_size));
+  }
+  // Only the declared bytes are mapped: the region, not the object, bounds
+  // every view.
+  void* base =
+      mmap(nullptr, byte_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) return ShmError(field, name, "map");
-  return std::unique_ptr<MappedRegion>(new ShmMapping(base, size));
+  return std::unique_ptr<MappedRegion>(new ShmMapping(base, byte_size));
 }
 
 absl::StatusOr<std::unique_ptr<MappedRegion>> HandleOpener::OpenCudaIpc(

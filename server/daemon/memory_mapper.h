@@ -1,9 +1,10 @@
 #pragma once
-// Opening trainer memory handles (DESIGN.md §5). A MappedRegion is one opened
-// handle (a POSIX shm object mapped read/write, or a CUDA IPC allocation
-// opened in this process); it unmaps/closes on destruction. The daemon opens
-// each distinct handle once per registration and keeps the regions until the
-// params are unregistered.
+// Mapping trainer memory regions (docs/ARCHITECTURE.md "Memory
+// registration"). A MappedRegion is one opened region (a POSIX shm object
+// mapped read/write, or a CUDA IPC allocation opened in this process); it
+// unmaps/closes on destruction. The daemon maps each region a registration
+// declares once (server/daemon/region_table.h) and keeps it until the params
+// are unregistered.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,16 +25,18 @@ class MappedRegion {
 class HandleOpener {
  public:
   virtual ~HandleOpener() = default;
-  // shm_open + fstat + mmap of the whole object. NotFound when it does not
-  // exist, FailedPrecondition when empty, PermissionDenied / Unavailable for
-  // other errno values; messages name `field` and the object.
+  // shm_open + fstat + mmap of the object's first `byte_size` (> 0) bytes.
+  // InvalidArgument for a malformed name or an object smaller than
+  // `byte_size`, NotFound when it does not exist, FailedPrecondition when
+  // empty, PermissionDenied / Unavailable for other errno values; messages
+  // name `field` and the object.
   virtual absl::StatusOr<std::unique_ptr<MappedRegion>> OpenShm(
-      const std::string& name, const std::string& field);
-  // cudaIpcOpenMemHandle of a 64-byte handle of an allocation of
-  // `allocation_bytes` on `device`. This base implementation (host mode)
-  // answers FailedPrecondition.
+      const std::string& name, uint64_t byte_size, const std::string& field);
+  // cudaIpcOpenMemHandle of a 64-byte handle of an allocation on `device`,
+  // of which the region covers the first `byte_size` (> 0) bytes. This base
+  // implementation (host mode) answers FailedPrecondition.
   virtual absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(
-      const std::string& handle, uint64_t allocation_bytes, int device,
+      const std::string& handle, uint64_t byte_size, int device,
       const std::string& field);
 };
 

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status_macros.h"
-#include "server/common/checked_math.h"
 #include "server/common/proto_convert.h"
 
 namespace muond {
@@ -98,111 +97,6 @@ absl::StatusOr<std::vector<int64_t>> ExpectedLocalShape(
   return std::vector<int64_t>{n};
 }
 
-class Binder {
- public:
-  Binder(HandleOpener& opener, Registration& reg)
-      : opener_(opener), reg_(reg) {}
-
-  // A view of `ref` (which must have `expected_shape`), checked against its
-  // mapping.
-  absl::StatusOr<MatrixView> Bind(const v1::TensorRef& ref,
-                                  const std::vector<int64_t>& expected_shape,
-                                  const std::string& field) {
-    ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(ref.dtype(), field));
-    const std::vector<int64_t> shape = Vec(ref.shape());
-    const std::vector<int64_t> strides = Vec(ref.strides());
-    if (shape != expected_shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": shape ", Shape(shape), " should be ",
-                       Shape(expected_shape), " (the local shard)"));
-    }
-    if (strides.size() != shape.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": strides ", Shape(strides),
-                       " must have one entry per dim of shape ", Shape(shape)));
-    }
-    if (strides.back() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": innermost stride is ", strides.back(), "; it must be 1"));
-    }
-    if (shape.size() == 2 && strides[0] < shape[1]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": row stride ", strides[0],
-                       " is smaller than the row length ", shape[1],
-                       " (rows would overlap)"));
-    }
-    // Bytes from the view start to one past its last element, checked.
-    std::optional<int64_t> last = 0;
-    for (size_t d = 0; d < shape.size() && last; ++d) {
-      std::optional<int64_t> step = CheckedMul(shape[d] - 1, strides[d]);
-      last = step ? CheckedAdd(*last, *step) : std::nullopt;
-    }
-    std::optional<int64_t> span = last ? CheckedAdd(*last, 1) : std::nullopt;
-    if (span) span = CheckedMul(*span, int64_t(DTypeSize(dtype)));
-    std::optional<int64_t> end =
-        span && ref.byte_offset() <= uint64_t(INT64_MAX)
-            ? CheckedAdd(int64_t(ref.byte_offset()), *span)
-            : std::nullopt;
-    if (!end) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": byte_offset ", ref.byte_offset(), " + the extent of shape ",
-          Shape(shape), " strides ", Shape(strides), " overflows int64"));
-    }
-    ASSIGN_OR_RETURN(MappedRegion * region, Open(ref, field));
-    if (uint64_t(*end) > region->size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": view [", ref.byte_offset(), ", ", *end,
-          ") bytes runs past its mapping of ", region->size(), " bytes",
-          ref.kind() == v1::HOST_SHM
-              ? absl::StrCat(" (shm object '", ref.shm_name(), "' too small)")
-              : ""));
-    }
-    if (ref.byte_offset() % DTypeSize(dtype) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": byte_offset ", ref.byte_offset(),
-          " is not a multiple of the element size ", DTypeSize(dtype)));
-    }
-    MatrixView view;
-    view.data = static_cast<char*>(region->base()) + ref.byte_offset();
-    view.dtype = dtype;
-    view.rows = shape.size() == 2 ? shape[0] : 1;
-    view.cols = shape.back();
-    view.row_stride = shape.size() == 2 ? strides[0] : shape[0];
-    return view;
-  }
-
- private:
-  absl::StatusOr<MappedRegion*> Open(const v1::TensorRef& ref,
-                                     const std::string& field) {
-    std::string key;
-    if (ref.kind() == v1::HOST_SHM) {
-      key = "shm:" + ref.shm_name();
-    } else if (ref.kind() == v1::CUDA_IPC) {
-      key = "ipc:" + ref.cuda_ipc_handle();
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": kind ", v1::MemoryKind_Name(ref.kind()),
-                       " is not HOST_SHM or CUDA_IPC"));
-    }
-    auto it = reg_.mappings.find(key);
-    if (it != reg_.mappings.end()) return it->second.get();
-    std::unique_ptr<MappedRegion> region;
-    if (ref.kind() == v1::HOST_SHM) {
-      ASSIGN_OR_RETURN(region, opener_.OpenShm(ref.shm_name(), field));
-    } else {
-      ASSIGN_OR_RETURN(region, opener_.OpenCudaIpc(ref.cuda_ipc_handle(),
-                                                   ref.allocation_bytes(),
-                                                   ref.device(), field));
-    }
-    MappedRegion* raw = region.get();
-    reg_.mappings[key] = std::move(region);
-    return raw;
-  }
-
-  HandleOpener& opener_;
-  Registration& reg_;
-};
-
 }  // namespace
 
 v1::PublishManifestRequest Registration::Manifest(const std::string& job_id,
@@ -243,7 +137,7 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
   }
   auto reg = std::make_unique<Registration>();
   reg->client_id = request.client_id();
-  Binder binder(opener, *reg);
+  ASSIGN_OR_RETURN(reg->regions, RegionTable::Map(request.regions(), opener));
   std::set<std::string> group_names, param_names;
   std::map<std::string, v1::Domain> domains;
   for (const v1::ParamGroup& group : request.groups()) {
@@ -297,11 +191,13 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
       bp.local_shape = expected;
       bp.tags = FromProto(p.tags());
       ASSIGN_OR_RETURN(
-          bp.param, binder.Bind(p.param(), expected,
-                                absl::StrCat("param '", p.name(), "' param")));
+          bp.param,
+          reg->regions.View(p.param(), expected,
+                            absl::StrCat("param '", p.name(), "' param")));
       ASSIGN_OR_RETURN(
-          bp.grad, binder.Bind(p.grad(), expected,
-                               absl::StrCat("param '", p.name(), "' grad")));
+          bp.grad,
+          reg->regions.View(p.grad(), expected,
+                            absl::StrCat("param '", p.name(), "' grad")));
       bound.params.push_back(std::move(bp));
       ++reg->num_params;
     }

@@ -1,21 +1,24 @@
 #pragma once
 // Validating a RegisterParamsRequest and binding it to trainer memory.
 //
-// BuildRegistration opens every distinct handle once (shm objects by name,
-// CUDA IPC handles by handle bytes), checks every TensorRef against the
-// mapping it lives in and the sharding model, and returns views into the
-// mappings. On any error nothing stays mapped and the message names the
-// group/param/field and the rule:
+// BuildRegistration maps every declared memory region once (RegionTable:
+// docs/ARCHITECTURE.md "Memory registration"), checks every TensorRef
+// against the region it names and the sharding model, and returns views into
+// the regions. On any error nothing stays mapped and the message names the
+// group/param/field/region and the rule:
 //   * job_id differs from the daemon's; no groups; empty or duplicate group
 //     names; duplicate param names (across groups); unknown algorithm;
 //   * domain: sizes < 1, (g, t) outside it, G*T > world size, the same domain
 //     name with different sizes or coordinates in two groups;
 //   * full_shape not 1-D/2-D or a dim < 1; Muon params not 2-D; local shape
 //     not following from full_shape, tags and domain (core/plan MakeShardSpec);
-//   * TensorRef: unknown kind or dtype, shape different from the local shape,
-//     strides not matching shape, innermost stride != 1, negative strides,
-//     overflowing extents, a view that runs past its mapping, an shm object
-//     missing, empty or too small, CUDA_IPC on a host-mode daemon;
+//   * regions: RegionTable::Map's rules (unnamed or repeated names, unknown
+//     kind, byte_size 0, aliased memory, an shm object missing, empty or
+//     smaller than byte_size, CUDA_IPC on a host-mode daemon);
+//   * TensorRef: RegionTable::View's rules (unknown dtype, shape different
+//     from the local shape, strides not matching shape, innermost stride
+//     != 1, overflowing extents, a region not declared, a view that runs
+//     past its region);
 //   * grad shape different from the param's;
 //   * `cancelled()` true after mapping (the trainer went away): Cancelled.
 #include <functional>
@@ -29,6 +32,7 @@
 #include "core/plan/sharding.h"
 #include "muond/v1/muond.pb.h"
 #include "server/daemon/memory_mapper.h"
+#include "server/daemon/region_table.h"
 
 namespace muond {
 
@@ -50,8 +54,8 @@ struct Registration {
   std::string client_id;
   std::vector<BoundGroup> groups;
   int num_params = 0;
-  // Opened handles by key ("shm:<name>" or "ipc:<handle bytes>").
-  std::map<std::string, std::unique_ptr<MappedRegion>> mappings;
+  // The mapped regions every view above points into.
+  RegionTable regions;
 
   // The manifest the coordinator plans from.
   v1::PublishManifestRequest Manifest(const std::string& job_id,

@@ -4,9 +4,10 @@
 // the single-process reference bitwise.
 //
 // The corpus is the table below: each case names itself, the RPC, and how it
-// breaks a valid request (truncated handles, huge/negative shapes, strides
-// that overflow, offsets past the mapping, bad dtypes, wrong job/rank,
-// duplicate joins, manifests that disagree, oversized messages, ...).
+// breaks a valid request (truncated handles, regions undeclared, declared
+// twice or of size 0, huge/negative shapes, strides that overflow, views past
+// their region, bad dtypes, wrong job/rank, duplicate joins, manifests that
+// disagree, oversized messages, ...).
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -83,27 +84,59 @@ std::vector<RegisterCase> RegisterCorpus() {
       }
       add(at + "unaligned offset",
           [=](auto* r) { ref(r)->set_byte_offset(ref(r)->byte_offset() + 1); });
-      add(at + "no shm name", [=](auto* r) { ref(r)->clear_shm_name(); });
-      add(at + "missing shm",
-          [=](auto* r) { ref(r)->set_shm_name("/muond-no-such-object"); });
-      add(at + "shm path traversal",
-          [=](auto* r) { ref(r)->set_shm_name("/../../etc/passwd"); });
-      add(at + "long shm name",
-          [=](auto* r) { ref(r)->set_shm_name("/" + std::string(5000, 'x')); });
-      add(at + "kind unspecified",
-          [=](auto* r) { ref(r)->set_kind(v1::MEMORY_KIND_UNSPECIFIED); });
-      add(at + "kind 42",
-          [=](auto* r) { ref(r)->set_kind(static_cast<v1::MemoryKind>(42)); });
-      add(at + "truncated CUDA IPC handle", [=](auto* r) {
-        ref(r)->set_kind(v1::CUDA_IPC);
-        ref(r)->set_cuda_ipc_handle(std::string(10, '\x01'));
-      });
+      add(at + "no region", [=](auto* r) { ref(r)->clear_region(); });
+      add(at + "region not declared",
+          [=](auto* r) { ref(r)->set_region("muond-no-such-region"); });
       add(at + "dtype unspecified",
           [=](auto* r) { ref(r)->set_dtype(v1::DTYPE_UNSPECIFIED); });
       add(at + "dtype 9",
           [=](auto* r) { ref(r)->set_dtype(static_cast<v1::DType>(9)); });
     }
   }
+  // Region-level: the one region every ref of the valid request lies in. The
+  // handle cases (names, kinds, CUDA IPC) were per-ref before handles moved
+  // into regions.
+  auto region = [](v1::RegisterParamsRequest* r) {
+    return r->mutable_regions(0);
+  };
+  add("region: no regions", [](auto* r) { r->clear_regions(); });
+  add("region: empty name", [=](auto* r) { region(r)->clear_name(); });
+  add("region: renamed (every ref names an undeclared region)",
+      [=](auto* r) { region(r)->set_name("renamed"); });
+  add("region: declared twice",
+      [](auto* r) { *r->add_regions() = r->regions(0); });
+  add("region: same shm object under two names", [](auto* r) {
+    v1::MemoryRegion* alias = r->add_regions();
+    *alias = r->regions(0);
+    alias->set_name("alias");
+  });
+  add("region: byte_size 0", [=](auto* r) { region(r)->set_byte_size(0); });
+  add("region: byte_size past its shm object",
+      [=](auto* r) { region(r)->set_byte_size(region(r)->byte_size() + 1); });
+  add("region: byte_size huge",
+      [=](auto* r) { region(r)->set_byte_size(~uint64_t(0)); });
+  add("region: byte_size below its views (views beyond the region)",
+      [=](auto* r) { region(r)->set_byte_size(64); });
+  add("region: no shm name", [=](auto* r) { region(r)->clear_shm_name(); });
+  add("region: missing shm",
+      [=](auto* r) { region(r)->set_shm_name("/muond-no-such-object"); });
+  add("region: shm path traversal",
+      [=](auto* r) { region(r)->set_shm_name("/../../etc/passwd"); });
+  add("region: long shm name",
+      [=](auto* r) { region(r)->set_shm_name("/" + std::string(5000, 'x')); });
+  add("region: kind unspecified",
+      [=](auto* r) { region(r)->set_kind(v1::MEMORY_KIND_UNSPECIFIED); });
+  add("region: kind 42 (unknown)",
+      [=](auto* r) { region(r)->set_kind(static_cast<v1::MemoryKind>(42)); });
+  add("region: truncated CUDA IPC handle", [=](auto* r) {
+    region(r)->set_kind(v1::CUDA_IPC);
+    region(r)->set_cuda_ipc_handle(std::string(10, '\x01'));
+  });
+  // A well-formed handle is still refused: these daemons run in host mode.
+  add("region: CUDA IPC on a host daemon", [=](auto* r) {
+    region(r)->set_kind(v1::CUDA_IPC);
+    region(r)->set_cuda_ipc_handle(std::string(64, '\x01'));
+  });
   // Param-level.
   for (std::vector<int64_t> full : std::vector<std::vector<int64_t>>{
            {}, {32}, {31, 16}, {0, 16}, {-32, 16}, {32, 16, 1}, {kMax, kMax}}) {
@@ -250,6 +283,7 @@ class BadInputTest : public ::testing::Test {
     v1::RegisterParamsRequest r;
     r.set_job_id(cluster_->job());
     r.set_client_id(absl::StrCat("trainer", rank));
+    *r.add_regions() = trainers_->Region(rank);
     *r.add_groups() = trainers_->Group(rank);
     return r;
   }

@@ -282,6 +282,10 @@ Trainers::~Trainers() = default;
 
 v1::ParamGroup Trainers::Group(int rank) const { return groups_[rank]; }
 
+v1::MemoryRegion Trainers::Region(int rank) const {
+  return HostRegion(*regions_[rank]);
+}
+
 absl::Status Trainers::RegisterAll(absl::Duration timeout) {
   clients_.clear();
   for (int r = 0; r < kWorld; ++r) {
@@ -297,7 +301,7 @@ absl::Status Trainers::RegisterAll(absl::Duration timeout) {
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r) {
     threads.emplace_back([&, r] {
-      auto reg = clients_[r]->Register({groups_[r]});
+      auto reg = clients_[r]->Register({Region(r)}, {groups_[r]});
       st[r] = reg.ok() ? clients_[r]->WaitForPlan(timeout) : reg.status();
     });
   }

@@ -108,6 +108,8 @@ class Trainers {
 
   Client& client(int rank) { return *clients_[rank]; }
   v1::ParamGroup Group(int rank) const;  // the registered group of `rank`
+  // The one memory region every ref of Group(rank) lies in.
+  v1::MemoryRegion Region(int rank) const;
 
  private:
   using Shard = testing::Shard;
@@ -119,8 +121,8 @@ class Trainers {
     Shard shard;
   };
   const Cluster& cluster_;
-  std::vector<std::unique_ptr<ShmRegion>> regions_;
-  std::vector<std::vector<Buffers>> buffers_;  // [rank][weight]
+  std::vector<std::unique_ptr<ShmRegion>> regions_;  // [rank]
+  std::vector<std::vector<Buffers>> buffers_;        // [rank][weight]
   std::vector<v1::ParamGroup> groups_;
   std::vector<std::unique_ptr<Client>> clients_;
 };

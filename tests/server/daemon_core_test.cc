@@ -120,6 +120,7 @@ class DaemonCoreTest : public ::testing::Test {
     v1::RegisterParamsRequest r;
     r.set_job_id("job");
     r.set_client_id("trainer0");
+    *r.add_regions() = HostRegion(*region_);
     v1::ParamGroup* g = r.add_groups();
     g->set_name("muon");
     g->set_algorithm(v1::MUON);
@@ -328,15 +329,25 @@ TEST_F(DaemonCoreTest, BadRegistrationsNameTheProblemAndChangeNothing) {
 
   // Missing shm object.
   r = Valid();
-  r.mutable_groups(0)->mutable_params(0)->mutable_param()->set_shm_name(
-      "/muond-no-such-object");
+  r.mutable_regions(0)->set_shm_name("/muond-no-such-object");
   ExpectRefused(r, absl::StatusCode::kNotFound, "'/muond-no-such-object'");
 
   // CUDA IPC on a host-mode daemon.
   r = Valid();
-  r.mutable_groups(0)->mutable_params(0)->mutable_param()->set_kind(
-      v1::CUDA_IPC);
+  r.mutable_regions(0)->set_kind(v1::CUDA_IPC);
   ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "--host mode");
+
+  // A ref to a region the request does not declare.
+  r = Valid();
+  r.mutable_groups(0)->mutable_params(1)->mutable_grad()->set_region("other");
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument,
+                "param 'v' grad: region 'other' is not declared");
+
+  // A region declared twice.
+  r = Valid();
+  *r.add_regions() = r.regions(0);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument,
+                "region '" + name_ + "': declared twice");
 
   // Domain coordinates outside the domain.
   r = Valid();
@@ -354,12 +365,18 @@ TEST_F(DaemonCoreTest, ShmObjectTooSmall) {
   auto tiny = ShmRegion::Create(small, 16);
   ASSERT_TRUE(tiny.ok());
   v1::RegisterParamsRequest r = Valid();
-  r.mutable_groups(0)->mutable_params(0)->mutable_grad()->set_shm_name(small);
-  ExpectRefused(
-      r, absl::StatusCode::kInvalidArgument,
-      "param 'w' grad: view [256, 288) bytes runs past its mapping of "
-      "16 bytes (shm object '" +
-          small + "' too small)");
+  *r.add_regions() = HostRegion(**tiny);
+  r.mutable_groups(0)->mutable_params(0)->mutable_grad()->set_region(small);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument,
+                "param 'w' grad: view [256, 288) bytes runs past region '" +
+                    small + "' of 16 bytes");
+  // A region larger than its shm object.
+  r = Valid();
+  *r.add_regions() = HostRegion(**tiny);
+  r.mutable_regions(1)->set_byte_size(32);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument,
+                "region '" + small + "': shm object '" + small +
+                    "' has 16 bytes, fewer than the region's byte_size 32");
 }
 
 TEST_F(DaemonCoreTest, TrainerDisconnectingMidRegistrationRegistersNothing) {

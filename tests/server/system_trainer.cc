@@ -156,6 +156,8 @@ int Run() {
     void* dev_param = nullptr;
     void* dev_grad = nullptr;
     int64_t dev_bytes = 0;
+    // The CUDA IPC regions of dev_param / dev_grad.
+    CudaAllocation dev_param_region, dev_grad_region;
     float* host_param() const { return local_param ? local_param : full_param; }
     float* host_grad() const { return local_grad ? local_grad : full_grad; }
   };
@@ -177,9 +179,13 @@ int Run() {
     }
     float* host = param ? b.host_param() : b.host_grad();
     char* dev = static_cast<char*>(param ? b.dev_param : b.dev_grad);
-    return CudaRef(dev + (at - host) * 4, v1::DTYPE_FP32, std::move(shape),
+    return CudaRef(param ? b.dev_param_region : b.dev_grad_region,
+                   dev + (at - host) * 4, v1::DTYPE_FP32, std::move(shape),
                    std::move(strides));
   };
+  // The regions the refs lie in: the shm object, or every device buffer.
+  std::vector<v1::MemoryRegion> regions;
+  if (cuda == nullptr) regions.push_back(HostRegion(**region));
   auto push = [&](const Buffers& b, bool param) -> absl::Status {
     if (cuda == nullptr) return absl::OkStatus();
     RETURN_IF_ERROR(cuda->CopyFromHost(param ? b.dev_param : b.dev_grad,
@@ -232,6 +238,16 @@ int Run() {
       b.dev_param = *p;
       b.dev_grad = *gr;
       if (!push(b, true).ok()) return Fail("cannot copy params to the device");
+      auto pr = CudaRegion(b.dev_param, w.name + ".param");
+      auto gr_region = CudaRegion(b.dev_grad, w.name + ".grad");
+      if (!pr.ok() || !gr_region.ok()) {
+        return Fail("CudaRegion: " +
+                    (pr.ok() ? gr_region.status() : pr.status()).ToString());
+      }
+      b.dev_param_region = *std::move(pr);
+      b.dev_grad_region = *std::move(gr_region);
+      regions.push_back(b.dev_param_region.region);
+      regions.push_back(b.dev_grad_region.region);
     }
     if (w.pad > 0) {
       pref = ref(b, true, b.local_param, {b.shard.nr, b.shard.nc});
@@ -257,7 +273,7 @@ int Run() {
   options.rpc_timeout = absl::Seconds(30);
   auto client = Client::Connect(absl::GetFlag(FLAGS_daemon), options);
   if (!client.ok()) return Fail(client.status().ToString());
-  auto registered = (*client)->Register(groups);
+  auto registered = (*client)->Register(regions, groups);
   if (!registered.ok())
     return Fail("Register: " + registered.status().ToString());
   if (absl::Status st = (*client)->WaitForPlan(absl::Seconds(30)); !st.ok()) {

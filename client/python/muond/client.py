@@ -88,12 +88,15 @@ class Client:
         self.close()
 
     # -- RPCs ---------------------------------------------------------------
-    def register(self, job_id: str, groups: Iterable[pb.ParamGroup],
-                 client_id: str = "") -> pb.RegisterParamsResponse:
-        return self.register_future(job_id, groups, client_id).result()
+    def register(self, job_id: str, groups: Iterable[pb.ParamGroup], client_id: str = "",
+                 regions: Iterable[pb.MemoryRegion] = ()) -> pb.RegisterParamsResponse:
+        """Registers `groups`, whose TensorRefs lie in the memory `regions`
+        declare, all or nothing."""
+        return self.register_future(job_id, groups, client_id, regions).result()
 
-    def register_future(self, job_id, groups, client_id=""):
-        req = pb.RegisterParamsRequest(job_id=job_id, groups=list(groups), client_id=client_id)
+    def register_future(self, job_id, groups, client_id="", regions=()):
+        req = pb.RegisterParamsRequest(job_id=job_id, groups=list(groups), client_id=client_id,
+                                       regions=list(regions))
         return self.stub.RegisterParams.future(req, timeout=self.timeout)
 
     def step(self, job_id: str, step_id: int, overrides: Iterable[pb.GroupOverride] = (),

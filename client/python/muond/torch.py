@@ -15,7 +15,10 @@ ns_coefficients, eps, ns_steps, adjust_lr_fn) plus muond's options. Groups with
 Memory. At construction every param is moved once into memory the daemons can
 map, and the model's ``param.data`` is rebound to it (same Parameter objects):
 CPU tensors into POSIX shared memory (muond.shm), CUDA tensors into a fresh
-CUDA allocation shared by IPC handle + byte offset. Each param also gets a
+CUDA allocation shared by IPC handle. Each shm object and each CUDA
+allocation is declared once to a daemon as a memory region, and every tensor
+refers to its region by name + byte offset (docs/ARCHITECTURE.md "Memory
+registration"). Each param also gets a
 ``.grad`` in such memory; backward accumulates into it in place. Therefore
 ``zero_grad`` here always zeroes in place (``set_to_none`` is ignored); if a
 grad is set to None or replaced anyway, ``step()`` copies it back into the
@@ -65,11 +68,53 @@ _DTYPES = {torch.float32: pb.DTYPE_FP32, torch.bfloat16: pb.DTYPE_BF16}
 _PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "update_us", "total_us")
 
 
-class _Buffer:
-    """Memory one param (or its grad) lives in: a flat tensor plus how a daemon
-    reaches it (shm name, or CUDA IPC handle + base offset)."""
+class _Regions:
+    """The memory regions of one optimizer's buffers, one per distinct memory:
+    an shm object, or a CUDA allocation. Small CUDA params share one
+    caching-allocator block, hence one IPC handle and one region; torch tells
+    each buffer only its own storage's offset and size in the block, so the
+    region's byte_size is the largest end any of its buffers reaches (a safe
+    lower bound of the allocation's size)."""
 
-    def __init__(self, job_id: str, numel: int, like: torch.Tensor):
+    def __init__(self):
+        self._by_memory: dict = {}  # shm name | (device, handle) -> pb.MemoryRegion
+        self._by_name: dict[str, pb.MemoryRegion] = {}
+
+    def shm(self, buffer: ShmBuffer) -> str:
+        region = pb.MemoryRegion(name=buffer.name, kind=pb.HOST_SHM, shm_name=buffer.name,
+                                 byte_size=buffer.nbytes)
+        return self._add(buffer.name, region).name
+
+    def cuda(self, device: int, handle: bytes, end: int) -> str:
+        """The region of the allocation behind `handle`, covering at least
+        [0, end) bytes."""
+        key = (device, handle)
+        if key not in self._by_memory:
+            self._add(key, pb.MemoryRegion(name=f"cuda{device}-{len(self._by_memory)}",
+                                           kind=pb.CUDA_IPC, cuda_ipc_handle=handle,
+                                           device=device))
+        region = self._by_memory[key]
+        region.byte_size = max(region.byte_size, end)
+        return region.name
+
+    def _add(self, key, region: pb.MemoryRegion) -> pb.MemoryRegion:
+        self._by_memory[key] = region
+        self._by_name[region.name] = region
+        return region
+
+    def used_by(self, groups) -> list[pb.MemoryRegion]:
+        """The declarations of the regions `groups`' refs name, in first-use
+        order (a daemon maps only the memory it is given views into)."""
+        names = dict.fromkeys(ref.region for g in groups for prm in g.params
+                              for ref in (prm.param, prm.grad))
+        return [self._by_name[n] for n in names]
+
+
+class _Buffer:
+    """Memory one param (or its grad) lives in: a flat tensor plus the region
+    a daemon reaches it through and the tensor's byte offset in it."""
+
+    def __init__(self, job_id: str, numel: int, like: torch.Tensor, regions: _Regions):
         self.shm = None
         if like.is_cuda:
             self.flat = torch.zeros(numel, dtype=like.dtype, device=like.device)
@@ -77,26 +122,22 @@ class _Buffer:
             # (device, handle, storage_bytes, storage_offset_bytes, ...): the handle is
             # the IPC handle of the allocation *base*; our storage starts at the offset.
             info = storage._share_cuda_()
-            self.device, self.handle = int(info[0]), _raw_cuda_ipc_handle(bytes(info[1]))
             self.base_offset = int(info[3])
-            self.allocation_bytes = self.base_offset + int(info[2])  # a safe lower bound
+            self.region = regions.cuda(int(info[0]), _raw_cuda_ipc_handle(bytes(info[1])),
+                                       self.base_offset + int(info[2]))
         elif like.device.type == "cpu":
             self.shm = ShmBuffer(job_id, numel, like.dtype)
             self.flat = self.shm.flat
             self.base_offset = 0
+            self.region = regions.shm(self.shm)
         else:
             raise ValueError(f"muond handles cpu and cuda tensors, got {like.device}")
 
     def ref(self, offset: int, shape, strides) -> pb.TensorRef:
         itemsize = self.flat.element_size()
-        r = pb.TensorRef(byte_offset=self.base_offset + offset * itemsize,
-                         dtype=_DTYPES[self.flat.dtype], shape=list(shape), strides=list(strides))
-        if self.shm is not None:
-            r.kind, r.shm_name = pb.HOST_SHM, self.shm.name
-        else:
-            r.kind, r.cuda_ipc_handle, r.device = pb.CUDA_IPC, self.handle, self.device
-            r.allocation_bytes = self.allocation_bytes
-        return r
+        return pb.TensorRef(region=self.region, byte_offset=self.base_offset + offset * itemsize,
+                            dtype=_DTYPES[self.flat.dtype], shape=list(shape),
+                            strides=list(strides))
 
     def release(self) -> None:
         if self.shm is not None:
@@ -122,21 +163,6 @@ def _raw_cuda_ipc_handle(handle: bytes) -> bytes:
                          "cudaIpcMemHandle; run the trainer with "
                          "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
     raise ValueError(f"unrecognised torch CUDA IPC handle ({len(handle)} bytes)")
-
-
-def _widen_ipc_allocations(wire) -> None:
-    """Small params share one caching-allocator block, hence one IPC handle. A
-    daemon opens each handle once and bounds every view by the first ref's
-    allocation_bytes, so every ref of a handle must carry the largest bound
-    seen for it (each buffer's own is only base_offset + its storage size)."""
-    refs = [ref for w in wire for wg in w.values() for prm in wg.params
-            for ref in (prm.param, prm.grad) if ref.kind == pb.CUDA_IPC]
-    widest: dict[bytes, int] = {}
-    for ref in refs:
-        widest[ref.cuda_ipc_handle] = max(widest.get(ref.cuda_ipc_handle, 0),
-                                          ref.allocation_bytes)
-    for ref in refs:
-        ref.allocation_bytes = widest[ref.cuda_ipc_handle]
 
 
 def _scale_from_adjust_lr_fn(adjust_lr_fn, scale_mode, extra_scale_factor):
@@ -210,6 +236,7 @@ class Muon(torch.optim.Optimizer):
         self.last_timings: dict[str, float] = {}
         self.layouts: dict[str, object] = {}   # param name -> SplitLayout | ("solo", rank) | "local"
         self._buffers: list[_Buffer] = []
+        self._regions = _Regions()
         self._grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
@@ -220,7 +247,8 @@ class Muon(torch.optim.Optimizer):
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout)
             per_rank = self._place_params()
-            _gather([c.register_future(job_id, per_rank[r], self.client_id)
+            _gather([c.register_future(job_id, per_rank[r], self.client_id,
+                                       regions=self._regions.used_by(per_rank[r]))
                      for r, c in enumerate(self.clients)], self.clients, "RegisterParams")
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout, need_plan=True)
@@ -278,7 +306,6 @@ class Muon(torch.optim.Optimizer):
                     load[rank] += (_split.ns_cost(tuple(p.shape)) if algorithm == "muon"
                                    else p.numel())
                     self._place_solo(gi, gname, group, name, p, rank, wire)
-        _widen_ipc_allocations(wire)
         return [list(w.values()) for w in wire]
 
     def _wire_group(self, wire, rank, gi, wname, group, domain) -> pb.ParamGroup:
@@ -310,7 +337,8 @@ class Muon(torch.optim.Optimizer):
     def _rebind(self, p: torch.nn.Parameter, numel: int):
         """Moves p (and a zero grad) into daemon-visible buffers of `numel`
         elements; the model's tensor is the contiguous prefix."""
-        pbuf, gbuf = _Buffer(self.job_id, numel, p), _Buffer(self.job_id, numel, p)
+        pbuf = _Buffer(self.job_id, numel, p, self._regions)
+        gbuf = _Buffer(self.job_id, numel, p, self._regions)
         self._buffers += [pbuf, gbuf]
         with torch.no_grad():
             view = pbuf.flat[:p.numel()].view(p.shape)

@@ -65,8 +65,7 @@ TEST(HostRef, ColumnBlockIsStridedViewWithOffset) {
   auto ref =
       HostRef(**region, full + 2 * 6 + 3, v1::DTYPE_FP32, {6, 3}, {6, 1});
   ASSERT_TRUE(ref.ok()) << ref.status();
-  EXPECT_EQ(ref->kind(), v1::HOST_SHM);
-  EXPECT_EQ(ref->shm_name(), (*region)->name());
+  EXPECT_EQ(ref->region(), (*region)->name());
   EXPECT_EQ(ref->byte_offset(), (2 * 6 + 3) * 4u);
   EXPECT_EQ(ref->strides(0), 6);
   // Default strides are row-major.
@@ -82,6 +81,43 @@ TEST(HostRef, ColumnBlockIsStridedViewWithOffset) {
   // Innermost stride must be 1.
   EXPECT_EQ(
       HostRef(**region, full, v1::DTYPE_FP32, {2, 2}, {6, 2}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HostRegion, DeclaresTheWholeObjectUnderItsName) {
+  auto region = ShmRegion::Create(UniqueName("d"), 4096);
+  ASSERT_TRUE(region.ok());
+  const v1::MemoryRegion declared = HostRegion(**region);
+  EXPECT_EQ(declared.name(), (*region)->name());
+  EXPECT_EQ(declared.kind(), v1::HOST_SHM);
+  EXPECT_EQ(declared.shm_name(), (*region)->name());
+  EXPECT_EQ(declared.byte_size(), 4096u);
+}
+
+TEST(CudaRef, OffsetIsFromTheAllocationBaseAndBoundedByIt) {
+  // No device memory is needed: CudaRef only does pointer arithmetic on an
+  // allocation CudaRegion described (here bytes [128, 640) of a host array).
+  alignas(64) static char memory[1024];
+  CudaAllocation allocation;
+  allocation.base = memory + 128;
+  allocation.region.set_name("gpu0");
+  allocation.region.set_byte_size(512);
+  // A 4 x 8 fp32 view with row stride 16 spans (3 * 16 + 7 + 1) * 4 = 224
+  // bytes.
+  auto ref =
+      CudaRef(allocation, memory + 128 + 256, v1::DTYPE_FP32, {4, 8}, {16, 1});
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(ref->region(), "gpu0");
+  EXPECT_EQ(ref->byte_offset(), 256u);
+  // From offset 320 it ends at 544 > 512.
+  EXPECT_EQ(
+      CudaRef(allocation, memory + 128 + 320, v1::DTYPE_FP32, {4, 8}, {16, 1})
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  // Before the allocation's base.
+  EXPECT_EQ(
+      CudaRef(allocation, memory + 64, v1::DTYPE_FP32, {1}).status().code(),
       absl::StatusCode::kInvalidArgument);
 }
 

@@ -1,8 +1,8 @@
 """An in-process fake of the muond Optimizer service, for client tests.
 
-Each FakeDaemon serves one Unix socket. It maps the HOST_SHM refs it is given
-with numpy (checking each view against the object's size, as the real daemon
-must), and on Step applies a reference Muon/AdamW step *following the wire
+Each FakeDaemon serves one Unix socket. It maps the HOST_SHM regions it is
+given with numpy (each region once, checking it against the object's size and
+each view against its region, as the real daemon must), and on Step applies a reference Muon/AdamW step *following the wire
 contract only*: momentum on its local shard; then, for a G x T domain, every
 daemon publishes its shard of the NS input, the shards of each param are
 assembled as DESIGN.md §2 says (stage 1: concatenate the G shards of a TP
@@ -36,29 +36,43 @@ from muond.v1 import muond_pb2_grpc as pb_grpc  # noqa: E402
 
 
 class _Mapping:
-    def __init__(self, name: str):
-        fd = os.open("/dev/shm" + name, os.O_RDWR)
+    def __init__(self, region: pb.MemoryRegion):
+        if region.kind != pb.HOST_SHM:
+            raise ValueError(f"region {region.name!r}: kind must be HOST_SHM")
+        fd = os.open("/dev/shm" + region.shm_name, os.O_RDWR)
         try:
-            self.size = os.fstat(fd).st_size
+            if os.fstat(fd).st_size < region.byte_size or region.byte_size == 0:
+                raise ValueError(f"region {region.name!r}: byte_size {region.byte_size} is 0 "
+                                 "or past its shm object")
+            self.size = region.byte_size
             self.mm = mmap.mmap(fd, self.size)
         finally:
             os.close(fd)
 
 
+def map_regions(request: pb.RegisterParamsRequest) -> dict:
+    """Region name -> _Mapping, each declared region mapped once."""
+    mappings = {}
+    for region in request.regions:
+        if not region.name or region.name in mappings:
+            raise ValueError(f"region {region.name!r}: empty or declared twice")
+        mappings[region.name] = _Mapping(region)
+    return mappings
+
+
 def map_ref(ref_: pb.TensorRef, mappings: dict, what: str) -> np.ndarray:
-    if ref_.kind != pb.HOST_SHM:
-        raise ValueError(f"{what}: kind must be HOST_SHM")
     if ref_.dtype != pb.DTYPE_FP32:
         raise ValueError(f"{what}: dtype must be FP32 in this fake")
-    if ref_.shm_name not in mappings:
-        mappings[ref_.shm_name] = _Mapping(ref_.shm_name)
-    m = mappings[ref_.shm_name]
+    if ref_.region not in mappings:
+        raise ValueError(f"{what}: region {ref_.region!r} is not declared")
+    m = mappings[ref_.region]
     shape, strides = list(ref_.shape), list(ref_.strides)
     if len(shape) != len(strides) or len(shape) not in (1, 2) or strides[-1] != 1:
         raise ValueError(f"{what}: bad shape/strides {shape}/{strides}")
     last = ref_.byte_offset + 4 * (1 + sum((n - 1) * s for n, s in zip(shape, strides)))
     if last > m.size:
-        raise ValueError(f"{what}: view ends at byte {last}, past the mapping of {m.size}")
+        raise ValueError(f"{what}: view ends at byte {last}, past region {ref_.region!r} "
+                         f"of {m.size}")
     return np.ndarray(shape, np.float32, buffer=m.mm, offset=ref_.byte_offset,
                       strides=[4 * s for s in strides])
 
@@ -110,6 +124,7 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
     def RegisterParams(self, request, context):
         self.requests.append(request)
         try:
+            self.mappings = map_regions(request)
             for group in request.groups:
                 views = [(map_ref(p.param, self.mappings, f"{p.name}.param"),
                           map_ref(p.grad, self.mappings, f"{p.name}.grad")) for p in group.params]

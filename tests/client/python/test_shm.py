@@ -12,7 +12,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_daemon import start_cluster  # noqa: E402
 from muond.shm import ShmBuffer  # noqa: E402
-from muond.torch import Muon  # noqa: E402
+from muond.torch import Muon, _Regions  # noqa: E402
+from muond.v1 import muond_pb2 as pb  # noqa: E402
 
 
 def open_second_mapping(name: str) -> np.ndarray:
@@ -38,6 +39,39 @@ class ShmBufferTest(unittest.TestCase):
         finally:
             b.unlink()
         self.assertFalse(os.path.exists(b.path))
+
+
+class RegionsTest(unittest.TestCase):
+    def test_one_region_per_shm_object(self):
+        regions = _Regions()
+        a, b = ShmBuffer("test", 10), ShmBuffer("test", 3)
+        try:
+            self.assertEqual(regions.shm(a), a.name)
+            self.assertEqual(regions.shm(b), b.name)
+            group = pb.ParamGroup(params=[pb.Param(param=pb.TensorRef(region=b.name),
+                                                   grad=pb.TensorRef(region=a.name))])
+            self.assertEqual(regions.used_by([group]), [
+                pb.MemoryRegion(name=b.name, kind=pb.HOST_SHM, shm_name=b.name, byte_size=12),
+                pb.MemoryRegion(name=a.name, kind=pb.HOST_SHM, shm_name=a.name, byte_size=40)])
+        finally:
+            a.unlink()
+            b.unlink()
+
+    def test_cuda_buffers_of_one_allocation_share_its_widest_region(self):
+        # Buffers in one caching-allocator block share its IPC handle: one
+        # region, as large as the farthest storage end any of them reaches.
+        regions = _Regions()
+        h1, h2 = bytes(64), bytes(range(64))
+        first = regions.cuda(0, h1, 512)
+        self.assertEqual(regions.cuda(0, h1, 2048), first)
+        self.assertEqual(regions.cuda(0, h1, 1024), first)
+        other = regions.cuda(0, h2, 256)
+        self.assertNotEqual(other, first)
+        group = pb.ParamGroup(params=[pb.Param(param=pb.TensorRef(region=first),
+                                               grad=pb.TensorRef(region=first))])
+        self.assertEqual(regions.used_by([group]), [
+            pb.MemoryRegion(name=first, kind=pb.CUDA_IPC, cuda_ipc_handle=h1, device=0,
+                            byte_size=2048)])
 
 
 class RebindTest(unittest.TestCase):
@@ -66,7 +100,8 @@ class RebindTest(unittest.TestCase):
             w = model[0].weight  # (9, 8): split, padded buffer of 10 rows
             req = self.cluster.daemons[0].requests[0]
             ref = next(pp for g in req.groups for pp in g.params if pp.name == "group0.param0")
-            other = open_second_mapping(ref.param.shm_name)
+            regions = {r.name: r for r in req.regions}
+            other = open_second_mapping(regions[ref.param.region].shm_name)
             self.assertEqual(other.size, 10 * 8)  # 9 real rows + 1 pad row (G = 2)
             other[1 * 8 + 2] = 123.0
             self.assertEqual(w[1, 2].item(), 123.0)
@@ -77,7 +112,7 @@ class RebindTest(unittest.TestCase):
             opt.zero_grad()  # set_to_none is ignored
             model(torch.randn(3, 8)).sum().backward()
             self.assertEqual(w.grad.data_ptr(), gptr)
-            g_other = open_second_mapping(ref.grad.shm_name)
+            g_other = open_second_mapping(regions[ref.grad.region].shm_name)
             np.testing.assert_array_equal(g_other[:72].reshape(9, 8), w.grad.numpy())
             self.assertTrue((g_other[72:] == 0).all())
         finally:
