@@ -292,17 +292,18 @@ TEST_F(DaemonCoreTest, BadRegistrationsNameTheProblemAndChangeNothing) {
       v1::DTYPE_UNSPECIFIED);
   ExpectRefused(r, absl::StatusCode::kInvalidArgument, "param 'w' grad: dtype");
 
-  // A stride that makes the view run past the 4096-byte mapping.
+  // A stride that makes the view run past the 4096-byte region.
   r = Valid();
   r.mutable_groups(0)->mutable_params(1)->mutable_param()->set_strides(0, 1000);
   ExpectRefused(r, absl::StatusCode::kInvalidArgument,
-                "param 'v' param: view [512, 4528) bytes runs past its mapping "
-                "of 4096 bytes");
+                "param 'v' param: view [512, 4528) bytes runs past region '" +
+                    name_ + "' of 4096 bytes");
 
   // An offset near the end.
   r = Valid();
   r.mutable_groups(0)->mutable_params(0)->mutable_grad()->set_byte_offset(4090);
-  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "too small");
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument,
+                "param 'w' grad: view [4090, 4122) bytes runs past region");
 
   // Overflowing extents.
   r = Valid();
