@@ -245,7 +245,7 @@ TEST_F(ClientAgainstFakeDaemon, StepUnavailableWithoutReasonNamesTheAddress) {
 TEST_F(ClientAgainstFakeDaemon, EveryRpcSendsTokenAndDeadlineAndKeepsReason) {
   Serve(WithErrorReason(absl::NotFoundError("nothing here"),
                         ErrorReason::kNoPlanYet));
-  const std::vector<absl::Status> results = {client_->Register({}).status(),
+  const std::vector<absl::Status> results = {client_->Register({}, {}).status(),
                                              client_->Status().status(),
                                              client_->Health().status()};
   for (const absl::Status& st : results) {
