@@ -54,11 +54,12 @@ std::string Muonctl(const Cluster& c, const std::string& sub,
   return out;
 }
 
+// `after` 0: the coordinator's default activation margin (field unset).
 v1::Plan Rebalance(const Cluster& c, bool inverted, int after) {
   auto stub = c.CoordinatorStub();
   v1::RebalanceRequest req;
   req.set_job_id(c.job());
-  req.set_activate_after_steps(after);
+  if (after > 0) req.set_activate_after_steps(after);
   for (const Weight& w : Weights()) {
     v1::ShapeTiming* t = req.add_cost_table();
     t->add_shape(w.rows);
