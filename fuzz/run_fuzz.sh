@@ -28,6 +28,7 @@ SRCS=(fuzz/registration_plan_fuzzer.cc server/daemon/registration.cc
       server/daemon/memory_mapper.cc server/common/proto_convert.cc
       server/coordinator/coordinator_core.cc core/plan/planner.cc
       core/plan/sharding.cc core/plan/manifest.cc core/plan/exchange_plan.cc
+      core/plan/plan_history.cc core/common/error_reason.cc
       "$WORK/gen/muond/v1/muond.pb.cc")
 # Compile two at a time (CI has 2 cores).
 pids=()
