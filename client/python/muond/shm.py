@@ -2,9 +2,10 @@
 
 A buffer is a shm object ``/muond-<job>-<pid>-<n>`` (the file
 ``/dev/shm/muond-<job>-<pid>-<n>``, mode 0600, zero-filled by ftruncate),
-mapped MAP_SHARED by ``torch.from_file(..., shared=True)``. The daemon opens
-the same object with ``shm_open(name)`` + ``mmap``: writes on either side are
-visible to the other. ``unlink()`` removes the name; existing mappings stay
+mapped MAP_SHARED by ``torch.from_file(..., shared=True)``. Each buffer is one
+memory region of a registration (``muond.torch`` declares it by its name and
+``nbytes``); the daemon opens the same object once with ``shm_open(name)`` +
+``mmap``: writes on either side are visible to the other. ``unlink()`` removes the name; existing mappings stay
 valid, so a model keeps working after the optimizer is closed.
 """
 from __future__ import annotations
