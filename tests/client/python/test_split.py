@@ -74,9 +74,6 @@ class SplitTest(unittest.TestCase):
         self.assertEqual(split.ns_cost((5,)), 5)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "plan",
                      "sharding_cases.json")
@@ -112,3 +109,7 @@ class CudaHandleTest(unittest.TestCase):
         self.assertEqual(_raw_cuda_ipc_handle(b"\x02c" + raw), raw)
         with self.assertRaisesRegex(ValueError, "expandable_segments"):
             _raw_cuda_ipc_handle(b"\x02e" + raw + b"xx")
+
+
+if __name__ == "__main__":
+    unittest.main()
