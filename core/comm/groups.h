@@ -1,7 +1,7 @@
 #pragma once
-// Splits a GTP_remat x TP domain (sizes G x T, DESIGN.md §2) into the two
-// groups a rank (g, t) talks in. Flat rank within the domain = g * T + t.
-// Plain ints, so core/comm does not depend on core/plan.
+// Splits a GTP_remat x TP domain (sizes G x T, docs/ARCHITECTURE.md
+// "Sharding") into the two groups a rank (g, t) talks in. Flat rank within the
+// domain = g * T + t. Plain ints, so core/comm does not depend on core/plan.
 #include <string>
 #include <vector>
 

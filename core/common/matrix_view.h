@@ -3,9 +3,10 @@
 // a backend buffer). Element (i, j) lives at
 //   data + (i * row_stride + j) * DTypeSize(dtype).
 // The column stride is always 1: a TP column block of a row-major matrix is a
-// view with row_stride = full column count, never a copy (DESIGN.md §5).
-// 1-D tensors are views with rows = 1. Where `data` points (host or device)
-// is the business of the backend that receives the view.
+// view with row_stride = full column count, never a copy (docs/ARCHITECTURE.md
+// "Memory registration"). 1-D tensors are views with rows = 1. Where `data`
+// points (host or device) is the business of the backend that receives the
+// view.
 #include <cstdint>
 
 #include "core/common/dtype.h"

@@ -1,6 +1,7 @@
 #pragma once
 // The per-parameter Muon math around Newton–Schulz: options, the update
-// scale, and the three elementwise phases of a step (DESIGN.md §3):
+// scale, and the three elementwise phases of a step (docs/ARCHITECTURE.md "One
+// step"):
 //   1. MuonMomentumPhase  buf <- buf + (1-beta)(g - buf) on the local shard;
 //                         NS input = nesterov ? g + beta(buf - g) : buf
 //   4. NewtonSchulz (newton_schulz.h) on the full matrix: orth (unscaled)

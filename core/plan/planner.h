@@ -1,6 +1,7 @@
 #pragma once
 // NS-home assignment: which rank of a G x T domain assembles each routed 2-D
-// weight and runs Newton–Schulz on it (DESIGN.md §4).
+// weight and runs Newton–Schulz on it (docs/ARCHITECTURE.md "Plans and their
+// versions").
 //
 // Load model (one "item" per routed param, cost c from the cost model):
 //   * GTP_REMAT (TP-replicated): every TP rank of the home row runs the same

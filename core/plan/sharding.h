@@ -1,7 +1,7 @@
 #pragma once
 // The sharding model of a 2-D Muon weight in a GTP_remat x TP domain
-// (DESIGN.md §2; Megatron-LM `ParamShardSpec.from_param`, anchors-muon.md
-// §1.2).
+// (docs/ARCHITECTURE.md "Sharding"; Megatron-LM `ParamShardSpec.from_param`,
+// anchors-muon.md §1.2).
 //
 // Domain = G x T ranks; rank (g, t) has flat index g * T + t (TP innermost).
 // A weight of full shape (P, Q):

@@ -110,7 +110,7 @@ struct PhaseTimings {
 // over the groups of this rank: wall time (microseconds) of the `count` NS
 // runs of that shape this rank did (the scale factor and, when batched, the
 // staging copies included). The coordinator rebalances NS homes with
-// ns_us / count per shape (docs/ARCHITECTURE.md "Plans").
+// ns_us / count per shape (docs/ARCHITECTURE.md "Plans and their versions").
 struct ShapeTiming {
   int64_t rows = 0;
   int64_t cols = 0;
@@ -151,12 +151,12 @@ class LayerShardedMuon {
   // on a version, the oldest of their newest ones, and all route by it. So a
   // plan that reached one rank late is taken up by the whole domain one step
   // later instead of leaving the ranks routing by different homes. Each group
-  // keeps its newest kPlansKept (64) versions; when a rank has dropped the agreed version
-  // (the ranks also gather their oldest held one) every rank of the domain
-  // fails the step alike (FailedPrecondition, nothing applied; a retry works
-  // once the lagging rank caught up). A version missing from the middle of a
-  // rank's history still fails that rank alone (its peers then time out in
-  // the exchange): give every rank every version, in order. Never called
+  // keeps its newest kPlansKept (64) versions; when a rank has dropped the
+  // agreed version (the ranks also gather their oldest held one) every rank of
+  // the domain fails the step alike (FailedPrecondition, nothing applied; a
+  // retry works once the lagging rank caught up). A version missing from the
+  // middle of a rank's history still fails that rank alone (its peers then time
+  // out in the exchange): give every rank every version, in order. Never called
   // on any rank of the domain -> round-robin fallback (version 0) with a loud
   // warning.
   static constexpr int64_t kNextHomesVersion = -1;

@@ -1,7 +1,7 @@
 """In-process reference Muon (+ AdamW) written plainly in PyTorch.
 
 This is the numerical reference the muond daemons are compared against: the
-same formulas as muond's core/muon (DESIGN.md §3, constants from
+same formulas as muond's core/muon (docs/ARCHITECTURE.md "One step", constants from
 ../../shared/reference/anchors-muon.md §0), one param at a time, no sharding,
 no batching, fp32 Newton–Schulz.
 

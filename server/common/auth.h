@@ -1,6 +1,7 @@
 #pragma once
-// Access control for TCP listeners (DESIGN.md §7): a shared token carried in
-// request metadata, and TLS server credentials from PEM files.
+// Access control for TCP listeners (docs/ARCHITECTURE.md "Security and state"):
+// a shared token carried in request metadata, and TLS server credentials from
+// PEM files.
 //
 // Token: a client sends either `authorization: Bearer <token>` or
 // `x-muond-token: <token>`. With an empty configured token every request is

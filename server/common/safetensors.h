@@ -1,6 +1,7 @@
 #pragma once
 // A minimal safetensors reader/writer for fp32 tensors (optimizer state,
-// DESIGN.md §7): 8-byte little-endian header length, a JSON header
+// docs/ARCHITECTURE.md "Security and state"): 8-byte little-endian header
+// length, a JSON header
 // {"__metadata__": {string: string}, name: {"dtype": "F32", "shape": [...],
 // "data_offsets": [begin, end]}}, then the raw data. Python's `safetensors`
 // reads these files.

@@ -1,7 +1,7 @@
 #pragma once
-// Private Unix-domain listening sockets (DESIGN.md §7): the socket file lives
-// in a directory only the current user can write and is chmod 0600 once the
-// server has bound it.
+// Private Unix-domain listening sockets (docs/ARCHITECTURE.md "Security and
+// state"): the socket file lives in a directory only the current user can write
+// and is chmod 0600 once the server has bound it.
 #include <string>
 
 #include "absl/status/status.h"

@@ -1,8 +1,9 @@
 #pragma once
 // Where rank (g, t) of a G x T domain finds its shard of a full weight, the
-// way Megatron shards it (DESIGN.md §2): TP splits along tp_dim, then the GTP
-// split of dim 0 of the TP-local block after `pad` trailing zero rows. Shared
-// by the system and reliability tests, whose trainers register these shards.
+// way Megatron shards it (docs/ARCHITECTURE.md "Sharding"): TP splits along
+// tp_dim, then the GTP split of dim 0 of the TP-local block after `pad`
+// trailing zero rows. Shared by the system and reliability tests, whose
+// trainers register these shards.
 #include <algorithm>
 #include <cstdint>
 #include <string>

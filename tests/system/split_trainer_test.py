@@ -9,7 +9,7 @@ domain), plus an AdamW group (solo too).
 Three steps must equal the single-process reference BITWISE. The reference
 runs the same math on the same backend: the C++ CPU backend through
 tests/core/muon:muon_cli (MuonStepFullMatrix / AdamWStep on each full matrix),
-not torch (whose GEMMs round differently). DESIGN.md §3's numerics contract
+not torch (whose GEMMs round differently). docs/ARCHITECTURE.md "One step"'s numerics contract
 (ns_batch_size = 1) makes this exact.
 
 Plans: step 1 runs plan v1 (ns_cost). Then a Rebalance RPC with a cost table

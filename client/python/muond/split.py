@@ -1,6 +1,6 @@
 """Single-trainer split mode: one trainer's full weights sharded over G x T daemons.
 
-The daemons of a GTP_remat x TP domain (DESIGN.md §2) each expect *their*
+The daemons of a GTP_remat x TP domain (docs/ARCHITECTURE.md "Sharding") each expect *their*
 shard of every Muon weight, as Megatron would hold it: TP splits the full
 (P, Q) weight along ``tp_dim`` into T blocks, then GTP_remat splits dim 0 of
 the TP-local block into G pieces after ``pad_length`` trailing zero rows make

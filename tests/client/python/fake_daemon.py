@@ -5,7 +5,7 @@ given with numpy (each region once, checking it against the object's size and
 each view against its region, as the real daemon must), and on Step applies a reference Muon/AdamW step *following the wire
 contract only*: momentum on its local shard; then, for a G x T domain, every
 daemon publishes its shard of the NS input, the shards of each param are
-assembled as DESIGN.md §2 says (stage 1: concatenate the G shards of a TP
+assembled as docs/ARCHITECTURE.md "Sharding" says (stage 1: concatenate the G shards of a TP
 column along dim 0 and strip pad_length rows; stage 2: concatenate the T
 TP-local blocks along partition_dim), Newton–Schulz runs on the full matrix
 (reference_muon.newton_schulz of examples/char_gpt), and each daemon takes

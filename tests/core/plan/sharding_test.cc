@@ -1,5 +1,6 @@
 // Classification for every tag combination x {G, T} in {1,2,4}^2, against an
-// independent restatement of DESIGN.md §2, plus every error case.
+// independent restatement of docs/ARCHITECTURE.md "Sharding", plus every error
+// case.
 #include "core/plan/sharding.h"
 
 #include <string>
@@ -21,7 +22,7 @@ struct Expected {
   std::vector<int64_t> full;
 };
 
-// DESIGN.md §2, written out case by case.
+// docs/ARCHITECTURE.md "Sharding", written out case by case.
 Expected Reference(const ShardTags& tags, int64_t r, int64_t c, int G, int T) {
   const bool tp_counts =
       T > 1 && tags.tensor_model_parallel && tags.partition_dim >= 0;
