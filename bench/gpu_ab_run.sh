@@ -10,9 +10,10 @@ set -uo pipefail
 a=$(realpath "$1"); b=$(realpath "$2"); mode=${3:-all}
 R=$(pwd); out=${OUT:-/tmp/ab-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-unpack() {  # TARBALL NAME -> /tmp/NAME-bundle/muond-bundle
-  rm -rf "/tmp/$2-bundle" && mkdir -p "/tmp/$2-bundle" &&
-    tar -xJf "$1" -C "/tmp/$2-bundle" || exit 1
+unpack() {  # TARBALL NAME -> /tmp/NAME-bundle/muond-bundle (whatever the tarball's top folder)
+  rm -rf "/tmp/$2-bundle" "/tmp/$2-x" && mkdir -p "/tmp/$2-x" &&
+    tar -xJf "$1" -C "/tmp/$2-x" || exit 1
+  mkdir -p "/tmp/$2-bundle" && mv "$(dirname "$(find "/tmp/$2-x" -maxdepth 2 -name env.sh)")" "/tmp/$2-bundle/muond-bundle"
 }
 unpack "$a" A; unpack "$b" B
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv > "$out/gpu.txt" 2>&1
