@@ -6,9 +6,18 @@
 // and comes back as the same Status payload on the other side.
 #include <grpcpp/support/status.h>
 
+#include <cstddef>
+
 #include "absl/status/status.h"
 
 namespace muond {
+
+// Encoded bytes a message may take on the wire, both of its copies
+// (grpc-message, percent-encoded, and the details' copy, base64-encoded)
+// together: a longer message is cut, with a note of the bytes cut, so that an
+// error and its reason stay under gRPC's 8 KiB metadata soft limit (about
+// 2.6 kB of ASCII text, 1.4 kB of other UTF-8).
+inline constexpr size_t kWireMessageBudgetBytes = 6144;
 
 // Code and message; with an ErrorReason attached, also the details:
 // RpcStatus{code, message, [Any(ErrorInfo{reason, "muond.dev", metadata})]}.

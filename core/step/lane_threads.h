@@ -4,10 +4,12 @@
 // so a step starts no thread.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
 namespace muond {
@@ -16,7 +18,15 @@ namespace muond {
 // at destruction, so a step starts no thread.
 class LaneThreads {
  public:
-  explicit LaneThreads(int lanes);
+  // Starts a thread (tests inject one that fails).
+  using ThreadStarter = std::function<std::thread(std::function<void()>)>;
+
+  // Starts `lanes` threads. ResourceExhausted naming the lane count when the
+  // system refuses a thread (a pids or memory limit: a daemon with hundreds
+  // of independent groups runs one thread per group); the threads already
+  // started are joined, so a refused engine leaves none behind.
+  static absl::StatusOr<std::unique_ptr<LaneThreads>> Create(
+      int lanes, const ThreadStarter& start_thread = nullptr);
   ~LaneThreads();
   LaneThreads(const LaneThreads&) = delete;
   LaneThreads& operator=(const LaneThreads&) = delete;
@@ -26,6 +36,8 @@ class LaneThreads {
   void Run(const std::function<void(int lane)>& work);
 
  private:
+  LaneThreads() = default;
+  void Stop();
   void Loop(int lane);
 
   absl::Mutex mu_;

@@ -176,7 +176,7 @@ absl::Status LayerShardedMuonImpl::SetUpLanes() {
                                     DomainVoteScratchFloats(most)));
   }
   if (lanes_.size() > 1 && options_.concurrent_groups) {
-    lane_threads_ = std::make_unique<LaneThreads>(int(lanes_.size()));
+    ASSIGN_OR_RETURN(lane_threads_, LaneThreads::Create(int(lanes_.size())));
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace muond {
@@ -40,11 +41,14 @@ absl::Status ShmError(const std::string& field, const std::string& name,
 
 absl::StatusOr<std::unique_ptr<MappedRegion>> HandleOpener::OpenShm(
     const std::string& name, uint64_t byte_size, const std::string& field) {
+  // A NUL would end the name shm_open sees early: "/x\0junk" opens "/x",
+  // escaping the one-name-per-object rule of region_table.
   if (name.size() < 2 || name[0] != '/' ||
-      name.find('/', 1) != std::string::npos || name.size() > 250) {
+      name.find('/', 1) != std::string::npos || name.size() > 250 ||
+      name.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": shm_name '", name,
-                     "' must be '/' followed by a name without '/'"));
+        absl::StrCat(field, ": shm_name '", absl::CEscape(name),
+                     "' must be '/' followed by a name without '/' or NUL"));
   }
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) return ShmError(field, name, "open");

@@ -117,6 +117,13 @@ std::vector<RegisterCase> RegisterCorpus() {
       [=](auto* r) { region(r)->set_byte_size(~uint64_t(0)); });
   add("region: byte_size below its views (views beyond the region)",
       [=](auto* r) { region(r)->set_byte_size(64); });
+  // The same object again under a name shm_open cuts at the NUL.
+  add("region: same shm object under two names, one with a NUL", [](auto* r) {
+    v1::MemoryRegion* alias = r->add_regions();
+    *alias = r->regions(0);
+    alias->set_name("alias");
+    alias->set_shm_name(r->regions(0).shm_name() + std::string(1, '\0') + "x");
+  });
   add("region: no shm name", [=](auto* r) { region(r)->clear_shm_name(); });
   add("region: missing shm",
       [=](auto* r) { region(r)->set_shm_name("/muond-no-such-object"); });

@@ -29,10 +29,11 @@ def to_wire(enum, field: str, name: str | None) -> int:
     ValueError naming `field` and the allowed names otherwise."""
     if not name:
         return 0
-    try:
-        return enum.Value(_prefix(enum) + str(name).upper())
-    except ValueError:
-        raise ValueError(f"{field} {name!r} not in {names(enum)}") from None
+    # Exactly the core's names, as the daemon's parsers took them before the
+    # wire carried enums: no other case, and not "unspecified".
+    if name not in names(enum):
+        raise ValueError(f"{field} {name!r} not in {names(enum)}")
+    return enum.Value(_prefix(enum) + name.upper())
 
 
 def from_wire(enum, value: int, default: str) -> str:

@@ -230,6 +230,26 @@ TEST_F(ClientAgainstFakeDaemon, StepKeepsTheDaemonsPeerGoneReason) {
   EXPECT_EQ(GetErrorMetadata(r.status()), (ErrorMetadata{{"step_id", "7"}}));
 }
 
+// A message longer than gRPC's metadata limits allow twice (it travels as
+// grpc-message, percent-encoded, and inside the details) is cut on the wire
+// instead of the whole status being replaced by RESOURCE_EXHAUSTED: the code,
+// the reason, the start of the text and a note of the cut reach the caller.
+// Before the cap, a 10 kB PEER_GONE message (e.g. long client-chosen domain
+// names) arrived as "received metadata size exceeds hard limit" with no reason.
+TEST_F(ClientAgainstFakeDaemon, LongMessageIsCutButCodeAndReasonArrive) {
+  std::string text = "step 7 failed: a peer daemon is gone: domain ";
+  while (text.size() < 20000) text += "\u00e9";  // 2 bytes each in UTF-8
+  Serve(WithErrorReason(absl::UnavailableError(text), ErrorReason::kPeerGone,
+                        {{"step_id", "7"}}));
+  absl::StatusOr<v1::StepResponse> r = client_->Step(7);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_TRUE(HasErrorReason(r.status(), ErrorReason::kPeerGone));
+  const std::string got(r.status().message());
+  EXPECT_EQ(got.rfind(text.substr(0, 1000), 0), 0u) << got.substr(0, 80);
+  EXPECT_NE(got.find("more bytes]"), std::string::npos) << got;
+  EXPECT_LT(got.size(), kWireMessageBudgetBytes);
+}
+
 // UNAVAILABLE without a reason: the client names its daemon's address.
 TEST_F(ClientAgainstFakeDaemon, StepUnavailableWithoutReasonNamesTheAddress) {
   Serve(absl::UnavailableError("socket closed"));

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <set>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -15,7 +17,9 @@ namespace {
 
 TEST(LaneThreads, EachLaneRunsOncePerRunOnItsOwnFixedThread) {
   constexpr int kLanes = 3;
-  LaneThreads threads(kLanes);
+  auto created = LaneThreads::Create(kLanes);
+  ASSERT_TRUE(created.ok()) << created.status();
+  LaneThreads& threads = **created;
   std::vector<std::thread::id> first(kLanes);
   std::vector<int> runs(kLanes, 0);
   for (int step = 0; step < 5; ++step) {
@@ -37,7 +41,9 @@ TEST(LaneThreads, LanesRunConcurrently) {
   // Every lane waits for all the others: this only returns if all lanes run
   // at the same time (as lanes blocked in collectives must).
   constexpr int kLanes = 4;
-  LaneThreads threads(kLanes);
+  auto created = LaneThreads::Create(kLanes);
+  ASSERT_TRUE(created.ok()) << created.status();
+  LaneThreads& threads = **created;
   for (int step = 0; step < 3; ++step) {
     absl::Barrier* barrier = new absl::Barrier(kLanes);
     std::atomic<int> passed = 0;
@@ -47,6 +53,33 @@ TEST(LaneThreads, LanesRunConcurrently) {
     });
     EXPECT_EQ(passed.load(), kLanes);
   }
+}
+
+TEST(LaneThreads, RefusedThreadIsAnErrorAndLeavesNoThreadRunning) {
+  // The system refuses the third thread (as under a pids limit): Create
+  // answers ResourceExhausted naming the lane count instead of letting
+  // std::system_error escape (which aborted the daemon), and the two threads
+  // it had started are joined.
+  std::atomic<int> started = 0;
+  std::atomic<int> finished = 0;
+  auto starter = [&](std::function<void()> loop) {
+    if (started == 2) {
+      throw std::system_error(
+          std::make_error_code(std::errc::resource_unavailable_try_again));
+    }
+    ++started;
+    return std::thread([&finished, loop = std::move(loop)] {
+      loop();
+      ++finished;
+    });
+  };
+  auto created = LaneThreads::Create(5, starter);
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(created.status().message().find("lane 3 of 5"), std::string::npos)
+      << created.status();
+  EXPECT_EQ(started.load(), 2);
+  EXPECT_EQ(finished.load(), 2);
 }
 
 }  // namespace
