@@ -17,7 +17,9 @@
 // the daemon is gone, or the daemon's UNAVAILABLE naming a dead peer rank,
 // which carries ErrorReason::kPeerGone (core/common/error_reason.h):
 //   if (HasErrorReason(st, ErrorReason::kPeerGone)) { restart the job }
-// Every method's error keeps the daemon's code, message and ErrorReason.
+// An UNAVAILABLE without a reason (this trainer's own daemon is unreachable)
+// also means: restart the job's daemons. Every method's error keeps the
+// daemon's code, message and ErrorReason.
 //
 // Contract of Step: the gradients are complete when it is called (the
 // trainer's CUDA stream synchronised); the updated params are visible to the

@@ -1,22 +1,16 @@
 #include "core/comm/groups.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/common/domain.h"
+#include "core/common/status_macros.h"
 
 namespace muond {
 
 absl::StatusOr<DomainGroups> SplitDomain(int gtp_size, int tp_size, int g,
                                          int t,
                                          const std::string& domain_prefix) {
-  if (gtp_size < 1 || tp_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("domain size (gtp = ", gtp_size, ", tp = ", tp_size,
-                     "); both must be >= 1"));
-  }
-  if (g < 0 || g >= gtp_size || t < 0 || t >= tp_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank (g = ", g, ", t = ", t,
-                                                   ") lies outside the domain ",
-                                                   gtp_size, " x ", tp_size));
-  }
+  RETURN_IF_ERROR(CheckDomainCoordinates(DomainSize{gtp_size, tp_size}, g, t,
+                                         "domain " + domain_prefix));
   DomainGroups groups;
   for (int other_g = 0; other_g < gtp_size; ++other_g) {
     groups.gtp_remat_ranks.push_back(FlatDomainRank(other_g, t, tp_size));

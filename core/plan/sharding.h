@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/common/domain.h"
 
 namespace muond {
 
@@ -30,24 +31,6 @@ enum class ParamSharding {
 };
 
 const char* ParamShardingName(ParamSharding sharding);
-
-// Sizes of the two axes of a domain, G x T. Both must be >= 1.
-struct DomainSize {
-  int gtp = 1;
-  int tp = 1;
-  int ranks() const { return gtp * tp; }
-  int FlatRank(int g, int t) const { return g * tp + t; }
-  bool Contains(int g, int t) const {
-    return g >= 0 && g < gtp && t >= 0 && t < tp;
-  }
-};
-
-// The one check of a domain and a rank's coordinates in it (registration,
-// the coordinator's manifests, exchange plans): sizes >= 1 and (g, t)
-// inside G x T. InvalidArgument "<where>: ..." naming the sizes or the
-// coordinates.
-absl::Status CheckDomainCoordinates(DomainSize domain, int g, int t,
-                                    const std::string& where);
 
 // The model's tags on a parameter (Megatron names).
 struct ShardTags {

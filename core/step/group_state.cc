@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/domain.h"
 #include "core/common/status_macros.h"
 #include "core/muon/newton_schulz.h"
 
@@ -15,12 +16,8 @@ namespace {
 std::vector<int64_t> ViewShape(const MatrixView& v) { return {v.rows, v.cols}; }
 
 absl::Status CheckDomain(const std::string& group, const DomainBinding& d) {
-  if (d.size.gtp < 1 || d.size.tp < 1 || d.g < 0 || d.g >= d.size.gtp ||
-      d.t < 0 || d.t >= d.size.tp) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "group '", group, "': domain coordinates (g=", d.g, ", t=", d.t,
-        ") must lie in the ", d.size.gtp, " x ", d.size.tp, " domain"));
-  }
+  RETURN_IF_ERROR(CheckDomainCoordinates(d.size, d.g, d.t,
+                                         absl::StrCat("group '", group, "'")));
   auto check_comm = [&](Communicator* comm, int size, int rank,
                         const char* axis) -> absl::Status {
     if (size == 1) return absl::OkStatus();

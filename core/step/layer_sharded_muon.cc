@@ -26,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "core/step/domain_agreement.h"
 #include "core/step/finite_grads.h"
@@ -207,12 +208,8 @@ absl::Status LayerShardedMuonImpl::SetHomes(const std::string& name,
   RETURN_IF_ERROR(
       BuildGroupExchangePlan(ParamSpecs(group), homes, d.size, d.g, d.t)
           .status());
-  const absl::Status put = group.homes.Put(version, std::move(homes));
-  if (!put.ok()) {
-    return absl::Status(put.code(),
-                        absl::StrCat("group '", name, "': ", put.message()));
-  }
-  return absl::OkStatus();
+  return WithContext(group.homes.Put(version, std::move(homes)),
+                     absl::StrCat("group '", name, "': "));
 }
 
 absl::StatusOr<std::vector<std::string>>
@@ -383,16 +380,26 @@ std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
     const bool muon = group.config.algorithm == Algorithm::kMuon;
     for (const ParamState& p : group.params) {
       const std::string base = gname + "/" + p.spec.name;
+      auto tensor = [&](const std::string& suffix, const MatrixView& view) {
+        StateEntry e;
+        e.key = base + suffix;
+        e.backend = group.backend;
+        e.tensor = view;
+        entries.push_back(std::move(e));
+      };
       if (muon) {
-        entries.push_back({base + ".momentum", group.backend, p.momentum});
+        tensor(".momentum", p.momentum);
       } else {
-        entries.push_back({base + ".exp_avg", group.backend, p.exp_avg});
-        entries.push_back({base + ".exp_avg_sq", group.backend, p.exp_avg_sq});
+        tensor(".exp_avg", p.exp_avg);
+        tensor(".exp_avg_sq", p.exp_avg_sq);
       }
     }
     if (!muon) {
-      entries.push_back(
-          {.key = gname + "/.step", .count = group.adamw_step, .group = gname});
+      StateEntry e;
+      e.key = gname + "/.step";
+      e.count = group.adamw_step;
+      e.group = gname;
+      entries.push_back(std::move(e));
     }
   }
   return entries;

@@ -444,7 +444,9 @@ int Run() {
   }
   if (mismatches > 0)
     return Fail(absl::StrCat(mismatches, " mismatching elements"));
-  (*client)->Unregister();
+  if (absl::Status st = (*client)->Unregister(); !st.ok()) {
+    return Fail(absl::StrCat("unregister: ", st.message()));
+  }
   fprintf(stderr, "trainer %d: %d steps (%s) bitwise equal to the reference\n",
           rank, steps, absl::GetFlag(FLAGS_precision).c_str());
   return 0;
