@@ -21,7 +21,7 @@ using Stub = v1::Optimizer::Stub;
 v1::MemoryRegion HostRegion(const ShmRegion& region) {
   v1::MemoryRegion declaration;
   declaration.set_name(region.name());
-  declaration.set_kind(v1::HOST_SHM);
+  declaration.set_kind(v1::MEMORY_KIND_HOST_SHM);
   declaration.set_shm_name(region.name());
   declaration.set_byte_size(region.size());
   return declaration;

@@ -52,8 +52,8 @@ struct ClientOptions {
 // registration"): Register declares each region once, and every TensorRef
 // names its region plus a byte offset, dtype, shape and strides.
 
-// The region declaration of a whole shm object: kind HOST_SHM, named after
-// the object (its shm name), byte_size its size.
+// The region declaration of a whole shm object: kind MEMORY_KIND_HOST_SHM,
+// named after the object (its shm name), byte_size its size.
 v1::MemoryRegion HostRegion(const ShmRegion& region);
 
 // A TensorRef into HostRegion(region) for `shape`/`strides` (elements;
@@ -67,8 +67,8 @@ absl::StatusOr<v1::TensorRef> HostRef(const ShmRegion& region, const void* ptr,
 // A CUDA allocation shared by IPC (client/cpp/cuda_ref.cc).
 struct CudaAllocation {
   const void* base = nullptr;  // device pointer to the allocation's start
-  // Kind CUDA_IPC: the allocation's IPC handle, byte_size (all of it) and
-  // device ordinal, under the name given to CudaRegion.
+  // Kind MEMORY_KIND_CUDA_IPC: the allocation's IPC handle, byte_size (all of
+  // it) and device ordinal, under the name given to CudaRegion.
   v1::MemoryRegion region;
 };
 

@@ -1,8 +1,8 @@
-// CudaRegion: the allocation holding a device pointer as a CUDA_IPC region
-// (its IPC handle, size and device); CudaRef: a view's byte offset in it. The
-// CUDA driver is loaded with dlopen so the client library links and runs on
-// hosts without CUDA (CudaRegion then returns Unavailable). Driver-API IPC
-// handles are the runtime's cudaIpcMemHandle_t bytes, so the daemon opens
+// CudaRegion: the allocation holding a device pointer as a MEMORY_KIND_CUDA_IPC
+// region (its IPC handle, size and device); CudaRef: a view's byte offset in
+// it. The CUDA driver is loaded with dlopen so the client library links and
+// runs on hosts without CUDA (CudaRegion then returns Unavailable). Driver-API
+// IPC handles are the runtime's cudaIpcMemHandle_t bytes, so the daemon opens
 // them with cudaIpcOpenMemHandle. The calling thread must have the device's
 // context current (any CUDA runtime call on that device makes it so).
 #include <cuda.h>
@@ -71,7 +71,7 @@ absl::StatusOr<CudaAllocation> CudaRegion(const void* ptr, std::string name) {
   allocation.base = reinterpret_cast<const void*>(base);
   v1::MemoryRegion& region = allocation.region;
   region.set_name(std::move(name));
-  region.set_kind(v1::CUDA_IPC);
+  region.set_kind(v1::MEMORY_KIND_CUDA_IPC);
   region.set_cuda_ipc_handle(
       std::string(handle.reserved, sizeof(handle.reserved)));
   region.set_byte_size(bytes);

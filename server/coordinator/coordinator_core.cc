@@ -355,7 +355,7 @@ absl::StatusOr<v1::Plan> CoordinatorCore::ComputePlan(
           ") published it; every rank of the domain must"));
     }
     v1::GroupPlan* group_plan = plan.add_groups();
-    if (info.manifest->algorithm() == v1::ADAMW) {
+    if (info.manifest->algorithm() == v1::ALGORITHM_ADAMW) {
       group_plan->set_group(name);
       continue;
     }

@@ -60,7 +60,7 @@ bool DaemonCore::PlanMatches(const v1::Plan& plan) const {
   for (const BoundGroup& g : registration_->groups) {
     auto it = plan_homes.find(g.proto.name());
     if (it == plan_homes.end()) return false;
-    const bool muon = g.proto.algorithm() != v1::ADAMW;
+    const bool muon = g.proto.algorithm() != v1::ALGORITHM_ADAMW;
     if (muon && it->second != int(g.params.size())) return false;
   }
   return true;
@@ -239,7 +239,9 @@ absl::Status DaemonCore::SetEngineHomes(const v1::Plan& plan) {
     for (const BoundGroup& g : registration_->groups) {
       if (g.proto.name() == gp.group()) group = &g;
     }
-    if (group == nullptr || group->proto.algorithm() == v1::ADAMW) continue;
+    if (group == nullptr || group->proto.algorithm() == v1::ALGORITHM_ADAMW) {
+      continue;
+    }
     std::vector<NsHome> homes;
     for (const v1::NsHome& h : gp.homes()) homes.push_back(FromProto(h));
     const absl::Status st =
@@ -498,7 +500,7 @@ std::string DomainsJson(const Registration& reg) {
 std::string HyperparametersJson(const Registration& reg) {
   nlohmann::json out = nlohmann::json::object();
   for (const BoundGroup& g : reg.groups) {
-    const bool adamw = g.proto.algorithm() == v1::ADAMW;
+    const bool adamw = g.proto.algorithm() == v1::ALGORITHM_ADAMW;
     std::string json;
     google::protobuf::util::JsonPrintOptions options;
     options.always_print_primitive_fields = true;

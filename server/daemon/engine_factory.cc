@@ -162,7 +162,7 @@ EngineFactory MakeEngineFactory(EngineOptions options,
       }
       GroupConfig config;
       config.name = group.proto.name();
-      config.algorithm = group.proto.algorithm() == v1::ADAMW
+      config.algorithm = group.proto.algorithm() == v1::ALGORITHM_ADAMW
                              ? Algorithm::kAdamW
                              : Algorithm::kMuon;
       if (config.algorithm == Algorithm::kMuon) {
@@ -197,7 +197,7 @@ EngineFactory MakeEngineFactory(EngineOptions options,
 }
 
 absl::Status ValidateGroupForDevice(const v1::ParamGroup& group, int device) {
-  if (group.algorithm() == v1::ADAMW) {
+  if (group.algorithm() == v1::ALGORITHM_ADAMW) {
     return AdamWOptionsFromProto(group).status();
   }
   ASSIGN_OR_RETURN(MuonOptions muon, MuonOptionsFromProto(group));

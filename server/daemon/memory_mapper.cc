@@ -80,10 +80,11 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> HandleOpener::OpenShm(
 
 absl::StatusOr<std::unique_ptr<MappedRegion>> HandleOpener::OpenCudaIpc(
     const std::string&, uint64_t, int, const std::string& field) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      field,
-      ": kind CUDA_IPC needs a daemon started with --device; this one "
-      "runs in --host mode (use HOST_SHM)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(field,
+                   ": kind MEMORY_KIND_CUDA_IPC needs a daemon started with "
+                   "--device; this one runs in --host mode (use "
+                   "MEMORY_KIND_HOST_SHM)"));
 }
 
 }  // namespace muond

@@ -22,18 +22,19 @@ std::string KindName(v1::MemoryKind kind) {
 
 absl::Status ValidateDeclaration(const v1::MemoryRegion& region,
                                  const std::string& where) {
-  if (region.kind() != v1::HOST_SHM && region.kind() != v1::CUDA_IPC) {
+  if (region.kind() != v1::MEMORY_KIND_HOST_SHM &&
+      region.kind() != v1::MEMORY_KIND_CUDA_IPC) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": kind ", KindName(region.kind()),
-                     " is not HOST_SHM or CUDA_IPC"));
+                     " is not MEMORY_KIND_HOST_SHM or MEMORY_KIND_CUDA_IPC"));
   }
   if (region.byte_size() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": byte_size must be > 0"));
   }
-  if (region.kind() == v1::HOST_SHM && region.shm_name().empty()) {
+  if (region.kind() == v1::MEMORY_KIND_HOST_SHM && region.shm_name().empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": kind HOST_SHM needs shm_name"));
+        absl::StrCat(where, ": kind MEMORY_KIND_HOST_SHM needs shm_name"));
   }
   return absl::OkStatus();
 }
@@ -42,11 +43,12 @@ absl::Status ValidateDeclaration(const v1::MemoryRegion& region,
 // registration must not alias it (the same CUDA IPC handle cannot be opened
 // twice in one process, and one name per memory keeps errors unambiguous).
 std::string MemoryKey(const v1::MemoryRegion& region) {
-  return region.kind() == v1::HOST_SHM ? "shm:" + region.shm_name()
-                                       : "ipc:" + region.cuda_ipc_handle();
+  return region.kind() == v1::MEMORY_KIND_HOST_SHM
+             ? "shm:" + region.shm_name()
+             : "ipc:" + region.cuda_ipc_handle();
 }
 std::string MemoryInWords(const v1::MemoryRegion& region) {
-  return region.kind() == v1::HOST_SHM
+  return region.kind() == v1::MEMORY_KIND_HOST_SHM
              ? absl::StrCat("shm object '", region.shm_name(), "'")
              : std::string("its CUDA IPC handle");
 }
@@ -54,7 +56,7 @@ std::string MemoryInWords(const v1::MemoryRegion& region) {
 absl::StatusOr<std::unique_ptr<MappedRegion>> Open(
     const v1::MemoryRegion& region, const std::string& where,
     HandleOpener& opener) {
-  if (region.kind() == v1::HOST_SHM) {
+  if (region.kind() == v1::MEMORY_KIND_HOST_SHM) {
     return opener.OpenShm(region.shm_name(), region.byte_size(), where);
   }
   return opener.OpenCudaIpc(region.cuda_ipc_handle(), region.byte_size(),

@@ -27,10 +27,11 @@ class RegionTable {
   // Validates and maps every declared region, all or nothing (on an error
   // nothing stays mapped). Errors name the region ("region 'r0'", or
   // "regions[i]" while it has no name) and the rule: InvalidArgument for an
-  // empty or repeated name, a kind other than HOST_SHM / CUDA_IPC, byte_size
-  // 0, HOST_SHM without shm_name, the same shm object or CUDA IPC handle as
-  // an earlier region; else the HandleOpener's error (NotFound for a missing
-  // shm object, FailedPrecondition for CUDA_IPC on a host-mode daemon, ...).
+  // empty or repeated name, a kind other than MEMORY_KIND_HOST_SHM /
+  // MEMORY_KIND_CUDA_IPC, byte_size 0, MEMORY_KIND_HOST_SHM without shm_name,
+  // the same shm object or CUDA IPC handle as an earlier region; else the
+  // HandleOpener's error (NotFound for a missing shm object, FailedPrecondition
+  // for MEMORY_KIND_CUDA_IPC on a host-mode daemon, ...).
   static absl::StatusOr<RegionTable> Map(const Declarations& declarations,
                                          HandleOpener& opener);
 

@@ -48,11 +48,11 @@ absl::StatusOr<std::vector<int64_t>> ExpectedLocalShape(
           absl::StrCat(where, ": full_shape ", Shape(full), " has a dim < 1"));
     }
   }
-  const bool muon = group.algorithm() != v1::ADAMW;
+  const bool muon = group.algorithm() != v1::ALGORITHM_ADAMW;
   if (muon && full.size() != 2) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": Muon params must be 2-D (full_shape ",
-                     Shape(full), "); put it in an ADAMW group"));
+                     Shape(full), "); put it in an ALGORITHM_ADAMW group"));
   }
   if (local.size() != full.size()) {
     return absl::InvalidArgumentError(
@@ -107,7 +107,9 @@ v1::PublishManifestRequest Registration::Manifest(const std::string& job_id,
   for (const BoundGroup& g : groups) {
     v1::GroupManifest* gm = m.add_groups();
     gm->set_group(g.proto.name());
-    gm->set_algorithm(g.proto.algorithm() == v1::ADAMW ? v1::ADAMW : v1::MUON);
+    gm->set_algorithm(g.proto.algorithm() == v1::ALGORITHM_ADAMW
+                          ? v1::ALGORITHM_ADAMW
+                          : v1::ALGORITHM_MUON);
     *gm->mutable_domain() = g.proto.domain();
     for (const BoundParam& p : g.params) {
       v1::ParamSpec* spec = gm->add_params();
@@ -158,7 +160,8 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
           absl::StrCat("groups: duplicate group name '", group.name(), "'"));
     }
     if (group.algorithm() != v1::ALGORITHM_UNSPECIFIED &&
-        group.algorithm() != v1::MUON && group.algorithm() != v1::ADAMW) {
+        group.algorithm() != v1::ALGORITHM_MUON &&
+        group.algorithm() != v1::ALGORITHM_ADAMW) {
       return absl::InvalidArgumentError(absl::StrCat(
           "group '", group.name(), "': unknown algorithm ", group.algorithm()));
     }

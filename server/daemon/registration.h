@@ -14,7 +14,7 @@
 //     not following from full_shape, tags and domain (core/plan MakeShardSpec);
 //   * regions: RegionTable::Map's rules (unnamed or repeated names, unknown
 //     kind, byte_size 0, aliased memory, an shm object missing, empty or
-//     smaller than byte_size, CUDA_IPC on a host-mode daemon);
+//     smaller than byte_size, MEMORY_KIND_CUDA_IPC on a host-mode daemon);
 //   * TensorRef: RegionTable::View's rules (unknown dtype, shape different
 //     from the local shape, strides not matching shape, innermost stride
 //     != 1, overflowing extents, a region not declared, a view that runs

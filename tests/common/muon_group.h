@@ -10,7 +10,7 @@ namespace muond::testing {
 inline v1::ParamGroup DenseMuonGroup(int gtp_size, int tp_size, int g, int t) {
   v1::ParamGroup group;
   group.set_name("muon");
-  group.set_algorithm(v1::MUON);
+  group.set_algorithm(v1::ALGORITHM_MUON);
   v1::MuonHyperparams* h = group.mutable_muon();
   h->set_lr(0.02);
   h->set_momentum(0.95);

@@ -136,12 +136,12 @@ std::vector<RegisterCase> RegisterCorpus() {
   add("region: kind 42 (unknown)",
       [=](auto* r) { region(r)->set_kind(static_cast<v1::MemoryKind>(42)); });
   add("region: truncated CUDA IPC handle", [=](auto* r) {
-    region(r)->set_kind(v1::CUDA_IPC);
+    region(r)->set_kind(v1::MEMORY_KIND_CUDA_IPC);
     region(r)->set_cuda_ipc_handle(std::string(10, '\x01'));
   });
   // A well-formed handle is still refused: these daemons run in host mode.
   add("region: CUDA IPC on a host daemon", [=](auto* r) {
-    region(r)->set_kind(v1::CUDA_IPC);
+    region(r)->set_kind(v1::MEMORY_KIND_CUDA_IPC);
     region(r)->set_cuda_ipc_handle(std::string(64, '\x01'));
   });
   // Param-level.

@@ -47,7 +47,7 @@ v1::PublishManifestRequest Manifest(
   r.set_rank(rank);
   v1::GroupManifest* g = r.add_groups();
   g->set_group("muon");
-  g->set_algorithm(v1::MUON);
+  g->set_algorithm(v1::ALGORITHM_MUON);
   g->mutable_domain()->set_name("dense");
   g->mutable_domain()->set_gtp_size(2);
   g->mutable_domain()->set_tp_size(2);

@@ -123,7 +123,7 @@ class DaemonCoreTest : public ::testing::Test {
     *r.add_regions() = HostRegion(*region_);
     v1::ParamGroup* g = r.add_groups();
     g->set_name("muon");
-    g->set_algorithm(v1::MUON);
+    g->set_algorithm(v1::ALGORITHM_MUON);
     g->mutable_muon()->set_lr(0.02);
     g->mutable_domain()->set_name("dense");
     g->mutable_domain()->set_gtp_size(2);
@@ -335,7 +335,7 @@ TEST_F(DaemonCoreTest, BadRegistrationsNameTheProblemAndChangeNothing) {
 
   // CUDA IPC on a host-mode daemon.
   r = Valid();
-  r.mutable_regions(0)->set_kind(v1::CUDA_IPC);
+  r.mutable_regions(0)->set_kind(v1::MEMORY_KIND_CUDA_IPC);
   ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "--host mode");
 
   // A ref to a region the request does not declare.

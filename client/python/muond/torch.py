@@ -81,7 +81,7 @@ class _Regions:
         self._by_name: dict[str, pb.MemoryRegion] = {}
 
     def shm(self, buffer: ShmBuffer) -> str:
-        region = pb.MemoryRegion(name=buffer.name, kind=pb.HOST_SHM, shm_name=buffer.name,
+        region = pb.MemoryRegion(name=buffer.name, kind=pb.MEMORY_KIND_HOST_SHM, shm_name=buffer.name,
                                  byte_size=buffer.nbytes)
         return self._add(buffer.name, region).name
 
@@ -91,7 +91,7 @@ class _Regions:
         key = (device, handle)
         if key not in self._by_memory:
             self._add(key, pb.MemoryRegion(name=f"cuda{device}-{len(self._by_memory)}",
-                                           kind=pb.CUDA_IPC, cuda_ipc_handle=handle,
+                                           kind=pb.MEMORY_KIND_CUDA_IPC, cuda_ipc_handle=handle,
                                            device=device))
         region = self._by_memory[key]
         region.byte_size = max(region.byte_size, end)
@@ -311,7 +311,7 @@ class Muon(torch.optim.Optimizer):
     def _wire_group(self, wire, rank, gi, wname, group, domain) -> pb.ParamGroup:
         if wname not in wire[rank]:
             wg = pb.ParamGroup(name=wname, domain=domain)
-            wg.algorithm = pb.ADAMW if group["algorithm"] == "adamw" else pb.MUON
+            wg.algorithm = pb.ALGORITHM_ADAMW if group["algorithm"] == "adamw" else pb.ALGORITHM_MUON
             if group["algorithm"] == "adamw":
                 beta1, beta2 = group["betas"]
                 wg.adamw.CopyFrom(pb.AdamWHyperparams(

@@ -89,7 +89,7 @@ TEST(HostRegion, DeclaresTheWholeObjectUnderItsName) {
   ASSERT_TRUE(region.ok());
   const v1::MemoryRegion declared = HostRegion(**region);
   EXPECT_EQ(declared.name(), (*region)->name());
-  EXPECT_EQ(declared.kind(), v1::HOST_SHM);
+  EXPECT_EQ(declared.kind(), v1::MEMORY_KIND_HOST_SHM);
   EXPECT_EQ(declared.shm_name(), (*region)->name());
   EXPECT_EQ(declared.byte_size(), 4096u);
 }

@@ -1,6 +1,6 @@
 """An in-process fake of the muond Optimizer service, for client tests.
 
-Each FakeDaemon serves one Unix socket. It maps the HOST_SHM regions it is
+Each FakeDaemon serves one Unix socket. It maps the MEMORY_KIND_HOST_SHM regions it is
 given with numpy (each region once, checking it against the object's size and
 each view against its region, as the real daemon must), and on Step applies a reference Muon/AdamW step *following the wire
 contract only*: momentum on its local shard; then, for a G x T domain, every
@@ -37,8 +37,8 @@ from muond.v1 import muond_pb2_grpc as pb_grpc  # noqa: E402
 
 class _Mapping:
     def __init__(self, region: pb.MemoryRegion):
-        if region.kind != pb.HOST_SHM:
-            raise ValueError(f"region {region.name!r}: kind must be HOST_SHM")
+        if region.kind != pb.MEMORY_KIND_HOST_SHM:
+            raise ValueError(f"region {region.name!r}: kind must be MEMORY_KIND_HOST_SHM")
         fd = os.open("/dev/shm" + region.shm_name, os.O_RDWR)
         try:
             if os.fstat(fd).st_size < region.byte_size or region.byte_size == 0:
@@ -145,7 +145,7 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
                 context.abort(grpc.StatusCode.NOT_FOUND, f"override for unknown group {o.group}")
         local = []
         for group, views in self.groups:
-            if group.algorithm == pb.ADAMW:
+            if group.algorithm == pb.ALGORITHM_ADAMW:
                 continue
             h = group.muon
             for p, (pv, gv) in zip(group.params, views):
@@ -175,7 +175,7 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
             ref.apply_muon(torch.from_numpy(pv), mine, lr.get(group.name, h.lr),
                            wd.get(group.name, h.weight_decay))
         for group, views in self.groups:
-            if group.algorithm != pb.ADAMW:
+            if group.algorithm != pb.ALGORITHM_ADAMW:
                 continue
             h = group.adamw
             for p, (pv, gv) in zip(group.params, views):

@@ -273,7 +273,7 @@ class LocalModeTest(unittest.TestCase):
             g = cluster.daemons[0].requests[0].groups[0].domain
             self.assertEqual((g.name, g.gtp_size, g.tp_size, g.g, g.t), ("dense", 2, 2, 1, 0))
             regions = {r.name: r for r in cluster.daemons[0].requests[0].regions}
-            self.assertEqual(regions[p.param.region].kind, pb.HOST_SHM)
+            self.assertEqual(regions[p.param.region].kind, pb.MEMORY_KIND_HOST_SHM)
             self.assertEqual(list(p.param.strides), [4, 1])
             opt.close()
         finally:

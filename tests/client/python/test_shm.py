@@ -51,8 +51,8 @@ class RegionsTest(unittest.TestCase):
             group = pb.ParamGroup(params=[pb.Param(param=pb.TensorRef(region=b.name),
                                                    grad=pb.TensorRef(region=a.name))])
             self.assertEqual(regions.used_by([group]), [
-                pb.MemoryRegion(name=b.name, kind=pb.HOST_SHM, shm_name=b.name, byte_size=12),
-                pb.MemoryRegion(name=a.name, kind=pb.HOST_SHM, shm_name=a.name, byte_size=40)])
+                pb.MemoryRegion(name=b.name, kind=pb.MEMORY_KIND_HOST_SHM, shm_name=b.name, byte_size=12),
+                pb.MemoryRegion(name=a.name, kind=pb.MEMORY_KIND_HOST_SHM, shm_name=a.name, byte_size=40)])
         finally:
             a.unlink()
             b.unlink()
@@ -70,7 +70,7 @@ class RegionsTest(unittest.TestCase):
         group = pb.ParamGroup(params=[pb.Param(param=pb.TensorRef(region=first),
                                                grad=pb.TensorRef(region=first))])
         self.assertEqual(regions.used_by([group]), [
-            pb.MemoryRegion(name=first, kind=pb.CUDA_IPC, cuda_ipc_handle=h1, device=0,
+            pb.MemoryRegion(name=first, kind=pb.MEMORY_KIND_CUDA_IPC, cuda_ipc_handle=h1, device=0,
                             byte_size=2048)])
 
 
