@@ -34,6 +34,7 @@
 #include "core/muon/muon_update.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
+#include "core/step/step_result.h"
 
 namespace muond {
 
@@ -94,41 +95,6 @@ struct StepOptions {
   // instead of one per NS phase), so it is sampled. Host backends run
   // synchronously and are measured every step at no extra cost (unless 0).
   int ns_shape_timing_every = 10;
-};
-
-// Microseconds per phase of one step, summed over groups.
-struct PhaseTimings {
-  double momentum_us = 0;
-  double a2a_fwd_us = 0;
-  double ns_us = 0;
-  double a2a_bwd_us = 0;
-  double update_us = 0;
-  double total_us = 0;
-};
-
-// Measured Newton–Schulz time for one full-matrix shape in one step, summed
-// over the groups of this rank: wall time (microseconds) of the `count` NS
-// runs of that shape this rank did (the scale factor and, when batched, the
-// staging copies included). The coordinator rebalances NS homes with
-// ns_us / count per shape (docs/ARCHITECTURE.md "Plans and their versions").
-struct ShapeTiming {
-  int64_t rows = 0;
-  int64_t cols = 0;
-  double ns_us = 0;
-  int64_t count = 0;
-};
-
-struct StepResult {
-  PhaseTimings timings;
-  // Per-shape NS times of this step, by (rows, cols) ascending; empty when
-  // the step was not measured (StepOptions::ns_shape_timing_every) or ran no
-  // NS.
-  std::vector<ShapeTiming> ns_shapes;
-  // Non-empty when the step was skipped for non-finite gradients.
-  std::vector<std::string> skipped_nonfinite;
-  // The NS homes version each Muon group's domain agreed on for this step
-  // (SetHomes; 0 = round-robin fallback).
-  std::map<std::string, int64_t> homes_versions;
 };
 
 class LayerShardedMuon {

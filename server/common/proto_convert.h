@@ -1,5 +1,6 @@
 #pragma once
 // Conversions between the wire types (muond.v1) and core types.
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -8,7 +9,7 @@
 #include "core/common/dtype.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
-#include "core/step/layer_sharded_muon.h"
+#include "core/step/step_result.h"
 #include "muond/v1/muond.pb.h"
 
 namespace muond {
