@@ -230,6 +230,23 @@ absl::StatusOr<CostModel> ParseCostModel(std::string_view name,
                    "' is not one of ns_cost, flops, measured"));
 }
 
+absl::Status SetOfflineCost(std::string_view name, std::string_view field,
+                            PlannerOptions& options) {
+  const bool syrk = name == kFlopsSyrkName;
+  absl::StatusOr<CostModel> model = syrk ? kFlops : ParseCostModel(name, field);
+  // kMeasured plans from a table of measured NS times, which an offline plan
+  // does not have.
+  if (!model.ok() || *model == kMeasured) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(field), " must be ", std::string(CostModelName(kNsCost)),
+        ", ", std::string(CostModelName(kFlops)), " or ",
+        std::string(kFlopsSyrkName), ", got '", std::string(name), "'"));
+  }
+  options.cost = *model;
+  options.symmetric_ns = syrk;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<double>> ParamCosts(
     const std::vector<ParamShardSpec>& specs, const PlannerOptions& options) {
   double seconds_per_flop = 0;

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/plan/sharding.h"
 
@@ -59,6 +60,18 @@ struct PlannerOptions {
   // overhead, in the cost model's units). 0 by default.
   double per_matrix_cost = 0;
 };
+
+// The SYRK Newton-Schulz path's FLOPs, as operators name it among the cost
+// models: not a CostModel of its own but kFlops with
+// PlannerOptions::symmetric_ns.
+inline constexpr std::string_view kFlopsSyrkName = "flops_syrk";
+
+// The cost of an offline plan (muonctl plan --cost), which has no measurements:
+// "ns_cost", "flops" or "flops_syrk" (kFlops on the SYRK path). Sets
+// options.cost and options.symmetric_ns; InvalidArgument naming `field` and
+// the accepted names for any other name ("measured" included).
+absl::Status SetOfflineCost(std::string_view name, std::string_view field,
+                            PlannerOptions& options);
 
 struct HomePlan {
   // One per spec, in spec order. Replicated params get {0, 0} and are not

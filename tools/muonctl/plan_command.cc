@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/plan/manifest.h"
@@ -37,6 +38,7 @@ struct PlanArgs {
   int ns_steps = 5;
   bool colocate = true;
   bool round_robin = false;
+  PlannerOptions planner;  // cost and symmetric_ns, from `cost`
 };
 
 // Accepts "--flag value" and "--flag=value". Returns an error message or "".
@@ -76,10 +78,9 @@ std::string ParseArgs(const std::vector<std::string>& args, PlanArgs& out) {
   if (out.gtp < 1) return "--gtp=" + std::to_string(out.gtp) + " must be >= 1";
   if (out.tp < 1) return "--tp=" + std::to_string(out.tp) + " must be >= 1";
   if (out.ns_steps < 1) return "--ns-steps must be >= 1";
-  if (out.cost != "ns_cost" && out.cost != "flops" &&
-      out.cost != "flops_syrk") {
-    return "--cost must be ns_cost, flops or flops_syrk, got '" + out.cost +
-           "'";
+  if (absl::Status cost = SetOfflineCost(out.cost, "--cost", out.planner);
+      !cost.ok()) {
+    return std::string(cost.message());
   }
   return "";
 }
@@ -165,9 +166,7 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out,
     err << "muonctl plan: " << specs.status().message() << "\n";
     return 1;
   }
-  PlannerOptions options;
-  options.cost = a.cost == "ns_cost" ? kNsCost : kFlops;
-  options.symmetric_ns = a.cost == "flops_syrk";
+  PlannerOptions options = a.planner;
   options.ns_steps = a.ns_steps;
   options.colocate_same_shape = a.colocate;
   HomePlan plan;

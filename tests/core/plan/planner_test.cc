@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/plan/sharding.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -133,6 +134,27 @@ void CheckAgainstOptimum(DomainSize d, std::vector<ParamSharding> kinds,
   }
   if (expect_4_3) {
     EXPECT_GT(equal_checked, 0);
+  }
+}
+
+// muonctl plan --cost: the model names an offline plan can use, and
+// flops_syrk as kFlops on the SYRK path.
+TEST(SetOfflineCost, NamesAndSyrkFlag) {
+  PlannerOptions o;
+  ASSERT_TRUE(SetOfflineCost("flops_syrk", "--cost", o).ok());
+  EXPECT_EQ(o.cost, kFlops);
+  EXPECT_TRUE(o.symmetric_ns);
+  ASSERT_TRUE(SetOfflineCost("flops", "--cost", o).ok());
+  EXPECT_EQ(o.cost, kFlops);
+  EXPECT_FALSE(o.symmetric_ns);
+  ASSERT_TRUE(SetOfflineCost("ns_cost", "--cost", o).ok());
+  EXPECT_EQ(o.cost, kNsCost);
+  for (const char* bad : {"measured", "magic", ""}) {
+    const absl::Status st = SetOfflineCost(bad, "--cost", o);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(st.message(),
+              absl::StrCat("--cost must be ns_cost, flops or flops_syrk, got '",
+                           bad, "'"));
   }
 }
 
