@@ -32,6 +32,16 @@ class Phase {
   const absl::Time start_;
 };
 
+// Runs `phase` under a profiler range named `name`, waits for its device
+// work and adds its wall time to `total_us`.
+template <typename Fn>
+absl::Status TimedPhase(Backend& backend, const char* name, double& total_us,
+                        Fn&& phase) {
+  Phase range(backend, name);
+  RETURN_IF_ERROR(phase());
+  return range.Finish(total_us);
+}
+
 // The views of `views` at `indices`, in that order.
 std::vector<MatrixView> Pick(const std::vector<MatrixView>& views,
                              const std::vector<int>& indices) {
@@ -131,31 +141,20 @@ absl::Status StepMuonGroup(GroupState& group, const MuonOptions& options,
     adjusted_lrs.push_back(lr);
   }
   Backend& backend = *group.backend;
-  {
-    Phase phase(backend, "lsmuon/momentum");
-    RETURN_IF_ERROR(MomentumPhase(group, options));
-    RETURN_IF_ERROR(phase.Finish(t.momentum_us));
-  }
-  {
-    Phase phase(backend, "lsmuon/a2a_fwd");
-    RETURN_IF_ERROR(ForwardExchangePhase(group, exchange));
-    RETURN_IF_ERROR(phase.Finish(t.a2a_fwd_us));
-  }
-  {
-    Phase phase(backend, "lsmuon/ns");
-    RETURN_IF_ERROR(NsPhase(group, options, shape_times));
-    RETURN_IF_ERROR(phase.Finish(t.ns_us));
-  }
-  {
-    Phase phase(backend, "lsmuon/a2a_bwd");
-    RETURN_IF_ERROR(ReverseExchangePhase(group, exchange));
-    RETURN_IF_ERROR(phase.Finish(t.a2a_bwd_us));
-  }
-  {
-    Phase phase(backend, "lsmuon/update");
-    RETURN_IF_ERROR(UpdatePhase(group, options, adjusted_lrs));
-    RETURN_IF_ERROR(phase.Finish(t.update_us));
-  }
+  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/momentum", t.momentum_us,
+                             [&] { return MomentumPhase(group, options); }));
+  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_fwd", t.a2a_fwd_us, [&] {
+    return ForwardExchangePhase(group, exchange);
+  }));
+  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/ns", t.ns_us, [&] {
+    return NsPhase(group, options, shape_times);
+  }));
+  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us, [&] {
+    return ReverseExchangePhase(group, exchange);
+  }));
+  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/update", t.update_us, [&] {
+    return UpdatePhase(group, options, adjusted_lrs);
+  }));
   return absl::OkStatus();
 }
 
