@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/muon/bounds.h"
 
 namespace muond {
 namespace {
@@ -20,20 +21,12 @@ absl::Status InUnitInterval(double v, std::string_view field) {
 }  // namespace
 
 absl::Status AdamWOptions::Validate() const {
-  if (!std::isfinite(lr) || lr < 0.0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("adamw lr must be finite and >= 0, got ", lr));
-  }
+  RETURN_IF_ERROR(CheckLr(lr, "adamw lr"));
   RETURN_IF_ERROR(InUnitInterval(beta1, "beta1"));
   RETURN_IF_ERROR(InUnitInterval(beta2, "beta2"));
-  if (!std::isfinite(eps) || eps <= 0.0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("adamw eps must be finite and > 0, got ", eps));
-  }
-  if (!std::isfinite(weight_decay) || weight_decay < 0.0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "adamw weight_decay must be finite and >= 0, got ", weight_decay));
-  }
+  // The kernel adds eps in fp32 (MakeAdamWScalars): 1e-300 would be 0 there.
+  RETURN_IF_ERROR(CheckPositiveFloat32(eps, "adamw eps"));
+  RETURN_IF_ERROR(CheckWeightDecay(weight_decay, "adamw weight_decay"));
   return absl::OkStatus();
 }
 

@@ -13,15 +13,17 @@
 #include "absl/status/status.h"
 #include "core/backend/backend.h"
 #include "core/common/matrix_view.h"
+#include "core/muon/bounds.h"
 
 namespace muond {
 
 struct AdamWOptions {
-  double lr = 1e-3;            // >= 0, finite
+  // Bounds: core/muon/bounds.h (the same for per-step overrides).
+  double lr = 1e-3;            // in [0, kMaxLr]
   double beta1 = 0.9;          // in [0, 1)
   double beta2 = 0.999;        // in [0, 1)
-  double eps = 1e-8;           // > 0, finite
-  double weight_decay = 0.01;  // >= 0, finite
+  double eps = 1e-8;           // > 0 and finite as a float32
+  double weight_decay = 0.01;  // in [0, kMaxWeightDecay]
   bool bias_correction = true;
 
   // InvalidArgument naming the field and the rule.

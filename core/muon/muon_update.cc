@@ -6,19 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/muon/bounds.h"
 
 namespace muond {
-namespace {
-
-absl::Status NonNegativeFinite(double v, std::string_view field) {
-  if (!std::isfinite(v) || v < 0.0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "muon ", std::string(field), " must be finite and >= 0, got ", v));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 std::string_view ScaleModeName(ScaleMode mode) {
   switch (mode) {
@@ -82,29 +72,29 @@ double MuonScaleFactor(ScaleMode mode, int64_t rows, int64_t cols,
 }
 
 absl::Status MuonOptions::Validate() const {
-  RETURN_IF_ERROR(NonNegativeFinite(lr, "lr"));
+  RETURN_IF_ERROR(CheckLr(lr, "muon lr"));
   if (!std::isfinite(momentum) || momentum < 0.0 || momentum >= 1.0) {
     return absl::InvalidArgumentError(
         absl::StrCat("muon momentum must be in [0, 1), got ", momentum));
   }
-  RETURN_IF_ERROR(NonNegativeFinite(weight_decay, "weight_decay"));
-  if (!std::isfinite(extra_scale_factor) || extra_scale_factor <= 0.0) {
+  RETURN_IF_ERROR(CheckWeightDecay(weight_decay, "muon weight_decay"));
+  // 0 would apply no update at all (Megatron refuses it too): a mistake.
+  if (!std::isfinite(extra_scale_factor) || extra_scale_factor <= 0.0 ||
+      extra_scale_factor > kMaxExtraScaleFactor) {
     return absl::InvalidArgumentError(
-        absl::StrCat("muon extra_scale_factor must be finite and > 0, got ",
-                     extra_scale_factor));
+        absl::StrCat("muon extra_scale_factor must be finite and in (0, ",
+                     kMaxExtraScaleFactor, "], got ", extra_scale_factor));
   }
   if (ns_batch_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("muon ns_batch_size must be >= 1, got ", ns_batch_size));
   }
-  if (ns.num_steps < 1 || ns.num_steps > 99) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "muon ns.num_steps must be in [1, 99], got ", ns.num_steps));
-  }
-  if (!std::isfinite(ns.eps) || !(ns.eps > 0.0f)) {
+  if (ns.num_steps < 1 || ns.num_steps > kMaxNsSteps) {
     return absl::InvalidArgumentError(
-        absl::StrCat("muon ns.eps must be finite and > 0, got ", ns.eps));
+        absl::StrCat("muon ns.num_steps must be in [1, ", kMaxNsSteps,
+                     "], got ", ns.num_steps));
   }
+  RETURN_IF_ERROR(CheckPositiveFloat32(ns.eps, "muon ns.eps"));
   if (ns.syrk_block_rows < 0 || ns.syrk_block_rows > 16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "muon ns.syrk_block_rows must be in [0, 16] (0 = auto), got ",

@@ -20,6 +20,7 @@
 #include "core/backend/backend.h"
 #include "core/common/dtype.h"
 #include "core/common/matrix_view.h"
+#include "core/muon/bounds.h"
 #include "core/muon/newton_schulz.h"
 
 namespace muond {
@@ -54,14 +55,15 @@ double MuonScaleFactor(ScaleMode mode, int64_t rows, int64_t cols,
                        double extra = 1.0);
 
 struct MuonOptions {
-  double lr = 3e-4;            // >= 0, finite
+  // Bounds: core/muon/bounds.h (the same for per-step overrides).
+  double lr = 3e-4;            // in [0, kMaxLr]
   double momentum = 0.95;      // in [0, 1)
   bool nesterov = false;       // EO default (PR #65); torch's is true
-  double weight_decay = 0.01;  // >= 0, finite
+  double weight_decay = 0.01;  // in [0, kMaxWeightDecay]
   WeightDecayMethod weight_decay_method = WeightDecayMethod::kDecoupled;
   NsOptions ns;  // see newton_schulz.h
   ScaleMode scale_mode = ScaleMode::kSpectral;
-  double extra_scale_factor = 1.0;      // > 0, finite
+  double extra_scale_factor = 1.0;      // in (0, kMaxExtraScaleFactor]
   int64_t ns_batch_size = 1;            // >= 1; 1 = bit-exact numerics contract
   DType state_dtype = DType::kFloat32;  // momentum buffer dtype
 

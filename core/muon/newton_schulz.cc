@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/muon/bounds.h"
 
 namespace muond {
 namespace {
@@ -36,14 +37,12 @@ int SyrkBlockRows(int64_t m, int requested) {
 
 absl::Status ValidateNsOptions(const NsOptions& options,
                                const Backend& backend) {
-  if (options.num_steps < 1 || options.num_steps > 99) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ns num_steps must be in [1, 99], got ", options.num_steps));
-  }
-  if (!std::isfinite(options.eps) || !(options.eps > 0.0f)) {
+  if (options.num_steps < 1 || options.num_steps > kMaxNsSteps) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ns eps must be finite and > 0, got ", options.eps));
+        absl::StrCat("ns num_steps must be in [1, ", kMaxNsSteps, "], got ",
+                     options.num_steps));
   }
+  RETURN_IF_ERROR(CheckPositiveFloat32(options.eps, "ns eps"));
   RETURN_IF_ERROR(CoefficientSchedule(options.coefficient_type, options.custom,
                                       options.num_steps)
                       .status());

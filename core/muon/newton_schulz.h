@@ -51,7 +51,7 @@ namespace muond {
 struct NsOptions {
   CoefficientType coefficient_type = CoefficientType::kQuintic;
   std::vector<NsCoefficients> custom;  // only with kCustom
-  int num_steps = 5;                   // 1..99
+  int num_steps = 5;                   // 1..kMaxNsSteps (bounds.h)
   float eps = 1e-15f;                  // > 0; EO HEAD default (commit 7ebd3cf)
   MatmulPrecision precision = MatmulPrecision::kHighest;
   bool use_syrk = false;
@@ -70,7 +70,7 @@ DType NsWorkDType(MatmulPrecision precision);
 // m >= 4096, 1 (the full product) below.
 int SyrkBlockRows(int64_t m, int requested);
 
-// InvalidArgument naming the field and the rule: num_steps out of [1, 99],
+// InvalidArgument naming the field and the rule: num_steps out of [1, kMaxNsSteps],
 // eps not finite or <= 0, custom list rules (CoefficientSchedule), a
 // precision the backend lacks (e.g. high on CPU: an error, never a
 // silent change), syrk_block_rows outside [0, 16].

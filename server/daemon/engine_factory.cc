@@ -8,6 +8,7 @@
 #include "core/comm/nccl_communicator.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
+#include "core/muon/bounds.h"
 #include "core/muon/coefficients.h"
 #include "glog/logging.h"
 #include "server/common/proto_convert.h"
@@ -59,7 +60,12 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
                            float(h.custom_coefficients(i + 2))});
   }
   if (h.has_num_ns_steps()) o.ns.num_steps = h.num_ns_steps();
-  if (h.has_eps()) o.ns.eps = float(h.eps());
+  if (h.has_eps()) {
+    // Checked before the fp32 cast so the message shows the value sent.
+    RETURN_IF_ERROR(
+        InGroup(group, CheckPositiveFloat32(h.eps(), "muon eps")));
+    o.ns.eps = float(h.eps());
+  }
   if (h.scale_mode() != v1::SCALE_MODE_UNSPECIFIED) {
     ASSIGN_OR_RETURN(o.scale_mode,
                      InGroup(group, FromProto(h.scale_mode(), "scale_mode")));

@@ -1,0 +1,102 @@
+// Issue 16 (points 10, 11): group hyperparameters a client sends explicitly
+// are validated as given (unset = the core default, set = checked), bounded
+// by core/muon/bounds.h, and eps values are checked in fp32, the precision
+// the kernels use them in.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/daemon/engine_factory.h"
+
+namespace muond {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::ParamGroup MuonGroup() {
+  v1::ParamGroup g;
+  g.set_name("g");
+  g.set_algorithm(v1::ALGORITHM_MUON);
+  g.mutable_muon()->set_lr(0.02);
+  g.mutable_muon()->set_momentum(0.95);
+  return g;
+}
+
+v1::ParamGroup AdamWGroup() {
+  v1::ParamGroup g;
+  g.set_name("a");
+  g.set_algorithm(v1::ALGORITHM_ADAMW);
+  g.mutable_adamw()->set_lr(1e-3);
+  return g;
+}
+
+void ExpectMuonRefused(void (*set)(v1::MuonHyperparams*),
+                       const std::string& field, const std::string& value) {
+  v1::ParamGroup g = MuonGroup();
+  set(g.mutable_muon());
+  absl::StatusOr<MuonOptions> o = MuonOptionsFromProto(g);
+  ASSERT_FALSE(o.ok()) << field;
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(o.status().message(), HasSubstr("group 'g'"));
+  EXPECT_THAT(o.status().message(), HasSubstr(field));
+  EXPECT_THAT(o.status().message(), HasSubstr("got " + value));
+}
+
+TEST(GroupOptions, UnsetFieldsTakeTheDefaults) {
+  absl::StatusOr<MuonOptions> o = MuonOptionsFromProto(MuonGroup());
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->ns_batch_size, 1);
+  EXPECT_EQ(o->ns.num_steps, 5);
+  EXPECT_EQ(o->extra_scale_factor, 1.0);
+  EXPECT_TRUE(AdamWOptionsFromProto(AdamWGroup()).ok());
+}
+
+TEST(GroupOptions, ExplicitZerosAreRefusedNotDefaulted) {
+  ExpectMuonRefused([](auto* h) { h->set_ns_batch_size(0); }, "ns_batch_size",
+                    "0");
+  ExpectMuonRefused([](auto* h) { h->set_num_ns_steps(0); }, "num_steps", "0");
+  ExpectMuonRefused([](auto* h) { h->set_extra_scale_factor(0.0); },
+                    "extra_scale_factor", "0");
+}
+
+TEST(GroupOptions, HugeValuesAreRefused) {
+  ExpectMuonRefused([](auto* h) { h->set_num_ns_steps(100); }, "num_steps",
+                    "100");
+  ExpectMuonRefused([](auto* h) { h->set_extra_scale_factor(1e30); },
+                    "extra_scale_factor", "1e+30");
+  ExpectMuonRefused([](auto* h) { h->set_lr(1e30); }, "muon lr", "1e+30");
+  ExpectMuonRefused([](auto* h) { h->set_weight_decay(1e30); },
+                    "muon weight_decay", "1e+30");
+  v1::ParamGroup a = AdamWGroup();
+  a.mutable_adamw()->set_lr(kMaxLr * 2);
+  EXPECT_THAT(AdamWOptionsFromProto(a).status().message(),
+              HasSubstr("adamw lr must be finite and in [0, 1000]"));
+  a = AdamWGroup();
+  a.mutable_adamw()->set_weight_decay(1e30);
+  EXPECT_THAT(AdamWOptionsFromProto(a).status().message(),
+              HasSubstr("adamw weight_decay"));
+  // The bounds themselves are accepted.
+  v1::ParamGroup g = MuonGroup();
+  g.mutable_muon()->set_lr(kMaxLr);
+  g.mutable_muon()->set_weight_decay(kMaxWeightDecay);
+  g.mutable_muon()->set_extra_scale_factor(kMaxExtraScaleFactor);
+  g.mutable_muon()->set_num_ns_steps(kMaxNsSteps);
+  EXPECT_TRUE(MuonOptionsFromProto(g).ok()) << MuonOptionsFromProto(g).status();
+}
+
+TEST(GroupOptions, EpsIsValidatedAsAFloat32AndEchoedAsGiven) {
+  // 1e-300 is a positive double but 0 in fp32: refused, and the message shows
+  // the value sent, not "got 0".
+  ExpectMuonRefused([](auto* h) { h->set_eps(1e-300); }, "muon eps", "1e-300");
+  ExpectMuonRefused([](auto* h) { h->set_eps(1e300); }, "muon eps", "1e+300");
+  v1::ParamGroup a = AdamWGroup();
+  a.mutable_adamw()->set_eps(1e-300);
+  const absl::Status st = AdamWOptionsFromProto(a).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("adamw eps"));
+  EXPECT_THAT(st.message(), HasSubstr("got 1e-300"));
+  a.mutable_adamw()->set_eps(1e-12);
+  EXPECT_TRUE(AdamWOptionsFromProto(a).ok());
+}
+
+}  // namespace
+}  // namespace muond
