@@ -84,7 +84,12 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
     ASSIGN_OR_RETURN(st.momentum_buf,
                      AllocateZeroed(group.backend, sd, rows, cols));
     st.momentum = ContiguousView(st.momentum_buf.data(), sd, rows, cols);
+    ASSIGN_OR_RETURN(st.staged_momentum_buf,
+                     AllocateZeroed(group.backend, sd, rows, cols));
+    st.staged_momentum =
+        ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
     group.state_bytes += rows * cols * DTypeSize(sd);
+    group.staging_bytes += rows * cols * DTypeSize(sd);
     return absl::OkStatus();
   }
   constexpr DType f32 = DType::kFloat32;

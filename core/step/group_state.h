@@ -24,6 +24,11 @@ struct ParamState {
   // Muon: momentum (MuonOptions::state_dtype). AdamW: exp_avg, exp_avg_sq
   // (fp32).
   MatrixView momentum, exp_avg, exp_avg_sq;
+  // Muon: the step's new momentum, written by the momentum phase while
+  // `momentum` stays as it was; the commit swaps the two (group_step.h), so a
+  // step that fails before its commit leaves the state untouched.
+  OwnedBuffer staged_momentum_buf;
+  MatrixView staged_momentum;
 };
 
 struct GroupState {
@@ -43,6 +48,9 @@ struct GroupState {
   // momentum kernel and the update kernel but inside Newton–Schulz.
   DType ns_dtype = DType::kFloat32;
   int64_t state_bytes = 0;
+  // Bytes of staged_momentum (transient: the step's new momentum until its
+  // commit).
+  int64_t staging_bytes = 0;
   NsHomesByVersion homes;
   // The plan in use and the homes version it was built from (0: the
   // round-robin fallback, -1: none yet).

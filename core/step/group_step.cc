@@ -1,5 +1,6 @@
 #include "core/step/group_step.h"
 
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -51,13 +52,16 @@ std::vector<MatrixView> Pick(const std::vector<MatrixView>& views,
   return picked;
 }
 
-// grad_i -> momentum_i, L_i: one batched call (CUDA: a launch per ~40 small
-// params, not per param).
+// grad_i, momentum_i -> staged_momentum_i, L_i: a copy, then the momentum
+// kernel in place on the copy, one batched call (CUDA: a launch per ~40 small
+// params, not per param). momentum_i is only read.
 absl::Status MomentumPhase(GroupState& group, const MuonOptions& options) {
   std::vector<MatrixView> grads, momenta;
   for (size_t i = 0; i < group.params.size(); ++i) {
+    ParamState& p = group.params[i];
+    RETURN_IF_ERROR(group.backend->Copy2D(p.staged_momentum, p.momentum));
     grads.push_back(group.config.params[i].grad);
-    momenta.push_back(group.params[i].momentum);
+    momenta.push_back(p.staged_momentum);
   }
   return MuonMomentumPhaseBatch(*group.backend, options, grads, momenta,
                                 group.local);
@@ -129,17 +133,9 @@ absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
 
 }  // namespace
 
-absl::Status StepMuonGroup(GroupState& group, const MuonOptions& options,
-                           ExchangeBuffers& exchange, ShapeTimes* shape_times,
-                           PhaseTimings& t) {
-  // Each param's lr times its Muon scale (of the full matrix), formed before
-  // anything is written.
-  std::vector<float> adjusted_lrs;
-  for (const ParamState& p : group.params) {
-    ASSIGN_OR_RETURN(float lr, MuonAdjustedLr(options, p.spec.full_shape[0],
-                                              p.spec.full_shape[1]));
-    adjusted_lrs.push_back(lr);
-  }
+absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
+                              ExchangeBuffers& exchange,
+                              ShapeTimes* shape_times, PhaseTimings& t) {
   Backend& backend = *group.backend;
   RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/momentum", t.momentum_us,
                              [&] { return MomentumPhase(group, options); }));
@@ -149,12 +145,30 @@ absl::Status StepMuonGroup(GroupState& group, const MuonOptions& options,
   RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/ns", t.ns_us, [&] {
     return NsPhase(group, options, shape_times);
   }));
-  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us, [&] {
+  return TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us, [&] {
     return ReverseExchangePhase(group, exchange);
-  }));
-  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/update", t.update_us, [&] {
+  });
+}
+
+absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
+                             PhaseTimings& t) {
+  // Each param's lr times its Muon scale (of the full matrix), formed before
+  // anything is written.
+  std::vector<float> adjusted_lrs;
+  for (const ParamState& p : group.params) {
+    ASSIGN_OR_RETURN(float lr, MuonAdjustedLr(options, p.spec.full_shape[0],
+                                              p.spec.full_shape[1]));
+    adjusted_lrs.push_back(lr);
+  }
+  RETURN_IF_ERROR(TimedPhase(*group.backend, "lsmuon/update", t.update_us, [&] {
     return UpdatePhase(group, options, adjusted_lrs);
   }));
+  // The staged momentum is the state from now on; the old buffer stages the
+  // next step.
+  for (ParamState& p : group.params) {
+    std::swap(p.momentum_buf, p.staged_momentum_buf);
+    std::swap(p.momentum, p.staged_momentum);
+  }
   return absl::OkStatus();
 }
 

@@ -2,14 +2,22 @@
 // One group's share of a step, phase by phase (docs/ARCHITECTURE.md "One
 // step"). Each phase names the views it reads and writes:
 //
-//   momentum   grad_i -> momentum_i, L_i
+//   momentum   grad_i, momentum_i -> staged_momentum_i, L_i
 //   a2a_fwd    stage 1 over gtp_remat:  L_i  -> A1_i
 //              stage 2 over tp:         A1_i -> A2_i
 //   ns         replicated params on L_i, ns_tp_complete on A1_i,
 //              ns_after_stage2 on A2_i (NsRunner, in place)
 //   a2a_bwd    reverse stage 2:  A2_i -> A1_i
 //              reverse stage 1:  A1_i -> L_i, then the pad rows of L_i zeroed
-//   update     L_i -> param_i (weight decay + adjusted lr)
+//   ---------- the job's commit vote (layer_sharded_muon.cc) ----------
+//   update     L_i -> param_i (weight decay + adjusted lr), then
+//              staged_momentum_i becomes momentum_i (a swap)
+//
+// The phases before the commit write only engine-owned scratch (staging, L_i,
+// A1_i, A2_i), never a param or optimizer state: a step that fails in an
+// exchange (a peer died) or that the commit vote turns down leaves params and
+// momentum exactly as before. The staged momentum is what the old in-place
+// kernel wrote (the same kernel on a copy), so results stay bitwise.
 //
 // A1_i is PlanBuffers::stage1 (L_i itself where this rank assembles no A1_i),
 // A2_i is PlanBuffers::stage2. Each phase ends with a backend sync so its
@@ -24,14 +32,21 @@
 
 namespace muond {
 
-// A Muon group's step under its current plan (group.plan must be set).
+// A Muon group's step up to the commit under its current plan (group.plan
+// must be set): momentum into staging, exchanges, NS, reverse exchanges.
 // `exchange`: the lane's buffers, reserved for the plan. `shape_times`: null
 // when this step does not measure NS per shape. Phase times add to `t`.
-absl::Status StepMuonGroup(GroupState& group, const MuonOptions& options,
-                           ExchangeBuffers& exchange, ShapeTimes* shape_times,
-                           PhaseTimings& t);
+absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
+                              ExchangeBuffers& exchange,
+                              ShapeTimes* shape_times, PhaseTimings& t);
 
-// An AdamW group's step on its local shards (no exchange).
+// After the job's commit vote: the update of the params (L_i after
+// PrepareMuonGroup) and the staged momentum made the state. Local only.
+absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
+                             PhaseTimings& t);
+
+// An AdamW group's step on its local shards (no exchange), run at the
+// commit.
 absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,
                             PhaseTimings& t);
 

@@ -17,9 +17,11 @@
 #include "core/step/layer_sharded_muon.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,8 +33,10 @@
 #include "core/step/domain_agreement.h"
 #include "core/step/finite_grads.h"
 #include "core/step/gather_domain_votes.h"
+#include "core/step/gather_job_ballots.h"
 #include "core/step/group_state.h"
 #include "core/step/group_step.h"
+#include "core/step/job_vote.h"
 #include "core/step/lanes.h"
 #include "core/step/ns_homes_by_version.h"
 #include "core/step/ns_runner.h"
@@ -41,6 +45,30 @@
 #include "glog/logging.h"
 
 namespace muond {
+
+absl::Status CheckStepOverrides(const StepOverrides& overrides,
+                                const std::vector<std::string>& group_names) {
+  for (const auto& [field, values, bound] :
+       {std::tuple("lr", &overrides.lr, kMaxOverrideLr),
+        std::tuple("weight_decay", &overrides.weight_decay,
+                   kMaxOverrideWeightDecay)}) {
+    for (const auto& [name, value] : *values) {
+      if (std::find(group_names.begin(), group_names.end(), name) ==
+          group_names.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("overrides: unknown group '", name, "'"));
+      }
+      // !(v >= 0) is true for NaN too.
+      if (!(value >= 0) || !(value <= bound)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "overrides: group '", name, "' ", field, " ", value,
+            " must be finite, >= 0 and <= ", bound));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 static_assert(LayerShardedMuon::kMaxHomesVersion <= kMaxDomainVoteVersion,
@@ -55,24 +83,17 @@ void AddTimings(const PhaseTimings& from, PhaseTimings& to) {
   to.update_us += from.update_us;
 }
 
-absl::Status CheckOverrides(const StepOverrides& overrides,
-                            const std::vector<GroupState>& groups) {
-  for (const auto* m : {&overrides.lr, &overrides.weight_decay}) {
-    for (const auto& [name, value] : *m) {
-      if (std::none_of(groups.begin(), groups.end(), [&](const GroupState& g) {
-            return g.config.name == name;
-          })) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "step override names unknown param group '", name, "'"));
-      }
-      if (!(value >= 0) || value > 1e30) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("step override for group '", name,
-                         "' must be finite and >= 0, got ", value));
-      }
-    }
-  }
-  return absl::OkStatus();
+// Collective failures: a transport error or timeout, or a communicator that
+// an earlier failure aborted (core/comm/communicator.h).
+bool IsCommunicationFailure(const absl::Status& st) {
+  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
+         absl::IsAborted(st);
+}
+
+absl::Status NonFiniteError(const std::vector<std::string>& bad) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("non-finite gradients (NaN or Inf) in: ",
+                   absl::StrJoin(bad, ", "), "; the step was not applied"));
 }
 
 // The group's options with this step's overrides applied.
@@ -98,13 +119,15 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   using LayerShardedMuon::SetHomes;
   absl::Status SetHomes(const std::string& group, std::vector<NsHome> homes,
                         int64_t version) override;
-  absl::StatusOr<StepResult> Step(const StepOverrides& overrides) override;
+  absl::StatusOr<StepResult> RunStep(const StepInputs& inputs) override;
   absl::StatusOr<std::map<std::string, std::vector<float>>> ExportState()
       const override;
   absl::Status ImportState(
       const std::map<std::string, std::vector<float>>& state) override;
   int64_t state_bytes() const override { return state_bytes_; }
-  int64_t peak_transient_bytes() const override { return transient_bytes_; }
+  int64_t peak_transient_bytes() const override {
+    return transient_bytes_ + staging_bytes_;
+  }
 
  private:
   // Lanes, their vote scratch and (when lanes run concurrently) threads.
@@ -123,11 +146,25 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
                                               int64_t version) const;
   // Whether this step measures per-shape NS times.
   bool MeasuresShapes() const;
-  // Steps the groups of one lane, in registration order.
-  absl::Status StepLane(Lane& lane, const StepOverrides& overrides,
-                        ShapeTimes* shape_times, PhaseTimings& timings);
-  absl::Status StepLanes(const StepOverrides& overrides,
-                         ShapeTimes* shape_times, PhaseTimings& timings);
+  // This rank's vote on the step after every local check (overrides, the
+  // daemon's refusal, the domain agreements): `refusal` and `code` get the
+  // first refusal, `bad` the non-finite gradients.
+  JobBallot LocalBallot(const StepInputs& inputs, StepResult& result,
+                        std::vector<std::string>& bad, absl::Status& refusal);
+  // The job-wide vote on `mine`; OK with the decision, or this step's error
+  // (a communicator's, or the peers' refusal).
+  absl::StatusOr<JobDecision> VoteOnJob(const JobBallot& mine);
+  // Runs `fn` on every lane (on the lane threads when they exist); phase
+  // times of concurrent lanes add up.
+  absl::Status RunLanes(
+      const std::function<absl::Status(Lane&, PhaseTimings&)>& fn,
+      PhaseTimings& timings);
+  // Up to the commit: the Muon groups of one lane, in registration order.
+  absl::Status PrepareLane(Lane& lane, const StepOverrides& overrides,
+                           ShapeTimes* shape_times, PhaseTimings& timings);
+  // After the commit vote: every group of one lane writes its update.
+  absl::Status CommitLane(Lane& lane, const StepOverrides& overrides,
+                          PhaseTimings& timings);
   // Every piece of state, in the order ExportState/ImportState name them.
   std::vector<StateEntry> StateEntries() const;
 
@@ -140,6 +177,8 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   ShapeTimes shape_times_;
   int64_t state_bytes_ = 0;
   int64_t transient_bytes_ = 0;
+  int64_t staging_bytes_ = 0;
+  std::vector<std::string> group_names_;
   // Declared last: its threads, which use the members above, are joined
   // first.
   std::unique_ptr<LaneThreads> lane_threads_;
@@ -155,6 +194,8 @@ absl::Status LayerShardedMuonImpl::Init(std::vector<GroupConfig> groups) {
     ASSIGN_OR_RETURN(GroupState group,
                      CreateGroupState(std::move(groups[i]), backend_));
     state_bytes_ += group.state_bytes;
+    staging_bytes_ += group.staging_bytes;
+    group_names_.push_back(group.config.name);
     groups_.push_back(std::move(group));
   }
   return SetUpLanes();
@@ -216,23 +257,32 @@ absl::StatusOr<std::vector<std::string>>
 LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result) {
   std::vector<std::string> bad;
   // A group that cannot step fails the step only after every group's
-  // agreement, so all ranks run the same collectives whatever they decide.
+  // agreement, so all ranks run the same collectives whatever they decide:
+  // an error in one group (even a communicator's) must not skip the
+  // agreements of the groups after it, whose peers would wait for them.
   absl::Status refused;
   for (GroupState& group : groups_) {
     DomainVote mine;
-    ASSIGN_OR_RETURN(mine.all_finite, GradsWithinLimit(group));
+    absl::StatusOr<bool> finite = GradsWithinLimit(group);
+    if (!finite.ok() && refused.ok()) refused = finite.status();
+    mine.all_finite = finite.value_or(false);
     mine.homes_version = group.homes.newest();
     mine.oldest_held = group.homes.oldest();
     std::vector<std::string> local_bad;
-    if (!mine.all_finite) {
-      ASSIGN_OR_RETURN(local_bad, BadGradNames(group));
+    if (finite.ok() && !mine.all_finite) {
+      absl::StatusOr<std::vector<std::string>> names = BadGradNames(group);
+      if (!names.ok() && refused.ok()) refused = names.status();
+      local_bad = names.value_or(std::vector<std::string>{group.config.name});
     }
     float* scratch =
         static_cast<float*>(lanes_[group.lane].vote_scratch.data());
-    ASSIGN_OR_RETURN(
-        const DomainVote agreed,
-        GatherDomainVotes(*group.backend, group.config.domain, scratch, mine));
-    if (!agreed.all_finite && local_bad.empty()) {
+    absl::StatusOr<DomainVote> agreed =
+        GatherDomainVotes(*group.backend, group.config.domain, scratch, mine);
+    if (!agreed.ok()) {
+      if (refused.ok()) refused = agreed.status();
+      continue;
+    }
+    if (!agreed->all_finite && local_bad.empty()) {
       local_bad.push_back(group.config.name +
                           "/(non-finite gradients on another rank of the "
                           "domain)");
@@ -242,11 +292,11 @@ LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result) {
     // Every rank sees the same gathered votes, so every rank of the domain
     // refuses alike (a rank failing alone would leave its peers waiting in
     // the exchange for the communicator timeout).
-    refused = CheckHomesVersionHeld(agreed, group.config.name,
+    refused = CheckHomesVersionHeld(*agreed, group.config.name,
                                     NsHomesByVersion::kCapacity);
     if (!refused.ok()) continue;
-    refused = UseHomesVersion(group, agreed.homes_version);
-    result.homes_versions[group.config.name] = agreed.homes_version;
+    refused = UseHomesVersion(group, agreed->homes_version);
+    result.homes_versions[group.config.name] = agreed->homes_version;
   }
   RETURN_IF_ERROR(refused);
   return bad;
@@ -308,63 +358,158 @@ bool LayerShardedMuonImpl::MeasuresShapes() const {
           steps_run_ % every == 0);
 }
 
-absl::StatusOr<StepResult> LayerShardedMuonImpl::Step(
-    const StepOverrides& overrides) {
-  RETURN_IF_ERROR(CheckOverrides(overrides, groups_));
+JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
+                                            StepResult& result,
+                                            std::vector<std::string>& bad,
+                                            absl::Status& refusal) {
+  JobBallot mine{.kind = BallotKind::kStep, .step_id = inputs.step_id};
+  auto refuse = [&](absl::Status st, RefusalCode code) {
+    if (st.ok() || !refusal.ok()) return;
+    refusal = std::move(st);
+    mine.verdict = JobVerdict::kRefuse;
+    mine.code = code;
+  };
+  refuse(inputs.refusal, inputs.refusal_code == RefusalCode::kNone
+                             ? RefusalCode::kOther
+                             : inputs.refusal_code);
+  refuse(CheckStepOverrides(inputs.overrides, group_names_),
+         RefusalCode::kOverrides);
+  // Always run: the domain agreements are collectives of their own.
+  absl::StatusOr<std::vector<std::string>> agreed = AgreeAcrossDomains(result);
+  if (!agreed.ok()) {
+    refuse(agreed.status(), IsCommunicationFailure(agreed.status())
+                                ? RefusalCode::kCommunication
+                                : absl::IsFailedPrecondition(agreed.status())
+                                    ? RefusalCode::kPlanVersion
+                                    : RefusalCode::kOther);
+    return mine;
+  }
+  bad = *std::move(agreed);
+  if (bad.empty() || !refusal.ok()) return mine;
+  if (options_.skip_nonfinite) {
+    mine.verdict = JobVerdict::kSkip;
+  } else {
+    refuse(NonFiniteError(bad), RefusalCode::kNonFinite);
+  }
+  return mine;
+}
+
+absl::StatusOr<JobDecision> LayerShardedMuonImpl::VoteOnJob(
+    const JobBallot& mine) {
+  ASSIGN_OR_RETURN(std::vector<JobBallot> ballots,
+                   GatherJobBallots(options_.job, mine));
+  return FoldJobBallots(ballots);
+}
+
+absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
+    const StepInputs& inputs) {
   const absl::Time start = absl::Now();
   StepResult result;
-  ASSIGN_OR_RETURN(std::vector<std::string> bad, AgreeAcrossDomains(result));
-  if (!bad.empty()) {
-    if (options_.skip_nonfinite) {
-      result.skipped_nonfinite = std::move(bad);
-      return result;
-    }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "non-finite gradients (NaN or Inf) in: ", absl::StrJoin(bad, ", "),
-        "; the step was not applied"));
+  // 1. Every check of this rank gives a verdict; none returns before the
+  // job's vote, so a refusal on one rank reaches every rank at once instead
+  // of leaving the peers waiting in their exchanges.
+  std::vector<std::string> bad;
+  absl::Status refusal;
+  const JobBallot mine = LocalBallot(inputs, result, bad, refusal);
+  // 2. The job decides together.
+  absl::StatusOr<JobDecision> decision = VoteOnJob(mine);
+  if (!refusal.ok()) return refusal;  // mine, with its full detail
+  if (!decision.ok()) return decision.status();
+  if (decision->verdict == JobVerdict::kRefuse) {
+    return RefusedByPeers(*decision, inputs.step_id);
   }
+  if (decision->verdict == JobVerdict::kSkip) {
+    if (bad.empty()) {
+      for (int r : decision->skipping_ranks) {
+        bad.push_back(
+            absl::StrCat("(non-finite gradients on rank ", r, " of the job)"));
+      }
+    }
+    result.skipped_nonfinite = std::move(bad);
+    return result;
+  }
+  // 3. Momentum into staging, exchanges, NS: nothing of the state yet.
   ShapeTimes* shape_times = MeasuresShapes() ? &shape_times_ : nullptr;
   ++steps_run_;
   shape_times_.Clear();
-  RETURN_IF_ERROR(StepLanes(overrides, shape_times, result.timings));
+  const absl::Status prepared = RunLanes(
+      [&](Lane& lane, PhaseTimings& t) {
+        return PrepareLane(lane, inputs.overrides, shape_times, t);
+      },
+      result.timings);
+  // 4. Every rank's exchanges succeeded, or nobody writes anything. A peer
+  // dying during this vote itself is the one window left: it may reach some
+  // ranks and not others (no consensus protocol; docs/ARCHITECTURE.md).
+  JobBallot commit{.kind = BallotKind::kCommit, .step_id = inputs.step_id};
+  if (!prepared.ok()) {
+    commit.verdict = JobVerdict::kRefuse;
+    commit.code = IsCommunicationFailure(prepared) ? RefusalCode::kCommunication
+                                                   : RefusalCode::kOther;
+  }
+  absl::StatusOr<JobDecision> committed = VoteOnJob(commit);
+  if (!prepared.ok()) return prepared;
+  if (!committed.ok()) return committed.status();
+  if (committed->verdict != JobVerdict::kAgree) {
+    return absl::UnavailableError(absl::StrCat(
+        "step ", inputs.step_id, " was not applied on any rank: ",
+        DescribeRefusals(*committed), " in its exchanges"));
+  }
+  // 5. The commit: local writes only.
+  RETURN_IF_ERROR(RunLanes(
+      [&](Lane& lane, PhaseTimings& t) {
+        return CommitLane(lane, inputs.overrides, t);
+      },
+      result.timings));
   result.ns_shapes = shape_times_.ByShape();
   result.timings.total_us = absl::ToDoubleMicroseconds(absl::Now() - start);
   return result;
 }
 
-absl::Status LayerShardedMuonImpl::StepLanes(const StepOverrides& overrides,
-                                             ShapeTimes* shape_times,
-                                             PhaseTimings& timings) {
+absl::Status LayerShardedMuonImpl::RunLanes(
+    const std::function<absl::Status(Lane&, PhaseTimings&)>& fn,
+    PhaseTimings& timings) {
   if (lane_threads_ == nullptr) {
-    for (Lane& lane : lanes_) {
-      RETURN_IF_ERROR(StepLane(lane, overrides, shape_times, timings));
-    }
-    return absl::OkStatus();
+    absl::Status first;
+    // Every lane runs even after one failed: a lane's collectives are
+    // awaited by peers that do not know this rank failed elsewhere.
+    for (Lane& lane : lanes_) first.Update(fn(lane, timings));
+    return first;
   }
   std::vector<PhaseTimings> lane_timings(lanes_.size());
   std::vector<absl::Status> lane_status(lanes_.size());
-  lane_threads_->Run([&](int l) {
-    lane_status[l] =
-        StepLane(lanes_[l], overrides, shape_times, lane_timings[l]);
-  });
+  lane_threads_->Run(
+      [&](int l) { lane_status[l] = fn(lanes_[l], lane_timings[l]); });
+  absl::Status first;
   for (size_t l = 0; l < lanes_.size(); ++l) {
-    RETURN_IF_ERROR(lane_status[l]);
+    first.Update(lane_status[l]);
     AddTimings(lane_timings[l], timings);
+  }
+  return first;
+}
+
+absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
+                                               const StepOverrides& overrides,
+                                               ShapeTimes* shape_times,
+                                               PhaseTimings& timings) {
+  for (int gi : lane.groups) {
+    GroupState& group = groups_[gi];
+    if (group.config.algorithm != Algorithm::kMuon) continue;
+    RETURN_IF_ERROR(PrepareMuonGroup(
+        group, WithOverrides(group.config.muon, group.config.name, overrides),
+        lane.exchange, shape_times, timings));
   }
   return absl::OkStatus();
 }
 
-absl::Status LayerShardedMuonImpl::StepLane(Lane& lane,
-                                            const StepOverrides& overrides,
-                                            ShapeTimes* shape_times,
-                                            PhaseTimings& timings) {
+absl::Status LayerShardedMuonImpl::CommitLane(Lane& lane,
+                                              const StepOverrides& overrides,
+                                              PhaseTimings& timings) {
   for (int gi : lane.groups) {
     GroupState& group = groups_[gi];
     const std::string& name = group.config.name;
     if (group.config.algorithm == Algorithm::kMuon) {
-      RETURN_IF_ERROR(StepMuonGroup(
-          group, WithOverrides(group.config.muon, name, overrides),
-          lane.exchange, shape_times, timings));
+      RETURN_IF_ERROR(CommitMuonGroup(
+          group, WithOverrides(group.config.muon, name, overrides), timings));
     } else {
       RETURN_IF_ERROR(StepAdamWGroup(
           group, WithOverrides(group.config.adamw, name, overrides), timings));

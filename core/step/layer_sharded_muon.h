@@ -34,6 +34,7 @@
 #include "core/muon/muon_update.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
+#include "core/step/job_vote.h"
 #include "core/step/step_result.h"
 
 namespace muond {
@@ -74,10 +75,31 @@ struct GroupConfig {
   std::vector<ParamBinding> params;
 };
 
-// Per-step overrides by group name.
+// Per-step overrides by group name. Bounds (CheckStepOverrides, the one
+// home of the rule): finite, >= 0, lr <= kMaxOverrideLr and weight_decay <=
+// kMaxOverrideWeightDecay. No torch schedule comes near them; beyond them a
+// step turns params into inf while answering OK.
 struct StepOverrides {
   std::map<std::string, double> lr;
   std::map<std::string, double> weight_decay;
+};
+inline constexpr double kMaxOverrideLr = 1e3;
+inline constexpr double kMaxOverrideWeightDecay = 1e3;
+
+// InvalidArgument naming the group, the field and the bound when an override
+// names no group of `group_names` or is out of range.
+absl::Status CheckStepOverrides(const StepOverrides& overrides,
+                                const std::vector<std::string>& group_names);
+
+// One step's inputs. `refusal`: this rank's own refusal of the step found
+// before the engine (the daemon's step id sequence, its plan activation, its
+// memory checks), with its code; OK: none. The step is refused on every rank
+// of the job when any rank refuses it (job_vote.h).
+struct StepInputs {
+  int64_t step_id = 0;
+  StepOverrides overrides;
+  absl::Status refusal;
+  RefusalCode refusal_code = RefusalCode::kNone;
 };
 
 struct StepOptions {
@@ -95,6 +117,11 @@ struct StepOptions {
   // instead of one per NS phase), so it is sampled. Host backends run
   // synchronously and are measured every step at no extra cost (unless 0).
   int ns_shape_timing_every = 10;
+  // The job communicator: every daemon of the job (rank = the daemon's rank),
+  // host memory. Each step votes on it twice, before anything changes (step,
+  // skip or refuse, job_vote.h) and after the exchanges (commit), so the job
+  // decides together. Null: a single-rank job (no vote). Not owned.
+  Communicator* job = nullptr;
 };
 
 class LayerShardedMuon {
@@ -133,10 +160,25 @@ class LayerShardedMuon {
     return SetHomes(group, std::move(homes), kNextHomesVersion);
   }
 
-  // One optimizer step over every group. On error nothing was applied
-  // (errors from a communicator mid-step are the exception: they are
-  // reported as Unavailable/DeadlineExceeded naming the group).
-  virtual absl::StatusOr<StepResult> Step(const StepOverrides& overrides) = 0;
+  // One optimizer step over every group, decided by the whole job
+  // (docs/ARCHITECTURE.md "One step"): every per-rank check gives a verdict,
+  // the job votes (StepOptions::job), the Muon groups run momentum (into
+  // staging, the state untouched), exchanges and NS, the job votes again that
+  // every rank's exchanges succeeded, and only then is anything written
+  // (momentum, params, AdamW). On any error nothing was applied on this rank:
+  // a refusal is answered on every rank alike (this rank's own refusal with
+  // its full message; a peer's naming the peer and its code); a
+  // communicator failure (Unavailable / DeadlineExceeded / Aborted) leaves
+  // the communicators of this job unusable until the trainers re-register.
+  // (The one window left: a peer that dies during the commit vote itself may
+  // leave ranks deciding differently; there is no consensus protocol.)
+  virtual absl::StatusOr<StepResult> RunStep(const StepInputs& inputs) = 0;
+  // RunStep with just overrides (no step id, no refusal of its own).
+  absl::StatusOr<StepResult> Step(const StepOverrides& overrides) {
+    StepInputs inputs;
+    inputs.overrides = overrides;
+    return RunStep(inputs);
+  }
 
   // Optimizer state of the local shards, for save/load: name -> fp32 host
   // copy ("<param>.momentum", "<param>.exp_avg", "<param>.exp_avg_sq") plus

@@ -212,6 +212,7 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
   last_step_id_.reset();
   active_plan_version_ = 0;
   engine_error_.clear();
+  comm_failure_.clear();
   if (const v1::Plan* p = plans_.NewestOfRound(Matches())) {
     response.set_plan_version(p->version());
   }
@@ -226,6 +227,7 @@ absl::Status DaemonCore::Unregister(
   if (registration_ == nullptr) return absl::OkStatus();
   LOG(INFO) << "unregistering " << registration_->num_params << " params";
   engine_.reset();
+  comm_failure_.clear();
   registration_.reset();
   ++registration_generation_;
   last_step_id_.reset();
@@ -282,40 +284,43 @@ absl::Status DaemonCore::ActivatePlanFor(int64_t step_id) {
 absl::StatusOr<StepOverrides> DaemonCore::ParseOverrides(
     const v1::StepRequest& request) const {
   StepOverrides out;
+  std::vector<std::string> names;
+  for (const BoundGroup& g : registration_->groups) {
+    names.push_back(g.proto.name());
+  }
   for (const v1::GroupOverride& o : request.overrides()) {
-    bool known = false;
-    for (const BoundGroup& g : registration_->groups) {
-      known |= g.proto.name() == o.group();
-    }
-    if (!known) {
+    if (std::find(names.begin(), names.end(), o.group()) == names.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("overrides: unknown group '", o.group(), "'"));
     }
-    if (o.has_lr()) {
-      if (!std::isfinite(o.lr()) || o.lr() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("overrides: group '", o.group(), "' lr ", o.lr(),
-                         " must be finite and >= 0"));
-      }
-      out.lr[o.group()] = o.lr();
-    }
-    if (o.has_weight_decay()) {
-      if (!std::isfinite(o.weight_decay()) || o.weight_decay() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("overrides: group '", o.group(), "' weight_decay ",
-                         o.weight_decay(), " must be finite and >= 0"));
-      }
-      out.weight_decay[o.group()] = o.weight_decay();
-    }
+    if (o.has_lr()) out.lr[o.group()] = o.lr();
+    if (o.has_weight_decay()) out.weight_decay[o.group()] = o.weight_decay();
   }
+  // The bounds' one home is the engine's rule.
+  RETURN_IF_ERROR(CheckStepOverrides(out, names));
   return out;
+}
+
+absl::Status DaemonCore::CheckStepId(int64_t id) const {
+  if (id < 0 || id > kMaxStepId) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step_id ", id, " must be in [0, ", kMaxStepId, "]"));
+  }
+  if (last_step_id_ && id != *last_step_id_ + 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step_id ", id, " does not follow the last applied step_id ",
+        *last_step_id_, " (expected ", *last_step_id_ + 1, ", or ",
+        *last_step_id_, " to replay)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::StepResponse> DaemonCore::Step(
     const v1::StepRequest& request) {
   absl::MutexLock op(&op_mu_);
-  StepOverrides overrides;
+  StepInputs inputs;
   LayerShardedMuon* muon = nullptr;
+  const int64_t id = request.step_id();
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(CheckClient(request.job_id(), request.client_id()));
@@ -323,23 +328,12 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
       return absl::FailedPreconditionError(
           "step before RegisterParams: no params are registered");
     }
-    const int64_t id = request.step_id();
-    if (id < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step_id ", id, " must be >= 0"));
-    }
-    if (last_step_id_) {
-      if (id == *last_step_id_) {
-        v1::StepResponse replay = last_response_;
-        replay.set_replayed(true);
-        return replay;
-      }
-      if (id != *last_step_id_ + 1) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step_id ", id, " does not follow the last applied step_id ",
-            *last_step_id_, " (expected ", *last_step_id_ + 1, ", or ",
-            *last_step_id_, " to replay)"));
-      }
+    if (last_step_id_ && id == *last_step_id_) {
+      // A replay is answered from the record, without a vote: every rank
+      // applied that step (the job decided it together).
+      v1::StepResponse replay = last_response_;
+      replay.set_replayed(true);
+      return replay;
     }
     if (engine_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -348,25 +342,32 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
           "engine yet (waiting for the coordinator's plan",
           engine_error_.empty() ? "" : "; last error: " + engine_error_, ")"));
     }
-    ASSIGN_OR_RETURN(overrides, ParseOverrides(request));
-    RETURN_IF_ERROR(ActivatePlanFor(id));
+    // From here on every check of this rank becomes a refusal the engine
+    // votes on with the whole job (core/step/job_vote.h) instead of an early
+    // return, so the peers refuse the step at once too instead of waiting
+    // for this rank in their exchanges.
+    auto refuse = [&](absl::Status st, RefusalCode code) {
+      if (st.ok() || !inputs.refusal.ok()) return;
+      inputs.refusal = std::move(st);
+      inputs.refusal_code = code;
+    };
+    refuse(CheckStepId(id), RefusalCode::kStepId);
+    absl::StatusOr<StepOverrides> overrides = ParseOverrides(request);
+    refuse(overrides.status(), RefusalCode::kOverrides);
+    if (overrides.ok()) inputs.overrides = *std::move(overrides);
+    if (inputs.refusal.ok()) {
+      refuse(ActivatePlanFor(id), RefusalCode::kPlanVersion);
+    }
+    // The engine votes an out-of-range id as is; a refused one is never run.
+    inputs.step_id = std::clamp<int64_t>(id, -1, kMaxStepId + 1);
     muon = engine_->muon.get();
   }
   // The engine cannot go away: op_mu_ excludes Unregister/Register.
-  absl::StatusOr<StepResult> result = muon->Step(overrides);
+  absl::StatusOr<StepResult> result = muon->RunStep(inputs);
   if (!result.ok()) {
-    LOG(ERROR) << "step " << request.step_id()
-               << " failed: " << result.status();
+    LOG(ERROR) << "step " << id << " failed: " << result.status();
     if (IsCommunicationFailure(result.status())) {
-      const std::string peers = link_->DescribeDeadPeers(absl::Seconds(3));
-      return WithErrorReason(
-          absl::UnavailableError(absl::StrCat(
-              "step ", request.step_id(), " failed: a peer daemon is gone",
-              peers.empty() ? "" : ": ", peers, " (",
-              result.status().message(),
-              "); restart the job's daemons and LoadState")),
-          ErrorReason::kPeerGone,
-          {{"step_id", absl::StrCat(request.step_id())}});
+      return CommunicationFailure(id, result.status());
     }
     return result.status();
   }
@@ -406,6 +407,32 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
   return response;
 }
 
+absl::Status DaemonCore::CommunicationFailure(int64_t step_id,
+                                              const absl::Status& st) {
+  // A timeout is a hung or stopped peer (it may still be alive): say so
+  // instead of calling it gone.
+  const bool timeout = absl::IsDeadlineExceeded(st);
+  const std::string peers = link_->DescribeDeadPeers(absl::Seconds(3));
+  const std::string what =
+      timeout ? "a peer daemon did not answer in time (hung or stopped)"
+              : "a peer daemon is gone";
+  {
+    absl::MutexLock lock(&mu_);
+    comm_failure_ = absl::StrCat(
+        "communicators unusable after step ", step_id, " failed: ", what,
+        peers.empty() ? "" : ": ", peers, " (", st.message(),
+        "); re-register the params on every rank (then LoadState the last "
+        "checkpoint if needed)");
+  }
+  return WithErrorReason(
+      absl::UnavailableError(absl::StrCat(
+          "step ", step_id, " failed: ", what, peers.empty() ? "" : ": ", peers,
+          " (", st.message(),
+          "); nothing of it was applied on this rank; re-register the params "
+          "on every rank (or restart the job's daemons) and LoadState")),
+      ErrorReason::kPeerGone, {{"step_id", absl::StrCat(step_id)}});
+}
+
 v1::GetStatusResponse DaemonCore::Status() {
   absl::MutexLock lock(&mu_);
   v1::GetStatusResponse s;
@@ -430,8 +457,12 @@ v1::HealthResponse DaemonCore::Health() {
   absl::MutexLock lock(&mu_);
   v1::HealthResponse h;
   h.set_serving(true);
-  h.set_has_plan(engine_ != nullptr);
-  if (engine_ == nullptr && registration_ != nullptr) {
+  // After a communication failure the engine exists but cannot step: no
+  // plan, and the failure as the engine error, so nobody waits on it.
+  h.set_has_plan(engine_ != nullptr && comm_failure_.empty());
+  if (!comm_failure_.empty()) {
+    h.set_engine_error(comm_failure_);
+  } else if (engine_ == nullptr && registration_ != nullptr) {
     h.set_engine_error(engine_error_);
   }
   return h;

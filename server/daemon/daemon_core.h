@@ -7,7 +7,8 @@
 //  engine (communicators + LayerShardedMuon) from the first plan that matches
 //  the registration -> Step.
 //
-// Step ids: the first step after registration may have any id >= 0; then each
+// Step ids: the first step after registration may have any id in [0,
+// kMaxStepId] (2^62, so id + 1 never overflows); then each
 // step must be the previous id + 1. Repeating the previous id returns the
 // recorded response with replayed = true and applies nothing; a smaller id or
 // a gap is FailedPrecondition naming both ids. A failed step records nothing.
@@ -93,6 +94,8 @@ struct DaemonConfig {
 
 class DaemonCore {
  public:
+  static constexpr int64_t kMaxStepId = int64_t{1} << 62;
+
   DaemonCore(DaemonConfig config, std::unique_ptr<HandleOpener> opener,
              CoordinatorLink* link, EngineFactory factory);
   ~DaemonCore();
@@ -148,6 +151,12 @@ class DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<StepOverrides> ParseOverrides(
       const v1::StepRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step id rules (range, sequence) for a step that is not a replay.
+  absl::Status CheckStepId(int64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step whose collectives failed: UNAVAILABLE with PEER_GONE naming the
+  // peers; records it for Health (the communicators are unusable now).
+  absl::Status CommunicationFailure(int64_t step_id, const absl::Status& st)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const DaemonConfig config_;
   const std::unique_ptr<HandleOpener> opener_;
@@ -166,6 +175,10 @@ class DaemonCore {
   std::optional<int64_t> last_step_id_ ABSL_GUARDED_BY(mu_);
   v1::StepResponse last_response_ ABSL_GUARDED_BY(mu_);
   std::string engine_error_ ABSL_GUARDED_BY(mu_);
+  // Set once a step's collectives failed: the communicators are aborted (or a
+  // peer is gone) and every later step fails until the trainers
+  // re-register; Health reports it (no plan, this as engine_error).
+  std::string comm_failure_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
   // Runs the builds; used by builder_ only. Destroyed after builder_ is

@@ -195,6 +195,22 @@ EngineFactory MakeEngineFactory(EngineOptions options,
     }
     StepOptions step_options;
     step_options.skip_nonfinite = options.skip_nonfinite;
+    if (options.world_size > 1) {
+      // The job's vote is a few bytes of host memory per rank: Gloo over
+      // every daemon of the job, in GPU mode too (no NCCL communicator or
+      // device sync for it), bounded by the same timeout.
+      GlooOptions gloo;
+      gloo.hostname = options.gloo_hostname;
+      gloo.timeout = options.comm_timeout;
+      gloo.cancelled = abandoned;
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<Communicator> job,
+          CreateGlooCommunicator(store.get(),
+                                 absl::StrCat("jobcomm/v", plan.version()),
+                                 options.rank, options.world_size, gloo));
+      step_options.job = job.get();
+      engine->communicators.push_back(std::move(job));
+    }
     ASSIGN_OR_RETURN(engine->muon,
                      LayerShardedMuon::Create(backend.get(), std::move(configs),
                                               step_options));

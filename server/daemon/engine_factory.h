@@ -15,6 +15,11 @@ namespace muond {
 
 struct EngineOptions {
   std::string job_id;
+  // This daemon's rank in the job and the job's size: the job communicator
+  // (every daemon, Gloo in host and GPU mode) carries each step's vote
+  // (core/step/job_vote.h). world_size 1: no job communicator.
+  int rank = 0;
+  int world_size = 1;
   int device = -1;  // -1: host mode (CPU backend, Gloo)
   std::string gloo_hostname = "127.0.0.1";
   absl::Duration comm_timeout = absl::Seconds(60);

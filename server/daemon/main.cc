@@ -188,6 +188,8 @@ int main(int argc, char** argv) {
   muond::EngineOptions engine_options;
   engine_options.job_id = job;
   engine_options.device = device;
+  engine_options.rank = rank;
+  engine_options.world_size = world;
   engine_options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
   engine_options.skip_nonfinite = absl::GetFlag(FLAGS_skip_nonfinite);
   engine_options.comm_timeout =

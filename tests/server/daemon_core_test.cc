@@ -49,7 +49,9 @@ class FakeMuon : public LayerShardedMuon {
     versions_set.push_back(version);
     return absl::OkStatus();
   }
-  absl::StatusOr<StepResult> Step(const StepOverrides&) override {
+  absl::StatusOr<StepResult> RunStep(const StepInputs& inputs) override {
+    // The daemon's own refusals reach the engine, which votes on them.
+    if (!inputs.refusal.ok()) return inputs.refusal;
     for (float* f : firsts_) *f += 1;
     StepResult r;
     r.timings.total_us = 7;

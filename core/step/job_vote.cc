@@ -1,0 +1,107 @@
+#include "core/step/job_vote.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace muond {
+
+std::array<uint32_t, kJobBallotWords> EncodeJobBallot(const JobBallot& b) {
+  const uint64_t id = static_cast<uint64_t>(b.step_id);
+  return {static_cast<uint32_t>(b.kind), static_cast<uint32_t>(id),
+          static_cast<uint32_t>(id >> 32), static_cast<uint32_t>(b.verdict),
+          static_cast<uint32_t>(b.code)};
+}
+
+JobBallot DecodeJobBallot(absl::Span<const uint32_t> w) {
+  const uint64_t id = uint64_t(w[1]) | (uint64_t(w[2]) << 32);
+  return {.kind = static_cast<BallotKind>(w[0]),
+          .step_id = static_cast<int64_t>(id),
+          .verdict = static_cast<JobVerdict>(w[3]),
+          .code = static_cast<RefusalCode>(w[4])};
+}
+
+JobDecision FoldJobBallots(absl::Span<const JobBallot> ballots) {
+  JobDecision d;
+  bool same = true;
+  for (size_t r = 0; r < ballots.size(); ++r) {
+    const JobBallot& b = ballots[r];
+    same &= b.kind == ballots[0].kind && b.step_id == ballots[0].step_id;
+    if (b.verdict == JobVerdict::kRefuse) {
+      d.refusals.push_back({int(r), b.code});
+    } else if (b.verdict == JobVerdict::kSkip) {
+      d.skipping_ranks.push_back(int(r));
+    }
+  }
+  if (!d.refusals.empty() || !same) {
+    d.verdict = JobVerdict::kRefuse;
+    d.skipping_ranks.clear();
+    if (d.refusals.empty()) {
+      for (const JobBallot& b : ballots) d.step_ids.push_back(b.step_id);
+    }
+    return d;
+  }
+  d.verdict =
+      d.skipping_ranks.empty() ? JobVerdict::kAgree : JobVerdict::kSkip;
+  return d;
+}
+
+std::string RefusalCodeName(RefusalCode code) {
+  switch (code) {
+    case RefusalCode::kNone:
+      return "no reason given";
+    case RefusalCode::kOverrides:
+      return "a step override";
+    case RefusalCode::kStepId:
+      return "the step id";
+    case RefusalCode::kNonFinite:
+      return "non-finite gradients";
+    case RefusalCode::kPlanVersion:
+      return "a plan version it does not hold";
+    case RefusalCode::kMemory:
+      return "registered memory changed";
+    case RefusalCode::kCommunication:
+      return "its communicators failed: a peer is gone or hung";
+    case RefusalCode::kOther:
+      return "another error";
+  }
+  return absl::StrCat("unknown reason ", uint32_t(code));
+}
+
+std::string DescribeRefusals(const JobDecision& d) {
+  if (d.refusals.empty()) {
+    std::vector<std::string> ids;
+    for (size_t r = 0; r < d.step_ids.size(); ++r) {
+      ids.push_back(absl::StrCat("rank ", r, ": ", d.step_ids[r]));
+    }
+    return absl::StrCat("the ranks voted on different steps (",
+                        absl::StrJoin(ids, ", "), ")");
+  }
+  std::vector<std::string> parts;
+  for (const Refusal& r : d.refusals) {
+    parts.push_back(
+        absl::StrCat("rank ", r.rank, " (", RefusalCodeName(r.code), ")"));
+  }
+  return absl::StrCat("refused by ", absl::StrJoin(parts, ", "));
+}
+
+absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
+  const RefusalCode first =
+      d.refusals.empty() ? RefusalCode::kStepId : d.refusals[0].code;
+  const std::string message =
+      absl::StrCat("step ", step_id, " refused on every rank of the job: ",
+                   DescribeRefusals(d),
+                   " (that rank's answer has the details); nothing was applied");
+  switch (first) {
+    case RefusalCode::kOverrides:
+    case RefusalCode::kNonFinite:
+      return absl::InvalidArgumentError(message);
+    case RefusalCode::kCommunication:
+      return absl::UnavailableError(message);
+    default:
+      return absl::FailedPreconditionError(message);
+  }
+}
+
+}  // namespace muond

@@ -1,0 +1,94 @@
+// The job vote's fold (core/step/job_vote.h): every rank folds the same
+// gathered ballots to the same decision.
+#include "core/step/job_vote.h"
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace muond {
+namespace {
+
+JobBallot Agree(int64_t id) { return {.step_id = id}; }
+JobBallot Skip(int64_t id) {
+  return {.step_id = id, .verdict = JobVerdict::kSkip};
+}
+JobBallot Refuse(int64_t id, RefusalCode code) {
+  return {.step_id = id, .verdict = JobVerdict::kRefuse, .code = code};
+}
+
+TEST(JobVoteTest, BallotsTravelExactly) {
+  for (int64_t id : {int64_t{0}, int64_t{1}, int64_t{12}, int64_t{1} << 40,
+                     (int64_t{1} << 62) + 3,
+                     std::numeric_limits<int64_t>::max(), int64_t{-1}}) {
+    for (const JobBallot& b :
+         {Agree(id), Skip(id), Refuse(id, RefusalCode::kMemory),
+          JobBallot{.kind = BallotKind::kCommit, .step_id = id}}) {
+      const auto words = EncodeJobBallot(b);
+      EXPECT_EQ(DecodeJobBallot(words), b) << id;
+    }
+  }
+}
+
+TEST(JobVoteTest, AllAgreeSteps) {
+  const std::vector<JobBallot> b = {Agree(7), Agree(7), Agree(7)};
+  EXPECT_EQ(FoldJobBallots(b).verdict, JobVerdict::kAgree);
+  EXPECT_EQ(FoldJobBallots({Agree(7)}).verdict, JobVerdict::kAgree);
+}
+
+TEST(JobVoteTest, AnySkipSkipsEveryRank) {
+  const std::vector<JobBallot> b = {Agree(3), Skip(3), Agree(3), Skip(3)};
+  const JobDecision d = FoldJobBallots(b);
+  EXPECT_EQ(d.verdict, JobVerdict::kSkip);
+  EXPECT_EQ(d.skipping_ranks, (std::vector<int>{1, 3}));
+}
+
+TEST(JobVoteTest, AnyRefusalRefusesEveryRankAndBeatsSkip) {
+  const std::vector<JobBallot> b = {Skip(12), Refuse(12, RefusalCode::kNonFinite),
+                                    Agree(12),
+                                    Refuse(12, RefusalCode::kOverrides)};
+  const JobDecision d = FoldJobBallots(b);
+  EXPECT_EQ(d.verdict, JobVerdict::kRefuse);
+  EXPECT_EQ(d.refusals,
+            (std::vector<Refusal>{{1, RefusalCode::kNonFinite},
+                                  {3, RefusalCode::kOverrides}}));
+  EXPECT_TRUE(d.skipping_ranks.empty());
+  const absl::Status st = RefusedByPeers(d, 12);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(st.message(), "step 12 refused on every rank"))
+      << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "rank 1 (non-finite gradients)"))
+      << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "rank 3 (a step override)"))
+      << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "nothing was applied")) << st;
+}
+
+TEST(JobVoteTest, DifferentStepIdsRefuseNamingThem) {
+  const std::vector<JobBallot> b = {Agree(12), Agree(13)};
+  const JobDecision d = FoldJobBallots(b);
+  EXPECT_EQ(d.verdict, JobVerdict::kRefuse);
+  EXPECT_EQ(d.step_ids, (std::vector<int64_t>{12, 13}));
+  const absl::Status st = RefusedByPeers(d, 12);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(st.message(), "rank 0: 12, rank 1: 13")) << st;
+}
+
+TEST(JobVoteTest, DifferentKindsRefuse) {
+  const std::vector<JobBallot> b = {
+      Agree(4), JobBallot{.kind = BallotKind::kCommit, .step_id = 4}};
+  EXPECT_EQ(FoldJobBallots(b).verdict, JobVerdict::kRefuse);
+}
+
+TEST(JobVoteTest, PeerCommunicationFailureIsUnavailable) {
+  const std::vector<JobBallot> b = {
+      Agree(5), Refuse(5, RefusalCode::kCommunication)};
+  EXPECT_EQ(RefusedByPeers(FoldJobBallots(b), 5).code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace muond
