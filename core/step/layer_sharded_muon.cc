@@ -446,6 +446,9 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
     commit.code = IsCommunicationFailure(prepared) ? RefusalCode::kCommunication
                                                    : RefusalCode::kOther;
   }
+  if (options_.testonly_commit_delay_ms > 0) {
+    absl::SleepFor(absl::Milliseconds(options_.testonly_commit_delay_ms));
+  }
   absl::StatusOr<JobDecision> committed = VoteOnJob(commit);
   if (!prepared.ok()) return prepared;
   if (!committed.ok()) return committed.status();

@@ -122,6 +122,10 @@ struct StepOptions {
   // skip or refuse, job_vote.h) and after the exchanges (commit), so the job
   // decides together. Null: a single-rank job (no vote). Not owned.
   Communicator* job = nullptr;
+  // Tests only: sleep this long before the commit vote, so a test can kill a
+  // peer while every rank is known to be between its exchanges and its
+  // commit (muond --testonly_commit_delay_ms).
+  int testonly_commit_delay_ms = 0;
 };
 
 class LayerShardedMuon {

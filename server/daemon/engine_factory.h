@@ -26,6 +26,8 @@ struct EngineOptions {
   // Skip (instead of fail) steps with non-finite gradients (muond
   // --skip_nonfinite); params and momentum stay unchanged either way.
   bool skip_nonfinite = false;
+  // StepOptions::testonly_commit_delay_ms (tests of a peer dying mid-step).
+  int testonly_commit_delay_ms = 0;
 };
 
 // Proto hyperparameters -> core options; unset optional fields and

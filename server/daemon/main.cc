@@ -49,6 +49,9 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
 ABSL_FLAG(std::string, coordinator_tls_ca, "",
           "PEM root certificate: connect to the coordinator over TLS");
+ABSL_FLAG(int, testonly_commit_delay_ms, 0,
+          "Tests only: sleep this long after a step's exchanges, before the "
+          "job's commit vote (tests of a peer dying mid-step)");
 ABSL_FLAG(bool, skip_nonfinite, false,
           "Skip (instead of fail) a step whose gradients hold NaN/Inf; either "
           "way params and momentum stay unchanged and the params are named");
@@ -192,6 +195,8 @@ int main(int argc, char** argv) {
   engine_options.world_size = world;
   engine_options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
   engine_options.skip_nonfinite = absl::GetFlag(FLAGS_skip_nonfinite);
+  engine_options.testonly_commit_delay_ms =
+      absl::GetFlag(FLAGS_testonly_commit_delay_ms);
   engine_options.comm_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
   std::unique_ptr<muond::HandleOpener> opener =
