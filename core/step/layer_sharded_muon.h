@@ -31,6 +31,7 @@
 #include "core/comm/communicator.h"
 #include "core/common/matrix_view.h"
 #include "core/muon/adamw.h"
+#include "core/muon/bounds.h"
 #include "core/muon/muon_update.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
@@ -83,8 +84,9 @@ struct StepOverrides {
   std::map<std::string, double> lr;
   std::map<std::string, double> weight_decay;
 };
-inline constexpr double kMaxOverrideLr = 1e3;
-inline constexpr double kMaxOverrideWeightDecay = 1e3;
+// The same bounds as registration's hyperparameters (core/muon/bounds.h).
+inline constexpr double kMaxOverrideLr = kMaxLr;
+inline constexpr double kMaxOverrideWeightDecay = kMaxWeightDecay;
 
 // InvalidArgument naming the group, the field and the bound when an override
 // names no group of `group_names` or is out of range.
