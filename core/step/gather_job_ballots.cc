@@ -16,8 +16,8 @@ absl::StatusOr<std::vector<JobBallot>> GatherJobBallots(Communicator* job,
   std::vector<uint32_t> gathered(kJobBallotWords * job->size());
   // Raw 32-bit words as fp32 elements: the all_gather copies bytes, it does
   // no arithmetic, so every bit arrives as sent.
-  RETURN_IF_ERROR(job->AllGather(words.data(), kJobBallotWords,
-                                 gathered.data(), DType::kFloat32));
+  RETURN_IF_ERROR(job->AllGather(words.data(), kJobBallotWords, gathered.data(),
+                                 DType::kFloat32));
   RETURN_IF_ERROR(job->Wait());
   std::vector<JobBallot> ballots;
   for (int r = 0; r < job->size(); ++r) {

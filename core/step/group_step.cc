@@ -145,9 +145,8 @@ absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
   RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/ns", t.ns_us, [&] {
     return NsPhase(group, options, shape_times);
   }));
-  return TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us, [&] {
-    return ReverseExchangePhase(group, exchange);
-  });
+  return TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us,
+                    [&] { return ReverseExchangePhase(group, exchange); });
 }
 
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,

@@ -42,8 +42,7 @@ JobDecision FoldJobBallots(absl::Span<const JobBallot> ballots) {
     }
     return d;
   }
-  d.verdict =
-      d.skipping_ranks.empty() ? JobVerdict::kAgree : JobVerdict::kSkip;
+  d.verdict = d.skipping_ranks.empty() ? JobVerdict::kAgree : JobVerdict::kSkip;
   return d;
 }
 
@@ -89,10 +88,10 @@ std::string DescribeRefusals(const JobDecision& d) {
 absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
   const RefusalCode first =
       d.refusals.empty() ? RefusalCode::kStepId : d.refusals[0].code;
-  const std::string message =
-      absl::StrCat("step ", step_id, " refused on every rank of the job: ",
-                   DescribeRefusals(d),
-                   " (that rank's answer has the details); nothing was applied");
+  const std::string message = absl::StrCat(
+      "step ", step_id,
+      " refused on every rank of the job: ", DescribeRefusals(d),
+      " (that rank's answer has the details); nothing was applied");
   switch (first) {
     case RefusalCode::kOverrides:
     case RefusalCode::kNonFinite:

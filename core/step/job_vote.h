@@ -35,11 +35,11 @@ enum class JobVerdict : uint32_t {
 // keeps its full message, its peers name the rank and this code.
 enum class RefusalCode : uint32_t {
   kNone = 0,
-  kOverrides = 1,    // a step override out of range or naming no group
-  kStepId = 2,       // the step id out of sequence or out of range
-  kNonFinite = 3,    // non-finite gradients (without skip_nonfinite)
-  kPlanVersion = 4,  // a plan version this rank does not hold
-  kMemory = 5,       // registered memory changed (unmapped, shrunk)
+  kOverrides = 1,      // a step override out of range or naming no group
+  kStepId = 2,         // the step id out of sequence or out of range
+  kNonFinite = 3,      // non-finite gradients (without skip_nonfinite)
+  kPlanVersion = 4,    // a plan version this rank does not hold
+  kMemory = 5,         // registered memory changed (unmapped, shrunk)
   kCommunication = 6,  // this rank's communicators failed (a peer is gone)
   kOther = 7,
 };

@@ -60,9 +60,9 @@ absl::Status CheckStepOverrides(const StepOverrides& overrides,
       }
       // !(v >= 0) is true for NaN too.
       if (!(value >= 0) || !(value <= bound)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "overrides: group '", name, "' ", field, " ", value,
-            " must be finite, >= 0 and <= ", bound));
+        return absl::InvalidArgumentError(
+            absl::StrCat("overrides: group '", name, "' ", field, " ", value,
+                         " must be finite, >= 0 and <= ", bound));
       }
     }
   }
@@ -91,9 +91,9 @@ bool IsCommunicationFailure(const absl::Status& st) {
 }
 
 absl::Status NonFiniteError(const std::vector<std::string>& bad) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("non-finite gradients (NaN or Inf) in: ",
-                   absl::StrJoin(bad, ", "), "; the step was not applied"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "non-finite gradients (NaN or Inf) in: ", absl::StrJoin(bad, ", "),
+      "; the step was not applied"));
 }
 
 // The group's options with this step's overrides applied.
@@ -379,9 +379,9 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
   if (!agreed.ok()) {
     refuse(agreed.status(), IsCommunicationFailure(agreed.status())
                                 ? RefusalCode::kCommunication
-                                : absl::IsFailedPrecondition(agreed.status())
-                                    ? RefusalCode::kPlanVersion
-                                    : RefusalCode::kOther);
+                            : absl::IsFailedPrecondition(agreed.status())
+                                ? RefusalCode::kPlanVersion
+                                : RefusalCode::kOther);
     return mine;
   }
   bad = *std::move(agreed);
@@ -453,9 +453,9 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   if (!prepared.ok()) return prepared;
   if (!committed.ok()) return committed.status();
   if (committed->verdict != JobVerdict::kAgree) {
-    return absl::UnavailableError(absl::StrCat(
-        "step ", inputs.step_id, " was not applied on any rank: ",
-        DescribeRefusals(*committed), " in its exchanges"));
+    return absl::UnavailableError(
+        absl::StrCat("step ", inputs.step_id, " was not applied on any rank: ",
+                     DescribeRefusals(*committed), " in its exchanges"));
   }
   // 5. The commit: local writes only.
   RETURN_IF_ERROR(RunLanes(

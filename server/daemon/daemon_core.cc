@@ -303,8 +303,8 @@ absl::StatusOr<StepOverrides> DaemonCore::ParseOverrides(
 
 absl::Status DaemonCore::CheckStepId(int64_t id) const {
   if (id < 0 || id > kMaxStepId) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step_id ", id, " must be in [0, ", kMaxStepId, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step_id ", id, " must be in [0, ", kMaxStepId, "]"));
   }
   if (last_step_id_ && id != *last_step_id_ + 1) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -62,8 +62,7 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
   if (h.has_num_ns_steps()) o.ns.num_steps = h.num_ns_steps();
   if (h.has_eps()) {
     // Checked before the fp32 cast so the message shows the value sent.
-    RETURN_IF_ERROR(
-        InGroup(group, CheckPositiveFloat32(h.eps(), "muon eps")));
+    RETURN_IF_ERROR(InGroup(group, CheckPositiveFloat32(h.eps(), "muon eps")));
     o.ns.eps = float(h.eps());
   }
   if (h.scale_mode() != v1::SCALE_MODE_UNSPECIFIED) {

@@ -47,14 +47,13 @@ TEST(JobVoteTest, AnySkipSkipsEveryRank) {
 }
 
 TEST(JobVoteTest, AnyRefusalRefusesEveryRankAndBeatsSkip) {
-  const std::vector<JobBallot> b = {Skip(12), Refuse(12, RefusalCode::kNonFinite),
-                                    Agree(12),
-                                    Refuse(12, RefusalCode::kOverrides)};
+  const std::vector<JobBallot> b = {
+      Skip(12), Refuse(12, RefusalCode::kNonFinite), Agree(12),
+      Refuse(12, RefusalCode::kOverrides)};
   const JobDecision d = FoldJobBallots(b);
   EXPECT_EQ(d.verdict, JobVerdict::kRefuse);
-  EXPECT_EQ(d.refusals,
-            (std::vector<Refusal>{{1, RefusalCode::kNonFinite},
-                                  {3, RefusalCode::kOverrides}}));
+  EXPECT_EQ(d.refusals, (std::vector<Refusal>{{1, RefusalCode::kNonFinite},
+                                              {3, RefusalCode::kOverrides}}));
   EXPECT_TRUE(d.skipping_ranks.empty());
   const absl::Status st = RefusedByPeers(d, 12);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
@@ -84,8 +83,8 @@ TEST(JobVoteTest, DifferentKindsRefuse) {
 }
 
 TEST(JobVoteTest, PeerCommunicationFailureIsUnavailable) {
-  const std::vector<JobBallot> b = {
-      Agree(5), Refuse(5, RefusalCode::kCommunication)};
+  const std::vector<JobBallot> b = {Agree(5),
+                                    Refuse(5, RefusalCode::kCommunication)};
   EXPECT_EQ(RefusedByPeers(FoldJobBallots(b), 5).code(),
             absl::StatusCode::kUnavailable);
 }
