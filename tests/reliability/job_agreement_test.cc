@@ -7,9 +7,11 @@
 // Each rank registers the shared 2x2 group of the harness plus a group only
 // it holds ("solo-r<rank>", a 1x1 domain), as muond.torch.Muon places AdamW
 // and unsplittable params.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <string>
@@ -341,6 +343,40 @@ TEST(JobAgreementTest, PeerKilledBeforeTheCommitLeavesSurvivorsUnchanged) {
   const std::vector<float> got = job.trainers().Shards();
   const std::vector<float> want = job.trainers().ReferenceShards({1, 2});
   EXPECT_TRUE(SameBits(got, want)) << "recovered step differs from reference";
+}
+
+TEST(JobAgreementTest, StoppedPeerIsReportedAsHungNotGone) {
+  Cluster c({.daemon_flags = {"--comm_timeout_s=3"}});
+  c.StartAll();
+  Job job(c);
+  ASSERT_TRUE(job.Register().ok());
+  job.trainers().FillGrads(1);
+  for (auto& r : job.StepAll(1)) ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<float> after1 = job.Params();
+  kill(c.daemon_pid(3), SIGSTOP);
+  std::vector<absl::StatusOr<v1::StepResponse>> results(
+      3, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] { results[r] = job.client(r).Step(2); });
+  }
+  for (auto& t : threads) t.join();
+  std::printf("rank 0 with rank 3 stopped: %s\n",
+              results[0].status().ToString().c_str());
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(results[r].status().code(), absl::StatusCode::kUnavailable)
+        << "rank " << r << ": " << results[r].status();
+    EXPECT_TRUE(absl::StrContains(results[r].status().message(),
+                                  "did not answer in time"))
+        << "rank " << r << ": " << results[r].status();
+    auto h = job.client(r).Health();
+    ASSERT_TRUE(h.ok());
+    EXPECT_FALSE(h->has_plan());
+    EXPECT_TRUE(absl::StrContains(h->engine_error(), "hung or stopped"))
+        << h->engine_error();
+  }
+  EXPECT_TRUE(SameBits(job.Params(), after1));
+  kill(c.daemon_pid(3), SIGCONT);
 }
 
 }  // namespace
