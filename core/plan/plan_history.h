@@ -48,6 +48,13 @@ namespace muond {
 // Plan versions every holder keeps (see above).
 inline constexpr int kPlansKept = 64;
 
+// The highest plan version anyone numbers, holds or routes by (the step
+// engine's limit, LayerShardedMuon::kMaxHomesVersion, is this one): versions
+// travel in the domain's agreement votes, which have 48 bits for them. The
+// coordinator refuses a daemon's known_plan_version above it and Append
+// refuses to number past it.
+inline constexpr int64_t kMaxPlanVersion = (int64_t(1) << 48) - 1;
+
 // InvalidArgument naming `field` unless 1 <= kept <= kPlansKept: a holder
 // that keeps more than the others is of no use (a version the others dropped
 // cannot be agreed on), one that keeps fewer fails steps the others accept.
@@ -106,7 +113,13 @@ class PlanHistory {
   // Holds `plan`, which must carry NextVersion() (FailedPrecondition
   // otherwise: versions are strictly increasing), and drops the oldest
   // beyond the limit.
+  // ResourceExhausted past kMaxPlanVersion.
   absl::Status Append(Plan plan) {
+    if (int64_t(plan.version()) > kMaxPlanVersion) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "plan version ", int64_t(plan.version()), " exceeds the limit ",
+          kMaxPlanVersion, " (kMaxPlanVersion); restart the job's daemons"));
+    }
     if (int64_t(plan.version()) != NextVersion()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "plan version ", int64_t(plan.version()), " is not the next version ",

@@ -33,6 +33,7 @@
 #include "core/muon/adamw.h"
 #include "core/muon/bounds.h"
 #include "core/muon/muon_update.h"
+#include "core/plan/plan_history.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
 #include "core/step/job_vote.h"
@@ -159,7 +160,7 @@ class LayerShardedMuon {
   // on any rank of the domain -> round-robin fallback (version 0) with a loud
   // warning.
   static constexpr int64_t kNextHomesVersion = -1;
-  static constexpr int64_t kMaxHomesVersion = (int64_t(1) << 48) - 1;
+  static constexpr int64_t kMaxHomesVersion = kMaxPlanVersion;
   virtual absl::Status SetHomes(const std::string& group,
                                 std::vector<NsHome> homes, int64_t version) = 0;
   absl::Status SetHomes(const std::string& group, std::vector<NsHome> homes) {

@@ -12,6 +12,9 @@
 #include "core/common/status_macros.h"
 #include "core/plan/sharding.h"
 #include "glog/logging.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/text_format.h"
+#include "server/common/checked_math.h"
 
 namespace muond {
 namespace {
@@ -75,9 +78,88 @@ std::string FirstParamDifference(const v1::GroupManifest& a, int ra,
                         a.params_size(), " vs ", b.params_size(), " params)");
   }
   if (a.algorithm() != b.algorithm()) {
-    return absl::StrCat(where, " differ in algorithm");
+    return absl::StrCat(
+        where, " differ in algorithm: ", v1::Algorithm_Name(a.algorithm()),
+        " vs ", v1::Algorithm_Name(b.algorithm()));
   }
   return "";
+}
+
+// One field's value as text: "unset" for an unset field with presence, the
+// elements in brackets for a repeated field.
+std::string FieldText(const google::protobuf::Message& m,
+                      const google::protobuf::FieldDescriptor* field) {
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::string out, value;
+  if (field->is_repeated()) {
+    std::vector<std::string> items;
+    for (int i = 0; i < r->FieldSize(m, field); ++i) {
+      google::protobuf::TextFormat::PrintFieldValueToString(m, field, i,
+                                                            &value);
+      items.push_back(value);
+    }
+    return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
+  }
+  if (field->has_presence() && !r->HasField(m, field)) return "unset";
+  google::protobuf::TextFormat::PrintFieldValueToString(m, field, -1, &out);
+  return out;
+}
+
+// Empty when the hyperparameters `a` (rank ra) and `b` (rank rb) of `group`
+// agree field by field, as on the wire; otherwise the first field that
+// differs with both ranks' values. Generic over the message so a field added
+// to MuonHyperparams/AdamWHyperparams is compared without a change here.
+std::string FirstHyperparamDifference(const std::string& group,
+                                      const google::protobuf::Message& a,
+                                      int ra,
+                                      const google::protobuf::Message& b,
+                                      int rb) {
+  const google::protobuf::Descriptor* d = a.GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = d->field(i);
+    const std::string va = FieldText(a, field), vb = FieldText(b, field);
+    if (va == vb) continue;
+    return absl::StrCat("group '", group, "': hyperparameter ", d->name(), ".",
+                        field->name(), " differs between ranks: rank ", ra,
+                        " has ", va, ", rank ", rb, " has ", vb,
+                        "; every rank must register the group with the same "
+                        "hyperparameters");
+  }
+  return "";
+}
+
+std::string GroupHyperparamDifference(const v1::GroupManifest& a, int ra,
+                                      const v1::GroupManifest& b, int rb) {
+  std::string diff =
+      FirstHyperparamDifference(a.group(), a.muon(), ra, b.muon(), rb);
+  if (diff.empty()) {
+    diff = FirstHyperparamDifference(a.group(), a.adamw(), ra, b.adamw(), rb);
+  }
+  return diff;
+}
+
+// A shape from the wire: 1 or 2 dims (what the servers register), each
+// >= 1, whose element count fits int64.
+absl::Status CheckWireShape(const std::string& where, const char* field,
+                            const google::protobuf::RepeatedField<int64_t>& s) {
+  if (s.size() < 1 || s.size() > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", field, " ", ShapeString(s), " must have 1 or 2 dims"));
+  }
+  std::optional<int64_t> elements = 1;
+  for (int64_t dim : s) {
+    if (dim < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", field, " ", ShapeString(s), " has a dim < 1"));
+    }
+    if (elements) elements = CheckedMul(*elements, dim);
+  }
+  if (!elements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", field, " ", ShapeString(s),
+                     " has more elements than int64 holds"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateManifestShape(const v1::PublishManifestRequest& request) {
@@ -90,6 +172,11 @@ absl::Status ValidateManifestShape(const v1::PublishManifestRequest& request) {
     if (!groups.insert(g.group()).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", request.rank(), ": group '", g.group(), "' appears twice"));
+    }
+    if (!v1::Algorithm_IsValid(g.algorithm())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", g.group(), "': algorithm: value ", g.algorithm(),
+          " is not one of ALGORITHM_MUON, ALGORITHM_ADAMW (or unset)"));
     }
     const v1::Domain& d = g.domain();
     RETURN_IF_ERROR(CheckDomainCoordinates(
@@ -105,12 +192,14 @@ absl::Status ValidateManifestShape(const v1::PublishManifestRequest& request) {
         return absl::InvalidArgumentError(absl::StrCat(
             "group '", g.group(), "': duplicate param name '", p.name(), "'"));
       }
-      for (int64_t dim : p.full_shape()) {
-        if (dim < 1) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("param '", p.name(), "': full_shape ",
-                           ShapeString(p.full_shape()), " has a dim < 1"));
-        }
+      const std::string where = absl::StrCat("param '", p.name(), "'");
+      RETURN_IF_ERROR(CheckWireShape(where, "full_shape", p.full_shape()));
+      RETURN_IF_ERROR(CheckWireShape(where, "local_shape", p.local_shape()));
+      if (p.local_shape_size() != p.full_shape_size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": local_shape ", ShapeString(p.local_shape()),
+                         " and full_shape ", ShapeString(p.full_shape()),
+                         " must have the same number of dims"));
       }
     }
   }
@@ -128,21 +217,104 @@ std::string Fingerprint(const std::map<int, std::string>& manifests) {
 }  // namespace
 
 absl::Status CoordinatorOptions::Validate() const {
-  return ValidatePlansKept("plans_kept", plans_kept);
+  RETURN_IF_ERROR(ValidatePlansKept("plans_kept", plans_kept));
+  if (!std::isfinite(rebalance_threshold) || rebalance_threshold < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rebalance_threshold: ", rebalance_threshold,
+                     " must be finite and >= 0 (0 = off)"));
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, int64_t>{"rebalance_interval_steps",
+                                        rebalance_interval_steps},
+        {"rebalance_activate_margin", rebalance_activate_margin}}) {
+    if (value < 1 || value > kMaxRebalanceSteps) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", value, " must be in [1, ", kMaxRebalanceSteps, "]"));
+    }
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, absl::Duration>{"max_wait", max_wait},
+        {"job_idle_expiry", job_idle_expiry},
+        {"join_grace", join_grace}}) {
+    if (value <= absl::ZeroDuration() || value == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", absl::FormatDuration(value), " must be > 0 and finite"));
+    }
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, int64_t>{"max_jobs", max_jobs},
+        {"kv_max_key_bytes", kv.max_key_bytes},
+        {"kv_max_value_bytes", kv.max_value_bytes},
+        {"kv_max_keys_per_job", kv.max_keys_per_job},
+        {"kv_max_total_bytes", kv.max_total_bytes}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", value, " must be >= 1"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 CoordinatorCore::CoordinatorCore(CoordinatorOptions options)
     : options_(std::move(options)) {}
 
+bool CoordinatorCore::Live(const Daemon& daemon, absl::Time now) const {
+  return daemon.streams > 0 ||
+         (daemon.join_pending && now - daemon.joined_at < options_.join_grace);
+}
+
+bool CoordinatorCore::AnyLive(const Job& job, absl::Time now) const {
+  for (const auto& [rank, d] : job.daemons) {
+    if (Live(d, now)) return true;
+  }
+  return false;
+}
+
+void CoordinatorCore::ClearKv(Job& job) {
+  total_kv_bytes_ -= job.kv_bytes;
+  job.kv_bytes = 0;
+  job.kv.clear();
+}
+
+void CoordinatorCore::ExpireIdleJobs(absl::Time now) {
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    Job& job = *it->second;
+    if (job.waiters > 0 || AnyLive(job, now) ||
+        now - job.last_activity < options_.job_idle_expiry) {
+      ++it;
+      continue;
+    }
+    LOG(INFO) << "job " << job.id << ": no live daemon and no call for "
+              << absl::FormatDuration(now - job.last_activity)
+              << "; forgetting it (world size, token, store, plans)";
+    ClearKv(job);
+    it = jobs_.erase(it);
+  }
+}
+
+std::unique_ptr<CoordinatorCore::Job> CoordinatorCore::NewJob(
+    const v1::JoinRequest& request) const {
+  auto job = std::make_unique<Job>();
+  job->plans = PlanHistory<v1::Plan>(options_.plans_kept);
+  job->id = request.job_id();
+  job->world_size = request.world_size();
+  job->token = request.token();
+  job->last_activity = options_.clock();
+  return job;
+}
+
 absl::StatusOr<CoordinatorCore::Job*> CoordinatorCore::FindJob(
     const std::string& job_id) {
+  const absl::Time now = options_.clock();
+  ExpireIdleJobs(now);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
     return absl::NotFoundError(
         absl::StrCat("job_id '", job_id,
                      "' is unknown to this coordinator (no daemon "
-                     "joined it)"));
+                     "joined it, or it expired after its daemons left)"));
   }
+  it->second->last_activity = now;
   return it->second.get();
 }
 
@@ -166,15 +338,30 @@ absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
                      ": token does not match the coordinator's"));
   }
   absl::MutexLock lock(&mu_);
+  const absl::Time now = options_.clock();
+  ExpireIdleJobs(now);
+  auto found = jobs_.find(request.job_id());
+  if (found == jobs_.end() && int(jobs_.size()) >= options_.max_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", request.job_id(), "': this coordinator holds max_jobs=",
+        options_.max_jobs, " jobs already (idle jobs expire after ",
+        absl::FormatDuration(options_.job_idle_expiry), ")"));
+  }
   std::unique_ptr<Job>& slot = jobs_[request.job_id()];
   if (slot == nullptr) {
-    slot = std::make_unique<Job>();
-    slot->plans = PlanHistory<v1::Plan>(options_.plans_kept);
-    slot->id = request.job_id();
-    slot->world_size = request.world_size();
-    slot->token = request.token();
+    slot = NewJob(request);
+  } else if (slot->waiters == 0 && !AnyLive(*slot, now) &&
+             (slot->world_size != request.world_size() ||
+              slot->token != request.token())) {
+    // Every daemon of the old incarnation is gone: its world size and token
+    // bind nobody any more.
+    LOG(INFO) << "job " << slot->id << ": no daemon is live; a Join with "
+              << "another world size or token starts the job afresh";
+    ClearKv(*slot);
+    slot = NewJob(request);
   }
   Job& job = *slot;
+  job.last_activity = now;
   if (request.world_size() != job.world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: ", request.world_size(), " differs from job '", job.id,
@@ -186,26 +373,34 @@ absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
                      ": token differs from the job's first daemon"));
   }
   auto it = job.daemons.find(request.rank());
-  if (it != job.daemons.end() && it->second.live) {
+  if (it != job.daemons.end() && Live(it->second, now)) {
+    const Daemon& d = it->second;
     return absl::AlreadyExistsError(absl::StrCat(
         "job '", job.id, "' rank ", request.rank(),
-        " is already joined and live (from ", it->second.join.host(), " at ",
-        it->second.join.address(), ")"));
+        " is already joined and live (from ", d.join.host(), " at ",
+        d.join.address(), "; ",
+        d.streams > 0
+            ? "its plan stream is open"
+            : absl::StrCat("joined ", absl::FormatDuration(now - d.joined_at),
+                           " ago; a join with no plan stream is replaced "
+                           "after ",
+                           absl::FormatDuration(options_.join_grace)),
+        ")"));
   }
-  bool any_live = false;
-  for (const auto& [r, d] : job.daemons) any_live |= d.live;
-  if (!any_live && !job.kv.empty()) {
+  if (!AnyLive(job, now) && !job.kv.empty()) {
     // Every daemon of the job went away and one is back (the job restarts):
     // rendezvous keys of the dead incarnation would point peers at dead
     // addresses, so the new one starts from an empty store.
     LOG(INFO) << "job " << job.id << ": every daemon had left; clearing "
               << job.kv.size() << " rendezvous keys";
-    job.kv.clear();
+    ClearKv(job);
   }
   Daemon& daemon = job.daemons[request.rank()];
   daemon.join = request;
   daemon.join.clear_token();
-  daemon.live = true;
+  daemon.streams = 0;
+  daemon.join_pending = true;
+  daemon.joined_at = now;
   v1::JoinResponse response;
   response.set_store_prefix(absl::StrCat("job/", job.id));
   return response;
@@ -229,21 +424,64 @@ absl::Status CoordinatorCore::CheckJobToken(const std::string& job_id,
   return absl::OkStatus();
 }
 
+bool CoordinatorCore::StartWatching(const std::string& job_id, int rank) {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return false;
+  auto it = job->second->daemons.find(rank);
+  if (it == job->second->daemons.end()) return false;
+  ++it->second.streams;
+  it->second.join_pending = false;
+  job->second->last_activity = options_.clock();
+  return true;
+}
+
 void CoordinatorCore::Leave(const std::string& job_id, int rank) {
   absl::MutexLock lock(&mu_);
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return;
+  job->second->last_activity = options_.clock();
   auto it = job->second->daemons.find(rank);
-  if (it != job->second->daemons.end()) it->second.live = false;
+  if (it == job->second->daemons.end()) return;
+  it->second.streams = std::max(0, it->second.streams - 1);
+  it->second.join_pending = false;
 }
 
 absl::Status CoordinatorCore::KvSet(const v1::KvSetRequest& request) {
   if (request.key().empty()) {
     return absl::InvalidArgumentError("key: must not be empty");
   }
+  const KvLimits& limits = options_.kv;
+  auto exhausted = [&](const char* limit, int64_t value, int64_t max) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KvSet of job '", request.job_id(), "': ", limit, "=", max,
+                     " exceeded (", value, ")"));
+  };
+  const int64_t key_bytes = request.key().size();
+  const int64_t value_bytes = request.value().size();
+  if (key_bytes > limits.max_key_bytes) {
+    return exhausted("kv_max_key_bytes", key_bytes, limits.max_key_bytes);
+  }
+  if (value_bytes > limits.max_value_bytes) {
+    return exhausted("kv_max_value_bytes", value_bytes, limits.max_value_bytes);
+  }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
+  auto it = job->kv.find(request.key());
+  const int64_t old_bytes =
+      it == job->kv.end() ? 0 : key_bytes + int64_t(it->second.size());
+  if (it == job->kv.end() &&
+      int64_t(job->kv.size()) >= limits.max_keys_per_job) {
+    return exhausted("kv_max_keys_per_job", job->kv.size() + 1,
+                     limits.max_keys_per_job);
+  }
+  const int64_t total = total_kv_bytes_ - old_bytes + key_bytes + value_bytes;
+  if (total > limits.max_total_bytes) {
+    return exhausted("kv_max_total_bytes", total, limits.max_total_bytes);
+  }
   job->kv[request.key()] = request.value();
+  job->kv_bytes += key_bytes + value_bytes - old_bytes;
+  total_kv_bytes_ = total;
   return absl::OkStatus();
 }
 
@@ -261,13 +499,16 @@ absl::StatusOr<std::string> CoordinatorCore::KvGet(
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
-  // Jobs are never deleted, so `job` stays valid while we wait.
+  // A job is never deleted under a waiter, so `job` stays valid while we
+  // wait (a fresh job replaces it only when it has no waiter either).
+  ++job->waiters;
   auto is_set = [job, &request]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return job->kv.count(request.key()) > 0;
   };
   while (!is_set()) {
     const absl::Time now = absl::Now();
     if (now >= deadline || (cancelled && cancelled())) {
+      --job->waiters;
       return absl::DeadlineExceededError(
           absl::StrCat("key '", request.key(), "' of job '", job->id,
                        "' was not set within ", request.timeout_ms(), " ms"));
@@ -275,6 +516,8 @@ absl::StatusOr<std::string> CoordinatorCore::KvGet(
     mu_.AwaitWithTimeout(absl::Condition(&is_set),
                          std::min(deadline - now, absl::Milliseconds(200)));
   }
+  --job->waiters;
+  job->last_activity = options_.clock();
   return job->kv.at(request.key());
 }
 
@@ -311,8 +554,29 @@ absl::Status CoordinatorCore::CheckAgainstPeers(
           return absl::InvalidArgumentError(absl::StrCat(
               "manifest mismatch in domain '", a.name(), "': ", diff));
         }
+        // The published rank is the reference, the later one is refused.
+        const std::string hyper =
+            GroupHyperparamDifference(theirs, rank, mine, request.rank());
+        if (!hyper.empty()) return absl::InvalidArgumentError(hyper);
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorCore::CheckNoRoundInProgress(const Job& job) const {
+  int published = 0, in_round = 0;
+  for (const auto& [rank, daemon] : job.daemons) {
+    published += daemon.has_manifest;
+    in_round += daemon.has_manifest && daemon.new_round;
+  }
+  // A rebalance now would plan from a mix of old and new registrations and
+  // leave the ranks still to publish waiting for their round's plan.
+  if (published < job.world_size || (in_round > 0 && !job.plans.empty())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.id, "': registration round in progress: ",
+        in_round > 0 ? in_round : published, " of ", job.world_size,
+        " ranks published; retry once every rank has registered"));
   }
   return absl::OkStatus();
 }
@@ -398,6 +662,20 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
                        " must be >= 0, got ", value));
     }
   }
+  if (published.known_plan_version() > kMaxPlanVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest of rank ", published.rank(),
+                     ": known_plan_version ", published.known_plan_version(),
+                     " exceeds kMaxPlanVersion ", kMaxPlanVersion));
+  }
+  // A restarted coordinator activates its first plan this far after it.
+  if (!CheckedAdd(published.last_step_id(),
+                  options_.rebalance_activate_margin)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "manifest of rank ", published.rank(), ": last_step_id ",
+        published.last_step_id(), " plus rebalance_activate_margin ",
+        options_.rebalance_activate_margin, " overflows int64"));
+  }
   // The daemon's resume fields are not part of its manifest: a reconnect
   // re-publishes the same manifest with newer values.
   v1::PublishManifestRequest request = published;
@@ -412,6 +690,17 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
                      "'; Join first"));
   }
   Daemon& daemon = it->second;
+  for (const v1::GroupManifest& g : request.groups()) {
+    const int64_t ranks =
+        int64_t(g.domain().gtp_size()) * int64_t(g.domain().tp_size());
+    if (ranks > job->world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group '", g.group(), "': domain '", g.domain().name(),
+                       "' ", g.domain().gtp_size(), "x", g.domain().tp_size(),
+                       " has ", ranks, " ranks, more than job '", job->id,
+                       "' world size ", job->world_size));
+    }
+  }
   job->plans.RaiseFloor(published.known_plan_version(),
                         published.last_step_id());
   // Any plan computed from now on is at least this version.
@@ -491,9 +780,10 @@ absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForPlan(
   auto newer = [job, after_version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return job->plans.NextForWatcher(after_version) != nullptr;
   };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&newer), timeout)) {
-    return std::optional<v1::Plan>();
-  }
+  ++job->waiters;  // keeps `job` from expiring while we wait
+  const bool found = mu_.AwaitWithTimeout(absl::Condition(&newer), timeout);
+  --job->waiters;
+  if (!found) return std::optional<v1::Plan>();
   return std::optional<v1::Plan>(*job->plans.NextForWatcher(after_version));
 }
 
@@ -577,7 +867,8 @@ bool SameHomes(const v1::Plan& a, const v1::Plan& b) {
 
 void CoordinatorCore::MaybeRebalance(Job& job) {
   if (options_.rebalance_threshold <= 0 || job.plans.empty() ||
-      !AllPublished(job) || int(job.daemons.size()) != job.world_size) {
+      !CheckNoRoundInProgress(job).ok() ||
+      int(job.daemons.size()) != job.world_size) {
     return;
   }
   int64_t oldest = std::numeric_limits<int64_t>::max(), latest = -1;
@@ -612,10 +903,15 @@ void CoordinatorCore::MaybeRebalance(Job& job) {
                  << " but no daemon reported shape timings; not rebalancing";
     return;
   }
-  const int64_t activate =
-      latest + std::max<int64_t>(1, options_.rebalance_activate_margin);
+  const std::optional<int64_t> activate = CheckedAdd(
+      latest, std::max<int64_t>(1, options_.rebalance_activate_margin));
+  if (!activate) {
+    LOG(WARNING) << "job " << job.id << ": latest reported step " << latest
+                 << " plus the activation margin overflows; not rebalancing";
+    return;
+  }
   absl::StatusOr<v1::Plan> plan =
-      ComputePlan(job, costs, v1::COST_MODEL_MEASURED, activate);
+      ComputePlan(job, costs, v1::COST_MODEL_MEASURED, *activate);
   if (!plan.ok()) {
     LOG(WARNING) << "job " << job.id
                  << ": automatic rebalance failed: " << plan.status();
@@ -672,7 +968,8 @@ absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
   }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
-  if (job->plans.empty() || !AllPublished(*job)) {
+  RETURN_IF_ERROR(CheckNoRoundInProgress(*job));
+  if (job->plans.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job->id, "' has no complete set of manifests to plan from"));
   }
@@ -704,8 +1001,14 @@ absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
   if (!explicit_costs.empty()) used_model = v1::COST_MODEL_MEASURED;
   const int64_t after =
       request.has_activate_after_steps() ? request.activate_after_steps() : 2;
+  const std::optional<int64_t> activate = CheckedAdd(latest_step, after);
+  if (!activate) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "activate_after_steps: ", after, " after the latest reported step ",
+        latest_step, " overflows int64"));
+  }
   ASSIGN_OR_RETURN(v1::Plan plan,
-                   ComputePlan(*job, costs, used_model, latest_step + after));
+                   ComputePlan(*job, costs, used_model, *activate));
   RETURN_IF_ERROR(job->plans.Append(plan));
   LOG(INFO) << "job " << job->id << ": rebalanced to plan version "
             << plan.version() << " (" << used_model << "), activating at step "
@@ -725,7 +1028,7 @@ absl::StatusOr<v1::ListDaemonsResponse> CoordinatorCore::ListDaemons(
     info->set_device(d.join.device());
     info->set_address(d.join.address());
     info->set_last_step_id(d.last_step_id);
-    info->set_live(d.live);
+    info->set_live(Live(d, options_.clock()));
     *info->mutable_last_timings() = d.last_timings;
   }
   return response;

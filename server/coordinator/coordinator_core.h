@@ -46,11 +46,36 @@ using GroupPlanner = std::function<absl::StatusOr<v1::GroupPlan>(
     const v1::GroupManifest& manifest, v1::CostModel cost_model,
     const CostTable& costs)>;
 
+// Bounds of the rendezvous store, so no client can grow the coordinator
+// without limit (ResourceExhausted naming the limit). NCCL stores a 128-byte
+// unique id per communicator, Gloo one address list per rank (about 100
+// bytes per peer): 1 MiB per value holds thousands of ranks.
+struct KvLimits {
+  int64_t max_key_bytes = 1024;
+  int64_t max_value_bytes = 1 << 20;
+  int64_t max_keys_per_job = 1 << 16;
+  // Keys plus values over every job of the coordinator.
+  int64_t max_total_bytes = int64_t(256) << 20;
+};
+
 struct CoordinatorOptions {
   // When non-empty every Join must carry this token.
   std::string token;
   // Longest a KvGet or a watcher may block in one call.
   absl::Duration max_wait = absl::Minutes(10);
+  KvLimits kv;
+  // Jobs this coordinator holds at once; a Join for a new job beyond it is
+  // ResourceExhausted (idle jobs expire first).
+  int max_jobs = 64;
+  // A job with no live daemon and no RPC for this long is forgotten: its
+  // world size, token, store, manifests and plans.
+  absl::Duration job_idle_expiry = absl::Minutes(10);
+  // A rank is live while its plan stream (WatchPlans) is open, and for this
+  // long after its Join before the stream opens (the daemon opens it right
+  // after joining). A Join that never watches stops holding the rank then.
+  absl::Duration join_grace = absl::Seconds(30);
+  // The clock of expiry and grace (tests inject one).
+  std::function<absl::Time()> clock = [] { return absl::Now(); };
   GroupPlanner planner;
   // Automatic rebalancing from measured timings (docs/ARCHITECTURE.md
   // "Plans and their versions"). A job is checked when every rank has
@@ -74,8 +99,13 @@ struct CoordinatorOptions {
   // of no use.
   int plans_kept = kPlansKept;
 
-  // InvalidArgument naming the field: plans_kept outside [1, kPlansKept].
+  // InvalidArgument naming the field and its rule: plans_kept outside [1,
+  // kPlansKept], a NaN or negative rebalance_threshold, an interval or margin
+  // outside [1, kMaxRebalanceSteps], non-positive durations or limits.
   absl::Status Validate() const;
+
+  // The largest rebalance interval or activation margin accepted.
+  static constexpr int64_t kMaxRebalanceSteps = int64_t(1) << 40;
 };
 
 class CoordinatorCore {
@@ -84,10 +114,12 @@ class CoordinatorCore {
 
   // InvalidArgument: empty job id, world_size < 1, rank outside
   // [0, world_size), world_size different from the job's. PermissionDenied:
-  // wrong token. AlreadyExists: the rank is joined and live (it has not left
-  // through Leave).
+  // wrong token. AlreadyExists: the rank is live (its plan stream is open, or
+  // it joined less than join_grace ago); a stale join is replaced.
+  // ResourceExhausted: a new job beyond max_jobs.
   // When no rank of the job is live (all left: the job's daemons restart),
   // the job's key/value store is cleared first; plans and manifests stay.
+  // A Join with another world size or token then starts a fresh job.
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
   // OK when the job has no token (its first Join carried none) or `token`
   // equals it; PermissionDenied naming the job otherwise. Unknown jobs are
@@ -96,10 +128,16 @@ class CoordinatorCore {
   absl::Status CheckJobToken(const std::string& job_id,
                              const std::string& token);
 
-  // Marks a rank not live (its WatchPlans stream ended), so it may join again.
+  // A plan stream of a joined rank opened: the rank is live until every
+  // stream of it ended (Leave). False (nothing counted) for an unknown job
+  // or a rank that has not joined: an observer, not the daemon.
+  bool StartWatching(const std::string& job_id, int rank);
+  // A plan stream of the rank ended (or the rank left): once none is open
+  // the rank is not live and may join again.
   void Leave(const std::string& job_id, int rank);
 
-  // NotFound: unknown job. InvalidArgument: empty key.
+  // NotFound: unknown job. InvalidArgument: empty key. ResourceExhausted
+  // naming the KvLimits field the key or value would exceed.
   absl::Status KvSet(const v1::KvSetRequest& request);
   // Blocks up to min(timeout_ms, max_wait) or until `cancelled()` returns
   // true (polled). DeadlineExceeded naming the key when it stays unset.
@@ -152,9 +190,10 @@ class CoordinatorCore {
   absl::StatusOr<CostTable> MeasuredCosts(const std::string& job_id);
 
   // NotFound: unknown job. FailedPrecondition: no plan yet (manifests
-  // missing). InvalidArgument: unknown cost model, a cost table entry with a
-  // non-positive or non-finite cost or a shape that is not 2-D,
-  // activate_after_steps < 0.
+  // missing), or a registration round in progress (some ranks published a
+  // new registration, not all). InvalidArgument: unknown cost model, a cost
+  // table entry with a non-positive or non-finite cost or a shape that is not
+  // 2-D, activate_after_steps < 1 or an activation step past int64.
   absl::StatusOr<v1::Plan> Rebalance(const v1::RebalanceRequest& request);
 
   // NotFound: unknown job. Ranks in order; `live` is false for a rank whose
@@ -167,7 +206,11 @@ class CoordinatorCore {
  private:
   struct Daemon {
     v1::JoinRequest join;
-    bool live = false;
+    // Open plan streams, and a join not yet followed by one (see
+    // CoordinatorOptions::join_grace).
+    int streams = 0;
+    bool join_pending = false;
+    absl::Time joined_at;
     int64_t last_step_id = -1;
     v1::StepTimings last_timings;
     bool has_manifest = false;
@@ -194,7 +237,27 @@ class CoordinatorCore {
     std::string planned_fingerprint;
     // Lowest reported step at the last automatic-rebalance check.
     int64_t last_rebalance_check_step = -1;
+    // Expiry: the last RPC that named the job, and the calls blocked on it
+    // (a job is never deleted under a waiter).
+    absl::Time last_activity;
+    int waiters = 0;
+    // Bytes of keys plus values in `kv`.
+    int64_t kv_bytes = 0;
   };
+
+  bool Live(const Daemon& daemon, absl::Time now) const;
+  bool AnyLive(const Job& job, absl::Time now) const;
+  // Drops the job's store (its bytes leave total_kv_bytes_).
+  void ClearKv(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets jobs with no live daemon, no waiter and no RPC for
+  // job_idle_expiry.
+  void ExpireIdleJobs(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fresh job for a first Join.
+  std::unique_ptr<Job> NewJob(const v1::JoinRequest& request) const;
+  // FailedPrecondition while some ranks but not all published a new
+  // registration since the latest plan, or not every rank has a manifest.
+  absl::Status CheckNoRoundInProgress(const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<Job*> FindJob(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -218,6 +281,7 @@ class CoordinatorCore {
   const CoordinatorOptions options_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  int64_t total_kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace muond

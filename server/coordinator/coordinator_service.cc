@@ -29,7 +29,10 @@ grpc::Status CoordinatorService::KvSet(grpc::ServerContext* context,
                                        const v1::KvSetRequest* request,
                                        v1::KvSetResponse*) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
+  if (absl::Status t =
+          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
+      !t.ok())
+    return ToGrpc(t);
   return ToGrpc(core_->KvSet(*request));
 }
 
@@ -37,7 +40,10 @@ grpc::Status CoordinatorService::KvGet(grpc::ServerContext* context,
                                        const v1::KvGetRequest* request,
                                        v1::KvGetResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
+  if (absl::Status t =
+          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
+      !t.ok())
+    return ToGrpc(t);
   absl::StatusOr<std::string> value =
       core_->KvGet(*request, [context] { return context->IsCancelled(); });
   if (!value.ok()) return ToGrpc(value.status());
@@ -49,7 +55,10 @@ grpc::Status CoordinatorService::PublishManifest(
     grpc::ServerContext* context, const v1::PublishManifestRequest* request,
     v1::PublishManifestResponse*) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
+  if (absl::Status t =
+          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
+      !t.ok())
+    return ToGrpc(t);
   std::string registration;
   auto it = context->client_metadata().find(kRegistrationMetadata);
   if (it != context->client_metadata().end()) {
@@ -70,7 +79,13 @@ grpc::Status CoordinatorService::WatchPlans(
     grpc::ServerContext* context, const v1::WatchPlansRequest* request,
     grpc::ServerWriter<v1::Plan>* writer) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
+  if (absl::Status t =
+          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
+      !t.ok())
+    return ToGrpc(t);
+  // The open stream is what keeps a joined rank live (a Join alone holds
+  // the rank only for the join grace).
+  const bool counted = core_->StartWatching(request->job_id(), request->rank());
   int64_t sent = 0;
   grpc::Status result = grpc::Status::OK;
   while (!context->IsCancelled() && !shutting_down_.load()) {
@@ -86,7 +101,7 @@ grpc::Status CoordinatorService::WatchPlans(
     VLOG(1) << "job " << request->job_id() << ": plan version " << sent
             << " sent to rank " << request->rank();
   }
-  core_->Leave(request->job_id(), request->rank());
+  if (counted) core_->Leave(request->job_id(), request->rank());
   LOG(INFO) << "job " << request->job_id() << ": rank " << request->rank()
             << " stopped watching plans";
   return result;
@@ -96,7 +111,10 @@ grpc::Status CoordinatorService::GetPlan(grpc::ServerContext* context,
                                          const v1::GetPlanRequest* request,
                                          v1::Plan* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
+  if (absl::Status t =
+          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
+      !t.ok())
+    return ToGrpc(t);
   absl::StatusOr<v1::Plan> plan = core_->GetPlan(request->job_id());
   if (!plan.ok()) return ToGrpc(plan.status());
   *response = *std::move(plan);
@@ -107,7 +125,10 @@ grpc::Status CoordinatorService::ReportTimings(
     grpc::ServerContext* context, const v1::ReportTimingsRequest* request,
     v1::ReportTimingsResponse*) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
+  if (absl::Status t =
+          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
+      !t.ok())
+    return ToGrpc(t);
   return ToGrpc(core_->ReportTimings(*request));
 }
 
@@ -115,7 +136,10 @@ grpc::Status CoordinatorService::Rebalance(grpc::ServerContext* context,
                                            const v1::RebalanceRequest* request,
                                            v1::Plan* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
+  if (absl::Status t =
+          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
+      !t.ok())
+    return ToGrpc(t);
   absl::StatusOr<v1::Plan> plan = core_->Rebalance(*request);
   if (!plan.ok()) return ToGrpc(plan.status());
   *response = *std::move(plan);
@@ -126,7 +150,10 @@ grpc::Status CoordinatorService::ListDaemons(
     grpc::ServerContext* context, const v1::ListDaemonsRequest* request,
     v1::ListDaemonsResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t = core_->CheckJobToken(request->job_id(), PresentedToken(*context)); !t.ok()) return ToGrpc(t);
+  if (absl::Status t =
+          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
+      !t.ok())
+    return ToGrpc(t);
   absl::StatusOr<v1::ListDaemonsResponse> r = core_->ListDaemons(*request);
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);

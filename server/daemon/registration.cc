@@ -111,6 +111,12 @@ v1::PublishManifestRequest Registration::Manifest(const std::string& job_id,
                           ? v1::ALGORITHM_ADAMW
                           : v1::ALGORITHM_MUON);
     *gm->mutable_domain() = g.proto.domain();
+    // Compared across ranks by the coordinator (hyperparameters agree).
+    if (gm->algorithm() == v1::ALGORITHM_ADAMW) {
+      *gm->mutable_adamw() = g.proto.adamw();
+    } else {
+      *gm->mutable_muon() = g.proto.muon();
+    }
     for (const BoundParam& p : g.params) {
       v1::ParamSpec* spec = gm->add_params();
       spec->set_name(p.name);

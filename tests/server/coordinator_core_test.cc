@@ -7,8 +7,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "server/common/proto_convert.h"
 
 namespace muond {
@@ -646,6 +649,323 @@ TEST(CoordinatorCoreAutoRebalance, ManualRebalanceUsesTheMeasuredTable) {
   EXPECT_EQ(spy.models.back(), v1::COST_MODEL_MEASURED);
   EXPECT_EQ(spy.tables.back(), *core.MeasuredCosts("j"));
   EXPECT_EQ(spy.tables.back().size(), kShapes.size());
+}
+
+// ---- The coordinator trusts nobody (issue 16, points 2, 5, 10) ----
+
+// A manual clock for expiry and join grace.
+struct FakeClock {
+  absl::Time now = absl::FromUnixSeconds(1'000'000);
+  std::function<absl::Time()> Fn() {
+    return [this] { return now; };
+  }
+};
+
+void PublishAll4(
+    CoordinatorCore& core, const std::string& job,
+    const std::function<void(v1::PublishManifestRequest&)>& edit_rank1 = {}) {
+  for (int r = 0; r < 4; ++r) {
+    v1::PublishManifestRequest m = Manifest(job, r, kShapes);
+    if (r == 1 && edit_rank1) edit_rank1(m);
+    ASSERT_TRUE(core.PublishManifest(m).ok()) << r;
+  }
+}
+
+TEST(CoordinatorTrust, HyperparamsMustAgreeAcrossRanks) {
+  struct Case {
+    const char* field;
+    std::function<void(v1::MuonHyperparams&)> edit;
+    const char* rank0_value;
+    const char* rank1_value;
+  };
+  const std::vector<Case> cases = {
+      {"fp32_matmul_prec",
+       [](v1::MuonHyperparams& h) {
+         h.set_fp32_matmul_prec(v1::MATMUL_PRECISION_HIGH);
+       },
+       "MATMUL_PRECISION_HIGHEST", "MATMUL_PRECISION_HIGH"},
+      {"lr", [](v1::MuonHyperparams& h) { h.set_lr(0.5); }, "0.02", "0.5"},
+      {"num_ns_steps", [](v1::MuonHyperparams& h) { h.set_num_ns_steps(3); },
+       "unset", "3"},
+      {"momentum", [](v1::MuonHyperparams& h) { h.set_momentum(0.9); }, "0.95",
+       "0.9"},
+      {"custom_coefficients",
+       [](v1::MuonHyperparams& h) { h.add_custom_coefficients(1.5); }, "[]",
+       "[1.5]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    CoordinatorCore core(Options());
+    JoinAll(core, "j", 4);
+    v1::PublishManifestRequest m0 = Manifest("j", 0, kShapes);
+    v1::MuonHyperparams* h0 = m0.mutable_groups(0)->mutable_muon();
+    h0->set_lr(0.02);
+    h0->set_momentum(0.95);
+    h0->set_fp32_matmul_prec(v1::MATMUL_PRECISION_HIGHEST);
+    ASSERT_TRUE(core.PublishManifest(m0).ok());
+    v1::PublishManifestRequest m1 = Manifest("j", 1, kShapes);
+    *m1.mutable_groups(0)->mutable_muon() = *h0;
+    c.edit(*m1.mutable_groups(0)->mutable_muon());
+    absl::Status st = core.PublishManifest(m1);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(st.message(), HasSubstr("group 'muon'"));
+    EXPECT_THAT(st.message(), HasSubstr(c.field));
+    EXPECT_THAT(st.message(),
+                HasSubstr(absl::StrCat("rank 0 has ", c.rank0_value)));
+    EXPECT_THAT(st.message(),
+                HasSubstr(absl::StrCat("rank 1 has ", c.rank1_value)));
+    // The refused rank can publish agreeing hyperparameters.
+    *m1.mutable_groups(0)->mutable_muon() = *h0;
+    EXPECT_TRUE(core.PublishManifest(m1).ok());
+  }
+}
+
+TEST(CoordinatorTrust, AdamWHyperparamsAndAlgorithmMustAgree) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  v1::PublishManifestRequest m0 = Manifest("j", 0, kShapes);
+  m0.mutable_groups(0)->mutable_adamw()->set_beta2(0.99);
+  ASSERT_TRUE(core.PublishManifest(m0).ok());
+  v1::PublishManifestRequest m1 = Manifest("j", 1, kShapes);
+  absl::Status st = core.PublishManifest(m1);
+  EXPECT_THAT(st.message(), HasSubstr("AdamWHyperparams.beta2"));
+  EXPECT_THAT(st.message(), HasSubstr("rank 1 has unset"));
+  m1.mutable_groups(0)->set_algorithm(v1::ALGORITHM_ADAMW);
+  *m1.mutable_groups(0)->mutable_adamw() = m0.groups(0).adamw();
+  st = core.PublishManifest(m1);
+  EXPECT_THAT(st.message(),
+              HasSubstr("algorithm: ALGORITHM_MUON vs ALGORITHM_ADAMW"));
+}
+
+TEST(CoordinatorTrust, RawManifestIsValidatedFully) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  auto refused = [&core](const std::function<void(v1::GroupManifest&)>& edit,
+                         const std::string& want) {
+    v1::PublishManifestRequest m = Manifest("j", 0, kShapes);
+    edit(*m.mutable_groups(0));
+    absl::Status st = core.PublishManifest(m);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << want;
+    EXPECT_THAT(st.message(), HasSubstr(want));
+  };
+  refused([](v1::GroupManifest& g) { g.set_algorithm(v1::Algorithm(99)); },
+          "algorithm: value 99");
+  refused(
+      [](v1::GroupManifest& g) {
+        g.mutable_domain()->set_gtp_size(1 << 20);
+        g.mutable_domain()->set_tp_size(1 << 20);
+      },
+      "more than job 'j' world size 4");
+  refused(
+      [](v1::GroupManifest& g) { g.mutable_params(0)->set_local_shape(1, -3); },
+      "local_shape [16, -3] has a dim < 1");
+  refused(
+      [](v1::GroupManifest& g) {
+        g.mutable_params(0)->set_full_shape(0, int64_t(1) << 40);
+        g.mutable_params(0)->set_full_shape(1, int64_t(1) << 40);
+      },
+      "more elements than int64 holds");
+  refused([](v1::GroupManifest& g) { g.mutable_params(0)->add_full_shape(2); },
+          "must have 1 or 2 dims");
+  refused(
+      [](v1::GroupManifest& g) { g.mutable_params(0)->clear_local_shape(); },
+      "local_shape [] must have 1 or 2 dims");
+  // Nothing was stored: the valid manifests still plan.
+  PublishAll4(core, "j");
+  EXPECT_TRUE(core.GetPlan("j").ok());
+}
+
+TEST(CoordinatorTrust, PlanVersionsAreBounded) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  v1::PublishManifestRequest m = Manifest("j", 0, kShapes);
+  m.set_known_plan_version(int64_t(1) << 62);
+  absl::Status st = core.PublishManifest(m);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("known_plan_version"));
+  EXPECT_THAT(st.message(), HasSubstr("kMaxPlanVersion"));
+  m.set_known_plan_version(0);
+  m.set_last_step_id(std::numeric_limits<int64_t>::max() - 1);
+  st = core.PublishManifest(m);
+  EXPECT_THAT(st.message(), HasSubstr("last_step_id"));
+  // At the limit, the next version cannot be numbered: refused, not wrapped.
+  m.set_last_step_id(0);
+  m.set_known_plan_version(kMaxPlanVersion);
+  ASSERT_TRUE(core.PublishManifest(m).ok());
+  for (int r = 1; r < 3; ++r) {
+    ASSERT_TRUE(core.PublishManifest(Manifest("j", r, kShapes)).ok());
+  }
+  st = core.PublishManifest(Manifest("j", 3, kShapes));
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(st.message(), HasSubstr("kMaxPlanVersion"));
+}
+
+TEST(CoordinatorTrust, HugeRebalanceActivationIsRefused) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  PublishAll4(core, "j");
+  v1::ReportTimingsRequest report;
+  report.set_job_id("j");
+  report.set_rank(0);
+  report.set_step_id(10);
+  ASSERT_TRUE(core.ReportTimings(report).ok());
+  v1::RebalanceRequest req;
+  req.set_job_id("j");
+  req.set_activate_after_steps(std::numeric_limits<int64_t>::max());
+  absl::StatusOr<v1::Plan> plan = core.Rebalance(req);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(plan.status().message(), HasSubstr("overflows"));
+  EXPECT_EQ(core.GetPlan("j")->version(), 1);
+}
+
+TEST(CoordinatorTrust, OptionsAreValidatedNamingTheField) {
+  auto refused = [](const std::function<void(CoordinatorOptions&)>& edit,
+                    const std::string& field) {
+    CoordinatorOptions o = Options();
+    edit(o);
+    absl::Status st = o.Validate();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(st.message(), HasSubstr(field));
+  };
+  refused([](auto& o) { o.rebalance_threshold = std::nan(""); },
+          "rebalance_threshold");
+  refused([](auto& o) { o.rebalance_threshold = -1; }, "rebalance_threshold");
+  refused([](auto& o) { o.rebalance_activate_margin = -5; },
+          "rebalance_activate_margin");
+  refused([](auto& o) { o.rebalance_interval_steps = 0; },
+          "rebalance_interval_steps");
+  refused([](auto& o) { o.job_idle_expiry = absl::ZeroDuration(); },
+          "job_idle_expiry");
+  refused([](auto& o) { o.kv.max_value_bytes = 0; }, "kv_max_value_bytes");
+  EXPECT_TRUE(Options().Validate().ok());
+}
+
+TEST(CoordinatorTrust, KvStoreIsBounded) {
+  CoordinatorOptions o = Options();
+  o.kv.max_value_bytes = 100;
+  o.kv.max_key_bytes = 10;
+  o.kv.max_keys_per_job = 3;
+  o.kv.max_total_bytes = 250;
+  CoordinatorCore core(o);
+  JoinAll(core, "j", 1);
+  auto set = [&core](const std::string& key, size_t bytes) {
+    v1::KvSetRequest r;
+    r.set_job_id("j");
+    r.set_key(key);
+    r.set_value(std::string(bytes, 'x'));
+    return core.KvSet(r);
+  };
+  auto exhausted = [](const absl::Status& st, const std::string& limit) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << limit;
+    EXPECT_THAT(st.message(), HasSubstr(limit));
+  };
+  exhausted(set("a", 101), "kv_max_value_bytes=100");
+  exhausted(set(std::string(11, 'k'), 1), "kv_max_key_bytes=10");
+  ASSERT_TRUE(set("a", 100).ok());
+  ASSERT_TRUE(set("b", 100).ok());
+  exhausted(set("c", 100), "kv_max_total_bytes=250");
+  ASSERT_TRUE(set("c", 10).ok());
+  exhausted(set("d", 1), "kv_max_keys_per_job=3");
+  // Overwriting a key counts its new size only.
+  EXPECT_TRUE(set("a", 50).ok());
+  EXPECT_TRUE(set("c", 40).ok());
+}
+
+TEST(CoordinatorTrust, IdleJobsExpireAndMayChangeWorldSizeAndToken) {
+  FakeClock clock;
+  CoordinatorOptions o = Options();
+  o.clock = clock.Fn();
+  o.job_idle_expiry = absl::Minutes(10);
+  o.max_jobs = 2;
+  CoordinatorCore core(o);
+  ASSERT_TRUE(core.Join(JoinReq("j", 0, 2, "old")).ok());
+  ASSERT_TRUE(core.StartWatching("j", 0));
+  // Live: a different world size or token is refused.
+  EXPECT_EQ(core.Join(JoinReq("j", 1, 3, "old")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core.Join(JoinReq("j", 1, 2, "new")).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // Every daemon gone: a new incarnation may bring another world size and
+  // token.
+  core.Leave("j", 0);
+  ASSERT_TRUE(core.Join(JoinReq("j", 0, 3, "new")).ok());
+  core.Leave("j", 0);
+  // Jobs per coordinator are bounded; idle ones expire.
+  ASSERT_TRUE(core.Join(JoinReq("k", 0, 1)).ok());
+  core.Leave("k", 0);
+  absl::Status full = core.Join(JoinReq("l", 0, 1)).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("max_jobs=2"));
+  clock.now += absl::Minutes(11);
+  EXPECT_TRUE(core.Join(JoinReq("l", 0, 1)).ok());
+  EXPECT_THAT(core.JobIds(), ::testing::ElementsAre("l"));
+  EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CoordinatorTrust, LiveJobDoesNotExpire) {
+  FakeClock clock;
+  CoordinatorOptions o = Options();
+  o.clock = clock.Fn();
+  CoordinatorCore core(o);
+  ASSERT_TRUE(core.Join(JoinReq("j", 0, 1)).ok());
+  ASSERT_TRUE(core.StartWatching("j", 0));
+  clock.now += absl::Hours(5);
+  EXPECT_THAT(core.JobIds(), ::testing::ElementsAre("j"));
+}
+
+TEST(CoordinatorTrust, StaleJoinIsReplacedLiveOneIsNot) {
+  FakeClock clock;
+  CoordinatorOptions o = Options();
+  o.clock = clock.Fn();
+  o.join_grace = absl::Seconds(30);
+  CoordinatorCore core(o);
+  // A rogue joins rank 0 and never opens a plan stream.
+  ASSERT_TRUE(core.Join(JoinReq("j", 0, 2)).ok());
+  absl::Status early = core.Join(JoinReq("j", 0, 2)).status();
+  EXPECT_EQ(early.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(early.message(), HasSubstr("replaced after"));
+  // After the grace the real daemon takes the rank.
+  clock.now += absl::Seconds(31);
+  ASSERT_TRUE(core.Join(JoinReq("j", 0, 2)).ok());
+  ASSERT_TRUE(core.StartWatching("j", 0));
+  // Now it is live for as long as its stream is open: a second Join is
+  // refused, and the real daemon keeps the rank.
+  clock.now += absl::Hours(1);
+  absl::Status second = core.Join(JoinReq("j", 0, 2)).status();
+  EXPECT_EQ(second.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(second.message(), HasSubstr("plan stream is open"));
+  v1::ListDaemonsRequest list;
+  list.set_job_id("j");
+  EXPECT_TRUE(core.ListDaemons(list)->daemons(0).live());
+}
+
+TEST(CoordinatorTrust, RebalanceRefusedDuringARegistrationRound) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(core.PublishRegistration(Manifest("j", r, kShapes),
+                                         "a" + std::to_string(r))
+                    .ok());
+  }
+  v1::RebalanceRequest req;
+  req.set_job_id("j");
+  ASSERT_TRUE(core.Rebalance(req).ok());
+  // A new registration round: two of four ranks published.
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(core.PublishRegistration(Manifest("j", r, kShapes),
+                                         "b" + std::to_string(r))
+                    .ok());
+  }
+  absl::StatusOr<v1::Plan> during = core.Rebalance(req);
+  EXPECT_EQ(during.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(during.status().message(),
+              HasSubstr("registration round in progress: 2 of 4 ranks"));
+  for (int r = 2; r < 4; ++r) {
+    ASSERT_TRUE(core.PublishRegistration(Manifest("j", r, kShapes),
+                                         "b" + std::to_string(r))
+                    .ok());
+  }
+  EXPECT_TRUE(core.Rebalance(req).ok());
 }
 
 }  // namespace
