@@ -8,11 +8,18 @@ G x T domain (host mode on a machine without a GPU, one per GPU with
 or when a process dies: no orphan processes, sockets or shm objects are left
 behind. Logs go to <out>/logs/; a process that dies is named with the last
 lines of its log.
+
+The coordinator requires a token: a fresh one per launch, written to a 0600
+file in the launch's private (0700) socket directory and handed to the
+servers as --token_file, never on a command line (argv is visible to every
+user in `ps`). The launcher prints the file's path for `muonctl
+--token-file`; it is removed with the directory when the launch ends.
 """
 import argparse
 import fcntl
 import glob
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -126,6 +133,16 @@ def tail(path, n=20):
             return "".join(f.readlines()[-n:])
     except OSError:
         return "(no log)"
+
+
+def write_token_file(directory):
+    """A fresh job token in directory/token, created 0600 (O_EXCL: never an
+    existing file or a planted link); returns the path."""
+    path = os.path.join(directory, "token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 class Launcher:
@@ -245,12 +262,14 @@ class Launcher:
                 "one GPU, and each daemon serves its own GPU's memory, so a CUDA demo "
                 "runs 1x1 (use --device cpu for a multi-rank domain)")
         self.sockdir = tempfile.mkdtemp(prefix=f"muond-{self.job}-", dir="/tmp")
+        token_file = write_token_file(self.sockdir)
 
         port_file = os.path.join(self.logs, "coordinator.port")
         if os.path.exists(port_file):
             os.unlink(port_file)
         self.start("coordinator", [binary(a.bin, "server/coordinator/muond-coordinator"),
-                                   "--listen=127.0.0.1:0", f"--port_file={port_file}"])
+                                   "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                                   f"--token_file={token_file}"])
         deadline = time.time() + a.health_timeout
         while not os.path.exists(port_file) or not open(port_file).read().strip():
             self.check_alive()
@@ -267,10 +286,11 @@ class Launcher:
             self.start(f"muond-rank{r}", [
                 binary(a.bin, "server/daemon/muond"), f"--coordinator={coordinator}",
                 f"--job_id={self.job}", f"--rank={r}", f"--world_size={world}",
-                f"--listen={addr}", *mode])
+                f"--listen={addr}", f"--token_file={token_file}", *mode])
         self.wait_healthy(addresses, deadline)
         print(f"launcher: coordinator {coordinator}, {world} daemons ({G}x{T}, {device}) "
-              f"healthy; logs in {self.logs}", flush=True)
+              f"healthy; logs in {self.logs}; token file {token_file} (muonctl "
+              "--token-file)", flush=True)
 
         trainer_args = [a for a in a.trainer_args if a != "--"]
         cmd = [sys.executable, os.path.join(ROOT, "examples/char_gpt/train.py"),

@@ -1,10 +1,20 @@
 #include "server/common/auth.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
 
 namespace muond {
 namespace {
@@ -16,8 +26,7 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-absl::StatusOr<std::string> ReadPem(const std::string& path,
-                                    const char* flag) {
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
   std::ifstream in(path);
   if (!in) {
     return absl::NotFoundError(
@@ -60,6 +69,76 @@ std::string PresentedToken(const grpc::ServerContext& context) {
     if (absl::StartsWith(value, "Bearer ")) return value.substr(7);
   }
   return "";
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path,
+                                          const std::string& flag) {
+  const std::string where = absl::StrCat(flag, "='", path, "'");
+  // O_NONBLOCK: a FIFO planted at the path must not block the open.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    return absl::NotFoundError(
+        absl::StrCat(where, ": cannot open: ", std::strerror(errno)));
+  }
+  absl::Cleanup close_fd = [fd] { close(fd); };
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": not a regular file"));
+  }
+  if (st.st_mode & (S_IROTH | S_IWOTH)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": readable or writable by other users (mode ",
+        absl::StrFormat("%04o", st.st_mode & 07777), "); chmod 600 it"));
+  }
+  if (st.st_mode & S_IRGRP) {
+    LOG(WARNING) << where << " is group-readable; chmod 600 keeps the token "
+                 << "to its owner";
+  }
+  if (st.st_size > off_t(kMaxTokenBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", st.st_size, " bytes, more than ", kMaxTokenBytes));
+  }
+  std::string content(kMaxTokenBytes + 1, '\0');
+  size_t got = 0;
+  while (got < content.size()) {
+    const ssize_t n = read(fd, content.data() + got, content.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": read failed: ", std::strerror(errno)));
+    }
+    if (n == 0) break;
+    got += size_t(n);
+  }
+  content.resize(got);
+  const std::string token(absl::StripAsciiWhitespace(content));
+  if (got > kMaxTokenBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": more than ", kMaxTokenBytes, " bytes"));
+  }
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the file is empty; it must hold the token"));
+  }
+  for (char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the token must be printable ASCII without spaces"));
+    }
+  }
+  return token;
+}
+
+absl::StatusOr<std::string> TokenFromFlags(const std::string& token,
+                                           const std::string& token_file) {
+  if (!token.empty() && !token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--token and --token_file: give one of them (prefer --token_file: "
+        "a command line is visible in ps)");
+  }
+  if (token_file.empty()) return token;
+  return ReadTokenFile(token_file, "--token_file");
 }
 
 void AttachToken(grpc::ClientContext* context, const std::string& token) {

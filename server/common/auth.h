@@ -34,6 +34,24 @@ grpc::Status CheckToken(const grpc::ServerContext& context,
 // 'authorization'); empty when none.
 std::string PresentedToken(const grpc::ServerContext& context);
 
+// The one home for reading a token file (--token_file of muond,
+// muond-coordinator and muonctl). Prefer it to --token: a command line is
+// visible to every user in `ps` and /proc/<pid>/cmdline, a 0600 file is not.
+// The file is read once; surrounding whitespace (a trailing newline) is
+// dropped. InvalidArgument naming `flag` and the path: not a regular file,
+// readable or writable by others (chmod 600), larger than kMaxTokenBytes,
+// empty, or holding a character that is not printable ASCII (gRPC metadata).
+// NotFound: cannot be opened. Group-readable files are accepted with a
+// warning (a group may be the job's own service account).
+inline constexpr size_t kMaxTokenBytes = 4096;
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path,
+                                          const std::string& flag);
+
+// The token given as `--token` (`token`) or `--token_file` (`token_file`):
+// at most one of them; empty when neither. InvalidArgument when both.
+absl::StatusOr<std::string> TokenFromFlags(const std::string& token,
+                                           const std::string& token_file);
+
 // Adds `token` (when non-empty) to an outgoing call.
 void AttachToken(grpc::ClientContext* context, const std::string& token);
 

@@ -234,8 +234,8 @@ absl::Status CoordinatorOptions::Validate() const {
   }
   for (const auto& [field, value] :
        {std::pair<const char*, absl::Duration>{"max_wait", max_wait},
-        {"job_idle_expiry", job_idle_expiry},
-        {"join_grace", join_grace}}) {
+        {"job_idle_expiry_s", job_idle_expiry},
+        {"join_grace_s", join_grace}}) {
     if (value <= absl::ZeroDuration() || value == absl::InfiniteDuration()) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": ", absl::FormatDuration(value), " must be > 0 and finite"));

@@ -101,7 +101,9 @@ struct CoordinatorOptions {
 
   // InvalidArgument naming the field and its rule: plans_kept outside [1,
   // kPlansKept], a NaN or negative rebalance_threshold, an interval or margin
-  // outside [1, kMaxRebalanceSteps], non-positive durations or limits.
+  // outside [1, kMaxRebalanceSteps], non-positive durations or limits. The
+  // names are muond-coordinator's flags (job_idle_expiry_s,
+  // kv_max_value_bytes).
   absl::Status Validate() const;
 
   // The largest rebalance interval or activation margin accepted.

@@ -31,7 +31,22 @@ ABSL_FLAG(std::string, token, "",
           "When set, every Join must carry this shared token and every other "
           "RPC must send it in metadata ('x-muond-token' or 'authorization: "
           "Bearer <token>'); without it a job still requires the token its "
-          "first daemon joined with");
+          "first daemon joined with. Prefer --token_file: argv is visible to "
+          "every user in ps");
+ABSL_FLAG(std::string, token_file, "",
+          "Read the shared token (see --token) from this file once at start: "
+          "a regular file, not readable by others (chmod 600), non-empty");
+ABSL_FLAG(int64_t, job_idle_expiry_s, 600,
+          "Forget a job (world size, token, store, plans) when none of its "
+          "daemons is live and no call named it for this many seconds");
+ABSL_FLAG(int64_t, join_grace_s, 30,
+          "A Join holds its rank this long before the daemon's plan stream "
+          "opens; after that a join with no stream is replaced");
+ABSL_FLAG(int, max_jobs, 64, "Jobs this coordinator holds at once");
+ABSL_FLAG(int64_t, kv_max_value_bytes, 1 << 20,
+          "Largest rendezvous value (KvSet)");
+ABSL_FLAG(int64_t, kv_max_total_bytes, int64_t(256) << 20,
+          "Rendezvous keys plus values over every job");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate: serve TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
@@ -52,7 +67,7 @@ ABSL_FLAG(int64_t, rebalance_activate_margin, 20,
 namespace {
 constexpr char kUsage[] =
     "usage: muond-coordinator [--listen=HOST:PORT] [--port_file=FILE] "
-    "[--token=T | --tls_cert=PEM --tls_key=PEM] [flags...]\n"
+    "[--token_file=FILE | --tls_cert=PEM --tls_key=PEM] [flags...]\n"
     "Rendezvous store, manifests and NS-home plans for muond jobs.";
 const std::vector<std::string> kFlagSources = {"server/coordinator/",
                                                "server/common/"};
@@ -68,7 +83,21 @@ int main(int argc, char** argv) {
   if (!muond::BeginServerMain(argc, argv, kUsage, kFlagSources)) return 0;
 
   muond::CoordinatorOptions options;
-  options.token = absl::GetFlag(FLAGS_token);
+  absl::StatusOr<std::string> token = muond::TokenFromFlags(
+      absl::GetFlag(FLAGS_token), absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) {
+    LOG(ERROR) << token.status().message();
+    return 2;
+  }
+  options.token = *std::move(token);
+  // Durations are checked by Validate (> 0); the product cannot overflow for
+  // any int64 number of seconds absl::Seconds accepts.
+  options.job_idle_expiry =
+      absl::Seconds(absl::GetFlag(FLAGS_job_idle_expiry_s));
+  options.join_grace = absl::Seconds(absl::GetFlag(FLAGS_join_grace_s));
+  options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  options.kv.max_value_bytes = absl::GetFlag(FLAGS_kv_max_value_bytes);
+  options.kv.max_total_bytes = absl::GetFlag(FLAGS_kv_max_total_bytes);
   options.rebalance_threshold = absl::GetFlag(FLAGS_rebalance_threshold);
   options.rebalance_interval_steps =
       absl::GetFlag(FLAGS_rebalance_interval_steps);
@@ -80,7 +109,8 @@ int main(int argc, char** argv) {
     return muond::PlanGroup(manifest, model, costs);
   };
   if (absl::Status st = options.Validate(); !st.ok()) {
-    LOG(ERROR) << st.message();
+    // The options are the flags of the same names (--max_wait aside).
+    LOG(ERROR) << "--" << st.message();
     return 2;
   }
   muond::CoordinatorCore core(options);

@@ -43,7 +43,11 @@ ABSL_FLAG(bool, host, false,
 ABSL_FLAG(std::string, token, "",
           "Shared job token: sent to the coordinator (Join and every call) "
           "and, on a TCP --listen, required from trainers in metadata "
-          "('authorization: Bearer <token>' or 'x-muond-token')");
+          "('authorization: Bearer <token>' or 'x-muond-token'). Prefer "
+          "--token_file: argv is visible to every user in ps");
+ABSL_FLAG(std::string, token_file, "",
+          "Read the shared token (see --token) from this file once at start: "
+          "a regular file, not readable by others (chmod 600), non-empty");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate for a TLS TCP listener (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
@@ -142,6 +146,12 @@ int main(int argc, char** argv) {
     LOG(ERROR) << credentials.status().message();
     return 2;
   }
+  absl::StatusOr<std::string> token = muond::TokenFromFlags(
+      absl::GetFlag(FLAGS_token), absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) {
+    LOG(ERROR) << token.status().message();
+    return 2;
+  }
   std::string socket_path;
   const bool is_unix = muond::ParseUnixAddress(listen, &socket_path);
   if (is_unix) {
@@ -150,10 +160,10 @@ int main(int argc, char** argv) {
       LOG(ERROR) << st;
       return 1;
     }
-  } else if (absl::GetFlag(FLAGS_token).empty() &&
+  } else if (token->empty() &&
              absl::GetFlag(FLAGS_tls_cert).empty()) {
     LOG(ERROR) << "--listen=" << listen
-               << " is TCP: give --token (trainers must send it) or "
+               << " is TCP: give --token_file (trainers must send the token) or "
                   "--tls_cert/--tls_key, or use a unix:// address";
     return 2;
   }
@@ -167,7 +177,7 @@ int main(int argc, char** argv) {
   join.set_host(hostname);
   join.set_device(device >= 0 ? absl::StrCat("cuda:", device) : "cpu");
   join.set_address(listen);
-  join.set_token(absl::GetFlag(FLAGS_token));
+  join.set_token(*token);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> coordinator_creds =
       muond::ChannelCredentials(absl::GetFlag(FLAGS_coordinator_tls_ca));
   if (!coordinator_creds.ok()) {
@@ -208,7 +218,7 @@ int main(int argc, char** argv) {
   absl::Cleanup stop_link = [&link] { link->Stop(); };
   // Unix sockets are private by file mode; TCP trainers must send the token.
   muond::OptimizerService service(
-      &core, is_unix ? std::string() : absl::GetFlag(FLAGS_token));
+      &core, is_unix ? std::string() : *token);
 
   // A second muond on a busy TCP port must fail, not share the trainers'
   // connections with the first (StartGrpcServer). The socket file is

@@ -85,13 +85,29 @@ Cluster::~Cluster() {
   }
 }
 
+void Cluster::AddTokenFlag(std::vector<std::string>& args) const {
+  if (options_.token.empty()) return;
+  if (!options_.token_in_file) {
+    args.push_back("--token=" + options_.token);
+    return;
+  }
+  const std::string path = dir_ + "/token";
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd >= 0) {
+    const std::string line = options_.token + "\n";
+    (void)!write(fd, line.data(), line.size());
+    close(fd);
+  }
+  args.push_back("--token_file=" + path);
+}
+
 void Cluster::StartCoordinator(int port) {
   if (port == 0) port = port_;
   std::vector<std::string> args = {
       Runfile("server/coordinator/muond-coordinator"),
       absl::StrCat("--listen=127.0.0.1:", port),
       "--port_file=" + dir_ + "/port"};
-  if (!options_.token.empty()) args.push_back("--token=" + options_.token);
+  AddTokenFlag(args);
   unlink((dir_ + "/port").c_str());
   coordinator_pid_ = Spawn(args, dir_ + "/coordinator.log");
   if (WaitForFile(dir_ + "/port", absl::Seconds(10))) {
@@ -132,7 +148,7 @@ void Cluster::StartDaemon(int rank) {
                                    "--listen=unix://" + socket(rank),
                                    "--log_every=0",
                                    "--comm_timeout_s=10"};
-  if (!options_.token.empty()) args.push_back("--token=" + options_.token);
+  AddTokenFlag(args);
   for (const std::string& f : options_.daemon_flags) args.push_back(f);
   unlink(socket(rank).c_str());
   daemons_[rank] = Spawn(args, absl::StrCat(dir_, "/daemon", rank, ".log"));

@@ -41,6 +41,8 @@ class Cluster {
   struct Options {
     std::vector<std::string> daemon_flags;  // extra muond flags
     std::string token;                      // --token on every server
+    // With `token`: pass it as --token_file (a 0600 file in dir()) instead.
+    bool token_in_file = false;
   };
   explicit Cluster(Options options);
   ~Cluster();  // SIGKILLs whatever is still running, removes the directory
@@ -69,6 +71,8 @@ class Cluster {
   const Options& options() const { return options_; }
 
  private:
+  void AddTokenFlag(std::vector<std::string>& args) const;
+
   Options options_;
   std::string dir_, job_;
   int port_ = 0;

@@ -18,6 +18,7 @@
 #include "core/plan/planner.h"
 #include "muond/v1/muond.grpc.pb.h"
 #include "proto/status_details.h"
+#include "server/common/auth.h"
 #include "server/common/proto_convert.h"
 
 namespace muond::muonctl {
@@ -30,7 +31,8 @@ struct Args {
   v1::CostModel cost_model = v1::COST_MODEL_UNSPECIFIED;
   std::vector<std::string> costs;
   std::optional<int64_t> after;  // unset: the coordinator's default
-  std::string token;  // --token: sent as x-muond-token to every server
+  std::string token;  // --token / --token-file: x-muond-token to every server
+  std::string token_file;
   std::string
       tls_ca;       // --tls-ca: PEM root certificate (TLS to the coordinator)
   std::string dir;  // save/load: the state directory
@@ -39,6 +41,9 @@ struct Args {
 constexpr char kCommonFlags[] =
     "  --coordinator HOST:PORT  the job's muond-coordinator (required)\n"
     "  --job_id JOB             the job id (required; --job is the same)\n"
+    "  --token-file FILE        shared token, read from a 0600 file "
+    "(preferred:\n"
+    "                           argv is visible to every user in ps)\n"
     "  --token T                shared token (x-muond-token metadata)\n"
     "  --tls-ca PEM             root certificate: TLS to TCP servers\n"
     "  --timeout-s N            per-RPC deadline, seconds (default 10)\n"
@@ -56,7 +61,8 @@ std::string Usage(const std::string& sub, Kind kind) {
   } else if (kind == Kind::kState) {
     absl::StrAppend(&text, " --dir /ABS/DIR");
   }
-  absl::StrAppend(&text, " [--token T] [--tls-ca PEM] [--timeout-s N]\n");
+  absl::StrAppend(&text,
+                  " [--token-file FILE] [--tls-ca PEM] [--timeout-s N]\n");
   if (sub == "status") {
     absl::StrAppend(&text,
                     "Prints the job's current plan (version, activation "
@@ -116,7 +122,8 @@ int Parse(const std::string& sub, Kind kind,
     }
     const bool known =
         name == "--coordinator" || name == "--job" || name == "--job_id" ||
-        name == "--token" || name == "--tls-ca" || name == "--timeout-s" ||
+        name == "--token" || name == "--token-file" || name == "--token_file" ||
+        name == "--tls-ca" || name == "--timeout-s" ||
         (state && name == "--dir") ||
         (extra &&
          (name == "--cost-model" || name == "--cost" || name == "--after"));
@@ -138,6 +145,8 @@ int Parse(const std::string& sub, Kind kind,
       out->job = value;
     } else if (name == "--token") {
       out->token = value;
+    } else if (name == "--token-file" || name == "--token_file") {
+      out->token_file = value;
     } else if (name == "--tls-ca") {
       out->tls_ca = value;
     } else if (name == "--dir") {
@@ -167,6 +176,11 @@ int Parse(const std::string& sub, Kind kind,
     return usage_error("--coordinator HOST:PORT is required");
   }
   if (out->job.empty()) return usage_error("--job_id JOB is required");
+  // Read once, here: every RPC of the command sends the same token.
+  absl::StatusOr<std::string> token =
+      TokenFromFlags(out->token, out->token_file);
+  if (!token.ok()) return usage_error(std::string(token.status().message()));
+  out->token = *std::move(token);
   if (state && (out->dir.empty() || out->dir[0] != '/')) {
     return usage_error(
         "--dir must be an absolute directory (the daemons open the files)");

@@ -18,8 +18,9 @@
 //       steps (trainers paused); save fails when the ranks' step ids differ.
 // --job is accepted as a synonym of --job_id. `muonctl SUB --help` prints
 // SUB's usage to stdout and exits 0.
-// Every subcommand takes --token T (sent as metadata 'x-muond-token' to the
-// coordinator and the daemons) and --tls-ca PEM (TLS to TCP servers).
+// Every subcommand takes --token-file FILE (or --token T; the file keeps the
+// token out of ps; sent as metadata 'x-muond-token' to the coordinator and
+// the daemons) and --tls-ca PEM (TLS to TCP servers).
 // Exit codes: 0 ok, 1 RPC failure (the gRPC status is printed), 2 usage.
 #include <ostream>
 #include <string>
