@@ -51,6 +51,13 @@ class DemoTest(unittest.TestCase):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
 
+        # The launcher starts the coordinator with a per-launch token from a
+        # file (issue 16): the coordinator says so, and no server's command
+        # line carries a token.
+        with open(os.path.join(out, "logs", "coordinator.log")) as f:
+            self.assertIn("(token required)", f.read())
+        self.assertIn("token file", proc.stdout)
+
         with open(os.path.join(out, "curves.json")) as f:
             curves = json.load(f)
         for kind in ("reference", "muond"):
