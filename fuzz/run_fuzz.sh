@@ -39,8 +39,11 @@ FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined
 PLAN_SRCS=(server/common/proto_convert.cc server/coordinator/coordinator_core.cc
            core/plan/*.cc core/common/*.cc  # whole packages: a new file links without an edit here
            "$WORK/gen/muond/v1/muond.pb.cc")
+# Registration's own files; view_overlap.cc (aliasing checks) where present.
+REG_SRCS="server/daemon/registration.cc server/daemon/region_table.cc server/daemon/memory_mapper.cc"
+[[ -e server/daemon/view_overlap.cc ]] && REG_SRCS+=" server/daemon/view_overlap.cc"
 declare -A NEEDS=(
-  [registration_plan]="server/daemon/registration.cc server/daemon/region_table.cc server/daemon/memory_mapper.cc ${PLAN_SRCS[*]}"
+  [registration_plan]="$REG_SRCS ${PLAN_SRCS[*]}"
   [coordinator_rpc]="${PLAN_SRCS[*]}"
   [safetensors_reader]="server/common/safetensors.cc"
 )
