@@ -175,6 +175,8 @@ absl::StatusOr<v1::SaveStateResponse> Client::SaveState(
     const std::string& path) {
   v1::SaveStateRequest request;
   request.set_path(path);
+  request.set_job_id(options_.job_id);
+  request.set_client_id(options_.client_id);
   return Call(&Stub::SaveState, request, DefaultRpc());
 }
 
@@ -182,6 +184,8 @@ absl::StatusOr<v1::LoadStateResponse> Client::LoadState(
     const std::string& path) {
   v1::LoadStateRequest request;
   request.set_path(path);
+  request.set_job_id(options_.job_id);
+  request.set_client_id(options_.client_id);
   return Call(&Stub::LoadState, request, DefaultRpc());
 }
 

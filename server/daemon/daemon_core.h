@@ -53,6 +53,8 @@
 #include "server/daemon/engine_builder.h"
 #include "server/daemon/memory_mapper.h"
 #include "server/daemon/registration.h"
+#include "server/daemon/state_file.h"
+#include "server/common/safetensors.h"
 
 namespace muond {
 
@@ -116,17 +118,36 @@ class DaemonCore {
   // A plan from the coordinator (WatchPlans).
   void OnPlan(const v1::Plan& plan);
 
-  // Optimizer state of this rank's shards as a safetensors file (atomic
-  // write): fp32 tensors keyed "<param>/g<g>t<t>/<momentum|exp_avg|...>",
-  // metadata (all strings) format, job_id, rank, step_id, plan_version,
-  // domains (JSON: group -> {name, gtp_size, tp_size, g, t}) and
-  // hyperparameters (JSON: group -> algorithm + hyperparams). Load validates
-  // job, names, shapes and dtypes (InvalidArgument naming the tensor) and
-  // restores the step id, so the next step must be step_id + 1. Shards do not
-  // depend on the plan, so a file saved under one plan loads under another.
+  // Optimizer state of this rank's shards as a safetensors file
+  // (server/daemon/state_file.h: keys, metadata and what load validates;
+  // server/common/safetensors.h: how files are written and read). Load
+  // restores the step id, so the next step must be step_id + 1. Shards do
+  // not depend on the plan, so a file saved under one plan loads under
+  // another.
+  //
+  // Access: the request's job_id must be this daemon's (InvalidArgument) and
+  // its client_id the params' owner or kOperatorClientId
+  // (server/common/operator_id.h; PermissionDenied otherwise).
   // FailedPrecondition before the engine exists.
-  absl::StatusOr<v1::SaveStateResponse> SaveState(const std::string& path);
-  absl::StatusOr<v1::LoadStateResponse> LoadState(const std::string& path);
+  //
+  // Phases (proto StatePhase): one-shot without one; PREPARE / COMMIT /
+  // ABORT with a transaction_id for muonctl's job-wide operation. Save
+  // PREPARE writes and fsyncs the file under a temporary name, COMMIT renames
+  // it into place; load PREPARE reads, validates and stages the state, COMMIT
+  // applies it (FailedPrecondition when the params were re-registered or a
+  // step ran since the PREPARE); ABORT drops either. A new PREPARE drops the
+  // previous one of its kind.
+  //
+  // The file is written and read without holding mu_ or op_mu_ (Health,
+  // Status and Step go on; the state is copied under the locks), and the I/O
+  // stops between tensors once `cancelled` returns true (the RPC cancelled at
+  // shutdown).
+  absl::StatusOr<v1::SaveStateResponse> SaveState(
+      const v1::SaveStateRequest& request,
+      const std::function<bool()>& cancelled = {});
+  absl::StatusOr<v1::LoadStateResponse> LoadState(
+      const v1::LoadStateRequest& request,
+      const std::function<bool()>& cancelled = {});
 
   // The last engine creation error (empty if none), for Health/logs.
   std::string engine_error();
@@ -158,6 +179,39 @@ class DaemonCore {
   absl::Status CommunicationFailure(int64_t step_id, const absl::Status& st)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Save/load (daemon_state.cc).
+  struct StateSnapshot;
+  struct StagedLoad {
+    std::string transaction_id;
+    uint64_t generation = 0;
+    int64_t steps_done = 0;
+    StateTensors state;
+    int64_t step_id = -1;
+  };
+  struct PendingSave {
+    std::string transaction_id;
+    PreparedSafetensors file;
+  };
+  absl::Status CheckStateAccess(const std::string& job_id,
+                                const std::string& client_id,
+                                const char* rpc) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The engine's state and what the file needs, copied under the locks.
+  absl::StatusOr<StateSnapshot> Snapshot(const std::string& job_id,
+                                         const std::string& client_id,
+                                         const char* rpc)
+      ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
+  absl::StatusOr<v1::SaveStateResponse> CommitOrAbortSave(
+      const v1::SaveStateRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::LoadStateResponse> CommitOrAbortLoad(
+      const v1::LoadStateRequest& request) ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
+  absl::StatusOr<StagedLoad> ReadAndValidate(
+      const v1::LoadStateRequest& request,
+      const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
+  // Applies a validated state (op_mu_ and mu_ held).
+  absl::Status Apply(StagedLoad& staged)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_, mu_);
+
   const DaemonConfig config_;
   const std::unique_ptr<HandleOpener> opener_;
   CoordinatorLink* const link_;
@@ -181,6 +235,9 @@ class DaemonCore {
   std::string comm_failure_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
+  // The two-phase save/load in progress (at most one of each).
+  std::optional<PendingSave> pending_save_ ABSL_GUARDED_BY(mu_);
+  std::optional<StagedLoad> staged_load_ ABSL_GUARDED_BY(mu_);
   // Runs the builds; used by builder_ only. Destroyed after builder_ is
   // joined (the destructor joins it first).
   EngineBuilder builds_;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -251,7 +252,11 @@ int main(int argc, char** argv) {
   std::atomic<bool> serving{false};
   muond::ShutdownSignalWatcher watcher([&](int signum) {
     LOG(INFO) << "signal " << signum << ": shutting down";
-    server->Shutdown();
+    // In-flight calls get 2 s, then are cancelled: a long SaveState/LoadState
+    // stops at its next tensor (it checks the call's cancellation) instead of
+    // holding the exit until the file is done.
+    server->Shutdown(std::chrono::system_clock::now() +
+                     std::chrono::seconds(2));
     remove_socket();
     if (!serving.load()) _exit(0);
   });

@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <optional>
+#include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "client/cpp/client.h"
 #include "client/cpp/shm_region.h"
 #include "server/common/safetensors.h"
@@ -168,6 +170,20 @@ class DaemonCoreTest : public ::testing::Test {
     EXPECT_EQ(got.status().code(), code) << got.status();
     EXPECT_THAT(got.status().message(), HasSubstr(needle));
     EXPECT_EQ(core_->Status().num_params(), 0);
+  }
+
+  template <typename Request = v1::SaveStateRequest>
+  static Request StateReq(const std::string& path,
+                          const std::string& client = "trainer0") {
+    Request r;
+    r.set_path(path);
+    r.set_job_id("job");
+    r.set_client_id(client);
+    return r;
+  }
+  static v1::LoadStateRequest LoadReq(const std::string& path,
+                                      const std::string& client = "trainer0") {
+    return StateReq<v1::LoadStateRequest>(path, client);
   }
 
   v1::StepRequest StepReq(int64_t id) {
@@ -606,14 +622,14 @@ TEST_F(DaemonCoreTest, ShutdownAbandonsAnEngineStillWaitingForPeers) {
 
 TEST_F(DaemonCoreTest, SaveAndLoadStateRoundTrip) {
   const std::string path = "/tmp/" + name_.substr(1) + ".safetensors";
-  EXPECT_EQ(core_->SaveState(path).status().code(),
+  EXPECT_EQ(core_->SaveState(StateReq(path)).status().code(),
             absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(core_->Register(Valid()).ok());
   core_->OnPlan(PlanFor(1, 0, 0));
   WaitForEngine();
   ASSERT_TRUE(core_->Step(StepReq(4)).ok());
   fake_->state["w.momentum"][3] = 7.25f;
-  absl::StatusOr<v1::SaveStateResponse> saved = core_->SaveState(path);
+  absl::StatusOr<v1::SaveStateResponse> saved = core_->SaveState(StateReq(path));
   ASSERT_TRUE(saved.ok()) << saved.status();
   // The file is plain safetensors with per-shard keys.
   absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
@@ -626,7 +642,7 @@ TEST_F(DaemonCoreTest, SaveAndLoadStateRoundTrip) {
 
   fake_->state["w.momentum"].assign(8, 0.0f);
   ASSERT_TRUE(core_->Step(StepReq(5)).ok());
-  absl::StatusOr<v1::LoadStateResponse> loaded = core_->LoadState(path);
+  absl::StatusOr<v1::LoadStateResponse> loaded = core_->LoadState(LoadReq(path));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->step_id(), 4);
   EXPECT_EQ(fake_->state["w.momentum"][3], 7.25f);
@@ -635,10 +651,142 @@ TEST_F(DaemonCoreTest, SaveAndLoadStateRoundTrip) {
   // A file lacking a tensor is refused, naming it; nothing changes.
   file->tensors.erase("v/g0t0/momentum");
   ASSERT_TRUE(WriteSafetensors(path, *file).ok());
-  absl::Status bad = core_->LoadState(path).status();
+  absl::Status bad = core_->LoadState(LoadReq(path)).status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.message(), HasSubstr("'v/g0t0/momentum'"));
   EXPECT_EQ(core_->Status().last_step_id(), 5);
+  unlink(path.c_str());
+}
+
+
+// Issue 16: only the owner or the operator (muonctl) may save or load.
+TEST_F(DaemonCoreTest, SaveAndLoadAreTheOwnersOrTheOperators) {
+  const std::string path = "/tmp/" + name_.substr(1) + ".safetensors";
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  ASSERT_TRUE(core_->Step(StepReq(1)).ok());
+  ASSERT_TRUE(core_->SaveState(StateReq(path)).ok());
+  for (const std::string client : {"intruder", ""}) {
+    absl::Status save = core_->SaveState(StateReq(path, client)).status();
+    EXPECT_EQ(save.code(), absl::StatusCode::kPermissionDenied) << save;
+    absl::Status load = core_->LoadState(LoadReq(path, client)).status();
+    EXPECT_EQ(load.code(), absl::StatusCode::kPermissionDenied) << load;
+    EXPECT_THAT(load.message(), HasSubstr("'" + client + "'"));
+  }
+  v1::LoadStateRequest other_job = LoadReq(path);
+  other_job.set_job_id("other");
+  EXPECT_EQ(core_->LoadState(other_job).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(core_->SaveState(StateReq(path, "muonctl:operator")).ok());
+  EXPECT_TRUE(core_->LoadState(LoadReq(path, "muonctl:operator")).ok());
+  unlink(path.c_str());
+}
+
+// Issue 16: the file is written without the daemon's locks, so Health,
+// Status and Step answer while a save is in its I/O (the cancellation check
+// between tensors stands for a slow disk here).
+TEST_F(DaemonCoreTest, HealthAndStepAnswerDuringASave) {
+  const std::string path = "/tmp/" + name_.substr(1) + ".safetensors";
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  ASSERT_TRUE(core_->Step(StepReq(1)).ok());
+  absl::Notification writing, release;
+  std::thread save([&] {
+    auto saved = core_->SaveState(StateReq(path), [&] {
+      if (!writing.HasBeenNotified()) writing.Notify();
+      release.WaitForNotification();
+      return false;
+    });
+    EXPECT_TRUE(saved.ok()) << saved.status();
+    EXPECT_EQ(saved->step_id(), 1);  // the state as of the copy
+  });
+  writing.WaitForNotification();
+  EXPECT_TRUE(core_->Health().serving());
+  EXPECT_EQ(core_->Status().last_step_id(), 1);
+  EXPECT_TRUE(core_->Step(StepReq(2)).ok());
+  release.Notify();
+  save.join();
+  absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata["step_id"], "1");
+  unlink(path.c_str());
+}
+
+// Issue 16: a cancelled save (the daemon shutting down) stops and leaves no
+// file.
+TEST_F(DaemonCoreTest, CancelledSaveLeavesNoFile) {
+  const std::string path = "/tmp/" + name_.substr(1) + ".safetensors";
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  absl::Status st = core_->SaveState(StateReq(path), [] { return true; })
+                        .status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+}
+
+// Issue 16: the two phases. PREPARE changes nothing visible; COMMIT applies
+// (save: the file appears); ABORT, a newer PREPARE or a step in between
+// drop a prepared load.
+TEST_F(DaemonCoreTest, TwoPhaseSaveAndLoad) {
+  const std::string path = "/tmp/" + name_.substr(1) + ".safetensors";
+  unlink(path.c_str());
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  ASSERT_TRUE(core_->Step(StepReq(4)).ok());
+  fake_->state["w.momentum"][0] = 3.5f;
+  auto phased = [&](auto req, v1::StatePhase phase, const std::string& id) {
+    req.set_phase(phase);
+    req.set_transaction_id(id);
+    return req;
+  };
+  v1::SaveStateRequest save = StateReq(path);
+  // A phase needs a transaction id.
+  EXPECT_EQ(core_->SaveState(phased(save, v1::STATE_PHASE_PREPARE, ""))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  auto prepared = core_->SaveState(phased(save, v1::STATE_PHASE_PREPARE, "t1"));
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ(prepared->step_id(), 4);
+  EXPECT_NE(access(path.c_str(), F_OK), 0) << "PREPARE put the file in place";
+  EXPECT_EQ(core_->SaveState(phased(save, v1::STATE_PHASE_COMMIT, "t0"))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(core_->SaveState(phased(save, v1::STATE_PHASE_COMMIT, "t1")).ok());
+  EXPECT_EQ(access(path.c_str(), F_OK), 0);
+
+  fake_->state["w.momentum"][0] = 0.0f;
+  ASSERT_TRUE(core_->Step(StepReq(5)).ok());
+  v1::LoadStateRequest load = LoadReq(path);
+  auto staged = core_->LoadState(phased(load, v1::STATE_PHASE_PREPARE, "l1"));
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ(staged->step_id(), 4);
+  EXPECT_EQ(staged->job_id(), "job");
+  EXPECT_EQ(core_->Status().last_step_id(), 5);  // nothing applied yet
+  EXPECT_EQ(fake_->state["w.momentum"][0], 0.0f);
+  ASSERT_TRUE(core_->LoadState(phased(load, v1::STATE_PHASE_ABORT, "l1")).ok());
+  EXPECT_EQ(core_->LoadState(phased(load, v1::STATE_PHASE_COMMIT, "l1"))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A step between PREPARE and COMMIT: the staged state is stale.
+  ASSERT_TRUE(core_->LoadState(phased(load, v1::STATE_PHASE_PREPARE, "l2")).ok());
+  ASSERT_TRUE(core_->Step(StepReq(6)).ok());
+  EXPECT_EQ(core_->LoadState(phased(load, v1::STATE_PHASE_COMMIT, "l2"))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_->Status().last_step_id(), 6);
+  ASSERT_TRUE(core_->LoadState(phased(load, v1::STATE_PHASE_PREPARE, "l3")).ok());
+  auto committed = core_->LoadState(phased(load, v1::STATE_PHASE_COMMIT, "l3"));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(core_->Status().last_step_id(), 4);
+  EXPECT_EQ(fake_->state["w.momentum"][0], 3.5f);
   unlink(path.c_str());
 }
 

@@ -8,7 +8,10 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
+
+#include <unistd.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -19,6 +22,7 @@
 #include "muond/v1/muond.grpc.pb.h"
 #include "proto/status_details.h"
 #include "server/common/auth.h"
+#include "server/common/operator_id.h"
 #include "server/common/proto_convert.h"
 
 namespace muond::muonctl {
@@ -286,27 +290,79 @@ std::unique_ptr<v1::Optimizer::Stub> ConnectDaemon(const v1::DaemonInfo& d,
                                            : Credentials(a)));
 }
 
-// Calls `call` on every live daemon of the job, in rank order, stopping at
-// the first that returns non-zero and returning that code (1 when the daemon
-// list cannot be had). `count` gets the number of daemons.
-int ForEachLiveDaemon(const Args& a, std::ostream& err, int* count,
-                      const std::function<int(const v1::DaemonInfo&,
-                                              v1::Optimizer::Stub&)>& call) {
-  v1::ListDaemonsResponse list;
-  if (!ListLiveDaemons(a, &list, err)) return 1;
-  *count = list.daemons_size();
-  for (const v1::DaemonInfo& d : list.daemons()) {
-    auto stub = ConnectDaemon(d, a);
-    if (int rc = call(d, *stub); rc != 0) return rc;
-  }
-  return 0;
-}
-
 int DaemonRpcFailed(const v1::DaemonInfo& d, const char* rpc,
                     const grpc::Status& st, std::ostream& err) {
   err << "muonctl: rank " << d.rank() << ": ";
   return RpcFailed(rpc, st, err);
 }
+
+// A job-wide save or load in two phases (proto StatePhase): PREPARE on every
+// daemon, then COMMIT on every daemon only when all prepared and agree (the
+// same step id), else ABORT on every daemon, so the operation completes on
+// every rank or changes nothing.
+struct TwoPhase {
+  const Args& a;
+  std::ostream& out;
+  std::ostream& err;
+  v1::ListDaemonsResponse list;
+  std::vector<std::unique_ptr<v1::Optimizer::Stub>> stubs;
+  std::string transaction_id;
+
+  // Fills list/stubs; false (reason printed) unless every daemon is live.
+  bool Connect() {
+    if (!ListLiveDaemons(a, &list, err)) return false;
+    for (const v1::DaemonInfo& d : list.daemons()) {
+      stubs.push_back(ConnectDaemon(d, a));
+    }
+    transaction_id = NewTransactionId();
+    return true;
+  }
+
+  template <typename Request>
+  Request Make(const v1::DaemonInfo& d, v1::StatePhase phase) const {
+    Request req;
+    req.set_path(StatePath(a, d.rank()));
+    req.set_job_id(a.job);
+    req.set_client_id(kOperatorClientId);
+    req.set_phase(phase);
+    req.set_transaction_id(transaction_id);
+    return req;
+  }
+
+  // Sends `phase` to every daemon. `rpc(stub, ctx, req, resp)` calls one;
+  // `on_reply(rank, resp)` sees each success. Returns false (the failing
+  // ranks printed) when any failed; with `stop_at_first`, the rest are not
+  // asked.
+  template <typename Request, typename Response, typename Rpc, typename Reply>
+  bool Send(const char* name, v1::StatePhase phase, Rpc rpc, Reply on_reply,
+            bool stop_at_first) {
+    bool ok = true;
+    for (int i = 0; i < list.daemons_size(); ++i) {
+      const v1::DaemonInfo& d = list.daemons(i);
+      const Request req = Make<Request>(d, phase);
+      Response resp;
+      grpc::ClientContext ctx;
+      Deadline(&ctx, a);
+      grpc::Status st = rpc(*stubs[i], &ctx, req, &resp);
+      if (!st.ok()) {
+        err << "muonctl: " << v1::StatePhase_Name(phase) << ": ";
+        DaemonRpcFailed(d, name, st, err);
+        ok = false;
+        if (stop_at_first) return false;
+        continue;
+      }
+      on_reply(d, resp);
+    }
+    return ok;
+  }
+
+  static std::string NewTransactionId() {
+    std::random_device rd;
+    return absl::StrCat(absl::Hex(uint64_t(rd()) << 32 | rd(),
+                                  absl::kZeroPad16),
+                        "-", getpid());
+  }
+};
 
 }  // namespace
 
@@ -316,35 +372,49 @@ int RunSave(const std::vector<std::string>& args, std::ostream& out,
   if (int rc = Parse("save", Kind::kState, args, &a, out, err); rc >= 0) {
     return rc;
   }
-  std::set<int64_t> steps;
-  int count = 0;
-  const int rc = ForEachLiveDaemon(
-      a, err, &count, [&](const v1::DaemonInfo& d, v1::Optimizer::Stub& stub) {
-        v1::SaveStateRequest req;
-        req.set_path(StatePath(a, d.rank()));
-        v1::SaveStateResponse resp;
-        grpc::ClientContext ctx;
-        Deadline(&ctx, a);
-        grpc::Status st = stub.SaveState(&ctx, req, &resp);
-        if (!st.ok()) return DaemonRpcFailed(d, "SaveState", st, err);
-        v1::GetStatusResponse status;
-        grpc::ClientContext sctx;
-        Deadline(&sctx, a);
-        if (stub.GetStatus(&sctx, v1::GetStatusRequest(), &status).ok()) {
-          steps.insert(status.last_step_id());
-        }
-        out << "rank " << d.rank() << ": " << resp.path() << " ("
-            << resp.bytes() << " bytes)\n";
-        return 0;
-      });
-  if (rc != 0) return rc;
-  if (steps.size() > 1) {
-    err << "muonctl: the daemons saved different step ids (a step ran during "
-           "the save); pause the trainers and save again\n";
+  TwoPhase job{a, out, err};
+  if (!job.Connect()) return 1;
+  const auto rpc = [](v1::Optimizer::Stub& s, grpc::ClientContext* c,
+                      const v1::SaveStateRequest& r,
+                      v1::SaveStateResponse* resp) {
+    return s.SaveState(c, r, resp);
+  };
+  std::map<int, int64_t> steps;  // rank -> step id of its prepared file
+  std::map<int, int64_t> bytes;
+  const bool prepared = job.Send<v1::SaveStateRequest, v1::SaveStateResponse>(
+      "SaveState", v1::STATE_PHASE_PREPARE, rpc,
+      [&](const v1::DaemonInfo& d, const v1::SaveStateResponse& r) {
+        steps[d.rank()] = r.step_id();
+        bytes[d.rank()] = r.bytes();
+      },
+      /*stop_at_first=*/true);
+  std::set<int64_t> distinct;
+  for (const auto& [rank, step] : steps) distinct.insert(step);
+  if (!prepared || distinct.size() > 1) {
+    if (prepared) {
+      err << "muonctl: the daemons' states are of different step ids (a step "
+             "ran during the save):";
+      for (const auto& [rank, step] : steps) {
+        err << " rank " << rank << " step " << step << ";";
+      }
+      err << " pause the trainers and save again\n";
+    }
+    job.Send<v1::SaveStateRequest, v1::SaveStateResponse>(
+        "SaveState", v1::STATE_PHASE_ABORT, rpc,
+        [](const v1::DaemonInfo&, const v1::SaveStateResponse&) {}, false);
+    err << "muonctl: save aborted; no rank's file was replaced\n";
     return 1;
   }
-  out << "saved " << count << " ranks at step "
-      << (steps.empty() ? -1 : *steps.begin()) << "\n";
+  const bool committed = job.Send<v1::SaveStateRequest, v1::SaveStateResponse>(
+      "SaveState", v1::STATE_PHASE_COMMIT, rpc,
+      [&](const v1::DaemonInfo& d, const v1::SaveStateResponse& r) {
+        out << "rank " << d.rank() << ": " << r.path() << " ("
+            << bytes[d.rank()] << " bytes)\n";
+      },
+      /*stop_at_first=*/false);
+  if (!committed) return 1;
+  out << "saved " << steps.size() << " ranks at step " << *distinct.begin()
+      << "\n";
   return 0;
 }
 
@@ -354,29 +424,49 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out,
   if (int rc = Parse("load", Kind::kState, args, &a, out, err); rc >= 0) {
     return rc;
   }
-  std::set<int64_t> steps;
-  int count = 0;
-  const int rc = ForEachLiveDaemon(
-      a, err, &count, [&](const v1::DaemonInfo& d, v1::Optimizer::Stub& stub) {
-        v1::LoadStateRequest req;
-        req.set_path(StatePath(a, d.rank()));
-        v1::LoadStateResponse resp;
-        grpc::ClientContext ctx;
-        Deadline(&ctx, a);
-        grpc::Status st = stub.LoadState(&ctx, req, &resp);
-        if (!st.ok()) return DaemonRpcFailed(d, "LoadState", st, err);
-        steps.insert(resp.step_id());
-        out << "rank " << d.rank() << ": loaded " << req.path() << " (step "
-            << resp.step_id() << ")\n";
-        return 0;
-      });
-  if (rc != 0) return rc;
-  if (steps.size() > 1) {
-    err << "muonctl: the state files hold different step ids\n";
+  TwoPhase job{a, out, err};
+  if (!job.Connect()) return 1;
+  const auto rpc = [](v1::Optimizer::Stub& s, grpc::ClientContext* c,
+                      const v1::LoadStateRequest& r,
+                      v1::LoadStateResponse* resp) {
+    return s.LoadState(c, r, resp);
+  };
+  std::map<int, std::pair<int64_t, std::string>> files;  // rank -> step, job
+  // Every rank is asked, so one run names every bad file.
+  const bool prepared = job.Send<v1::LoadStateRequest, v1::LoadStateResponse>(
+      "LoadState", v1::STATE_PHASE_PREPARE, rpc,
+      [&](const v1::DaemonInfo& d, const v1::LoadStateResponse& r) {
+        files[d.rank()] = {r.step_id(), r.job_id()};
+      },
+      /*stop_at_first=*/false);
+  std::set<std::pair<int64_t, std::string>> distinct;
+  for (const auto& [rank, f] : files) distinct.insert(f);
+  if (!prepared || distinct.size() > 1) {
+    if (prepared) {
+      err << "muonctl: the state files are of different steps or jobs:";
+      for (const auto& [rank, f] : files) {
+        err << " rank " << rank << " step " << f.first << " job '" << f.second
+            << "';";
+      }
+      err << "\n";
+    }
+    job.Send<v1::LoadStateRequest, v1::LoadStateResponse>(
+        "LoadState", v1::STATE_PHASE_ABORT, rpc,
+        [](const v1::DaemonInfo&, const v1::LoadStateResponse&) {}, false);
+    err << "muonctl: load aborted; no rank's state changed\n";
     return 1;
   }
-  out << "loaded " << count << " ranks at step " << *steps.begin()
-      << "; the next step id is " << *steps.begin() + 1 << "\n";
+  const bool committed = job.Send<v1::LoadStateRequest, v1::LoadStateResponse>(
+      "LoadState", v1::STATE_PHASE_COMMIT, rpc,
+      [&](const v1::DaemonInfo& d, const v1::LoadStateResponse& r) {
+        out << "rank " << d.rank() << ": loaded " << StatePath(a, d.rank())
+            << " (step " << r.step_id() << ")\n";
+      },
+      /*stop_at_first=*/false);
+  if (!committed) return 1;
+  const int64_t step = distinct.begin()->first;
+  out << "loaded " << files.size() << " ranks at step " << step
+      << "; the next step id is " << step + 1 << "\n";
   return 0;
 }
 

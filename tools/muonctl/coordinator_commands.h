@@ -15,7 +15,12 @@
 //       live) saves/loads its optimizer state to/from DIR/rank<R>.safetensors
 //       (SaveState/LoadState on each daemon, so muonctl must reach the
 //       daemons' addresses: Unix sockets mean the same host). Save between
-//       steps (trainers paused); save fails when the ranks' step ids differ.
+//       steps (trainers paused). Both are two-phase across the job (proto
+//       StatePhase; muonctl acts as the operator, kOperatorClientId): every
+//       rank prepares (save: the file written under a temporary name; load:
+//       read, validated, staged), then all commit, or, when any rank fails or
+//       the ranks' step ids differ, all abort: no file replaced, no state
+//       changed, the failing ranks named.
 // --job is accepted as a synonym of --job_id. `muonctl SUB --help` prints
 // SUB's usage to stdout and exits 0.
 // Every subcommand takes --token-file FILE (or --token T; the file keeps the

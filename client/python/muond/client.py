@@ -120,11 +120,19 @@ class Client:
     def health(self, timeout: float | None = None) -> pb.HealthResponse:
         return self.stub.Health(pb.HealthRequest(), timeout=timeout or self.timeout)
 
-    def save_state(self, path: str) -> pb.SaveStateResponse:
-        return self.stub.SaveState(pb.SaveStateRequest(path=path), timeout=self.timeout)
+    def save_state(self, path: str, job_id: str = "",
+                   client_id: str = "") -> pb.SaveStateResponse:
+        """One-shot save. Only the params' owner (the job_id/client_id that
+        registered them) or the operator (muonctl) may save or load."""
+        return self.stub.SaveState(
+            pb.SaveStateRequest(path=path, job_id=job_id, client_id=client_id),
+            timeout=self.timeout)
 
-    def load_state(self, path: str) -> pb.LoadStateResponse:
-        return self.stub.LoadState(pb.LoadStateRequest(path=path), timeout=self.timeout)
+    def load_state(self, path: str, job_id: str = "",
+                   client_id: str = "") -> pb.LoadStateResponse:
+        return self.stub.LoadState(
+            pb.LoadStateRequest(path=path, job_id=job_id, client_id=client_id),
+            timeout=self.timeout)
 
     def wait_healthy(self, timeout: float = 30.0, poll: float = 0.1,
                      need_plan: bool = False) -> pb.HealthResponse:

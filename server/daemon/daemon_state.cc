@@ -1,0 +1,259 @@
+// DaemonCore::SaveState / LoadState (daemon_core.h says the rules; the file's
+// are server/daemon/state_file.h and server/common/safetensors.h).
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "glog/logging.h"
+#include "server/common/operator_id.h"
+#include "server/daemon/daemon_core.h"
+
+namespace muond {
+
+struct DaemonCore::StateSnapshot {
+  std::shared_ptr<Registration> registration;
+  uint64_t generation = 0;
+  StateTensors state;
+  StateFileInfo info;
+};
+
+namespace {
+
+constexpr size_t kMaxTransactionIdBytes = 128;
+
+// What every request checks before any lock or file: a path, and a
+// transaction id exactly when there is a phase.
+template <typename Request>
+absl::Status CheckRequest(const Request& request) {
+  if (request.path().empty()) {
+    return absl::InvalidArgumentError("path: must not be empty");
+  }
+  const bool phased = request.phase() != v1::STATE_PHASE_UNSPECIFIED;
+  if (!v1::StatePhase_IsValid(request.phase())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("phase: unknown value ", int(request.phase())));
+  }
+  if (phased && (request.transaction_id().empty() ||
+                 request.transaction_id().size() > kMaxTransactionIdBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transaction_id: required with a phase, 1 to ",
+                     kMaxTransactionIdBytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NoSuchTransaction(const char* what, const std::string& id) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("no prepared ", what, " with transaction_id '", id,
+                   "' (never prepared, replaced by a newer PREPARE, or already "
+                   "committed/aborted)"));
+}
+
+}  // namespace
+
+absl::Status DaemonCore::CheckStateAccess(const std::string& job_id,
+                                          const std::string& client_id,
+                                          const char* rpc) const {
+  if (job_id != config_.job_id) {
+    return absl::InvalidArgumentError(absl::StrCat("job_id: '", job_id,
+                                                   "' but this daemon serves '",
+                                                   config_.job_id, "'"));
+  }
+  if (engine_ == nullptr || registration_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(rpc,
+                     " before the step engine exists (register params "
+                     "and wait for the plan)"));
+  }
+  if (client_id != registration_->client_id && client_id != kOperatorClientId) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(rpc, ": client_id '", client_id.substr(0, 128),
+                     "' neither owns the params nor is the operator ('",
+                     kOperatorClientId, "', as muonctl sends)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DaemonCore::StateSnapshot> DaemonCore::Snapshot(
+    const std::string& job_id, const std::string& client_id, const char* rpc) {
+  // op_mu_: no step is half-way through the state being copied.
+  absl::MutexLock op(&op_mu_);
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckStateAccess(job_id, client_id, rpc));
+  StateSnapshot s;
+  ASSIGN_OR_RETURN(s.state, engine_->muon->ExportState());
+  s.registration = registration_;
+  s.generation = registration_generation_;
+  s.info = {config_.job_id, config_.rank, last_step_id_.value_or(-1),
+            active_plan_version_};
+  return s;
+}
+
+absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
+    const v1::SaveStateRequest& request,
+    const std::function<bool()>& cancelled) {
+  RETURN_IF_ERROR(CheckRequest(request));
+  if (request.phase() == v1::STATE_PHASE_COMMIT ||
+      request.phase() == v1::STATE_PHASE_ABORT) {
+    return CommitOrAbortSave(request);
+  }
+  ASSIGN_OR_RETURN(
+      StateSnapshot snap,
+      Snapshot(request.job_id(), request.client_id(), "SaveState"));
+  // The file is built and written without the locks.
+  const size_t tensors = snap.state.size();
+  const SafetensorsFile file =
+      StateToFile(*snap.registration, std::move(snap.state), snap.info);
+  ASSIGN_OR_RETURN(PreparedSafetensors prepared,
+                   PrepareSafetensors(request.path(), file, cancelled));
+  v1::SaveStateResponse response;
+  response.set_path(request.path());
+  response.set_bytes(prepared.bytes);
+  response.set_step_id(snap.info.step_id);
+  if (request.phase() == v1::STATE_PHASE_PREPARE) {
+    absl::MutexLock lock(&mu_);
+    if (pending_save_) AbortSafetensors(pending_save_->file);
+    pending_save_ = PendingSave{request.transaction_id(), std::move(prepared)};
+    LOG(INFO) << "prepared the save of " << tensors << " state tensors to "
+              << request.path() << " (transaction " << request.transaction_id()
+              << ")";
+    return response;
+  }
+  RETURN_IF_ERROR(CommitSafetensors(prepared));
+  LOG(INFO) << "saved " << tensors << " state tensors (" << prepared.bytes
+            << " bytes, step " << snap.info.step_id << ") to "
+            << request.path();
+  return response;
+}
+
+absl::StatusOr<v1::SaveStateResponse> DaemonCore::CommitOrAbortSave(
+    const v1::SaveStateRequest& request) {
+  std::optional<PendingSave> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(
+        CheckStateAccess(request.job_id(), request.client_id(), "SaveState"));
+    if (pending_save_ &&
+        pending_save_->transaction_id == request.transaction_id() &&
+        pending_save_->file.path == request.path()) {
+      pending.swap(pending_save_);
+    }
+  }
+  v1::SaveStateResponse response;
+  response.set_path(request.path());
+  if (request.phase() == v1::STATE_PHASE_ABORT) {
+    // Idempotent: aborting what is gone is done.
+    if (pending) AbortSafetensors(pending->file);
+    return response;
+  }
+  if (!pending) return NoSuchTransaction("save", request.transaction_id());
+  RETURN_IF_ERROR(CommitSafetensors(pending->file));
+  response.set_bytes(pending->file.bytes);
+  LOG(INFO) << "committed the save to " << request.path() << " (transaction "
+            << request.transaction_id() << ")";
+  return response;
+}
+
+absl::StatusOr<DaemonCore::StagedLoad> DaemonCore::ReadAndValidate(
+    const v1::LoadStateRequest& request,
+    const std::function<bool()>& cancelled) {
+  {
+    // Refuse strangers before touching their file.
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(
+        CheckStateAccess(request.job_id(), request.client_id(), "LoadState"));
+  }
+  ASSIGN_OR_RETURN(SafetensorsFile file,
+                   ReadSafetensors(request.path(), cancelled));
+  // The current state tells which tensors and sizes the engine expects.
+  ASSIGN_OR_RETURN(
+      StateSnapshot snap,
+      Snapshot(request.job_id(), request.client_id(), "LoadState"));
+  ASSIGN_OR_RETURN(
+      LoadedState loaded,
+      StateFromFile(request.path(), std::move(file), *snap.registration,
+                    snap.state, config_.job_id));
+  StagedLoad staged;
+  staged.transaction_id = request.transaction_id();
+  staged.generation = snap.generation;
+  staged.state = std::move(loaded.state);
+  staged.step_id = loaded.step_id;
+  return staged;
+}
+
+absl::Status DaemonCore::Apply(StagedLoad& staged) {
+  if (registration_generation_ != staged.generation || engine_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "LoadState: the params were re-registered since the file was read; "
+        "load again");
+  }
+  RETURN_IF_ERROR(engine_->muon->ImportState(staged.state));
+  if (staged.step_id >= 0) {
+    last_step_id_ = staged.step_id;
+    last_response_ = v1::StepResponse();
+    last_response_.set_step_id(staged.step_id);
+  } else {
+    last_step_id_.reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
+    const v1::LoadStateRequest& request,
+    const std::function<bool()>& cancelled) {
+  RETURN_IF_ERROR(CheckRequest(request));
+  if (request.phase() == v1::STATE_PHASE_COMMIT ||
+      request.phase() == v1::STATE_PHASE_ABORT) {
+    return CommitOrAbortLoad(request);
+  }
+  ASSIGN_OR_RETURN(StagedLoad staged, ReadAndValidate(request, cancelled));
+  v1::LoadStateResponse response;
+  response.set_step_id(staged.step_id);
+  response.set_job_id(config_.job_id);
+  const size_t tensors = staged.state.size();
+  absl::MutexLock op(&op_mu_);
+  absl::MutexLock lock(&mu_);
+  if (request.phase() == v1::STATE_PHASE_PREPARE) {
+    staged.steps_done = steps_done_;
+    staged_load_ = std::move(staged);  // drops an older PREPARE
+    LOG(INFO) << "prepared the load of " << tensors << " state tensors from "
+              << request.path() << " (step " << response.step_id()
+              << ", transaction " << request.transaction_id() << ")";
+    return response;
+  }
+  RETURN_IF_ERROR(Apply(staged));
+  LOG(INFO) << "loaded " << tensors << " state tensors from " << request.path()
+            << " (step " << response.step_id() << ")";
+  return response;
+}
+
+absl::StatusOr<v1::LoadStateResponse> DaemonCore::CommitOrAbortLoad(
+    const v1::LoadStateRequest& request) {
+  absl::MutexLock op(&op_mu_);
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(
+      CheckStateAccess(request.job_id(), request.client_id(), "LoadState"));
+  const bool ours =
+      staged_load_ && staged_load_->transaction_id == request.transaction_id();
+  v1::LoadStateResponse response;
+  response.set_job_id(config_.job_id);
+  if (request.phase() == v1::STATE_PHASE_ABORT) {
+    if (ours) staged_load_.reset();
+    return response;
+  }
+  if (!ours) return NoSuchTransaction("load", request.transaction_id());
+  StagedLoad staged = *std::move(staged_load_);
+  staged_load_.reset();
+  if (staged.steps_done != steps_done_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "LoadState COMMIT: a step ran since the PREPARE of transaction '",
+        request.transaction_id(), "'; pause the trainers and load again"));
+  }
+  RETURN_IF_ERROR(Apply(staged));
+  response.set_step_id(staged.step_id);
+  LOG(INFO) << "committed the load of transaction " << request.transaction_id()
+            << " (step " << staged.step_id << ")";
+  return response;
+}
+
+}  // namespace muond
