@@ -50,11 +50,11 @@
 #include "core/plan/plan_history.h"
 #include "core/step/layer_sharded_muon.h"
 #include "muond/v1/muond.pb.h"
+#include "server/common/safetensors.h"
 #include "server/daemon/engine_builder.h"
 #include "server/daemon/memory_mapper.h"
 #include "server/daemon/registration.h"
 #include "server/daemon/state_file.h"
-#include "server/common/safetensors.h"
 
 namespace muond {
 

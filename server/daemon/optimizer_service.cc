@@ -54,16 +54,18 @@ grpc::Status OptimizerService::SaveState(grpc::ServerContext* context,
                                          const v1::SaveStateRequest* request,
                                          v1::SaveStateResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  return Reply(core_->SaveState(
-                   *request, [context] { return context->IsCancelled(); }), response, "SaveState");
+  return Reply(
+      core_->SaveState(*request, [context] { return context->IsCancelled(); }),
+      response, "SaveState");
 }
 
 grpc::Status OptimizerService::LoadState(grpc::ServerContext* context,
                                          const v1::LoadStateRequest* request,
                                          v1::LoadStateResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  return Reply(core_->LoadState(
-                   *request, [context] { return context->IsCancelled(); }), response, "LoadState");
+  return Reply(
+      core_->LoadState(*request, [context] { return context->IsCancelled(); }),
+      response, "LoadState");
 }
 
 grpc::Status OptimizerService::Health(grpc::ServerContext* context,

@@ -629,7 +629,8 @@ TEST_F(DaemonCoreTest, SaveAndLoadStateRoundTrip) {
   WaitForEngine();
   ASSERT_TRUE(core_->Step(StepReq(4)).ok());
   fake_->state["w.momentum"][3] = 7.25f;
-  absl::StatusOr<v1::SaveStateResponse> saved = core_->SaveState(StateReq(path));
+  absl::StatusOr<v1::SaveStateResponse> saved =
+      core_->SaveState(StateReq(path));
   ASSERT_TRUE(saved.ok()) << saved.status();
   // The file is plain safetensors with per-shard keys.
   absl::StatusOr<SafetensorsFile> file = ReadSafetensors(path);
@@ -642,7 +643,8 @@ TEST_F(DaemonCoreTest, SaveAndLoadStateRoundTrip) {
 
   fake_->state["w.momentum"].assign(8, 0.0f);
   ASSERT_TRUE(core_->Step(StepReq(5)).ok());
-  absl::StatusOr<v1::LoadStateResponse> loaded = core_->LoadState(LoadReq(path));
+  absl::StatusOr<v1::LoadStateResponse> loaded =
+      core_->LoadState(LoadReq(path));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->step_id(), 4);
   EXPECT_EQ(fake_->state["w.momentum"][3], 7.25f);
@@ -657,7 +659,6 @@ TEST_F(DaemonCoreTest, SaveAndLoadStateRoundTrip) {
   EXPECT_EQ(core_->Status().last_step_id(), 5);
   unlink(path.c_str());
 }
-
 
 // Issue 16: only the owner or the operator (muonctl) may save or load.
 TEST_F(DaemonCoreTest, SaveAndLoadAreTheOwnersOrTheOperators) {
@@ -721,8 +722,8 @@ TEST_F(DaemonCoreTest, CancelledSaveLeavesNoFile) {
   ASSERT_TRUE(core_->Register(Valid()).ok());
   core_->OnPlan(PlanFor(1, 0, 0));
   WaitForEngine();
-  absl::Status st = core_->SaveState(StateReq(path), [] { return true; })
-                        .status();
+  absl::Status st =
+      core_->SaveState(StateReq(path), [] { return true; }).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
   EXPECT_NE(access(path.c_str(), F_OK), 0);
 }
@@ -757,7 +758,8 @@ TEST_F(DaemonCoreTest, TwoPhaseSaveAndLoad) {
                 .status()
                 .code(),
             absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(core_->SaveState(phased(save, v1::STATE_PHASE_COMMIT, "t1")).ok());
+  ASSERT_TRUE(
+      core_->SaveState(phased(save, v1::STATE_PHASE_COMMIT, "t1")).ok());
   EXPECT_EQ(access(path.c_str(), F_OK), 0);
 
   fake_->state["w.momentum"][0] = 0.0f;
@@ -775,14 +777,16 @@ TEST_F(DaemonCoreTest, TwoPhaseSaveAndLoad) {
                 .code(),
             absl::StatusCode::kFailedPrecondition);
   // A step between PREPARE and COMMIT: the staged state is stale.
-  ASSERT_TRUE(core_->LoadState(phased(load, v1::STATE_PHASE_PREPARE, "l2")).ok());
+  ASSERT_TRUE(
+      core_->LoadState(phased(load, v1::STATE_PHASE_PREPARE, "l2")).ok());
   ASSERT_TRUE(core_->Step(StepReq(6)).ok());
   EXPECT_EQ(core_->LoadState(phased(load, v1::STATE_PHASE_COMMIT, "l2"))
                 .status()
                 .code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(core_->Status().last_step_id(), 6);
-  ASSERT_TRUE(core_->LoadState(phased(load, v1::STATE_PHASE_PREPARE, "l3")).ok());
+  ASSERT_TRUE(
+      core_->LoadState(phased(load, v1::STATE_PHASE_PREPARE, "l3")).ok());
   auto committed = core_->LoadState(phased(load, v1::STATE_PHASE_COMMIT, "l3"));
   ASSERT_TRUE(committed.ok()) << committed.status();
   EXPECT_EQ(core_->Status().last_step_id(), 4);

@@ -1,6 +1,7 @@
 #include "tools/muonctl/coordinator_commands.h"
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -10,8 +11,6 @@
 #include <optional>
 #include <random>
 #include <set>
-
-#include <unistd.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -358,9 +357,9 @@ struct TwoPhase {
 
   static std::string NewTransactionId() {
     std::random_device rd;
-    return absl::StrCat(absl::Hex(uint64_t(rd()) << 32 | rd(),
-                                  absl::kZeroPad16),
-                        "-", getpid());
+    return absl::StrCat(
+        absl::Hex(uint64_t(rd()) << 32 | rd(), absl::kZeroPad16), "-",
+        getpid());
   }
 };
 
