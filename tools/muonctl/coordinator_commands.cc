@@ -300,6 +300,9 @@ int DaemonRpcFailed(const v1::DaemonInfo& d, const char* rpc,
 // same step id), else ABORT on every daemon, so the operation completes on
 // every rank or changes nothing.
 struct TwoPhase {
+  TwoPhase(const Args& args, std::ostream& std_out, std::ostream& std_err)
+      : a(args), out(std_out), err(std_err) {}
+
   const Args& a;
   std::ostream& out;
   std::ostream& err;
@@ -371,7 +374,7 @@ int RunSave(const std::vector<std::string>& args, std::ostream& out,
   if (int rc = Parse("save", Kind::kState, args, &a, out, err); rc >= 0) {
     return rc;
   }
-  TwoPhase job{a, out, err};
+  TwoPhase job(a, out, err);
   if (!job.Connect()) return 1;
   const auto rpc = [](v1::Optimizer::Stub& s, grpc::ClientContext* c,
                       const v1::SaveStateRequest& r,
@@ -423,7 +426,7 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out,
   if (int rc = Parse("load", Kind::kState, args, &a, out, err); rc >= 0) {
     return rc;
   }
-  TwoPhase job{a, out, err};
+  TwoPhase job(a, out, err);
   if (!job.Connect()) return 1;
   const auto rpc = [](v1::Optimizer::Stub& s, grpc::ClientContext* c,
                       const v1::LoadStateRequest& r,
