@@ -172,7 +172,7 @@ absl::StatusOr<DaemonCore::StagedLoad> DaemonCore::ReadAndValidate(
   ASSIGN_OR_RETURN(
       LoadedState loaded,
       StateFromFile(request.path(), std::move(file), *snap.registration,
-                    snap.state, config_.job_id));
+                    snap.state, config_.job_id, kMaxStepId));
   StagedLoad staged;
   staged.transaction_id = request.transaction_id();
   staged.generation = snap.generation;

@@ -104,16 +104,17 @@ absl::Status Bad(const std::string& path, const std::string& why) {
       absl::StrCat("state file '", path, "': ", why));
 }
 
-absl::StatusOr<int64_t> FileStepId(
-    const std::string& path, const std::map<std::string, std::string>& m) {
+absl::StatusOr<int64_t> FileStepId(const std::string& path,
+                                   const std::map<std::string, std::string>& m,
+                                   int64_t max_step_id) {
   auto it = m.find("step_id");
   int64_t step_id = 0;
   if (it == m.end() || !absl::SimpleAtoi(it->second, &step_id) ||
-      step_id < -1 || step_id >= kMaxStateStepId) {
+      step_id < -1 || step_id > max_step_id) {
     return Bad(
         path, absl::StrCat(
-                  "metadata 'step_id' must be an integer in "
-                  "[-1, 2^62), not '",
+                  "metadata 'step_id' must be an integer in [-1, ", max_step_id,
+                  "], not '",
                   it == m.end() ? "(missing)" : it->second.substr(0, 32), "'"));
   }
   return step_id;
@@ -140,8 +141,8 @@ absl::Status CheckValues(const std::string& path, const std::string& name,
                                     "negative value ",
                                     v, " at index ", i));
     }
-    if (count &&
-        (v < 0 || v != std::floor(v) || double(v) >= double(kMaxStateStepId))) {
+    if (count && (v < 0 || v != std::floor(v) ||
+                  double(v) >= double(kMaxAdamWStepCount))) {
       return Bad(path, absl::StrCat("tensor '", key,
                                     "' (AdamW step count) "
                                     "is ",
@@ -178,7 +179,8 @@ absl::StatusOr<LoadedState> StateFromFile(const std::string& path,
                                           SafetensorsFile file,
                                           const Registration& reg,
                                           const StateTensors& current,
-                                          const std::string& job_id) {
+                                          const std::string& job_id,
+                                          int64_t max_step_id) {
   auto job = file.metadata.find("job_id");
   if (job == file.metadata.end() || job->second != job_id) {
     return Bad(path, absl::StrCat("is of job '",
@@ -188,7 +190,8 @@ absl::StatusOr<LoadedState> StateFromFile(const std::string& path,
                                   "', not '", job_id, "'"));
   }
   LoadedState out;
-  absl::StatusOr<int64_t> step_id = FileStepId(path, file.metadata);
+  absl::StatusOr<int64_t> step_id =
+      FileStepId(path, file.metadata, max_step_id);
   if (!step_id.ok()) return step_id.status();
   out.step_id = *step_id;
   const StateKeys keys(reg);

@@ -10,7 +10,8 @@
 // (JSON, informational).
 //
 // The loaded-state rules live in StateFromFile: the file is of this job, its
-// step_id is an integer in [-1, 2^62), it has exactly the tensors this rank's
+// step_id is an integer in [-1, max_step_id] (the daemon's step-id bound,
+// DaemonCore::kMaxStepId), it has exactly the tensors this rank's
 // registration owns with their shapes, every value is finite, exp_avg_sq is
 // >= 0, and AdamW step counts are integers in [0, 2^62). Both directions are
 // linear in the number of state entries (one hash lookup per entry).
@@ -27,8 +28,8 @@ namespace muond {
 
 using StateTensors = std::map<std::string, std::vector<float>>;
 
-// Step ids and AdamW step counts stay below this (no overflow on +1).
-inline constexpr int64_t kMaxStateStepId = int64_t{1} << 62;
+// AdamW step counts stay below this (no overflow on +1).
+inline constexpr int64_t kMaxAdamWStepCount = int64_t{1} << 62;
 
 struct StateFileInfo {
   std::string job_id;
@@ -53,6 +54,7 @@ absl::StatusOr<LoadedState> StateFromFile(const std::string& path,
                                           SafetensorsFile file,
                                           const Registration& reg,
                                           const StateTensors& current,
-                                          const std::string& job_id);
+                                          const std::string& job_id,
+                                          int64_t max_step_id);
 
 }  // namespace muond

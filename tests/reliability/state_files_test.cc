@@ -197,6 +197,8 @@ std::unique_ptr<Registration> ManyParams(int n) {
   return reg;
 }
 
+constexpr int64_t kMaxStep = int64_t{1} << 62;  // DaemonCore::kMaxStepId
+
 StateTensors ManyState(int n) {
   StateTensors state;
   for (int i = 0; i < n; ++i) {
@@ -219,7 +221,7 @@ TEST(StateFilesTest, HundredThousandParamsSaveAndLoadInSeconds) {
   ASSERT_TRUE(read.ok()) << read.status();
   ASSERT_TRUE(read->tensors.count("g/layer.7.w/g0t0/momentum"));
   absl::StatusOr<LoadedState> loaded =
-      StateFromFile(path, *std::move(read), *reg, state, "job");
+      StateFromFile(path, *std::move(read), *reg, state, "job", kMaxStep);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const absl::Time t2 = absl::Now();
   EXPECT_EQ(loaded->step_id, 41);
@@ -237,7 +239,7 @@ TEST(StateFilesTest, LoadedValuesAreChecked) {
   current["g/.step"] = {3};
   current["g/layer.0.w.exp_avg_sq"] = {0, 0, 0, 0};
   SafetensorsFile good = StateToFile(*reg, current, {"job", 0, 5, 1});
-  ASSERT_TRUE(StateFromFile("f", good, *reg, current, "job").ok());
+  ASSERT_TRUE(StateFromFile("f", good, *reg, current, "job", kMaxStep).ok());
   struct Case {
     std::string key;
     int index;
@@ -255,22 +257,26 @@ TEST(StateFilesTest, LoadedValuesAreChecked) {
                          {"g/.step", 0, 1e30f, "step count"}}) {
     SafetensorsFile bad = good;
     bad.tensors[c.key].data[c.index] = c.value;
-    absl::Status st = StateFromFile("f", bad, *reg, current, "job").status();
+    absl::Status st =
+        StateFromFile("f", bad, *reg, current, "job", kMaxStep).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.key;
     EXPECT_TRUE(absl::StrContains(st.message(), c.key)) << st;
     EXPECT_TRUE(absl::StrContains(st.message(), c.expect)) << st;
   }
-  for (const std::string step : {"-2", "4611686018427387904", "x", ""}) {
+  for (const std::string step : {"-2", "4611686018427387905", "x", ""}) {
     SafetensorsFile bad = good;
     bad.metadata["step_id"] = step;
-    absl::Status st = StateFromFile("f", bad, *reg, current, "job").status();
+    absl::Status st =
+        StateFromFile("f", bad, *reg, current, "job", kMaxStep).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << step;
     EXPECT_TRUE(absl::StrContains(st.message(), "step_id")) << st;
   }
   SafetensorsFile extra = good;
   extra.tensors["g/other/g0t0/momentum"] = {{1}, {0}};
   EXPECT_TRUE(absl::StrContains(
-      StateFromFile("f", extra, *reg, current, "job").status().message(),
+      StateFromFile("f", extra, *reg, current, "job", kMaxStep)
+          .status()
+          .message(),
       "no registered param"));
 }
 
