@@ -39,9 +39,12 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype,
     case v1::DTYPE_BF16:
       return DType::kBFloat16;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": dtype ", v1::DType_Name(dtype),
-                       " is not supported (DTYPE_FP32 or DTYPE_BF16)"));
+      // A number the enum does not define has no name: show the number.
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": dtype '",
+          v1::DType_IsValid(dtype) ? v1::DType_Name(dtype)
+                                   : absl::StrCat(static_cast<int>(dtype)),
+          "' is not supported (DTYPE_FP32 or DTYPE_BF16)"));
   }
 }
 

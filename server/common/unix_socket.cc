@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/echo.h"
 
 namespace muond {
 
@@ -28,10 +29,24 @@ bool ParseUnixAddress(const std::string& address, std::string* path) {
   return false;
 }
 
-absl::Status PrepareUnixSocketPath(const std::string& path) {
+size_t MaxUnixSocketPathBytes() {
+  return sizeof(sockaddr_un::sun_path) - 1;  // room for the NUL: 107 on Linux
+}
+
+absl::Status PrepareUnixSocketPath(const std::string& path,
+                                   std::string_view flag) {
   if (path.empty() || path[0] != '/') {
     return absl::InvalidArgumentError(
-        absl::StrCat("unix socket path '", path, "' must be absolute"));
+        absl::StrCat(std::string(flag), ": unix socket path '", Echo(path),
+                     "' must be absolute"));
+  }
+  // bind() would fail with a misleading errno (gRPC reports "address in
+  // use?"); say what is wrong before trying.
+  if (path.size() > MaxUnixSocketPathBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(flag), ": unix socket path '", Echo(path), "' is ",
+        path.size(), " bytes, longer than the ", MaxUnixSocketPathBytes(),
+        " bytes a Unix socket address holds (choose a shorter path)"));
   }
   const std::string dir = path.substr(0, path.rfind('/'));
   struct stat st;
@@ -74,10 +89,10 @@ absl::Status PrepareUnixSocketPath(const std::string& path) {
 absl::Status CheckSocketIsStale(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
+  if (path.size() > MaxUnixSocketPathBytes()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unix socket path '", path, "' is longer than ",
-                     sizeof(addr.sun_path) - 1, " bytes"));
+        absl::StrCat("unix socket path '", Echo(path), "' is longer than ",
+                     MaxUnixSocketPathBytes(), " bytes"));
   }
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -85,8 +100,8 @@ absl::Status CheckSocketIsStale(const std::string& path) {
     return absl::InternalError(
         absl::StrCat("socket(AF_UNIX): ", strerror(errno)));
   }
-  const int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr),
-                         sizeof(addr));
+  const int rc =
+      connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
   const int connect_errno = errno;
   close(fd);
   if (rc == 0) {
@@ -109,9 +124,8 @@ absl::StatusOr<std::string> PrivateSocketDir() {
                               ? absl::StrCat(xdg, "/muond")
                               : absl::StrCat("/tmp/muond-", geteuid());
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create socket directory '", dir,
-                     "': ", strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot create socket directory '", dir, "': ", strerror(errno)));
   }
   struct stat st;
   if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||

@@ -3,6 +3,7 @@
 // state"): the socket file lives in a directory only the current user can write
 // and is chmod 0600 once the server has bound it.
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -12,13 +13,19 @@ namespace muond {
 // True for "unix:" addresses; `path` receives the file path.
 bool ParseUnixAddress(const std::string& address, std::string* path);
 
-// Before binding: checks that the parent directory of `path` exists, is owned
+// The longest path a sockaddr_un holds (107 bytes on Linux).
+size_t MaxUnixSocketPathBytes();
+
+// Before binding: refuses a relative path or one longer than
+// MaxUnixSocketPathBytes (InvalidArgument naming `flag`, the length and the
+// limit); checks that the parent directory of `path` exists, is owned
 // by this user (or is root-owned and sticky, like /tmp) and is not writable by
 // others unless sticky; removes a stale socket file at `path` (only a socket
 // of this user, never a regular file, and only when nobody listens on it:
 // see CheckSocketIsStale). FailedPrecondition naming the path otherwise,
 // "address in use by a live process" when a server answers on it.
-absl::Status PrepareUnixSocketPath(const std::string& path);
+absl::Status PrepareUnixSocketPath(const std::string& path,
+                                   std::string_view flag = "--listen");
 
 // connect()s to the socket file `path`: OK when refused (or gone), i.e. the
 // file is stale; FailedPrecondition "address in use by a live process" when

@@ -353,6 +353,8 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
       inputs.refusal_code = code;
     };
     refuse(CheckStepId(id), RefusalCode::kStepId);
+    // A shrunk shm object would SIGBUS the step (registration.h).
+    refuse(registration_->RecheckMemory(), RefusalCode::kMemory);
     absl::StatusOr<StepOverrides> overrides = ParseOverrides(request);
     refuse(overrides.status(), RefusalCode::kOverrides);
     if (overrides.ok()) inputs.overrides = *std::move(overrides);

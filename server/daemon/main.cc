@@ -60,6 +60,10 @@ ABSL_FLAG(int, testonly_commit_delay_ms, 0,
 ABSL_FLAG(bool, skip_nonfinite, false,
           "Skip (instead of fail) a step whose gradients hold NaN/Inf; either "
           "way params and momentum stay unchanged and the params are named");
+ABSL_FLAG(bool, allow_foreign_shm, false,
+          "Map shm objects owned by other users too (by default the daemon "
+          "maps only objects owned by its own effective uid, so a root "
+          "daemon cannot be made to write another user's memory)");
 ABSL_FLAG(int, log_every, 100, "Log a one-line step summary every N steps");
 ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
           "Address Gloo listens on in host mode");
@@ -156,7 +160,10 @@ int main(int argc, char** argv) {
   std::string socket_path;
   const bool is_unix = muond::ParseUnixAddress(listen, &socket_path);
   if (is_unix) {
-    absl::Status st = muond::PrepareUnixSocketPath(socket_path);
+    absl::Status st = muond::PrepareUnixSocketPath(
+        socket_path, absl::GetFlag(FLAGS_listen).empty()
+                         ? "--listen (the default from --job_id)"
+                         : "--listen");
     if (!st.ok()) {
       LOG(ERROR) << st;
       return 1;
@@ -213,6 +220,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<muond::HandleOpener> opener =
       device >= 0 ? muond::MakeCudaHandleOpener(device)
                   : std::make_unique<muond::HandleOpener>();
+  opener->set_allow_foreign_shm(absl::GetFlag(FLAGS_allow_foreign_shm));
   muond::DaemonCore core(config, std::move(opener), link.get(),
                          muond::MakeEngineFactory(engine_options, link));
   // Runs before `core` goes away: no plan reaches it after that.

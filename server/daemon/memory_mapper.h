@@ -5,6 +5,9 @@
 // unmaps/closes on destruction. The daemon maps each region a registration
 // declares once (server/daemon/region_table.h) and keeps it until the params
 // are unregistered.
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,16 +23,33 @@ class MappedRegion {
   // CUDA IPC) and its size in bytes.
   virtual void* base() const = 0;
   virtual uint64_t size() const = 0;
+  // OK while the memory behind the mapping still covers size() bytes.
+  // An shm object can be shrunk (ftruncate) by its owner after mapping;
+  // touching a mapped page past its new end raises SIGBUS in the daemon, so
+  // the daemon re-checks before every step (Registration::RecheckMemory).
+  // FailedPrecondition naming `field`, the object and both sizes otherwise.
+  // A CUDA IPC allocation cannot shrink, and stays valid while opened even
+  // if the trainer frees it: always OK.
+  virtual absl::Status CheckStillBacked(const std::string& /*field*/) const {
+    return absl::OkStatus();
+  }
+  // Identifies the memory object (st_dev, st_ino of an shm object) so two
+  // region names of one object (a hard link, a bind mount) are refused as
+  // aliases; empty when the kind has no such identity.
+  virtual std::string identity() const { return ""; }
 };
 
 class HandleOpener {
  public:
   virtual ~HandleOpener() = default;
-  // shm_open + fstat + mmap of the object's first `byte_size` (> 0) bytes.
-  // InvalidArgument for a malformed name or an object smaller than
+  // shm_open + fstat + mmap of the object's first `byte_size` (> 0) bytes;
+  // the descriptor stays open for CheckStillBacked.
+  // InvalidArgument for a malformed name ('/' then 1..250 bytes without '/',
+  // NUL or control bytes, not "." or "..") or an object smaller than
   // `byte_size`, NotFound when it does not exist, FailedPrecondition when
-  // empty, PermissionDenied / Unavailable for other errno values; messages
-  // name `field` and the object.
+  // empty or not a regular file, PermissionDenied when another user owns it
+  // (see allow_foreign_shm) and for EACCES/EPERM, Unavailable for other errno
+  // values; messages name `field` and the object.
   virtual absl::StatusOr<std::unique_ptr<MappedRegion>> OpenShm(
       const std::string& name, uint64_t byte_size, const std::string& field);
   // cudaIpcOpenMemHandle of a 64-byte handle of an allocation on `device`,
@@ -38,6 +58,21 @@ class HandleOpener {
   virtual absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(
       const std::string& handle, uint64_t byte_size, int device,
       const std::string& field);
+
+  // The ownership rule: an shm object is mapped only when it belongs to the
+  // daemon's effective uid. A daemon run as root would otherwise map and
+  // write any user's objects on a client's say-so. (gRPC exposes no Unix
+  // peer credentials, so "the connected client's uid" cannot be checked
+  // cheaply; muond --allow_foreign_shm lifts the rule for deployments where
+  // trainers run as another user on purpose.)
+  void set_allow_foreign_shm(bool allow) { allow_foreign_shm_ = allow; }
+  // The uid whose objects are mapped: the effective uid (tests change it to
+  // see the rule refuse their own objects without root).
+  void set_shm_owner_uid(uid_t uid) { shm_owner_uid_ = uid; }
+
+ private:
+  bool allow_foreign_shm_ = false;
+  uid_t shm_owner_uid_ = geteuid();
 };
 
 // The CUDA IPC opener for a daemon on `device` (cuda_ipc_opener.cc; links

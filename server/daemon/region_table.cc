@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/echo.h"
 #include "core/common/status_macros.h"
 #include "server/common/checked_math.h"
 #include "server/common/proto_convert.h"
@@ -28,9 +29,10 @@ absl::Status ValidateDeclaration(const v1::MemoryRegion& region,
         absl::StrCat(where, ": kind ", KindName(region.kind()),
                      " is not MEMORY_KIND_HOST_SHM or MEMORY_KIND_CUDA_IPC"));
   }
-  if (region.byte_size() == 0) {
+  if (region.byte_size() == 0 || region.byte_size() > kMaxRegionBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": byte_size must be > 0"));
+        absl::StrCat(where, ": byte_size ", region.byte_size(),
+                     " must be in [1, ", kMaxRegionBytes, "]"));
   }
   if (region.kind() == v1::MEMORY_KIND_HOST_SHM && region.shm_name().empty()) {
     return absl::InvalidArgumentError(
@@ -49,7 +51,7 @@ std::string MemoryKey(const v1::MemoryRegion& region) {
 }
 std::string MemoryInWords(const v1::MemoryRegion& region) {
   return region.kind() == v1::MEMORY_KIND_HOST_SHM
-             ? absl::StrCat("shm object '", region.shm_name(), "'")
+             ? absl::StrCat("shm object '", Echo(region.shm_name()), "'")
              : std::string("its CUDA IPC handle");
 }
 
@@ -109,6 +111,14 @@ absl::Status ValidateLayout(const std::vector<int64_t>& shape,
 
 }  // namespace
 
+absl::Status CheckNameLength(const std::string& name,
+                             const std::string& field) {
+  if (name.size() <= kMaxNameBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " '", Echo(name), "' is ", name.size(),
+                   " bytes; names are at most ", kMaxNameBytes, " bytes"));
+}
+
 absl::StatusOr<RegionTable> RegionTable::Map(const Declarations& declarations,
                                              HandleOpener& opener) {
   RegionTable table;
@@ -119,7 +129,10 @@ absl::StatusOr<RegionTable> RegionTable::Map(const Declarations& declarations,
       return absl::InvalidArgumentError(
           absl::StrCat("regions[", i, "]: name is empty"));
     }
-    const std::string where = absl::StrCat("region '", declaration.name(), "'");
+    RETURN_IF_ERROR(CheckNameLength(declaration.name(),
+                                    absl::StrCat("regions[", i, "].name")));
+    const std::string where =
+        absl::StrCat("region '", Echo(declaration.name()), "'");
     if (table.regions_.contains(declaration.name())) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": declared twice (names are unique within a registration)"));
@@ -130,10 +143,21 @@ absl::StatusOr<RegionTable> RegionTable::Map(const Declarations& declarations,
     if (!fresh) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": ", MemoryInWords(declaration),
-                       " is already region '", owner->second, "'"));
+                       " is already region '", Echo(owner->second), "'"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<MappedRegion> mapping,
                      Open(declaration, where, opener));
+    // The same object under another name (a hard link in /dev/shm) would
+    // be mapped twice at two addresses, hiding aliasing from
+    // view_overlap's address comparison.
+    if (const std::string id = mapping->identity(); !id.empty()) {
+      auto [same, fresh_id] = region_of_memory.emplace(id, declaration.name());
+      if (!fresh_id) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": ", MemoryInWords(declaration),
+            " is the same object as region '", Echo(same->second), "'"));
+      }
+    }
     table.regions_.emplace(declaration.name(),
                            Region{declaration, std::move(mapping)});
   }
@@ -159,14 +183,14 @@ absl::StatusOr<MatrixView> RegionTable::View(
   auto it = regions_.find(ref.region());
   if (it == regions_.end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": region '", ref.region(),
+        absl::StrCat(field, ": region '", Echo(ref.region()),
                      "' is not declared in the request's regions"));
   }
   const MappedRegion& region = *it->second.mapping;
   if (uint64_t(*end) > region.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": view [", ref.byte_offset(), ", ", *end,
-                     ") bytes runs past region '", ref.region(), "' of ",
+                     ") bytes runs past region '", Echo(ref.region()), "' of ",
                      region.size(), " bytes"));
   }
   if (ref.byte_offset() % element_size != 0) {
@@ -181,6 +205,14 @@ absl::StatusOr<MatrixView> RegionTable::View(
   view.cols = shape.back();
   view.row_stride = shape.size() == 2 ? strides[0] : shape[0];
   return view;
+}
+
+absl::Status RegionTable::Recheck() const {
+  for (const auto& [name, region] : regions_) {
+    RETURN_IF_ERROR(region.mapping->CheckStillBacked(
+        absl::StrCat("region '", Echo(name), "'")));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muond

@@ -20,6 +20,17 @@
 
 namespace muond {
 
+// The longest name (region, group, param, domain, client) a registration
+// accepts; longer ones are refused naming the field, so no error message
+// has to carry a 60 MB name.
+inline constexpr size_t kMaxNameBytes = 1024;
+// The largest region byte_size (2^48: 256 TiB, above any real allocation);
+// keeps byte arithmetic on regions far from overflow.
+inline constexpr uint64_t kMaxRegionBytes = uint64_t{1} << 48;
+
+// InvalidArgument "<field> is N bytes; at most kMaxNameBytes" when too long.
+absl::Status CheckNameLength(const std::string& name, const std::string& field);
+
 class RegionTable {
  public:
   using Declarations = google::protobuf::RepeatedPtrField<v1::MemoryRegion>;
@@ -27,11 +38,13 @@ class RegionTable {
   // Validates and maps every declared region, all or nothing (on an error
   // nothing stays mapped). Errors name the region ("region 'r0'", or
   // "regions[i]" while it has no name) and the rule: InvalidArgument for an
-  // empty or repeated name, a kind other than MEMORY_KIND_HOST_SHM /
-  // MEMORY_KIND_CUDA_IPC, byte_size 0, MEMORY_KIND_HOST_SHM without shm_name,
-  // the same shm object or CUDA IPC handle as an earlier region; else the
-  // HandleOpener's error (NotFound for a missing shm object, FailedPrecondition
-  // for MEMORY_KIND_CUDA_IPC on a host-mode daemon, ...).
+  // empty, repeated or too long (> kMaxNameBytes) name, a kind other than
+  // MEMORY_KIND_HOST_SHM / MEMORY_KIND_CUDA_IPC, byte_size 0 or above
+  // kMaxRegionBytes, MEMORY_KIND_HOST_SHM without shm_name, the same shm
+  // object (by name, or by inode: a hard link) or CUDA IPC handle as an
+  // earlier region; else the HandleOpener's error (NotFound for a missing shm
+  // object, PermissionDenied for another user's, FailedPrecondition for
+  // MEMORY_KIND_CUDA_IPC on a host-mode daemon, ...).
   static absl::StatusOr<RegionTable> Map(const Declarations& declarations,
                                          HandleOpener& opener);
 
@@ -51,6 +64,11 @@ class RegionTable {
                                   const std::string& field) const;
 
   size_t size() const { return regions_.size(); }
+
+  // OK while every region's memory still covers its byte_size (one fstat per
+  // shm region: MappedRegion::CheckStillBacked). FailedPrecondition naming
+  // the region, the object and both sizes otherwise.
+  absl::Status Recheck() const;
 
  private:
   struct Region {

@@ -1,11 +1,15 @@
 #include "server/daemon/registration.h"
 
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/echo.h"
 #include "core/common/status_macros.h"
+#include "server/common/checked_math.h"
 #include "server/common/proto_convert.h"
+#include "server/daemon/view_overlap.h"
 
 namespace muond {
 namespace {
@@ -21,7 +25,8 @@ std::vector<int64_t> Vec(const T& repeated) {
 
 absl::Status ValidateDomain(const v1::ParamGroup& group, int world_size) {
   const v1::Domain& d = group.domain();
-  const std::string where = absl::StrCat("group '", group.name(), "' domain");
+  const std::string where =
+      absl::StrCat("group '", Echo(group.name()), "' domain");
   RETURN_IF_ERROR(CheckDomainCoordinates(DomainSizeOf(d), d.g(), d.t(), where));
   if (int64_t(d.gtp_size()) * d.tp_size() > world_size) {
     return absl::InvalidArgumentError(
@@ -37,7 +42,7 @@ absl::StatusOr<std::vector<int64_t>> ExpectedLocalShape(
     const v1::ParamGroup& group, const v1::Param& p,
     const std::vector<int64_t>& local) {
   const std::vector<int64_t> full = Vec(p.full_shape());
-  const std::string where = absl::StrCat("param '", p.name(), "'");
+  const std::string where = absl::StrCat("param '", Echo(p.name()), "'");
   if (full.empty() || full.size() > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": full_shape ", Shape(full), " must be 1-D or 2-D"));
@@ -87,17 +92,35 @@ absl::StatusOr<std::vector<int64_t>> ExpectedLocalShape(
     n /= domain.tp;
   }
   if (gtp) {
-    if (tags.pad_length() < 0 || (n + tags.pad_length()) % domain.gtp != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", n, " + pad_length ", tags.pad_length(),
-                       " not divisible by gtp_size ", domain.gtp));
+    // Both come from the wire: their sum must not overflow.
+    const std::optional<int64_t> padded =
+        tags.pad_length() < 0 ? std::nullopt : CheckedAdd(n, tags.pad_length());
+    if (!padded || *padded % domain.gtp != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", n, " + pad_length ", tags.pad_length(),
+          padded ? " not divisible by gtp_size " : " is negative or overflows",
+          padded ? absl::StrCat(domain.gtp) : ""));
     }
-    n = (n + tags.pad_length()) / domain.gtp;
+    n = *padded / domain.gtp;
   }
   return std::vector<int64_t>{n};
 }
 
+std::vector<TensorSpan> Spans(const Registration& reg) {
+  std::vector<TensorSpan> spans;
+  spans.reserve(2 * reg.num_params);
+  for (const BoundGroup& g : reg.groups) {
+    for (const BoundParam& p : g.params) {
+      spans.push_back({&p.param, &p.name, false});
+      spans.push_back({&p.grad, &p.name, true});
+    }
+  }
+  return spans;
+}
+
 }  // namespace
+
+absl::Status Registration::RecheckMemory() const { return regions.Recheck(); }
 
 v1::PublishManifestRequest Registration::Manifest(const std::string& job_id,
                                                   int rank) const {
@@ -137,12 +160,13 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
     HandleOpener& opener, const std::function<bool()>& cancelled) {
   if (request.job_id() != limits.job_id) {
     return absl::InvalidArgumentError(
-        absl::StrCat("job_id: '", request.job_id(),
+        absl::StrCat("job_id: '", Echo(request.job_id()),
                      "' but this daemon serves '", limits.job_id, "'"));
   }
   if (request.groups().empty()) {
     return absl::InvalidArgumentError("groups: at least one group is needed");
   }
+  RETURN_IF_ERROR(CheckNameLength(request.client_id(), "client_id"));
   auto reg = std::make_unique<Registration>();
   reg->client_id = request.client_id();
   ASSIGN_OR_RETURN(reg->regions, RegionTable::Map(request.regions(), opener));
@@ -152,31 +176,36 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
     if (group.name().empty()) {
       return absl::InvalidArgumentError("groups: a group has an empty name");
     }
+    RETURN_IF_ERROR(CheckNameLength(group.name(), "group name"));
+    const std::string gname = Echo(group.name());
+    RETURN_IF_ERROR(
+        CheckNameLength(group.domain().name(),
+                        absl::StrCat("group '", gname, "': domain.name")));
     if (group.domain().name().empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("group '", group.name(),
+          absl::StrCat("group '", gname,
                        "': domain.name is empty (it names the communicators)"));
     }
     if (group.params().empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("group '", group.name(), "': has no params"));
+          absl::StrCat("group '", gname, "': has no params"));
     }
     if (!group_names.insert(group.name()).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("groups: duplicate group name '", group.name(), "'"));
+          absl::StrCat("groups: duplicate group name '", gname, "'"));
     }
     if (group.algorithm() != v1::ALGORITHM_UNSPECIFIED &&
         group.algorithm() != v1::ALGORITHM_MUON &&
         group.algorithm() != v1::ALGORITHM_ADAMW) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "group '", group.name(), "': unknown algorithm ", group.algorithm()));
+          "group '", gname, "': unknown algorithm ", group.algorithm()));
     }
     RETURN_IF_ERROR(ValidateDomain(group, limits.world_size));
     auto [it, fresh] = domains.emplace(group.domain().name(), group.domain());
     if (!fresh &&
         it->second.SerializeAsString() != group.domain().SerializeAsString()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "group '", group.name(), "': domain '", group.domain().name(),
+          "group '", gname, "': domain '", Echo(group.domain().name()),
           "' has different sizes or coordinates in another group"));
     }
     BoundGroup bound;
@@ -184,12 +213,15 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
     bound.proto.clear_params();
     for (const v1::Param& p : group.params()) {
       if (p.name().empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "group '", group.name(), "': a param has an empty name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("group '", gname, "': a param has an empty name"));
       }
+      RETURN_IF_ERROR(CheckNameLength(
+          p.name(), absl::StrCat("group '", gname, "': param name")));
+      const std::string pname = Echo(p.name());
       if (!param_names.insert(p.name()).second) {
         return absl::InvalidArgumentError(
-            absl::StrCat("param '", p.name(), "': duplicate param name"));
+            absl::StrCat("param '", pname, "': duplicate param name"));
       }
       const std::vector<int64_t> local = Vec(p.param().shape());
       ASSIGN_OR_RETURN(std::vector<int64_t> expected,
@@ -202,16 +234,16 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
       ASSIGN_OR_RETURN(
           bp.param,
           reg->regions.View(p.param(), expected,
-                            absl::StrCat("param '", p.name(), "' param")));
+                            absl::StrCat("param '", pname, "' param")));
       ASSIGN_OR_RETURN(
-          bp.grad,
-          reg->regions.View(p.grad(), expected,
-                            absl::StrCat("param '", p.name(), "' grad")));
+          bp.grad, reg->regions.View(p.grad(), expected,
+                                     absl::StrCat("param '", pname, "' grad")));
       bound.params.push_back(std::move(bp));
       ++reg->num_params;
     }
     reg->groups.push_back(std::move(bound));
   }
+  RETURN_IF_ERROR(CheckNoAliasing(Spans(*reg)));
   if (cancelled && cancelled()) {
     return absl::CancelledError(
         "the trainer disconnected during RegisterParams; nothing registered");

@@ -139,6 +139,26 @@ TEST(Startup, MissingDeviceFailsBeforeJoining) {
   EXPECT_THAT(out, Not(HasSubstr("serving on")));
 }
 
+// Issue 16 (point 11): bind() of a path longer than sockaddr_un holds
+// failed as "address in use?"; refused at startup naming the flag, the
+// length and the limit.
+TEST(Startup, OverlongSocketPathIsRefusedNamingTheLimit) {
+  const std::string sock = "/tmp/" + std::string(120, 's') + ".sock";
+  std::string out;
+  EXPECT_EQ(
+      RunToExit({Runfile("server/daemon/muond"), "--host", "--rank=0",
+                 "--world_size=1", "--job_id=j", "--coordinator=127.0.0.1:1",
+                 "--coordinator_timeout_s=1", "--listen=unix://" + sock},
+                &out),
+      1)
+      << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("--listen: unix socket path")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("is ", sock.size(),
+                                          " bytes, longer than the 107")));
+  EXPECT_THAT(out, Not(HasSubstr("address in use")));
+  EXPECT_THAT(out, Not(HasSubstr("serving on")));
+}
+
 TEST(Startup, LiveSocketIsRefusedAndSigtermRemovesIt) {
   char dir[] = "/tmp/muond-startup-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
