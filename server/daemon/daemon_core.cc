@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "core/common/echo.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
@@ -157,14 +158,14 @@ void DaemonCore::BuilderLoop() {
 absl::Status DaemonCore::CheckClient(const std::string& job_id,
                                      const std::string& client_id) const {
   if (job_id != config_.job_id) {
-    return absl::InvalidArgumentError(absl::StrCat("job_id: '", job_id,
+    return absl::InvalidArgumentError(absl::StrCat("job_id: '", Echo(job_id),
                                                    "' but this daemon serves '",
                                                    config_.job_id, "'"));
   }
   if (registration_ != nullptr && client_id != registration_->client_id) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("client_id '", client_id, "' does not own the params (",
-                     "registered by '", registration_->client_id, "')"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "client_id '", Echo(client_id), "' does not own the params (",
+        "registered by '", registration_->client_id, "')"));
   }
   return absl::OkStatus();
 }
