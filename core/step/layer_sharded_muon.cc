@@ -137,7 +137,7 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // version's plan the group's. Returns the names of non-finite gradients
   // (empty: step).
   absl::StatusOr<std::vector<std::string>> AgreeAcrossDomains(
-      StepResult& result);
+      StepResult& result, bool read_grads);
   // Routes `group` by the homes of `version` (0: round-robin fallback),
   // building its plan unless it is the one in use.
   absl::Status UseHomesVersion(GroupState& group, int64_t version);
@@ -254,7 +254,8 @@ absl::Status LayerShardedMuonImpl::SetHomes(const std::string& name,
 }
 
 absl::StatusOr<std::vector<std::string>>
-LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result) {
+LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result,
+                                         bool read_grads) {
   std::vector<std::string> bad;
   // A group that cannot step fails the step only after every group's
   // agreement, so all ranks run the same collectives whatever they decide:
@@ -263,7 +264,11 @@ LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result) {
   absl::Status refused;
   for (GroupState& group : groups_) {
     DomainVote mine;
-    absl::StatusOr<bool> finite = GradsWithinLimit(group);
+    // A rank whose registered memory failed its check (RefusalCode::kMemory:
+    // a shrunk shm object would raise SIGBUS) reads no grad; it still takes
+    // part in the collectives and refuses through the job vote.
+    absl::StatusOr<bool> finite =
+        read_grads ? GradsWithinLimit(group) : absl::StatusOr<bool>(true);
     if (!finite.ok() && refused.ok()) refused = finite.status();
     mine.all_finite = finite.value_or(false);
     mine.homes_version = group.homes.newest();
@@ -375,7 +380,8 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
   refuse(CheckStepOverrides(inputs.overrides, group_names_),
          RefusalCode::kOverrides);
   // Always run: the domain agreements are collectives of their own.
-  absl::StatusOr<std::vector<std::string>> agreed = AgreeAcrossDomains(result);
+  absl::StatusOr<std::vector<std::string>> agreed = AgreeAcrossDomains(
+      result, inputs.refusal_code != RefusalCode::kMemory);
   if (!agreed.ok()) {
     refuse(agreed.status(), IsCommunicationFailure(agreed.status())
                                 ? RefusalCode::kCommunication

@@ -353,9 +353,10 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
       inputs.refusal = std::move(st);
       inputs.refusal_code = code;
     };
-    refuse(CheckStepId(id), RefusalCode::kStepId);
-    // A shrunk shm object would SIGBUS the step (registration.h).
+    // First: a shrunk shm object would SIGBUS the step (registration.h), and
+    // only a kMemory refusal keeps the engine from reading the grads.
     refuse(registration_->RecheckMemory(), RefusalCode::kMemory);
+    refuse(CheckStepId(id), RefusalCode::kStepId);
     absl::StatusOr<StepOverrides> overrides = ParseOverrides(request);
     refuse(overrides.status(), RefusalCode::kOverrides);
     if (overrides.ok()) inputs.overrides = *std::move(overrides);
