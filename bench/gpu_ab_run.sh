@@ -37,5 +37,8 @@ step_run() {  # BUNDLE(A|B) MANIFEST LAYERS REPS ROUNDS NS_BATCH SYRK NAME
 }
 for run in "llama3_8b 4 10 1 4 0 llama" "llama3_8b 4 10 1 4 1 llama_syrk" \
            "qwen3_1_7b 28 10 1 8 0 qwen17" "qwen3_30b_a3b 1 5 1 256 0 moe"; do
+  # AB_ONLY="llama moe": only the runs of those names (a call has 10 minutes).
+  name=${run##* }
+  [ -n "${AB_ONLY:-}" ] && [[ " $AB_ONLY " != *" $name "* ]] && continue
   for who in A B B A; do step_run $who $run; done
 done
