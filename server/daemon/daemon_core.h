@@ -46,6 +46,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "core/comm/communicator.h"
 #include "core/plan/plan_history.h"
 #include "core/step/layer_sharded_muon.h"
@@ -83,6 +84,12 @@ class CoordinatorLink {
   virtual std::string DescribeDeadPeers(absl::Duration /*wait*/) { return ""; }
 };
 
+// A prepared (two-phase) save/load older than this no longer blocks another
+// PREPARE on its rank: far longer than muonctl needs between PREPARE and
+// COMMIT, short enough that a muonctl killed in between does not block
+// save/load for long (DaemonCore::SaveState says the rule).
+inline constexpr absl::Duration kPendingTransactionMaxAge = absl::Minutes(5);
+
 struct DaemonConfig {
   std::string job_id;
   int rank = 0;
@@ -92,6 +99,8 @@ struct DaemonConfig {
   // Checks a group's hyperparameters at RegisterParams (so a bad value is
   // refused there, not when the engine is built); unset = no check.
   std::function<absl::Status(const v1::ParamGroup&)> validate_group;
+  // How long a prepared save/load blocks another PREPARE (tests shorten it).
+  absl::Duration pending_transaction_max_age = kPendingTransactionMaxAge;
 };
 
 class DaemonCore {
@@ -135,8 +144,16 @@ class DaemonCore {
   // PREPARE writes and fsyncs the file under a temporary name, COMMIT renames
   // it into place; load PREPARE reads, validates and stages the state, COMMIT
   // applies it (FailedPrecondition when the params were re-registered or a
-  // step ran since the PREPARE); ABORT drops either. A new PREPARE drops the
-  // previous one of its kind.
+  // step ran since the PREPARE); ABORT drops either. A COMMIT or ABORT acts
+  // only on the pending transaction of its own transaction_id (and, for a
+  // save, path); any other id leaves the pending one alone.
+  //
+  // One pending transaction per rank (save or load): a PREPARE while another
+  // transaction is pending is FailedPrecondition naming the pending id and
+  // its age, unless that one is older than
+  // config.pending_transaction_max_age (kPendingTransactionMaxAge; its
+  // muonctl died between the phases) -- then it is dropped, with a warning.
+  // So a second muonctl can neither replace nor break a running one.
   //
   // The file is written and read without holding mu_ or op_mu_ (Health,
   // Status and Step go on; the state is copied under the locks), and the I/O
@@ -187,10 +204,12 @@ class DaemonCore {
     int64_t steps_done = 0;
     StateTensors state;
     int64_t step_id = -1;
+    absl::Time prepared_at;
   };
   struct PendingSave {
     std::string transaction_id;
     PreparedSafetensors file;
+    absl::Time prepared_at;
   };
   absl::Status CheckStateAccess(const std::string& job_id,
                                 const std::string& client_id,
@@ -208,6 +227,12 @@ class DaemonCore {
   absl::StatusOr<StagedLoad> ReadAndValidate(
       const v1::LoadStateRequest& request,
       const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
+  // OK when a PREPARE of `transaction_id` may hold the rank's one pending
+  // transaction: none is pending, the pending one is the same id (dropped:
+  // re-prepared) or is older than the bound (dropped and logged).
+  // FailedPrecondition naming the pending one otherwise.
+  absl::Status ClaimPendingSlot(const std::string& transaction_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a validated state (op_mu_ and mu_ held).
   absl::Status Apply(StagedLoad& staged)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_, mu_);
@@ -235,7 +260,8 @@ class DaemonCore {
   std::string comm_failure_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
-  // The two-phase save/load in progress (at most one of each).
+  // The two-phase save/load in progress: at most one of the two is set
+  // (ClaimPendingSlot).
   std::optional<PendingSave> pending_save_ ABSL_GUARDED_BY(mu_);
   std::optional<StagedLoad> staged_load_ ABSL_GUARDED_BY(mu_);
   // Runs the builds; used by builder_ only. Destroyed after builder_ is

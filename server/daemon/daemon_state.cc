@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
 #include "server/common/operator_id.h"
@@ -45,7 +47,7 @@ absl::Status CheckRequest(const Request& request) {
 absl::Status NoSuchTransaction(const char* what, const std::string& id) {
   return absl::FailedPreconditionError(
       absl::StrCat("no prepared ", what, " with transaction_id '", id,
-                   "' (never prepared, replaced by a newer PREPARE, or already "
+                   "' (never prepared, dropped as stale, or already "
                    "committed/aborted)"));
 }
 
@@ -74,6 +76,37 @@ absl::Status DaemonCore::CheckStateAccess(const std::string& job_id,
   return absl::OkStatus();
 }
 
+absl::Status DaemonCore::ClaimPendingSlot(const std::string& transaction_id) {
+  if (!pending_save_ && !staged_load_) return absl::OkStatus();
+  const char* kind = pending_save_ ? "save" : "load";
+  const std::string& pending_id = pending_save_ ? pending_save_->transaction_id
+                                                : staged_load_->transaction_id;
+  const absl::Duration age =
+      absl::Now() -
+      (pending_save_ ? pending_save_->prepared_at : staged_load_->prepared_at);
+  if (pending_id != transaction_id &&
+      age < config_.pending_transaction_max_age) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transaction_id '", transaction_id, "': rank ", config_.rank,
+        " has the ", kind, " of transaction '", pending_id,
+        "' pending (prepared ",
+        absl::FormatDuration(absl::Trunc(age, absl::Milliseconds(1))),
+        " ago); one transaction at a time: wait for its COMMIT/ABORT, or ",
+        absl::FormatDuration(config_.pending_transaction_max_age),
+        " after its PREPARE when it is dropped as stale"));
+  }
+  if (pending_id != transaction_id) {
+    LOG(WARNING) << "dropping the " << kind << " of transaction " << pending_id
+                 << ", prepared " << absl::FormatDuration(age)
+                 << " ago and never committed or aborted, for transaction "
+                 << transaction_id;
+  }
+  if (pending_save_) AbortSafetensors(pending_save_->file);
+  pending_save_.reset();
+  staged_load_.reset();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DaemonCore::StateSnapshot> DaemonCore::Snapshot(
     const std::string& job_id, const std::string& client_id, const char* rpc) {
   // op_mu_: no step is half-way through the state being copied.
@@ -97,6 +130,15 @@ absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
       request.phase() == v1::STATE_PHASE_ABORT) {
     return CommitOrAbortSave(request);
   }
+  const bool prepare = request.phase() == v1::STATE_PHASE_PREPARE;
+  if (prepare) {
+    // Refused before the file is written; checked again below (a PREPARE
+    // racing this one).
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(
+        CheckStateAccess(request.job_id(), request.client_id(), "SaveState"));
+    RETURN_IF_ERROR(ClaimPendingSlot(request.transaction_id()));
+  }
   ASSIGN_OR_RETURN(
       StateSnapshot snap,
       Snapshot(request.job_id(), request.client_id(), "SaveState"));
@@ -110,10 +152,15 @@ absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
   response.set_path(request.path());
   response.set_bytes(prepared.bytes);
   response.set_step_id(snap.info.step_id);
-  if (request.phase() == v1::STATE_PHASE_PREPARE) {
+  if (prepare) {
     absl::MutexLock lock(&mu_);
-    if (pending_save_) AbortSafetensors(pending_save_->file);
-    pending_save_ = PendingSave{request.transaction_id(), std::move(prepared)};
+    if (absl::Status st = ClaimPendingSlot(request.transaction_id());
+        !st.ok()) {
+      AbortSafetensors(prepared);
+      return st;
+    }
+    pending_save_ =
+        PendingSave{request.transaction_id(), std::move(prepared), absl::Now()};
     LOG(INFO) << "prepared the save of " << tensors << " state tensors to "
               << request.path() << " (transaction " << request.transaction_id()
               << ")";
@@ -206,6 +253,14 @@ absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
       request.phase() == v1::STATE_PHASE_ABORT) {
     return CommitOrAbortLoad(request);
   }
+  const bool prepare = request.phase() == v1::STATE_PHASE_PREPARE;
+  if (prepare) {
+    // Refused before the file is read; checked again below.
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(
+        CheckStateAccess(request.job_id(), request.client_id(), "LoadState"));
+    RETURN_IF_ERROR(ClaimPendingSlot(request.transaction_id()));
+  }
   ASSIGN_OR_RETURN(StagedLoad staged, ReadAndValidate(request, cancelled));
   v1::LoadStateResponse response;
   response.set_step_id(staged.step_id);
@@ -213,9 +268,11 @@ absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
   const size_t tensors = staged.state.size();
   absl::MutexLock op(&op_mu_);
   absl::MutexLock lock(&mu_);
-  if (request.phase() == v1::STATE_PHASE_PREPARE) {
+  if (prepare) {
+    RETURN_IF_ERROR(ClaimPendingSlot(request.transaction_id()));
     staged.steps_done = steps_done_;
-    staged_load_ = std::move(staged);  // drops an older PREPARE
+    staged.prepared_at = absl::Now();
+    staged_load_ = std::move(staged);
     LOG(INFO) << "prepared the load of " << tensors << " state tensors from "
               << request.path() << " (step " << response.step_id()
               << ", transaction " << request.transaction_id() << ")";

@@ -339,6 +339,23 @@ class StateOpsTest : public ::testing::Test {
                      std::chrono::seconds(10));
     return Stub(0)->LoadState(&ctx, req, &resp);
   }
+  // A phased LoadState of rank `r`'s file as the operator.
+  grpc::Status PhasedLoad(int r, v1::StatePhase phase, const std::string& id,
+                          int64_t* step_id = nullptr) {
+    v1::LoadStateRequest req;
+    req.set_path(RankFile(r));
+    req.set_job_id(cluster_->job());
+    req.set_client_id("muonctl:operator");
+    req.set_phase(phase);
+    req.set_transaction_id(id);
+    v1::LoadStateResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    grpc::Status st = Stub(r)->LoadState(&ctx, req, &resp);
+    if (step_id != nullptr) *step_id = resp.step_id();
+    return st;
+  }
   std::string Owner() { return trainers_->client(0).options().client_id; }
 
   void ExpectAllAtStep(int64_t step) {
@@ -470,6 +487,38 @@ TEST_F(StateOpsTest, MuonctlSaveIsAllOrNothingAcrossRanks) {
   std::string ls;
   RunTool({"/bin/ls", state_}, &ls);
   EXPECT_FALSE(absl::StrContains(ls, ".tmp.")) << ls;
+}
+
+// Hostile review of issue 16: a second transaction's PREPARE used to replace
+// a pending one, so the first one's COMMIT failed on that rank only (half the
+// job loaded, step ids split). Now it is refused and the first one commits
+// everywhere; a second muonctl fails without disturbing it.
+TEST_F(StateOpsTest, ConcurrentLoadTransactionCannotSplitTheJob) {
+  ASSERT_TRUE(trainers_->RunSteps(4, 5).ok());
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(PhasedLoad(r, v1::STATE_PHASE_PREPARE, "A").ok()) << r;
+  }
+  grpc::Status b = PhasedLoad(0, v1::STATE_PHASE_PREPARE, "B");
+  EXPECT_EQ(b.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << b.error_message();
+  EXPECT_TRUE(absl::StrContains(b.error_message(), "'A'")) << b.error_message();
+  EXPECT_TRUE(PhasedLoad(0, v1::STATE_PHASE_ABORT, "B").ok());
+  // A whole second muonctl: every PREPARE refused, it aborts only its own.
+  int rc = 0;
+  const std::string out = Muonctl(*cluster_, "load", state_, &rc);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "'A'")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "no rank's state changed")) << out;
+  ExpectAllAtStep(5);
+  for (int r = 0; r < kWorld; ++r) {
+    int64_t step = -1;
+    grpc::Status st = PhasedLoad(r, v1::STATE_PHASE_COMMIT, "A", &step);
+    ASSERT_TRUE(st.ok()) << "rank " << r << ": " << st.error_message();
+    EXPECT_EQ(step, 3) << "rank " << r;
+  }
+  ExpectAllAtStep(3);
+  ASSERT_TRUE(trainers_->RunSteps(4, 4).ok());
+  ExpectAllAtStep(4);
 }
 
 }  // namespace

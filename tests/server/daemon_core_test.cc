@@ -93,6 +93,10 @@ class DaemonCoreTest : public ::testing::Test {
     config.job_id = "job";
     config.rank = 0;
     config.world_size = 4;
+    // The stale-transaction test cannot wait kPendingTransactionMaxAge.
+    if (name_.find("Stale") != std::string::npos) {
+      config.pending_transaction_max_age = absl::Milliseconds(200);
+    }
     core_ = std::make_unique<DaemonCore>(
         config, std::make_unique<HandleOpener>(), &link_,
         [this](const Registration& reg, const v1::Plan&,
@@ -791,6 +795,100 @@ TEST_F(DaemonCoreTest, TwoPhaseSaveAndLoad) {
   ASSERT_TRUE(committed.ok()) << committed.status();
   EXPECT_EQ(core_->Status().last_step_id(), 4);
   EXPECT_EQ(fake_->state["w.momentum"][0], 3.5f);
+  unlink(path.c_str());
+}
+
+template <typename Request>
+Request Phased(Request req, v1::StatePhase phase, const std::string& id) {
+  req.set_phase(phase);
+  req.set_transaction_id(id);
+  return req;
+}
+
+// Issue 16 (hostile review): one pending transaction per rank. A second
+// PREPARE (save or load) is refused naming the pending one; COMMIT/ABORT of
+// another id leave it alone; so the first transaction still commits.
+TEST_F(DaemonCoreTest, PendingTransactionBlocksAnotherPrepare) {
+  const std::string path = "/tmp/" + name_.substr(1) + ".safetensors";
+  const std::string other = path + ".b";
+  unlink(path.c_str());
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  ASSERT_TRUE(core_->Step(StepReq(4)).ok());
+  ASSERT_TRUE(core_->SaveState(StateReq(path)).ok());
+  ASSERT_TRUE(core_->Step(StepReq(5)).ok());
+
+  const v1::LoadStateRequest load = LoadReq(path);
+  ASSERT_TRUE(
+      core_->LoadState(Phased(load, v1::STATE_PHASE_PREPARE, "A")).ok());
+  auto refused = core_->LoadState(Phased(load, v1::STATE_PHASE_PREPARE, "B"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("'A'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("ago"));
+  // A save is refused too, and writes nothing.
+  auto save_b =
+      core_->SaveState(Phased(StateReq(other), v1::STATE_PHASE_PREPARE, "B"));
+  EXPECT_EQ(save_b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(access(other.c_str(), F_OK), 0);
+  // B's ABORT and a stray COMMIT do not touch A.
+  EXPECT_TRUE(core_->LoadState(Phased(load, v1::STATE_PHASE_ABORT, "B")).ok());
+  EXPECT_TRUE(
+      core_->SaveState(Phased(StateReq(path), v1::STATE_PHASE_ABORT, "B"))
+          .ok());
+  EXPECT_EQ(core_->LoadState(Phased(load, v1::STATE_PHASE_COMMIT, "B"))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto committed = core_->LoadState(Phased(load, v1::STATE_PHASE_COMMIT, "A"));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(core_->Status().last_step_id(), 4);
+
+  // A pending save blocks a load PREPARE the same way; once committed, the
+  // rank is free again.
+  const v1::SaveStateRequest save = StateReq(other);
+  ASSERT_TRUE(
+      core_->SaveState(Phased(save, v1::STATE_PHASE_PREPARE, "C")).ok());
+  EXPECT_EQ(core_->LoadState(Phased(load, v1::STATE_PHASE_PREPARE, "D"))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(core_->LoadState(Phased(load, v1::STATE_PHASE_ABORT, "D")).ok());
+  ASSERT_TRUE(core_->SaveState(Phased(save, v1::STATE_PHASE_COMMIT, "C")).ok());
+  EXPECT_EQ(access(other.c_str(), F_OK), 0);
+  ASSERT_TRUE(
+      core_->LoadState(Phased(load, v1::STATE_PHASE_PREPARE, "D")).ok());
+  ASSERT_TRUE(core_->LoadState(Phased(load, v1::STATE_PHASE_ABORT, "D")).ok());
+  unlink(path.c_str());
+  unlink(other.c_str());
+}
+
+// A transaction whose muonctl died between the phases stops blocking the
+// rank after pending_transaction_max_age (200 ms here): the next PREPARE
+// drops it (its temporary file too).
+TEST_F(DaemonCoreTest, StalePendingTransactionIsDropped) {
+  const std::string path = "/tmp/" + name_.substr(1) + ".safetensors";
+  unlink(path.c_str());
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  ASSERT_TRUE(core_->Step(StepReq(4)).ok());
+  const v1::SaveStateRequest save = StateReq(path);
+  ASSERT_TRUE(
+      core_->SaveState(Phased(save, v1::STATE_PHASE_PREPARE, "A")).ok());
+  EXPECT_EQ(core_->SaveState(Phased(save, v1::STATE_PHASE_PREPARE, "B"))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(
+      core_->SaveState(Phased(save, v1::STATE_PHASE_PREPARE, "B")).ok());
+  EXPECT_EQ(core_->SaveState(Phased(save, v1::STATE_PHASE_COMMIT, "A"))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(core_->SaveState(Phased(save, v1::STATE_PHASE_COMMIT, "B")).ok());
+  EXPECT_EQ(access(path.c_str(), F_OK), 0);
   unlink(path.c_str());
 }
 

@@ -309,6 +309,10 @@ struct TwoPhase {
   v1::ListDaemonsResponse list;
   std::vector<std::unique_ptr<v1::Optimizer::Stub>> stubs;
   std::string transaction_id;
+  // Per daemon: its PREPARE succeeded (ABORT goes to these only).
+  std::vector<bool> prepared;
+  // The ranks whose COMMIT failed.
+  std::vector<int> commit_failed;
 
   // Fills list/stubs; false (reason printed) unless every daemon is live.
   bool Connect() {
@@ -316,6 +320,7 @@ struct TwoPhase {
     for (const v1::DaemonInfo& d : list.daemons()) {
       stubs.push_back(ConnectDaemon(d, a));
     }
+    prepared.assign(list.daemons_size(), false);
     transaction_id = NewTransactionId();
     return true;
   }
@@ -331,16 +336,18 @@ struct TwoPhase {
     return req;
   }
 
-  // Sends `phase` to every daemon. `rpc(stub, ctx, req, resp)` calls one;
-  // `on_reply(rank, resp)` sees each success. Returns false (the failing
-  // ranks printed) when any failed; with `stop_at_first`, the rest are not
-  // asked.
+  // Sends `phase` to every daemon (ABORT: to those this transaction
+  // prepared; the daemons ignore an ABORT of another transaction anyway).
+  // `rpc(stub, ctx, req, resp)` calls one; `on_reply(rank, resp)` sees each
+  // success. Returns false (the failing ranks printed) when any failed; with
+  // `stop_at_first`, the rest are not asked.
   template <typename Request, typename Response, typename Rpc, typename Reply>
   bool Send(const char* name, v1::StatePhase phase, Rpc rpc, Reply on_reply,
             bool stop_at_first) {
     bool ok = true;
     for (int i = 0; i < list.daemons_size(); ++i) {
       const v1::DaemonInfo& d = list.daemons(i);
+      if (phase == v1::STATE_PHASE_ABORT && !prepared[i]) continue;
       const Request req = Make<Request>(d, phase);
       Response resp;
       grpc::ClientContext ctx;
@@ -349,13 +356,25 @@ struct TwoPhase {
       if (!st.ok()) {
         err << "muonctl: " << v1::StatePhase_Name(phase) << ": ";
         DaemonRpcFailed(d, name, st, err);
+        if (phase == v1::STATE_PHASE_COMMIT) commit_failed.push_back(d.rank());
         ok = false;
         if (stop_at_first) return false;
         continue;
       }
+      if (phase == v1::STATE_PHASE_PREPARE) prepared[i] = true;
       on_reply(d, resp);
     }
     return ok;
+  }
+
+  // After a COMMIT that failed somewhere (every rank was still asked): the
+  // job is split, say so and how to repair it.
+  void ReportSplitCommit(const char* what) const {
+    err << "muonctl: COMMIT failed on rank(s)";
+    for (int rank : commit_failed) err << " " << rank;
+    err << " of " << list.daemons_size() << " (those kept their old " << what
+        << "; the others committed, as printed above); run `muonctl " << what
+        << "` again\n";
   }
 
   static std::string NewTransactionId() {
@@ -414,7 +433,10 @@ int RunSave(const std::vector<std::string>& args, std::ostream& out,
             << bytes[d.rank()] << " bytes)\n";
       },
       /*stop_at_first=*/false);
-  if (!committed) return 1;
+  if (!committed) {
+    job.ReportSplitCommit("save");
+    return 1;
+  }
   out << "saved " << steps.size() << " ranks at step " << *distinct.begin()
       << "\n";
   return 0;
@@ -465,7 +487,10 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out,
             << " (step " << r.step_id() << ")\n";
       },
       /*stop_at_first=*/false);
-  if (!committed) return 1;
+  if (!committed) {
+    job.ReportSplitCommit("load");
+    return 1;
+  }
   const int64_t step = distinct.begin()->first;
   out << "loaded " << files.size() << " ranks at step " << step
       << "; the next step id is " << step + 1 << "\n";
