@@ -167,6 +167,12 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "muond-coordinator serving on port " << port
             << (options.token.empty() ? " (no token)" : " (token required)");
+  // Without a token any local process may join a job first and fix its
+  // token; the launcher always gives one, so say it loudly here.
+  LOG_IF(WARNING, options.token.empty())
+      << "no --token_file: every process on this host can join, read and "
+         "write this coordinator's jobs (the first Join fixes a job's token); "
+         "start it with --token_file";
   server->Wait();
   if (!port_file.empty()) unlink(port_file.c_str());
   return 0;

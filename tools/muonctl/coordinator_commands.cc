@@ -12,10 +12,13 @@
 #include <random>
 #include <set>
 
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/common/error_reason.h"
 #include "core/plan/planner.h"
 #include "muond/v1/muond.grpc.pb.h"
@@ -85,17 +88,19 @@ std::string Usage(const std::string& sub, Kind kind) {
         "  --after N          activate N >= 1 steps after the latest "
         "reported step (coordinator's default 2 when omitted)\n");
   } else if (sub == "save") {
-    absl::StrAppend(&text,
-                    "Every live daemon of the job saves its optimizer state "
-                    "to DIR/rank<R>.safetensors (run between steps).\n"
-                    "  --dir /ABS/DIR     absolute directory the daemons "
-                    "write\n");
+    absl::StrAppend(
+        &text,
+        "Every daemon of the job (all must be live) saves its optimizer state "
+        "to DIR/rank<R>.safetensors (run between steps).\n"
+        "  --dir /ABS/DIR     absolute directory the daemons "
+        "write\n");
   } else if (sub == "load") {
-    absl::StrAppend(&text,
-                    "Every live daemon of the job loads its optimizer state "
-                    "from DIR/rank<R>.safetensors.\n"
-                    "  --dir /ABS/DIR     absolute directory the daemons "
-                    "read\n");
+    absl::StrAppend(
+        &text,
+        "Every daemon of the job (all must be live) loads its optimizer state "
+        "from DIR/rank<R>.safetensors.\n"
+        "  --dir /ABS/DIR     absolute directory the daemons "
+        "read\n");
   }
   return absl::StrCat(text, kCommonFlags);
 }
@@ -211,8 +216,11 @@ void Deadline(grpc::ClientContext* ctx, const Args& a) {
 }
 
 int RpcFailed(const char* rpc, const grpc::Status& st, std::ostream& err) {
-  err << "muonctl: " << rpc << " failed: code " << int(st.error_code()) << ": "
-      << st.error_message() << "\n";
+  // gRPC's and absl's codes are the same numbers; print the name.
+  err << "muonctl: " << rpc << " failed: "
+      << absl::StatusCodeToString(
+             static_cast<absl::StatusCode>(st.error_code()))
+      << ": " << st.error_message() << "\n";
   return 1;
 }
 
@@ -289,10 +297,13 @@ std::unique_ptr<v1::Optimizer::Stub> ConnectDaemon(const v1::DaemonInfo& d,
                                            : Credentials(a)));
 }
 
-int DaemonRpcFailed(const v1::DaemonInfo& d, const char* rpc,
+int DaemonRpcFailed(const v1::DaemonInfo& d, const std::string& rpc,
                     const grpc::Status& st, std::ostream& err) {
-  err << "muonctl: rank " << d.rank() << ": ";
-  return RpcFailed(rpc, st, err);
+  err << "muonctl: rank " << d.rank() << ": " << rpc << " failed: "
+      << absl::StatusCodeToString(
+             static_cast<absl::StatusCode>(st.error_code()))
+      << ": " << st.error_message() << "\n";
+  return 1;
 }
 
 // A job-wide save or load in two phases (proto StatePhase): PREPARE on every
@@ -354,8 +365,11 @@ struct TwoPhase {
       Deadline(&ctx, a);
       grpc::Status st = rpc(*stubs[i], &ctx, req, &resp);
       if (!st.ok()) {
-        err << "muonctl: " << v1::StatePhase_Name(phase) << ": ";
-        DaemonRpcFailed(d, name, st, err);
+        // "LoadState (prepare)": the phase as the operator reads it.
+        std::string phase_name(
+            absl::StripPrefix(v1::StatePhase_Name(phase), "STATE_PHASE_"));
+        absl::AsciiStrToLower(&phase_name);
+        DaemonRpcFailed(d, absl::StrCat(name, " (", phase_name, ")"), st, err);
         if (phase == v1::STATE_PHASE_COMMIT) commit_failed.push_back(d.rank());
         ok = false;
         if (stop_at_first) return false;

@@ -60,7 +60,7 @@ import torch
 
 from muond import split as _split
 from muond import wire_enums as _wire_enums
-from muond.client import Client, MuondError, error_info
+from muond.client import PEER_GONE, Client, MuondError, error_info
 from muond.shm import ShmBuffer
 from muond.v1 import muond_pb2 as pb
 
@@ -549,10 +549,16 @@ def _result(call, client: Client, what: str):
         detail = e.details() if hasattr(e, "details") else str(e)
         code = e.code() if hasattr(e, "code") else None
         info = error_info(e)
+        reason = info.reason if info else ""
+        metadata = dict(info.metadata) if info else None
+        if not reason and code is not None and code.name == "UNAVAILABLE":
+            # No daemon answered at all (its process is gone or its socket
+            # refuses): the trainer recovers exactly as from a peer's
+            # PEER_GONE, so it gets the same reason to branch on.
+            reason, metadata = PEER_GONE, {"daemon": client.address}
         raise MuondError(f"muond daemon {client.address}: {what} failed: "
                          f"{code.name if code is not None else type(e).__name__}: {detail}",
-                         code=code, reason=info.reason if info else "",
-                         metadata=info.metadata if info else None) from e
+                         code=code, reason=reason, metadata=metadata) from e
 
 
 def _release(buffers) -> None:

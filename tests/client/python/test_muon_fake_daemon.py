@@ -201,6 +201,22 @@ class MuonFakeDaemonTest(unittest.TestCase):
         self.assertIn("Step 1 failed: UNAVAILABLE: a peer daemon is gone",
                       str(raised.exception))
 
+    def test_an_unreachable_daemon_is_peer_gone(self):
+        # A daemon whose process is gone answers nothing: the trainer gets the
+        # same reason as from a surviving peer's PEER_GONE, naming the daemon.
+        self.start(2)
+        params = make_params()
+        opt = Muon(groups(params), daemons=self.addresses, job_id="fake", gtp_size=2,
+                   tp_size=1, **HYPER)
+        self.cluster.daemons[1].stop()
+        for p in params.values():
+            p.grad = torch.ones_like(p)
+        with self.assertRaises(MuondError) as raised:
+            opt.step()
+        self.assertEqual(raised.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(raised.exception.reason, PEER_GONE)
+        self.assertEqual(raised.exception.metadata, {"daemon": self.addresses[1]})
+
     def test_4x1_matches_reference(self):
         self.compare(4, 1)
 
