@@ -651,6 +651,50 @@ absl::Status CoordinatorCore::PublishManifest(
 absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
     const v1::PublishManifestRequest& published,
     const std::string& registration) {
+  const absl::Status valid = ValidatePublishFields(published, options_);
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Job*> job = FindJob(published.job_id());
+  if (!job.ok()) return valid.ok() ? job.status() : valid;
+  auto it = (*job)->daemons.find(published.rank());
+  if (it == (*job)->daemons.end()) {
+    if (!valid.ok()) return valid;
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", published.rank(), " has not joined job '",
+                     (*job)->id, "'; Join first"));
+  }
+  absl::StatusOr<int64_t> round =
+      valid.ok() ? PublishJoined(**job, it->second, published, registration)
+                 : absl::StatusOr<int64_t>(valid);
+  if (!round.ok()) RefuseRound(**job, published.rank(), round.status());
+  return round;
+}
+
+void CoordinatorCore::RefuseRound(Job& job, int refused_rank,
+                                  const absl::Status& reason) {
+  // The coordinator cannot tell which side of a disagreement is wrong, nor
+  // whether the daemons that published before still hold their registration
+  // (muond.torch.Muon unregisters everywhere on a refusal). Keeping their
+  // manifests let a retry be compared against a value of the refused attempt,
+  // or complete the round with a registration nobody holds any more (a plan
+  // some ranks build and others never see): the whole round goes, every rank
+  // registers again.
+  int dropped = 0;
+  for (auto& [rank, d] : job.daemons) {
+    if (!d.has_manifest || (!d.new_round && rank != refused_rank)) continue;
+    d.has_manifest = false;
+    d.new_round = false;
+    d.registration.clear();
+    ++dropped;
+  }
+  LOG(WARNING) << "job " << job.id << ": registration round refused at rank "
+               << refused_rank << " (" << reason.message() << "); dropped "
+               << dropped << " manifests of the round, every rank must "
+               << "register again";
+}
+
+absl::Status CoordinatorCore::ValidatePublishFields(
+    const v1::PublishManifestRequest& published,
+    const CoordinatorOptions& options) {
   RETURN_IF_ERROR(ValidateManifestShape(published));
   for (const auto& [field, value] :
        {std::pair<const char*, int64_t>{"known_plan_version",
@@ -670,26 +714,24 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
   }
   // A restarted coordinator activates its first plan this far after it.
   if (!CheckedAdd(published.last_step_id(),
-                  options_.rebalance_activate_margin)) {
+                  options.rebalance_activate_margin)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "manifest of rank ", published.rank(), ": last_step_id ",
         published.last_step_id(), " plus rebalance_activate_margin ",
-        options_.rebalance_activate_margin, " overflows int64"));
+        options.rebalance_activate_margin, " overflows int64"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CoordinatorCore::PublishJoined(
+    Job& job_ref, Daemon& daemon, const v1::PublishManifestRequest& published,
+    const std::string& registration) {
+  Job* job = &job_ref;
   // The daemon's resume fields are not part of its manifest: a reconnect
   // re-publishes the same manifest with newer values.
   v1::PublishManifestRequest request = published;
   request.clear_known_plan_version();
   request.clear_last_step_id();
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Job * job, FindJob(request.job_id()));
-  auto it = job->daemons.find(request.rank());
-  if (it == job->daemons.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", request.rank(), " has not joined job '", job->id,
-                     "'; Join first"));
-  }
-  Daemon& daemon = it->second;
   for (const v1::GroupManifest& g : request.groups()) {
     const int64_t ranks =
         int64_t(g.domain().gtp_size()) * int64_t(g.domain().tp_size());
@@ -718,9 +760,6 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
     for (auto& [rank, d] : job->daemons) d.has_manifest = false;
   }
   RETURN_IF_ERROR(CheckAgainstPeers(*job, request));
-  const v1::PublishManifestRequest previous = daemon.manifest;
-  const std::string previous_registration = daemon.registration;
-  const bool previous_new_round = daemon.new_round;
   daemon.manifest = request;
   daemon.has_manifest = true;
   daemon.registration = registration;
@@ -745,13 +784,7 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
       job->plans.RoundActivationStep(options_.rebalance_activate_margin);
   absl::StatusOr<v1::Plan> plan =
       ComputePlan(*job, CostTable{}, v1::COST_MODEL_NS_COST, activate);
-  if (!plan.ok()) {
-    daemon.manifest = previous;
-    daemon.has_manifest = false;
-    daemon.registration = previous_registration;
-    daemon.new_round = previous_new_round;
-    return plan.status();
-  }
+  if (!plan.ok()) return plan.status();  // the caller refuses the round
   RETURN_IF_ERROR(job->plans.Append(*std::move(plan)));
   job->planned_fingerprint = fingerprint;
   for (auto& [rank, d] : job->daemons) d.new_round = false;

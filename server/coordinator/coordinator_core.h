@@ -13,9 +13,11 @@
 // watchers. Rebalance computes version + 1 with a cost table; it activates at
 // the latest reported step + activate_after_steps. A rank that publishes a
 // different manifest later (re-registration) invalidates the job's manifests
-// until all ranks agree again; the next plan gets the next version. Version
-// numbers, the floor after a coordinator restart and retention are the rules
-// of each job's PlanHistory (core/plan/plan_history.h).
+// until all ranks agree again; the next plan gets the next version. A
+// refused publish refuses its whole round (RefuseRound): the manifests
+// published since the latest plan are dropped and every rank registers again.
+// Version numbers, the floor after a coordinator restart and retention are the
+// rules of each job's PlanHistory (core/plan/plan_history.h).
 //
 // Thread-safety: all methods are thread-safe; WaitForPlan and KvGet block.
 #include <functional>
@@ -151,7 +153,8 @@ class CoordinatorCore {
   // InvalidArgument: empty/duplicate group or param names, a domain that does
   // not contain the rank's coordinates, a manifest that differs from an
   // earlier rank of the same domain (names the first differing param, both
-  // ranks), two ranks claiming the same (g, t). Nothing is stored on error.
+  // ranks), two ranks claiming the same (g, t). Nothing is stored on error,
+  // and the refusal drops the round's earlier manifests too (RefuseRound).
   absl::Status PublishManifest(const v1::PublishManifestRequest& request);
   // The same, for a daemon registration identified by `registration` (a
   // daemon-chosen id, new for every RegisterParams; the same id again is a
@@ -275,6 +278,21 @@ class CoordinatorCore {
                                        int64_t activate_at_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllPublished(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PublishRegistration's checks of the request alone (shape, resume fields).
+  static absl::Status ValidatePublishFields(
+      const v1::PublishManifestRequest& published,
+      const CoordinatorOptions& options);
+  // PublishRegistration for a joined rank whose request passed
+  // ValidatePublishFields.
+  absl::StatusOr<int64_t> PublishJoined(
+      Job& job, Daemon& daemon, const v1::PublishManifestRequest& published,
+      const std::string& registration) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A publish of `refused_rank` was refused: drops every manifest of the
+  // registration round (published since the latest plan) and the refused
+  // rank's own, so a retry is compared with, and planned from, nothing of
+  // the refused attempt.
+  void RefuseRound(Job& job, int refused_rank, const absl::Status& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   CostTable JobMeasuredCosts(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The automatic rebalance of CoordinatorOptions, checked after a report.

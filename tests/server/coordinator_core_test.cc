@@ -161,6 +161,8 @@ TEST(CoordinatorCore, ManifestMismatchNamesParamAndRanks) {
   EXPECT_THAT(st.message(), HasSubstr("rank 1"));
   EXPECT_THAT(st.message(), HasSubstr("full_shape"));
   // A missing param is named too.
+  // Each refusal refuses the round (rank 0's manifest goes): publish it again.
+  ASSERT_TRUE(core.PublishManifest(Manifest("j", 0, kShapes)).ok());
   std::vector<std::pair<int64_t, int64_t>> shorter(kShapes.begin(),
                                                    kShapes.end() - 1);
   st = core.PublishManifest(Manifest("j", 2, shorter));
@@ -169,11 +171,13 @@ TEST(CoordinatorCore, ManifestMismatchNamesParamAndRanks) {
   v1::PublishManifestRequest clash = Manifest("j", 3, kShapes);
   clash.mutable_groups(0)->mutable_domain()->set_g(0);
   clash.mutable_groups(0)->mutable_domain()->set_t(0);
+  ASSERT_TRUE(core.PublishManifest(Manifest("j", 0, kShapes)).ok());
   st = core.PublishManifest(clash);
   EXPECT_THAT(st.message(), HasSubstr("both claim (g=0, t=0)"));
-  // Nothing was stored: the valid manifests still complete the job.
+  // Nothing was stored, and each refusal refused the round (rank 0's
+  // manifest went with it): every rank publishing again completes the job.
   EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound);
-  for (int r = 1; r < 4; ++r) {
+  for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(core.PublishManifest(Manifest("j", r, kShapes)).ok());
   }
   EXPECT_TRUE(core.GetPlan("j").ok());
@@ -732,6 +736,8 @@ TEST(CoordinatorTrust, AdamWHyperparamsAndAlgorithmMustAgree) {
   EXPECT_THAT(st.message(), HasSubstr("rank 1 has unset"));
   m1.mutable_groups(0)->set_algorithm(v1::ALGORITHM_ADAMW);
   *m1.mutable_groups(0)->mutable_adamw() = m0.groups(0).adamw();
+  // The refusal refused the round (rank 0's manifest went with it).
+  ASSERT_TRUE(core.PublishManifest(m0).ok());
   st = core.PublishManifest(m1);
   EXPECT_THAT(st.message(),
               HasSubstr("algorithm: ALGORITHM_MUON vs ALGORITHM_ADAMW"));
@@ -937,6 +943,66 @@ TEST(CoordinatorTrust, StaleJoinIsReplacedLiveOneIsNot) {
   v1::ListDaemonsRequest list;
   list.set_job_id("j");
   EXPECT_TRUE(core.ListDaemons(list)->daemons(0).live());
+}
+
+v1::PublishManifestRequest WithNsSteps(v1::PublishManifestRequest m,
+                                       int steps) {
+  m.mutable_groups(0)->mutable_muon()->set_num_ns_steps(steps);
+  return m;
+}
+
+// A refused registration refuses its round: the ranks that published before
+// it (their trainer gives up and unregisters) must not complete the retry's
+// round with their old registrations (the refused rank, retrying first, built
+// a plan its peers never used: a Gloo rendezvous on keys nobody set), and
+// their values are not compared with the retry.
+TEST(CoordinatorTrust, RefusedRoundLeavesNothingForTheRetry) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  for (int r : {0, 1, 3}) {
+    ASSERT_TRUE(
+        core.PublishRegistration(WithNsSteps(Manifest("j", r, kShapes), 5),
+                                 "a" + std::to_string(r))
+            .ok());
+  }
+  absl::StatusOr<int64_t> refused =
+      core.PublishRegistration(WithNsSteps(Manifest("j", 2, kShapes), 3), "a2");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("num_ns_steps"));
+  // Retry, the refused rank first: no plan until every rank published again,
+  // and every rank's round is the plan that comes.
+  for (int r : {2, 0, 1, 3}) {
+    EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound)
+        << "planned before rank " << r << " registered again";
+    absl::StatusOr<int64_t> round = core.PublishRegistration(
+        WithNsSteps(Manifest("j", r, kShapes), 5), "b" + std::to_string(r));
+    ASSERT_TRUE(round.ok()) << r << ": " << round.status();
+    EXPECT_EQ(*round, 1) << r;
+  }
+  ASSERT_TRUE(core.GetPlan("j").ok());
+  EXPECT_EQ(core.GetPlan("j")->version(), 1);
+}
+
+// The disagreeing rank published first: the ranks refused after it retry
+// first with the agreed value, and are not compared with the refused
+// attempt's value (it used to refuse them with "rank 2 has 3").
+TEST(CoordinatorTrust, RetryIsNotComparedWithTheRefusedAttempt) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  ASSERT_TRUE(
+      core.PublishRegistration(WithNsSteps(Manifest("j", 2, kShapes), 3), "a2")
+          .ok());
+  absl::StatusOr<int64_t> refused =
+      core.PublishRegistration(WithNsSteps(Manifest("j", 0, kShapes), 5), "a0");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("rank 2 has 3"));
+  for (int r : {0, 1, 3, 2}) {
+    absl::StatusOr<int64_t> round = core.PublishRegistration(
+        WithNsSteps(Manifest("j", r, kShapes), 5), "b" + std::to_string(r));
+    ASSERT_TRUE(round.ok()) << r << ": " << round.status();
+  }
+  ASSERT_TRUE(core.GetPlan("j").ok());
+  EXPECT_EQ(core.GetPlan("j")->version(), 1);
 }
 
 TEST(CoordinatorTrust, RebalanceRefusedDuringARegistrationRound) {
