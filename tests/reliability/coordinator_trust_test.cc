@@ -4,7 +4,8 @@
 //    fp32_matmul_prec, which used to SIGABRT every daemon in a Gloo size
 //    enforce at the first step) are refused at registration, on the later
 //    rank, with the group, the field and both values; no daemon dies, and the
-//    job steps once the rank registers agreeing values.
+//    job steps once every rank registers again with agreeing values (a
+//    refusal refuses the registration round).
 //  * Tokens from a 0600 file: the servers and muonctl take --token_file, the
 //    token never appears on a command line (ps), muonctl without it is
 //    refused, and unsafe or empty token files are refused at start naming the
@@ -75,11 +76,18 @@ TEST(CoordinatorTrust, MismatchedMatmulPrecisionRefusedAtRegistration) {
   EXPECT_NE(message.find("rank 1 has MATMUL_PRECISION_MEDIUM"),
             std::string::npos)
       << message;
-  // The job recovers once rank 1 agrees, and steps; no daemon crashed.
-  ASSERT_TRUE(clients[1]
-                  ->Register({trainers.Region(1)},
-                             {group(1, v1::MATMUL_PRECISION_HIGHEST)})
-                  .ok());
+  // The refusal refused the round: the job recovers once every rank
+  // registers again (the refused rank first: it used to complete the round
+  // with its peers' old registrations and build a plan they never used, its
+  // Gloo rendezvous timing out), and steps; no daemon crashed.
+  for (int r : {0, 2, 3}) ASSERT_TRUE(clients[r]->Unregister().ok()) << r;
+  for (int r : {1, 0, 2, 3}) {
+    ASSERT_TRUE(clients[r]
+                    ->Register({trainers.Region(r)},
+                               {group(r, v1::MATMUL_PRECISION_HIGHEST)})
+                    .ok())
+        << r;
+  }
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(clients[r]->WaitForPlan(absl::Seconds(30)).ok()) << r;
   }
