@@ -24,6 +24,7 @@ JobBallot DecodeJobBallot(absl::Span<const uint32_t> w) {
 
 JobDecision FoldJobBallots(absl::Span<const JobBallot> ballots) {
   JobDecision d;
+  d.world_size = int(ballots.size());
   bool same = true;
   for (size_t r = 0; r < ballots.size(); ++r) {
     const JobBallot& b = ballots[r];
@@ -32,14 +33,22 @@ JobDecision FoldJobBallots(absl::Span<const JobBallot> ballots) {
       d.refusals.push_back({int(r), b.code});
     } else if (b.verdict == JobVerdict::kSkip) {
       d.skipping_ranks.push_back(int(r));
+    } else if (b.verdict == JobVerdict::kReplay) {
+      d.replaying_ranks.push_back(int(r));
     }
   }
-  if (!d.refusals.empty() || !same) {
+  const bool mixed_replay =
+      !d.replaying_ranks.empty() && d.replaying_ranks.size() != ballots.size();
+  if (!d.refusals.empty() || !same || mixed_replay) {
     d.verdict = JobVerdict::kRefuse;
     d.skipping_ranks.clear();
-    if (d.refusals.empty()) {
+    if (d.refusals.empty() && !same) {
       for (const JobBallot& b : ballots) d.step_ids.push_back(b.step_id);
     }
+    return d;
+  }
+  if (!d.replaying_ranks.empty()) {
+    d.verdict = JobVerdict::kReplay;
     return d;
   }
   d.verdict = d.skipping_ranks.empty() ? JobVerdict::kAgree : JobVerdict::kSkip;
@@ -68,21 +77,56 @@ std::string RefusalCodeName(RefusalCode code) {
   return absl::StrCat("unknown reason ", uint32_t(code));
 }
 
+namespace {
+
+// "ranks 1, 2, 3 had already applied this step (their last step id) and
+// rank 0 had not", or empty when every rank or none replays.
+std::string DescribeMixedReplay(const JobDecision& d, size_t world) {
+  if (d.replaying_ranks.empty() || d.replaying_ranks.size() >= world) {
+    return "";
+  }
+  std::vector<int> others;
+  for (int r = 0; r < int(world); ++r) {
+    if (std::find(d.replaying_ranks.begin(), d.replaying_ranks.end(), r) ==
+        d.replaying_ranks.end()) {
+      others.push_back(r);
+    }
+  }
+  auto ranks = [](const std::vector<int>& rs) {
+    return absl::StrCat(rs.size() == 1 ? "rank " : "ranks ",
+                        absl::StrJoin(rs, ", "));
+  };
+  return absl::StrCat(
+      ranks(d.replaying_ranks),
+      " had already applied this step (it is their last step id) and ",
+      ranks(others),
+      " had not: the ranks' last step ids differ (a LoadState or a step sent "
+      "to some ranks only); LoadState the same checkpoint on every rank");
+}
+
+}  // namespace
+
 std::string DescribeRefusals(const JobDecision& d) {
-  if (d.refusals.empty()) {
+  std::vector<std::string> parts;
+  if (!d.refusals.empty()) {
+    std::vector<std::string> refusers;
+    for (const Refusal& r : d.refusals) {
+      refusers.push_back(
+          absl::StrCat("rank ", r.rank, " (", RefusalCodeName(r.code), ")"));
+    }
+    parts.push_back(absl::StrCat("refused by ", absl::StrJoin(refusers, ", ")));
+  }
+  if (!d.step_ids.empty()) {
     std::vector<std::string> ids;
     for (size_t r = 0; r < d.step_ids.size(); ++r) {
       ids.push_back(absl::StrCat("rank ", r, ": ", d.step_ids[r]));
     }
-    return absl::StrCat("the ranks voted on different steps (",
-                        absl::StrJoin(ids, ", "), ")");
+    parts.push_back(absl::StrCat("the ranks voted on different steps (",
+                                 absl::StrJoin(ids, ", "), ")"));
   }
-  std::vector<std::string> parts;
-  for (const Refusal& r : d.refusals) {
-    parts.push_back(
-        absl::StrCat("rank ", r.rank, " (", RefusalCodeName(r.code), ")"));
-  }
-  return absl::StrCat("refused by ", absl::StrJoin(parts, ", "));
+  std::string mixed = DescribeMixedReplay(d, size_t(d.world_size));
+  if (!mixed.empty()) parts.push_back(std::move(mixed));
+  return absl::StrJoin(parts, "; ");
 }
 
 absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {

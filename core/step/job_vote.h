@@ -29,6 +29,11 @@ enum class JobVerdict : uint32_t {
   kAgree = 0,   // I can step
   kSkip = 1,    // non-finite gradients with skip_nonfinite: skip it
   kRefuse = 2,  // I refuse it (code says why)
+  // I already applied this step (it is my last step id): answer it from my
+  // record. Only a job-wide replay is answered so; a replay on some ranks
+  // and not others means their last step ids differ, and every rank refuses
+  // at once instead of the others waiting for the replaying ones.
+  kReplay = 3,
 };
 
 // Why a rank refused, small enough to travel in a ballot; the refusing rank
@@ -73,24 +78,32 @@ struct Refusal {
 // What the job decided, the same on every rank.
 struct JobDecision {
   JobVerdict verdict = JobVerdict::kAgree;
+  int world_size = 0;  // the number of ballots folded
   // kRefuse: the ranks that refused (rank order) ...
   std::vector<Refusal> refusals;
   // ... or, when empty, the ranks' step ids or kinds differ: each rank's.
   std::vector<int64_t> step_ids;
   // kSkip: the ranks that asked to skip (rank order).
   std::vector<int> skipping_ranks;
+  // The ranks that voted kReplay (rank order); when the decision is kRefuse
+  // with some but not all ranks here, that mix is (one of) the reasons.
+  std::vector<int> replaying_ranks;
 
   bool operator==(const JobDecision&) const = default;
 };
 
 // Folds the ballots of every rank (index = rank): any refusal -> every rank
 // refuses; ballots of different kinds or step ids -> every rank refuses
-// (they are not voting on the same thing); else any skip -> every rank
+// (they are not voting on the same thing); some ranks replaying and others
+// not -> every rank refuses (code kStepId: their last step ids differ);
+// every rank replaying -> every rank replays; else any skip -> every rank
 // skips; else step.
 JobDecision FoldJobBallots(absl::Span<const JobBallot> ballots);
 
-// "rank 1 (non-finite gradients), rank 3 (step override)" or "the ranks
-// voted on different steps (rank 0: 12, rank 1: 13)", for messages.
+// "refused by rank 1 (non-finite gradients), rank 3 (a step override)",
+// "the ranks voted on different steps (rank 0: 12, rank 1: 13)" and/or
+// "ranks 1, 2, 3 had already applied this step ... and rank 0 had not",
+// joined by "; ", for messages.
 std::string DescribeRefusals(const JobDecision& decision);
 std::string RefusalCodeName(RefusalCode code);
 

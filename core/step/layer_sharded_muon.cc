@@ -151,6 +151,10 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // first refusal, `bad` the non-finite gradients.
   JobBallot LocalBallot(const StepInputs& inputs, StepResult& result,
                         std::vector<std::string>& bad, absl::Status& refusal);
+  // The ballot of a replay (StepInputs::replay): kReplay, or a refusal when
+  // the domain agreements it runs for its peers fail to communicate.
+  JobBallot ReplayBallot(const StepInputs& inputs, StepResult& result,
+                         absl::Status& refusal);
   // The job-wide vote on `mine`; OK with the decision, or this step's error
   // (a communicator's, or the peers' refusal).
   absl::StatusOr<JobDecision> VoteOnJob(const JobBallot& mine);
@@ -254,8 +258,7 @@ absl::Status LayerShardedMuonImpl::SetHomes(const std::string& name,
 }
 
 absl::StatusOr<std::vector<std::string>>
-LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result,
-                                         bool read_grads) {
+LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result, bool read_grads) {
   std::vector<std::string> bad;
   // A group that cannot step fails the step only after every group's
   // agreement, so all ranks run the same collectives whatever they decide:
@@ -368,6 +371,7 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
                                             std::vector<std::string>& bad,
                                             absl::Status& refusal) {
   JobBallot mine{.kind = BallotKind::kStep, .step_id = inputs.step_id};
+  if (inputs.replay) return ReplayBallot(inputs, result, refusal);
   auto refuse = [&](absl::Status st, RefusalCode code) {
     if (st.ok() || !refusal.ok()) return;
     refusal = std::move(st);
@@ -380,8 +384,8 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
   refuse(CheckStepOverrides(inputs.overrides, group_names_),
          RefusalCode::kOverrides);
   // Always run: the domain agreements are collectives of their own.
-  absl::StatusOr<std::vector<std::string>> agreed = AgreeAcrossDomains(
-      result, inputs.refusal_code != RefusalCode::kMemory);
+  absl::StatusOr<std::vector<std::string>> agreed =
+      AgreeAcrossDomains(result, inputs.refusal_code != RefusalCode::kMemory);
   if (!agreed.ok()) {
     refuse(agreed.status(), IsCommunicationFailure(agreed.status())
                                 ? RefusalCode::kCommunication
@@ -396,6 +400,24 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
     mine.verdict = JobVerdict::kSkip;
   } else {
     refuse(NonFiniteError(bad), RefusalCode::kNonFinite);
+  }
+  return mine;
+}
+
+JobBallot LayerShardedMuonImpl::ReplayBallot(const StepInputs& inputs,
+                                             StepResult& result,
+                                             absl::Status& refusal) {
+  JobBallot mine{.kind = BallotKind::kStep,
+                 .step_id = inputs.step_id,
+                 .verdict = JobVerdict::kReplay};
+  // Only for the collectives: peers that do step this id wait in the domain
+  // agreements for this rank. No grad is read (nothing is stepped here).
+  absl::StatusOr<std::vector<std::string>> agreed =
+      AgreeAcrossDomains(result, /*read_grads=*/false);
+  if (!agreed.ok() && IsCommunicationFailure(agreed.status())) {
+    refusal = agreed.status();
+    mine.verdict = JobVerdict::kRefuse;
+    mine.code = RefusalCode::kCommunication;
   }
   return mine;
 }
@@ -424,6 +446,8 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   if (decision->verdict == JobVerdict::kRefuse) {
     return RefusedByPeers(*decision, inputs.step_id);
   }
+  // Every rank replays (a replay ballot never folds to step or skip).
+  if (decision->verdict == JobVerdict::kReplay) return result;
   if (decision->verdict == JobVerdict::kSkip) {
     if (bad.empty()) {
       for (int r : decision->skipping_ranks) {

@@ -103,6 +103,12 @@ struct StepInputs {
   StepOverrides overrides;
   absl::Status refusal;
   RefusalCode refusal_code = RefusalCode::kNone;
+  // This rank already applied `step_id` (its last one) and would answer it
+  // from its record. It still votes (JobVerdict::kReplay): RunStep returns
+  // an empty result when every rank replays, and refuses on every rank at
+  // once when only some do (their last step ids differ). Nothing is read or
+  // written; the domain agreements run so the collectives match.
+  bool replay = false;
 };
 
 struct StepOptions {

@@ -317,11 +317,18 @@ absl::Status DaemonCore::CheckStepId(int64_t id) const {
   return absl::OkStatus();
 }
 
+v1::StepResponse DaemonCore::ReplayedResponse() const {
+  v1::StepResponse replay = last_response_;
+  replay.set_replayed(true);
+  return replay;
+}
+
 absl::StatusOr<v1::StepResponse> DaemonCore::Step(
     const v1::StepRequest& request) {
   absl::MutexLock op(&op_mu_);
   StepInputs inputs;
   LayerShardedMuon* muon = nullptr;
+  bool replay = false;
   const int64_t id = request.step_id();
   {
     absl::MutexLock lock(&mu_);
@@ -330,12 +337,11 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
       return absl::FailedPreconditionError(
           "step before RegisterParams: no params are registered");
     }
-    if (last_step_id_ && id == *last_step_id_) {
-      // A replay is answered from the record, without a vote: every rank
-      // applied that step (the job decided it together).
-      v1::StepResponse replay = last_response_;
-      replay.set_replayed(true);
-      return replay;
+    replay = last_step_id_ && id == *last_step_id_;
+    if (replay && (engine_ == nullptr || !comm_failure_.empty())) {
+      // No engine (or no communicators) to vote with: answered from the
+      // record alone, as the vote could not run on any rank either.
+      return ReplayedResponse();
     }
     if (engine_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -344,28 +350,36 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
           "engine yet (waiting for the coordinator's plan",
           engine_error_.empty() ? "" : "; last error: " + engine_error_, ")"));
     }
-    // From here on every check of this rank becomes a refusal the engine
-    // votes on with the whole job (core/step/job_vote.h) instead of an early
-    // return, so the peers refuse the step at once too instead of waiting
-    // for this rank in their exchanges.
-    auto refuse = [&](absl::Status st, RefusalCode code) {
-      if (st.ok() || !inputs.refusal.ok()) return;
-      inputs.refusal = std::move(st);
-      inputs.refusal_code = code;
-    };
-    // First: a shrunk shm object would SIGBUS the step (registration.h), and
-    // only a kMemory refusal keeps the engine from reading the grads.
-    refuse(registration_->RecheckMemory(), RefusalCode::kMemory);
-    refuse(CheckStepId(id), RefusalCode::kStepId);
-    absl::StatusOr<StepOverrides> overrides = ParseOverrides(request);
-    refuse(overrides.status(), RefusalCode::kOverrides);
-    if (overrides.ok()) inputs.overrides = *std::move(overrides);
-    if (inputs.refusal.ok()) {
-      refuse(ActivatePlanFor(id), RefusalCode::kPlanVersion);
-    }
-    // The engine votes an out-of-range id as is; a refused one is never run.
-    inputs.step_id = std::clamp<int64_t>(id, -1, kMaxStepId + 1);
     muon = engine_->muon.get();
+    // A replay votes too (JobVerdict::kReplay): when the ranks' last step
+    // ids differ, some replay and some step, and only the job vote refuses
+    // it on every rank at once instead of the stepping ranks waiting for the
+    // comm timeout.
+    inputs.replay = replay;
+    inputs.step_id = id;
+    if (!replay) {
+      // From here on every check of this rank becomes a refusal the engine
+      // votes on with the whole job (core/step/job_vote.h) instead of an early
+      // return, so the peers refuse the step at once too instead of waiting
+      // for this rank in their exchanges.
+      auto refuse = [&](absl::Status st, RefusalCode code) {
+        if (st.ok() || !inputs.refusal.ok()) return;
+        inputs.refusal = std::move(st);
+        inputs.refusal_code = code;
+      };
+      // First: a shrunk shm object would SIGBUS the step (registration.h), and
+      // only a kMemory refusal keeps the engine from reading the grads.
+      refuse(registration_->RecheckMemory(), RefusalCode::kMemory);
+      refuse(CheckStepId(id), RefusalCode::kStepId);
+      absl::StatusOr<StepOverrides> overrides = ParseOverrides(request);
+      refuse(overrides.status(), RefusalCode::kOverrides);
+      if (overrides.ok()) inputs.overrides = *std::move(overrides);
+      if (inputs.refusal.ok()) {
+        refuse(ActivatePlanFor(id), RefusalCode::kPlanVersion);
+      }
+      // The engine votes an out-of-range id as is; a refused one is never run.
+      inputs.step_id = std::clamp<int64_t>(id, -1, kMaxStepId + 1);
+    }
   }
   // The engine cannot go away: op_mu_ excludes Unregister/Register.
   absl::StatusOr<StepResult> result = muon->RunStep(inputs);
@@ -377,6 +391,7 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
     return result.status();
   }
   absl::MutexLock lock(&mu_);
+  if (replay) return ReplayedResponse();
   v1::StepResponse response;
   response.set_step_id(request.step_id());
   *response.mutable_timings() = ToProto(result->timings);

@@ -191,6 +191,8 @@ class DaemonCore {
       const v1::StepRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step id rules (range, sequence) for a step that is not a replay.
   absl::Status CheckStepId(int64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The last step's answer, marked replayed.
+  v1::StepResponse ReplayedResponse() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A step whose collectives failed: UNAVAILABLE with PEER_GONE naming the
   // peers; records it for Health (the communicators are unusable now).
   absl::Status CommunicationFailure(int64_t step_id, const absl::Status& st)

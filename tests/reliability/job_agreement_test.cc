@@ -255,6 +255,48 @@ TEST(JobAgreementTest, BadOverrideOrStepIdOnOneRankRefusesEveryRankAtOnce) {
   for (auto& r : job.StepAll(2)) EXPECT_TRUE(r.ok()) << r.status();
 }
 
+// A replay votes with the job (JobVerdict::kReplay): when the ranks' last
+// step ids differ ([1, 2, 2, 2] after rank 0 loads a step-1 checkpoint),
+// Step 2 is a replay on ranks 1-3 and a new step on rank 0. Before, ranks 1-3
+// answered from their record at once and rank 0 waited in its collectives
+// for the comm timeout; now every rank refuses at once.
+TEST(JobAgreementTest, ReplayOnSomeRanksOnlyIsRefusedOnEveryRankAtOnce) {
+  Cluster c({.daemon_flags = {"--comm_timeout_s=5"}});
+  c.StartAll();
+  Job job(c);
+  ASSERT_TRUE(job.Register().ok());
+  job.trainers().FillGrads(1);
+  for (auto& r : job.StepAll(1)) ASSERT_TRUE(r.ok()) << r.status();
+  const std::string ckpt = absl::StrCat(c.dir(), "/step1-r0.st");
+  ASSERT_TRUE(job.client(0).SaveState(ckpt).ok());
+  for (auto& r : job.StepAll(2)) ASSERT_TRUE(r.ok()) << r.status();
+  // Every rank replaying is still answered from the record.
+  for (auto& r : job.StepAll(2)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->replayed());
+  }
+  ASSERT_TRUE(job.client(0).LoadState(ckpt).ok());
+  const std::vector<float> before = job.Params();
+  const absl::Time start = absl::Now();
+  auto results = job.StepAll(2);
+  const absl::Duration took = absl::Now() - start;
+  std::printf("mixed replay on rank 1: %s\n",
+              results[1].status().ToString().c_str());
+  EXPECT_LT(took, absl::Seconds(3));
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_FALSE(results[r].ok()) << "rank " << r;
+    EXPECT_EQ(results[r].status().code(), absl::StatusCode::kFailedPrecondition)
+        << "rank " << r << ": " << results[r].status();
+    EXPECT_TRUE(absl::StrContains(results[r].status().message(),
+                                  "ranks 1, 2, 3 had already applied"))
+        << "rank " << r << ": " << results[r].status();
+    EXPECT_TRUE(
+        absl::StrContains(results[r].status().message(), "rank 0 had not"))
+        << "rank " << r << ": " << results[r].status();
+  }
+  EXPECT_TRUE(SameBits(job.Params(), before));
+}
+
 TEST(JobAgreementTest, StepIdsAreBounded) {
   Cluster c({.daemon_flags = {"--comm_timeout_s=5"}});
   c.StartAll();

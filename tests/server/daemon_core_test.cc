@@ -54,6 +54,8 @@ class FakeMuon : public LayerShardedMuon {
   absl::StatusOr<StepResult> RunStep(const StepInputs& inputs) override {
     // The daemon's own refusals reach the engine, which votes on them.
     if (!inputs.refusal.ok()) return inputs.refusal;
+    // A single-rank job's replay vote is a replay: nothing is applied.
+    if (inputs.replay) return StepResult{};
     for (float* f : firsts_) *f += 1;
     StepResult r;
     r.timings.total_us = 7;

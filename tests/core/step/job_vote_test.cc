@@ -16,6 +16,9 @@ JobBallot Agree(int64_t id) { return {.step_id = id}; }
 JobBallot Skip(int64_t id) {
   return {.step_id = id, .verdict = JobVerdict::kSkip};
 }
+JobBallot Replay(int64_t id) {
+  return {.step_id = id, .verdict = JobVerdict::kReplay};
+}
 JobBallot Refuse(int64_t id, RefusalCode code) {
   return {.step_id = id, .verdict = JobVerdict::kRefuse, .code = code};
 }
@@ -25,7 +28,7 @@ TEST(JobVoteTest, BallotsTravelExactly) {
                      (int64_t{1} << 62) + 3,
                      std::numeric_limits<int64_t>::max(), int64_t{-1}}) {
     for (const JobBallot& b :
-         {Agree(id), Skip(id), Refuse(id, RefusalCode::kMemory),
+         {Agree(id), Skip(id), Replay(id), Refuse(id, RefusalCode::kMemory),
           JobBallot{.kind = BallotKind::kCommit, .step_id = id}}) {
       const auto words = EncodeJobBallot(b);
       EXPECT_EQ(DecodeJobBallot(words), b) << id;
@@ -87,6 +90,49 @@ TEST(JobVoteTest, PeerCommunicationFailureIsUnavailable) {
                                     Refuse(5, RefusalCode::kCommunication)};
   EXPECT_EQ(RefusedByPeers(FoldJobBallots(b), 5).code(),
             absl::StatusCode::kUnavailable);
+}
+
+TEST(JobVoteTest, EveryRankReplayingReplays) {
+  const std::vector<JobBallot> b = {Replay(5), Replay(5), Replay(5)};
+  const JobDecision d = FoldJobBallots(b);
+  EXPECT_EQ(d.verdict, JobVerdict::kReplay);
+  EXPECT_EQ(d.replaying_ranks, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(FoldJobBallots({Replay(5)}).verdict, JobVerdict::kReplay);
+}
+
+// Last step ids [4, 5, 5, 5], Step 5: rank 0 would step, the others replay.
+TEST(JobVoteTest, ReplayMixedWithAStepRefusesNamingWhoAppliedIt) {
+  const std::vector<JobBallot> b = {Agree(5), Replay(5), Replay(5), Replay(5)};
+  const JobDecision d = FoldJobBallots(b);
+  EXPECT_EQ(d.verdict, JobVerdict::kRefuse);
+  EXPECT_TRUE(d.refusals.empty());
+  EXPECT_TRUE(d.step_ids.empty());
+  const absl::Status st = RefusedByPeers(d, 5);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(st.message(),
+                                "ranks 1, 2, 3 had already applied this step"))
+      << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "and rank 0 had not")) << st;
+}
+
+// Last step ids [3, 5, 5, 5], Step 5: rank 0 refuses the gap.
+TEST(JobVoteTest, ReplayMixedWithARefusalNamesBoth) {
+  const std::vector<JobBallot> b = {Refuse(5, RefusalCode::kStepId), Replay(5),
+                                    Replay(5), Replay(5)};
+  const JobDecision d = FoldJobBallots(b);
+  EXPECT_EQ(d.verdict, JobVerdict::kRefuse);
+  const absl::Status st = RefusedByPeers(d, 5);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(st.message(), "rank 0 (the step id)")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "and rank 0 had not")) << st;
+}
+
+TEST(JobVoteTest, ReplayMixedWithASkipRefuses) {
+  const std::vector<JobBallot> b = {Replay(2), Skip(2)};
+  const JobDecision d = FoldJobBallots(b);
+  EXPECT_EQ(d.verdict, JobVerdict::kRefuse);
+  EXPECT_TRUE(absl::StrContains(RefusedByPeers(d, 2).message(),
+                                "rank 0 had already applied this step"));
 }
 
 }  // namespace
