@@ -290,11 +290,9 @@ LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result, bool read_grads) {
       if (refused.ok()) refused = agreed.status();
       continue;
     }
-    if (!agreed->all_finite && local_bad.empty()) {
-      local_bad.push_back(group.config.name +
-                          "/(non-finite gradients on another rank of the "
-                          "domain)");
-    }
+    // A non-finite gradient on another rank of the domain is that rank's to
+    // report: it refuses (or skips) in the job vote, and this rank's answer
+    // then names it, instead of a refusal of its own that names nobody.
     bad.insert(bad.end(), local_bad.begin(), local_bad.end());
     if (group.config.algorithm != Algorithm::kMuon || !refused.ok()) continue;
     // Every rank sees the same gathered votes, so every rank of the domain

@@ -441,8 +441,8 @@ absl::Status DaemonCore::CommunicationFailure(int64_t step_id,
     comm_failure_ = absl::StrCat(
         "communicators unusable after step ", step_id, " failed: ", what,
         peers.empty() ? "" : ": ", peers, " (", st.message(),
-        "); re-register the params on every rank (then LoadState the last "
-        "checkpoint if needed)");
+        "); re-register the params on every rank, then load the last "
+        "checkpoint on every rank (muonctl load)");
   }
   return WithErrorReason(
       absl::UnavailableError(absl::StrCat(

@@ -16,11 +16,11 @@
 // nothing. A step that fails under kill or stop must leave every rank whose
 // step failed untouched (all-or-nothing), then the trainers recover as a
 // real one does: re-register every rank, muonctl load of the last
-// checkpoint, restore their own params to it. At the end (and after every event) every rank's params
-// equal an in-process reference that replays exactly the steps reported
-// applied, with saves/loads as snapshot/restore: bitwise (Muon on full
-// matrices with ns_batch_size 1 and AdamW are bitwise to the daemons in host
-// mode, as in reliability_test.cc).
+// checkpoint, restore their own params to it. At the end (and after every
+// event) every rank's params equal an in-process reference that replays exactly
+// the steps reported applied, with saves/loads as snapshot/restore: bitwise
+// (Muon on full matrices with ns_batch_size 1 and AdamW are bitwise to the
+// daemons in host mode, as in reliability_test.cc).
 //
 // The seed is logged; CHAOS_SEED=<n> replays one, CHAOS_STEPS=<n> changes
 // the length, CHAOS_EVENTS=a,b,... picks the events (default: all).
@@ -32,6 +32,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -213,10 +215,29 @@ class ChaosTrainers {
     for (auto& t : threads) t.join();
     for (int r = 0; r < kWorld; ++r) {
       if (!st[r].ok())
-        return absl::Status(st[r].code(),
-                            absl::StrCat("rank ", r, ": ", st[r].message()));
+        return absl::Status(
+            st[r].code(),
+            absl::StrCat("rank ", r, ": ", st[r].message(), ServerLogTails()));
     }
     return absl::OkStatus();
+  }
+
+  // The last lines of every server's log: why a registration found no plan
+  // (the test directory is removed at the end).
+  std::string ServerLogTails() const {
+    std::string out;
+    for (const std::string name :
+         {"coordinator", "daemon0", "daemon1", "daemon2", "daemon3"}) {
+      std::ifstream in(cluster_.dir() + "/" + name + ".log");
+      std::deque<std::string> tail;
+      for (std::string line; std::getline(in, line);) {
+        tail.push_back(line);
+        if (tail.size() > 25) tail.pop_front();
+      }
+      out +=
+          "\n--- " + name + ".log (last lines)\n" + absl::StrJoin(tail, "\n");
+    }
+    return out;
   }
 
   // Gradients of step `id`; `poison_rank` >= 0 puts a NaN into that rank's
