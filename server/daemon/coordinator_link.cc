@@ -109,10 +109,17 @@ absl::Status GrpcCoordinatorLink::Start(
   while (true) {
     absl::Status st = JoinOnce();
     if (st.ok()) break;
-    if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st)) {
+    // ALREADY_EXISTS: the coordinator still counts this rank live. After a
+    // restart that is usually this daemon's previous process, whose plan
+    // stream the coordinator has not yet seen close (it polls): retry until
+    // the deadline, and only then give up naming the live rank.
+    const bool rank_held = absl::IsAlreadyExists(st);
+    if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st) &&
+        !rank_held) {
       return WithContext(st, "Join refused: ");
     }
     if (absl::Now() >= deadline) {
+      if (rank_held) return WithContext(st, "Join refused: ");
       return absl::UnavailableError(
           absl::StrCat("coordinator unreachable: ", st.message()));
     }
