@@ -680,7 +680,10 @@ void CoordinatorCore::RefuseRound(Job& job, int refused_rank,
   // registers again.
   int dropped = 0;
   for (auto& [rank, d] : job.daemons) {
-    if (!d.has_manifest || (!d.new_round && rank != refused_rank)) continue;
+    // Only this round's: a manifest of a completed round (a plan was made
+    // from it) stays, so a raw bad PublishManifest cannot erase a running
+    // job's registration (nor leave the next bad one nothing to compare with).
+    if (!d.has_manifest || !d.new_round) continue;
     d.has_manifest = false;
     d.new_round = false;
     d.registration.clear();
