@@ -32,8 +32,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <deque>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -193,11 +191,7 @@ class ChaosTrainers {
       t.client.reset();
     }
     for (int r = 0; r < kWorld; ++r) {
-      ClientOptions options;
-      options.job_id = cluster_.job();
-      options.client_id = absl::StrCat("trainer", r);
-      options.rpc_timeout = absl::Seconds(30);
-      auto client = Client::Connect("unix://" + cluster_.socket(r), options);
+      auto client = cluster_.ConnectTrainer(r);
       if (!client.ok()) return client.status();
       ranks_[r].client = *std::move(client);
     }
@@ -217,29 +211,11 @@ class ChaosTrainers {
     for (auto& t : threads) t.join();
     for (int r = 0; r < kWorld; ++r) {
       if (!st[r].ok())
-        return absl::Status(
-            st[r].code(),
-            absl::StrCat("rank ", r, ": ", st[r].message(), ServerLogTails()));
+        return absl::Status(st[r].code(),
+                            absl::StrCat("rank ", r, ": ", st[r].message(),
+                                         cluster_.ServerLogs(25)));
     }
     return absl::OkStatus();
-  }
-
-  // The last lines of every server's log: why a registration found no plan
-  // (the test directory is removed at the end).
-  std::string ServerLogTails() const {
-    std::string out;
-    for (const std::string name :
-         {"coordinator", "daemon0", "daemon1", "daemon2", "daemon3"}) {
-      std::ifstream in(cluster_.dir() + "/" + name + ".log");
-      std::deque<std::string> tail;
-      for (std::string line; std::getline(in, line);) {
-        tail.push_back(line);
-        if (tail.size() > 25) tail.pop_front();
-      }
-      out +=
-          "\n--- " + name + ".log (last lines)\n" + absl::StrJoin(tail, "\n");
-    }
-    return out;
   }
 
   // Gradients of step `id`; `poison_rank` >= 0 puts a NaN into that rank's

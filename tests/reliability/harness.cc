@@ -11,11 +11,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/backend/cpu_backend.h"
 #include "core/muon/muon_update.h"
@@ -294,6 +296,30 @@ Trainers::Trainers(const Cluster& cluster, const std::string& tag)
   }
 }
 
+absl::StatusOr<std::unique_ptr<Client>> Cluster::ConnectTrainer(
+    int rank) const {
+  ClientOptions options;
+  options.job_id = job_;
+  options.client_id = absl::StrCat("trainer", rank);
+  options.rpc_timeout = absl::Seconds(30);
+  return Client::Connect("unix://" + socket(rank), options);
+}
+
+std::string Cluster::ServerLogs(int tail_lines) const {
+  std::string out;
+  for (const std::string name :
+       {"coordinator", "daemon0", "daemon1", "daemon2", "daemon3"}) {
+    std::ifstream in(dir_ + "/" + name + ".log");
+    std::deque<std::string> lines;
+    for (std::string line; std::getline(in, line);) {
+      lines.push_back(std::move(line));
+      if (tail_lines > 0 && int(lines.size()) > tail_lines) lines.pop_front();
+    }
+    out += "\n--- " + name + ".log\n" + absl::StrJoin(lines, "\n");
+  }
+  return out;
+}
+
 Trainers::~Trainers() = default;
 
 v1::ParamGroup Trainers::Group(int rank) const { return groups_[rank]; }
@@ -305,11 +331,7 @@ v1::MemoryRegion Trainers::Region(int rank) const {
 absl::Status Trainers::RegisterAll(absl::Duration timeout) {
   clients_.clear();
   for (int r = 0; r < kWorld; ++r) {
-    ClientOptions options;
-    options.job_id = cluster_.job();
-    options.client_id = absl::StrCat("trainer", r);
-    options.rpc_timeout = absl::Seconds(30);
-    auto client = Client::Connect("unix://" + cluster_.socket(r), options);
+    auto client = cluster_.ConnectTrainer(r);
     if (!client.ok()) return client.status();
     clients_.push_back(*std::move(client));
   }
@@ -324,16 +346,9 @@ absl::Status Trainers::RegisterAll(absl::Duration timeout) {
   for (auto& t : threads) t.join();
   for (int r = 0; r < kWorld; ++r) {
     if (!st[r].ok()) {
-      // The servers' logs say why (the test directory is removed at the end).
-      std::string logs;
-      for (const std::string name :
-           {"coordinator", "daemon0", "daemon1", "daemon2", "daemon3"}) {
-        std::ifstream in(cluster_.dir() + "/" + name + ".log");
-        logs += "\n--- " + name + ".log\n" +
-                std::string(std::istreambuf_iterator<char>(in), {});
-      }
-      return absl::Status(
-          st[r].code(), absl::StrCat("rank ", r, ": ", st[r].message(), logs));
+      return absl::Status(st[r].code(),
+                          absl::StrCat("rank ", r, ": ", st[r].message(),
+                                       cluster_.ServerLogs()));
     }
   }
   return absl::OkStatus();

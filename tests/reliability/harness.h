@@ -70,6 +70,13 @@ class Cluster {
   std::string socket(int rank) const;
   const Options& options() const { return options_; }
 
+  // A trainer's client of rank `rank`'s daemon (client_id "trainer<rank>",
+  // 30 s RPC deadline), over its Unix socket.
+  absl::StatusOr<std::unique_ptr<Client>> ConnectTrainer(int rank) const;
+  // Every server's log (the last `tail_lines` lines of each; 0: whole), for a
+  // failure message: the test directory is removed at the end.
+  std::string ServerLogs(int tail_lines = 0) const;
+
  private:
   void AddTokenFlag(std::vector<std::string>& args) const;
 

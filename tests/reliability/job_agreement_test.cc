@@ -75,11 +75,7 @@ class Job {
     std::vector<absl::Status> st(kWorld);
     std::vector<std::thread> threads;
     for (int r = 0; r < kWorld; ++r) {
-      ClientOptions options;
-      options.job_id = cluster_.job();
-      options.client_id = absl::StrCat("trainer", r);
-      options.rpc_timeout = absl::Seconds(30);
-      auto client = Client::Connect("unix://" + cluster_.socket(r), options);
+      auto client = cluster_.ConnectTrainer(r);
       if (!client.ok()) return client.status();
       clients_.push_back(*std::move(client));
     }
