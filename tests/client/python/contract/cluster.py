@@ -1,0 +1,216 @@
+"""A muond cluster of real binaries for Python tests: one muond-coordinator and
+N host-mode `muond` daemons of one job, on Unix sockets (or one TCP listener),
+all with a shared token file.
+
+    with Cluster(num_daemons=2) as cluster:
+        opt = Muon(..., daemons=cluster.daemons, job_id=cluster.job_id,
+                   gtp_size=1, tp_size=2)
+
+`Cluster.start()` waits until the coordinator wrote its port file and every
+daemon answers Health; `stop()` SIGTERMs everything (SIGKILL after 10 s) and,
+when asked (`print_logs=True`, e.g. after a failed test), prints each log's
+tail to stderr. The binaries come from Bazel's runfiles when run by `bazel
+test`, else from the checkout's bazel-bin/ (run `bazel build
+//server/daemon:muond //server/coordinator:muond-coordinator` first), or from
+$MUOND_BIN_DIR (a directory holding server/daemon/muond etc.).
+
+unittest helper: `ClusterTestCase` starts one cluster per test class
+(`NUM_DAEMONS`, `TCP`) and prints the logs when a test of the class failed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _find_binary(relpath: str) -> str:
+    """`relpath` (e.g. server/daemon/muond) under the runfiles root, the
+    checkout's bazel-bin or $MUOND_BIN_DIR, whichever exists first."""
+    repo = os.path.abspath(os.path.join(_HERE, "..", "..", "..", ".."))
+    candidates = [os.path.join(repo, relpath),  # bazel test: the runfiles tree
+                  os.path.join(repo, "bazel-bin", relpath)]
+    if os.environ.get("MUOND_BIN_DIR"):
+        candidates.insert(0, os.path.join(os.environ["MUOND_BIN_DIR"], relpath))
+    for c in candidates:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    raise FileNotFoundError(f"{relpath} not found (looked at {candidates}); "
+                            "bazel build //server/daemon:muond //server/coordinator:"
+                            "muond-coordinator")
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Cluster:
+    """A coordinator + `num_daemons` host daemons of job `job_id`.
+
+    `daemons`: the daemons' addresses in rank order (``unix://...``, or
+    ``127.0.0.1:PORT`` with ``tcp=True``). `token`: the job's shared token
+    (the daemons and the coordinator read it from a 0600 file); on a TCP
+    listener a trainer must send it, on a Unix socket the file mode guards.
+    """
+
+    def __init__(self, num_daemons: int = 1, *, tcp: bool = False, job_id: str | None = None,
+                 comm_timeout_s: int = 20, extra_daemon_args=(), coordinator_args=()):
+        self.num_daemons = num_daemons
+        self.tcp = tcp
+        # Unique across parallel runs: sandboxes may share /dev/shm, where the
+        # client's shm names include the job.
+        self.job_id = job_id or f"contract{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.token = uuid.uuid4().hex
+        self.comm_timeout_s = comm_timeout_s
+        self.extra_daemon_args = list(extra_daemon_args)
+        self.coordinator_args = list(coordinator_args)
+        self.tmp = None
+        self.daemons: list[str] = []
+        self.coordinator = ""
+        self._procs: list[tuple[str, subprocess.Popen, object]] = []
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> "Cluster":
+        self.tmp = tempfile.mkdtemp(prefix="muond-contract-")
+        try:
+            self._start()
+        except BaseException:
+            self.stop(print_logs=True)
+            raise
+        return self
+
+    def _start(self):
+        from muond.client import Client  # the caller's sys.path has client/python
+
+        token_file = os.path.join(self.tmp, "token")
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token)
+        port_file = os.path.join(self.tmp, "port")
+        # Automatic rebalancing off: a plan change mid-test is not under test.
+        self._spawn("coordinator", [
+            _find_binary("server/coordinator/muond-coordinator"), "--listen=127.0.0.1:0",
+            f"--port_file={port_file}", f"--token_file={token_file}",
+            "--rebalance_threshold=0", *self.coordinator_args])
+        wait_for(lambda: self._check_alive() and os.path.exists(port_file) and
+                 open(port_file).read().strip(), 20, "the coordinator's port file")
+        with open(port_file) as f:
+            self.coordinator = f"127.0.0.1:{int(f.read())}"
+        daemon = _find_binary("server/daemon/muond")
+        for r in range(self.num_daemons):
+            address = (f"127.0.0.1:{free_tcp_port()}" if self.tcp
+                       else f"unix://{os.path.join(self.tmp, f'd{r}.sock')}")
+            self.daemons.append(address)
+            self._spawn(f"muond-rank{r}", [
+                daemon, "--host", f"--coordinator={self.coordinator}",
+                f"--job_id={self.job_id}", f"--rank={r}", f"--world_size={self.num_daemons}",
+                f"--listen={address}", f"--token_file={token_file}",
+                f"--comm_timeout_s={self.comm_timeout_s}", "--coordinator_timeout_s=20",
+                *self.extra_daemon_args])
+        for address in self.daemons:
+            self._check_alive()
+            client = self.client(address)
+            try:
+                client.wait_healthy(20)
+            finally:
+                client.close()
+
+    def client(self, address: str, **kw):
+        """A muond.client.Client of `address`, with the job's token on TCP."""
+        from muond.client import Client
+        if self.tcp:
+            kw.setdefault("token", self.token)
+        return Client(address, timeout=kw.pop("timeout", 10), **kw)
+
+    def _spawn(self, name: str, argv):
+        log = open(os.path.join(self.tmp, f"{name}.log"), "w")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self._procs.append((name, proc, log))
+
+    def _check_alive(self) -> bool:
+        """True; raises when a server exited (a bad flag, a taken port)."""
+        for name, proc, _ in self._procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode} at start")
+        return True
+
+    def logs(self, tail: int = 3000) -> str:
+        out = []
+        for name, _, log in self._procs:
+            log.flush()
+            with open(log.name, errors="replace") as f:
+                out.append(f"---- {name} ----\n{f.read()[-tail:]}")
+        return "\n".join(out)
+
+    def stop(self, print_logs: bool = False):
+        for _, proc, _ in self._procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc, _ in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if print_logs and self._procs:
+            sys.stderr.write(self.logs() + "\n")
+        for _, _, log in self._procs:
+            log.close()
+        self._procs = []
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, exc_type, *exc):
+        self.stop(print_logs=exc_type is not None)
+
+
+class ClusterTestCase(unittest.TestCase):
+    """One cluster for the whole class (`NUM_DAEMONS` daemons, `TCP`): the
+    tests register, step and close their optimizers one after another on it.
+    The servers' logs are printed when any test of the class failed."""
+
+    NUM_DAEMONS = 1
+    TCP = False
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.cluster = Cluster(cls.NUM_DAEMONS, tcp=cls.TCP).start()
+        cls._failed = False
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop(print_logs=cls._failed)
+        super().tearDownClass()
+
+    def run(self, result=None):
+        result = super().run(result)
+        if result is not None and any(t is self for t, _ in result.errors + result.failures):
+            type(self)._failed = True
+        return result
