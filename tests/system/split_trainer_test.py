@@ -19,12 +19,10 @@ timings the daemons reported) pushes v3 activating at step 3. Each step must
 run with the plan version it expects, and the results stay bitwise equal.
 """
 import os
-import signal
 import subprocess
 import sys
 import shutil
 import tempfile
-import time
 import unittest
 import uuid
 
@@ -37,8 +35,10 @@ from muond.v1 import muond_pb2 as pb
 from muond.v1 import muond_pb2_grpc as pb_grpc
 
 RUNFILES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-COORDINATOR = os.path.join(RUNFILES, "server/coordinator/muond-coordinator")
-DAEMON = os.path.join(RUNFILES, "server/daemon/muond")
+# The coordinator + host daemons (also the contract suite's fixture).
+sys.path.insert(0, os.path.join(RUNFILES, "tests", "client", "python", "contract"))
+from cluster import Cluster, wait_for  # noqa: E402
+
 MUON_CLI = os.path.join(RUNFILES, "tests/core/muon/muon_cli")
 G, T = 2, 2
 STEPS = 3
@@ -66,17 +66,6 @@ def values(seed, shape):
     return rng.uniform(-1, 1, size=shape).astype(np.float32)
 
 
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 class SplitTrainerSystemTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="muond-split-")
@@ -84,49 +73,14 @@ class SplitTrainerSystemTest(unittest.TestCase):
         # Unique across parallel runs: sandboxes have their own pid namespace
         # but share /dev/shm, where the client's shm names include the job.
         self.job = f"split{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.procs = []
-        self.logs = []
-        port_file = os.path.join(self.tmp, "port")
-        # Automatic rebalancing off: this test pushes its plans explicitly.
-        self.spawn("coordinator", [COORDINATOR, "--listen=127.0.0.1:0",
-                                   f"--port_file={port_file}", "--rebalance_threshold=0"])
-        wait_for(lambda: os.path.exists(port_file), 20, "the coordinator's port file")
-        with open(port_file) as f:
-            self.coordinator = f"127.0.0.1:{int(f.read())}"
-        self.daemons = []
-        for r in range(G * T):
-            sock = os.path.join(self.tmp, f"d{r}.sock")
-            self.daemons.append(f"unix://{sock}")
-            self.spawn(f"muond-rank{r}", [
-                DAEMON, "--host", f"--coordinator={self.coordinator}", f"--job_id={self.job}",
-                f"--rank={r}", f"--world_size={G * T}", f"--listen=unix://{sock}",
-                "--comm_timeout_s=30"])
+        self.cluster = Cluster(G * T, token=False, job_id=self.job, comm_timeout_s=30).start()
+        self.coordinator, self.daemons = self.cluster.coordinator, self.cluster.daemons
         self.channel = grpc.insecure_channel(self.coordinator)
         self.coord = pb_grpc.CoordinatorStub(self.channel)
 
-    def spawn(self, name, argv):
-        log = open(os.path.join(self.tmp, f"{name}.log"), "w")
-        self.logs.append(log)
-        self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)))
-
     def tearDown(self):
         self.channel.close()
-        for _, p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for _, p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for log in self.logs:
-            log.close()
-        if self._outcome_failed():
-            for name, _ in self.procs:
-                with open(os.path.join(self.tmp, f"{name}.log")) as f:
-                    sys.stderr.write(f"---- {name} ----\n{f.read()[-3000:]}\n")
-        subprocess.run(["rm", "-rf", self.tmp], check=False)
+        self.cluster.stop(print_logs=self._outcome_failed())
 
     def _outcome_failed(self):
         result = getattr(self._outcome, "result", None)

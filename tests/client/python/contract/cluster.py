@@ -55,6 +55,15 @@ def free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
+def _read(path: str) -> str:
+    """The file's stripped text; "" while it does not exist."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while True:
@@ -71,18 +80,22 @@ class Cluster:
 
     `daemons`: the daemons' addresses in rank order (``unix://...``, or
     ``127.0.0.1:PORT`` with ``tcp=True``). `token`: the job's shared token
-    (the daemons and the coordinator read it from a 0600 file); on a TCP
-    listener a trainer must send it, on a Unix socket the file mode guards.
+    (the daemons and the coordinator read it from a 0600 file; "" with
+    ``token=False``); on a TCP listener a trainer must send it, on a Unix
+    socket the file mode guards. `coordinator`: its ``127.0.0.1:PORT``.
     """
 
-    def __init__(self, num_daemons: int = 1, *, tcp: bool = False, job_id: str | None = None,
-                 comm_timeout_s: int = 20, extra_daemon_args=(), coordinator_args=()):
+    def __init__(self, num_daemons: int = 1, *, tcp: bool = False, token: bool = True,
+                 job_id: str | None = None, comm_timeout_s: int = 20, extra_daemon_args=(),
+                 coordinator_args=()):
+        if tcp and not token:
+            raise ValueError("a TCP daemon needs a token")
         self.num_daemons = num_daemons
         self.tcp = tcp
         # Unique across parallel runs: sandboxes may share /dev/shm, where the
         # client's shm names include the job.
         self.job_id = job_id or f"contract{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.token = uuid.uuid4().hex
+        self.token = uuid.uuid4().hex if token else ""
         self.comm_timeout_s = comm_timeout_s
         self.extra_daemon_args = list(extra_daemon_args)
         self.coordinator_args = list(coordinator_args)
@@ -104,20 +117,22 @@ class Cluster:
     def _start(self):
         from muond.client import Client  # the caller's sys.path has client/python
 
-        token_file = os.path.join(self.tmp, "token")
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.token)
+        token_args = []
+        if self.token:
+            token_file = os.path.join(self.tmp, "token")
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.token)
+            token_args = [f"--token_file={token_file}"]
         port_file = os.path.join(self.tmp, "port")
         # Automatic rebalancing off: a plan change mid-test is not under test.
         self._spawn("coordinator", [
             _find_binary("server/coordinator/muond-coordinator"), "--listen=127.0.0.1:0",
-            f"--port_file={port_file}", f"--token_file={token_file}",
+            f"--port_file={port_file}", *token_args,
             "--rebalance_threshold=0", *self.coordinator_args])
-        wait_for(lambda: self._check_alive() and os.path.exists(port_file) and
-                 open(port_file).read().strip(), 20, "the coordinator's port file")
-        with open(port_file) as f:
-            self.coordinator = f"127.0.0.1:{int(f.read())}"
+        port = wait_for(lambda: self._check_alive() and _read(port_file), 20,
+                        "the coordinator's port file")
+        self.coordinator = f"127.0.0.1:{int(port)}"
         daemon = _find_binary("server/daemon/muond")
         for r in range(self.num_daemons):
             address = (f"127.0.0.1:{free_tcp_port()}" if self.tcp
@@ -126,7 +141,7 @@ class Cluster:
             self._spawn(f"muond-rank{r}", [
                 daemon, "--host", f"--coordinator={self.coordinator}",
                 f"--job_id={self.job_id}", f"--rank={r}", f"--world_size={self.num_daemons}",
-                f"--listen={address}", f"--token_file={token_file}",
+                f"--listen={address}", *token_args,
                 f"--comm_timeout_s={self.comm_timeout_s}", "--coordinator_timeout_s=20",
                 *self.extra_daemon_args])
         for address in self.daemons:
