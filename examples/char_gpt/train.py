@@ -134,6 +134,7 @@ def build_optimizer(kind: str, model: CharGPT, args):
     from muond.torch import Muon
     return Muon([muon_group, adamw_group], daemons=args.daemon_list, job_id=args.job_id,
                 gtp_size=args.gtp, tp_size=args.tp, wait_healthy_timeout=args.wait_healthy,
+                fp32_matmul_prec="highest",  # fp32 NS, as ReferenceMuon's (--optimizer both)
                 **common)
 
 

@@ -34,7 +34,7 @@ class ClientRecoveryTest(base.SplitTrainerSystemTest):
         return Muon([{"params": params, "name": "dense", "param_names": ["w", "v"]}],
                     lr=base.LR, weight_decay=base.WD, momentum=base.MOMENTUM,
                     daemons=self.daemons, job_id=self.job, gtp_size=base.G,
-                    tp_size=base.T, rpc_timeout=30, **kw)
+                    tp_size=base.T, rpc_timeout=30, fp32_matmul_prec="highest", **kw)
 
     def test_split_trainer_bitwise_across_rebalances(self):
         self.skipTest("run by split_trainer_test")

@@ -155,6 +155,7 @@ class SplitTrainerSystemTest(unittest.TestCase):
                     {"params": adamw_params, "name": "adam", "algorithm": "adamw",
                      "param_names": list(ADAMW_PARAMS), **ADAMW}],
                    lr=LR, weight_decay=WD, momentum=MOMENTUM, nesterov=True,
+                   fp32_matmul_prec="highest",  # the fp32 reference's NS (not the default)
                    eps=NS_EPS, ns_steps=NS_STEPS, coefficient_type=NS_TYPE,
                    daemons=self.daemons, job_id=self.job, gtp_size=G, tp_size=T,
                    rpc_timeout=30)
@@ -178,7 +179,7 @@ class SplitTrainerSystemTest(unittest.TestCase):
         grads = {name: [] for name in params}
         homes, versions = [], []
         for step in range(1, STEPS + 1):
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=False)  # keeps the shared grads: .grad.copy_ below
             for i, (name, p) in enumerate(params.items()):
                 g = values(1000 * step + i, tuple(p.shape))
                 grads[name].append(g)

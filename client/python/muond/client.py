@@ -100,15 +100,18 @@ class Client:
         return self.stub.RegisterParams.future(req, timeout=self.timeout)
 
     def step(self, job_id: str, step_id: int, overrides: Iterable[pb.GroupOverride] = (),
-             client_id: str = "") -> pb.StepResponse:
+             client_id: str = "", skip_params: Iterable[str] = ()) -> pb.StepResponse:
+        """``skip_params``: names of params this step leaves alone (torch.optim's
+        grad-None rule; StepRequest.skip_params)."""
         # A blocking call runs on this thread; a future makes grpc start a
         # channel polling thread per call (~100 µs more per step).
-        return self.stub.Step(_step_request(job_id, step_id, overrides, client_id),
+        return self.stub.Step(_step_request(job_id, step_id, overrides, client_id, skip_params),
                               timeout=self.timeout)
 
-    def step_future(self, job_id, step_id, overrides=(), client_id=""):
-        return self.stub.Step.future(_step_request(job_id, step_id, overrides, client_id),
-                                     timeout=self.timeout)
+    def step_future(self, job_id, step_id, overrides=(), client_id="", skip_params=()):
+        return self.stub.Step.future(
+            _step_request(job_id, step_id, overrides, client_id, skip_params),
+            timeout=self.timeout)
 
     def unregister(self, job_id: str, client_id: str = "") -> pb.UnregisterParamsResponse:
         return self.stub.UnregisterParams(
@@ -164,6 +167,6 @@ class Client:
             time.sleep(poll)
 
 
-def _step_request(job_id, step_id, overrides, client_id) -> pb.StepRequest:
+def _step_request(job_id, step_id, overrides, client_id, skip_params=()) -> pb.StepRequest:
     return pb.StepRequest(job_id=job_id, step_id=step_id, overrides=list(overrides),
-                          client_id=client_id)
+                          client_id=client_id, skip_params=list(skip_params))

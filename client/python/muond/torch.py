@@ -9,7 +9,9 @@
     opt.zero_grad(); loss.backward(); opt.step()
 
 The constructor mirrors ``torch.optim.Muon`` (lr, weight_decay, momentum, nesterov,
-ns_coefficients, eps, ns_steps, adjust_lr_fn) plus muond's options. Groups with
+ns_coefficients, eps, ns_steps, adjust_lr_fn) plus muond's options; its
+defaults are torch's, Newton-Schulz on bf16 operands included
+(fp32_matmul_prec="medium"; "highest" runs it in fp32). Groups with
 ``"algorithm": "adamw"`` take AdamW (their own lr, betas, eps, weight_decay).
 
 Memory. At construction every param is moved once into memory the daemons can
@@ -18,12 +20,20 @@ CPU tensors into POSIX shared memory (muond.shm), CUDA tensors into a fresh
 CUDA allocation shared by IPC handle. Each shm object and each CUDA
 allocation is declared once to a daemon as a memory region, and every tensor
 refers to its region by name + byte offset (docs/ARCHITECTURE.md "Memory
-registration"). Each param also gets a
-``.grad`` in such memory; backward accumulates into it in place. Therefore
-``zero_grad`` here always zeroes in place (``set_to_none`` is ignored); if a
-grad is set to None or replaced anyway, ``step()`` copies it back into the
-shared grad (a param without grad is stepped with a zero gradient) and
-re-points ``.grad``.
+registration"). Each trainable param also gets a
+``.grad`` in such memory; backward accumulates into it in place.
+``zero_grad(set_to_none=False)`` zeroes it in place and keeps it (no copy);
+``zero_grad()`` (torch's default, set_to_none) sets ``.grad`` to None, so the
+next backward allocates a new grad, which ``step()`` copies into the shared
+grad (one batched copy) before re-pointing ``.grad`` to it. As in
+torch.optim, a param whose ``.grad`` is None at ``step()``, or that does not
+require grad, is skipped (StepRequest.skip_params).
+
+Hyperparameters. The entries torch.optim.Muon / AdamW read at every step
+(LIVE_KEYS: lr, weight_decay, momentum, nesterov; betas, eps for AdamW
+groups) are sent with every Step; every other group entry is fixed when the
+group is registered, and ``step()`` raises ValueError naming the group and
+the key if it changed.
 
 Modes (``shard_mode``):
 
@@ -179,13 +189,63 @@ def _scale_from_adjust_lr_fn(adjust_lr_fn, scale_mode, extra_scale_factor):
             extra if extra_scale_factor is None else float(extra_scale_factor))
 
 
+# The param_groups entries torch.optim.Muon / torch.optim.AdamW read at every
+# step: they travel in every Step as a GroupOverride (_override). Every other
+# entry of a group is fixed at registration (the daemons build their engine
+# from it) and a change is refused at step() (_check_fixed).
+LIVE_KEYS = {"muon": ("lr", "weight_decay", "momentum", "nesterov"),
+             "adamw": ("lr", "weight_decay", "betas", "eps")}
+# Group entries that name params, not hyperparameters.
+_PARAM_KEYS = ("params", "param_names")
+
+# torch.optim.AdamW options an "adamw" group may carry: the value muond
+# computes with (anything else is refused at construction). foreach and fused
+# choose torch's kernels, not the math: accepted, ignored (the daemon has its
+# own kernels).
+_ADAMW_FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False,
+                        "differentiable": False, "decoupled_weight_decay": True}
+
+
+def _check_adamw_options(gi: int, group: dict) -> None:
+    for key, supported in _ADAMW_FIXED_OPTIONS.items():
+        if key in group and bool(group[key]) != supported:
+            raise ValueError(f"param group {gi}: AdamW option {key}={group[key]!r} is not "
+                             f"supported by muond (only {key}={supported})")
+
+
+def _frozen(value):
+    """A comparable copy of a group entry (tensors and lists compared by value)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.detach().cpu().reshape(-1).tolist()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _fixed_entries(group: dict) -> dict:
+    live = LIVE_KEYS[group["algorithm"]]
+    return {k: _frozen(v) for k, v in group.items() if k not in live and k not in _PARAM_KEYS}
+
+
+def _override(wname: str, group: dict) -> pb.GroupOverride:
+    """The group's live hyperparameters as they are now."""
+    o = pb.GroupOverride(group=wname, lr=float(group["lr"]),
+                         weight_decay=float(group["weight_decay"]))
+    if group["algorithm"] == "adamw":
+        beta1, beta2 = group["betas"]
+        o.beta1, o.beta2, o.eps = float(beta1), float(beta2), float(group["eps"])
+    else:
+        o.momentum, o.nesterov = float(group["momentum"]), bool(group["nesterov"])
+    return o
+
+
 class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1,
                  momentum: float = 0.95, nesterov: bool = True, ns_coefficients=None,
                  eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: str | None = None, *,
                  coefficient_type: str | None = None, scale_mode: str | None = None,
                  extra_scale_factor: float | None = None, ns_batch_size: int = 1,
-                 weight_decay_method: str = "decoupled", fp32_matmul_prec: str = "highest",
+                 weight_decay_method: str = "decoupled", fp32_matmul_prec: str = "medium",
                  use_syrk: bool = False, betas=(0.9, 0.95), adamw_eps: float = 1e-8,
                  daemons=(), job_id: str = "default", gtp_size: int = 1, tp_size: int = 1,
                  shard_mode: str = "split", g: int = 0, t: int = 0, domain_name: str = "dense",
@@ -210,13 +270,20 @@ class Muon(torch.optim.Optimizer):
                         extra_scale_factor=extra_scale_factor, ns_batch_size=ns_batch_size,
                         weight_decay_method=weight_decay_method,
                         fp32_matmul_prec=fp32_matmul_prec, use_syrk=use_syrk,
-                        algorithm="muon", betas=tuple(betas))
+                        algorithm="muon")
         params = list(params)
-        if params and isinstance(params[0], dict):  # AdamW groups: their own eps default
+        if params and isinstance(params[0], dict):  # AdamW groups: their own betas, eps
             params = [dict(grp) for grp in params]
-            for grp in params:
+            for gi, grp in enumerate(params):
                 if grp.get("algorithm", "muon") == "adamw":
+                    _check_adamw_options(gi, grp)
+                    grp.setdefault("betas", tuple(betas))
                     grp.setdefault("eps", adamw_eps)
+            if all(grp.get("algorithm", "muon") == "adamw" for grp in params):
+                # LR schedulers that cycle momentum (OneCycleLR, CyclicLR) cycle
+                # betas[0] when "betas" is in `defaults`, as for torch.optim.AdamW,
+                # and "momentum" when it is not, as for torch.optim.Muon.
+                defaults["betas"] = tuple(betas)
         super().__init__(params, defaults)
 
         daemons = [daemons] if isinstance(daemons, str) else list(daemons)
@@ -238,6 +305,9 @@ class Muon(torch.optim.Optimizer):
         self._buffers: list[_Buffer] = []
         self._regions = _Regions()
         self._grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self._param_names: dict[int, str] = {}  # id(param) -> its wire name
+        self._ranks_of: dict[str, tuple[int, ...]] = {}  # wire name -> daemons holding it
+        self._fixed: dict[int, dict] = {}  # group index -> its entries fixed at registration
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
@@ -280,10 +350,12 @@ class Muon(torch.optim.Optimizer):
             gname = group.get("name", f"group{gi}")
             names = group.get("param_names") or [f"{gname}.param{j}"
                                                   for j in range(len(group["params"]))]
+            self._fixed[gi] = _fixed_entries(group)
             for name, p in zip(names, group["params"]):
                 if name in seen:
                     raise ValueError(f"param name {name!r} appears twice")
                 seen.add(name)
+                self._param_names[id(p)] = name
                 if p.dtype not in _DTYPES:
                     raise ValueError(f"param {name}: dtype {p.dtype} not in (float32, bfloat16)")
                 if algorithm == "muon" and p.ndim != 2:
@@ -336,7 +408,10 @@ class Muon(torch.optim.Optimizer):
 
     def _rebind(self, p: torch.nn.Parameter, numel: int):
         """Moves p (and a zero grad) into daemon-visible buffers of `numel`
-        elements; the model's tensor is the contiguous prefix."""
+        elements; the model's tensor is the contiguous prefix. ``p.grad``
+        becomes the shared grad (holding p's current grad, if any), so that
+        backward accumulates where the daemons read; a param that does not
+        require grad keeps ``.grad`` None (step() skips it)."""
         pbuf = _Buffer(self.job_id, numel, p, self._regions)
         gbuf = _Buffer(self.job_id, numel, p, self._regions)
         self._buffers += [pbuf, gbuf]
@@ -345,13 +420,17 @@ class Muon(torch.optim.Optimizer):
             view.copy_(p.data)
             p.data = view
             grad = gbuf.flat[:p.numel()].view(p.shape)
-            p.grad = grad
+            if p.grad is not None:
+                grad.copy_(p.grad)
+            if p.requires_grad or p.grad is not None:
+                p.grad = grad
         self._grads.append((p, grad))
         return pbuf, gbuf
 
     def _place_split(self, gi, gname, group, name, p, layout, wire):
         pbuf, gbuf = self._rebind(p, layout.buffer_numel)
         self.layouts[name] = layout
+        self._ranks_of[name] = tuple(sorted({s.rank for s in layout.shards}))
         tags = pb.ShardTags(tensor_model_parallel=layout.tp_sharded,
                             partition_dim=layout.tp_dim or 0,
                             is_gtp_weight_remat=layout.gtp_sharded,
@@ -367,6 +446,7 @@ class Muon(torch.optim.Optimizer):
     def _place_solo(self, gi, gname, group, name, p, rank, wire):
         pbuf, gbuf = self._rebind(p, p.numel())
         self.layouts[name] = ("solo", rank)
+        self._ranks_of[name] = (rank,)
         shape, strides = _whole(p)
         domain = pb.Domain(name=f"solo-r{rank}", gtp_size=1, tp_size=1, g=0, t=0)
         # A group name names one domain on the wire (the coordinator checks that
@@ -380,6 +460,7 @@ class Muon(torch.optim.Optimizer):
     def _place_local(self, gi, gname, group, name, p, wire):
         pbuf, gbuf = self._rebind(p, p.numel())
         self.layouts[name] = "local"
+        self._ranks_of[name] = (0,)
         shape, strides = _whole(p)
         tp = bool(getattr(p, "tensor_model_parallel", False))
         pd = int(getattr(p, "partition_dim", 0))
@@ -401,32 +482,69 @@ class Muon(torch.optim.Optimizer):
 
     # -- optimizer API -----------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zeroes every grad in place; ``set_to_none`` is ignored because the
-        daemons read the grads from the shared buffers."""
+        """As torch.optim: ``set_to_none=True`` (the default) sets every
+        ``.grad`` to None (step() skips a param whose grad stays None, and
+        copies a new grad into the shared buffer); ``set_to_none=False``
+        zeroes the shared grad in place and keeps ``.grad`` on it (the next
+        backward accumulates where the daemons read: no copy at step())."""
         with torch.no_grad():
             for p, grad in self._grads:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                    continue
                 if p.grad is not grad:
                     p.grad = grad
                 grad.zero_()
 
-    def _repoint_grads(self) -> None:
-        with torch.no_grad():
-            for p, grad in self._grads:
-                current = p.grad
-                if current is grad:  # the usual case: backward accumulated in place
-                    continue
-                if current is None:
-                    grad.zero_()
-                    p.grad = grad
-                elif current.data_ptr() != grad.data_ptr():
-                    grad.copy_(current)
-                    p.grad = grad
+    def _skipped_and_copy_grads(self) -> list[list[str]]:
+        """Per daemon, the names of the params this step skips (grad None or
+        requires_grad False, as torch.optim skips grad None); every other
+        grad not already in its shared buffer is copied there in one batched
+        copy, and ``.grad`` re-pointed to the shared buffer."""
+        skipped: list[list[str]] = [[] for _ in self.clients]
+        dst, src = [], []
+        for p, grad in self._grads:
+            current = p.grad
+            if current is None or not p.requires_grad:
+                name = self._param_names[id(p)]
+                for rank in self._ranks_of[name]:
+                    skipped[rank].append(name)
+                continue
+            if current is grad:  # the usual case: backward accumulated in place
+                continue
+            if current.data_ptr() != grad.data_ptr():
+                dst.append(grad)
+                src.append(current)
+            p.grad = grad
+        if dst:
+            torch._foreach_copy_(dst, src)
+        return skipped
+
+    def _check_fixed(self) -> None:
+        """Raises before any RPC when a group entry the daemons fixed at
+        registration changed (a change would otherwise be a silent no-op)."""
+        for gi, group in enumerate(self.param_groups):
+            registered = self._fixed.get(gi)
+            if registered is None:
+                continue
+            for key, value in registered.items():
+                now = _frozen(group[key]) if key in group else "<removed>"
+                if now != value:
+                    algorithm = group["algorithm"]
+                    raise ValueError(
+                        f"param group {gi} ({group.get('name', f'group{gi}')!r}): {key!r} "
+                        f"changed from {value!r} to {now!r} after construction; muond fixes "
+                        f"it when it registers the group (the {algorithm} group's per-step "
+                        f"entries are {', '.join(LIVE_KEYS[algorithm])}); build a new "
+                        "optimizer to change it")
 
     def _overrides(self, rank: int) -> list[pb.GroupOverride]:
-        """The current lr / weight_decay of every group this daemon holds (so
-        LR schedulers work); a daemon never sees a group it does not hold."""
-        return [pb.GroupOverride(group=wname, lr=self.param_groups[gi]["lr"],
-                                 weight_decay=self.param_groups[gi]["weight_decay"])
+        """The live hyperparameters (LIVE_KEYS) of every group this daemon
+        holds, read from param_groups now (LR schedulers, momentum warm-up);
+        a daemon never sees a group it does not hold."""
+        return [_override(wname, self.param_groups[gi])
                 for gi, wname in self._wire_groups.get(rank, [])]
 
     @torch.no_grad()
@@ -437,7 +555,8 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._repoint_grads()
+        self._check_fixed()
+        skipped = self._skipped_and_copy_grads()
         if self._on_cuda:
             torch.cuda.synchronize()  # the daemon reads grads from another process
         # The id advances only when every daemon applied the step: a refused
@@ -450,9 +569,10 @@ class Muon(torch.optim.Optimizer):
         if len(self.clients) == 1:  # a blocking call: no future, no extra thread
             first = self.clients[0]
             responses = [_result(lambda: first.step(self.job_id, step_id, overrides[0],
-                                                    self.client_id), first, what)]
+                                                    self.client_id, skipped[0]), first, what)]
         else:
-            futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id)
+            futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id,
+                                     skipped[r])
                        for r, c in enumerate(self.clients)]
             responses = _gather(futures, self.clients, what)
         self.step_id = step_id

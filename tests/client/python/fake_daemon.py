@@ -96,6 +96,7 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         self.state: dict = {}
         self.last_step = 0
         self.requests: list = []
+        self.step_requests: list = []  # every StepRequest received, in order
         # Test hooks: Health's engine_error (with has_plan false when set),
         # and a Step handler that replaces the fake step.
         self.engine_error = ""
@@ -134,25 +135,41 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         return pb.RegisterParamsResponse(num_params=sum(len(g.params) for g in request.groups))
 
     def Step(self, request, context):
+        self.step_requests.append(request)
         if self.on_step is not None:
             return self.on_step(request, context)
-        lr = {o.group: o.lr for o in request.overrides if o.HasField("lr")}
-        wd = {o.group: o.weight_decay for o in request.overrides if o.HasField("weight_decay")}
+        # Per-step hyperparameters (GroupOverride): unset fields keep the
+        # registered value. skip_params: torch.optim's grad-None rule (no
+        # momentum/moment update, no weight decay, no step count).
+        over = {o.group: o for o in request.overrides}
+        skip = set(request.skip_params)
         step = request.step_id
         known = {g.name for g, _ in self.groups}
         for o in request.overrides:
             if o.group not in known:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"override for unknown group {o.group}")
+        held = {p.name for g, _ in self.groups for p in g.params}
+        for name in skip - held:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"skip_params: unknown param {name}")
+
+        def live(group, field, registered):
+            o = over.get(group.name)
+            return getattr(o, field) if o is not None and o.HasField(field) else registered
+
         local = []
         for group, views in self.groups:
             if group.algorithm == pb.ALGORITHM_ADAMW:
                 continue
             h = group.muon
+            momentum = live(group, "momentum", h.momentum)
+            nesterov = live(group, "nesterov", h.nesterov)
             for p, (pv, gv) in zip(group.params, views):
+                if p.name in skip:
+                    continue
                 grad = torch.from_numpy(gv.copy())
                 buf = self.state.setdefault(p.name, torch.zeros_like(grad))
-                buf.lerp_(grad, 1 - h.momentum)
-                x = grad.lerp(buf, h.momentum) if h.nesterov else buf.clone()
+                buf.lerp_(grad, 1 - momentum)
+                x = grad.lerp(buf, momentum) if nesterov else buf.clone()
                 d = group.domain
                 with self.cluster.lock:
                     self.cluster.board[(step, d.name, p.name, d.g, d.t)] = x
@@ -172,20 +189,23 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
             update = orth * ref.scale_factor(rows, cols, scale_mode) * (
                 h.extra_scale_factor if h.HasField("extra_scale_factor") else 1.0)
             mine = shard_of(update, d, p)
-            ref.apply_muon(torch.from_numpy(pv), mine, lr.get(group.name, h.lr),
-                           wd.get(group.name, h.weight_decay))
+            ref.apply_muon(torch.from_numpy(pv), mine, live(group, "lr", h.lr),
+                           live(group, "weight_decay", h.weight_decay))
         for group, views in self.groups:
             if group.algorithm != pb.ALGORITHM_ADAMW:
                 continue
             h = group.adamw
             for p, (pv, gv) in zip(group.params, views):
+                if p.name in skip:
+                    continue
                 st = self.state.setdefault(p.name, {"step": 0, "m": torch.zeros(gv.shape),
                                                     "v": torch.zeros(gv.shape)})
                 st["step"] += 1
                 ref.adamw_step(torch.from_numpy(pv), torch.from_numpy(gv.copy()), st["m"],
-                               st["v"], st["step"], lr=lr.get(group.name, h.lr), beta1=h.beta1,
-                               beta2=h.beta2, eps=h.eps,
-                               weight_decay=wd.get(group.name, h.weight_decay))
+                               st["v"], st["step"], lr=live(group, "lr", h.lr),
+                               beta1=live(group, "beta1", h.beta1),
+                               beta2=live(group, "beta2", h.beta2), eps=live(group, "eps", h.eps),
+                               weight_decay=live(group, "weight_decay", h.weight_decay))
         self.cluster.barrier.wait()
         self.last_step = step
         return pb.StepResponse(step_id=step, timings=pb.StepTimings(

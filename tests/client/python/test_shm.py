@@ -109,7 +109,7 @@ class RebindTest(unittest.TestCase):
             self.assertEqual(other[4 * 8 + 5], -7.0)
             # backward accumulates into the shm grad in place
             gptr = w.grad.data_ptr()
-            opt.zero_grad()  # set_to_none is ignored
+            opt.zero_grad(set_to_none=False)  # zeroes the shm grad in place
             model(torch.randn(3, 8)).sum().backward()
             self.assertEqual(w.grad.data_ptr(), gptr)
             g_other = open_second_mapping(regions[ref.grad.region].shm_name)

@@ -1,0 +1,175 @@
+"""muond.torch.Muon's step path through fake daemons (fake_daemon.py, which
+applies StepRequest.skip_params and GroupOverride as the wire says), against
+the in-process ReferenceMuon (examples/char_gpt, the same math, torch.optim's
+grad-None rule and live param_groups): torch.optim's contract of zero_grad,
+grad None, requires_grad=False and per-step hyperparameters, and what the
+client refuses before any RPC. The same scenarios against torch.optim.Muon /
+AdamW on real daemons: test_torch_side_by_side.py."""
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fake_daemon import start_cluster  # noqa: E402
+from test_muon_fake_daemon import HYPER, PARAMS, groups, make_params  # noqa: E402
+from muond.torch import Muon  # noqa: E402
+from reference_muon import ReferenceMuon  # noqa: E402
+
+SKIPPED = ("w_tp0", "w_solo", "bias")  # split over both daemons; solo; AdamW
+
+
+def train(opt, params, steps=4, skipped=(), schedule=None):
+    """zero_grad() (set_to_none, torch's default), then a backward that reaches
+    every param except `skipped`, then step(); `schedule(step, opt)` may edit
+    param_groups first."""
+    g = torch.Generator().manual_seed(5)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = sum((p * torch.randn(p.shape, generator=g)).sum()
+                   for n, p in params.items() if n not in skipped)
+        loss.backward()
+        if schedule is not None:
+            schedule(step, opt)
+        opt.step()
+    return {n: p.detach().clone() for n, p in params.items()}
+
+
+class StepPathTest(unittest.TestCase):
+    def setUp(self):
+        d = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, d, ignore_errors=True)
+        self.cluster, self.addresses = start_cluster(d, 2)
+        self.addCleanup(lambda: [x.stop() for x in self.cluster.daemons])
+
+    def muon(self, params, **kw):
+        opt = Muon(groups(params), daemons=self.addresses, job_id="steppath", gtp_size=2,
+                   tp_size=1, **(HYPER | kw))
+        self.addCleanup(opt.close)
+        return opt
+
+    def assert_same(self, got, want):
+        for name in got:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+
+    def test_grad_none_params_are_skipped_on_every_daemon_holding_them(self):
+        ref_params, params = make_params(), make_params()
+        initial = {n: p.detach().clone() for n, p in params.items()}
+        want = train(ReferenceMuon(groups(ref_params), **HYPER), ref_params, skipped=SKIPPED)
+        opt = self.muon(params)
+        got = train(opt, params, skipped=SKIPPED)
+        self.assert_same(got, want)
+        for name in SKIPPED:  # as torch leaves them: unchanged
+            self.assertTrue(torch.equal(got[name], initial[name]), name)
+            self.assertIsNone(params[name].grad, name)
+        for rank, daemon in enumerate(self.cluster.daemons):
+            holds = {p.name for g in daemon.requests[0].groups for p in g.params}
+            for request in daemon.step_requests:
+                self.assertEqual(set(request.skip_params), holds & set(SKIPPED), rank)
+        # w_tp0 is split over both daemons: both name it, the step agrees.
+        self.assertTrue(all("w_tp0" in d.step_requests[0].skip_params
+                            for d in self.cluster.daemons))
+
+    def test_requires_grad_false_params_are_never_touched(self):
+        params = make_params()
+        params["w_tall"].requires_grad_(False)
+        params["norm"].requires_grad_(False)
+        frozen = {n: params[n].detach().clone() for n in ("w_tall", "norm")}
+        opt = self.muon(params)
+        self.assertIsNone(params["w_tall"].grad)  # no zero grad given at construction
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            opt.zero_grad(set_to_none=False)
+            sum((p * torch.randn(p.shape, generator=g)).sum()
+                for p in params.values() if p.requires_grad).backward()
+            params["norm"].grad = torch.ones(4)  # even with a grad: frozen means frozen
+            opt.step()
+        for name, before in frozen.items():
+            self.assertTrue(torch.equal(params[name].detach(), before), name)
+        self.assertIn("norm", [n for d in self.cluster.daemons
+                               for n in d.step_requests[-1].skip_params])
+
+    def test_zero_grad_set_to_none_and_in_place(self):
+        params = make_params()
+        opt = self.muon(params)
+        shared = {id(p): grad for p, grad in opt._grads}
+        w = params["w_pad_tp1"]
+        (w * 2).sum().backward()
+        opt.zero_grad(set_to_none=False)  # zeroes the shared buffer, keeps it
+        self.assertIs(w.grad, shared[id(w)])
+        self.assertEqual(float(w.grad.abs().sum()), 0.0)
+        opt.zero_grad()  # torch's default: None
+        self.assertIsNone(w.grad)
+        (w * 3).sum().backward()  # a fresh grad: copied in at step, .grad re-pointed
+        self.assertIsNot(w.grad, shared[id(w)])
+        opt.step()
+        self.assertIs(w.grad, shared[id(w)])
+        self.assertTrue(torch.equal(w.grad, torch.full_like(w, 3.0)))
+
+    def test_live_momentum_nesterov_and_betas_reach_the_daemons(self):
+        def schedule(step, opt):
+            opt.param_groups[0]["momentum"] = 0.85 + 0.03 * step  # momentum warm-up
+            opt.param_groups[0]["nesterov"] = step % 2 == 0
+            opt.param_groups[1]["betas"] = (0.8 + 0.05 * step, 0.9 + 0.02 * step)
+            opt.param_groups[1]["eps"] = 1e-8 * (step + 1)
+            opt.param_groups[1]["weight_decay"] = 0.01 * step
+
+        ref_params, params = make_params(), make_params()
+        want = train(ReferenceMuon(groups(ref_params), **HYPER), ref_params, schedule=schedule)
+        got = train(self.muon(params), params, schedule=schedule)
+        self.assert_same(got, want)
+        last = {o.group: o for d in self.cluster.daemons for o in d.step_requests[-1].overrides}
+        self.assertAlmostEqual(last["group0"].momentum, 0.94)
+        self.assertFalse(last["group0"].nesterov)
+
+    def test_changing_a_registration_time_entry_raises_before_any_rpc(self):
+        params = make_params()
+        opt = self.muon(params)
+        for gi, key, value in [(0, "ns_steps", 7), (0, "eps", 1e-6), (0, "scale_mode", "x"),
+                               (1, "momentum", 0.5), (0, "fp32_matmul_prec", "highest")]:
+            before = opt.param_groups[gi][key]
+            opt.param_groups[gi][key] = value
+            for p in params.values():
+                p.grad = torch.ones_like(p)
+            with self.subTest(key=key):
+                with self.assertRaisesRegex(ValueError, rf"param group {gi} .*'{key}' changed"):
+                    opt.step()
+                self.assertEqual([len(d.step_requests) for d in self.cluster.daemons], [0, 0])
+            opt.param_groups[gi][key] = before
+        opt.step()  # restored: steps
+        self.assertEqual(opt.step_id, 1)
+
+    def test_unsupported_adamw_options_are_refused_at_construction(self):
+        for option in ({"amsgrad": True}, {"maximize": True}, {"differentiable": True},
+                       {"capturable": True}, {"decoupled_weight_decay": False}):
+            params = make_params()
+            gs = groups(params)
+            gs[1].update(option)
+            with self.subTest(option=option):
+                with self.assertRaisesRegex(ValueError, f"param group 1: AdamW option "
+                                            f"{next(iter(option))}"):
+                    Muon(gs, daemons=self.addresses, job_id="refuse", gtp_size=2, tp_size=1)
+        params = make_params()
+        gs = groups(params)
+        gs[1].update(amsgrad=False, foreach=True, fused=False)  # accepted: same math
+        self.muon_with_groups = Muon(gs, daemons=self.addresses, job_id="ok", gtp_size=2,
+                                     tp_size=1)
+        self.muon_with_groups.close()
+
+    def test_momentum_schedulers_pick_torchs_key(self):
+        # OneCycleLR cycles "momentum" for torch.optim.Muon and "betas" for
+        # torch.optim.AdamW: it decides by the optimizer's defaults.
+        w = torch.nn.Parameter(torch.randn(6, 4))
+        b = torch.nn.Parameter(torch.randn(6))
+        with Muon([w], daemons=self.addresses, job_id="m", gtp_size=2, tp_size=1) as muon:
+            self.assertNotIn("betas", muon.defaults)
+        with Muon([{"params": [b], "algorithm": "adamw"}], daemons=self.addresses, job_id="a",
+                  gtp_size=2, tp_size=1) as adamw:
+            self.assertIn("betas", adamw.defaults)
+
+
+if __name__ == "__main__":
+    unittest.main()
