@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -82,6 +83,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   return client;
 }
 
+void Client::Prepare(grpc::ClientContext* context,
+                     const RpcSettings& settings) const {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        absl::ToChronoMilliseconds(settings.timeout));
+  context->set_wait_for_ready(settings.wait_for_ready);
+  if (!options_.token.empty()) {
+    context->AddMetadata("x-muond-token", options_.token);
+  }
+}
+
 // One unary RPC: the deadline, wait-for-ready and the job token on its
 // context; the reply's status converted with its ErrorReason
 // (proto/status_details.h), so callers branch on the reason, not the text.
@@ -90,12 +101,7 @@ absl::StatusOr<Response> Client::Call(UnaryRpc<Request, Response> rpc,
                                       const Request& request,
                                       const RpcSettings& settings) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       absl::ToChronoMilliseconds(settings.timeout));
-  context.set_wait_for_ready(settings.wait_for_ready);
-  if (!options_.token.empty()) {
-    context.AddMetadata("x-muond-token", options_.token);
-  }
+  Prepare(&context, settings);
   Response response;
   absl::Status st =
       FromGrpcStatus((stub_.get()->*rpc)(&context, request, &response));
@@ -187,6 +193,120 @@ absl::StatusOr<v1::LoadStateResponse> Client::LoadState(
   request.set_job_id(options_.job_id);
   request.set_client_id(options_.client_id);
   return Call(&Stub::LoadState, request, DefaultRpc());
+}
+
+v1::StateHeader Client::StateHeaderFor(int64_t step_id,
+                                       const std::string& transaction_id,
+                                       int64_t max_chunk_bytes) const {
+  v1::StateHeader header;
+  header.set_job_id(options_.job_id);
+  header.set_client_id(options_.client_id);
+  header.set_step_id(step_id);
+  header.set_transaction_id(transaction_id);
+  header.set_max_chunk_bytes(max_chunk_bytes);
+  return header;
+}
+
+absl::StatusOr<OptimizerState> Client::ExportState(int64_t max_chunk_bytes) {
+  v1::ExportStateRequest request;
+  *request.mutable_header() = StateHeaderFor(-1, "", max_chunk_bytes);
+  grpc::ClientContext context;
+  Prepare(&context, DefaultRpc());
+  std::unique_ptr<grpc::ClientReader<v1::StateChunk>> reader =
+      stub_->ExportState(&context, request);
+  OptimizerState state;
+  v1::StateChunk chunk;
+  absl::Status bad;
+  bool header_seen = false;
+  while (bad.ok() && reader->Read(&chunk)) {
+    if (chunk.has_header()) {
+      state.step_id = chunk.header().step_id();
+      header_seen = true;
+      continue;
+    }
+    std::vector<float>& values = state.entries[chunk.entry()];
+    // The daemon sends each entry's chunks in order, without gaps.
+    if (chunk.offset() != int64_t(values.size()) ||
+        chunk.data().size() % sizeof(float) != 0) {
+      bad = absl::DataLossError(
+          absl::StrCat("ExportState: entry '", chunk.entry(),
+                       "' arrived out of order at offset ", chunk.offset()));
+      break;
+    }
+    if (values.empty()) values.reserve(size_t(chunk.numel()));
+    const float* data = reinterpret_cast<const float*>(chunk.data().data());
+    values.insert(values.end(), data,
+                  data + chunk.data().size() / sizeof(float));
+  }
+  if (!bad.ok()) context.TryCancel();
+  absl::Status st = FromGrpcStatus(reader->Finish());
+  if (!bad.ok()) return bad;
+  if (!st.ok()) return st;
+  if (!header_seen) {
+    return absl::DataLossError("ExportState: the stream carried no header");
+  }
+  return state;
+}
+
+absl::StatusOr<v1::ImportStateResponse> Client::ImportState(
+    const OptimizerState& state, const std::string& transaction_id,
+    int64_t max_chunk_bytes) {
+  const int64_t chunk_values =
+      (max_chunk_bytes > 0 ? max_chunk_bytes : int64_t{1} << 20) /
+      int64_t(sizeof(float));
+  if (chunk_values < 1) {
+    return absl::InvalidArgumentError("max_chunk_bytes: at least 4");
+  }
+  grpc::ClientContext context;
+  Prepare(&context, DefaultRpc());
+  v1::ImportStateResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::StateChunk>> writer =
+      stub_->ImportState(&context, &response);
+  v1::StateChunk chunk;
+  *chunk.mutable_header() = StateHeaderFor(state.step_id, transaction_id, 0);
+  chunk.mutable_header()->set_num_entries(int64_t(state.entries.size()));
+  bool open = writer->Write(chunk);
+  chunk.clear_header();
+  for (auto it = state.entries.begin(); open && it != state.entries.end();
+       ++it) {
+    const std::vector<float>& values = it->second;
+    chunk.set_entry(it->first);
+    chunk.set_numel(int64_t(values.size()));
+    int64_t offset = 0;
+    do {
+      const int64_t n = std::min(chunk_values, int64_t(values.size()) - offset);
+      chunk.set_offset(offset);
+      chunk.set_data(reinterpret_cast<const char*>(values.data() + offset),
+                     size_t(n) * sizeof(float));
+      open = writer->Write(chunk);
+      offset += n;
+    } while (open && offset < int64_t(values.size()));
+  }
+  // A refusal ends the stream early; Finish carries the daemon's reason.
+  writer->WritesDone();
+  absl::Status st = FromGrpcStatus(writer->Finish());
+  if (!st.ok()) return st;
+  return response;
+}
+
+absl::StatusOr<v1::LoadStateResponse> Client::EndStateTransaction(
+    v1::StatePhase phase, const std::string& transaction_id) {
+  v1::LoadStateRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_client_id(options_.client_id);
+  request.set_phase(phase);
+  request.set_transaction_id(transaction_id);
+  return Call(&Stub::LoadState, request, DefaultRpc());
+}
+
+absl::StatusOr<v1::LoadStateResponse> Client::CommitState(
+    const std::string& transaction_id) {
+  return EndStateTransaction(v1::STATE_PHASE_COMMIT, transaction_id);
+}
+
+absl::StatusOr<v1::LoadStateResponse> Client::AbortState(
+    const std::string& transaction_id) {
+  return EndStateTransaction(v1::STATE_PHASE_ABORT, transaction_id);
 }
 
 }  // namespace muond

@@ -24,6 +24,7 @@
 // Contract of Step: the gradients are complete when it is called (the
 // trainer's CUDA stream synchronised); the updated params are visible to the
 // trainer when it returns.
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +92,14 @@ v1::Param MakeParam(const std::string& name, std::vector<int64_t> full_shape,
                     v1::TensorRef param, v1::TensorRef grad,
                     const v1::ShardTags& tags = {});
 
+// A rank's optimizer state as ExportState / ImportState carry it (proto
+// StateChunk): entry ("<param>.momentum", "<param>.exp_avg", ...) -> fp32
+// values of this rank's shard, and the step id it is the result of.
+struct OptimizerState {
+  int64_t step_id = -1;
+  std::map<std::string, std::vector<float>> entries;
+};
+
 class Client {
  public:
   // Connects to a daemon ("unix:///path" or "host:port"). Does not wait for
@@ -115,6 +124,22 @@ class Client {
   absl::StatusOr<v1::SaveStateResponse> SaveState(const std::string& path);
   absl::StatusOr<v1::LoadStateResponse> LoadState(const std::string& path);
 
+  // The state of this trainer's params on its daemon, streamed in chunks of
+  // at most `max_chunk_bytes` (0: the daemon's 1 MiB), so any size fits
+  // gRPC's message limit.
+  absl::StatusOr<OptimizerState> ExportState(int64_t max_chunk_bytes = 0);
+  // Sends `state` back, all or nothing (the daemon checks every entry before
+  // it changes anything); the next step id is state.step_id + 1. With a
+  // `transaction_id` it is only staged, applied by CommitState and dropped
+  // by AbortState.
+  absl::StatusOr<v1::ImportStateResponse> ImportState(
+      const OptimizerState& state, const std::string& transaction_id = "",
+      int64_t max_chunk_bytes = 0);
+  absl::StatusOr<v1::LoadStateResponse> CommitState(
+      const std::string& transaction_id);
+  absl::StatusOr<v1::LoadStateResponse> AbortState(
+      const std::string& transaction_id);
+
   const ClientOptions& options() const { return options_; }
   v1::Optimizer::Stub* stub() { return stub_.get(); }
 
@@ -134,6 +159,13 @@ class Client {
   RpcSettings DefaultRpc() const {
     return {.timeout = options_.rpc_timeout, .wait_for_ready = true};
   }
+  // The deadline, wait-for-ready and the job token on a call's context.
+  void Prepare(grpc::ClientContext* context, const RpcSettings& settings) const;
+  v1::StateHeader StateHeaderFor(int64_t step_id,
+                                 const std::string& transaction_id,
+                                 int64_t max_chunk_bytes) const;
+  absl::StatusOr<v1::LoadStateResponse> EndStateTransaction(
+      v1::StatePhase phase, const std::string& transaction_id);
   template <typename Request, typename Response>
   absl::StatusOr<Response> Call(UnaryRpc<Request, Response> rpc,
                                 const Request& request,

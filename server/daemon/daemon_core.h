@@ -90,6 +90,14 @@ class CoordinatorLink {
 // save/load for long (DaemonCore::SaveState says the rule).
 inline constexpr absl::Duration kPendingTransactionMaxAge = absl::Minutes(5);
 
+// ExportState's chunks (StateHeader.max_chunk_bytes): the default and the
+// bound of the data bytes per StateChunk. The daemon receives messages up to
+// kMaxStateChunkBytes + kStateChunkOverheadBytes, so an ImportState chunk of
+// the largest size (plus its entry name) fits too.
+inline constexpr int64_t kDefaultStateChunkBytes = int64_t{1} << 20;
+inline constexpr int64_t kMaxStateChunkBytes = int64_t{64} << 20;
+inline constexpr int64_t kStateChunkOverheadBytes = int64_t{1} << 20;
+
 struct DaemonConfig {
   std::string job_id;
   int rank = 0;
@@ -166,6 +174,29 @@ class DaemonCore {
       const v1::LoadStateRequest& request,
       const std::function<bool()>& cancelled = {});
 
+  // The same state streamed (proto ExportState / ImportState; entry names
+  // and chunking as the proto says). Access as SaveState/LoadState. Neither
+  // runs during a step: the state is copied, and applied, under the step's
+  // lock.
+  //
+  // ExportState hands the header, then every entry in chunks of at most
+  // max_chunk_bytes (0: kDefaultStateChunkBytes; 4 to kMaxStateChunkBytes,
+  // else InvalidArgument), to `write`; Cancelled once `write` returns false
+  // (the trainer went away).
+  absl::Status ExportState(
+      const v1::ExportStateRequest& request,
+      const std::function<bool(const v1::StateChunk&)>& write);
+  // ImportState pulls chunks from `read` (false: end of stream) into a copy
+  // of the current state (so memory is bounded by the registered state's
+  // size) and applies it only when the whole stream is valid
+  // (ImportChunks says the rules; InvalidArgument naming the entry and the
+  // rule otherwise, and nothing changes). With a transaction_id it is staged
+  // as a LoadState PREPARE (the rank's one pending transaction) and applied
+  // by LoadState{phase: COMMIT, transaction_id}. After it, the next step id
+  // accepted is header.step_id + 1 (-1: any, as after registration).
+  absl::StatusOr<v1::ImportStateResponse> ImportState(
+      const std::function<bool(v1::StateChunk*)>& read);
+
   // The last engine creation error (empty if none), for Health/logs.
   std::string engine_error();
 
@@ -235,6 +266,15 @@ class DaemonCore {
   // FailedPrecondition naming the pending one otherwise.
   absl::Status ClaimPendingSlot(const std::string& transaction_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ImportState's header checks (access, step id, transaction id): the
+  // snapshot the chunks are written into and the entry names it expects.
+  struct ImportTarget;
+  absl::StatusOr<ImportTarget> StartImport(const v1::StateHeader& header)
+      ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
+  // Stages (transaction_id set) or applies a validated import.
+  absl::StatusOr<v1::ImportStateResponse> FinishImport(
+      const v1::StateHeader& header, StagedLoad staged)
+      ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
   // Applies a validated state (op_mu_ and mu_ held).
   absl::Status Apply(StagedLoad& staged)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_, mu_);

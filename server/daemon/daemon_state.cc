@@ -1,5 +1,6 @@
 // DaemonCore::SaveState / LoadState (daemon_core.h says the rules; the file's
 // are server/daemon/state_file.h and server/common/safetensors.h).
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "glog/logging.h"
 #include "server/common/operator_id.h"
 #include "server/daemon/daemon_core.h"
+#include "server/daemon/state_stream.h"
 
 namespace muond {
 
@@ -23,11 +25,23 @@ namespace {
 
 constexpr size_t kMaxTransactionIdBytes = 128;
 
-// What every request checks before any lock or file: a path, and a
+absl::Status CheckTransactionId(const std::string& id) {
+  if (id.size() > kMaxTransactionIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transaction_id: at most ", kMaxTransactionIdBytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// What every request checks before any lock or file: a path (not for a load
+// COMMIT/ABORT, which may end an ImportState's transaction), and a
 // transaction id exactly when there is a phase.
 template <typename Request>
 absl::Status CheckRequest(const Request& request) {
-  if (request.path().empty()) {
+  const bool ends_load = std::is_same_v<Request, v1::LoadStateRequest> &&
+                         (request.phase() == v1::STATE_PHASE_COMMIT ||
+                          request.phase() == v1::STATE_PHASE_ABORT);
+  if (request.path().empty() && !ends_load) {
     return absl::InvalidArgumentError("path: must not be empty");
   }
   const bool phased = request.phase() != v1::STATE_PHASE_UNSPECIFIED;
@@ -310,6 +324,115 @@ absl::StatusOr<v1::LoadStateResponse> DaemonCore::CommitOrAbortLoad(
   response.set_step_id(staged.step_id);
   LOG(INFO) << "committed the load of transaction " << request.transaction_id()
             << " (step " << staged.step_id << ")";
+  return response;
+}
+
+absl::Status DaemonCore::ExportState(
+    const v1::ExportStateRequest& request,
+    const std::function<bool(const v1::StateChunk&)>& write) {
+  const v1::StateHeader& asked = request.header();
+  int64_t chunk_bytes = asked.max_chunk_bytes();
+  if (chunk_bytes == 0) chunk_bytes = kDefaultStateChunkBytes;
+  if (chunk_bytes < int64_t(sizeof(float)) ||
+      chunk_bytes > kMaxStateChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_chunk_bytes: ", asked.max_chunk_bytes(), " is not 0 (",
+        kDefaultStateChunkBytes, ") or in [4, ", kMaxStateChunkBytes, "]"));
+  }
+  ASSIGN_OR_RETURN(StateSnapshot snap,
+                   Snapshot(asked.job_id(), asked.client_id(), "ExportState"));
+  // Streamed without the locks: steps go on while the trainer reads.
+  v1::StateChunk first;
+  v1::StateHeader* header = first.mutable_header();
+  header->set_job_id(config_.job_id);
+  header->set_client_id(asked.client_id());
+  header->set_step_id(snap.info.step_id);
+  header->set_max_chunk_bytes(chunk_bytes);
+  header->set_num_entries(int64_t(snap.state.size()));
+  const StateEntryNames names(*snap.registration);
+  if (!write(first) ||
+      !WriteStateChunks(snap.state, names, chunk_bytes / int64_t(sizeof(float)),
+                        write)) {
+    return absl::CancelledError("ExportState: the trainer went away");
+  }
+  return absl::OkStatus();
+}
+
+struct DaemonCore::ImportTarget {
+  StagedLoad staged;  // the current state's copy, to be overwritten
+  std::shared_ptr<Registration> registration;
+};
+
+absl::StatusOr<DaemonCore::ImportTarget> DaemonCore::StartImport(
+    const v1::StateHeader& header) {
+  RETURN_IF_ERROR(CheckTransactionId(header.transaction_id()));
+  if (header.step_id() < -1 || header.step_id() > kMaxStepId) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step_id: ", header.step_id(), " is not in [-1, ", kMaxStepId, "]"));
+  }
+  if (!header.transaction_id().empty()) {
+    // Refused before the data is read; claimed again when staging.
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(
+        CheckStateAccess(header.job_id(), header.client_id(), "ImportState"));
+    RETURN_IF_ERROR(ClaimPendingSlot(header.transaction_id()));
+  }
+  ASSIGN_OR_RETURN(
+      StateSnapshot snap,
+      Snapshot(header.job_id(), header.client_id(), "ImportState"));
+  if (header.num_entries() != 0 &&
+      header.num_entries() != int64_t(snap.state.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_entries: ", header.num_entries(), ", but this rank's params have ",
+        snap.state.size(), " state entries"));
+  }
+  ImportTarget target;
+  target.staged.transaction_id = header.transaction_id();
+  target.staged.generation = snap.generation;
+  target.staged.state = std::move(snap.state);
+  target.staged.step_id = header.step_id();
+  target.registration = std::move(snap.registration);
+  return target;
+}
+
+absl::StatusOr<v1::ImportStateResponse> DaemonCore::ImportState(
+    const std::function<bool(v1::StateChunk*)>& read) {
+  v1::StateChunk chunk;
+  if (!read(&chunk) || !chunk.has_header() || !chunk.entry().empty()) {
+    return absl::InvalidArgumentError(
+        "ImportState: the stream's first message must carry the header "
+        "(and no entry)");
+  }
+  const v1::StateHeader header = chunk.header();
+  ASSIGN_OR_RETURN(ImportTarget target, StartImport(header));
+  // Assembled without the locks: steps go on while the trainer sends.
+  const StateEntryNames names(*target.registration);
+  StateAssembler assembler(&target.staged.state, names);
+  while (read(&chunk)) RETURN_IF_ERROR(assembler.Add(chunk));
+  RETURN_IF_ERROR(assembler.Finish());
+  return FinishImport(header, std::move(target.staged));
+}
+
+absl::StatusOr<v1::ImportStateResponse> DaemonCore::FinishImport(
+    const v1::StateHeader& header, StagedLoad staged) {
+  v1::ImportStateResponse response;
+  response.set_step_id(staged.step_id);
+  response.set_num_entries(int64_t(staged.state.size()));
+  absl::MutexLock op(&op_mu_);
+  absl::MutexLock lock(&mu_);
+  if (!header.transaction_id().empty()) {
+    RETURN_IF_ERROR(ClaimPendingSlot(header.transaction_id()));
+    staged.steps_done = steps_done_;
+    staged.prepared_at = absl::Now();
+    staged_load_ = std::move(staged);
+    LOG(INFO) << "staged the import of " << response.num_entries()
+              << " state entries (step " << response.step_id()
+              << ", transaction " << header.transaction_id() << ")";
+    return response;
+  }
+  RETURN_IF_ERROR(Apply(staged));
+  LOG(INFO) << "imported " << response.num_entries() << " state entries (step "
+            << response.step_id() << ")";
   return response;
 }
 

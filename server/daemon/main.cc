@@ -235,8 +235,11 @@ int main(int argc, char** argv) {
   // before the chmod below).
   const mode_t old_umask = umask(0177);
   absl::StatusOr<std::unique_ptr<grpc::Server>> listening =
-      muond::StartGrpcServer(listen, *credentials, &service, 64 << 20,
-                             "is the address in use?");
+      muond::StartGrpcServer(
+          listen, *credentials, &service,
+          // ImportState's largest chunk and its entry name fit.
+          int(muond::kMaxStateChunkBytes + muond::kStateChunkOverheadBytes),
+          "is the address in use?");
   umask(old_umask);
   if (!listening.ok()) {
     LOG(ERROR) << listening.status().message();

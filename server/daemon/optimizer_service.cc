@@ -68,6 +68,27 @@ grpc::Status OptimizerService::LoadState(grpc::ServerContext* context,
       response, "LoadState");
 }
 
+grpc::Status OptimizerService::ExportState(
+    grpc::ServerContext* context, const v1::ExportStateRequest* request,
+    grpc::ServerWriter<v1::StateChunk>* writer) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  absl::Status st = core_->ExportState(
+      *request,
+      [writer](const v1::StateChunk& chunk) { return writer->Write(chunk); });
+  if (!st.ok()) LOG(WARNING) << "ExportState refused: " << st;
+  return ToGrpc(st);
+}
+
+grpc::Status OptimizerService::ImportState(
+    grpc::ServerContext* context, grpc::ServerReader<v1::StateChunk>* reader,
+    v1::ImportStateResponse* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  return Reply(core_->ImportState([reader](v1::StateChunk* chunk) {
+    return reader->Read(chunk);
+  }),
+               response, "ImportState");
+}
+
 grpc::Status OptimizerService::Health(grpc::ServerContext* context,
                                       const v1::HealthRequest*,
                                       v1::HealthResponse* response) {

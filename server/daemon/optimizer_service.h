@@ -26,6 +26,11 @@ class OptimizerService final : public v1::Optimizer::Service {
                          v1::SaveStateResponse*) override;
   grpc::Status LoadState(grpc::ServerContext*, const v1::LoadStateRequest*,
                          v1::LoadStateResponse*) override;
+  grpc::Status ExportState(grpc::ServerContext*, const v1::ExportStateRequest*,
+                           grpc::ServerWriter<v1::StateChunk>*) override;
+  grpc::Status ImportState(grpc::ServerContext*,
+                           grpc::ServerReader<v1::StateChunk>*,
+                           v1::ImportStateResponse*) override;
   grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*,
                       v1::HealthResponse*) override;
 

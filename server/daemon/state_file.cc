@@ -120,41 +120,44 @@ absl::StatusOr<int64_t> FileStepId(const std::string& path,
   return step_id;
 }
 
+}  // namespace
+
 // Finite values (a NaN momentum would turn every param NaN at the next step),
 // exp_avg_sq >= 0 (its square root divides), step counts integral in range.
-absl::Status CheckValues(const std::string& path, const std::string& name,
-                         const std::string& key,
-                         const std::vector<float>& values) {
+absl::Status CheckStateValues(const std::string& where, const std::string& name,
+                              const std::string& key,
+                              const std::vector<float>& values) {
+  const auto Bad = [&where](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", why));
+  };
   const bool second_moment = absl::EndsWith(name, ".exp_avg_sq");
   const bool count = absl::EndsWith(name, "/.step") || name == ".step";
   for (size_t i = 0; i < values.size(); ++i) {
     const float v = values[i];
     if (!std::isfinite(v)) {
-      return Bad(path, absl::StrCat("tensor '", key,
-                                    "' has the non-finite "
-                                    "value ",
-                                    v, " at index ", i));
+      return Bad(absl::StrCat("tensor '", key,
+                              "' has the non-finite "
+                              "value ",
+                              v, " at index ", i));
     }
     if (second_moment && v < 0) {
-      return Bad(path, absl::StrCat("tensor '", key,
-                                    "' (exp_avg_sq) has the "
-                                    "negative value ",
-                                    v, " at index ", i));
+      return Bad(absl::StrCat("tensor '", key,
+                              "' (exp_avg_sq) has the "
+                              "negative value ",
+                              v, " at index ", i));
     }
     if (count && (v < 0 || v != std::floor(v) ||
                   double(v) >= double(kMaxAdamWStepCount))) {
-      return Bad(path, absl::StrCat("tensor '", key,
-                                    "' (AdamW step count) "
-                                    "is ",
-                                    v,
-                                    "; it must be an integer in "
-                                    "[0, 2^62)"));
+      return Bad(absl::StrCat("tensor '", key,
+                              "' (AdamW step count) "
+                              "is ",
+                              v,
+                              "; it must be an integer in "
+                              "[0, 2^62)"));
     }
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 SafetensorsFile StateToFile(const Registration& reg, StateTensors state,
                             const StateFileInfo& info) {
@@ -208,7 +211,9 @@ absl::StatusOr<LoadedState> StateFromFile(const std::string& path,
                                     "], the registered shard needs [",
                                     absl::StrJoin(want, ", "), "]"));
     }
-    if (absl::Status st = CheckValues(path, name, key, it->second.data);
+    if (absl::Status st =
+            CheckStateValues(absl::StrCat("state file '", path, "'"), name, key,
+                             it->second.data);
         !st.ok()) {
       return st;
     }

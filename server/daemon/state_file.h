@@ -47,6 +47,14 @@ struct LoadedState {
   int64_t step_id = -1;  // the file's
 };
 
+// The value rules of one state entry, the one home for files and
+// ImportState: every value finite, exp_avg_sq >= 0, AdamW step counts
+// integers in [0, 2^62). `name` is the engine's entry name (it tells the
+// kind); InvalidArgument "<where>: tensor '<key>' ..." naming the index.
+absl::Status CheckStateValues(const std::string& where, const std::string& name,
+                              const std::string& key,
+                              const std::vector<float>& values);
+
 // Checks `file` (read from `path`) against the engine's current state
 // `current` (names and sizes) and the registration; InvalidArgument naming
 // the path, the tensor or field and the rule. Consumes `file`.

@@ -1,10 +1,13 @@
 """A thin client for one muond daemon's Optimizer service (proto/muond/v1/muond.proto)."""
 from __future__ import annotations
 
+import os
+import stat
 import time
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import grpc
+import numpy as np
 
 from muond.v1 import error_details_pb2
 from muond.v1 import muond_pb2 as pb
@@ -63,20 +66,153 @@ def error_reason(error) -> str:
     return info.reason if info is not None else ""
 
 
+TOKEN_METADATA_KEY = "x-muond-token"  # server/common/auth.h kTokenMetadataKey
+MAX_TOKEN_BYTES = 4096                # server/common/auth.h kMaxTokenBytes
+# StateChunk data per message (server/daemon/daemon_core.h): the default and
+# the bound; the daemon receives messages up to the bound plus 1 MiB.
+DEFAULT_STATE_CHUNK_BYTES = 1 << 20
+MAX_STATE_CHUNK_BYTES = 64 << 20
+_MAX_MESSAGE_BYTES = MAX_STATE_CHUNK_BYTES + (1 << 20)
+
+
+def read_token_file(path) -> str:
+    """The token in ``path``, read as the servers and muonctl read
+    ``--token_file`` (server/common/auth.h ReadTokenFile): a regular file, not
+    readable or writable by others (chmod 600), at most 4096 bytes, one
+    printable-ASCII token (surrounding whitespace dropped). ValueError naming
+    the path and the rule; FileNotFoundError when it cannot be opened."""
+    where = f"token_file={os.fspath(path)!r}"
+    try:
+        # O_NONBLOCK: a FIFO planted at the path must not block the open.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise FileNotFoundError(f"{where}: cannot open: {e.strerror}") from e
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{where}: not a regular file")
+        if st.st_mode & (stat.S_IROTH | stat.S_IWOTH):
+            raise ValueError(f"{where}: readable or writable by other users "
+                             f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it")
+        if st.st_size > MAX_TOKEN_BYTES:
+            raise ValueError(f"{where}: larger than {MAX_TOKEN_BYTES} bytes")
+        data = f.read(MAX_TOKEN_BYTES + 1)
+    return _check_token(data.decode("latin-1").strip(), where)
+
+
+def _check_token(token: str, where: str) -> str:
+    if not token:
+        raise ValueError(f"{where}: the token is empty")
+    if len(token) > MAX_TOKEN_BYTES or any(not (0x20 < ord(c) < 0x7F) for c in token):
+        raise ValueError(f"{where}: a token is at most {MAX_TOKEN_BYTES} printable ASCII "
+                         "characters without spaces (gRPC metadata)")
+    return token
+
+
+class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                        grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``x-muond-token`` to every call, as the C++ client does."""
+
+    def __init__(self, token: str):
+        self._metadata = (TOKEN_METADATA_KEY, token)
+
+    def _details(self, details):
+        metadata = list(details.metadata or ()) + [self._metadata]
+        return details._replace(metadata=metadata) if hasattr(details, "_replace") \
+            else _CallDetails(details, metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, details, metadata):
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = getattr(details, "wait_for_ready", None)
+        self.compression = getattr(details, "compression", None)
+
+
+def _root_certificates(root_certificates) -> bytes:
+    """PEM bytes as given, or read from a path (str / os.PathLike)."""
+    if isinstance(root_certificates, (bytes, bytearray)):
+        return bytes(root_certificates)
+    with open(root_certificates, "rb") as f:
+        return f.read()
+
+
+def _rpc_error(e: Exception, address: str, what: str) -> MuondError:
+    """A failed RPC as MuondError naming the daemon and the RPC, with its
+    status code and the daemon's ErrorInfo reason and metadata."""
+    code = e.code() if hasattr(e, "code") else None
+    detail = e.details() if hasattr(e, "details") else str(e)
+    info = error_info(e)
+    return MuondError(f"muond daemon {address}: {what} failed: "
+                      f"{code.name if code is not None else type(e).__name__}: {detail}",
+                      code=code, reason=info.reason if info else "",
+                      metadata=dict(info.metadata) if info else None)
+
+
+def _fp32_bytes(values) -> memoryview:
+    """The little-endian fp32 bytes of a tensor or array-like (flattened)."""
+    import torch  # only here and in export_state: client.py works without it
+
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to("cpu", torch.float32).contiguous().numpy()
+    arr = np.ascontiguousarray(np.asarray(values, dtype="<f4")).reshape(-1)
+    return memoryview(arr).cast("B")
+
+
 class Client:
     """One daemon, e.g. ``Client("unix:///tmp/muond-job-0.sock")``.
 
-    Every method raises ``grpc.RpcError`` on a failed RPC (its ``.code()`` and
-    ``.details()`` name the param/field the daemon rejected; ``error_reason(e)``
-    says why, where the daemon says). ``timeout`` is a per-RPC deadline in
-    seconds (None: no deadline).
+    The older methods raise ``grpc.RpcError`` on a failed RPC (its ``.code()``
+    and ``.details()`` name the param/field the daemon rejected;
+    ``error_reason(e)`` says why, where the daemon says); the state methods
+    (export_state, import_state, commit_state, abort_state) raise MuondError.
+    ``timeout`` is a per-RPC deadline in seconds (None: no deadline).
+
+    A daemon on TCP needs the job token or TLS (server/README.md "Access"):
+    ``token`` (sent as ``x-muond-token`` on every call, as the C++ client's
+    ``ClientOptions.token``) or ``token_file`` (read once, as the servers read
+    ``--token_file``: a regular file not readable by others; prefer it, argv
+    and environments leak); ``root_certificates`` (PEM bytes, or a path to a
+    PEM file) connects with TLS, as ``ClientOptions.tls_root_cert_pem``.
     """
 
-    def __init__(self, address: str, timeout: float | None = None):
+    def __init__(self, address: str, timeout: float | None = None, *,
+                 token: str | None = None, token_file=None, root_certificates=None):
+        if token is not None and token_file is not None:
+            raise ValueError("give token or token_file, not both")
+        if token_file is not None:
+            token = read_token_file(token_file)
+        elif token is not None:
+            token = _check_token(token, "token")
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
-        self.stub = pb_grpc.OptimizerStub(self._channel)
+        options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
+        if root_certificates is not None:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_root_certificates(root_certificates))
+            self._channel = grpc.secure_channel(address, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        channel = self._channel
+        if token:
+            channel = grpc.intercept_channel(channel, _TokenInterceptor(token))
+        self.stub = pb_grpc.OptimizerStub(channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -136,6 +272,103 @@ class Client:
         return self.stub.LoadState(
             pb.LoadStateRequest(path=path, job_id=job_id, client_id=client_id),
             timeout=self.timeout)
+
+    # -- Optimizer state, streamed (proto ExportState / ImportState) --------
+    def export_state(self, job_id: str, client_id: str, max_chunk_bytes: int = 0
+                     ) -> tuple[int, dict[str, "torch.Tensor"]]:
+        """The daemon's state of the params ``client_id`` registered:
+        ``(step_id, {entry: 1-D float32 tensor})`` with entries
+        ``"<param>.momentum"``, ``"<param>.exp_avg"``, ``"<param>.exp_avg_sq"``
+        (this rank's shard, row-major) and ``"<param>.step"``; ``step_id`` is
+        the step the state is the result of (-1: none yet). Streamed in chunks
+        of at most ``max_chunk_bytes`` (0: 1 MiB), so any size fits gRPC's
+        message limit. MuondError on failure."""
+        import torch
+
+        request = pb.ExportStateRequest(header=pb.StateHeader(
+            job_id=job_id, client_id=client_id, max_chunk_bytes=max_chunk_bytes))
+        step_id, buffers = None, {}
+        try:
+            for chunk in self.stub.ExportState(request, timeout=self.timeout):
+                if chunk.HasField("header"):
+                    step_id = chunk.header.step_id
+                    continue
+                buf, filled = buffers.setdefault(chunk.entry, [bytearray(chunk.numel * 4), 0])
+                if chunk.offset * 4 != filled or filled + len(chunk.data) > len(buf):
+                    raise MuondError(f"muond daemon {self.address}: ExportState: entry "
+                                     f"{chunk.entry!r} arrived out of order")
+                buf[filled:filled + len(chunk.data)] = chunk.data
+                buffers[chunk.entry][1] = filled + len(chunk.data)
+        except grpc.RpcError as e:
+            raise _rpc_error(e, self.address, "ExportState") from e
+        if step_id is None:
+            raise MuondError(f"muond daemon {self.address}: ExportState: no header")
+        state = {}
+        for entry, (buf, filled) in buffers.items():
+            if filled != len(buf):
+                raise MuondError(f"muond daemon {self.address}: ExportState: entry "
+                                 f"{entry!r} incomplete ({filled // 4} of {len(buf) // 4})")
+            # Zero-copy over the bytearray; torch.frombuffer refuses empty ones.
+            state[entry] = (torch.frombuffer(buf, dtype=torch.float32) if buf
+                            else torch.empty(0, dtype=torch.float32))
+        return step_id, state
+
+    def import_state(self, job_id: str, client_id: str, step_id: int,
+                     entries: Mapping[str, object], transaction_id: str = "",
+                     max_chunk_bytes: int = 0) -> pb.ImportStateResponse:
+        """Sends ``entries`` (name -> tensor or array of fp32 values, as
+        export_state returns them) to the daemon, streamed in chunks of at
+        most ``max_chunk_bytes`` (0: 1 MiB). All or nothing: the daemon checks
+        every entry (known, right size, complete, finite) before it changes
+        anything. After it the next step id is ``step_id + 1``. With a
+        ``transaction_id`` the state is only staged: commit_state applies it,
+        abort_state drops it. MuondError naming the entry and the rule."""
+        chunk_bytes = max_chunk_bytes or DEFAULT_STATE_CHUNK_BYTES
+        if not 4 <= chunk_bytes <= MAX_STATE_CHUNK_BYTES:
+            raise ValueError(f"max_chunk_bytes {max_chunk_bytes} not 0 or in "
+                             f"[4, {MAX_STATE_CHUNK_BYTES}]")
+        chunk_bytes -= chunk_bytes % 4
+        header = pb.StateHeader(job_id=job_id, client_id=client_id, step_id=step_id,
+                                transaction_id=transaction_id, num_entries=len(entries))
+
+        def chunks():
+            yield pb.StateChunk(header=header)
+            for name, values in entries.items():
+                data = _fp32_bytes(values)
+                numel = len(data) // 4
+                offset = 0
+                while True:
+                    piece = data[offset:offset + chunk_bytes]
+                    yield pb.StateChunk(entry=name, numel=numel, offset=offset // 4,
+                                        data=bytes(piece))
+                    offset += len(piece)
+                    if offset >= len(data):
+                        break
+
+        try:
+            return self.stub.ImportState(chunks(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _rpc_error(e, self.address, "ImportState") from e
+
+    def commit_state(self, job_id: str, client_id: str,
+                     transaction_id: str) -> pb.LoadStateResponse:
+        """Applies the state import_state staged under ``transaction_id``
+        (LoadState COMMIT; refused when a step ran since)."""
+        return self._end_state(job_id, client_id, transaction_id, pb.STATE_PHASE_COMMIT)
+
+    def abort_state(self, job_id: str, client_id: str,
+                    transaction_id: str) -> pb.LoadStateResponse:
+        """Drops the state staged under ``transaction_id`` (LoadState ABORT;
+        aborting what is gone succeeds)."""
+        return self._end_state(job_id, client_id, transaction_id, pb.STATE_PHASE_ABORT)
+
+    def _end_state(self, job_id, client_id, transaction_id, phase):
+        request = pb.LoadStateRequest(job_id=job_id, client_id=client_id, phase=phase,
+                                      transaction_id=transaction_id)
+        try:
+            return self.stub.LoadState(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _rpc_error(e, self.address, "LoadState " + pb.StatePhase.Name(phase)) from e
 
     def wait_healthy(self, timeout: float = 30.0, poll: float = 0.1,
                      need_plan: bool = False) -> pb.HealthResponse:

@@ -250,7 +250,8 @@ class Muon(torch.optim.Optimizer):
                  daemons=(), job_id: str = "default", gtp_size: int = 1, tp_size: int = 1,
                  shard_mode: str = "split", g: int = 0, t: int = 0, domain_name: str = "dense",
                  client_id: str | None = None, wait_healthy_timeout: float = 30.0,
-                 rpc_timeout: float | None = 300.0, first_step_id: int = 1):
+                 rpc_timeout: float | None = 300.0, first_step_id: int = 1,
+                 token: str | None = None, token_file=None, tls_root_certificates=None):
         if ns_coefficients is not None:
             if coefficient_type not in (None, "custom"):
                 raise ValueError("give ns_coefficients or coefficient_type, not both")
@@ -311,7 +312,8 @@ class Muon(torch.optim.Optimizer):
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
-        self.clients = [Client(a, timeout=rpc_timeout) for a in daemons]
+        self.clients = [Client(a, timeout=rpc_timeout, token=token, token_file=token_file,
+                               root_certificates=tls_root_certificates) for a in daemons]
         self._finalizer = weakref.finalize(self, _release, self._buffers)
         try:
             for c in self.clients:
