@@ -53,22 +53,25 @@ class StateRpcTest : public ::testing::Test {
         config, std::make_unique<HandleOpener>(), &link_,
         MakeEngineFactory(engine, std::make_shared<InMemoryKeyValueStore>()));
     service_ = std::make_unique<OptimizerService>(core_.get());
-    const std::string address =
-        absl::StrCat("unix://", ::testing::TempDir(), "/s-", getpid(), ".sock");
+    // /tmp: a Unix socket path must stay under 108 bytes.
+    address_ = absl::StrCat("unix:///tmp/muond-staterpc-", tag, ".sock");
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+    builder.AddListeningPort(address_, grpc::InsecureServerCredentials());
     builder.SetMaxReceiveMessageSize(
         int(kMaxStateChunkBytes + kStateChunkOverheadBytes));
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    client_ = *Client::Connect(address, {.job_id = "job",
-                                         .client_id = "trainer0",
-                                         .rpc_timeout = absl::Seconds(60)});
+    client_ = *Client::Connect(address_, {.job_id = "job",
+                                          .client_id = "trainer0",
+                                          .rpc_timeout = absl::Seconds(60)});
     Register();
   }
 
-  void TearDown() override { server_->Shutdown(); }
+  void TearDown() override {
+    server_->Shutdown();
+    unlink(address_.substr(strlen("unix://")).c_str());
+  }
 
   // Group "muon": "big" (kRows x kCols); group "adam" (AdamW): "bias".
   void Register() {
@@ -142,6 +145,7 @@ class StateRpcTest : public ::testing::Test {
     }
   }
 
+  std::string address_;
   std::unique_ptr<ShmRegion> region_;
   NoCoordinator link_;
   std::unique_ptr<DaemonCore> core_;
@@ -225,9 +229,7 @@ TEST_F(StateRpcTest, EveryRefusedImportChangesNothing) {
   for (const Case& c : cases) {
     ClientOptions options = client_->options();
     options.client_id = c.client;
-    std::unique_ptr<Client> sender = *Client::Connect(
-        absl::StrCat("unix://", ::testing::TempDir(), "/s-", getpid(), ".sock"),
-        options);
+    std::unique_ptr<Client> sender = *Client::Connect(address_, options);
     absl::Status st = sender->ImportState(c.state, "", 1 << 16).status();
     EXPECT_FALSE(st.ok()) << c.what;
     EXPECT_THAT(st.message(), HasSubstr(c.needle)) << c.what;
