@@ -380,12 +380,6 @@ absl::StatusOr<DaemonCore::ImportTarget> DaemonCore::StartImport(
   ASSIGN_OR_RETURN(
       StateSnapshot snap,
       Snapshot(header.job_id(), header.client_id(), "ImportState"));
-  if (header.num_entries() != 0 &&
-      header.num_entries() != int64_t(snap.state.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_entries: ", header.num_entries(), ", but this rank's params have ",
-        snap.state.size(), " state entries"));
-  }
   ImportTarget target;
   target.staged.transaction_id = header.transaction_id();
   target.staged.generation = snap.generation;

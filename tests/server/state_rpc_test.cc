@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -69,7 +70,8 @@ class StateRpcTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    server_->Shutdown();
+    // Calls a refusal ended early need not be waited for.
+    server_->Shutdown(std::chrono::system_clock::now());
     unlink(address_.substr(strlen("unix://")).c_str());
   }
 

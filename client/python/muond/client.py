@@ -87,7 +87,7 @@ def read_token_file(path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         raise FileNotFoundError(f"{where}: cannot open: {e.strerror}") from e
-    with os.fdopen(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{where}: not a regular file")
@@ -96,7 +96,9 @@ def read_token_file(path) -> str:
                              f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it")
         if st.st_size > MAX_TOKEN_BYTES:
             raise ValueError(f"{where}: larger than {MAX_TOKEN_BYTES} bytes")
-        data = f.read(MAX_TOKEN_BYTES + 1)
+        data = os.read(fd, MAX_TOKEN_BYTES + 1)
+    finally:
+        os.close(fd)
     return _check_token(data.decode("latin-1").strip(), where)
 
 
