@@ -757,10 +757,16 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishJoined(
     return round_version;  // a daemon re-publishing after a reconnect
   }
   if (daemon.has_manifest && !same_manifest) {
-    // A re-registration: start a new round, the peers publish again.
+    // A re-registration: start a new round, the peers publish again. A
+    // peer that already published in this round (since the latest plan)
+    // keeps its manifest: its registration is as new as this one, and it
+    // will not publish again (e.g. a trainer's add_param_group that changed
+    // only this rank's groups; the unchanged rank may publish first).
     LOG(INFO) << "job " << job->id << ": rank " << request.rank()
               << " published a new manifest; waiting for every rank again";
-    for (auto& [rank, d] : job->daemons) d.has_manifest = false;
+    for (auto& [rank, d] : job->daemons) {
+      if (!d.new_round) d.has_manifest = false;
+    }
   }
   RETURN_IF_ERROR(CheckAgainstPeers(*job, request));
   daemon.manifest = request;

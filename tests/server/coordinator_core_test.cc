@@ -263,6 +263,47 @@ TEST(CoordinatorCore, EveryRegistrationRoundGetsANewPlanVersion) {
   EXPECT_EQ(plan->activate_at_step(), 0);
 }
 
+// A re-registration in which rank 3's manifest is unchanged and published
+// first, then rank 0's changed (a group only rank 0 holds was added, as
+// muond.torch.Muon.add_param_group does): rank 3's registration counts in
+// the new round, which completes with ranks 1 and 2 (it used to wait for
+// rank 3 forever: rank 0's new manifest dropped it).
+TEST(CoordinatorCore, UnchangedManifestPublishedFirstCountsInTheNewRound) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(core.PublishRegistration(Manifest("j", r, kShapes),
+                                         "a" + std::to_string(r))
+                    .ok());
+  }
+  ASSERT_EQ(core.GetPlan("j")->version(), 1);
+  ASSERT_TRUE(core.PublishRegistration(Manifest("j", 3, kShapes), "b3").ok());
+  v1::PublishManifestRequest m0 = Manifest("j", 0, kShapes);
+  v1::GroupManifest* solo = m0.add_groups();
+  solo->set_group("late.solo-r0");
+  solo->set_algorithm(v1::ALGORITHM_MUON);
+  solo->mutable_domain()->set_name("solo-r0");
+  solo->mutable_domain()->set_gtp_size(1);
+  solo->mutable_domain()->set_tp_size(1);
+  v1::ParamSpec* p = solo->add_params();
+  p->set_name("solo");
+  p->add_full_shape(8);
+  p->add_full_shape(4);
+  p->add_local_shape(8);
+  p->add_local_shape(4);
+  ASSERT_TRUE(core.PublishRegistration(m0, "b0").ok());
+  EXPECT_EQ(core.GetPlan("j")->version(), 1);
+  for (int r = 1; r < 3; ++r) {
+    ASSERT_TRUE(core.PublishRegistration(Manifest("j", r, kShapes),
+                                         "b" + std::to_string(r))
+                    .ok());
+  }
+  absl::StatusOr<v1::Plan> plan = core.GetPlan("j");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->version(), 2);
+  EXPECT_EQ(plan->groups_size(), 2);
+}
+
 // A coordinator restarted under running daemons: they re-publish with the
 // newest plan version they hold (7) and their last step (40, 42). Its plans
 // are numbered above 7 (a version the daemons already hold would be dropped
