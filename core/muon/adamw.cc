@@ -8,22 +8,10 @@
 #include "core/muon/bounds.h"
 
 namespace muond {
-namespace {
-
-absl::Status InUnitInterval(double v, std::string_view field) {
-  if (!std::isfinite(v) || v < 0.0 || v >= 1.0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "adamw ", std::string(field), " must be in [0, 1), got ", v));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status AdamWOptions::Validate() const {
   RETURN_IF_ERROR(CheckLr(lr, "adamw lr"));
-  RETURN_IF_ERROR(InUnitInterval(beta1, "beta1"));
-  RETURN_IF_ERROR(InUnitInterval(beta2, "beta2"));
+  RETURN_IF_ERROR(CheckUnitInterval(beta1, "adamw beta1"));
+  RETURN_IF_ERROR(CheckUnitInterval(beta2, "adamw beta2"));
   // The kernel adds eps in fp32 (MakeAdamWScalars): 1e-300 would be 0 there.
   RETURN_IF_ERROR(CheckPositiveFloat32(eps, "adamw eps"));
   RETURN_IF_ERROR(CheckWeightDecay(weight_decay, "adamw weight_decay"));

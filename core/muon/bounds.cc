@@ -25,6 +25,14 @@ absl::Status CheckWeightDecay(double value, std::string_view what) {
   return CheckInRange(value, kMaxWeightDecay, what);
 }
 
+absl::Status CheckUnitInterval(double value, std::string_view what) {
+  if (!std::isfinite(value) || value < 0.0 || value >= 1.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), " must be in [0, 1), got ", value));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPositiveFloat32(double value, std::string_view what) {
   const float as_float = static_cast<float>(value);
   if (!std::isfinite(value) || !std::isfinite(as_float) || !(as_float > 0.0f)) {

@@ -29,6 +29,11 @@ absl::Status CheckInRange(double value, double max, std::string_view what);
 absl::Status CheckLr(double value, std::string_view what);
 absl::Status CheckWeightDecay(double value, std::string_view what);
 
+// `value` finite and in [0, 1): Muon's momentum, AdamW's beta1 and beta2 (at
+// registration and as step overrides). InvalidArgument "<what> must be in
+// [0, 1), got <value>" otherwise.
+absl::Status CheckUnitInterval(double value, std::string_view what);
+
 // `value` > 0 and finite once rounded to fp32 (the precision the kernels use
 // it in). InvalidArgument "<what> must be > 0 and finite as a float32 (...),
 // got <value>" printing the value as given, in double.

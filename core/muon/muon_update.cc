@@ -73,10 +73,7 @@ double MuonScaleFactor(ScaleMode mode, int64_t rows, int64_t cols,
 
 absl::Status MuonOptions::Validate() const {
   RETURN_IF_ERROR(CheckLr(lr, "muon lr"));
-  if (!std::isfinite(momentum) || momentum < 0.0 || momentum >= 1.0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("muon momentum must be in [0, 1), got ", momentum));
-  }
+  RETURN_IF_ERROR(CheckUnitInterval(momentum, "muon momentum"));
   RETURN_IF_ERROR(CheckWeightDecay(weight_decay, "muon weight_decay"));
   // 0 would apply no update at all (Megatron refuses it too): a mistake.
   if (!std::isfinite(extra_scale_factor) || extra_scale_factor <= 0.0 ||

@@ -3,24 +3,48 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace muond {
 namespace {
 
 constexpr int64_t kLow = int64_t(1) << 24;
+constexpr uint64_t kPiece = uint64_t(1) << 24;
+
+// A 64-bit value as three floats of 24 bits (the top one holds 16).
+void PutFingerprint(uint64_t v, float* out) {
+  out[0] = float(v / (kPiece * kPiece));
+  out[1] = float((v / kPiece) % kPiece);
+  out[2] = float(v % kPiece);
+}
+
+uint64_t GetFingerprint(const float* in) {
+  return (uint64_t(in[0]) * kPiece + uint64_t(in[1])) * kPiece +
+         uint64_t(in[2]);
+}
 
 }  // namespace
 
 std::array<float, kDomainVoteFloats> EncodeDomainVote(const DomainVote& vote) {
-  return {vote.all_finite ? 1.0f : 0.0f, float(vote.homes_version / kLow),
-          float(vote.homes_version % kLow), float(vote.oldest_held / kLow),
-          float(vote.oldest_held % kLow)};
+  std::array<float, kDomainVoteFloats> out = {
+      vote.all_finite ? 1.0f : 0.0f, float(vote.homes_version / kLow),
+      float(vote.homes_version % kLow), float(vote.oldest_held / kLow),
+      float(vote.oldest_held % kLow)};
+  PutFingerprint(vote.skip_min, &out[5]);
+  PutFingerprint(vote.skip_max, &out[8]);
+  PutFingerprint(vote.hyper_min, &out[11]);
+  PutFingerprint(vote.hyper_max, &out[14]);
+  return out;
 }
 
 DomainVote DecodeDomainVote(absl::Span<const float> f) {
   return {.all_finite = f[0] == 1.0f,
           .homes_version = int64_t(f[1]) * kLow + int64_t(f[2]),
-          .oldest_held = int64_t(f[3]) * kLow + int64_t(f[4])};
+          .oldest_held = int64_t(f[3]) * kLow + int64_t(f[4]),
+          .skip_min = GetFingerprint(&f[5]),
+          .skip_max = GetFingerprint(&f[8]),
+          .hyper_min = GetFingerprint(&f[11]),
+          .hyper_max = GetFingerprint(&f[14])};
 }
 
 DomainVote FoldDomainVotes(DomainVote agreed,
@@ -32,6 +56,10 @@ DomainVote FoldDomainVotes(DomainVote agreed,
     agreed.all_finite = agreed.all_finite && rank.all_finite;
     agreed.homes_version = std::min(agreed.homes_version, rank.homes_version);
     agreed.oldest_held = std::max(agreed.oldest_held, rank.oldest_held);
+    agreed.skip_min = std::min(agreed.skip_min, rank.skip_min);
+    agreed.skip_max = std::max(agreed.skip_max, rank.skip_max);
+    agreed.hyper_min = std::min(agreed.hyper_min, rank.hyper_min);
+    agreed.hyper_max = std::max(agreed.hyper_max, rank.hyper_max);
   }
   return agreed;
 }
@@ -49,6 +77,43 @@ absl::Status CheckHomesVersionHeld(const DomainVote& agreed,
       agreed.oldest_held, " on; each keeps its newest ", history,
       ": more plan versions reached it between two steps); the step "
       "was not applied on any rank, retry it"));
+}
+
+uint64_t StepFingerprint(absl::Span<const std::string> parts) {
+  uint64_t h = 14695981039346656037ull;  // FNV-1a 64 offset basis
+  auto mix = [&h](unsigned char byte) {
+    h ^= byte;
+    h *= 1099511628211ull;  // FNV-1a 64 prime
+  };
+  for (const std::string& part : parts) {
+    for (char c : part) mix(static_cast<unsigned char>(c));
+    mix(0);  // ["ab"] and ["a", "b"] differ
+  }
+  return h;
+}
+
+absl::Status CheckStepAgreed(const DomainVote& agreed, const std::string& group,
+                             absl::Span<const std::string> my_skips,
+                             absl::Span<const std::string> my_hyper) {
+  const bool skips_differ = agreed.skip_min != agreed.skip_max;
+  const bool hyper_differ = agreed.hyper_min != agreed.hyper_max;
+  if (!skips_differ && !hyper_differ) return absl::OkStatus();
+  std::string what;
+  if (skips_differ) {
+    what = absl::StrCat(
+        "which of its params to skip (skip_params; this rank "
+        "skips [",
+        absl::StrJoin(my_skips, ", "), "])");
+  }
+  if (hyper_differ) {
+    absl::StrAppend(&what, skips_differ ? " and " : "",
+                    "this step's hyperparameters (overrides; this rank's: ",
+                    absl::StrJoin(my_hyper, ", "), ")");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "group '", group, "': the ranks of its domain disagree on ", what,
+      "; every rank holding a shard of the group must send the same; the "
+      "step was not applied on any rank"));
 }
 
 }  // namespace muond

@@ -12,12 +12,19 @@
 //     domain one step later;
 //   * whether that version is still held everywhere: each rank also brings
 //     the oldest version it holds; when the agreed version is older than the
-//     newest of those, some rank dropped it and every rank refuses alike.
+//     newest of those, some rank dropped it and every rank refuses alike;
+//   * what the step does to the group: each rank brings a fingerprint of the
+//     group's params it skips (StepInputs::skip_params) and one of the
+//     group's hyperparameters for this step (registered values with the
+//     step's overrides); ranks that differ would update the shards of one
+//     param differently (or one would wait in an exchange the other skips
+//     the update of), so every rank refuses alike.
 // Each rank folds the votes of all ranks (its own included) the same way, so
 // every rank reaches the same decision from the same gathered values.
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -35,6 +42,10 @@ struct DomainVote {
   // Mine: the oldest version I hold (0: none). Agreed: the newest of the
   // ranks' oldest; an agreed homes_version below it was dropped by a rank.
   int64_t oldest_held = 0;
+  // Mine: min = max = my fingerprint (StepFingerprint). Agreed: the smallest
+  // and the largest of the ranks'; they differ iff some ranks differ.
+  uint64_t skip_min = 0, skip_max = 0;
+  uint64_t hyper_min = 0, hyper_max = 0;
 
   bool operator==(const DomainVote&) const = default;
 };
@@ -42,9 +53,11 @@ struct DomainVote {
 // A vote travels as kDomainVoteFloats fp32 values, so one all_gather on the
 // lane's backend memory carries it on any communicator:
 // [all finite (1 or 0), homes_version / 2^24, homes_version % 2^24,
-//  oldest_held / 2^24, oldest_held % 2^24]. fp32 holds integers below 2^24
-// exactly, so versions below 2^48 travel exactly.
-inline constexpr int kDomainVoteFloats = 5;
+//  oldest_held / 2^24, oldest_held % 2^24, then each fingerprint (skip_min,
+//  skip_max, hyper_min, hyper_max) as three 24-bit pieces, high first]. fp32
+// holds integers below 2^24 exactly, so versions below 2^48 and 64-bit
+// fingerprints travel exactly.
+inline constexpr int kDomainVoteFloats = 5 + 4 * 3;
 inline constexpr int64_t kMaxDomainVoteVersion = (int64_t(1) << 48) - 1;
 
 std::array<float, kDomainVoteFloats> EncodeDomainVote(const DomainVote& vote);
@@ -52,9 +65,9 @@ DomainVote DecodeDomainVote(absl::Span<const float> floats);
 
 // Folds gathered votes (kDomainVoteFloats per rank, any number of ranks)
 // into `agreed`: finite only if all are, the oldest homes_version, the newest
-// oldest_held. Associative and commutative, so folding the gtp group's votes
-// and then the tp group's (each carrying the previous fold) covers the whole
-// domain.
+// oldest_held, the smallest and largest fingerprints. Associative and
+// commutative, so folding the gtp group's votes and then the tp group's (each
+// carrying the previous fold) covers the whole domain.
 DomainVote FoldDomainVotes(DomainVote agreed, absl::Span<const float> gathered);
 
 // The homes version the domain routes by. OK when `agreed.homes_version` is
@@ -64,5 +77,20 @@ DomainVote FoldDomainVotes(DomainVote agreed, absl::Span<const float> gathered);
 // retry works once the lagging rank caught up.
 absl::Status CheckHomesVersionHeld(const DomainVote& agreed,
                                    const std::string& group, size_t history);
+
+// A 64-bit fingerprint of `parts` (FNV-1a over each part and a separator):
+// the same on every rank and process, unlike absl::Hash. What a step does to
+// a group is fingerprinted as two lists of strings: the names of its params
+// this rank skips, sorted, and its hyperparameters for the step, each
+// "<field>=<value>" (layer_sharded_muon.cc StepOfGroup).
+uint64_t StepFingerprint(absl::Span<const std::string> parts);
+
+// OK when every rank brought the same skip and hyperparameter fingerprints;
+// otherwise InvalidArgument naming `group`, what differs (the skipped params
+// or this step's hyperparameters) and this rank's values (`my_skips`,
+// `my_hyper`, as fingerprinted), so each rank's answer shows its side.
+absl::Status CheckStepAgreed(const DomainVote& agreed, const std::string& group,
+                             absl::Span<const std::string> my_skips,
+                             absl::Span<const std::string> my_hyper);
 
 }  // namespace muond

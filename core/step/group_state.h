@@ -29,6 +29,9 @@ struct ParamState {
   // step that fails before its commit leaves the state untouched.
   OwnedBuffer staged_momentum_buf;
   MatrixView staged_momentum;
+  // AdamW: the steps this param took (torch.optim's state[p]["step"]: a
+  // param skipped at a step does not count it).
+  int64_t adamw_step = 0;
 };
 
 struct GroupState {
@@ -57,7 +60,6 @@ struct GroupState {
   std::optional<PlanBuffers> plan;
   int64_t plan_version = -1;
   NsRunner ns;
-  int64_t adamw_step = 0;
 };
 
 // Validates `config` (domain coordinates and communicators, hyperparameters,

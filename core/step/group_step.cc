@@ -55,16 +55,23 @@ std::vector<MatrixView> Pick(const std::vector<MatrixView>& views,
 // grad_i, momentum_i -> staged_momentum_i, L_i: a copy, then the momentum
 // kernel in place on the copy, one batched call (CUDA: a launch per ~40 small
 // params, not per param). momentum_i is only read.
-absl::Status MomentumPhase(GroupState& group, const MuonOptions& options) {
-  std::vector<MatrixView> grads, momenta;
+absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
+                           const std::set<std::string>& skip) {
+  std::vector<MatrixView> grads, momenta, inputs;
   for (size_t i = 0; i < group.params.size(); ++i) {
     ParamState& p = group.params[i];
     RETURN_IF_ERROR(group.backend->Copy2D(p.staged_momentum, p.momentum));
+    if (skip.contains(group.config.params[i].name)) {
+      RETURN_IF_ERROR(group.backend->Memset0(group.local[i]));
+      continue;
+    }
     grads.push_back(group.config.params[i].grad);
     momenta.push_back(p.staged_momentum);
+    inputs.push_back(group.local[i]);
   }
+  if (grads.empty()) return absl::OkStatus();
   return MuonMomentumPhaseBatch(*group.backend, options, grads, momenta,
-                                group.local);
+                                inputs);
 }
 
 // L_i -> A1_i over gtp_remat, then A1_i -> A2_i over tp.
@@ -124,21 +131,34 @@ absl::Status ReverseExchangePhase(GroupState& group,
 
 // L_i -> param_i.
 absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
-                         const std::vector<float>& adjusted_lrs) {
-  std::vector<MatrixView> params;
-  for (const ParamBinding& b : group.config.params) params.push_back(b.param);
-  return MuonUpdatePhaseBatch(*group.backend, options, params, group.local,
+                         const std::set<std::string>& skip) {
+  // Each param's lr times its Muon scale (of the full matrix).
+  std::vector<MatrixView> params, updates;
+  std::vector<float> adjusted_lrs;
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const ParamBinding& b = group.config.params[i];
+    if (skip.contains(b.name)) continue;
+    const std::vector<int64_t>& full = group.params[i].spec.full_shape;
+    ASSIGN_OR_RETURN(float lr, MuonAdjustedLr(options, full[0], full[1]));
+    params.push_back(b.param);
+    updates.push_back(group.local[i]);
+    adjusted_lrs.push_back(lr);
+  }
+  if (params.empty()) return absl::OkStatus();
+  return MuonUpdatePhaseBatch(*group.backend, options, params, updates,
                               adjusted_lrs);
 }
 
 }  // namespace
 
 absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
+                              const std::set<std::string>& skip,
                               ExchangeBuffers& exchange,
                               ShapeTimes* shape_times, PhaseTimings& t) {
   Backend& backend = *group.backend;
-  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/momentum", t.momentum_us,
-                             [&] { return MomentumPhase(group, options); }));
+  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/momentum", t.momentum_us, [&] {
+    return MomentumPhase(group, options, skip);
+  }));
   RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_fwd", t.a2a_fwd_us, [&] {
     return ForwardExchangePhase(group, exchange);
   }));
@@ -150,17 +170,10 @@ absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
 }
 
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
+                             const std::set<std::string>& skip,
                              PhaseTimings& t) {
-  // Each param's lr times its Muon scale (of the full matrix), formed before
-  // anything is written.
-  std::vector<float> adjusted_lrs;
-  for (const ParamState& p : group.params) {
-    ASSIGN_OR_RETURN(float lr, MuonAdjustedLr(options, p.spec.full_shape[0],
-                                              p.spec.full_shape[1]));
-    adjusted_lrs.push_back(lr);
-  }
   RETURN_IF_ERROR(TimedPhase(*group.backend, "lsmuon/update", t.update_us, [&] {
-    return UpdatePhase(group, options, adjusted_lrs);
+    return UpdatePhase(group, options, skip);
   }));
   // The staged momentum is the state from now on; the old buffer stages the
   // next step.
@@ -172,17 +185,20 @@ absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
 }
 
 absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,
+                            const std::set<std::string>& skip,
                             PhaseTimings& t) {
   Phase phase(*group.backend, "lsmuon/adamw");
-  const int64_t step = group.adamw_step + 1;
+  std::vector<ParamState*> stepped;
   for (size_t i = 0; i < group.params.size(); ++i) {
     const ParamBinding& b = group.config.params[i];
+    if (skip.contains(b.name)) continue;
     ParamState& p = group.params[i];
-    RETURN_IF_ERROR(AdamWStep(*group.backend, options, step, b.param, b.grad,
-                              p.exp_avg, p.exp_avg_sq));
+    RETURN_IF_ERROR(AdamWStep(*group.backend, options, p.adamw_step + 1,
+                              b.param, b.grad, p.exp_avg, p.exp_avg_sq));
+    stepped.push_back(&p);
   }
   RETURN_IF_ERROR(phase.Finish(t.update_us));
-  group.adamw_step = step;
+  for (ParamState* p : stepped) ++p->adamw_step;
   return absl::OkStatus();
 }
 

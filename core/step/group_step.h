@@ -19,9 +19,20 @@
 // momentum exactly as before. The staged momentum is what the old in-place
 // kernel wrote (the same kernel on a copy), so results stay bitwise.
 //
+// A param named in `skip` (StepInputs::skip_params) is left alone, as
+// torch.optim leaves a param whose grad is None: its staged momentum is the
+// old one copied (the kernel does not run on it), its L_i is zeroed (NS of
+// zeros is zeros, and the exchanges keep their shapes on every rank), and the
+// update phase leaves its param alone (no weight decay, no update); an AdamW
+// param keeps its moments and its step count. The other params run the same
+// kernels on the same values: bitwise as without `skip`.
+//
 // A1_i is PlanBuffers::stage1 (L_i itself where this rank assembles no A1_i),
 // A2_i is PlanBuffers::stage2. Each phase ends with a backend sync so its
 // wall time is real.
+#include <set>
+#include <string>
+
 #include "absl/status/status.h"
 #include "core/muon/adamw.h"
 #include "core/muon/muon_update.h"
@@ -37,17 +48,20 @@ namespace muond {
 // `exchange`: the lane's buffers, reserved for the plan. `shape_times`: null
 // when this step does not measure NS per shape. Phase times add to `t`.
 absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
+                              const std::set<std::string>& skip,
                               ExchangeBuffers& exchange,
                               ShapeTimes* shape_times, PhaseTimings& t);
 
 // After the job's commit vote: the update of the params (L_i after
 // PrepareMuonGroup) and the staged momentum made the state. Local only.
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
+                             const std::set<std::string>& skip,
                              PhaseTimings& t);
 
 // An AdamW group's step on its local shards (no exchange), run at the
-// commit.
+// commit: each param not in `skip` at its own step count + 1 (torch.optim
+// keeps state[p]["step"] per param).
 absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,
-                            PhaseTimings& t);
+                            const std::set<std::string>& skip, PhaseTimings& t);
 
 }  // namespace muond

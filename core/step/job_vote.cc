@@ -73,6 +73,10 @@ std::string RefusalCodeName(RefusalCode code) {
       return "its communicators failed: a peer is gone or hung";
     case RefusalCode::kOther:
       return "another error";
+    case RefusalCode::kSkipParams:
+      return "a skip_params name it does not hold";
+    case RefusalCode::kDomainDisagreement:
+      return "its domain's ranks disagree on skip_params or overrides";
   }
   return absl::StrCat("unknown reason ", uint32_t(code));
 }
@@ -139,6 +143,8 @@ absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
   switch (first) {
     case RefusalCode::kOverrides:
     case RefusalCode::kNonFinite:
+    case RefusalCode::kSkipParams:
+    case RefusalCode::kDomainDisagreement:
       return absl::InvalidArgumentError(message);
     case RefusalCode::kCommunication:
       return absl::UnavailableError(message);

@@ -47,6 +47,8 @@ enum class RefusalCode : uint32_t {
   kMemory = 5,         // registered memory changed (unmapped, shrunk)
   kCommunication = 6,  // this rank's communicators failed (a peer is gone)
   kOther = 7,
+  kSkipParams = 8,          // a skip_params name this rank does not hold
+  kDomainDisagreement = 9,  // a domain's ranks skip or step differently
 };
 
 // The phase the ballot votes on: a step's start or its commit.

@@ -25,9 +25,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/common/echo.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "core/step/domain_agreement.h"
@@ -46,27 +48,125 @@
 
 namespace muond {
 
-absl::Status CheckStepOverrides(const StepOverrides& overrides,
-                                const std::vector<std::string>& group_names) {
-  for (const auto& [field, values, bound] :
-       {std::tuple("lr", &overrides.lr, kMaxOverrideLr),
-        std::tuple("weight_decay", &overrides.weight_decay,
-                   kMaxOverrideWeightDecay)}) {
-    for (const auto& [name, value] : *values) {
-      if (std::find(group_names.begin(), group_names.end(), name) ==
-          group_names.end()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("overrides: unknown group '", name, "'"));
-      }
-      // !(v >= 0) is true for NaN too.
-      if (!(value >= 0) || !(value <= bound)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("overrides: group '", name, "' ", field, " ", value,
-                         " must be finite, >= 0 and <= ", bound));
-      }
-    }
+namespace {
+
+// The group `name` of an override, or InvalidArgument naming it.
+absl::StatusOr<Algorithm> OverriddenGroup(
+    const std::string& name, const std::map<std::string, Algorithm>& groups) {
+  auto it = groups.find(name);
+  if (it == groups.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("overrides: unknown group '", Echo(name), "'"));
+  }
+  return it->second;
+}
+
+// One overridable field: its name, the algorithm it belongs to, its values
+// and the bound check (core/muon/bounds.h; null: a bool, nothing to check).
+struct OverrideField {
+  const char* field;
+  std::optional<Algorithm> only;  // nullopt: both algorithms
+  const std::map<std::string, double>* values;
+  absl::Status (*check)(double, std::string_view);
+};
+
+// "overrides: group 'g' lr -1 must be finite, >= 0 and <= 1000".
+absl::Status CheckUpTo(double value, double bound, std::string_view what) {
+  // !(v >= 0) is true for NaN too.
+  if (!(value >= 0) || !(value <= bound)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what), " ", value, " must be finite, >= 0 and <= ", bound));
   }
   return absl::OkStatus();
+}
+absl::Status CheckLrOverride(double v, std::string_view what) {
+  return CheckUpTo(v, kMaxOverrideLr, what);
+}
+absl::Status CheckWeightDecayOverride(double v, std::string_view what) {
+  return CheckUpTo(v, kMaxOverrideWeightDecay, what);
+}
+
+absl::Status CheckOverrideField(
+    const OverrideField& f, const std::map<std::string, Algorithm>& groups) {
+  for (const auto& [name, value] : *f.values) {
+    ASSIGN_OR_RETURN(const Algorithm algorithm, OverriddenGroup(name, groups));
+    const std::string what =
+        absl::StrCat("overrides: group '", Echo(name), "' ", f.field);
+    if (f.only.has_value() && *f.only != algorithm) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " is ", *f.only == Algorithm::kMuon ? "a Muon" : "an AdamW",
+          " hyperparameter; the group is ",
+          algorithm == Algorithm::kMuon ? "a Muon" : "an AdamW", " group"));
+    }
+    RETURN_IF_ERROR(f.check(value, what));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckStepOverrides(
+    const StepOverrides& o, const std::map<std::string, Algorithm>& groups) {
+  const OverrideField fields[] = {
+      {"lr", std::nullopt, &o.lr, CheckLrOverride},
+      {"weight_decay", std::nullopt, &o.weight_decay, CheckWeightDecayOverride},
+      {"momentum", Algorithm::kMuon, &o.momentum, CheckUnitInterval},
+      {"beta1", Algorithm::kAdamW, &o.beta1, CheckUnitInterval},
+      {"beta2", Algorithm::kAdamW, &o.beta2, CheckUnitInterval},
+      {"eps", Algorithm::kAdamW, &o.eps, CheckPositiveFloat32},
+  };
+  for (const OverrideField& f : fields) {
+    RETURN_IF_ERROR(CheckOverrideField(f, groups));
+  }
+  // nesterov has no bound, only an algorithm.
+  std::map<std::string, double> nesterov;
+  for (const auto& [name, on] : o.nesterov) nesterov[name] = on ? 1.0 : 0.0;
+  return CheckOverrideField(
+      {"nesterov", Algorithm::kMuon, &nesterov,
+       [](double, std::string_view) { return absl::OkStatus(); }},
+      groups);
+}
+
+absl::Status CheckSkipParams(
+    const std::set<std::string>& skip,
+    const std::function<bool(const std::string&)>& held) {
+  for (const std::string& name : skip) {
+    if (held(name)) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "skip_params: '", Echo(name),
+        "' names no param this daemon holds (a skipped param must be one "
+        "registered on this rank); the step was not applied"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+template <typename T>
+void Override(const std::map<std::string, T>& values, const std::string& group,
+              T& field) {
+  if (auto it = values.find(group); it != values.end()) field = it->second;
+}
+
+}  // namespace
+
+MuonOptions MuonOptionsForStep(MuonOptions options, const std::string& group,
+                               const StepOverrides& o) {
+  Override(o.lr, group, options.lr);
+  Override(o.weight_decay, group, options.weight_decay);
+  Override(o.momentum, group, options.momentum);
+  Override(o.nesterov, group, options.nesterov);
+  return options;
+}
+
+AdamWOptions AdamWOptionsForStep(AdamWOptions options, const std::string& group,
+                                 const StepOverrides& o) {
+  Override(o.lr, group, options.lr);
+  Override(o.weight_decay, group, options.weight_decay);
+  Override(o.beta1, group, options.beta1);
+  Override(o.beta2, group, options.beta2);
+  Override(o.eps, group, options.eps);
+  return options;
 }
 
 namespace {
@@ -96,18 +196,50 @@ absl::Status NonFiniteError(const std::vector<std::string>& bad) {
       "; the step was not applied"));
 }
 
-// The group's options with this step's overrides applied.
-template <typename Options>
-Options WithOverrides(Options options, const std::string& group,
-                      const StepOverrides& overrides) {
-  if (auto it = overrides.lr.find(group); it != overrides.lr.end()) {
-    options.lr = it->second;
+// What a step does to a group on this rank, as its domain's ranks must agree
+// on it (domain_agreement.h): the group's params this rank skips, sorted,
+// and the group's hyperparameters for the step, each "<field>=<value>"
+// (%.17g: every double exactly).
+struct GroupStepSummary {
+  std::vector<std::string> skips;
+  std::vector<std::string> hyper;
+};
+
+GroupStepSummary SummarizeGroupStep(const GroupState& group,
+                                    const StepInputs& inputs) {
+  GroupStepSummary out;
+  for (const ParamBinding& p : group.config.params) {
+    if (inputs.skip_params.contains(p.name)) out.skips.push_back(p.name);
   }
-  if (auto it = overrides.weight_decay.find(group);
-      it != overrides.weight_decay.end()) {
-    options.weight_decay = it->second;
+  std::sort(out.skips.begin(), out.skips.end());
+  auto add = [&](const char* field, double v) {
+    out.hyper.push_back(absl::StrFormat("%s=%.17g", field, v));
+  };
+  const std::string& name = group.config.name;
+  if (group.config.algorithm == Algorithm::kMuon) {
+    const MuonOptions o =
+        MuonOptionsForStep(group.config.muon, name, inputs.overrides);
+    add("lr", o.lr);
+    add("weight_decay", o.weight_decay);
+    add("momentum", o.momentum);
+    out.hyper.push_back(o.nesterov ? "nesterov=true" : "nesterov=false");
+  } else {
+    const AdamWOptions o =
+        AdamWOptionsForStep(group.config.adamw, name, inputs.overrides);
+    add("lr", o.lr);
+    add("weight_decay", o.weight_decay);
+    add("beta1", o.beta1);
+    add("beta2", o.beta2);
+    add("eps", o.eps);
   }
-  return options;
+  return out;
+}
+
+std::vector<std::string> EchoAll(const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (const std::string& n : names)
+    out.push_back(absl::StrCat("'", Echo(n), "'"));
+  return out;
 }
 
 class LayerShardedMuonImpl final : public LayerShardedMuon {
@@ -136,8 +268,10 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // every gradient is finite and on the NS homes version, and makes that
   // version's plan the group's. Returns the names of non-finite gradients
   // (empty: step).
+  // The domains also agree on what the step does to each group (its skipped
+  // params and hyperparameters, from `inputs`).
   absl::StatusOr<std::vector<std::string>> AgreeAcrossDomains(
-      StepResult& result, bool read_grads);
+      const StepInputs& inputs, StepResult& result, bool read_grads);
   // Routes `group` by the homes of `version` (0: round-robin fallback),
   // building its plan unless it is the one in use.
   absl::Status UseHomesVersion(GroupState& group, int64_t version);
@@ -164,10 +298,10 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
       const std::function<absl::Status(Lane&, PhaseTimings&)>& fn,
       PhaseTimings& timings);
   // Up to the commit: the Muon groups of one lane, in registration order.
-  absl::Status PrepareLane(Lane& lane, const StepOverrides& overrides,
+  absl::Status PrepareLane(Lane& lane, const StepInputs& inputs,
                            ShapeTimes* shape_times, PhaseTimings& timings);
   // After the commit vote: every group of one lane writes its update.
-  absl::Status CommitLane(Lane& lane, const StepOverrides& overrides,
+  absl::Status CommitLane(Lane& lane, const StepInputs& inputs,
                           PhaseTimings& timings);
   // Every piece of state, in the order ExportState/ImportState name them.
   std::vector<StateEntry> StateEntries() const;
@@ -182,7 +316,9 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   int64_t state_bytes_ = 0;
   int64_t transient_bytes_ = 0;
   int64_t staging_bytes_ = 0;
-  std::vector<std::string> group_names_;
+  std::map<std::string, Algorithm> group_algorithms_;
+  // Every param's name, for CheckSkipParams.
+  std::set<std::string> param_names_;
   // Declared last: its threads, which use the members above, are joined
   // first.
   std::unique_ptr<LaneThreads> lane_threads_;
@@ -199,7 +335,10 @@ absl::Status LayerShardedMuonImpl::Init(std::vector<GroupConfig> groups) {
                      CreateGroupState(std::move(groups[i]), backend_));
     state_bytes_ += group.state_bytes;
     staging_bytes_ += group.staging_bytes;
-    group_names_.push_back(group.config.name);
+    group_algorithms_[group.config.name] = group.config.algorithm;
+    for (const ParamBinding& p : group.config.params) {
+      param_names_.insert(p.name);
+    }
     groups_.push_back(std::move(group));
   }
   return SetUpLanes();
@@ -258,7 +397,8 @@ absl::Status LayerShardedMuonImpl::SetHomes(const std::string& name,
 }
 
 absl::StatusOr<std::vector<std::string>>
-LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result, bool read_grads) {
+LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
+                                         StepResult& result, bool read_grads) {
   std::vector<std::string> bad;
   // A group that cannot step fails the step only after every group's
   // agreement, so all ranks run the same collectives whatever they decide:
@@ -276,6 +416,9 @@ LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result, bool read_grads) {
     mine.all_finite = finite.value_or(false);
     mine.homes_version = group.homes.newest();
     mine.oldest_held = group.homes.oldest();
+    const GroupStepSummary summary = SummarizeGroupStep(group, inputs);
+    mine.skip_min = mine.skip_max = StepFingerprint(summary.skips);
+    mine.hyper_min = mine.hyper_max = StepFingerprint(summary.hyper);
     std::vector<std::string> local_bad;
     if (finite.ok() && !mine.all_finite) {
       absl::StatusOr<std::vector<std::string>> names = BadGradNames(group);
@@ -294,6 +437,10 @@ LayerShardedMuonImpl::AgreeAcrossDomains(StepResult& result, bool read_grads) {
     // report: it refuses (or skips) in the job vote, and this rank's answer
     // then names it, instead of a refusal of its own that names nobody.
     bad.insert(bad.end(), local_bad.begin(), local_bad.end());
+    if (refused.ok()) {
+      refused = CheckStepAgreed(*agreed, group.config.name,
+                                EchoAll(summary.skips), summary.hyper);
+    }
     if (group.config.algorithm != Algorithm::kMuon || !refused.ok()) continue;
     // Every rank sees the same gathered votes, so every rank of the domain
     // refuses alike (a rank failing alone would leave its peers waiting in
@@ -379,16 +526,25 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
   refuse(inputs.refusal, inputs.refusal_code == RefusalCode::kNone
                              ? RefusalCode::kOther
                              : inputs.refusal_code);
-  refuse(CheckStepOverrides(inputs.overrides, group_names_),
+  refuse(CheckStepOverrides(inputs.overrides, group_algorithms_),
          RefusalCode::kOverrides);
+  refuse(CheckSkipParams(inputs.skip_params,
+                         [&](const std::string& name) {
+                           return param_names_.contains(name);
+                         }),
+         RefusalCode::kSkipParams);
   // Always run: the domain agreements are collectives of their own.
-  absl::StatusOr<std::vector<std::string>> agreed =
-      AgreeAcrossDomains(result, inputs.refusal_code != RefusalCode::kMemory);
+  absl::StatusOr<std::vector<std::string>> agreed = AgreeAcrossDomains(
+      inputs, result, inputs.refusal_code != RefusalCode::kMemory);
   if (!agreed.ok()) {
     refuse(agreed.status(), IsCommunicationFailure(agreed.status())
                                 ? RefusalCode::kCommunication
                             : absl::IsFailedPrecondition(agreed.status())
                                 ? RefusalCode::kPlanVersion
+                            // The agreements' one InvalidArgument:
+                            // CheckStepAgreed.
+                            : absl::IsInvalidArgument(agreed.status())
+                                ? RefusalCode::kDomainDisagreement
                                 : RefusalCode::kOther);
     return mine;
   }
@@ -411,7 +567,7 @@ JobBallot LayerShardedMuonImpl::ReplayBallot(const StepInputs& inputs,
   // Only for the collectives: peers that do step this id wait in the domain
   // agreements for this rank. No grad is read (nothing is stepped here).
   absl::StatusOr<std::vector<std::string>> agreed =
-      AgreeAcrossDomains(result, /*read_grads=*/false);
+      AgreeAcrossDomains(inputs, result, /*read_grads=*/false);
   if (!agreed.ok() && IsCommunicationFailure(agreed.status())) {
     refusal = agreed.status();
     mine.verdict = JobVerdict::kRefuse;
@@ -462,7 +618,7 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   shape_times_.Clear();
   const absl::Status prepared = RunLanes(
       [&](Lane& lane, PhaseTimings& t) {
-        return PrepareLane(lane, inputs.overrides, shape_times, t);
+        return PrepareLane(lane, inputs, shape_times, t);
       },
       result.timings);
   // 4. Every rank's exchanges succeeded, or nobody writes anything. A peer
@@ -487,9 +643,7 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   }
   // 5. The commit: local writes only.
   RETURN_IF_ERROR(RunLanes(
-      [&](Lane& lane, PhaseTimings& t) {
-        return CommitLane(lane, inputs.overrides, t);
-      },
+      [&](Lane& lane, PhaseTimings& t) { return CommitLane(lane, inputs, t); },
       result.timings));
   result.ns_shapes = shape_times_.ByShape();
   result.timings.total_us = absl::ToDoubleMicroseconds(absl::Now() - start);
@@ -519,31 +673,36 @@ absl::Status LayerShardedMuonImpl::RunLanes(
 }
 
 absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
-                                               const StepOverrides& overrides,
+                                               const StepInputs& inputs,
                                                ShapeTimes* shape_times,
                                                PhaseTimings& timings) {
   for (int gi : lane.groups) {
     GroupState& group = groups_[gi];
     if (group.config.algorithm != Algorithm::kMuon) continue;
     RETURN_IF_ERROR(PrepareMuonGroup(
-        group, WithOverrides(group.config.muon, group.config.name, overrides),
-        lane.exchange, shape_times, timings));
+        group,
+        MuonOptionsForStep(group.config.muon, group.config.name,
+                           inputs.overrides),
+        inputs.skip_params, lane.exchange, shape_times, timings));
   }
   return absl::OkStatus();
 }
 
 absl::Status LayerShardedMuonImpl::CommitLane(Lane& lane,
-                                              const StepOverrides& overrides,
+                                              const StepInputs& inputs,
                                               PhaseTimings& timings) {
   for (int gi : lane.groups) {
     GroupState& group = groups_[gi];
     const std::string& name = group.config.name;
     if (group.config.algorithm == Algorithm::kMuon) {
       RETURN_IF_ERROR(CommitMuonGroup(
-          group, WithOverrides(group.config.muon, name, overrides), timings));
+          group, MuonOptionsForStep(group.config.muon, name, inputs.overrides),
+          inputs.skip_params, timings));
     } else {
       RETURN_IF_ERROR(StepAdamWGroup(
-          group, WithOverrides(group.config.adamw, name, overrides), timings));
+          group,
+          AdamWOptionsForStep(group.config.adamw, name, inputs.overrides),
+          inputs.skip_params, timings));
     }
   }
   return absl::OkStatus();
@@ -551,10 +710,12 @@ absl::Status LayerShardedMuonImpl::CommitLane(Lane& lane,
 
 std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
   std::vector<StateEntry> entries;
-  for (const GroupState& group : groups_) {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const GroupState& group = groups_[gi];
     const std::string& gname = group.config.name;
     const bool muon = group.config.algorithm == Algorithm::kMuon;
-    for (const ParamState& p : group.params) {
+    for (size_t pi = 0; pi < group.params.size(); ++pi) {
+      const ParamState& p = group.params[pi];
       const std::string base = gname + "/" + p.spec.name;
       auto tensor = [&](const std::string& suffix, const MatrixView& view) {
         StateEntry e;
@@ -565,17 +726,18 @@ std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
       };
       if (muon) {
         tensor(".momentum", p.momentum);
-      } else {
-        tensor(".exp_avg", p.exp_avg);
-        tensor(".exp_avg_sq", p.exp_avg_sq);
+        continue;
       }
-    }
-    if (!muon) {
-      StateEntry e;
-      e.key = gname + "/.step";
-      e.count = group.adamw_step;
-      e.group = gname;
-      entries.push_back(std::move(e));
+      tensor(".exp_avg", p.exp_avg);
+      tensor(".exp_avg_sq", p.exp_avg_sq);
+      StateEntry count;
+      count.key = base + ".step";
+      count.count = p.adamw_step;
+      count.group = gname;
+      count.param = p.spec.name;
+      count.group_index = int(gi);
+      count.param_index = int(pi);
+      entries.push_back(std::move(count));
     }
   }
   return entries;
@@ -591,12 +753,12 @@ absl::Status LayerShardedMuonImpl::ImportState(
   const std::vector<StateEntry> entries = StateEntries();
   std::vector<Backend*> lane_backends;
   for (const Lane& lane : lanes_) lane_backends.push_back(lane.backend);
-  // Count entries are the AdamW groups' step counts, named "<group>/.step".
-  std::map<std::string, GroupState*> by_name;
-  for (GroupState& group : groups_) by_name[group.config.name] = &group;
-  return ImportStateEntries(state, entries, lane_backends,
-                            [&](size_t i, int64_t count) {
-                              by_name.at(entries[i].group)->adamw_step = count;
+  // Count entries are the AdamW params' step counts, "<group>/<param>.step".
+  return ImportStateEntries(WithPerParamStepCounts(state, entries), entries,
+                            lane_backends, [&](size_t i, int64_t count) {
+                              groups_[entries[i].group_index]
+                                  .params[entries[i].param_index]
+                                  .adamw_step = count;
                             });
 }
 

@@ -20,8 +20,10 @@
 // single-process reference on the same backend.
 //
 // Thread-safety: not thread-safe; the daemon serializes calls.
+#include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,7 @@
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
 #include "core/step/job_vote.h"
+#include "core/step/step_overrides.h"
 #include "core/step/step_result.h"
 
 namespace muond {
@@ -77,22 +80,28 @@ struct GroupConfig {
   std::vector<ParamBinding> params;
 };
 
-// Per-step overrides by group name. Bounds (CheckStepOverrides, the one
-// home of the rule): finite, >= 0, lr <= kMaxOverrideLr and weight_decay <=
-// kMaxOverrideWeightDecay. No torch schedule comes near them; beyond them a
-// step turns params into inf while answering OK.
-struct StepOverrides {
-  std::map<std::string, double> lr;
-  std::map<std::string, double> weight_decay;
-};
 // The same bounds as registration's hyperparameters (core/muon/bounds.h).
 inline constexpr double kMaxOverrideLr = kMaxLr;
 inline constexpr double kMaxOverrideWeightDecay = kMaxWeightDecay;
 
 // InvalidArgument naming the group, the field and the bound when an override
-// names no group of `group_names` or is out of range.
+// names no group of `groups` (name -> algorithm), sets a field of the other
+// algorithm, or is out of range.
 absl::Status CheckStepOverrides(const StepOverrides& overrides,
-                                const std::vector<std::string>& group_names);
+                                const std::map<std::string, Algorithm>& groups);
+
+// InvalidArgument naming the first name of `skip` (StepInputs::skip_params)
+// for which `held` is false: a skipped param must be one this rank holds.
+absl::Status CheckSkipParams(
+    const std::set<std::string>& skip,
+    const std::function<bool(const std::string&)>& held);
+
+// The group's registered options with this step's overrides applied.
+MuonOptions MuonOptionsForStep(MuonOptions registered, const std::string& group,
+                               const StepOverrides& overrides);
+AdamWOptions AdamWOptionsForStep(AdamWOptions registered,
+                                 const std::string& group,
+                                 const StepOverrides& overrides);
 
 // One step's inputs. `refusal`: this rank's own refusal of the step found
 // before the engine (the daemon's step id sequence, its plan activation, its
@@ -109,6 +118,16 @@ struct StepInputs {
   // once when only some do (their last step ids differ). Nothing is read or
   // written; the domain agreements run so the collectives match.
   bool replay = false;
+  // Params this step leaves alone, by ParamBinding::name (the trainer's grad
+  // is None, or the param does not require grad): torch.optim's rule, no
+  // momentum / moment update, no weight decay, no update, an AdamW param's
+  // step count unchanged. A skipped Muon param enters Newton–Schulz as zeros
+  // (its peers' exchanges keep their shapes); its result is dropped. A name
+  // that matches no param is refused (InvalidArgument naming it, through the
+  // job vote); the ranks of a group's domain must skip the same params of it
+  // (the domain agreement refuses the step otherwise). Non-skipped params
+  // step bitwise as without the field.
+  std::set<std::string> skip_params;
 };
 
 struct StepOptions {

@@ -1,5 +1,6 @@
 #include "core/step/state_io.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -27,8 +28,10 @@ absl::Status CheckEntry(const StateMap& state, const StateEntry& entry) {
   auto it = state.find(entry.key);
   if (entry.is_count()) {
     if (it == state.end() || it->second.size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state has no step count for AdamW group '", entry.group, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("state has no step count '", entry.key,
+                       "' (one value) for AdamW param '", entry.param,
+                       "' of group '", entry.group, "'"));
     }
     return absl::OkStatus();
   }
@@ -59,6 +62,28 @@ absl::Status CheckNoUnknownKeys(const StateMap& state,
 }
 
 }  // namespace
+
+StateMap WithPerParamStepCounts(StateMap state,
+                                absl::Span<const StateEntry> entries) {
+  // "<group>/.step" -> the count entries of that group's params.
+  std::map<std::string, std::vector<const StateEntry*>> by_group_key;
+  for (const StateEntry& e : entries) {
+    if (!e.is_count()) continue;
+    by_group_key[e.group + "/.step"].push_back(&e);
+  }
+  for (const auto& [group_key, counts] : by_group_key) {
+    auto old = state.find(group_key);
+    if (old == state.end()) continue;
+    const bool any_new = std::any_of(
+        counts.begin(), counts.end(),
+        [&](const StateEntry* e) { return state.contains(e->key); });
+    if (any_new) continue;
+    const std::vector<float> value = old->second;
+    state.erase(old);
+    for (const StateEntry* e : counts) state[e->key] = value;
+  }
+  return state;
+}
 
 absl::StatusOr<StateMap> ExportStateEntries(
     absl::Span<const StateEntry> entries) {

@@ -25,8 +25,11 @@ struct StateEntry {
   Backend* backend = nullptr;
   MatrixView tensor;
   int64_t count = 0;
-  // The AdamW group a count belongs to, for the error naming it.
+  // A count's AdamW group and param, for the old group key and the error.
   std::string group;
+  std::string param;
+  int group_index = 0;  // where the engine keeps the count
+  int param_index = 0;
 
   bool is_count() const { return backend == nullptr; }
 };
@@ -36,6 +39,15 @@ using StateMap = std::map<std::string, std::vector<float>>;
 // Copies every entry to the host.
 absl::StatusOr<StateMap> ExportStateEntries(
     absl::Span<const StateEntry> entries);
+
+// `state` with each AdamW group's old step count "<group>/.step" (one count
+// per group, before counts were per param; old state files keep loading)
+// replaced by the per-param counts of `entries` ("<group>/<param>.step")
+// when it has none of them: every param of the group gets the group's
+// count. A map with both keeps both (ImportStateEntries then refuses the old
+// key as unknown).
+StateMap WithPerParamStepCounts(StateMap state,
+                                absl::Span<const StateEntry> entries);
 
 // Checks that `state` has exactly the keys of `entries` with their sizes
 // (InvalidArgument naming the first entry that breaks the rule, in entry

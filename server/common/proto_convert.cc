@@ -48,6 +48,22 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype,
   }
 }
 
+StepOverrides FromProto(
+    const google::protobuf::RepeatedPtrField<v1::GroupOverride>& overrides) {
+  StepOverrides out;
+  for (const v1::GroupOverride& o : overrides) {
+    const std::string& g = o.group();
+    if (o.has_lr()) out.lr[g] = o.lr();
+    if (o.has_weight_decay()) out.weight_decay[g] = o.weight_decay();
+    if (o.has_momentum()) out.momentum[g] = o.momentum();
+    if (o.has_nesterov()) out.nesterov[g] = o.nesterov();
+    if (o.has_beta1()) out.beta1[g] = o.beta1();
+    if (o.has_beta2()) out.beta2[g] = o.beta2();
+    if (o.has_eps()) out.eps[g] = o.eps();
+  }
+  return out;
+}
+
 v1::StepTimings ToProto(const PhaseTimings& timings) {
   v1::StepTimings out;
   out.set_momentum_us(timings.momentum_us);

@@ -9,6 +9,7 @@
 #include "core/common/dtype.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
+#include "core/step/step_overrides.h"
 #include "core/step/step_result.h"
 #include "muond/v1/muond.pb.h"
 
@@ -49,6 +50,13 @@ inline NsHome FromProto(const v1::NsHome& home) { return {home.g(), home.t()}; }
 
 // A step's phase times (microseconds), field for field.
 v1::StepTimings ToProto(const PhaseTimings& timings);
+
+// A StepRequest's overrides as the engine takes them: each set field of each
+// GroupOverride (a group named twice: the later value wins). No check here:
+// the engine's CheckStepOverrides (core/step/layer_sharded_muon.h) is the one
+// home of the rules (known group, the field's algorithm, bounds).
+StepOverrides FromProto(
+    const google::protobuf::RepeatedPtrField<v1::GroupOverride>& overrides);
 
 // One measured NS shape as {rows, cols}; the count saturates at INT32_MAX
 // (the wire's int32).

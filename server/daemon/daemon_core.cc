@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -285,22 +286,37 @@ absl::Status DaemonCore::ActivatePlanFor(int64_t step_id) {
 
 absl::StatusOr<StepOverrides> DaemonCore::ParseOverrides(
     const v1::StepRequest& request) const {
-  StepOverrides out;
-  std::vector<std::string> names;
+  StepOverrides out = FromProto(request.overrides());
+  std::map<std::string, Algorithm> groups;
   for (const BoundGroup& g : registration_->groups) {
-    names.push_back(g.proto.name());
+    groups[g.proto.name()] = g.proto.algorithm() == v1::ALGORITHM_ADAMW
+                                 ? Algorithm::kAdamW
+                                 : Algorithm::kMuon;
   }
+  // A GroupOverride with no field set still names its group.
   for (const v1::GroupOverride& o : request.overrides()) {
-    if (std::find(names.begin(), names.end(), o.group()) == names.end()) {
+    if (!groups.contains(o.group())) {
       return absl::InvalidArgumentError(
-          absl::StrCat("overrides: unknown group '", o.group(), "'"));
+          absl::StrCat("overrides: unknown group '", Echo(o.group()), "'"));
     }
-    if (o.has_lr()) out.lr[o.group()] = o.lr();
-    if (o.has_weight_decay()) out.weight_decay[o.group()] = o.weight_decay();
   }
-  // The bounds' one home is the engine's rule.
-  RETURN_IF_ERROR(CheckStepOverrides(out, names));
+  // The rules' one home is the engine's (which checks again).
+  RETURN_IF_ERROR(CheckStepOverrides(out, groups));
   return out;
+}
+
+absl::StatusOr<std::set<std::string>> DaemonCore::ParseSkipParams(
+    const v1::StepRequest& request) const {
+  std::set<std::string> skip(request.skip_params().begin(),
+                             request.skip_params().end());
+  if (skip.empty()) return skip;
+  absl::flat_hash_set<std::string> held;
+  for (const BoundGroup& g : registration_->groups) {
+    for (const BoundParam& p : g.params) held.insert(p.name);
+  }
+  RETURN_IF_ERROR(CheckSkipParams(
+      skip, [&](const std::string& name) { return held.contains(name); }));
+  return skip;
 }
 
 absl::Status DaemonCore::CheckStepId(int64_t id) const {
@@ -374,6 +390,9 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
       absl::StatusOr<StepOverrides> overrides = ParseOverrides(request);
       refuse(overrides.status(), RefusalCode::kOverrides);
       if (overrides.ok()) inputs.overrides = *std::move(overrides);
+      absl::StatusOr<std::set<std::string>> skip = ParseSkipParams(request);
+      refuse(skip.status(), RefusalCode::kSkipParams);
+      if (skip.ok()) inputs.skip_params = *std::move(skip);
       if (inputs.refusal.ok()) {
         refuse(ActivatePlanFor(id), RefusalCode::kPlanVersion);
       }

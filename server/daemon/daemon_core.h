@@ -39,6 +39,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -218,7 +219,12 @@ class DaemonCore {
   // Hands the plan's NS homes of this daemon's Muon groups to the engine.
   absl::Status SetEngineHomes(const v1::Plan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The request's overrides, checked (CheckStepOverrides).
   absl::StatusOr<StepOverrides> ParseOverrides(
+      const v1::StepRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The request's skip_params; InvalidArgument naming a name this daemon
+  // does not hold (CheckSkipParams). Refused through the job vote.
+  absl::StatusOr<std::set<std::string>> ParseSkipParams(
       const v1::StepRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step id rules (range, sequence) for a step that is not a replay.
   absl::Status CheckStepId(int64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -34,8 +34,19 @@ class StateKeys {
         const std::string grouped = absl::StrCat(g.proto.name(), "/", p.name);
         targets_[grouped] = {grouped + coords, &p.local_shape};
         targets_.emplace(p.name, KeyTarget{p.name + coords, &p.local_shape});
+        if (g.proto.algorithm() == v1::ALGORITHM_ADAMW) {
+          group_counts_[grouped + ".step"] = g.proto.name() + "/.step";
+        }
       }
     }
+  }
+
+  // The key of the group's one step count files written before counts were
+  // per param ("<group>/.step") for the engine's per-param count `name`
+  // ("<group>/<param>.step"); null when `name` is none.
+  const std::string* OldGroupCount(const std::string& name) const {
+    auto it = group_counts_.find(name);
+    return it == group_counts_.end() ? nullptr : &it->second;
   }
 
   // The file key and shape of engine entry `name` with `size` values.
@@ -59,6 +70,7 @@ class StateKeys {
 
  private:
   std::unordered_map<std::string, KeyTarget> targets_;
+  std::unordered_map<std::string, std::string> group_counts_;
 };
 
 // JSON of each group's domain and hyperparameters, for the file's metadata
@@ -131,7 +143,9 @@ absl::Status CheckStateValues(const std::string& where, const std::string& name,
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", why));
   };
   const bool second_moment = absl::EndsWith(name, ".exp_avg_sq");
-  const bool count = absl::EndsWith(name, "/.step") || name == ".step";
+  // AdamW step counts: "<group>/<param>.step" (and a file's old
+  // "<group>/.step"); no tensor entry ends so.
+  const bool count = absl::EndsWith(name, ".step");
   for (size_t i = 0; i < values.size(); ++i) {
     const float v = values[i];
     if (!std::isfinite(v)) {
@@ -202,6 +216,22 @@ absl::StatusOr<LoadedState> StateFromFile(const std::string& path,
   for (const auto& [name, values] : current) {
     auto [key, want] = keys.Map(name, values.size());
     auto it = file.tensors.find(key);
+    const std::string* old_count = keys.OldGroupCount(name);
+    if (it == file.tensors.end() && old_count != nullptr) {
+      // A file of one count per group: every param of the group gets it.
+      it = file.tensors.find(*old_count);
+      if (it != file.tensors.end() && it->second.data.size() == 1) {
+        key = *old_count;
+        if (absl::Status st =
+                CheckValues(path, *old_count, key, it->second.data);
+            !st.ok()) {
+          return st;
+        }
+        out.state[name] = it->second.data;  // copied: the group's others too
+        used.insert(key);
+        continue;
+      }
+    }
     if (it == file.tensors.end()) {
       return Bad(path, absl::StrCat("lacks tensor '", key, "'"));
     }

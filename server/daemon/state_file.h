@@ -4,8 +4,11 @@
 //
 // File keys: the engine's "<group>/<param>.<suffix>" (or "<param>.<suffix>")
 // is "<group>/<param>/g<g>t<t>/<suffix>" in the file, so files of different
-// ranks never collide and Python tools can group them; other entries (AdamW
-// step counts "<group>/.step") keep their engine name. Metadata (strings):
+// ranks never collide and Python tools can group them; AdamW step counts
+// "<group>/<param>.step" (per param, as torch.optim keeps them) are
+// "<group>/<param>/g<g>t<t>/step". A file written when counts were per group
+// ("<group>/.step", no per-param count) still loads: every param of the
+// group gets that count. Metadata (strings):
 // format, job_id, rank, step_id, plan_version, domains and hyperparameters
 // (JSON, informational).
 //

@@ -280,6 +280,48 @@ TEST(StateFilesTest, LoadedValuesAreChecked) {
       "no registered param"));
 }
 
+// AdamW step counts are per param ("<group>/<param>.step", torch.optim's
+// state[p]["step"]); a file written with one count per group ("<group>/.step")
+// still loads, every param of the group getting that count.
+TEST(StateFilesTest, AdamWStepCountsPerParamAndOldGroupCountLoads) {
+  auto reg = ManyParams(2);
+  reg->groups[0].proto.set_algorithm(v1::ALGORITHM_ADAMW);
+  StateTensors current;
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = absl::StrCat("g/layer.", i, ".w");
+    current[p + ".exp_avg"] = {1, 2, 3, float(i)};
+    current[p + ".exp_avg_sq"] = {1, 2, 3, 4};
+    current[p + ".step"] = {float(3 + i)};
+  }
+  SafetensorsFile file = StateToFile(*reg, current, {"job", 0, 5, 1});
+  ASSERT_TRUE(file.tensors.count("g/layer.1.w/g0t0/step"));
+  absl::StatusOr<LoadedState> loaded =
+      StateFromFile("f", file, *reg, current, "job", kMaxStep);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state, current);
+
+  SafetensorsFile old = file;
+  old.tensors.erase("g/layer.0.w/g0t0/step");
+  old.tensors.erase("g/layer.1.w/g0t0/step");
+  old.tensors["g/.step"] = {{1}, {7}};
+  loaded = StateFromFile("f", old, *reg, current, "job", kMaxStep);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.at("g/layer.0.w.step"), std::vector<float>{7});
+  EXPECT_EQ(loaded->state.at("g/layer.1.w.step"), std::vector<float>{7});
+  old.tensors["g/.step"] = {{1}, {2.5f}};
+  const absl::Status bad =
+      StateFromFile("f", old, *reg, current, "job", kMaxStep).status();
+  EXPECT_TRUE(absl::StrContains(bad.message(), "step count")) << bad;
+  // A per-param count is checked as the group's was.
+  SafetensorsFile negative = file;
+  negative.tensors["g/layer.1.w/g0t0/step"].data[0] = -1;
+  EXPECT_TRUE(absl::StrContains(
+      StateFromFile("f", negative, *reg, current, "job", kMaxStep)
+          .status()
+          .message(),
+      "step count"));
+}
+
 // ------------------------------------------------------ through the daemons
 
 std::string Muonctl(const Cluster& c, const std::string& sub,

@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <optional>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -56,6 +58,8 @@ class FakeMuon : public LayerShardedMuon {
     if (!inputs.refusal.ok()) return inputs.refusal;
     // A single-rank job's replay vote is a replay: nothing is applied.
     if (inputs.replay) return StepResult{};
+    skip_params = inputs.skip_params;
+    overrides = inputs.overrides;
     for (float* f : firsts_) *f += 1;
     StepResult r;
     r.timings.total_us = 7;
@@ -78,6 +82,9 @@ class FakeMuon : public LayerShardedMuon {
   int64_t peak_transient_bytes() const override { return 0; }
   std::vector<std::pair<std::string, std::vector<NsHome>>> homes_set;
   std::vector<int64_t> versions_set;
+  // The last applied step's skip_params and overrides.
+  std::set<std::string> skip_params;
+  StepOverrides overrides;
   // The homes version the domain "agreed" on (unset: none reported).
   std::optional<int64_t> agreed_version;
 
@@ -494,6 +501,50 @@ TEST_F(DaemonCoreTest, StepRulesAndPlanActivation) {
 // version order, so this rank can route by the older one while a peer that
 // has not received the newer one yet catches up; the response names the
 // version the domain agreed on.
+// skip_params and the overrides reach the engine as they were sent; a skip
+// name the daemon does not hold, a field of the other algorithm or a value
+// out of bounds is refused through the engine's job vote (the refusal is
+// the step's inputs.refusal), naming it, and nothing is applied.
+TEST_F(DaemonCoreTest, SkipParamsAndOverridesReachTheEngineOrAreRefused) {
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  float* w = static_cast<float*>(region_->data());
+  v1::StepRequest bad = StepReq(1);
+  bad.add_skip_params("w");
+  bad.add_skip_params("ghost");
+  absl::Status st = core_->Step(bad).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), HasSubstr("skip_params: 'ghost' names no param"));
+  EXPECT_EQ(*w, 0.0f);
+  bad = StepReq(1);
+  v1::GroupOverride* o = bad.add_overrides();
+  o->set_group("muon");
+  o->set_beta1(0.9);
+  st = core_->Step(bad).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(),
+              HasSubstr("group 'muon' beta1 is an AdamW hyperparameter"));
+  o->clear_beta1();
+  o->set_momentum(1.0);
+  EXPECT_THAT(core_->Step(bad).status().message(),
+              HasSubstr("group 'muon' momentum must be in [0, 1)"));
+  EXPECT_EQ(*w, 0.0f);
+
+  v1::StepRequest good = StepReq(1);
+  good.add_skip_params("v");
+  o = good.add_overrides();
+  o->set_group("muon");
+  o->set_momentum(0.5);
+  o->set_nesterov(false);
+  absl::StatusOr<v1::StepResponse> r = core_->Step(good);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(fake_->skip_params, std::set<std::string>{"v"});
+  EXPECT_EQ(fake_->overrides.momentum.at("muon"), 0.5);
+  EXPECT_EQ(fake_->overrides.nesterov.at("muon"), false);
+  EXPECT_TRUE(fake_->overrides.lr.empty());
+}
+
 TEST_F(DaemonCoreTest, EveryPlanVersionReachesTheEngineInOrder) {
   ASSERT_TRUE(core_->Register(Valid()).ok());
   core_->OnPlan(PlanFor(1, 0, 0));
