@@ -223,7 +223,8 @@ absl::StatusOr<LoadedState> StateFromFile(const std::string& path,
       if (it != file.tensors.end() && it->second.data.size() == 1) {
         key = *old_count;
         if (absl::Status st =
-                CheckValues(path, *old_count, key, it->second.data);
+                CheckStateValues(absl::StrCat("state file '", path, "'"),
+                                 *old_count, key, it->second.data);
             !st.ok()) {
           return st;
         }
