@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 import time
 import uuid
 import weakref
@@ -69,6 +71,7 @@ import weakref
 import torch
 
 from muond import split as _split
+from muond import state as _state
 from muond import wire_enums as _wire_enums
 from muond.client import PEER_GONE, Client, MuondError, error_info
 from muond.shm import ShmBuffer
@@ -286,6 +289,8 @@ class Muon(torch.optim.Optimizer):
                 # and "momentum" when it is not, as for torch.optim.Muon.
                 defaults["betas"] = tuple(betas)
         super().__init__(params, defaults)
+        self.state = _LazyState(self)  # the daemons hold it; see _LazyState
+        self._views: list = []  # (param, the shared-buffer tensor it is bound to)
 
         daemons = [daemons] if isinstance(daemons, str) else list(daemons)
         if not daemons:
@@ -421,6 +426,7 @@ class Muon(torch.optim.Optimizer):
             view = pbuf.flat[:p.numel()].view(p.shape)
             view.copy_(p.data)
             p.data = view
+            self._views.append((p, view))
             grad = gbuf.flat[:p.numel()].view(p.shape)
             if p.grad is not None:
                 grad.copy_(p.grad)
@@ -542,6 +548,37 @@ class Muon(torch.optim.Optimizer):
                         f"entries are {', '.join(LIVE_KEYS[algorithm])}); build a new "
                         "optimizer to change it")
 
+    def _follow_rebound_params(self) -> None:
+        """A param whose tensor was replaced after construction (``p.data =``,
+        ``model.to()`` / ``.half()`` that moved it) is followed when the new
+        tensor has the same shape, dtype and device: its values are copied into
+        the shared buffer the daemons update and ``p.data`` is bound to it
+        again. Otherwise step() refuses before any RPC, naming the param and
+        what changed (the daemons can only update the memory registered)."""
+        refused = []
+        for p, view in self._views:
+            data = p.data
+            if data.data_ptr() == view.data_ptr() and data.stride() == view.stride() \
+                    and data.shape == view.shape and data.dtype == view.dtype:
+                continue
+            changed = [f"{what} {a} -> {b}" for what, a, b in (
+                ("shape", tuple(view.shape), tuple(data.shape)),
+                ("dtype", view.dtype, data.dtype), ("device", view.device, data.device))
+                if a != b]
+            if changed:
+                refused.append(f"param {self._param_names[id(p)]}: {', '.join(changed)}")
+        if refused:
+            raise ValueError(
+                "muond.torch.Muon follows a param rebound after construction only to a tensor "
+                "of the same shape, dtype and device (its registered memory cannot change); "
+                + "; ".join(refused) + ". Build a new optimizer for the changed model (carry "
+                "the state with state_dict / load_state_dict)")
+        with torch.no_grad():
+            for p, view in self._views:
+                if p.data.data_ptr() != view.data_ptr() or p.data.stride() != view.stride():
+                    view.copy_(p.data)
+                    p.data = view
+
     def _overrides(self, rank: int) -> list[pb.GroupOverride]:
         """The live hyperparameters (LIVE_KEYS) of every group this daemon
         holds, read from param_groups now (LR schedulers, momentum warm-up);
@@ -558,6 +595,9 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_fixed()
+        self._follow_rebound_params()
+        self.state.push_if_assigned()
+        self.state.invalidate()  # the step changes the state: read it afresh
         skipped = self._skipped_and_copy_grads()
         if self._on_cuda:
             torch.cuda.synchronize()  # the daemon reads grads from another process
@@ -589,18 +629,140 @@ class Muon(torch.optim.Optimizer):
     def status(self):
         return [c.status() for c in self.clients]
 
+    # -- optimizer state (muond.state converts; the daemons hold it) -------
+    def _param_infos(self) -> list[_state.ParamInfo]:
+        """Every param in torch.optim's index order, with where its state lives."""
+        infos = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                name = self._param_names[id(p)]
+                infos.append(_state.ParamInfo(name, group["algorithm"], tuple(p.shape),
+                                              self.layouts[name]))
+        return infos
+
+    def _fetch_state(self) -> dict:
+        """param -> torch.optim's state of it, assembled from every daemon's
+        ExportState (tensors on the param's device)."""
+        if self._closed:
+            raise RuntimeError("muond.torch.Muon: the state lives in the daemons, and this "
+                               "optimizer is closed")
+        exported = self._on_all(lambda c: c.export_state(self.job_id, self.client_id),
+                                "ExportState")
+        by_name = _state.assemble(self._param_infos(), {r: e for r, (_, e) in
+                                                        enumerate(exported)})
+        return {p: {k: v.to(p.device) if k != "step" else v
+                    for k, v in by_name[self._param_names[id(p)]].items()}
+                for group in self.param_groups for p in group["params"]}
+
+    def _push_state(self, states_by_name: dict, step_id: int) -> None:
+        """Imports ``states_by_name`` (muond.state.validate's result) into every
+        daemon, all or nothing: each daemon checks and stages its entries under
+        one transaction id, then all commit; if any refuses, all abort."""
+        per_rank = _state.disassemble(self._param_infos(), states_by_name, len(self.clients))
+        txn = f"{self.client_id}-{uuid.uuid4().hex[:12]}"
+        try:
+            self._on_all(lambda c, r: c.import_state(self.job_id, self.client_id, step_id,
+                                                     per_rank[r], transaction_id=txn),
+                         "ImportState", with_rank=True)
+        except BaseException:
+            for c in self.clients:
+                try:
+                    c.abort_state(self.job_id, self.client_id, txn)
+                except Exception:  # not staged there, or unreachable: nothing to drop
+                    pass
+            raise
+        # Every daemon validated and staged its part: COMMIT no longer fails
+        # on the content, only if a daemon is gone.
+        self._on_all(lambda c: c.commit_state(self.job_id, self.client_id, txn),
+                     "LoadState COMMIT")
+        self.state.invalidate()
+
+    def _on_all(self, call, what: str, with_rank: bool = False) -> list:
+        """call(client) on every daemon concurrently; results in rank order,
+        the first failure raised as a MuondError naming the daemon and `what`."""
+        def run(r, c):
+            return _result(lambda: call(c, r) if with_rank else call(c), c, what)
+        if len(self.clients) == 1:
+            return [run(0, self.clients[0])]
+        with ThreadPoolExecutor(len(self.clients)) as pool:
+            futures = [pool.submit(run, r, c) for r, c in enumerate(self.clients)]
+            return [f.result() for f in futures]
+
     def state_dict(self):
-        """Param groups and the step id; the optimizer state itself (momentum,
-        Adam moments) lives in the daemons: `muonctl save|load`."""
-        sd = super().state_dict()
-        sd["muond_step_id"] = self.step_id
-        return sd
+        """torch.optim's format: "state" keyed by param index, each param's
+        state fetched from the daemons (Muon: {"momentum_buffer"}, AdamW:
+        {"step", "exp_avg", "exp_avg_sq"}; full param shapes), "param_groups"
+        with every group's options and the job's step id as "muond_step_id"
+        (kept by torch.distributed.checkpoint, unlike a top-level key)."""
+        index = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = [index.setdefault(id(p), len(index)) for p in group["params"]]
+            packed[_state.STEP_ID_KEY] = self.step_id
+            groups.append(packed)
+        # Copies: opt.state's cache must keep what the daemons hold even if
+        # the caller edits the returned tensors in place.
+        state = {index[id(p)]: {k: v.clone() for k, v in s.items()}
+                 for p, s in self.state.items()}
+        # Also at the top level, where torch.save keeps it and older muond
+        # state dicts had it (load_state_dict reads either).
+        return {"state": state, "param_groups": groups, _state.STEP_ID_KEY: self.step_id}
 
     def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
-        if "muond_step_id" in state_dict:
-            self.step_id = int(state_dict.pop("muond_step_id"))
-        super().load_state_dict(state_dict)
+        """Checks ``state_dict`` (torch.optim's format: ours, or a
+        torch.optim.Muon / AdamW one, whose state is converted to fp32 and
+        whose missing step id keeps this optimizer's), then imports the state
+        into every daemon all or nothing and sets the groups' options and the
+        step id. On any error nothing changes (ValueError naming the param and
+        the rule for a bad state dict)."""
+        groups, states = self._check_state_dict(state_dict)
+        step_ids = {int(g[_state.STEP_ID_KEY]) for g in state_dict["param_groups"]
+                    if _state.STEP_ID_KEY in g}
+        if not step_ids and _state.STEP_ID_KEY in state_dict:
+            step_ids = {int(state_dict[_state.STEP_ID_KEY])}
+        if len(step_ids) > 1:
+            raise ValueError(f"param_groups disagree on {_state.STEP_ID_KEY}: {sorted(step_ids)}")
+        step_id = int(step_ids.pop()) if step_ids else self.step_id
+        self._push_state(states, step_id)
+        for group, saved in zip(self.param_groups, groups):
+            group.update(saved)
+        self.step_id = step_id
+
+    def _check_state_dict(self, state_dict):
+        """(each group's options to apply, param name -> fp32 state), or a
+        ValueError naming what is wrong; nothing changes here."""
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise ValueError("state_dict must have 'state' and 'param_groups' (torch.optim's "
+                             "format: opt.state_dict())")
+        saved_groups = list(state_dict["param_groups"])
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has {len(saved_groups)} parameter groups, this "
+                             f"optimizer has {len(self.param_groups)}")
+        by_index, groups = {}, []
+        for gi, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"param group {gi}: loaded group has {len(saved['params'])} "
+                                 f"params, this optimizer's has {len(group['params'])}")
+            if saved.get("algorithm", group["algorithm"]) != group["algorithm"]:
+                raise ValueError(f"param group {gi}: algorithm {saved['algorithm']!r} in the "
+                                 f"state dict, {group['algorithm']!r} here")
+            for index, p in zip(saved["params"], group["params"]):
+                by_index[index] = self._param_names[id(p)]
+            groups.append({k: v for k, v in saved.items()
+                           if k not in ("params", "param_names", _state.STEP_ID_KEY)})
+        unknown = sorted(set(state_dict["state"]) - set(by_index), key=str)
+        if unknown:
+            raise ValueError(f"state for param indices {unknown} that no param group lists")
+        states = {by_index[i]: s for i, s in state_dict["state"].items()}
+        return groups, _state.validate(self._param_infos(), states)
+
+    def __getstate__(self):
+        raise TypeError(
+            "muond.torch.Muon cannot be pickled (torch.save(opt), copy.deepcopy): its state "
+            "lives in the daemons and its params in memory registered with them. Save "
+            "opt.state_dict() instead and load it into a new muond.torch.Muon with "
+            "load_state_dict()")
 
     def add_param_group(self, param_group):
         if getattr(self, "_registered", False):
@@ -628,6 +790,66 @@ class Muon(torch.optim.Optimizer):
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _LazyState(MutableMapping):
+    """``opt.state`` as torch.optim has it (param -> {"momentum_buffer": ...}),
+    read from the daemons on first access and cached until the next step,
+    load_state_dict or add_param_group. Always truthy (one entry per param,
+    no RPC to know that): torch.distributed.checkpoint steps an optimizer whose
+    ``state`` is empty to create it, which would be a real step here. An
+    assignment (Lightning's ``_optimizer_to_device`` writes every entry back)
+    is imported into the daemons before the next step; in-place changes to
+    the fetched tensors are not seen (use load_state_dict)."""
+
+    def __init__(self, opt: "Muon"):
+        self._opt = opt
+        self._cache = None
+        self._dirty = False
+
+    def _params(self):
+        return [p for group in self._opt.param_groups for p in group["params"]]
+
+    def _loaded(self) -> dict:
+        if self._cache is None:
+            self._cache = self._opt._fetch_state()
+        return self._cache
+
+    def invalidate(self) -> None:
+        self._cache, self._dirty = None, False
+
+    def __getitem__(self, p):
+        if p not in self:
+            raise KeyError("not a param of this optimizer")
+        return self._loaded()[p]
+
+    def __setitem__(self, p, value):
+        if p not in self:
+            raise KeyError("muond.torch.Muon keeps state only for its own params")
+        self._loaded()[p] = value
+        self._dirty = True
+
+    def __delitem__(self, p):
+        raise TypeError("muond.torch.Muon's state lives in the daemons; load_state_dict "
+                        "replaces it")
+
+    def __contains__(self, p):
+        return any(p is q for q in self._params())
+
+    def __iter__(self):
+        return iter(self._params())
+
+    def __len__(self):
+        return len(self._params())
+
+    def push_if_assigned(self) -> None:
+        """Imports the cached state into the daemons when an entry was assigned."""
+        if not self._dirty:
+            return
+        opt = self._opt
+        states = _state.validate(opt._param_infos(),
+                                 {opt._param_names[id(p)]: s for p, s in self._cache.items()})
+        opt._push_state(states, opt.step_id)
 
 
 def _whole(p: torch.Tensor):

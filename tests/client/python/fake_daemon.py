@@ -101,6 +101,9 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         # and a Step handler that replaces the fake step.
         self.engine_error = ""
         self.on_step = None
+        self.refuse_import = ""  # set: ImportState refuses after checking (a test hook)
+        self.staged: dict = {}
+        self.imports = self.aborts = 0
         cluster.daemons.append(self)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_OptimizerServicer_to_server(self, self.server)
@@ -120,6 +123,7 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
 
     def UnregisterParams(self, request, context):
         self.groups = []
+        self.state = {}
         return pb.UnregisterParamsResponse()
 
     def RegisterParams(self, request, context):
@@ -212,6 +216,140 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
             ns_us=10.0 * (self.rank + 1), total_us=100.0 * (self.rank + 1)))
 
 
+    # -- state streaming (the real daemon's ExportState / ImportState contract) --
+    def _expected_entries(self) -> dict:
+        """entry name -> numel, for every registered param of this daemon."""
+        out = {}
+        for group, views in self.groups:
+            for p, (pv, _) in zip(group.params, views):
+                if group.algorithm == pb.ALGORITHM_ADAMW:
+                    out.update({f"{p.name}.exp_avg": pv.size, f"{p.name}.exp_avg_sq": pv.size,
+                                f"{p.name}.step": 1})
+                else:
+                    out[f"{p.name}.momentum"] = pv.size
+        return out
+
+    def _entries(self) -> dict:
+        out = {}
+        for group, views in self.groups:
+            for p, (pv, _) in zip(group.params, views):
+                if group.algorithm == pb.ALGORITHM_ADAMW:
+                    st = self.state.get(p.name, {"step": 0, "m": torch.zeros(pv.shape),
+                                                 "v": torch.zeros(pv.shape)})
+                    out[f"{p.name}.exp_avg"] = st["m"].reshape(-1)
+                    out[f"{p.name}.exp_avg_sq"] = st["v"].reshape(-1)
+                    out[f"{p.name}.step"] = torch.tensor([float(st["step"])])
+                else:
+                    out[f"{p.name}.momentum"] = self.state.get(
+                        p.name, torch.zeros(pv.shape)).reshape(-1)
+        return out
+
+    def ExportState(self, request, context):
+        entries = self._entries()
+        yield pb.StateChunk(header=pb.StateHeader(step_id=self.last_step,
+                                                  num_entries=len(entries)))
+        for name, value in entries.items():
+            yield pb.StateChunk(entry=name, numel=value.numel(), offset=0,
+                                data=value.to(torch.float32).numpy().astype("<f4").tobytes())
+
+    def ImportState(self, request_iterator, context):
+        header, got = None, {}
+        for chunk in request_iterator:
+            if header is None:
+                header = chunk.header
+                continue
+            buf = got.setdefault(chunk.entry, np.zeros(chunk.numel, np.float32))
+            values = np.frombuffer(chunk.data, "<f4")
+            buf[chunk.offset:chunk.offset + values.size] = values
+        expected = self._expected_entries()
+        for name, numel in expected.items():
+            if name not in got or got[name].size != numel:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"entry {name}: missing or "
+                              f"not {numel} values")
+        unknown = sorted(set(got) - set(expected))
+        if unknown:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown entries {unknown}")
+        if self.refuse_import:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, self.refuse_import)
+        staged = (header.step_id, got)
+        if header.transaction_id:
+            self.staged[header.transaction_id] = staged
+        else:
+            self._apply(staged)
+        return pb.ImportStateResponse(step_id=header.step_id, num_entries=len(got))
+
+    def _apply(self, staged):
+        step_id, got = staged
+        for group, views in self.groups:
+            for p, (pv, _) in zip(group.params, views):
+                if group.algorithm == pb.ALGORITHM_ADAMW:
+                    self.state[p.name] = {
+                        "step": int(got[f"{p.name}.step"][0]),
+                        "m": torch.from_numpy(got[f"{p.name}.exp_avg"].copy()).view(pv.shape),
+                        "v": torch.from_numpy(got[f"{p.name}.exp_avg_sq"].copy()).view(pv.shape)}
+                else:
+                    self.state[p.name] = torch.from_numpy(
+                        got[f"{p.name}.momentum"].copy()).view(pv.shape)
+        self.last_step = step_id
+        self.imports += 1
+
+    def LoadState(self, request, context):
+        if request.phase == pb.STATE_PHASE_COMMIT:
+            if request.transaction_id not in self.staged:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "nothing staged")
+            self._apply(self.staged.pop(request.transaction_id))
+        elif request.phase == pb.STATE_PHASE_ABORT:
+            self.staged.pop(request.transaction_id, None)
+            self.aborts += 1
+        else:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "fake: only COMMIT/ABORT")
+        return pb.LoadStateResponse(step_id=self.last_step)
+
+
+def install_client_state_methods():
+    """Client.export_state / import_state / commit_state / abort_state as the
+    issue-17 design names them, for as long as muond.client lacks them."""
+    from muond.client import Client
+    if hasattr(Client, "export_state"):
+        return
+
+    def export_state(self, job_id, client_id, max_chunk_bytes=0):
+        header, entries = None, {}
+        for chunk in self.stub.ExportState(pb.ExportStateRequest(header=pb.StateHeader(
+                job_id=job_id, client_id=client_id, max_chunk_bytes=max_chunk_bytes)),
+                timeout=self.timeout):
+            if header is None:
+                header = chunk.header
+                continue
+            buf = entries.setdefault(chunk.entry, torch.zeros(chunk.numel))
+            values = torch.from_numpy(np.frombuffer(chunk.data, "<f4").copy())
+            buf[chunk.offset:chunk.offset + values.numel()] = values
+        return header.step_id, entries
+
+    def import_state(self, job_id, client_id, step_id, entries, transaction_id="",
+                     max_chunk_bytes=0):
+        def chunks():
+            yield pb.StateChunk(header=pb.StateHeader(
+                job_id=job_id, client_id=client_id, step_id=step_id,
+                transaction_id=transaction_id, num_entries=len(entries)))
+            for name, value in entries.items():
+                value = torch.as_tensor(value, dtype=torch.float32).reshape(-1)
+                yield pb.StateChunk(entry=name, numel=value.numel(), offset=0,
+                                    data=value.numpy().astype("<f4").tobytes())
+        return self.stub.ImportState(chunks(), timeout=self.timeout)
+
+    def phase(p):
+        def call(self, job_id, client_id, transaction_id):
+            return self.stub.LoadState(pb.LoadStateRequest(
+                job_id=job_id, client_id=client_id, phase=p, transaction_id=transaction_id),
+                timeout=self.timeout)
+        return call
+
+    Client.export_state, Client.import_state = export_state, import_state
+    Client.commit_state = phase(pb.STATE_PHASE_COMMIT)
+    Client.abort_state = phase(pb.STATE_PHASE_ABORT)
+
+
 def assemble(board, step, d: pb.Domain, p: pb.Param) -> torch.Tensor:
     G, T = max(d.gtp_size, 1), max(d.tp_size, 1)
     tags = p.tags
@@ -239,6 +377,9 @@ def shard_of(full: torch.Tensor, d: pb.Domain, p: pb.Param) -> torch.Tensor:
         x = torch.cat([x, torch.zeros(tags.pad_length, x.shape[1])], 0)
         x = torch.chunk(x, G, 0)[d.g]
     return x
+
+
+install_client_state_methods()
 
 
 def start_cluster(directory: str, world: int):

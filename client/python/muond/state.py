@@ -1,0 +1,178 @@
+"""muond.torch.Muon's optimizer state in torch.optim's format, and back.
+
+The daemons hold the state as entries of their local shards (proto StateChunk):
+``"<param>.momentum"`` (Muon), ``"<param>.exp_avg"``, ``"<param>.exp_avg_sq"``
+(AdamW; fp32, row-major) and ``"<param>.step"`` (an AdamW param's step count).
+torch.optim keys it by param with whole tensors: Muon ``{"momentum_buffer"}``,
+AdamW ``{"step": float32 scalar, "exp_avg", "exp_avg_sq"}``. This module is the
+one place that converts between the two and checks a state dict before any of
+it reaches a daemon:
+
+* ``assemble``: every daemon's entries -> one ``{key: tensor}`` per param, of the
+  param's full shape (split mode: each shard is a strided view of one buffer
+  laid out as muond.split says, the model's tensor its contiguous prefix; solo
+  and local mode: the whole entry).
+* ``validate``: a loaded state dict's per-param state -> fp32 CPU tensors, or a
+  ValueError naming the param and the rule (nothing sent yet).
+* ``disassemble``: per-param state -> each daemon's entries (split pad rows are
+  zeros: their gradient rows are zero, so the daemons' state there is zero).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from muond import split as _split
+
+# torch.optim's state keys per algorithm -> the daemons' entry suffix.
+TORCH_KEYS = {
+    "muon": {"momentum_buffer": "momentum"},
+    "adamw": {"step": "step", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"},
+}
+# The step id key kept in every param group of a state dict:
+# torch.distributed.checkpoint keeps only "state" and "param_groups" (and the
+# keys inside them), so a top-level key would be lost on that path.
+STEP_ID_KEY = "muond_step_id"
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """Where one param's state lives: ``layout`` is a muond.split.SplitLayout,
+    ("solo", rank) or "local" (rank 0), as muond.torch.Muon.layouts."""
+    name: str
+    algorithm: str      # "muon" | "adamw"
+    shape: tuple
+    layout: object
+
+    def ranks(self) -> list[int]:
+        if isinstance(self.layout, _split.SplitLayout):
+            return [s.rank for s in self.layout.shards]
+        if isinstance(self.layout, tuple):
+            return [self.layout[1]]
+        return [0]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _entry(entries: dict, key: str, numel: int, rank: int) -> torch.Tensor:
+    if key not in entries:
+        raise RuntimeError(f"muond daemon rank {rank} exported no state entry {key!r}")
+    value = entries[key]
+    value = (value if isinstance(value, torch.Tensor)
+             else torch.tensor(list(value), dtype=torch.float32))
+    value = value.detach().to("cpu", torch.float32).reshape(-1)
+    if value.numel() != numel:
+        raise RuntimeError(f"muond daemon rank {rank}: state entry {key!r} has {value.numel()} "
+                           f"values, expected {numel}")
+    return value
+
+
+def _assemble_tensor(info: ParamInfo, suffix: str, per_rank: dict) -> torch.Tensor:
+    key = f"{info.name}.{suffix}"
+    layout = info.layout
+    if not isinstance(layout, _split.SplitLayout):
+        rank = info.ranks()[0]
+        return _entry(per_rank[rank], key, _numel(info.shape), rank).view(info.shape).clone()
+    buffer = torch.zeros(layout.buffer_numel, dtype=torch.float32)
+    for s in layout.shards:
+        value = _entry(per_rank[s.rank], key, s.shape[0] * s.shape[1], s.rank)
+        buffer.as_strided(s.shape, s.strides, s.offset).copy_(value.view(s.shape))
+    return buffer[:_numel(info.shape)].view(info.shape).clone()
+
+
+def assemble(infos: list[ParamInfo], per_rank: dict) -> dict[str, dict[str, torch.Tensor]]:
+    """Param name -> torch.optim's state of that param, from ``per_rank``
+    (rank -> {entry name: values}, as Client.export_state returns them)."""
+    out = {}
+    for info in infos:
+        state = {}
+        for key, suffix in TORCH_KEYS[info.algorithm].items():
+            if key == "step":
+                rank = info.ranks()[0]
+                state[key] = _entry(per_rank[rank], f"{info.name}.step", 1, rank)[0].clone()
+            else:
+                state[key] = _assemble_tensor(info, suffix, per_rank)
+        out[info.name] = state
+    return out
+
+
+def _fp32(info: ParamInfo, key: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        if key == "step" and isinstance(value, (int, float)):
+            return torch.tensor(float(value), dtype=torch.float32)
+        raise ValueError(f"param {info.name}: state[{key!r}] must be a tensor, got "
+                         f"{type(value).__name__}")
+    if not value.is_floating_point() and not (key == "step" and value.dtype in
+                                              (torch.int32, torch.int64)):
+        raise ValueError(f"param {info.name}: state[{key!r}] must be a floating tensor, got "
+                         f"{value.dtype}")
+    return value.detach().to("cpu", torch.float32)
+
+
+def validate(infos: list[ParamInfo], states: dict) -> dict[str, dict[str, torch.Tensor]]:
+    """Param name -> its state as fp32 CPU tensors, from ``states`` (param name
+    -> torch.optim state dict of that param; a param without one starts from
+    zero, as torch.optim's lazy state does). Raises ValueError naming the param
+    and the rule on unknown or missing keys, wrong shapes, non-finite values."""
+    out = {}
+    for info in infos:
+        keys = TORCH_KEYS[info.algorithm]
+        given = dict(states.get(info.name) or {})
+        unknown = sorted(set(given) - set(keys))
+        if unknown:
+            raise ValueError(f"param {info.name}: state keys {unknown} are not {info.algorithm}'s "
+                             f"(expected {sorted(keys)})")
+        if given and set(given) != set(keys):
+            raise ValueError(f"param {info.name}: state has keys {sorted(given)}, "
+                             f"{info.algorithm} needs all of {sorted(keys)}")
+        state = {}
+        for key in keys:
+            if key not in given:
+                state[key] = (torch.zeros((), dtype=torch.float32) if key == "step"
+                              else torch.zeros(info.shape, dtype=torch.float32))
+                continue
+            value = _fp32(info, key, given[key])
+            want = () if key == "step" else tuple(info.shape)
+            if key == "step" and value.numel() == 1:
+                value = value.reshape(())
+            if tuple(value.shape) != want:
+                raise ValueError(f"param {info.name}: state[{key!r}] has shape "
+                                 f"{tuple(value.shape)}, the param needs {want}")
+            if not torch.isfinite(value).all():
+                raise ValueError(f"param {info.name}: state[{key!r}] has non-finite values")
+            if key == "step" and (value < 0 or value != value.round()):
+                raise ValueError(f"param {info.name}: state['step'] must be a whole number >= "
+                                 f"0, got {value.item()}")
+            state[key] = value
+        out[info.name] = state
+    return out
+
+
+def disassemble(infos: list[ParamInfo], states: dict, world: int) -> list[dict]:
+    """Each daemon's entries (rank -> {entry: fp32 1-D tensor}) of ``states``
+    (validate's result)."""
+    per_rank = [dict() for _ in range(world)]
+    for info in infos:
+        state = states[info.name]
+        for key, suffix in TORCH_KEYS[info.algorithm].items():
+            name = f"{info.name}.{suffix}"
+            value = state[key]
+            if key == "step":
+                per_rank[info.ranks()[0]][name] = value.reshape(1).clone()
+                continue
+            layout = info.layout
+            if not isinstance(layout, _split.SplitLayout):
+                per_rank[info.ranks()[0]][name] = value.reshape(-1).clone()
+                continue
+            buffer = torch.zeros(layout.buffer_numel, dtype=torch.float32)
+            buffer[:value.numel()].copy_(value.reshape(-1))
+            for s in layout.shards:
+                per_rank[s.rank][name] = (buffer.as_strided(s.shape, s.strides, s.offset)
+                                          .contiguous().reshape(-1))
+    return per_rank

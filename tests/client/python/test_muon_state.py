@@ -1,0 +1,217 @@
+"""muond.torch.Muon's optimizer state through fake daemons (fake_daemon.py):
+state_dict / load_state_dict in torch.optim's format, ``opt.state``, the
+all-or-nothing import, rebinding and pickling. The fake keeps the state per
+local shard as the wire says, so split-mode assembly is checked against the
+example's in-process ReferenceMuon (torch.optim's state layout) bitwise."""
+import io
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fake_daemon import start_cluster  # noqa: E402
+from test_muon_fake_daemon import HYPER, PARAMS, groups, make_params  # noqa: E402
+from muond.torch import Muon  # noqa: E402
+from reference_muon import ReferenceMuon  # noqa: E402
+
+
+def grads(params, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(p.shape, generator=g) for n, p in params.items()}
+
+
+def train(opt, params, seeds):
+    for seed in seeds:
+        for n, gr in grads(params, seed).items():
+            params[n].grad = gr.to(params[n].dtype)
+        opt.step()
+    return {n: p.detach().clone() for n, p in params.items()}
+
+
+class StateTest(unittest.TestCase):
+    G, T = 2, 2
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="muond-state-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+        self.clusters = []
+
+    def tearDown(self):
+        for cluster in self.clusters:
+            for d in cluster.daemons:
+                d.stop()
+
+    def optimizer(self, params, world=None, **kw):
+        world = world or self.G * self.T
+        cluster, addresses = start_cluster(tempfile.mkdtemp(dir=self.dir), world)
+        self.clusters.append(cluster)
+        opt = Muon(groups(params), daemons=addresses, job_id="state", gtp_size=self.G,
+                   tp_size=world // self.G, **HYPER, **kw)
+        self.addCleanup(opt.close)
+        return opt, cluster
+
+    def test_state_dict_is_torchs_state_of_the_reference(self):
+        ref_params = make_params()
+        ref = ReferenceMuon(groups(ref_params), **HYPER)
+        train(ref, ref_params, [1, 2])
+        params = make_params()
+        opt, _ = self.optimizer(params)
+        self.assertTrue(opt.state)  # truthy before any step: DCP must not step us
+        train(opt, params, [1, 2])
+        sd = opt.state_dict()
+        want = ref.state_dict()
+        self.assertEqual(sorted(sd["state"]), sorted(want["state"]))
+        for i, name in enumerate([n for n, v in PARAMS.items() if v[2] == "muon"] +
+                                 [n for n, v in PARAMS.items() if v[2] == "adamw"]):
+            got, ref_state = sd["state"][i], want["state"][i]
+            self.assertEqual(sorted(got), sorted(ref_state), name)
+            for key, value in ref_state.items():
+                value = torch.as_tensor(value, dtype=torch.float32)
+                torch.testing.assert_close(got[key], value, rtol=0, atol=0, msg=name + key)
+                self.assertEqual(got[key].dtype, torch.float32)
+        self.assertEqual([g["muond_step_id"] for g in sd["param_groups"]], [2, 2])
+        # opt.state reads the same, keyed by param as torch's.
+        w = params["w_pad_tp1"]
+        torch.testing.assert_close(opt.state[w]["momentum_buffer"], sd["state"][0]["momentum_buffer"],
+                                   rtol=0, atol=0)
+        self.assertEqual(len(list(opt.state.items())), len(PARAMS))
+
+    def test_resume_through_torch_save_into_a_new_optimizer_is_bitwise(self):
+        params = make_params()
+        opt, _ = self.optimizer(params)
+        train(opt, params, [1, 2])
+        buf = io.BytesIO()
+        torch.save(opt.state_dict(), buf)
+        snapshot = {n: p.detach().clone() for n, p in params.items()}
+        want = train(opt, params, [3, 4])
+
+        resumed = {n: torch.nn.Parameter(v.clone()) for n, v in snapshot.items()}
+        for name, p in make_params().items():  # the Megatron tags
+            resumed[name].__dict__.update(p.__dict__)
+        opt2, _ = self.optimizer(resumed)
+        buf.seek(0)
+        opt2.load_state_dict(torch.load(buf, weights_only=True))
+        self.assertEqual(opt2.step_id, 2)
+        got = train(opt2, resumed, [3, 4])
+        self.assertEqual(opt2.step_id, 4)
+        for name in PARAMS:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+
+    def test_bad_state_dicts_are_refused_naming_the_param_and_change_nothing(self):
+        params = make_params()
+        opt, cluster = self.optimizer(params)
+        train(opt, params, [1])
+        good = opt.state_dict()
+        before = {k: {kk: vv.clone() for kk, vv in v.items()} for k, v in good["state"].items()}
+        bad_cases = []
+        sd = opt.state_dict()
+        sd["state"][1]["momentum_buffer"] = torch.zeros(3, 3)
+        bad_cases.append((sd, r"param w_tp0: state\['momentum_buffer'\] has shape"))
+        sd = opt.state_dict()
+        del sd["state"][5]["exp_avg_sq"]
+        bad_cases.append((sd, "param emb: state has keys"))
+        sd = opt.state_dict()
+        sd["state"][6]["max_exp_avg_sq"] = torch.zeros(9)
+        bad_cases.append((sd, r"param bias: state keys \['max_exp_avg_sq'\]"))
+        sd = opt.state_dict()
+        sd["state"][0]["momentum_buffer"][0, 0] = float("nan")
+        bad_cases.append((sd, "param w_pad_tp1: .* non-finite"))
+        sd = opt.state_dict()
+        sd["param_groups"] = sd["param_groups"][:1]
+        bad_cases.append((sd, "1 parameter groups"))
+        for sd, message in bad_cases:
+            sd["param_groups"][0]["lr"] = 123.0
+            for g in sd["param_groups"]:
+                g["muond_step_id"] = 77
+            with self.assertRaisesRegex(ValueError, message):
+                opt.load_state_dict(sd)
+        # A daemon that refuses its part: every staged part is dropped.
+        cluster.daemons[3].refuse_import = "entry refused by the test"
+        sd = opt.state_dict()
+        sd["state"][0]["momentum_buffer"].add_(1.0)
+        sd["param_groups"][0]["muond_step_id"] = sd["param_groups"][1]["muond_step_id"] = 77
+        with self.assertRaisesRegex(RuntimeError, "ImportState failed.*refused by the test"):
+            opt.load_state_dict(sd)
+        self.assertTrue(all(not d.staged for d in cluster.daemons))
+        self.assertEqual(opt.step_id, 1)
+        self.assertNotEqual(opt.param_groups[0]["lr"], 123.0)
+        after = opt.state_dict()["state"]
+        for i, state in before.items():
+            for key, value in state.items():
+                torch.testing.assert_close(after[i][key], value, rtol=0, atol=0)
+
+    def test_loads_a_torch_optim_muon_state_dict_in_bf16(self):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(8, 6))
+        torch_w = torch.nn.Parameter(w.detach().to(torch.bfloat16))
+        reference = torch.optim.Muon([torch_w], lr=0.02)
+        torch_w.grad = torch.randn(8, 6).to(torch.bfloat16)
+        reference.step()
+        sd = reference.state_dict()
+        self.assertEqual(sd["state"][0]["momentum_buffer"].dtype, torch.bfloat16)
+        cluster, addresses = start_cluster(tempfile.mkdtemp(dir=self.dir), 2)
+        self.clusters.append(cluster)
+        opt = Muon([w], daemons=addresses, job_id="state", gtp_size=2, first_step_id=5)
+        self.addCleanup(opt.close)
+        opt.load_state_dict(sd)
+        self.assertEqual(opt.step_id, 4)  # no muond step id: kept
+        torch.testing.assert_close(opt.state[w]["momentum_buffer"],
+                                   sd["state"][0]["momentum_buffer"].float(), rtol=0, atol=0)
+        self.assertEqual(opt.param_groups[0]["algorithm"], "muon")  # our options stay
+        w.grad = torch.randn(8, 6)
+        opt.step()
+        self.assertEqual(opt.step_id, 5)
+
+    def test_assigned_state_reaches_the_daemons(self):
+        # Lightning's _optimizer_to_device writes every entry back; torch.optim
+        # then steps from what was written.
+        ref_params = make_params()
+        ref = ReferenceMuon(groups(ref_params), **HYPER)
+        params = make_params()
+        opt, cluster = self.optimizer(params)
+        for o, ps in ((ref, ref_params), (opt, params)):
+            train(o, ps, [1])
+            for p, value in list(o.state.items()):
+                o.state[p] = {k: v * 2 for k, v in value.items()}
+        imports = sum(d.imports for d in cluster.daemons)
+        want = train(ref, ref_params, [2])
+        got = train(opt, params, [2])
+        self.assertEqual(sum(d.imports for d in cluster.daemons), imports + 4)
+        for name in PARAMS:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+
+    def test_rebound_params_are_followed_or_refused_before_any_rpc(self):
+        ref_params = make_params()
+        ref = ReferenceMuon(groups(ref_params), **HYPER)
+        params = make_params()
+        opt, cluster = self.optimizer(params)
+        train(ref, ref_params, [1])
+        train(opt, params, [1])
+        new = torch.randn(params["w_tp0"].shape)
+        ref_params["w_tp0"].data = new.clone()
+        params["w_tp0"].data = new.clone()  # same shape/dtype/device: followed
+        want = train(ref, ref_params, [2])
+        got = train(opt, params, [2])
+        for name in PARAMS:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+        steps = [d.last_step for d in cluster.daemons]
+        params["w_solo"].data = params["w_solo"].data.half()
+        with self.assertRaisesRegex(ValueError, r"param w_solo: dtype torch.float32 -> "
+                                                r"torch.float16"):
+            train(opt, params, [3])
+        self.assertEqual([d.last_step for d in cluster.daemons], steps)
+        self.assertEqual(opt.step_id, 2)
+
+    def test_pickling_is_refused_at_save_time_naming_state_dict(self):
+        params = make_params()
+        opt, _ = self.optimizer(params)
+        with self.assertRaisesRegex(TypeError, r"opt.state_dict\(\)"):
+            torch.save(opt, io.BytesIO())
+
+
+if __name__ == "__main__":
+    unittest.main()
