@@ -317,6 +317,7 @@ class Muon(torch.optim.Optimizer):
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
+        self._adamw_eps, self._wait_healthy_timeout = adamw_eps, wait_healthy_timeout
         self.clients = [Client(a, timeout=rpc_timeout, token=token, token_file=token_file,
                                root_certificates=tls_root_certificates) for a in daemons]
         self._finalizer = weakref.finalize(self, _release, self._buffers)
@@ -765,11 +766,73 @@ class Muon(torch.optim.Optimizer):
             "load_state_dict()")
 
     def add_param_group(self, param_group):
-        if getattr(self, "_registered", False):
-            raise NotImplementedError(
-                "muond.torch.Muon registers its params with the daemons at construction; "
-                "add_param_group afterwards is not supported (build a new optimizer)")
-        super().add_param_group(param_group)
+        """torch.optim's add_param_group, also after construction (progressive
+        unfreezing): the state of every daemon is exported, the params
+        unregistered, all groups placed and registered again (placement may
+        move params between daemons), the old params' state imported (the new
+        params start from zero, as in torch.optim) and the step id kept. In
+        local mode every trainer of the domain must call it together, with
+        matching groups (the daemons of a domain register together). If the
+        re-registration fails, the old groups are registered again with their
+        state and the error is raised."""
+        if not getattr(self, "_registered", False):  # torch.optim.Optimizer.__init__
+            super().add_param_group(param_group)
+            return
+        if self._closed:
+            raise RuntimeError("muond.torch.Muon.add_param_group after close()")
+        if isinstance(param_group, dict) and param_group.get("algorithm") == "adamw":
+            param_group = dict(param_group)
+            param_group.setdefault("eps", self._adamw_eps)
+        self._follow_rebound_params()
+        self.state.push_if_assigned()
+        step_id = self.step_id
+        old = {self._names[p]: {k: v.cpu() for k, v in s.items()}
+               for p, s in self._fetch_state().items()}
+        kept = len(self.param_groups)
+        super().add_param_group(param_group)  # torch's checks; appends on success
+        try:
+            self._reregister(old, step_id)
+        except BaseException as error:
+            del self.param_groups[kept:]
+            try:
+                self._reregister(old, step_id)
+            except Exception as again:
+                self._closed = True
+                raise RuntimeError(f"add_param_group failed ({error}) and registering the "
+                                   f"old groups again failed too ({again}); this optimizer is "
+                                   "closed: build a new one and load_state_dict") from error
+            raise
+
+    def _reregister(self, states_by_name: dict, step_id: int) -> None:
+        """Unregisters, places and registers every group anew (fresh buffers;
+        values and accumulated grads carried over), then imports
+        ``states_by_name`` (params without an entry start from zero)."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        grads = {p: p.grad.detach().clone() for p in params if p.grad is not None}
+        self._on_all(lambda c: c.unregister(self.job_id, self.client_id), "UnregisterParams")
+        old_buffers = list(self._buffers)
+        self._buffers.clear()  # the same list the finalizer releases
+        self._regions, self._grads, self._views = _Regions(), [], []
+        self._wire_groups, self.layouts, self._names = {}, {}, {}
+        self.state.invalidate()
+        per_rank = self._place_params()
+        with torch.no_grad():
+            for p, grad in self._grads:
+                if p in grads:
+                    grad.copy_(grads[p])
+        for b in old_buffers:
+            b.release()
+        self._on_all(lambda c, r: c.register(self.job_id, per_rank[r], self.client_id,
+                                             regions=self._regions.used_by(per_rank[r])),
+                     "RegisterParams", with_rank=True)
+        for c in self.clients:
+            c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
+        self._on_cuda = any(grad.is_cuda for _, grad in self._grads)
+        known = {self._names[p] for p in params if p in self._names}
+        states = _state.validate(self._param_infos(),
+                                 {n: s for n, s in states_by_name.items() if n in known})
+        self._push_state(states, step_id)
+        self.step_id = step_id
 
     def close(self) -> None:
         """Unregisters from every daemon and unlinks the shm names. The model

@@ -313,8 +313,9 @@ class OptimizerProtocolTest(unittest.TestCase):
             opt.step_id = 0
             opt.load_state_dict(sd)
             self.assertEqual(opt.step_id, 2)
-            with self.assertRaises(NotImplementedError):
-                opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(3, 3))]})
+            # add_param_group after construction works (issue 17); the step id stays.
+            opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(3, 3))]})
+            self.assertEqual(opt.step_id, 2)
             opt.close()
         finally:
             cluster.daemons[0].stop()

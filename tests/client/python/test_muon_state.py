@@ -206,6 +206,59 @@ class StateTest(unittest.TestCase):
         self.assertEqual([d.last_step for d in cluster.daemons], steps)
         self.assertEqual(opt.step_id, 2)
 
+    def test_add_param_group_mid_run_equals_the_reference(self):
+        ref_params = make_params()
+        ref = ReferenceMuon(groups(ref_params), **HYPER)
+        params = make_params()
+        opt, cluster = self.optimizer(params)
+        train(ref, ref_params, [1, 2])
+        train(opt, params, [1, 2])
+        late = torch.randn(10, 6, generator=torch.Generator().manual_seed(5))
+        for o, ps in ((ref, ref_params), (opt, params)):
+            ps["late"] = torch.nn.Parameter(late.clone())
+            ps["late_bias"] = torch.nn.Parameter(late[0].clone())
+            o.add_param_group({"params": [ps["late"]], "param_names": ["late"]})
+            o.add_param_group({"params": [ps["late_bias"]], "param_names": ["late_bias"],
+                               "algorithm": "adamw", "lr": 0.01, "betas": (0.9, 0.99),
+                               "eps": 1e-8, "weight_decay": 0.05})
+        self.assertEqual(opt.step_id, 2)
+        self.assertIn("late", opt.layouts)
+        want = train(ref, ref_params, [3, 4])
+        got = train(opt, params, [3, 4])
+        self.assertEqual(opt.step_id, 4)
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(opt.state[params["late_bias"]]["step"], torch.tensor(2.0))
+
+    def test_add_param_group_mid_run_equals_torch_optim_muon_in_fp32(self):
+        # torch runs NS in bf16: make its one cast an fp32 copy (as
+        # tests/core/muon/peer_oracle_test.py does); muond runs fp32 "highest".
+        gen = torch.Generator().manual_seed(9)
+        first, late = torch.randn(8, 6, generator=gen), torch.randn(6, 10, generator=gen)
+        settings = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)
+        cluster, addresses = start_cluster(tempfile.mkdtemp(dir=self.dir), 2)
+        self.clusters.append(cluster)
+        results = []
+        for make in (lambda ps: torch.optim.Muon(ps, **settings),
+                     lambda ps: Muon(ps, daemons=addresses, job_id="state", gtp_size=2,
+                                     fp32_matmul_prec="highest", **settings)):
+            ps = {"first": torch.nn.Parameter(first.clone())}
+            opt = make([ps["first"]])
+            original = torch.Tensor.bfloat16
+            torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
+            try:
+                train(opt, ps, [1, 2])
+                ps["late"] = torch.nn.Parameter(late.clone())
+                opt.add_param_group({"params": [ps["late"]]})
+                results.append(train(opt, ps, [3, 4]))
+            finally:
+                torch.Tensor.bfloat16 = original
+                if isinstance(opt, Muon):
+                    opt.close()
+        for name in results[0]:
+            torch.testing.assert_close(results[1][name], results[0][name], rtol=1e-5,
+                                       atol=1e-6, msg=name)
+
     def test_pickling_is_refused_at_save_time_naming_state_dict(self):
         params = make_params()
         opt, _ = self.optimizer(params)
