@@ -57,6 +57,13 @@ concurrently and returns when all answered (params updated in place). CUDA:
 the current device is synchronised before the RPC. ``last_timings`` holds
 per-phase daemon times (max over daemons, µs), ``rpc_us`` (client wall time
 of the concurrent RPCs) and ``overhead_us = rpc_us - total_us``.
+
+State: the daemons hold it; ``state_dict`` / ``load_state_dict`` / ``state``
+carry it in torch.optim's format (ExportState / ImportState; conversions and
+checks in muond.state). ``add_param_group`` re-registers every group and
+carries the state over. A param rebound after construction is followed when
+the new tensor matches the registered one's shape, dtype and device, else
+refused at step(). The optimizer does not pickle: save its state_dict.
 """
 from __future__ import annotations
 

@@ -259,6 +259,40 @@ class StateTest(unittest.TestCase):
             torch.testing.assert_close(results[1][name], results[0][name], rtol=1e-5,
                                        atol=1e-6, msg=name)
 
+    def test_distributed_checkpoint_state_dict_keeps_state_and_step_id(self):
+        from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
+                                                             set_optimizer_state_dict)
+
+        def model_and_optimizer():
+            torch.manual_seed(4)
+            model = torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False),
+                                        torch.nn.Linear(8, 4))
+            cluster, addresses = start_cluster(tempfile.mkdtemp(dir=self.dir), 2)
+            self.clusters.append(cluster)
+            opt = Muon([{"params": [model[0].weight, model[1].weight]},
+                        {"params": [model[1].bias], "algorithm": "adamw", "lr": 0.01}],
+                       daemons=addresses, job_id="dcp", gtp_size=2)
+            self.addCleanup(opt.close)
+            return model, opt, cluster
+
+        model, opt, cluster = model_and_optimizer()
+        for p in model.parameters():
+            p.grad = None
+        get_optimizer_state_dict(model, opt)  # its _init_optim_state must not step us
+        self.assertEqual([d.last_step for d in cluster.daemons], [0, 0])
+        for _ in range(2):
+            model(torch.randn(3, 6)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        osd = get_optimizer_state_dict(model, opt)
+        self.assertEqual([g["muond_step_id"] for g in osd["param_groups"]], [2, 2])
+        model2, opt2, _ = model_and_optimizer()
+        set_optimizer_state_dict(model2, opt2, osd)
+        self.assertEqual(opt2.step_id, 2)
+        for p, p2 in zip(model.parameters(), model2.parameters()):
+            for key, value in opt.state[p].items():
+                torch.testing.assert_close(opt2.state[p2][key], value, rtol=0, atol=0)
+
     def test_pickling_is_refused_at_save_time_naming_state_dict(self):
         params = make_params()
         opt, _ = self.optimizer(params)
