@@ -757,8 +757,7 @@ class Muon(torch.optim.Optimizer):
                                  f"state dict, {group['algorithm']!r} here")
             for index, p in zip(saved["params"], group["params"]):
                 by_index[index] = self._param_names[id(p)]
-            groups.append({k: v for k, v in saved.items()
-                           if k not in ("params", "param_names", _state.STEP_ID_KEY)})
+            groups.append(_loaded_options(gi, group, saved))
         unknown = sorted(set(state_dict["state"]) - set(by_index), key=str)
         if unknown:
             raise ValueError(f"state for param indices {unknown} that no param group lists")
@@ -793,7 +792,7 @@ class Muon(torch.optim.Optimizer):
         self._follow_rebound_params()
         self.state.push_if_assigned()
         step_id = self.step_id
-        old = {self._names[p]: {k: v.cpu() for k, v in s.items()}
+        old = {self._param_names[id(p)]: {k: v.cpu() for k, v in s.items()}
                for p, s in self._fetch_state().items()}
         kept = len(self.param_groups)
         super().add_param_group(param_group)  # torch's checks; appends on success
@@ -815,18 +814,14 @@ class Muon(torch.optim.Optimizer):
         values and accumulated grads carried over), then imports
         ``states_by_name`` (params without an entry start from zero)."""
         params = [p for group in self.param_groups for p in group["params"]]
-        grads = {p: p.grad.detach().clone() for p in params if p.grad is not None}
         self._on_all(lambda c: c.unregister(self.job_id, self.client_id), "UnregisterParams")
         old_buffers = list(self._buffers)
         self._buffers.clear()  # the same list the finalizer releases
         self._regions, self._grads, self._views = _Regions(), [], []
-        self._wire_groups, self.layouts, self._names = {}, {}, {}
+        self._wire_groups, self.layouts = {}, {}
+        self._param_names, self._ranks_of, self._fixed = {}, {}, {}
         self.state.invalidate()
-        per_rank = self._place_params()
-        with torch.no_grad():
-            for p, grad in self._grads:
-                if p in grads:
-                    grad.copy_(grads[p])
+        per_rank = self._place_params()  # copies values and grads into fresh buffers
         for b in old_buffers:
             b.release()
         self._on_all(lambda c, r: c.register(self.job_id, per_rank[r], self.client_id,
@@ -835,7 +830,7 @@ class Muon(torch.optim.Optimizer):
         for c in self.clients:
             c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
         self._on_cuda = any(grad.is_cuda for _, grad in self._grads)
-        known = {self._names[p] for p in params if p in self._names}
+        known = {self._param_names[id(p)] for p in params}
         states = _state.validate(self._param_infos(),
                                  {n: s for n, s in states_by_name.items() if n in known})
         self._push_state(states, step_id)
@@ -920,6 +915,26 @@ class _LazyState(MutableMapping):
         states = _state.validate(opt._param_infos(),
                                  {opt._param_names[id(p)]: s for p, s in self._cache.items()})
         opt._push_state(states, opt.step_id)
+
+
+def _loaded_options(gi: int, group: dict, saved: dict) -> dict:
+    """The entries of a loaded param group that load_state_dict applies: the
+    live ones (LIVE_KEYS). An entry fixed at registration must equal this
+    group's (else ValueError naming group and key: the daemons could not
+    follow it); entries this group does not have (a torch.optim.Muon dict's
+    ns_coefficients, adjust_lr_fn, AdamW's foreach, ...) are not taken."""
+    live = LIVE_KEYS[group["algorithm"]]
+    apply = {}
+    for key, value in saved.items():
+        if key in _PARAM_KEYS or key == _state.STEP_ID_KEY or key not in group:
+            continue
+        if key in live:
+            apply[key] = value
+        elif _frozen(value) != _frozen(group[key]):
+            raise ValueError(f"param group {gi} ({group.get('name', f'group{gi}')!r}): {key!r} "
+                             f"is {value!r} in the state dict, {group[key]!r} here; muond fixes "
+                             "it when it registers the group: build the optimizer with it")
+    return apply
 
 
 def _whole(p: torch.Tensor):

@@ -121,6 +121,9 @@ class StateTest(unittest.TestCase):
         sd["state"][0]["momentum_buffer"][0, 0] = float("nan")
         bad_cases.append((sd, "param w_pad_tp1: .* non-finite"))
         sd = opt.state_dict()
+        sd["param_groups"][0]["ns_steps"] = 3  # fixed at registration
+        bad_cases.append((sd, "param group 0 .*'ns_steps' is 3 in the state dict"))
+        sd = opt.state_dict()
         sd["param_groups"] = sd["param_groups"][:1]
         bad_cases.append((sd, "1 parameter groups"))
         for sd, message in bad_cases:
