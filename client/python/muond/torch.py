@@ -974,6 +974,8 @@ def _result(call, client: Client, what: str):
     status code and the daemon's reason (e.g. PEER_GONE) as attributes."""
     try:
         return call()
+    except MuondError:  # the client's own (export/import_state): names the daemon already
+        raise
     except Exception as e:
         detail = e.details() if hasattr(e, "details") else str(e)
         code = e.code() if hasattr(e, "code") else None

@@ -306,50 +306,6 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         return pb.LoadStateResponse(step_id=self.last_step)
 
 
-def install_client_state_methods():
-    """Client.export_state / import_state / commit_state / abort_state as the
-    issue-17 design names them, for as long as muond.client lacks them."""
-    from muond.client import Client
-    if hasattr(Client, "export_state"):
-        return
-
-    def export_state(self, job_id, client_id, max_chunk_bytes=0):
-        header, entries = None, {}
-        for chunk in self.stub.ExportState(pb.ExportStateRequest(header=pb.StateHeader(
-                job_id=job_id, client_id=client_id, max_chunk_bytes=max_chunk_bytes)),
-                timeout=self.timeout):
-            if header is None:
-                header = chunk.header
-                continue
-            buf = entries.setdefault(chunk.entry, torch.zeros(chunk.numel))
-            values = torch.from_numpy(np.frombuffer(chunk.data, "<f4").copy())
-            buf[chunk.offset:chunk.offset + values.numel()] = values
-        return header.step_id, entries
-
-    def import_state(self, job_id, client_id, step_id, entries, transaction_id="",
-                     max_chunk_bytes=0):
-        def chunks():
-            yield pb.StateChunk(header=pb.StateHeader(
-                job_id=job_id, client_id=client_id, step_id=step_id,
-                transaction_id=transaction_id, num_entries=len(entries)))
-            for name, value in entries.items():
-                value = torch.as_tensor(value, dtype=torch.float32).reshape(-1)
-                yield pb.StateChunk(entry=name, numel=value.numel(), offset=0,
-                                    data=value.numpy().astype("<f4").tobytes())
-        return self.stub.ImportState(chunks(), timeout=self.timeout)
-
-    def phase(p):
-        def call(self, job_id, client_id, transaction_id):
-            return self.stub.LoadState(pb.LoadStateRequest(
-                job_id=job_id, client_id=client_id, phase=p, transaction_id=transaction_id),
-                timeout=self.timeout)
-        return call
-
-    Client.export_state, Client.import_state = export_state, import_state
-    Client.commit_state = phase(pb.STATE_PHASE_COMMIT)
-    Client.abort_state = phase(pb.STATE_PHASE_ABORT)
-
-
 def assemble(board, step, d: pb.Domain, p: pb.Param) -> torch.Tensor:
     G, T = max(d.gtp_size, 1), max(d.tp_size, 1)
     tags = p.tags
@@ -377,9 +333,6 @@ def shard_of(full: torch.Tensor, d: pb.Domain, p: pb.Param) -> torch.Tensor:
         x = torch.cat([x, torch.zeros(tags.pad_length, x.shape[1])], 0)
         x = torch.chunk(x, G, 0)[d.g]
     return x
-
-
-install_client_state_methods()
 
 
 def start_cluster(directory: str, world: int):
