@@ -297,7 +297,7 @@ class Muon(torch.optim.Optimizer):
                 defaults["betas"] = tuple(betas)
         super().__init__(params, defaults)
         self.state = _LazyState(self)  # the daemons hold it; see _LazyState
-        self._views: list = []  # (param, the shared-buffer tensor it is bound to)
+        self._views: list = []  # (param, the shared-buffer tensor it is bound to, its address)
 
         daemons = [daemons] if isinstance(daemons, str) else list(daemons)
         if not daemons:
@@ -434,7 +434,7 @@ class Muon(torch.optim.Optimizer):
             view = pbuf.flat[:p.numel()].view(p.shape)
             view.copy_(p.data)
             p.data = view
-            self._views.append((p, view))
+            self._views.append((p, view, view.data_ptr()))
             grad = gbuf.flat[:p.numel()].view(p.shape)
             if p.grad is not None:
                 grad.copy_(p.grad)
@@ -564,11 +564,13 @@ class Muon(torch.optim.Optimizer):
         again. Otherwise step() refuses before any RPC, naming the param and
         what changed (the daemons can only update the memory registered)."""
         refused = []
-        for p, view in self._views:
-            data = p.data
-            if data.data_ptr() == view.data_ptr() and data.stride() == view.stride() \
-                    and data.shape == view.shape and data.dtype == view.dtype:
+        for p, view, ptr in self._views:
+            # Cheap per step (~0.3 us a param): the param itself, not p.data
+            # (no alias tensor), against the cached address. The same address
+            # and shape with other strides would be a view of our own buffer.
+            if p.data_ptr() == ptr and p.shape == view.shape and p.dtype is view.dtype:
                 continue
+            data = p.data
             changed = [f"{what} {a} -> {b}" for what, a, b in (
                 ("shape", tuple(view.shape), tuple(data.shape)),
                 ("dtype", view.dtype, data.dtype), ("device", view.device, data.device))
@@ -582,8 +584,8 @@ class Muon(torch.optim.Optimizer):
                 + "; ".join(refused) + ". Build a new optimizer for the changed model (carry "
                 "the state with state_dict / load_state_dict)")
         with torch.no_grad():
-            for p, view in self._views:
-                if p.data.data_ptr() != view.data_ptr() or p.data.stride() != view.stride():
+            for p, view, ptr in self._views:
+                if p.data_ptr() != ptr:
                     view.copy_(p.data)
                     p.data = view
 
@@ -899,7 +901,8 @@ class _LazyState(MutableMapping):
                         "replaces it")
 
     def __contains__(self, p):
-        return any(p is q for q in self._params())
+        # Every param of this optimizer has a wire name (O(1), no tensor ==).
+        return isinstance(p, torch.Tensor) and id(p) in self._opt._param_names
 
     def __iter__(self):
         return iter(self._params())

@@ -169,6 +169,32 @@ class StateTest(unittest.TestCase):
         opt.step()
         self.assertEqual(opt.step_id, 5)
 
+    def test_loads_a_torch_optim_adamw_state_dict_and_continues_as_torch(self):
+        torch.manual_seed(1)
+        start = torch.randn(9)
+        hyper = dict(lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+        reference_p = torch.nn.Parameter(start.clone())
+        reference = torch.optim.AdamW([reference_p], **hyper)
+        gen = torch.Generator().manual_seed(2)
+        grads = [torch.randn(9, generator=gen) for _ in range(3)]
+        for g in grads[:2]:
+            reference_p.grad = g.clone()
+            reference.step()
+        sd = reference.state_dict()
+        p = torch.nn.Parameter(reference_p.detach().clone())
+        cluster, addresses = start_cluster(tempfile.mkdtemp(dir=self.dir), 1)
+        self.clusters.append(cluster)
+        opt = Muon([{"params": [p], "algorithm": "adamw", **hyper}], daemons=addresses,
+                   job_id="state")
+        self.addCleanup(opt.close)
+        opt.load_state_dict(sd)
+        self.assertEqual(float(opt.state[p]["step"]), 2.0)
+        for o, q in ((reference, reference_p), (opt, p)):
+            q.grad = grads[2].clone()
+            o.step()
+        # Step 3 from torch's moments and count (from zero it would differ ~1e-2).
+        torch.testing.assert_close(p.detach(), reference_p.detach(), rtol=1e-6, atol=1e-7)
+
     def test_assigned_state_reaches_the_daemons(self):
         # Lightning's _optimizer_to_device writes every entry back; torch.optim
         # then steps from what was written.
