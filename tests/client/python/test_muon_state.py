@@ -101,6 +101,39 @@ class StateTest(unittest.TestCase):
         for name in PARAMS:
             torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
 
+    def test_local_mode_state_is_torchs_and_resumes_bitwise(self):
+        ref_params = make_params()
+        ref = ReferenceMuon(groups(ref_params), **HYPER)
+        runs = []
+        for resume in (False, True):
+            params = make_params()
+            cluster, addresses = start_cluster(tempfile.mkdtemp(dir=self.dir), 1)
+            self.clusters.append(cluster)
+            opt = Muon(groups(params), daemons=addresses, job_id="state", shard_mode="local",
+                       **HYPER)
+            self.addCleanup(opt.close)
+            if resume:
+                with torch.no_grad():
+                    for name, p in params.items():
+                        p.copy_(snapshot[name])
+                opt.load_state_dict(sd)
+                runs.append(train(opt, params, [3]))
+                continue
+            train(opt, params, [1, 2])
+            sd = opt.state_dict()
+            snapshot = {n: p.detach().clone() for n, p in params.items()}
+            runs.append(train(opt, params, [3]))
+            opt.close()
+        train(ref, ref_params, [1, 2])
+        want_state = ref.state_dict()["state"]
+        for i, state in want_state.items():
+            for key, value in state.items():
+                torch.testing.assert_close(sd["state"][i][key],
+                                           torch.as_tensor(value, dtype=torch.float32),
+                                           rtol=0, atol=0)
+        for name in PARAMS:
+            torch.testing.assert_close(runs[1][name], runs[0][name], rtol=0, atol=0, msg=name)
+
     def test_bad_state_dicts_are_refused_naming_the_param_and_change_nothing(self):
         params = make_params()
         opt, cluster = self.optimizer(params)
