@@ -9,8 +9,9 @@ touched; momentum warm-up and nesterov changed live; OneCycleLR with
 cycle_momentum (Muon momentum; AdamW beta1); betas/eps changed live;
 rebinding (`p.data = ...`) followed or refused naming the param;
 add_param_group (progressive unfreezing); `torch.save(opt)` works or fails at
-save time saying why; a bad state dict (wrong shape, missing key) is refused
-naming the param and changes nothing.
+save time saying why; a bad state dict (wrong shape, missing key, a
+non-finite value) is refused naming the param and changes nothing, while the
+same values in float64 load as torch.optim's cast does.
 """
 import copy
 import io
@@ -258,6 +259,10 @@ class StepContractTest(ClusterTestCase):
             del missing["state"][2]["exp_avg"]  # bias
             with self.assertRaisesRegex(Exception, "bias"):
                 opt.load_state_dict(missing)
+            non_finite = copy.deepcopy(sd)
+            non_finite["state"][1]["momentum_buffer"][0, 0] = float("nan")  # w2
+            with self.assertRaisesRegex(Exception, "w2"):
+                opt.load_state_dict(non_finite)
             self.assertEqual(bitwise_mismatches(
                 {n: p.detach() for n, p in params.items()}, snapshot), [])
             after = opt.state_dict()
@@ -265,6 +270,14 @@ class StepContractTest(ClusterTestCase):
                 for k, v in entry.items():
                     self.assertTrue(torch.equal(torch.as_tensor(after["state"][i][k]),
                                                 torch.as_tensor(v)), f"state[{i}][{k}]")
+            # torch.optim casts a loaded state to the param's dtype: the same
+            # values in float64 load (and the run goes on bitwise, below).
+            as_double = copy.deepcopy(sd)
+            for entry in as_double["state"].values():
+                for k, v in entry.items():
+                    if torch.is_tensor(v) and v.is_floating_point():
+                        entry[k] = v.double()
+            opt.load_state_dict(as_double)
 
         got = run(3, between=refuse_bad_loads)
         self.assertEqual(bitwise_mismatches(got, want), [])
