@@ -4,7 +4,7 @@ the in-process ReferenceMuon (examples/char_gpt, the same math, torch.optim's
 grad-None rule and live param_groups): torch.optim's contract of zero_grad,
 grad None, requires_grad=False and per-step hyperparameters, and what the
 client refuses before any RPC. The same scenarios against torch.optim.Muon /
-AdamW on real daemons: test_torch_side_by_side.py."""
+AdamW on real daemons: the contract suite (contract/test_step_contract.py)."""
 import os
 import shutil
 import sys
