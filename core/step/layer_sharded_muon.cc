@@ -213,7 +213,9 @@ GroupStepSummary SummarizeGroupStep(const GroupState& group,
   }
   std::sort(out.skips.begin(), out.skips.end());
   auto add = [&](const char* field, double v) {
-    out.hyper.push_back(absl::StrFormat("%s=%.17g", field, v));
+    // -0.0 and 0.0 are the same hyperparameter: "+ 0.0" turns -0.0 into 0.0
+    // so ranks that differ only there agree.
+    out.hyper.push_back(absl::StrFormat("%s=%.17g", field, v + 0.0));
   };
   const std::string& name = group.config.name;
   if (group.config.algorithm == Algorithm::kMuon) {

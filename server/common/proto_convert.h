@@ -52,9 +52,10 @@ inline NsHome FromProto(const v1::NsHome& home) { return {home.g(), home.t()}; }
 v1::StepTimings ToProto(const PhaseTimings& timings);
 
 // A StepRequest's overrides as the engine takes them: each set field of each
-// GroupOverride (a group named twice: the later value wins). No check here:
+// GroupOverride. No check here: DaemonCore::ParseOverrides refuses an unknown
+// group and a group named twice (before this map would keep the later one);
 // the engine's CheckStepOverrides (core/step/layer_sharded_muon.h) is the one
-// home of the rules (known group, the field's algorithm, bounds).
+// home of the value rules (known group, the field's algorithm, bounds).
 StepOverrides FromProto(
     const google::protobuf::RepeatedPtrField<v1::GroupOverride>& overrides);
 

@@ -212,6 +212,7 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
   registration_ = std::move(reg);
   plans_.StartRound(*round_version);
   ++registration_generation_;
+  DropPendingOfOldRegistration();
   last_step_id_.reset();
   active_plan_version_ = 0;
   engine_error_.clear();
@@ -233,6 +234,7 @@ absl::Status DaemonCore::Unregister(
   comm_failure_.clear();
   registration_.reset();
   ++registration_generation_;
+  DropPendingOfOldRegistration();
   last_step_id_.reset();
   active_plan_version_ = 0;
   return absl::OkStatus();
@@ -293,11 +295,19 @@ absl::StatusOr<StepOverrides> DaemonCore::ParseOverrides(
                                  ? Algorithm::kAdamW
                                  : Algorithm::kMuon;
   }
-  // A GroupOverride with no field set still names its group.
+  // A GroupOverride with no field set still names its group; a group named
+  // twice is refused (which value would win is the client's bug to see).
+  std::set<std::string> seen;
   for (const v1::GroupOverride& o : request.overrides()) {
     if (!groups.contains(o.group())) {
       return absl::InvalidArgumentError(
           absl::StrCat("overrides: unknown group '", Echo(o.group()), "'"));
+    }
+    if (!seen.insert(o.group()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "overrides: group '", Echo(o.group()),
+          "' has more than one GroupOverride (at most one per group and "
+          "step); the step was not applied"));
     }
   }
   // The rules' one home is the engine's (which checks again).

@@ -99,6 +99,17 @@ inline constexpr int64_t kDefaultStateChunkBytes = int64_t{1} << 20;
 inline constexpr int64_t kMaxStateChunkBytes = int64_t{64} << 20;
 inline constexpr int64_t kStateChunkOverheadBytes = int64_t{1} << 20;
 
+// Concurrent state streams per daemon: each open import holds a copy of the
+// whole state, each export one until it is read, so a few callers must not
+// run the daemon out of memory (DaemonCore::TakeStreamSlot holds the rule).
+// One trainer imports once per resume; two exports let a checkpoint and an
+// operator's read overlap.
+inline constexpr int kMaxImportStreams = 1;
+inline constexpr int kMaxExportStreams = 2;
+// An import stream with no message for this long is cancelled (its slot
+// freed): its trainer hung or went away without closing the stream.
+inline constexpr absl::Duration kImportIdleTimeout = absl::Seconds(60);
+
 struct DaemonConfig {
   std::string job_id;
   int rank = 0;
@@ -115,6 +126,9 @@ struct DaemonConfig {
 class DaemonCore {
  public:
   static constexpr int64_t kMaxStepId = int64_t{1} << 62;
+  // The largest step id a load or import may restore: the next step,
+  // restored + 1, must still be a valid id.
+  static constexpr int64_t kMaxRestoredStepId = kMaxStepId - 1;
 
   DaemonCore(DaemonConfig config, std::unique_ptr<HandleOpener> opener,
              CoordinatorLink* link, EngineFactory factory);
@@ -163,6 +177,8 @@ class DaemonCore {
   // config.pending_transaction_max_age (kPendingTransactionMaxAge; its
   // muonctl died between the phases) -- then it is dropped, with a warning.
   // So a second muonctl can neither replace nor break a running one.
+  // Register and Unregister drop the pending transaction (it was prepared
+  // for params that are gone and could never commit).
   //
   // The file is written and read without holding mu_ or op_mu_ (Health,
   // Status and Step go on; the state is copied under the locks), and the I/O
@@ -194,9 +210,18 @@ class DaemonCore {
   // rule otherwise, and nothing changes). With a transaction_id it is staged
   // as a LoadState PREPARE (the rank's one pending transaction) and applied
   // by LoadState{phase: COMMIT, transaction_id}. After it, the next step id
-  // accepted is header.step_id + 1 (-1: any, as after registration).
+  // accepted is header.step_id + 1 (-1: any, as after registration), so
+  // header.step_id is at most kMaxRestoredStepId. Aborted, naming the step
+  // ids, when a step ran on this rank between the header and the end of the
+  // stream (applying it would roll this rank back while its peers stepped).
+  //
+  // At most kMaxImportStreams imports and kMaxExportStreams exports run at
+  // once; one more is ResourceExhausted at once (nothing read or copied).
+  // An import whose `cancelled` returns true at its end (the stream was
+  // cancelled, e.g. idle longer than kImportIdleTimeout) applies nothing.
   absl::StatusOr<v1::ImportStateResponse> ImportState(
-      const std::function<bool(v1::StateChunk*)>& read);
+      const std::function<bool(v1::StateChunk*)>& read,
+      const std::function<bool()>& cancelled = {});
 
   // The last engine creation error (empty if none), for Health/logs.
   std::string engine_error();
@@ -272,6 +297,10 @@ class DaemonCore {
   // FailedPrecondition naming the pending one otherwise.
   absl::Status ClaimPendingSlot(const std::string& transaction_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Register/Unregister: the pending save or load was prepared for params
+  // that are gone (it could never commit, yet would block every PREPARE
+  // until it is stale): dropped, with a warning.
+  void DropPendingOfOldRegistration() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ImportState's header checks (access, step id, transaction id): the
   // snapshot the chunks are written into and the entry names it expects.
   struct ImportTarget;
@@ -279,8 +308,16 @@ class DaemonCore {
       ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
   // Stages (transaction_id set) or applies a validated import.
   absl::StatusOr<v1::ImportStateResponse> FinishImport(
-      const v1::StateHeader& header, StagedLoad staged)
+      const v1::StateHeader& header, ImportTarget target)
       ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
+  // Takes one of the concurrent import (or export) stream slots;
+  // ResourceExhausted naming the limit when all are taken. ReturnStreamSlot
+  // gives it back when the stream ends.
+  absl::Status TakeStreamSlot(bool import) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReturnStreamSlot(bool import) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<v1::ImportStateResponse> ImportStream(
+      const std::function<bool(v1::StateChunk*)>& read,
+      const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
   // Applies a validated state (op_mu_ and mu_ held).
   absl::Status Apply(StagedLoad& staged)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_, mu_);
@@ -312,6 +349,9 @@ class DaemonCore {
   // (ClaimPendingSlot).
   std::optional<PendingSave> pending_save_ ABSL_GUARDED_BY(mu_);
   std::optional<StagedLoad> staged_load_ ABSL_GUARDED_BY(mu_);
+  // State streams in flight (TakeStreamSlot).
+  int imports_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int exports_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Runs the builds; used by builder_ only. Destroyed after builder_ is
   // joined (the destructor joins it first).
   EngineBuilder builds_;

@@ -3,6 +3,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -19,6 +20,7 @@ struct DaemonCore::StateSnapshot {
   uint64_t generation = 0;
   StateTensors state;
   StateFileInfo info;
+  int64_t steps_done = 0;
 };
 
 namespace {
@@ -56,6 +58,12 @@ absl::Status CheckRequest(const Request& request) {
                      kMaxTransactionIdBytes, " bytes"));
   }
   return absl::OkStatus();
+}
+
+// An age for a message: "0s", not absl's bare "0", under a millisecond.
+std::string FormatAge(absl::Duration age) {
+  age = absl::Trunc(age, absl::Milliseconds(1));
+  return age == absl::ZeroDuration() ? "0s" : absl::FormatDuration(age);
 }
 
 absl::Status NoSuchTransaction(const char* what, const std::string& id) {
@@ -103,8 +111,7 @@ absl::Status DaemonCore::ClaimPendingSlot(const std::string& transaction_id) {
     return absl::FailedPreconditionError(absl::StrCat(
         "transaction_id '", transaction_id, "': rank ", config_.rank,
         " has the ", kind, " of transaction '", pending_id,
-        "' pending (prepared ",
-        absl::FormatDuration(absl::Trunc(age, absl::Milliseconds(1))),
+        "' pending (prepared ", FormatAge(age),
         " ago); one transaction at a time: wait for its COMMIT/ABORT, or ",
         absl::FormatDuration(config_.pending_transaction_max_age),
         " after its PREPARE when it is dropped as stale"));
@@ -121,6 +128,18 @@ absl::Status DaemonCore::ClaimPendingSlot(const std::string& transaction_id) {
   return absl::OkStatus();
 }
 
+void DaemonCore::DropPendingOfOldRegistration() {
+  if (!pending_save_ && !staged_load_) return;
+  LOG(WARNING) << "dropping the pending " << (pending_save_ ? "save" : "load")
+               << " of transaction "
+               << (pending_save_ ? pending_save_->transaction_id
+                                 : staged_load_->transaction_id)
+               << ": the params it was prepared for were unregistered";
+  if (pending_save_) AbortSafetensors(pending_save_->file);
+  pending_save_.reset();
+  staged_load_.reset();
+}
+
 absl::StatusOr<DaemonCore::StateSnapshot> DaemonCore::Snapshot(
     const std::string& job_id, const std::string& client_id, const char* rpc) {
   // op_mu_: no step is half-way through the state being copied.
@@ -133,6 +152,7 @@ absl::StatusOr<DaemonCore::StateSnapshot> DaemonCore::Snapshot(
   s.generation = registration_generation_;
   s.info = {config_.job_id, config_.rank, last_step_id_.value_or(-1),
             active_plan_version_};
+  s.steps_done = steps_done_;
   return s;
 }
 
@@ -233,7 +253,7 @@ absl::StatusOr<DaemonCore::StagedLoad> DaemonCore::ReadAndValidate(
   ASSIGN_OR_RETURN(
       LoadedState loaded,
       StateFromFile(request.path(), std::move(file), *snap.registration,
-                    snap.state, config_.job_id, kMaxStepId));
+                    snap.state, config_.job_id, kMaxRestoredStepId));
   StagedLoad staged;
   staged.transaction_id = request.transaction_id();
   staged.generation = snap.generation;
@@ -327,9 +347,30 @@ absl::StatusOr<v1::LoadStateResponse> DaemonCore::CommitOrAbortLoad(
   return response;
 }
 
+absl::Status DaemonCore::TakeStreamSlot(bool import) {
+  absl::MutexLock lock(&mu_);
+  int& in_flight = import ? imports_in_flight_ : exports_in_flight_;
+  const int limit = import ? kMaxImportStreams : kMaxExportStreams;
+  if (in_flight >= limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        import ? "ImportState" : "ExportState", ": ", in_flight,
+        " streams already in flight on this daemon, the limit is ", limit,
+        " (each holds a copy of the whole state); retry when one ends"));
+  }
+  ++in_flight;
+  return absl::OkStatus();
+}
+
+void DaemonCore::ReturnStreamSlot(bool import) {
+  absl::MutexLock lock(&mu_);
+  --(import ? imports_in_flight_ : exports_in_flight_);
+}
+
 absl::Status DaemonCore::ExportState(
     const v1::ExportStateRequest& request,
     const std::function<bool(const v1::StateChunk&)>& write) {
+  RETURN_IF_ERROR(TakeStreamSlot(/*import=*/false));
+  absl::Cleanup slot = [this] { ReturnStreamSlot(/*import=*/false); };
   const v1::StateHeader& asked = request.header();
   int64_t chunk_bytes = asked.max_chunk_bytes();
   if (chunk_bytes == 0) chunk_bytes = kDefaultStateChunkBytes;
@@ -361,14 +402,18 @@ absl::Status DaemonCore::ExportState(
 struct DaemonCore::ImportTarget {
   StagedLoad staged;  // the current state's copy, to be overwritten
   std::shared_ptr<Registration> registration;
+  // The rank's steps when the header arrived (a step since: refused).
+  int64_t steps_done = 0;
+  int64_t last_step_id = -1;
 };
 
 absl::StatusOr<DaemonCore::ImportTarget> DaemonCore::StartImport(
     const v1::StateHeader& header) {
   RETURN_IF_ERROR(CheckTransactionId(header.transaction_id()));
-  if (header.step_id() < -1 || header.step_id() > kMaxStepId) {
+  if (header.step_id() < -1 || header.step_id() > kMaxRestoredStepId) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "step_id: ", header.step_id(), " is not in [-1, ", kMaxStepId, "]"));
+        "step_id: ", header.step_id(), " is not in [-1, ", kMaxRestoredStepId,
+        "] (the next step, step_id + 1, must be a valid step id)"));
   }
   if (!header.transaction_id().empty()) {
     // Refused before the data is read; claimed again when staging.
@@ -386,11 +431,22 @@ absl::StatusOr<DaemonCore::ImportTarget> DaemonCore::StartImport(
   target.staged.state = std::move(snap.state);
   target.staged.step_id = header.step_id();
   target.registration = std::move(snap.registration);
+  target.steps_done = snap.steps_done;
+  target.last_step_id = snap.info.step_id;
   return target;
 }
 
 absl::StatusOr<v1::ImportStateResponse> DaemonCore::ImportState(
-    const std::function<bool(v1::StateChunk*)>& read) {
+    const std::function<bool(v1::StateChunk*)>& read,
+    const std::function<bool()>& cancelled) {
+  RETURN_IF_ERROR(TakeStreamSlot(/*import=*/true));
+  absl::Cleanup slot = [this] { ReturnStreamSlot(/*import=*/true); };
+  return ImportStream(read, cancelled);
+}
+
+absl::StatusOr<v1::ImportStateResponse> DaemonCore::ImportStream(
+    const std::function<bool(v1::StateChunk*)>& read,
+    const std::function<bool()>& cancelled) {
   v1::StateChunk chunk;
   if (!read(&chunk) || !chunk.has_header() || !chunk.entry().empty()) {
     return absl::InvalidArgumentError(
@@ -403,17 +459,35 @@ absl::StatusOr<v1::ImportStateResponse> DaemonCore::ImportState(
   const StateEntryNames names(*target.registration);
   StateAssembler assembler(&target.staged.state, names);
   while (read(&chunk)) RETURN_IF_ERROR(assembler.Add(chunk));
+  // A cancelled stream also ends reads: it is no complete import.
+  if (cancelled && cancelled()) {
+    return absl::CancelledError(absl::StrCat(
+        "ImportState: the stream was cancelled (the trainer went away, or sent "
+        "nothing for ",
+        absl::FormatDuration(kImportIdleTimeout), "); nothing was imported"));
+  }
   RETURN_IF_ERROR(assembler.Finish());
-  return FinishImport(header, std::move(target.staged));
+  return FinishImport(header, std::move(target));
 }
 
 absl::StatusOr<v1::ImportStateResponse> DaemonCore::FinishImport(
-    const v1::StateHeader& header, StagedLoad staged) {
+    const v1::StateHeader& header, ImportTarget target) {
+  StagedLoad& staged = target.staged;
   v1::ImportStateResponse response;
   response.set_step_id(staged.step_id);
   response.set_num_entries(int64_t(staged.state.size()));
   absl::MutexLock op(&op_mu_);
   absl::MutexLock lock(&mu_);
+  // The trainer's state is from before the header; applying it after a step
+  // would roll this rank back while its peers keep that step (as a LoadState
+  // COMMIT after a step is refused).
+  if (steps_done_ != target.steps_done) {
+    return absl::AbortedError(absl::StrCat(
+        "ImportState: a step ran on this rank while the stream was sent (last "
+        "step_id ",
+        target.last_step_id, " at the header, ", last_step_id_.value_or(-1),
+        " now); nothing was imported; pause the trainers and import again"));
+  }
   if (!header.transaction_id().empty()) {
     RETURN_IF_ERROR(ClaimPendingSlot(header.transaction_id()));
     staged.steps_done = steps_done_;

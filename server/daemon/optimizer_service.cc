@@ -1,5 +1,11 @@
 #include "server/daemon/optimizer_service.h"
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/grpc_status.h"
@@ -83,10 +89,34 @@ grpc::Status OptimizerService::ImportState(
     grpc::ServerContext* context, grpc::ServerReader<v1::StateChunk>* reader,
     v1::ImportStateResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  return Reply(core_->ImportState([reader](v1::StateChunk* chunk) {
-    return reader->Read(chunk);
-  }),
-               response, "ImportState");
+  // The sync API's Read cannot time out: a watcher cancels the stream once
+  // no message came for import_idle_, which ends the blocked Read.
+  std::atomic<int64_t> last_message_ns = absl::GetCurrentTimeNanos();
+  absl::Notification done;
+  std::thread watcher([&] {
+    const absl::Duration poll =
+        std::min(import_idle_ / 4, absl::Milliseconds(500));
+    while (!done.WaitForNotificationWithTimeout(poll)) {
+      if (absl::GetCurrentTimeNanos() - last_message_ns.load() >
+          absl::ToInt64Nanoseconds(import_idle_)) {
+        LOG(WARNING) << "ImportState: no message for "
+                     << absl::FormatDuration(import_idle_)
+                     << "; cancelling the stream";
+        context->TryCancel();
+        return;
+      }
+    }
+  });
+  absl::StatusOr<v1::ImportStateResponse> result = core_->ImportState(
+      [&](v1::StateChunk* chunk) {
+        const bool got = reader->Read(chunk);
+        last_message_ns.store(absl::GetCurrentTimeNanos());
+        return got;
+      },
+      [context] { return context->IsCancelled(); });
+  done.Notify();
+  watcher.join();
+  return Reply(std::move(result), response, "ImportState");
 }
 
 grpc::Status OptimizerService::Health(grpc::ServerContext* context,

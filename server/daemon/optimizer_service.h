@@ -9,8 +9,11 @@ namespace muond {
 class OptimizerService final : public v1::Optimizer::Service {
  public:
   // `token`: when non-empty every RPC must carry it (server/common/auth.h).
-  explicit OptimizerService(DaemonCore* core, std::string token = "")
-      : core_(core), token_(std::move(token)) {}
+  // `import_idle`: an ImportState stream with no message for this long is
+  // cancelled (tests shorten it).
+  explicit OptimizerService(DaemonCore* core, std::string token = "",
+                            absl::Duration import_idle = kImportIdleTimeout)
+      : core_(core), token_(std::move(token)), import_idle_(import_idle) {}
 
   grpc::Status RegisterParams(grpc::ServerContext*,
                               const v1::RegisterParamsRequest*,
@@ -37,6 +40,7 @@ class OptimizerService final : public v1::Optimizer::Service {
  private:
   DaemonCore* core_;
   const std::string token_;
+  const absl::Duration import_idle_;
 };
 
 }  // namespace muond

@@ -53,7 +53,9 @@ class StateRpcTest : public ::testing::Test {
     core_ = std::make_unique<DaemonCore>(
         config, std::make_unique<HandleOpener>(), &link_,
         MakeEngineFactory(engine, std::make_shared<InMemoryKeyValueStore>()));
-    service_ = std::make_unique<OptimizerService>(core_.get());
+    // Idle imports are cancelled after 2 s here (kImportIdleTimeout: 60 s).
+    service_ =
+        std::make_unique<OptimizerService>(core_.get(), "", absl::Seconds(2));
     // /tmp: a Unix socket path must stay under 108 bytes.
     address_ = absl::StrCat("unix:///tmp/muond-staterpc-", tag, ".sock");
     grpc::ServerBuilder builder;
@@ -322,6 +324,136 @@ TEST_F(StateRpcTest, RawStreamRulesRefuseAndChangeNothing) {
     EXPECT_THAT(st.error_message(), HasSubstr(c.needle)) << c.what;
     ExpectSame(before, Exported());
   }
+}
+
+// Opens a raw ImportState stream and sends its header.
+struct RawImport {
+  grpc::ClientContext context;
+  v1::ImportStateResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::StateChunk>> writer;
+
+  RawImport(Client& client, int64_t step_id) {
+    writer = client.stub()->ImportState(&context, &response);
+    v1::StateChunk h;
+    h.mutable_header()->set_job_id("job");
+    h.mutable_header()->set_client_id("trainer0");
+    h.mutable_header()->set_step_id(step_id);
+    writer->Write(h);
+  }
+  // Sends every entry whole, then ends the stream.
+  grpc::Status Finish(const OptimizerState& state) {
+    for (const auto& [name, values] : state.entries) {
+      v1::StateChunk c;
+      c.set_entry(name);
+      c.set_numel(int64_t(values.size()));
+      c.set_data(std::string(reinterpret_cast<const char*>(values.data()),
+                             values.size() * 4));
+      if (!writer->Write(c)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+};
+
+// A one-shot import whose header came before a step and whose end after it
+// would roll this rank back while its peers keep the step: refused.
+TEST_F(StateRpcTest, ImportIsAbortedWhenAStepRanDuringTheStream) {
+  ASSERT_TRUE(client_->Step(0).ok());
+  const OptimizerState before = Exported();
+  RawImport raw(*client_, 10);
+  absl::SleepFor(absl::Milliseconds(300));  // the daemon reads the header
+  ASSERT_TRUE(client_->Step(1).ok());
+  const OptimizerState stepped = Exported();
+  grpc::Status st = raw.Finish(Distinct(before, 10));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ABORTED) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("step_id 0 at the header, 1 now"));
+  ExpectSame(stepped, Exported());
+  ASSERT_TRUE(client_->Step(2).ok());
+}
+
+// The header's step_id must leave room for the next step (step_id + 1).
+TEST_F(StateRpcTest, ImportStepIdLeavesRoomForTheNextStep) {
+  const OptimizerState before = Exported();
+  absl::Status top =
+      client_->ImportState(Distinct(before, DaemonCore::kMaxStepId)).status();
+  EXPECT_EQ(top.code(), absl::StatusCode::kInvalidArgument) << top;
+  EXPECT_THAT(top.message(), HasSubstr("step_id"));
+  ExpectSame(before, Exported());
+  const OptimizerState last = Distinct(before, DaemonCore::kMaxStepId - 1);
+  ASSERT_TRUE(client_->ImportState(last).ok());
+  absl::StatusOr<v1::StepResponse> next = client_->Step(DaemonCore::kMaxStepId);
+  ASSERT_TRUE(next.ok()) << next.status();
+}
+
+// Polls `call` until it is OK (a freed slot is returned when the server's
+// handler has ended, a moment after the client's side).
+template <typename F>
+absl::Status EventuallyOk(F call) {
+  absl::Status st;
+  for (int i = 0; i < 100; ++i) {
+    st = call();
+    if (st.ok()) return st;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return st;
+}
+
+// One import stream at a time: a second is refused at once naming the limit;
+// the slot is freed when the stream ends, is cancelled, or idles too long.
+TEST_F(StateRpcTest, OneImportStreamAtATime) {
+  const OptimizerState before = Exported();
+  const OptimizerState state = Distinct(before, 10);
+  {
+    RawImport first(*client_, 10);
+    absl::SleepFor(absl::Milliseconds(300));  // the daemon reads the header
+    RawImport second(*client_, 10);
+    grpc::Status refused = second.Finish(state);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << refused.error_message();
+    EXPECT_THAT(refused.error_message(), HasSubstr("the limit is 1"));
+    grpc::Status ended = first.Finish(state);
+    ASSERT_TRUE(ended.ok()) << ended.error_message();
+  }
+  ExpectSame(state, Exported());
+  ASSERT_TRUE(client_->ImportState(Distinct(before, 11)).ok());  // freed
+  {
+    RawImport cancelled(*client_, 12);
+    absl::SleepFor(absl::Milliseconds(300));
+    cancelled.context.TryCancel();
+  }
+  EXPECT_TRUE(EventuallyOk([&] {
+                return client_->ImportState(Distinct(before, 13)).status();
+              }).ok());
+  RawImport idle(*client_, 14);
+  absl::SleepFor(absl::Seconds(3));  // past the 2 s idle bound
+  EXPECT_TRUE(EventuallyOk([&] {
+                return client_->ImportState(Distinct(before, 15)).status();
+              }).ok());
+  EXPECT_EQ(idle.Finish(state).error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(Exported().step_id, 15);
+}
+
+// Exports: kMaxExportStreams (2) at once; unread streams hold their slots
+// until cancelled.
+TEST_F(StateRpcTest, AtMostTwoExportStreams) {
+  v1::ExportStateRequest request;
+  request.mutable_header()->set_job_id("job");
+  request.mutable_header()->set_client_id("trainer0");
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::StateChunk>>> unread;
+  for (int i = 0; i < kMaxExportStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    unread.push_back(
+        client_->stub()->ExportState(contexts.back().get(), request));
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // both handlers are writing
+  absl::Status refused = client_->ExportState().status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("the limit is 2"));
+  for (auto& c : contexts) c->TryCancel();
+  for (auto& r : unread) r->Finish();
+  EXPECT_TRUE(
+      EventuallyOk([&] { return client_->ExportState().status(); }).ok());
 }
 
 TEST_F(StateRpcTest, StagedImportAppliesOnCommitOnly) {

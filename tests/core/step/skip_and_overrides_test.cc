@@ -393,6 +393,25 @@ TEST(DomainAgreement, RanksThatSkipOrStepDifferentlyAreAllRefused) {
                   {{{.seed = 1}}, {{.seed = 1}}});
 }
 
+// -0.0 on one rank and 0.0 on another are the same value: the ranks agree.
+TEST(DomainAgreement, NegativeZeroAgreesWithZero) {
+  auto with = [](double momentum, double beta1) {
+    StepOverrides o;
+    o.momentum["dense"] = momentum;
+    o.beta1["adam"] = beta1;
+    return Overriding(o);
+  };
+  const std::vector<Attempt> attempts = {
+      {[&](int rank) { return rank == 0 ? with(-0.0, -0.0) : with(0.0, 0.0); },
+       1}};
+  const std::vector<RankRun> runs = RunWorld("negzero", attempts);
+  for (int t = 0; t < kT; ++t) {
+    ASSERT_EQ(runs[t].statuses.size(), 1u);
+    EXPECT_TRUE(runs[t].statuses[0].ok())
+        << "rank " << t << ": " << runs[t].statuses[0];
+  }
+}
+
 TEST(SkipParams, AnUnknownNameOnOneRankIsRefusedOnEveryRank) {
   const std::vector<Attempt> attempts = {
       {[](int rank) { return rank == 1 ? Skipping({"ghost"}) : StepInputs{}; },
