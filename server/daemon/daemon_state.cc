@@ -462,9 +462,9 @@ absl::StatusOr<v1::ImportStateResponse> DaemonCore::ImportStream(
   // A cancelled stream also ends reads: it is no complete import.
   if (cancelled && cancelled()) {
     return absl::CancelledError(absl::StrCat(
-        "ImportState: the stream was cancelled (the trainer went away, or sent "
-        "nothing for ",
-        absl::FormatDuration(kImportIdleTimeout), "); nothing was imported"));
+        "ImportState: the stream was cancelled (the trainer went away, or "
+        "sent no message for longer than the idle bound, kImportIdleTimeout); "
+        "nothing was imported"));
   }
   RETURN_IF_ERROR(assembler.Finish());
   return FinishImport(header, std::move(target));

@@ -53,9 +53,9 @@ class StateRpcTest : public ::testing::Test {
     core_ = std::make_unique<DaemonCore>(
         config, std::make_unique<HandleOpener>(), &link_,
         MakeEngineFactory(engine, std::make_shared<InMemoryKeyValueStore>()));
-    // Idle imports are cancelled after 2 s here (kImportIdleTimeout: 60 s).
+    // Idle imports are cancelled after 5 s here (kImportIdleTimeout: 60 s).
     service_ =
-        std::make_unique<OptimizerService>(core_.get(), "", absl::Seconds(2));
+        std::make_unique<OptimizerService>(core_.get(), "", absl::Seconds(5));
     // /tmp: a Unix socket path must stay under 108 bytes.
     address_ = absl::StrCat("unix:///tmp/muond-staterpc-", tag, ".sock");
     grpc::ServerBuilder builder;
@@ -425,7 +425,7 @@ TEST_F(StateRpcTest, OneImportStreamAtATime) {
                 return client_->ImportState(Distinct(before, 13)).status();
               }).ok());
   RawImport idle(*client_, 14);
-  absl::SleepFor(absl::Seconds(3));  // past the 2 s idle bound
+  absl::SleepFor(absl::Seconds(6));  // past the 5 s idle bound
   EXPECT_TRUE(EventuallyOk([&] {
                 return client_->ImportState(Distinct(before, 15)).status();
               }).ok());
