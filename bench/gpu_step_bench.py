@@ -102,6 +102,7 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size=1, syrk=False
                    scale_mode="original", extra_scale_factor=1.0, fp32_matmul_prec="medium",
                    ns_batch_size=ns_batch_size, use_syrk=syrk, **SETTINGS)
         try:
+            opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
             for p, g in zip(ps, grads):
                 p.grad.copy_(g)
             daemon_ms = []

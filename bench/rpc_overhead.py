@@ -70,6 +70,7 @@ def run_case(job, shapes, steps, warmup, profile):
         opt = Muon([{"params": params, "param_names": [f"p{i}" for i in range(len(params))]}],
                    lr=0.02, weight_decay=0.1, daemons=[d.address], job_id=job)
         try:
+            opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
             for p in params:
                 p.grad.normal_(0, 1e-3)
             rows = []

@@ -68,7 +68,7 @@ def check_llama(address, layers, steps) -> bool:
             for r, m in zip(ref, mine):
                 grad = 1e-3 * torch.randn(r.shape, device="cuda", generator=g)
                 r.grad = grad.clone()
-                m.grad.copy_(grad)
+                m.grad = grad  # copied into the shared grad at step
             topt.step()
             mopt.step()
         torch.cuda.synchronize()

@@ -41,7 +41,7 @@ class ClientRecoveryTest(base.SplitTrainerSystemTest):
 
     def step_with(self, opt, params, seed):
         for i, p in enumerate(params):
-            p.grad.copy_(torch.from_numpy(base.values(seed + i, tuple(p.shape))))
+            p.grad = torch.from_numpy(base.values(seed + i, tuple(p.shape)))  # copied at step
         opt.step()
 
     def test_refused_nonfinite_step_can_be_followed_by_a_good_one(self):

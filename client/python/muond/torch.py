@@ -422,11 +422,13 @@ class Muon(torch.optim.Optimizer):
         return wire[rank][wname]
 
     def _rebind(self, p: torch.nn.Parameter, numel: int):
-        """Moves p (and a zero grad) into daemon-visible buffers of `numel`
-        elements; the model's tensor is the contiguous prefix. ``p.grad``
-        becomes the shared grad (holding p's current grad, if any), so that
-        backward accumulates where the daemons read; a param that does not
-        require grad keeps ``.grad`` None (step() skips it)."""
+        """Moves p into a daemon-visible buffer of `numel` elements (the
+        model's tensor is the contiguous prefix) and makes its shared grad
+        buffer. ``.grad`` stays as the user had it, as with torch.optim (None
+        for a fresh model: a param the first backward does not reach is
+        skipped, not stepped on a zero grad); step() copies a grad that is not
+        in the shared buffer there and re-points ``.grad`` to it, and
+        ``zero_grad(set_to_none=False)`` binds it at once (zero-copy)."""
         pbuf = _Buffer(self.job_id, numel, p, self._regions)
         gbuf = _Buffer(self.job_id, numel, p, self._regions)
         self._buffers += [pbuf, gbuf]
@@ -436,10 +438,6 @@ class Muon(torch.optim.Optimizer):
             p.data = view
             self._views.append((p, view, view.data_ptr()))
             grad = gbuf.flat[:p.numel()].view(p.shape)
-            if p.grad is not None:
-                grad.copy_(p.grad)
-            if p.requires_grad or p.grad is not None:
-                p.grad = grad
         self._grads.append((p, grad))
         return pbuf, gbuf
 
@@ -501,14 +499,18 @@ class Muon(torch.optim.Optimizer):
         """As torch.optim: ``set_to_none=True`` (the default) sets every
         ``.grad`` to None (step() skips a param whose grad stays None, and
         copies a new grad into the shared buffer); ``set_to_none=False``
-        zeroes the shared grad in place and keeps ``.grad`` on it (the next
-        backward accumulates where the daemons read: no copy at step())."""
+        zeroes the shared grad in place and points ``.grad`` at it (the next
+        backward accumulates where the daemons read: no copy at step()).
+        Unlike torch, set_to_none=False also gives a param whose ``.grad``
+        was None the zeroed shared grad (when it requires grad): that is how
+        the zero-copy loop starts on a fresh model; such a param is then
+        stepped with a zero grad unless a backward reaches it."""
         with torch.no_grad():
             for p, grad in self._grads:
-                if p.grad is None:
-                    continue
                 if set_to_none:
                     p.grad = None
+                    continue
+                if p.grad is None and not p.requires_grad:
                     continue
                 if p.grad is not grad:
                     p.grad = grad

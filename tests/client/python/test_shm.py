@@ -96,7 +96,7 @@ class RebindTest(unittest.TestCase):
         try:
             for n, p in model.named_parameters():
                 torch.testing.assert_close(p.detach(), before[n], rtol=0, atol=0)
-                self.assertIsNotNone(p.grad)
+                self.assertIsNone(p.grad)  # as torch.optim: construction leaves .grad
             w = model[0].weight  # (9, 8): split, padded buffer of 10 rows
             req = self.cluster.daemons[0].requests[0]
             ref = next(pp for g in req.groups for pp in g.params if pp.name == "group0.param0")
@@ -108,8 +108,9 @@ class RebindTest(unittest.TestCase):
             w.data[4, 5] = -7.0
             self.assertEqual(other[4 * 8 + 5], -7.0)
             # backward accumulates into the shm grad in place
+            opt.zero_grad(set_to_none=False)  # binds .grad to the zeroed shm grad
             gptr = w.grad.data_ptr()
-            opt.zero_grad(set_to_none=False)  # zeroes the shm grad in place
+            self.assertIs(w.grad, {id(p): g for p, g in opt._grads}[id(w)])
             model(torch.randn(3, 8)).sum().backward()
             self.assertEqual(w.grad.data_ptr(), gptr)
             g_other = open_second_mapping(regions[ref.grad.region].shm_name)

@@ -92,6 +92,30 @@ class StepPathTest(unittest.TestCase):
         self.assertIn("norm", [n for d in self.cluster.daemons
                                for n in d.step_requests[-1].skip_params])
 
+    def test_first_step_without_zero_grad_skips_params_backward_did_not_reach(self):
+        """Construction leaves .grad as torch.optim does (None on a fresh
+        model, a user's grad kept as is): a first step with no zero_grad()
+        before it skips a param the backward did not reach (bitwise
+        unchanged, no weight decay) as ReferenceMuon / torch.optim do."""
+        ref_params, params = make_params(), make_params()
+        given = torch.ones_like(params["w_pad_tp1"])
+        for ps in (ref_params, params):
+            ps["w_pad_tp1"].grad = given.clone()  # a grad the user set before construction
+        initial = {n: p.detach().clone() for n, p in params.items()}
+        ref, opt = ReferenceMuon(groups(ref_params), **HYPER), self.muon(params)
+        self.assertIsNone(params["w_tall"].grad)
+        self.assertTrue(torch.equal(params["w_pad_tp1"].grad, given))
+        for o, ps in ((ref, ref_params), (opt, params)):
+            g = torch.Generator().manual_seed(9)
+            sum((p * torch.randn(p.shape, generator=g)).sum()
+                for n, p in ps.items() if n not in SKIPPED).backward()
+            o.step()
+        self.assert_same({n: p.detach() for n, p in params.items()},
+                         {n: p.detach() for n, p in ref_params.items()})
+        for name in SKIPPED:
+            self.assertTrue(torch.equal(params[name].detach(), initial[name]), name)
+            self.assertIsNone(params[name].grad, name)
+
     def test_zero_grad_set_to_none_and_in_place(self):
         params = make_params()
         opt = self.muon(params)
