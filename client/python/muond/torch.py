@@ -216,6 +216,60 @@ _ADAMW_FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False
                         "differentiable": False, "decoupled_weight_decay": True}
 
 
+# Their AdamW keys that choose torch's kernels, not the math: carried in the
+# groups (a state dict round-trips through torch.optim.AdamW), never fixed.
+_KERNEL_KEYS = ("foreach", "fused")
+# torch.optim.Muon's default ns_coefficients: muond's coefficient_type "simple".
+_SIMPLE_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+
+
+def _from_torch_keys(group: dict) -> dict:
+    """A user's Muon group dict with torch.optim.Muon's per-group
+    ns_coefficients / adjust_lr_fn (and not muond's own coefficient_type /
+    scale_mode): those as muond's options, so the group computes with them."""
+    if group.get("algorithm", "muon") != "muon":
+        return group
+    group = dict(group)
+    if "ns_coefficients" in group and "coefficient_type" not in group:
+        group["coefficient_type"], group["custom_coefficients"] = _custom(group["ns_coefficients"])
+    if "adjust_lr_fn" in group and "scale_mode" not in group:
+        group["scale_mode"], group["extra_scale_factor"] = _scale_from_adjust_lr_fn(
+            group["adjust_lr_fn"], None, None)
+    return group
+
+
+def _custom(ns_coefficients):
+    flat = list(ns_coefficients)
+    return "custom", [float(c) for c in (sum(map(list, flat), []) if flat and
+                                         isinstance(flat[0], (tuple, list)) else flat)]
+
+
+def _with_torch_keys(group: dict) -> None:
+    """Gives a group the keys torch.optim.Muon / torch.optim.AdamW read, with
+    the values muond computes with, so that its state dict loads into them
+    (and theirs into muond: _loaded_options compares them)."""
+    if group["algorithm"] == "adamw":
+        for key, value in {**_ADAMW_FIXED_OPTIONS, "foreach": None, "fused": None}.items():
+            group.setdefault(key, value)
+        return
+    if group["coefficient_type"] == "simple":
+        group["ns_coefficients"] = _SIMPLE_COEFFICIENTS
+    elif group["coefficient_type"] == "custom":
+        c = [float(x) for x in group["custom_coefficients"]]
+        triples = tuple(tuple(c[i:i + 3]) for i in range(0, len(c), 3))
+        group["ns_coefficients"] = triples[0] if len(triples) == 1 else triples
+    else:  # a per-iteration set torch has no triple for: its name
+        group["ns_coefficients"] = group["coefficient_type"]
+    scale = (group["scale_mode"], float(group["extra_scale_factor"]))
+    if scale == ("shape_scaling", 1.0):
+        given = group.get("adjust_lr_fn")
+        group["adjust_lr_fn"] = given if given in (None, "original") else None
+    elif scale == ("spectral", 0.2):
+        group["adjust_lr_fn"] = "match_rms_adamw"
+    else:  # no torch equivalent: says so (torch would scale by 1.0)
+        group["adjust_lr_fn"] = f"muond:{scale[0]}x{scale[1]}"
+
+
 def _check_adamw_options(gi: int, group: dict) -> None:
     for key, supported in _ADAMW_FIXED_OPTIONS.items():
         if key in group and bool(group[key]) != supported:
@@ -234,7 +288,8 @@ def _frozen(value):
 
 def _fixed_entries(group: dict) -> dict:
     live = LIVE_KEYS[group["algorithm"]]
-    return {k: _frozen(v) for k, v in group.items() if k not in live and k not in _PARAM_KEYS}
+    return {k: _frozen(v) for k, v in group.items()
+            if k not in live and k not in _PARAM_KEYS and k not in _KERNEL_KEYS}
 
 
 def _override(wname: str, group: dict) -> pb.GroupOverride:
@@ -265,10 +320,7 @@ class Muon(torch.optim.Optimizer):
         if ns_coefficients is not None:
             if coefficient_type not in (None, "custom"):
                 raise ValueError("give ns_coefficients or coefficient_type, not both")
-            coefficient_type = "custom"
-            flat = list(ns_coefficients)
-            custom = [float(c) for c in (sum(map(list, flat), []) if flat and
-                                         isinstance(flat[0], (tuple, list)) else flat)]
+            coefficient_type, custom = _custom(ns_coefficients)
         else:
             custom = []
         scale_mode, extra_scale_factor = _scale_from_adjust_lr_fn(
@@ -786,7 +838,10 @@ class Muon(torch.optim.Optimizer):
         re-registration fails, the old groups are registered again with their
         state and the error is raised."""
         if not getattr(self, "_registered", False):  # torch.optim.Optimizer.__init__
+            if isinstance(param_group, dict):
+                param_group = _from_torch_keys(param_group)
             super().add_param_group(param_group)
+            _with_torch_keys(self.param_groups[-1])
             return
         if self._closed:
             raise RuntimeError("muond.torch.Muon.add_param_group after close()")
@@ -799,7 +854,10 @@ class Muon(torch.optim.Optimizer):
         old = {self._param_names[id(p)]: {k: v.cpu() for k, v in s.items()}
                for p, s in self._fetch_state().items()}
         kept = len(self.param_groups)
+        if isinstance(param_group, dict):
+            param_group = _from_torch_keys(param_group)
         super().add_param_group(param_group)  # torch's checks; appends on success
+        _with_torch_keys(self.param_groups[-1])
         try:
             self._reregister(old, step_id)
         except BaseException as error:
@@ -933,13 +991,18 @@ def _loaded_options(gi: int, group: dict, saved: dict) -> dict:
     for key, value in saved.items():
         if key in _PARAM_KEYS or key == _state.STEP_ID_KEY or key not in group:
             continue
-        if key in live:
+        if key in live or key in _KERNEL_KEYS:
             apply[key] = value
-        elif _frozen(value) != _frozen(group[key]):
+        elif _frozen(_torch_default(key, value)) != _frozen(_torch_default(key, group[key])):
             raise ValueError(f"param group {gi} ({group.get('name', f'group{gi}')!r}): {key!r} "
                              f"is {value!r} in the state dict, {group[key]!r} here; muond fixes "
                              "it when it registers the group: build the optimizer with it")
     return apply
+
+
+def _torch_default(key: str, value):
+    """torch.optim.Muon's adjust_lr_fn None means "original"."""
+    return "original" if key == "adjust_lr_fn" and value is None else value
 
 
 def _whole(p: torch.Tensor):
