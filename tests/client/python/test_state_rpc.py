@@ -33,9 +33,9 @@ import torch
 from muond.client import Client, MuondError, read_token_file
 from muond.torch import Muon
 
-RUNFILES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-COORDINATOR = os.path.join(RUNFILES, "server/coordinator/muond-coordinator")
-DAEMON = os.path.join(RUNFILES, "server/daemon/muond")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "contract"))
+from cluster import find_binaries  # noqa: E402  (runfiles, bazel-bin or $MUOND_BIN_DIR)
+
 LR, WD, MOMENTUM = 0.02, 0.01, 0.95
 ADAMW = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05)
 BIG = 1_100_000  # fp32 values: 4.4 MB per AdamW moment, over gRPC's 4 MiB
@@ -64,18 +64,19 @@ class DaemonTest(unittest.TestCase):
     """A coordinator and one host-mode daemon; `listen` and extra flags per test."""
 
     def start(self, listen, *flags):
+        coordinator_bin, daemon_bin = find_binaries(self)
         self.tmp = tempfile.mkdtemp(prefix="muond-staterpc-")
         self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
         self.job = f"staterpc{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.procs = []
         port_file = os.path.join(self.tmp, "port")
-        self.spawn("coordinator", [COORDINATOR, "--listen=127.0.0.1:0",
+        self.spawn("coordinator", [coordinator_bin, "--listen=127.0.0.1:0",
                                    f"--port_file={port_file}"])
         wait_for(lambda: os.path.exists(port_file) and os.path.getsize(port_file), 20,
                  "the coordinator's port file")
         with open(port_file) as f:
             coordinator = f"127.0.0.1:{int(f.read())}"
-        self.spawn("muond", [DAEMON, "--host", f"--coordinator={coordinator}",
+        self.spawn("muond", [daemon_bin, "--host", f"--coordinator={coordinator}",
                              f"--job_id={self.job}", "--rank=0", "--world_size=1",
                              f"--listen={listen}", "--comm_timeout_s=20", *flags])
 

@@ -49,6 +49,18 @@ def _find_binary(relpath: str) -> str:
                             "muond-coordinator")
 
 
+def find_binaries(test) -> tuple[str, str]:
+    """(coordinator, daemon) for a unittest `test` (or class), skipped, saying
+    how to get them, when they are not built (the documented plain
+    `unittest discover` run outside Bazel, before any bazel build)."""
+    try:
+        return (_find_binary("server/coordinator/muond-coordinator"),
+                _find_binary("server/daemon/muond"))
+    except FileNotFoundError as e:
+        raise unittest.SkipTest(
+            f"{e}; or run `bazel test //tests/client/python/...`, which builds them") from e
+
+
 def free_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -216,6 +228,7 @@ class ClusterTestCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
+        find_binaries(cls)  # skips the class, saying how to build them, when missing
         cls.cluster = Cluster(cls.NUM_DAEMONS, tcp=cls.TCP).start()
         cls._failed = False
 
