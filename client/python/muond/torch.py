@@ -20,9 +20,10 @@ CPU tensors into POSIX shared memory (muond.shm), CUDA tensors into a fresh
 CUDA allocation shared by IPC handle. Each shm object and each CUDA
 allocation is declared once to a daemon as a memory region, and every tensor
 refers to its region by name + byte offset (docs/ARCHITECTURE.md "Memory
-registration"). Each trainable param also gets a
-``.grad`` in such memory; backward accumulates into it in place.
-``zero_grad(set_to_none=False)`` zeroes it in place and keeps it (no copy);
+registration"). Each param also gets a grad buffer in
+such memory; construction leaves ``.grad`` as it was (None on a fresh model,
+as torch.optim). ``zero_grad(set_to_none=False)`` zeroes the shared grad and
+points ``.grad`` at it, so backward accumulates there in place (no copy);
 ``zero_grad()`` (torch's default, set_to_none) sets ``.grad`` to None, so the
 next backward allocates a new grad, which ``step()`` copies into the shared
 grad (one batched copy) before re-pointing ``.grad`` to it. As in
