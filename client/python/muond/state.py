@@ -108,6 +108,9 @@ def _fp32(info: ParamInfo, key: str, value) -> torch.Tensor:
             return torch.tensor(float(value), dtype=torch.float32)
         raise ValueError(f"param {info.name}: state[{key!r}] must be a tensor, got "
                          f"{type(value).__name__}")
+    if value.device.type == "meta":
+        raise ValueError(f"param {info.name}: state[{key!r}] is on the meta device (no "
+                         "values): load a state dict with real tensors")
     if not value.is_floating_point() and not (key == "step" and value.dtype in
                                               (torch.int32, torch.int64)):
         raise ValueError(f"param {info.name}: state[{key!r}] must be a floating tensor, got "

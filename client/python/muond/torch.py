@@ -76,6 +76,7 @@ import time
 import uuid
 import weakref
 
+import grpc
 import torch
 
 from muond import split as _split
@@ -293,6 +294,79 @@ def _fixed_entries(group: dict) -> dict:
             if k not in live and k not in _PARAM_KEYS and k not in _KERNEL_KEYS}
 
 
+def _group_label(gi: int, group: dict) -> str:
+    return f"param group {gi} ({group.get('name', f'group{gi}')!r})"
+
+
+def _real(label: str, key: str, value) -> float:
+    """A live hyperparameter as the float the wire carries: a real number
+    (int, float, numpy scalar, one-element tensor; not bool, None or str) and
+    finite, else ValueError naming group and key. Its bounds (momentum < 1,
+    ...) are the daemon's (core/muon/bounds.h): step() names them."""
+    ok = not isinstance(value, (bool, str, bytes)) and value is not None
+    if isinstance(value, torch.Tensor):
+        ok = value.numel() == 1 and (value.is_floating_point() or not value.is_complex())
+    try:
+        number = float(value) if ok else None
+    except (TypeError, ValueError, RuntimeError):
+        number = None
+    if number is None or number != number or number in (float("inf"), float("-inf")):
+        raise ValueError(f"{label}: {key!r} must be a finite real number, got {value!r}")
+    return number
+
+
+def check_live(gi: int, group: dict) -> None:
+    """The group's live entries (LIVE_KEYS) convert to what Step carries, or
+    ValueError naming group and key (nothing sent)."""
+    label = _group_label(gi, group)
+    for key in LIVE_KEYS[group["algorithm"]]:
+        if key not in group:
+            continue
+        value = group[key]
+        if key == "betas":
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+                raise ValueError(f"{label}: 'betas' must be a pair of numbers, got {value!r}")
+            for v in value:
+                _real(label, key, v)
+        elif key == "nesterov":
+            if not isinstance(value, (bool, int)) or value not in (0, 1):
+                raise ValueError(f"{label}: 'nesterov' must be a bool, got {value!r}")
+        else:
+            _real(label, key, value)
+
+
+# The step ids a daemon's ImportState accepts, [-1, DaemonCore::kMaxStepId]
+# (server/daemon/daemon_core.h, the rule's home): checked here too so that a
+# bad state dict is a ValueError naming the key before any RPC, not a
+# protobuf range error half way through the import.
+MAX_STEP_ID = 2**62
+
+
+def check_step_id(value) -> int:
+    """A state dict's muond_step_id as an int in [-1, MAX_STEP_ID], else
+    ValueError naming the key (a whole float is accepted: json/yaml loaders)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    whole = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and value.is_integer())
+    if not whole or not -1 <= int(value) <= MAX_STEP_ID:
+        raise ValueError(f"state dict: {_state.STEP_ID_KEY!r} must be an int in "
+                         f"[-1, {MAX_STEP_ID}], got {value!r}")
+    return int(value)
+
+
+class AddParamGroupError(RuntimeError):
+    """add_param_group failed and registering the old groups again failed
+    too: the optimizer is closed and unregistered from every daemon it
+    reached. ``state_dict`` is the optimizer's state before the call, in
+    torch.optim's format: resume with a new muond.torch.Muon (the old groups)
+    and ``load_state_dict(error.state_dict)``."""
+
+    def __init__(self, message: str, state_dict: dict):
+        super().__init__(message)
+        self.state_dict = state_dict
+
+
 def _override(wname: str, group: dict) -> pb.GroupOverride:
     """The group's live hyperparameters as they are now."""
     o = pb.GroupOverride(group=wname, lr=float(group["lr"]),
@@ -303,6 +377,30 @@ def _override(wname: str, group: dict) -> pb.GroupOverride:
     else:
         o.momentum, o.nesterov = float(group["momentum"]), bool(group["nesterov"])
     return o
+
+
+def _set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
+    """The group's registered hyperparameters on the wire group (raises
+    TypeError/ValueError on a value the wire cannot carry)."""
+    wg.algorithm = pb.ALGORITHM_ADAMW if group["algorithm"] == "adamw" else pb.ALGORITHM_MUON
+    if group["algorithm"] == "adamw":
+        beta1, beta2 = group["betas"]
+        wg.adamw.CopyFrom(pb.AdamWHyperparams(
+            lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
+            eps=float(group["eps"]), weight_decay=float(group["weight_decay"])))
+        return
+    # The string options (scale_mode="spectral", ...) become wire enums
+    # here, in one place (muond.wire_enums).
+    enums = {field: _wire_enums.to_wire(enum, field, group[field])
+             for field, enum in _wire_enums.MUON_ENUM_FIELDS.items()}
+    wg.muon.CopyFrom(pb.MuonHyperparams(
+        lr=float(group["lr"]), momentum=float(group["momentum"]),
+        nesterov=bool(group["nesterov"]), weight_decay=float(group["weight_decay"]),
+        custom_coefficients=group["custom_coefficients"],
+        num_ns_steps=group["ns_steps"], eps=group["eps"],
+        extra_scale_factor=group["extra_scale_factor"],
+        ns_batch_size=group["ns_batch_size"], use_syrk=group["use_syrk"],
+        **enums))
 
 
 class Muon(torch.optim.Optimizer):
@@ -410,11 +508,19 @@ class Muon(torch.optim.Optimizer):
         wire: list[dict[str, pb.ParamGroup]] = [dict() for _ in range(n)]
         muon_load, adamw_load = [0] * n, [0] * n
         seen = set()
+        # The live entries each group is registered with: as last registered
+        # for a group the daemons accepted (param_groups may hold a value the
+        # daemons refuse since, e.g. momentum=1.0: step() names that, and
+        # add_param_group must not fail on it), else the group's own.
+        self._placed_live = {}
         for gi, group in enumerate(self.param_groups):
             algorithm = group["algorithm"]
             if algorithm not in ("muon", "adamw"):
                 raise ValueError(f"param group {gi}: algorithm {algorithm!r} not in "
                                  "('muon', 'adamw')")
+            registered = getattr(self, "_registered_live", {}).get(gi)
+            self._placed_live[gi] = (dict(registered) if registered is not None else
+                                     {k: group[k] for k in LIVE_KEYS[algorithm] if k in group})
             gname = group.get("name", f"group{gi}")
             names = group.get("param_names") or [f"{gname}.param{j}"
                                                   for j in range(len(group["params"]))]
@@ -451,25 +557,7 @@ class Muon(torch.optim.Optimizer):
     def _wire_group(self, wire, rank, gi, wname, group, domain) -> pb.ParamGroup:
         if wname not in wire[rank]:
             wg = pb.ParamGroup(name=wname, domain=domain)
-            wg.algorithm = pb.ALGORITHM_ADAMW if group["algorithm"] == "adamw" else pb.ALGORITHM_MUON
-            if group["algorithm"] == "adamw":
-                beta1, beta2 = group["betas"]
-                wg.adamw.CopyFrom(pb.AdamWHyperparams(
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                    weight_decay=group["weight_decay"]))
-            else:
-                # The string options (scale_mode="spectral", ...) become
-                # wire enums here, in one place (muond.wire_enums).
-                enums = {field: _wire_enums.to_wire(enum, field, group[field])
-                         for field, enum in _wire_enums.MUON_ENUM_FIELDS.items()}
-                wg.muon.CopyFrom(pb.MuonHyperparams(
-                    lr=group["lr"], momentum=group["momentum"], nesterov=group["nesterov"],
-                    weight_decay=group["weight_decay"],
-                    custom_coefficients=group["custom_coefficients"],
-                    num_ns_steps=group["ns_steps"], eps=group["eps"],
-                    extra_scale_factor=group["extra_scale_factor"],
-                    ns_batch_size=group["ns_batch_size"], use_syrk=group["use_syrk"],
-                    **enums))
+            _set_hyperparams(wg, {**group, **self._placed_live[gi]})
             wire[rank][wname] = wg
             self._wire_groups.setdefault(rank, []).append((gi, wname))
         return wire[rank][wname]
@@ -759,6 +847,12 @@ class Muon(torch.optim.Optimizer):
         {"step", "exp_avg", "exp_avg_sq"}; full param shapes), "param_groups"
         with every group's options and the job's step id as "muond_step_id"
         (kept by torch.distributed.checkpoint, unlike a top-level key)."""
+        return self._pack_state_dict(self.state.items())
+
+    def _pack_state_dict(self, states) -> dict:
+        """torch.optim's state dict of ``states`` ((param, its state) pairs or
+        a dict of them) and this optimizer's groups and step id."""
+        states = dict(states)
         index = {}
         groups = []
         for group in self.param_groups:
@@ -769,7 +863,7 @@ class Muon(torch.optim.Optimizer):
         # Copies: opt.state's cache must keep what the daemons hold even if
         # the caller edits the returned tensors in place.
         state = {index[id(p)]: {k: v.clone() for k, v in s.items()}
-                 for p, s in self.state.items()}
+                 for p, s in states.items()}
         # Also at the top level, where torch.save keeps it and older muond
         # state dicts had it (load_state_dict reads either).
         return {"state": state, "param_groups": groups, _state.STEP_ID_KEY: self.step_id}
@@ -782,10 +876,10 @@ class Muon(torch.optim.Optimizer):
         step id. On any error nothing changes (ValueError naming the param and
         the rule for a bad state dict)."""
         groups, states = self._check_state_dict(state_dict)
-        step_ids = {int(g[_state.STEP_ID_KEY]) for g in state_dict["param_groups"]
+        step_ids = {check_step_id(g[_state.STEP_ID_KEY]) for g in state_dict["param_groups"]
                     if _state.STEP_ID_KEY in g}
         if not step_ids and _state.STEP_ID_KEY in state_dict:
-            step_ids = {int(state_dict[_state.STEP_ID_KEY])}
+            step_ids = {check_step_id(state_dict[_state.STEP_ID_KEY])}
         if len(step_ids) > 1:
             raise ValueError(f"param_groups disagree on {_state.STEP_ID_KEY}: {sorted(step_ids)}")
         step_id = int(step_ids.pop()) if step_ids else self.step_id
@@ -815,6 +909,9 @@ class Muon(torch.optim.Optimizer):
             for index, p in zip(saved["params"], group["params"]):
                 by_index[index] = self._param_names[id(p)]
             groups.append(_loaded_options(gi, group, saved))
+            # Types and finiteness here; bounds (momentum < 1, ...) are the
+            # daemon's and step() names them.
+            check_live(gi, {**group, **groups[-1]})
         unknown = sorted(set(state_dict["state"]) - set(by_index), key=str)
         if unknown:
             raise ValueError(f"state for param indices {unknown} that no param group lists")
@@ -830,14 +927,18 @@ class Muon(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         """torch.optim's add_param_group, also after construction (progressive
-        unfreezing): the state of every daemon is exported, the params
-        unregistered, all groups placed and registered again (placement may
-        move params between daemons), the old params' state imported (the new
-        params start from zero, as in torch.optim) and the step id kept. In
-        local mode every trainer of the domain must call it together, with
-        matching groups (the daemons of a domain register together). If the
-        re-registration fails, the old groups are registered again with their
-        state and the error is raised."""
+        unfreezing): the new group is checked here first (torch's checks,
+        algorithm, dtype, Muon params 2-D, names, hyperparameter types; a bad
+        group changes nothing), then the state of every daemon is exported,
+        the params unregistered, all groups placed and registered again
+        (placement may move params between daemons; the old groups with the
+        live values they were last registered with), the old params' state
+        imported (the new params start from zero, as in torch.optim) and the
+        step id kept. In local mode every trainer of the domain must call it
+        together, with matching groups. If the re-registration fails, the old
+        groups are registered again with their state and the error is raised;
+        if that fails too, AddParamGroupError: the optimizer is closed and
+        unregistered, and the error's ``state_dict`` resumes a new one."""
         if not getattr(self, "_registered", False):  # torch.optim.Optimizer.__init__
             if isinstance(param_group, dict):
                 param_group = _from_torch_keys(param_group)
@@ -849,28 +950,77 @@ class Muon(torch.optim.Optimizer):
         if isinstance(param_group, dict) and param_group.get("algorithm") == "adamw":
             param_group = dict(param_group)
             param_group.setdefault("eps", self._adamw_eps)
-        self._follow_rebound_params()
-        self.state.push_if_assigned()
-        step_id = self.step_id
-        old = {self._param_names[id(p)]: {k: v.cpu() for k, v in s.items()}
-               for p, s in self._fetch_state().items()}
         kept = len(self.param_groups)
         if isinstance(param_group, dict):
             param_group = _from_torch_keys(param_group)
         super().add_param_group(param_group)  # torch's checks; appends on success
         _with_torch_keys(self.param_groups[-1])
+        new_group = self.param_groups.pop()  # back only once registered
+        self._check_new_group(kept, new_group)
+        self._follow_rebound_params()
+        self.state.push_if_assigned()
+        step_id = self.step_id
+        if getattr(self, "_registered_live", None) is None:
+            self._registered_live = dict(self._placed_live)  # the constructor's
+        before = self._registered_live
+        by_param = self._fetch_state()
+        old = {self._param_names[id(p)]: {k: v.cpu() for k, v in s.items()}
+               for p, s in by_param.items()}
+        saved = self._pack_state_dict(by_param)  # handed out if all else fails
+        self.param_groups.append(new_group)
         try:
             self._reregister(old, step_id)
         except BaseException as error:
             del self.param_groups[kept:]
+            self._registered_live = before
             try:
                 self._reregister(old, step_id)
             except Exception as again:
-                self._closed = True
-                raise RuntimeError(f"add_param_group failed ({error}) and registering the "
-                                   f"old groups again failed too ({again}); this optimizer is "
-                                   "closed: build a new one and load_state_dict") from error
+                self.close()  # unregisters everywhere (best effort): a new optimizer can
+                raise AddParamGroupError(
+                    f"add_param_group failed ({error}) and registering the old groups "
+                    f"again failed too ({again}); this optimizer is closed and unregistered. "
+                    "Its state is in this error's .state_dict: build a new muond.torch.Muon "
+                    "with the old groups and call load_state_dict(error.state_dict)",
+                    saved) from error
             raise
+
+    def _check_new_group(self, gi: int, group: dict) -> None:
+        """Everything about a group added after construction that can be
+        checked without a daemon (ValueError naming group/param and rule)."""
+        label = _group_label(gi, group)
+        algorithm = group.get("algorithm")
+        if algorithm not in ("muon", "adamw"):
+            raise ValueError(f"{label}: algorithm {algorithm!r} not in ('muon', 'adamw')")
+        if algorithm == "adamw":
+            _check_adamw_options(gi, group)
+        gname = group.get("name", f"group{gi}")
+        taken = {g.get("name", f"group{i}") for i, g in enumerate(self.param_groups)}
+        if gname in taken:
+            raise ValueError(f"{label}: group name {gname!r} is already a group's")
+        names = group.get("param_names") or [f"{gname}.param{j}"
+                                              for j in range(len(group["params"]))]
+        if len(names) != len(group["params"]):
+            raise ValueError(f"{label}: {len(names)} param_names for "
+                             f"{len(group['params'])} params")
+        known = set(self._param_names.values())
+        for name, p in zip(names, group["params"]):
+            if name in known:
+                raise ValueError(f"{label}: param name {name!r} appears twice")
+            known.add(name)
+            if p.dtype not in _DTYPES:
+                raise ValueError(f"param {name}: dtype {p.dtype} not in (float32, bfloat16)")
+            if algorithm == "muon" and p.ndim != 2:
+                raise ValueError(f"param {name}: Muon params must be 2-D, got shape "
+                                 f"{tuple(p.shape)}; put it in an algorithm='adamw' group")
+            if p.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"param {name}: muond handles cpu and cuda tensors, got "
+                                 f"{p.device}")
+        check_live(gi, group)
+        try:
+            _set_hyperparams(pb.ParamGroup(), group)
+        except (TypeError, ValueError, KeyError) as e:
+            raise ValueError(f"{label}: {e}") from e
 
     def _reregister(self, states_by_name: dict, step_id: int) -> None:
         """Unregisters, places and registers every group anew (fresh buffers;
@@ -892,6 +1042,7 @@ class Muon(torch.optim.Optimizer):
                      "RegisterParams", with_rank=True)
         for c in self.clients:
             c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
+        self._registered_live = dict(self._placed_live)
         self._on_cuda = any(grad.is_cuda for _, grad in self._grads)
         known = {self._param_names[id(p)] for p in params}
         states = _state.validate(self._param_infos(),
@@ -920,31 +1071,54 @@ class Muon(torch.optim.Optimizer):
         self.close()
 
 
+class _ParamState(dict):
+    """One param's entry of ``opt.state``: assigning a key (``opt.state[p]
+    ["momentum_buffer"] = t``) marks the state for import before the next
+    step, as assigning the whole entry does."""
+
+    def __init__(self, values: dict, owner: "_LazyState"):
+        super().__init__(values)
+        self._owner = owner
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self._owner._dirty = True
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._owner._dirty = True
+
+
 class _LazyState(MutableMapping):
     """``opt.state`` as torch.optim has it (param -> {"momentum_buffer": ...}),
     read from the daemons on first access and cached until the next step,
     load_state_dict or add_param_group. Always truthy (one entry per param,
     no RPC to know that): torch.distributed.checkpoint steps an optimizer whose
-    ``state`` is empty to create it, which would be a real step here. An
-    assignment (Lightning's ``_optimizer_to_device`` writes every entry back)
-    is imported into the daemons before the next step; in-place changes to
-    the fetched tensors are not seen (use load_state_dict)."""
+    ``state`` is empty to create it, which would be a real step here. Every
+    change reaches the daemons before the next step (imported, all or
+    nothing): an assigned entry (Lightning's ``_optimizer_to_device`` writes
+    every entry back), an assigned key of an entry, and an in-place edit of a
+    fetched tensor (seen by its ``_version``, which torch bumps on every
+    in-place op: a cheap check of the fetched tensors at step())."""
 
     def __init__(self, opt: "Muon"):
         self._opt = opt
         self._cache = None
         self._dirty = False
+        self._versions: list = []  # (fetched tensor, its _version when fetched)
 
     def _params(self):
         return [p for group in self._opt.param_groups for p in group["params"]]
 
     def _loaded(self) -> dict:
         if self._cache is None:
-            self._cache = self._opt._fetch_state()
+            fetched = self._opt._fetch_state()
+            self._cache = {p: _ParamState(s, self) for p, s in fetched.items()}
+            self._versions = [(v, v._version) for s in fetched.values() for v in s.values()]
         return self._cache
 
     def invalidate(self) -> None:
-        self._cache, self._dirty = None, False
+        self._cache, self._dirty, self._versions = None, False, []
 
     def __getitem__(self, p):
         if p not in self:
@@ -954,7 +1128,7 @@ class _LazyState(MutableMapping):
     def __setitem__(self, p, value):
         if p not in self:
             raise KeyError("muond.torch.Muon keeps state only for its own params")
-        self._loaded()[p] = value
+        self._loaded()[p] = _ParamState(value, self)
         self._dirty = True
 
     def __delitem__(self, p):
@@ -971,9 +1145,13 @@ class _LazyState(MutableMapping):
     def __len__(self):
         return len(self._params())
 
+    def _changed(self) -> bool:
+        return self._dirty or any(v._version != seen for v, seen in self._versions)
+
     def push_if_assigned(self) -> None:
-        """Imports the cached state into the daemons when an entry was assigned."""
-        if not self._dirty:
+        """Imports the cached state into the daemons when it was changed
+        (assigned, or a fetched tensor edited in place)."""
+        if self._cache is None or not self._changed():
             return
         opt = self._opt
         states = _state.validate(opt._param_infos(),
@@ -1045,7 +1223,7 @@ def _result(call, client: Client, what: str):
         return call()
     except MuondError:  # the client's own (export/import_state): names the daemon already
         raise
-    except Exception as e:
+    except grpc.RpcError as e:
         detail = e.details() if hasattr(e, "details") else str(e)
         code = e.code() if hasattr(e, "code") else None
         info = error_info(e)

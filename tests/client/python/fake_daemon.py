@@ -102,6 +102,8 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         self.engine_error = ""
         self.on_step = None
         self.refuse_import = ""  # set: ImportState refuses after checking (a test hook)
+        # set: RegisterParams refuses when refuse_register(request) returns a reason
+        self.refuse_register = None
         self.staged: dict = {}
         self.imports = self.aborts = 0
         cluster.daemons.append(self)
@@ -128,6 +130,9 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
 
     def RegisterParams(self, request, context):
         self.requests.append(request)
+        reason = self.refuse_register(request) if self.refuse_register else ""
+        if reason:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
         try:
             self.mappings = map_regions(request)
             for group in request.groups:

@@ -3,6 +3,7 @@ state_dict / load_state_dict in torch.optim's format, ``opt.state``, the
 all-or-nothing import, rebinding and pickling. The fake keeps the state per
 local shard as the wire says, so split-mode assembly is checked against the
 example's in-process ReferenceMuon (torch.optim's state layout) bitwise."""
+import copy
 import io
 import os
 import shutil
@@ -15,7 +16,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_daemon import start_cluster  # noqa: E402
 from test_muon_fake_daemon import HYPER, PARAMS, groups, make_params  # noqa: E402
-from muond.torch import Muon  # noqa: E402
+from muond.torch import AddParamGroupError, Muon  # noqa: E402
+from muond.v1 import muond_pb2 as pb  # noqa: E402
 from reference_muon import ReferenceMuon  # noqa: E402
 
 
@@ -360,6 +362,181 @@ class StateTest(unittest.TestCase):
         opt, _ = self.optimizer(params)
         with self.assertRaisesRegex(TypeError, r"opt.state_dict\(\)"):
             torch.save(opt, io.BytesIO())
+
+    # -- add_param_group failure paths (issue 17's hostile review) ----------
+    def _late_group(self, ps, **extra):
+        ps["late"] = torch.nn.Parameter(
+            torch.randn(10, 6, generator=torch.Generator().manual_seed(5)))
+        return dict(params=[ps["late"]], param_names=["late"], **extra)
+
+    def test_a_bad_new_group_is_refused_before_any_rpc(self):
+        params = make_params()
+        opt, cluster = self.optimizer(params)
+        train(opt, params, [1])
+        before = [(len(d.requests), d.imports, len(d.groups)) for d in cluster.daemons]
+        sd = opt.state_dict()
+        bad = [
+            ({"params": [torch.nn.Parameter(torch.zeros(5))], "param_names": ["v"]},
+             r"param v: Muon params must be 2-D"),
+            ({"params": [torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float16))],
+              "param_names": ["h"]}, r"param h: dtype torch.float16"),
+            ({"params": [torch.nn.Parameter(torch.zeros(4, 4))], "param_names": ["w_tp0"]},
+             r"param name 'w_tp0' appears twice"),
+            ({"params": [torch.nn.Parameter(torch.zeros(4, 4))], "param_names": ["q"],
+              "name": "group0"},
+             r"group name 'group0' is already a group's"),
+            ({"params": [torch.nn.Parameter(torch.zeros(4, 4))], "param_names": ["q"], "lr": "0.1"},
+             r"param group 2 .*'lr' must be a finite real number"),
+            ({"params": [torch.nn.Parameter(torch.zeros(4, 4))], "param_names": ["q"],
+              "momentum": float("nan")},
+             r"param group 2 .*'momentum' must be a finite real number"),
+            ({"params": [torch.nn.Parameter(torch.zeros(4))], "param_names": ["q"],
+              "algorithm": "adamw", "betas": (0.9,)}, r"param group 2 .*'betas' must be a pair"),
+        ]
+        for group, message in bad:
+            with self.assertRaisesRegex(ValueError, message):
+                opt.add_param_group(group)
+            self.assertEqual(len(opt.param_groups), 2)
+        self.assertEqual([(len(d.requests), d.imports, len(d.groups))
+                          for d in cluster.daemons], before)
+        after = opt.state_dict()["state"]
+        for i, state in sd["state"].items():
+            for key, value in state.items():
+                torch.testing.assert_close(after[i][key], value, rtol=0, atol=0)
+
+    def test_add_param_group_registers_old_groups_as_last_registered(self):
+        # A live value the daemons refuse (momentum=1.0, loaded or set) is
+        # step()'s to name; add_param_group registers the old groups with the
+        # values they were last registered with, so it neither fails on it nor
+        # tears the registration down. A new group the daemons refuse is
+        # rolled back and the optimizer runs on as the reference does.
+        def refuse_momentum_one(request):
+            bad = [g.name for g in request.groups
+                   if g.algorithm == pb.ALGORITHM_MUON and g.muon.momentum >= 1]
+            return f"group {bad}: momentum must be < 1" if bad else ""
+
+        ref_params = make_params()
+        ref = ReferenceMuon(groups(ref_params), **HYPER)
+        params = make_params()
+        opt, cluster = self.optimizer(params)
+        for d in cluster.daemons:
+            d.refuse_register = refuse_momentum_one
+        train(ref, ref_params, [1, 2])
+        train(opt, params, [1, 2])
+        sd = opt.state_dict()
+        sd["param_groups"][0]["momentum"] = 1.0
+        opt.load_state_dict(sd)  # finite: accepted; the bound is the daemon's
+        with self.assertRaises(RuntimeError):
+            opt.add_param_group(self._late_group({}, momentum=1.0))
+        self.assertEqual(len(opt.param_groups), 2)
+        for o, ps in ((ref, ref_params), (opt, params)):
+            o.add_param_group(self._late_group(ps))
+        self.assertFalse(opt._closed)
+        opt.param_groups[0]["momentum"] = HYPER["momentum"]
+        want = train(ref, ref_params, [3, 4])
+        got = train(opt, params, [3, 4])
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+
+    def test_add_param_group_hands_out_the_state_when_even_the_rollback_fails(self):
+        ref_params = make_params()
+        ref = ReferenceMuon(groups(ref_params), **HYPER)
+        params = make_params()
+        opt, cluster = self.optimizer(params)
+        train(ref, ref_params, [1, 2])
+        train(opt, params, [1, 2])
+        for d in cluster.daemons:
+            d.refuse_register = lambda request: "fake: registration refused"
+        with self.assertRaisesRegex(RuntimeError, r"load_state_dict\(error.state_dict\)") as cm:
+            opt.add_param_group(self._late_group({}))
+        self.assertIsInstance(cm.exception, AddParamGroupError)
+        self.assertTrue(opt._closed)
+        self.assertEqual([d.groups for d in cluster.daemons], [[]] * len(cluster.daemons))
+        for d in cluster.daemons:
+            d.refuse_register = None
+        addresses = [d.address for d in cluster.daemons]
+        opt2 = Muon(groups(params), daemons=addresses, job_id="state", gtp_size=self.G,
+                    tp_size=self.T, **HYPER)
+        self.addCleanup(opt2.close)
+        opt2.load_state_dict(cm.exception.state_dict)
+        self.assertEqual(opt2.step_id, 2)
+        want = train(ref, ref_params, [3, 4])
+        got = train(opt2, params, [3, 4])
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+
+    # -- opt.state edits reach the daemons --------------------------------
+    def test_state_key_assignment_and_in_place_edits_reach_the_daemons(self):
+        # torch.optim.Muon steps from whatever opt.state holds; so must we.
+        # torch runs NS in bf16: its one cast made an fp32 copy, muond fp32.
+        gen = torch.Generator().manual_seed(9)
+        first, second = torch.randn(8, 6, generator=gen), torch.randn(6, 10, generator=gen)
+        settings = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)
+        cluster, addresses = start_cluster(tempfile.mkdtemp(dir=self.dir), 2)
+        self.clusters.append(cluster)
+        results = []
+        for make in (lambda ps: torch.optim.Muon(ps, **settings),
+                     lambda ps: Muon(ps, daemons=addresses, job_id="state", gtp_size=2,
+                                     fp32_matmul_prec="highest", **settings)):
+            ps = {"first": torch.nn.Parameter(first.clone()),
+                  "second": torch.nn.Parameter(second.clone())}
+            opt = make(list(ps.values()))
+            original = torch.Tensor.bfloat16
+            torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
+            try:
+                train(opt, ps, [1, 2])
+                opt.state[ps["first"]]["momentum_buffer"] = torch.full((8, 6), 0.25)
+                opt.state[ps["second"]]["momentum_buffer"].mul_(-3.0)
+                results.append(train(opt, ps, [3, 4]))
+            finally:
+                torch.Tensor.bfloat16 = original
+                if isinstance(opt, Muon):
+                    opt.close()
+        for name in results[0]:
+            torch.testing.assert_close(results[1][name], results[0][name], rtol=1e-5,
+                                       atol=1e-6, msg=name)
+
+    # -- load_state_dict checks of group entries ---------------------------
+    def test_ill_typed_live_values_and_step_ids_are_refused_at_load(self):
+        params = make_params()
+        opt, cluster = self.optimizer(params)
+        train(opt, params, [1])
+        good = opt.state_dict()
+        imports = sum(d.imports for d in cluster.daemons)
+
+        def edited(group_key=None, value=None, step_id=None, meta=False):
+            sd = copy.deepcopy(good)
+            if group_key:
+                sd["param_groups"][group_key[0]][group_key[1]] = value
+            if step_id is not None:
+                for g in sd["param_groups"]:
+                    g["muond_step_id"] = step_id
+            if meta:
+                sd["state"][0]["momentum_buffer"] = torch.zeros(9, 8, device="meta")
+            return sd
+
+        cases = [
+            (edited((0, "lr"), None), r"param group 0 .*'lr' must be a finite real number"),
+            (edited((0, "lr"), float("nan")), r"param group 0 .*'lr' must be a finite"),
+            (edited((0, "momentum"), "0.9"), r"param group 0 .*'momentum' must be"),
+            (edited((1, "eps"), float("inf")), r"param group 1 .*'eps' must be a finite"),
+            (edited((1, "betas"), (0.9, None)), r"param group 1 .*'betas' must be"),
+            (edited((0, "nesterov"), "yes"), r"param group 0 .*'nesterov' must be a bool"),
+            (edited(step_id=True), r"'muond_step_id' must be an int"),
+            (edited(step_id=2.5), r"'muond_step_id' must be an int"),
+            (edited(step_id="3"), r"'muond_step_id' must be an int"),
+            (edited(step_id=2**63), r"'muond_step_id' must be an int"),
+            (edited(step_id=-2), r"'muond_step_id' must be an int"),
+            (edited(meta=True), r"param w_pad_tp1: state\['momentum_buffer'\] is on the meta"),
+        ]
+        for sd, message in cases:
+            with self.assertRaisesRegex(ValueError, message):
+                opt.load_state_dict(sd)
+        self.assertEqual(sum(d.imports for d in cluster.daemons), imports)
+        self.assertEqual(opt.step_id, 1)
+        self.assertEqual(opt.param_groups[0]["lr"], HYPER["lr"])
+        opt.load_state_dict(edited(step_id=7.0))  # a whole float (json) is an id
+        self.assertEqual(opt.step_id, 7)
 
 
 if __name__ == "__main__":
