@@ -335,11 +335,12 @@ def check_live(gi: int, group: dict) -> None:
             _real(label, key, value)
 
 
-# The step ids a daemon's ImportState accepts, [-1, DaemonCore::kMaxStepId]
-# (server/daemon/daemon_core.h, the rule's home): checked here too so that a
+# The step ids a daemon's ImportState accepts, [-1,
+# DaemonCore::kMaxRestoredStepId = kMaxStepId - 1] (server/daemon/daemon_core.h,
+# the rule's home; the next step id must stay valid): checked here too so that a
 # bad state dict is a ValueError naming the key before any RPC, not a
 # protobuf range error half way through the import.
-MAX_STEP_ID = 2**62
+MAX_STEP_ID = 2**62 - 1
 
 
 def check_step_id(value) -> int:
