@@ -20,6 +20,7 @@ constexpr NamedReason kReasons[] = {
     {ErrorReason::kUnspecified, "ERROR_REASON_UNSPECIFIED"},
     {ErrorReason::kPeerGone, "PEER_GONE"},
     {ErrorReason::kNoPlanYet, "NO_PLAN_YET"},
+    {ErrorReason::kAlreadyRegistered, "ALREADY_REGISTERED"},
 };
 
 // Payload text: the reason's name, then one "\n<key>=<C-escaped value>" per

@@ -33,6 +33,11 @@ enum class ErrorReason {
   // The coordinator has no plan for the job yet: not every daemon published
   // its manifest (NOT_FOUND from GetPlan; "unknown job" has no reason).
   kNoPlanYet,
+  // RegisterParams: another client's params are registered on this daemon
+  // (FAILED_PRECONDITION; metadata {"client_id": the holder}). A trainer
+  // that knows the holder is gone (a crashed earlier run) unregisters it as
+  // the operator and registers again (muond.torch.Muon does).
+  kAlreadyRegistered,
 };
 
 // Free-form details of a reason (ErrorInfo.metadata): lower_snake_case keys,

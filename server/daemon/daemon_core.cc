@@ -16,6 +16,7 @@
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "server/common/operator_id.h"
 #include "server/common/proto_convert.h"
 #include "server/common/safetensors.h"
 
@@ -178,10 +179,15 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
   {
     absl::MutexLock lock(&mu_);
     if (registration_ != nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "params are already registered (", registration_->num_params,
-          " params by client '", registration_->client_id,
-          "'); call UnregisterParams first"));
+      return WithErrorReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              "params are already registered (", registration_->num_params,
+              " params by client '", registration_->client_id,
+              "'); if that trainer is gone, UnregisterParams with its "
+              "client_id or the operator's ('",
+              kOperatorClientId, "') first")),
+          ErrorReason::kAlreadyRegistered,
+          {{"client_id", registration_->client_id}});
     }
   }
   if (config_.validate_group) {
@@ -227,9 +233,17 @@ absl::Status DaemonCore::Unregister(
     const v1::UnregisterParamsRequest& request) {
   absl::MutexLock op(&op_mu_);
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckClient(request.job_id(), request.client_id()));
+  // The operator may clear a registration whose trainer is gone (it died
+  // without unregistering); Step stays the owner's alone.
+  const bool by_operator = request.client_id() == kOperatorClientId;
+  RETURN_IF_ERROR(
+      CheckClient(request.job_id(), by_operator && registration_ != nullptr
+                                        ? registration_->client_id
+                                        : request.client_id()));
   if (registration_ == nullptr) return absl::OkStatus();
-  LOG(INFO) << "unregistering " << registration_->num_params << " params";
+  LOG(INFO) << "unregistering " << registration_->num_params
+            << " params of client '" << registration_->client_id << "'"
+            << (by_operator ? " (by the operator)" : "");
   engine_.reset();
   comm_failure_.clear();
   registration_.reset();

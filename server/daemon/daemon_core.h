@@ -18,7 +18,10 @@
 //
 // Ownership: the client_id of RegisterParams owns the params; Step and
 // UnregisterParams from any other client_id (empty included) are
-// PermissionDenied.
+// PermissionDenied, except UnregisterParams from the operator
+// (server/common/operator_id.h), which clears the registration of a trainer
+// that died without unregistering. RegisterParams over another client's
+// registration is FailedPrecondition with ErrorReason kAlreadyRegistered.
 //
 // Plans (PlanHistory, core/plan/plan_history.h, holds the rules): the newest
 // kPlansKept plans received are kept; only plans of the current registration
@@ -141,7 +144,8 @@ class DaemonCore {
       const v1::RegisterParamsRequest& request,
       const std::function<bool()>& cancelled = {});
   // InvalidArgument for a wrong job id; PermissionDenied when another client
-  // registered the params. Unregistering nothing is OK.
+  // registered the params and the caller is not the operator. Unregistering
+  // nothing is OK.
   absl::Status Unregister(const v1::UnregisterParamsRequest& request);
   absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
   v1::GetStatusResponse Status();

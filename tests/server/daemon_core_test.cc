@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "client/cpp/client.h"
 #include "client/cpp/shm_region.h"
+#include "core/common/error_reason.h"
 #include "server/common/safetensors.h"
 
 namespace muond {
@@ -307,6 +308,29 @@ TEST_F(DaemonCoreTest, ValidRegistrationPublishesManifest) {
   // A second registration needs an unregister first.
   EXPECT_EQ(core_->Register(Valid()).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Issue 17: a trainer that died without unregistering leaves its params
+// registered. The refusal says so with a reason and the holder, so a new
+// trainer can react; only the holder or the operator may clear it.
+TEST_F(DaemonCoreTest, AStaleRegistrationIsNamedAndTheOperatorClearsIt) {
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  const absl::Status again = core_->Register(Valid()).status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(HasErrorReason(again, ErrorReason::kAlreadyRegistered)) << again;
+  EXPECT_EQ(GetErrorMetadata(again).at("client_id"), "trainer0");
+  v1::UnregisterParamsRequest un;
+  un.set_job_id("job");
+  un.set_client_id("intruder");
+  EXPECT_EQ(core_->Unregister(un).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(core_->Status().num_params(), 2);
+  un.set_client_id("muonctl:operator");
+  ASSERT_TRUE(core_->Unregister(un).ok());
+  EXPECT_EQ(core_->Status().num_params(), 0);
+  EXPECT_TRUE(core_->Unregister(un).ok());  // nothing registered: OK
+  v1::RegisterParamsRequest next = Valid();
+  next.set_client_id("trainer1");
+  EXPECT_TRUE(core_->Register(next).ok());
 }
 
 TEST_F(DaemonCoreTest, BadRegistrationsNameTheProblemAndChangeNothing) {

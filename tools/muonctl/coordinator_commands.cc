@@ -87,6 +87,12 @@ std::string Usage(const std::string& sub, Kind kind) {
         "overrides the model)\n"
         "  --after N          activate N >= 1 steps after the latest "
         "reported step (coordinator's default 2 when omitted)\n");
+  } else if (sub == "unregister") {
+    absl::StrAppend(
+        &text,
+        "Every daemon of the job (all must be live) drops its registered "
+        "params, whoever registered them (as the operator): for a trainer "
+        "that ended without unregistering. Stop the trainer first.\n");
   } else if (sub == "save") {
     absl::StrAppend(
         &text,
@@ -277,7 +283,7 @@ bool ListLiveDaemons(const Args& a, v1::ListDaemonsResponse* list,
   for (const v1::DaemonInfo& d : list->daemons()) {
     if (!d.live()) {
       err << "muonctl: rank " << d.rank() << " (" << d.address()
-          << ") is not live; refusing a partial save/load\n";
+          << ") is not live; refusing a partial save/load/unregister\n";
       return false;
     }
   }
@@ -509,6 +515,32 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out,
   out << "loaded " << files.size() << " ranks at step " << step
       << "; the next step id is " << step + 1 << "\n";
   return 0;
+}
+
+int RunUnregister(const std::vector<std::string>& args, std::ostream& out,
+                  std::ostream& err) {
+  Args a;
+  if (int rc = Parse("unregister", Kind::kPlain, args, &a, out, err); rc >= 0) {
+    return rc;
+  }
+  v1::ListDaemonsResponse list;
+  if (!ListLiveDaemons(a, &list, err)) return 1;
+  int rc = 0;
+  for (const v1::DaemonInfo& d : list.daemons()) {
+    v1::UnregisterParamsRequest req;
+    req.set_job_id(a.job);
+    req.set_client_id(kOperatorClientId);
+    v1::UnregisterParamsResponse resp;
+    grpc::ClientContext ctx;
+    Deadline(&ctx, a);
+    grpc::Status st = ConnectDaemon(d, a)->UnregisterParams(&ctx, req, &resp);
+    if (!st.ok()) {
+      rc = DaemonRpcFailed(d, "UnregisterParams", st, err);
+      continue;  // the others are still cleared
+    }
+    out << "rank " << d.rank() << ": unregistered\n";
+  }
+  return rc;
 }
 
 int RunDaemons(const std::vector<std::string>& args, std::ostream& out,

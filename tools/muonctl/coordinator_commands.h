@@ -21,6 +21,10 @@
 //       read, validated, staged), then all commit, or, when any rank fails or
 //       the ranks' step ids differ, all abort: no file replaced, no state
 //       changed, the failing ranks named.
+//   muonctl unregister --coordinator HOST:PORT --job_id JOB
+//       every daemon of the job drops its registered params as the operator
+//       (UnregisterParams with kOperatorClientId): clears the registration of
+//       a trainer that ended without unregistering (killed, crashed).
 // --job is accepted as a synonym of --job_id. `muonctl SUB --help` prints
 // SUB's usage to stdout and exits 0.
 // Every subcommand takes --token-file FILE (or --token T; the file keeps the
@@ -41,6 +45,8 @@ int RunSave(const std::vector<std::string>& args, std::ostream& out,
             std::ostream& err);
 int RunLoad(const std::vector<std::string>& args, std::ostream& out,
             std::ostream& err);
+int RunUnregister(const std::vector<std::string>& args, std::ostream& out,
+                  std::ostream& err);
 int RunRebalance(const std::vector<std::string>& args, std::ostream& out,
                  std::ostream& err);
 

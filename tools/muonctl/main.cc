@@ -21,6 +21,8 @@ const std::map<std::string, Command>& Commands() {
       {"rebalance", {RunRebalance, "push a new plan (cost model/table)"}},
       {"save", {RunSave, "every daemon saves its state to --dir"}},
       {"load", {RunLoad, "every daemon loads its state from --dir"}},
+      {"unregister",
+       {RunUnregister, "clear a dead trainer's registration (operator)"}},
   };
   return *commands;
 }

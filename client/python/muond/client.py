@@ -20,7 +20,13 @@ from muond.v1 import muond_pb2_grpc as pb_grpc
 ERROR_DOMAIN = "muond.dev"
 PEER_GONE = "PEER_GONE"      # Step: a peer daemon is gone; restart the job's daemons
 NO_PLAN_YET = "NO_PLAN_YET"  # Coordinator.GetPlan: the job has no plan yet
-REASONS = (PEER_GONE, NO_PLAN_YET)
+# RegisterParams: another client holds the daemon's params; metadata
+# {"client_id": holder}. Unregister it as OPERATOR_CLIENT_ID if it is gone.
+ALREADY_REGISTERED = "ALREADY_REGISTERED"
+REASONS = (PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED)
+# The operator's client_id (server/common/operator_id.h): may save/load any
+# registration's state and unregister a trainer that is gone.
+OPERATOR_CLIENT_ID = "muonctl:operator"
 
 _ERROR_INFO_TYPE_URL = "type.googleapis.com/google.rpc.ErrorInfo"
 _DETAILS_KEY = "grpc-status-details-bin"
@@ -251,9 +257,13 @@ class Client:
             _step_request(job_id, step_id, overrides, client_id, skip_params),
             timeout=self.timeout)
 
-    def unregister(self, job_id: str, client_id: str = "") -> pb.UnregisterParamsResponse:
+    def unregister(self, job_id: str, client_id: str = "",
+                   timeout: float | None = None) -> pb.UnregisterParamsResponse:
+        """Only the params' owner, or OPERATOR_CLIENT_ID (to clear a trainer
+        that ended without unregistering), may unregister them."""
         return self.stub.UnregisterParams(
-            pb.UnregisterParamsRequest(job_id=job_id, client_id=client_id), timeout=self.timeout)
+            pb.UnregisterParamsRequest(job_id=job_id, client_id=client_id),
+            timeout=timeout or self.timeout)
 
     def status(self) -> pb.GetStatusResponse:
         return self.stub.GetStatus(pb.GetStatusRequest(), timeout=self.timeout)
@@ -381,7 +391,8 @@ class Client:
         TimeoutError naming the address and the last state otherwise, and
         RuntimeError with the daemon's reason when building its step engine
         failed (``engine_error``; it waits for a new plan, so waiting on is
-        pointless)."""
+        pointless). A refused token (UNAUTHENTICATED / PERMISSION_DENIED) is
+        raised at once as MuondError: waiting cannot fix it."""
         deadline = time.monotonic() + timeout
         last = "no answer"
         while True:
@@ -394,7 +405,15 @@ class Client:
                     raise RuntimeError(f"muond daemon at {self.address}: no step engine: "
                                        f"{resp.engine_error}")
                 last = "no plan yet" if resp.serving else "answered serving=false"
-            except grpc.RpcError as e:  # not up yet
+            except grpc.RpcError as e:  # not up yet, unless the daemon refused us
+                if e.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                grpc.StatusCode.PERMISSION_DENIED):
+                    # Permanent: waiting out the timeout cannot fix the token.
+                    raise MuondError(
+                        f"muond daemon {self.address}: Health refused: {e.code().name}: "
+                        f"{e.details()}; pass the job's token (token= or token_file=, the "
+                        "file the daemons read with --token_file) to reach a daemon on TCP",
+                        code=e.code()) from e
                 last = f"{e.code().name}: {e.details()}"
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"muond daemon at {self.address} not healthy after "

@@ -73,6 +73,7 @@ import threading
 from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 import time
+import logging
 import uuid
 import weakref
 
@@ -82,11 +83,13 @@ import torch
 from muond import split as _split
 from muond import state as _state
 from muond import wire_enums as _wire_enums
-from muond.client import PEER_GONE, Client, MuondError, error_info
+from muond.client import (ALREADY_REGISTERED, OPERATOR_CLIENT_ID, PEER_GONE, Client,
+                          MuondError, error_info)
 from muond.shm import ShmBuffer
 from muond.v1 import muond_pb2 as pb
 
 _DTYPES = {torch.float32: pb.DTYPE_FP32, torch.bfloat16: pb.DTYPE_BF16}
+_LOG = logging.getLogger("muond.torch")
 _PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "update_us", "total_us")
 
 
@@ -416,7 +419,8 @@ class Muon(torch.optim.Optimizer):
                  shard_mode: str = "split", g: int = 0, t: int = 0, domain_name: str = "dense",
                  client_id: str | None = None, wait_healthy_timeout: float = 30.0,
                  rpc_timeout: float | None = 300.0, first_step_id: int = 1,
-                 token: str | None = None, token_file=None, tls_root_certificates=None):
+                 token: str | None = None, token_file=None, tls_root_certificates=None,
+                 takeover: bool = False):
         if ns_coefficients is not None:
             if coefficient_type not in (None, "custom"):
                 raise ValueError("give ns_coefficients or coefficient_type, not both")
@@ -479,29 +483,80 @@ class Muon(torch.optim.Optimizer):
         self._adamw_eps, self._wait_healthy_timeout = adamw_eps, wait_healthy_timeout
         self.clients = [Client(a, timeout=rpc_timeout, token=token, token_file=token_file,
                                root_certificates=tls_root_certificates) for a in daemons]
-        self._finalizer = weakref.finalize(self, _release, self._buffers)
+        # Runs at close(), when the optimizer is collected, and at interpreter
+        # exit (also after an uncaught exception): unregisters from every
+        # daemon, else a new trainer on them is refused ALREADY_REGISTERED.
+        # It holds the clients and ids, never the optimizer.
+        self._finalizer = weakref.finalize(self, _finalize, self._buffers, self.clients,
+                                           job_id, self.client_id, os.getpid())
         try:
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout)
             per_rank = self._place_params()
-            _gather([c.register_future(job_id, per_rank[r], self.client_id,
-                                       regions=self._regions.used_by(per_rank[r]))
-                     for r, c in enumerate(self.clients)], self.clients, "RegisterParams")
+            self._register_taking_over_stale(per_rank, takeover)
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout, need_plan=True)
             # The daemons read the shared grad buffers, which never move.
             self._on_cuda = any(grad.is_cuda for _, grad in self._grads)
             self._registered = True
         except BaseException:
-            # Leave nothing registered: otherwise the daemons refuse every
-            # later trainer ("params are already registered").
-            for c in self.clients:
-                try:
-                    c.unregister(job_id, self.client_id)
-                except Exception:  # not registered there, or unreachable
-                    pass
+            # Leave nothing registered (the finalizer unregisters this client
+            # id everywhere): otherwise the daemons refuse every later trainer.
             self._finalizer()
             raise
+
+    # -- registration ------------------------------------------------------
+    def _register_all(self, per_rank) -> list:
+        """RegisterParams on every daemon concurrently; per daemon its
+        response or its MuondError (all answers awaited: the refusals name
+        each daemon's holder)."""
+        futures = [c.register_future(self.job_id, per_rank[r], self.client_id,
+                                     regions=self._regions.used_by(per_rank[r]))
+                   for r, c in enumerate(self.clients)]
+        out = []
+        for f, c in zip(futures, self.clients):
+            try:
+                out.append(_result(f.result, c, "RegisterParams"))
+            except MuondError as e:
+                out.append(e)
+        return out
+
+    def _register_taking_over_stale(self, per_rank, takeover: bool) -> None:
+        """Registers with every daemon. A daemon held by another client
+        (ALREADY_REGISTERED: a trainer that ended without close(), or one
+        still running) is cleared as the operator and registered again only
+        when ``takeover`` is set or every holder is a client id of this host
+        whose process is gone (muond.torch's default ids); a live holder is
+        never taken over by default."""
+        answers = self._register_all(per_rank)
+        errors = [e for e in answers if isinstance(e, MuondError)]
+        if not errors:
+            return
+        held = {self.clients[r].address: e.metadata.get("client_id", "")
+                for r, e in enumerate(answers)
+                if isinstance(e, MuondError) and e.reason == ALREADY_REGISTERED}
+        if len(held) < len(errors):
+            raise next(e for e in errors if e.reason != ALREADY_REGISTERED)
+        live = {a: h for a, h in held.items() if not _is_stale_local_client(h)}
+        if live and not takeover:
+            raise MuondError(
+                "muond.torch.Muon: the daemons hold another trainer's params ("
+                + ", ".join(f"{a}: client {h!r}" for a, h in live.items())
+                + "). If that trainer is gone (crashed, killed, preempted), pass "
+                "takeover=True to clear its registration; otherwise stop it (or close() "
+                "its optimizer) first", code=errors[0].code, reason=ALREADY_REGISTERED,
+                metadata={"client_id": next(iter(live.values()))})
+        _LOG.warning("muond.torch.Muon: taking over the daemons from client(s) %s (%s); "
+                     "registering %r", sorted(set(held.values())),
+                     "takeover=True" if live else "their process on this host is gone",
+                     self.client_id)
+        # As the operator: clears the stale holders and our own partial
+        # registrations alike, then every daemon is registered afresh.
+        self._on_all(lambda c: c.unregister(self.job_id, OPERATOR_CLIENT_ID),
+                     "UnregisterParams (operator)")
+        _gather([c.register_future(self.job_id, per_rank[r], self.client_id,
+                                   regions=self._regions.used_by(per_rank[r]))
+                 for r, c in enumerate(self.clients)], self.clients, "RegisterParams")
 
     # -- placement ---------------------------------------------------------
     def _place_params(self) -> list[list[pb.ParamGroup]]:
@@ -1057,13 +1112,7 @@ class Muon(torch.optim.Optimizer):
         if self._closed:
             return
         self._closed = True
-        for c in self.clients:
-            try:
-                c.unregister(self.job_id, self.client_id)
-            except Exception:  # best effort: the daemon may be gone already
-                pass
-            c.close()
-        self._finalizer()
+        self._finalizer()  # unregisters, closes the channels, frees the shm
 
     def __enter__(self):
         return self
@@ -1243,3 +1292,49 @@ def _result(call, client: Client, what: str):
 def _release(buffers) -> None:
     for b in buffers:
         b.release()
+
+
+# Unregistering at exit must not hold up the interpreter on a daemon that is
+# gone: each call gets this many seconds.
+_FINAL_UNREGISTER_TIMEOUT_S = 2.0
+
+
+def _finalize(buffers, clients, job_id: str, client_id: str, pid: int) -> None:
+    """The optimizer's end (close(), garbage collection or interpreter exit):
+    unregisters from every daemon (best effort: a daemon may be gone, or never
+    registered us), closes the channels and frees the shm. Only the process
+    that built the optimizer unregisters (a forked child inherits it)."""
+    if os.getpid() == pid:
+        for c in clients:
+            try:
+                c.unregister(job_id, client_id, timeout=_FINAL_UNREGISTER_TIMEOUT_S)
+            except Exception:  # gone, or held by another client: nothing of ours
+                pass
+            try:
+                c.close()
+            except Exception:
+                pass
+    _release(buffers)
+
+
+def _is_stale_local_client(client_id: str) -> bool:
+    """True when ``client_id`` is a default muond.torch id
+    (``<hostname>-<pid>-<8 hex>``) of this host whose process no longer
+    exists: that trainer ended without unregistering (killed, crashed)."""
+    host, _, rest = client_id.rpartition("-")
+    host, _, pid = host.rpartition("-")
+    if host != os.uname().nodename or not pid.isdigit() or len(rest) != 8:
+        return False
+    try:
+        int(rest, 16)
+    except ValueError:
+        return False
+    if int(pid) == os.getpid():
+        return False  # another optimizer of this very process: alive
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: exists, another user's
+        return False
+    return False

@@ -4,6 +4,7 @@ torch.optim.Muon does (fp32 NS, fp32 rounding); a wrong or missing token is
 refused UNAUTHENTICATED (a coordinator + 1 host daemon on 127.0.0.1)."""
 import os
 import sys
+import time
 import unittest
 
 import grpc
@@ -11,7 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REL_TOL, ClusterTestCase, TorchReference, muon_group, muond_opt, rel_diff  # noqa: E402
-from muond.client import Client  # noqa: E402
+from muond.client import Client, MuondError  # noqa: E402
 
 
 class TcpTokenTest(ClusterTestCase):
@@ -48,6 +49,25 @@ class TcpTokenTest(ClusterTestCase):
             out[side] = w.detach().clone()
         self.assertFalse(torch.equal(out["muond"], initial))
         self.assertLessEqual(rel_diff(out["muond"], out["torch"]), REL_TOL)
+
+    def test_a_refused_token_fails_at_once_saying_what_to_pass(self):
+        address = self.cluster.daemons[0]
+        for token in ("wrong", None):
+            kw = {} if token is None else {"token": token}
+            with Client(address, timeout=10, **kw) as bad:
+                t0 = time.monotonic()
+                with self.assertRaises(MuondError) as caught:
+                    bad.wait_healthy(30)
+                self.assertLess(time.monotonic() - t0, 5, f"token {token!r}")
+            self.assertEqual(caught.exception.code, grpc.StatusCode.UNAUTHENTICATED)
+            self.assertIn(address, str(caught.exception))
+            self.assertIn("token=", str(caught.exception))
+        w = torch.nn.Parameter(torch.zeros(4, 4))
+        t0 = time.monotonic()
+        with self.assertRaisesRegex(MuondError, "token_file="):
+            muond_opt(self.cluster, [muon_group([w], ["w"])], token="wrong",
+                      wait_healthy_timeout=30)
+        self.assertLess(time.monotonic() - t0, 5)
 
     def test_muon_with_a_wrong_token_is_refused(self):
         w = torch.nn.Parameter(torch.zeros(4, 4))
