@@ -3,6 +3,7 @@ state_dict / load_state_dict in torch.optim's format, ``opt.state``, the
 all-or-nothing import, rebinding and pickling. The fake keeps the state per
 local shard as the wire says, so split-mode assembly is checked against the
 example's in-process ReferenceMuon (torch.optim's state layout) bitwise."""
+import contextlib
 import copy
 import io
 import os
@@ -19,6 +20,19 @@ from test_muon_fake_daemon import HYPER, PARAMS, groups, make_params  # noqa: E4
 from muond.torch import AddParamGroupError, Muon  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
 from reference_muon import ReferenceMuon  # noqa: E402
+
+
+@contextlib.contextmanager
+def torch_ns_in_fp32():
+    """torch.optim.Muon with its NS in fp32: its one bf16 cast becomes an fp32
+    copy (tests/core/muon/peer_oracle_test.py), so it compares with muond's
+    "highest" to fp32 rounding."""
+    original = torch.Tensor.bfloat16
+    torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
+    try:
+        yield
+    finally:
+        torch.Tensor.bfloat16 = original
 
 
 def grads(params, seed):
@@ -308,15 +322,13 @@ class StateTest(unittest.TestCase):
                                      fp32_matmul_prec="highest", **settings)):
             ps = {"first": torch.nn.Parameter(first.clone())}
             opt = make([ps["first"]])
-            original = torch.Tensor.bfloat16
-            torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
             try:
-                train(opt, ps, [1, 2])
-                ps["late"] = torch.nn.Parameter(late.clone())
-                opt.add_param_group({"params": [ps["late"]]})
-                results.append(train(opt, ps, [3, 4]))
+                with torch_ns_in_fp32():
+                    train(opt, ps, [1, 2])
+                    ps["late"] = torch.nn.Parameter(late.clone())
+                    opt.add_param_group({"params": [ps["late"]]})
+                    results.append(train(opt, ps, [3, 4]))
             finally:
-                torch.Tensor.bfloat16 = original
                 if isinstance(opt, Muon):
                     opt.close()
         for name in results[0]:
@@ -481,15 +493,13 @@ class StateTest(unittest.TestCase):
             ps = {"first": torch.nn.Parameter(first.clone()),
                   "second": torch.nn.Parameter(second.clone())}
             opt = make(list(ps.values()))
-            original = torch.Tensor.bfloat16
-            torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
             try:
-                train(opt, ps, [1, 2])
-                opt.state[ps["first"]]["momentum_buffer"] = torch.full((8, 6), 0.25)
-                opt.state[ps["second"]]["momentum_buffer"].mul_(-3.0)
-                results.append(train(opt, ps, [3, 4]))
+                with torch_ns_in_fp32():
+                    train(opt, ps, [1, 2])
+                    opt.state[ps["first"]]["momentum_buffer"] = torch.full((8, 6), 0.25)
+                    opt.state[ps["second"]]["momentum_buffer"].mul_(-3.0)
+                    results.append(train(opt, ps, [3, 4]))
             finally:
-                torch.Tensor.bfloat16 = original
                 if isinstance(opt, Muon):
                     opt.close()
         for name in results[0]:
