@@ -6,7 +6,9 @@ runs at interpreter exit); after SIGKILL the next trainer finds the holder's
 process gone and takes over; a live holder is refused with
 ALREADY_REGISTERED and a message naming ``takeover=True``, which clears it.
 The new trainer's first step then equals torch.optim.Muon's from scratch."""
+import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,10 +47,22 @@ class TrainerLifecycleTest(ClusterTestCase):
 
     def _trainer(self, how: str) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-c", _TRAINER, ",".join(self.cluster.daemons),
              self.cluster.job_id, how], env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
+        self.addCleanup(self._unlink_shm_of, proc)
+        return proc
+
+    def _unlink_shm_of(self, proc: subprocess.Popen) -> None:
+        """A killed trainer never unlinks its shm objects (muond.shm names them
+        /muond-<job>-<pid>-...): remove them so the test leaves /dev/shm as
+        it found it."""
+        proc.kill()
+        proc.wait()
+        job = re.sub(r"[^A-Za-z0-9_.-]", "_", self.cluster.job_id)
+        for path in glob.glob(f"/dev/shm/muond-{job}-{proc.pid}-*"):
+            os.unlink(path)
 
     def _run_trainer(self, how: str) -> None:
         proc = self._trainer(how)
