@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -333,13 +332,9 @@ absl::StatusOr<std::set<std::string>> DaemonCore::ParseSkipParams(
     const v1::StepRequest& request) const {
   std::set<std::string> skip(request.skip_params().begin(),
                              request.skip_params().end());
-  if (skip.empty()) return skip;
-  absl::flat_hash_set<std::string> held;
-  for (const BoundGroup& g : registration_->groups) {
-    for (const BoundParam& p : g.params) held.insert(p.name);
-  }
-  RETURN_IF_ERROR(CheckSkipParams(
-      skip, [&](const std::string& name) { return held.contains(name); }));
+  RETURN_IF_ERROR(CheckSkipParams(skip, [&](const std::string& name) {
+    return registration_->param_names.contains(name);
+  }));
   return skip;
 }
 

@@ -238,6 +238,7 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
       ASSIGN_OR_RETURN(
           bp.grad, reg->regions.View(p.grad(), expected,
                                      absl::StrCat("param '", pname, "' grad")));
+      reg->param_names.insert(bp.name);
       bound.params.push_back(std::move(bp));
       ++reg->num_params;
     }

@@ -30,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,9 @@ struct Registration {
   std::string client_id;
   std::vector<BoundGroup> groups;
   int num_params = 0;
+  // Every bound param's name, once: a step's skip_params are checked against
+  // it (rebuilding it per step cost O(params) string copies).
+  std::set<std::string> param_names;
   // The mapped regions every view above points into.
   RegionTable regions;
 
