@@ -30,7 +30,10 @@ namespace muond {
 struct NsHome {
   int g = 0;
   int t = 0;
-  bool operator==(const NsHome& o) const { return g == o.g && t == o.t; }
+  int d = 0;  // the home replica on a DP axis (0 without one)
+  bool operator==(const NsHome& o) const {
+    return g == o.g && t == o.t && d == o.d;
+  }
 };
 
 enum CostModel {
