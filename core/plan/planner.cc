@@ -16,10 +16,50 @@
 namespace muond {
 namespace {
 
-// A GTP_REMAT param loads every rank of its home row; other routed params
-// load one rank.
-bool IsRowItem(const ParamShardSpec& spec) {
-  return spec.sharding == ParamSharding::kGtpRemat;
+// What an item's home is, by how many consecutive flat ranks (d*G + g)*T + t
+// it loads: a whole replica's G x T grid (a param replicated within the grid,
+// when the domain has a DP axis), a row of T ranks (a GTP_REMAT param: every
+// TP rank of its home row runs the same NS) or one rank. The order is the
+// tie-break order of ItemBefore (wider first).
+enum class HomeKind { kReplica = 0, kRow = 1, kRank = 2 };
+
+// Without a DP axis a param replicated within the grid runs NS on every rank
+// and is no item.
+bool IsItem(const ParamShardSpec& spec, DomainSize domain) {
+  return spec.routed() || domain.dp > 1;
+}
+
+HomeKind KindOf(const ParamShardSpec& spec) {
+  if (!spec.routed()) return HomeKind::kReplica;
+  return spec.sharding == ParamSharding::kGtpRemat ? HomeKind::kRow
+                                                   : HomeKind::kRank;
+}
+
+// Flat ranks one home of `kind` loads.
+int WidthOf(HomeKind kind, DomainSize domain) {
+  switch (kind) {
+    case HomeKind::kReplica:
+      return domain.ranks();
+    case HomeKind::kRow:
+      return domain.tp;
+    case HomeKind::kRank:
+      return 1;
+  }
+  return 1;
+}
+
+// Slot s of `kind` (replica d, row d*G + g, or flat rank) as a home.
+NsHome HomeOfSlot(HomeKind kind, int slot, DomainSize domain) {
+  switch (kind) {
+    case HomeKind::kReplica:
+      return NsHome{0, 0, slot};
+    case HomeKind::kRow:
+      return NsHome{slot % domain.gtp, 0, slot / domain.gtp};
+    case HomeKind::kRank:
+      return NsHome{(slot / domain.tp) % domain.gtp, slot % domain.tp,
+                    slot / domain.ranks()};
+  }
+  return NsHome{};
 }
 
 absl::StatusOr<double> MedianSecondsPerFlop(const PlannerOptions& options) {
@@ -43,93 +83,149 @@ absl::StatusOr<double> MedianSecondsPerFlop(const PlannerOptions& options) {
 struct Item {
   int spec;
   double cost;
-  bool row;
+  HomeKind kind;
   int64_t rows, cols;  // full shape, for ordering and colocation
 };
 
-// Total order that does not depend on input order: cost descending, row items
-// first, then shape; equal keys keep the (name-sorted) order they come in.
+// Total order that does not depend on input order: cost descending, wider
+// items first (replica, row, rank), then shape; equal keys keep the
+// (name-sorted) order they come in.
 bool ItemBefore(const Item& a, const Item& b) {
   if (a.cost != b.cost) return a.cost > b.cost;
-  if (a.row != b.row) return a.row;
+  if (a.kind != b.kind) return a.kind < b.kind;
   if (a.rows != b.rows) return a.rows < b.rows;
   return a.cols < b.cols;
 }
 
 struct ShapeKey {
-  bool row;
+  HomeKind kind;
   int64_t rows, cols;
   bool operator==(const ShapeKey& o) const {
-    return row == o.row && rows == o.rows && cols == o.cols;
+    return kind == o.kind && rows == o.rows && cols == o.cols;
   }
   template <typename H>
   friend H AbslHashValue(H h, const ShapeKey& k) {
-    return H::combine(std::move(h), k.row, k.rows, k.cols);
+    return H::combine(std::move(h), k.kind, k.rows, k.cols);
   }
 };
 
-// One LPT pass. Returns the homes (flat rank for single items, row for row
-// items, per item in `items` order) and the final max load.
+// One LPT pass. Returns the homes (a slot of the item's kind: replica d, row
+// d*G + g or flat rank, per item in `items` order) and the final max load.
 struct LptResult {
   std::vector<int> slot;  // per item
   double max_load = 0;
 };
 
+// The running loads of one LPT pass over the D x G x T ranks: per rank, and
+// per row and replica their max and sum (kept incrementally, so a domain
+// without a DP axis sees exactly the arithmetic of the G x T planner).
+class LptLoads {
+ public:
+  explicit LptLoads(DomainSize domain)
+      : domain_(domain),
+        load_(domain.all_ranks(), 0.0),
+        row_max_(domain.dp * domain.gtp, 0.0),
+        row_sum_(domain.dp * domain.gtp, 0.0),
+        rep_max_(domain.dp, 0.0),
+        rep_sum_(domain.dp, 0.0) {}
+
+  int NumSlots(HomeKind kind) const {
+    return domain_.all_ranks() / WidthOf(kind, domain_);
+  }
+  // The busiest rank of slot s.
+  double SlotMax(HomeKind kind, int s) const {
+    switch (kind) {
+      case HomeKind::kReplica:
+        return rep_max_[s];
+      case HomeKind::kRow:
+        return row_max_[s];
+      case HomeKind::kRank:
+        return load_[s];
+    }
+    return 0;
+  }
+  // Slot a is a better home than b: lower max, then lower sum, then index.
+  bool Better(HomeKind kind, int a, int b) const {
+    switch (kind) {
+      case HomeKind::kReplica:
+        return std::tie(rep_max_[a], rep_sum_[a], a) <
+               std::tie(rep_max_[b], rep_sum_[b], b);
+      case HomeKind::kRow:
+        return std::tie(row_max_[a], row_sum_[a], a) <
+               std::tie(row_max_[b], row_sum_[b], b);
+      case HomeKind::kRank:
+        return std::tie(load_[a], a) < std::tie(load_[b], b);
+    }
+    return false;
+  }
+  void Add(HomeKind kind, int s, double cost) {
+    const int T = domain_.tp, G = domain_.gtp;
+    switch (kind) {
+      case HomeKind::kReplica:
+        for (int r = s * G; r < (s + 1) * G; ++r) AddRow(r, cost);
+        break;
+      case HomeKind::kRow:
+        AddRow(s, cost);
+        break;
+      case HomeKind::kRank: {
+        load_[s] += cost;
+        const int row = s / T, rep = row / G;
+        row_max_[row] = std::max(row_max_[row], load_[s]);
+        row_sum_[row] += cost;
+        rep_max_[rep] = std::max(rep_max_[rep], load_[s]);
+        rep_sum_[rep] += cost;
+        global_max_ = std::max(global_max_, load_[s]);
+        break;
+      }
+    }
+  }
+  double global_max() const { return global_max_; }
+
+ private:
+  void AddRow(int row, double cost) {
+    const int T = domain_.tp, rep = row / domain_.gtp;
+    for (int t = 0; t < T; ++t) load_[row * T + t] += cost;
+    row_max_[row] += cost;
+    row_sum_[row] += cost * T;
+    rep_max_[rep] = std::max(rep_max_[rep], row_max_[row]);
+    rep_sum_[rep] += cost * T;
+    global_max_ = std::max(global_max_, row_max_[row]);
+  }
+
+  const DomainSize domain_;
+  std::vector<double> load_, row_max_, row_sum_, rep_max_, rep_sum_;
+  double global_max_ = 0;
+};
+
 LptResult RunLpt(const std::vector<Item>& items, DomainSize domain,
                  bool colocate) {
-  const int G = domain.gtp, T = domain.tp;
-  std::vector<double> load(domain.ranks(), 0.0);
-  std::vector<double> row_max(G, 0.0), row_sum(G, 0.0);
-  double global_max = 0;
+  LptLoads loads(domain);
   absl::flat_hash_map<ShapeKey, std::vector<int>> hosts;
   LptResult result;
   result.slot.resize(items.size());
 
-  auto better_row = [&](int a, int b) {
-    return std::tie(row_max[a], row_sum[a], a) <
-           std::tie(row_max[b], row_sum[b], b);
-  };
-  auto better_rank = [&](int a, int b) {
-    return std::tie(load[a], a) < std::tie(load[b], b);
-  };
-
   for (size_t k = 0; k < items.size(); ++k) {
     const Item& item = items[k];
-    const int num_slots = item.row ? G : G * T;
+    const HomeKind kind = item.kind;
     int best = 0;
-    for (int s = 1; s < num_slots; ++s) {
-      if (item.row ? better_row(s, best) : better_rank(s, best)) best = s;
+    for (int s = 1; s < loads.NumSlots(kind); ++s) {
+      if (loads.Better(kind, s, best)) best = s;
     }
-    auto peak_after = [&](int s) {
-      return (item.row ? row_max[s] : load[s]) + item.cost;
-    };
+    auto peak_after = [&](int s) { return loads.SlotMax(kind, s) + item.cost; };
     std::vector<int>* same_shape = nullptr;
     if (colocate) {
-      same_shape = &hosts[ShapeKey{item.row, item.rows, item.cols}];
+      same_shape = &hosts[ShapeKey{kind, item.rows, item.cols}];
       int best_host = -1;
       for (int s : *same_shape) {
-        if (best_host < 0 ||
-            (item.row ? better_row(s, best_host) : better_rank(s, best_host))) {
-          best_host = s;
-        }
+        if (best_host < 0 || loads.Better(kind, s, best_host)) best_host = s;
       }
       if (best_host >= 0 && best_host != best &&
-          peak_after(best_host) <= std::max(global_max, peak_after(best))) {
+          peak_after(best_host) <=
+              std::max(loads.global_max(), peak_after(best))) {
         best = best_host;
       }
     }
-    if (item.row) {
-      for (int t = 0; t < T; ++t) load[best * T + t] += item.cost;
-      row_max[best] += item.cost;
-      row_sum[best] += item.cost * T;
-      global_max = std::max(global_max, row_max[best]);
-    } else {
-      load[best] += item.cost;
-      const int g = best / T;
-      row_max[g] = std::max(row_max[g], load[best]);
-      row_sum[g] += item.cost;
-      global_max = std::max(global_max, load[best]);
-    }
+    loads.Add(kind, best, item.cost);
     if (same_shape != nullptr &&
         std::find(same_shape->begin(), same_shape->end(), best) ==
             same_shape->end()) {
@@ -137,7 +233,7 @@ LptResult RunLpt(const std::vector<Item>& items, DomainSize domain,
     }
     result.slot[k] = best;
   }
-  result.max_load = global_max;
+  result.max_load = loads.global_max();
   return result;
 }
 
@@ -162,25 +258,31 @@ absl::StatusOr<std::vector<int>> CheckSpecsAndSortByName(
   return by_name;
 }
 
-// A lower bound on the max routed load of any plan: max(total / ranks,
-// largest item) and, when every item has the same kind (m homes of one rank
-// or one row each), the pair bound c[m-1] + c[m] over costs sorted descending
-// (among the m + 1 largest items two share a home).
-double RoutedLowerBound(std::vector<double> costs, int num_row_items,
-                        DomainSize domain) {
-  double total = 0, largest = 0;
-  for (double c : costs) {
+// A lower bound on the max item load of any plan, from the items' (cost,
+// kind) pairs: max(total rank load / all ranks, largest item) and, when every
+// item has the same kind (m homes of it), total / m and the pair bound
+// c[m-1] + c[m] over costs sorted descending (among the m + 1 largest items
+// two share a home).
+double ItemLowerBound(const std::vector<std::pair<double, HomeKind>>& items,
+                      DomainSize domain) {
+  std::vector<double> costs;
+  costs.reserve(items.size());
+  double total = 0, total_rank_load = 0, largest = 0;
+  bool one_kind = true;
+  for (const auto& [c, kind] : items) {
+    const int width = WidthOf(kind, domain);
+    costs.push_back(c);
     total += c;
+    total_rank_load += kind == HomeKind::kRank ? c : c * width;
     largest = std::max(largest, c);
+    one_kind &= kind == items.front().second;
   }
-  const int num_items = int(costs.size());
   double bound = largest;
-  const bool all_rows = num_row_items == num_items;
-  const bool no_rows = num_row_items == 0;
-  if (all_rows || no_rows) {
-    const int homes = all_rows ? domain.gtp : domain.ranks();
+  if (!items.empty() && one_kind) {
+    const int homes =
+        domain.all_ranks() / WidthOf(items.front().second, domain);
     bound = std::max(bound, total / homes);
-    if (num_items > homes) {
+    if (int(costs.size()) > homes) {
       std::nth_element(costs.begin(), costs.begin() + homes, costs.end(),
                        std::greater<double>());
       const double c_m = costs[homes];  // (m+1)-th largest
@@ -189,21 +291,14 @@ double RoutedLowerBound(std::vector<double> costs, int num_row_items,
       bound = std::max(bound, c_m1 + c_m);
     }
   }
-  return bound;
+  return std::max(bound, total_rank_load / domain.all_ranks());
 }
 
-double RoutedLowerBound(const std::vector<Item>& items, DomainSize domain) {
-  std::vector<double> costs;
-  costs.reserve(items.size());
-  int rows = 0;
-  double total_rank_load = 0;
-  for (const Item& item : items) {
-    costs.push_back(item.cost);
-    rows += item.row;
-    total_rank_load += item.row ? item.cost * domain.tp : item.cost;
-  }
-  return std::max(RoutedLowerBound(std::move(costs), rows, domain),
-                  total_rank_load / domain.ranks());
+double ItemLowerBound(const std::vector<Item>& items, DomainSize domain) {
+  std::vector<std::pair<double, HomeKind>> pairs;
+  pairs.reserve(items.size());
+  for (const Item& item : items) pairs.push_back({item.cost, item.kind});
+  return ItemLowerBound(pairs, domain);
 }
 
 }  // namespace
@@ -296,48 +391,47 @@ absl::StatusOr<std::vector<double>> ParamCosts(
 absl::Status ComputePlanLoads(const std::vector<ParamShardSpec>& specs,
                               const std::vector<double>& costs,
                               DomainSize domain, HomePlan& plan) {
-  const int G = domain.gtp, T = domain.tp, ranks = domain.ranks();
+  const int all_ranks = domain.all_ranks();
   if (plan.homes.size() != specs.size() || costs.size() != specs.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan has ", plan.homes.size(), " homes and ",
                      costs.size(), " costs for ", specs.size(), " specs"));
   }
-  plan.rank_load.assign(ranks, 0.0);
-  double replicated = 0, routed_total = 0;
-  std::vector<double> routed_costs;
-  int row_items = 0;
+  plan.rank_load.assign(all_ranks, 0.0);
+  double replicated = 0;
+  std::vector<std::pair<double, HomeKind>> items;
   for (size_t i = 0; i < specs.size(); ++i) {
     const double c = costs[i];
     const NsHome& h = plan.homes[i];
-    if (!specs[i].routed()) {
+    if (!IsItem(specs[i], domain)) {
       replicated += c;
       for (double& l : plan.rank_load) l += c;
       continue;
     }
-    if (!domain.Contains(h.g, h.t)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("param '", specs[i].name, "': home (", h.g, ", ", h.t,
-                       ") outside the ", G, "x", T, " domain"));
+    if (!domain.Contains(h.d, h.g, h.t)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", specs[i].name, "': home (", h.g, ", ", h.t,
+          domain.dp > 1 ? absl::StrCat(", d=", h.d) : "", ") outside the ",
+          domain.dp > 1 ? absl::StrCat(domain.dp, "x") : "", domain.gtp, "x",
+          domain.tp, " domain"));
     }
-    routed_costs.push_back(c);
-    if (IsRowItem(specs[i])) {
-      ++row_items;
-      for (int t = 0; t < T; ++t) plan.rank_load[domain.FlatRank(h.g, t)] += c;
-      routed_total += c * T;
-    } else {
-      plan.rank_load[domain.FlatRank(h.g, h.t)] += c;
-      routed_total += c;
+    const HomeKind kind = KindOf(specs[i]);
+    const int width = WidthOf(kind, domain);
+    const int slot = kind == HomeKind::kReplica ? h.d
+                     : kind == HomeKind::kRow   ? h.d * domain.gtp + h.g
+                                              : domain.FlatRank(h.d, h.g, h.t);
+    for (int r = slot * width; r < (slot + 1) * width; ++r) {
+      plan.rank_load[r] += c;
     }
+    items.push_back({c, kind});
   }
   const double max_load =
       *std::max_element(plan.rank_load.begin(), plan.rank_load.end());
   const double mean =
       std::accumulate(plan.rank_load.begin(), plan.rank_load.end(), 0.0) /
-      ranks;
+      all_ranks;
   plan.max_over_mean = mean > 0 ? max_load / mean : 1.0;
-  plan.lower_bound =
-      replicated + std::max(routed_total / ranks,
-                            RoutedLowerBound(routed_costs, row_items, domain));
+  plan.lower_bound = replicated + ItemLowerBound(items, domain);
   plan.lower_bound_ratio =
       plan.lower_bound > 0 ? max_load / plan.lower_bound : 1.0;
   return absl::OkStatus();
@@ -346,9 +440,10 @@ absl::Status ComputePlanLoads(const std::vector<ParamShardSpec>& specs,
 absl::StatusOr<HomePlan> PlanNsHomes(const std::vector<ParamShardSpec>& specs,
                                      DomainSize domain,
                                      const PlannerOptions& options) {
-  if (domain.gtp < 1 || domain.tp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "domain sizes must be >= 1, got G=", domain.gtp, " T=", domain.tp));
+  if (domain.gtp < 1 || domain.tp < 1 || domain.dp < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("domain sizes must be >= 1, got G=", domain.gtp,
+                     " T=", domain.tp, " D=", domain.dp));
   }
   ASSIGN_OR_RETURN(const std::vector<int> by_name,
                    CheckSpecsAndSortByName(specs, domain));
@@ -358,8 +453,8 @@ absl::StatusOr<HomePlan> PlanNsHomes(const std::vector<ParamShardSpec>& specs,
   items.reserve(specs.size());
   for (int i : by_name) {
     const ParamShardSpec& spec = specs[i];
-    if (spec.routed()) {
-      items.push_back(Item{i, costs[i], IsRowItem(spec), spec.full_shape[0],
+    if (IsItem(spec, domain)) {
+      items.push_back(Item{i, costs[i], KindOf(spec), spec.full_shape[0],
                            spec.full_shape[1]});
     }
   }
@@ -369,7 +464,7 @@ absl::StatusOr<HomePlan> PlanNsHomes(const std::vector<ParamShardSpec>& specs,
   LptResult chosen = RunLpt(items, domain, options.colocate_same_shape);
   plan.colocated = options.colocate_same_shape;
   if (options.colocate_same_shape &&
-      chosen.max_load > RoutedLowerBound(items, domain) * (1 + 1e-12)) {
+      chosen.max_load > ItemLowerBound(items, domain) * (1 + 1e-12)) {
     // Colocating did not reach the bound: keep it only if plain LPT is not
     // better.
     LptResult plain = RunLpt(items, domain, /*colocate=*/false);
@@ -380,10 +475,8 @@ absl::StatusOr<HomePlan> PlanNsHomes(const std::vector<ParamShardSpec>& specs,
   }
   plan.homes.assign(specs.size(), NsHome{});
   for (size_t k = 0; k < items.size(); ++k) {
-    const int slot = chosen.slot[k];
     plan.homes[items[k].spec] =
-        items[k].row ? NsHome{slot, 0}
-                     : NsHome{slot / domain.tp, slot % domain.tp};
+        HomeOfSlot(items[k].kind, chosen.slot[k], domain);
   }
   RETURN_IF_ERROR(ComputePlanLoads(specs, costs, domain, plan));
   return plan;
@@ -392,7 +485,9 @@ absl::StatusOr<HomePlan> PlanNsHomes(const std::vector<ParamShardSpec>& specs,
 HomePlan RoundRobinHomes(const std::vector<ParamShardSpec>& specs,
                          DomainSize domain, const PlannerOptions& options) {
   LOG(WARNING) << "##### ROUND-ROBIN NS HOMES IN USE for " << specs.size()
-               << " params on a " << domain.gtp << "x" << domain.tp
+               << " params on a "
+               << (domain.dp > 1 ? absl::StrCat(domain.dp, "x") : "")
+               << domain.gtp << "x" << domain.tp
                << " domain: LPT load balancing is NOT in effect; expect an "
                   "unbalanced Newton-Schulz step #####";
   HomePlan plan;
@@ -400,13 +495,10 @@ HomePlan RoundRobinHomes(const std::vector<ParamShardSpec>& specs,
   plan.homes.assign(specs.size(), NsHome{});
   int k = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (!specs[i].routed()) continue;
-    if (IsRowItem(specs[i])) {
-      plan.homes[i] = NsHome{k % domain.gtp, 0};
-    } else {
-      const int f = k % domain.ranks();
-      plan.homes[i] = NsHome{f / domain.tp, f % domain.tp};
-    }
+    if (!IsItem(specs[i], domain)) continue;
+    const HomeKind kind = KindOf(specs[i]);
+    const int slots = domain.all_ranks() / WidthOf(kind, domain);
+    plan.homes[i] = HomeOfSlot(kind, k % slots, domain);
     ++k;
   }
   absl::StatusOr<std::vector<double>> costs = ParamCosts(specs, options);

@@ -1,17 +1,23 @@
 #pragma once
-// NS-home assignment: which rank of a G x T domain assembles each routed 2-D
-// weight and runs Newton–Schulz on it (docs/ARCHITECTURE.md "Plans and their
-// versions").
+// NS-home assignment: which rank of a D x G x T domain assembles each routed
+// 2-D weight and runs Newton–Schulz on it (docs/ARCHITECTURE.md "Plans and
+// their versions").
 //
-// Load model (one "item" per routed param, cost c from the cost model):
+// Load model (one "item" per param with a home, cost c from the cost model;
+// flat rank (d*G + g)*T + t):
 //   * GTP_REMAT (TP-replicated): every TP rank of the home row runs the same
-//   NS,
-//     so the item adds c to all T ranks of row g_home (t_home is 0, ignored).
-//   * TP (G == 1) and GTP_REMAT_AND_TP: the item adds c to one rank (g, t).
-//   * REPLICATED: not routed; adds c to every rank (home {0, 0}).
+//     NS, so the item adds c to all T ranks of row (d, g) (t_home is 0).
+//   * TP (G == 1) and GTP_REMAT_AND_TP: the item adds c to one rank (d, g, t).
+//   * REPLICATED (within the G x T grid): without a DP axis (D == 1) not
+//     routed: adds c to every rank (home {0, 0, 0}); with D > 1 an item whose
+//     home is a replica d: adds c to all G*T ranks of replica d (home
+//     {0, 0, d}); the other replicas receive its update.
+// With D > 1 every item also gets its home replica d; the other replicas skip
+// its exchanges and NS. D == 1 gives exactly the plans of the G x T planner.
 // Balancing is deterministic longest-processing-time-first: items by cost
-// descending (ties: row items first, then shape, then name), each to the
-// least-loaded eligible home (ties: lowest index). With colocate_same_shape an
+// descending (ties: replica items, then row items, then rank items, then
+// shape, then name), each to the least-loaded eligible home (ties: lowest
+// index). With colocate_same_shape an
 // item goes to a home already holding its shape when that does not raise the
 // running maximum beyond what the least-loaded choice would give; the result
 // is kept only if its final max load is not worse than plain LPT.
@@ -78,11 +84,15 @@ absl::Status SetOfflineCost(std::string_view name, std::string_view field,
 
 struct HomePlan {
   // One per spec, in spec order. Replicated params get {0, 0} and are not
-  // routed; GTP_REMAT params get t = 0 (their whole home row runs NS).
+  // routed (with D > 1: {0, 0, d}, their home replica); GTP_REMAT params get
+  // t = 0 (their whole home row runs NS).
   std::vector<NsHome> homes;
-  std::vector<double> rank_load;  // per flat rank g * T + t, cost units
-  double max_over_mean = 1;       // max(rank_load) / mean(rank_load)
-  // max(total / ranks, largest item) + the replicated load on every rank.
+  // Per flat domain rank (d * G + g) * T + t (all_ranks() entries), cost
+  // units.
+  std::vector<double> rank_load;
+  double max_over_mean = 1;  // max(rank_load) / mean(rank_load)
+  // max(total / all ranks, largest item) + the replicated load on every
+  // rank.
   double lower_bound = 0;
   double lower_bound_ratio = 1;  // max(rank_load) / lower_bound
   bool round_robin_fallback = false;
@@ -95,18 +105,18 @@ struct HomePlan {
 absl::StatusOr<std::vector<double>> ParamCosts(
     const std::vector<ParamShardSpec>& specs, const PlannerOptions& options);
 
-// Deterministic LPT over the G x T grid. Same specs in any order -> the same
-// home for every name. Errors: invalid domain or spec (ValidateShardSpec),
+// Deterministic LPT over the D x G x T ranks. Same specs in any order -> the
+// same home for every name. Errors: invalid domain or spec (ValidateShardSpec),
 // duplicate names, cost-model errors.
 absl::StatusOr<HomePlan> PlanNsHomes(const std::vector<ParamShardSpec>& specs,
                                      DomainSize domain,
                                      const PlannerOptions& options = {});
 
 // Explicit fallback only: the i-th routed param goes to home i mod (number of
-// eligible homes of its kind), in spec order; Megatron's (i % G, 0) for
-// GTP_REMAT. Logs a loud warning that LPT balancing is NOT in effect. Loads
-// are reported with options' cost model (kNsCost if that model fails).
-// Specs are assumed valid for `domain`.
+// eligible homes of its kind over the D x G x T ranks), in spec order;
+// Megatron's (i % G, 0) for GTP_REMAT when D == 1. Logs a loud warning that LPT
+// balancing is NOT in effect. Loads are reported with options' cost model
+// (kNsCost if that model fails). Specs are assumed valid for `domain`.
 HomePlan RoundRobinHomes(const std::vector<ParamShardSpec>& specs,
                          DomainSize domain, const PlannerOptions& options = {});
 

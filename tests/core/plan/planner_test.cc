@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,22 +35,27 @@ ParamShardSpec Spec(const std::string& name, int64_t P, int64_t Q,
   return *s;
 }
 
-// Independent load computation (plain loops) for a home assignment.
+// Independent load computation (plain loops over every rank (d, g, t)) for a
+// home assignment: a param replicated within the grid loads every rank
+// without a DP axis, else every rank of its home replica.
 std::vector<double> Loads(const std::vector<ParamShardSpec>& specs,
                           const std::vector<NsHome>& homes, DomainSize d) {
-  std::vector<double> load(d.ranks(), 0);
+  std::vector<double> load(d.all_ranks(), 0);
   for (size_t i = 0; i < specs.size(); ++i) {
     const double c = NsCost(specs[i].full_shape[0], specs[i].full_shape[1]);
-    for (int g = 0; g < d.gtp; ++g)
-      for (int t = 0; t < d.tp; ++t) {
-        const bool loads = specs[i].sharding == ParamSharding::kReplicated ||
-                           (specs[i].sharding == ParamSharding::kGtpRemat &&
-                            g == homes[i].g) ||
-                           (specs[i].routed() &&
-                            specs[i].sharding != ParamSharding::kGtpRemat &&
-                            g == homes[i].g && t == homes[i].t);
-        if (loads) load[g * d.tp + t] += c;
-      }
+    const ParamSharding kind = specs[i].sharding;
+    for (int r = 0; r < d.dp; ++r)
+      for (int g = 0; g < d.gtp; ++g)
+        for (int t = 0; t < d.tp; ++t) {
+          const bool replica = r == homes[i].d;
+          const bool loads =
+              (kind == ParamSharding::kReplicated && (d.dp == 1 || replica)) ||
+              (kind == ParamSharding::kGtpRemat && replica &&
+               g == homes[i].g) ||
+              (specs[i].routed() && kind != ParamSharding::kGtpRemat &&
+               replica && g == homes[i].g && t == homes[i].t);
+          if (loads) load[(r * d.gtp + g) * d.tp + t] += c;
+        }
   }
   return load;
 }
@@ -63,24 +69,26 @@ double MaxOf(const std::vector<double>& v) {
 double BruteForceOptimum(const std::vector<ParamShardSpec>& specs, DomainSize d,
                          int max_per_slot = 1 << 30) {
   std::vector<NsHome> homes(specs.size());
-  std::vector<int> count(d.ranks(), 0);
+  std::vector<int> count(d.all_ranks(), 0);
   double best = 1e300;
   std::function<void(size_t)> rec = [&](size_t i) {
     if (i == specs.size()) {
       best = std::min(best, MaxOf(Loads(specs, homes, d)));
       return;
     }
-    if (!specs[i].routed()) return rec(i + 1);
+    const bool replicated = specs[i].sharding == ParamSharding::kReplicated;
+    if (replicated && d.dp == 1) return rec(i + 1);
     const bool row = specs[i].sharding == ParamSharding::kGtpRemat;
-    for (int g = 0; g < d.gtp; ++g)
-      for (int t = 0; t < (row ? 1 : d.tp); ++t) {
-        const int slot = g * d.tp + t;
-        if (count[slot] >= max_per_slot) continue;
-        ++count[slot];
-        homes[i] = NsHome{g, t};
-        rec(i + 1);
-        --count[slot];
-      }
+    for (int r = 0; r < d.dp; ++r)
+      for (int g = 0; g < (replicated ? 1 : d.gtp); ++g)
+        for (int t = 0; t < (row || replicated ? 1 : d.tp); ++t) {
+          const int slot = (r * d.gtp + g) * d.tp + t;
+          if (count[slot] >= max_per_slot) continue;
+          ++count[slot];
+          homes[i] = NsHome{g, t, r};
+          rec(i + 1);
+          --count[slot];
+        }
   };
   rec(0);
   return best;
@@ -113,7 +121,8 @@ void CheckAgainstOptimum(DomainSize d, std::vector<ParamSharding> kinds,
       absl::StatusOr<HomePlan> plan = PlanNsHomes(specs, d, o);
       ASSERT_TRUE(plan.ok()) << plan.status();
       const std::vector<double> load = Loads(specs, plan->homes, d);
-      for (int r = 0; r < d.ranks(); ++r)
+      ASSERT_EQ(plan->rank_load.size(), size_t(d.all_ranks()));
+      for (int r = 0; r < d.all_ranks(); ++r)
         EXPECT_DOUBLE_EQ(plan->rank_load[r], load[r]);
       const double got = MaxOf(load);
       SCOPED_TRACE(testing::Message() << "trial " << trial << " n=" << n
@@ -326,6 +335,135 @@ TEST(PlanNsHomes, Errors) {
   ASSERT_FALSE(plan.ok());
   EXPECT_THAT(std::string(plan.status().message()), HasSubstr("'other'"));
   EXPECT_FALSE(PlanNsHomes({}, DomainSize{0, 1}).ok());
+}
+
+// Every home lies inside the D x G x T domain, with the coordinates its kind
+// leaves unused at 0 (row items: t; grid-replicated items: g and t).
+void ExpectValidHomes(const std::vector<ParamShardSpec>& specs,
+                      const std::vector<NsHome>& homes, DomainSize d) {
+  ASSERT_EQ(homes.size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    SCOPED_TRACE(specs[i].name);
+    EXPECT_TRUE(d.Contains(homes[i].d, homes[i].g, homes[i].t));
+    if (specs[i].sharding == ParamSharding::kGtpRemat) EXPECT_EQ(homes[i].t, 0);
+    if (specs[i].sharding == ParamSharding::kReplicated) {
+      EXPECT_EQ(homes[i].g, 0);
+      EXPECT_EQ(homes[i].t, 0);
+    }
+  }
+}
+
+// A DDP job (D = 4 replicas of a 1 x 1 grid): every matrix gets one home
+// replica and each rank carries about a quarter of the job's ns_cost, where
+// without the DP axis every rank ran every NS.
+TEST(PlanNsHomesOverDp, DdpSpreadsNsCostOverReplicas) {
+  const DomainSize d{1, 1, 4};
+  std::mt19937_64 rng(18);
+  std::vector<ParamShardSpec> specs;
+  double total = 0;
+  for (int i = 0; i < 64; ++i) {
+    const int64_t P = 64 * (1 + int64_t(rng() % 8)), Q = 64 * (1 + rng() % 4);
+    specs.push_back(
+        Spec("m" + std::to_string(i), P, Q, ParamSharding::kReplicated, d));
+    total += NsCost(P, Q);
+  }
+  absl::StatusOr<HomePlan> plan = PlanNsHomes(specs, d);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectValidHomes(specs, plan->homes, d);
+  ASSERT_EQ(plan->rank_load.size(), 4u);
+  EXPECT_EQ(plan->rank_load, Loads(specs, plan->homes, d));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NEAR(plan->rank_load[r] / total, 0.25, 0.02) << "rank " << r;
+  }
+  EXPECT_LT(plan->max_over_mean, 1.08);
+  // The same specs without the DP axis: NS on every rank.
+  const DomainSize one{1, 1, 1};
+  absl::StatusOr<HomePlan> dup = PlanNsHomes(specs, one);
+  ASSERT_TRUE(dup.ok());
+  EXPECT_DOUBLE_EQ(dup->rank_load[0], total);
+}
+
+// DP x GTP x TP: row items over D*G rows, rank items over D*G*T ranks,
+// grid-replicated items over D replicas; the reported loads match an
+// independent computation and the ranks stay balanced.
+TEST(PlanNsHomesOverDp, MixedDomainIsValidAndBalanced) {
+  const DomainSize d{2, 2, 3};
+  std::mt19937_64 rng(5);
+  std::vector<ParamShardSpec> specs =
+      RandomSpecs(rng, d, 90,
+                  {ParamSharding::kGtpRemat, ParamSharding::kGtpRematAndTp,
+                   ParamSharding::kReplicated});
+  absl::StatusOr<HomePlan> plan = PlanNsHomes(specs, d);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectValidHomes(specs, plan->homes, d);
+  const std::vector<double> load = Loads(specs, plan->homes, d);
+  ASSERT_EQ(plan->rank_load.size(), size_t(d.all_ranks()));
+  for (int r = 0; r < d.all_ranks(); ++r)
+    EXPECT_DOUBLE_EQ(plan->rank_load[r], load[r]);
+  std::set<int> replicas;
+  for (const NsHome& h : plan->homes) replicas.insert(h.d);
+  EXPECT_EQ(replicas.size(), 3u);
+  EXPECT_LT(plan->max_over_mean, 1.25);
+  EXPECT_LE(plan->lower_bound_ratio, 4.0 / 3.0);
+}
+
+TEST(PlanNsHomesOverDp, WithinFourThirdsOfBruteForceOptimum) {
+  // One kind per instance: identical "machines" (replicas, rows or ranks of
+  // the whole D x G x T domain), where LPT is within 4/3 of the optimum.
+  CheckAgainstOptimum(DomainSize{1, 1, 3}, {ParamSharding::kReplicated}, 60, 11,
+                      true);
+  CheckAgainstOptimum(DomainSize{2, 2, 2}, {ParamSharding::kReplicated}, 60, 12,
+                      true);
+  CheckAgainstOptimum(DomainSize{2, 2, 2}, {ParamSharding::kGtpRemat}, 60, 13,
+                      true);
+  CheckAgainstOptimum(DomainSize{1, 2, 2}, {ParamSharding::kTp}, 60, 14, true);
+  CheckAgainstOptimum(DomainSize{2, 1, 2},
+                      {ParamSharding::kGtpRemat, ParamSharding::kReplicated},
+                      60, 16, false);
+  CheckAgainstOptimum(DomainSize{1, 2, 2},
+                      {ParamSharding::kTp, ParamSharding::kReplicated}, 60, 17,
+                      false);
+}
+
+TEST(PlanNsHomesOverDp, DeterministicUnderPermutedInput) {
+  std::mt19937_64 rng(7);
+  const DomainSize d{2, 2, 2};
+  std::vector<ParamShardSpec> specs =
+      RandomSpecs(rng, d, 40,
+                  {ParamSharding::kGtpRemat, ParamSharding::kGtpRematAndTp,
+                   ParamSharding::kReplicated});
+  absl::StatusOr<HomePlan> a = PlanNsHomes(specs, d);
+  ASSERT_TRUE(a.ok());
+  std::map<std::string, NsHome> by_name;
+  for (size_t i = 0; i < specs.size(); ++i)
+    by_name[specs[i].name] = a->homes[i];
+  std::shuffle(specs.begin(), specs.end(), rng);
+  absl::StatusOr<HomePlan> b = PlanNsHomes(specs, d);
+  ASSERT_TRUE(b.ok());
+  for (size_t i = 0; i < specs.size(); ++i)
+    EXPECT_EQ(b->homes[i], by_name[specs[i].name]) << specs[i].name;
+}
+
+TEST(RoundRobinHomes, OverDpReplicas) {
+  const DomainSize d{1, 1, 3};
+  std::vector<ParamShardSpec> specs;
+  for (int i = 0; i < 5; ++i)
+    specs.push_back(
+        Spec("w" + std::to_string(i), 8, 8, ParamSharding::kReplicated, d));
+  HomePlan plan = RoundRobinHomes(specs, d);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(plan.homes[i], (NsHome{0, 0, i % 3}));
+  EXPECT_EQ(plan.rank_load, Loads(specs, plan.homes, d));
+}
+
+TEST(ComputePlanLoads, RefusesAHomeReplicaOutsideTheDomain) {
+  const DomainSize d{1, 1, 2};
+  std::vector<ParamShardSpec> specs = {
+      Spec("w", 8, 8, ParamSharding::kReplicated, d)};
+  HomePlan plan;
+  plan.homes = {NsHome{0, 0, 2}};
+  const absl::Status st = ComputePlanLoads(specs, {1.0}, d, plan);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("'w': home (0, 0, d=2)"));
 }
 
 TEST(RoundRobinHomes, ExplicitFallbackInSpecOrder) {
