@@ -1,9 +1,12 @@
 """A small GPT (pre-LayerNorm decoder, learned positions) for characters.
 
-Megatron-style sharding tags are stamped on the Muon matrices so that
-muond.torch.Muon, in single-trainer split mode, shards them as Megatron would:
-q/k/v and MLP up are column-parallel (partition_dim 0, split output rows),
-attention output and MLP down are row-parallel (partition_dim 1).
+Megatron-style sharding tags are stamped on the Muon matrices (megatron_tags,
+the default) so that muond.torch.Muon, in single-trainer split mode (train.py),
+shards them as Megatron would: q/k/v and MLP up are column-parallel
+(partition_dim 0, split output rows), attention output and MLP down are
+row-parallel (partition_dim 1). The torchrun trainer (train_dist.py) builds the
+model without tags and shards it with PyTorch's own APIs; attention then runs on
+the heads the local q/k/v rows hold (ColwiseParallel splits them by head).
 """
 from __future__ import annotations
 
@@ -15,9 +18,11 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, mlp_ratio: int = 4):
+    def __init__(self, d_model: int, n_heads: int, mlp_ratio: int = 4,
+                 megatron_tags: bool = True):
         super().__init__()
         self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
         self.ln1 = nn.LayerNorm(d_model)
         self.q = nn.Linear(d_model, d_model, bias=False)
         self.k = nn.Linear(d_model, d_model, bias=False)
@@ -26,18 +31,21 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.up = nn.Linear(d_model, mlp_ratio * d_model, bias=True)
         self.down = nn.Linear(mlp_ratio * d_model, d_model, bias=True)
-        for lin in (self.q, self.k, self.v, self.up):
-            _tag(lin.weight, partition_dim=0)
-        for lin in (self.o, self.down):
-            _tag(lin.weight, partition_dim=1)
+        if megatron_tags:
+            for lin in (self.q, self.k, self.v, self.up):
+                _tag(lin.weight, partition_dim=0)
+            for lin in (self.o, self.down):
+                _tag(lin.weight, partition_dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+        B, T, _ = x.shape
         h = self.ln1(x)
-        split = lambda t: t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
-        y = F.scaled_dot_product_attention(split(self.q(h)), split(self.k(h)), split(self.v(h)),
-                                           is_causal=True)
-        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
+        q, k, v = self.q(h), self.k(h), self.v(h)
+        # Under tensor parallelism q/k/v hold this rank's heads only.
+        local_heads = q.shape[-1] // self.head_dim
+        split = lambda t: t.view(B, T, local_heads, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=True)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, local_heads * self.head_dim))
         return x + self.down(F.gelu(self.up(self.ln2(x))))
 
 
@@ -48,12 +56,13 @@ def _tag(weight: nn.Parameter, partition_dim: int) -> None:
 
 class CharGPT(nn.Module):
     def __init__(self, vocab_size: int, context: int = 64, d_model: int = 128,
-                 n_layers: int = 4, n_heads: int = 4):
+                 n_layers: int = 4, n_heads: int = 4, megatron_tags: bool = True):
         super().__init__()
         self.context = context
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(context, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, megatron_tags=megatron_tags)
+                                    for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=True)
         self.apply(self._init)

@@ -39,21 +39,8 @@ from reference_muon import ReferenceMuon  # noqa: E402
 SAMPLE_PROMPTS = ["The ", "Q: ", "A man ", "Love is "]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--optimizer", choices=["auto", "reference", "muond", "both"], default="auto",
-                   help="auto = both when --daemons is given, else reference")
-    p.add_argument("--daemons", default="",
-                   help="comma-separated muond addresses, flat rank order g*T+t")
-    p.add_argument("--gtp", type=int, default=0, help="GTP_remat size G (0: len(daemons)/T)")
-    p.add_argument("--tp", type=int, default=0,
-                   help="TP size T (0: 2 when there are 4 daemons, else 1)")
-    p.add_argument("--job-id", default="demo")
-    p.add_argument("--wait-healthy", type=float, default=60.0,
-                   help="seconds to wait for the daemons to be healthy")
-    p.add_argument("--out", default="out/demo")
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """Data, model, optimizer and reporting options, shared with train_dist.py."""
     p.add_argument("--seed", type=int, default=0, help="init, data order and sampling seed")
     p.add_argument("--data-seed", type=int, default=1234, help="train/validation split seed")
     p.add_argument("--val-fraction", type=float, default=0.1)
@@ -87,6 +74,24 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where model and data live; cuda = the current GPU, params reach "
                         "the daemons by CUDA IPC (the daemons must serve that GPU)")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--optimizer", choices=["auto", "reference", "muond", "both"], default="auto",
+                   help="auto = both when --daemons is given, else reference")
+    p.add_argument("--daemons", default="",
+                   help="comma-separated muond addresses, flat rank order g*T+t")
+    p.add_argument("--gtp", type=int, default=0, help="GTP_remat size G (0: len(daemons)/T)")
+    p.add_argument("--tp", type=int, default=0,
+                   help="TP size T (0: 2 when there are 4 daemons, else 1)")
+    p.add_argument("--job-id", default="demo")
+    p.add_argument("--wait-healthy", type=float, default=60.0,
+                   help="seconds to wait for the daemons to be healthy")
+    p.add_argument("--out", default="out/demo")
+    add_common_args(p)
     args = p.parse_args(argv)
     args.daemon_list = [a for a in args.daemons.split(",") if a]
     if args.optimizer == "auto":
@@ -191,6 +196,21 @@ def params_checksum(state: dict[str, torch.Tensor]) -> dict:
     return {"sha256": h.hexdigest(), "abs_sum": total}
 
 
+def generate_samples(corpus, state: dict[str, torch.Tensor], args) -> list[str]:
+    """Sampled on the CPU from the final weights: the seeded CPU generator
+    gives the same samples whatever device or layout trained the model."""
+    sampler = CharGPT(corpus.vocab_size, args.context, args.d_model, args.layers, args.heads)
+    sampler.load_state_dict(state)
+    sampler.eval()
+    samples = []
+    g = torch.Generator().manual_seed(args.seed)
+    for prompt in SAMPLE_PROMPTS:
+        idx = torch.tensor([corpus.encode(prompt)], dtype=torch.int64)
+        out = sampler.generate(idx, args.sample_chars, generator=g)
+        samples.append(corpus.decode(out[0]))
+    return samples
+
+
 def train_one(kind: str, corpus, args) -> dict:
     torch.manual_seed(args.seed)
     # Initialised on the CPU (same weights for every device), then moved.
@@ -248,17 +268,7 @@ def train_one(kind: str, corpus, args) -> dict:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t_start
         state = {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
-        # Sampled on the CPU from the final weights: the seeded CPU generator
-        # gives the same samples whatever device trained the model.
-        sampler = CharGPT(corpus.vocab_size, args.context, args.d_model, args.layers, args.heads)
-        sampler.load_state_dict(state)
-        sampler.eval()
-        samples = []
-        g = torch.Generator().manual_seed(args.seed)
-        for prompt in SAMPLE_PROMPTS:
-            idx = torch.tensor([corpus.encode(prompt)], dtype=torch.int64)
-            out = sampler.generate(idx, args.sample_chars, generator=g)
-            samples.append(corpus.decode(out[0]))
+        samples = generate_samples(corpus, state, args)
     finally:
         if hasattr(opt, "close"):
             opt.close()

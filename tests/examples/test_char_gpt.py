@@ -1,6 +1,7 @@
 """examples/char_gpt/train.py at a tiny size: loss decreases, outputs exist, and
 (--optimizer both, against in-process fake daemons) the muond run's params
-equal the reference run's."""
+equal the reference run's; train_dist.py's layout checks (the torchrun trainer
+itself runs in tests/deploy/demo_test.py)."""
 import json
 import os
 import subprocess
@@ -70,6 +71,43 @@ class CharGptTest(unittest.TestCase):
         self.assertEqual(runs["muond"]["checksum"], runs["reference"]["checksum"])
         self.assertEqual(runs["muond"]["curves"]["train_loss"],
                          runs["reference"]["curves"]["train_loss"])
+
+
+class TrainDistLayoutTest(unittest.TestCase):
+    """train_dist.check_layout: what a layout needs of the world size, --inner,
+    --heads and the global --batch, refused before any collective."""
+
+    def setUp(self):
+        sys.path.insert(0, os.path.dirname(TRAIN))
+        import train_dist
+        self.td = train_dist
+
+    def args(self, *argv):
+        return self.td.parse_args(list(argv))
+
+    def assertRefused(self, args, world, *phrases):
+        with self.assertRaises(ValueError) as cm:
+            self.td.check_layout(args, world)
+        for phrase in phrases:
+            self.assertIn(phrase, str(cm.exception))
+
+    def test_sizes(self):
+        cases = {"ddp": (4, 1), "fsdp": (4, 1), "tp": (1, 4), "fsdp+tp": (2, 2), "hsdp": (4, 1)}
+        for layout, (dp, tp) in cases.items():
+            a = self.args("--parallel", layout, "--heads", "4")
+            self.td.check_layout(a, 4)
+            self.assertEqual((self.td.dp_size(a, 4), self.td.tp_size(a, 4)), (dp, tp), layout)
+
+    def test_refusals(self):
+        self.assertRefused(self.args("--parallel", "fsdp+tp"), 3,
+                           "--parallel fsdp+tp", "world size 3", "--inner 2")
+        self.assertRefused(self.args("--parallel", "hsdp", "--inner", "4"), 6,
+                           "world size 6", "--inner 4")
+        self.assertRefused(self.args("--parallel", "tp", "--heads", "2"), 4,
+                           "--heads 2", "TP size 4")
+        self.assertRefused(self.args("--parallel", "ddp", "--batch", "6"), 4,
+                           "--batch 6", "4 data-parallel ranks")
+        self.td.check_layout(self.args("--parallel", "tp", "--batch", "6", "--heads", "4"), 4)
 
 
 if __name__ == "__main__":
