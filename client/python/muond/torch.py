@@ -80,6 +80,7 @@ import weakref
 import grpc
 import torch
 
+from muond import placement as _placement
 from muond import split as _split
 from muond import state as _state
 from muond import wire_enums as _wire_enums
@@ -415,8 +416,10 @@ class Muon(torch.optim.Optimizer):
                  extra_scale_factor: float | None = None, ns_batch_size: int = 1,
                  weight_decay_method: str = "decoupled", fp32_matmul_prec: str = "medium",
                  use_syrk: bool = False, betas=(0.9, 0.95), adamw_eps: float = 1e-8,
-                 daemons=(), job_id: str = "default", gtp_size: int = 1, tp_size: int = 1,
-                 shard_mode: str = "split", g: int = 0, t: int = 0, domain_name: str = "dense",
+                 daemons=(), job_id: str | None = None, gtp_size: int = 1, tp_size: int = 1,
+                 shard_mode: str | None = None, g: int = 0, t: int = 0,
+                 domain_name: str = "dense", dp_size: int | None = None,
+                 dp_rank: int | None = None,
                  client_id: str | None = None, wait_healthy_timeout: float = 30.0,
                  rpc_timeout: float | None = 300.0, first_step_id: int = 1,
                  token: str | None = None, token_file=None, tls_root_certificates=None,
@@ -456,8 +459,17 @@ class Muon(torch.optim.Optimizer):
         self._views: list = []  # (param, the shared-buffer tensor it is bound to, its address)
 
         daemons = [daemons] if isinstance(daemons, str) else list(daemons)
-        if not daemons:
-            raise ValueError("muond.torch.Muon needs daemons=[addresses]")
+        self._rank, self._world = _process_rank()
+        if not daemons:  # torchrun/srun: this rank's own daemon (muond.placement.discover)
+            found = _placement.discover(job_id)
+            daemons, job_id = [found.address], found.job_id
+            if token is None and token_file is None:
+                token_file = found.token_file
+            if found.rank is not None and self._world <= 1:
+                self._rank = found.rank
+            shard_mode = shard_mode or "local"
+        job_id = job_id if job_id is not None else "default"
+        shard_mode = shard_mode or "split"
         if shard_mode not in ("split", "local"):
             raise ValueError(f"shard_mode {shard_mode!r} not in ('split', 'local')")
         if shard_mode == "split" and len(daemons) != gtp_size * tp_size:
@@ -467,6 +479,12 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"local mode talks to one daemon, got {len(daemons)}")
         self.job_id, self.shard_mode, self.domain_name = job_id, shard_mode, domain_name
         self.gtp_size, self.tp_size, self.g, self.t = int(gtp_size), int(tp_size), int(g), int(t)
+        self._dp = (dp_size, dp_rank)
+        self.places: dict[str, _placement.ParamPlace] = {}  # local mode: param name -> place
+        # DTensor params (never rebound: FSDP2 owns their storage): (param,
+        # shared param view, shared grad view), copied in before and out after
+        # every step.
+        self._dtensors: list = []
         self.client_id = client_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.step_id = int(first_step_id) - 1
         self.last_timings: dict[str, float] = {}
@@ -497,7 +515,7 @@ class Muon(torch.optim.Optimizer):
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout, need_plan=True)
             # The daemons read the shared grad buffers, which never move.
-            self._on_cuda = any(grad.is_cuda for _, grad in self._grads)
+            self._on_cuda = self._any_cuda()
             self._registered = True
         except BaseException:
             # Leave nothing registered (the finalizer unregisters this client
@@ -569,6 +587,7 @@ class Muon(torch.optim.Optimizer):
         # daemons refuse since, e.g. momentum=1.0: step() names that, and
         # add_param_group must not fail on it), else the group's own.
         self._placed_live = {}
+        todo = []  # (gi, gname, group, name, p)
         for gi, group in enumerate(self.param_groups):
             algorithm = group["algorithm"]
             if algorithm not in ("muon", "adamw"):
@@ -591,23 +610,32 @@ class Muon(torch.optim.Optimizer):
                 if algorithm == "muon" and p.ndim != 2:
                     raise ValueError(f"param {name}: Muon params must be 2-D, got shape "
                                      f"{tuple(p.shape)}; put it in an algorithm='adamw' group")
-                if self.shard_mode == "local":
-                    self._place_local(gi, gname, group, name, p, wire)
-                    continue
-                layout = None
-                if algorithm == "muon":
-                    preferred = (int(getattr(p, "partition_dim", 0))
-                                 if getattr(p, "tensor_model_parallel", False) else None)
-                    layout = _split.plan_split(tuple(p.shape), self.gtp_size, self.tp_size,
-                                               preferred)
-                if layout is not None:
-                    self._place_split(gi, gname, group, name, p, layout, wire)
-                else:
-                    load = muon_load if algorithm == "muon" else adamw_load
-                    rank = min(range(n), key=lambda r: (load[r], r))
-                    load[rank] += (_split.ns_cost(tuple(p.shape)) if algorithm == "muon"
-                                   else p.numel())
-                    self._place_solo(gi, gname, group, name, p, rank, wire)
+                todo.append((gi, gname, group, name, p))
+        if self.shard_mode == "local":
+            self.places = self._derive_places(todo)
+            for gi, gname, group, name, p in todo:
+                self._place_local(gi, gname, group, name, p, wire)
+            return [list(w.values()) for w in wire]
+        for gi, gname, group, name, p in todo:
+            algorithm = group["algorithm"]
+            if _placement.is_dtensor(p):
+                raise ValueError(f"param {name} is a DTensor: split mode shards full weights "
+                                 "of one trainer; DTensor params (FSDP2, TP) need "
+                                 "shard_mode='local' (the default without daemons=)")
+            layout = None
+            if algorithm == "muon":
+                preferred = (int(getattr(p, "partition_dim", 0))
+                             if getattr(p, "tensor_model_parallel", False) else None)
+                layout = _split.plan_split(tuple(p.shape), self.gtp_size, self.tp_size,
+                                           preferred)
+            if layout is not None:
+                self._place_split(gi, gname, group, name, p, layout, wire)
+            else:
+                load = muon_load if algorithm == "muon" else adamw_load
+                rank = min(range(n), key=lambda r: (load[r], r))
+                load[rank] += (_split.ns_cost(tuple(p.shape)) if algorithm == "muon"
+                               else p.numel())
+                self._place_solo(gi, gname, group, name, p, rank, wire)
         return [list(w.values()) for w in wire]
 
     def _wire_group(self, wire, rank, gi, wname, group, domain) -> pb.ParamGroup:
@@ -668,28 +696,70 @@ class Muon(torch.optim.Optimizer):
                                   param=pbuf.ref(0, shape, strides),
                                   grad=gbuf.ref(0, shape, strides), tags=pb.ShardTags()))
 
+    def _derive_places(self, todo) -> dict:
+        """Local mode: every param's place (muond.placement), agreed with
+        every other rank of the job when torch.distributed runs (a refusal on
+        any rank is raised on all, before any RPC)."""
+        opts = _placement.Options(
+            rank=self._rank, world=self._world, domain=self.domain_name,
+            gtp_size=self.gtp_size, tp_size=self.tp_size, g=self.g, t=self.t,
+            dp_size=self._dp[0], dp_rank=self._dp[1],
+            given_grid=self.gtp_size * self.tp_size > 1 or self.g != 0 or self.t != 0)
+        requests = [_placement.Request(name, p, group["algorithm"])
+                    for _, _, group, name, p in todo]
+        return _placement.settle(lambda: _placement.place_params(requests, opts),
+                                 self._rank, self._world, _all_gather_object,
+                                 dp_given=self._dp[0] is not None)
+
+    def _bind_dtensor(self, p):
+        """A DTensor param's shared buffers (at least one element: a 0-row
+        shard gets a 0-row view), its local values copied in. The param is
+        never rebound (FSDP2 owns its storage): step() copies in and out."""
+        local = p.to_local()
+        n = local.numel()
+        pbuf = _Buffer(self.job_id, max(n, 1), local, self._regions)
+        gbuf = _Buffer(self.job_id, max(n, 1), local, self._regions)
+        self._buffers += [pbuf, gbuf]
+        with torch.no_grad():
+            pview = pbuf.flat[:n].view(local.shape)
+            pview.copy_(local)
+            gview = gbuf.flat[:n].view(local.shape)
+        self._dtensors.append((p, pview, gview))
+        return pbuf, gbuf, local
+
     def _place_local(self, gi, gname, group, name, p, wire):
-        pbuf, gbuf = self._rebind(p, p.numel())
+        place = self.places[name]
         self.layouts[name] = "local"
         self._ranks_of[name] = (0,)
-        shape, strides = _whole(p)
-        tp = bool(getattr(p, "tensor_model_parallel", False))
-        pd = int(getattr(p, "partition_dim", 0))
-        gtp = bool(getattr(p, "is_gtp_weight_remat", False))
-        pad = int(getattr(p, "pad_length", 0))
-        full = list(getattr(p, "full_shape", p.shape))
-        if not hasattr(p, "full_shape") and p.ndim == 2:
-            full = _split.full_shape_from_local(
-                p.shape, self.gtp_size, self.tp_size, tensor_model_parallel=tp,
-                partition_dim=pd, is_gtp_weight_remat=gtp, pad_length=pad)
-        domain = pb.Domain(name=self.domain_name, gtp_size=self.gtp_size, tp_size=self.tp_size,
-                           g=self.g, t=self.t)
-        wg = self._wire_group(wire, 0, gi, gname, group, domain)
-        wg.params.append(pb.Param(
-            name=name, full_shape=full, param=pbuf.ref(0, shape, strides),
-            grad=gbuf.ref(0, shape, strides),
-            tags=pb.ShardTags(tensor_model_parallel=tp, partition_dim=pd,
-                              is_gtp_weight_remat=gtp, pad_length=pad)))
+        if _placement.is_dtensor(p):
+            pbuf, gbuf, local = self._bind_dtensor(p)
+            shape, strides = _whole(local)
+        else:
+            pbuf, gbuf = self._rebind(p, p.numel())
+            shape, strides = _whole(p)
+        if place.kind in ("dtensor", "ddp", "solo"):
+            tags = pb.ShardTags(tensor_model_parallel=place.tp_dim is not None,
+                                partition_dim=place.tp_dim or 0,
+                                is_gtp_weight_remat=place.gtp_sharded,
+                                pad_length=place.pad_length, gtp_rows=list(place.gtp_rows))
+            # A group's params may live in several domains (meshes), and one
+            # wire group names one domain: one wire group per domain, named
+            # the same on every rank.
+            wname = f"{gname}{'.' if place.kind == 'solo' else '@'}{place.domain}"
+        else:  # Megatron tags, as given
+            tags = pb.ShardTags(tensor_model_parallel=bool(getattr(p, "tensor_model_parallel",
+                                                                   False)),
+                                partition_dim=int(getattr(p, "partition_dim", 0)),
+                                is_gtp_weight_remat=place.gtp_sharded,
+                                pad_length=place.pad_length)
+            wname = gname
+        domain = pb.Domain(name=place.domain, gtp_size=place.G, tp_size=place.T, g=place.g,
+                           t=place.t, dp_size=place.D if place.D > 1 else 0,
+                           d=place.d if place.D > 1 else 0)
+        wg = self._wire_group(wire, 0, gi, wname, group, domain)
+        wg.params.append(pb.Param(name=name, full_shape=list(place.full_shape),
+                                  param=pbuf.ref(0, shape, strides),
+                                  grad=gbuf.ref(0, shape, strides), tags=tags))
 
     # -- optimizer API -----------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -712,6 +782,11 @@ class Muon(torch.optim.Optimizer):
                 if p.grad is not grad:
                     p.grad = grad
                 grad.zero_()
+            for p, _, _ in self._dtensors:  # their grads stay FSDP2's / DTensor's
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
 
     def _skipped_and_copy_grads(self) -> list[list[str]]:
         """Per daemon, the names of the params this step skips (grad None or
@@ -733,9 +808,29 @@ class Muon(torch.optim.Optimizer):
                 dst.append(grad)
                 src.append(current)
             p.grad = grad
+        for p, pview, gview in self._dtensors:
+            # Every DTensor's values go in (a skipped one is copied back
+            # unchanged), the grads of those stepped.
+            dst.append(pview)
+            src.append(p.to_local())
+            if p.grad is None or not p.requires_grad:
+                skipped[0].append(self._param_names[id(p)])
+                continue
+            dst.append(gview)
+            src.append(_local_grad(p))
         if dst:
             torch._foreach_copy_(dst, src)
         return skipped
+
+    def _any_cuda(self) -> bool:
+        return (any(grad.is_cuda for _, grad in self._grads)
+                or any(gview.is_cuda for _, _, gview in self._dtensors))
+
+    def _copy_dtensors_out(self) -> None:
+        """The updated DTensor params back into their own local tensors."""
+        if self._dtensors:
+            torch._foreach_copy_([p.to_local() for p, _, _ in self._dtensors],
+                                 [pview for _, pview, _ in self._dtensors])
 
     def _check_fixed(self) -> None:
         """Raises before any RPC when a group entry the daemons fixed at
@@ -826,6 +921,7 @@ class Muon(torch.optim.Optimizer):
                                      skipped[r])
                        for r, c in enumerate(self.clients)]
             responses = _gather(futures, self.clients, what)
+        self._copy_dtensors_out()
         self.step_id = step_id
         rpc_us = (time.perf_counter() - t0) * 1e6
         timings = {k: max(getattr(r.timings, k) for r in responses) for k in _PHASES}
@@ -1086,7 +1182,7 @@ class Muon(torch.optim.Optimizer):
         self._on_all(lambda c: c.unregister(self.job_id, self.client_id), "UnregisterParams")
         old_buffers = list(self._buffers)
         self._buffers.clear()  # the same list the finalizer releases
-        self._regions, self._grads, self._views = _Regions(), [], []
+        self._regions, self._grads, self._views, self._dtensors = _Regions(), [], [], []
         self._wire_groups, self.layouts = {}, {}
         self._param_names, self._ranks_of, self._fixed = {}, {}, {}
         self.state.invalidate()
@@ -1099,7 +1195,7 @@ class Muon(torch.optim.Optimizer):
         for c in self.clients:
             c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
         self._registered_live = dict(self._placed_live)
-        self._on_cuda = any(grad.is_cuda for _, grad in self._grads)
+        self._on_cuda = self._any_cuda()
         known = {self._param_names[id(p)] for p in params}
         states = _state.validate(self._param_infos(),
                                  {n: s for n, s in states_by_name.items() if n in known})
@@ -1287,6 +1383,29 @@ def _result(call, client: Client, what: str):
         raise MuondError(f"muond daemon {client.address}: {what} failed: "
                          f"{code.name if code is not None else type(e).__name__}: {detail}",
                          code=code, reason=reason, metadata=metadata) from e
+
+
+def _local_grad(p) -> torch.Tensor:
+    """A DTensor param's grad as a local tensor shaped like its local shard
+    (a grad with other placements, e.g. Partial, redistributed first)."""
+    grad = p.grad
+    if tuple(grad.placements) != tuple(p.placements):
+        grad = grad.redistribute(p.device_mesh, p.placements)
+    return grad.to_local()
+
+
+def _process_rank() -> tuple[int, int]:
+    """(rank, world) of torch.distributed's default group, (0, 1) without one."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_gather_object(obj) -> list:
+    out = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
 
 
 def _release(buffers) -> None:
