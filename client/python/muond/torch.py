@@ -47,11 +47,19 @@ Modes (``shard_mode``):
   ``<group>.solo-r<rank>`` whose domain is the 1x1
   domain ``solo-r<rank>`` of that daemon. Nothing is registered with two
   daemons, so no update is applied twice to the same memory.
-* ``"local"`` (one trainer per daemon, e.g. Megatron ranks; ``len(daemons)
-  == 1``): the params are this rank's local shards, tagged with Megatron
-  attributes (``tensor_model_parallel``, ``partition_dim``,
-  ``is_gtp_weight_remat``, ``pad_length``, optionally ``full_shape``); every
-  group is registered in domain ``domain_name`` with (gtp_size, tp_size, g, t).
+* ``"local"`` (one trainer per daemon: torchrun ranks, Megatron ranks;
+  ``len(daemons) == 1``; the default without ``daemons=``, which finds this
+  rank's daemon from the environment, muond.placement.discover): each param's
+  domain and coordinates come from muond.placement — DTensor params (FSDP2,
+  TP, FSDP + TP, HSDP) from their mesh and placements, plain params under
+  torch.distributed as DDP replicas, Megatron-tagged local shards
+  (``tensor_model_parallel``, ``partition_dim``, ``is_gtp_weight_remat``,
+  ``pad_length``, optionally ``full_shape``) in domain ``domain_name`` with
+  (gtp_size, tp_size, g, t) and their DP replicas found from every rank's
+  claims. Under torch.distributed every rank checks the others' placement
+  before any RPC (the same ValueError on all). DTensor params are never
+  rebound: their local shards are copied into the shared buffers before each
+  Step and back after it.
 
 Step contract: ``step()`` sends Step with the same step id to every daemon
 concurrently and returns when all answered (params updated in place). CUDA:
