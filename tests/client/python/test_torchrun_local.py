@@ -1,0 +1,133 @@
+"""muond.torch.Muon in a torchrun-style job, end to end through the real
+binaries: 2 gloo trainer processes, each with FSDP2 (fully_shard, even
+Shard(0) rows) and ``Muon(groups)`` with NO daemons= / (g, t) — each finds its
+own host daemon from the environment (MUOND_DAEMON, MUOND_JOB_ID,
+MUOND_TOKEN_FILE) and its place from the DTensor placements (a 1 x 2 x 1
+GTP_remat domain for the matrices, per-rank solo domains for the AdamW
+biases) — against a single-daemon run of the same model given the same full
+gradients: bitwise (NS in fp32, ns_batch_size 1)."""
+import json
+import os
+import pickle
+import socket
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "client", "python"))
+sys.path.insert(0, os.path.join(HERE, "contract"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from cluster import Cluster, find_binaries  # noqa: E402
+
+WORLD = 2
+STEPS = 3
+HYPER = dict(lr=0.02, weight_decay=0.1, fp32_matmul_prec="highest", ns_batch_size=1)
+ADAMW = dict(algorithm="adamw", lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+
+
+def _groups(named):
+    return [{"params": [(n, p) for n, p in named if p.ndim == 2]},
+            {"params": [(n, p) for n, p in named if p.ndim != 2], **ADAMW}]
+
+
+def _trainer(rank, tmp):
+    """One torchrun rank: waits for the cluster (started after the fork, so
+    no gRPC state is forked), then trains STEPS steps."""
+    info = os.path.join(tmp, "cluster.json")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(info):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no cluster")
+        time.sleep(0.05)
+    with open(info) as f:
+        cluster = json.load(f)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cluster["port"]), RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), MUOND_DAEMON=cluster["daemons"][rank],
+                      MUOND_JOB_ID=cluster["job_id"], MUOND_TOKEN_FILE=cluster["token_file"])
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from muond.torch import Muon
+
+    model = _model()
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fully_shard(model, mesh=init_device_mesh("cpu", (WORLD,)))
+    opt = Muon(_groups(list(model.named_parameters())), **HYPER)  # the one line
+    domains = sorted({pl.domain for pl in opt.places.values()})
+    grads = []
+    for step in range(STEPS):
+        x = torch.randn(5, 6, generator=torch.Generator().manual_seed(100 * step + rank))
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
+        opt.step()
+    final = {n: p.full_tensor() for n, p in model.named_parameters()}
+    opt.close()
+    with open(os.path.join(tmp, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump({"init": init, "grads": grads, "final": final, "domains": domains,
+                     "places": dict(opt.places)}, f)
+    dist.destroy_process_group()
+
+
+class TorchrunFsdpTest(unittest.TestCase):
+    def test_fsdp2_ranks_find_their_daemons_and_match_one_daemon_bitwise(self):
+        find_binaries(self)
+        from muond.torch import Muon
+        tmp = tempfile.mkdtemp(prefix="muond-torchrun-")
+        ctx = mp.start_processes(_trainer, args=(tmp,), nprocs=WORLD, join=False,
+                                 start_method="fork")
+        with Cluster(WORLD, comm_timeout_s=10) as cluster:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            with open(os.path.join(tmp, "cluster.json.tmp"), "w") as f:
+                json.dump({"port": port, "daemons": cluster.daemons, "job_id": cluster.job_id,
+                           "token_file": os.path.join(cluster.tmp, "token")}, f)
+            os.rename(os.path.join(tmp, "cluster.json.tmp"), os.path.join(tmp, "cluster.json"))
+            while not ctx.join(timeout=120):
+                pass
+        runs = []
+        for r in range(WORLD):
+            with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
+                runs.append(pickle.load(f))
+        # One GTP_remat domain of both ranks for the matrices, each rank's own
+        # solo domain for the AdamW biases.
+        muon_domain = runs[0]["places"]["0.weight"].domain
+        self.assertEqual([(run["places"]["0.weight"].G, run["places"]["0.weight"].g)
+                          for run in runs], [(2, 0), (2, 1)])
+        self.assertEqual(runs[1]["places"]["0.weight"].domain, muon_domain)
+        self.assertEqual([run["places"]["0.bias"].domain for run in runs],
+                         ["solo-r0", "solo-r1"])
+
+        model = _model()
+        for n, p in model.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), runs[0]["init"][n]), n)
+        with Cluster(1, comm_timeout_s=10) as ref:
+            opt = Muon(_groups(list(model.named_parameters())), daemons=ref.daemons,
+                       job_id=ref.job_id, **HYPER)
+            for step in range(STEPS):
+                for n, p in model.named_parameters():
+                    p.grad = runs[0]["grads"][step][n].clone()
+                opt.step()
+            opt.close()
+        for n, p in model.named_parameters():
+            self.assertFalse(torch.equal(p.detach(), runs[0]["init"][n]), f"{n} never moved")
+            for r in range(WORLD):
+                self.assertTrue(torch.equal(runs[r]["final"][n], p.detach()),
+                                f"{n} on rank {r}: max diff "
+                                f"{(runs[r]['final'][n] - p.detach()).abs().max()}")
+
+
+if __name__ == "__main__":
+    unittest.main()
