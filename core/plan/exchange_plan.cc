@@ -64,6 +64,9 @@ StageExchange BuildStage1(const GroupExchangePlan& plan) {
     if (!spec.gtp_sharded) continue;
     ex.active = true;  // every rank holds a shard of every GTP param
     const int home = plan.homes[i].g;
+    // Block g holds padded rows [start_g, start_g + rows_g) (prefix sums of
+    // gtp_rows, or equal blocks); only its real rows travel, and an empty
+    // piece (a 0-row shard, or pad only) is never sent (the builder drops it).
     const int64_t r = spec.local_shape[0], c = spec.local_shape[1];
     const int64_t mine = ValidLocalRows(spec, d, plan.my_g);
     fwd.Send(home, i, Block{0, 0, mine, c});
@@ -75,7 +78,8 @@ StageExchange BuildStage1(const GroupExchangePlan& plan) {
     const std::vector<int64_t> a1 = TpLocalShape(spec, d);
     ex.assembled.push_back(AssembledParam{i, a1[0], a1[1]});
     for (int g = 0; g < G; ++g) {
-      const Block rows_of_g{g * r, 0, ValidLocalRows(spec, d, g), c};
+      const Block rows_of_g{GtpRowBlockOf(spec, d, g).start, 0,
+                            ValidLocalRows(spec, d, g), c};
       fwd.Recv(g, i, rows_of_g);
       rev.Send(g, i, rows_of_g);
     }
@@ -142,7 +146,7 @@ absl::StatusOr<GroupExchangePlan> BuildGroupExchangePlan(
   bool tp_dim_present[2] = {false, false};
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamShardSpec& spec = specs[i];
-    RETURN_IF_ERROR(ValidateShardSpec(spec, domain));
+    RETURN_IF_ERROR(ValidateShardSpec(spec, domain, my_g));
     NsHome& home = homes[i];
     if (!spec.routed()) {
       home = NsHome{};

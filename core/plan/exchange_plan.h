@@ -13,7 +13,9 @@
 // Stage 1 (GTP group = ranks (g', my_t), g' = 0..G-1, peer index g'):
 //   forward  packs from L_i,  unpacks into A1_i on every rank of row g_home;
 //   reverse  packs from U1_i, unpacks into UL_i (the update of the local
-//   shard). Padding rows are never sent: a rank sends only its real rows and,
+//   shard). Rank g's block starts at row GtpRowBlockOf(spec, g).start of A1_i
+//   (prefix sums of gtp_rows for uneven blocks). Padding rows are never sent:
+//   a rank sends only its real rows (none from a 0-row shard: no piece) and,
 //   on the way back, zero-fills its pad rows (`reverse_zero_fill`).
 // Stage 2 (TP group = ranks (my_g, t'), t' = 0..T-1, peer index t'), one
 // exchange per tp_dim present among the specs, in tp_dim order:
@@ -120,7 +122,8 @@ struct GroupExchangePlan {
 // Builds the plan of rank (my_g, my_t). homes: one per spec (PlanNsHomes or
 // RoundRobinHomes output); the t of a GTP_REMAT home and the home of a
 // replicated param are ignored. Errors (InvalidArgument, naming the param):
-// invalid spec for the domain (ValidateShardSpec), homes/specs size mismatch,
+// invalid spec for the domain and rank (ValidateShardSpec(spec, domain,
+// my_g): local rows = gtp_rows[my_g]), homes/specs size mismatch,
 // a routed param's home outside the domain, (my_g, my_t) outside the domain.
 absl::StatusOr<GroupExchangePlan> BuildGroupExchangePlan(
     std::vector<ParamShardSpec> specs, std::vector<NsHome> homes,

@@ -29,22 +29,59 @@ absl::Status CheckDomain(const std::string& name, DomainSize domain) {
 
 constexpr int64_t kMaxMatrixDim = int64_t{1} << 31;
 
+// zero_rows_ok: a local shard on a rank whose gtp_rows block is empty.
 absl::Status CheckMatrixShape(const std::string& name, const char* what,
-                              const std::vector<int64_t>& shape) {
+                              const std::vector<int64_t>& shape,
+                              bool zero_rows_ok = false) {
   if (shape.size() != 2) {
     return Invalid(name, absl::StrCat(what, " shape ", ShapeStr(shape),
                                       " is not 2-D (Muon orthogonalizes "
                                       "matrices; send it to the AdamW path)"));
   }
-  if (shape[0] <= 0 || shape[1] <= 0) {
-    return Invalid(name, absl::StrCat(what, " shape ", ShapeStr(shape),
-                                      " has a dimension <= 0"));
+  if (shape[0] < (zero_rows_ok ? 0 : 1) || shape[1] <= 0) {
+    return Invalid(
+        name,
+        absl::StrCat(what, " shape ", ShapeStr(shape), " has a dimension <= 0",
+                     zero_rows_ok ? ""
+                                  : " (0 rows only on a rank whose gtp_rows "
+                                    "entry is 0)"));
   }
   // Bounded so that dims times a domain size (an int) or plus a bounded
   // pad_length never overflow int64 (found by UBSan on malformed requests).
   if (shape[0] > kMaxMatrixDim || shape[1] > kMaxMatrixDim) {
     return Invalid(name, absl::StrCat(what, " shape ", ShapeStr(shape),
                                       " has a dimension > ", kMaxMatrixDim));
+  }
+  return absl::OkStatus();
+}
+
+int64_t Sum(const std::vector<int64_t>& v) {
+  int64_t sum = 0;
+  for (int64_t x : v) sum += x;
+  return sum;
+}
+
+// Rank g (a GTP coordinate of the domain) holds gtp_rows[g] rows; g < 0:
+// some rank, so local_rows must be one of the entries.
+absl::Status CheckLocalRowsOfRank(const std::string& name, int64_t local_rows,
+                                  const std::vector<int64_t>& gtp_rows,
+                                  DomainSize domain, int g) {
+  if (g >= domain.gtp) {
+    return Invalid(
+        name, absl::StrCat("GTP rank g=", g, " is outside G=", domain.gtp));
+  }
+  if (g >= 0 && local_rows != gtp_rows[g]) {
+    return Invalid(name, absl::StrCat("local rows ", local_rows,
+                                      " != gtp_rows[", g, "] = ", gtp_rows[g],
+                                      " (GTP rank g holds gtp_rows[g] rows of "
+                                      "gtp_rows ",
+                                      ShapeStr(gtp_rows), ")"));
+  }
+  if (g < 0 && std::find(gtp_rows.begin(), gtp_rows.end(), local_rows) ==
+                   gtp_rows.end()) {
+    return Invalid(name, absl::StrCat("local rows ", local_rows,
+                                      " are no rank's block of gtp_rows ",
+                                      ShapeStr(gtp_rows)));
   }
   return absl::OkStatus();
 }
@@ -103,9 +140,11 @@ const char* ParamShardingName(ParamSharding sharding) {
 absl::StatusOr<ParamShardSpec> MakeShardSpec(std::string name,
                                              std::vector<int64_t> local_shape,
                                              const ShardTags& tags,
-                                             DomainSize domain) {
+                                             DomainSize domain, int g) {
   if (absl::Status s = CheckDomain(name, domain); !s.ok()) return s;
-  if (absl::Status s = CheckMatrixShape(name, "local", local_shape); !s.ok()) {
+  const bool uneven = !tags.gtp_rows.empty();
+  if (absl::Status s = CheckMatrixShape(name, "local", local_shape, uneven);
+      !s.ok()) {
     return s;
   }
   int tp_dim = -1;
@@ -127,19 +166,32 @@ absl::StatusOr<ParamShardSpec> MakeShardSpec(std::string name,
       !s.ok()) {
     return s;
   }
-  const int64_t gathered_rows =
-      gtp_sharded ? local_shape[0] * domain.gtp : local_shape[0];
+  RETURN_IF_ERROR(
+      CheckGtpRows(name, tags.gtp_rows, gtp_sharded, domain, /*padded=*/-1));
+  if (uneven) {
+    RETURN_IF_ERROR(
+        CheckLocalRowsOfRank(name, local_shape[0], tags.gtp_rows, domain, g));
+  }
+  const int64_t gathered_rows = uneven        ? Sum(tags.gtp_rows)
+                                : gtp_sharded ? local_shape[0] * domain.gtp
+                                              : local_shape[0];
   if (tags.pad_length >= gathered_rows) {
-    return Invalid(name, absl::StrCat("pad_length ", tags.pad_length,
-                                      " >= the gathered dim 0 (", gathered_rows,
-                                      " = local rows ", local_shape[0], " x G ",
-                                      domain.gtp, "): no real rows left"));
+    return Invalid(
+        name,
+        absl::StrCat("pad_length ", tags.pad_length, " >= the gathered dim 0 (",
+                     gathered_rows,
+                     uneven ? absl::StrCat(" = sum of gtp_rows ",
+                                           ShapeStr(tags.gtp_rows))
+                            : absl::StrCat(" = local rows ", local_shape[0],
+                                           " x G ", domain.gtp),
+                     "): no real rows left"));
   }
   ParamShardSpec spec;
   spec.name = std::move(name);
   spec.tp_dim = tp_dim;
   spec.gtp_sharded = gtp_sharded;
   spec.pad_length = tags.pad_length;
+  spec.gtp_rows = tags.gtp_rows;
   spec.sharding = Classify(tp_dim >= 0, gtp_sharded);
   spec.full_shape = {gathered_rows - tags.pad_length, local_shape[1]};
   if (tp_dim >= 0) spec.full_shape[tp_dim] *= domain.tp;
@@ -149,7 +201,8 @@ absl::StatusOr<ParamShardSpec> MakeShardSpec(std::string name,
 
 absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
     std::string name, std::vector<int64_t> full_shape, int tp_dim,
-    bool gtp_sharded, int64_t pad_length, DomainSize domain) {
+    bool gtp_sharded, int64_t pad_length, DomainSize domain,
+    std::vector<int64_t> gtp_rows, int g) {
   if (absl::Status s = CheckDomain(name, domain); !s.ok()) return s;
   if (absl::Status s = CheckMatrixShape(name, "full", full_shape); !s.ok()) {
     return s;
@@ -172,7 +225,17 @@ absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
     return Invalid(
         name, absl::StrCat("pad_length ", pad_length, " > ", kMaxMatrixDim));
   }
-  if (pad_length < 0) {
+  RETURN_IF_ERROR(
+      CheckGtpRows(name, gtp_rows, effective_gtp, domain, /*padded=*/-1));
+  if (pad_length < 0 && !gtp_rows.empty()) {
+    pad_length = Sum(gtp_rows) - tp_local[0];
+    if (pad_length < 0) {
+      return Invalid(
+          name, absl::StrCat("gtp_rows ", ShapeStr(gtp_rows), " sum to ",
+                             Sum(gtp_rows), ", fewer than the TP-local rows (",
+                             tp_local[0], ")"));
+    }
+  } else if (pad_length < 0) {
     pad_length = effective_gtp
                      ? (domain.gtp - tp_local[0] % domain.gtp) % domain.gtp
                      : 0;
@@ -184,13 +247,8 @@ absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
   }
   std::vector<int64_t> local = tp_local;
   if (effective_gtp) {
-    if ((tp_local[0] + pad_length) % domain.gtp != 0) {
-      return Invalid(
-          name,
-          absl::StrCat("TP-local dim 0 (", tp_local[0], ") + pad_length (",
-                       pad_length, ") is not divisible by G=", domain.gtp));
-    }
-    local[0] = (tp_local[0] + pad_length) / domain.gtp;
+    ASSIGN_OR_RETURN(local[0], GtpLocalRows(name, tp_local[0], pad_length,
+                                            gtp_rows, domain, g));
   }
   ParamShardSpec spec;
   spec.name = std::move(name);
@@ -199,15 +257,19 @@ absl::StatusOr<ParamShardSpec> MakeShardSpecFromFullShape(
   spec.tp_dim = effective_tp_dim;
   spec.gtp_sharded = effective_gtp;
   spec.pad_length = pad_length;
+  spec.gtp_rows = std::move(gtp_rows);
   spec.sharding = Classify(effective_tp_dim >= 0, effective_gtp);
-  if (absl::Status s = ValidateShardSpec(spec, domain); !s.ok()) return s;
+  if (absl::Status s = ValidateShardSpec(spec, domain, g); !s.ok()) return s;
   return spec;
 }
 
-absl::Status ValidateShardSpec(const ParamShardSpec& spec, DomainSize domain) {
+absl::Status ValidateShardSpec(const ParamShardSpec& spec, DomainSize domain,
+                               int g) {
   const std::string& name = spec.name;
   if (absl::Status s = CheckDomain(name, domain); !s.ok()) return s;
-  if (absl::Status s = CheckMatrixShape(name, "local", spec.local_shape);
+  const bool uneven = !spec.gtp_rows.empty();
+  if (absl::Status s =
+          CheckMatrixShape(name, "local", spec.local_shape, uneven);
       !s.ok()) {
     return s;
   }
@@ -231,19 +293,23 @@ absl::Status ValidateShardSpec(const ParamShardSpec& spec, DomainSize domain) {
       !s.ok()) {
     return s;
   }
+  RETURN_IF_ERROR(
+      CheckGtpRows(name, spec.gtp_rows, spec.gtp_sharded, domain, -1));
+  if (uneven) {
+    RETURN_IF_ERROR(CheckLocalRowsOfRank(name, spec.local_shape[0],
+                                         spec.gtp_rows, domain, g));
+  }
   if (spec.sharding != Classify(spec.tp_dim >= 0, spec.gtp_sharded)) {
     return Invalid(name,
                    absl::StrCat("sharding ", ParamShardingName(spec.sharding),
                                 " does not match tp_dim=", spec.tp_dim,
                                 " gtp_sharded=", spec.gtp_sharded));
   }
-  std::vector<int64_t> expected = spec.local_shape;
-  if (spec.gtp_sharded)
-    expected[0] = expected[0] * domain.gtp - spec.pad_length;
+  std::vector<int64_t> expected = TpLocalShape(spec, domain);
   if (expected[0] <= 0) {
     return Invalid(name, absl::StrCat("pad_length ", spec.pad_length,
                                       " >= the gathered dim 0 (",
-                                      spec.local_shape[0] * domain.gtp, ")"));
+                                      expected[0] + spec.pad_length, ")"));
   }
   if (spec.tp_dim >= 0) expected[spec.tp_dim] *= domain.tp;
   if (expected != spec.full_shape) {
@@ -252,24 +318,100 @@ absl::Status ValidateShardSpec(const ParamShardSpec& spec, DomainSize domain) {
                            " is inconsistent with full shape ",
                            ShapeStr(spec.full_shape), " for G=", domain.gtp,
                            " T=", domain.tp, " tp_dim=", spec.tp_dim,
-                           " pad_length=", spec.pad_length, " (expected ",
-                           ShapeStr(expected), ")"));
+                           " pad_length=", spec.pad_length,
+                           uneven ? " gtp_rows=" + ShapeStr(spec.gtp_rows) : "",
+                           " (expected ", ShapeStr(expected), ")"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckGtpRows(const std::string& name,
+                          const std::vector<int64_t>& gtp_rows,
+                          bool gtp_sharded, DomainSize domain,
+                          int64_t padded_rows) {
+  if (gtp_rows.empty()) return absl::OkStatus();
+  if (!gtp_sharded) {
+    return Invalid(name, absl::StrCat("gtp_rows ", ShapeStr(gtp_rows),
+                                      " given but the param is not "
+                                      "GTP-sharded (G=",
+                                      domain.gtp,
+                                      "): row blocks exist only on the GTP "
+                                      "axis"));
+  }
+  if (int64_t(gtp_rows.size()) != domain.gtp) {
+    return Invalid(
+        name, absl::StrCat(
+                  "gtp_rows ", ShapeStr(gtp_rows), " has ", gtp_rows.size(),
+                  " entries; it needs one per GTP rank (G=", domain.gtp, ")"));
+  }
+  for (size_t i = 0; i < gtp_rows.size(); ++i) {
+    if (gtp_rows[i] < 0 || gtp_rows[i] > kMaxMatrixDim) {
+      return Invalid(name, absl::StrCat("gtp_rows[", i, "] = ", gtp_rows[i],
+                                        " is not in [0, ", kMaxMatrixDim, "]"));
+    }
+  }
+  if (padded_rows >= 0 && Sum(gtp_rows) != padded_rows) {
+    return Invalid(name, absl::StrCat("gtp_rows ", ShapeStr(gtp_rows),
+                                      " sum to ", Sum(gtp_rows),
+                                      ", not the TP-local rows + pad_length (",
+                                      padded_rows, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> GtpLocalRows(const std::string& name,
+                                     int64_t tp_local_rows, int64_t pad_length,
+                                     const std::vector<int64_t>& gtp_rows,
+                                     DomainSize domain, int g) {
+  if (pad_length < 0 || pad_length > kMaxMatrixDim ||
+      tp_local_rows > kMaxMatrixDim) {
+    return Invalid(name, absl::StrCat("pad_length ", pad_length,
+                                      " is not in [0, ", kMaxMatrixDim, "]"));
+  }
+  if (g < 0 || g >= domain.gtp) {
+    return Invalid(
+        name, absl::StrCat("GTP rank g=", g, " is outside G=", domain.gtp));
+  }
+  const int64_t padded = tp_local_rows + pad_length;
+  if (!gtp_rows.empty()) {
+    RETURN_IF_ERROR(CheckGtpRows(name, gtp_rows, true, domain, padded));
+    return gtp_rows[g];
+  }
+  if (padded % domain.gtp != 0) {
+    return Invalid(
+        name,
+        absl::StrCat("TP-local dim 0 (", tp_local_rows, ") + pad_length (",
+                     pad_length, ") is not divisible by G=", domain.gtp,
+                     " (give gtp_rows for uneven row blocks)"));
+  }
+  return padded / domain.gtp;
 }
 
 std::vector<int64_t> TpLocalShape(const ParamShardSpec& spec,
                                   DomainSize domain) {
   std::vector<int64_t> shape = spec.local_shape;
-  if (spec.gtp_sharded) shape[0] = shape[0] * domain.gtp - spec.pad_length;
+  if (!spec.gtp_sharded) return shape;
+  const int64_t padded =
+      spec.gtp_rows.empty() ? shape[0] * domain.gtp : Sum(spec.gtp_rows);
+  shape[0] = padded - spec.pad_length;
   return shape;
 }
 
-int64_t ValidLocalRows(const ParamShardSpec& spec, DomainSize domain, int g) {
+GtpRowBlock GtpRowBlockOf(const ParamShardSpec& spec, DomainSize domain,
+                          int g) {
   const int64_t local_rows = spec.local_shape[0];
-  if (!spec.gtp_sharded) return local_rows;
-  const int64_t real_rows = local_rows * domain.gtp - spec.pad_length;
-  return std::clamp<int64_t>(real_rows - g * local_rows, 0, local_rows);
+  if (!spec.gtp_sharded) return {0, local_rows};
+  if (spec.gtp_rows.empty()) return {g * local_rows, local_rows};
+  int64_t start = 0;
+  for (int k = 0; k < g; ++k) start += spec.gtp_rows[k];
+  return {start, spec.gtp_rows[g]};
+}
+
+int64_t ValidLocalRows(const ParamShardSpec& spec, DomainSize domain, int g) {
+  if (!spec.gtp_sharded) return spec.local_shape[0];
+  const GtpRowBlock block = GtpRowBlockOf(spec, domain, g);
+  const int64_t real_rows = TpLocalShape(spec, domain)[0];
+  return std::clamp<int64_t>(real_rows - block.start, 0, block.rows);
 }
 
 double NsCost(int64_t rows, int64_t cols) {

@@ -5,6 +5,7 @@
 // returns every shard of the update bit-exactly, pad rows zero.
 #include "core/plan/exchange_plan.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -42,6 +43,8 @@ struct Case {
   int tp_dim;    // -1, 0, 1 (effective)
   bool gtp;      // effective
   int64_t pad;
+  // Uneven GTP blocks of the padded R + pad rows, in g order; empty: equal.
+  std::vector<int64_t> gtp_rows = {};
 };
 
 Mat FullOf(const Case& k, DomainSize d, std::mt19937_64& rng, int salt) {
@@ -68,10 +71,15 @@ Mat ShardOf(const Mat& full, const Case& k, DomainSize d, int g, int t,
             double pad_value) {
   const Mat tl = TpLocalOf(full, k, t);
   if (!k.gtp) return tl;
-  const int64_t r = (k.R + k.pad) / d.gtp;
+  int64_t r = (k.R + k.pad) / d.gtp, start = g * r;
+  if (!k.gtp_rows.empty()) {
+    r = k.gtp_rows[g];
+    start = 0;
+    for (int q = 0; q < g; ++q) start += k.gtp_rows[q];
+  }
   Mat m(r, k.C, pad_value);
   for (int64_t i = 0; i < r; ++i) {
-    const int64_t src = g * r + i;
+    const int64_t src = start + i;
     if (src >= k.R) continue;
     for (int64_t j = 0; j < k.C; ++j) m.at(i, j) = tl.at(src, j);
   }
@@ -159,6 +167,12 @@ struct Sim {
   std::vector<Case> cases;
   std::vector<Mat> full;
   std::vector<GroupExchangePlan> plans;  // by flat rank
+  // Uneven GTP blocks: the specs of GTP rank g (local shapes differ by g).
+  // Empty: `specs` on every rank.
+  std::vector<std::vector<ParamShardSpec>> specs_of_g;
+  const std::vector<ParamShardSpec>& SpecsOf(int g) const {
+    return specs_of_g.empty() ? specs : specs_of_g[g];
+  }
 };
 
 void RunAndCheck(const Sim& s) {
@@ -183,9 +197,10 @@ void RunAndCheck(const Sim& s) {
         A2[{r, a.param}] = Mat(a.rows, a.cols, kUnwritten);
         U2[{r, a.param}] = Mat(a.rows, a.cols, kUnwritten);
       }
-    for (int i : p.routed)
-      UL[{r, i}] =
-          Mat(s.specs[i].local_shape[0], s.specs[i].local_shape[1], kUnwritten);
+    for (int i : p.routed) {
+      const ParamShardSpec& mine = s.SpecsOf(r / d.tp)[i];
+      UL[{r, i}] = Mat(mine.local_shape[0], mine.local_shape[1], kUnwritten);
+    }
   }
   // Stage-2 sources: A1 for GTP params, L itself for kTp params.
   auto stage2_source = [&](const Store& a1) {
@@ -368,7 +383,7 @@ void BuildPlans(Sim& s, const std::vector<NsHome>& homes) {
   for (int g = 0; g < s.d.gtp; ++g)
     for (int t = 0; t < s.d.tp; ++t) {
       absl::StatusOr<GroupExchangePlan> p =
-          BuildGroupExchangePlan(s.specs, homes, s.d, g, t);
+          BuildGroupExchangePlan(s.SpecsOf(g), homes, s.d, g, t);
       ASSERT_TRUE(p.ok()) << p.status();
       s.plans.push_back(*std::move(p));
     }
@@ -502,6 +517,145 @@ TEST(ExchangePlan, Errors) {
   p = BuildGroupExchangePlan({bad}, {NsHome{}}, d, 0, 0);
   EXPECT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("layer.qkv"), std::string::npos);
+}
+
+// ---- Uneven GTP row blocks (FSDP2's torch.chunk shards) ---------------------
+// An uneven param: TP-local real rows R, cols C, pad, and the blocks.
+struct UnevenParam {
+  int64_t R, C;
+  int tp_dim;  // effective
+  int64_t pad;
+  std::vector<int64_t> gtp_rows;
+};
+
+// Specs built per GTP rank from that rank's local shape (what each daemon
+// does), and the reference cases.
+Sim UnevenSim(DomainSize d, const std::vector<UnevenParam>& params,
+              std::mt19937_64& rng) {
+  Sim s;
+  s.d = d;
+  s.specs_of_g.resize(d.gtp);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const UnevenParam& u = params[i];
+    ShardTags tags;
+    tags.tensor_model_parallel = u.tp_dim >= 0;
+    tags.partition_dim = u.tp_dim;
+    tags.is_gtp_weight_remat = true;
+    tags.pad_length = u.pad;
+    tags.gtp_rows = u.gtp_rows;
+    for (int g = 0; g < d.gtp; ++g) {
+      absl::StatusOr<ParamShardSpec> spec = MakeShardSpec(
+          "u" + std::to_string(i), {u.gtp_rows[g], u.C}, tags, d, g);
+      EXPECT_TRUE(spec.ok()) << spec.status();
+      s.specs_of_g[g].push_back(*spec);
+    }
+    s.specs.push_back(s.specs_of_g[0].back());
+    const Case k{u.R, u.C, u.tp_dim, true, u.pad, u.gtp_rows};
+    s.cases.push_back(k);
+    s.full.push_back(FullOf(k, d, rng, int(i)));
+  }
+  return s;
+}
+
+// torch.chunk's split of n rows into G pieces: ceil(n / G) each, the last
+// ones short or empty.
+std::vector<int64_t> TorchChunk(int64_t n, int G) {
+  const int64_t each = (n + G - 1) / G;
+  std::vector<int64_t> rows;
+  for (int g = 0; g < G; ++g) {
+    rows.push_back(std::clamp<int64_t>(n - g * each, 0, each));
+  }
+  return rows;
+}
+
+TEST(ExchangePlanSimulation, UnevenTorchChunkBlocksEveryHome) {
+  EXPECT_EQ(TorchChunk(38, 2), (std::vector<int64_t>{19, 19}));
+  EXPECT_EQ(TorchChunk(37, 2), (std::vector<int64_t>{19, 18}));
+  EXPECT_EQ(TorchChunk(3, 4), (std::vector<int64_t>{1, 1, 1, 0}));
+  std::mt19937_64 rng(38);
+  for (auto [G, T] :
+       std::vector<std::pair<int, int>>{{2, 1}, {4, 1}, {2, 2}, {4, 2}}) {
+    const std::vector<UnevenParam> params = {
+        {38, 5, -1, 0, TorchChunk(38, G)},
+        {37, 3, -1, 0, TorchChunk(37, G)},
+        {3, 4, -1, 0, TorchChunk(3, G)},
+        {37, 2, T > 1 ? 0 : -1, 0, TorchChunk(37, G)},  // column-parallel
+        {5, 3, T > 1 ? 1 : -1, 0, TorchChunk(5, G)},    // row-parallel
+        // Megatron's pad with uneven blocks: 5 real rows + 3 pad rows.
+        {5, 2, T > 1 ? 0 : -1, 3, TorchChunk(8, G)},
+    };
+    for (int g = 0; g < G; ++g) {
+      for (int t = 0; t < T; ++t) {
+        SCOPED_TRACE(testing::Message() << "G=" << G << " T=" << T << " home ("
+                                        << g << ", " << t << ")");
+        Sim s = UnevenSim(DomainSize{G, T}, params, rng);
+        BuildPlans(s, std::vector<NsHome>(params.size(), NsHome{g, t}));
+        RunAndCheck(s);
+      }
+    }
+  }
+}
+
+TEST(ExchangePlanSimulation, RandomUnevenBlocksWithEmptyShardsAndPadding) {
+  std::mt19937_64 rng(19);
+  for (int G = 2; G <= 4; ++G)
+    for (int T = 1; T <= 3; ++T)
+      for (int trial = 0; trial < 8; ++trial) {
+        SCOPED_TRACE(testing::Message()
+                     << "G=" << G << " T=" << T << " trial=" << trial);
+        std::uniform_int_distribution<int> small(1, 6), tpdim(-1, 1), pad(0, 2);
+        std::vector<UnevenParam> params;
+        for (int i = 0; i < 6; ++i) {
+          UnevenParam u{
+              small(rng), small(rng), T > 1 ? tpdim(rng) : -1, pad(rng), {}};
+          // A random composition of R + pad into G blocks, zeros allowed.
+          std::vector<int64_t> cuts = {0, u.R + u.pad};
+          for (int g = 1; g < G; ++g)
+            cuts.push_back(
+                std::uniform_int_distribution<int64_t>(0, u.R + u.pad)(rng));
+          std::sort(cuts.begin(), cuts.end());
+          for (int g = 0; g < G; ++g)
+            u.gtp_rows.push_back(cuts[g + 1] - cuts[g]);
+          params.push_back(u);
+        }
+        Sim s = UnevenSim(DomainSize{G, T}, params, rng);
+        BuildPlans(s, RandomHomes(s, rng));
+        RunAndCheck(s);
+      }
+}
+
+// 3 rows over G = 4 (1, 1, 1, 0): the empty rank sends and receives no
+// piece for it, its home included, and has nothing to zero-fill.
+TEST(ExchangePlan, EmptyShardMovesNothing) {
+  const DomainSize d{4, 1};
+  ShardTags tags;
+  tags.is_gtp_weight_remat = true;
+  tags.gtp_rows = {1, 1, 1, 0};
+  absl::StatusOr<ParamShardSpec> empty = MakeShardSpec("w", {0, 6}, tags, d, 3);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->full_shape, (std::vector<int64_t>{3, 6}));
+  absl::StatusOr<GroupExchangePlan> p =
+      BuildGroupExchangePlan({*empty}, {NsHome{0, 0}}, d, 3, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->stage1.forward.total_send, 0);
+  EXPECT_EQ(p->stage1.reverse.total_recv, 0);
+  EXPECT_TRUE(p->stage1.reverse_zero_fill.empty());
+  EXPECT_TRUE(p->stage1.active);  // the others still exchange
+  // The home (g = 3, the empty rank) receives rows 0, 1, 2 from g = 0, 1, 2.
+  p = BuildGroupExchangePlan({*empty}, {NsHome{3, 0}}, d, 3, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->stage1.assembled.size(), 1u);
+  EXPECT_EQ(p->stage1.assembled[0].rows, 3);
+  for (int g = 0; g < 3; ++g) {
+    ASSERT_EQ(p->stage1.forward.recv[g].size(), 1u);
+    EXPECT_EQ(p->stage1.forward.recv[g][0].block, (Block{g, 0, 1, 6}));
+  }
+  EXPECT_TRUE(p->stage1.forward.recv[3].empty());
+  // A rank's spec must be its own block: the g = 3 spec on rank 0 is refused.
+  p = BuildGroupExchangePlan({*empty}, {NsHome{0, 0}}, d, 0, 0);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("gtp_rows[0]"), std::string::npos)
+      << p.status();
 }
 
 }  // namespace

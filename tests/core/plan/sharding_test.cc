@@ -3,6 +3,7 @@
 // case.
 #include "core/plan/sharding.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -193,6 +194,137 @@ TEST(ValidateShardSpec, RejectsInconsistentSpecs) {
   expect_bad(s, "not GTP-sharded");
   EXPECT_FALSE(ValidateShardSpec(*good, DomainSize{1, 2}).ok());
   EXPECT_FALSE(ValidateShardSpec(*good, DomainSize{2, 1}).ok());
+}
+
+// ---- Uneven GTP row blocks --------------------------------------------------
+// Reference: block g of the padded TP-local rows starts at the sum of the
+// blocks before it; its real rows are those below R.
+int64_t RefStart(const std::vector<int64_t>& rows, int g) {
+  int64_t start = 0;
+  for (int q = 0; q < g; ++q) start += rows[q];
+  return start;
+}
+
+TEST(UnevenGtpRows, TorchChunkShardsEveryRankColAndRowParallel) {
+  struct Uneven {
+    int G, T, tp_dim;
+    int64_t full_rows, cols, pad;
+    std::vector<int64_t> gtp_rows;
+  };
+  const std::vector<Uneven> cases = {
+      {2, 1, -1, 38, 24, 0, {19, 19}},
+      {2, 1, -1, 37, 24, 0, {19, 18}},
+      {4, 1, -1, 3, 8, 0, {1, 1, 1, 0}},
+      {2, 2, 0, 74, 6, 0, {19, 18}},      // column-parallel: 37 TP-local rows
+      {2, 2, 1, 37, 12, 0, {19, 18}},     // row-parallel: 6 TP-local cols
+      {4, 2, 0, 6, 4, 1, {1, 1, 1, 1}},   // 3 TP-local + 1 pad, even blocks
+      {4, 1, -1, 5, 4, 3, {3, 3, 2, 0}},  // Megatron pad + uneven
+  };
+  for (const Uneven& u : cases) {
+    const DomainSize d{u.G, u.T};
+    const int64_t tp_rows = u.tp_dim == 0 ? u.full_rows / u.T : u.full_rows;
+    const int64_t tp_cols = u.tp_dim == 1 ? u.cols / u.T : u.cols;
+    for (int g = 0; g < u.G; ++g) {
+      SCOPED_TRACE(testing::Message() << "rows " << u.full_rows << " G=" << u.G
+                                      << " T=" << u.T << " g=" << g);
+      ShardTags tags{u.tp_dim >= 0, u.tp_dim, true, u.pad, u.gtp_rows};
+      absl::StatusOr<ParamShardSpec> spec =
+          MakeShardSpec("ffn.w", {u.gtp_rows[g], tp_cols}, tags, d, g);
+      ASSERT_TRUE(spec.ok()) << spec.status();
+      EXPECT_EQ(spec->full_shape, (std::vector<int64_t>{u.full_rows, u.cols}));
+      EXPECT_EQ(spec->gtp_rows, u.gtp_rows);
+      EXPECT_EQ(TpLocalShape(*spec, d),
+                (std::vector<int64_t>{tp_rows, tp_cols}));
+      EXPECT_TRUE(ValidateShardSpec(*spec, d, g).ok());
+      EXPECT_TRUE(ValidateShardSpec(*spec, d).ok());
+      for (int q = 0; q < u.G; ++q) {
+        const int64_t start = RefStart(u.gtp_rows, q);
+        EXPECT_EQ(GtpRowBlockOf(*spec, d, q).start, start);
+        EXPECT_EQ(GtpRowBlockOf(*spec, d, q).rows, u.gtp_rows[q]);
+        EXPECT_EQ(
+            ValidLocalRows(*spec, d, q),
+            std::max<int64_t>(0, std::min(u.gtp_rows[q], tp_rows - start)));
+      }
+      // From the full shape: the same spec for rank g (pad given or derived).
+      for (int64_t pad : {u.pad, int64_t{-1}}) {
+        absl::StatusOr<ParamShardSpec> again =
+            MakeShardSpecFromFullShape("ffn.w", {u.full_rows, u.cols}, u.tp_dim,
+                                       true, pad, d, u.gtp_rows, g);
+        ASSERT_TRUE(again.ok()) << again.status();
+        EXPECT_EQ(again->local_shape, spec->local_shape);
+        EXPECT_EQ(again->pad_length, u.pad);
+        EXPECT_EQ(again->gtp_rows, u.gtp_rows);
+      }
+    }
+  }
+}
+
+TEST(UnevenGtpRows, BadBlocksAreRefusedNamingParamAndRule) {
+  const DomainSize d{2, 1};
+  struct Bad {
+    std::vector<int64_t> local;
+    ShardTags tags;
+    int g;
+    const char* rule;
+  };
+  const std::vector<Bad> bad = {
+      {{19, 4}, ShardTags{false, -1, true, 0, {19}}, 0, "needs one per GTP"},
+      {{19, 4},
+       ShardTags{false, -1, true, 0, {19, 18, 0}},
+       0,
+       "needs one per GTP"},
+      {{19, 4}, ShardTags{false, -1, true, 0, {19, -1}}, 0, "gtp_rows[1] = -1"},
+      {{19, 4}, ShardTags{false, -1, false, 0, {19, 18}}, 0, "not GTP-sharded"},
+      {{18, 4},
+       ShardTags{false, -1, true, 0, {19, 18}},
+       0,
+       "!= gtp_rows[0] = 19"},
+      {{19, 4},
+       ShardTags{false, -1, true, 0, {19, 18}},
+       1,
+       "!= gtp_rows[1] = 18"},
+      {{0, 4}, ShardTags{false, -1, true, 0, {}}, 0, "<= 0"},
+      {{0, 4}, ShardTags{false, -1, true, 1, {1, 0}}, 1, "no real rows"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.rule);
+    absl::StatusOr<ParamShardSpec> s =
+        MakeShardSpec("model.bad_rows", b.local, b.tags, d, b.g);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr("model.bad_rows"));
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(b.rule));
+  }
+  // Without a GTP axis the tag counts for nothing but gtp_rows is refused.
+  absl::StatusOr<ParamShardSpec> s = MakeShardSpec(
+      "w1", {4, 4}, ShardTags{false, -1, true, 0, {4}}, DomainSize{1, 2});
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("not GTP-sharded"));
+  // The sum against the full shape.
+  s = MakeShardSpecFromFullShape("w2", {37, 4}, -1, true, 0, d, {19, 19}, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("'w2'"));
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("sum to 38"));
+  s = MakeShardSpecFromFullShape("w3", {37, 4}, -1, true, -1, d, {18, 18}, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("fewer than"));
+  // 1-D shards (AdamW) use the same rule.
+  EXPECT_EQ(*GtpLocalRows("b", 37, 0, {19, 18}, d, 1), 18);
+  EXPECT_EQ(*GtpLocalRows("b", 36, 0, {}, d, 1), 18);
+  EXPECT_FALSE(GtpLocalRows("b", 37, 0, {}, d, 1).ok());
+  absl::StatusOr<int64_t> rows = GtpLocalRows("b", 37, 0, {20, 18}, d, 1);
+  ASSERT_FALSE(rows.ok());
+  EXPECT_THAT(std::string(rows.status().message()), HasSubstr("'b'"));
+  // A spec received from elsewhere whose local rows are no rank's block.
+  absl::StatusOr<ParamShardSpec> good = MakeShardSpec(
+      "w4", {19, 4}, ShardTags{false, -1, true, 0, {19, 18}}, d, 0);
+  ASSERT_TRUE(good.ok());
+  ParamShardSpec wrong = *good;
+  wrong.local_shape = {17, 4};
+  EXPECT_THAT(std::string(ValidateShardSpec(wrong, d).message()),
+              HasSubstr("no rank's block"));
+  EXPECT_THAT(std::string(ValidateShardSpec(*good, d, 1).message()),
+              HasSubstr("!= gtp_rows[1]"));
 }
 
 TEST(Cost, NsCostAndFlopsKnownValues) {
