@@ -58,7 +58,7 @@ absl::StatusOr<ParamShardSpec> MakeSpec(const GroupConfig& config,
   ParamShardSpec spec;
   if (config.algorithm == Algorithm::kMuon) {
     ASSIGN_OR_RETURN(spec, MakeShardSpec(p.name, ViewShape(p.param), p.tags,
-                                         config.domain.size));
+                                         config.domain.size, config.domain.g));
     if (!p.full_shape.empty() && p.full_shape != spec.full_shape) {
       return absl::InvalidArgumentError(absl::StrCat(
           "group '", config.name, "' param '", p.name, "': full_shape [",

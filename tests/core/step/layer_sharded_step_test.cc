@@ -58,6 +58,10 @@ struct ParamCase {
   int64_t rows, cols;  // full shape
   int tp_dim;          // -1, 0, 1
   bool gtp;            // GTP-sharded
+  // Uneven GTP blocks of the TP-local rows + pad (FSDP2's torch.chunk sizes,
+  // empty blocks allowed); the pad is then their sum - TP-local rows. Empty:
+  // equal blocks after the smallest pad.
+  std::vector<int64_t> gtp_rows = {};
 };
 
 struct GroupCase {
@@ -105,11 +109,15 @@ std::vector<float> Shard(const std::vector<float>& full, const ParamCase& p,
     c0 = t * tc;
   }
   int64_t lr = tr, lr0 = 0;
-  if (p.gtp && G > 1) {
+  if (p.gtp && G > 1 && !p.gtp_rows.empty()) {
+    lr = p.gtp_rows[g];
+    for (int q = 0; q < g; ++q) lr0 += p.gtp_rows[q];
+  } else if (p.gtp && G > 1) {
     lr = (tr + Pad(tr, G)) / G;
     lr0 = g * lr;
   }
   std::vector<float> out(lr * tc, 0.0f);
+  out.reserve(1);  // a 0-row shard still has an address, as in a registration
   for (int64_t i = 0; i < lr; ++i) {
     if (lr0 + i >= tr) break;  // pad rows stay zero
     for (int64_t j = 0; j < tc; ++j) {
@@ -128,6 +136,11 @@ ShardTags TagsOf(const ParamCase& p, int G, int T) {
   tags.is_gtp_weight_remat = p.gtp;
   const int64_t tp_rows = (T > 1 && p.tp_dim == 0) ? p.rows / T : p.rows;
   tags.pad_length = (p.gtp && G > 1) ? Pad(tp_rows, G) : 0;
+  if (p.gtp && G > 1 && !p.gtp_rows.empty()) {
+    tags.gtp_rows = p.gtp_rows;
+    tags.pad_length = -tp_rows;
+    for (int64_t rows : p.gtp_rows) tags.pad_length += rows;
+  }
   return tags;
 }
 
@@ -402,6 +415,7 @@ int RunRank(int rank, [[maybe_unused]] int world,
       rp.param = Shard(FullMatrix(p.name, 0, 0, p.rows, p.cols), p, gc.G, gc.T,
                        g, t, &rp.rows, &rp.cols);
       rp.grad.assign(rp.param.size(), 0.0f);
+      rp.grad.reserve(1);
       ParamBinding b;
       b.name = p.name;
       b.full_shape = {p.rows, p.cols};
@@ -434,7 +448,7 @@ int RunRank(int rank, [[maybe_unused]] int world,
       const ShardTags tags = TagsOf(p, gc->G, gc->T);
       specs.push_back(*MakeShardSpecFromFullShape(
           p.name, {p.rows, p.cols}, tags.tensor_model_parallel ? p.tp_dim : -1,
-          p.gtp, tags.pad_length, DomainSize{gc->G, gc->T}));
+          p.gtp, tags.pad_length, DomainSize{gc->G, gc->T}, tags.gtp_rows));
     }
     std::vector<NsHome> homes(specs.size());
     if (gc->homes == "lpt" || gc->homes == "late") {
@@ -816,6 +830,51 @@ TEST(LayerShardedStep, TwoDomainsAndAnAdamWGroup) {
   adamw.T = 2;
   adamw.params = {{"norm", 1, 16, -1, false}, {"embed", 10, 4, -1, false}};
   RunAndCompare({dense, expert, adamw});
+}
+
+// Uneven GTP row blocks, FSDP2's torch.chunk sizes (empty shards included),
+// with TP column- and row-parallel params and Megatron's pad on top of
+// uneven blocks: bitwise the single-process reference, like equal blocks.
+std::vector<ParamCase> UnevenParams(int G, int T) {
+  if (G == 2) {
+    return {
+        {"u38", 38, 8, -1, true, {19, 19}},
+        {"u37", 37, 6, -1, true, {19, 18}},
+        {"u_col", int64_t(37 * T), 6, 0, true, {19, 18}},
+        {"u_row", 37, int64_t(4 * T), 1, true, {19, 18}},
+        {"u_empty", 5, 4, -1, true, {5, 0}},
+        {"u_pad", 5, 6, -1, true, {4, 3}},  // 2 pad rows, uneven
+        {"replicated", 6, 10, -1, false},
+    };
+  }
+  return {
+      {"u3", 3, 8, -1, true, {1, 1, 1, 0}},
+      {"u37", 37, 6, -1, true, {10, 10, 10, 7}},
+      {"u_col", int64_t(3 * T), 5, 0, true, {1, 1, 1, 0}},
+      {"u_row", 6, int64_t(3 * T), 1, true, {2, 2, 2, 0}},
+      {"u_two_empty", 2, 4, -1, true, {0, 2, 0, 0}},
+      {"u_pad", 5, 6, -1, true, {3, 3, 1, 0}},  // 2 pad rows
+  };
+}
+
+GroupCase Uneven(int G, int T, std::string homes = "lpt") {
+  GroupCase gc;
+  gc.name = absl::StrCat("uneven_", G, "x", T);
+  gc.G = G;
+  gc.T = T;
+  gc.params = UnevenParams(G, T);
+  gc.homes = homes;
+  return gc;
+}
+
+TEST(LayerShardedStep, UnevenAndEmptyGtpShardsG2) {
+  RunAndCompare({Uneven(2, 1)});
+  RunAndCompare({Uneven(2, 2, "zero")});
+}
+
+TEST(LayerShardedStep, UnevenAndEmptyGtpShardsG4) {
+  RunAndCompare({Uneven(4, 1)});
+  RunAndCompare({Uneven(4, 1, "none")});
 }
 
 TEST(LayerShardedStep, SingleRankDomainRunsLocalNs) {
