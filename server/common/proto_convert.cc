@@ -93,11 +93,12 @@ absl::StatusOr<v1::GroupPlan> PlanGroup(
   std::vector<ParamShardSpec> specs;
   specs.reserve(manifest.params_size());
   for (const v1::ParamSpec& p : manifest.params()) {
-    ASSIGN_OR_RETURN(ParamShardSpec spec,
-                     MakeShardSpec(p.name(),
-                                   std::vector<int64_t>(p.local_shape().begin(),
-                                                        p.local_shape().end()),
-                                   FromProto(p.tags()), domain));
+    ASSIGN_OR_RETURN(
+        ParamShardSpec spec,
+        MakeShardSpec(p.name(),
+                      std::vector<int64_t>(p.local_shape().begin(),
+                                           p.local_shape().end()),
+                      FromProto(p.tags()), domain, manifest.domain().g()));
     if (!std::equal(spec.full_shape.begin(), spec.full_shape.end(),
                     p.full_shape().begin(), p.full_shape().end())) {
       return absl::InvalidArgumentError(

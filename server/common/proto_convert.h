@@ -21,6 +21,7 @@ inline ShardTags FromProto(const v1::ShardTags& tags) {
   out.partition_dim = tags.partition_dim();
   out.is_gtp_weight_remat = tags.is_gtp_weight_remat();
   out.pad_length = tags.pad_length();
+  out.gtp_rows.assign(tags.gtp_rows().begin(), tags.gtp_rows().end());
   return out;
 }
 

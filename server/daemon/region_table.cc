@@ -66,12 +66,17 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> Open(
 }
 
 // Bytes from a view's first element to one past its last, from its offset:
-// nullopt when that overflows int64. Shape dims are >= 1 and strides >= 0
-// (the caller checked).
+// nullopt when that overflows int64. Shape dims are >= 0 and strides >= 0
+// (the caller checked). An empty view (a 0-row shard of uneven GTP blocks)
+// covers no byte: it ends where it starts, so any offset <= byte_size fits.
 std::optional<int64_t> ViewEnd(uint64_t byte_offset,
                                const std::vector<int64_t>& shape,
                                const std::vector<int64_t>& strides,
                                int64_t element_size) {
+  if (byte_offset > uint64_t(INT64_MAX)) return std::nullopt;
+  for (int64_t dim : shape) {
+    if (dim == 0) return int64_t(byte_offset);
+  }
   std::optional<int64_t> last = 0;
   for (size_t d = 0; d < shape.size() && last; ++d) {
     std::optional<int64_t> step = CheckedMul(shape[d] - 1, strides[d]);

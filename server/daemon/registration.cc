@@ -1,13 +1,11 @@
 #include "server/daemon/registration.h"
 
-#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/echo.h"
 #include "core/common/status_macros.h"
-#include "server/common/checked_math.h"
 #include "server/common/proto_convert.h"
 #include "server/daemon/view_overlap.h"
 
@@ -66,8 +64,8 @@ absl::StatusOr<std::vector<int64_t>> ExpectedLocalShape(
   }
   const DomainSize domain = DomainSizeOf(group.domain());
   if (full.size() == 2) {
-    absl::StatusOr<ParamShardSpec> spec =
-        MakeShardSpec(p.name(), local, FromProto(p.tags()), domain);
+    absl::StatusOr<ParamShardSpec> spec = MakeShardSpec(
+        p.name(), local, FromProto(p.tags()), domain, group.domain().g());
     if (!spec.ok()) return spec.status();
     if (spec->full_shape != full) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -92,16 +90,12 @@ absl::StatusOr<std::vector<int64_t>> ExpectedLocalShape(
     n /= domain.tp;
   }
   if (gtp) {
-    // Both come from the wire: their sum must not overflow.
-    const std::optional<int64_t> padded =
-        tags.pad_length() < 0 ? std::nullopt : CheckedAdd(n, tags.pad_length());
-    if (!padded || *padded % domain.gtp != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": ", n, " + pad_length ", tags.pad_length(),
-          padded ? " not divisible by gtp_size " : " is negative or overflows",
-          padded ? absl::StrCat(domain.gtp) : ""));
-    }
-    n = *padded / domain.gtp;
+    ASSIGN_OR_RETURN(
+        n, GtpLocalRows(Echo(p.name()), n, tags.pad_length(),
+                        FromProto(tags).gtp_rows, domain, group.domain().g()));
+  } else {
+    RETURN_IF_ERROR(CheckGtpRows(Echo(p.name()), FromProto(tags).gtp_rows,
+                                 false, domain, -1));
   }
   return std::vector<int64_t>{n};
 }
@@ -150,6 +144,7 @@ v1::PublishManifestRequest Registration::Manifest(const std::string& job_id,
       t->set_partition_dim(p.tags.partition_dim);
       t->set_is_gtp_weight_remat(p.tags.is_gtp_weight_remat);
       t->set_pad_length(p.tags.pad_length);
+      for (int64_t rows : p.tags.gtp_rows) t->add_gtp_rows(rows);
     }
   }
   return m;

@@ -201,6 +201,98 @@ TEST(Registration, AValidRequestBinds) {
   EXPECT_TRUE((*reg)->RecheckMemory().ok());
 }
 
+// Uneven GTP blocks (FSDP2's torch.chunk): rank g = 1 of a G = 2 domain
+// holds no row of a 3-row weight (gtp_rows {3, 0}) and no element of a
+// 5-element bias ({5, 0}). Its empty views register at any offset up to
+// byte_size, overlap nothing (even inside another param), and the manifest
+// carries the blocks.
+v1::RegisterParamsRequest EmptyShardRequest(const std::string& shm) {
+  v1::RegisterParamsRequest req = Request(shm, 512);
+  req.mutable_groups(0)->mutable_params()->RemoveLast();
+  v1::Domain* d = req.mutable_groups(0)->mutable_domain();
+  d->set_gtp_size(2);
+  d->set_g(1);
+  v1::Param* w = req.mutable_groups(0)->add_params();
+  w->set_name("w_empty");
+  w->add_full_shape(3);
+  w->add_full_shape(8);
+  w->mutable_tags()->set_is_gtp_weight_remat(true);
+  w->mutable_tags()->add_gtp_rows(3);
+  w->mutable_tags()->add_gtp_rows(0);
+  Ref(w->mutable_param(), 512)->set_shape(0, 0);  // at byte_size
+  Ref(w->mutable_grad(), 64)->set_shape(0, 0);    // inside w0's param
+  v1::ParamGroup* adamw = req.add_groups();
+  adamw->set_name("adamw");
+  adamw->set_algorithm(v1::ALGORITHM_ADAMW);
+  *adamw->mutable_domain() = *d;
+  v1::Param* b = adamw->add_params();
+  b->set_name("b_empty");
+  b->add_full_shape(5);
+  b->mutable_tags()->set_is_gtp_weight_remat(true);
+  b->mutable_tags()->add_gtp_rows(5);
+  b->mutable_tags()->add_gtp_rows(0);
+  for (v1::TensorRef* r : {b->mutable_param(), b->mutable_grad()}) {
+    r->set_region("r");
+    r->set_byte_offset(300);
+    r->set_dtype(v1::DTYPE_FP32);
+    r->add_shape(0);
+    r->add_strides(1);
+  }
+  return req;
+}
+
+TEST(Registration, EmptyUnevenShardsRegisterAndOverlapNothing) {
+  ShmObject shm(512);
+  HandleOpener opener;
+  absl::StatusOr<std::unique_ptr<Registration>> reg =
+      BuildRegistration(EmptyShardRequest(shm.name()), {"j", 2}, opener);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const BoundParam& w = (*reg)->groups[0].params[1];
+  EXPECT_EQ(w.local_shape, (std::vector<int64_t>{0, 8}));
+  EXPECT_EQ(w.param.numel(), 0);
+  EXPECT_EQ((*reg)->groups[1].params[0].local_shape, (std::vector<int64_t>{0}));
+  const v1::PublishManifestRequest m = (*reg)->Manifest("j", 1);
+  ASSERT_EQ(m.groups(0).params_size(), 2);
+  EXPECT_THAT(m.groups(0).params(1).tags().gtp_rows(),
+              ::testing::ElementsAre(3, 0));
+  EXPECT_THAT(m.groups(0).params(1).local_shape(),
+              ::testing::ElementsAre(0, 8));
+}
+
+TEST(Registration, BadEmptyShardsAreRefusedNamingParamAndRule) {
+  ShmObject shm(512);
+  HandleOpener opener;
+  auto refused = [&](v1::RegisterParamsRequest req, const char* rule) {
+    const absl::Status st = BuildRegistration(req, {"j", 2}, opener).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << rule;
+    EXPECT_THAT(st.message(), HasSubstr(rule));
+  };
+  v1::RegisterParamsRequest req = EmptyShardRequest(shm.name());
+  req.mutable_groups(0)->mutable_params(1)->mutable_param()->set_byte_offset(
+      516);  // past byte_size, even with no byte
+  refused(req, "runs past region");
+  req = EmptyShardRequest(shm.name());
+  req.mutable_groups(0)->mutable_params(1)->mutable_tags()->set_gtp_rows(1, 1);
+  refused(req, "'w_empty': local rows 0 != gtp_rows[1] = 1");
+  req = EmptyShardRequest(shm.name());
+  req.mutable_groups(0)->mutable_params(1)->mutable_tags()->add_gtp_rows(0);
+  refused(req, "'w_empty': gtp_rows [3, 0, 0] has 3 entries");
+  req = EmptyShardRequest(shm.name());
+  req.mutable_groups(0)->mutable_params(1)->mutable_tags()->clear_gtp_rows();
+  refused(req, "'w_empty': local shape [0, 8] has a dimension <= 0");
+  req = EmptyShardRequest(shm.name());
+  req.mutable_groups(1)->mutable_params(0)->mutable_tags()->set_gtp_rows(0, 4);
+  refused(req, "'b_empty': gtp_rows [4, 0] sum to 4");
+  req = EmptyShardRequest(shm.name());
+  req.mutable_groups(1)
+      ->mutable_params(0)
+      ->mutable_tags()
+      ->set_is_gtp_weight_remat(false);
+  refused(req,
+          "'b_empty': gtp_rows [5, 0] given but the param is not "
+          "GTP-sharded");
+}
+
 TEST(Registration, OverlappingParamsAreRefused) {
   ShmObject shm(512);
   HandleOpener opener;
