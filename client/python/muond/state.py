@@ -16,6 +16,16 @@ it reaches a daemon:
   ValueError naming the param and the rule (nothing sent yet).
 * ``disassemble``: per-param state -> each daemon's entries (split pad rows are
   zeros: their gradient rows are zero, so the daemons' state there is zero).
+
+DTensor params (FSDP2, DTensor TP, HSDP, FSDP + TP): the daemons hold the
+param's *local shard* (``ParamInfo.shape`` is its local shape) and torch.optim's
+state is a DTensor with the param's mesh and placements (``ParamInfo.dist``),
+built by ``DTensor.from_local`` with the global shape and stride given (FSDP2's
+shards may be uneven, or empty), so torch.distributed.checkpoint saves and
+reshards it as it does torch.optim's own state. ``validate`` takes a DTensor
+(its local shard, redistributed first when its placements differ) or a plain
+tensor of the param's global shape (sliced to the local shard, no
+communication); the AdamW ``step`` stays a plain scalar, as torch's.
 """
 from __future__ import annotations
 
@@ -37,13 +47,46 @@ STEP_ID_KEY = "muond_step_id"
 
 
 @dataclass(frozen=True)
+class DistSpec:
+    """A DTensor param's distribution: torch.optim's state of it is a DTensor
+    of this mesh, placements, global shape and stride."""
+    mesh: object
+    placements: tuple
+    shape: tuple
+    stride: tuple
+
+
+def dist_spec(p) -> DistSpec | None:
+    """The DistSpec of a DTensor param, None for a plain tensor."""
+    if not is_dtensor(p):
+        return None
+    return DistSpec(p.device_mesh, tuple(p.placements), tuple(p.shape), tuple(p.stride()))
+
+
+def local_shape(p) -> tuple:
+    """The shape the daemons hold of param ``p``: a DTensor's local shard's."""
+    return tuple(p._local_tensor.shape if is_dtensor(p) else p.shape)
+
+
+def is_dtensor(value) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without torch.distributed
+        return False
+    return isinstance(value, DTensor)
+
+
+@dataclass(frozen=True)
 class ParamInfo:
     """Where one param's state lives: ``layout`` is a muond.split.SplitLayout,
-    ("solo", rank) or "local" (rank 0), as muond.torch.Muon.layouts."""
+    ("solo", rank) or "local" (rank 0), as muond.torch.Muon.layouts; ``shape``
+    the shape the daemons hold (a DTensor param's local shard's), ``dist`` the
+    DTensor param's distribution (None for a plain param)."""
     name: str
     algorithm: str      # "muon" | "adamw"
     shape: tuple
     layout: object
+    dist: DistSpec | None = None
 
     def ranks(self) -> list[int]:
         if isinstance(self.layout, _split.SplitLayout):
@@ -102,7 +145,57 @@ def assemble(infos: list[ParamInfo], per_rank: dict) -> dict[str, dict[str, torc
     return out
 
 
+def as_dtensor(info: ParamInfo, local: torch.Tensor):
+    """``local`` (a state tensor of the param's local shard, on the param's
+    device) as torch.optim hands it out: a DTensor of the param's
+    distribution for a DTensor param (no communication), else as is."""
+    if info.dist is None:
+        return local
+    from torch.distributed.tensor import DTensor
+    return DTensor.from_local(local, info.dist.mesh, info.dist.placements, run_check=False,
+                              shape=torch.Size(info.dist.shape), stride=info.dist.stride)
+
+
+def local_of(value):
+    """The tensor whose ``_version`` an in-place edit of ``value`` bumps (a
+    DTensor's local shard)."""
+    return value._local_tensor if is_dtensor(value) else value
+
+
+def _local_shard(info: ParamInfo, key: str, value):
+    """A DTensor param's state value as its local shard: a DTensor of the
+    param's mesh (redistributed to the param's placements when they differ:
+    every rank loads together), or a plain tensor of the param's global shape
+    (sliced here as the param is sharded, no communication). ValueError
+    naming the param otherwise."""
+    dist = info.dist
+    global_shape = tuple(value.shape)
+    if global_shape != dist.shape:
+        raise ValueError(f"param {info.name}: state[{key!r}] has global shape {global_shape}, "
+                         f"the param's is {dist.shape}")
+    if is_dtensor(value):
+        if value.device_mesh != dist.mesh:
+            raise ValueError(f"param {info.name}: state[{key!r}] is a DTensor on mesh "
+                             f"{value.device_mesh}, the param's is {dist.mesh} (load it "
+                             "through torch.distributed.checkpoint, which reshards)")
+        if tuple(value.placements) != dist.placements:
+            value = value.redistribute(dist.mesh, dist.placements)
+        local = value.to_local()
+    else:
+        from torch.distributed.tensor import distribute_tensor
+        local = distribute_tensor(value.detach(), dist.mesh, dist.placements,
+                                  src_data_rank=None).to_local()
+    if tuple(local.shape) != tuple(info.shape):
+        raise ValueError(f"param {info.name}: state[{key!r}]'s local shard has shape "
+                         f"{tuple(local.shape)}, the param's local shard {tuple(info.shape)}")
+    return local
+
+
 def _fp32(info: ParamInfo, key: str, value) -> torch.Tensor:
+    if info.dist is not None and key != "step" and isinstance(value, torch.Tensor):
+        value = _local_shard(info, key, value)
+    elif is_dtensor(value):  # a replicated scalar (step): every rank's value
+        value = value.to_local()
     if not isinstance(value, torch.Tensor):
         if key == "step" and isinstance(value, (int, float)):
             return torch.tensor(float(value), dtype=torch.float32)

@@ -949,23 +949,30 @@ class Muon(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 name = self._param_names[id(p)]
-                infos.append(_state.ParamInfo(name, group["algorithm"], tuple(p.shape),
-                                              self.layouts[name]))
+                infos.append(_state.ParamInfo(name, group["algorithm"], _state.local_shape(p),
+                                              self.layouts[name], _state.dist_spec(p)))
         return infos
 
     def _fetch_state(self) -> dict:
         """param -> torch.optim's state of it, assembled from every daemon's
-        ExportState (tensors on the param's device)."""
+        ExportState (tensors on the param's device; a DTensor param's state
+        DTensors of its placements, muond.state.as_dtensor)."""
         if self._closed:
             raise RuntimeError("muond.torch.Muon: the state lives in the daemons, and this "
                                "optimizer is closed")
         exported = self._on_all(lambda c: c.export_state(self.job_id, self.client_id),
                                 "ExportState")
-        by_name = _state.assemble(self._param_infos(), {r: e for r, (_, e) in
-                                                        enumerate(exported)})
-        return {p: {k: v.to(p.device) if k != "step" else v
-                    for k, v in by_name[self._param_names[id(p)]].items()}
-                for group in self.param_groups for p in group["params"]}
+        infos = self._param_infos()
+        by_name = _state.assemble(infos, {r: e for r, (_, e) in enumerate(exported)})
+        info_of = {info.name: info for info in infos}
+        out = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                name = self._param_names[id(p)]
+                out[p] = {k: v if k == "step" else
+                          _state.as_dtensor(info_of[name], v.to(p.device))
+                          for k, v in by_name[name].items()}
+        return out
 
     def _push_state(self, states_by_name: dict, step_id: int) -> None:
         """Imports ``states_by_name`` (muond.state.validate's result) into every
@@ -1124,7 +1131,9 @@ class Muon(torch.optim.Optimizer):
             self._registered_live = dict(self._placed_live)  # the constructor's
         before = self._registered_live
         by_param = self._fetch_state()
-        old = {self._param_names[id(p)]: {k: v.cpu() for k, v in s.items()}
+        # DTensors stay where they are (their mesh names the device).
+        old = {self._param_names[id(p)]: {k: v if _state.is_dtensor(v) else v.cpu()
+                                          for k, v in s.items()}
                for p, s in by_param.items()}
         saved = self._pack_state_dict(by_param)  # handed out if all else fails
         self.param_groups.append(new_group)
@@ -1268,7 +1277,9 @@ class _LazyState(MutableMapping):
         if self._cache is None:
             fetched = self._opt._fetch_state()
             self._cache = {p: _ParamState(s, self) for p, s in fetched.items()}
-            self._versions = [(v, v._version) for s in fetched.values() for v in s.values()]
+            # A DTensor's in-place edits bump its local shard's _version.
+            self._versions = [(local, local._version) for s in fetched.values()
+                              for local in map(_state.local_of, s.values())]
         return self._cache
 
     def invalidate(self) -> None:

@@ -1,0 +1,342 @@
+"""The trainer side of test_layouts: N trainer processes (gloo on CPU), spawned
+once, each driving its rank's daemon; the test sends every process the name of
+a layout (``run``), each process builds that layout's model, a new
+muond.torch.Muon, steps it on the same full gradients, closes it and answers
+with what the test compares.
+
+Models are a few bias-free Linear layers (``SPECS``): their full initial
+values and the full gradient of every step come from fixed seeds
+(``full_init`` / ``full_grad``), so every layout (and the single-process
+reference in the test) sees the same full model and the same full gradients;
+each rank sets its params' grads to its shard of the full gradient (a DTensor
+of the param's placements, or the Megatron local shard).
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+import traceback
+
+import torch
+
+STEPS = 3
+# Bitwise against the single-daemon reference: NS in fp32, one matrix a batch.
+MUON_KW = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True,
+               fp32_matmul_prec="highest", ns_batch_size=1)
+# name -> {linear name: (out rows P, in columns Q)} (the weight is P x Q).
+SPECS = {
+    # Divides by 4 and by 2 x 2 on every dim a layout shards.
+    "even": {"up": (32, 16), "down": (16, 32)},
+    # FSDP2 over 4 ranks: torch.chunk rows 10+10+10+8, and 1+1+1+0 (an empty shard).
+    "uneven": {"up": (38, 16), "down": (16, 24), "tiny": (3, 16)},
+    # Megatron tags on G x T = 2 x 2: up column-parallel, down row-parallel with
+    # one GTP pad row (15 rows over G = 2).
+    "megatron": {"up": (32, 16), "down": (15, 32)},
+}
+WORLD = 4
+
+
+def full_init(spec: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, (name, shape) in enumerate(sorted(SPECS[spec].items())):
+        g = torch.Generator().manual_seed(17 + i)
+        out[f"{name}.weight"] = torch.randn(shape, generator=g) * 0.3
+    return out
+
+
+def full_grad(spec: str, name: str, step: int) -> torch.Tensor:
+    names = sorted(f"{n}.weight" for n in SPECS[spec])
+    g = torch.Generator().manual_seed(1000 * step + names.index(name))
+    shape = SPECS[spec][name.split(".")[0]]
+    return torch.randn(shape, generator=g)
+
+
+class Net(torch.nn.Module):
+    def __init__(self, spec: str):
+        super().__init__()
+        init = full_init(spec)
+        for name, (P, Q) in SPECS[spec].items():
+            layer = torch.nn.Linear(Q, P, bias=False)
+            with torch.no_grad():
+                layer.weight.copy_(init[f"{name}.weight"])
+            setattr(self, name, layer)
+
+
+def _dtensor():
+    from torch.distributed import tensor
+    return tensor
+
+
+def _is_dtensor(t) -> bool:
+    return isinstance(t, _dtensor().DTensor)
+
+
+def shard_of(full: torch.Tensor, like):
+    """``full``'s shard as ``like`` (a DTensor param) holds it: a DTensor of the
+    same placements (local slicing, no communication)."""
+    return _dtensor().distribute_tensor(full, like.device_mesh, like.placements,
+                                        src_data_rank=None)
+
+
+# -- the layouts -----------------------------------------------------------------
+def _mesh(shape, names):
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", shape, mesh_dim_names=names)
+
+
+def _tp_plan():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    return {"up": ColwiseParallel(), "down": RowwiseParallel()}
+
+
+def build(layout: str) -> tuple[str, torch.nn.Module]:
+    """(spec, model) of a DTensor or DDP layout on the WORLD ranks."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+    if layout == "ddp":
+        return "uneven", Net("uneven")
+    if layout in ("fsdp_even", "fsdp_uneven"):
+        spec = layout.split("_")[1]
+        model = Net(spec)
+        fully_shard(model, mesh=_mesh((WORLD,), ("fsdp",)))
+        return spec, model
+    if layout == "tp":
+        model = Net("even")
+        parallelize_module(model, _mesh((WORLD,), ("tp",)), _tp_plan())
+        return "even", model
+    if layout == "fsdp_tp":
+        mesh = _mesh((2, 2), ("dp", "tp"))
+        model = Net("even")
+        parallelize_module(model, mesh["tp"], _tp_plan())
+        fully_shard(model, mesh=mesh["dp"])
+        return "even", model
+    if layout == "hsdp":
+        model = Net("even")
+        fully_shard(model, mesh=_mesh((2, 2), ("replicate", "shard")))
+        return "even", model
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def set_grads(model, spec: str, step: int) -> None:
+    for name, p in model.named_parameters():
+        full = full_grad(spec, name, step)
+        p.grad = shard_of(full, p) if _is_dtensor(p) else full
+
+
+def full_params(model) -> dict[str, torch.Tensor]:
+    """Every param's full value (collective for DTensors: call on every rank)."""
+    return {n: (p.full_tensor() if _is_dtensor(p) else p).detach().clone()
+            for n, p in model.named_parameters()}
+
+
+def train(model, opt, spec: str, first: int, last: int) -> None:
+    for step in range(first, last + 1):
+        set_grads(model, spec, step)
+        opt.step()
+
+
+# -- Megatron-tagged local shards (muond.split's shard rule, G x T = 2 x 2) -------
+MEGATRON_TP_DIM = {"up": 0, "down": 1}
+
+
+def megatron_layouts():
+    from muond import split
+    return {f"{n}.weight": split.plan_split(shape, 2, 2, MEGATRON_TP_DIM[n])
+            for n, shape in SPECS["megatron"].items()}
+
+
+def megatron_shard(full: torch.Tensor, layout, rank: int) -> torch.Tensor:
+    buffer = torch.zeros(layout.buffer_numel)
+    buffer[:full.numel()].copy_(full.reshape(-1))
+    s = layout.shards[rank]
+    return buffer.as_strided(s.shape, s.strides, s.offset).clone()
+
+
+def megatron_full(shards: list, layout) -> torch.Tensor:
+    buffer = torch.zeros(layout.buffer_numel)
+    for s, value in zip(layout.shards, shards):
+        buffer.as_strided(s.shape, s.strides, s.offset).copy_(value)
+    return buffer[:layout.full_shape[0] * layout.full_shape[1]].view(layout.full_shape).clone()
+
+
+def megatron_params(rank: int, mismatch: bool = False):
+    """This rank's tagged local shards; ``mismatch``: rank 3's "up" one row short."""
+    out = []
+    for name, layout in megatron_layouts().items():
+        local = megatron_shard(full_init("megatron")[name], layout, rank)
+        if mismatch and rank == WORLD - 1 and name == "up.weight":
+            local = local[:-1].clone()
+        p = torch.nn.Parameter(local)
+        p.tensor_model_parallel, p.partition_dim = True, layout.tp_dim
+        p.is_gtp_weight_remat, p.pad_length = True, layout.pad_length
+        p.full_shape = list(layout.full_shape)
+        out.append((name, p))
+    return out
+
+
+# -- the process side --------------------------------------------------------------
+class Worker:
+    def __init__(self, rank: int, env: dict):
+        self.rank, self.env = rank, env
+
+    def run(self, layout: str) -> dict:
+        import torch.distributed as dist
+        t0 = time.monotonic()
+        try:
+            result = getattr(self, f"run_{layout}", None)
+            result = result() if result else self.run_dtensor(layout)
+            result["ok"] = True
+        except BaseException as e:  # reported to the test, which fails naming the rank
+            result = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                      "traceback": traceback.format_exc()}
+        result["seconds"] = time.monotonic() - t0
+        result["rank"] = self.rank
+        dist.barrier()
+        return result
+
+    def _opt(self, params, **kw):
+        from muond.torch import Muon
+        kw.setdefault("rpc_timeout", 30)
+        kw.setdefault("wait_healthy_timeout", 30)
+        return Muon(params, **MUON_KW, **kw)
+
+    def _plan_loads(self) -> dict:
+        """group -> the coordinator's plan rank_load (rank 0 asks)."""
+        if self.rank != 0:
+            return {}
+        import grpc
+        from muond.v1 import muond_pb2 as pb
+        from muond.v1 import muond_pb2_grpc as pb_grpc
+        with grpc.insecure_channel(self.env["coordinator"]) as channel:
+            plan = pb_grpc.CoordinatorStub(channel).GetPlan(
+                pb.GetPlanRequest(job_id=self.env["job_id"]), timeout=10,
+                metadata=[("x-muond-token", self.env["token"])])
+        return {g.group: list(g.rank_load) for g in plan.groups}
+
+    def run_dtensor(self, layout: str) -> dict:
+        spec, model = build(layout)
+        opt = self._opt(list(model.named_parameters()))
+        try:
+            train(model, opt, spec, 1, STEPS)
+            loads = self._plan_loads()
+        finally:
+            opt.close()
+        return {"spec": spec, "params": full_params(model), "loads": loads}
+
+    def run_megatron(self, mismatch: bool = False) -> dict:
+        import torch.distributed as dist
+        params = megatron_params(self.rank, mismatch)
+        g, t = divmod(self.rank, 2)
+        opt = self._opt(params, daemons=[self.env["daemon"]], job_id=self.env["job_id"],
+                        shard_mode="local", gtp_size=2, tp_size=2, g=g, t=t)
+        try:
+            layouts = megatron_layouts()
+            for step in range(1, STEPS + 1):
+                for name, p in params:
+                    p.grad = megatron_shard(full_grad("megatron", name, step), layouts[name],
+                                            self.rank)
+                opt.step()
+            loads = self._plan_loads()
+        finally:
+            opt.close()
+        shards = [None] * WORLD
+        dist.all_gather_object(shards, {n: p.detach().clone() for n, p in params})
+        full = {n: megatron_full([s[n] for s in shards], layouts[n]) for n in layouts}
+        return {"spec": "megatron", "params": full, "loads": loads}
+
+    def run_megatron_mismatch(self) -> dict:
+        return self.run_megatron(mismatch=True)
+
+    def run_dcp_fsdp_to_fsdp_tp(self) -> dict:
+        """FSDP2 trains 2 steps and saves (DCP); FSDP2 x TP loads and trains on."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+            set_optimizer_state_dict)
+        path = os.path.join(self.env["tmp"], "dcp-fsdp")
+        spec, model = build("fsdp_even")
+        opt = self._opt(list(model.named_parameters()))
+        try:
+            train(model, opt, spec, 1, 2)
+            dcp.save({"model": get_model_state_dict(model),
+                      "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
+        finally:
+            opt.close()
+        spec, model = build("fsdp_tp")
+        opt = self._opt(list(model.named_parameters()))
+        try:
+            state = {"model": get_model_state_dict(model),
+                     "optim": get_optimizer_state_dict(model, opt)}
+            dcp.load(state, checkpoint_id=path)
+            set_model_state_dict(model, state["model"])
+            set_optimizer_state_dict(model, opt, state["optim"])
+            train(model, opt, spec, 3, STEPS + 1)
+        finally:
+            opt.close()
+        return {"spec": spec, "params": full_params(model), "steps": STEPS + 1}
+
+    def run_state_conversion(self) -> dict:
+        """muond.state's DTensor side alone (no daemon): for FSDP2 uneven and
+        FSDP2 x TP params, assembling a local-shard entry gives a DTensor whose
+        full tensor is the full state, and validate takes it back, a plain
+        full tensor and a DTensor of other placements to the same local shard."""
+        from muond import state as mstate
+        mismatches = []
+        for layout in ("fsdp_uneven", "fsdp_tp"):
+            spec, model = build(layout)
+            for name, p in model.named_parameters():
+                full = full_grad(spec, name, 99)
+                local = shard_of(full, p).to_local()
+                info = mstate.ParamInfo(name, "muon", mstate.local_shape(p), "local",
+                                        mstate.dist_spec(p))
+                state = mstate.assemble([info], {0: {f"{name}.momentum": local.reshape(-1)}})
+                value = mstate.as_dtensor(info, state[name]["momentum_buffer"])
+                if not _is_dtensor(value) or tuple(value.placements) != tuple(p.placements):
+                    mismatches.append(f"{layout} {name}: state is {type(value).__name__} "
+                                      f"{getattr(value, 'placements', None)}")
+                    continue
+                if not torch.equal(value.full_tensor(), full):
+                    mismatches.append(f"{layout} {name}: full_tensor differs")
+                replicated = _dtensor().distribute_tensor(
+                    full, p.device_mesh, [_dtensor().Replicate()] * p.device_mesh.ndim,
+                    src_data_rank=None)
+                for kind, given in (("dtensor", value), ("full", full),
+                                    ("replicated", replicated)):
+                    got = mstate.validate([info], {name: {"momentum_buffer": given}})
+                    if not torch.equal(got[name]["momentum_buffer"], local):
+                        mismatches.append(f"{layout} {name}: validate({kind}) is not the "
+                                          "local shard")
+                try:
+                    mstate.validate([info], {name: {"momentum_buffer": local + 0}})
+                    if tuple(local.shape) != tuple(full.shape):
+                        mismatches.append(f"{layout} {name}: a local-shaped plain tensor "
+                                          "was taken as the full state")
+                except ValueError as e:
+                    if name not in str(e) or "global shape" not in str(e):
+                        mismatches.append(f"{layout} {name}: refusal {e} names neither")
+        return {"mismatches": mismatches}
+
+
+def main(rank: int, env: dict, commands, results) -> None:
+    """One trainer process: gloo world of WORLD, this rank's daemon; runs the
+    layouts the test sends until it sends None."""
+    import torch.distributed as dist
+    # DTensor's "sequential all_gather" notes on _StridedShard redistribution.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank),
+                       "MUOND_DAEMON": env["daemons"][rank], "MUOND_JOB_ID": env["job_id"],
+                       "MUOND_TOKEN_FILE": env["token_file"]})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{env['tmp']}/pg", rank=rank,
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    worker = Worker(rank, {**env, "daemon": env["daemons"][rank]})
+    try:
+        while True:
+            layout = commands.get()
+            if layout is None:
+                break
+            results.put(worker.run(layout))
+    finally:
+        dist.destroy_process_group()

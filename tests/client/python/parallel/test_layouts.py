@@ -1,0 +1,242 @@
+"""muond.torch.Muon under torchrun-style parallelism: 4 trainer processes (gloo
+on CPU), one muond coordinator + 4 host daemons (contract/cluster.py), one
+daemon per trainer rank.
+
+The trainer processes (layouts.py) are spawned once; every test sends them one
+layout (DDP, FSDP2 even / uneven with an empty shard, DTensor TP colwise +
+rowwise, FSDP2 x TP 2 x 2, HSDP 2 x 2, Megatron-tagged local shards), each a
+new optimizer stepped STEPS times on the same full gradients and closed. The
+params after those steps must be BITWISE equal to a single-process reference
+given the same full gradients (one daemon holding the whole model, fp32 NS,
+ns_batch_size 1: the update of a matrix is computed once, whole, wherever it
+lives), and within REL_TOL of torch.optim.Muon (NS in fp32) side by side.
+Plus: the plan's per-rank NS load, a mismatched layout refused on every rank
+at once, and a DCP checkpoint saved on one layout resumed on another.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import sys
+import time
+import unittest
+
+import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+sys.path.insert(0, os.path.join(_HERE, "..", "contract"))
+import layouts  # noqa: E402
+from cluster import Cluster, find_binaries  # noqa: E402
+from common import REL_TOL, bitwise_mismatches, fp32_newton_schulz, rel_diff  # noqa: E402
+
+from muond.torch import Muon  # noqa: E402
+
+# A layout's whole run (4 processes on 2 cores) takes a few seconds.
+LAYOUT_TIMEOUT_S = 90
+# A refused layout must reach every rank far sooner than the 30 s waits.
+REFUSAL_BOUND_S = 10
+
+# The pieces of issue 18 a case needs and that are not on main yet: the case
+# is skipped naming them (remove the name when it lands).
+NEEDS_PLACEMENT = "pyplace's DTensor/DDP placement (muond.placement, env discovery)"
+NEEDS_DP = "engine's DP axis (dp_share) and plans' DP homes"
+NEEDS_UNEVEN = "uneven's gtp_rows (FSDP2 torch.chunk shards, 0-row shards)"
+NEEDS_REFUSAL = "plans' Plan.round_refused (a refusal reaching every rank)"
+
+
+def needs(*pieces):
+    return unittest.skip("needs " + "; ".join(pieces)) if pieces else (lambda f: f)
+
+
+class LayoutsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        find_binaries(cls)
+        cls.cluster = Cluster(layouts.WORLD, comm_timeout_s=20).start()
+        cls.reference_cluster = None
+        cls._failed = False
+        try:
+            cls.reference_cluster = Cluster(1).start()
+            ctx = multiprocessing.get_context("spawn")
+            env = {"daemons": cls.cluster.daemons, "job_id": cls.cluster.job_id,
+                   "token": cls.cluster.token, "coordinator": cls.cluster.coordinator,
+                   "token_file": os.path.join(cls.cluster.tmp, "token"),
+                   "tmp": cls.cluster.tmp}
+            cls.commands = [ctx.Queue() for _ in range(layouts.WORLD)]
+            cls.results = ctx.Queue()
+            cls.procs = [ctx.Process(target=layouts.main,
+                                     args=(r, env, cls.commands[r], cls.results), daemon=True)
+                         for r in range(layouts.WORLD)]
+            for p in cls.procs:
+                p.start()
+        except BaseException:
+            cls._stop_all(print_logs=True)
+            raise
+        cls.references = {}
+
+    @classmethod
+    def _stop_all(cls, print_logs: bool):
+        for q in getattr(cls, "commands", []):
+            q.put(None)
+        for p in getattr(cls, "procs", []):
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in (cls.cluster, cls.reference_cluster):
+            if c is not None:
+                c.stop(print_logs=print_logs)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._stop_all(print_logs=cls._failed)
+
+    def run(self, result=None):
+        result = super().run(result)
+        if result is not None and any(t is self for t, _ in result.errors + result.failures):
+            type(self)._failed = True
+        return result
+
+    # -- helpers -------------------------------------------------------------
+    def run_layout(self, layout: str) -> list[dict]:
+        """Every rank's answer to ``layout``, in rank order."""
+        for q in self.commands:
+            q.put(layout)
+        answers = {}
+        deadline = time.monotonic() + LAYOUT_TIMEOUT_S
+        while len(answers) < layouts.WORLD:
+            dead = [r for r, p in enumerate(self.procs) if not p.is_alive()]
+            if dead:
+                self.fail(f"{layout}: trainer ranks {dead} exited")
+            try:
+                answer = self.results.get(timeout=max(0.1, min(1.0,
+                                                               deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    self.fail(f"{layout}: ranks {sorted(set(range(layouts.WORLD)) - set(answers))}"
+                              f" did not answer in {LAYOUT_TIMEOUT_S} s")
+                continue
+            answers[answer["rank"]] = answer
+        return [answers[r] for r in range(layouts.WORLD)]
+
+    def run_ok(self, layout: str) -> list[dict]:
+        answers = self.run_layout(layout)
+        failed = [a for a in answers if not a["ok"]]
+        if failed:
+            self.fail(f"{layout}: " + "\n".join(f"rank {a['rank']}: {a['traceback']}"
+                                                for a in failed))
+        return answers
+
+    def reference(self, spec: str, steps: int = layouts.STEPS):
+        """(muond on one daemon holding the whole model, torch.optim.Muon with
+        fp32 NS): the params after ``steps`` steps on the full gradients."""
+        key = (spec, steps)
+        if key not in self.references:
+            init = layouts.full_init(spec)
+            names = sorted(init)
+            mine = [torch.nn.Parameter(init[n].clone()) for n in names]
+            theirs = [torch.nn.Parameter(init[n].clone()) for n in names]
+            opt = Muon([{"params": mine, "param_names": names}],
+                       daemons=self.reference_cluster.daemons,
+                       job_id=self.reference_cluster.job_id, rpc_timeout=30,
+                       **layouts.MUON_KW)
+            kw = {k: v for k, v in layouts.MUON_KW.items()
+                  if k not in ("fp32_matmul_prec", "ns_batch_size")}
+            torch_opt = torch.optim.Muon(theirs, **kw)
+            try:
+                for step in range(1, steps + 1):
+                    for n, a, b in zip(names, mine, theirs):
+                        a.grad = layouts.full_grad(spec, n, step)
+                        b.grad = layouts.full_grad(spec, n, step)
+                    opt.step()
+                    with fp32_newton_schulz():
+                        torch_opt.step()
+            finally:
+                opt.close()
+            self.references[key] = ({n: p.detach().clone() for n, p in zip(names, mine)},
+                                    {n: p.detach().clone() for n, p in zip(names, theirs)})
+        return self.references[key]
+
+    def check_params(self, layout: str, answers: list[dict], steps: int = layouts.STEPS):
+        spec = answers[0]["spec"]
+        want, torch_want = self.reference(spec, steps)
+        for a in answers:
+            got = {n.removeprefix("module."): v for n, v in a["params"].items()}
+            self.assertEqual(sorted(got), sorted(want), layout)
+            self.assertEqual(bitwise_mismatches(got, want), [],
+                             f"{layout} rank {a['rank']}: params vs the single-daemon "
+                             "reference")
+            for n in want:
+                self.assertLess(rel_diff(got[n], torch_want[n]), REL_TOL,
+                                f"{layout} rank {a['rank']} {n}: vs torch.optim.Muon")
+        # The reference moved the params: a run that never stepped fails above.
+        init = layouts.full_init(spec)
+        self.assertTrue(all(not torch.equal(want[n], init[n]) for n in want))
+
+    def check_layout(self, layout: str):
+        self.check_params(layout, self.run_ok(layout))
+
+    # -- the DTensor state conversion (no daemon) -------------------------------
+    def test_state_conversion(self):
+        answers = self.run_ok("state_conversion")
+        self.assertEqual([m for a in answers for m in a["mismatches"]], [])
+
+    # -- layouts -----------------------------------------------------------------
+    def test_megatron_local_shards(self):
+        answers = self.run_ok("megatron")
+        self.check_params("megatron", answers)
+
+    @needs(NEEDS_PLACEMENT, NEEDS_DP)
+    def test_ddp(self):
+        answers = self.run_ok("ddp")
+        self.check_params("ddp", answers)
+        # NS shared over the DP axis: each of the 4 ranks ~1/4 of the job's cost.
+        loads = answers[0]["loads"]
+        total = [sum(x) for x in zip(*loads.values())]
+        self.assertEqual(len(total), layouts.WORLD)
+        self.assertLess(max(total) / (sum(total) / layouts.WORLD), 1.6, loads)
+        self.assertTrue(all(x > 0 for x in total), loads)
+
+    @needs(NEEDS_PLACEMENT)
+    def test_fsdp_even(self):
+        self.check_layout("fsdp_even")
+
+    @needs(NEEDS_PLACEMENT, NEEDS_UNEVEN)
+    def test_fsdp_uneven_with_empty_shard(self):
+        self.check_layout("fsdp_uneven")
+
+    @needs(NEEDS_PLACEMENT)
+    def test_tp_colwise_rowwise(self):
+        self.check_layout("tp")
+
+    @needs(NEEDS_PLACEMENT)
+    def test_fsdp_x_tp(self):
+        self.check_layout("fsdp_tp")
+
+    @needs(NEEDS_PLACEMENT, NEEDS_DP)
+    def test_hsdp(self):
+        self.check_layout("hsdp")
+
+    @needs(NEEDS_PLACEMENT)
+    def test_dcp_fsdp_save_fsdp_x_tp_resume(self):
+        """Saved by DCP on FSDP2 after 2 steps, loaded into FSDP2 x TP (DCP
+        reshards the DTensor state), STEPS - 1 more steps: bitwise the
+        uninterrupted STEPS + 1 steps."""
+        answers = self.run_ok("dcp_fsdp_to_fsdp_tp")
+        self.check_params("dcp", answers, steps=answers[0]["steps"])
+
+    @needs(NEEDS_REFUSAL)
+    def test_mismatched_layout_refused_on_every_rank(self):
+        answers = self.run_layout("megatron_mismatch")
+        self.assertTrue(all(not a["ok"] for a in answers), [a.get("error") for a in answers])
+        reasons = {a["error"].split(": ", 1)[-1] for a in answers}
+        self.assertEqual(len(reasons), 1, reasons)
+        self.assertIn("up.weight", reasons.pop())
+        slowest = max(a["seconds"] for a in answers)
+        self.assertLess(slowest, REFUSAL_BOUND_S, "a rank waited for a timeout")
+
+
+if __name__ == "__main__":
+    unittest.main()
