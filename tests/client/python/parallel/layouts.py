@@ -31,6 +31,9 @@ SPECS = {
     "even": {"up": (32, 16), "down": (16, 32)},
     # FSDP2 over 4 ranks: torch.chunk rows 10+10+10+8, and 1+1+1+0 (an empty shard).
     "uneven": {"up": (38, 16), "down": (16, 24), "tiny": (3, 16)},
+    # DDP over 4 ranks: 8 equal matrices, so the plan's NS homes give each
+    # rank exactly 2 (1/4 of the job's ns_cost).
+    "ddp": {f"l{i}": (16, 24) for i in range(8)},
     # Megatron tags on G x T = 2 x 2: up column-parallel, down row-parallel with
     # one GTP pad row (15 rows over G = 2).
     "megatron": {"up": (32, 16), "down": (15, 32)},
@@ -95,8 +98,8 @@ def build(layout: str) -> tuple[str, torch.nn.Module]:
     """(spec, model) of a DTensor or DDP layout on the WORLD ranks."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
-    if layout == "ddp":
-        return "uneven", Net("uneven")
+    if layout == "ddp":  # plain params: every rank a replica (D = 4)
+        return "ddp", torch.nn.parallel.DistributedDataParallel(Net("ddp"))
     if layout in ("fsdp_even", "fsdp_uneven"):
         spec = layout.split("_")[1]
         model = Net(spec)
@@ -121,7 +124,7 @@ def build(layout: str) -> tuple[str, torch.nn.Module]:
 
 def set_grads(model, spec: str, step: int) -> None:
     for name, p in model.named_parameters():
-        full = full_grad(spec, name, step)
+        full = full_grad(spec, name.removeprefix("module."), step)
         p.grad = shard_of(full, p) if _is_dtensor(p) else full
 
 
