@@ -120,6 +120,7 @@ class LayoutsTest(unittest.TestCase):
                               f" did not answer in {LAYOUT_TIMEOUT_S} s")
                 continue
             answers[answer["rank"]] = answer
+        sys.stderr.write(f"[{layout}: {max(a['seconds'] for a in answers.values()):.1f} s] ")
         return [answers[r] for r in range(layouts.WORLD)]
 
     def run_ok(self, layout: str) -> list[dict]:
