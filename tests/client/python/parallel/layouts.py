@@ -249,6 +249,15 @@ class Worker:
         full = {n: megatron_full([s[n] for s in shards], layouts[n]) for n in layouts}
         return {"spec": "megatron", "params": full, "loads": loads}
 
+    def run_ddp_mismatch(self) -> dict:
+        """Plain params (DDP replicas), rank 3's "l0" one row short."""
+        model = Net("ddp")
+        if self.rank == WORLD - 1:
+            model.l0 = torch.nn.Linear(24, 15, bias=False)
+        opt = self._opt(list(model.named_parameters()))
+        opt.close()
+        return {}
+
     def run_megatron_mismatch(self) -> dict:
         return self.run_megatron(mismatch=True)
 

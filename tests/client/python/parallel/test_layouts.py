@@ -41,7 +41,6 @@ REFUSAL_BOUND_S = 10
 
 # The pieces of issue 18 a case needs and that are not on main yet: the case
 # is skipped naming them (remove the name when it lands).
-NEEDS_PLACEMENT = "pyplace's DTensor/DDP placement (muond.placement, env discovery)"
 NEEDS_DP = "engine's DP axis (dp_share) and plans' DP homes"
 NEEDS_UNEVEN = "uneven's gtp_rows (FSDP2 torch.chunk shards, 0-row shards)"
 NEEDS_REFUSAL = "plans' Plan.round_refused (a refusal reaching every rank)"
@@ -190,7 +189,7 @@ class LayoutsTest(unittest.TestCase):
         answers = self.run_ok("megatron")
         self.check_params("megatron", answers)
 
-    @needs(NEEDS_PLACEMENT, NEEDS_DP)
+    @needs(NEEDS_DP)
     def test_ddp(self):
         answers = self.run_ok("ddp")
         self.check_params("ddp", answers)
@@ -202,27 +201,23 @@ class LayoutsTest(unittest.TestCase):
         shares = [x / sum(total) for x in total]
         self.assertTrue(all(abs(s - 0.25) < 1e-9 for s in shares), loads)
 
-    @needs(NEEDS_PLACEMENT)
     def test_fsdp_even(self):
         self.check_layout("fsdp_even")
 
-    @needs(NEEDS_PLACEMENT, NEEDS_UNEVEN)
+    @needs(NEEDS_UNEVEN)
     def test_fsdp_uneven_with_empty_shard(self):
         self.check_layout("fsdp_uneven")
 
-    @needs(NEEDS_PLACEMENT)
     def test_tp_colwise_rowwise(self):
         self.check_layout("tp")
 
-    @needs(NEEDS_PLACEMENT)
     def test_fsdp_x_tp(self):
         self.check_layout("fsdp_tp")
 
-    @needs(NEEDS_PLACEMENT, NEEDS_DP)
+    @needs(NEEDS_DP)
     def test_hsdp(self):
         self.check_layout("hsdp")
 
-    @needs(NEEDS_PLACEMENT)
     def test_dcp_fsdp_save_fsdp_x_tp_resume(self):
         """Saved by DCP on FSDP2 after 2 steps, loaded into FSDP2 x TP (DCP
         reshards the DTensor state), STEPS - 1 more steps: bitwise the
@@ -230,19 +225,28 @@ class LayoutsTest(unittest.TestCase):
         answers = self.run_ok("dcp_fsdp_to_fsdp_tp")
         self.check_params("dcp", answers, steps=answers[0]["steps"])
 
-    @needs(NEEDS_REFUSAL)
-    def test_mismatched_layout_refused_on_every_rank(self):
-        answers = self.run_layout("megatron_mismatch")
+    def check_refused_everywhere(self, layout: str, param: str):
+        """Every rank fails ``layout`` with the same reason naming ``param``,
+        well before the 30 s waits."""
+        answers = self.run_layout(layout)
         self.assertTrue(all(not a["ok"] for a in answers), [a.get("error") for a in answers])
         # One reason: the same text on every rank once each daemon's address
         # (and the exception type) is left out.
         reasons = {re.sub(r"(unix://|127\.0\.0\.1:)\S+", "<daemon>",
                           a["error"].split(": ", 1)[-1]) for a in answers}
         self.assertEqual(len(reasons), 1, reasons)
-        self.assertIn("up.weight", reasons.pop())
+        self.assertIn(param, reasons.pop())
         slowest = max(a["seconds"] for a in answers)
         self.assertLess(slowest, REFUSAL_BOUND_S, "a rank waited for a timeout")
 
+    # The refusals run last ("test_z"): a refused round must not be what a
+    # later layout trips over.
+    def test_z_mismatched_ddp_layout_refused_on_every_rank(self):
+        self.check_refused_everywhere("ddp_mismatch", "l0.weight")
+
+    @needs(NEEDS_REFUSAL)
+    def test_zz_mismatched_megatron_layout_refused_on_every_rank(self):
+        self.check_refused_everywhere("megatron_mismatch", "up.weight")
 
 if __name__ == "__main__":
     unittest.main()
