@@ -27,19 +27,21 @@ std::string TagsString(const v1::ShardTags& t) {
   return absl::StrCat("{tensor_model_parallel=", t.tensor_model_parallel(),
                       ", partition_dim=", t.partition_dim(),
                       ", is_gtp_weight_remat=", t.is_gtp_weight_remat(),
-                      ", pad_length=", t.pad_length(), "}");
+                      ", pad_length=", t.pad_length(), ", gtp_rows=[",
+                      absl::StrJoin(t.gtp_rows(), ", "), "]}");
+}
+
+bool SameShape(const google::protobuf::RepeatedField<int64_t>& a,
+               const google::protobuf::RepeatedField<int64_t>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end());
 }
 
 bool SameTags(const v1::ShardTags& a, const v1::ShardTags& b) {
   return a.tensor_model_parallel() == b.tensor_model_parallel() &&
          a.partition_dim() == b.partition_dim() &&
          a.is_gtp_weight_remat() == b.is_gtp_weight_remat() &&
-         a.pad_length() == b.pad_length();
-}
-
-bool SameShape(const google::protobuf::RepeatedField<int64_t>& a,
-               const google::protobuf::RepeatedField<int64_t>& b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end());
+         a.pad_length() == b.pad_length() &&
+         SameShape(a.gtp_rows(), b.gtp_rows());
 }
 
 // Empty when `a` (rank ra) and `b` (rank rb) describe the same params;
@@ -61,7 +63,10 @@ std::string FirstParamDifference(const v1::GroupManifest& a, int ra,
       return absl::StrCat(at, ": full_shape ", ShapeString(pa.full_shape()),
                           " vs ", ShapeString(pb.full_shape()));
     }
-    if (!SameShape(pa.local_shape(), pb.local_shape())) {
+    // Uneven gtp_rows blocks differ by g: full_shape, tags and g imply the
+    // local shape (each daemon checks it), so only replicas compare it.
+    if (a.domain().g() == b.domain().g() &&
+        !SameShape(pa.local_shape(), pb.local_shape())) {
       return absl::StrCat(at, ": local_shape ", ShapeString(pa.local_shape()),
                           " vs ", ShapeString(pb.local_shape()));
     }
@@ -141,13 +146,16 @@ std::string GroupHyperparamDifference(const v1::GroupManifest& a, int ra,
 // A shape from the wire: 1 or 2 dims (what the servers register), each
 // >= 1, whose element count fits int64.
 absl::Status CheckWireShape(const std::string& where, const char* field,
-                            const google::protobuf::RepeatedField<int64_t>& s) {
+                            const google::protobuf::RepeatedField<int64_t>& s,
+                            bool zero_rows_ok = false) {
   if (s.size() < 1 || s.size() > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": ", field, " ", ShapeString(s), " must have 1 or 2 dims"));
   }
   std::optional<int64_t> elements = 1;
-  for (int64_t dim : s) {
+  for (int i = 0; i < s.size(); ++i) {
+    const int64_t dim = s[i];
+    if (dim == 0 && i == 0 && zero_rows_ok && s.size() == 2) continue;
     if (dim < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": ", field, " ", ShapeString(s), " has a dim < 1"));
@@ -194,7 +202,9 @@ absl::Status ValidateManifestShape(const v1::PublishManifestRequest& request) {
       }
       const std::string where = absl::StrCat("param '", p.name(), "'");
       RETURN_IF_ERROR(CheckWireShape(where, "full_shape", p.full_shape()));
-      RETURN_IF_ERROR(CheckWireShape(where, "local_shape", p.local_shape()));
+      // 0 rows: an empty shard of uneven gtp_rows blocks.
+      RETURN_IF_ERROR(
+          CheckWireShape(where, "local_shape", p.local_shape(), true));
       if (p.local_shape_size() != p.full_shape_size()) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": local_shape ", ShapeString(p.local_shape()),

@@ -183,6 +183,41 @@ TEST(CoordinatorCore, ManifestMismatchNamesParamAndRanks) {
   EXPECT_TRUE(core.GetPlan("j").ok());
 }
 
+// Uneven GTP blocks (FSDP2's torch.chunk): local shapes differ by g and may
+// have no row; the blocks are compared like the other tags.
+v1::PublishManifestRequest UnevenManifest(int rank, bool swap_blocks = false) {
+  v1::PublishManifestRequest m = Manifest("j", rank, {{74, 8}, {4, 8}});
+  const int g = rank / 2;
+  // w0: 37 TP-local rows in blocks {19, 18}; w1: 2 in {2, 0}.
+  const std::vector<std::vector<int64_t>> blocks = {
+      swap_blocks ? std::vector<int64_t>{18, 19} : std::vector<int64_t>{19, 18},
+      {2, 0}};
+  for (int i = 0; i < 2; ++i) {
+    v1::ParamSpec* p = m.mutable_groups(0)->mutable_params(i);
+    for (int64_t rows : blocks[i]) p->mutable_tags()->add_gtp_rows(rows);
+    p->set_local_shape(0, blocks[i][g]);
+  }
+  return m;
+}
+
+TEST(CoordinatorCore, UnevenAndEmptyGtpBlocksArePlannedAndCompared) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(core.PublishManifest(UnevenManifest(r)).ok()) << r;
+  }
+  ASSERT_TRUE(core.GetPlan("j").ok());
+  EXPECT_EQ(core.GetPlan("j")->groups(0).homes_size(), 2);
+  CoordinatorCore other(Options());
+  JoinAll(other, "j", 4);
+  ASSERT_TRUE(other.PublishManifest(UnevenManifest(0)).ok());
+  const absl::Status st = other.PublishManifest(UnevenManifest(2, true));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("'w0'"));
+  EXPECT_THAT(st.message(), HasSubstr("gtp_rows=[19, 18]"));
+  EXPECT_THAT(st.message(), HasSubstr("gtp_rows=[18, 19]"));
+}
+
 TEST(CoordinatorCore, DuplicateParamNamesRefused) {
   CoordinatorCore core(Options());
   JoinAll(core, "j", 4);
