@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The README's first command: the main job. Installs what is missing
 # (deploy/setup.sh), builds the servers, then deploy/local/launch.py starts a
-# coordinator and one muond per rank (default: a 2x2 GTP_remat x TP domain in
-# host mode on a machine without a GPU; one daemon per GPU on a GPU host) and
-# trains a small GPT on Debian's fortunes through them.
-#   deploy/run-demo.sh [--steps N] [--ranks GxT] [--device auto|cpu|cuda] [--out DIR]
-#                      [-- <examples/char_gpt/train.py options>]
+# coordinator and one muond per trainer rank and runs the trainers as a torchrun
+# job (examples/char_gpt/train_dist.py): on a machine without a GPU 4 gloo
+# processes laid out as FSDP2 2 x TP 2 with host-mode daemons; on a GPU host one
+# process per GPU (NCCL), each daemon on its rank's GPU. They train a small GPT on
+# Debian's fortunes; rank 0 then trains the in-process reference for the report.
+#   deploy/run-demo.sh [--steps N] [--parallel ddp|fsdp|tp|fsdp+tp|hsdp] [--nproc N]
+#                      [--device auto|cpu|cuda] [--out DIR]
+#                      [-- <examples/char_gpt/train_dist.py options>]
 # `deploy/local/launch.py --help` lists every option.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,13 +1,21 @@
-"""Local launcher of the main job: coordinator + one muond per rank + trainer.
+"""Local launcher of the main job: coordinator + one muond per rank + a torchrun job.
 
 Started by deploy/run-demo.sh after setup and build. It starts
-`muond-coordinator` on a free loopback port and one `muond` per rank of the
-G x T domain (host mode on a machine without a GPU, one per GPU with
---device cuda), waits until every daemon answers Health, runs the trainer
-(examples/char_gpt/train.py) and stops everything it started, also on Ctrl-C
-or when a process dies: no orphan processes, sockets or shm objects are left
-behind. Logs go to <out>/logs/; a process that dies is named with the last
-lines of its log.
+`muond-coordinator` on a free loopback port and one `muond` per trainer rank
+(host mode on a machine without a GPU, `--device=<local rank>` with --device
+cuda), each on its default socket (`$XDG_RUNTIME_DIR/muond/muond-<job>-<rank>.sock`,
+XDG_RUNTIME_DIR being the launch's private directory), waits until every daemon
+answers Health, then runs
+
+    torchrun --standalone --nproc-per-node N examples/char_gpt/train_dist.py --parallel P
+
+with the environment muond.torch.Muon reads (docs/parallelism.md):
+MUOND_JOB_ID, MUOND_TOKEN_FILE, XDG_RUNTIME_DIR, and MUOND_COORDINATOR (for
+the report's plan). It stops everything it started when the trainer ends,
+on Ctrl-C, or when a process dies: no orphan processes, sockets or shm
+objects are left behind. Logs go to <out>/logs/; a daemon or coordinator
+that dies is named with the last lines of its log; a trainer rank that dies
+is named by torchrun's failure summary.
 
 The coordinator requires a token: a fresh one per launch, written to a 0600
 file in the launch's private (0700) socket directory and handed to the
@@ -62,25 +70,37 @@ def job_id(text):
     return text
 
 
-# One daemon process per rank on this host: far more than the cores is a typo.
+# One trainer and one daemon process per rank on this host: far more than the
+# cores is a typo.
 MAX_LOCAL_RANKS = 64
+LAYOUTS = ("ddp", "fsdp", "tp", "fsdp+tp", "hsdp")
+TWO_D = ("fsdp+tp", "hsdp")  # a (N / inner) x inner mesh
+# sun_path of a Unix socket holds 107 bytes and a NUL.
+MAX_SOCKET_PATH = 107
 
 
-def domain(text):
-    """'GxT' -> (G, T), both >= 1, G * T <= MAX_LOCAL_RANKS."""
-    parts = text.lower().split("x")
-    if len(parts) != 2:
+def nproc(text):
+    """Trainer processes (= daemons): 1..MAX_LOCAL_RANKS."""
+    value = positive_int(text)
+    if value > MAX_LOCAL_RANKS:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not G x T (GTP_remat size x TP size), e.g. 2x2")
-    try:
-        G, T = (positive_int(p) for p in parts)
-    except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"--ranks {text!r}: {e}") from None
-    if G * T > MAX_LOCAL_RANKS:
-        raise argparse.ArgumentTypeError(
-            f"--ranks {text!r}: {G * T} ranks, but the launcher starts one daemon "
+            f"{value} processes, but the launcher starts one trainer and one daemon "
             f"process per rank on this host; at most {MAX_LOCAL_RANKS}")
-    return G, T
+    return value
+
+
+def default_layout(n):
+    """FSDP2 x TP on an even number of ranks (2 x 2 on a CPU machine), else FSDP2
+    (e.g. a one-GPU host)."""
+    return "fsdp+tp" if n % 2 == 0 else "fsdp"
+
+
+def check_layout(parallel, n, inner):
+    """The rule between --parallel, --nproc and --inner; '' when they fit."""
+    if parallel in TWO_D and n % inner:
+        return (f"--parallel {parallel} lays the {n} processes out as a (N / {inner}) x "
+                f"{inner} mesh (--inner {inner}): --nproc must be a multiple of {inner}")
+    return ""
 
 
 def parse_args(argv=None):
@@ -91,11 +111,19 @@ def parse_args(argv=None):
                         "before it builds)")
     p.add_argument("--steps", type=positive_int, default=300,
                    help="training steps (default 300)")
-    p.add_argument("--ranks", type=domain, default=None,
-                   help="domain G x T, e.g. 2x2 (default 2x2 on CPU; CUDA runs 1x1)")
+    p.add_argument("--nproc", type=nproc, default=None,
+                   help="trainer processes, one daemon each (default 4 on CPU, one per GPU "
+                        "with --device cuda)")
+    p.add_argument("--parallel", choices=LAYOUTS, default=None,
+                   help="the trainers' layout: ddp, fsdp (FSDP2), tp (DTensor TP), fsdp+tp "
+                        "(2-D mesh), hsdp (replicate x shard) (default fsdp+tp on an even "
+                        "--nproc, else fsdp)")
+    p.add_argument("--inner", type=positive_int, default=2,
+                   help="inner mesh size of fsdp+tp (TP) and hsdp (shard group) (default 2)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="cpu = host mode (shared memory, Gloo); cuda = one daemon on the "
-                        "trainer's GPU (CUDA IPC); auto = cuda when a GPU is visible")
+                   help="cpu = gloo trainers, host-mode daemons (shared memory, Gloo); cuda "
+                        "= nccl trainers, one per GPU, each daemon on its rank's GPU (CUDA "
+                        "IPC); auto = cuda when a GPU is visible")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "demo"),
                    help="logs, report and params (default out/demo); one launch at a "
                         "time per --out")
@@ -109,8 +137,14 @@ def parse_args(argv=None):
                    help="seconds to wait for the coordinator and daemons (default 60)")
     p.add_argument("--job-id", type=job_id, default=None, help="job id (default demo<pid>)")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER,
-                   help="after --, extra arguments for examples/char_gpt/train.py")
-    return p.parse_args(argv)
+                   help="after --, extra arguments for examples/char_gpt/train_dist.py")
+    args = p.parse_args(argv)
+    n = args.nproc or (4 if args.device == "cpu" else None)
+    if n is not None:
+        problem = check_layout(args.parallel or default_layout(n), n, args.inner)
+        if problem:
+            p.error(problem)
+    return args
 
 
 def cuda_device_count():
@@ -202,13 +236,22 @@ class Launcher:
         # abandon the clean-up half way: ignore them while stopping.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if self.trainer is not None and self.trainer.poll() is None:
-            self.trainer.terminate()
+        if self.trainer is not None:
+            # torchrun and its workers share a session; a worker may outlive
+            # a torchrun that already exited.
             try:
-                self.trainer.wait(timeout=10)
+                os.killpg(self.trainer.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.trainer.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.trainer.kill()
-                self.trainer.wait()
+                pass
+            try:
+                os.killpg(self.trainer.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.trainer.wait()
         # Daemons first (started last), then the coordinator, so no daemon
         # sees its coordinator go away and tries to reconnect.
         for _, proc, _ in reversed(self.procs):
@@ -248,21 +291,23 @@ class Launcher:
             device = "cuda" if gpus > 0 else "cpu"
         if device == "cuda" and gpus == 0:
             raise RuntimeError("--device cuda: no GPU visible (nvidia-smi -L lists none)")
-        # CUDA: one daemon, on the trainer's GPU. The demo trainer is one process
-        # with the whole model on cuda:0, and a daemon reads CUDA IPC memory of its
-        # own GPU only, so a 1x2 domain on two GPUs refuses the trainer's params
-        # (seen on an nvidia-h200-x2). Multi-GPU domains need one trainer per GPU
-        # (tests/server/system_trainer.cc does that).
-        G, T = a.ranks or ((2, 2) if device == "cpu" else (1, 1))
-        ranks = f"{G}x{T}"
-        world = G * T
-        if device == "cuda" and world > 1:
-            raise RuntimeError(
-                f"--ranks {ranks} with --device cuda: the demo trainer keeps the model on "
-                "one GPU, and each daemon serves its own GPU's memory, so a CUDA demo "
-                "runs 1x1 (use --device cpu for a multi-rank domain)")
+        n = a.nproc or (4 if device == "cpu" else gpus)
+        if device == "cuda" and n > gpus:
+            raise RuntimeError(f"--nproc {n} with --device cuda: one process per GPU, but "
+                               f"nvidia-smi -L lists {gpus}")
+        parallel = a.parallel or default_layout(n)
+        problem = check_layout(parallel, n, a.inner)
+        if problem:
+            raise RuntimeError(problem)
         self.sockdir = tempfile.mkdtemp(prefix=f"muond-{self.job}-", dir="/tmp")
         token_file = write_token_file(self.sockdir)
+        # The daemons listen on their default socket under XDG_RUNTIME_DIR, the
+        # rule muond.torch.Muon follows to find its rank's daemon.
+        env = dict(os.environ, XDG_RUNTIME_DIR=self.sockdir)
+        addresses = [f"unix://{self.sockdir}/muond/muond-{self.job}-{r}.sock" for r in range(n)]
+        if len(addresses[-1]) - len("unix://") > MAX_SOCKET_PATH:
+            raise RuntimeError(f"--job-id {self.job!r} is too long: the socket path "
+                               f"{addresses[-1][7:]} exceeds {MAX_SOCKET_PATH} bytes")
 
         port_file = os.path.join(self.logs, "coordinator.port")
         if os.path.exists(port_file):
@@ -278,39 +323,34 @@ class Launcher:
             time.sleep(0.05)
         coordinator = f"127.0.0.1:{open(port_file).read().strip()}"
 
-        addresses = []
-        for r in range(world):
-            addr = f"unix://{self.sockdir}/rank{r}.sock"
-            addresses.append(addr)
+        for r in range(n):
             mode = ["--host"] if device == "cpu" else [f"--device={r}"]
             self.start(f"muond-rank{r}", [
                 binary(a.bin, "server/daemon/muond"), f"--coordinator={coordinator}",
-                f"--job_id={self.job}", f"--rank={r}", f"--world_size={world}",
-                f"--listen={addr}", f"--token_file={token_file}", *mode])
+                f"--job_id={self.job}", f"--rank={r}", f"--world_size={n}",
+                f"--token_file={token_file}", *mode], env=env)
         self.wait_healthy(addresses, deadline)
-        print(f"launcher: coordinator {coordinator}, {world} daemons ({G}x{T}, {device}) "
-              f"healthy; logs in {self.logs}; token file {token_file} (muonctl "
-              "--token-file)", flush=True)
+        print(f"launcher: coordinator {coordinator}, {n} daemons ({device}) healthy; "
+              f"trainers: torchrun --nproc-per-node {n}, --parallel {parallel}; logs in "
+              f"{self.logs}; token file {token_file} (muonctl --coordinator {coordinator} "
+              "--token-file ... status)", flush=True)
 
+        env.update(MUOND_JOB_ID=self.job, MUOND_TOKEN_FILE=token_file,
+                   MUOND_COORDINATOR=coordinator)
         trainer_args = [a for a in a.trainer_args if a != "--"]
-        cmd = [sys.executable, os.path.join(ROOT, "examples/char_gpt/train.py"),
-               "--optimizer", a.optimizer, "--steps", str(a.steps),
-               "--daemons", ",".join(addresses), "--gtp", str(G), "--tp", str(T),
-               "--job-id", self.job, "--out", a.out, *trainer_args]
-        if device == "cuda":
-            cmd += ["--device", "cuda"]
-        trainer = subprocess.Popen(cmd)
-        self.trainer = trainer
-        while trainer.poll() is None:
-            try:
-                self.check_alive()
-            except RuntimeError:
-                trainer.terminate()
-                trainer.wait()
-                raise
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(n), os.path.join(ROOT, "examples/char_gpt/train_dist.py"),
+               "--parallel", parallel, "--inner", str(a.inner), "--optimizer", a.optimizer,
+               "--steps", str(a.steps), "--out", a.out, "--device", device, *trainer_args]
+        # Its own session: stop() signals torchrun and every trainer rank together.
+        self.trainer = subprocess.Popen(cmd, env=env, start_new_session=True)
+        while self.trainer.poll() is None:
+            self.check_alive()  # a dead daemon: named, then stop() ends the trainers
             time.sleep(0.2)
-        if trainer.returncode != 0:
-            raise RuntimeError(f"the trainer exited with code {trainer.returncode}")
+        if self.trainer.returncode != 0:
+            raise RuntimeError(f"the trainers (torchrun, {n} processes) exited with code "
+                               f"{self.trainer.returncode}; torchrun's failure summary above "
+                               "names the rank that failed first")
 
     def wait_healthy(self, addresses, deadline):
         import grpc
@@ -344,18 +384,19 @@ def main():
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)  # also when started with SIGINT ignored
+    # The verdict is printed after stop(): what the stopped trainers print
+    # (torchrun's traceback on SIGTERM) must not bury the name of what died.
     try:
         launcher.run()
-        print(f"launcher: done; report in {os.path.join(args.out, 'report.md')}")
-        return 0
+        verdict, code = f"launcher: done; report in {os.path.join(args.out, 'report.md')}", 0
     except KeyboardInterrupt:
-        print("launcher: interrupted; stopping everything", file=sys.stderr)
-        return 130
+        verdict, code = "launcher: interrupted; stopped everything", 130
     except RuntimeError as e:
-        print(f"launcher: FAILED: {e}", file=sys.stderr)
-        return 1
+        verdict, code = f"launcher: FAILED: {e}", 1
     finally:
         launcher.stop()
+    print(verdict, file=sys.stderr if code else sys.stdout, flush=True)
+    return code
 
 
 if __name__ == "__main__":

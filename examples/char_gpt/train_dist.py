@@ -208,8 +208,9 @@ def plan_rank_load(world: int) -> dict:
             plan = muond_pb2_grpc.CoordinatorStub(channel).GetPlan(
                 muond_pb2.GetPlanRequest(job_id=os.environ.get("MUOND_JOB_ID", "default")),
                 timeout=10)
-    except Exception as e:
-        return {"error": f"GetPlan at {address}: {e}"}
+    except Exception as e:  # a report field, never a reason to fail the run
+        detail = f"{e.code().name}: {e.details()}" if hasattr(e, "details") else str(e)
+        return {"error": f"GetPlan at {address}: {detail}"}
     load = [0.0] * world
     groups = []
     for gp in plan.groups:

@@ -3,8 +3,9 @@ clear line naming the option and the rule (exit 2 from --check-args, the
 check run-demo.sh makes before building; exit 1 "launcher: FAILED: ..." at
 launch), never a Python traceback, and before it starts any process:
 
-* --job-id with a '/' (it names the socket directory and shm objects) and a
-  non-positive --health-timeout;
+* --job-id with a '/' (it names the socket directory and shm objects), a
+  non-positive --health-timeout, too many --nproc, an unknown --parallel and a
+  2-D layout whose --inner does not divide --nproc;
 * an --out that cannot be created, a --bin without the servers;
 * a second launch writing to the --out of a running one (both used to write
   the same logs/, report.md and params files, the later silently winning).
@@ -45,9 +46,26 @@ class LaunchArgsTest(unittest.TestCase):
         self.assertRefused(launch("--check-args", "--health-timeout", "0"), 2,
                            "--health-timeout", "must be > 0")
         self.assertEqual(launch("--check-args", "--job-id", "run-7.a_b").returncode, 0)
-        self.assertRefused(launch("--check-args", "--ranks", "1000x1000"), 2,
-                           "--ranks '1000x1000'", "1000000 ranks", "at most 64")
-        self.assertEqual(launch("--check-args", "--ranks", "8x8").returncode, 0)
+        self.assertRefused(launch("--check-args", "--nproc", "1000"), 2,
+                           "--nproc", "1000 processes", "at most 64")
+        self.assertEqual(launch("--check-args", "--nproc", "64").returncode, 0)
+
+    def test_check_args_parallel(self):
+        """--parallel names a layout; a 2-D layout needs --nproc a multiple of
+        --inner (on CPU the default --nproc is 4)."""
+        self.assertRefused(launch("--check-args", "--parallel", "zero3"), 2,
+                           "--parallel", "invalid choice: 'zero3'", "fsdp+tp")
+        self.assertRefused(launch("--check-args", "--device", "cpu", "--nproc", "3",
+                                  "--parallel", "fsdp+tp"), 2,
+                           "--parallel fsdp+tp", "--nproc must be a multiple of 2")
+        self.assertRefused(launch("--check-args", "--device", "cpu", "--parallel", "hsdp",
+                                  "--inner", "3"), 2,
+                           "--parallel hsdp", "(--inner 3)", "multiple of 3")
+        self.assertRefused(launch("--check-args", "--inner", "0"), 2, "--inner", "must be >= 1")
+        for ok in (["--parallel", "ddp", "--nproc", "3"], ["--nproc", "3"],
+                   ["--device", "cpu", "--parallel", "hsdp", "--nproc", "6", "--inner", "3"],
+                   ["--device", "cpu"]):
+            self.assertEqual(launch("--check-args", *ok).returncode, 0, ok)
 
     def test_unusable_out_and_bin_fail_before_starting_anything(self):
         blocker = os.path.join(self.tmp, "file")
