@@ -185,7 +185,9 @@ def daemon_status(opt) -> dict:
     except Exception as e:  # a report field, never a reason to fail the run
         return {"error": str(e)}
     return {"daemon_rank": s.rank, "device": s.device, "num_params": s.num_params,
-            "plan_version": s.plan_version, "state_bytes": s.state_bytes}
+            "plan_version": s.plan_version, "state_bytes": s.state_bytes,
+            "last_step_us": {f.name: getattr(s.last_timings, f.name)
+                             for f in s.last_timings.DESCRIPTOR.fields}}
 
 
 def plan_rank_load(world: int) -> dict:
@@ -310,16 +312,18 @@ def ns_load_rows(layout: dict) -> list[str]:
     plan = layout.get("plan", {})
     load = plan.get("rank_load")
     total = sum(load) if load else 0.0
-    rows = ["| rank | mesh | plan NS load (ns_cost) | share | NS ms/step | dp_share ms/step "
-            "| daemon total ms/step | daemon state MiB |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| rank | mesh | plan NS load (ns_cost) | share | NS ms/step | daemon total "
+            "ms/step | dp_share ms (last step) | daemon state MiB |",
+            "|---|---|---|---|---|---|---|---|"]
     for r in layout["ranks"]:
         ph = r["daemon_phases_ms_mean"]
         cost = f"{load[r['rank']]:.3g}" if load else "-"
         share = f"{load[r['rank']] / total:.1%}" if load and total > 0 else "-"
         state = r["daemon"].get("state_bytes")
+        dp_share = r["daemon"].get("last_step_us", {}).get("dp_share_us")
         rows.append(f"| {r['rank']} | {r['mesh']} | {cost} | {share} | "
-                    f"{ph.get('ns_us', 0.0):.2f} | {ph.get('dp_share_us', 0.0):.2f} | "
-                    f"{ph.get('total_us', 0.0):.2f} | "
+                    f"{ph.get('ns_us', 0.0):.2f} | {ph.get('total_us', 0.0):.2f} | "
+                    f"{'-' if dp_share is None else f'{dp_share / 1e3:.2f}'} | "
                     f"{'-' if state is None else f'{state / 2**20:.2f}'} |")
     if "error" in plan:
         rows += ["", f"(plan NS load unavailable: {plan['error']})"]
@@ -362,7 +366,8 @@ def write_report(args, corpus, baseline, results, rel_diff, layout, path):
                       f"(max |a-b| / max |b| per tensor): **{rel_diff:.3e}**"]
     lines += ["", "## Newton–Schulz load per rank", "",
               "Plan NS load: the coordinator's plan (`rank_load`, what `muonctl status` shows); "
-              "ms/step: each rank's daemon (StepTimings, mean over steps).", ""]
+              "ms/step: each rank's daemon (its StepTimings, mean over steps; dp_share: the last "
+              "step's, from GetStatus).", ""]
     lines += ns_load_rows(layout)
     lines += ["", "![loss](loss.png)", "", "## Samples (temperature 0.8)", ""]
     for kind, r in results.items():

@@ -9,7 +9,8 @@ tests/client/python/parallel/).
 Checks: the launcher exits 0; loss decreases; muond's parameters after N steps
 match the in-process reference within fp32 tolerance; the report names the
 layout and every rank's NS load (the coordinator's plan: one entry per rank,
-each > 0, summing to the job's ns_cost computed here from the matrix shapes;
+summing to the job's ns_cost computed here from the matrix shapes, none above
+half of it;
 each rank's daemon answered GetStatus with its own rank and timed NS); no
 process, socket or shared-memory object of the job is left behind.
 
@@ -112,9 +113,12 @@ class DemoTest(unittest.TestCase):
         self.assertNotIn("error", plan)
         load = plan["rank_load"]
         self.assertEqual(len(load), NPROC)
-        for rank, value in enumerate(load):
-            self.assertGreater(value, 0, f"rank {rank} has no NS home: {load}")
-        self.assertAlmostEqual(sum(load), tiny_job_ns_cost(), delta=1e-6 * tiny_job_ns_cost())
+        # Each matrix is orthogonalized once in the job (not once per rank),
+        # and the work is spread: no rank carries more than the two largest
+        # matrices (up and down, half the job) of TINY's model.
+        total = tiny_job_ns_cost()
+        self.assertAlmostEqual(sum(load), total, delta=1e-6 * total)
+        self.assertLessEqual(max(load), total / 2, load)
         with open(os.path.join(out, "report.md")) as f:
             report = f.read()
         self.assertIn("layout: **fsdp+tp**, 4 trainer processes", report)
