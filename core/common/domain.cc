@@ -19,4 +19,17 @@ absl::Status CheckDomainCoordinates(DomainSize domain, int g, int t,
   return absl::OkStatus();
 }
 
+absl::Status CheckDomainCoordinates(DomainSize domain, int d, int g, int t,
+                                    const std::string& where) {
+  if (domain.dp < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": dp_size ", domain.dp, " must be >= 1"));
+  }
+  if (d < 0 || d >= domain.dp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": replica d=", d, " lies outside dp_size ", domain.dp));
+  }
+  return CheckDomainCoordinates(domain, g, t, where);
+}
+
 }  // namespace muond

@@ -34,5 +34,8 @@ struct DomainSize {
 // the sizes or the coordinates.
 absl::Status CheckDomainCoordinates(DomainSize domain, int g, int t,
                                     const std::string& where);
+// The same with the DP axis: D >= 1 too, and d inside [0, D).
+absl::Status CheckDomainCoordinates(DomainSize domain, int d, int g, int t,
+                                    const std::string& where);
 
 }  // namespace muond

@@ -133,8 +133,9 @@ void TrackBufferSizes(const StageExchange& ex, GroupExchangePlan& plan) {
 
 absl::StatusOr<GroupExchangePlan> BuildGroupExchangePlan(
     std::vector<ParamShardSpec> specs, std::vector<NsHome> homes,
-    DomainSize domain, int my_g, int my_t) {
-  RETURN_IF_ERROR(CheckDomainCoordinates(domain, my_g, my_t, "this rank"));
+    DomainSize domain, int my_g, int my_t, int my_d) {
+  RETURN_IF_ERROR(
+      CheckDomainCoordinates(domain, my_d, my_g, my_t, "this rank"));
   if (homes.size() != specs.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(homes.size(), " NS homes for ", specs.size(), " params"));
@@ -148,8 +149,14 @@ absl::StatusOr<GroupExchangePlan> BuildGroupExchangePlan(
     const ParamShardSpec& spec = specs[i];
     RETURN_IF_ERROR(ValidateShardSpec(spec, domain, my_g));
     NsHome& home = homes[i];
+    if (home.d < 0 || home.d >= domain.dp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("param '", spec.name, "': NS home replica d=", home.d,
+                       " is outside dp_size ", domain.dp));
+    }
+    if (home.d != my_d) continue;  // another replica's NS
     if (!spec.routed()) {
-      home = NsHome{};
+      home = NsHome{.d = home.d};
       plan.replicated.push_back(int(i));
       continue;
     }

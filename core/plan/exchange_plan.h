@@ -119,14 +119,17 @@ struct GroupExchangePlan {
   int64_t max_recv_elems = 0;
 };
 
-// Builds the plan of rank (my_g, my_t). homes: one per spec (PlanNsHomes or
-// RoundRobinHomes output); the t of a GTP_REMAT home and the home of a
-// replicated param are ignored. Errors (InvalidArgument, naming the param):
-// invalid spec for the domain and rank (ValidateShardSpec(spec, domain,
-// my_g): local rows = gtp_rows[my_g]), homes/specs size mismatch,
-// a routed param's home outside the domain, (my_g, my_t) outside the domain.
+// Builds the plan of rank (my_g, my_t) of replica my_d. homes: one per spec
+// (PlanNsHomes or RoundRobinHomes output); the t of a GTP_REMAT home and the
+// (g, t) of a replicated param's home are ignored. Only the params homed in
+// replica my_d (home.d == my_d) take part; the others appear in no list of
+// the plan (their update comes from their home replica: replica_exchange.h).
+// Errors (InvalidArgument, naming the param): invalid spec for the domain and
+// rank (ValidateShardSpec(spec, domain, my_g): local rows = gtp_rows[my_g]),
+// homes/specs size mismatch, a home outside the domain (d included),
+// (my_d, my_g, my_t) outside the domain.
 absl::StatusOr<GroupExchangePlan> BuildGroupExchangePlan(
     std::vector<ParamShardSpec> specs, std::vector<NsHome> homes,
-    DomainSize domain, int my_g, int my_t);
+    DomainSize domain, int my_g, int my_t, int my_d = 0);
 
 }  // namespace muond

@@ -13,7 +13,7 @@ int64_t DomainVoteScratchFloats(int64_t largest_comm) {
 absl::StatusOr<DomainVote> GatherDomainVotes(Backend& backend,
                                              const DomainBinding& domain,
                                              float* scratch, DomainVote mine) {
-  for (Communicator* comm : {domain.gtp, domain.tp}) {
+  for (Communicator* comm : {domain.gtp, domain.tp, domain.dp}) {
     if (comm == nullptr || comm->size() <= 1) continue;
     const auto local = EncodeDomainVote(mine);
     RETURN_IF_ERROR(backend.CopyFromHost(scratch, local.data(),

@@ -2,7 +2,8 @@
 // The collective half of the per-step domain agreement (domain_agreement.h):
 // one all_gather of every rank's DomainVote over the group's gtp_remat
 // communicator, then (carrying that fold) over its tp communicator, which
-// reaches the whole domain.
+// reaches the whole replica, then (carrying the replica's fold) over its dp
+// communicator, which reaches every replica: the whole domain.
 #include <cstdint>
 
 #include "absl/status/statusor.h"

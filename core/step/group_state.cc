@@ -16,7 +16,7 @@ namespace {
 std::vector<int64_t> ViewShape(const MatrixView& v) { return {v.rows, v.cols}; }
 
 absl::Status CheckDomain(const std::string& group, const DomainBinding& d) {
-  RETURN_IF_ERROR(CheckDomainCoordinates(d.size, d.g, d.t,
+  RETURN_IF_ERROR(CheckDomainCoordinates(d.size, d.d, d.g, d.t,
                                          absl::StrCat("group '", group, "'")));
   auto check_comm = [&](Communicator* comm, int size, int rank,
                         const char* axis) -> absl::Status {
@@ -29,7 +29,8 @@ absl::Status CheckDomain(const std::string& group, const DomainBinding& d) {
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(check_comm(d.gtp, d.size.gtp, d.g, "gtp_remat"));
-  return check_comm(d.tp, d.size.tp, d.t, "tp");
+  RETURN_IF_ERROR(check_comm(d.tp, d.size.tp, d.t, "tp"));
+  return check_comm(d.dp, d.size.dp, d.d, "dp");
 }
 
 absl::Status CheckBinding(const std::string& group, const ParamBinding& p,

@@ -13,7 +13,7 @@ namespace {
 
 // One phase of a step: a trace range (NVTX on CUDA) and its wall time. The
 // phases synchronise the backend at their end so the times are real; the
-// step has five such points, none inside a phase.
+// step has six such points, none inside a phase.
 class Phase {
  public:
   Phase(Backend& backend, const char* name)
@@ -129,6 +129,14 @@ absl::Status ReverseExchangePhase(GroupState& group,
   return absl::OkStatus();
 }
 
+// L_i of the params homed in this replica -> L_i on the other replicas.
+absl::Status DpSharePhase(GroupState& group, ExchangeBuffers& exchange) {
+  const StageExchange& share = group.plan->dp_share;
+  return ExchangeStage(*group.backend, group.config.domain.dp, share,
+                       share.forward, group.ns_dtype, exchange, group.local,
+                       group.local, group.config.name);
+}
+
 // L_i -> param_i.
 absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
                          const std::set<std::string>& skip) {
@@ -165,8 +173,11 @@ absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
   RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/ns", t.ns_us, [&] {
     return NsPhase(group, options, shape_times);
   }));
-  return TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us,
-                    [&] { return ReverseExchangePhase(group, exchange); });
+  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us, [&] {
+    return ReverseExchangePhase(group, exchange);
+  }));
+  return TimedPhase(backend, "lsmuon/dp_share", t.dp_share_us,
+                    [&] { return DpSharePhase(group, exchange); });
 }
 
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,

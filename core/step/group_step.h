@@ -9,6 +9,9 @@
 //              ns_after_stage2 on A2_i (NsRunner, in place)
 //   a2a_bwd    reverse stage 2:  A2_i -> A1_i
 //              reverse stage 1:  A1_i -> L_i, then the pad rows of L_i zeroed
+//   dp_share   over the DP group: L_i of the params homed in this replica
+//              -> L_i of the same params on the other replicas
+//              (PlanBuffers::dp_share; nothing without a DP axis)
 //   ---------- the job's commit vote (layer_sharded_muon.cc) ----------
 //   update     L_i -> param_i (weight decay + adjusted lr), then
 //              staged_momentum_i becomes momentum_i (a swap)
@@ -27,6 +30,11 @@
 // param keeps its moments and its step count. The other params run the same
 // kernels on the same values: bitwise as without `skip`.
 //
+// With a DP axis, a2a_fwd, ns and a2a_bwd cover only the params homed in
+// this rank's replica (NsHome::d; the plan leaves the others out); the L_i of
+// the others, momentum output until then, is overwritten by dp_share with the
+// update their home replica computed: bitwise the update of D = 1.
+//
 // A1_i is PlanBuffers::stage1 (L_i itself where this rank assembles no A1_i),
 // A2_i is PlanBuffers::stage2. Each phase ends with a backend sync so its
 // wall time is real.
@@ -44,7 +52,8 @@
 namespace muond {
 
 // A Muon group's step up to the commit under its current plan (group.plan
-// must be set): momentum into staging, exchanges, NS, reverse exchanges.
+// must be set): momentum into staging, exchanges, NS, reverse exchanges,
+// dp_share.
 // `exchange`: the lane's buffers, reserved for the plan. `shape_times`: null
 // when this step does not measure NS per shape. Phase times add to `t`.
 absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,

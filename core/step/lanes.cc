@@ -8,8 +8,8 @@ namespace {
 
 bool MustShareLane(const GroupState& a, const GroupState& b) {
   const DomainBinding &x = a.config.domain, &y = b.config.domain;
-  for (Communicator* c : {x.gtp, x.tp}) {
-    if (c != nullptr && (c == y.gtp || c == y.tp)) return true;
+  for (Communicator* c : {x.gtp, x.tp, x.dp}) {
+    if (c != nullptr && (c == y.gtp || c == y.tp || c == y.dp)) return true;
   }
   return a.backend == b.backend && a.backend->is_device();
 }

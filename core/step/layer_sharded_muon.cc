@@ -180,6 +180,7 @@ void AddTimings(const PhaseTimings& from, PhaseTimings& to) {
   to.a2a_fwd_us += from.a2a_fwd_us;
   to.ns_us += from.ns_us;
   to.a2a_bwd_us += from.a2a_bwd_us;
+  to.dp_share_us += from.dp_share_us;
   to.update_us += from.update_us;
 }
 
@@ -354,7 +355,7 @@ absl::Status LayerShardedMuonImpl::SetUpLanes() {
     int64_t most = 1;
     for (int g : lane.groups) {
       const DomainBinding& d = groups_[g].config.domain;
-      for (Communicator* c : {d.gtp, d.tp}) {
+      for (Communicator* c : {d.gtp, d.tp, d.dp}) {
         if (c != nullptr) most = std::max<int64_t>(most, c->size());
       }
     }
@@ -392,7 +393,7 @@ absl::Status LayerShardedMuonImpl::SetHomes(const std::string& name,
   // Validate now, so bad homes are refused here and not at a later step.
   const DomainBinding& d = group.config.domain;
   RETURN_IF_ERROR(
-      BuildGroupExchangePlan(ParamSpecs(group), homes, d.size, d.g, d.t)
+      BuildGroupExchangePlan(ParamSpecs(group), homes, d.size, d.g, d.t, d.d)
           .status());
   return WithContext(group.homes.Put(version, std::move(homes)),
                      absl::StrCat("group '", name, "': "));

@@ -13,7 +13,10 @@
 // along tp_dim -> Newton–Schulz at the NS home (batched by shape up to
 // ns_batch_size) -> scale -> reverse stage 2 -> restore pad -> reverse
 // stage 1 -> weight decay + update. Replicated params run local NS on every
-// rank. AdamW groups update local shards without exchange.
+// rank. With a DP axis the exchanges and NS run, within each replica, only
+// for the params homed there (NsHome::d); dp_share (one all_to_allv over the
+// DP group) then copies each update to the other replicas before the update.
+// AdamW groups update local shards without exchange.
 //
 // Numerics contract: with ns_batch_size = 1 every update is bit-identical to
 // the duplicated path (all_gather + full NS on every rank) and to the
@@ -55,15 +58,20 @@ struct ParamBinding {
   MatrixView grad;   // local shard of the gradient, read only (fp32 or bf16)
 };
 
-// The domain a group is sharded over and this rank's place in it. `gtp` and
-// `tp` are the communicators of this rank's gtp_remat group ({(g', t)}) and
-// tp group ({(g, t')}); null means the axis has size 1. Not owned.
+// The domain a group is sharded over and this rank's place (d, g, t) in it.
+// `gtp` and `tp` are the communicators of this rank's gtp_remat group
+// ({(d, g', t)}) and tp group ({(d, g, t')}), within its replica d; `dp` that
+// of its DP group ({(d', g, t)}: the ranks holding the same shards), which
+// carries the dp_share phase and the domain agreement across replicas. Null
+// means the axis has size 1. Not owned.
 struct DomainBinding {
   DomainSize size;
   int g = 0;
   int t = 0;
+  int d = 0;
   Communicator* gtp = nullptr;
   Communicator* tp = nullptr;
+  Communicator* dp = nullptr;
 };
 
 struct GroupConfig {

@@ -48,10 +48,19 @@ absl::StatusOr<PlanBuffers> BuildPlanBuffers(
     std::vector<NsHome> homes, const DomainBinding& domain,
     absl::Span<const MatrixView> local) {
   PlanBuffers buffers;
-  ASSIGN_OR_RETURN(buffers.plan,
-                   BuildGroupExchangePlan(std::move(specs), std::move(homes),
-                                          domain.size, domain.g, domain.t));
-  const GroupExchangePlan& plan = buffers.plan;
+  ASSIGN_OR_RETURN(buffers.dp_share,
+                   BuildReplicaExchangePlan(specs, homes, domain.size, domain.d,
+                                            domain.g, domain.t));
+  ASSIGN_OR_RETURN(
+      buffers.plan,
+      BuildGroupExchangePlan(std::move(specs), std::move(homes), domain.size,
+                             domain.g, domain.t, domain.d));
+  GroupExchangePlan& plan = buffers.plan;
+  // The lane's exchange buffers carry dp_share too.
+  plan.max_send_elems =
+      std::max(plan.max_send_elems, buffers.dp_share.forward.total_send);
+  plan.max_recv_elems =
+      std::max(plan.max_recv_elems, buffers.dp_share.forward.total_recv);
   buffers.stage1.resize(local.size());
   buffers.stage2.resize(local.size());
   if (plan.has_stage1) {

@@ -17,6 +17,8 @@ struct PhaseTimings {
   double a2a_fwd_us = 0;
   double ns_us = 0;
   double a2a_bwd_us = 0;
+  // The DP exchange of the updates (0 without a DP axis).
+  double dp_share_us = 0;
   double update_us = 0;
   double total_us = 0;
 };

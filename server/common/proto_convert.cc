@@ -70,6 +70,7 @@ v1::StepTimings ToProto(const PhaseTimings& timings) {
   out.set_a2a_fwd_us(timings.a2a_fwd_us);
   out.set_ns_us(timings.ns_us);
   out.set_a2a_bwd_us(timings.a2a_bwd_us);
+  out.set_dp_share_us(timings.dp_share_us);
   out.set_update_us(timings.update_us);
   out.set_total_us(timings.total_us);
   return out;

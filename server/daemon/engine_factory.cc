@@ -1,5 +1,7 @@
 #include "server/daemon/engine_factory.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
@@ -27,6 +29,20 @@ absl::StatusOr<T> InGroup(const v1::ParamGroup& group,
                           absl::StatusOr<T> value) {
   if (value.ok()) return value;
   return InGroup(group, value.status());
+}
+
+// The communicators of one domain on this rank (null: an axis of size 1).
+struct DomainComms {
+  Communicator* gtp = nullptr;
+  Communicator* tp = nullptr;
+  Communicator* dp = nullptr;
+};
+
+// D x G x T of `domain`; dp_size 0 (unset) is no DP axis, D = 1.
+DomainSize WithDpAxis(const v1::Domain& domain) {
+  DomainSize size = DomainSizeOf(domain);
+  size.dp = std::max(1, domain.dp_size());
+  return size;
 }
 
 }  // namespace
@@ -115,17 +131,17 @@ EngineFactory MakeEngineFactory(EngineOptions options,
     // on the host one CPU backend serves all.
     engine->backends.push_back(backend);
     std::map<std::string, Backend*> domain_backend;
-    // One pair of communicators per domain name, shared by its groups.
-    std::map<std::string, std::pair<Communicator*, Communicator*>> comms;
+    // One set of communicators per domain name, shared by its groups.
+    std::map<std::string, DomainComms> comms;
     std::vector<GroupConfig> configs;
     for (const BoundGroup& group : reg.groups) {
       const v1::Domain& d = group.proto.domain();
+      const DomainSize size = WithDpAxis(d);
       if (!comms.count(d.name())) {
         const std::string prefix =
             absl::StrCat("comm/", d.name(), "/v", plan.version());
-        ASSIGN_OR_RETURN(
-            DomainGroups groups,
-            SplitDomain(d.gtp_size(), d.tp_size(), d.g(), d.t(), prefix));
+        ASSIGN_OR_RETURN(DomainGroups groups,
+                         SplitDomain(size, d.d(), d.g(), d.t(), prefix));
         Backend* dom_backend = backend.get();
         if (options.device >= 0 && !domain_backend.empty()) {
           ASSIGN_OR_RETURN(std::unique_ptr<Backend> own,
@@ -150,20 +166,22 @@ EngineFactory MakeEngineFactory(EngineOptions options,
           return CreateNcclCommunicator(store.get(), p, rank, size,
                                         dom_backend->stream(), nccl);
         };
-        Communicator* gtp = nullptr;
-        Communicator* tp = nullptr;
-        if (d.gtp_size() > 1) {
-          ASSIGN_OR_RETURN(auto c,
-                           make(groups.gtp_remat_prefix, d.g(), d.gtp_size()));
-          gtp = c.get();
+        // The gtp_remat and tp groups of this rank's replica, then its DP
+        // group (the ranks holding the same shards): an axis of size 1 has
+        // none.
+        auto axis = [&](const std::string& p, int rank, int size,
+                        Communicator*& out) -> absl::Status {
+          if (size <= 1) return absl::OkStatus();
+          ASSIGN_OR_RETURN(auto c, make(p, rank, size));
+          out = c.get();
           engine->communicators.push_back(std::move(c));
-        }
-        if (d.tp_size() > 1) {
-          ASSIGN_OR_RETURN(auto c, make(groups.tp_prefix, d.t(), d.tp_size()));
-          tp = c.get();
-          engine->communicators.push_back(std::move(c));
-        }
-        comms[d.name()] = {gtp, tp};
+          return absl::OkStatus();
+        };
+        DomainComms& dc = comms[d.name()];
+        RETURN_IF_ERROR(
+            axis(groups.gtp_remat_prefix, d.g(), size.gtp, dc.gtp));
+        RETURN_IF_ERROR(axis(groups.tp_prefix, d.t(), size.tp, dc.tp));
+        RETURN_IF_ERROR(axis(groups.dp_prefix, d.d(), size.dp, dc.dp));
       }
       GroupConfig config;
       config.name = group.proto.name();
@@ -176,11 +194,13 @@ EngineFactory MakeEngineFactory(EngineOptions options,
         ASSIGN_OR_RETURN(config.adamw, AdamWOptionsFromProto(group.proto));
       }
       config.backend = domain_backend[d.name()];
-      config.domain.size = DomainSizeOf(d);
+      config.domain.size = size;
       config.domain.g = d.g();
       config.domain.t = d.t();
-      config.domain.gtp = comms[d.name()].first;
-      config.domain.tp = comms[d.name()].second;
+      config.domain.d = d.d();
+      config.domain.gtp = comms[d.name()].gtp;
+      config.domain.tp = comms[d.name()].tp;
+      config.domain.dp = comms[d.name()].dp;
       for (const BoundParam& p : group.params) {
         ParamBinding b;
         b.name = p.name;
