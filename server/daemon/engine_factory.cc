@@ -178,8 +178,7 @@ EngineFactory MakeEngineFactory(EngineOptions options,
           return absl::OkStatus();
         };
         DomainComms& dc = comms[d.name()];
-        RETURN_IF_ERROR(
-            axis(groups.gtp_remat_prefix, d.g(), size.gtp, dc.gtp));
+        RETURN_IF_ERROR(axis(groups.gtp_remat_prefix, d.g(), size.gtp, dc.gtp));
         RETURN_IF_ERROR(axis(groups.tp_prefix, d.t(), size.tp, dc.tp));
         RETURN_IF_ERROR(axis(groups.dp_prefix, d.d(), size.dp, dc.dp));
       }
