@@ -36,6 +36,9 @@ struct DomainGroups {
   std::string dp_prefix;
 };
 
+// g * T + t: the flat rank within one replica's G x T grid.
+inline int FlatDomainRank(int g, int t, int tp_size) { return g * tp_size + t; }
+
 // `domain_prefix` should name job, domain and plan version (e.g.
 // "job7/dense/v3") so that groups of different domains or of a re-created
 // communicator never read each other's keys. Errors: InvalidArgument when a
