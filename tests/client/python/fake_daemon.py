@@ -336,7 +336,9 @@ def shard_of(full: torch.Tensor, d: pb.Domain, p: pb.Param) -> torch.Tensor:
         x = torch.chunk(x, T, tags.partition_dim)[d.t]
     if tags.is_gtp_weight_remat and G > 1:
         x = torch.cat([x, torch.zeros(tags.pad_length, x.shape[1])], 0)
-        x = torch.chunk(x, G, 0)[d.g]
+        # Uneven row blocks (FSDP2's torch.chunk, empty ones included) when given.
+        x = (torch.split(x, list(tags.gtp_rows), 0) if tags.gtp_rows
+             else torch.chunk(x, G, 0))[d.g]
     return x
 
 
