@@ -414,13 +414,16 @@ def settle(compute, rank: int, world: int, gather, dp_given: bool = False) -> di
     errors and claims all-gathered, then the summaries (check_layout). Any
     rank's refusal is raised on EVERY rank with the same message (naming the
     rank), so no rank is left waiting in a later collective or RPC."""
+    own = None
     try:
         places, error = compute(), None
-    except ValueError as e:
-        places, error = {}, str(e)
+    except Exception as e:  # noqa: BLE001 (every rank raises it below)
+        own = e
+        places, error = {}, (str(e) if isinstance(e, ValueError)
+                             else f"{type(e).__name__}: {e}")
     if world <= 1:
-        if error is not None:
-            raise ValueError(error)
+        if own is not None:
+            raise own
         return places
     every = gather({"error": error, "claims": claims(places, dp_given)})
     failed = [(r, o["error"]) for r, o in enumerate(every) if o["error"] is not None]
@@ -428,7 +431,7 @@ def settle(compute, rank: int, world: int, gather, dp_given: bool = False) -> di
         r, message = failed[0]
         others = [f for f, _ in failed[1:]]
         raise ValueError(f"rank {r}: {message}" +
-                         (f" (ranks {others} refused too)" if others else ""))
+                         (f" (ranks {others} refused too)" if others else "")) from own
     if any(o["claims"] for o in every):
         places = with_replicas(places, [o["claims"] for o in every], rank)
     check_layout(gather(summary(places)))

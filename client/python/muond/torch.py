@@ -516,9 +516,18 @@ class Muon(torch.optim.Optimizer):
         self._finalizer = weakref.finalize(self, _finalize, self._buffers, self.clients,
                                            job_id, self.client_id, os.getpid())
         try:
-            for c in self.clients:
-                c.wait_healthy(wait_healthy_timeout)
-            per_rank = self._place_params()
+            try:
+                for c in self.clients:
+                    c.wait_healthy(wait_healthy_timeout)
+                unhealthy = None
+            except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
+                unhealthy = e
+            if unhealthy is not None and not self._collective():
+                raise unhealthy
+            # In a distributed local-mode job a daemon that is not healthy on
+            # one rank is that rank's refusal in the placement agreement: every
+            # rank raises it instead of waiting in a collective.
+            per_rank = self._place_params(unhealthy)
             self._register_taking_over_stale(per_rank, takeover)
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout, need_plan=True)
@@ -585,10 +594,42 @@ class Muon(torch.optim.Optimizer):
                  for r, c in enumerate(self.clients)], self.clients, "RegisterParams")
 
     # -- placement ---------------------------------------------------------
-    def _place_params(self) -> list[list[pb.ParamGroup]]:
-        n = len(self.clients)
-        wire: list[dict[str, pb.ParamGroup]] = [dict() for _ in range(n)]
-        muon_load, adamw_load = [0] * n, [0] * n
+    def _collective(self) -> bool:
+        """Placement is agreed with the other ranks (local mode under
+        torch.distributed with world > 1)."""
+        return self.shard_mode == "local" and self._world > 1
+
+    def _place_params(self, refusal: BaseException | None = None) -> list[list[pb.ParamGroup]]:
+        """Every param's wire group per daemon. In a collective placement
+        (_collective) everything that may refuse, including ``refusal``, runs
+        inside muond.placement.settle, so one rank's refusal stops all."""
+        if self._collective():
+            todo = []
+
+            def compute():
+                if refusal is not None:
+                    raise refusal
+                todo.extend(self._collect_params())
+                return self._compute_places(todo)
+
+            self.places = _placement.settle(compute, self._rank, self._world,
+                                            _all_gather_object, dp_given=self._dp[0] is not None)
+            return self._register_local(todo)
+        todo = self._collect_params()
+        if self.shard_mode == "local":
+            self.places = self._compute_places(todo)
+            return self._register_local(todo)
+        return self._place_split_all(todo)
+
+    def _register_local(self, todo) -> list[list[pb.ParamGroup]]:
+        wire: list[dict[str, pb.ParamGroup]] = [dict()]
+        for gi, gname, group, name, p in todo:
+            self._place_local(gi, gname, group, name, p, wire)
+        return [list(w.values()) for w in wire]
+
+    def _collect_params(self) -> list:
+        """(group index, group name, group, param name, param) of every
+        param, checked (algorithm, names, dtype, Muon params 2-D)."""
         seen = set()
         # The live entries each group is registered with: as last registered
         # for a group the daemons accepted (param_groups may hold a value the
@@ -619,11 +660,12 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"param {name}: Muon params must be 2-D, got shape "
                                      f"{tuple(p.shape)}; put it in an algorithm='adamw' group")
                 todo.append((gi, gname, group, name, p))
-        if self.shard_mode == "local":
-            self.places = self._derive_places(todo)
-            for gi, gname, group, name, p in todo:
-                self._place_local(gi, gname, group, name, p, wire)
-            return [list(w.values()) for w in wire]
+        return todo
+
+    def _place_split_all(self, todo) -> list[list[pb.ParamGroup]]:
+        n = len(self.clients)
+        wire: list[dict[str, pb.ParamGroup]] = [dict() for _ in range(n)]
+        muon_load, adamw_load = [0] * n, [0] * n
         for gi, gname, group, name, p in todo:
             algorithm = group["algorithm"]
             if _placement.is_dtensor(p):
@@ -704,10 +746,9 @@ class Muon(torch.optim.Optimizer):
                                   param=pbuf.ref(0, shape, strides),
                                   grad=gbuf.ref(0, shape, strides), tags=pb.ShardTags()))
 
-    def _derive_places(self, todo) -> dict:
-        """Local mode: every param's place (muond.placement), agreed with
-        every other rank of the job when torch.distributed runs (a refusal on
-        any rank is raised on all, before any RPC)."""
+    def _compute_places(self, todo) -> dict:
+        """Local mode: this rank's place of every param (muond.placement;
+        no communication)."""
         opts = _placement.Options(
             rank=self._rank, world=self._world, domain=self.domain_name,
             gtp_size=self.gtp_size, tp_size=self.tp_size, g=self.g, t=self.t,
@@ -715,9 +756,7 @@ class Muon(torch.optim.Optimizer):
             given_grid=self.gtp_size * self.tp_size > 1 or self.g != 0 or self.t != 0)
         requests = [_placement.Request(name, p, group["algorithm"])
                     for _, _, group, name, p in todo]
-        return _placement.settle(lambda: _placement.place_params(requests, opts),
-                                 self._rank, self._world, _all_gather_object,
-                                 dp_given=self._dp[0] is not None)
+        return _placement.place_params(requests, opts)
 
     def _bind_dtensor(self, p):
         """A DTensor param's shared buffers (at least one element: a 0-row

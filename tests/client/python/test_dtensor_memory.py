@@ -4,7 +4,8 @@ FSDP2 shards: 4 gloo trainer processes, FSDP2 over 4 ranks on a 3-row weight
 rank with its own fake daemon (fake_daemon.py, in this process: the wire
 contract, uneven gtp_rows included) found from MUOND_DAEMON. Checks: the
 0-row shard registers a 0-row view into a buffer of >= 1 element, the
-params are never rebound (FSDP2 keeps its storage), and after 2 steps every
+params are never rebound (FSDP2 keeps its storage), a refusal on one rank
+stops every rank before any RPC, and after 2 steps every
 rank's full params equal one trainer on one fake daemon given the same full
 gradients, bitwise (the copies in and out lose nothing)."""
 import json
@@ -62,6 +63,16 @@ def _trainer(rank, tmp):
     fully_shard(model, mesh=init_device_mesh("cpu", (WORLD,)))
     storage = {n: p.to_local().untyped_storage().data_ptr()
                for n, p in model.named_parameters()}
+    # A refusal on one rank (a 1-D param in rank 2's Muon group) is raised on
+    # every rank, before any RPC, instead of leaving the others waiting.
+    bad = list(model.named_parameters()) + ([("odd", torch.nn.Parameter(torch.zeros(3)))]
+                                            if rank == 2 else [])
+    try:
+        Muon([{"params": [(n, p) for n, p in bad if n != "0.bias" and n != "2.bias"]}],
+             **HYPER)
+        refusal = None
+    except ValueError as e:
+        refusal = str(e)
     opt = Muon(_groups(list(model.named_parameters())), **HYPER)
     grads = []
     for step in range(STEPS):
@@ -75,8 +86,21 @@ def _trainer(rank, tmp):
     final = {n: p.full_tensor() for n, p in model.named_parameters()}
     opt.close()
     with open(os.path.join(tmp, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump({"init": init, "grads": grads, "final": final, "rebound": rebound}, f)
+        pickle.dump({"init": init, "grads": grads, "final": final, "rebound": rebound,
+                     "refusal": refusal}, f)
     dist.destroy_process_group()
+
+
+def _join(ctx, timeout: float) -> None:
+    """Waits for the trainers; a trainer that fails raises, and trainers
+    still running after `timeout` s (a rank left waiting) are killed."""
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise TimeoutError(f"trainers still running after {timeout:.0f}s")
 
 
 class DTensorMemoryTest(unittest.TestCase):
@@ -95,8 +119,7 @@ class DTensorMemoryTest(unittest.TestCase):
             with open(os.path.join(tmp, "daemons.json.tmp"), "w") as f:
                 json.dump({"port": port, "addresses": addresses}, f)
             os.rename(os.path.join(tmp, "daemons.json.tmp"), os.path.join(tmp, "daemons.json"))
-            while not ctx.join(timeout=120):
-                pass
+            _join(ctx, 150)
             registered = [{p.name: (p, req.regions) for g in req.groups for p in g.params}
                           for req in (d.requests[0] for d in cluster.daemons)]
         finally:
@@ -116,6 +139,10 @@ class DTensorMemoryTest(unittest.TestCase):
             with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
                 runs.append(pickle.load(f))
         self.assertEqual([run["rebound"] for run in runs], [[]] * WORLD)
+        refusals = {run["refusal"] for run in runs}
+        self.assertEqual(len(refusals), 1, refusals)
+        self.assertRegex(refusals.pop(), r"^rank 2: param odd: Muon params must be 2-D")
+        self.assertEqual([len(d.requests) for d in cluster.daemons], [1] * WORLD)
 
         from muond.torch import Muon
         model = _model()

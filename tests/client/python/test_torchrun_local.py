@@ -80,6 +80,18 @@ def _trainer(rank, tmp):
     dist.destroy_process_group()
 
 
+def _join(ctx, timeout: float) -> None:
+    """Waits for the trainers; a trainer that fails raises, and trainers
+    still running after `timeout` s (a rank left waiting) are killed."""
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise TimeoutError(f"trainers still running after {timeout:.0f}s")
+
+
 class TorchrunFsdpTest(unittest.TestCase):
     def test_fsdp2_ranks_find_their_daemons_and_match_one_daemon_bitwise(self):
         find_binaries(self)
@@ -95,8 +107,7 @@ class TorchrunFsdpTest(unittest.TestCase):
                 json.dump({"port": port, "daemons": cluster.daemons, "job_id": cluster.job_id,
                            "token_file": os.path.join(cluster.tmp, "token")}, f)
             os.rename(os.path.join(tmp, "cluster.json.tmp"), os.path.join(tmp, "cluster.json"))
-            while not ctx.join(timeout=120):
-                pass
+            _join(ctx, 150)
         runs = []
         for r in range(WORLD):
             with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
