@@ -365,7 +365,8 @@ def write_report(args, corpus, baseline, results, rel_diff, layout, path):
         lines += ["", "Max relative difference of the final params, muond vs reference "
                       f"(max |a-b| / max |b| per tensor): **{rel_diff:.3e}**"]
     lines += ["", "## Newton–Schulz load per rank", "",
-              "Plan NS load: the coordinator's plan (`rank_load`, what `muonctl status` shows); "
+              "Plan NS load: the coordinator's plan (`GroupPlan.rank_load` of the Muon groups, "
+              "as `muonctl status` reads it); "
               "ms/step: each rank's daemon (its StepTimings, mean over steps; dp_share: the last "
               "step's, from GetStatus).", ""]
     lines += ns_load_rows(layout)
