@@ -25,8 +25,13 @@ inline ShardTags FromProto(const v1::ShardTags& tags) {
   return out;
 }
 
+// dp_size 0 (unset: a domain without a DP axis) reads as 1.
+inline int DpSizeOf(const v1::Domain& domain) {
+  return domain.dp_size() == 0 ? 1 : domain.dp_size();
+}
+
 inline DomainSize DomainSizeOf(const v1::Domain& domain) {
-  return DomainSize{domain.gtp_size(), domain.tp_size()};
+  return DomainSize{domain.gtp_size(), domain.tp_size(), DpSizeOf(domain)};
 }
 
 // InvalidArgument naming `field` for DTYPE_UNSPECIFIED or an unknown value.
@@ -44,10 +49,13 @@ inline v1::NsHome ToProto(const NsHome& home) {
   v1::NsHome out;
   out.set_g(home.g);
   out.set_t(home.t);
+  out.set_d(home.d);
   return out;
 }
 
-inline NsHome FromProto(const v1::NsHome& home) { return {home.g(), home.t()}; }
+inline NsHome FromProto(const v1::NsHome& home) {
+  return {home.g(), home.t(), home.d()};
+}
 
 // A step's phase times (microseconds), field for field.
 v1::StepTimings ToProto(const PhaseTimings& timings);
@@ -64,7 +72,9 @@ StepOverrides FromProto(
 // (the wire's int32).
 v1::ShapeTiming ToProto(const ShapeTiming& timing);
 
-// Plans the NS homes of one Muon group manifest with core/plan under
+// Plans the NS homes of one Muon group manifest (over its whole D x G x T
+// domain: homes carry the replica d, rank_load one entry per flat domain rank
+// (d * G + g) * T + t) with core/plan under
 // `cost_model` (COST_MODEL_MEASURED: `measured`, per full-matrix shape {rows,
 // cols}; UNSPECIFIED is refused: the coordinator resolves it). Errors name
 // the param (from MakeShardSpec/PlanNsHomes) or the cost_model.

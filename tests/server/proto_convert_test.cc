@@ -3,12 +3,14 @@
 // every wire value names a core value, and UNSPECIFIED / undefined numbers are
 // refused naming the field.
 #include "server/common/proto_convert.h"
-#include "server/common/proto_convert_options.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <vector>
+
+#include "core/common/domain.h"
+#include "server/common/proto_convert_options.h"
 
 namespace muond {
 namespace {
@@ -84,6 +86,66 @@ TEST(ProtoConvertTest, CostModel) {
   EXPECT_EQ(ParseCostModel("flops").value(), kFlops);
   EXPECT_THAT(ParseCostModel("magic", "--cost-model").status().message(),
               HasSubstr("--cost-model: 'magic' is not one of"));
+}
+
+// The DP axis on the wire: dp_size 0 (unset) reads as 1, the home replica
+// travels both ways.
+TEST(ProtoConvertTest, DomainDpAxisAndHomeReplica) {
+  v1::Domain domain;
+  domain.set_gtp_size(2);
+  domain.set_tp_size(3);
+  EXPECT_EQ(DomainSizeOf(domain).dp, 1);
+  domain.set_dp_size(4);
+  const DomainSize size = DomainSizeOf(domain);
+  EXPECT_EQ(size.gtp, 2);
+  EXPECT_EQ(size.tp, 3);
+  EXPECT_EQ(size.dp, 4);
+  EXPECT_EQ(size.all_ranks(), 24);
+  const NsHome home{1, 2, 3};
+  const v1::NsHome wire = ToProto(home);
+  EXPECT_EQ(wire.d(), 3);
+  EXPECT_EQ(FromProto(wire), home);
+}
+
+TEST(CheckDomainCoordinates, ReplicaInsideTheDpAxis) {
+  const DomainSize size{2, 1, 3};
+  EXPECT_TRUE(CheckDomainCoordinates(size, 2, 1, 0, "here").ok());
+  const absl::Status outside = CheckDomainCoordinates(size, 3, 0, 0, "here");
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(outside.message(),
+            "here: replica d=3 lies outside dp_size 3");
+  EXPECT_THAT(CheckDomainCoordinates(size, 0, 2, 0, "here").message(),
+              HasSubstr("(g=2, t=0) lies outside 2x1"));
+  EXPECT_THAT(
+      CheckDomainCoordinates(DomainSize{1, 1, 0}, 0, 0, 0, "here").message(),
+      HasSubstr("here: dp_size 0 must be >= 1"));
+}
+
+// A DDP group's plan: one home replica per matrix, a load per domain rank.
+TEST(PlanGroup, DpDomainHomesAndRankLoad) {
+  v1::GroupManifest manifest;
+  manifest.set_group("g");
+  manifest.mutable_domain()->set_name("dense");
+  manifest.mutable_domain()->set_gtp_size(1);
+  manifest.mutable_domain()->set_tp_size(1);
+  manifest.mutable_domain()->set_dp_size(2);
+  manifest.mutable_domain()->set_d(1);
+  for (int i = 0; i < 4; ++i) {
+    v1::ParamSpec* p = manifest.add_params();
+    p->set_name("w" + std::to_string(i));
+    for (int64_t dim : {16, 8}) {
+      p->add_full_shape(dim);
+      p->add_local_shape(dim);
+    }
+  }
+  absl::StatusOr<v1::GroupPlan> plan =
+      PlanGroup(manifest, v1::COST_MODEL_NS_COST, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->rank_load_size(), 2);
+  EXPECT_EQ(plan->rank_load(0), plan->rank_load(1));
+  std::vector<int> per_replica(2, 0);
+  for (const v1::NsHome& h : plan->homes()) ++per_replica[h.d()];
+  EXPECT_EQ(per_replica, (std::vector<int>{2, 2}));
 }
 
 }  // namespace
