@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/text_format.h"
 #include "server/common/checked_math.h"
+#include "server/common/proto_convert.h"
 
 namespace muond {
 namespace {
@@ -45,11 +47,19 @@ bool SameTags(const v1::ShardTags& a, const v1::ShardTags& b) {
 }
 
 // Empty when `a` (rank ra) and `b` (rank rb) describe the same params;
-// otherwise the first difference, naming the param and both ranks.
+// otherwise the first difference, naming the param, both ranks and, for
+// replicas of one (g, t), their replicas d.
 std::string FirstParamDifference(const v1::GroupManifest& a, int ra,
                                  const v1::GroupManifest& b, int rb) {
-  const std::string where =
-      absl::StrCat("group '", a.group(), "': rank ", ra, " and rank ", rb);
+  const bool replicas =
+      a.domain().g() == b.domain().g() && a.domain().t() == b.domain().t();
+  const std::string where = absl::StrCat(
+      "group '", a.group(), "': rank ", ra, " and rank ", rb,
+      replicas && a.domain().d() != b.domain().d()
+          ? absl::StrCat(" (replicas d=", a.domain().d(),
+                         " and d=", b.domain().d(), " of (g=", a.domain().g(),
+                         ", t=", a.domain().t(), "))")
+          : "");
   const int n = std::min(a.params_size(), b.params_size());
   for (int i = 0; i < n; ++i) {
     const v1::ParamSpec& pa = a.params(i);
@@ -187,8 +197,13 @@ absl::Status ValidateManifestShape(const v1::PublishManifestRequest& request) {
           " is not one of ALGORITHM_MUON, ALGORITHM_ADAMW (or unset)"));
     }
     const v1::Domain& d = g.domain();
+    if (d.dp_size() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group '", g.group(), "': domain '", d.name(),
+                       "': dp_size ", d.dp_size(), " must be >= 0 (0 = 1)"));
+    }
     RETURN_IF_ERROR(CheckDomainCoordinates(
-        DomainSize{d.gtp_size(), d.tp_size()}, d.g(), d.t(),
+        DomainSizeOf(d), d.d(), d.g(), d.t(),
         absl::StrCat("group '", g.group(), "': domain '", d.name(), "'")));
     std::set<std::string> names;
     for (const v1::ParamSpec& p : g.params()) {
@@ -214,6 +229,19 @@ absl::Status ValidateManifestShape(const v1::PublishManifestRequest& request) {
     }
   }
   return absl::OkStatus();
+}
+
+// "GxT", or "DxGxT" with a DP axis: how messages name a domain's sizes.
+std::string DomainText(const v1::Domain& d) {
+  return absl::StrCat(DpSizeOf(d) > 1 ? absl::StrCat(DpSizeOf(d), "x") : "",
+                      d.gtp_size(), "x", d.tp_size());
+}
+
+// "(g=0, t=1)", or "(d=1, g=0, t=1)" with a DP axis.
+std::string CoordText(const v1::Domain& d) {
+  return absl::StrCat("(",
+                      DpSizeOf(d) > 1 ? absl::StrCat("d=", d.d(), ", ") : "",
+                      "g=", d.g(), ", t=", d.t(), ")");
 }
 
 std::string Fingerprint(const std::map<int, std::string>& manifests) {
@@ -541,18 +569,17 @@ absl::Status CoordinatorCore::CheckAgainstPeers(
         const v1::Domain& a = mine.domain();
         const v1::Domain& b = theirs.domain();
         if (a.name() != b.name() || a.gtp_size() != b.gtp_size() ||
-            a.tp_size() != b.tp_size()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("group '", mine.group(), "': rank ", request.rank(),
-                           " has domain '", a.name(), "' ", a.gtp_size(), "x",
-                           a.tp_size(), " but rank ", rank, " has '", b.name(),
-                           "' ", b.gtp_size(), "x", b.tp_size()));
+            a.tp_size() != b.tp_size() || DpSizeOf(a) != DpSizeOf(b)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "group '", mine.group(), "': rank ", request.rank(),
+              " has domain '", a.name(), "' ", DomainText(a), " but rank ",
+              rank, " has '", b.name(), "' ", DomainText(b)));
         }
-        if (a.g() == b.g() && a.t() == b.t()) {
+        if (a.g() == b.g() && a.t() == b.t() && a.d() == b.d()) {
           return absl::InvalidArgumentError(
               absl::StrCat("group '", mine.group(), "': ranks ", rank, " and ",
-                           request.rank(), " both claim (g=", a.g(),
-                           ", t=", a.t(), ") of domain '", a.name(), "'"));
+                           request.rank(), " both claim ", CoordText(a),
+                           " of domain '", a.name(), "'"));
         }
         // The earlier rank is the reference, so messages read "rank 0 and
         // rank 1 differ".
@@ -604,14 +631,14 @@ absl::StatusOr<v1::Plan> CoordinatorCore::ComputePlan(
   // Per group: the manifest of the lowest rank and the (g, t) coverage.
   struct GroupInfo {
     const v1::GroupManifest* manifest = nullptr;
-    std::set<std::pair<int, int>> coords;
+    std::set<std::tuple<int, int, int>> coords;  // (d, g, t)
   };
   std::map<std::string, GroupInfo> groups;
   for (const auto& [rank, daemon] : job.daemons) {
     for (const v1::GroupManifest& g : daemon.manifest.groups()) {
       GroupInfo& info = groups[g.group()];
       if (info.manifest == nullptr) info.manifest = &g;
-      info.coords.insert({g.domain().g(), g.domain().t()});
+      info.coords.insert({g.domain().d(), g.domain().g(), g.domain().t()});
     }
   }
   v1::Plan plan;
@@ -621,11 +648,12 @@ absl::StatusOr<v1::Plan> CoordinatorCore::ComputePlan(
   plan.set_cost_model(cost_model);
   for (const auto& [name, info] : groups) {
     const v1::Domain& d = info.manifest->domain();
-    const size_t expected = size_t(d.gtp_size()) * size_t(d.tp_size());
+    const size_t expected =
+        size_t(DpSizeOf(d)) * size_t(d.gtp_size()) * size_t(d.tp_size());
     if (info.coords.size() != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           "group '", name, "': ", info.coords.size(), " of the ", expected,
-          " ranks of domain '", d.name(), "' (", d.gtp_size(), "x", d.tp_size(),
+          " ranks of domain '", d.name(), "' (", DomainText(d),
           ") published it; every rank of the domain must"));
     }
     v1::GroupPlan* group_plan = plan.add_groups();
@@ -746,14 +774,14 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishJoined(
   request.clear_known_plan_version();
   request.clear_last_step_id();
   for (const v1::GroupManifest& g : request.groups()) {
-    const int64_t ranks =
-        int64_t(g.domain().gtp_size()) * int64_t(g.domain().tp_size());
+    const int64_t ranks = int64_t(DpSizeOf(g.domain())) *
+                          int64_t(g.domain().gtp_size()) *
+                          int64_t(g.domain().tp_size());
     if (ranks > job->world_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("group '", g.group(), "': domain '", g.domain().name(),
-                       "' ", g.domain().gtp_size(), "x", g.domain().tp_size(),
-                       " has ", ranks, " ranks, more than job '", job->id,
-                       "' world size ", job->world_size));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", g.group(), "': domain '", g.domain().name(), "' ",
+          DomainText(g.domain()), " has ", ranks, " ranks, more than job '",
+          job->id, "' world size ", job->world_size));
     }
   }
   job->plans.RaiseFloor(published.known_plan_version(),
@@ -906,8 +934,7 @@ bool SameHomes(const v1::Plan& a, const v1::Plan& b) {
       return false;
     }
     for (int i = 0; i < g.homes_size(); ++i) {
-      if (g.homes(i).g() != it->second->homes(i).g() ||
-          g.homes(i).t() != it->second->homes(i).t()) {
+      if (FromProto(g.homes(i)) != FromProto(it->second->homes(i))) {
         return false;
       }
     }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -1108,6 +1109,156 @@ TEST(CoordinatorTrust, RebalanceRefusedDuringARegistrationRound) {
                     .ok());
   }
   EXPECT_TRUE(core.Rebalance(req).ok());
+}
+
+}  // namespace
+}  // namespace muond
+
+namespace muond {
+namespace {
+
+// A DP x TP domain (D replicas of a 1 x T grid; rank r = d * T + t) with
+// TP column-parallel weights, or with T = 1 a DDP job of plain matrices.
+v1::PublishManifestRequest DpManifest(
+    const std::string& job, int rank, int dp, int tp,
+    const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  v1::PublishManifestRequest r;
+  r.set_job_id(job);
+  r.set_rank(rank);
+  v1::GroupManifest* g = r.add_groups();
+  g->set_group("muon");
+  g->set_algorithm(v1::ALGORITHM_MUON);
+  v1::Domain* d = g->mutable_domain();
+  d->set_name("dense");
+  d->set_gtp_size(1);
+  d->set_tp_size(tp);
+  d->set_dp_size(dp);
+  d->set_d(rank / tp);
+  d->set_t(rank % tp);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    v1::ParamSpec* p = g->add_params();
+    p->set_name("w" + std::to_string(i));
+    p->add_full_shape(shapes[i].first);
+    p->add_full_shape(shapes[i].second);
+    p->add_local_shape(shapes[i].first / tp);
+    p->add_local_shape(shapes[i].second);
+    p->mutable_tags()->set_tensor_model_parallel(tp > 1);
+    p->mutable_tags()->set_partition_dim(0);
+  }
+  return r;
+}
+
+// A DDP job of 4: the plan waits for all 4 replicas, gives every matrix a home
+// replica and each rank about a quarter of the job's ns_cost.
+TEST(CoordinatorDp, DdpPlanSpreadsNsOverReplicas) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  double total = 0;
+  for (int i = 0; i < 24; ++i) {
+    const int64_t p = 32 * (1 + i % 3), q = 32 * (1 + i % 2);
+    shapes.push_back({p, q});
+    total += double(std::max(p, q)) * std::min(p, q) * std::min(p, q);
+  }
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound);
+    ASSERT_TRUE(core.PublishManifest(DpManifest("j", r, 4, 1, shapes)).ok())
+        << r;
+  }
+  absl::StatusOr<v1::Plan> plan = core.GetPlan("j");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::GroupPlan& group = plan->groups(0);
+  ASSERT_EQ(group.homes_size(), int(shapes.size()));
+  std::vector<double> load(4, 0);
+  for (int i = 0; i < group.homes_size(); ++i) {
+    const v1::NsHome& h = group.homes(i);
+    ASSERT_TRUE(h.d() >= 0 && h.d() < 4 && h.g() == 0 && h.t() == 0);
+    const auto [p, q] = shapes[i];
+    load[h.d()] += double(std::max(p, q)) * std::min(p, q) * std::min(p, q);
+  }
+  ASSERT_EQ(group.rank_load_size(), 4);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_DOUBLE_EQ(group.rank_load(r), load[r]);
+    EXPECT_NEAR(load[r] / total, 0.25, 0.03) << "rank " << r;
+  }
+}
+
+// DP x TP replicas need no renaming: (d, g, t) is what must be unique.
+TEST(CoordinatorDp, ReplicasShareGridCoordinatesNotReplicaCoordinates) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(core.PublishManifest(DpManifest("j", r, 2, 2, kShapes)).ok())
+        << r;
+  }
+  absl::StatusOr<v1::Plan> plan = core.GetPlan("j");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->groups(0).rank_load_size(), 4);
+  // A second claim of (d=1, g=0, t=0) in a new round.
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(
+        core.PublishRegistration(DpManifest("j", r, 2, 2, kShapes), "b").ok());
+  }
+  v1::PublishManifestRequest clash = DpManifest("j", 3, 2, 2, kShapes);
+  clash.mutable_groups(0)->mutable_domain()->set_t(0);
+  const absl::Status st = core.PublishRegistration(clash, "b").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "group 'muon': ranks 2 and 3 both claim (d=1, g=0, t=0) of domain "
+            "'dense'");
+}
+
+// A replica whose manifest differs from the others' at the same (g, t) is
+// refused naming the group, the param, both ranks and the field.
+TEST(CoordinatorDp, ReplicaManifestsMustAgree) {
+  struct Case {
+    std::function<void(v1::ParamSpec&)> change;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::ParamSpec& p) { p.set_full_shape(0, 128); },
+       "full_shape [64, 32] vs [128, 32]"},
+      {[](v1::ParamSpec& p) { p.set_local_shape(0, 16); },
+       "local_shape [32, 32] vs [16, 32]"},
+      {[](v1::ParamSpec& p) { p.mutable_tags()->add_gtp_rows(32); },
+       "gtp_rows=[]} vs {tensor_model_parallel=1, partition_dim=0, "
+       "is_gtp_weight_remat=0, pad_length=0, gtp_rows=[32]}"},
+  };
+  for (const Case& c : cases) {
+    CoordinatorCore core(Options());
+    JoinAll(core, "j", 4);
+    ASSERT_TRUE(core.PublishManifest(DpManifest("j", 0, 2, 2, kShapes)).ok());
+    ASSERT_TRUE(core.PublishManifest(DpManifest("j", 1, 2, 2, kShapes)).ok());
+    v1::PublishManifestRequest bad = DpManifest("j", 2, 2, 2, kShapes);
+    c.change(*bad.mutable_groups(0)->mutable_params(0));
+    const absl::Status st = core.PublishManifest(bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(st.message(),
+                HasSubstr("group 'muon': rank 0 and rank 2 (replicas d=0 and "
+                          "d=1 of (g=0, t=0)) differ at param #0 'w0'"));
+    EXPECT_THAT(st.message(), HasSubstr(c.want));
+  }
+}
+
+TEST(CoordinatorDp, DpSizeAndReplicaAreChecked) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  ASSERT_TRUE(core.PublishManifest(DpManifest("j", 0, 2, 2, kShapes)).ok());
+  v1::PublishManifestRequest other = DpManifest("j", 1, 2, 2, kShapes);
+  other.mutable_groups(0)->mutable_domain()->set_dp_size(1);
+  absl::Status st = core.PublishManifest(other);
+  EXPECT_EQ(st.message(),
+            "group 'muon': rank 1 has domain 'dense' 1x2 but rank 0 has "
+            "'dense' 2x1x2");
+  v1::PublishManifestRequest outside = DpManifest("j", 1, 2, 2, kShapes);
+  outside.mutable_groups(0)->mutable_domain()->set_d(2);
+  st = core.PublishManifest(outside);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("replica d=2 lies outside [0, 2)"));
+  // More ranks than the job has.
+  st = core.PublishManifest(DpManifest("j", 1, 4, 2, kShapes));
+  EXPECT_THAT(st.message(), HasSubstr("4x1x2 has 8 ranks, more than job 'j' "
+                                      "world size 4"));
 }
 
 }  // namespace
