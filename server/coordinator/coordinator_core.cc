@@ -439,6 +439,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
   daemon.streams = 0;
   daemon.join_pending = true;
   daemon.joined_at = now;
+  daemon.refusals_at_join = job.refusals;
   v1::JoinResponse response;
   response.set_store_prefix(absl::StrCat("job/", job.id));
   return response;
@@ -703,11 +704,14 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
   absl::StatusOr<int64_t> round =
       valid.ok() ? PublishJoined(**job, it->second, published, registration)
                  : absl::StatusOr<int64_t>(valid);
-  if (!round.ok()) RefuseRound(**job, published.rank(), round.status());
+  if (!round.ok()) {
+    RefuseRound(**job, published.rank(), registration, round.status());
+  }
   return round;
 }
 
 void CoordinatorCore::RefuseRound(Job& job, int refused_rank,
+                                  const std::string& registration,
                                   const absl::Status& reason) {
   // The coordinator cannot tell which side of a disagreement is wrong, nor
   // whether the daemons that published before still hold their registration
@@ -718,15 +722,20 @@ void CoordinatorCore::RefuseRound(Job& job, int refused_rank,
   // registers again.
   int dropped = 0;
   for (auto& [rank, d] : job.daemons) {
+    d.refused_registration = rank == refused_rank ? registration : "";
     // Only this round's: a manifest of a completed round (a plan was made
     // from it) stays, so a raw bad PublishManifest cannot erase a running
     // job's registration (nor leave the next bad one nothing to compare with).
     if (!d.has_manifest || !d.new_round) continue;
+    if (rank != refused_rank) d.refused_registration = d.registration;
     d.has_manifest = false;
     d.new_round = false;
     d.registration.clear();
     ++dropped;
   }
+  ++job.refusals;
+  job.refusal_reason = absl::StrCat("registration round refused at rank ",
+                                    refused_rank, ": ", reason.message());
   LOG(WARNING) << "job " << job.id << ": registration round refused at rank "
                << refused_rank << " (" << reason.message() << "); dropped "
                << dropped << " manifests of the round, every rank must "
@@ -864,6 +873,41 @@ absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForPlan(
   const bool found = mu_.AwaitWithTimeout(absl::Condition(&newer), timeout);
   --job->waiters;
   if (!found) return std::optional<v1::Plan>();
+  return std::optional<v1::Plan>(*job->plans.NextForWatcher(after_version));
+}
+
+absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForWatcher(
+    const std::string& job_id, int rank, int64_t after_version,
+    int64_t* refusals_seen, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, FindJob(job_id));
+  if (*refusals_seen < 0) {
+    // From the rank's Join on: a refusal between the Join and the stream's
+    // first wait is this rank's news too.
+    auto it = job->daemons.find(rank);
+    *refusals_seen =
+        it == job->daemons.end() ? job->refusals : it->second.refusals_at_join;
+  }
+  auto ready = [job, after_version, refusals_seen]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                     return job->refusals > *refusals_seen ||
+                            job->plans.NextForWatcher(after_version) != nullptr;
+                   };
+  ++job->waiters;  // keeps `job` from expiring while we wait
+  const bool found = mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  --job->waiters;
+  if (!found) return std::optional<v1::Plan>();
+  if (job->refusals > *refusals_seen) {
+    *refusals_seen = job->refusals;
+    v1::Plan refusal;
+    refusal.set_job_id(job->id);
+    refusal.set_round_refused(job->refusal_reason);
+    auto it = job->daemons.find(rank);
+    if (it != job->daemons.end()) {
+      refusal.set_refused_registration(it->second.refused_registration);
+    }
+    return std::optional<v1::Plan>(std::move(refusal));
+  }
   return std::optional<v1::Plan>(*job->plans.NextForWatcher(after_version));
 }
 

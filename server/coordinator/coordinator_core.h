@@ -181,6 +181,16 @@ class CoordinatorCore {
                                                       int64_t after_version,
                                                       absl::Duration timeout);
 
+  // WaitForPlan for a daemon's plan stream (rank `rank`), which also carries
+  // the refusals of registration rounds: returns the job's next refusal after
+  // `*refusals_seen` (a Plan with only job_id, round_refused and this rank's
+  // refused_registration; never a plan, never in the history) before the
+  // next plan, and advances `*refusals_seen`. *refusals_seen < 0 (a new
+  // stream): starts from the rank's Join, older refusals are not sent.
+  absl::StatusOr<std::optional<v1::Plan>> WaitForWatcher(
+      const std::string& job_id, int rank, int64_t after_version,
+      int64_t* refusals_seen, absl::Duration timeout);
+
   // Keeps the rank's latest step timings and, per shape, its latest measured
   // NS time; may push an automatic rebalance (CoordinatorOptions).
   // NotFound: unknown job. FailedPrecondition: rank not joined.
@@ -223,6 +233,12 @@ class CoordinatorCore {
     std::string registration;  // id of the registration that published
     // Published a new registration since the job's latest plan.
     bool new_round = false;
+    // The registration of this rank the job's latest refusal dropped (empty:
+    // none), sent with that refusal on the rank's plan stream.
+    std::string refused_registration;
+    // The job's refusal count at the rank's Join: its plan stream sends the
+    // refusals after it.
+    int64_t refusals_at_join = 0;
     // Shape -> (ns_us, count) of the latest report that measured it.
     std::map<std::vector<int64_t>, std::pair<double, int64_t>> shape_times;
   };
@@ -248,6 +264,11 @@ class CoordinatorCore {
     int waiters = 0;
     // Bytes of keys plus values in `kv`.
     int64_t kv_bytes = 0;
+    // Refused registration rounds so far and the latest one's reason: pushed
+    // to every plan stream (WaitForWatcher), so every rank's trainer stops
+    // with the reason instead of waiting for a plan.
+    int64_t refusals = 0;
+    std::string refusal_reason;
   };
 
   bool Live(const Daemon& daemon, absl::Time now) const;
@@ -291,7 +312,11 @@ class CoordinatorCore {
   // registration round (published since the latest plan) and the refused
   // rank's own, so a retry is compared with, and planned from, nothing of
   // the refused attempt.
-  void RefuseRound(Job& job, int refused_rank, const absl::Status& reason)
+  // The refusal is pushed to every rank's plan stream, naming to each rank
+  // the registration of its that was dropped (`registration` for the refused
+  // rank's own attempt).
+  void RefuseRound(Job& job, int refused_rank, const std::string& registration,
+                   const absl::Status& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   CostTable JobMeasuredCosts(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

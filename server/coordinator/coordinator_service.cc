@@ -87,16 +87,23 @@ grpc::Status CoordinatorService::WatchPlans(
   // the rank only for the join grace).
   const bool counted = core_->StartWatching(request->job_id(), request->rank());
   int64_t sent = 0;
+  int64_t refusals_seen = -1;  // refusals before the stream opened are old
   grpc::Status result = grpc::Status::OK;
   while (!context->IsCancelled() && !shutting_down_.load()) {
     absl::StatusOr<std::optional<v1::Plan>> plan =
-        core_->WaitForPlan(request->job_id(), sent, absl::Milliseconds(200));
+        core_->WaitForWatcher(request->job_id(), request->rank(), sent,
+                              &refusals_seen, absl::Milliseconds(200));
     if (!plan.ok()) {
       result = ToGrpc(plan.status());
       break;
     }
     if (!plan->has_value()) continue;
     if (!writer->Write(**plan)) break;  // the daemon went away
+    if (!(*plan)->round_refused().empty()) {
+      LOG(INFO) << "job " << request->job_id()
+                << ": round refusal sent to rank " << request->rank();
+      continue;  // not a plan: `sent` counts plan versions
+    }
     sent = (*plan)->version();
     VLOG(1) << "job " << request->job_id() << ": plan version " << sent
             << " sent to rank " << request->rank();

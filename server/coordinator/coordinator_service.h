@@ -26,7 +26,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
                                const v1::PublishManifestRequest*,
                                v1::PublishManifestResponse*) override;
   // Sends the current plan (if any) and every later one until the client
-  // cancels; then marks the rank not live (it may Join again).
+  // cancels, and every registration round refused meanwhile as a
+  // Plan{round_refused} (not a plan); then marks the rank not live (it may
+  // Join again).
   grpc::Status WatchPlans(grpc::ServerContext*, const v1::WatchPlansRequest*,
                           grpc::ServerWriter<v1::Plan>*) override;
   grpc::Status GetPlan(grpc::ServerContext*, const v1::GetPlanRequest*,

@@ -182,6 +182,10 @@ void GrpcCoordinatorLink::WatchLoop() {
     auto reader = stub_->WatchPlans(&context, request);
     v1::Plan plan;
     while (reader->Read(&plan)) {
+      if (!plan.round_refused().empty()) {
+        if (RefusesCurrentRegistration(plan)) on_plan_(plan);
+        continue;
+      }
       {
         absl::MutexLock lock(&mu_);
         newest_plan_ = std::max(newest_plan_, plan.version());
@@ -199,6 +203,21 @@ void GrpcCoordinatorLink::WatchLoop() {
     need_join = true;
     absl::SleepFor(absl::Milliseconds(500));
   }
+}
+
+bool GrpcCoordinatorLink::RefusesCurrentRegistration(const v1::Plan& refusal) {
+  absl::MutexLock lock(&mu_);
+  // The id of the latest registration this daemon published (or is
+  // publishing: the refusal may overtake the publish's answer).
+  const std::string current =
+      registrations_ == 0 ? ""
+                          : absl::StrCat(incarnation_, "-", registrations_);
+  if (current.empty() || refusal.refused_registration() != current) {
+    VLOG(1) << "registration round refusal not for this rank's registration "
+            << current << ": " << refusal.round_refused();
+    return false;
+  }
+  return true;
 }
 
 void GrpcCoordinatorLink::ReportLoop() {

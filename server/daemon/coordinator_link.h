@@ -28,7 +28,9 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   ~GrpcCoordinatorLink() override;
 
   // Joins (retrying UNAVAILABLE up to `timeout`) and starts the plan watcher,
-  // which calls `on_plan` for every plan.
+  // which calls `on_plan` for every plan, and for a refusal of a registration
+  // round (a Plan with round_refused) that dropped this daemon's latest
+  // registration.
   absl::Status Start(std::function<void(const v1::Plan&)> on_plan,
                      absl::Duration timeout);
   // Ends and joins the watcher and reporter threads, so `on_plan` is never
@@ -56,6 +58,8 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   // Deadline + token.
   void Prepare(grpc::ClientContext* context, absl::Duration deadline) const;
   void WatchLoop();
+  // `refusal` (Plan.round_refused) names this daemon's latest registration.
+  bool RefusesCurrentRegistration(const v1::Plan& refusal);
   void ReportLoop();
   // `manifest` with the resume fields set from newest_plan_ / last_step_.
   v1::PublishManifestRequest WithResumeFields(

@@ -77,6 +77,10 @@ PlanHistory<v1::Plan>::Usable DaemonCore::Matches() const {
 
 void DaemonCore::OnPlan(const v1::Plan& plan) {
   absl::MutexLock lock(&mu_);
+  if (!plan.round_refused().empty()) {
+    OnRoundRefused(plan.round_refused());
+    return;
+  }
   // The newest kPlansKept only, as the coordinator and the engine keep.
   if (!plans_.Insert(plan)) return;
   LOG(INFO) << "plan version " << plan.version()
@@ -92,6 +96,20 @@ void DaemonCore::OnPlan(const v1::Plan& plan) {
                  << plan.activate_at_step() << " (last step " << *last_step_id_
                  << "); it takes effect at the next step (the domain's "
                     "ranks agree on the version each step)";
+  }
+}
+
+void DaemonCore::OnRoundRefused(const std::string& reason) {
+  ++round_refusals_;
+  round_refused_ = absl::StrCat(
+      "the coordinator refused the registration round (register again on "
+      "every rank): ",
+      reason);
+  LOG(ERROR) << round_refused_;
+  // A registration waiting for its round's plan will not get one: Health
+  // says so, so the trainer's wait for a plan ends now with the reason.
+  if (registration_ != nullptr && engine_ == nullptr) {
+    engine_error_ = round_refused_;
   }
 }
 
@@ -199,6 +217,11 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
                         cancelled));
   const v1::PublishManifestRequest manifest =
       reg->Manifest(config_.job_id, config_.rank);
+  uint64_t refusals_before;
+  {
+    absl::MutexLock lock(&mu_);
+    refusals_before = round_refusals_;
+  }
   absl::StatusOr<int64_t> round_version = link_->PublishRegistration(manifest);
   if (!round_version.ok()) {
     const absl::Status& st = round_version.status();
@@ -220,7 +243,9 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
   DropPendingOfOldRegistration();
   last_step_id_.reset();
   active_plan_version_ = 0;
-  engine_error_.clear();
+  // A refusal of this registration's round may arrive before its publish
+  // answers (the link passes on only refusals of its latest registration).
+  engine_error_ = round_refusals_ != refusals_before ? round_refused_ : "";
   comm_failure_.clear();
   if (const v1::Plan* p = plans_.NewestOfRound(Matches())) {
     response.set_plan_version(p->version());

@@ -152,6 +152,9 @@ class DaemonCore {
   v1::HealthResponse Health();
 
   // A plan from the coordinator (WatchPlans).
+  // A Plan with round_refused is no plan: the coordinator refused this
+  // daemon's registration round; Health reports the reason as engine_error
+  // until a new registration or an engine from a plan.
   void OnPlan(const v1::Plan& plan);
 
   // Optimizer state of this rank's shards as a safetensors file
@@ -237,6 +240,9 @@ class DaemonCore {
   PlanHistory<v1::Plan>::Usable Matches() const;
   // The builder thread: builds the engine once a registration has a plan.
   void BuilderLoop();
+  // OnPlan of a Plan{round_refused}.
+  void OnRoundRefused(const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True once the registration `generation` is gone or the daemon shuts
   // down: a build for it would be dropped anyway (EngineBuilder::Build).
   bool Abandoned(uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
@@ -343,6 +349,10 @@ class DaemonCore {
   std::optional<int64_t> last_step_id_ ABSL_GUARDED_BY(mu_);
   v1::StepResponse last_response_ ABSL_GUARDED_BY(mu_);
   std::string engine_error_ ABSL_GUARDED_BY(mu_);
+  // Refusals of registration rounds received (OnRoundRefused) and the
+  // latest one's message.
+  uint64_t round_refusals_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string round_refused_ ABSL_GUARDED_BY(mu_);
   // Set once a step's collectives failed: the communicators are aborted (or a
   // peer is gone) and every later step fails until the trainers
   // re-register; Health reports it (no plan, this as engine_error).

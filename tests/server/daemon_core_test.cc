@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -34,6 +35,7 @@ class FakeLink : public CoordinatorLink {
       const v1::PublishManifestRequest& m) override {
     absl::Status st = PublishManifest(m);
     if (!st.ok()) return st;
+    if (during_publish) during_publish();
     return round_version;
   }
   void ReportTimings(const v1::ReportTimingsRequest& r) override {
@@ -43,6 +45,8 @@ class FakeLink : public CoordinatorLink {
   std::vector<v1::PublishManifestRequest> manifests;
   std::vector<v1::ReportTimingsRequest> reports;
   absl::Status publish_status;
+  // Runs inside a successful publish (a plan stream message overtaking it).
+  std::function<void()> during_publish;
 };
 
 // Adds 1 to the first element of every param per step; records homes.
@@ -697,6 +701,50 @@ TEST_F(DaemonCoreTest, HealthReportsAFailedEngineBuild) {
   core_->OnPlan(PlanFor(2, 0, 0));
   WaitForEngine();
   EXPECT_EQ(core_->Health().engine_error(), "");
+}
+
+v1::Plan RoundRefusal(const std::string& reason) {
+  v1::Plan refusal;
+  refusal.set_job_id("job");
+  refusal.set_round_refused(reason);
+  return refusal;
+}
+
+// The coordinator refused the round of this daemon's registration (another
+// rank's manifest disagreed): Health says so at once, with the reason, until
+// a new registration; the refusal is no plan.
+TEST_F(DaemonCoreTest, HealthReportsARefusedRound) {
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(RoundRefusal("rank 1: full_shape [64, 32] vs [128, 32]"));
+  v1::HealthResponse h = core_->Health();
+  EXPECT_FALSE(h.has_plan());
+  EXPECT_EQ(h.engine_error(),
+            "the coordinator refused the registration round (register again "
+            "on every rank): rank 1: full_shape [64, 32] vs [128, 32]");
+  v1::UnregisterParamsRequest un;
+  un.set_job_id("job");
+  un.set_client_id("trainer0");
+  ASSERT_TRUE(core_->Unregister(un).ok());
+  link_.round_version = 1;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  EXPECT_EQ(core_->Health().engine_error(), "") << "a new registration";
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  h = core_->Health();
+  EXPECT_TRUE(h.has_plan());
+  EXPECT_EQ(h.engine_error(), "");
+  // A refusal reaching a daemon that steps with its engine changes nothing.
+  core_->OnPlan(RoundRefusal("a later round"));
+  EXPECT_TRUE(core_->Health().has_plan());
+  EXPECT_EQ(core_->Health().engine_error(), "");
+}
+
+// The refusal of a registration's round may overtake the answer to its
+// publish: the registration is still reported refused.
+TEST_F(DaemonCoreTest, ARefusalDuringThePublishIsKept) {
+  link_.during_publish = [this] { core_->OnPlan(RoundRefusal("mismatch")); };
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  EXPECT_THAT(core_->Health().engine_error(), HasSubstr("mismatch"));
 }
 
 // Shutting down does not wait out a rendezvous either.

@@ -3,9 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <sstream>
 #include <string>
 
+#include "nlohmann/json.hpp"
+#include "server/common/proto_convert.h"
 #include "tools/muonctl/coordinator_commands.h"
 #include "tools/muonctl/plan_command.h"
 
@@ -86,6 +89,71 @@ TEST(Muonctl, PlanRequiresGtpAndTp) {
       2);
   EXPECT_THAT(err.str(), HasSubstr("--gtp=0 must be >= 1"));
   EXPECT_EQ(out.str(), "");
+}
+
+// A DDP job of 4 (1 x 1 grid, D = 4) with 8 equal matrices: status shows each
+// domain rank's share of the NS load (a quarter each) and the homes per
+// replica; the plan comes from the coordinator's planner (PlanGroup).
+TEST(Muonctl, StatusShowsNsLoadSharesAndReplicaHomes) {
+  v1::GroupManifest manifest;
+  manifest.set_group("muon");
+  v1::Domain* d = manifest.mutable_domain();
+  d->set_gtp_size(1);
+  d->set_tp_size(1);
+  d->set_dp_size(4);
+  for (int i = 0; i < 8; ++i) {
+    v1::ParamSpec* p = manifest.add_params();
+    p->set_name("w" + std::to_string(i));
+    for (int64_t dim : {32, 16}) {
+      p->add_full_shape(dim);
+      p->add_local_shape(dim);
+    }
+  }
+  absl::StatusOr<v1::GroupPlan> group =
+      PlanGroup(manifest, v1::COST_MODEL_NS_COST, {});
+  ASSERT_TRUE(group.ok()) << group.status();
+  v1::Plan plan;
+  plan.set_version(1);
+  plan.set_cost_model(v1::COST_MODEL_NS_COST);
+  *plan.add_groups() = *group;
+  std::ostringstream out;
+  PrintPlan(plan, out);
+  EXPECT_THAT(out.str(), HasSubstr("    NS load share per domain rank: "
+                                   "0:25.0% 1:25.0% 2:25.0% 3:25.0%\n"));
+  EXPECT_THAT(out.str(), HasSubstr("    homes per replica: d0:2 d1:2 d2:2 "
+                                   "d3:2\n"));
+}
+
+TEST(Muonctl, OfflinePlanOverDpReplicas) {
+  const std::string path = ::testing::TempDir() + "/ddp_manifest.json";
+  {
+    std::ofstream f(path);
+    f << R"({"model": "ddp", "params": [)";
+    for (int i = 0; i < 8; ++i) {
+      f << (i ? "," : "") << R"({"name": "w)" << i
+        << R"(", "shape": [64, 32]})";
+    }
+    f << "]}";
+  }
+  std::ostringstream out, err;
+  ASSERT_EQ(
+      RunPlan({"--manifest", path, "--gtp", "1", "--tp", "1", "--dp", "4"}, out,
+              err),
+      0)
+      << err.str();
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  EXPECT_EQ(j["domain"]["dp"], 4);
+  ASSERT_EQ(j["rank_load"].size(), 4u);
+  for (const auto& load : j["rank_load"]) EXPECT_EQ(load, j["rank_load"][0]);
+  std::vector<int> per_replica(4, 0);
+  for (const auto& home : j["homes"]) ++per_replica[home["replica"].get<int>()];
+  EXPECT_EQ(per_replica, (std::vector<int>{2, 2, 2, 2}));
+  err.str("");
+  EXPECT_EQ(
+      RunPlan({"--manifest", path, "--gtp", "1", "--tp", "1", "--dp", "0"}, out,
+              err),
+      2);
+  EXPECT_THAT(err.str(), HasSubstr("--dp=0 must be >= 1"));
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/common/error_reason.h"
@@ -238,6 +239,32 @@ std::string CostModelNameOf(v1::CostModel model) {
                    : v1::CostModel_Name(model);
 }
 
+// Each domain rank's share of the group's NS load (flat rank (d * G + g) * T
+// + t): with a DP axis of D replicas about 1/D each.
+void PrintLoadShares(const v1::GroupPlan& g, std::ostream& out) {
+  double total = 0;
+  for (double l : g.rank_load()) total += l;
+  if (!(total > 0)) return;
+  out << "    NS load share per domain rank:";
+  for (int r = 0; r < g.rank_load_size(); ++r) {
+    out << " " << r << ":"
+        << absl::StrFormat("%.1f%%", 100 * g.rank_load(r) / total);
+  }
+  out << "\n";
+}
+
+// How many params each replica is home to, when a DP axis spreads them.
+void PrintReplicaHomes(const v1::GroupPlan& g, std::ostream& out) {
+  std::map<int, int> per_replica;
+  for (const v1::NsHome& h : g.homes()) ++per_replica[h.d()];
+  if (per_replica.size() < 2 && per_replica.count(0)) return;
+  out << "    homes per replica:";
+  for (const auto& [d, n] : per_replica) out << " d" << d << ":" << n;
+  out << "\n";
+}
+
+}  // namespace
+
 void PrintPlan(const v1::Plan& plan, std::ostream& out) {
   out << "plan version " << plan.version() << ", activates at step "
       << plan.activate_at_step() << ", cost model '"
@@ -250,9 +277,13 @@ void PrintPlan(const v1::Plan& plan, std::ostream& out) {
       out << "    rank load:";
       for (double l : g.rank_load()) out << " " << l;
       out << "\n";
+      PrintLoadShares(g, out);
     }
+    PrintReplicaHomes(g, out);
   }
 }
+
+namespace {
 
 void PrintDaemons(const v1::ListDaemonsResponse& list, std::ostream& out) {
   out << "rank  host  device  address  last_step  total_us  live\n";

@@ -2,7 +2,9 @@
 // muonctl subcommands against a running muond-coordinator:
 //   muonctl status    --coordinator HOST:PORT --job_id JOB [--timeout-s N]
 //       the job's current plan (version, activation step, cost model, per
-//       group max/mean) and every daemon's last step and timings.
+//       group max/mean, each domain rank's NS load and its share of the
+//       group's total, homes per DP replica) and every daemon's last step and
+//       timings.
 //   muonctl daemons   --coordinator HOST:PORT --job_id JOB
 //       one line per daemon: rank, host, device, address, last step, total us.
 //   muonctl rebalance --coordinator HOST:PORT --job_id JOB
@@ -35,7 +37,14 @@
 #include <string>
 #include <vector>
 
+#include "muond/v1/muond.pb.h"
+
 namespace muond::muonctl {
+
+// How status and rebalance print a plan: per group the rank loads (flat
+// domain rank (d * G + g) * T + t), each rank's share of the total, and with
+// a DP axis how many params each replica is home to.
+void PrintPlan(const v1::Plan& plan, std::ostream& out);
 
 int RunStatus(const std::vector<std::string>& args, std::ostream& out,
               std::ostream& err);

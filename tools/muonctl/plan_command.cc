@@ -16,14 +16,16 @@ namespace muond::muonctl {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: muonctl plan --manifest FILE --gtp G --tp T\n"
+    "usage: muonctl plan --manifest FILE --gtp G --tp T [--dp D]\n"
     "                    [--cost ns_cost|flops|flops_syrk] [--ns-steps N]\n"
     "                    [--no-colocate] [--round-robin]\n"
-    "Plans Newton-Schulz homes offline for a G x T (gtp x tp) domain and\n"
-    "prints the plan as JSON. Talks to no daemon.\n"
+    "Plans Newton-Schulz homes offline for a D x G x T (dp x gtp x tp)\n"
+    "domain and prints the plan as JSON. Talks to no daemon.\n"
     "  --manifest FILE  param manifest (JSON, core/plan/manifest.h); required\n"
     "  --gtp G          group tensor-parallel size, >= 1; required\n"
     "  --tp T           tensor-parallel size, >= 1; required\n"
+    "  --dp D           data-parallel replicas, >= 1 (default 1): each param\n"
+    "                   gets a home replica, rank_load has D*G*T entries\n"
     "  --cost C         ns_cost (default), flops or flops_syrk\n"
     "  --ns-steps N     Newton-Schulz iterations (default 5)\n"
     "  --no-colocate    do not keep same-shape params on one home\n"
@@ -34,6 +36,7 @@ struct PlanArgs {
   std::string manifest;
   static constexpr int kUnset = std::numeric_limits<int>::min();
   int gtp = kUnset, tp = kUnset;  // required
+  int dp = 1;
   std::string cost = "ns_cost";
   int ns_steps = 5;
   bool colocate = true;
@@ -45,8 +48,10 @@ struct PlanArgs {
 std::string ParseArgs(const std::vector<std::string>& args, PlanArgs& out) {
   const std::map<std::string, std::string*> strings = {
       {"--manifest", &out.manifest}, {"--cost", &out.cost}};
-  const std::map<std::string, int*> ints = {
-      {"--gtp", &out.gtp}, {"--tp", &out.tp}, {"--ns-steps", &out.ns_steps}};
+  const std::map<std::string, int*> ints = {{"--gtp", &out.gtp},
+                                            {"--tp", &out.tp},
+                                            {"--dp", &out.dp},
+                                            {"--ns-steps", &out.ns_steps}};
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i], value;
     const bool has_eq = flag.find('=') != std::string::npos;
@@ -77,6 +82,7 @@ std::string ParseArgs(const std::vector<std::string>& args, PlanArgs& out) {
   if (out.tp == PlanArgs::kUnset) return "--tp T is required (T >= 1)";
   if (out.gtp < 1) return "--gtp=" + std::to_string(out.gtp) + " must be >= 1";
   if (out.tp < 1) return "--tp=" + std::to_string(out.tp) + " must be >= 1";
+  if (out.dp < 1) return "--dp=" + std::to_string(out.dp) + " must be >= 1";
   if (out.ns_steps < 1) return "--ns-steps must be >= 1";
   if (absl::Status cost = SetOfflineCost(out.cost, "--cost", out.planner);
       !cost.ok()) {
@@ -92,6 +98,7 @@ Json PlanJson(const std::string& model, const PlanArgs& a,
   Json j;
   j["model"] = model;
   j["domain"] = {{"gtp", a.gtp}, {"tp", a.tp}};
+  if (a.dp > 1) j["domain"]["dp"] = a.dp;
   j["cost"] = a.cost;
   j["num_params"] = specs.size();
   int routed = 0;
@@ -105,12 +112,16 @@ Json PlanJson(const std::string& model, const PlanArgs& a,
   j["rank_load"] = plan.rank_load;
   Json homes = Json::array();
   for (size_t i = 0; i < specs.size(); ++i) {
-    homes.push_back({{"name", specs[i].name},
-                     {"sharding", ParamShardingName(specs[i].sharding)},
-                     {"home", {plan.homes[i].g, plan.homes[i].t}},
-                     {"full_shape", specs[i].full_shape},
-                     {"local_shape", specs[i].local_shape},
-                     {"pad_length", specs[i].pad_length}});
+    Json home = {{"name", specs[i].name},
+                 {"sharding", ParamShardingName(specs[i].sharding)},
+                 {"home", {plan.homes[i].g, plan.homes[i].t}}};
+    // The home replica, with a DP axis only (plans without one keep their
+    // form).
+    if (a.dp > 1) home["replica"] = plan.homes[i].d;
+    home["full_shape"] = specs[i].full_shape;
+    home["local_shape"] = specs[i].local_shape;
+    home["pad_length"] = specs[i].pad_length;
+    homes.push_back(std::move(home));
   }
   j["homes"] = std::move(homes);
   return j;
@@ -159,7 +170,7 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out,
     err << "muonctl plan: " << manifest.status().message() << "\n";
     return 1;
   }
-  const DomainSize domain{a.gtp, a.tp};
+  const DomainSize domain{a.gtp, a.tp, a.dp};
   absl::StatusOr<std::vector<ParamShardSpec>> specs =
       ManifestSpecs(*manifest, domain);
   if (!specs.ok()) {
