@@ -1254,7 +1254,7 @@ TEST(CoordinatorDp, DpSizeAndReplicaAreChecked) {
   outside.mutable_groups(0)->mutable_domain()->set_d(2);
   st = core.PublishManifest(outside);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(st.message(), HasSubstr("replica d=2 lies outside [0, 2)"));
+  EXPECT_THAT(st.message(), HasSubstr("replica d=2 lies outside dp_size 2"));
   // More ranks than the job has.
   st = core.PublishManifest(DpManifest("j", 1, 4, 2, kShapes));
   EXPECT_THAT(st.message(), HasSubstr("4x1x2 has 8 ranks, more than job 'j' "
