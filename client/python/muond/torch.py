@@ -99,7 +99,7 @@ from muond.v1 import muond_pb2 as pb
 
 _DTYPES = {torch.float32: pb.DTYPE_FP32, torch.bfloat16: pb.DTYPE_BF16}
 _LOG = logging.getLogger("muond.torch")
-_PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "update_us", "total_us")
+_PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "update_us", "total_us")
 
 
 class _Regions:
@@ -528,7 +528,18 @@ class Muon(torch.optim.Optimizer):
             # one rank is that rank's refusal in the placement agreement: every
             # rank raises it instead of waiting in a collective.
             per_rank = self._place_params(unhealthy)
-            self._register_taking_over_stale(per_rank, takeover)
+            try:
+                self._register_taking_over_stale(per_rank, takeover)
+                refused = None
+            except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
+                refused = e
+            # A daemon that refuses this rank's registration never publishes
+            # its manifest, so its peers would wait for a plan until their
+            # timeout: in a distributed job every rank raises the refusal.
+            if self._collective():
+                _agree_registered(refused, self._rank)
+            elif refused is not None:
+                raise refused
             for c in self.clients:
                 c.wait_healthy(wait_healthy_timeout, need_plan=True)
             # The daemons read the shared grad buffers, which never move.
@@ -1464,6 +1475,27 @@ def _all_gather_object(obj) -> list:
     out = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(out, obj)
     return out
+
+
+def _agree_registered(refused: BaseException | None, rank: int) -> None:
+    """Every rank of a distributed job learns whether every other rank's
+    RegisterParams succeeded, and all raise the first refusal alike
+    (``rank r: <reason>``, a MuondError with its code, reason and metadata)."""
+    mine = None
+    if refused is not None:
+        mine = {"message": str(refused), "code": getattr(refused, "code", None),
+                "reason": getattr(refused, "reason", ""),
+                "metadata": dict(getattr(refused, "metadata", None) or {})}
+    every = _all_gather_object(mine)
+    failed = [(r, f) for r, f in enumerate(every) if f is not None]
+    if not failed:
+        return
+    r, first = failed[0]
+    others = [f for f, _ in failed[1:]]
+    raise MuondError(f"rank {r}: RegisterParams refused: {first['message']}"
+                     + (f" (ranks {others} refused too)" if others else ""),
+                     code=first["code"], reason=first["reason"],
+                     metadata=first["metadata"]) from refused
 
 
 def _release(buffers) -> None:

@@ -189,7 +189,6 @@ class LayoutsTest(unittest.TestCase):
         answers = self.run_ok("megatron")
         self.check_params("megatron", answers)
 
-    @needs(NEEDS_DP)
     def test_ddp(self):
         answers = self.run_ok("ddp")
         self.check_params("ddp", answers)
@@ -204,7 +203,6 @@ class LayoutsTest(unittest.TestCase):
     def test_fsdp_even(self):
         self.check_layout("fsdp_even")
 
-    @needs(NEEDS_UNEVEN)
     def test_fsdp_uneven_with_empty_shard(self):
         self.check_layout("fsdp_uneven")
 
@@ -214,7 +212,6 @@ class LayoutsTest(unittest.TestCase):
     def test_fsdp_x_tp(self):
         self.check_layout("fsdp_tp")
 
-    @needs(NEEDS_DP)
     def test_hsdp(self):
         self.check_layout("hsdp")
 
@@ -244,7 +241,6 @@ class LayoutsTest(unittest.TestCase):
     def test_z_mismatched_ddp_layout_refused_on_every_rank(self):
         self.check_refused_everywhere("ddp_mismatch", "l0.weight")
 
-    @needs(NEEDS_REFUSAL)
     def test_zz_mismatched_megatron_layout_refused_on_every_rank(self):
         self.check_refused_everywhere("megatron_mismatch", "up.weight")
 
