@@ -20,8 +20,10 @@ is named by torchrun's failure summary.
 The coordinator requires a token: a fresh one per launch, written to a 0600
 file in the launch's private (0700) socket directory and handed to the
 servers as --token_file, never on a command line (argv is visible to every
-user in `ps`). The launcher prints the file's path for `muonctl
---token-file`; it is removed with the directory when the launch ends.
+user in `ps`). Once the daemons are healthy the launcher prints the job id
+and a `muonctl status --coordinator ... --job_id ... --token-file ...` line
+that works as printed while the job runs; the token file is removed with the
+directory when the launch ends.
 """
 import argparse
 import fcntl
@@ -38,6 +40,11 @@ import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+TRAINER = os.path.join(ROOT, "examples", "char_gpt", "train_dist.py")
+sys.path.insert(0, os.path.dirname(TRAINER))
+# The trainer's options and layout rule, torch-free: --check-args applies the
+# rule every trainer rank would apply after the build.
+import options as trainer_options  # noqa: E402
 
 
 def positive_int(text):
@@ -73,8 +80,7 @@ def job_id(text):
 # One trainer and one daemon process per rank on this host: far more than the
 # cores is a typo.
 MAX_LOCAL_RANKS = 64
-LAYOUTS = ("ddp", "fsdp", "tp", "fsdp+tp", "hsdp")
-TWO_D = ("fsdp+tp", "hsdp")  # a (N / inner) x inner mesh
+LAYOUTS = trainer_options.LAYOUTS
 # sun_path of a Unix socket holds 107 bytes and a NUL.
 MAX_SOCKET_PATH = 107
 
@@ -95,11 +101,38 @@ def default_layout(n):
     return "fsdp+tp" if n % 2 == 0 else "fsdp"
 
 
-def check_layout(parallel, n, inner):
-    """The rule between --parallel, --nproc and --inner; '' when they fit."""
-    if parallel in TWO_D and n % inner:
-        return (f"--parallel {parallel} lays the {n} processes out as a (N / {inner}) x "
-                f"{inner} mesh (--inner {inner}): --nproc must be a multiple of {inner}")
+def trainer_argv(a, parallel, device):
+    """examples/char_gpt/train_dist.py's options for this launch."""
+    return ["--parallel", parallel, "--inner", str(a.inner), "--optimizer", a.optimizer,
+            "--steps", str(a.steps), "--out", a.out, "--device", device,
+            *[t for t in a.trainer_args if t != "--"]]
+
+
+class TrainerArgsError(ValueError):
+    pass
+
+
+def check_layout(a, parallel, n, device):
+    """'' when train_dist.py accepts its options (the ones after --) and
+    lays --nproc processes out as --parallel asks, else what it would refuse
+    on every rank after the build (its own parser and rule,
+    examples/char_gpt/options.py), worded for this launcher."""
+    parser = trainer_options.dist_parser(prog="examples/char_gpt/train_dist.py")
+
+    def refuse(message):
+        raise TrainerArgsError(message)
+
+    parser.error = refuse  # its usage is not the launcher's: one line, no exit
+    try:
+        targs, unknown = parser.parse_known_args(trainer_argv(a, parallel, device))
+        if unknown:
+            return (f"unknown trainer option(s) after --: {' '.join(unknown)} (the options "
+                    "of examples/char_gpt/train_dist.py, listed by its --help)")
+        trainer_options.check_layout(targs, n, launcher=True)
+    except TrainerArgsError as e:
+        return f"trainer options after --: {e}"
+    except ValueError as e:
+        return str(e)
     return ""
 
 
@@ -135,13 +168,15 @@ def parse_args(argv=None):
                    help="both = also train the in-process reference for the overlay plot")
     p.add_argument("--health-timeout", type=positive_float, default=60.0,
                    help="seconds to wait for the coordinator and daemons (default 60)")
-    p.add_argument("--job-id", type=job_id, default=None, help="job id (default demo<pid>)")
+    p.add_argument("--job-id", type=job_id, default=None,
+                   help="job id (default demo<pid>-<6 hex digits>; the launcher prints it)")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER,
                    help="after --, extra arguments for examples/char_gpt/train_dist.py")
     args = p.parse_args(argv)
     n = args.nproc or (4 if args.device == "cpu" else None)
     if n is not None:
-        problem = check_layout(args.parallel or default_layout(n), n, args.inner)
+        problem = check_layout(args, args.parallel or default_layout(n), n,
+                               "cuda" if args.device == "cuda" else "cpu")
         if problem:
             p.error(problem)
     return args
@@ -296,7 +331,7 @@ class Launcher:
             raise RuntimeError(f"--nproc {n} with --device cuda: one process per GPU, but "
                                f"nvidia-smi -L lists {gpus}")
         parallel = a.parallel or default_layout(n)
-        problem = check_layout(parallel, n, a.inner)
+        problem = check_layout(a, parallel, n, device)
         if problem:
             raise RuntimeError(problem)
         self.sockdir = tempfile.mkdtemp(prefix=f"muond-{self.job}-", dir="/tmp")
@@ -330,18 +365,18 @@ class Launcher:
                 f"--job_id={self.job}", f"--rank={r}", f"--world_size={n}",
                 f"--token_file={token_file}", *mode], env=env)
         self.wait_healthy(addresses, deadline)
-        print(f"launcher: coordinator {coordinator}, {n} daemons ({device}) healthy; "
-              f"trainers: torchrun --nproc-per-node {n}, --parallel {parallel}; logs in "
-              f"{self.logs}; token file {token_file} (muonctl --coordinator {coordinator} "
-              "--token-file ... status)", flush=True)
+        muonctl = binary(a.bin, "tools/muonctl/muonctl")
+        if not os.access(muonctl, os.X_OK):
+            muonctl = "muonctl"
+        print(f"launcher: job {self.job}: coordinator {coordinator}, {n} daemons ({device}) "
+              f"healthy; trainers: torchrun --nproc-per-node {n}, --parallel {parallel}; "
+              f"logs in {self.logs}\nlauncher: while it runs: {muonctl} status --coordinator "
+              f"{coordinator} --job_id {self.job} --token-file {token_file}", flush=True)
 
         env.update(MUOND_JOB_ID=self.job, MUOND_TOKEN_FILE=token_file,
                    MUOND_COORDINATOR=coordinator)
-        trainer_args = [a for a in a.trainer_args if a != "--"]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(n), os.path.join(ROOT, "examples/char_gpt/train_dist.py"),
-               "--parallel", parallel, "--inner", str(a.inner), "--optimizer", a.optimizer,
-               "--steps", str(a.steps), "--out", a.out, "--device", device, *trainer_args]
+               "--nproc-per-node", str(n), TRAINER, *trainer_argv(a, parallel, device)]
         # Its own session: stop() signals torchrun and every trainer rank together.
         self.trainer = subprocess.Popen(cmd, env=env, start_new_session=True)
         while self.trainer.poll() is None:

@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -33,47 +34,11 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 
 from data import batch_at, load_corpus, sample_starts  # noqa: E402
+from options import add_common_args  # noqa: E402  (shared with train_dist.py)
 from model import CharGPT  # noqa: E402
 from reference_muon import ReferenceMuon  # noqa: E402
 
 SAMPLE_PROMPTS = ["The ", "Q: ", "A man ", "Love is "]
-
-
-def add_common_args(p: argparse.ArgumentParser) -> None:
-    """Data, model, optimizer and reporting options, shared with train_dist.py."""
-    p.add_argument("--seed", type=int, default=0, help="init, data order and sampling seed")
-    p.add_argument("--data-seed", type=int, default=1234, help="train/validation split seed")
-    p.add_argument("--val-fraction", type=float, default=0.1)
-    # model
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--context", type=int, default=64)
-    p.add_argument("--batch", type=int, default=32)
-    # optimizer
-    p.add_argument("--lr", type=float, default=1e-2, help="Muon lr")
-    p.add_argument("--adamw-lr", type=float, default=1e-2)
-    p.add_argument("--momentum", type=float, default=0.95)
-    p.add_argument("--weight-decay", type=float, default=0.1, help="Muon weight decay")
-    p.add_argument("--adamw-weight-decay", type=float, default=0.0)
-    p.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.95))
-    p.add_argument("--coefficient-type", choices=["quintic", "simple"], default="quintic")
-    p.add_argument("--ns-steps", type=int, default=5)
-    p.add_argument("--scale-mode", choices=["spectral", "shape_scaling", "unit_rms_norm"],
-                   default="spectral")
-    p.add_argument("--extra-scale-factor", type=float, default=0.2)
-    p.add_argument("--warmup", type=int, default=10, help="linear lr warmup steps")
-    p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
-                   help="after warmup: cosine to 10%% of the lr, or constant")
-    # reporting
-    p.add_argument("--eval-every", type=int, default=25)
-    p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--log-every", type=int, default=10, help="plain-line period (non-TTY)")
-    p.add_argument("--sample-chars", type=int, default=200)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores, max 4)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="where model and data live; cuda = the current GPU, params reach "
-                        "the daemons by CUDA IPC (the daemons must serve that GPU)")
 
 
 def parse_args(argv=None):
@@ -281,6 +246,8 @@ def train_one(kind: str, corpus, args) -> dict:
         "wall_s": wall,
         "tokens_per_s": tokens * args.steps / wall,
         "opt_step_ms_mean": 1e3 * sum(step_times) / n,
+        # Without step 1's warm-up, which the mean carries.
+        "opt_step_ms_median": 1e3 * statistics.median(step_times),
         "checksum": params_checksum(state),
         "samples": samples,
     }

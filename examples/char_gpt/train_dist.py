@@ -32,9 +32,10 @@ curves.json with both runs, the layout and each rank's NS load.
 """
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 import math
+import statistics
 import os
 import sys
 import time
@@ -51,51 +52,11 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 import train  # noqa: E402  (shared options, schedule, evaluation, plot)
 from data import batch_at, load_corpus, sample_starts  # noqa: E402
 from model import CharGPT  # noqa: E402
-
-LAYOUTS = ("ddp", "fsdp", "tp", "fsdp+tp", "hsdp")
-TWO_D = {"fsdp+tp": ("dp", "tp"), "hsdp": ("replicate", "shard")}
+from options import TWO_D, check_layout, dist_parser, dp_size, tp_size  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--parallel", choices=LAYOUTS, default="fsdp+tp", help="the layout")
-    p.add_argument("--inner", type=int, default=2,
-                   help="inner mesh dim of the 2-D layouts (fsdp+tp: TP size; hsdp: shard "
-                        "group size)")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--optimizer", choices=["both", "muond"], default="both",
-                   help="both = rank 0 also trains the in-process reference for the overlay")
-    p.add_argument("--wait-healthy", type=float, default=60.0,
-                   help="seconds to wait for the daemons to be healthy")
-    p.add_argument("--out", default="out/demo")
-    train.add_common_args(p)
-    return p.parse_args(argv)
-
-
-def check_layout(args, world: int) -> None:
-    """Raises ValueError naming the option and the rule (every rank raises
-    the same, before any collective)."""
-    if args.parallel in TWO_D:
-        if args.inner < 1 or world % args.inner:
-            raise ValueError(f"--parallel {args.parallel}: world size {world} is not a multiple "
-                             f"of --inner {args.inner}")
-    tp = tp_size(args, world)
-    if tp > 1 and args.heads % tp:
-        raise ValueError(f"--parallel {args.parallel}: --heads {args.heads} is not divisible by "
-                         f"the TP size {tp} (ColwiseParallel splits q/k/v by head)")
-    dp = dp_size(args, world)
-    if args.batch % dp:
-        raise ValueError(f"--batch {args.batch} (the global batch) is not divisible by the "
-                         f"{dp} data-parallel ranks of --parallel {args.parallel}")
-
-
-def tp_size(args, world: int) -> int:
-    return {"tp": world, "fsdp+tp": args.inner}.get(args.parallel, 1)
-
-
-def dp_size(args, world: int) -> int:
-    return world // tp_size(args, world)
+    return dist_parser(description=__doc__.split("\n\n")[0]).parse_args(argv)
 
 
 def build_mesh(args, world: int, device_type: str):
@@ -150,15 +111,31 @@ def mesh_coordinates(args, mesh, rank: int) -> str:
     return ", ".join(f"{n}={c}" for n, c in zip(names, coords)) or f"rank={rank}"
 
 
+class _DropSequentialGatherNote(logging.Filter):
+    """DTensor logs, from every rank, that gathering an fsdp+tp param
+    (_StridedShard(0) x Shard) takes sequential all_gathers on an unflattened
+    mesh. Right, and irrelevant for this one-off gather of the final params
+    for the comparison with the reference: only that note is dropped."""
+
+    def filter(self, record):
+        return not str(record.msg).startswith("While redistributing from")
+
+
 def full_state(model) -> dict[str, torch.Tensor]:
     """Every param gathered whole (a collective: every rank calls it)."""
     from torch.distributed.tensor import DTensor
-    out = {}
-    for name, t in model.state_dict().items():
-        if isinstance(t, DTensor):
-            t = t.full_tensor()
-        out[name.removeprefix("module.")] = t.detach().cpu().clone().contiguous()
-    return out
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    quiet = _DropSequentialGatherNote()
+    logger.addFilter(quiet)
+    try:
+        out = {}
+        for name, t in model.state_dict().items():
+            if isinstance(t, DTensor):
+                t = t.full_tensor()
+            out[name.removeprefix("module.")] = t.detach().cpu().clone().contiguous()
+        return out
+    finally:
+        logger.removeFilter(quiet)
 
 
 def build_optimizer(model, args):
@@ -284,6 +261,7 @@ def train_distributed(corpus, args, rank: int, world: int, device: torch.device)
     n = len(step_times)
     mine = {"rank": rank, "mesh": mesh_coordinates(args, mesh, rank),
             "opt_step_ms_mean": 1e3 * sum(step_times) / n,
+            "opt_step_ms_median": 1e3 * statistics.median(step_times),
             "daemon_phases_ms_mean": {k: v / n / 1e3 for k, v in phase_sums.items()},
             "daemon": status}
     ranks = [None] * world
@@ -294,6 +272,7 @@ def train_distributed(corpus, args, rank: int, world: int, device: torch.device)
         "final_val_loss": curves["val_loss"][-1], "wall_s": wall,
         "tokens_per_s": tokens * args.steps / wall,
         "opt_step_ms_mean": ranks[0]["opt_step_ms_mean"],
+        "opt_step_ms_median": ranks[0]["opt_step_ms_median"],
         "checksum": train.params_checksum(state),
     }
     layout = {"parallel": args.parallel, "world": world,
@@ -354,13 +333,20 @@ def write_report(args, corpus, baseline, results, rel_diff, layout, path):
              "", "## Results (nats/char)", "",
              f"Unigram baseline: **{baseline:.3f}**", "",
              "| run | final train (mean last 10) | final validation | wall s | tokens/s "
-             "| opt step ms |", "|---|---|---|---|---|---|"]
+             "| opt step ms (median) |", "|---|---|---|---|---|---|"]
     for kind, r in results.items():
         label = f"muond ({args.parallel}, {layout['world']} ranks)" if kind == "muond" else \
             "reference (1 process, in-process Muon)"
         lines.append(f"| {label} | {r['final_train_loss']:.3f} | {r['final_val_loss']:.3f} | "
                      f"{r['wall_s']:.1f} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['opt_step_ms_mean']:.2f} |")
+                     f"{r['opt_step_ms_median']:.2f} |")
+    lines += ["", "opt step ms: the median over the steps of `opt.step()` (rank 0's for muond); "
+                  "the mean would carry step 1's warm-up (plan, registration, first kernels), "
+                  "many times a later step.", "",
+              f"On a CPU machine ({os.cpu_count()} cores here) the {layout['world']} trainer "
+              "and daemon processes share the cores, so these per-step times are not a speed "
+              "comparison of the two optimizers (bench/ has those)." if args.device == "cpu"
+              else "Step times of a GPU run: bench/results/ has the benchmarks."]
     if rel_diff is not None:
         lines += ["", "Max relative difference of the final params, muond vs reference "
                       f"(max |a-b| / max |b| per tensor): **{rel_diff:.3e}**"]

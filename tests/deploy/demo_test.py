@@ -78,7 +78,10 @@ class DemoTest(unittest.TestCase):
         # line carries a token.
         with open(os.path.join(out, "logs", "coordinator.log")) as f:
             self.assertIn("(token required)", f.read())
-        self.assertIn("token file", proc.stdout)
+        # The muonctl line it prints works as printed: subcommand first, the
+        # job's real id, the token file (issue 18: it printed neither).
+        self.assertRegex(proc.stdout, rf"muonctl status --coordinator 127\.0\.0\.1:\d+ "
+                                      rf"--job_id {job} --token-file /tmp/muond-{job}-\S+/token")
         self.assertIn("--parallel fsdp+tp", proc.stdout)  # the default layout on CPU
 
         with open(os.path.join(out, "curves.json")) as f:

@@ -6,6 +6,9 @@ launch), never a Python traceback, and before it starts any process:
 * --job-id with a '/' (it names the socket directory and shm objects), a
   non-positive --health-timeout, too many --nproc, an unknown --parallel and a
   2-D layout whose --inner does not divide --nproc;
+* what examples/char_gpt/train_dist.py would refuse on every rank after the
+  build: unknown or malformed trainer options (after --), a TP size that does
+  not divide --heads, a data-parallel size that does not divide --batch;
 * an --out that cannot be created, a --bin without the servers;
 * a second launch writing to the --out of a running one (both used to write
   the same logs/, report.md and params files, the later silently winning).
@@ -62,9 +65,33 @@ class LaunchArgsTest(unittest.TestCase):
                                   "--inner", "3"), 2,
                            "--parallel hsdp", "(--inner 3)", "multiple of 3")
         self.assertRefused(launch("--check-args", "--inner", "0"), 2, "--inner", "must be >= 1")
-        for ok in (["--parallel", "ddp", "--nproc", "3"], ["--nproc", "3"],
-                   ["--device", "cpu", "--parallel", "hsdp", "--nproc", "6", "--inner", "3"],
+        # (3 or 6 data-parallel ranks need a global --batch they divide.)
+        for ok in (["--parallel", "ddp", "--nproc", "3", "--", "--batch", "30"],
+                   ["--nproc", "3", "--", "--batch", "33"], ["--parallel", "tp", "--nproc", "3",
+                                                             "--", "--heads", "3"],
+                   ["--device", "cpu", "--parallel", "hsdp", "--nproc", "6", "--inner", "3",
+                    "--", "--batch", "30"],
                    ["--device", "cpu"]):
+            self.assertEqual(launch("--check-args", *ok).returncode, 0, ok)
+
+    def test_check_args_applies_the_trainers_layout_rule(self):
+        """What every train_dist.py rank would refuse after the build (its
+        parser and check_layout, examples/char_gpt/options.py) is refused
+        by --check-args, saying what to pass instead."""
+        self.assertRefused(launch("--check-args", "--parallel", "tp", "--nproc", "3"), 2,
+                           "--heads 4 is not divisible by the TP size 3",
+                           "`-- --heads 6 --d-model 192`", "`--nproc 2` or `--nproc 4`")
+        self.assertRefused(launch("--check-args", "--parallel", "ddp", "--nproc", "5"), 2,
+                           "--batch 32 (the global batch) is not divisible by the 5",
+                           "`-- --batch 30`", "`--nproc 4` or `--nproc 8`")
+        self.assertRefused(launch("--check-args", "--nproc", "4", "--", "--bogus", "1"), 2,
+                           "unknown trainer option(s) after --: --bogus 1")
+        self.assertRefused(launch("--check-args", "--nproc", "4", "--", "--heads", "x"), 2,
+                           "trainer options after --", "--heads", "'x'")
+        # The fixes it names pass.
+        for ok in (["--parallel", "tp", "--nproc", "3", "--", "--heads", "6", "--d-model", "192"],
+                   ["--parallel", "ddp", "--nproc", "5", "--", "--batch", "30"],
+                   ["--parallel", "tp", "--nproc", "2"]):
             self.assertEqual(launch("--check-args", *ok).returncode, 0, ok)
 
     def test_unusable_out_and_bin_fail_before_starting_anything(self):
