@@ -84,7 +84,7 @@ def layout_problem(args, world: int) -> tuple[str, str]:
     """(the broken rule, the trainer options that would fix it) for this world
     size; ('', '') when the layout fits."""
     if args.parallel in TWO_D and (args.inner < 1 or world % args.inner):
-        return (f"--parallel {args.parallel} lays the {world} processes out as a "
+        return (f"--parallel {args.parallel} lays the {world} processes (world size {world}) out as a "
                 f"(N / {args.inner}) x {args.inner} mesh (--inner {args.inner}): "
                 f"--nproc must be a multiple of {args.inner}", "")
     tp = tp_size(args, world)
