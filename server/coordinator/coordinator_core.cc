@@ -21,6 +21,10 @@
 namespace muond {
 namespace {
 
+// Bytes of a daemon's own refusal reason the coordinator repeats to every
+// rank (a raw client could send megabytes).
+constexpr size_t kMaxRefusalReasonBytes = 2048;
+
 std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& s) {
   return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
 }
@@ -701,18 +705,82 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
         absl::StrCat("rank ", published.rank(), " has not joined job '",
                      (*job)->id, "'; Join first"));
   }
+  Job& the_job = **job;
+  if (!published.registration_refused().empty()) {
+    return RefuseOwnRegistration(the_job, published, registration);
+  }
+  RETURN_IF_ERROR(
+      LateForRefusedRound(the_job, it->second, published, registration));
   absl::StatusOr<int64_t> round =
-      valid.ok() ? PublishJoined(**job, it->second, published, registration)
+      valid.ok() ? PublishJoined(the_job, it->second, published, registration)
                  : absl::StatusOr<int64_t>(valid);
   if (!round.ok()) {
-    RefuseRound(**job, published.rank(), registration, round.status());
+    RefuseRound(the_job, published.rank(), registration,
+                round.status().code(),
+                absl::StrCat("registration round refused at rank ",
+                             published.rank(), ": ",
+                             round.status().message()));
   }
   return round;
 }
 
+absl::Status CoordinatorCore::LateForRefusedRound(
+    Job& job, const Daemon& daemon, const v1::PublishManifestRequest& published,
+    const std::string& registration) {
+  if (job.refused_round_ranks.empty()) return absl::OkStatus();
+  const int rank = published.rank();
+  if (job.refused_round_ranks.count(rank) > 0) {
+    // A rank of the refused round registers again: the retry's round.
+    job.refused_round_ranks.clear();
+    return absl::OkStatus();
+  }
+  if (daemon.has_manifest && registration == daemon.registration) {
+    v1::PublishManifestRequest manifest = published;
+    manifest.clear_known_plan_version();
+    manifest.clear_last_step_id();
+    if (manifest.SerializeAsString() == daemon.manifest.SerializeAsString()) {
+      return absl::OkStatus();  // a reconnect's re-publish
+    }
+  }
+  // Not pushed to the plan streams: the others heard this refusal already,
+  // and this rank hears it in the answer to its publish.
+  job.refused_round_ranks.insert(rank);
+  LOG(WARNING) << "job " << job.id << ": rank " << rank
+               << " published after its round was refused; refused too";
+  return absl::Status(
+      job.refusal_code,
+      absl::StrCat(job.refusal_reason, " (rank ", rank,
+                   " published for that refused round after the refusal; "
+                   "register again on every rank)"));
+}
+
+absl::StatusOr<int64_t> CoordinatorCore::RefuseOwnRegistration(
+    Job& job, const v1::PublishManifestRequest& published,
+    const std::string& registration) {
+  const int rank = published.rank();
+  if (!published.groups().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, ": registration_refused is set but groups has ",
+        published.groups_size(), " entries (a refusal carries no manifest)"));
+  }
+  // A refusing rank of the refused round starts a new round (and refuses it
+  // at once); another rank's refusal adds to the refused round's ranks.
+  if (job.refused_round_ranks.count(rank) > 0) job.refused_round_ranks.clear();
+  std::string reason = published.registration_refused();
+  if (reason.size() > kMaxRefusalReasonBytes) {
+    reason.resize(kMaxRefusalReasonBytes);
+    reason += "...";
+  }
+  RefuseRound(job, rank, registration, absl::StatusCode::kInvalidArgument,
+              absl::StrCat("rank ", rank,
+                           " refused its trainer's registration: ", reason));
+  return job.plans.NextVersion();
+}
+
 void CoordinatorCore::RefuseRound(Job& job, int refused_rank,
                                   const std::string& registration,
-                                  const absl::Status& reason) {
+                                  absl::StatusCode code,
+                                  const std::string& reason) {
   // The coordinator cannot tell which side of a disagreement is wrong, nor
   // whether the daemons that published before still hold their registration
   // (muond.torch.Muon unregisters everywhere on a refusal). Keeping their
@@ -721,6 +789,7 @@ void CoordinatorCore::RefuseRound(Job& job, int refused_rank,
   // some ranks build and others never see): the whole round goes, every rank
   // registers again.
   int dropped = 0;
+  job.refused_round_ranks.insert(refused_rank);
   for (auto& [rank, d] : job.daemons) {
     d.refused_registration = rank == refused_rank ? registration : "";
     // Only this round's: a manifest of a completed round (a plan was made
@@ -731,15 +800,14 @@ void CoordinatorCore::RefuseRound(Job& job, int refused_rank,
     d.has_manifest = false;
     d.new_round = false;
     d.registration.clear();
+    job.refused_round_ranks.insert(rank);
     ++dropped;
   }
   ++job.refusals;
-  job.refusal_reason = absl::StrCat("registration round refused at rank ",
-                                    refused_rank, ": ", reason.message());
-  LOG(WARNING) << "job " << job.id << ": registration round refused at rank "
-               << refused_rank << " (" << reason.message() << "); dropped "
-               << dropped << " manifests of the round, every rank must "
-               << "register again";
+  job.refusal_reason = reason;
+  job.refusal_code = code;
+  LOG(WARNING) << "job " << job.id << ": " << reason << "; dropped " << dropped
+               << " manifests of the round, every rank must register again";
 }
 
 absl::Status CoordinatorCore::ValidatePublishFields(

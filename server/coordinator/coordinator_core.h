@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,13 @@ class CoordinatorCore {
   // lowest plan version that can belong to this registration's round (the
   // daemon builds its engine only from such a plan). An empty
   // `registration` counts as new only when the manifest is new.
+  // A request with `registration_refused` (and no groups) is a daemon's own
+  // refusal of its trainer's registration: it refuses the job's round with
+  // "rank r refused its trainer's registration: <reason>" (OK: recorded).
+  // After a refusal, a new publish of a rank that neither published in the
+  // refused round nor was refused (a late rank of the refused attempt) is
+  // refused with the same reason until a rank of the refused round publishes
+  // again (LateForRefusedRound).
   absl::StatusOr<int64_t> PublishRegistration(
       const v1::PublishManifestRequest& request,
       const std::string& registration);
@@ -269,6 +277,12 @@ class CoordinatorCore {
     // with the reason instead of waiting for a plan.
     int64_t refusals = 0;
     std::string refusal_reason;
+    absl::StatusCode refusal_code = absl::StatusCode::kOk;
+    // The ranks of the latest refused round (its refusing rank, the ranks
+    // whose registrations it dropped, the late ranks refused since); empty
+    // once one of them published again (a new round). See
+    // LateForRefusedRound.
+    std::set<int> refused_round_ranks;
   };
 
   bool Live(const Daemon& daemon, absl::Time now) const;
@@ -315,9 +329,26 @@ class CoordinatorCore {
   // The refusal is pushed to every rank's plan stream, naming to each rank
   // the registration of its that was dropped (`registration` for the refused
   // rank's own attempt).
+  // `reason` is the text pushed (Plan.round_refused).
   void RefuseRound(Job& job, int refused_rank, const std::string& registration,
-                   const absl::Status& reason)
+                   absl::StatusCode code, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rule for publishes after a refused round: a new publish of a rank of
+  // the refused round starts a new round (forgets the refusal, OK); of
+  // another rank it belongs to the refused attempt (that rank was late: its
+  // peers already heard the refusal and will register again), so it is
+  // refused with the same reason and the rank joins the refused round's
+  // ranks. A reconnect's re-publish of the same registration is no new
+  // publish (OK).
+  absl::Status LateForRefusedRound(Job& job, const Daemon& daemon,
+                                   const v1::PublishManifestRequest& published,
+                                   const std::string& registration)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A daemon's own refusal of its trainer's registration (PublishManifestRequest
+  // .registration_refused): refuses the job's round.
+  absl::StatusOr<int64_t> RefuseOwnRegistration(
+      Job& job, const v1::PublishManifestRequest& published,
+      const std::string& registration) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   CostTable JobMeasuredCosts(const Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The automatic rebalance of CoordinatorOptions, checked after a report.

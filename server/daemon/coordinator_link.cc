@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/error_reason.h"
+#include "core/common/status_macros.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/grpc_status.h"
@@ -275,20 +276,38 @@ absl::Status GrpcCoordinatorLink::PublishManifest(
   return st;
 }
 
+absl::Status GrpcCoordinatorLink::AwaitJoined(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto joined = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return joined_ || stopping_;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&joined), timeout) || !joined_) {
+    return absl::UnavailableError(
+        absl::StrCat("rank ", join_.rank(), " has not joined job '",
+                     join_.job_id(), "' at the coordinator yet"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcCoordinatorLink::PublishRefusal(const std::string& reason) {
+  // Short waits: the trainer's answer waits for this.
+  RETURN_IF_ERROR(AwaitJoined(absl::Seconds(5)));
+  v1::PublishManifestRequest refusal;
+  refusal.set_job_id(join_.job_id());
+  refusal.set_rank(join_.rank());
+  refusal.set_registration_refused(reason);
+  grpc::ClientContext context;
+  Prepare(&context, absl::Seconds(5));
+  v1::PublishManifestResponse response;
+  return FromGrpc(stub_->PublishManifest(&context, refusal, &response));
+}
+
 absl::StatusOr<int64_t> GrpcCoordinatorLink::PublishRegistration(
     const v1::PublishManifestRequest& manifest) {
+  RETURN_IF_ERROR(AwaitJoined(absl::Seconds(30)));
   std::string registration;
   {
     absl::MutexLock lock(&mu_);
-    auto joined = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return joined_ || stopping_;
-    };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&joined), absl::Seconds(30)) ||
-        !joined_) {
-      return absl::UnavailableError(
-          absl::StrCat("rank ", join_.rank(), " has not joined job '",
-                       join_.job_id(), "' at the coordinator yet"));
-    }
     registration = absl::StrCat(incarnation_, "-", ++registrations_);
     last_step_ = 0;  // a new registration: its steps start again
   }

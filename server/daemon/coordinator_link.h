@@ -45,6 +45,9 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   // coordinator restart; returns the coordinator's round plan version.
   absl::StatusOr<int64_t> PublishRegistration(
       const v1::PublishManifestRequest& manifest) override;
+  // An empty manifest with registration_refused = `reason`, under no
+  // registration id (this daemon has no registration to be refused).
+  absl::Status PublishRefusal(const std::string& reason) override;
   void ReportTimings(const v1::ReportTimingsRequest& report) override;
   std::string DescribeDeadPeers(absl::Duration wait) override;
 
@@ -55,6 +58,9 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
 
  private:
   absl::Status JoinOnce();
+  // Waits up to `timeout` for Start's Join; Unavailable naming the rank
+  // when it has not joined by then.
+  absl::Status AwaitJoined(absl::Duration timeout);
   // Deadline + token.
   void Prepare(grpc::ClientContext* context, absl::Duration deadline) const;
   void WatchLoop();

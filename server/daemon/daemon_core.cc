@@ -189,6 +189,62 @@ absl::Status DaemonCore::CheckClient(const std::string& job_id,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Whether the daemon's refusal of a RegisterParams ends the job's round: a
+// request for this daemon's job refused by a check of the request itself (a
+// bad view, region, shape, tag or hyperparameter). Not a wrong job id (not
+// this job's registration), a permission failure or a trainer that hung up.
+bool RefusalEndsTheRound(const absl::Status& refusal,
+                         const v1::RegisterParamsRequest& request,
+                         const std::string& job_id) {
+  if (request.job_id() != job_id) return false;
+  switch (refusal.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kResourceExhausted:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Registration>> DaemonCore::CheckRegistration(
+    const v1::RegisterParamsRequest& request,
+    const std::function<bool()>& cancelled) {
+  absl::Status checked = absl::OkStatus();
+  if (config_.validate_group) {
+    for (const v1::ParamGroup& group : request.groups()) {
+      checked = config_.validate_group(group);
+      if (!checked.ok()) break;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Registration>> reg = checked;
+  if (checked.ok()) {
+    reg = BuildRegistration(request, {config_.job_id, config_.world_size},
+                            *opener_, cancelled);
+  }
+  if (!reg.ok() &&
+      RefusalEndsTheRound(reg.status(), request, config_.job_id)) {
+    // Before the answer, so the peers' trainers hear of it as soon as this
+    // one: they would otherwise wait for this rank's manifest until their
+    // timeout.
+    const absl::Status published =
+        link_->PublishRefusal(std::string(reg.status().message()));
+    if (!published.ok()) {
+      LOG(WARNING) << "could not tell the coordinator of the refused "
+                      "registration (peers wait for a plan until their "
+                      "timeout): "
+                   << published;
+    }
+  }
+  return reg;
+}
+
 absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
     const v1::RegisterParamsRequest& request,
     const std::function<bool()>& cancelled) {
@@ -207,14 +263,8 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
           {{"client_id", registration_->client_id}});
     }
   }
-  if (config_.validate_group) {
-    for (const v1::ParamGroup& group : request.groups())
-      RETURN_IF_ERROR(config_.validate_group(group));
-  }
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<Registration> reg,
-      BuildRegistration(request, {config_.job_id, config_.world_size}, *opener_,
-                        cancelled));
+  ASSIGN_OR_RETURN(std::unique_ptr<Registration> reg,
+                   CheckRegistration(request, cancelled));
   const v1::PublishManifestRequest manifest =
       reg->Manifest(config_.job_id, config_.rank);
   uint64_t refusals_before;

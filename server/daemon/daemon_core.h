@@ -80,6 +80,13 @@ class CoordinatorLink {
     if (!st.ok()) return st;
     return int64_t{0};
   }
+  // Tells the coordinator that this daemon refused its trainer's
+  // registration (PublishManifestRequest.registration_refused), so the job's
+  // round is refused on every rank instead of the peers waiting for this
+  // rank's manifest. Best effort: the trainer's answer is the refusal anyway.
+  virtual absl::Status PublishRefusal(const std::string& /*reason*/) {
+    return absl::OkStatus();
+  }
   // Fire and forget (the latest report wins; never blocks a step).
   virtual void ReportTimings(const v1::ReportTimingsRequest& report) = 0;
   // After a collective failed: which peer ranks are gone, as a phrase for the
@@ -139,7 +146,10 @@ class DaemonCore {
 
   // Errors: BuildRegistration's; FailedPrecondition when params are already
   // registered (UnregisterParams first); the coordinator's status when the
-  // manifest is refused (then nothing stays registered).
+  // manifest is refused (then nothing stays registered). A refusal of the
+  // request's own checks for this daemon's job (RefusalEndsTheRound) is
+  // published to the coordinator before the answer, which refuses the job's
+  // round on every rank.
   absl::StatusOr<v1::RegisterParamsResponse> Register(
       const v1::RegisterParamsRequest& request,
       const std::function<bool()>& cancelled = {});
@@ -240,6 +250,11 @@ class DaemonCore {
   PlanHistory<v1::Plan>::Usable Matches() const;
   // The builder thread: builds the engine once a registration has a plan.
   void BuilderLoop();
+  // validate_group + BuildRegistration; a refusal that ends the job's round
+  // (RefusalEndsTheRound) is published first (CoordinatorLink::PublishRefusal).
+  absl::StatusOr<std::unique_ptr<Registration>> CheckRegistration(
+      const v1::RegisterParamsRequest& request,
+      const std::function<bool()>& cancelled);
   // OnPlan of a Plan{round_refused}.
   void OnRoundRefused(const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
