@@ -715,11 +715,9 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
       valid.ok() ? PublishJoined(the_job, it->second, published, registration)
                  : absl::StatusOr<int64_t>(valid);
   if (!round.ok()) {
-    RefuseRound(the_job, published.rank(), registration,
-                round.status().code(),
+    RefuseRound(the_job, published.rank(), registration, round.status().code(),
                 absl::StrCat("registration round refused at rank ",
-                             published.rank(), ": ",
-                             round.status().message()));
+                             published.rank(), ": ", round.status().message()));
   }
   return round;
 }

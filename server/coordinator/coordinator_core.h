@@ -344,8 +344,8 @@ class CoordinatorCore {
                                    const v1::PublishManifestRequest& published,
                                    const std::string& registration)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A daemon's own refusal of its trainer's registration (PublishManifestRequest
-  // .registration_refused): refuses the job's round.
+  // A daemon's own refusal of its trainer's registration
+  // (PublishManifestRequest .registration_refused): refuses the job's round.
   absl::StatusOr<int64_t> RefuseOwnRegistration(
       Job& job, const v1::PublishManifestRequest& published,
       const std::string& registration) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -213,23 +213,25 @@ bool RefusalEndsTheRound(const absl::Status& refusal,
 
 }  // namespace
 
+absl::Status DaemonCore::ValidateGroups(
+    const google::protobuf::RepeatedPtrField<v1::ParamGroup>& groups) const {
+  if (!config_.validate_group) return absl::OkStatus();
+  for (const v1::ParamGroup& group : groups) {
+    RETURN_IF_ERROR(config_.validate_group(group));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Registration>> DaemonCore::CheckRegistration(
     const v1::RegisterParamsRequest& request,
     const std::function<bool()>& cancelled) {
-  absl::Status checked = absl::OkStatus();
-  if (config_.validate_group) {
-    for (const v1::ParamGroup& group : request.groups()) {
-      checked = config_.validate_group(group);
-      if (!checked.ok()) break;
-    }
-  }
-  absl::StatusOr<std::unique_ptr<Registration>> reg = checked;
-  if (checked.ok()) {
-    reg = BuildRegistration(request, {config_.job_id, config_.world_size},
-                            *opener_, cancelled);
-  }
-  if (!reg.ok() &&
-      RefusalEndsTheRound(reg.status(), request, config_.job_id)) {
+  const absl::Status groups_valid = ValidateGroups(request.groups());
+  absl::StatusOr<std::unique_ptr<Registration>> reg =
+      groups_valid.ok()
+          ? BuildRegistration(request, {config_.job_id, config_.world_size},
+                              *opener_, cancelled)
+          : absl::StatusOr<std::unique_ptr<Registration>>(groups_valid);
+  if (!reg.ok() && RefusalEndsTheRound(reg.status(), request, config_.job_id)) {
     // Before the answer, so the peers' trainers hear of it as soon as this
     // one: they would otherwise wait for this rank's manifest until their
     // timeout.

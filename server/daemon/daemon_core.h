@@ -250,7 +250,10 @@ class DaemonCore {
   PlanHistory<v1::Plan>::Usable Matches() const;
   // The builder thread: builds the engine once a registration has a plan.
   void BuilderLoop();
-  // validate_group + BuildRegistration; a refusal that ends the job's round
+  // DaemonConfig::validate_group on every group.
+  absl::Status ValidateGroups(
+      const google::protobuf::RepeatedPtrField<v1::ParamGroup>& groups) const;
+  // ValidateGroups + BuildRegistration; a refusal that ends the job's round
   // (RefusalEndsTheRound) is published first (CoordinatorLink::PublishRefusal).
   absl::StatusOr<std::unique_ptr<Registration>> CheckRegistration(
       const v1::RegisterParamsRequest& request,

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -1080,6 +1081,83 @@ TEST(CoordinatorTrust, RetryIsNotComparedWithTheRefusedAttempt) {
   }
   ASSERT_TRUE(core.GetPlan("j").ok());
   EXPECT_EQ(core.GetPlan("j")->version(), 1);
+}
+
+// A daemon's own refusal of its trainer's registration (registration_refused)
+// refuses the round: the rank that published hears it on its plan stream at
+// once, a rank publishing later is refused with it, and the retry (every rank
+// again, the late rank first) gets a plan.
+TEST(CoordinatorTrust, OwnRefusalRefusesTheRoundOnEveryRank) {
+  CoordinatorCore core(Options());
+  JoinAll(core, "j", 4);
+  ASSERT_TRUE(core.PublishRegistration(Manifest("j", 0, kShapes), "a0").ok());
+  v1::PublishManifestRequest refusal;
+  refusal.set_job_id("j");
+  refusal.set_rank(1);
+  refusal.set_registration_refused("param 'w' grad: view runs past region");
+  ASSERT_TRUE(core.PublishRegistration(refusal, "").ok());
+
+  int64_t seen = -1;
+  absl::StatusOr<std::optional<v1::Plan>> pushed =
+      core.WaitForWatcher("j", 0, 0, &seen, absl::Milliseconds(100));
+  ASSERT_TRUE(pushed.ok() && pushed->has_value());
+  EXPECT_EQ((*pushed)->round_refused(),
+            "rank 1 refused its trainer's registration: param 'w' grad: view "
+            "runs past region");
+  EXPECT_EQ((*pushed)->refused_registration(), "a0");
+
+  absl::StatusOr<int64_t> late =
+      core.PublishRegistration(Manifest("j", 2, kShapes), "a2");
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(late.status().message(),
+              HasSubstr("rank 1 refused its trainer's registration: param "
+                        "'w' grad"));
+  EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound);
+
+  for (int r : {2, 1, 0, 3}) {
+    ASSERT_TRUE(core.PublishRegistration(Manifest("j", r, kShapes),
+                                         "b" + std::to_string(r))
+                    .ok())
+        << r;
+  }
+  EXPECT_TRUE(core.GetPlan("j").ok());
+
+  refusal.add_groups()->set_group("g");
+  EXPECT_THAT(core.PublishRegistration(refusal, "").status().message(),
+              HasSubstr("registration_refused is set but groups has 1"));
+}
+
+// Rank 0 publishes, rank 1 is refused, ranks 2 and 3 publish later: they are
+// refused with the same reason (not left waiting), and a retry of every rank
+// gets a plan in any order.
+TEST(CoordinatorTrust, LateRankIsRefusedAndEveryRetryOrderPlans) {
+  std::vector<int> order = {0, 1, 2, 3};
+  do {
+    CoordinatorCore core(Options());
+    JoinAll(core, "j", 4);
+    ASSERT_TRUE(core.PublishRegistration(
+                        WithNsSteps(Manifest("j", 0, kShapes), 5), "a0")
+                    .ok());
+    ASSERT_FALSE(core.PublishRegistration(
+                         WithNsSteps(Manifest("j", 1, kShapes), 3), "a1")
+                     .ok());
+    for (int r : {2, 3}) {
+      absl::StatusOr<int64_t> late = core.PublishRegistration(
+          WithNsSteps(Manifest("j", r, kShapes), 5), "a" + std::to_string(r));
+      ASSERT_EQ(late.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(late.status().message(),
+                  HasSubstr("registration round refused at rank 1: "));
+      EXPECT_THAT(late.status().message(), HasSubstr("num_ns_steps"));
+    }
+    for (int r : order) {
+      EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound);
+      absl::StatusOr<int64_t> round = core.PublishRegistration(
+          WithNsSteps(Manifest("j", r, kShapes), 5), "b" + std::to_string(r));
+      ASSERT_TRUE(round.ok()) << r << ": " << round.status();
+    }
+    ASSERT_TRUE(core.GetPlan("j").ok())
+        << order[0] << order[1] << order[2] << order[3];
+  } while (std::next_permutation(order.begin(), order.end()));
 }
 
 TEST(CoordinatorTrust, RebalanceRefusedDuringARegistrationRound) {

@@ -38,9 +38,14 @@ class FakeLink : public CoordinatorLink {
     if (during_publish) during_publish();
     return round_version;
   }
+  absl::Status PublishRefusal(const std::string& reason) override {
+    refusals.push_back(reason);
+    return absl::OkStatus();
+  }
   void ReportTimings(const v1::ReportTimingsRequest& r) override {
     reports.push_back(r);
   }
+  std::vector<std::string> refusals;  // PublishRefusal's reasons
   int64_t round_version = 0;  // what the coordinator answers a registration
   std::vector<v1::PublishManifestRequest> manifests;
   std::vector<v1::ReportTimingsRequest> reports;
@@ -446,6 +451,30 @@ TEST_F(DaemonCoreTest, TrainerDisconnectingMidRegistrationRegistersNothing) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(core_->Status().num_params(), 0);
   EXPECT_TRUE(core_->Register(Valid()).ok());
+}
+
+// A refusal of the daemon's own checks for its job reaches the coordinator
+// (which refuses the round on every rank); a wrong job id, a registration
+// over another one or a trainer that hung up does not.
+TEST_F(DaemonCoreTest, OwnRefusalIsPublishedToTheCoordinator) {
+  v1::RegisterParamsRequest bad = Valid();
+  bad.mutable_groups(0)->mutable_params(0)->mutable_param()->add_shape(3);
+  const absl::Status refused = core_->Register(bad).status();
+  ASSERT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(link_.refusals.size(), 1u);
+  EXPECT_EQ(link_.refusals[0], refused.message());
+  EXPECT_TRUE(link_.manifests.empty());
+  EXPECT_EQ(core_->Status().num_params(), 0);
+
+  v1::RegisterParamsRequest other_job = Valid();
+  other_job.set_job_id("another-job");
+  EXPECT_FALSE(core_->Register(other_job).ok());
+  EXPECT_EQ(core_->Register(Valid(), [] { return true; }).status().code(),
+            absl::StatusCode::kCancelled);
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  EXPECT_EQ(core_->Register(Valid()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(link_.refusals.size(), 1u);
 }
 
 TEST_F(DaemonCoreTest, CoordinatorRefusingManifestRegistersNothing) {

@@ -179,5 +179,44 @@ TEST_F(RoundRefusalTest, ARankWithoutADroppedRegistrationIgnoresIt) {
   EXPECT_FALSE(received_[0].WaitRefusal(absl::Milliseconds(500)).has_value());
 }
 
+// A daemon's own refusal of its trainer's registration (PublishRefusal, what
+// DaemonCore::Register sends) reaches the rank that already published within
+// a second, and a rank publishing after it is refused at once.
+TEST_F(RoundRefusalTest, ADaemonsOwnRefusalReachesEveryRank) {
+  ASSERT_TRUE(links_[0]->PublishRegistration(DdpManifest(0, 64)).ok());
+  const absl::Time refused_at = absl::Now();
+  ASSERT_TRUE(links_[1]->PublishRefusal("param 'w' param: bad view").ok());
+  const std::optional<v1::Plan> refusal =
+      received_[0].WaitRefusal(absl::Seconds(1));
+  ASSERT_TRUE(refusal.has_value())
+      << "rank 0 did not hear of rank 1's refusal within a second";
+  EXPECT_LT(absl::Now() - refused_at, absl::Seconds(1));
+  EXPECT_EQ(refusal->round_refused(),
+            "rank 1 refused its trainer's registration: param 'w' param: bad "
+            "view");
+  // The refusing daemon has no registration to be told about.
+  EXPECT_FALSE(received_[1].WaitRefusal(absl::Milliseconds(200)).has_value());
+
+  // The retry: both register again, the refusing rank first.
+  ASSERT_TRUE(links_[1]->PublishRegistration(DdpManifest(1, 64)).ok());
+  ASSERT_TRUE(links_[0]->PublishRegistration(DdpManifest(0, 64)).ok());
+  EXPECT_TRUE(core_->GetPlan("job").ok());
+}
+
+TEST_F(RoundRefusalTest, ARankPublishingAfterTheRefusalIsRefused) {
+  ASSERT_TRUE(links_[1]->PublishRefusal("param 'w': bad gtp_rows").ok());
+  const absl::Time started = absl::Now();
+  const absl::StatusOr<int64_t> late =
+      links_[0]->PublishRegistration(DdpManifest(0, 64));
+  EXPECT_LT(absl::Now() - started, absl::Seconds(1));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(late.status().message(),
+              HasSubstr("rank 1 refused its trainer's registration: param "
+                        "'w': bad gtp_rows"));
+  ASSERT_TRUE(links_[0]->PublishRegistration(DdpManifest(0, 64)).ok());
+  ASSERT_TRUE(links_[1]->PublishRegistration(DdpManifest(1, 64)).ok());
+  EXPECT_TRUE(core_->GetPlan("job").ok());
+}
+
 }  // namespace
 }  // namespace muond
