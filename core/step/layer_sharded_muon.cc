@@ -191,6 +191,27 @@ bool IsCommunicationFailure(const absl::Status& st) {
          absl::IsAborted(st);
 }
 
+// A collective of `phase` that timed out: a rank never arrived. Says who
+// (`who`), which step and phase and how long this rank waited, keeping the
+// code (DeadlineExceeded: the daemon answers PEER_GONE) and the transport's
+// text.
+absl::Status DidNotJoin(const absl::Status& st, const std::string& who,
+                        int64_t step_id, const std::string& phase,
+                        absl::Duration waited) {
+  if (!absl::IsDeadlineExceeded(st)) return st;
+  return absl::DeadlineExceededError(absl::StrFormat(
+      "%s did not join step %d within %.0f s (%s): its trainer has not called "
+      "Step, or it is hung (%s)",
+      who, step_id, absl::ToDoubleSeconds(waited), phase, st.message()));
+}
+
+// The peer a timed-out collective of `comm` waited for: known for two ranks.
+std::string MissingPeer(const Communicator& comm, const char* of) {
+  if (comm.size() == 2)
+    return absl::StrCat("rank ", 1 - comm.rank(), " of ", of);
+  return absl::StrCat("a rank of ", of, " (", comm.size(), " ranks)");
+}
+
 absl::Status NonFiniteError(const std::vector<std::string>& bad) {
   return absl::InvalidArgumentError(absl::StrCat(
       "non-finite gradients (NaN or Inf) in: ", absl::StrJoin(bad, ", "),
@@ -295,6 +316,11 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // The job-wide vote on `mine`; OK with the decision, or this step's error
   // (a communicator's, or the peers' refusal).
   absl::StatusOr<JobDecision> VoteOnJob(const JobBallot& mine);
+  // After a collective of this step timed out (a rank never arrived): every
+  // communicator is aborted, so the step goes no further and any peer still
+  // blocked on this rank fails at once instead of after a timeout of its own.
+  // Returns `timeout`, the step's answer, named by DidNotJoin.
+  absl::Status AbandonStep(absl::Status timeout);
   // Runs `fn` on every lane (on the lane threads when they exist); phase
   // times of concurrent lanes add up.
   absl::Status RunLanes(
@@ -315,6 +341,9 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   std::vector<Lane> lanes_;
   // Steps run (for sampling per-shape NS timings on device backends).
   int64_t steps_run_ = 0;
+  // Not OK: this step timed out in a collective and was abandoned, with this
+  // answer (AbandonStep).
+  absl::Status abandoned_;
   ShapeTimes shape_times_;
   int64_t state_bytes_ = 0;
   int64_t transient_bytes_ = 0;
@@ -430,8 +459,19 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
     }
     float* scratch =
         static_cast<float*>(lanes_[group.lane].vote_scratch.data());
+    const absl::Time asked = absl::Now();
     absl::StatusOr<DomainVote> agreed =
         GatherDomainVotes(*group.backend, group.config.domain, scratch, mine);
+    if (absl::IsDeadlineExceeded(agreed.status())) {
+      // A rank of the domain never arrived. Waiting on in the next groups'
+      // agreements and in the job vote would cost one more comm timeout
+      // each; the step is lost anyway (that rank cannot vote).
+      return AbandonStep(DidNotJoin(
+          agreed.status(), "a peer rank of the domain", inputs.step_id,
+          absl::StrCat("the domain agreement of group '", group.config.name,
+                       "'"),
+          absl::Now() - asked));
+    }
     if (!agreed.ok()) {
       if (refused.ok()) refused = agreed.status();
       continue;
@@ -581,9 +621,31 @@ JobBallot LayerShardedMuonImpl::ReplayBallot(const StepInputs& inputs,
 
 absl::StatusOr<JobDecision> LayerShardedMuonImpl::VoteOnJob(
     const JobBallot& mine) {
-  ASSIGN_OR_RETURN(std::vector<JobBallot> ballots,
-                   GatherJobBallots(options_.job, mine));
-  return FoldJobBallots(ballots);
+  const absl::Time asked = absl::Now();
+  absl::StatusOr<std::vector<JobBallot>> ballots =
+      GatherJobBallots(options_.job, mine);
+  if (absl::IsDeadlineExceeded(ballots.status())) {
+    return AbandonStep(DidNotJoin(
+        ballots.status(), MissingPeer(*options_.job, "the job"), mine.step_id,
+        mine.kind == BallotKind::kCommit
+            ? "the commit vote, after the exchanges"
+            : "the job vote",
+        absl::Now() - asked));
+  }
+  if (!ballots.ok()) return ballots.status();
+  return FoldJobBallots(*ballots);
+}
+
+absl::Status LayerShardedMuonImpl::AbandonStep(absl::Status timeout) {
+  abandoned_ = timeout;
+  if (options_.job != nullptr) options_.job->Abort();
+  for (GroupState& group : groups_) {
+    const DomainBinding& d = group.config.domain;
+    for (Communicator* comm : {d.gtp, d.tp, d.dp}) {
+      if (comm != nullptr) comm->Abort();
+    }
+  }
+  return timeout;
 }
 
 absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
@@ -595,7 +657,11 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   // of leaving the peers waiting in their exchanges.
   std::vector<std::string> bad;
   absl::Status refusal;
+  abandoned_ = absl::OkStatus();
   const JobBallot mine = LocalBallot(inputs, result, bad, refusal);
+  // A rank of a domain never arrived: one comm timeout is all the step
+  // costs (the job vote would wait a second one for the same rank).
+  if (!abandoned_.ok()) return abandoned_;
   // 2. The job decides together.
   absl::StatusOr<JobDecision> decision = VoteOnJob(mine);
   if (!refusal.ok()) return refusal;  // mine, with its full detail
@@ -627,6 +693,8 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   // 4. Every rank's exchanges succeeded, or nobody writes anything. A peer
   // dying during this vote itself is the one window left: it may reach some
   // ranks and not others (no consensus protocol; docs/ARCHITECTURE.md).
+  // A peer that stopped mid-exchange would be waited for again in the vote.
+  if (absl::IsDeadlineExceeded(prepared)) return AbandonStep(prepared);
   JobBallot commit{.kind = BallotKind::kCommit, .step_id = inputs.step_id};
   if (!prepared.ok()) {
     commit.verdict = JobVerdict::kRefuse;

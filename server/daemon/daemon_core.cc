@@ -547,7 +547,11 @@ absl::Status DaemonCore::CommunicationFailure(int64_t step_id,
   // A timeout is a hung or stopped peer (it may still be alive): say so
   // instead of calling it gone.
   const bool timeout = absl::IsDeadlineExceeded(st);
-  const std::string peers = link_->DescribeDeadPeers(absl::Seconds(3));
+  // After a timeout the coordinator has had a whole comm timeout to notice
+  // a dead peer: one look, no polling (a hung peer never shows up dead, and
+  // polling would add its seconds to every stalled step).
+  const std::string peers = link_->DescribeDeadPeers(
+      timeout ? absl::ZeroDuration() : absl::Seconds(3));
   const std::string what =
       timeout ? "a peer daemon did not answer in time (hung or stopped)"
               : "a peer daemon is gone";

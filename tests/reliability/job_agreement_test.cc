@@ -417,5 +417,52 @@ TEST(JobAgreementTest, StoppedPeerIsReportedAsHungNotGone) {
   kill(c.daemon_pid(3), SIGCONT);
 }
 
+// A rank whose trainer never calls Step costs its peers ONE comm timeout
+// (not one per collective: the domain agreement, then the job vote), and
+// their answer names the phase that waited and why.
+TEST(JobAgreementTest, RankThatNeverStepsCostsOneCommTimeout) {
+  constexpr absl::Duration kTimeout = absl::Seconds(2);
+  Cluster c({.daemon_flags = {"--comm_timeout_s=2"}});
+  c.StartAll();
+  Job job(c);
+  ASSERT_TRUE(job.Register().ok());
+  job.trainers().FillGrads(1);
+  for (auto& r : job.StepAll(1)) ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<float> after1 = job.Params();
+  std::vector<absl::StatusOr<v1::StepResponse>> results(
+      3, absl::UnknownError("not run"));
+  std::vector<absl::Duration> took(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {  // rank 3's trainer never calls Step 2
+    threads.emplace_back([&, r] {
+      const absl::Time start = absl::Now();
+      results[r] = job.client(r).Step(2);
+      took[r] = absl::Now() - start;
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::printf("rank 0 with rank 3 never stepping: %s\n",
+              results[0].status().ToString().c_str());
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_LT(took[r], kTimeout * 1.5) << "rank " << r;
+    EXPECT_EQ(results[r].status().code(), absl::StatusCode::kUnavailable)
+        << "rank " << r << ": " << results[r].status();
+    EXPECT_TRUE(absl::StrContains(results[r].status().message(),
+                                  "did not join step 2 within"))
+        << "rank " << r << ": " << results[r].status();
+    EXPECT_TRUE(absl::StrContains(results[r].status().message(),
+                                  "its trainer has not called Step"))
+        << "rank " << r << ": " << results[r].status();
+    auto h = job.client(r).Health();
+    ASSERT_TRUE(h.ok());
+    EXPECT_FALSE(h->has_plan());
+  }
+  EXPECT_TRUE(SameBits(job.Params(), after1)) << "a rank applied step 2";
+  // The aborted communicators are rebuilt by the next registration.
+  ASSERT_TRUE(job.Reregister().ok());
+  job.trainers().FillGrads(2);
+  for (auto& r : job.StepAll(2)) ASSERT_TRUE(r.ok()) << r.status();
+}
+
 }  // namespace
 }  // namespace muond::reliability
