@@ -664,6 +664,8 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   if (!abandoned_.ok()) return abandoned_;
   // 2. The job decides together.
   absl::StatusOr<JobDecision> decision = VoteOnJob(mine);
+  // Timed out: the communicators are gone, whatever this rank refused.
+  if (!abandoned_.ok()) return abandoned_;
   if (!refusal.ok()) return refusal;  // mine, with its full detail
   if (!decision.ok()) return decision.status();
   if (decision->verdict == JobVerdict::kRefuse) {
