@@ -124,6 +124,21 @@ TEST(Muonctl, StatusShowsNsLoadSharesAndReplicaHomes) {
                                    "d3:2\n"));
 }
 
+// An AdamW group (elementwise, per-rank domain) has no routed homes: status
+// prints one short line for it, not empty load and replica lines.
+TEST(Muonctl, StatusPrintsGroupWithoutHomesOnOneLine) {
+  v1::Plan plan;
+  plan.set_version(1);
+  v1::GroupPlan* adamw = plan.add_groups();
+  adamw->set_group("group1.solo-r0");
+  adamw->add_rank_load(0);
+  std::ostringstream out;
+  PrintPlan(plan, out);
+  EXPECT_THAT(out.str(), HasSubstr("  group group1.solo-r0: no routed homes\n"));
+  EXPECT_THAT(out.str(), Not(HasSubstr("homes per replica")));
+  EXPECT_THAT(out.str(), Not(HasSubstr("rank load")));
+}
+
 TEST(Muonctl, OfflinePlanOverDpReplicas) {
   const std::string path = ::testing::TempDir() + "/ddp_manifest.json";
   {

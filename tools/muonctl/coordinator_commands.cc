@@ -270,6 +270,12 @@ void PrintPlan(const v1::Plan& plan, std::ostream& out) {
       << plan.activate_at_step() << ", cost model '"
       << CostModelNameOf(plan.cost_model()) << "'\n";
   for (const v1::GroupPlan& g : plan.groups()) {
+    if (g.homes_size() == 0) {
+      // AdamW's per-rank groups route nothing: their load, shares and
+      // replica homes are all empty, so one short line says so.
+      out << "  group " << g.group() << ": no routed homes\n";
+      continue;
+    }
     out << "  group " << g.group() << ": " << g.homes_size()
         << " routed homes, max/mean " << g.max_over_mean()
         << ", max/lower_bound " << g.lower_bound_ratio() << "\n";
