@@ -416,9 +416,20 @@ class Client:
                         code=e.code()) from e
                 last = f"{e.code().name}: {e.details()}"
             if time.monotonic() >= deadline:
+                hint = _no_plan_hint() if last == "no plan yet" else ""
                 raise TimeoutError(f"muond daemon at {self.address} not healthy after "
-                                   f"{timeout:.1f}s ({last})")
+                                   f"{timeout:.1f}s ({last}){hint}")
             time.sleep(poll)
+
+
+def _no_plan_hint() -> str:
+    """Why a serving daemon may have no plan: the coordinator plans once every
+    rank's trainer has registered (a torchrun job run with fewer ranks than
+    its daemons never gets one)."""
+    world = os.environ.get("WORLD_SIZE", "")
+    ranks = f"all $WORLD_SIZE={world} ranks" if world else "all of its ranks"
+    return ("; the plan waits for every rank's trainer to register with its daemon: "
+            f"a torchrun job must run {ranks}, one per daemon of the job")
 
 
 def _step_request(job_id, step_id, overrides, client_id, skip_params=()) -> pb.StepRequest:

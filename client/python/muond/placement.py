@@ -11,8 +11,9 @@ server/common/unix_socket.cc PrivateSocketDir):
 ``unix://$XDG_RUNTIME_DIR/muond/muond-<job>-<rank>.sock``, or
 ``unix:///tmp/muond-<uid>/muond-<job>-<rank>.sock`` without an absolute
 XDG_RUNTIME_DIR; job = ``$MUOND_JOB_ID`` (default "default"), rank =
-``$RANK`` (torchrun), else ``$SLURM_PROCID``; the token file is
-``$MUOND_TOKEN_FILE``.
+``$RANK`` (torchrun), else ``$SLURM_PROCID`` (ASCII digits only); the token
+file is ``$MUOND_TOKEN_FILE``. A default socket that does not exist is
+reported at once (``Discovered.missing_socket``) instead of waited for.
 
 Domains (docs/ARCHITECTURE.md "Sharding"; the wire's Domain D x G x T,
 flat rank (d*G + g)*T + t):
@@ -88,15 +89,25 @@ class ParamPlace:
 
 
 # -- environment -------------------------------------------------------------
+def env_int(key: str, env=None) -> int | None:
+    """``$key`` as a non-negative integer, None when unset or empty. Only
+    ASCII digits: str.isdigit() also takes "²" (which int() refuses) and
+    "٣" (which int() reads as 3)."""
+    env = os.environ if env is None else env
+    value = env.get(key, "")
+    if value == "":
+        return None
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(f"${key}={value!r} is not a non-negative integer (ASCII digits 0-9)")
+    return int(value)
+
+
 def env_rank(env=None) -> int | None:
     """This trainer's global rank: $RANK (torchrun), else $SLURM_PROCID."""
-    env = os.environ if env is None else env
     for key in ("RANK", "SLURM_PROCID"):
-        value = env.get(key, "")
-        if value != "":
-            if not value.isdigit():
-                raise ValueError(f"${key}={value!r} is not a rank (a non-negative integer)")
-            return int(value)
+        rank = env_int(key, env)
+        if rank is not None:
+            return rank
     return None
 
 
@@ -112,19 +123,42 @@ def default_socket(job_id: str, rank: int, env=None, uid: int | None = None) -> 
 
 @dataclass(frozen=True)
 class Discovered:
+    """``job_source`` says where ``job_id`` came from (for error messages);
+    ``default_socket``: the socket path when the address is the daemon's
+    default socket (no $MUOND_DAEMON), else None."""
     address: str
     job_id: str
     rank: int | None
     token_file: str | None
+    job_source: str = ""
+    default_socket: str | None = None
+
+    def missing_socket(self) -> str | None:
+        """Why this rank has no daemon, when the address is a default socket
+        that does not exist (a forgotten $MUOND_JOB_ID waits out the health
+        timeout otherwise); None when there is nothing to say. A socket that
+        exists may be a daemon still starting: the caller waits for it."""
+        if self.default_socket is None or os.path.exists(self.default_socket):
+            return None
+        return (f"muond: no daemon socket at {self.default_socket}: the default socket for "
+                f"job {self.job_id!r} ({self.job_source}) and rank {self.rank}; set "
+                "$MUOND_JOB_ID to the daemons' --job_id, or $MUOND_DAEMON to this rank's "
+                "daemon address")
 
 
 def discover(job_id: str | None = None, env=None) -> Discovered:
     """This trainer's daemon from the environment (module docstring), or
     ValueError saying what to set."""
     env = os.environ if env is None else env
-    job = job_id if job_id is not None else (env.get("MUOND_JOB_ID") or "default")
+    if job_id is not None:
+        job, job_source = job_id, "job_id= given"
+    elif env.get("MUOND_JOB_ID"):
+        job, job_source = env["MUOND_JOB_ID"], "from $MUOND_JOB_ID"
+    else:
+        job, job_source = "default", "$MUOND_JOB_ID is unset, so \"default\""
     rank = env_rank(env)
     address = env.get("MUOND_DAEMON", "")
+    path = None
     if not address:
         if rank is None:
             raise ValueError(
@@ -135,7 +169,8 @@ def discover(job_id: str | None = None, env=None) -> Discovered:
             raise ValueError(f"job id {job!r} contains '/': it cannot name the default socket "
                              "muond-<job>-<rank>.sock; set $MUOND_DAEMON")
         address = default_socket(job, rank, env)
-    return Discovered(address, job, rank, env.get("MUOND_TOKEN_FILE") or None)
+        path = address[len("unix://"):]
+    return Discovered(address, job, rank, env.get("MUOND_TOKEN_FILE") or None, job_source, path)
 
 
 # -- DTensor meshes ----------------------------------------------------------

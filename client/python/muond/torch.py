@@ -468,8 +468,10 @@ class Muon(torch.optim.Optimizer):
 
         daemons = [daemons] if isinstance(daemons, str) else list(daemons)
         self._rank, self._world = _process_rank()
+        no_daemon = None  # why this rank's discovered daemon cannot be there
         if not daemons:  # torchrun/srun: this rank's own daemon (muond.placement.discover)
             found = _placement.discover(job_id)
+            no_daemon = found.missing_socket()
             daemons, job_id = [found.address], found.job_id
             if token is None and token_file is None:
                 token_file = found.token_file
@@ -517,6 +519,10 @@ class Muon(torch.optim.Optimizer):
                                            job_id, self.client_id, os.getpid())
         try:
             try:
+                if no_daemon is not None:
+                    # No socket: waiting cannot help (a forgotten $MUOND_JOB_ID).
+                    # Given daemons= are waited for: a launcher may start them now.
+                    raise FileNotFoundError(no_daemon)
                 for c in self.clients:
                     c.wait_healthy(wait_healthy_timeout)
                 unhealthy = None
@@ -1532,7 +1538,7 @@ def _is_stale_local_client(client_id: str) -> bool:
     exists: that trainer ended without unregistering (killed, crashed)."""
     host, _, rest = client_id.rpartition("-")
     host, _, pid = host.rpartition("-")
-    if host != os.uname().nodename or not pid.isdigit() or len(rest) != 8:
+    if host != os.uname().nodename or not (pid.isascii() and pid.isdigit()) or len(rest) != 8:
         return False
     try:
         int(rest, 16)

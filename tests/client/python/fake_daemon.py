@@ -100,6 +100,7 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         # Test hooks: Health's engine_error (with has_plan false when set),
         # and a Step handler that replaces the fake step.
         self.engine_error = ""
+        self.plan_ready = True  # false: serving, no plan yet (a rank never registered)
         self.on_step = None
         self.refuse_import = ""  # set: ImportState refuses after checking (a test hook)
         # set: RegisterParams refuses when refuse_register(request) returns a reason
@@ -116,7 +117,8 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
         self.server.stop(None)
 
     def Health(self, request, context):
-        return pb.HealthResponse(serving=True, has_plan=not self.engine_error,
+        return pb.HealthResponse(serving=True,
+                                 has_plan=self.plan_ready and not self.engine_error,
                                  engine_error=self.engine_error)
 
     def GetStatus(self, request, context):

@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 
 import grpc
 
@@ -143,6 +144,38 @@ class MuonFakeDaemonTest(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 20, "it waited out wait_healthy_timeout")
         # The failed constructor unregistered everywhere.
         self.assertEqual([d.groups for d in self.cluster.daemons], [[], []])
+
+    def test_no_plan_timeout_says_every_rank_must_register(self):
+        # One process with RANK=0 of a 3-daemon job: its daemon serves, the
+        # plan never comes (ranks 1 and 2 never register).
+        self.start(1)
+        self.cluster.daemons[0].plan_ready = False
+        env = {"RANK": "0", "WORLD_SIZE": "3", "MUOND_DAEMON": self.addresses[0]}
+        with mock.patch.dict(os.environ, env):
+            with self.assertRaisesRegex(TimeoutError, r"no plan yet\); the plan waits for every "
+                                        r"rank's trainer .*torchrun job must run all "
+                                        r"\$WORLD_SIZE=3 ranks"):
+                Muon(groups(make_params()), job_id="fake", wait_healthy_timeout=0.5, **HYPER)
+
+    def test_missing_default_socket_fails_at_once(self):
+        self.start(1)  # unused: tearDown stops it
+        env = {"RANK": "0", "XDG_RUNTIME_DIR": self.dir}
+        with mock.patch.dict(os.environ, env):
+            os.environ.pop("MUOND_JOB_ID", None)
+            os.environ.pop("MUOND_DAEMON", None)
+            t0 = time.monotonic()
+            with self.assertRaisesRegex(FileNotFoundError,
+                                        rf"no daemon socket at {self.dir}/muond/muond-default-0"
+                                        r"\.sock.*job 'default' \(\$MUOND_JOB_ID is unset"):
+                Muon(groups(make_params()), wait_healthy_timeout=60, **HYPER)
+            self.assertLess(time.monotonic() - t0, 10, "it waited out wait_healthy_timeout")
+            # A socket path that exists (a daemon still starting) is waited for.
+            os.makedirs(f"{self.dir}/muond")
+            open(f"{self.dir}/muond/muond-default-0.sock", "w").close()
+            t0 = time.monotonic()
+            with self.assertRaisesRegex(TimeoutError, "not healthy after"):
+                Muon(groups(make_params()), wait_healthy_timeout=1.0, **HYPER)
+            self.assertGreaterEqual(time.monotonic() - t0, 1.0)
 
     def test_a_failing_daemon_fails_the_step_while_a_peer_never_answers(self):
         self.start(2)

@@ -290,6 +290,31 @@ class PureTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "RANK"):
             P.discover(None, {"RANK": "x"})
 
+    def test_ranks_are_ascii_digits_only(self):
+        # "²" passes str.isdigit() but int() refuses it; "٣" int() reads as 3.
+        for key in ("RANK", "SLURM_PROCID"):
+            for value in ("\u00b2", "\u0663", "1\u0663", "-1", " 1"):
+                with self.assertRaisesRegex(ValueError, rf"\${key}=.*ASCII digits"):
+                    P.discover(None, {key: value, "XDG_RUNTIME_DIR": "/x"})
+        self.assertEqual(P.env_rank({"RANK": "12"}), 12)
+
+    def test_missing_default_socket_names_path_job_and_fix(self):
+        with tempfile.TemporaryDirectory() as xdg:
+            found = P.discover(None, {"RANK": "1", "XDG_RUNTIME_DIR": xdg})
+            path = f"{xdg}/muond/muond-default-1.sock"
+            self.assertEqual(found.default_socket, path)
+            why = found.missing_socket()
+            for part in (path, "job 'default'", "$MUOND_JOB_ID is unset", "rank 1",
+                         "--job_id", "$MUOND_DAEMON"):
+                self.assertIn(part, why)
+            self.assertIn("from $MUOND_JOB_ID", P.discover(
+                None, {"RANK": "1", "XDG_RUNTIME_DIR": xdg, "MUOND_JOB_ID": "j"}).missing_socket())
+            os.makedirs(f"{xdg}/muond")
+            open(path, "w").close()  # exists: maybe a daemon still starting, so no verdict
+            self.assertIsNone(found.missing_socket())
+        # An explicit address is never judged here.
+        self.assertIsNone(P.discover(None, {"MUOND_DAEMON": "unix:///nowhere"}).missing_socket())
+
     def _summary(self, domain="dom", size=(1, 2, 1), coord=(0, 0, 0), params=None):
         return {"domains": {domain: (size, coord)},
                 "params": params if params is not None else
