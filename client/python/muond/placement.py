@@ -30,7 +30,11 @@ flat rank (d*G + g)*T + t):
   are torch.chunk's (FSDP2's): uneven blocks, even empty ones, travel as
   ``gtp_rows``. An uneven TP split is refused naming the param. The domain
   is the whole mesh; its name is derived from the mesh's rank layout and
-  the roles (``domain_name``), so it is the same on every rank.
+  the roles (``domain_name``), so it is the same on every rank. A param on
+  a slice of a larger root mesh (FSDP2 + TP: ``fully_shard(mesh=mesh["dp"])``
+  on a matrix outside the TP plan, replicated over tp) has the root mesh as
+  its domain, the dims its mesh lacks as DP axes (``on_root_mesh``): its
+  NS runs once, not once per TP column.
 * A plain param when torch.distributed runs with world > 1 and the param has
   no Megatron tags (and no gtp_size/tp_size was given): a DDP replica,
   domain ``ddp-w<world>`` = D x 1 x 1 with D = world, d = rank.
@@ -395,6 +399,45 @@ def is_dtensor(p) -> bool:
     return type(p).__name__ == "DTensor" or hasattr(p, "device_mesh") and hasattr(p, "placements")
 
 
+def on_root_mesh(mesh, placements, rank: int):
+    """(root mesh, placements on it, the root dims the param's mesh lacks)
+    when the param's mesh is a slice of a larger root mesh (FSDP2 + TP:
+    ``fully_shard(mesh=mesh["dp"])`` on a param outside the TP plan): the
+    root dims it lacks hold the same shard on every rank (the slice at
+    each of their coordinates has the same layout and placements), so they
+    are DP axes (replicas) and its NS runs once per job, not once per slice.
+    None when the mesh is its own root or not a plain slice of it (a
+    flattened dim, another dim order): the param's own mesh is its domain."""
+    root_of = getattr(mesh, "_get_root_mesh", None)
+    root = root_of() if root_of is not None else None
+    if root is None or root is mesh or root.ndim <= mesh.ndim:
+        return None
+    names, root_names = tuple(mesh.mesh_dim_names or ()), tuple(root.mesh_dim_names or ())
+    if (len(names) != mesh.ndim or not set(names) <= set(root_names)
+            or [n for n in root_names if n in names] != list(names)):
+        return None
+    coord = mesh_coordinate(root, rank)
+    index = tuple(slice(None) if n in names else coord[i] for i, n in enumerate(root_names))
+    if not root.mesh[index].equal(mesh.mesh):
+        return None
+    from torch.distributed.tensor import Replicate
+    own = dict(zip(names, placements))
+    missing = tuple(i for i, n in enumerate(root_names) if n not in names)
+    return root, tuple(own.get(n, Replicate()) for n in root_names), missing
+
+
+def _domain_mesh(mesh, placements, roles, rank: int):
+    """(mesh, placements, roles) of the param's domain: its own mesh, or
+    its root mesh with the missing dims as DP axes (``on_root_mesh``)."""
+    rooted = on_root_mesh(mesh, placements, rank)
+    if rooted is None:
+        return mesh, placements, roles
+    root, root_placements, missing = rooted
+    own = iter(roles)
+    return root, root_placements, tuple(ROLE_DP if i in missing else next(own)
+                                        for i in range(root.ndim))
+
+
 def place_params(requests, opts: Options) -> dict:
     """{param name: ParamPlace} for this rank (module docstring), without
     any communication: a Megatron param's (D, d) is the given dp_size/dp_rank
@@ -416,9 +459,10 @@ def place_params(requests, opts: Options) -> dict:
             places[req.name] = (place_solo(local_shape, opts.rank) if distributed
                                 else _legacy(p, opts))
         elif is_dtensor(p):
-            places[req.name] = place_dtensor(req.name, tuple(p.shape), local_shape,
-                                             p.device_mesh, tuple(p.placements),
-                                             roles_of[mesh_key(p.device_mesh)], opts.rank)
+            mesh, placements, roles = _domain_mesh(p.device_mesh, tuple(p.placements),
+                                                   roles_of[mesh_key(p.device_mesh)], opts.rank)
+            places[req.name] = place_dtensor(req.name, tuple(p.shape), local_shape, mesh,
+                                             placements, roles, opts.rank)
         elif distributed and not opts.given_grid and not has_megatron_tags(p):
             places[req.name] = place_ddp(p.shape, opts.world, opts.rank)
         else:

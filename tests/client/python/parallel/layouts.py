@@ -37,6 +37,9 @@ SPECS = {
     # Megatron tags on G x T = 2 x 2: up column-parallel, down row-parallel with
     # one GTP pad row (15 rows over G = 2).
     "megatron": {"up": (32, 16), "down": (15, 32)},
+    # FSDP2 x TP where "mid" is outside the TP plan: FSDP2 puts it on mesh["dp"]
+    # (replicated over tp), a DP axis of its domain on the root mesh.
+    "mixed": {"up": (32, 16), "down": (16, 32), "mid": (16, 24)},
 }
 WORLD = 4
 
@@ -115,6 +118,12 @@ def build(layout: str) -> tuple[str, torch.nn.Module]:
         parallelize_module(model, mesh["tp"], _tp_plan())
         fully_shard(model, mesh=mesh["dp"])
         return "even", model
+    if layout == "fsdp_tp_mixed":
+        mesh = _mesh((2, 2), ("dp", "tp"))
+        model = Net("mixed")
+        parallelize_module(model, mesh["tp"], _tp_plan())
+        fully_shard(model, mesh=mesh["dp"])
+        return "mixed", model
     if layout == "hsdp":
         model = Net("even")
         fully_shard(model, mesh=_mesh((2, 2), ("replicate", "shard")))
@@ -218,15 +227,29 @@ class Worker:
                 metadata=[("x-muond-token", self.env["token"])])
         return {g.group: list(g.rank_load) for g in plan.groups}
 
+    def _plan_homes(self) -> int:
+        """How many NS homes the coordinator's plan has in all (rank 0 asks):
+        one per Muon matrix when no matrix's NS runs twice."""
+        if self.rank != 0:
+            return 0
+        import grpc
+        from muond.v1 import muond_pb2 as pb
+        from muond.v1 import muond_pb2_grpc as pb_grpc
+        with grpc.insecure_channel(self.env["coordinator"]) as channel:
+            plan = pb_grpc.CoordinatorStub(channel).GetPlan(
+                pb.GetPlanRequest(job_id=self.env["job_id"]), timeout=10,
+                metadata=[("x-muond-token", self.env["token"])])
+        return sum(len(g.homes) for g in plan.groups)
+
     def run_dtensor(self, layout: str) -> dict:
         spec, model = build(layout)
         opt = self._opt(list(model.named_parameters()))
         try:
             train(model, opt, spec, 1, STEPS)
-            loads = self._plan_loads()
+            loads, homes = self._plan_loads(), self._plan_homes()
         finally:
             opt.close()
-        return {"spec": spec, "params": full_params(model), "loads": loads}
+        return {"spec": spec, "params": full_params(model), "loads": loads, "homes": homes}
 
     def run_megatron(self, mismatch: bool = False) -> dict:
         import torch.distributed as dist

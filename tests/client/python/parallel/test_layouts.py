@@ -212,6 +212,14 @@ class LayoutsTest(unittest.TestCase):
     def test_fsdp_x_tp(self):
         self.check_layout("fsdp_tp")
 
+    def test_fsdp_x_tp_with_a_matrix_outside_the_tp_plan(self):
+        # "mid" lives on mesh["dp"], replicated over tp: the tp dim is a DP
+        # axis of its domain, so the plan has one NS home per matrix (not
+        # one per TP column for "mid").
+        answers = self.run_ok("fsdp_tp_mixed")
+        self.check_params("fsdp_tp_mixed", answers)
+        self.assertEqual(answers[0]["homes"], len(layouts.SPECS["mixed"]))
+
     def test_hsdp(self):
         self.check_layout("hsdp")
 
