@@ -336,6 +336,12 @@ def write_report(args, corpus, baseline, results, rel_diff, path):
     if rel_diff is not None:
         lines += ["", f"Max relative difference of the final params, muond vs reference "
                       f"(max |a-b| / max |b| per tensor): **{rel_diff:.3e}**"]
+    write_report_tail(path, lines, results)
+
+
+def write_report_tail(path: str, lines: list, results: dict) -> None:
+    """Ends a report with the loss plot and each run's samples, and writes it
+    (train.py's and train_dist.py's reports)."""
     lines += ["", "![loss](loss.png)", "", "## Samples (temperature 0.8)", ""]
     for kind, r in results.items():
         lines += [f"### {kind}", ""]

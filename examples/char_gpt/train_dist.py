@@ -356,13 +356,7 @@ def write_report(args, corpus, baseline, results, rel_diff, layout, path):
               "ms/step: each rank's daemon (its StepTimings, mean over steps; dp_share: the last "
               "step's, from GetStatus).", ""]
     lines += ns_load_rows(layout)
-    lines += ["", "![loss](loss.png)", "", "## Samples (temperature 0.8)", ""]
-    for kind, r in results.items():
-        lines += [f"### {kind}", ""]
-        for s in r["samples"]:
-            lines += ["```", s.rstrip(), "```", ""]
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    train.write_report_tail(path, lines, results)
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,6 @@ import pickle
 import socket
 import sys
 import tempfile
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,10 +24,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+import trainer_procs  # noqa: E402
+
 WORLD = 4
 STEPS = 2
 HYPER = dict(lr=0.02, weight_decay=0.1)
-ADAMW = dict(algorithm="adamw", lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
 
 
 def _model():
@@ -36,20 +36,10 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Tanh(), torch.nn.Linear(3, 7))
 
 
-def _groups(named):
-    return [{"params": [(n, p) for n, p in named if p.ndim == 2]},
-            {"params": [(n, p) for n, p in named if p.ndim != 2], **ADAMW}]
-
 
 def _trainer(rank, tmp):
     info = os.path.join(tmp, "daemons.json")
-    deadline = time.monotonic() + 60
-    while not os.path.exists(info):
-        if time.monotonic() > deadline:
-            raise TimeoutError("no fake daemons")
-        time.sleep(0.05)
-    with open(info) as f:
-        daemons = json.load(f)
+    daemons = trainer_procs.wait_for_json(info, "fake daemons")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(daemons["port"]),
                       RANK=str(rank), MUOND_DAEMON=daemons["addresses"][rank],
                       MUOND_JOB_ID="dtensor-memory")
@@ -73,7 +63,7 @@ def _trainer(rank, tmp):
         refusal = None
     except ValueError as e:
         refusal = str(e)
-    opt = Muon(_groups(list(model.named_parameters())), **HYPER)
+    opt = Muon(trainer_procs.groups(list(model.named_parameters())), **HYPER)
     grads = []
     for step in range(STEPS):
         x = torch.randn(5, 5, generator=torch.Generator().manual_seed(100 * step + rank))
@@ -90,17 +80,6 @@ def _trainer(rank, tmp):
                      "refusal": refusal}, f)
     dist.destroy_process_group()
 
-
-def _join(ctx, timeout: float) -> None:
-    """Waits for the trainers; a trainer that fails raises, and trainers
-    still running after `timeout` s (a rank left waiting) are killed."""
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            raise TimeoutError(f"trainers still running after {timeout:.0f}s")
 
 
 class DTensorMemoryTest(unittest.TestCase):
@@ -119,7 +98,7 @@ class DTensorMemoryTest(unittest.TestCase):
             with open(os.path.join(tmp, "daemons.json.tmp"), "w") as f:
                 json.dump({"port": port, "addresses": addresses}, f)
             os.rename(os.path.join(tmp, "daemons.json.tmp"), os.path.join(tmp, "daemons.json"))
-            _join(ctx, 150)
+            trainer_procs.join(ctx, 150)
             registered = [{p.name: (p, req.regions) for g in req.groups for p in g.params}
                           for req in (d.requests[0] for d in cluster.daemons)]
         finally:
@@ -149,7 +128,7 @@ class DTensorMemoryTest(unittest.TestCase):
         ref_cluster, ref_addresses = fake_daemon.start_cluster(
             tempfile.mkdtemp(prefix="muond-dtmem-ref-"), 1)
         try:
-            opt = Muon(_groups(list(model.named_parameters())), daemons=ref_addresses,
+            opt = Muon(trainer_procs.groups(list(model.named_parameters())), daemons=ref_addresses,
                        job_id="dtensor-memory-ref", **HYPER)
             for step in range(STEPS):
                 for n, p in model.named_parameters():

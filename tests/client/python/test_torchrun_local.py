@@ -12,23 +12,24 @@ import pickle
 import socket
 import sys
 import tempfile
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "contract"))
+sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+
+import trainer_procs  # noqa: E402
 
 from cluster import Cluster, find_binaries  # noqa: E402
 
 WORLD = 2
 STEPS = 3
 HYPER = dict(lr=0.02, weight_decay=0.1, fp32_matmul_prec="highest", ns_batch_size=1)
-ADAMW = dict(algorithm="adamw", lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
 
 
 def _model():
@@ -36,22 +37,12 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
 
 
-def _groups(named):
-    return [{"params": [(n, p) for n, p in named if p.ndim == 2]},
-            {"params": [(n, p) for n, p in named if p.ndim != 2], **ADAMW}]
-
 
 def _trainer(rank, tmp):
     """One torchrun rank: waits for the cluster (started after the fork, so
     no gRPC state is forked), then trains STEPS steps."""
     info = os.path.join(tmp, "cluster.json")
-    deadline = time.monotonic() + 60
-    while not os.path.exists(info):
-        if time.monotonic() > deadline:
-            raise TimeoutError("no cluster")
-        time.sleep(0.05)
-    with open(info) as f:
-        cluster = json.load(f)
+    cluster = trainer_procs.wait_for_json(info, "cluster")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cluster["port"]), RANK=str(rank),
                       WORLD_SIZE=str(WORLD), MUOND_DAEMON=cluster["daemons"][rank],
                       MUOND_JOB_ID=cluster["job_id"], MUOND_TOKEN_FILE=cluster["token_file"])
@@ -63,7 +54,7 @@ def _trainer(rank, tmp):
     model = _model()
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     fully_shard(model, mesh=init_device_mesh("cpu", (WORLD,)))
-    opt = Muon(_groups(list(model.named_parameters())), **HYPER)  # the one line
+    opt = Muon(trainer_procs.groups(list(model.named_parameters())), **HYPER)  # the one line
     domains = sorted({pl.domain for pl in opt.places.values()})
     grads = []
     for step in range(STEPS):
@@ -79,17 +70,6 @@ def _trainer(rank, tmp):
                      "places": dict(opt.places)}, f)
     dist.destroy_process_group()
 
-
-def _join(ctx, timeout: float) -> None:
-    """Waits for the trainers; a trainer that fails raises, and trainers
-    still running after `timeout` s (a rank left waiting) are killed."""
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            raise TimeoutError(f"trainers still running after {timeout:.0f}s")
 
 
 class TorchrunFsdpTest(unittest.TestCase):
@@ -107,7 +87,7 @@ class TorchrunFsdpTest(unittest.TestCase):
                 json.dump({"port": port, "daemons": cluster.daemons, "job_id": cluster.job_id,
                            "token_file": os.path.join(cluster.tmp, "token")}, f)
             os.rename(os.path.join(tmp, "cluster.json.tmp"), os.path.join(tmp, "cluster.json"))
-            _join(ctx, 150)
+            trainer_procs.join(ctx, 150)
         runs = []
         for r in range(WORLD):
             with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
@@ -125,7 +105,7 @@ class TorchrunFsdpTest(unittest.TestCase):
         for n, p in model.named_parameters():
             self.assertTrue(torch.equal(p.detach(), runs[0]["init"][n]), n)
         with Cluster(1, comm_timeout_s=10) as ref:
-            opt = Muon(_groups(list(model.named_parameters())), daemons=ref.daemons,
+            opt = Muon(trainer_procs.groups(list(model.named_parameters())), daemons=ref.daemons,
                        job_id=ref.job_id, **HYPER)
             for step in range(STEPS):
                 for n, p in model.named_parameters():
