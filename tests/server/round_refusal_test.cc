@@ -83,9 +83,12 @@ class RoundRefusalTest : public ::testing::Test {
     };
     core_ = std::make_unique<CoordinatorCore>(options);
     service_ = std::make_unique<CoordinatorService>(core_.get());
-    const std::string dir = ::testing::TempDir();
-    socket_ = dir + "/coord-" + std::to_string(getpid()) + ".sock";
-    std::filesystem::remove(socket_);
+    // Not ::testing::TempDir(): under a deep output base its path outgrows
+    // a Unix socket's 107 characters.
+    char dir[] = "/tmp/muond-refusal-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    socket_ = dir_ + "/coord.sock";
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix://" + socket_,
                              grpc::InsecureServerCredentials());
@@ -111,12 +114,13 @@ class RoundRefusalTest : public ::testing::Test {
     for (auto& link : links_) link->Stop();
     service_->BeginShutdown();
     server_->Shutdown();
-    std::filesystem::remove(socket_);
+    std::filesystem::remove_all(dir_);
   }
 
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::string dir_;
   std::string socket_;
   std::unique_ptr<GrpcCoordinatorLink> links_[2];
   Received received_[2];
