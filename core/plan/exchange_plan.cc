@@ -6,50 +6,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/plan/all_to_allv_builder.h"
 
 namespace muond {
 namespace {
-
-// Collects pieces per peer with offsets relative to the peer segment, then
-// turns them into counts, displacements and absolute offsets.
-class AllToAllvBuilder {
- public:
-  explicit AllToAllvBuilder(int peers) : send_(peers), recv_(peers) {}
-  void Send(int peer, int param, Block block) {
-    if (block.numel() > 0) send_[peer].push_back(Piece{param, block, 0});
-  }
-  void Recv(int peer, int param, Block block) {
-    if (block.numel() > 0) recv_[peer].push_back(Piece{param, block, 0});
-  }
-  AllToAllvPlan Finish() && {
-    AllToAllvPlan plan;
-    plan.total_send = Layout(send_, plan.send_counts, plan.send_displs);
-    plan.total_recv = Layout(recv_, plan.recv_counts, plan.recv_displs);
-    plan.send = std::move(send_);
-    plan.recv = std::move(recv_);
-    return plan;
-  }
-
- private:
-  static int64_t Layout(std::vector<std::vector<Piece>>& per_peer,
-                        std::vector<int64_t>& counts,
-                        std::vector<int64_t>& displs) {
-    counts.assign(per_peer.size(), 0);
-    displs.assign(per_peer.size(), 0);
-    int64_t offset = 0;
-    for (size_t p = 0; p < per_peer.size(); ++p) {
-      displs[p] = offset;
-      for (Piece& piece : per_peer[p]) {
-        piece.offset = offset;
-        offset += piece.block.numel();
-      }
-      counts[p] = offset - displs[p];
-    }
-    return offset;
-  }
-
-  std::vector<std::vector<Piece>> send_, recv_;
-};
 
 StageExchange BuildStage1(const GroupExchangePlan& plan) {
   const DomainSize d = plan.domain;
@@ -131,15 +91,28 @@ void TrackBufferSizes(const StageExchange& ex, GroupExchangePlan& plan) {
 
 }  // namespace
 
+absl::Status CheckNsHomeReplicas(const std::vector<ParamShardSpec>& specs,
+                                 const std::vector<NsHome>& homes, int dp) {
+  if (homes.size() != specs.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(homes.size(), " NS homes for ", specs.size(), " params"));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (homes[i].d < 0 || homes[i].d >= dp) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", specs[i].name, "': NS home replica d=", homes[i].d,
+          " is outside dp_size ", dp));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<GroupExchangePlan> BuildGroupExchangePlan(
     std::vector<ParamShardSpec> specs, std::vector<NsHome> homes,
     DomainSize domain, int my_g, int my_t, int my_d) {
   RETURN_IF_ERROR(
       CheckDomainCoordinates(domain, my_d, my_g, my_t, "this rank"));
-  if (homes.size() != specs.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(homes.size(), " NS homes for ", specs.size(), " params"));
-  }
+  RETURN_IF_ERROR(CheckNsHomeReplicas(specs, homes, domain.dp));
   GroupExchangePlan plan;
   plan.domain = domain;
   plan.my_g = my_g;
@@ -149,11 +122,6 @@ absl::StatusOr<GroupExchangePlan> BuildGroupExchangePlan(
     const ParamShardSpec& spec = specs[i];
     RETURN_IF_ERROR(ValidateShardSpec(spec, domain, my_g));
     NsHome& home = homes[i];
-    if (home.d < 0 || home.d >= domain.dp) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("param '", spec.name, "': NS home replica d=", home.d,
-                       " is outside dp_size ", domain.dp));
-    }
     if (home.d != my_d) continue;  // another replica's NS
     if (!spec.routed()) {
       home = NsHome{.d = home.d};

@@ -119,6 +119,11 @@ struct GroupExchangePlan {
   int64_t max_recv_elems = 0;
 };
 
+// One home per spec, each home replica d in [0, dp) (InvalidArgument naming
+// the param otherwise): the rule both exchange plans of a group check.
+absl::Status CheckNsHomeReplicas(const std::vector<ParamShardSpec>& specs,
+                                 const std::vector<NsHome>& homes, int dp);
+
 // Builds the plan of rank (my_g, my_t) of replica my_d. homes: one per spec
 // (PlanNsHomes or RoundRobinHomes output); the t of a GTP_REMAT home and the
 // (g, t) of a replicated param's home are ignored. Only the params homed in
