@@ -105,6 +105,21 @@ absl::Status Backend::GemmStridedBatchedOut(
                             d, stride_d, batch, precision);
 }
 
+absl::Status Backend::SymmetricGemmStridedBatchedOut(
+    Op op_a, Op op_b, float alpha, const MatrixView& a, int64_t stride_a,
+    const MatrixView& b, int64_t stride_b, float beta, const MatrixView& c,
+    int64_t stride_c, const MatrixView& d, int64_t stride_d, int64_t batch,
+    MatmulPrecision precision) {
+  if (d.rows != d.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("symmetric gemm: d must be square, got ", Shape(d)));
+  }
+  RETURN_IF_ERROR(GemmStridedBatchedOut(op_a, op_b, alpha, a, stride_a, b,
+                                        stride_b, beta, c, stride_c, d,
+                                        stride_d, batch, precision));
+  return SymmetrizeFromLower(d, stride_d, batch);
+}
+
 absl::Status CheckView(const MatrixView& v, std::string_view what) {
   if (v.rows < 0 || v.cols < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -159,14 +174,18 @@ absl::Status CheckGemm(Op op_a, Op op_b, const MatrixView& a,
         "gemm: op(a) is ", m, "x", k, ", op(b) is ", kb, "x", n, ", c is ",
         c.rows, "x", c.cols, "; need op(a) m x k, op(b) k x n, c m x n"));
   }
-  const DType want = precision == MatmulPrecision::kMedium ? DType::kBFloat16
-                                                           : DType::kFloat32;
+  // kMedium: 16-bit operands and output, bf16 or fp16 (the Gram NS
+  // iteration dtype), all three the same.
+  const bool medium = precision == MatmulPrecision::kMedium;
+  const DType want =
+      medium ? (a.dtype == DType::kFloat16 ? DType::kFloat16 : DType::kBFloat16)
+             : DType::kFloat32;
   for (const MatrixView* v : {&a, &b, &c}) {
     if (v->dtype != want) {
       return absl::InvalidArgumentError(absl::StrCat(
           "gemm: precision ", std::string(MatmulPrecisionName(precision)),
-          " needs ", std::string(DTypeName(want)), " a, b and c; got a ",
-          std::string(DTypeName(a.dtype)), ", b ",
+          " needs ", medium ? "bf16 or fp16 (all the same)" : "fp32",
+          " a, b and c; got a ", std::string(DTypeName(a.dtype)), ", b ",
           std::string(DTypeName(b.dtype)), ", c ",
           std::string(DTypeName(c.dtype))));
     }

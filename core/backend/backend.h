@@ -19,6 +19,7 @@
 //   evaluated without fused multiply-adds on both backends, so the CPU and the
 //   CUDA backend give bit-identical elementwise results.
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string_view>
 
@@ -136,6 +137,20 @@ class Backend {
       const MatrixView& b, int64_t stride_b, float beta, const MatrixView& c,
       int64_t stride_c, const MatrixView& d, int64_t stride_d, int64_t batch,
       MatmulPrecision precision);
+  // d <- alpha * op(a) op(b) + beta * c for products the caller knows are
+  // symmetric (X X^T, X^T X, or products of commuting symmetric matrices
+  // such as polynomials in one Gram matrix), with c symmetric (or beta ==
+  // 0): only the lower triangle is computed and the upper is written as its
+  // mirror, so d is exactly symmetric. Shapes, strides and dtypes as
+  // GemmStridedBatchedOut (d square). The default is GemmStridedBatchedOut
+  // followed by SymmetrizeFromLower(d) (CPU); CUDA runs muond's Hopper
+  // symmetric GEMM on sm_90 above a measured size and cuBLASLt below it
+  // (core/backend/sym_gemm_sm90.h).
+  virtual absl::Status SymmetricGemmStridedBatchedOut(
+      Op op_a, Op op_b, float alpha, const MatrixView& a, int64_t stride_a,
+      const MatrixView& b, int64_t stride_b, float beta, const MatrixView& c,
+      int64_t stride_c, const MatrixView& d, int64_t stride_d, int64_t batch,
+      MatmulPrecision precision);
   // Mirrors the lower triangle (diagonal included) of each square slice into
   // its upper triangle: slice i is `a` advanced by i * stride elements.
   virtual absl::Status SymmetrizeFromLower(const MatrixView& a, int64_t stride,
@@ -211,6 +226,20 @@ class Backend {
   }
   // Waits for every call enqueued so far.
   virtual absl::Status Synchronize() = 0;
+
+  // ---- CUDA graphs
+  // ----------------------------------------------------------- Runs `work`
+  // (calls on this backend only, no host synchronisation) as one replay of a
+  // graph captured the first time `key` was seen: on CUDA the stream is
+  // captured into a cudaGraphExec cached under `key` (the caller makes the key
+  // cover every pointer, shape and scalar the work bakes in) and replayed; a
+  // capture failure falls back to running `work` directly and is not retried
+  // for that key. The default (CPU) runs `work`.
+  virtual absl::Status RunGraph(uint64_t key,
+                                const std::function<absl::Status()>& work) {
+    (void)key;
+    return work();
+  }
 
   // ---- tracing --------------------------------------------------------------
   // Named ranges around the phases of a step (NVTX on CUDA, so Nsight Systems

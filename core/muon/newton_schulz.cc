@@ -35,6 +35,10 @@ int SyrkBlockRows(int64_t m, int requested) {
   return m >= 4096 ? 4 : 1;
 }
 
+std::string_view NsAlgorithmName(NsAlgorithm algorithm) {
+  return algorithm == NsAlgorithm::kGram ? "gram" : "standard";
+}
+
 absl::Status ValidateNsOptions(const NsOptions& options,
                                const Backend& backend) {
   if (options.num_steps < 1 || options.num_steps > kMaxNsSteps) {

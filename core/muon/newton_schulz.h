@@ -38,6 +38,8 @@
 // an unbatched call. A zero matrix gives a zero result (never NaN).
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +49,13 @@
 #include "core/muon/coefficients.h"
 
 namespace muond {
+
+// Which Newton–Schulz iteration runs (core/muon/gram_newton_schulz.h for
+// kGram: the same polynomial iterated on the Gram matrix R = X X^T and an
+// accumulated Q, with restarts; square and near-square matrices stay on
+// kStandard below gram_min_aspect_ratio).
+enum class NsAlgorithm : int32_t { kStandard = 0, kGram = 1 };
+std::string_view NsAlgorithmName(NsAlgorithm algorithm);
 
 struct NsOptions {
   CoefficientType coefficient_type = CoefficientType::kQuintic;
@@ -58,6 +67,17 @@ struct NsOptions {
   // Lower-triangle block rows for use_syrk: 0 = auto (SyrkBlockRows), else
   // 1..16 (1 = the full product, no FLOPs saved; for benchmarks).
   int syrk_block_rows = 0;
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
+  // Gram NS restart iterations (each in [1, num_steps), ascending, distinct;
+  // empty = no restart); nullopt = the default for the coefficient set
+  // (DefaultGramRestarts, gram_newton_schulz.h).
+  std::optional<std::vector<int>> gram_restarts;
+  // Gram NS iteration dtype under kMedium: kFloat16 (default) or kBFloat16.
+  // kHighest/kHigh iterate in fp32.
+  DType gram_dtype = DType::kFloat16;
+  // Gram NS runs only where max(rows, cols) / min(rows, cols) >= this
+  // (>= 1); 0 = the measured default (kDefaultGramMinAspectRatio).
+  double gram_min_aspect_ratio = 0.0;
 };
 
 // The dtype Newton–Schulz iterates in for `precision`: bf16 for kMedium,
@@ -70,10 +90,10 @@ DType NsWorkDType(MatmulPrecision precision);
 // m >= 4096, 1 (the full product) below.
 int SyrkBlockRows(int64_t m, int requested);
 
-// InvalidArgument naming the field and the rule: num_steps out of [1, kMaxNsSteps],
-// eps not finite or <= 0, custom list rules (CoefficientSchedule), a
-// precision the backend lacks (e.g. high on CPU: an error, never a
-// silent change), syrk_block_rows outside [0, 16].
+// InvalidArgument naming the field and the rule: num_steps out of [1,
+// kMaxNsSteps], eps not finite or <= 0, custom list rules
+// (CoefficientSchedule), a precision the backend lacks (e.g. high on CPU: an
+// error, never a silent change), syrk_block_rows outside [0, 16].
 absl::Status ValidateNsOptions(const NsOptions& options,
                                const Backend& backend);
 
