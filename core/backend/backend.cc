@@ -193,6 +193,16 @@ absl::Status CheckGemm(Op op_a, Op op_b, const MatrixView& a,
   return absl::OkStatus();
 }
 
+absl::Status CheckAddToDiagonal(const MatrixView& view, int64_t batch) {
+  if (auto s = CheckView(view, "add_to_diagonal"); !s.ok()) return s;
+  if (view.rows != view.cols || batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "add_to_diagonal: slices must be square and batch >= 0, got ",
+        Shape(view), ", batch ", batch));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckNormalize(const MatrixView& src, const MatrixView& dst,
                             int64_t batch, float eps) {
   if (auto s = CheckSameShape(src, dst, "normalize src", "normalize dst");

@@ -101,14 +101,17 @@ class Backend {
                                   int64_t bytes) = 0;
   // dst <- src elementwise for two same-shape strided views of backend
   // memory, converting fp32 <-> bf16 (fp32 -> bf16 rounds to nearest even;
-  // bf16 -> fp32 is exact). The views must not overlap unless identical.
+  // bf16 -> fp32 is exact), and fp16 (internal: the Gram NS iteration
+  // dtype) to and from both, rounded once to nearest even. The views must
+  // not overlap unless identical.
   virtual absl::Status Copy2D(const MatrixView& dst, const MatrixView& src) = 0;
 
   // ---- matmul -------------------------------------------------------------
   // c <- alpha * op(a) op(b) + beta * c, with op(a) m x k, op(b) k x n and c
   // m x n (shapes taken from the views; a view of a transposed operand has
   // the stored shape). beta == 0 never reads c (NaN in c does not leak).
-  // dtypes: kHighest/kHigh need fp32 a, b, c; kMedium needs bf16 a, b, c.
+  // dtypes: kHighest/kHigh need fp32 a, b, c; kMedium needs bf16 a, b, c or
+  // fp16 a, b, c (fp32 accumulation either way).
   // c must not overlap a or b.
   virtual absl::Status Gemm(Op op_a, Op op_b, float alpha, const MatrixView& a,
                             const MatrixView& b, float beta,
@@ -151,6 +154,12 @@ class Backend {
       const MatrixView& b, int64_t stride_b, float beta, const MatrixView& c,
       int64_t stride_c, const MatrixView& d, int64_t stride_d, int64_t batch,
       MatmulPrecision precision);
+  // Adds `value` to the diagonal of each square slice (slice i is `view`
+  // advanced by i * stride elements): x_jj <- x_jj + value computed in fp32
+  // and stored in the view's dtype (fp32, bf16 or fp16) with one rounding.
+  // Gram Newton–Schulz's Q = Z + a I (core/muon/gram_newton_schulz.h).
+  virtual absl::Status AddToDiagonal(const MatrixView& view, int64_t stride,
+                                     int64_t batch, float value) = 0;
   // Mirrors the lower triangle (diagonal included) of each square slice into
   // its upper triangle: slice i is `a` advanced by i * stride elements.
   virtual absl::Status SymmetrizeFromLower(const MatrixView& a, int64_t stride,
@@ -162,8 +171,9 @@ class Backend {
   // F.normalize(x, p=2, dim=(-2,-1), eps) of Emerging-Optimizers. The sum of
   // squares is accumulated in fp64 (tiny inputs such as 1e-30 * I do not
   // underflow), the norm rounded to fp32, the division done in fp32; dst is
-  // fp32 or bf16 (rounded once). No host synchronisation on CUDA.
-  // dst may equal src; it must not otherwise overlap it.
+  // fp32, bf16 or fp16 (rounded once; fp16 is Gram NS's iteration dtype). No
+  // host synchronisation on CUDA. dst may equal src; it must not otherwise
+  // overlap it.
   virtual absl::Status FrobeniusNormalize(const MatrixView& src,
                                           const MatrixView& dst, int64_t batch,
                                           float eps) = 0;
@@ -260,6 +270,8 @@ absl::Status CheckDType(const MatrixView& v, DType dtype,
 absl::Status CheckGemm(Op op_a, Op op_b, const MatrixView& a,
                        const MatrixView& b, const MatrixView& c,
                        MatmulPrecision precision);
+// Checks AddToDiagonal's arguments (square slices, batch >= 0).
+absl::Status CheckAddToDiagonal(const MatrixView& view, int64_t batch);
 // Checks FrobeniusNormalize's arguments.
 absl::Status CheckNormalize(const MatrixView& src, const MatrixView& dst,
                             int64_t batch, float eps);

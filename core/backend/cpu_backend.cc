@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/backend/bf16.h"
 #include "core/backend/elementwise_math.h"
+#include "core/backend/fp16.h"
 #include "core/common/status_macros.h"
 
 namespace muond {
@@ -24,13 +25,17 @@ char* ElemPtr(const MatrixView& v, int64_t i, int64_t j) {
 float Load(const MatrixView& v, int64_t i, int64_t j) {
   const char* p = ElemPtr(v, i, j);
   if (v.dtype == DType::kFloat32) return *reinterpret_cast<const float*>(p);
-  return Bf16BitsToFloat(*reinterpret_cast<const uint16_t*>(p));
+  const uint16_t bits = *reinterpret_cast<const uint16_t*>(p);
+  return v.dtype == DType::kFloat16 ? Fp16BitsToFloat(bits)
+                                    : Bf16BitsToFloat(bits);
 }
 
 void Store(const MatrixView& v, int64_t i, int64_t j, float x) {
   char* p = ElemPtr(v, i, j);
   if (v.dtype == DType::kFloat32) {
     *reinterpret_cast<float*>(p) = x;
+  } else if (v.dtype == DType::kFloat16) {
+    *reinterpret_cast<uint16_t*>(p) = FloatToFp16Bits(x);
   } else {
     *reinterpret_cast<uint16_t*>(p) = FloatToBf16Bits(x);
   }
@@ -50,8 +55,9 @@ MatrixView Slice(const MatrixView& v, int64_t stride, int64_t i) {
   return s;
 }
 
-// dst <- src elementwise for same-shape views (fp32 -> bf16 rounds to nearest
-// even, bf16 -> fp32 is exact).
+// dst <- src elementwise for same-shape views (fp32 -> bf16/fp16 rounds to
+// nearest even, bf16/fp16 -> fp32 is exact; bf16 <-> fp16 goes through fp32,
+// so it is rounded once).
 void ConvertInto(const MatrixView& dst, const MatrixView& src) {
   ForEach(src,
           [&](int64_t i, int64_t j) { Store(dst, i, j, Load(src, i, j)); });
@@ -82,7 +88,7 @@ void SgemmSlice(Op op_a, Op op_b, float alpha, const MatrixView& a,
               static_cast<float*>(c.data), Ld(c));
 }
 
-// fp32 scratch for the bf16 (kMedium) GEMM, reused across batch slices.
+// fp32 scratch for the bf16/fp16 (kMedium) GEMM, reused across batch slices.
 struct Fp32Scratch {
   std::vector<float> a, b, c;
 };
@@ -93,14 +99,15 @@ MatrixView Fp32Like(std::vector<float>& buf, const MatrixView& v) {
   return ContiguousView(buf.data(), DType::kFloat32, v.rows, v.cols);
 }
 
-// kMedium on bf16 views, with the semantics of cuBLASLt's bf16 GEMM with
-// CUBLAS_COMPUTE_32F: the operands are widened to fp32 (exact), so every
-// product of two bf16 values (16 significant bits) is exact in fp32 and the
-// sum is accumulated in fp32 by the fp32 path; alpha and beta apply in fp32
-// (beta * c from the bf16 c), and the result is rounded to bf16 once.
-void GemmBf16Slice(Op op_a, Op op_b, float alpha, const MatrixView& a,
-                   const MatrixView& b, float beta, const MatrixView& c,
-                   Fp32Scratch& scratch) {
+// kMedium on bf16 or fp16 views, with the semantics of cuBLASLt's 16-bit
+// GEMMs with CUBLAS_COMPUTE_32F: the operands are widened to fp32 (exact), so
+// every product of two bf16 (8 significant bits) or fp16 (11) values is exact
+// in fp32 and the sum is accumulated in fp32 by the fp32 path; alpha and beta
+// apply in fp32 (beta * c from the 16-bit c), and the result is rounded to
+// the view's dtype once.
+void Gemm16Slice(Op op_a, Op op_b, float alpha, const MatrixView& a,
+                 const MatrixView& b, float beta, const MatrixView& c,
+                 Fp32Scratch& scratch) {
   const MatrixView a32 = Fp32Like(scratch.a, a), b32 = Fp32Like(scratch.b, b),
                    c32 = Fp32Like(scratch.c, c);
   ConvertInto(a32, a);
@@ -194,10 +201,21 @@ class CpuBackend final : public Backend {
       const MatrixView ai = Slice(a, stride_a, i), bi = Slice(b, stride_b, i),
                        ci = Slice(c, stride_c, i);
       if (precision == MatmulPrecision::kMedium) {
-        GemmBf16Slice(op_a, op_b, alpha, ai, bi, beta, ci, scratch);
+        Gemm16Slice(op_a, op_b, alpha, ai, bi, beta, ci, scratch);
       } else {
         SgemmSlice(op_a, op_b, alpha, ai, bi, beta, ci);
       }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AddToDiagonal(const MatrixView& view, int64_t stride,
+                             int64_t batch, float value) override {
+    RETURN_IF_ERROR(CheckAddToDiagonal(view, batch));
+    for (int64_t s = 0; s < batch; ++s) {
+      const MatrixView v = Slice(view, stride, s);
+      for (int64_t i = 0; i < v.rows; ++i)
+        Store(v, i, i, Load(v, i, i) + value);
     }
     return absl::OkStatus();
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/backend/cuda_gram_kernels.h"
 #include "core/backend/cuda_kernels.h"
 #include "core/common/status_macros.h"
 
@@ -238,6 +239,16 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(CheckBatch(batch));
     return Matmul(op_a, op_b, alpha, a, stride_a, b, stride_b, beta, c,
                   stride_c, d, stride_d, batch, precision);
+  }
+
+  absl::Status AddToDiagonal(const MatrixView& view, int64_t stride,
+                             int64_t batch, float value) override {
+    RETURN_IF_ERROR(CheckAddToDiagonal(view, batch));
+    return CudaStatus(cuda_gram_kernels::AddToDiagonal(
+                          view.data, int(view.dtype), view.rows,
+                          std::max(view.row_stride, view.cols), stride, batch,
+                          value, stream_),
+                      "add_to_diagonal");
   }
 
   absl::Status SymmetrizeFromLower(const MatrixView& a, int64_t stride,

@@ -15,6 +15,7 @@
 //   deepseekv4     DeepSeek-V4 report; simple x 8 then (2, -1.5, 0.5) x 2,
 //                  repeat last
 //   custom         a user list, cycle
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -57,5 +58,18 @@ CoefficientIterMode IterModeOf(CoefficientType type);
 absl::StatusOr<std::vector<NsCoefficients>> CoefficientSchedule(
     CoefficientType type, const std::vector<NsCoefficients>& custom,
     int num_steps);
+
+// The default Gram Newton–Schulz restart iterations (each in [1, num_steps),
+// ascending) for a coefficient set run for `num_steps` steps: for the
+// built-in sets with num_steps <= kGramRestartTableSteps the committed table
+// computed by tools/gram_restart_tuner.py (the paper's restart tuner: the
+// scalar iteration on perturbed Gram eigenvalues, restarts minimising Q's
+// condition number); otherwise (kCustom, longer schedules) the fallback
+// every other iteration from 2, {2, 4, 6, ...}, or {1} for num_steps == 2
+// and {} for 1 (no coefficient-specific analysis exists for those, so the
+// fallback restarts more often than any tuned row: a restart costs two
+// n x m GEMMs but re-forms R from X, as standard NS does every step).
+inline constexpr int kGramRestartTableSteps = 10;
+std::vector<int> DefaultGramRestarts(CoefficientType type, int num_steps);
 
 }  // namespace muond

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/muon/bounds.h"
+#include "core/muon/gram_newton_schulz.h"
 
 namespace muond {
 namespace {
@@ -39,6 +40,67 @@ std::string_view NsAlgorithmName(NsAlgorithm algorithm) {
   return algorithm == NsAlgorithm::kGram ? "gram" : "standard";
 }
 
+namespace {
+
+// The Gram fields' rules (ValidateNsOptions).
+absl::Status ValidateGramOptions(const NsOptions& options) {
+  if (options.gram_restarts.has_value()) {
+    const std::vector<int>& r = *options.gram_restarts;
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (r[i] < 1 || r[i] >= options.num_steps) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ns gram_restarts: each iteration must be in [1, num_steps = ",
+            options.num_steps, "), got ", r[i]));
+      }
+      if (i > 0 && r[i] <= r[i - 1]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ns gram_restarts must be ascending and distinct, got ", r[i - 1],
+            " then ", r[i]));
+      }
+    }
+  }
+  if (options.gram_dtype != DType::kFloat16 &&
+      options.gram_dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns gram_dtype must be fp16 or bf16, got ",
+                     std::string(DTypeName(options.gram_dtype))));
+  }
+  const double ratio = options.gram_min_aspect_ratio;
+  if (!(ratio == 0.0 || (std::isfinite(ratio) && ratio >= 1.0))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ns gram_min_aspect_ratio must be 0 (the default) or finite and >= 1, "
+        "got ",
+        ratio));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckNsRunViews(const MatrixView& in, const MatrixView& out,
+                             int64_t batch, int64_t max_batch, int64_t rows,
+                             int64_t cols) {
+  if (batch < 1 || batch > max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ns batch must be in [1, ", max_batch, "], got ", batch));
+  }
+  for (const MatrixView* v : {&in, &out}) {
+    const char* what = v == &in ? "ns input" : "ns output";
+    RETURN_IF_ERROR(CheckView(*v, what));
+    if (v->dtype != DType::kFloat32 && v->dtype != DType::kBFloat16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " must be float32 or bfloat16, got ",
+                       std::string(DTypeName(v->dtype))));
+    }
+    if (v->rows != batch * rows || v->cols != cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " must be ", batch * rows, "x", cols, " (batch ", batch, " of ",
+          rows, "x", cols, "), got ", v->rows, "x", v->cols));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateNsOptions(const NsOptions& options,
                                const Backend& backend) {
   if (options.num_steps < 1 || options.num_steps > kMaxNsSteps) {
@@ -61,7 +123,7 @@ absl::Status ValidateNsOptions(const NsOptions& options,
         absl::StrCat("ns syrk_block_rows must be in [0, 16] (0 = auto), got ",
                      options.syrk_block_rows));
   }
-  return absl::OkStatus();
+  return ValidateGramOptions(options);
 }
 
 absl::StatusOr<std::unique_ptr<NewtonSchulz>> NewtonSchulz::Create(
@@ -81,7 +143,12 @@ absl::StatusOr<std::unique_ptr<NewtonSchulz>> NewtonSchulz::Create(
                                        options.num_steps));
   std::unique_ptr<NewtonSchulz> ns(new NewtonSchulz(
       backend, options, rows, cols, max_batch, std::move(schedule)));
-  RETURN_IF_ERROR(ns->AllocateWorkspace());
+  if (UsesGramNs(options, rows, cols)) {
+    ASSIGN_OR_RETURN(ns->gram_, GramNewtonSchulz::Create(backend, options, rows,
+                                                         cols, max_batch));
+  } else {
+    RETURN_IF_ERROR(ns->AllocateWorkspace());
+  }
   return ns;
 }
 
@@ -119,6 +186,10 @@ absl::Status NewtonSchulz::AllocateWorkspace() {
 double NewtonSchulz::FlopsPerMatrix() const {
   const double m = double(m_), n = double(n_);
   return options_.num_steps * (4.0 * m * m * n + 2.0 * m * m * m);
+}
+
+double NewtonSchulz::RunFlopsPerMatrix() const {
+  return gram_ != nullptr ? gram_->FlopsPerMatrix() : FlopsPerMatrix();
 }
 
 absl::Status NewtonSchulz::Mm(Op op_a, Op op_b, float alpha,
@@ -187,25 +258,8 @@ absl::Status NewtonSchulz::Poly(const MatrixView& a, float b, float c,
 
 absl::Status NewtonSchulz::Run(const MatrixView& in, const MatrixView& out,
                                int64_t batch) {
-  if (batch < 1 || batch > max_batch_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ns batch must be in [1, ", max_batch_, "], got ", batch));
-  }
-  for (const MatrixView* v : {&in, &out}) {
-    RETURN_IF_ERROR(CheckView(*v, v == &in ? "ns input" : "ns output"));
-    if (v->dtype != DType::kFloat32 && v->dtype != DType::kBFloat16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(v == &in ? "ns input" : "ns output",
-                       " must be float32 or bfloat16, got ",
-                       std::string(DTypeName(v->dtype))));
-    }
-    if (v->rows != batch * rows_ || v->cols != cols_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(v == &in ? "ns input" : "ns output", " must be ",
-                       batch * rows_, "x", cols_, " (batch ", batch, " of ",
-                       rows_, "x", cols_, "), got ", v->rows, "x", v->cols));
-    }
-  }
+  if (gram_ != nullptr) return gram_->Run(in, out, batch);
+  RETURN_IF_ERROR(CheckNsRunViews(in, out, batch, max_batch_, rows_, cols_));
   const int64_t sx = rows_ * cols_, mm = m_ * m_;
   auto x_full = [&](int i) {
     return ContiguousView(x_[i], work_dtype_, batch * rows_, cols_);

@@ -93,13 +93,30 @@ int SyrkBlockRows(int64_t m, int requested);
 // InvalidArgument naming the field and the rule: num_steps out of [1,
 // kMaxNsSteps], eps not finite or <= 0, custom list rules
 // (CoefficientSchedule), a precision the backend lacks (e.g. high on CPU: an
-// error, never a silent change), syrk_block_rows outside [0, 16].
+// error, never a silent change), syrk_block_rows outside [0, 16]; Gram
+// fields (checked whatever the algorithm, so a bad value never waits for a
+// shape that selects Gram): gram_restarts each in [1, num_steps), ascending
+// and distinct; gram_dtype fp16 or bf16; gram_min_aspect_ratio 0 or finite
+// and >= 1.
 absl::Status ValidateNsOptions(const NsOptions& options,
                                const Backend& backend);
+
+// The shape and dtype rules of NewtonSchulz::Run's views (InvalidArgument
+// naming `ns input` / `ns output` / `ns batch`), shared with
+// GramNewtonSchulz::Run.
+absl::Status CheckNsRunViews(const MatrixView& in, const MatrixView& out,
+                             int64_t batch, int64_t max_batch, int64_t rows,
+                             int64_t cols);
+
+class GramNewtonSchulz;
 
 // Owns the workspace for one matrix shape and up to `max_batch` matrices,
 // allocated once on the backend at creation and reused by every Run. Not
 // thread-safe; calls are stream-ordered on the backend.
+//
+// With algorithm kGram and max/min side >= GramMinAspectRatio the matrices
+// run Gram Newton–Schulz (gram_newton_schulz.h), which this object owns and
+// Run delegates to; otherwise standard NS.
 class NewtonSchulz {
  public:
   // Errors: ValidateNsOptions's; rows/cols < 1 or max_batch < 1; allocation
@@ -124,8 +141,15 @@ class NewtonSchulz {
   int64_t cols() const { return cols_; }
   int64_t max_batch() const { return max_batch_; }
   const NsOptions& options() const { return options_; }
-  // 2*m*m*n + 2*m^3 + 2*m*m*n per step (Gram, A^2, B X), times num_steps.
+  // Standard NS's FLOPs: 2*m*m*n + 2*m^3 + 2*m*m*n per step (Gram, A^2,
+  // B X), times num_steps, whichever algorithm runs (the issue's "effective
+  // NS TFLOP/s" divides this by the time).
   double FlopsPerMatrix() const;
+  // The FLOPs the algorithm that runs executes (FlopsPerMatrix for standard
+  // NS without use_syrk; GramNewtonSchulz::FlopsPerMatrix for Gram).
+  double RunFlopsPerMatrix() const;
+  // The Gram NS engine when this shape runs Gram NS, else nullptr.
+  const GramNewtonSchulz* gram() const { return gram_.get(); }
 
  private:
   NewtonSchulz(Backend* backend, NsOptions options, int64_t rows, int64_t cols,
@@ -157,9 +181,10 @@ class NewtonSchulz {
   int block_rows_;  // lower-triangle block rows of Gram/Poly; 1 = full product
   DType work_dtype_;
   std::vector<NsCoefficients> schedule_;
-  void* x_[2] = {nullptr, nullptr};  // batch * rows * cols, work dtype
-  void* a_ = nullptr;                // batch * m * m
-  void* b_ = nullptr;                // batch * m * m
+  void* x_[2] = {nullptr, nullptr};         // batch * rows * cols, work dtype
+  void* a_ = nullptr;                       // batch * m * m
+  void* b_ = nullptr;                       // batch * m * m
+  std::unique_ptr<GramNewtonSchulz> gram_;  // set when this shape runs Gram
 };
 
 }  // namespace muond

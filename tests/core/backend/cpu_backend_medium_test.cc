@@ -264,7 +264,7 @@ TEST(CpuBackendMedium, WrongOperandDTypeNamesOperandAndRule) {
       backend->Gemm(Op::kN, Op::kN, 1.0f, a32v, V16(b, 2, 2), 0.0f,
                     V16(c, 2, 2), MatmulPrecision::kMedium);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("medium needs bf16 a, b and c"),
+  EXPECT_NE(s.message().find("medium needs bf16 or fp16 (all the same) a, b and c"),
             absl::string_view::npos)
       << s;
   EXPECT_NE(s.message().find("got a fp32"), absl::string_view::npos) << s;

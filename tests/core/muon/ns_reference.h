@@ -58,6 +58,61 @@ inline Mat NewtonSchulzRef(const std::vector<float>& g, int rows, int cols,
   return tall ? Transpose(x, m, n) : x;
 }
 
+// Gram Newton–Schulz in plain fp64 loops, transposing explicitly for tall
+// inputs (muond runs the transposed iteration instead): X normalised,
+// R = X X^T; per step (a, b, c) at i: restart (i in `restarts`, i > 0):
+// X = Q X, R = X X^T; Z = bR + cR^2; Q = Z + aI at 0/restarts else
+// Q = QZ + aQ; unless last or i+1 a restart R = Z(RZ + aR) + a(RZ + aR);
+// result Q X.
+inline Mat GramNewtonSchulzRef(const std::vector<float>& g, int rows, int cols,
+                               const std::vector<Abc>& schedule,
+                               const std::vector<int>& restarts, double eps) {
+  Mat x(g.begin(), g.end());
+  const bool tall = rows > cols;
+  int m = rows, n = cols;
+  if (tall) {
+    x = Transpose(x, rows, cols);
+    std::swap(m, n);
+  }
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double d = std::max(std::sqrt(ss), eps);
+  for (double& v : x) v /= d;
+  auto is_restart = [&](int i) {
+    return i > 0 &&
+           std::find(restarts.begin(), restarts.end(), i) != restarts.end();
+  };
+  auto axpy = [](const Mat& p, double s, const Mat& q) {  // p + s q
+    Mat o(p.size());
+    for (size_t i = 0; i < p.size(); ++i) o[i] = p[i] + s * q[i];
+    return o;
+  };
+  Mat r = MatMul(x, Transpose(x, m, n), m, n, m), q;
+  const int steps = int(schedule.size());
+  for (int i = 0; i < steps; ++i) {
+    const Abc& k = schedule[i];
+    if (is_restart(i)) {
+      x = MatMul(q, x, m, m, n);
+      r = MatMul(x, Transpose(x, m, n), m, n, m);
+    }
+    const Mat r2 = MatMul(r, r, m, m, m);
+    Mat z(r.size());
+    for (size_t e = 0; e < z.size(); ++e) z[e] = k.b * r[e] + k.c * r2[e];
+    if (i == 0 || is_restart(i)) {
+      q = z;
+      for (int j = 0; j < m; ++j) q[j * m + j] += k.a;
+    } else {
+      q = axpy(MatMul(q, z, m, m, m), k.a, q);
+    }
+    if (i + 1 < steps && !is_restart(i + 1)) {
+      const Mat rz = axpy(MatMul(r, z, m, m, m), k.a, r);
+      r = axpy(MatMul(z, rz, m, m, m), k.a, rz);
+    }
+  }
+  x = MatMul(q, x, m, m, n);
+  return tall ? Transpose(x, m, n) : x;
+}
+
 // Eigen-decomposition of a symmetric n x n matrix by cyclic Jacobi:
 // a = V diag(w) V^T.
 inline void Jacobi(Mat a, int n, std::vector<double>* w, Mat* v) {
