@@ -1,0 +1,73 @@
+#pragma once
+// The Gram Newton–Schulz numerics suite, written once over a Backend and run
+// by gram_spectra_test (CPU, in CI) and gram_spectra_cuda_test (tag gpu).
+//
+// Every case compares against the fp64 value of the same polynomial on a
+// known spectrum (spectral_reference.h), batch of 2, fp32 in and out:
+//  - Errors: for flat, log-decaying (1 .. 1e-9), rank-deficient (half
+//    zeros) spectra, the relative Frobenius error of Gram NS (kMedium, fp16,
+//    the default iteration dtype) is at most kGramFp16Slack x that of
+//    standard NS in bf16 (kMedium, what muond ran before Gram); Gram in
+//    bf16 at most kGramBf16Slack x. Standard NS in fp32 (kHighest) is
+//    checked too: it calibrates the harness (a wrong reference fails it).
+//  - Scale invariance: the log-decaying input times 2^-100 (~7.9e-31) and
+//    2^100 (~1.3e30) gives bitwise the unscaled result (a power of two
+//    commutes with the fp64 norm, the fp32 division and every rounding
+//    after it); all-zero gives exactly zero. Every output is finite.
+//  - sigma_max: Gram fp16 with its default restarts keeps sigma_max(out) <=
+//    max_[0,1] p + kSigmaSlack on inputs where rounding makes spurious
+//    negative Gram eigenvalues, and the same run without restarts exceeds
+//    that bound, so the check fails if the restart is removed.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/muon/newton_schulz.h"
+
+namespace muond::testing {
+
+struct SpectraShape {
+  int rows, cols;
+};
+
+// Gram fp16 vs standard bf16: fp16 keeps 3 more mantissa bits than bf16, so
+// Gram's error is normally well below standard's (measured 3-10x below on
+// CPU); 1.25 only absorbs the seed-to-seed spread of two different rounding
+// sequences, so an fp16 path that lost its advantage still passes but one
+// that is worse than what it replaces does not.
+inline constexpr double kGramFp16Slack = 1.25;
+// Gram bf16 vs standard bf16: the same 8-bit mantissa through a longer
+// chain (R is squared every step, Q accumulates the product), measured up to
+// ~2x standard's error on rank-deficient inputs; 3 bounds it.
+inline constexpr double kGramBf16Slack = 3.0;
+// sigma_max above max p: output rounding in fp16 (measured <= 0.01 above
+// max p with restarts); spurious-eigenvalue growth without restarts is
+// measured >= 0.5 above.
+inline constexpr double kSigmaSlack = 0.05;
+
+// NS on `backend`: `in` is batch matrices rows x cols stacked along rows
+// (fp32, host); returns the fp32 host output.
+std::vector<float> RunNs(Backend* backend, const NsOptions& options,
+                         const std::vector<float>& in, int rows, int cols,
+                         int batch);
+
+// The error / finiteness / scale-invariance checks over every shape
+// (gtest expectations; prints one table row per shape x spectrum).
+void CheckSpectraErrors(Backend* backend,
+                        const std::vector<SpectraShape>& shapes);
+
+// The sigma_max bound for quintic and polar_express on each shape: with the
+// default restarts always; the growth without restarts only where
+// `expect_growth` (small m: rounding of R = X X^T perturbs its eigenvalues
+// by ~2^-11 |R_ij| sqrt(m), and |R_ij| ~ 1/m, so the spurious negative
+// eigenvalues shrink as m grows; in an fp16 emulation at 1024 x 4096 the
+// quintic run without restarts stays below the bound).
+struct SigmaShape {
+  int rows, cols;
+  bool expect_growth;
+};
+void CheckSigmaMaxBound(Backend* backend,
+                        const std::vector<SigmaShape>& shapes);
+
+}  // namespace muond::testing
