@@ -1,42 +1,132 @@
 #!/usr/bin/env python3
-"""One Muon optimizer step over a shape set on one GPU, three ways in one run
-(issue 8): torch.optim.Muon on identical copies of the params and grads;
-muond in-process (bench/gpu:step_bench --engine: the daemon's step engine,
-LayerShardedMuon::Step with its non-finite-gradient check, on the CUDA
-backend, run as a subprocess between the others; the "kernels" column is the
-same phases chained without the engine or the check); muond through the daemon
-(muond.torch.Muon: Python client, CUDA IPC, gRPC over a Unix socket). All
-three use the same math: simple coefficients x 5, eps 1e-7, `original`
-scale, Nesterov, decoupled weight decay, fp32 params, bf16 NS.
+"""One Muon optimizer step over shape sets on one GPU, every contender in one process and
+run (issues 8 and 20), fp32 params and grads, median of --reps steps, --rounds rounds:
 
-Timings: median over --reps steps after --warmup, host clock around the step
-with the device synchronised (torch: synchronize after step; muond.torch
-synchronises before its RPC and the daemon before it answers). Also: the
-Step RPC round trip with (almost) no work, one 8x8 param: p50/p99 µs.
+  torch        torch.optim.Muon on identical copies of the params and grads;
+  peer_a       gram-newton-schulz 0.1.6's Muon (Dao-AILab; CuTe DSL kernels from
+               quack-kernels, torch.compile'd, CUDA graphs) with the same coefficients as
+               everyone: torch's (3.4445, -4.775, 2.0315) x 5, Gram NS, standard NS for square,
+               its restart tuner's pick for them ([3]) unless --peer-restarts;
+  peer_b       the same with its defaults: Polar Express coefficients, tuned restart ([2]);
+  inproc_std   muond in-process (bench/gpu:step_bench --engine: the daemon's step engine,
+  inproc_gram    LayerShardedMuon::Step with its non-finite check) with standard / Gram NS;
+  daemon_std   muond through the daemon (muond.torch.Muon: Python client, CUDA IPC, gRPC over
+  daemon_gram    a Unix socket), standard / Gram NS (ns_algorithm="gram").
 
-    MUOND_BIN=<bundle>/bin python3 bench/gpu_step_bench.py \
-        --manifest bench/manifests/llama3_8b.json --layers 4 --out table.md
+The same math everywhere otherwise: eps 1e-7, `original` scale (the peer gets it as its
+adjust_lr callable), Nesterov, momentum 0.95, decoupled weight decay 0.1 (the peer scales it
+by the base lr, as torch does). What the peer does differently: its momentum is
+M = mu M + G, U = mu M + G (torch's and muond's: M = lerp(M, G, 1 - mu), U = lerp(G, M, mu)
+= (1 - mu) x the peer's U); NS normalises U to unit Frobenius norm first, so the NS input is
+the same up to eps (X / (|X| + eps) there, X / max(|X|, eps) here); it iterates in fp16
+(muond's Gram: fp16 by default; torch and muond's standard NS: bf16); its gram iteration
+is for every non-square shape (muond: aspect >= gram_min_aspect_ratio).
+
+Timings: host clock around the step with the device synchronised (torch and the peer:
+synchronize after step; muond.torch synchronises before its RPC and the daemon before it
+answers). The peer compiles (torch.compile, CuTe DSL JIT) on first use of each shape: its
+first step is timed apart ("first step s") and it is warmed up until two steps agree within
+3%. Its two NS objects live for the whole process, so later sets reuse their compiled code.
+Also: the Step RPC round trip with (almost) no work, one 8x8 param: p50/p99 us.
+
+Per set: each column's ms, the ratios that decide issue 20, and per column the effective NS
+TFLOP/s (standard-NS FLOPs 5 (4 m^2 n + 2 m^3) / time, the same numerator for everyone) and
+the fraction of the FLOP ceiling of the algorithm the column actually runs
+(ideal_ns_flops: symmetric products at half price / time / 989 TFLOP/s, the H200's dense
+bf16/fp16 peak).
+
+    MUOND_BIN=<bundle>/bin python3 bench/gpu_step_bench.py \\
+        --set llama3_8b:4:4 --set qwen3_1_7b:28:28 --set qwen3_30b_a3b:1:256 --out table.md
+    python3 bench/gpu_step_bench.py --sweep-aspect --out sweep.md   # standard vs Gram NS
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 import time
 
-import torch
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
-from daemon_harness import Daemon, _binary  # noqa: E402
 
 SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-7, ns_steps=5)
+TORCH_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+H200_DENSE_PEAK = 989e12  # bf16/fp16 dense tensor-core FLOP/s, the H200 data sheet
+COLUMNS = ["torch", "peer_a", "peer_b", "inproc_std", "inproc_gram", "daemon_std",
+           "daemon_gram"]
+TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
+          "peer_b": "peer (b) defaults", "inproc_std": "muond in-process std",
+          "inproc_gram": "muond in-process gram", "daemon_std": "muond daemon std",
+          "daemon_gram": "muond daemon gram"}
+# Issue 20's goals, muond gram through the daemon: x faster than (peer a, peer b, torch).
+GOALS = {"llama3_8b": (1.1, 1.1, 1.9), "qwen3_1_7b": (1.1, 1.1, 1.8),
+         "qwen3_30b_a3b": (1.3, 1.3, 7.0)}
+# name: (layers, muond ns_batch_size) as measured best in bench/results/gpu_h200.md.
+SET_DEFAULTS = {"llama3_8b": (4, 4), "qwen3_1_7b": (28, 28), "qwen3_30b_a3b": (1, 256)}
 
 
+# ---------------------------------------------------------------------------- FLOP model
+def standard_ns_flops(shape, steps: int = 5) -> float:
+    """Standard NS as plain GEMMs (issue 4's count), X s x L with s = the short side:
+    per iteration A = X X^T (2 s^2 L), A^2 (2 s^3), B X (2 s^2 L)."""
+    s, big = min(shape), max(shape)
+    return steps * (4 * s * s * big + 2 * s ** 3)
+
+
+def ideal_ns_flops(shape, algorithm: str, restarts=(), steps: int = 5,
+                   min_aspect: float = 1.0) -> float:
+    """FLOPs of the NS a column runs on one matrix, every symmetric product at half price
+    (one triangle), the ceiling a symmetric kernel can reach. s = short side, L = long side.
+
+    standard, per iteration: X X^T  s^2 L (symmetric); A^2  s^3 (symmetric);
+      B X  2 s^2 L  ->  steps (3 s^2 L + s^3).
+    gram (the iteration of docs/ARCHITECTURE.md and core/muon/gram_newton_schulz.h):
+      R = X X^T once: s^2 L; the final X = Q X: 2 s^2 L;
+      each restart r (0 < r < steps): X = Q X (2 s^2 L) and R = X X^T (s^2 L);
+      each iteration i: Z = b R + c R^2: s^3;
+        Q = Q Z + a Q unless i == 0 or i is a restart (Q = Z + a I, no product): s^3;
+        unless i is the last or i + 1 a restart, RZ = R Z + a R and R = Z RZ + a RZ: 2 s^3
+        (products of commuting symmetric matrices: symmetric).
+      With 5 steps and one restart (at 2 or at 3): 6 s^2 L + 14 s^3, against 15 s^2 L +
+      5 s^3 for standard: Gram wins when L/s is large, and square matrices stay on
+      standard NS (gram applies only where L > s and L / s >= min_aspect).
+    """
+    s, big = min(shape), max(shape)
+    if algorithm == "standard" or big == s or big / s < min_aspect:
+        return steps * (3 * s * s * big + s ** 3)
+    assert algorithm == "gram", algorithm
+    rs = set(restarts)
+    sl = s * s * big
+    flops = sl + 2 * sl  # R = X X^T, final X = Q X
+    for i in range(steps):
+        if i != 0 and i in rs:
+            flops += 3 * sl
+        flops += s ** 3  # Z
+        if i != 0 and i not in rs:
+            flops += s ** 3  # Q Z + a Q
+        if i < steps - 1 and (i + 1) not in rs:
+            flops += 2 * s ** 3  # RZ, R
+    return flops
+
+
+def default_gram_min_aspect() -> float:
+    """muond's measured default threshold, read from its one home (the C++ header)."""
+    for rel in ("core/muon/gram_newton_schulz.h", "core/muon/newton_schulz.h"):
+        try:
+            text = open(os.path.join(ROOT, rel)).read()
+        except OSError:
+            continue
+        m = re.search(r"kDefaultGramMinAspectRatio\s*=\s*([0-9.]+)", text)
+        if m:
+            return float(m.group(1))
+    return 1.0
+
+
+# ---------------------------------------------------------------------------- shapes
 def shape_set(manifest: str, layers: int):
     params = json.load(open(manifest))["params"]
     keep = [p for p in params if len(p["shape"]) == 2 and
@@ -44,12 +134,23 @@ def shape_set(manifest: str, layers: int):
     return [tuple(p["shape"]) for p in keep]
 
 
-def ns_flops(shape) -> float:
-    m, n = min(shape), max(shape)
-    return 5 * (4 * m * m * n + 2 * m ** 3)
+def parse_set(text: str):
+    """NAME_OR_MANIFEST[:LAYERS[:NS_BATCH]] -> (name, manifest path, layers, ns_batch)."""
+    parts = text.split(":")
+    path = parts[0] if parts[0].endswith(".json") else \
+        os.path.join(ROOT, "bench/manifests", parts[0] + ".json")
+    name = os.path.basename(path)[:-5]
+    layers, batch = SET_DEFAULTS.get(name, (4, 1))
+    if len(parts) > 1:
+        layers = int(parts[1])
+    if len(parts) > 2:
+        batch = int(parts[2])
+    return name, path, layers, batch
 
 
+# ---------------------------------------------------------------------------- timing
 def timed(step, reps, warmup):
+    import torch
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -60,39 +161,133 @@ def timed(step, reps, warmup):
         torch.cuda.synchronize()
         t.append((time.perf_counter() - t0) * 1e3)
     t.sort()
-    return t[len(t) // 2], t
+    return t[len(t) // 2]
+
+
+def warm_until_steady(step, min_steps=3, max_steps=12, tol=0.03):
+    """The peer's warm-up: its first step compiles (torch.compile, CuTe DSL JIT, CUDA graph
+    capture), so step until two consecutive steps agree within tol. Returns (first step s,
+    warm-up s in all, steps)."""
+    import torch
+    times = []
+    t_all = time.perf_counter()
+    for k in range(max_steps):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        if k + 1 >= min_steps and abs(times[-1] - times[-2]) <= tol * times[-2]:
+            break
+    return times[0], time.perf_counter() - t_all, len(times)
 
 
 def fresh(shapes, seed):
+    import torch
     g = torch.Generator(device="cuda").manual_seed(seed)
     params = [0.02 * torch.randn(s, device="cuda", generator=g) for s in shapes]
     grads = [1e-3 * torch.randn(s, device="cuda", generator=g) for s in shapes]
     return params, grads
 
 
+def free():
+    import gc
+    import torch
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def bench_torch(shapes, reps, warmup):
+    import torch
     params, grads = fresh(shapes, 0)
     ps = [torch.nn.Parameter(p) for p in params]
     for p, g in zip(ps, grads):
         p.grad = g
     opt = torch.optim.Muon(ps, adjust_lr_fn="original", **SETTINGS)
-    med, _ = timed(opt.step, reps, warmup)
+    med = timed(opt.step, reps, warmup)
     del opt, ps, params, grads
-    torch.cuda.empty_cache()
+    free()
     return med
 
 
-def bench_inprocess(shapes, reps, warmup, ns_batch_size=1, syrk=False, engine=True):
+def original_scale(lr, shape):
+    """torch.optim.Muon's adjust_lr_fn="original" as the peer's adjust_lr callable."""
+    return lr * math.sqrt(max(1.0, shape[-2] / shape[-1]))
+
+
+class Peer:
+    """gram-newton-schulz 0.1.6's Muon, variants a (torch's coefficients) and b (its
+    defaults), on one set of params and grads (each variant its own momentum). The NS
+    objects (compiled closures) of the first set are kept for the later ones."""
+    ns_objects: dict = {}
+    restarts: dict = {}
+
+    def __init__(self, shapes, variant, ps, peer_restarts=None):
+        from gram_newton_schulz import Muon as PeerMuon
+        kw = dict(lr=SETTINGS["lr"], weight_decay=SETTINGS["weight_decay"],
+                  momentum=SETTINGS["momentum"], nesterov=SETTINGS["nesterov"],
+                  adjust_lr=original_scale, ns_epsilon=SETTINGS["eps"])
+        if variant == "a":
+            kw["ns_coefficients"] = [list(TORCH_COEFFICIENTS)] * SETTINGS["ns_steps"]
+            if peer_restarts is not None:
+                kw["gram_newton_schulz_restart_iterations"] = peer_restarts
+        if variant in Peer.restarts:  # tuned once; the same answer every time
+            kw["gram_newton_schulz_restart_iterations"] = Peer.restarts[variant]
+        self.opt = PeerMuon(ps, **kw)
+        Peer.restarts[variant] = list(self.opt.gram_newton_schulz_reset_iterations)
+        if variant in Peer.ns_objects:
+            self.opt.newton_schulz = Peer.ns_objects[variant]
+        else:
+            Peer.ns_objects[variant] = self.opt.newton_schulz
+        self.coefficients = self.opt.ns_coefficients
+
+
+def bench_peer(peer: Peer, reps, warmup):
+    first, warm_s, n = warm_until_steady(peer.opt.step)
+    med = timed(peer.opt.step, reps, warmup)
+    return med, first, warm_s, n
+
+
+def inprocess_flags(algorithm, restarts, gram_dtype, min_aspect):
+    f = [f"--ns_algorithm={algorithm}"]
+    if algorithm == "gram":
+        if restarts is not None:
+            f.append("--gram_restarts=" + (",".join(map(str, restarts)) or "none"))
+        f.append(f"--gram_dtype={gram_dtype}")
+        if min_aspect is not None:
+            f.append(f"--gram_min_aspect_ratio={min_aspect}")
+    return f
+
+
+def step_bench(args):
+    from daemon_harness import _binary
+    return subprocess.run([_binary("bench/gpu/step_bench")] + args, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o):
     arg = ",".join(f"{r}x{c}" for r, c in shapes)
-    out = subprocess.run([_binary("bench/gpu/step_bench"), f"--shapes={arg}",
-                          "--precision=medium", f"--reps={reps}", f"--warmup={warmup}",
-                          f"--ns_batch_size={ns_batch_size}"] + (["--use_syrk"] if syrk else [])
-                         + (["--engine"] if engine else []),
-                         capture_output=True, text=True, check=True).stdout
+    out = step_bench([f"--shapes={arg}", "--precision=medium", f"--reps={reps}",
+                      f"--warmup={warmup}", f"--ns_batch_size={ns_batch_size}", "--engine"]
+                     + (["--use_syrk"] if syrk and algorithm == "standard" else [])
+                     + inprocess_flags(algorithm, o.gram_restarts, o.gram_dtype,
+                                       o.gram_min_aspect))
     return float(re.search(r"step_ms_median (\S+)", out).group(1))
 
 
-def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size=1, syrk=False):
+def muond_gram_kwargs(algorithm, o):
+    if algorithm == "standard":
+        return {}
+    kw = dict(ns_algorithm="gram", gram_dtype=o.gram_dtype)
+    if o.gram_restarts is not None:
+        kw["gram_restarts"] = list(o.gram_restarts)
+    if o.gram_min_aspect is not None:
+        kw["gram_min_aspect_ratio"] = o.gram_min_aspect
+    return kw
+
+
+def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algorithm, o):
+    import torch
+    from daemon_harness import Daemon
     from muond.torch import Muon
     params, grads = fresh(shapes, 0)
     ps = [torch.nn.Parameter(p) for p in params]
@@ -100,13 +295,13 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size=1, syrk=False
         opt = Muon([{"params": ps, "param_names": [f"p{i}" for i in range(len(ps))]}],
                    daemons=[d.address], job_id=job, coefficient_type="simple",
                    scale_mode="original", extra_scale_factor=1.0, fp32_matmul_prec="medium",
-                   ns_batch_size=ns_batch_size, use_syrk=syrk, **SETTINGS)
+                   ns_batch_size=ns_batch_size, use_syrk=syrk and algorithm == "standard",
+                   **muond_gram_kwargs(algorithm, o), **SETTINGS)
         try:
             opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
             for p, g in zip(ps, grads):
                 p.grad.copy_(g)
-            daemon_ms = []
-            parts = []
+            daemon_ms, parts = [], []
 
             def step():
                 t0 = time.perf_counter()
@@ -115,17 +310,17 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size=1, syrk=False
                 daemon_ms.append(opt.last_timings["total_us"] / 1e3)
                 parts.append(dict(opt.last_timings, wall_us=wall))
 
-            med, _ = timed(step, reps, warmup)
+            med = timed(step, reps, warmup)
             dm = sorted(daemon_ms[warmup:])
-            print_breakdown(parts[warmup:])
+            print_breakdown(algorithm, parts[warmup:])
         finally:
             opt.close()
     del ps, params, grads
-    torch.cuda.empty_cache()
+    free()
     return med, dm[len(dm) // 2]
 
 
-def print_breakdown(parts):
+def print_breakdown(label, parts):
     """Where a daemon step's time goes (medians, ms): the client's Python
     (wall - rpc: grad re-pointing, device sync, overrides), gRPC + server
     (rpc - daemon total), the daemon's phases, and the daemon total not in a
@@ -135,15 +330,17 @@ def print_breakdown(parts):
         return v[len(v) // 2] / 1e3
     phases = ["momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "update_us"]
     outside = sorted((p["total_us"] - sum(p[k] for k in phases)) for p in parts)
-    print("daemon breakdown (median ms): wall %.2f = client %.2f + rpc %.2f; rpc = "
+    print("daemon %s breakdown (median ms): wall %.2f = client %.2f + rpc %.2f; rpc = "
           "grpc/server %.2f + daemon %.2f; daemon = %s + outside phases %.2f" % (
-              med("wall_us"), med("wall_us") - med("rpc_us"), med("rpc_us"),
+              label, med("wall_us"), med("wall_us") - med("rpc_us"), med("rpc_us"),
               med("overhead_us"), med("total_us"),
               " + ".join("%s %.2f" % (k[:-3], med(k)) for k in phases),
               outside[len(outside) // 2] / 1e3), flush=True)
 
 
 def bench_rpc(reps, job, log_dir):
+    import torch
+    from daemon_harness import Daemon
     from muond.torch import Muon
     p = torch.nn.Parameter(torch.randn(8, 8, device="cuda"))
     with Daemon(job, log_dir=log_dir) as d:
@@ -161,53 +358,274 @@ def bench_rpc(reps, job, log_dir):
     return us[len(us) // 2], us[int(0.99 * (len(us) - 1))]
 
 
+def guarded(label, fn, *args):
+    """One column; a contender that cannot run here (peer not installed, muond option not
+    there yet) is reported, not fatal."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001: any failure is one missing cell
+        print(f"{label}: not measured: {type(e).__name__}: {str(e)[-400:]}", flush=True)
+        return None
+
+
+# ---------------------------------------------------------------------------- one set
+def run_set(name, manifest, layers, ns_batch, a, o):
+    import torch
+    shapes = shape_set(manifest, layers)
+    cols = [c for c in COLUMNS if c in a.columns]
+    rows = []  # per round: {column: ms}, daemon-side ms under "<col>_side"
+    peer_info = {}
+    peers = {}
+    peer_ps = None
+    if any(c.startswith("peer_") for c in cols):
+        params, grads = fresh(shapes, 0)
+        peer_ps = [torch.nn.Parameter(p) for p in params]
+        for p, g in zip(peer_ps, grads):
+            p.grad = g
+        for c in cols:
+            if c.startswith("peer_"):
+                t0 = time.perf_counter()
+                peers[c] = guarded(c, Peer, shapes, c[-1], peer_ps, a.peer_restarts)
+                peer_info[c] = dict(construct_s=time.perf_counter() - t0,
+                                    kernels=getattr(getattr(peers[c], "opt", None),
+                                                    "ns_use_kernels", None))
+    for r in range(a.rounds):
+        row = {}
+        for c in cols:
+            if c == "torch":
+                row[c] = guarded(c, bench_torch, shapes, a.reps, a.warmup)
+            elif c.startswith("peer_"):
+                if peers.get(c) is None:
+                    continue
+                res = guarded(c, bench_peer, peers[c], a.reps, a.warmup)
+                if res:
+                    row[c] = res[0]
+                    peer_info[c].setdefault("first", []).append(res[1:])
+            elif c.startswith("inproc_"):
+                row[c] = guarded(c, bench_inprocess, shapes, a.reps, a.warmup, ns_batch,
+                                 a.syrk, "standard" if c.endswith("std") else "gram", o)
+            else:
+                res = guarded(c, bench_daemon, shapes, a.reps, a.warmup, f"{name}{r}{c}",
+                              a.log_dir, ns_batch, a.syrk,
+                              "standard" if c.endswith("std") else "gram", o)
+                if res:
+                    row[c], row[c + "_side"] = res
+        rows.append(row)
+        print(f"{name} round {r + 1}: " + ", ".join(
+            f"{c} {row[c]:.2f}" for c in cols if row.get(c) is not None), flush=True)
+    for p in peers.values():
+        if p is not None:
+            p.opt.state.clear()
+    del peers, peer_ps
+    free()
+    return shapes, cols, rows, peer_info
+
+
+def fmt(v, spec=".2f"):
+    return "n/a" if v is None else format(v, spec)
+
+
+def ratio(x, y):
+    return None if x is None or y is None else x / y
+
+
+def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
+    model = json.load(open(os.path.join(ROOT, "bench/manifests", name + ".json")))["model"] \
+        if os.path.exists(os.path.join(ROOT, "bench/manifests", name + ".json")) else name
+    std = sum(standard_ns_flops(s) for s in shapes)
+    lines = [f"### {model}, first {layers} layers: {len(shapes)} matrices, "
+             f"{std / 1e12:.2f} TFLOP of standard NS per step; muond ns_batch_size {ns_batch}"
+             f"{', use_syrk' if a.syrk else ''}", ""]
+    head = ["round"] + [TITLES[c] + " ms" for c in cols]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for k, row in enumerate(rows):
+        cells = [str(k + 1)]
+        for c in cols:
+            v = fmt(row.get(c))
+            if c.startswith("daemon_") and row.get(c + "_side") is not None:
+                v += f" ({row[c + '_side']:.2f})"
+            cells.append(v)
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "(daemon columns: wall ms per step (daemon-side ms).)", ""]
+    goal = GOALS.get(name)
+    lines += ["| round | muond gram daemon: vs peer (a) | vs peer (b) | vs torch | "
+              "daemon / in-process std | daemon / in-process gram |", "|---|---|---|---|---|---|"]
+    for k, row in enumerate(rows):
+        d = row.get("daemon_gram")
+        cells = [ratio(row.get("peer_a"), d), ratio(row.get("peer_b"), d),
+                 ratio(row.get("torch"), d)]
+        txt = []
+        for j, v in enumerate(cells):
+            s = "n/a" if v is None else f"{v:.3f}x"
+            if goal and v is not None:
+                s += f" ({'met' if v >= goal[j] else 'missed'}: goal {goal[j]}x)"
+            txt.append(s)
+        txt += [fmt(ratio(row.get("daemon_std"), row.get("inproc_std")), ".3f"),
+                fmt(ratio(row.get("daemon_gram"), row.get("inproc_gram")), ".3f")]
+        lines.append(f"| {k + 1} | " + " | ".join(txt) + " |")
+    # Efficiency: the median over rounds of each column.
+    lines += ["", "| column | ms (rounds) | effective NS TFLOP/s | NS the column runs | "
+              "its ideal TFLOP | fraction of 989 TFLOP/s |", "|---|---|---|---|---|---|"]
+    for c in cols:
+        ms = [row[c] for row in rows if row.get(c) is not None]
+        if not ms:
+            continue
+        t = sorted(ms)[len(ms) // 2] / 1e3
+        algo, restarts, aspect = column_algorithm(c, o)
+        ideal = sum(ideal_ns_flops(s, algo, restarts, min_aspect=aspect) for s in shapes)
+        what = algo if algo == "standard" else f"gram, restarts {list(restarts)}" + \
+            (f", aspect >= {aspect:g}" if aspect > 1 else "")
+        lines.append(f"| {TITLES[c]} | {' / '.join(f'{v:.2f}' for v in ms)} | "
+                     f"{std / t / 1e12:.0f} | {what} | {ideal / 1e12:.2f} | "
+                     f"{ideal / t / H200_DENSE_PEAK:.3f} |")
+    for c, info in peer_info.items():
+        firsts = info.get("first", [])
+        lines.append("")
+        lines.append(f"{TITLES[c]}: restarts {Peer.restarts.get(c[-1])}, CuTe DSL kernels "
+                     f"{info.get('kernels')}; constructor "
+                     f"{info['construct_s']:.1f} s; first step / warm-up in all / steps: " +
+                     "; ".join(f"{f:.1f} s / {w:.1f} s / {n}" for f, w, n in firsts))
+    return "\n".join(lines)
+
+
+def column_algorithm(c, o):
+    """(algorithm, restarts, min aspect) the column's NS runs, for the FLOP model."""
+    if c == "torch" or c.endswith("_std"):
+        return "standard", (), 1.0
+    if c.startswith("peer_"):
+        return "gram", Peer.restarts.get(c[-1], [2]), 1.0
+    restarts = o.gram_restarts if o.gram_restarts is not None else o.muond_default_restarts
+    aspect = o.gram_min_aspect if o.gram_min_aspect is not None else default_gram_min_aspect()
+    return "gram", restarts, max(aspect, 1.0)
+
+
+# ---------------------------------------------------------------------------- sweep
+SWEEP_N = (1024, 2048, 4096)
+SWEEP_RATIOS = (1.0, 1.25, 1.5, 2.0, 3.5)
+SWEEP_BATCH = {1024: 16, 2048: 4, 4096: 2}
+
+
+def sweep_aspect(a, o):
+    """muond's NS alone (step_bench --ns_only), standard vs Gram (forced on every shape:
+    --gram_min_aspect_ratio=1), n x m wide matrices, SWEEP_BATCH[n] per batched NS."""
+    results = {}
+    for n in SWEEP_N:
+        shapes = [(n, int(round(r * n))) for r in SWEEP_RATIOS]
+        b = SWEEP_BATCH[n]
+        arg = ",".join(f"{r}x{c}" for r, c in shapes for _ in range(b))
+        for algo in ("standard", "gram"):
+            flags = inprocess_flags(algo, o.gram_restarts, o.gram_dtype, 1.0)
+            out = step_bench([f"--shapes={arg}", "--precision=medium", f"--reps={a.reps}",
+                              f"--warmup={a.warmup}", f"--ns_batch_size={b}", "--ns_only"]
+                             + (["--use_syrk"] if a.syrk and algo == "standard" else [])
+                             + flags)
+            for m in re.finditer(r"ns_ms (\d+)x(\d+) batch (\d+) median (\S+)", out):
+                results[(int(m.group(1)), int(m.group(2)), algo)] = float(m.group(4)) / b
+    lines = ["| n | m/n | m | standard NS ms | gram NS ms | standard / gram |",
+             "|---|---|---|---|---|---|"]
+    crossover = []
+    for n in SWEEP_N:
+        pays = []
+        for r in SWEEP_RATIOS:
+            m = int(round(r * n))
+            s, g = results.get((n, m, "standard")), results.get((n, m, "gram"))
+            q = ratio(s, g)
+            pays.append(q is not None and q > 1.0)
+            lines.append(f"| {n} | {r:g} | {m} | {fmt(s, '.3f')} | {fmt(g, '.3f')} | "
+                         f"{fmt(q, '.3f')} |")
+        # The smallest m/n from which Gram is faster at every larger ratio measured.
+        first = next((SWEEP_RATIOS[i] for i in range(len(pays)) if all(pays[i:])), None)
+        crossover.append(f"n = {n}: " + (f"gram pays from m/n >= {first:g}" if first
+                                         else "gram never pays"))
+    lines += ["", "Crossover (ms per matrix, batches of "
+              + ", ".join(f"{b} at n = {n}" for n, b in SWEEP_BATCH.items()) + "): "
+              + "; ".join(crossover) + "."]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- main
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--manifest", default=os.path.join(ROOT, "bench/manifests/llama3_8b.json"))
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--set", action="append", default=None, metavar="NAME[:LAYERS[:BATCH]]",
+                    help="a manifest name (bench/manifests) or .json path, its layers and "
+                         "muond's ns_batch_size; repeat for several sets in one process "
+                         f"(defaults {SET_DEFAULTS})")
+    ap.add_argument("--manifest", default=None, help="one set (older form of --set)")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--ns-batch-size", type=int, default=None)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2,
-                    help="torch / in-process / daemon measured this many times, interleaved")
-    ap.add_argument("--ns-batch-size", type=int, default=1,
-                    help="muond ns_batch_size (same-shape matrices per batched NS; 1 = unbatched)")
+                    help="every column measured this many times, interleaved")
+    ap.add_argument("--columns", default=",".join(COLUMNS),
+                    help="comma list of " + ", ".join(COLUMNS))
     ap.add_argument("--syrk", action="store_true",
-                    help="muond runs the symmetric NS path (use_syrk; same math, "
-                         "X X^T and A^2 on their lower triangle)")
+                    help="muond's standard NS columns run use_syrk")
+    ap.add_argument("--gram-restarts", default=None,
+                    help="muond gram restarts, e.g. 2 or 2,4 or none (default: muond's)")
+    ap.add_argument("--muond-default-restarts", default="2",
+                    help="muond's default restarts for the simple set, for the FLOP model "
+                         "when --gram-restarts is not given")
+    ap.add_argument("--gram-dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--gram-min-aspect", type=float, default=None,
+                    help="muond gram_min_aspect_ratio (default: muond's measured default)")
+    ap.add_argument("--peer-restarts", default=None,
+                    help="peer (a)'s restarts, e.g. 2 (default: its tuner's pick)")
+    ap.add_argument("--sweep-aspect", action="store_true",
+                    help="instead: muond standard vs gram NS over n x m, n in "
+                         f"{SWEEP_N}, m/n in {SWEEP_RATIOS}")
+    ap.add_argument("--no-rpc", action="store_true", help="skip the no-work Step RPC probe")
     ap.add_argument("--log-dir", default=None)
-    ap.add_argument("--out", default=None, help="also write the markdown table here")
+    ap.add_argument("--out", default=None, help="also write the markdown here")
     a = ap.parse_args()
-    shapes = shape_set(a.manifest, a.layers)
-    flops = sum(ns_flops(s) for s in shapes)
-    rows = []
-    for r in range(a.rounds):
-        t = bench_torch(shapes, a.reps, a.warmup)
-        i = bench_inprocess(shapes, a.reps, a.warmup, a.ns_batch_size, a.syrk)
-        kern = bench_inprocess(shapes, a.reps, a.warmup, a.ns_batch_size, a.syrk,
-                               engine=False)
-        d, dd = bench_daemon(shapes, a.reps, a.warmup, f"bench{r}", a.log_dir,
-                             a.ns_batch_size, a.syrk)
-        rows.append((t, i, d, dd, kern))
-        print(f"round {r + 1}: torch {t:.2f} ms, in-process {i:.2f} ms (kernels {kern:.2f}), "
-              f"daemon {d:.2f} ms (daemon-side {dd:.2f})", flush=True)
-    p50, p99 = bench_rpc(200, "benchrpc", a.log_dir)
-    name = json.load(open(a.manifest))["model"]
-    lines = [f"{name}, first {a.layers} layers: {len(shapes)} matrices, "
-             f"{flops / 1e12:.2f} TFLOP of NS per step; {torch.cuda.get_device_name()}, "
-             f"torch {torch.__version__}; muond ns_batch_size {a.ns_batch_size}"
-             f"{', symmetric NS path (use_syrk)' if a.syrk else ', plain GEMM NS path'}; "
-             f"median of {a.reps} steps per cell", "",
-             "| round | torch.optim.Muon ms | muond in-process ms | muond daemon ms "
-             "(daemon-side) | torch / in-process | torch / daemon | daemon / in-process "
-             "| in-process NS TFLOP/s | kernels only ms (torch / kernels) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for k, (t, i, d, dd, kern) in enumerate(rows):
-        lines.append(f"| {k + 1} | {t:.2f} | {i:.2f} | {d:.2f} ({dd:.2f}) | {t / i:.3f}x | "
-                     f"{t / d:.3f}x | {d / i:.3f} | {flops / i / 1e9:.0f} | "
-                     f"{kern:.2f} ({t / kern:.3f}x) |")
-    lines += ["", f"Step RPC round trip, one 8x8 param (Unix socket): p50 {p50:.0f} µs, "
-                  f"p99 {p99:.0f} µs"]
-    text = "\n".join(lines)
+
+    def restarts(text):
+        if text is None:
+            return None
+        return [] if text == "none" else [int(x) for x in text.split(",")]
+
+    a.columns = set(a.columns.split(","))
+    bad = a.columns - set(COLUMNS)
+    if bad:
+        ap.error(f"--columns: unknown {sorted(bad)}; known: {COLUMNS}")
+    a.peer_restarts = restarts(a.peer_restarts)
+    o = argparse.Namespace(gram_restarts=restarts(a.gram_restarts), gram_dtype=a.gram_dtype,
+                           gram_min_aspect=a.gram_min_aspect,
+                           muond_default_restarts=restarts(a.muond_default_restarts))
+    sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+    import torch
+    for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):  # the peer compiles per shape: no eager fallback
+            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 256))
+
+    what = "NS runs" if a.sweep_aspect else "steps"
+    rounds = "" if a.sweep_aspect else f", {a.rounds} rounds"
+    header = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}; median of "
+              f"{a.reps} {what} per cell{rounds}; command: "
+              f"`python3 bench/gpu_step_bench.py {' '.join(sys.argv[1:])}`")
+    if a.sweep_aspect:
+        text = header + "\n\n" + sweep_aspect(a, o)
+    else:
+        if a.set:
+            sets = [parse_set(s) for s in a.set]
+        else:
+            name, path, layers, batch = parse_set(a.manifest or "llama3_8b")
+            sets = [(name, path, a.layers or layers, a.ns_batch_size or batch)]
+        out = [header]
+        for name, path, layers, batch in sets:
+            shapes, cols, rows, peer_info = run_set(name, path, layers, batch, a, o)
+            out.append(set_table(name, layers, batch, shapes, cols, rows, peer_info, a, o))
+            print("\n" + out[-1], flush=True)
+            if a.out:  # each set as soon as it is done: a call cut short keeps them
+                with open(a.out, "w") as f:
+                    f.write("\n\n".join(out) + "\n")
+        if not a.no_rpc and any(c.startswith("daemon_") for c in a.columns):
+            rpc = guarded("rpc", bench_rpc, 200, "benchrpc", a.log_dir)
+            if rpc:
+                out.append(f"Step RPC round trip, one 8x8 param (Unix socket): p50 "
+                           f"{rpc[0]:.0f} us, p99 {rpc[1]:.0f} us")
+        text = "\n\n".join(out)
     print("\n" + text)
     if a.out:
         with open(a.out, "w") as f:

@@ -20,8 +20,16 @@
 // update phases, each ending in a stream synchronize), so daemon minus
 // in-process is the transport alone. Without it, the phase functions are
 // chained directly (no check, one synchronize per step).
+// --ns_algorithm=standard|gram, --gram_restarts=I,J|none,
+// --gram_dtype=fp16|bf16, --gram_min_aspect_ratio=X: NsOptions' Gram NS
+// fields (unset = their defaults).
+// --ns_only (not with --engine): after one full step, times each chunk's
+// batched NS alone (Run on its stacked NS input, in place), one line per
+// chunk: "ns_ms <R>x<C> batch <B> median <ms>" (bench/gpu_step_bench.py's
+// aspect-ratio sweep).
 // Prints one line: "step_ms_median <ms> step_ms_min <ms> matrices <n>"
-// (host clock around the step + stream synchronize).
+// (host clock around the step + stream synchronize; with --ns_only, the sum
+// of the chunks' NS medians).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,6 +41,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "bench/common/torch_muon_defaults.h"
 #include "core/backend/cuda_backend.h"
 #include "core/common/status_macros.h"
@@ -84,17 +94,108 @@ absl::StatusOr<std::unique_ptr<LayerShardedMuon>> MakeEngine(
   return engine;
 }
 
+// --gram_restarts: "none" (no restart) or a comma list of iterations.
+absl::StatusOr<std::vector<int>> ParseRestarts(const std::string& text) {
+  std::vector<int> out;
+  if (text == "none") return out;
+  for (absl::string_view tok : absl::StrSplit(text, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(tok, &v))
+      return absl::InvalidArgumentError(
+          "--gram_restarts: '" + std::string(tok) +
+          "' is not an integer (a comma list, or none)");
+    out.push_back(v);
+  }
+  return out;
+}
+
+// Applies the Gram NS flags to `ns` (validated later by MuonOptions).
+absl::Status ApplyNsFlags(const std::string& algorithm,
+                          const std::string& restarts,
+                          const std::string& gram_dtype,
+                          double min_aspect_ratio, NsOptions& ns) {
+  if (algorithm == "gram")
+    ns.algorithm = NsAlgorithm::kGram;
+  else if (algorithm != "standard")
+    return absl::InvalidArgumentError("--ns_algorithm: standard or gram, not " +
+                                      algorithm);
+  if (!restarts.empty()) {
+    auto r = ParseRestarts(restarts);
+    if (!r.ok()) return r.status();
+    ns.gram_restarts = *r;
+  }
+  if (gram_dtype == "bf16")
+    ns.gram_dtype = DType::kBFloat16;
+  else if (gram_dtype != "fp16")
+    return absl::InvalidArgumentError("--gram_dtype: fp16 or bf16, not " +
+                                      gram_dtype);
+  ns.gram_min_aspect_ratio = min_aspect_ratio;
+  return absl::OkStatus();
+}
+
 int Fail(const absl::Status& st) {
   std::fprintf(stderr, "step_bench: %s\n", st.ToString().c_str());
   return 1;
+}
+
+using NsMap =
+    std::map<std::pair<int64_t, int64_t>, std::unique_ptr<NewtonSchulz>>;
+
+// --ns_only: per chunk, the momentum phase fills its stacked NS input (real
+// data: NS's time must not depend on garbage), then its batched NS alone is
+// timed, in place (each rep re-orthogonalises the last output, so the
+// values stay normalised).
+int TimeNsOnly(Backend& b, const MuonOptions& o, NsMap& ns,
+               const std::vector<Matrix>& mats,
+               const std::vector<std::vector<size_t>>& chunks, void* scratch,
+               int reps, int warmup) {
+  const DType dt = NsWorkDType(o.ns.precision);
+  double total = 0;
+  for (const auto& ch : chunks) {
+    const Matrix& first = mats[ch.front()];
+    const int64_t r = first.rows, c = first.cols, batch = int64_t(ch.size());
+    char* base = static_cast<char*>(scratch);
+    const int64_t bytes = r * c * int64_t(DTypeSize(dt));
+    std::vector<MatrixView> grads, moms, slots;
+    for (int64_t k = 0; k < batch; ++k) {
+      const Matrix& m = mats[ch[k]];
+      grads.push_back(ContiguousView(m.grad, DType::kFloat32, r, c));
+      moms.push_back(ContiguousView(m.momentum, DType::kFloat32, r, c));
+      slots.push_back(ContiguousView(base + k * bytes, dt, r, c));
+    }
+    if (auto st = MuonMomentumPhaseBatch(b, o, grads, moms, slots); !st.ok())
+      return Fail(st);
+    const MatrixView stacked = ContiguousView(base, dt, batch * r, c);
+    NewtonSchulz& engine = *ns[{r, c}];
+    std::vector<double> t;
+    for (int i = 0; i < warmup + reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (auto st = engine.Run(stacked, stacked, batch); !st.ok())
+        return Fail(st);
+      if (auto st = b.Synchronize(); !st.ok()) return Fail(st);
+      if (i >= warmup)
+        t.push_back(std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - t0)
+                        .count());
+    }
+    std::sort(t.begin(), t.end());
+    std::printf("ns_ms %ldx%ld batch %ld median %.4f\n", long(r), long(c),
+                long(batch), t[t.size() / 2]);
+    total += t[t.size() / 2];
+  }
+  std::printf("step_ms_median %.4f step_ms_min %.4f matrices %zu\n", total,
+              total, mats.size());
+  return 0;
 }
 
 int Main(int argc, char** argv) {
   std::string shapes, precision = "medium";
   int reps = 20, warmup = 3;
   int64_t ns_batch = 1;
-  bool use_syrk = false, engine_mode = false;
+  bool use_syrk = false, engine_mode = false, ns_only = false;
   int syrk_block_rows = 0;
+  std::string ns_algorithm = "standard", gram_restarts, gram_dtype = "fp16";
+  double gram_min_aspect_ratio = 0.0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strncmp(argv[i], "--shapes=", 9))
       shapes = argv[i] + 9;
@@ -112,17 +213,35 @@ int Main(int argc, char** argv) {
       engine_mode = true;
     else if (!std::strncmp(argv[i], "--syrk_block_rows=", 18))
       syrk_block_rows = std::atoi(argv[i] + 18);
+    else if (!std::strcmp(argv[i], "--ns_only"))
+      ns_only = true;
+    else if (!std::strncmp(argv[i], "--ns_algorithm=", 15))
+      ns_algorithm = argv[i] + 15;
+    else if (!std::strncmp(argv[i], "--gram_restarts=", 16))
+      gram_restarts = argv[i] + 16;
+    else if (!std::strncmp(argv[i], "--gram_dtype=", 13))
+      gram_dtype = argv[i] + 13;
+    else if (!std::strncmp(argv[i], "--gram_min_aspect_ratio=", 24))
+      gram_min_aspect_ratio = std::atof(argv[i] + 24);
     else {
       std::fprintf(stderr,
                    "usage: step_bench --shapes=RxC,... "
                    "[--precision=highest|high|medium] [--reps=N] "
                    "[--warmup=N] [--ns_batch_size=N] [--use_syrk] "
-                   "[--syrk_block_rows=K] [--engine]\n");
+                   "[--syrk_block_rows=K] [--engine] [--ns_only] "
+                   "[--ns_algorithm=standard|gram] [--gram_restarts=I,J|none] "
+                   "[--gram_dtype=fp16|bf16] [--gram_min_aspect_ratio=X]\n");
       return 2;
     }
   }
   if (shapes.empty()) {
     std::fprintf(stderr, "step_bench: --shapes=RxC,... is required\n");
+    return 2;
+  }
+  if (ns_only && engine_mode) {
+    std::fprintf(stderr,
+                 "step_bench: --ns_only times the chain's NS; not with "
+                 "--engine\n");
     return 2;
   }
   auto backend_or = MakeCudaBackend(0);
@@ -137,10 +256,14 @@ int Main(int argc, char** argv) {
   o.ns_batch_size = ns_batch;
   o.ns.use_syrk = use_syrk;
   o.ns.syrk_block_rows = syrk_block_rows;
+  if (auto st = ApplyNsFlags(ns_algorithm, gram_restarts, gram_dtype,
+                             gram_min_aspect_ratio, o.ns);
+      !st.ok())
+    return Fail(st);
   if (auto st = o.Validate(); !st.ok()) return Fail(st);
 
   std::vector<Matrix> mats;
-  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<NewtonSchulz>> ns;
+  NsMap ns;
   int64_t max_numel = 0;
   for (size_t pos = 0; pos < shapes.size();) {
     size_t end = shapes.find(',', pos);
@@ -257,6 +380,8 @@ int Main(int argc, char** argv) {
   }
   for (int i = 0; i < warmup; ++i)
     if (auto st = run(); !st.ok()) return Fail(st);
+  if (ns_only)
+    return TimeNsOnly(b, o, ns, mats, chunks, *scratch, reps, warmup);
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

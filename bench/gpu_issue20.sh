@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Issue 20, device call 2 of 2 (bench/README.md): everything of the issue on one H200 in one
+# call, right after bench/gpu_issue20_stage.sh on the same warm machine (it is given back
+# 30 s after a call):
+#   run(command="bench/gpu_issue20.sh", carry=[".whl/p2", "dist/b20.tar.xz"],
+#       kind="nvidia-h200", timeout_s=600)
+# .whl/p2: the peer's small wheels (bench/peer_wheels.sh .whl); dist/b20.tar.xz: the bundle
+# of main (deploy/bundle.sh dist/muond-bundle, renamed; BUNDLE=... for another path).
+# Each part has a wall-clock cap (T_* below; they sum to ~520 s with the unpacking) and logs
+# its exit code and wall time to $OUT/summary.log; results under $OUT (8 files at most):
+#   summary.log  GPU, installs, each part's rc and seconds
+#   tests.log    GPU test binaries (incl. the Gram spectra GPU test), sym GEMM bench,
+#                exactness vs torch.optim.Muon
+#   step.log, step.md    gpu_step_bench.py on the three sets, 2 rounds (the issue's table)
+#   sweep.md     the aspect-ratio sweep (muond standard vs Gram NS), its log in step.log
+set -u
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out20}
+mkdir -p "$OUT"
+S=$OUT/summary.log
+T_TESTS=${T_TESTS:-100} T_SYMGEMM=${T_SYMGEMM:-25} T_EXACT=${T_EXACT:-80}
+T_STEP=${T_STEP:-260} T_SWEEP=${T_SWEEP:-40}
+part() {  # part NAME LIMIT LOG CMD...: one capped part; its rc and wall time to summary.log
+  local name=$1 lim=$2 log=$3 t0=$SECONDS rc
+  shift 3
+  echo "=== $name: $*" >> "$log"
+  timeout -k 5 "$lim" "$@" >> "$log" 2>&1
+  rc=$?
+  echo "$name: rc $rc, $((SECONDS - t0)) s (cap $lim s)" | tee -a "$S"
+}
+t_all=$SECONDS
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$S" 2>&1
+
+# The peer: the large library staged by call 1 in /tmp/site, the small wheels from .whl/p2.
+peer_path=
+if [[ -d /tmp/site/nvidia_cutlass_dsl/python_packages ]]; then
+  t0=$SECONDS
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+       --target /tmp/site .whl/p2/*.whl >> "$S" 2>&1; then
+    peer_path=/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages
+    echo "peer wheels installed in $((SECONDS - t0)) s" >> "$S"
+  else
+    echo "peer wheels: pip install failed; peer columns will be n/a" >> "$S"
+  fi
+else
+  echo "peer not staged (/tmp/site missing: run bench/gpu_issue20_stage.sh first, on the" \
+       "same warm machine); peer columns will be n/a" >> "$S"
+fi
+
+# The bundle (as bench/gpu_issue18.sh): binaries from it, Python scripts from this tree.
+BUNDLE=${BUNDLE:-dist/b20.tar.xz}
+t0=$SECONDS
+mkdir -p /tmp/b && tar -xJf "$BUNDLE" -C /tmp/b && B=$(ls -d /tmp/b/*/ | head -1) || {
+  echo "bundle $BUNDLE: missing or broken" >> "$S"; exit 1; }
+B=${B%/}
+cp "$B"/client/python/muond/v1/*_pb2*.py client/python/muond/v1/
+. "$B/env.sh"
+export PYTHONPATH=$PWD/client/python${peer_path:+:$peer_path}
+export MUOND_BIN=$B/bin
+echo "bundle unpacked in $((SECONDS - t0)) s" >> "$S"
+
+part gpu_tests "$T_TESTS" "$OUT/tests.log" "$B/run-gpu-tests.sh"
+if [[ -x $B/bin/sym_gemm_bench ]]; then
+  part sym_gemm_bench "$T_SYMGEMM" "$OUT/tests.log" "$B/bin/sym_gemm_bench"
+else
+  echo "sym_gemm_bench: not in the bundle" >> "$S"
+fi
+part exactness "$T_EXACT" "$OUT/tests.log" python3 tests/gpu/test_exactness_vs_torch.py
+part step_bench "$T_STEP" "$OUT/step.log" python3 bench/gpu_step_bench.py \
+  --set llama3_8b:4:4 --set qwen3_1_7b:28:28 --set qwen3_30b_a3b:1:256 \
+  --rounds 2 --reps 10 --warmup 2 --out "$OUT/step.md"
+part aspect_sweep "$T_SWEEP" "$OUT/step.log" python3 bench/gpu_step_bench.py --sweep-aspect \
+  --reps 10 --warmup 2 --out "$OUT/sweep.md"
+echo "all parts: $((SECONDS - t_all)) s" >> "$S"
+cat "$S"
