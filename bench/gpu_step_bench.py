@@ -91,6 +91,7 @@ def ideal_ns_flops(shape, algorithm: str, restarts=(), steps: int = 5,
         Q = Q Z + a Q unless i == 0 or i is a restart (Q = Z + a I, no product): s^3;
         unless i is the last or i + 1 a restart, RZ = R Z + a R and R = Z RZ + a RZ: 2 s^3
         (products of commuting symmetric matrices: symmetric).
+      (= GramNewtonSchulz::IdealFlopsPerMatrix, core/muon/gram_newton_schulz.cc.)
       With 5 steps and one restart (at 2 or at 3): 6 s^2 L + 14 s^3, against 15 s^2 L +
       5 s^3 for standard: Gram wins when L/s is large, and square matrices stay on
       standard NS (gram applies only where L > s and L / s >= min_aspect).
@@ -563,9 +564,9 @@ def main() -> int:
                     help="muond's standard NS columns run use_syrk")
     ap.add_argument("--gram-restarts", default=None,
                     help="muond gram restarts, e.g. 2 or 2,4 or none (default: muond's)")
-    ap.add_argument("--muond-default-restarts", default="2",
+    ap.add_argument("--muond-default-restarts", default="3",
                     help="muond's default restarts for the simple set, for the FLOP model "
-                         "when --gram-restarts is not given")
+                         "when --gram-restarts is not given (DefaultGramRestarts: [3])")
     ap.add_argument("--gram-dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--gram-min-aspect", type=float, default=None,
                     help="muond gram_min_aspect_ratio (default: muond's measured default)")
