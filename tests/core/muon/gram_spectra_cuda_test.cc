@@ -28,8 +28,7 @@ TEST_F(GramSpectraCudaTest, ErrorsFiniteScaleInvariantAndZero) {
       {{64, 256}, {256, 64}, {96, 160}, {1024, 4096}, {4096, 1024}});
 }
 
-// DISABLED_ until Gram NS lands on main (kGram runs standard NS before it).
-TEST_F(GramSpectraCudaTest, DISABLED_SigmaMaxBoundHoldsOnlyWithRestarts) {
+TEST_F(GramSpectraCudaTest, SigmaMaxBoundHoldsOnlyWithRestarts) {
   CheckSigmaMaxBound(gpu_.get(), {{64, 256, true},
                                   {256, 64, true},
                                   {1024, 4096, false},

@@ -47,8 +47,7 @@ TEST(GramSpectraTest, ErrorsFiniteScaleInvariantAndZero) {
   CheckSpectraErrors(cpu.get(), kShapes);
 }
 
-// DISABLED_ until Gram NS lands on main (kGram runs standard NS before it).
-TEST(GramSpectraTest, DISABLED_SigmaMaxBoundHoldsOnlyWithRestarts) {
+TEST(GramSpectraTest, SigmaMaxBoundHoldsOnlyWithRestarts) {
   const auto cpu = MakeCpuBackend();
   CheckSigmaMaxBound(cpu.get(), {{64, 256, true}, {256, 64, true}});
 }
