@@ -278,7 +278,9 @@ def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o):
 def muond_gram_kwargs(algorithm, o):
     if algorithm == "standard":
         return {}
-    kw = dict(ns_algorithm="gram", gram_dtype=o.gram_dtype)
+    kw = dict(ns_algorithm="gram")  # options only when set: the client's defaults otherwise
+    if o.gram_dtype != "fp16":
+        kw["gram_dtype"] = o.gram_dtype
     if o.gram_restarts is not None:
         kw["gram_restarts"] = list(o.gram_restarts)
     if o.gram_min_aspect is not None:
