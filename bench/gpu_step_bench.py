@@ -165,7 +165,7 @@ def timed(step, reps, warmup):
     return t[len(t) // 2]
 
 
-def warm_until_steady(step, min_steps=3, max_steps=12, tol=0.03):
+def warm_until_steady(step, label, min_steps=3, max_steps=12, tol=0.03):
     """The peer's warm-up: its first step compiles (torch.compile, CuTe DSL JIT, CUDA graph
     capture), so step until two consecutive steps agree within tol. Returns (first step s,
     warm-up s in all, steps)."""
@@ -177,6 +177,7 @@ def warm_until_steady(step, min_steps=3, max_steps=12, tol=0.03):
         step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        print(f"  {label} warm-up step {k + 1}: {times[-1]:.3f} s", flush=True)
         if k + 1 >= min_steps and abs(times[-1] - times[-2]) <= tol * times[-2]:
             break
     return times[0], time.perf_counter() - t_all, len(times)
@@ -242,8 +243,8 @@ class Peer:
         self.coefficients = self.opt.ns_coefficients
 
 
-def bench_peer(peer: Peer, reps, warmup):
-    first, warm_s, n = warm_until_steady(peer.opt.step)
+def bench_peer(peer: Peer, reps, warmup, label):
+    first, warm_s, n = warm_until_steady(peer.opt.step, label)
     med = timed(peer.opt.step, reps, warmup)
     return med, first, warm_s, n
 
@@ -400,7 +401,7 @@ def run_set(name, manifest, layers, ns_batch, a, o):
             elif c.startswith("peer_"):
                 if peers.get(c) is None:
                     continue
-                res = guarded(c, bench_peer, peers[c], a.reps, a.warmup)
+                res = guarded(c, bench_peer, peers[c], a.reps, a.warmup, f"{name} {c}")
                 if res:
                     row[c] = res[0]
                     peer_info[c].setdefault("first", []).append(res[1:])
