@@ -19,7 +19,7 @@ OUT=${OUT:-/tmp/out20}
 mkdir -p "$OUT"
 S=$OUT/summary.log
 T_TESTS=${T_TESTS:-100} T_SYMGEMM=${T_SYMGEMM:-25} T_EXACT=${T_EXACT:-80}
-T_STEP=${T_STEP:-260} T_SWEEP=${T_SWEEP:-40}
+T_STEP=${T_STEP:-260} T_SWEEP=${T_SWEEP:-40}  # SYMGEMM_ARGS: sym_gemm_bench's flags
 part() {  # part NAME LIMIT LOG CMD...: one capped part; its rc and wall time to summary.log
   local name=$1 lim=$2 log=$3 t0=$SECONDS rc
   shift 3
@@ -61,7 +61,7 @@ echo "bundle unpacked in $((SECONDS - t0)) s" >> "$S"
 
 part gpu_tests "$T_TESTS" "$OUT/tests.log" "$B/run-gpu-tests.sh"
 if [[ -x $B/bin/sym_gemm_bench ]]; then
-  part sym_gemm_bench "$T_SYMGEMM" "$OUT/tests.log" "$B/bin/sym_gemm_bench"
+  part sym_gemm_bench "$T_SYMGEMM" "$OUT/tests.log" "$B/bin/sym_gemm_bench" ${SYMGEMM_ARGS:-}
 else
   echo "sym_gemm_bench: not in the bundle" >> "$S"
 fi
@@ -71,5 +71,7 @@ part step_bench "$T_STEP" "$OUT/step.log" python3 bench/gpu_step_bench.py \
   --rounds 2 --reps 10 --warmup 2 --out "$OUT/step.md"
 part aspect_sweep "$T_SWEEP" "$OUT/step.log" python3 bench/gpu_step_bench.py --sweep-aspect \
   --reps 10 --warmup 2 --out "$OUT/sweep.md"
+grep -E "^(PASS|FAIL) |gpu test binaries:|^worst .*: (PASS|FAIL)|SKIP" "$OUT/tests.log" >> "$S"
+grep -E "gram pays|never pays" "$OUT/sweep.md" >> "$S" 2>/dev/null
 echo "all parts: $((SECONDS - t_all)) s" >> "$S"
 cat "$S"
