@@ -76,12 +76,12 @@ struct Batch {
 };
 
 Batch MakeBatch(const SpectraShape& shape, const std::vector<double>& s,
-                const NsOptions& o, uint32_t seed) {
+                const NsOptions& o, uint32_t seed, bool exact = true) {
   Batch b;
   for (int k = 0; k < kBatch; ++k) {
     const KnownSpectrum ks(shape.rows, shape.cols, s, seed + 7919u * k);
     for (double v : ks.Input()) b.in.push_back(float(v));
-    b.exact.push_back(ks.NsExact(Schedule(o), o.eps));
+    if (exact) b.exact.push_back(ks.NsExact(Schedule(o), o.eps));
   }
   return b;
 }
@@ -222,7 +222,8 @@ void CheckSpectraErrors(Backend* backend,
           << " x std_bf16 error " << err[1];
     }
     const Batch log =
-        MakeBatch(shape, LogDecaying(m, 1e-9), paths[0].options, seed++);
+        MakeBatch(shape, LogDecaying(m, 1e-9), paths[0].options, seed++,
+                  /*exact=*/false);
     for (const Path& p : paths) CheckScaleAndZero(backend, shape, p, log.in);
   }
 }
@@ -259,13 +260,14 @@ void CheckSigmaMaxBound(Backend* backend,
     for (const SigmaShape& sigma_shape : shapes) {
       const SpectraShape shape{sigma_shape.rows, sigma_shape.cols};
       const int m = std::min(shape.rows, shape.cols);
-      const Batch b = MakeBatch(shape, LogDecaying(m, 1e-9), with, seed++);
+      const Batch b = MakeBatch(shape, LogDecaying(m, 1e-9), with, seed++,
+                                /*exact=*/false);
       // Power iteration from below (a lower bound: it can only make the
       // bound check weaker, never fail it falsely); a blown-up direction
-      // separates within a few steps. At 4M elements (~2 s per call on the
-      // host) 100 steps and the first slice only.
+      // separates within a few steps. At 4M elements (~1 s per 60 steps
+      // on one host core) 60 steps and the first slice only.
       const bool large = int64_t(shape.rows) * shape.cols > (1 << 20);
-      const int iters = large ? 100 : 300, slices = large ? 1 : kBatch;
+      const int iters = large ? 60 : 300, slices = large ? 1 : kBatch;
       const size_t per = size_t(shape.rows) * shape.cols;
       auto sigma = [&](const NsOptions& o) {
         const std::vector<float> out =

@@ -14,10 +14,10 @@
 //    2^100 (~1.3e30) gives bitwise the unscaled result (a power of two
 //    commutes with the fp64 norm, the fp32 division and every rounding
 //    after it); all-zero gives exactly zero. Every output is finite.
-//  - sigma_max: Gram fp16 with its default restarts keeps sigma_max(out) <=
-//    max_[0,1] p + kSigmaSlack on inputs where rounding makes spurious
-//    negative Gram eigenvalues, and the same run without restarts exceeds
-//    that bound, so the check fails if the restart is removed.
+//  - sigma_max: on inputs where rounding makes spurious negative Gram
+//    eigenvalues, Gram with restarts keeps sigma_max(out) <= max_[0,1] p +
+//    kSigmaSlack, and the same run without restarts exceeds that bound, so
+//    the check fails if the restart is removed (cases in CheckSigmaMaxBound).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,9 +33,10 @@ struct SpectraShape {
 
 // Gram fp16 vs standard bf16: fp16 keeps 3 more mantissa bits than bf16, so
 // Gram's error is normally well below standard's (measured 3-10x below on
-// CPU: 0.02-0.05 vs 0.10-0.18 on log and rank-deficient spectra); 1.25 only absorbs the seed-to-seed spread of two different rounding
-// sequences, so an fp16 path that lost its advantage still passes but one
-// that is worse than what it replaces does not.
+// CPU: 0.02-0.05 vs 0.10-0.18 on log and rank-deficient spectra); 1.25 only
+// absorbs the seed-to-seed spread of two different rounding sequences, so an
+// fp16 path that lost its advantage still passes but one that is worse than
+// what it replaces does not.
 inline constexpr double kGramFp16Slack = 1.25;
 // Gram bf16 vs standard bf16: the same 8-bit mantissa through a longer
 // chain (R is squared every step, Q accumulates the product): measured on

@@ -2,12 +2,27 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
+#include <thread>
 
 namespace muond::testing {
 namespace {
 
 constexpr int kMaxHaar = 512;
+
+// f(0..n-1) over the host's cores (the 4096-wide GPU cases build in well
+// under a second); f must only write its own index's output.
+void ParallelFor(int n, const std::function<void(int)>& f) {
+  const int workers =
+      std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w)
+    threads.emplace_back([&, w] {
+      for (int i = w; i < n; i += workers) f(i);
+    });
+  for (std::thread& t : threads) t.join();
+}
 
 bool PowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
@@ -96,27 +111,28 @@ KnownSpectrum::KnownSpectrum(int rows, int cols, std::vector<double> s,
       n_(std::max(rows, cols)),
       s_(std::move(s)),
       left_(std::make_unique<RandomOrthogonal>(m_, seed)),
-      right_(std::make_unique<RandomOrthogonal>(n_, seed * 2654435761u + 1)) {}
+      right_(std::make_unique<RandomOrthogonal>(n_, seed * 2654435761u + 1)) {
+  // The right singular vectors R e_i (i < m), kept for every Compose.
+  right_cols_.assign(size_t(m_) * n_, 0.0);
+  ParallelFor(m_, [&](int i) {
+    double* e = &right_cols_[size_t(i) * n_];
+    e[i] = 1.0;
+    right_->Apply(e);
+  });
+}
 
 Mat KnownSpectrum::Compose(const std::vector<double>& d) const {
-  // Wide orientation W (m x n) = L [diag(d) 0] R^T: row i of [diag(d) 0] R^T
-  // is d_i (R e_i)^T, then every column of W is L applied to that column.
-  Mat w(size_t(m_) * n_, 0.0);
-  std::vector<double> e(n_);
-  for (int i = 0; i < m_; ++i) {
-    if (d[i] == 0.0) continue;
-    std::fill(e.begin(), e.end(), 0.0);
-    e[i] = 1.0;
-    right_->Apply(e.data());
-    for (int j = 0; j < n_; ++j) w[size_t(i) * n_ + j] = d[i] * e[j];
-  }
-  std::vector<double> col(m_);
-  for (int j = 0; j < n_; ++j) {
-    for (int i = 0; i < m_; ++i) col[i] = w[size_t(i) * n_ + j];
-    left_->Apply(col.data());
-    for (int i = 0; i < m_; ++i) w[size_t(i) * n_ + j] = col[i];
-  }
-  return rows_ > cols_ ? Transpose(w, m_, n_) : w;
+  // W^T (n x m, row-major) of the wide orientation W = L [diag(d) 0] R^T:
+  // row j of W^T is L applied to (d_i (R e_i)_j)_i, a contiguous m-vector.
+  Mat wt(size_t(n_) * m_);
+  ParallelFor(n_, [&](int j) {
+    double* row = &wt[size_t(j) * m_];
+    for (int i = 0; i < m_; ++i)
+      row[i] = d[i] == 0.0 ? 0.0 : d[i] * right_cols_[size_t(i) * n_ + j];
+    left_->Apply(row);
+  });
+  // Tall (rows = n): the result is W^T itself.
+  return rows_ > cols_ ? wt : Transpose(wt, n_, m_);
 }
 
 Mat KnownSpectrum::NsExact(const std::vector<Abc>& schedule, double eps) const {

@@ -57,6 +57,7 @@ class KnownSpectrum {
   int rows_, cols_, m_, n_;  // m = min side, n = max side (wide orientation)
   std::vector<double> s_;
   std::unique_ptr<RandomOrthogonal> left_, right_;  // m x m and n x n
+  Mat right_cols_;                                  // m x n: row i is R e_i
 };
 
 // p(x): the composed scalar NS map of `schedule`.
