@@ -185,21 +185,26 @@ double SigmaMax(const std::vector<float>& a, int rows, int cols, int iters) {
     vn = std::sqrt(vn);
     if (vn == 0 || !std::isfinite(vn)) return vn == 0 ? 0.0 : vn;
     for (double& x : v) x /= vn;
-    // u = A v; sigma = ||A v|| with ||v|| = 1; v = A^T u.
-    double un = 0;
-    for (int i = 0; i < rows; ++i) {
+    // u = A v; sigma = ||A v|| with ||v|| = 1; v = A^T u (over column
+    // blocks, each summed over rows in order: deterministic).
+    ParallelFor(rows, [&](int i) {
       double acc = 0;
       const float* row = &a[size_t(i) * cols];
       for (int j = 0; j < cols; ++j) acc += double(row[j]) * v[j];
       u[i] = acc;
-      un += acc * acc;
-    }
+    });
+    double un = 0;
+    for (double x : u) un += x * x;
     sigma = std::max(sigma, std::sqrt(un));
-    std::fill(v.begin(), v.end(), 0.0);
-    for (int i = 0; i < rows; ++i) {
-      const float* row = &a[size_t(i) * cols];
-      for (int j = 0; j < cols; ++j) v[j] += double(row[j]) * u[i];
-    }
+    constexpr int kBlock = 64;
+    ParallelFor((cols + kBlock - 1) / kBlock, [&](int blk) {
+      const int j0 = blk * kBlock, j1 = std::min(cols, j0 + kBlock);
+      for (int j = j0; j < j1; ++j) v[j] = 0.0;
+      for (int i = 0; i < rows; ++i) {
+        const float* row = &a[size_t(i) * cols];
+        for (int j = j0; j < j1; ++j) v[j] += double(row[j]) * u[i];
+      }
+    });
   }
   return sigma;
 }
