@@ -7,9 +7,14 @@
 
 #include <array>
 #include <cstdlib>
+#include <list>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cuda_gram_kernels.h"
@@ -38,7 +43,14 @@ int64_t Ld(const MatrixView& v) {
 }
 
 cudaDataType_t CudaType(DType d) {
-  return d == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+  switch (d) {
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+    case DType::kFloat16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
 }
 
 cublasComputeType_t ComputeType(MatmulPrecision p) {
@@ -48,7 +60,8 @@ cublasComputeType_t ComputeType(MatmulPrecision p) {
 
 cuda_kernels::KView K(const MatrixView& v) {
   return cuda_kernels::KView{v.data, v.rows, v.cols, Ld(v),
-                             static_cast<int>(DTypeSize(v.dtype))};
+                             static_cast<int>(DTypeSize(v.dtype)),
+                             v.dtype == DType::kFloat16};
 }
 
 cublasOperation_t CuOp(Op op) {
@@ -82,6 +95,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (auto& [key, exec] : graph_lru_) cudaGraphExecDestroy(exec);
     for (auto& [key, plan] : lt_plans_) {
       for (cublasLtMatrixLayout_t l : {plan.a, plan.b, plan.c, plan.d})
         if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
@@ -116,6 +130,9 @@ class CudaBackend final : public Backend {
     // a separate output), for A/B measurements.
     const char* legacy = std::getenv("MUOND_CUBLAS_GEMMEX");
     use_lt_ = legacy == nullptr || std::string(legacy) != "1";
+    // MUOND_CUDA_GRAPHS=0: RunGraph runs its work directly (debugging).
+    const char* graphs = std::getenv("MUOND_CUDA_GRAPHS");
+    graphs_on_ = graphs == nullptr || std::string(graphs) != "0";
     if (const char* tune = std::getenv("MUOND_LT_AUTOTUNE")) {
       autotune_ = std::max(0, std::min(32, std::atoi(tune)));
     }
@@ -366,6 +383,41 @@ class CudaBackend final : public Backend {
     return *host_flag_ == 0;
   }
 
+  absl::Status RunGraph(uint64_t key,
+                        const std::function<absl::Status()>& work) override {
+    if (!graphs_on_ || uncapturable_.contains(key)) return work();
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    RETURN_IF_ERROR(CudaStatus(cudaStreamIsCapturing(stream_, &capturing),
+                               "run graph: capture status"));
+    // Inside another RunGraph's capture: part of that graph.
+    if (capturing != cudaStreamCaptureStatusNone) return work();
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      cudaGraphExec_t exec = Capture(work);
+      if (exec == nullptr) {
+        uncapturable_.insert(key);
+        ++graph_counts_.fallbacks;
+        return work();
+      }
+      ++graph_counts_.captures;
+      graph_lru_.emplace_front(key, exec);
+      it = graphs_.emplace(key, graph_lru_.begin()).first;
+      if (graph_lru_.size() > kMaxGraphs) {
+        // A launched exec may be destroyed: CUDA frees it after it ran.
+        graphs_.erase(graph_lru_.back().first);
+        cudaGraphExecDestroy(graph_lru_.back().second);
+        graph_lru_.pop_back();
+      }
+    } else {
+      graph_lru_.splice(graph_lru_.begin(), graph_lru_, it->second);
+    }
+    ++graph_counts_.launches;
+    return CudaStatus(cudaGraphLaunch(it->second->second, stream_),
+                      "run graph: launch");
+  }
+
+  CudaGraphCounts graph_counts() const { return graph_counts_; }
+
   void PushRange(const char* name) override { nvtxRangePushA(name); }
   void PopRange() override { nvtxRangePop(); }
 
@@ -374,6 +426,30 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Captures `work` on the stream and instantiates it; nullptr when the
+  // work failed or was not capturable (a host sync, an allocation, ...),
+  // with the capture ended and the error state cleared, so the caller can
+  // run `work` directly. ThreadLocal mode: only this thread's calls are
+  // checked (other groups' threads may allocate meanwhile).
+  cudaGraphExec_t Capture(const std::function<absl::Status()>& work) {
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    const absl::Status status = work();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (status.ok() && end == cudaSuccess && graph != nullptr &&
+        cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+      exec = nullptr;
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // clear the (non-sticky) error of a failed capture
+    return exec;
+  }
+
   static absl::Status CheckBatch(int64_t batch) {
     if (batch < 0) {
       return absl::InvalidArgumentError(
@@ -604,6 +680,14 @@ class CudaBackend final : public Backend {
     return CudaStatus(cudaGetLastError(), "gemm autotune");
   }
 
+  // Graph cache of RunGraph: most recently used first, at most kMaxGraphs.
+  static constexpr size_t kMaxGraphs = 64;
+  bool graphs_on_ = true;
+  std::list<std::pair<uint64_t, cudaGraphExec_t>> graph_lru_;
+  absl::flat_hash_map<uint64_t, decltype(graph_lru_)::iterator> graphs_;
+  absl::flat_hash_set<uint64_t> uncapturable_;
+  CudaGraphCounts graph_counts_;
+
   cublasLtHandle_t lt_ = nullptr;
   bool use_lt_ = true;
   int autotune_ = 0;
@@ -623,6 +707,11 @@ class CudaBackend final : public Backend {
 bool CudaDeviceAvailable() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+CudaGraphCounts GetCudaGraphCounts(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda == nullptr ? CudaGraphCounts{} : cuda->graph_counts();
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {

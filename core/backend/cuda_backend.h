@@ -10,6 +10,20 @@
 // no host synchronisation except in AllFinite, CopyToHost and Synchronize.
 // A step's communicator (NCCL) runs on stream() to stay ordered with it.
 // Not thread-safe: one caller thread per instance (one instance per group).
+//
+// fp16 (the Gram NS iteration dtype) is supported where Gram NS needs it:
+// Copy2D to and from fp32/bf16 (__float2half_rn: round to nearest even),
+// kMedium GEMMs on fp16 operands (cuBLASLt CUDA_R_16F, fp32 compute),
+// FrobeniusNormalize into fp16, SymmetrizeFromLower and AllFiniteBelow.
+//
+// RunGraph captures the stream (cudaStreamBeginCapture, thread-local mode)
+// into a cudaGraphExec cached per key (the 64 most recently used; older ones
+// destroyed); every call above except Allocate/Free, AllFinite, CopyToHost,
+// Synchronize and MUOND_LT_AUTOTUNE's tuning is capturable (cuBLAS(Lt) runs
+// on the preallocated workspace). A capture that fails runs the work
+// directly and marks its key not capturable. MUOND_CUDA_GRAPHS=0 turns
+// graphs off (RunGraph = work()).
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -19,6 +33,15 @@ namespace muond {
 
 // True when the CUDA runtime sees at least one device.
 bool CudaDeviceAvailable();
+
+// What RunGraph did so far on a CUDA backend (all zero for other backends):
+// for tests and diagnostics.
+struct CudaGraphCounts {
+  int64_t captures = 0;   // keys captured and instantiated
+  int64_t launches = 0;   // graph launches (first runs included)
+  int64_t fallbacks = 0;  // keys found not capturable (work run directly)
+};
+CudaGraphCounts GetCudaGraphCounts(const Backend& backend);
 
 // Errors: FailedPrecondition when no device / `device` out of range, Internal
 // for CUDA or cuBLAS setup failures.

@@ -1,8 +1,11 @@
-// muond's CUDA kernels: strided copies with fp32<->bf16 conversion, the
+// muond's CUDA kernels: strided copies with fp32/bf16/fp16 conversion, the
 // symmetric mirror, the deterministic two-pass Frobenius normalisation and
 // the elementwise Muon/AdamW steps. Elementwise math comes from
 // elementwise_math.h (no FMA contraction: bit-identical to the CPU backend).
+#include <cuda_fp16.h>
+
 #include <initializer_list>
+#include <type_traits>
 
 #include "core/backend/bf16.h"
 #include "core/backend/cuda_kernels.h"
@@ -18,17 +21,29 @@ constexpr int kThreads = 256;
 struct DView {
   char* data;
   int64_t rows, cols, ld;
-  int elem;  // bytes per element: 4 fp32, 2 bf16
+  int elem;  // bytes per element: 4 fp32, 2 bf16 or fp16
+  bool f16;  // 2-byte elements are fp16
 };
 
 DView D(const KView& v) {
-  return DView{static_cast<char*>(v.data), v.rows, v.cols, v.ld, v.elem};
+  return DView{static_cast<char*>(v.data), v.rows, v.cols, v.ld, v.elem,
+               v.f16};
+}
+
+// fp16 <-> fp32: round to nearest even (cvt.rn, __float2half_rn; the CPU
+// backend's core/backend/fp16.h rounds the same way); fp16 -> fp32 is exact.
+__device__ __forceinline__ float F16BitsToFloat(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ uint16_t FloatToF16Bits(float x) {
+  return __half_as_ushort(__float2half_rn(x));
 }
 
 __device__ __forceinline__ float Ld(const DView& v, int64_t i, int64_t j) {
   const char* p = v.data + (i * v.ld + j) * v.elem;
   if (v.elem == 4) return *reinterpret_cast<const float*>(p);
-  return Bf16BitsToFloat(*reinterpret_cast<const uint16_t*>(p));
+  const uint16_t h = *reinterpret_cast<const uint16_t*>(p);
+  return v.f16 ? F16BitsToFloat(h) : Bf16BitsToFloat(h);
 }
 
 __device__ __forceinline__ void St(const DView& v, int64_t i, int64_t j,
@@ -37,7 +52,8 @@ __device__ __forceinline__ void St(const DView& v, int64_t i, int64_t j,
   if (v.elem == 4) {
     *reinterpret_cast<float*>(p) = x;
   } else {
-    *reinterpret_cast<uint16_t*>(p) = FloatToBf16Bits(x);
+    *reinterpret_cast<uint16_t*>(p) =
+        v.f16 ? FloatToF16Bits(x) : FloatToBf16Bits(x);
   }
 }
 
@@ -235,9 +251,22 @@ __global__ void NormScaleKernel(DView src, DView dst, int64_t rows_per_slice,
 // HBM bandwidth on 2-byte elements. Same fp64 sum of squares and the same
 // per-element division; the summation order differs from the strided
 // kernels (fixed for a shape, so still deterministic).
-template <int kElem>
+// Element formats of the 8-wide path: kFmt 0 fp32, 1 bf16, 2 fp16 (DType's
+// values).
+__host__ __device__ constexpr int FmtBytes(int fmt) { return fmt == 0 ? 4 : 2; }
+template <int kFmt>
+__device__ __forceinline__ float Half16ToFloat(uint16_t h) {
+  if constexpr (kFmt == 2) return F16BitsToFloat(h);
+  return Bf16BitsToFloat(h);
+}
+template <int kFmt>
+__device__ __forceinline__ uint32_t FloatToHalf16(float x) {
+  if constexpr (kFmt == 2) return FloatToF16Bits(x);
+  return FloatToBf16Bits(x);
+}
+template <int kFmt>
 __device__ __forceinline__ void Load8(const char* p, int64_t g, float (&x)[8]) {
-  if constexpr (kElem == 4) {
+  if constexpr (kFmt == 0) {
     const float4 a = reinterpret_cast<const float4*>(p)[2 * g];
     const float4 b = reinterpret_cast<const float4*>(p)[2 * g + 1];
     x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
@@ -247,15 +276,15 @@ __device__ __forceinline__ void Load8(const char* p, int64_t g, float (&x)[8]) {
     const uint32_t w[4] = {h.x, h.y, h.z, h.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      x[2 * k] = Bf16BitsToFloat(uint16_t(w[k] & 0xffffu));
-      x[2 * k + 1] = Bf16BitsToFloat(uint16_t(w[k] >> 16));
+      x[2 * k] = Half16ToFloat<kFmt>(uint16_t(w[k] & 0xffffu));
+      x[2 * k + 1] = Half16ToFloat<kFmt>(uint16_t(w[k] >> 16));
     }
   }
 }
-template <int kElem>
+template <int kFmt>
 __device__ __forceinline__ void Store8(char* p, int64_t g,
                                        const float (&x)[8]) {
-  if constexpr (kElem == 4) {
+  if constexpr (kFmt == 0) {
     reinterpret_cast<float4*>(p)[2 * g] = make_float4(x[0], x[1], x[2], x[3]);
     reinterpret_cast<float4*>(p)[2 * g + 1] =
         make_float4(x[4], x[5], x[6], x[7]);
@@ -263,8 +292,8 @@ __device__ __forceinline__ void Store8(char* p, int64_t g,
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      w[k] = uint32_t(FloatToBf16Bits(x[2 * k])) |
-             (uint32_t(FloatToBf16Bits(x[2 * k + 1])) << 16);
+      w[k] = FloatToHalf16<kFmt>(x[2 * k]) |
+             (FloatToHalf16<kFmt>(x[2 * k + 1]) << 16);
     }
     reinterpret_cast<uint4*>(p)[g] = make_uint4(w[0], w[1], w[2], w[3]);
   }
@@ -272,18 +301,18 @@ __device__ __forceinline__ void Store8(char* p, int64_t g,
 
 // grid (nb, batch): partials[slice * nb + block]; groups of 8 elements
 // strided over the slice's blocks and threads (fixed order).
-template <int kElem>
+template <int kFmt>
 __global__ void NormPartialsVecKernel(const char* src, int64_t groups,
                                       double* partials) {
   __shared__ double shared[kThreads];
-  const char* s = src + int64_t(blockIdx.y) * groups * 8 * kElem;
+  const char* s = src + int64_t(blockIdx.y) * groups * 8 * FmtBytes(kFmt);
   double sum = 0.0;
   const int64_t step = int64_t(gridDim.x) * kThreads;
 #pragma unroll 2
   for (int64_t g = blockIdx.x * int64_t(kThreads) + threadIdx.x; g < groups;
        g += step) {
     float x[8];
-    Load8<kElem>(s, g, x);
+    Load8<kFmt>(s, g, x);
 #pragma unroll
     for (int k = 0; k < 8; ++k) sum += double(x[k]) * double(x[k]);
   }
@@ -293,21 +322,21 @@ __global__ void NormPartialsVecKernel(const char* src, int64_t groups,
 
 // grid (blocks, batch): every block reduces its slice's nb partials in the
 // same order as NormScaleKernel, then divides its groups of the slice.
-template <int kSrcElem, int kDstElem>
+template <int kSrcFmt, int kDstFmt>
 __global__ void NormScaleVecKernel(const char* src, char* dst, int64_t groups,
                                    const double* partials, int nb, float eps) {
   const int64_t slice = blockIdx.y;
   const float denom = SliceDenominator(partials, slice, nb, eps);
-  const char* s = src + slice * groups * 8 * kSrcElem;
-  char* d = dst + slice * groups * 8 * kDstElem;
+  const char* s = src + slice * groups * 8 * FmtBytes(kSrcFmt);
+  char* d = dst + slice * groups * 8 * FmtBytes(kDstFmt);
   const int64_t step = int64_t(gridDim.x) * kThreads;
   for (int64_t g = blockIdx.x * int64_t(kThreads) + threadIdx.x; g < groups;
        g += step) {
     float x[8];
-    Load8<kSrcElem>(s, g, x);
+    Load8<kSrcFmt>(s, g, x);
 #pragma unroll
     for (int k = 0; k < 8; ++k) x[k] = __fdiv_rn(x[k], denom);
-    Store8<kDstElem>(d, g, x);
+    Store8<kDstFmt>(d, g, x);
   }
 }
 
@@ -648,7 +677,9 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
     const int64_t n = views[0][i].rows * views[0][i].cols;
     if (n == 0) continue;
     bool flat = n < kMultiMaxElems;
-    for (int v = 0; v < nviews && flat; ++v) flat = Flat({views[v][i]});
+    // The tables' loads know fp32 and bf16 only; fp16 goes alone.
+    for (int v = 0; v < nviews && flat; ++v)
+      flat = Flat({views[v][i]}) && !views[v][i].f16;
     if (!flat) {
       const cudaError_t err = single(i);
       if (err != cudaSuccess) return err;
@@ -728,6 +759,9 @@ int NormBlocksPerSlice(int64_t rows_per_slice, int64_t cols, int64_t batch) {
   return nb < 1 ? 1 : int(nb);
 }
 
+// A view's element format for the 8-wide path (FmtBytes).
+int Fmt(const KView& v) { return v.elem == 4 ? 0 : v.f16 ? 2 : 1; }
+
 // The 16-byte path of FrobeniusNormalize applies: both views contiguous and
 // 16-byte aligned, and every slice a whole number of 8-element groups.
 bool NormVecOk(const KView& src, const KView& dst, int64_t slice_elems) {
@@ -738,11 +772,11 @@ bool NormVecOk(const KView& src, const KView& dst, int64_t slice_elems) {
   return slice_elems % 8 == 0;
 }
 
-template <int kSrcElem, int kDstElem>
+template <int kSrcFmt, int kDstFmt>
 cudaError_t LaunchNormVec(const KView& src, const KView& dst, int64_t batch,
                           int64_t groups, int nb, float eps, double* partials,
                           cudaStream_t stream) {
-  NormPartialsVecKernel<kSrcElem>
+  NormPartialsVecKernel<kSrcFmt>
       <<<dim3(unsigned(nb), unsigned(batch)), kThreads, 0, stream>>>(
           static_cast<const char*>(src.data), groups, partials);
   cudaError_t err = cudaGetLastError();
@@ -750,7 +784,7 @@ cudaError_t LaunchNormVec(const KView& src, const KView& dst, int64_t batch,
   int64_t blocks = (groups + kThreads - 1) / kThreads;
   if (blocks * batch > 65536) blocks = (65536 + batch - 1) / batch;
   if (blocks < 1) blocks = 1;
-  NormScaleVecKernel<kSrcElem, kDstElem>
+  NormScaleVecKernel<kSrcFmt, kDstFmt>
       <<<dim3(unsigned(blocks), unsigned(batch)), kThreads, 0, stream>>>(
           static_cast<const char*>(src.data), static_cast<char*>(dst.data),
           groups, partials, nb, eps);
@@ -765,20 +799,30 @@ cudaError_t FrobeniusNormalize(const KView& src, const KView& dst,
   const int nb = NormBlocksPerSlice(r, src.cols, batch);
   if (NormVecOk(src, dst, r * src.cols)) {
     const int64_t groups = r * src.cols / 8;
-    const int sig = (src.elem == 2 ? 1 : 0) | (dst.elem == 2 ? 2 : 0);
-    switch (sig) {
+    auto launch = [&](auto src_fmt, auto dst_fmt) {
+      return LaunchNormVec<decltype(src_fmt)::value, decltype(dst_fmt)::value>(
+          src, dst, batch, groups, nb, eps, partials, stream);
+    };
+    using F32 = std::integral_constant<int, 0>;
+    using Bf16 = std::integral_constant<int, 1>;
+    using F16 = std::integral_constant<int, 2>;
+    auto with_dst = [&](auto src_fmt) {
+      switch (Fmt(dst)) {
+        case 0:
+          return launch(src_fmt, F32{});
+        case 1:
+          return launch(src_fmt, Bf16{});
+        default:
+          return launch(src_fmt, F16{});
+      }
+    };
+    switch (Fmt(src)) {
       case 0:
-        return LaunchNormVec<4, 4>(src, dst, batch, groups, nb, eps, partials,
-                                   stream);
+        return with_dst(F32{});
       case 1:
-        return LaunchNormVec<2, 4>(src, dst, batch, groups, nb, eps, partials,
-                                   stream);
-      case 2:
-        return LaunchNormVec<4, 2>(src, dst, batch, groups, nb, eps, partials,
-                                   stream);
+        return with_dst(Bf16{});
       default:
-        return LaunchNormVec<2, 2>(src, dst, batch, groups, nb, eps, partials,
-                                   stream);
+        return with_dst(F16{});
     }
   }
   NormPartialsKernel<<<dim3(unsigned(nb), unsigned(batch)), kThreads, 0,

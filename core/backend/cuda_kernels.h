@@ -18,7 +18,9 @@ struct KView {
   void* data;
   int64_t rows, cols;
   int64_t ld;  // elements between row starts, >= cols
-  int elem;    // bytes per element: 4 fp32, 2 bf16
+  int elem;    // bytes per element: 4 fp32, 2 bf16 or fp16
+  // A 2-byte element is fp16 (the Gram NS iteration dtype), not bf16.
+  bool f16 = false;
 };
 
 // Scratch doubles for the Frobenius-norm partial sums (up to 1024 blocks per
@@ -54,7 +56,7 @@ cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,
 // Multi-tensor forms of the above for `count` same-op tensors (one launch per
 // up to kMultiMaxTensors contiguous tensors of < kMultiMaxElems elements, a
 // pointer table passed as a kernel argument: nothing is uploaded; any other
-// tensor gets its own launch). Per-element math identical to the single
+// tensor, and any with an fp16 view, gets its own launch). Per-element math identical to the single
 // forms, so the results are bitwise the same.
 constexpr int kMultiMaxTensors = 40;
 constexpr int64_t kMultiMaxElems = int64_t(1) << 31;

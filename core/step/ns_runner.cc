@@ -1,6 +1,8 @@
 #include "core/step/ns_runner.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -29,46 +31,175 @@ void ShapeTimes::Clear() {
   times_.clear();
 }
 
+namespace {
+
+// 64-bit FNV-1a over words, with a final avalanche: the graph key of a run.
+class KeyHasher {
+ public:
+  void Add(uint64_t word) {
+    for (int i = 0; i < 8; ++i) {
+      h_ ^= (word >> (8 * i)) & 0xffu;
+      h_ *= 0x100000001b3ull;
+    }
+  }
+  void Add(const void* p) { Add(uint64_t(reinterpret_cast<uintptr_t>(p))); }
+  void Add(double x) {
+    uint64_t u;
+    std::memcpy(&u, &x, sizeof(u));
+    Add(u);
+  }
+  void Add(const MatrixView& v) {
+    Add(v.data);
+    Add(uint64_t(v.dtype));
+    Add(uint64_t(v.rows));
+    Add(uint64_t(v.cols));
+    Add(uint64_t(v.row_stride));
+  }
+  uint64_t Finish() const {
+    uint64_t z = h_;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+
+ private:
+  uint64_t h_ = 0xcbf29ce484222325ull;
+};
+
+// Every NsOptions field a run depends on.
+void AddNsOptions(KeyHasher& h, const NsOptions& ns) {
+  h.Add(uint64_t(ns.coefficient_type));
+  h.Add(uint64_t(ns.custom.size()));
+  for (const NsCoefficients& k : ns.custom) {
+    h.Add(double(k.a));
+    h.Add(double(k.b));
+    h.Add(double(k.c));
+  }
+  h.Add(uint64_t(ns.num_steps));
+  h.Add(double(ns.eps));
+  h.Add(uint64_t(ns.precision));
+  h.Add(uint64_t(ns.use_syrk));
+  h.Add(uint64_t(ns.syrk_block_rows));
+  h.Add(uint64_t(ns.algorithm));
+  h.Add(uint64_t(ns.gram_restarts.has_value()));
+  if (ns.gram_restarts.has_value()) {
+    h.Add(uint64_t(ns.gram_restarts->size()));
+    for (int r : *ns.gram_restarts) h.Add(uint64_t(r));
+  }
+  h.Add(uint64_t(ns.gram_dtype));
+  h.Add(ns.gram_min_aspect_ratio);
+}
+
+}  // namespace
+
+uint64_t NsRunner::NextId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
 absl::Status NsRunner::Run(const MuonOptions& options,
                            absl::Span<const MatrixView> matrices,
                            ShapeTimes* times) {
+  std::vector<std::vector<MatrixView>> by_shape;
+  ASSIGN_OR_RETURN(std::vector<Chunk> chunks,
+                   Plan(options, matrices, by_shape));
+  if (chunks.empty()) return absl::OkStatus();
+  if (times == nullptr && use_graphs_) {
+    return backend_->RunGraph(GraphKey(options, chunks), [&]() -> absl::Status {
+      for (const Chunk& chunk : chunks) RETURN_IF_ERROR(RunChunk(chunk));
+      return absl::OkStatus();
+    });
+  }
+  for (const Chunk& chunk : chunks) {
+    const absl::Time chunk_start = absl::Now();
+    RETURN_IF_ERROR(RunChunk(chunk));
+    RETURN_IF_ERROR(RecordTime(times, chunk.rows, chunk.cols,
+                               int64_t(chunk.members.size()), chunk_start));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
+    const MuonOptions& options, absl::Span<const MatrixView> matrices,
+    std::vector<std::vector<MatrixView>>& by_shape) {
   // Same-shape matrices in first-appearance order.
-  std::vector<std::pair<std::pair<int64_t, int64_t>, std::vector<MatrixView>>>
-      by_shape;
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  by_shape.clear();
   for (const MatrixView& m : matrices) {
-    auto shape = std::make_pair(m.rows, m.cols);
-    auto it = std::find_if(by_shape.begin(), by_shape.end(),
-                           [&](const auto& e) { return e.first == shape; });
-    if (it == by_shape.end()) {
-      by_shape.push_back({shape, {m}});
+    const auto shape = std::make_pair(m.rows, m.cols);
+    const auto it = std::find(shapes.begin(), shapes.end(), shape);
+    if (it == shapes.end()) {
+      shapes.push_back(shape);
+      by_shape.push_back({m});
     } else {
-      it->second.push_back(m);
+      by_shape[it - shapes.begin()].push_back(m);
     }
   }
   const int64_t max_batch = std::max<int64_t>(1, options.ns_batch_size);
-  for (const auto& [shape, members] : by_shape) {
-    const auto [rows, cols] = shape;
+  std::vector<Chunk> chunks;
+  int64_t staging_elems = 0;
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    const auto [rows, cols] = shapes[s];
+    const std::vector<MatrixView>& members = by_shape[s];
     for (size_t begin = 0; begin < members.size(); begin += max_batch) {
       const int64_t batch =
           std::min<int64_t>(max_batch, int64_t(members.size()) - begin);
-      const absl::Span<const MatrixView> chunk =
-          absl::MakeConstSpan(members).subspan(begin, batch);
-      ASSIGN_OR_RETURN(NewtonSchulz * ns, GetNs(options, rows, cols, batch));
-      const absl::Time chunk_start = absl::Now();
+      Chunk chunk{nullptr, rows, cols,
+                  absl::MakeConstSpan(members).subspan(begin, batch),
+                  ChunkKind::kStaged};
+      ASSIGN_OR_RETURN(chunk.ns, GetNs(options, rows, cols, batch));
       if (batch == 1) {
-        // The unbatched path, in place: bit-exact numerics contract.
-        RETURN_IF_ERROR(ns->Run(chunk[0], chunk[0], 1));
-      } else if (IsStacked(chunk)) {
-        const MatrixView stacked =
-            ContiguousView(chunk[0].data, work_dtype_, batch * rows, cols);
-        RETURN_IF_ERROR(ns->Run(stacked, stacked, batch));
+        chunk.kind = ChunkKind::kSingle;
+      } else if (IsStacked(chunk.members)) {
+        chunk.kind = ChunkKind::kStacked;
       } else {
-        RETURN_IF_ERROR(RunStaged(*ns, chunk));
+        staging_elems = std::max(staging_elems, batch * rows * cols);
       }
-      RETURN_IF_ERROR(RecordTime(times, rows, cols, batch, chunk_start));
+      chunks.push_back(chunk);
     }
   }
-  return absl::OkStatus();
+  if (staging_elems > staging_elems_) {
+    ASSIGN_OR_RETURN(staging_,
+                     AllocateZeroed(backend_, work_dtype_, 1, staging_elems));
+    staging_elems_ = staging_elems;
+  }
+  return chunks;
+}
+
+absl::Status NsRunner::RunChunk(const Chunk& chunk) {
+  const MatrixView& first = chunk.members[0];
+  switch (chunk.kind) {
+    case ChunkKind::kSingle:
+      // The unbatched path, in place: bit-exact numerics contract.
+      return chunk.ns->Run(first, first, 1);
+    case ChunkKind::kStacked: {
+      const int64_t batch = int64_t(chunk.members.size());
+      const MatrixView stacked = ContiguousView(first.data, work_dtype_,
+                                                batch * chunk.rows, chunk.cols);
+      return chunk.ns->Run(stacked, stacked, batch);
+    }
+    case ChunkKind::kStaged:
+      return RunStaged(*chunk.ns, chunk.members);
+  }
+  return absl::InternalError("ns runner: unknown chunk kind");
+}
+
+uint64_t NsRunner::GraphKey(const MuonOptions& options,
+                            const std::vector<Chunk>& chunks) const {
+  KeyHasher h;
+  h.Add(id_);
+  h.Add(uint64_t(work_dtype_));
+  AddNsOptions(h, options.ns);
+  h.Add(uint64_t(options.ns_batch_size));
+  h.Add(staging_.data());
+  h.Add(uint64_t(chunks.size()));
+  for (const Chunk& chunk : chunks) {
+    h.Add(static_cast<const void*>(chunk.ns));
+    h.Add(uint64_t(chunk.kind));
+    h.Add(uint64_t(chunk.members.size()));
+    for (const MatrixView& m : chunk.members) h.Add(m);
+  }
+  return h.Finish();
 }
 
 absl::StatusOr<NewtonSchulz*> NsRunner::GetNs(const MuonOptions& options,
@@ -103,10 +234,8 @@ absl::Status NsRunner::RunStaged(NewtonSchulz& ns,
                                  absl::Span<const MatrixView> chunk) {
   const int64_t batch = int64_t(chunk.size());
   const int64_t rows = chunk[0].rows, cols = chunk[0].cols;
-  const int64_t elems = batch * rows * cols;
-  if (elems > staging_elems_) {
-    ASSIGN_OR_RETURN(staging_, AllocateZeroed(backend_, work_dtype_, 1, elems));
-    staging_elems_ = elems;
+  if (batch * rows * cols > staging_elems_) {
+    return absl::InternalError("ns runner: staging buffer smaller than a chunk");
   }
   const MatrixView stacked =
       ContiguousView(staging_.data(), work_dtype_, batch * rows, cols);

@@ -2,7 +2,9 @@
 // Newton–Schulz (+ its scale) on a list of matrices of one group, batched by
 // shape up to MuonOptions::ns_batch_size, with the group's NewtonSchulz
 // engines cached by (rows, cols, batch) and per-shape wall times for the
-// coordinator's rebalancing (docs/ARCHITECTURE.md "One step").
+// coordinator's rebalancing (docs/ARCHITECTURE.md "One step"). Unmeasured
+// runs go through Backend::RunGraph: on CUDA the whole NS work of a Run is
+// one graph replay (docs/ARCHITECTURE.md "CUDA graphs").
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -20,7 +22,7 @@
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
 #include "core/step/buffers.h"
-#include "core/step/layer_sharded_muon.h"
+#include "core/step/step_result.h"
 
 namespace muond {
 
@@ -43,9 +45,9 @@ class NsRunner {
  public:
   // `backend` (the group's, not owned) runs NS on `work_dtype` matrices
   // (NsWorkDType of the group's precision).
-  NsRunner() = default;
+  NsRunner() : id_(NextId()) {}
   NsRunner(Backend* backend, DType work_dtype)
-      : backend_(backend), work_dtype_(work_dtype) {}
+      : backend_(backend), work_dtype_(work_dtype), id_(NextId()) {}
 
   // Orthogonalizes every matrix of `matrices` in place (NS + scale).
   // Same-shape matrices are chunked in list order (so chunking depends only
@@ -55,15 +57,47 @@ class NsRunner {
   // other chunk is staged through a buffer kept for the next step. `times`:
   // null, or where each chunk's wall time goes (the backend is synchronised
   // after each chunk, so a measured step costs one host sync per chunk).
+  // With `times` null (and graphs on) the chunks run as one
+  // Backend::RunGraph under GraphKey: on CUDA, one graph replay per Run after
+  // the first (same results bitwise: a replay launches the same kernels).
   absl::Status Run(const MuonOptions& options,
                    absl::Span<const MatrixView> matrices, ShapeTimes* times);
 
+  // Graphs on (the default) or off (every Run enqueues its calls one by one,
+  // as a measured Run does); for tests and A/B runs. The backend has its own
+  // switch (MUOND_CUDA_GRAPHS=0).
+  void set_use_graphs(bool use) { use_graphs_ = use; }
+
  private:
+  // One batch of same-shape matrices and how it runs.
+  enum class ChunkKind { kSingle, kStacked, kStaged };
+  struct Chunk {
+    NewtonSchulz* ns;
+    int64_t rows, cols;
+    absl::Span<const MatrixView> members;
+    ChunkKind kind;
+  };
+  // Groups `matrices` into chunks, creating every engine and the staging
+  // buffer they need, so that running the chunks allocates nothing (a graph
+  // capture must not allocate). `by_shape` owns the views the chunks span.
+  absl::StatusOr<std::vector<Chunk>> Plan(
+      const MuonOptions& options, absl::Span<const MatrixView> matrices,
+      std::vector<std::vector<MatrixView>>& by_shape);
+  absl::Status RunChunk(const Chunk& chunk);
+  // Everything a replay of the chunks bakes in: this runner (its engines'
+  // workspaces live as long as it does), the NS options, each chunk's
+  // engine, kind and views (pointer, shape, stride, dtype), and the staging
+  // buffer.
+  uint64_t GraphKey(const MuonOptions& options,
+                    const std::vector<Chunk>& chunks) const;
+  static uint64_t NextId();
+
   absl::StatusOr<NewtonSchulz*> GetNs(const MuonOptions& options, int64_t rows,
                                       int64_t cols, int64_t batch);
   // Whether `chunk` lies back to back in memory as one stacked matrix.
   bool IsStacked(absl::Span<const MatrixView> chunk) const;
-  // Runs one chunk of `batch` same-shape matrices through the staging buffer.
+  // Runs one chunk of `batch` same-shape matrices through the staging buffer
+  // (sized by Plan).
   absl::Status RunStaged(NewtonSchulz& ns, absl::Span<const MatrixView> chunk);
   absl::Status RecordTime(ShapeTimes* times, int64_t rows, int64_t cols,
                           int64_t count, absl::Time start);
@@ -75,6 +109,10 @@ class NsRunner {
   // Staging for chunks that are not back to back.
   OwnedBuffer staging_;
   int64_t staging_elems_ = 0;
+  bool use_graphs_ = true;
+  // Unique per runner in the process: graph keys of a runner never match
+  // those of a later one that reuses freed addresses.
+  uint64_t id_ = 0;
 };
 
 }  // namespace muond
