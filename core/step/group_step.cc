@@ -93,17 +93,17 @@ absl::Status ForwardExchangePhase(GroupState& group,
   return absl::OkStatus();
 }
 
-// NS in place where each param is whole on this rank.
+// NS in place where each param is whole on this rank: unmeasured, one graph
+// replay on CUDA (NsRunner::RunLists).
 absl::Status NsPhase(GroupState& group, const MuonOptions& options,
                      ShapeTimes* shape_times) {
   const PlanBuffers& pb = *group.plan;
   const GroupExchangePlan& plan = pb.plan;
-  RETURN_IF_ERROR(
-      group.ns.Run(options, Pick(group.local, plan.replicated), shape_times));
-  RETURN_IF_ERROR(
-      group.ns.Run(options, Pick(pb.stage1, plan.ns_tp_complete), shape_times));
-  return group.ns.Run(options, Pick(pb.stage2, plan.ns_after_stage2),
-                      shape_times);
+  const std::vector<MatrixView> lists[] = {
+      Pick(group.local, plan.replicated), Pick(pb.stage1, plan.ns_tp_complete),
+      Pick(pb.stage2, plan.ns_after_stage2)};
+  const absl::Span<const MatrixView> spans[] = {lists[0], lists[1], lists[2]};
+  return group.ns.RunLists(options, spans, shape_times);
 }
 
 // A2_i -> A1_i over tp, A1_i -> L_i over gtp_remat, pad rows of L_i zeroed.

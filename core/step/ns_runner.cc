@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -100,9 +101,15 @@ uint64_t NsRunner::NextId() {
 absl::Status NsRunner::Run(const MuonOptions& options,
                            absl::Span<const MatrixView> matrices,
                            ShapeTimes* times) {
-  std::vector<std::vector<MatrixView>> by_shape;
-  ASSIGN_OR_RETURN(std::vector<Chunk> chunks,
-                   Plan(options, matrices, by_shape));
+  const absl::Span<const MatrixView> lists[] = {matrices};
+  return RunLists(options, lists, times);
+}
+
+absl::Status NsRunner::RunLists(
+    const MuonOptions& options,
+    absl::Span<const absl::Span<const MatrixView>> lists, ShapeTimes* times) {
+  std::deque<std::vector<MatrixView>> members;
+  ASSIGN_OR_RETURN(std::vector<Chunk> chunks, Plan(options, lists, members));
   if (chunks.empty()) return absl::OkStatus();
   if (times == nullptr && use_graphs_) {
     return backend_->RunGraph(GraphKey(options, chunks), [&]() -> absl::Status {
@@ -120,42 +127,45 @@ absl::Status NsRunner::Run(const MuonOptions& options,
 }
 
 absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
-    const MuonOptions& options, absl::Span<const MatrixView> matrices,
-    std::vector<std::vector<MatrixView>>& by_shape) {
-  // Same-shape matrices in first-appearance order.
-  std::vector<std::pair<int64_t, int64_t>> shapes;
-  by_shape.clear();
-  for (const MatrixView& m : matrices) {
-    const auto shape = std::make_pair(m.rows, m.cols);
-    const auto it = std::find(shapes.begin(), shapes.end(), shape);
-    if (it == shapes.end()) {
-      shapes.push_back(shape);
-      by_shape.push_back({m});
-    } else {
-      by_shape[it - shapes.begin()].push_back(m);
-    }
-  }
+    const MuonOptions& options,
+    absl::Span<const absl::Span<const MatrixView>> lists,
+    std::deque<std::vector<MatrixView>>& members) {
   const int64_t max_batch = std::max<int64_t>(1, options.ns_batch_size);
   std::vector<Chunk> chunks;
   int64_t staging_elems = 0;
-  for (size_t s = 0; s < shapes.size(); ++s) {
-    const auto [rows, cols] = shapes[s];
-    const std::vector<MatrixView>& members = by_shape[s];
-    for (size_t begin = 0; begin < members.size(); begin += max_batch) {
-      const int64_t batch =
-          std::min<int64_t>(max_batch, int64_t(members.size()) - begin);
-      Chunk chunk{nullptr, rows, cols,
-                  absl::MakeConstSpan(members).subspan(begin, batch),
-                  ChunkKind::kStaged};
-      ASSIGN_OR_RETURN(chunk.ns, GetNs(options, rows, cols, batch));
-      if (batch == 1) {
-        chunk.kind = ChunkKind::kSingle;
-      } else if (IsStacked(chunk.members)) {
-        chunk.kind = ChunkKind::kStacked;
+  for (const absl::Span<const MatrixView> matrices : lists) {
+    // Same-shape matrices of this list in first-appearance order.
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    const size_t first = members.size();
+    for (const MatrixView& m : matrices) {
+      const auto shape = std::make_pair(m.rows, m.cols);
+      const auto it = std::find(shapes.begin(), shapes.end(), shape);
+      if (it == shapes.end()) {
+        shapes.push_back(shape);
+        members.push_back({m});
       } else {
-        staging_elems = std::max(staging_elems, batch * rows * cols);
+        members[first + (it - shapes.begin())].push_back(m);
       }
-      chunks.push_back(chunk);
+    }
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      const auto [rows, cols] = shapes[s];
+      const std::vector<MatrixView>& same = members[first + s];
+      for (size_t begin = 0; begin < same.size(); begin += max_batch) {
+        const int64_t batch =
+            std::min<int64_t>(max_batch, int64_t(same.size()) - begin);
+        Chunk chunk{nullptr, rows, cols,
+                    absl::MakeConstSpan(same).subspan(begin, batch),
+                    ChunkKind::kStaged};
+        ASSIGN_OR_RETURN(chunk.ns, GetNs(options, rows, cols, batch));
+        if (batch == 1) {
+          chunk.kind = ChunkKind::kSingle;
+        } else if (IsStacked(chunk.members)) {
+          chunk.kind = ChunkKind::kStacked;
+        } else {
+          staging_elems = std::max(staging_elems, batch * rows * cols);
+        }
+        chunks.push_back(chunk);
+      }
     }
   }
   if (staging_elems > staging_elems_) {

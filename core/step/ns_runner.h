@@ -6,6 +6,7 @@
 // runs go through Backend::RunGraph: on CUDA the whole NS work of a Run is
 // one graph replay (docs/ARCHITECTURE.md "CUDA graphs").
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -62,6 +63,12 @@ class NsRunner {
   // the first (same results bitwise: a replay launches the same kernels).
   absl::Status Run(const MuonOptions& options,
                    absl::Span<const MatrixView> matrices, ShapeTimes* times);
+  // Run on each list in turn (each chunked on its own, exactly as by Run),
+  // unmeasured as one RunGraph for all of them: a step's NS phase is one
+  // graph replay.
+  absl::Status RunLists(const MuonOptions& options,
+                        absl::Span<const absl::Span<const MatrixView>> lists,
+                        ShapeTimes* times);
 
   // Graphs on (the default) or off (every Run enqueues its calls one by one,
   // as a measured Run does); for tests and A/B runs. The backend has its own
@@ -77,12 +84,14 @@ class NsRunner {
     absl::Span<const MatrixView> members;
     ChunkKind kind;
   };
-  // Groups `matrices` into chunks, creating every engine and the staging
-  // buffer they need, so that running the chunks allocates nothing (a graph
-  // capture must not allocate). `by_shape` owns the views the chunks span.
+  // Groups each list's matrices into chunks, creating every engine and the
+  // staging buffer they need, so that running the chunks allocates nothing
+  // (a graph capture must not allocate). `members` owns the views the
+  // chunks span (a deque: they stay put as it grows).
   absl::StatusOr<std::vector<Chunk>> Plan(
-      const MuonOptions& options, absl::Span<const MatrixView> matrices,
-      std::vector<std::vector<MatrixView>>& by_shape);
+      const MuonOptions& options,
+      absl::Span<const absl::Span<const MatrixView>> lists,
+      std::deque<std::vector<MatrixView>>& members);
   absl::Status RunChunk(const Chunk& chunk);
   // Everything a replay of the chunks bakes in: this runner (its engines'
   // workspaces live as long as it does), the NS options, each chunk's

@@ -1,0 +1,278 @@
+// NsRunner and Backend::RunGraph on the CPU backend: the default RunGraph
+// runs its work once and returns its status; NsRunner runs an unmeasured Run
+// (or RunLists) as exactly one RunGraph and a measured one without; either
+// way every
+// matrix equals its own NewtonSchulz run (the reference: one engine per
+// chunk, run directly) bitwise, over a mixed-shape list with single, stacked
+// and staged chunks.
+#include "core/step/ns_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/backend/cpu_backend.h"
+
+namespace muond {
+namespace {
+
+// The CPU backend, counting RunGraph calls (every other call delegated).
+class CountingBackend final : public Backend {
+ public:
+  CountingBackend() : cpu_(MakeCpuBackend()) {}
+  int graph_runs = 0;
+
+  std::string_view name() const override { return cpu_->name(); }
+  bool is_device() const override { return cpu_->is_device(); }
+  bool SupportsPrecision(MatmulPrecision p) const override {
+    return cpu_->SupportsPrecision(p);
+  }
+  absl::StatusOr<void*> Allocate(int64_t bytes) override {
+    return cpu_->Allocate(bytes);
+  }
+  void Free(void* p) override { cpu_->Free(p); }
+  absl::Status Memset0(const MatrixView& v) override {
+    return cpu_->Memset0(v);
+  }
+  absl::Status CopyFromHost(void* d, const void* s, int64_t n) override {
+    return cpu_->CopyFromHost(d, s, n);
+  }
+  absl::Status CopyToHost(void* d, const void* s, int64_t n) override {
+    return cpu_->CopyToHost(d, s, n);
+  }
+  absl::Status Copy2D(const MatrixView& d, const MatrixView& s) override {
+    return cpu_->Copy2D(d, s);
+  }
+  absl::Status Gemm(Op oa, Op ob, float alpha, const MatrixView& a,
+                    const MatrixView& b, float beta, const MatrixView& c,
+                    MatmulPrecision p) override {
+    return cpu_->Gemm(oa, ob, alpha, a, b, beta, c, p);
+  }
+  absl::Status GemmStridedBatched(Op oa, Op ob, float alpha,
+                                  const MatrixView& a, int64_t sa,
+                                  const MatrixView& b, int64_t sb, float beta,
+                                  const MatrixView& c, int64_t sc,
+                                  int64_t batch, MatmulPrecision p) override {
+    return cpu_->GemmStridedBatched(oa, ob, alpha, a, sa, b, sb, beta, c, sc,
+                                    batch, p);
+  }
+  absl::Status GemmOut(Op oa, Op ob, float alpha, const MatrixView& a,
+                       const MatrixView& b, float beta, const MatrixView& c,
+                       const MatrixView& d, MatmulPrecision p) override {
+    return cpu_->GemmOut(oa, ob, alpha, a, b, beta, c, d, p);
+  }
+  absl::Status GemmStridedBatchedOut(Op oa, Op ob, float alpha,
+                                     const MatrixView& a, int64_t sa,
+                                     const MatrixView& b, int64_t sb,
+                                     float beta, const MatrixView& c,
+                                     int64_t sc, const MatrixView& d,
+                                     int64_t sd, int64_t batch,
+                                     MatmulPrecision p) override {
+    return cpu_->GemmStridedBatchedOut(oa, ob, alpha, a, sa, b, sb, beta, c,
+                                       sc, d, sd, batch, p);
+  }
+  absl::Status SymmetricGemmStridedBatchedOut(
+      Op oa, Op ob, float alpha, const MatrixView& a, int64_t sa,
+      const MatrixView& b, int64_t sb, float beta, const MatrixView& c,
+      int64_t sc, const MatrixView& d, int64_t sd, int64_t batch,
+      MatmulPrecision p) override {
+    return cpu_->SymmetricGemmStridedBatchedOut(oa, ob, alpha, a, sa, b, sb,
+                                                beta, c, sc, d, sd, batch, p);
+  }
+  absl::Status SymmetrizeFromLower(const MatrixView& a, int64_t stride,
+                                   int64_t batch) override {
+    return cpu_->SymmetrizeFromLower(a, stride, batch);
+  }
+  absl::Status FrobeniusNormalize(const MatrixView& s, const MatrixView& d,
+                                  int64_t batch, float eps) override {
+    return cpu_->FrobeniusNormalize(s, d, batch, eps);
+  }
+  absl::Status MuonMomentum(const MatrixView& g, const MatrixView& m,
+                            double beta, bool nesterov,
+                            const MatrixView& out) override {
+    return cpu_->MuonMomentum(g, m, beta, nesterov, out);
+  }
+  absl::Status ApplyUpdate(const MatrixView& p, const MatrixView& u, float lr,
+                           float decay, WeightDecayMethod method) override {
+    return cpu_->ApplyUpdate(p, u, lr, decay, method);
+  }
+  absl::Status AdamW(const MatrixView& p, const MatrixView& g,
+                     const MatrixView& m, const MatrixView& v,
+                     const AdamWScalars& s) override {
+    return cpu_->AdamW(p, g, m, v, s);
+  }
+  absl::StatusOr<bool> AllFiniteBelow(absl::Span<const MatrixView> views,
+                                      float limit) override {
+    return cpu_->AllFiniteBelow(views, limit);
+  }
+  absl::Status Synchronize() override { return cpu_->Synchronize(); }
+  absl::Status RunGraph(uint64_t key,
+                        const std::function<absl::Status()>& work) override {
+    ++graph_runs;
+    return cpu_->RunGraph(key, work);
+  }
+
+ private:
+  std::unique_ptr<Backend> cpu_;
+};
+
+TEST(RunGraphTest, DefaultRunsWorkOnceAndReturnsItsStatus) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  int runs = 0;
+  EXPECT_TRUE(cpu->RunGraph(7, [&] {
+                   ++runs;
+                   return absl::OkStatus();
+                 }).ok());
+  EXPECT_EQ(runs, 1);
+  const absl::Status failed = cpu->RunGraph(7, [&] {
+    ++runs;
+    return absl::InvalidArgumentError("from work");
+  });
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(failed, absl::InvalidArgumentError("from work"));
+}
+
+// An MoE-like list: 3 shapes interleaved (wide, tall, square), 20 matrices.
+// The first 8 wide ones lie back to back (a stacked chunk), the rest are
+// separate host vectors (staged chunks), and one shape appears once (a
+// single chunk).
+struct MixedList {
+  std::vector<std::vector<float>> owned;
+  std::vector<float> slab;
+  std::vector<MatrixView> views;
+
+  MixedList() {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    const int64_t wr = 12, wc = 20;
+    slab.resize(8 * wr * wc);
+    for (float& x : slab) x = d(rng);
+    for (int i = 0; i < 8; ++i) {
+      views.push_back(
+          ContiguousView(slab.data() + i * wr * wc, DType::kFloat32, wr, wc));
+    }
+    const std::pair<int64_t, int64_t> shapes[] = {{20, 12}, {12, 20}, {16, 16}};
+    for (int i = 0; i < 11; ++i) {
+      const auto [r, c] = shapes[i % 2];
+      owned.emplace_back(r * c);
+      for (float& x : owned.back()) x = d(rng);
+      views.push_back(ContiguousView(owned.back().data(), DType::kFloat32, r, c));
+    }
+    const auto [r, c] = shapes[2];
+    owned.emplace_back(r * c);
+    for (float& x : owned.back()) x = d(rng);
+    views.push_back(ContiguousView(owned.back().data(), DType::kFloat32, r, c));
+  }
+  std::vector<float> Flat() const {
+    std::vector<float> all;
+    for (const MatrixView& v : views) {
+      const float* p = static_cast<const float*>(v.data);
+      all.insert(all.end(), p, p + v.numel());
+    }
+    return all;
+  }
+};
+
+MuonOptions Options() {
+  MuonOptions o;
+  o.ns_batch_size = 4;
+  return o;
+}
+
+// The reference: each chunk NsRunner forms (same-shape matrices in list
+// order, up to ns_batch_size) through its own engine, stacked in a copy.
+std::vector<float> Reference(Backend* backend, const MuonOptions& options,
+                             const MixedList& list) {
+  std::vector<std::vector<float>> out(list.views.size());
+  std::vector<bool> done(list.views.size(), false);
+  for (size_t i = 0; i < list.views.size(); ++i) {
+    if (done[i]) continue;
+    const int64_t r = list.views[i].rows, c = list.views[i].cols;
+    std::vector<size_t> same;
+    for (size_t j = i; j < list.views.size(); ++j) {
+      if (!done[j] && list.views[j].rows == r && list.views[j].cols == c) {
+        same.push_back(j);
+        done[j] = true;
+      }
+    }
+    for (size_t b0 = 0; b0 < same.size(); b0 += options.ns_batch_size) {
+      const size_t n = std::min<size_t>(options.ns_batch_size, same.size() - b0);
+      std::vector<float> stacked;
+      for (size_t k = 0; k < n; ++k) {
+        const float* p = static_cast<const float*>(list.views[same[b0 + k]].data);
+        stacked.insert(stacked.end(), p, p + r * c);
+      }
+      auto ns = *NewtonSchulz::Create(backend, options.ns, r, c, int64_t(n));
+      const MatrixView v =
+          ContiguousView(stacked.data(), DType::kFloat32, int64_t(n) * r, c);
+      EXPECT_TRUE(ns->Run(v, v, int64_t(n)).ok());
+      for (size_t k = 0; k < n; ++k) {
+        out[same[b0 + k]].assign(stacked.begin() + k * r * c,
+                                 stacked.begin() + (k + 1) * r * c);
+      }
+    }
+  }
+  std::vector<float> all;
+  for (const auto& o : out) all.insert(all.end(), o.begin(), o.end());
+  return all;
+}
+
+TEST(NsRunnerTest, UnmeasuredRunIsOneRunGraphAndBitwiseTheReference) {
+  CountingBackend backend;
+  const MuonOptions options = Options();
+  MixedList graph_list, direct_list, measured_list;
+  const std::vector<float> want = Reference(&backend, options, graph_list);
+  ASSERT_EQ(backend.graph_runs, 0);
+
+  NsRunner runner(&backend, DType::kFloat32);
+  ASSERT_TRUE(runner.Run(options, graph_list.views, nullptr).ok());
+  EXPECT_EQ(backend.graph_runs, 1);
+  EXPECT_EQ(graph_list.Flat(), want);
+
+  NsRunner direct(&backend, DType::kFloat32);
+  direct.set_use_graphs(false);
+  ASSERT_TRUE(direct.Run(options, direct_list.views, nullptr).ok());
+  EXPECT_EQ(backend.graph_runs, 1);
+  EXPECT_EQ(direct_list.Flat(), want);
+
+  ShapeTimes times;
+  ASSERT_TRUE(runner.Run(options, measured_list.views, &times).ok());
+  EXPECT_EQ(backend.graph_runs, 1);  // a measured Run keeps per-chunk syncs
+  EXPECT_EQ(measured_list.Flat(), want);
+  int64_t counted = 0;
+  for (const ShapeTiming& t : times.ByShape()) counted += t.count;
+  EXPECT_EQ(counted, int64_t(measured_list.views.size()));
+}
+
+TEST(NsRunnerTest, RunListsIsOneRunGraphAndEachListChunkedAlone) {
+  CountingBackend backend;
+  const MuonOptions options = Options();
+  MixedList lists_list, separate_list;
+  auto halves = [](const MixedList& l) {
+    const absl::Span<const MatrixView> all = l.views;
+    return std::vector<absl::Span<const MatrixView>>{all.subspan(0, 10),
+                                                     all.subspan(10)};
+  };
+  NsRunner runner(&backend, DType::kFloat32);
+  ASSERT_TRUE(runner.RunLists(options, halves(lists_list), nullptr).ok());
+  EXPECT_EQ(backend.graph_runs, 1);
+  NsRunner separate(&backend, DType::kFloat32);
+  separate.set_use_graphs(false);
+  for (absl::Span<const MatrixView> half : halves(separate_list))
+    ASSERT_TRUE(separate.Run(options, half, nullptr).ok());
+  EXPECT_EQ(backend.graph_runs, 1);
+  EXPECT_EQ(lists_list.Flat(), separate_list.Flat());
+}
+
+TEST(NsRunnerTest, EmptyListRunsNothing) {
+  CountingBackend backend;
+  NsRunner runner(&backend, DType::kFloat32);
+  EXPECT_TRUE(runner.Run(Options(), {}, nullptr).ok());
+  EXPECT_EQ(backend.graph_runs, 0);
+}
+
+}  // namespace
+}  // namespace muond
