@@ -237,14 +237,18 @@ class Backend {
   // Waits for every call enqueued so far.
   virtual absl::Status Synchronize() = 0;
 
-  // ---- CUDA graphs
-  // ----------------------------------------------------------- Runs `work`
-  // (calls on this backend only, no host synchronisation) as one replay of a
-  // graph captured the first time `key` was seen: on CUDA the stream is
-  // captured into a cudaGraphExec cached under `key` (the caller makes the key
-  // cover every pointer, shape and scalar the work bakes in) and replayed; a
-  // capture failure falls back to running `work` directly and is not retried
-  // for that key. The default (CPU) runs `work`.
+  // ---- CUDA graphs --------------------------------------------------------
+  // Runs `work` (calls on this backend only, no host synchronisation, no
+  // Allocate/Free) as one replay of a graph captured the first time `key` was
+  // seen: on CUDA the stream is captured into a cudaGraphExec cached under
+  // `key` and replayed. A replay repeats the captured calls with the pointers,
+  // shapes, strides, dtypes and scalars they had at capture (the data behind
+  // the pointers is read fresh), so the caller's key must cover every one of
+  // them, and the memory must outlive the key's use. A capture failure falls
+  // back to running `work` directly and is not retried for that key; `work`
+  // may then run twice on the host (once captured, once for real), so its
+  // host side effects must be idempotent. A RunGraph inside another's work
+  // is part of the outer graph. The default (CPU) runs `work`.
   virtual absl::Status RunGraph(uint64_t key,
                                 const std::function<absl::Status()>& work) {
     (void)key;
