@@ -15,7 +15,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-
 #include "absl/strings/str_cat.h"
 #include "core/backend/cuda_gram_kernels.h"
 #include "core/backend/cuda_kernels.h"
@@ -59,9 +58,10 @@ cublasComputeType_t ComputeType(MatmulPrecision p) {
 }
 
 cuda_kernels::KView K(const MatrixView& v) {
-  return cuda_kernels::KView{v.data, v.rows, v.cols, Ld(v),
-                             static_cast<int>(DTypeSize(v.dtype)),
-                             v.dtype == DType::kFloat16};
+  cuda_kernels::KView k{v.data, v.rows, v.cols, Ld(v),
+                        static_cast<int>(DTypeSize(v.dtype))};
+  k.f16 = v.dtype == DType::kFloat16;
+  return k;
 }
 
 cublasOperation_t CuOp(Op op) {

@@ -10,6 +10,7 @@
 #include "core/backend/bf16.h"
 #include "core/backend/cuda_kernels.h"
 #include "core/backend/elementwise_math.h"
+#include "core/backend/fp16.h"
 
 namespace muond {
 namespace cuda_kernels {
@@ -26,16 +27,18 @@ struct DView {
 };
 
 DView D(const KView& v) {
-  return DView{static_cast<char*>(v.data), v.rows, v.cols, v.ld, v.elem,
-               v.f16};
+  return DView{static_cast<char*>(v.data), v.rows, v.cols, v.ld, v.elem, v.f16};
 }
 
-// fp16 <-> fp32: round to nearest even (cvt.rn, __float2half_rn; the CPU
-// backend's core/backend/fp16.h rounds the same way); fp16 -> fp32 is exact.
+// fp32 -> fp16 rounds to nearest even (__float2half_rn, one cvt.rn: the
+// rounding of the CPU backend's core/backend/fp16.h), a NaN becoming fp16.h's
+// quiet NaN with its sign, so both backends store the same bits; fp16 ->
+// fp32 is exact (fp16.h's decoder).
 __device__ __forceinline__ float F16BitsToFloat(uint16_t h) {
-  return __half2float(__ushort_as_half(h));
+  return Fp16BitsToFloat(h);
 }
 __device__ __forceinline__ uint16_t FloatToF16Bits(float x) {
+  if (x != x) return uint16_t(((__float_as_uint(x) >> 16) & 0x8000u) | 0x7e00u);
   return __half_as_ushort(__float2half_rn(x));
 }
 

@@ -245,7 +245,8 @@ absl::Status NsRunner::RunStaged(NewtonSchulz& ns,
   const int64_t batch = int64_t(chunk.size());
   const int64_t rows = chunk[0].rows, cols = chunk[0].cols;
   if (batch * rows * cols > staging_elems_) {
-    return absl::InternalError("ns runner: staging buffer smaller than a chunk");
+    return absl::InternalError(
+        "ns runner: staging buffer smaller than a chunk");
   }
   const MatrixView stacked =
       ContiguousView(staging_.data(), work_dtype_, batch * rows, cols);

@@ -128,9 +128,9 @@ TEST_F(CudaFp16Test, Copy2DFp32ToFp16BitwiseTheCodecAndCpu) {
   const std::vector<uint16_t> got = Down<uint16_t>(dst, rows * (cols + 8));
   std::vector<uint16_t> cpu_out(rows * cols);
   std::vector<float> host = x;
-  const absl::Status cpu_status = cpu_->Copy2D(
-      ContiguousView(cpu_out.data(), DType::kFloat16, rows, cols),
-      ContiguousView(host.data(), DType::kFloat32, rows, cols));
+  const absl::Status cpu_status =
+      cpu_->Copy2D(ContiguousView(cpu_out.data(), DType::kFloat16, rows, cols),
+                   ContiguousView(host.data(), DType::kFloat32, rows, cols));
   EXPECT_TRUE(cpu_status.ok()) << "CPU backend fp16: " << cpu_status;
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
@@ -186,7 +186,8 @@ TEST_F(CudaFp16Test, Copy2DBf16ToFp16RoundsOnce) {
 // |gpu - ref| <= half an fp16 ulp of |ref| (the final rounding) plus fp32
 // accumulation error k * 2^-23 * sum |a||b| (and fp16's subnormal step).
 void ExpectFp16Gemm(const std::vector<uint16_t>& got, int64_t ldd,
-                    const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
+                    const std::vector<uint16_t>& a,
+                    const std::vector<uint16_t>& b,
                     const std::vector<uint16_t>& c, Op oa, Op ob, int64_t m,
                     int64_t n, int64_t k, float alpha, float beta) {
   auto A = [&](int64_t i, int64_t l) {
@@ -209,9 +210,8 @@ void ExpectFp16Gemm(const std::vector<uint16_t>& got, int64_t ldd,
       const double tol = std::ldexp(std::fabs(ref), -11) * 1.001 +
                          double(k + 2) * std::ldexp(mag, -23) +
                          std::ldexp(1.0, -25);
-      ASSERT_LE(std::fabs(g - ref), tol)
-          << "(" << i << "," << j << ") op_a " << int(oa) << " op_b "
-          << int(ob);
+      ASSERT_LE(std::fabs(g - ref), tol) << "(" << i << "," << j << ") op_a "
+                                         << int(oa) << " op_b " << int(ob);
     }
   }
 }
@@ -230,12 +230,13 @@ TEST_F(CudaFp16Test, MediumGemmFp16WithinRoundingAllTransposes) {
     for (Op ob : {Op::kN, Op::kT}) {
       const int64_t ar = oa == Op::kN ? m : k, ac = oa == Op::kN ? k : m;
       const int64_t br = ob == Op::kN ? k : n, bc = ob == Op::kN ? n : k;
-      const auto a = RandomF16(ar * ac, 1, 0.2f), b = RandomF16(br * bc, 2, 0.2f),
-                 c = RandomF16(m * n, 3, 1.0f);
+      const auto a = RandomF16(ar * ac, 1, 0.2f),
+                 b = RandomF16(br * bc, 2, 0.2f), c = RandomF16(m * n, 3, 1.0f);
       const MatrixView da = ContiguousView(Up(a), DType::kFloat16, ar, ac);
       const MatrixView db = ContiguousView(Up(b), DType::kFloat16, br, bc);
       const MatrixView dc = ContiguousView(Up(c), DType::kFloat16, m, n);
-      const MatrixView dd = ContiguousView(Dev(m * n * 2), DType::kFloat16, m, n);
+      const MatrixView dd =
+          ContiguousView(Dev(m * n * 2), DType::kFloat16, m, n);
       ASSERT_TRUE(gpu_->GemmOut(oa, ob, 0.75f, da, db, 0.5f, dc, dd,
                                 MatmulPrecision::kMedium)
                       .ok());
@@ -243,9 +244,9 @@ TEST_F(CudaFp16Test, MediumGemmFp16WithinRoundingAllTransposes) {
                      k, 0.75f, 0.5f);
       // In place (Gemm) with beta 0 agrees with the CPU backend's emulation
       // within the same bound.
-      ASSERT_TRUE(gpu_->Gemm(oa, ob, 1.0f, da, db, 0.0f, dc,
-                             MatmulPrecision::kMedium)
-                      .ok());
+      ASSERT_TRUE(
+          gpu_->Gemm(oa, ob, 1.0f, da, db, 0.0f, dc, MatmulPrecision::kMedium)
+              .ok());
       ExpectFp16Gemm(Down<uint16_t>(dc.data, m * n), n, a, b, c, oa, ob, m, n,
                      k, 1.0f, 0.0f);
       std::vector<uint16_t> ha = a, hb = b, hc(m * n);
@@ -296,12 +297,12 @@ TEST_F(CudaFp16Test, NormalizeIntoFp16IsNormalizeThenConvert) {
     std::vector<float> x(batch * r * ld);
     for (float& v : x) v = d(rng);
     const MatrixView src{Up(x), DType::kFloat32, batch * r, cols, ld};
-    const MatrixView f32 =
-        ContiguousView(Dev(batch * r * cols * 4), DType::kFloat32, batch * r, cols);
-    const MatrixView f16 =
-        ContiguousView(Dev(batch * r * cols * 2), DType::kFloat16, batch * r, cols);
-    const MatrixView via =
-        ContiguousView(Dev(batch * r * cols * 2), DType::kFloat16, batch * r, cols);
+    const MatrixView f32 = ContiguousView(Dev(batch * r * cols * 4),
+                                          DType::kFloat32, batch * r, cols);
+    const MatrixView f16 = ContiguousView(Dev(batch * r * cols * 2),
+                                          DType::kFloat16, batch * r, cols);
+    const MatrixView via = ContiguousView(Dev(batch * r * cols * 2),
+                                          DType::kFloat16, batch * r, cols);
     ASSERT_TRUE(gpu_->FrobeniusNormalize(src, f32, batch, 1e-7f).ok());
     ASSERT_TRUE(gpu_->FrobeniusNormalize(src, f16, batch, 1e-7f).ok());
     ASSERT_TRUE(gpu_->Copy2D(via, f32).ok());
@@ -339,8 +340,8 @@ TEST_F(CudaFp16Test, SymmetrizeAndFiniteOnFp16) {
   // |x| < 2 fails for a normal sample; +inf (0x7c00) fails finiteness.
   EXPECT_FALSE(*gpu_->AllFiniteBelow({all}, 2.0f));
   const uint16_t inf = 0x7c00;
-  ASSERT_TRUE(gpu_->CopyFromHost(static_cast<char*>(da.data) + 2 * 100, &inf, 2)
-                  .ok());
+  ASSERT_TRUE(
+      gpu_->CopyFromHost(static_cast<char*>(da.data) + 2 * 100, &inf, 2).ok());
   EXPECT_FALSE(*gpu_->AllFinite({all}));
 }
 

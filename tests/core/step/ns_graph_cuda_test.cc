@@ -7,7 +7,8 @@
 //   same buffers reads the new data; another pointer under another key is a
 //   new capture.
 // * NsRunner over an MoE-like list (64 matrices of 3 shapes: stacked,
-//   staged and single chunks): the graph path equals the direct path, on a
+//   staged and single chunks; standard NS at highest and medium, Gram NS in
+//   fp16): the graph path equals the direct path, on a
 //   second step with fresh data too (a replay, no new capture), and other
 //   buffers capture anew.
 #include <gtest/gtest.h>
@@ -125,13 +126,12 @@ TEST_F(NsGraphCudaTest, NewtonSchulzGraphEqualsDirect) {
   uint64_t key = 100;
   for (MatmulPrecision p :
        {MatmulPrecision::kHighest, MatmulPrecision::kMedium}) {
-    for (auto [r, c, batch] : {std::tuple<int64_t, int64_t, int64_t>{96, 160, 1},
-                               {160, 96, 4}}) {
+    for (auto [r, c, batch] :
+         {std::tuple<int64_t, int64_t, int64_t>{96, 160, 1}, {160, 96, 4}}) {
       NsOptions o;
       o.precision = p;
-      SCOPED_TRACE(::testing::Message()
-                   << MatmulPrecisionName(p) << " " << r << "x" << c << " x"
-                   << batch);
+      SCOPED_TRACE(::testing::Message() << MatmulPrecisionName(p) << " " << r
+                                        << "x" << c << " x" << batch);
       CheckNsGraph(o, r, c, batch, key += 10);
     }
   }
@@ -148,8 +148,8 @@ TEST_F(NsGraphCudaTest, GramNewtonSchulzFp16GraphEqualsDirect) {
     GTEST_SKIP() << "Gram NS not available in this build: " << probe.status();
   }
   uint64_t key = 500;
-  for (auto [r, c, batch] : {std::tuple<int64_t, int64_t, int64_t>{64, 256, 1},
-                             {256, 64, 3}}) {
+  for (auto [r, c, batch] :
+       {std::tuple<int64_t, int64_t, int64_t>{64, 256, 1}, {256, 64, 3}}) {
     SCOPED_TRACE(::testing::Message() << r << "x" << c << " x" << batch);
     CheckNsGraph(o, r, c, batch, key += 10);
   }
@@ -169,7 +169,8 @@ MoeList MakeMoeList(DType dtype, const std::function<void*(int64_t)>& dev) {
   const int64_t wr = 32, wc = 96;
   char* slab = static_cast<char*>(dev(24 * wr * wc * es));
   for (int i = 0; i < 24; ++i) {
-    list.views.push_back(ContiguousView(slab + i * wr * wc * es, dtype, wr, wc));
+    list.views.push_back(
+        ContiguousView(slab + i * wr * wc * es, dtype, wr, wc));
   }
   const std::pair<int64_t, int64_t> shapes[] = {{96, 32}, {32, 96}, {48, 48}};
   for (int i = 0; i < 40; ++i) {
@@ -181,11 +182,15 @@ MoeList MakeMoeList(DType dtype, const std::function<void*(int64_t)>& dev) {
 }
 
 TEST_F(NsGraphCudaTest, NsRunnerGraphPathEqualsDirectPathMoe) {
-  for (MatmulPrecision p :
-       {MatmulPrecision::kHighest, MatmulPrecision::kMedium}) {
-    SCOPED_TRACE(MatmulPrecisionName(p));
+  for (auto [p, algorithm] :
+       {std::pair{MatmulPrecision::kHighest, NsAlgorithm::kStandard},
+        {MatmulPrecision::kMedium, NsAlgorithm::kStandard},
+        {MatmulPrecision::kMedium, NsAlgorithm::kGram}}) {
+    SCOPED_TRACE(::testing::Message() << MatmulPrecisionName(p) << " "
+                                      << NsAlgorithmName(algorithm));
     MuonOptions options;
     options.ns.precision = p;
+    options.ns.algorithm = algorithm;  // gram: fp16 on the 3:1 shapes
     options.ns_batch_size = 8;
     const DType dtype = NsWorkDType(p);
     auto dev = [&](int64_t bytes) { return Dev(bytes); };
@@ -202,23 +207,21 @@ TEST_F(NsGraphCudaTest, NsRunnerGraphPathEqualsDirectPathMoe) {
       Put(stage, Random(list.total, seed));
       int64_t off = 0;
       for (const MatrixView& v : list.views) {
-        ASSERT_TRUE(gpu_->Copy2D(v, ContiguousView(static_cast<float*>(
-                                                       stage) + off,
-                                                   DType::kFloat32, v.rows,
-                                                   v.cols))
-                        .ok());
+        ASSERT_TRUE(
+            gpu_->Copy2D(v, ContiguousView(static_cast<float*>(stage) + off,
+                                           DType::kFloat32, v.rows, v.cols))
+                .ok());
         off += v.numel();
       }
     };
     auto read = [&](const MoeList& list) {
       int64_t off = 0;
       for (const MatrixView& v : list.views) {
-        EXPECT_TRUE(gpu_->Copy2D(ContiguousView(static_cast<float*>(
-                                                    stage) + off,
-                                                DType::kFloat32, v.rows,
-                                                v.cols),
-                                 v)
-                        .ok());
+        EXPECT_TRUE(
+            gpu_->Copy2D(ContiguousView(static_cast<float*>(stage) + off,
+                                        DType::kFloat32, v.rows, v.cols),
+                         v)
+                .ok());
         off += v.numel();
       }
       return Get(stage, list.total);

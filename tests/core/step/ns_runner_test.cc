@@ -71,16 +71,22 @@ class CountingBackend final : public Backend {
                                      int64_t sc, const MatrixView& d,
                                      int64_t sd, int64_t batch,
                                      MatmulPrecision p) override {
-    return cpu_->GemmStridedBatchedOut(oa, ob, alpha, a, sa, b, sb, beta, c,
-                                       sc, d, sd, batch, p);
+    return cpu_->GemmStridedBatchedOut(oa, ob, alpha, a, sa, b, sb, beta, c, sc,
+                                       d, sd, batch, p);
   }
-  absl::Status SymmetricGemmStridedBatchedOut(
-      Op oa, Op ob, float alpha, const MatrixView& a, int64_t sa,
-      const MatrixView& b, int64_t sb, float beta, const MatrixView& c,
-      int64_t sc, const MatrixView& d, int64_t sd, int64_t batch,
-      MatmulPrecision p) override {
+  absl::Status SymmetricGemmStridedBatchedOut(Op oa, Op ob, float alpha,
+                                              const MatrixView& a, int64_t sa,
+                                              const MatrixView& b, int64_t sb,
+                                              float beta, const MatrixView& c,
+                                              int64_t sc, const MatrixView& d,
+                                              int64_t sd, int64_t batch,
+                                              MatmulPrecision p) override {
     return cpu_->SymmetricGemmStridedBatchedOut(oa, ob, alpha, a, sa, b, sb,
                                                 beta, c, sc, d, sd, batch, p);
+  }
+  absl::Status AddToDiagonal(const MatrixView& v, int64_t stride, int64_t batch,
+                             float value) override {
+    return cpu_->AddToDiagonal(v, stride, batch, value);
   }
   absl::Status SymmetrizeFromLower(const MatrixView& a, int64_t stride,
                                    int64_t batch) override {
@@ -122,10 +128,12 @@ class CountingBackend final : public Backend {
 TEST(RunGraphTest, DefaultRunsWorkOnceAndReturnsItsStatus) {
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
   int runs = 0;
-  EXPECT_TRUE(cpu->RunGraph(7, [&] {
-                   ++runs;
-                   return absl::OkStatus();
-                 }).ok());
+  EXPECT_TRUE(cpu->RunGraph(7,
+                            [&] {
+                              ++runs;
+                              return absl::OkStatus();
+                            })
+                  .ok());
   EXPECT_EQ(runs, 1);
   const absl::Status failed = cpu->RunGraph(7, [&] {
     ++runs;
@@ -159,7 +167,8 @@ struct MixedList {
       const auto [r, c] = shapes[i % 2];
       owned.emplace_back(r * c);
       for (float& x : owned.back()) x = d(rng);
-      views.push_back(ContiguousView(owned.back().data(), DType::kFloat32, r, c));
+      views.push_back(
+          ContiguousView(owned.back().data(), DType::kFloat32, r, c));
     }
     const auto [r, c] = shapes[2];
     owned.emplace_back(r * c);
@@ -199,10 +208,12 @@ std::vector<float> Reference(Backend* backend, const MuonOptions& options,
       }
     }
     for (size_t b0 = 0; b0 < same.size(); b0 += options.ns_batch_size) {
-      const size_t n = std::min<size_t>(options.ns_batch_size, same.size() - b0);
+      const size_t n =
+          std::min<size_t>(options.ns_batch_size, same.size() - b0);
       std::vector<float> stacked;
       for (size_t k = 0; k < n; ++k) {
-        const float* p = static_cast<const float*>(list.views[same[b0 + k]].data);
+        const float* p =
+            static_cast<const float*>(list.views[same[b0 + k]].data);
         stacked.insert(stacked.end(), p, p + r * c);
       }
       auto ns = *NewtonSchulz::Create(backend, options.ns, r, c, int64_t(n));
