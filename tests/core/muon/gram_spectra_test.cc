@@ -4,6 +4,7 @@
 // so the rounding effects the suite measures show here too.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "core/backend/cpu_backend.h"
@@ -41,6 +42,7 @@ TEST(GramSpectraTest, SpectralReferenceMatchesFp64Loop) {
     EXPECT_LE(RelError(exact_f, loop), 1e-5) << r << "x" << c;
     EXPECT_NEAR(SigmaMax(g, r, c), 3.0, 3e-6) << r << "x" << c;
   }
+  EXPECT_EQ(SigmaMax({1.0f, std::nanf("")}, 1, 2), HUGE_VAL);
   // max of p over [0, 1] lies inside (p(1) < max p for quintic).
   EXPECT_GT(NsScalarMaxOn01(quintic), NsScalar(1.0, quintic));
 }

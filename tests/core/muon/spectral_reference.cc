@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -174,6 +175,8 @@ double NsScalarMaxOn01(const std::vector<Abc>& schedule) {
 }
 
 double SigmaMax(const std::vector<float>& a, int rows, int cols, int iters) {
+  for (float x : a)
+    if (!std::isfinite(x)) return std::numeric_limits<double>::infinity();
   std::mt19937_64 rng(12345);
   std::normal_distribution<double> normal(0.0, 1.0);
   std::vector<double> v(cols), u(rows);
@@ -183,7 +186,7 @@ double SigmaMax(const std::vector<float>& a, int rows, int cols, int iters) {
     double vn = 0;
     for (double x : v) vn += x * x;
     vn = std::sqrt(vn);
-    if (vn == 0 || !std::isfinite(vn)) return vn == 0 ? 0.0 : vn;
+    if (vn == 0) return 0.0;
     for (double& x : v) x /= vn;
     // u = A v; sigma = ||A v|| with ||v|| = 1; v = A^T u (over column
     // blocks, each summed over rows in order: deterministic).

@@ -70,6 +70,7 @@ double NsScalarMaxOn01(const std::vector<Abc>& schedule);
 // iteration on x -> A^T A x in double from a fixed random start (`iters`
 // iterations). A lower bound that converges to sigma_max; a blown-up
 // direction (the failure the bound tests look for) dominates quickly.
+// +infinity when any entry is inf or NaN (a blow-up past the dtype's range).
 double SigmaMax(const std::vector<float>& a, int rows, int cols,
                 int iters = 300);
 
