@@ -119,6 +119,20 @@ bool Bitwise(const std::vector<float>& a, const std::vector<float>& b) {
          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// "k of n elements differ, max |a - b| d" for a failed bitwise check.
+std::string DiffSummary(const std::vector<float>& a,
+                        const std::vector<float>& b) {
+  size_t differ = 0;
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) == 0) continue;
+    ++differ;
+    worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])));
+  }
+  return std::to_string(differ) + " of " + std::to_string(a.size()) +
+         " elements differ, max |diff| " + std::to_string(worst);
+}
+
 struct Path {
   const char* name;
   NsOptions options;
@@ -144,14 +158,16 @@ void CheckScaleAndZero(Backend* backend, const SpectraShape& shape,
       backend, path.options, Ldexp(tiny, 100), shape.rows, shape.cols, kBatch);
   EXPECT_EQ(CountNonFinite(tiny_out), 0) << what << " tiny (x 2^-100)";
   EXPECT_TRUE(Bitwise(tiny_out, tiny_twin_out))
-      << what << " input x 2^-100 must give bitwise the unscaled result";
+      << what << " input x 2^-100 must give bitwise the unscaled result: "
+      << DiffSummary(tiny_out, tiny_twin_out);
   const std::vector<float> huge_out = RunNs(
       backend, path.options, Ldexp(base, 100), shape.rows, shape.cols, kBatch);
   const std::vector<float> base_out =
       RunNs(backend, path.options, base, shape.rows, shape.cols, kBatch);
   EXPECT_EQ(CountNonFinite(huge_out), 0) << what << " huge (x 2^100)";
   EXPECT_TRUE(Bitwise(huge_out, base_out))
-      << what << " input x 2^100 must give bitwise the unscaled result";
+      << what << " input x 2^100 must give bitwise the unscaled result: "
+      << DiffSummary(huge_out, base_out);
   const std::vector<float> zero(base.size(), 0.0f);
   int nonzero = 0;
   for (float x :
