@@ -261,11 +261,11 @@ class CudaBackend final : public Backend {
   absl::Status AddToDiagonal(const MatrixView& view, int64_t stride,
                              int64_t batch, float value) override {
     RETURN_IF_ERROR(CheckAddToDiagonal(view, batch));
-    return CudaStatus(cuda_gram_kernels::AddToDiagonal(
-                          view.data, int(view.dtype), view.rows,
-                          std::max(view.row_stride, view.cols), stride, batch,
-                          value, stream_),
-                      "add_to_diagonal");
+    return CudaStatus(
+        cuda_gram_kernels::AddToDiagonal(view.data, int(view.dtype), view.rows,
+                                         std::max(view.row_stride, view.cols),
+                                         stride, batch, value, stream_),
+        "add_to_diagonal");
   }
 
   absl::Status SymmetrizeFromLower(const MatrixView& a, int64_t stride,
@@ -391,9 +391,12 @@ class CudaBackend final : public Backend {
                                "run graph: capture status"));
     // Inside another RunGraph's capture: part of that graph.
     if (capturing != cudaStreamCaptureStatusNone) return work();
-    auto it = graphs_.find(key);
-    if (it == graphs_.end()) {
-      cudaGraphExec_t exec = Capture(work);
+    cudaGraphExec_t exec = nullptr;
+    if (auto it = graphs_.find(key); it != graphs_.end()) {
+      graph_lru_.splice(graph_lru_.begin(), graph_lru_, it->second);
+      exec = it->second->second;
+    } else {
+      exec = Capture(work);
       if (exec == nullptr) {
         uncapturable_.insert(key);
         ++graph_counts_.fallbacks;
@@ -401,19 +404,16 @@ class CudaBackend final : public Backend {
       }
       ++graph_counts_.captures;
       graph_lru_.emplace_front(key, exec);
-      it = graphs_.emplace(key, graph_lru_.begin()).first;
+      graphs_.emplace(key, graph_lru_.begin());
       if (graph_lru_.size() > kMaxGraphs) {
         // A launched exec may be destroyed: CUDA frees it after it ran.
         graphs_.erase(graph_lru_.back().first);
         cudaGraphExecDestroy(graph_lru_.back().second);
         graph_lru_.pop_back();
       }
-    } else {
-      graph_lru_.splice(graph_lru_.begin(), graph_lru_, it->second);
     }
     ++graph_counts_.launches;
-    return CudaStatus(cudaGraphLaunch(it->second->second, stream_),
-                      "run graph: launch");
+    return CudaStatus(cudaGraphLaunch(exec, stream_), "run graph: launch");
   }
 
   CudaGraphCounts graph_counts() const { return graph_counts_; }

@@ -1,0 +1,120 @@
+// CudaBackend::RunGraph's cache and fallback (tag gpu; skipped without a
+// device): a replay reads the buffers' current data; the 65th key evicts the
+// least recently used one, which then captures anew; work that cannot be
+// captured (a host synchronisation) runs directly, once per call, and its key
+// is never captured again; a RunGraph inside another's work is part of it.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/backend/bf16.h"
+#include "core/backend/cuda_backend.h"
+
+namespace muond {
+namespace {
+
+class CudaRunGraphTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!CudaDeviceAvailable())
+      GTEST_SKIP() << "no CUDA device on this machine";
+    auto b = MakeCudaBackend(0);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+    src_ = ContiguousView(*gpu_->Allocate(kN * 4), DType::kFloat32, 1, kN);
+    dst_ = ContiguousView(*gpu_->Allocate(kN * 2), DType::kBFloat16, 1, kN);
+  }
+  void TearDown() override {
+    if (gpu_ == nullptr) return;
+    gpu_->Free(src_.data);
+    gpu_->Free(dst_.data);
+  }
+  // Writes `value` into src and poisons dst.
+  void Fill(float value) {
+    host_.assign(kN, value);
+    ASSERT_TRUE(gpu_->CopyFromHost(src_.data, host_.data(), kN * 4).ok());
+    ASSERT_TRUE(gpu_->Memset0(dst_).ok());
+    ASSERT_TRUE(gpu_->Synchronize().ok());
+  }
+  // dst as floats.
+  std::vector<float> Dst() {
+    std::vector<uint16_t> bits(kN);
+    EXPECT_TRUE(gpu_->CopyToHost(bits.data(), dst_.data, kN * 2).ok());
+    std::vector<float> out;
+    for (uint16_t b : bits) out.push_back(Bf16BitsToFloat(b));
+    return out;
+  }
+  absl::Status Convert(uint64_t key) {
+    return gpu_->RunGraph(key, [&] { return gpu_->Copy2D(dst_, src_); });
+  }
+  CudaGraphCounts Counts() const { return GetCudaGraphCounts(*gpu_); }
+
+  static constexpr int64_t kN = 1000;
+  std::unique_ptr<Backend> gpu_;
+  MatrixView src_, dst_;
+  std::vector<float> host_;
+};
+
+TEST_F(CudaRunGraphTest, ReplayReadsFreshDataAndLruEvictsOldest) {
+  for (uint64_t key = 1; key <= 64; ++key) {
+    Fill(float(key));
+    ASSERT_TRUE(Convert(key).ok());
+    ASSERT_EQ(Dst(), std::vector<float>(kN, float(key)));
+  }
+  EXPECT_EQ(Counts().captures, 64);
+  // Key 1 replayed with new data (now the most recent; 2 the oldest).
+  Fill(-3.0f);
+  ASSERT_TRUE(Convert(1).ok());
+  EXPECT_EQ(Dst(), std::vector<float>(kN, -3.0f));
+  EXPECT_EQ(Counts().captures, 64);
+  // Key 65 evicts key 2; key 2 captures again, key 1 still replays.
+  ASSERT_TRUE(Convert(65).ok());
+  EXPECT_EQ(Counts().captures, 65);
+  Fill(5.0f);
+  ASSERT_TRUE(Convert(2).ok());
+  EXPECT_EQ(Dst(), std::vector<float>(kN, 5.0f));
+  EXPECT_EQ(Counts().captures, 66);
+  ASSERT_TRUE(Convert(1).ok());
+  EXPECT_EQ(Counts().captures, 66);
+  EXPECT_EQ(Counts().launches, 68);
+  EXPECT_EQ(Counts().fallbacks, 0);
+}
+
+TEST_F(CudaRunGraphTest, UncapturableWorkRunsDirectlyAndIsNotRetried) {
+  int runs = 0;
+  auto work = [&]() -> absl::Status {
+    ++runs;
+    if (absl::Status s = gpu_->Copy2D(dst_, src_); !s.ok()) return s;
+    return gpu_->Synchronize();  // a host sync: not capturable
+  };
+  for (int i = 0; i < 2; ++i) {
+    Fill(float(i + 7));
+    ASSERT_TRUE(gpu_->RunGraph(99, work).ok());
+    EXPECT_EQ(Dst(), std::vector<float>(kN, float(i + 7)));
+  }
+  // Call 1: once captured (failed), once directly; call 2: directly only.
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(Counts().fallbacks, 1);
+  EXPECT_EQ(Counts().captures, 0);
+  // The backend works as before after the failed capture.
+  Fill(4.0f);
+  ASSERT_TRUE(Convert(100).ok());
+  EXPECT_EQ(Dst(), std::vector<float>(kN, 4.0f));
+  EXPECT_EQ(Counts().captures, 1);
+}
+
+TEST_F(CudaRunGraphTest, NestedRunGraphIsPartOfTheOuterGraph) {
+  auto outer = [&] { return Convert(7); };
+  Fill(2.0f);
+  ASSERT_TRUE(gpu_->RunGraph(8, outer).ok());
+  EXPECT_EQ(Dst(), std::vector<float>(kN, 2.0f));
+  EXPECT_EQ(Counts().captures, 1);  // key 8 only
+  Fill(6.0f);
+  ASSERT_TRUE(gpu_->RunGraph(8, outer).ok());
+  EXPECT_EQ(Dst(), std::vector<float>(kN, 6.0f));
+  EXPECT_EQ(Counts().captures, 1);
+  EXPECT_EQ(Counts().launches, 2);
+}
+
+}  // namespace
+}  // namespace muond
