@@ -97,6 +97,7 @@ absl::Status MuonOptions::Validate() const {
         "muon ns.syrk_block_rows must be in [0, 16] (0 = auto), got ",
         ns.syrk_block_rows));
   }
+  RETURN_IF_ERROR(ValidateGramOptions(ns));
   return CoefficientSchedule(ns.coefficient_type, ns.custom, ns.num_steps)
       .status();
 }

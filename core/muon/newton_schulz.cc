@@ -40,9 +40,22 @@ std::string_view NsAlgorithmName(NsAlgorithm algorithm) {
   return algorithm == NsAlgorithm::kGram ? "gram" : "standard";
 }
 
-namespace {
+absl::StatusOr<NsAlgorithm> ParseNsAlgorithm(std::string_view name) {
+  for (NsAlgorithm a : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+    if (NsAlgorithmName(a) == name) return a;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "ns_algorithm '", std::string(name), "' is not standard or gram"));
+}
 
-// The Gram fields' rules (ValidateNsOptions).
+absl::StatusOr<DType> ParseGramDType(std::string_view name) {
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    if (DTypeName(t) == name) return t;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("gram_dtype '", std::string(name), "' is not fp16 or bf16"));
+}
+
 absl::Status ValidateGramOptions(const NsOptions& options) {
   if (options.gram_restarts.has_value()) {
     const std::vector<int>& r = *options.gram_restarts;
@@ -74,8 +87,6 @@ absl::Status ValidateGramOptions(const NsOptions& options) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::Status CheckNsRunViews(const MatrixView& in, const MatrixView& out,
                              int64_t batch, int64_t max_batch, int64_t rows,

@@ -56,6 +56,11 @@ namespace muond {
 // kStandard below gram_min_aspect_ratio).
 enum class NsAlgorithm : int32_t { kStandard = 0, kGram = 1 };
 std::string_view NsAlgorithmName(NsAlgorithm algorithm);
+// "standard" or "gram"; InvalidArgument naming ns_algorithm otherwise.
+absl::StatusOr<NsAlgorithm> ParseNsAlgorithm(std::string_view name);
+// Gram NS iteration dtypes by DTypeName: "fp16" or "bf16"; InvalidArgument
+// naming gram_dtype otherwise.
+absl::StatusOr<DType> ParseGramDType(std::string_view name);
 
 struct NsOptions {
   CoefficientType coefficient_type = CoefficientType::kQuintic;
@@ -100,6 +105,9 @@ int SyrkBlockRows(int64_t m, int requested);
 // and >= 1.
 absl::Status ValidateNsOptions(const NsOptions& options,
                                const Backend& backend);
+// The Gram fields' rules of ValidateNsOptions alone (no backend needed:
+// MuonOptions::Validate uses it at registration).
+absl::Status ValidateGramOptions(const NsOptions& options);
 
 // The shape and dtype rules of NewtonSchulz::Run's views (InvalidArgument
 // naming `ns input` / `ns output` / `ns batch`), shared with

@@ -31,6 +31,17 @@ absl::StatusOr<MatmulPrecision> FromProto(v1::MatmulPrecision precision,
                                        precision, field, ParseMatmulPrecision);
 }
 
+absl::StatusOr<NsAlgorithm> FromProto(v1::NsAlgorithm algorithm,
+                                      std::string_view field) {
+  return CoreFromWire<NsAlgorithm>(*v1::NsAlgorithm_descriptor(), algorithm,
+                                   field, ParseNsAlgorithm);
+}
+
+absl::StatusOr<DType> FromProto(v1::NsIterDType dtype, std::string_view field) {
+  return CoreFromWire<DType>(*v1::NsIterDType_descriptor(), dtype, field,
+                             ParseGramDType);
+}
+
 v1::WeightDecayMethod ToProto(WeightDecayMethod method) {
   return WireFromCore<v1::WeightDecayMethod>(
       *v1::WeightDecayMethod_descriptor(), WeightDecayMethodName(method));
@@ -49,6 +60,16 @@ v1::ScaleMode ToProto(ScaleMode mode) {
 v1::MatmulPrecision ToProto(MatmulPrecision precision) {
   return WireFromCore<v1::MatmulPrecision>(*v1::MatmulPrecision_descriptor(),
                                            MatmulPrecisionName(precision));
+}
+
+v1::NsAlgorithm ToProto(NsAlgorithm algorithm) {
+  return WireFromCore<v1::NsAlgorithm>(*v1::NsAlgorithm_descriptor(),
+                                       NsAlgorithmName(algorithm));
+}
+
+v1::NsIterDType GramDTypeToProto(DType dtype) {
+  return WireFromCore<v1::NsIterDType>(*v1::NsIterDType_descriptor(),
+                                       DTypeName(dtype));
 }
 
 }  // namespace muond

@@ -13,6 +13,7 @@
 #include "core/backend/backend.h"
 #include "core/muon/coefficients.h"
 #include "core/muon/muon_update.h"
+#include "core/muon/newton_schulz.h"
 #include "muond/v1/muond.pb.h"
 
 namespace muond {
@@ -24,9 +25,17 @@ absl::StatusOr<CoefficientType> FromProto(v1::CoefficientType type,
 absl::StatusOr<ScaleMode> FromProto(v1::ScaleMode mode, std::string_view field);
 absl::StatusOr<MatmulPrecision> FromProto(v1::MatmulPrecision precision,
                                           std::string_view field);
+absl::StatusOr<NsAlgorithm> FromProto(v1::NsAlgorithm algorithm,
+                                      std::string_view field);
+// Gram NS iteration dtype: NS_ITER_DTYPE_FP16 / _BF16 <-> DType kFloat16 /
+// kBFloat16 (fp16 exists on the wire only here, as an iteration dtype).
+absl::StatusOr<DType> FromProto(v1::NsIterDType dtype, std::string_view field);
 v1::WeightDecayMethod ToProto(WeightDecayMethod method);
 v1::CoefficientType ToProto(CoefficientType type);
 v1::ScaleMode ToProto(ScaleMode mode);
 v1::MatmulPrecision ToProto(MatmulPrecision precision);
+v1::NsAlgorithm ToProto(NsAlgorithm algorithm);
+// kFloat16 or kBFloat16 (ValidateGramOptions refuses the others).
+v1::NsIterDType GramDTypeToProto(DType dtype);
 
 }  // namespace muond

@@ -95,6 +95,23 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
         InGroup(group, FromProto(h.fp32_matmul_prec(), "fp32_matmul_prec")));
   }
   o.ns.use_syrk = h.use_syrk();
+  if (h.ns_algorithm() != v1::NS_ALGORITHM_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(o.ns.algorithm, InGroup(group, FromProto(h.ns_algorithm(),
+                                                              "ns_algorithm")));
+  }
+  if (h.has_gram_restarts()) {
+    o.ns.gram_restarts.emplace(h.gram_restarts().iterations().begin(),
+                               h.gram_restarts().iterations().end());
+  }
+  if (h.gram_dtype() != v1::NS_ITER_DTYPE_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(o.ns.gram_dtype,
+                     InGroup(group, FromProto(h.gram_dtype(), "gram_dtype")));
+  }
+  if (h.has_gram_min_aspect_ratio()) {
+    o.ns.gram_min_aspect_ratio = h.gram_min_aspect_ratio();
+  }
+  // Validate (ValidateGramOptions) names gram_restarts / gram_dtype /
+  // gram_min_aspect_ratio and the rule.
   RETURN_IF_ERROR(InGroup(group, o.Validate()));
   return o;
 }

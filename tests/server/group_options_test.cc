@@ -98,5 +98,61 @@ TEST(GroupOptions, EpsIsValidatedAsAFloat32AndEchoedAsGiven) {
   EXPECT_TRUE(AdamWOptionsFromProto(a).ok());
 }
 
+// Issue 20: the Gram NS fields travel to NsOptions; unset ones keep the
+// defaults; bad values are refused naming the group, the field and the rule.
+TEST(GroupOptions, GramFieldsReachNsOptions) {
+  absl::StatusOr<MuonOptions> d = MuonOptionsFromProto(MuonGroup());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->ns.algorithm, NsAlgorithm::kStandard);
+  EXPECT_FALSE(d->ns.gram_restarts.has_value());
+  EXPECT_EQ(d->ns.gram_dtype, DType::kFloat16);
+  EXPECT_EQ(d->ns.gram_min_aspect_ratio, 0.0);
+
+  v1::ParamGroup g = MuonGroup();
+  v1::MuonHyperparams* h = g.mutable_muon();
+  h->set_ns_algorithm(v1::NS_ALGORITHM_GRAM);
+  h->mutable_gram_restarts()->add_iterations(1);
+  h->mutable_gram_restarts()->add_iterations(3);
+  h->set_gram_dtype(v1::NS_ITER_DTYPE_BF16);
+  h->set_gram_min_aspect_ratio(2.5);
+  absl::StatusOr<MuonOptions> o = MuonOptionsFromProto(g);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->ns.algorithm, NsAlgorithm::kGram);
+  EXPECT_EQ(o->ns.gram_restarts, (std::vector<int>{1, 3}));
+  EXPECT_EQ(o->ns.gram_dtype, DType::kBFloat16);
+  EXPECT_EQ(o->ns.gram_min_aspect_ratio, 2.5);
+
+  // A set but empty list is "no restart", not the default.
+  h->mutable_gram_restarts()->clear_iterations();
+  o = MuonOptionsFromProto(g);
+  ASSERT_TRUE(o.ok());
+  ASSERT_TRUE(o->ns.gram_restarts.has_value());
+  EXPECT_TRUE(o->ns.gram_restarts->empty());
+}
+
+TEST(GroupOptions, BadGramFieldsAreRefused) {
+  ExpectMuonRefused(
+      [](auto* h) { h->mutable_gram_restarts()->add_iterations(5); },
+      "gram_restarts", "5");
+  ExpectMuonRefused(
+      [](auto* h) { h->mutable_gram_restarts()->add_iterations(0); },
+      "gram_restarts", "0");
+  ExpectMuonRefused([](auto* h) { h->set_gram_min_aspect_ratio(0.5); },
+                    "gram_min_aspect_ratio", "0.5");
+  v1::ParamGroup g = MuonGroup();
+  g.mutable_muon()->mutable_gram_restarts()->add_iterations(3);
+  g.mutable_muon()->mutable_gram_restarts()->add_iterations(2);
+  EXPECT_THAT(MuonOptionsFromProto(g).status().message(),
+              HasSubstr("group 'g': ns gram_restarts must be ascending"));
+  g = MuonGroup();
+  g.mutable_muon()->set_ns_algorithm(v1::NsAlgorithm(7));
+  EXPECT_THAT(MuonOptionsFromProto(g).status().message(),
+              HasSubstr("group 'g': ns_algorithm: value 7 is not one of"));
+  g = MuonGroup();
+  g.mutable_muon()->set_gram_dtype(v1::NsIterDType(9));
+  EXPECT_THAT(MuonOptionsFromProto(g).status().message(),
+              HasSubstr("group 'g': gram_dtype: value 9 is not one of"));
+}
+
 }  // namespace
 }  // namespace muond

@@ -79,6 +79,30 @@ TEST(ProtoConvertTest, MatmulPrecision) {
   EXPECT_EQ(ToProto(MatmulPrecision::kMedium), v1::MATMUL_PRECISION_MEDIUM);
 }
 
+TEST(ProtoConvertTest, NsAlgorithm) {
+  ExpectRoundTrip<NsAlgorithm, v1::NsAlgorithm>(
+      {NsAlgorithm::kStandard, NsAlgorithm::kGram},
+      *v1::NsAlgorithm_descriptor());
+  EXPECT_EQ(ToProto(NsAlgorithm::kGram), v1::NS_ALGORITHM_GRAM);
+}
+
+// The Gram iteration dtype: fp16 and bf16 both ways, nothing else.
+TEST(ProtoConvertTest, GramIterDType) {
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    absl::StatusOr<DType> back = FromProto(GramDTypeToProto(t), "gram_dtype");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, t);
+  }
+  EXPECT_EQ(GramDTypeToProto(DType::kFloat16), v1::NS_ITER_DTYPE_FP16);
+  EXPECT_EQ(GramDTypeToProto(DType::kBFloat16), v1::NS_ITER_DTYPE_BF16);
+  EXPECT_EQ(v1::NsIterDType_descriptor()->value_count(), 3);
+  for (int bad : {0, 99}) {
+    EXPECT_THAT(
+        FromProto(v1::NsIterDType(bad), "gram_dtype").status().message(),
+        HasSubstr("gram_dtype: "));
+  }
+}
+
 TEST(ProtoConvertTest, CostModel) {
   ExpectRoundTrip<CostModel, v1::CostModel>({kNsCost, kFlops, kMeasured},
                                             *v1::CostModel_descriptor());
@@ -112,8 +136,7 @@ TEST(CheckDomainCoordinates, ReplicaInsideTheDpAxis) {
   EXPECT_TRUE(CheckDomainCoordinates(size, 2, 1, 0, "here").ok());
   const absl::Status outside = CheckDomainCoordinates(size, 3, 0, 0, "here");
   EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(outside.message(),
-            "here: replica d=3 lies outside dp_size 3");
+  EXPECT_EQ(outside.message(), "here: replica d=3 lies outside dp_size 3");
   EXPECT_THAT(CheckDomainCoordinates(size, 0, 2, 0, "here").message(),
               HasSubstr("(g=2, t=0) lies outside 2x1"));
   EXPECT_THAT(
