@@ -37,7 +37,7 @@ import sys
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).absolute().parent.parent
 COEFFS_CC = ROOT / "core/muon/coefficients.cc"
 PERTURBATION = -4e-4
 BLOWUP = 1e8
@@ -116,9 +116,9 @@ def best_restarts(coefs, sigma):
     return every, score(coefs, set(every), sigma)
 
 
-def table(max_steps):
+def table(max_steps, path=COEFFS_CC):
     sigma = np.logspace(0, -10, 10000)
-    sets = builtin_sets()
+    sets = builtin_sets(path)
     return {(name, steps): best_restarts(schedule(name, sets[name], steps),
                                          sigma)
             for name in SETS for steps in range(1, max_steps + 1)}
@@ -141,10 +141,12 @@ def main():
     p.add_argument("--max-steps", type=int, default=10)
     p.add_argument("--check", action="store_true",
                    help="compare with the table in core/muon/coefficients.cc")
+    p.add_argument("--coefficients", type=pathlib.Path, default=COEFFS_CC,
+                   help="coefficients.cc to read (default: this checkout's)")
     args = p.parse_args()
-    t = table(args.max_steps)
+    t = table(args.max_steps, args.coefficients)
     if args.check:
-        got = committed_table()
+        got = committed_table(args.coefficients)
         want = {k: v[0] for k, v in t.items()}
         if got != want:
             for k in sorted(set(got) | set(want)):

@@ -76,6 +76,7 @@ refused at step(). The optimizer does not pickle: save its state_dict.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import MutableMapping
@@ -392,6 +393,44 @@ def _override(wname: str, group: dict) -> pb.GroupOverride:
     return o
 
 
+def check_gram_options(gi: int, group: dict) -> None:
+    """A Muon group's Gram Newton-Schulz options (ns_algorithm, gram_restarts,
+    gram_dtype, gram_min_aspect_ratio: fixed at registration) are what the
+    daemon accepts, else ValueError naming group and key before any RPC. The
+    rules' home is the daemon's ValidateGramOptions
+    (core/muon/newton_schulz.cc); they are repeated here so that a typo
+    fails at construction, not at registration."""
+    label = _group_label(gi, group)
+    for key, enum in (("ns_algorithm", pb.NsAlgorithm), ("gram_dtype", pb.NsIterDType)):
+        allowed = _wire_enums.names(enum)
+        if group.get(key) not in allowed:
+            raise ValueError(f"{label}: {key!r} must be one of {allowed}, got {group.get(key)!r}")
+    restarts = group.get("gram_restarts")
+    if restarts is not None:
+        steps = group.get("ns_steps", 5)
+        if isinstance(restarts, (str, bytes)) or not hasattr(restarts, "__iter__"):
+            raise ValueError(f"{label}: 'gram_restarts' must be None or a list of ints, "
+                             f"got {restarts!r}")
+        restarts = list(restarts)
+        for i, r in enumerate(restarts):
+            if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r < steps:
+                raise ValueError(f"{label}: 'gram_restarts' entries must be ints in "
+                                 f"[1, ns_steps={steps}), got {r!r}")
+            if i and r <= restarts[i - 1]:
+                raise ValueError(f"{label}: 'gram_restarts' must be ascending and distinct, "
+                                 f"got {restarts!r}")
+    ratio = group.get("gram_min_aspect_ratio")
+    if ratio is not None:
+        ok = not isinstance(ratio, (bool, str, bytes))
+        try:
+            value = float(ratio) if ok else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not (value == 0.0 or (math.isfinite(value) and value >= 1.0)):
+            raise ValueError(f"{label}: 'gram_min_aspect_ratio' must be None, 0 (the default) "
+                             f"or a finite number >= 1, got {ratio!r}")
+
+
 def _set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
     """The group's registered hyperparameters on the wire group (raises
     TypeError/ValueError on a value the wire cannot carry)."""
@@ -414,6 +453,10 @@ def _set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
         extra_scale_factor=group["extra_scale_factor"],
         ns_batch_size=group["ns_batch_size"], use_syrk=group["use_syrk"],
         **enums))
+    if group.get("gram_restarts") is not None:
+        wg.muon.gram_restarts.CopyFrom(pb.GramRestarts(iterations=list(group["gram_restarts"])))
+    if group.get("gram_min_aspect_ratio") is not None:
+        wg.muon.gram_min_aspect_ratio = float(group["gram_min_aspect_ratio"])
 
 
 class Muon(torch.optim.Optimizer):
@@ -423,7 +466,10 @@ class Muon(torch.optim.Optimizer):
                  coefficient_type: str | None = None, scale_mode: str | None = None,
                  extra_scale_factor: float | None = None, ns_batch_size: int = 1,
                  weight_decay_method: str = "decoupled", fp32_matmul_prec: str = "medium",
-                 use_syrk: bool = False, betas=(0.9, 0.95), adamw_eps: float = 1e-8,
+                 use_syrk: bool = False, ns_algorithm: str = "standard",
+                 gram_restarts=None, gram_dtype: str = "fp16",
+                 gram_min_aspect_ratio: float | None = None,
+                 betas=(0.9, 0.95), adamw_eps: float = 1e-8,
                  daemons=(), job_id: str | None = None, gtp_size: int = 1, tp_size: int = 1,
                  shard_mode: str | None = None, g: int = 0, t: int = 0,
                  domain_name: str = "dense", dp_size: int | None = None,
@@ -448,6 +494,11 @@ class Muon(torch.optim.Optimizer):
                         extra_scale_factor=extra_scale_factor, ns_batch_size=ns_batch_size,
                         weight_decay_method=weight_decay_method,
                         fp32_matmul_prec=fp32_matmul_prec, use_syrk=use_syrk,
+                        ns_algorithm=ns_algorithm,
+                        gram_restarts=(None if gram_restarts is None
+                                       else gram_restarts if isinstance(gram_restarts, (str, bytes))
+                                       else list(gram_restarts)),
+                        gram_dtype=gram_dtype, gram_min_aspect_ratio=gram_min_aspect_ratio,
                         algorithm="muon")
         params = list(params)
         if params and isinstance(params[0], dict):  # AdamW groups: their own betas, eps
@@ -463,6 +514,9 @@ class Muon(torch.optim.Optimizer):
                 # and "momentum" when it is not, as for torch.optim.Muon.
                 defaults["betas"] = tuple(betas)
         super().__init__(params, defaults)
+        for gi, grp in enumerate(self.param_groups):
+            if grp["algorithm"] == "muon":
+                check_gram_options(gi, grp)
         self.state = _LazyState(self)  # the daemons hold it; see _LazyState
         self._views: list = []  # (param, the shared-buffer tensor it is bound to, its address)
 
@@ -1242,6 +1296,8 @@ class Muon(torch.optim.Optimizer):
                 raise ValueError(f"param {name}: muond handles cpu and cuda tensors, got "
                                  f"{p.device}")
         check_live(gi, group)
+        if algorithm == "muon":
+            check_gram_options(gi, group)
         try:
             _set_hyperparams(pb.ParamGroup(), group)
         except (TypeError, ValueError, KeyError) as e:

@@ -49,4 +49,6 @@ MUON_ENUM_FIELDS = {
     "coefficient_type": pb.CoefficientType,
     "scale_mode": pb.ScaleMode,
     "fp32_matmul_prec": pb.MatmulPrecision,
+    "ns_algorithm": pb.NsAlgorithm,
+    "gram_dtype": pb.NsIterDType,
 }
