@@ -21,6 +21,9 @@ muond's rule (the peer picks positions for a fixed count, default 1):
     peer and the paper always restart once, and the score is a proxy for
     fp16 rounding, not a bound.
   * no placement passes: restart at every iteration 1..num_steps-1.
+Outside the table (coefficient_type custom, num_steps > 10) muond does not
+tune: DefaultGramRestarts (core/muon/coefficients.h) restarts every other
+iteration from 2, more often than any tuned row.
 Coefficients are read from core/muon/coefficients.cc (rounded to fp32 as
 muond stores them) and scheduled as CoefficientSchedule does (cycle, or
 repeat the last tuple for polar_express, cans and deepseekv4).

@@ -112,6 +112,28 @@ TEST(GramNewtonSchulz, Fp32MatchesFp64ReferenceWideAndTall) {
   }
 }
 
+// Short and custom schedules: one step (no R update, no restart possible),
+// two steps, and a cubic step (c == 0: Z's product runs with alpha 0).
+TEST(GramNewtonSchulz, ShortAndCubicSchedulesMatchTheReference) {
+  NsOptions o = GramOptions(CoefficientType::kCustom, 1);
+  o.custom = {{3.0f, -3.2f, 1.2f}, {1.5f, -0.5f, 0.0f}, {2.0f, -1.5f, 0.5f}};
+  for (int steps : {1, 2, 3, 7}) {
+    o.num_steps = steps;
+    for (auto [rows, cols] : kShapes) {
+      const std::vector<float> g = Random(rows * cols, steps * 31 + rows);
+      const std::vector<int> restarts = GramRestarts(o);
+      const std::vector<float> got = RunGram(o, g, rows, cols);
+      const Mat want = testing::GramNewtonSchulzRef(
+          g, rows, cols, ScheduleOf(o), restarts, o.eps);
+      EXPECT_LT(testing::RelFrobDiff(got, want), 1e-5)
+          << steps << " steps " << rows << "x" << cols;
+      EXPECT_LT(RelDiff(want, testing::NewtonSchulzRef(g, rows, cols,
+                                                       ScheduleOf(o), o.eps)),
+                1e-10);
+    }
+  }
+}
+
 // fp16 (11 significant bits) and bf16 (8) iterations vs the fp64 reference
 // (measured 1.1e-3..1.7e-3 and 0.9e-2..1.7e-2 on these shapes):
 // within their rounding, and fp16 closer than bf16 (why it is the default).
