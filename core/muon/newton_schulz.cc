@@ -28,12 +28,8 @@ DType NsWorkDType(MatmulPrecision precision) {
 }
 
 int SyrkBlockRows(int64_t m, int requested) {
-  if (requested > 0)
-    return int(std::min<int64_t>(requested, std::max<int64_t>(m / 8, 1)));
-  // H200 sweep (bench/results/gpu_h200.md, "Symmetric path"): k = 4 beats the
-  // full product by 6% (4096 x 4096) to 13% (4096 x 14336) and beats k = 2, 3
-  // and 8; for m <= 2048, single or batched, every k > 1 was slower.
-  return m >= 4096 ? 4 : 1;
+  if (requested <= 0) return 0;
+  return int(std::min<int64_t>(requested, std::max<int64_t>(m / 8, 1)));
 }
 
 std::string_view NsAlgorithmName(NsAlgorithm algorithm) {
@@ -175,9 +171,18 @@ NewtonSchulz::NewtonSchulz(Backend* backend, NsOptions options, int64_t rows,
       n_(std::max(rows, cols)),
       tall_(rows > cols),
       block_rows_(
-          options_.use_syrk ? SyrkBlockRows(m_, options_.syrk_block_rows) : 1),
+          options_.use_syrk ? SyrkBlockRows(m_, options_.syrk_block_rows) : 0),
       work_dtype_(NsWorkDType(options_.precision)),
-      schedule_(std::move(schedule)) {}
+      schedule_(std::move(schedule)) {
+  // use_syrk with syrk_block_rows = 0 forces the symmetric call; otherwise it
+  // is taken where the backend has a lower-triangle kernel for the shape
+  // (A: m x m from inner n, B: m x m from inner m).
+  const bool forced = options_.use_syrk && block_rows_ == 0;
+  sym_gram_ = block_rows_ == 0 &&
+              (forced || backend_->FastSymmetricGemm(m_, n_, work_dtype_));
+  sym_poly_ = block_rows_ == 0 &&
+              (forced || backend_->FastSymmetricGemm(m_, m_, work_dtype_));
+}
 
 NewtonSchulz::~NewtonSchulz() {
   for (void* p : {x_[0], x_[1], a_, b_}) {
@@ -233,8 +238,13 @@ absl::Status NewtonSchulz::Gram(const MatrixView& x, int64_t sx,
                                 const MatrixView& a, int64_t batch) {
   const int64_t mm = m_ * m_;
   const Op lhs = tall_ ? Op::kT : Op::kN, rhs = tall_ ? Op::kN : Op::kT;
+  if (sym_gram_) {
+    return backend_->SymmetricGemmStridedBatchedOut(
+        lhs, rhs, 1.0f, x, sx, x, sx, 0.0f, a, mm, a, mm, batch,
+        options_.precision);
+  }
   const int k = block_rows_;
-  if (k == 1) return Mm(lhs, rhs, 1.0f, x, sx, x, sx, 0.0f, a, mm, batch);
+  if (k <= 1) return Mm(lhs, rhs, 1.0f, x, sx, x, sx, 0.0f, a, mm, batch);
   for (int i = 0; i < k; ++i) {
     const int64_t i0 = SyrkBlockStart(m_, k, i);
     const int64_t ti = SyrkBlockStart(m_, k, i + 1) - i0;
@@ -252,8 +262,14 @@ absl::Status NewtonSchulz::Gram(const MatrixView& x, int64_t sx,
 absl::Status NewtonSchulz::Poly(const MatrixView& a, float b, float c,
                                 const MatrixView& b_out, int64_t batch) {
   const int64_t mm = m_ * m_;
+  if (sym_poly_) {
+    // A is symmetric, so A A = A A^T: the (N,T) pair the kernel takes.
+    return backend_->SymmetricGemmStridedBatchedOut(
+        Op::kN, Op::kT, c, a, mm, a, mm, b, a, mm, b_out, mm, batch,
+        options_.precision);
+  }
   const int k = block_rows_;
-  if (k == 1) {
+  if (k <= 1) {
     return MmOut(Op::kN, Op::kN, c, a, mm, a, mm, b, a, mm, b_out, mm, batch);
   }
   for (int i = 0; i < k; ++i) {

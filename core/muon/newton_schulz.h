@@ -21,17 +21,17 @@
 //             and output in bf16 too (NsWorkDType), as torch.optim.Muon
 //             does (grad.bfloat16() first, the bf16 result added to the
 //             fp32 param): no fp32 copies on the way in or out.
-// use_syrk (opt-in, any precision and shape): A = X X^T
-// and B = b A + c A A^T are symmetric, so only the lower triangle is computed
-// and then mirrored. The triangle is covered by `syrk_block_rows` (k) block
-// rows of height ~m/k: block row i is one GEMM of (m/k) x ((i+1) m/k), so the
-// two products cost (k+1)/(2k) of the full ones (k = 4: 5/8). The saving
-// only pays where the block GEMMs still fill the GPU: on an H200 k = 4 is
-// the fastest for m >= 4096 and every k > 1 is slower than the full product
-// for m <= 2048, so the default (syrk_block_rows = 0) runs k = 4 for
-// m >= 4096 and the full product below (use_syrk is then a no-op)
-// (bench/results/gpu_h200.md, "Symmetric path"). Same math, different
-// rounding.
+// Symmetric products: A = X X^T and B = b A + c A A are symmetric, so they
+// can be formed by Backend::SymmetricGemmStridedBatchedOut (lower triangle +
+// mirror). By default that call is used where the backend has a
+// lower-triangle kernel for the shape (FastSymmetricGemm: the sm_90a kernel on
+// H100/H200 for bf16/fp16 work, i.e. kMedium, 1.2-1.7x faster than cuBLAS on
+// those products; bench/README.md, "Symmetric GEMM") and full products
+// elsewhere. use_syrk forces it everywhere (on other backends and devices:
+// full product + mirror). use_syrk with syrk_block_rows = k >= 1 runs the
+// legacy block-row path instead (k GEMMs over lower block rows of height
+// ~m/k, then the mirror; k = 1 is the full product), kept for comparison
+// benchmarks. Same math, different rounding.
 //
 // A batch of same-shape matrices runs through strided-batched GEMMs; a batch
 // of one takes the unbatched (Gemm) path, so its result is bitwise equal to
@@ -68,9 +68,12 @@ struct NsOptions {
   int num_steps = 5;                   // 1..kMaxNsSteps (bounds.h)
   float eps = 1e-15f;                  // > 0; EO HEAD default (commit 7ebd3cf)
   MatmulPrecision precision = MatmulPrecision::kHighest;
+  // Symmetric products through SymmetricGemmStridedBatchedOut on every
+  // backend (the default takes them only where FastSymmetricGemm).
   bool use_syrk = false;
-  // Lower-triangle block rows for use_syrk: 0 = auto (SyrkBlockRows), else
-  // 1..16 (1 = the full product, no FLOPs saved; for benchmarks).
+  // With use_syrk: 0 = SymmetricGemmStridedBatchedOut; 1..16 = the legacy
+  // lower-triangle block-row path with that many block rows (1 = the full
+  // product; for benchmarks).
   int syrk_block_rows = 0;
   NsAlgorithm algorithm = NsAlgorithm::kStandard;
   // Gram NS restart iterations (each in [1, num_steps), ascending, distinct;
@@ -90,9 +93,9 @@ struct NsOptions {
 // exchanges them) in this dtype.
 DType NsWorkDType(MatmulPrecision precision);
 
-// The block-row count use_syrk runs with for an m x m product: `requested`
-// when > 0 (at most m/8, blocks of >= 8 rows), else the default for m: 4 for
-// m >= 4096, 1 (the full product) below.
+// The legacy block-row count use_syrk runs with for an m x m product:
+// `requested` clamped to m/8 (blocks of >= 8 rows); 0 when requested <= 0
+// (SymmetricGemmStridedBatchedOut, no block rows).
 int SyrkBlockRows(int64_t m, int requested);
 
 // InvalidArgument naming the field and the rule: num_steps out of [1,
@@ -174,7 +177,8 @@ class NewtonSchulz {
                      int64_t sa, const MatrixView& b, int64_t sb, float beta,
                      const MatrixView& c, int64_t sc, const MatrixView& d,
                      int64_t sd, int64_t batch);
-  // A = X X^T (or X^T X when tall), full or lower-triangle blocks + mirror.
+  // A = X X^T (or X^T X when tall): symmetric call, full product or legacy
+  // lower-triangle block rows + mirror.
   absl::Status Gram(const MatrixView& x, int64_t sx, const MatrixView& a,
                     int64_t batch);
   // b_out = b*A + c*A*A (b_out preloaded with A).
@@ -186,7 +190,9 @@ class NewtonSchulz {
   int64_t rows_, cols_, max_batch_;
   int64_t m_, n_;  // m = min(rows, cols), n = max
   bool tall_;
-  int block_rows_;  // lower-triangle block rows of Gram/Poly; 1 = full product
+  int block_rows_;  // legacy block rows of Gram/Poly; 0 or 1: none
+  bool sym_gram_;   // A through SymmetricGemmStridedBatchedOut
+  bool sym_poly_;   // B through SymmetricGemmStridedBatchedOut
   DType work_dtype_;
   std::vector<NsCoefficients> schedule_;
   void* x_[2] = {nullptr, nullptr};         // batch * rows * cols, work dtype

@@ -1,9 +1,14 @@
 """cuda_library: .cu files compiled by nvcc into objects that a cc_library links.
 
 Bazel 4 has no CUDA rules and Debian has no rules_cuda, so each .cu becomes a
-genrule that runs /usr/local/cuda/bin/nvcc (sm_90 and sm_80 SASS, -O3,
-C++17, -fPIC). Keep .cu files self-contained: they may include CUDA headers
-and project headers listed in `hdrs`/`cu_deps_hdrs`, not Abseil or gRPC.
+genrule that runs /usr/local/cuda/bin/nvcc (-O3, C++17, -fPIC; by default
+sm_90 and sm_80 SASS). Keep .cu files self-contained: they may include CUDA
+headers and project headers listed in `hdrs`/`cu_hdrs`, not Abseil or gRPC.
+
+`gencode` replaces the default targets for one library (the sm_90a kernels:
+wgmma/TMA exist only on the `a` target); `cu_includes` adds -I directories
+(e.g. external/cutlass/include, with the headers in `cu_hdrs`); `copts` adds
+nvcc flags.
 """
 
 NVCC = "/usr/local/cuda/bin/nvcc"
@@ -11,12 +16,29 @@ NVCC_FLAGS = " ".join([
     "-std=c++17",
     "-O3",
     "-Xcompiler -fPIC",
-    "-gencode arch=compute_90,code=sm_90",
-    "-gencode arch=compute_80,code=sm_80",
     "-I.",
 ])
+DEFAULT_GENCODE = [
+    "arch=compute_90,code=sm_90",
+    "arch=compute_80,code=sm_80",
+]
 
-def cuda_library(name, srcs, hdrs = [], deps = [], cu_hdrs = [], visibility = None):
+def cuda_library(
+        name,
+        srcs,
+        hdrs = [],
+        deps = [],
+        cu_hdrs = [],
+        gencode = None,
+        cu_includes = [],
+        copts = [],
+        visibility = None):
+    flags = " ".join(
+        [NVCC_FLAGS] +
+        ["-gencode " + g for g in (gencode or DEFAULT_GENCODE)] +
+        ["-I" + i for i in cu_includes] +
+        copts,
+    )
     objs = []
     for src in srcs:
         obj = "_objs_%s/%s" % (name, src.replace(".cu", ".pic.o"))
@@ -24,7 +46,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], cu_hdrs = [], visibility = No
             name = "%s_%s_nvcc" % (name, src.replace("/", "_").replace(".", "_")),
             srcs = [src] + hdrs + cu_hdrs,
             outs = [obj],
-            cmd = "%s %s -c $(location %s) -o $@" % (NVCC, NVCC_FLAGS, src),
+            cmd = "%s %s -c $(location %s) -o $@" % (NVCC, flags, src),
         )
         objs.append(obj)
     native.cc_library(

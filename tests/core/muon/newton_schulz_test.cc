@@ -193,10 +193,11 @@ TEST(NewtonSchulz, BatchedEqualsPerSliceAndBatchOfOneIsUnbatched) {
   }
 }
 
-// The symmetric path computes only lower-triangle block rows of A = X X^T and
-// B = b A + c A^2 and mirrors them: for every block-row count (including the
-// clamp to m/8 rows per block and uneven last rows), both orientations and a
-// batch, it must equal the fp64 reference as the full-product path does.
+// The symmetric path (block-row count 0: SymmetricGemmStridedBatchedOut; >= 1:
+// the legacy lower-triangle block rows of A = X X^T and B = b A + c A^2, then
+// the mirror): for every count (including the clamp to m/8 rows per block and
+// uneven last rows), both orientations and a batch, it must equal the fp64
+// reference as the full-product path does.
 TEST(NewtonSchulz, SymmetricPathMatchesFp64ReferenceForEveryBlockRowCount) {
   auto backend = MakeCpuBackend();
   NsOptions o;
@@ -226,11 +227,12 @@ TEST(NewtonSchulz, SymmetricPathMatchesFp64ReferenceForEveryBlockRowCount) {
   }
 }
 
+// 0 (the default) means SymmetricGemmStridedBatchedOut, no block rows;
+// explicit counts are clamped to blocks of at least 8 rows.
 TEST(NewtonSchulz, SyrkBlockRowsDefaultsAndClamp) {
-  EXPECT_EQ(SyrkBlockRows(4096, 0), 4);
-  EXPECT_EQ(SyrkBlockRows(14336, 0), 4);
-  EXPECT_EQ(SyrkBlockRows(2048, 0), 1);
-  EXPECT_EQ(SyrkBlockRows(768, 0), 1);
+  EXPECT_EQ(SyrkBlockRows(4096, 0), 0);
+  EXPECT_EQ(SyrkBlockRows(768, 0), 0);
+  EXPECT_EQ(SyrkBlockRows(4096, 1), 1);
   EXPECT_EQ(SyrkBlockRows(4096, 8), 8);
   EXPECT_EQ(SyrkBlockRows(40, 16), 5);  // blocks of at least 8 rows
 }

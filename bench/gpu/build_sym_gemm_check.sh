@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds dist/sym_gemm_sm90_check (bench/gpu/sym_gemm_sm90_check.cu) with nvcc
+# alone: cudart static, cuBLAS dynamic, so that it runs on a GPU machine that
+# has the CUDA toolkit's libraries but no Bazel. CUTLASS headers come from
+# third_party/cutlass (deploy/setup.sh links them).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cutlass=third_party/cutlass
+mkdir -p dist/obj
+flags=(-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I.
+       -I"$cutlass/include" --expt-relaxed-constexpr -DNDEBUG)
+/usr/local/cuda/bin/nvcc "${flags[@]}" -c core/backend/sym_gemm_sm90.cu -o dist/obj/sym_gemm_sm90.o
+/usr/local/cuda/bin/nvcc "${flags[@]}" -c core/backend/cuda_kernels.cu -o dist/obj/cuda_kernels.o
+/usr/local/cuda/bin/nvcc "${flags[@]}" -c bench/gpu/sym_gemm_sm90_check.cu -o dist/obj/check.o
+/usr/local/cuda/bin/nvcc -cudart static dist/obj/*.o -o dist/sym_gemm_sm90_check -lcublas
+echo "built dist/sym_gemm_sm90_check"

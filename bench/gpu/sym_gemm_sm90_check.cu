@@ -1,0 +1,336 @@
+// Standalone correctness check and timing table for the sm_90a symmetric
+// GEMM (core/backend/sym_gemm_sm90.cu), built with nvcc alone so that it runs
+// on a GPU machine without Bazel (bench/gpu/build_sym_gemm_check.sh). The
+// Bazel targets (core/backend:sym_gemm_cuda_test, bench/gpu:sym_gemm_bench)
+// test the same kernel through the CUDA backend.
+//
+// Correctness: every d is compared with cuBLAS (cublasGemmStridedBatchedEx,
+// fp32 accumulation, same inputs) within
+//   |d - ref| <= 4 u |ref| + 2 k 2^-24 (|alpha| S + |beta| |c|) + tiny,
+// u the output type's unit roundoff (bf16 2^-8, fp16 2^-11), S = |op(a)| |op(b)|
+// (fp32 GEMM of absolute values): both sides round once from an fp32 sum whose
+// order differs, so each fp32 sum is within k 2^-24 S of the exact one and the
+// two roundings differ by at most a few ulp. d must equal d^T bitwise, and the
+// padding columns (ld > n) must keep their sentinel.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/backend/cuda_kernels.h"
+#include "core/backend/sym_gemm_sm90.h"
+
+namespace sg = muond::sym_gemm_sm90;
+
+#define CK(x)                                                              \
+  do {                                                                     \
+    cudaError_t e_ = (x);                                                  \
+    if (e_ != cudaSuccess) {                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_),      \
+                  __FILE__, __LINE__);                                     \
+      std::exit(2);                                                        \
+    }                                                                      \
+  } while (0)
+#define CB(x)                                                              \
+  do {                                                                     \
+    cublasStatus_t s_ = (x);                                               \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                     \
+      std::printf("cuBLAS error %d at %s:%d\n", int(s_), __FILE__, __LINE__); \
+      std::exit(2);                                                        \
+    }                                                                      \
+  } while (0)
+
+static cublasHandle_t g_cublas;
+static int g_failures = 0;
+
+static uint16_t ToBits(float v, bool bf16) {
+  if (bf16) {
+    __nv_bfloat16 h = __float2bfloat16_rn(v);
+    uint16_t b;
+    std::memcpy(&b, &h, 2);
+    return b;
+  }
+  __half h = __float2half_rn(v);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+static float FromBits(uint16_t b, bool bf16) {
+  if (bf16) {
+    __nv_bfloat16 h;
+    std::memcpy(&h, &b, 2);
+    return __bfloat162float(h);
+  }
+  __half h;
+  std::memcpy(&h, &b, 2);
+  return __half2float(h);
+}
+
+static int64_t Up8(int64_t v) { return (v + 7) / 8 * 8; }
+
+// Row-major d = alpha op(a) op(b) + beta c through cuBLAS (column-major: the
+// transposed problem d^T = op(b)^T op(a)^T).
+static void CublasRef(bool trans_a, bool trans_b, int64_t n, int64_t k,
+                      float alpha, const void* a, int64_t lda, int64_t sa,
+                      const void* b, int64_t ldb, int64_t sb, float beta,
+                      void* d, int64_t ldd, int64_t sd, int64_t batch,
+                      cudaDataType_t t, cublasComputeType_t ct) {
+  CB(cublasGemmStridedBatchedEx(
+      g_cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(n), int(k), &alpha, b,
+      t, int(ldb), sb, a, t, int(lda), sa, &beta, d, t, int(ldd), sd,
+      int(batch), ct, CUBLAS_GEMM_DEFAULT));
+}
+
+struct Case {
+  bool bf16;
+  bool trans_a;  // false: X X^T (N,T); true: X^T X (T,N)
+  int64_t n, k, batch;
+  float alpha, beta;
+  int64_t extra_ld;  // padding beyond Up8(cols)
+};
+
+static void RunCase(const Case& cs) {
+  const bool bf = cs.bf16;
+  const int64_t n = cs.n, k = cs.k, batch = cs.batch;
+  // X is n x k for (N,T), k x n for (T,N); a = b = X.
+  const int64_t xr = cs.trans_a ? k : n, xc = cs.trans_a ? n : k;
+  const int64_t ldx = Up8(xc) + cs.extra_ld, sx = ldx * xr;
+  const int64_t ldd = Up8(n) + cs.extra_ld, sd = ldd * n;
+  std::mt19937 rng(uint32_t(n * 131 + k * 7 + batch + (bf ? 1 : 0) +
+                            (cs.trans_a ? 3 : 0)));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<uint16_t> hx(sx * batch), hc(sd * batch);
+  std::vector<float> hxa(sx * batch);
+  for (int64_t i = 0; i < sx * batch; ++i) {
+    hx[i] = ToBits(u(rng), bf);
+    hxa[i] = std::fabs(FromBits(hx[i], bf));
+  }
+  // Symmetric c.
+  for (int64_t l = 0; l < batch; ++l)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j <= i; ++j) {
+        const uint16_t v = ToBits(u(rng), bf);
+        hc[l * sd + i * ldd + j] = hc[l * sd + j * ldd + i] = v;
+      }
+  const uint16_t sentinel = 0x7fc1;  // a NaN in both types
+  void *dx, *dxa, *dc, *dd, *dref, *ds;
+  CK(cudaMalloc(&dx, sx * batch * 2));
+  CK(cudaMalloc(&dxa, sx * batch * 4));
+  CK(cudaMalloc(&dc, sd * batch * 2));
+  CK(cudaMalloc(&dd, sd * batch * 2));
+  CK(cudaMalloc(&dref, sd * batch * 2));
+  CK(cudaMalloc(&ds, sd * batch * 4));
+  CK(cudaMemcpy(dx, hx.data(), sx * batch * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dxa, hxa.data(), sx * batch * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dc, hc.data(), sd * batch * 2, cudaMemcpyHostToDevice));
+  std::vector<uint16_t> fill(sd * batch, sentinel);
+  CK(cudaMemcpy(dd, fill.data(), sd * batch * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dref, hc.data(), sd * batch * 2, cudaMemcpyHostToDevice));
+
+  sg::Args a;
+  a.elem = bf ? sg::Elem::kBFloat16 : sg::Elem::kFloat16;
+  a.trans_a = cs.trans_a;
+  a.trans_b = !cs.trans_a;
+  a.n = n;
+  a.k = k;
+  a.batch = batch;
+  a.alpha = cs.alpha;
+  a.beta = cs.beta;
+  a.a = a.b = dx;
+  a.lda = a.ldb = ldx;
+  a.stride_a = a.stride_b = sx;
+  a.c = dc;
+  a.ldc = ldd;
+  a.stride_c = sd;
+  a.d = dd;
+  a.ldd = ldd;
+  a.stride_d = sd;
+  const char* why = sg::Unsupported(a);
+  if (why[0] != 0) {
+    std::printf("FAIL unsupported: %s\n", why);
+    ++g_failures;
+    return;
+  }
+  CK(sg::Run(a, nullptr));
+  CK(cudaDeviceSynchronize());
+  const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
+  CublasRef(a.trans_a, a.trans_b, n, k, cs.alpha, dx, ldx, sx, dx, ldx, sx,
+            cs.beta, dref, ldd, sd, batch, t, CUBLAS_COMPUTE_32F);
+  const float one = 1.f, zero = 0.f;
+  (void)one;
+  // S = |op(X)| |op(X)| in fp32.
+  CB(cublasGemmStridedBatchedEx(
+      g_cublas, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(n), int(k), &one,
+      dxa, CUDA_R_32F, int(ldx), sx, dxa, CUDA_R_32F, int(ldx), sx, &zero, ds,
+      CUDA_R_32F, int(ldd), sd, int(batch), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+  CK(cudaDeviceSynchronize());
+  std::vector<uint16_t> hd(sd * batch), hr(sd * batch);
+  std::vector<float> hs(sd * batch);
+  CK(cudaMemcpy(hd.data(), dd, sd * batch * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hr.data(), dref, sd * batch * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hs.data(), ds, sd * batch * 4, cudaMemcpyDeviceToHost));
+  const double uu = bf ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  int64_t bad = 0, asym = 0, pad = 0, unwritten = 0;
+  double worst = 0;  // max |d - ref| / tol
+  for (int64_t l = 0; l < batch; ++l)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = n; j < ldd; ++j)
+        if (hd[l * sd + i * ldd + j] != sentinel) ++pad;
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t o = l * sd + i * ldd + j;
+        if (hd[o] == sentinel) {
+          ++unwritten;
+          continue;
+        }
+        if (hd[o] != hd[l * sd + j * ldd + i]) ++asym;
+        const double dv = FromBits(hd[o], bf), rv = FromBits(hr[o], bf);
+        const double cv = std::fabs(FromBits(hc[o], bf));
+        const double tol = 4 * uu * std::fabs(rv) +
+                           2.0 * double(k) * std::ldexp(1.0, -24) *
+                               (std::fabs(cs.alpha) * hs[o] +
+                                std::fabs(cs.beta) * cv) +
+                           1e-30;
+        const double e = std::fabs(dv - rv);
+        if (!(e <= tol)) ++bad;
+        if (e / tol > worst) worst = e / tol;
+      }
+    }
+  const bool ok = bad == 0 && asym == 0 && pad == 0 && unwritten == 0;
+  if (!ok) ++g_failures;
+  std::printf(
+      "| %s | %s | %s | %lld | %lld | %lld | %.2f | %.2f | %lld | %.3f | %lld "
+      "| %lld | %lld | %lld |\n",
+      ok ? "ok" : "FAIL", bf ? "bf16" : "fp16",
+      cs.trans_a ? "XtX (T,N)" : "XXt (N,T)", (long long)n, (long long)k,
+      (long long)batch, cs.alpha, cs.beta, (long long)ldd, worst,
+      (long long)bad, (long long)asym, (long long)pad, (long long)unwritten);
+  for (void* p : {dx, dxa, dc, dd, dref, ds}) cudaFree(p);
+}
+
+// ---------------------------------------------------------------------------
+// Timing.
+static float TimeMs(int iters, const std::function<void()>& f) {
+  cudaEvent_t s, e;
+  CK(cudaEventCreate(&s));
+  CK(cudaEventCreate(&e));
+  for (int i = 0; i < 3; ++i) f();
+  CK(cudaEventRecord(s));
+  for (int i = 0; i < iters; ++i) f();
+  CK(cudaEventRecord(e));
+  CK(cudaEventSynchronize(e));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, s, e));
+  cudaEventDestroy(s);
+  cudaEventDestroy(e);
+  return ms / iters;
+}
+
+static void Bench(int64_t n, int64_t k, int64_t batch) {
+  const int64_t sx = n * k, sd = n * n;
+  void *dx, *dd;
+  CK(cudaMalloc(&dx, sx * batch * 2));
+  CK(cudaMalloc(&dd, sd * batch * 2));
+  CK(cudaMemset(dx, 0x3c, sx * batch * 2));  // ~1.1 (bf16)
+  const double flop = 2.0 * double(n) * n * k * batch;
+  const int iters = flop > 1e12 ? 10 : (flop > 1e10 ? 30 : 100);
+  sg::Args a;
+  a.n = n;
+  a.k = k;
+  a.batch = batch;
+  a.a = a.b = dx;
+  a.lda = a.ldb = k;
+  a.stride_a = a.stride_b = sx;
+  a.d = dd;
+  a.ldd = n;
+  a.stride_d = sd;
+  const float one = 1.f, zero = 0.f;
+  auto kernel = [&] { CK(sg::Run(a, nullptr)); };
+  auto full = [&] {
+    CublasRef(false, true, n, k, 1.f, dx, k, sx, dx, k, sx, 0.f, dd, n, sd,
+              batch, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
+  };
+  muond::cuda_kernels::KView kd{dd, n, n, n, 2};
+  auto full_sym = [&] {
+    full();
+    CK(muond::cuda_kernels::SymmetrizeFromLower(kd, sd, batch, nullptr));
+  };
+  // The old use_syrk path: 4 lower block rows (1 below n = 4096) + mirror.
+  const int blocks = n >= 4096 ? 4 : 1;
+  auto block_rows = [&] {
+    for (int i = 0; i < blocks; ++i) {
+      const int64_t i0 = (n * i / blocks) / 8 * 8;
+      const int64_t i1 = i + 1 >= blocks ? n : (n * (i + 1) / blocks) / 8 * 8;
+      CB(cublasGemmStridedBatchedEx(
+          g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(i1), int(i1 - i0), int(k),
+          &one, dx, CUDA_R_16BF, int(k), sx,
+          static_cast<uint16_t*>(dx) + i0 * k, CUDA_R_16BF, int(k), sx, &zero,
+          static_cast<uint16_t*>(dd) + i0 * n, CUDA_R_16BF, int(n), sd,
+          int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    CK(muond::cuda_kernels::SymmetrizeFromLower(kd, sd, batch, nullptr));
+  };
+  const float tk = TimeMs(iters, kernel), tf = TimeMs(iters, full),
+              tfs = TimeMs(iters, full_sym), tb = TimeMs(iters, block_rows);
+  auto tflops = [&](float ms) { return flop / (ms * 1e-3) / 1e12; };
+  std::printf(
+      "| %lld | %lld | %lld | %.4f | %.0f | %.4f | %.0f | %.4f | %.4f | %.2f "
+      "| %.2f |\n",
+      (long long)n, (long long)k, (long long)batch, tk, tflops(tk), tf,
+      tflops(tf), tfs, tb, tfs / tk, tb / tk);
+  cudaFree(dx);
+  cudaFree(dd);
+}
+
+int main(int argc, char** argv) {
+  int dev = 0;
+  CK(cudaSetDevice(dev));
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, dev));
+  std::printf("device: %s (sm_%d%d, %d SMs); kernel supported: %d\n", p.name,
+              p.major, p.minor, p.multiProcessorCount,
+              int(sg::DeviceSupported(dev)));
+  CB(cublasCreate(&g_cublas));
+  const bool bench_only = argc > 1 && std::string(argv[1]) == "bench";
+  if (!bench_only) {
+    std::printf(
+        "\n| ok | dtype | orientation | n | k | batch | alpha | beta | ld | "
+        "max err/tol | bad | asym | pad | unwritten |\n|---|---|---|---|---|---"
+        "|---|---|---|---|---|---|---|---|\n");
+    std::vector<Case> cases;
+    for (bool bf : {true, false})
+      for (bool ta : {false, true})
+        for (int64_t n : {1, 7, 130, 1000, 4096}) {
+          const int64_t kk[2] = {n, (n * 7 + 1) / 2};
+          for (int64_t k : kk) {
+            cases.push_back({bf, ta, n, k, 1, 1.f, 0.f, 0});
+          }
+          cases.push_back({bf, ta, n, n, 1, 0.7f, -0.3f, 8});
+          if (n <= 1000) cases.push_back({bf, ta, n, 3 * n + 5, 3, 1.f, 0.5f, 0});
+        }
+    for (const Case& c : cases) RunCase(c);
+    std::printf("\ncorrectness: %d failing case(s) of %zu\n", g_failures,
+                cases.size());
+  }
+  std::printf(
+      "\n| n | k | batch | sym ms | sym TFLOP/s | cuBLAS full ms | full "
+      "TFLOP/s | full+mirror ms | old block-row ms | full+mirror / sym | "
+      "block-row / sym |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int64_t n : {256, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192})
+    for (int64_t k : {n, n * 7 / 2}) Bench(n, k, 1);
+  for (int64_t n : {128, 256, 512, 1024})
+    for (int64_t b : {8, 32}) Bench(n, n * 7 / 2 / 8 * 8, b);
+  return g_failures == 0 ? 0 : 1;
+}

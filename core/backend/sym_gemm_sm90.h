@@ -1,0 +1,59 @@
+// Hopper (sm_90a) symmetric GEMM: d = alpha op(a) op(b) + beta c for products
+// the caller knows are symmetric, computing only the lower-triangle tiles and
+// writing each off-diagonal tile twice (itself and its mirror). The CUDA
+// backend's SymmetricGemmStridedBatchedOut is the only caller; CUTLASS stays
+// inside sym_gemm_sm90.cu.
+//
+// Matrices are row-major views (muond's convention): element (r, c) of a
+// matrix is at data[r * ld + c], slice i of a batch at data + i * stride.
+#ifndef MUOND_CORE_BACKEND_SYM_GEMM_SM90_H_
+#define MUOND_CORE_BACKEND_SYM_GEMM_SM90_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace muond {
+namespace sym_gemm_sm90 {
+
+enum class Elem { kBFloat16, kFloat16 };
+
+struct Args {
+  Elem elem = Elem::kBFloat16;
+  // op(a) is n x k, op(b) is k x n (row-major ops as in Backend::Gemm).
+  bool trans_a = false;
+  bool trans_b = true;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t batch = 1;
+  float alpha = 1.0f;
+  float beta = 0.0f;  // 0: c is not read (may be null)
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  const void* c = nullptr;  // symmetric (only its lower triangle is read)
+  int64_t ldc = 0, stride_c = 0;
+  void* d = nullptr;
+  int64_t ldd = 0, stride_d = 0;
+};
+
+// True when `device` is compute capability 9.0 (checked once per device)
+// and this build carries the sm_90a kernel.
+bool DeviceSupported(int device);
+
+// Why the kernel cannot run these arguments ("" when it can): the op pair
+// (N,T) or (T,N) (X X^T, X^T X; a product of symmetric operands can always be
+// written as (N,T)), 16-byte aligned pointers, leading dimensions and batch
+// strides that are multiples of 8 elements, the contiguous extent (k for
+// (N,T), n for (T,N)) a multiple of 8, n, k >= 1, batch >= 1.
+const char* Unsupported(const Args& args);
+
+// Launches the kernel on `stream` (asynchronous). Precondition:
+// DeviceSupported(current device) and Unsupported(args) == "".
+cudaError_t Run(const Args& args, cudaStream_t stream);
+
+}  // namespace sym_gemm_sm90
+}  // namespace muond
+
+#endif  // MUOND_CORE_BACKEND_SYM_GEMM_SM90_H_
