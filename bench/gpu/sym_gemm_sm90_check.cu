@@ -7,11 +7,11 @@
 // Correctness: every d is compared with cuBLAS (cublasGemmStridedBatchedEx,
 // fp32 accumulation, same inputs) within
 //   |d - ref| <= 4 u |ref| + 2 k 2^-24 (|alpha| S + |beta| |c|) + tiny,
-// u the output type's unit roundoff (bf16 2^-8, fp16 2^-11), S = |op(a)| |op(b)|
-// (fp32 GEMM of absolute values): both sides round once from an fp32 sum whose
-// order differs, so each fp32 sum is within k 2^-24 S of the exact one and the
-// two roundings differ by at most a few ulp. d must equal d^T bitwise, and the
-// padding columns (ld > n) must keep their sentinel.
+// u the output type's unit roundoff (bf16 2^-8, fp16 2^-11), S = |op(a)|
+// |op(b)| (fp32 GEMM of absolute values): both sides round once from an fp32
+// sum whose order differs, so each fp32 sum is within k 2^-24 S of the exact
+// one and the two roundings differ by at most a few ulp. d must equal d^T
+// bitwise, and the padding columns (ld > n) must keep their sentinel.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,22 +32,22 @@
 
 namespace sg = muond::sym_gemm_sm90;
 
-#define CK(x)                                                              \
-  do {                                                                     \
-    cudaError_t e_ = (x);                                                  \
-    if (e_ != cudaSuccess) {                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_),      \
-                  __FILE__, __LINE__);                                     \
-      std::exit(2);                                                        \
-    }                                                                      \
+#define CK(x)                                                         \
+  do {                                                                \
+    cudaError_t e_ = (x);                                             \
+    if (e_ != cudaSuccess) {                                          \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), \
+                  __FILE__, __LINE__);                                \
+      std::exit(2);                                                   \
+    }                                                                 \
   } while (0)
-#define CB(x)                                                              \
-  do {                                                                     \
-    cublasStatus_t s_ = (x);                                               \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                     \
+#define CB(x)                                                                 \
+  do {                                                                        \
+    cublasStatus_t s_ = (x);                                                  \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                        \
       std::printf("cuBLAS error %d at %s:%d\n", int(s_), __FILE__, __LINE__); \
-      std::exit(2);                                                        \
-    }                                                                      \
+      std::exit(2);                                                           \
+    }                                                                         \
   } while (0)
 
 static cublasHandle_t g_cublas;
@@ -85,11 +85,11 @@ static void CublasRef(bool trans_a, bool trans_b, int64_t n, int64_t k,
                       const void* b, int64_t ldb, int64_t sb, float beta,
                       void* d, int64_t ldd, int64_t sd, int64_t batch,
                       cudaDataType_t t, cublasComputeType_t ct) {
-  CB(cublasGemmStridedBatchedEx(
-      g_cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(n), int(k), &alpha, b,
-      t, int(ldb), sb, a, t, int(lda), sa, &beta, d, t, int(ldd), sd,
-      int(batch), ct, CUBLAS_GEMM_DEFAULT));
+  CB(cublasGemmStridedBatchedEx(g_cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n),
+                                int(n), int(k), &alpha, b, t, int(ldb), sb, a,
+                                t, int(lda), sa, &beta, d, t, int(ldd), sd,
+                                int(batch), ct, CUBLAS_GEMM_DEFAULT));
 }
 
 struct Case {
@@ -107,8 +107,8 @@ static void RunCase(const Case& cs) {
   const int64_t xr = cs.trans_a ? k : n, xc = cs.trans_a ? n : k;
   const int64_t ldx = Up8(xc) + cs.extra_ld, sx = ldx * xr;
   const int64_t ldd = Up8(n) + cs.extra_ld, sd = ldd * n;
-  std::mt19937 rng(uint32_t(n * 131 + k * 7 + batch + (bf ? 1 : 0) +
-                            (cs.trans_a ? 3 : 0)));
+  std::mt19937 rng(
+      uint32_t(n * 131 + k * 7 + batch + (bf ? 1 : 0) + (cs.trans_a ? 3 : 0)));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   std::vector<uint16_t> hx(sx * batch), hc(sd * batch);
   std::vector<float> hxa(sx * batch);
@@ -170,12 +170,12 @@ static void RunCase(const Case& cs) {
   const float one = 1.f, zero = 0.f;
   (void)one;
   // S = |op(X)| |op(X)| in fp32.
-  CB(cublasGemmStridedBatchedEx(
-      g_cublas, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-      a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(n), int(k), &one,
-      dxa, CUDA_R_32F, int(ldx), sx, dxa, CUDA_R_32F, int(ldx), sx, &zero, ds,
-      CUDA_R_32F, int(ldd), sd, int(batch), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+  CB(cublasGemmStridedBatchedEx(g_cublas, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n),
+                                int(n), int(k), &one, dxa, CUDA_R_32F, int(ldx),
+                                sx, dxa, CUDA_R_32F, int(ldx), sx, &zero, ds,
+                                CUDA_R_32F, int(ldd), sd, int(batch),
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   CK(cudaDeviceSynchronize());
   std::vector<uint16_t> hd(sd * batch), hr(sd * batch);
   std::vector<float> hs(sd * batch);
@@ -198,11 +198,11 @@ static void RunCase(const Case& cs) {
         if (hd[o] != hd[l * sd + j * ldd + i]) ++asym;
         const double dv = FromBits(hd[o], bf), rv = FromBits(hr[o], bf);
         const double cv = std::fabs(FromBits(hc[o], bf));
-        const double tol = 4 * uu * std::fabs(rv) +
-                           2.0 * double(k) * std::ldexp(1.0, -24) *
-                               (std::fabs(cs.alpha) * hs[o] +
-                                std::fabs(cs.beta) * cv) +
-                           1e-30;
+        const double tol =
+            4 * uu * std::fabs(rv) +
+            2.0 * double(k) * std::ldexp(1.0, -24) *
+                (std::fabs(cs.alpha) * hs[o] + std::fabs(cs.beta) * cv) +
+            1e-30;
         const double e = std::fabs(dv - rv);
         if (!(e <= tol)) ++bad;
         if (e / tol > worst) worst = e / tol;
@@ -318,7 +318,8 @@ int main(int argc, char** argv) {
             cases.push_back({bf, ta, n, k, 1, 1.f, 0.f, 0});
           }
           cases.push_back({bf, ta, n, n, 1, 0.7f, -0.3f, 8});
-          if (n <= 1000) cases.push_back({bf, ta, n, 3 * n + 5, 3, 1.f, 0.5f, 0});
+          if (n <= 1000)
+            cases.push_back({bf, ta, n, 3 * n + 5, 3, 1.f, 0.5f, 0});
         }
     for (const Case& c : cases) RunCase(c);
     std::printf("\ncorrectness: %d failing case(s) of %zu\n", g_failures,

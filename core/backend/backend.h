@@ -160,11 +160,11 @@ class Backend {
   // Gram Newton–Schulz's Q = Z + a I (core/muon/gram_newton_schulz.h).
   virtual absl::Status AddToDiagonal(const MatrixView& view, int64_t stride,
                                      int64_t batch, float value) = 0;
-  // True where SymmetricGemmStridedBatchedOut has a lower-triangle kernel for
-  // an n x n result of inner dimension k in `dtype` (contiguous row-major
-  // operands), i.e. is faster than GemmStridedBatchedOut; false (default)
-  // where it is the full product plus the mirror. Callers whose products are
-  // symmetric anyway use it to pick the call.
+  // True where SymmetricGemmStridedBatchedOut runs a lower-triangle kernel
+  // that beats GemmStridedBatchedOut for an n x n result of inner dimension k
+  // in `dtype` (contiguous row-major operands); false (default) where it is
+  // the full product plus the mirror or not faster. Callers whose products
+  // are symmetric anyway use it to pick the call.
   virtual bool FastSymmetricGemm(int64_t /*n*/, int64_t /*k*/,
                                  DType /*dtype*/) const {
     return false;

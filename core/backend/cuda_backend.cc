@@ -26,14 +26,20 @@ namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t(64) << 20;
 
+// H200 measurements behind both rules: bench/results/gpu_h200_sym_gemm.md.
 // When SymmetricGemmStridedBatchedOut runs the sm_90a lower-triangle kernel
-// rather than cuBLASLt's full product + mirror. H200 (bench/README.md,
-// "Symmetric GEMM"): the kernel wins 1.2-1.9x for n >= 1536, for batches >= 8
-// and for k <= n; it ties or loses (0.70-1.01x) only for single products with
-// n in 512..1024 and k = 3.5 n, where cuBLAS fills the GPU better.
-// The rule ignores the batch (batches of >= 8 win at every n measured) so
-// that a batch of one and a batched call take the same path.
+// rather than cuBLASLt's full product + mirror: the kernel wins 1.06-1.74x
+// for n >= 1536, for k <= n and for batches >= 8, and ties or loses
+// (0.70-1.01x) only for single products with n in 512..1024 and k = 3.5 n.
+// The rule ignores the batch so that a batch of one and a batched call take
+// the same path (bitwise equal slices).
 bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 2 * n; }
+
+// When the kernel also beats the plain full product (no mirror), i.e. when a
+// caller should prefer the symmetric call (FastSymmetricGemm): 1.22-1.54x for
+// n >= 3072; below, the triangle's 36-136 tiles leave waves of 132 SMs
+// partly idle (n = 2048: 0.83-0.93x).
+constexpr int64_t kSymGemmBeatsFullN = 3072;
 
 absl::Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
@@ -322,7 +328,7 @@ class CudaBackend final : public Backend {
     // Contiguous operands meet the kernel's layout rules when n and k are
     // multiples of 8 (sym_gemm_sm90::Unsupported).
     return (dtype == DType::kBFloat16 || dtype == DType::kFloat16) &&
-           n % 8 == 0 && k % 8 == 0 && UseSymGemmKernel(n, k) &&
+           n % 8 == 0 && k % 8 == 0 && n >= kSymGemmBeatsFullN &&
            sym_gemm_sm90::DeviceSupported(device_);
   }
 

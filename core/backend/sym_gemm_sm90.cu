@@ -11,14 +11,14 @@
 //    bitwise symmetric.
 // Compiled for sm_90a only (wgmma/TMA): callers launch it only where
 // DeviceSupported() (compute capability 9.0).
-#include "core/backend/sym_gemm_sm90.h"
-
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
 
+#include "core/backend/sym_gemm_sm90.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/device_kernel.h"
@@ -184,10 +184,9 @@ class MirrorEpilogue {
     return 0;
   }
   template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&,
-                                              Arguments const&, void*,
-                                              cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
+  static cutlass::Status initialize_workspace(
+      ProblemShape const&, Arguments const&, void*, cudaStream_t,
+      cutlass::CudaHostAdapter* = nullptr) {
     return cutlass::Status::kSuccess;
   }
   template <class ProblemShape>
@@ -343,8 +342,9 @@ struct Config {
   using LayoutB = cute::conditional_t<kTransA, RowMajor, ColumnMajor>;
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using Epilogue = cutlass::epilogue::collective::detail::
-      Sm90TmaWarpSpecializedAdapter<MirrorEpilogue<Element>>;
+  using Epilogue =
+      cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+          MirrorEpilogue<Element>>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, 8,
       Element, LayoutB, 8, float, TileShape, ClusterShape,
@@ -416,14 +416,23 @@ cudaError_t Launch(const Args& a, cudaStream_t stream) {
   // Kernel::can_implement is not asked: it also wants the contiguous extent
   // (k or n) to be a multiple of 8, which TMA does not need (only 16-byte
   // strides and bases, checked by Unsupported(); edges are zero-filled).
-  typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+  typename Kernel::Params params =
+      Kernel::to_underlying_arguments(args, nullptr);
   const int smem = int(Kernel::SharedStorageSize);
-  err = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+  // Once per device and instantiation: the first call may already be inside a
+  // CUDA graph capture (Backend::RunGraph), where fewer calls are better.
+  static std::atomic<uint64_t> smem_set{0};
+  const uint64_t bit = uint64_t(1) << (device & 63);
+  if ((smem_set.load() & bit) == 0) {
+    err =
+        cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  cutlass::device_kernel<Kernel><<<Kernel::get_grid_shape(params),
-                                   Kernel::get_block_shape(), smem, stream>>>(
-      params);
+    if (err != cudaSuccess) return err;
+    smem_set.fetch_or(bit);
+  }
+  cutlass::device_kernel<Kernel>
+      <<<Kernel::get_grid_shape(params), Kernel::get_block_shape(), smem,
+         stream>>>(params);
   return cudaGetLastError();
 }
 
@@ -475,9 +484,9 @@ const char* Unsupported(const Args& a) {
       (a.beta != 0.0f && !Mult8(a.ldc))) {
     return "leading dimensions must be multiples of 8 elements";
   }
-  if (a.batch > 1 && (a.stride_a <= 0 || a.stride_b <= 0 || a.stride_d <= 0 ||
-                      !Mult8(a.stride_a) || !Mult8(a.stride_b) ||
-                      !Mult8(a.stride_d))) {
+  if (a.batch > 1 &&
+      (a.stride_a <= 0 || a.stride_b <= 0 || a.stride_d <= 0 ||
+       !Mult8(a.stride_a) || !Mult8(a.stride_b) || !Mult8(a.stride_d))) {
     return "batch strides must be positive multiples of 8 elements";
   }
   return "";

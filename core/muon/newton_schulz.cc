@@ -239,9 +239,9 @@ absl::Status NewtonSchulz::Gram(const MatrixView& x, int64_t sx,
   const int64_t mm = m_ * m_;
   const Op lhs = tall_ ? Op::kT : Op::kN, rhs = tall_ ? Op::kN : Op::kT;
   if (sym_gram_) {
-    return backend_->SymmetricGemmStridedBatchedOut(
-        lhs, rhs, 1.0f, x, sx, x, sx, 0.0f, a, mm, a, mm, batch,
-        options_.precision);
+    return backend_->SymmetricGemmStridedBatchedOut(lhs, rhs, 1.0f, x, sx, x,
+                                                    sx, 0.0f, a, mm, a, mm,
+                                                    batch, options_.precision);
   }
   const int k = block_rows_;
   if (k <= 1) return Mm(lhs, rhs, 1.0f, x, sx, x, sx, 0.0f, a, mm, batch);
@@ -264,9 +264,9 @@ absl::Status NewtonSchulz::Poly(const MatrixView& a, float b, float c,
   const int64_t mm = m_ * m_;
   if (sym_poly_) {
     // A is symmetric, so A A = A A^T: the (N,T) pair the kernel takes.
-    return backend_->SymmetricGemmStridedBatchedOut(
-        Op::kN, Op::kT, c, a, mm, a, mm, b, a, mm, b_out, mm, batch,
-        options_.precision);
+    return backend_->SymmetricGemmStridedBatchedOut(Op::kN, Op::kT, c, a, mm, a,
+                                                    mm, b, a, mm, b_out, mm,
+                                                    batch, options_.precision);
   }
   const int k = block_rows_;
   if (k <= 1) {

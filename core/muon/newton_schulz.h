@@ -23,15 +23,15 @@
 //             fp32 param): no fp32 copies on the way in or out.
 // Symmetric products: A = X X^T and B = b A + c A A are symmetric, so they
 // can be formed by Backend::SymmetricGemmStridedBatchedOut (lower triangle +
-// mirror). By default that call is used where the backend has a
-// lower-triangle kernel for the shape (FastSymmetricGemm: the sm_90a kernel on
-// H100/H200 for bf16/fp16 work, i.e. kMedium, 1.2-1.7x faster than cuBLAS on
-// those products; bench/README.md, "Symmetric GEMM") and full products
-// elsewhere. use_syrk forces it everywhere (on other backends and devices:
-// full product + mirror). use_syrk with syrk_block_rows = k >= 1 runs the
-// legacy block-row path instead (k GEMMs over lower block rows of height
-// ~m/k, then the mirror; k = 1 is the full product), kept for comparison
-// benchmarks. Same math, different rounding.
+// mirror). By default that call is used where the backend's lower-triangle
+// kernel beats the full product (FastSymmetricGemm: the sm_90a kernel on
+// H100/H200 for bf16/fp16 work, i.e. kMedium, m >= 3072: 1.2-1.5x on those
+// products; bench/results/gpu_h200_sym_gemm.md) and full products elsewhere.
+// use_syrk forces it everywhere (on other backends and devices: full product +
+// mirror). use_syrk with syrk_block_rows = k >= 1 runs the legacy block-row
+// path instead (k GEMMs over lower block rows of height ~m/k, then the mirror;
+// k = 1 is the full product), kept for comparison benchmarks. Same math,
+// different rounding.
 //
 // A batch of same-shape matrices runs through strided-batched GEMMs; a batch
 // of one takes the unbatched (Gemm) path, so its result is bitwise equal to
