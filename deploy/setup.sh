@@ -41,15 +41,13 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
 fi
 
 # CUTLASS/CuTe headers for the sm_90a symmetric GEMM (header-only): the pinned
-# wheel in .venv, linked where the @cutlass repository (WORKSPACE) looks.
+# wheel in .venv, where the @cutlass repository (tools/build_defs/cutlass.bzl)
+# finds them.
 cutlass_want=$(grep -v '^#' requirements-cutlass.txt | grep nvidia-cutlass | cut -d= -f3)
 if [ "$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("nvidia-cutlass"))' 2>/dev/null)" != "$cutlass_want" ]; then
   echo "setup: installing nvidia-cutlass $cutlass_want into .venv"
   .venv/bin/pip install -q --no-deps -r requirements-cutlass.txt
 fi
-cutlass_src=$(.venv/bin/python -c 'import importlib.util as u; print(u.find_spec("cutlass_library").submodule_search_locations[0])')/source
-mkdir -p third_party/cutlass
-ln -sfn "$cutlass_src/include" third_party/cutlass/include
 
 # Machine-specific Bazel settings: Python tests run with the venv's python3.
 cat > .bazelrc.user <<RC

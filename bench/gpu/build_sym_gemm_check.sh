@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds dist/sym_gemm_sm90_check (bench/gpu/sym_gemm_sm90_check.cu) with nvcc
 # alone: cudart static, cuBLAS dynamic, so that it runs on a GPU machine that
-# has the CUDA toolkit's libraries but no Bazel. CUTLASS headers come from
-# third_party/cutlass (deploy/setup.sh links them).
+# has the CUDA toolkit's libraries but no Bazel. CUTLASS headers come from the
+# nvidia-cutlass wheel in .venv (deploy/setup.sh), as for Bazel's @cutlass.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cutlass=third_party/cutlass
+cutlass=$(.venv/bin/python -c 'import importlib.util as u; print(u.find_spec("cutlass_library").submodule_search_locations[0])')/source
 mkdir -p dist/obj
 flags=(-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I.
        -I"$cutlass/include" --expt-relaxed-constexpr -DNDEBUG)
