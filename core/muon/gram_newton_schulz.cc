@@ -127,19 +127,20 @@ double GramNewtonSchulz::IdealFlopsPerMatrix() const {
 absl::Status GramNewtonSchulz::Sym(Op op_a, Op op_b, float alpha,
                                    const MatrixView& a, const MatrixView& b,
                                    float beta, const MatrixView& c,
-                                   const MatrixView& d, int64_t batch) {
+                                   const MatrixView& d, int64_t batch,
+                                   int64_t s_ab) {
   const int64_t mm = m_ * m_;
-  const int64_t sa = a.rows == m_ && a.cols == m_ ? mm : rows_ * cols_;
-  const int64_t sb = b.rows == m_ && b.cols == m_ ? mm : rows_ * cols_;
-  return backend_->SymmetricGemmStridedBatchedOut(op_a, op_b, alpha, a, sa, b,
-                                                  sb, beta, c, mm, d, mm, batch,
-                                                  options_.precision);
+  const int64_t sab = s_ab > 0 ? s_ab : mm;
+  return backend_->SymmetricGemmStridedBatchedOut(op_a, op_b, alpha, a, sab, b,
+                                                  sab, beta, c, mm, d, mm,
+                                                  batch, options_.precision);
 }
 
 absl::Status GramNewtonSchulz::FormR(const MatrixView& x, int64_t batch) {
   const MatrixView r = ContiguousView(r_, dtype_, m_, m_);
-  return tall_ ? Sym(Op::kT, Op::kN, 1.0f, x, x, 0.0f, r, r, batch)
-               : Sym(Op::kN, Op::kT, 1.0f, x, x, 0.0f, r, r, batch);
+  const int64_t sx = rows_ * cols_;
+  return tall_ ? Sym(Op::kT, Op::kN, 1.0f, x, x, 0.0f, r, r, batch, sx)
+               : Sym(Op::kN, Op::kT, 1.0f, x, x, 0.0f, r, r, batch, sx);
 }
 
 absl::Status GramNewtonSchulz::ApplyQ(const MatrixView& q, const MatrixView& x,

@@ -106,10 +106,11 @@ class GramNewtonSchulz {
   // FLOPs of the n x m products and of the m x m symmetric ones.
   double XProductFlops() const;
   double SymProductFlops() const;
-  // d = alpha op(a) op(b) + beta c over m x m symmetric slices.
+  // d = alpha op(a) op(b) + beta c over m x m symmetric slices; a and b
+  // slices `s_ab` elements apart (0: m*m, the m x m workspaces).
   absl::Status Sym(Op op_a, Op op_b, float alpha, const MatrixView& a,
                    const MatrixView& b, float beta, const MatrixView& c,
-                   const MatrixView& d, int64_t batch);
+                   const MatrixView& d, int64_t batch, int64_t s_ab = 0);
   // R = X X^T (wide) or X^T X (tall) for the X slices at `x`.
   absl::Status FormR(const MatrixView& x, int64_t batch);
   // dst = Q X (wide) or X Q (tall); dst slices `sd` elements apart.
