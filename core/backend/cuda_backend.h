@@ -18,11 +18,11 @@
 //
 // RunGraph captures the stream (cudaStreamBeginCapture, thread-local mode)
 // into a cudaGraphExec cached per key (the 64 most recently used; older ones
-// destroyed); every call above except Allocate/Free, AllFinite, CopyToHost,
-// Synchronize and MUOND_LT_AUTOTUNE's tuning is capturable (cuBLAS(Lt) runs
-// on the preallocated workspace). A capture that fails runs the work
-// directly and marks its key not capturable. MUOND_CUDA_GRAPHS=0 turns
-// graphs off (RunGraph = work()).
+// destroyed). Every call above is capturable (cuBLAS(Lt) runs on the
+// preallocated workspace) except Allocate/Free, the host copies
+// (CopyFromHost, CopyToHost), AllFinite, Synchronize and MUOND_LT_AUTOTUNE's
+// tuning. A capture that fails runs the work directly and marks its key not
+// capturable. MUOND_CUDA_GRAPHS=0 turns graphs off (RunGraph = work()).
 #include <cstdint>
 #include <memory>
 
