@@ -2,8 +2,8 @@
 // kernel (TMA loads, GMMA, one producer and two consumer warpgroups) with two
 // parts of our own:
 //  - TriangleScheduler: a persistent grid of ~#SMs CTAs walks a linear index
-//    over (batch x lower-triangle tiles, tile_m >= tile_n); no CTA is launched
-//    for an upper tile.
+//    over (batch x lower-triangle tiles, tile_m >= tile_n; banded order for
+//    L2 reuse, sym_gemm_tiles.h); no CTA is launched for an upper tile.
 //  - MirrorEpilogue: d = alpha acc + beta c rounded once to the output type,
 //    staged in shared memory, written to tile (i, j) and, off the diagonal,
 //    transposed to tile (j, i), both with coalesced 16-byte stores. A diagonal
@@ -19,6 +19,7 @@
 #include <mutex>
 
 #include "core/backend/sym_gemm_sm90.h"
+#include "core/backend/sym_gemm_tiles.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/device_kernel.h"
@@ -85,6 +86,7 @@ class TriangleScheduler
   CUTLASS_DEVICE explicit TriangleScheduler(Params const& params)
       : Base(params) {
 #if defined(__CUDA_ARCH__)
+    tiles_ = int32_t(params.tiles);
     per_batch_ = params.tiles * (params.tiles + 1) / 2;
     total_ = per_batch_ * params.batch;
     idx_ = blockIdx.x;
@@ -114,24 +116,19 @@ class TriangleScheduler
   }
 
  private:
-  // Row-major order over the triangle: t -> (m, n) with t = m(m+1)/2 + n.
-  // 32-bit integers and an approximate square root fixed up exactly: cheap,
-  // and no subroutine call (64-bit division, IEEE sqrt slow paths); a call
-  // anywhere in the kernel makes ptxas serialize the wgmma pipeline (C7510).
+  // Batch l, then the triangle in TileOfIndex's banded order. 32-bit
+  // arithmetic: a 64-bit division is a subroutine call, and a call anywhere
+  // in the kernel makes ptxas serialize the wgmma pipeline (C7510).
   CUTLASS_DEVICE WorkTileInfo WorkAt(int64_t idx) const {
     if (idx >= total_) return WorkTileInfo::invalid_work_tile();
     const uint32_t i = uint32_t(idx), per = uint32_t(per_batch_);
     const uint32_t l = i / per;
-    const uint32_t t = i - l * per;
-    const float x = 8.0f * float(t) + 1.0f;
-    int32_t m = int32_t((x * rsqrtf(x) - 1.0f) * 0.5f);
-    m = m < 0 ? 0 : m;
-    while (uint32_t(m) * uint32_t(m + 1) / 2 > t) --m;
-    while (uint32_t(m + 1) * uint32_t(m + 2) / 2 <= t) ++m;
-    const int32_t n = int32_t(t - uint32_t(m) * uint32_t(m + 1) / 2);
+    int32_t m = 0, n = 0;
+    TileOfIndex(i - l * per, tiles_, &m, &n);
     return {m, n, int32_t(l), true};
   }
 
+  int32_t tiles_ = 0;
   int64_t per_batch_ = 0;
   int64_t total_ = 0;
   int64_t idx_ = 0;
@@ -335,11 +332,12 @@ using cutlass::layout::RowMajor;
 
 // In CUTLASS terms A is M x K and B is N x K. A row-major op(a) = a (N) is
 // K-major (RowMajor); op(a) = a^T (T) is M-major (ColumnMajor). For B,
-// op(b) = b^T (T) means B[n][k] = b[n * ldb + k]: K-major (ColumnMajor).
-template <class Element, bool kTransA>
+// op(b) = b^T (T) means B[n][k] = b[n * ldb + k]: K-major (ColumnMajor);
+// op(b) = b (N) is N-major (RowMajor).
+template <class Element, bool kTransA, bool kTransB>
 struct Config {
   using LayoutA = cute::conditional_t<kTransA, ColumnMajor, RowMajor>;
-  using LayoutB = cute::conditional_t<kTransA, RowMajor, ColumnMajor>;
+  using LayoutB = cute::conditional_t<kTransB, ColumnMajor, RowMajor>;
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Epilogue =
@@ -382,9 +380,9 @@ int SmCount(int device) {
   return counts[device];
 }
 
-template <class Element, bool kTransA>
+template <class Element, bool kTransA, bool kTransB>
 cudaError_t Launch(const Args& a, cudaStream_t stream) {
-  using C = Config<Element, kTransA>;
+  using C = Config<Element, kTransA, kTransB>;
   using Kernel = typename C::Kernel;
   using Mainloop = typename C::Mainloop;
   int device = 0;
@@ -392,7 +390,7 @@ cudaError_t Launch(const Args& a, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   // A batch stride of 0 (batch 1) is replaced by one matrix's extent: TMA
   // descriptors want a non-degenerate, 16-byte multiple stride.
-  const int64_t rows_a = kTransA ? a.k : a.n, rows_b = kTransA ? a.k : a.n;
+  const int64_t rows_a = kTransA ? a.k : a.n, rows_b = kTransB ? a.n : a.k;
   const int64_t sa = a.batch > 1 ? a.stride_a : a.lda * rows_a;
   const int64_t sb = a.batch > 1 ? a.stride_b : a.ldb * rows_b;
   typename Kernel::Arguments args;
@@ -459,18 +457,17 @@ bool DeviceSupported(int device) {
 }
 
 const char* Unsupported(const Args& a) {
-  if (a.trans_a == a.trans_b) return "op pair must be (N,T) or (T,N)";
+  if (a.trans_a && a.trans_b) return "op pair must be (N,T), (T,N) or (N,N)";
   if (a.n < 1 || a.k < 1 || a.batch < 1) return "n, k and batch must be >= 1";
-  if (a.n > (int64_t(1) << 22) || a.k > (int64_t(1) << 30)) {
-    return "n must be <= 2^22 and k <= 2^30";
+  if (a.n > (int64_t(1) << 21) || a.k > (int64_t(1) << 30)) {
+    return "n must be <= 2^21 and k <= 2^30";  // tiles < 2^14 (TileOfIndex)
   }
   // CUTLASS's TMA rule (CollectiveMma::can_implement): the contiguous extent
-  // of each operand, k for (N,T) and n for (T,N), a multiple of 8 elements.
-  // The one mismatch of the H200 check (bf16, (T,N), n = 130, k = 455) broke
-  // it; every case that kept it matched cuBLAS.
-  if ((a.trans_a ? a.n : a.k) % 8 != 0) {
-    return "the contiguous extent (k for (N,T), n for (T,N)) must be a "
-           "multiple of 8";
+  // of each operand (op(a): k if N, n if T; op(b): n if N, k if T) a multiple
+  // of 8 elements. The one mismatch of the H200 check (bf16, (T,N), n = 130,
+  // k = 455) broke it; every case that kept it matched cuBLAS.
+  if ((a.trans_a ? a.n : a.k) % 8 != 0 || (a.trans_b ? a.k : a.n) % 8 != 0) {
+    return "the operands' contiguous extents (n or k) must be multiples of 8";
   }
   const int64_t tiles = (a.n + kTile - 1) / kTile;
   if (TriangleScheduler::TotalWork(tiles, a.batch) >= (int64_t(1) << 31)) {
@@ -492,13 +489,16 @@ const char* Unsupported(const Args& a) {
   return "";
 }
 
+template <class Element>
+cudaError_t RunOps(const Args& a, cudaStream_t stream) {
+  if (a.trans_a) return Launch<Element, true, false>(a, stream);
+  return a.trans_b ? Launch<Element, false, true>(a, stream)
+                   : Launch<Element, false, false>(a, stream);
+}
+
 cudaError_t Run(const Args& a, cudaStream_t stream) {
-  if (a.elem == Elem::kBFloat16) {
-    return a.trans_a ? Launch<cutlass::bfloat16_t, true>(a, stream)
-                     : Launch<cutlass::bfloat16_t, false>(a, stream);
-  }
-  return a.trans_a ? Launch<cutlass::half_t, true>(a, stream)
-                   : Launch<cutlass::half_t, false>(a, stream);
+  return a.elem == Elem::kBFloat16 ? RunOps<cutlass::bfloat16_t>(a, stream)
+                                   : RunOps<cutlass::half_t>(a, stream);
 }
 
 }  // namespace sym_gemm_sm90

@@ -43,10 +43,10 @@ struct Args {
 bool DeviceSupported(int device);
 
 // Why the kernel cannot run these arguments ("" when it can): the op pair
-// (N,T) or (T,N) (X X^T, X^T X; a product of symmetric operands can always be
-// written as (N,T)), 16-byte aligned pointers, leading dimensions and batch
-// strides that are multiples of 8 elements, the contiguous extent (k for
-// (N,T), n for (T,N)) a multiple of 8, n, k >= 1, batch >= 1.
+// (N,T), (T,N) (X X^T, X^T X) or (N,N) (products of commuting symmetric
+// matrices), 16-byte aligned pointers, leading dimensions and batch strides
+// that are multiples of 8 elements, each operand's contiguous extent (n or
+// k) a multiple of 8, n, k >= 1, batch >= 1.
 const char* Unsupported(const Args& args);
 
 // Launches the kernel on `stream` (asynchronous). Precondition:

@@ -263,7 +263,7 @@ absl::Status NewtonSchulz::Poly(const MatrixView& a, float b, float c,
                                 const MatrixView& b_out, int64_t batch) {
   const int64_t mm = m_ * m_;
   if (sym_poly_) {
-    // A is symmetric, so A A = A A^T: the (N,T) pair the kernel takes.
+    // A is symmetric, so A A = A A^T: (N,T) reads both operands K-major.
     return backend_->SymmetricGemmStridedBatchedOut(Op::kN, Op::kT, c, a, mm, a,
                                                     mm, b, a, mm, b_out, mm,
                                                     batch, options_.precision);

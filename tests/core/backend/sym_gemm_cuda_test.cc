@@ -195,6 +195,72 @@ TEST_F(SymGemmCudaTest, Large) {
   Check({DType::kBFloat16, true, 2048, 7168, 2, 1.0f, 0.0f, 0});
 }
 
+// Products of symmetric operands (Gram NS's R Z, Q Z): (N,N) and (N,T) of an
+// exactly symmetric S give S S, equal to cuBLAS's (N,N) product within the
+// tolerance, with beta c; (N,N) runs the kernel too where n % 8 == 0.
+TEST_F(SymGemmCudaTest, ProductsOfSymmetricOperands) {
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    for (int64_t n : {7, 136, 1000, 2048}) {
+      SCOPED_TRACE(absl::StrCat(std::string(DTypeName(t)), " n=", n));
+      std::mt19937 rng{uint32_t(n)};
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      const int64_t ld = Up8(n);
+      std::vector<uint16_t> hs(n * ld, 0), hc(n * ld, 0);
+      std::vector<float> habs(n * ld, 0.0f);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j <= i; ++j) {
+          hs[i * ld + j] = hs[j * ld + i] = ToBits(u(rng), t);
+          hc[i * ld + j] = hc[j * ld + i] = ToBits(u(rng), t);
+          habs[i * ld + j] = habs[j * ld + i] =
+              std::fabs(FromBits(hs[i * ld + j], t));
+        }
+      const MatrixView sv{Up(hs.data(), n * ld * 2), t, n, n, ld};
+      const MatrixView sa{Up(habs.data(), n * ld * 4), DType::kFloat32, n, n,
+                          ld};
+      const MatrixView c{Up(hc.data(), n * ld * 2), t, n, n, ld};
+      const MatrixView ref{Up(hc.data(), n * ld * 2), t, n, n, ld};
+      const MatrixView bound{Up(habs.data(), n * ld * 4), DType::kFloat32, n, n,
+                             ld};
+      const MatmulPrecision med = MatmulPrecision::kMedium;
+      const float alpha = 0.6f, beta = 0.25f;
+      ASSERT_TRUE(gpu_->GemmStridedBatchedOut(Op::kN, Op::kN, alpha, sv, 0, sv,
+                                              0, beta, c, 0, ref, 0, 1, med)
+                      .ok());
+      ASSERT_TRUE(gpu_->GemmStridedBatchedOut(Op::kN, Op::kN, 1.0f, sa, 0, sa,
+                                              0, 0.0f, bound, 0, bound, 0, 1,
+                                              MatmulPrecision::kHighest)
+                      .ok());
+      const std::vector<uint16_t> hr = Down<uint16_t>(ref.data, n * ld);
+      const std::vector<float> hb = Down<float>(bound.data, n * ld);
+      const double uu =
+          t == DType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+      for (Op ob : {Op::kN, Op::kT}) {
+        const MatrixView d{Up(hc.data(), n * ld * 2), t, n, n, ld};
+        ASSERT_TRUE(gpu_->SymmetricGemmStridedBatchedOut(Op::kN, ob, alpha, sv,
+                                                         0, sv, 0, beta, c, 0,
+                                                         d, 0, 1, med)
+                        .ok());
+        const std::vector<uint16_t> hd = Down<uint16_t>(d.data, n * ld);
+        int64_t bad = 0, asym = 0;
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            const int64_t o = i * ld + j;
+            asym += hd[o] != hd[j * ld + i];
+            const double rv = FromBits(hr[o], t);
+            const double tol =
+                4 * uu * std::fabs(rv) +
+                2.0 * double(n) * std::ldexp(1.0, -24) *
+                    (alpha * hb[o] + beta * std::fabs(FromBits(hc[o], t))) +
+                1e-30;
+            bad += !(std::fabs(FromBits(hd[o], t) - rv) <= tol);
+          }
+        EXPECT_EQ(bad, 0) << (ob == Op::kN ? "(N,N)" : "(N,T)");
+        EXPECT_EQ(asym, 0) << (ob == Op::kN ? "(N,N)" : "(N,T)");
+      }
+    }
+  }
+}
+
 // Below the threshold (n = 768, k = 3.5 n: cuBLAS is faster) and for fp32 the
 // call is cuBLASLt + mirror: still exactly symmetric and equal to the full
 // product's lower triangle.
