@@ -13,8 +13,9 @@
 // batched NewtonSchulz (momentum of each into its slice of a stacked
 // scratch, one batched NS, then scale + update per matrix), as the step
 // engine's batched path does; 1 is MuonStepFullMatrix per matrix.
-// --use_syrk: the symmetric NS path (NsOptions::use_syrk), with
-// --syrk_block_rows=K (0 = auto).
+// --use_syrk: the symmetric NS products everywhere (NsOptions::use_syrk), with
+// --syrk_block_rows=K (0 = SymmetricGemmStridedBatchedOut, K >= 1 the legacy
+// K lower block rows).
 // --engine: the step engine the daemon runs (LayerShardedMuon::Step on a
 // 1x1 domain: the non-finite-gradient check, the batched momentum, NS and
 // update phases, each ending in a stream synchronize), so daemon minus

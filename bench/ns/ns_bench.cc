@@ -15,8 +15,10 @@
 // SET: square, llama (Llama-3-8B), qwen (Qwen3-1.7B), moe (Qwen3-30B-A3B
 // experts) or all (square + llama). --batch=N runs N same-shape matrices
 // through one batched NS (the step engine's ns_batch_size) against a strided
-// batched GEMM of N. --syrk_block_rows lists the symmetric path's block-row
-// counts to time (default: 0 = the auto choice).
+// batched GEMM of N. --syrk_block_rows lists the use_syrk rows to time
+// (default: 0 = SymmetricGemmStridedBatchedOut; K >= 1 the legacy K lower
+// block rows). The plain medium row already takes the symmetric products
+// where the backend's kernel is faster (Backend::FastSymmetricGemm).
 // --detail (CUDA, medium) adds one row per shape timing the NS pieces alone:
 // Gram, A^2 (separate output), the X update (separate output), the
 // normalisation and the final bf16 -> fp32 copy (TFLOP/s in brackets).
@@ -82,7 +84,7 @@ void Fill(Backend& b, void* p, int64_t n, DType dtype) {
 struct Mode {
   MatmulPrecision precision;
   bool syrk;
-  int syrk_block_rows;  // 0 = auto
+  int syrk_block_rows;  // 0 = SymmetricGemmStridedBatchedOut
 };
 
 std::string ModeName(const Mode& mode) {
