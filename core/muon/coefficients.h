@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/common/dtype.h"
 
 namespace muond {
 
@@ -60,16 +61,21 @@ absl::StatusOr<std::vector<NsCoefficients>> CoefficientSchedule(
     int num_steps);
 
 // The default Gram Newton–Schulz restart iterations (each in [1, num_steps),
-// ascending) for a coefficient set run for `num_steps` steps: for the
-// built-in sets with num_steps <= kGramRestartTableSteps the committed table
-// computed by tools/gram_restart_tuner.py (the paper's restart tuner: the
-// scalar iteration on perturbed Gram eigenvalues, restarts minimising Q's
-// condition number); otherwise (kCustom, longer schedules) the fallback
-// every other iteration from 2, {2, 4, 6, ...}, or {1} for num_steps == 2
-// and {} for 1 (no coefficient-specific analysis exists for those, so the
-// fallback restarts more often than any tuned row: a restart costs two
-// n x m GEMMs but re-forms R from X, as standard NS does every step).
+// ascending) for a coefficient set run for `num_steps` steps with Gram
+// products in `iteration_dtype` (GramIterationDType: kFloat16 or kBFloat16
+// under kMedium, kFloat32 under kHighest/kHigh): for the built-in sets with
+// num_steps <= kGramRestartTableSteps the committed table computed by
+// tools/gram_restart_tuner.py (the fewest restarts whose placement keeps the
+// peer's cond(Q) score below 1e8 and the emulated output's sigma_max within
+// the NS polynomial's maximum + 0.05 in that dtype; bf16 rounds 8x coarser
+// than fp16 and often needs one restart more); otherwise (kCustom, longer
+// schedules) the fallback every other iteration from 2, {2, 4, 6, ...}, or
+// {1} for num_steps == 2 and {} for 1 (no coefficient-specific analysis
+// exists for those, so the fallback restarts about as often as the busiest
+// tuned rows: a restart costs two n x m GEMMs but re-forms R from X, as
+// standard NS does every step).
 inline constexpr int kGramRestartTableSteps = 10;
-std::vector<int> DefaultGramRestarts(CoefficientType type, int num_steps);
+std::vector<int> DefaultGramRestarts(CoefficientType type, int num_steps,
+                                     DType iteration_dtype);
 
 }  // namespace muond

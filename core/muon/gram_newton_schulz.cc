@@ -22,7 +22,8 @@ bool UsesGramNs(const NsOptions& options, int64_t rows, int64_t cols) {
 
 std::vector<int> GramRestarts(const NsOptions& options) {
   if (options.gram_restarts.has_value()) return *options.gram_restarts;
-  return DefaultGramRestarts(options.coefficient_type, options.num_steps);
+  return DefaultGramRestarts(options.coefficient_type, options.num_steps,
+                             GramIterationDType(options));
 }
 
 DType GramIterationDType(const NsOptions& options) {

@@ -22,7 +22,8 @@
 //
 // Restarts: R accumulates rounding as spurious negative eigenvalues that the
 // polynomial grows; re-forming X = Q X and R = X X^T resets them. Defaults
-// per coefficient set: DefaultGramRestarts (coefficients.h).
+// per coefficient set, num_steps and iteration dtype (bf16's coarser
+// rounding needs more): DefaultGramRestarts (coefficients.h).
 //
 // Iteration dtype: kMedium iterates in NsOptions::gram_dtype, fp16 by default
 // (bf16 allowed); kHighest/kHigh in fp32 (kHigh: TF32 products). Why fp16:
@@ -67,7 +68,8 @@ double GramMinAspectRatio(const NsOptions& options);
 // standard).
 bool UsesGramNs(const NsOptions& options, int64_t rows, int64_t cols);
 // The restart iterations NsOptions resolves to: gram_restarts, or
-// DefaultGramRestarts for the coefficient type and num_steps.
+// DefaultGramRestarts for the coefficient type, num_steps and
+// GramIterationDType.
 std::vector<int> GramRestarts(const NsOptions& options);
 // The dtype Gram NS iterates in: gram_dtype under kMedium, fp32 otherwise.
 DType GramIterationDType(const NsOptions& options);

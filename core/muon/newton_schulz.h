@@ -77,8 +77,8 @@ struct NsOptions {
   int syrk_block_rows = 0;
   NsAlgorithm algorithm = NsAlgorithm::kStandard;
   // Gram NS restart iterations (each in [1, num_steps), ascending, distinct;
-  // empty = no restart); nullopt = the default for the coefficient set
-  // (DefaultGramRestarts, gram_newton_schulz.h).
+  // empty = no restart); nullopt = the default for the coefficient set,
+  // num_steps and iteration dtype (GramRestarts, gram_newton_schulz.h).
   std::optional<std::vector<int>> gram_restarts;
   // Gram NS iteration dtype under kMedium: kFloat16 (default) or kBFloat16.
   // kHighest/kHigh iterate in fp32.

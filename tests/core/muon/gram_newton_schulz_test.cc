@@ -286,31 +286,63 @@ TEST(GramNewtonSchulz, FlopCounts) {
 }
 
 TEST(GramRestartDefaults, TableAndFallback) {
-  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kQuintic, 5),
+  const DType fp16 = DType::kFloat16, bf16 = DType::kBFloat16,
+              fp32 = DType::kFloat32;
+  // Rows from tools/gram_restart_tuner.py's output (its test checks the
+  // whole table): bf16's coarser rounding needs later or more restarts.
+  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kQuintic, 5, fp16),
             std::vector<int>{2});
-  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 8),
+  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kQuintic, 5, bf16),
+            std::vector<int>{3});
+  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 5, fp16),
+            std::vector<int>{2});
+  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 5, bf16),
+            (std::vector<int>{2, 4}));
+  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 5, fp32),
+            std::vector<int>{3});
+  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 8, fp16),
             (std::vector<int>{1, 3}));
-  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kSimple, 1),
+  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kSimple, 1, bf16),
             std::vector<int>{});
-  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kCustom, 7),
-            (std::vector<int>{2, 4, 6}));
-  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kCustom, 2),
-            std::vector<int>{1});
-  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kQuintic, 12),
-            (std::vector<int>{2, 4, 6, 8, 10}));
-  // Every default passes validation for every built-in set and length.
+  // The fallback ignores the dtype.
+  for (DType d : {fp16, bf16, fp32}) {
+    EXPECT_EQ(DefaultGramRestarts(CoefficientType::kCustom, 7, d),
+              (std::vector<int>{2, 4, 6}));
+    EXPECT_EQ(DefaultGramRestarts(CoefficientType::kCustom, 2, d),
+              std::vector<int>{1});
+    EXPECT_EQ(DefaultGramRestarts(CoefficientType::kQuintic, 12, d),
+              (std::vector<int>{2, 4, 6, 8, 10}));
+  }
+  // Every default passes validation for every built-in set, length and
+  // dtype.
   auto backend = MakeCpuBackend();
   for (CoefficientType t :
        {CoefficientType::kSimple, CoefficientType::kQuintic,
         CoefficientType::kPolarExpress, CoefficientType::kAol,
         CoefficientType::kCans, CoefficientType::kDeepseekV4}) {
     for (int steps = 1; steps <= 20; ++steps) {
-      NsOptions o = GramOptions(t, steps);
-      o.gram_restarts = DefaultGramRestarts(t, steps);
-      EXPECT_TRUE(ValidateNsOptions(o, *backend).ok())
-          << CoefficientTypeName(t) << " " << steps;
+      for (DType d : {fp16, bf16, fp32}) {
+        NsOptions o = GramOptions(t, steps);
+        o.gram_restarts = DefaultGramRestarts(t, steps, d);
+        EXPECT_TRUE(ValidateNsOptions(o, *backend).ok())
+            << CoefficientTypeName(t) << " " << steps << " " << DTypeName(d);
+      }
     }
   }
+}
+
+// NsOptions resolve to the row of the dtype Gram NS iterates in.
+TEST(GramRestartDefaults, ResolvedByIterationDType) {
+  NsOptions o = GramOptions(CoefficientType::kPolarExpress, 5);
+  o.precision = MatmulPrecision::kMedium;
+  o.gram_dtype = DType::kFloat16;
+  EXPECT_EQ(GramRestarts(o), std::vector<int>{2});
+  o.gram_dtype = DType::kBFloat16;
+  EXPECT_EQ(GramRestarts(o), (std::vector<int>{2, 4}));
+  o.precision = MatmulPrecision::kHighest;  // fp32, whatever gram_dtype says
+  EXPECT_EQ(GramRestarts(o), std::vector<int>{3});
+  o.gram_restarts = std::vector<int>{1};  // explicit wins
+  EXPECT_EQ(GramRestarts(o), std::vector<int>{1});
 }
 
 TEST(GramValidation, ErrorsNameTheFieldAndRule) {

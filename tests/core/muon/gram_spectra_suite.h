@@ -60,12 +60,12 @@ std::vector<float> RunNs(Backend* backend, const NsOptions& options,
 void CheckSpectraErrors(Backend* backend,
                         const std::vector<SpectraShape>& shapes);
 
-// The sigma_max bound for quintic and polar_express on each shape: with the
-// default restarts always; the growth without restarts only where
-// `expect_growth` (small m: rounding of R = X X^T perturbs its eigenvalues
-// by ~2^-11 |R_ij| sqrt(m), and |R_ij| ~ 1/m, so the spurious negative
-// eigenvalues shrink as m grows; in an fp16 emulation at 1024 x 4096 the
-// quintic run without restarts stays below the bound).
+// The sigma_max bound for quintic and polar_express, fp16 and bf16, on each
+// shape: with the dtype's default restarts (DefaultGramRestarts) always; the
+// growth without restarts only where `expect_growth` (small m: rounding of R =
+// X X^T perturbs its eigenvalues by ~2^-11 |R_ij| sqrt(m), and |R_ij| ~ 1/m, so
+// the spurious negative eigenvalues shrink as m grows; in an fp16 emulation at
+// 1024 x 4096 the quintic run without restarts stays below the bound).
 struct SigmaShape {
   int rows, cols;
   bool expect_growth;
