@@ -151,6 +151,8 @@ def _identity(x):
 DTYPES = {"fp16": (_identity, _round_fp16),
           "bf16": (_identity, _round_bf16),
           "fp32": (_round_tf32, _identity)}
+# No rounding beyond fp32 arithmetic: the emulation's own test.
+_ROUNDINGS = dict(DTYPES, exact=(_identity, _identity))
 # The emulated inputs: the numerics suite's (tests/core/muon/
 # gram_spectra_suite.cc) log-decaying spectrum 1 .. 1e-9 and a rank-deficient
 # one (half zeros), m x n = 64 x 256, two seeds each. Small m is the hard
@@ -184,7 +186,7 @@ def emulate_gram(coefs, restarts, g, dtype):
     """muond's Gram NS (core/muon/gram_newton_schulz.cc Run) on the fp32
     wide matrices g (..., m, n) with the GEMM rounding of `dtype`; returns
     the fp32 results."""
-    op, res = DTYPES[dtype]
+    op, res = _ROUNDINGS[dtype]
 
     def mm(a, b, alpha=1.0, beta=0.0, c=None, sym=False):
         d = np.float32(alpha) * (op(a) @ op(b))
