@@ -2,11 +2,11 @@
 # Issue 20, device call 2 of 2 (bench/README.md): everything of the issue on one H200 in one
 # call, right after bench/gpu_issue20_stage.sh on the same warm machine (it is given back
 # 30 s after a call):
-#   run(command="bench/gpu_issue20.sh", carry=[".whl/p2", "dist/b20.tar.xz"],
-#       kind="nvidia-h200", timeout_s=600)
-# .whl/p2: the peer's small wheels (bench/peer_wheels.sh .whl); dist/b20.tar.xz: the bundle
-# of main (deploy/bundle.sh dist/muond-bundle, renamed; BUNDLE=... for another path).
-# Each part has a wall-clock cap (T_* below; they sum to ~520 s with the unpacking) and logs
+#   run(command="bench/gpu_issue20.sh", carry=["dist/b20.tar.xz"], kind="nvidia-h200",
+#       timeout_s=600)
+# dist/b20.tar.xz: the bundle of main (deploy/bundle.sh dist/muond-bundle, renamed;
+# BUNDLE=... for another path). The peer is in /tmp/site from call 1, compiled.
+# Each part has a wall-clock cap (T_* below; they sum to ~575 s with the unpacking) and logs
 # its exit code and wall time to $OUT/summary.log; results under $OUT (8 files at most):
 #   summary.log  GPU, installs, each part's rc and seconds
 #   tests.log    GPU test binaries (incl. the Gram spectra GPU test), sym GEMM bench,
@@ -18,8 +18,8 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out20}
 mkdir -p "$OUT"
 S=$OUT/summary.log
-T_TESTS=${T_TESTS:-100} T_SYMGEMM=${T_SYMGEMM:-25} T_EXACT=${T_EXACT:-80}
-T_STEP=${T_STEP:-260} T_SWEEP=${T_SWEEP:-40}  # SYMGEMM_ARGS: sym_gemm_bench's flags
+T_TESTS=${T_TESTS:-90} T_SYMGEMM=${T_SYMGEMM:-20} T_EXACT=${T_EXACT:-60}
+T_STEP=${T_STEP:-340} T_SWEEP=${T_SWEEP:-50}  # SYMGEMM_ARGS: sym_gemm_bench's flags
 part() {  # part NAME LIMIT LOG CMD...: one capped part; its rc and wall time to summary.log
   local name=$1 lim=$2 log=$3 t0=$SECONDS rc
   shift 3
@@ -31,16 +31,20 @@ part() {  # part NAME LIMIT LOG CMD...: one capped part; its rc and wall time to
 t_all=$SECONDS
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$S" 2>&1
 
-# The peer: the large library staged by call 1 in /tmp/site, the small wheels from .whl/p2.
+# The peer: installed into /tmp/site and compiled by call 1; .whl/p2, if carried, installs
+# the small wheels again where call 1 did not get that far.
 peer_path=
 if [[ -d /tmp/site/nvidia_cutlass_dsl/python_packages ]]; then
-  t0=$SECONDS
-  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-       --target /tmp/site .whl/p2/*.whl >> "$S" 2>&1; then
+  if [[ ! -d /tmp/site/gram_newton_schulz ]] && compgen -G ".whl/p2/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --target /tmp/site .whl/p2/*.whl >> "$S" 2>&1
+  fi
+  if [[ -d /tmp/site/gram_newton_schulz ]]; then
     peer_path=/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages
-    echo "peer wheels installed in $((SECONDS - t0)) s" >> "$S"
+    echo "peer: /tmp/site; caches: $(du -sh /tmp/*/quack_cache /tmp/torchinductor_* \
+      2>/dev/null | tr '\n' ' ')" >> "$S"
   else
-    echo "peer wheels: pip install failed; peer columns will be n/a" >> "$S"
+    echo "peer: gram_newton_schulz not installed; peer columns will be n/a" >> "$S"
   fi
 else
   echo "peer not staged (/tmp/site missing: run bench/gpu_issue20_stage.sh first, on the" \
@@ -50,7 +54,7 @@ fi
 # The bundle (as bench/gpu_issue18.sh): binaries from it, Python scripts from this tree.
 BUNDLE=${BUNDLE:-dist/b20.tar.xz}
 t0=$SECONDS
-mkdir -p /tmp/b && tar -xJf "$BUNDLE" -C /tmp/b && B=$(ls -d /tmp/b/*/ | head -1) || {
+rm -rf /tmp/b; mkdir -p /tmp/b && tar -xJf "$BUNDLE" -C /tmp/b && B=$(ls -d /tmp/b/*/ | head -1) || {
   echo "bundle $BUNDLE: missing or broken" >> "$S"; exit 1; }
 B=${B%/}
 cp "$B"/client/python/muond/v1/*_pb2*.py client/python/muond/v1/

@@ -450,11 +450,14 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
                 v += f" ({row[c + '_side']:.2f})"
             cells.append(v)
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "(daemon columns: wall ms per step (daemon-side ms).)", ""]
     goal = GOALS.get(name)
-    lines += ["| round | muond gram daemon: vs peer (a) | vs peer (b) | vs torch | "
-              "daemon / in-process std | daemon / in-process gram |", "|---|---|---|---|---|---|"]
-    for k, row in enumerate(rows):
+    muond = any(c.startswith(("daemon_", "inproc_")) for c in cols)
+    if muond:
+        lines += ["", "(daemon columns: wall ms per step (daemon-side ms).)", "",
+                  "| round | muond gram daemon: vs peer (a) | vs peer (b) | vs torch | "
+                  "daemon / in-process std | daemon / in-process gram |",
+                  "|---|---|---|---|---|---|"]
+    for k, row in enumerate(rows if muond else []):
         d = row.get("daemon_gram")
         cells = [ratio(row.get("peer_a"), d), ratio(row.get("peer_b"), d),
                  ratio(row.get("torch"), d)]
