@@ -6,20 +6,26 @@
 #       timeout_s=600)
 # dist/b20.tar.xz: the bundle of main (deploy/bundle.sh dist/muond-bundle, renamed;
 # BUNDLE=... for another path). The peer is in /tmp/site from call 1, compiled.
-# Each part has a wall-clock cap (T_* below; they sum to ~575 s with the unpacking) and logs
-# its exit code and wall time to $OUT/summary.log; results under $OUT (8 files at most):
+# Each part has a wall-clock cap (T_* below: 90 + 20 + 60 + 290 + 30 + 40 = 530 s, ~540 s
+# with the unpacking; with call 1's 280 s and ~100 s of machine start the pair fits the
+# ~1070 s of device time left) and logs its exit code and wall time to $OUT/summary.log;
+# results under $OUT (6 files; no .nsys-rep comes back):
 #   summary.log  GPU, installs, each part's rc and seconds
 #   tests.log    GPU test binaries (incl. the Gram spectra GPU test), sym GEMM bench,
 #                exactness vs torch.optim.Muon
 #   step.log, step.md    gpu_step_bench.py on the three sets, 2 rounds (the issue's table)
 #   sweep.md     the aspect-ratio sweep (muond standard vs Gram NS), its log in step.log
+#   profile.txt  per-kernel profile of one muond step (step engine, Gram NS) on the Llama set
+#                (llama3_8b:4:4 as step.md's muond columns): nsys's cuda_gpu_kern_sum where
+#                nsys is installed, else step_bench's per-chunk NS times (--ns_only)
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out20}
 mkdir -p "$OUT"
 S=$OUT/summary.log
 T_TESTS=${T_TESTS:-90} T_SYMGEMM=${T_SYMGEMM:-20} T_EXACT=${T_EXACT:-60}
-T_STEP=${T_STEP:-340} T_SWEEP=${T_SWEEP:-50}  # SYMGEMM_ARGS: sym_gemm_bench's flags
+T_STEP=${T_STEP:-290} T_SWEEP=${T_SWEEP:-30} T_PROFILE=${T_PROFILE:-40}
+# SYMGEMM_ARGS: sym_gemm_bench's flags
 part() {  # part NAME LIMIT LOG CMD...: one capped part; its rc and wall time to summary.log
   local name=$1 lim=$2 log=$3 t0=$SECONDS rc
   shift 3
@@ -75,6 +81,37 @@ part step_bench "$T_STEP" "$OUT/step.log" python3 bench/gpu_step_bench.py \
   --rounds 2 --reps 10 --warmup 2 --out "$OUT/step.md"
 part aspect_sweep "$T_SWEEP" "$OUT/step.log" python3 bench/gpu_step_bench.py --sweep-aspect \
   --reps 10 --warmup 2 --out "$OUT/sweep.md"
+# The profile: step_bench --engine with the flags gpu_step_bench.py gives muond's in-process
+# Gram column on llama3_8b:4:4 (medium, ns_batch_size 4, fp16 Gram, default restarts and
+# aspect threshold), a few reps so the trace stays small.
+profile_step() {
+  local shapes nsys flags
+  shapes=$(python3 -c 'import sys; sys.path.insert(0, "bench"); import gpu_step_bench as g
+_, path, layers, _ = g.parse_set("llama3_8b:4:4")
+print(",".join(f"{r}x{c}" for r, c in g.shape_set(path, layers)))') || return 1
+  flags=(--shapes="$shapes" --precision=medium --ns_batch_size=4 --ns_algorithm=gram
+         --gram_dtype=fp16)
+  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
+    2>/dev/null | head -1)
+  if [[ -n $nsys ]]; then
+    echo "# nsys: $nsys; step_bench --engine --reps=3 --warmup=1 ${flags[*]:1}"
+    # The report stays in /tmp (never under $OUT) and is deleted after the stats.
+    "$nsys" profile --stats=false --force-overwrite=true -o /tmp/prof20 \
+      "$B/bin/step_bench" --engine --reps=3 --warmup=1 "${flags[@]}" &&
+      "$nsys" stats --report cuda_gpu_kern_sum --format column /tmp/prof20.nsys-rep
+    local rc=$?
+    rm -f /tmp/prof20.nsys-rep /tmp/prof20.sqlite
+    [[ $rc == 0 ]] && return 0
+    echo "# nsys failed (rc $rc): falling back to step_bench's own numbers"
+  fi
+  echo "# no nsys profile (ncu is too slow for this cap): step_bench's own numbers; the step, then"
+  echo "# each chunk's batched NS alone (--ns_only)"
+  "$B/bin/step_bench" --engine --reps=5 --warmup=2 "${flags[@]}" &&
+    "$B/bin/step_bench" --ns_only --reps=5 --warmup=2 "${flags[@]}"
+}
+export -f profile_step
+export B
+part profile "$T_PROFILE" "$OUT/profile.txt" bash -c profile_step
 grep -E "^(PASS|FAIL) |gpu test binaries:|^worst .*: (PASS|FAIL)|SKIP" "$OUT/tests.log" >> "$S"
 grep -E "gram pays|never pays" "$OUT/sweep.md" >> "$S" 2>/dev/null
 echo "all parts: $((SECONDS - t_all)) s" >> "$S"

@@ -10,7 +10,8 @@
 # Why precompile here: the peer's first step compiles its CuTe DSL kernels (quack's disk
 # cache, /tmp/<user>/quack_cache) and torch.compile graphs (/tmp/torchinductor_<user>):
 # 139 s cold on the MoE set alone (dry run, 2026-12-02), too much for call 2's 600 s.
-# T_PRECOMPILE caps it; whatever it compiled stays cached for call 2.
+# T_PRECOMPILE (280 s: with ~100 s of machine start and call 2's ~540 s, the ~1070 s of
+# device time left) caps it; whatever it compiled stays cached for call 2.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out20}
@@ -27,7 +28,7 @@ echo "staged and installed /tmp/site in $((SECONDS - t0)) s: $(du -sh /tmp/site 
   | tee -a "$L"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$L" 2>&1
 t0=$SECONDS
-timeout -k 5 "${T_PRECOMPILE:-360}" python3 bench/gpu_step_bench.py --columns peer_a,peer_b \
+timeout -k 5 "${T_PRECOMPILE:-280}" python3 bench/gpu_step_bench.py --columns peer_a,peer_b \
   --set qwen3_30b_a3b:1 --set llama3_8b:4 --set qwen3_1_7b:28 --rounds 1 --reps 1 --warmup 0 \
   --no-rpc --out "$OUT/precompile.md" >> "$L" 2>&1
 echo "peer precompile: rc $?, $((SECONDS - t0)) s; caches: $(du -sh /tmp/*/quack_cache \

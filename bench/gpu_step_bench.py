@@ -78,7 +78,7 @@ def standard_ns_flops(shape, steps: int = 5) -> float:
 
 
 def ideal_ns_flops(shape, algorithm: str, restarts=(), steps: int = 5,
-                   min_aspect: float = 1.0) -> float:
+                   min_aspect: float | None = 1.0) -> float:
     """FLOPs of the NS a column runs on one matrix, every symmetric product at half price
     (one triangle), the ceiling a symmetric kernel can reach. s = short side, L = long side.
 
@@ -97,6 +97,8 @@ def ideal_ns_flops(shape, algorithm: str, restarts=(), steps: int = 5,
       standard NS (gram applies only where L > s and L / s >= min_aspect).
     """
     s, big = min(shape), max(shape)
+    if min_aspect is None:  # muond's size-aware default
+        min_aspect = default_gram_min_aspect(s)
     if algorithm == "standard" or big == s or big / s < min_aspect:
         return steps * (3 * s * s * big + s ** 3)
     assert algorithm == "gram", algorithm
@@ -114,17 +116,22 @@ def ideal_ns_flops(shape, algorithm: str, restarts=(), steps: int = 5,
     return flops
 
 
-def default_gram_min_aspect() -> float:
-    """muond's measured default threshold, read from its one home (the C++ header)."""
-    for rel in ("core/muon/gram_newton_schulz.h", "core/muon/newton_schulz.h"):
-        try:
-            text = open(os.path.join(ROOT, rel)).read()
-        except OSError:
-            continue
-        m = re.search(r"kDefaultGramMinAspectRatio\s*=\s*([0-9.]+)", text)
-        if m:
-            return float(m.group(1))
-    return 1.0
+def default_gram_min_aspect(short_side: int) -> float:
+    """muond's measured default threshold for a short side, read from its one home (the
+    C++ header, DefaultGramMinAspectRatio): the small-side value below the size bound."""
+    try:
+        text = open(os.path.join(ROOT, "core/muon/gram_newton_schulz.h")).read()
+    except OSError:
+        return 1.0
+    def const(name):
+        m = re.search(name + r"\s*=\s*([0-9.]+)", text)
+        return float(m.group(1)) if m else None
+    big = const(r"kDefaultGramMinAspectRatio")
+    small = const(r"kDefaultGramMinAspectRatioSmall")
+    below = const(r"kGramSmallShortSideBelow")
+    if big is None:
+        return 1.0
+    return small if small is not None and below is not None and short_side < below else big
 
 
 # ---------------------------------------------------------------------------- shapes
@@ -502,8 +509,9 @@ def column_algorithm(c, o):
     if c.startswith("peer_"):
         return "gram", Peer.restarts.get(c[-1], [2]), 1.0
     restarts = o.gram_restarts if o.gram_restarts is not None else o.muond_default_restarts
-    aspect = o.gram_min_aspect if o.gram_min_aspect is not None else default_gram_min_aspect()
-    return "gram", restarts, max(aspect, 1.0)
+    if o.gram_min_aspect is None:
+        return "gram", restarts, None  # muond's size-aware default, per shape
+    return "gram", restarts, max(o.gram_min_aspect, 1.0)
 
 
 # ---------------------------------------------------------------------------- sweep

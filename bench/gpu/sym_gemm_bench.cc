@@ -102,8 +102,8 @@ void Row(Backend& be, int64_t n, int64_t k, int64_t batch, int reps) {
       "| %lld | %lld | %lld | %s | %.4f | %.0f | %.4f | %.0f | %.4f | %.4f | "
       "%.2f | %.2f |\n",
       (long long)n, (long long)k, (long long)batch,
-      be.FastSymmetricGemm(n, k, t) ? "kernel" : "cuBLAS", ts, tflops(ts), tf,
-      tflops(tf), tm, tb, tm / ts, tb / ts);
+      be.FastSymmetricGemm(n, k, t, batch) ? "kernel" : "cuBLAS", ts,
+      tflops(ts), tf, tflops(tf), tm, tb, tm / ts, tb / ts);
   be.Free(xp);
   be.Free(dp);
 }

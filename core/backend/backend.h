@@ -161,12 +161,14 @@ class Backend {
   virtual absl::Status AddToDiagonal(const MatrixView& view, int64_t stride,
                                      int64_t batch, float value) = 0;
   // True where SymmetricGemmStridedBatchedOut runs a lower-triangle kernel
-  // that beats GemmStridedBatchedOut for an n x n result of inner dimension k
-  // in `dtype` (contiguous row-major operands); false (default) where it is
-  // the full product plus the mirror or not faster. Callers whose products
-  // are symmetric anyway use it to pick the call.
-  virtual bool FastSymmetricGemm(int64_t /*n*/, int64_t /*k*/,
-                                 DType /*dtype*/) const {
+  // that beats GemmStridedBatchedOut for a batch of `batch` n x n results of
+  // inner dimension k in `dtype` (contiguous row-major operands); false
+  // (default) where it is the full product plus the mirror or not faster.
+  // Callers whose products are symmetric anyway use it to pick the call; a
+  // caller that runs batches of varying size passes its largest and keeps
+  // the answer for all of them (a batch of one then takes the batched path).
+  virtual bool FastSymmetricGemm(int64_t /*n*/, int64_t /*k*/, DType /*dtype*/,
+                                 int64_t /*batch*/) const {
     return false;
   }
   // Mirrors the lower triangle (diagonal included) of each square slice into

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/backend/cuda_gram_kernels.h"
 #include "core/backend/cuda_kernels.h"
+#include "core/backend/sym_gemm_rule.h"
 #include "core/backend/sym_gemm_sm90.h"
 #include "core/common/status_macros.h"
 
@@ -34,12 +35,6 @@ constexpr size_t kCublasWorkspaceBytes = size_t(64) << 20;
 // The rule ignores the batch so that a batch of one and a batched call take
 // the same path (bitwise equal slices).
 bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 2 * n; }
-
-// When the kernel also beats the plain full product (no mirror), i.e. when a
-// caller should prefer the symmetric call (FastSymmetricGemm): 1.22-1.54x for
-// n >= 3072; below, the triangle's 36-136 tiles leave waves of 132 SMs
-// partly idle (n = 2048: 0.83-0.93x).
-constexpr int64_t kSymGemmBeatsFullN = 3072;
 
 absl::Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
@@ -324,12 +319,28 @@ class CudaBackend final : public Backend {
         stride_d, batch, precision);
   }
 
-  bool FastSymmetricGemm(int64_t n, int64_t k, DType dtype) const override {
+  // Whether the kernel also beats the plain full product (no mirror), i.e.
+  // whether a caller should prefer the symmetric call: the size and batch
+  // rule of sym_gemm_rule.h on this device's SM count.
+  bool FastSymmetricGemm(int64_t n, int64_t k, DType dtype,
+                         int64_t batch) const override {
     // Contiguous operands meet the kernel's layout rules when n and k are
     // multiples of 8 (sym_gemm_sm90::Unsupported).
     return (dtype == DType::kBFloat16 || dtype == DType::kFloat16) &&
-           n % 8 == 0 && k % 8 == 0 && n >= kSymGemmBeatsFullN &&
+           n % 8 == 0 && k % 8 == 0 &&
+           sym_gemm_sm90::BeatsFullGemm(n, batch, SmCount()) &&
            sym_gemm_sm90::DeviceSupported(device_);
+  }
+
+  // Multiprocessors of device_, queried once. A failed query counts as a
+  // GPU no batch can fill, leaving only the single-product size rule.
+  int64_t SmCount() const {
+    if (sm_count_ == 0 &&
+        cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount,
+                               device_) != cudaSuccess) {
+      sm_count_ = -1;
+    }
+    return sm_count_ > 0 ? sm_count_ : int64_t{1} << 40;
   }
 
   absl::Status SymmetrizeFromLower(const MatrixView& a, int64_t stride,
@@ -757,6 +768,8 @@ class CudaBackend final : public Backend {
   int autotune_ = 0;
   std::map<std::array<int64_t, 20>, LtPlan> lt_plans_;
   int device_;
+  // SmCount()'s cache: 0 = not queried yet, -1 = the query failed.
+  mutable int sm_count_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t handle_ = nullptr;

@@ -8,16 +8,23 @@
 
 namespace muond {
 
-double GramMinAspectRatio(const NsOptions& options) {
-  return options.gram_min_aspect_ratio > 0 ? options.gram_min_aspect_ratio
-                                           : kDefaultGramMinAspectRatio;
+double DefaultGramMinAspectRatio(int64_t short_side) {
+  return short_side < kGramSmallShortSideBelow ? kDefaultGramMinAspectRatioSmall
+                                               : kDefaultGramMinAspectRatio;
+}
+
+double GramMinAspectRatio(const NsOptions& options, int64_t rows,
+                          int64_t cols) {
+  return options.gram_min_aspect_ratio > 0
+             ? options.gram_min_aspect_ratio
+             : DefaultGramMinAspectRatio(std::min(rows, cols));
 }
 
 bool UsesGramNs(const NsOptions& options, int64_t rows, int64_t cols) {
   if (options.algorithm != NsAlgorithm::kGram) return false;
   const double lo = double(std::min(rows, cols)),
                hi = double(std::max(rows, cols));
-  return hi >= GramMinAspectRatio(options) * lo;
+  return hi >= GramMinAspectRatio(options, rows, cols) * lo;
 }
 
 std::vector<int> GramRestarts(const NsOptions& options) {

@@ -51,18 +51,32 @@
 
 namespace muond {
 
-// Provisional aspect-ratio threshold (max/min side) from the FLOP model, the
-// GPU bench measures the real crossover (bench/gpu_step_bench.py). Model
-// (full GEMMs, m = min side, n = max side, r = n/m): standard NS runs
-// s (4 m^2 n + 2 m^3); Gram NS with 5 steps and one restart runs
-// 8 m^2 n + 28 m^3 (R, restart X = QX and R, final QX; Z every step, Q and
-// R updates where the schedule needs them, GramNewtonSchulz::FlopsPerMatrix).
-// Equal at 20 r + 10 = 8 r + 28, r = 1.5. With the symmetric products at half
-// cost (a symmetric kernel, both algorithms) the crossover drops to r = 1.
+// Default aspect-ratio threshold (max/min side) from which Gram NS runs,
+// by the short side. The FLOP model (full GEMMs, m = min side, n = max side,
+// r = n/m: standard NS s (4 m^2 n + 2 m^3), Gram NS with 5 steps and one
+// restart 8 m^2 n + 28 m^3) puts the crossover at 20 r + 10 = 8 r + 28,
+// r = 1.5. Measured on an H200 (bench/results/gpu_h200_issue20.md,
+// "Aspect-ratio crossover": `bench/gpu_step_bench.py --sweep-aspect`, bf16
+// medium, step_bench's torch.optim.Muon settings, fp16 Gram with the default
+// restarts, n = short side; standard ms / Gram ms, > 1 = Gram faster):
+//   n \ m/n   1      1.25   1.5    2      3.5
+//   1024      0.718  0.788  0.842  0.948  1.103   (batches of 16)
+//   2048      0.872  0.973  1.034  1.269  1.558   (batches of 4)
+//   4096      0.926  0.956  1.042  1.206  1.464   (batches of 2)
+// From n = 2048 the crossover is just below 1.5, as modelled; at n = 1024 the
+// Gram side's many small m x m launches cost more than their FLOPs and it
+// moves to ~2.5 (linear between 2 and 3.5). Short side < 1536 (between the
+// measured sizes): 2.5; >= 1536: 1.5.
 inline constexpr double kDefaultGramMinAspectRatio = 1.5;
+inline constexpr double kDefaultGramMinAspectRatioSmall = 2.5;
+inline constexpr int64_t kGramSmallShortSideBelow = 1536;
 
-// The threshold NsOptions resolves to (gram_min_aspect_ratio, 0 = default).
-double GramMinAspectRatio(const NsOptions& options);
+// The default threshold for a matrix whose short side is `short_side`.
+double DefaultGramMinAspectRatio(int64_t short_side);
+// The threshold NsOptions resolves to for a rows x cols matrix:
+// gram_min_aspect_ratio (one number for all sizes) when set, else
+// DefaultGramMinAspectRatio(min side).
+double GramMinAspectRatio(const NsOptions& options, int64_t rows, int64_t cols);
 // Whether NewtonSchulz runs Gram NS for a rows x cols matrix: algorithm kGram
 // and max/min side >= GramMinAspectRatio (square and near-square stay
 // standard).

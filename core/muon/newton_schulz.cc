@@ -175,13 +175,17 @@ NewtonSchulz::NewtonSchulz(Backend* backend, NsOptions options, int64_t rows,
       work_dtype_(NsWorkDType(options_.precision)),
       schedule_(std::move(schedule)) {
   // use_syrk with syrk_block_rows = 0 forces the symmetric call; otherwise it
-  // is taken where the backend has a lower-triangle kernel for the shape
-  // (A: m x m from inner n, B: m x m from inner m).
+  // is taken where the backend has a lower-triangle kernel that beats the
+  // full product for the shape at max_batch (A: m x m from inner n, B: m x m
+  // from inner m). Decided once per instance, so every Run (batch of one
+  // included) takes the same path.
   const bool forced = options_.use_syrk && block_rows_ == 0;
-  sym_gram_ = block_rows_ == 0 &&
-              (forced || backend_->FastSymmetricGemm(m_, n_, work_dtype_));
-  sym_poly_ = block_rows_ == 0 &&
-              (forced || backend_->FastSymmetricGemm(m_, m_, work_dtype_));
+  sym_gram_ =
+      block_rows_ == 0 &&
+      (forced || backend_->FastSymmetricGemm(m_, n_, work_dtype_, max_batch_));
+  sym_poly_ =
+      block_rows_ == 0 &&
+      (forced || backend_->FastSymmetricGemm(m_, m_, work_dtype_, max_batch_));
 }
 
 NewtonSchulz::~NewtonSchulz() {

@@ -84,7 +84,8 @@ struct NsOptions {
   // kHighest/kHigh iterate in fp32.
   DType gram_dtype = DType::kFloat16;
   // Gram NS runs only where max(rows, cols) / min(rows, cols) >= this
-  // (>= 1); 0 = the measured default (kDefaultGramMinAspectRatio).
+  // (>= 1, one number for all sizes); 0 = the measured size-aware default
+  // (DefaultGramMinAspectRatio: 2.5 below a short side of 1536, else 1.5).
   double gram_min_aspect_ratio = 0.0;
 };
 

@@ -18,7 +18,8 @@ namespace {
 
 TEST(SymmetricGemmDefault, SymmetricAndEqualToThePlainProduct) {
   auto cpu = MakeCpuBackend();
-  EXPECT_FALSE(cpu->FastSymmetricGemm(4096, 4096, DType::kFloat32));
+  EXPECT_FALSE(cpu->FastSymmetricGemm(4096, 4096, DType::kFloat32, 1));
+  EXPECT_FALSE(cpu->FastSymmetricGemm(2048, 2048, DType::kBFloat16, 64));
   const int64_t n = 37, k = 53, batch = 3, pad = 5;
   std::mt19937 rng(11);
   std::normal_distribution<float> g;

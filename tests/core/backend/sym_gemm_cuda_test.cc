@@ -274,11 +274,16 @@ TEST_F(SymGemmCudaTest, ThresholdFallbackAndKernelAvailability) {
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0),
       cudaSuccess);
   const bool hopper = major == 9 && minor == 0;
-  EXPECT_EQ(gpu_->FastSymmetricGemm(4096, 14336, DType::kBFloat16), hopper);
-  EXPECT_EQ(gpu_->FastSymmetricGemm(4096, 4096, DType::kFloat16), hopper);
-  EXPECT_FALSE(gpu_->FastSymmetricGemm(768, 2688, DType::kBFloat16));
-  EXPECT_FALSE(gpu_->FastSymmetricGemm(4096, 4096, DType::kFloat32));
-  EXPECT_FALSE(gpu_->FastSymmetricGemm(4100, 4096, DType::kBFloat16));
+  EXPECT_EQ(gpu_->FastSymmetricGemm(4096, 14336, DType::kBFloat16, 1), hopper);
+  EXPECT_EQ(gpu_->FastSymmetricGemm(4096, 4096, DType::kFloat16, 1), hopper);
+  EXPECT_FALSE(gpu_->FastSymmetricGemm(768, 2688, DType::kBFloat16, 1));
+  EXPECT_FALSE(gpu_->FastSymmetricGemm(4096, 4096, DType::kFloat32, 1));
+  EXPECT_FALSE(gpu_->FastSymmetricGemm(4100, 4096, DType::kBFloat16, 1));
+  // Batched (sym_gemm_rule.h): 2048 alone loses, a batch of 28 (Qwen3's q/o
+  // matrices) fills every SM of any GPU up to 952 SMs.
+  EXPECT_FALSE(gpu_->FastSymmetricGemm(2048, 2048, DType::kBFloat16, 1));
+  EXPECT_EQ(gpu_->FastSymmetricGemm(2048, 2048, DType::kBFloat16, 28), hopper);
+  EXPECT_FALSE(gpu_->FastSymmetricGemm(512, 512, DType::kBFloat16, 1024));
 
   // fp32 (highest): full product + mirror.
   const int64_t n = 300, k = 200;

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -229,7 +230,7 @@ TEST(NewtonSchulzDispatch, GramOnlyAtOrAboveTheAspectThreshold) {
   for (const Case& c : std::vector<Case>{{8, 24, 0, true},
                                          {24, 8, 0, true},
                                          {16, 16, 0, false},
-                                         {16, 20, 0, false},  // 1.25 < 1.5
+                                         {16, 20, 0, false},  // 1.25 < 2.5
                                          {16, 20, 1.25, true},
                                          {16, 16, 1.0, true},
                                          {8, 24, 4.0, false}}) {
@@ -244,6 +245,41 @@ TEST(NewtonSchulzDispatch, GramOnlyAtOrAboveTheAspectThreshold) {
   o.algorithm = NsAlgorithm::kStandard;
   o.gram_min_aspect_ratio = 0;
   EXPECT_FALSE(UsesGramNs(o, 8, 64));
+}
+
+// The default threshold follows the short side (H200 sweep: Gram pays from
+// m/n ~2.5 at n = 1024, from ~1.5 at n >= 2048); an explicit ratio is one
+// number for all sizes.
+TEST(NewtonSchulzDispatch, DefaultThresholdIsSizeAware) {
+  NsOptions o = GramOptions(CoefficientType::kQuintic, 5);
+  EXPECT_EQ(DefaultGramMinAspectRatio(8), 2.5);
+  EXPECT_EQ(DefaultGramMinAspectRatio(1024), 2.5);
+  EXPECT_EQ(DefaultGramMinAspectRatio(1535), 2.5);
+  EXPECT_EQ(DefaultGramMinAspectRatio(1536), 1.5);
+  EXPECT_EQ(DefaultGramMinAspectRatio(4096), 1.5);
+  struct Case {
+    int64_t rows, cols;
+    double ratio;
+    bool gram;
+  };
+  for (const Case& c : std::vector<Case>{
+           {1024, 2048, 0, false},   // 2 < 2.5 (sweep: 0.948)
+           {1024, 2560, 0, true},    // 2.5
+           {3584, 1024, 0, true},    // tall 3.5 (sweep: 1.103)
+           {1024, 1536, 0, false},   // 1.5 below the size bound
+           {2048, 3072, 0, true},    // 1.5 (sweep: 1.034)
+           {2048, 2560, 0, false},   // 1.25 (sweep: 0.973)
+           {1536, 2304, 0, true},    // 1.5 at the size bound
+           {1535, 2303, 0, false},   // just below it: 2.5 rules
+           {1024, 2048, 2.0, true},  // explicit ratio wins, all sizes
+           {2048, 3072, 2.0, false}}) {
+    o.gram_min_aspect_ratio = c.ratio;
+    EXPECT_EQ(UsesGramNs(o, c.rows, c.cols), c.gram)
+        << c.rows << "x" << c.cols << " ratio " << c.ratio;
+    EXPECT_EQ(
+        GramMinAspectRatio(o, c.rows, c.cols),
+        c.ratio > 0 ? c.ratio : (std::min(c.rows, c.cols) < 1536 ? 2.5 : 1.5));
+  }
 }
 
 TEST(NewtonSchulzDispatch, RunDelegatesToGram) {

@@ -1,0 +1,53 @@
+// When the sm_90a symmetric GEMM (sym_gemm_sm90.h) beats the plain full
+// product (cuBLASLt, no mirror): the rule behind CudaBackend's
+// FastSymmetricGemm, a pure function so that CPU tests can check it.
+//
+// Measured on an H200 (132 SMs; bench/results/gpu_h200_sym_gemm.md, bf16
+// X X^T, kernel vs cuBLAS full product):
+//   single products: n >= 3072 wins 1.22-1.54x; n = 2048 loses 0.83-0.93x
+//     (136 lower tiles on 132 SMs: two waves, the second almost empty);
+//     n <= 1024 loses (0.81-0.93x: 36 tiles or fewer cannot fill the GPU).
+//   batches: 1024 x 3584 wins 1.12x at batch 8 (288 tiles, ~2 waves) and
+//     1.39x at batch 32 (1152 tiles, ~9 waves); 512 x 1792 (10 tiles a
+//     product) loses at batch 8 (0.85x) and ties at 32 (1.01x).
+// Hence: n >= 3072, or n >= 1024 with the batch's lower tiles filling at
+// least kMinWaves waves of the GPU. The margin (4 waves where ~2 already win
+// at n = 1024) keeps the last, partial wave's idle SMs a small share.
+// A batch of one decides as an unbatched call (n >= 3072 only: one n = 3072
+// product is 300 tiles, under 4 waves of 132).
+#ifndef MUOND_CORE_BACKEND_SYM_GEMM_RULE_H_
+#define MUOND_CORE_BACKEND_SYM_GEMM_RULE_H_
+
+#include <cstdint>
+
+namespace muond {
+namespace sym_gemm_sm90 {
+
+// The kernel's square output tile (kTile in sym_gemm_sm90.cu).
+inline constexpr int64_t kRuleTile = 128;
+// Single products: the kernel wins from this size on.
+inline constexpr int64_t kBeatsFullMinN = 3072;
+// Batched products: from this size on, given enough tiles.
+inline constexpr int64_t kBatchedMinN = 1024;
+inline constexpr int64_t kMinWaves = 4;
+
+// Lower-triangle tiles (diagonal included) of an n x n result: t (t + 1) / 2
+// with t = ceil(n / 128).
+constexpr int64_t LowerTiles(int64_t n) {
+  const int64_t t = (n + kRuleTile - 1) / kRuleTile;
+  return t * (t + 1) / 2;
+}
+
+// Whether a batch of n x n symmetric products runs faster on the kernel than
+// as full products on a GPU with `sm_count` SMs (batch < 1 counts as 1).
+constexpr bool BeatsFullGemm(int64_t n, int64_t batch, int64_t sm_count) {
+  if (n >= kBeatsFullMinN) return true;
+  if (n < kBatchedMinN) return false;
+  const int64_t b = batch < 1 ? 1 : batch;
+  return b * LowerTiles(n) >= kMinWaves * sm_count;
+}
+
+}  // namespace sym_gemm_sm90
+}  // namespace muond
+
+#endif  // MUOND_CORE_BACKEND_SYM_GEMM_RULE_H_

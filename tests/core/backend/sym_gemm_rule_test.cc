@@ -1,0 +1,69 @@
+// The rule of CudaBackend::FastSymmetricGemm (core/backend/sym_gemm_rule.h):
+// tile counts against an enumeration of the 128 x 128 output tiles, and the
+// decisions against the H200 measurements it was fitted to
+// (bench/results/gpu_h200_sym_gemm.md, 132 SMs).
+#include "core/backend/sym_gemm_rule.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+namespace muond {
+namespace sym_gemm_sm90 {
+namespace {
+
+constexpr int64_t kH200Sms = 132;
+
+// Tiles of an n x n result with a cell on or below the diagonal.
+int64_t EnumeratedLowerTiles(int64_t n) {
+  int64_t count = 0;
+  for (int64_t r0 = 0; r0 < n; r0 += 128) {
+    for (int64_t c0 = 0; c0 < n; c0 += 128) {
+      if (c0 <= r0 + 127 && c0 <= n - 1) ++count;  // cell (min(r0+127,n-1), c0)
+    }
+  }
+  return count;
+}
+
+TEST(SymGemmRule, LowerTilesCountTheTriangle) {
+  for (int64_t n : {1, 127, 128, 129, 1000, 1024, 1536, 2048, 2050, 3072, 4096})
+    EXPECT_EQ(LowerTiles(n), EnumeratedLowerTiles(n)) << n;
+  EXPECT_EQ(LowerTiles(2048), 136);  // the two-wave single product
+}
+
+TEST(SymGemmRule, MatchesTheH200Measurements) {
+  // Single products: wins from 3072 (1.22-1.54x), loses at 2048 and 1024.
+  EXPECT_TRUE(BeatsFullGemm(3072, 1, kH200Sms));
+  EXPECT_TRUE(BeatsFullGemm(4096, 1, kH200Sms));
+  EXPECT_FALSE(BeatsFullGemm(2048, 1, kH200Sms));
+  EXPECT_FALSE(BeatsFullGemm(1024, 1, kH200Sms));
+  // 1024 x 3584 batch 32: 1.39x. 512 x 1792 batch 32: 1.01x (too small).
+  EXPECT_TRUE(BeatsFullGemm(1024, 32, kH200Sms));
+  EXPECT_FALSE(BeatsFullGemm(512, 32, kH200Sms));
+  EXPECT_FALSE(BeatsFullGemm(512, 1 << 20, kH200Sms));
+  // Batch 8 at 1024 (288 tiles, 1.12x) stays below the 4-wave margin.
+  EXPECT_FALSE(BeatsFullGemm(1024, 8, kH200Sms));
+  // Qwen3-1.7B's 2048 x 2048 q/o matrices in batches of 28.
+  EXPECT_TRUE(BeatsFullGemm(2048, 28, kH200Sms));
+}
+
+TEST(SymGemmRule, BatchThresholdIsFourWaves) {
+  for (int64_t n : {1024, 1536, 2048, 2560}) {
+    const int64_t tiles = EnumeratedLowerTiles(n);
+    const int64_t need = (4 * kH200Sms + tiles - 1) / tiles;  // ceil
+    EXPECT_FALSE(BeatsFullGemm(n, need - 1, kH200Sms)) << n;
+    EXPECT_TRUE(BeatsFullGemm(n, need, kH200Sms)) << n;
+  }
+  // Batch of one (and a degenerate batch) decides as an unbatched product.
+  for (int64_t n : {1024, 2048, 2560, 3072}) {
+    EXPECT_EQ(BeatsFullGemm(n, 1, kH200Sms), n >= 3072) << n;
+    EXPECT_EQ(BeatsFullGemm(n, 0, kH200Sms), BeatsFullGemm(n, 1, kH200Sms));
+  }
+  // A smaller GPU fills with fewer tiles.
+  EXPECT_TRUE(BeatsFullGemm(2048, 2, 66));
+  EXPECT_FALSE(BeatsFullGemm(2048, 2, kH200Sms));
+}
+
+}  // namespace
+}  // namespace sym_gemm_sm90
+}  // namespace muond
