@@ -86,6 +86,21 @@ class FlopModelTest(unittest.TestCase):
         self.assertLess(bench.ideal_ns_flops((64, 256), "gram", [2], min_aspect=1.5),
                         bench.ideal_ns_flops((64, 256), "standard"))
 
+    def test_size_aware_default_threshold_from_the_header(self):
+        # DefaultGramMinAspectRatio (core/muon/gram_newton_schulz.h): 2.5 below a short
+        # side of 1536, 1.5 from it (H200 sweep, bench/results/gpu_h200_issue20.md).
+        self.assertEqual(bench.default_gram_min_aspect(1024), 2.5)
+        self.assertEqual(bench.default_gram_min_aspect(1535), 2.5)
+        self.assertEqual(bench.default_gram_min_aspect(1536), 1.5)
+        self.assertEqual(bench.default_gram_min_aspect(4096), 1.5)
+        # min_aspect None = that default for the shape's short side.
+        self.assertEqual(bench.ideal_ns_flops((1024, 2048), "gram", [2], min_aspect=None),
+                         bench.ideal_ns_flops((1024, 2048), "standard"))
+        self.assertLess(bench.ideal_ns_flops((1024, 2560), "gram", [2], min_aspect=None),
+                        bench.ideal_ns_flops((1024, 2560), "standard"))
+        self.assertLess(bench.ideal_ns_flops((2048, 3072), "gram", [2], min_aspect=None),
+                        bench.ideal_ns_flops((2048, 3072), "standard"))
+
     def test_one_restart_closed_form(self):
         s, big = 32, 96
         for restarts in ([2], [3]):
