@@ -114,5 +114,6 @@ export B
 part profile "$T_PROFILE" "$OUT/profile.txt" bash -c profile_step
 grep -E "^(PASS|FAIL) |gpu test binaries:|^worst .*: (PASS|FAIL)|SKIP" "$OUT/tests.log" >> "$S"
 grep -E "gram pays|never pays" "$OUT/sweep.md" >> "$S" 2>/dev/null
+echo "profile (head):" >> "$S"; head -n 16 "$OUT/profile.txt" >> "$S" 2>/dev/null
 echo "all parts: $((SECONDS - t_all)) s" >> "$S"
 cat "$S"
