@@ -98,7 +98,8 @@ print(",".join(f"{r}x{c}" for r, c in g.shape_set(path, layers)))') || return 1
     # The report stays in /tmp (never under $OUT) and is deleted after the stats.
     "$nsys" profile --stats=false --force-overwrite=true -o /tmp/prof20 \
       "$B/bin/step_bench" --engine --reps=3 --warmup=1 "${flags[@]}" &&
-      "$nsys" stats --report cuda_gpu_kern_sum --format column /tmp/prof20.nsys-rep
+      { "$nsys" stats --report cuda_gpu_kern_sum --format column /tmp/prof20.nsys-rep ||
+        "$nsys" stats --report gpukernsum --format column /tmp/prof20.nsys-rep; }  # nsys < 2023
     local rc=$?
     rm -f /tmp/prof20.nsys-rep /tmp/prof20.sqlite
     [[ $rc == 0 ]] && return 0
