@@ -43,10 +43,10 @@ Coefficients are read from core/muon/coefficients.cc (rounded to fp32 as
 muond stores them) and scheduled as CoefficientSchedule does (cycle, or
 repeat the last tuple for polar_express, cans and deepseekv4).
 
-Usage (the committed table in core/muon/coefficients.cc is this output; ~10 s
-on one core):
-  python3 tools/gram_restart_tuner.py --max-steps 10
-  python3 tools/gram_restart_tuner.py --check   # exit 1 if the table differs
+Usage (the committed table in core/muon/coefficients.cc is this output; about
+110 s of CPU on one core; needs numpy, which the repository's .venv has):
+  .venv/bin/python tools/gram_restart_tuner.py --max-steps 10
+  .venv/bin/python tools/gram_restart_tuner.py --check   # exit 1 if the table differs
 """
 import argparse
 import itertools
