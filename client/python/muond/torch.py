@@ -495,9 +495,12 @@ class Muon(torch.optim.Optimizer):
                         weight_decay_method=weight_decay_method,
                         fp32_matmul_prec=fp32_matmul_prec, use_syrk=use_syrk,
                         ns_algorithm=ns_algorithm,
-                        gram_restarts=(None if gram_restarts is None
-                                       else gram_restarts if isinstance(gram_restarts, (str, bytes))
-                                       else list(gram_restarts)),
+                        # A list copy of an iterable; anything else (None, a str, an
+                        # int) as given, so check_gram_options names it (ValueError).
+                        gram_restarts=(list(gram_restarts)
+                                       if hasattr(gram_restarts, "__iter__")
+                                       and not isinstance(gram_restarts, (str, bytes))
+                                       else gram_restarts),
                         gram_dtype=gram_dtype, gram_min_aspect_ratio=gram_min_aspect_ratio,
                         algorithm="muon")
         params = list(params)

@@ -134,6 +134,8 @@ class GramDaemonTest(ClusterTestCase):
             (dict(gram_restarts=[5]), "'gram_restarts' entries"),
             (dict(gram_restarts=[3, 2]), "ascending and distinct"),
             (dict(gram_restarts="2"), "must be None or a list of ints"),
+            # Not iterable: the check's ValueError, not list()'s TypeError.
+            (dict(gram_restarts=2), "must be None or a list of ints"),
             (dict(gram_min_aspect_ratio=0.5), "'gram_min_aspect_ratio' must be None, 0"),
             (dict(gram_min_aspect_ratio=float("inf")), "'gram_min_aspect_ratio'"),
         ]
