@@ -17,6 +17,31 @@ TWO_D = {"fsdp+tp": ("dp", "tp"), "hsdp": ("replicate", "shard")}
 MAX_WORLD = 64
 
 
+def restart_list(text: str) -> list[int]:
+    """--gram-restarts: "2,4" -> [2, 4] (muond checks the values)."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma list of ints such as 2 or 2,4, got {text!r}") from None
+
+
+def muond_ns_options(args) -> dict:
+    """The NS keyword arguments of muond.torch.Muon from the options above."""
+    return dict(fp32_matmul_prec=args.fp32_matmul_prec, ns_algorithm=args.ns_algorithm,
+                gram_dtype=args.gram_dtype, gram_restarts=args.gram_restarts)
+
+
+def ns_description(args) -> str:
+    """How muond's NS runs, for the report."""
+    prec = {"highest": "fp32", "high": "TF32", "medium": "bf16"}[args.fp32_matmul_prec]
+    if args.ns_algorithm == "standard":
+        return f"{prec} NS"
+    restarts = "default" if args.gram_restarts is None else args.gram_restarts
+    dtype = args.gram_dtype if args.fp32_matmul_prec == "medium" else "fp32"
+    return f"Gram NS ({dtype} iteration, restarts {restarts})"
+
+
 def add_common_args(p: argparse.ArgumentParser) -> None:
     """Data, model, optimizer and reporting options, shared with train_dist.py."""
     p.add_argument("--seed", type=int, default=0, help="init, data order and sampling seed")
@@ -40,6 +65,19 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-mode", choices=["spectral", "shape_scaling", "unit_rms_norm"],
                    default="spectral")
     p.add_argument("--extra-scale-factor", type=float, default=0.2)
+    # muond's NS options (the in-process reference always runs standard NS in fp32)
+    p.add_argument("--fp32-matmul-prec", choices=["highest", "high", "medium"],
+                   default="highest",
+                   help="muond's NS precision; highest (fp32) is what the reference runs, so "
+                        "the overlay compares like with like; high = TF32, medium = bf16")
+    p.add_argument("--ns-algorithm", choices=["standard", "gram"], default="standard",
+                   help="gram = Gram Newton-Schulz on wide/tall matrices "
+                        "(client/python/README.md, 'Gram Newton-Schulz')")
+    p.add_argument("--gram-dtype", choices=["fp16", "bf16"], default="fp16",
+                   help="Gram NS iteration dtype under --fp32-matmul-prec medium")
+    p.add_argument("--gram-restarts", type=restart_list, default=None,
+                   help="Gram NS restart iterations, comma list (e.g. 2 or 2,4); "
+                        "default: muond's table for the coefficient set")
     p.add_argument("--warmup", type=int, default=10, help="linear lr warmup steps")
     p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
                    help="after warmup: cosine to 10%% of the lr, or constant")

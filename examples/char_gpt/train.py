@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 
 from data import batch_at, load_corpus, sample_starts  # noqa: E402
-from options import add_common_args  # noqa: E402  (shared with train_dist.py)
+from options import add_common_args, muond_ns_options  # noqa: E402  (shared with train_dist.py)
 from model import CharGPT  # noqa: E402
 from reference_muon import ReferenceMuon  # noqa: E402
 
@@ -104,7 +104,8 @@ def build_optimizer(kind: str, model: CharGPT, args):
     from muond.torch import Muon
     return Muon([muon_group, adamw_group], daemons=args.daemon_list, job_id=args.job_id,
                 gtp_size=args.gtp, tp_size=args.tp, wait_healthy_timeout=args.wait_healthy,
-                fp32_matmul_prec="highest",  # fp32 NS, as ReferenceMuon's (--optimizer both)
+                # Default fp32 standard NS, as ReferenceMuon's (--optimizer both).
+                **muond_ns_options(args),
                 **common)
 
 

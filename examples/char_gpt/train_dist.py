@@ -52,7 +52,8 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 import train  # noqa: E402  (shared options, schedule, evaluation, plot)
 from data import batch_at, load_corpus, sample_starts  # noqa: E402
 from model import CharGPT  # noqa: E402
-from options import TWO_D, check_layout, dist_parser, dp_size, tp_size  # noqa: E402
+from options import (TWO_D, check_layout, dist_parser, dp_size, muond_ns_options,  # noqa: E402
+                     ns_description, tp_size)
 
 
 def parse_args(argv=None):
@@ -151,7 +152,8 @@ def build_optimizer(model, args):
                 nesterov=True, ns_steps=args.ns_steps, eps=1e-15,
                 coefficient_type=args.coefficient_type, scale_mode=args.scale_mode,
                 extra_scale_factor=args.extra_scale_factor,
-                fp32_matmul_prec="highest",  # fp32 NS, as ReferenceMuon's
+                # Default fp32 standard NS, as ReferenceMuon's (the overlay).
+                **muond_ns_options(args),
                 wait_healthy_timeout=args.wait_healthy)
 
 
@@ -327,7 +329,7 @@ def write_report(args, corpus, baseline, results, rel_diff, layout, path):
              f"context {args.context}, seed {args.seed}",
              f"- Muon: lr {args.lr}, momentum {args.momentum} (Nesterov), weight decay "
              f"{args.weight_decay}, {args.coefficient_type} x {args.ns_steps}, scale "
-             f"{args.scale_mode} x {args.extra_scale_factor}, fp32 NS; AdamW (embeddings, "
+             f"{args.scale_mode} x {args.extra_scale_factor}, {ns_description(args)}; AdamW (embeddings, "
              f"norms, biases, head): lr {args.adamw_lr}, betas {tuple(args.betas)}",
              f"- schedule: {args.warmup} warmup steps, then {args.schedule}; {args.steps} steps",
              "", "## Results (nats/char)", "",

@@ -94,6 +94,21 @@ class LaunchArgsTest(unittest.TestCase):
                    ["--parallel", "tp", "--nproc", "2"]):
             self.assertEqual(launch("--check-args", *ok).returncode, 0, ok)
 
+    def test_check_args_ns_options(self):
+        """The demo's muond NS options (examples/char_gpt/options.py) reach the
+        trainer's parser: Gram NS, its dtype, a comma list of restarts, the
+        precision; malformed values are refused naming the option."""
+        cpu = ("--check-args", "--device", "cpu", "--")
+        self.assertEqual(launch(*cpu, "--ns-algorithm", "gram", "--gram-dtype", "bf16",
+                                "--gram-restarts", "2,4", "--fp32-matmul-prec",
+                                "medium").returncode, 0)
+        self.assertRefused(launch(*cpu, "--gram-restarts", "2;4"), 2,
+                           "--gram-restarts", "comma list of ints", "'2;4'")
+        self.assertRefused(launch(*cpu, "--ns-algorithm", "grams"), 2,
+                           "--ns-algorithm", "'grams'")
+        self.assertRefused(launch(*cpu, "--fp32-matmul-prec", "low"), 2,
+                           "--fp32-matmul-prec", "'low'")
+
     def test_unusable_out_and_bin_fail_before_starting_anything(self):
         blocker = os.path.join(self.tmp, "file")
         open(blocker, "w").close()
