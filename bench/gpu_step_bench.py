@@ -116,6 +116,20 @@ def ideal_ns_flops(shape, algorithm: str, restarts=(), steps: int = 5,
     return flops
 
 
+def default_gram_restarts(gram_dtype: str, coefficients: str = "kSimple", steps: int = 5):
+    """muond's default Gram restarts (DefaultGramRestarts) for this bench's NS (the simple
+    set x 5 under medium, iterating in gram_dtype), read from its one home, the table in
+    core/muon/coefficients.cc; None if the row is not found."""
+    try:
+        text = open(os.path.join(ROOT, "core/muon/coefficients.cc")).read()
+    except OSError:
+        return None
+    dtype = {"fp16": "kFloat16", "bf16": "kBFloat16", "fp32": "kFloat32"}[gram_dtype]
+    m = re.search(r"\{CoefficientType::" + coefficients + r",\s*" + str(steps) +
+                  r",\s*DType::" + dtype + r",\s*\{([0-9,\s]*)\}\}", text)
+    return None if m is None else [int(x) for x in m.group(1).split(",") if x.strip()]
+
+
 def default_gram_min_aspect(short_side: int) -> float:
     """muond's measured default threshold for a short side, read from its one home (the
     C++ header, DefaultGramMinAspectRatio): the small-side value below the size bound."""
@@ -578,12 +592,16 @@ def main() -> int:
                     help="muond's standard NS columns run use_syrk")
     ap.add_argument("--gram-restarts", default=None,
                     help="muond gram restarts, e.g. 2 or 2,4 or none (default: muond's)")
-    ap.add_argument("--muond-default-restarts", default="3",
-                    help="muond's default restarts for the simple set, for the FLOP model "
-                         "when --gram-restarts is not given (DefaultGramRestarts: [3])")
+    ap.add_argument("--muond-default-restarts", default=None,
+                    help="display only: the restarts the FLOP model assumes for muond when "
+                         "--gram-restarts is not given (default: read from "
+                         "core/muon/coefficients.cc, simple x 5 in --gram-dtype; [3]); "
+                         "muond itself always runs its own default")
     ap.add_argument("--gram-dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--gram-min-aspect", type=float, default=None,
-                    help="muond gram_min_aspect_ratio (default: muond's measured default)")
+                    help="muond gram_min_aspect_ratio, one number for all sizes (default: "
+                         "muond's measured size-aware default, 2.5 below a short side of "
+                         "1536, 1.5 from it)")
     ap.add_argument("--peer-restarts", default=None,
                     help="peer (a)'s restarts, e.g. 2 (default: its tuner's pick)")
     ap.add_argument("--sweep-aspect", action="store_true",
@@ -607,6 +625,11 @@ def main() -> int:
     o = argparse.Namespace(gram_restarts=restarts(a.gram_restarts), gram_dtype=a.gram_dtype,
                            gram_min_aspect=a.gram_min_aspect,
                            muond_default_restarts=restarts(a.muond_default_restarts))
+    if o.muond_default_restarts is None:
+        o.muond_default_restarts = default_gram_restarts(a.gram_dtype)
+    if o.muond_default_restarts is None:
+        ap.error("--muond-default-restarts: simple x 5 not found in core/muon/coefficients.cc; "
+                 "pass it")
     sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
     import torch
     for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
