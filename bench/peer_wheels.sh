@@ -12,7 +12,7 @@
 #   DIR/p2/*.whl        the small wheels: gram-newton-schulz, quack-kernels,
 #                       nvidia-cutlass-dsl (metadata only), apache-tvm-ffi, torch-c-dlpack-ext.
 # The device image already has torch 2.11, numpy, einops, typing-extensions and cuda-bindings
-# (/work/.library/device/KINDS.md); everything here is installed --no-deps.
+# (the GPU machine's image); everything here is installed --no-deps.
 # Wheels already in $PEER_WHEEL_CACHE (default /tmp/whl) are reused, and so is its
 # cu13.tar.xz (compressing takes ~3.5 min on 2 cores).
 # On the device: bench/gpu_issue20_stage.sh (call 1, p1) then bench/gpu_issue20.sh (call 2, p2).
