@@ -7,19 +7,15 @@
 
 namespace muond {
 
-absl::Status Backend::MuonMomentumBatch(absl::Span<const MatrixView> grads,
-                                        absl::Span<const MatrixView> momenta,
-                                        double beta, bool nesterov,
-                                        absl::Span<const MatrixView> outs) {
-  if (momenta.size() != grads.size() || outs.size() != grads.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "momentum batch: grads, momenta and outs must have the same length, "
-        "got ",
-        grads.size(), ", ", momenta.size(), ", ", outs.size()));
+absl::Status Backend::MuonMomentumBatch(
+    absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
+    absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+    absl::Span<const MatrixView> outs) {
+  RETURN_IF_ERROR(CheckMomentumBatch(grads, momenta_in, momenta_out, outs));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    RETURN_IF_ERROR(MuonMomentum(grads[i], momenta_in[i], momenta_out[i], beta,
+                                 nesterov, outs[i]));
   }
-  for (size_t i = 0; i < grads.size(); ++i)
-    RETURN_IF_ERROR(
-        MuonMomentum(grads[i], momenta[i], beta, nesterov, outs[i]));
   return absl::OkStatus();
 }
 
@@ -221,17 +217,57 @@ absl::Status CheckNormalize(const MatrixView& src, const MatrixView& dst,
   return absl::OkStatus();
 }
 
-absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum,
+namespace {
+// Whether the bytes spanned by a and b (first to last element) intersect.
+bool Overlap(const MatrixView& a, const MatrixView& b) {
+  if (a.span_bytes() == 0 || b.span_bytes() == 0) return false;
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
+}
+}  // namespace
+
+absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum_in,
+                           const MatrixView& momentum_out,
                            const MatrixView& out) {
-  if (auto s = CheckSameShape(grad, momentum, "grad", "momentum"); !s.ok()) {
+  if (auto s = CheckSameShape(grad, momentum_in, "grad", "momentum_in");
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckSameShape(grad, momentum_out, "grad", "momentum_out");
+      !s.ok()) {
     return s;
   }
   if (auto s = CheckSameShape(grad, out, "grad", "ns input"); !s.ok()) {
     return s;
   }
-  if (out.data == momentum.data && out.numel() > 0) {
+  if (Overlap(out, momentum_in) || Overlap(out, momentum_out)) {
     return absl::InvalidArgumentError(
-        "momentum: the NS input buffer must not alias the momentum state");
+        "momentum: the NS input buffer must not overlap the momentum state");
+  }
+  const bool in_place = momentum_out.data == momentum_in.data &&
+                        momentum_out.row_stride == momentum_in.row_stride &&
+                        momentum_out.dtype == momentum_in.dtype;
+  if (!in_place && (Overlap(momentum_out, momentum_in) ||
+                    Overlap(momentum_out, grad))) {
+    return absl::InvalidArgumentError(
+        "momentum: momentum_out must be momentum_in (in place) or overlap "
+        "neither momentum_in nor grad");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMomentumBatch(absl::Span<const MatrixView> grads,
+                                absl::Span<const MatrixView> momenta_in,
+                                absl::Span<const MatrixView> momenta_out,
+                                absl::Span<const MatrixView> outs) {
+  if (momenta_in.size() != grads.size() ||
+      momenta_out.size() != grads.size() || outs.size() != grads.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "momentum batch: grads, momenta_in, momenta_out and outs must have "
+        "the same length, got ",
+        grads.size(), ", ", momenta_in.size(), ", ", momenta_out.size(), ", ",
+        outs.size()));
   }
   return absl::OkStatus();
 }

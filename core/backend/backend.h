@@ -192,22 +192,43 @@ class Backend {
   // ---- elementwise (formulas in elementwise_math.h) ------------------------
   // Muon momentum (EMA form of EO / torch.optim.Muon); the weights float(beta)
   // and float(1 - beta) are formed from the double `beta` on the host:
-  //   momentum <- lerp(momentum, grad, 1 - beta)   = m + (1-beta)(g - m)
-  //   out      <- nesterov ? lerp(grad, momentum, beta) = g + beta(m - g)
-  //                        : momentum
-  // grad fp32|bf16, momentum fp32|bf16 (state, updated in place), out
-  // fp32|bf16 (the Newton–Schulz input in the NS work dtype, rounded once)
-  // and distinct from momentum (the NS input is never state). Same shapes.
+  //   momentum_out <- lerp(momentum_in, grad, 1 - beta) = m + (1-beta)(g - m)
+  //   out          <- nesterov ? lerp(grad, momentum_out, beta)
+  //                            = g + beta(m' - g) : momentum_out
+  // grad fp32|bf16, momentum_in / momentum_out fp32|bf16 (state), out
+  // fp32|bf16 (the Newton–Schulz input in the NS work dtype, rounded once).
+  // Same shapes. momentum_out may be momentum_in (in place); otherwise it
+  // must not overlap momentum_in, grad or out: the step engine reads the
+  // committed state and writes the staged one, so an abandoned step leaves
+  // the state untouched without first copying it (14 B/element with fp32
+  // state and a bf16 NS input instead of 22). out never overlaps either
+  // momentum (the NS input is never state).
   virtual absl::Status MuonMomentum(const MatrixView& grad,
-                                    const MatrixView& momentum, double beta,
-                                    bool nesterov, const MatrixView& out) = 0;
-  // MuonMomentum for n params at once (grads[i], momenta[i], outs[i]; the
-  // three spans have the same length). Bitwise the n single calls, which is
-  // the default; CUDA batches small contiguous tensors into few launches.
+                                    const MatrixView& momentum_in,
+                                    const MatrixView& momentum_out,
+                                    double beta, bool nesterov,
+                                    const MatrixView& out) = 0;
+  // In place: momentum is read and overwritten.
+  absl::Status MuonMomentum(const MatrixView& grad, const MatrixView& momentum,
+                            double beta, bool nesterov, const MatrixView& out) {
+    return MuonMomentum(grad, momentum, momentum, beta, nesterov, out);
+  }
+  // MuonMomentum for n params at once (grads[i], momenta_in[i],
+  // momenta_out[i], outs[i]; the four spans have the same length). Bitwise
+  // the n single calls, which is the default; CUDA batches small contiguous
+  // tensors into few launches.
   virtual absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
-                                         absl::Span<const MatrixView> momenta,
+                                         absl::Span<const MatrixView> momenta_in,
+                                         absl::Span<const MatrixView> momenta_out,
                                          double beta, bool nesterov,
                                          absl::Span<const MatrixView> outs);
+  // In place.
+  absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
+                                 absl::Span<const MatrixView> momenta,
+                                 double beta, bool nesterov,
+                                 absl::Span<const MatrixView> outs) {
+    return MuonMomentumBatch(grads, momenta, momenta, beta, nesterov, outs);
+  }
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in
   // the param's dtype (fp32 or bf16) with one rounding. update is fp32 or
   // bf16 (the Newton–Schulz output, unscaled: `lr` is the adjusted lr, the
@@ -291,8 +312,14 @@ absl::Status CheckAddToDiagonal(const MatrixView& view, int64_t batch);
 absl::Status CheckNormalize(const MatrixView& src, const MatrixView& dst,
                             int64_t batch, float eps);
 // Checks MuonMomentum's / ApplyUpdate's / AdamW's arguments.
-absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum,
+absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum_in,
+                           const MatrixView& momentum_out,
                            const MatrixView& out);
+// The four spans of MuonMomentumBatch have the same length.
+absl::Status CheckMomentumBatch(absl::Span<const MatrixView> grads,
+                                absl::Span<const MatrixView> momenta_in,
+                                absl::Span<const MatrixView> momenta_out,
+                                absl::Span<const MatrixView> outs);
 absl::Status CheckUpdate(const MatrixView& param, const MatrixView& update);
 absl::Status CheckUpdateBatch(absl::Span<const MatrixView> params,
                               absl::Span<const MatrixView> updates,

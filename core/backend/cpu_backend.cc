@@ -262,17 +262,20 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status MuonMomentum(const MatrixView& grad, const MatrixView& momentum,
-                            double beta, bool nesterov,
-                            const MatrixView& out) override {
-    RETURN_IF_ERROR(CheckMomentum(grad, momentum, out));
+  using Backend::MuonMomentum;
+  absl::Status MuonMomentum(const MatrixView& grad,
+                            const MatrixView& momentum_in,
+                            const MatrixView& momentum_out, double beta,
+                            bool nesterov, const MatrixView& out) override {
+    RETURN_IF_ERROR(CheckMomentum(grad, momentum_in, momentum_out, out));
     const float w_ema = static_cast<float>(1.0 - beta);
     const float w_nesterov = static_cast<float>(beta);
     ForEach(grad, [&](int64_t i, int64_t j) {
       const float g = Load(grad, i, j);
-      Store(momentum, i, j, ew::MomentumEma(Load(momentum, i, j), g, w_ema));
+      Store(momentum_out, i, j,
+            ew::MomentumEma(Load(momentum_in, i, j), g, w_ema));
       // Read back: with bf16 state the NS input sees the stored momentum.
-      const float m = Load(momentum, i, j);
+      const float m = Load(momentum_out, i, j);
       Store(out, i, j, nesterov ? ew::NesterovInput(g, m, w_nesterov) : m);
     });
     return absl::OkStatus();

@@ -370,33 +370,39 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status MuonMomentum(const MatrixView& grad, const MatrixView& momentum,
-                            double beta, bool nesterov,
-                            const MatrixView& out) override {
-    RETURN_IF_ERROR(CheckMomentum(grad, momentum, out));
+  using Backend::MuonMomentum;
+  absl::Status MuonMomentum(const MatrixView& grad,
+                            const MatrixView& momentum_in,
+                            const MatrixView& momentum_out, double beta,
+                            bool nesterov, const MatrixView& out) override {
+    RETURN_IF_ERROR(CheckMomentum(grad, momentum_in, momentum_out, out));
     return CudaStatus(
-        cuda_kernels::MuonMomentum(K(grad), K(momentum), float(1.0 - beta),
-                                   float(beta), nesterov, K(out), stream_),
+        cuda_kernels::MuonMomentum(K(grad), K(momentum_in), K(momentum_out),
+                                   float(1.0 - beta), float(beta), nesterov,
+                                   K(out), stream_),
         "muon momentum");
   }
 
+  using Backend::MuonMomentumBatch;
   absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
-                                 absl::Span<const MatrixView> momenta,
+                                 absl::Span<const MatrixView> momenta_in,
+                                 absl::Span<const MatrixView> momenta_out,
                                  double beta, bool nesterov,
                                  absl::Span<const MatrixView> outs) override {
-    if (momenta.size() != grads.size() || outs.size() != grads.size()) {
-      return Backend::MuonMomentumBatch(grads, momenta, beta, nesterov, outs);
-    }
-    std::vector<cuda_kernels::KView> g, m, o;
+    RETURN_IF_ERROR(CheckMomentumBatch(grads, momenta_in, momenta_out, outs));
+    std::vector<cuda_kernels::KView> g, mi, mo, o;
     for (size_t i = 0; i < grads.size(); ++i) {
-      RETURN_IF_ERROR(CheckMomentum(grads[i], momenta[i], outs[i]));
+      RETURN_IF_ERROR(
+          CheckMomentum(grads[i], momenta_in[i], momenta_out[i], outs[i]));
       g.push_back(K(grads[i]));
-      m.push_back(K(momenta[i]));
+      mi.push_back(K(momenta_in[i]));
+      mo.push_back(K(momenta_out[i]));
       o.push_back(K(outs[i]));
     }
     return CudaStatus(cuda_kernels::MuonMomentumMulti(
-                          g.data(), m.data(), o.data(), int64_t(g.size()),
-                          float(1.0 - beta), float(beta), nesterov, stream_),
+                          g.data(), mi.data(), mo.data(), o.data(),
+                          int64_t(g.size()), float(1.0 - beta), float(beta),
+                          nesterov, stream_),
                       "muon momentum batch");
   }
 

@@ -343,30 +343,32 @@ __global__ void NormScaleVecKernel(const char* src, char* dst, int64_t groups,
   }
 }
 
+// mom_out may be mom_in (in place): every element is loaded before it is
+// stored, by the same thread.
 struct MomentumOp {
-  DView grad, mom, out;
+  DView grad, mom_in, mom_out, out;
   float w_ema, w_nesterov;
   bool nesterov;
   struct In {
     float g, m;
   };
   __device__ In Load(int64_t j) const {
-    return In{Ld(grad, 0, j), Ld(mom, 0, j)};
+    return In{Ld(grad, 0, j), Ld(mom_in, 0, j)};
   }
   __device__ void Store(int64_t j, In in) const {
     const float m_new = ew::MomentumEma(in.m, in.g, w_ema);
-    St(mom, 0, j, m_new);
+    St(mom_out, 0, j, m_new);
     const float m =
-        mom.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
+        mom_out.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
     St(out, 0, j, nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
   }
   __device__ void operator()(int64_t i, int64_t j) const {
     const float g = Ld(grad, i, j);
-    const float m_new = ew::MomentumEma(Ld(mom, i, j), g, w_ema);
-    St(mom, i, j, m_new);
+    const float m_new = ew::MomentumEma(Ld(mom_in, i, j), g, w_ema);
+    St(mom_out, i, j, m_new);
     // The stored value, without reading it back (bf16 state: rounded once).
     const float m =
-        mom.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
+        mom_out.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
     St(out, i, j, nesterov ? ew::NesterovInput(g, m, w_nesterov) : m);
   }
 };
@@ -405,7 +407,7 @@ struct AdamWOp {
 // kernel arguments (< 4 KB). Block b works on tensor k with
 // block_start[k] <= b < block_start[k + 1], elements
 // [(b - block_start[k]) * kMultiTile, + kMultiTile).
-constexpr int kMultiViews = 3;
+constexpr int kMultiViews = 4;
 constexpr int64_t kMultiTile = int64_t(kThreads) * kIlp * 4;
 struct MultiTable {
   char* ptr[kMultiViews][kMultiMaxTensors];
@@ -588,7 +590,9 @@ __global__ void MultiFiniteKernel(MultiTable t, float limit, int* flag) {
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
+// Views: 0 grad, 1 momentum in, 2 NS input, 3 momentum out (may be view 1).
 struct MultiMomentumOp {
+  static constexpr int kViews = 4;
   float w_ema, w_nesterov;
   bool nesterov;
   struct In {
@@ -600,17 +604,17 @@ struct MultiMomentumOp {
   }
   __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
     const float m_new = ew::MomentumEma(in.m, in.g, w_ema);
-    StFlat(t.ptr[1][k], t.elem[1][k], j, m_new);
+    StFlat(t.ptr[3][k], t.elem[3][k], j, m_new);
     const float m =
-        t.elem[1][k] == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
+        t.elem[3][k] == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
     StFlat(t.ptr[2][k], t.elem[2][k], j,
            nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
   }
-  static constexpr int kLoads = 2;  // grad, momentum
+  static constexpr int kLoads = 2;  // grad, momentum in
   template <int kSig>
   __device__ void Store4(const MultiTable& t, int k, int64_t j,
                          float4 (&in)[kLoads]) const {
-    constexpr bool bf16_state = ElemOf(kSig, 1) == 2;
+    constexpr bool bf16_state = ElemOf(kSig, 3) == 2;
     float4 m_new, out;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -622,12 +626,13 @@ struct MultiMomentumOp {
       At(out, e) =
           nesterov ? ew::NesterovInput(At(in[0], e), m, w_nesterov) : m;
     }
-    St4<ElemOf(kSig, 1)>(t.ptr[1][k], j, m_new);
+    St4<ElemOf(kSig, 3)>(t.ptr[3][k], j, m_new);
     St4<ElemOf(kSig, 2)>(t.ptr[2][k], j, out);
   }
 };
 
 struct MultiUpdateOp {  // lr: t.scalar[k]
+  static constexpr int kViews = 2;  // param, update
   float decay;
   int method;
   struct In {
@@ -841,12 +846,14 @@ cudaError_t FrobeniusNormalize(const KView& src, const KView& dst,
   return cudaGetLastError();
 }
 
-cudaError_t MuonMomentum(const KView& grad, const KView& momentum,
-                         float one_minus_beta, float beta, bool nesterov,
-                         const KView& out, cudaStream_t stream) {
-  return LaunchLoadStore(
-      {grad, momentum, out}, grad.rows, grad.cols, stream,
-      MomentumOp{D(grad), D(momentum), D(out), one_minus_beta, beta, nesterov});
+cudaError_t MuonMomentum(const KView& grad, const KView& momentum_in,
+                         const KView& momentum_out, float one_minus_beta,
+                         float beta, bool nesterov, const KView& out,
+                         cudaStream_t stream) {
+  return LaunchLoadStore({grad, momentum_in, momentum_out, out}, grad.rows,
+                         grad.cols, stream,
+                         MomentumOp{D(grad), D(momentum_in), D(momentum_out),
+                                    D(out), one_minus_beta, beta, nesterov});
 }
 
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
@@ -867,28 +874,20 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                                one_minus_beta2, step_size, bc2_sqrt, eps});
 }
 
-// Launches MultiLoadStoreKernel for a table, compiled for its vec4 dtypes.
-template <typename F>
+// Launches MultiLoadStoreKernel for a table, compiled for its vec4 dtypes:
+// one instantiation per signature of F::kViews views (kSig from 0 up).
+template <typename F, int kSig = 0>
 cudaError_t LaunchTable(const MultiTable& t, const F& op, cudaStream_t stream) {
-  const unsigned blocks = unsigned(t.block_start[t.count]);
-  switch (t.vec4_sig < 0 ? 0 : t.vec4_sig) {
-#define MUOND_SIG_CASE(S)                                               \
-  case S:                                                               \
-    MultiLoadStoreKernel<F, S><<<blocks, kThreads, 0, stream>>>(t, op); \
-    break;
-    MUOND_SIG_CASE(0)
-    MUOND_SIG_CASE(1)
-    MUOND_SIG_CASE(2)
-    MUOND_SIG_CASE(3)
-    MUOND_SIG_CASE(4)
-    MUOND_SIG_CASE(5)
-    MUOND_SIG_CASE(6)
-    MUOND_SIG_CASE(7)
-#undef MUOND_SIG_CASE
-    default:
-      return cudaErrorInvalidValue;
+  if constexpr (kSig < (1 << F::kViews)) {
+    if ((t.vec4_sig < 0 ? 0 : t.vec4_sig) != kSig) {
+      return LaunchTable<F, kSig + 1>(t, op, stream);
+    }
+    const unsigned blocks = unsigned(t.block_start[t.count]);
+    MultiLoadStoreKernel<F, kSig><<<blocks, kThreads, 0, stream>>>(t, op);
+    return cudaGetLastError();
+  } else {
+    return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,
@@ -897,18 +896,19 @@ cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,
                        FiniteOp{D(v), limit, flag});
 }
 
-cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
-                              const KView* outs, int64_t count,
-                              float one_minus_beta, float beta, bool nesterov,
-                              cudaStream_t stream) {
-  const KView* views[3] = {grads, moms, outs};
+cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
+                              const KView* moms_out, const KView* outs,
+                              int64_t count, float one_minus_beta, float beta,
+                              bool nesterov, cudaStream_t stream) {
+  const KView* views[MultiMomentumOp::kViews] = {grads, moms_in, outs,
+                                                 moms_out};
   const MultiMomentumOp op{one_minus_beta, beta, nesterov};
   return RunMulti(
-      views, 3, count, nullptr,
+      views, MultiMomentumOp::kViews, count, nullptr,
       [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
-        return MuonMomentum(grads[i], moms[i], one_minus_beta, beta, nesterov,
-                            outs[i], stream);
+        return MuonMomentum(grads[i], moms_in[i], moms_out[i], one_minus_beta,
+                            beta, nesterov, outs[i], stream);
       });
 }
 

@@ -38,9 +38,11 @@ cudaError_t SymmetrizeFromLower(const KView& a, int64_t stride, int64_t batch,
 cudaError_t FrobeniusNormalize(const KView& src, const KView& dst,
                                int64_t batch, float eps, double* partials,
                                cudaStream_t stream);
-cudaError_t MuonMomentum(const KView& grad, const KView& momentum,
-                         float one_minus_beta, float beta, bool nesterov,
-                         const KView& out, cudaStream_t stream);
+// momentum_out may be momentum_in (in place) or overlap nothing.
+cudaError_t MuonMomentum(const KView& grad, const KView& momentum_in,
+                         const KView& momentum_out, float one_minus_beta,
+                         float beta, bool nesterov, const KView& out,
+                         cudaStream_t stream);
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
                         float decay, int method, cudaStream_t stream);
 cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
@@ -60,8 +62,9 @@ cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,
 // identical to the single forms, so the results are bitwise the same.
 constexpr int kMultiMaxTensors = 40;
 constexpr int64_t kMultiMaxElems = int64_t(1) << 31;
-cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms,
-                              const KView* outs, int64_t count,
+cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
+                              const KView* moms_out, const KView* outs,
+                              int64_t count,
                               float one_minus_beta, float beta, bool nesterov,
                               cudaStream_t stream);
 // lrs[i]: tensor i's (adjusted) lr.

@@ -119,18 +119,31 @@ absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
 absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     const MuonOptions& options,
                                     absl::Span<const MatrixView> grads,
-                                    absl::Span<const MatrixView> momenta,
+                                    absl::Span<const MatrixView> momenta_in,
+                                    absl::Span<const MatrixView> momenta_out,
                                     absl::Span<const MatrixView> ns_inputs) {
-  for (const MatrixView& momentum : momenta) {
-    if (momentum.dtype != options.state_dtype) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("momentum: dtype must be the state_dtype ",
-                       std::string(DTypeName(options.state_dtype)), ", got ",
-                       std::string(DTypeName(momentum.dtype))));
+  for (absl::Span<const MatrixView> momenta : {momenta_in, momenta_out}) {
+    for (const MatrixView& momentum : momenta) {
+      if (momentum.dtype != options.state_dtype) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("momentum: dtype must be the state_dtype ",
+                         std::string(DTypeName(options.state_dtype)), ", got ",
+                         std::string(DTypeName(momentum.dtype))));
+      }
     }
   }
-  return backend.MuonMomentumBatch(grads, momenta, options.momentum,
-                                   options.nesterov, ns_inputs);
+  return backend.MuonMomentumBatch(grads, momenta_in, momenta_out,
+                                   options.momentum, options.nesterov,
+                                   ns_inputs);
+}
+
+absl::Status MuonMomentumPhaseBatch(Backend& backend,
+                                    const MuonOptions& options,
+                                    absl::Span<const MatrixView> grads,
+                                    absl::Span<const MatrixView> momenta,
+                                    absl::Span<const MatrixView> ns_inputs) {
+  return MuonMomentumPhaseBatch(backend, options, grads, momenta, momenta,
+                                ns_inputs);
 }
 
 absl::StatusOr<float> MuonAdjustedLr(const MuonOptions& options,

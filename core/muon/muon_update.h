@@ -82,7 +82,16 @@ absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
                                const MatrixView& ns_input);
 
 // Phase 1 for n params at once (same-length spans; bitwise the n single
-// calls, fewer launches on CUDA).
+// calls, fewer launches on CUDA): momenta_in[i] is read and the new momentum
+// written to momenta_out[i], which is momenta_in[i] (in place) or a buffer
+// of its own (the step engine's staged momentum: no copy of the state).
+absl::Status MuonMomentumPhaseBatch(Backend& backend,
+                                    const MuonOptions& options,
+                                    absl::Span<const MatrixView> grads,
+                                    absl::Span<const MatrixView> momenta_in,
+                                    absl::Span<const MatrixView> momenta_out,
+                                    absl::Span<const MatrixView> ns_inputs);
+// In place.
 absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     const MuonOptions& options,
                                     absl::Span<const MatrixView> grads,

@@ -52,26 +52,28 @@ std::vector<MatrixView> Pick(const std::vector<MatrixView>& views,
   return picked;
 }
 
-// grad_i, momentum_i -> staged_momentum_i, L_i: a copy, then the momentum
-// kernel in place on the copy, one batched call (CUDA: a launch per ~40 small
-// params, not per param). momentum_i is only read.
+// grad_i, momentum_i -> staged_momentum_i, L_i in one batched call (CUDA: a
+// launch per ~40 small params, not per param). momentum_i is only read, so
+// an abandoned step leaves the state as it was without a copy of it; a
+// skipped param's staged buffer is not written (CommitMuonGroup does not
+// swap it in).
 absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
                            const std::set<std::string>& skip) {
-  std::vector<MatrixView> grads, momenta, inputs;
+  std::vector<MatrixView> grads, momenta, staged, inputs;
   for (size_t i = 0; i < group.params.size(); ++i) {
     ParamState& p = group.params[i];
-    RETURN_IF_ERROR(group.backend->Copy2D(p.staged_momentum, p.momentum));
     if (skip.contains(group.config.params[i].name)) {
       RETURN_IF_ERROR(group.backend->Memset0(group.local[i]));
       continue;
     }
     grads.push_back(group.config.params[i].grad);
-    momenta.push_back(p.staged_momentum);
+    momenta.push_back(p.momentum);
+    staged.push_back(p.staged_momentum);
     inputs.push_back(group.local[i]);
   }
   if (grads.empty()) return absl::OkStatus();
   return MuonMomentumPhaseBatch(*group.backend, options, grads, momenta,
-                                inputs);
+                                staged, inputs);
 }
 
 // L_i -> A1_i over gtp_remat, then A1_i -> A2_i over tp.
@@ -187,8 +189,11 @@ absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
     return UpdatePhase(group, options, skip);
   }));
   // The staged momentum is the state from now on; the old buffer stages the
-  // next step.
-  for (ParamState& p : group.params) {
+  // next step. A skipped param's momentum stays (MomentumPhase did not stage
+  // it).
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    if (skip.contains(group.config.params[i].name)) continue;
+    ParamState& p = group.params[i];
     std::swap(p.momentum_buf, p.staged_momentum_buf);
     std::swap(p.momentum, p.staged_momentum);
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -233,6 +234,117 @@ TEST(CpuBackend, MuonMomentumBf16StateRoundsOnce) {
     EXPECT_NEAR(Bf16BitsToFloat(m[i]), mref, std::fabs(mref) * 0.008 + 1e-6);
     EXPECT_EQ(out[i], Bf16BitsToFloat(m[i]));
   }
+}
+
+// Out of place (the step engine: read the state, write the staged buffer)
+// against in place, single and batched, fp32 and bf16 state, a strided view:
+// the new momentum and the NS input are bitwise the same, momentum_in is not
+// written.
+TEST(CpuBackend, MuonMomentumOutOfPlaceIsInPlaceBitwise) {
+  auto backend = MakeCpuBackend();
+  for (bool nesterov : {false, true}) {
+    for (bool bf16_state : {false, true}) {
+      // 3 x 4 views in 3 x 5 storage (ld 5) for grad and both momenta.
+      std::vector<float> g = Random(15, 31), m32 = Random(15, 32);
+      std::vector<uint16_t> m16(15);
+      for (int i = 0; i < 15; ++i) m16[i] = FloatToBf16Bits(m32[i]);
+      auto state = [&](std::vector<float>& f, std::vector<uint16_t>& h) {
+        return bf16_state ? MatrixView{h.data(), DType::kBFloat16, 3, 4, 5}
+                          : V(f, 3, 4, 5);
+      };
+      std::vector<float> in_f = m32, inplace_f = m32, out_f(15, -7.0f);
+      std::vector<uint16_t> in_h = m16, inplace_h = m16, out_h(15, 0xdead);
+      std::vector<float> ns_in(12), ns_out(12);
+      ASSERT_TRUE(backend
+                      ->MuonMomentum(V(g, 3, 4, 5), state(inplace_f, inplace_h),
+                                     0.95, nesterov, V(ns_in, 3, 4))
+                      .ok());
+      ASSERT_TRUE(backend
+                      ->MuonMomentum(V(g, 3, 4, 5), state(in_f, in_h),
+                                     state(out_f, out_h), 0.95, nesterov,
+                                     V(ns_out, 3, 4))
+                      .ok());
+      EXPECT_EQ(in_f, m32);  // momentum_in untouched
+      EXPECT_EQ(in_h, m16);
+      for (int r = 0; r < 3; ++r) {
+        for (int c = 0; c < 4; ++c) {
+          const int i = r * 5 + c;
+          if (bf16_state) {
+            EXPECT_EQ(out_h[i], inplace_h[i]) << i;
+          } else {
+            EXPECT_EQ(std::memcmp(&out_f[i], &inplace_f[i], 4), 0) << i;
+          }
+          EXPECT_EQ(std::memcmp(&ns_out[r * 4 + c], &ns_in[r * 4 + c], 4), 0);
+        }
+        // The pad column of momentum_out is not written.
+        EXPECT_EQ(bf16_state ? float(out_h[r * 5 + 4]) : out_f[r * 5 + 4],
+                  bf16_state ? float(0xdead) : -7.0f);
+      }
+      // Batched (two params): the same values.
+      std::vector<float> in2_f = m32, out2_f(15), ns2(12), g_b = Random(12, 33),
+                         mi_b = Random(12, 34), mo_b(12), mp_b = mi_b,
+                         nsb(12), nsp(12);
+      std::vector<uint16_t> in2_h = m16, out2_h(15);
+      const std::vector<MatrixView> grads = {V(g, 3, 4, 5), V(g_b, 3, 4)};
+      const std::vector<MatrixView> ins = {state(in2_f, in2_h), V(mi_b, 3, 4)};
+      const std::vector<MatrixView> outs = {state(out2_f, out2_h),
+                                            V(mo_b, 3, 4)};
+      const std::vector<MatrixView> nss = {V(ns2, 3, 4), V(nsb, 3, 4)};
+      ASSERT_TRUE(
+          backend->MuonMomentumBatch(grads, ins, outs, 0.95, nesterov, nss)
+              .ok());
+      ASSERT_TRUE(backend
+                      ->MuonMomentum(V(g_b, 3, 4), V(mp_b, 3, 4), 0.95,
+                                     nesterov, V(nsp, 3, 4))
+                      .ok());
+      EXPECT_EQ(in2_f, m32);
+      EXPECT_EQ(in2_h, m16);
+      EXPECT_EQ(ns2, ns_out);
+      EXPECT_EQ(nsb, nsp);
+      EXPECT_EQ(mo_b, mp_b);
+      for (int r = 0; r < 3; ++r) {
+        for (int c = 0; c < 4; ++c) {
+          const int i = r * 5 + c;
+          if (bf16_state) {
+            EXPECT_EQ(out2_h[i], out_h[i]);
+          } else {
+            EXPECT_EQ(out2_f[i], out_f[i]);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuBackend, MuonMomentumOutOfPlaceRejectsOverlap) {
+  auto backend = MakeCpuBackend();
+  std::vector<float> g(8, 1), m(8, 0), out(8), buf(12);
+  // momentum_out overlapping momentum_in (shifted by one element).
+  EXPECT_FALSE(backend
+                   ->MuonMomentum(V(g, 2, 4), V(buf, 2, 4),
+                                  MatrixView{buf.data() + 1, DType::kFloat32,
+                                             2, 4, 4},
+                                  0.9, true, V(out, 2, 4))
+                   .ok());
+  // momentum_out over grad, and the NS input over momentum_out.
+  EXPECT_FALSE(backend
+                   ->MuonMomentum(V(g, 2, 4), V(m, 2, 4), V(g, 2, 4), 0.9,
+                                  true, V(out, 2, 4))
+                   .ok());
+  EXPECT_FALSE(backend
+                   ->MuonMomentum(V(g, 2, 4), V(m, 2, 4), V(buf, 2, 4), 0.9,
+                                  true, V(buf, 2, 4))
+                   .ok());
+  // Spans of different lengths.
+  const std::vector<MatrixView> one = {V(g, 2, 4)};
+  const std::vector<MatrixView> none;
+  EXPECT_FALSE(
+      backend->MuonMomentumBatch(one, one, none, 0.9, true, one).ok());
+  // Disjoint: fine.
+  EXPECT_TRUE(backend
+                  ->MuonMomentum(V(g, 2, 4), V(m, 2, 4), V(buf, 2, 4), 0.9,
+                                 true, V(out, 2, 4))
+                  .ok());
 }
 
 // The bf16 NS data path: the momentum kernel writes the Newton–Schulz input

@@ -96,10 +96,10 @@ class CountingBackend final : public Backend {
                                   int64_t batch, float eps) override {
     return cpu_->FrobeniusNormalize(s, d, batch, eps);
   }
-  absl::Status MuonMomentum(const MatrixView& g, const MatrixView& m,
-                            double beta, bool nesterov,
-                            const MatrixView& out) override {
-    return cpu_->MuonMomentum(g, m, beta, nesterov, out);
+  absl::Status MuonMomentum(const MatrixView& g, const MatrixView& m_in,
+                            const MatrixView& m_out, double beta,
+                            bool nesterov, const MatrixView& out) override {
+    return cpu_->MuonMomentum(g, m_in, m_out, beta, nesterov, out);
   }
   absl::Status ApplyUpdate(const MatrixView& p, const MatrixView& u, float lr,
                            float decay, WeightDecayMethod method) override {

@@ -75,12 +75,16 @@ struct RankRun {
   std::vector<std::map<std::string, std::vector<float>>> state_after;
 };
 
+// commit_delay_ms > 0: rank 1 votes on the commit that late, after its
+// peers' communicator timeout (2 s then): every step is abandoned after its
+// momentum phase.
 void RunRank(InMemoryKeyValueStore* store, const std::string& prefix, int t,
-             const std::vector<Attempt>* attempts, RankRun* run) {
+             const std::vector<Attempt>* attempts, int commit_delay_ms,
+             RankRun* run) {
   auto fail = [&](const absl::Status& st) { run->statuses.push_back(st); };
   GlooOptions gloo;
   gloo.hostname = "127.0.0.1";
-  gloo.timeout = absl::Seconds(8);
+  gloo.timeout = absl::Seconds(commit_delay_ms > 0 ? 2 : 8);
   auto tp = CreateGlooCommunicator(store, prefix + "/tp", t, kT, gloo);
   if (!tp.ok()) return fail(tp.status());
   auto job = CreateGlooCommunicator(store, prefix + "/job", t, kT, gloo);
@@ -122,6 +126,7 @@ void RunRank(InMemoryKeyValueStore* store, const std::string& prefix, int t,
   }
   StepOptions options;
   options.job = job->get();
+  if (t == 1) options.testonly_commit_delay_ms = commit_delay_ms;
   auto opt = LayerShardedMuon::Create(backend.get(), {dense, adam}, options);
   if (!opt.ok()) return fail(opt.status());
   for (const Attempt& a : *attempts) {
@@ -141,12 +146,14 @@ void RunRank(InMemoryKeyValueStore* store, const std::string& prefix, int t,
 }
 
 std::vector<RankRun> RunWorld(const std::string& prefix,
-                              const std::vector<Attempt>& attempts) {
+                              const std::vector<Attempt>& attempts,
+                              int commit_delay_ms = 0) {
   InMemoryKeyValueStore store;
   std::vector<RankRun> runs(kT);
   std::vector<std::thread> threads;
   for (int t = 0; t < kT; ++t) {
-    threads.emplace_back(RunRank, &store, prefix, t, &attempts, &runs[t]);
+    threads.emplace_back(RunRank, &store, prefix, t, &attempts,
+                         commit_delay_ms, &runs[t]);
   }
   for (std::thread& th : threads) th.join();
   return runs;
@@ -300,6 +307,32 @@ TEST(SkipParams, SkippedParamsAndTheirStateStayOthersMatchTheReference) {
   for (int t = 0; t < kT; ++t) {
     ExpectBits(runs[t].state_after[2].at("dense/w1.momentum"),
                RowsOf(momentum, t), "w1 momentum");
+  }
+}
+
+// A step abandoned after its momentum phase (rank 1's commit vote comes
+// after rank 0's communicator timeout): the momentum kernel has run, into
+// the staged buffers only, so the exported momentum is still the initial
+// zeros (the kernel in place on the state would have made it (1-beta) g)
+// and no param moved. The committed path, the same kernel writing the staged
+// buffer, is held to the in-place reference by SkipParams above.
+TEST(AbandonedStep, LeavesMomentumAndParamsBitwiseUnchanged) {
+  const std::vector<Attempt> attempts = {{[](int) { return StepInputs{}; }, 1}};
+  const std::vector<RankRun> runs =
+      RunWorld("abandon", attempts, /*commit_delay_ms=*/3000);
+  for (int t = 0; t < kT; ++t) {
+    ASSERT_EQ(runs[t].statuses.size(), 1u);
+    EXPECT_FALSE(runs[t].statuses[0].ok()) << "rank " << t;
+    ASSERT_EQ(runs[t].state_after.size(), 1u);
+    for (int p = 0; p < 2; ++p) {
+      const std::string key = absl::StrCat("dense/", kMuonNames[p], ".momentum");
+      ExpectBits(runs[t].state_after[0].at(key),
+                 std::vector<float>(kLocal * kCols, 0.0f), key);
+      std::vector<float> initial(kLocal * kCols);
+      for (int64_t i = 0; i < kLocal * kCols; ++i) initial[i] = Value(t, p, 0, i);
+      ExpectBits(runs[t].params_after[0].at(kMuonNames[p]), initial,
+                 kMuonNames[p]);
+    }
   }
 }
 
