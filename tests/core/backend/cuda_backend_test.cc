@@ -288,6 +288,78 @@ TEST_F(CudaBackendTest, AllFinite) {
   EXPECT_FALSE(*gpu_->AllFinite({da, db}));
 }
 
+// Out-of-place momentum (the step engine's: state in, staged buffer out),
+// single and batched (a multi-tensor table of vec4 tensors, a strided one,
+// bf16 state, an empty one), against the CPU backend in place: the new
+// momentum and the NS input are bitwise the same and momentum_in is not
+// written.
+TEST_F(CudaBackendTest, MomentumOutOfPlaceIsCpuInPlaceBitwise) {
+  const int count = 50;
+  std::vector<std::vector<uint8_t>> g(count), m(count), m_cpu(count),
+      out_cpu(count);
+  std::vector<MatrixView> dg, dm_in, dm_out, dns, hg, hm, hns;
+  for (int i = 0; i < count; ++i) {
+    const int64_t r = i == 5 ? 0 : 3 + i % 7, c = 16 + 4 * (i % 5);
+    const int64_t ld = i == 7 ? c + 4 : c;
+    const bool bf16 = i % 3 == 1;
+    const DType sd = bf16 ? DType::kBFloat16 : DType::kFloat32;
+    const int64_t n = r * ld, es = bf16 ? 2 : 4;
+    const std::vector<float> gf = Random(n, 100 + i), mf = Random(n, 300 + i);
+    g[i].resize(n * 4);
+    std::memcpy(g[i].data(), gf.data(), n * 4);
+    m[i].resize(n * es);
+    for (int64_t k = 0; k < n; ++k) {
+      if (bf16) {
+        const uint16_t h = FloatToBf16Bits(mf[k]);
+        std::memcpy(m[i].data() + 2 * k, &h, 2);
+      } else {
+        std::memcpy(m[i].data() + 4 * k, &mf[k], 4);
+      }
+    }
+    m_cpu[i] = m[i];
+    out_cpu[i].assign(n * 4, 0);
+    hg.push_back({g[i].data(), DType::kFloat32, r, c, ld});
+    hm.push_back({m_cpu[i].data(), sd, r, c, ld});
+    hns.push_back({out_cpu[i].data(), DType::kFloat32, r, c, ld});
+    dg.push_back(Up(hg.back()));
+    dm_in.push_back(Up({m[i].data(), sd, r, c, ld}));
+    std::vector<uint8_t> zeros(n * es, 0);
+    dm_out.push_back(Up({zeros.data(), sd, r, c, ld}));
+    dns.push_back(Up(hns.back()));
+  }
+  // Nesterov on for the batched call, off for the single calls.
+  for (bool batched : {true, false}) {
+    for (int i = 0; i < count; ++i) {
+      ASSERT_TRUE(cpu_->MuonMomentum(hg[i], hm[i], 0.95, batched, hns[i]).ok());
+    }
+    if (batched) {
+      ASSERT_TRUE(
+          gpu_->MuonMomentumBatch(dg, dm_in, dm_out, 0.95, true, dns).ok());
+    } else {
+      for (int i = 0; i < count; ++i) {
+        ASSERT_TRUE(gpu_->MuonMomentum(dg[i], dm_in[i], dm_out[i], 0.95,
+                                       false, dns[i])
+                        .ok());
+      }
+    }
+    for (int i = 0; i < count; ++i) {
+      const int64_t es = DTypeSize(hm[i].dtype), ld = hm[i].row_stride;
+      const int64_t n = hm[i].rows * ld;
+      EXPECT_EQ(Down<uint8_t>(dm_in[i], n * es), m[i]) << i;
+      const auto got_m = Down<uint8_t>(dm_out[i], n * es);
+      const auto got_o = Down<uint8_t>(dns[i], n * 4);
+      for (int64_t k = 0; k < n; ++k) {
+        if (k % ld >= hm[i].cols) continue;  // the stride gap
+        ASSERT_EQ(std::memcmp(&got_m[k * es], &m_cpu[i][k * es], es), 0)
+            << i << " " << k;
+        ASSERT_EQ(std::memcmp(&got_o[k * 4], &out_cpu[i][k * 4], 4), 0)
+            << i << " " << k;
+      }
+      m_cpu[i] = m[i];  // the next round starts from the same state
+    }
+  }
+}
+
 // The batched momentum/update and the multi-tensor AllFinite against the
 // CPU backend's single calls: more tensors than one launch table holds, a
 // strided one, bf16 state/params, an empty one (bit-identical).
