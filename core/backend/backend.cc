@@ -227,7 +227,8 @@ bool Overlap(const MatrixView& a, const MatrixView& b) {
 }
 }  // namespace
 
-absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum_in,
+absl::Status CheckMomentum(const MatrixView& grad,
+                           const MatrixView& momentum_in,
                            const MatrixView& momentum_out,
                            const MatrixView& out) {
   if (auto s = CheckSameShape(grad, momentum_in, "grad", "momentum_in");
@@ -248,8 +249,8 @@ absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum_in
   const bool in_place = momentum_out.data == momentum_in.data &&
                         momentum_out.row_stride == momentum_in.row_stride &&
                         momentum_out.dtype == momentum_in.dtype;
-  if (!in_place && (Overlap(momentum_out, momentum_in) ||
-                    Overlap(momentum_out, grad))) {
+  if (!in_place &&
+      (Overlap(momentum_out, momentum_in) || Overlap(momentum_out, grad))) {
     return absl::InvalidArgumentError(
         "momentum: momentum_out must be momentum_in (in place) or overlap "
         "neither momentum_in nor grad");
@@ -261,8 +262,8 @@ absl::Status CheckMomentumBatch(absl::Span<const MatrixView> grads,
                                 absl::Span<const MatrixView> momenta_in,
                                 absl::Span<const MatrixView> momenta_out,
                                 absl::Span<const MatrixView> outs) {
-  if (momenta_in.size() != grads.size() ||
-      momenta_out.size() != grads.size() || outs.size() != grads.size()) {
+  if (momenta_in.size() != grads.size() || momenta_out.size() != grads.size() ||
+      outs.size() != grads.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "momentum batch: grads, momenta_in, momenta_out and outs must have "
         "the same length, got ",

@@ -205,9 +205,8 @@ class Backend {
   // momentum (the NS input is never state).
   virtual absl::Status MuonMomentum(const MatrixView& grad,
                                     const MatrixView& momentum_in,
-                                    const MatrixView& momentum_out,
-                                    double beta, bool nesterov,
-                                    const MatrixView& out) = 0;
+                                    const MatrixView& momentum_out, double beta,
+                                    bool nesterov, const MatrixView& out) = 0;
   // In place: momentum is read and overwritten.
   absl::Status MuonMomentum(const MatrixView& grad, const MatrixView& momentum,
                             double beta, bool nesterov, const MatrixView& out) {
@@ -217,11 +216,11 @@ class Backend {
   // momenta_out[i], outs[i]; the four spans have the same length). Bitwise
   // the n single calls, which is the default; CUDA batches small contiguous
   // tensors into few launches.
-  virtual absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
-                                         absl::Span<const MatrixView> momenta_in,
-                                         absl::Span<const MatrixView> momenta_out,
-                                         double beta, bool nesterov,
-                                         absl::Span<const MatrixView> outs);
+  virtual absl::Status MuonMomentumBatch(
+      absl::Span<const MatrixView> grads,
+      absl::Span<const MatrixView> momenta_in,
+      absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+      absl::Span<const MatrixView> outs);
   // In place.
   absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
                                  absl::Span<const MatrixView> momenta,
@@ -312,7 +311,8 @@ absl::Status CheckAddToDiagonal(const MatrixView& view, int64_t batch);
 absl::Status CheckNormalize(const MatrixView& src, const MatrixView& dst,
                             int64_t batch, float eps);
 // Checks MuonMomentum's / ApplyUpdate's / AdamW's arguments.
-absl::Status CheckMomentum(const MatrixView& grad, const MatrixView& momentum_in,
+absl::Status CheckMomentum(const MatrixView& grad,
+                           const MatrixView& momentum_in,
                            const MatrixView& momentum_out,
                            const MatrixView& out);
 // The four spans of MuonMomentumBatch have the same length.

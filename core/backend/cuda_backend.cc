@@ -399,11 +399,11 @@ class CudaBackend final : public Backend {
       mo.push_back(K(momenta_out[i]));
       o.push_back(K(outs[i]));
     }
-    return CudaStatus(cuda_kernels::MuonMomentumMulti(
-                          g.data(), mi.data(), mo.data(), o.data(),
-                          int64_t(g.size()), float(1.0 - beta), float(beta),
-                          nesterov, stream_),
-                      "muon momentum batch");
+    return CudaStatus(
+        cuda_kernels::MuonMomentumMulti(
+            g.data(), mi.data(), mo.data(), o.data(), int64_t(g.size()),
+            float(1.0 - beta), float(beta), nesterov, stream_),
+        "muon momentum batch");
   }
 
   absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,

@@ -64,9 +64,8 @@ constexpr int kMultiMaxTensors = 40;
 constexpr int64_t kMultiMaxElems = int64_t(1) << 31;
 cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
                               const KView* moms_out, const KView* outs,
-                              int64_t count,
-                              float one_minus_beta, float beta, bool nesterov,
-                              cudaStream_t stream);
+                              int64_t count, float one_minus_beta, float beta,
+                              bool nesterov, cudaStream_t stream);
 // lrs[i]: tensor i's (adjusted) lr.
 cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
                              const float* lrs, int64_t count, float decay,

@@ -72,8 +72,8 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
     inputs.push_back(group.local[i]);
   }
   if (grads.empty()) return absl::OkStatus();
-  return MuonMomentumPhaseBatch(*group.backend, options, grads, momenta,
-                                staged, inputs);
+  return MuonMomentumPhaseBatch(*group.backend, options, grads, momenta, staged,
+                                inputs);
 }
 
 // L_i -> A1_i over gtp_remat, then A1_i -> A2_i over tp.

@@ -27,11 +27,11 @@
 //
 // A param named in `skip` (StepInputs::skip_params) is left alone, as
 // torch.optim leaves a param whose grad is None: the kernel does not run on
-// it and the commit does not swap its staged buffer in, its L_i is zeroed (NS of
-// zeros is zeros, and the exchanges keep their shapes on every rank), and the
-// update phase leaves its param alone (no weight decay, no update); an AdamW
-// param keeps its moments and its step count. The other params run the same
-// kernels on the same values: bitwise as without `skip`.
+// it and the commit does not swap its staged buffer in, its L_i is zeroed (NS
+// of zeros is zeros, and the exchanges keep their shapes on every rank), and
+// the update phase leaves its param alone (no weight decay, no update); an
+// AdamW param keeps its moments and its step count. The other params run the
+// same kernels on the same values: bitwise as without `skip`.
 //
 // With a DP axis, a2a_fwd, ns and a2a_bwd cover only the params homed in
 // this rank's replica (NsHome::d; the plan leaves the others out); the L_i of

@@ -282,8 +282,8 @@ TEST(CpuBackend, MuonMomentumOutOfPlaceIsInPlaceBitwise) {
       }
       // Batched (two params): the same values.
       std::vector<float> in2_f = m32, out2_f(15), ns2(12), g_b = Random(12, 33),
-                         mi_b = Random(12, 34), mo_b(12), mp_b = mi_b,
-                         nsb(12), nsp(12);
+                         mi_b = Random(12, 34), mo_b(12), mp_b = mi_b, nsb(12),
+                         nsp(12);
       std::vector<uint16_t> in2_h = m16, out2_h(15);
       const std::vector<MatrixView> grads = {V(g, 3, 4, 5), V(g_b, 3, 4)};
       const std::vector<MatrixView> ins = {state(in2_f, in2_h), V(mi_b, 3, 4)};
@@ -320,16 +320,16 @@ TEST(CpuBackend, MuonMomentumOutOfPlaceRejectsOverlap) {
   auto backend = MakeCpuBackend();
   std::vector<float> g(8, 1), m(8, 0), out(8), buf(12);
   // momentum_out overlapping momentum_in (shifted by one element).
-  EXPECT_FALSE(backend
-                   ->MuonMomentum(V(g, 2, 4), V(buf, 2, 4),
-                                  MatrixView{buf.data() + 1, DType::kFloat32,
-                                             2, 4, 4},
-                                  0.9, true, V(out, 2, 4))
-                   .ok());
+  EXPECT_FALSE(
+      backend
+          ->MuonMomentum(V(g, 2, 4), V(buf, 2, 4),
+                         MatrixView{buf.data() + 1, DType::kFloat32, 2, 4, 4},
+                         0.9, true, V(out, 2, 4))
+          .ok());
   // momentum_out over grad, and the NS input over momentum_out.
   EXPECT_FALSE(backend
-                   ->MuonMomentum(V(g, 2, 4), V(m, 2, 4), V(g, 2, 4), 0.9,
-                                  true, V(out, 2, 4))
+                   ->MuonMomentum(V(g, 2, 4), V(m, 2, 4), V(g, 2, 4), 0.9, true,
+                                  V(out, 2, 4))
                    .ok());
   EXPECT_FALSE(backend
                    ->MuonMomentum(V(g, 2, 4), V(m, 2, 4), V(buf, 2, 4), 0.9,
@@ -338,8 +338,7 @@ TEST(CpuBackend, MuonMomentumOutOfPlaceRejectsOverlap) {
   // Spans of different lengths.
   const std::vector<MatrixView> one = {V(g, 2, 4)};
   const std::vector<MatrixView> none;
-  EXPECT_FALSE(
-      backend->MuonMomentumBatch(one, one, none, 0.9, true, one).ok());
+  EXPECT_FALSE(backend->MuonMomentumBatch(one, one, none, 0.9, true, one).ok());
   // Disjoint: fine.
   EXPECT_TRUE(backend
                   ->MuonMomentum(V(g, 2, 4), V(m, 2, 4), V(buf, 2, 4), 0.9,

@@ -337,9 +337,9 @@ TEST_F(CudaBackendTest, MomentumOutOfPlaceIsCpuInPlaceBitwise) {
           gpu_->MuonMomentumBatch(dg, dm_in, dm_out, 0.95, true, dns).ok());
     } else {
       for (int i = 0; i < count; ++i) {
-        ASSERT_TRUE(gpu_->MuonMomentum(dg[i], dm_in[i], dm_out[i], 0.95,
-                                       false, dns[i])
-                        .ok());
+        ASSERT_TRUE(
+            gpu_->MuonMomentum(dg[i], dm_in[i], dm_out[i], 0.95, false, dns[i])
+                .ok());
       }
     }
     for (int i = 0; i < count; ++i) {

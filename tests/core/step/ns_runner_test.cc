@@ -97,8 +97,8 @@ class CountingBackend final : public Backend {
     return cpu_->FrobeniusNormalize(s, d, batch, eps);
   }
   absl::Status MuonMomentum(const MatrixView& g, const MatrixView& m_in,
-                            const MatrixView& m_out, double beta,
-                            bool nesterov, const MatrixView& out) override {
+                            const MatrixView& m_out, double beta, bool nesterov,
+                            const MatrixView& out) override {
     return cpu_->MuonMomentum(g, m_in, m_out, beta, nesterov, out);
   }
   absl::Status ApplyUpdate(const MatrixView& p, const MatrixView& u, float lr,

@@ -152,8 +152,8 @@ std::vector<RankRun> RunWorld(const std::string& prefix,
   std::vector<RankRun> runs(kT);
   std::vector<std::thread> threads;
   for (int t = 0; t < kT; ++t) {
-    threads.emplace_back(RunRank, &store, prefix, t, &attempts,
-                         commit_delay_ms, &runs[t]);
+    threads.emplace_back(RunRank, &store, prefix, t, &attempts, commit_delay_ms,
+                         &runs[t]);
   }
   for (std::thread& th : threads) th.join();
   return runs;
@@ -325,11 +325,13 @@ TEST(AbandonedStep, LeavesMomentumAndParamsBitwiseUnchanged) {
     EXPECT_FALSE(runs[t].statuses[0].ok()) << "rank " << t;
     ASSERT_EQ(runs[t].state_after.size(), 1u);
     for (int p = 0; p < 2; ++p) {
-      const std::string key = absl::StrCat("dense/", kMuonNames[p], ".momentum");
+      const std::string key =
+          absl::StrCat("dense/", kMuonNames[p], ".momentum");
       ExpectBits(runs[t].state_after[0].at(key),
                  std::vector<float>(kLocal * kCols, 0.0f), key);
       std::vector<float> initial(kLocal * kCols);
-      for (int64_t i = 0; i < kLocal * kCols; ++i) initial[i] = Value(t, p, 0, i);
+      for (int64_t i = 0; i < kLocal * kCols; ++i)
+        initial[i] = Value(t, p, 0, i);
       ExpectBits(runs[t].params_after[0].at(kMuonNames[p]), initial,
                  kMuonNames[p]);
     }
