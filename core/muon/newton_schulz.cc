@@ -52,7 +52,40 @@ absl::StatusOr<DType> ParseGramDType(std::string_view name) {
       absl::StrCat("gram_dtype '", std::string(name), "' is not fp16 or bf16"));
 }
 
+namespace {
+
+// The largest finite fp16 value. A custom coefficient above it is inf once
+// Gram NS casts it to its fp16 iteration dtype (every step would write inf).
+constexpr double kFp16Max = 65504.0;
+
+// Custom coefficients must be fp16-representable where Gram NS can iterate in
+// fp16 (gram, medium, gram_dtype fp16): refused at registration, not found
+// as inf params after a step. The built-in sets are far inside the range.
+absl::Status CheckFp16Coefficients(const NsOptions& options) {
+  if (options.algorithm != NsAlgorithm::kGram ||
+      options.precision != MatmulPrecision::kMedium ||
+      options.gram_dtype != DType::kFloat16) {
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < options.custom.size(); ++i) {
+    const NsCoefficients& t = options.custom[i];
+    if (std::fabs(t.a) > kFp16Max || std::fabs(t.b) > kFp16Max ||
+        std::fabs(t.c) > kFp16Max) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "custom coefficients: tuple ", i, " (", t.a, ", ", t.b, ", ", t.c,
+          ") is outside the fp16 range (|a|, |b|, |c| <= 65504) that Gram NS "
+          "iterates in (ns_algorithm gram, precision medium, gram_dtype "
+          "fp16); use gram_dtype bf16, precision highest or smaller "
+          "coefficients"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateGramOptions(const NsOptions& options) {
+  RETURN_IF_ERROR(CheckFp16Coefficients(options));
   if (options.gram_restarts.has_value()) {
     const std::vector<int>& r = *options.gram_restarts;
     for (size_t i = 0; i < r.size(); ++i) {

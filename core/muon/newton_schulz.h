@@ -106,7 +106,8 @@ int SyrkBlockRows(int64_t m, int requested);
 // fields (checked whatever the algorithm, so a bad value never waits for a
 // shape that selects Gram): gram_restarts each in [1, num_steps), ascending
 // and distinct; gram_dtype fp16 or bf16; gram_min_aspect_ratio 0 or finite
-// and >= 1.
+// and >= 1; custom coefficients within fp16's range (|a|, |b|, |c| <= 65504)
+// where Gram can iterate in fp16 (gram, medium, gram_dtype fp16).
 absl::Status ValidateNsOptions(const NsOptions& options,
                                const Backend& backend);
 // The Gram fields' rules of ValidateNsOptions alone (no backend needed:

@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/common/status_macros.h"
@@ -180,6 +182,28 @@ absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
   }));
   return TimedPhase(backend, "lsmuon/dp_share", t.dp_share_us,
                     [&] { return DpSharePhase(group, exchange); });
+}
+
+absl::Status CheckNsOutputsFinite(GroupState& group,
+                                  const MuonOptions& options,
+                                  const std::set<std::string>& skip) {
+  if (options.ns.coefficient_type != CoefficientType::kCustom) {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> bad;
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const std::string& name = group.config.params[i].name;
+    if (skip.contains(name)) continue;
+    ASSIGN_OR_RETURN(bool finite, group.backend->AllFinite({group.local[i]}));
+    if (!finite) bad.push_back(name);
+  }
+  if (bad.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "group ", group.config.name,
+      ": the Newton-Schulz output is not finite (NaN or Inf; custom "
+      "coefficients grew past the iteration dtype's range) for: ",
+      absl::StrJoin(bad, ", "),
+      "; the step was not applied (params and momentum unchanged)"));
 }
 
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,

@@ -64,6 +64,16 @@ absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
                               ExchangeBuffers& exchange,
                               ShapeTimes* shape_times, PhaseTimings& t);
 
+// After PrepareMuonGroup: InvalidArgument naming the group's params whose
+// update on this rank (L_i) has a NaN or Inf, for custom coefficient
+// schedules only. A custom schedule can grow past the iteration dtype's range
+// (fp16 65504, or fp32) with finite gradients; the built-in sets are bounded
+// (gram_spectra_test: sigma_max <= max p + 0.05), so they skip the check and
+// its sync. Skipped params (zero L_i) are not named.
+absl::Status CheckNsOutputsFinite(GroupState& group,
+                                  const MuonOptions& options,
+                                  const std::set<std::string>& skip);
+
 // After the job's commit vote: the update of the params (L_i after
 // PrepareMuonGroup) and the staged momentum made the state. Local only.
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,

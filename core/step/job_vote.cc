@@ -77,6 +77,8 @@ std::string RefusalCodeName(RefusalCode code) {
       return "a skip_params name it does not hold";
     case RefusalCode::kDomainDisagreement:
       return "its domain's ranks disagree on skip_params or overrides";
+    case RefusalCode::kNonFiniteUpdate:
+      return "a non-finite Newton-Schulz output (custom coefficients)";
   }
   return absl::StrCat("unknown reason ", uint32_t(code));
 }
@@ -145,6 +147,7 @@ absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
     case RefusalCode::kNonFinite:
     case RefusalCode::kSkipParams:
     case RefusalCode::kDomainDisagreement:
+    case RefusalCode::kNonFiniteUpdate:
       return absl::InvalidArgumentError(message);
     case RefusalCode::kCommunication:
       return absl::UnavailableError(message);

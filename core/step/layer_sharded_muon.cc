@@ -329,6 +329,9 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // Up to the commit: the Muon groups of one lane, in registration order.
   absl::Status PrepareLane(Lane& lane, const StepInputs& inputs,
                            ShapeTimes* shape_times, PhaseTimings& timings);
+  // After the exchanges, before the commit vote: the Muon groups' local
+  // updates are finite (CheckNsOutputsFinite; custom coefficients only).
+  absl::Status CheckNsOutputs(const StepInputs& inputs);
   // After the commit vote: every group of one lane writes its update.
   absl::Status CommitLane(Lane& lane, const StepInputs& inputs,
                           PhaseTimings& timings);
@@ -698,16 +701,24 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   // A peer that stopped mid-exchange would be waited for again in the vote.
   if (absl::IsDeadlineExceeded(prepared)) return AbandonStep(prepared);
   JobBallot commit{.kind = BallotKind::kCommit, .step_id = inputs.step_id};
+  // Local checks only (no collective): a rank whose updates are not finite
+  // refuses in the commit vote, so every rank refuses together.
+  const absl::Status ns_finite =
+      prepared.ok() ? CheckNsOutputs(inputs) : absl::OkStatus();
   if (!prepared.ok()) {
     commit.verdict = JobVerdict::kRefuse;
     commit.code = IsCommunicationFailure(prepared) ? RefusalCode::kCommunication
                                                    : RefusalCode::kOther;
+  } else if (!ns_finite.ok()) {
+    commit.verdict = JobVerdict::kRefuse;
+    commit.code = RefusalCode::kNonFiniteUpdate;
   }
   if (options_.testonly_commit_delay_ms > 0) {
     absl::SleepFor(absl::Milliseconds(options_.testonly_commit_delay_ms));
   }
   absl::StatusOr<JobDecision> committed = VoteOnJob(commit);
   if (!prepared.ok()) return prepared;
+  if (!ns_finite.ok()) return ns_finite;  // mine, with the params named
   if (!committed.ok()) return committed.status();
   if (committed->verdict != JobVerdict::kAgree) {
     return absl::UnavailableError(
@@ -759,6 +770,19 @@ absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
         inputs.skip_params, lane.exchange, shape_times, timings));
   }
   return absl::OkStatus();
+}
+
+absl::Status LayerShardedMuonImpl::CheckNsOutputs(const StepInputs& inputs) {
+  absl::Status first;
+  for (GroupState& group : groups_) {
+    if (group.config.algorithm != Algorithm::kMuon) continue;
+    first.Update(CheckNsOutputsFinite(
+        group,
+        MuonOptionsForStep(group.config.muon, group.config.name,
+                           inputs.overrides),
+        inputs.skip_params));
+  }
+  return first;
 }
 
 absl::Status LayerShardedMuonImpl::CommitLane(Lane& lane,
