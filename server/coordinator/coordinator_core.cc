@@ -104,15 +104,37 @@ std::string FirstParamDifference(const v1::GroupManifest& a, int ra,
   return "";
 }
 
+std::string FieldText(const google::protobuf::Message& m,
+                      const google::protobuf::FieldDescriptor* field);
+
+// A message on one line: "{name: value, ...}" over its set fields, "{}" for
+// none (TextFormat's own printing ends fields with newlines, which broke the
+// disagreement message across lines).
+std::string MessageText(const google::protobuf::Message& m) {
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  m.GetReflection()->ListFields(m, &fields);
+  std::vector<std::string> parts;
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    parts.push_back(absl::StrCat(f->name(), ": ", FieldText(m, f)));
+  }
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+
 // One field's value as text: "unset" for an unset field with presence, the
-// elements in brackets for a repeated field.
+// elements in brackets for a repeated field, a message as MessageText.
 std::string FieldText(const google::protobuf::Message& m,
                       const google::protobuf::FieldDescriptor* field) {
   const google::protobuf::Reflection* r = m.GetReflection();
+  const bool is_message =
+      field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE;
   std::string out, value;
   if (field->is_repeated()) {
     std::vector<std::string> items;
     for (int i = 0; i < r->FieldSize(m, field); ++i) {
+      if (is_message) {
+        items.push_back(MessageText(r->GetRepeatedMessage(m, field, i)));
+        continue;
+      }
       google::protobuf::TextFormat::PrintFieldValueToString(m, field, i,
                                                             &value);
       items.push_back(value);
@@ -120,6 +142,7 @@ std::string FieldText(const google::protobuf::Message& m,
     return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
   }
   if (field->has_presence() && !r->HasField(m, field)) return "unset";
+  if (is_message) return MessageText(r->GetMessage(m, field));
   google::protobuf::TextFormat::PrintFieldValueToString(m, field, -1, &out);
   return out;
 }

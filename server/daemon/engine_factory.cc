@@ -1,6 +1,8 @@
 #include "server/daemon/engine_factory.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu_backend.h"
@@ -29,6 +31,19 @@ absl::StatusOr<T> InGroup(const v1::ParamGroup& group,
                           absl::StatusOr<T> value) {
   if (value.ok()) return value;
   return InGroup(group, value.status());
+}
+
+// Coefficient `index` of custom_coefficients finite as a float32, checked
+// before the fp32 cast (as eps) so that 1e300 is named as out of the fp32
+// range, with the value as sent, not as the cast's "non-finite" inf.
+absl::Status CheckCoefficientFloat32(double value, int index) {
+  if (std::isfinite(value) && std::isfinite(static_cast<float>(value))) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "custom_coefficients: tuple ", index / 3, " value ", index % 3,
+      " must be finite as a float32 (|value| <= ",
+      std::numeric_limits<float>::max(), "), got ", value));
 }
 
 // The communicators of one domain on this rank (null: an axis of size 1).
@@ -69,6 +84,10 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
     return absl::InvalidArgumentError(absl::StrCat(
         "group '", group.name(), "': custom_coefficients has ",
         h.custom_coefficients_size(), " values, not a multiple of 3"));
+  }
+  for (int i = 0; i < h.custom_coefficients_size(); ++i) {
+    RETURN_IF_ERROR(
+        InGroup(group, CheckCoefficientFloat32(h.custom_coefficients(i), i)));
   }
   for (int i = 0; i + 2 < h.custom_coefficients_size(); i += 3) {
     o.ns.custom.push_back({float(h.custom_coefficients(i)),

@@ -774,6 +774,16 @@ TEST(CoordinatorTrust, HyperparamsMustAgreeAcrossRanks) {
       {"custom_coefficients",
        [](v1::MuonHyperparams& h) { h.add_custom_coefficients(1.5); }, "[]",
        "[1.5]"},
+      // A message field on one line (issue 20 hostile finding 3), set but
+      // empty as {} (a set empty list is "no restart", unset the default).
+      {"gram_restarts",
+       [](v1::MuonHyperparams& h) {
+         h.mutable_gram_restarts()->add_iterations(1);
+       },
+       "unset", "{iterations: [1]}, rank"},
+      {"gram_restarts",
+       [](v1::MuonHyperparams& h) { h.mutable_gram_restarts(); }, "unset",
+       "{}, rank"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);

@@ -154,5 +154,40 @@ TEST(GroupOptions, BadGramFieldsAreRefused) {
               HasSubstr("group 'g': gram_dtype: value 9 is not one of"));
 }
 
+// Issue 20's hostile test: 1e300 is finite as sent but inf as a float32;
+// named as out of the fp32 range with the value as sent, not "non-finite".
+TEST(GroupOptions, CustomCoefficientOutsideFloat32IsNamed) {
+  v1::ParamGroup g = MuonGroup();
+  g.mutable_muon()->set_coefficient_type(v1::COEFFICIENT_TYPE_CUSTOM);
+  for (double v : {1.0, 1e300, 0.0}) g.mutable_muon()->add_custom_coefficients(v);
+  g.mutable_muon()->set_num_ns_steps(1);
+  const absl::Status st = MuonOptionsFromProto(g).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(),
+              HasSubstr("group 'g': custom_coefficients: tuple 0 value 1 must "
+                        "be finite as a float32"));
+  EXPECT_THAT(st.message(), HasSubstr("got 1e+300"));
+}
+
+// A custom coefficient above fp16's 65504 where Gram NS iterates in fp16
+// (gram, medium, gram_dtype fp16 by default) is refused at registration; with
+// gram_dtype bf16 it is accepted.
+TEST(GroupOptions, CustomCoefficientAboveFp16RefusedForFp16Gram) {
+  v1::ParamGroup g = MuonGroup();
+  v1::MuonHyperparams* h = g.mutable_muon();
+  h->set_coefficient_type(v1::COEFFICIENT_TYPE_CUSTOM);
+  for (double v : {70000.0, 0.0, 0.0}) h->add_custom_coefficients(v);
+  h->set_num_ns_steps(1);
+  h->set_ns_algorithm(v1::NS_ALGORITHM_GRAM);
+  h->set_fp32_matmul_prec(v1::MATMUL_PRECISION_MEDIUM);
+  const absl::Status st = MuonOptionsFromProto(g).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(),
+              HasSubstr("group 'g': custom coefficients: tuple 0"));
+  EXPECT_THAT(st.message(), HasSubstr("fp16 range"));
+  h->set_gram_dtype(v1::NS_ITER_DTYPE_BF16);
+  EXPECT_TRUE(MuonOptionsFromProto(g).ok()) << MuonOptionsFromProto(g).status();
+}
+
 }  // namespace
 }  // namespace muond

@@ -77,6 +77,7 @@ refused at step(). The optimizer does not pickle: save its state_dict.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import threading
 from collections.abc import MutableMapping
@@ -301,6 +302,15 @@ def _frozen(value):
     return value
 
 
+def _thawed(value):
+    """A _frozen entry as the user wrote it, for messages (lists, not tuples)."""
+    if isinstance(value, tuple) and value[:1] == ("tensor",) and len(value) == 2:
+        return list(value[1])
+    if isinstance(value, tuple):
+        return [_thawed(v) for v in value]
+    return value
+
+
 def _fixed_entries(group: dict) -> dict:
     live = LIVE_KEYS[group["algorithm"]]
     return {k: _frozen(v) for k, v in group.items()
@@ -411,14 +421,20 @@ def check_gram_options(gi: int, group: dict) -> None:
         if isinstance(restarts, (str, bytes)) or not hasattr(restarts, "__iter__"):
             raise ValueError(f"{label}: 'gram_restarts' must be None or a list of ints, "
                              f"got {restarts!r}")
-        restarts = list(restarts)
-        for i, r in enumerate(restarts):
-            if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r < steps:
+        given, restarts = list(restarts), []
+        for i, r in enumerate(given):
+            # Integer-likes (numpy ints) count as ints; bool and float do not.
+            try:
+                value = None if isinstance(r, bool) else operator.index(r)
+            except TypeError:
+                value = None
+            if value is None or not 1 <= value < steps:
                 raise ValueError(f"{label}: 'gram_restarts' entries must be ints in "
                                  f"[1, ns_steps={steps}), got {r!r}")
-            if i and r <= restarts[i - 1]:
+            restarts.append(value)
+            if i and value <= restarts[i - 1]:
                 raise ValueError(f"{label}: 'gram_restarts' must be ascending and distinct, "
-                                 f"got {restarts!r}")
+                                 f"got {given!r}")
     ratio = group.get("gram_min_aspect_ratio")
     if ratio is not None:
         ok = not isinstance(ratio, (bool, str, bytes))
@@ -454,7 +470,8 @@ def _set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
         ns_batch_size=group["ns_batch_size"], use_syrk=group["use_syrk"],
         **enums))
     if group.get("gram_restarts") is not None:
-        wg.muon.gram_restarts.CopyFrom(pb.GramRestarts(iterations=list(group["gram_restarts"])))
+        wg.muon.gram_restarts.CopyFrom(pb.GramRestarts(
+            iterations=[operator.index(r) for r in group["gram_restarts"]]))
     if group.get("gram_min_aspect_ratio") is not None:
         wg.muon.gram_min_aspect_ratio = float(group["gram_min_aspect_ratio"])
 
@@ -964,9 +981,11 @@ class Muon(torch.optim.Optimizer):
                 now = _frozen(group[key]) if key in group else "<removed>"
                 if now != value:
                     algorithm = group["algorithm"]
+                    given = group[key] if key in group else "<removed>"
                     raise ValueError(
                         f"param group {gi} ({group.get('name', f'group{gi}')!r}): {key!r} "
-                        f"changed from {value!r} to {now!r} after construction; muond fixes "
+                        f"changed from {_thawed(value)!r} to {given!r} after construction; "
+                        "muond fixes "
                         f"it when it registers the group (the {algorithm} group's per-step "
                         f"entries are {', '.join(LIVE_KEYS[algorithm])}); build a new "
                         "optimizer to change it")
@@ -1460,8 +1479,13 @@ def _loaded_options(gi: int, group: dict, saved: dict) -> dict:
 
 
 def _torch_default(key: str, value):
-    """torch.optim.Muon's adjust_lr_fn None means "original"."""
-    return "original" if key == "adjust_lr_fn" and value is None else value
+    """torch.optim.Muon's adjust_lr_fn None means "original"; muond's
+    gram_min_aspect_ratio None and 0 both mean the measured default."""
+    if key == "adjust_lr_fn" and value is None:
+        return "original"
+    if key == "gram_min_aspect_ratio" and value is None:
+        return 0.0
+    return value
 
 
 def _whole(p: torch.Tensor):

@@ -148,5 +148,72 @@ class GramDaemonTest(ClusterTestCase):
             self.assertIn(message, str(ctx.exception), options)
 
 
+    def test_custom_coefficients_that_overflow_are_refused_and_nothing_changes(self):
+        """Issue 20's hostile finding 1 against a real daemon: a coefficient
+        above fp16's 65504 with fp16 Gram is refused naming the tuple; a
+        schedule that overflows fp16 in the iteration (300^3) is refused at
+        the step, params and momentum unchanged, and the next step runs."""
+        p = torch.nn.Parameter(torch.from_numpy(grad(3, (8, 24))))
+        with self.assertRaises(Exception) as ctx:
+            opt = Muon([{"params": [p], "name": "g"}], daemons=self.cluster.daemons,
+                       job_id=self.cluster.job_id, lr=LR, rpc_timeout=30,
+                       ns_algorithm="gram", fp32_matmul_prec="medium",
+                       ns_coefficients=[(70000.0, 0.0, 0.0)], ns_steps=1)
+            try:
+                p.grad = torch.ones_like(p)
+                opt.step()
+            finally:
+                opt.close()
+        self.assertIn("custom coefficients: tuple 0", str(ctx.exception))
+        self.assertIn("fp16 range", str(ctx.exception))
+
+        opt = Muon([{"params": [p], "name": "g"}], daemons=self.cluster.daemons,
+                   job_id=self.cluster.job_id, lr=LR, momentum=BETA, rpc_timeout=30,
+                   ns_algorithm="gram", fp32_matmul_prec="medium",
+                   ns_coefficients=[(300.0, 0.0, 0.0)], ns_steps=3, gram_restarts=[])
+        try:
+            before = p.detach().clone()
+            p.grad = torch.from_numpy(grad(4, (8, 24)))
+            with self.assertRaises(Exception) as ctx:
+                opt.step()
+            self.assertIn("Newton-Schulz output is not finite", str(ctx.exception))
+            self.assertIn("custom coefficients", str(ctx.exception))
+            self.assertTrue(torch.equal(p.detach(), before))
+            momentum = [v for st in opt.state_dict()["state"].values()
+                        for k, v in st.items() if torch.is_tensor(v) and v.numel() > 1]
+            self.assertTrue(all(not m.any() for m in momentum), momentum)
+            # The next step runs (the param skipped: grad None).
+            p.grad = None
+            opt.step()
+            self.assertTrue(torch.equal(p.detach(), before))
+        finally:
+            opt.close()
+
+    def test_client_gram_option_edges(self):
+        """Hostile finding 4: integer-likes (numpy ints) are ints; None and 0
+        are the same aspect ratio on load; messages show values as given."""
+        from muond.torch import _frozen, _loaded_options, _thawed, check_gram_options
+        group = {"name": "g", "algorithm": "muon", "ns_algorithm": "gram",
+                 "gram_dtype": "fp16", "ns_steps": 5}
+        check_gram_options(0, dict(group, gram_restarts=np.array([1, 3])))
+        check_gram_options(0, dict(group, gram_restarts=[np.int64(2)]))
+        with self.assertRaises(ValueError) as ctx:
+            check_gram_options(0, dict(group, gram_restarts=[np.int64(3), np.int64(2)]))
+        self.assertIn("ascending and distinct", str(ctx.exception))
+        with self.assertRaises(ValueError):
+            check_gram_options(0, dict(group, gram_restarts=[np.float32(2.0)]))
+        with self.assertRaises(ValueError):
+            check_gram_options(0, dict(group, gram_restarts=[True]))
+        here = dict(group, gram_min_aspect_ratio=None, lr=0.02)
+        self.assertEqual(_loaded_options(0, here, {"gram_min_aspect_ratio": 0}), {})
+        self.assertEqual(_loaded_options(0, dict(here, gram_min_aspect_ratio=0.0),
+                                         {"gram_min_aspect_ratio": None}), {})
+        with self.assertRaises(ValueError) as ctx:
+            _loaded_options(0, here, {"gram_min_aspect_ratio": 2.0})
+        self.assertIn("'gram_min_aspect_ratio'", str(ctx.exception))
+        self.assertEqual(_thawed(_frozen([1, 3])), [1, 3])
+        self.assertEqual(_thawed(_frozen(None)), None)
+
+
 if __name__ == "__main__":
     unittest.main()
