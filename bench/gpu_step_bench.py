@@ -502,7 +502,8 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
         algo, restarts, aspect = column_algorithm(c, o)
         ideal = sum(ideal_ns_flops(s, algo, restarts, min_aspect=aspect) for s in shapes)
         what = algo if algo == "standard" else f"gram, restarts {list(restarts)}" + \
-            (f", aspect >= {aspect:g}" if aspect > 1 else "")
+            (f", aspect >= {aspect:g}" if aspect is not None and aspect > 1 else
+             ", aspect >= muond's size-aware default" if aspect is None else "")
         lines.append(f"| {TITLES[c]} | {' / '.join(f'{v:.2f}' for v in ms)} | "
                      f"{std / t / 1e12:.0f} | {what} | {ideal / 1e12:.2f} | "
                      f"{ideal / t / H200_DENSE_PEAK:.3f} |")
