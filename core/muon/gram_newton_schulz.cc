@@ -41,18 +41,8 @@ DType GramIterationDType(const NsOptions& options) {
 absl::StatusOr<std::unique_ptr<GramNewtonSchulz>> GramNewtonSchulz::Create(
     Backend* backend, const NsOptions& options, int64_t rows, int64_t cols,
     int64_t max_batch) {
-  if (backend == nullptr) {
-    return absl::InvalidArgumentError("ns backend must not be null");
-  }
-  RETURN_IF_ERROR(ValidateNsOptions(options, *backend));
-  if (rows < 1 || cols < 1 || max_batch < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ns rows, cols and max_batch must be >= 1, got ", rows,
-                     ", ", cols, ", ", max_batch));
-  }
   ASSIGN_OR_RETURN(std::vector<NsCoefficients> schedule,
-                   CoefficientSchedule(options.coefficient_type, options.custom,
-                                       options.num_steps));
+                   CheckNsCreateArgs(backend, options, rows, cols, max_batch));
   std::unique_ptr<GramNewtonSchulz> ns(new GramNewtonSchulz(
       backend, options, rows, cols, max_batch, std::move(schedule)));
   RETURN_IF_ERROR(ns->AllocateWorkspace());

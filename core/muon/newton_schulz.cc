@@ -166,9 +166,9 @@ absl::Status ValidateNsOptions(const NsOptions& options,
   return ValidateGramOptions(options);
 }
 
-absl::StatusOr<std::unique_ptr<NewtonSchulz>> NewtonSchulz::Create(
-    Backend* backend, const NsOptions& options, int64_t rows, int64_t cols,
-    int64_t max_batch) {
+absl::StatusOr<std::vector<NsCoefficients>> CheckNsCreateArgs(
+    const Backend* backend, const NsOptions& options, int64_t rows,
+    int64_t cols, int64_t max_batch) {
   if (backend == nullptr) {
     return absl::InvalidArgumentError("ns backend must not be null");
   }
@@ -178,9 +178,15 @@ absl::StatusOr<std::unique_ptr<NewtonSchulz>> NewtonSchulz::Create(
         absl::StrCat("ns rows, cols and max_batch must be >= 1, got ", rows,
                      ", ", cols, ", ", max_batch));
   }
+  return CoefficientSchedule(options.coefficient_type, options.custom,
+                             options.num_steps);
+}
+
+absl::StatusOr<std::unique_ptr<NewtonSchulz>> NewtonSchulz::Create(
+    Backend* backend, const NsOptions& options, int64_t rows, int64_t cols,
+    int64_t max_batch) {
   ASSIGN_OR_RETURN(std::vector<NsCoefficients> schedule,
-                   CoefficientSchedule(options.coefficient_type, options.custom,
-                                       options.num_steps));
+                   CheckNsCreateArgs(backend, options, rows, cols, max_batch));
   std::unique_ptr<NewtonSchulz> ns(new NewtonSchulz(
       backend, options, rows, cols, max_batch, std::move(schedule)));
   if (UsesGramNs(options, rows, cols)) {

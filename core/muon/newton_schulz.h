@@ -114,6 +114,12 @@ absl::Status ValidateNsOptions(const NsOptions& options,
 // MuonOptions::Validate uses it at registration).
 absl::Status ValidateGramOptions(const NsOptions& options);
 
+// The checks both NS engines' Create run (a backend, ValidateNsOptions,
+// rows/cols/max_batch >= 1), then the coefficient schedule they iterate.
+absl::StatusOr<std::vector<NsCoefficients>> CheckNsCreateArgs(
+    const Backend* backend, const NsOptions& options, int64_t rows,
+    int64_t cols, int64_t max_batch);
+
 // The shape and dtype rules of NewtonSchulz::Run's views (InvalidArgument
 // naming `ns input` / `ns output` / `ns batch`), shared with
 // GramNewtonSchulz::Run.
