@@ -184,20 +184,27 @@ absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
                     [&] { return DpSharePhase(group, exchange); });
 }
 
-absl::Status CheckNsOutputsFinite(GroupState& group,
-                                  const MuonOptions& options,
+absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
                                   const std::set<std::string>& skip) {
   if (options.ns.coefficient_type != CoefficientType::kCustom) {
     return absl::OkStatus();
   }
-  std::vector<std::string> bad;
+  std::vector<size_t> checked;
+  std::vector<MatrixView> views;
   for (size_t i = 0; i < group.params.size(); ++i) {
-    const std::string& name = group.config.params[i].name;
-    if (skip.contains(name)) continue;
-    ASSIGN_OR_RETURN(bool finite, group.backend->AllFinite({group.local[i]}));
-    if (!finite) bad.push_back(name);
+    if (skip.contains(group.config.params[i].name)) continue;
+    checked.push_back(i);
+    views.push_back(group.local[i]);
   }
-  if (bad.empty()) return absl::OkStatus();
+  // One read and one host sync for the whole group; the per-param pass that
+  // names the culprits runs only when something is not finite.
+  ASSIGN_OR_RETURN(bool all_finite, group.backend->AllFinite(views));
+  if (all_finite) return absl::OkStatus();
+  std::vector<std::string> bad;
+  for (size_t i : checked) {
+    ASSIGN_OR_RETURN(bool finite, group.backend->AllFinite({group.local[i]}));
+    if (!finite) bad.push_back(group.config.params[i].name);
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       "group ", group.config.name,
       ": the Newton-Schulz output is not finite (NaN or Inf; custom "
