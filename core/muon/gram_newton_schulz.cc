@@ -147,13 +147,8 @@ absl::Status GramNewtonSchulz::ApplyQ(const MatrixView& q, const MatrixView& x,
   const MatrixView& lhs = tall_ ? x : q;
   const MatrixView& rhs = tall_ ? q : x;
   const int64_t sx = rows_ * cols_, mm = m_ * m_;
-  if (batch == 1) {
-    return backend_->Gemm(Op::kN, Op::kN, 1.0f, lhs, rhs, 0.0f, dst,
-                          options_.precision);
-  }
-  return backend_->GemmStridedBatched(Op::kN, Op::kN, 1.0f, lhs,
-                                      tall_ ? sx : mm, rhs, tall_ ? mm : sx,
-                                      0.0f, dst, sd, batch, options_.precision);
+  return NsGemm(*backend_, options_.precision, Op::kN, Op::kN, 1.0f, lhs,
+                tall_ ? sx : mm, rhs, tall_ ? mm : sx, 0.0f, dst, sd, batch);
 }
 
 absl::Status GramNewtonSchulz::Run(const MatrixView& in, const MatrixView& out,

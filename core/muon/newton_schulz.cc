@@ -166,6 +166,17 @@ absl::Status ValidateNsOptions(const NsOptions& options,
   return ValidateGramOptions(options);
 }
 
+absl::Status NsGemm(Backend& backend, MatmulPrecision precision, Op op_a,
+                    Op op_b, float alpha, const MatrixView& a, int64_t sa,
+                    const MatrixView& b, int64_t sb, float beta,
+                    const MatrixView& c, int64_t sc, int64_t batch) {
+  if (batch == 1) {
+    return backend.Gemm(op_a, op_b, alpha, a, b, beta, c, precision);
+  }
+  return backend.GemmStridedBatched(op_a, op_b, alpha, a, sa, b, sb, beta, c,
+                                    sc, batch, precision);
+}
+
 absl::StatusOr<std::vector<NsCoefficients>> CheckNsCreateArgs(
     const Backend* backend, const NsOptions& options, int64_t rows,
     int64_t cols, int64_t max_batch) {
@@ -255,11 +266,8 @@ absl::Status NewtonSchulz::Mm(Op op_a, Op op_b, float alpha,
                               const MatrixView& a, int64_t sa,
                               const MatrixView& b, int64_t sb, float beta,
                               const MatrixView& c, int64_t sc, int64_t batch) {
-  if (batch == 1) {
-    return backend_->Gemm(op_a, op_b, alpha, a, b, beta, c, options_.precision);
-  }
-  return backend_->GemmStridedBatched(op_a, op_b, alpha, a, sa, b, sb, beta, c,
-                                      sc, batch, options_.precision);
+  return NsGemm(*backend_, options_.precision, op_a, op_b, alpha, a, sa, b, sb,
+                beta, c, sc, batch);
 }
 
 absl::Status NewtonSchulz::MmOut(Op op_a, Op op_b, float alpha,

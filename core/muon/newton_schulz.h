@@ -114,6 +114,14 @@ absl::Status ValidateNsOptions(const NsOptions& options,
 // MuonOptions::Validate uses it at registration).
 absl::Status ValidateGramOptions(const NsOptions& options);
 
+// c = alpha op(a) op(b) + beta c over `batch` slices (per-slice strides in
+// elements); a batch of one is the plain Gemm, so its result is bitwise an
+// unbatched call's (the NS numerics contract).
+absl::Status NsGemm(Backend& backend, MatmulPrecision precision, Op op_a,
+                    Op op_b, float alpha, const MatrixView& a, int64_t sa,
+                    const MatrixView& b, int64_t sb, float beta,
+                    const MatrixView& c, int64_t sc, int64_t batch);
+
 // The checks both NS engines' Create run (a backend, ValidateNsOptions,
 // rows/cols/max_batch >= 1), then the coefficient schedule they iterate.
 absl::StatusOr<std::vector<NsCoefficients>> CheckNsCreateArgs(
