@@ -8,4 +8,6 @@
 
 The generated stubs live in ``muond.v1`` (``deploy/setup.sh`` generates them).
 """
-__all__ = ["client", "shm", "split", "torch"]
+from muond._version import __version__  # noqa: E402
+
+__all__ = ["__version__", "client", "shm", "split", "torch"]
