@@ -1,6 +1,7 @@
 """The `muond` command (console entry point of the installed package).
 
     muond --version
+    muond health ADDRESS...                   (muond.health: grpc.health.v1 Check)
     muond launch [options] -- <command ...>   (muond.launch: daemons + coordinator
                                                around any trainer command)
 
@@ -18,6 +19,7 @@ from muond._version import __version__
 
 # subcommand -> module (imported only when that subcommand runs or is listed).
 SUBCOMMANDS = {
+    "health": "muond.health",
     "launch": "muond.launch",
 }
 
