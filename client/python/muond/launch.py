@@ -1,12 +1,564 @@
-"""`muond launch`: placeholder registered by muond.cli; issue 21's launcher replaces it."""
+"""`muond launch [options] -- <command ...>`: muond's servers around any trainer.
+
+Per-node mode (the default): one launcher per node starts one `muond` daemon
+per local rank (host mode, or one GPU each) and, on node rank 0, the
+`muond-coordinator`; waits until every server it started answers the
+standard grpc.health.v1 Check (any answer counts: a daemon is SERVING only
+once its trainers registered); runs the command with the environment the
+client reads (MUOND_JOB_ID, MUOND_TOKEN_FILE, MUOND_SOCKET_DIR,
+MUOND_COORDINATOR, MUOND_NNODES, MUOND_NODE_RANK, MUOND_NPROC_PER_NODE,
+MUOND_MASTER_ADDR); and stops everything it started when the command ends or
+a server dies (naming it: rank, pid, exit status, last lines of its log).
+Per-rank mode (--per-rank; automatic under torchrun or srun with one task
+per GPU) starts only this process's daemon (and the coordinator on global
+rank 0). Exit status: the command's, 1 when a server died first, 128+N on
+signal N, 2 for refused options. deploy/README.md "muond launch" is the
+reference; muond/_launch_env.py resolves options and environment.
+"""
 from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from muond._launch_env import MAX_SOCKET_PATH, LaunchError, Plan, resolve
+
+# Where the repository's servers are when this package runs from a checkout.
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("launch", help="start daemons + coordinator around a command")
-    p.add_argument("command", nargs="*")
+    p = subparsers.add_parser(
+        "launch", help="start daemons + coordinator around a command",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="muond launch [options] -- <command ...>")
+    add_options(p)
     return p
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0-65535)")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _index(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0 (seconds)")
+    return value
+
+
+def _server_flag(text: str) -> str:
+    if not text.startswith("--"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a server flag (--name=value)")
+    return text
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("layout (explicit options win over torchrun's and Slurm's "
+                             "environment)")
+    g.add_argument("--nproc-per-node", type=_count, help="daemons on this node (default "
+                   "$LOCAL_WORLD_SIZE, $SLURM_NTASKS_PER_NODE, the visible GPUs with "
+                   "--device cuda|auto, else 1)")
+    g.add_argument("--nnodes", type=_count, help="nodes of the job (default $SLURM_NNODES, "
+                   "else 1)")
+    g.add_argument("--node-rank", type=_index, help="this node's rank (default "
+                   "$SLURM_NODEID, $GROUP_RANK, $NODE_RANK, else 0); daemon rank = node rank "
+                   "x nproc-per-node + local rank")
+    g.add_argument("--master-addr", help="the coordinator's host, node rank 0 (default "
+                   "$MASTER_ADDR, the first host of $SLURM_JOB_NODELIST, else 127.0.0.1)")
+    g.add_argument("--coordinator-port", type=_port, help="default 29400; a free loopback "
+                   "port on a single node in per-node mode")
+    g.add_argument("--node-addr", help="this node's address for daemon-to-daemon traffic "
+                   "(Gloo; default 127.0.0.1 on a single node, else the host name's address)")
+    g.add_argument("--per-rank", action="store_true", help="start only this process's "
+                   "daemon ($RANK/$SLURM_PROCID); automatic when $RANK and $WORLD_SIZE are "
+                   "set, or $SLURM_PROCID with more tasks than nodes")
+    g.add_argument("--per-node", action="store_true", help="per-node mode even where the "
+                   "environment says per-rank (e.g. inside an sbatch script's batch step)")
+    g = p.add_argument_group("servers")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="cpu = host-mode daemons; cuda = local rank k on the k-th visible GPU "
+                   "($CUDA_VISIBLE_DEVICES); auto = cuda when a GPU is visible")
+    g.add_argument("--job-id", help="default $MUOND_JOB_ID, slurm-$SLURM_JOB_ID, "
+                   "torchrun-$TORCHELASTIC_RUN_ID (per-rank), else generated (one launcher "
+                   "only)")
+    g.add_argument("--token-file", help="the job's token (default $MUOND_TOKEN_FILE; "
+                   "required with several launchers; else generated 0600 in the socket dir)")
+    g.add_argument("--tls-cert", help="PEM certificate: the coordinator serves TLS")
+    g.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    g.add_argument("--tls-ca", help="PEM root: the daemons (and the health check) verify "
+                   "the coordinator with it")
+    g.add_argument("--bin-dir", help="where muond and muond-coordinator are (flat or a "
+                   "bazel-bin tree; default $MUOND_BIN_DIR, else PATH, else the "
+                   "repository's bazel-bin)")
+    g.add_argument("--log-dir", help="server logs (default ./muond-logs/<job>)")
+    g.add_argument("--log-format", choices=["text", "json"], help="the servers' "
+                   "--log_format (default: theirs, text)")
+    g.add_argument("--metrics-port", type=_port, help="Prometheus endpoints: the "
+                   "coordinator on P, local rank k's daemon on P+1+k (default off)")
+    g.add_argument("--daemon-arg", action="append", default=[], type=_server_flag,
+                   metavar="--FLAG=VALUE", help="pass to every daemon (repeatable)")
+    g.add_argument("--coordinator-arg", action="append", default=[], type=_server_flag,
+                   metavar="--FLAG=VALUE", help="pass to the coordinator (repeatable)")
+    g.add_argument("--health-timeout", type=_seconds, default=60.0,
+                   help="seconds to wait for the servers to answer (default 60)")
+    g.add_argument("--stop-grace", type=_seconds, default=10.0,
+                   help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+    p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="command",
+                   help="after --: the command to run (e.g. torchrun ... train.py)")
+
+
+# -- helpers ----------------------------------------------------------------------
+def count_gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def host_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def new_job_id() -> str:
+    # pid + random tag: pids repeat across PID namespaces (containers).
+    return f"muond{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def _in_dir(directory: str, name: str, tree_path: str) -> str | None:
+    for path in (os.path.join(directory, name), os.path.join(directory, tree_path)):
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def find_servers(bin_dir: str | None, env) -> tuple[str, str, str]:
+    """(muond, muond-coordinator, where from). The daemon is looked up beside
+    the coordinator: a plain PATH lookup of `muond` finds this package's own
+    console script."""
+    daemon_rel, coord_rel = "server/daemon/muond", "server/coordinator/muond-coordinator"
+    given = bin_dir or env.get("MUOND_BIN_DIR")
+    if given:
+        what = "--bin-dir" if bin_dir else "$MUOND_BIN_DIR"
+        coord, daemon = _in_dir(given, "muond-coordinator", coord_rel), _in_dir(
+            given, "muond", daemon_rel)
+        if not coord or not daemon:
+            missing = "muond-coordinator" if not coord else "muond"
+            raise LaunchError(f"{what} {given}: no executable {missing} there (flat or "
+                              f"{coord_rel if not coord else daemon_rel})")
+        return daemon, coord, f"{what} {given}"
+    on_path = shutil.which("muond-coordinator", path=env.get("PATH"))
+    if on_path:
+        daemon = _in_dir(os.path.dirname(on_path), "muond", daemon_rel)
+        if not daemon:
+            raise LaunchError(f"PATH: {on_path} has no executable muond beside it; pass "
+                              "--bin-dir")
+        return daemon, on_path, "PATH"
+    bazel_bin = os.path.join(_REPO, "bazel-bin")
+    coord, daemon = (os.path.join(bazel_bin, rel) for rel in (coord_rel, daemon_rel))
+    if os.access(coord, os.X_OK) and os.access(daemon, os.X_OK):
+        return daemon, coord, bazel_bin
+    raise LaunchError("no muond-coordinator found: pass --bin-dir (a bundle's bin/ or a "
+                      "bazel-bin tree) or set $MUOND_BIN_DIR, put muond-coordinator and muond "
+                      "on PATH, or build them (bazel build //server/daemon:muond "
+                      "//server/coordinator:muond-coordinator)")
+
+
+def tail(path: str, n: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:]).rstrip("\n")
+    except OSError:
+        return "(no log)"
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def write_token_file(directory: str) -> str:
+    """A fresh token in directory/token, created 0600 (O_EXCL, O_NOFOLLOW)."""
+    path = os.path.join(directory, "token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
+def _parent_death_signal():
+    """preexec_fn: the child gets SIGTERM when the launcher dies (even by
+    SIGKILL), so no server outlives it."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec():
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the launcher already died
+            os._exit(1)
+    return preexec
+
+
+def server_answers(address: str, ca_file: str | None = None, timeout: float = 1.0) -> bool:
+    """True when a gRPC server answers grpc.health.v1 Check at `address`:
+    SERVING, NOT_SERVING or any error status the server itself sent (servers
+    built before the health service answer UNIMPLEMENTED); False while
+    nothing listens there (UNAVAILABLE, DEADLINE_EXCEEDED)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    if ca_file:
+        with open(ca_file, "rb") as f:
+            channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(f.read()))
+    else:
+        channel = grpc.insecure_channel(address)
+    with channel:
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                      timeout=timeout)
+            return True
+        except grpc.RpcError as e:
+            return e.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                    grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+class ServerDied(Exception):
+    pass
+
+
+class Server:
+    def __init__(self, name: str, rank: int | None, proc: subprocess.Popen, log: str,
+                 health_address: str, ca_file: str | None = None):
+        self.name, self.rank, self.proc, self.log = name, rank, proc, log
+        self.health_address, self.ca_file = health_address, ca_file
+
+    def death(self) -> str | None:
+        """What to say when it has exited, else None."""
+        if self.proc.poll() is None:
+            return None
+        return (f"{self.name} (pid {self.proc.pid}) {describe_exit(self.proc.returncode)}; "
+                f"last lines of {self.log}:\n{tail(self.log)}")
+
+
+# -- the launch ---------------------------------------------------------------------
+class Launch:
+    def __init__(self, plan: Plan, args, daemon_bin: str, coordinator_bin: str):
+        self.plan, self.args = plan, args
+        self.daemon_bin, self.coordinator_bin = daemon_bin, coordinator_bin
+        self.servers: list[Server] = []
+        self.command: subprocess.Popen | None = None
+        self.signalled: int | None = None
+        self.sockdir: str | None = None
+        self.log_dir = args.log_dir or os.path.join(os.getcwd(), "muond-logs", plan.job_id)
+        self.token_file = plan.token_file
+        self.coordinator = plan.coordinator_address()
+        self.preexec = _parent_death_signal()
+
+    # Signals only set a flag: every wait below polls it, so a signal never
+    # cuts a Popen or the teardown in half.
+    def on_signal(self, signum, _frame):
+        if self.signalled is None:
+            self.signalled = signum
+            if self.command is not None:
+                self._signal_group(self.command.pid, signum)  # forwarded once
+
+    def check(self) -> None:
+        if self.signalled is not None:
+            raise Interrupted(self.signalled)
+        for server in self.servers:
+            death = server.death()
+            if death:
+                raise ServerDied(death)
+
+    def run(self) -> int:
+        plan, a = self.plan, self.args
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.sockdir = tempfile.mkdtemp(prefix=f"muond-{plan.job_id}-", dir="/tmp")  # 0700
+        longest = self.socket_path(max(r for r, _ in plan.ranks))
+        if len(longest) > MAX_SOCKET_PATH:
+            raise LaunchError(f"--job-id {plan.job_id!r} is too long: the socket path "
+                              f"{longest} exceeds {MAX_SOCKET_PATH} bytes")
+        if self.token_file is None:
+            self.token_file = write_token_file(self.sockdir)
+        elif not os.path.isfile(self.token_file):
+            raise LaunchError(f"{plan.sources['token_file']} {self.token_file}: no such file")
+        if plan.start_coordinator:
+            self.start_coordinator()
+        for (rank, local), gpu in zip(plan.ranks, plan.gpus):
+            self.start_daemon(rank, local, gpu)
+        self.wait_answering()
+        where = "here" if plan.start_coordinator else f"on {plan.master_addr}"
+        ranks = [r for r, _ in plan.ranks]
+        print(f"muond launch: job {plan.job_id}: coordinator {self.coordinator} ({where}), "
+              f"daemon rank(s) {ranks[0]}..{ranks[-1]} of {plan.world_size} ({plan.device}, "
+              f"{plan.mode}) answering; logs in {self.log_dir}", flush=True)
+        muonctl = shutil.which("muonctl") or next(
+            (p for p in (os.path.join(os.path.dirname(self.coordinator_bin), "muonctl"),
+                         os.path.join(_REPO, "bazel-bin", "tools", "muonctl", "muonctl"))
+             if os.access(p, os.X_OK)), "muonctl")
+        print(f"muond launch: while it runs: {muonctl} status --coordinator {self.coordinator} "
+              f"--job_id {plan.job_id} --token-file {self.token_file}", flush=True)
+        if not a.user_command:
+            return 0
+        return self.run_command()
+
+    def socket_path(self, rank: int) -> str:
+        return f"{self.sockdir}/muond-{self.plan.job_id}-{rank}.sock"
+
+    def start(self, name: str, rank: int | None, cmd: list, health_address: str,
+              ca_file: str | None = None) -> None:
+        self.check()
+        log = os.path.join(self.log_dir, f"{name}.log")
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=self.preexec)
+        self.servers.append(Server(name if rank is None else f"daemon rank {rank}", rank, proc,
+                                   log, health_address, ca_file))
+
+    def common_flags(self, metrics_port: int | None) -> list:
+        a = self.args
+        flags = [f"--token_file={self.token_file}"]
+        if a.log_format:
+            flags.append(f"--log_format={a.log_format}")
+        if metrics_port is not None:
+            flags.append(f"--metrics_port={metrics_port}")
+        return flags
+
+    def start_coordinator(self) -> None:
+        plan, a = self.plan, self.args
+        cmd = [self.coordinator_bin, f"--listen={plan.coordinator_listen}",
+               *self.common_flags(a.metrics_port)]
+        port_file = None
+        if plan.coordinator_port == 0:
+            port_file = os.path.join(self.sockdir, "coordinator.port")
+            cmd.append(f"--port_file={port_file}")
+        if a.tls_cert:
+            cmd += [f"--tls_cert={a.tls_cert}", f"--tls_key={a.tls_key}"]
+        self.start("coordinator", None, cmd + a.coordinator_arg, self.coordinator,
+                   a.tls_ca if a.tls_cert else None)
+        if port_file:
+            deadline = time.monotonic() + a.health_timeout
+            while not (os.path.exists(port_file) and open(port_file).read().strip()):
+                self.check()
+                if time.monotonic() > deadline:
+                    raise ServerDied(f"the coordinator did not report its port in "
+                                     f"{a.health_timeout:g} s (--health-timeout); last lines "
+                                     f"of {self.servers[0].log}:\n{tail(self.servers[0].log)}")
+                time.sleep(0.05)
+            with open(port_file) as f:
+                self.coordinator = plan.coordinator_address(int(f.read().strip()))
+            self.servers[0].health_address = self.coordinator
+
+    def start_daemon(self, rank: int, local: int, gpu: int | None) -> None:
+        plan, a = self.plan, self.args
+        address = f"unix://{self.socket_path(rank)}"
+        cmd = [self.daemon_bin, f"--job_id={plan.job_id}", f"--rank={rank}",
+               f"--world_size={plan.world_size}", f"--coordinator={self.coordinator}",
+               f"--listen={address}", "--host" if gpu is None else f"--device={gpu}",
+               f"--gloo_hostname={plan.node_addr}",
+               *self.common_flags(None if a.metrics_port is None else a.metrics_port + 1 + local)]
+        if a.tls_ca:
+            cmd.append(f"--coordinator_tls_ca={a.tls_ca}")
+        self.start(f"muond-rank{rank}", rank, cmd + a.daemon_arg, address)
+
+    def wait_answering(self) -> None:
+        deadline = time.monotonic() + self.args.health_timeout
+        pending = list(self.servers)
+        while pending:
+            self.check()
+            if server_answers(pending[0].health_address, pending[0].ca_file):
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                s = pending[0]
+                raise ServerDied(f"{s.name} (pid {s.proc.pid}) did not answer the health "
+                                 f"check at {s.health_address} in "
+                                 f"{self.args.health_timeout:g} s (--health-timeout); last "
+                                 f"lines of {s.log}:\n{tail(s.log)}")
+            time.sleep(0.1)
+
+    def command_env(self) -> dict:
+        plan = self.plan
+        return dict(os.environ, MUOND_JOB_ID=plan.job_id, MUOND_TOKEN_FILE=self.token_file,
+                    MUOND_SOCKET_DIR=self.sockdir, MUOND_COORDINATOR=self.coordinator,
+                    MUOND_NNODES=str(plan.nnodes), MUOND_NODE_RANK=str(plan.node_rank),
+                    MUOND_NPROC_PER_NODE=str(plan.nproc_per_node),
+                    MUOND_MASTER_ADDR=plan.master_addr)
+
+    def run_command(self) -> int:
+        command = self.args.user_command
+        try:
+            # Its own session: a stop signals the command and all it started.
+            self.command = subprocess.Popen(command, env=self.command_env(),
+                                            start_new_session=True, preexec_fn=self.preexec)
+        except OSError as e:
+            raise LaunchError(f"command {command[0]!r}: {e.strerror}") from None
+        while self.command.poll() is None:
+            self.check()  # a server died: ServerDied, main() stops the command
+            time.sleep(0.2)
+        code = self.command.returncode
+        return 128 - code if code < 0 else code
+
+    @staticmethod
+    def _signal_group(pgid: int, signum: int) -> bool:
+        try:
+            os.killpg(pgid, signum)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def stop_command(self) -> None:
+        """SIGTERM the command's process group (what it left running too;
+        on_signal already forwarded a stop signal), SIGKILL what is left
+        after the grace period."""
+        if self.command is None:
+            return
+        pgid = self.command.pid
+        if self.signalled is None:
+            self._signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.args.stop_grace
+        while time.monotonic() < deadline:
+            if self.command.poll() is not None and not self._signal_group(pgid, 0):
+                break
+            time.sleep(0.05)
+        self._signal_group(pgid, signal.SIGKILL)
+        self.command.wait()
+
+    def stop_servers(self) -> None:
+        """Daemons first, then the coordinator (no daemon sees it vanish and
+        retries); SIGKILL after the grace period."""
+        daemons = [s for s in self.servers if s.rank is not None]
+        others = [s for s in self.servers if s.rank is None]
+        for group in (daemons, others):
+            for s in group:
+                if s.proc.poll() is None:
+                    self._signal_group(s.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + self.args.stop_grace
+            for s in group:
+                try:
+                    s.proc.wait(timeout=max(0.05, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self._signal_group(s.proc.pid, signal.SIGKILL)
+                    s.proc.wait()
+
+    def clean_up(self) -> None:
+        """The socket dir (sockets, a generated token, the port file) and the
+        job's shm objects whose creator (the pid in the name, muond/shm.py) is
+        gone: a node's trainers may still use theirs when another node's
+        launcher ends first."""
+        if self.sockdir:
+            shutil.rmtree(self.sockdir, ignore_errors=True)
+        prefix = f"/dev/shm/muond-{self.plan.job_id}-"
+        for path in glob.glob(glob.escape(prefix) + "*"):
+            pid = path[len(prefix):].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self.stop_command()
+        self.stop_servers()
+        self.clean_up()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _log(message: str) -> None:
+    print(f"muond launch: {message}", file=sys.stderr, flush=True)
+
+
 def main(args) -> int:
-    raise SystemExit("muond launch: not built yet (issue 21)")
+    command = list(args.user_command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    args.user_command = command
+    try:
+        plan = resolve(args, os.environ, count_gpus=count_gpus, resolve_host=host_address,
+                       new_job_id=new_job_id)
+        daemon_bin, coordinator_bin, _ = find_servers(args.bin_dir, os.environ)
+    except LaunchError as e:
+        _log(f"error: {e}")
+        return 2
+    if not command:
+        _log("error: no command after -- (e.g. muond launch -- torchrun ... train.py)")
+        return 2
+    launch = Launch(plan, args, daemon_bin, coordinator_bin)
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, launch.on_signal)
+    try:
+        code = launch.run()
+        launch.stop()
+        return code
+    except Interrupted as e:
+        launch.stop()
+        _log(f"stopped by signal {signal.Signals(e.signum).name}; stopped everything")
+        return 128 + e.signum
+    except ServerDied as e:
+        # Printed after the stop: what the stopped command prints must not
+        # bury the name of what died.
+        launch.stop()
+        _log(f"FAILED: {e}")
+        return 1
+    except LaunchError as e:
+        launch.stop()
+        _log(f"error: {e}")
+        return 2
+    except BaseException:
+        launch.stop()
+        raise

@@ -5,8 +5,10 @@ Pure functions (no daemon, no RPC): ``muond.torch.Muon`` in local mode calls
 call the pieces directly.
 
 Environment (``discover``): one daemon per trainer rank, daemon rank ==
-trainer global rank. The address is ``$MUOND_DAEMON`` if set, else the
-daemon's own default socket for (job, rank) (server/daemon/main.cc,
+trainer global rank. The address is ``$MUOND_DAEMON`` if set, else
+``unix://$MUOND_SOCKET_DIR/muond-<job>-<rank>.sock`` when ``$MUOND_SOCKET_DIR``
+is an absolute path (``muond launch`` exports it: its daemons listen there),
+else the daemon's own default socket for (job, rank) (server/daemon/main.cc,
 server/common/unix_socket.cc PrivateSocketDir):
 ``unix://$XDG_RUNTIME_DIR/muond/muond-<job>-<rank>.sock``, or
 ``unix:///tmp/muond-<uid>/muond-<job>-<rank>.sock`` without an absolute
@@ -116,9 +118,14 @@ def env_rank(env=None) -> int | None:
 
 
 def default_socket(job_id: str, rank: int, env=None, uid: int | None = None) -> str:
-    """The daemon's default --listen for (job, rank): server/daemon/main.cc's
-    rule (PrivateSocketDir in server/common/unix_socket.cc)."""
+    """The socket of (job, rank): in ``$MUOND_SOCKET_DIR`` when it is absolute
+    (where ``muond launch`` puts its daemons' sockets), else the daemon's
+    default --listen, server/daemon/main.cc's rule (PrivateSocketDir in
+    server/common/unix_socket.cc)."""
     env = os.environ if env is None else env
+    launched = env.get("MUOND_SOCKET_DIR", "")
+    if launched.startswith("/"):
+        return f"unix://{launched.rstrip('/')}/muond-{job_id}-{rank}.sock"
     xdg = env.get("XDG_RUNTIME_DIR", "")
     directory = (f"{xdg}/muond" if xdg.startswith("/")
                  else f"/tmp/muond-{os.geteuid() if uid is None else uid}")

@@ -275,6 +275,13 @@ class PureTest(unittest.TestCase):
         self.assertEqual(P.default_socket("j", 3, {}, uid=7), "unix:///tmp/muond-7/muond-j-3.sock")
         self.assertEqual(P.default_socket("j", 3, {"XDG_RUNTIME_DIR": "rel"}, uid=7),
                          "unix:///tmp/muond-7/muond-j-3.sock")
+        # muond launch's socket dir comes first; a relative one is ignored.
+        self.assertEqual(P.default_socket("j", 3, {"MUOND_SOCKET_DIR": "/tmp/l/",
+                                                   "XDG_RUNTIME_DIR": "/run/user/7"}),
+                         "unix:///tmp/l/muond-j-3.sock")
+        self.assertEqual(P.default_socket("j", 3, {"MUOND_SOCKET_DIR": "rel",
+                                                   "XDG_RUNTIME_DIR": "/run/user/7"}),
+                         "unix:///run/user/7/muond/muond-j-3.sock")
 
     def test_discover(self):
         env = {"RANK": "2", "MUOND_JOB_ID": "job", "XDG_RUNTIME_DIR": "/x",

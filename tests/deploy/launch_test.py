@@ -1,0 +1,251 @@
+"""`muond launch` end to end with the real servers (host mode, gloo trainers):
+
+* per-node: `muond launch --nproc-per-node 2 --device cpu -- torchrun
+  --standalone --nproc-per-node 2 launch_trainer.py` trains 4 steps; the
+  final parameters equal a plain single-process Muon (written here, fp64) run
+  on the same global batches within fp32 tolerance; each rank saw the
+  exported environment and its daemon's socket in $MUOND_SOCKET_DIR;
+* per-rank: `torchrun --nproc-per-node 2 -m muond.cli launch -- python
+  launch_trainer.py` (one launcher per rank, rank 0 starts the coordinator):
+  the same check;
+* a daemon SIGKILLed mid-run: the launcher exits 1 naming that rank, its pid
+  and the signal, and stops the trainers;
+* the command failing: its exit status is returned, the servers stopped;
+* SIGTERM to the launcher: forwarded to the command, exit 128+15.
+After every run: no process, socket directory or shm object of the job is
+left (checked through /proc, /tmp and /dev/shm).
+
+Why a tolerance and not bitwise: the daemons run Newton-Schulz with OpenBLAS
+sgemm in fp32, the reference in fp64; 4 steps of a 16x8 / 4x16 MLP differ by
+~1e-6 relative, while a wrong data slice, gradient average or rank mix-up
+moves the parameters by 1e-2 or more.
+"""
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+import torch
+
+import muond
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import launch_trainer as T  # noqa: E402
+
+RUNFILES = os.path.abspath(os.path.join(HERE, "..", ".."))
+TRAINER = os.path.join(HERE, "launch_trainer.py")
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(muond.__file__)))
+TOLERANCE = 1e-4
+STEPS = 4
+
+
+def bin_dir():
+    """The servers: Bazel's runfiles tree, else $MUOND_BIN_DIR."""
+    if os.path.exists(os.path.join(RUNFILES, "server/daemon/muond")):
+        return RUNFILES
+    return os.environ["MUOND_BIN_DIR"]
+
+
+def env():
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [PKG_ROOT, HERE, *filter(None, [os.environ.get("PYTHONPATH")])]), OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MUOND_JOB_ID", "MUOND_TOKEN_FILE",
+                "MUOND_DAEMON", "SLURM_PROCID", "SLURM_JOB_ID", "SLURM_NNODES"):
+        e.pop(key, None)
+    return e
+
+
+def launch_argv(*args):
+    return [sys.executable, "-m", "muond.cli", "launch", "--bin-dir", bin_dir(), *args]
+
+
+def torchrun(*args):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", *args]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def reference():
+    """Plain Muon (torch.optim.Muon's math: simple coefficients x 5, Nesterov,
+    original scale, decoupled weight decay) in fp64 in one process on the
+    global batch, which the DDP ranks' averaged gradients equal."""
+    h = T.HYPER
+    params = [t.double().requires_grad_() for t in T.initial_params()]
+    bufs = [torch.zeros_like(p) for p in params]
+    for step in range(STEPS):
+        x, y = (t.double() for t in T.global_batch(step))
+        for p in params:
+            p.grad = None
+        T.loss_fn(params, x, y).backward()
+        with torch.no_grad():
+            for p, buf in zip(params, bufs):
+                buf.lerp_(p.grad, 1 - h["momentum"])
+                update = p.grad.lerp(buf, h["momentum"])
+                X = update / (update.norm() + h["eps"])
+                tall = X.shape[0] > X.shape[1]
+                if tall:
+                    X = X.T
+                for _ in range(h["ns_steps"]):
+                    A = X @ X.T
+                    X = 3.4445 * X + (-4.775 * A + 2.0315 * A @ A) @ X
+                if tall:
+                    X = X.T
+                scale = max(1.0, p.shape[0] / p.shape[1]) ** 0.5
+                p.mul_(1 - h["lr"] * h["weight_decay"])
+                p.add_(X, alpha=-h["lr"] * scale)
+    return [p.detach() for p in params]
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def job_processes(job):
+    """Pids whose command line names the job (servers: --job_id=J)."""
+    pids = (int(path.split("/")[2]) for path in glob.glob("/proc/[0-9]*"))
+    return [pid for pid in pids if pid != os.getpid() and job in "\0".join(cmdline(pid))]
+
+
+class LaunchTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="mlt-", dir="/tmp")
+        self.job = f"lt{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.logs = os.path.join(self.tmp, "logs")
+        self.addCleanup(self.assert_nothing_left)
+
+    def assert_nothing_left(self):
+        self.assertEqual(glob.glob(f"/tmp/muond-{self.job}-*"), [])  # socket dirs
+        self.assertEqual(glob.glob(f"/dev/shm/muond-{self.job}-*"), [])
+        self.assertEqual(job_processes(self.job), [])
+        self.assertEqual(job_processes(self.tmp), [])  # trainers (their out dir)
+        subprocess.run(["rm", "-rf", self.tmp])
+
+    def run_launch(self, argv, timeout=300):
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env())
+
+    def check_training(self, world, master="127.0.0.1"):
+        want = reference()
+        seen = []
+        for rank in range(world):
+            with open(os.path.join(self.tmp, f"rank{rank}.json")) as f:
+                seen.append(json.load(f))
+        for rank, s in enumerate(seen):
+            e = s["env"]
+            self.assertTrue(s["socket_existed"], rank)  # found in $MUOND_SOCKET_DIR
+            self.assertEqual((e["MUOND_JOB_ID"], e["RANK"], e["WORLD_SIZE"], e["MUOND_NNODES"],
+                              e["MUOND_NODE_RANK"], e["MUOND_MASTER_ADDR"]),
+                             (self.job, str(rank), str(world), "1", "0", master))
+            self.assertEqual(e["MUOND_NPROC_PER_NODE"], str(world))
+            self.assertRegex(e["MUOND_COORDINATOR"], rf"^{master}:\d+$")
+            self.assertTrue(e["MUOND_SOCKET_DIR"].startswith(f"/tmp/muond-{self.job}-"))
+        got = [torch.tensor(t, dtype=torch.float64) for t in seen[0]["final"]]
+        for g, w, init in zip(got, want, T.initial_params()):
+            self.assertGreater(float((w - init.double()).abs().max()), 1e-3)  # it trained
+            rel = float((g - w).abs().max() / w.abs().max())
+            self.assertLessEqual(rel, TOLERANCE)
+
+    def test_per_node_trains_like_plain_muon(self):
+        proc = self.run_launch(launch_argv(
+            "--nproc-per-node", "2", "--device", "cpu", "--job-id", self.job, "--log-dir",
+            self.logs, "--", *torchrun("--nproc-per-node", "2", TRAINER, self.tmp,
+                                       "--steps", str(STEPS))))
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+        self.assertIn(f"muond launch: job {self.job}: coordinator 127.0.0.1:", proc.stdout)
+        self.assertEqual(sorted(os.listdir(self.logs)),
+                         ["coordinator.log", "muond-rank0.log", "muond-rank1.log"])
+        with open(os.path.join(self.logs, "coordinator.log")) as f:
+            self.assertIn("(token required)", f.read())
+        self.check_training(2)
+
+    def test_per_rank_under_torchrun(self):
+        token = os.path.join(self.tmp, "token")
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"per-rank-test-token\n")
+        os.close(fd)
+        proc = self.run_launch(torchrun(
+            "--nproc-per-node", "2", "-m", "muond.cli", "launch", "--bin-dir", bin_dir(),
+            "--device", "cpu", "--job-id", self.job, "--token-file", token,
+            "--coordinator-port", str(free_port()), "--log-dir", self.logs, "--",
+            sys.executable, TRAINER, self.tmp, "--steps", str(STEPS)))
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+        self.assertIn("per-rank", proc.stdout)
+        # torchrun --standalone's MASTER_ADDR is "localhost": the coordinator's host.
+        # Rank 0's launcher started the coordinator, each its own daemon.
+        self.assertEqual(sorted(os.listdir(self.logs)),
+                         ["coordinator.log", "muond-rank0.log", "muond-rank1.log"])
+        self.check_training(2, master="localhost")
+
+    def start_slow(self):
+        argv = launch_argv("--nproc-per-node", "2", "--device", "cpu", "--job-id", self.job,
+                           "--log-dir", self.logs, "--stop-grace", "5", "--",
+                           *torchrun("--nproc-per-node", "2", TRAINER, self.tmp, "--steps",
+                                     "100000", "--slow"))
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env())
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        marker = os.path.join(self.tmp, "stepped")
+        while not os.path.exists(marker):
+            self.assertIsNone(proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
+            time.sleep(0.1)
+        return proc
+
+    def test_daemon_killed_mid_run(self):
+        proc = self.start_slow()
+        victim = [pid for pid in job_processes(self.job)
+                  if {"--rank=1", "--host"} <= set(cmdline(pid))]
+        self.assertEqual(len(victim), 1, victim)
+        os.kill(victim[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 1, out[-2000:] + err[-2000:])
+        self.assertIn(f"muond launch: FAILED: daemon rank 1 (pid {victim[0]}) killed by "
+                      "signal 9 (SIGKILL)", err)
+        self.assertIn("muond-rank1.log", err)
+
+    def test_signal_to_launcher_is_forwarded(self):
+        proc = self.start_slow()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM, out[-2000:] + err[-2000:])
+        self.assertIn("stopped by signal SIGTERM", err)
+        # torchrun got the signal (its own summary names it), not a daemon death.
+        self.assertNotIn("FAILED", err)
+
+    def test_command_failure_status_is_returned(self):
+        # The command checks its daemon's socket while it runs, then fails.
+        script = ('test -S "$MUOND_SOCKET_DIR/muond-$MUOND_JOB_ID-0.sock" && '
+                  'test -r "$MUOND_TOKEN_FILE" && exit 7; exit 3')
+        proc = self.run_launch(launch_argv("--device", "cpu", "--job-id", self.job,
+                                           "--log-dir", self.logs, "--", "sh", "-c", script))
+        self.assertEqual(proc.returncode, 7, proc.stdout[-2000:] + proc.stderr[-2000:])
+
+    def test_refusals_start_nothing(self):
+        proc = self.run_launch(launch_argv("--nnodes", "2", "--node-rank", "2", "--job-id",
+                                           self.job, "--", "true"))
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("--node-rank 2 (--node-rank) must be < --nnodes 2", proc.stderr)
+        self.assertNotIn("Traceback", proc.stderr)
+        proc = self.run_launch([sys.executable, "-m", "muond.cli", "launch", "--bin-dir",
+                                os.path.join(self.tmp, "nope"), "--", "true"])
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("--bin-dir", proc.stderr)
+        self.assertIn("no executable muond-coordinator", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
