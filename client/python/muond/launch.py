@@ -245,7 +245,7 @@ def server_answers(address: str, ca_file: str | None = None, timeout: float = 1.
     built before the health service answer UNIMPLEMENTED); False while
     nothing listens there (UNAVAILABLE, DEADLINE_EXCEEDED)."""
     import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from muond.health import CHECK  # the raw call: needs grpcio only
     if ca_file:
         with open(ca_file, "rb") as f:
             channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(f.read()))
@@ -253,8 +253,7 @@ def server_answers(address: str, ca_file: str | None = None, timeout: float = 1.
         channel = grpc.insecure_channel(address)
     with channel:
         try:
-            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                      timeout=timeout)
+            channel.unary_unary(CHECK)(b"", timeout=timeout)  # HealthCheckRequest{}
             return True
         except grpc.RpcError as e:
             return e.code() not in (grpc.StatusCode.UNAVAILABLE,
