@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's first command: the main job. Installs what is missing
-# (deploy/setup.sh), builds the servers, then deploy/local/launch.py starts a
-# coordinator and one muond per trainer rank and runs the trainers as a torchrun
-# job (examples/char_gpt/train_dist.py): on a machine without a GPU 4 gloo
+# (deploy/setup.sh), builds the servers, then deploy/local/launch.py runs
+# `muond launch` (a coordinator and one muond per trainer rank) around a torchrun
+# job of examples/char_gpt/train_dist.py: on a machine without a GPU 4 gloo
 # processes laid out as FSDP2 2 x TP 2 with host-mode daemons; on a GPU host one
 # process per GPU (NCCL), each daemon on its rank's GPU. They train a small GPT on
 # Debian's fortunes; rank 0 then trains the in-process reference for the report.

@@ -1,41 +1,33 @@
-"""Local launcher of the main job: coordinator + one muond per rank + a torchrun job.
+"""The demo: `muond launch` around a torchrun job of the char-GPT trainer.
 
-Started by deploy/run-demo.sh after setup and build. It starts
-`muond-coordinator` on a free loopback port and one `muond` per trainer rank
-(host mode on a machine without a GPU, `--device=<local rank>` with --device
-cuda), each on its default socket (`$XDG_RUNTIME_DIR/muond/muond-<job>-<rank>.sock`,
-XDG_RUNTIME_DIR being the launch's private directory), waits until every daemon
-answers Health, then runs
+Started by deploy/run-demo.sh after setup and build. It checks the demo's
+options (--check-args: the trainer's own parser and layout rule, before the
+build), takes --out, then runs
 
-    torchrun --standalone --nproc-per-node N examples/char_gpt/train_dist.py --parallel P
+    muond launch --nproc-per-node N --device cpu|cuda --bin-dir BIN --log-dir OUT/logs
+                 --job-id J -- python -m torch.distributed.run --standalone
+                 --nproc-per-node N examples/char_gpt/train_dist.py --parallel P ...
 
-with the environment muond.torch.Muon reads (docs/parallelism.md):
-MUOND_JOB_ID, MUOND_TOKEN_FILE, XDG_RUNTIME_DIR, and MUOND_COORDINATOR (for
-the report's plan). It stops everything it started when the trainer ends,
-on Ctrl-C, or when a process dies: no orphan processes, sockets or shm
-objects are left behind. Logs go to <out>/logs/; a daemon or coordinator
-that dies is named with the last lines of its log; a trainer rank that dies
-is named by torchrun's failure summary.
-
-The coordinator requires a token: a fresh one per launch, written to a 0600
-file in the launch's private (0700) socket directory and handed to the
-servers as --token_file, never on a command line (argv is visible to every
-user in `ps`). Once the daemons are healthy the launcher prints the job id
-and a `muonctl status --coordinator ... --job_id ... --token-file ...` line
-that works as printed while the job runs; the token file is removed with the
-directory when the launch ends.
+and prints that command. `muond launch` (client/python/muond/launch.py,
+deploy/README.md) does the rest: a coordinator on a free loopback port with a
+fresh per-launch token (a 0600 file in its private 0700 socket directory,
+never on a command line), one `muond` per rank (host mode without a GPU,
+`--device=<local rank>` with --device cuda) on its socket in that directory,
+the health wait, the environment muond.torch.Muon reads (MUOND_JOB_ID,
+MUOND_TOKEN_FILE, MUOND_SOCKET_DIR, MUOND_COORDINATOR for the report's plan),
+a `muonctl status ...` line that works as printed, and the teardown: it stops
+everything when the trainers end, on Ctrl-C, or when a server dies (named
+with the last lines of its log; a trainer rank is named by torchrun's failure
+summary), leaving no process, socket or shm object behind. Logs go to
+<out>/logs/, the report to <out>/report.md.
 """
 import argparse
 import fcntl
-import glob
 import os
-import secrets
-import shutil
+import shlex
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,6 +37,7 @@ sys.path.insert(0, os.path.dirname(TRAINER))
 # The trainer's options and layout rule, torch-free: --check-args applies the
 # rule every trainer rank would apply after the build.
 import options as trainer_options  # noqa: E402
+from muond._launch_env import LaunchError, check_job_id  # noqa: E402
 
 
 def positive_int(text):
@@ -68,21 +61,17 @@ def positive_float(text):
 
 
 def job_id(text):
-    """Names the socket directory and the shm objects: letters, digits, '._-'."""
-    if not text or len(text) > 64 or not all(c.isascii() and (c.isalnum() or c in "._-")
-                                             for c in text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} must be 1-64 letters, digits, '.', '_' or '-' (it names the "
-            "socket directory and shared-memory objects)")
-    return text
+    """Names the socket directory and the shm objects (muond launch's rule)."""
+    try:
+        return check_job_id(text, "job id")
+    except LaunchError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # One trainer and one daemon process per rank on this host: far more than the
 # cores is a typo.
 MAX_LOCAL_RANKS = 64
 LAYOUTS = trainer_options.LAYOUTS
-# sun_path of a Unix socket holds 107 bytes and a NUL.
-MAX_SOCKET_PATH = 107
 
 
 def nproc(text):
@@ -182,48 +171,29 @@ def parse_args(argv=None):
     return args
 
 
-def cuda_device_count():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
 def binary(bin_dir, rel):
     """bin_dir/rel (a bazel-bin tree), or bin_dir/<name> (a bundle's flat bin/)."""
     flat = os.path.join(bin_dir, os.path.basename(rel))
     return flat if os.path.isfile(flat) else os.path.join(bin_dir, rel)
 
 
-def tail(path, n=20):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return "(no log)"
+def muond_command():
+    """The `muond` command: the venv's console script when the package is
+    installed, else the same CLI as a module (client/python on PYTHONPATH)."""
+    script = os.path.join(os.path.dirname(sys.executable), "muond")
+    if os.access(script, os.X_OK):
+        return [script]
+    return [sys.executable, "-m", "muond.cli"]
 
 
-def write_token_file(directory):
-    """A fresh job token in directory/token, created 0600 (O_EXCL: never an
-    existing file or a planted link); returns the path."""
-    path = os.path.join(directory, "token")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
-    return path
-
-
-class Launcher:
+class Demo:
     def __init__(self, args):
         self.args = args
-        self.procs = []  # (name, Popen, log path)
-        self.trainer = None
         # pid + random tag: pids repeat across PID namespaces (containers).
         self.job = args.job_id or f"demo{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.logs = os.path.join(args.out, "logs")
-        self.sockdir = None  # a fresh directory per launch (run)
         self.out_lock = None  # held while this launch writes to --out
+        self.child = None
 
     def lock_out(self):
         """Two launches writing one --out would overwrite each other's logs and
@@ -252,76 +222,12 @@ class Launcher:
                     f"--bin {self.args.bin}: no {os.path.basename(rel)} at {path} (run "
                     "deploy/run-demo.sh, which builds it, or pass --bin / $MUOND_BIN)")
 
-    def start(self, name, cmd, env=None):
-        log = os.path.join(self.logs, f"{name}.log")
-        f = open(log, "w")
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                env=env or os.environ.copy(), start_new_session=True)
-        self.procs.append((name, proc, log))
-        return proc
-
-    def check_alive(self):
-        for name, proc, log in self.procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {proc.returncode}; "
-                                   f"last lines of {log}:\n{tail(log)}")
-
-    def stop(self):
-        # A second Ctrl-C (or timeout's signal to the whole group) must not
-        # abandon the clean-up half way: ignore them while stopping.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if self.trainer is not None:
-            # torchrun and its workers share a session; a worker may outlive
-            # a torchrun that already exited.
-            try:
-                os.killpg(self.trainer.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.trainer.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(self.trainer.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.trainer.wait()
-        # Daemons first (started last), then the coordinator, so no daemon
-        # sees its coordinator go away and tries to reconnect.
-        for _, proc, _ in reversed(self.procs):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.time() + 10
-        for _, proc, _ in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if self.sockdir:
-            shutil.rmtree(self.sockdir, ignore_errors=True)
-        # The trainer's shm objects are named /muond-<job>-<pid>-... (shm.py).
-        for path in glob.glob(f"/dev/shm/muond-{self.job}-*"):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
-    def run(self):
+    def command(self):
+        """(argv of `muond launch ... -- torchrun ...`, n, parallel, device)."""
+        from muond.launch import count_gpus
         a = self.args
-        try:
-            os.makedirs(a.out, exist_ok=True)
-        except OSError as e:
-            raise RuntimeError(f"--out {a.out}: cannot create it ({e.strerror})") from None
-        self.lock_out()
-        os.makedirs(self.logs, exist_ok=True)
-        self.check_binaries()
         device = a.device
-        gpus = cuda_device_count() if device in ("auto", "cuda") else 0
+        gpus = count_gpus() if device in ("auto", "cuda") else 0
         if device == "auto":
             device = "cuda" if gpus > 0 else "cpu"
         if device == "cuda" and gpus == 0:
@@ -334,102 +240,62 @@ class Launcher:
         problem = check_layout(a, parallel, n, device)
         if problem:
             raise RuntimeError(problem)
-        self.sockdir = tempfile.mkdtemp(prefix=f"muond-{self.job}-", dir="/tmp")
-        token_file = write_token_file(self.sockdir)
-        # The daemons listen on their default socket under XDG_RUNTIME_DIR, the
-        # rule muond.torch.Muon follows to find its rank's daemon.
-        env = dict(os.environ, XDG_RUNTIME_DIR=self.sockdir)
-        addresses = [f"unix://{self.sockdir}/muond/muond-{self.job}-{r}.sock" for r in range(n)]
-        if len(addresses[-1]) - len("unix://") > MAX_SOCKET_PATH:
-            raise RuntimeError(f"--job-id {self.job!r} is too long: the socket path "
-                               f"{addresses[-1][7:]} exceeds {MAX_SOCKET_PATH} bytes")
+        argv = [*muond_command(), "launch", "--nproc-per-node", str(n), "--device", device,
+                "--bin-dir", a.bin, "--log-dir", self.logs, "--job-id", self.job,
+                "--health-timeout", f"{a.health_timeout:g}", "--",
+                sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(n), TRAINER, *trainer_argv(a, parallel, device)]
+        return argv, n, parallel, device
 
-        port_file = os.path.join(self.logs, "coordinator.port")
-        if os.path.exists(port_file):
-            os.unlink(port_file)
-        self.start("coordinator", [binary(a.bin, "server/coordinator/muond-coordinator"),
-                                   "--listen=127.0.0.1:0", f"--port_file={port_file}",
-                                   f"--token_file={token_file}"])
-        deadline = time.time() + a.health_timeout
-        while not os.path.exists(port_file) or not open(port_file).read().strip():
-            self.check_alive()
-            if time.time() > deadline:
-                raise RuntimeError("the coordinator did not report its port")
-            time.sleep(0.05)
-        coordinator = f"127.0.0.1:{open(port_file).read().strip()}"
+    def run(self):
+        a = self.args
+        try:
+            os.makedirs(a.out, exist_ok=True)
+        except OSError as e:
+            raise RuntimeError(f"--out {a.out}: cannot create it ({e.strerror})") from None
+        self.lock_out()
+        os.makedirs(self.logs, exist_ok=True)
+        self.check_binaries()
+        argv, n, parallel, device = self.command()
+        print(f"launcher: job {self.job}: {n} trainers ({device}), torchrun --nproc-per-node "
+              f"{n}, --parallel {parallel}; logs in {self.logs}\nlauncher: "
+              f"{shlex.join(argv)}", flush=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [os.path.join(ROOT, "client", "python"), *filter(None, [env.get("PYTHONPATH")])])
+        self.child = subprocess.Popen(argv, env=env)
+        code = self.child.wait()
+        if code in (128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM):
+            raise KeyboardInterrupt
+        if code != 0:
+            raise RuntimeError(f"muond launch exited with code {code} (above: a server that "
+                               "died, named with its log, or torchrun's failure summary "
+                               "naming the trainer rank that failed first)")
 
-        for r in range(n):
-            mode = ["--host"] if device == "cpu" else [f"--device={r}"]
-            self.start(f"muond-rank{r}", [
-                binary(a.bin, "server/daemon/muond"), f"--coordinator={coordinator}",
-                f"--job_id={self.job}", f"--rank={r}", f"--world_size={n}",
-                f"--token_file={token_file}", *mode], env=env)
-        self.wait_healthy(addresses, deadline)
-        muonctl = binary(a.bin, "tools/muonctl/muonctl")
-        if not os.access(muonctl, os.X_OK):
-            muonctl = "muonctl"
-        print(f"launcher: job {self.job}: coordinator {coordinator}, {n} daemons ({device}) "
-              f"healthy; trainers: torchrun --nproc-per-node {n}, --parallel {parallel}; "
-              f"logs in {self.logs}\nlauncher: while it runs: {muonctl} status --coordinator "
-              f"{coordinator} --job_id {self.job} --token-file {token_file}", flush=True)
-
-        env.update(MUOND_JOB_ID=self.job, MUOND_TOKEN_FILE=token_file,
-                   MUOND_COORDINATOR=coordinator)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(n), TRAINER, *trainer_argv(a, parallel, device)]
-        # Its own session: stop() signals torchrun and every trainer rank together.
-        self.trainer = subprocess.Popen(cmd, env=env, start_new_session=True)
-        while self.trainer.poll() is None:
-            self.check_alive()  # a dead daemon: named, then stop() ends the trainers
-            time.sleep(0.2)
-        if self.trainer.returncode != 0:
-            raise RuntimeError(f"the trainers (torchrun, {n} processes) exited with code "
-                               f"{self.trainer.returncode}; torchrun's failure summary above "
-                               "names the rank that failed first")
-
-    def wait_healthy(self, addresses, deadline):
-        import grpc
-        from muond.v1 import muond_pb2, muond_pb2_grpc
-        pending = list(addresses)
-        while pending:
-            self.check_alive()
-            if time.time() > deadline:
-                raise RuntimeError(f"daemons not healthy in time: {pending}")
-            addr = pending[0]
-            try:
-                with grpc.insecure_channel(addr) as ch:
-                    reply = muond_pb2_grpc.OptimizerStub(ch).Health(
-                        muond_pb2.HealthRequest(), timeout=1.0)
-                if reply.serving:
-                    pending.pop(0)
-                    continue
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
+    def forward(self, signum, _frame):
+        """SIGTERM (or a Ctrl-C) for the demo: muond launch stops everything."""
+        if self.child is None:
+            raise KeyboardInterrupt(f"signal {signum}")
+        if self.child.poll() is None:
+            self.child.send_signal(signum)
 
 
 def main():
     args = parse_args()
     if args.check_args:
         return 0
-    launcher = Launcher(args)
-
-    def on_signal(signum, _):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)  # also when started with SIGINT ignored
-    # The verdict is printed after stop(): what the stopped trainers print
-    # (torchrun's traceback on SIGTERM) must not bury the name of what died.
+    demo = Demo(args)
+    signal.signal(signal.SIGTERM, demo.forward)
+    signal.signal(signal.SIGINT, demo.forward)  # also when started with SIGINT ignored
     try:
-        launcher.run()
+        demo.run()
         verdict, code = f"launcher: done; report in {os.path.join(args.out, 'report.md')}", 0
     except KeyboardInterrupt:
+        if demo.child is not None:
+            demo.child.wait()
         verdict, code = "launcher: interrupted; stopped everything", 130
     except RuntimeError as e:
         verdict, code = f"launcher: FAILED: {e}", 1
-    finally:
-        launcher.stop()
     print(verdict, file=sys.stderr if code else sys.stdout, flush=True)
     return code
 
