@@ -86,6 +86,12 @@ class ResolveTest(unittest.TestCase):
             ([], {"NODE_RANK": "1", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "3(x2)",
                   "MASTER_ADDR": "m0", **shared}, 0,
              (2, 1, 3, ((3, 0), (4, 1), (5, 2)), "m0", "cpu", (None,) * 3)),
+            # `srun --ntasks-per-node=1 muond launch`: SLURM_NTASKS_PER_NODE=1 counts the
+            # launchers; the daemons follow the node's GPUs.
+            ([], {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+                  "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NODELIST": "g[1-2]",
+                  "SLURM_GPUS_ON_NODE": "2", **shared}, 0,
+             (2, 0, 2, ((0, 0), (1, 1)), "g1", "cuda", (0, 1))),
         ]
         for argv, env, gpus, want in cases:
             p = plan(argv, env, gpus)

@@ -320,7 +320,7 @@ def _per_node(opts, env, device, gpus, src):
     if node_rank >= nnodes:
         raise LaunchError(f"--node-rank {node_rank} ({src['node_rank'] or 'default'}) must be "
                           f"< --nnodes {nnodes} ({src['nnodes'] or 'default'})")
-    nproc, src["nproc"] = _nproc(opts, env)
+    nproc, src["nproc"] = _nproc(opts, env, per_node=True)
     if nproc is None:
         nproc, src["nproc"] = ((len(gpus), "visible GPUs") if device == "cuda"
                                else (1, "default"))
@@ -376,14 +376,18 @@ def _given_or_env(given, option, env, *keys):
     return first_env_int(env, *keys)
 
 
-def _nproc(opts, env):
+def _nproc(opts, env, per_node: bool = False):
     if opts.nproc_per_node is not None:
         return opts.nproc_per_node, "--nproc-per-node"
     value = env_int(env, "LOCAL_WORLD_SIZE")
     if value is not None:
         return value, "$LOCAL_WORLD_SIZE"
     text = env.get("SLURM_NTASKS_PER_NODE", "")
-    if text:
+    # In an srun step of one task per node (the per-node launchers
+    # themselves) it counts launchers, not trainer ranks.
+    launchers = (per_node and env_int(env, "SLURM_PROCID") is not None
+                 and env_int(env, "SLURM_NTASKS") == (env_int(env, "SLURM_NNODES") or 1))
+    if text and not launchers:
         return slurm_tasks_per_node(text), "$SLURM_NTASKS_PER_NODE"
     return None, ""
 

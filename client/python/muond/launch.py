@@ -197,6 +197,17 @@ def find_servers(bin_dir: str | None, env) -> tuple[str, str, str]:
                       "//server/coordinator:muond-coordinator)")
 
 
+def find_muonctl(coordinator_bin: str) -> str:
+    """muonctl beside the coordinator (a bundle's bin/), in its bazel-bin
+    tree, on PATH, else the bare name."""
+    here = os.path.dirname(coordinator_bin)
+    tree = os.path.dirname(os.path.dirname(here))
+    for path in (os.path.join(here, "muonctl"), os.path.join(tree, "tools", "muonctl", "muonctl")):
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return shutil.which("muonctl") or "muonctl"
+
+
 def tail(path: str, n: int = 20) -> str:
     try:
         with open(path, errors="replace") as f:
@@ -334,13 +345,11 @@ class Launch:
         where = "here" if plan.start_coordinator else f"on {plan.master_addr}"
         ranks = [r for r, _ in plan.ranks]
         print(f"muond launch: job {plan.job_id}: coordinator {self.coordinator} ({where}), "
-              f"daemon rank(s) {ranks[0]}..{ranks[-1]} of {plan.world_size} ({plan.device}, "
+              f"daemon rank{'s' if len(ranks) > 1 else ''} "
+              f"{ranks[0]}{f'..{ranks[-1]}' if len(ranks) > 1 else ''} of {plan.world_size} "
+              f"({plan.device}, "
               f"{plan.mode}) answering; logs in {self.log_dir}", flush=True)
-        muonctl = shutil.which("muonctl") or next(
-            (p for p in (os.path.join(os.path.dirname(self.coordinator_bin), "muonctl"),
-                         os.path.join(_REPO, "bazel-bin", "tools", "muonctl", "muonctl"))
-             if os.access(p, os.X_OK)), "muonctl")
-        print(f"muond launch: while it runs: {muonctl} status --coordinator {self.coordinator} "
+        print(f"muond launch: while it runs: {find_muonctl(self.coordinator_bin)} status --coordinator {self.coordinator} "
               f"--job_id {plan.job_id} --token-file {self.token_file}", flush=True)
         if not a.user_command:
             return 0
