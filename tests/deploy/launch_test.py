@@ -11,7 +11,9 @@
 * a daemon SIGKILLed mid-run: the launcher exits 1 naming that rank, its pid
   and the signal, and stops the trainers;
 * the command failing: its exit status is returned, the servers stopped;
-* SIGTERM to the launcher: forwarded to the command, exit 128+15.
+* SIGTERM to the launcher: forwarded to the command, exit 128+15;
+* a TLS coordinator: the daemons join verified by --tls-ca; a CA that did
+  not sign its certificate fails the launcher's health check.
 After every run: no process, socket directory or shm object of the job is
 left (checked through /proc, /tmp and /dev/shm).
 
@@ -23,6 +25,7 @@ moves the parameters by 1e-2 or more.
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -233,6 +236,34 @@ class LaunchTest(unittest.TestCase):
         proc = self.run_launch(launch_argv("--device", "cpu", "--job-id", self.job,
                                            "--log-dir", self.logs, "--", "sh", "-c", script))
         self.assertEqual(proc.returncode, 7, proc.stdout[-2000:] + proc.stderr[-2000:])
+
+    @unittest.skipUnless(shutil.which("openssl"), "no openssl to make a certificate")
+    def test_tls_coordinator(self):
+        """--tls-cert/--tls-key: the daemons join over TLS verified with --tls-ca;
+        a CA that did not sign the certificate fails the health check."""
+        def cert(name):
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
+                            "2", "-subj", "/CN=localhost", "-addext",
+                            "subjectAltName=IP:127.0.0.1", "-keyout",
+                            os.path.join(self.tmp, f"{name}.key"), "-out",
+                            os.path.join(self.tmp, f"{name}.pem")],
+                           check=True, capture_output=True)
+            return os.path.join(self.tmp, f"{name}.pem"), os.path.join(self.tmp, f"{name}.key")
+        crt, key = cert("server")
+        other, _ = cert("other")
+        base = ["--device", "cpu", "--nproc-per-node", "2", "--job-id", self.job,
+                "--coordinator-port", str(free_port()), "--tls-cert", crt, "--tls-key", key]
+        proc = self.run_launch(launch_argv(*base, "--tls-ca", crt, "--log-dir", self.logs,
+                                           "--", "true"))
+        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+        for rank in (0, 1):
+            with open(os.path.join(self.logs, f"muond-rank{rank}.log")) as f:
+                self.assertIn(f"joined job {self.job} as rank {rank}/2", f.read())
+        proc = self.run_launch(launch_argv(*base, "--tls-ca", other, "--log-dir", self.logs,
+                                           "--health-timeout", "3", "--", "true"))
+        self.assertEqual(proc.returncode, 1, proc.stdout[-2000:] + proc.stderr[-2000:])
+        self.assertIn("coordinator (pid", proc.stderr)
+        self.assertIn("did not answer the health check", proc.stderr)
 
     def test_refusals_start_nothing(self):
         proc = self.run_launch(launch_argv("--nnodes", "2", "--node-rank", "2", "--job-id",
