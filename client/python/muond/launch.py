@@ -326,8 +326,11 @@ class Launch:
                 raise ServerDied(death)
 
     def run(self) -> int:
-        plan, a = self.plan, self.args
-        os.makedirs(self.log_dir, exist_ok=True)
+        plan = self.plan
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+        except OSError as e:
+            raise LaunchError(f"--log-dir {self.log_dir}: cannot create it ({e.strerror})") from None
         self.sockdir = tempfile.mkdtemp(prefix=f"muond-{plan.job_id}-", dir="/tmp")  # 0700
         longest = self.socket_path(max(r for r, _ in plan.ranks))
         if len(longest) > MAX_SOCKET_PATH:
@@ -351,8 +354,6 @@ class Launch:
               f"{plan.mode}) answering; logs in {self.log_dir}", flush=True)
         print(f"muond launch: while it runs: {find_muonctl(self.coordinator_bin)} status --coordinator {self.coordinator} "
               f"--job_id {plan.job_id} --token-file {self.token_file}", flush=True)
-        if not a.user_command:
-            return 0
         return self.run_command()
 
     def socket_path(self, rank: int) -> str:
@@ -451,7 +452,14 @@ class Launch:
             self.check()  # a server died: ServerDied, main() stops the command
             time.sleep(0.2)
         code = self.command.returncode
-        return 128 - code if code < 0 else code
+        code = 128 - code if code < 0 else code
+        if code != 0:
+            # Trainers whose daemon died fail too, maybe before the poll above
+            # saw the daemon go: the dead server is the news.
+            dead = next((d for d in map(Server.death, self.servers) if d), None)
+            if dead:
+                raise ServerDied(f"{dead}\n(the command then ended with exit status {code})")
+        return code
 
     @staticmethod
     def _signal_group(pgid: int, signum: int) -> bool:
