@@ -1,11 +1,13 @@
 """Several nodes, simulated on one machine (issue 21).
 
-Two "nodes" of two host-mode `muond` daemons each (world 4, one job), the
-`muond-coordinator` on node 0 over TCP with the job's token, and one trainer
-per rank (tests/system/multinode_trainer.py, torchrun's environment) on its
-rank's node, talking to its local daemon over a Unix socket. Each node's
-daemons use `--gloo_hostname=<node address>` for their daemon-to-daemon
-traffic and reach the coordinator at node 0's address.
+Two "nodes", each a `muond launch` (per-node mode: --nnodes 2 --node-rank k
+--master-addr <node 0> --node-addr <node k> --job-id --token-file) of two
+host-mode `muond` daemons (world 4, one job), the `muond-coordinator` on node
+0 over TCP with the job's token, and the node's trainer ranks
+(tests/system/multinode_trainer.py, torchrun's layout) each talking to its
+local daemon over a Unix socket. The daemons use `--gloo_hostname=<node
+address>` for their daemon-to-daemon traffic and reach the coordinator at node
+0's address.
 
 Nodes are two network namespaces joined by a veth pair (10.77.0.1 and
 10.77.0.2, nothing else reachable: an address or port that assumed 127.0.0.1
@@ -16,15 +18,14 @@ $MUOND_MULTINODE_MODE=loopback forces the fallback.
 
 Checked:
 - two nodes, token over plain TCP, and two nodes with the coordinator on TLS
-  (a certificate whose IP SAN is node 0's address; daemons with
-  `--coordinator_tls_ca`) both equal the single-node run (the same job, all
+  (a certificate whose IP SAN is node 0's address; the daemons verify it,
+  `--tls-ca`) both equal the single-node run (the same job, one launcher of
   four daemons and trainers on 127.0.0.1) BITWISE: every rank's params and
   optimizer state (momentum, AdamW moments) after three steps; the params
   moved, and the plan's NS homes lie on both nodes (so Newton-Schulz inputs
   and updates crossed nodes);
-- a node-1 daemon with the wrong token is refused by the coordinator and
-  exits 1 naming it, and every trainer rank then fails with that rank named
-  instead of waiting.
+- a node whose token is wrong: its daemons are refused at Join and its
+  launcher exits 1 naming the daemon and the refusal.
 """
 from __future__ import annotations
 
@@ -44,9 +45,14 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNFILES = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(RUNFILES, "tests", "client", "python", "contract"))
-from cluster import find_binaries, wait_for  # noqa: E402
+from cluster import find_binaries  # noqa: E402
+
+import muond  # noqa: E402
 
 TRAINER = os.path.join(HERE, "multinode_trainer.py")
+# The launcher and trainers import the muond this test imports (Bazel's
+# //client/python, or the checkout's), not whichever one the venv holds.
+MUOND_PATH = os.path.dirname(os.path.dirname(os.path.abspath(muond.__file__)))
 NODES, PER_NODE = 2, 2
 WORLD = NODES * PER_NODE
 NETNS_PREFIX = "muond-mn-"
@@ -157,198 +163,145 @@ def _private_file(path: str, text: str) -> str:
     return path
 
 
-class Job:
-    """The servers and trainers of one run on `nodes` (node k holds ranks
-    k*PER_NODE ...), each node with its own directory (socket directory,
-    token file copy: a mounted secret on a real node)."""
-
-    def __init__(self, name: str, nodes: list[Node], root: str, token: str, *,
-                 tls: bool = False):
-        self.name, self.nodes, self.tls = name, nodes, tls
-        self.dir = tempfile.mkdtemp(prefix=f"{name}-", dir=root)
-        self.job_id = f"mn{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.node_dirs = []
-        for k in range(len(nodes)):
-            d = os.path.join(self.dir, f"n{k}")
-            os.makedirs(os.path.join(d, "run"), mode=0o700)
-            _private_file(os.path.join(d, "token"), token)
-            self.node_dirs.append(d)
-        self.out = os.path.join(self.dir, "out")
-        os.makedirs(self.out)
-        self.coordinator = ""
-        self.ca = ""
-        self._procs: list[tuple[str, subprocess.Popen, str]] = []
-
-    def node_of(self, rank: int) -> int:
-        return rank // PER_NODE if len(self.nodes) > 1 else 0
-
-    # -- processes --
-    def spawn(self, name: str, node: int, argv: list[str], env=None) -> subprocess.Popen:
-        path = os.path.join(self.dir, f"{name}.log")
-        with open(path, "w") as log_file:
-            proc = subprocess.Popen(self.nodes[node].wrap(argv), stdout=log_file,
-                                    stderr=subprocess.STDOUT, env=env)
-        self._procs.append((name, proc, path))
-        return proc
-
-    def log_of(self, name: str) -> str:
-        path = os.path.join(self.dir, f"{name}.log")
-        with open(path, errors="replace") as f:
-            return f.read()
-
-    def logs(self, tail: int = 2500) -> str:
-        return "\n".join(f"---- {self.name} {name} (exit {proc.poll()}) ----\n"
-                         f"{self.log_of(name)[-tail:]}" for name, proc, _ in self._procs)
-
-    def stop(self) -> None:
-        for _, proc, _ in reversed(self._procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, proc, _ in self._procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def check_alive(self, names) -> bool:
-        for name, proc, _ in self._procs:
-            if name in names and proc.poll() is not None:
-                raise RuntimeError(f"{self.name}: {name} exited with {proc.returncode}")
-        return True
-
-    # -- servers --
-    def start_coordinator(self, coordinator_bin: str) -> None:
-        addr = self.nodes[0].addr
-        port_file = os.path.join(self.node_dirs[0], "port")
-        args = [coordinator_bin, f"--listen={addr}:0", f"--port_file={port_file}",
-                f"--token_file={self.node_dirs[0]}/token", "--rebalance_threshold=0"]
-        if self.tls:
-            cert, key = (os.path.join(self.node_dirs[0], n) for n in ("cert.pem", "key.pem"))
-            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-                            "-keyout", key, "-out", cert, "-days", "1", "-subj", f"/CN={addr}",
-                            "-addext", f"subjectAltName=IP:{addr}"],
-                           check=True, capture_output=True)
-            args += [f"--tls_cert={cert}", f"--tls_key={key}"]
-            # The CA the other nodes get (a copy: their own filesystem).
-            self.ca = os.path.join(self.dir, "coordinator-ca.pem")
-            shutil.copy(cert, self.ca)
-        self.spawn("coordinator", 0, args)
-        port = wait_for(lambda: self.check_alive({"coordinator"}) and _read(port_file), 30,
-                        f"{self.name}: the coordinator's port file")
-        self.coordinator = f"{addr}:{int(port)}"
-
-    def daemon_args(self, daemon_bin: str, rank: int, token_file: str | None = None):
-        node = self.node_of(rank)
-        args = [daemon_bin, "--host", f"--coordinator={self.coordinator}",
-                f"--job_id={self.job_id}", f"--rank={rank}", f"--world_size={WORLD}",
-                f"--listen={self.socket(rank)}",
-                f"--token_file={token_file or os.path.join(self.node_dirs[node], 'token')}",
-                f"--gloo_hostname={self.nodes[node].addr}", "--comm_timeout_s=30",
-                "--coordinator_timeout_s=30"]
-        if self.ca:
-            args.append(f"--coordinator_tls_ca={self.ca}")
-        return args
-
-    def socket(self, rank: int) -> str:
-        # The default socket name in the node's socket directory, which the
-        # trainers' XDG_RUNTIME_DIR points at (muond.placement.discover).
-        run = os.path.join(self.node_dirs[self.node_of(rank)], "run")
-        return f"unix://{run}/muond/muond-{self.job_id}-{rank}.sock"
-
-    def start_daemons(self, daemon_bin: str, ranks=range(WORLD), **kw) -> None:
-        for rank in ranks:
-            for d in self.node_dirs:
-                os.makedirs(os.path.join(d, "run", "muond"), mode=0o700, exist_ok=True)
-            self.spawn(f"muond-rank{rank}", self.node_of(rank),
-                       self.daemon_args(daemon_bin, rank, **kw))
-
-    def wait_daemons_healthy(self) -> None:
-        from muond.client import Client
-        names = {f"muond-rank{r}" for r in range(WORLD)} | {"coordinator"}
-        for rank in range(WORLD):
-            client = Client(self.socket(rank), timeout=10)
-            try:
-                wait_for(lambda: self.check_alive(names) and _healthy(client), 30,
-                         f"{self.name}: daemon {rank} healthy")
-            finally:
-                client.close()
-
-    # -- trainers --
-    def start_trainers(self, master_port: int) -> list[subprocess.Popen]:
-        procs = []
-        for rank in range(WORLD):
-            node = self.node_of(rank)
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD),
-                       LOCAL_RANK=str(rank % PER_NODE), LOCAL_WORLD_SIZE=str(PER_NODE),
-                       MASTER_ADDR=self.nodes[0].addr, MASTER_PORT=str(master_port),
-                       MUOND_JOB_ID=self.job_id, MUOND_COORDINATOR=self.coordinator,
-                       MUOND_TOKEN_FILE=os.path.join(self.node_dirs[node], "token"),
-                       XDG_RUNTIME_DIR=os.path.join(self.node_dirs[node], "run"),
-                       OMP_NUM_THREADS="1")
-            env.pop("MUOND_DAEMON", None)
-            if self.nodes[node].ifname:
-                env["GLOO_SOCKET_IFNAME"] = self.nodes[node].ifname
-            argv = [sys.executable, TRAINER, self.out] + ([self.ca] if self.ca else [])
-            procs.append(self.spawn(f"trainer-rank{rank}", node, argv, env))
-        return procs
-
-    def wait_trainers(self, procs, timeout: float = 150) -> list[int]:
-        deadline = time.monotonic() + timeout
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-                        p.wait()
-                raise TimeoutError(f"{self.name}: trainers still running after {timeout:.0f}s")
-        return [p.returncode for p in procs]
-
-    def results(self) -> list[dict]:
-        return [torch.load(os.path.join(self.out, f"rank{r}.pt")) for r in range(WORLD)]
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return ""
-
-
-def _healthy(client) -> bool:
-    try:
-        return client.health(timeout=1).serving
-    except Exception:  # noqa: BLE001 (not up yet: the socket is not there)
-        return False
-
-
 def _free_port(addr: str) -> int:
+    """A port free on `addr` (any port is free on a fresh namespace's address)."""
     import socket
     with socket.socket() as s:
         s.bind((addr if addr.startswith("127.") else "127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+class Job:
+    """One run: a `muond launch` per node (node k: daemon ranks k*PER_NODE
+    ...; node 0 also the coordinator) running this node's trainers. Each node
+    has its own directory (its copy of the token file: a mounted secret on a
+    real node; its logs)."""
+
+    def __init__(self, name: str, nodes: list[Node], root: str, token: str, bin_dir: str, *,
+                 tls: bool = False):
+        self.name, self.nodes, self.bin_dir = name, nodes, bin_dir
+        self.dir = tempfile.mkdtemp(prefix=f"{name}-", dir=root)
+        self.job_id = f"mn{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.node_dirs = []
+        for k in range(len(nodes)):
+            d = os.path.join(self.dir, f"n{k}")
+            os.makedirs(d, mode=0o700)
+            _private_file(os.path.join(d, "token"), token)
+            self.node_dirs.append(d)
+        self.out = os.path.join(self.dir, "out")
+        os.makedirs(self.out)
+        self.port = _free_port(nodes[0].addr)         # the coordinator
+        self.master_port = _free_port(nodes[0].addr)  # the trainers' torch.distributed
+        self.cert = self.key = self.ca = None
+        if tls:
+            self._make_cert()
+        self._procs: list[tuple[str, subprocess.Popen]] = []
+
+    def _make_cert(self) -> None:
+        """The coordinator's self-signed certificate for node 0's address (IP
+        SAN: the daemons dial the address, so gRPC checks it there), and its
+        copy as every node's CA file."""
+        addr = self.nodes[0].addr
+        self.cert, self.key = (os.path.join(self.node_dirs[0], n) for n in ("cert.pem", "key.pem"))
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                        self.key, "-out", self.cert, "-days", "1", "-subj", f"/CN={addr}",
+                        "-addext", f"subjectAltName=IP:{addr}"], check=True, capture_output=True)
+        self.ca = os.path.join(self.dir, "coordinator-ca.pem")
+        shutil.copy(self.cert, self.ca)
+
+    def launch_argv(self, k: int, command: list[str], token_file: str | None = None) -> list:
+        argv = [sys.executable, "-m", "muond.cli", "launch", "--device", "cpu",
+                "--nnodes", str(len(self.nodes)), "--node-rank", str(k),
+                "--nproc-per-node", str(WORLD // len(self.nodes)),
+                "--master-addr", self.nodes[0].addr, "--node-addr", self.nodes[k].addr,
+                "--coordinator-port", str(self.port), "--job-id", self.job_id,
+                "--token-file", token_file or os.path.join(self.node_dirs[k], "token"),
+                "--bin-dir", self.bin_dir, "--log-dir", os.path.join(self.node_dirs[k], "logs"),
+                "--daemon-arg=--comm_timeout_s=30", "--coordinator-arg=--rebalance_threshold=0"]
+        if self.ca:
+            argv += ["--tls-ca", self.ca]
+            if k == 0:
+                argv += ["--tls-cert", self.cert, "--tls-key", self.key]
+        return [*argv, "--", *command]
+
+    def trainer_command(self) -> list[str]:
+        return [sys.executable, TRAINER, self.out] + ([self.ca] if self.ca else [])
+
+    def start(self, k: int, command: list[str], **kw) -> subprocess.Popen:
+        env = dict(os.environ, MASTER_PORT=str(self.master_port), OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([MUOND_PATH, os.environ.get("PYTHONPATH", "")]))
+        for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MUOND_DAEMON", "MUOND_JOB_ID",
+                    "MUOND_TOKEN_FILE", "MUOND_SOCKET_DIR", "SLURM_PROCID"):
+            env.pop(var, None)  # the launcher's own layout, not the test runner's
+        if self.nodes[k].ifname:  # gloo's interface: the host name resolves off-namespace
+            env["GLOO_SOCKET_IFNAME"] = self.nodes[k].ifname
+        with open(self.launcher_log(k), "w") as log_file:
+            proc = subprocess.Popen(self.nodes[k].wrap(self.launch_argv(k, command, **kw)),
+                                    stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                    cwd=self.node_dirs[k])
+        self._procs.append((f"launcher node {k}", proc))
+        return proc
+
+    def launcher_log(self, k: int) -> str:
+        return os.path.join(self.node_dirs[k], "launcher.log")
+
+    def wait(self, procs, timeout: float = 240) -> list[int]:
+        """Every process's exit status; kills them all after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        try:
+            for proc in procs:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise TimeoutError(f"{self.name}: launchers still running after {timeout:.0f}s")
+        return [p.returncode for p in procs]
+
+    def stop(self) -> None:
+        """SIGTERM (the launcher stops its command and servers), SIGKILL later."""
+        for _, proc in self._procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc in self._procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def logs(self, tail: int = 3000) -> str:
+        out = []
+        for k, d in enumerate(self.node_dirs):
+            paths = [self.launcher_log(k)] + sorted(
+                os.path.join(d, "logs", n) for n in os.listdir(os.path.join(d, "logs"))
+            ) if os.path.isdir(os.path.join(d, "logs")) else [self.launcher_log(k)]
+            for path in paths:
+                with open(path, errors="replace") as f:
+                    out.append(f"---- {self.name} node {k}: {path} ----\n{f.read()[-tail:]}")
+        return "\n".join(out)
+
+    def results(self) -> list[dict]:
+        return [torch.load(os.path.join(self.out, f"rank{r}.pt")) for r in range(WORLD)]
+
+
 # -- the test ------------------------------------------------------------------------
 class MultiNodeTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.coordinator_bin, cls.daemon_bin = find_binaries(cls)
+        coordinator_bin, _ = find_binaries(cls)
+        # The tree holding server/daemon/muond and server/coordinator/... .
+        cls.bin_dir = os.path.dirname(os.path.dirname(os.path.dirname(coordinator_bin)))
         cls.root = tempfile.mkdtemp(prefix="muond-mn-", dir="/tmp")
         cls.token = uuid.uuid4().hex
         cls.topology = Topology()
+        # A SIGTERM (bazel's timeout) still runs the cleanup in tearDownClass.
+        cls._old_sigterm = signal.signal(signal.SIGTERM, _raise_exit)
         try:
             cls.topology.open()
         except BaseException:
-            cls.topology.close()
+            cls.tearDownClass()
             raise
         log(f"mode {cls.topology.mode}: {cls.topology.reason}; nodes "
             f"{[n.addr for n in cls.topology.nodes]}")
-        # A SIGTERM (bazel's timeout) still runs the cleanup below.
-        cls._old_sigterm = signal.signal(signal.SIGTERM, _raise_exit)
 
     @classmethod
     def tearDownClass(cls):
@@ -356,21 +309,20 @@ class MultiNodeTest(unittest.TestCase):
         shutil.rmtree(cls.root, ignore_errors=True)
         signal.signal(signal.SIGTERM, cls._old_sigterm)
 
+    def job(self, name: str, nodes: list[Node], **kw) -> Job:
+        return Job(name, nodes, self.root, self.token, self.bin_dir, **kw)
+
     def run_job(self, name: str, nodes: list[Node], tls: bool = False) -> list[dict]:
-        job = Job(name, nodes, self.root, self.token, tls=tls)
+        job = self.job(name, nodes, tls=tls)
         started = time.monotonic()
         try:
-            job.start_coordinator(self.coordinator_bin)
-            job.start_daemons(self.daemon_bin)
-            job.wait_daemons_healthy()
-            codes = job.wait_trainers(job.start_trainers(_free_port(nodes[0].addr)))
-            self.assertEqual(codes, [0] * WORLD, f"{name}: trainer exit codes\n{job.logs()}")
+            codes = job.wait([job.start(k, job.trainer_command()) for k in range(len(nodes))])
+            self.assertEqual(codes, [0] * len(nodes), f"{name}: launcher exit statuses")
             results = job.results()
         except BaseException:
             job.stop()
             sys.stderr.write(job.logs() + "\n")
             raise
-        job.stop()
         log(f"{name}: {time.monotonic() - started:.1f}s")
         return results
 
@@ -384,11 +336,12 @@ class MultiNodeTest(unittest.TestCase):
                                     f"single-node run by up to "
                                     f"{(g[kind][key] - value).abs().max().item()}")
 
-    def check_crossed_nodes(self, results: list[dict], what: str) -> None:
+    def check_moved_and_crossed(self, results: list[dict], what: str) -> None:
         for rank, r in enumerate(results):
             for key, value in r["params"].items():
                 self.assertFalse(torch.equal(value, r["initial"][key]),
                                  f"{what}: rank {rank} {key} never moved")
+            self.assertTrue(r["state"], f"{what}: rank {rank} has no optimizer state")
         homes = results[0]["homes"]
         # g is the node: rank = g * T + t with T = PER_NODE.
         self.assertEqual({g for _, g, _ in homes}, set(range(NODES)),
@@ -396,38 +349,39 @@ class MultiNodeTest(unittest.TestCase):
 
     def test_two_nodes_equal_one_node_bitwise(self):
         single = self.run_job("single", [Node("127.0.0.1")])
-        self.check_crossed_nodes(single, "single")
-        nodes = self.topology.nodes
+        self.check_moved_and_crossed(single, "single")
         for name, tls in (("two-nodes-token", False), ("two-nodes-tls", True)):
             with self.subTest(name):
-                results = self.run_job(name, nodes, tls=tls)
-                self.check_crossed_nodes(results, name)
+                results = self.run_job(name, self.topology.nodes, tls=tls)
+                self.check_moved_and_crossed(results, name)
                 self.assert_bitwise(results, single, f"{name} ({self.topology.mode})")
 
-    def test_wrong_token_is_refused_and_no_rank_waits(self):
-        job = Job("wrong-token", self.topology.nodes, self.root, self.token)
+    def test_wrong_token_node_is_refused_naming_the_daemon(self):
+        """Node 1's launcher with another token: the coordinator refuses its
+        daemons' Join, they exit 1 naming it and the launcher exits 1 naming
+        the daemon, without running node 1's trainers. (Node 0's trainers
+        would wait for their peers until their own timeouts: ending a job
+        whose node failed is the scheduler's part, e.g. srun
+        --kill-on-bad-exit; here the test stops node 0's launcher.)"""
+        job = self.job("wrong-token", self.topology.nodes)
+        wrong = _private_file(os.path.join(job.node_dirs[1], "wrong-token"), "not-the-token")
         try:
-            job.start_coordinator(self.coordinator_bin)
-            wrong = _private_file(os.path.join(job.node_dirs[1], "wrong-token"), "not-the-token")
-            job.start_daemons(self.daemon_bin, range(WORLD - 1))
-            job.start_daemons(self.daemon_bin, [WORLD - 1], token_file=wrong)
-            bad = job._procs[-1][1]
-            bad.wait(timeout=60)
-            self.assertEqual(bad.returncode, 1, job.logs())
-            message = job.log_of(f"muond-rank{WORLD - 1}")
-            self.assertIn("Join refused", message)
-            self.assertIn("token", message.lower())
-            job.check_alive({f"muond-rank{r}" for r in range(WORLD - 1)} | {"coordinator"})
-            codes = job.wait_trainers(job.start_trainers(_free_port(self.topology.nodes[0].addr)))
-            self.assertTrue(all(c != 0 for c in codes), f"trainer exit codes {codes}")
-            for rank in range(WORLD):
-                self.assertIn(f"rank {WORLD - 1}", job.log_of(f"trainer-rank{rank}"),
-                              f"trainer {rank} does not name the refused rank\n{job.logs()}")
+            node0 = job.start(0, [sys.executable, "-c", "import time; time.sleep(600)"])
+            node1 = job.start(1, job.trainer_command(), token_file=wrong)
+            self.assertEqual(job.wait([node1]), [1])
+            with open(job.launcher_log(1)) as f:
+                said = f.read()
+            self.assertRegex(said, r"daemon rank [23] \(pid \d+\) exit status 1")
+            self.assertIn("Join refused", said)
+            self.assertIn("token", said.lower())
+            self.assertEqual(os.listdir(job.out), [], "node 1's trainers ran")
+            self.assertIsNone(node0.poll(), "node 0's launcher ended by itself")
         except BaseException:
+            job.stop()
             sys.stderr.write(job.logs() + "\n")
             raise
-        finally:
-            job.stop()
+        job.stop()
+        self.assertEqual(node0.returncode, 128 + signal.SIGTERM, job.logs())
 
 
 def _raise_exit(signum, frame):

@@ -1,9 +1,12 @@
-"""One trainer rank of tests/system/multinode_test.py, started like a torchrun
-rank (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) on its "node"
-(network namespace or loopback address), with the client's environment
-(MUOND_JOB_ID, MUOND_TOKEN_FILE, and the socket directory: XDG_RUNTIME_DIR or
-MUOND_SOCKET_DIR) that finds this rank's daemon. Nothing is passed to
-`muond.torch.Muon` but the grid: the daemon, job and token come from there.
+"""The trainers of one node of tests/system/multinode_test.py: the command
+`muond launch` runs on each node. Like `torchrun --nproc-per-node N` it starts
+the node's trainer ranks (forked after importing torch, so torch loads once
+per node), RANK = MUOND_NODE_RANK * MUOND_NPROC_PER_NODE + local rank of
+WORLD_SIZE = MUOND_NNODES * MUOND_NPROC_PER_NODE, torch.distributed (gloo) at
+MASTER_ADDR (default MUOND_MASTER_ADDR), MASTER_PORT. Nothing is passed to
+`muond.torch.Muon` but the grid: each rank finds its daemon, job and token
+from the launcher's environment (MUOND_SOCKET_DIR, MUOND_JOB_ID,
+MUOND_TOKEN_FILE). With RANK set it runs that one rank (under torchrun).
 
 Megatron-tagged local shards of a G x T = 2 x 2 domain, rank = g * T + t: on
 two nodes of two ranks the GTP_remat axis (g) is the node, so every NS home's
@@ -14,14 +17,15 @@ Full initial values and every step's full gradient come from fixed seeds.
 
 writes OUT_DIR/rank<R>.pt: this rank's final local params, the optimizer's
 state tensors (momentum, AdamW moments) and, on rank 0, the NS homes of the
-coordinator's plan (GetPlan over the coordinator's TCP listener, with the
-token, and over TLS when COORDINATOR_CA is given).
+coordinator's plan (GetPlan at MUOND_COORDINATOR with the token, over TLS when
+COORDINATOR_CA is given); a rank that fails writes OUT_DIR/rank<R>.err.
 """
 from __future__ import annotations
 
 import datetime
 import os
 import sys
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -69,10 +73,7 @@ def plan_homes(ca_path: str | None) -> list[tuple[str, int, int]]:
     return [(grp.group, h.g, h.t) for grp in plan.groups for h in grp.homes]
 
 
-def main() -> int:
-    out_dir = sys.argv[1]
-    ca_path = sys.argv[2] if len(sys.argv) > 2 else None
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+def run_rank(rank: int, world: int, out_dir: str, ca_path: str | None) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
@@ -116,7 +117,40 @@ def main() -> int:
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
-    return 0
+
+
+def run_forked(rank: int, world: int, out_dir: str, ca_path: str | None) -> int:
+    """Forks the process of rank `rank`: its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+        run_rank(rank, world, out_dir, ca_path)
+        code = 0
+    except BaseException:  # noqa: BLE001 (reported to the test in the .err file)
+        message = traceback.format_exc()
+        sys.stderr.write(f"rank {rank}: {message}")
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(message)
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main() -> int:
+    out_dir = sys.argv[1]
+    ca_path = sys.argv[2] if len(sys.argv) > 2 else None
+    if "RANK" in os.environ:  # one rank (torchrun)
+        run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), out_dir, ca_path)
+        return 0
+    node, nproc = int(os.environ["MUOND_NODE_RANK"]), int(os.environ["MUOND_NPROC_PER_NODE"])
+    world = int(os.environ["MUOND_NNODES"]) * nproc
+    os.environ.setdefault("MASTER_ADDR", os.environ["MUOND_MASTER_ADDR"])
+    pids = [run_forked(node * nproc + local, world, out_dir, ca_path) for local in range(nproc)]
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    return next((c for c in codes if c != 0), 0)
 
 
 if __name__ == "__main__":
