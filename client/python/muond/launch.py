@@ -379,17 +379,22 @@ class Launch:
             flags.append(f"--metrics_port={metrics_port}")
         return flags
 
-    def start_coordinator(self) -> None:
+    def coordinator_command(self, port_file: str | None) -> list:
         plan, a = self.plan, self.args
         cmd = [self.coordinator_bin, f"--listen={plan.coordinator_listen}",
                *self.common_flags(a.metrics_port)]
-        port_file = None
-        if plan.coordinator_port == 0:
-            port_file = os.path.join(self.sockdir, "coordinator.port")
+        if port_file:
             cmd.append(f"--port_file={port_file}")
         if a.tls_cert:
             cmd += [f"--tls_cert={a.tls_cert}", f"--tls_key={a.tls_key}"]
-        self.start("coordinator", None, cmd + a.coordinator_arg, self.coordinator,
+        return cmd + a.coordinator_arg
+
+    def start_coordinator(self) -> None:
+        plan, a = self.plan, self.args
+        port_file = None
+        if plan.coordinator_port == 0:
+            port_file = os.path.join(self.sockdir, "coordinator.port")
+        self.start("coordinator", None, self.coordinator_command(port_file), self.coordinator,
                    a.tls_ca if a.tls_cert else None)
         if port_file:
             deadline = time.monotonic() + a.health_timeout
@@ -404,17 +409,23 @@ class Launch:
                 self.coordinator = plan.coordinator_address(int(f.read().strip()))
             self.servers[0].health_address = self.coordinator
 
-    def start_daemon(self, rank: int, local: int, gpu: int | None) -> None:
+    def daemon_command(self, rank: int, local: int, gpu: int | None) -> list:
+        """Daemon `rank` (local rank `local`; CUDA index `gpu` among the
+        visible devices, None = host mode)."""
         plan, a = self.plan, self.args
-        address = f"unix://{self.socket_path(rank)}"
         cmd = [self.daemon_bin, f"--job_id={plan.job_id}", f"--rank={rank}",
                f"--world_size={plan.world_size}", f"--coordinator={self.coordinator}",
-               f"--listen={address}", "--host" if gpu is None else f"--device={gpu}",
+               f"--listen=unix://{self.socket_path(rank)}",
+               "--host" if gpu is None else f"--device={gpu}",
                f"--gloo_hostname={plan.node_addr}",
                *self.common_flags(None if a.metrics_port is None else a.metrics_port + 1 + local)]
         if a.tls_ca:
             cmd.append(f"--coordinator_tls_ca={a.tls_ca}")
-        self.start(f"muond-rank{rank}", rank, cmd + a.daemon_arg, address)
+        return cmd + a.daemon_arg
+
+    def start_daemon(self, rank: int, local: int, gpu: int | None) -> None:
+        self.start(f"muond-rank{rank}", rank, self.daemon_command(rank, local, gpu),
+                   f"unix://{self.socket_path(rank)}")
 
     def wait_answering(self) -> None:
         deadline = time.monotonic() + self.args.health_timeout
