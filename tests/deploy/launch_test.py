@@ -12,6 +12,8 @@
   and the signal, and stops the trainers;
 * the command failing: its exit status is returned, the servers stopped;
 * SIGTERM to the launcher: forwarded to the command, exit 128+15;
+* SIGKILL to the launcher: its servers and command still end (parent-death
+  signal);
 * a TLS coordinator: the daemons join verified by --tls-ca; a CA that did
   not sign its certificate fails the launcher's health check.
 After every run: no process, socket directory or shm object of the job is
@@ -228,6 +230,30 @@ class LaunchTest(unittest.TestCase):
         self.assertIn("stopped by signal SIGTERM", err)
         # torchrun got the signal (its own summary names it), not a daemon death.
         self.assertNotIn("FAILED", err)
+
+    def test_launcher_killed_takes_its_servers(self):
+        """SIGKILL to the launcher (no teardown runs): its servers and command
+        get SIGTERM from the parent-death signal and exit."""
+        proc = subprocess.Popen(launch_argv(
+            "--device", "cpu", "--nproc-per-node", "2", "--job-id", self.job, "--log-dir",
+            self.logs, "--", "sh", "-c", f"touch {self.tmp}/up; exec sleep 600"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
+        # No teardown runs: this test removes what only the teardown would.
+        self.addCleanup(lambda: [shutil.rmtree(p) for p in glob.glob(f"/tmp/muond-{self.job}-*")])
+        while not os.path.exists(os.path.join(self.tmp, "up")):
+            self.assertIsNone(proc.poll())
+            time.sleep(0.1)
+        # The coordinator (its --token_file names the job's socket dir), 2 daemons.
+        servers = [p for p in job_processes(self.job) if p != proc.pid]
+        self.assertEqual(len(servers), 3, [cmdline(p) for p in servers])
+        proc.kill()
+        proc.wait()
+        for _ in range(600):  # until they are gone (bounded: the test must end)
+            if not job_processes(self.job) and not job_processes(f"{self.tmp}/up"):
+                break
+            time.sleep(0.1)
+        self.assertEqual(job_processes(self.job), [])
+        self.assertEqual(job_processes(f"{self.tmp}/up"), [])
 
     def test_command_failure_status_is_returned(self):
         # The command checks its daemon's socket while it runs, then fails.
