@@ -48,29 +48,39 @@ def add_parser(subparsers):
     return p
 
 
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
 def _port(text: str) -> int:
-    value = int(text)
+    value = _int(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a port (0-65535)")
     return value
 
 
 def _count(text: str) -> int:
-    value = int(text)
+    value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be >= 1")
     return value
 
 
 def _index(text: str) -> int:
-    value = int(text)
+    value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be >= 0")
     return value
 
 
 def _seconds(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} must be > 0 (seconds)")
     return value
@@ -85,19 +95,20 @@ def _server_flag(text: str) -> str:
 def add_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layout (explicit options win over torchrun's and Slurm's "
                              "environment)")
-    g.add_argument("--nproc-per-node", type=_count, help="daemons on this node (default "
-                   "$LOCAL_WORLD_SIZE, $SLURM_NTASKS_PER_NODE, the visible GPUs with "
+    g.add_argument("--nproc-per-node", metavar="N", type=_count, help="daemons on this node (default "
+                   "$LOCAL_WORLD_SIZE, $SLURM_NTASKS_PER_NODE (not in an srun step of one task "
+                   "per node), the visible GPUs with "
                    "--device cuda|auto, else 1)")
-    g.add_argument("--nnodes", type=_count, help="nodes of the job (default $SLURM_NNODES, "
+    g.add_argument("--nnodes", metavar="N", type=_count, help="nodes of the job (default $SLURM_NNODES, "
                    "else 1)")
-    g.add_argument("--node-rank", type=_index, help="this node's rank (default "
+    g.add_argument("--node-rank", metavar="R", type=_index, help="this node's rank (default "
                    "$SLURM_NODEID, $GROUP_RANK, $NODE_RANK, else 0); daemon rank = node rank "
                    "x nproc-per-node + local rank")
-    g.add_argument("--master-addr", help="the coordinator's host, node rank 0 (default "
+    g.add_argument("--master-addr", metavar="HOST", help="the coordinator's host, node rank 0 (default "
                    "$MASTER_ADDR, the first host of $SLURM_JOB_NODELIST, else 127.0.0.1)")
-    g.add_argument("--coordinator-port", type=_port, help="default 29400; a free loopback "
+    g.add_argument("--coordinator-port", metavar="PORT", type=_port, help="default 29400; a free loopback "
                    "port on a single node in per-node mode")
-    g.add_argument("--node-addr", help="this node's address for daemon-to-daemon traffic "
+    g.add_argument("--node-addr", metavar="ADDR", help="this node's address for daemon-to-daemon traffic "
                    "(Gloo; default 127.0.0.1 on a single node, else the host name's address)")
     g.add_argument("--per-rank", action="store_true", help="start only this process's "
                    "daemon ($RANK/$SLURM_PROCID); automatic when $RANK and $WORLD_SIZE are "
@@ -108,30 +119,30 @@ def add_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="cpu = host-mode daemons; cuda = local rank k on the k-th visible GPU "
                    "($CUDA_VISIBLE_DEVICES); auto = cuda when a GPU is visible")
-    g.add_argument("--job-id", help="default $MUOND_JOB_ID, slurm-$SLURM_JOB_ID, "
+    g.add_argument("--job-id", metavar="J", help="default $MUOND_JOB_ID, slurm-$SLURM_JOB_ID, "
                    "torchrun-$TORCHELASTIC_RUN_ID (per-rank), else generated (one launcher "
                    "only)")
-    g.add_argument("--token-file", help="the job's token (default $MUOND_TOKEN_FILE; "
+    g.add_argument("--token-file", metavar="FILE", help="the job's token (default $MUOND_TOKEN_FILE; "
                    "required with several launchers; else generated 0600 in the socket dir)")
-    g.add_argument("--tls-cert", help="PEM certificate: the coordinator serves TLS")
-    g.add_argument("--tls-key", help="PEM private key for --tls-cert")
-    g.add_argument("--tls-ca", help="PEM root: the daemons (and the health check) verify "
+    g.add_argument("--tls-cert", metavar="PEM", help="PEM certificate: the coordinator serves TLS")
+    g.add_argument("--tls-key", metavar="PEM", help="PEM private key for --tls-cert")
+    g.add_argument("--tls-ca", metavar="PEM", help="PEM root: the daemons (and the health check) verify "
                    "the coordinator with it")
-    g.add_argument("--bin-dir", help="where muond and muond-coordinator are (flat or a "
+    g.add_argument("--bin-dir", metavar="DIR", help="where muond and muond-coordinator are (flat or a "
                    "bazel-bin tree; default $MUOND_BIN_DIR, else PATH, else the "
                    "repository's bazel-bin)")
-    g.add_argument("--log-dir", help="server logs (default ./muond-logs/<job>)")
+    g.add_argument("--log-dir", metavar="DIR", help="server logs (default ./muond-logs/<job>)")
     g.add_argument("--log-format", choices=["text", "json"], help="the servers' "
                    "--log_format (default: theirs, text)")
-    g.add_argument("--metrics-port", type=_port, help="Prometheus endpoints: the "
+    g.add_argument("--metrics-port", metavar="P", type=_port, help="Prometheus endpoints: the "
                    "coordinator on P, local rank k's daemon on P+1+k (default off)")
     g.add_argument("--daemon-arg", action="append", default=[], type=_server_flag,
                    metavar="--FLAG=VALUE", help="pass to every daemon (repeatable)")
     g.add_argument("--coordinator-arg", action="append", default=[], type=_server_flag,
                    metavar="--FLAG=VALUE", help="pass to the coordinator (repeatable)")
-    g.add_argument("--health-timeout", type=_seconds, default=60.0,
+    g.add_argument("--health-timeout", metavar="S", type=_seconds, default=60.0,
                    help="seconds to wait for the servers to answer (default 60)")
-    g.add_argument("--stop-grace", type=_seconds, default=10.0,
+    g.add_argument("--stop-grace", metavar="S", type=_seconds, default=10.0,
                    help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="command",
                    help="after --: the command to run (e.g. torchrun ... train.py)")
