@@ -136,9 +136,12 @@ int main(int argc, char** argv) {
   // A second coordinator on the port would split the daemons between the
   // two (rendezvous and plans never meet): StartGrpcServer refuses it.
   int port = 0;
+  // grpc.health.v1: SERVING once listening, NOT_SERVING from shutdown on.
+  muond::HealthStatus health(muond::v1::Coordinator::service_full_name(),
+                             /*serving=*/true);
   absl::StatusOr<std::unique_ptr<grpc::Server>> listening =
       muond::StartGrpcServer(
-          listener.listen, *credentials, &service, 16 << 20,
+          listener.listen, *credentials, &service, &health, 16 << 20,
           "is the port in use, e.g. by another muond-coordinator?", &port);
   if (!listening.ok()) {
     LOG(ERROR) << listening.status().message();
@@ -147,8 +150,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = *std::move(listening);
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   // SIGTERM/SIGINT: stop serving; main then removes the port file.
-  muond::ShutdownSignalWatcher watcher([&server, &service](int signum) {
+  muond::ShutdownSignalWatcher watcher([&](int signum) {
     LOG(INFO) << "signal " << signum << ": shutting down";
+    health.Shutdown();  // probes and Watch streams hear it before draining
     // Plan streams never end on their own: end them, and cancel whatever
     // call is still running after the deadline (a long KvGet).
     service.BeginShutdown();

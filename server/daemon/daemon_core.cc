@@ -39,6 +39,9 @@ DaemonCore::DaemonCore(DaemonConfig config,
       link_(link),
       builds_(std::move(factory)) {
   builder_ = std::thread([this] { BuilderLoop(); });
+  if (config_.on_readiness) {
+    readiness_ = std::thread([this] { ReadinessLoop(); });
+  }
 }
 
 DaemonCore::~DaemonCore() {
@@ -47,10 +50,38 @@ DaemonCore::~DaemonCore() {
     shutdown_ = true;
   }
   builder_.join();
+  if (readiness_.joinable()) readiness_.join();
   absl::MutexLock lock(&mu_);
   if (pending_save_) AbortSafetensors(pending_save_->file);  // its temp file
   engine_.reset();
   registration_.reset();
+}
+
+bool DaemonCore::Ready() const {
+  return engine_ != nullptr && comm_failure_.empty();
+}
+
+void DaemonCore::ReadinessLoop() {
+  bool reported = false;
+  while (true) {
+    bool shutdown;
+    {
+      absl::MutexLock lock(&mu_);
+      auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return shutdown_ || Ready() != reported;
+      };
+      mu_.Await(absl::Condition(&changed));
+      shutdown = shutdown_;
+      if (!shutdown) reported = Ready();
+    }
+    // Outside mu_: the callback may take its own locks. One thread reports,
+    // so the reports keep their order.
+    if (shutdown) {
+      if (reported) config_.on_readiness(false);  // the engine goes away
+      return;
+    }
+    config_.on_readiness(reported);
+  }
 }
 
 bool DaemonCore::PlanMatches(const v1::Plan& plan) const {
@@ -598,7 +629,7 @@ v1::HealthResponse DaemonCore::Health() {
   h.set_serving(true);
   // After a communication failure the engine exists but cannot step: no
   // plan, and the failure as the engine error, so nobody waits on it.
-  h.set_has_plan(engine_ != nullptr && comm_failure_.empty());
+  h.set_has_plan(Ready());
   if (!comm_failure_.empty()) {
     h.set_engine_error(comm_failure_);
   } else if (engine_ == nullptr && registration_ != nullptr) {

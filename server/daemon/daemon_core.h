@@ -131,6 +131,10 @@ struct DaemonConfig {
   std::function<absl::Status(const v1::ParamGroup&)> validate_group;
   // How long a prepared save/load blocks another PREPARE (tests shorten it).
   absl::Duration pending_transaction_max_age = kPendingTransactionMaxAge;
+  // Called whenever the daemon becomes able (true) or unable (false) to step
+  // (DaemonCore::Ready), from the core's readiness thread, in order; the
+  // grpc.health.v1 status follows it. Unset = no thread. Starts as false.
+  std::function<void(bool ready)> on_readiness;
 };
 
 class DaemonCore {
@@ -246,6 +250,14 @@ class DaemonCore {
  private:
   bool PlanMatches(const v1::Plan& plan) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The one rule of readiness: an engine (built from a plan of the current
+  // registration) whose communicators still work. Health's has_plan and the
+  // grpc.health.v1 status both say it.
+  bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reports every change of Ready() to config_.on_readiness. Watching the
+  // predicate, instead of a call at each place the engine, registration or
+  // communicators change, cannot miss a place added later.
+  void ReadinessLoop();
   // PlanMatches as PlanHistory's predicate (call it under mu_).
   PlanHistory<v1::Plan>::Usable Matches() const;
   // The builder thread: builds the engine once a registration has a plan.
@@ -388,6 +400,7 @@ class DaemonCore {
   // joined (the destructor joins it first).
   EngineBuilder builds_;
   std::thread builder_;
+  std::thread readiness_;  // ReadinessLoop, when config_.on_readiness is set
 };
 
 }  // namespace muond

@@ -206,6 +206,11 @@ int main(int argc, char** argv) {
   config.validate_group = [device](const muond::v1::ParamGroup& group) {
     return muond::ValidateGroupForDevice(group, device);
   };
+  // grpc.health.v1: SERVING only while the core can step, NOT_SERVING from
+  // shutdown on (the watcher below).
+  muond::HealthStatus health(muond::v1::Optimizer::service_full_name(),
+                             /*serving=*/false);
+  config.on_readiness = [&health](bool ready) { health.Set(ready); };
   muond::EngineOptions engine_options;
   engine_options.job_id = job;
   engine_options.device = device;
@@ -236,7 +241,7 @@ int main(int argc, char** argv) {
   const mode_t old_umask = umask(0177);
   absl::StatusOr<std::unique_ptr<grpc::Server>> listening =
       muond::StartGrpcServer(
-          listen, *credentials, &service,
+          listen, *credentials, &service, &health,
           // ImportState's largest chunk and its entry name fit.
           int(muond::kMaxStateChunkBytes + muond::kStateChunkOverheadBytes),
           "is the address in use?");
@@ -246,6 +251,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<grpc::Server> server = *std::move(listening);
+  // Before `server` goes away: the core may still report readiness.
+  absl::Cleanup detach_health = [&health] { health.Shutdown(); };
   const auto remove_socket = [&] {
     if (is_unix) unlink(socket_path.c_str());
   };
@@ -263,6 +270,7 @@ int main(int argc, char** argv) {
   std::atomic<bool> serving{false};
   muond::ShutdownSignalWatcher watcher([&](int signum) {
     LOG(INFO) << "signal " << signum << ": shutting down";
+    health.Shutdown();  // probes and Watch streams hear it before draining
     // In-flight calls get 2 s, then are cancelled: a long SaveState/LoadState
     // stops at its next tensor (it checks the call's cancellation) instead of
     // holding the exit until the file is done.

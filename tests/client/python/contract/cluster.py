@@ -171,6 +171,14 @@ class Cluster:
             kw.setdefault("token", self.token)
         return Client(address, timeout=kw.pop("timeout", 10), **kw)
 
+    def process(self, name: str) -> subprocess.Popen:
+        """The server process `name` ("coordinator", "muond-rank<R>"), e.g. to
+        signal it; stop() still reaps it."""
+        for n, proc, _ in self._procs:
+            if n == name:
+                return proc
+        raise KeyError(name)
+
     def _spawn(self, name: str, argv):
         log = open(os.path.join(self.tmp, f"{name}.log"), "w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
