@@ -85,7 +85,13 @@ export LD_LIBRARY_PATH="$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 PATHS
 
 cp -r client/python/muond "$out/client/python/"
-ls "$out"/client/python/muond/v1/muond_pb2.py >/dev/null  # stubs from setup.sh
+# The bundle's stubs come from Debian's protoc 3.21 and grpc_python_plugin 1.51
+# (as Bazel's): that gencode imports with any protobuf >= 3.20 and grpcio on the
+# GPU host, whereas the pip package's (grpcio-tools 1.85) needs protobuf >= 7.35.
+rm -f "$out"/client/python/muond/v1/*_pb2.py "$out"/client/python/muond/v1/*_pb2_grpc.py
+mapfile -t protos < <(cd proto && find muond -name '*.proto' | sort)
+protoc --proto_path=proto --python_out="$out/client/python" --grpc_python_out="$out/client/python" \
+  --plugin=protoc-gen-grpc_python="$(command -v grpc_python_plugin)" "${protos[@]}"
 cp -r examples/char_gpt "$out/examples/"
 cp -r /usr/share/games/fortunes "$out/data/"
 cp deploy/local/launch.py "$out/deploy/local/"

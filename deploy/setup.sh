@@ -56,11 +56,22 @@ test --test_env=PATH=$root/.venv/bin:/usr/local/cuda/bin:/usr/bin:/bin
 test --test_env=HOME=$HOME
 RC
 
-# Python stubs for the client package when used outside Bazel (examples, tools).
-mkdir -p client/python/muond/v1
-if [ -d proto/muond ]; then
-  protoc --proto_path=proto --python_out=client/python --grpc_python_out=client/python \
-    --plugin=protoc-gen-grpc_python="$(command -v grpc_python_plugin)" \
-    $(cd proto && find muond -name '*.proto' | sort)
+# The Python client package (client/python: `muond`, its gRPC stubs generated
+# from proto/ at build time, the `muond` command) installed into .venv, so
+# examples, tools and .venv/bin/muond use it. Re-installed only when its
+# sources or the protos change. --no-deps --no-build-isolation: offline and
+# fast (grpcio-tools, setuptools and the dependencies come from requirements.txt).
+pkg_stamp=.venv/.muond-client.sha256
+pkg_want=$(find client/python/pyproject.toml client/python/setup.py client/python/README.md \
+             client/python/muond proto/muond -type f \( -name '*.py' -o -name '*.proto' \
+             -o -name '*.toml' -o -name '*.md' \) ! -name '*_pb2.py' ! -name '*_pb2_grpc.py' \
+             ! -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
+# Stubs that setup.sh used to write into the source tree would shadow nothing
+# once installed, but would let a stray sys.path entry import stale ones.
+rm -f client/python/muond/v1/*_pb2.py client/python/muond/v1/*_pb2_grpc.py
+if [ ! -x .venv/bin/muond ] || [ "$(cat "$pkg_stamp" 2>/dev/null)" != "$pkg_want" ]; then
+  echo "setup: installing the muond client package into .venv"
+  .venv/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./client/python
+  echo "$pkg_want" > "$pkg_stamp"
 fi
 echo "setup: ok"

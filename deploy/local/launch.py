@@ -31,7 +31,6 @@ import sys
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 TRAINER = os.path.join(ROOT, "examples", "char_gpt", "train_dist.py")
 sys.path.insert(0, os.path.dirname(TRAINER))
 # The trainer's options and layout rule, torch-free: --check-args applies the

@@ -29,9 +29,7 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
+sys.path.insert(0, HERE)  # the example's own modules; muond is the installed package
 
 from data import batch_at, load_corpus, sample_starts  # noqa: E402
 from options import add_common_args, muond_ns_options  # noqa: E402  (shared with train_dist.py)

@@ -45,9 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
+sys.path.insert(0, HERE)  # the example's own modules; muond is the installed package
 
 import train  # noqa: E402  (shared options, schedule, evaluation, plot)
 from data import batch_at, load_corpus, sample_starts  # noqa: E402

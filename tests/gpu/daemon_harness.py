@@ -11,12 +11,10 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 
 
 def _binary(rel: str) -> str:

@@ -10,16 +10,15 @@ trust the certificate never get past the handshake (UNAVAILABLE). muonctl with
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
 
 import grpc
 
+from muond.v1 import muond_pb2, muond_pb2_grpc
+
 RUNFILES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(RUNFILES, "client", "python"))
-from muond.v1 import muond_pb2, muond_pb2_grpc  # noqa: E402
 
 COORDINATOR = os.path.join(RUNFILES, "server/coordinator/muond-coordinator")
 MUONCTL = os.path.join(RUNFILES, "tools/muonctl/muonctl")

@@ -3,14 +3,11 @@ TP split along tp_dim, pad the TP-local dim 0 with zero rows, GTP split dim 0)."
 import json
 import os
 import random
-import sys
 import unittest
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
-                                "client", "python"))
-from muond import split  # noqa: E402
+from muond import split
 
 
 def reference_shard(full: np.ndarray, G: int, T: int, tp_dim, g: int, t: int) -> np.ndarray:

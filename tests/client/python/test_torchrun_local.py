@@ -15,7 +15,6 @@ import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "contract"))
 sys.path.insert(0, HERE)
 
