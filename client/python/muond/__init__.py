@@ -6,7 +6,7 @@
   shared buffer and cut into per-daemon strided views (pure math, no I/O).
 * ``muond.shm``           — POSIX shared-memory buffers viewed as torch tensors.
 
-The generated stubs live in ``muond.v1`` (``deploy/setup.sh`` generates them).
+The generated stubs live in ``muond.v1`` (the package build generates them from proto/).
 """
 from muond._version import __version__  # noqa: E402
 
