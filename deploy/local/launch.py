@@ -178,7 +178,8 @@ def binary(bin_dir, rel):
 
 def muond_command():
     """The `muond` command: the venv's console script when the package is
-    installed, else the same CLI as a module (client/python on PYTHONPATH)."""
+    installed, else the same CLI as a module (the bundle's client/python on
+    PYTHONPATH, or Bazel's runfiles)."""
     script = os.path.join(os.path.dirname(sys.executable), "muond")
     if os.access(script, os.X_OK):
         return [script]
@@ -259,10 +260,9 @@ class Demo:
         print(f"launcher: job {self.job}: {n} trainers ({device}), torchrun --nproc-per-node "
               f"{n}, --parallel {parallel}; logs in {self.logs}\nlauncher: "
               f"{shlex.join(argv)}", flush=True)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [os.path.join(ROOT, "client", "python"), *filter(None, [env.get("PYTHONPATH")])])
-        self.child = subprocess.Popen(argv, env=env)
+        # The trainers import the installed muond package (deploy/setup.sh), the
+        # bundle's via env.sh, Bazel's via its PYTHONPATH: all inherited.
+        self.child = subprocess.Popen(argv)
         code = self.child.wait()
         if code in (128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM):
             raise KeyboardInterrupt
