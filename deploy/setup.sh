@@ -50,8 +50,11 @@ if [ "$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("nv
 fi
 
 # Machine-specific Bazel settings: Python tests run with the venv's python3.
+# Build actions need no venv (protoc and its plugins are Debian's, nvcc is
+# CUDA's), and their PATH is part of every action's cache key: a clone-specific
+# path there would make every fresh clone (CI) miss the shared disk cache.
 cat > .bazelrc.user <<RC
-build --action_env=PATH=$root/.venv/bin:/usr/local/cuda/bin:/usr/bin:/bin
+build --action_env=PATH=/usr/local/cuda/bin:/usr/bin:/bin
 test --test_env=PATH=$root/.venv/bin:/usr/local/cuda/bin:/usr/bin:/bin
 test --test_env=HOME=$HOME
 RC
