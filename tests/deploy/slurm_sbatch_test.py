@@ -145,6 +145,9 @@ class SlurmSbatchTest(unittest.TestCase):
             self.assertEqual(r["node_rank"], rank // nproc, f"rank {rank}")
             self.assertEqual(r["muond_node_rank"], rank // nproc, f"rank {rank}")
             self.assertEqual(r["local_rank"], rank % nproc, f"rank {rank}")
+            # Its node's daemon, with the node's address for Gloo traffic.
+            self.assertEqual(r["daemon_flags"].get("gloo_hostname"),
+                             f"127.0.1.{rank // nproc + 1}", f"rank {rank}")
         # Each node its own launcher: its own socket directory.
         self.assertEqual(len({r["socket_dir"] for r in records}), nodes)
         logs = os.path.join(submit_dir, "muond-logs", slurm_job_id)

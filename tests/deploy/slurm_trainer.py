@@ -15,6 +15,21 @@ import torch
 import torch.distributed as dist
 
 
+def daemon_flags(job: str, rank: int) -> dict:
+    """--flag=value of this rank's daemon (found in /proc by job and rank)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        flags = dict(a[2:].split("=", 1) for a in argv[1:] if a.startswith("--") and "=" in a)
+        if (os.path.basename(argv[0]) == "muond" and flags.get("job_id") == job
+                and flags.get("rank") == str(rank)):
+            return flags
+    return {}
+
+
 def main() -> int:
     out, steps = sys.argv[1], int(sys.argv[2])
     dist.init_process_group("gloo")
@@ -47,6 +62,7 @@ def main() -> int:
         "muond_node_rank": int(os.environ["MUOND_NODE_RANK"]),
         "job_id": os.environ["MUOND_JOB_ID"], "socket_dir": os.environ["MUOND_SOCKET_DIR"],
         "hostname": socket.gethostname(),
+        "daemon_flags": daemon_flags(os.environ["MUOND_JOB_ID"], rank),
         "params": {n: p.detach().tolist() for n, p in model.named_parameters()},
     }
     with open(os.path.join(out, f"rank{rank}.json.tmp"), "w") as f:
