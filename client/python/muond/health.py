@@ -43,14 +43,21 @@ def _target(address: str) -> str:
 
 
 def check(address: str, service: str = "", timeout: float = 2.0) -> str:
-    """Returns the status name the server at `address` answers for `service`;
-    raises grpc.RpcError when it does not answer within `timeout` seconds."""
+    """Returns the status name the server at `address` answers for `service`
+    (UNIMPLEMENTED from a server without the health service); raises
+    grpc.RpcError when it does not answer within `timeout` seconds."""
     import grpc  # only when a check runs: `muond --help` stays light
 
     with grpc.insecure_channel(_target(address)) as channel:
         call = channel.unary_unary(CHECK, request_serializer=None,
                                    response_deserializer=None)
-        reply = call(_encode_request(service), timeout=timeout)
+        try:
+            reply = call(_encode_request(service), timeout=timeout)
+        except grpc.RpcError as e:
+            # A server without the health service still answered: alive.
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return "UNIMPLEMENTED"
+            raise
     return STATUS_NAMES.get(_decode_status(reply), "UNKNOWN")
 
 
