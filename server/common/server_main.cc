@@ -15,7 +15,8 @@
 
 namespace muond {
 
-bool BeginServerMain(int argc, char** argv, absl::string_view usage,
+bool BeginServerMain(int argc, char** argv, absl::string_view server,
+                     absl::string_view usage,
                      const std::vector<std::string>& flag_sources) {
   // SIGTERM/SIGINT from now on go to the shutdown watcher.
   InstallShutdownSignalHandler();
@@ -25,7 +26,7 @@ bool BeginServerMain(int argc, char** argv, absl::string_view usage,
     return false;
   }
   absl::ParseCommandLine(argc, argv);
-  InitServerLogging(argv[0]);
+  InitServerLogging(argv[0], server);
   return true;
 }
 

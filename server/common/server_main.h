@@ -16,9 +16,11 @@ namespace muond {
 // In order: SIGTERM/SIGINT to the shutdown watcher (InstallShutdownSignal-
 // Handler), the usage message and --help filter (InstallServerUsage), --help
 // itself (PrintServerHelp to stdout; returns false and the caller exits 0),
-// flag parsing (absl::ParseCommandLine) and logging (InitServerLogging).
-// Returns true when the server should go on starting.
-bool BeginServerMain(int argc, char** argv, absl::string_view usage,
+// flag parsing (absl::ParseCommandLine) and logging (InitServerLogging;
+// `server` names the server in JSON log lines). Returns true when the server
+// should go on starting.
+bool BeginServerMain(int argc, char** argv, absl::string_view server,
+                     absl::string_view usage,
                      const std::vector<std::string>& flag_sources);
 
 // A server's listening flags.

@@ -16,6 +16,7 @@
 #include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/cli.h"
+#include "server/common/logging.h"
 #include "server/common/server_main.h"
 #include "server/common/shutdown.h"
 #include "server/common/unix_socket.h"
@@ -86,7 +87,8 @@ const std::vector<std::string> kFlagSources = {"server/daemon/",
 
 int main(int argc, char** argv) {
   // SIGTERM/SIGINT from now on go to the shutdown watcher (below).
-  if (!muond::BeginServerMain(argc, argv, kUsage, kFlagSources)) return 0;
+  if (!muond::BeginServerMain(argc, argv, "muond", kUsage,
+                              kFlagSources)) return 0;
   const std::string job = absl::GetFlag(FLAGS_job_id);
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);
@@ -97,6 +99,7 @@ int main(int argc, char** argv) {
     LOG(ERROR) << st.message();
     return 2;
   }
+  muond::SetLogJob(job, rank);
   // A malformed --coordinator would only fail at RegisterParams (Join keeps
   // retrying): refuse it at startup.
   if (absl::Status st = muond::CheckListenAddress(
