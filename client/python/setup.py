@@ -67,6 +67,12 @@ def generate_stubs(out_dir: str) -> None:
 
 
 class BuildPyWithStubs(build_py):
+    def find_package_modules(self, package, package_dir):
+        # Stubs left in the source tree (an editable install, an old checkout)
+        # are neither built nor put in an sdist: the build generates its own.
+        return [m for m in super().find_package_modules(package, package_dir)
+                if not m[1].endswith(("_pb2", "_pb2_grpc"))]
+
     def run(self) -> None:
         # build_py only adds and overwrites: a module deleted from the source
         # would otherwise live on in build_lib (and in the wheel).
