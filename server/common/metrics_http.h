@@ -1,0 +1,53 @@
+#pragma once
+// The servers' Prometheus endpoint: GET /metrics answers
+// MetricsRegistry::Render() (kMetricsContentType), any other path 404, any
+// other method 405. HTTP is civetweb's (Debian libcivetweb), on two threads
+// of its own: a scrape never runs on, nor waits for, a gRPC or step thread.
+//
+// Off by default: --metrics_port (0 = off) and --metrics_address (default
+// 127.0.0.1; 0.0.0.0 for a scraper on another host), defined here for both
+// servers (server/README.md "Metrics").
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/common/metrics.h"
+
+struct mg_connection;
+struct mg_context;
+
+namespace muond {
+
+class MetricsHttpServer {
+ public:
+  // Serves `registry` (not owned; must outlive the server) on
+  // address:port (IPv4 address; port 0 picks a free one, see port()).
+  // InvalidArgument naming the flag for a malformed address or port;
+  // Unavailable "cannot serve metrics on A:P (--metrics_address/
+  // --metrics_port): <why>" when it cannot be bound (in use, or not an
+  // address of this host).
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      const std::string& address, int port, MetricsRegistry* registry);
+  // Stops serving (waits for the scrape in flight).
+  ~MetricsHttpServer();
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+
+  int port() const { return port_; }
+
+ private:
+  explicit MetricsHttpServer(MetricsRegistry* registry)
+      : registry_(registry) {}
+  static int Handle(::mg_connection* conn, void* self);
+
+  MetricsRegistry* const registry_;
+  ::mg_context* context_ = nullptr;
+  int port_ = 0;
+};
+
+// The endpoint of the --metrics_port/--metrics_address flags: nullptr when
+// --metrics_port is 0 (off), else Start's result (errors name the flags).
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartMetricsHttpFromFlags(
+    MetricsRegistry* registry);
+
+}  // namespace muond

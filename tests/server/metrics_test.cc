@@ -1,0 +1,185 @@
+// server/common/metrics: the text exposition against hand-written expected
+// text (format 0.0.4), and the /metrics endpoint over a real socket.
+#include "server/common/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "server/common/metrics_http.h"
+
+namespace muond {
+namespace {
+
+TEST(MetricsTest, CountersAndGaugesWithEscapedLabels) {
+  MetricsRegistry registry;
+  Family<Counter>& refused = registry.AddCounter(
+      "x_refused_total", "Steps refused,\nby reason \\ code.", {"reason"});
+  Family<Gauge>& load = registry.AddGauge("x_load", "Load.", {"job", "rank"});
+  Family<Counter>& plain = registry.AddCounter("x_plain_total", "Plain.");
+  refused.With({"INVALID_ARGUMENT"}).Increment();
+  refused.With({"INVALID_ARGUMENT"}).Increment(2);
+  refused.With({"a\\b\"c\nd"}).Increment();
+  refused.With({"INVALID_ARGUMENT"}).Increment(-5);  // ignored: only up
+  load.With({"j", "1"}).Set(0.25);
+  load.With({"j", "0"}).Set(0.75);
+  load.With({"j", "0"}).Add(-0.5);
+  plain.With().Increment(123456789012.0);
+  EXPECT_EQ(registry.Render(),
+            "# HELP x_refused_total Steps refused,\\nby reason \\\\ code.\n"
+            "# TYPE x_refused_total counter\n"
+            "x_refused_total{reason=\"INVALID_ARGUMENT\"} 3\n"
+            "x_refused_total{reason=\"a\\\\b\\\"c\\nd\"} 1\n"
+            "# HELP x_load Load.\n"
+            "# TYPE x_load gauge\n"
+            "x_load{job=\"j\",rank=\"0\"} 0.25\n"
+            "x_load{job=\"j\",rank=\"1\"} 0.25\n"
+            "# HELP x_plain_total Plain.\n"
+            "# TYPE x_plain_total counter\n"
+            "x_plain_total 123456789012\n");
+}
+
+TEST(MetricsTest, HistogramBucketEdgesAreInclusiveAndCumulative) {
+  MetricsRegistry registry;
+  Family<Histogram>& h = registry.AddHistogram(
+      "x_seconds", "Phase time.", {0.25, 0.5, 2}, {"phase"});
+  Histogram& ns = h.With({"ns"});
+  ns.Observe(0.25);    // on the edge: le="0.25"
+  ns.Observe(0.375);   // above it: le="0.5"
+  ns.Observe(2);       // on the last edge
+  ns.Observe(60);      // +Inf only
+  h.With({"a2a"});     // created, never observed
+  EXPECT_EQ(registry.Render(),
+            "# HELP x_seconds Phase time.\n"
+            "# TYPE x_seconds histogram\n"
+            "x_seconds_bucket{phase=\"a2a\",le=\"0.25\"} 0\n"
+            "x_seconds_bucket{phase=\"a2a\",le=\"0.5\"} 0\n"
+            "x_seconds_bucket{phase=\"a2a\",le=\"2\"} 0\n"
+            "x_seconds_bucket{phase=\"a2a\",le=\"+Inf\"} 0\n"
+            "x_seconds_sum{phase=\"a2a\"} 0\n"
+            "x_seconds_count{phase=\"a2a\"} 0\n"
+            "x_seconds_bucket{phase=\"ns\",le=\"0.25\"} 1\n"
+            "x_seconds_bucket{phase=\"ns\",le=\"0.5\"} 2\n"
+            "x_seconds_bucket{phase=\"ns\",le=\"2\"} 3\n"
+            "x_seconds_bucket{phase=\"ns\",le=\"+Inf\"} 4\n"
+            "x_seconds_sum{phase=\"ns\"} 62.625\n"
+            "x_seconds_count{phase=\"ns\"} 4\n");
+}
+
+TEST(MetricsTest, CollectorsRefillClearedGaugesBeforeRender) {
+  MetricsRegistry registry;
+  Family<Gauge>& jobs = registry.AddGauge("x_daemons", "Daemons.", {"job"});
+  int calls = 0;
+  registry.AddCollector([&] {
+    jobs.Clear();
+    if (++calls == 1) jobs.With({"gone"}).Set(2);
+    jobs.With({"kept"}).Set(calls);
+  });
+  EXPECT_EQ(registry.Render(),
+            "# HELP x_daemons Daemons.\n# TYPE x_daemons gauge\n"
+            "x_daemons{job=\"gone\"} 2\nx_daemons{job=\"kept\"} 1\n");
+  EXPECT_EQ(registry.Render(),
+            "# HELP x_daemons Daemons.\n# TYPE x_daemons gauge\n"
+            "x_daemons{job=\"kept\"} 2\n");
+}
+
+TEST(MetricsTest, ValueFormat) {
+  EXPECT_EQ(FormatMetricValue(0), "0");
+  EXPECT_EQ(FormatMetricValue(-3), "-3");
+  EXPECT_EQ(FormatMetricValue(0.0001), "0.0001");
+  EXPECT_EQ(FormatMetricValue(1.0 / 3), "0.3333333333333333");
+  EXPECT_EQ(FormatMetricValue(1e300), "1e+300");
+  EXPECT_EQ(FormatMetricValue(1.0 / 0.0), "+Inf");
+  EXPECT_EQ(FormatMetricValue(-1.0 / 0.0), "-Inf");
+  EXPECT_EQ(FormatMetricValue(std::nan("")), "NaN");
+}
+
+TEST(MetricsTest, StepPhaseBucketsSpan100usTo60s) {
+  const Buckets& b = StepPhaseBuckets();
+  ASSERT_FALSE(b.empty());
+  EXPECT_EQ(b.front(), 0.0001);
+  EXPECT_EQ(b.back(), 60);
+  for (size_t i = 1; i < b.size(); ++i) EXPECT_LT(b[i - 1], b[i]);
+}
+
+// One HTTP/1.0 request to 127.0.0.1:port; the whole response.
+std::string Fetch(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "connect failed";
+  }
+  (void)!write(fd, request.data(), request.size());
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+TEST(MetricsHttpTest, ServesMetricsOnly) {
+  MetricsRegistry registry;
+  registry.AddCounter("x_total", "X.").With().Increment(7);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("127.0.0.1", 0, &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  ASSERT_GT(port, 0);
+  const std::string ok = Fetch(port, "GET /metrics HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
+  EXPECT_NE(
+      ok.find("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+      std::string::npos)
+      << ok;
+  EXPECT_NE(ok.find("\r\n\r\n# HELP x_total X.\n# TYPE x_total counter\n"
+                    "x_total 7\n"),
+            std::string::npos)
+      << ok;
+  for (const char* path : {"/", "/metrics/", "/metricsx", "/other"}) {
+    const std::string r =
+        Fetch(port, absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n"));
+    EXPECT_EQ(r.rfind("HTTP/1.1 404", 0), 0u) << path << ": " << r;
+  }
+  const std::string post = Fetch(port, "POST /metrics HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(post.rfind("HTTP/1.1 405", 0), 0u) << post;
+
+  // The same port again: refused with the flags named.
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> second =
+      MetricsHttpServer::Start("127.0.0.1", port, &registry);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(second.status().message().find(
+                absl::StrCat("cannot serve metrics on 127.0.0.1:", port,
+                             " (--metrics_address/--metrics_port)")),
+            std::string::npos)
+      << second.status();
+  EXPECT_NE(second.status().message().find("in use"), std::string::npos)
+      << second.status();
+}
+
+TEST(MetricsHttpTest, RefusesBadAddressAndPort) {
+  MetricsRegistry registry;
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> host =
+      MetricsHttpServer::Start("localhost", 0, &registry);
+  ASSERT_FALSE(host.ok());
+  EXPECT_NE(host.status().message().find("--metrics_address='localhost'"),
+            std::string::npos)
+      << host.status();
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> port =
+      MetricsHttpServer::Start("127.0.0.1", 70000, &registry);
+  ASSERT_FALSE(port.ok());
+  EXPECT_NE(port.status().message().find("--metrics_port=70000"),
+            std::string::npos)
+      << port.status();
+}
+
+}  // namespace
+}  // namespace muond
