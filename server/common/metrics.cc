@@ -16,10 +16,9 @@ void Counter::Increment(double v) {
 void Gauge::Add(double v) { value_.fetch_add(v, std::memory_order_relaxed); }
 
 const Buckets& StepPhaseBuckets() {
-  static const Buckets* const buckets =
-      new Buckets{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                  0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
-                  1,      2.5,     5,      10,    30,     60};
+  static const Buckets* const buckets = new Buckets{
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+      0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30,    60};
   return *buckets;
 }
 
@@ -125,8 +124,7 @@ void RenderSeries(std::string& out, const std::string& name,
 
 void RenderSeries(std::string& out, const std::string& name,
                   const std::vector<std::string>& names,
-                  const std::vector<std::string>& values,
-                  const Histogram& h) {
+                  const std::vector<std::string>& values, const Histogram& h) {
   const Histogram::Snapshot s = h.snapshot();
   uint64_t cumulative = 0;
   for (size_t i = 0; i <= s.bounds.size(); ++i) {
@@ -229,7 +227,8 @@ std::string FormatMetricValue(double v) {
     return absl::StrCat(static_cast<int64_t>(v));
   }
   char buf[64];
-  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::general);
+  const std::to_chars_result r =
+      std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::general);
   return std::string(buf, r.ptr);
 }
 

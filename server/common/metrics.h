@@ -111,7 +111,8 @@ class Family {
 class MetricsRegistry {
  public:
   // Families render in the order they were added. Names and label names are
-  // the caller's constants (checked in debug builds only: [a-zA-Z_:][a-zA-Z0-9_:]*).
+  // the caller's constants (checked in debug builds only:
+  // [a-zA-Z_:][a-zA-Z0-9_:]*).
   Family<Counter>& AddCounter(std::string name, std::string help,
                               std::vector<std::string> label_names = {});
   Family<Gauge>& AddGauge(std::string name, std::string help,

@@ -83,10 +83,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   const std::string listening = absl::StrCat(address, ":", port);
   // Two threads: a scrape is one short request; a slow scraper cannot hold
   // more of the process than that.
-  const char* options[] = {"listening_ports", listening.c_str(),
-                           "num_threads", "2",
-                           "request_timeout_ms", "10000",
-                           nullptr};
+  const char* options[] = {
+      "listening_ports",    listening.c_str(), "num_threads", "2",
+      "request_timeout_ms", "10000",           nullptr};
   mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof(callbacks));
   callbacks.log_message = LogMessage;

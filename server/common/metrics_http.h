@@ -36,8 +36,7 @@ class MetricsHttpServer {
   int port() const { return port_; }
 
  private:
-  explicit MetricsHttpServer(MetricsRegistry* registry)
-      : registry_(registry) {}
+  explicit MetricsHttpServer(MetricsRegistry* registry) : registry_(registry) {}
   static int Handle(::mg_connection* conn, void* self);
 
   MetricsRegistry* const registry_;

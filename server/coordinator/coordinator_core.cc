@@ -16,6 +16,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/text_format.h"
 #include "server/common/checked_math.h"
+#include "server/common/ns_load.h"
 #include "server/common/proto_convert.h"
 
 namespace muond {
@@ -321,7 +322,12 @@ absl::Status CoordinatorOptions::Validate() const {
 }
 
 CoordinatorCore::CoordinatorCore(CoordinatorOptions options)
-    : options_(std::move(options)) {}
+    : options_(std::move(options)),
+      own_metrics_(options_.metrics == nullptr
+                       ? std::make_unique<CoordinatorMetrics>()
+                       : nullptr),
+      metrics_(options_.metrics != nullptr ? options_.metrics
+                                           : own_metrics_.get()) {}
 
 bool CoordinatorCore::Live(const Daemon& daemon, absl::Time now) const {
   return daemon.streams > 0 ||
@@ -656,6 +662,16 @@ bool CoordinatorCore::AllPublished(const Job& job) const {
 absl::StatusOr<v1::Plan> CoordinatorCore::ComputePlan(
     const Job& job, const CostTable& costs, v1::CostModel cost_model,
     int64_t activate_at_step) {
+  absl::StatusOr<v1::Plan> plan =
+      PlanJob(job, costs, cost_model, activate_at_step);
+  if (!plan.ok()) metrics_->PlanBuildFailed(plan.status());
+  return plan;
+}
+
+absl::StatusOr<v1::Plan> CoordinatorCore::PlanJob(const Job& job,
+                                                  const CostTable& costs,
+                                                  v1::CostModel cost_model,
+                                                  int64_t activate_at_step) {
   // Per group: the manifest of the lowest rank and the (g, t) coverage.
   struct GroupInfo {
     const v1::GroupManifest* manifest = nullptr;
@@ -729,6 +745,7 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
                      (*job)->id, "'; Join first"));
   }
   Job& the_job = **job;
+  metrics_->ManifestReceived(the_job.id);
   if (!published.registration_refused().empty()) {
     return RefuseOwnRegistration(the_job, published, registration);
   }
@@ -931,6 +948,7 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishJoined(
       ComputePlan(*job, CostTable{}, v1::COST_MODEL_NS_COST, activate);
   if (!plan.ok()) return plan.status();  // the caller refuses the round
   RETURN_IF_ERROR(job->plans.Append(*std::move(plan)));
+  metrics_->PlanBuilt(job->id, /*rebalance=*/false);
   job->planned_fingerprint = fingerprint;
   for (auto& [rank, d] : job->daemons) d.new_round = false;
   LOG(INFO) << "job " << job->id << ": plan version "
@@ -1141,6 +1159,7 @@ void CoordinatorCore::MaybeRebalance(Job& job) {
     LOG(WARNING) << "job " << job.id << ": automatic rebalance failed: " << st;
     return;
   }
+  metrics_->PlanBuilt(job.id, /*rebalance=*/true);
   LOG(INFO) << "job " << job.id << ": NS max/mean " << imbalance << " exceeds "
             << options_.rebalance_threshold
             << "; automatic rebalance to plan version "
@@ -1222,6 +1241,7 @@ absl::StatusOr<v1::Plan> CoordinatorCore::Rebalance(
   ASSIGN_OR_RETURN(v1::Plan plan,
                    ComputePlan(*job, costs, used_model, *activate));
   RETURN_IF_ERROR(job->plans.Append(plan));
+  metrics_->PlanBuilt(job->id, /*rebalance=*/true);
   LOG(INFO) << "job " << job->id << ": rebalanced to plan version "
             << plan.version() << " (" << used_model << "), activating at step "
             << plan.activate_at_step();
@@ -1244,6 +1264,28 @@ absl::StatusOr<v1::ListDaemonsResponse> CoordinatorCore::ListDaemons(
     *info->mutable_last_timings() = d.last_timings;
   }
   return response;
+}
+
+std::vector<JobMetricsSnapshot> CoordinatorCore::MetricsSnapshot() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = options_.clock();
+  std::vector<JobMetricsSnapshot> out;
+  for (const auto& [id, job] : jobs_) {
+    JobMetricsSnapshot& s = out.emplace_back();
+    s.job = id;
+    for (const auto& [rank, d] : job->daemons) s.live_daemons += Live(d, now);
+    if (job->plans.empty()) continue;
+    const v1::Plan& plan = *job->plans.newest();
+    s.plan_version = plan.version();
+    for (const auto& [rank, d] : job->daemons) {
+      HeldGroups held;
+      for (const v1::GroupManifest& g : d.manifest.groups()) {
+        held.emplace_back(g.group(), g.domain());
+      }
+      s.ns_load[rank] = NsLoadShare(plan, held);
+    }
+  }
+  return out;
 }
 
 std::vector<std::string> CoordinatorCore::JobIds() {

@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "core/plan/plan_history.h"
 #include "muond/v1/muond.pb.h"
+#include "server/coordinator/coordinator_metrics.h"
 
 namespace muond {
 
@@ -101,6 +102,9 @@ struct CoordinatorOptions {
   // [1, kPlansKept] (Validate): daemons keep kPlansKept, so keeping more is
   // of no use.
   int plans_kept = kPlansKept;
+  // Where plans, planning failures, manifests and rebalances are counted
+  // (not owned; must outlive the core); null: counted nowhere that is served.
+  CoordinatorMetrics* metrics = nullptr;
 
   // InvalidArgument naming the field and its rule: plans_kept outside [1,
   // kPlansKept], a NaN or negative rebalance_threshold, an interval or margin
@@ -226,6 +230,11 @@ class CoordinatorCore {
 
   std::vector<std::string> JobIds();
 
+  // Every job as the metrics show it (CoordinatorMetrics::CollectJobsFrom):
+  // live daemons, the newest plan's version and each rank's share of its NS
+  // cost (from the rank's latest manifest).
+  std::vector<JobMetricsSnapshot> MetricsSnapshot();
+
  private:
   struct Daemon {
     v1::JoinRequest join;
@@ -312,6 +321,11 @@ class CoordinatorCore {
                                        v1::CostModel cost_model,
                                        int64_t activate_at_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ComputePlan without counting its failure.
+  absl::StatusOr<v1::Plan> PlanJob(const Job& job, const CostTable& costs,
+                                   v1::CostModel cost_model,
+                                   int64_t activate_at_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllPublished(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PublishRegistration's checks of the request alone (shape, resume fields).
   static absl::Status ValidatePublishFields(
@@ -355,6 +369,9 @@ class CoordinatorCore {
   void MaybeRebalance(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
+  // options_.metrics, or one of our own when it is null.
+  const std::unique_ptr<CoordinatorMetrics> own_metrics_;
+  CoordinatorMetrics* const metrics_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t total_kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -14,6 +14,7 @@
 #include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/cli.h"
+#include "server/common/metrics_http.h"
 #include "server/common/proto_convert.h"
 #include "server/common/server_main.h"
 #include "server/common/shutdown.h"
@@ -114,7 +115,18 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "--" << st.message();
     return 2;
   }
+  muond::CoordinatorMetrics metrics;
+  options.metrics = &metrics;
   muond::CoordinatorCore core(options);
+  metrics.CollectJobsFrom([&core] { return core.MetricsSnapshot(); });
+  // Before listening: a metrics port that cannot be bound fails the start.
+  // Declared after `core`, so it stops serving before `core` goes away.
+  absl::StatusOr<std::unique_ptr<muond::MetricsHttpServer>> metrics_http =
+      muond::StartMetricsHttpFromFlags(&metrics.registry());
+  if (!metrics_http.ok()) {
+    LOG(ERROR) << metrics_http.status().message();
+    return absl::IsInvalidArgument(metrics_http.status()) ? 2 : 1;
+  }
   muond::CoordinatorService service(&core, options.token);
   const muond::ListenerFlags listener = {absl::GetFlag(FLAGS_listen),
                                          absl::GetFlag(FLAGS_tls_cert),

@@ -15,6 +15,7 @@
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "server/common/ns_load.h"
 #include "server/common/operator_id.h"
 #include "server/common/proto_convert.h"
 #include "server/common/safetensors.h"
@@ -29,12 +30,25 @@ bool IsCommunicationFailure(const absl::Status& st) {
          absl::IsAborted(st);
 }
 
+// This rank's place in each of its groups' domains (for NsLoadShare).
+HeldGroups HeldGroupsOf(const Registration& registration) {
+  HeldGroups held;
+  for (const BoundGroup& g : registration.groups) {
+    held.emplace_back(g.proto.name(), g.proto.domain());
+  }
+  return held;
+}
+
 }  // namespace
 
 DaemonCore::DaemonCore(DaemonConfig config,
                        std::unique_ptr<HandleOpener> opener,
                        CoordinatorLink* link, EngineFactory factory)
     : config_(std::move(config)),
+      own_metrics_(config_.metrics == nullptr ? std::make_unique<DaemonMetrics>()
+                                              : nullptr),
+      metrics_(config_.metrics != nullptr ? config_.metrics
+                                          : own_metrics_.get()),
       opener_(std::move(opener)),
       link_(link),
       builds_(std::move(factory)) {
@@ -193,6 +207,7 @@ void DaemonCore::BuilderLoop() {
     absl::StatusOr<std::unique_ptr<StepEngine>>& engine = *built;
     if (!engine.ok()) {
       engine_error_ = engine.status().ToString();
+      metrics_->EngineBuildFailed();
       failed_version = plan.version();
       failed_generation = generation;
       LOG(ERROR) << "cannot create the step engine: " << engine.status();
@@ -281,6 +296,15 @@ absl::StatusOr<std::unique_ptr<Registration>> DaemonCore::CheckRegistration(
 absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::Register(
     const v1::RegisterParamsRequest& request,
     const std::function<bool()>& cancelled) {
+  absl::StatusOr<v1::RegisterParamsResponse> outcome =
+      DoRegister(request, cancelled);
+  metrics_->RegistrationDone(outcome);
+  return outcome;
+}
+
+absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::DoRegister(
+    const v1::RegisterParamsRequest& request,
+    const std::function<bool()>& cancelled) {
   absl::MutexLock op(&op_mu_);
   {
     absl::MutexLock lock(&mu_);
@@ -358,6 +382,7 @@ absl::Status DaemonCore::Unregister(
   DropPendingOfOldRegistration();
   last_step_id_.reset();
   active_plan_version_ = 0;
+  metrics_->Unregistered();
   return absl::OkStatus();
 }
 
@@ -404,6 +429,8 @@ absl::Status DaemonCore::ActivatePlanFor(int64_t step_id) {
   LOG(INFO) << "plan version " << plan->version() << " active from step "
             << step_id;
   active_plan_version_ = plan->version();
+  metrics_->PlanActive(plan->version(),
+                       NsLoadShare(*plan, HeldGroupsOf(*registration_)));
   return absl::OkStatus();
 }
 
@@ -467,6 +494,13 @@ v1::StepResponse DaemonCore::ReplayedResponse() const {
 }
 
 absl::StatusOr<v1::StepResponse> DaemonCore::Step(
+    const v1::StepRequest& request) {
+  absl::StatusOr<v1::StepResponse> outcome = DoStep(request);
+  metrics_->StepDone(outcome);
+  return outcome;
+}
+
+absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
     const v1::StepRequest& request) {
   absl::MutexLock op(&op_mu_);
   StepInputs inputs;

@@ -56,6 +56,7 @@
 #include "core/step/layer_sharded_muon.h"
 #include "muond/v1/muond.pb.h"
 #include "server/common/safetensors.h"
+#include "server/daemon/daemon_metrics.h"
 #include "server/daemon/engine_builder.h"
 #include "server/daemon/memory_mapper.h"
 #include "server/daemon/registration.h"
@@ -135,6 +136,9 @@ struct DaemonConfig {
   // (DaemonCore::Ready), from the core's readiness thread, in order; the
   // grpc.health.v1 status follows it. Unset = no thread. Starts as false.
   std::function<void(bool ready)> on_readiness;
+  // Where steps, registrations, plans and engine failures are counted (not
+  // owned; must outlive the core); null: counted nowhere that is served.
+  DaemonMetrics* metrics = nullptr;
 };
 
 class DaemonCore {
@@ -248,6 +252,11 @@ class DaemonCore {
   std::string engine_error();
 
  private:
+  // Register and Step; the public ones add the outcome to the metrics.
+  absl::StatusOr<v1::RegisterParamsResponse> DoRegister(
+      const v1::RegisterParamsRequest& request,
+      const std::function<bool()>& cancelled);
+  absl::StatusOr<v1::StepResponse> DoStep(const v1::StepRequest& request);
   bool PlanMatches(const v1::Plan& plan) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The one rule of readiness: an engine (built from a plan of the current
@@ -363,6 +372,9 @@ class DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_, mu_);
 
   const DaemonConfig config_;
+  // config_.metrics, or one of our own when it is null.
+  const std::unique_ptr<DaemonMetrics> own_metrics_;
+  DaemonMetrics* const metrics_;
   const std::unique_ptr<HandleOpener> opener_;
   CoordinatorLink* const link_;
 

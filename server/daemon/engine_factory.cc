@@ -17,6 +17,7 @@
 #include "glog/logging.h"
 #include "server/common/proto_convert.h"
 #include "server/common/proto_convert_options.h"
+#include "server/daemon/exchange_counting.h"
 
 namespace muond {
 namespace {
@@ -208,7 +209,13 @@ EngineFactory MakeEngineFactory(EngineOptions options,
         auto axis = [&](const std::string& p, int rank, int size,
                         Communicator*& out) -> absl::Status {
           if (size <= 1) return absl::OkStatus();
-          ASSIGN_OR_RETURN(auto c, make(p, rank, size));
+          ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c,
+                           make(p, rank, size));
+          if (options.metrics != nullptr) {
+            c = CountingExchangeBytes(std::move(c),
+                                      &options.metrics->exchange_sent(),
+                                      &options.metrics->exchange_received());
+          }
           out = c.get();
           engine->communicators.push_back(std::move(c));
           return absl::OkStatus();

@@ -28,6 +28,9 @@ struct EngineOptions {
   bool skip_nonfinite = false;
   // StepOptions::testonly_commit_delay_ms (tests of a peer dying mid-step).
   int testonly_commit_delay_ms = 0;
+  // Counts the domain communicators' exchange bytes (shared: an abandoned
+  // build may outlive the daemon core); null: not counted.
+  std::shared_ptr<DaemonMetrics> metrics;
 };
 
 // Proto hyperparameters -> core options; unset optional fields and

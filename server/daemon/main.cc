@@ -17,6 +17,7 @@
 #include "server/common/auth.h"
 #include "server/common/cli.h"
 #include "server/common/logging.h"
+#include "server/common/metrics_http.h"
 #include "server/common/server_main.h"
 #include "server/common/shutdown.h"
 #include "server/common/unix_socket.h"
@@ -179,6 +180,15 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // Before joining: a metrics port that cannot be bound fails the start.
+  auto metrics = std::make_shared<muond::DaemonMetrics>();
+  absl::StatusOr<std::unique_ptr<muond::MetricsHttpServer>> metrics_http =
+      muond::StartMetricsHttpFromFlags(&metrics->registry());
+  if (!metrics_http.ok()) {
+    LOG(ERROR) << metrics_http.status().message();
+    return absl::IsInvalidArgument(metrics_http.status()) ? 2 : 1;
+  }
+
   muond::v1::JoinRequest join;
   join.set_job_id(job);
   join.set_rank(rank);
@@ -206,6 +216,7 @@ int main(int argc, char** argv) {
   config.world_size = world;
   config.device = join.device();
   config.log_every = absl::GetFlag(FLAGS_log_every);
+  config.metrics = metrics.get();
   config.validate_group = [device](const muond::v1::ParamGroup& group) {
     return muond::ValidateGroupForDevice(group, device);
   };
@@ -225,6 +236,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_testonly_commit_delay_ms);
   engine_options.comm_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  engine_options.metrics = metrics;
   std::unique_ptr<muond::HandleOpener> opener =
       device >= 0 ? muond::MakeCudaHandleOpener(device)
                   : std::make_unique<muond::HandleOpener>();

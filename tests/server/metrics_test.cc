@@ -45,14 +45,14 @@ TEST(MetricsTest, CountersAndGaugesWithEscapedLabels) {
 
 TEST(MetricsTest, HistogramBucketEdgesAreInclusiveAndCumulative) {
   MetricsRegistry registry;
-  Family<Histogram>& h = registry.AddHistogram(
-      "x_seconds", "Phase time.", {0.25, 0.5, 2}, {"phase"});
+  Family<Histogram>& h = registry.AddHistogram("x_seconds", "Phase time.",
+                                               {0.25, 0.5, 2}, {"phase"});
   Histogram& ns = h.With({"ns"});
-  ns.Observe(0.25);    // on the edge: le="0.25"
-  ns.Observe(0.375);   // above it: le="0.5"
-  ns.Observe(2);       // on the last edge
-  ns.Observe(60);      // +Inf only
-  h.With({"a2a"});     // created, never observed
+  ns.Observe(0.25);   // on the edge: le="0.25"
+  ns.Observe(0.375);  // above it: le="0.5"
+  ns.Observe(2);      // on the last edge
+  ns.Observe(60);     // +Inf only
+  h.With({"a2a"});    // created, never observed
   EXPECT_EQ(registry.Render(),
             "# HELP x_seconds Phase time.\n"
             "# TYPE x_seconds histogram\n"

@@ -99,7 +99,7 @@ class Cluster:
 
     def __init__(self, num_daemons: int = 1, *, tcp: bool = False, token: bool = True,
                  job_id: str | None = None, comm_timeout_s: int = 20, extra_daemon_args=(),
-                 coordinator_args=()):
+                 coordinator_args=(), daemon_args_of=None):
         if tcp and not token:
             raise ValueError("a TCP daemon needs a token")
         self.num_daemons = num_daemons
@@ -111,6 +111,8 @@ class Cluster:
         self.comm_timeout_s = comm_timeout_s
         self.extra_daemon_args = list(extra_daemon_args)
         self.coordinator_args = list(coordinator_args)
+        # rank -> extra args of that daemon alone (e.g. its --metrics_port).
+        self.daemon_args_of = daemon_args_of or (lambda rank: [])
         self.tmp = None
         self.daemons: list[str] = []
         self.coordinator = ""
@@ -155,7 +157,7 @@ class Cluster:
                 f"--job_id={self.job_id}", f"--rank={r}", f"--world_size={self.num_daemons}",
                 f"--listen={address}", *token_args,
                 f"--comm_timeout_s={self.comm_timeout_s}", "--coordinator_timeout_s=20",
-                *self.extra_daemon_args])
+                *self.extra_daemon_args, *self.daemon_args_of(r)])
         for address in self.daemons:
             self._check_alive()
             client = self.client(address)

@@ -1,0 +1,136 @@
+#include "server/daemon/daemon_metrics.h"
+
+#include <iterator>
+#include <string>
+#include <utility>
+
+#include "core/common/error_reason.h"
+#include "server/common/version.h"
+
+namespace muond {
+namespace {
+
+// The label values of muond_step_phase_seconds, PhaseTimings' fields.
+constexpr const char* kPhases[] = {"momentum", "a2a_fwd", "ns",   "a2a_bwd",
+                                   "dp_share", "update",  "total"};
+
+}  // namespace
+
+DaemonMetrics::DaemonMetrics()
+    : registry_(std::make_unique<MetricsRegistry>()),
+      phase_seconds_(registry_->AddHistogram(
+          "muond_step_phase_seconds",
+          "Wall time of each phase of an applied step on this rank (the "
+          "step's PhaseTimings; total = the whole step, votes included)",
+          StepPhaseBuckets(), {"phase"})),
+      steps_applied_(
+          registry_
+              ->AddCounter("muond_steps_applied_total",
+                           "Steps applied on this rank (replays not counted)")
+              .With()),
+      steps_refused_(registry_->AddCounter(
+          "muond_steps_refused_total",
+          "Steps answered with an error, nothing applied, by reason: the "
+          "error's ErrorReason name, else its gRPC code name (non-finite "
+          "gradients: INVALID_ARGUMENT); NONFINITE_SKIPPED: skipped for "
+          "non-finite gradients (--skip_nonfinite)",
+          {"reason"})),
+      exchange_bytes_(registry_->AddCounter(
+          "muond_exchange_bytes_total",
+          "Bytes of the step exchanges (all_to_allv of a2a_fwd, a2a_bwd and "
+          "dp_share) this rank sent to / received from other ranks, counted "
+          "at its communicators as each exchange completes (the votes and "
+          "the rank's blocks to itself not counted)",
+          {"direction"})),
+      sent_(exchange_bytes_.With({"sent"})),
+      received_(exchange_bytes_.With({"received"})),
+      plan_version_(registry_
+                        ->AddGauge("muond_plan_version",
+                                   "Version of the plan active on this rank "
+                                   "(0: none yet for this registration)")
+                        .With()),
+      ns_load_(registry_
+                   ->AddGauge("muond_ns_load",
+                              "This rank's share of the active plan's NS cost "
+                              "(its rank_load over the sum of every rank's), "
+                              "0..1")
+                   .With()),
+      ns_seconds_(registry_
+                      ->AddCounter("muond_ns_seconds_total",
+                                   "Newton-Schulz phase time of applied steps "
+                                   "on this rank, seconds")
+                      .With()),
+      registrations_(registry_->AddCounter(
+          "muond_registrations_total",
+          "RegisterParams calls by result (accepted or refused)", {"result"})),
+      registered_params_(registry_
+                             ->AddGauge("muond_registered_params",
+                                        "Params registered on this daemon")
+                             .With()),
+      engine_build_failures_(
+          registry_
+              ->AddCounter("muond_engine_build_failures_total",
+                           "Step engine builds that failed (communicators, "
+                           "backend or engine creation)")
+              .With()) {
+  registry_
+      ->AddGauge("muond_build_info", "muond's version; always 1", {"version"})
+      .With({kMuondVersion})
+      .Set(1);
+  for (const char* phase : kPhases) phase_seconds_.With({phase});
+  registrations_.With({"accepted"});
+  registrations_.With({"refused"});
+}
+
+std::string DaemonMetrics::RefusalReason(const absl::Status& status) {
+  const ErrorReason reason = GetErrorReason(status);
+  if (reason != ErrorReason::kUnspecified) {
+    return std::string(ErrorReasonName(reason));
+  }
+  return absl::StatusCodeToString(status.code());
+}
+
+void DaemonMetrics::StepDone(const absl::StatusOr<v1::StepResponse>& outcome) {
+  if (!outcome.ok()) {
+    steps_refused_.With({RefusalReason(outcome.status())}).Increment();
+    return;
+  }
+  if (outcome->replayed()) return;
+  if (!outcome->skipped_nonfinite().empty()) {
+    steps_refused_.With({"NONFINITE_SKIPPED"}).Increment();
+    return;
+  }
+  const v1::StepTimings& t = outcome->timings();
+  const double us[] = {t.momentum_us(), t.a2a_fwd_us(),  t.ns_us(),
+                       t.a2a_bwd_us(),  t.dp_share_us(), t.update_us(),
+                       t.total_us()};
+  static_assert(std::size(us) == std::size(kPhases));
+  for (size_t i = 0; i < std::size(kPhases); ++i) {
+    phase_seconds_.With({kPhases[i]}).Observe(us[i] * 1e-6);
+  }
+  ns_seconds_.Increment(t.ns_us() * 1e-6);
+  steps_applied_.Increment();
+}
+
+void DaemonMetrics::RegistrationDone(
+    const absl::StatusOr<v1::RegisterParamsResponse>& r) {
+  if (!r.ok()) {
+    registrations_.With({"refused"}).Increment();
+    return;
+  }
+  registrations_.With({"accepted"}).Increment();
+  registered_params_.Set(double(r->num_params()));
+  PlanActive(0, 0);
+}
+
+void DaemonMetrics::Unregistered() {
+  registered_params_.Set(0);
+  PlanActive(0, 0);
+}
+
+void DaemonMetrics::PlanActive(int64_t version, double ns_load) {
+  plan_version_.Set(double(version));
+  ns_load_.Set(ns_load);
+}
+
+}  // namespace muond
