@@ -2,7 +2,11 @@
 
 #include <arpa/inet.h>
 #include <civetweb.h>
+#include <dlfcn.h>
+#include <pthread.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 
@@ -16,6 +20,27 @@ ABSL_FLAG(int, metrics_port, 0,
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
           "IPv4 address the metrics endpoint binds to (with --metrics_port); "
           "0.0.0.0 lets a scraper on another host in");
+
+// Debian's civetweb creates its threads with a fixed 100 KiB stack
+// (pthread_attr_setstacksize(attr, 102400), a build-time setting). glibc puts
+// the process's static TLS on every thread's stack and refuses a stack that
+// cannot hold it (EINVAL): muond's libraries (cuBLASLt 94 KB, OpenBLAS 61 KB,
+// glog 30 KB) need more than 100 KiB, so civetweb could not start a thread
+// ("Cannot create threads"). The binary's definition interposes the one
+// libc exports and raises a request below kMinThreadStackBytes to it: only
+// virtual address space (the pages are committed as used), and a request at
+// or above it passes unchanged.
+namespace {
+constexpr size_t kMinThreadStackBytes = size_t{1} << 20;
+}  // namespace
+
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
+  using SetStackSize = int (*)(pthread_attr_t*, size_t);
+  static const SetStackSize libc_set = reinterpret_cast<SetStackSize>(
+      dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  if (libc_set == nullptr) return ENOSYS;
+  return libc_set(attr, std::max(size, kMinThreadStackBytes));
+}
 
 namespace muond {
 namespace {

@@ -104,7 +104,7 @@ void DaemonMetrics::StepDone(const absl::StatusOr<v1::StepResponse>& outcome) {
   const double us[] = {t.momentum_us(), t.a2a_fwd_us(),  t.ns_us(),
                        t.a2a_bwd_us(),  t.dp_share_us(), t.update_us(),
                        t.total_us()};
-  static_assert(std::size(us) == std::size(kPhases));
+  static_assert(sizeof(us) / sizeof(us[0]) == std::size(kPhases));
   for (size_t i = 0; i < std::size(kPhases); ++i) {
     phase_seconds_.With({kPhases[i]}).Observe(us[i] * 1e-6);
   }

@@ -97,8 +97,9 @@ class MetricsSystemTest(unittest.TestCase):
 
     def run(self, result=None):
         result = super().run(result)
-        if result is not None and any(t is self for t, _ in result.errors + result.failures):
-            sys.stderr.write(self.cluster.logs() + "\n")
+        cluster = getattr(self, "cluster", None)  # None: start failed (it printed the logs)
+        if cluster and result and any(t is self for t, _ in result.errors + result.failures):
+            sys.stderr.write(cluster.logs() + "\n")
         return result
 
     def refused_on(self, port: int):
