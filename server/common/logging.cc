@@ -86,12 +86,12 @@ nlohmann::ordered_json StackTrace() {
 
 // Writes one JSON line to stderr; a FATAL line carries the stack and ends
 // the process (glog would add its own plain-text trace otherwise).
-void WriteJsonLine(absl::string_view severity, absl::string_view file,
-                   int line, absl::Time time, absl::string_view message) {
+void WriteJsonLine(absl::string_view severity, absl::string_view file, int line,
+                   absl::Time time, absl::string_view message) {
   LogContext& context = Context();
   nlohmann::ordered_json j;
-  j["time"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", time,
-                               absl::UTCTimeZone());
+  j["time"] =
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", time, absl::UTCTimeZone());
   j["severity"] = severity;
   j["file"] = BaseName(file);
   j["line"] = line;
@@ -112,7 +112,8 @@ void WriteJsonLine(absl::string_view severity, absl::string_view file,
   {
     absl::MutexLock lock(&context.write_mu);
     for (size_t done = 0; done < out.size();) {
-      const ssize_t n = write(STDERR_FILENO, out.data() + done, out.size() - done);
+      const ssize_t n =
+          write(STDERR_FILENO, out.data() + done, out.size() - done);
       if (n <= 0) break;  // stderr is gone: nothing to tell it
       done += size_t(n);
     }
@@ -126,10 +127,10 @@ class JsonSink : public google::LogSink {
             const char* base_filename, int line,
             const google::LogMessageTime& time, const char* message,
             size_t message_len) override {
-    WriteJsonLine(google::GetLogSeverityName(severity), base_filename, line,
-                  absl::FromTimeT(time.timestamp()) +
-                      absl::Microseconds(time.usec()),
-                  absl::string_view(message, message_len));
+    WriteJsonLine(
+        google::GetLogSeverityName(severity), base_filename, line,
+        absl::FromTimeT(time.timestamp()) + absl::Microseconds(time.usec()),
+        absl::string_view(message, message_len));
   }
 };
 
@@ -143,8 +144,8 @@ void GprToJson(gpr_log_func_args* args) {
 
 void ProtobufToJson(google::protobuf::LogLevel level, const char* filename,
                     int line, const std::string& message) {
-  static constexpr const char* kNames[] = {"INFO", "WARNING", "ERROR",
-                                           "FATAL", "ERROR"};  // DFATAL
+  static constexpr const char* kNames[] = {"INFO", "WARNING", "ERROR", "FATAL",
+                                           "ERROR"};  // DFATAL
   const int i = int(level);
   // protobuf aborts after a FATAL itself; WriteJsonLine does it first.
   WriteJsonLine(i >= 0 && i < 5 ? kNames[i] : "ERROR", filename, line,

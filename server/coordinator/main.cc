@@ -82,7 +82,9 @@ bool IsLoopback(const std::string& address) {
 int main(int argc, char** argv) {
   // SIGTERM/SIGINT from now on go to the shutdown watcher (below).
   if (!muond::BeginServerMain(argc, argv, "muond-coordinator", kUsage,
-                              kFlagSources)) return 0;
+                              kFlagSources)) {
+    return 0;
+  }
 
   muond::CoordinatorOptions options;
   absl::StatusOr<std::string> token = muond::TokenFromFlags(

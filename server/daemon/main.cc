@@ -88,8 +88,9 @@ const std::vector<std::string> kFlagSources = {"server/daemon/",
 
 int main(int argc, char** argv) {
   // SIGTERM/SIGINT from now on go to the shutdown watcher (below).
-  if (!muond::BeginServerMain(argc, argv, "muond", kUsage,
-                              kFlagSources)) return 0;
+  if (!muond::BeginServerMain(argc, argv, "muond", kUsage, kFlagSources)) {
+    return 0;
+  }
   const std::string job = absl::GetFlag(FLAGS_job_id);
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);

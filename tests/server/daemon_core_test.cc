@@ -117,6 +117,11 @@ class DaemonCoreTest : public ::testing::Test {
     if (name_.find("Stale") != std::string::npos) {
       config.pending_transaction_max_age = absl::Milliseconds(200);
     }
+    // As in the server: every test runs with the readiness thread.
+    config.on_readiness = [this](bool ready) {
+      absl::MutexLock lock(&readiness_mu_);
+      readiness_.push_back(ready);
+    };
     core_ = std::make_unique<DaemonCore>(
         config, std::make_unique<HandleOpener>(), &link_,
         [this](const Registration& reg, const v1::Plan&,
@@ -296,6 +301,21 @@ class DaemonCoreTest : public ::testing::Test {
   std::atomic<bool> hold_builds_{false};
   std::atomic<int> builds_held_{0};
   std::atomic<int> builds_abandoned_{0};
+  // What on_readiness reported, in order.
+  std::vector<bool> Readiness() {
+    absl::MutexLock lock(&readiness_mu_);
+    return readiness_;
+  }
+  // Waits (bounded, far past the test's pace) for the n-th report.
+  std::vector<bool> WaitForReadiness(size_t n) {
+    for (int i = 0; i < 4000 && Readiness().size() < n; ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return Readiness();
+  }
+
+  absl::Mutex readiness_mu_;
+  std::vector<bool> readiness_ ABSL_GUARDED_BY(readiness_mu_);
   std::string name_;
   std::unique_ptr<ShmRegion> region_;
   FakeLink link_;
@@ -730,6 +750,38 @@ TEST_F(DaemonCoreTest, HealthReportsAFailedEngineBuild) {
   core_->OnPlan(PlanFor(2, 0, 0));
   WaitForEngine();
   EXPECT_EQ(core_->Health().engine_error(), "");
+}
+
+// The readiness callback (the grpc.health.v1 status) follows has_plan:
+// nothing while an engine build fails, true once an engine stands, false when
+// the trainer unregisters and when the core goes away.
+TEST_F(DaemonCoreTest, ReadinessFollowsTheEngine) {
+  v1::UnregisterParamsRequest un;
+  un.set_job_id("job");
+  un.set_client_id("trainer0");
+  fail_builds_ = true;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  for (int i = 0; i < 2000 && core_->Health().engine_error().empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_FALSE(core_->Health().engine_error().empty());
+  ASSERT_TRUE(core_->Unregister(un).ok());
+  fail_builds_ = false;
+  link_.round_version = 2;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(2, 0, 0));
+  WaitForEngine();
+  EXPECT_EQ(WaitForReadiness(1), std::vector<bool>({true}))
+      << "the failed build reported nothing";
+  ASSERT_TRUE(core_->Unregister(un).ok());
+  EXPECT_EQ(WaitForReadiness(2), std::vector<bool>({true, false}));
+  link_.round_version = 3;
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(3, 0, 0));
+  EXPECT_EQ(WaitForReadiness(3), std::vector<bool>({true, false, true}));
+  core_.reset();
+  EXPECT_EQ(Readiness(), std::vector<bool>({true, false, true, false}));
 }
 
 v1::Plan RoundRefusal(const std::string& reason) {
