@@ -15,7 +15,9 @@
 * SIGKILL to the launcher: its servers and command still end (parent-death
   signal);
 * a TLS coordinator: the daemons join verified by --tls-ca; a CA that did
-  not sign its certificate fails the launcher's health check.
+  not sign its certificate fails the launcher's health check;
+* --metrics-port P / --log-format json reach the servers: /metrics on P
+  (coordinator), P+1, P+2 (daemons), JSON-lines logs.
 After every run: no process, socket directory or shm object of the job is
 left (checked through /proc, /tmp and /dev/shm).
 
@@ -80,6 +82,24 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(n):
+    """A port P with P..P+n-1 free now."""
+    while True:
+        base = free_port()
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
 
 
 def reference():
@@ -290,6 +310,41 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 1, proc.stdout[-2000:] + proc.stderr[-2000:])
         self.assertIn("coordinator (pid", proc.stderr)
         self.assertIn("did not answer the health check", proc.stderr)
+
+    def test_metrics_and_json_logs_reach_the_servers(self):
+        """--metrics-port P: the coordinator serves /metrics on P, local rank k's
+        daemon on P+1+k (scraped by the command while they run, parsed with
+        prometheus-client's parser); --log-format json: the servers' logs are
+        JSON lines."""
+        port = free_ports(3)
+        scrape = ("import sys, urllib.request\n"
+                  "for i in range(3):\n"
+                  f"    body = urllib.request.urlopen('http://127.0.0.1:%d/metrics' % ({port} + i),"
+                  " timeout=30).read()\n"
+                  f"    open('{self.tmp}/metrics%d.txt' % i, 'wb').write(body)\n")
+        proc = self.run_launch(launch_argv(
+            "--device", "cpu", "--nproc-per-node", "2", "--job-id", self.job, "--log-dir",
+            self.logs, "--metrics-port", str(port), "--log-format", "json", "--",
+            sys.executable, "-c", scrape))
+        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+        from prometheus_client.parser import text_string_to_metric_families
+        names = []
+        for i in range(3):
+            with open(os.path.join(self.tmp, f"metrics{i}.txt")) as f:
+                names.append({m.name for m in text_string_to_metric_families(f.read())})
+        applied = {"muond_steps_applied", "muond_steps_applied_total"}  # parser drops _total
+        self.assertIn("muond_coordinator_jobs", names[0])
+        self.assertFalse(applied & names[0])
+        for i in (1, 2):
+            self.assertTrue(applied & names[i], names[i])
+            self.assertNotIn("muond_coordinator_jobs", names[i])
+        for n in names:
+            self.assertIn("muond_build_info", n)
+        for name in ("coordinator", "muond-rank0", "muond-rank1"):
+            with open(os.path.join(self.logs, f"{name}.log")) as f:
+                lines = [json.loads(line) for line in f if line.strip()]
+            self.assertTrue(lines, name)
+            self.assertTrue(all({"time", "severity", "message"} <= set(e) for e in lines), name)
 
     def test_refusals_start_nothing(self):
         proc = self.run_launch(launch_argv("--nnodes", "2", "--node-rank", "2", "--job-id",
