@@ -152,6 +152,7 @@ class LaunchTest(unittest.TestCase):
         self.tmp = tempfile.mkdtemp(prefix="mlt-", dir="/tmp")
         self.job = f"lt{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.logs = os.path.join(self.tmp, "logs")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)  # runs last
         self.addCleanup(self.assert_nothing_left)
 
     def assert_nothing_left(self):
@@ -159,7 +160,6 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual(glob.glob(f"/dev/shm/muond-{self.job}-*"), [])
         self.assertEqual(job_processes(self.job), [])
         self.assertEqual(job_processes(self.tmp), [])  # trainers (their out dir)
-        subprocess.run(["rm", "-rf", self.tmp])
 
     def run_launch(self, argv, timeout=300):
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env())
