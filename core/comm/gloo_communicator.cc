@@ -5,8 +5,11 @@
 #include <gloo/barrier.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
+#include <gloo/context.h>
+#include <gloo/transport/address.h>
+#include <gloo/transport/context.h>
+#include <gloo/transport/device.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <atomic>
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,6 +26,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 
@@ -33,57 +38,6 @@ constexpr char kBackend[] = "gloo";
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
-
-// gloo::rendezvous::Store over our KeyValueStore. Gloo expects exceptions;
-// the first failing Status is kept so the boundary can return it unchanged
-// (DeadlineExceeded naming the missing key rather than a generic message).
-class GlooStoreAdapter : public gloo::rendezvous::Store {
- public:
-  GlooStoreAdapter(KeyValueStore* store, absl::Duration timeout)
-      : store_(store), timeout_(timeout) {}
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    Check(store_->Set(key, std::string(data.begin(), data.end())));
-  }
-
-  std::vector<char> get(const std::string& key) override {
-    absl::StatusOr<std::string> value = store_->Get(key, timeout_);
-    Check(value.status());
-    return std::vector<char>(value->begin(), value->end());
-  }
-
-  void wait(const std::vector<std::string>& keys) override {
-    wait(keys, ToChrono(timeout_));
-  }
-
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    // Gloo passes kNoTimeout (0) to mean "no limit"; we always keep ours.
-    absl::Duration limit =
-        timeout.count() > 0
-            ? std::min(absl::Milliseconds(timeout.count()), timeout_)
-            : timeout_;
-    const absl::Time deadline = absl::Now() + limit;
-    for (const std::string& key : keys) {
-      absl::Duration left =
-          std::max(deadline - absl::Now(), absl::ZeroDuration());
-      Check(store_->Get(key, left).status());
-    }
-  }
-
-  const absl::Status& first_error() const { return first_error_; }
-
- private:
-  void Check(const absl::Status& status) {
-    if (status.ok()) return;
-    if (first_error_.ok()) first_error_ = status;
-    throw gloo::IoException(std::string(status.message()));
-  }
-
-  KeyValueStore* store_;
-  absl::Duration timeout_;
-  absl::Status first_error_;
-};
 
 // Whether Gloo's I/O error is a timeout. Gloo (as Debian ships it) throws
 // one type, gloo::IoException, for every I/O failure and says "timeout" only
@@ -258,6 +212,233 @@ class GlooCommunicator : public Communicator {
   const std::chrono::milliseconds timeout_;
 };
 
+// A gloo::Context whose transport this file connects (Rendezvous) instead of
+// Gloo's connectFullMesh.
+class MeshContext : public gloo::Context {
+ public:
+  using gloo::Context::Context;
+  void Adopt(std::shared_ptr<gloo::transport::Device> device,
+             std::shared_ptr<gloo::transport::Context> transport) {
+    device_ = std::move(device);
+    transportContext_ = std::move(transport);
+  }
+};
+
+// Key (under "<prefix>/gloo") where a rank whose rendezvous failed leaves its
+// error for its peers; the address keys are the ranks' numbers.
+constexpr char kFailedKey[] = "failed";
+// How often the watcher looks for a peer's failure (one store Get each).
+constexpr absl::Duration kWatchSlice = absl::Milliseconds(50);
+
+// One rank's rendezvous: Gloo's connectFullMesh rebuilt on Gloo's public pair
+// API, so that it can be stopped. Gloo's TCP pair waits up to 5x its timeout
+// for the peer to connect (the lower address listens, the higher connects),
+// and nothing interrupts that wait but closing the pair: so a rank whose
+// peer could not connect (an address not reachable from the peer's host)
+// used to wait 5x the timeout while the peer had failed at once. Here a
+// watcher thread closes this rank's pairs as soon as a peer reports a failed
+// rendezvous (kFailedKey), the caller cancels, or connecting runs past the
+// timeout; and a rank whose rendezvous fails reports it there. Waits: the
+// peers' addresses within the timeout from the start, then the connections
+// and the closing barrier within the timeout from when the last arrived.
+class Rendezvous {
+ public:
+  Rendezvous(KeyValueStore* store, const std::string& prefix, int rank,
+             int size, const GlooOptions& options, std::string where)
+      : rank_(rank),
+        size_(size),
+        options_(options),
+        where_(std::move(where)),
+        raw_(store, absl::StrCat(prefix, "/gloo")),
+        stoppable_(store,
+                   [this] {
+                     return stopped_.load() ||
+                            (options_.cancelled && options_.cancelled());
+                   }),
+        group_(&stoppable_, absl::StrCat(prefix, "/gloo")) {}
+
+  absl::StatusOr<std::shared_ptr<gloo::Context>> Run() {
+    absl::StatusOr<std::shared_ptr<gloo::Context>> result = RunWatched();
+    if (!result.ok() && !peer_failed_.load()) {
+      // Best effort: a peer that misses it still ends at its own timeout.
+      (void)raw_.Set(kFailedKey, std::string(result.status().message()));
+    }
+    return result;
+  }
+
+ private:
+  absl::StatusOr<std::shared_ptr<gloo::Context>> RunWatched() {
+    auto context = std::make_shared<MeshContext>(rank_, size_);
+    context->setTimeout(ToChrono(options_.timeout));
+    RETURN_IF_ERROR(CallGloo(where_, [&] { CreatePairs(); }));
+    RETURN_IF_ERROR(raw_.Set(absl::StrCat(rank_), PairAddresses()));
+    std::thread watcher([this] { Watch(); });
+    absl::Status status = Connect();
+    finished_.Notify();
+    watcher.join();
+    if (stopped_.load()) return StopReason();
+    RETURN_IF_ERROR(status);
+    context->Adopt(device_, transport_);
+    // A rank's connections can be made before its peers' are; without this
+    // barrier a rank that fails or aborts right after creation would break
+    // its peers' rendezvous instead of their first operation.
+    status = CallGloo(where_, [&] {
+      gloo::BarrierOptions barrier(context);
+      barrier.setTimeout(ToChrono(std::max(connect_deadline() - absl::Now(),
+                                           absl::Milliseconds(1))));
+      gloo::barrier(barrier);
+    });
+    if (!status.ok()) {
+      // A peer that failed closed its connections after reporting why.
+      absl::StatusOr<std::string> why =
+          raw_.Get(kFailedKey, absl::ZeroDuration());
+      if (why.ok()) return PeerFailed(*why);
+      return status;
+    }
+    return context;
+  }
+
+  void CreatePairs() {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options_.hostname;
+    attr.iface = options_.iface;
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+    transport_ = device_->createContext(rank_, size_);
+    transport_->setTimeout(ToChrono(options_.timeout));
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_) transport_->createPair(peer);
+    }
+  }
+
+  // This rank's listening address for each peer, in rank order.
+  std::string PairAddresses() {
+    std::string all;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      const std::vector<char> bytes =
+          transport_->getPair(peer)->address().bytes();
+      all.append(bytes.begin(), bytes.end());
+    }
+    return all;
+  }
+
+  // The address `peer` published for this rank.
+  absl::StatusOr<std::vector<char>> AddressFrom(int peer,
+                                                absl::Time deadline) {
+    absl::StatusOr<std::string> got = group_.Get(
+        absl::StrCat(peer),
+        std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!got.ok()) return WithContext(got.status(), where_);
+    const std::string& all = *got;
+    const size_t each = all.size() / size_t(size_ - 1);
+    if (each == 0 || all.size() % size_t(size_ - 1) != 0) {
+      return absl::InternalError(absl::StrCat(
+          where_, "rank ", peer, " published ", all.size(),
+          " bytes of addresses, not one per peer (", size_ - 1, ")"));
+    }
+    const size_t index = size_t(rank_ < peer ? rank_ : rank_ - 1);
+    return std::vector<char>(all.begin() + index * each,
+                             all.begin() + (index + 1) * each);
+  }
+
+  absl::Status Connect() {
+    const absl::Time address_deadline = absl::Now() + options_.timeout;
+    std::vector<std::vector<char>> addresses(size_);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      ASSIGN_OR_RETURN(addresses[peer], AddressFrom(peer, address_deadline));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      connect_deadline_ = absl::Now() + options_.timeout;
+    }
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      if (stopped_.load()) break;
+      connecting_to_ = peer;
+      RETURN_IF_ERROR(CallGloo(
+          absl::StrCat(where_, "connecting to rank ", peer, ": "),
+          [&] { transport_->getPair(peer)->connect(addresses[peer]); }));
+    }
+    return absl::OkStatus();
+  }
+
+  // Polls until Connect ends; stops it (closing every pair) for a peer's
+  // reported failure, a cancellation or the connect deadline.
+  void Watch() {
+    while (!finished_.HasBeenNotified()) {
+      const absl::Time deadline = connect_deadline();
+      if (deadline != absl::InfiniteFuture()) {
+        if (options_.cancelled && options_.cancelled()) {
+          return Stop(absl::CancelledError(absl::StrCat(
+              where_, "cancelled while connecting to rank ",
+              connecting_to_.load())));
+        }
+        if (absl::Now() >= deadline) {
+          const int peer = connecting_to_.load();
+          return Stop(absl::DeadlineExceededError(absl::StrCat(
+              where_, "rank ", peer, " did not connect within ",
+              absl::FormatDuration(options_.timeout),
+              " (it published its address but is hung, or cannot reach "
+              "this rank's: is GlooOptions.hostname an address its host "
+              "can reach?)")));
+        }
+      }
+      absl::StatusOr<std::string> why = raw_.Get(kFailedKey, kWatchSlice);
+      if (why.ok()) return Stop(PeerFailed(*why));
+      if (!absl::IsDeadlineExceeded(why.status())) {
+        finished_.WaitForNotificationWithTimeout(kWatchSlice);  // store down
+      }
+    }
+  }
+
+  absl::Status PeerFailed(const std::string& why) {
+    peer_failed_ = true;
+    return absl::UnavailableError(absl::StrCat(
+        where_, "a peer's rendezvous failed, so this one cannot complete: ",
+        why));
+  }
+
+  void Stop(absl::Status reason) {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_reason_ = std::move(reason);
+    }
+    stopped_ = true;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      (void)CallGloo("close", [&] { transport_->getPair(peer)->close(); });
+    }
+  }
+
+  absl::Status StopReason() {
+    absl::MutexLock lock(&mu_);
+    return stop_reason_;
+  }
+
+  absl::Time connect_deadline() {
+    absl::MutexLock lock(&mu_);
+    return connect_deadline_;
+  }
+
+  const int rank_;
+  const int size_;
+  const GlooOptions& options_;
+  const std::string where_;
+  PrefixStore raw_;              // the group's keys, never cancelled
+  CancellableStore stoppable_;   // the caller's store, stopped with us
+  PrefixStore group_;            // the group's keys over stoppable_
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::transport::Context> transport_;
+  absl::Notification finished_;  // Connect has returned
+  std::atomic<bool> stopped_{false};
+  std::atomic<bool> peer_failed_{false};
+  std::atomic<int> connecting_to_{-1};
+  absl::Mutex mu_;
+  absl::Time connect_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Status stop_reason_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
@@ -282,31 +463,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
   const std::string where =
       absl::StrCat(kBackend, " group '", prefix, "' rank ", rank, "/", size,
                    ": rendezvous: ");
-  CancellableStore cancellable(store, options.cancelled);
-  PrefixStore group_store(&cancellable, absl::StrCat(prefix, "/gloo"));
-  GlooStoreAdapter adapter(&group_store, options.timeout);
-  std::shared_ptr<gloo::rendezvous::Context> context;
-  absl::Status status = CallGloo(where, [&] {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = options.hostname;
-    attr.iface = options.iface;
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(ToChrono(options.timeout));
-    context->connectFullMesh(adapter, device);
-    // A rank's connectFullMesh can return before its peers' do; without
-    // this barrier a rank that fails or aborts right after creation would
-    // break its peers' rendezvous instead of their first operation.
-    gloo::BarrierOptions barrier(context);
-    barrier.setTimeout(ToChrono(options.timeout));
-    gloo::barrier(barrier);
-  });
-  if (!status.ok()) {
-    if (!adapter.first_error().ok()) {
-      return WithContext(adapter.first_error(), where);
-    }
-    return status;
-  }
+  Rendezvous rendezvous(store, prefix, rank, size, options, where);
+  ASSIGN_OR_RETURN(std::shared_ptr<gloo::Context> context, rendezvous.Run());
   return std::unique_ptr<Communicator>(new GlooCommunicator(
       rank, size, prefix, std::move(context), options.timeout));
 }

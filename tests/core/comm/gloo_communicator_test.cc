@@ -8,12 +8,15 @@
 
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "tests/core/comm/exchange_pattern.h"
 #include "tests/core/comm/multiprocess.h"
 
@@ -308,6 +311,106 @@ TEST(GlooCommunicator, AbortMakesPeersFail) {
     return absl::StrContains(st.message(), "barrier") ? 0 : 23;
   });
   EXPECT_EQ(codes, Zeros(2));
+}
+
+// Rank 1's store: Set passes; a Get of rank 0's address key ("<prefix>/0")
+// runs `on_peer_address` instead (a rank that published its own address,
+// then failed or hung before connecting).
+class RankOneStore : public KeyValueStore {
+ public:
+  RankOneStore(KeyValueStore* base,
+               std::function<absl::StatusOr<std::string>()> on_peer_address)
+      : base_(base), on_peer_address_(std::move(on_peer_address)) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return base_->Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key,
+                                  absl::Duration timeout) override {
+    if (absl::EndsWith(key, "/gloo/0")) return on_peer_address_();
+    return base_->Get(key, timeout);
+  }
+
+ private:
+  KeyValueStore* base_;
+  std::function<absl::StatusOr<std::string>()> on_peer_address_;
+};
+
+// Runs rank 0 on 127.0.0.1 and rank 1 on 127.0.0.2 of loopback, so Gloo
+// makes rank 0 the listening side of their pair (the lower address waits for
+// the higher to connect): rank 0 waits on rank 1, which never connects.
+// Returns rank 0's result and how long it took.
+struct RankZeroOutcome {
+  absl::Status status;
+  absl::Duration took;
+};
+RankZeroOutcome RunListenerWithBrokenPeer(
+    const std::string& prefix, absl::Duration timeout,
+    std::function<absl::StatusOr<std::string>()> rank1_on_peer_address,
+    absl::Notification* rank0_done) {
+  InMemoryKeyValueStore store;
+  RankOneStore rank1_store(&store, std::move(rank1_on_peer_address));
+  std::thread rank1([&] {
+    GlooOptions options = TestOptions();
+    options.hostname = "127.0.0.2";
+    options.timeout = timeout;
+    (void)CreateGlooCommunicator(&rank1_store, prefix, 1, 2, options);
+  });
+  GlooOptions options = TestOptions();
+  options.timeout = timeout;
+  const absl::Time start = absl::Now();
+  auto comm = CreateGlooCommunicator(&store, prefix, 0, 2, options);
+  RankZeroOutcome out{comm.status(), absl::Now() - start};
+  std::fprintf(stderr, "rank 0 got (expected an error) after %s: %s\n",
+               absl::FormatDuration(out.took).c_str(),
+               out.status.ToString().c_str());
+  rank0_done->Notify();
+  rank1.join();
+  return out;
+}
+
+// A peer whose rendezvous fails after it published its address (in the
+// two-node test: it could not connect to an address that is not reachable
+// from its node) makes its peers fail at once, naming it and its error,
+// instead of leaving them waiting for a connection that will never come
+// (Gloo waits 5x the timeout for it).
+TEST(GlooCommunicator, PeerThatFailsItsRendezvousIsNamedAtOnce) {
+  absl::Notification rank0_done;
+  const absl::Duration timeout = absl::Seconds(10);
+  RankZeroOutcome out = RunListenerWithBrokenPeer(
+      "job/failing", timeout,
+      [] {
+        return absl::UnavailableError(
+            "connect [10.9.9.9]:4711: Connection refused (injected)");
+      },
+      &rank0_done);
+  ASSERT_FALSE(out.status.ok());
+  EXPECT_EQ(out.status.code(), absl::StatusCode::kUnavailable) << out.status;
+  EXPECT_TRUE(absl::StrContains(out.status.message(), "rank 1")) << out.status;
+  EXPECT_TRUE(absl::StrContains(out.status.message(), "(injected)"))
+      << out.status;
+  // Generous: it takes about one store poll; the bug waited 5x the timeout.
+  EXPECT_LT(out.took, timeout) << out.status;
+}
+
+// A peer that published its address and then hangs (never connects, never
+// reports): the rendezvous ends within its timeout, naming the peer, not
+// after Gloo's 5x connect wait.
+TEST(GlooCommunicator, PeerThatNeverConnectsTimesOutWithinTheTimeout) {
+  absl::Notification rank0_done;
+  const absl::Duration timeout = absl::Seconds(2);
+  RankZeroOutcome out = RunListenerWithBrokenPeer(
+      "job/hanging", timeout,
+      [&]() -> absl::StatusOr<std::string> {
+        rank0_done.WaitForNotification();
+        return absl::DeadlineExceededError("rank 1 hung (injected)");
+      },
+      &rank0_done);
+  ASSERT_FALSE(out.status.ok());
+  EXPECT_EQ(out.status.code(), absl::StatusCode::kDeadlineExceeded)
+      << out.status;
+  EXPECT_TRUE(absl::StrContains(out.status.message(), "rank 1")) << out.status;
+  // Generous bound that still excludes Gloo's 5x connect wait.
+  EXPECT_LT(out.took, 4 * timeout) << out.status;
 }
 
 TEST(GlooCommunicator, RejectsBadArguments) {
