@@ -284,8 +284,8 @@ class Rendezvous {
     // its peers' rendezvous instead of their first operation.
     status = CallGloo(where_, [&] {
       gloo::BarrierOptions barrier(context);
-      barrier.setTimeout(ToChrono(std::max(connect_deadline() - absl::Now(),
-                                           absl::Milliseconds(1))));
+      barrier.setTimeout(ToChrono(
+          std::max(connect_deadline() - absl::Now(), absl::Milliseconds(1))));
       gloo::barrier(barrier);
     });
     if (!status.ok()) {
@@ -323,11 +323,10 @@ class Rendezvous {
   }
 
   // The address `peer` published for this rank.
-  absl::StatusOr<std::vector<char>> AddressFrom(int peer,
-                                                absl::Time deadline) {
-    absl::StatusOr<std::string> got = group_.Get(
-        absl::StrCat(peer),
-        std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  absl::StatusOr<std::vector<char>> AddressFrom(int peer, absl::Time deadline) {
+    absl::StatusOr<std::string> got =
+        group_.Get(absl::StrCat(peer),
+                   std::max(deadline - absl::Now(), absl::ZeroDuration()));
     if (!got.ok()) return WithContext(got.status(), where_);
     const std::string& all = *got;
     const size_t each = all.size() / size_t(size_ - 1);
@@ -356,9 +355,16 @@ class Rendezvous {
       if (peer == rank_) continue;
       if (stopped_.load()) break;
       connecting_to_ = peer;
-      RETURN_IF_ERROR(CallGloo(
+      absl::Status status = CallGloo(
           absl::StrCat(where_, "connecting to rank ", peer, ": "),
-          [&] { transport_->getPair(peer)->connect(addresses[peer]); }));
+          [&] { transport_->getPair(peer)->connect(addresses[peer]); });
+      if (!status.ok() && !stopped_.load()) {
+        return absl::Status(
+            status.code(),
+            absl::StrCat(status.message(), " (the address rank ", peer,
+                         " published: is its GlooOptions.hostname, muond's "
+                         "--gloo_hostname, reachable from this host?)"));
+      }
     }
     return absl::OkStatus();
   }
@@ -370,9 +376,9 @@ class Rendezvous {
       const absl::Time deadline = connect_deadline();
       if (deadline != absl::InfiniteFuture()) {
         if (options_.cancelled && options_.cancelled()) {
-          return Stop(absl::CancelledError(absl::StrCat(
-              where_, "cancelled while connecting to rank ",
-              connecting_to_.load())));
+          return Stop(absl::CancelledError(
+              absl::StrCat(where_, "cancelled while connecting to rank ",
+                           connecting_to_.load())));
         }
         if (absl::Now() >= deadline) {
           const int peer = connecting_to_.load();
@@ -395,8 +401,8 @@ class Rendezvous {
   absl::Status PeerFailed(const std::string& why) {
     peer_failed_ = true;
     return absl::UnavailableError(absl::StrCat(
-        where_, "a peer's rendezvous failed, so this one cannot complete: ",
-        why));
+        where_,
+        "a peer's rendezvous failed, so this one cannot complete: ", why));
   }
 
   void Stop(absl::Status reason) {
@@ -425,9 +431,9 @@ class Rendezvous {
   const int size_;
   const GlooOptions& options_;
   const std::string where_;
-  PrefixStore raw_;              // the group's keys, never cancelled
-  CancellableStore stoppable_;   // the caller's store, stopped with us
-  PrefixStore group_;            // the group's keys over stoppable_
+  PrefixStore raw_;             // the group's keys, never cancelled
+  CancellableStore stoppable_;  // the caller's store, stopped with us
+  PrefixStore group_;           // the group's keys over stoppable_
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::transport::Context> transport_;
   absl::Notification finished_;  // Connect has returned

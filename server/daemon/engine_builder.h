@@ -41,10 +41,10 @@ using EngineFactory = std::function<absl::StatusOr<std::unique_ptr<StepEngine>>(
 // ownership of everything it touches (a copy of the factory, the
 // registration, the plan, its cancellation flag and its result) and never
 // points at the daemon core, so an abandoned build may run on while the
-// daemon moves on: the store's waits stop within a slice once it is
-// cancelled, but a TCP connect to a peer that gave up cannot be interrupted
-// and would otherwise hold the next registration (or a shutdown) for the
-// whole communicator timeout.
+// daemon moves on: the store's waits and Gloo's connects stop within a
+// slice once it is cancelled, but a call that cannot be stopped (a backend's
+// init with a peer that gave up) would otherwise hold the next registration
+// (or a shutdown) for the whole communicator timeout.
 //
 // Thread-safety: Build is called from one thread at a time (the daemon's
 // builder loop).
