@@ -5,11 +5,17 @@ refused before anything starts (the message names the option or variable and
 the rule). Expected values are written out by hand from the rules in
 deploy/README.md "muond launch", not computed by the code under test.
 """
+import contextlib
+import io
+import os
 import re
+import shutil
+import tempfile
 import unittest
 
 from muond import cli
-from muond._launch_env import LaunchError, expand_nodelist, resolve
+from muond import launch as L
+from muond._launch_env import LaunchError, expand_nodelist, first_host, resolve
 
 
 def options(*argv):
@@ -45,6 +51,21 @@ class NodelistTest(unittest.TestCase):
             with self.assertRaisesRegex(LaunchError, re.escape(phrase), msg=text) as cm:
                 expand_nodelist(text)
             self.assertIn("$SLURM_JOB_NODELIST", str(cm.exception))
+
+
+    def test_first_host_without_expanding(self):
+        """Only the first host is built; the total is counted, and over
+        100000 hosts refused (r[0-99999]n[0-99999] is 10^10 names)."""
+        self.assertEqual(first_host("r[5-999]n[07-99],x"), "r5n07")
+        self.assertEqual(first_host("gpu[001-004],b"), "gpu001")
+        for text in ("r[0-99999]n[0-99999]", "n[0-99999999]", "a[1-60000],b[1-60000]"):
+            with self.assertRaisesRegex(LaunchError, r"\$SLURM_JOB_NODELIST=.*more than "
+                                        r"100000 hosts") as cm:
+                plan(["--device", "cpu"], {"SLURM_JOB_NODELIST": text, "SLURM_NNODES": "2",
+                                           "SLURM_NODEID": "1", "MUOND_JOB_ID": "j",
+                                           "MUOND_TOKEN_FILE": "/t"})
+            self.assertLess(len(str(cm.exception)), 300, text)
+        self.assertEqual(len(expand_nodelist("n[1-100000]")), 100000)
 
 
 class ResolveTest(unittest.TestCase):
@@ -198,6 +219,115 @@ class ResolveTest(unittest.TestCase):
                 self.assertIn(phrase, str(cm.exception), (argv, env))
 
 
+    def test_addresses_and_ports(self):
+        """--master-addr/$MASTER_ADDR: host name, IPv4, IPv6 with or without
+        brackets (host:port brackets it once); garbage refused; metrics ports
+        overlapping the coordinator's refused naming both."""
+        for given, bare, address in [("[::1]", "::1", "[::1]:29400"),
+                                     ("fd00::5", "fd00::5", "[fd00::5]:29400"),
+                                     ("10.1.2.3", "10.1.2.3", "10.1.2.3:29400"),
+                                     ("gpu-001.cluster", "gpu-001.cluster",
+                                      "gpu-001.cluster:29400")]:
+            for argv, env in ((["--master-addr", given], {}), ([], {"MASTER_ADDR": given})):
+                p = plan(["--device", "cpu", "--coordinator-port", "29400", *argv], env)
+                self.assertEqual((p.master_addr, p.coordinator_address()), (bare, address))
+        for argv, env, phrase in [
+                (["--master-addr", "a b;c"], {}, "--master-addr 'a b;c' is not a host name"),
+                ([], {"MASTER_ADDR": "[::1"}, "$MASTER_ADDR '[::1' is not an IPv6"),
+                ([], {"MASTER_ADDR": "[zz::1]"}, "$MASTER_ADDR '[zz::1]' is not an IPv6"),
+                (["--node-addr", "x/y"], {}, "--node-addr 'x/y'"),
+                (["--metrics-address", "a b"], {}, "--metrics-address 'a b'"),
+                (["--metrics-port", "29399", "--coordinator-port", "29400"], {},
+                 "--metrics-port 29399: its ports 29399..29400"),
+                (["--metrics-port", "29400"], {"MUOND_JOB_ID": "j", "MUOND_TOKEN_FILE": "/t",
+                                               "SLURM_NNODES": "2", "SLURM_NODEID": "1"},
+                 "overlap --coordinator-port 29400"),
+                (["--nproc-per-node", "65"], {}, "--nproc-per-node 65 (--nproc-per-node): "
+                 "at most 64 daemons per node")]:
+            with self.assertRaises(LaunchError, msg=argv) as cm:
+                plan(["--device", "cpu", "--node-addr", "10.0.0.9", *argv], env)
+            self.assertIn(phrase, str(cm.exception))
+
+
+class CheckBeforeStartTest(unittest.TestCase):
+    """What main() refuses (exit 2, one line) before it starts anything."""
+
+    def main(self, *argv, env=None):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = L.main(cli.build_parser().parse_args(["launch", *argv]))
+        return code, err.getvalue()
+
+    def test_missing_command_refused_first(self):
+        # --bin-dir names nothing: the command is still what is reported.
+        for argv, phrase in [([], "no command: the command goes after --"),
+                             (["--"], "no command after --"),
+                             (["true"], "'true' without --: the command goes after --")]:
+            code, err = self.main("--bin-dir", "/nonexistent", *argv)
+            self.assertEqual(code, 2, err)
+            self.assertIn(phrase, err)
+            self.assertIn("muond launch [options] -- COMMAND ...", err)
+            self.assertEqual(err.count("\n"), 1, err)
+
+    def test_paths(self):
+        tmp = tempfile.mkdtemp(dir="/tmp")
+        self.addCleanup(shutil.rmtree, tmp)
+        bins = os.path.join(tmp, "bin")
+        os.mkdir(bins)
+        for name in ("muond", "muond-coordinator"):
+            with open(os.path.join(bins, name), "w") as f:
+                f.write("#!/bin/sh\nexit 9\n")
+            os.chmod(os.path.join(bins, name), 0o755)
+        base = ["--bin-dir", bins, "--device", "cpu"]
+        for argv, phrase in [
+                (["--log-dir", "/proc/1"], "--log-dir /proc/1: not a writable directory"),
+                (["--log-dir", os.path.join(bins, "muond", "x")], "not a writable directory"),
+                (["--log-dir", tmp, "--token-file", "/dev/null"],
+                 "--token-file /dev/null: not a regular file"),
+                (["--log-dir", tmp, "--token-file", tmp], f"--token-file {tmp}: not a regular"),
+                (["--log-dir", tmp, "--token-file", f"{tmp}/no"], "No such file")]:
+            code, err = self.main(*base, *argv, "--", "true")
+            self.assertEqual(code, 2, err)
+            self.assertIn(phrase, err)
+            self.assertNotIn("Traceback", err)
+            self.assertEqual(err.count("\n"), 1, err)
+
+
+class FindServersTest(unittest.TestCase):
+    """Without --bin-dir/$MUOND_BIN_DIR/PATH: the bazel-bin of the checkout
+    around the current directory (WORKSPACE upwards), wherever the package is
+    installed."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.tmp)
+        self.addCleanup(os.chdir, os.getcwd())
+        self.repo = os.path.join(self.tmp, "repo")
+        os.makedirs(os.path.join(self.repo, "a", "b"))
+        open(os.path.join(self.repo, "WORKSPACE"), "w").close()
+
+    def test_checkout_bazel_bin_from_a_subdirectory(self):
+        os.chdir(os.path.join(self.repo, "a", "b"))
+        with self.assertRaisesRegex(LaunchError, re.escape(
+                f"pass --bin-dir {self.repo}/bazel-bin")):
+            L.find_servers(None, {"PATH": ""})
+        want = []
+        for rel in ("server/daemon/muond", "server/coordinator/muond-coordinator"):
+            path = os.path.join(self.repo, "bazel-bin", rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+            os.chmod(path, 0o755)
+            want.append(path)
+        self.assertEqual(L.find_servers(None, {"PATH": ""}),
+                         (want[0], want[1], os.path.join(self.repo, "bazel-bin")))
+
+    def test_outside_a_checkout(self):
+        os.chdir(self.tmp)
+        with self.assertRaises(LaunchError) as cm:
+            L.find_servers(None, {"PATH": ""})
+        self.assertIn("--bin-dir (a bundle's bin/ or a bazel-bin tree)", str(cm.exception))
+
+
 class ServerCommandTest(unittest.TestCase):
     """The servers' command lines for a plan (muond/launch.py Launch.*_command),
     written out by hand: no process is started."""
@@ -215,6 +345,7 @@ class ServerCommandTest(unittest.TestCase):
                "SLURM_JOB_NODELIST": "gpu[001-002]", "MUOND_TOKEN_FILE": "/tok",
                "CUDA_VISIBLE_DEVICES": "4,6"}
         launch = self.launch(["--node-addr", "10.0.0.2", "--metrics-port", "9100",
+                              "--metrics-address", "0.0.0.0",
                               "--log-format", "json", "--tls-ca", "/ca.pem",
                               "--daemon-arg=--comm_timeout_s=120"], env)
         self.assertFalse(launch.plan.start_coordinator)
@@ -222,7 +353,7 @@ class ServerCommandTest(unittest.TestCase):
             "/b/muond", "--job_id=slurm-77", "--rank=3", "--world_size=4",
             "--coordinator=gpu001:29400", "--listen=unix:///tmp/s/muond-slurm-77-3.sock",
             "--device=1", "--gloo_hostname=10.0.0.2", "--token_file=/tok", "--log_format=json",
-            "--metrics_port=9102", "--coordinator_tls_ca=/ca.pem", "--comm_timeout_s=120"])
+            "--metrics_port=9102", "--metrics_address=0.0.0.0", "--coordinator_tls_ca=/ca.pem", "--comm_timeout_s=120"])
 
     def test_single_node_coordinator_and_host_daemon(self):
         launch = self.launch(["--device", "cpu", "--coordinator-arg=--max_jobs=2"], {})

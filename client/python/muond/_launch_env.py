@@ -21,8 +21,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 DEFAULT_COORDINATOR_PORT = 29400
-# Daemons (one process each) on one node: far more than the cores is a typo.
-MAX_LOCAL_RANKS = 256
+# Daemons on one node. A fixed bound, not one from os.cpu_count(): every
+# node's launcher (and a login node's dry run) must agree. 64 is 8x the GPUs
+# of the largest nodes; each daemon is a process with its own threads, Gloo
+# pairs to every peer and a health-checked start, so hundreds on one node
+# only swamp it (deploy/local/launch.py has the same bound).
+MAX_LOCAL_RANKS = 64
+# Hosts in $SLURM_JOB_NODELIST: more than any Slurm cluster has; only the
+# first host is ever built (the bound stops r[0-99999]n[0-99999] early).
+MAX_NODELIST_HOSTS = 100000
 # sun_path of a Unix socket holds 107 bytes and a NUL.
 MAX_SOCKET_PATH = 107
 _JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -69,20 +76,50 @@ def slurm_tasks_per_node(text: str) -> int:
     return counts.pop()
 
 
+def _parse_nodelist(text: str, source: str) -> list:
+    """Items of a compressed host list as [literal, ranges, literal, ...]
+    segments (ranges: [(lo, hi)] digit strings), checked and counted without
+    expanding: LaunchError when malformed or over MAX_NODELIST_HOSTS."""
+    items, total = [], 0
+    for item in _split_top_level(text, source):
+        segments, pos, count = [], 0, 1
+        for m in re.finditer(r"\[([^\[\]]*)\]", item):
+            ranges = _parse_ranges(m.group(1), source)
+            segments += [item[pos:m.start()], ranges]
+            count *= sum(int(hi) - int(lo) + 1 for lo, hi in ranges)
+            pos = m.end()
+            if count > MAX_NODELIST_HOSTS:
+                break
+        segments.append(item[pos:])
+        total += count
+        if total > MAX_NODELIST_HOSTS:
+            raise LaunchError(f"{source}={text[:80]!r}{'...' if len(text) > 80 else ''} "
+                              f"names more than {MAX_NODELIST_HOSTS} hosts (bracket groups "
+                              "multiply); a job's node list is at most that")
+        items.append(segments)
+    return items
+
+
+def first_host(text: str, source: str = "$SLURM_JOB_NODELIST") -> str:
+    """The first host of Slurm's compressed host list, built alone (the list
+    is checked and counted, never expanded)."""
+    segments = _parse_nodelist(text, source)[0]
+    return "".join(s if isinstance(s, str) else s[0][0] for s in segments)
+
+
 def expand_nodelist(text: str, source: str = "$SLURM_JOB_NODELIST") -> list[str]:
     """Slurm's compressed host list expanded, in order: ``gpu[001-003,7],b1``
     -> gpu001 gpu002 gpu003 gpu7 b1 (a range keeps its start's zero padding;
     several bracket groups in one name multiply: ``r[1-2]n[1-2]`` -> r1n1
-    r1n2 r2n1 r2n2)."""
+    r1n2 r2n1 r2n2). At most MAX_NODELIST_HOSTS hosts."""
     hosts: list[str] = []
-    for item in _split_top_level(text, source):
+    for segments in _parse_nodelist(text, source):
         names = [""]
-        pos = 0
-        for m in re.finditer(r"\[([^\[\]]*)\]", item):
-            prefix = item[pos:m.start()]
-            names = [n + prefix + v for n in names for v in _expand_ranges(m.group(1), source)]
-            pos = m.end()
-        hosts.extend(n + item[pos:] for n in names)
+        for s in segments:
+            values = [s] if isinstance(s, str) else [
+                str(i).zfill(len(lo)) for lo, hi in s for i in range(int(lo), int(hi) + 1)]
+            names = [n + v for n in names for v in values]
+        hosts.extend(names)
     return hosts
 
 
@@ -109,19 +146,17 @@ def _split_top_level(text: str, source: str) -> list[str]:
     return [item.strip() for item in items]
 
 
-def _expand_ranges(spec: str, source: str) -> list[str]:
-    """"001-003,7" -> 001 002 003 7."""
+def _parse_ranges(spec: str, source: str) -> list:
+    """"001-003,7" -> [("001", "003"), ("7", "7")]."""
     out = []
     for part in spec.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
         if not m:
-            raise LaunchError(f"{source}: [{spec}]: {part!r} is not N or N-M")
+            raise LaunchError(f"{source}: [{spec[:40]}]: {part[:40]!r} is not N or N-M")
         lo, hi = m.group(1), m.group(2) or m.group(1)
         if int(hi) < int(lo):
-            raise LaunchError(f"{source}: [{spec}]: range {part!r} runs backwards")
-        if int(hi) - int(lo) > 100000:
-            raise LaunchError(f"{source}: [{spec}]: range {part!r} is implausibly long")
-        out.extend(str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1))
+            raise LaunchError(f"{source}: [{spec[:40]}]: range {part!r} runs backwards")
+        out.append((lo, hi))
     return out
 
 
@@ -163,6 +198,25 @@ def is_ip(addr: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})"
+                        r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?")
+
+
+def check_host(text: str, source: str) -> str:
+    """A host name, an IPv4 or an IPv6 address (with or without brackets),
+    returned without brackets (host_port adds them)."""
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if bare != text or ":" in bare:
+        try:
+            return str(ipaddress.IPv6Address(bare))
+        except ValueError:
+            raise LaunchError(f"{source} {text!r} is not an IPv6 address") from None
+    if is_ip(bare) or _HOST_NAME.fullmatch(bare):
+        return bare
+    raise LaunchError(f"{source} {text!r} is not a host name, an IPv4 address or an IPv6 "
+                      "address ([::1] or ::1)")
 
 
 def host_port(host: str, port: int) -> str:
@@ -225,7 +279,8 @@ def resolve(opts, env: Mapping[str, str], *, count_gpus: Callable[[], int] = lam
     nnodes, node_rank, nproc, world, ranks = layout
     if nproc > MAX_LOCAL_RANKS:
         raise LaunchError(f"--nproc-per-node {nproc} ({src['nproc']}): at most "
-                          f"{MAX_LOCAL_RANKS} daemons per node")
+                          f"{MAX_LOCAL_RANKS} daemons per node (one per GPU or host-mode rank; "
+                          "more only swamp the node)")
     device_ids = _device_ids(device, ranks, gpus, gpu_source, mode)
 
     master, src["master_addr"] = _master_addr(opts, env)
@@ -241,7 +296,7 @@ def resolve(opts, env: Mapping[str, str], *, count_gpus: Callable[[], int] = lam
     # resolve to a loopback alias on its own node (Debian's 127.0.1.1), so
     # the coordinator binds every interface then.
     listen_host = master if (is_ip(master) or is_loopback(master)) else "0.0.0.0"
-    node_addr = opts.node_addr
+    node_addr = opts.node_addr and check_host(opts.node_addr, "--node-addr")
     if node_addr is None:
         node_addr = "127.0.0.1" if nnodes == 1 else resolve_host()
         if nnodes > 1 and is_loopback(node_addr):
@@ -282,6 +337,12 @@ def resolve(opts, env: Mapping[str, str], *, count_gpus: Callable[[], int] = lam
             raise LaunchError(f"--metrics-port {opts.metrics_port}: the coordinator takes P "
                               f"and local rank k's daemon P+1+k, so 1 <= P and P+{nproc} <= "
                               "65535")
+        if port and opts.metrics_port <= port <= top:
+            raise LaunchError(f"--metrics-port {opts.metrics_port}: its ports "
+                              f"{opts.metrics_port}..{top} (coordinator P, daemons P+1+k) "
+                              f"overlap --coordinator-port {port}; pick ranges apart")
+    if getattr(opts, "metrics_address", None) is not None:
+        check_host(opts.metrics_address, "--metrics-address")
     return Plan(mode=mode, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
                 world_size=world, ranks=tuple(ranks), gpus=tuple(device_ids), device=device,
                 master_addr=master, coordinator_port=port, start_coordinator=start_coordinator,
@@ -414,12 +475,13 @@ def _device_ids(device, ranks, gpus, gpu_source, mode):
 
 def _master_addr(opts, env) -> tuple[str, str]:
     if opts.master_addr:
-        return opts.master_addr, "--master-addr"
+        return check_host(opts.master_addr, "--master-addr"), "--master-addr"
     if env.get("MASTER_ADDR"):
-        return env["MASTER_ADDR"], "$MASTER_ADDR"
+        return check_host(env["MASTER_ADDR"], "$MASTER_ADDR"), "$MASTER_ADDR"
     for key in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         if env.get(key):
-            return expand_nodelist(env[key], f"${key}")[0], f"first host of ${key}"
+            source = f"first host of ${key}"
+            return check_host(first_host(env[key], f"${key}"), source), source
     return "127.0.0.1", "default"
 
 

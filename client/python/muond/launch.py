@@ -25,6 +25,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -33,9 +34,6 @@ import uuid
 
 from muond._launch_env import MAX_SOCKET_PATH, LaunchError, Plan, resolve
 
-# Where the repository's servers are when this package runs from a checkout.
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -136,6 +134,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    "--log_format (default: theirs, text)")
     g.add_argument("--metrics-port", metavar="P", type=_port, help="Prometheus endpoints: the "
                    "coordinator on P, local rank k's daemon on P+1+k (default off)")
+    g.add_argument("--metrics-address", metavar="ADDR", help="the servers' "
+                   "--metrics_address: where the endpoints listen (default theirs, 127.0.0.1; "
+                   "0.0.0.0 or this node's address for a scraper on another host)")
     g.add_argument("--daemon-arg", action="append", default=[], type=_server_flag,
                    metavar="--FLAG=VALUE", help="pass to every daemon (repeatable)")
     g.add_argument("--coordinator-arg", action="append", default=[], type=_server_flag,
@@ -198,14 +199,30 @@ def find_servers(bin_dir: str | None, env) -> tuple[str, str, str]:
             raise LaunchError(f"PATH: {on_path} has no executable muond beside it; pass "
                               "--bin-dir")
         return daemon, on_path, "PATH"
-    bazel_bin = os.path.join(_REPO, "bazel-bin")
-    coord, daemon = (os.path.join(bazel_bin, rel) for rel in (coord_rel, daemon_rel))
-    if os.access(coord, os.X_OK) and os.access(daemon, os.X_OK):
-        return daemon, coord, bazel_bin
-    raise LaunchError("no muond-coordinator found: pass --bin-dir (a bundle's bin/ or a "
-                      "bazel-bin tree) or set $MUOND_BIN_DIR, put muond-coordinator and muond "
-                      "on PATH, or build them (bazel build //server/daemon:muond "
-                      "//server/coordinator:muond-coordinator)")
+    repo = checkout_root(os.getcwd())
+    if repo:
+        bazel_bin = os.path.join(repo, "bazel-bin")
+        coord, daemon = (os.path.join(bazel_bin, rel) for rel in (coord_rel, daemon_rel))
+        if os.access(coord, os.X_OK) and os.access(daemon, os.X_OK):
+            return daemon, coord, bazel_bin
+    where = f"--bin-dir {repo}/bazel-bin" if repo else "--bin-dir (a bundle's bin/ or a bazel-bin tree)"
+    raise LaunchError(f"no muond-coordinator found: pass {where} or set $MUOND_BIN_DIR, put "
+                      "muond-coordinator and muond on PATH, or build them (bazel build "
+                      "//server/daemon:muond //server/coordinator:muond-coordinator)")
+
+
+def checkout_root(start: str) -> str | None:
+    """The nearest directory at or above `start` holding WORKSPACE: the
+    checkout whose bazel-bin holds the servers (the package itself may be
+    installed anywhere, a venv's site-packages included)."""
+    here = os.path.abspath(start)
+    while True:
+        if os.path.isfile(os.path.join(here, "WORKSPACE")):
+            return here
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
 
 
 def find_muonctl(coordinator_bin: str) -> str:
@@ -319,6 +336,7 @@ class Launch:
         self.token_file = plan.token_file
         self.coordinator = plan.coordinator_address()
         self.preexec = _parent_death_signal()
+        self.deadline = float("inf")  # run() sets it
 
     # Signals only set a flag: every wait below polls it, so a signal never
     # cuts a Popen or the teardown in half.
@@ -338,10 +356,7 @@ class Launch:
 
     def run(self) -> int:
         plan = self.plan
-        try:
-            os.makedirs(self.log_dir, exist_ok=True)
-        except OSError as e:
-            raise LaunchError(f"--log-dir {self.log_dir}: cannot create it ({e.strerror})") from None
+        self.deadline = time.monotonic() + self.args.health_timeout  # the whole start-up
         self.sockdir = tempfile.mkdtemp(prefix=f"muond-{plan.job_id}-", dir="/tmp")  # 0700
         longest = self.socket_path(max(r for r, _ in plan.ranks))
         if len(longest) > MAX_SOCKET_PATH:
@@ -349,8 +364,6 @@ class Launch:
                               f"{longest} exceeds {MAX_SOCKET_PATH} bytes")
         if self.token_file is None:
             self.token_file = write_token_file(self.sockdir)
-        elif not os.path.isfile(self.token_file):
-            raise LaunchError(f"{plan.sources['token_file']} {self.token_file}: no such file")
         if plan.start_coordinator:
             self.start_coordinator()
         for (rank, local), gpu in zip(plan.ranks, plan.gpus):
@@ -370,9 +383,17 @@ class Launch:
     def socket_path(self, rank: int) -> str:
         return f"{self.sockdir}/muond-{self.plan.job_id}-{rank}.sock"
 
+    def check_deadline(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise ServerDied(f"the servers did not start and answer within "
+                             f"{self.args.health_timeout:g} s (--health-timeout bounds the "
+                             f"whole start-up); {len(self.servers)} of "
+                             f"{len(self.plan.ranks) + self.plan.start_coordinator} started")
+
     def start(self, name: str, rank: int | None, cmd: list, health_address: str,
               ca_file: str | None = None) -> None:
         self.check()
+        self.check_deadline()
         log = os.path.join(self.log_dir, f"{name}.log")
         with open(log, "w") as f:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
@@ -388,6 +409,8 @@ class Launch:
             flags.append(f"--log_format={a.log_format}")
         if metrics_port is not None:
             flags.append(f"--metrics_port={metrics_port}")
+            if a.metrics_address:
+                flags.append(f"--metrics_address={a.metrics_address}")
         return flags
 
     def coordinator_command(self, port_file: str | None) -> list:
@@ -408,10 +431,9 @@ class Launch:
         self.start("coordinator", None, self.coordinator_command(port_file), self.coordinator,
                    a.tls_ca if a.tls_cert else None)
         if port_file:
-            deadline = time.monotonic() + a.health_timeout
             while not (os.path.exists(port_file) and open(port_file).read().strip()):
                 self.check()
-                if time.monotonic() > deadline:
+                if time.monotonic() > self.deadline:
                     raise ServerDied(f"the coordinator did not report its port in "
                                      f"{a.health_timeout:g} s (--health-timeout); last lines "
                                      f"of {self.servers[0].log}:\n{tail(self.servers[0].log)}")
@@ -439,7 +461,7 @@ class Launch:
                    f"unix://{self.socket_path(rank)}")
 
     def wait_answering(self) -> None:
-        deadline = time.monotonic() + self.args.health_timeout
+        deadline = self.deadline
         pending = list(self.servers)
         while pending:
             self.check()
@@ -561,20 +583,53 @@ def _log(message: str) -> None:
     print(f"muond launch: {message}", file=sys.stderr, flush=True)
 
 
-def main(args) -> int:
-    command = list(args.user_command)
-    if command[:1] == ["--"]:
-        command = command[1:]
-    args.user_command = command
+USAGE = "muond launch [options] -- COMMAND ..."
+
+
+def user_command(remainder: list) -> list:
+    """The command after `--` (argparse's REMAINDER keeps the `--`); refused
+    first, before anything is looked up: a launch without one would start
+    servers for nothing."""
+    if remainder[:1] != ["--"]:
+        got = f"{remainder[0]!r} without --" if remainder else "no command"
+        raise LaunchError(f"{got}: the command goes after -- ({USAGE})")
+    if len(remainder) == 1:
+        raise LaunchError(f"no command after -- ({USAGE}, e.g. muond launch -- torchrun ... "
+                          "train.py)")
+    return remainder[1:]
+
+
+def check_paths(args, plan: Plan) -> None:
+    """--log-dir creatable and writable, the token file a regular file:
+    checked before anything starts."""
+    log_dir = args.log_dir or os.path.join(os.getcwd(), "muond-logs", plan.job_id)
+    what = "--log-dir" if args.log_dir else "the default log dir (--log-dir)"
     try:
+        os.makedirs(log_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=log_dir):
+            pass
+    except OSError as e:
+        raise LaunchError(f"{what} {log_dir}: not a writable directory ({e.strerror})") from None
+    if plan.token_file is not None:
+        where = plan.sources["token_file"]
+        try:
+            st = os.stat(plan.token_file)
+        except OSError as e:
+            raise LaunchError(f"{where} {plan.token_file}: {e.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise LaunchError(f"{where} {plan.token_file}: not a regular file (the job's "
+                              "token: a file holding one line)")
+
+
+def main(args) -> int:
+    try:
+        args.user_command = user_command(list(args.user_command))
         plan = resolve(args, os.environ, count_gpus=count_gpus, resolve_host=host_address,
                        new_job_id=new_job_id)
         daemon_bin, coordinator_bin, _ = find_servers(args.bin_dir, os.environ)
+        check_paths(args, plan)
     except LaunchError as e:
         _log(f"error: {e}")
-        return 2
-    if not command:
-        _log("error: no command after -- (e.g. muond launch -- torchrun ... train.py)")
         return 2
     launch = Launch(plan, args, daemon_bin, coordinator_bin)
     for signum in _STOP_SIGNALS:
