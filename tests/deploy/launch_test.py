@@ -12,8 +12,11 @@
   and the signal, and stops the trainers;
 * the command failing: its exit status is returned, the servers stopped;
 * SIGTERM to the launcher: forwarded to the command, exit 128+15;
-* SIGKILL to the launcher: its servers and command still end (parent-death
-  signal);
+* SIGKILL to the launcher while the command ignores SIGTERM: its reaper
+  stops the command's process group and the servers and removes the socket
+  dir;
+* node 0 of 2 with node 1 never started: --join-timeout fails naming rank 1
+  on node rank 1;
 * a TLS coordinator: the daemons join verified by --tls-ca; a CA that did
   not sign its certificate fails the launcher's health check;
 * --metrics-port P / --log-format json reach the servers: /metrics on P
@@ -147,6 +150,13 @@ def job_processes(job):
     return [pid for pid in pids if pid != os.getpid() and job in "\0".join(cmdline(pid))]
 
 
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 class LaunchTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="mlt-", dir="/tmp")
@@ -252,28 +262,56 @@ class LaunchTest(unittest.TestCase):
         self.assertNotIn("FAILED", err)
 
     def test_launcher_killed_takes_its_servers(self):
-        """SIGKILL to the launcher (no teardown runs): its servers and command
-        get SIGTERM from the parent-death signal and exit."""
+        """SIGKILL to the launcher (no teardown runs) while the command ignores
+        SIGTERM and runs children of its own: the reaper the launcher forked
+        at start stops the command's whole process group (SIGKILL after the
+        stop grace), the servers, and removes the socket dir and its token."""
+        up = os.path.join(self.tmp, "up")
         proc = subprocess.Popen(launch_argv(
             "--device", "cpu", "--nproc-per-node", "2", "--job-id", self.job, "--log-dir",
-            self.logs, "--", "sh", "-c", f"touch {self.tmp}/up; exec sleep 600"),
+            self.logs, "--stop-grace", "1", "--", "bash", "-c",
+            f'trap "" TERM; echo $$ > {up}.tmp; mv {up}.tmp {up}; while :; do sleep 1; done'),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
-        # No teardown runs: this test removes what only the teardown would.
-        self.addCleanup(lambda: [shutil.rmtree(p) for p in glob.glob(f"/tmp/muond-{self.job}-*")])
-        while not os.path.exists(os.path.join(self.tmp, "up")):
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        while not os.path.exists(up):
             self.assertIsNone(proc.poll())
             time.sleep(0.1)
+        with open(up) as f:
+            pgid = os.getpgid(int(f.read()))
         # The coordinator (its --token_file names the job's socket dir), 2 daemons.
-        servers = [p for p in job_processes(self.job) if p != proc.pid]
+        servers = [p for p in job_processes(self.job) if "muond.cli" not in cmdline(p)]
         self.assertEqual(len(servers), 3, [cmdline(p) for p in servers])
+        self.assertEqual(len(glob.glob(f"/tmp/muond-{self.job}-*/token")), 1)
         proc.kill()
         proc.wait()
-        for _ in range(600):  # until they are gone (bounded: the test must end)
-            if not job_processes(self.job) and not job_processes(f"{self.tmp}/up"):
+
+        def group():
+            return [pid for pid in map(int, (p.split("/")[2] for p in glob.glob("/proc/[0-9]*")))
+                    if _pgid(pid) == pgid]
+        for _ in range(600):  # until all is gone (bounded: the test must end)
+            if not (job_processes(self.job) or group() or glob.glob(f"/tmp/muond-{self.job}-*")):
                 break
             time.sleep(0.1)
-        self.assertEqual(job_processes(self.job), [])
-        self.assertEqual(job_processes(f"{self.tmp}/up"), [])
+        self.assertEqual(group(), [])
+        self.assertEqual(job_processes(self.job), [])  # servers and the reaper
+        self.assertEqual(glob.glob(f"/tmp/muond-{self.job}-*"), [])
+
+    def test_join_timeout_names_the_missing_node(self):
+        """Node 0 of 2 (loopback) while node 1's launcher never starts: with
+        --join-timeout 2 the launcher stops the command and fails naming rank
+        1 on node rank 1."""
+        token = os.path.join(self.tmp, "token")
+        with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write("join-timeout-test-token\n")
+        proc = self.run_launch(launch_argv(
+            "--device", "cpu", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+            "--job-id", self.job, "--token-file", token, "--master-addr", "127.0.0.1",
+            "--node-addr", "127.0.0.1", "--coordinator-port", str(free_port()),
+            "--log-dir", self.logs, "--join-timeout", "2", "--stop-grace", "2", "--",
+            "sleep", "600"), timeout=120)
+        self.assertEqual(proc.returncode, 1, proc.stdout[-2000:] + proc.stderr[-2000:])
+        self.assertIn(f"job {self.job}: 1 of 2 daemons did not join the coordinator within "
+                      "2 s (--join-timeout): rank 1 on node rank 1", proc.stderr)
 
     def test_command_failure_status_is_returned(self):
         # The command checks its daemon's socket while it runs, then fails.

@@ -84,6 +84,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0 (seconds; 0 = off)")
+    return value
+
+
 def _server_flag(text: str) -> str:
     if not text.startswith("--"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a server flag (--name=value)")
@@ -143,6 +153,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    metavar="--FLAG=VALUE", help="pass to the coordinator (repeatable)")
     g.add_argument("--health-timeout", metavar="S", type=_seconds, default=60.0,
                    help="seconds to wait for the servers to answer (default 60)")
+    g.add_argument("--join-timeout", metavar="S", type=_non_negative_seconds, default=300.0,
+                   help="on the coordinator's node: seconds after its own daemons answer "
+                   "within which every rank of the job must have joined, else stop the "
+                   "command and fail naming the missing ranks and nodes (default 300; 0 = off)")
     g.add_argument("--stop-grace", metavar="S", type=_seconds, default=10.0,
                    help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="command",
@@ -323,10 +337,85 @@ class Server:
                 f"last lines of {self.log}:\n{tail(self.log)}")
 
 
+# -- the reaper ----------------------------------------------------------------------
+class Reaper:
+    """A process forked at start that outlives a SIGKILLed launcher: the
+    launcher tells it over a pipe what it started (process groups, the
+    socket dir) and "done" when it has stopped everything itself. EOF
+    without "done" means the launcher died: the reaper SIGTERMs the
+    command's group, then the servers' (SIGKILL after the stop grace), and
+    removes the socket dir with its generated token. The parent-death signal
+    alone reaches only the direct children, and a command may ignore it."""
+
+    def __init__(self, grace: float):
+        read, self._write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the reaper
+            os.close(self._write)
+            code = 0
+            try:
+                _reap(read, grace)
+            except BaseException:  # never run the launcher's code in here
+                code = 1
+            os._exit(code)
+        os.close(read)
+
+    def tell(self, kind: str, value) -> None:
+        try:
+            os.write(self._write, f"{kind} {value}\n".encode())
+        except OSError:
+            pass  # the reaper is gone: nothing else to do
+
+    def done(self) -> None:
+        """Everything stopped: the reaper exits (and is waited for, so no
+        process of the job outlives the launcher)."""
+        self.tell("done", "")
+        os.close(self._write)
+        os.waitpid(self.pid, 0)
+
+
+def _reap(read_fd: int, grace: float) -> None:
+    for signum in (*_STOP_SIGNALS, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_IGN)  # a terminal's ^C goes to the launcher
+    os.setsid()  # nor does its hang-up reach here
+    launcher = os.getppid()
+    groups = {"command": [], "server": []}
+    sockdir, data = None, b""
+    while True:
+        chunk = os.read(read_fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+        *lines, data = data.split(b"\n")
+        for line in lines:
+            kind, _, value = line.decode().partition(" ")
+            if kind == "done":
+                return
+            if kind == "dir":
+                sockdir = value
+            elif kind in groups:
+                groups[kind].append(int(value))
+    # The launcher died without stopping what it started.
+    for kind in ("command", "server"):
+        for pgid in groups[kind]:
+            Launch._signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(
+                Launch._signal_group(g, 0) for g in groups[kind]):
+            time.sleep(0.05)
+        for pgid in groups[kind]:
+            Launch._signal_group(pgid, signal.SIGKILL)
+    if sockdir:
+        shutil.rmtree(sockdir, ignore_errors=True)
+    _log(f"the launcher (pid {launcher}) died: stopped its command and servers, removed "
+         f"{sockdir or 'nothing'}")
+
+
 # -- the launch ---------------------------------------------------------------------
 class Launch:
-    def __init__(self, plan: Plan, args, daemon_bin: str, coordinator_bin: str):
-        self.plan, self.args = plan, args
+    def __init__(self, plan: Plan, args, daemon_bin: str, coordinator_bin: str,
+                 reaper: Reaper | None = None):
+        self.plan, self.args, self.reaper = plan, args, reaper
         self.daemon_bin, self.coordinator_bin = daemon_bin, coordinator_bin
         self.servers: list[Server] = []
         self.command: subprocess.Popen | None = None
@@ -337,6 +426,9 @@ class Launch:
         self.coordinator = plan.coordinator_address()
         self.preexec = _parent_death_signal()
         self.deadline = float("inf")  # run() sets it
+        self.join_deadline: float | None = None  # watching the job's membership until
+        self.next_join_check = 0.0
+        self._token: str | None = None
 
     # Signals only set a flag: every wait below polls it, so a signal never
     # cuts a Popen or the teardown in half.
@@ -358,6 +450,7 @@ class Launch:
         plan = self.plan
         self.deadline = time.monotonic() + self.args.health_timeout  # the whole start-up
         self.sockdir = tempfile.mkdtemp(prefix=f"muond-{plan.job_id}-", dir="/tmp")  # 0700
+        self.tell("dir", self.sockdir)
         longest = self.socket_path(max(r for r, _ in plan.ranks))
         if len(longest) > MAX_SOCKET_PATH:
             raise LaunchError(f"--job-id {plan.job_id!r} is too long: the socket path "
@@ -380,6 +473,10 @@ class Launch:
               f"--job_id {plan.job_id} --token-file {self.token_file}", flush=True)
         return self.run_command()
 
+    def tell(self, kind: str, value) -> None:
+        if self.reaper:
+            self.reaper.tell(kind, value)
+
     def socket_path(self, rank: int) -> str:
         return f"{self.sockdir}/muond-{self.plan.job_id}-{rank}.sock"
 
@@ -399,6 +496,7 @@ class Launch:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=self.preexec)
+        self.tell("server", proc.pid)  # its own session: pgid == pid
         self.servers.append(Server(name if rank is None else f"daemon rank {rank}", rank, proc,
                                    log, health_address, ca_file))
 
@@ -476,6 +574,65 @@ class Launch:
                                  f"lines of {s.log}:\n{tail(s.log)}")
             time.sleep(0.1)
 
+    def watches_joins(self) -> bool:
+        """The coordinator's launcher watches the job's membership when other
+        launchers start some of its daemons."""
+        return (self.plan.start_coordinator and self.args.join_timeout > 0
+                and len(self.plan.ranks) < self.plan.world_size)
+
+    def joined_ranks(self) -> tuple[set, str]:
+        """(ranks the coordinator lists for the job, error text or "")."""
+        import grpc
+        from muond.client import TOKEN_METADATA_KEY, read_token_file
+        from muond.v1 import muond_pb2 as pb
+        if self._token is None:
+            try:
+                self._token = read_token_file(self.token_file)
+            except (OSError, ValueError) as e:
+                return set(), str(e)
+        ca = self.args.tls_ca if self.args.tls_cert else None
+        if ca:
+            with open(ca, "rb") as f:
+                channel = grpc.secure_channel(self.coordinator,
+                                              grpc.ssl_channel_credentials(f.read()))
+        else:
+            channel = grpc.insecure_channel(self.coordinator)
+        with channel:
+            call = channel.unary_unary("/muond.v1.Coordinator/ListDaemons",
+                                       request_serializer=pb.ListDaemonsRequest.SerializeToString,
+                                       response_deserializer=pb.ListDaemonsResponse.FromString)
+            try:
+                response = call(pb.ListDaemonsRequest(job_id=self.plan.job_id), timeout=5,
+                                metadata=[(TOKEN_METADATA_KEY, self._token)])
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    return set(), ""  # no daemon of the job joined yet
+                return set(), f"ListDaemons: {e.code().name}: {e.details()}"
+        return {d.rank for d in response.daemons}, ""
+
+    def check_joins(self) -> None:
+        """Called while the command runs: once every rank joined, stop
+        watching; past --join-timeout, ServerDied naming who is missing."""
+        if self.join_deadline is None or time.monotonic() < self.next_join_check:
+            return
+        self.next_join_check = time.monotonic() + 1.0
+        joined, error = self.joined_ranks()
+        missing = sorted(set(range(self.plan.world_size)) - joined)
+        if not missing:
+            self.join_deadline = None
+            return
+        if time.monotonic() > self.join_deadline:
+            nproc = self.plan.nproc_per_node
+            nodes = sorted({r // nproc for r in missing})
+            shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+            raise ServerDied(
+                f"job {self.plan.job_id}: {len(missing)} of {self.plan.world_size} daemons "
+                f"did not join the coordinator within {self.args.join_timeout:g} s "
+                f"(--join-timeout): rank{'s' if len(missing) > 1 else ''} {shown} on node "
+                f"rank{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes[:16]))} "
+                f"(rank // --nproc-per-node {nproc}); check those nodes' launchers and "
+                f"logs (same --job-id, token, --master-addr){'; ' + error if error else ''}")
+
     def command_env(self) -> dict:
         plan = self.plan
         return dict(os.environ, MUOND_JOB_ID=plan.job_id, MUOND_TOKEN_FILE=self.token_file,
@@ -492,8 +649,12 @@ class Launch:
                                             start_new_session=True, preexec_fn=self.preexec)
         except OSError as e:
             raise LaunchError(f"command {command[0]!r}: {e.strerror}") from None
+        self.tell("command", self.command.pid)
+        if self.watches_joins():
+            self.join_deadline = time.monotonic() + self.args.join_timeout
         while self.command.poll() is None:
             self.check()  # a server died: ServerDied, main() stops the command
+            self.check_joins()
             time.sleep(0.2)
         code = self.command.returncode
         code = 128 - code if code < 0 else code
@@ -631,9 +792,18 @@ def main(args) -> int:
     except LaunchError as e:
         _log(f"error: {e}")
         return 2
-    launch = Launch(plan, args, daemon_bin, coordinator_bin)
+    sys.stdout.flush()
+    sys.stderr.flush()  # a fork must not print the launcher's buffers twice
+    reaper = Reaper(args.stop_grace)
+    launch = Launch(plan, args, daemon_bin, coordinator_bin, reaper)
     for signum in _STOP_SIGNALS:
         signal.signal(signum, launch.on_signal)
+    code = _run(launch)
+    reaper.done()  # only once launch.stop() returned; else its EOF stops everything
+    return code
+
+
+def _run(launch: Launch) -> int:
     try:
         code = launch.run()
         launch.stop()
