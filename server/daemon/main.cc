@@ -68,7 +68,9 @@ ABSL_FLAG(bool, allow_foreign_shm, false,
           "daemon cannot be made to write another user's memory)");
 ABSL_FLAG(int, log_every, 100, "Log a one-line step summary every N steps");
 ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
-          "Address Gloo listens on in host mode");
+          "Address this daemon's Gloo listens on and advertises to its peers: "
+          "host-mode collectives and, in GPU mode too, the job's commit vote; "
+          "must be reachable from every other node");
 ABSL_FLAG(int, comm_timeout_s, 60,
           "Timeout of communicator rendezvous and collectives, seconds");
 ABSL_FLAG(int, coordinator_timeout_s, 60,
