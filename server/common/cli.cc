@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "server/common/job_id.h"
 
 namespace muond {
 namespace {
@@ -87,7 +88,11 @@ absl::Status CheckDaemonIdentityFlags(const std::string& job_id,
                                       const std::string& coordinator, int rank,
                                       int world_size) {
   std::vector<std::string> problems;
-  if (job_id.empty()) problems.push_back("--job_id is required");
+  if (job_id.empty()) {
+    problems.push_back("--job_id is required");
+  } else if (absl::Status id = CheckJobId("--job_id", job_id); !id.ok()) {
+    problems.push_back(std::string(id.message()));
+  }
   if (coordinator.empty()) {
     problems.push_back(
         "--coordinator is required (HOST:PORT of muond-coordinator)");

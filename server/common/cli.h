@@ -28,7 +28,8 @@ void PrintServerHelp(std::ostream& out, absl::string_view usage,
                      const std::vector<std::string>& flag_sources);
 
 // muond's identity flags. InvalidArgument naming each missing flag or broken
-// rule ("--rank=5 must be in [0, --world_size=2)"), joined by "; ".
+// rule ("--rank=5 must be in [0, --world_size=2)", --job_id against
+// CheckJobId), joined by "; ".
 // `rank`/`world_size` of -1 mean "not given".
 absl::Status CheckDaemonIdentityFlags(const std::string& job_id,
                                       const std::string& coordinator, int rank,

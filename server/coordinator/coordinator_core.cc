@@ -7,6 +7,8 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/error_reason.h"
@@ -16,6 +18,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/text_format.h"
 #include "server/common/checked_math.h"
+#include "server/common/job_id.h"
 #include "server/common/ns_load.h"
 #include "server/common/proto_convert.h"
 
@@ -208,6 +211,22 @@ absl::Status CheckWireShape(const std::string& where, const char* field,
   return absl::OkStatus();
 }
 
+// A Join's host, device or address: kept per rank, logged and listed by
+// ListDaemons, so bounded and printable (a host name is at most 253
+// characters; a unix socket path at most 107 bytes).
+absl::Status CheckJoinText(absl::string_view field, absl::string_view value) {
+  constexpr size_t kMaxJoinTextBytes = 255;
+  const bool printable = std::all_of(value.begin(), value.end(), [](char c) {
+    return absl::ascii_isprint(static_cast<unsigned char>(c));
+  });
+  if (value.size() <= kMaxJoinTextBytes && printable) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": ", value.size(), " bytes \"",
+      absl::CHexEscape(value.substr(0, 64)), value.size() > 64 ? "..." : "",
+      "\" must be at most ", kMaxJoinTextBytes,
+      " printable ASCII characters"));
+}
+
 absl::Status ValidateManifestShape(const v1::PublishManifestRequest& request) {
   std::set<std::string> groups;
   for (const v1::GroupManifest& g : request.groups()) {
@@ -376,6 +395,7 @@ std::unique_ptr<CoordinatorCore::Job> CoordinatorCore::NewJob(
 
 absl::StatusOr<CoordinatorCore::Job*> CoordinatorCore::FindJob(
     const std::string& job_id) {
+  RETURN_IF_ERROR(CheckJobId("job_id", job_id));
   const absl::Time now = options_.clock();
   ExpireIdleJobs(now);
   auto it = jobs_.find(job_id);
@@ -391,9 +411,7 @@ absl::StatusOr<CoordinatorCore::Job*> CoordinatorCore::FindJob(
 
 absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
     const v1::JoinRequest& request) {
-  if (request.job_id().empty()) {
-    return absl::InvalidArgumentError("job_id: must not be empty");
-  }
+  RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
   if (request.world_size() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("world_size: ", request.world_size(), " must be >= 1"));
@@ -403,6 +421,9 @@ absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
                                                    " is outside [0, ",
                                                    request.world_size(), ")"));
   }
+  RETURN_IF_ERROR(CheckJoinText("host", request.host()));
+  RETURN_IF_ERROR(CheckJoinText("device", request.device()));
+  RETURN_IF_ERROR(CheckJoinText("address", request.address()));
   if (!options_.token.empty() && request.token() != options_.token) {
     return absl::PermissionDeniedError(
         absl::StrCat("job '", request.job_id(), "' rank ", request.rank(),
@@ -421,6 +442,7 @@ absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
   std::unique_ptr<Job>& slot = jobs_[request.job_id()];
   if (slot == nullptr) {
     slot = NewJob(request);
+    metrics_->JobCreated(slot->id);
   } else if (slot->waiters == 0 && !AnyLive(*slot, now) &&
              (slot->world_size != request.world_size() ||
               slot->token != request.token())) {
@@ -480,6 +502,9 @@ absl::StatusOr<v1::JoinResponse> CoordinatorCore::Join(
 
 absl::Status CoordinatorCore::CheckJobToken(const std::string& job_id,
                                             const std::string& token) {
+  // First of every RPC but Join (which checks it itself): an id no daemon
+  // could have joined with is refused before it reaches a log or a lookup.
+  RETURN_IF_ERROR(CheckJobId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second->token.empty()) return absl::OkStatus();
@@ -520,6 +545,7 @@ void CoordinatorCore::Leave(const std::string& job_id, int rank) {
 }
 
 absl::Status CoordinatorCore::KvSet(const v1::KvSetRequest& request) {
+  RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));  // errors quote it
   if (request.key().empty()) {
     return absl::InvalidArgumentError("key: must not be empty");
   }

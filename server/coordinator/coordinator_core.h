@@ -121,7 +121,7 @@ class CoordinatorCore {
  public:
   explicit CoordinatorCore(CoordinatorOptions options);
 
-  // InvalidArgument: empty job id, world_size < 1, rank outside
+  // InvalidArgument: a job id CheckJobId refuses, world_size < 1, rank outside
   // [0, world_size), world_size different from the job's. PermissionDenied:
   // wrong token. AlreadyExists: the rank is live (its plan stream is open, or
   // it joined less than join_grace ago); a stale join is replaced.
@@ -132,7 +132,8 @@ class CoordinatorCore {
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
   // OK when the job has no token (its first Join carried none) or `token`
   // equals it; PermissionDenied naming the job otherwise. Unknown jobs are
-  // OK here (the RPC itself answers NotFound). Every job-scoped RPC after
+  // OK here (the RPC itself answers NotFound); a job id CheckJobId refuses
+  // is InvalidArgument. Every job-scoped RPC after
   // Join checks this, so only members of the job reach its rendezvous keys.
   absl::Status CheckJobToken(const std::string& job_id,
                              const std::string& token);

@@ -72,6 +72,12 @@ void CoordinatorMetrics::Collect() {
   }
 }
 
+void CoordinatorMetrics::JobCreated(const std::string& job) {
+  plans_built_.With({job});
+  manifests_.With({job});
+  rebalances_.With({job});
+}
+
 void CoordinatorMetrics::PlanBuilt(const std::string& job, bool rebalance) {
   plans_built_.With({job}).Increment();
   if (rebalance) rebalances_.With({job}).Increment();

@@ -36,6 +36,9 @@ class CoordinatorMetrics {
   // MetricsSnapshot); must stay callable while the registry is served.
   void CollectJobsFrom(std::function<std::vector<JobMetricsSnapshot>()> jobs);
 
+  // `job` appeared (its first Join): its counters start at 0, so a
+  // dashboard's rate()/increase() sees the first increment.
+  void JobCreated(const std::string& job);
   // A plan version was added to `job` (a new registration round's, or a
   // rebalance's when `rebalance`).
   void PlanBuilt(const std::string& job, bool rebalance);

@@ -3,6 +3,7 @@
 #include <iterator>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/common/error_reason.h"
 #include "server/common/version.h"
@@ -13,6 +14,25 @@ namespace {
 // The label values of muond_step_phase_seconds, PhaseTimings' fields.
 constexpr const char* kPhases[] = {"momentum", "a2a_fwd", "ns",   "a2a_bwd",
                                    "dp_share", "update",  "total"};
+
+// Every reason label StepDone can produce: each ErrorReason (the enum is
+// dense; ErrorReasonName answers the unspecified name past its end), each
+// non-OK canonical code (a refusal without a reason) and NONFINITE_SKIPPED.
+// Pre-created at 0 so rate() sees a series' first increment.
+std::vector<std::string> AllRefusalReasons() {
+  std::vector<std::string> reasons;
+  const absl::string_view unspecified =
+      ErrorReasonName(ErrorReason::kUnspecified);
+  for (int r = 1; ErrorReasonName(ErrorReason(r)) != unspecified; ++r) {
+    reasons.emplace_back(ErrorReasonName(ErrorReason(r)));
+  }
+  for (int code = int(absl::StatusCode::kCancelled);
+       code <= int(absl::StatusCode::kUnauthenticated); ++code) {
+    reasons.push_back(absl::StatusCodeToString(absl::StatusCode(code)));
+  }
+  reasons.push_back("NONFINITE_SKIPPED");
+  return reasons;
+}
 
 }  // namespace
 
@@ -80,6 +100,9 @@ DaemonMetrics::DaemonMetrics()
   for (const char* phase : kPhases) phase_seconds_.With({phase});
   registrations_.With({"accepted"});
   registrations_.With({"refused"});
+  for (const std::string& reason : AllRefusalReasons()) {
+    steps_refused_.With({reason});
+  }
 }
 
 std::string DaemonMetrics::RefusalReason(const absl::Status& status) {

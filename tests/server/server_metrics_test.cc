@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/error_reason.h"
@@ -21,6 +22,15 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+
+size_t CountOf(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos;
+       at = text.find(needle, at + 1)) {
+    ++n;
+  }
+  return n;
+}
 
 v1::StepResponse Applied(double total_us, double ns_us) {
   v1::StepResponse r;
@@ -45,12 +55,23 @@ TEST(DaemonMetrics, StepOutcomes) {
       WithErrorReason(absl::UnavailableError("peer"), ErrorReason::kPeerGone));
   const std::string text = m.registry().Render();
   EXPECT_THAT(text, HasSubstr("\nmuond_steps_applied_total 2\n"));
-  EXPECT_THAT(text, HasSubstr("\nmuond_steps_refused_total{reason="
-                              "\"INVALID_ARGUMENT\"} 2\n"
-                              "muond_steps_refused_total{reason="
-                              "\"NONFINITE_SKIPPED\"} 1\n"
-                              "muond_steps_refused_total{reason="
-                              "\"PEER_GONE\"} 1\n"));
+  // Every reason StepDone can produce is a series from the start: the ones
+  // counted above with their counts, every other one at 0.
+  std::vector<std::string> reasons = {"NONFINITE_SKIPPED", "PEER_GONE",
+                                      "NO_PLAN_YET", "ALREADY_REGISTERED"};
+  for (int code = 1; code <= 16; ++code) {
+    reasons.push_back(absl::StatusCodeToString(absl::StatusCode(code)));
+  }
+  for (const std::string& reason : reasons) {
+    const int count = reason == "INVALID_ARGUMENT"    ? 2
+                      : reason == "NONFINITE_SKIPPED" ? 1
+                      : reason == "PEER_GONE"         ? 1
+                                                      : 0;
+    EXPECT_THAT(text, HasSubstr(absl::StrCat(
+                          "\nmuond_steps_refused_total{reason=\"", reason,
+                          "\"} ", count, "\n")));
+  }
+  EXPECT_EQ(CountOf(text, "\nmuond_steps_refused_total{"), reasons.size());
   EXPECT_THAT(text,
               HasSubstr("\nmuond_step_phase_seconds_bucket{phase=\"total\","
                         "le=\"0.25\"} 1\n"));
@@ -169,6 +190,12 @@ TEST(CoordinatorMetrics, CountersAndJobGauges) {
   CoordinatorCore core(options);
   metrics.CollectJobsFrom([&core] { return core.MetricsSnapshot(); });
   for (int r = 0; r < 2; ++r) ASSERT_TRUE(core.Join(Join("j", r)).ok());
+  // The job's counters exist at 0 from its first Join on.
+  for (const char* counter : {"plans_built", "manifests", "rebalances"}) {
+    EXPECT_THAT(metrics.registry().Render(),
+                HasSubstr(absl::StrCat("\nmuond_coordinator_", counter,
+                                       "_total{job=\"j\"} 0\n")));
+  }
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(core.PublishManifest(Manifest("j", r)).ok());
   }
@@ -198,7 +225,9 @@ TEST(CoordinatorMetrics, CountersAndJobGauges) {
                               " 2\n"));
   EXPECT_THAT(
       text, HasSubstr("\nmuond_coordinator_plans_built_total{job=\"j\"} 1\n"));
-  EXPECT_THAT(text, Not(HasSubstr("muond_coordinator_rebalances_total{")));
+  // Created at 0 with the job, so rate() sees the first rebalance.
+  EXPECT_THAT(text,
+              HasSubstr("\nmuond_coordinator_rebalances_total{job=\"j\"} 0\n"));
 
   v1::RebalanceRequest rebalance;
   rebalance.set_job_id("j");
@@ -228,7 +257,8 @@ TEST(CoordinatorMetrics, PlanningFailuresByCode) {
   const std::string text = metrics.registry().Render();
   EXPECT_THAT(text, HasSubstr("\nmuond_coordinator_plan_build_failures_total{"
                               "reason=\"RESOURCE_EXHAUSTED\"} 1\n"));
-  EXPECT_THAT(text, Not(HasSubstr("plans_built_total{")));
+  EXPECT_THAT(text, HasSubstr("\nmuond_coordinator_plans_built_total{"
+                              "job=\"j\"} 0\n"));
   // No collector: the job gauges stay empty, the count of jobs 0.
   EXPECT_THAT(text, HasSubstr("\nmuond_coordinator_jobs 0\n"));
 }

@@ -103,9 +103,9 @@ class MetricsSystemTest(unittest.TestCase):
         return result
 
     def refused_on(self, port: int):
-        """The daemon's INVALID_ARGUMENT refusals; None while it has none."""
-        return samples(scrape(port)).get(
-            ("muond_steps_refused_total", frozenset({("reason", "INVALID_ARGUMENT")})))
+        """The daemon's INVALID_ARGUMENT refusals (0 until the first one)."""
+        return samples(scrape(port))[
+            ("muond_steps_refused_total", frozenset({("reason", "INVALID_ARGUMENT")}))]
 
     def test_metrics_match_the_run(self):
         torch.manual_seed(0)
@@ -142,10 +142,14 @@ class MetricsSystemTest(unittest.TestCase):
             with self.subTest(rank=rank):
                 self.assertEqual(value(m, "muond_build_info", version=muond.__version__), 1)
                 self.assertEqual(value(m, "muond_steps_applied_total"), STEPS)
-                self.assertEqual(
-                    {k: v for k, v in m.items() if k[0] == "muond_steps_refused_total"},
-                    {("muond_steps_refused_total",
-                      frozenset({("reason", "INVALID_ARGUMENT")})): 1})
+                refused = {dict(k[1])["reason"]: v for k, v in m.items()
+                           if k[0] == "muond_steps_refused_total"}
+                # Every reason is a series from the start (for rate()): the
+                # one refusal counted, every other reason at 0.
+                self.assertEqual(refused.pop("INVALID_ARGUMENT"), 1)
+                self.assertIn("PEER_GONE", refused)
+                self.assertIn("NONFINITE_SKIPPED", refused)
+                self.assertEqual(set(refused.values()), {0})
                 for phase in PHASES:
                     # The refused step ends before its phases: not timed.
                     self.assertEqual(
@@ -182,8 +186,9 @@ class MetricsSystemTest(unittest.TestCase):
         self.assertEqual(value(c, "muond_coordinator_plan_version", job=self.job), plan.version)
         self.assertEqual(value(c, "muond_coordinator_plans_built_total", job=self.job), 1)
         self.assertEqual(value(c, "muond_coordinator_manifests_total", job=self.job), 2)
-        self.assertFalse([k for k in c if k[0] in (
-            "muond_coordinator_rebalances_total", "muond_coordinator_plan_build_failures_total")])
+        # Created at 0 with the job (for rate()); no planning failed.
+        self.assertEqual(value(c, "muond_coordinator_rebalances_total", job=self.job), 0)
+        self.assertFalse([k for k in c if k[0] == "muond_coordinator_plan_build_failures_total"])
 
         # close() unregistered: no params, no active plan.
         for port in self.daemon_ports:

@@ -25,6 +25,7 @@
 #include "muond/v1/muond.grpc.pb.h"
 #include "proto/status_details.h"
 #include "server/common/auth.h"
+#include "server/common/job_id.h"
 #include "server/common/operator_id.h"
 #include "server/common/proto_convert.h"
 
@@ -191,6 +192,9 @@ int Parse(const std::string& sub, Kind kind,
     return usage_error("--coordinator HOST:PORT is required");
   }
   if (out->job.empty()) return usage_error("--job_id JOB is required");
+  if (absl::Status id = CheckJobId("--job_id", out->job); !id.ok()) {
+    return usage_error(std::string(id.message()));
+  }
   // Read once, here: every RPC of the command sends the same token.
   absl::StatusOr<std::string> token =
       TokenFromFlags(out->token, out->token_file);
