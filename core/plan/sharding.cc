@@ -397,7 +397,9 @@ std::vector<int64_t> TpLocalShape(const ParamShardSpec& spec,
   return shape;
 }
 
-GtpRowBlock GtpRowBlockOf(const ParamShardSpec& spec, DomainSize domain,
+// The block depends on the spec alone (its local rows or gtp_rows); the
+// domain stays in the signature so callers pass what TpLocalShape takes.
+GtpRowBlock GtpRowBlockOf(const ParamShardSpec& spec, DomainSize /*domain*/,
                           int g) {
   const int64_t local_rows = spec.local_shape[0];
   if (!spec.gtp_sharded) return {0, local_rows};

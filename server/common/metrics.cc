@@ -160,7 +160,7 @@ template class Family<Histogram>;
 Family<Counter>& MetricsRegistry::AddCounter(
     std::string name, std::string help, std::vector<std::string> label_names) {
   absl::MutexLock lock(&mu_);
-  Entry e{MetricType::kCounter};
+  Entry e{MetricType::kCounter, {}, {}, {}};
   e.counter.reset(new Family<Counter>(std::move(name), std::move(help),
                                       MetricType::kCounter,
                                       std::move(label_names), {}));
@@ -172,7 +172,7 @@ Family<Counter>& MetricsRegistry::AddCounter(
 Family<Gauge>& MetricsRegistry::AddGauge(std::string name, std::string help,
                                          std::vector<std::string> label_names) {
   absl::MutexLock lock(&mu_);
-  Entry e{MetricType::kGauge};
+  Entry e{MetricType::kGauge, {}, {}, {}};
   e.gauge.reset(new Family<Gauge>(std::move(name), std::move(help),
                                   MetricType::kGauge, std::move(label_names),
                                   {}));
@@ -185,7 +185,7 @@ Family<Histogram>& MetricsRegistry::AddHistogram(
     std::string name, std::string help, Buckets bounds,
     std::vector<std::string> label_names) {
   absl::MutexLock lock(&mu_);
-  Entry e{MetricType::kHistogram};
+  Entry e{MetricType::kHistogram, {}, {}, {}};
   e.histogram.reset(new Family<Histogram>(
       std::move(name), std::move(help), MetricType::kHistogram,
       std::move(label_names), std::move(bounds)));

@@ -121,14 +121,6 @@ int main(int argc, char** argv) {
   options.metrics = &metrics;
   muond::CoordinatorCore core(options);
   metrics.CollectJobsFrom([&core] { return core.MetricsSnapshot(); });
-  // Before listening: a metrics port that cannot be bound fails the start.
-  // Declared after `core`, so it stops serving before `core` goes away.
-  absl::StatusOr<std::unique_ptr<muond::MetricsHttpServer>> metrics_http =
-      muond::StartMetricsHttpFromFlags(&metrics.registry());
-  if (!metrics_http.ok()) {
-    LOG(ERROR) << metrics_http.status().message();
-    return absl::IsInvalidArgument(metrics_http.status()) ? 2 : 1;
-  }
   muond::CoordinatorService service(&core, options.token);
   const muond::ListenerFlags listener = {absl::GetFlag(FLAGS_listen),
                                          absl::GetFlag(FLAGS_tls_cert),
@@ -163,6 +155,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<grpc::Server> server = *std::move(listening);
+  // After listening, so a --metrics_port equal to --listen's port is
+  // reported by the metrics bind (naming --metrics_port) rather than as a
+  // busy --listen; before the port file, so a started coordinator serves
+  // both. Declared after `core`: it stops serving before `core` goes away.
+  absl::StatusOr<std::unique_ptr<muond::MetricsHttpServer>> metrics_http =
+      muond::StartMetricsHttpFromFlags(&metrics.registry());
+  if (!metrics_http.ok()) {
+    LOG(ERROR) << metrics_http.status().message();
+    server->Shutdown();
+    return absl::IsInvalidArgument(metrics_http.status()) ? 2 : 1;
+  }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   // SIGTERM/SIGINT: stop serving; main then removes the port file.
   muond::ShutdownSignalWatcher watcher([&](int signum) {

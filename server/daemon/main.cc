@@ -137,13 +137,7 @@ int main(int argc, char** argv) {
   }
   std::string listen = absl::GetFlag(FLAGS_listen);
   if (listen.empty()) {
-    if (job.find('/') != std::string::npos) {
-      LOG(ERROR) << "--job_id='" << job
-                 << "' contains '/', but it names the default socket file "
-                    "muond-<job_id>-<rank>.sock: use another job id or give "
-                    "--listen";
-      return 2;
-    }
+    // CheckDaemonIdentityFlags (CheckJobId) kept '/' out of `job`.
     absl::StatusOr<std::string> dir = muond::PrivateSocketDir();
     if (!dir.ok()) {
       LOG(ERROR) << dir.status();
@@ -183,14 +177,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // Before joining: a metrics port that cannot be bound fails the start.
   auto metrics = std::make_shared<muond::DaemonMetrics>();
-  absl::StatusOr<std::unique_ptr<muond::MetricsHttpServer>> metrics_http =
-      muond::StartMetricsHttpFromFlags(&metrics->registry());
-  if (!metrics_http.ok()) {
-    LOG(ERROR) << metrics_http.status().message();
-    return absl::IsInvalidArgument(metrics_http.status()) ? 2 : 1;
-  }
 
   muond::v1::JoinRequest join;
   join.set_job_id(job);
@@ -282,6 +269,17 @@ int main(int argc, char** argv) {
       remove_socket();
       return 1;
     }
+  }
+  // After listening, so a --metrics_port equal to --listen's port is
+  // reported by the metrics bind (naming --metrics_port) rather than as a
+  // busy --listen; before joining, so a joined daemon serves both.
+  absl::StatusOr<std::unique_ptr<muond::MetricsHttpServer>> metrics_http =
+      muond::StartMetricsHttpFromFlags(&metrics->registry());
+  if (!metrics_http.ok()) {
+    LOG(ERROR) << metrics_http.status().message();
+    server->Shutdown();
+    remove_socket();
+    return absl::IsInvalidArgument(metrics_http.status()) ? 2 : 1;
   }
   // SIGTERM/SIGINT: stop serving, remove the socket file, exit 0. While
   // still joining (main is in link.Start), exit right after the cleanup.

@@ -34,6 +34,14 @@ TEST(CheckDaemonIdentityFlags, NamesTheBrokenRule) {
   EXPECT_EQ(st.message(), "--rank=5 must be in [0, --world_size=2)");
   st = CheckDaemonIdentityFlags("", "h:1", 0, 1);
   EXPECT_EQ(st.message(), "--job_id is required");
+  st = CheckDaemonIdentityFlags(std::string(65, 'j'), "h:1", 0, 1);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()),
+              ::testing::HasSubstr("--job_id=\"" + std::string(64, 'j') +
+                                   "...\" (65 bytes) must be 1-64 characters "
+                                   "of [A-Za-z0-9._-]"));
+  EXPECT_TRUE(
+      CheckDaemonIdentityFlags(std::string(64, 'j'), "h:1", 0, 1).ok());
   st = CheckDaemonIdentityFlags("j", "", 0, 1);
   EXPECT_THAT(std::string(st.message()),
               HasSubstr("--coordinator is required"));

@@ -13,13 +13,17 @@
 #include <limits>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/job_id.h"
 #include "server/common/proto_convert.h"
+#include "server/coordinator/coordinator_metrics.h"
 
 namespace muond {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 CoordinatorOptions Options(std::string token = "") {
   CoordinatorOptions o;
@@ -122,6 +126,80 @@ TEST(CoordinatorCore, WrongJobIdAndBadJoinFields) {
   v1::PublishManifestRequest unjoined = Manifest("j", 1, kShapes);
   EXPECT_EQ(core.PublishManifest(unjoined).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// CheckJobId's rule on every RPC that names a job: refused naming job_id
+// and the rule, before any state exists (no job, no metrics series); the
+// longest valid id is accepted.
+TEST(CoordinatorCore, JobIdRuleOnEveryRpc) {
+  CoordinatorMetrics metrics;
+  CoordinatorOptions options;
+  options.metrics = &metrics;
+  CoordinatorCore core(options);
+  const std::vector<std::string> bad = {
+      "", std::string(65, 'a'), std::string("a\0b", 3), "a\nb",
+      "a b", "team/a", std::string(4 << 20, 'x')};
+  for (const std::string& id : bad) {
+    SCOPED_TRACE(absl::CHexEscape(id.substr(0, 70)));
+    const auto refused = [&](const absl::Status& st, const char* rpc) {
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << rpc;
+      EXPECT_THAT(st.message(), HasSubstr("job_id=\"")) << rpc;
+      EXPECT_THAT(st.message(),
+                  HasSubstr("must be 1-64 characters of [A-Za-z0-9._-]"))
+          << rpc;
+      EXPECT_LT(st.message().size(), 400u) << rpc;  // the id is not echoed
+    };
+    refused(core.Join(JoinReq(id, 0, 1)).status(), "Join");
+    refused(core.CheckJobToken(id, ""), "CheckJobToken");
+    v1::KvSetRequest set;
+    set.set_job_id(id);
+    set.set_key("k");
+    refused(core.KvSet(set), "KvSet");
+    v1::KvGetRequest get;
+    get.set_job_id(id);
+    get.set_key("k");
+    refused(core.KvGet(get).status(), "KvGet");
+    refused(core.PublishManifest(Manifest(id, 0, kShapes)), "PublishManifest");
+    refused(core.GetPlan(id).status(), "GetPlan");
+    v1::ReportTimingsRequest timings;
+    timings.set_job_id(id);
+    refused(core.ReportTimings(timings), "ReportTimings");
+    v1::RebalanceRequest rebalance;
+    rebalance.set_job_id(id);
+    refused(core.Rebalance(rebalance).status(), "Rebalance");
+    v1::ListDaemonsRequest list;
+    list.set_job_id(id);
+    refused(core.ListDaemons(list).status(), "ListDaemons");
+  }
+  EXPECT_TRUE(core.JobIds().empty());
+  EXPECT_THAT(metrics.registry().Render(), Not(HasSubstr("{job=")));
+
+  const std::string longest =
+      "A-z_0.9" + std::string(kMaxJobIdChars - 7, 'j');
+  ASSERT_TRUE(core.Join(JoinReq(longest, 0, 1)).ok());
+  EXPECT_EQ(core.JobIds(), std::vector<std::string>{longest});
+  v1::ListDaemonsRequest list;
+  list.set_job_id(longest);
+  EXPECT_TRUE(core.ListDaemons(list).ok());
+}
+
+// A Join's host, device and address are kept per rank and logged: bounded
+// and printable.
+TEST(CoordinatorCore, JoinTextFieldsAreBounded) {
+  CoordinatorCore core(Options(""));
+  v1::JoinRequest join = JoinReq("j", 0, 1);
+  join.set_host(std::string(256, 'h'));
+  absl::Status st = core.Join(join).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("host: 256 bytes"));
+  join = JoinReq("j", 0, 1);
+  join.set_device("cpu\n");
+  st = core.Join(join).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("device: 4 bytes \"cpu\\n\""));
+  join = JoinReq("j", 0, 1);
+  join.set_host(std::string(255, 'h'));
+  EXPECT_TRUE(core.Join(join).ok());
 }
 
 TEST(CoordinatorCore, KvGetBlocksUntilSetAndTimesOut) {

@@ -1,12 +1,15 @@
 // The real muond / muond-coordinator binaries at startup and shutdown:
 // --help exits 0 with the binary's flags, a missing --device fails before
 // joining, a live socket is not taken over, SIGTERM removes the socket.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <netinet/in.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -104,8 +107,8 @@ TEST(Startup, FlagErrorsArePrecise) {
 // Refused at startup naming the flag, before joining (the coordinator is
 // unreachable; --coordinator_timeout_s=1 ends a join attempt quickly):
 // --comm_timeout_s=0 would only fail at the first engine build, after
-// RegisterParams, leaving the trainer waiting for a plan; a '/' in --job_id
-// breaks the default socket file name.
+// RegisterParams, leaving the trainer waiting for a plan; a job id outside
+// CheckJobId's rule ('/' would break the default socket file name).
 TEST(Startup, CommTimeoutAndJobIdAreCheckedAtStartup) {
   const std::vector<std::string> base = {Runfile("server/daemon/muond"),
                                          "--host",
@@ -121,7 +124,8 @@ TEST(Startup, CommTimeoutAndJobIdAreCheckedAtStartup) {
   args = base;
   args.push_back("--job_id=team/a");
   EXPECT_EQ(RunToExit(args, &out), 2) << out;
-  EXPECT_THAT(out, HasSubstr("--job_id='team/a' contains '/'"));
+  EXPECT_THAT(out, HasSubstr("--job_id=\"team/a\" (6 bytes) must be 1-64 "
+                             "characters of [A-Za-z0-9._-]"));
   EXPECT_THAT(out, Not(HasSubstr("serving on")));
 }
 
@@ -230,6 +234,50 @@ TEST(Startup, SecondCoordinatorOnABusyPortIsRefused) {
   EXPECT_THAT(Read(log), HasSubstr("--listen"));
   kill(first, SIGTERM);
   EXPECT_EQ(ExitCode(first), 0);
+}
+
+// A TCP port nobody listens on now (bound to port 0, then released).
+int UnusedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// --metrics_port equal to --listen's port: the gRPC listener binds first,
+// so the clash is reported by the metrics bind, naming its flags, and not
+// as a busy --listen.
+TEST(Startup, MetricsPortEqualToListenPortNamesMetricsPort) {
+  const int port = UnusedPort();
+  const std::string listen = absl::StrCat("--listen=127.0.0.1:", port);
+  const std::string metrics = absl::StrCat("--metrics_port=", port);
+  // A TCP daemon requires a token.
+  const std::string token_file = TmpFile("metrics-clash.token");
+  const int fd = open(token_file.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  ASSERT_NE(fd, -1);
+  ASSERT_EQ(write(fd, "t0ken", 5), 5);
+  close(fd);
+  const std::vector<std::vector<std::string>> servers = {
+      {Runfile("server/coordinator/muond-coordinator"), listen, metrics},
+      {Runfile("server/daemon/muond"), "--host", "--job_id=j", "--rank=0",
+       "--world_size=1", "--coordinator=127.0.0.1:1",
+       "--coordinator_timeout_s=1", "--token_file=" + token_file, listen,
+       metrics}};
+  for (const std::vector<std::string>& args : servers) {
+    std::string out;
+    EXPECT_EQ(RunToExit(args, &out), 1) << out;
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("cannot serve metrics on 127.0.0.1:",
+                                            port,
+                                            " (--metrics_address/--metrics_port)")))
+        << args[0];
+    EXPECT_THAT(out, HasSubstr("is the port in use")) << args[0];
+    EXPECT_THAT(out, Not(HasSubstr("cannot listen on"))) << args[0];
+  }
 }
 
 }  // namespace
