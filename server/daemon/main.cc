@@ -29,7 +29,8 @@
 
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of muond-coordinator (required)");
-ABSL_FLAG(std::string, job_id, "", "Job id (required)");
+ABSL_FLAG(std::string, job_id, "",
+          "Job id (required; 1-64 characters of [A-Za-z0-9._-])");
 ABSL_FLAG(int, rank, -1, "Global rank of this daemon in the job (required)");
 ABSL_FLAG(int, world_size, -1, "Number of daemons in the job (required)");
 ABSL_FLAG(std::string, listen, "",
