@@ -275,7 +275,7 @@ TEST(Startup, MetricsPortEqualToListenPortNamesMetricsPort) {
                                             port,
                                             " (--metrics_address/--metrics_port)")))
         << args[0];
-    EXPECT_THAT(out, HasSubstr("is the port in use")) << args[0];
+    EXPECT_THAT(out, HasSubstr("in use")) << args[0];
     EXPECT_THAT(out, Not(HasSubstr("cannot listen on"))) << args[0];
   }
 }
