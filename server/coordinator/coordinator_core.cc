@@ -776,7 +776,7 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
     return RefuseOwnRegistration(the_job, published, registration);
   }
   RETURN_IF_ERROR(
-      LateForRefusedRound(the_job, it->second, published, registration));
+      StaleForRefusedRound(the_job, it->second, published, registration));
   absl::StatusOr<int64_t> round =
       valid.ok() ? PublishJoined(the_job, it->second, published, registration)
                  : absl::StatusOr<int64_t>(valid);
@@ -788,34 +788,26 @@ absl::StatusOr<int64_t> CoordinatorCore::PublishRegistration(
   return round;
 }
 
-absl::Status CoordinatorCore::LateForRefusedRound(
-    Job& job, const Daemon& daemon, const v1::PublishManifestRequest& published,
-    const std::string& registration) {
-  if (job.refused_round_ranks.empty()) return absl::OkStatus();
-  const int rank = published.rank();
-  if (job.refused_round_ranks.count(rank) > 0) {
-    // A rank of the refused round registers again: the retry's round.
-    job.refused_round_ranks.clear();
-    return absl::OkStatus();
-  }
-  if (daemon.has_manifest && registration == daemon.registration) {
-    v1::PublishManifestRequest manifest = published;
-    manifest.clear_known_plan_version();
-    manifest.clear_last_step_id();
-    if (manifest.SerializeAsString() == daemon.manifest.SerializeAsString()) {
-      return absl::OkStatus();  // a reconnect's re-publish
-    }
-  }
-  // Not pushed to the plan streams: the others heard this refusal already,
-  // and this rank hears it in the answer to its publish.
-  job.refused_round_ranks.insert(rank);
-  LOG(WARNING) << "job " << job.id << ": rank " << rank
-               << " published after its round was refused; refused too";
+absl::Status CoordinatorCore::StaleForRefusedRound(
+    const Job& job, const Daemon& daemon,
+    const v1::PublishManifestRequest& published,
+    const std::string& registration) const {
+  if (registration.empty()) return absl::OkStatus();  // no id: judged as usual
+  const absl::Status* refusal =
+      registration == daemon.dropped_registration ? &daemon.dropped_by
+      : registration == daemon.refused_publish    ? &daemon.refused_by
+                                                  : nullptr;
+  if (refusal == nullptr) return absl::OkStatus();
+  // Not pushed to the plan streams: nothing changes for the other ranks, and
+  // this rank hears it in the answer to its publish.
+  LOG(WARNING) << "job " << job.id << ": rank " << published.rank()
+               << " published registration " << registration
+               << " of a refused round again; refused";
   return absl::Status(
-      job.refusal_code,
-      absl::StrCat(job.refusal_reason, " (rank ", rank,
-                   " published for that refused round after the refusal; "
-                   "register again on every rank)"));
+      refusal->code(),
+      absl::StrCat(refusal->message(), " (rank ", published.rank(),
+                   " published its registration '", registration,
+                   "' of that refused round again; register again)"));
 }
 
 absl::StatusOr<int64_t> CoordinatorCore::RefuseOwnRegistration(
@@ -827,9 +819,6 @@ absl::StatusOr<int64_t> CoordinatorCore::RefuseOwnRegistration(
         "rank ", rank, ": registration_refused is set but groups has ",
         published.groups_size(), " entries (a refusal carries no manifest)"));
   }
-  // A refusing rank of the refused round starts a new round (and refuses it
-  // at once); another rank's refusal adds to the refused round's ranks.
-  if (job.refused_round_ranks.count(rank) > 0) job.refused_round_ranks.clear();
   std::string reason = published.registration_refused();
   if (reason.size() > kMaxRefusalReasonBytes) {
     reason.resize(kMaxRefusalReasonBytes);
@@ -853,18 +842,25 @@ void CoordinatorCore::RefuseRound(Job& job, int refused_rank,
   // some ranks build and others never see): the whole round goes, every rank
   // registers again.
   int dropped = 0;
-  job.refused_round_ranks.insert(refused_rank);
+  const absl::Status refusal(code, reason);
   for (auto& [rank, d] : job.daemons) {
     d.refused_registration = rank == refused_rank ? registration : "";
+    if (rank == refused_rank && !registration.empty()) {
+      d.refused_publish = registration;
+      d.refused_by = refusal;
+    }
     // Only this round's: a manifest of a completed round (a plan was made
     // from it) stays, so a raw bad PublishManifest cannot erase a running
     // job's registration (nor leave the next bad one nothing to compare with).
     if (!d.has_manifest || !d.new_round) continue;
     if (rank != refused_rank) d.refused_registration = d.registration;
+    if (!d.registration.empty()) {
+      d.dropped_registration = d.registration;
+      d.dropped_by = refusal;
+    }
     d.has_manifest = false;
     d.new_round = false;
     d.registration.clear();
-    job.refused_round_ranks.insert(rank);
     ++dropped;
   }
   ++job.refusals;

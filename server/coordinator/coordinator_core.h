@@ -174,10 +174,10 @@ class CoordinatorCore {
   // A request with `registration_refused` (and no groups) is a daemon's own
   // refusal of its trainer's registration: it refuses the job's round with
   // "rank r refused its trainer's registration: <reason>" (OK: recorded).
-  // After a refusal, a new publish of a rank that neither published in the
-  // refused round nor was refused (a late rank of the refused attempt) is
-  // refused with the same reason until a rank of the refused round publishes
-  // again (LateForRefusedRound).
+  // After a refusal, a publish of a registration the refused round refused
+  // or dropped (a reconnect's re-publish of it) is refused with that round's
+  // reason and changes nothing (StaleForRefusedRound); any other registration
+  // starts or joins the next round, whichever rank publishes first.
   absl::StatusOr<int64_t> PublishRegistration(
       const v1::PublishManifestRequest& request,
       const std::string& registration);
@@ -254,6 +254,14 @@ class CoordinatorCore {
     // The registration of this rank the job's latest refusal dropped (empty:
     // none), sent with that refusal on the rank's plan stream.
     std::string refused_registration;
+    // Stale registrations (StaleForRefusedRound): the latest of this rank a
+    // refusal dropped (the one its daemon re-publishes on a reconnect) and
+    // the latest whose own publish was refused, each with the refusal (empty
+    // id: none). Ids are never reused, so they stay until replaced.
+    std::string dropped_registration;
+    absl::Status dropped_by;
+    std::string refused_publish;
+    absl::Status refused_by;
     // The job's refusal count at the rank's Join: its plan stream sends the
     // refusals after it.
     int64_t refusals_at_join = 0;
@@ -288,11 +296,6 @@ class CoordinatorCore {
     int64_t refusals = 0;
     std::string refusal_reason;
     absl::StatusCode refusal_code = absl::StatusCode::kOk;
-    // The ranks of the latest refused round (its refusing rank, the ranks
-    // whose registrations it dropped, the late ranks refused since); empty
-    // once one of them published again (a new round). See
-    // LateForRefusedRound.
-    std::set<int> refused_round_ranks;
   };
 
   bool Live(const Daemon& daemon, absl::Time now) const;
@@ -348,16 +351,19 @@ class CoordinatorCore {
   void RefuseRound(Job& job, int refused_rank, const std::string& registration,
                    absl::StatusCode code, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The rule for publishes after a refused round: a new publish of a rank of
-  // the refused round starts a new round (forgets the refusal, OK); of
-  // another rank it belongs to the refused attempt (that rank was late: its
-  // peers already heard the refusal and will register again), so it is
-  // refused with the same reason and the rank joins the refused round's
-  // ranks. A reconnect's re-publish of the same registration is no new
-  // publish (OK).
-  absl::Status LateForRefusedRound(Job& job, const Daemon& daemon,
-                                   const v1::PublishManifestRequest& published,
-                                   const std::string& registration)
+  // The rule for publishes after a refused round: a publish of a registration
+  // the refused round refused or dropped belongs to the refused attempt (a
+  // reconnect's re-publish; its trainer heard the refusal and registers
+  // again), so it is refused with that round's reason and changes nothing.
+  // Every other publish (a new registration id, or none) is judged as usual:
+  // a new registration starts or joins the next round whichever rank
+  // publishes first. Publish order cannot tell a new registration from one
+  // made for the refused attempt (a rank whose publish arrives after the
+  // refusal may be either), so order is never the rule: refusing a rank for
+  // publishing before the refused rank left it without a plan.
+  absl::Status StaleForRefusedRound(const Job& job, const Daemon& daemon,
+                                    const v1::PublishManifestRequest& published,
+                                    const std::string& registration) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A daemon's own refusal of its trainer's registration
   // (PublishManifestRequest .registration_refused): refuses the job's round.

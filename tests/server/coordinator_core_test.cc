@@ -1173,8 +1173,8 @@ TEST(CoordinatorTrust, RetryIsNotComparedWithTheRefusedAttempt) {
 
 // A daemon's own refusal of its trainer's registration (registration_refused)
 // refuses the round: the rank that published hears it on its plan stream at
-// once, a rank publishing later is refused with it, and the retry (every rank
-// again, the late rank first) gets a plan.
+// once, a re-publish of its dropped registration is refused with it, and the
+// retry (every rank again, in any order) gets a plan.
 TEST(CoordinatorTrust, OwnRefusalRefusesTheRoundOnEveryRank) {
   CoordinatorCore core(Options());
   JoinAll(core, "j", 4);
@@ -1194,10 +1194,10 @@ TEST(CoordinatorTrust, OwnRefusalRefusesTheRoundOnEveryRank) {
             "runs past region");
   EXPECT_EQ((*pushed)->refused_registration(), "a0");
 
-  absl::StatusOr<int64_t> late =
-      core.PublishRegistration(Manifest("j", 2, kShapes), "a2");
-  EXPECT_EQ(late.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(late.status().message(),
+  absl::StatusOr<int64_t> stale =
+      core.PublishRegistration(Manifest("j", 0, kShapes), "a0");
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(stale.status().message(),
               HasSubstr("rank 1 refused its trainer's registration: param "
                         "'w' grad"));
   EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound);
@@ -1215,12 +1215,15 @@ TEST(CoordinatorTrust, OwnRefusalRefusesTheRoundOnEveryRank) {
               HasSubstr("registration_refused is set but groups has 1"));
 }
 
-// Rank 0 publishes, rank 1 is refused, ranks 2 and 3 publish later: they are
-// refused with the same reason (not left waiting), and a retry of every rank
-// gets a plan in any order.
-TEST(CoordinatorTrust, LateRankIsRefusedAndEveryRetryOrderPlans) {
+// Rank 0 publishes, rank 1 is refused: in every order of the retry's new
+// registrations the plan comes with the last, and re-publishes of the refused
+// round's registrations (rank 0's dropped one, rank 1's refused one) are
+// refused with its reason at every point, changing nothing.
+TEST(CoordinatorTrust, StaleRepublishIsRefusedAndEveryRetryOrderPlans) {
   std::vector<int> order = {0, 1, 2, 3};
   do {
+    SCOPED_TRACE(
+        absl::StrCat("order ", order[0], order[1], order[2], order[3]));
     CoordinatorCore core(Options());
     JoinAll(core, "j", 4);
     ASSERT_TRUE(core.PublishRegistration(
@@ -1229,23 +1232,89 @@ TEST(CoordinatorTrust, LateRankIsRefusedAndEveryRetryOrderPlans) {
     ASSERT_FALSE(core.PublishRegistration(
                          WithNsSteps(Manifest("j", 1, kShapes), 3), "a1")
                      .ok());
-    for (int r : {2, 3}) {
-      absl::StatusOr<int64_t> late = core.PublishRegistration(
-          WithNsSteps(Manifest("j", r, kShapes), 5), "a" + std::to_string(r));
-      ASSERT_EQ(late.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_THAT(late.status().message(),
-                  HasSubstr("registration round refused at rank 1: "));
-      EXPECT_THAT(late.status().message(), HasSubstr("num_ns_steps"));
-    }
     for (int r : order) {
+      for (int s : {0, 1}) {
+        absl::StatusOr<int64_t> stale = core.PublishRegistration(
+            WithNsSteps(Manifest("j", s, kShapes), s == 0 ? 5 : 3),
+            "a" + std::to_string(s));
+        ASSERT_EQ(stale.status().code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(stale.status().message(),
+                    HasSubstr("registration round refused at rank 1: "));
+        EXPECT_THAT(stale.status().message(), HasSubstr("num_ns_steps"));
+      }
       EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound);
       absl::StatusOr<int64_t> round = core.PublishRegistration(
           WithNsSteps(Manifest("j", r, kShapes), 5), "b" + std::to_string(r));
       ASSERT_TRUE(round.ok()) << r << ": " << round.status();
+      EXPECT_EQ(*round, 1) << r;
     }
-    ASSERT_TRUE(core.GetPlan("j").ok())
-        << order[0] << order[1] << order[2] << order[3];
+    ASSERT_TRUE(core.GetPlan("j").ok());
+    EXPECT_EQ(core.GetPlan("j")->version(), 1);
   } while (std::next_permutation(order.begin(), order.end()));
+}
+
+v1::PublishManifestRequest OwnRefusal(int rank, const std::string& reason) {
+  v1::PublishManifestRequest refusal;
+  refusal.set_job_id("j");
+  refusal.set_rank(rank);
+  refusal.set_registration_refused(reason);
+  return refusal;
+}
+
+// The race of bad_input_test: rank 0's daemon refuses its trainer's
+// registrations (the last of a series), then every rank registers anew. The
+// other ranks' new publishes may reach the coordinator before rank 0's (they
+// were refused as "late" for the refused round, and rank 0 waited for a plan
+// forever) or after it: in both orders they start or join the next round and
+// the plan comes with the last publish. A re-publish of the registration the
+// refusal dropped (rank 1's daemon reconnecting) is stale: refused with the
+// refusal's reason before and after rank 0's new publish and after the plan,
+// changing nothing.
+TEST(CoordinatorTrust, NewRegistrationsAfterARefusalPlanInEitherOrder) {
+  // A function per order, so a failed ASSERT in one still runs the other.
+  auto run = [](bool zero_first) {
+    SCOPED_TRACE(zero_first ? "rank 0 publishes first"
+                            : "rank 0 publishes last");
+    CoordinatorCore core(Options());
+    JoinAll(core, "j", 4);
+    ASSERT_TRUE(core.PublishRegistration(Manifest("j", 1, kShapes), "a1").ok());
+    ASSERT_TRUE(core.PublishRegistration(OwnRefusal(0, "bad view"), "").ok());
+    ASSERT_TRUE(core.PublishRegistration(OwnRefusal(0, "bad shape"), "").ok());
+    auto expect_stale = [&](const std::string& when) {
+      absl::StatusOr<int64_t> stale =
+          core.PublishRegistration(Manifest("j", 1, kShapes), "a1");
+      EXPECT_EQ(stale.status().code(), absl::StatusCode::kInvalidArgument)
+          << when;
+      EXPECT_THAT(stale.status().message(),
+                  HasSubstr("rank 0 refused its trainer's registration: bad "
+                            "view (rank 1 published its registration 'a1' of "
+                            "that refused round again"))
+          << when;
+    };
+    const std::vector<int> order = zero_first ? std::vector<int>{0, 1, 2, 3}
+                                              : std::vector<int>{1, 2, 3, 0};
+    for (size_t i = 0; i < order.size(); ++i) {
+      const int r = order[i];
+      EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound)
+          << "planned before rank " << r << " registered anew";
+      absl::StatusOr<int64_t> round = core.PublishRegistration(
+          Manifest("j", r, kShapes), "b" + std::to_string(r));
+      ASSERT_TRUE(round.ok()) << "rank " << r << ": " << round.status();
+      EXPECT_EQ(*round, 1) << r;
+      if (i == 0) expect_stale(absl::StrCat("after rank ", r, "'s publish"));
+    }
+    absl::StatusOr<v1::Plan> plan = core.GetPlan("j");
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->version(), 1);
+    // Stale after the plan too: it starts no round (rank 1 would wait alone).
+    expect_stale("after the plan");
+    v1::RebalanceRequest rebalance;
+    rebalance.set_job_id("j");
+    EXPECT_TRUE(core.Rebalance(rebalance).ok())
+        << "a stale publish left a registration round open";
+  };
+  run(/*zero_first=*/false);
+  run(/*zero_first=*/true);
 }
 
 TEST(CoordinatorTrust, RebalanceRefusedDuringARegistrationRound) {

@@ -207,19 +207,19 @@ TEST_F(RoundRefusalTest, ADaemonsOwnRefusalReachesEveryRank) {
   EXPECT_TRUE(core_->GetPlan("job").ok());
 }
 
-TEST_F(RoundRefusalTest, ARankPublishingAfterTheRefusalIsRefused) {
+// Rank 1 refuses its trainer's registration before rank 0 published: rank 0's
+// new registration is not refused for publishing first (it waited for a plan
+// forever, bad_input_test's race); it starts the round rank 1's new one joins.
+TEST_F(RoundRefusalTest, ARankPublishingAfterTheRefusalStartsTheNextRound) {
   ASSERT_TRUE(links_[1]->PublishRefusal("param 'w': bad gtp_rows").ok());
-  const absl::Time started = absl::Now();
-  const absl::StatusOr<int64_t> late =
+  const absl::StatusOr<int64_t> first =
       links_[0]->PublishRegistration(DdpManifest(0, 64));
-  EXPECT_LT(absl::Now() - started, absl::Seconds(1));
-  EXPECT_EQ(late.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(late.status().message(),
-              HasSubstr("rank 1 refused its trainer's registration: param "
-                        "'w': bad gtp_rows"));
-  ASSERT_TRUE(links_[0]->PublishRegistration(DdpManifest(0, 64)).ok());
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(core_->GetPlan("job").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(links_[1]->PublishRegistration(DdpManifest(1, 64)).ok());
-  EXPECT_TRUE(core_->GetPlan("job").ok());
+  absl::StatusOr<v1::Plan> plan = core_->GetPlan("job");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->version(), *first);
 }
 
 }  // namespace
