@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 21 on one H200 (bench/README.md): `muond launch` with CUDA daemons, in one device call:
+#   run(command="bench/gpu_issue21.sh", carry=["dist/b21.tar.xz"], kind="nvidia-h200",
+#       timeout_s=600)
+# dist/b21.tar.xz: deploy/bundle.sh's bundle of main. Parts (rc and seconds in summary.log):
+#   launch_cuda   `muond launch --device cuda --nproc-per-node 1 --metrics-port P
+#                 --log-format json -- python3 bench/gpu_launch_trainer.py`: the trainer
+#                 (muond.torch.Muon on CUDA tensors, CUDA IPC) checks its daemon's
+#                 grpc.health.v1 SERVING mid-run, scrapes /metrics of the daemon and the
+#                 coordinator (steps applied, phase counts, NS load), and compares its
+#                 params with torch.optim.Muon run in the same process (launch.log,
+#                 launch.json)
+#   demo          deploy/local/launch.py --device cuda --nproc 1 (the README's main job,
+#                 through muond launch; out/demo/report.md -> demo/)
+set -u
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out21}
+mkdir -p "$OUT"
+S=$OUT/summary.log
+part() {  # part NAME LIMIT LOG CMD...
+  local name=$1 lim=$2 log=$3 t0=$SECONDS rc
+  shift 3
+  echo "=== $name: $*" >> "$log"
+  timeout -k 5 "$lim" "$@" >> "$log" 2>&1
+  rc=$?
+  echo "$name: rc $rc, $((SECONDS - t0)) s (cap $lim s)" | tee -a "$S"
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$S" 2>&1
+BUNDLE=${BUNDLE:-dist/b21.tar.xz}
+rm -rf /tmp/b; mkdir -p /tmp/b
+if ! tar -xJf "$BUNDLE" -C /tmp/b; then echo "bundle $BUNDLE: missing or broken" >> "$S"; exit 1; fi
+B=$(find /tmp/b -mindepth 1 -maxdepth 1 -type d | head -1)
+cp "$B"/client/python/muond/v1/*_pb2*.py client/python/muond/v1/
+# shellcheck source=/dev/null
+. "$B/env.sh"
+export PYTHONPATH=$PWD/client/python
+muond=(python3 -m muond.cli)
+"${muond[@]}" --version >> "$S" 2>&1
+
+part launch_cuda 150 "$OUT/launch.log" "${muond[@]}" launch --device cuda --nproc-per-node 1 \
+  --bin-dir "$B/bin" --log-dir "$OUT/launch-logs" --metrics-port 9460 --log-format json \
+  -- python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+  bench/gpu_launch_trainer.py --metrics-port 9460 --out "$OUT/launch.json"
+part demo 240 "$OUT/demo.log" python3 deploy/local/launch.py --device cuda --nproc 1 \
+  --steps 60 --bin "$B/bin" --out /tmp/demo21
+mkdir -p "$OUT/demo" && cp /tmp/demo21/report.md "$OUT/demo/" 2>/dev/null
+ls /tmp/demo21/logs >> "$OUT/demo.log" 2>&1
+echo "left after both: $(pgrep -fc 'muond-(daemon|coordinator)' || true) server processes," \
+  "$(find /dev/shm -name '*muond*' | wc -l) muond shm objects" >> "$S"
