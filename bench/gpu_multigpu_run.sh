@@ -5,7 +5,7 @@
 #      layer_sharded_step_cuda_test (1xN, Nx1, 2x(N/2) domains, uneven homes,
 #      late plans, duplicated path, dead peer; bitwise vs the single-GPU
 #      reference), nccl_multigpu_test, and system_cuda_test (the full system:
-#      coordinator + one muond and one C++-client trainer per GPU, CUDA IPC,
+#      coordinator + one muond-daemon and one C++-client trainer per GPU, CUDA IPC,
 #      bitwise vs the single-GPU reference; needs 4 GPUs);
 #   2. bench/scaling (scaling_bench): the matrix set of MANIFEST's first
 #      LAYERS layers on 1, 2, 4, 8 GPUs (as many as there are): layer-sharded

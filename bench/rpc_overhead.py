@@ -3,7 +3,7 @@
 within 1% of in-process", "Step RPC round trip with no work"): everything a
 step costs that is not optimizer math.
 
-Starts a muond-coordinator and one host-mode muond (shared memory, Unix
+Starts a muond-coordinator and one host-mode muond-daemon (shared memory, Unix
 socket), registers muond.torch.Muon with (a) one 8x8 param and (b) 388 small
 params (64x32, the MoE set's param count), and runs a few hundred steps.
 Per step it splits the client's wall time of ``opt.step()`` into
@@ -18,7 +18,7 @@ after an idle gap as long as the daemon's step (the trainer's thread sleeps
 that long in a Step; waking idle threads costs extra on some machines, e.g.
 VMs). All figures p50 / p99 µs.
 
-    bazel build //server/daemon:muond //server/coordinator:muond-coordinator
+    bazel build //server/daemon:muond-daemon //server/coordinator:muond-coordinator
     .venv/bin/python bench/rpc_overhead.py --steps 500
 """
 from __future__ import annotations

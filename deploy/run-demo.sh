@@ -16,7 +16,7 @@ deploy/setup.sh
 # Bad arguments fail here, before the build.
 .venv/bin/python deploy/local/launch.py --check-args "$@"
 # MUOND_BAZEL_OUTPUT_BASE: a Bazel output base of your own (as deploy/bundle.sh).
-bazel ${MUOND_BAZEL_OUTPUT_BASE:+--output_base=$MUOND_BAZEL_OUTPUT_BASE} build -c opt //server/daemon:muond //server/coordinator:muond-coordinator \
+bazel ${MUOND_BAZEL_OUTPUT_BASE:+--output_base=$MUOND_BAZEL_OUTPUT_BASE} build -c opt //server/daemon:muond-daemon //server/coordinator:muond-coordinator \
   //tools/muonctl 2>&1 | grep -vE '^(INFO|Loading|Analyzing)' || true
-test -x bazel-bin/server/daemon/muond && test -x bazel-bin/server/coordinator/muond-coordinator
+test -x bazel-bin/server/daemon/muond-daemon && test -x bazel-bin/server/coordinator/muond-coordinator
 exec .venv/bin/python deploy/local/launch.py "$@"

@@ -11,7 +11,7 @@ build), takes --out, then runs
 and prints that command. `muond launch` (client/python/muond/launch.py,
 deploy/README.md) does the rest: a coordinator on a free loopback port with a
 fresh per-launch token (a 0600 file in its private 0700 socket directory,
-never on a command line), one `muond` per rank (host mode without a GPU,
+never on a command line), one `muond-daemon` per rank (host mode without a GPU,
 `--device=<local rank>` with --device cuda) on its socket in that directory,
 the health wait, the environment muond.torch.Muon reads (MUOND_JOB_ID,
 MUOND_TOKEN_FILE, MUOND_SOCKET_DIR, MUOND_COORDINATOR for the report's plan),
@@ -149,8 +149,8 @@ def parse_args(argv=None):
                    help="logs, report and params (default out/demo); one launch at a "
                         "time per --out")
     p.add_argument("--bin", default=os.environ.get("MUOND_BIN", os.path.join(ROOT, "bazel-bin")),
-                   help="where server/daemon/muond and server/coordinator/muond-coordinator "
-                        "are, or a GPU bundle's bin/ with muond and muond-coordinator "
+                   help="where server/daemon/muond-daemon and server/coordinator/muond-coordinator "
+                        "are, or a GPU bundle's bin/ with muond-daemon and muond-coordinator "
                         "(default $MUOND_BIN, else bazel-bin)")
     p.add_argument("--optimizer", default="both", choices=["both", "muond"],
                    help="both = also train the in-process reference for the overlay plot")
@@ -215,7 +215,7 @@ class Demo:
         self.out_lock = lock
 
     def check_binaries(self):
-        for rel in ("server/coordinator/muond-coordinator", "server/daemon/muond"):
+        for rel in ("server/coordinator/muond-coordinator", "server/daemon/muond-daemon"):
             path = binary(self.args.bin, rel)
             if not os.access(path, os.X_OK):
                 raise RuntimeError(

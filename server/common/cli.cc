@@ -42,7 +42,8 @@ bool ValidHost(absl::string_view host) {
 }  // namespace
 
 void InstallServerUsage(absl::string_view usage,
-                        const std::vector<std::string>& flag_sources) {
+                        const std::vector<std::string>& flag_sources,
+                        absl::string_view version_line) {
   absl::SetProgramUsageMessage(usage);
   absl::FlagsUsageConfig config;
   auto filter = [flag_sources](absl::string_view filename) {
@@ -50,6 +51,9 @@ void InstallServerUsage(absl::string_view usage,
   };
   config.contains_help_flags = filter;
   config.contains_helpshort_flags = filter;
+  config.version_string = [line = std::string(version_line)] {
+    return line + "\n";
+  };
   absl::SetFlagsUsageConfig(config);
 }
 

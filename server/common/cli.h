@@ -14,9 +14,11 @@ namespace muond {
 // Sets absl's program usage message and a FlagsUsageConfig whose --help and
 // --helpshort filters match flags defined in a source file whose path contains
 // one of `flag_sources` (e.g. "server/daemon/"), so absl's own usage output
-// (--helpfull, --helpmatch) knows the binary too. Call once, before parsing.
+// (--helpfull, --helpmatch) knows the binary too, and --version prints
+// `version_line`. Call once, before parsing.
 void InstallServerUsage(absl::string_view usage,
-                        const std::vector<std::string>& flag_sources);
+                        const std::vector<std::string>& flag_sources,
+                        absl::string_view version_line);
 
 // True when argv[1..] holds a help request: --help, -help, --helpshort, -h.
 // (--helpfull etc. are left to absl.)

@@ -28,7 +28,7 @@ std::string AbslUnparseFlag(LogFormat format);
 int VerbosityFlag();
 
 // Call once at the start of main, after absl::ParseCommandLine. `server`
-// ("muond", "muond-coordinator") is the JSON lines' "server".
+// ("muond-daemon", "muond-coordinator") is the JSON lines' "server".
 void InitServerLogging(const char* argv0, absl::string_view server);
 
 // The job and rank of every JSON line from now on (a daemon, once its flags

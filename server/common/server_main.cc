@@ -12,6 +12,7 @@
 #include "server/common/cli.h"
 #include "server/common/logging.h"
 #include "server/common/shutdown.h"
+#include "server/common/version.h"
 
 namespace muond {
 
@@ -20,7 +21,9 @@ bool BeginServerMain(int argc, char** argv, absl::string_view server,
                      const std::vector<std::string>& flag_sources) {
   // SIGTERM/SIGINT from now on go to the shutdown watcher.
   InstallShutdownSignalHandler();
-  InstallServerUsage(usage, flag_sources);
+  // --version: "<server> <version>" rather than Abseil's build-mode text.
+  InstallServerUsage(usage, flag_sources,
+                     absl::StrCat(server, " ", kMuondVersion));
   if (WantsHelp(argc, argv)) {
     PrintServerHelp(std::cout, usage, flag_sources);
     return false;

@@ -1,5 +1,5 @@
 #pragma once
-// The start every server main shares (muond, muond-coordinator).
+// The start every server main shares (muond-daemon, muond-coordinator).
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -16,7 +16,8 @@ namespace muond {
 // In order: SIGTERM/SIGINT to the shutdown watcher (InstallShutdownSignal-
 // Handler), the usage message and --help filter (InstallServerUsage), --help
 // itself (PrintServerHelp to stdout; returns false and the caller exits 0),
-// flag parsing (absl::ParseCommandLine) and logging (InitServerLogging;
+// flag parsing (absl::ParseCommandLine; --version prints "<server>
+// <kMuondVersion>") and logging (InitServerLogging;
 // `server` names the server in JSON log lines). Returns true when the server
 // should go on starting.
 bool BeginServerMain(int argc, char** argv, absl::string_view server,

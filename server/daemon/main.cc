@@ -1,4 +1,4 @@
-// muond: the per-GPU (or per host-mode rank) optimizer daemon
+// muond-daemon: the per-GPU (or per host-mode rank) optimizer daemon
 // (docs/ARCHITECTURE.md "Processes").
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
@@ -79,19 +79,20 @@ ABSL_FLAG(int, coordinator_timeout_s, 60,
 
 namespace {
 constexpr char kUsage[] =
-    "usage: muond --job_id=JOB --coordinator=HOST:PORT --rank=R "
+    "usage: muond-daemon --job_id=JOB --coordinator=HOST:PORT --rank=R "
     "--world_size=N\n"
     "             [--device=D | --host] [--listen=unix:///PATH | HOST:PORT] "
     "[flags...]\n"
     "The per-GPU (or per host-mode rank) optimizer daemon of one job.";
-// Flags of muond itself (and the shared --v), not of its libraries.
+// Flags of muond-daemon itself (and the shared --v), not of its libraries.
 const std::vector<std::string> kFlagSources = {"server/daemon/",
                                                "server/common/"};
 }  // namespace
 
 int main(int argc, char** argv) {
   // SIGTERM/SIGINT from now on go to the shutdown watcher (below).
-  if (!muond::BeginServerMain(argc, argv, "muond", kUsage, kFlagSources)) {
+  if (!muond::BeginServerMain(argc, argv, "muond-daemon", kUsage,
+                              kFlagSources)) {
     return 0;
   }
   const std::string job = absl::GetFlag(FLAGS_job_id);
@@ -240,7 +241,7 @@ int main(int argc, char** argv) {
   muond::OptimizerService service(
       &core, is_unix ? std::string() : *token);
 
-  // A second muond on a busy TCP port must fail, not share the trainers'
+  // A second muond-daemon on a busy TCP port must fail, not share the trainers'
   // connections with the first (StartGrpcServer). The socket file is
   // created by bind: umask 0177 makes it 0600 from the start (no window
   // before the chmod below).
@@ -306,7 +307,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   serving.store(true);
-  LOG(INFO) << "muond rank " << rank << "/" << world << " of job " << job
+  LOG(INFO) << "muond-daemon rank " << rank << "/" << world << " of job " << job
             << " serving on " << listen << " (" << config.device << ")";
   server->Wait();
   remove_socket();

@@ -336,7 +336,7 @@ class ServerCommandTest(unittest.TestCase):
         from muond.launch import Launch
         a = options(*argv)
         launch = Launch(resolve(a, env, count_gpus=lambda: 0, resolve_host=lambda: "10.0.0.5",
-                                new_job_id=lambda: "gen-1"), a, "/b/muond", "/b/muond-coordinator")
+                                new_job_id=lambda: "gen-1"), a, "/b/muond-daemon", "/b/muond-coordinator")
         launch.sockdir, launch.token_file = "/tmp/s", "/tok"
         return launch
 
@@ -350,7 +350,7 @@ class ServerCommandTest(unittest.TestCase):
                               "--daemon-arg=--comm_timeout_s=120"], env)
         self.assertFalse(launch.plan.start_coordinator)
         self.assertEqual(launch.daemon_command(3, 1, 1), [
-            "/b/muond", "--job_id=slurm-77", "--rank=3", "--world_size=4",
+            "/b/muond-daemon", "--job_id=slurm-77", "--rank=3", "--world_size=4",
             "--coordinator=gpu001:29400", "--listen=unix:///tmp/s/muond-slurm-77-3.sock",
             "--device=1", "--gloo_hostname=10.0.0.2", "--token_file=/tok", "--log_format=json",
             "--metrics_port=9102", "--metrics_address=0.0.0.0", "--coordinator_tls_ca=/ca.pem", "--comm_timeout_s=120"])
@@ -362,7 +362,7 @@ class ServerCommandTest(unittest.TestCase):
             "--port_file=/tmp/s/coordinator.port", "--max_jobs=2"])
         launch.coordinator = "127.0.0.1:4242"  # what the port file said
         self.assertEqual(launch.daemon_command(0, 0, None), [
-            "/b/muond", "--job_id=gen-1", "--rank=0", "--world_size=1",
+            "/b/muond-daemon", "--job_id=gen-1", "--rank=0", "--world_size=1",
             "--coordinator=127.0.0.1:4242", "--listen=unix:///tmp/s/muond-gen-1-0.sock", "--host",
             "--gloo_hostname=127.0.0.1", "--token_file=/tok"])
 

@@ -59,7 +59,7 @@ STEPS = 4
 
 def bin_dir():
     """The servers: Bazel's runfiles tree, else $MUOND_BIN_DIR."""
-    if os.path.exists(os.path.join(RUNFILES, "server/daemon/muond")):
+    if os.path.exists(os.path.join(RUNFILES, "server/daemon/muond-daemon")):
         return RUNFILES
     return os.environ["MUOND_BIN_DIR"]
 

@@ -24,7 +24,7 @@ def daemon_flags(job: str, rank: int) -> dict:
         except OSError:
             continue
         flags = dict(a[2:].split("=", 1) for a in argv[1:] if a.startswith("--") and "=" in a)
-        if (os.path.basename(argv[0]) == "muond" and flags.get("job_id") == job
+        if (os.path.basename(argv[0]) == "muond-daemon" and flags.get("job_id") == job
                 and flags.get("rank") == str(rank)):
             return flags
     return {}

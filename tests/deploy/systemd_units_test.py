@@ -2,7 +2,7 @@
 
 * `systemd-analyze verify --root=R` on muond-coordinator.service and
   muond@<gpu>.service, installed in a temporary root R with stand-in
-  /usr/local/bin/muond{,-coordinator} executables and the host's unit
+  /usr/local/bin/muond-{daemon,coordinator} executables and the host's unit
   directory (for sysinit.target and friends): exit 0 and not one diagnostic
   (an unknown or malformed directive is only a warning with exit 0, so any
   output fails the test).
@@ -63,7 +63,7 @@ class SystemdUnitsTest(unittest.TestCase):
                         symlinks=True)
         os.makedirs(os.path.join(self.root, "etc/systemd/system"))
         os.makedirs(os.path.join(self.root, "usr/local/bin"))
-        for binary in ("muond", "muond-coordinator"):
+        for binary in ("muond-daemon", "muond-coordinator"):
             path = os.path.join(self.root, "usr/local/bin", binary)
             with open(path, "w") as f:
                 f.write("#!/bin/sh\nexit 0\n")

@@ -1,4 +1,4 @@
-"""Starts a muond-coordinator and one muond (on a GPU, or in host mode with
+"""Starts a muond-coordinator and one muond-daemon (on a GPU, or in host mode with
 host=True) for the GPU checks and benchmarks (tests/gpu,
 bench/gpu_step_bench.py, bench/rpc_overhead.py); stops both on exit.
 
@@ -45,7 +45,7 @@ class Daemon:
         while not (os.path.exists(port_file) and open(port_file).read().strip()):
             self._check(deadline)
         port = open(port_file).read().strip()
-        self._start("muond", [_binary("server/daemon/muond"), f"--coordinator=127.0.0.1:{port}",
+        self._start("muond", [_binary("server/daemon/muond-daemon"), f"--coordinator=127.0.0.1:{port}",
                               f"--job_id={self.job_id}", "--rank=0", "--world_size=1",
                               f"--listen={self.address}",
                               "--host" if self.host else f"--device={self.device}"])

@@ -189,7 +189,7 @@ TEST(CoordinatorTrust, UnsafeOrEmptyTokenFilesAreRefusedAtStart) {
          std::vector<std::vector<std::string>>{
              {Runfile("server/coordinator/muond-coordinator"),
               "--listen=127.0.0.1:0", "--token_file=" + c.file},
-             {Runfile("server/daemon/muond"), "--host",
+             {Runfile("server/daemon/muond-daemon"), "--host",
               "--coordinator=127.0.0.1:1", "--job_id=j", "--rank=0",
               "--world_size=1", "--listen=unix://" + dir + "/x.sock",
               "--token_file=" + c.file},

@@ -141,7 +141,7 @@ std::string Cluster::socket(int rank) const {
 }
 
 void Cluster::StartDaemon(int rank) {
-  std::vector<std::string> args = {Runfile("server/daemon/muond"),
+  std::vector<std::string> args = {Runfile("server/daemon/muond-daemon"),
                                    "--host",
                                    "--coordinator=" + coordinator(),
                                    "--job_id=" + job_,

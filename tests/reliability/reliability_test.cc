@@ -503,7 +503,7 @@ TEST(ReliabilityTest, TokensSocketsAndOwnership) {
   // A TCP daemon without token or TLS refuses to start.
   const std::string tcp = absl::StrCat("127.0.0.1:", FreePort());
   std::string out;
-  EXPECT_EQ(RunTool({Runfile("server/daemon/muond"), "--host",
+  EXPECT_EQ(RunTool({Runfile("server/daemon/muond-daemon"), "--host",
                      "--coordinator=" + c.coordinator(), "--job_id=tcpjob",
                      "--rank=0", "--world_size=1", "--listen=" + tcp},
                     &out),
@@ -511,7 +511,7 @@ TEST(ReliabilityTest, TokensSocketsAndOwnership) {
       << out;
   // With a token it serves only requests that carry it.
   pid_t pid =
-      Spawn({Runfile("server/daemon/muond"), "--host",
+      Spawn({Runfile("server/daemon/muond-daemon"), "--host",
              "--coordinator=" + c.coordinator(), "--job_id=tcpjob", "--rank=0",
              "--world_size=1", "--listen=" + tcp, "--token=s3cret"},
             c.dir() + "/tcp.log");
@@ -540,7 +540,7 @@ TEST(ReliabilityTest, TokensSocketsAndOwnership) {
   const std::string xdg = c.dir() + "/xdg";
   ASSERT_EQ(mkdir(xdg.c_str(), 0700), 0);
   setenv("XDG_RUNTIME_DIR", xdg.c_str(), 1);
-  pid = Spawn({Runfile("server/daemon/muond"), "--host",
+  pid = Spawn({Runfile("server/daemon/muond-daemon"), "--host",
                "--coordinator=" + c.coordinator(), "--job_id=defjob",
                "--rank=0", "--world_size=1", "--token=s3cret"},
               c.dir() + "/default.log");

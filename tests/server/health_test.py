@@ -1,5 +1,5 @@
 """The standard grpc.health.v1 service and server reflection on real servers
-(a muond-coordinator + host-mode `muond` daemons, cluster.py), read with the
+(a muond-coordinator + host-mode `muond-daemon`s, cluster.py), read with the
 stock grpcio-health-checking and grpcio-reflection clients.
 
 * The coordinator is SERVING once it listens.

@@ -92,7 +92,7 @@ class LogFormatTest(unittest.TestCase):
             messages = "\n".join(r["message"] for r in records)
             for r in records:
                 self.assertEqual((r["server"], r["job"], r["rank"]),
-                                 ("muond", cluster.job_id, rank), r)
+                                 ("muond-daemon", cluster.job_id, rank), r)
             self.assertIn("serving on", messages)
             self.assertIn("registered 1 params", messages)
             self.assertIn("step engine ready", messages)

@@ -67,7 +67,7 @@ int RunToExit(const std::vector<std::string>& args, std::string* out) {
 
 TEST(Startup, HelpListsOwnFlagsAndExitsZero) {
   std::string out;
-  EXPECT_EQ(RunToExit({Runfile("server/daemon/muond"), "--help"}, &out), 0);
+  EXPECT_EQ(RunToExit({Runfile("server/daemon/muond-daemon"), "--help"}, &out), 0);
   EXPECT_THAT(out, HasSubstr("usage: muond"));
   EXPECT_THAT(out, HasSubstr("--world_size"));
   EXPECT_THAT(out, Not(HasSubstr("No flags matched")));
@@ -83,7 +83,7 @@ TEST(Startup, HelpListsOwnFlagsAndExitsZero) {
 TEST(Startup, FlagErrorsArePrecise) {
   std::string out;
   EXPECT_EQ(
-      RunToExit({Runfile("server/daemon/muond"), "--rank=5", "--world_size=2",
+      RunToExit({Runfile("server/daemon/muond-daemon"), "--rank=5", "--world_size=2",
                  "--job_id=j", "--coordinator=127.0.0.1:1"},
                 &out),
       2);
@@ -95,7 +95,7 @@ TEST(Startup, FlagErrorsArePrecise) {
   EXPECT_THAT(out, HasSubstr("--listen='foo' is malformed"));
   // An empty coordinator port is refused at startup, not at RegisterParams.
   EXPECT_EQ(
-      RunToExit({Runfile("server/daemon/muond"), "--host", "--rank=0",
+      RunToExit({Runfile("server/daemon/muond-daemon"), "--host", "--rank=0",
                  "--world_size=1", "--job_id=j",
                  "--coordinator=127.0.0.1:", "--coordinator_timeout_s=600"},
                 &out),
@@ -110,7 +110,7 @@ TEST(Startup, FlagErrorsArePrecise) {
 // RegisterParams, leaving the trainer waiting for a plan; a job id outside
 // CheckJobId's rule ('/' would break the default socket file name).
 TEST(Startup, CommTimeoutAndJobIdAreCheckedAtStartup) {
-  const std::vector<std::string> base = {Runfile("server/daemon/muond"),
+  const std::vector<std::string> base = {Runfile("server/daemon/muond-daemon"),
                                          "--host",
                                          "--rank=0",
                                          "--world_size=1",
@@ -134,7 +134,7 @@ TEST(Startup, CommTimeoutAndJobIdAreCheckedAtStartup) {
 TEST(Startup, MissingDeviceFailsBeforeJoining) {
   std::string out;
   EXPECT_EQ(
-      RunToExit({Runfile("server/daemon/muond"), "--device=10000", "--rank=0",
+      RunToExit({Runfile("server/daemon/muond-daemon"), "--device=10000", "--rank=0",
                  "--world_size=1", "--job_id=j", "--coordinator=127.0.0.1:1",
                  "--coordinator_timeout_s=600"},
                 &out),
@@ -150,7 +150,7 @@ TEST(Startup, OverlongSocketPathIsRefusedNamingTheLimit) {
   const std::string sock = "/tmp/" + std::string(120, 's') + ".sock";
   std::string out;
   EXPECT_EQ(
-      RunToExit({Runfile("server/daemon/muond"), "--host", "--rank=0",
+      RunToExit({Runfile("server/daemon/muond-daemon"), "--host", "--rank=0",
                  "--world_size=1", "--job_id=j", "--coordinator=127.0.0.1:1",
                  "--coordinator_timeout_s=1", "--listen=unix://" + sock},
                 &out),
@@ -168,7 +168,7 @@ TEST(Startup, LiveSocketIsRefusedAndSigtermRemovesIt) {
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string sock = absl::StrCat(dir, "/d.sock");
   // The first daemon listens, then keeps retrying the (absent) coordinator.
-  const std::vector<std::string> args = {Runfile("server/daemon/muond"),
+  const std::vector<std::string> args = {Runfile("server/daemon/muond-daemon"),
                                          "--host",
                                          "--rank=0",
                                          "--world_size=1",
@@ -264,7 +264,7 @@ TEST(Startup, MetricsPortEqualToListenPortNamesMetricsPort) {
   close(fd);
   const std::vector<std::vector<std::string>> servers = {
       {Runfile("server/coordinator/muond-coordinator"), listen, metrics},
-      {Runfile("server/daemon/muond"), "--host", "--job_id=j", "--rank=0",
+      {Runfile("server/daemon/muond-daemon"), "--host", "--job_id=j", "--rank=0",
        "--world_size=1", "--coordinator=127.0.0.1:1",
        "--coordinator_timeout_s=1", "--token_file=" + token_file, listen,
        metrics}};

@@ -91,7 +91,7 @@ void RunFourDaemonsFourTrainers(const std::string& precision,
   std::vector<std::string> sockets;
   for (int r = 0; r < 4; ++r) {
     sockets.push_back(absl::StrCat(dir, "/d", r, ".sock"));
-    servers.push_back(Spawn({Runfile("server/daemon/muond"),
+    servers.push_back(Spawn({Runfile("server/daemon/muond-daemon"),
                              cuda ? absl::StrCat("--device=", r) : "--host",
                              "--coordinator=" + coordinator, "--job_id=" + job,
                              absl::StrCat("--rank=", r), "--world_size=4",

@@ -1,8 +1,10 @@
 """The servers' kMuondVersion (server/common/version.h, what muond_build_info
 reports) equals the Python package's version (muond/_version.py, its one
-home): a release bumps both."""
+home): a release bumps both. `muond-daemon --version` and
+`muond-coordinator --version` print "<binary> <that version>"."""
 import os
 import re
+import subprocess
 import unittest
 
 import muond
@@ -17,6 +19,13 @@ class VersionTest(unittest.TestCase):
         self.assertEqual(len(found), 1, "kMuondVersion not found in server/common/version.h")
         self.assertRegex(found[0], r"^\d+\.\d+\.\d+")
         self.assertEqual(found[0], muond.__version__)
+
+    def test_servers_print_name_and_version(self):
+        for rel in ("server/daemon/muond-daemon", "server/coordinator/muond-coordinator"):
+            proc = subprocess.run([os.path.join(RUNFILES, rel), "--version"],
+                                  capture_output=True, text=True, timeout=60)
+            self.assertEqual((proc.returncode, proc.stdout),
+                             (0, f"{os.path.basename(rel)} {muond.__version__}\n"), proc.stderr)
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ class MetricsOffByDefaultTest(unittest.TestCase):
                                   "--listen=127.0.0.1:0", f"--port_file={port_file}"])
         grpc_port = int(wait_for(lambda: _read(port_file), 20, "the coordinator's port file"))
         socket_path = os.path.join(self.tmp, "d0.sock")
-        daemon = self.spawn([_find_binary("server/daemon/muond"), "--host",
+        daemon = self.spawn([_find_binary("server/daemon/muond-daemon"), "--host",
                              f"--coordinator=127.0.0.1:{grpc_port}", "--job_id=off",
                              "--rank=0", "--world_size=1", f"--listen=unix://{socket_path}"])
         wait_for(lambda: os.path.exists(socket_path), 20, "the daemon's socket")
@@ -253,7 +253,7 @@ class MetricsOffByDefaultTest(unittest.TestCase):
         # A busy --metrics_port (the coordinator's gRPC port) fails the start.
         for argv in ([_find_binary("server/coordinator/muond-coordinator"),
                       "--listen=127.0.0.1:0", f"--metrics_port={grpc_port}"],
-                     [_find_binary("server/daemon/muond"), "--host",
+                     [_find_binary("server/daemon/muond-daemon"), "--host",
                       f"--coordinator=127.0.0.1:{grpc_port}", "--job_id=busy", "--rank=0",
                       "--world_size=1", f"--listen=unix://{self.tmp}/d1.sock",
                       f"--metrics_port={grpc_port}"]):

@@ -2,7 +2,7 @@
 
 Two "nodes", each a `muond launch` (per-node mode: --nnodes 2 --node-rank k
 --master-addr <node 0> --node-addr <node k> --job-id --token-file) of two
-host-mode `muond` daemons (world 4, one job), the `muond-coordinator` on node
+host-mode `muond-daemon`s (world 4, one job), the `muond-coordinator` on node
 0 over TCP with the job's token, and the node's trainer ranks
 (tests/system/multinode_trainer.py, torchrun's layout) each talking to its
 local daemon over a Unix socket. The daemons use `--gloo_hostname=<node
@@ -288,7 +288,7 @@ class MultiNodeTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         coordinator_bin, _ = find_binaries(cls)
-        # The tree holding server/daemon/muond and server/coordinator/... .
+        # The tree holding server/daemon/muond-daemon and server/coordinator/... .
         cls.bin_dir = os.path.dirname(os.path.dirname(os.path.dirname(coordinator_bin)))
         cls.root = tempfile.mkdtemp(prefix="muond-mn-", dir="/tmp")
         cls.token = uuid.uuid4().hex

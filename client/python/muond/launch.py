@@ -1,6 +1,6 @@
 """`muond launch [options] -- <command ...>`: muond's servers around any trainer.
 
-Per-node mode (the default): one launcher per node starts one `muond` daemon
+Per-node mode (the default): one launcher per node starts one `muond-daemon`
 per local rank (host mode, or one GPU each) and, on node rank 0, the
 `muond-coordinator`; waits until every server it started answers the
 standard grpc.health.v1 Check (any answer counts: a daemon is SERVING only
@@ -136,8 +136,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-key", metavar="PEM", help="PEM private key for --tls-cert")
     g.add_argument("--tls-ca", metavar="PEM", help="PEM root: the daemons (and the health check) verify "
                    "the coordinator with it")
-    g.add_argument("--bin-dir", metavar="DIR", help="where muond and muond-coordinator are (flat or a "
-                   "bazel-bin tree; default $MUOND_BIN_DIR, else PATH, else the "
+    g.add_argument("--bin-dir", metavar="DIR", help="where muond-daemon and muond-coordinator are "
+                   "(flat or a bazel-bin tree; default $MUOND_BIN_DIR, else PATH, else the "
                    "repository's bazel-bin)")
     g.add_argument("--log-dir", metavar="DIR", help="server logs (default ./muond-logs/<job>)")
     g.add_argument("--log-format", choices=["text", "json"], help="the servers' "
@@ -192,27 +192,25 @@ def _in_dir(directory: str, name: str, tree_path: str) -> str | None:
 
 
 def find_servers(bin_dir: str | None, env) -> tuple[str, str, str]:
-    """(muond, muond-coordinator, where from). The daemon is looked up beside
-    the coordinator: a plain PATH lookup of `muond` finds this package's own
-    console script."""
-    daemon_rel, coord_rel = "server/daemon/muond", "server/coordinator/muond-coordinator"
+    """(muond-daemon, muond-coordinator, where from)."""
+    daemon_rel, coord_rel = "server/daemon/muond-daemon", "server/coordinator/muond-coordinator"
     given = bin_dir or env.get("MUOND_BIN_DIR")
     if given:
         what = "--bin-dir" if bin_dir else "$MUOND_BIN_DIR"
         coord, daemon = _in_dir(given, "muond-coordinator", coord_rel), _in_dir(
-            given, "muond", daemon_rel)
+            given, "muond-daemon", daemon_rel)
         if not coord or not daemon:
-            missing = "muond-coordinator" if not coord else "muond"
+            missing = "muond-coordinator" if not coord else "muond-daemon"
             raise LaunchError(f"{what} {given}: no executable {missing} there (flat or "
                               f"{coord_rel if not coord else daemon_rel})")
         return daemon, coord, f"{what} {given}"
-    on_path = shutil.which("muond-coordinator", path=env.get("PATH"))
-    if on_path:
-        daemon = _in_dir(os.path.dirname(on_path), "muond", daemon_rel)
-        if not daemon:
-            raise LaunchError(f"PATH: {on_path} has no executable muond beside it; pass "
-                              "--bin-dir")
-        return daemon, on_path, "PATH"
+    coord, daemon = (shutil.which(name, path=env.get("PATH"))
+                     for name in ("muond-coordinator", "muond-daemon"))
+    if coord and daemon:
+        return daemon, coord, "PATH"
+    if coord or daemon:
+        raise LaunchError(f"PATH: {coord or daemon} is there but no executable "
+                          f"{'muond-daemon' if coord else 'muond-coordinator'}; pass --bin-dir")
     repo = checkout_root(os.getcwd())
     if repo:
         bazel_bin = os.path.join(repo, "bazel-bin")
@@ -221,8 +219,8 @@ def find_servers(bin_dir: str | None, env) -> tuple[str, str, str]:
             return daemon, coord, bazel_bin
     where = f"--bin-dir {repo}/bazel-bin" if repo else "--bin-dir (a bundle's bin/ or a bazel-bin tree)"
     raise LaunchError(f"no muond-coordinator found: pass {where} or set $MUOND_BIN_DIR, put "
-                      "muond-coordinator and muond on PATH, or build them (bazel build "
-                      "//server/daemon:muond //server/coordinator:muond-coordinator)")
+                      "muond-coordinator and muond-daemon on PATH, or build them (bazel build "
+                      "//server/daemon:muond-daemon //server/coordinator:muond-coordinator)")
 
 
 def checkout_root(start: str) -> str | None:

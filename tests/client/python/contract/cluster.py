@@ -1,5 +1,5 @@
 """A muond cluster of real binaries for Python tests: one muond-coordinator and
-N host-mode `muond` daemons of one job, on Unix sockets (or one TCP listener),
+N host-mode `muond-daemon`s of one job, on Unix sockets (or one TCP listener),
 all with a shared token file.
 
     with Cluster(num_daemons=2) as cluster:
@@ -11,8 +11,8 @@ daemon answers Health; `stop()` SIGTERMs everything (SIGKILL after 10 s) and,
 when asked (`print_logs=True`, e.g. after a failed test), prints each log's
 tail to stderr. The binaries come from Bazel's runfiles when run by `bazel
 test`, else from the checkout's bazel-bin/ (run `bazel build
-//server/daemon:muond //server/coordinator:muond-coordinator` first), or from
-$MUOND_BIN_DIR (a directory holding server/daemon/muond etc.).
+//server/daemon:muond-daemon //server/coordinator:muond-coordinator` first), or from
+$MUOND_BIN_DIR (a directory holding server/daemon/muond-daemon etc.).
 
 unittest helper: `ClusterTestCase` starts one cluster per test class
 (`NUM_DAEMONS`, `TCP`) and prints the logs when a test of the class failed.
@@ -34,7 +34,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _find_binary(relpath: str) -> str:
-    """`relpath` (e.g. server/daemon/muond) under the runfiles root, the
+    """`relpath` (e.g. server/daemon/muond-daemon) under the runfiles root, the
     checkout's bazel-bin or $MUOND_BIN_DIR, whichever exists first."""
     repo = os.path.abspath(os.path.join(_HERE, "..", "..", "..", ".."))
     candidates = [os.path.join(repo, relpath),  # bazel test: the runfiles tree
@@ -45,7 +45,7 @@ def _find_binary(relpath: str) -> str:
         if os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     raise FileNotFoundError(f"{relpath} not found (looked at {candidates}); "
-                            "bazel build //server/daemon:muond //server/coordinator:"
+                            "bazel build //server/daemon:muond-daemon //server/coordinator:"
                             "muond-coordinator")
 
 
@@ -55,7 +55,7 @@ def find_binaries(test) -> tuple[str, str]:
     `unittest discover` run outside Bazel, before any bazel build)."""
     try:
         return (_find_binary("server/coordinator/muond-coordinator"),
-                _find_binary("server/daemon/muond"))
+                _find_binary("server/daemon/muond-daemon"))
     except FileNotFoundError as e:
         raise unittest.SkipTest(
             f"{e}; or run `bazel test //tests/client/python/...`, which builds them") from e
@@ -147,7 +147,7 @@ class Cluster:
         port = wait_for(lambda: self._check_alive() and _read(port_file), 20,
                         "the coordinator's port file")
         self.coordinator = f"127.0.0.1:{int(port)}"
-        daemon = _find_binary("server/daemon/muond")
+        daemon = _find_binary("server/daemon/muond-daemon")
         for r in range(self.num_daemons):
             address = (f"127.0.0.1:{free_tcp_port()}" if self.tcp
                        else f"unix://{os.path.join(self.tmp, f'd{r}.sock')}")
