@@ -274,14 +274,14 @@ class CheckBeforeStartTest(unittest.TestCase):
         self.addCleanup(shutil.rmtree, tmp)
         bins = os.path.join(tmp, "bin")
         os.mkdir(bins)
-        for name in ("muond", "muond-coordinator"):
+        for name in ("muond-daemon", "muond-coordinator"):
             with open(os.path.join(bins, name), "w") as f:
                 f.write("#!/bin/sh\nexit 9\n")
             os.chmod(os.path.join(bins, name), 0o755)
         base = ["--bin-dir", bins, "--device", "cpu"]
         for argv, phrase in [
                 (["--log-dir", "/proc/1"], "--log-dir /proc/1: not a writable directory"),
-                (["--log-dir", os.path.join(bins, "muond", "x")], "not a writable directory"),
+                (["--log-dir", os.path.join(bins, "muond-daemon", "x")], "not a writable directory"),
                 (["--log-dir", tmp, "--token-file", "/dev/null"],
                  "--token-file /dev/null: not a regular file"),
                 (["--log-dir", tmp, "--token-file", tmp], f"--token-file {tmp}: not a regular"),
@@ -312,7 +312,7 @@ class FindServersTest(unittest.TestCase):
                 f"pass --bin-dir {self.repo}/bazel-bin")):
             L.find_servers(None, {"PATH": ""})
         want = []
-        for rel in ("server/daemon/muond", "server/coordinator/muond-coordinator"):
+        for rel in ("server/daemon/muond-daemon", "server/coordinator/muond-coordinator"):
             path = os.path.join(self.repo, "bazel-bin", rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             open(path, "w").close()
@@ -320,6 +320,21 @@ class FindServersTest(unittest.TestCase):
             want.append(path)
         self.assertEqual(L.find_servers(None, {"PATH": ""}),
                          (want[0], want[1], os.path.join(self.repo, "bazel-bin")))
+
+    def test_path_lookup_by_name(self):
+        """muond-daemon and muond-coordinator on PATH, each where it is (the
+        `muond` CLI on PATH is not the daemon); one without the other is refused."""
+        os.chdir(self.tmp)
+        dirs = [os.path.join(self.tmp, d) for d in ("cli", "d", "c")]
+        for d, name in zip(dirs, ("muond", "muond-daemon", "muond-coordinator")):
+            os.mkdir(d)
+            open(os.path.join(d, name), "w").close()
+            os.chmod(os.path.join(d, name), 0o755)
+        self.assertEqual(L.find_servers(None, {"PATH": os.pathsep.join(dirs)}),
+                         (os.path.join(dirs[1], "muond-daemon"),
+                          os.path.join(dirs[2], "muond-coordinator"), "PATH"))
+        with self.assertRaisesRegex(LaunchError, "no executable muond-daemon; pass --bin-dir"):
+            L.find_servers(None, {"PATH": os.pathsep.join([dirs[0], dirs[2]])})
 
     def test_outside_a_checkout(self):
         os.chdir(self.tmp)
