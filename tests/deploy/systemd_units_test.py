@@ -2,7 +2,7 @@
 
 * `systemd-analyze verify --root=R` on muond-coordinator.service and
   muond@<gpu>.service, installed in a temporary root R with stand-in
-  /usr/local/bin/muond-{daemon,coordinator} executables and the host's unit
+  /opt/muond/bin/muond-{daemon,coordinator} executables (the bundle) and the host's unit
   directory (for sysinit.target and friends): exit 0 and not one diagnostic
   (an unknown or malformed directive is only a warning with exit 0, so any
   output fails the test).
@@ -62,9 +62,9 @@ class SystemdUnitsTest(unittest.TestCase):
         shutil.copytree(HOST_UNITS, os.path.join(self.root, "usr/lib/systemd/system"),
                         symlinks=True)
         os.makedirs(os.path.join(self.root, "etc/systemd/system"))
-        os.makedirs(os.path.join(self.root, "usr/local/bin"))
+        os.makedirs(os.path.join(self.root, "opt/muond/bin"))
         for binary in ("muond-daemon", "muond-coordinator"):
-            path = os.path.join(self.root, "usr/local/bin", binary)
+            path = os.path.join(self.root, "opt/muond/bin", binary)
             with open(path, "w") as f:
                 f.write("#!/bin/sh\nexit 0\n")
             os.chmod(path, 0o755)
@@ -98,10 +98,10 @@ class SystemdUnitsTest(unittest.TestCase):
         self.assertIn("Unknown key 'NoNewPrivilege'", proc.stdout + proc.stderr)
 
     def test_verify_catches_a_missing_binary(self):
-        os.unlink(os.path.join(self.root, "usr/local/bin/muond-coordinator"))
+        os.unlink(os.path.join(self.root, "opt/muond/bin/muond-coordinator"))
         proc = self.verify(COORDINATOR)
         self.assertNotEqual(proc.returncode, 0)
-        self.assertIn("/usr/local/bin/muond-coordinator", proc.stdout + proc.stderr)
+        self.assertIn("/opt/muond/bin/muond-coordinator", proc.stdout + proc.stderr)
 
     def test_security_exposure_under_threshold(self):
         for unit, threshold in THRESHOLDS.items():
@@ -134,6 +134,11 @@ class SystemdUnitsTest(unittest.TestCase):
         exec_start = daemon[("Service", "ExecStart")][0]
         self.assertIn("--device=%i", exec_start)
         self.assertIn("--listen=unix:///run/muond/", exec_start)
+        # Gloo carries the commit vote in GPU mode too: reachable across hosts.
+        self.assertIn("--gloo_hostname=${MUOND_GLOO_HOSTNAME}", exec_start)
+        for name in (COORDINATOR, DAEMON):  # the bundle's install location
+            self.assertTrue(read_unit(name)[("Service", "ExecStart")][0].startswith(
+                "/opt/muond/bin/muond-"), name)
         # The trainers' POSIX shm (/dev/shm) and IPC namespace stay shared.
         for key in ("PrivateDevices", "PrivateIPC", "RemoveIPC", "DynamicUser"):
             self.assertNotIn(("Service", key), daemon, f"{DAEMON} must not set {key}=")
