@@ -11,7 +11,7 @@ APT_PACKAGES=(
   bazel-bootstrap g++ clang libclang-rt-14-dev lld
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev libgoogle-glog-dev libgflags-dev libgloo-dev libopenblas-dev
-  nlohmann-json3-dev libcivetweb-dev libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libmicrohttpd-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3-venv fortunes fortunes-min procps openssl shellcheck iproute2
 )
 

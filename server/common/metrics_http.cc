@@ -1,163 +1,189 @@
 #include "server/common/metrics_http.h"
 
 #include <arpa/inet.h>
-#include <civetweb.h>
-#include <dlfcn.h>
-#include <pthread.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
-#include <algorithm>
-#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
-#include <mutex>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "glog/logging.h"
 
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics (text format) on http://ADDRESS:PORT/"
           "metrics; 0 = off (the default). See --metrics_address");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
-          "IPv4 address the metrics endpoint binds to (with --metrics_port); "
-          "0.0.0.0 lets a scraper on another host in");
-
-// Debian's civetweb creates its threads with a fixed 100 KiB stack
-// (pthread_attr_setstacksize(attr, 102400), a build-time setting). glibc puts
-// the process's static TLS on every thread's stack and refuses a stack that
-// cannot hold it (EINVAL): muond's libraries (cuBLASLt 94 KB, OpenBLAS 61 KB,
-// glog 30 KB) need more than 100 KiB, so civetweb could not start a thread
-// ("Cannot create threads"). The binary's definition interposes the one
-// libc exports and raises a request below kMinThreadStackBytes to it: only
-// virtual address space (the pages are committed as used), and a request at
-// or above it passes unchanged.
-namespace {
-constexpr size_t kMinThreadStackBytes = size_t{1} << 20;
-}  // namespace
-
-extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
-  using SetStackSize = int (*)(pthread_attr_t*, size_t);
-  static const SetStackSize libc_set = reinterpret_cast<SetStackSize>(
-      dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
-  if (libc_set == nullptr) return ENOSYS;
-  return libc_set(attr, std::max(size, kMinThreadStackBytes));
-}
+          "IPv4 or IPv6 literal address the metrics endpoint binds to (with "
+          "--metrics_port); 0.0.0.0 or :: lets a scraper on another host in");
 
 namespace muond {
 namespace {
 
-// civetweb reports why a start failed only through its log callback, on
-// the starting thread: Start collects those lines here.
+// glibc puts the process's static TLS on every thread's stack (cuBLASLt,
+// OpenBLAS and glog need ~190 KB in the daemon): the HTTP thread asks for
+// 1 MiB explicitly rather than trust a library default. Address space
+// only; the pages are committed as used.
+constexpr size_t kThreadStackBytes = size_t{1} << 20;
+// A scraper needs one or two connections: the rest of the limit is slack
+// for restarts; more are refused, and cost no thread (one polling thread).
+constexpr unsigned kConnectionLimit = 16;
+constexpr unsigned kPerIpConnectionLimit = 8;
+// Idle or trickling connections (slowloris) are closed after this.
+constexpr unsigned kConnectionTimeoutSeconds = 5;
+// Per connection: request line and headers; the body is allocated apart.
+constexpr size_t kConnectionMemoryBytes = 32 * 1024;
+
+// libmicrohttpd says why a start failed only through its logger, on the
+// starting thread: Start collects those lines here.
 thread_local std::string* start_log = nullptr;
 
-int LogMessage(const mg_connection* /*conn*/, const char* message) {
+void LogMessage(void* /*cls*/, const char* format, va_list args) {
+  char line[512];
+  std::vsnprintf(line, sizeof(line), format, args);
+  std::string text(line);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
   if (start_log != nullptr) {
-    absl::StrAppend(start_log, start_log->empty() ? "" : "; ", message);
+    absl::StrAppend(start_log, start_log->empty() ? "" : "; ", text);
   } else {
-    LOG(WARNING) << "metrics endpoint: " << message;
+    LOG(WARNING) << "metrics endpoint: " << text;
   }
-  return 1;  // logged: civetweb prints nothing itself
 }
 
-void Respond(mg_connection* conn, int code, const char* reason,
-             const char* content_type, const std::string& body,
-             bool head_only) {
-  mg_printf(conn,
-            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-            "Connection: close\r\n\r\n",
-            code, reason, content_type, body.size());
-  if (!head_only) mg_write(conn, body.data(), body.size());
+MHD_Result Respond(MHD_Connection* conn, unsigned code,
+                   const char* content_type, const std::string& body) {
+  MHD_Response* response = MHD_create_response_from_buffer(
+      body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
+  if (response == nullptr) return MHD_NO;  // closes the connection
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE,
+                          content_type);
+  if (code == MHD_HTTP_METHOD_NOT_ALLOWED) {
+    MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+  }
+  const MHD_Result queued = MHD_queue_response(conn, code, response);
+  MHD_destroy_response(response);
+  return queued;
+}
+
+// The listening address of `address`:`port` (an IPv4 or IPv6 literal).
+bool ParseAddress(const std::string& address, int port,
+                  sockaddr_storage* out) {
+  std::memset(out, 0, sizeof(*out));
+  auto* v4 = reinterpret_cast<sockaddr_in*>(out);
+  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    return true;
+  }
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(out);
+  if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    return true;
+  }
+  return false;
+}
+
+// "A:P", or "[A]:P" for IPv6.
+std::string HostPort(const std::string& address, int port) {
+  return address.find(':') == std::string::npos
+             ? absl::StrCat(address, ":", port)
+             : absl::StrCat("[", address, "]:", port);
+}
+
+// The access handler; `registry` is the MetricsRegistry served.
+MHD_Result Handle(void* registry, MHD_Connection* conn, const char* url,
+                  const char* method, const char* /*version*/,
+                  const char* /*upload_data*/, size_t* /*upload_data_size*/,
+                  void** /*request_state*/) {
+  // Answered on the first call (headers only): a request body, if any, is
+  // never read; libmicrohttpd then closes the connection.
+  if (std::strcmp(url, "/metrics") != 0) {
+    return Respond(conn, MHD_HTTP_NOT_FOUND, "text/plain; charset=utf-8",
+                   "not found: the metrics are at /metrics\n");
+  }
+  // HEAD: libmicrohttpd sends GET's headers without the body.
+  if (std::strcmp(method, MHD_HTTP_METHOD_GET) != 0 &&
+      std::strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+    return Respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED,
+                   "text/plain; charset=utf-8", "only GET (and HEAD) /metrics\n");
+  }
+  return Respond(conn, MHD_HTTP_OK, kMetricsContentType,
+                 static_cast<MetricsRegistry*>(registry)->Render());
 }
 
 }  // namespace
 
-int MetricsHttpServer::Handle(mg_connection* conn, void* self) {
-  const mg_request_info* request = mg_get_request_info(conn);
-  const bool get = std::strcmp(request->request_method, "GET") == 0;
-  const bool head = std::strcmp(request->request_method, "HEAD") == 0;
-  if (std::strcmp(request->local_uri, "/metrics") != 0) {
-    Respond(conn, 404, "Not Found", "text/plain; charset=utf-8",
-            "not found: the metrics are at /metrics\n", head);
-    return 404;
-  }
-  if (!get && !head) {
-    Respond(conn, 405, "Method Not Allowed", "text/plain; charset=utf-8",
-            "only GET (and HEAD) /metrics\n", false);
-    return 405;
-  }
-  const std::string body =
-      static_cast<MetricsHttpServer*>(self)->registry_->Render();
-  Respond(conn, 200, "OK", kMetricsContentType, body, head);
-  return 200;
-}
-
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& address, int port, MetricsRegistry* registry) {
-  in_addr parsed;
-  if (inet_pton(AF_INET, address.c_str(), &parsed) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics_address='", address,
-        "' must be an IPv4 address (e.g. 127.0.0.1, or 0.0.0.0 for every "
-        "interface)"));
-  }
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--metrics_port=", port, " must be in [1, 65535] (0 = off)"));
   }
-  static std::once_flag library;
-  std::call_once(library, [] { mg_init_library(0); });
-  const std::string listening = absl::StrCat(address, ":", port);
-  // Two threads: a scrape is one short request; a slow scraper cannot hold
-  // more of the process than that.
-  const char* options[] = {
-      "listening_ports",    listening.c_str(), "num_threads", "2",
-      "request_timeout_ms", "10000",           nullptr};
-  mg_callbacks callbacks;
-  std::memset(&callbacks, 0, sizeof(callbacks));
-  callbacks.log_message = LogMessage;
-  auto server =
-      std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(registry));
-  mg_init_data init = {&callbacks, server.get(), options};
-  char error_text[256] = "";
-  unsigned error_code = 0;
-  mg_error_data error = {&error_code, error_text, sizeof(error_text)};
+  sockaddr_storage bind_to;
+  if (!ParseAddress(address, port, &bind_to)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_address='", address,
+        "' must be an IPv4 or IPv6 literal address (e.g. 127.0.0.1 or ::1; "
+        "0.0.0.0 or :: for every interface)"));
+  }
+  const bool ipv6 = bind_to.ss_family == AF_INET6;
+  // One internal thread polls every connection (epoll): a scrape never runs
+  // on, nor waits for, a gRPC or step thread, and connections cost no thread.
+  const unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
+                         MHD_USE_ITC | MHD_USE_ERROR_LOG |
+                         (ipv6 ? MHD_USE_IPv6 : 0);
+  auto server = std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer());
   std::string log;
   start_log = &log;
-  server->context_ = mg_start2(&init, &error);
+  server->daemon_ = MHD_start_daemon(
+      flags, static_cast<uint16_t>(port), nullptr, nullptr,
+      &Handle, registry,                            //
+      MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&bind_to),         //
+      MHD_OPTION_THREAD_STACK_SIZE, kThreadStackBytes,                     //
+      MHD_OPTION_CONNECTION_LIMIT, kConnectionLimit,                       //
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, kPerIpConnectionLimit,           //
+      MHD_OPTION_CONNECTION_TIMEOUT, kConnectionTimeoutSeconds,            //
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, kConnectionMemoryBytes,          //
+      MHD_OPTION_EXTERNAL_LOGGER, &LogMessage, nullptr,                    //
+      MHD_OPTION_END);
   start_log = nullptr;
-  if (server->context_ == nullptr) {
+  const std::string listening = HostPort(address, port);
+  if (server->daemon_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "cannot serve metrics on ", listening,
         " (--metrics_address/--metrics_port): ",
-        log.empty() ? std::string(error_text) : log,
+        log.empty() ? "libmicrohttpd could not start" : log,
         "; is the port in use, or the address not one of this host?"));
   }
-  mg_set_request_handler(server->context_, "**", &MetricsHttpServer::Handle,
-                         server.get());
-  mg_server_port ports[1];
-  if (mg_get_server_ports(server->context_, 1, ports) == 1) {
-    server->port_ = ports[0].port;
-  }
+  const MHD_DaemonInfo* bound =
+      MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);
+  server->port_ = bound != nullptr ? bound->port : port;
   return server;
 }
 
 MetricsHttpServer::~MetricsHttpServer() {
-  if (context_ != nullptr) mg_stop(context_);
+  // Wakes the polling thread, closes every connection (idle ones too) and
+  // joins it: prompt at shutdown.
+  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
 }
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartMetricsHttpFromFlags(
     MetricsRegistry* registry) {
   const int port = absl::GetFlag(FLAGS_metrics_port);
   if (port == 0) return std::unique_ptr<MetricsHttpServer>();
-  if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics_port=", port, " must be in [1, 65535] (0 = off)"));
-  }
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
       MetricsHttpServer::Start(absl::GetFlag(FLAGS_metrics_address), port,
                                registry);
   if (server.ok()) {
-    LOG(INFO) << "metrics on http://" << absl::GetFlag(FLAGS_metrics_address)
-              << ":" << (*server)->port() << "/metrics";
+    LOG(INFO) << "metrics on http://"
+              << HostPort(absl::GetFlag(FLAGS_metrics_address),
+                          (*server)->port())
+              << "/metrics";
   }
   return server;
 }

@@ -1,8 +1,10 @@
 #pragma once
 // The servers' Prometheus endpoint: GET /metrics answers
 // MetricsRegistry::Render() (kMetricsContentType), any other path 404, any
-// other method 405. HTTP is civetweb's (Debian libcivetweb), on two threads
-// of its own: a scrape never runs on, nor waits for, a gRPC or step thread.
+// other method 405. HTTP is GNU libmicrohttpd's (Debian libmicrohttpd), on
+// one polling thread of its own: a scrape never runs on, nor waits for, a
+// gRPC or step thread. Connections are few, short-lived and bounded
+// (metrics_http.cc).
 //
 // Off by default: --metrics_port (0 = off) and --metrics_address (default
 // 127.0.0.1; 0.0.0.0 for a scraper on another host), defined here for both
@@ -13,22 +15,23 @@
 #include "absl/status/statusor.h"
 #include "server/common/metrics.h"
 
-struct mg_connection;
-struct mg_context;
+struct MHD_Daemon;
 
 namespace muond {
 
 class MetricsHttpServer {
  public:
   // Serves `registry` (not owned; must outlive the server) on
-  // address:port (IPv4 address; port 0 picks a free one, see port()).
+  // address:port (IPv4 or IPv6 literal; port 0 picks a free one, see
+  // port()).
   // InvalidArgument naming the flag for a malformed address or port;
   // Unavailable "cannot serve metrics on A:P (--metrics_address/
   // --metrics_port): <why>" when it cannot be bound (in use, or not an
   // address of this host).
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& address, int port, MetricsRegistry* registry);
-  // Stops serving (waits for the scrape in flight).
+  // Stops serving: closes every connection, idle ones too, and joins the
+  // HTTP thread.
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
@@ -36,11 +39,9 @@ class MetricsHttpServer {
   int port() const { return port_; }
 
  private:
-  explicit MetricsHttpServer(MetricsRegistry* registry) : registry_(registry) {}
-  static int Handle(::mg_connection* conn, void* self);
+  MetricsHttpServer() = default;
 
-  MetricsRegistry* const registry_;
-  ::mg_context* context_ = nullptr;
+  ::MHD_Daemon* daemon_ = nullptr;
   int port_ = 0;
 };
 

@@ -5,9 +5,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <cerrno>
+
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -107,17 +111,40 @@ TEST(MetricsTest, StepPhaseBucketsSpan100usTo60s) {
   for (size_t i = 1; i < b.size(); ++i) EXPECT_LT(b[i - 1], b[i]);
 }
 
-// One HTTP/1.0 request to 127.0.0.1:port; the whole response.
-std::string Fetch(int port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "connect failed";
+// A connected TCP socket to 127.0.0.1:port (or [::1]:port), -1 on failure.
+// Reads give up after 60 s: a hang fails the test instead of stalling it.
+int Connect(int port, bool ipv6 = false) {
+  const int fd = socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval hang_guard = {60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &hang_guard, sizeof(hang_guard));
+  sockaddr_storage addr = {};
+  socklen_t size;
+  if (ipv6) {
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    inet_pton(AF_INET6, "::1", &v6->sin6_addr);
+    size = sizeof(*v6);
+  } else {
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    inet_pton(AF_INET, "127.0.0.1", &v4->sin_addr);
+    size = sizeof(*v4);
   }
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), size) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// One HTTP/1.0 request to 127.0.0.1:port (or [::1]:port); the whole
+// response.
+std::string Fetch(int port, const std::string& request, bool ipv6 = false) {
+  const int fd = Connect(port, ipv6);
+  if (fd < 0) return "connect failed";
   (void)!write(fd, request.data(), request.size());
   std::string out;
   char buf[4096];
@@ -164,6 +191,68 @@ TEST(MetricsHttpTest, ServesMetricsOnly) {
       << second.status();
   EXPECT_NE(second.status().message().find("in use"), std::string::npos)
       << second.status();
+}
+
+// More idle connections than the endpoint's limit (16, 8 per address): the
+// server closes every one of them (excess ones at once, the rest at the
+// connection timeout), and a scrape after that is answered.
+TEST(MetricsHttpTest, IdleConnectionsDoNotBlockScrapes) {
+  MetricsRegistry registry;
+  registry.AddCounter("x_total", "X.").With().Increment(3);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("127.0.0.1", 0, &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0) << "connection " << i;
+    idle.push_back(fd);
+  }
+  // Each idle connection ends from the server's side: EOF (0) or a reset,
+  // never the hang guard's EAGAIN.
+  for (int fd : idle) {
+    char byte;
+    const ssize_t n = read(fd, &byte, 1);
+    const int error = n < 0 ? errno : 0;
+    EXPECT_TRUE(n == 0 || (n < 0 && error == ECONNRESET))
+        << "read " << n << " errno " << error;
+    close(fd);
+  }
+  const std::string ok = Fetch(port, "GET /metrics HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
+  EXPECT_NE(ok.find("\nx_total 3\n"), std::string::npos) << ok;
+}
+
+// An IPv6 literal binds (where the host has IPv6 loopback), HEAD answers
+// GET's headers without the body.
+TEST(MetricsHttpTest, ServesOnIpv6Loopback) {
+  const int probe = socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 loopback = {};
+  loopback.sin6_family = AF_INET6;
+  loopback.sin6_addr = in6addr_loopback;
+  const bool has_ipv6 =
+      probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&loopback),
+                         sizeof(loopback)) == 0;
+  if (probe >= 0) close(probe);
+  if (!has_ipv6) GTEST_SKIP() << "no IPv6 loopback here";
+  MetricsRegistry registry;
+  registry.AddCounter("x_total", "X.").With().Increment(5);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("::1", 0, &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  ASSERT_GT(port, 0);
+  const std::string ok =
+      Fetch(port, "GET /metrics HTTP/1.0\r\n\r\n", /*ipv6=*/true);
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
+  EXPECT_NE(ok.find("\nx_total 5\n"), std::string::npos) << ok;
+  const std::string head =
+      Fetch(port, "HEAD /metrics HTTP/1.0\r\n\r\n", /*ipv6=*/true);
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << head;
+  EXPECT_EQ(head.find("x_total"), std::string::npos) << head;
+  // Not reachable over IPv4: bound to ::1 only.
+  EXPECT_EQ(Fetch(port, "GET /metrics HTTP/1.0\r\n\r\n"), "connect failed");
 }
 
 TEST(MetricsHttpTest, RefusesBadAddressAndPort) {
