@@ -50,7 +50,8 @@ void LogMessage(void* /*cls*/, const char* format, va_list args) {
   if (start_log != nullptr) {
     absl::StrAppend(start_log, start_log->empty() ? "" : "; ", text);
   } else {
-    LOG(WARNING) << "metrics endpoint: " << text;
+    // Every 100th: a flood of refused connections must not flood the log.
+    LOG_EVERY_N(WARNING, 100) << "metrics endpoint: " << text;
   }
 }
 
@@ -59,8 +60,7 @@ MHD_Result Respond(MHD_Connection* conn, unsigned code,
   MHD_Response* response = MHD_create_response_from_buffer(
       body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
   if (response == nullptr) return MHD_NO;  // closes the connection
-  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE,
-                          content_type);
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
   if (code == MHD_HTTP_METHOD_NOT_ALLOWED) {
     MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
   }
@@ -70,8 +70,7 @@ MHD_Result Respond(MHD_Connection* conn, unsigned code,
 }
 
 // The listening address of `address`:`port` (an IPv4 or IPv6 literal).
-bool ParseAddress(const std::string& address, int port,
-                  sockaddr_storage* out) {
+bool ParseAddress(const std::string& address, int port, sockaddr_storage* out) {
   std::memset(out, 0, sizeof(*out));
   auto* v4 = reinterpret_cast<sockaddr_in*>(out);
   if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
@@ -110,7 +109,8 @@ MHD_Result Handle(void* registry, MHD_Connection* conn, const char* url,
   if (std::strcmp(method, MHD_HTTP_METHOD_GET) != 0 &&
       std::strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
     return Respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED,
-                   "text/plain; charset=utf-8", "only GET (and HEAD) /metrics\n");
+                   "text/plain; charset=utf-8",
+                   "only GET (and HEAD) /metrics\n");
   }
   return Respond(conn, MHD_HTTP_OK, kMetricsContentType,
                  static_cast<MetricsRegistry*>(registry)->Render());
@@ -141,15 +141,15 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::string log;
   start_log = &log;
   server->daemon_ = MHD_start_daemon(
-      flags, static_cast<uint16_t>(port), nullptr, nullptr,
-      &Handle, registry,                            //
-      MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&bind_to),         //
-      MHD_OPTION_THREAD_STACK_SIZE, kThreadStackBytes,                     //
-      MHD_OPTION_CONNECTION_LIMIT, kConnectionLimit,                       //
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT, kPerIpConnectionLimit,           //
-      MHD_OPTION_CONNECTION_TIMEOUT, kConnectionTimeoutSeconds,            //
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, kConnectionMemoryBytes,          //
-      MHD_OPTION_EXTERNAL_LOGGER, &LogMessage, nullptr,                    //
+      flags, static_cast<uint16_t>(port), nullptr, nullptr, &Handle,
+      registry,                                                     //
+      MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&bind_to),  //
+      MHD_OPTION_THREAD_STACK_SIZE, kThreadStackBytes,              //
+      MHD_OPTION_CONNECTION_LIMIT, kConnectionLimit,                //
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, kPerIpConnectionLimit,    //
+      MHD_OPTION_CONNECTION_TIMEOUT, kConnectionTimeoutSeconds,     //
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, kConnectionMemoryBytes,   //
+      MHD_OPTION_EXTERNAL_LOGGER, &LogMessage, nullptr,             //
       MHD_OPTION_END);
   start_log = nullptr;
   const std::string listening = HostPort(address, port);

@@ -17,6 +17,8 @@ flag.
 """
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -262,6 +264,43 @@ class MetricsOffByDefaultTest(unittest.TestCase):
             self.assertEqual(p.returncode, 1, err)
             self.assertIn(f"cannot serve metrics on 127.0.0.1:{grpc_port} "
                           "(--metrics_address/--metrics_port)", err)
+            self.assertIn("Address already in use", err)  # the bind's own reason
+
+    def test_sigterm_with_idle_connections_exits(self):
+        """Open idle connections to /metrics do not hold a daemon's shutdown:
+        SIGTERM ends it (exit 0) and closes them, well within 15 s."""
+        port_file = os.path.join(self.tmp, "port")
+        self.spawn([_find_binary("server/coordinator/muond-coordinator"),
+                    "--listen=127.0.0.1:0", f"--port_file={port_file}"])
+        grpc_port = int(wait_for(lambda: _read(port_file), 20, "the coordinator's port file"))
+        metrics_port = free_tcp_port()
+        daemon = self.spawn([_find_binary("server/daemon/muond-daemon"), "--host",
+                             f"--coordinator=127.0.0.1:{grpc_port}", "--job_id=idle",
+                             "--rank=0", "--world_size=1",
+                             f"--listen=unix://{self.tmp}/d0.sock",
+                             f"--metrics_port={metrics_port}"])
+        wait_for(lambda: _scrapes(metrics_port), 20, "the daemon's /metrics")
+        idle = []
+        for partial in (b"", b"GET /metrics HTTP/1.1\r\n"):  # silent; a request's start
+            s = socket.create_connection(("127.0.0.1", metrics_port), timeout=30)
+            self.addCleanup(s.close)
+            s.sendall(partial)
+            idle.append(s)
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            _, err = daemon.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.fail("muond still running 15 s after SIGTERM with idle /metrics connections")
+        self.assertEqual(daemon.returncode, 0, err)
+        for s in idle:
+            self.assertEqual(s.recv(1), b"")  # closed by the server, not left open
+
+
+def _scrapes(port: int) -> bool:
+    try:
+        return bool(scrape(port))
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
