@@ -160,7 +160,7 @@ struct StepOptions {
   Communicator* job = nullptr;
   // Tests only: sleep this long before the commit vote, so a test can kill a
   // peer while every rank is known to be between its exchanges and its
-  // commit (muond --testonly_commit_delay_ms).
+  // commit (muond-daemon --testonly_commit_delay_ms).
   int testonly_commit_delay_ms = 0;
 };
 

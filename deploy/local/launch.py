@@ -36,27 +36,8 @@ sys.path.insert(0, os.path.dirname(TRAINER))
 # The trainer's options and layout rule, torch-free: --check-args applies the
 # rule every trainer rank would apply after the build.
 import options as trainer_options  # noqa: E402
+from muond._argtypes import count as positive_int, seconds as positive_float  # noqa: E402
 from muond._launch_env import LaunchError, check_job_id  # noqa: E402
-
-
-def positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0 (seconds)")
-    return value
 
 
 def job_id(text):

@@ -63,7 +63,7 @@ class HandleOpener {
   // daemon's effective uid. A daemon run as root would otherwise map and
   // write any user's objects on a client's say-so. (gRPC exposes no Unix
   // peer credentials, so "the connected client's uid" cannot be checked
-  // cheaply; muond --allow_foreign_shm lifts the rule for deployments where
+  // cheaply; muond-daemon --allow_foreign_shm lifts the rule for deployments where
   // trainers run as another user on purpose.)
   void set_allow_foreign_shm(bool allow) { allow_foreign_shm_ = allow; }
   // The uid whose objects are mapped: the effective uid (tests change it to

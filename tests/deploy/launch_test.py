@@ -337,8 +337,14 @@ class LaunchTest(unittest.TestCase):
         other, _ = cert("other")
         base = ["--device", "cpu", "--nproc-per-node", "2", "--job-id", self.job,
                 "--coordinator-port", str(free_port()), "--tls-cert", crt, "--tls-key", key]
+        # The launcher runs the command once the daemons answer health, which they
+        # do before their Join completes: the command waits for both joins (or
+        # fails after 60 s), so the logs checked below are complete.
+        logs = [os.path.join(self.logs, f"muond-rank{rank}.log") for rank in (0, 1)]
+        wait_joined = ("for _ in $(seq 600); do grep -q 'joined job' \"$1\" && "
+                       "grep -q 'joined job' \"$2\" && exit 0; sleep 0.1; done; exit 1")
         proc = self.run_launch(launch_argv(*base, "--tls-ca", crt, "--log-dir", self.logs,
-                                           "--", "true"))
+                                           "--", "bash", "-c", wait_joined, "wait", *logs))
         self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
         for rank in (0, 1):
             with open(os.path.join(self.logs, f"muond-rank{rank}.log")) as f:

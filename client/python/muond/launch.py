@@ -32,6 +32,7 @@ import tempfile
 import time
 import uuid
 
+from muond import _argtypes
 from muond._launch_env import MAX_SOCKET_PATH, LaunchError, Plan, resolve
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -46,54 +47,6 @@ def add_parser(subparsers):
     return p
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def _port(text: str) -> int:
-    value = _int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port (0-65535)")
-    return value
-
-
-def _count(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def _index(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0 (seconds)")
-    return value
-
-
-def _non_negative_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0 (seconds; 0 = off)")
-    return value
-
-
 def _server_flag(text: str) -> str:
     if not text.startswith("--"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a server flag (--name=value)")
@@ -103,18 +56,18 @@ def _server_flag(text: str) -> str:
 def add_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layout (explicit options win over torchrun's and Slurm's "
                              "environment)")
-    g.add_argument("--nproc-per-node", metavar="N", type=_count, help="daemons on this node (default "
+    g.add_argument("--nproc-per-node", metavar="N", type=_argtypes.count, help="daemons on this node (default "
                    "$LOCAL_WORLD_SIZE, $SLURM_NTASKS_PER_NODE (not in an srun step of one task "
                    "per node), the visible GPUs with "
                    "--device cuda|auto, else 1)")
-    g.add_argument("--nnodes", metavar="N", type=_count, help="nodes of the job (default $SLURM_NNODES, "
+    g.add_argument("--nnodes", metavar="N", type=_argtypes.count, help="nodes of the job (default $SLURM_NNODES, "
                    "else 1)")
-    g.add_argument("--node-rank", metavar="R", type=_index, help="this node's rank (default "
+    g.add_argument("--node-rank", metavar="R", type=_argtypes.index, help="this node's rank (default "
                    "$SLURM_NODEID, $GROUP_RANK, $NODE_RANK, else 0); daemon rank = node rank "
                    "x nproc-per-node + local rank")
     g.add_argument("--master-addr", metavar="HOST", help="the coordinator's host, node rank 0 (default "
                    "$MASTER_ADDR, the first host of $SLURM_JOB_NODELIST, else 127.0.0.1)")
-    g.add_argument("--coordinator-port", metavar="PORT", type=_port, help="default 29400; a free loopback "
+    g.add_argument("--coordinator-port", metavar="PORT", type=_argtypes.port, help="default 29400; a free loopback "
                    "port on a single node in per-node mode")
     g.add_argument("--node-addr", metavar="ADDR", help="this node's address for daemon-to-daemon traffic "
                    "(Gloo; default 127.0.0.1 on a single node, else the host name's address)")
@@ -142,7 +95,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-dir", metavar="DIR", help="server logs (default ./muond-logs/<job>)")
     g.add_argument("--log-format", choices=["text", "json"], help="the servers' "
                    "--log_format (default: theirs, text)")
-    g.add_argument("--metrics-port", metavar="P", type=_port, help="Prometheus endpoints: the "
+    g.add_argument("--metrics-port", metavar="P", type=_argtypes.port, help="Prometheus endpoints: the "
                    "coordinator on P, local rank k's daemon on P+1+k (default off)")
     g.add_argument("--metrics-address", metavar="ADDR", help="the servers' "
                    "--metrics_address: where the endpoints listen (default theirs, 127.0.0.1; "
@@ -151,13 +104,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    metavar="--FLAG=VALUE", help="pass to every daemon (repeatable)")
     g.add_argument("--coordinator-arg", action="append", default=[], type=_server_flag,
                    metavar="--FLAG=VALUE", help="pass to the coordinator (repeatable)")
-    g.add_argument("--health-timeout", metavar="S", type=_seconds, default=60.0,
+    g.add_argument("--health-timeout", metavar="S", type=_argtypes.seconds, default=60.0,
                    help="seconds to wait for the servers to answer (default 60)")
-    g.add_argument("--join-timeout", metavar="S", type=_non_negative_seconds, default=300.0,
+    g.add_argument("--join-timeout", metavar="S", type=_argtypes.seconds_or_off, default=300.0,
                    help="on the coordinator's node: seconds after its own daemons answer "
                    "within which every rank of the job must have joined, else stop the "
                    "command and fail naming the missing ranks and nodes (default 300; 0 = off)")
-    g.add_argument("--stop-grace", metavar="S", type=_seconds, default=10.0,
+    g.add_argument("--stop-grace", metavar="S", type=_argtypes.seconds, default=10.0,
                    help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="command",
                    help="after --: the command to run (e.g. torchrun ... train.py)")
