@@ -36,7 +36,9 @@ CXX="${CXX_FUZZ:-clang++}"
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined
        -fno-sanitize-recover=undefined -I. -I"$WORK/gen" -w)
 # The project sources each fuzzer needs (archived: each links what it uses).
-PLAN_SRCS=(server/common/proto_convert.cc server/coordinator/coordinator_core.cc
+PLAN_SRCS=(server/common/proto_convert.cc server/common/job_id.cc server/common/ns_load.cc
+           server/common/metrics.cc server/coordinator/coordinator_core.cc
+           server/coordinator/coordinator_metrics.cc
            core/plan/*.cc core/common/*.cc  # whole packages: a new file links without an edit here
            "$WORK/gen/muond/v1/muond.pb.cc")
 # Registration's own files; view_overlap.cc (aliasing checks) where present.

@@ -13,7 +13,8 @@ namespace muond {
 // True for "unix:" addresses; `path` receives the file path.
 bool ParseUnixAddress(const std::string& address, std::string* path);
 
-// The longest path a sockaddr_un holds (107 bytes on Linux).
+// The longest Unix socket path a gRPC listener binds (105 bytes on Linux:
+// sun_path's 107 less what gRPC 1.51 refuses).
 size_t MaxUnixSocketPathBytes();
 
 // Before binding: refuses a relative path or one longer than

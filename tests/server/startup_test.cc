@@ -158,7 +158,7 @@ TEST(Startup, OverlongSocketPathIsRefusedNamingTheLimit) {
       << out;
   EXPECT_THAT(out, HasSubstr(absl::StrCat("--listen: unix socket path")));
   EXPECT_THAT(out, HasSubstr(absl::StrCat("is ", sock.size(),
-                                          " bytes, longer than the 107")));
+                                          " bytes, longer than the 105")));
   EXPECT_THAT(out, Not(HasSubstr("address in use")));
   EXPECT_THAT(out, Not(HasSubstr("serving on")));
 }

@@ -30,8 +30,9 @@ MAX_LOCAL_RANKS = 64
 # Hosts in $SLURM_JOB_NODELIST: more than any Slurm cluster has; only the
 # first host is ever built (the bound stops r[0-99999]n[0-99999] early).
 MAX_NODELIST_HOSTS = 100000
-# sun_path of a Unix socket holds 107 bytes and a NUL.
-MAX_SOCKET_PATH = 107
+# The longest Unix socket path the daemon's gRPC listener binds (105 bytes:
+# server/common/unix_socket.cc MaxUnixSocketPathBytes says why).
+MAX_SOCKET_PATH = 105
 _JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
