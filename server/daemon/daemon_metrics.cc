@@ -97,7 +97,11 @@ DaemonMetrics::DaemonMetrics()
       ->AddGauge("muond_build_info", "muond's version; always 1", {"version"})
       .With({kMuondVersion})
       .Set(1);
-  for (const char* phase : kPhases) phase_seconds_.With({phase});
+  // Resolved once: a step's observations then take no label lookup.
+  static_assert(std::size(kPhases) == kStepPhases);
+  for (size_t i = 0; i < std::size(kPhases); ++i) {
+    phase_children_[i] = &phase_seconds_.With({kPhases[i]});
+  }
   registrations_.With({"accepted"});
   registrations_.With({"refused"});
   for (const std::string& reason : AllRefusalReasons()) {
@@ -129,7 +133,7 @@ void DaemonMetrics::StepDone(const absl::StatusOr<v1::StepResponse>& outcome) {
                        t.total_us()};
   static_assert(sizeof(us) / sizeof(us[0]) == std::size(kPhases));
   for (size_t i = 0; i < std::size(kPhases); ++i) {
-    phase_seconds_.With({kPhases[i]}).Observe(us[i] * 1e-6);
+    phase_children_[i]->Observe(us[i] * 1e-6);
   }
   ns_seconds_.Increment(t.ns_us() * 1e-6);
   steps_applied_.Increment();

@@ -1,6 +1,8 @@
 #pragma once
 // muond's metrics (server/README.md "Metrics" lists them): what DaemonCore
 // and the engine's communicators report, one call per event.
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -46,6 +48,9 @@ class DaemonMetrics {
  private:
   const std::unique_ptr<MetricsRegistry> registry_;
   Family<Histogram>& phase_seconds_;
+  // One child per phase (PhaseTimings' order), looked up once.
+  static constexpr size_t kStepPhases = 7;
+  std::array<Histogram*, kStepPhases> phase_children_{};
   Counter& steps_applied_;
   Family<Counter>& steps_refused_;
   Family<Counter>& exchange_bytes_;
