@@ -42,13 +42,21 @@ def _target(address: str) -> str:
     return f"unix://{address}" if address.startswith("/") else address
 
 
-def check(address: str, service: str = "", timeout: float = 2.0) -> str:
+def check(address: str, service: str = "", timeout: float = 2.0,
+          ca_file: str | None = None) -> str:
     """Returns the status name the server at `address` answers for `service`
     (UNIMPLEMENTED from a server without the health service); raises
-    grpc.RpcError when it does not answer within `timeout` seconds."""
+    grpc.RpcError when it does not answer within `timeout` seconds. With
+    `ca_file` (PEM) the channel is TLS, verified with it."""
     import grpc  # only when a check runs: `muond --help` stays light
 
-    with grpc.insecure_channel(_target(address)) as channel:
+    if ca_file:
+        with open(ca_file, "rb") as f:
+            channel = grpc.secure_channel(_target(address),
+                                          grpc.ssl_channel_credentials(f.read()))
+    else:
+        channel = grpc.insecure_channel(_target(address))
+    with channel:
         call = channel.unary_unary(CHECK, request_serializer=None,
                                    response_deserializer=None)
         try:

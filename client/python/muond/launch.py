@@ -249,19 +249,13 @@ def server_answers(address: str, ca_file: str | None = None, timeout: float = 1.
     built before the health service answer UNIMPLEMENTED); False while
     nothing listens there (UNAVAILABLE, DEADLINE_EXCEEDED)."""
     import grpc
-    from muond.health import CHECK  # the raw call: needs grpcio only
-    if ca_file:
-        with open(ca_file, "rb") as f:
-            channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(f.read()))
-    else:
-        channel = grpc.insecure_channel(address)
-    with channel:
-        try:
-            channel.unary_unary(CHECK)(b"", timeout=timeout)  # HealthCheckRequest{}
-            return True
-        except grpc.RpcError as e:
-            return e.code() not in (grpc.StatusCode.UNAVAILABLE,
-                                    grpc.StatusCode.DEADLINE_EXCEEDED)
+    from muond import health  # the raw call: needs grpcio only
+    try:
+        health.check(address, timeout=timeout, ca_file=ca_file)
+        return True
+    except grpc.RpcError as e:
+        return e.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class Interrupted(Exception):
