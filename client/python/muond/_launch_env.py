@@ -250,11 +250,6 @@ class Plan:
     token_file: str | None  # None: generate one (single launcher)
     sources: dict = field(default_factory=dict)  # value -> where it came from
 
-    @property
-    def single_launcher(self) -> bool:
-        """One launcher for the whole job: it may generate job id and token."""
-        return self.nnodes == 1 and (self.mode == "per-node" or self.world_size == 1)
-
     def coordinator_address(self, port: int | None = None) -> str:
         return host_port(self.master_addr, self.coordinator_port if port is None else port)
 
@@ -306,6 +301,7 @@ def resolve(opts, env: Mapping[str, str], *, count_gpus: Callable[[], int] = lam
                 f"the other {nnodes - 1} node(s) cannot reach; pass --node-addr=<this "
                 "node's address on the job's network>")
 
+    # One launcher for the whole job: only then may it generate job id and token.
     single = nnodes == 1 and (mode == "per-node" or world == 1)
     several = (f"--nnodes {nnodes}" if nnodes > 1
                else f"per-rank mode with {world} ranks (one launcher each)")
