@@ -40,8 +40,7 @@ TEST(CheckDaemonIdentityFlags, NamesTheBrokenRule) {
               ::testing::HasSubstr("--job_id=\"" + std::string(64, 'j') +
                                    "...\" (65 bytes) must be 1-64 characters "
                                    "of [A-Za-z0-9._-]"));
-  EXPECT_TRUE(
-      CheckDaemonIdentityFlags(std::string(64, 'j'), "h:1", 0, 1).ok());
+  EXPECT_TRUE(CheckDaemonIdentityFlags(std::string(64, 'j'), "h:1", 0, 1).ok());
   st = CheckDaemonIdentityFlags("j", "", 0, 1);
   EXPECT_THAT(std::string(st.message()),
               HasSubstr("--coordinator is required"));
@@ -122,7 +121,9 @@ class UnixSocketTest : public ::testing::Test {
     strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    if (listen_on_it) EXPECT_EQ(listen(fd, 1), 0);
+    if (listen_on_it) {
+      EXPECT_EQ(listen(fd, 1), 0);
+    }
     return fd;
   }
   bool Exists() {

@@ -65,9 +65,11 @@ class StateRpcTest : public ::testing::Test {
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    client_ = *Client::Connect(address_, {.job_id = "job",
-                                          .client_id = "trainer0",
-                                          .rpc_timeout = absl::Seconds(60)});
+    ClientOptions options;
+    options.job_id = "job";
+    options.client_id = "trainer0";
+    options.rpc_timeout = absl::Seconds(60);
+    client_ = *Client::Connect(address_, options);
     Register();
   }
 
@@ -196,37 +198,37 @@ TEST_F(StateRpcTest, EveryRefusedImportChangesNothing) {
   };
   std::vector<Case> cases;
   {
-    Case c{"missing entry", good};
+    Case c{"missing entry", good, "trainer0", ""};
     c.state.entries.erase("bias.exp_avg");
     c.needle = "entry 'bias.exp_avg': missing";
     cases.push_back(c);
   }
   {
-    Case c{"unknown entry", good};
+    Case c{"unknown entry", good, "trainer0", ""};
     c.state.entries["nope.momentum"] = {1.0f};
     c.needle = "entry 'nope.momentum': no registered param";
     cases.push_back(c);
   }
   {
-    Case c{"wrong numel", good};
+    Case c{"wrong numel", good, "trainer0", ""};
     c.state.entries["bias.exp_avg"].push_back(1.0f);
     c.needle = "entry 'bias.exp_avg': numel 17, but the registered shard";
     cases.push_back(c);
   }
   {
-    Case c{"non-finite value", good};
+    Case c{"non-finite value", good, "trainer0", ""};
     c.state.entries["big.momentum"][123] = NAN;
     c.needle = "'big.momentum' has the non-finite value nan at index 123";
     cases.push_back(c);
   }
   {
-    Case c{"negative exp_avg_sq", good};
+    Case c{"negative exp_avg_sq", good, "trainer0", ""};
     c.state.entries["bias.exp_avg_sq"][0] = -1.0f;
     c.needle = "'bias.exp_avg_sq' (exp_avg_sq) has the negative value";
     cases.push_back(c);
   }
   {
-    Case c{"wrong owner", good, "intruder"};
+    Case c{"wrong owner", good, "intruder", ""};
     c.needle = "neither owns the params nor is the operator";
     cases.push_back(c);
   }
