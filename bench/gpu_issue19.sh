@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Issue 19 on a machine with N GPUs (nvidia-h200, -x2, -x4, -x8; bench/README.md). N is what
+# nvidia-smi lists; every part scales to it and says what it skipped. One device call runs one
+# or more parts (a call is capped at 600 s, so split the parts over calls on large N):
+#   run(command="bash bench/gpu_issue19.sh tests main", kind="nvidia-h200-x8",
+#       carry=["dist/b19.tar.xz", "dist/muonium-0.2.0-py3-none-any.whl"], timeout_s=600)
+# dist/b19.tar.xz: deploy/bundle.sh's bundle of main, tarred; the wheel: `pip download
+# --no-deps muonium==0.2.0 -d dist` (pure Python, 33 kB; the machine has no network).
+# Parts (rc and seconds in $OUT/summary.log; each part's log beside it):
+#   tests   the multi-GPU correctness binaries, one process per GPU over NCCL:
+#           layer_sharded_step_cuda_test (domains 1xN, Nx1, 2x(N/2), bitwise vs the single-GPU
+#           reference), nccl_multigpu_test, system_cuda_test (needs 4 GPUs)
+#   main    the README's main job (examples/char_gpt/train_dist.py through `muond launch`,
+#           deploy/local/launch.py) on N GPUs in each layout of LAYOUTS (default ddp fsdp tp
+#           fsdp+tp hsdp; 2-D layouts need N >= 4 to be more than one axis): loss curves vs the
+#           in-process reference and each rank's NS load, in main-<layout>/report.md
+#   llama   bench/llama_train_bench.py: a ~1B Llama (random tokens) in each layout, whole
+#           training step with muond vs torch.optim.Muon in every process vs muonium 0.2.0,
+#           tokens/s and optimizer share as ratios (llama/*.md, llama.md merged)
+#   kill    tests/system/kill_mid_step.py: one daemon SIGKILLed mid-step in the torchrun job;
+#           survivors fail naming it, nothing half-applied, nothing left behind
+# Environment: LAYOUTS, STEPS (main job, default 200), LLAMA_LAYERS (default 16 = the whole
+# 1B model), LLAMA_STEPS (timed, default 10), LLAMA_OPTIMIZERS (default muond,torch,muonium).
+set -u
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out19}
+mkdir -p "$OUT"
+S=$OUT/summary.log
+R=$(pwd)
+part() {  # part NAME LIMIT LOG CMD...
+  local name=$1 lim=$2 log=$3 t0=$SECONDS rc
+  shift 3
+  echo "=== $name: $*" >> "$log"
+  timeout -k 10 "$lim" "$@" >> "$log" 2>&1
+  rc=$?
+  echo "$name: rc $rc, $((SECONDS - t0)) s (cap $lim s)" | tee -a "$S"
+}
+N=$(nvidia-smi -L 2>/dev/null | wc -l)
+{ echo "== $N GPUs, parts: ${*:-all}"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >> "$S" 2>&1
+nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
+BUNDLE=${BUNDLE:-dist/b19.tar.xz}
+rm -rf /tmp/b19; mkdir -p /tmp/b19
+if ! tar -xJf "$BUNDLE" -C /tmp/b19; then echo "bundle $BUNDLE: missing or broken" >> "$S"; exit 1; fi
+B=$(find /tmp/b19 -mindepth 1 -maxdepth 1 -type d | head -1)
+cp "$B"/client/python/muond/v1/*_pb2*.py client/python/muond/v1/
+# shellcheck source=/dev/null
+. "$B/env.sh"
+export PYTHONPATH=$R/client/python MUOND_BIN_DIR=$B/bin
+muonium_dir=/tmp/muonium
+if compgen -G "dist/muonium-*.whl" > /dev/null; then
+  python3 -m zipfile -e dist/muonium-*.whl "$muonium_dir"
+fi
+launch=(python3 -m muond.cli launch --device cuda --nproc-per-node "$N" --bin-dir "$B/bin")
+torchrun=(python3 -m torch.distributed.run --standalone --nproc-per-node "$N")
+layouts=${LAYOUTS:-ddp fsdp tp fsdp+tp hsdp}
+
+run_tests() {
+  local t
+  for t in layer_sharded_step_cuda_test nccl_multigpu_test system_cuda_test; do
+    part "$t" 300 "$OUT/$t.log" "$B/bin/$t"
+    echo "  $t: $(grep -cE '^\[       OK \]' "$OUT/$t.log") ok," \
+      "$(grep -cE '^\[  SKIPPED \]' "$OUT/$t.log") skipped," \
+      "$(grep -cE '^\[  FAILED  \]' "$OUT/$t.log") failed lines" | tee -a "$S"
+  done
+}
+
+run_main() {
+  local l
+  for l in $layouts; do
+    part "main-$l" 300 "$OUT/main-$l.log" python3 deploy/local/launch.py --device cuda \
+      --nproc "$N" --parallel "$l" --steps "${STEPS:-200}" --bin "$B/bin" --out "/tmp/main-$l"
+    mkdir -p "$OUT/main-$l"
+    cp /tmp/main-"$l"/report.md /tmp/main-"$l"/curves.json "$OUT/main-$l/" 2>/dev/null
+  done
+}
+
+run_llama() {
+  local l
+  for l in $layouts; do
+    part "llama-$l" 400 "$OUT/llama-$l.log" "${launch[@]}" --log-dir "$OUT/llama-logs-$l" \
+      -- "${torchrun[@]}" bench/llama_train_bench.py --device cuda --model 1b \
+      --layers "${LLAMA_LAYERS:-16}" --parallel "$l" --steps "${LLAMA_STEPS:-10}" \
+      --optimizers "${LLAMA_OPTIMIZERS:-muond,torch,muonium}" --muonium-path "$muonium_dir" \
+      --out "$OUT/llama"
+  done
+  python3 bench/llama_train_report.py "$OUT"/llama/*.json > "$OUT/llama.md" 2>&1
+}
+
+run_kill() {
+  local l
+  for l in ${KILL_LAYOUTS:-fsdp fsdp+tp}; do
+    part "kill-$l" 200 "$OUT/kill-$l.log" python3 tests/system/kill_mid_step.py --device cuda \
+      --nproc "$N" --parallel "$l" --bin-dir "$B/bin" --out "$OUT/kill-$l.json"
+  done
+}
+
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(tests main llama kill)
+for p in "${parts[@]}"; do
+  case $p in
+    tests | main | llama | kill) "run_$p" ;;
+    *) echo "unknown part '$p' (tests, main, llama, kill)" | tee -a "$S"; exit 2 ;;
+  esac
+done
+echo "left: $(pgrep -fc 'muond-(daemon|coordinator)' || true) server processes," \
+  "$(find /dev/shm -name '*muond*' | wc -l) muond shm objects" | tee -a "$S"
