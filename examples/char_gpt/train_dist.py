@@ -75,8 +75,9 @@ def tp_plan():
             "o": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}
 
 
-def apply_layout(model: CharGPT, args, mesh, device: torch.device):
-    """The layout with PyTorch's own APIs; returns the module to train."""
+def apply_layout(model: CharGPT, args, mesh, device: torch.device, plan=None):
+    """The layout with PyTorch's own APIs; returns the module to train. plan:
+    the blocks' TP plan (default tp_plan(); bench/llama adds its MLP gate)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
     if args.parallel == "ddp":
@@ -85,7 +86,7 @@ def apply_layout(model: CharGPT, args, mesh, device: torch.device):
     if args.parallel in ("tp", "fsdp+tp"):
         tp_mesh = mesh["tp"]
         for block in model.blocks:
-            parallelize_module(block, tp_mesh, tp_plan())
+            parallelize_module(block, tp_mesh, plan or tp_plan())
     if args.parallel in ("fsdp", "fsdp+tp", "hsdp"):
         # fsdp: 1-D; fsdp+tp: over "dp"; hsdp: the 2-D (replicate, shard) mesh.
         shard_mesh = mesh["dp"] if args.parallel == "fsdp+tp" else mesh

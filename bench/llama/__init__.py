@@ -1,0 +1,1 @@
+"""The Llama-style model of bench/llama_train_bench.py."""

@@ -1,0 +1,587 @@
+#!/usr/bin/env python3
+"""The whole training step of a Llama-style model with muond vs torch.optim.Muon vs muonium.
+
+    muond launch --device cuda --nproc-per-node 8 -- torchrun --standalone \\
+        --nproc-per-node 8 bench/llama_train_bench.py --device cuda --model 1b \\
+        --parallel fsdp --out out/llama
+
+One torchrun job, one PyTorch layout (--parallel: ddp, fsdp, tp, fsdp+tp, hsdp,
+as examples/char_gpt/train_dist.py builds them, whose helpers this imports), and
+the optimizers of --optimizers one after another in the same processes; each
+starts from the same seed-initialised model and sees the same random-token
+batches, and the previous one's model and optimizer are freed (and the CUDA
+cache emptied) before the next is built:
+
+  muond    muond.torch.Muon as train_dist.build_optimizer builds it (block
+           matrices -> Muon, embedding/norms/head -> its "adamw" group), the
+           Newton-Schulz layer-sharded over the job's daemons (`muond launch`);
+           NS precision --muond-ns-precision (default medium = bf16 operands,
+           fp32 accumulation: the peers' precision)
+  torch    torch.optim.Muon in every process: redundant NS. A DTensor param
+           (FSDP2, TP, HSDP) gets a full-size plain replica on every rank; each
+           step gathers the full gradient (full_tensor()), steps the replica and
+           copies this rank's shard back (Replicate -> the param's placements:
+           local). DDP params are plain: stepped directly. Non-matrix params:
+           torch.optim.AdamW (DTensor-aware)
+  muonium  PyPI muonium 0.2.0's Muon (DTensor/FSDP2-aware; --muonium-path DIR
+           or the environment). Its NS always runs its Triton Gram kernel, which
+           is CUDA only: skipped on CPU with a note
+
+Same hyperparameters for all: Muon lr, momentum 0.95 with Nesterov, decoupled
+weight decay, 5 NS steps with torch's coefficients (3.4445, -4.775, 2.0315),
+torch's `original` lr scale sqrt(max(1, rows/cols)); AdamW lr/betas/eps/wd.
+
+Timing: --warmup untimed steps, then --steps timed ones. Per step the wall time
+of zero_grad + forward + backward and of opt.step() (each bracketed by
+torch.cuda.synchronize() on cuda), max over ranks per step, median over steps.
+Output: a markdown table on rank 0's stdout, <out>/<parallel>-w<N>.json and .md
+(rewritten after each optimizer, so a later failure keeps the earlier results).
+bench/llama_train_report.py merges several JSONs into one table.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib.metadata
+import json
+import os
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHAR_GPT = os.path.join(os.path.dirname(HERE), "examples", "char_gpt")
+sys.path[:0] = [HERE, CHAR_GPT]
+
+from llama.model import PRESETS, LlamaConfig  # noqa: E402
+from options import LAYOUTS, TWO_D, dp_size, tp_size  # noqa: E402  (char_gpt, no torch)
+
+OPTIMIZERS = ("muond", "torch", "muonium")
+# Per data-parallel rank: (sequences, tokens per sequence). 1b: 4 x 2048 fits
+# one H200 at world 1 with fp32 params, bf16 autocast and no activation
+# checkpointing (with torch's full replica and muonium's state alike).
+BATCH_DEFAULTS = {"1b": (4, 2048), "tiny": (4, 32)}
+ADAMW_EPS = 1e-8
+
+
+def optimizer_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in OPTIMIZERS]
+    if bad or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct names from {','.join(OPTIMIZERS)}, got {text!r}")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=sorted(PRESETS), default="1b",
+                   help="1b: Llama-3.2-1B's shape (untied head); tiny: a CPU-sized one")
+    p.add_argument("--layers", type=int, help="override the preset's layer count")
+    p.add_argument("--heads", type=int, help="override the preset's attention heads")
+    p.add_argument("--kv-heads", type=int, help="override the preset's kv heads (GQA)")
+    p.add_argument("--parallel", choices=LAYOUTS, default="fsdp", help="the layout")
+    p.add_argument("--inner", type=int, default=2,
+                   help="inner mesh dim of the 2-D layouts (fsdp+tp: TP size; hsdp: shard "
+                        "group size)")
+    p.add_argument("--optimizers", type=optimizer_list, default=list(OPTIMIZERS),
+                   help="comma list, run in this order")
+    p.add_argument("--batch", type=int,
+                   help="sequences per data-parallel rank (default: 4 for 1b and tiny)")
+    p.add_argument("--seq", type=int, help="tokens per sequence (default: 2048 for 1b, 32 "
+                                           "for tiny)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
+    p.add_argument("--lr", type=float, default=0.02, help="Muon lr")
+    p.add_argument("--momentum", type=float, default=0.95, help="Muon momentum (Nesterov)")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="Muon weight decay")
+    p.add_argument("--ns-steps", type=int, default=5)
+    p.add_argument("--adamw-lr", type=float, default=3e-4)
+    p.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.95))
+    p.add_argument("--adamw-weight-decay", type=float, default=0.0)
+    p.add_argument("--muond-ns-precision", choices=["medium", "high", "highest"],
+                   default="medium",
+                   help="muond's fp32_matmul_prec: medium = bf16 NS as torch.optim.Muon "
+                        "and muonium run it; highest = fp32; high = TF32 (cuda)")
+    p.add_argument("--torch-ns-precision", choices=["bf16", "fp32"], default="bf16",
+                   help="torch.optim.Muon's NS: bf16 (its own) or fp32 (its one bf16 cast "
+                        "swapped for an fp32 copy during its step; with --muond-ns-precision "
+                        "highest the two then differ by fp32 rounding: the CI test's check)")
+    p.add_argument("--muonium-path", help="a directory holding the muonium package "
+                                          "(put first on sys.path)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="init and data seed")
+    p.add_argument("--wait-healthy", type=float, default=60.0,
+                   help="seconds muond's client waits for the daemons")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (0: 1 per rank with several ranks, else up to 4)")
+    p.add_argument("--out", default="out/llama_bench", help="directory for the JSON and .md")
+    return p
+
+
+def model_config(args) -> LlamaConfig:
+    cfg = PRESETS[args.model]
+    over = {k: v for k, v in (("layers", args.layers), ("heads", args.heads),
+                              ("kv_heads", args.kv_heads)) if v is not None}
+    return LlamaConfig(**{**cfg.__dict__, **over})
+
+
+def layout_problem(args, cfg: LlamaConfig, world: int) -> str:
+    """The broken rule naming the options that fix it; '' when the layout fits."""
+    if args.parallel in TWO_D and (args.inner < 1 or world % args.inner):
+        return (f"--parallel {args.parallel} lays the {world} processes out as a "
+                f"(N / {args.inner}) x {args.inner} mesh (--inner {args.inner}): torchrun "
+                f"--nproc-per-node must be a multiple of --inner")
+    if cfg.heads < 1 or cfg.kv_heads < 1 or cfg.heads % cfg.kv_heads or \
+            cfg.d_model % cfg.heads or cfg.head_dim % 2:
+        return (f"--model {args.model}: --heads {cfg.heads} must divide d_model "
+                f"{cfg.d_model} into even head widths and be a multiple of --kv-heads "
+                f"{cfg.kv_heads}")
+    tp = tp_size(args, world)
+    if tp > 1 and cfg.kv_heads % tp:
+        inner = "--inner" if args.parallel == "fsdp+tp" else "torchrun --nproc-per-node"
+        return (f"--parallel {args.parallel}: the {cfg.kv_heads} kv heads of --model "
+                f"{args.model} (--kv-heads) are not divisible by the TP size {tp} "
+                f"(ColwiseParallel splits k/v by head); pass --kv-heads a multiple of {tp}, "
+                f"a TP size dividing {cfg.kv_heads} ({inner}), or --parallel fsdp, hsdp or ddp")
+    return ""
+
+
+def check_environment(args) -> str:
+    """What keeps the run from starting (before any process group): '' if nothing."""
+    if "muond" in args.optimizers and not os.environ.get("MUOND_JOB_ID"):
+        return ("--optimizers has muond but MUOND_JOB_ID is not set: run under `muond launch "
+                "[--device cuda] -- torchrun ...`, or drop muond from --optimizers")
+    if "muonium" in args.optimizers and args.device == "cuda":
+        try:
+            import_muonium(args)
+        except ImportError as e:
+            return (f"--optimizers has muonium but it does not import ({e}): pass "
+                    "--muonium-path DIR (the unpacked muonium-0.2.0 wheel) or install it, or "
+                    "drop muonium from --optimizers")
+    return ""
+
+
+def import_muonium(args):
+    if args.muonium_path and args.muonium_path not in sys.path:
+        sys.path.insert(0, args.muonium_path)
+    import muonium
+    return muonium
+
+
+MUONIUM_CPU_NOTE = ("skipped on CPU: muonium 0.2.0's Newton-Schulz always runs its Triton Gram "
+                    "kernel (muonium/kernels/gram.py asserts CUDA tensors), so it cannot step "
+                    "CPU params")
+
+
+# ---------------------------------------------------------------- optimizers
+
+def unwrap(model):
+    return model.module if hasattr(model, "module") else model
+
+
+def build_muond(model, args):
+    """train_dist.build_optimizer with torch.optim.Muon's math (simple
+    coefficients, `original` = shape_scaling x 1 lr scale)."""
+    import train_dist
+    ns = SimpleNamespace(lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
+                         ns_steps=args.ns_steps, adamw_lr=args.adamw_lr, betas=args.betas,
+                         adamw_weight_decay=args.adamw_weight_decay,
+                         coefficient_type="simple", scale_mode="shape_scaling",
+                         extra_scale_factor=1.0, fp32_matmul_prec=args.muond_ns_precision,
+                         ns_algorithm="standard", gram_dtype="fp16", gram_restarts=None,
+                         wait_healthy=args.wait_healthy)
+    return train_dist.build_optimizer(model, ns)
+
+
+@contextlib.contextmanager
+def fp32_newton_schulz():
+    """torch.optim.Muon with its NS in fp32: its one bf16 cast (grad.bfloat16()
+    in _zeropower_via_newtonschulz) returns an fp32 copy instead, as
+    tests/client/python/contract/common.py runs it."""
+    import torch
+    original = torch.Tensor.bfloat16
+    torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
+    try:
+        yield
+    finally:
+        torch.Tensor.bfloat16 = original
+
+
+class RedundantTorchMuon:
+    """torch.optim.Muon in every process, as a user runs it on a sharded model
+    today: every rank orthogonalizes every matrix."""
+
+    def __init__(self, model, args):
+        import torch
+        from torch.distributed.tensor import DTensor
+        muon, adamw = unwrap(model).param_groups()
+        self.params = [p for _, p in muon + adamw]
+        self.sharded = []  # (DTensor param, its full plain replica)
+        plain = []
+        for _, p in muon:  # the same order on every rank: full_tensor is a collective
+            if isinstance(p, DTensor):
+                replica = torch.nn.Parameter(p.full_tensor().detach().clone())
+                self.sharded.append((p, replica))
+                plain.append(replica)
+            else:
+                plain.append(p)
+        self.muon = torch.optim.Muon(plain, lr=args.lr, weight_decay=args.weight_decay,
+                                     momentum=args.momentum, nesterov=True,
+                                     ns_steps=args.ns_steps, adjust_lr_fn="original")
+        self.adamw = torch.optim.AdamW([p for _, p in adamw], lr=args.adamw_lr,
+                                       betas=tuple(args.betas), eps=ADAMW_EPS,
+                                       weight_decay=args.adamw_weight_decay)
+
+        self.fp32_ns = args.torch_ns_precision == "fp32"
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+        for _, replica in self.sharded:
+            replica.grad = None
+
+    def step(self):
+        import torch
+        from torch.distributed.tensor import DTensor, Replicate
+        with torch.no_grad():
+            for p, replica in self.sharded:
+                replica.grad = p.grad.full_tensor()
+            if self.fp32_ns:
+                with fp32_newton_schulz():
+                    self.muon.step()
+            else:
+                self.muon.step()
+            self.adamw.step()
+            for p, replica in self.sharded:
+                mesh = p.device_mesh
+                full = DTensor.from_local(replica.detach(), mesh, [Replicate()] * mesh.ndim,
+                                          run_check=False)
+                # Replicate -> the param's placements: each rank keeps its chunk.
+                p.to_local().copy_(full.redistribute(mesh, p.placements).to_local())
+
+    def close(self):
+        pass
+
+
+def build_muonium(model, args):
+    muonium = import_muonium(args)
+    muon, adamw = unwrap(model).param_groups()
+    return muonium.Muon(
+        [{"params": [p for _, p in muon]},  # "muon" is the default algorithm
+         {"params": [p for _, p in adamw], "algorithm": "adamw", "lr": args.adamw_lr,
+          "wd": args.adamw_weight_decay}],
+        lr=args.lr, wd=args.weight_decay, use_cautious_wd=False, momentum=args.momentum,
+        nesterov=True, ns_steps=args.ns_steps, orthogonalization_strategy="newton_schulz",
+        adam_betas=tuple(args.betas), adam_eps=ADAMW_EPS, is_adamw=True)
+
+
+def optimizer_notes(args) -> dict[str, str]:
+    prec = {"medium": "bf16", "high": "TF32", "highest": "fp32"}[args.muond_ns_precision]
+    return {
+        "muond": f"muond.torch.Muon, {prec} NS (fp32_matmul_prec={args.muond_ns_precision}), "
+                 "layer-sharded over the job's daemons; AdamW in the daemons",
+        "torch": f"torch.optim.Muon ({args.torch_ns_precision} NS) in every process on full replicas of sharded "
+                 "matrices (grads gathered by full_tensor); torch.optim.AdamW",
+        "muonium": "muonium.Muon 0.2.0, newton_schulz (bf16, Triton Gram kernel, "
+                   "torch.compile), plain wd; its own differences: momentum M = mu M + G "
+                   "(torch: EMA, equal after NS's normalisation), weight decay scaled by "
+                   "lr x the shape ratio (torch: by lr)",
+    }
+
+
+# ---------------------------------------------------------------- the run
+
+def batch_at(step: int, args, cfg, dp: int, data_rank: int):
+    """This rank's slice of step's global batch (the same for every optimizer)."""
+    import torch
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    tokens = torch.randint(cfg.vocab, (dp * args.batch, args.seq + 1), generator=g)
+    mine = tokens[data_rank * args.batch:(data_rank + 1) * args.batch]
+    return mine[:, :-1], mine[:, 1:]
+
+
+def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state, keep_init):
+    """Trains --warmup + --steps steps with optimizer `name`; returns
+    (the measurements, the final params gathered whole (rank 0, when
+    keep_state), the initial ones (rank 0, when keep_init))."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    import train_dist
+    from llama.model import Llama, tp_plan
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    torch.manual_seed(args.seed)  # the same init on every rank and for every optimizer
+    with torch.device(device):
+        model = Llama(cfg)
+    model = train_dist.apply_layout(model, args, mesh, device, plan=tp_plan())
+    init = train_dist.full_state(model) if keep_init else None
+    if rank != 0:
+        init = None
+    opt = {"muond": build_muond, "torch": RedundantTorchMuon,
+           "muonium": build_muonium}[name](model, args)
+    dp, data_rank = dp_size(args, world), train_dist.data_rank(args, mesh, rank)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    losses, times, ns_ms, plan = [], [], [], None
+    try:
+        for step in range(args.warmup + args.steps):
+            x, y = (t.to(device) for t in batch_at(step, args, cfg, dp, data_rank))
+            sync()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            sync()
+            t1 = time.perf_counter()
+            opt.step()
+            sync()
+            t2 = time.perf_counter()
+            losses.append(loss.detach().float())
+            if step >= args.warmup:
+                times.append((t1 - t0, t2 - t1, t2 - t0))
+                if name == "muond":
+                    ns_ms.append(opt.last_timings.get("ns_us", 0.0) / 1e3)
+        if name == "muond" and rank == 0:
+            plan = train_dist.plan_rank_load(world)
+    finally:
+        if hasattr(opt, "close"):  # muond's unregisters from the daemons
+            opt.close()
+    # Max over ranks per step (the slowest rank sets the pace), then medians.
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    fwd_bwd, opt_s, whole = (statistics.median(col) for col in t.t().tolist())
+    # The global batch's loss: the mean of the data-parallel slices' means
+    # (TP ranks of one slice hold the same loss, so the mean over all ranks).
+    lv = torch.stack(losses).to(torch.float64)
+    dist.all_reduce(lv)
+    lv = (lv / world).tolist()
+    peak = torch.tensor([torch.cuda.max_memory_allocated(device) if cuda else 0],
+                        dtype=torch.float64, device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, {
+        "rank": rank, "mesh": train_dist.mesh_coordinates(args, mesh, rank),
+        "opt_step_ms_median": 1e3 * statistics.median(r[1] for r in times),
+        **({"daemon_ns_ms_median": statistics.median(ns_ms)} if ns_ms else {})})
+    state = train_dist.full_state(model) if keep_state else None
+    if rank != 0:
+        state = None
+    tokens = dp * args.batch * args.seq
+    result = {
+        "optimizer": name, "tokens_per_step": tokens, "tokens_per_s": tokens / whole,
+        "step_ms": 1e3 * whole, "fwd_bwd_ms": 1e3 * fwd_bwd, "opt_step_ms": 1e3 * opt_s,
+        "opt_share": opt_s / whole, "loss_first": lv[0], "loss_last": lv[-1], "losses": lv,
+        "peak_cuda_gib": float(peak) / 2**30 if cuda else None, "ranks": per_rank,
+    }
+    if plan is not None:
+        result["plan"] = plan
+    del opt, model
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return result, state, init
+
+
+def param_diff(mine: dict, ref: dict, init: dict) -> dict:
+    """Per tensor ||mine - ref||_F / ||ref||_F (tests/gpu/test_exactness_vs_torch.py's
+    measure) and ||ref - init||_F / ||init||_F (how far the reference moved it:
+    the scale a difference is judged on); their maxima and where."""
+    per = {}
+    for k in ref:
+        x, y, y0 = mine[k].double(), ref[k].double(), init[k].double()
+        per[k] = (float((x - y).norm() / y.norm().clamp_min(1e-30)),
+                  float((y - y0).norm() / y0.norm().clamp_min(1e-30)))
+    worst = max(per, key=lambda k: per[k][0])
+    return {"max_rel_diff": per[worst][0], "worst": worst,
+            "reference_min_change": min(v[1] for v in per.values()),
+            "measure": "max over tensors of ||muond - torch||_F / ||torch||_F",
+            "per_tensor": {k: {"rel_diff": d, "ref_change": c} for k, (d, c) in per.items()}}
+
+
+# ---------------------------------------------------------------- the report
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def ratios(results: dict) -> dict:
+    r = {n: results.get(n) for n in OPTIMIZERS}
+    tps = {n: (v or {}).get("tokens_per_s") for n, v in r.items()}
+    opt = {n: (v or {}).get("opt_step_ms") for n, v in r.items()}
+    return {"tokens_per_s_muond_over_torch": ratio(tps["muond"], tps["torch"]),
+            "tokens_per_s_muond_over_muonium": ratio(tps["muond"], tps["muonium"]),
+            "opt_ms_torch_over_muond": ratio(opt["torch"], opt["muond"]),
+            "opt_ms_muonium_over_muond": ratio(opt["muonium"], opt["muond"])}
+
+
+def fmt(v, spec=".2f", suffix=""):
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def markdown(report: dict) -> str:
+    c, lay = report["config"], report["layout"]
+    m = report["model"]
+    lines = [f"# Llama training step: {lay['parallel']}, {lay['world']} ranks "
+             f"({lay['device']}, {lay['backend']})", "", "```", report["command"], "```", "",
+             f"- model `{c['model']}`: d_model {m['d_model']}, {m['layers']} layers, "
+             f"{m['heads']} heads / {m['kv_heads']} kv heads, ffn {m['ffn']}, vocab "
+             f"{m['vocab']}; {m['params']['total'] / 1e6:,.1f}M params "
+             f"({m['params']['block_matrices'] / 1e6:,.1f}M in block matrices -> Muon)",
+             f"- mesh {lay['mesh']}; data parallel {lay['dp_size']}, tensor parallel "
+             f"{lay['tp_size']}; {c['batch']} x {c['seq']} tokens per data-parallel rank, "
+             f"{report['tokens_per_step']:,} per step; "
+             f"{'bf16 autocast, ' if lay['device'] == 'cuda' else ''}fp32 params",
+             f"- Muon lr {c['lr']}, momentum {c['momentum']} (Nesterov), wd "
+             f"{c['weight_decay']}, {c['ns_steps']} NS steps; AdamW lr {c['adamw_lr']}, betas "
+             f"{tuple(c['betas'])}, wd {c['adamw_weight_decay']}; {c['warmup']} warm-up + "
+             f"{c['steps']} timed steps (median of the per-step max over ranks)", "",
+             "| optimizer | tokens/s | step ms | fwd+bwd ms | opt step ms | opt share "
+             "| loss first -> last | peak CUDA GiB |", "|---|---|---|---|---|---|---|---|"]
+    for name in c["optimizers"]:
+        r = report["results"].get(name)
+        if r is None:
+            lines.append(f"| {name} | {report['skipped'].get(name, 'not run')} |||||||")
+            continue
+        lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | "
+                     f"{r['fwd_bwd_ms']:.1f} | {r['opt_step_ms']:.1f} | {r['opt_share']:.1%} | "
+                     f"{r['loss_first']:.4f} -> {r['loss_last']:.4f} | "
+                     f"{fmt(r['peak_cuda_gib'])} |")
+    q = report["ratios"]
+    lines += ["", "| tokens/s muond ÷ torch | tokens/s muond ÷ muonium | opt ms torch ÷ muond "
+                  "| opt ms muonium ÷ muond |", "|---|---|---|---|",
+              f"| {fmt(q['tokens_per_s_muond_over_torch'], '.3f')} | "
+              f"{fmt(q['tokens_per_s_muond_over_muonium'], '.3f')} | "
+              f"{fmt(q['opt_ms_torch_over_muond'], '.3f')} | "
+              f"{fmt(q['opt_ms_muonium_over_muond'], '.3f')} |", ""]
+    for name, note in report["notes"].items():
+        if name in report["results"]:
+            lines.append(f"- {name}: {note}")
+    for name, why in report["skipped"].items():
+        lines.append(f"- {name} not run: {why}")
+    cmp = report.get("params_muond_vs_torch")
+    if cmp:
+        lines += ["", f"Final params, muond vs torch: max over tensors of ‖muond − torch‖ / "
+                      f"‖torch‖ = **{cmp['max_rel_diff']:.3e}** ({cmp['worst']}); torch moved "
+                      f"every param by at least {cmp['reference_min_change']:.3e} of its "
+                      f"norm from the init."]
+    muond = report["results"].get("muond")
+    if muond and muond.get("plan"):
+        plan = muond["plan"]
+        lines += ["", "## muond: Newton–Schulz load per rank (coordinator's plan)", ""]
+        if "error" in plan:
+            lines.append(f"(plan unavailable: {plan['error']})")
+        else:
+            load = plan["rank_load"]
+            total = sum(load) or 1.0
+            lines += ["| rank | mesh | plan NS load | share | daemon NS ms (median) | "
+                      "opt step ms (median) |", "|---|---|---|---|---|---|"]
+            for r in muond["ranks"]:
+                lines.append(f"| {r['rank']} | {r['mesh']} | {load[r['rank']]:.3g} | "
+                             f"{load[r['rank']] / total:.1%} | "
+                             f"{fmt(r.get('daemon_ns_ms_median'))} | "
+                             f"{r['opt_step_ms_median']:.2f} |")
+            lines += ["", f"Plan version {plan['version']}, groups {', '.join(plan['groups'])}; "
+                          f"an even split gives each rank {1 / len(load):.1%}."]
+    if lay["device"] == "cpu":
+        lines += ["", f"CPU run ({os.cpu_count()} cores shared by {lay['world']} trainers and "
+                      "their daemons): a check that the job runs, not a speed comparison."]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(report: dict, out: str) -> str:
+    os.makedirs(out, exist_ok=True)
+    stem = os.path.join(out, f"{report['layout']['parallel']}-w{report['layout']['world']}")
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    text = markdown(report)
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    return text
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    cfg = model_config(args)
+    args.batch = args.batch or BATCH_DEFAULTS[args.model][0]
+    args.seq = args.seq or BATCH_DEFAULTS[args.model][1]
+    problem = layout_problem(args, cfg, world) or check_environment(args)
+    if problem:  # every rank refuses the same, before any collective
+        print(f"llama_train_bench.py (rank {rank}): {problem}", file=sys.stderr)
+        return 2
+    import torch
+    import torch.distributed as dist
+    import train_dist
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    torch.set_num_threads(args.threads or (1 if world > 1 and device.type == "cpu"
+                                           else min(4, os.cpu_count() or 1)))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    mesh = train_dist.build_mesh(args, world, device.type)
+    compare = "muond" in args.optimizers and "torch" in args.optimizers
+    report = {
+        "command": " ".join(sys.argv), "config": vars(args),
+        "model": {**cfg.__dict__, "params": cfg.param_counts()},
+        "layout": {"parallel": args.parallel, "world": world, "device": args.device,
+                   "backend": dist.get_backend(),
+                   "mesh": dict(zip(mesh.mesh_dim_names or (), mesh.shape)),
+                   "dp_size": dp_size(args, world), "tp_size": tp_size(args, world)},
+        "tokens_per_step": dp_size(args, world) * args.batch * args.seq,
+        "notes": optimizer_notes(args), "skipped": {}, "results": {}, "ratios": {},
+        "versions": {"torch": torch.__version__},
+    }
+    states, init, init_taken = {}, None, False  # init: rank 0's; init_taken: every rank's
+    for name in args.optimizers:
+        if name == "muonium":
+            if device.type == "cpu":
+                report["skipped"][name] = MUONIUM_CPU_NOTE
+                continue
+            report["versions"]["muonium"] = _version("muonium")
+        if rank == 0:
+            print(f"llama_train_bench: {name}: {args.parallel} on {world} ranks ...", flush=True)
+        keep = compare and name in ("muond", "torch")
+        result, state, first_init = run_optimizer(name, args, cfg, mesh, rank, world, device,
+                                                  keep_state=keep,
+                                                  keep_init=keep and not init_taken)
+        init = init if init is not None else first_init
+        init_taken = init_taken or keep
+        report["results"][name] = result
+        if state is not None:
+            states[name] = state
+        report["ratios"] = ratios(report["results"])
+        if rank == 0:
+            if compare and {"muond", "torch"} <= set(states) and init is not None:
+                report["params_muond_vs_torch"] = param_diff(states["muond"],
+                                                             states["torch"], init)
+                states.clear()
+            write_outputs(report, args.out)
+    dist.destroy_process_group()
+    if rank == 0:
+        print(write_outputs(report, args.out), flush=True)
+        print(f"wrote {args.out}/{args.parallel}-w{world}.json and .md", flush=True)
+    return 0
+
+
+def _version(dist_name: str) -> str:
+    try:
+        return importlib.metadata.version(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
