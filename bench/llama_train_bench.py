@@ -118,6 +118,9 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds muond's client waits for the daemons")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0: 1 per rank with several ranks, else up to 4)")
+    p.add_argument("--compare-params", action=argparse.BooleanOptionalAction, default=True,
+                   help="gather the final params whole on rank 0 and compare each optimizer's "
+                        "with torch's (1b: ~6 GB host memory per kept copy, seconds)")
     p.add_argument("--out", default="out/llama_bench", help="directory for the JSON and .md")
     return p
 
@@ -170,6 +173,11 @@ def import_muonium(args):
         sys.path.insert(0, args.muonium_path)
     import muonium
     return muonium
+
+
+def skip_reason(name: str, device) -> str:
+    """Why optimizer `name` cannot run on `device` ('' if it can)."""
+    return MUONIUM_CPU_NOTE if name == "muonium" and device.type == "cpu" else ""
 
 
 MUONIUM_CPU_NOTE = ("skipped on CPU: muonium 0.2.0's Newton-Schulz always runs its Triton Gram "
@@ -404,7 +412,7 @@ def param_diff(mine: dict, ref: dict, init: dict) -> dict:
     worst = max(per, key=lambda k: per[k][0])
     return {"max_rel_diff": per[worst][0], "worst": worst,
             "reference_min_change": min(v[1] for v in per.values()),
-            "measure": "max over tensors of ||muond - torch||_F / ||torch||_F",
+            "measure": "max over tensors of ||mine - torch||_F / ||torch||_F",
             "per_tensor": {k: {"rel_diff": d, "ref_change": c} for k, (d, c) in per.items()}}
 
 
@@ -468,12 +476,13 @@ def markdown(report: dict) -> str:
             lines.append(f"- {name}: {note}")
     for name, why in report["skipped"].items():
         lines.append(f"- {name} not run: {why}")
-    cmp = report.get("params_muond_vs_torch")
-    if cmp:
-        lines += ["", f"Final params, muond vs torch: max over tensors of ‖muond − torch‖ / "
-                      f"‖torch‖ = **{cmp['max_rel_diff']:.3e}** ({cmp['worst']}); torch moved "
-                      f"every param by at least {cmp['reference_min_change']:.3e} of its "
-                      f"norm from the init."]
+    for name in ("muond", "muonium"):
+        cmp = report.get(f"params_{name}_vs_torch")
+        if cmp:
+            lines += ["", f"Final params, {name} vs torch: max over tensors of ‖{name} − "
+                          f"torch‖ / ‖torch‖ = **{cmp['max_rel_diff']:.3e}** ({cmp['worst']}); "
+                          f"torch moved every param by at least "
+                          f"{cmp['reference_min_change']:.3e} of its norm from the init."]
     muond = report["results"].get("muond")
     if muond and muond.get("plan"):
         plan = muond["plan"]
@@ -532,7 +541,6 @@ def main(argv=None) -> int:
                                            else min(4, os.cpu_count() or 1)))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     mesh = train_dist.build_mesh(args, world, device.type)
-    compare = "muond" in args.optimizers and "torch" in args.optimizers
     report = {
         "command": " ".join(sys.argv), "config": vars(args),
         "model": {**cfg.__dict__, "params": cfg.param_counts()},
@@ -544,19 +552,31 @@ def main(argv=None) -> int:
         "notes": optimizer_notes(args), "skipped": {}, "results": {}, "ratios": {},
         "versions": {"torch": torch.__version__},
     }
+    # Final params vs torch's (rank 0 keeps them until both are there): muond's
+    # is the correctness signal, muonium's a note (its math differs, notes).
+    runnable = [n for n in args.optimizers if not skip_reason(n, device)]
+    compared = ([n for n in runnable if n != "torch"]
+                if "torch" in runnable and args.compare_params else [])
     states, init, init_taken = {}, None, False  # init: rank 0's; init_taken: every rank's
     for name in args.optimizers:
+        why = skip_reason(name, device)
+        if why:
+            report["skipped"][name] = why
+            continue
         if name == "muonium":
-            if device.type == "cpu":
-                report["skipped"][name] = MUONIUM_CPU_NOTE
-                continue
             report["versions"]["muonium"] = _version("muonium")
         if rank == 0:
             print(f"llama_train_bench: {name}: {args.parallel} on {world} ranks ...", flush=True)
-        keep = compare and name in ("muond", "torch")
-        result, state, first_init = run_optimizer(name, args, cfg, mesh, rank, world, device,
-                                                  keep_state=keep,
-                                                  keep_init=keep and not init_taken)
+        keep = bool(compared)
+        try:
+            result, state, first_init = run_optimizer(name, args, cfg, mesh, rank, world,
+                                                      device, keep_state=keep,
+                                                      keep_init=keep and not init_taken)
+        except Exception as e:  # keep what the earlier optimizers measured, then fail
+            if rank == 0:
+                report["skipped"][name] = f"FAILED: {type(e).__name__}: {e}"[:2000]
+                write_outputs(report, args.out)
+            raise
         init = init if init is not None else first_init
         init_taken = init_taken or keep
         report["results"][name] = result
@@ -564,10 +584,10 @@ def main(argv=None) -> int:
             states[name] = state
         report["ratios"] = ratios(report["results"])
         if rank == 0:
-            if compare and {"muond", "torch"} <= set(states) and init is not None:
-                report["params_muond_vs_torch"] = param_diff(states["muond"],
-                                                             states["torch"], init)
-                states.clear()
+            if "torch" in states:
+                for other in [n for n in compared if n in states]:
+                    report[f"params_{other}_vs_torch"] = param_diff(states.pop(other),
+                                                                    states["torch"], init)
             write_outputs(report, args.out)
     dist.destroy_process_group()
     if rank == 0:
