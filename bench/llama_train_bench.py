@@ -292,8 +292,8 @@ def optimizer_notes(args) -> dict[str, str]:
     return {
         "muond": f"muond.torch.Muon, {prec} NS (fp32_matmul_prec={args.muond_ns_precision}), "
                  "layer-sharded over the job's daemons; AdamW in the daemons",
-        "torch": f"torch.optim.Muon ({args.torch_ns_precision} NS) in every process on full replicas of sharded "
-                 "matrices (grads gathered by full_tensor); torch.optim.AdamW",
+        "torch": f"torch.optim.Muon ({args.torch_ns_precision} NS) in every process on full "
+                 "replicas of sharded matrices (grads gathered by full_tensor); torch.optim.AdamW",
         "muonium": "muonium.Muon 0.2.0, newton_schulz (bf16, Triton Gram kernel, "
                    "torch.compile), plain wd; its own differences: momentum M = mu M + G "
                    "(torch: EMA, equal after NS's normalisation), weight decay scaled by "
@@ -458,7 +458,7 @@ def markdown(report: dict) -> str:
     for name in c["optimizers"]:
         r = report["results"].get(name)
         if r is None:
-            lines.append(f"| {name} | {report['skipped'].get(name, 'not run')} |||||||")
+            lines.append(f"| {name} | not run (below) |||||||")
             continue
         lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | "
                      f"{r['fwd_bwd_ms']:.1f} | {r['opt_step_ms']:.1f} | {r['opt_share']:.1%} | "

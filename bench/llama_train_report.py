@@ -48,7 +48,8 @@ def table(runs: list[dict]) -> str:
     head = ["layout", "world", "mesh", "tokens/step", "NS muond/torch"]
     head += [f"{n} tok/s" for n in OPTIMIZERS] + [f"{n} opt share" for n in OPTIMIZERS]
     head += ["tok/s muond÷torch", "tok/s muond÷muonium", "opt ms torch÷muond",
-             "opt ms muonium÷muond", "muond NS load max/mean", "params muond vs torch"]
+             "opt ms muonium÷muond", "muond NS load max/mean", "params muond vs torch",
+             "params muonium vs torch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = set()
     for r in runs:
@@ -64,7 +65,8 @@ def table(runs: list[dict]) -> str:
             "tokens_per_s_muond_over_torch", "tokens_per_s_muond_over_muonium",
             "opt_ms_torch_over_muond", "opt_ms_muonium_over_muond")]
         row.append(cell(spread(res.get("muond")), ".3f"))
-        row.append(cell((r.get("params_muond_vs_torch") or {}).get("max_rel_diff"), ".2e"))
+        row += [cell((r.get(f"params_{n}_vs_torch") or {}).get("max_rel_diff"), ".2e")
+                for n in ("muond", "muonium")]
         lines.append("| " + " | ".join(row) + " |")
         notes.update(f"{n}: {why}" for n, why in r.get("skipped", {}).items())
     if runs:
@@ -74,8 +76,8 @@ def table(runs: list[dict]) -> str:
                       f"{m['params']['total'] / 1e6:,.1f}M params), {c['batch']} x {c['seq']} "
                       f"tokens per data-parallel rank, device {runs[0]['layout']['device']}; "
                       f"{c['warmup']} warm-up + {c['steps']} timed steps, medians of the per-step "
-                      "max over ranks. params muond vs torch: max over tensors of "
-                      "‖muond − torch‖ / ‖torch‖ after the run."]
+                      "max over ranks. params X vs torch: max over tensors of "
+                      "‖X − torch‖ / ‖torch‖ after the run."]
         lines += [f"- {n}" for n in sorted(notes)]
         lines += ["", "Commands:", ""] + [f"- `{r['command']}`" for r in runs]
     return "\n".join(lines) + "\n"
