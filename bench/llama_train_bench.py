@@ -134,6 +134,8 @@ def model_config(args) -> LlamaConfig:
 
 def layout_problem(args, cfg: LlamaConfig, world: int) -> str:
     """The broken rule naming the options that fix it; '' when the layout fits."""
+    if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.seq < 1:
+        return "--steps, --batch and --seq must be >= 1 and --warmup >= 0"
     if args.parallel in TWO_D and (args.inner < 1 or world % args.inner):
         return (f"--parallel {args.parallel} lays the {world} processes out as a "
                 f"(N / {args.inner}) x {args.inner} mesh (--inner {args.inner}): torchrun "
