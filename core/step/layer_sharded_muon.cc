@@ -714,6 +714,12 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
     commit.code = RefusalCode::kNonFiniteUpdate;
   }
   if (options_.testonly_commit_delay_ms > 0) {
+    // Said before the sleep, so a test watching the log kills a peer inside
+    // this window, not by guessing a delay (tests/system/kill_mid_step.py).
+    LOG(INFO) << "testonly_commit_delay_ms: step " << inputs.step_id
+              << ": exchanges done (" << (prepared.ok() ? "ok" : "failed")
+              << "); waiting " << options_.testonly_commit_delay_ms
+              << " ms before the commit vote";
     absl::SleepFor(absl::Milliseconds(options_.testonly_commit_delay_ms));
   }
   absl::StatusOr<JobDecision> committed = VoteOnJob(commit);

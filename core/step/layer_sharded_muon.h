@@ -160,7 +160,8 @@ struct StepOptions {
   Communicator* job = nullptr;
   // Tests only: sleep this long before the commit vote, so a test can kill a
   // peer while every rank is known to be between its exchanges and its
-  // commit (muond-daemon --testonly_commit_delay_ms).
+  // commit (muond-daemon --testonly_commit_delay_ms). The window's start is
+  // logged at INFO ("testonly_commit_delay_ms: step N: exchanges done").
   int testonly_commit_delay_ms = 0;
 };
 

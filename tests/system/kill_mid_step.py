@@ -1,0 +1,503 @@
+#!/usr/bin/env python3
+"""A daemon SIGKILLed in the middle of a step of the torchrun main job.
+
+    python tests/system/kill_mid_step.py --nproc 2 --parallel fsdp --device cpu
+    python tests/system/kill_mid_step.py --nproc 8 --parallel fsdp+tp --device cuda \\
+        --bin-dir BUNDLE/bin --out kill.json
+
+runs `muond launch --nproc-per-node N --device D -- torchrun --nproc-per-node N
+kill_mid_step.py --trainer ...`: N trainer processes (gloo on CPU, NCCL with
+one GPU each on CUDA) train examples/char_gpt's CharGPT (one small layer,
+random tokens) in the layout --parallel (train_dist.py's build_mesh,
+apply_layout and build_optimizer: DDP, FSDP2, TP, FSDP2 x TP, HSDP) for
+--steps steps through muond.torch.Muon, one muond-daemon per rank. Step
+--steps + 1 is the kill step:
+
+* every trainer snapshots its params (its local shards, and for DTensor
+  params also the shared buffers the daemon writes) and its daemon's
+  optimizer state (ExportState: momentum, AdamW moments and step counts,
+  the state's step id) right before `opt.step()`;
+* the victim rank's trainer kills its own daemon from inside that
+  `opt.step()`: its client's Step RPC is wrapped so that, with the RPC in
+  flight, it waits for the daemon's log line "testonly_commit_delay_ms: step
+  S: exchanges done (ok)", then SIGKILLs the daemon. The daemons run with
+  --testonly_commit_delay_ms (they sleep that long between a step's exchanges
+  and its commit vote, and log that line first), so the kill lands inside
+  step S: after the job vote, which every rank of the job takes part in (so
+  every survivor's daemon is inside step S too), and after the victim's
+  momentum, exchanges and Newton-Schulz, before any rank's commit. That
+  line is how the script knows the kill landed mid-step, not between steps;
+  a kill that finds no such line (the step ended first) is a FAIL.
+
+Checked (each a line of the summary, all in --out's JSON):
+* every surviving trainer's `opt.step()` raises: a MuondError, UNAVAILABLE
+  with reason PEER_GONE, whose message names the dead rank ("dead rank V")
+  and says the peer is gone (a transport error, not "did not answer in time",
+  which is what the comm timeout would say: the daemons run with
+  --comm-timeout-s, 60 by default); the seconds from the kill to the raise are
+  reported against that timeout;
+* the victim's own `opt.step()` raises naming its daemon's socket;
+* every survivor's params, shared buffers and optimizer state (and state step
+  id) after the failure are bitwise what they were before the step: nothing
+  of it was applied (the victim's params too: its daemon died before its
+  commit); the job did train before (params moved from their initial values);
+* each survivor's daemon reports itself not ready (Health: no plan, an
+  engine error saying to re-register);
+* `muond launch` exits 1 naming the dead daemon ("FAILED: daemon rank V (pid
+  P) killed by signal 9 (SIGKILL)", P the pid the victim killed);
+* nothing is left: no process naming the job or this run's directory, no
+  socket directory /tmp/muond-<job>-*, no /dev/shm/muond-<job>-* object.
+
+The launcher stops the command (SIGTERM to torchrun, which passes it on) as
+soon as it sees the daemon die, usually before the survivors' step has
+raised: the trainers note the SIGTERM and finish their check first (bounded:
+they exit at most 30 s after it), as the measuring device of this script; a
+real trainer would simply be stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+CHAR_GPT = os.path.join(ROOT, "examples", "char_gpt")
+MARKER = "testonly_commit_delay_ms: step {step}: exchanges done (ok)"
+VOCAB = 32
+CONTEXT = 16
+TERM_GRACE_S = 30.0  # a trainer exits at most this long after a SIGTERM
+
+
+# -- shared by both roles ----------------------------------------------------------
+def same_bits(a, b) -> bool:
+    """Bitwise equality of two tensors (NaN and -0.0 included)."""
+    import torch
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+
+
+def differing(before: dict, after: dict) -> list[str]:
+    """Names whose tensors differ in any bit (or exist on one side only)."""
+    return sorted(k for k in before.keys() | after.keys()
+                  if k not in before or k not in after or not same_bits(before[k], after[k]))
+
+
+# -- the trainer (one torchrun rank) --------------------------------------------------
+class TermNoted:
+    """SIGTERM noted, not obeyed at once: the trainer finishes its check
+    (see the module docstring), exiting at most TERM_GRACE_S after it."""
+
+    def __init__(self):
+        self.at = None
+        signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum, _frame):
+        if self.at is None:
+            self.at = time.time()
+            timer = threading.Timer(TERM_GRACE_S, os._exit, (128 + signum,))
+            timer.daemon = True
+            timer.start()
+
+
+def daemon_pid(job: str, rank: int) -> int | None:
+    """The pid of this job's muond-daemon of `rank` (its command line)."""
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(path, "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if f"--job_id={job}" in argv and f"--rank={rank}" in argv:
+            return int(path.split("/")[2])
+    return None
+
+
+class KillInsideStep:
+    """Wraps the victim's client's Step: the RPC goes out, and while it is in
+    flight the daemon's log is watched for the step's marker line; then the
+    daemon is SIGKILLed and the RPC's outcome (an error) returned."""
+
+    def __init__(self, client, log_path: str, job: str, rank: int, limit_s: float):
+        self.client, self.log_path, self.job, self.rank = client, log_path, job, rank
+        self.limit_s = limit_s
+        self.real_step = client.step
+        self.record: dict = {"killed": False}
+        client.step = self.step  # the instance attribute shadows the method
+
+    def _log_since(self, offset: int) -> tuple[str, int]:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        return data.decode(errors="replace"), offset + len(data)
+
+    def step(self, job_id, step_id, *args, **kwargs):
+        self.client.step = self.real_step
+        _, offset = self._log_since(0)
+        future = self.client.step_future(job_id, step_id, *args, **kwargs)
+        sent = time.time()
+        marker = MARKER.format(step=step_id)
+        text = ""
+        deadline = time.monotonic() + self.limit_s
+        while not future.done() and time.monotonic() < deadline:
+            chunk, offset = self._log_since(offset)
+            text += chunk
+            if marker in text:
+                pid = daemon_pid(self.job, self.rank)
+                seen = time.time()
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    self.record.update(killed=True, pid=pid, kill_at=time.time())
+                self.record.update(marker_seen_at=seen, marker=marker)
+                break
+            time.sleep(0.005)
+        self.record.update(step_id=step_id, rpc_sent_at=sent,
+                           step_done_before_kill=not self.record["killed"] and future.done())
+        return future.result()
+
+
+def describe_error(e: BaseException) -> dict:
+    code = getattr(e, "code", None)
+    return {"type": type(e).__name__, "message": str(e),
+            "code": getattr(code, "name", None if code is None else str(code)),
+            "reason": getattr(e, "reason", ""), "metadata": dict(getattr(e, "metadata", {}) or {})}
+
+
+def snapshot(model, opt, with_state: bool) -> dict:
+    """This rank's params (local shards), the shared buffers the daemon
+    updates for DTensor params, and (with_state) its daemon's optimizer state
+    as ExportState streams it."""
+    from torch.distributed.tensor import DTensor
+    params = {}
+    for name, p in model.named_parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        params[name.removeprefix("module.")] = local.detach().cpu().clone()
+    shared = {opt._param_names[id(p)]: pview.detach().cpu().clone()
+              for p, pview, _ in opt._dtensors}
+    out = {"params": params, "shared": shared}
+    if with_state:
+        step_id, state = opt.clients[0].export_state(opt.job_id, opt.client_id)
+        out.update(state_step_id=step_id, state={k: v.detach().cpu().clone()
+                                                 for k, v in state.items()})
+    return out
+
+
+def trainer_options(a, world: int):
+    """train_dist.py's own options for a small CharGPT in layout a.parallel."""
+    sys.path.insert(0, CHAR_GPT)
+    import train_dist
+    from options import check_layout, dp_size, tp_size
+    probe = train_dist.parse_args(["--parallel", a.parallel, "--inner", str(a.inner)])
+    heads = max(2, tp_size(probe, world))
+    args = train_dist.parse_args([
+        "--parallel", a.parallel, "--inner", str(a.inner), "--layers", "1",
+        "--heads", str(heads), "--d-model", str(16 * heads), "--context", str(CONTEXT),
+        "--batch", str(2 * dp_size(probe, world)), "--device", a.device,
+        "--lr", "0.02", "--adamw-lr", "0.01", "--wait-healthy", "60"])
+    check_layout(args, world)
+    return train_dist, args
+
+
+def train_and_kill(a) -> None:
+    term = TermNoted()
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    result: dict = {"rank": rank, "world": world, "victim": rank == a.victim,
+                    "pid": os.getpid()}
+    if a.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    train_dist, args = trainer_options(a, world)
+    from model import CharGPT
+    mesh = train_dist.build_mesh(args, world, device.type)
+    torch.manual_seed(0)  # the same init on every rank
+    model = CharGPT(VOCAB, CONTEXT, args.d_model, args.layers, args.heads,
+                    megatron_tags=False).to(device)
+    model = train_dist.apply_layout(model, args, mesh, device)
+    opt = train_dist.build_optimizer(model, args)
+    from options import dp_size
+    local_batch = args.batch // dp_size(args, world)
+    first = train_dist.data_rank(args, mesh, rank) * local_batch
+    initial = snapshot(model, opt, with_state=False)["params"]
+    data = torch.Generator().manual_seed(1)
+    for step in range(1, a.steps + 2):
+        tokens = torch.randint(VOCAB, (args.batch, CONTEXT + 1), generator=data)
+        tokens = tokens[first:first + local_batch].to(device)
+        opt.zero_grad()
+        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        if step <= a.steps:
+            opt.step()
+            continue
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        before = snapshot(model, opt, with_state=True)
+        result["trained"] = differing(initial, before["params"]) != []
+        hook = None
+        if rank == a.victim:
+            hook = KillInsideStep(opt.clients[0], os.path.join(a.log_dir,
+                                                               f"muond-rank{rank}.log"),
+                                  os.environ["MUOND_JOB_ID"], rank, a.marker_timeout)
+        result["step_called_at"] = time.time()
+        try:
+            opt.step()
+            result["raised"] = False
+        except Exception as e:  # noqa: BLE001 (the outcome under test, recorded)
+            result["raised_at"] = time.time()
+            result["raised"] = True
+            result["error"] = describe_error(e)
+        if hook is not None:
+            result["kill"] = hook.record
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        after = snapshot(model, opt, with_state=rank != a.victim)
+        result["params_changed"] = differing(before["params"], after["params"])
+        result["shared_changed"] = differing(before["shared"], after["shared"])
+        result["num_params"], result["num_shared"] = len(before["params"]), len(before["shared"])
+        result["num_state_entries"] = len(before["state"])
+        result["state_step_id_before"] = before["state_step_id"]
+        if rank != a.victim:
+            result["state_changed"] = differing(before["state"], after["state"])
+            result["state_step_id_after"] = after["state_step_id"]
+            try:
+                h = opt.clients[0].health(timeout=10)
+                result["health"] = {"has_plan": h.has_plan, "engine_error": h.engine_error}
+            except Exception as e:  # noqa: BLE001 (reported)
+                result["health"] = {"error": str(e)}
+    result["sigterm_at"] = term.at
+    with open(os.path.join(a.dir, f"rank{rank}.json.tmp"), "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(os.path.join(a.dir, f"rank{rank}.json.tmp"),
+               os.path.join(a.dir, f"rank{rank}.json"))
+    opt.close()  # best effort (2 s per daemon): unregisters, frees the shm
+    dist.destroy_process_group()
+
+
+# -- the driver ------------------------------------------------------------------------
+def cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def processes_naming(text: str) -> list[int]:
+    pids = (int(p.split("/")[2]) for p in glob.glob("/proc/[0-9]*"))
+    return [pid for pid in pids if pid != os.getpid() and text in "\0".join(cmdline(pid))]
+
+
+class Checks:
+    def __init__(self):
+        self.items: list[dict] = []
+
+    def add(self, name: str, ok: bool, detail: str = "") -> None:
+        self.items.append({"check": name, "ok": bool(ok), "detail": detail})
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.items) and all(c["ok"] for c in self.items)
+
+
+def evaluate(a, proc, ranks: dict, job: str, tmp: str, checks: Checks) -> None:
+    world, victim = a.nproc, a.victim
+    missing = [r for r in range(world) if r not in ranks]
+    checks.add("every trainer wrote its result", not missing,
+               f"missing ranks {missing}" if missing else "")
+    v = ranks.get(victim, {})
+    kill = v.get("kill", {})
+    checks.add(f"the kill landed inside step {kill.get('step_id')} (rank {victim}'s daemon "
+               "logged its exchanges done, the commit vote not yet taken)",
+               kill.get("killed") and kill.get("marker"),
+               json.dumps({k: kill.get(k) for k in ("marker", "pid",
+                                                    "step_done_before_kill")}))
+    err = v.get("error", {})
+    checks.add(f"the victim's opt.step() raised naming its daemon",
+               v.get("raised") and err.get("code") == "UNAVAILABLE"
+               and f"muond-{job}-{victim}.sock" in err.get("message", ""),
+               err.get("message", "")[:300])
+    kill_at = kill.get("kill_at")
+    for r in sorted(set(ranks) - {victim}):
+        s = ranks[r]
+        e = s.get("error", {})
+        msg = e.get("message", "")
+        took = s["raised_at"] - kill_at if s.get("raised") and kill_at else None
+        checks.add(f"rank {r}: opt.step() raised PEER_GONE naming dead rank {victim}",
+                   s.get("raised") and e.get("code") == "UNAVAILABLE"
+                   and e.get("reason") == "PEER_GONE" and f"dead rank {victim}" in msg
+                   and "a peer daemon is gone" in msg, msg[:400])
+        checks.add(f"rank {r}: raised {took if took is None else round(took, 2)} s after the "
+                   f"kill, not by the comm timeout ({a.comm_timeout_s} s)",
+                   took is not None and "did not answer in time" not in msg
+                   and took < a.comm_timeout_s / 2,
+                   f"step called {round(kill_at - s['step_called_at'], 2)} s before the kill"
+                   if kill_at and "step_called_at" in s else "")
+        checks.add(f"rank {r}: trained before the kill step", s.get("trained"))
+        checks.add(f"rank {r}: params ({s.get('num_params')}) and shared buffers "
+                   f"({s.get('num_shared')}) bitwise unchanged by the failed step",
+                   s.get("params_changed") == [] and s.get("shared_changed") == [],
+                   f"changed: {s.get('params_changed')} {s.get('shared_changed')}")
+        checks.add(f"rank {r}: optimizer state ({s.get('num_state_entries')} entries, step id "
+                   f"{s.get('state_step_id_before')}) bitwise unchanged",
+                   s.get("num_state_entries", 0) > 0 and s.get("state_changed") == []
+                   and s.get("state_step_id_after") == s.get("state_step_id_before"),
+                   f"changed: {s.get('state_changed')}, step id "
+                   f"{s.get('state_step_id_before')} -> {s.get('state_step_id_after')}")
+        h = s.get("health", {})
+        checks.add(f"rank {r}: its daemon reports no plan and says to re-register",
+                   h.get("has_plan") is False and "re-register" in h.get("engine_error", ""),
+                   json.dumps(h)[:300])
+    if v:
+        checks.add(f"rank {victim} (victim): params bitwise unchanged (killed before its commit)",
+                   v.get("params_changed") == [] and v.get("shared_changed") == [],
+                   f"changed: {v.get('params_changed')} {v.get('shared_changed')}")
+    want = (f"FAILED: daemon rank {victim} (pid {kill.get('pid')}) killed by signal 9 "
+            "(SIGKILL)")
+    checks.add("muond launch exited 1 naming the dead daemon",
+               proc.returncode == 1 and want in proc.stderr,
+               f"rc {proc.returncode}; wanted {want!r}")
+    left = {"processes": [" ".join(cmdline(p))[:200] for p in
+                          sorted(set(processes_naming(job) + processes_naming(tmp)))],
+            "socket_dirs": glob.glob(f"/tmp/muond-{job}-*"),
+            "shm": glob.glob(f"/dev/shm/muond-{job}-*")}
+    checks.add("nothing left (processes, socket dirs, shm objects)",
+               not any(left.values()), json.dumps(left)[:500])
+
+
+def drive(a) -> int:
+    import muond
+    tmp = tempfile.mkdtemp(prefix="kms-", dir="/tmp")
+    job = f"kms{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    logs = os.path.join(tmp, "logs")
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(muond.__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0", PYTHONPATH=os.pathsep.join(
+        [pkg_root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MUOND_JOB_ID", "MUOND_TOKEN_FILE",
+                "MUOND_DAEMON", "MUOND_SOCKET_DIR"):
+        env.pop(key, None)
+    argv = [sys.executable, "-m", "muond.cli", "launch", "--nproc-per-node", str(a.nproc),
+            "--device", a.device, "--job-id", job, "--log-dir", logs,
+            "--stop-grace", str(TERM_GRACE_S + 30),
+            f"--daemon-arg=--testonly_commit_delay_ms={a.commit_delay_ms}",
+            f"--daemon-arg=--comm_timeout_s={a.comm_timeout_s}"]
+    if a.bin_dir:
+        argv += ["--bin-dir", a.bin_dir]
+    argv += ["--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc-per-node", str(a.nproc), os.path.abspath(__file__), "--trainer",
+             "--dir", tmp, "--log-dir", logs, "--parallel", a.parallel, "--inner", str(a.inner),
+             "--steps", str(a.steps), "--victim", str(a.victim), "--device", a.device,
+             "--marker-timeout", str(a.comm_timeout_s)]
+    print(f"kill_mid_step: {a.parallel} on {a.nproc} ranks ({a.device}), {a.steps} steps, then "
+          f"rank {a.victim}'s daemon SIGKILLed inside step {a.steps + 1}; job {job}, dir {tmp}",
+          flush=True)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.timeout)
+    except subprocess.TimeoutExpired as e:
+        proc = subprocess.CompletedProcess(argv, -1, e.stdout or "", e.stderr or "")
+        if isinstance(proc.stdout, bytes):
+            proc.stdout, proc.stderr = proc.stdout.decode(), (e.stderr or b"").decode()
+    wall = time.monotonic() - t0
+    ranks = {}
+    for r in range(a.nproc):
+        try:
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                ranks[r] = json.load(f)
+        except (OSError, ValueError):
+            pass
+    checks = Checks()
+    if proc.returncode == -1:
+        checks.add(f"muond launch ended within {a.timeout} s", False)
+    evaluate(a, proc, ranks, job, tmp, checks)
+    for pid in set(processes_naming(job) + processes_naming(tmp)):  # a failed run's
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for c in checks.items:
+        print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['check']}"
+              + (f"\n       {c['detail']}" if c["detail"] and not c["ok"] else ""))
+    verdict = "PASS" if checks.passed else "FAIL"
+    print(f"kill_mid_step: {verdict} ({sum(c['ok'] for c in checks.items)}/{len(checks.items)} "
+          f"checks, {wall:.1f} s)", flush=True)
+    if not checks.passed:
+        print("--- muond launch stderr (last 4000 chars) ---\n" + proc.stderr[-4000:])
+        for log in sorted(glob.glob(os.path.join(logs, "*.log"))):
+            with open(log, errors="replace") as f:
+                print(f"--- {os.path.basename(log)} (last 1500 chars) ---\n" + f.read()[-1500:])
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"verdict": verdict, "layout": a.parallel, "nproc": a.nproc,
+                       "device": a.device, "victim": a.victim, "steps_before": a.steps,
+                       "commit_delay_ms": a.commit_delay_ms, "comm_timeout_s": a.comm_timeout_s,
+                       "job": job, "wall_s": wall, "launch_rc": proc.returncode,
+                       "launch_stderr_tail": proc.stderr[-3000:], "checks": checks.items,
+                       "ranks": ranks}, f, indent=1)
+    if not a.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if checks.passed else 1
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--nproc", type=int, default=2, help="ranks: trainers and daemons")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: host-mode daemons, gloo; cuda: one GPU per rank, NCCL")
+    p.add_argument("--parallel", choices=["ddp", "fsdp", "tp", "fsdp+tp", "hsdp"],
+                   default="fsdp")
+    p.add_argument("--inner", type=int, default=2, help="inner mesh dim of fsdp+tp / hsdp")
+    p.add_argument("--steps", type=int, default=2, help="steps trained before the kill step")
+    p.add_argument("--victim", type=int, default=None,
+                   help="rank whose daemon is killed (default: the last)")
+    p.add_argument("--commit-delay-ms", type=int, default=1000,
+                   help="the daemons' --testonly_commit_delay_ms: the window the kill lands in")
+    p.add_argument("--comm-timeout-s", type=int, default=60,
+                   help="the daemons' --comm_timeout_s; survivors must fail well before it")
+    p.add_argument("--bin-dir", help="muond-daemon and muond-coordinator (muond launch "
+                   "--bin-dir; default: its own lookup)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole launch")
+    p.add_argument("--out", help="write the result as JSON here")
+    p.add_argument("--keep", action="store_true", help="keep the run's directory (logs)")
+    # The trainer's role (torchrun runs this file again with these).
+    p.add_argument("--trainer", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--dir", help=argparse.SUPPRESS)
+    p.add_argument("--log-dir", help=argparse.SUPPRESS)
+    p.add_argument("--marker-timeout", type=float, default=60.0, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.trainer:  # torchrun's world; no --nproc (torchrun refuses it as ambiguous)
+        return a
+    if a.victim is None:
+        a.victim = a.nproc - 1
+    if not 0 <= a.victim < a.nproc or a.nproc < 2:
+        p.error(f"--victim {a.victim} must be a rank of --nproc {a.nproc} (>= 2)")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.trainer:
+        train_and_kill(a)
+        return 0
+    return drive(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
