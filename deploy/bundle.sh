@@ -11,6 +11,8 @@
 #   <out>/examples/char_gpt   the demo trainer, <out>/data/fortunes its corpus
 #   <out>/deploy/local/launch.py  the demo launcher (finds <out>/bin itself)
 #   <out>/tests/gpu, <out>/bench/gpu  GPU checks and benchmarks in Python
+#   <out>/tests/system/kill_mid_step.py  a daemon killed mid-step of the
+#                             torchrun job (--device cuda: one GPU per rank)
 #   <out>/run-gpu-tests.sh    runs every bundled test binary tagged `gpu`
 # The tree mirrors the repository, so every script runs unchanged from it.
 # Usage: deploy/bundle.sh [OUT_DIR]   (default dist/muond-bundle; also writes
@@ -96,6 +98,7 @@ cp -r examples/char_gpt "$out/examples/"
 cp -r /usr/share/games/fortunes "$out/data/"
 cp deploy/local/launch.py "$out/deploy/local/"
 cp -r tests/gpu "$out/tests/"
+mkdir -p "$out/tests/system" && cp tests/system/kill_mid_step.py "$out/tests/system/"
 find bench -maxdepth 1 -name "gpu*" -exec cp -r {} "$out/bench/" \;
 cp -r bench/manifests "$out/bench/"
 find "$out" -name __pycache__ -prune -exec rm -rf {} +

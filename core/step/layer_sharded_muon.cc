@@ -655,6 +655,12 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
     const StepInputs& inputs) {
   const absl::Time start = absl::Now();
   StepResult result;
+  if (options_.testonly_commit_delay_ms > 0) {
+    // A test may kill a peer once every survivor is inside this step: it
+    // cannot end without that peer's ballot (tests/system/kill_mid_step.py).
+    LOG(INFO) << "testonly_commit_delay_ms: step " << inputs.step_id
+              << ": started";
+  }
   // 1. Every check of this rank gives a verdict; none returns before the
   // job's vote, so a refusal on one rank reaches every rank at once instead
   // of leaving the peers waiting in their exchanges.

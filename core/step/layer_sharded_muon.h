@@ -160,8 +160,9 @@ struct StepOptions {
   Communicator* job = nullptr;
   // Tests only: sleep this long before the commit vote, so a test can kill a
   // peer while every rank is known to be between its exchanges and its
-  // commit (muond-daemon --testonly_commit_delay_ms). The window's start is
-  // logged at INFO ("testonly_commit_delay_ms: step N: exchanges done").
+  // commit (muond-daemon --testonly_commit_delay_ms). Set, the step's start
+  // and the window's are logged at INFO ("testonly_commit_delay_ms: step N:
+  // started", "...: exchanges done (ok)") for tests that kill a peer there.
   int testonly_commit_delay_ms = 0;
 };
 

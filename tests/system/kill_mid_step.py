@@ -3,7 +3,7 @@
 
     python tests/system/kill_mid_step.py --nproc 2 --parallel fsdp --device cpu
     python tests/system/kill_mid_step.py --nproc 8 --parallel fsdp+tp --device cuda \\
-        --bin-dir BUNDLE/bin --out kill.json
+        --kill-at collective --bin-dir BUNDLE/bin --out kill.json
 
 runs `muond launch --nproc-per-node N --device D -- torchrun --nproc-per-node N
 kill_mid_step.py --trainer ...`: N trainer processes (gloo on CPU, NCCL with
@@ -17,25 +17,36 @@ apply_layout and build_optimizer: DDP, FSDP2, TP, FSDP2 x TP, HSDP) for
   params also the shared buffers the daemon writes) and its daemon's
   optimizer state (ExportState: momentum, AdamW moments and step counts,
   the state's step id) right before `opt.step()`;
-* the victim rank's trainer kills its own daemon from inside that
-  `opt.step()`: its client's Step RPC is wrapped so that, with the RPC in
-  flight, it waits for the daemon's log line "testonly_commit_delay_ms: step
-  S: exchanges done (ok)", then SIGKILLs the daemon. The daemons run with
-  --testonly_commit_delay_ms (they sleep that long between a step's exchanges
-  and its commit vote, and log that line first), so the kill lands inside
-  step S: after the job vote, which every rank of the job takes part in (so
-  every survivor's daemon is inside step S too), and after the victim's
-  momentum, exchanges and Newton-Schulz, before any rank's commit. That
-  line is how the script knows the kill landed mid-step, not between steps;
-  a kill that finds no such line (the step ended first) is a FAIL.
+* the victim rank's trainer SIGKILLs its own daemon from inside that
+  `opt.step()`: its client's Step RPC is wrapped (KillInsideStep). The
+  daemons run with --testonly_commit_delay_ms, which makes them log
+  "testonly_commit_delay_ms: step S: started" when a step begins and
+  "...: step S: exchanges done (ok)" before sleeping that long ahead of the
+  commit vote. Those lines are how the script knows the kill landed
+  mid-step, not between steps; a kill point whose line never comes (the step
+  ended first) is a FAIL. --kill-at:
+  commit      the RPC goes out; once the victim's daemon logs its exchanges
+              done, the kill: after the job vote (which every rank takes
+              part in, so every survivor's daemon is inside step S too) and
+              after the victim's momentum, exchanges and Newton-Schulz,
+              before any rank's commit (the survivors then fail in the
+              commit vote);
+  collective  once every survivor's daemon logs step S started, the kill
+              (then the RPC, which fails): the survivors wait for the
+              victim's daemon in the step's first collective (a domain
+              agreement, or the job vote), and cannot leave step S without
+              it. On GPUs that collective is NCCL's where the domain spans
+              the victim (the job vote is Gloo in both modes).
 
 Checked (each a line of the summary, all in --out's JSON):
 * every surviving trainer's `opt.step()` raises: a MuondError, UNAVAILABLE
   with reason PEER_GONE, whose message names the dead rank ("dead rank V")
   and says the peer is gone (a transport error, not "did not answer in time",
   which is what the comm timeout would say: the daemons run with
-  --comm-timeout-s, 60 by default); the seconds from the kill to the raise are
-  reported against that timeout;
+  --comm-timeout-s, 20 by default) in under half that timeout after the
+  kill (the seconds are reported; a survivor that waits out the whole comm
+  timeout, its peer's death unseen, fails this line and the others are
+  still checked);
 * the victim's own `opt.step()` raises naming its daemon's socket;
 * every survivor's params, shared buffers and optimizer state (and state step
   id) after the failure are bitwise what they were before the step: nothing
@@ -72,10 +83,15 @@ import uuid
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 CHAR_GPT = os.path.join(ROOT, "examples", "char_gpt")
-MARKER = "testonly_commit_delay_ms: step {step}: exchanges done (ok)"
+# What a daemon run with --testonly_commit_delay_ms logs (core/step/layer_sharded_muon.cc).
+STARTED = "testonly_commit_delay_ms: step {step}: started"
+EXCHANGED = "testonly_commit_delay_ms: step {step}: exchanges done (ok)"
 VOCAB = 32
 CONTEXT = 16
-TERM_GRACE_S = 30.0  # a trainer exits at most this long after a SIGTERM
+# A trainer exits at most this long after a SIGTERM: torchrun SIGKILLs its
+# workers 30 s after passing the SIGTERM on (not configurable), so
+# --comm-timeout-s stays below it.
+TERM_GRACE_S = 30.0
 
 
 # -- shared by both roles ----------------------------------------------------------
@@ -123,46 +139,79 @@ def daemon_pid(job: str, rank: int) -> int | None:
     return None
 
 
-class KillInsideStep:
-    """Wraps the victim's client's Step: the RPC goes out, and while it is in
-    flight the daemon's log is watched for the step's marker line; then the
-    daemon is SIGKILLed and the RPC's outcome (an error) returned."""
+class LogWatch:
+    """A daemon's log, read as it grows (lines name their step id, so the
+    whole log is searched: a survivor may have logged before the victim
+    started watching)."""
 
-    def __init__(self, client, log_path: str, job: str, rank: int, limit_s: float):
-        self.client, self.log_path, self.job, self.rank = client, log_path, job, rank
+    def __init__(self, path: str):
+        self.path, self.text, self.offset = path, "", 0
+
+    def has(self, line: str) -> bool:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        self.text += data.decode(errors="replace")
+        return line in self.text
+
+
+class KillInsideStep:
+    """Wraps the victim's client's Step (called inside opt.step()) to SIGKILL
+    the victim's daemon in the middle of the step:
+
+    commit:     the RPC goes out; while it is in flight the daemon's log is
+                watched for EXCHANGED (its momentum, exchanges and NS of the
+                step are done, the commit vote not yet taken); then the kill.
+    collective: before the RPC goes out, every survivor's daemon log is
+                watched for STARTED (they are inside the step, which cannot
+                end without the victim's ballot: they wait in its first
+                collective); then the kill, and the RPC (which fails).
+    """
+
+    def __init__(self, client, kill_at: str, log_dir: str, world: int, job: str, rank: int,
+                 limit_s: float):
+        self.client, self.kill_at, self.job, self.rank = client, kill_at, job, rank
         self.limit_s = limit_s
+        log = lambda r: os.path.join(log_dir, f"muond-rank{r}.log")  # noqa: E731
+        self.own = LogWatch(log(rank))
+        self.survivors = {r: LogWatch(log(r)) for r in range(world) if r != rank}
         self.real_step = client.step
-        self.record: dict = {"killed": False}
+        self.record: dict = {"killed": False, "kill_point": kill_at}
         client.step = self.step  # the instance attribute shadows the method
 
-    def _log_since(self, offset: int) -> tuple[str, int]:
-        with open(self.log_path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-        return data.decode(errors="replace"), offset + len(data)
+    def kill(self, markers: list[str]) -> None:
+        seen = time.time()
+        pid = daemon_pid(self.job, self.rank)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            self.record.update(killed=True, pid=pid, kill_at=time.time())
+        self.record.update(markers_seen_at=seen, markers=markers)
 
     def step(self, job_id, step_id, *args, **kwargs):
         self.client.step = self.real_step
-        _, offset = self._log_since(0)
-        future = self.client.step_future(job_id, step_id, *args, **kwargs)
-        sent = time.time()
-        marker = MARKER.format(step=step_id)
-        text = ""
+        self.record["step_id"] = step_id
         deadline = time.monotonic() + self.limit_s
+        if self.kill_at == "collective":
+            lines = {r: STARTED.format(step=step_id) for r in self.survivors}
+            while time.monotonic() < deadline:
+                if all(w.has(lines[r]) for r, w in self.survivors.items()):
+                    # Logged just before the step's first collective: let
+                    # them reach it.
+                    time.sleep(0.2)
+                    self.kill([f"rank {r}: {line}" for r, line in lines.items()])
+                    break
+                time.sleep(0.005)
+            return self.real_step(job_id, step_id, *args, **kwargs)
+        future = self.client.step_future(job_id, step_id, *args, **kwargs)
+        self.record["rpc_sent_at"] = time.time()
+        line = EXCHANGED.format(step=step_id)
         while not future.done() and time.monotonic() < deadline:
-            chunk, offset = self._log_since(offset)
-            text += chunk
-            if marker in text:
-                pid = daemon_pid(self.job, self.rank)
-                seen = time.time()
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
-                    self.record.update(killed=True, pid=pid, kill_at=time.time())
-                self.record.update(marker_seen_at=seen, marker=marker)
+            if self.own.has(line):
+                self.kill([f"rank {self.rank}: {line}"])
                 break
             time.sleep(0.005)
-        self.record.update(step_id=step_id, rpc_sent_at=sent,
-                           step_done_before_kill=not self.record["killed"] and future.done())
+        self.record["step_done_before_kill"] = not self.record["killed"] and future.done()
         return future.result()
 
 
@@ -251,8 +300,7 @@ def train_and_kill(a) -> None:
         result["trained"] = differing(initial, before["params"]) != []
         hook = None
         if rank == a.victim:
-            hook = KillInsideStep(opt.clients[0], os.path.join(a.log_dir,
-                                                               f"muond-rank{rank}.log"),
+            hook = KillInsideStep(opt.clients[0], a.kill_at, a.log_dir, world,
                                   os.environ["MUOND_JOB_ID"], rank, a.marker_timeout)
         result["step_called_at"] = time.time()
         try:
@@ -322,10 +370,13 @@ def evaluate(a, proc, ranks: dict, job: str, tmp: str, checks: Checks) -> None:
                f"missing ranks {missing}" if missing else "")
     v = ranks.get(victim, {})
     kill = v.get("kill", {})
-    checks.add(f"the kill landed inside step {kill.get('step_id')} (rank {victim}'s daemon "
-               "logged its exchanges done, the commit vote not yet taken)",
-               kill.get("killed") and kill.get("marker"),
-               json.dumps({k: kill.get(k) for k in ("marker", "pid",
+    where = ({"commit": f"rank {victim}'s daemon had logged its exchanges done, the commit "
+              "vote not yet taken",
+              "collective": "every survivor's daemon had logged its start; it cannot end "
+              f"without rank {victim}"}[a.kill_at])
+    checks.add(f"the kill landed inside step {kill.get('step_id')} ({where})",
+               kill.get("killed") and kill.get("markers"),
+               json.dumps({k: kill.get(k) for k in ("markers", "pid",
                                                     "step_done_before_kill")}))
     err = v.get("error", {})
     checks.add(f"the victim's opt.step() raised naming its daemon",
@@ -364,7 +415,8 @@ def evaluate(a, proc, ranks: dict, job: str, tmp: str, checks: Checks) -> None:
                    h.get("has_plan") is False and "re-register" in h.get("engine_error", ""),
                    json.dumps(h)[:300])
     if v:
-        checks.add(f"rank {victim} (victim): params bitwise unchanged (killed before its commit)",
+        checks.add(f"rank {victim} (victim): params bitwise unchanged (its daemon died before "
+                   "any commit)",
                    v.get("params_changed") == [] and v.get("shared_changed") == [],
                    f"changed: {v.get('params_changed')} {v.get('shared_changed')}")
     want = (f"FAILED: daemon rank {victim} (pid {kill.get('pid')}) killed by signal 9 "
@@ -401,11 +453,11 @@ def drive(a) -> int:
     argv += ["--", sys.executable, "-m", "torch.distributed.run", "--standalone",
              "--nproc-per-node", str(a.nproc), os.path.abspath(__file__), "--trainer",
              "--dir", tmp, "--log-dir", logs, "--parallel", a.parallel, "--inner", str(a.inner),
-             "--steps", str(a.steps), "--victim", str(a.victim), "--device", a.device,
-             "--marker-timeout", str(a.comm_timeout_s)]
+             "--steps", str(a.steps), "--victim", str(a.victim), "--kill-at", a.kill_at,
+             "--device", a.device, "--marker-timeout", str(a.comm_timeout_s)]
     print(f"kill_mid_step: {a.parallel} on {a.nproc} ranks ({a.device}), {a.steps} steps, then "
-          f"rank {a.victim}'s daemon SIGKILLed inside step {a.steps + 1}; job {job}, dir {tmp}",
-          flush=True)
+          f"rank {a.victim}'s daemon SIGKILLed inside step {a.steps + 1} (--kill-at "
+          f"{a.kill_at}); job {job}, dir {tmp}", flush=True)
     t0 = time.monotonic()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.timeout)
@@ -445,6 +497,7 @@ def drive(a) -> int:
         with open(a.out, "w") as f:
             json.dump({"verdict": verdict, "layout": a.parallel, "nproc": a.nproc,
                        "device": a.device, "victim": a.victim, "steps_before": a.steps,
+                       "kill_at": a.kill_at,
                        "commit_delay_ms": a.commit_delay_ms, "comm_timeout_s": a.comm_timeout_s,
                        "job": job, "wall_s": wall, "launch_rc": proc.returncode,
                        "launch_stderr_tail": proc.stderr[-3000:], "checks": checks.items,
@@ -467,10 +520,17 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=2, help="steps trained before the kill step")
     p.add_argument("--victim", type=int, default=None,
                    help="rank whose daemon is killed (default: the last)")
-    p.add_argument("--commit-delay-ms", type=int, default=1000,
-                   help="the daemons' --testonly_commit_delay_ms: the window the kill lands in")
-    p.add_argument("--comm-timeout-s", type=int, default=60,
-                   help="the daemons' --comm_timeout_s; survivors must fail well before it")
+    p.add_argument("--kill-at", choices=["commit", "collective"], default="commit",
+                   help="commit: the victim's daemon between its exchanges and the commit "
+                   "vote; collective: the survivors' daemons inside the step, waiting for the "
+                   "victim in the step's first collective (the victim's daemon never gets it)")
+    p.add_argument("--commit-delay-ms", type=int, default=None,
+                   help="the daemons' --testonly_commit_delay_ms: the window the commit kill "
+                   "lands in (default 1000; 1 with --kill-at collective, which needs only the "
+                   "log lines it turns on)")
+    p.add_argument("--comm-timeout-s", type=int, default=20,
+                   help="the daemons' --comm_timeout_s (< 30: torchrun's stop grace); "
+                   "survivors must fail in under half of it")
     p.add_argument("--bin-dir", help="muond-daemon and muond-coordinator (muond launch "
                    "--bin-dir; default: its own lookup)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole launch")
@@ -486,6 +546,11 @@ def parse_args(argv=None):
         return a
     if a.victim is None:
         a.victim = a.nproc - 1
+    if not 1 <= a.comm_timeout_s < TERM_GRACE_S:
+        p.error(f"--comm-timeout-s {a.comm_timeout_s} must be in [1, {TERM_GRACE_S:g}): "
+                "torchrun stops the trainers that long after the launcher's SIGTERM")
+    if a.commit_delay_ms is None:
+        a.commit_delay_ms = 1000 if a.kill_at == "commit" else 1
     if not 0 <= a.victim < a.nproc or a.nproc < 2:
         p.error(f"--victim {a.victim} must be a rank of --nproc {a.nproc} (>= 2)")
     return a

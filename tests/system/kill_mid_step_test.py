@@ -1,13 +1,18 @@
 """A daemon SIGKILLed mid-step in the torchrun main job (issue 19), on CPU:
 tests/system/kill_mid_step.py through `muond launch` with host-mode daemons
-and gloo trainers, FSDP2 on 2 ranks and FSDP2 x TP on 4 (a 2 x 2 mesh, so
-the victim's daemon shares a TP group with one survivor and an FSDP group
-with another). The script's checks (what its docstring lists: the kill
-landed inside the step, every survivor's opt.step() raised PEER_GONE naming
-the dead rank, params and optimizer state bitwise unchanged, `muond launch`
-exited 1 naming the daemon, nothing left) must all pass; and its bitwise
-comparison must see a one-bit change, so a "nothing changed" cannot come
-from a comparison that sees nothing.
+and gloo trainers:
+* FSDP2 on 2 ranks, the victim's daemon killed between its exchanges and
+  the commit vote (--kill-at commit);
+* FSDP2 x TP on 4 ranks (a 2 x 2 mesh: the victim, rank 1, shares a TP
+  group with rank 0 and an FSDP group with rank 3, none with rank 2),
+  killed while every survivor's daemon waits for it inside the step
+  (--kill-at collective).
+The script's checks (its docstring: the kill landed inside the step, every
+survivor's opt.step() raised PEER_GONE naming the dead rank, params and
+optimizer state bitwise unchanged, `muond launch` exited 1 naming the
+daemon, nothing left) must all pass; and its bitwise comparison must see a
+one-bit change, so a "nothing changed" cannot come from a comparison that
+sees nothing.
 """
 import json
 import os
@@ -48,15 +53,19 @@ class KillMidStepTest(unittest.TestCase):
         self.assertEqual((proc.returncode, result["verdict"]), (0, "PASS"))
         return result
 
-    def test_fsdp_two_ranks(self):
+    def test_fsdp_two_ranks_killed_before_the_commit(self):
         result = self.run_script("--nproc", "2", "--parallel", "fsdp")
         survivor = result["ranks"]["0"]
         self.assertEqual(survivor["error"]["metadata"], {"step_id": "3"})
         self.assertGreater(survivor["num_state_entries"], 0)
 
-    def test_fsdp_tp_four_ranks(self):
-        result = self.run_script("--nproc", "4", "--parallel", "fsdp+tp", "--victim", "1")
+    def test_fsdp_tp_four_ranks_killed_while_peers_wait(self):
+        result = self.run_script("--nproc", "4", "--parallel", "fsdp+tp", "--victim", "1",
+                                 "--kill-at", "collective")
         self.assertEqual(sorted(result["ranks"]), ["0", "1", "2", "3"])
+        self.assertEqual(result["ranks"]["1"]["kill"]["markers"],
+                         [f"rank {r}: testonly_commit_delay_ms: step 3: started"
+                          for r in (0, 2, 3)])
 
     def test_comparison_sees_one_bit(self):
         a = torch.tensor([1.0, 0.0, 2.5])
