@@ -334,6 +334,12 @@ def train_and_kill(a) -> None:
     os.replace(os.path.join(a.dir, f"rank{rank}.json.tmp"),
                os.path.join(a.dir, f"rank{rank}.json"))
     opt.close()  # best effort (2 s per daemon): unregisters, frees the shm
+    if device.type == "cuda":
+        # NCCL's teardown may wait for peers still inside their failing
+        # step (up to the comm timeout): the result is written, so leave.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     dist.destroy_process_group()
 
 
