@@ -17,8 +17,9 @@
 #   llama   bench/llama_train_bench.py: a ~1B Llama (random tokens) in each layout, whole
 #           training step with muond vs torch.optim.Muon in every process vs muonium 0.2.0,
 #           tokens/s and optimizer share as ratios (llama/*.md, llama.md merged)
-#   kill    tests/system/kill_mid_step.py: one daemon SIGKILLed mid-step in the torchrun job;
-#           survivors fail naming it, nothing half-applied, nothing left behind
+#   kill    tests/system/kill_mid_step.py: one daemon SIGKILLed mid-step in the torchrun job, at
+#           the commit vote and inside a collective; survivors fail naming it, nothing
+#           half-applied, nothing left behind (KILL_LAYOUTS, default fsdp fsdp+tp)
 # Environment: LAYOUTS, STEPS (main job, default 200), LLAMA_LAYERS (default 16 = the whole
 # 1B model), LLAMA_STEPS (timed, default 10), LLAMA_OPTIMIZERS (default muond,torch,muonium).
 set -u
@@ -88,10 +89,15 @@ run_llama() {
 }
 
 run_kill() {
-  local l
+  # commit: the victim's daemon has voted, survivors fail in the commit vote (Gloo);
+  # collective: survivors wait in a collective of the step (NCCL's dead-peer behaviour).
+  local l at
   for l in ${KILL_LAYOUTS:-fsdp fsdp+tp}; do
-    part "kill-$l" 200 "$OUT/kill-$l.log" python3 tests/system/kill_mid_step.py --device cuda \
-      --nproc "$N" --parallel "$l" --bin-dir "$B/bin" --out "$OUT/kill-$l.json"
+    for at in commit collective; do
+      part "kill-$l-$at" 120 "$OUT/kill-$l-$at.log" python3 tests/system/kill_mid_step.py \
+        --device cuda --nproc "$N" --parallel "$l" --kill-at "$at" --bin-dir "$B/bin" \
+        --out "$OUT/kill-$l-$at.json"
+    done
   done
 }
 
