@@ -314,25 +314,31 @@ def batch_at(step: int, args, cfg, dp: int, data_rank: int):
     return mine[:, :-1], mine[:, 1:]
 
 
-def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state, keep_init):
+def initial_model(args, cfg, device):
+    """The seed-initialised model, built whole on `device`: what every rank
+    builds before the layout shards it, for every optimizer."""
+    import torch
+    from llama.model import Llama
+    torch.manual_seed(args.seed)
+    with torch.device(device):
+        return Llama(cfg)
+
+
+def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
     """Trains --warmup + --steps steps with optimizer `name`; returns
     (the measurements, the final params gathered whole (rank 0, when
-    keep_state), the initial ones (rank 0, when keep_init))."""
+    keep_state))."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     import train_dist
-    from llama.model import Llama, tp_plan
+    from llama.model import tp_plan
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    torch.manual_seed(args.seed)  # the same init on every rank and for every optimizer
-    with torch.device(device):
-        model = Llama(cfg)
-    model = train_dist.apply_layout(model, args, mesh, device, plan=tp_plan())
-    init = train_dist.full_state(model) if keep_init else None
-    if rank != 0:
-        init = None
+    # The same init on every rank and for every optimizer.
+    model = train_dist.apply_layout(initial_model(args, cfg, device), args, mesh, device,
+                                    plan=tp_plan())
     opt = {"muond": build_muond, "torch": RedundantTorchMuon,
            "muonium": build_muonium}[name](model, args)
     dp, data_rank = dp_size(args, world), train_dist.data_rank(args, mesh, rank)
@@ -399,7 +405,7 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state, keep_i
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
-    return result, state, init
+    return result, state
 
 
 def param_diff(mine: dict, ref: dict, init: dict, device) -> dict:
@@ -561,7 +567,7 @@ def main(argv=None) -> int:
     runnable = [n for n in args.optimizers if not skip_reason(n, device)]
     compared = ([n for n in runnable if n != "torch"]
                 if "torch" in runnable and args.compare_params else [])
-    states, init, init_taken = {}, None, False  # init: rank 0's; init_taken: every rank's
+    states = {}
     for name in args.optimizers:
         why = skip_reason(name, device)
         if why:
@@ -573,25 +579,28 @@ def main(argv=None) -> int:
             print(f"llama_train_bench: {name}: {args.parallel} on {world} ranks ...", flush=True)
         keep = bool(compared)
         try:
-            result, state, first_init = run_optimizer(name, args, cfg, mesh, rank, world,
-                                                      device, keep_state=keep,
-                                                      keep_init=keep and not init_taken)
+            result, state = run_optimizer(name, args, cfg, mesh, rank, world, device,
+                                          keep_state=keep)
         except Exception as e:  # keep what the earlier optimizers measured, then fail
             if rank == 0:
                 report["skipped"][name] = f"FAILED: {type(e).__name__}: {e}"[:2000]
                 write_outputs(report, args.out)
             raise
-        init = init if init is not None else first_init
-        init_taken = init_taken or keep
         report["results"][name] = result
         if state is not None:
             states[name] = state
         report["ratios"] = ratios(report["results"])
         if rank == 0:
-            if "torch" in states:
-                for other in [n for n in compared if n in states]:
+            pending = [n for n in compared if n in states] if "torch" in states else []
+            if pending:
+                # The init rebuilt here (the same seed on the same device) rather
+                # than gathered at the start and kept: one 1b copy less.
+                init = {k: v.detach() for k, v in
+                        initial_model(args, cfg, device).state_dict().items()}
+                for other in pending:
                     report[f"params_{other}_vs_torch"] = param_diff(
                         states.pop(other), states["torch"], init, device)
+                del init
             write_outputs(report, args.out)
     dist.destroy_process_group()
     if rank == 0:
