@@ -37,6 +37,22 @@ def cell(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def model_cell(r: dict) -> str:
+    """Rows may differ in size (e.g. a 2-layer smoke run beside the whole 1b)."""
+    m, c = r["model"], r["config"]
+    return (f"{c['model']} {m['layers']}L ({m['params']['total'] / 1e9:.2f}B), "
+            f"{c['warmup']}+{c['steps']} steps")
+
+
+def short(why: str) -> str:
+    """A peer's failure in one line: the exception's first line and the
+    innermost frame of the traceback (Dynamo's reports run to 30 lines)."""
+    lines = [ln.strip() for ln in why.splitlines() if ln.strip()]
+    frames = [ln for ln in lines if ln.startswith("File ")]
+    text = " ".join(lines[:2]) + (f" (at {frames[-1]})" if frames else "")
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
 def spread(result: dict | None):
     load = ((result or {}).get("plan") or {}).get("rank_load")
     if not load or not sum(load):
@@ -45,7 +61,7 @@ def spread(result: dict | None):
 
 
 def table(runs: list[dict]) -> str:
-    head = ["layout", "world", "mesh", "tokens/step", "NS muond/torch"]
+    head = ["layout", "world", "mesh", "model", "tokens/step", "NS muond/torch"]
     head += [f"{n} tok/s" for n in OPTIMIZERS] + [f"{n} opt share" for n in OPTIMIZERS]
     head += ["tok/s muond÷torch", "tok/s muond÷muonium", "opt ms torch÷muond",
              "opt ms muonium÷muond", "muond NS load max/mean", "params muond vs torch",
@@ -57,7 +73,8 @@ def table(runs: list[dict]) -> str:
         mesh = " x ".join(f"{k} {v}" for k, v in lay["mesh"].items())
         c = r["config"]
         prec = {"medium": "bf16", "high": "tf32", "highest": "fp32"}[c["muond_ns_precision"]]
-        row = [lay["parallel"], str(lay["world"]), mesh, f"{r['tokens_per_step']:,}",
+        row = [lay["parallel"], str(lay["world"]), mesh, model_cell(r),
+               f"{r['tokens_per_step']:,}",
                f"{prec}/{c.get('torch_ns_precision', 'bf16')}"]
         row += [cell((res.get(n) or {}).get("tokens_per_s"), ",.0f") for n in OPTIMIZERS]
         row += [cell((res.get(n) or {}).get("opt_share"), ".1%") for n in OPTIMIZERS]
@@ -68,16 +85,19 @@ def table(runs: list[dict]) -> str:
         row += [cell((r.get(f"params_{n}_vs_torch") or {}).get("max_rel_diff"), ".2e")
                 for n in ("muond", "muonium")]
         lines.append("| " + " | ".join(row) + " |")
-        notes.update(f"{n}: {why}" for n, why in r.get("skipped", {}).items())
+        notes.update(f"{n} ({lay['parallel']}, world {lay['world']}): {short(why)}"
+                     for n, why in r.get("skipped", {}).items())
     if runs:
-        m, c = runs[0]["model"], runs[0]["config"]
-        lines += ["", f"Model `{c['model']}` (d_model {m['d_model']}, {m['layers']} layers, "
-                      f"{m['heads']}/{m['kv_heads']} heads, ffn {m['ffn']}, vocab {m['vocab']}; "
-                      f"{m['params']['total'] / 1e6:,.1f}M params), {c['batch']} x {c['seq']} "
-                      f"tokens per data-parallel rank, device {runs[0]['layout']['device']}; "
-                      f"{c['warmup']} warm-up + {c['steps']} timed steps, medians of the per-step "
-                      "max over ranks. params X vs torch: max over tensors of "
-                      "‖X − torch‖ / ‖torch‖ after the run."]
+        models = sorted({(r["config"]["model"], r["model"]["layers"], r["config"]["batch"],
+                          r["config"]["seq"], r["layout"]["device"]) for r in runs})
+        m = runs[0]["model"]
+        lines += ["", f"Model shape d_model {m['d_model']}, {m['heads']}/{m['kv_heads']} heads, "
+                      f"ffn {m['ffn']}, vocab {m['vocab']}; "
+                      + "; ".join(f"`{name}` {layers} layers: {b} x {q} tokens per "
+                                  f"data-parallel rank on {dev}"
+                                  for name, layers, b, q, dev in models)
+                      + ". Step times are medians of the per-step max over ranks. params X vs "
+                      "torch: max over tensors of ‖X − torch‖ / ‖torch‖ after the run."]
         lines += [f"- {n}" for n in sorted(notes)]
         lines += ["", "Commands:", ""] + [f"- `{r['command']}`" for r in runs]
     return "\n".join(lines) + "\n"
