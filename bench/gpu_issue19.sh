@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
 # Issue 19 on a machine with N GPUs (nvidia-h200, -x2, -x4, -x8; bench/README.md). N is what
-# nvidia-smi lists; every part scales to it and says what it skipped. One device call runs one
-# or more parts (a call is capped at 600 s, so split the parts over calls on large N):
-#   run(command="bash bench/gpu_issue19.sh tests main", kind="nvidia-h200-x8",
+# nvidia-smi lists; every part scales to it. One device call runs one or more parts:
+#   run(command="bash bench/gpu_issue19.sh tests kill", kind="nvidia-h200-x8",
 #       carry=["dist/b19.tar.xz", "dist/muonium-0.2.0-py3-none-any.whl"], timeout_s=600)
 # dist/b19.tar.xz: deploy/bundle.sh's bundle of main, tarred; the wheel: `pip download
-# --no-deps muonium==0.2.0 -d dist` (pure Python, 33 kB; the machine has no network).
+# --no-deps muonium==0.2.0 -d dist` (pure Python, 33 kB; the machine has no network). The
+# llama bench and the kill script run from the checkout the call carries, not the bundle.
 # Parts (rc and seconds in $OUT/summary.log; each part's log beside it):
 #   tests   the multi-GPU correctness binaries, one process per GPU over NCCL:
 #           layer_sharded_step_cuda_test (domains 1xN, Nx1, 2x(N/2), bitwise vs the single-GPU
-#           reference), nccl_multigpu_test, system_cuda_test (needs 4 GPUs)
+#           reference), nccl_multigpu_test, system_cuda_test (needs 4 GPUs)          ~1-2 min
 #   main    the README's main job (examples/char_gpt/train_dist.py through `muond launch`,
-#           deploy/local/launch.py) on N GPUs in each layout of LAYOUTS (default ddp fsdp tp
-#           fsdp+tp hsdp; 2-D layouts need N >= 4 to be more than one axis): loss curves vs the
-#           in-process reference and each rank's NS load, in main-<layout>/report.md
-#   llama   bench/llama_train_bench.py: a ~1B Llama (random tokens) in each layout, whole
+#           deploy/local/launch.py) on N GPUs in each layout: loss curves vs the in-process
+#           reference and each rank's NS load, in main-<layout>/report.md     ~1-1.5 min each
+#   llama   bench/llama_train_bench.py: the ~1B Llama (random tokens) in each layout, whole
 #           training step with muond vs torch.optim.Muon in every process vs muonium 0.2.0,
 #           tokens/s and optimizer share as ratios (llama/*.md, llama.md merged)
+#           ~4.5 min each (268 s for fsdp at N=1 with the three optimizers)
 #   kill    tests/system/kill_mid_step.py: one daemon SIGKILLed mid-step in the torchrun job, at
 #           the commit vote and inside a collective; survivors fail naming it, nothing
-#           half-applied, nothing left behind (KILL_LAYOUTS, default fsdp fsdp+tp)
+#           half-applied, nothing left behind (KILL_LAYOUTS, default fsdp fsdp+tp) ~0.5 min each
+# A call is capped at 600 s and a session has 30 device minutes: on N GPUs run e.g.
+#   call 1: tests kill; call 2: main; calls 3-5: LAYOUTS="ddp fsdp" / "tp fsdp+tp" / hsdp llama
+# Layouts (LAYOUTS overrides): ddp fsdp tp, plus fsdp+tp (TP 2 inside) and hsdp (replicate 2 x
+# shard N/2) from N = 4 on; at N = 2 those two would be tp and fsdp again.
 # Environment: LAYOUTS, STEPS (main job, default 200), LLAMA_LAYERS (default 16 = the whole
-# 1B model), LLAMA_STEPS (timed, default 10), LLAMA_OPTIMIZERS (default muond,torch,muonium).
+# 1B model), LLAMA_STEPS (timed, default 10), LLAMA_OPTIMIZERS (default muond,torch,muonium;
+# muonium 0.2.0 fails under TP layouts on torch 2.11, recorded in the JSON: bench/README.md).
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out19}
@@ -54,7 +59,16 @@ if compgen -G "dist/muonium-*.whl" > /dev/null; then
 fi
 launch=(python3 -m muond.cli launch --device cuda --nproc-per-node "$N" --bin-dir "$B/bin")
 torchrun=(python3 -m torch.distributed.run --standalone --nproc-per-node "$N")
-layouts=${LAYOUTS:-ddp fsdp tp fsdp+tp hsdp}
+default_layouts="ddp fsdp tp"
+[ "$N" -ge 4 ] && default_layouts="$default_layouts fsdp+tp hsdp"
+layouts=${LAYOUTS:-$default_layouts}
+inner() {  # the inner mesh size of a 2-D layout: TP 2 for fsdp+tp, shard N/2 for hsdp
+  case $1 in
+    fsdp+tp) echo 2 ;;
+    hsdp) echo $((N / 2 > 0 ? N / 2 : 1)) ;;
+    *) echo 1 ;;
+  esac
+}
 
 run_tests() {
   local t
@@ -70,7 +84,8 @@ run_main() {
   local l
   for l in $layouts; do
     part "main-$l" 300 "$OUT/main-$l.log" python3 deploy/local/launch.py --device cuda \
-      --nproc "$N" --parallel "$l" --steps "${STEPS:-200}" --bin "$B/bin" --out "/tmp/main-$l"
+      --nproc "$N" --parallel "$l" --inner "$(inner "$l")" --steps "${STEPS:-200}" \
+      --bin "$B/bin" --out "/tmp/main-$l"
     mkdir -p "$OUT/main-$l"
     cp /tmp/main-"$l"/report.md /tmp/main-"$l"/curves.json "$OUT/main-$l/" 2>/dev/null
   done
@@ -81,7 +96,8 @@ run_llama() {
   for l in $layouts; do
     part "llama-$l" 400 "$OUT/llama-$l.log" "${launch[@]}" --log-dir "$OUT/llama-logs-$l" \
       -- "${torchrun[@]}" bench/llama_train_bench.py --device cuda --model 1b \
-      --layers "${LLAMA_LAYERS:-16}" --parallel "$l" --steps "${LLAMA_STEPS:-10}" \
+      --layers "${LLAMA_LAYERS:-16}" --parallel "$l" --inner "$(inner "$l")" \
+      --steps "${LLAMA_STEPS:-10}" \
       --optimizers "${LLAMA_OPTIMIZERS:-muond,torch,muonium}" --muonium-path "$muonium_dir" \
       --out "$OUT/llama"
   done
@@ -92,10 +108,12 @@ run_kill() {
   # commit: the victim's daemon has voted, survivors fail in the commit vote (Gloo);
   # collective: survivors wait in a collective of the step (NCCL's dead-peer behaviour).
   local l at
+  if [ "$N" -lt 2 ]; then echo "kill: skipped, needs 2 GPUs (have $N)" | tee -a "$S"; return; fi
   for l in ${KILL_LAYOUTS:-fsdp fsdp+tp}; do
     for at in commit collective; do
       part "kill-$l-$at" 120 "$OUT/kill-$l-$at.log" python3 tests/system/kill_mid_step.py \
-        --device cuda --nproc "$N" --parallel "$l" --kill-at "$at" --bin-dir "$B/bin" \
+        --device cuda --nproc "$N" --parallel "$l" --inner "$(inner "$l")" --kill-at "$at" \
+        --bin-dir "$B/bin" \
         --out "$OUT/kill-$l-$at.json"
     done
   done
