@@ -35,7 +35,8 @@ Timing: --warmup untimed steps, then --steps timed ones. Per step the wall time
 of zero_grad + forward + backward and of opt.step() (each bracketed by
 torch.cuda.synchronize() on cuda), max over ranks per step, median over steps.
 Output: a markdown table on rank 0's stdout, <out>/<parallel>-w<N>.json and .md
-(rewritten after each optimizer, so a later failure keeps the earlier results).
+(<parallel>-i<inner>-w<N> for the 2-D layouts), rewritten after each optimizer
+and on a failure, so a failed optimizer is named there beside what ran before.
 bench/llama_train_report.py merges several JSONs into one table.
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ CHAR_GPT = os.path.join(os.path.dirname(HERE), "examples", "char_gpt")
 sys.path[:0] = [HERE, CHAR_GPT]
 
 from llama.model import PRESETS, LlamaConfig  # noqa: E402
+from llama_train_report import run_stem  # noqa: E402
 from options import LAYOUTS, TWO_D, dp_size, tp_size  # noqa: E402  (char_gpt, no torch)
 
 OPTIMIZERS = ("muond", "torch", "muonium")
@@ -75,11 +77,29 @@ def optimizer_list(text: str) -> list[str]:
     return names
 
 
+def existing_dir(text: str) -> str:
+    """--muonium-path: refused at parse time when missing, on every device (a
+    typo would otherwise surface only on CUDA, or as a later ImportError)."""
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory")
+    return text
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown, except None (those options' help says what applies)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or (action.default is False and action.nargs == 0):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=_HelpFormatter)
     p.add_argument("--model", choices=sorted(PRESETS), default="1b",
-                   help="1b: Llama-3.2-1B's shape (untied head); tiny: a CPU-sized one")
+                   help="1b: Llama-3.2-1B's shape (untied head; refused on CPU without "
+                        "--allow-large-cpu); tiny: a CPU-sized one")
     p.add_argument("--layers", type=int, help="override the preset's layer count")
     p.add_argument("--heads", type=int, help="override the preset's attention heads")
     p.add_argument("--kv-heads", type=int, help="override the preset's kv heads (GQA)")
@@ -87,7 +107,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--inner", type=int, default=2,
                    help="inner mesh dim of the 2-D layouts (fsdp+tp: TP size; hsdp: shard "
                         "group size)")
-    p.add_argument("--optimizers", type=optimizer_list, default=list(OPTIMIZERS),
+    p.add_argument("--optimizers", type=optimizer_list, default=",".join(OPTIMIZERS),
                    help="comma list, run in this order")
     p.add_argument("--batch", type=int,
                    help="sequences per data-parallel rank (default: 4 for 1b and tiny)")
@@ -98,10 +118,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.02, help="Muon lr")
     p.add_argument("--momentum", type=float, default=0.95, help="Muon momentum (Nesterov)")
     p.add_argument("--weight-decay", type=float, default=0.1, help="Muon weight decay")
-    p.add_argument("--ns-steps", type=int, default=5)
-    p.add_argument("--adamw-lr", type=float, default=3e-4)
-    p.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.95))
-    p.add_argument("--adamw-weight-decay", type=float, default=0.0)
+    p.add_argument("--ns-steps", type=int, default=5,
+                   help="Newton-Schulz iterations (torch's coefficients), all optimizers")
+    p.add_argument("--adamw-lr", type=float, default=3e-4,
+                   help="lr of the non-matrix params (embedding, norms, head): AdamW")
+    p.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.95), metavar=("B1", "B2"),
+                   help="AdamW betas")
+    p.add_argument("--adamw-weight-decay", type=float, default=0.0,
+                   help="AdamW's decoupled weight decay")
     p.add_argument("--muond-ns-precision", choices=["medium", "high", "highest"],
                    default="medium",
                    help="muond's fp32_matmul_prec: medium = bf16 NS as torch.optim.Muon "
@@ -110,9 +134,16 @@ def parser() -> argparse.ArgumentParser:
                    help="torch.optim.Muon's NS: bf16 (its own) or fp32 (its one bf16 cast "
                         "swapped for an fp32 copy during its step; with --muond-ns-precision "
                         "highest the two then differ by fp32 rounding: the CI test's check)")
-    p.add_argument("--muonium-path", help="a directory holding the muonium package "
-                                          "(put first on sys.path)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--muonium-path", type=existing_dir, metavar="DIR",
+                   help="a directory holding the muonium package, put first on sys.path: "
+                        "the unpacked wheel (`pip download --no-deps muonium==0.2.0 -d D` then "
+                        "`python3 -m zipfile -e D/muonium-0.2.0-py3-none-any.whl D/x`; "
+                        "DIR = D/x); without it muonium must be installed")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: cuda when torch sees a GPU, else cpu")
+    p.add_argument("--allow-large-cpu", action="store_true",
+                   help="run --model 1b on CPU anyway (tens of GB per rank, minutes a step; --model "
+                        "tiny is the CPU model)")
     p.add_argument("--seed", type=int, default=0, help="init and data seed")
     p.add_argument("--wait-healthy", type=float, default=60.0,
                    help="seconds muond's client waits for the daemons")
@@ -155,8 +186,21 @@ def layout_problem(args, cfg: LlamaConfig, world: int) -> str:
     return ""
 
 
+def resolve_device(args) -> str:
+    """--device auto -> cuda when torch sees a GPU, else cpu."""
+    if args.device != "auto":
+        return args.device
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def check_environment(args) -> str:
-    """What keeps the run from starting (before any process group): '' if nothing."""
+    """What keeps the run from starting (before any process group): '' if nothing.
+    args.device is resolved (not auto)."""
+    if args.device == "cpu" and args.model == "1b" and not args.allow_large_cpu:
+        return ("--model 1b on CPU (1.5B params: tens of GB and minutes per step per rank): "
+                "pass --model tiny (the CPU model), --device cuda on a GPU host, or "
+                "--allow-large-cpu to run it anyway")
     if "muond" in args.optimizers and not os.environ.get("MUOND_JOB_ID"):
         return ("--optimizers has muond but MUOND_JOB_ID is not set: run under `muond launch "
                 "[--device cuda] -- torchrun ...`, or drop muond from --optimizers")
@@ -347,7 +391,7 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
         if cuda:
             torch.cuda.synchronize(device)
 
-    losses, times, ns_ms, plan = [], [], [], None
+    losses, times, ns_ms, plan, daemon = [], [], [], None, None
     try:
         for step in range(args.warmup + args.steps):
             x, y = (t.to(device) for t in batch_at(step, args, cfg, dp, data_rank))
@@ -367,8 +411,10 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
                 times.append((t1 - t0, t2 - t1, t2 - t0))
                 if name == "muond":
                     ns_ms.append(opt.last_timings.get("ns_us", 0.0) / 1e3)
-        if name == "muond" and rank == 0:
-            plan = train_dist.plan_rank_load(world)
+        if name == "muond":
+            daemon = daemon_memory(opt, rank)
+            if rank == 0:
+                plan = train_dist.plan_rank_load(world)
     finally:
         if hasattr(opt, "close"):  # muond's unregisters from the daemons
             opt.close()
@@ -381,14 +427,14 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
     lv = torch.stack(losses).to(torch.float64)
     dist.all_reduce(lv)
     lv = (lv / world).tolist()
-    peak = torch.tensor([torch.cuda.max_memory_allocated(device) if cuda else 0],
-                        dtype=torch.float64, device=device)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     per_rank = [None] * world
     dist.all_gather_object(per_rank, {
         "rank": rank, "mesh": train_dist.mesh_coordinates(args, mesh, rank),
         "opt_step_ms_median": 1e3 * statistics.median(r[1] for r in times),
-        **({"daemon_ns_ms_median": statistics.median(ns_ms)} if ns_ms else {})})
+        "peak_cuda_gib": peak,
+        **({"daemon_ns_ms_median": statistics.median(ns_ms)} if ns_ms else {}),
+        **({"daemon": daemon} if daemon is not None else {})})
     state = train_dist.full_state(model) if keep_state else None
     if rank != 0:
         state = None
@@ -397,7 +443,7 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
         "optimizer": name, "tokens_per_step": tokens, "tokens_per_s": tokens / whole,
         "step_ms": 1e3 * whole, "fwd_bwd_ms": 1e3 * fwd_bwd, "opt_step_ms": 1e3 * opt_s,
         "opt_share": opt_s / whole, "loss_first": lv[0], "loss_last": lv[-1], "losses": lv,
-        "peak_cuda_gib": float(peak) / 2**30 if cuda else None, "ranks": per_rank,
+        **memory_summary(per_rank), "ranks": per_rank,
     }
     if plan is not None:
         result["plan"] = plan
@@ -406,6 +452,39 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
     if cuda:
         torch.cuda.empty_cache()
     return result, state
+
+
+def daemon_memory(opt, rank: int) -> dict:
+    """What this rank's muond daemon reports holding (GetStatus): state_bytes
+    (momentum, AdamW moments of its shards) and peak_transient_bytes (exchange
+    buffers). They live in the daemon process, on the trainer's GPU under
+    `--device cuda`, so the trainer's torch.cuda.max_memory_allocated misses
+    them. Not counted by the daemon either: its staged momentum copy and NS
+    workspace."""
+    try:
+        mine = [s for s in opt.status() if s.rank == rank]
+    except Exception as e:  # a report field, not a reason to fail the run
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    return {"state_gib": sum(s.state_bytes for s in mine) / 2**30,
+            "transient_peak_gib": sum(s.peak_transient_bytes for s in mine) / 2**30}
+
+
+def memory_summary(per_rank: list[dict]) -> dict:
+    """Peak memory, max over ranks: the trainer process's CUDA allocations
+    (None on CPU), muond's daemon state (+ exchange peak) where reported, and
+    per GPU their sum (an upper bound on the GPU's peak: the two peaks need not
+    coincide)."""
+    trainer = [r["peak_cuda_gib"] for r in per_rank if r.get("peak_cuda_gib") is not None]
+    daemons = [r["daemon"] for r in per_rank if "state_gib" in r.get("daemon", {})]
+    out = {"peak_cuda_gib": max(trainer) if trainer else None}
+    if daemons:
+        out["daemon_state_gib"] = max(d["state_gib"] for d in daemons)
+        out["daemon_transient_peak_gib"] = max(d["transient_peak_gib"] for d in daemons)
+        if trainer and len(daemons) == len(per_rank):
+            out["peak_cuda_with_daemon_gib"] = max(
+                r["peak_cuda_gib"] + r["daemon"]["state_gib"] + r["daemon"]["transient_peak_gib"]
+                for r in per_rank)
+    return out
 
 
 def param_diff(mine: dict, ref: dict, init: dict, device) -> dict:
@@ -420,7 +499,13 @@ def param_diff(mine: dict, ref: dict, init: dict, device) -> dict:
         per[k] = (float((x - y).norm() / y.norm().clamp_min(1e-30)),
                   float((y - y0).norm() / y0.norm().clamp_min(1e-30)))
     worst = max(per, key=lambda k: per[k][0])
+    by_ratio = max(per, key=lambda k: per[k][0] / max(per[k][1], 1e-30))
     return {"max_rel_diff": per[worst][0], "worst": worst,
+            # How far torch moved the worst tensor itself: the scale its
+            # difference is judged on (the minimum over tensors says nothing of it).
+            "worst_ref_change": per[worst][1],
+            "max_diff_over_change": per[by_ratio][0] / max(per[by_ratio][1], 1e-30),
+            "worst_by_ratio": by_ratio,
             "reference_min_change": min(v[1] for v in per.values()),
             "measure": "max over tensors of ||mine - torch||_F / ||torch||_F",
             "per_tensor": {k: {"rel_diff": d, "ref_change": c} for k, (d, c) in per.items()}}
@@ -446,6 +531,11 @@ def fmt(v, spec=".2f", suffix=""):
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
+def gib(v) -> str:
+    """GiB with two decimals, three significant digits below 1 (tiny model)."""
+    return "-" if v is None else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
+
+
 def markdown(report: dict) -> str:
     c, lay = report["config"], report["layout"]
     m = report["model"]
@@ -464,35 +554,58 @@ def markdown(report: dict) -> str:
              f"{tuple(c['betas'])}, wd {c['adamw_weight_decay']}; {c['warmup']} warm-up + "
              f"{c['steps']} timed steps (median of the per-step max over ranks)", "",
              "| optimizer | tokens/s | step ms | fwd+bwd ms | opt step ms | opt share "
-             "| loss first -> last | peak CUDA GiB |", "|---|---|---|---|---|---|---|---|"]
+             "| loss first -> last | peak CUDA GiB, trainer | + muond daemon state "
+             "(+ exchange peak) GiB |", "|---|---|---|---|---|---|---|---|---|"]
     for name in c["optimizers"]:
         r = report["results"].get(name)
         if r is None:
-            lines.append(f"| {name} | not run (below) |||||||")
+            lines.append(f"| {name} | not run (below) ||||||||")
             continue
+        daemon = "-"
+        if r.get("daemon_state_gib") is not None:
+            daemon = f"{gib(r['daemon_state_gib'])} (+{gib(r['daemon_transient_peak_gib'])})"
+            if r.get("peak_cuda_with_daemon_gib") is not None:
+                daemon += f" = {gib(r['peak_cuda_with_daemon_gib'])} per GPU"
         lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | "
                      f"{r['fwd_bwd_ms']:.1f} | {r['opt_step_ms']:.1f} | {r['opt_share']:.1%} | "
                      f"{r['loss_first']:.4f} -> {r['loss_last']:.4f} | "
-                     f"{fmt(r['peak_cuda_gib'])} |")
-    q = report["ratios"]
-    lines += ["", "| tokens/s muond ÷ torch | tokens/s muond ÷ muonium | opt ms torch ÷ muond "
-                  "| opt ms muonium ÷ muond |", "|---|---|---|---|",
+                     f"{gib(r.get('peak_cuda_gib'))} | {daemon} |")
+    # A failed or skipped optimizer leaves its ratios out (None), never a KeyError
+    # that would hide the failure and the table.
+    q = ratios(report["results"])
+    lines += ["", "Ratios oriented so that > 1 means muond is faster:", "",
+              "| tokens/s muond ÷ torch | tokens/s muond ÷ muonium | opt ms torch ÷ muond "
+              "| opt ms muonium ÷ muond |", "|---|---|---|---|",
               f"| {fmt(q['tokens_per_s_muond_over_torch'], '.3f')} | "
               f"{fmt(q['tokens_per_s_muond_over_muonium'], '.3f')} | "
               f"{fmt(q['opt_ms_torch_over_muond'], '.3f')} | "
-              f"{fmt(q['opt_ms_muonium_over_muond'], '.3f')} |", ""]
+              f"{fmt(q['opt_ms_muonium_over_muond'], '.3f')} |", "",
+              "Peak CUDA memory is the trainer process's (max over ranks of "
+              "torch.cuda.max_memory_allocated). muond keeps its optimizer state in the daemon "
+              "process on the same GPU: its GetStatus state_bytes (momentum, AdamW moments) and "
+              "exchange-buffer peak are the last column, with the sum per GPU (an upper bound: "
+              "the peaks need not coincide; the daemon's staged momentum copy and NS workspace "
+              "are not in it). torch's and muonium's state is in the trainer's number.", ""]
     for name, note in report["notes"].items():
         if name in report["results"]:
             lines.append(f"- {name}: {note}")
     for name, why in report["skipped"].items():
-        lines.append(f"- {name} not run: {why}")
+        if why.startswith("FAILED"):  # tracebacks (Dynamo's run to 30 lines) kept verbatim
+            lines += [f"- **{name} FAILED** (the rows above ran before it):", "", "```",
+                      why.removeprefix("FAILED: ").strip(), "```", ""]
+        else:
+            lines.append(f"- {name} not run: {why}")
     for name in ("muond", "muonium"):
         cmp = report.get(f"params_{name}_vs_torch")
         if cmp:
+            moved = cmp.get("worst_ref_change")
             lines += ["", f"Final params, {name} vs torch: max over tensors of ‖{name} − "
-                          f"torch‖ / ‖torch‖ = **{cmp['max_rel_diff']:.3e}** ({cmp['worst']}); "
-                          f"torch moved every param by at least "
-                          f"{cmp['reference_min_change']:.3e} of its norm from the init."]
+                          f"torch‖ / ‖torch‖ = **{cmp['max_rel_diff']:.3e}** ({cmp['worst']}"
+                          + (f", which torch moved by {moved:.3e} of its norm from the init"
+                             if moved is not None else "") + ")"
+                          + (f"; the largest difference ÷ torch's movement of the same tensor "
+                             f"is {cmp['max_diff_over_change']:.3e} ({cmp['worst_by_ratio']})"
+                             if "max_diff_over_change" in cmp else "") + "."]
     muond = report["results"].get("muond")
     if muond and muond.get("plan"):
         plan = muond["plan"]
@@ -519,7 +632,7 @@ def markdown(report: dict) -> str:
 
 def write_outputs(report: dict, out: str) -> str:
     os.makedirs(out, exist_ok=True)
-    stem = os.path.join(out, f"{report['layout']['parallel']}-w{report['layout']['world']}")
+    stem = os.path.join(out, run_stem(report["layout"]))
     with open(stem + ".json", "w") as f:
         json.dump(report, f, indent=1)
     text = markdown(report)
@@ -535,7 +648,10 @@ def main(argv=None) -> int:
     cfg = model_config(args)
     args.batch = args.batch or BATCH_DEFAULTS[args.model][0]
     args.seq = args.seq or BATCH_DEFAULTS[args.model][1]
-    problem = layout_problem(args, cfg, world) or check_environment(args)
+    problem = layout_problem(args, cfg, world)
+    if not problem:
+        args.device = resolve_device(args)
+        problem = check_environment(args)
     if problem:  # every rank refuses the same, before any collective
         print(f"llama_train_bench.py (rank {rank}): {problem}", file=sys.stderr)
         return 2
@@ -557,7 +673,8 @@ def main(argv=None) -> int:
         "layout": {"parallel": args.parallel, "world": world, "device": args.device,
                    "backend": dist.get_backend(),
                    "mesh": dict(zip(mesh.mesh_dim_names or (), mesh.shape)),
-                   "dp_size": dp_size(args, world), "tp_size": tp_size(args, world)},
+                   "dp_size": dp_size(args, world), "tp_size": tp_size(args, world),
+                   **({"inner": args.inner} if args.parallel in TWO_D else {})},
         "tokens_per_step": dp_size(args, world) * args.batch * args.seq,
         "notes": optimizer_notes(args), "skipped": {}, "results": {}, "ratios": {},
         "versions": {"torch": torch.__version__},
@@ -584,7 +701,10 @@ def main(argv=None) -> int:
         except Exception as e:  # keep what the earlier optimizers measured, then fail
             if rank == 0:
                 report["skipped"][name] = f"FAILED: {type(e).__name__}: {e}"[:2000]
-                write_outputs(report, args.out)
+                report["ratios"] = ratios(report["results"])
+                print(write_outputs(report, args.out), flush=True)
+                print(f"wrote {args.out}/{run_stem(report['layout'])}.json and .md "
+                      f"({name} failed)", flush=True)
             raise
         report["results"][name] = result
         if state is not None:
@@ -605,7 +725,7 @@ def main(argv=None) -> int:
     dist.destroy_process_group()
     if rank == 0:
         print(write_outputs(report, args.out), flush=True)
-        print(f"wrote {args.out}/{args.parallel}-w{world}.json and .md", flush=True)
+        print(f"wrote {args.out}/{run_stem(report['layout'])}.json and .md", flush=True)
     return 0
 
 

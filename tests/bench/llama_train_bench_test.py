@@ -17,12 +17,19 @@ but not on this model's 64x64 ones (~4e-2, torch's own bf16 rounding), hence
 fp32 here.
 
 Also: the JSON's fields are sane (same first loss for both optimizers: same
-init and batch; the plan's NS load covers both ranks), bench/llama_train_report.py
-merges the two JSONs into one table, and a TP size not dividing the kv heads
-is refused naming the options before any process group. After each launch no
-process, socket directory or shm object of the job is left.
+init and batch; the plan's NS load covers both ranks; the daemons' reported
+state under fsdp is exactly fp32 momentum for the block matrices plus two fp32
+AdamW moments for the rest, summed over ranks; the param comparison names the
+worst tensor's own movement), bench/llama_train_report.py merges the two JSONs
+into one table, and a TP size not dividing the kv heads, --model 1b on CPU and a
+missing --muonium-path are refused naming the options before any process group.
+Without a launch: the report of a run whose first optimizer failed is written
+(.json and .md, the failure named, 2-D layouts named with their --inner), and
+the merger gives usage and a one-line error instead of a traceback.
+After each launch no process, socket directory or shm object of the job is left.
 """
 import glob
+import importlib.util
 import json
 import math
 import os
@@ -132,7 +139,21 @@ class LlamaTrainBenchTest(unittest.TestCase):
         self.assertAlmostEqual(q["opt_ms_torch_over_muond"], r["results"]["torch"]["opt_step_ms"]
                                / r["results"]["muond"]["opt_step_ms"])
         self.assertIsNone(q["tokens_per_s_muond_over_muonium"])
+        # The daemons' state (GetStatus state_bytes), independently: fp32 momentum per
+        # block-matrix element, fp32 exp_avg + exp_avg_sq per other element; fsdp
+        # shards every param over the 2 daemons, tp replicates the norms.
+        params = r["model"]["params"]
+        expect = (4 * params["block_matrices"] + 8 * params["others"]) / 2**30
+        state = sum(x["daemon"]["state_gib"] for x in r["results"]["muond"]["ranks"])
+        if parallel == "fsdp":
+            self.assertAlmostEqual(state, expect, delta=1e-12)
+        else:
+            self.assertGreaterEqual(state, expect - 1e-12)
+        self.assertEqual(r["results"]["muond"]["daemon_state_gib"], max(
+            x["daemon"]["state_gib"] for x in r["results"]["muond"]["ranks"]))
+        self.assertNotIn("daemon_state_gib", r["results"]["torch"])
         cmp = r["params_muond_vs_torch"]
+        self.assertEqual(cmp["worst_ref_change"], cmp["per_tensor"][cmp["worst"]]["ref_change"])
         self.assertEqual(len(cmp["per_tensor"]), 3 + 9 * 2)  # emb, norm, head; 9 per block
         for name, t in cmp["per_tensor"].items():
             self.assertLessEqual(t["rel_diff"], TOLERANCE, name)
@@ -166,6 +187,88 @@ class LlamaTrainBenchTest(unittest.TestCase):
                               capture_output=True, text=True, timeout=60, env=e)
         self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
         self.assertIn("run under `muond launch", proc.stderr)
+        # The defaults' trap: --model 1b (the default) on CPU.
+        proc = subprocess.run([sys.executable, BENCH, "--device", "cpu", "--optimizers",
+                               "torch", "--out", self.tmp],
+                              capture_output=True, text=True, timeout=60, env=e)
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertIn("--model 1b on CPU", proc.stderr)
+        self.assertIn("pass --model tiny", proc.stderr)
+        # A missing --muonium-path, on any device.
+        proc = subprocess.run([sys.executable, BENCH, "--model", "tiny", "--device", "cpu",
+                               "--muonium-path", os.path.join(self.tmp, "nope")],
+                              capture_output=True, text=True, timeout=60, env=e)
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertIn("--muonium-path", proc.stderr)
+        self.assertIn("is not a directory", proc.stderr)
+        self.assertNotIn("Traceback", proc.stderr)
+
+
+def import_bench():
+    spec = importlib.util.spec_from_file_location("llama_train_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ReportWithoutLaunchTest(unittest.TestCase):
+    """The outputs of a run whose first optimizer failed, and the merger's
+    command line; no servers."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="llr-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        self.bench = import_bench()
+
+    def failed_report(self, inner):
+        """What main() holds when the first optimizer (muond) raised: no results."""
+        b = self.bench
+        args = b.parser().parse_args(["--model", "tiny", "--device", "cpu", "--parallel",
+                                      "hsdp", "--inner", str(inner)])
+        args.batch, args.seq = b.BATCH_DEFAULTS["tiny"]
+        cfg = b.model_config(args)
+        return {
+            "command": "llama_train_bench.py --model tiny --parallel hsdp", "config": vars(args),
+            "model": {**cfg.__dict__, "params": cfg.param_counts()},
+            "layout": {"parallel": "hsdp", "world": 4, "device": "cpu", "backend": "gloo",
+                       "mesh": {"replicate": 4 // inner, "shard": inner}, "dp_size": 4,
+                       "tp_size": 1, "inner": inner},
+            "tokens_per_step": 4 * args.batch * args.seq, "notes": b.optimizer_notes(args),
+            "skipped": {"muond": "FAILED: RuntimeError: the daemon went away\n  at step 2"},
+            "results": {}, "ratios": {}, "versions": {}}  # as main() starts it
+
+    def test_first_optimizer_failed_is_written_and_merged(self):
+        out = os.path.join(self.tmp, "out")
+        for inner in (2, 4):
+            text = self.bench.write_outputs(self.failed_report(inner), out)
+            self.assertIn("**muond FAILED**", text)
+            self.assertIn("RuntimeError: the daemon went away", text)
+            self.assertIn("| muond | not run (below) |", text)
+        self.assertEqual(sorted(os.listdir(out)), ["hsdp-i2-w4.json", "hsdp-i2-w4.md",
+                                                    "hsdp-i4-w4.json", "hsdp-i4-w4.md"])
+        proc = subprocess.run([sys.executable, REPORT, out], capture_output=True, text=True,
+                              timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        rows = [line for line in proc.stdout.splitlines() if line.startswith("| hsdp ")]
+        self.assertEqual(len(rows), 2, proc.stdout)  # one per --inner, not one overwriting
+        self.assertIn("replicate 2 x shard 2", rows[0])
+        self.assertIn("replicate 1 x shard 4", rows[1])
+        self.assertIn("muond (hsdp, world 4): FAILED: RuntimeError: the daemon went away",
+                      proc.stdout)
+        self.assertIn("> 1 means muond is faster", proc.stdout)
+        self.assertIn("not a speed comparison", proc.stdout)
+
+    def test_report_command_line(self):
+        proc = subprocess.run([sys.executable, REPORT, "--help"], capture_output=True,
+                              text=True, timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("usage: llama_train_report.py", proc.stdout)
+        missing = os.path.join(self.tmp, "nope")
+        proc = subprocess.run([sys.executable, REPORT, missing], capture_output=True,
+                              text=True, timeout=60)
+        self.assertEqual(proc.returncode, 2)
+        self.assertEqual(proc.stderr.strip(),
+                         f"llama_train_report.py: {missing}: no such file or directory")
 
 
 if __name__ == "__main__":
