@@ -63,7 +63,8 @@ from options import LAYOUTS, TWO_D, dp_size, tp_size  # noqa: E402  (char_gpt, n
 OPTIMIZERS = ("muond", "torch", "muonium")
 # Per data-parallel rank: (sequences, tokens per sequence). 1b: 4 x 2048 fits
 # one H200 at world 1 with fp32 params, bf16 autocast and no activation
-# checkpointing (with torch's full replica and muonium's state alike).
+# checkpointing: measured trainer peaks 46 / 68 / 57 GiB with muond / torch
+# (full replicas) / muonium (bench/results/gpu_h200_issue19.md).
 BATCH_DEFAULTS = {"1b": (4, 2048), "tiny": (4, 32)}
 ADAMW_EPS = 1e-8
 
@@ -142,8 +143,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda when torch sees a GPU, else cpu")
     p.add_argument("--allow-large-cpu", action="store_true",
-                   help="run --model 1b on CPU anyway (tens of GB per rank, minutes a step; --model "
-                        "tiny is the CPU model)")
+                   help="run --model 1b on CPU anyway (tens of GB per rank, minutes a "
+                        "step; --model tiny is the CPU model)")
     p.add_argument("--seed", type=int, default=0, help="init and data seed")
     p.add_argument("--wait-healthy", type=float, default=60.0,
                    help="seconds muond's client waits for the daemons")

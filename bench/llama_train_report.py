@@ -66,7 +66,9 @@ def cell(v, spec):
 def model_cell(r: dict) -> str:
     """Rows may differ in size (e.g. a 2-layer smoke run beside the whole 1b)."""
     m, c = r["model"], r["config"]
-    return (f"{c['model']} {m['layers']}L ({m['params']['total'] / 1e9:.2f}B), "
+    total = m["params"]["total"]
+    size = f"{total / 1e9:.2f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
+    return (f"{c['model']} {m['layers']}L ({size}), "
             f"{c['warmup']}+{c['steps']} steps")
 
 
