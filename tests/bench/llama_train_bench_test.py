@@ -194,13 +194,15 @@ class LlamaTrainBenchTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
         self.assertIn("--model 1b on CPU", proc.stderr)
         self.assertIn("pass --model tiny", proc.stderr)
-        # A missing --muonium-path, on any device.
+        # A missing --muonium-path with muonium to run, on CPU too (where muonium is
+        # skipped, so nothing else would notice).
+        missing = os.path.join(self.tmp, "nope")
         proc = subprocess.run([sys.executable, BENCH, "--model", "tiny", "--device", "cpu",
-                               "--muonium-path", os.path.join(self.tmp, "nope")],
+                               "--optimizers", "torch,muonium", "--muonium-path", missing,
+                               "--out", self.tmp],
                               capture_output=True, text=True, timeout=60, env=e)
         self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
-        self.assertIn("--muonium-path", proc.stderr)
-        self.assertIn("is not a directory", proc.stderr)
+        self.assertIn(f"--muonium-path {missing}: no such directory", proc.stderr)
         self.assertNotIn("Traceback", proc.stderr)
 
 
