@@ -33,12 +33,15 @@ OUT=${OUT:-/tmp/out19}
 mkdir -p "$OUT"
 S=$OUT/summary.log
 R=$(pwd)
+failed=0
 part() {  # part NAME LIMIT LOG CMD...
   local name=$1 lim=$2 log=$3 t0=$SECONDS rc
   shift 3
   echo "=== $name: $*" >> "$log"
-  timeout -k 10 "$lim" "$@" >> "$log" 2>&1
+  # -k 30: muond launch needs its stop grace (10 s) and the servers' drain after a TERM.
+  timeout -k 30 "$lim" "$@" >> "$log" 2>&1
   rc=$?
+  [ "$rc" -eq 0 ] || failed=$((failed + 1))
   echo "$name: rc $rc, $((SECONDS - t0)) s (cap $lim s)" | tee -a "$S"
 }
 N=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -54,8 +57,13 @@ cp "$B"/client/python/muond/v1/*_pb2*.py client/python/muond/v1/
 . "$B/env.sh"
 export PYTHONPATH=$R/client/python MUOND_BIN_DIR=$B/bin
 muonium_dir=/tmp/muonium
+llama_optimizers=${LLAMA_OPTIMIZERS:-muond,torch,muonium}
 if compgen -G "dist/muonium-*.whl" > /dev/null; then
   python3 -m zipfile -e dist/muonium-*.whl "$muonium_dir"
+elif [[ $llama_optimizers == *muonium* ]]; then
+  llama_optimizers=${llama_optimizers//,muonium/}
+  echo "llama: no dist/muonium-*.whl carried, so muonium is left out ($llama_optimizers)" \
+    | tee -a "$S"
 fi
 launch=(python3 -m muond.cli launch --device cuda --nproc-per-node "$N" --bin-dir "$B/bin")
 torchrun=(python3 -m torch.distributed.run --standalone --nproc-per-node "$N")
@@ -98,10 +106,10 @@ run_llama() {
       -- "${torchrun[@]}" bench/llama_train_bench.py --device cuda --model 1b \
       --layers "${LLAMA_LAYERS:-16}" --parallel "$l" --inner "$(inner "$l")" \
       --steps "${LLAMA_STEPS:-10}" \
-      --optimizers "${LLAMA_OPTIMIZERS:-muond,torch,muonium}" --muonium-path "$muonium_dir" \
-      --out "$OUT/llama"
+      --optimizers "$llama_optimizers" --muonium-path "$muonium_dir" --out "$OUT/llama"
+    # Merged after each layout: a call cut at its cap keeps the layouts that finished.
+    python3 bench/llama_train_report.py "$OUT/llama" > "$OUT/llama.md" 2>&1
   done
-  python3 bench/llama_train_report.py "$OUT"/llama/*.json > "$OUT/llama.md" 2>&1
 }
 
 run_kill() {
@@ -113,8 +121,7 @@ run_kill() {
     for at in commit collective; do
       part "kill-$l-$at" 120 "$OUT/kill-$l-$at.log" python3 tests/system/kill_mid_step.py \
         --device cuda --nproc "$N" --parallel "$l" --inner "$(inner "$l")" --kill-at "$at" \
-        --bin-dir "$B/bin" \
-        --out "$OUT/kill-$l-$at.json"
+        --bin-dir "$B/bin" --timeout 100 --out "$OUT/kill-$l-$at.json"
     done
   done
 }
@@ -128,4 +135,6 @@ for p in "${parts[@]}"; do
   esac
 done
 echo "left: $(pgrep -fc 'muond-(daemon|coordinator)' || true) server processes," \
-  "$(find /dev/shm -name '*muond*' | wc -l) muond shm objects" | tee -a "$S"
+  "$(find /dev/shm -name '*muond*' | wc -l) muond shm objects; $failed part(s) failed" \
+  | tee -a "$S"
+[ "$failed" -eq 0 ]
