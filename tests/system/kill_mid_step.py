@@ -68,9 +68,11 @@ real trainer would simply be stopped.
 from __future__ import annotations
 
 import argparse
+import datetime
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -86,6 +88,26 @@ CHAR_GPT = os.path.join(ROOT, "examples", "char_gpt")
 # What a daemon run with --testonly_commit_delay_ms logs (core/step/layer_sharded_muon.cc).
 STARTED = "testonly_commit_delay_ms: step {step}: started"
 EXCHANGED = "testonly_commit_delay_ms: step {step}: exchanges done (ok)"
+# A daemon log line: absl's prefix (severity, date and time to the microsecond
+# in the daemon's TZ, which the driver sets to UTC, thread, file:line).
+LOG_LINE = re.compile(r"^[IWEF](\d{8} \d{2}:\d{2}:\d{2}\.\d{6}) +\d+ \S+\] (.*)$")
+WINDOW = re.compile(r"waiting (\d+) ms before the commit vote")
+# --kill-at commit: the least --commit-delay-ms accepted. The victim's trainer
+# polls its daemon's log every 5 ms and kills at once (the pid looked up
+# before the step): measured 1-12 ms from the daemon's "exchanges done" to
+# the kill sent, 2 and 4 ranks on this 2-core machine with every process
+# busy. 200 ms leaves room for a scheduler stall of that order 15 times over;
+# the landing check still measures each run (a kill after the window is a
+# FAIL, whatever the delay).
+MIN_COMMIT_DELAY_MS = 200
+# The least --timeout beyond --comm-timeout-s: starting the trainers and
+# daemons and the steps before the kill (about 10 s on 2 CPU ranks, more with
+# CUDA and NCCL), so that a survivor waiting out its comm timeout (a dead peer
+# unseen) still ends inside the launch and every line is checked.
+MIN_TIMEOUT_OVER_COMM_S = 30
+# The driver's own work after --timeout (stopping what is left, JSON): the
+# most a caller's hard cap must leave beyond --timeout.
+CLEANUP_S = 15
 VOCAB = 32
 CONTEXT = 16
 # A trainer exits at most this long after a SIGTERM: torchrun SIGKILLs its
@@ -167,6 +189,9 @@ class KillInsideStep:
                 watched for STARTED (they are inside the step, which cannot
                 end without the victim's ballot: they wait in its first
                 collective); then the kill, and the RPC (which fails).
+
+    What it records is the trainer's side; the driver proves the landing
+    from the daemons' own log timestamps (landing()).
     """
 
     def __init__(self, client, kill_at: str, log_dir: str, world: int, job: str, rank: int,
@@ -177,15 +202,20 @@ class KillInsideStep:
         self.own = LogWatch(log(rank))
         self.survivors = {r: LogWatch(log(r)) for r in range(world) if r != rank}
         self.real_step = client.step
-        self.record: dict = {"killed": False, "kill_point": kill_at}
+        # Looked up now, not in the window: a /proc scan takes milliseconds.
+        self.pid = daemon_pid(job, rank)
+        self.record: dict = {"killed": False, "kill_point": kill_at, "pid": self.pid}
         client.step = self.step  # the instance attribute shadows the method
 
-    def kill(self, markers: list[str]) -> None:
+    def kill(self, markers: list[str], future=None) -> None:
         seen = time.time()
-        pid = daemon_pid(self.job, self.rank)
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-            self.record.update(killed=True, pid=pid, kill_at=time.time())
+        if self.pid is not None:
+            # The reply comes after the commit: a done RPC means it committed.
+            self.record["rpc_done_at_kill"] = None if future is None else future.done()
+            os.kill(self.pid, signal.SIGKILL)
+            # After kill() returns no thread of the daemon runs user code
+            # again (SIGKILL is pending on all of them): an upper bound.
+            self.record.update(killed=True, kill_at=time.time())
         self.record.update(markers_seen_at=seen, markers=markers)
 
     def step(self, job_id, step_id, *args, **kwargs):
@@ -202,13 +232,14 @@ class KillInsideStep:
                     self.kill([f"rank {r}: {line}" for r, line in lines.items()])
                     break
                 time.sleep(0.005)
+            self.record["rpc_sent_at"] = time.time()
             return self.real_step(job_id, step_id, *args, **kwargs)
         future = self.client.step_future(job_id, step_id, *args, **kwargs)
         self.record["rpc_sent_at"] = time.time()
         line = EXCHANGED.format(step=step_id)
         while not future.done() and time.monotonic() < deadline:
             if self.own.has(line):
-                self.kill([f"rank {self.rank}: {line}"])
+                self.kill([f"rank {self.rank}: {line}"], future)
                 break
             time.sleep(0.005)
         self.record["step_done_before_kill"] = not self.record["killed"] and future.done()
@@ -241,18 +272,27 @@ def snapshot(model, opt, with_state: bool) -> dict:
     return out
 
 
-def trainer_options(a, world: int):
-    """train_dist.py's own options for a small CharGPT in layout a.parallel."""
+def layout_args(a, world: int):
+    """train_dist.py's own options (its parser, options.dist_parser: no
+    torch) for a small CharGPT in layout a.parallel on `world` ranks: heads
+    a multiple of the TP size, a global batch of 2 per data-parallel rank."""
     sys.path.insert(0, CHAR_GPT)
-    import train_dist
-    from options import check_layout, dp_size, tp_size
-    probe = train_dist.parse_args(["--parallel", a.parallel, "--inner", str(a.inner)])
+    from options import dist_parser, dp_size, tp_size
+    probe = dist_parser().parse_args(["--parallel", a.parallel, "--inner", str(a.inner)])
     heads = max(2, tp_size(probe, world))
-    args = train_dist.parse_args([
+    return dist_parser().parse_args([
         "--parallel", a.parallel, "--inner", str(a.inner), "--layers", "1",
         "--heads", str(heads), "--d-model", str(16 * heads), "--context", str(CONTEXT),
-        "--batch", str(2 * dp_size(probe, world)), "--device", a.device,
+        "--batch", str(2 * max(1, dp_size(probe, world))), "--device", a.device,
         "--lr", "0.02", "--adamw-lr", "0.01", "--wait-healthy", "60"])
+
+
+def trainer_options(a, world: int):
+    """train_dist (the module) and its options for this run, the layout rule
+    checked as train_dist.py checks it (the driver checked it already)."""
+    args = layout_args(a, world)
+    import train_dist
+    from options import check_layout
     check_layout(args, world)
     return train_dist, args
 
@@ -357,12 +397,76 @@ def processes_naming(text: str) -> list[int]:
     return [pid for pid in pids if pid != os.getpid() and text in "\0".join(cmdline(pid))]
 
 
+def log_time(text: str, wanted: str) -> float | None:
+    """The time (epoch seconds) of the first line of a daemon log whose
+    message contains `wanted`; None when none does."""
+    for line in text.splitlines():
+        m = LOG_LINE.match(line)
+        if m and wanted in m.group(2):
+            stamp = datetime.datetime.strptime(m.group(1), "%Y%m%d %H:%M:%S.%f")
+            return stamp.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return None
+
+
+def landing(kill_at: str, kill: dict, victim: int, logs: dict[int, str]) -> tuple[bool, str]:
+    """Whether the victim's SIGKILL (the time kill() returned, an upper bound
+    on when it was sent) came before any rank could commit the step, from
+    its daemons' own log lines (logs: rank -> its daemon's log), and why.
+
+    commit: the victim's daemon logs EXCHANGED, then sleeps the window it
+    names, then votes, then commits: a kill before that line's time plus the
+    window came before its commit vote (and so before any rank's commit,
+    which needs its ballot); its Step RPC must not have returned by then
+    either (the reply follows the commit). collective: every survivor's
+    daemon logged STARTED before the kill, and the victim's daemon never
+    did (its Step RPC went out after the kill): no rank can commit a step
+    one rank never began."""
+    step = kill.get("step_id")
+    if not kill.get("killed"):
+        return False, (f"no kill (daemon pid {kill.get('pid')}; the step ended first: "
+                       f"{kill.get('step_done_before_kill')})")
+    at = kill["kill_at"]
+    if kill_at == "commit":
+        line = EXCHANGED.format(step=step)
+        t = log_time(logs.get(victim, ""), line)
+        window = WINDOW.search(logs.get(victim, "").split(line, 1)[-1].split("\n", 1)[0])
+        if t is None or window is None:
+            return False, f"rank {victim}'s daemon log has no line {line!r} naming its wait"
+        wait_s = int(window.group(1)) / 1000
+        after = at - t
+        inside = 0 <= after < wait_s
+        detail = (f"SIGKILL {after * 1e3:.1f} ms after rank {victim}'s daemon logged step "
+                  f"{step}'s exchanges done, " + (
+                      f"inside its {wait_s * 1e3:.0f} ms wait before the commit vote" if inside
+                      else f"not inside its {wait_s * 1e3:.0f} ms wait before the commit vote "
+                      "(it may have voted and committed)"))
+        if kill.get("rpc_done_at_kill") is not False:
+            detail += f"; its Step RPC had returned (committed): {kill.get('rpc_done_at_kill')}"
+        return inside and kill.get("rpc_done_at_kill") is False, detail
+    starts = {r: log_time(text, STARTED.format(step=step))
+              for r, text in logs.items() if r != victim}
+    missing = sorted(r for r, t in starts.items() if t is None or t >= at)
+    own = log_time(logs.get(victim, ""), STARTED.format(step=step))
+    rpc_after = kill.get("rpc_sent_at", 0) >= at
+    ok = bool(starts) and not missing and own is None and rpc_after
+    if missing:
+        return False, f"ranks {missing}: no {STARTED.format(step=step)!r} logged before the kill"
+    gaps = [round((at - t) * 1e3, 1) for t in starts.values()]
+    detail = (f"SIGKILL {min(gaps)}-{max(gaps)} ms after every survivor's daemon logged step "
+              f"{step} started; rank {victim}'s daemon " + (
+                  "never started it (its Step RPC went out after the kill)" if own is None
+                  and rpc_after else f"started it too (logged at {own}, RPC sent at "
+                  f"{kill.get('rpc_sent_at')}, kill at {at})"))
+    return ok, detail
+
+
 class Checks:
     def __init__(self):
         self.items: list[dict] = []
 
-    def add(self, name: str, ok: bool, detail: str = "") -> None:
-        self.items.append({"check": name, "ok": bool(ok), "detail": detail})
+    def add(self, name: str, ok: bool, detail: str = "", show: bool = False) -> None:
+        """show: print the detail on ok too (a measurement worth seeing)."""
+        self.items.append({"check": name, "ok": bool(ok), "detail": detail, "show": show})
 
     @property
     def passed(self) -> bool:
@@ -376,14 +480,16 @@ def evaluate(a, proc, ranks: dict, job: str, tmp: str, checks: Checks) -> None:
                f"missing ranks {missing}" if missing else "")
     v = ranks.get(victim, {})
     kill = v.get("kill", {})
-    where = ({"commit": f"rank {victim}'s daemon had logged its exchanges done, the commit "
-              "vote not yet taken",
-              "collective": "every survivor's daemon had logged its start; it cannot end "
-              f"without rank {victim}"}[a.kill_at])
-    checks.add(f"the kill landed inside step {kill.get('step_id')} ({where})",
-               kill.get("killed") and kill.get("markers"),
-               json.dumps({k: kill.get(k) for k in ("markers", "pid",
-                                                    "step_done_before_kill")}))
+    logs = {}
+    for r in range(world):
+        try:
+            with open(os.path.join(tmp, "logs", f"muond-rank{r}.log"), errors="replace") as f:
+                logs[r] = f.read()
+        except OSError:
+            logs[r] = ""
+    ok, detail = landing(a.kill_at, kill, victim, logs)
+    checks.add(f"the kill landed inside step {kill.get('step_id')}, before any rank could "
+               "commit it (the daemons' log times)", ok, detail, show=True)
     err = v.get("error", {})
     checks.add(f"the victim's opt.step() raised naming its daemon",
                v.get("raised") and err.get("code") == "UNAVAILABLE"
@@ -438,14 +544,55 @@ def evaluate(a, proc, ranks: dict, job: str, tmp: str, checks: Checks) -> None:
                not any(left.values()), json.dumps(left)[:500])
 
 
+class Stopped(Exception):
+    """The driver got SIGTERM or SIGINT (a caller's `timeout`, ^C)."""
+
+
+def stop_everything(launch: subprocess.Popen, job: str, tmp: str) -> None:
+    """A run that did not end by itself (--timeout, a stop signal): SIGKILL
+    the launcher and everything naming the job or the run's directory (the
+    launcher's servers and torchrun with its trainers, each in its own
+    session), until none is left (10 s at most), then the job's socket dirs
+    and shm objects the launcher had no chance to remove. No grace: a run
+    cut short is a FAIL anyway, and a caller's cap leaves CLEANUP_S."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pids = set(processes_naming(job) + processes_naming(tmp))
+        if launch.poll() is None:
+            pids.add(launch.pid)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        launch.poll()
+        time.sleep(0.1)
+    remove_leftovers(job)
+
+
+def remove_leftovers(job: str) -> None:
+    """This job's socket dirs and shm objects (its name is this run's own)."""
+    for path in glob.glob(f"/tmp/muond-{job}-*"):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in glob.glob(f"/dev/shm/muond-{job}-*"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def drive(a) -> int:
     import muond
     tmp = tempfile.mkdtemp(prefix="kms-", dir="/tmp")
     job = f"kms{os.getpid()}-{uuid.uuid4().hex[:6]}"
     logs = os.path.join(tmp, "logs")
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(muond.__file__)))
-    env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0", PYTHONPATH=os.pathsep.join(
-        [pkg_root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    # TZ=UTC: the daemons' log times are read back as UTC (landing()).
+    env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0", TZ="UTC",
+               PYTHONPATH=os.pathsep.join(
+                   [pkg_root, *filter(None, [os.environ.get("PYTHONPATH")])]))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MUOND_JOB_ID", "MUOND_TOKEN_FILE",
                 "MUOND_DAEMON", "MUOND_SOCKET_DIR"):
         env.pop(key, None)
@@ -464,14 +611,39 @@ def drive(a) -> int:
     print(f"kill_mid_step: {a.parallel} on {a.nproc} ranks ({a.device}), {a.steps} steps, then "
           f"rank {a.victim}'s daemon SIGKILLed inside step {a.steps + 1} (--kill-at "
           f"{a.kill_at}); job {job}, dir {tmp}", flush=True)
+
+    def on_signal(signum, _frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     t0 = time.monotonic()
+    cut_short = ""
+    # The launcher's output in files: kept whole whatever ends the run.
+    out_path, err_path = os.path.join(tmp, "launch.out"), os.path.join(tmp, "launch.err")
+    launch = None
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.timeout)
-    except subprocess.TimeoutExpired as e:
-        proc = subprocess.CompletedProcess(argv, -1, e.stdout or "", e.stderr or "")
-        if isinstance(proc.stdout, bytes):
-            proc.stdout, proc.stderr = proc.stdout.decode(), (e.stderr or b"").decode()
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            launch = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                      env=env, start_new_session=True)
+            launch.wait(timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        cut_short = f"muond launch still running after --timeout {a.timeout:g} s"
+    except Stopped as e:
+        cut_short = f"the driver got {e} after {time.monotonic() - t0:.1f} s"
+    # From here on a stop signal waits: the cleanup and the JSON come first
+    # (seconds; a caller's cap leaves CLEANUP_S).
+    for sig in handlers:
+        signal.signal(sig, signal.SIG_IGN)
+    if cut_short:
+        print(f"kill_mid_step: {cut_short}; stopping the job", flush=True)
     wall = time.monotonic() - t0
+    try:
+        with open(err_path, errors="replace") as f:
+            stderr = f.read()
+    except OSError:
+        stderr = ""
+    rc = launch.poll() if launch is not None else None
+    proc = subprocess.CompletedProcess(argv, -1 if cut_short or rc is None else rc, "", stderr)
     ranks = {}
     for r in range(a.nproc):
         try:
@@ -480,17 +652,16 @@ def drive(a) -> int:
         except (OSError, ValueError):
             pass
     checks = Checks()
-    if proc.returncode == -1:
-        checks.add(f"muond launch ended within {a.timeout} s", False)
+    if cut_short:
+        checks.add(f"muond launch ended within {a.timeout:g} s", False, cut_short)
     evaluate(a, proc, ranks, job, tmp, checks)
-    for pid in set(processes_naming(job) + processes_naming(tmp)):  # a failed run's
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    # Whatever is left (the check above said so): a failed run's.
+    if launch is not None:
+        stop_everything(launch, job, tmp)
     for c in checks.items:
         print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['check']}"
-              + (f"\n       {c['detail']}" if c["detail"] and not c["ok"] else ""))
+              + (f"\n       {c['detail']}" if c["detail"] and (not c["ok"] or c["show"])
+                 else ""))
     verdict = "PASS" if checks.passed else "FAIL"
     print(f"kill_mid_step: {verdict} ({sum(c['ok'] for c in checks.items)}/{len(checks.items)} "
           f"checks, {wall:.1f} s)", flush=True)
@@ -505,25 +676,88 @@ def drive(a) -> int:
                        "device": a.device, "victim": a.victim, "steps_before": a.steps,
                        "kill_at": a.kill_at,
                        "commit_delay_ms": a.commit_delay_ms, "comm_timeout_s": a.comm_timeout_s,
+                       "timeout_s": a.timeout, "cut_short": cut_short,
                        "job": job, "wall_s": wall, "launch_rc": proc.returncode,
                        "launch_stderr_tail": proc.stderr[-3000:], "checks": checks.items,
                        "ranks": ranks}, f, indent=1)
     if not a.keep:
         shutil.rmtree(tmp, ignore_errors=True)
+    sys.stdout.flush()
     return 0 if checks.passed else 1
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                    argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and each option's default (unless None or a
+    flag's False: those say in words what they mean)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def problems(a) -> list[str]:
+    """What makes the driver's options unable to run the check, each naming
+    the option and its rule (empty: they can). Nothing is started first."""
+    out = []
+    if a.nproc < 2:
+        out.append(f"--nproc {a.nproc}: needs >= 2 (a victim and a survivor)")
+    elif not 0 <= a.victim < a.nproc:
+        out.append(f"--victim {a.victim}: must be a rank of --nproc {a.nproc} "
+                   f"(0..{a.nproc - 1})")
+    if a.steps < 1:
+        out.append(f"--steps {a.steps}: needs >= 1 (the job trains that many steps before "
+                   "the kill step; the check that it trained needs one)")
+    if a.inner < 1:
+        out.append(f"--inner {a.inner}: needs >= 1")
+    elif a.nproc >= 1:
+        sys.path.insert(0, CHAR_GPT)
+        from options import check_layout
+        try:  # train_dist.py's rule, worded with this script's --nproc
+            check_layout(layout_args(a, a.nproc), a.nproc, launcher=True)
+        except ValueError as e:
+            out.append(str(e))
+    if not 1 <= a.comm_timeout_s < TERM_GRACE_S:
+        out.append(f"--comm-timeout-s {a.comm_timeout_s}: must be in [1, {TERM_GRACE_S:g}) "
+                   "(torchrun stops the trainers that long after the launcher's SIGTERM)")
+    if a.kill_at == "commit":
+        most = a.comm_timeout_s * 250
+        if not MIN_COMMIT_DELAY_MS <= a.commit_delay_ms <= most:
+            out.append(f"--commit-delay-ms {a.commit_delay_ms} with --kill-at commit: must be in "
+                       f"[{MIN_COMMIT_DELAY_MS}, {most}]: at least {MIN_COMMIT_DELAY_MS} so the "
+                       "victim's trainer, polling its daemon's log, kills inside that window; at "
+                       "most --comm-timeout-s x 250 since the survivors sleep the same window "
+                       "before their commit vote and must fail in under half --comm-timeout-s "
+                       "after the kill")
+    elif a.commit_delay_ms < 1:
+        out.append(f"--commit-delay-ms {a.commit_delay_ms} with --kill-at collective: needs "
+                   ">= 1 (the daemons log 'step S: started' only with it set)")
+    least = a.comm_timeout_s + MIN_TIMEOUT_OVER_COMM_S
+    if a.timeout < least:
+        out.append(f"--timeout {a.timeout:g}: needs >= --comm-timeout-s + "
+                   f"{MIN_TIMEOUT_OVER_COMM_S} = {least:g} s (the startup and the steps before "
+                   "the kill, and a survivor that waits out its comm timeout)")
+    if a.bin_dir and not os.path.isdir(a.bin_dir):
+        out.append(f"--bin-dir {a.bin_dir}: no such directory")
+    if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        out.append(f"--out {a.out}: its directory does not exist")
+    return out
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                formatter_class=HelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--nproc", type=int, default=2, help="ranks: trainers and daemons")
+    p.add_argument("--nproc", type=int, default=2, help="ranks: trainers and daemons (>= 2)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: host-mode daemons, gloo; cuda: one GPU per rank, NCCL")
     p.add_argument("--parallel", choices=["ddp", "fsdp", "tp", "fsdp+tp", "hsdp"],
-                   default="fsdp")
-    p.add_argument("--inner", type=int, default=2, help="inner mesh dim of fsdp+tp / hsdp")
-    p.add_argument("--steps", type=int, default=2, help="steps trained before the kill step")
+                   default="fsdp", help="the layout (train_dist.py's)")
+    p.add_argument("--inner", type=int, default=2,
+                   help="inner mesh dim of fsdp+tp / hsdp (--nproc a multiple of it)")
+    p.add_argument("--steps", type=int, default=2,
+                   help="steps trained before the kill step (>= 1)")
     p.add_argument("--victim", type=int, default=None,
                    help="rank whose daemon is killed (default: the last)")
     p.add_argument("--kill-at", choices=["commit", "collective"], default="commit",
@@ -532,14 +766,20 @@ def parse_args(argv=None):
                    "victim in the step's first collective (the victim's daemon never gets it)")
     p.add_argument("--commit-delay-ms", type=int, default=None,
                    help="the daemons' --testonly_commit_delay_ms: the window the commit kill "
-                   "lands in (default 1000; 1 with --kill-at collective, which needs only the "
-                   "log lines it turns on)")
+                   f"lands in, {MIN_COMMIT_DELAY_MS} to --comm-timeout-s x 250 (default 1000; "
+                   "1 with --kill-at collective, which needs only the log lines it turns on)")
     p.add_argument("--comm-timeout-s", type=int, default=20,
                    help="the daemons' --comm_timeout_s (< 30: torchrun's stop grace); "
                    "survivors must fail in under half of it")
     p.add_argument("--bin-dir", help="muond-daemon and muond-coordinator (muond launch "
                    "--bin-dir; default: its own lookup)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole launch")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds for the whole launch (>= --comm-timeout-s + "
+                   f"{MIN_TIMEOUT_OVER_COMM_S}); then the driver stops what is left and "
+                   f"writes its result, within {CLEANUP_S} s more: under a hard cap (a "
+                   f"`timeout C`) pass at most C - {CLEANUP_S} (bench/gpu_issue19.sh: "
+                   "`timeout 120`, --timeout 100). A SIGTERM or SIGINT to the driver does "
+                   "the same at once")
     p.add_argument("--out", help="write the result as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the run's directory (logs)")
     # The trainer's role (torchrun runs this file again with these).
@@ -552,13 +792,11 @@ def parse_args(argv=None):
         return a
     if a.victim is None:
         a.victim = a.nproc - 1
-    if not 1 <= a.comm_timeout_s < TERM_GRACE_S:
-        p.error(f"--comm-timeout-s {a.comm_timeout_s} must be in [1, {TERM_GRACE_S:g}): "
-                "torchrun stops the trainers that long after the launcher's SIGTERM")
     if a.commit_delay_ms is None:
         a.commit_delay_ms = 1000 if a.kill_at == "commit" else 1
-    if not 0 <= a.victim < a.nproc or a.nproc < 2:
-        p.error(f"--victim {a.victim} must be a rank of --nproc {a.nproc} (>= 2)")
+    found = problems(a)
+    if found:
+        p.error("\n  ".join(["refused, nothing started:", *found]))
     return a
 
 
