@@ -510,8 +510,8 @@ def evaluate(a, proc, ranks: dict, job: str, tmp: str, checks: Checks) -> None:
         except OSError:
             logs[r] = ""
     ok, detail = landing(a.kill_at, kill, victim, logs)
-    checks.add(f"the kill landed inside step {kill.get('step_id')}, before any rank could "
-               "commit it (the daemons' log times)", ok, detail, show=True)
+    checks.add(f"the kill landed inside step {kill.get('step_id', a.steps + 1)}, before any "
+               "rank could commit it (the daemons' log times)", ok, detail, show=True)
     err = v.get("error", {})
     checks.add(f"the victim's opt.step() raised naming its daemon",
                v.get("raised") and err.get("code") == "UNAVAILABLE"
@@ -675,7 +675,8 @@ def drive(a) -> int:
             pass
     checks = Checks()
     if cut_short:
-        checks.add(f"muond launch ended within {a.timeout:g} s", False, cut_short)
+        checks.add(f"muond launch ended by itself within --timeout {a.timeout:g} s", False,
+                   cut_short)
     evaluate(a, proc, ranks, job, tmp, checks)
     # Whatever is left (the check above said so): a failed run's.
     if launch is not None:
