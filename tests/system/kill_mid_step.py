@@ -118,9 +118,10 @@ WINDOW = re.compile(r"waiting (\d+) ms before the commit vote")
 # polls its daemon's log every 5 ms and kills at once (the pid looked up
 # before the step): from the daemon's "exchanges done" to the kill sent took
 # 1.0-5.6 ms in 6 runs (2 and 4 ranks, this 2-core machine with every
-# process busy), 19 ms at worst seen. 200 ms is ten times that: room for a
-# scheduler stall on a loaded host; the landing check still measures each
-# run (a kill after the window is a FAIL, whatever the delay).
+# process busy), 20 ms at worst seen (a CI run beside another job). 200 ms
+# is ten times that, room for a scheduler stall on a loaded host; the
+# landing check still measures each run (a kill after the window is a FAIL,
+# whatever the delay).
 MIN_COMMIT_DELAY_MS = 200
 # The least --timeout beyond --comm-timeout-s: starting the trainers and
 # daemons and the steps before the kill (about 10 s on 2 CPU ranks, more with
