@@ -28,12 +28,21 @@ cache emptied) before the next is built:
            is CUDA only: skipped on CPU with a note
 
 Same hyperparameters for all: Muon lr, momentum 0.95 with Nesterov, decoupled
-weight decay, 5 NS steps with torch's coefficients (3.4445, -4.775, 2.0315),
-torch's `original` lr scale sqrt(max(1, rows/cols)); AdamW lr/betas/eps/wd.
+weight decay, 5 NS steps with torch's coefficients (3.4445, -4.775, 2.0315) and
+NS eps 1e-7 (torch's and muonium's default; muond's char-GPT examples use 1e-15),
+torch's `original` lr scale sqrt(max(1, rows/cols)); AdamW lr/betas/eps/wd. Each
+optimizer's Muon and AdamW group values, read back from the built optimizer,
+are in the JSON (results.<name>.hyperparameters).
 
 Timing: --warmup untimed steps, then --steps timed ones. Per step the wall time
 of zero_grad + forward + backward and of opt.step() (each bracketed by
-torch.cuda.synchronize() on cuda), max over ranks per step, median over steps.
+torch.cuda.synchronize() on cuda), max over ranks per step, median over steps;
+each rank's own per-step times are in the JSON (results.<name>.ranks).
+
+Correctness: with --compare-params (default) rank 0 compares every optimizer's
+final params with torch's; --max-param-diff X turns muond's comparison into a
+check: above X the table and JSON say MISMATCH and every rank exits 1 (after
+the outputs are written).
 Output: a markdown table on rank 0's stdout, <out>/<parallel>-w<N>.json and .md
 (<parallel>-i<inner>-w<N> for the 2-D layouts), rewritten after each optimizer
 and on a failure, so a failed optimizer is named there beside what ran before.
@@ -67,6 +76,42 @@ OPTIMIZERS = ("muond", "torch", "muonium")
 # (full replicas) / muonium (bench/results/gpu_h200_issue19.md).
 BATCH_DEFAULTS = {"1b": (4, 2048), "tiny": (4, 32)}
 ADAMW_EPS = 1e-8
+# Newton-Schulz's normalisation eps, X / (||X|| + eps): torch.optim.Muon's and
+# muonium's default, passed to muond too (train_dist.build_optimizer's own is
+# 1e-15, the char-GPT reference's).
+NS_EPS = 1e-7
+
+
+def at_least(low: int, why: str = ""):
+    """An argparse type: an int >= low (the error names the option and, when
+    given, why)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}{why}")
+        return value
+    return parse
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:  # NaN included
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+# At one token per sequence causal attention's softmax runs over a single key,
+# so q and k get no gradient (the softmax's derivative is 0) and Muon would
+# orthogonalize rounding noise: muond and torch then differ by ~0.1 even with
+# fp32 NS, a difference of noise, not of the optimizers.
+SEQ_WHY = (" (with 1 token attention's softmax has one key, so q and k get no gradient and "
+           "Muon orthogonalizes rounding noise)")
 
 
 def optimizer_list(text: str) -> list[str]:
@@ -93,25 +138,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=sorted(PRESETS), default="1b",
                    help="1b: Llama-3.2-1B's shape (untied head; refused on CPU without "
                         "--allow-large-cpu); tiny: a CPU-sized one")
-    p.add_argument("--layers", type=int, help="override the preset's layer count")
-    p.add_argument("--heads", type=int, help="override the preset's attention heads")
-    p.add_argument("--kv-heads", type=int, help="override the preset's kv heads (GQA)")
+    p.add_argument("--layers", type=at_least(1), help="override the preset's layer count")
+    p.add_argument("--heads", type=at_least(1), help="override the preset's attention heads")
+    p.add_argument("--kv-heads", type=at_least(1),
+                   help="override the preset's kv heads (GQA)")
     p.add_argument("--parallel", choices=LAYOUTS, default="fsdp", help="the layout")
-    p.add_argument("--inner", type=int, default=2,
+    p.add_argument("--inner", type=at_least(1), default=2,
                    help="inner mesh dim of the 2-D layouts (fsdp+tp: TP size; hsdp: shard "
                         "group size)")
     p.add_argument("--optimizers", type=optimizer_list, default=",".join(OPTIMIZERS),
                    help="comma list, run in this order")
-    p.add_argument("--batch", type=int,
+    p.add_argument("--batch", type=at_least(1),
                    help="sequences per data-parallel rank (default: 4 for 1b and tiny)")
-    p.add_argument("--seq", type=int, help="tokens per sequence (default: 2048 for 1b, 32 "
-                                           "for tiny)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
+    p.add_argument("--seq", type=at_least(2, SEQ_WHY),
+                   help="tokens per sequence, >= 2 (default: 2048 for 1b, 32 for tiny)")
+    p.add_argument("--steps", type=at_least(1), default=10, help="timed steps")
+    p.add_argument("--warmup", type=at_least(0), default=3, help="untimed steps before them")
     p.add_argument("--lr", type=float, default=0.02, help="Muon lr")
     p.add_argument("--momentum", type=float, default=0.95, help="Muon momentum (Nesterov)")
     p.add_argument("--weight-decay", type=float, default=0.1, help="Muon weight decay")
-    p.add_argument("--ns-steps", type=int, default=5,
+    p.add_argument("--ns-steps", type=at_least(1), default=5,
                    help="Newton-Schulz iterations (torch's coefficients), all optimizers")
     p.add_argument("--adamw-lr", type=float, default=3e-4,
                    help="lr of the non-matrix params (embedding, norms, head): AdamW")
@@ -139,13 +185,20 @@ def parser() -> argparse.ArgumentParser:
                    help="run --model 1b on CPU anyway (tens of GB per rank, minutes a "
                         "step; --model tiny is the CPU model)")
     p.add_argument("--seed", type=int, default=0, help="init and data seed")
-    p.add_argument("--wait-healthy", type=float, default=60.0,
+    p.add_argument("--wait-healthy", type=positive_float, default=60.0,
                    help="seconds muond's client waits for the daemons")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=at_least(0), default=0,
                    help="torch CPU threads (0: 1 per rank with several ranks, else up to 4)")
     p.add_argument("--compare-params", action=argparse.BooleanOptionalAction, default=True,
-                   help="gather the final params whole on rank 0 and compare each optimizer's "
-                        "with torch's (1b: ~6 GB host memory per kept copy, seconds)")
+                   help="gather the final params whole and compare each optimizer's with "
+                        "torch's on rank 0 (1b: every rank gathers a ~6 GB host copy, rank 0 "
+                        "keeps at most two; seconds)")
+    p.add_argument("--max-param-diff", type=positive_float, metavar="X",
+                   help="fail (exit 1, MISMATCH in the table and JSON) when muond's final "
+                        "params differ from torch's by more than X (max over tensors of "
+                        "||muond - torch|| / ||torch||); needs muond, torch and "
+                        "--compare-params. bench/README.md: 1e-3 with fp32 NS on both "
+                        "sides, 0.2 with bf16")
     p.add_argument("--out", default="out/llama_bench", help="directory for the JSON and .md")
     return p
 
@@ -159,14 +212,16 @@ def model_config(args) -> LlamaConfig:
 
 def layout_problem(args, cfg: LlamaConfig, world: int) -> str:
     """The broken rule naming the options that fix it; '' when the layout fits."""
-    if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.seq < 1:
-        return "--steps, --batch and --seq must be >= 1 and --warmup >= 0"
-    if args.parallel in TWO_D and (args.inner < 1 or world % args.inner):
+    # Signs and sizes of single options: their argparse types (at_least).
+    if args.max_param_diff is not None and not (
+            args.compare_params and {"muond", "torch"} <= set(args.optimizers)):
+        return (f"--max-param-diff {args.max_param_diff} checks muond's final params against "
+                "torch's: it needs muond and torch in --optimizers and --compare-params")
+    if args.parallel in TWO_D and world % args.inner:
         return (f"--parallel {args.parallel} lays the {world} processes out as a "
                 f"(N / {args.inner}) x {args.inner} mesh (--inner {args.inner}): torchrun "
                 f"--nproc-per-node must be a multiple of --inner")
-    if cfg.heads < 1 or cfg.kv_heads < 1 or cfg.heads % cfg.kv_heads or \
-            cfg.d_model % cfg.heads or cfg.head_dim % 2:
+    if cfg.heads % cfg.kv_heads or cfg.d_model % cfg.heads or cfg.head_dim % 2:
         return (f"--model {args.model}: --heads {cfg.heads} must divide d_model "
                 f"{cfg.d_model} into even head widths and be a multiple of --kv-heads "
                 f"{cfg.kv_heads}")
@@ -251,7 +306,7 @@ def build_muond(model, args):
                          extra_scale_factor=1.0, fp32_matmul_prec=args.muond_ns_precision,
                          ns_algorithm="standard", gram_dtype="fp16", gram_restarts=None,
                          wait_healthy=args.wait_healthy)
-    return train_dist.build_optimizer(model, ns)
+    return train_dist.build_optimizer(model, ns, eps=NS_EPS)
 
 
 @contextlib.contextmanager
@@ -288,7 +343,8 @@ class RedundantTorchMuon:
                 plain.append(p)
         self.muon = torch.optim.Muon(plain, lr=args.lr, weight_decay=args.weight_decay,
                                      momentum=args.momentum, nesterov=True,
-                                     ns_steps=args.ns_steps, adjust_lr_fn="original")
+                                     ns_steps=args.ns_steps, eps=NS_EPS,
+                                     adjust_lr_fn="original")
         self.adamw = torch.optim.AdamW([p for _, p in adamw], lr=args.adamw_lr,
                                        betas=tuple(args.betas), eps=ADAMW_EPS,
                                        weight_decay=args.adamw_weight_decay)
@@ -350,6 +406,33 @@ def optimizer_notes(args) -> dict[str, str]:
     }
 
 
+MUON_KEYS = ("lr", "momentum", "nesterov", "weight_decay", "ns_steps", "eps")
+ADAMW_KEYS = ("lr", "betas", "eps", "weight_decay")
+
+
+def hyperparameters(opt) -> dict:
+    """The Muon and AdamW groups' values as the built optimizer holds them (the
+    first group of each kind; muonium names weight decay `wd` and has no NS eps
+    in its groups: its Newton-Schulz fixes 1e-7)."""
+    if isinstance(opt, RedundantTorchMuon):
+        groups = [("muon", opt.muon.param_groups[0]), ("adamw", opt.adamw.param_groups[0])]
+    else:  # muond: "algorithm"; muonium: "use_muon" (and "algorithm")
+        groups = [("adamw" if g.get("algorithm") in ("adamw", "adam")
+                   or g.get("use_muon") is False else "muon", g) for g in opt.param_groups]
+
+    def plain(v):
+        if hasattr(v, "item"):  # muonium keeps lr as a tensor
+            return v.item()
+        return list(v) if isinstance(v, tuple) else v
+    out = {}
+    for kind, g in groups:
+        if kind not in out:
+            keys = MUON_KEYS if kind == "muon" else ADAMW_KEYS
+            g = {("weight_decay" if k == "wd" else k): v for k, v in g.items()}
+            out[kind] = {k: plain(g[k]) for k in keys if k in g}
+    return out
+
+
 # ---------------------------------------------------------------- the run
 
 def batch_at(step: int, args, cfg, dp: int, data_rank: int):
@@ -388,6 +471,7 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
                                     plan=tp_plan())
     opt = {"muond": build_muond, "torch": RedundantTorchMuon,
            "muonium": build_muonium}[name](model, args)
+    hyper = hyperparameters(opt)
     dp, data_rank = dp_size(args, world), train_dist.data_rank(args, mesh, rank)
 
     def sync():
@@ -434,6 +518,10 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
     per_rank = [None] * world
     dist.all_gather_object(per_rank, {
         "rank": rank, "mesh": train_dist.mesh_coordinates(args, mesh, rank),
+        # This rank's own times per timed step: the table's medians are of
+        # their per-step max over ranks (the all_reduce above).
+        **{key: [1e3 * r[i] for r in times]
+           for i, key in enumerate(("fwd_bwd_ms", "opt_step_ms", "step_ms"))},
         "opt_step_ms_median": 1e3 * statistics.median(r[1] for r in times),
         "peak_cuda_gib": peak,
         **({"daemon_ns_ms_median": statistics.median(ns_ms)} if ns_ms else {}),
@@ -446,7 +534,7 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
         "optimizer": name, "tokens_per_step": tokens, "tokens_per_s": tokens / whole,
         "step_ms": 1e3 * whole, "fwd_bwd_ms": 1e3 * fwd_bwd, "opt_step_ms": 1e3 * opt_s,
         "opt_share": opt_s / whole, "loss_first": lv[0], "loss_last": lv[-1], "losses": lv,
-        **memory_summary(per_rank), "ranks": per_rank,
+        **memory_summary(per_rank), "hyperparameters": hyper, "ranks": per_rank,
     }
     if plan is not None:
         result["plan"] = plan
@@ -542,8 +630,15 @@ def gib(v) -> str:
 def markdown(report: dict) -> str:
     c, lay = report["config"], report["layout"]
     m = report["model"]
+    check = report.get("params_muond_vs_torch") or {}
+    headline = []
+    if check.get("verdict") == "MISMATCH":
+        headline = [f"**MISMATCH**: muond's final params differ from torch's by "
+                    f"{check['max_rel_diff']:.3e} ({check['worst']}) > --max-param-diff "
+                    f"{check['max_param_diff']:g}.", ""]
     lines = [f"# Llama training step: {lay['parallel']}, {lay['world']} ranks "
-             f"({lay['device']}, {lay['backend']})", "", "```", report["command"], "```", "",
+             f"({lay['device']}, {lay['backend']})", "", *headline, "```", report["command"],
+             "```", "",
              f"- model `{c['model']}`: d_model {m['d_model']}, {m['layers']} layers, "
              f"{m['heads']} heads / {m['kv_heads']} kv heads, ffn {m['ffn']}, vocab "
              f"{m['vocab']}; {m['params']['total'] / 1e6:,.1f}M params "
@@ -608,7 +703,8 @@ def markdown(report: dict) -> str:
                              if moved is not None else "") + ")"
                           + (f"; the largest difference ÷ torch's movement of the same tensor "
                              f"is {cmp['max_diff_over_change']:.3e} ({cmp['worst_by_ratio']})"
-                             if "max_diff_over_change" in cmp else "") + "."]
+                             if "max_diff_over_change" in cmp else "") + "."
+                          + verdict_text(cmp)]
     muond = report["results"].get("muond")
     if muond and muond.get("plan"):
         plan = muond["plan"]
@@ -631,6 +727,15 @@ def markdown(report: dict) -> str:
         lines += ["", f"CPU run ({os.cpu_count()} cores shared by {lay['world']} trainers and "
                       "their daemons): a check that the job runs, not a speed comparison."]
     return "\n".join(lines) + "\n"
+
+
+def verdict_text(cmp: dict) -> str:
+    """' **MISMATCH** ...' / ' Within ...' when --max-param-diff checked it."""
+    if "verdict" not in cmp:
+        return ""
+    if cmp["verdict"] == "MISMATCH":
+        return f" **MISMATCH**: above --max-param-diff {cmp['max_param_diff']:g}."
+    return f" Within --max-param-diff {cmp['max_param_diff']:g}."
 
 
 def write_outputs(report: dict, out: str) -> str:
@@ -721,14 +826,29 @@ def main(argv=None) -> int:
                 init = {k: v.detach() for k, v in
                         initial_model(args, cfg, device).state_dict().items()}
                 for other in pending:
-                    report[f"params_{other}_vs_torch"] = param_diff(
-                        states.pop(other), states["torch"], init, device)
+                    cmp = param_diff(states.pop(other), states["torch"], init, device)
+                    if other == "muond" and args.max_param_diff is not None:
+                        cmp["max_param_diff"] = args.max_param_diff
+                        # not <=: a NaN difference is a mismatch too
+                        cmp["verdict"] = ("ok" if cmp["max_rel_diff"] <= args.max_param_diff
+                                          else "MISMATCH")
+                    report[f"params_{other}_vs_torch"] = cmp
                 del init
             write_outputs(report, args.out)
+    # Rank 0 compared; every rank exits with its verdict.
+    verdict = [report.get("params_muond_vs_torch", {}).get("verdict")]
+    dist.broadcast_object_list(verdict, src=0)
     dist.destroy_process_group()
     if rank == 0:
         print(write_outputs(report, args.out), flush=True)
         print(f"wrote {args.out}/{run_stem(report['layout'])}.json and .md", flush=True)
+    if verdict[0] == "MISMATCH":
+        if rank == 0:
+            cmp = report["params_muond_vs_torch"]
+            print(f"llama_train_bench.py: MISMATCH: muond's final params differ from torch's "
+                  f"by {cmp['max_rel_diff']:.3e} ({cmp['worst']}) > --max-param-diff "
+                  f"{args.max_param_diff}", file=sys.stderr)
+        return 1
     return 0
 
 

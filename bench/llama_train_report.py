@@ -96,12 +96,16 @@ def optimizer_cell(r: dict | None) -> str:
 
 
 def params_cell(cmp: dict | None) -> str:
-    """The largest relative difference and how far torch moved that tensor."""
+    """The largest relative difference, how far torch moved that tensor, and
+    MISMATCH where the run's --max-param-diff was exceeded."""
     if not cmp:
         return "-"
     moved = cmp.get("worst_ref_change",  # older JSONs: from the per-tensor table
                     cmp.get("per_tensor", {}).get(cmp.get("worst"), {}).get("ref_change"))
-    return f"{cmp['max_rel_diff']:.2e}" + (f" (moved {moved:.2e})" if moved is not None else "")
+    text = f"{cmp['max_rel_diff']:.2e}" + (f" (moved {moved:.2e})" if moved is not None else "")
+    if cmp.get("verdict") == "MISMATCH":  # llama_train_bench.py --max-param-diff
+        text += f" **MISMATCH** (> {cmp['max_param_diff']:g})"
+    return text
 
 
 def spread(result: dict | None):

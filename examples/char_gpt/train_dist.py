@@ -138,8 +138,10 @@ def full_state(model) -> dict[str, torch.Tensor]:
         logger.removeFilter(quiet)
 
 
-def build_optimizer(model, args):
-    """The one line of a torchrun script: no addresses, ranks or (g, t)."""
+def build_optimizer(model, args, eps: float = 1e-15):
+    """The one line of a torchrun script: no addresses, ranks or (g, t).
+    eps: NS's normalisation epsilon; 1e-15 matches the char-GPT reference
+    (train.py), bench/llama_train_bench.py passes torch.optim.Muon's 1e-7."""
     from muond.torch import Muon
     inner = model.module if hasattr(model, "module") else model
     muon, adamw = inner.param_groups()
@@ -148,7 +150,7 @@ def build_optimizer(model, args):
                   "algorithm": "adamw", "lr": args.adamw_lr, "betas": tuple(args.betas),
                   "eps": 1e-8, "weight_decay": args.adamw_weight_decay}],
                 lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
-                nesterov=True, ns_steps=args.ns_steps, eps=1e-15,
+                nesterov=True, ns_steps=args.ns_steps, eps=eps,
                 coefficient_type=args.coefficient_type, scale_mode=args.scale_mode,
                 extra_scale_factor=args.extra_scale_factor,
                 # Default fp32 standard NS, as ReferenceMuon's (the overlay).
