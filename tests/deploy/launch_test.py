@@ -15,6 +15,9 @@
 * SIGKILL to the launcher while the command ignores SIGTERM: its reaper
   stops the command's process group and the servers and removes the socket
   dir;
+* a torchrun worker (its own session, as torchrun starts them) that ignores
+  SIGTERM, with --stop-grace below torchrun's 30 s: SIGTERM to the launcher,
+  or SIGKILL (then its reaper), still stops it and removes its shm objects;
 * node 0 of 2 with node 1 never started: --join-timeout fails naming rank 1
   on node rank 1;
 * a TLS coordinator: the daemons join verified by --tls-ca; a CA that did
@@ -157,6 +160,22 @@ def _pgid(pid):
         return None
 
 
+def _lives(pid):
+    """Running (a zombie has let go of its memory and shm mappings)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _kill_if_left(pid, argv):
+    """Cleanup after a failed check: the worker the test started, if the pid
+    is still that process."""
+    if argv and cmdline(pid) == argv:
+        os.kill(pid, signal.SIGKILL)
+
+
 class LaunchTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="mlt-", dir="/tmp")
@@ -295,6 +314,58 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual(group(), [])
         self.assertEqual(job_processes(self.job), [])  # servers and the reaper
         self.assertEqual(glob.glob(f"/tmp/muond-{self.job}-*"), [])
+
+    def start_stubborn(self):
+        """1 rank under torchrun whose worker, after a step, ignores SIGTERM;
+        --stop-grace 1 (torchrun would wait 30 s for it): (launcher, worker
+        pid). Its stderr goes to a file: a worker left running would hold a
+        pipe open."""
+        self.stderr = open(os.path.join(self.tmp, "stderr"), "w")
+        self.addCleanup(self.stderr.close)
+        proc = subprocess.Popen(launch_argv(
+            "--device", "cpu", "--nproc-per-node", "1", "--job-id", self.job, "--log-dir",
+            self.logs, "--stop-grace", "1", "--",
+            *torchrun("--nproc-per-node", "1", TRAINER, self.tmp, "--stubborn")),
+            stdout=subprocess.DEVNULL, stderr=self.stderr, env=env())
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        up = os.path.join(self.tmp, "stubborn")
+        while not os.path.exists(up):
+            if proc.poll() is not None:
+                self.fail(self.read_stderr())
+            time.sleep(0.1)
+        with open(up) as f:
+            worker = int(f.read())
+        self.addCleanup(_kill_if_left, worker, cmdline(worker))
+        self.assertNotEqual(_pgid(worker), _pgid(proc.pid))  # out of the group's reach
+        self.assertTrue(glob.glob(f"/dev/shm/muond-{self.job}-{worker}-*"))
+        return proc, worker
+
+    def read_stderr(self):
+        with open(self.stderr.name) as f:
+            return f.read()[-6000:]
+
+    def test_stop_reaches_workers_in_their_own_sessions(self):
+        proc, worker = self.start_stubborn()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        err = self.read_stderr()
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("stopped by signal SIGTERM; stopped everything", err)
+        self.assertFalse(_lives(worker), cmdline(worker))
+        self.assertEqual(glob.glob(f"/dev/shm/muond-{self.job}-*"), [])
+
+    def test_reaper_stops_workers_in_their_own_sessions(self):
+        proc, worker = self.start_stubborn()
+        proc.kill()
+        proc.wait()
+        for _ in range(600):  # until all is gone (bounded: the test must end)
+            if not (_lives(worker) or job_processes(self.job)
+                    or glob.glob(f"/dev/shm/muond-{self.job}-*")):
+                break
+            time.sleep(0.1)
+        self.assertFalse(_lives(worker), cmdline(worker))
+        self.assertEqual(job_processes(self.job), [])  # servers and the reaper
+        self.assertEqual(glob.glob(f"/dev/shm/muond-{self.job}-*"), [])
 
     def test_join_timeout_names_the_missing_node(self):
         """Node 0 of 2 (loopback) while node 1's launcher never starts: with

@@ -6,16 +6,19 @@ finds its rank's daemon in $MUOND_SOCKET_DIR). Each rank trains on its slice
 of a global batch drawn from a fixed seed, so the test can replay the job in
 one process (tests/deploy/launch_test.py's reference).
 
-    python launch_trainer.py OUT_DIR [--steps N] [--slow]
+    python launch_trainer.py OUT_DIR [--steps N] [--slow | --stubborn]
 
 Rank r writes OUT_DIR/rank<r>.json: the environment it saw, whether its
 daemon's socket existed, and (rank 0) the initial and final parameters.
 --slow: after the first step writes OUT_DIR/stepped, keep stepping (0.2 s
-apart) up to --steps (a test kills a daemon meanwhile).
+apart) up to --steps (a test kills a daemon meanwhile). --stubborn: after
+the first step (its shm objects made), ignore SIGTERM, write its pid to
+OUT_DIR/stubborn and sleep until killed (what a hung worker does to a stop).
 """
 import argparse
 import json
 import os
+import signal
 import time
 
 import torch
@@ -50,6 +53,7 @@ def main():
     p.add_argument("out")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--slow", action="store_true")
+    p.add_argument("--stubborn", action="store_true")
     a = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     job = os.environ["MUOND_JOB_ID"]
@@ -69,6 +73,14 @@ def main():
             dist.all_reduce(prm.grad)
             prm.grad /= world
         opt.step()
+        if a.stubborn:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            path = os.path.join(a.out, "stubborn")
+            with open(path + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(path + ".tmp", path)
+            while True:
+                time.sleep(1)
         if a.slow:
             if step == 0 and rank == 0:
                 open(os.path.join(a.out, "stepped"), "w").close()

@@ -282,6 +282,183 @@ class Server:
                 f"last lines of {self.log}:\n{tail(self.log)}")
 
 
+# -- the command's processes -----------------------------------------------------------
+# torchrun starts each worker with start_new_session=True: a signal to the
+# command's process group never reaches them, and once torchrun is SIGKILLed
+# they are orphans (reparented to pid 1, or to the launcher: it is a child
+# subreaper). Every process of the command is therefore found three ways: its
+# process group, the tree below the pids the launcher holds, and the marker
+# in its initial environment: MUOND_SOCKET_DIR=<this launch's socket dir>,
+# unique per launch (mkdtemp) and inherited by everything the command starts
+# (/proc/<pid>/environ, readable for the user's own processes).
+
+# After SIGKILL the kernel still has to tear a process down (a GPU context's
+# device memory, mappings): how long the stop waits for that before it names
+# what is left.
+KILL_WAIT = 10.0
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def make_subreaper() -> bool:
+    """Orphaned descendants (torchrun's workers after torchrun died) come
+    back to this process instead of pid 1: the launcher can find, stop and
+    reap them."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def process_table() -> dict:
+    """pid -> (ppid, pgid, state, start time in clock ticks) of every process
+    in /proc (field numbers of proc(5) stat)."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat_ = _proc_stat(int(name))
+            if stat_:
+                table[int(name)] = stat_
+    return table
+
+
+def _proc_stat(pid: int) -> tuple | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()  # the name may hold spaces and ")"
+    return int(fields[1]), int(fields[2]), fields[0].decode(), int(fields[19])
+
+
+def _dead(state: str) -> bool:
+    return state in ("Z", "X")  # a zombie holds no memory: only its exit status
+
+
+def _environ_has(pid: int, entry: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:
+        return False  # gone, or another user's
+
+
+def command_processes(marker: str, pgid: int | None, roots=(), exclude=()) -> dict:
+    """pid -> start time of every live process of the command: in process
+    group `pgid`, below one of `roots` (pids the caller holds: not reused
+    while unreaped), or with `marker` (NAME=value) in its initial
+    environment; never `exclude` (servers, the reaper) nor this process."""
+    table = process_table()
+    me, entry = os.getpid(), marker.encode()
+    roots, exclude = set(roots), {me, *exclude}
+    found = {}
+    for pid, (ppid, group, state, start) in table.items():
+        if pid in exclude or _dead(state):
+            continue
+        up, seen = pid, 0
+        while up in table and up not in roots and seen < 64:  # the tree, bounded
+            up, seen = table[up][0], seen + 1
+        if group == pgid or up in roots or _environ_has(pid, entry):
+            found[pid] = start
+    return found
+
+
+def signal_process(pid: int, start: int, signum: int) -> bool:
+    """Signal `pid` only while it is the process seen (same start time): a
+    pid may be reused. A pidfd pins the process between check and signal."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        fd = None
+    try:
+        seen = _proc_stat(pid)
+        if seen is None or seen[3] != start:
+            return False
+        if fd is None:
+            os.kill(pid, signum)
+        else:
+            signal.pidfd_send_signal(fd, signum)
+        return True
+    except OSError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def describe_process(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        argv = []
+    return f"pid {pid} ({' '.join(a for a in argv if a)[:200] or '?'})"
+
+
+def stop_command_processes(find, pgid: int, grace: float, term_group: bool = True,
+                           ended=lambda: True, reap=lambda: None) -> list:
+    """Stop the command: SIGTERM its process group (unless a forwarded stop
+    signal already went there) and, once each, every process `find()`
+    returns outside that group (a second SIGTERM could cut torchrun's own
+    shutdown short); after `grace` s, SIGKILL all of them; wait up to
+    KILL_WAIT s for the kernel to finish them (`reap` collects orphans that
+    came back to the caller). Returns "pid N (cmdline)" of what still lives."""
+    termed = set()
+    if term_group:
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while True:
+        reap()
+        left = find()
+        for pid, start in left.items():
+            if (pid, start) not in termed and _pgid(pid) != pgid:
+                termed.add((pid, start))
+                signal_process(pid, start, signal.SIGTERM)
+        if (ended() and not left) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    deadline = time.monotonic() + KILL_WAIT
+    while left or not ended():
+        _signal_group(pgid, signal.SIGKILL)
+        for pid, start in left.items():
+            signal_process(pid, start, signal.SIGKILL)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+        reap()
+        left = find()
+    return [describe_process(pid) for pid in left]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    try:
+        os.killpg(pgid, signum)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def remove_dead_shm(job_id: str) -> None:
+    """The job's shm objects whose creator (the pid in the name, muond/shm.py)
+    is gone: a node's trainers may still use theirs when another node's
+    launcher ends first."""
+    prefix = f"/dev/shm/muond-{job_id}-"
+    for path in glob.glob(glob.escape(prefix) + "*"):
+        pid = path[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 # -- the reaper ----------------------------------------------------------------------
 class Reaper:
     """A process forked at start that outlives a SIGKILLed launcher: the
@@ -325,7 +502,7 @@ def _reap(read_fd: int, grace: float) -> None:
     os.setsid()  # nor does its hang-up reach here
     launcher = os.getppid()
     groups = {"command": [], "server": []}
-    sockdir, data = None, b""
+    sockdir, job, data = None, None, b""
     while True:
         chunk = os.read(read_fd, 4096)
         if not chunk:
@@ -338,22 +515,33 @@ def _reap(read_fd: int, grace: float) -> None:
                 return
             if kind == "dir":
                 sockdir = value
+            elif kind == "job":
+                job = value
             elif kind in groups:
                 groups[kind].append(int(value))
-    # The launcher died without stopping what it started.
-    for kind in ("command", "server"):
-        for pgid in groups[kind]:
-            Launch._signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(
-                Launch._signal_group(g, 0) for g in groups[kind]):
-            time.sleep(0.05)
-        for pgid in groups[kind]:
-            Launch._signal_group(pgid, signal.SIGKILL)
+    # The launcher died without stopping what it started: the command (its
+    # group and, by the marker, its processes in sessions of their own), then
+    # the servers' groups.
+    left = []
+    for pgid in groups["command"]:
+        left += stop_command_processes(
+            lambda: command_processes(f"MUOND_SOCKET_DIR={sockdir}", pgid) if sockdir else {},
+            pgid, grace)
+    servers = groups["server"]
+    for pgid in servers:
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_signal_group(g, 0) for g in servers):
+        time.sleep(0.05)
+    for pgid in servers:
+        _signal_group(pgid, signal.SIGKILL)
     if sockdir:
         shutil.rmtree(sockdir, ignore_errors=True)
+    if job:
+        remove_dead_shm(job)
     _log(f"the launcher (pid {launcher}) died: stopped its command and servers, removed "
-         f"{sockdir or 'nothing'}")
+         f"{sockdir or 'nothing'} and the job's shm objects"
+         + (f"; could not stop: {'; '.join(left)}" if left else ""))
 
 
 # -- the launch ---------------------------------------------------------------------
@@ -381,7 +569,7 @@ class Launch:
         if self.signalled is None:
             self.signalled = signum
             if self.command is not None:
-                self._signal_group(self.command.pid, signum)  # forwarded once
+                _signal_group(self.command.pid, signum)  # forwarded once
 
     def check(self) -> None:
         if self.signalled is not None:
@@ -396,6 +584,7 @@ class Launch:
         self.deadline = time.monotonic() + self.args.health_timeout  # the whole start-up
         self.sockdir = tempfile.mkdtemp(prefix=f"muond-{plan.job_id}-", dir="/tmp")  # 0700
         self.tell("dir", self.sockdir)
+        self.tell("job", plan.job_id)
         longest = self.socket_path(max(r for r, _ in plan.ranks))
         if len(longest) > MAX_SOCKET_PATH:
             raise LaunchError(f"--job-id {plan.job_id!r} is too long: the socket path "
@@ -600,6 +789,7 @@ class Launch:
         while self.command.poll() is None:
             self.check()  # a server died: ServerDied, main() stops the command
             self.check_joins()
+            self.reap_orphans()
             time.sleep(0.2)
         code = self.command.returncode
         code = 128 - code if code < 0 else code
@@ -611,30 +801,48 @@ class Launch:
                 raise ServerDied(f"{dead}\n(the command then ended with exit status {code})")
         return code
 
-    @staticmethod
-    def _signal_group(pgid: int, signum: int) -> bool:
-        try:
-            os.killpg(pgid, signum)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
+    def marker(self) -> str:
+        """What every process of the command has in its initial environment."""
+        return f"MUOND_SOCKET_DIR={self.sockdir}"
 
-    def stop_command(self) -> None:
-        """SIGTERM the command's process group (what it left running too;
-        on_signal already forwarded a stop signal), SIGKILL what is left
-        after the grace period."""
+    def held_pids(self) -> set:
+        """The servers' pids and the reaper's: children, not the command's."""
+        return {s.proc.pid for s in self.servers} | ({self.reaper.pid} if self.reaper else set())
+
+    def reap_orphans(self) -> None:
+        """Wait for the zombies that came back to this subreaper (orphans of
+        the command); never for a Popen's own child (its status would be
+        lost) nor the reaper."""
+        me, held = os.getpid(), self.held_pids() | {self.command.pid if self.command else -1}
+        for pid, (ppid, _, state, _) in process_table().items():
+            if ppid == me and _dead(state) and pid not in held:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+
+    def command_processes(self) -> dict:
+        """The command's live processes: its group, the tree below the
+        command (while unreaped) and below orphans that came back here, and
+        any process with the marker."""
+        me, held = os.getpid(), self.held_pids()
+        roots = {pid for pid, (ppid, _, state, _) in process_table().items()
+                 if ppid == me and pid not in held and not _dead(state)}
+        if self.command.returncode is None:
+            roots.add(self.command.pid)
+        return command_processes(self.marker(), self.command.pid, roots, held)
+
+    def stop_command(self) -> list:
+        """SIGTERM the command's process group (on_signal may have forwarded
+        a stop signal there already) and its processes elsewhere (torchrun's
+        workers), SIGKILL what is left after the grace period, reap. Returns
+        what could not be stopped ("pid N (cmdline)")."""
         if self.command is None:
-            return
-        pgid = self.command.pid
-        if self.signalled is None:
-            self._signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.args.stop_grace
-        while time.monotonic() < deadline:
-            if self.command.poll() is not None and not self._signal_group(pgid, 0):
-                break
-            time.sleep(0.05)
-        self._signal_group(pgid, signal.SIGKILL)
-        self.command.wait()
+            return []
+        return stop_command_processes(self.command_processes, self.command.pid,
+                                      self.args.stop_grace, term_group=self.signalled is None,
+                                      ended=lambda: self.command.poll() is not None,
+                                      reap=self.reap_orphans)
 
     def stop_servers(self) -> None:
         """Daemons first, then the coordinator (no daemon sees it vanish and
@@ -644,45 +852,35 @@ class Launch:
         for group in (daemons, others):
             for s in group:
                 if s.proc.poll() is None:
-                    self._signal_group(s.proc.pid, signal.SIGTERM)
+                    _signal_group(s.proc.pid, signal.SIGTERM)
             deadline = time.monotonic() + self.args.stop_grace
             for s in group:
                 try:
                     s.proc.wait(timeout=max(0.05, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    self._signal_group(s.proc.pid, signal.SIGKILL)
+                    _signal_group(s.proc.pid, signal.SIGKILL)
                     s.proc.wait()
 
     def clean_up(self) -> None:
         """The socket dir (sockets, a generated token, the port file) and the
-        job's shm objects whose creator (the pid in the name, muond/shm.py) is
-        gone: a node's trainers may still use theirs when another node's
-        launcher ends first."""
+        job's shm objects whose creator is gone (remove_dead_shm)."""
         if self.sockdir:
             shutil.rmtree(self.sockdir, ignore_errors=True)
-        prefix = f"/dev/shm/muond-{self.plan.job_id}-"
-        for path in glob.glob(glob.escape(prefix) + "*"):
-            pid = path[len(prefix):].split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+        remove_dead_shm(self.plan.job_id)
 
-    def stop(self) -> None:
-        self.stop_command()
+    def stop(self) -> list:
+        """Everything stopped; returns the command's processes that could not
+        be stopped ("pid N (cmdline)"), [] when none."""
+        left = self.stop_command()
         self.stop_servers()
         self.clean_up()
+        return left
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """A zombie counts as gone: its memory and shm mappings are released."""
+    seen = _proc_stat(pid)
+    return seen is not None and not _dead(seen[2])
 
 
 def _log(message: str) -> None:
@@ -740,6 +938,7 @@ def main(args) -> int:
     sys.stdout.flush()
     sys.stderr.flush()  # a fork must not print the launcher's buffers twice
     reaper = Reaper(args.stop_grace)
+    make_subreaper()  # after the fork: the reaper must not collect the launcher's orphans
     launch = Launch(plan, args, daemon_bin, coordinator_bin, reaper)
     for signum in _STOP_SIGNALS:
         signal.signal(signum, launch.on_signal)
@@ -749,24 +948,29 @@ def main(args) -> int:
 
 
 def _run(launch: Launch) -> int:
+    stopped = None  # what a stop signal then says: everything stopped, or not
     try:
-        code = launch.run()
-        launch.stop()
-        return code
+        code, note = launch.run(), None
     except Interrupted as e:
-        launch.stop()
-        _log(f"stopped by signal {signal.Signals(e.signum).name}; stopped everything")
-        return 128 + e.signum
+        code, note = 128 + e.signum, f"stopped by signal {signal.Signals(e.signum).name}"
+        stopped = f"{note}; stopped everything"
     except ServerDied as e:
         # Printed after the stop: what the stopped command prints must not
         # bury the name of what died.
-        launch.stop()
-        _log(f"FAILED: {e}")
-        return 1
+        code, note = 1, f"FAILED: {e}"
     except LaunchError as e:
-        launch.stop()
-        _log(f"error: {e}")
-        return 2
+        code, note = 2, f"error: {e}"
     except BaseException:
         launch.stop()
         raise
+    left = launch.stop()
+    if left:
+        # Not "stopped everything": a process of the command outlived SIGKILL
+        # (e.g. stuck in the kernel), with its shm objects and device memory.
+        stuck = (f"could not stop {len(left)} process{'es' if len(left) > 1 else ''} of the "
+                 f"command (SIGKILL sent {KILL_WAIT:g} s ago): {'; '.join(left)}")
+        _log(f"{note}; {stuck}" if note else f"FAILED: {stuck}")
+        return code or 1
+    if note:
+        _log(stopped or note)
+    return code

@@ -302,8 +302,10 @@ def place_dtensor(name: str, full_shape, local_shape, mesh, placements, roles,
         if tp_dim == 0:
             # The GTP block must cut the TP-local rows: a plain Shard(0) only
             # after the TP dim, a strided one with split_factor T before it.
-            ok = (int(getattr(pl, "split_factor", 0)) == T if _is_strided(pl)
-                  else i_g > i_tp)
+            # When either dim has one rank it cuts nothing and the order is
+            # moot (FSDP2 on a (dp, tp=1) mesh writes a plain Shard(0)).
+            ok = (min(G, T) == 1 or (int(getattr(pl, "split_factor", 0)) == T
+                                     if _is_strided(pl) else i_g > i_tp))
             if not ok:
                 raise ValueError(
                     f"param {name}: its dim-0 shards on mesh dims {i_g} (GTP/FSDP) and "

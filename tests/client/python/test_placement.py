@@ -127,6 +127,17 @@ def _worker(rank, tmp):
     params = named(fsdp_tp, "fsdp_tp")
     results["fsdp_tp"] = _record(_settle(req(params)), params)
 
+    # FSDP + TP with TP of 1 rank, (dp 4, tp 1): FSDP2 writes a plain
+    # (Shard(0), Shard(0)), not _StridedShard; the TP split cuts nothing.
+    mesh_t1 = init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("dp", "tp"))
+    fsdp_tp1 = torch.nn.Sequential(lin(8, 12, bias=False), lin(12, 7, bias=False))
+    parallelize_module(fsdp_tp1, mesh_t1["tp"], {"0": ColwiseParallel(),
+                                                 "1": RowwiseParallel()})
+    fully_shard(fsdp_tp1, mesh=mesh_t1["dp"])
+    params = named(fsdp_tp1, "fsdp_tp1")
+    results["fsdp_tp1_placements"] = [tuple(map(str, p.placements)) for p in params.values()]
+    results["fsdp_tp1"] = _record(_settle(req(params)), params)
+
     # DDP: plain params under a process group of 4.
     ddp = {"ddp.w": torch.nn.Parameter(torch.randn(6, 4))}
     results["ddp"] = _record(_settle(req(ddp)), ddp)
@@ -237,6 +248,18 @@ class LayoutsTest(unittest.TestCase):
         self.assertEqual({(pl.tp_dim, pl.gtp_sharded) for pl in row}, {(1, True)})
         self.assertEqual([(pl.g, pl.t) for pl in col], [(0, 0), (0, 1), (1, 0), (1, 1)])
 
+    def test_fsdp_plus_tp_of_one_rank(self):
+        self.assertEqual(self.results[0]["fsdp_tp1_placements"],
+                         [("S(0)", "S(0)"), ("S(0)", "S(1)")])  # no _StridedShard
+        col = self.places("fsdp_tp1", "fsdp_tp1.0.weight")
+        row = self.places("fsdp_tp1", "fsdp_tp1.1.weight")
+        self.assert_domain(col, 1, WORLD, 1)
+        self.assertEqual(col[0].domain, row[0].domain)
+        self.assertEqual([(pl.g, pl.t, pl.tp_dim, pl.gtp_sharded) for pl in col],
+                         [(r, 0, None, True) for r in range(WORLD)])
+        self.assertEqual([pl.local_shape for pl in col], [(3, 8)] * WORLD)
+        self.assertEqual([pl.local_shape for pl in row], [(2, 12)] * 3 + [(1, 12)])
+
     def test_ddp(self):
         places = self.places("ddp", "ddp.w")
         self.assert_domain(places, 4, 1, 1)
@@ -262,7 +285,29 @@ class LayoutsTest(unittest.TestCase):
         self.assertIn("rank 3", message)
 
 
+class _Mesh:
+    """What place_dtensor reads of a DeviceMesh: its rank layout."""
+
+    def __init__(self, *shape):
+        self.mesh = torch.arange(int(torch.tensor(shape).prod())).reshape(shape)
+
+
 class PureTest(unittest.TestCase):
+    def test_plain_dim0_shards_before_tp_only_when_a_dim_has_one_rank(self):
+        from torch.distributed.tensor import Shard
+        roles, shards = (P.ROLE_GTP, P.ROLE_TP), (Shard(0), Shard(0))
+        for mesh, G, T in ((_Mesh(4, 1), 4, 1), (_Mesh(1, 4), 1, 4)):
+            for rank in range(4):
+                pl = P.place_dtensor("w", (8, 6), (2, 6), mesh, shards, roles, rank)
+                self.assertEqual((pl.D, pl.G, pl.T, pl.coordinate, pl.local_shape),
+                                 (1, G, T, (0, rank % G, rank % T), (2, 6)))
+                self.assertEqual((pl.tp_dim, pl.gtp_sharded), (0 if T > 1 else None, G > 1))
+        # G = T = 2: a plain Shard(0) on the GTP dim first cuts the full rows
+        # (rank 1 holds rows 2..3, the TP split wants its rows inside 0..3 cut
+        # by G): still refused, as is a _StridedShard of the wrong factor.
+        with self.assertRaisesRegex(ValueError, "cut the full rows before the TP blocks"):
+            P.place_dtensor("w", (8, 6), (2, 6), _Mesh(2, 2), shards, roles, 1)
+
     def test_chunk_rows_is_torch_chunk(self):
         for rows, parts in [(38, 2), (37, 2), (3, 4), (0, 3), (7, 4), (16, 4), (5, 8)]:
             torch_sizes = [c.shape[0] for c in torch.empty(rows).chunk(parts)]
