@@ -8,7 +8,9 @@ once its trainers registered); runs the command with the environment the
 client reads (MUOND_JOB_ID, MUOND_TOKEN_FILE, MUOND_SOCKET_DIR,
 MUOND_COORDINATOR, MUOND_NNODES, MUOND_NODE_RANK, MUOND_NPROC_PER_NODE,
 MUOND_MASTER_ADDR); and stops everything it started when the command ends or
-a server dies (naming it: rank, pid, exit status, last lines of its log).
+a server dies (naming it: rank, pid, exit status, last lines of its log):
+every process of the command, those in sessions of their own included
+(stop_command_processes).
 Per-rank mode (--per-rank; automatic under torchrun or srun with one task
 per GPU) starts only this process's daemon (and the coordinator on global
 rank 0). Exit status: the command's, 1 when a server died first, 128+N on
@@ -111,7 +113,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    "within which every rank of the job must have joined, else stop the "
                    "command and fail naming the missing ranks and nodes (default 300; 0 = off)")
     g.add_argument("--stop-grace", metavar="S", type=_argtypes.seconds, default=10.0,
-                   help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+                   help="seconds between SIGTERM and SIGKILL when stopping (default 10); "
+                   "torchrun gives its workers 30 s of its own: below that the launcher "
+                   "SIGKILLs torchrun and its workers (found by $MUOND_SOCKET_DIR) itself")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="command",
                    help="after --: the command to run (e.g. torchrun ... train.py)")
 
@@ -403,13 +407,25 @@ def stop_command_processes(find, pgid: int, grace: float, term_group: bool = Tru
     shutdown short); after `grace` s, SIGKILL all of them; wait up to
     KILL_WAIT s for the kernel to finish them (`reap` collects orphans that
     came back to the caller). Returns "pid N (cmdline)" of what still lives."""
-    termed = set()
+    termed, seen = set(), {}
+
+    def live():
+        # Once seen, a process counts until it is gone or a zombie: an exiting
+        # one has already lost its environ (the marker) but may still hold
+        # its memory, shm mappings and device memory.
+        seen.update(find())
+        for pid, start in list(seen.items()):
+            now = _proc_stat(pid)
+            if now is None or now[3] != start or _dead(now[2]):
+                del seen[pid]
+        return dict(seen)
+
     if term_group:
         _signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while True:
         reap()
-        left = find()
+        left = live()
         for pid, start in left.items():
             if (pid, start) not in termed and _pgid(pid) != pgid:
                 termed.add((pid, start))
@@ -426,7 +442,7 @@ def stop_command_processes(find, pgid: int, grace: float, term_group: bool = Tru
             break
         time.sleep(0.05)
         reap()
-        left = find()
+        left = live()
     return [describe_process(pid) for pid in left]
 
 
@@ -463,10 +479,13 @@ def remove_dead_shm(job_id: str) -> None:
 class Reaper:
     """A process forked at start that outlives a SIGKILLed launcher: the
     launcher tells it over a pipe what it started (process groups, the
-    socket dir) and "done" when it has stopped everything itself. EOF
-    without "done" means the launcher died: the reaper SIGTERMs the
-    command's group, then the servers' (SIGKILL after the stop grace), and
-    removes the socket dir with its generated token. The parent-death signal
+    socket dir, the job) and "done" when it has stopped everything itself.
+    EOF without "done" means the launcher died: the reaper stops every
+    process of the command (stop_command_processes: its group and, by the
+    socket dir marker, its workers in sessions of their own), then the
+    servers' groups (SIGKILL after the stop grace), and removes the socket
+    dir with its generated token and the job's dead shm objects (one rule
+    with the launcher's: remove_dead_shm). The parent-death signal
     alone reaches only the direct children, and a command may ignore it."""
 
     def __init__(self, grace: float):

@@ -28,7 +28,8 @@ flat rank (d*G + g)*T + t):
   dims flatten, row-major, into one d). A param Shard(0) on the TP axis is
   column-parallel (tp_dim 0), Shard(1) row-parallel (tp_dim 1), Replicate
   TP-replicated. The GTP shard applies to the TP-local rows (FSDP2 on a
-  2-D mesh writes that as _StridedShard(0, split_factor=T)); its row blocks
+  2-D mesh writes that as _StridedShard(0, split_factor=T); with T == 1 a
+  plain Shard(0): a dim of one rank cuts nothing); its row blocks
   are torch.chunk's (FSDP2's): uneven blocks, even empty ones, travel as
   ``gtp_rows``. An uneven TP split is refused naming the param. The domain
   is the whole mesh; its name is derived from the mesh's rank layout and
