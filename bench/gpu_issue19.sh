@@ -33,28 +33,16 @@ OUT=${OUT:-/tmp/out19}
 mkdir -p "$OUT"
 S=$OUT/summary.log
 R=$(pwd)
-failed=0
-part() {  # part NAME LIMIT LOG CMD...
-  local name=$1 lim=$2 log=$3 t0=$SECONDS rc
-  shift 3
-  echo "=== $name: $*" >> "$log"
-  # -k 30: muond launch needs its stop grace (10 s) and the servers' drain after a TERM.
-  timeout -k 30 "$lim" "$@" >> "$log" 2>&1
-  rc=$?
-  [ "$rc" -eq 0 ] || failed=$((failed + 1))
-  echo "$name: rc $rc, $((SECONDS - t0)) s (cap $lim s)" | tee -a "$S"
-}
+# shellcheck source=bench/gpu_bundle_enter.sh
+. bench/gpu_bundle_enter.sh
+# A part's SIGKILL 30 s after its cap: muond launch needs its stop grace (10 s) and the
+# servers' drain after a TERM.
+KILL_AFTER=30
 N=$(nvidia-smi -L 2>/dev/null | wc -l)
 { echo "== $N GPUs, parts: ${*:-all}"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >> "$S" 2>&1
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
-BUNDLE=${BUNDLE:-dist/b19.tar.xz}
-rm -rf /tmp/b19; mkdir -p /tmp/b19
-if ! tar -xJf "$BUNDLE" -C /tmp/b19; then echo "bundle $BUNDLE: missing or broken" >> "$S"; exit 1; fi
-B=$(find /tmp/b19 -mindepth 1 -maxdepth 1 -type d | head -1)
-cp "$B"/client/python/muond/v1/*_pb2*.py client/python/muond/v1/
-# shellcheck source=/dev/null
-. "$B/env.sh"
+use_bundle "${BUNDLE:-dist/b19.tar.xz}" /tmp/b19
 export PYTHONPATH=$R/client/python MUOND_BIN_DIR=$B/bin
 muonium_dir=/tmp/muonium
 llama_optimizers=${LLAMA_OPTIMIZERS:-muond,torch,muonium}

@@ -26,14 +26,8 @@ S=$OUT/summary.log
 T_TESTS=${T_TESTS:-90} T_SYMGEMM=${T_SYMGEMM:-20} T_EXACT=${T_EXACT:-60}
 T_STEP=${T_STEP:-290} T_SWEEP=${T_SWEEP:-30} T_PROFILE=${T_PROFILE:-40}
 # SYMGEMM_ARGS: sym_gemm_bench's flags
-part() {  # part NAME LIMIT LOG CMD...: one capped part; its rc and wall time to summary.log
-  local name=$1 lim=$2 log=$3 t0=$SECONDS rc
-  shift 3
-  echo "=== $name: $*" >> "$log"
-  timeout -k 5 "$lim" "$@" >> "$log" 2>&1
-  rc=$?
-  echo "$name: rc $rc, $((SECONDS - t0)) s (cap $lim s)" | tee -a "$S"
-}
+# shellcheck source=bench/gpu_bundle_enter.sh
+. bench/gpu_bundle_enter.sh  # part NAME LIMIT LOG CMD...: one capped part, rc and time to $S
 t_all=$SECONDS
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$S" 2>&1
 
@@ -60,11 +54,7 @@ fi
 # The bundle (as bench/gpu_issue18.sh): binaries from it, Python scripts from this tree.
 BUNDLE=${BUNDLE:-dist/b20.tar.xz}
 t0=$SECONDS
-rm -rf /tmp/b; mkdir -p /tmp/b && tar -xJf "$BUNDLE" -C /tmp/b && B=$(ls -d /tmp/b/*/ | head -1) || {
-  echo "bundle $BUNDLE: missing or broken" >> "$S"; exit 1; }
-B=${B%/}
-cp "$B"/client/python/muond/v1/*_pb2*.py client/python/muond/v1/
-. "$B/env.sh"
+use_bundle "$BUNDLE" /tmp/b
 export PYTHONPATH=$PWD/client/python${peer_path:+:$peer_path}
 export MUOND_BIN=$B/bin
 echo "bundle unpacked in $((SECONDS - t0)) s" >> "$S"

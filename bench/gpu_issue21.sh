@@ -17,22 +17,10 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out21}
 mkdir -p "$OUT"
 S=$OUT/summary.log
-part() {  # part NAME LIMIT LOG CMD...
-  local name=$1 lim=$2 log=$3 t0=$SECONDS rc
-  shift 3
-  echo "=== $name: $*" >> "$log"
-  timeout -k 5 "$lim" "$@" >> "$log" 2>&1
-  rc=$?
-  echo "$name: rc $rc, $((SECONDS - t0)) s (cap $lim s)" | tee -a "$S"
-}
+# shellcheck source=bench/gpu_bundle_enter.sh
+. bench/gpu_bundle_enter.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$S" 2>&1
-BUNDLE=${BUNDLE:-dist/b21.tar.xz}
-rm -rf /tmp/b; mkdir -p /tmp/b
-if ! tar -xJf "$BUNDLE" -C /tmp/b; then echo "bundle $BUNDLE: missing or broken" >> "$S"; exit 1; fi
-B=$(find /tmp/b -mindepth 1 -maxdepth 1 -type d | head -1)
-cp "$B"/client/python/muond/v1/*_pb2*.py client/python/muond/v1/
-# shellcheck source=/dev/null
-. "$B/env.sh"
+use_bundle "${BUNDLE:-dist/b21.tar.xz}" /tmp/b
 export PYTHONPATH=$PWD/client/python
 muond=(python3 -m muond.cli)
 "${muond[@]}" --version >> "$S" 2>&1
