@@ -47,7 +47,8 @@ import uuid
 
 import torch
 
-import muond
+
+from tests.common.launched import bin_dir, launch_env  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -55,25 +56,12 @@ import launch_trainer as T  # noqa: E402
 
 RUNFILES = os.path.abspath(os.path.join(HERE, "..", ".."))
 TRAINER = os.path.join(HERE, "launch_trainer.py")
-PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(muond.__file__)))
 TOLERANCE = 1e-4
 STEPS = 4
 
 
-def bin_dir():
-    """The servers: Bazel's runfiles tree, else $MUOND_BIN_DIR."""
-    if os.path.exists(os.path.join(RUNFILES, "server/daemon/muond-daemon")):
-        return RUNFILES
-    return os.environ["MUOND_BIN_DIR"]
-
-
 def env():
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [PKG_ROOT, HERE, *filter(None, [os.environ.get("PYTHONPATH")])]), OMP_NUM_THREADS="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MUOND_JOB_ID", "MUOND_TOKEN_FILE",
-                "MUOND_DAEMON", "SLURM_PROCID", "SLURM_JOB_ID", "SLURM_NNODES"):
-        e.pop(key, None)
-    return e
+    return launch_env(HERE)
 
 
 def launch_argv(*args):

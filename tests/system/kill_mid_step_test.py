@@ -30,18 +30,13 @@ import unittest
 
 import torch
 
+from tests.common.launched import bin_dir  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNFILES = os.path.abspath(os.path.join(HERE, "..", ".."))
 SCRIPT = os.path.join(HERE, "kill_mid_step.py")
 sys.path.insert(0, HERE)
 import kill_mid_step  # noqa: E402
-
-
-def bin_dir() -> str:
-    """The servers: Bazel's runfiles tree, else $MUOND_BIN_DIR."""
-    if os.path.exists(os.path.join(RUNFILES, "server/daemon/muond-daemon")):
-        return RUNFILES
-    return os.environ["MUOND_BIN_DIR"]
 
 
 class KillMidStepTest(unittest.TestCase):
