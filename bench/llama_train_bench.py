@@ -350,7 +350,6 @@ class RedundantTorchMuon:
         self.adamw = torch.optim.AdamW([p for _, p in adamw], lr=args.adamw_lr,
                                        betas=tuple(args.betas), eps=ADAMW_EPS,
                                        weight_decay=args.adamw_weight_decay)
-
         self.fp32_ns = args.torch_ns_precision == "fp32"
 
     def zero_grad(self):
@@ -365,10 +364,7 @@ class RedundantTorchMuon:
         with torch.no_grad():
             for p, replica in self.sharded:
                 replica.grad = p.grad.full_tensor()
-            if self.fp32_ns:
-                with fp32_newton_schulz():
-                    self.muon.step()
-            else:
+            with fp32_newton_schulz() if self.fp32_ns else contextlib.nullcontext():
                 self.muon.step()
             self.adamw.step()
             for p, replica in self.sharded:
