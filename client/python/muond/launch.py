@@ -832,21 +832,7 @@ class Launch:
         """Wait for the zombies that came back to this subreaper (orphans of
         the command); never for a Popen's own child (its status would be
         lost) nor the reaper."""
-        # waitid(WNOWAIT) names a zombie child without reaping it, so the 0.2 s
-        # watch loop reads /proc only while a held child's zombie is waiting
-        # for its Popen (waitid would name that one again and again).
-        held = self.held_pids() | {self.command.pid if self.command else -1}
-        while True:
-            try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                return
-            if info is None:
-                return
-            if info.si_pid in held:
-                break
-            os.waitpid(info.si_pid, os.WNOHANG)
-        me = os.getpid()
+        me, held = os.getpid(), self.held_pids() | {self.command.pid if self.command else -1}
         for pid, (ppid, _, state, _) in process_table().items():
             if ppid == me and _dead(state) and pid not in held:
                 try:
