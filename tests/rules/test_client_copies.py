@@ -41,6 +41,13 @@ class ClientCopiesTest(unittest.TestCase):
         self.assertEqual(wire_enums.names(pb.NsAlgorithm), list(_rules.NS_ALGORITHMS))
         self.assertEqual(wire_enums.names(pb.NsIterDType), list(_rules.GRAM_DTYPES))
 
+    def test_live_keys_are_the_step_overrides(self):
+        """The group entries sent with every Step (LIVE_KEYS) are the fields of
+        the wire's GroupOverride, AdamW's betas as beta1 and beta2."""
+        wire = {f.name for f in pb.GroupOverride.DESCRIPTOR.fields} - {"group"}
+        live = {key for keys in muond_torch.LIVE_KEYS.values() for key in keys}
+        self.assertEqual(live - {"betas"} | {"beta1", "beta2"}, wire)
+
     def test_simple_coefficients(self):
         """torch.optim.Muon's default ns_coefficients, muond's "simple" set."""
         self.assertEqual(muond_torch._SIMPLE_COEFFICIENTS, _rules.SIMPLE_COEFFICIENTS)
