@@ -1,10 +1,11 @@
 """What `muond launch` starts on this node: its options and the environment
-(torchrun's, Slurm's) resolved into one ``Plan``, or ``LaunchError`` naming
-the option or variable and the rule, before anything starts.
+(torchrun's, Slurm's) resolved into one ``LaunchLayout``, or ``LaunchError``
+naming the option or variable and the rule, before anything starts.
 
-Pure: reads only the ``env`` mapping it is given; the GPU count, the host
-name's address and a fresh job id come from callables the caller passes
-(the launcher passes real ones, the tests fixed ones).
+``resolve`` is pure: it reads only the ``env`` mapping it is given; the GPU
+count, the host name's address and a fresh job id come from callables the
+caller passes (the launcher passes real ones, the tests fixed ones).
+``check_paths`` then looks at the filesystem (log dir, token file).
 
 Precedence: an explicit option, then the environment, then a default
 (deploy/README.md "muond launch" lists each). Per-node mode starts one daemon
@@ -15,150 +16,56 @@ coordinator on global rank 0.
 """
 from __future__ import annotations
 
-import ipaddress
+import os
 import re
+import stat
+import tempfile
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
+
+from muond._env import env_int
+from muond.launch.addresses import check_host, host_port, is_ip, is_loopback
+from muond.launch.errors import LaunchError
+from muond.launch.slurm import first_host, slurm_tasks_per_node
 
 DEFAULT_COORDINATOR_PORT = 29400
 # Daemons on one node. A fixed bound, not one from os.cpu_count(): every
 # node's launcher (and a login node's dry run) must agree. 64 is 8x the GPUs
 # of the largest nodes; each daemon is a process with its own threads, Gloo
 # pairs to every peer and a health-checked start, so hundreds on one node
-# only swamp it (deploy/local/launch.py has the same bound).
+# only swamp it (deploy/local/launch.py's demo uses this bound too).
 MAX_LOCAL_RANKS = 64
-# Hosts in $SLURM_JOB_NODELIST: more than any Slurm cluster has; only the
-# first host is ever built (the bound stops r[0-99999]n[0-99999] early).
-MAX_NODELIST_HOSTS = 100000
 # The longest Unix socket path the daemon's gRPC listener binds (105 bytes:
 # server/common/unix_socket.cc MaxUnixSocketPathBytes says why).
 MAX_SOCKET_PATH = 105
 _JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
-class LaunchError(ValueError):
-    """A launch refused before anything started; the message names the
-    option or environment variable and the rule."""
-
-
-# -- small readers ------------------------------------------------------------
-def env_int(env: Mapping[str, str], key: str) -> int | None:
-    """``$key`` as a non-negative int (ASCII digits), None when unset/empty."""
-    value = env.get(key, "")
-    if value == "":
-        return None
-    if not (value.isascii() and value.isdigit()):
-        raise LaunchError(f"${key}={value!r} is not a non-negative integer")
-    return int(value)
+# -- environment readers -------------------------------------------------------
+def read_env_int(key: str, env: Mapping[str, str]) -> int | None:
+    """``$key`` as a non-negative int by the package's one rule
+    (muond._env.env_int), None when unset or empty; a value it refuses is a
+    LaunchError in the launcher's own words."""
+    try:
+        return env_int(key, env)
+    except ValueError:
+        raise LaunchError(f"${key}={env[key]!r} is not a non-negative integer") from None
 
 
 def first_env_int(env: Mapping[str, str], *keys: str) -> tuple[int | None, str]:
     """(value, "$KEY") of the first of `keys` that is set, else (None, "")."""
     for key in keys:
-        value = env_int(env, key)
+        value = read_env_int(key, env)
         if value is not None:
             return value, f"${key}"
     return None, ""
 
 
-def slurm_tasks_per_node(text: str) -> int:
-    """$SLURM_NTASKS_PER_NODE / $SLURM_TASKS_PER_NODE: "4", "4(x3)" or a
-    list ("4(x2),4") of equal counts; a launcher needs one count per node."""
-    counts = set()
-    for part in text.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x\d+\))?", part.strip())
-        if not m:
-            raise LaunchError(f"$SLURM_NTASKS_PER_NODE={text!r}: expected N or N(xM) items")
-        counts.add(int(m.group(1)))
-    if len(counts) != 1:
-        raise LaunchError(f"$SLURM_NTASKS_PER_NODE={text!r}: nodes run different task counts; "
-                          "muond launch needs the same count on every node (pass "
-                          "--nproc-per-node)")
-    return counts.pop()
-
-
-def _parse_nodelist(text: str, source: str) -> list:
-    """Items of a compressed host list as [literal, ranges, literal, ...]
-    segments (ranges: [(lo, hi)] digit strings), checked and counted without
-    expanding: LaunchError when malformed or over MAX_NODELIST_HOSTS."""
-    items, total = [], 0
-    for item in _split_top_level(text, source):
-        segments, pos, count = [], 0, 1
-        for m in re.finditer(r"\[([^\[\]]*)\]", item):
-            ranges = _parse_ranges(m.group(1), source)
-            segments += [item[pos:m.start()], ranges]
-            count *= sum(int(hi) - int(lo) + 1 for lo, hi in ranges)
-            pos = m.end()
-            if count > MAX_NODELIST_HOSTS:
-                break
-        segments.append(item[pos:])
-        total += count
-        if total > MAX_NODELIST_HOSTS:
-            raise LaunchError(f"{source}={text[:80]!r}{'...' if len(text) > 80 else ''} "
-                              f"names more than {MAX_NODELIST_HOSTS} hosts (bracket groups "
-                              "multiply); a job's node list is at most that")
-        items.append(segments)
-    return items
-
-
-def first_host(text: str, source: str = "$SLURM_JOB_NODELIST") -> str:
-    """The first host of Slurm's compressed host list, built alone (the list
-    is checked and counted, never expanded)."""
-    segments = _parse_nodelist(text, source)[0]
-    return "".join(s if isinstance(s, str) else s[0][0] for s in segments)
-
-
-def expand_nodelist(text: str, source: str = "$SLURM_JOB_NODELIST") -> list[str]:
-    """Slurm's compressed host list expanded, in order: ``gpu[001-003,7],b1``
-    -> gpu001 gpu002 gpu003 gpu7 b1 (a range keeps its start's zero padding;
-    several bracket groups in one name multiply: ``r[1-2]n[1-2]`` -> r1n1
-    r1n2 r2n1 r2n2). At most MAX_NODELIST_HOSTS hosts."""
-    hosts: list[str] = []
-    for segments in _parse_nodelist(text, source):
-        names = [""]
-        for s in segments:
-            values = [s] if isinstance(s, str) else [
-                str(i).zfill(len(lo)) for lo, hi in s for i in range(int(lo), int(hi) + 1)]
-            names = [n + v for n in names for v in values]
-        hosts.extend(names)
-    return hosts
-
-
-def _split_top_level(text: str, source: str) -> list[str]:
-    """`text` split at the commas outside brackets."""
-    items, depth, start = [], 0, 0
-    for i, c in enumerate(text):
-        if c == "[":
-            depth += 1
-            if depth > 1:
-                raise LaunchError(f"{source}={text!r}: nested brackets")
-        elif c == "]":
-            depth -= 1
-            if depth < 0:
-                raise LaunchError(f"{source}={text!r}: ']' without '['")
-        elif c == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    if depth:
-        raise LaunchError(f"{source}={text!r}: '[' without ']'")
-    items.append(text[start:])
-    if any(not item.strip() for item in items):
-        raise LaunchError(f"{source}={text!r}: an empty host name")
-    return [item.strip() for item in items]
-
-
-def _parse_ranges(spec: str, source: str) -> list:
-    """"001-003,7" -> [("001", "003"), ("7", "7")]."""
-    out = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
-        if not m:
-            raise LaunchError(f"{source}: [{spec[:40]}]: {part[:40]!r} is not N or N-M")
-        lo, hi = m.group(1), m.group(2) or m.group(1)
-        if int(hi) < int(lo):
-            raise LaunchError(f"{source}: [{spec[:40]}]: range {part!r} runs backwards")
-        out.append((lo, hi))
-    return out
+def new_job_id() -> str:
+    """A fresh job id for a single launcher: pid + random tag (pids repeat
+    across PID namespaces, i.e. containers)."""
+    return f"muond{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def check_job_id(job: str, source: str) -> str:
@@ -179,55 +86,16 @@ def visible_gpus(env: Mapping[str, str], count_gpus: Callable[[], int]) -> tuple
         # CUDA stops at the first invalid entry ("-1" included).
         ids = ids[:next((i for i, t in enumerate(ids) if t.startswith("-")), len(ids))]
         return ids, f"$CUDA_VISIBLE_DEVICES={text!r}"
-    n = env_int(env, "SLURM_GPUS_ON_NODE")
+    n = read_env_int("SLURM_GPUS_ON_NODE", env)
     if n is not None:
         return [str(i) for i in range(n)], f"$SLURM_GPUS_ON_NODE={n}"
     n = count_gpus()
     return [str(i) for i in range(n)], f"nvidia-smi lists {n}"
 
 
-def is_loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return addr == "localhost"
-
-
-def is_ip(addr: str) -> bool:
-    try:
-        ipaddress.ip_address(addr)
-        return True
-    except ValueError:
-        return False
-
-
-_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})"
-                        r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?")
-
-
-def check_host(text: str, source: str) -> str:
-    """A host name, an IPv4 or an IPv6 address (with or without brackets),
-    returned without brackets (host_port adds them)."""
-    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-    if bare != text or ":" in bare:
-        try:
-            return str(ipaddress.IPv6Address(bare))
-        except ValueError:
-            raise LaunchError(f"{source} {text!r} is not an IPv6 address") from None
-    if is_ip(bare) or _HOST_NAME.fullmatch(bare):
-        return bare
-    raise LaunchError(f"{source} {text!r} is not a host name, an IPv4 address or an IPv6 "
-                      "address ([::1] or ::1)")
-
-
-def host_port(host: str, port: int) -> str:
-    """host:port, an IPv6 literal in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-# -- the plan -------------------------------------------------------------------
+# -- the layout -------------------------------------------------------------------
 @dataclass(frozen=True)
-class Plan:
+class LaunchLayout:
     """What this launcher starts. ``ranks``: (global rank, local rank) of each
     daemon it starts; ``gpus``: the CUDA device index of each (None in host
     mode); ``coordinator_port`` 0: a free port (a single node's loopback
@@ -256,18 +124,13 @@ class Plan:
 
 def resolve(opts, env: Mapping[str, str], *, count_gpus: Callable[[], int] = lambda: 0,
             resolve_host: Callable[[], str] = lambda: "127.0.0.1",
-            new_job_id: Callable[[], str] = lambda: "muond") -> Plan:
-    """The Plan for `opts` (the parsed options; None = not given) in `env`,
-    or LaunchError."""
+            new_job_id: Callable[[], str] = lambda: "muond") -> LaunchLayout:
+    """The LaunchLayout for `opts` (the parsed options; None = not given) in
+    `env`, or LaunchError. The checks run in a fixed order: the first
+    contradiction found is the one reported."""
     src: dict = {}
     mode = _mode(opts, env)
-    gpus, gpu_source = ([], "") if opts.device == "cpu" else visible_gpus(env, count_gpus)
-    device = opts.device
-    if device == "auto":
-        device = "cuda" if gpus else "cpu"
-    if device == "cuda" and not gpus:
-        raise LaunchError(f"--device cuda: no GPU visible ({gpu_source})")
-
+    device, gpus, gpu_source = _device(opts, env, count_gpus)
     if mode == "per-node":
         layout = _per_node(opts, env, device, gpus, src)
     else:
@@ -280,6 +143,37 @@ def resolve(opts, env: Mapping[str, str], *, count_gpus: Callable[[], int] = lam
     device_ids = _device_ids(device, ranks, gpus, gpu_source, mode)
 
     master, src["master_addr"] = _master_addr(opts, env)
+    port = _coordinator_port(opts, mode, nnodes)
+    start_coordinator = (node_rank == 0) if mode == "per-node" else (ranks[0][0] == 0)
+    # An IP literal or loopback name binds itself; another host name may
+    # resolve to a loopback alias on its own node (Debian's 127.0.1.1), so
+    # the coordinator binds every interface then.
+    listen_host = master if (is_ip(master) or is_loopback(master)) else "0.0.0.0"
+    node_addr = _node_addr(opts, nnodes, resolve_host)
+    job, generated, token = _job_and_token(opts, env, mode, nnodes, world, src, new_job_id)
+    _check_tls(opts, start_coordinator)
+    _check_metrics(opts, nproc, port)
+    return LaunchLayout(
+        mode=mode, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
+        world_size=world, ranks=tuple(ranks), gpus=tuple(device_ids), device=device,
+        master_addr=master, coordinator_port=port, start_coordinator=start_coordinator,
+        coordinator_listen=host_port(listen_host, port), node_addr=node_addr,
+        job_id=job, job_generated=generated, token_file=token, sources=src)
+
+
+def _device(opts, env, count_gpus) -> tuple[str, list[str], str]:
+    """(cpu | cuda, the visible GPUs, where they came from); --device cuda
+    without a visible GPU refused."""
+    gpus, gpu_source = ([], "") if opts.device == "cpu" else visible_gpus(env, count_gpus)
+    device = opts.device
+    if device == "auto":
+        device = "cuda" if gpus else "cpu"
+    if device == "cuda" and not gpus:
+        raise LaunchError(f"--device cuda: no GPU visible ({gpu_source})")
+    return device, gpus, gpu_source
+
+
+def _coordinator_port(opts, mode: str, nnodes: int) -> int:
     port = opts.coordinator_port
     if port is None:
         # A single node's coordinator is loopback-only: a free port keeps two
@@ -287,11 +181,13 @@ def resolve(opts, env: Mapping[str, str], *, count_gpus: Callable[[], int] = lam
         port = 0 if (mode == "per-node" and nnodes == 1) else DEFAULT_COORDINATOR_PORT
     if not 0 <= port <= 65535:
         raise LaunchError(f"--coordinator-port {port} must be 0-65535")
-    start_coordinator = (node_rank == 0) if mode == "per-node" else (ranks[0][0] == 0)
-    # An IP literal or loopback name binds itself; another host name may
-    # resolve to a loopback alias on its own node (Debian's 127.0.1.1), so
-    # the coordinator binds every interface then.
-    listen_host = master if (is_ip(master) or is_loopback(master)) else "0.0.0.0"
+    return port
+
+
+def _node_addr(opts, nnodes: int, resolve_host) -> str:
+    """This node's address for daemon-to-daemon traffic: --node-addr, else
+    loopback on a single node, else the host name's address (refused when
+    that is a loopback address the other nodes cannot reach)."""
     node_addr = opts.node_addr and check_host(opts.node_addr, "--node-addr")
     if node_addr is None:
         node_addr = "127.0.0.1" if nnodes == 1 else resolve_host()
@@ -300,8 +196,12 @@ def resolve(opts, env: Mapping[str, str], *, count_gpus: Callable[[], int] = lam
                 f"--node-addr: this host's name resolves to {node_addr}, a loopback address "
                 f"the other {nnodes - 1} node(s) cannot reach; pass --node-addr=<this "
                 "node's address on the job's network>")
+    return node_addr
 
-    # One launcher for the whole job: only then may it generate job id and token.
+
+def _job_and_token(opts, env, mode, nnodes, world, src, new_job_id):
+    """(job id, whether generated, token file or None = generate one). Only
+    the one launcher of a whole job may generate either."""
     single = nnodes == 1 and (mode == "per-node" or world == 1)
     several = (f"--nnodes {nnodes}" if nnodes > 1
                else f"per-rank mode with {world} ranks (one launcher each)")
@@ -322,12 +222,21 @@ def resolve(opts, env: Mapping[str, str], *, count_gpus: Callable[[], int] = lam
             f"--token-file is required with {several}: every daemon must send the "
             "coordinator the same token (a 0600 file on a shared filesystem or a mounted "
             "secret; or set $MUOND_TOKEN_FILE)")
+    return job, generated, token
+
+
+def _check_tls(opts, start_coordinator: bool) -> None:
     if bool(opts.tls_cert) != bool(opts.tls_key):
         raise LaunchError("--tls-cert and --tls-key go together (the coordinator's "
                           "certificate and its private key)")
     if opts.tls_cert and start_coordinator and not opts.tls_ca:
         raise LaunchError("--tls-cert needs --tls-ca: the daemons verify the coordinator's "
                           "certificate with it (give every node's launcher the same --tls-ca)")
+
+
+def _check_metrics(opts, nproc: int, port: int) -> None:
+    """--metrics-port P: the coordinator on P, local rank k's daemon on
+    P+1+k, clear of the coordinator's port; --metrics-address a host."""
     if opts.metrics_port is not None:
         top = opts.metrics_port + nproc
         if opts.metrics_port < 1 or top > 65535:
@@ -340,11 +249,6 @@ def resolve(opts, env: Mapping[str, str], *, count_gpus: Callable[[], int] = lam
                               f"overlap --coordinator-port {port}; pick ranges apart")
     if getattr(opts, "metrics_address", None) is not None:
         check_host(opts.metrics_address, "--metrics-address")
-    return Plan(mode=mode, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
-                world_size=world, ranks=tuple(ranks), gpus=tuple(device_ids), device=device,
-                master_addr=master, coordinator_port=port, start_coordinator=start_coordinator,
-                coordinator_listen=host_port(listen_host, port), node_addr=node_addr,
-                job_id=job, job_generated=generated, token_file=token, sources=src)
 
 
 def _mode(opts, env) -> str:
@@ -356,8 +260,8 @@ def _mode(opts, env) -> str:
         return "per-node"
     if env.get("RANK", "") != "" and env.get("WORLD_SIZE", "") != "":
         return "per-rank"  # started by torchrun (one launcher per trainer process)
-    procid = env_int(env, "SLURM_PROCID")
-    ntasks, nnodes = env_int(env, "SLURM_NTASKS"), env_int(env, "SLURM_NNODES")
+    procid = read_env_int("SLURM_PROCID", env)
+    ntasks, nnodes = read_env_int("SLURM_NTASKS", env), read_env_int("SLURM_NNODES", env)
     if procid is not None and ntasks is not None and ntasks > (nnodes or 1):
         return "per-rank"  # srun with several tasks per node
     return "per-node"
@@ -437,14 +341,15 @@ def _given_or_env(given, option, env, *keys):
 def _nproc(opts, env, per_node: bool = False):
     if opts.nproc_per_node is not None:
         return opts.nproc_per_node, "--nproc-per-node"
-    value = env_int(env, "LOCAL_WORLD_SIZE")
+    value = read_env_int("LOCAL_WORLD_SIZE", env)
     if value is not None:
         return value, "$LOCAL_WORLD_SIZE"
     text = env.get("SLURM_NTASKS_PER_NODE", "")
     # In an srun step of one task per node (the per-node launchers
     # themselves) it counts launchers, not trainer ranks.
-    launchers = (per_node and env_int(env, "SLURM_PROCID") is not None
-                 and env_int(env, "SLURM_NTASKS") == (env_int(env, "SLURM_NNODES") or 1))
+    launchers = (per_node and read_env_int("SLURM_PROCID", env) is not None
+                 and read_env_int("SLURM_NTASKS", env)
+                 == (read_env_int("SLURM_NNODES", env) or 1))
     if text and not launchers:
         return slurm_tasks_per_node(text), "$SLURM_NTASKS_PER_NODE"
     return None, ""
@@ -496,3 +401,30 @@ def _job_id(opts, env, mode) -> tuple[str | None, str]:
         return (check_job_id(f"torchrun-{run_id}"[:64], "$TORCHELASTIC_RUN_ID as torchrun-<id>"),
                 "$TORCHELASTIC_RUN_ID")
     return None, ""
+
+
+def check_paths(args, layout: LaunchLayout) -> None:
+    """--log-dir creatable and writable, the token file a regular file:
+    checked before anything starts."""
+    log_dir = server_log_dir(args, layout)
+    what = "--log-dir" if args.log_dir else "the default log dir (--log-dir)"
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=log_dir):
+            pass
+    except OSError as e:
+        raise LaunchError(f"{what} {log_dir}: not a writable directory ({e.strerror})") from None
+    if layout.token_file is not None:
+        where = layout.sources["token_file"]
+        try:
+            st = os.stat(layout.token_file)
+        except OSError as e:
+            raise LaunchError(f"{where} {layout.token_file}: {e.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise LaunchError(f"{where} {layout.token_file}: not a regular file (the job's "
+                              "token: a file holding one line)")
+
+
+def server_log_dir(args, layout: LaunchLayout) -> str:
+    """--log-dir, else ./muond-logs/<job>."""
+    return args.log_dir or os.path.join(os.getcwd(), "muond-logs", layout.job_id)

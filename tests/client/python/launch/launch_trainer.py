@@ -4,7 +4,7 @@ launcher's MUOND_*): gloo, a two-matrix MLP replicated on every rank (DDP:
 gradients averaged by all_reduce), muond.torch.Muon with no daemons= (it
 finds its rank's daemon in $MUOND_SOCKET_DIR). Each rank trains on its slice
 of a global batch drawn from a fixed seed, so the test can replay the job in
-one process (tests/deploy/launch_test.py's reference).
+one process (test_launch_end_to_end.py's reference).
 
     python launch_trainer.py OUT_DIR [--steps N] [--slow | --stubborn]
 

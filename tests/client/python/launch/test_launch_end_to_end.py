@@ -47,14 +47,12 @@ import uuid
 
 import torch
 
-
 from tests.common.launched import bin_dir, launch_env  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import launch_trainer as T  # noqa: E402
 
-RUNFILES = os.path.abspath(os.path.join(HERE, "..", ".."))
 TRAINER = os.path.join(HERE, "launch_trainer.py")
 TOLERANCE = 1e-4
 STEPS = 4
