@@ -9,6 +9,8 @@
     processes   finding, signalling, stopping and reaping the command's
                 processes; the job's dead shm objects
     reaper      the forked process that cleans up after a SIGKILLed launcher
+    errors      LaunchError (refused: 2), ServerDied (1), Interrupted (128+N)
+    messages    the launcher's log lines and how an exit is described
 
 The `muond` command (muond/cli.py) calls add_parser() and main().
 """

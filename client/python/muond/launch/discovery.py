@@ -26,7 +26,7 @@ def host_address() -> str:
         return "127.0.0.1"
 
 
-def _in_dir(directory: str, name: str, tree_path: str) -> str | None:
+def _executable_in(directory: str, name: str, tree_path: str) -> str | None:
     for path in (os.path.join(directory, name), os.path.join(directory, tree_path)):
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
@@ -65,8 +65,8 @@ def find_servers(bin_dir: str | None, env) -> tuple[str, str, str]:
 def _servers_in(given: str, what: str) -> tuple[str, str, str]:
     """Both servers in the directory the user named (flat or a bazel-bin
     tree), else LaunchError naming the one missing."""
-    coord = _in_dir(given, "muond-coordinator", _COORDINATOR_IN_TREE)
-    daemon = _in_dir(given, "muond-daemon", _DAEMON_IN_TREE)
+    coord = _executable_in(given, "muond-coordinator", _COORDINATOR_IN_TREE)
+    daemon = _executable_in(given, "muond-daemon", _DAEMON_IN_TREE)
     if not coord or not daemon:
         missing = "muond-coordinator" if not coord else "muond-daemon"
         raise LaunchError(f"{what} {given}: no executable {missing} there (flat or "

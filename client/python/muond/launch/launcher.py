@@ -61,11 +61,12 @@ class Launch:
             if self.command is not None:
                 signal_group(self.command.pid, signum)  # forwarded once
 
-    def check(self) -> None:
+    def raise_if_signalled_or_dead(self) -> None:
+        """Interrupted after a stop signal; ServerDied once a server exited."""
         if self.signalled is not None:
             raise Interrupted(self.signalled)
         for server in self.servers:
-            death = server.death()
+            death = server.death_message()
             if death:
                 raise ServerDied(death)
 
@@ -73,8 +74,8 @@ class Launch:
         layout = self.layout
         self.deadline = time.monotonic() + self.args.health_timeout  # the whole start-up
         self.sockdir = tempfile.mkdtemp(prefix=f"muond-{layout.job_id}-", dir="/tmp")  # 0700
-        self.tell("dir", self.sockdir)
-        self.tell("job", layout.job_id)
+        self.tell_reaper("dir", self.sockdir)
+        self.tell_reaper("job", layout.job_id)
         longest = self.socket_path(max(r for r, _ in layout.ranks))
         if len(longest) > MAX_SOCKET_PATH:
             raise LaunchError(f"--job-id {layout.job_id!r} is too long: the socket path "
@@ -103,7 +104,7 @@ class Launch:
         print(f"muond launch: while it runs: {muonctl} status --coordinator {self.coordinator} "
               f"--job_id {layout.job_id} --token-file {self.token_file}", flush=True)
 
-    def tell(self, kind: str, value) -> None:
+    def tell_reaper(self, kind: str, value) -> None:
         if self.reaper:
             self.reaper.tell(kind, value)
 
@@ -117,16 +118,16 @@ class Launch:
                              f"whole start-up); {len(self.servers)} of "
                              f"{len(self.layout.ranks) + self.layout.start_coordinator} started")
 
-    def start(self, name: str, rank: int | None, cmd: list, health_address: str,
+    def start_server(self, name: str, rank: int | None, cmd: list, health_address: str,
               ca_file: str | None = None) -> None:
-        self.check()
+        self.raise_if_signalled_or_dead()
         self.check_deadline()
         log = os.path.join(self.log_dir, f"{name}.log")
         with open(log, "w") as f:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=self.preexec)
-        self.tell("server", proc.pid)  # its own session: pgid == pid
+        self.tell_reaper("server", proc.pid)  # its own session: pgid == pid
         self.servers.append(Server(name if rank is None else f"daemon rank {rank}", rank, proc,
                                    log, health_address, ca_file))
 
@@ -156,19 +157,25 @@ class Launch:
         port_file = None
         if layout.coordinator_port == 0:
             port_file = os.path.join(self.sockdir, "coordinator.port")
-        self.start("coordinator", None, self.coordinator_command(port_file), self.coordinator,
-                   a.tls_ca if a.tls_cert else None)
+        self.start_server("coordinator", None, self.coordinator_command(port_file),
+                          self.coordinator, a.tls_ca if a.tls_cert else None)
         if port_file:
-            while not (os.path.exists(port_file) and open(port_file).read().strip()):
-                self.check()
-                if time.monotonic() > self.deadline:
-                    raise ServerDied(f"the coordinator did not report its port in "
-                                     f"{a.health_timeout:g} s (--health-timeout); last lines "
-                                     f"of {self.servers[0].log}:\n{tail(self.servers[0].log)}")
-                time.sleep(0.05)
-            with open(port_file) as f:
-                self.coordinator = layout.coordinator_address(int(f.read().strip()))
+            self.coordinator = layout.coordinator_address(self.reported_port(port_file))
             self.servers[0].health_address = self.coordinator
+
+    def reported_port(self, port_file: str) -> int:
+        """The port the coordinator (started on port 0) wrote to --port_file;
+        ServerDied when it does not within the start-up deadline."""
+        a = self.args
+        while not (os.path.exists(port_file) and open(port_file).read().strip()):
+            self.raise_if_signalled_or_dead()
+            if time.monotonic() > self.deadline:
+                raise ServerDied(f"the coordinator did not report its port in "
+                                 f"{a.health_timeout:g} s (--health-timeout); last lines "
+                                 f"of {self.servers[0].log}:\n{tail(self.servers[0].log)}")
+            time.sleep(0.05)
+        with open(port_file) as f:
+            return int(f.read().strip())
 
     def daemon_command(self, rank: int, local: int, gpu: int | None) -> list:
         """Daemon `rank` (local rank `local`; CUDA index `gpu` among the
@@ -185,14 +192,16 @@ class Launch:
         return cmd + a.daemon_arg
 
     def start_daemon(self, rank: int, local: int, gpu: int | None) -> None:
-        self.start(f"muond-rank{rank}", rank, self.daemon_command(rank, local, gpu),
-                   f"unix://{self.socket_path(rank)}")
+        self.start_server(f"muond-rank{rank}", rank, self.daemon_command(rank, local, gpu),
+                          f"unix://{self.socket_path(rank)}")
 
     def wait_answering(self) -> None:
+        """Until every started server answers the health check, in start
+        order; ServerDied past the start-up deadline."""
         deadline = self.deadline
         pending = list(self.servers)
         while pending:
-            self.check()
+            self.raise_if_signalled_or_dead()
             if server_answers(pending[0].health_address, pending[0].ca_file):
                 pending.pop(0)
                 continue
@@ -220,10 +229,11 @@ class Launch:
                                             start_new_session=True, preexec_fn=self.preexec)
         except OSError as e:
             raise LaunchError(f"command {command[0]!r}: {e.strerror}") from None
-        self.tell("command", self.command.pid)
+        self.tell_reaper("command", self.command.pid)
         self.joins.start(self.coordinator, self.token_file)
         while self.command.poll() is None:
-            self.check()  # a server died: ServerDied, main() stops the command
+            # A server died: ServerDied, and main() stops the command.
+            self.raise_if_signalled_or_dead()
             self.joins.check()
             self.reap_orphans()
             time.sleep(0.2)
@@ -232,12 +242,12 @@ class Launch:
         if code != 0:
             # Trainers whose daemon died fail too, maybe before the poll above
             # saw the daemon go: the dead server is the news.
-            dead = next((d for d in map(Server.death, self.servers) if d), None)
+            dead = next((d for d in map(Server.death_message, self.servers) if d), None)
             if dead:
                 raise ServerDied(f"{dead}\n(the command then ended with exit status {code})")
         return code
 
-    def marker(self) -> str:
+    def command_marker(self) -> str:
         """What every process of the command has in its initial environment."""
         return f"MUOND_SOCKET_DIR={self.sockdir}"
 
@@ -266,7 +276,7 @@ class Launch:
                  if ppid == me and pid not in held and not is_dead(state)}
         if self.command.returncode is None:
             roots.add(self.command.pid)
-        return command_processes(self.marker(), self.command.pid, roots, held)
+        return command_processes(self.command_marker(), self.command.pid, roots, held)
 
     def stop_command(self) -> list:
         """SIGTERM the command's process group (on_signal may have forwarded

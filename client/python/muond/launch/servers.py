@@ -30,7 +30,7 @@ class Server:
         self.name, self.rank, self.proc, self.log = name, rank, proc, log
         self.health_address, self.ca_file = health_address, ca_file
 
-    def death(self) -> str | None:
+    def death_message(self) -> str | None:
         """What to say when it has exited, else None."""
         if self.proc.poll() is None:
             return None
