@@ -149,6 +149,8 @@ def user_command(remainder: list) -> list:
 
 
 def main(args) -> int:
+    """`muond launch`: refusals first (exit 2, nothing started), then the
+    reaper, the launch and the stop."""
     try:
         args.user_command = user_command(list(args.user_command))
         layout = resolve(args, os.environ, count_gpus=count_gpus, resolve_host=host_address,
