@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from muond import _rules
 from muond._env import env_int
 from muond.launch.addresses import check_host, host_port, is_ip, is_loopback
 from muond.launch.errors import LaunchError
@@ -36,10 +37,12 @@ DEFAULT_COORDINATOR_PORT = 29400
 # pairs to every peer and a health-checked start, so hundreds on one node
 # only swamp it (deploy/local/launch.py's demo uses this bound too).
 MAX_LOCAL_RANKS = 64
-# The longest Unix socket path the daemon's gRPC listener binds (105 bytes:
-# server/common/unix_socket.cc MaxUnixSocketPathBytes says why).
-MAX_SOCKET_PATH = 105
-_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# The longest Unix socket path the daemon's gRPC listener binds
+# (server/common/unix_socket.h MaxUnixSocketPathBytes says why).
+MAX_SOCKET_PATH = _rules.MAX_UNIX_SOCKET_PATH_BYTES
+# The daemon's job id rule (server/common/job_id.h CheckJobId).
+MAX_JOB_ID_CHARS = _rules.MAX_JOB_ID_CHARS
+_JOB_ID = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_JOB_ID_CHARS}}}")
 
 
 # -- environment readers -------------------------------------------------------
@@ -69,10 +72,11 @@ def new_job_id() -> str:
 
 
 def check_job_id(job: str, source: str) -> str:
-    """A job id names sockets and shm objects: 1-64 letters, digits, '._-'."""
+    """A job id names sockets and shm objects: 1-MAX_JOB_ID_CHARS letters,
+    digits, '._-'."""
     if not _JOB_ID.fullmatch(job):
-        raise LaunchError(f"{source} {job!r} must be 1-64 letters, digits, '.', '_' or '-' "
-                          "(it names the sockets and shared-memory objects)")
+        raise LaunchError(f"{source} {job!r} must be 1-{MAX_JOB_ID_CHARS} letters, digits, "
+                          "'.', '_' or '-' (it names the sockets and shared-memory objects)")
     return job
 
 
@@ -398,8 +402,8 @@ def _job_id(opts, env, mode) -> tuple[str | None, str]:
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if mode == "per-rank" and run_id not in ("", "none"):
         # torchrun's run id is the same in every worker of one run.
-        return (check_job_id(f"torchrun-{run_id}"[:64], "$TORCHELASTIC_RUN_ID as torchrun-<id>"),
-                "$TORCHELASTIC_RUN_ID")
+        job = f"torchrun-{run_id}"[:MAX_JOB_ID_CHARS]
+        return check_job_id(job, "$TORCHELASTIC_RUN_ID as torchrun-<id>"), "$TORCHELASTIC_RUN_ID"
     return None, ""
 
 
