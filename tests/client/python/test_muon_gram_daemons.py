@@ -149,7 +149,7 @@ class GramDaemonTest(ClusterTestCase):
 
 
     def test_custom_coefficients_that_overflow_are_refused_and_nothing_changes(self):
-        """Issue 20's hostile finding 1 against a real daemon: a coefficient
+        """Coefficients fp16 Gram NS cannot hold, against a real daemon: a coefficient
         above fp16's 65504 with fp16 Gram is refused naming the tuple; a
         schedule that overflows fp16 in the iteration (300^3) is refused at
         the step, params and momentum unchanged, and the next step runs."""

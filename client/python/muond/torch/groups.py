@@ -269,7 +269,6 @@ def _torch_default(key: str, value):
     return value
 
 
-
 def check_fixed(param_groups, fixed: dict) -> None:
     """Raises before any RPC when a group entry the daemons fixed at
     registration (``fixed``: group index -> fixed_entries) changed (a change

@@ -58,7 +58,6 @@ def result(call, client: Client, what: str):
                          code=code, reason=reason, metadata=metadata) from e
 
 
-
 def on_all(clients, call, what: str, with_rank: bool = False) -> list:
     """call(client) (or call(client, rank)) on every daemon concurrently;
     results in rank order, the first failure raised as a MuondError naming

@@ -25,7 +25,6 @@ def override(wname: str, group: dict) -> pb.GroupOverride:
     return o
 
 
-
 def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
     """The group's registered hyperparameters on the wire group (raises
     TypeError/ValueError on a value the wire cannot carry)."""
@@ -53,7 +52,6 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
             iterations=[operator.index(r) for r in group["gram_restarts"]]))
     if group.get("gram_min_aspect_ratio") is not None:
         wg.muon.gram_min_aspect_ratio = float(group["gram_min_aspect_ratio"])
-
 
 
 def whole(p: torch.Tensor):
