@@ -87,12 +87,7 @@ agreement), ``wire`` (groups to proto), ``rpc`` (one call on every daemon),
 """
 from muond.torch.groups import (LIVE_KEYS, MAX_STEP_ID, check_gram_options, check_live,
                                 check_step_id)
-from muond.torch.groups import frozen as _frozen  # noqa: F401 (the contract tests use them)
-from muond.torch.groups import loaded_options as _loaded_options  # noqa: F401
-from muond.torch.groups import thawed as _thawed  # noqa: F401
 from muond.torch.memory import CUDA_IPC_HANDLE_SIZE
-from muond.torch.memory import Regions as _Regions  # noqa: F401
-from muond.torch.memory import raw_cuda_ipc_handle as _raw_cuda_ipc_handle  # noqa: F401
 from muond.torch.optimizer import AddParamGroupError, Muon
 from muond.torch.options import (AdamWOptions, ConnectionOptions, NewtonSchulzOptions,
                                  PlacementOptions, ScalingOptions)

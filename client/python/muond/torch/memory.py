@@ -26,7 +26,8 @@ class Regions:
         self._by_name: dict[str, pb.MemoryRegion] = {}
 
     def shm(self, buffer: ShmBuffer) -> str:
-        region = pb.MemoryRegion(name=buffer.name, kind=pb.MEMORY_KIND_HOST_SHM, shm_name=buffer.name,
+        region = pb.MemoryRegion(name=buffer.name, kind=pb.MEMORY_KIND_HOST_SHM,
+                                 shm_name=buffer.name,
                                  byte_size=buffer.nbytes)
         return self._add(buffer.name, region).name
 

@@ -24,7 +24,8 @@ from muond.torch import wire as _wire
 from muond.torch.lazy_state import LazyState
 from muond.torch.memory import SharedParams, release
 
-_PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "update_us", "total_us")
+_PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "update_us",
+           "total_us")
 
 
 class AddParamGroupError(RuntimeError):
@@ -123,7 +124,8 @@ class Muon(torch.optim.Optimizer):
                           or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self.step_id = int(o["first_step_id"]) - 1
         self.last_timings: dict[str, float] = {}
-        self.layouts: dict[str, object] = {}   # param name -> SplitLayout | ("solo", rank) | "local"
+        # param name -> SplitLayout | ("solo", rank) | "local"
+        self.layouts: dict[str, object] = {}
         self._memory = SharedParams(job_id)
         self._param_names: dict[int, str] = {}  # id(param) -> its wire name
         self._ranks_of: dict[str, tuple[int, ...]] = {}  # wire name -> daemons holding it
@@ -308,7 +310,8 @@ class Muon(torch.optim.Optimizer):
         if len(self.clients) == 1:  # a blocking call: no future, no extra thread
             first = self.clients[0]
             responses = [_rpc.result(lambda: first.step(self.job_id, step_id, overrides[0],
-                                                    self.client_id, skipped[0]), first, what)]
+                                                        self.client_id, skipped[0]),
+                                     first, what)]
         else:
             futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id,
                                      skipped[r])
@@ -532,7 +535,6 @@ class Muon(torch.optim.Optimizer):
                     "with the old groups and call load_state_dict(error.state_dict)",
                     saved) from error
             raise
-
 
     def _reregister(self, states_by_name: dict, step_id: int) -> None:
         """Unregisters, places and registers every group anew (fresh buffers;
