@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "tests/wrappers/cuda_kernel.h"
+#include "tests/third_party/cuda_kernel.h"
 
 namespace {
 
