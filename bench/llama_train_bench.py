@@ -74,7 +74,7 @@ OPTIMIZERS = ("muond", "torch", "muonium")
 # Per data-parallel rank: (sequences, tokens per sequence). 1b: 4 x 2048 fits
 # one H200 at world 1 with fp32 params, bf16 autocast and no activation
 # checkpointing: measured trainer peaks 46 / 68 / 57 GiB with muond / torch
-# (full replicas) / muonium (bench/results/gpu_h200_issue19.md).
+# (full replicas) / muonium (bench/results/gpu_h200_llama_train.md).
 BATCH_DEFAULTS = {"1b": (4, 2048), "tiny": (4, 32)}
 ADAMW_EPS = 1e-8
 # Newton-Schulz's normalisation eps, X / (||X|| + eps): torch.optim.Muon's and
@@ -251,7 +251,7 @@ def check_environment(args) -> str:
     if args.muonium_path and not os.path.isdir(args.muonium_path):
         # Checked on every device (on CPU muonium is skipped, so a typo would
         # surface only on the GPU machine). Unused without muonium: a wrapper
-        # (bench/gpu_issue19.sh) may pass it whether or not the wheel came along.
+        # (bench/gpu_multigpu_jobs.sh) may pass it whether or not the wheel came along.
         if "muonium" in args.optimizers:
             return (f"--muonium-path {args.muonium_path}: no such directory (the unpacked "
                     "muonium wheel: bench/README.md), or drop muonium from --optimizers")

@@ -15,7 +15,7 @@
 # (the GPU machine's image); everything here is installed --no-deps.
 # Wheels already in $PEER_WHEEL_CACHE (default /tmp/whl) are reused, and so is its
 # cu13.tar.xz (compressing takes ~3.5 min on 2 cores).
-# On the device: bench/gpu_issue20_stage.sh (call 1, p1) then bench/gpu_issue20.sh (call 2, p2).
+# On the device: bench/gpu_step_bench_peer_stage.sh (call 1, p1) then bench/gpu_step_bench_vs_peer.sh (call 2, p2).
 set -euo pipefail
 dir=${1:?usage: bench/peer_wheels.sh DIR}
 cache=${PEER_WHEEL_CACHE:-/tmp/whl}

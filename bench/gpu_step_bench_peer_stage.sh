@@ -3,7 +3,7 @@
 # and its kernels) outside the working tree and compiles it once, so that call 2, back to
 # back on the same warm machine (given back 30 s after a call), carries only the bundle and
 # finds the peer's compiled kernels in the machine's caches:
-#   run(command="bench/gpu_issue20_stage.sh", carry=[".whl/p1", ".whl/p2"],
+#   run(command="bench/gpu_step_bench_peer_stage.sh", carry=[".whl/p1", ".whl/p2"],
 #       kind="nvidia-h200", timeout_s=420)
 # .whl/p1/cu13.tar.xz (nvidia-cutlass-dsl-libs-cu13 4.5.2 unpacked, xz'd: the wheel is over
 # the 64 MiB carry limit with the tree) and .whl/p2/*.whl: bench/peer_wheels.sh .whl.
@@ -14,7 +14,7 @@
 # device time left) caps it; whatever it compiled stays cached for call 2.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out20}
+OUT=${OUT:-/tmp/muond-step-bench}
 mkdir -p "$OUT" /tmp/peer /tmp/site
 L=$OUT/stage.log
 t0=$SECONDS

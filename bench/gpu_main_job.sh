@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 18's GPU checks, one device call (bench/results/gpu_h200_issue18.md). Results under
-# $OUT. Expects the bundle of main (deploy/bundle.sh, tarred) at dist/b18.tar.xz.
+# Issue 18's GPU checks, one device call (bench/results/gpu_h200_main_job.md). Results under
+# $OUT. Expects the bundle of main (deploy/bundle.sh, tarred) at dist/muond-bundle.tar.xz.
 set -u
 export NCCL_NVLS_ENABLE=0
-mkdir -p /tmp/b && tar -xJf dist/b18.tar.xz -C /tmp/b && B=$(ls -d /tmp/b/*/ | head -1)
+mkdir -p /tmp/b && tar -xJf dist/muond-bundle.tar.xz -C /tmp/b && B=$(ls -d /tmp/b/*/ | head -1)
 B=${B%/}
 cp $B/client/python/muond/v1/*_pb2*.py client/python/muond/v1/
 . $B/env.sh

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 20, device call 2 of 2 (bench/README.md): everything of the issue on one H200 in one
-# call, right after bench/gpu_issue20_stage.sh on the same warm machine (it is given back
+# call, right after bench/gpu_step_bench_peer_stage.sh on the same warm machine (it is given back
 # 30 s after a call):
-#   run(command="bench/gpu_issue20.sh", carry=["dist/b20.tar.xz"], kind="nvidia-h200",
+#   run(command="bench/gpu_step_bench_vs_peer.sh", carry=["dist/muond-bundle.tar.xz"], kind="nvidia-h200",
 #       timeout_s=600)
-# dist/b20.tar.xz: the bundle of main (deploy/bundle.sh dist/muond-bundle, renamed;
+# dist/muond-bundle.tar.xz: the bundle of main (deploy/bundle.sh dist/muond-bundle, renamed;
 # BUNDLE=... for another path). The peer is in /tmp/site from call 1, compiled.
 # Each part has a wall-clock cap (T_* below: 90 + 20 + 60 + 290 + 30 + 40 = 530 s, ~540 s
 # with the unpacking; with call 1's 280 s and ~100 s of machine start the pair fits the
@@ -20,7 +20,7 @@
 #                nsys is installed, else step_bench's per-chunk NS times (--ns_only)
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out20}
+OUT=${OUT:-/tmp/muond-step-bench}
 mkdir -p "$OUT"
 S=$OUT/summary.log
 T_TESTS=${T_TESTS:-90} T_SYMGEMM=${T_SYMGEMM:-20} T_EXACT=${T_EXACT:-60}
@@ -47,12 +47,12 @@ if [[ -d /tmp/site/nvidia_cutlass_dsl/python_packages ]]; then
     echo "peer: gram_newton_schulz not installed; peer columns will be n/a" >> "$S"
   fi
 else
-  echo "peer not staged (/tmp/site missing: run bench/gpu_issue20_stage.sh first, on the" \
+  echo "peer not staged (/tmp/site missing: run bench/gpu_step_bench_peer_stage.sh first, on the" \
        "same warm machine); peer columns will be n/a" >> "$S"
 fi
 
-# The bundle (as bench/gpu_issue18.sh): binaries from it, Python scripts from this tree.
-BUNDLE=${BUNDLE:-dist/b20.tar.xz}
+# The bundle (as bench/gpu_main_job.sh): binaries from it, Python scripts from this tree.
+BUNDLE=${BUNDLE:-dist/muond-bundle.tar.xz}
 t0=$SECONDS
 use_bundle "$BUNDLE" /tmp/b
 export PYTHONPATH=$PWD/client/python${peer_path:+:$peer_path}

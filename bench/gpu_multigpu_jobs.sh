@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 19 on a machine with N GPUs (nvidia-h200, -x2, -x4, -x8; bench/README.md). N is what
 # nvidia-smi lists; every part scales to it. One device call runs one or more parts:
-#   run(command="bash bench/gpu_issue19.sh tests kill", kind="nvidia-h200-x8",
-#       carry=["dist/b19.tar.xz", "dist/muonium-0.2.0-py3-none-any.whl"], timeout_s=600)
-# dist/b19.tar.xz: deploy/bundle.sh's bundle of main, tarred; the wheel: `pip download
+#   run(command="bash bench/gpu_multigpu_jobs.sh tests kill", kind="nvidia-h200-x8",
+#       carry=["dist/muond-bundle.tar.xz", "dist/muonium-0.2.0-py3-none-any.whl"], timeout_s=600)
+# dist/muond-bundle.tar.xz: deploy/bundle.sh's bundle of main, tarred; the wheel: `pip download
 # --no-deps muonium==0.2.0 -d dist` (pure Python, 33 kB; the machine has no network). The
 # llama bench and the kill script run from the checkout the call carries, not the bundle.
 # Parts (rc and seconds in $OUT/summary.log; each part's log beside it):
@@ -42,7 +42,7 @@ N=$(nvidia-smi -L 2>/dev/null | wc -l)
 { echo "== $N GPUs, parts: ${*:-all}"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >> "$S" 2>&1
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
-use_bundle "${BUNDLE:-dist/b19.tar.xz}" /tmp/b19
+use_bundle "${BUNDLE:-dist/muond-bundle.tar.xz}" /tmp/b19
 export PYTHONPATH=$R/client/python MUOND_BIN_DIR=$B/bin
 muonium_dir=/tmp/muonium
 llama_optimizers=${LLAMA_OPTIMIZERS:-muond,torch,muonium}
