@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call comparing two bundles (deploy/bundle.sh) side by side on the
+# Compares two bundles (deploy/bundle.sh) side by side on the
 # same GPU: e.g. the commit before a behaviour-preserving refactor (A) and
 # after it (B). Runs B's GPU tests and the exactness check, then each step
 # benchmark (bench/gpu_step_bench.py) for A, B, B, A (so drift over the call

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 21 on one H200 (bench/README.md): `muond launch` with CUDA daemons, in one device call:
-#   run(command="bench/gpu_launch_cuda.sh", carry=["dist/muond-bundle.tar.xz"], kind="nvidia-h200",
-#       timeout_s=600)
-# dist/muond-bundle.tar.xz: deploy/bundle.sh's bundle of main. Parts (rc and seconds in summary.log):
+# `muond launch` with CUDA daemons on one GPU (bench/README.md). Usage, from the repository
+# root on a GPU host (results under $OUT):
+#   bench/gpu_launch_cuda.sh
+# with deploy/bundle.sh's bundle, tarred, at dist/muond-bundle.tar.xz (BUNDLE=... for another
+# path). Parts (rc and seconds in summary.log):
 #   launch_cuda   `muond launch --device cuda --nproc-per-node 1 --metrics-port P
 #                 --log-format json -- python3 bench/gpu_launch_trainer.py`: the trainer
 #                 (muond.torch.Muon on CUDA tensors, CUDA IPC) checks its daemon's

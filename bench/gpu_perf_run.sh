@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the NS/step performance work (issue 8, Speed): unpack
+# The NS and step performance runs on one GPU: unpack
 # the bundle, run the GPU tests and the exactness check, then the NS and step
 # benchmarks, logs under $OUT. Usage (repository root on the GPU machine):
 #   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick|steps|verify|final|syrk]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One Muon optimizer step over shape sets on one GPU, every contender in one process and
-run (issues 8 and 20), fp32 params and grads, median of --reps steps, --rounds rounds:
+run, fp32 params and grads, median of --reps steps, --rounds rounds:
 
   torch        torch.optim.Muon on identical copies of the params and grads;
   peer_a       gram-newton-schulz 0.1.6's Muon (Dao-AILab; CuTe DSL kernels from
@@ -29,7 +29,7 @@ first step is timed apart ("first step s") and it is warmed up until two steps a
 3%. Its two NS objects live for the whole process, so later sets reuse their compiled code.
 Also: the Step RPC round trip with (almost) no work, one 8x8 param: p50/p99 us.
 
-Per set: each column's ms, the ratios that decide issue 20, and per column the effective NS
+Per set: each column's ms, the target ratios (GOALS), and per column the effective NS
 TFLOP/s (standard-NS FLOPs 5 (4 m^2 n + 2 m^3) / time, the same numerator for everyone) and
 the fraction of the FLOP ceiling of the algorithm the column actually runs
 (ideal_ns_flops: symmetric products at half price / time / 989 TFLOP/s, the H200's dense
@@ -62,7 +62,7 @@ TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "peer_b": "peer (b) defaults", "inproc_std": "muond in-process std",
           "inproc_gram": "muond in-process gram", "daemon_std": "muond daemon std",
           "daemon_gram": "muond daemon gram"}
-# Issue 20's goals, muond gram through the daemon: x faster than (peer a, peer b, torch).
+# Speed targets, muond gram through the daemon: x faster than (peer a, peer b, torch).
 GOALS = {"llama3_8b": (1.1, 1.1, 1.9), "qwen3_1_7b": (1.1, 1.1, 1.8),
          "qwen3_30b_a3b": (1.3, 1.3, 7.0)}
 # name: (layers, muond ns_batch_size) as measured best in bench/results/gpu_h200.md.
@@ -71,7 +71,7 @@ SET_DEFAULTS = {"llama3_8b": (4, 4), "qwen3_1_7b": (28, 28), "qwen3_30b_a3b": (1
 
 # ---------------------------------------------------------------------------- FLOP model
 def standard_ns_flops(shape, steps: int = 5) -> float:
-    """Standard NS as plain GEMMs (issue 4's count), X s x L with s = the short side:
+    """Standard NS as plain GEMMs (the count ns_bench uses), X s x L with s = the short side:
     per iteration A = X X^T (2 s^2 L), A^2 (2 s^3), B X (2 s^2 L)."""
     s, big = min(shape), max(shape)
     return steps * (4 * s * s * big + 2 * s ** 3)

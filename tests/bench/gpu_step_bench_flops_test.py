@@ -1,4 +1,4 @@
-"""bench/gpu_step_bench.py's FLOP model (issue 20) against a count taken by running the
+"""bench/gpu_step_bench.py's FLOP model against a count taken by running the
 iterations: standard and Gram Newton-Schulz (the iteration of docs/ARCHITECTURE.md) in fp64
 numpy with a matmul that adds 2 m n k per product, half when its result is symmetric (the
 ceiling of a kernel that computes one triangle). Running them also checks the algebra the

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """muond through the daemon (CUDA IPC, cuBLAS bf16 NS) vs torch.optim.Muon,
-same process, identical copies, same settings (tag gpu; issue 8).
+same process, identical copies, same settings (tag gpu).
 
 torch.optim.Muon's math: simple coefficients (3.4445, -4.775, 2.0315) x 5,
 eps 1e-7, `original` scale sqrt(max(1, rows/cols)), Nesterov, decoupled weight

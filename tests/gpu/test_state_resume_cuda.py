@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""muond.torch.Muon's state on a GPU (tag gpu; issue 17): CUDA IPC regions,
+"""muond.torch.Muon's state on a GPU (tag gpu): CUDA IPC regions,
 the CUDA engine's state exported and imported through the Python client.
 
 1. Resume: run A steps 6 times; run B steps 3 times, `torch.save`s

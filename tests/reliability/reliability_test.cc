@@ -1,4 +1,4 @@
-// Reliability tests of issue 10 through real processes (host mode, Gloo,
+// Reliability tests through real processes (host mode, Gloo,
 // 2x2): state save/restart/load, step-id rules, non-finite gradients, a dying
 // daemon, a restarting coordinator, and access control. Every numeric check
 // is bitwise against the single-process reference (harness.h).

@@ -1,4 +1,4 @@
-// Soak (issue 10, not a CI test): coordinator + 4 host-mode daemons (2x2) and
+// Soak (not a CI test): coordinator + 4 host-mode daemons (2x2) and
 // the four in-process trainers of the reliability harness run N steps (default
 // 10,000) on small weights; the resident set size (VmRSS) of every daemon and
 // of the coordinator is sampled along the way. Prints a Markdown table; exit 1
