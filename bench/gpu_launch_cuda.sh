@@ -14,7 +14,6 @@
 #   demo          deploy/local/launch.py --device cuda --nproc 1 (the README's main job,
 #                 through muond launch; out/demo/report.md -> demo/)
 set -u
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/muond-launch-cuda}
 mkdir -p "$OUT"
 S=$OUT/summary.log

@@ -7,7 +7,6 @@
 # with deploy/bundle.sh's bundle, tarred, at dist/muond-bundle.tar.xz (BUNDLE=... for another
 # path).
 set -u
-export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/muond-main-job}
 mkdir -p "$OUT"
 S=$OUT/summary.log

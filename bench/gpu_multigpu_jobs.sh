@@ -27,7 +27,6 @@
 # 1B model), LLAMA_STEPS (timed, default 10), LLAMA_OPTIMIZERS (default muond,torch,muonium;
 # muonium 0.2.0 fails under TP layouts on torch 2.11, recorded in the JSON: bench/README.md).
 set -u
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/muond-multigpu-jobs}
 mkdir -p "$OUT"
 S=$OUT/summary.log

@@ -16,7 +16,6 @@
 set -uo pipefail
 tarball=$1; manifest=${2:-llama3_8b}; layers=${3:-4}; precision=${4:-medium}
 . bench/gpu_bundle_enter.sh && enter_bundle "$tarball" multigpu
-export NCCL_NVLS_ENABLE=0
 gpus=$(nvidia-smi -L | wc -l)
 echo "== $gpus GPUs" | tee "$out/summary.txt"
 nvidia-smi topo -m > "$out/topo.txt" 2>&1

@@ -15,7 +15,6 @@
 set -uo pipefail
 tarball=$1; mode=${2:-full}
 . bench/gpu_bundle_enter.sh && enter_bundle "$tarball" perf
-export PYTHONUNBUFFERED=1
 # One step benchmark: MANIFEST LAYERS REPS ROUNDS NS_BATCH SYRK(0|1) NAME;
 # logs $out/NAME.log and .md, prints the breakdown and the table rows.
 step_run() {

@@ -13,7 +13,8 @@
 # 139 s cold on the MoE set alone (measured 2026-12-02). T_PRECOMPILE (default 280 s) caps
 # it; whatever it compiled stays cached for stage 2.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+# shellcheck source=bench/gpu_bundle_enter.sh
+. bench/gpu_bundle_enter.sh
 OUT=${OUT:-/tmp/muond-step-bench}
 mkdir -p "$OUT" /tmp/peer /tmp/site
 L=$OUT/stage.log

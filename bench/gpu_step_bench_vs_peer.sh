@@ -16,7 +16,6 @@
 #                (llama3_8b:4:4 as step.md's muond columns): nsys's cuda_gpu_kern_sum where
 #                nsys is installed, else step_bench's per-chunk NS times (--ns_only)
 set -u
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/muond-step-bench}
 mkdir -p "$OUT"
 S=$OUT/summary.log

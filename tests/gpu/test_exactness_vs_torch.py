@@ -26,7 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon  # noqa: E402
+from daemon_harness import Daemon, cuda_or_skip  # noqa: E402
 
 SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-7, ns_steps=5)
 
@@ -130,8 +130,7 @@ def main() -> int:
     p.add_argument("--train-steps", type=int, default=200)
     p.add_argument("--log-dir", default=None)
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("SKIP: no CUDA device")
+    if not cuda_or_skip():
         return 0
     # One daemon (and job) per check: each registers its own params once.
     with Daemon("exact-llama", log_dir=args.log_dir) as d:
