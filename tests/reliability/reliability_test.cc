@@ -270,8 +270,7 @@ TEST(ReliabilityTest, DeadDaemonGivesUnavailableNamingTheRank) {
             absl::StrContains(results[r].status().message(), "dead rank 3"))
             << "rank " << r << ": " << results[r].status();
         // The daemon's reason reached the client typed (gRPC ErrorInfo).
-        EXPECT_TRUE(
-            HasErrorReason(results[r].status(), ErrorReason::kPeerGone))
+        EXPECT_TRUE(HasErrorReason(results[r].status(), ErrorReason::kPeerGone))
             << "rank " << r << ": " << results[r].status();
         EXPECT_EQ(GetErrorMetadata(results[r].status()),
                   (ErrorMetadata{{"step_id", "2"}}))

@@ -1,4 +1,5 @@
-// A trivial kernel that proves the cuda_library macro (nvcc -> objects -> cc_library).
+// A trivial kernel that proves the cuda_library macro (nvcc -> objects ->
+// cc_library).
 #include "tests/third_party/cuda_kernel.h"
 
 __global__ void AxpyKernel(float a, const float* x, float* y, int n) {
