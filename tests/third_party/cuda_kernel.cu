@@ -1,5 +1,6 @@
-// A trivial kernel that proves the cuda_library macro (nvcc -> objects -> cc_library).
-#include "tests/wrappers/cuda_kernel.h"
+// A trivial kernel that proves the cuda_library macro (nvcc -> objects ->
+// cc_library).
+#include "tests/third_party/cuda_kernel.h"
 
 __global__ void AxpyKernel(float a, const float* x, float* y, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 21 on one H200 (bench/README.md): `muond launch` with CUDA daemons, in one device call:
-#   run(command="bench/gpu_issue21.sh", carry=["dist/b21.tar.xz"], kind="nvidia-h200",
-#       timeout_s=600)
-# dist/b21.tar.xz: deploy/bundle.sh's bundle of main. Parts (rc and seconds in summary.log):
+# `muond launch` with CUDA daemons on one GPU (bench/README.md). Usage, from the repository
+# root on a GPU host (results under $OUT):
+#   bench/gpu_launch_cuda.sh
+# with deploy/bundle.sh's bundle, tarred, at dist/muond-bundle.tar.xz (BUNDLE=... for another
+# path). Parts (rc and seconds in summary.log):
 #   launch_cuda   `muond launch --device cuda --nproc-per-node 1 --metrics-port P
 #                 --log-format json -- python3 bench/gpu_launch_trainer.py`: the trainer
 #                 (muond.torch.Muon on CUDA tensors, CUDA IPC) checks its daemon's
@@ -13,14 +14,13 @@
 #   demo          deploy/local/launch.py --device cuda --nproc 1 (the README's main job,
 #                 through muond launch; out/demo/report.md -> demo/)
 set -u
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out21}
+OUT=${OUT:-/tmp/muond-launch-cuda}
 mkdir -p "$OUT"
 S=$OUT/summary.log
 # shellcheck source=bench/gpu_bundle_enter.sh
 . bench/gpu_bundle_enter.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$S" 2>&1
-use_bundle "${BUNDLE:-dist/b21.tar.xz}" /tmp/b
+use_bundle "${BUNDLE:-dist/muond-bundle.tar.xz}" /tmp/b
 export PYTHONPATH=$PWD/client/python
 muond=(python3 -m muond.cli)
 "${muond[@]}" --version >> "$S" 2>&1

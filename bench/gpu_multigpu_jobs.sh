@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Issue 19 on a machine with N GPUs (nvidia-h200, -x2, -x4, -x8; bench/README.md). N is what
-# nvidia-smi lists; every part scales to it. One device call runs one or more parts:
-#   run(command="bash bench/gpu_issue19.sh tests kill", kind="nvidia-h200-x8",
-#       carry=["dist/b19.tar.xz", "dist/muonium-0.2.0-py3-none-any.whl"], timeout_s=600)
-# dist/b19.tar.xz: deploy/bundle.sh's bundle of main, tarred; the wheel: `pip download
-# --no-deps muonium==0.2.0 -d dist` (pure Python, 33 kB; the machine has no network). The
-# llama bench and the kill script run from the checkout the call carries, not the bundle.
-# Parts (rc and seconds in $OUT/summary.log; each part's log beside it):
+# Whole jobs on one host with N GPUs (N = what nvidia-smi lists; every part scales to it).
+# Usage, from the repository root (results under $OUT; rc and seconds per part in
+# $OUT/summary.log, each part's log beside it):
+#   bench/gpu_multigpu_jobs.sh [tests] [main] [llama] [kill]     (no part: all four)
+# with deploy/bundle.sh's bundle, tarred, at dist/muond-bundle.tar.xz (BUNDLE=... for another
+# path) and, for the muonium columns, its wheel in dist (`pip download --no-deps
+# muonium==0.2.0 -d dist`: pure Python, 33 kB). The llama bench and the kill script run from
+# the checkout, not the bundle.
+# Parts:
 #   tests   the multi-GPU correctness binaries, one process per GPU over NCCL:
 #           layer_sharded_step_cuda_test (domains 1xN, Nx1, 2x(N/2), bitwise vs the single-GPU
 #           reference), nccl_multigpu_test, system_cuda_test (needs 4 GPUs)          ~1-2 min
@@ -20,16 +21,13 @@
 #   kill    tests/system/kill_mid_step.py: one daemon SIGKILLed mid-step in the torchrun job, at
 #           the commit vote and inside a collective; survivors fail naming it, nothing
 #           half-applied, nothing left behind (KILL_LAYOUTS, default fsdp fsdp+tp) ~0.5 min each
-# A call is capped at 600 s and a session has 30 device minutes: on N GPUs run e.g.
-#   call 1: tests kill; call 2: main; calls 3-5: LAYOUTS="ddp fsdp" / "tp fsdp+tp" / hsdp llama
 # Layouts (LAYOUTS overrides): ddp fsdp tp, plus fsdp+tp (TP 2 inside) and hsdp (replicate 2 x
 # shard N/2) from N = 4 on; at N = 2 those two would be tp and fsdp again.
 # Environment: LAYOUTS, STEPS (main job, default 200), LLAMA_LAYERS (default 16 = the whole
 # 1B model), LLAMA_STEPS (timed, default 10), LLAMA_OPTIMIZERS (default muond,torch,muonium;
 # muonium 0.2.0 fails under TP layouts on torch 2.11, recorded in the JSON: bench/README.md).
 set -u
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out19}
+OUT=${OUT:-/tmp/muond-multigpu-jobs}
 mkdir -p "$OUT"
 S=$OUT/summary.log
 R=$(pwd)
@@ -42,7 +40,7 @@ N=$(nvidia-smi -L 2>/dev/null | wc -l)
 { echo "== $N GPUs, parts: ${*:-all}"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >> "$S" 2>&1
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
-use_bundle "${BUNDLE:-dist/b19.tar.xz}" /tmp/b19
+use_bundle "${BUNDLE:-dist/muond-bundle.tar.xz}" /tmp/muond-bundle
 export PYTHONPATH=$R/client/python MUOND_BIN_DIR=$B/bin
 muonium_dir=/tmp/muonium
 llama_optimizers=${LLAMA_OPTIMIZERS:-muond,torch,muonium}

@@ -1,26 +1,22 @@
 #!/usr/bin/env bash
-# Issue 20, device call 2 of 2 (bench/README.md): everything of the issue on one H200 in one
-# call, right after bench/gpu_issue20_stage.sh on the same warm machine (it is given back
-# 30 s after a call):
-#   run(command="bench/gpu_issue20.sh", carry=["dist/b20.tar.xz"], kind="nvidia-h200",
-#       timeout_s=600)
-# dist/b20.tar.xz: the bundle of main (deploy/bundle.sh dist/muond-bundle, renamed;
-# BUNDLE=... for another path). The peer is in /tmp/site from call 1, compiled.
-# Each part has a wall-clock cap (T_* below: 90 + 20 + 60 + 290 + 30 + 40 = 530 s, ~540 s
-# with the unpacking; with call 1's 280 s and ~100 s of machine start the pair fits the
-# ~1070 s of device time left) and logs its exit code and wall time to $OUT/summary.log;
-# results under $OUT (6 files; no .nsys-rep comes back):
+# Stage 2 of 2 of the step bench against its peer (bench/README.md): the whole GPU comparison
+# on one GPU, after bench/gpu_step_bench_peer_stage.sh on the same machine. Usage, from the
+# repository root (results under $OUT):
+#   bench/gpu_step_bench_vs_peer.sh
+# with deploy/bundle.sh's bundle, tarred, at dist/muond-bundle.tar.xz (BUNDLE=... for another
+# path). The peer is in /tmp/site from stage 1, compiled.
+# Each part has a wall-clock cap (T_* below: 90 + 20 + 60 + 290 + 30 + 40 = 530 s) and logs
+# its exit code and wall time to $OUT/summary.log; results under $OUT:
 #   summary.log  GPU, installs, each part's rc and seconds
 #   tests.log    GPU test binaries (incl. the Gram spectra GPU test), sym GEMM bench,
 #                exactness vs torch.optim.Muon
-#   step.log, step.md    gpu_step_bench.py on the three sets, 2 rounds (the issue's table)
+#   step.log, step.md    gpu_step_bench.py on the three sets, 2 rounds (the target table)
 #   sweep.md     the aspect-ratio sweep (muond standard vs Gram NS), its log in step.log
 #   profile.txt  per-kernel profile of one muond step (step engine, Gram NS) on the Llama set
 #                (llama3_8b:4:4 as step.md's muond columns): nsys's cuda_gpu_kern_sum where
 #                nsys is installed, else step_bench's per-chunk NS times (--ns_only)
 set -u
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out20}
+OUT=${OUT:-/tmp/muond-step-bench}
 mkdir -p "$OUT"
 S=$OUT/summary.log
 T_TESTS=${T_TESTS:-90} T_SYMGEMM=${T_SYMGEMM:-20} T_EXACT=${T_EXACT:-60}
@@ -31,8 +27,8 @@ T_STEP=${T_STEP:-290} T_SWEEP=${T_SWEEP:-30} T_PROFILE=${T_PROFILE:-40}
 t_all=$SECONDS
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$S" 2>&1
 
-# The peer: installed into /tmp/site and compiled by call 1; .whl/p2, if carried, installs
-# the small wheels again where call 1 did not get that far.
+# The peer: installed into /tmp/site and compiled by stage 1; .whl/p2, if present, installs
+# the small wheels again where stage 1 did not get that far.
 peer_path=
 if [[ -d /tmp/site/nvidia_cutlass_dsl/python_packages ]]; then
   if [[ ! -d /tmp/site/gram_newton_schulz ]] && compgen -G ".whl/p2/*.whl" > /dev/null; then
@@ -47,12 +43,12 @@ if [[ -d /tmp/site/nvidia_cutlass_dsl/python_packages ]]; then
     echo "peer: gram_newton_schulz not installed; peer columns will be n/a" >> "$S"
   fi
 else
-  echo "peer not staged (/tmp/site missing: run bench/gpu_issue20_stage.sh first, on the" \
-       "same warm machine); peer columns will be n/a" >> "$S"
+  echo "peer not staged (/tmp/site missing: run bench/gpu_step_bench_peer_stage.sh first, on the" \
+       "same machine); peer columns will be n/a" >> "$S"
 fi
 
-# The bundle (as bench/gpu_issue18.sh): binaries from it, Python scripts from this tree.
-BUNDLE=${BUNDLE:-dist/b20.tar.xz}
+# The bundle (as bench/gpu_main_job.sh): binaries from it, Python scripts from this tree.
+BUNDLE=${BUNDLE:-dist/muond-bundle.tar.xz}
 t0=$SECONDS
 use_bundle "$BUNDLE" /tmp/b
 export PYTHONPATH=$PWD/client/python${peer_path:+:$peer_path}
@@ -86,12 +82,12 @@ print(",".join(f"{r}x{c}" for r, c in g.shape_set(path, layers)))') || return 1
   if [[ -n $nsys ]]; then
     echo "# nsys: $nsys; step_bench --engine --reps=3 --warmup=1 ${flags[*]:1}"
     # The report stays in /tmp (never under $OUT) and is deleted after the stats.
-    "$nsys" profile --stats=false --force-overwrite=true -o /tmp/prof20 \
+    "$nsys" profile --stats=false --force-overwrite=true -o /tmp/muond-step-profile \
       "$B/bin/step_bench" --engine --reps=3 --warmup=1 "${flags[@]}" &&
-      { "$nsys" stats --report cuda_gpu_kern_sum --format column /tmp/prof20.nsys-rep ||
-        "$nsys" stats --report gpukernsum --format column /tmp/prof20.nsys-rep; }  # nsys < 2023
+      { "$nsys" stats --report cuda_gpu_kern_sum --format column /tmp/muond-step-profile.nsys-rep ||
+        "$nsys" stats --report gpukernsum --format column /tmp/muond-step-profile.nsys-rep; }  # nsys < 2023
     local rc=$?
-    rm -f /tmp/prof20.nsys-rep /tmp/prof20.sqlite
+    rm -f /tmp/muond-step-profile.nsys-rep /tmp/muond-step-profile.sqlite
     [[ $rc == 0 ]] && return 0
     echo "# nsys failed (rc $rc): falling back to step_bench's own numbers"
   fi

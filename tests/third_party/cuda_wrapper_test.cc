@@ -7,17 +7,14 @@
 
 #include <vector>
 
-#include "tests/wrappers/cuda_kernel.h"
+#include "tests/common/cuda_device.h"
+#include "tests/third_party/cuda_kernel.h"
 
 namespace {
 
-bool HaveDevice() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
 TEST(CudaWrapper, KernelAndCublasSgemm) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device on this machine";
+  if (!muond::testing::HaveCudaDevice())
+    GTEST_SKIP() << "no CUDA device on this machine";
   const int n = 4;
   std::vector<float> x = {1, 2, 3, 4}, y = {10, 20, 30, 40};
   float *dx, *dy;

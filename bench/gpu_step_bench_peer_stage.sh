@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Issue 20, device call 1 of 2 (bench/README.md): installs the peer (gram-newton-schulz 0.1.6
-# and its kernels) outside the working tree and compiles it once, so that call 2, back to
-# back on the same warm machine (given back 30 s after a call), carries only the bundle and
-# finds the peer's compiled kernels in the machine's caches:
-#   run(command="bench/gpu_issue20_stage.sh", carry=[".whl/p1", ".whl/p2"],
-#       kind="nvidia-h200", timeout_s=420)
-# .whl/p1/cu13.tar.xz (nvidia-cutlass-dsl-libs-cu13 4.5.2 unpacked, xz'd: the wheel is over
-# the 64 MiB carry limit with the tree) and .whl/p2/*.whl: bench/peer_wheels.sh .whl.
-# Why precompile here: the peer's first step compiles its CuTe DSL kernels (quack's disk
+# Stage 1 of 2 of the step bench against its peer (bench/README.md): installs the peer
+# (gram-newton-schulz 0.1.6 and its kernels) outside the working tree and compiles it once,
+# so that stage 2 (bench/gpu_step_bench_vs_peer.sh), on the same machine, finds the peer's
+# compiled kernels in the machine's caches. For a GPU host without network:
+#   bench/peer_wheels.sh .whl          (where there is a network), then on the GPU host
+#   bench/gpu_step_bench_peer_stage.sh
+# .whl/p1/cu13.tar.xz (nvidia-cutlass-dsl-libs-cu13 4.5.2 unpacked, xz'd) and .whl/p2/*.whl:
+# bench/peer_wheels.sh's output. With a network, a plain `pip install` of the versions
+# peer_wheels.sh pins does the same (bench/README.md).
+# Why precompile: the peer's first step compiles its CuTe DSL kernels (quack's disk
 # cache, /tmp/<user>/quack_cache) and torch.compile graphs (/tmp/torchinductor_<user>):
-# 139 s cold on the MoE set alone (dry run, 2026-12-02), too much for call 2's 600 s.
-# T_PRECOMPILE (280 s: with ~100 s of machine start and call 2's ~540 s, the ~1070 s of
-# device time left) caps it; whatever it compiled stays cached for call 2.
+# 139 s cold on the MoE set alone (measured 2026-12-02). T_PRECOMPILE (default 280 s) caps
+# it; whatever it compiled stays cached for stage 2.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out20}
+# shellcheck source=bench/gpu_bundle_enter.sh
+. bench/gpu_bundle_enter.sh
+OUT=${OUT:-/tmp/muond-step-bench}
 mkdir -p "$OUT" /tmp/peer /tmp/site
 L=$OUT/stage.log
 t0=$SECONDS

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Issue 18's GPU checks, one device call (bench/results/gpu_h200_issue18.md). Results under
-# $OUT. Expects the bundle of main (deploy/bundle.sh, tarred) at dist/b18.tar.xz.
+# The torchrun main job on one GPU, with the checks around it: the bundle's GPU tests, the
+# main job (deploy/local/launch.py --device cuda) in the fsdp and ddp layouts, exactness vs
+# torch.optim.Muon and the drop-in bench (bench/results/gpu_h200_main_job.md).
+# Usage, from the repository root on a GPU host (results under $OUT):
+#   bench/gpu_main_job.sh
+# with deploy/bundle.sh's bundle, tarred, at dist/muond-bundle.tar.xz (BUNDLE=... for another
+# path).
 set -u
-export NCCL_NVLS_ENABLE=0
-mkdir -p /tmp/b && tar -xJf dist/b18.tar.xz -C /tmp/b && B=$(ls -d /tmp/b/*/ | head -1)
-B=${B%/}
-cp $B/client/python/muond/v1/*_pb2*.py client/python/muond/v1/
-. $B/env.sh
+OUT=${OUT:-/tmp/muond-main-job}
+mkdir -p "$OUT"
+S=$OUT/summary.log
+# shellcheck source=bench/gpu_bundle_enter.sh
+. bench/gpu_bundle_enter.sh
+use_bundle "${BUNDLE:-dist/muond-bundle.tar.xz}" /tmp/muond-bundle
 export PYTHONPATH=$PWD/client/python
 export MUOND_BIN=$B/bin
 nvidia-smi --query-gpu=name,driver_version --format=csv > $OUT/gpu.txt
