@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA backend: cuBLAS GEMMs (cublasGemmEx / cublasGemmStridedBatchedEx;
 // highest = fp32 compute, high = TF32 tensor cores, medium = bf16 operands
-// with fp32 accumulation) and muond's kernels (core/backend/cuda_kernels.cu).
+// with fp32 accumulation) and muond's kernels (core/backend/cuda_kernels.h).
 //
 // One backend instance = one device, one non-blocking CUDA stream, one cuBLAS
 // handle bound to that stream with a 64 MiB workspace set once at creation
