@@ -1,4 +1,4 @@
-// A refused registration round reaches every rank at once (issue 18): the
+// A refused registration round reaches every rank at once: the
 // real CoordinatorService on a Unix socket and two daemons' real
 // GrpcCoordinatorLinks. Rank 0 publishes first; rank 1's manifest disagrees
 // (another full shape) and its publish is refused; rank 0's plan stream
