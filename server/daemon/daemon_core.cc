@@ -1,38 +1,19 @@
 #include "server/daemon/daemon_core.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <cstdint>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "core/common/echo.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
-#include "google/protobuf/util/json_util.h"
-#include "nlohmann/json.hpp"
 #include "server/common/ns_load.h"
 #include "server/common/operator_id.h"
-#include "server/common/proto_convert.h"
-#include "server/common/safetensors.h"
 #include "server/daemon/plan_binding.h"
 #include "server/daemon/step_request.h"
 
 namespace muond {
-namespace {
-
-// Collective failures: a transport error or timeout of Gloo/NCCL, or a
-// communicator that an earlier failure aborted (core/comm/communicator.h).
-bool IsCommunicationFailure(const absl::Status& st) {
-  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
-         absl::IsAborted(st);
-}
-
-}  // namespace
 
 DaemonCore::DaemonCore(DaemonConfig config,
                        std::unique_ptr<HandleOpener> opener,
@@ -448,13 +429,8 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
   last_response_ = response;
   ++steps_done_;
   if (config_.log_every > 0 && steps_done_ % config_.log_every == 0) {
-    LOG(INFO) << "step " << request.step_id() << ": total "
-              << result->timings.total_us << " us (momentum "
-              << result->timings.momentum_us << ", a2a "
-              << result->timings.a2a_fwd_us + result->timings.a2a_bwd_us
-              << ", ns " << result->timings.ns_us << ", update "
-              << result->timings.update_us << "), plan v"
-              << active_plan_version_;
+    LOG(INFO) << StepLogLine(request.step_id(), result->timings,
+                             active_plan_version_);
   }
   link_->ReportTimings(
       TimingsReportOf(config_.job_id, config_.rank, response, *result));
@@ -463,32 +439,17 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
 
 absl::Status DaemonCore::CommunicationFailure(int64_t step_id,
                                               const absl::Status& st) {
-  // A timeout is a hung or stopped peer (it may still be alive): say so
-  // instead of calling it gone.
-  const bool timeout = absl::IsDeadlineExceeded(st);
   // After a timeout the coordinator has had a whole comm timeout to notice
   // a dead peer: one look, no polling (a hung peer never shows up dead, and
   // polling would add its seconds to every stalled step).
   const std::string peers = link_->DescribeDeadPeers(
-      timeout ? absl::ZeroDuration() : absl::Seconds(3));
-  const std::string what =
-      timeout ? "a peer daemon did not answer in time (hung or stopped)"
-              : "a peer daemon is gone";
+      absl::IsDeadlineExceeded(st) ? absl::ZeroDuration() : absl::Seconds(3));
+  PeerFailure failure = DescribePeerFailure(step_id, st, peers);
   {
     absl::MutexLock lock(&mu_);
-    comm_failure_ = absl::StrCat(
-        "communicators unusable after step ", step_id, " failed: ", what,
-        peers.empty() ? "" : ": ", peers, " (", st.message(),
-        "); re-register the params on every rank, then load the last "
-        "checkpoint on every rank (muonctl load)");
+    comm_failure_ = std::move(failure.health);
   }
-  return WithErrorReason(
-      absl::UnavailableError(absl::StrCat(
-          "step ", step_id, " failed: ", what, peers.empty() ? "" : ": ", peers,
-          " (", st.message(),
-          "); nothing of it was applied on this rank; re-register the params "
-          "on every rank (or restart the job's daemons) and LoadState")),
-      ErrorReason::kPeerGone, {{"step_id", absl::StrCat(step_id)}});
+  return failure.status;
 }
 
 v1::GetStatusResponse DaemonCore::Status() {

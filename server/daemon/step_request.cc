@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/echo.h"
+#include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "core/plan/plan_history.h"
 #include "server/common/proto_convert.h"
@@ -113,6 +114,42 @@ v1::ReportTimingsRequest TimingsReportOf(const std::string& job_id, int rank,
     *report.add_shapes() = ToProto(s);
   }
   return report;
+}
+
+std::string StepLogLine(int64_t step_id, const PhaseTimings& timings,
+                        int64_t plan_version) {
+  return absl::StrCat("step ", step_id, ": total ", timings.total_us,
+                      " us (momentum ", timings.momentum_us, ", a2a ",
+                      timings.a2a_fwd_us + timings.a2a_bwd_us, ", ns ",
+                      timings.ns_us, ", update ", timings.update_us,
+                      "), plan v", plan_version);
+}
+
+bool IsCommunicationFailure(const absl::Status& st) {
+  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
+         absl::IsAborted(st);
+}
+
+PeerFailure DescribePeerFailure(int64_t step_id, const absl::Status& st,
+                                const std::string& peers) {
+  const std::string what =
+      absl::IsDeadlineExceeded(st)
+          ? "a peer daemon did not answer in time (hung or stopped)"
+          : "a peer daemon is gone";
+  PeerFailure failure;
+  failure.health = absl::StrCat(
+      "communicators unusable after step ", step_id, " failed: ", what,
+      peers.empty() ? "" : ": ", peers, " (", st.message(),
+      "); re-register the params on every rank, then load the last "
+      "checkpoint on every rank (muonctl load)");
+  failure.status = WithErrorReason(
+      absl::UnavailableError(absl::StrCat(
+          "step ", step_id, " failed: ", what, peers.empty() ? "" : ": ", peers,
+          " (", st.message(),
+          "); nothing of it was applied on this rank; re-register the params "
+          "on every rank (or restart the job's daemons) and LoadState")),
+      ErrorReason::kPeerGone, {{"step_id", absl::StrCat(step_id)}});
+  return failure;
 }
 
 }  // namespace muond

@@ -63,4 +63,26 @@ v1::ReportTimingsRequest TimingsReportOf(const std::string& job_id, int rank,
                                          const v1::StepResponse& response,
                                          const StepResult& result);
 
+// The daemon's periodic log line of a step: its phase times and the plan
+// version it ran under.
+std::string StepLogLine(int64_t step_id, const PhaseTimings& timings,
+                        int64_t plan_version);
+
+// Collective failures: a transport error or timeout of Gloo/NCCL, or a
+// communicator that an earlier failure aborted (core/comm/communicator.h).
+bool IsCommunicationFailure(const absl::Status& st);
+
+// A step whose collectives failed, as DaemonCore reports it: `health`, what
+// Health says from now on (the communicators are unusable), and `status`,
+// the step's UNAVAILABLE answer with ErrorReason PEER_GONE. Both name the
+// peers (`peers`, the coordinator's view; empty when unknown) and say what to
+// do. A timeout (DEADLINE_EXCEEDED) is a hung or stopped peer, which may
+// still be alive: said so instead of calling it gone.
+struct PeerFailure {
+  std::string health;
+  absl::Status status;
+};
+PeerFailure DescribePeerFailure(int64_t step_id, const absl::Status& st,
+                                const std::string& peers);
+
 }  // namespace muond
