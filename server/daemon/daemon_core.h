@@ -208,11 +208,11 @@ class DaemonCore : private DaemonStateOwner {
   // ImportState pulls chunks from `read` (false: end of stream) into a copy
   // of the current state (so memory is bounded by the registered state's
   // size) and applies it only when the whole stream is valid
-  // (ImportChunks says the rules; InvalidArgument naming the entry and the
-  // rule otherwise, and nothing changes). With a transaction_id it is staged
-  // as a LoadState PREPARE (the rank's one pending transaction) and applied
-  // by LoadState{phase: COMMIT, transaction_id}. After it, the next step id
-  // accepted is header.step_id + 1 (-1: any, as after registration), so
+  // (StateAssembler, state_stream.h, says the rules; InvalidArgument naming the
+  // entry and the rule otherwise, and nothing changes). With a transaction_id
+  // it is staged as a LoadState PREPARE (the rank's one pending transaction)
+  // and applied by LoadState{phase: COMMIT, transaction_id}. After it, the next
+  // step id accepted is header.step_id + 1 (-1: any, as after registration), so
   // header.step_id is at most kMaxRestoredStepId. Aborted, naming the step
   // ids, when a step ran on this rank between the header and the end of the
   // stream (applying it would roll this rank back while its peers stepped).
