@@ -1,4 +1,4 @@
-// Multi-process system test (issue 6): muond-coordinator + 4 muond daemons
+// Multi-process system test: muond-coordinator + 4 muond daemons
 // (2x2 domain, host mode, Gloo) + 4 trainer processes using the C++ client.
 // The trainers check their shards bitwise against the single-process
 // reference after 3 steps; rank 0 issues a Rebalance with another cost table
@@ -108,7 +108,7 @@ void RunFourDaemonsFourTrainers(const std::string& precision,
   std::vector<pid_t> trainers;
   for (int r = 0; r < 4; ++r) {
     trainers.push_back(Spawn(
-        {Runfile("tests/server/system_trainer"),
+        {Runfile("tests/server/daemon/system_trainer"),
          "--daemon=unix://" + sockets[r], "--coordinator=" + coordinator,
          "--job=" + job, absl::StrCat("--rank=", r), "--precision=" + precision,
          "--second_precision=" + second_precision,
@@ -166,7 +166,7 @@ int CudaDeviceNodes() {
   return n;
 }
 
-// Issue 9's full system: one muond and one trainer process per GPU, the
+// The full system on GPUs: one muond and one trainer process per GPU, the
 // trainers' shards in device memory handed over by CUDA IPC, NCCL between
 // the daemons; bitwise the single-GPU reference, with a rebalance.
 TEST(SystemCudaTest, FourGpusFourTrainersBitwiseWithRebalance) {

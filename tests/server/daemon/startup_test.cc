@@ -5,8 +5,8 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -67,7 +67,8 @@ int RunToExit(const std::vector<std::string>& args, std::string* out) {
 
 TEST(Startup, HelpListsOwnFlagsAndExitsZero) {
   std::string out;
-  EXPECT_EQ(RunToExit({Runfile("server/daemon/muond-daemon"), "--help"}, &out), 0);
+  EXPECT_EQ(RunToExit({Runfile("server/daemon/muond-daemon"), "--help"}, &out),
+            0);
   EXPECT_THAT(out, HasSubstr("usage: muond"));
   EXPECT_THAT(out, HasSubstr("--world_size"));
   EXPECT_THAT(out, Not(HasSubstr("No flags matched")));
@@ -83,8 +84,8 @@ TEST(Startup, HelpListsOwnFlagsAndExitsZero) {
 TEST(Startup, FlagErrorsArePrecise) {
   std::string out;
   EXPECT_EQ(
-      RunToExit({Runfile("server/daemon/muond-daemon"), "--rank=5", "--world_size=2",
-                 "--job_id=j", "--coordinator=127.0.0.1:1"},
+      RunToExit({Runfile("server/daemon/muond-daemon"), "--rank=5",
+                 "--world_size=2", "--job_id=j", "--coordinator=127.0.0.1:1"},
                 &out),
       2);
   EXPECT_THAT(out, HasSubstr("--rank=5 must be in [0, --world_size=2)"));
@@ -134,16 +135,16 @@ TEST(Startup, CommTimeoutAndJobIdAreCheckedAtStartup) {
 TEST(Startup, MissingDeviceFailsBeforeJoining) {
   std::string out;
   EXPECT_EQ(
-      RunToExit({Runfile("server/daemon/muond-daemon"), "--device=10000", "--rank=0",
-                 "--world_size=1", "--job_id=j", "--coordinator=127.0.0.1:1",
-                 "--coordinator_timeout_s=600"},
+      RunToExit({Runfile("server/daemon/muond-daemon"), "--device=10000",
+                 "--rank=0", "--world_size=1", "--job_id=j",
+                 "--coordinator=127.0.0.1:1", "--coordinator_timeout_s=600"},
                 &out),
       1);
   EXPECT_THAT(out, HasSubstr("--device=10000"));
   EXPECT_THAT(out, Not(HasSubstr("serving on")));
 }
 
-// Issue 16 (point 11): bind() of a path longer than sockaddr_un holds
+// A socket path too long: bind() of a path longer than sockaddr_un holds
 // failed as "address in use?"; refused at startup naming the flag, the
 // length and the limit.
 TEST(Startup, OverlongSocketPathIsRefusedNamingTheLimit) {
@@ -264,16 +265,16 @@ TEST(Startup, MetricsPortEqualToListenPortNamesMetricsPort) {
   close(fd);
   const std::vector<std::vector<std::string>> servers = {
       {Runfile("server/coordinator/muond-coordinator"), listen, metrics},
-      {Runfile("server/daemon/muond-daemon"), "--host", "--job_id=j", "--rank=0",
-       "--world_size=1", "--coordinator=127.0.0.1:1",
+      {Runfile("server/daemon/muond-daemon"), "--host", "--job_id=j",
+       "--rank=0", "--world_size=1", "--coordinator=127.0.0.1:1",
        "--coordinator_timeout_s=1", "--token_file=" + token_file, listen,
        metrics}};
   for (const std::vector<std::string>& args : servers) {
     std::string out;
     EXPECT_EQ(RunToExit(args, &out), 1) << out;
-    EXPECT_THAT(out, HasSubstr(absl::StrCat("cannot serve metrics on 127.0.0.1:",
-                                            port,
-                                            " (--metrics_address/--metrics_port)")))
+    EXPECT_THAT(
+        out, HasSubstr(absl::StrCat("cannot serve metrics on 127.0.0.1:", port,
+                                    " (--metrics_address/--metrics_port)")))
         << args[0];
     EXPECT_THAT(out, HasSubstr("in use")) << args[0];
     EXPECT_THAT(out, Not(HasSubstr("cannot listen on"))) << args[0];

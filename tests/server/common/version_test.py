@@ -9,7 +9,7 @@ import unittest
 
 import muond
 
-RUNFILES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+RUNFILES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 class VersionTest(unittest.TestCase):

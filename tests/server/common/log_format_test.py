@@ -23,7 +23,7 @@ import unittest
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REPO = os.path.abspath(os.path.join(_HERE, "..", ".."))
+_REPO = os.path.abspath(os.path.join(_HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(_REPO, "tests", "client", "python", "contract"))
 from cluster import Cluster, find_binaries  # noqa: E402
 from muond.torch import Muon  # noqa: E402

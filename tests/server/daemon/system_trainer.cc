@@ -13,7 +13,7 @@
 // With --device=N the shards live on CUDA device N (copies of the shm
 // buffers, registered by CUDA IPC; the daemon runs on the same GPU) and the
 // reference runs on the CUDA backend, so the comparison stays bitwise: the
-// multi-GPU full system of issue 9 (system_cuda_test).
+// multi-GPU full system (system_cuda_test).
 // Exit 0 = all checks passed; messages on stderr otherwise.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// Issue 16 (points 10, 11): group hyperparameters a client sends explicitly
+// Group hyperparameters a client sends explicitly
 // are validated as given (unset = the core default, set = checked), bounded
 // by core/muon/bounds.h, and eps values are checked in fp32, the precision
 // the kernels use them in.
@@ -98,7 +98,7 @@ TEST(GroupOptions, EpsIsValidatedAsAFloat32AndEchoedAsGiven) {
   EXPECT_TRUE(AdamWOptionsFromProto(a).ok());
 }
 
-// Issue 20: the Gram NS fields travel to NsOptions; unset ones keep the
+// The Gram NS fields travel to NsOptions; unset ones keep the
 // defaults; bad values are refused naming the group, the field and the rule.
 TEST(GroupOptions, GramFieldsReachNsOptions) {
   absl::StatusOr<MuonOptions> d = MuonOptionsFromProto(MuonGroup());
@@ -154,12 +154,13 @@ TEST(GroupOptions, BadGramFieldsAreRefused) {
               HasSubstr("group 'g': gram_dtype: value 9 is not one of"));
 }
 
-// Issue 20's hostile test: 1e300 is finite as sent but inf as a float32;
+// A value finite as sent but not as a float32: 1e300 is inf as a float32;
 // named as out of the fp32 range with the value as sent, not "non-finite".
 TEST(GroupOptions, CustomCoefficientOutsideFloat32IsNamed) {
   v1::ParamGroup g = MuonGroup();
   g.mutable_muon()->set_coefficient_type(v1::COEFFICIENT_TYPE_CUSTOM);
-  for (double v : {1.0, 1e300, 0.0}) g.mutable_muon()->add_custom_coefficients(v);
+  for (double v : {1.0, 1e300, 0.0})
+    g.mutable_muon()->add_custom_coefficients(v);
   g.mutable_muon()->set_num_ns_steps(1);
   const absl::Status st = MuonOptionsFromProto(g).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;

@@ -87,7 +87,7 @@ TEST(CheckCudaDeviceIndex, NoDeviceAndOutOfRange) {
 
 TEST(ServerHelp, ListsOnlyTheBinarysFlags) {
   std::ostringstream out;
-  PrintServerHelp(out, "usage: x", {"tests/server/cli_test"});
+  PrintServerHelp(out, "usage: x", {"tests/server/common/cli_test"});
   EXPECT_EQ(out.str(),
             "usage: x\n\nFlags:\n  --cli_test_flag (default: 7)\n"
             "      A flag of this test file\n");

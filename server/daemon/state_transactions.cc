@@ -1,5 +1,6 @@
-// DaemonCore::SaveState / LoadState (daemon_core.h says the rules; the file's
-// are server/daemon/state_file.h and server/common/safetensors.h).
+#include "server/daemon/state_transactions.h"
+
+#include <memory>
 #include <type_traits>
 #include <utility>
 
@@ -10,18 +11,9 @@
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
 #include "server/common/operator_id.h"
-#include "server/daemon/daemon_core.h"
 #include "server/daemon/state_stream.h"
 
 namespace muond {
-
-struct DaemonCore::StateSnapshot {
-  std::shared_ptr<Registration> registration;
-  uint64_t generation = 0;
-  StateTensors state;
-  StateFileInfo info;
-  int64_t steps_done = 0;
-};
 
 namespace {
 
@@ -75,21 +67,33 @@ absl::Status NoSuchTransaction(const char* what, const std::string& id) {
 
 }  // namespace
 
-absl::Status DaemonCore::CheckStateAccess(const std::string& job_id,
-                                          const std::string& client_id,
-                                          const char* rpc) const {
-  if (job_id != config_.job_id) {
+StateTransactions::StateTransactions(StateTransactionOptions options,
+                                     absl::Mutex* op_mu, absl::Mutex* mu,
+                                     DaemonStateOwner* owner)
+    : options_(std::move(options)), op_mu_(op_mu), mu_(mu), owner_(owner) {}
+
+StateTransactions::~StateTransactions() {
+  absl::MutexLock lock(mu_);
+  if (pending_save_) AbortSafetensors(pending_save_->file);  // its temp file
+}
+
+absl::Status StateTransactions::CheckStateAccess(const std::string& job_id,
+                                                 const std::string& client_id,
+                                                 const char* rpc) const {
+  if (job_id != options_.job_id) {
     return absl::InvalidArgumentError(absl::StrCat("job_id: '", job_id,
                                                    "' but this daemon serves '",
-                                                   config_.job_id, "'"));
+                                                   options_.job_id, "'"));
   }
-  if (engine_ == nullptr || registration_ == nullptr) {
+  const std::shared_ptr<Registration> registration =
+      owner_->EngineRegistration();
+  if (registration == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(rpc,
                      " before the step engine exists (register params "
                      "and wait for the plan)"));
   }
-  if (client_id != registration_->client_id && client_id != kOperatorClientId) {
+  if (client_id != registration->client_id && client_id != kOperatorClientId) {
     return absl::PermissionDeniedError(
         absl::StrCat(rpc, ": client_id '", client_id.substr(0, 128),
                      "' neither owns the params nor is the operator ('",
@@ -98,7 +102,8 @@ absl::Status DaemonCore::CheckStateAccess(const std::string& job_id,
   return absl::OkStatus();
 }
 
-absl::Status DaemonCore::ClaimPendingSlot(const std::string& transaction_id) {
+absl::Status StateTransactions::ClaimPendingSlot(
+    const std::string& transaction_id) {
   if (!pending_save_ && !staged_load_) return absl::OkStatus();
   const char* kind = pending_save_ ? "save" : "load";
   const std::string& pending_id = pending_save_ ? pending_save_->transaction_id
@@ -107,13 +112,13 @@ absl::Status DaemonCore::ClaimPendingSlot(const std::string& transaction_id) {
       absl::Now() -
       (pending_save_ ? pending_save_->prepared_at : staged_load_->prepared_at);
   if (pending_id != transaction_id &&
-      age < config_.pending_transaction_max_age) {
+      age < options_.pending_transaction_max_age) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "transaction_id '", transaction_id, "': rank ", config_.rank,
+        "transaction_id '", transaction_id, "': rank ", options_.rank,
         " has the ", kind, " of transaction '", pending_id,
         "' pending (prepared ", FormatAge(age),
         " ago); one transaction at a time: wait for its COMMIT/ABORT, or ",
-        absl::FormatDuration(config_.pending_transaction_max_age),
+        absl::FormatDuration(options_.pending_transaction_max_age),
         " after its PREPARE when it is dropped as stale"));
   }
   if (pending_id != transaction_id) {
@@ -128,7 +133,7 @@ absl::Status DaemonCore::ClaimPendingSlot(const std::string& transaction_id) {
   return absl::OkStatus();
 }
 
-void DaemonCore::DropPendingOfOldRegistration() {
+void StateTransactions::DropPendingOfOldRegistration() {
   if (!pending_save_ && !staged_load_) return;
   LOG(WARNING) << "dropping the pending " << (pending_save_ ? "save" : "load")
                << " of transaction "
@@ -140,23 +145,16 @@ void DaemonCore::DropPendingOfOldRegistration() {
   staged_load_.reset();
 }
 
-absl::StatusOr<DaemonCore::StateSnapshot> DaemonCore::Snapshot(
+absl::StatusOr<StateSnapshot> StateTransactions::Snapshot(
     const std::string& job_id, const std::string& client_id, const char* rpc) {
   // op_mu_: no step is half-way through the state being copied.
-  absl::MutexLock op(&op_mu_);
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock op(op_mu_);
+  absl::MutexLock lock(mu_);
   RETURN_IF_ERROR(CheckStateAccess(job_id, client_id, rpc));
-  StateSnapshot s;
-  ASSIGN_OR_RETURN(s.state, engine_->muon->ExportState());
-  s.registration = registration_;
-  s.generation = registration_generation_;
-  s.info = {config_.job_id, config_.rank, last_step_id_.value_or(-1),
-            active_plan_version_};
-  s.steps_done = steps_done_;
-  return s;
+  return owner_->CopyState();
 }
 
-absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
+absl::StatusOr<v1::SaveStateResponse> StateTransactions::SaveState(
     const v1::SaveStateRequest& request,
     const std::function<bool()>& cancelled) {
   RETURN_IF_ERROR(CheckRequest(request));
@@ -168,7 +166,7 @@ absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
   if (prepare) {
     // Refused before the file is written; checked again below (a PREPARE
     // racing this one).
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(mu_);
     RETURN_IF_ERROR(
         CheckStateAccess(request.job_id(), request.client_id(), "SaveState"));
     RETURN_IF_ERROR(ClaimPendingSlot(request.transaction_id()));
@@ -187,7 +185,7 @@ absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
   response.set_bytes(prepared.bytes);
   response.set_step_id(snap.info.step_id);
   if (prepare) {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(mu_);
     if (absl::Status st = ClaimPendingSlot(request.transaction_id());
         !st.ok()) {
       AbortSafetensors(prepared);
@@ -207,11 +205,11 @@ absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
   return response;
 }
 
-absl::StatusOr<v1::SaveStateResponse> DaemonCore::CommitOrAbortSave(
+absl::StatusOr<v1::SaveStateResponse> StateTransactions::CommitOrAbortSave(
     const v1::SaveStateRequest& request) {
   std::optional<PendingSave> pending;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(mu_);
     RETURN_IF_ERROR(
         CheckStateAccess(request.job_id(), request.client_id(), "SaveState"));
     if (pending_save_ &&
@@ -235,12 +233,12 @@ absl::StatusOr<v1::SaveStateResponse> DaemonCore::CommitOrAbortSave(
   return response;
 }
 
-absl::StatusOr<DaemonCore::StagedLoad> DaemonCore::ReadAndValidate(
-    const v1::LoadStateRequest& request,
-    const std::function<bool()>& cancelled) {
+absl::StatusOr<StateTransactions::StagedLoad>
+StateTransactions::ReadAndValidate(const v1::LoadStateRequest& request,
+                                   const std::function<bool()>& cancelled) {
   {
     // Refuse strangers before touching their file.
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(mu_);
     RETURN_IF_ERROR(
         CheckStateAccess(request.job_id(), request.client_id(), "LoadState"));
   }
@@ -253,7 +251,8 @@ absl::StatusOr<DaemonCore::StagedLoad> DaemonCore::ReadAndValidate(
   ASSIGN_OR_RETURN(
       LoadedState loaded,
       StateFromFile(request.path(), std::move(file), *snap.registration,
-                    snap.state, config_.job_id, kMaxRestoredStepId));
+                    snap.state, options_.job_id,
+                    options_.max_restored_step_id));
   StagedLoad staged;
   staged.transaction_id = request.transaction_id();
   staged.generation = snap.generation;
@@ -262,24 +261,17 @@ absl::StatusOr<DaemonCore::StagedLoad> DaemonCore::ReadAndValidate(
   return staged;
 }
 
-absl::Status DaemonCore::Apply(StagedLoad& staged) {
-  if (registration_generation_ != staged.generation || engine_ == nullptr) {
+absl::Status StateTransactions::Apply(StagedLoad& staged) {
+  if (owner_->RegistrationGeneration() != staged.generation ||
+      owner_->EngineRegistration() == nullptr) {
     return absl::FailedPreconditionError(
         "LoadState: the params were re-registered since the file was read; "
         "load again");
   }
-  RETURN_IF_ERROR(engine_->muon->ImportState(staged.state));
-  if (staged.step_id >= 0) {
-    last_step_id_ = staged.step_id;
-    last_response_ = v1::StepResponse();
-    last_response_.set_step_id(staged.step_id);
-  } else {
-    last_step_id_.reset();
-  }
-  return absl::OkStatus();
+  return owner_->RestoreState(staged.state, staged.step_id);
 }
 
-absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
+absl::StatusOr<v1::LoadStateResponse> StateTransactions::LoadState(
     const v1::LoadStateRequest& request,
     const std::function<bool()>& cancelled) {
   RETURN_IF_ERROR(CheckRequest(request));
@@ -290,7 +282,7 @@ absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
   const bool prepare = request.phase() == v1::STATE_PHASE_PREPARE;
   if (prepare) {
     // Refused before the file is read; checked again below.
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(mu_);
     RETURN_IF_ERROR(
         CheckStateAccess(request.job_id(), request.client_id(), "LoadState"));
     RETURN_IF_ERROR(ClaimPendingSlot(request.transaction_id()));
@@ -298,13 +290,13 @@ absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
   ASSIGN_OR_RETURN(StagedLoad staged, ReadAndValidate(request, cancelled));
   v1::LoadStateResponse response;
   response.set_step_id(staged.step_id);
-  response.set_job_id(config_.job_id);
+  response.set_job_id(options_.job_id);
   const size_t tensors = staged.state.size();
-  absl::MutexLock op(&op_mu_);
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock op(op_mu_);
+  absl::MutexLock lock(mu_);
   if (prepare) {
     RETURN_IF_ERROR(ClaimPendingSlot(request.transaction_id()));
-    staged.steps_done = steps_done_;
+    staged.steps_done = owner_->StepsDone();
     staged.prepared_at = absl::Now();
     staged_load_ = std::move(staged);
     LOG(INFO) << "prepared the load of " << tensors << " state tensors from "
@@ -318,16 +310,16 @@ absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
   return response;
 }
 
-absl::StatusOr<v1::LoadStateResponse> DaemonCore::CommitOrAbortLoad(
+absl::StatusOr<v1::LoadStateResponse> StateTransactions::CommitOrAbortLoad(
     const v1::LoadStateRequest& request) {
-  absl::MutexLock op(&op_mu_);
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock op(op_mu_);
+  absl::MutexLock lock(mu_);
   RETURN_IF_ERROR(
       CheckStateAccess(request.job_id(), request.client_id(), "LoadState"));
   const bool ours =
       staged_load_ && staged_load_->transaction_id == request.transaction_id();
   v1::LoadStateResponse response;
-  response.set_job_id(config_.job_id);
+  response.set_job_id(options_.job_id);
   if (request.phase() == v1::STATE_PHASE_ABORT) {
     if (ours) staged_load_.reset();
     return response;
@@ -335,7 +327,7 @@ absl::StatusOr<v1::LoadStateResponse> DaemonCore::CommitOrAbortLoad(
   if (!ours) return NoSuchTransaction("load", request.transaction_id());
   StagedLoad staged = *std::move(staged_load_);
   staged_load_.reset();
-  if (staged.steps_done != steps_done_) {
+  if (staged.steps_done != owner_->StepsDone()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "LoadState COMMIT: a step ran since the PREPARE of transaction '",
         request.transaction_id(), "'; pause the trainers and load again"));
@@ -347,8 +339,8 @@ absl::StatusOr<v1::LoadStateResponse> DaemonCore::CommitOrAbortLoad(
   return response;
 }
 
-absl::Status DaemonCore::TakeStreamSlot(bool import) {
-  absl::MutexLock lock(&mu_);
+absl::Status StateTransactions::TakeStreamSlot(bool import) {
+  absl::MutexLock lock(mu_);
   int& in_flight = import ? imports_in_flight_ : exports_in_flight_;
   const int limit = import ? kMaxImportStreams : kMaxExportStreams;
   if (in_flight >= limit) {
@@ -361,12 +353,12 @@ absl::Status DaemonCore::TakeStreamSlot(bool import) {
   return absl::OkStatus();
 }
 
-void DaemonCore::ReturnStreamSlot(bool import) {
-  absl::MutexLock lock(&mu_);
+void StateTransactions::ReturnStreamSlot(bool import) {
+  absl::MutexLock lock(mu_);
   --(import ? imports_in_flight_ : exports_in_flight_);
 }
 
-absl::Status DaemonCore::ExportState(
+absl::Status StateTransactions::ExportState(
     const v1::ExportStateRequest& request,
     const std::function<bool(const v1::StateChunk&)>& write) {
   RETURN_IF_ERROR(TakeStreamSlot(/*import=*/false));
@@ -385,7 +377,7 @@ absl::Status DaemonCore::ExportState(
   // Streamed without the locks: steps go on while the trainer reads.
   v1::StateChunk first;
   v1::StateHeader* header = first.mutable_header();
-  header->set_job_id(config_.job_id);
+  header->set_job_id(options_.job_id);
   header->set_client_id(asked.client_id());
   header->set_step_id(snap.info.step_id);
   header->set_max_chunk_bytes(chunk_bytes);
@@ -399,7 +391,7 @@ absl::Status DaemonCore::ExportState(
   return absl::OkStatus();
 }
 
-struct DaemonCore::ImportTarget {
+struct StateTransactions::ImportTarget {
   StagedLoad staged;  // the current state's copy, to be overwritten
   std::shared_ptr<Registration> registration;
   // The rank's steps when the header arrived (a step since: refused).
@@ -407,17 +399,19 @@ struct DaemonCore::ImportTarget {
   int64_t last_step_id = -1;
 };
 
-absl::StatusOr<DaemonCore::ImportTarget> DaemonCore::StartImport(
+absl::StatusOr<StateTransactions::ImportTarget> StateTransactions::StartImport(
     const v1::StateHeader& header) {
   RETURN_IF_ERROR(CheckTransactionId(header.transaction_id()));
-  if (header.step_id() < -1 || header.step_id() > kMaxRestoredStepId) {
+  if (header.step_id() < -1 ||
+      header.step_id() > options_.max_restored_step_id) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "step_id: ", header.step_id(), " is not in [-1, ", kMaxRestoredStepId,
+        "step_id: ", header.step_id(), " is not in [-1, ",
+        options_.max_restored_step_id,
         "] (the next step, step_id + 1, must be a valid step id)"));
   }
   if (!header.transaction_id().empty()) {
     // Refused before the data is read; claimed again when staging.
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(mu_);
     RETURN_IF_ERROR(
         CheckStateAccess(header.job_id(), header.client_id(), "ImportState"));
     RETURN_IF_ERROR(ClaimPendingSlot(header.transaction_id()));
@@ -436,7 +430,7 @@ absl::StatusOr<DaemonCore::ImportTarget> DaemonCore::StartImport(
   return target;
 }
 
-absl::StatusOr<v1::ImportStateResponse> DaemonCore::ImportState(
+absl::StatusOr<v1::ImportStateResponse> StateTransactions::ImportState(
     const std::function<bool(v1::StateChunk*)>& read,
     const std::function<bool()>& cancelled) {
   RETURN_IF_ERROR(TakeStreamSlot(/*import=*/true));
@@ -444,7 +438,7 @@ absl::StatusOr<v1::ImportStateResponse> DaemonCore::ImportState(
   return ImportStream(read, cancelled);
 }
 
-absl::StatusOr<v1::ImportStateResponse> DaemonCore::ImportStream(
+absl::StatusOr<v1::ImportStateResponse> StateTransactions::ImportStream(
     const std::function<bool(v1::StateChunk*)>& read,
     const std::function<bool()>& cancelled) {
   v1::StateChunk chunk;
@@ -470,27 +464,27 @@ absl::StatusOr<v1::ImportStateResponse> DaemonCore::ImportStream(
   return FinishImport(header, std::move(target));
 }
 
-absl::StatusOr<v1::ImportStateResponse> DaemonCore::FinishImport(
+absl::StatusOr<v1::ImportStateResponse> StateTransactions::FinishImport(
     const v1::StateHeader& header, ImportTarget target) {
   StagedLoad& staged = target.staged;
   v1::ImportStateResponse response;
   response.set_step_id(staged.step_id);
   response.set_num_entries(int64_t(staged.state.size()));
-  absl::MutexLock op(&op_mu_);
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock op(op_mu_);
+  absl::MutexLock lock(mu_);
   // The trainer's state is from before the header; applying it after a step
   // would roll this rank back while its peers keep that step (as a LoadState
   // COMMIT after a step is refused).
-  if (steps_done_ != target.steps_done) {
+  if (owner_->StepsDone() != target.steps_done) {
     return absl::AbortedError(absl::StrCat(
         "ImportState: a step ran on this rank while the stream was sent (last "
         "step_id ",
-        target.last_step_id, " at the header, ", last_step_id_.value_or(-1),
+        target.last_step_id, " at the header, ", owner_->LastStepId(),
         " now); nothing was imported; pause the trainers and import again"));
   }
   if (!header.transaction_id().empty()) {
     RETURN_IF_ERROR(ClaimPendingSlot(header.transaction_id()));
-    staged.steps_done = steps_done_;
+    staged.steps_done = owner_->StepsDone();
     staged.prepared_at = absl::Now();
     staged_load_ = std::move(staged);
     LOG(INFO) << "staged the import of " << response.num_entries()

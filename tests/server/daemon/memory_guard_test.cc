@@ -1,4 +1,4 @@
-// Issue 16 (points 3 and 11), the pure rules of memory registration:
+// The pure rules of memory registration:
 // aliasing (view_overlap), shm names, other users' objects, shrunk objects
 // (RecheckMemory), bounded names and echoes, quoted dtypes. The
 // multi-process cases (a real muond-daemon) are in tests/reliability/
