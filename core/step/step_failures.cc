@@ -6,11 +6,6 @@
 
 namespace muond {
 
-bool IsCommunicationFailure(const absl::Status& st) {
-  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
-         absl::IsAborted(st);
-}
-
 absl::Status DidNotJoin(const absl::Status& st, const std::string& who,
                         int64_t step_id, const std::string& phase,
                         absl::Duration waited) {

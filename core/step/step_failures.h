@@ -12,10 +12,6 @@
 
 namespace muond {
 
-// Collective failures: a transport error or timeout, or a communicator that
-// an earlier failure aborted (core/comm/communicator.h).
-bool IsCommunicationFailure(const absl::Status& st);
-
 // A collective of `phase` that timed out: a rank never arrived. Says who
 // (`who`), which step and phase and how long this rank waited, keeping the
 // code (DeadlineExceeded: the daemon answers PEER_GONE) and the transport's

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "core/comm/communicator.h"
 #include "core/common/echo.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"

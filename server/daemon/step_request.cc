@@ -125,11 +125,6 @@ std::string StepLogLine(int64_t step_id, const PhaseTimings& timings,
                       "), plan v", plan_version);
 }
 
-bool IsCommunicationFailure(const absl::Status& st) {
-  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
-         absl::IsAborted(st);
-}
-
 PeerFailure DescribePeerFailure(int64_t step_id, const absl::Status& st,
                                 const std::string& peers) {
   const std::string what =

@@ -68,10 +68,6 @@ v1::ReportTimingsRequest TimingsReportOf(const std::string& job_id, int rank,
 std::string StepLogLine(int64_t step_id, const PhaseTimings& timings,
                         int64_t plan_version);
 
-// Collective failures: a transport error or timeout of Gloo/NCCL, or a
-// communicator that an earlier failure aborted (core/comm/communicator.h).
-bool IsCommunicationFailure(const absl::Status& st);
-
 // A step whose collectives failed, as DaemonCore reports it: `health`, what
 // Health says from now on (the communicators are unusable), and `status`,
 // the step's UNAVAILABLE answer with ErrorReason PEER_GONE. Both name the
