@@ -82,7 +82,7 @@ v1::StepTimings ToProto(const PhaseTimings& timings);
 // GroupOverride. No check here: ParseOverrides (server/daemon/step_request.h)
 // refuses an unknown group and a group named twice (before this map would
 // keep the later one); the engine's CheckStepOverrides
-// (core/step/layer_sharded_muon.h) is the one home of the value rules (known
+// (core/step/step_overrides.h) is the one home of the value rules (known
 // group, the field's algorithm, bounds).
 StepOverrides FromProto(
     const google::protobuf::RepeatedPtrField<v1::GroupOverride>& overrides);
