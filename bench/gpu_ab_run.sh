@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call comparing two bundles (deploy/bundle.sh) side by side on the
+# Compares two bundles (deploy/bundle.sh) side by side on the
 # same GPU: e.g. the commit before a behaviour-preserving refactor (A) and
 # after it (B). Runs B's GPU tests and the exactness check, then each step
 # benchmark (bench/gpu_step_bench.py) for A, B, B, A (so drift over the call
@@ -7,9 +7,10 @@
 # table rows in $OUT/ab.txt. Usage (repository root on the GPU machine):
 #   bench/gpu_ab_run.sh A.tar.xz B.tar.xz [tests|steps|all]
 set -uo pipefail
+# shellcheck source=bench/gpu_bundle_enter.sh
+. bench/gpu_bundle_enter.sh
 a=$(realpath "$1"); b=$(realpath "$2"); mode=${3:-all}
 R=$(pwd); out=${OUT:-/tmp/ab-out}; mkdir -p "$out"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 unpack() {  # TARBALL NAME -> /tmp/NAME-bundle/muond-bundle (whatever the tarball's top folder)
   rm -rf "/tmp/$2-bundle" "/tmp/$2-x" && mkdir -p "/tmp/$2-x" &&
     tar -xJf "$1" -C "/tmp/$2-x" || exit 1

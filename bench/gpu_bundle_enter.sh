@@ -1,5 +1,12 @@
 # shellcheck shell=bash
-# Sourced by bench/gpu_*.sh from the repository root on the GPU machine.
+# The one GPU setup of the bench/gpu_*.sh scripts, sourced from the repository
+# root on the GPU host: the environment every GPU run uses, the bundle
+# (deploy/bundle.sh) unpacked and entered, and capped, timed parts.
+#
+# NVLink multicast (NVLS) off, as every committed result was measured: not every
+# GPU host supports it. Unbuffered Python so that a part's log holds every line
+# up to a kill at its cap.
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 #
 # `enter_bundle TARBALL NAME` sets R (the repository root) and out ($OUT, or
 # /tmp/NAME-out), unpacks the bundle (deploy/bundle.sh) into /tmp/NAME-bundle

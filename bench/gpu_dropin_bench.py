@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The drop-in comparison of issue 17: a user replaces ``torch.optim.Muon(ps,
+"""The drop-in comparison: a user replaces ``torch.optim.Muon(ps,
 **args)`` by ``muond.torch.Muon(ps, **args, daemons=..., job_id=...)`` with the
 SAME arguments (so muond's defaults: fp32_matmul_prec "medium", torch's
 coefficients and scale) and keeps the usual loop:

@@ -1,4 +1,4 @@
-"""Issue 21's GPU check of `muond launch` (bench/gpu_issue21.sh): one torchrun rank on CUDA.
+"""The GPU check of `muond launch` (bench/gpu_launch_cuda.sh): one torchrun rank on CUDA.
 
 Trains a small MLP's matrices with muond.torch.Muon (its daemon found from the environment
 `muond launch` exports; CUDA IPC handles) and, side by side in this process, a copy with

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 9 on a machine with several GPUs (nvidia-h200-x2,
-# -x4, -x8): unpack the bundle (deploy/bundle.sh), then
+# Multi-GPU correctness and scaling on one host with several GPUs: unpack the bundle (deploy/bundle.sh), then
 #   1. the multi-GPU correctness tests, one process per GPU over NCCL:
 #      layer_sharded_step_cuda_test (1xN, Nx1, 2x(N/2) domains, uneven homes,
 #      late plans, duplicated path, dead peer; bitwise vs the single-GPU
@@ -12,12 +11,11 @@
 #      step engine vs the duplicated path vs a raw NCCL all_to_allv of the
 #      same bytes, per-phase medians, slowest rank / mean, NS speedup.
 # Logs and the markdown table under $OUT. Usage (repository root on the GPU
-# machine; NCCL's NVLink multicast stays off, as the machine's notes require):
+# host; NCCL's NVLink multicast stays off: NCCL_NVLS_ENABLE=0):
 #   bench/gpu_multigpu_run.sh BUNDLE.tar.xz [MANIFEST=llama3_8b] [LAYERS=4] [PRECISION=medium]
 set -uo pipefail
 tarball=$1; manifest=${2:-llama3_8b}; layers=${3:-4}; precision=${4:-medium}
 . bench/gpu_bundle_enter.sh && enter_bundle "$tarball" multigpu
-export NCCL_NVLS_ENABLE=0
 gpus=$(nvidia-smi -L | wc -l)
 echo "== $gpus GPUs" | tee "$out/summary.txt"
 nvidia-smi topo -m > "$out/topo.txt" 2>&1

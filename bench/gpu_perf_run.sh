@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the NS/step performance work (issue 8, Speed): unpack
+# The NS and step performance runs on one GPU: unpack
 # the bundle, run the GPU tests and the exactness check, then the NS and step
 # benchmarks, logs under $OUT. Usage (repository root on the GPU machine):
 #   bench/gpu_perf_run.sh BUNDLE.tar.xz [quick|steps|verify|final|syrk]
@@ -15,7 +15,6 @@
 set -uo pipefail
 tarball=$1; mode=${2:-full}
 . bench/gpu_bundle_enter.sh && enter_bundle "$tarball" perf
-export PYTHONUNBUFFERED=1
 # One step benchmark: MANIFEST LAYERS REPS ROUNDS NS_BATCH SYRK(0|1) NAME;
 # logs $out/NAME.log and .md, prints the breakdown and the table rows.
 step_run() {

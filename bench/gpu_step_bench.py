@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One Muon optimizer step over shape sets on one GPU, every contender in one process and
-run (issues 8 and 20), fp32 params and grads, median of --reps steps, --rounds rounds:
+run, fp32 params and grads, median of --reps steps, --rounds rounds:
 
   torch        torch.optim.Muon on identical copies of the params and grads;
   peer_a       gram-newton-schulz 0.1.6's Muon (Dao-AILab; CuTe DSL kernels from
@@ -29,7 +29,7 @@ first step is timed apart ("first step s") and it is warmed up until two steps a
 3%. Its two NS objects live for the whole process, so later sets reuse their compiled code.
 Also: the Step RPC round trip with (almost) no work, one 8x8 param: p50/p99 us.
 
-Per set: each column's ms, the ratios that decide issue 20, and per column the effective NS
+Per set: each column's ms, the target ratios (GOALS), and per column the effective NS
 TFLOP/s (standard-NS FLOPs 5 (4 m^2 n + 2 m^3) / time, the same numerator for everyone) and
 the fraction of the FLOP ceiling of the algorithm the column actually runs
 (ideal_ns_flops: symmetric products at half price / time / 989 TFLOP/s, the H200's dense
@@ -52,6 +52,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from gpu_step_flops import (default_gram_min_aspect, default_gram_restarts,  # noqa: E402,F401
+                            ideal_ns_flops, standard_ns_flops)
 
 SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-7, ns_steps=5)
 TORCH_COEFFICIENTS = (3.4445, -4.775, 2.0315)
@@ -62,90 +66,11 @@ TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "peer_b": "peer (b) defaults", "inproc_std": "muond in-process std",
           "inproc_gram": "muond in-process gram", "daemon_std": "muond daemon std",
           "daemon_gram": "muond daemon gram"}
-# Issue 20's goals, muond gram through the daemon: x faster than (peer a, peer b, torch).
+# Speed targets, muond gram through the daemon: x faster than (peer a, peer b, torch).
 GOALS = {"llama3_8b": (1.1, 1.1, 1.9), "qwen3_1_7b": (1.1, 1.1, 1.8),
          "qwen3_30b_a3b": (1.3, 1.3, 7.0)}
 # name: (layers, muond ns_batch_size) as measured best in bench/results/gpu_h200.md.
 SET_DEFAULTS = {"llama3_8b": (4, 4), "qwen3_1_7b": (28, 28), "qwen3_30b_a3b": (1, 256)}
-
-
-# ---------------------------------------------------------------------------- FLOP model
-def standard_ns_flops(shape, steps: int = 5) -> float:
-    """Standard NS as plain GEMMs (issue 4's count), X s x L with s = the short side:
-    per iteration A = X X^T (2 s^2 L), A^2 (2 s^3), B X (2 s^2 L)."""
-    s, big = min(shape), max(shape)
-    return steps * (4 * s * s * big + 2 * s ** 3)
-
-
-def ideal_ns_flops(shape, algorithm: str, restarts=(), steps: int = 5,
-                   min_aspect: float | None = 1.0) -> float:
-    """FLOPs of the NS a column runs on one matrix, every symmetric product at half price
-    (one triangle), the ceiling a symmetric kernel can reach. s = short side, L = long side.
-
-    standard, per iteration: X X^T  s^2 L (symmetric); A^2  s^3 (symmetric);
-      B X  2 s^2 L  ->  steps (3 s^2 L + s^3).
-    gram (the iteration of docs/ARCHITECTURE.md and core/muon/gram_newton_schulz.h):
-      R = X X^T once: s^2 L; the final X = Q X: 2 s^2 L;
-      each restart r (0 < r < steps): X = Q X (2 s^2 L) and R = X X^T (s^2 L);
-      each iteration i: Z = b R + c R^2: s^3;
-        Q = Q Z + a Q unless i == 0 or i is a restart (Q = Z + a I, no product): s^3;
-        unless i is the last or i + 1 a restart, RZ = R Z + a R and R = Z RZ + a RZ: 2 s^3
-        (products of commuting symmetric matrices: symmetric).
-      (= GramNewtonSchulz::IdealFlopsPerMatrix, core/muon/gram_newton_schulz.cc.)
-      With 5 steps and one restart (at 2 or at 3): 6 s^2 L + 14 s^3, against 15 s^2 L +
-      5 s^3 for standard: Gram wins when L/s is large, and square matrices stay on
-      standard NS (gram applies only where L > s and L / s >= min_aspect).
-    """
-    s, big = min(shape), max(shape)
-    if min_aspect is None:  # muond's size-aware default
-        min_aspect = default_gram_min_aspect(s)
-    if algorithm == "standard" or big == s or big / s < min_aspect:
-        return steps * (3 * s * s * big + s ** 3)
-    assert algorithm == "gram", algorithm
-    rs = set(restarts)
-    sl = s * s * big
-    flops = sl + 2 * sl  # R = X X^T, final X = Q X
-    for i in range(steps):
-        if i != 0 and i in rs:
-            flops += 3 * sl
-        flops += s ** 3  # Z
-        if i != 0 and i not in rs:
-            flops += s ** 3  # Q Z + a Q
-        if i < steps - 1 and (i + 1) not in rs:
-            flops += 2 * s ** 3  # RZ, R
-    return flops
-
-
-def default_gram_restarts(gram_dtype: str, coefficients: str = "kSimple", steps: int = 5):
-    """muond's default Gram restarts (DefaultGramRestarts) for this bench's NS (the simple
-    set x 5 under medium, iterating in gram_dtype), read from its one home, the table in
-    core/muon/coefficients.cc; None if the row is not found."""
-    try:
-        text = open(os.path.join(ROOT, "core/muon/coefficients.cc")).read()
-    except OSError:
-        return None
-    dtype = {"fp16": "kFloat16", "bf16": "kBFloat16", "fp32": "kFloat32"}[gram_dtype]
-    m = re.search(r"\{CoefficientType::" + coefficients + r",\s*" + str(steps) +
-                  r",\s*DType::" + dtype + r",\s*\{([0-9,\s]*)\}\}", text)
-    return None if m is None else [int(x) for x in m.group(1).split(",") if x.strip()]
-
-
-def default_gram_min_aspect(short_side: int) -> float:
-    """muond's measured default threshold for a short side, read from its one home (the
-    C++ header, DefaultGramMinAspectRatio): the small-side value below the size bound."""
-    try:
-        text = open(os.path.join(ROOT, "core/muon/gram_newton_schulz.h")).read()
-    except OSError:
-        return 1.0
-    def const(name):
-        m = re.search(name + r"\s*=\s*([0-9.]+)", text)
-        return float(m.group(1)) if m else None
-    big = const(r"kDefaultGramMinAspectRatio")
-    small = const(r"kDefaultGramMinAspectRatioSmall")
-    below = const(r"kGramSmallShortSideBelow")
-    if big is None:
-        return 1.0
-    return small if small is not None and below is not None and short_side < below else big
 
 
 # ---------------------------------------------------------------------------- shapes

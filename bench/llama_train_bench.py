@@ -52,15 +52,12 @@ bench/llama_train_report.py merges several JSONs into one table.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import importlib.metadata
-import json
 import os
 import statistics
 import sys
 import time
-from types import SimpleNamespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHAR_GPT = os.path.join(os.path.dirname(HERE), "examples", "char_gpt")
@@ -68,19 +65,17 @@ sys.path[:0] = [HERE, CHAR_GPT]
 
 from llama.model import PRESETS, LlamaConfig  # noqa: E402
 from llama_train_report import run_stem  # noqa: E402
+from llama.optimizers import (RedundantTorchMuon, build_muond,  # noqa: E402
+                              build_muonium, hyperparameters, import_muonium,
+                              optimizer_notes)
+from llama.run_report import OPTIMIZERS, ratios, write_outputs  # noqa: E402
 from options import LAYOUTS, TWO_D, dp_size, tp_size  # noqa: E402  (char_gpt, no torch)
 
-OPTIMIZERS = ("muond", "torch", "muonium")
 # Per data-parallel rank: (sequences, tokens per sequence). 1b: 4 x 2048 fits
 # one H200 at world 1 with fp32 params, bf16 autocast and no activation
 # checkpointing: measured trainer peaks 46 / 68 / 57 GiB with muond / torch
-# (full replicas) / muonium (bench/results/gpu_h200_issue19.md).
+# (full replicas) / muonium (bench/results/gpu_h200_llama_train.md).
 BATCH_DEFAULTS = {"1b": (4, 2048), "tiny": (4, 32)}
-ADAMW_EPS = 1e-8
-# Newton-Schulz's normalisation eps, X / (||X|| + eps): torch.optim.Muon's and
-# muonium's default, passed to muond too (train_dist.build_optimizer's own is
-# 1e-15, the char-GPT reference's).
-NS_EPS = 1e-7
 
 
 def at_least(low: int, why: str = ""):
@@ -251,7 +246,7 @@ def check_environment(args) -> str:
     if args.muonium_path and not os.path.isdir(args.muonium_path):
         # Checked on every device (on CPU muonium is skipped, so a typo would
         # surface only on the GPU machine). Unused without muonium: a wrapper
-        # (bench/gpu_issue19.sh) may pass it whether or not the wheel came along.
+        # (bench/gpu_multigpu_jobs.sh) may pass it whether or not the wheel came along.
         if "muonium" in args.optimizers:
             return (f"--muonium-path {args.muonium_path}: no such directory (the unpacked "
                     "muonium wheel: bench/README.md), or drop muonium from --optimizers")
@@ -274,13 +269,6 @@ def check_environment(args) -> str:
     return ""
 
 
-def import_muonium(args):
-    if args.muonium_path and args.muonium_path not in sys.path:
-        sys.path.insert(0, args.muonium_path)
-    import muonium
-    return muonium
-
-
 def skip_reason(name: str, device) -> str:
     """Why optimizer `name` cannot run on `device` ('' if it can)."""
     return MUONIUM_CPU_NOTE if name == "muonium" and device.type == "cpu" else ""
@@ -289,146 +277,6 @@ def skip_reason(name: str, device) -> str:
 MUONIUM_CPU_NOTE = ("skipped on CPU: muonium 0.2.0's Newton-Schulz always runs its Triton Gram "
                     "kernel (muonium/kernels/gram.py asserts CUDA tensors), so it cannot step "
                     "CPU params")
-
-
-# ---------------------------------------------------------------- optimizers
-
-def unwrap(model):
-    return model.module if hasattr(model, "module") else model
-
-
-def build_muond(model, args):
-    """train_dist.build_optimizer with torch.optim.Muon's math (simple
-    coefficients, `original` = shape_scaling x 1 lr scale)."""
-    import train_dist
-    ns = SimpleNamespace(lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
-                         ns_steps=args.ns_steps, adamw_lr=args.adamw_lr, betas=args.betas,
-                         adamw_weight_decay=args.adamw_weight_decay,
-                         coefficient_type="simple", scale_mode="shape_scaling",
-                         extra_scale_factor=1.0, fp32_matmul_prec=args.muond_ns_precision,
-                         ns_algorithm="standard", gram_dtype="fp16", gram_restarts=None,
-                         wait_healthy=args.wait_healthy)
-    return train_dist.build_optimizer(model, ns, eps=NS_EPS)
-
-
-@contextlib.contextmanager
-def fp32_newton_schulz():
-    """torch.optim.Muon with its NS in fp32: its one bf16 cast (grad.bfloat16()
-    in _zeropower_via_newtonschulz) returns an fp32 copy instead, as
-    tests/client/python/contract/common.py runs it."""
-    import torch
-    original = torch.Tensor.bfloat16
-    torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
-    try:
-        yield
-    finally:
-        torch.Tensor.bfloat16 = original
-
-
-class RedundantTorchMuon:
-    """torch.optim.Muon in every process, as a user runs it on a sharded model
-    today: every rank orthogonalizes every matrix."""
-
-    def __init__(self, model, args):
-        import torch
-        from torch.distributed.tensor import DTensor
-        muon, adamw = unwrap(model).param_groups()
-        self.params = [p for _, p in muon + adamw]
-        self.sharded = []  # (DTensor param, its full plain replica)
-        plain = []
-        for _, p in muon:  # the same order on every rank: full_tensor is a collective
-            if isinstance(p, DTensor):
-                replica = torch.nn.Parameter(p.full_tensor().detach().clone())
-                self.sharded.append((p, replica))
-                plain.append(replica)
-            else:
-                plain.append(p)
-        self.muon = torch.optim.Muon(plain, lr=args.lr, weight_decay=args.weight_decay,
-                                     momentum=args.momentum, nesterov=True,
-                                     ns_steps=args.ns_steps, eps=NS_EPS,
-                                     adjust_lr_fn="original")
-        self.adamw = torch.optim.AdamW([p for _, p in adamw], lr=args.adamw_lr,
-                                       betas=tuple(args.betas), eps=ADAMW_EPS,
-                                       weight_decay=args.adamw_weight_decay)
-        self.fp32_ns = args.torch_ns_precision == "fp32"
-
-    def zero_grad(self):
-        for p in self.params:
-            p.grad = None
-        for _, replica in self.sharded:
-            replica.grad = None
-
-    def step(self):
-        import torch
-        from torch.distributed.tensor import DTensor, Replicate
-        with torch.no_grad():
-            for p, replica in self.sharded:
-                replica.grad = p.grad.full_tensor()
-            with fp32_newton_schulz() if self.fp32_ns else contextlib.nullcontext():
-                self.muon.step()
-            self.adamw.step()
-            for p, replica in self.sharded:
-                mesh = p.device_mesh
-                full = DTensor.from_local(replica.detach(), mesh, [Replicate()] * mesh.ndim,
-                                          run_check=False)
-                # Replicate -> the param's placements: each rank keeps its chunk.
-                p.to_local().copy_(full.redistribute(mesh, p.placements).to_local())
-
-    def close(self):
-        pass
-
-
-def build_muonium(model, args):
-    muonium = import_muonium(args)
-    muon, adamw = unwrap(model).param_groups()
-    return muonium.Muon(
-        [{"params": [p for _, p in muon]},  # "muon" is the default algorithm
-         {"params": [p for _, p in adamw], "algorithm": "adamw", "lr": args.adamw_lr,
-          "wd": args.adamw_weight_decay}],
-        lr=args.lr, wd=args.weight_decay, use_cautious_wd=False, momentum=args.momentum,
-        nesterov=True, ns_steps=args.ns_steps, orthogonalization_strategy="newton_schulz",
-        adam_betas=tuple(args.betas), adam_eps=ADAMW_EPS, is_adamw=True)
-
-
-def optimizer_notes(args) -> dict[str, str]:
-    prec = {"medium": "bf16", "high": "TF32", "highest": "fp32"}[args.muond_ns_precision]
-    return {
-        "muond": f"muond.torch.Muon, {prec} NS (fp32_matmul_prec={args.muond_ns_precision}), "
-                 "layer-sharded over the job's daemons; AdamW in the daemons",
-        "torch": f"torch.optim.Muon ({args.torch_ns_precision} NS) in every process on full "
-                 "replicas of sharded matrices (grads gathered by full_tensor); torch.optim.AdamW",
-        "muonium": "muonium.Muon 0.2.0, newton_schulz (bf16, Triton Gram kernel, "
-                   "torch.compile), plain wd; its own differences: momentum M = mu M + G "
-                   "(torch: EMA, equal after NS's normalisation), weight decay scaled by "
-                   "lr x the shape ratio (torch: by lr)",
-    }
-
-
-MUON_KEYS = ("lr", "momentum", "nesterov", "weight_decay", "ns_steps", "eps")
-ADAMW_KEYS = ("lr", "betas", "eps", "weight_decay")
-
-
-def hyperparameters(opt) -> dict:
-    """The Muon and AdamW groups' values as the built optimizer holds them (the
-    first group of each kind; muonium names weight decay `wd` and has no NS eps
-    in its groups: its Newton-Schulz fixes 1e-7)."""
-    if isinstance(opt, RedundantTorchMuon):
-        groups = [("muon", opt.muon.param_groups[0]), ("adamw", opt.adamw.param_groups[0])]
-    else:  # muond: "algorithm"; muonium: "use_muon" (and "algorithm")
-        groups = [("adamw" if g.get("algorithm") in ("adamw", "adam")
-                   or g.get("use_muon") is False else "muon", g) for g in opt.param_groups]
-
-    def plain(v):
-        if hasattr(v, "item"):  # muonium keeps lr as a tensor
-            return v.item()
-        return list(v) if isinstance(v, tuple) else v
-    out = {}
-    for kind, g in groups:
-        if kind not in out:
-            keys = MUON_KEYS if kind == "muon" else ADAMW_KEYS
-            g = {("weight_decay" if k == "wd" else k): v for k, v in g.items()}
-            out[kind] = {k: plain(g[k]) for k in keys if k in g}
-    return out
 
 
 # ---------------------------------------------------------------- the run
@@ -598,153 +446,6 @@ def param_diff(mine: dict, ref: dict, init: dict, device) -> dict:
             "reference_min_change": min(v[1] for v in per.values()),
             "measure": "max over tensors of ||mine - torch||_F / ||torch||_F",
             "per_tensor": {k: {"rel_diff": d, "ref_change": c} for k, (d, c) in per.items()}}
-
-
-# ---------------------------------------------------------------- the report
-
-def ratio(a, b):
-    return a / b if a and b else None
-
-
-def ratios(results: dict) -> dict:
-    r = {n: results.get(n) for n in OPTIMIZERS}
-    tps = {n: (v or {}).get("tokens_per_s") for n, v in r.items()}
-    opt = {n: (v or {}).get("opt_step_ms") for n, v in r.items()}
-    return {"tokens_per_s_muond_over_torch": ratio(tps["muond"], tps["torch"]),
-            "tokens_per_s_muond_over_muonium": ratio(tps["muond"], tps["muonium"]),
-            "opt_ms_torch_over_muond": ratio(opt["torch"], opt["muond"]),
-            "opt_ms_muonium_over_muond": ratio(opt["muonium"], opt["muond"])}
-
-
-def fmt(v, spec=".2f", suffix=""):
-    return "-" if v is None else f"{v:{spec}}{suffix}"
-
-
-def gib(v) -> str:
-    """GiB with two decimals, three significant digits below 1 (tiny model)."""
-    return "-" if v is None else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
-
-
-def markdown(report: dict) -> str:
-    c, lay = report["config"], report["layout"]
-    m = report["model"]
-    check = report.get("params_muond_vs_torch") or {}
-    headline = []
-    if check.get("verdict") == "MISMATCH":
-        headline = [f"**MISMATCH**: muond's final params differ from torch's by "
-                    f"{check['max_rel_diff']:.3e} ({check['worst']}) > --max-param-diff "
-                    f"{check['max_param_diff']:g}.", ""]
-    lines = [f"# Llama training step: {lay['parallel']}, {lay['world']} ranks "
-             f"({lay['device']}, {lay['backend']})", "", *headline, "```", report["command"],
-             "```", "",
-             f"- model `{c['model']}`: d_model {m['d_model']}, {m['layers']} layers, "
-             f"{m['heads']} heads / {m['kv_heads']} kv heads, ffn {m['ffn']}, vocab "
-             f"{m['vocab']}; {m['params']['total'] / 1e6:,.1f}M params "
-             f"({m['params']['block_matrices'] / 1e6:,.1f}M in block matrices -> Muon)",
-             f"- mesh {lay['mesh']}; data parallel {lay['dp_size']}, tensor parallel "
-             f"{lay['tp_size']}; {c['batch']} x {c['seq']} tokens per data-parallel rank, "
-             f"{report['tokens_per_step']:,} per step; "
-             f"{'bf16 autocast, ' if lay['device'] == 'cuda' else ''}fp32 params",
-             f"- Muon lr {c['lr']}, momentum {c['momentum']} (Nesterov), wd "
-             f"{c['weight_decay']}, {c['ns_steps']} NS steps; AdamW lr {c['adamw_lr']}, betas "
-             f"{tuple(c['betas'])}, wd {c['adamw_weight_decay']}; {c['warmup']} warm-up + "
-             f"{c['steps']} timed steps (median of the per-step max over ranks)", "",
-             "| optimizer | tokens/s | step ms | fwd+bwd ms | opt step ms | opt share "
-             "| loss first -> last | peak CUDA GiB, trainer | + muond daemon state "
-             "(+ exchange peak) GiB |", "|---|---|---|---|---|---|---|---|---|"]
-    for name in c["optimizers"]:
-        r = report["results"].get(name)
-        if r is None:
-            lines.append(f"| {name} | not run (below) ||||||||")
-            continue
-        daemon = "-"
-        if r.get("daemon_state_gib") is not None:
-            daemon = f"{gib(r['daemon_state_gib'])} (+{gib(r['daemon_transient_peak_gib'])})"
-            if r.get("peak_cuda_with_daemon_gib") is not None:
-                daemon += f" = {gib(r['peak_cuda_with_daemon_gib'])} per GPU"
-        lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | "
-                     f"{r['fwd_bwd_ms']:.1f} | {r['opt_step_ms']:.1f} | {r['opt_share']:.1%} | "
-                     f"{r['loss_first']:.4f} -> {r['loss_last']:.4f} | "
-                     f"{gib(r.get('peak_cuda_gib'))} | {daemon} |")
-    # A failed or skipped optimizer leaves its ratios out (None), never a KeyError
-    # that would hide the failure and the table.
-    q = ratios(report["results"])
-    lines += ["", "Ratios oriented so that > 1 means muond is faster:", "",
-              "| tokens/s muond ÷ torch | tokens/s muond ÷ muonium | opt ms torch ÷ muond "
-              "| opt ms muonium ÷ muond |", "|---|---|---|---|",
-              f"| {fmt(q['tokens_per_s_muond_over_torch'], '.3f')} | "
-              f"{fmt(q['tokens_per_s_muond_over_muonium'], '.3f')} | "
-              f"{fmt(q['opt_ms_torch_over_muond'], '.3f')} | "
-              f"{fmt(q['opt_ms_muonium_over_muond'], '.3f')} |", "",
-              "Peak CUDA memory is the trainer process's (max over ranks of "
-              "torch.cuda.max_memory_allocated). muond keeps its optimizer state in the daemon "
-              "process on the same GPU: its GetStatus state_bytes (momentum, AdamW moments) and "
-              "exchange-buffer peak are the last column, with the sum per GPU (an upper bound: "
-              "the peaks need not coincide; the daemon's staged momentum copy and NS workspace "
-              "are not in it). torch's and muonium's state is in the trainer's number.", ""]
-    for name, note in report["notes"].items():
-        if name in report["results"]:
-            lines.append(f"- {name}: {note}")
-    for name, why in report["skipped"].items():
-        if why.startswith("FAILED"):  # tracebacks (Dynamo's run to 30 lines) kept verbatim
-            lines += [f"- **{name} FAILED** (the rows above ran before it):", "", "```",
-                      why.removeprefix("FAILED: ").strip(), "```", ""]
-        else:
-            lines.append(f"- {name} not run: {why}")
-    for name in ("muond", "muonium"):
-        cmp = report.get(f"params_{name}_vs_torch")
-        if cmp:
-            moved = cmp.get("worst_ref_change")
-            lines += ["", f"Final params, {name} vs torch: max over tensors of ‖{name} − "
-                          f"torch‖ / ‖torch‖ = **{cmp['max_rel_diff']:.3e}** ({cmp['worst']}"
-                          + (f", which torch moved by {moved:.3e} of its norm from the init"
-                             if moved is not None else "") + ")"
-                          + (f"; the largest difference ÷ torch's movement of the same tensor "
-                             f"is {cmp['max_diff_over_change']:.3e} ({cmp['worst_by_ratio']})"
-                             if "max_diff_over_change" in cmp else "") + "."
-                          + verdict_text(cmp)]
-    muond = report["results"].get("muond")
-    if muond and muond.get("plan"):
-        plan = muond["plan"]
-        lines += ["", "## muond: Newton–Schulz load per rank (coordinator's plan)", ""]
-        if "error" in plan:
-            lines.append(f"(plan unavailable: {plan['error']})")
-        else:
-            load = plan["rank_load"]
-            total = sum(load) or 1.0
-            lines += ["| rank | mesh | plan NS load | share | daemon NS ms (median) | "
-                      "opt step ms (median) |", "|---|---|---|---|---|---|"]
-            for r in muond["ranks"]:
-                lines.append(f"| {r['rank']} | {r['mesh']} | {load[r['rank']]:.3g} | "
-                             f"{load[r['rank']] / total:.1%} | "
-                             f"{fmt(r.get('daemon_ns_ms_median'))} | "
-                             f"{r['opt_step_ms_median']:.2f} |")
-            lines += ["", f"Plan version {plan['version']}, groups {', '.join(plan['groups'])}; "
-                          f"an even split gives each rank {1 / len(load):.1%}."]
-    if lay["device"] == "cpu":
-        lines += ["", f"CPU run ({os.cpu_count()} cores shared by {lay['world']} trainers and "
-                      "their daemons): a check that the job runs, not a speed comparison."]
-    return "\n".join(lines) + "\n"
-
-
-def verdict_text(cmp: dict) -> str:
-    """' **MISMATCH** ...' / ' Within ...' when --max-param-diff checked it."""
-    if "verdict" not in cmp:
-        return ""
-    if cmp["verdict"] == "MISMATCH":
-        return f" **MISMATCH**: above --max-param-diff {cmp['max_param_diff']:g}."
-    return f" Within --max-param-diff {cmp['max_param_diff']:g}."
-
-
-def write_outputs(report: dict, out: str) -> str:
-    os.makedirs(out, exist_ok=True)
-    stem = os.path.join(out, run_stem(report["layout"]))
-    with open(stem + ".json", "w") as f:
-        json.dump(report, f, indent=1)
-    text = markdown(report)
-    with open(stem + ".md", "w") as f:
-        f.write(text)
-    return text
 
 
 def main(argv=None) -> int:

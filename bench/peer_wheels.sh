@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # Wheels of the peer that bench/gpu_step_bench.py races (gram-newton-schulz 0.1.6's Muon and
-# its kernels), for the GPU machine, which has no network (issue 20; bench/README.md).
+# its kernels), for a GPU host without network (bench/README.md).
 #
 #   bench/peer_wheels.sh DIR        e.g. bench/peer_wheels.sh .whl   (/.whl/ is gitignored)
 #
-# Writes two carry folders, each under a device call's 64 MiB limit with the working tree:
+# Writes two folders to copy to the GPU host, each under 64 MiB:
 #   DIR/p1/cu13.tar.xz  nvidia-cutlass-dsl-libs-cu13 4.5.2 unpacked and `xz -9e`'d (53 MB;
 #                       the wheel is 79 MB, over the limit with the tree). It holds every file
 #                       of nvidia-cutlass-dsl-libs-base 4.5.2 but its LICENSE and dist-info
 #                       (checked below), so libs-base is not carried.
 #   DIR/p2/*.whl        the small wheels: gram-newton-schulz, quack-kernels,
 #                       nvidia-cutlass-dsl (metadata only), apache-tvm-ffi, torch-c-dlpack-ext.
-# The device image already has torch 2.11, numpy, einops, typing-extensions and cuda-bindings
-# (the GPU machine's image); everything here is installed --no-deps.
+# The GPU host is expected to have torch 2.11, numpy, einops, typing-extensions and cuda-bindings
+# already; everything here is installed --no-deps.
 # Wheels already in $PEER_WHEEL_CACHE (default /tmp/whl) are reused, and so is its
 # cu13.tar.xz (compressing takes ~3.5 min on 2 cores).
-# On the device: bench/gpu_issue20_stage.sh (call 1, p1) then bench/gpu_issue20.sh (call 2, p2).
+# On the GPU host: bench/gpu_step_bench_peer_stage.sh (stage 1, p1 and p2) then
+# bench/gpu_step_bench_vs_peer.sh (stage 2).
 set -euo pipefail
 dir=${1:?usage: bench/peer_wheels.sh DIR}
 cache=${PEER_WHEEL_CACHE:-/tmp/whl}

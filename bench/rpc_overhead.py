@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-step overhead of the daemon path on the CPU (issue 8: "daemon path
+"""Per-step overhead of the daemon path on the CPU (goal: "daemon path
 within 1% of in-process", "Step RPC round trip with no work"): everything a
 step costs that is not optimizer math.
 

@@ -27,7 +27,7 @@ bazel=(bazel ${MUOND_BAZEL_OUTPUT_BASE:+--output_base=$MUOND_BAZEL_OUTPUT_BASE})
 opts=(-c opt --dynamic_mode=off --symlink_prefix=/)  # no bazel-* links
 # system_trainer: the trainer processes of the bundled system_cuda_test.
 targets=(//server/daemon:muond-daemon //server/coordinator:muond-coordinator
-         //tools/muonctl:muonctl //tests/server:system_trainer)
+         //tools/muonctl:muonctl //tests/server/daemon:system_trainer)
 mapfile -t gpu_tests < <("${bazel[@]}" query 'kind(cc_test, attr(tags, "gpu", tests(//tests/...)))' 2>/dev/null)
 mapfile -t bench_bins < <("${bazel[@]}" query 'kind(cc_binary, //bench/...)' 2>/dev/null)
 log=$(mktemp)

@@ -1,9 +1,25 @@
 #!/usr/bin/env bash
-# The README's test command: installs what is missing (deploy/setup.sh), then
-# runs every test with Bazel. GPU tests (tag `gpu`) run too and report
-# skipped where no CUDA device is present. Extra arguments go to `bazel test`.
+# The README's test command: installs what is missing (deploy/setup.sh), checks
+# that every test target under //tests/... carries exactly one level tag
+# (tests/common/check_test_levels.py; the offenders are named), then runs the
+# tests with Bazel. GPU tests (tag `gpu`) run too and report skipped where no
+# CUDA device is present.
+#   deploy/test.sh [--quick] [BAZEL_TEST_ARGS...]
+# --quick runs the unit level alone (`--test_tag_filters=unit`); other
+# arguments go to `bazel test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+args=()
+for a in "$@"; do
+  if [[ $a == --quick ]]; then quick=1; else args+=("$a"); fi
+done
 deploy/setup.sh
 mkdir -p out
-exec bazel test //... --build_event_json_file=out/test-events.json "$@"
+# A failed check must not leave an earlier run's results for .ci/run's summary.
+rm -f out/test-events.json
+python3 tests/common/check_test_levels.py //tests/...
+if ((quick)); then
+  args=(--test_tag_filters=unit "${args[@]}")
+fi
+exec bazel test //... --build_event_json_file=out/test-events.json "${args[@]}"

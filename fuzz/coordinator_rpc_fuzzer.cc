@@ -1,4 +1,4 @@
-// libFuzzer target: the coordinator's RPCs (issue 16).
+// libFuzzer target: the coordinator's RPCs (it trusts no request).
 //
 // The input is decoded (FuzzedDataProvider) into a short program of calls on
 // one in-process CoordinatorCore: Join, Leave, KvSet, KvGet, PublishManifest,

@@ -1,4 +1,4 @@
-// libFuzzer target: request validation and plan building (issue 10).
+// libFuzzer target: request validation and plan building.
 //
 // The input is a serialized v1::RegisterParamsRequest. It goes through the
 // daemon's validation (BuildRegistration, every region over a fake mapping of

@@ -37,8 +37,13 @@ FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined
        -fno-sanitize-recover=undefined -I. -I"$WORK/gen" -w)
 # The project sources each fuzzer needs (archived: each links what it uses).
 PLAN_SRCS=(server/common/proto_convert.cc server/common/job_id.cc server/common/ns_load.cc
-           server/common/metrics.cc server/coordinator/coordinator_core.cc
-           server/coordinator/coordinator_metrics.cc
+           server/common/metrics.cc
+           # The coordinator's job logic: every file but the gRPC layer.
+           server/coordinator/coordinator_core.cc server/coordinator/coordinator_metrics.cc
+           server/coordinator/coordinator_options.cc server/coordinator/job_planner.cc
+           server/coordinator/job_table.cc server/coordinator/kv_store.cc
+           server/coordinator/manifest_checks.cc server/coordinator/plan_delivery.cc
+           server/coordinator/rebalancer.cc server/coordinator/registration_rounds.cc
            core/plan/*.cc core/common/*.cc  # whole packages: a new file links without an edit here
            "$WORK/gen/muond/v1/muond.pb.cc")
 # Registration's own files; view_overlap.cc (aliasing checks) where present.

@@ -1,4 +1,4 @@
-// libFuzzer target: the state-file reader (issue 16).
+// libFuzzer target: the state-file reader (bounded, validated loads).
 //
 // The input is the content of a state file. It is written to a temporary
 // file and read with ReadSafetensors (the daemon's LoadState path). Nothing

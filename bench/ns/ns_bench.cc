@@ -2,7 +2,7 @@
 // measured side by side in one run (bench/README.md).
 //
 // For each shape (rows x cols, m = min, n = max) and precision:
-//   NS rate   = 5 * (4 m^2 n + 2 m^3) / t_ns          (issue 4's FLOP count)
+//   NS rate   = 5 * (4 m^2 n + 2 m^3) / t_ns          (standard NS FLOPs)
 //   GEMM rate = 2 m^2 n / t_gemm for C(m x n) = B(m x m) X(m x n), the
 //               dominant NS product, at the same precision and dtypes
 //   ratio     = NS rate / GEMM rate (1.0 = NS runs at GEMM speed)

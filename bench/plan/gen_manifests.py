@@ -1,5 +1,6 @@
 """Writes the param manifests under bench/manifests/ (full shapes, PyTorch
-(out, in) order). Shapes: /work/shared/reference/anchors-performance.md §6.
+(out, in) order). Shapes: the models' published configs (hidden size, FFN size,
+layers, attention and KV heads, head dim, experts) as the functions below spell them.
 Usage: python3 bench/plan/gen_manifests.py   (from the repository root)"""
 import json
 import os

@@ -1,4 +1,4 @@
-// Planning benchmark (issue 3): for each shipped manifest and a synthetic
+// Planning benchmark: for each shipped manifest and a synthetic
 // 100k-matrix MoE, at 8, 16 and 64 ranks, prints a markdown table of
 //   * planning time of PlanNsHomes (median of runs; goal <= 100 ms) and of one
 //     rank's BuildGroupExchangePlan,

@@ -1,4 +1,4 @@
-// Scaling benchmark of the layer-sharded step (issue 9): the optimizer step
+// Scaling benchmark of the layer-sharded step: the optimizer step
 // of a matrix set on N ranks, one process per rank (a GPU each with
 // --device=cuda and NCCL, or a host rank with Gloo for the CPU equivalent),
 // in an N x 1 domain: every matrix is GTP-sharded by rows over the N ranks.

@@ -100,8 +100,10 @@ struct LtPlan {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device)
-      : device_(device), name_(absl::StrCat("cuda:", device)) {}
+  CudaBackend(int device, const CudaBackendOptions& options)
+      : device_(device),
+        options_(options),
+        name_(absl::StrCat("cuda:", device)) {}
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
@@ -137,16 +139,12 @@ class CudaBackend final : public Backend {
         cublasSetWorkspace(handle_, cublas_workspace_, kCublasWorkspaceBytes),
         "cublasSetWorkspace"));
     RETURN_IF_ERROR(CublasStatus(cublasLtCreate(&lt_), "cublasLtCreate"));
-    // MUOND_CUBLAS_GEMMEX=1: the legacy cublasGemmEx path (plus a copy for
-    // a separate output), for A/B measurements.
-    const char* legacy = std::getenv("MUOND_CUBLAS_GEMMEX");
-    use_lt_ = legacy == nullptr || std::string(legacy) != "1";
-    // MUOND_CUDA_GRAPHS=0: RunGraph runs its work directly (debugging).
-    const char* graphs = std::getenv("MUOND_CUDA_GRAPHS");
-    graphs_on_ = graphs == nullptr || std::string(graphs) != "0";
-    if (const char* tune = std::getenv("MUOND_LT_AUTOTUNE")) {
-      autotune_ = std::max(0, std::min(32, std::atoi(tune)));
-    }
+    // cublas_gemmex: the legacy cublasGemmEx path (plus a copy for a
+    // separate output), for A/B measurements.
+    use_lt_ = !options_.cublas_gemmex;
+    // No cuda_graphs: RunGraph runs its work directly (debugging).
+    graphs_on_ = options_.cuda_graphs;
+    autotune_ = std::max(0, std::min(kMaxLtAutotune, options_.lt_autotune));
     RETURN_IF_ERROR(CudaStatus(
         cudaMalloc(&partials_, sizeof(double) * cuda_kernels::kNormPartials),
         "cudaMalloc"));
@@ -543,7 +541,7 @@ class CudaBackend final : public Backend {
   // Row-major D = op(A) op(B) is column-major D^T = op(B)^T op(A)^T, so the
   // column-major call takes b as its first operand. cublasLt with its own
   // heuristic pick per problem; cublasGemmEx (after a copy when d != c) when
-  // Lt offers no algorithm or MUOND_CUBLAS_GEMMEX=1.
+  // Lt offers no algorithm or CudaBackendOptions::cublas_gemmex.
   absl::Status Matmul(Op op_a, Op op_b, float alpha, const MatrixView& a,
                       int64_t sa, const MatrixView& b, int64_t sb, float beta,
                       const MatrixView& c, int64_t sc, const MatrixView& d,
@@ -703,7 +701,7 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  // MUOND_LT_AUTOTUNE=N (diagnostic, off by default: the pick would depend
+  // lt_autotune N (diagnostic, off by default: the pick would depend
   // on timings): times the heuristic's first N algorithms once (D is
   // separate from A, B, C, so re-running is harmless) and keeps the fastest.
   absl::Status Autotune(float alpha, float beta, const MatrixView& a,
@@ -774,6 +772,7 @@ class CudaBackend final : public Backend {
   int autotune_ = 0;
   std::map<std::array<int64_t, 20>, LtPlan> lt_plans_;
   int device_;
+  const CudaBackendOptions options_;
   // SmCount()'s cache: 0 = not queried yet, -1 = the query failed.
   mutable int sm_count_ = 0;
   std::string name_;
@@ -797,7 +796,8 @@ CudaGraphCounts GetCudaGraphCounts(const Backend& backend) {
   return cuda == nullptr ? CudaGraphCounts{} : cuda->graph_counts();
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
+    int device, const CudaBackendOptions& options) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     return absl::FailedPreconditionError(
@@ -807,7 +807,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
     return absl::FailedPreconditionError(absl::StrCat(
         "MakeCudaBackend: device must be in [0, ", count, "), got ", device));
   }
-  auto backend = std::make_unique<CudaBackend>(device);
+  auto backend = std::make_unique<CudaBackend>(device, options);
   RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

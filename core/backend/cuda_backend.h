@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA backend: cuBLAS GEMMs (cublasGemmEx / cublasGemmStridedBatchedEx;
 // highest = fp32 compute, high = TF32 tensor cores, medium = bf16 operands
-// with fp32 accumulation) and muond's kernels (core/backend/cuda_kernels.cu).
+// with fp32 accumulation) and muond's kernels (core/backend/cuda_kernels.h).
 //
 // One backend instance = one device, one non-blocking CUDA stream, one cuBLAS
 // handle bound to that stream with a 64 MiB workspace set once at creation
@@ -20,14 +20,16 @@
 // into a cudaGraphExec cached per key (the 64 most recently used; older ones
 // destroyed). Every call above is capturable (cuBLAS(Lt) runs on the
 // preallocated workspace) except Allocate/Free, the host copies
-// (CopyFromHost, CopyToHost), AllFinite, Synchronize and MUOND_LT_AUTOTUNE's
+// (CopyFromHost, CopyToHost), AllFinite, Synchronize and the lt_autotune
 // tuning. A capture that fails runs the work directly and marks its key not
-// capturable. MUOND_CUDA_GRAPHS=0 turns graphs off (RunGraph = work()).
+// capturable. CudaBackendOptions::cuda_graphs false turns graphs off
+// (RunGraph = work()).
 #include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "core/backend/backend.h"
+#include "core/backend/cuda_backend_options.h"
 
 namespace muond {
 
@@ -43,8 +45,10 @@ struct CudaGraphCounts {
 };
 CudaGraphCounts GetCudaGraphCounts(const Backend& backend);
 
+// A backend on CUDA device `device` with the switches of `options`.
 // Errors: FailedPrecondition when no device / `device` out of range, Internal
 // for CUDA or cuBLAS setup failures.
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
+    int device, const CudaBackendOptions& options = {});
 
 }  // namespace muond

@@ -32,6 +32,11 @@ absl::Status ValidateCounts(const char* param, absl::Span<const int64_t> counts,
 
 }  // namespace
 
+bool IsCommunicationFailure(const absl::Status& st) {
+  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
+         absl::IsAborted(st);
+}
+
 absl::Status ValidateRankAndSize(int rank, int size) {
   if (size < 1) {
     return absl::InvalidArgumentError(

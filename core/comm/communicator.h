@@ -92,6 +92,11 @@ class Communicator {
 // InvalidArgument unless 0 <= rank < size.
 absl::Status ValidateRankAndSize(int rank, int size);
 
+// A collective failure: a transport error or timeout of the communicator
+// (Unavailable, DeadlineExceeded), or a communicator that an earlier failure
+// aborted (Aborted). The engine and the daemon both classify by this one rule.
+bool IsCommunicationFailure(const absl::Status& st);
+
 // A group of one: copies send to recv with memcpy, talks to nobody. Host
 // memory. (The device counterpart is CreateNcclCommunicator with size 1.)
 class LocalCommunicator : public Communicator {

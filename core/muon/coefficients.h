@@ -5,7 +5,7 @@
 // Source: NVIDIA-NeMo/Emerging-Optimizers
 // emerging_optimizers/orthogonalized_optimizers/muon_utils.py
 // (_COEFFICIENT_SETS; "values rounded to closest representable in single
-// precision"), see /work/shared/reference/anchors-muon.md §0.1:
+// precision"; Emerging-Optimizers 0.3.0 on PyPI):
 //   simple         KellerJordan/Muon, torch.optim.Muon; 1 tuple, cycle
 //   quintic        leloykun / modded-nanogpt; 5 tuples, cycle (default)
 //   polar_express  arXiv 2505.16932, 1.01^degree safety factor included;

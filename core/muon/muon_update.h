@@ -58,7 +58,7 @@ struct MuonOptions {
   // Bounds: core/muon/bounds.h (the same for per-step overrides).
   double lr = 3e-4;            // in [0, kMaxLr]
   double momentum = 0.95;      // in [0, 1)
-  bool nesterov = false;       // EO default (PR #65); torch's is true
+  bool nesterov = false;       // Emerging-Optimizers' default; torch's is true
   double weight_decay = 0.01;  // in [0, kMaxWeightDecay]
   WeightDecayMethod weight_decay_method = WeightDecayMethod::kDecoupled;
   NsOptions ns;  // see newton_schulz.h

@@ -169,7 +169,7 @@ class NewtonSchulz {
   int64_t max_batch() const { return max_batch_; }
   const NsOptions& options() const { return options_; }
   // Standard NS's FLOPs: 2*m*m*n + 2*m^3 + 2*m*m*n per step (Gram, A^2,
-  // B X), times num_steps, whichever algorithm runs (the issue's "effective
+  // B X), times num_steps, whichever algorithm runs (the benchmarks' "effective
   // NS TFLOP/s" divides this by the time).
   double FlopsPerMatrix() const;
   // The FLOPs the algorithm that runs executes (FlopsPerMatrix for standard

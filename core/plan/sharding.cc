@@ -387,6 +387,29 @@ absl::StatusOr<int64_t> GtpLocalRows(const std::string& name,
   return padded / domain.gtp;
 }
 
+absl::StatusOr<int64_t> LocalLengthOf1d(const std::string& name,
+                                        int64_t full_length,
+                                        const ShardTags& tags,
+                                        DomainSize domain, int g) {
+  const bool tp =
+      tags.tensor_model_parallel && tags.partition_dim == 0 && domain.tp > 1;
+  const bool gtp = tags.is_gtp_weight_remat && domain.gtp > 1;
+  int64_t n = full_length;
+  if (tp) {
+    if (n % domain.tp != 0) {
+      return Invalid(name,
+                     absl::StrCat("full_shape ", ShapeStr({full_length}),
+                                  " not divisible by tp_size ", domain.tp));
+    }
+    n /= domain.tp;
+  }
+  if (!gtp) {
+    RETURN_IF_ERROR(CheckGtpRows(name, tags.gtp_rows, false, domain, -1));
+    return n;
+  }
+  return GtpLocalRows(name, n, tags.pad_length, tags.gtp_rows, domain, g);
+}
+
 std::vector<int64_t> TpLocalShape(const ParamShardSpec& spec,
                                   DomainSize domain) {
   std::vector<int64_t> shape = spec.local_shape;

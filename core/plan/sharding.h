@@ -129,6 +129,19 @@ absl::StatusOr<int64_t> GtpLocalRows(const std::string& name,
                                      const std::vector<int64_t>& gtp_rows,
                                      DomainSize domain, int g);
 
+// The length rank (g, t) holds of a 1-D tensor (an AdamW param: a bias, a
+// norm's weight) of full_length elements: the whole tensor, or a split along
+// dim 0 by TP (tensor_model_parallel with partition_dim 0 and T > 1: an equal
+// piece, full_length / T, which must divide) and then by GTP
+// (is_gtp_weight_remat and G > 1: GtpLocalRows of the TP piece, so
+// pad_length and gtp_rows count as for a matrix). A tensor that is not
+// GTP-split must not carry gtp_rows (CheckGtpRows). The 2-D rule is
+// MakeShardSpec's. InvalidArgument "param '<name>': ..." naming the rule.
+absl::StatusOr<int64_t> LocalLengthOf1d(const std::string& name,
+                                        int64_t full_length,
+                                        const ShardTags& tags,
+                                        DomainSize domain, int g);
+
 // The rows [start, start + rows) of the padded TP-local matrix that GTP rank
 // g holds: prefix sums of gtp_rows, or g * r and r = local_shape[0] for equal
 // blocks. (0, local_shape[0]) for a param that is not GTP-sharded.

@@ -70,8 +70,7 @@ absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
 // (fp16 65504, or fp32) with finite gradients; the built-in sets are bounded
 // (gram_spectra_test: sigma_max <= max p + 0.05), so they skip the check and
 // its sync. Skipped params (zero L_i) are not named.
-absl::Status CheckNsOutputsFinite(GroupState& group,
-                                  const MuonOptions& options,
+absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
                                   const std::set<std::string>& skip);
 
 // After the job's commit vote: the update of the params (L_i after

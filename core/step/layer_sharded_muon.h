@@ -47,8 +47,6 @@
 
 namespace muond {
 
-enum class Algorithm { kMuon, kAdamW };
-
 // One param of a group, as this rank holds it.
 struct ParamBinding {
   std::string name;
@@ -87,29 +85,6 @@ struct GroupConfig {
   DomainBinding domain;
   std::vector<ParamBinding> params;
 };
-
-// The same bounds as registration's hyperparameters (core/muon/bounds.h).
-inline constexpr double kMaxOverrideLr = kMaxLr;
-inline constexpr double kMaxOverrideWeightDecay = kMaxWeightDecay;
-
-// InvalidArgument naming the group, the field and the bound when an override
-// names no group of `groups` (name -> algorithm), sets a field of the other
-// algorithm, or is out of range.
-absl::Status CheckStepOverrides(const StepOverrides& overrides,
-                                const std::map<std::string, Algorithm>& groups);
-
-// InvalidArgument naming the first name of `skip` (StepInputs::skip_params)
-// for which `held` is false: a skipped param must be one this rank holds.
-absl::Status CheckSkipParams(
-    const std::set<std::string>& skip,
-    const std::function<bool(const std::string&)>& held);
-
-// The group's registered options with this step's overrides applied.
-MuonOptions MuonOptionsForStep(MuonOptions registered, const std::string& group,
-                               const StepOverrides& overrides);
-AdamWOptions AdamWOptionsForStep(AdamWOptions registered,
-                                 const std::string& group,
-                                 const StepOverrides& overrides);
 
 // One step's inputs. `refusal`: this rank's own refusal of the step found
 // before the engine (the daemon's step id sequence, its plan activation, its

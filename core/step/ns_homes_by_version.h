@@ -7,7 +7,8 @@
 //
 // Retention is the one rule of core/plan/plan_history.h: every holder of plan
 // versions (coordinator, daemon, this store) keeps the newest kPlansKept, so
-// a version the domain may agree on is held everywhere or nowhere. Not thread-safe (the engine serializes SetHomes and Step).
+// a version the domain may agree on is held everywhere or nowhere. Not
+// thread-safe (the engine serializes SetHomes and Step).
 #include <cstddef>
 #include <cstdint>
 #include <map>

@@ -72,7 +72,7 @@ class NsRunner {
 
   // Graphs on (the default) or off (every Run enqueues its calls one by one,
   // as a measured Run does); for tests and A/B runs. The backend has its own
-  // switch (MUOND_CUDA_GRAPHS=0).
+  // switch (CudaBackendOptions::cuda_graphs).
   void set_use_graphs(bool use) { use_graphs_ = use; }
 
  private:

@@ -1,11 +1,22 @@
 #pragma once
-// A step's per-group hyperparameter overrides (StepInputs::overrides), in a
-// header of its own so the wire conversion (server/common/proto_convert)
-// needs no engine.
+// A step's per-group hyperparameter overrides (StepInputs::overrides) and
+// their checks, in a header of its own so the wire conversion
+// (server/common/proto_convert) and the daemon's request checks need no
+// engine.
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 
+#include "absl/status/status.h"
+#include "core/muon/adamw.h"
+#include "core/muon/bounds.h"
+#include "core/muon/muon_update.h"
+
 namespace muond {
+
+// The optimizer of a param group (GroupConfig::algorithm).
+enum class Algorithm { kMuon, kAdamW };
 
 // Per-step overrides by group name (a trainer's live param_groups: LR
 // schedules, momentum warm-up, OneCycleLR's cycled betas); a group absent
@@ -26,5 +37,28 @@ struct StepOverrides {
   std::map<std::string, double> beta2;     // AdamW
   std::map<std::string, double> eps;       // AdamW
 };
+
+// The same bounds as registration's hyperparameters (core/muon/bounds.h).
+inline constexpr double kMaxOverrideLr = kMaxLr;
+inline constexpr double kMaxOverrideWeightDecay = kMaxWeightDecay;
+
+// InvalidArgument naming the group, the field and the bound when an override
+// names no group of `groups` (name -> algorithm), sets a field of the other
+// algorithm, or is out of range.
+absl::Status CheckStepOverrides(const StepOverrides& overrides,
+                                const std::map<std::string, Algorithm>& groups);
+
+// InvalidArgument naming the first name of `skip` (StepInputs::skip_params)
+// for which `held` is false: a skipped param must be one this rank holds.
+absl::Status CheckSkipParams(
+    const std::set<std::string>& skip,
+    const std::function<bool(const std::string&)>& held);
+
+// The group's registered options with this step's overrides applied.
+MuonOptions MuonOptionsForStep(MuonOptions registered, const std::string& group,
+                               const StepOverrides& overrides);
+AdamWOptions AdamWOptionsForStep(AdamWOptions registered,
+                                 const std::string& group,
+                                 const StepOverrides& overrides);
 
 }  // namespace muond

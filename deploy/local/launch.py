@@ -8,7 +8,7 @@ build), takes --out, then runs
                  --job-id J -- python -m torch.distributed.run --standalone
                  --nproc-per-node N examples/char_gpt/train_dist.py --parallel P ...
 
-and prints that command. `muond launch` (client/python/muond/launch.py,
+and prints that command. `muond launch` (client/python/muond/launch/,
 deploy/README.md) does the rest: a coordinator on a free loopback port with a
 fresh per-launch token (a 0600 file in its private 0700 socket directory,
 never on a command line), one `muond-daemon` per rank (host mode without a GPU,
@@ -37,7 +37,8 @@ sys.path.insert(0, os.path.dirname(TRAINER))
 # rule every trainer rank would apply after the build.
 import options as trainer_options  # noqa: E402
 from muond._argtypes import count as positive_int, seconds as positive_float  # noqa: E402
-from muond._launch_env import LaunchError, check_job_id  # noqa: E402
+from muond.launch.config import MAX_LOCAL_RANKS, check_job_id  # noqa: E402
+from muond.launch.errors import LaunchError  # noqa: E402
 
 
 def job_id(text):
@@ -48,14 +49,13 @@ def job_id(text):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-# One trainer and one daemon process per rank on this host: far more than the
-# cores is a typo.
-MAX_LOCAL_RANKS = 64
 LAYOUTS = trainer_options.LAYOUTS
 
 
 def nproc(text):
-    """Trainer processes (= daemons): 1..MAX_LOCAL_RANKS."""
+    """Trainer processes (= daemons): 1..MAX_LOCAL_RANKS, muond launch's
+    bound on the daemons of one node (one trainer and one daemon process per
+    rank on this host: far more than the cores is a typo)."""
     value = positive_int(text)
     if value > MAX_LOCAL_RANKS:
         raise argparse.ArgumentTypeError(
@@ -205,7 +205,7 @@ class Demo:
 
     def command(self):
         """(argv of `muond launch ... -- torchrun ...`, n, parallel, device)."""
-        from muond.launch import count_gpus
+        from muond.launch.discovery import count_gpus
         a = self.args
         device = a.device
         gpus = count_gpus() if device in ("auto", "cuda") else 0

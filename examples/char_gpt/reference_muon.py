@@ -1,8 +1,8 @@
 """In-process reference Muon (+ AdamW) written plainly in PyTorch.
 
 This is the numerical reference the muond daemons are compared against: the
-same formulas as muond's core/muon (docs/ARCHITECTURE.md "One step", constants from
-../../shared/reference/anchors-muon.md §0), one param at a time, no sharding,
+same formulas as muond's core/muon (docs/ARCHITECTURE.md "One step", constants as
+core/muon/coefficients.h holds them), one param at a time, no sharding,
 no batching, fp32 Newton–Schulz.
 
 Per Muon param and step (group keys in brackets):

@@ -25,6 +25,16 @@ inline ShardTags FromProto(const v1::ShardTags& tags) {
   return out;
 }
 
+inline v1::ShardTags ToProto(const ShardTags& tags) {
+  v1::ShardTags out;
+  out.set_tensor_model_parallel(tags.tensor_model_parallel);
+  out.set_partition_dim(tags.partition_dim);
+  out.set_is_gtp_weight_remat(tags.is_gtp_weight_remat);
+  out.set_pad_length(tags.pad_length);
+  for (int64_t rows : tags.gtp_rows) out.add_gtp_rows(rows);
+  return out;
+}
+
 // dp_size 0 (unset: a domain without a DP axis) reads as 1.
 inline int DpSizeOf(const v1::Domain& domain) {
   return domain.dp_size() == 0 ? 1 : domain.dp_size();
@@ -57,14 +67,23 @@ inline NsHome FromProto(const v1::NsHome& home) {
   return {home.g(), home.t(), home.d()};
 }
 
+// A GroupPlan's homes, in order.
+inline std::vector<NsHome> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::NsHome>& homes) {
+  std::vector<NsHome> out;
+  for (const v1::NsHome& h : homes) out.push_back(FromProto(h));
+  return out;
+}
+
 // A step's phase times (microseconds), field for field.
 v1::StepTimings ToProto(const PhaseTimings& timings);
 
 // A StepRequest's overrides as the engine takes them: each set field of each
-// GroupOverride. No check here: DaemonCore::ParseOverrides refuses an unknown
-// group and a group named twice (before this map would keep the later one);
-// the engine's CheckStepOverrides (core/step/layer_sharded_muon.h) is the one
-// home of the value rules (known group, the field's algorithm, bounds).
+// GroupOverride. No check here: ParseOverrides (server/daemon/step_request.h)
+// refuses an unknown group and a group named twice (before this map would
+// keep the later one); the engine's CheckStepOverrides
+// (core/step/step_overrides.h) is the one home of the value rules (known
+// group, the field's algorithm, bounds).
 StepOverrides FromProto(
     const google::protobuf::RepeatedPtrField<v1::GroupOverride>& overrides);
 

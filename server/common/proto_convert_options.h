@@ -4,7 +4,8 @@
 // prefix + the core name in upper case). FromProto: InvalidArgument naming
 // `field` for *_UNSPECIFIED (callers test it first: it means the core
 // default) and for numbers the enum does not define. ToProto never fails
-// (tests/server/proto_convert_test checks every core value has a wire value).
+// (tests/server/common/proto_convert_test checks every core value has a wire
+// value).
 // Separate from proto_convert so the coordinator and the fuzzer do not link
 // the Muon math.
 #include <string_view>

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/auth.h"
 #include "server/common/cli.h"
+#include "server/common/flag_spelling.h"
 #include "server/common/logging.h"
 #include "server/common/shutdown.h"
 #include "server/common/version.h"
@@ -24,11 +25,20 @@ bool BeginServerMain(int argc, char** argv, absl::string_view server,
   // --version: "<server> <version>" rather than Abseil's build-mode text.
   InstallServerUsage(usage, flag_sources,
                      absl::StrCat(server, " ", kMuondVersion));
-  if (WantsHelp(argc, argv)) {
+  // Both spellings of every flag: absl parses the snake_case one.
+  std::vector<std::string> args =
+      SnakeCaseFlags(std::vector<std::string>(argv + 1, argv + argc),
+                     AbslFlagReadsNextArgument);
+  args.insert(args.begin(), argv[0]);
+  std::vector<char*> snake_argv;
+  for (std::string& arg : args) snake_argv.push_back(arg.data());
+  const int snake_argc = static_cast<int>(snake_argv.size());
+  snake_argv.push_back(nullptr);  // argv[argc] is null, as main's
+  if (WantsHelp(snake_argc, snake_argv.data())) {
     PrintServerHelp(std::cout, usage, flag_sources);
     return false;
   }
-  absl::ParseCommandLine(argc, argv);
+  absl::ParseCommandLine(snake_argc, snake_argv.data());
   InitServerLogging(argv[0], server);
   return true;
 }

@@ -16,7 +16,9 @@ namespace muond {
 // In order: SIGTERM/SIGINT to the shutdown watcher (InstallShutdownSignal-
 // Handler), the usage message and --help filter (InstallServerUsage), --help
 // itself (PrintServerHelp to stdout; returns false and the caller exits 0),
-// flag parsing (absl::ParseCommandLine; --version prints "<server>
+// flag parsing (absl::ParseCommandLine of argv with every dashed flag name
+// in its snake_case spelling, flag_spelling.h, so --token-file is
+// --token_file; --version prints "<server>
 // <kMuondVersion>") and logging (InitServerLogging;
 // `server` names the server in JSON log lines). Returns true when the server
 // should go on starting.

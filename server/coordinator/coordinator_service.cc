@@ -6,6 +6,14 @@
 
 namespace muond {
 
+grpc::Status CoordinatorService::Authorize(const grpc::ServerContext& context,
+                                           const std::string& job_id) {
+  // The coordinator's token first: a caller without it learns nothing about
+  // which jobs exist. Then the job's own token (its first Join's).
+  if (grpc::Status a = CheckToken(context, token_); !a.ok()) return a;
+  return ToGrpc(core_->CheckJobToken(job_id, PresentedToken(context)));
+}
+
 grpc::Status CoordinatorService::Join(grpc::ServerContext* context,
                                       const v1::JoinRequest* request,
                                       v1::JoinResponse* response) {
@@ -28,22 +36,20 @@ grpc::Status CoordinatorService::Join(grpc::ServerContext* context,
 grpc::Status CoordinatorService::KvSet(grpc::ServerContext* context,
                                        const v1::KvSetRequest* request,
                                        v1::KvSetResponse*) {
-  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t =
-          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
-      !t.ok())
-    return ToGrpc(t);
+  if (grpc::Status denied = Authorize(*context, request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   return ToGrpc(core_->KvSet(*request));
 }
 
 grpc::Status CoordinatorService::KvGet(grpc::ServerContext* context,
                                        const v1::KvGetRequest* request,
                                        v1::KvGetResponse* response) {
-  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t =
-          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
-      !t.ok())
-    return ToGrpc(t);
+  if (grpc::Status denied = Authorize(*context, request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<std::string> value =
       core_->KvGet(*request, [context] { return context->IsCancelled(); });
   if (!value.ok()) return ToGrpc(value.status());
@@ -54,11 +60,10 @@ grpc::Status CoordinatorService::KvGet(grpc::ServerContext* context,
 grpc::Status CoordinatorService::PublishManifest(
     grpc::ServerContext* context, const v1::PublishManifestRequest* request,
     v1::PublishManifestResponse*) {
-  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t =
-          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
-      !t.ok())
-    return ToGrpc(t);
+  if (grpc::Status denied = Authorize(*context, request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   std::string registration;
   auto it = context->client_metadata().find(kRegistrationMetadata);
   if (it != context->client_metadata().end()) {
@@ -78,11 +83,10 @@ grpc::Status CoordinatorService::PublishManifest(
 grpc::Status CoordinatorService::WatchPlans(
     grpc::ServerContext* context, const v1::WatchPlansRequest* request,
     grpc::ServerWriter<v1::Plan>* writer) {
-  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t =
-          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
-      !t.ok())
-    return ToGrpc(t);
+  if (grpc::Status denied = Authorize(*context, request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   // The open stream is what keeps a joined rank live (a Join alone holds
   // the rank only for the join grace).
   const bool counted = core_->StartWatching(request->job_id(), request->rank());
@@ -117,11 +121,10 @@ grpc::Status CoordinatorService::WatchPlans(
 grpc::Status CoordinatorService::GetPlan(grpc::ServerContext* context,
                                          const v1::GetPlanRequest* request,
                                          v1::Plan* response) {
-  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t =
-          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
-      !t.ok())
-    return ToGrpc(t);
+  if (grpc::Status denied = Authorize(*context, request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<v1::Plan> plan = core_->GetPlan(request->job_id());
   if (!plan.ok()) return ToGrpc(plan.status());
   *response = *std::move(plan);
@@ -131,22 +134,20 @@ grpc::Status CoordinatorService::GetPlan(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ReportTimings(
     grpc::ServerContext* context, const v1::ReportTimingsRequest* request,
     v1::ReportTimingsResponse*) {
-  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t =
-          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
-      !t.ok())
-    return ToGrpc(t);
+  if (grpc::Status denied = Authorize(*context, request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   return ToGrpc(core_->ReportTimings(*request));
 }
 
 grpc::Status CoordinatorService::Rebalance(grpc::ServerContext* context,
                                            const v1::RebalanceRequest* request,
                                            v1::Plan* response) {
-  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t =
-          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
-      !t.ok())
-    return ToGrpc(t);
+  if (grpc::Status denied = Authorize(*context, request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<v1::Plan> plan = core_->Rebalance(*request);
   if (!plan.ok()) return ToGrpc(plan.status());
   *response = *std::move(plan);
@@ -156,11 +157,10 @@ grpc::Status CoordinatorService::Rebalance(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ListDaemons(
     grpc::ServerContext* context, const v1::ListDaemonsRequest* request,
     v1::ListDaemonsResponse* response) {
-  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  if (absl::Status t =
-          core_->CheckJobToken(request->job_id(), PresentedToken(*context));
-      !t.ok())
-    return ToGrpc(t);
+  if (grpc::Status denied = Authorize(*context, request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<v1::ListDaemonsResponse> r = core_->ListDaemons(*request);
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);

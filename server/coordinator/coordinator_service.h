@@ -46,6 +46,13 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void BeginShutdown() { shutting_down_.store(true); }
 
  private:
+  // The one access check of every RPC but Join (which checks its tokens in
+  // the core): the coordinator's token (Unauthenticated naming the metadata
+  // keys, CheckToken), then the job's (PermissionDenied naming the job;
+  // InvalidArgument for a job id CheckJobId refuses).
+  grpc::Status Authorize(const grpc::ServerContext& context,
+                         const std::string& job_id);
+
   CoordinatorCore* core_;
   const std::string token_;
   std::atomic<bool> shutting_down_{false};

@@ -1,56 +1,35 @@
 #include "server/daemon/daemon_core.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <cstdint>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
+#include "core/comm/communicator.h"
 #include "core/common/echo.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
-#include "google/protobuf/util/json_util.h"
-#include "nlohmann/json.hpp"
 #include "server/common/ns_load.h"
 #include "server/common/operator_id.h"
-#include "server/common/proto_convert.h"
-#include "server/common/safetensors.h"
+#include "server/daemon/plan_binding.h"
+#include "server/daemon/step_request.h"
 
 namespace muond {
-namespace {
-
-// Collective failures: a transport error or timeout of Gloo/NCCL, or a
-// communicator that an earlier failure aborted (core/comm/communicator.h).
-bool IsCommunicationFailure(const absl::Status& st) {
-  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st) ||
-         absl::IsAborted(st);
-}
-
-// This rank's place in each of its groups' domains (for NsLoadShare).
-HeldGroups HeldGroupsOf(const Registration& registration) {
-  HeldGroups held;
-  for (const BoundGroup& g : registration.groups) {
-    held.emplace_back(g.proto.name(), g.proto.domain());
-  }
-  return held;
-}
-
-}  // namespace
 
 DaemonCore::DaemonCore(DaemonConfig config,
                        std::unique_ptr<HandleOpener> opener,
                        CoordinatorLink* link, EngineFactory factory)
     : config_(std::move(config)),
-      own_metrics_(config_.metrics == nullptr ? std::make_unique<DaemonMetrics>()
-                                              : nullptr),
+      own_metrics_(config_.metrics == nullptr
+                       ? std::make_unique<DaemonMetrics>()
+                       : nullptr),
       metrics_(config_.metrics != nullptr ? config_.metrics
                                           : own_metrics_.get()),
       opener_(std::move(opener)),
       link_(link),
+      transactions_({config_.job_id, config_.rank,
+                     config_.pending_transaction_max_age, kMaxRestoredStepId},
+                    &op_mu_, &mu_, this),
       builds_(std::move(factory)) {
   builder_ = std::thread([this] { BuilderLoop(); });
   if (config_.on_readiness) {
@@ -66,7 +45,6 @@ DaemonCore::~DaemonCore() {
   builder_.join();
   if (readiness_.joinable()) readiness_.join();
   absl::MutexLock lock(&mu_);
-  if (pending_save_) AbortSafetensors(pending_save_->file);  // its temp file
   engine_.reset();
   registration_.reset();
 }
@@ -99,19 +77,8 @@ void DaemonCore::ReadinessLoop() {
 }
 
 bool DaemonCore::PlanMatches(const v1::Plan& plan) const {
-  if (registration_ == nullptr) return false;
-  std::map<std::string, int> plan_homes;
-  for (const v1::GroupPlan& g : plan.groups())
-    plan_homes[g.group()] = g.homes_size();
-  // The plan covers every group of the job; other daemons' groups (e.g. the
-  // 1x1 groups a single trainer gives each daemon) are not ours to match.
-  for (const BoundGroup& g : registration_->groups) {
-    auto it = plan_homes.find(g.proto.name());
-    if (it == plan_homes.end()) return false;
-    const bool muon = g.proto.algorithm() != v1::ALGORITHM_ADAMW;
-    if (muon && it->second != int(g.params.size())) return false;
-  }
-  return true;
+  return registration_ != nullptr &&
+         PlanCoversRegistration(plan, *registration_);
 }
 
 PlanHistory<v1::Plan>::Usable DaemonCore::Matches() const {
@@ -235,30 +202,6 @@ absl::Status DaemonCore::CheckClient(const std::string& job_id,
   return absl::OkStatus();
 }
 
-namespace {
-
-// Whether the daemon's refusal of a RegisterParams ends the job's round: a
-// request for this daemon's job refused by a check of the request itself (a
-// bad view, region, shape, tag or hyperparameter). Not a wrong job id (not
-// this job's registration), a permission failure or a trainer that hung up.
-bool RefusalEndsTheRound(const absl::Status& refusal,
-                         const v1::RegisterParamsRequest& request,
-                         const std::string& job_id) {
-  if (request.job_id() != job_id) return false;
-  switch (refusal.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kResourceExhausted:
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
-
 absl::Status DaemonCore::ValidateGroups(
     const google::protobuf::RepeatedPtrField<v1::ParamGroup>& groups) const {
   if (!config_.validate_group) return absl::OkStatus();
@@ -347,7 +290,7 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::DoRegister(
   registration_ = std::move(reg);
   plans_.StartRound(*round_version);
   ++registration_generation_;
-  DropPendingOfOldRegistration();
+  transactions_.DropPendingOfOldRegistration();
   last_step_id_.reset();
   active_plan_version_ = 0;
   // A refusal of this registration's round may arrive before its publish
@@ -379,31 +322,10 @@ absl::Status DaemonCore::Unregister(
   comm_failure_.clear();
   registration_.reset();
   ++registration_generation_;
-  DropPendingOfOldRegistration();
+  transactions_.DropPendingOfOldRegistration();
   last_step_id_.reset();
   active_plan_version_ = 0;
   metrics_->Unregistered();
-  return absl::OkStatus();
-}
-
-absl::Status DaemonCore::SetEngineHomes(const v1::Plan& plan) {
-  for (const v1::GroupPlan& gp : plan.groups()) {
-    const BoundGroup* group = nullptr;
-    for (const BoundGroup& g : registration_->groups) {
-      if (g.proto.name() == gp.group()) group = &g;
-    }
-    if (group == nullptr || group->proto.algorithm() == v1::ALGORITHM_ADAMW) {
-      continue;
-    }
-    std::vector<NsHome> homes;
-    for (const v1::NsHome& h : gp.homes()) homes.push_back(FromProto(h));
-    const absl::Status st =
-        engine_->muon->SetHomes(gp.group(), std::move(homes), plan.version());
-    if (!st.ok()) {
-      return WithContext(st,
-                         absl::StrCat("plan version ", plan.version(), ": "));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -424,66 +346,13 @@ absl::Status DaemonCore::ActivatePlanFor(int64_t step_id) {
   // that received it late catches up.
   for (const v1::Plan* handed :
        plans_.HandOver(active_plan_version_, plan->version(), Matches())) {
-    RETURN_IF_ERROR(SetEngineHomes(*handed));
+    RETURN_IF_ERROR(SetEngineHomes(*handed, *registration_, *engine_->muon));
   }
   LOG(INFO) << "plan version " << plan->version() << " active from step "
             << step_id;
   active_plan_version_ = plan->version();
   metrics_->PlanActive(plan->version(),
                        NsLoadShare(*plan, HeldGroupsOf(*registration_)));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<StepOverrides> DaemonCore::ParseOverrides(
-    const v1::StepRequest& request) const {
-  StepOverrides out = FromProto(request.overrides());
-  std::map<std::string, Algorithm> groups;
-  for (const BoundGroup& g : registration_->groups) {
-    groups[g.proto.name()] = g.proto.algorithm() == v1::ALGORITHM_ADAMW
-                                 ? Algorithm::kAdamW
-                                 : Algorithm::kMuon;
-  }
-  // A GroupOverride with no field set still names its group; a group named
-  // twice is refused (which value would win is the client's bug to see).
-  std::set<std::string> seen;
-  for (const v1::GroupOverride& o : request.overrides()) {
-    if (!groups.contains(o.group())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("overrides: unknown group '", Echo(o.group()), "'"));
-    }
-    if (!seen.insert(o.group()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "overrides: group '", Echo(o.group()),
-          "' has more than one GroupOverride (at most one per group and "
-          "step); the step was not applied"));
-    }
-  }
-  // The rules' one home is the engine's (which checks again).
-  RETURN_IF_ERROR(CheckStepOverrides(out, groups));
-  return out;
-}
-
-absl::StatusOr<std::set<std::string>> DaemonCore::ParseSkipParams(
-    const v1::StepRequest& request) const {
-  std::set<std::string> skip(request.skip_params().begin(),
-                             request.skip_params().end());
-  RETURN_IF_ERROR(CheckSkipParams(skip, [&](const std::string& name) {
-    return registration_->param_names.contains(name);
-  }));
-  return skip;
-}
-
-absl::Status DaemonCore::CheckStepId(int64_t id) const {
-  if (id < 0 || id > kMaxStepId) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step_id ", id, " must be in [0, ", kMaxStepId, "]"));
-  }
-  if (last_step_id_ && id != *last_step_id_ + 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step_id ", id, " does not follow the last applied step_id ",
-        *last_step_id_, " (expected ", *last_step_id_ + 1, ", or ",
-        *last_step_id_, " to replay)"));
-  }
   return absl::OkStatus();
 }
 
@@ -535,27 +404,10 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
     inputs.replay = replay;
     inputs.step_id = id;
     if (!replay) {
-      // From here on every check of this rank becomes a refusal the engine
-      // votes on with the whole job (core/step/job_vote.h) instead of an early
-      // return, so the peers refuse the step at once too instead of waiting
-      // for this rank in their exchanges.
-      auto refuse = [&](absl::Status st, RefusalCode code) {
-        if (st.ok() || !inputs.refusal.ok()) return;
-        inputs.refusal = std::move(st);
-        inputs.refusal_code = code;
-      };
-      // First: a shrunk shm object would SIGBUS the step (registration.h), and
-      // only a kMemory refusal keeps the engine from reading the grads.
-      refuse(registration_->RecheckMemory(), RefusalCode::kMemory);
-      refuse(CheckStepId(id), RefusalCode::kStepId);
-      absl::StatusOr<StepOverrides> overrides = ParseOverrides(request);
-      refuse(overrides.status(), RefusalCode::kOverrides);
-      if (overrides.ok()) inputs.overrides = *std::move(overrides);
-      absl::StatusOr<std::set<std::string>> skip = ParseSkipParams(request);
-      refuse(skip.status(), RefusalCode::kSkipParams);
-      if (skip.ok()) inputs.skip_params = *std::move(skip);
+      CheckStepRequest(request, *registration_, last_step_id_, kMaxStepId,
+                       inputs);
       if (inputs.refusal.ok()) {
-        refuse(ActivatePlanFor(id), RefusalCode::kPlanVersion);
+        Refuse(inputs, ActivatePlanFor(id), RefusalCode::kPlanVersion);
       }
       // The engine votes an out-of-range id as is; a refused one is never run.
       inputs.step_id = std::clamp<int64_t>(id, -1, kMaxStepId + 1);
@@ -572,69 +424,33 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
   }
   absl::MutexLock lock(&mu_);
   if (replay) return ReplayedResponse();
-  v1::StepResponse response;
-  response.set_step_id(request.step_id());
-  *response.mutable_timings() = ToProto(result->timings);
-  // The version the domains agreed on (a peer may not have the newest yet).
-  response.set_plan_version(
-      AgreedPlanVersion(active_plan_version_, result->homes_versions));
-  for (const std::string& name : result->skipped_nonfinite) {
-    response.add_skipped_nonfinite(name);
-  }
+  const v1::StepResponse response =
+      StepResponseOf(request.step_id(), *result, active_plan_version_);
   last_step_id_ = request.step_id();
   last_response_ = response;
   ++steps_done_;
   if (config_.log_every > 0 && steps_done_ % config_.log_every == 0) {
-    LOG(INFO) << "step " << request.step_id() << ": total "
-              << result->timings.total_us << " us (momentum "
-              << result->timings.momentum_us << ", a2a "
-              << result->timings.a2a_fwd_us + result->timings.a2a_bwd_us
-              << ", ns " << result->timings.ns_us << ", update "
-              << result->timings.update_us << "), plan v"
-              << active_plan_version_;
+    LOG(INFO) << StepLogLine(request.step_id(), result->timings,
+                             active_plan_version_);
   }
-  v1::ReportTimingsRequest report;
-  report.set_job_id(config_.job_id);
-  report.set_rank(config_.rank);
-  report.set_step_id(request.step_id());
-  *report.mutable_timings() = response.timings();
-  // Measured NS time per full-matrix shape: the coordinator's rebalancing
-  // cost table (empty on unmeasured steps).
-  for (const ShapeTiming& s : result->ns_shapes) {
-    *report.add_shapes() = ToProto(s);
-  }
-  link_->ReportTimings(report);
+  link_->ReportTimings(
+      TimingsReportOf(config_.job_id, config_.rank, response, *result));
   return response;
 }
 
 absl::Status DaemonCore::CommunicationFailure(int64_t step_id,
                                               const absl::Status& st) {
-  // A timeout is a hung or stopped peer (it may still be alive): say so
-  // instead of calling it gone.
-  const bool timeout = absl::IsDeadlineExceeded(st);
   // After a timeout the coordinator has had a whole comm timeout to notice
   // a dead peer: one look, no polling (a hung peer never shows up dead, and
   // polling would add its seconds to every stalled step).
   const std::string peers = link_->DescribeDeadPeers(
-      timeout ? absl::ZeroDuration() : absl::Seconds(3));
-  const std::string what =
-      timeout ? "a peer daemon did not answer in time (hung or stopped)"
-              : "a peer daemon is gone";
+      absl::IsDeadlineExceeded(st) ? absl::ZeroDuration() : absl::Seconds(3));
+  PeerFailure failure = DescribePeerFailure(step_id, st, peers);
   {
     absl::MutexLock lock(&mu_);
-    comm_failure_ = absl::StrCat(
-        "communicators unusable after step ", step_id, " failed: ", what,
-        peers.empty() ? "" : ": ", peers, " (", st.message(),
-        "); re-register the params on every rank, then load the last "
-        "checkpoint on every rank (muonctl load)");
+    comm_failure_ = std::move(failure.health);
   }
-  return WithErrorReason(
-      absl::UnavailableError(absl::StrCat(
-          "step ", step_id, " failed: ", what, peers.empty() ? "" : ": ", peers,
-          " (", st.message(),
-          "); nothing of it was applied on this rank; re-register the params "
-          "on every rank (or restart the job's daemons) and LoadState")),
-      ErrorReason::kPeerGone, {{"step_id", absl::StrCat(step_id)}});
+  return failure.status;
 }
 
 v1::GetStatusResponse DaemonCore::Status() {
@@ -670,6 +486,66 @@ v1::HealthResponse DaemonCore::Health() {
     h.set_engine_error(engine_error_);
   }
   return h;
+}
+
+absl::StatusOr<v1::SaveStateResponse> DaemonCore::SaveState(
+    const v1::SaveStateRequest& request,
+    const std::function<bool()>& cancelled) {
+  return transactions_.SaveState(request, cancelled);
+}
+
+absl::StatusOr<v1::LoadStateResponse> DaemonCore::LoadState(
+    const v1::LoadStateRequest& request,
+    const std::function<bool()>& cancelled) {
+  return transactions_.LoadState(request, cancelled);
+}
+
+absl::Status DaemonCore::ExportState(
+    const v1::ExportStateRequest& request,
+    const std::function<bool(const v1::StateChunk&)>& write) {
+  return transactions_.ExportState(request, write);
+}
+
+absl::StatusOr<v1::ImportStateResponse> DaemonCore::ImportState(
+    const std::function<bool(v1::StateChunk*)>& read,
+    const std::function<bool()>& cancelled) {
+  return transactions_.ImportState(read, cancelled);
+}
+
+std::shared_ptr<Registration> DaemonCore::EngineRegistration() const {
+  return engine_ != nullptr ? registration_ : nullptr;
+}
+
+uint64_t DaemonCore::RegistrationGeneration() const {
+  return registration_generation_;
+}
+
+int64_t DaemonCore::StepsDone() const { return steps_done_; }
+
+int64_t DaemonCore::LastStepId() const { return last_step_id_.value_or(-1); }
+
+absl::StatusOr<StateSnapshot> DaemonCore::CopyState() const {
+  StateSnapshot s;
+  ASSIGN_OR_RETURN(s.state, engine_->muon->ExportState());
+  s.registration = registration_;
+  s.generation = registration_generation_;
+  s.info = {config_.job_id, config_.rank, last_step_id_.value_or(-1),
+            active_plan_version_};
+  s.steps_done = steps_done_;
+  return s;
+}
+
+absl::Status DaemonCore::RestoreState(const StateTensors& state,
+                                      int64_t step_id) {
+  RETURN_IF_ERROR(engine_->muon->ImportState(state));
+  if (step_id >= 0) {
+    last_step_id_ = step_id;
+    last_response_ = v1::StepResponse();
+    last_response_.set_step_id(step_id);
+  } else {
+    last_step_id_.reset();
+  }
+  return absl::OkStatus();
 }
 
 std::string DaemonCore::engine_error() {

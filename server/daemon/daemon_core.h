@@ -61,6 +61,7 @@
 #include "server/daemon/memory_mapper.h"
 #include "server/daemon/registration.h"
 #include "server/daemon/state_file.h"
+#include "server/daemon/state_transactions.h"
 
 namespace muond {
 
@@ -96,31 +97,6 @@ class CoordinatorLink {
   virtual std::string DescribeDeadPeers(absl::Duration /*wait*/) { return ""; }
 };
 
-// A prepared (two-phase) save/load older than this no longer blocks another
-// PREPARE on its rank: far longer than muonctl needs between PREPARE and
-// COMMIT, short enough that a muonctl killed in between does not block
-// save/load for long (DaemonCore::SaveState says the rule).
-inline constexpr absl::Duration kPendingTransactionMaxAge = absl::Minutes(5);
-
-// ExportState's chunks (StateHeader.max_chunk_bytes): the default and the
-// bound of the data bytes per StateChunk. The daemon receives messages up to
-// kMaxStateChunkBytes + kStateChunkOverheadBytes, so an ImportState chunk of
-// the largest size (plus its entry name) fits too.
-inline constexpr int64_t kDefaultStateChunkBytes = int64_t{1} << 20;
-inline constexpr int64_t kMaxStateChunkBytes = int64_t{64} << 20;
-inline constexpr int64_t kStateChunkOverheadBytes = int64_t{1} << 20;
-
-// Concurrent state streams per daemon: each open import holds a copy of the
-// whole state, each export one until it is read, so a few callers must not
-// run the daemon out of memory (DaemonCore::TakeStreamSlot holds the rule).
-// One trainer imports once per resume; two exports let a checkpoint and an
-// operator's read overlap.
-inline constexpr int kMaxImportStreams = 1;
-inline constexpr int kMaxExportStreams = 2;
-// An import stream with no message for this long is cancelled (its slot
-// freed): its trainer hung or went away without closing the stream.
-inline constexpr absl::Duration kImportIdleTimeout = absl::Seconds(60);
-
 struct DaemonConfig {
   std::string job_id;
   int rank = 0;
@@ -141,7 +117,8 @@ struct DaemonConfig {
   DaemonMetrics* metrics = nullptr;
 };
 
-class DaemonCore {
+// DaemonStateOwner: the state its StateTransactions save, load and stream.
+class DaemonCore : private DaemonStateOwner {
  public:
   static constexpr int64_t kMaxStepId = int64_t{1} << 62;
   // The largest step id a load or import may restore: the next step,
@@ -150,7 +127,7 @@ class DaemonCore {
 
   DaemonCore(DaemonConfig config, std::unique_ptr<HandleOpener> opener,
              CoordinatorLink* link, EngineFactory factory);
-  ~DaemonCore();
+  ~DaemonCore() override;
 
   // Errors: BuildRegistration's; FailedPrecondition when params are already
   // registered (UnregisterParams first); the coordinator's status when the
@@ -231,11 +208,11 @@ class DaemonCore {
   // ImportState pulls chunks from `read` (false: end of stream) into a copy
   // of the current state (so memory is bounded by the registered state's
   // size) and applies it only when the whole stream is valid
-  // (ImportChunks says the rules; InvalidArgument naming the entry and the
-  // rule otherwise, and nothing changes). With a transaction_id it is staged
-  // as a LoadState PREPARE (the rank's one pending transaction) and applied
-  // by LoadState{phase: COMMIT, transaction_id}. After it, the next step id
-  // accepted is header.step_id + 1 (-1: any, as after registration), so
+  // (StateAssembler, state_stream.h, says the rules; InvalidArgument naming the
+  // entry and the rule otherwise, and nothing changes). With a transaction_id
+  // it is staged as a LoadState PREPARE (the rank's one pending transaction)
+  // and applied by LoadState{phase: COMMIT, transaction_id}. After it, the next
+  // step id accepted is header.step_id + 1 (-1: any, as after registration), so
   // header.step_id is at most kMaxRestoredStepId. Aborted, naming the step
   // ids, when a step ran on this rank between the header and the end of the
   // stream (applying it would roll this rank back while its peers stepped).
@@ -290,18 +267,6 @@ class DaemonCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ActivatePlanFor(int64_t step_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands the plan's NS homes of this daemon's Muon groups to the engine.
-  absl::Status SetEngineHomes(const v1::Plan& plan)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The request's overrides, checked (CheckStepOverrides).
-  absl::StatusOr<StepOverrides> ParseOverrides(
-      const v1::StepRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The request's skip_params; InvalidArgument naming a name this daemon
-  // does not hold (CheckSkipParams). Refused through the job vote.
-  absl::StatusOr<std::set<std::string>> ParseSkipParams(
-      const v1::StepRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The step id rules (range, sequence) for a step that is not a replay.
-  absl::Status CheckStepId(int64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The last step's answer, marked replayed.
   v1::StepResponse ReplayedResponse() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A step whose collectives failed: UNAVAILABLE with PEER_GONE naming the
@@ -309,66 +274,16 @@ class DaemonCore {
   absl::Status CommunicationFailure(int64_t step_id, const absl::Status& st)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Save/load (daemon_state.cc).
-  struct StateSnapshot;
-  struct StagedLoad {
-    std::string transaction_id;
-    uint64_t generation = 0;
-    int64_t steps_done = 0;
-    StateTensors state;
-    int64_t step_id = -1;
-    absl::Time prepared_at;
-  };
-  struct PendingSave {
-    std::string transaction_id;
-    PreparedSafetensors file;
-    absl::Time prepared_at;
-  };
-  absl::Status CheckStateAccess(const std::string& job_id,
-                                const std::string& client_id,
-                                const char* rpc) const
+  // DaemonStateOwner, for transactions_ (under the locks it names).
+  std::shared_ptr<Registration> EngineRegistration() const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The engine's state and what the file needs, copied under the locks.
-  absl::StatusOr<StateSnapshot> Snapshot(const std::string& job_id,
-                                         const std::string& client_id,
-                                         const char* rpc)
-      ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
-  absl::StatusOr<v1::SaveStateResponse> CommitOrAbortSave(
-      const v1::SaveStateRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<v1::LoadStateResponse> CommitOrAbortLoad(
-      const v1::LoadStateRequest& request) ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
-  absl::StatusOr<StagedLoad> ReadAndValidate(
-      const v1::LoadStateRequest& request,
-      const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
-  // OK when a PREPARE of `transaction_id` may hold the rank's one pending
-  // transaction: none is pending, the pending one is the same id (dropped:
-  // re-prepared) or is older than the bound (dropped and logged).
-  // FailedPrecondition naming the pending one otherwise.
-  absl::Status ClaimPendingSlot(const std::string& transaction_id)
+  uint64_t RegistrationGeneration() const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Register/Unregister: the pending save or load was prepared for params
-  // that are gone (it could never commit, yet would block every PREPARE
-  // until it is stale): dropped, with a warning.
-  void DropPendingOfOldRegistration() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ImportState's header checks (access, step id, transaction id): the
-  // snapshot the chunks are written into and the entry names it expects.
-  struct ImportTarget;
-  absl::StatusOr<ImportTarget> StartImport(const v1::StateHeader& header)
-      ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
-  // Stages (transaction_id set) or applies a validated import.
-  absl::StatusOr<v1::ImportStateResponse> FinishImport(
-      const v1::StateHeader& header, ImportTarget target)
-      ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
-  // Takes one of the concurrent import (or export) stream slots;
-  // ResourceExhausted naming the limit when all are taken. ReturnStreamSlot
-  // gives it back when the stream ends.
-  absl::Status TakeStreamSlot(bool import) ABSL_LOCKS_EXCLUDED(mu_);
-  void ReturnStreamSlot(bool import) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<v1::ImportStateResponse> ImportStream(
-      const std::function<bool(v1::StateChunk*)>& read,
-      const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_, op_mu_);
-  // Applies a validated state (op_mu_ and mu_ held).
-  absl::Status Apply(StagedLoad& staged)
+  int64_t StepsDone() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t LastStepId() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<StateSnapshot> CopyState() const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_, mu_);
+  absl::Status RestoreState(const StateTensors& state, int64_t step_id) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_, mu_);
 
   const DaemonConfig config_;
@@ -401,13 +316,9 @@ class DaemonCore {
   std::string comm_failure_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
-  // The two-phase save/load in progress: at most one of the two is set
-  // (ClaimPendingSlot).
-  std::optional<PendingSave> pending_save_ ABSL_GUARDED_BY(mu_);
-  std::optional<StagedLoad> staged_load_ ABSL_GUARDED_BY(mu_);
-  // State streams in flight (TakeStreamSlot).
-  int imports_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  int exports_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // SaveState, LoadState, ExportState, ImportState and the pending
+  // transaction; it takes op_mu_ and mu_ as the methods above do.
+  StateTransactions transactions_;
   // Runs the builds; used by builder_ only. Destroyed after builder_ is
   // joined (the destructor joins it first).
   EngineBuilder builds_;

@@ -41,10 +41,10 @@ absl::Status CheckCoefficientFloat32(double value, int index) {
   if (std::isfinite(value) && std::isfinite(static_cast<float>(value))) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "custom_coefficients: tuple ", index / 3, " value ", index % 3,
-      " must be finite as a float32 (|value| <= ",
-      std::numeric_limits<float>::max(), "), got ", value));
+  return absl::InvalidArgumentError(
+      absl::StrCat("custom_coefficients: tuple ", index / 3, " value ",
+                   index % 3, " must be finite as a float32 (|value| <= ",
+                   std::numeric_limits<float>::max(), "), got ", value));
 }
 
 // The communicators of one domain on this rank (null: an axis of size 1).
@@ -160,7 +160,7 @@ EngineFactory MakeEngineFactory(EngineOptions options,
       backend = MakeCpuBackend();
     } else {
       ASSIGN_OR_RETURN(std::unique_ptr<Backend> cuda,
-                       MakeCudaBackend(options.device));
+                       MakeCudaBackend(options.device, options.cuda));
       backend = std::move(cuda);
     }
     // On a GPU every domain gets a backend (a CUDA stream) of its own, so
@@ -182,7 +182,7 @@ EngineFactory MakeEngineFactory(EngineOptions options,
         Backend* dom_backend = backend.get();
         if (options.device >= 0 && !domain_backend.empty()) {
           ASSIGN_OR_RETURN(std::unique_ptr<Backend> own,
-                           MakeCudaBackend(options.device));
+                           MakeCudaBackend(options.device, options.cuda));
           dom_backend = own.get();
           engine->backends.push_back(std::move(own));
         }

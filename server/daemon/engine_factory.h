@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "core/backend/cuda_backend_options.h"
 #include "core/comm/kv_store.h"
 #include "core/muon/adamw.h"
 #include "core/muon/muon_update.h"
@@ -21,6 +22,9 @@ struct EngineOptions {
   int rank = 0;
   int world_size = 1;
   int device = -1;  // -1: host mode (CPU backend, Gloo)
+  // The switches of every CUDA backend the engine makes (muond-daemon
+  // --cublas_gemmex, --cuda_graphs, --lt_autotune); unused in host mode.
+  CudaBackendOptions cuda;
   std::string gloo_hostname = "127.0.0.1";
   absl::Duration comm_timeout = absl::Seconds(60);
   // Skip (instead of fail) steps with non-finite gradients (muond

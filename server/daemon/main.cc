@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "core/backend/cuda_backend_options.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/cli.h"
@@ -26,6 +28,16 @@
 #include "server/daemon/daemon_core.h"
 #include "server/daemon/engine_factory.h"
 #include "server/daemon/optimizer_service.h"
+
+namespace {
+// The CUDA backend flags default to the environment variables that set the
+// same switches before the flags existed, so existing launch scripts keep
+// their behaviour; a flag given on the command line wins.
+muond::CudaBackendOptions CudaDefaults() {
+  return muond::CudaBackendOptionsFromLegacyEnvironment(
+      [](const char* name) { return std::getenv(name); });
+}
+}  // namespace
 
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of muond-coordinator (required)");
@@ -76,6 +88,19 @@ ABSL_FLAG(int, comm_timeout_s, 60,
           "Timeout of communicator rendezvous and collectives, seconds");
 ABSL_FLAG(int, coordinator_timeout_s, 60,
           "How long to retry joining the coordinator at start, seconds");
+ABSL_FLAG(bool, cuda_graphs, CudaDefaults().cuda_graphs,
+          "GPU mode: replay Newton-Schulz phases as CUDA graphs; "
+          "--nocuda_graphs runs every kernel directly (debugging). Default: "
+          "true, or false when the environment has MUOND_CUDA_GRAPHS=0");
+ABSL_FLAG(bool, cublas_gemmex, CudaDefaults().cublas_gemmex,
+          "GPU mode: GEMMs through the legacy cublasGemmEx path instead of "
+          "cublasLt (A/B measurements). Default: false, or true when the "
+          "environment has MUOND_CUBLAS_GEMMEX=1");
+ABSL_FLAG(int, lt_autotune, CudaDefaults().lt_autotune,
+          "GPU mode, diagnostic: time cublasLt's first N algorithms once per "
+          "GEMM shape and keep the fastest (N > 1; clamped to 32); 0: "
+          "cublasLt's heuristic pick. Default: 0, or MUOND_LT_AUTOTUNE from "
+          "the environment");
 
 namespace {
 constexpr char kUsage[] =
@@ -171,11 +196,11 @@ int main(int argc, char** argv) {
       LOG(ERROR) << st;
       return 1;
     }
-  } else if (token->empty() &&
-             absl::GetFlag(FLAGS_tls_cert).empty()) {
-    LOG(ERROR) << "--listen=" << listen
-               << " is TCP: give --token_file (trainers must send the token) or "
-                  "--tls_cert/--tls_key, or use a unix:// address";
+  } else if (token->empty() && absl::GetFlag(FLAGS_tls_cert).empty()) {
+    LOG(ERROR)
+        << "--listen=" << listen
+        << " is TCP: give --token_file (trainers must send the token) or "
+           "--tls_cert/--tls_key, or use a unix:// address";
     return 2;
   }
 
@@ -220,6 +245,9 @@ int main(int argc, char** argv) {
   muond::EngineOptions engine_options;
   engine_options.job_id = job;
   engine_options.device = device;
+  engine_options.cuda.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  engine_options.cuda.cublas_gemmex = absl::GetFlag(FLAGS_cublas_gemmex);
+  engine_options.cuda.lt_autotune = absl::GetFlag(FLAGS_lt_autotune);
   engine_options.rank = rank;
   engine_options.world_size = world;
   engine_options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
@@ -238,8 +266,7 @@ int main(int argc, char** argv) {
   // Runs before `core` goes away: no plan reaches it after that.
   absl::Cleanup stop_link = [&link] { link->Stop(); };
   // Unix sockets are private by file mode; TCP trainers must send the token.
-  muond::OptimizerService service(
-      &core, is_unix ? std::string() : *token);
+  muond::OptimizerService service(&core, is_unix ? std::string() : *token);
 
   // A second muond-daemon on a busy TCP port must fail, not share the trainers'
   // connections with the first (StartGrpcServer). The socket file is

@@ -76,27 +76,9 @@ absl::StatusOr<std::vector<int64_t>> ExpectedLocalShape(
     return local;
   }
   // 1-D (AdamW): whole, or split along dim 0 by TP or GTP.
-  const v1::ShardTags& tags = p.tags();
-  const bool tp = tags.tensor_model_parallel() && tags.partition_dim() == 0 &&
-                  domain.tp > 1;
-  const bool gtp = tags.is_gtp_weight_remat() && domain.gtp > 1;
-  int64_t n = full[0];
-  if (tp) {
-    if (n % domain.tp != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": full_shape ", Shape(full),
-                       " not divisible by tp_size ", domain.tp));
-    }
-    n /= domain.tp;
-  }
-  if (gtp) {
-    ASSIGN_OR_RETURN(
-        n, GtpLocalRows(Echo(p.name()), n, tags.pad_length(),
-                        FromProto(tags).gtp_rows, domain, group.domain().g()));
-  } else {
-    RETURN_IF_ERROR(CheckGtpRows(Echo(p.name()), FromProto(tags).gtp_rows,
-                                 false, domain, -1));
-  }
+  ASSIGN_OR_RETURN(const int64_t n,
+                   LocalLengthOf1d(Echo(p.name()), full[0], FromProto(p.tags()),
+                                   domain, group.domain().g()));
   return std::vector<int64_t>{n};
 }
 
@@ -139,12 +121,7 @@ v1::PublishManifestRequest Registration::Manifest(const std::string& job_id,
       spec->set_name(p.name);
       for (int64_t d : p.full_shape) spec->add_full_shape(d);
       for (int64_t d : p.local_shape) spec->add_local_shape(d);
-      v1::ShardTags* t = spec->mutable_tags();
-      t->set_tensor_model_parallel(p.tags.tensor_model_parallel);
-      t->set_partition_dim(p.tags.partition_dim);
-      t->set_is_gtp_weight_remat(p.tags.is_gtp_weight_remat);
-      t->set_pad_length(p.tags.pad_length);
-      for (int64_t rows : p.tags.gtp_rows) t->add_gtp_rows(rows);
+      *spec->mutable_tags() = ToProto(p.tags);
     }
   }
   return m;
@@ -245,6 +222,22 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
         "the trainer disconnected during RegisterParams; nothing registered");
   }
   return reg;
+}
+
+bool RefusalEndsTheRound(const absl::Status& refusal,
+                         const v1::RegisterParamsRequest& request,
+                         const std::string& job_id) {
+  if (request.job_id() != job_id) return false;
+  switch (refusal.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kResourceExhausted:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace muond

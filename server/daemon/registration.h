@@ -99,4 +99,14 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
     const v1::RegisterParamsRequest& request, const RegistrationLimits& limits,
     HandleOpener& opener, const std::function<bool()>& cancelled = {});
 
+// Whether the daemon's refusal of a RegisterParams ends the job's round (the
+// daemon tells the coordinator, which refuses the round on every rank): a
+// request for this daemon's job (`job_id`) refused by a check of the request
+// itself (a bad view, region, shape, tag or hyperparameter). Not a wrong job
+// id (not this job's registration), a permission failure or a trainer that
+// hung up.
+bool RefusalEndsTheRound(const absl::Status& refusal,
+                         const v1::RegisterParamsRequest& request,
+                         const std::string& job_id);
+
 }  // namespace muond

@@ -1,4 +1,4 @@
-"""bench/gpu_step_bench.py's FLOP model (issue 20) against a count taken by running the
+"""bench/gpu_step_bench.py's FLOP model against a count taken by running the
 iterations: standard and Gram Newton-Schulz (the iteration of docs/ARCHITECTURE.md) in fp64
 numpy with a matmul that adds 2 m n k per product, half when its result is symmetric (the
 ceiling of a kernel that computes one triangle). Running them also checks the algebra the
@@ -98,7 +98,7 @@ class FlopModelTest(unittest.TestCase):
 
     def test_size_aware_default_threshold_from_the_header(self):
         # DefaultGramMinAspectRatio (core/muon/gram_newton_schulz.h): 2.5 below a short
-        # side of 1536, 1.5 from it (H200 sweep, bench/results/gpu_h200_issue20.md).
+        # side of 1536, 1.5 from it (H200 sweep, bench/results/gpu_h200_step_vs_peer.md).
         self.assertEqual(bench.default_gram_min_aspect(1024), 2.5)
         self.assertEqual(bench.default_gram_min_aspect(1535), 2.5)
         self.assertEqual(bench.default_gram_min_aspect(1536), 1.5)

@@ -1,5 +1,5 @@
-"""bench/scaling (scaling_bench) on the CPU equivalent of the multi-GPU run
-(issue 9): host ranks over Gloo, one process each. The bench runs the
+"""bench/scaling (scaling_bench) on the CPU equivalent of the multi-GPU run:
+host ranks over Gloo, one process each. The bench runs the
 layer-sharded step engine and the duplicated path from the same params and
 grads and exits 1 when they differ at highest precision, so these runs check
 the step engine's routing against the all-gather path at 1, 2 and 4 ranks

@@ -74,12 +74,12 @@ class DemoTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
 
         # The launcher starts the coordinator with a per-launch token from a
-        # file (issue 16): the coordinator says so, and no server's command
-        # line carries a token.
+        # file (never on a command line, where `ps` shows it to every user):
+        # the coordinator says so, and no server's command line carries a token.
         with open(os.path.join(out, "logs", "coordinator.log")) as f:
             self.assertIn("(token required)", f.read())
         # The muonctl line it prints works as printed: subcommand first, the
-        # job's real id, the token file (issue 18: it printed neither).
+        # job's real id and the token file (without them it cannot be run).
         self.assertRegex(proc.stdout, rf"muonctl status --coordinator 127\.0\.0\.1:\d+ "
                                       rf"--job_id {job} --token-file /tmp/muond-{job}-\S+/token")
         self.assertIn("--parallel fsdp+tp", proc.stdout)  # the default layout on CPU

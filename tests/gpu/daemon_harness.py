@@ -1,9 +1,12 @@
-"""Starts a muond-coordinator and one muond-daemon (on a GPU, or in host mode with
-host=True) for the GPU checks and benchmarks (tests/gpu,
-bench/gpu_step_bench.py, bench/rpc_overhead.py); stops both on exit.
+"""The one GPU setup of the Python GPU checks and benchmarks (tests/gpu,
+bench/gpu_step_bench.py, bench/gpu_dropin_bench.py, bench/rpc_overhead.py):
+`cuda_or_skip()` decides whether a GPU check runs, and `Daemon` starts a
+muond-coordinator and one muond-daemon (on a GPU, or in host mode with
+host=True) and stops both on exit.
 
 Binaries come from $MUOND_BIN (a GPU bundle's bin/, deploy/bundle.sh) or
-bazel-bin. Used as a context manager; `.address` is the daemon's socket.
+bazel-bin. `Daemon` is a context manager; `.address` is the daemon's socket.
+It lives in tests/gpu because deploy/bundle.sh ships that folder to GPU hosts.
 """
 from __future__ import annotations
 
@@ -15,6 +18,16 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cuda_or_skip() -> bool:
+    """True when torch sees a CUDA device; else prints the SKIP line that the GPU
+    checks report (their Bazel targets then pass on a host without a GPU)."""
+    import torch
+    if torch.cuda.is_available():
+        return True
+    print("SKIP: no CUDA device")
+    return False
 
 
 def _binary(rel: str) -> str:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """muond through the daemon (CUDA IPC, cuBLAS bf16 NS) vs torch.optim.Muon,
-same process, identical copies, same settings (tag gpu; issue 8).
+same process, identical copies, same settings (tag gpu).
 
 torch.optim.Muon's math: simple coefficients (3.4445, -4.775, 2.0315) x 5,
 eps 1e-7, `original` scale sqrt(max(1, rows/cols)), Nesterov, decoupled weight
@@ -26,7 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon  # noqa: E402
+from daemon_harness import Daemon, cuda_or_skip  # noqa: E402
 
 SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-7, ns_steps=5)
 
@@ -130,8 +130,7 @@ def main() -> int:
     p.add_argument("--train-steps", type=int, default=200)
     p.add_argument("--log-dir", default=None)
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("SKIP: no CUDA device")
+    if not cuda_or_skip():
         return 0
     # One daemon (and job) per check: each registers its own params once.
     with Daemon("exact-llama", log_dir=args.log_dir) as d:

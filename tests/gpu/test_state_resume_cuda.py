@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""muond.torch.Muon's state on a GPU (tag gpu; issue 17): CUDA IPC regions,
+"""muond.torch.Muon's state on a GPU (tag gpu): CUDA IPC regions,
 the CUDA engine's state exported and imported through the Python client.
 
 1. Resume: run A steps 6 times; run B steps 3 times, `torch.save`s
@@ -22,7 +22,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon  # noqa: E402
+from daemon_harness import Daemon, cuda_or_skip  # noqa: E402
 
 DEVICE = "cpu" if "--host" in sys.argv else "cuda"
 SHAPES = [(256, 512), (512, 256), (384, 384)]
@@ -60,8 +60,7 @@ def run(opt, params, steps, first):
 
 
 def main() -> int:
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        print("SKIP: no CUDA device")
+    if DEVICE == "cuda" and not cuda_or_skip():
         return 0
     failures = []
     with Daemon("resume", host=DEVICE == "cpu") as d:

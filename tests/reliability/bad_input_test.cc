@@ -1,4 +1,4 @@
-// Issue 10: a corpus of malformed requests against a live 2x2 job (real
+// A corpus of malformed requests against a live 2x2 job (real
 // muond-coordinator + 4 muond daemons). Every case must answer an error
 // status; afterwards every server is still up and a valid step still equals
 // the single-process reference bitwise.
@@ -398,7 +398,7 @@ TEST_F(BadInputTest, CorpusIsRefusedAndTheJobStillStepsExactly) {
     v1::StepRequest req = step1;
     req.set_step_id(2);
     mutate(&req);
-    // Since issue 16 the job votes on every step (core/step/job_vote.h): rank
+    // The job votes on every step (core/step/job_vote.h): rank
     // 0's refusal of a step id or an override reaches the other ranks' Step 2
     // at once and they refuse it too, so they step along here (a Step sent
     // to one rank alone waits for its peers in the vote). Requests refused
@@ -600,8 +600,8 @@ TEST_F(BadInputTest, CorpusIsRefusedAndTheJobStillStepsExactly) {
            }},
       };
   for (auto& [name, mutate] : manifests) {
-    // A refused publish refuses its whole registration round (issue 16:
-    // CoordinatorCore::RefuseRound), so rank 0 publishes again before each
+    // A refused publish refuses its whole registration round
+    // (CoordinatorCore::RefuseRound), so rank 0 publishes again before each
     // case and every case meets a peer to disagree with.
     ASSERT_TRUE(publish(manifest_of(0)).ok()) << name;
     v1::PublishManifestRequest req = manifest;

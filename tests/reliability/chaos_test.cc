@@ -1,4 +1,4 @@
-// The chaos test of issue 16: a 2x2 host-mode job (4 daemons, 1
+// The chaos test: a 2x2 host-mode job (4 daemons, 1
 // coordinator, real binaries) stepped by this process as the 4 trainers for
 // a few hundred steps, with seeded random events in between:
 //

@@ -1,4 +1,4 @@
-// Issue 16: the coordinator trusts nobody, through real processes (a
+// The coordinator trusts nobody, through real processes (a
 // muond-coordinator and four muond daemons, 2x2 host mode, loopback).
 //  * Ranks registering one group with different hyperparameters (here
 //    fp32_matmul_prec, which used to SIGABRT every daemon in a Gloo size

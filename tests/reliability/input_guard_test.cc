@@ -1,4 +1,4 @@
-// Issue 16 (points 3 and 11) through real processes (a coordinator and four
+// Input guards through real processes (a coordinator and four
 // host-mode muond daemons, 2x2 domain, trainers over shared memory):
 //   * a trainer that shrinks (ftruncate) its registered shm object and steps
 //     gets FailedPrecondition naming the region and both sizes; its daemon

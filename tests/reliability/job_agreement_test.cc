@@ -1,4 +1,4 @@
-// Issue 16 points 1, 4 and "Health tells the truth": a step is accepted,
+// Job agreement and "Health tells the truth": a step is accepted,
 // skipped or refused by every rank of the job together, before anything
 // changes; a step that fails after that (a peer dies) leaves params and
 // momentum as before on every survivor. Real muond/muond-coordinator

@@ -1,5 +1,5 @@
 """Reads every muond state file of a directory with Python's safetensors
-(the check of issue 10: the files are plain safetensors with a JSON metadata
+(the files must stay plain safetensors with a JSON metadata
 header). Usage: read_state.py DIR JOB. Prints 'N files ok'."""
 import glob
 import json

@@ -1,4 +1,4 @@
-// Reliability tests of issue 10 through real processes (host mode, Gloo,
+// Reliability tests through real processes (host mode, Gloo,
 // 2x2): state save/restart/load, step-id rules, non-finite gradients, a dying
 // daemon, a restarting coordinator, and access control. Every numeric check
 // is bitwise against the single-process reference (harness.h).
@@ -270,8 +270,7 @@ TEST(ReliabilityTest, DeadDaemonGivesUnavailableNamingTheRank) {
             absl::StrContains(results[r].status().message(), "dead rank 3"))
             << "rank " << r << ": " << results[r].status();
         // The daemon's reason reached the client typed (gRPC ErrorInfo).
-        EXPECT_TRUE(
-            HasErrorReason(results[r].status(), ErrorReason::kPeerGone))
+        EXPECT_TRUE(HasErrorReason(results[r].status(), ErrorReason::kPeerGone))
             << "rank " << r << ": " << results[r].status();
         EXPECT_EQ(GetErrorMetadata(results[r].status()),
                   (ErrorMetadata{{"step_id", "2"}}))

@@ -1,4 +1,4 @@
-// Soak (issue 10, not a CI test): coordinator + 4 host-mode daemons (2x2) and
+// Soak (not a CI test): coordinator + 4 host-mode daemons (2x2) and
 // the four in-process trainers of the reliability harness run N steps (default
 // 10,000) on small weights; the resident set size (VmRSS) of every daemon and
 // of the coordinator is sampled along the way. Prints a Markdown table; exit 1
@@ -61,27 +61,30 @@ int Run() {
     for (int sample : samples) {
       if (s != sample) continue;
       std::vector<int64_t> row;
-      for (int r = 0; r < kWorld; ++r) row.push_back(RssKiB(cluster.daemon_pid(r)));
+      for (int r = 0; r < kWorld; ++r)
+        row.push_back(RssKiB(cluster.daemon_pid(r)));
       row.push_back(RssKiB(cluster.coordinator_pid()));
       rss.push_back(row);
     }
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  printf("| process | RSS at step %d (KiB) | step %d | step %d | step %d | "
-         "change %d -> %d |\n",
-         samples[0], samples[1], samples[2], samples[3], samples[0], steps);
+  printf(
+      "| process | RSS at step %d (KiB) | step %d | step %d | step %d | "
+      "change %d -> %d |\n",
+      samples[0], samples[1], samples[2], samples[3], samples[0], steps);
   printf("|---|---|---|---|---|---|\n");
   for (int p = 0; p <= kWorld; ++p) {
     const std::string name =
         p < kWorld ? absl::StrCat("muond rank ", p) : "muond-coordinator";
-    printf("| %s | %ld | %ld | %ld | %ld | %+ld KiB (%+.2f%%) |\n", name.c_str(),
-           long(rss[0][p]), long(rss[1][p]), long(rss[2][p]), long(rss[3][p]),
-           long(rss[3][p] - rss[0][p]),
+    printf("| %s | %ld | %ld | %ld | %ld | %+ld KiB (%+.2f%%) |\n",
+           name.c_str(), long(rss[0][p]), long(rss[1][p]), long(rss[2][p]),
+           long(rss[3][p]), long(rss[3][p] - rss[0][p]),
            100.0 * double(rss[3][p] - rss[0][p]) / double(rss[0][p]));
   }
-  printf("\n%d steps in %.1f s (%.2f ms/step); first %d steps bitwise equal to "
-         "the reference\n",
-         steps, seconds, 1e3 * seconds / steps, check);
+  printf(
+      "\n%d steps in %.1f s (%.2f ms/step); first %d steps bitwise equal to "
+      "the reference\n",
+      steps, seconds, 1e3 * seconds / steps, check);
   return 0;
 }
 

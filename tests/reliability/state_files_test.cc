@@ -1,4 +1,4 @@
-// Issue 16, state files (points 6-9, 10 and 11's save/load part): safe
+// State files: safe
 // writes (unpredictable O_EXCL|O_NOFOLLOW temp files, 0600), bounded reads
 // of regular files only, malformed headers as INVALID_ARGUMENT, loaded state
 // validated, save/load linear in the param count, ownership, and muonctl
@@ -531,10 +531,10 @@ TEST_F(StateOpsTest, MuonctlSaveIsAllOrNothingAcrossRanks) {
   EXPECT_FALSE(absl::StrContains(ls, ".tmp.")) << ls;
 }
 
-// Hostile review of issue 16: a second transaction's PREPARE used to replace
-// a pending one, so the first one's COMMIT failed on that rank only (half the
-// job loaded, step ids split). Now it is refused and the first one commits
-// everywhere; a second muonctl fails without disturbing it.
+// Overlapping save/load transactions: a second transaction's PREPARE used to
+// replace a pending one, so the first one's COMMIT failed on that rank only
+// (half the job loaded, step ids split). Now it is refused and the first one
+// commits everywhere; a second muonctl fails without disturbing it.
 TEST_F(StateOpsTest, ConcurrentLoadTransactionCannotSplitTheJob) {
   ASSERT_TRUE(trainers_->RunSteps(4, 5).ok());
   for (int r = 0; r < kWorld; ++r) {

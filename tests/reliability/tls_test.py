@@ -1,4 +1,4 @@
-"""TLS on the coordinator's TCP listener (issue 10, access).
+"""TLS on the coordinator's TCP listener (access control).
 
 A self-signed certificate for 127.0.0.1 is made with the openssl CLI; the
 coordinator serves with --tls_cert/--tls_key. A client that trusts the

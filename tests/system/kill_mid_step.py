@@ -84,7 +84,7 @@ when it runs out, or the driver gets SIGTERM or SIGINT (a caller's
 `timeout`), the driver SIGKILLs what is left of the job, removes its socket
 dirs and shm objects, and still prints its checks and writes --out, within
 15 s: under a hard cap of C seconds pass --timeout C - 15 or less
-(bench/gpu_issue19.sh runs each kill case under `timeout 120`: --timeout
+(bench/gpu_multigpu_jobs.sh runs each kill case under `timeout 120`: --timeout
 100).
 """
 from __future__ import annotations
@@ -801,7 +801,7 @@ def parse_args(argv=None):
                    help="seconds for the whole launch (>= --comm-timeout-s + "
                    f"{MIN_TIMEOUT_OVER_COMM_S}); then the driver stops what is left and "
                    f"writes its result, within {CLEANUP_S} s more: under a hard cap (a "
-                   f"`timeout C`) pass at most C - {CLEANUP_S} (bench/gpu_issue19.sh: "
+                   f"`timeout C`) pass at most C - {CLEANUP_S} (bench/gpu_multigpu_jobs.sh: "
                    "`timeout 120`, --timeout 100). A SIGTERM or SIGINT to the driver does "
                    "the same at once")
     p.add_argument("--out", help="write the result as JSON here")

@@ -1,4 +1,4 @@
-"""A daemon SIGKILLed mid-step in the torchrun main job (issue 19), on CPU:
+"""A daemon SIGKILLed mid-step in the torchrun main job, on CPU:
 tests/system/kill_mid_step.py through `muond launch` with host-mode daemons
 and gloo trainers:
 * FSDP2 on 2 ranks, the victim's daemon killed between its exchanges and

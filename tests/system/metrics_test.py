@@ -1,4 +1,4 @@
-"""The servers' Prometheus endpoint (issue 21), scraped and parsed with
+"""The servers' Prometheus endpoint, scraped and parsed with
 prometheus_client's text parser after a real run: a coordinator and 2 host
 daemons with --metrics_port, one muond.torch.Muon trainer (split mode, 1 x 2
 domain: both daemons hold a shard of every matrix) running N steps and then

@@ -1,4 +1,4 @@
-"""Several nodes, simulated on one machine (issue 21).
+"""Several nodes, simulated on one machine.
 
 Two "nodes", each a `muond launch` (per-node mode: --nnodes 2 --node-rank k
 --master-addr <node 0> --node-addr <node k> --job-id --token-file) of two

@@ -1,4 +1,4 @@
-"""Issue 6 system test, Python single-trainer mode: muond-coordinator + 4 muond
+"""Split mode system test, Python single-trainer mode: muond-coordinator + 4 muond
 daemons (2x2 GTP_remat x TP domain, host mode, Gloo), launched as the real
 binaries, and one trainer in this process whose weights `muond.torch.Muon`
 splits across the daemons (client/python/muond/split.py): column-parallel,

@@ -1,5 +1,6 @@
 // muonctl argument handling: --help per subcommand, --job/--job_id, errors
-// that blame the flag, plan's required --gtp/--tp.
+// that blame the flag, plan's required --gtp/--tp, and the flag spelling:
+// help and errors in snake_case, the dashed spelling accepted too.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -55,7 +56,7 @@ TEST(Muonctl, MissingValueBlamesTheFlag) {
                        "soon"},
                       out, err),
             2);
-  EXPECT_THAT(err.str(), HasSubstr("--timeout-s needs a positive integer"));
+  EXPECT_THAT(err.str(), HasSubstr("--timeout_s needs a positive integer"));
   err.str("");
   EXPECT_EQ(RunStatus({"--coordinator", "h:1"}, out, err), 2);
   EXPECT_THAT(err.str(), HasSubstr("--job_id JOB is required"));
@@ -74,6 +75,79 @@ TEST(Muonctl, AcceptsJobAndJobId) {
     EXPECT_EQ(RunDaemons(args, out, err), 1) << flag << ": " << err.str();
     EXPECT_THAT(err.str(), HasSubstr("ListDaemons failed")) << flag;
   }
+}
+
+// The flag family's one spelling: every flag in help is snake_case.
+TEST(Muonctl, HelpSpellsEveryFlagSnakeCase) {
+  for (const Sub& sub : kSubs) {
+    std::ostringstream out, err;
+    ASSERT_EQ(sub.run({"--help"}, out, err), 0) << sub.name;
+    for (const char* dashed :
+         {"--tls-ca", "--timeout-s", "--cost-model", "--no-colocate",
+          "--round-robin", "--token-file FILE", "[--ns-steps"}) {
+      EXPECT_THAT(out.str(), Not(HasSubstr(dashed))) << sub.name;
+    }
+  }
+  std::ostringstream out, err;
+  ASSERT_EQ(RunRebalance({"--help"}, out, err), 0);
+  EXPECT_THAT(out.str(), HasSubstr("--token_file FILE"));
+  EXPECT_THAT(out.str(), HasSubstr("--tls_ca PEM"));
+  EXPECT_THAT(out.str(), HasSubstr("--timeout_s N"));
+  EXPECT_THAT(out.str(), HasSubstr("--cost_model M"));
+}
+
+// Both spellings reach the same flag (its check fails the same way, in
+// snake_case), as "--flag value" and as "--flag=value".
+TEST(Muonctl, DashedAndSnakeCaseSpellingsAreTheSameFlag) {
+  struct Case {
+    RunFn run;
+    std::vector<std::string> snake, dashed;
+    const char* error;
+  };
+  const std::vector<std::string> job = {"--coordinator", "h:1", "--job_id",
+                                        "j"};
+  auto with_job = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), job.begin(), job.end());
+    return args;
+  };
+  const std::vector<Case> cases = {
+      {RunStatus, with_job({"--timeout_s", "0"}),
+       with_job({"--timeout-s", "0"}), "--timeout_s needs a positive integer"},
+      {RunStatus, with_job({"--timeout_s=0"}), with_job({"--timeout-s=0"}),
+       "--timeout_s needs a positive integer"},
+      {RunDaemons, with_job({"--token_file", "/nonexistent/token"}),
+       with_job({"--token-file", "/nonexistent/token"}), "--token_file"},
+      {RunRebalance, with_job({"--cost_model=magic"}),
+       with_job({"--cost-model=magic"}), "--cost_model: 'magic' is not one of"},
+      {RunPlan,
+       {"--manifest", "m.json", "--gtp", "1", "--tp", "1", "--ns_steps", "0"},
+       {"--manifest", "m.json", "--gtp", "1", "--tp", "1", "--ns-steps", "0"},
+       "--ns_steps must be >= 1"},
+      {RunPlan,
+       {"--no_colocate=1"},
+       {"--no-colocate=1"},
+       "--no_colocate takes no value"},
+  };
+  for (const Case& c : cases) {
+    for (const std::vector<std::string>& args : {c.snake, c.dashed}) {
+      std::ostringstream out, err;
+      EXPECT_EQ(c.run(args, out, err), 2) << args.back() << err.str();
+      EXPECT_THAT(err.str(), HasSubstr(c.error)) << args.back();
+    }
+  }
+}
+
+// An unknown flag is quoted as typed, dashes and all.
+TEST(Muonctl, UnknownDashedFlagIsQuotedAsTyped) {
+  std::ostringstream out, err;
+  EXPECT_EQ(
+      RunDaemons({"--coordinator", "h:1", "--job_id", "j", "--no-such", "x"},
+                 out, err),
+      2);
+  EXPECT_THAT(err.str(), HasSubstr("unknown flag '--no-such'"));
+  err.str("");
+  EXPECT_EQ(RunPlan({"--no-such"}, out, err), 2);
+  EXPECT_THAT(err.str(), HasSubstr("unknown flag --no-such"));
 }
 
 TEST(Muonctl, PlanRequiresGtpAndTp) {
@@ -134,7 +208,8 @@ TEST(Muonctl, StatusPrintsGroupWithoutHomesOnOneLine) {
   adamw->add_rank_load(0);
   std::ostringstream out;
   PrintPlan(plan, out);
-  EXPECT_THAT(out.str(), HasSubstr("  group group1.solo-r0: no routed homes\n"));
+  EXPECT_THAT(out.str(),
+              HasSubstr("  group group1.solo-r0: no routed homes\n"));
   EXPECT_THAT(out.str(), Not(HasSubstr("homes per replica")));
   EXPECT_THAT(out.str(), Not(HasSubstr("rank load")));
 }

@@ -25,6 +25,7 @@
 #include "muond/v1/muond.grpc.pb.h"
 #include "proto/status_details.h"
 #include "server/common/auth.h"
+#include "server/common/flag_spelling.h"
 #include "server/common/job_id.h"
 #include "server/common/operator_id.h"
 #include "server/common/proto_convert.h"
@@ -39,23 +40,24 @@ struct Args {
   v1::CostModel cost_model = v1::COST_MODEL_UNSPECIFIED;
   std::vector<std::string> costs;
   std::optional<int64_t> after;  // unset: the coordinator's default
-  std::string token;  // --token / --token-file: x-muond-token to every server
+  std::string token;  // --token / --token_file: x-muond-token to every server
   std::string token_file;
   std::string
-      tls_ca;       // --tls-ca: PEM root certificate (TLS to the coordinator)
+      tls_ca;       // --tls_ca: PEM root certificate (TLS to the coordinator)
   std::string dir;  // save/load: the state directory
 };
 
 constexpr char kCommonFlags[] =
     "  --coordinator HOST:PORT  the job's muond-coordinator (required)\n"
     "  --job_id JOB             the job id (required; --job is the same)\n"
-    "  --token-file FILE        shared token, read from a 0600 file "
+    "  --token_file FILE        shared token, read from a 0600 file "
     "(preferred:\n"
     "                           argv is visible to every user in ps)\n"
     "  --token T                shared token (x-muond-token metadata)\n"
-    "  --tls-ca PEM             root certificate: TLS to TCP servers\n"
-    "  --timeout-s N            per-RPC deadline, seconds (default 10)\n"
-    "  --help                   this text\n";
+    "  --tls_ca PEM             root certificate: TLS to TCP servers\n"
+    "  --timeout_s N            per-RPC deadline, seconds (default 10)\n"
+    "  --help                   this text\n"
+    "Flags are snake_case; the dashed spelling (--token-file) works too.\n";
 
 enum class Kind { kPlain, kRebalance, kState };
 
@@ -64,13 +66,13 @@ std::string Usage(const std::string& sub, Kind kind) {
                                   " --coordinator HOST:PORT --job_id JOB");
   if (kind == Kind::kRebalance) {
     absl::StrAppend(&text,
-                    " [--cost-model ns_cost|flops|measured]\n"
+                    " [--cost_model ns_cost|flops|measured]\n"
                     "                 [--cost ROWSxCOLS=US]... [--after N]");
   } else if (kind == Kind::kState) {
     absl::StrAppend(&text, " --dir /ABS/DIR");
   }
   absl::StrAppend(&text,
-                  " [--token-file FILE] [--tls-ca PEM] [--timeout-s N]\n");
+                  " [--token_file FILE] [--tls_ca PEM] [--timeout_s N]\n");
   if (sub == "status") {
     absl::StrAppend(&text,
                     "Prints the job's current plan (version, activation "
@@ -83,7 +85,7 @@ std::string Usage(const std::string& sub, Kind kind) {
     absl::StrAppend(
         &text,
         "Asks the coordinator for a new plan and prints it.\n"
-        "  --cost-model M     ns_cost, flops or measured (coordinator's "
+        "  --cost_model M     ns_cost, flops or measured (coordinator's "
         "default when omitted)\n"
         "  --cost RxC=US      explicit NS cost of a shape (repeatable; "
         "overrides the model)\n"
@@ -113,7 +115,9 @@ std::string Usage(const std::string& sub, Kind kind) {
   return absl::StrCat(text, kCommonFlags);
 }
 
-// Parses "--name value" / "--name=value" pairs for subcommand `sub`.
+// Parses "--name value" / "--name=value" pairs for subcommand `sub`; a
+// dashed name is read as its snake_case spelling (--token-file is
+// --token_file).
 // Returns -1 to go on, else the exit code (0 after --help, 2 after a usage
 // error, which is printed with the usage).
 int Parse(const std::string& sub, Kind kind,
@@ -136,18 +140,19 @@ int Parse(const std::string& sub, Kind kind,
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
+    const std::string typed = name;  // errors quote what the user typed
+    name = SnakeCaseFlag(name);
     const bool known =
         name == "--coordinator" || name == "--job" || name == "--job_id" ||
-        name == "--token" || name == "--token-file" || name == "--token_file" ||
-        name == "--tls-ca" || name == "--timeout-s" ||
-        (state && name == "--dir") ||
+        name == "--token" || name == "--token_file" || name == "--tls_ca" ||
+        name == "--timeout_s" || (state && name == "--dir") ||
         (extra &&
-         (name == "--cost-model" || name == "--cost" || name == "--after"));
+         (name == "--cost_model" || name == "--cost" || name == "--after"));
     if (!known) {
-      return usage_error(absl::StrCat(absl::StartsWith(name, "-")
+      return usage_error(absl::StrCat(absl::StartsWith(typed, "-")
                                           ? "unknown flag '"
                                           : "unexpected argument '",
-                                      name, "'"));
+                                      typed, "'"));
     }
     if (eq == std::string::npos) {
       if (i + 1 >= args.size()) {
@@ -161,19 +166,19 @@ int Parse(const std::string& sub, Kind kind,
       out->job = value;
     } else if (name == "--token") {
       out->token = value;
-    } else if (name == "--token-file" || name == "--token_file") {
+    } else if (name == "--token_file") {
       out->token_file = value;
-    } else if (name == "--tls-ca") {
+    } else if (name == "--tls_ca") {
       out->tls_ca = value;
     } else if (name == "--dir") {
       out->dir = value;
-    } else if (name == "--timeout-s") {
+    } else if (name == "--timeout_s") {
       if (!absl::SimpleAtoi(value, &out->timeout_s) || out->timeout_s < 1) {
         return usage_error(absl::StrCat(
-            "--timeout-s needs a positive integer, got '", value, "'"));
+            "--timeout_s needs a positive integer, got '", value, "'"));
       }
-    } else if (name == "--cost-model") {
-      absl::StatusOr<CostModel> model = ParseCostModel(value, "--cost-model");
+    } else if (name == "--cost_model") {
+      absl::StatusOr<CostModel> model = ParseCostModel(value, "--cost_model");
       if (!model.ok())
         return usage_error(std::string(model.status().message()));
       out->cost_model = ToProto(*model);
@@ -235,7 +240,7 @@ int RpcFailed(const char* rpc, const grpc::Status& st, std::ostream& err) {
   return 1;
 }
 
-// The operator's name of a plan's cost model ("measured"), as --cost-model
+// The operator's name of a plan's cost model ("measured"), as --cost_model
 // takes it.
 std::string CostModelNameOf(v1::CostModel model) {
   absl::StatusOr<CostModel> core = FromProto(model, "cost_model");

@@ -1,6 +1,6 @@
 #pragma once
 // muonctl subcommands against a running muond-coordinator:
-//   muonctl status    --coordinator HOST:PORT --job_id JOB [--timeout-s N]
+//   muonctl status    --coordinator HOST:PORT --job_id JOB [--timeout_s N]
 //       the job's current plan (version, activation step, cost model, per
 //       group max/mean, each domain rank's NS load and its share of the
 //       group's total, homes per DP replica) and every daemon's last step and
@@ -8,7 +8,7 @@
 //   muonctl daemons   --coordinator HOST:PORT --job_id JOB
 //       one line per daemon: rank, host, device, address, last step, total us.
 //   muonctl rebalance --coordinator HOST:PORT --job_id JOB
-//                     [--cost-model ns_cost|flops|measured]
+//                     [--cost_model ns_cost|flops|measured]
 //                     [--cost ROWSxCOLS=US]... [--after N]
 //       asks for a new plan (explicit per-shape costs override the model),
 //       activating N steps after the latest reported step; prints it.
@@ -29,9 +29,9 @@
 //       a trainer that ended without unregistering (killed, crashed).
 // --job is accepted as a synonym of --job_id. `muonctl SUB --help` prints
 // SUB's usage to stdout and exits 0.
-// Every subcommand takes --token-file FILE (or --token T; the file keeps the
+// Every subcommand takes --token_file FILE (or --token T; the file keeps the
 // token out of ps; sent as metadata 'x-muond-token' to the coordinator and
-// the daemons) and --tls-ca PEM (TLS to TCP servers).
+// the daemons) and --tls_ca PEM (TLS to TCP servers).
 // Exit codes: 0 ok, 1 RPC failure (the gRPC status is printed), 2 usage.
 #include <ostream>
 #include <string>

@@ -11,14 +11,15 @@
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
 #include "nlohmann/json.hpp"
+#include "server/common/flag_spelling.h"
 
 namespace muond::muonctl {
 namespace {
 
 constexpr char kUsage[] =
     "usage: muonctl plan --manifest FILE --gtp G --tp T [--dp D]\n"
-    "                    [--cost ns_cost|flops|flops_syrk] [--ns-steps N]\n"
-    "                    [--no-colocate] [--round-robin]\n"
+    "                    [--cost ns_cost|flops|flops_syrk] [--ns_steps N]\n"
+    "                    [--no_colocate] [--round_robin]\n"
     "Plans Newton-Schulz homes offline for a D x G x T (dp x gtp x tp)\n"
     "domain and prints the plan as JSON. Talks to no daemon.\n"
     "  --manifest FILE  param manifest (JSON, core/plan/manifest.h); required\n"
@@ -27,10 +28,11 @@ constexpr char kUsage[] =
     "  --dp D           data-parallel replicas, >= 1 (default 1): each param\n"
     "                   gets a home replica, rank_load has D*G*T entries\n"
     "  --cost C         ns_cost (default), flops or flops_syrk\n"
-    "  --ns-steps N     Newton-Schulz iterations (default 5)\n"
-    "  --no-colocate    do not keep same-shape params on one home\n"
-    "  --round-robin    round-robin homes instead of the planner\n"
-    "  --help           this text\n";
+    "  --ns_steps N     Newton-Schulz iterations (default 5)\n"
+    "  --no_colocate    do not keep same-shape params on one home\n"
+    "  --round_robin    round-robin homes instead of the planner\n"
+    "  --help           this text\n"
+    "Flags are snake_case; the dashed spelling (--ns-steps) works too.\n";
 
 struct PlanArgs {
   std::string manifest;
@@ -44,14 +46,15 @@ struct PlanArgs {
   PlannerOptions planner;  // cost and symmetric_ns, from `cost`
 };
 
-// Accepts "--flag value" and "--flag=value". Returns an error message or "".
+// Accepts "--flag value" and "--flag=value", a dashed name as its snake_case
+// spelling (--ns-steps is --ns_steps). Returns an error message or "".
 std::string ParseArgs(const std::vector<std::string>& args, PlanArgs& out) {
   const std::map<std::string, std::string*> strings = {
       {"--manifest", &out.manifest}, {"--cost", &out.cost}};
   const std::map<std::string, int*> ints = {{"--gtp", &out.gtp},
                                             {"--tp", &out.tp},
                                             {"--dp", &out.dp},
-                                            {"--ns-steps", &out.ns_steps}};
+                                            {"--ns_steps", &out.ns_steps}};
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i], value;
     const bool has_eq = flag.find('=') != std::string::npos;
@@ -59,14 +62,16 @@ std::string ParseArgs(const std::vector<std::string>& args, PlanArgs& out) {
       value = flag.substr(flag.find('=') + 1);
       flag = flag.substr(0, flag.find('='));
     }
-    if (flag == "--no-colocate" || flag == "--round-robin") {
+    const std::string typed = flag;  // errors quote what the user typed
+    flag = SnakeCaseFlag(flag);
+    if (flag == "--no_colocate" || flag == "--round_robin") {
       if (has_eq) return flag + " takes no value";
-      (flag == "--no-colocate" ? out.colocate : out.round_robin) =
-          flag == "--round-robin";
+      (flag == "--no_colocate" ? out.colocate : out.round_robin) =
+          flag == "--round_robin";
       continue;
     }
     const bool known = strings.count(flag) || ints.count(flag);
-    if (!known) return "unknown flag " + flag;
+    if (!known) return "unknown flag " + typed;
     if (!has_eq) {
       if (i + 1 >= args.size()) return flag + " needs a value";
       value = args[++i];
@@ -83,7 +88,7 @@ std::string ParseArgs(const std::vector<std::string>& args, PlanArgs& out) {
   if (out.gtp < 1) return "--gtp=" + std::to_string(out.gtp) + " must be >= 1";
   if (out.tp < 1) return "--tp=" + std::to_string(out.tp) + " must be >= 1";
   if (out.dp < 1) return "--dp=" + std::to_string(out.dp) + " must be >= 1";
-  if (out.ns_steps < 1) return "--ns-steps must be >= 1";
+  if (out.ns_steps < 1) return "--ns_steps must be >= 1";
   if (absl::Status cost = SetOfflineCost(out.cost, "--cost", out.planner);
       !cost.ok()) {
     return std::string(cost.message());

@@ -1,7 +1,7 @@
 #pragma once
 // `muonctl plan --manifest FILE --gtp G --tp T [--cost
 // ns_cost|flops|flops_syrk]
-//               [--ns-steps N] [--no-colocate] [--round-robin]`
+//               [--ns_steps N] [--no_colocate] [--round_robin]`
 // --gtp and --tp are required. `--help` prints the usage, exit 0.
 // Offline: reads a param manifest (core/plan/manifest.h), plans NS homes for a
 // G x T domain and prints the plan as JSON: homes, per-rank loads,

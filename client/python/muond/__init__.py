@@ -1,7 +1,9 @@
 """muond trainer-side Python client.
 
 * ``muond.client.Client`` — a thin wrapper over the generated gRPC stub of one daemon.
-* ``muond.torch.Muon``    — a ``torch.optim.Optimizer`` whose step runs on muond daemons.
+* ``muond.torch.Muon``    — a ``torch.optim.Optimizer`` whose step runs on muond daemons
+  (the package ``muond.torch``: optimizer, option objects, layout strategies, memory
+  sharing, registration; ``muond.placement`` re-exports its placement and discovery).
 * ``muond.split``         — single-trainer split mode: how a full weight is laid out in one
   shared buffer and cut into per-daemon strided views (pure math, no I/O).
 * ``muond.shm``           — POSIX shared-memory buffers viewed as torch tensors.

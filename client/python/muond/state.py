@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from muond import split as _split
+from muond._dtensor import is_dtensor
 
 # torch.optim's state keys per algorithm -> the daemons' entry suffix.
 TORCH_KEYS = {
@@ -66,14 +67,6 @@ def dist_spec(p) -> DistSpec | None:
 def local_shape(p) -> tuple:
     """The shape the daemons hold of param ``p``: a DTensor's local shard's."""
     return tuple(p._local_tensor.shape if is_dtensor(p) else p.shape)
-
-
-def is_dtensor(value) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch without torch.distributed
-        return False
-    return isinstance(value, DTensor)
 
 
 @dataclass(frozen=True)

@@ -346,7 +346,7 @@ class OptimizerProtocolTest(unittest.TestCase):
             opt.step_id = 0
             opt.load_state_dict(sd)
             self.assertEqual(opt.step_id, 2)
-            # add_param_group after construction works (issue 17); the step id stays.
+            # add_param_group after construction works; the step id stays.
             opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(3, 3))]})
             self.assertEqual(opt.step_id, 2)
             opt.close()

@@ -149,7 +149,7 @@ class GramDaemonTest(ClusterTestCase):
 
 
     def test_custom_coefficients_that_overflow_are_refused_and_nothing_changes(self):
-        """Issue 20's hostile finding 1 against a real daemon: a coefficient
+        """Coefficients fp16 Gram NS cannot hold, against a real daemon: a coefficient
         above fp16's 65504 with fp16 Gram is refused naming the tuple; a
         schedule that overflows fp16 in the iteration (300^3) is refused at
         the step, params and momentum unchanged, and the next step runs."""
@@ -192,7 +192,7 @@ class GramDaemonTest(ClusterTestCase):
     def test_client_gram_option_edges(self):
         """Hostile finding 4: integer-likes (numpy ints) are ints; None and 0
         are the same aspect ratio on load; messages show values as given."""
-        from muond.torch import _frozen, _loaded_options, _thawed, check_gram_options
+        from muond.torch.groups import check_gram_options, frozen, loaded_options, thawed
         group = {"name": "g", "algorithm": "muon", "ns_algorithm": "gram",
                  "gram_dtype": "fp16", "ns_steps": 5}
         check_gram_options(0, dict(group, gram_restarts=np.array([1, 3])))
@@ -205,14 +205,14 @@ class GramDaemonTest(ClusterTestCase):
         with self.assertRaises(ValueError):
             check_gram_options(0, dict(group, gram_restarts=[True]))
         here = dict(group, gram_min_aspect_ratio=None, lr=0.02)
-        self.assertEqual(_loaded_options(0, here, {"gram_min_aspect_ratio": 0}), {})
-        self.assertEqual(_loaded_options(0, dict(here, gram_min_aspect_ratio=0.0),
+        self.assertEqual(loaded_options(0, here, {"gram_min_aspect_ratio": 0}), {})
+        self.assertEqual(loaded_options(0, dict(here, gram_min_aspect_ratio=0.0),
                                          {"gram_min_aspect_ratio": None}), {})
         with self.assertRaises(ValueError) as ctx:
-            _loaded_options(0, here, {"gram_min_aspect_ratio": 2.0})
+            loaded_options(0, here, {"gram_min_aspect_ratio": 2.0})
         self.assertIn("'gram_min_aspect_ratio'", str(ctx.exception))
-        self.assertEqual(_thawed(_frozen([1, 3])), [1, 3])
-        self.assertEqual(_thawed(_frozen(None)), None)
+        self.assertEqual(thawed(frozen([1, 3])), [1, 3])
+        self.assertEqual(thawed(frozen(None)), None)
 
 
 if __name__ == "__main__":

@@ -375,7 +375,7 @@ class StateTest(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, r"opt.state_dict\(\)"):
             torch.save(opt, io.BytesIO())
 
-    # -- add_param_group failure paths (issue 17's hostile review) ----------
+    # -- add_param_group failure paths (bad groups, refusals, failed rollback) --
     def _late_group(self, ps, **extra):
         ps["late"] = torch.nn.Parameter(
             torch.randn(10, 6, generator=torch.Generator().manual_seed(5)))

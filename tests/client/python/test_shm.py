@@ -12,7 +12,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_daemon import start_cluster  # noqa: E402
 from muond.shm import ShmBuffer  # noqa: E402
-from muond.torch import Muon, _Regions  # noqa: E402
+from muond.torch import Muon  # noqa: E402
+from muond.torch.memory import Regions  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
 
 
@@ -43,7 +44,7 @@ class ShmBufferTest(unittest.TestCase):
 
 class RegionsTest(unittest.TestCase):
     def test_one_region_per_shm_object(self):
-        regions = _Regions()
+        regions = Regions()
         a, b = ShmBuffer("test", 10), ShmBuffer("test", 3)
         try:
             self.assertEqual(regions.shm(a), a.name)
@@ -60,7 +61,7 @@ class RegionsTest(unittest.TestCase):
     def test_cuda_buffers_of_one_allocation_share_its_widest_region(self):
         # Buffers in one caching-allocator block share its IPC handle: one
         # region, as large as the farthest storage end any of them reaches.
-        regions = _Regions()
+        regions = Regions()
         h1, h2 = bytes(64), bytes(range(64))
         first = regions.cuda(0, h1, 512)
         self.assertEqual(regions.cuda(0, h1, 2048), first)

@@ -100,12 +100,12 @@ class SameRulesAsCoreTest(unittest.TestCase):
 
 class CudaHandleTest(unittest.TestCase):
     def test_raw_handle_from_torch_shareable_handle(self):
-        from muond.torch import _raw_cuda_ipc_handle
+        from muond.torch.memory import raw_cuda_ipc_handle
         raw = bytes(range(64))
-        self.assertEqual(_raw_cuda_ipc_handle(raw), raw)
-        self.assertEqual(_raw_cuda_ipc_handle(b"\x02c" + raw), raw)
+        self.assertEqual(raw_cuda_ipc_handle(raw), raw)
+        self.assertEqual(raw_cuda_ipc_handle(b"\x02c" + raw), raw)
         with self.assertRaisesRegex(ValueError, "expandable_segments"):
-            _raw_cuda_ipc_handle(b"\x02e" + raw + b"xx")
+            raw_cuda_ipc_handle(b"\x02e" + raw + b"xx")
 
 
 if __name__ == "__main__":

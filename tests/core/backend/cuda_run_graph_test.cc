@@ -2,7 +2,9 @@
 // device): a replay reads the buffers' current data; the 65th key evicts the
 // least recently used one, which then captures anew; work that cannot be
 // captured (a host synchronisation) runs directly, once per call, and its key
-// is never captured again; a RunGraph inside another's work is part of it.
+// is never captured again; a RunGraph inside another's work is part of it;
+// with CudaBackendOptions::cuda_graphs off (muond-daemon --nocuda_graphs)
+// every RunGraph runs its work directly.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -18,7 +20,7 @@ class CudaRunGraphTest : public ::testing::Test {
   void SetUp() override {
     if (!CudaDeviceAvailable())
       GTEST_SKIP() << "no CUDA device on this machine";
-    auto b = MakeCudaBackend(0);
+    auto b = MakeCudaBackend(0, options_);
     ASSERT_TRUE(b.ok()) << b.status();
     gpu_ = std::move(*b);
     src_ = ContiguousView(*gpu_->Allocate(kN * 4), DType::kFloat32, 1, kN);
@@ -50,6 +52,7 @@ class CudaRunGraphTest : public ::testing::Test {
   CudaGraphCounts Counts() const { return GetCudaGraphCounts(*gpu_); }
 
   static constexpr int64_t kN = 1000;
+  CudaBackendOptions options_;  // set before SetUp by a subclass
   std::unique_ptr<Backend> gpu_;
   MatrixView src_, dst_;
   std::vector<float> host_;
@@ -114,6 +117,22 @@ TEST_F(CudaRunGraphTest, NestedRunGraphIsPartOfTheOuterGraph) {
   EXPECT_EQ(Dst(), std::vector<float>(kN, 6.0f));
   EXPECT_EQ(Counts().captures, 1);
   EXPECT_EQ(Counts().launches, 2);
+}
+
+class CudaGraphsOffTest : public CudaRunGraphTest {
+ protected:
+  CudaGraphsOffTest() { options_.cuda_graphs = false; }
+};
+
+TEST_F(CudaGraphsOffTest, RunGraphRunsTheWorkDirectlyEveryTime) {
+  for (float value : {3.0f, -1.0f}) {
+    Fill(value);
+    ASSERT_TRUE(Convert(1).ok());
+    EXPECT_EQ(Dst(), std::vector<float>(kN, value));
+  }
+  EXPECT_EQ(Counts().captures, 0);
+  EXPECT_EQ(Counts().launches, 0);
+  EXPECT_EQ(Counts().fallbacks, 0);
 }
 
 }  // namespace

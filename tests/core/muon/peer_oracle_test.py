@@ -1,4 +1,4 @@
-"""Peer oracles for muond's CPU math (issue 4), fed the same fp32 inputs:
+"""Peer oracles for muond's CPU math, fed the same fp32 inputs:
 
 1. Newton-Schulz for every coefficient set vs Emerging-Optimizers 0.3.0
    `newton_schulz` at "highest" fp32 matmul precision: <= 1e-5 relative

@@ -344,6 +344,60 @@ TEST(Cost, NsCostAndFlopsKnownValues) {
   EXPECT_EQ(NsFlops(1024, 1024, 3, false), 18.0 * 1024 * 1024 * 1024);
 }
 
+// 1-D tensors: whole, an equal TP piece, then a GTP block, against hand
+// values.
+TEST(LocalLengthOf1d, WholeOrSplitByTpThenGtp) {
+  ShardTags none;
+  EXPECT_EQ(*LocalLengthOf1d("b", 12, none, DomainSize{2, 2}, 1), 12);
+  ShardTags tp;
+  tp.tensor_model_parallel = true;
+  tp.partition_dim = 0;
+  EXPECT_EQ(*LocalLengthOf1d("b", 12, tp, DomainSize{1, 4}, 0), 3);
+  // partition_dim 1 (or -1) on a 1-D tensor: every TP rank holds it whole.
+  ShardTags tp_dim1 = tp;
+  tp_dim1.partition_dim = 1;
+  EXPECT_EQ(*LocalLengthOf1d("b", 12, tp_dim1, DomainSize{1, 4}, 0), 12);
+  // An axis of size 1 ignores its tag.
+  EXPECT_EQ(*LocalLengthOf1d("b", 12, tp, DomainSize{1, 1}, 0), 12);
+  ShardTags gtp;
+  gtp.is_gtp_weight_remat = true;
+  gtp.pad_length = 2;
+  // (12 + 2) / 2 = 7 per GTP rank.
+  EXPECT_EQ(*LocalLengthOf1d("b", 12, gtp, DomainSize{2, 1}, 1), 7);
+  ShardTags both = gtp;
+  both.tensor_model_parallel = true;
+  both.partition_dim = 0;
+  // TP first: 12 / 2 = 6, then (6 + 2) / 2 = 4.
+  EXPECT_EQ(*LocalLengthOf1d("b", 12, both, DomainSize{2, 2}, 0), 4);
+  ShardTags uneven = both;
+  uneven.pad_length = 0;
+  uneven.gtp_rows = {5, 1};
+  EXPECT_EQ(*LocalLengthOf1d("b", 12, uneven, DomainSize{2, 2}, 1), 1);
+}
+
+TEST(LocalLengthOf1d, ErrorsNameTheParamAndTheRule) {
+  ShardTags tp;
+  tp.tensor_model_parallel = true;
+  tp.partition_dim = 0;
+  EXPECT_EQ(
+      LocalLengthOf1d("b", 10, tp, DomainSize{1, 4}, 0).status().message(),
+      "param 'b': full_shape [10] not divisible by tp_size 4");
+  ShardTags gtp;
+  gtp.is_gtp_weight_remat = true;
+  EXPECT_THAT(
+      std::string(
+          LocalLengthOf1d("b", 5, gtp, DomainSize{2, 1}, 0).status().message()),
+      HasSubstr("param 'b': TP-local dim 0 (5) + pad_length (0) is not "
+                "divisible by G=2"));
+  // gtp_rows on a tensor that is not GTP-split.
+  ShardTags rows_only;
+  rows_only.gtp_rows = {6, 6};
+  const absl::Status st =
+      LocalLengthOf1d("b", 12, rows_only, DomainSize{2, 1}, 0).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("param 'b': gtp_rows"));
+}
+
 TEST(ParamShardingName, AllNames) {
   EXPECT_STREQ(ParamShardingName(ParamSharding::kReplicated), "REPLICATED");
   EXPECT_STREQ(ParamShardingName(ParamSharding::kGtpRemat), "GTP_REMAT");

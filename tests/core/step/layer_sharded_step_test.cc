@@ -733,7 +733,7 @@ TEST(LayerShardedStep, Domain4x1) { RunAndCompare({Mixed(4, 1)}); }
 TEST(LayerShardedStep, Domain2x2) { RunAndCompare({Mixed(2, 2)}); }
 TEST(LayerShardedStep, Domain2x3) { RunAndCompare({Mixed(2, 3)}); }
 TEST(LayerShardedStep, Domain3x2) { RunAndCompare({Mixed(3, 2)}); }
-// Eight ranks: the 1 x N, N x 1 and 2 x (N/2) domains (and 4 x 2) on
+// Eight ranks: the design's 1 x N, N x 1 and 2 x (N/2) domains (and 4 x 2) on
 // an 8-GPU machine (NCCL, one GPU per rank; fewer GPUs skip). Over Gloo they
 // cost ~0.5 s each (8 processes), so the CPU build runs them in CI too.
 TEST(LayerShardedStep, Domain1x8) { RunAndCompare({Mixed(1, 8)}); }

@@ -1,5 +1,5 @@
 // Custom Newton-Schulz coefficients that leave the iteration dtype's range
-// (issue 20's hostile test, finding 1): refused, never applied.
+// (an overflowing user schedule): refused, never applied.
 //  a. A custom coefficient above fp16's 65504 where Gram NS iterates in fp16
 //     is refused at registration, naming the tuple and the range.
 //  b. A custom schedule whose coefficients fit but whose product overflows

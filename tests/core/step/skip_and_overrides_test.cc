@@ -468,51 +468,6 @@ TEST(SkipParams, AnUnknownNameOnOneRankIsRefusedOnEveryRank) {
                   {{{.seed = 1}}, {{.seed = 1}}});
 }
 
-TEST(Overrides, BoundsAndAlgorithmErrorsNameGroupAndField) {
-  const std::map<std::string, Algorithm> groups = {{"dense", Algorithm::kMuon},
-                                                   {"adam", Algorithm::kAdamW}};
-  struct Case {
-    std::function<void(StepOverrides&)> set;
-    std::string expect;
-  };
-  const std::vector<Case> cases = {
-      {[](StepOverrides& o) { o.momentum["dense"] = 1.0; },
-       "group 'dense' momentum must be in [0, 1)"},
-      {[](StepOverrides& o) { o.momentum["dense"] = -0.1; },
-       "group 'dense' momentum must be in [0, 1)"},
-      {[](StepOverrides& o) { o.beta1["adam"] = 1.5; },
-       "group 'adam' beta1 must be in [0, 1)"},
-      {[](StepOverrides& o) { o.beta2["adam"] = std::nan(""); },
-       "group 'adam' beta2 must be in [0, 1)"},
-      {[](StepOverrides& o) { o.eps["adam"] = 1e-300; },
-       "group 'adam' eps must be > 0"},
-      {[](StepOverrides& o) { o.eps["adam"] = 0; },
-       "group 'adam' eps must be > 0"},
-      {[](StepOverrides& o) { o.beta1["dense"] = 0.9; },
-       "group 'dense' beta1 is an AdamW hyperparameter"},
-      {[](StepOverrides& o) { o.momentum["adam"] = 0.9; },
-       "group 'adam' momentum is a Muon hyperparameter"},
-      {[](StepOverrides& o) { o.nesterov["adam"] = true; },
-       "group 'adam' nesterov is a Muon hyperparameter"},
-      {[](StepOverrides& o) { o.eps["ghost"] = 1e-8; },
-       "unknown group 'ghost'"},
-  };
-  for (const Case& c : cases) {
-    StepOverrides o;
-    c.set(o);
-    const absl::Status st = CheckStepOverrides(o, groups);
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.expect;
-    EXPECT_TRUE(absl::StrContains(st.message(), c.expect)) << st;
-  }
-  StepOverrides fine;
-  fine.momentum["dense"] = 0.0;
-  fine.nesterov["dense"] = false;
-  fine.beta1["adam"] = 0.0;
-  fine.beta2["adam"] = 0.999999;
-  fine.eps["adam"] = 1e-30;
-  EXPECT_TRUE(CheckStepOverrides(fine, groups).ok());
-}
-
 // A single-rank engine for the state tests.
 struct SoloAdamW {
   std::vector<float> b0 = {0.1f, 0.2f}, b1 = {0.3f, 0.4f, 0.5f};

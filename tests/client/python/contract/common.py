@@ -8,7 +8,7 @@ torch side runs it in fp32 as tests/core/muon/peer_oracle_test.py does (the
 one bf16 cast, `grad.bfloat16()`, returns an fp32 copy instead), and muond is
 asked for fp32 ("highest") explicitly; then the two differ by fp32 rounding
 only: REL_TOL (relative, max over elements / max |value|). Every effect under
-test here is orders of magnitude above it (the issue measured 3e-2 .. 1e-1).
+test here is orders of magnitude above it (measured 3e-2 .. 1e-1).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 17's checkpoint contract: every standard way a user checkpoints an
+"""The checkpoint contract: every standard way a user checkpoints an
 optimizer resumes muond.torch.Muon BITWISE equal to the uninterrupted run
 (real daemons: a coordinator + 2 host daemons, weights split over both, an
 AdamW group on one), and, as a check of the harness itself, the same

@@ -1,4 +1,4 @@
-"""Issue 17's step contract, side by side: the same script runs against
+"""The step contract, side by side: the same script runs against
 torch.optim.Muon (+ torch.optim.AdamW for the AdamW group; NS in fp32) and
 muond.torch.Muon on real daemons (a coordinator + 2 host daemons, the weights
 split over both), and the params must agree to fp32 rounding (REL_TOL) after

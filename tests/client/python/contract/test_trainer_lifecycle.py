@@ -1,5 +1,5 @@
 """A trainer that ends without ``opt.close()`` must not lock the daemons
-(issue 17: resuming in a new process after a crash or preemption is why one
+(resuming in a new process after a crash or preemption is why one
 checkpoints). A trainer subprocess registers and steps, then ends without
 close(): a normal exit or an uncaught exception unregisters (the finalizer
 runs at interpreter exit); after SIGKILL the next trainer finds the holder's

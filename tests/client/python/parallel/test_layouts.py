@@ -39,7 +39,7 @@ LAYOUT_TIMEOUT_S = 90
 # A refused layout must reach every rank far sooner than the 30 s waits.
 REFUSAL_BOUND_S = 10
 
-# The pieces of issue 18 a case needs and that are not on main yet: the case
+# The pieces of the engine a case needs and that are not there yet: the case
 # is skipped naming them (remove the name when it lands).
 NEEDS_DP = "engine's DP axis (dp_share) and plans' DP homes"
 NEEDS_UNEVEN = "uneven's gtp_rows (FSDP2 torch.chunk shards, 0-row shards)"

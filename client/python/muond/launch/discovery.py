@@ -1,0 +1,112 @@
+"""What the launcher finds on this host: the server binaries (--bin-dir,
+$MUOND_BIN_DIR, PATH, else the checkout's bazel-bin), muonctl beside them,
+the GPUs nvidia-smi lists and the host name's address."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+
+from muond.launch.errors import LaunchError
+
+
+def count_gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def host_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _executable_in(directory: str, name: str, tree_path: str) -> str | None:
+    for path in (os.path.join(directory, name), os.path.join(directory, tree_path)):
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+# Where each server lies in a bazel-bin tree (a flat bin/ holds it by name).
+_DAEMON_IN_TREE = "server/daemon/muond-daemon"
+_COORDINATOR_IN_TREE = "server/coordinator/muond-coordinator"
+
+
+def find_servers(bin_dir: str | None, env) -> tuple[str, str, str]:
+    """(muond-daemon, muond-coordinator, where from): --bin-dir or
+    $MUOND_BIN_DIR, else PATH, else the bazel-bin of the checkout around the
+    current directory; LaunchError saying how to provide them."""
+    given = bin_dir or env.get("MUOND_BIN_DIR")
+    if given:
+        return _servers_in(given, "--bin-dir" if bin_dir else "$MUOND_BIN_DIR")
+    found = _servers_on_path(env.get("PATH"))
+    if found:
+        return found
+    repo = checkout_root(os.getcwd())
+    if repo:
+        bazel_bin = os.path.join(repo, "bazel-bin")
+        coord, daemon = (os.path.join(bazel_bin, rel)
+                         for rel in (_COORDINATOR_IN_TREE, _DAEMON_IN_TREE))
+        if os.access(coord, os.X_OK) and os.access(daemon, os.X_OK):
+            return daemon, coord, bazel_bin
+    where = (f"--bin-dir {repo}/bazel-bin" if repo
+             else "--bin-dir (a bundle's bin/ or a bazel-bin tree)")
+    raise LaunchError(f"no muond-coordinator found: pass {where} or set $MUOND_BIN_DIR, put "
+                      "muond-coordinator and muond-daemon on PATH, or build them (bazel build "
+                      "//server/daemon:muond-daemon //server/coordinator:muond-coordinator)")
+
+
+def _servers_in(given: str, what: str) -> tuple[str, str, str]:
+    """Both servers in the directory the user named (flat or a bazel-bin
+    tree), else LaunchError naming the one missing."""
+    coord = _executable_in(given, "muond-coordinator", _COORDINATOR_IN_TREE)
+    daemon = _executable_in(given, "muond-daemon", _DAEMON_IN_TREE)
+    if not coord or not daemon:
+        missing = "muond-coordinator" if not coord else "muond-daemon"
+        raise LaunchError(f"{what} {given}: no executable {missing} there (flat or "
+                          f"{_COORDINATOR_IN_TREE if not coord else _DAEMON_IN_TREE})")
+    return daemon, coord, f"{what} {given}"
+
+
+def _servers_on_path(path: str | None) -> tuple[str, str, str] | None:
+    """Both servers on PATH, each found by its own name; None when neither
+    is there; LaunchError when only one is."""
+    coord, daemon = (shutil.which(name, path=path)
+                     for name in ("muond-coordinator", "muond-daemon"))
+    if coord and daemon:
+        return daemon, coord, "PATH"
+    if coord or daemon:
+        raise LaunchError(f"PATH: {coord or daemon} is there but no executable "
+                          f"{'muond-daemon' if coord else 'muond-coordinator'}; pass --bin-dir")
+    return None
+
+
+def checkout_root(start: str) -> str | None:
+    """The nearest directory at or above `start` holding WORKSPACE: the
+    checkout whose bazel-bin holds the servers (the package itself may be
+    installed anywhere, a venv's site-packages included)."""
+    here = os.path.abspath(start)
+    while True:
+        if os.path.isfile(os.path.join(here, "WORKSPACE")):
+            return here
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
+def find_muonctl(coordinator_bin: str) -> str:
+    """muonctl beside the coordinator (a bundle's bin/), in its bazel-bin
+    tree, on PATH, else the bare name."""
+    here = os.path.dirname(coordinator_bin)
+    tree = os.path.dirname(os.path.dirname(here))
+    for path in (os.path.join(here, "muonctl"), os.path.join(tree, "tools", "muonctl", "muonctl")):
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return shutil.which("muonctl") or "muonctl"

@@ -1,0 +1,97 @@
+"""Which daemon this trainer rank talks to, from the environment.
+
+Environment (``discover``): one daemon per trainer rank, daemon rank ==
+trainer global rank. The address is ``$MUOND_DAEMON`` if set, else
+``unix://$MUOND_SOCKET_DIR/muond-<job>-<rank>.sock`` when ``$MUOND_SOCKET_DIR``
+is an absolute path (``muond launch`` exports it: its daemons listen there),
+else the daemon's own default socket for (job, rank) (server/daemon/main.cc,
+server/common/unix_socket.cc PrivateSocketDir):
+``unix://$XDG_RUNTIME_DIR/muond/muond-<job>-<rank>.sock``, or
+``unix:///tmp/muond-<uid>/muond-<job>-<rank>.sock`` without an absolute
+XDG_RUNTIME_DIR; job = ``$MUOND_JOB_ID`` (default "default"), rank =
+``$RANK`` (torchrun), else ``$SLURM_PROCID`` (ASCII digits only); the token
+file is ``$MUOND_TOKEN_FILE``. A default socket that does not exist is
+reported at once (``Discovered.missing_socket``) instead of waited for.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from muond._env import env_int
+
+
+def env_rank(env=None) -> int | None:
+    """This trainer's global rank: $RANK (torchrun), else $SLURM_PROCID."""
+    for key in ("RANK", "SLURM_PROCID"):
+        rank = env_int(key, env)
+        if rank is not None:
+            return rank
+    return None
+
+
+def default_socket(job_id: str, rank: int, env=None, uid: int | None = None) -> str:
+    """The socket of (job, rank): in ``$MUOND_SOCKET_DIR`` when it is absolute
+    (where ``muond launch`` puts its daemons' sockets), else the daemon's
+    default --listen, server/daemon/main.cc's rule (PrivateSocketDir in
+    server/common/unix_socket.cc)."""
+    env = os.environ if env is None else env
+    launched = env.get("MUOND_SOCKET_DIR", "")
+    if launched.startswith("/"):
+        return f"unix://{launched.rstrip('/')}/muond-{job_id}-{rank}.sock"
+    xdg = env.get("XDG_RUNTIME_DIR", "")
+    directory = (f"{xdg}/muond" if xdg.startswith("/")
+                 else f"/tmp/muond-{os.geteuid() if uid is None else uid}")
+    return f"unix://{directory}/muond-{job_id}-{rank}.sock"
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """``job_source`` says where ``job_id`` came from (for error messages);
+    ``default_socket``: the socket path when the address is the daemon's
+    default socket (no $MUOND_DAEMON), else None."""
+    address: str
+    job_id: str
+    rank: int | None
+    token_file: str | None
+    job_source: str = ""
+    default_socket: str | None = None
+
+    def missing_socket(self) -> str | None:
+        """Why this rank has no daemon, when the address is a default socket
+        that does not exist (a forgotten $MUOND_JOB_ID waits out the health
+        timeout otherwise); None when there is nothing to say. A socket that
+        exists may be a daemon still starting: the caller waits for it."""
+        if self.default_socket is None or os.path.exists(self.default_socket):
+            return None
+        return (f"muond: no daemon socket at {self.default_socket}: the default socket for "
+                f"job {self.job_id!r} ({self.job_source}) and rank {self.rank}; set "
+                "$MUOND_JOB_ID to the daemons' --job_id, or $MUOND_DAEMON to this rank's "
+                "daemon address")
+
+
+def discover(job_id: str | None = None, env=None) -> Discovered:
+    """This trainer's daemon from the environment (module docstring), or
+    ValueError saying what to set."""
+    env = os.environ if env is None else env
+    if job_id is not None:
+        job, job_source = job_id, "job_id= given"
+    elif env.get("MUOND_JOB_ID"):
+        job, job_source = env["MUOND_JOB_ID"], "from $MUOND_JOB_ID"
+    else:
+        job, job_source = "default", "$MUOND_JOB_ID is unset, so \"default\""
+    rank = env_rank(env)
+    address = env.get("MUOND_DAEMON", "")
+    path = None
+    if not address:
+        if rank is None:
+            raise ValueError(
+                "muond.torch.Muon needs its daemon: pass daemons=[addresses], or run under "
+                "torchrun/srun ($RANK or $SLURM_PROCID picks the daemon's default socket "
+                "muond-<job>-<rank>.sock, job from $MUOND_JOB_ID), or set $MUOND_DAEMON")
+        if "/" in job:
+            raise ValueError(f"job id {job!r} contains '/': it cannot name the default socket "
+                             "muond-<job>-<rank>.sock; set $MUOND_DAEMON")
+        address = default_socket(job, rank, env)
+        path = address[len("unix://"):]
+    return Discovered(address, job, rank, env.get("MUOND_TOKEN_FILE") or None, job_source, path)

@@ -1,0 +1,385 @@
+"""Param groups: torch.optim's keys as muond's options and back, the checks
+a group passes before any daemon sees it, and which entries are live (sent
+with every Step) or fixed at registration."""
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+from muond import state as _state
+from muond import wire_enums as _wire_enums
+from muond.torch import wire as _wire
+from muond.v1 import muond_pb2 as pb
+
+
+def scale_from_adjust_lr_fn(adjust_lr_fn, scale_mode, extra_scale_factor):
+    """torch.optim.Muon's adjust_lr_fn as muond's scale mode:
+    None/"original": lr * sqrt(max(1, A/B)) = "shape_scaling" x 1;
+    "match_rms_adamw": lr * 0.2 * sqrt(max(A, B)) = "spectral" x 0.2.
+    An explicit scale_mode / extra_scale_factor wins."""
+    if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+        raise ValueError(f"adjust_lr_fn {adjust_lr_fn!r} not in (None, 'original', "
+                         "'match_rms_adamw')")
+    mode, extra = (("spectral", 0.2) if adjust_lr_fn == "match_rms_adamw"
+                   else ("shape_scaling", 1.0))
+    return (scale_mode or mode,
+            extra if extra_scale_factor is None else float(extra_scale_factor))
+
+
+# The param_groups entries torch.optim.Muon / torch.optim.AdamW read at every
+# step: they travel in every Step as a GroupOverride (_override). Every other
+# entry of a group is fixed at registration (the daemons build their engine
+# from it) and a change is refused at step() (_check_fixed).
+LIVE_KEYS = {"muon": ("lr", "weight_decay", "momentum", "nesterov"),
+             "adamw": ("lr", "weight_decay", "betas", "eps")}
+# Group entries that name params, not hyperparameters.
+PARAM_KEYS = ("params", "param_names")
+
+# torch.optim.AdamW options an "adamw" group may carry: the value muond
+# computes with (anything else is refused at construction). foreach and fused
+# choose torch's kernels, not the math: accepted, ignored (the daemon has its
+# own kernels).
+ADAMW_FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False,
+                        "differentiable": False, "decoupled_weight_decay": True}
+
+
+# Their AdamW keys that choose torch's kernels, not the math: carried in the
+# groups (a state dict round-trips through torch.optim.AdamW), never fixed.
+KERNEL_KEYS = ("foreach", "fused")
+# torch.optim.Muon's default ns_coefficients: muond's coefficient_type "simple".
+_SIMPLE_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+
+
+def from_torch_keys(group: dict) -> dict:
+    """A user's Muon group dict with torch.optim.Muon's per-group
+    ns_coefficients / adjust_lr_fn (and not muond's own coefficient_type /
+    scale_mode): those as muond's options, so the group computes with them."""
+    if group.get("algorithm", "muon") != "muon":
+        return group
+    group = dict(group)
+    if "ns_coefficients" in group and "coefficient_type" not in group:
+        group["coefficient_type"], group["custom_coefficients"] = coefficients_from_torch(
+            group["ns_coefficients"])
+    if "adjust_lr_fn" in group and "scale_mode" not in group:
+        group["scale_mode"], group["extra_scale_factor"] = scale_from_adjust_lr_fn(
+            group["adjust_lr_fn"], None, None)
+    return group
+
+
+def coefficients_from_torch(ns_coefficients):
+    """torch.optim.Muon's ns_coefficients (one triple or a sequence of
+    triples) as muond's ("custom", flat list of floats)."""
+    flat = list(ns_coefficients)
+    return "custom", [float(c) for c in (sum(map(list, flat), []) if flat and
+                                         isinstance(flat[0], (tuple, list)) else flat)]
+
+
+def with_torch_keys(group: dict) -> None:
+    """Gives a group the keys torch.optim.Muon / torch.optim.AdamW read, with
+    the values muond computes with, so that its state dict loads into them
+    (and theirs into muond: loaded_options compares them)."""
+    if group["algorithm"] == "adamw":
+        for key, value in {**ADAMW_FIXED_OPTIONS, "foreach": None, "fused": None}.items():
+            group.setdefault(key, value)
+        return
+    if group["coefficient_type"] == "simple":
+        group["ns_coefficients"] = _SIMPLE_COEFFICIENTS
+    elif group["coefficient_type"] == "custom":
+        c = [float(x) for x in group["custom_coefficients"]]
+        triples = tuple(tuple(c[i:i + 3]) for i in range(0, len(c), 3))
+        group["ns_coefficients"] = triples[0] if len(triples) == 1 else triples
+    else:  # a per-iteration set torch has no triple for: its name
+        group["ns_coefficients"] = group["coefficient_type"]
+    scale = (group["scale_mode"], float(group["extra_scale_factor"]))
+    if scale == ("shape_scaling", 1.0):
+        given = group.get("adjust_lr_fn")
+        group["adjust_lr_fn"] = given if given in (None, "original") else None
+    elif scale == ("spectral", 0.2):
+        group["adjust_lr_fn"] = "match_rms_adamw"
+    else:  # no torch equivalent: says so (torch would scale by 1.0)
+        group["adjust_lr_fn"] = f"muond:{scale[0]}x{scale[1]}"
+
+
+def check_adamw_options(gi: int, group: dict) -> None:
+    for key, supported in ADAMW_FIXED_OPTIONS.items():
+        if key in group and bool(group[key]) != supported:
+            raise ValueError(f"param group {gi}: AdamW option {key}={group[key]!r} is not "
+                             f"supported by muond (only {key}={supported})")
+
+
+def frozen(value):
+    """A comparable copy of a group entry (tensors and lists compared by value)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.detach().cpu().reshape(-1).tolist()))
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    return value
+
+
+def thawed(value):
+    """A frozen entry as the user wrote it, for messages (lists, not tuples)."""
+    if isinstance(value, tuple) and value[:1] == ("tensor",) and len(value) == 2:
+        return list(value[1])
+    if isinstance(value, tuple):
+        return [thawed(v) for v in value]
+    return value
+
+
+def fixed_entries(group: dict) -> dict:
+    live = LIVE_KEYS[group["algorithm"]]
+    return {k: frozen(v) for k, v in group.items()
+            if k not in live and k not in PARAM_KEYS and k not in KERNEL_KEYS}
+
+
+def group_label(gi: int, group: dict) -> str:
+    return f"param group {gi} ({group.get('name', f'group{gi}')!r})"
+
+
+def _real(label: str, key: str, value) -> float:
+    """A live hyperparameter as the float the wire carries: a real number
+    (int, float, numpy scalar, one-element tensor; not bool, None or str) and
+    finite, else ValueError naming group and key. Its bounds (momentum < 1,
+    ...) are the daemon's (core/muon/bounds.h): step() names them."""
+    ok = not isinstance(value, (bool, str, bytes)) and value is not None
+    if isinstance(value, torch.Tensor):
+        ok = value.numel() == 1 and (value.is_floating_point() or not value.is_complex())
+    try:
+        number = float(value) if ok else None
+    except (TypeError, ValueError, RuntimeError):
+        number = None
+    if number is None or number != number or number in (float("inf"), float("-inf")):
+        raise ValueError(f"{label}: {key!r} must be a finite real number, got {value!r}")
+    return number
+
+
+def check_live(gi: int, group: dict) -> None:
+    """The group's live entries (LIVE_KEYS) convert to what Step carries, or
+    ValueError naming group and key (nothing sent)."""
+    label = group_label(gi, group)
+    for key in LIVE_KEYS[group["algorithm"]]:
+        if key not in group:
+            continue
+        value = group[key]
+        if key == "betas":
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+                raise ValueError(f"{label}: 'betas' must be a pair of numbers, got {value!r}")
+            for v in value:
+                _real(label, key, v)
+        elif key == "nesterov":
+            if not isinstance(value, (bool, int)) or value not in (0, 1):
+                raise ValueError(f"{label}: 'nesterov' must be a bool, got {value!r}")
+        else:
+            _real(label, key, value)
+
+
+# The step ids a daemon's ImportState accepts, [-1,
+# DaemonCore::kMaxRestoredStepId = kMaxStepId - 1] (server/daemon/daemon_core.h,
+# the rule's home; the next step id must stay valid): checked here too so that a
+# bad state dict is a ValueError naming the key before any RPC, not a
+# protobuf range error half way through the import.
+MAX_STEP_ID = 2**62 - 1
+
+
+def check_step_id(value) -> int:
+    """A state dict's muond_step_id as an int in [-1, MAX_STEP_ID], else
+    ValueError naming the key (a whole float is accepted: json/yaml loaders)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    whole = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and value.is_integer())
+    if not whole or not -1 <= int(value) <= MAX_STEP_ID:
+        raise ValueError(f"state dict: {_state.STEP_ID_KEY!r} must be an int in "
+                         f"[-1, {MAX_STEP_ID}], got {value!r}")
+    return int(value)
+
+
+def check_gram_options(gi: int, group: dict) -> None:
+    """A Muon group's Gram Newton-Schulz options (ns_algorithm, gram_restarts,
+    gram_dtype, gram_min_aspect_ratio: fixed at registration) are what the
+    daemon accepts, else ValueError naming group and key before any RPC. The
+    rules' home is the daemon's ValidateGramOptions
+    (core/muon/newton_schulz.cc); they are repeated here so that a typo
+    fails at construction, not at registration."""
+    label = group_label(gi, group)
+    for key, enum in (("ns_algorithm", pb.NsAlgorithm), ("gram_dtype", pb.NsIterDType)):
+        allowed = _wire_enums.names(enum)
+        if group.get(key) not in allowed:
+            raise ValueError(f"{label}: {key!r} must be one of {allowed}, got {group.get(key)!r}")
+    restarts = group.get("gram_restarts")
+    if restarts is not None:
+        steps = group.get("ns_steps", 5)
+        if isinstance(restarts, (str, bytes)) or not hasattr(restarts, "__iter__"):
+            raise ValueError(f"{label}: 'gram_restarts' must be None or a list of ints, "
+                             f"got {restarts!r}")
+        given, restarts = list(restarts), []
+        for i, r in enumerate(given):
+            # Integer-likes (numpy ints) count as ints; bool and float do not.
+            try:
+                value = None if isinstance(r, bool) else operator.index(r)
+            except TypeError:
+                value = None
+            if value is None or not 1 <= value < steps:
+                raise ValueError(f"{label}: 'gram_restarts' entries must be ints in "
+                                 f"[1, ns_steps={steps}), got {r!r}")
+            restarts.append(value)
+            if i and value <= restarts[i - 1]:
+                raise ValueError(f"{label}: 'gram_restarts' must be ascending and distinct, "
+                                 f"got {given!r}")
+    ratio = group.get("gram_min_aspect_ratio")
+    if ratio is not None:
+        ok = not isinstance(ratio, (bool, str, bytes))
+        try:
+            value = float(ratio) if ok else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not (value == 0.0 or (math.isfinite(value) and value >= 1.0)):
+            raise ValueError(f"{label}: 'gram_min_aspect_ratio' must be None, 0 (the default) "
+                             f"or a finite number >= 1, got {ratio!r}")
+
+
+def loaded_options(gi: int, group: dict, saved: dict) -> dict:
+    """The entries of a loaded param group that load_state_dict applies: the
+    live ones (LIVE_KEYS). An entry fixed at registration must equal this
+    group's (else ValueError naming group and key: the daemons could not
+    follow it); entries this group does not have (a torch.optim.Muon dict's
+    ns_coefficients, adjust_lr_fn, AdamW's foreach, ...) are not taken."""
+    live = LIVE_KEYS[group["algorithm"]]
+    apply = {}
+    for key, value in saved.items():
+        if key in PARAM_KEYS or key == _state.STEP_ID_KEY or key not in group:
+            continue
+        if key in live or key in KERNEL_KEYS:
+            apply[key] = value
+        elif frozen(_torch_default(key, value)) != frozen(_torch_default(key, group[key])):
+            raise ValueError(f"param group {gi} ({group.get('name', f'group{gi}')!r}): {key!r} "
+                             f"is {value!r} in the state dict, {group[key]!r} here; muond fixes "
+                             "it when it registers the group: build the optimizer with it")
+    return apply
+
+
+def _torch_default(key: str, value):
+    """torch.optim.Muon's adjust_lr_fn None means "original"; muond's
+    gram_min_aspect_ratio None and 0 both mean the measured default."""
+    if key == "adjust_lr_fn" and value is None:
+        return "original"
+    if key == "gram_min_aspect_ratio" and value is None:
+        return 0.0
+    return value
+
+
+def check_fixed(param_groups, fixed: dict) -> None:
+    """Raises before any RPC when a group entry the daemons fixed at
+    registration (``fixed``: group index -> fixed_entries) changed (a change
+    would otherwise be a silent no-op)."""
+    for gi, group in enumerate(param_groups):
+        registered = fixed.get(gi)
+        if registered is None:
+            continue
+        for key, value in registered.items():
+            now = frozen(group[key]) if key in group else "<removed>"
+            if now != value:
+                algorithm = group["algorithm"]
+                given = group[key] if key in group else "<removed>"
+                raise ValueError(
+                    f"param group {gi} ({group.get('name', f'group{gi}')!r}): {key!r} "
+                    f"changed from {thawed(value)!r} to {given!r} after construction; "
+                    "muond fixes "
+                    f"it when it registers the group (the {algorithm} group's per-step "
+                    f"entries are {', '.join(LIVE_KEYS[algorithm])}); build a new "
+                    "optimizer to change it")
+
+
+def check_param(name: str, algorithm: str, p) -> None:
+    """A param muond can register: fp32/bf16, 2-D in a Muon group."""
+    if p.dtype not in _wire.DTYPES:
+        raise ValueError(f"param {name}: dtype {p.dtype} not in (float32, bfloat16)")
+    if algorithm == "muon" and p.ndim != 2:
+        raise ValueError(f"param {name}: Muon params must be 2-D, got shape "
+                         f"{tuple(p.shape)}; put it in an algorithm='adamw' group")
+
+
+def param_names(gi: int, group: dict) -> list:
+    """The wire names of a group's params: its param_names, else
+    ``<group name>.param<j>``."""
+    gname = group.get("name", f"group{gi}")
+    return group.get("param_names") or [f"{gname}.param{j}" for j in range(len(group["params"]))]
+
+
+def check_new_group(gi: int, group: dict, param_groups, known_names) -> None:
+    """Everything about a group added after construction that can be
+    checked without a daemon (ValueError naming group/param and rule)."""
+    label = group_label(gi, group)
+    algorithm = group.get("algorithm")
+    if algorithm not in ("muon", "adamw"):
+        raise ValueError(f"{label}: algorithm {algorithm!r} not in ('muon', 'adamw')")
+    if algorithm == "adamw":
+        check_adamw_options(gi, group)
+    gname = group.get("name", f"group{gi}")
+    taken = {g.get("name", f"group{i}") for i, g in enumerate(param_groups)}
+    if gname in taken:
+        raise ValueError(f"{label}: group name {gname!r} is already a group's")
+    names = param_names(gi, group)
+    if len(names) != len(group["params"]):
+        raise ValueError(f"{label}: {len(names)} param_names for "
+                         f"{len(group['params'])} params")
+    known = set(known_names)
+    for name, p in zip(names, group["params"]):
+        if name in known:
+            raise ValueError(f"{label}: param name {name!r} appears twice")
+        known.add(name)
+        check_param(name, algorithm, p)
+        if p.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"param {name}: muond handles cpu and cuda tensors, got "
+                             f"{p.device}")
+    check_live(gi, group)
+    if algorithm == "muon":
+        check_gram_options(gi, group)
+    try:
+        _wire.set_hyperparams(pb.ParamGroup(), group)
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"{label}: {e}") from e
+
+
+class Collected:
+    """Every param of the optimizer, checked (``collect_params``): ``todo``
+    holds (group index, group name, group, param name, param); ``live`` the
+    live entries each group is registered with; ``fixed`` each group's
+    entries fixed at registration; ``names`` id(param) -> its wire name."""
+
+    def __init__(self):
+        self.todo: list = []
+        self.live: dict = {}
+        self.fixed: dict = {}
+        self.names: dict = {}
+
+
+def collect_params(param_groups, registered_live: dict) -> Collected:
+    """Every param of ``param_groups``, checked (algorithm, names, dtype,
+    Muon params 2-D); ``registered_live``: group index -> the live entries
+    the daemons last accepted for it."""
+    out = Collected()
+    seen = set()
+    for gi, group in enumerate(param_groups):
+        algorithm = group["algorithm"]
+        if algorithm not in ("muon", "adamw"):
+            raise ValueError(f"param group {gi}: algorithm {algorithm!r} not in "
+                             "('muon', 'adamw')")
+        # The live entries each group is registered with: as last registered
+        # for a group the daemons accepted (param_groups may hold a value the
+        # daemons refuse since, e.g. momentum=1.0: step() names that, and
+        # add_param_group must not fail on it), else the group's own.
+        registered = registered_live.get(gi)
+        out.live[gi] = (dict(registered) if registered is not None else
+                        {k: group[k] for k in LIVE_KEYS[algorithm] if k in group})
+        gname = group.get("name", f"group{gi}")
+        out.fixed[gi] = fixed_entries(group)
+        for name, p in zip(param_names(gi, group), group["params"]):
+            if name in seen:
+                raise ValueError(f"param name {name!r} appears twice")
+            seen.add(name)
+            out.names[id(p)] = name
+            check_param(name, algorithm, p)
+            out.todo.append((gi, gname, group, name, p))
+    return out

@@ -1,0 +1,226 @@
+"""One layout strategy per placement mode (``shard_mode``): where each param
+of the optimizer goes, on which daemons, as which wire groups.
+
+* ``SplitPlacement`` (``"split"``): one trainer, G x T daemons; every Muon
+  weight that splits is sharded over them as strided views of one buffer
+  (muond.split), everything else goes whole to the least loaded daemon in
+  its own 1x1 domain ``solo-r<rank>``.
+* ``LocalPlacement`` (``"local"``): one trainer per daemon; each param's
+  domain and coordinates come from muond.torch.placement, agreed with the
+  other ranks under torch.distributed before any RPC.
+
+Both take a ``PlacementRun`` (the params to place, the shared memory, the
+wire groups being built) and answer every daemon's wire groups."""
+from __future__ import annotations
+
+from muond import split as _split
+from muond._dtensor import is_dtensor
+from muond.torch import placement as _placement
+from muond.torch import wire as _wire
+from muond.torch.collective import all_gather_object
+from muond.v1 import muond_pb2 as pb
+
+
+class PlacementRun:
+    """One placement of every param: ``collect()`` checks and lists them
+    (muond.torch.groups.collect_params), ``memory`` (SharedParams) receives
+    their buffers; the run records each param's layout (a SplitLayout,
+    ("solo", rank) or "local"), the daemons holding it, each daemon's
+    (group index, wire group name) pairs and, in local mode, the places."""
+
+    def __init__(self, collect, memory, daemons: int):
+        self._collect = collect
+        self.collected = None
+        self.memory = memory
+        self.wire: list[dict[str, pb.ParamGroup]] = [dict() for _ in range(daemons)]
+        self.wire_groups: dict[int, list[tuple[int, str]]] = {}
+        self.layouts: dict[str, object] = {}
+        self.ranks_of: dict[str, tuple[int, ...]] = {}
+        self.places: dict | None = None
+
+    def params(self) -> list:
+        """(group index, group name, group, param name, param) of every param."""
+        self.collected = self._collect()
+        return self.collected.todo
+
+    def group(self, rank: int, gi: int, wname: str, group: dict, domain) -> pb.ParamGroup:
+        """Daemon `rank`'s wire group `wname`, made at its first param with
+        the group's registered hyperparameters."""
+        if wname not in self.wire[rank]:
+            wg = pb.ParamGroup(name=wname, domain=domain)
+            _wire.set_hyperparams(wg, {**group, **self.collected.live[gi]})
+            self.wire[rank][wname] = wg
+            self.wire_groups.setdefault(rank, []).append((gi, wname))
+        return self.wire[rank][wname]
+
+    def per_rank(self) -> list[list[pb.ParamGroup]]:
+        return [list(w.values()) for w in self.wire]
+
+
+class SplitPlacement:
+    """Split mode: one trainer's full weights over G x T daemons."""
+    mode = "split"
+    collective = False
+
+    def __init__(self, gtp_size: int, tp_size: int, domain_name: str):
+        self.gtp_size, self.tp_size, self.domain_name = gtp_size, tp_size, domain_name
+
+    def check_daemons(self, count: int) -> None:
+        if count != self.gtp_size * self.tp_size:
+            raise ValueError(f"split mode needs gtp_size x tp_size = {self.gtp_size} x "
+                             f"{self.tp_size} daemons, got {count}")
+
+    def place(self, run: PlacementRun, refusal: BaseException | None = None):
+        todo = run.params()
+        n = len(run.wire)
+        muon_load, adamw_load = [0] * n, [0] * n
+        for gi, gname, group, name, p in todo:
+            algorithm = group["algorithm"]
+            if is_dtensor(p):
+                raise ValueError(f"param {name} is a DTensor: split mode shards full weights "
+                                 "of one trainer; DTensor params (FSDP2, TP) need "
+                                 "shard_mode='local' (the default without daemons=)")
+            layout = None
+            if algorithm == "muon":
+                preferred = (int(getattr(p, "partition_dim", 0))
+                             if getattr(p, "tensor_model_parallel", False) else None)
+                layout = _split.plan_split(tuple(p.shape), self.gtp_size, self.tp_size,
+                                           preferred)
+            if layout is not None:
+                self._place_sharded(run, gi, gname, group, name, p, layout)
+            else:
+                load = muon_load if algorithm == "muon" else adamw_load
+                rank = min(range(n), key=lambda r: (load[r], r))
+                load[rank] += (_split.ns_cost(tuple(p.shape)) if algorithm == "muon"
+                               else p.numel())
+                self._place_solo(run, gi, gname, group, name, p, rank)
+        return run.per_rank()
+
+    def _place_sharded(self, run, gi, gname, group, name, p, layout):
+        pbuf, gbuf = run.memory.rebind(p, layout.buffer_numel)
+        run.layouts[name] = layout
+        run.ranks_of[name] = tuple(sorted({s.rank for s in layout.shards}))
+        tags = pb.ShardTags(tensor_model_parallel=layout.tp_sharded,
+                            partition_dim=layout.tp_dim or 0,
+                            is_gtp_weight_remat=layout.gtp_sharded,
+                            pad_length=layout.pad_length)
+        for s in layout.shards:
+            domain = pb.Domain(name=self.domain_name, gtp_size=self.gtp_size,
+                               tp_size=self.tp_size, g=s.g, t=s.t)
+            wg = run.group(s.rank, gi, gname, group, domain)
+            wg.params.append(pb.Param(name=name, full_shape=list(layout.full_shape),
+                                      param=pbuf.ref(s.offset, s.shape, s.strides),
+                                      grad=gbuf.ref(s.offset, s.shape, s.strides), tags=tags))
+
+    @staticmethod
+    def _place_solo(run, gi, gname, group, name, p, rank):
+        pbuf, gbuf = run.memory.rebind(p, p.numel())
+        run.layouts[name] = ("solo", rank)
+        run.ranks_of[name] = (rank,)
+        shape, strides = _wire.whole(p)
+        domain = pb.Domain(name=f"solo-r{rank}", gtp_size=1, tp_size=1, g=0, t=0)
+        # A group name names one domain on the wire (the coordinator checks that
+        # every rank holding it agrees), so each daemon's 1x1 group is its own.
+        wname = f"{gname}.solo-r{rank}"
+        wg = run.group(rank, gi, wname, group, domain)
+        wg.params.append(pb.Param(name=name, full_shape=list(p.shape),
+                                  param=pbuf.ref(0, shape, strides),
+                                  grad=gbuf.ref(0, shape, strides), tags=pb.ShardTags()))
+
+
+class LocalPlacement:
+    """Local mode: one trainer per daemon (torchrun / Megatron ranks)."""
+    mode = "local"
+
+    def __init__(self, rank: int, world: int, domain_name: str, gtp_size: int,
+                 tp_size: int, g: int, t: int, dp_size: int | None, dp_rank: int | None):
+        self.rank, self.world = rank, world
+        self.options = _placement.Options(
+            rank=rank, world=world, domain=domain_name, gtp_size=gtp_size, tp_size=tp_size,
+            g=g, t=t, dp_size=dp_size, dp_rank=dp_rank,
+            given_grid=gtp_size * tp_size > 1 or g != 0 or t != 0)
+
+    @property
+    def collective(self) -> bool:
+        """Placement is agreed with the other ranks (torch.distributed with
+        world > 1)."""
+        return self.world > 1
+
+    @staticmethod
+    def check_daemons(count: int) -> None:
+        if count != 1:
+            raise ValueError(f"local mode talks to one daemon, got {count}")
+
+    def place(self, run: PlacementRun, refusal: BaseException | None = None):
+        """In a collective placement everything that may refuse, including
+        ``refusal`` (this rank's daemon not healthy), runs inside
+        muond.torch.placement.settle, so one rank's refusal stops all."""
+        if self.collective:
+            todo = []
+
+            def compute():
+                if refusal is not None:
+                    raise refusal
+                todo.extend(run.params())
+                return self._compute_places(todo)
+
+            run.places = _placement.settle(compute, self.rank, self.world, all_gather_object,
+                                           dp_given=self.options.dp_size is not None)
+        else:
+            todo = run.params()
+            run.places = self._compute_places(todo)
+        for gi, gname, group, name, p in todo:
+            self._place_one(run, gi, gname, group, name, p)
+        return run.per_rank()
+
+    def _compute_places(self, todo) -> dict:
+        """This rank's place of every param (no communication)."""
+        requests = [_placement.Request(name, p, group["algorithm"])
+                    for _, _, group, name, p in todo]
+        return _placement.place_params(requests, self.options)
+
+    @staticmethod
+    def _place_one(run, gi, gname, group, name, p):
+        place = run.places[name]
+        run.layouts[name] = "local"
+        run.ranks_of[name] = (0,)
+        if is_dtensor(p):
+            pbuf, gbuf, local = run.memory.bind_dtensor(p)
+            shape, strides = _wire.whole(local)
+        else:
+            pbuf, gbuf = run.memory.rebind(p, p.numel())
+            shape, strides = _wire.whole(p)
+        if place.kind in ("dtensor", "ddp", "solo"):
+            tags = pb.ShardTags(tensor_model_parallel=place.tp_dim is not None,
+                                partition_dim=place.tp_dim or 0,
+                                is_gtp_weight_remat=place.gtp_sharded,
+                                pad_length=place.pad_length, gtp_rows=list(place.gtp_rows))
+            # A group's params may live in several domains (meshes), and one
+            # wire group names one domain: one wire group per domain, named
+            # the same on every rank.
+            wname = f"{gname}{'.' if place.kind == 'solo' else '@'}{place.domain}"
+        else:  # Megatron tags, as given
+            tags = pb.ShardTags(tensor_model_parallel=bool(getattr(p, "tensor_model_parallel",
+                                                                   False)),
+                                partition_dim=int(getattr(p, "partition_dim", 0)),
+                                is_gtp_weight_remat=place.gtp_sharded,
+                                pad_length=place.pad_length)
+            wname = gname
+        domain = pb.Domain(name=place.domain, gtp_size=place.G, tp_size=place.T, g=place.g,
+                           t=place.t, dp_size=place.D if place.D > 1 else 0,
+                           d=place.d if place.D > 1 else 0)
+        wg = run.group(0, gi, wname, group, domain)
+        wg.params.append(pb.Param(name=name, full_shape=list(place.full_shape),
+                                  param=pbuf.ref(0, shape, strides),
+                                  grad=gbuf.ref(0, shape, strides), tags=tags))
+
+
+def strategy(shard_mode: str, *, rank: int, world: int, domain_name: str, gtp_size: int,
+             tp_size: int, g: int, t: int, dp_size, dp_rank):
+    """The layout strategy of `shard_mode`, else ValueError."""
+    if shard_mode == "split":
+        return SplitPlacement(gtp_size, tp_size, domain_name)
+    if shard_mode == "local":
+        return LocalPlacement(rank, world, domain_name, gtp_size, tp_size, g, t,
+                              dp_size, dp_rank)
+    raise ValueError(f"shard_mode {shard_mode!r} not in ('split', 'local')")

@@ -1,0 +1,577 @@
+"""``muond.torch.Muon``: the optimizer surface (torch.optim.Optimizer's
+methods); memory, registration, placement and wire conversion live in the
+modules beside it (muond.torch's docstring has the whole contract)."""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+import weakref
+
+import torch
+
+from muond import state as _state
+from muond._dtensor import is_dtensor
+from muond.client import Client
+from muond.torch import collective as _collective
+from muond.torch import discovery as _discovery
+from muond.torch import groups as _groups
+from muond.torch import layouts as _layouts
+from muond.torch import options as _options
+from muond.torch import registration as _registration
+from muond.torch import rpc as _rpc
+from muond.torch import wire as _wire
+from muond.torch.lazy_state import LazyState
+from muond.torch.memory import SharedParams, release
+
+_PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "update_us",
+           "total_us")
+
+
+class AddParamGroupError(RuntimeError):
+    """add_param_group failed and registering the old groups again failed
+    too: the optimizer is closed and unregistered from every daemon it
+    reached. ``state_dict`` is the optimizer's state before the call, in
+    torch.optim's format: resume with a new muond.torch.Muon (the old groups)
+    and ``load_state_dict(error.state_dict)``."""
+
+    def __init__(self, message: str, state_dict: dict):
+        super().__init__(message)
+        self.state_dict = state_dict
+
+
+def _defaults(lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps,
+              adjust_lr_fn, o: dict) -> dict:
+    """A Muon group's defaults from torch's parameters and the resolved flat
+    options ``o`` (muond.torch.options.resolve)."""
+    coefficient_type = o["coefficient_type"]
+    if ns_coefficients is not None:
+        if coefficient_type not in (None, "custom"):
+            raise ValueError("give ns_coefficients or coefficient_type, not both")
+        coefficient_type, custom = _groups.coefficients_from_torch(ns_coefficients)
+    else:
+        custom = []
+    scale_mode, extra_scale_factor = _groups.scale_from_adjust_lr_fn(
+        adjust_lr_fn, o["scale_mode"], o["extra_scale_factor"])
+    gram_restarts = o["gram_restarts"]
+    return dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                # torch.optim.Muon's own default (ns_coefficients=None) is the
+                # "simple" triple (3.4445, -4.775, 2.0315): the drop-in keeps it.
+                eps=eps, ns_steps=ns_steps, coefficient_type=coefficient_type or "simple",
+                custom_coefficients=custom, scale_mode=scale_mode,
+                extra_scale_factor=extra_scale_factor, ns_batch_size=o["ns_batch_size"],
+                weight_decay_method=o["weight_decay_method"],
+                fp32_matmul_prec=o["fp32_matmul_prec"], use_syrk=o["use_syrk"],
+                ns_algorithm=o["ns_algorithm"],
+                # A list copy of an iterable; anything else (None, a str, an
+                # int) as given, so check_gram_options names it (ValueError).
+                gram_restarts=(list(gram_restarts)
+                               if hasattr(gram_restarts, "__iter__")
+                               and not isinstance(gram_restarts, (str, bytes))
+                               else gram_restarts),
+                gram_dtype=o["gram_dtype"], gram_min_aspect_ratio=o["gram_min_aspect_ratio"],
+                algorithm="muon")
+
+
+def _adamw_groups(params: list, defaults: dict, betas, adamw_eps) -> list:
+    """``params`` with every AdamW group's own betas and eps (defaulted);
+    ``defaults`` gets "betas" when every group is AdamW."""
+    if not (params and isinstance(params[0], dict)):
+        return params
+    params = [dict(grp) for grp in params]
+    for gi, grp in enumerate(params):
+        if grp.get("algorithm", "muon") == "adamw":
+            _groups.check_adamw_options(gi, grp)
+            grp.setdefault("betas", tuple(betas))
+            grp.setdefault("eps", adamw_eps)
+    if all(grp.get("algorithm", "muon") == "adamw" for grp in params):
+        # LR schedulers that cycle momentum (OneCycleLR, CyclicLR) cycle
+        # betas[0] when "betas" is in `defaults`, as for torch.optim.AdamW,
+        # and "momentum" when it is not, as for torch.optim.Muon.
+        defaults["betas"] = tuple(betas)
+    return params
+
+
+class Muon(torch.optim.Optimizer):
+    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1,
+                 momentum: float = 0.95, nesterov: bool = True, ns_coefficients=None,
+                 eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: str | None = None, *,
+                 newton_schulz: _options.NewtonSchulzOptions | None = None,
+                 scaling: _options.ScalingOptions | None = None,
+                 adamw: _options.AdamWOptions | None = None,
+                 placement: _options.PlacementOptions | None = None,
+                 connection: _options.ConnectionOptions | None = None,
+                 **flat):
+        o = _options.resolve(flat, dict(newton_schulz=newton_schulz, scaling=scaling,
+                                        adamw=adamw, placement=placement,
+                                        connection=connection))
+        defaults = _defaults(lr, weight_decay, momentum, nesterov, ns_coefficients, eps,
+                             ns_steps, adjust_lr_fn, o)
+        params = _adamw_groups(list(params), defaults, o["betas"], o["adamw_eps"])
+        super().__init__(params, defaults)
+        for gi, grp in enumerate(self.param_groups):
+            if grp["algorithm"] == "muon":
+                _groups.check_gram_options(gi, grp)
+        self.state = LazyState(self)  # the daemons hold it; see LazyState
+        daemons, job_id, no_daemon = self._find_daemons(o)
+        self._layout.check_daemons(len(daemons))
+        self.job_id, self.domain_name = job_id, o["domain_name"]
+        self.gtp_size, self.tp_size = int(o["gtp_size"]), int(o["tp_size"])
+        self.g, self.t = int(o["g"]), int(o["t"])
+        self._dp = (o["dp_size"], o["dp_rank"])
+        self.places: dict = {}  # local mode: param name -> muond.torch.placement.ParamPlace
+        self.client_id = (o["client_id"]
+                          or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.step_id = int(o["first_step_id"]) - 1
+        self.last_timings: dict[str, float] = {}
+        # param name -> SplitLayout | ("solo", rank) | "local"
+        self.layouts: dict[str, object] = {}
+        self._memory = SharedParams(job_id)
+        self._param_names: dict[int, str] = {}  # id(param) -> its wire name
+        self._ranks_of: dict[str, tuple[int, ...]] = {}  # wire name -> daemons holding it
+        self._fixed: dict[int, dict] = {}  # group index -> its entries fixed at registration
+        # rank -> [(param group index, wire group name)] registered with that daemon
+        self._wire_groups: dict[int, list[tuple[int, str]]] = {}
+        self._closed = False
+        self._adamw_eps, self._wait_healthy_timeout = o["adamw_eps"], o["wait_healthy_timeout"]
+        self.clients = [Client(a, timeout=o["rpc_timeout"], token=o["token"],
+                               token_file=o["token_file"],
+                               root_certificates=o["tls_root_certificates"]) for a in daemons]
+        # Runs at close(), when the optimizer is collected, and at interpreter
+        # exit (also after an uncaught exception): unregisters from every
+        # daemon, else a new trainer on them is refused ALREADY_REGISTERED.
+        # It holds the clients and ids, never the optimizer.
+        self._finalizer = weakref.finalize(self, _registration.finalize, self._memory.buffers,
+                                           self.clients, job_id, self.client_id, os.getpid())
+        try:
+            self._register(no_daemon, o["takeover"])
+        except BaseException:
+            # Leave nothing registered (the finalizer unregisters this client
+            # id everywhere): otherwise the daemons refuse every later trainer.
+            self._finalizer()
+            raise
+
+    def _find_daemons(self, o: dict):
+        """(daemon addresses, job id, why this rank's discovered daemon
+        cannot be there or None); sets the rank, the world and the layout
+        strategy. Without daemons= (torchrun/srun): this rank's own daemon
+        (muond.torch.discovery) in local mode."""
+        daemons = o["daemons"]
+        daemons = [daemons] if isinstance(daemons, str) else list(daemons)
+        job_id, shard_mode, token_file = o["job_id"], o["shard_mode"], o["token_file"]
+        self._rank, self._world = _collective.process_rank()
+        no_daemon = None
+        if not daemons:
+            found = _discovery.discover(job_id)
+            no_daemon = found.missing_socket()
+            daemons, job_id = [found.address], found.job_id
+            if o["token"] is None and token_file is None:
+                o["token_file"] = found.token_file
+            if found.rank is not None and self._world <= 1:
+                self._rank = found.rank
+            shard_mode = shard_mode or "local"
+        job_id = job_id if job_id is not None else "default"
+        self.shard_mode = shard_mode or "split"
+        self._layout = _layouts.strategy(
+            self.shard_mode, rank=self._rank, world=self._world, domain_name=o["domain_name"],
+            gtp_size=int(o["gtp_size"]), tp_size=int(o["tp_size"]), g=int(o["g"]),
+            t=int(o["t"]), dp_size=o["dp_size"], dp_rank=o["dp_rank"])
+        return daemons, job_id, no_daemon
+
+    # -- registration ------------------------------------------------------
+    def _register(self, no_daemon: str | None, takeover: bool) -> None:
+        """Waits for the daemons, places every param and registers it, all
+        ranks of a collective placement agreeing on every refusal."""
+        try:
+            if no_daemon is not None:
+                # No socket: waiting cannot help (a forgotten $MUOND_JOB_ID).
+                # Given daemons= are waited for: a launcher may start them now.
+                raise FileNotFoundError(no_daemon)
+            for c in self.clients:
+                c.wait_healthy(self._wait_healthy_timeout)
+            unhealthy = None
+        except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
+            unhealthy = e
+        if unhealthy is not None and not self._layout.collective:
+            raise unhealthy
+        # In a distributed local-mode job a daemon that is not healthy on
+        # one rank is that rank's refusal in the placement agreement: every
+        # rank raises it instead of waiting in a collective.
+        per_rank = self._place_params(unhealthy)
+        try:
+            _registration.register_taking_over_stale(self.clients, self.job_id, self.client_id,
+                                                     per_rank, self._memory.regions, takeover)
+            refused = None
+        except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
+            refused = e
+        # A daemon that refuses this rank's registration never publishes
+        # its manifest, so its peers would wait for a plan until their
+        # timeout: in a distributed job every rank raises the refusal.
+        if self._layout.collective:
+            _collective.agree_registered(refused, self._rank)
+        elif refused is not None:
+            raise refused
+        for c in self.clients:
+            c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
+        # The daemons read the shared grad buffers, which never move.
+        self._on_cuda = self._memory.any_cuda()
+        self._registered = True
+
+    def _place_params(self, refusal: BaseException | None = None) -> list:
+        """Every param's wire groups per daemon, placed by the layout
+        strategy of this optimizer's shard_mode (muond.torch.layouts)."""
+        registered_live = getattr(self, "_registered_live", {})
+        run = _layouts.PlacementRun(
+            lambda: _groups.collect_params(self.param_groups, registered_live),
+            self._memory, len(self.clients))
+        try:
+            return self._layout.place(run, refusal)
+        finally:
+            self._adopt(run)
+
+    def _adopt(self, run) -> None:
+        """Takes what a placement recorded (also of one that failed half
+        way, as the optimizer's own tables were filled as it went)."""
+        if run.collected is not None:
+            self._placed_live = run.collected.live
+            self._fixed.update(run.collected.fixed)
+            self._param_names.update(run.collected.names)
+        if run.places is not None:
+            self.places = run.places
+        self.layouts.update(run.layouts)
+        self._ranks_of.update(run.ranks_of)
+        for rank, pairs in run.wire_groups.items():
+            self._wire_groups.setdefault(rank, []).extend(pairs)
+
+    # -- the shared memory (tests and tools read these) --------------------
+    @property
+    def _buffers(self):
+        return self._memory.buffers
+
+    @property
+    def _regions(self):
+        return self._memory.regions
+
+    @property
+    def _grads(self):
+        return self._memory.grads
+
+    @property
+    def _views(self):
+        return self._memory.views
+
+    @property
+    def _dtensors(self):
+        return self._memory.dtensors
+
+    # -- optimizer API -----------------------------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As torch.optim: ``set_to_none=True`` (the default) sets every
+        ``.grad`` to None (step() skips a param whose grad stays None, and
+        copies a new grad into the shared buffer); ``set_to_none=False``
+        zeroes the shared grad in place and points ``.grad`` at it (the next
+        backward accumulates where the daemons read: no copy at step()).
+        Unlike torch, set_to_none=False also gives a param whose ``.grad``
+        was None the zeroed shared grad (when it requires grad): that is how
+        the zero-copy loop starts on a fresh model; such a param is then
+        stepped with a zero grad unless a backward reaches it."""
+        self._memory.zero_grad(set_to_none)
+
+    def _overrides(self, rank: int) -> list:
+        """The live hyperparameters (LIVE_KEYS) of every group this daemon
+        holds, read from param_groups now (LR schedulers, momentum warm-up);
+        a daemon never sees a group it does not hold."""
+        return [_wire.override(wname, self.param_groups[gi])
+                for gi, wname in self._wire_groups.get(rank, [])]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self._closed:
+            raise RuntimeError("muond.torch.Muon.step after close()")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        _groups.check_fixed(self.param_groups, self._fixed)
+        self._memory.follow_rebound_params(self._param_names)
+        self.state.push_if_assigned()
+        self.state.invalidate()  # the step changes the state: read it afresh
+        skipped = self._memory.skipped_and_copy_grads(
+            self._param_names, self._ranks_of, len(self.clients))
+        if self._on_cuda:
+            torch.cuda.synchronize()  # the daemon reads grads from another process
+        # The id advances only when every daemon applied the step: a refused
+        # step (e.g. non-finite gradients, refused on every rank before
+        # anything changed) can be retried with the same id.
+        step_id = self.step_id + 1
+        overrides = [self._overrides(r) for r in range(len(self.clients))]
+        what = f"Step {step_id}"
+        t0 = time.perf_counter()
+        if len(self.clients) == 1:  # a blocking call: no future, no extra thread
+            first = self.clients[0]
+            responses = [_rpc.result(lambda: first.step(self.job_id, step_id, overrides[0],
+                                                        self.client_id, skipped[0]),
+                                     first, what)]
+        else:
+            futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id,
+                                     skipped[r])
+                       for r, c in enumerate(self.clients)]
+            responses = _rpc.gather(futures, self.clients, what)
+        self._memory.copy_dtensors_out()
+        self.step_id = step_id
+        rpc_us = (time.perf_counter() - t0) * 1e6
+        timings = {k: max(getattr(r.timings, k) for r in responses) for k in _PHASES}
+        timings["rpc_us"] = rpc_us
+        timings["overhead_us"] = rpc_us - timings["total_us"]
+        self.last_timings = timings
+        self.last_responses = responses
+        return loss
+
+    def status(self):
+        return [c.status() for c in self.clients]
+
+    # -- optimizer state (muond.state converts; the daemons hold it) -------
+    def _param_infos(self) -> list[_state.ParamInfo]:
+        """Every param in torch.optim's index order, with where its state lives."""
+        infos = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                name = self._param_names[id(p)]
+                infos.append(_state.ParamInfo(name, group["algorithm"], _state.local_shape(p),
+                                              self.layouts[name], _state.dist_spec(p)))
+        return infos
+
+    def _fetch_state(self) -> dict:
+        """param -> torch.optim's state of it, assembled from every daemon's
+        ExportState (tensors on the param's device; a DTensor param's state
+        DTensors of its placements, muond.state.as_dtensor)."""
+        if self._closed:
+            raise RuntimeError("muond.torch.Muon: the state lives in the daemons, and this "
+                               "optimizer is closed")
+        exported = self._on_all(lambda c: c.export_state(self.job_id, self.client_id),
+                                "ExportState")
+        infos = self._param_infos()
+        by_name = _state.assemble(infos, {r: e for r, (_, e) in enumerate(exported)})
+        info_of = {info.name: info for info in infos}
+        out = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                name = self._param_names[id(p)]
+                out[p] = {k: v if k == "step" else
+                          _state.as_dtensor(info_of[name], v.to(p.device))
+                          for k, v in by_name[name].items()}
+        return out
+
+    def _push_state(self, states_by_name: dict, step_id: int) -> None:
+        """Imports ``states_by_name`` (muond.state.validate's result) into every
+        daemon, all or nothing: each daemon checks and stages its entries under
+        one transaction id, then all commit; if any refuses, all abort."""
+        per_rank = _state.disassemble(self._param_infos(), states_by_name, len(self.clients))
+        txn = f"{self.client_id}-{uuid.uuid4().hex[:12]}"
+        try:
+            self._on_all(lambda c, r: c.import_state(self.job_id, self.client_id, step_id,
+                                                     per_rank[r], transaction_id=txn),
+                         "ImportState", with_rank=True)
+        except BaseException:
+            for c in self.clients:
+                try:
+                    c.abort_state(self.job_id, self.client_id, txn)
+                except Exception:  # not staged there, or unreachable: nothing to drop
+                    pass
+            raise
+        # Every daemon validated and staged its part: COMMIT no longer fails
+        # on the content, only if a daemon is gone.
+        self._on_all(lambda c: c.commit_state(self.job_id, self.client_id, txn),
+                     "LoadState COMMIT")
+        self.state.invalidate()
+
+    def _on_all(self, call, what: str, with_rank: bool = False) -> list:
+        """call(client) on every daemon concurrently (muond.torch.rpc.on_all)."""
+        return _rpc.on_all(self.clients, call, what, with_rank)
+
+    def state_dict(self):
+        """torch.optim's format: "state" keyed by param index, each param's
+        state fetched from the daemons (Muon: {"momentum_buffer"}, AdamW:
+        {"step", "exp_avg", "exp_avg_sq"}; full param shapes), "param_groups"
+        with every group's options and the job's step id as "muond_step_id"
+        (kept by torch.distributed.checkpoint, unlike a top-level key)."""
+        return self._pack_state_dict(self.state.items())
+
+    def _pack_state_dict(self, states) -> dict:
+        """torch.optim's state dict of ``states`` ((param, its state) pairs or
+        a dict of them) and this optimizer's groups and step id."""
+        states = dict(states)
+        index = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = [index.setdefault(id(p), len(index)) for p in group["params"]]
+            packed[_state.STEP_ID_KEY] = self.step_id
+            groups.append(packed)
+        # Copies: opt.state's cache must keep what the daemons hold even if
+        # the caller edits the returned tensors in place.
+        state = {index[id(p)]: {k: v.clone() for k, v in s.items()}
+                 for p, s in states.items()}
+        # Also at the top level, where torch.save keeps it and older muond
+        # state dicts had it (load_state_dict reads either).
+        return {"state": state, "param_groups": groups, _state.STEP_ID_KEY: self.step_id}
+
+    def load_state_dict(self, state_dict):
+        """Checks ``state_dict`` (torch.optim's format: ours, or a
+        torch.optim.Muon / AdamW one, whose state is converted to fp32 and
+        whose missing step id keeps this optimizer's), then imports the state
+        into every daemon all or nothing and sets the groups' options and the
+        step id. On any error nothing changes (ValueError naming the param and
+        the rule for a bad state dict)."""
+        groups, states = self._check_state_dict(state_dict)
+        step_ids = {_groups.check_step_id(g[_state.STEP_ID_KEY]) for g in state_dict["param_groups"]
+                    if _state.STEP_ID_KEY in g}
+        if not step_ids and _state.STEP_ID_KEY in state_dict:
+            step_ids = {_groups.check_step_id(state_dict[_state.STEP_ID_KEY])}
+        if len(step_ids) > 1:
+            raise ValueError(f"param_groups disagree on {_state.STEP_ID_KEY}: {sorted(step_ids)}")
+        step_id = int(step_ids.pop()) if step_ids else self.step_id
+        self._push_state(states, step_id)
+        for group, saved in zip(self.param_groups, groups):
+            group.update(saved)
+        self.step_id = step_id
+
+    def _check_state_dict(self, state_dict):
+        """(each group's options to apply, param name -> fp32 state), or a
+        ValueError naming what is wrong; nothing changes here."""
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise ValueError("state_dict must have 'state' and 'param_groups' (torch.optim's "
+                             "format: opt.state_dict())")
+        saved_groups = list(state_dict["param_groups"])
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has {len(saved_groups)} parameter groups, this "
+                             f"optimizer has {len(self.param_groups)}")
+        by_index, groups = {}, []
+        for gi, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"param group {gi}: loaded group has {len(saved['params'])} "
+                                 f"params, this optimizer's has {len(group['params'])}")
+            if saved.get("algorithm", group["algorithm"]) != group["algorithm"]:
+                raise ValueError(f"param group {gi}: algorithm {saved['algorithm']!r} in the "
+                                 f"state dict, {group['algorithm']!r} here")
+            for index, p in zip(saved["params"], group["params"]):
+                by_index[index] = self._param_names[id(p)]
+            groups.append(_groups.loaded_options(gi, group, saved))
+            # Types and finiteness here; bounds (momentum < 1, ...) are the
+            # daemon's and step() names them.
+            _groups.check_live(gi, {**group, **groups[-1]})
+        unknown = sorted(set(state_dict["state"]) - set(by_index), key=str)
+        if unknown:
+            raise ValueError(f"state for param indices {unknown} that no param group lists")
+        states = {by_index[i]: s for i, s in state_dict["state"].items()}
+        return groups, _state.validate(self._param_infos(), states)
+
+    def __getstate__(self):
+        raise TypeError(
+            "muond.torch.Muon cannot be pickled (torch.save(opt), copy.deepcopy): its state "
+            "lives in the daemons and its params in memory registered with them. Save "
+            "opt.state_dict() instead and load it into a new muond.torch.Muon with "
+            "load_state_dict()")
+
+    def add_param_group(self, param_group):
+        """torch.optim's add_param_group, also after construction (progressive
+        unfreezing): the new group is checked here first (torch's checks,
+        algorithm, dtype, Muon params 2-D, names, hyperparameter types; a bad
+        group changes nothing), then the state of every daemon is exported,
+        the params unregistered, all groups placed and registered again
+        (placement may move params between daemons; the old groups with the
+        live values they were last registered with), the old params' state
+        imported (the new params start from zero, as in torch.optim) and the
+        step id kept. In local mode every trainer of the domain must call it
+        together, with matching groups. If the re-registration fails, the old
+        groups are registered again with their state and the error is raised;
+        if that fails too, AddParamGroupError: the optimizer is closed and
+        unregistered, and the error's ``state_dict`` resumes a new one."""
+        if not getattr(self, "_registered", False):  # torch.optim.Optimizer.__init__
+            if isinstance(param_group, dict):
+                param_group = _groups.from_torch_keys(param_group)
+            super().add_param_group(param_group)
+            _groups.with_torch_keys(self.param_groups[-1])
+            return
+        if self._closed:
+            raise RuntimeError("muond.torch.Muon.add_param_group after close()")
+        if isinstance(param_group, dict) and param_group.get("algorithm") == "adamw":
+            param_group = dict(param_group)
+            param_group.setdefault("eps", self._adamw_eps)
+        kept = len(self.param_groups)
+        if isinstance(param_group, dict):
+            param_group = _groups.from_torch_keys(param_group)
+        super().add_param_group(param_group)  # torch's checks; appends on success
+        _groups.with_torch_keys(self.param_groups[-1])
+        new_group = self.param_groups.pop()  # back only once registered
+        _groups.check_new_group(kept, new_group, self.param_groups,
+                                self._param_names.values())
+        self._memory.follow_rebound_params(self._param_names)
+        self.state.push_if_assigned()
+        step_id = self.step_id
+        if getattr(self, "_registered_live", None) is None:
+            self._registered_live = dict(self._placed_live)  # the constructor's
+        before = self._registered_live
+        by_param = self._fetch_state()
+        # DTensors stay where they are (their mesh names the device).
+        old = {self._param_names[id(p)]: {k: v if is_dtensor(v) else v.cpu()
+                                          for k, v in s.items()}
+               for p, s in by_param.items()}
+        saved = self._pack_state_dict(by_param)  # handed out if all else fails
+        self.param_groups.append(new_group)
+        try:
+            self._reregister(old, step_id)
+        except BaseException as error:
+            del self.param_groups[kept:]
+            self._registered_live = before
+            try:
+                self._reregister(old, step_id)
+            except Exception as again:
+                self.close()  # unregisters everywhere (best effort): a new optimizer can
+                raise AddParamGroupError(
+                    f"add_param_group failed ({error}) and registering the old groups "
+                    f"again failed too ({again}); this optimizer is closed and unregistered. "
+                    "Its state is in this error's .state_dict: build a new muond.torch.Muon "
+                    "with the old groups and call load_state_dict(error.state_dict)",
+                    saved) from error
+            raise
+
+    def _reregister(self, states_by_name: dict, step_id: int) -> None:
+        """Unregisters, places and registers every group anew (fresh buffers;
+        values and accumulated grads carried over), then imports
+        ``states_by_name`` (params without an entry start from zero)."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        self._on_all(lambda c: c.unregister(self.job_id, self.client_id), "UnregisterParams")
+        old_buffers = self._memory.reset()  # the same buffers list the finalizer releases
+        self._wire_groups, self.layouts = {}, {}
+        self._param_names, self._ranks_of, self._fixed = {}, {}, {}
+        self.state.invalidate()
+        per_rank = self._place_params()  # copies values and grads into fresh buffers
+        release(old_buffers)
+        self._on_all(lambda c, r: c.register(self.job_id, per_rank[r], self.client_id,
+                                             regions=self._regions.used_by(per_rank[r])),
+                     "RegisterParams", with_rank=True)
+        for c in self.clients:
+            c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
+        self._registered_live = dict(self._placed_live)
+        self._on_cuda = self._memory.any_cuda()
+        known = {self._param_names[id(p)] for p in params}
+        states = _state.validate(self._param_infos(),
+                                 {n: s for n, s in states_by_name.items() if n in known})
+        self._push_state(states, step_id)
+        self.step_id = step_id
+
+    def close(self) -> None:
+        """Unregisters from every daemon and unlinks the shm names. The model
+        keeps its (now private) memory and works on; this optimizer does not."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()  # unregisters, closes the channels, frees the shm
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+

@@ -1,0 +1,130 @@
+"""Muon's options beyond torch.optim.Muon's, grouped by concern.
+
+``Muon(params, lr, weight_decay, momentum, nesterov, ns_coefficients, eps,
+ns_steps, adjust_lr_fn)`` takes torch.optim.Muon's parameters; the rest come
+either as one option object per concern::
+
+    Muon(params, lr=3e-3, newton_schulz=NewtonSchulzOptions(ns_algorithm="gram"),
+         placement=PlacementOptions(gtp_size=2, tp_size=2),
+         connection=ConnectionOptions(daemons=addresses, job_id="job"))
+
+or as the flat keywords of the same names (``Muon(..., ns_algorithm="gram",
+gtp_size=2, ...)``; AdamWOptions.eps is the flat ``adamw_eps``). Both forms
+give the same optimizer; a flat keyword given together with the object of
+its concern is refused, naming the keyword. The defaults are the flat
+keywords' (torch's where torch has the option)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class NewtonSchulzOptions:
+    """How the orthogonalisation runs. ``coefficient_type``: muond's named
+    coefficient sets (None: torch's "simple" triple, or ``ns_coefficients``);
+    ``fp32_matmul_prec``: "medium" (bf16 operands, torch's) or "highest"
+    (fp32); ``ns_algorithm``: "standard" or "gram" (with ``gram_restarts``,
+    ``gram_dtype``, ``gram_min_aspect_ratio``)."""
+    coefficient_type: str | None = None
+    ns_batch_size: int = 1
+    fp32_matmul_prec: str = "medium"
+    use_syrk: bool = False
+    ns_algorithm: str = "standard"
+    gram_restarts: object = None
+    gram_dtype: str = "fp16"
+    gram_min_aspect_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class ScalingOptions:
+    """How the update is scaled and weight decay applied (None: from
+    torch's ``adjust_lr_fn``)."""
+    scale_mode: str | None = None
+    extra_scale_factor: float | None = None
+    weight_decay_method: str = "decoupled"
+
+
+@dataclass(frozen=True)
+class AdamWOptions:
+    """The defaults of ``"algorithm": "adamw"`` groups (flat: ``betas``,
+    ``adamw_eps``)."""
+    betas: tuple = (0.9, 0.95)
+    eps: float = 1e-8
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """Where the params go: ``shard_mode`` "split" (one trainer over
+    gtp_size x tp_size daemons) or "local" (one trainer per daemon; the
+    default without daemons=), the domain and this trainer's coordinates."""
+    shard_mode: str | None = None
+    gtp_size: int = 1
+    tp_size: int = 1
+    g: int = 0
+    t: int = 0
+    domain_name: str = "dense"
+    dp_size: int | None = None
+    dp_rank: int | None = None
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """The daemons and how to talk to them (``daemons`` empty: this rank's
+    daemon from the environment, muond.torch.discovery)."""
+    daemons: object = ()
+    job_id: str | None = None
+    client_id: str | None = None
+    wait_healthy_timeout: float = 30.0
+    rpc_timeout: float | None = 300.0
+    first_step_id: int = 1
+    token: str | None = None
+    token_file: object = None
+    tls_root_certificates: object = None
+    takeover: bool = False
+
+
+# Muon's keyword for each option object.
+OPTION_KEYWORDS = {
+    "newton_schulz": NewtonSchulzOptions,
+    "scaling": ScalingOptions,
+    "adamw": AdamWOptions,
+    "placement": PlacementOptions,
+    "connection": ConnectionOptions,
+}
+# Fields whose flat keyword has another name.
+_FLAT_NAMES = {(AdamWOptions, "eps"): "adamw_eps"}
+
+
+def flat_name(cls, field_name: str) -> str:
+    return _FLAT_NAMES.get((cls, field_name), field_name)
+
+
+FLAT_KEYWORDS = tuple(flat_name(cls, f.name) for cls in OPTION_KEYWORDS.values()
+                      for f in fields(cls))
+
+
+def resolve(flat: dict, objects: dict) -> dict:
+    """Every flat keyword's value: given flat, else from its concern's
+    option object, else the default. ``flat``: the flat keywords given;
+    ``objects``: option keyword -> object or None. TypeError for an unknown
+    keyword (Python's own message) or an object of the wrong class;
+    ValueError when a flat keyword and its concern's object are both given."""
+    for key in flat:
+        if key not in FLAT_KEYWORDS:
+            raise TypeError(f"Muon.__init__() got an unexpected keyword argument {key!r}")
+    out = {}
+    for keyword, cls in OPTION_KEYWORDS.items():
+        given = objects.get(keyword)
+        if given is not None and not isinstance(given, cls):
+            raise TypeError(f"{keyword}= must be a muond.torch.{cls.__name__}, got "
+                            f"{type(given).__name__}")
+        for f in fields(cls):
+            name = flat_name(cls, f.name)
+            if name in flat and given is not None:
+                raise ValueError(f"give {name}= or {keyword}={cls.__name__}"
+                                 f"({f.name}=...), not both")
+            if name in flat:
+                out[name] = flat[name]
+            else:
+                out[name] = getattr(given, f.name) if given is not None else f.default
+    return out

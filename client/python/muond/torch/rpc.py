@@ -1,0 +1,71 @@
+"""One call on every daemon of an optimizer: concurrent, answered in rank
+order, the first failure raised as a MuondError naming the daemon and the RPC."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from muond.client import PEER_GONE, Client, MuondError, error_info
+
+
+def gather(futures, clients, what: str):
+    """The responses of concurrent calls, one per daemon, in rank order. The
+    first failure is raised at once (as result's MuondError) and the other
+    calls are cancelled: a peer of a failed step may never answer (a stopped
+    daemon), and waiting for it would hang the trainer."""
+    changed = threading.Event()
+    for f in futures:
+        f.add_done_callback(lambda _: changed.set())
+    pending = set(range(len(futures)))
+    while pending:
+        changed.clear()
+        for i in sorted(pending):
+            if not futures[i].done():
+                continue
+            pending.discard(i)
+            if futures[i].exception() is not None:
+                for j in pending:
+                    futures[j].cancel()
+                result(futures[i].result, clients[i], what)  # raises
+        if pending:
+            changed.wait()
+    return [result(f.result, c, what) for f, c in zip(futures, clients)]
+
+
+def result(call, client: Client, what: str):
+    """call(): an RPC's response (e.g. a future's ``result``); its grpc error
+    as a MuondError (a RuntimeError) naming the daemon and the RPC, with the
+    status code and the daemon's reason (e.g. PEER_GONE) as attributes."""
+    try:
+        return call()
+    except MuondError:  # the client's own (export/import_state): names the daemon already
+        raise
+    except grpc.RpcError as e:
+        detail = e.details() if hasattr(e, "details") else str(e)
+        code = e.code() if hasattr(e, "code") else None
+        info = error_info(e)
+        reason = info.reason if info else ""
+        metadata = dict(info.metadata) if info else None
+        if not reason and code is not None and code.name == "UNAVAILABLE":
+            # No daemon answered at all (its process is gone or its socket
+            # refuses): the trainer recovers exactly as from a peer's
+            # PEER_GONE, so it gets the same reason to branch on.
+            reason, metadata = PEER_GONE, {"daemon": client.address}
+        raise MuondError(f"muond daemon {client.address}: {what} failed: "
+                         f"{code.name if code is not None else type(e).__name__}: {detail}",
+                         code=code, reason=reason, metadata=metadata) from e
+
+
+def on_all(clients, call, what: str, with_rank: bool = False) -> list:
+    """call(client) (or call(client, rank)) on every daemon concurrently;
+    results in rank order, the first failure raised as a MuondError naming
+    the daemon and `what`."""
+    def run(r, c):
+        return result(lambda: call(c, r) if with_rank else call(c), c, what)
+    if len(clients) == 1:
+        return [run(0, clients[0])]
+    with ThreadPoolExecutor(len(clients)) as pool:
+        futures = [pool.submit(run, r, c) for r, c in enumerate(clients)]
+        return [f.result() for f in futures]

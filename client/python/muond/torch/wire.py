@@ -1,0 +1,61 @@
+"""A param group as the wire carries it: the registered hyperparameters
+(ParamGroup), the live ones sent with every Step (GroupOverride), the dtypes
+and a whole param's shape and strides."""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from muond import wire_enums as _wire_enums
+from muond.v1 import muond_pb2 as pb
+
+DTYPES = {torch.float32: pb.DTYPE_FP32, torch.bfloat16: pb.DTYPE_BF16}
+
+
+def override(wname: str, group: dict) -> pb.GroupOverride:
+    """The group's live hyperparameters as they are now."""
+    o = pb.GroupOverride(group=wname, lr=float(group["lr"]),
+                         weight_decay=float(group["weight_decay"]))
+    if group["algorithm"] == "adamw":
+        beta1, beta2 = group["betas"]
+        o.beta1, o.beta2, o.eps = float(beta1), float(beta2), float(group["eps"])
+    else:
+        o.momentum, o.nesterov = float(group["momentum"]), bool(group["nesterov"])
+    return o
+
+
+def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
+    """The group's registered hyperparameters on the wire group (raises
+    TypeError/ValueError on a value the wire cannot carry)."""
+    wg.algorithm = pb.ALGORITHM_ADAMW if group["algorithm"] == "adamw" else pb.ALGORITHM_MUON
+    if group["algorithm"] == "adamw":
+        beta1, beta2 = group["betas"]
+        wg.adamw.CopyFrom(pb.AdamWHyperparams(
+            lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
+            eps=float(group["eps"]), weight_decay=float(group["weight_decay"])))
+        return
+    # The string options (scale_mode="spectral", ...) become wire enums
+    # here, in one place (muond.wire_enums).
+    enums = {field: _wire_enums.to_wire(enum, field, group[field])
+             for field, enum in _wire_enums.MUON_ENUM_FIELDS.items()}
+    wg.muon.CopyFrom(pb.MuonHyperparams(
+        lr=float(group["lr"]), momentum=float(group["momentum"]),
+        nesterov=bool(group["nesterov"]), weight_decay=float(group["weight_decay"]),
+        custom_coefficients=group["custom_coefficients"],
+        num_ns_steps=group["ns_steps"], eps=group["eps"],
+        extra_scale_factor=group["extra_scale_factor"],
+        ns_batch_size=group["ns_batch_size"], use_syrk=group["use_syrk"],
+        **enums))
+    if group.get("gram_restarts") is not None:
+        wg.muon.gram_restarts.CopyFrom(pb.GramRestarts(
+            iterations=[operator.index(r) for r in group["gram_restarts"]]))
+    if group.get("gram_min_aspect_ratio") is not None:
+        wg.muon.gram_min_aspect_ratio = float(group["gram_min_aspect_ratio"])
+
+
+def whole(p: torch.Tensor):
+    """Shape/strides of a whole param on the wire: 2-D as is, else flat 1-D."""
+    if p.ndim == 2:
+        return list(p.shape), [p.shape[1], 1]
+    return [p.numel()], [1]

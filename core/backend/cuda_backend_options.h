@@ -1,0 +1,36 @@
+#pragma once
+// The CUDA backend's switches (MakeCudaBackend), in a header without CUDA so
+// the daemon's flags and CPU tests can name them. Core reads no environment:
+// the processes set these (muond-daemon --cublas_gemmex, --cuda_graphs,
+// --lt_autotune; server/README.md).
+#include <functional>
+
+namespace muond {
+
+struct CudaBackendOptions {
+  // GEMMs through the legacy cublasGemmEx path (plus a copy for a separate
+  // output) instead of cublasLt, for A/B measurements.
+  bool cublas_gemmex = false;
+  // RunGraph captures the work into a CUDA graph and replays it; false:
+  // RunGraph runs its work directly (debugging).
+  bool cuda_graphs = true;
+  // Diagnostic, off (0) by default since the pick would depend on timings:
+  // each cublasLt GEMM plan times the heuristic's first N algorithms once and
+  // keeps the fastest (N > 1 tunes; clamped to [0, 32]).
+  int lt_autotune = 0;
+};
+
+// The largest lt_autotune the backend honours; larger values are clamped.
+inline constexpr int kMaxLtAutotune = 32;
+
+// The options the environment variables of earlier releases asked for, so a
+// process that takes the options as flags can default each flag to its
+// variable: MUOND_CUBLAS_GEMMEX=1 sets cublas_gemmex, MUOND_CUDA_GRAPHS=0
+// clears cuda_graphs, MUOND_LT_AUTOTUNE=N sets lt_autotune to N (atoi: a
+// non-number is 0). Any other value, or an unset variable (`lookup` returns
+// null), leaves the default. `lookup` is the caller's getenv: this function
+// reads no environment itself.
+CudaBackendOptions CudaBackendOptionsFromLegacyEnvironment(
+    const std::function<const char*(const char*)>& lookup);
+
+}  // namespace muond

@@ -1,0 +1,393 @@
+// Multi-tensor launches of the elementwise steps (MuonMomentumMulti,
+// ApplyUpdateMulti, MarkNonFiniteMulti): many contiguous tensors per launch,
+// 4 elements per access where aligned; a tensor that does not fit a table
+// runs alone through the single-tensor launchers (cuda_step_kernels.cu).
+#include <cstdint>
+
+#include "core/backend/cuda_kernel_launch.cuh"
+#include "core/backend/cuda_kernels.h"
+#include "core/backend/elementwise_math.h"
+
+namespace muond {
+namespace cuda_kernels {
+namespace {
+
+// ---- multi-tensor launches ------------------------------------------------
+// Up to kMultiMaxTensors contiguous tensors per launch, passed by value in the
+// kernel arguments (< 4 KB). Block b works on tensor k with
+// block_start[k] <= b < block_start[k + 1], elements
+// [(b - block_start[k]) * kMultiTile, + kMultiTile).
+constexpr int kMultiViews = 4;
+constexpr int64_t kMultiTile = int64_t(kThreads) * kIlp * 4;
+struct MultiTable {
+  char* ptr[kMultiViews][kMultiMaxTensors];
+  int64_t n[kMultiMaxTensors];
+  int block_start[kMultiMaxTensors + 1];
+  unsigned char elem[kMultiViews][kMultiMaxTensors];
+  // Every view of tensor k is fp32 and 16-byte aligned or bf16 and 8-byte
+  // aligned: the kernels move 4 elements per access (float4 / 4 x bf16; the
+  // scalar loop reached only 56-74% of HBM bandwidth on an H200,
+  // bench/results/gpu_h200.md).
+  bool vec4[kMultiMaxTensors];
+  float scalar[kMultiMaxTensors];  // a per-tensor operand (the update's lr)
+  int count;
+  // The dtypes of the table's vec4 tensors, one bit per view (1 = bf16), the
+  // same for all of them (RunMulti starts a new table when it changes): the
+  // kernel is compiled for it, so the vec4 loads have no dtype branch between
+  // them and stay in flight together (a branch per load cost the bf16 update
+  // a quarter of its bandwidth). -1: no vec4 tensor yet.
+  int vec4_sig;
+};
+
+// Bytes per element of view v under a vec4 signature.
+__host__ __device__ constexpr int ElemOf(int sig, int v) {
+  return (sig >> v) & 1 ? 2 : 4;
+}
+
+__device__ __forceinline__ float& At(float4& v, int e) {
+  return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+}
+// Elements j..j+3 of a vec4 view of kElem-byte elements (fp32, or bf16
+// widened exactly).
+template <int kElem>
+__device__ __forceinline__ float4 Ld4(const char* p, int64_t j) {
+  if constexpr (kElem == 4) {
+    return *reinterpret_cast<const float4*>(p + j * 4);
+  } else {
+    const uint2 h = *reinterpret_cast<const uint2*>(p + j * 2);
+    return make_float4(Bf16BitsToFloat(uint16_t(h.x & 0xffffu)),
+                       Bf16BitsToFloat(uint16_t(h.x >> 16)),
+                       Bf16BitsToFloat(uint16_t(h.y & 0xffffu)),
+                       Bf16BitsToFloat(uint16_t(h.y >> 16)));
+  }
+}
+__device__ __forceinline__ float4 Ld4(const char* p, int elem, int64_t j) {
+  return elem == 4 ? Ld4<4>(p, j) : Ld4<2>(p, j);
+}
+// Stores 4 elements from j, each rounded once to bf16 for a bf16 view.
+template <int kElem>
+__device__ __forceinline__ void St4(char* p, int64_t j, float4 x) {
+  if constexpr (kElem == 4) {
+    *reinterpret_cast<float4*>(p + j * 4) = x;
+  } else {
+    uint2 h;
+    h.x =
+        uint32_t(FloatToBf16Bits(x.x)) | (uint32_t(FloatToBf16Bits(x.y)) << 16);
+    h.y =
+        uint32_t(FloatToBf16Bits(x.z)) | (uint32_t(FloatToBf16Bits(x.w)) << 16);
+    *reinterpret_cast<uint2*>(p + j * 2) = h;
+  }
+}
+
+__device__ __forceinline__ float LdFlat(const char* p, int elem, int64_t j) {
+  if (elem == 4) return reinterpret_cast<const float*>(p)[j];
+  return Bf16BitsToFloat(reinterpret_cast<const uint16_t*>(p)[j]);
+}
+__device__ __forceinline__ void StFlat(char* p, int elem, int64_t j, float x) {
+  if (elem == 4) {
+    reinterpret_cast<float*>(p)[j] = x;
+  } else {
+    reinterpret_cast<uint16_t*>(p)[j] = FloatToBf16Bits(x);
+  }
+}
+
+__device__ __forceinline__ int MultiTensorOf(const MultiTable& t, int b) {
+  int lo = 0, hi = t.count - 1;  // last k with block_start[k] <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.block_start[mid] <= b) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// A vec4 tensor's tile: each thread moves kIlp runs of 4 consecutive
+// elements, the op's first F::kLoads (<= 2) views loaded as float4 before any
+// store, dtypes fixed by kSig; a ragged end (n % 4) goes element by element
+// through Load/Store.
+template <typename F, int kSig>
+__device__ void MultiVec4Tile(const MultiTable& t, const F& f, int k,
+                              int64_t t0, int64_t end) {
+  static_assert(F::kLoads == 2, "two loaded views");
+  float4 in[kIlp][F::kLoads];
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u) {
+    const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
+    if (j + 4 <= end) {
+      in[u][0] = Ld4<ElemOf(kSig, 0)>(t.ptr[0][k], j);
+      in[u][1] = Ld4<ElemOf(kSig, 1)>(t.ptr[1][k], j);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u) {
+    const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
+    if (j + 4 <= end) {
+      f.template Store4<kSig>(t, k, j, in[u]);
+    } else {
+      for (int64_t e = j; e < end; ++e) f.Store(t, k, e, f.Load(t, k, e));
+    }
+  }
+}
+
+// Load-store op over the table: In Load(t, k, j), Store(t, k, j, In), and
+// for vec4 tensors Store4<kSig>(t, k, j, float4[kLoads]) on 4 elements from
+// j; kSig is the table's vec4_sig.
+template <typename F, int kSig>
+__global__ void MultiLoadStoreKernel(MultiTable t, F f) {
+  const int k = MultiTensorOf(t, blockIdx.x);
+  const int64_t n = t.n[k];
+  const int64_t t0 = int64_t(blockIdx.x - t.block_start[k]) * kMultiTile;
+  const int64_t end = t0 + kMultiTile < n ? t0 + kMultiTile : n;
+  if (t.vec4[k]) {  // kMultiTile = kThreads * kIlp * 4: one pass per tile
+    MultiVec4Tile<F, kSig>(t, f, k, t0, end);
+    return;
+  }
+  for (int64_t base = t0 + threadIdx.x; base < end; base += kThreads * kIlp) {
+    typename F::In in[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      const int64_t j = base + u * kThreads;
+      if (j < end) in[u] = f.Load(t, k, j);
+    }
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      const int64_t j = base + u * kThreads;
+      if (j < end) f.Store(t, k, j, in[u]);
+    }
+  }
+}
+
+__global__ void MultiFiniteKernel(MultiTable t, float limit, int* flag) {
+  const int k = MultiTensorOf(t, blockIdx.x);
+  const int64_t n = t.n[k];
+  const int64_t t0 = int64_t(blockIdx.x - t.block_start[k]) * kMultiTile;
+  const int64_t end = t0 + kMultiTile < n ? t0 + kMultiTile : n;
+  bool bad = false;
+  if (t.vec4[k]) {
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
+      if (j + 4 <= end) {
+        const float4 x = Ld4(t.ptr[0][k], t.elem[0][k], j);
+        bad = bad || OutOfRange(x.x, limit) || OutOfRange(x.y, limit) ||
+              OutOfRange(x.z, limit) || OutOfRange(x.w, limit);
+      } else {
+        for (int64_t e = j; e < end; ++e)
+          bad = bad || OutOfRange(LdFlat(t.ptr[0][k], t.elem[0][k], e), limit);
+      }
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+    return;
+  }
+  for (int64_t base = t0 + threadIdx.x; base < end; base += kThreads * kIlp) {
+    float x[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      const int64_t j = base + u * kThreads;
+      x[u] = j < end ? LdFlat(t.ptr[0][k], t.elem[0][k], j) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) bad = bad || OutOfRange(x[u], limit);
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+// Views: 0 grad, 1 momentum in, 2 NS input, 3 momentum out (may be view 1).
+struct MultiMomentumOp {
+  static constexpr int kViews = 4;
+  float w_ema, w_nesterov;
+  bool nesterov;
+  struct In {
+    float g, m;
+  };
+  __device__ In Load(const MultiTable& t, int k, int64_t j) const {
+    return In{LdFlat(t.ptr[0][k], t.elem[0][k], j),
+              LdFlat(t.ptr[1][k], t.elem[1][k], j)};
+  }
+  __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
+    const float m_new = ew::MomentumEma(in.m, in.g, w_ema);
+    StFlat(t.ptr[3][k], t.elem[3][k], j, m_new);
+    const float m =
+        t.elem[3][k] == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
+    StFlat(t.ptr[2][k], t.elem[2][k], j,
+           nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
+  }
+  static constexpr int kLoads = 2;  // grad, momentum in
+  template <int kSig>
+  __device__ void Store4(const MultiTable& t, int k, int64_t j,
+                         float4 (&in)[kLoads]) const {
+    constexpr bool bf16_state = ElemOf(kSig, 3) == 2;
+    float4 m_new, out;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      At(m_new, e) = ew::MomentumEma(At(in[1], e), At(in[0], e), w_ema);
+      // The stored value (bf16 state: rounded once), as in Store.
+      const float m = bf16_state
+                          ? Bf16BitsToFloat(FloatToBf16Bits(At(m_new, e)))
+                          : At(m_new, e);
+      At(out, e) =
+          nesterov ? ew::NesterovInput(At(in[0], e), m, w_nesterov) : m;
+    }
+    St4<ElemOf(kSig, 3)>(t.ptr[3][k], j, m_new);
+    St4<ElemOf(kSig, 2)>(t.ptr[2][k], j, out);
+  }
+};
+
+struct MultiUpdateOp {              // lr: t.scalar[k]
+  static constexpr int kViews = 2;  // param, update
+  float decay;
+  int method;
+  struct In {
+    float p, u;
+  };
+  __device__ In Load(const MultiTable& t, int k, int64_t j) const {
+    return In{LdFlat(t.ptr[0][k], t.elem[0][k], j),
+              LdFlat(t.ptr[1][k], t.elem[1][k], j)};
+  }
+  __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
+    StFlat(t.ptr[0][k], t.elem[0][k], j,
+           ew::UpdateParam(in.p, in.u, t.scalar[k], decay, method));
+  }
+  static constexpr int kLoads = 2;  // param, update
+  template <int kSig>
+  __device__ void Store4(const MultiTable& t, int k, int64_t j,
+                         float4 (&in)[kLoads]) const {
+    const float lr = t.scalar[k];
+    float4 p;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      At(p, e) = ew::UpdateParam(At(in[0], e), At(in[1], e), lr, decay, method);
+    St4<ElemOf(kSig, 0)>(t.ptr[0][k], j, p);
+  }
+};
+
+bool Vec4Ok(const KView& v) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(v.data);
+  return (v.elem == 4 && a % 16 == 0) || (v.elem == 2 && a % 8 == 0);
+}
+
+// Collects tensors into tables and launches `launch(table)` per full table;
+// `single(i)` launches tensor i alone (non-contiguous or large). `scalars`
+// (may be null) gives each tensor's MultiTable::scalar.
+template <typename Launch, typename Single>
+cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
+                     const float* scalars, Launch launch, Single single) {
+  MultiTable t;
+  t.count = 0;
+  t.block_start[0] = 0;
+  t.vec4_sig = -1;
+  auto flush = [&]() -> cudaError_t {
+    if (t.count == 0) return cudaSuccess;
+    const cudaError_t err = launch(t);
+    t.count = 0;
+    t.vec4_sig = -1;
+    return err;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t n = views[0][i].rows * views[0][i].cols;
+    if (n == 0) continue;
+    bool flat = n < kMultiMaxElems;
+    // The tables' loads know fp32 and bf16 only; fp16 goes alone.
+    for (int v = 0; v < nviews && flat; ++v)
+      flat = Flat({views[v][i]}) && !views[v][i].f16;
+    if (!flat) {
+      const cudaError_t err = single(i);
+      if (err != cudaSuccess) return err;
+      continue;
+    }
+    bool vec4 = true;
+    int sig = 0;
+    for (int v = 0; v < nviews; ++v) {
+      vec4 = vec4 && Vec4Ok(views[v][i]);
+      if (views[v][i].elem == 2) sig |= 1 << v;
+    }
+    if (vec4 && t.vec4_sig >= 0 && sig != t.vec4_sig) {
+      const cudaError_t err = flush();  // one vec4 signature per table
+      if (err != cudaSuccess) return err;
+    }
+    const int k = t.count;
+    t.vec4[k] = vec4;
+    if (vec4) t.vec4_sig = sig;
+    for (int v = 0; v < nviews; ++v) {
+      t.ptr[v][k] = static_cast<char*>(views[v][i].data);
+      t.elem[v][k] = static_cast<unsigned char>(views[v][i].elem);
+    }
+    t.scalar[k] = scalars == nullptr ? 0.0f : scalars[i];
+    t.n[k] = n;
+    t.block_start[k + 1] =
+        t.block_start[k] + int((n + kMultiTile - 1) / kMultiTile);
+    ++t.count;
+    if (t.count == kMultiMaxTensors) {
+      const cudaError_t err = flush();
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return flush();
+}
+
+}  // namespace
+
+// Launches MultiLoadStoreKernel for a table, compiled for its vec4 dtypes:
+// one instantiation per signature of F::kViews views (kSig from 0 up).
+template <typename F, int kSig = 0>
+cudaError_t LaunchTable(const MultiTable& t, const F& op, cudaStream_t stream) {
+  if constexpr (kSig < (1 << F::kViews)) {
+    if ((t.vec4_sig < 0 ? 0 : t.vec4_sig) != kSig) {
+      return LaunchTable<F, kSig + 1>(t, op, stream);
+    }
+    const unsigned blocks = unsigned(t.block_start[t.count]);
+    MultiLoadStoreKernel<F, kSig><<<blocks, kThreads, 0, stream>>>(t, op);
+    return cudaGetLastError();
+  } else {
+    return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
+                              const KView* moms_out, const KView* outs,
+                              int64_t count, float one_minus_beta, float beta,
+                              bool nesterov, cudaStream_t stream) {
+  const KView* views[MultiMomentumOp::kViews] = {grads, moms_in, outs,
+                                                 moms_out};
+  const MultiMomentumOp op{one_minus_beta, beta, nesterov};
+  return RunMulti(
+      views, MultiMomentumOp::kViews, count, nullptr,
+      [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
+      [&](int64_t i) {
+        return MuonMomentum(grads[i], moms_in[i], moms_out[i], one_minus_beta,
+                            beta, nesterov, outs[i], stream);
+      });
+}
+
+cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
+                             const float* lrs, int64_t count, float decay,
+                             int method, cudaStream_t stream) {
+  const KView* views[2] = {params, updates};
+  const MultiUpdateOp op{decay, method};
+  return RunMulti(
+      views, 2, count, lrs,
+      [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
+      [&](int64_t i) {
+        return ApplyUpdate(params[i], updates[i], lrs[i], decay, method,
+                           stream);
+      });
+}
+
+cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, float limit,
+                               int* flag, cudaStream_t stream) {
+  const KView* table[1] = {views};
+  return RunMulti(
+      table, 1, count, nullptr,
+      [&](const MultiTable& t) {
+        MultiFiniteKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
+                            stream>>>(t, limit, flag);
+        return cudaGetLastError();
+      },
+      [&](int64_t i) { return MarkNonFinite(views[i], limit, flag, stream); });
+}
+
+}  // namespace cuda_kernels
+}  // namespace muond

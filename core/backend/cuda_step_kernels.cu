@@ -1,0 +1,118 @@
+// The elementwise optimizer steps on one tensor: Muon's momentum (and
+// Nesterov input), the update with weight decay, AdamW, and the finiteness
+// check of a step's inputs and outputs. Elementwise math comes from
+// elementwise_math.h (no FMA contraction: bit-identical to the CPU backend).
+#include "core/backend/cuda_kernel_launch.cuh"
+#include "core/backend/cuda_kernels.h"
+#include "core/backend/elementwise_math.h"
+
+namespace muond {
+namespace cuda_kernels {
+namespace {
+
+// mom_out may be mom_in (in place): every element is loaded before it is
+// stored, by the same thread.
+struct MomentumOp {
+  DView grad, mom_in, mom_out, out;
+  float w_ema, w_nesterov;
+  bool nesterov;
+  struct In {
+    float g, m;
+  };
+  __device__ In Load(int64_t j) const {
+    return In{Ld(grad, 0, j), Ld(mom_in, 0, j)};
+  }
+  __device__ void Store(int64_t j, In in) const {
+    const float m_new = ew::MomentumEma(in.m, in.g, w_ema);
+    St(mom_out, 0, j, m_new);
+    const float m =
+        mom_out.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
+    St(out, 0, j, nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
+  }
+  __device__ void operator()(int64_t i, int64_t j) const {
+    const float g = Ld(grad, i, j);
+    const float m_new = ew::MomentumEma(Ld(mom_in, i, j), g, w_ema);
+    St(mom_out, i, j, m_new);
+    // The stored value, without reading it back (bf16 state: rounded once).
+    const float m =
+        mom_out.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
+    St(out, i, j, nesterov ? ew::NesterovInput(g, m, w_nesterov) : m);
+  }
+};
+
+struct UpdateOp {
+  DView p, u;
+  float lr, decay;
+  int method;
+  struct In {
+    float p, u;
+  };
+  __device__ In Load(int64_t j) const { return In{Ld(p, 0, j), Ld(u, 0, j)}; }
+  __device__ void Store(int64_t j, In in) const {
+    St(p, 0, j, ew::UpdateParam(in.p, in.u, lr, decay, method));
+  }
+  __device__ void operator()(int64_t i, int64_t j) const {
+    St(p, i, j, ew::UpdateParam(Ld(p, i, j), Ld(u, i, j), lr, decay, method));
+  }
+};
+
+struct AdamWOp {
+  DView p, g, m, v;
+  float param_decay, omb1, beta2, omb2, step_size, bc2, eps;
+  __device__ void operator()(int64_t i, int64_t j) const {
+    const ew::AdamWOut o =
+        ew::AdamWElement(Ld(p, i, j), Ld(g, i, j), Ld(m, i, j), Ld(v, i, j),
+                         param_decay, omb1, beta2, omb2, step_size, bc2, eps);
+    St(p, i, j, o.p);
+    St(m, i, j, o.m);
+    St(v, i, j, o.v);
+  }
+};
+
+struct FiniteOp {
+  DView v;
+  float limit;
+  int* flag;
+  __device__ void operator()(int64_t i, int64_t j) const {
+    if (OutOfRange(Ld(v, i, j), limit)) *flag = 1;
+  }
+};
+
+}  // namespace
+
+cudaError_t MuonMomentum(const KView& grad, const KView& momentum_in,
+                         const KView& momentum_out, float one_minus_beta,
+                         float beta, bool nesterov, const KView& out,
+                         cudaStream_t stream) {
+  return LaunchLoadStore({grad, momentum_in, momentum_out, out}, grad.rows,
+                         grad.cols, stream,
+                         MomentumOp{D(grad), D(momentum_in), D(momentum_out),
+                                    D(out), one_minus_beta, beta, nesterov});
+}
+
+cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
+                        float decay, int method, cudaStream_t stream) {
+  return LaunchLoadStore({param, update}, param.rows, param.cols, stream,
+                         UpdateOp{D(param), D(update), lr, decay, method});
+}
+
+cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
+                  const KView& exp_avg_sq, float param_decay,
+                  float one_minus_beta1, float beta2, float one_minus_beta2,
+                  float step_size, float bc2_sqrt, float eps,
+                  cudaStream_t stream) {
+  return LaunchForEach({param, grad, exp_avg, exp_avg_sq}, param.rows,
+                       param.cols, stream,
+                       AdamWOp{D(param), D(grad), D(exp_avg), D(exp_avg_sq),
+                               param_decay, one_minus_beta1, beta2,
+                               one_minus_beta2, step_size, bc2_sqrt, eps});
+}
+
+cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,
+                          cudaStream_t stream) {
+  return LaunchForEach({v}, v.rows, v.cols, stream,
+                       FiniteOp{D(v), limit, flag});
+}
+
+}  // namespace cuda_kernels
+}  // namespace muond

@@ -1,0 +1,140 @@
+// The per-step agreement of every group's domain (finite gradients, the NS
+// homes version, what the step does to the group) and the plan of the
+// agreed homes.
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/common/status_macros.h"
+#include "core/step/domain_agreement.h"
+#include "core/step/finite_grads.h"
+#include "core/step/gather_domain_votes.h"
+#include "core/step/group_step_summary.h"
+#include "core/step/layer_sharded_muon_impl.h"
+#include "core/step/plan_buffers.h"
+#include "core/step/step_failures.h"
+#include "glog/logging.h"
+
+namespace muond {
+
+absl::StatusOr<std::vector<std::string>>
+LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
+                                         StepResult& result, bool read_grads) {
+  std::vector<std::string> bad;
+  // A group that cannot step fails the step only after every group's
+  // agreement, so all ranks run the same collectives whatever they decide:
+  // an error in one group (even a communicator's) must not skip the
+  // agreements of the groups after it, whose peers would wait for them.
+  absl::Status refused;
+  for (GroupState& group : groups_) {
+    DomainVote mine;
+    // A rank whose registered memory failed its check (RefusalCode::kMemory:
+    // a shrunk shm object would raise SIGBUS) reads no grad; it still takes
+    // part in the collectives and refuses through the job vote.
+    absl::StatusOr<bool> finite =
+        read_grads ? GradsWithinLimit(group) : absl::StatusOr<bool>(true);
+    if (!finite.ok() && refused.ok()) refused = finite.status();
+    mine.all_finite = finite.value_or(false);
+    mine.homes_version = group.homes.newest();
+    mine.oldest_held = group.homes.oldest();
+    const GroupStepSummary summary = SummarizeGroupStep(group, inputs);
+    mine.skip_min = mine.skip_max = StepFingerprint(summary.skips);
+    mine.hyper_min = mine.hyper_max = StepFingerprint(summary.hyper);
+    std::vector<std::string> local_bad;
+    if (finite.ok() && !mine.all_finite) {
+      absl::StatusOr<std::vector<std::string>> names = BadGradNames(group);
+      if (!names.ok() && refused.ok()) refused = names.status();
+      local_bad = names.value_or(std::vector<std::string>{group.config.name});
+    }
+    float* scratch =
+        static_cast<float*>(lanes_[group.lane].vote_scratch.data());
+    const absl::Time asked = absl::Now();
+    absl::StatusOr<DomainVote> agreed =
+        GatherDomainVotes(*group.backend, group.config.domain, scratch, mine);
+    if (absl::IsDeadlineExceeded(agreed.status())) {
+      // A rank of the domain never arrived. Waiting on in the next groups'
+      // agreements and in the job vote would cost one more comm timeout
+      // each; the step is lost anyway (that rank cannot vote).
+      return AbandonStep(DidNotJoin(
+          agreed.status(), "a peer rank of the domain", inputs.step_id,
+          absl::StrCat("the domain agreement of group '", group.config.name,
+                       "'"),
+          absl::Now() - asked));
+    }
+    if (!agreed.ok()) {
+      if (refused.ok()) refused = agreed.status();
+      continue;
+    }
+    // A non-finite gradient on another rank of the domain is that rank's to
+    // report: it refuses (or skips) in the job vote, and this rank's answer
+    // then names it, instead of a refusal of its own that names nobody.
+    bad.insert(bad.end(), local_bad.begin(), local_bad.end());
+    if (refused.ok()) {
+      refused = CheckStepAgreed(*agreed, group.config.name,
+                                EchoAll(summary.skips), summary.hyper);
+    }
+    if (group.config.algorithm != Algorithm::kMuon || !refused.ok()) continue;
+    // Every rank sees the same gathered votes, so every rank of the domain
+    // refuses alike (a rank failing alone would leave its peers waiting in
+    // the exchange for the communicator timeout).
+    refused = CheckHomesVersionHeld(*agreed, group.config.name,
+                                    NsHomesByVersion::kCapacity);
+    if (!refused.ok()) continue;
+    refused = UseHomesVersion(group, agreed->homes_version);
+    result.homes_versions[group.config.name] = agreed->homes_version;
+  }
+  RETURN_IF_ERROR(refused);
+  return bad;
+}
+
+absl::StatusOr<std::vector<NsHome>> LayerShardedMuonImpl::HomesOf(
+    const GroupState& group, int64_t version) const {
+  if (version == 0) {
+    // Homes were never set: round-robin fallback, loudly (planner logs it).
+    LOG(WARNING) << "group '" << group.config.name
+                 << "': no NS homes were set; using the round-robin fallback "
+                    "(LPT balancing NOT in effect)";
+    return RoundRobinHomes(ParamSpecs(group), group.config.domain.size).homes;
+  }
+  const std::vector<NsHome>* homes = group.homes.Find(version);
+  if (homes == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", group.config.name,
+                     "': the domain agreed on the NS homes of plan version ",
+                     version, ", which this rank does not hold (it holds ",
+                     group.homes.size(), " versions, newest ",
+                     group.homes.newest(), "); the step was not applied"));
+  }
+  return *homes;
+}
+
+absl::Status LayerShardedMuonImpl::UseHomesVersion(GroupState& group,
+                                                   int64_t version) {
+  if (group.plan_version == version && group.plan.has_value()) {
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::vector<NsHome> homes, HomesOf(group, version));
+  // Everything is allocated before the group's plan is replaced: a failure
+  // leaves the old plan in place.
+  ASSIGN_OR_RETURN(
+      PlanBuffers plan,
+      BuildPlanBuffers(group.backend, group.ns_dtype, ParamSpecs(group),
+                       std::move(homes), group.config.domain, group.local));
+  Lane& lane = lanes_[group.lane];
+  const int64_t elem = int64_t(DTypeSize(group.ns_dtype));
+  RETURN_IF_ERROR(lane.exchange.Reserve(lane.backend,
+                                        plan.plan.max_send_elems * elem,
+                                        plan.plan.max_recv_elems * elem));
+  transient_bytes_ = std::max(transient_bytes_, plan.assembled_bytes +
+                                                    lane.exchange.send_bytes() +
+                                                    lane.exchange.recv_bytes());
+  group.plan = std::move(plan);
+  group.plan_version = version;
+  return absl::OkStatus();
+}
+
+}  // namespace muond

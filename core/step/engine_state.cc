@@ -1,0 +1,66 @@
+// The engine's optimizer state as named entries, for ExportState and
+// ImportState (the codec: state_io.h).
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/step/layer_sharded_muon_impl.h"
+
+namespace muond {
+
+std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
+  std::vector<StateEntry> entries;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const GroupState& group = groups_[gi];
+    const std::string& gname = group.config.name;
+    const bool muon = group.config.algorithm == Algorithm::kMuon;
+    for (size_t pi = 0; pi < group.params.size(); ++pi) {
+      const ParamState& p = group.params[pi];
+      const std::string base = gname + "/" + p.spec.name;
+      auto tensor = [&](const std::string& suffix, const MatrixView& view) {
+        StateEntry e;
+        e.key = base + suffix;
+        e.backend = group.backend;
+        e.tensor = view;
+        entries.push_back(std::move(e));
+      };
+      if (muon) {
+        tensor(".momentum", p.momentum);
+        continue;
+      }
+      tensor(".exp_avg", p.exp_avg);
+      tensor(".exp_avg_sq", p.exp_avg_sq);
+      StateEntry count;
+      count.key = base + ".step";
+      count.count = p.adamw_step;
+      count.group = gname;
+      count.param = p.spec.name;
+      count.group_index = int(gi);
+      count.param_index = int(pi);
+      entries.push_back(std::move(count));
+    }
+  }
+  return entries;
+}
+
+absl::StatusOr<std::map<std::string, std::vector<float>>>
+LayerShardedMuonImpl::ExportState() const {
+  return ExportStateEntries(StateEntries());
+}
+
+absl::Status LayerShardedMuonImpl::ImportState(
+    const std::map<std::string, std::vector<float>>& state) {
+  const std::vector<StateEntry> entries = StateEntries();
+  std::vector<Backend*> lane_backends;
+  for (const Lane& lane : lanes_) lane_backends.push_back(lane.backend);
+  // Count entries are the AdamW params' step counts, "<group>/<param>.step".
+  return ImportStateEntries(WithPerParamStepCounts(state, entries), entries,
+                            lane_backends, [&](size_t i, int64_t count) {
+                              groups_[entries[i].group_index]
+                                  .params[entries[i].param_index]
+                                  .adamw_step = count;
+                            });
+}
+
+}  // namespace muond

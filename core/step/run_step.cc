@@ -1,0 +1,209 @@
+// One step, decided by the whole job: the job vote, momentum, exchanges and
+// NS into staging on every lane, the commit vote, then the commit.
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/common/status_macros.h"
+#include "core/step/group_step.h"
+#include "core/step/layer_sharded_muon_impl.h"
+#include "core/step/step_failures.h"
+#include "glog/logging.h"
+
+namespace muond {
+namespace {
+
+// Phase work of concurrently run lanes adds up; total_us stays wall time.
+void AddTimings(const PhaseTimings& from, PhaseTimings& to) {
+  to.momentum_us += from.momentum_us;
+  to.a2a_fwd_us += from.a2a_fwd_us;
+  to.ns_us += from.ns_us;
+  to.a2a_bwd_us += from.a2a_bwd_us;
+  to.dp_share_us += from.dp_share_us;
+  to.update_us += from.update_us;
+}
+
+}  // namespace
+
+bool LayerShardedMuonImpl::MeasuresShapes() const {
+  // Host backends are measured every step (no extra sync); device backends
+  // every ns_shape_timing_every-th step.
+  const int every = options_.ns_shape_timing_every;
+  return every > 0 &&
+         (std::none_of(lanes_.begin(), lanes_.end(),
+                       [](const Lane& l) { return l.backend->is_device(); }) ||
+          steps_run_ % every == 0);
+}
+
+absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
+    const StepInputs& inputs) {
+  const absl::Time start = absl::Now();
+  StepResult result;
+  if (options_.testonly_commit_delay_ms > 0) {
+    // A test may kill a peer once every survivor is inside this step: it
+    // cannot end without that peer's ballot (tests/system/kill_mid_step.py).
+    LOG(INFO) << "testonly_commit_delay_ms: step " << inputs.step_id
+              << ": started";
+  }
+  // 1. Every check of this rank gives a verdict; none returns before the
+  // job's vote, so a refusal on one rank reaches every rank at once instead
+  // of leaving the peers waiting in their exchanges.
+  std::vector<std::string> bad;
+  absl::Status refusal;
+  abandoned_ = absl::OkStatus();
+  const JobBallot mine = LocalBallot(inputs, result, bad, refusal);
+  // A rank of a domain never arrived: one comm timeout is all the step
+  // costs (the job vote would wait a second one for the same rank).
+  if (!abandoned_.ok()) return abandoned_;
+  // 2. The job decides together.
+  absl::StatusOr<JobDecision> decision = VoteOnJob(mine);
+  // Timed out: the communicators are gone, whatever this rank refused.
+  if (!abandoned_.ok()) return abandoned_;
+  if (!refusal.ok()) return refusal;  // mine, with its full detail
+  if (!decision.ok()) return decision.status();
+  if (decision->verdict == JobVerdict::kRefuse) {
+    return RefusedByPeers(*decision, inputs.step_id);
+  }
+  // Every rank replays (a replay ballot never folds to step or skip).
+  if (decision->verdict == JobVerdict::kReplay) return result;
+  if (decision->verdict == JobVerdict::kSkip) {
+    if (bad.empty()) {
+      for (int r : decision->skipping_ranks) {
+        bad.push_back(
+            absl::StrCat("(non-finite gradients on rank ", r, " of the job)"));
+      }
+    }
+    result.skipped_nonfinite = std::move(bad);
+    return result;
+  }
+  // 3. Momentum into staging, exchanges, NS: nothing of the state yet.
+  ShapeTimes* shape_times = MeasuresShapes() ? &shape_times_ : nullptr;
+  ++steps_run_;
+  shape_times_.Clear();
+  const absl::Status prepared = RunLanes(
+      [&](Lane& lane, PhaseTimings& t) {
+        return PrepareLane(lane, inputs, shape_times, t);
+      },
+      result.timings);
+  // 4. Every rank's exchanges succeeded, or nobody writes anything. A peer
+  // dying during this vote itself is the one window left: it may reach some
+  // ranks and not others (no consensus protocol; docs/ARCHITECTURE.md).
+  // A peer that stopped mid-exchange would be waited for again in the vote.
+  if (absl::IsDeadlineExceeded(prepared)) return AbandonStep(prepared);
+  JobBallot commit{.kind = BallotKind::kCommit, .step_id = inputs.step_id};
+  // Local checks only (no collective): a rank whose updates are not finite
+  // refuses in the commit vote, so every rank refuses together.
+  const absl::Status ns_finite =
+      prepared.ok() ? CheckNsOutputs(inputs) : absl::OkStatus();
+  if (!prepared.ok()) {
+    commit.verdict = JobVerdict::kRefuse;
+    commit.code = IsCommunicationFailure(prepared) ? RefusalCode::kCommunication
+                                                   : RefusalCode::kOther;
+  } else if (!ns_finite.ok()) {
+    commit.verdict = JobVerdict::kRefuse;
+    commit.code = RefusalCode::kNonFiniteUpdate;
+  }
+  if (options_.testonly_commit_delay_ms > 0) {
+    // Said before the sleep, so a test watching the log kills a peer inside
+    // this window, not by guessing a delay (tests/system/kill_mid_step.py).
+    LOG(INFO) << "testonly_commit_delay_ms: step " << inputs.step_id
+              << ": exchanges done (" << (prepared.ok() ? "ok" : "failed")
+              << "); waiting " << options_.testonly_commit_delay_ms
+              << " ms before the commit vote";
+    absl::SleepFor(absl::Milliseconds(options_.testonly_commit_delay_ms));
+  }
+  absl::StatusOr<JobDecision> committed = VoteOnJob(commit);
+  if (!prepared.ok()) return prepared;
+  if (!ns_finite.ok()) return ns_finite;  // mine, with the params named
+  if (!committed.ok()) return committed.status();
+  if (committed->verdict != JobVerdict::kAgree) {
+    return absl::UnavailableError(
+        absl::StrCat("step ", inputs.step_id, " was not applied on any rank: ",
+                     DescribeRefusals(*committed), " in its exchanges"));
+  }
+  // 5. The commit: local writes only.
+  RETURN_IF_ERROR(RunLanes(
+      [&](Lane& lane, PhaseTimings& t) { return CommitLane(lane, inputs, t); },
+      result.timings));
+  result.ns_shapes = shape_times_.ByShape();
+  result.timings.total_us = absl::ToDoubleMicroseconds(absl::Now() - start);
+  return result;
+}
+
+absl::Status LayerShardedMuonImpl::RunLanes(
+    const std::function<absl::Status(Lane&, PhaseTimings&)>& fn,
+    PhaseTimings& timings) {
+  if (lane_threads_ == nullptr) {
+    absl::Status first;
+    // Every lane runs even after one failed: a lane's collectives are
+    // awaited by peers that do not know this rank failed elsewhere.
+    for (Lane& lane : lanes_) first.Update(fn(lane, timings));
+    return first;
+  }
+  std::vector<PhaseTimings> lane_timings(lanes_.size());
+  std::vector<absl::Status> lane_status(lanes_.size());
+  lane_threads_->Run(
+      [&](int l) { lane_status[l] = fn(lanes_[l], lane_timings[l]); });
+  absl::Status first;
+  for (size_t l = 0; l < lanes_.size(); ++l) {
+    first.Update(lane_status[l]);
+    AddTimings(lane_timings[l], timings);
+  }
+  return first;
+}
+
+absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
+                                               const StepInputs& inputs,
+                                               ShapeTimes* shape_times,
+                                               PhaseTimings& timings) {
+  for (int gi : lane.groups) {
+    GroupState& group = groups_[gi];
+    if (group.config.algorithm != Algorithm::kMuon) continue;
+    RETURN_IF_ERROR(PrepareMuonGroup(
+        group,
+        MuonOptionsForStep(group.config.muon, group.config.name,
+                           inputs.overrides),
+        inputs.skip_params, lane.exchange, shape_times, timings));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerShardedMuonImpl::CheckNsOutputs(const StepInputs& inputs) {
+  absl::Status first;
+  for (GroupState& group : groups_) {
+    if (group.config.algorithm != Algorithm::kMuon) continue;
+    first.Update(CheckNsOutputsFinite(
+        group,
+        MuonOptionsForStep(group.config.muon, group.config.name,
+                           inputs.overrides),
+        inputs.skip_params));
+  }
+  return first;
+}
+
+absl::Status LayerShardedMuonImpl::CommitLane(Lane& lane,
+                                              const StepInputs& inputs,
+                                              PhaseTimings& timings) {
+  for (int gi : lane.groups) {
+    GroupState& group = groups_[gi];
+    const std::string& name = group.config.name;
+    if (group.config.algorithm == Algorithm::kMuon) {
+      RETURN_IF_ERROR(CommitMuonGroup(
+          group, MuonOptionsForStep(group.config.muon, name, inputs.overrides),
+          inputs.skip_params, timings));
+    } else {
+      RETURN_IF_ERROR(StepAdamWGroup(
+          group,
+          AdamWOptionsForStep(group.config.adamw, name, inputs.overrides),
+          inputs.skip_params, timings));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muond

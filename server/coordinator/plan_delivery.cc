@@ -1,0 +1,46 @@
+#include "server/coordinator/plan_delivery.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/error_reason.h"
+
+namespace muond {
+
+absl::StatusOr<v1::Plan> NewestPlan(const Job& job) {
+  if (job.plans.empty()) {
+    return WithErrorReason(
+        absl::NotFoundError(absl::StrCat(
+            "job '", job.id, "' has no plan yet (waiting for manifests)")),
+        ErrorReason::kNoPlanYet);
+  }
+  return *job.plans.newest();
+}
+
+int64_t RefusalsBeforeStream(const Job& job, int rank) {
+  auto it = job.daemons.find(rank);
+  return it == job.daemons.end() ? job.refusals : it->second.refusals_at_join;
+}
+
+bool WatcherHasNews(const Job& job, int64_t after_version,
+                    int64_t refusals_seen) {
+  return job.refusals > refusals_seen ||
+         job.plans.NextForWatcher(after_version) != nullptr;
+}
+
+v1::Plan TakeWatcherNews(const Job& job, int rank, int64_t after_version,
+                         int64_t* refusals_seen) {
+  if (job.refusals > *refusals_seen) {
+    *refusals_seen = job.refusals;
+    v1::Plan refusal;
+    refusal.set_job_id(job.id);
+    refusal.set_round_refused(job.refusal_reason);
+    auto it = job.daemons.find(rank);
+    if (it != job.daemons.end()) {
+      refusal.set_refused_registration(it->second.refused_registration);
+    }
+    return refusal;
+  }
+  return *job.plans.NextForWatcher(after_version);
+}
+
+}  // namespace muond

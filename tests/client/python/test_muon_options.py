@@ -1,0 +1,139 @@
+"""muond.torch.Muon's two ways of giving options: the flat keywords and the
+option objects (NewtonSchulzOptions, ScalingOptions, AdamWOptions,
+PlacementOptions, ConnectionOptions) give the same param_groups and the same
+wire groups on every daemon (fake daemons, fake_daemon.py); a flat keyword
+given together with its concern's object is refused naming the keyword."""
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fake_daemon import start_cluster  # noqa: E402 (puts client/python on sys.path)
+
+from muond.torch import (AdamWOptions, ConnectionOptions, Muon,  # noqa: E402
+                         NewtonSchulzOptions, PlacementOptions, ScalingOptions)
+from muond.torch import options as muond_options  # noqa: E402
+
+# Every flat keyword with a value other than its default, by concern.
+NS = dict(coefficient_type="quintic", ns_batch_size=2, fp32_matmul_prec="highest",
+          use_syrk=True, ns_algorithm="gram", gram_restarts=[2], gram_dtype="bf16",
+          gram_min_aspect_ratio=1.5)
+SCALING = dict(scale_mode="spectral", extra_scale_factor=0.3, weight_decay_method="decoupled")
+ADAMW = dict(betas=(0.8, 0.9), adamw_eps=1e-6)
+TORCH = dict(lr=0.02, weight_decay=0.05, momentum=0.9, nesterov=False, eps=1e-8, ns_steps=6)
+
+
+def make_groups():
+    g = torch.Generator().manual_seed(5)
+    muon = [torch.nn.Parameter(torch.randn(8, 6, generator=g)),
+            torch.nn.Parameter(torch.randn(6, 7, generator=g))]
+    adamw = [torch.nn.Parameter(torch.randn(5, generator=g))]
+    return [dict(params=muon, param_names=["w0", "w1"]),
+            dict(params=adamw, param_names=["b"], algorithm="adamw")]
+
+
+def comparable_groups(opt):
+    return [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
+
+
+def wire_groups(daemons):
+    """Per daemon, the wire groups of its last RegisterParams with each
+    param's memory region left out (every optimizer has its own shm names)."""
+    out = []
+    for daemon in daemons:
+        groups = []
+        for group in daemon.requests[-1].groups:
+            group = type(group).FromString(group.SerializeToString())
+            for param in group.params:
+                param.param.ClearField("region")
+                param.grad.ClearField("region")
+            groups.append(group.SerializeToString(deterministic=True))
+        out.append(groups)
+    return out
+
+
+class MuonOptionObjectsTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+        self.cluster, self.addresses = start_cluster(self.dir, 2)
+        self.addCleanup(lambda: [d.stop() for d in self.cluster.daemons])
+
+    def build(self, **kwargs):
+        opt = Muon(make_groups(), **TORCH, **kwargs)
+        self.addCleanup(opt.close)
+        return opt
+
+    def test_flat_keywords_and_option_objects_register_the_same_groups(self):
+        flat = self.build(**NS, **SCALING, **ADAMW, gtp_size=2, tp_size=1, domain_name="d",
+                          daemons=self.addresses, job_id="fake", client_id="flat",
+                          rpc_timeout=30.0, first_step_id=7)
+        flat_wire = wire_groups(self.cluster.daemons)
+        flat_groups = comparable_groups(flat)
+        flat.close()
+        objects = self.build(
+            newton_schulz=NewtonSchulzOptions(**NS), scaling=ScalingOptions(**SCALING),
+            adamw=AdamWOptions(betas=ADAMW["betas"], eps=ADAMW["adamw_eps"]),
+            placement=PlacementOptions(gtp_size=2, tp_size=1, domain_name="d"),
+            connection=ConnectionOptions(daemons=self.addresses, job_id="fake",
+                                         client_id="objects", rpc_timeout=30.0,
+                                         first_step_id=7))
+        self.assertEqual(comparable_groups(objects), flat_groups)
+        self.assertEqual(wire_groups(self.cluster.daemons), flat_wire)
+        self.assertEqual((objects.step_id, objects.gtp_size, objects.domain_name),
+                         (flat.step_id, flat.gtp_size, flat.domain_name))
+        self.assertEqual(objects.layouts.keys(), flat.layouts.keys())
+
+    def test_default_objects_equal_no_options(self):
+        plain = self.build(daemons=self.addresses[:1], job_id="fake", client_id="plain")
+        plain_groups = comparable_groups(plain)
+        plain_wire = wire_groups(self.cluster.daemons[:1])
+        plain.close()
+        objects = self.build(newton_schulz=NewtonSchulzOptions(), scaling=ScalingOptions(),
+                             adamw=AdamWOptions(), placement=PlacementOptions(),
+                             connection=ConnectionOptions(daemons=self.addresses[:1],
+                                                          job_id="fake", client_id="objects"))
+        self.assertEqual(comparable_groups(objects), plain_groups)
+        self.assertEqual(wire_groups(self.cluster.daemons[:1]), plain_wire)
+
+    def test_a_flat_keyword_with_its_object_is_refused_naming_it(self):
+        cases = [
+            (dict(ns_batch_size=2, newton_schulz=NewtonSchulzOptions()),
+             "give ns_batch_size= or newton_schulz=NewtonSchulzOptions(ns_batch_size=...), "
+             "not both"),
+            (dict(scale_mode="spectral", scaling=ScalingOptions()),
+             "give scale_mode= or scaling=ScalingOptions(scale_mode=...), not both"),
+            (dict(adamw_eps=1e-6, adamw=AdamWOptions()),
+             "give adamw_eps= or adamw=AdamWOptions(eps=...), not both"),
+            (dict(gtp_size=2, placement=PlacementOptions()),
+             "give gtp_size= or placement=PlacementOptions(gtp_size=...), not both"),
+            (dict(daemons=self.addresses, connection=ConnectionOptions()),
+             "give daemons= or connection=ConnectionOptions(daemons=...), not both"),
+        ]
+        for kwargs, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(ValueError) as raised:
+                    Muon(make_groups(), **kwargs)
+                self.assertEqual(str(raised.exception), message)
+        for daemon in self.cluster.daemons:
+            self.assertEqual(daemon.requests, [])  # refused before any RPC
+
+    def test_unknown_keyword_and_wrong_object_are_type_errors(self):
+        with self.assertRaisesRegex(TypeError, "unexpected keyword argument 'ns_stepz'"):
+            Muon(make_groups(), ns_stepz=5)
+        with self.assertRaisesRegex(TypeError, "newton_schulz= must be a "
+                                               "muond.torch.NewtonSchulzOptions"):
+            Muon(make_groups(), newton_schulz=ScalingOptions())
+
+    def test_every_flat_keyword_has_one_object_field(self):
+        self.assertEqual(len(muond_options.FLAT_KEYWORDS), len(set(muond_options.FLAT_KEYWORDS)))
+        self.assertIn("adamw_eps", muond_options.FLAT_KEYWORDS)
+        self.assertEqual(len(muond_options.FLAT_KEYWORDS), 31)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,21 @@
+#include "tests/rules/case_table.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+namespace muond::rules {
+
+nlohmann::json LoadCaseTable(const std::string& name) {
+  std::ifstream in("tests/rules/" + name);
+  EXPECT_TRUE(in.good()) << name << " is not in the runfiles";
+  if (!in.good()) return nlohmann::json::object();
+  return nlohmann::json::parse(in);
+}
+
+double JsonDouble(const nlohmann::json& value) {
+  if (value.is_string()) return std::stod(value.get<std::string>());
+  return value.get<double>();
+}
+
+}  // namespace muond::rules

@@ -1,0 +1,42 @@
+// The gRPC-side constants the Python client repeats (server/common/auth.h,
+// server/daemon/daemon_core.h) against the shared table server_limits.json,
+// which test_server_limits.py checks the client's copies against.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "server/common/auth.h"
+#include "server/daemon/daemon_core.h"
+#include "tests/rules/case_table.h"
+
+namespace muond::rules {
+namespace {
+
+class ServerLimitsTest : public ::testing::Test {
+ protected:
+  const nlohmann::json table_ = LoadCaseTable("server_limits.json");
+};
+
+TEST_F(ServerLimitsTest, TokenRules) {
+  EXPECT_EQ(std::string(kTokenMetadataKey),
+            table_["token_metadata_key"].get<std::string>());
+  EXPECT_EQ(int64_t(kMaxTokenBytes), table_["max_token_bytes"].get<int64_t>());
+}
+
+TEST_F(ServerLimitsTest, StateChunkBounds) {
+  EXPECT_EQ(kDefaultStateChunkBytes,
+            table_["default_state_chunk_bytes"].get<int64_t>());
+  EXPECT_EQ(kMaxStateChunkBytes,
+            table_["max_state_chunk_bytes"].get<int64_t>());
+  EXPECT_EQ(kStateChunkOverheadBytes,
+            table_["state_chunk_overhead_bytes"].get<int64_t>());
+}
+
+TEST_F(ServerLimitsTest, LargestRestoredStepId) {
+  EXPECT_EQ(DaemonCore::kMaxRestoredStepId,
+            table_["max_restored_step_id"].get<int64_t>());
+}
+
+}  // namespace
+}  // namespace muond::rules

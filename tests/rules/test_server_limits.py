@@ -1,0 +1,34 @@
+"""The Python client's copies of gRPC-side constants (muond.client,
+muond.torch) against the shared table server_limits.json, which
+server_limits_test checks the C++ homes against (server/common/auth.h,
+server/daemon/daemon_core.h)."""
+import unittest
+
+from muond import client
+from muond.torch import MAX_STEP_ID
+from tests.rules import case_table
+
+
+class ServerLimitsTest(unittest.TestCase):
+    def setUp(self):
+        self.table = case_table.load("server_limits.json")
+
+    def test_token_rules(self):
+        self.assertEqual(client.TOKEN_METADATA_KEY, self.table["token_metadata_key"])
+        self.assertEqual(client.MAX_TOKEN_BYTES, self.table["max_token_bytes"])
+
+    def test_state_chunk_bounds(self):
+        self.assertEqual(client.DEFAULT_STATE_CHUNK_BYTES,
+                         self.table["default_state_chunk_bytes"])
+        self.assertEqual(client.MAX_STATE_CHUNK_BYTES, self.table["max_state_chunk_bytes"])
+        # The client's receive bound is the daemon's: the largest chunk plus
+        # the overhead of its message.
+        self.assertEqual(client._MAX_MESSAGE_BYTES, self.table["max_state_chunk_bytes"]
+                         + self.table["state_chunk_overhead_bytes"])
+
+    def test_largest_restored_step_id(self):
+        self.assertEqual(MAX_STEP_ID, self.table["max_restored_step_id"])
+
+
+if __name__ == "__main__":
+    unittest.main()
