@@ -5,7 +5,7 @@ server/daemon/daemon_core.h)."""
 import unittest
 
 from muond import client
-from muond.torch import MAX_STEP_ID
+from muond.torch.groups import MAX_STEP_ID
 from tests.rules import case_table
 
 
