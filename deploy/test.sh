@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing (deploy/setup.sh), checks
-# that every test target under //tests/... carries exactly one level tag
+# that every test target carries exactly one level tag
 # (tests/common/check_test_levels.py; the offenders are named), then runs the
 # tests with Bazel. GPU tests (tag `gpu`) run too and report skipped where no
 # CUDA device is present.
@@ -18,7 +18,7 @@ deploy/setup.sh
 mkdir -p out
 # A failed check must not leave an earlier run's results for .ci/run's summary.
 rm -f out/test-events.json
-python3 tests/common/check_test_levels.py //tests/...
+python3 tests/common/check_test_levels.py //...
 if ((quick)); then
   args=(--test_tag_filters=unit "${args[@]}")
 fi

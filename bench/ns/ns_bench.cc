@@ -22,11 +22,16 @@
 // --detail (CUDA, medium) adds one row per shape timing the NS pieces alone:
 // Gram, A^2 (separate output), the X update (separate output), the
 // normalisation and the final bf16 -> fp32 copy (TFLOP/s in brackets).
-// Environment (CUDA backend): MUOND_CUBLAS_GEMMEX=1 uses the legacy
-// cublasGemmEx path; MUOND_LT_AUTOTUNE=N times cublasLt's first N algorithms.
+// Environment (CUDA backend; core reads none, so this bench passes them on as
+// CudaBackendOptions through CudaBackendOptionsFromLegacyEnvironment, the
+// defaults of muond-daemon's flags): MUOND_CUBLAS_GEMMEX=1 uses the legacy
+// cublasGemmEx path (--cublas_gemmex); MUOND_LT_AUTOTUNE=N times cublasLt's
+// first N algorithms (--lt_autotune); MUOND_CUDA_GRAPHS=0 turns off CUDA
+// graph capture (--cuda_graphs).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -35,6 +40,7 @@
 #include "absl/strings/str_split.h"
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
+#include "core/backend/cuda_backend_options.h"
 #include "core/muon/newton_schulz.h"
 
 namespace muond {
@@ -259,7 +265,9 @@ int Main(int argc, char** argv) {
             {"rect 4:1", 2048, 512}};
     modes = {{MatmulPrecision::kHighest, false, 0}};
   } else {
-    auto c = MakeCudaBackend(0);
+    auto c =
+        MakeCudaBackend(0, CudaBackendOptionsFromLegacyEnvironment(
+                               [](const char* n) { return std::getenv(n); }));
     if (!c.ok()) {
       std::fprintf(stderr, "%s\n", std::string(c.status().message()).c_str());
       return 1;

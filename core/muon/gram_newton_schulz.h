@@ -55,7 +55,7 @@ namespace muond {
 // by the short side. The FLOP model (full GEMMs, m = min side, n = max side,
 // r = n/m: standard NS s (4 m^2 n + 2 m^3), Gram NS with 5 steps and one
 // restart 8 m^2 n + 28 m^3) puts the crossover at 20 r + 10 = 8 r + 28,
-// r = 1.5. Measured on an H200 (bench/results/, section
+// r = 1.5. Measured on H200 (bench/results/gpu_h200_step_vs_peer.md, section
 // "Aspect-ratio crossover": `bench/gpu_step_bench.py --sweep-aspect`, bf16
 // medium, step_bench's torch.optim.Muon settings, fp16 Gram with the default
 // restarts, n = short side; standard ms / Gram ms, > 1 = Gram faster):

@@ -14,17 +14,8 @@ TEST(JobIdCasesTest, CheckJobIdMatchesTheTable) {
   const nlohmann::json table = LoadCaseTable("job_id_cases.json");
   ASSERT_FALSE(table["cases"].empty());
   for (const nlohmann::json& c : table["cases"]) {
-    const std::string why = c["why"].get<std::string>();
-    const absl::Status status =
-        CheckJobId("--job_id", c["job_id"].get<std::string>());
-    if (c["error"].is_null()) {
-      EXPECT_TRUE(status.ok()) << why << ": " << status;
-    } else {
-      EXPECT_FALSE(status.ok()) << why;
-      EXPECT_NE(status.message().find(c["error"].get<std::string>()),
-                std::string::npos)
-          << why << ": " << status;
-    }
+    ExpectCaseOutcome(c,
+                      CheckJobId("--job_id", c["job_id"].get<std::string>()));
   }
 }
 

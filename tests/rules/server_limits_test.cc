@@ -1,6 +1,8 @@
-// The gRPC-side constants the Python client repeats (server/common/auth.h,
-// server/daemon/daemon_core.h) against the shared table server_limits.json,
+// The constants the Python client repeats whose homes print_rules_py cannot
+// print (server/common/auth.h, server/daemon/daemon_core.h, the CUDA
+// runtime's cudaIpcMemHandle_t) against the shared table server_limits.json,
 // which test_server_limits.py checks the client's copies against.
+#include <driver_types.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -36,6 +38,13 @@ TEST_F(ServerLimitsTest, StateChunkBounds) {
 TEST_F(ServerLimitsTest, LargestRestoredStepId) {
   EXPECT_EQ(DaemonCore::kMaxRestoredStepId,
             table_["max_restored_step_id"].get<int64_t>());
+}
+
+// The daemon's opener (server/daemon/cuda_ipc_opener.cc) takes handles of
+// sizeof(cudaIpcMemHandle_t) bytes.
+TEST_F(ServerLimitsTest, CudaIpcHandleBytes) {
+  EXPECT_EQ(int64_t(sizeof(cudaIpcMemHandle_t)),
+            table_["cuda_ipc_handle_bytes"].get<int64_t>());
 }
 
 }  // namespace

@@ -4,7 +4,8 @@ adjust_lr_fn_cases.json, whose mapped modes adjust_lr_fn_cases_test checks
 scale as the daemon's own mode of torch's name (core/muon/muon_update.h)."""
 import unittest
 
-from muond.torch import _scale_from_adjust_lr_fn, _with_torch_keys
+from muond.torch.groups import scale_from_adjust_lr_fn as _scale_from_adjust_lr_fn
+from muond.torch.groups import with_torch_keys as _with_torch_keys
 from tests.rules import case_table
 
 

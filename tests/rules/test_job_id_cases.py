@@ -1,9 +1,9 @@
-"""The launcher's copy of the job id rule (muond._launch_env.check_job_id) on
+"""The launcher's copy of the job id rule (muond.launch.config.check_job_id) on
 the shared table job_id_cases.json, which job_id_cases_test runs the daemon's
 rule (server/common/job_id.h CheckJobId) on."""
 import unittest
 
-from muond._launch_env import check_job_id
+from muond.launch.config import check_job_id
 from tests.rules import case_table
 
 

@@ -1,11 +1,13 @@
-"""The Python client's copies of gRPC-side constants (muond.client,
-muond.torch) against the shared table server_limits.json, which
-server_limits_test checks the C++ homes against (server/common/auth.h,
-server/daemon/daemon_core.h)."""
+"""The Python client's copies of constants the generator cannot print
+(muond.client, muond.torch, muond.state) against the shared table
+server_limits.json, which server_limits_test and state_entry_suffixes_test
+check the C++ homes against (server/common/auth.h,
+server/daemon/daemon_core.h, core/step/engine_state.cc, the CUDA runtime)."""
 import unittest
 
-from muond import client
-from muond.torch import MAX_STEP_ID
+from muond import client, state
+from muond.torch.groups import MAX_STEP_ID
+from muond.torch.memory import CUDA_IPC_HANDLE_SIZE
 from tests.rules import case_table
 
 
@@ -28,6 +30,15 @@ class ServerLimitsTest(unittest.TestCase):
 
     def test_largest_restored_step_id(self):
         self.assertEqual(MAX_STEP_ID, self.table["max_restored_step_id"])
+
+    def test_state_entry_suffixes(self):
+        suffixes = {algorithm: sorted(keys.values())
+                    for algorithm, keys in state.TORCH_KEYS.items()}
+        self.assertEqual(suffixes, {algorithm: sorted(names) for algorithm, names
+                                    in self.table["state_entry_suffixes"].items()})
+
+    def test_cuda_ipc_handle_bytes(self):
+        self.assertEqual(CUDA_IPC_HANDLE_SIZE, self.table["cuda_ipc_handle_bytes"])
 
 
 if __name__ == "__main__":

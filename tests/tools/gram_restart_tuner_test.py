@@ -5,6 +5,7 @@ answer for the peer's Polar Express set; its output check (Gram NS emulated
 in the iteration dtype) implements Gram NS, rounds as the dtypes do, and
 rejects the placement the score alone picked and the numerics suite
 measured above its bound."""
+import itertools
 import os
 import pathlib
 import sys
@@ -54,7 +55,44 @@ class TunerTest(unittest.TestCase):
         want = {k: v[0] for k, v in tuner.table(10, COEFFS).items()}
         got = tuner.committed_table(COEFFS)
         self.assertEqual(len(got), 6 * 10 * 3)
-        self.assertEqual(got, want)
+        self.assertEqual(got.keys(), want.keys())
+        for key in sorted(k for k in want if want[k] != got[k]):
+            with self.subTest(row=key, tuner=want[key], committed=got[key]):
+                self.assertTrue(self._same_answer_up_to_rounding(key, got[key]))
+
+    # The emulated sigma_max rounds every GEMM to the iteration dtype after an
+    # fp64 product whose last bits depend on the BLAS kernel numpy picks for
+    # the CPU (OpenBLAS DYNAMIC_ARCH): seen up to 2.3e-3 from the bound on
+    # an AVX2 machine for rows tuned on another. Such a candidate is
+    # undecided, not a different answer.
+    _ROUNDING_BAND = 5e-3
+
+    def _same_answer_up_to_rounding(self, key, committed):
+        """The tuner's rule (fewest restarts, then lowest score, first whose
+        sigma_max passes) picks `committed` once every sigma_max within
+        _ROUNDING_BAND of the bound counts as either pass or fail."""
+        name, steps, dtype = key
+        coefs = tuner.schedule(name, self.sets[name], steps)
+        bound = tuner.poly_max(coefs) + tuner.SIGMA_SLACK
+        inputs = tuner.emulation_inputs()
+
+        def sigma_max(combo):
+            return tuner.output_sigma_max(coefs, set(combo), dtype, inputs)
+
+        def score(combo):
+            return tuner.score(coefs, set(combo), self.sigma)
+
+        if sigma_max(committed) > bound + self._ROUNDING_BAND:
+            return False
+        committed_score = score(committed)
+        for k in range(1, len(committed) + 1):
+            for combo in itertools.combinations(range(1, steps), k):
+                s = score(combo)
+                earlier = k < len(committed) or s < committed_score
+                if (earlier and s < tuner.BLOWUP
+                        and sigma_max(combo) < bound - self._ROUNDING_BAND):
+                    return False  # a clear pass the rule takes first
+        return True
 
     def test_reproduces_the_peers_answer(self):
         # The peer's rule: the single restart with the lowest score.

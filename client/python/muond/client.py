@@ -9,24 +9,25 @@ from typing import Iterable, Mapping
 import grpc
 import numpy as np
 
+from muond import _rules
 from muond.v1 import error_details_pb2
 from muond.v1 import muond_pb2 as pb
 from muond.v1 import muond_pb2_grpc as pb_grpc
 
 # Why an RPC failed, beyond its status code: google.rpc.ErrorInfo.reason in
-# the status details (proto/muond/v1/error_details.proto). The names repeat
-# core/common/error_reason.h; tests/client/python/test_error_reason.py checks
-# that the two lists agree.
-ERROR_DOMAIN = "muond.dev"
-PEER_GONE = "PEER_GONE"      # Step: a peer daemon is gone; restart the job's daemons
-NO_PLAN_YET = "NO_PLAN_YET"  # Coordinator.GetPlan: the job has no plan yet
-# RegisterParams: another client holds the daemon's params; metadata
-# {"client_id": holder}. Unregister it as OPERATOR_CLIENT_ID if it is gone.
-ALREADY_REGISTERED = "ALREADY_REGISTERED"
-REASONS = (PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED)
+# the status details (proto/muond/v1/error_details.proto). Domain and names
+# come from core/common/error_reason.h through the generated muond._rules.
+ERROR_DOMAIN = _rules.ERROR_DOMAIN
+REASONS = _rules.ERROR_REASONS
+PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED = REASONS
+# PEER_GONE        Step: a peer daemon is gone; restart the job's daemons
+# NO_PLAN_YET      Coordinator.GetPlan: the job has no plan yet
+# ALREADY_REGISTERED  RegisterParams: another client holds the daemon's params;
+#                  metadata {"client_id": holder}. Unregister it as
+#                  OPERATOR_CLIENT_ID if it is gone.
 # The operator's client_id (server/common/operator_id.h): may save/load any
 # registration's state and unregister a trainer that is gone.
-OPERATOR_CLIENT_ID = "muonctl:operator"
+OPERATOR_CLIENT_ID = _rules.OPERATOR_CLIENT_ID
 
 _ERROR_INFO_TYPE_URL = "type.googleapis.com/google.rpc.ErrorInfo"
 _DETAILS_KEY = "grpc-status-details-bin"
@@ -105,7 +106,14 @@ def read_token_file(path) -> str:
         data = os.read(fd, MAX_TOKEN_BYTES + 1)
     finally:
         os.close(fd)
-    return _check_token(data.decode("latin-1").strip(), where)
+    if len(data) > MAX_TOKEN_BYTES:
+        raise ValueError(f"{where}: larger than {MAX_TOKEN_BYTES} bytes")
+    # ASCII whitespace only, as absl::StripAsciiWhitespace: str.strip() would
+    # also drop 0x1c-0x1f, 0x85 and 0xa0, bytes the servers refuse.
+    return _check_token(data.strip(_ASCII_WHITESPACE).decode("latin-1"), where)
+
+
+_ASCII_WHITESPACE = b" \t\n\v\f\r"
 
 
 def _check_token(token: str, where: str) -> str:

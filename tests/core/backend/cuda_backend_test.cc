@@ -14,6 +14,7 @@
 
 #include "core/backend/bf16.h"
 #include "core/backend/cpu_backend.h"
+#include "tests/common/cuda_device.h"
 
 namespace muond {
 namespace {
@@ -29,7 +30,7 @@ std::vector<float> Random(int64_t n, uint32_t seed) {
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!CudaDeviceAvailable())
+    if (!muond::testing::HaveCudaDevice())
       GTEST_SKIP() << "no CUDA device on this machine";
     auto b = MakeCudaBackend(0);
     ASSERT_TRUE(b.ok()) << b.status();
@@ -604,7 +605,7 @@ TEST_F(CudaBackendTest, Bf16NsInputAndUpdateBitIdenticalToCpu) {
 }
 
 TEST(CudaBackendCreate, FailsCleanlyWithoutDevice) {
-  if (CudaDeviceAvailable()) {
+  if (muond::testing::HaveCudaDevice()) {
     EXPECT_FALSE(MakeCudaBackend(1 << 20).ok());
   } else {
     auto b = MakeCudaBackend(0);

@@ -15,6 +15,7 @@
 #include "core/backend/bf16.h"
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
+#include "tests/common/cuda_device.h"
 
 namespace muond {
 namespace {
@@ -73,7 +74,7 @@ std::vector<float> Fp16Probe(uint32_t seed) {
 class CudaFp16Test : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!CudaDeviceAvailable())
+    if (!muond::testing::HaveCudaDevice())
       GTEST_SKIP() << "no CUDA device on this machine";
     auto b = MakeCudaBackend(0);
     ASSERT_TRUE(b.ok()) << b.status();

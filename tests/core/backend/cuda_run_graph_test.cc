@@ -11,6 +11,7 @@
 
 #include "core/backend/bf16.h"
 #include "core/backend/cuda_backend.h"
+#include "tests/common/cuda_device.h"
 
 namespace muond {
 namespace {
@@ -18,7 +19,7 @@ namespace {
 class CudaRunGraphTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!CudaDeviceAvailable())
+    if (!muond::testing::HaveCudaDevice())
       GTEST_SKIP() << "no CUDA device on this machine";
     auto b = MakeCudaBackend(0, options_);
     ASSERT_TRUE(b.ok()) << b.status();

@@ -62,7 +62,9 @@ TEST(SymmetricGemmDefault, SymmetricAndEqualToThePlainProduct) {
           }
           EXPECT_NEAR(d[o], want, 1e-4 * (1.0 + std::fabs(want)));
           EXPECT_EQ(d[o], d[l * sd + j * ldd + i]) << l << " " << i << " " << j;
-          if (j <= i) EXPECT_EQ(d[o], plain[o]) << l << " " << i << " " << j;
+          if (j <= i) {
+            EXPECT_EQ(d[o], plain[o]) << l << " " << i << " " << j;
+          }
         }
         for (int64_t j = n; j < ldd; ++j)
           EXPECT_EQ(d[l * sd + i * ldd + j], -7.0f) << "padding written";

@@ -27,6 +27,7 @@
 #include "core/backend/bf16.h"
 #include "core/backend/cuda_backend.h"
 #include "core/backend/fp16.h"
+#include "tests/common/cuda_device.h"
 
 namespace muond {
 namespace {
@@ -52,7 +53,7 @@ std::string Name(const Case& c) {
 class SymGemmCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+    if (!muond::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
     auto b = MakeCudaBackend(0);
     ASSERT_TRUE(b.ok()) << b.status();
     gpu_ = std::move(*b);

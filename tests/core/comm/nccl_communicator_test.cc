@@ -8,17 +8,13 @@
 #include <vector>
 
 #include "core/comm/kv_store.h"
+#include "tests/common/cuda_device.h"
 #include "tests/core/comm/exchange_pattern.h"
 
 namespace muond {
 namespace {
 
 using ::muond::testing::Encode;
-
-bool HaveGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
 
 template <typename T>
 T* ToDevice(const std::vector<T>& host) {
@@ -42,7 +38,7 @@ std::vector<T> ToHost(const T* dev, size_t n) {
 }
 
 TEST(NcclCommunicator, SizeOneCopiesOnTheStreamWithoutAStore) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!muond::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   EXPECT_TRUE(NcclAvailable());
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
@@ -87,7 +83,7 @@ TEST(NcclCommunicator, SizeOneCopiesOnTheStreamWithoutAStore) {
 // Rank 0 of a group of two whose peer never comes: the non-blocking init is
 // polled until the timeout, then aborted, and DeadlineExceeded comes back.
 TEST(NcclCommunicator, AbsentPeerTimesOutAtInit) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!muond::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   InMemoryKeyValueStore store;
@@ -110,7 +106,7 @@ TEST(NcclCommunicator, AbsentPeerTimesOutAtInit) {
 
 // A non-zero rank waits for rank 0's unique id; none comes.
 TEST(NcclCommunicator, MissingUniqueIdTimesOutNamingTheKey) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!muond::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   InMemoryKeyValueStore store;
   NcclOptions options;
   options.timeout = absl::Milliseconds(300);

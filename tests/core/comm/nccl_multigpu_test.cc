@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "core/comm/kv_store.h"
 #include "core/comm/nccl_communicator.h"
+#include "tests/common/cuda_device.h"
 #include "tests/core/comm/exchange_pattern.h"
 #include "tests/core/comm/multiprocess.h"
 
@@ -28,11 +29,8 @@ using ::muond::testing::SendBuffer;
 using ::muond::testing::UnevenCount;
 
 int DeviceCountInChild() {
-  std::vector<int> codes = RunRanks(1, [](int) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
-    return std::min(count, 100);
-  });
+  std::vector<int> codes = RunRanks(
+      1, [](int) { return std::min(muond::testing::CudaDeviceCount(), 100); });
   return codes[0];
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "core/backend/cuda_backend.h"
+#include "tests/common/cuda_device.h"
 #include "tests/core/muon/gram_spectra_suite.h"
 
 namespace muond::testing {
@@ -13,7 +14,7 @@ namespace {
 class GramSpectraCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!CudaDeviceAvailable())
+    if (!muond::testing::HaveCudaDevice())
       GTEST_SKIP() << "no CUDA device on this machine";
     auto gpu = MakeCudaBackend(0);
     ASSERT_TRUE(gpu.ok()) << gpu.status();

@@ -11,6 +11,7 @@
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
 #include "core/muon/newton_schulz.h"
+#include "tests/common/cuda_device.h"
 #include "tests/core/muon/ns_reference.h"
 
 namespace muond {
@@ -36,7 +37,7 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
 class NsCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!CudaDeviceAvailable())
+    if (!muond::testing::HaveCudaDevice())
       GTEST_SKIP() << "no CUDA device on this machine";
     gpu_ = std::move(*MakeCudaBackend(0));
     cpu_ = MakeCpuBackend();

@@ -40,6 +40,7 @@
 
 #include "core/backend/cuda_backend.h"
 #include "core/comm/nccl_communicator.h"
+#include "tests/common/cuda_device.h"
 #endif
 #include "core/comm/groups.h"
 #include "core/comm/kv_store.h"
@@ -178,8 +179,8 @@ constexpr const char* kCommName = "gloo";
 // The backend of rank `rank` (CUDA: device rank % count), or null.
 std::unique_ptr<Backend> MakeTestBackend(int rank) {
 #ifdef MUOND_STEP_TEST_CUDA
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return nullptr;
+  const int count = muond::testing::CudaDeviceCount();
+  if (count == 0) return nullptr;
   auto backend = MakeCudaBackend(rank % count);
   return backend.ok() ? std::move(*backend) : nullptr;
 #else
@@ -248,9 +249,7 @@ int DeviceCountInChild() {
 #ifdef MUOND_STEP_TEST_CUDA
   pid_t pid = fork();
   if (pid == 0) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-    _exit(count);
+    _exit(muond::testing::CudaDeviceCount());
   }
   int status = 0;
   waitpid(pid, &status, 0);

@@ -21,6 +21,7 @@
 #include "core/backend/cuda_backend.h"
 #include "core/muon/newton_schulz.h"
 #include "core/step/ns_runner.h"
+#include "tests/common/cuda_device.h"
 
 namespace muond {
 namespace {
@@ -36,7 +37,7 @@ std::vector<float> Random(int64_t n, uint32_t seed) {
 class NsGraphCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!CudaDeviceAvailable())
+    if (!muond::testing::HaveCudaDevice())
       GTEST_SKIP() << "no CUDA device on this machine";
     auto b = MakeCudaBackend(0);
     ASSERT_TRUE(b.ok()) << b.status();

@@ -8,8 +8,8 @@ import operator
 
 import torch
 
+from muond import _rules
 from muond import state as _state
-from muond import wire_enums as _wire_enums
 from muond.torch import wire as _wire
 from muond.v1 import muond_pb2 as pb
 
@@ -22,7 +22,8 @@ def scale_from_adjust_lr_fn(adjust_lr_fn, scale_mode, extra_scale_factor):
     if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
         raise ValueError(f"adjust_lr_fn {adjust_lr_fn!r} not in (None, 'original', "
                          "'match_rms_adamw')")
-    mode, extra = (("spectral", 0.2) if adjust_lr_fn == "match_rms_adamw"
+    mode, extra = (("spectral", _rules.MATCH_RMS_ADAMW_EXTRA_SCALE)
+                   if adjust_lr_fn == "match_rms_adamw"
                    else ("shape_scaling", 1.0))
     return (scale_mode or mode,
             extra if extra_scale_factor is None else float(extra_scale_factor))
@@ -48,8 +49,9 @@ ADAMW_FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False,
 # Their AdamW keys that choose torch's kernels, not the math: carried in the
 # groups (a state dict round-trips through torch.optim.AdamW), never fixed.
 KERNEL_KEYS = ("foreach", "fused")
-# torch.optim.Muon's default ns_coefficients: muond's coefficient_type "simple".
-_SIMPLE_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+# torch.optim.Muon's default ns_coefficients: muond's coefficient_type "simple"
+# (core/muon/coefficients.h, through the generated muond._rules).
+_SIMPLE_COEFFICIENTS = _rules.SIMPLE_COEFFICIENTS
 
 
 def from_torch_keys(group: dict) -> dict:
@@ -96,7 +98,7 @@ def with_torch_keys(group: dict) -> None:
     if scale == ("shape_scaling", 1.0):
         given = group.get("adjust_lr_fn")
         group["adjust_lr_fn"] = given if given in (None, "original") else None
-    elif scale == ("spectral", 0.2):
+    elif scale == ("spectral", _rules.MATCH_RMS_ADAMW_EXTRA_SCALE):
         group["adjust_lr_fn"] = "match_rms_adamw"
     else:  # no torch equivalent: says so (torch would scale by 1.0)
         group["adjust_lr_fn"] = f"muond:{scale[0]}x{scale[1]}"
@@ -203,8 +205,9 @@ def check_gram_options(gi: int, group: dict) -> None:
     (core/muon/newton_schulz.cc); they are repeated here so that a typo
     fails at construction, not at registration."""
     label = group_label(gi, group)
-    for key, enum in (("ns_algorithm", pb.NsAlgorithm), ("gram_dtype", pb.NsIterDType)):
-        allowed = _wire_enums.names(enum)
+    for key, names in (("ns_algorithm", _rules.NS_ALGORITHMS),
+                       ("gram_dtype", _rules.GRAM_DTYPES)):
+        allowed = list(names)
         if group.get(key) not in allowed:
             raise ValueError(f"{label}: {key!r} must be one of {allowed}, got {group.get(key)!r}")
     restarts = group.get("gram_restarts")
@@ -237,6 +240,36 @@ def check_gram_options(gi: int, group: dict) -> None:
         if value is None or not (value == 0.0 or (math.isfinite(value) and value >= 1.0)):
             raise ValueError(f"{label}: 'gram_min_aspect_ratio' must be None, 0 (the default) "
                              f"or a finite number >= 1, got {ratio!r}")
+    _check_fp16_coefficients(label, group)
+
+
+# The largest finite fp16 value: a larger custom coefficient is inf once Gram
+# NS casts it to its fp16 iteration dtype.
+_FP16_MAX = 65504.0
+
+
+def _check_fp16_coefficients(label: str, group: dict) -> None:
+    """Custom coefficients are fp16-representable where Gram NS iterates in
+    fp16 (ns_algorithm gram, fp32_matmul_prec medium, gram_dtype fp16), as
+    the daemon's ValidateGramOptions requires."""
+    if (group.get("ns_algorithm") != "gram" or group.get("fp32_matmul_prec") != "medium"
+            or group.get("gram_dtype") != "fp16"
+            or group.get("coefficient_type", "custom") != "custom"):
+        return
+    flat = []
+    for c in group.get("custom_coefficients") or ():
+        flat.extend(c if isinstance(c, (tuple, list)) else (c,))
+    for i in range(0, len(flat) - len(flat) % 3, 3):
+        try:
+            t = tuple(float(x) for x in flat[i:i + 3])
+        except (TypeError, ValueError):
+            return  # not numbers: the daemon's parser names them
+        if any(abs(x) > _FP16_MAX for x in t):
+            raise ValueError(
+                f"{label}: custom coefficients: tuple {i // 3} {t} is outside the fp16 range "
+                "(|a|, |b|, |c| <= 65504) that Gram NS iterates in (ns_algorithm gram, "
+                "fp32_matmul_prec medium, gram_dtype fp16); use gram_dtype bf16, "
+                "fp32_matmul_prec highest or smaller coefficients")
 
 
 def loaded_options(gi: int, group: dict, saved: dict) -> dict:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from muond import _rules
+
 
 @dataclass(frozen=True)
 class NewtonSchulzOptions:
@@ -29,9 +31,9 @@ class NewtonSchulzOptions:
     ns_batch_size: int = 1
     fp32_matmul_prec: str = "medium"
     use_syrk: bool = False
-    ns_algorithm: str = "standard"
+    ns_algorithm: str = _rules.DEFAULT_NS_ALGORITHM  # the daemon's NsOptions default
     gram_restarts: object = None
-    gram_dtype: str = "fp16"
+    gram_dtype: str = _rules.DEFAULT_GRAM_DTYPE
     gram_min_aspect_ratio: float | None = None
 
 
