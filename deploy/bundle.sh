@@ -11,8 +11,9 @@
 #   <out>/examples/char_gpt   the demo trainer, <out>/data/fortunes its corpus
 #   <out>/deploy/local/launch.py  the demo launcher (finds <out>/bin itself)
 #   <out>/tests/gpu, <out>/bench/gpu  GPU checks and benchmarks in Python
-#   <out>/tests/system/kill_mid_step.py  a daemon killed mid-step of the
-#                             torchrun job (--device cuda: one GPU per rank)
+#   <out>/tests/system/kill_mid_step.py (and its parts, mid_step_kill/)
+#                             a daemon killed mid-step of the torchrun job
+#                             (--device cuda: one GPU per rank)
 #   <out>/run-gpu-tests.sh    runs every bundled test binary tagged `gpu`
 # The tree mirrors the repository, so every script runs unchanged from it.
 # Usage: deploy/bundle.sh [OUT_DIR]   (default dist/muond-bundle; also writes
@@ -98,7 +99,7 @@ cp -r examples/char_gpt "$out/examples/"
 cp -r /usr/share/games/fortunes "$out/data/"
 cp deploy/local/launch.py "$out/deploy/local/"
 cp -r tests/gpu "$out/tests/"
-mkdir -p "$out/tests/system" && cp tests/system/kill_mid_step.py "$out/tests/system/"
+mkdir -p "$out/tests/system" && cp -r tests/system/kill_mid_step.py tests/system/mid_step_kill "$out/tests/system/"
 find bench -maxdepth 1 -name "gpu*" -exec cp -r {} "$out/bench/" \;
 cp -r bench/manifests "$out/bench/"
 find "$out" -name __pycache__ -prune -exec rm -rf {} +

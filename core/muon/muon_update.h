@@ -9,8 +9,9 @@
 //                         adjusted_lr = lr * scale * extra (MuonAdjustedLr)
 // MuonStepFullMatrix chains them for one whole matrix on one backend (the
 // single-process reference, REPLICATED params, tests and peer oracles).
-// Sources: EO orthogonalized_optimizers/muon.py and mixin.py, torch
-// torch/optim/_muon.py; anchors-muon.md §0.2, §2.2, §4.
+// Sources: EO (NVIDIA-NeMo/Emerging-Optimizers)
+// orthogonalized_optimizers/muon.py and mixin.py, PyTorch's
+// torch/optim/_muon.py, and Keller Jordan's Muon post (momentum, Nesterov).
 #include <cstdint>
 #include <string_view>
 #include <utility>

@@ -10,8 +10,9 @@
 //     B = b A + c A^2;  X <- a X + B X             (c == 0: X <- a X + b A X)
 //   result X (rows x cols, fp32 or bf16), unscaled: the Muon scale is
 //   applied by the update (muon_update.h, MuonAdjustedLr).
-// Sources: EO muon_utils.py newton_schulz / newton_schulz_step;
-// anchors-muon.md §0.1 (coefficients), §0.3 (eps placement), §0.4 (transpose).
+// Sources: EO (NVIDIA-NeMo/Emerging-Optimizers) muon_utils.py newton_schulz /
+// newton_schulz_step (eps placement, the transposed iteration); coefficient
+// sets and their sources in coefficients.h.
 //
 // Precision (NsOptions::precision, EO fp32_matmul_prec):
 //   kHighest  fp32 GEMMs.

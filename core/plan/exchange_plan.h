@@ -1,8 +1,8 @@
 #pragma once
 // Per-rank routing tables of one param group (docs/ARCHITECTURE.md "One step";
-// Megatron route_to_ns_home / route_from_ns_home, anchors-muon.md §1.4). Built
-// once per (specs, homes, domain, rank); a step only packs, calls all_to_allv
-// and unpacks. Nothing is computed per step.
+// Megatron-LM's layer-sharded Muon, route_to_ns_home / route_from_ns_home).
+// Built once per (specs, homes, domain, rank); a step only packs, calls
+// all_to_allv and unpacks. Nothing is computed per step.
 //
 // Matrices a step keeps per param i (all row-major, element type the step's):
 //   L_i   local shard, spec.local_shape (momentum / NS input on this rank)

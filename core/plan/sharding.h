@@ -1,7 +1,7 @@
 #pragma once
 // The sharding model of a 2-D Muon weight in a GTP_remat x TP domain
-// (docs/ARCHITECTURE.md "Sharding"; Megatron-LM `ParamShardSpec.from_param`,
-// anchors-muon.md §1.2).
+// (docs/ARCHITECTURE.md "Sharding"; Megatron-LM's layer-sharded Muon,
+// `ParamShardSpec.from_param`).
 //
 // Domain = G x T ranks; rank (g, t) has flat index g * T + t (TP innermost).
 // A weight of full shape (P, Q):
@@ -162,14 +162,15 @@ std::vector<int64_t> TpLocalShape(const ParamShardSpec& spec,
 // (local_shape[0] for a param that is not GTP-sharded.)
 int64_t ValidLocalRows(const ParamShardSpec& spec, DomainSize domain, int g);
 
-// Megatron's balancing proxy: max(P, Q) * min(P, Q)^2 (anchors-muon.md §1.2).
+// Megatron-LM's layer-sharded Muon balances by this proxy: max(P, Q) *
+// min(P, Q)^2, the leading term of NsFlops.
 double NsCost(int64_t rows, int64_t cols);
 // ns_cost of any tensor: NsCost for 2-D, the element count otherwise.
 double NsCostOfShape(const std::vector<int64_t>& shape);
 
 // Exact floating-point operation count of `num_steps` Newton–Schulz iterations
-// on a rows x cols matrix, m = min, n = max (anchors-performance.md §2.1,
-// Dao-AILab "Runtime of Standard Newton-Schulz"): per step X·Xᵀ 2m²n, A² 2m³,
+// on a rows x cols matrix, m = min, n = max (Dao-AILab, "Gram Newton-Schulz":
+// "Runtime of Standard Newton-Schulz"): per step X·Xᵀ 2m²n, A² 2m³,
 // B·X 2m²n = 4m²n + 2m³. With symmetric (SYRK) kernels X·Xᵀ and A² compute
 // half of their outputs: 3m²n + m³ per step.
 double NsFlops(int64_t rows, int64_t cols, int num_steps, bool symmetric);

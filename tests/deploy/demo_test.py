@@ -81,7 +81,7 @@ class DemoTest(unittest.TestCase):
         # The muonctl line it prints works as printed: subcommand first, the
         # job's real id and the token file (without them it cannot be run).
         self.assertRegex(proc.stdout, rf"muonctl status --coordinator 127\.0\.0\.1:\d+ "
-                                      rf"--job_id {job} --token-file /tmp/muond-{job}-\S+/token")
+                                      rf"--job_id {job} --token_file /tmp/muond-{job}-\S+/token")
         self.assertIn("--parallel fsdp+tp", proc.stdout)  # the default layout on CPU
 
         with open(os.path.join(out, "curves.json")) as f:

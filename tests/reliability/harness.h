@@ -3,7 +3,7 @@
 // muond binaries (host mode, Gloo, 2x2 domain) and four in-process trainers
 // (muond::Client over shared memory) that step concurrently, one thread per
 // rank. The weights, their shards and the single-process reference follow
-// tests/server/system_trainer.cc.
+// tests/server/daemon/system_trainer.cc.
 #include <signal.h>
 #include <sys/types.h>
 

@@ -7,7 +7,7 @@
 //     client as INVALID_ARGUMENT (echoed whole, it overflowed gRPC's
 //     metadata limit).
 // The pure rules (aliasing, other users' objects, shm names) are in
-// tests/server/memory_guard_test.
+// tests/server/daemon/memory_guard_test.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>

@@ -37,6 +37,7 @@ RUNFILES = os.path.abspath(os.path.join(HERE, "..", ".."))
 SCRIPT = os.path.join(HERE, "kill_mid_step.py")
 sys.path.insert(0, HERE)
 import kill_mid_step  # noqa: E402
+from mid_step_kill import landing, shared  # noqa: E402
 
 
 class KillMidStepTest(unittest.TestCase):
@@ -78,7 +79,7 @@ class KillMidStepTest(unittest.TestCase):
         return err.getvalue()
 
     def test_bad_options_refused_up_front(self):
-        floor = kill_mid_step.MIN_COMMIT_DELAY_MS
+        floor = shared.MIN_COMMIT_DELAY_MS
         cases = {
             ("--steps", "0"): "--steps 0: needs >= 1",
             ("--steps", "-1"): "--steps -1: needs >= 1",
@@ -119,8 +120,8 @@ class KillMidStepTest(unittest.TestCase):
         self.assertIn("--nproc must be a multiple of 2", proc.stderr)
 
     def test_landing_needs_the_daemons_log_evidence(self):
-        exchanged = kill_mid_step.EXCHANGED.format(step=3)
-        started = kill_mid_step.STARTED.format(step=3)
+        exchanged = shared.EXCHANGED.format(step=3)
+        started = shared.STARTED.format(step=3)
         t = datetime.datetime(2026, 12, 2, 7, 56, 5, 187769,
                               tzinfo=datetime.timezone.utc).timestamp()
 
@@ -132,7 +133,7 @@ class KillMidStepTest(unittest.TestCase):
             logs = {0: "", 1: log(f"{exchanged}; waiting {wait_ms} ms before the commit vote")}
             record = {"killed": True, "step_id": 3, "kill_at": t + after_s,
                       "rpc_done_at_kill": False, **kill}
-            return kill_mid_step.landing("commit", record, 1, logs)[0]
+            return landing.landing("commit", record, 1, logs)[0]
 
         self.assertTrue(commit(1000, 0.005))
         self.assertTrue(commit(200, 0.199))
@@ -141,15 +142,15 @@ class KillMidStepTest(unittest.TestCase):
         self.assertFalse(commit(1000, 0.005, rpc_done_at_kill=True))  # the reply came
         self.assertFalse(commit(1000, 0.005, killed=False))
         self.assertFalse(commit(1000, -0.001))  # before the line: not this step's window
-        self.assertFalse(kill_mid_step.landing(
+        self.assertFalse(landing.landing(
             "commit", {"killed": True, "step_id": 3, "kill_at": t, "rpc_done_at_kill": False},
-            1, {0: "", 1: log(kill_mid_step.EXCHANGED.format(step=2) + "; waiting 1000 ms")})[0])
+            1, {0: "", 1: log(shared.EXCHANGED.format(step=2) + "; waiting 1000 ms")})[0])
 
         def collective(victim_log: str, after_s: float, survivor_logs=None) -> bool:
             logs = {0: log(started), 2: log(started), **(survivor_logs or {}), 1: victim_log}
             record = {"killed": True, "step_id": 3, "kill_at": t + after_s,
                       "rpc_sent_at": t + after_s + 0.001}
-            return kill_mid_step.landing("collective", record, 1, logs)[0]
+            return landing.landing("collective", record, 1, logs)[0]
 
         self.assertTrue(collective("", 0.2))
         self.assertFalse(collective(log(started), 0.2))  # the victim's daemon began it too
@@ -160,11 +161,11 @@ class KillMidStepTest(unittest.TestCase):
         a = torch.tensor([1.0, 0.0, 2.5])
         flipped = a.clone()
         flipped.view(torch.int32)[2] ^= 1  # the last mantissa bit
-        self.assertEqual(kill_mid_step.differing({"p": a}, {"p": a.clone()}), [])
-        self.assertEqual(kill_mid_step.differing({"p": a}, {"p": flipped}), ["p"])
-        self.assertEqual(kill_mid_step.differing({"p": a}, {"p": torch.tensor([1.0, -0.0, 2.5])}),
+        self.assertEqual(shared.differing({"p": a}, {"p": a.clone()}), [])
+        self.assertEqual(shared.differing({"p": a}, {"p": flipped}), ["p"])
+        self.assertEqual(shared.differing({"p": a}, {"p": torch.tensor([1.0, -0.0, 2.5])}),
                          ["p"])
-        self.assertEqual(kill_mid_step.differing({"p": a}, {"q": a}), ["p", "q"])
+        self.assertEqual(shared.differing({"p": a}, {"q": a}), ["p", "q"])
 
 
 if __name__ == "__main__":

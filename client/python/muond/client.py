@@ -75,7 +75,7 @@ def error_reason(error) -> str:
 
 TOKEN_METADATA_KEY = "x-muond-token"  # server/common/auth.h kTokenMetadataKey
 MAX_TOKEN_BYTES = 4096                # server/common/auth.h kMaxTokenBytes
-# StateChunk data per message (server/daemon/daemon_core.h): the default and
+# StateChunk data per message (server/daemon/state_transactions.h): the default and
 # the bound; the daemon receives messages up to the bound plus 1 MiB.
 DEFAULT_STATE_CHUNK_BYTES = 1 << 20
 MAX_STATE_CHUNK_BYTES = 64 << 20

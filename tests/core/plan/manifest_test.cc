@@ -1,5 +1,6 @@
-// Manifest parsing, the shipped manifests (counts and shapes from
-// anchors-performance.md §6), and `muonctl plan` end to end (JSON out).
+// Manifest parsing, the shipped manifests (counts and shapes from the models'
+// public configs: Llama 3 8B / 70B, Qwen3 1.7B / 30B-A3B), and `muonctl plan`
+// end to end (JSON out).
 #include "core/plan/manifest.h"
 
 #include <algorithm>

@@ -332,7 +332,7 @@ TEST(Cost, NsCostAndFlopsKnownValues) {
   EXPECT_EQ(NsCost(14336, 4096), NsCost(4096, 14336));
   EXPECT_EQ(NsCostOfShape({3, 4, 5}), 60.0);
   EXPECT_EQ(NsCostOfShape({7}), 7.0);
-  // anchors-performance.md §2.1: 4096x14336, plain NS, 5 steps = 5.50 TFLOP.
+  // NsFlops' count (sharding.h): 4096x14336, plain NS, 5 steps = 5.50 TFLOP.
   const double m = 4096, n = 14336;
   EXPECT_EQ(NsFlops(4096, 14336, 5, false),
             5 * (4 * m * m * n + 2 * m * m * m));

@@ -102,7 +102,7 @@ class Launch:
               flush=True)
         muonctl = find_muonctl(self.coordinator_bin)
         print(f"muond launch: while it runs: {muonctl} status --coordinator {self.coordinator} "
-              f"--job_id {layout.job_id} --token-file {self.token_file}", flush=True)
+              f"--job_id {layout.job_id} --token_file {self.token_file}", flush=True)
 
     def tell_reaper(self, kind: str, value) -> None:
         if self.reaper:
