@@ -121,4 +121,5 @@ absl::StatusOr<bool> CudaBackend::AllFiniteBelow(
       CudaStatus(cudaStreamSynchronize(stream_), "all_finite sync"));
   return *host_flag_ == 0;
 }
+
 }  // namespace muond::cuda_backend_internal

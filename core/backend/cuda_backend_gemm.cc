@@ -318,4 +318,5 @@ absl::Status CudaBackend::Autotune(float alpha, float beta, const MatrixView& a,
   cudaEventDestroy(e1);
   return CudaStatus(cudaGetLastError(), "gemm autotune");
 }
+
 }  // namespace muond::cuda_backend_internal

@@ -113,4 +113,5 @@ absl::Status CudaBackend::SymmetrizeFromLower(const MatrixView& a,
       cuda_kernels::SymmetrizeFromLower(K(a), stride, batch, stream_),
       "symmetrize");
 }
+
 }  // namespace muond::cuda_backend_internal

@@ -256,4 +256,5 @@ int DaemonRpcFailed(const v1::DaemonInfo& d, const std::string& rpc,
       << ": " << st.error_message() << "\n";
   return 1;
 }
+
 }  // namespace muond::muonctl

@@ -16,6 +16,7 @@
 
 namespace muond::muonctl {
 
+// A coordinator subcommand's flags, as Parse leaves them.
 struct Args {
   std::string coordinator;
   std::string job;
@@ -25,9 +26,8 @@ struct Args {
   std::optional<int64_t> after;  // unset: the coordinator's default
   std::string token;  // --token / --token_file: x-muond-token to every server
   std::string token_file;
-  std::string
-      tls_ca;       // --tls_ca: PEM root certificate (TLS to the coordinator)
-  std::string dir;  // save/load: the state directory
+  std::string tls_ca;  // --tls_ca: PEM root certificate (TLS to TCP servers)
+  std::string dir;     // save/load: the state directory
 };
 
 // Which flags a subcommand takes beyond the common ones.

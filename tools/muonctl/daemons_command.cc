@@ -25,4 +25,5 @@ int RunDaemons(const std::vector<std::string>& args, std::ostream& out,
   PrintDaemons(list, out);
   return 0;
 }
+
 }  // namespace muond::muonctl

@@ -68,4 +68,5 @@ void PrintPlan(const v1::Plan& plan, std::ostream& out) {
     PrintReplicaHomes(g, out);
   }
 }
+
 }  // namespace muond::muonctl

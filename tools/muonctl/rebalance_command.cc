@@ -49,4 +49,5 @@ int RunRebalance(const std::vector<std::string>& args, std::ostream& out,
   PrintPlan(plan, out);
   return 0;
 }
+
 }  // namespace muond::muonctl

@@ -229,4 +229,5 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out,
       << "; the next step id is " << step + 1 << "\n";
   return 0;
 }
+
 }  // namespace muond::muonctl

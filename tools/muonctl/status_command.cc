@@ -42,4 +42,5 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out,
   PrintDaemons(list, out);
   return 0;
 }
+
 }  // namespace muond::muonctl

@@ -35,4 +35,5 @@ int RunUnregister(const std::vector<std::string>& args, std::ostream& out,
   }
   return rc;
 }
+
 }  // namespace muond::muonctl
