@@ -1,0 +1,125 @@
+// CudaBackend's elementwise and multi-tensor steps (normalisation, Muon
+// momentum, updates, AdamW, the finiteness check): argument checks, then one
+// launch of muond's kernels (core/backend/cuda_kernels.h) on the stream.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/backend/cuda_backend_impl.h"
+#include "core/backend/cuda_kernels.h"
+#include "core/common/status_macros.h"
+
+namespace muond::cuda_backend_internal {
+
+absl::Status CudaBackend::FrobeniusNormalize(const MatrixView& src,
+                                             const MatrixView& dst,
+                                             int64_t batch, float eps) {
+  RETURN_IF_ERROR(CheckNormalize(src, dst, batch, eps));
+  const int64_t r = src.rows / batch;
+  for (int64_t s0 = 0; s0 < batch; s0 += cuda_kernels::kNormBatchChunk) {
+    const int64_t nb = std::min(cuda_kernels::kNormBatchChunk, batch - s0);
+    RETURN_IF_ERROR(CudaStatus(cuda_kernels::FrobeniusNormalize(
+                                   K(src.Block(s0 * r, 0, nb * r, src.cols)),
+                                   K(dst.Block(s0 * r, 0, nb * r, dst.cols)),
+                                   nb, eps, partials_, stream_),
+                               "frobenius normalize"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MuonMomentum(const MatrixView& grad,
+                                       const MatrixView& momentum_in,
+                                       const MatrixView& momentum_out,
+                                       double beta, bool nesterov,
+                                       const MatrixView& out) {
+  RETURN_IF_ERROR(CheckMomentum(grad, momentum_in, momentum_out, out));
+  return CudaStatus(
+      cuda_kernels::MuonMomentum(K(grad), K(momentum_in), K(momentum_out),
+                                 float(1.0 - beta), float(beta), nesterov,
+                                 K(out), stream_),
+      "muon momentum");
+}
+
+absl::Status CudaBackend::MuonMomentumBatch(
+    absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
+    absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+    absl::Span<const MatrixView> outs) {
+  RETURN_IF_ERROR(CheckMomentumBatch(grads, momenta_in, momenta_out, outs));
+  std::vector<cuda_kernels::KView> g, mi, mo, o;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    RETURN_IF_ERROR(
+        CheckMomentum(grads[i], momenta_in[i], momenta_out[i], outs[i]));
+    g.push_back(K(grads[i]));
+    mi.push_back(K(momenta_in[i]));
+    mo.push_back(K(momenta_out[i]));
+    o.push_back(K(outs[i]));
+  }
+  return CudaStatus(
+      cuda_kernels::MuonMomentumMulti(g.data(), mi.data(), mo.data(), o.data(),
+                                      int64_t(g.size()), float(1.0 - beta),
+                                      float(beta), nesterov, stream_),
+      "muon momentum batch");
+}
+
+absl::Status CudaBackend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
+                                           absl::Span<const MatrixView> updates,
+                                           absl::Span<const float> lrs,
+                                           float decay,
+                                           WeightDecayMethod method) {
+  RETURN_IF_ERROR(CheckUpdateBatch(params, updates, lrs));
+  std::vector<cuda_kernels::KView> p, u;
+  for (size_t i = 0; i < params.size(); ++i) {
+    RETURN_IF_ERROR(CheckUpdate(params[i], updates[i]));
+    p.push_back(K(params[i]));
+    u.push_back(K(updates[i]));
+  }
+  return CudaStatus(cuda_kernels::ApplyUpdateMulti(
+                        p.data(), u.data(), lrs.data(), int64_t(p.size()),
+                        decay, int(method), stream_),
+                    "apply update batch");
+}
+
+absl::Status CudaBackend::ApplyUpdate(const MatrixView& param,
+                                      const MatrixView& update, float lr,
+                                      float decay, WeightDecayMethod method) {
+  RETURN_IF_ERROR(CheckUpdate(param, update));
+  return CudaStatus(cuda_kernels::ApplyUpdate(K(param), K(update), lr, decay,
+                                              int(method), stream_),
+                    "apply update");
+}
+
+absl::Status CudaBackend::AdamW(const MatrixView& param, const MatrixView& grad,
+                                const MatrixView& exp_avg,
+                                const MatrixView& exp_avg_sq,
+                                const AdamWScalars& s) {
+  RETURN_IF_ERROR(CheckAdamW(param, grad, exp_avg, exp_avg_sq));
+  return CudaStatus(
+      cuda_kernels::AdamW(K(param), K(grad), K(exp_avg), K(exp_avg_sq),
+                          s.param_decay, s.one_minus_beta1, s.beta2,
+                          s.one_minus_beta2, s.step_size,
+                          s.bias_correction2_sqrt, s.eps, stream_),
+      "adamw");
+}
+
+absl::StatusOr<bool> CudaBackend::AllFiniteBelow(
+    absl::Span<const MatrixView> views, float limit) {
+  for (const MatrixView& v : views) RETURN_IF_ERROR(CheckView(v, "all_finite"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(flag_, 0, sizeof(int), stream_),
+                             "all_finite"));
+  std::vector<cuda_kernels::KView> k;
+  for (const MatrixView& v : views) k.push_back(K(v));
+  RETURN_IF_ERROR(
+      CudaStatus(cuda_kernels::MarkNonFiniteMulti(k.data(), int64_t(k.size()),
+                                                  limit, flag_, stream_),
+                 "all_finite"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host_flag_, flag_, sizeof(int),
+                                             cudaMemcpyDeviceToHost, stream_),
+                             "all_finite"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamSynchronize(stream_), "all_finite sync"));
+  return *host_flag_ == 0;
+}
+
+}  // namespace muond::cuda_backend_internal
