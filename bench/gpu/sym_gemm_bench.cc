@@ -9,7 +9,7 @@
 // TFLOP/s count the full 2 n^2 k per matrix, so the kernel's figure is
 // "effective" (it does about half the work). The ratios are the times of
 // full+mir and blockrow over sym. Used to set the kernel's threshold
-// (UseSymGemmKernel in core/backend/cuda_backend.cc; bench/README.md).
+// (UseSymGemmKernel in core/backend/cuda_backend_gram.cc; bench/README.md).
 //
 //   sym_gemm_bench [--reps=20] [--quick]
 // Without a GPU it prints SKIP and exits 0.
