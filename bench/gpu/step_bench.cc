@@ -46,6 +46,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/common/torch_muon_defaults.h"
 #include "core/backend/cuda_backend.h"
+#include "core/backend/cuda_backend_options.h"
 #include "core/common/status_macros.h"
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
@@ -245,7 +246,12 @@ int Main(int argc, char** argv) {
                  "--engine\n");
     return 2;
   }
-  auto backend_or = MakeCudaBackend(0);
+  // The CUDA backend switches from the same environment variables that
+  // default muond-daemon's flags (MUOND_CUDA_GRAPHS, MUOND_CUBLAS_GEMMEX,
+  // MUOND_LT_AUTOTUNE; core reads none itself).
+  auto backend_or =
+      MakeCudaBackend(0, CudaBackendOptionsFromLegacyEnvironment(
+                             [](const char* n) { return std::getenv(n); }));
   if (!backend_or.ok()) return Fail(backend_or.status());
   Backend& b = **backend_or;
 

@@ -26,6 +26,7 @@
 
 #include "core/backend/bf16.h"
 #include "core/backend/cuda_backend.h"
+#include "core/backend/cuda_backend_options.h"
 
 namespace muond {
 namespace {
@@ -119,7 +120,12 @@ int Main(int argc, char** argv) {
     std::printf("SKIP: no CUDA device\n");
     return 0;
   }
-  auto be = MakeCudaBackend(0);
+  // The CUDA backend switches from the same environment variables that
+  // default muond-daemon's flags (MUOND_CUDA_GRAPHS, MUOND_CUBLAS_GEMMEX,
+  // MUOND_LT_AUTOTUNE; core reads none itself).
+  auto be =
+      MakeCudaBackend(0, CudaBackendOptionsFromLegacyEnvironment(
+                             [](const char* n) { return std::getenv(n); }));
   if (!be.ok()) {
     std::fprintf(stderr, "%s\n", be.status().ToString().c_str());
     return 1;

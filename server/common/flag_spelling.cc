@@ -5,6 +5,7 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 
 namespace muond {
 
@@ -31,10 +32,13 @@ std::vector<std::string> SnakeCaseFlags(
     }
     if (arg == "--") positional = true;
     out.push_back(SnakeCaseFlag(arg));
-    const absl::string_view flag = out.back();
-    if (absl::StartsWith(flag, "--") && flag.size() > 2 &&
-        !absl::StrContains(flag, '=')) {
-      value_next = reads_next(flag.substr(2));
+    // absl reads "-flag value" as it reads "--flag value": the value after a
+    // single-dash flag stays as typed too.
+    absl::string_view name = out.back();
+    if (!absl::ConsumePrefix(&name, "--")) absl::ConsumePrefix(&name, "-");
+    if (name.size() < out.back().size() && !name.empty() &&
+        !absl::StrContains(name, '=')) {
+      value_next = reads_next(name);
     }
   }
   return out;

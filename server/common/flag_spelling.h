@@ -23,7 +23,8 @@ std::string SnakeCaseFlag(absl::string_view arg);
 // (the arguments after it are positional and stay as typed), and the
 // argument after a flag written without '=' when `reads_next(name)` says
 // that flag (`name` snake_case, no leading dashes) takes its value from the
-// next argument ("--token_file --odd-name": the file name stays).
+// next argument ("--token_file --odd-name" or "-token_file --odd-name":
+// the file name stays).
 std::vector<std::string> SnakeCaseFlags(
     const std::vector<std::string>& args,
     const std::function<bool(absl::string_view name)>& reads_next);

@@ -122,6 +122,19 @@ class MuonOptionObjectsTest(unittest.TestCase):
         for daemon in self.cluster.daemons:
             self.assertEqual(daemon.requests, [])  # refused before any RPC
 
+    def test_split_sizes_are_checked_as_given_not_truncated(self):
+        # 1 x 2.9 is not the 2 daemons given, whatever int() would make of it.
+        for sizes, message in [
+                (dict(tp_size=2.9), "gtp_size x tp_size = 1 x 2.9 daemons, got 2"),
+                (dict(gtp_size=2.5), "gtp_size x tp_size = 2.5 x 1 daemons, got 2"),
+                (dict(placement=PlacementOptions(tp_size=2.9)),
+                 "gtp_size x tp_size = 1 x 2.9 daemons, got 2")]:
+            with self.subTest(sizes=sizes):
+                with self.assertRaisesRegex(ValueError, message):
+                    Muon(make_groups(), daemons=self.addresses, **sizes)
+        for daemon in self.cluster.daemons:
+            self.assertEqual(daemon.requests, [])  # refused before any RPC
+
     def test_unknown_keyword_and_wrong_object_are_type_errors(self):
         with self.assertRaisesRegex(TypeError, "unexpected keyword argument 'ns_stepz'"):
             Muon(make_groups(), ns_stepz=5)

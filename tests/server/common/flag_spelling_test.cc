@@ -61,6 +61,16 @@ TEST(SnakeCaseFlags, AValueAfterEqualsDoesNotTakeTheNextArgument) {
       ElementsAre("--token_file=f", "--timeout_s", "3", "--dry_run"));
 }
 
+TEST(SnakeCaseFlags, TheValueOfASingleDashFlagStaysAsTyped) {
+  // absl reads "-token_file F" like "--token_file F".
+  EXPECT_THAT(
+      SnakeCaseFlags({"-token_file", "--my-token", "-timeout_s=3", "--dry-run"},
+                     ReadsNext),
+      ElementsAre("-token_file", "--my-token", "-timeout_s=3", "--dry_run"));
+  EXPECT_THAT(SnakeCaseFlags({"-", "--dry-run"}, ReadsNext),
+              ElementsAre("-", "--dry_run"));
+}
+
 TEST(SnakeCaseFlags, AFlagLastOnTheLineLeavesNothingToSkip) {
   EXPECT_THAT(SnakeCaseFlags({"--token-file"}, ReadsNext),
               ElementsAre("--token_file"));

@@ -15,6 +15,10 @@
 The `muond` command (muond/cli.py) calls add_parser() and main().
 """
 from muond.launch.cli import add_parser, main
+from muond.launch.config import LaunchLayout, check_paths, resolve
+from muond.launch.discovery import count_gpus
 from muond.launch.errors import LaunchError
+from muond.launch.launcher import Launch
 
-__all__ = ["LaunchError", "add_parser", "main"]
+__all__ = ["Launch", "LaunchError", "LaunchLayout", "add_parser", "check_paths", "count_gpus",
+           "main", "resolve"]

@@ -85,6 +85,11 @@ checks before any RPC), ``layouts`` (one layout strategy per shard_mode),
 agreement), ``wire`` (groups to proto), ``rpc`` (one call on every daemon),
 ``lazy_state`` (``opt.state``).
 """
+# The client's errors and reasons, importable from here as before the
+# package existed (`except muond.torch.MuondError`).
+from muond.client import (ALREADY_REGISTERED, OPERATOR_CLIENT_ID, PEER_GONE, Client,
+                          MuondError, error_info)
+from muond.shm import ShmBuffer
 from muond.torch.groups import (LIVE_KEYS, MAX_STEP_ID, check_gram_options, check_live,
                                 check_step_id)
 from muond.torch.memory import CUDA_IPC_HANDLE_SIZE
@@ -93,6 +98,8 @@ from muond.torch.options import (AdamWOptions, ConnectionOptions, NewtonSchulzOp
                                  PlacementOptions, ScalingOptions)
 
 __all__ = [
+    "ALREADY_REGISTERED", "Client", "MuondError", "OPERATOR_CLIENT_ID", "PEER_GONE",
+    "ShmBuffer", "error_info",
     "AdamWOptions", "AddParamGroupError", "CUDA_IPC_HANDLE_SIZE", "ConnectionOptions",
     "LIVE_KEYS", "MAX_STEP_ID", "Muon", "NewtonSchulzOptions", "PlacementOptions",
     "ScalingOptions", "check_gram_options", "check_live", "check_step_id",

@@ -62,13 +62,18 @@ class SplitPlacement:
     mode = "split"
     collective = False
 
-    def __init__(self, gtp_size: int, tp_size: int, domain_name: str):
-        self.gtp_size, self.tp_size, self.domain_name = gtp_size, tp_size, domain_name
+    def __init__(self, gtp_size, tp_size, domain_name: str):
+        # The sizes as given are checked against the daemons before they are
+        # read as ints, so 2.9 or "2" is refused rather than truncated.
+        self._given = (gtp_size, tp_size)
+        self.domain_name = domain_name
 
     def check_daemons(self, count: int) -> None:
-        if count != self.gtp_size * self.tp_size:
-            raise ValueError(f"split mode needs gtp_size x tp_size = {self.gtp_size} x "
-                             f"{self.tp_size} daemons, got {count}")
+        gtp_size, tp_size = self._given
+        if count != gtp_size * tp_size:
+            raise ValueError(f"split mode needs gtp_size x tp_size = {gtp_size} x "
+                             f"{tp_size} daemons, got {count}")
+        self.gtp_size, self.tp_size = int(gtp_size), int(tp_size)
 
     def place(self, run: PlacementRun, refusal: BaseException | None = None):
         todo = run.params()
@@ -221,6 +226,6 @@ def strategy(shard_mode: str, *, rank: int, world: int, domain_name: str, gtp_si
     if shard_mode == "split":
         return SplitPlacement(gtp_size, tp_size, domain_name)
     if shard_mode == "local":
-        return LocalPlacement(rank, world, domain_name, gtp_size, tp_size, g, t,
+        return LocalPlacement(rank, world, domain_name, int(gtp_size), int(tp_size), g, t,
                               dp_size, dp_rank)
     raise ValueError(f"shard_mode {shard_mode!r} not in ('split', 'local')")

@@ -174,7 +174,7 @@ class Muon(torch.optim.Optimizer):
         self.shard_mode = shard_mode or "split"
         self._layout = _layouts.strategy(
             self.shard_mode, rank=self._rank, world=self._world, domain_name=o["domain_name"],
-            gtp_size=int(o["gtp_size"]), tp_size=int(o["tp_size"]), g=int(o["g"]),
+            gtp_size=o["gtp_size"], tp_size=o["tp_size"], g=int(o["g"]),
             t=int(o["t"]), dp_size=o["dp_size"], dp_rank=o["dp_rank"])
         return daemons, job_id, no_daemon
 
