@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/backend/backend.h"
+#include "core/muon/adamw.h"
 #include "core/muon/coefficients.h"
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
@@ -38,5 +39,12 @@ v1::MatmulPrecision ToProto(MatmulPrecision precision);
 v1::NsAlgorithm ToProto(NsAlgorithm algorithm);
 // kFloat16 or kBFloat16 (ValidateGramOptions refuses the others).
 v1::NsIterDType GramDTypeToProto(DType dtype);
+
+// Proto hyperparameters -> core options; unset optional fields and
+// *_UNSPECIFIED enums take the documented defaults (num_ns_steps 5, eps
+// 1e-15, extra_scale_factor 1, ns_batch_size 1, quintic, spectral, decoupled,
+// highest); set ones are validated as given.
+absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group);
+absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(const v1::ParamGroup& group);
 
 }  // namespace muond

@@ -1,8 +1,6 @@
 #include "server/daemon/engine_factory.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu_backend.h"
@@ -12,8 +10,6 @@
 #include "core/comm/nccl_communicator.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
-#include "core/muon/bounds.h"
-#include "core/muon/coefficients.h"
 #include "glog/logging.h"
 #include "server/common/proto_convert.h"
 #include "server/common/proto_convert_options.h"
@@ -21,31 +17,6 @@
 
 namespace muond {
 namespace {
-
-absl::Status InGroup(const v1::ParamGroup& group, absl::Status st) {
-  if (st.ok()) return st;
-  return WithContext(st, absl::StrCat("group '", group.name(), "': "));
-}
-
-template <typename T>
-absl::StatusOr<T> InGroup(const v1::ParamGroup& group,
-                          absl::StatusOr<T> value) {
-  if (value.ok()) return value;
-  return InGroup(group, value.status());
-}
-
-// Coefficient `index` of custom_coefficients finite as a float32, checked
-// before the fp32 cast (as eps) so that 1e300 is named as out of the fp32
-// range, with the value as sent, not as the cast's "non-finite" inf.
-absl::Status CheckCoefficientFloat32(double value, int index) {
-  if (std::isfinite(value) && std::isfinite(static_cast<float>(value))) {
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("custom_coefficients: tuple ", index / 3, " value ",
-                   index % 3, " must be finite as a float32 (|value| <= ",
-                   std::numeric_limits<float>::max(), "), got ", value));
-}
 
 // The communicators of one domain on this rank (null: an axis of size 1).
 struct DomainComms {
@@ -62,92 +33,6 @@ DomainSize WithDpAxis(const v1::Domain& domain) {
 }
 
 }  // namespace
-
-absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
-  const v1::MuonHyperparams& h = group.muon();
-  MuonOptions o;
-  o.lr = h.lr();
-  o.momentum = h.momentum();
-  o.nesterov = h.nesterov();
-  o.weight_decay = h.weight_decay();
-  // UNSPECIFIED enums and unset optional fields keep MuonOptions' defaults.
-  if (h.weight_decay_method() != v1::WEIGHT_DECAY_METHOD_UNSPECIFIED) {
-    ASSIGN_OR_RETURN(o.weight_decay_method,
-                     InGroup(group, FromProto(h.weight_decay_method(),
-                                              "weight_decay_method")));
-  }
-  if (h.coefficient_type() != v1::COEFFICIENT_TYPE_UNSPECIFIED) {
-    ASSIGN_OR_RETURN(
-        o.ns.coefficient_type,
-        InGroup(group, FromProto(h.coefficient_type(), "coefficient_type")));
-  }
-  if (h.custom_coefficients_size() % 3 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "group '", group.name(), "': custom_coefficients has ",
-        h.custom_coefficients_size(), " values, not a multiple of 3"));
-  }
-  for (int i = 0; i < h.custom_coefficients_size(); ++i) {
-    RETURN_IF_ERROR(
-        InGroup(group, CheckCoefficientFloat32(h.custom_coefficients(i), i)));
-  }
-  for (int i = 0; i + 2 < h.custom_coefficients_size(); i += 3) {
-    o.ns.custom.push_back({float(h.custom_coefficients(i)),
-                           float(h.custom_coefficients(i + 1)),
-                           float(h.custom_coefficients(i + 2))});
-  }
-  if (h.has_num_ns_steps()) o.ns.num_steps = h.num_ns_steps();
-  if (h.has_eps()) {
-    // Checked before the fp32 cast so the message shows the value sent.
-    RETURN_IF_ERROR(InGroup(group, CheckPositiveFloat32(h.eps(), "muon eps")));
-    o.ns.eps = float(h.eps());
-  }
-  if (h.scale_mode() != v1::SCALE_MODE_UNSPECIFIED) {
-    ASSIGN_OR_RETURN(o.scale_mode,
-                     InGroup(group, FromProto(h.scale_mode(), "scale_mode")));
-  }
-  if (h.has_extra_scale_factor()) {
-    o.extra_scale_factor = h.extra_scale_factor();
-  }
-  if (h.has_ns_batch_size()) o.ns_batch_size = h.ns_batch_size();
-  if (h.fp32_matmul_prec() != v1::MATMUL_PRECISION_UNSPECIFIED) {
-    ASSIGN_OR_RETURN(
-        o.ns.precision,
-        InGroup(group, FromProto(h.fp32_matmul_prec(), "fp32_matmul_prec")));
-  }
-  o.ns.use_syrk = h.use_syrk();
-  if (h.ns_algorithm() != v1::NS_ALGORITHM_UNSPECIFIED) {
-    ASSIGN_OR_RETURN(o.ns.algorithm, InGroup(group, FromProto(h.ns_algorithm(),
-                                                              "ns_algorithm")));
-  }
-  if (h.has_gram_restarts()) {
-    o.ns.gram_restarts.emplace(h.gram_restarts().iterations().begin(),
-                               h.gram_restarts().iterations().end());
-  }
-  if (h.gram_dtype() != v1::NS_ITER_DTYPE_UNSPECIFIED) {
-    ASSIGN_OR_RETURN(o.ns.gram_dtype,
-                     InGroup(group, FromProto(h.gram_dtype(), "gram_dtype")));
-  }
-  if (h.has_gram_min_aspect_ratio()) {
-    o.ns.gram_min_aspect_ratio = h.gram_min_aspect_ratio();
-  }
-  // Validate (ValidateGramOptions) names gram_restarts / gram_dtype /
-  // gram_min_aspect_ratio and the rule.
-  RETURN_IF_ERROR(InGroup(group, o.Validate()));
-  return o;
-}
-
-absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(
-    const v1::ParamGroup& group) {
-  const v1::AdamWHyperparams& h = group.adamw();
-  AdamWOptions o;
-  o.lr = h.lr();
-  if (h.has_beta1()) o.beta1 = h.beta1();
-  if (h.has_beta2()) o.beta2 = h.beta2();
-  if (h.has_eps()) o.eps = h.eps();
-  o.weight_decay = h.weight_decay();
-  RETURN_IF_ERROR(InGroup(group, o.Validate()));
-  return o;
-}
 
 EngineFactory MakeEngineFactory(EngineOptions options,
                                 std::shared_ptr<KeyValueStore> store) {

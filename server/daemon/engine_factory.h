@@ -10,6 +10,7 @@
 #include "core/comm/kv_store.h"
 #include "core/muon/adamw.h"
 #include "core/muon/muon_update.h"
+#include "server/common/proto_convert_options.h"  // MuonOptionsFromProto
 #include "server/daemon/daemon_core.h"
 
 namespace muond {
@@ -36,13 +37,6 @@ struct EngineOptions {
   // build may outlive the daemon core); null: not counted.
   std::shared_ptr<DaemonMetrics> metrics;
 };
-
-// Proto hyperparameters -> core options; unset optional fields and
-// *_UNSPECIFIED enums take the documented defaults (num_ns_steps 5, eps
-// 1e-15, extra_scale_factor 1, ns_batch_size 1, quintic, spectral, decoupled,
-// highest); set ones are validated as given.
-absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group);
-absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(const v1::ParamGroup& group);
 
 // RegisterParams's check of a group for a daemon on CUDA device `device` (-1:
 // host mode): its hyperparameters (MuonOptionsFromProto /
