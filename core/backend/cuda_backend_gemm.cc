@@ -71,9 +71,7 @@ absl::Status CudaBackend::GemmOut(Op op_a, Op op_b, float alpha,
                                   float beta, const MatrixView& c,
                                   const MatrixView& d,
                                   MatmulPrecision precision) {
-  RETURN_IF_ERROR(CheckGemm(op_a, op_b, a, b, d, precision));
-  RETURN_IF_ERROR(CheckSameShape(d, c, "gemm d", "gemm c"));
-  RETURN_IF_ERROR(CheckDType(c, d.dtype, "gemm c"));
+  RETURN_IF_ERROR(CheckGemmOut(op_a, op_b, a, b, c, d, precision));
   return Matmul(op_a, op_b, alpha, a, 0, b, 0, beta, c, 0, d, 0, 1, precision);
 }
 
@@ -82,12 +80,19 @@ absl::Status CudaBackend::GemmStridedBatchedOut(
     const MatrixView& b, int64_t stride_b, float beta, const MatrixView& c,
     int64_t stride_c, const MatrixView& d, int64_t stride_d, int64_t batch,
     MatmulPrecision precision) {
-  RETURN_IF_ERROR(CheckGemm(op_a, op_b, a, b, d, precision));
-  RETURN_IF_ERROR(CheckSameShape(d, c, "gemm d", "gemm c"));
-  RETURN_IF_ERROR(CheckDType(c, d.dtype, "gemm c"));
+  RETURN_IF_ERROR(CheckGemmOut(op_a, op_b, a, b, c, d, precision));
   RETURN_IF_ERROR(CheckBatch(batch));
   return Matmul(op_a, op_b, alpha, a, stride_a, b, stride_b, beta, c, stride_c,
                 d, stride_d, batch, precision);
+}
+
+absl::Status CudaBackend::CheckGemmOut(Op op_a, Op op_b, const MatrixView& a,
+                                       const MatrixView& b, const MatrixView& c,
+                                       const MatrixView& d,
+                                       MatmulPrecision precision) {
+  RETURN_IF_ERROR(CheckGemm(op_a, op_b, a, b, d, precision));
+  RETURN_IF_ERROR(CheckSameShape(d, c, "gemm d", "gemm c"));
+  return CheckDType(c, d.dtype, "gemm c");
 }
 
 absl::Status CudaBackend::CheckBatch(int64_t batch) {

@@ -47,9 +47,7 @@ absl::Status CudaBackend::SymmetricGemmStridedBatchedOut(
     const MatrixView& b, int64_t stride_b, float beta, const MatrixView& c,
     int64_t stride_c, const MatrixView& d, int64_t stride_d, int64_t batch,
     MatmulPrecision precision) {
-  RETURN_IF_ERROR(CheckGemm(op_a, op_b, a, b, d, precision));
-  RETURN_IF_ERROR(CheckSameShape(d, c, "gemm d", "gemm c"));
-  RETURN_IF_ERROR(CheckDType(c, d.dtype, "gemm c"));
+  RETURN_IF_ERROR(CheckGemmOut(op_a, op_b, a, b, c, d, precision));
   RETURN_IF_ERROR(CheckBatch(batch));
   const bool half = d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16;
   const int64_t k = op_a == Op::kN ? a.cols : a.rows;

@@ -153,6 +153,12 @@ class CudaBackend final : public Backend {
 
  private:
   static absl::Status CheckBatch(int64_t batch);
+  // The *Out products' arguments: CheckGemm on d, and c of d's shape and
+  // dtype (the full and the symmetric products share them).
+  static absl::Status CheckGemmOut(Op op_a, Op op_b, const MatrixView& a,
+                                   const MatrixView& b, const MatrixView& c,
+                                   const MatrixView& d,
+                                   MatmulPrecision precision);
 
   // d = alpha op(a) op(b) + beta c over `batch` slices (arguments checked).
   absl::Status Matmul(Op op_a, Op op_b, float alpha, const MatrixView& a,
