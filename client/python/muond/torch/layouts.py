@@ -68,12 +68,19 @@ class SplitPlacement:
         self._given = (gtp_size, tp_size)
         self.domain_name = domain_name
 
+    @property
+    def gtp_size(self) -> int:
+        return int(self._given[0])
+
+    @property
+    def tp_size(self) -> int:
+        return int(self._given[1])
+
     def check_daemons(self, count: int) -> None:
         gtp_size, tp_size = self._given
         if count != gtp_size * tp_size:
             raise ValueError(f"split mode needs gtp_size x tp_size = {gtp_size} x "
                              f"{tp_size} daemons, got {count}")
-        self.gtp_size, self.tp_size = int(gtp_size), int(tp_size)
 
     def place(self, run: PlacementRun, refusal: BaseException | None = None):
         todo = run.params()
