@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -342,6 +343,24 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> MakeCpuBackend() {
   return std::make_unique<CpuBackend>();
+}
+
+int CpuGemmCallerLimit() {
+  static const int limit = [] {
+    constexpr int kIfUnsaid = 64;  // Debian's build
+    const char* config = openblas_get_config();
+    const char* at =
+        config == nullptr ? nullptr : std::strstr(config, "MAX_THREADS=");
+    const int built = at == nullptr ? 0 : std::atoi(at + 12);
+    return built > 0 ? built : kIfUnsaid;
+  }();
+  return limit;
+}
+
+void ExpectConcurrentCpuGemmCallers(int callers) {
+  if (callers <= 1) return;
+  static std::once_flag single_threaded;
+  std::call_once(single_threaded, [] { openblas_set_num_threads(1); });
 }
 
 }  // namespace muond

@@ -1,5 +1,6 @@
 #include "core/step/lane_threads.h"
 
+#include <algorithm>
 #include <system_error>
 #include <utility>
 
@@ -8,11 +9,18 @@
 
 namespace muond {
 
+int LaneWorkerCount(int lanes, int requested) {
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  const int wanted =
+      requested > 0 ? requested : std::min(cores, kMaxLaneWorkers);
+  return std::max(1, std::min(lanes, wanted));
+}
+
 absl::StatusOr<std::unique_ptr<LaneThreads>> LaneThreads::Create(
-    int lanes, const ThreadStarter& start_thread) {
-  std::unique_ptr<LaneThreads> threads(new LaneThreads());
-  for (int l = 0; l < lanes; ++l) {
-    std::function<void()> loop = [t = threads.get(), l] { t->Loop(l); };
+    int lanes, int workers, const ThreadStarter& start_thread) {
+  std::unique_ptr<LaneThreads> threads(new LaneThreads(lanes));
+  for (int w = 0; w < workers; ++w) {
+    std::function<void()> loop = [t = threads.get()] { t->Loop(); };
     try {
       threads->threads_.push_back(start_thread ? start_thread(std::move(loop))
                                                : std::thread(std::move(loop)));
@@ -20,10 +28,12 @@ absl::StatusOr<std::unique_ptr<LaneThreads>> LaneThreads::Create(
       // std::thread reports a refused thread by throwing; an exception
       // escaping the engine build would abort the daemon.
       return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot start the thread of lane ", l + 1, " of ", lanes,
-          " (one per group that shares no communicator or device backend "
-          "with another): ",
-          e.what(), "; register fewer param groups or raise the limit"));
+          "cannot start worker thread ", w + 1, " of ", workers, " for ", lanes,
+          " lanes (groups that share no communicator or device backend run "
+          "concurrently): ",
+          e.what(),
+          "; set fewer lane workers (StepOptions::lane_workers) or raise the "
+          "thread limit"));
     }
   }
   return threads;
@@ -45,27 +55,24 @@ void LaneThreads::Stop() {
 void LaneThreads::Run(const std::function<void(int)>& work) {
   absl::MutexLock lock(&mu_);
   work_ = &work;
-  running_ = int(threads_.size());
-  ++generation_;
+  next_lane_ = 0;
+  unfinished_ = lanes_;
   changed_.SignalAll();
-  while (running_ > 0) changed_.Wait(&mu_);
+  while (unfinished_ > 0) changed_.Wait(&mu_);
   work_ = nullptr;
 }
 
-void LaneThreads::Loop(int lane) {
-  int64_t done = 0;  // the generation this thread ran last
+void LaneThreads::Loop() {
+  absl::MutexLock lock(&mu_);
   while (true) {
-    const std::function<void(int)>* work;
-    {
-      absl::MutexLock lock(&mu_);
-      while (!stop_ && generation_ == done) changed_.Wait(&mu_);
-      if (stop_) return;
-      done = generation_;
-      work = work_;
-    }
+    while (!stop_ && next_lane_ >= lanes_) changed_.Wait(&mu_);
+    if (stop_) return;
+    const int lane = next_lane_++;
+    const std::function<void(int)>* work = work_;
+    mu_.Unlock();
     (*work)(lane);
-    absl::MutexLock lock(&mu_);
-    if (--running_ == 0) changed_.SignalAll();
+    mu_.Lock();
+    if (--unfinished_ == 0) changed_.SignalAll();
   }
 }
 

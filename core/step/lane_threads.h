@@ -1,7 +1,8 @@
 #pragma once
-// The threads that run the engine's lanes (lanes.h) concurrently: one per
-// lane, started when the engine is created and joined when it is destroyed,
-// so a step starts no thread.
+// The worker threads that run the engine's lanes (lanes.h): a fixed pool,
+// started when the engine is created and joined when it is destroyed, so a
+// step starts no thread. Lanes queue on it in order; each lane runs on one
+// worker at a time, so its groups keep their order.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,38 +15,61 @@
 
 namespace muond {
 
-// A fixed set of threads, one per lane, started at construction and joined
-// at destruction, so a step starts no thread.
+// The most lane workers an engine starts unless told otherwise
+// (StepOptions::lane_workers): a daemon with thousands of independent groups
+// would otherwise run as many threads, each calling the BLAS at once
+// (OpenBLAS sizes its buffers for a fixed number of concurrent callers).
+inline constexpr int kMaxLaneWorkers = 32;
+
+// The number of workers for `lanes` lanes: `requested` (> 0) or else the
+// machine's cores, capped by kMaxLaneWorkers; never more than `lanes`, never
+// below 1.
+int LaneWorkerCount(int lanes, int requested);
+
+// A fixed pool of worker threads, started at construction and joined at
+// destruction, so a step starts no thread.
+//
+// Why a pool smaller than the lane count cannot deadlock ranks whose lanes
+// wait on each other in collectives: every rank queues its lanes in the
+// order of their first group, and ranks register the groups they share in
+// one order (the per-group domain agreement runs in that order and needs it
+// already). So the earliest unfinished lane of the job waits on no rank:
+// every lane queued before it on any rank has finished, so each of its ranks
+// has started it, and its collectives complete.
 class LaneThreads {
  public:
   // Starts a thread (tests inject one that fails).
   using ThreadStarter = std::function<std::thread(std::function<void()>)>;
 
-  // Starts `lanes` threads. ResourceExhausted naming the lane count when the
-  // system refuses a thread (a pids or memory limit: a daemon with hundreds
-  // of independent groups runs one thread per group); the threads already
-  // started are joined, so a refused engine leaves none behind.
+  // Starts `workers` threads (>= 1) for `lanes` lanes. ResourceExhausted
+  // naming the worker count when the system refuses a thread (a pids or
+  // memory limit); the threads already started are joined, so a refused
+  // engine leaves none behind.
   static absl::StatusOr<std::unique_ptr<LaneThreads>> Create(
-      int lanes, const ThreadStarter& start_thread = nullptr);
+      int lanes, int workers, const ThreadStarter& start_thread = nullptr);
   ~LaneThreads();
   LaneThreads(const LaneThreads&) = delete;
   LaneThreads& operator=(const LaneThreads&) = delete;
 
-  // Runs work(l) on thread l for every lane l and returns once all have
-  // returned. One Run at a time.
+  int workers() const { return int(threads_.size()); }
+
+  // Runs work(l) once for every lane l, lanes taken by the workers in order
+  // of l, and returns once all have returned. One Run at a time.
   void Run(const std::function<void(int lane)>& work);
 
  private:
-  LaneThreads() = default;
+  explicit LaneThreads(int lanes) : lanes_(lanes), next_lane_(lanes) {}
   void Stop();
-  void Loop(int lane);
+  void Loop();
 
+  const int lanes_;
   absl::Mutex mu_;
   absl::CondVar changed_;
   const std::function<void(int)>* work_ ABSL_GUARDED_BY(mu_) = nullptr;
-  // Bumped by each Run; a thread runs once per generation.
-  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  // The next lane a free worker takes; lanes_ when none is queued.
+  int next_lane_ ABSL_GUARDED_BY(mu_);
+  // Lanes of this Run not yet returned.
+  int unfinished_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

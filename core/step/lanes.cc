@@ -4,31 +4,27 @@
 #include <map>
 
 namespace muond {
-namespace {
-
-bool MustShareLane(const GroupState& a, const GroupState& b) {
-  const DomainBinding &x = a.config.domain, &y = b.config.domain;
-  for (Communicator* c : {x.gtp, x.tp, x.dp}) {
-    if (c != nullptr && (c == y.gtp || c == y.tp || c == y.dp)) return true;
-  }
-  return a.backend == b.backend && a.backend->is_device();
-}
-
-}  // namespace
 
 std::vector<Lane> AssignLanes(std::vector<GroupState>& groups) {
-  // Union-find over groups.
+  // Union-find over groups, joining each group to the first one that holds
+  // the same communicator or device backend: linear in the groups (a daemon
+  // may hold thousands).
   std::vector<int> parent(groups.size());
   for (size_t i = 0; i < parent.size(); ++i) parent[i] = int(i);
   std::function<int(int)> find = [&](int i) {
     return parent[i] == i ? i : parent[i] = find(parent[i]);
   };
+  std::map<const void*, int> first_holder;
+  auto join = [&](const void* shared, int i) {
+    auto [it, fresh] = first_holder.emplace(shared, i);
+    if (!fresh) parent[find(i)] = find(it->second);
+  };
   for (size_t i = 0; i < groups.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      if (MustShareLane(groups[i], groups[j])) {
-        parent[find(int(i))] = find(int(j));
-      }
+    const DomainBinding& d = groups[i].config.domain;
+    for (Communicator* c : {d.gtp, d.tp, d.dp}) {
+      if (c != nullptr) join(c, int(i));
     }
+    if (groups[i].backend->is_device()) join(groups[i].backend, int(i));
   }
   std::vector<Lane> lanes;
   std::map<int, int> lane_of_root;

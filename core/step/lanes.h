@@ -4,9 +4,9 @@
 //
 // Groups that share a communicator, or a device backend (one stream orders
 // its work, and NCCL orders the collectives of one communicator), must run
-// one after the other: each such set is a lane. Lanes run concurrently, each
-// on a thread of its own (created once, with the engine) and with its own
-// exchange buffers.
+// one after the other: each such set is a lane. Lanes run concurrently on
+// the engine's worker pool (lane_threads.h, created once with the engine),
+// each on one worker at a time and with its own exchange buffers.
 #include <vector>
 
 #include "core/backend/backend.h"

@@ -9,10 +9,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/backend/cpu_backend.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "core/step/domain_agreement.h"
 #include "core/step/gather_domain_votes.h"
+#include "core/step/group_count.h"
 #include "core/step/layer_sharded_muon_impl.h"
 
 namespace muond {
@@ -21,6 +23,7 @@ static_assert(LayerShardedMuon::kMaxHomesVersion <= kMaxDomainVoteVersion,
               "every homes version must travel exactly in a DomainVote");
 
 absl::Status LayerShardedMuonImpl::Init(std::vector<GroupConfig> groups) {
+  RETURN_IF_ERROR(CheckParamGroupCount(int64_t(groups.size())));
   std::map<std::string, int> names;
   for (size_t i = 0; i < groups.size(); ++i) {
     if (!names.emplace(groups[i].name, int(i)).second) {
@@ -56,10 +59,28 @@ absl::Status LayerShardedMuonImpl::SetUpLanes() {
                      AllocateZeroed(lane.backend, DType::kFloat32, 1,
                                     DomainVoteScratchFloats(most)));
   }
-  if (lanes_.size() > 1 && options_.concurrent_groups) {
-    ASSIGN_OR_RETURN(lane_threads_, LaneThreads::Create(int(lanes_.size())));
+  if (lanes_.size() <= 1 || !options_.concurrent_groups) {
+    return absl::OkStatus();
   }
+  const int workers = LaneWorkers();
+  if (workers <= 1) return absl::OkStatus();  // every lane on the caller
+  if (RunsOnHost()) ExpectConcurrentCpuGemmCallers(workers);
+  ASSIGN_OR_RETURN(lane_threads_,
+                   LaneThreads::Create(int(lanes_.size()), workers));
   return absl::OkStatus();
+}
+
+bool LayerShardedMuonImpl::RunsOnHost() const {
+  return std::any_of(lanes_.begin(), lanes_.end(),
+                     [](const Lane& l) { return !l.backend->is_device(); });
+}
+
+int LayerShardedMuonImpl::LaneWorkers() const {
+  const int workers =
+      LaneWorkerCount(int(lanes_.size()), options_.lane_workers);
+  // More host lanes calling the BLAS at once than it holds buffers for
+  // crashed host daemons with thousands of groups (cpu_backend.h).
+  return RunsOnHost() ? std::min(workers, CpuGemmCallerLimit()) : workers;
 }
 
 absl::Status LayerShardedMuonImpl::SetHomes(const std::string& name,

@@ -115,8 +115,14 @@ struct StepInputs {
 
 struct StepOptions {
   // Run independent groups (no shared communicator or device backend) on
-  // threads of their own; false: every group in registration order.
+  // the engine's lane workers; false: every group in registration order.
   bool concurrent_groups = true;
+  // Lane workers (threads started with the engine; lanes queue on them):
+  // 0 = as many as the lanes, at most the cores and kMaxLaneWorkers (32,
+  // lane_threads.h); on the host also at most the concurrent callers the
+  // BLAS holds (cpu_backend.h). One worker runs every lane on the caller's
+  // thread.
+  int lane_workers = 0;
   // Non-finite gradients fail the step (default) or skip it; either way no
   // param or state changes. In a group that carries gradients in bf16
   // (fp32_matmul_prec medium, or bf16 momentum state) an fp32 gradient beyond
@@ -144,7 +150,8 @@ struct StepOptions {
 class LayerShardedMuon {
  public:
   // Validates every group (hyperparameters, shard specs, views against
-  // shapes) and returns InvalidArgument naming the group/param and the rule.
+  // shapes; at most kMaxParamGroups groups, group_count.h) and returns
+  // InvalidArgument naming the group/param and the rule.
   // `backend` is not owned and must outlive the optimizer.
   static absl::StatusOr<std::unique_ptr<LayerShardedMuon>> Create(
       Backend* backend, std::vector<GroupConfig> groups,

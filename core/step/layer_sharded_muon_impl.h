@@ -15,7 +15,7 @@
 //   finite_grads.h         this rank's finite-gradient vote
 //   plan_buffers.h         the plan of the agreed homes and its views
 //   lanes.h                lanes: groups that must run one after the other
-//   lane_threads.h         one thread per lane, created with the engine
+//   lane_threads.h         the lanes' worker pool, created with the engine
 //   group_step.h           one group's phases (momentum ... update)
 //   exchange_stage.h       one all_to_allv stage: pack, exchange, unpack
 //   ns_runner.h            Newton–Schulz batched by shape, shape timing
@@ -61,8 +61,13 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   }
 
  private:
-  // Lanes, their vote scratch and (when lanes run concurrently) threads.
+  // Lanes, their vote scratch and (when lanes run concurrently) the lane
+  // workers.
   absl::Status SetUpLanes();
+  // Whether some lane computes on the host (calls the BLAS).
+  bool RunsOnHost() const;
+  // How many workers run the lanes (StepOptions::lane_workers).
+  int LaneWorkers() const;
   // Before anything changes: agrees across each group's domain on whether
   // every gradient is finite and on the NS homes version, and makes that
   // version's plan the group's. Returns the names of non-finite gradients

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "core/common/echo.h"
 #include "core/common/status_macros.h"
+#include "core/step/group_count.h"
 #include "server/common/proto_convert.h"
 #include "server/daemon/view_overlap.h"
 
@@ -138,6 +139,7 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
   if (request.groups().empty()) {
     return absl::InvalidArgumentError("groups: at least one group is needed");
   }
+  RETURN_IF_ERROR(CheckParamGroupCount(request.groups_size()));
   RETURN_IF_ERROR(CheckNameLength(request.client_id(), "client_id"));
   auto reg = std::make_unique<Registration>();
   reg->client_id = request.client_id();

@@ -1,7 +1,9 @@
-// LaneThreads runs each lane's work once per Run, on the same thread every
-// time (threads are created once, not per step), and concurrently.
+// LaneThreads runs each lane's work once per Run on a fixed pool of workers
+// (created once, not per step), lanes taken in order, concurrently up to the
+// pool's size.
 #include "core/step/lane_threads.h"
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <string>
@@ -10,38 +12,70 @@
 #include <vector>
 
 #include "absl/synchronization/barrier.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 
 namespace muond {
 namespace {
 
-TEST(LaneThreads, EachLaneRunsOncePerRunOnItsOwnFixedThread) {
-  constexpr int kLanes = 3;
-  auto created = LaneThreads::Create(kLanes);
+TEST(LaneThreads, EveryLaneRunsOncePerRunOnTheWorkersStartedWithThePool) {
+  // 7 lanes on 3 workers: each Run runs every lane once, on the pool's own
+  // threads (never the caller's, never a thread started by the Run).
+  constexpr int kLanes = 7, kWorkers = 3;
+  auto created = LaneThreads::Create(kLanes, kWorkers);
   ASSERT_TRUE(created.ok()) << created.status();
   LaneThreads& threads = **created;
-  std::vector<std::thread::id> first(kLanes);
+  EXPECT_EQ(threads.workers(), kWorkers);
+  absl::Mutex mu;
+  std::set<std::thread::id> seen;
   std::vector<int> runs(kLanes, 0);
   for (int step = 0; step < 5; ++step) {
-    std::vector<std::thread::id> ids(kLanes);
     threads.Run([&](int lane) {
-      ids[lane] = std::this_thread::get_id();
+      absl::MutexLock lock(&mu);
+      seen.insert(std::this_thread::get_id());
       ++runs[lane];
     });
-    if (step == 0) first = ids;
-    EXPECT_EQ(ids, first) << "step " << step;
   }
   EXPECT_EQ(runs, std::vector<int>(kLanes, 5));
-  const std::set<std::thread::id> distinct(first.begin(), first.end());
-  EXPECT_EQ(distinct.size(), size_t(kLanes));
-  EXPECT_FALSE(distinct.contains(std::this_thread::get_id()));
+  EXPECT_LE(seen.size(), size_t(kWorkers));
+  EXPECT_FALSE(seen.contains(std::this_thread::get_id()));
 }
 
-TEST(LaneThreads, LanesRunConcurrently) {
+TEST(LaneThreads, OneWorkerRunsTheLanesInOrder) {
+  // Lanes are taken in order (what keeps ranks whose lanes meet in
+  // collectives from waiting on each other); one worker shows the order.
+  auto created = LaneThreads::Create(6, 1);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::vector<int> ran;
+  (*created)->Run([&](int lane) { ran.push_back(lane); });
+  EXPECT_EQ(ran, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+}
+
+TEST(LaneThreads, AtMostTheWorkersRunAtOnce) {
+  constexpr int kLanes = 9, kWorkers = 2;
+  auto created = LaneThreads::Create(kLanes, kWorkers);
+  ASSERT_TRUE(created.ok()) << created.status();
+  absl::Mutex mu;
+  int running = 0, most = 0, ran = 0;
+  (*created)->Run([&](int) {
+    {
+      absl::MutexLock lock(&mu);
+      most = std::max(most, ++running);
+    }
+    std::this_thread::yield();
+    absl::MutexLock lock(&mu);
+    --running;
+    ++ran;
+  });
+  EXPECT_EQ(ran, kLanes);
+  EXPECT_LE(most, kWorkers);
+}
+
+TEST(LaneThreads, LanesRunConcurrentlyWhenEveryLaneHasAWorker) {
   // Every lane waits for all the others: this only returns if all lanes run
   // at the same time (as lanes blocked in collectives must).
   constexpr int kLanes = 4;
-  auto created = LaneThreads::Create(kLanes);
+  auto created = LaneThreads::Create(kLanes, kLanes);
   ASSERT_TRUE(created.ok()) << created.status();
   LaneThreads& threads = **created;
   for (int step = 0; step < 3; ++step) {
@@ -53,6 +87,16 @@ TEST(LaneThreads, LanesRunConcurrently) {
     });
     EXPECT_EQ(passed.load(), kLanes);
   }
+}
+
+TEST(LaneWorkerCount, RequestedOrTheCoresCappedNeverMoreThanTheLanes) {
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  EXPECT_EQ(LaneWorkerCount(1000, 0), std::min(cores, kMaxLaneWorkers));
+  EXPECT_EQ(LaneWorkerCount(1, 0), 1);
+  EXPECT_EQ(LaneWorkerCount(1000, 5), 5);
+  EXPECT_EQ(LaneWorkerCount(3, 5), 3);
+  EXPECT_EQ(LaneWorkerCount(1000, 200), 200);  // an explicit choice stands
+  EXPECT_EQ(LaneWorkerCount(0, 0), 1);
 }
 
 TEST(LaneThreads, RefusedThreadIsAnErrorAndLeavesNoThreadRunning) {
@@ -73,10 +117,11 @@ TEST(LaneThreads, RefusedThreadIsAnErrorAndLeavesNoThreadRunning) {
       ++finished;
     });
   };
-  auto created = LaneThreads::Create(5, starter);
+  auto created = LaneThreads::Create(8, 5, starter);
   ASSERT_FALSE(created.ok());
   EXPECT_EQ(created.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(created.status().message().find("lane 3 of 5"), std::string::npos)
+  EXPECT_NE(created.status().message().find("worker thread 3 of 5 for 8 lanes"),
+            std::string::npos)
       << created.status();
   EXPECT_EQ(started.load(), 2);
   EXPECT_EQ(finished.load(), 2);
