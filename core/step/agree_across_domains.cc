@@ -1,6 +1,6 @@
 // The per-step agreement of every group's domain (finite gradients, the NS
-// homes version, what the step does to the group) and the plan of the
-// agreed homes.
+// homes version, what the step does to the group, that replicas hold the
+// same gradients) and the plan of the agreed homes.
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -13,6 +13,7 @@
 #include "core/step/domain_agreement.h"
 #include "core/step/finite_grads.h"
 #include "core/step/gather_domain_votes.h"
+#include "core/step/grad_fingerprint.h"
 #include "core/step/group_step_summary.h"
 #include "core/step/layer_sharded_muon_impl.h"
 #include "core/step/plan_buffers.h"
@@ -44,6 +45,7 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
     const GroupStepSummary summary = SummarizeGroupStep(group, inputs);
     mine.skip_min = mine.skip_max = StepFingerprint(summary.skips);
     mine.hyper_min = mine.hyper_max = StepFingerprint(summary.hyper);
+    if (read_grads) mine.grads = GradFingerprint(group, inputs.skip_params);
     std::vector<std::string> local_bad;
     if (finite.ok() && !mine.all_finite) {
       absl::StatusOr<std::vector<std::string>> names = BadGradNames(group);
@@ -53,8 +55,9 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
     float* scratch =
         static_cast<float*>(lanes_[group.lane].vote_scratch.data());
     const absl::Time asked = absl::Now();
-    absl::StatusOr<DomainVote> agreed =
-        GatherDomainVotes(*group.backend, group.config.domain, scratch, mine);
+    std::vector<uint64_t> replica_grads;
+    absl::StatusOr<DomainVote> agreed = GatherDomainVotes(
+        *group.backend, group.config.domain, scratch, mine, &replica_grads);
     if (absl::IsDeadlineExceeded(agreed.status())) {
       // A rank of the domain never arrived. Waiting on in the next groups'
       // agreements and in the job vote would cost one more comm timeout
@@ -76,6 +79,11 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
     if (refused.ok()) {
       refused = CheckStepAgreed(*agreed, group.config.name,
                                 EchoAll(summary.skips), summary.hyper);
+    }
+    if (refused.ok()) {
+      const DomainBinding& d = group.config.domain;
+      refused = CheckReplicaGradsAgreed(*agreed, group.config.name, d.g, d.t,
+                                        replica_grads);
     }
     if (group.config.algorithm != Algorithm::kMuon || !refused.ok()) continue;
     // Every rank sees the same gathered votes, so every rank of the domain

@@ -1,7 +1,11 @@
 #include "core/step/domain_agreement.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -34,6 +38,8 @@ std::array<float, kDomainVoteFloats> EncodeDomainVote(const DomainVote& vote) {
   PutFingerprint(vote.skip_max, &out[8]);
   PutFingerprint(vote.hyper_min, &out[11]);
   PutFingerprint(vote.hyper_max, &out[14]);
+  PutFingerprint(vote.grads, &out[17]);
+  out[20] = vote.replicas_agree ? 1.0f : 0.0f;
   return out;
 }
 
@@ -44,7 +50,9 @@ DomainVote DecodeDomainVote(absl::Span<const float> f) {
           .skip_min = GetFingerprint(&f[5]),
           .skip_max = GetFingerprint(&f[8]),
           .hyper_min = GetFingerprint(&f[11]),
-          .hyper_max = GetFingerprint(&f[14])};
+          .hyper_max = GetFingerprint(&f[14]),
+          .grads = GetFingerprint(&f[17]),
+          .replicas_agree = f[20] == 1.0f};
 }
 
 DomainVote FoldDomainVotes(DomainVote agreed,
@@ -60,6 +68,7 @@ DomainVote FoldDomainVotes(DomainVote agreed,
     agreed.skip_max = std::max(agreed.skip_max, rank.skip_max);
     agreed.hyper_min = std::min(agreed.hyper_min, rank.hyper_min);
     agreed.hyper_max = std::max(agreed.hyper_max, rank.hyper_max);
+    agreed.replicas_agree = agreed.replicas_agree && rank.replicas_agree;
   }
   return agreed;
 }
@@ -79,17 +88,30 @@ absl::Status CheckHomesVersionHeld(const DomainVote& agreed,
       "was not applied on any rank, retry it"));
 }
 
-uint64_t StepFingerprint(absl::Span<const std::string> parts) {
-  uint64_t h = 14695981039346656037ull;  // FNV-1a 64 offset basis
-  auto mix = [&h](unsigned char byte) {
-    h ^= byte;
-    h *= 1099511628211ull;  // FNV-1a 64 prime
-  };
-  for (const std::string& part : parts) {
-    for (char c : part) mix(static_cast<unsigned char>(c));
-    mix(0);  // ["ab"] and ["a", "b"] differ
+void Fingerprint::AddWord(uint64_t word) {
+  h_ ^= word;
+  h_ *= 1099511628211ull;  // FNV-1a 64 prime
+  h_ ^= h_ >> 32;          // carries the high bits down to the next words
+}
+
+void Fingerprint::Add(const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  size_t at = 0;
+  for (; at + 8 <= bytes; at += 8) {
+    uint64_t word;
+    std::memcpy(&word, p + at, 8);
+    AddWord(word);
   }
-  return h;
+  for (; at < bytes; ++at) AddWord(p[at]);
+}
+
+uint64_t StepFingerprint(absl::Span<const std::string> parts) {
+  Fingerprint f;
+  for (const std::string& part : parts) {
+    f.Add(part.data(), part.size());
+    f.AddWord(uint64_t(1) << 63);  // ["ab"] and ["a", "b"] differ
+  }
+  return f.value();
 }
 
 absl::Status CheckStepAgreed(const DomainVote& agreed, const std::string& group,
@@ -114,6 +136,57 @@ absl::Status CheckStepAgreed(const DomainVote& agreed, const std::string& group,
       "group '", group, "': the ranks of its domain disagree on ", what,
       "; every rank holding a shard of the group must send the same; the "
       "step was not applied on any rank"));
+}
+
+}  // namespace muond
+
+namespace muond {
+namespace {
+constexpr char kReplicaGradsUrl[] = "muond/refusal/replica-gradients";
+}  // namespace
+
+bool ReplicaGradsAgree(absl::Span<const uint64_t> replica_grads) {
+  uint64_t seen = 0;
+  for (uint64_t f : replica_grads) {
+    if (f == 0) continue;
+    if (seen != 0 && f != seen) return false;
+    seen = f;
+  }
+  return true;
+}
+
+absl::Status CheckReplicaGradsAgreed(const DomainVote& agreed,
+                                     const std::string& group, int g, int t,
+                                     absl::Span<const uint64_t> replica_grads) {
+  if (agreed.replicas_agree) return absl::OkStatus();
+  std::string which;
+  if (ReplicaGradsAgree(replica_grads)) {
+    which = absl::StrCat("the DP replicas of another shard of its domain");
+  } else {
+    std::vector<std::string> each;
+    for (size_t d = 0; d < replica_grads.size(); ++d) {
+      each.push_back(absl::StrCat(
+          "d=", d, ": ",
+          replica_grads[d] == 0
+              ? "not taken"
+              : absl::StrCat("0x",
+                             absl::Hex(replica_grads[d], absl::kZeroPad16))));
+    }
+    which = absl::StrCat("its DP replicas of shard (g=", g, ", t=", t, ") (",
+                         absl::StrJoin(each, ", "), ")");
+  }
+  absl::Status refused = absl::InvalidArgumentError(absl::StrCat(
+      "group '", group, "': ", which,
+      " hold different gradients; replicas must step on the same gradient "
+      "(average it across them first, as DDP's all-reduce does), or each "
+      "keeps momentum of its own and they drift apart; the step was not "
+      "applied on any rank"));
+  refused.SetPayload(kReplicaGradsUrl, absl::Cord("1"));
+  return refused;
+}
+
+bool IsReplicaGradsRefusal(const absl::Status& status) {
+  return status.GetPayload(kReplicaGradsUrl).has_value();
 }
 
 }  // namespace muond

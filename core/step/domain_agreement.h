@@ -18,7 +18,12 @@
 //     group's hyperparameters for this step (registered values with the
 //     step's overrides); ranks that differ would update the shards of one
 //     param differently (or one would wait in an exchange the other skips
-//     the update of), so every rank refuses alike.
+//     the update of), so every rank refuses alike;
+//   * that replicas step on the same gradient: the ranks of a DP group hold
+//     the same shards, so each brings a fingerprint of its gradients
+//     (GradFingerprint, grad_fingerprint.h) and replicas whose gradients
+//     differ (a trainer that did not average them across replicas) would
+//     each keep momentum of their own and drift apart; every rank refuses.
 // Each rank folds the votes of all ranks (its own included) the same way, so
 // every rank reaches the same decision from the same gathered values.
 #include <array>
@@ -46,6 +51,13 @@ struct DomainVote {
   // and the largest of the ranks'; they differ iff some ranks differ.
   uint64_t skip_min = 0, skip_max = 0;
   uint64_t hyper_min = 0, hyper_max = 0;
+  // Mine: the fingerprint of my gradients of the group (0: not taken, as on
+  // device backends or with memory this rank must not read). Never folded:
+  // only the DP group's gather compares it (GatherDomainVotes).
+  uint64_t grads = 0;
+  // Agreed: every DP group of the domain brought one gradient fingerprint
+  // (ranks that took none aside).
+  bool replicas_agree = true;
 
   bool operator==(const DomainVote&) const = default;
 };
@@ -54,10 +66,10 @@ struct DomainVote {
 // lane's backend memory carries it on any communicator:
 // [all finite (1 or 0), homes_version / 2^24, homes_version % 2^24,
 //  oldest_held / 2^24, oldest_held % 2^24, then each fingerprint (skip_min,
-//  skip_max, hyper_min, hyper_max) as three 24-bit pieces, high first]. fp32
-// holds integers below 2^24 exactly, so versions below 2^48 and 64-bit
-// fingerprints travel exactly.
-inline constexpr int kDomainVoteFloats = 5 + 4 * 3;
+//  skip_max, hyper_min, hyper_max, grads) as three 24-bit pieces, high
+//  first, then replicas_agree (1 or 0)]. fp32 holds integers below 2^24
+// exactly, so versions below 2^48 and 64-bit fingerprints travel exactly.
+inline constexpr int kDomainVoteFloats = 5 + 5 * 3 + 1;
 inline constexpr int64_t kMaxDomainVoteVersion = (int64_t(1) << 48) - 1;
 
 std::array<float, kDomainVoteFloats> EncodeDomainVote(const DomainVote& vote);
@@ -65,7 +77,8 @@ DomainVote DecodeDomainVote(absl::Span<const float> floats);
 
 // Folds gathered votes (kDomainVoteFloats per rank, any number of ranks)
 // into `agreed`: finite only if all are, the oldest homes_version, the newest
-// oldest_held, the smallest and largest fingerprints. Associative and
+// oldest_held, the smallest and largest fingerprints, replicas_agree only if
+// all do (`agreed.grads` stays as it was). Associative and
 // commutative, so folding the gtp group's votes and then the tp group's (each
 // carrying the previous fold) covers the whole domain.
 DomainVote FoldDomainVotes(DomainVote agreed, absl::Span<const float> gathered);
@@ -78,8 +91,23 @@ DomainVote FoldDomainVotes(DomainVote agreed, absl::Span<const float> gathered);
 absl::Status CheckHomesVersionHeld(const DomainVote& agreed,
                                    const std::string& group, size_t history);
 
-// A 64-bit fingerprint of `parts` (FNV-1a over each part and a separator):
-// the same on every rank and process, unlike absl::Hash. What a step does to
+// A 64-bit fingerprint of bytes, the same on every rank and process (unlike
+// absl::Hash) and cheap on large inputs: 8 bytes at a time, each word
+// xor'ed in, multiplied by the FNV-1a 64 prime and folded (h ^= h >> 32).
+// Each of those is a bijection of h, so two inputs of one layout that
+// differ in a single word always give different fingerprints.
+class Fingerprint {
+ public:
+  void Add(const void* data, size_t bytes);
+  void AddWord(uint64_t word);
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_ = 14695981039346656037ull;  // FNV-1a 64 offset basis
+};
+
+// The Fingerprint of `parts` (each part's bytes and a separator). What a
+// step does to
 // a group is fingerprinted as two lists of strings: the names of its params
 // this rank skips, sorted, and its hyperparameters for the step, each
 // "<field>=<value>" (layer_sharded_muon.cc StepOfGroup).
@@ -92,5 +120,19 @@ uint64_t StepFingerprint(absl::Span<const std::string> parts);
 absl::Status CheckStepAgreed(const DomainVote& agreed, const std::string& group,
                              absl::Span<const std::string> my_skips,
                              absl::Span<const std::string> my_hyper);
+
+// Whether the gradient fingerprints a DP group gathered (by replica d; 0:
+// none taken) agree: all taken ones are equal.
+bool ReplicaGradsAgree(absl::Span<const uint64_t> replica_grads);
+
+// OK when `agreed.replicas_agree`; otherwise InvalidArgument marked as the
+// replica-gradient refusal (IsReplicaGradsRefusal) naming `group`, and the
+// replicas of this rank's shard (g, t) with their fingerprints when they are
+// the ones that differ (`replica_grads`, by d), else that another shard's
+// replicas differ.
+absl::Status CheckReplicaGradsAgreed(const DomainVote& agreed,
+                                     const std::string& group, int g, int t,
+                                     absl::Span<const uint64_t> replica_grads);
+bool IsReplicaGradsRefusal(const absl::Status& status);
 
 }  // namespace muond

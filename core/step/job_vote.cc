@@ -79,6 +79,8 @@ std::string RefusalCodeName(RefusalCode code) {
       return "its domain's ranks disagree on skip_params or overrides";
     case RefusalCode::kNonFiniteUpdate:
       return "a non-finite Newton-Schulz output (custom coefficients)";
+    case RefusalCode::kReplicaGradients:
+      return "its domain's DP replicas hold different gradients";
   }
   return absl::StrCat("unknown reason ", uint32_t(code));
 }

@@ -50,6 +50,7 @@ enum class RefusalCode : uint32_t {
   kSkipParams = 8,          // a skip_params name this rank does not hold
   kDomainDisagreement = 9,  // a domain's ranks skip or step differently
   kNonFiniteUpdate = 10,    // non-finite NS output (custom coefficients)
+  kReplicaGradients = 11,   // a domain's DP replicas hold different grads
 };
 
 // The phase the ballot votes on: a step's start or its commit.

@@ -6,6 +6,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/step/domain_agreement.h"
 #include "core/step/gather_job_ballots.h"
 #include "core/step/layer_sharded_muon_impl.h"
 #include "core/step/step_failures.h"
@@ -42,7 +43,9 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
                                 ? RefusalCode::kCommunication
                             : absl::IsFailedPrecondition(agreed.status())
                                 ? RefusalCode::kPlanVersion
-                            // The agreements' one InvalidArgument:
+                            : IsReplicaGradsRefusal(agreed.status())
+                                ? RefusalCode::kReplicaGradients
+                            // The agreements' other InvalidArgument:
                             // CheckStepAgreed.
                             : absl::IsInvalidArgument(agreed.status())
                                 ? RefusalCode::kDomainDisagreement

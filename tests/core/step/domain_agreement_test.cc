@@ -4,6 +4,8 @@
 // refuse when that is older than the newest of the oldest held ones).
 #include "core/step/domain_agreement.h"
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -109,6 +111,67 @@ TEST(CheckHomesVersionHeld, DroppedVersionRefusesNamingGroupAndVersions) {
   EXPECT_NE(m.find("newest is version 3"), std::string::npos) << m;
   EXPECT_NE(m.find("versions from 11 on"), std::string::npos) << m;
   EXPECT_NE(m.find("keeps its newest 8"), std::string::npos) << m;
+}
+
+TEST(DomainVoteEncoding, GradFingerprintAndReplicasAgreeTravelExactly) {
+  DomainVote vote = Vote(true, 3, 1);
+  vote.grads = 0xfedcba9876543210ull;
+  vote.replicas_agree = false;
+  EXPECT_EQ(DecodeDomainVote(EncodeDomainVote(vote)), vote);
+}
+
+TEST(FoldDomainVotes, ReplicasAgreeOnlyIfEveryRankSaysSoAndGradsStayMine) {
+  DomainVote mine = Vote(true, 1, 1), other = Vote(true, 1, 1);
+  mine.grads = 11;
+  other.grads = 22;
+  other.replicas_agree = false;
+  const DomainVote agreed = FoldDomainVotes(mine, Gathered({mine, other}));
+  EXPECT_FALSE(agreed.replicas_agree);
+  EXPECT_EQ(agreed.grads, 11u);  // only the DP gather compares them
+  EXPECT_TRUE(FoldDomainVotes(mine, Gathered({mine, mine})).replicas_agree);
+}
+
+TEST(Fingerprint, DiffersForOneWordOrOneByteChangedAndIsStable) {
+  std::vector<float> a(37, 0.25f), b = a;
+  b[20] = -0.25f;  // a sign bit: the high bit of its 32-bit word
+  Fingerprint fa, fb, fa_again;
+  fa.Add(a.data(), a.size() * sizeof(float));
+  fb.Add(b.data(), b.size() * sizeof(float));
+  fa_again.Add(a.data(), a.size() * sizeof(float));
+  EXPECT_NE(fa.value(), fb.value());
+  EXPECT_EQ(fa.value(), fa_again.value());
+  EXPECT_NE(StepFingerprint({"ab"}), StepFingerprint({"a", "b"}));
+}
+
+TEST(ReplicaGradsAgree, EqualTakenFingerprintsAgreeZeroMeansNotTaken) {
+  EXPECT_TRUE(ReplicaGradsAgree(std::vector<uint64_t>{5, 5, 5}));
+  EXPECT_TRUE(ReplicaGradsAgree(std::vector<uint64_t>{0, 5, 0}));
+  EXPECT_TRUE(ReplicaGradsAgree(std::vector<uint64_t>{}));
+  EXPECT_FALSE(ReplicaGradsAgree(std::vector<uint64_t>{5, 0, 6}));
+}
+
+TEST(CheckReplicaGradsAgreed, RefusalNamesGroupShardAndEachReplica) {
+  DomainVote agreed;
+  EXPECT_TRUE(CheckReplicaGradsAgreed(agreed, "w", 0, 1, {{7, 8}}).ok());
+  agreed.replicas_agree = false;
+  const absl::Status mine =
+      CheckReplicaGradsAgreed(agreed, "w", 0, 1, {{0x7, 0x8, 0}});
+  EXPECT_EQ(mine.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(IsReplicaGradsRefusal(mine));
+  EXPECT_EQ(mine.message(),
+            "group 'w': its DP replicas of shard (g=0, t=1) (d=0: "
+            "0x0000000000000007, d=1: 0x0000000000000008, d=2: not taken) "
+            "hold different gradients; replicas must step on the same "
+            "gradient (average it across them first, as DDP's all-reduce "
+            "does), or each keeps momentum of its own and they drift apart; "
+            "the step was not applied on any rank");
+  const absl::Status other =
+      CheckReplicaGradsAgreed(agreed, "w", 0, 0, {{7, 7}});
+  EXPECT_TRUE(IsReplicaGradsRefusal(other));
+  EXPECT_NE(other.message().find("the DP replicas of another shard"),
+            std::string::npos)
+      << other;
+  EXPECT_FALSE(IsReplicaGradsRefusal(absl::InvalidArgumentError("x")));
 }
 
 }  // namespace

@@ -10,9 +10,9 @@
 //     at step 2;
 //   * the NS runs of each rank (StepResult::ns_shapes counts) are those its
 //     homes give it: none for a param homed on another replica;
-//   * a step refused on one replica, and replicas that skip differently (the
-//     domain agreement over the DP group), are refused on every rank, and
-//     nothing changes.
+//   * a step refused on one replica, replicas that skip differently and
+//     replicas whose gradients differ (the domain agreement over the DP
+//     group) are refused on every rank, and nothing changes.
 // The ranks are threads over Gloo (loopback), with a job communicator, as a
 // daemon's engine runs them.
 #include <gtest/gtest.h>
@@ -196,6 +196,8 @@ float AdamValue(int flat, int step, int64_t i) {
 struct Attempt {
   int seed = 1;
   std::function<StepInputs(int d)> inputs = [](int) { return StepInputs{}; };
+  // This rank's gradient differs from its replicas' (-1: none does).
+  int differ_on_rank = -1;
 };
 
 // What a rank saw after each attempt.
@@ -222,7 +224,7 @@ class Rank {
       return;
     }
     for (const Attempt& a : attempts) {
-      SetGrads(a.seed);
+      SetGrads(a.seed, a.differ_on_rank == flat_);
       absl::StatusOr<StepResult> result = (*opt)->RunStep(a.inputs(d_));
       run->statuses.push_back(result.status());
       int64_t ns_runs = 0;
@@ -313,8 +315,9 @@ class Rank {
     return opt;
   }
 
-  // Every replica gets the same (full) gradients: DDP's all-reduced ones.
-  void SetGrads(int step) {
+  // Every replica gets the same (full) gradients: DDP's all-reduced ones
+  // (`differ`: this rank's "rep" gradient is off by one element).
+  void SetGrads(int step, bool differ) {
     for (const ParamCase& p : Params(l_)) {
       int64_t r, c;
       const std::vector<float> shard = Shard(
@@ -323,8 +326,9 @@ class Rank {
       std::copy(shard.begin(), shard.end(), grads_[p.name].begin());
     }
     for (int64_t i = 0; i < kAdamN; ++i) {
-      grads_["b"][i] = AdamValue(flat_, step, i);
+      grads_["b"][i] = AdamValue(g_ * l_.T + t_, step, i);
     }
+    if (differ) grads_["rep"][0] += 0.5f;
   }
 
   const Layout l_;
@@ -378,7 +382,10 @@ std::vector<float> ReferenceMuon(const ParamCase& p,
   return param;
 }
 
-std::vector<float> ReferenceAdamW(int flat, const std::vector<int>& seeds) {
+// `flat`'s AdamW param after `seeds`, its gradients those of `shard` (its
+// (g, t), the same on every replica).
+std::vector<float> ReferenceAdamW(int flat, int shard,
+                                  const std::vector<int>& seeds) {
   std::unique_ptr<Backend> backend = MakeCpuBackend();
   std::vector<float> param(kAdamN), grad(kAdamN), m(kAdamN, 0.0f),
       v(kAdamN, 0.0f);
@@ -389,7 +396,7 @@ std::vector<float> ReferenceAdamW(int flat, const std::vector<int>& seeds) {
   int64_t taken = 0;
   for (int seed : seeds) {
     if (seed == 0) continue;
-    for (int64_t i = 0; i < kAdamN; ++i) grad[i] = AdamValue(flat, seed, i);
+    for (int64_t i = 0; i < kAdamN; ++i) grad[i] = AdamValue(shard, seed, i);
     EXPECT_TRUE(AdamWStep(*backend, TestAdamW(), ++taken, view(param),
                           view(grad), view(m), view(v))
                     .ok());
@@ -420,7 +427,7 @@ void ExpectReference(const Layout& l, const std::vector<RankRun>& runs,
   }
   for (int r = 0; r < l.world(); ++r) {
     ExpectBits(runs[r].params_after[a].at("b"),
-               ReferenceAdamW(r, seeds.at("b")),
+               ReferenceAdamW(r, r % (l.G * l.T), seeds.at("b")),
                absl::StrCat("AdamW b on rank ", r, " after attempt ", a));
   }
 }
@@ -524,6 +531,43 @@ TEST(DpShareRefusals, AStepRefusedOnOneReplicaIsRefusedOnAll) {
       EXPECT_TRUE(
           absl::StrContains(runs[r].statuses[0].message(), "replica 1 refuses"))
           << runs[r].statuses[0];
+    }
+    EXPECT_TRUE(runs[r].statuses[1].ok()) << runs[r].statuses[1];
+  }
+  ExpectUnchanged(l, runs, 0);
+  const std::vector<int> once = {1};
+  ExpectReference(l, runs, 1,
+                  {{"rep", once},
+                   {"gtp", once},
+                   {"col", once},
+                   {"row", once},
+                   {"col2", once},
+                   {"b", once}});
+}
+
+TEST(DpShareRefusals, ReplicasWithDifferentGradientsAreRefusedOnEveryRank) {
+  // D=2 x G=2: rank 3 (d=1, g=1) holds a gradient its replica rank 1 does
+  // not; the replicas of g=0 agree. Without the check each replica would
+  // fold its own gradient into its momentum and the two would drift apart.
+  const Layout l{2, 2, 1};
+  const std::vector<Attempt> attempts = {{.seed = 1, .differ_on_rank = 3},
+                                         {.seed = 1}};
+  const std::vector<RankRun> runs = RunWorld(l, "replica-grads", attempts);
+  for (int r = 0; r < l.world(); ++r) {
+    ASSERT_EQ(runs[r].statuses.size(), 2u) << runs[r].statuses.back();
+    const absl::Status& st = runs[r].statuses[0];
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "group 'dense'")) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "hold different gradients"))
+        << st;
+    if (r % 2 == 1) {  // the replicas of g=1 name themselves and each side
+      EXPECT_TRUE(absl::StrContains(st.message(),
+                                    "its DP replicas of shard (g=1, t=0)"))
+          << st;
+      EXPECT_TRUE(absl::StrContains(st.message(), "d=0: 0x")) << st;
+      EXPECT_TRUE(absl::StrContains(st.message(), "d=1: 0x")) << st;
+    } else {
+      EXPECT_TRUE(absl::StrContains(st.message(), "another shard")) << st;
     }
     EXPECT_TRUE(runs[r].statuses[1].ok()) << runs[r].statuses[1];
   }
