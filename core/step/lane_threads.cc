@@ -43,36 +43,36 @@ LaneThreads::~LaneThreads() { Stop(); }
 
 void LaneThreads::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
-    changed_.SignalAll();
   }
+  changed_.notify_all();
   for (std::thread& t : threads_) {
     if (t.joinable()) t.join();
   }
 }
 
 void LaneThreads::Run(const std::function<void(int)>& work) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   work_ = &work;
   next_lane_ = 0;
   unfinished_ = lanes_;
-  changed_.SignalAll();
-  while (unfinished_ > 0) changed_.Wait(&mu_);
+  changed_.notify_all();
+  changed_.wait(lock, [&] { return unfinished_ == 0; });
   work_ = nullptr;
 }
 
 void LaneThreads::Loop() {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    while (!stop_ && next_lane_ >= lanes_) changed_.Wait(&mu_);
+    changed_.wait(lock, [&] { return stop_ || next_lane_ < lanes_; });
     if (stop_) return;
     const int lane = next_lane_++;
     const std::function<void(int)>* work = work_;
-    mu_.Unlock();
+    lock.unlock();
     (*work)(lane);
-    mu_.Lock();
-    if (--unfinished_ == 0) changed_.SignalAll();
+    lock.lock();
+    if (--unfinished_ == 0) changed_.notify_all();
   }
 }
 

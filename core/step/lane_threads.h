@@ -3,15 +3,14 @@
 // started when the engine is created and joined when it is destroyed, so a
 // step starts no thread. Lanes queue on it in order; each lane runs on one
 // worker at a time, so its groups keep their order.
-#include <cstdint>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace muond {
 
@@ -63,14 +62,18 @@ class LaneThreads {
   void Loop();
 
   const int lanes_;
-  absl::Mutex mu_;
-  absl::CondVar changed_;
-  const std::function<void(int)>* work_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // std::mutex rather than absl::Mutex: ThreadSanitizer sees the hand-off
+  // of a step's state to the workers through it even where absl is a system
+  // library built without TSan (CONTRIBUTING.md).
+  std::mutex mu_;
+  std::condition_variable changed_;
+  // Guarded by mu_:
+  const std::function<void(int)>* work_ = nullptr;
   // The next lane a free worker takes; lanes_ when none is queued.
-  int next_lane_ ABSL_GUARDED_BY(mu_);
+  int next_lane_;
   // Lanes of this Run not yet returned.
-  int unfinished_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int unfinished_ = 0;
+  bool stop_ = false;
   std::vector<std::thread> threads_;
 };
 
