@@ -61,13 +61,15 @@ def parse_shm_name(name: str) -> tuple[str, int] | None:
 class ShmBuffer:
     """One shm object of ``numel`` elements of ``dtype`` (a flat tensor view)."""
 
-    def __init__(self, job_id: str, numel: int, dtype=None):
+    def __init__(self, job_id: str, numel: int, dtype=None, name: str | None = None):
+        """``name``: one shm_name(job_id) gave (muond.torch names a buffer's
+        region before it allocates it); a fresh one by default."""
         import torch  # here: the launcher reads names (parse_shm_name) without torch
 
         dtype = torch.float32 if dtype is None else dtype
         if numel <= 0:
             raise ValueError(f"shm buffer needs numel > 0, got {numel}")
-        self.name = shm_name(job_id)
+        self.name = name or shm_name(job_id)
         self.path = SHM_DIR + self.name
         self.dtype = dtype
         self.nbytes = numel * torch.empty((), dtype=dtype).element_size()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from muond.shm import ShmBuffer
+from muond.shm import ShmBuffer, shm_name
 from muond.torch import wire as _wire
 from muond.v1 import muond_pb2 as pb
 
@@ -67,9 +67,11 @@ class Buffer:
     """One flat buffer of one dtype on one device holding many tensors (all
     params, or all grads, of that dtype and device). Filled in two phases:
     ``reserve`` hands out aligned element offsets while the params are
-    placed, ``allocate`` then makes the memory once at its final size and
-    names the region a daemon reaches it through. Until then a ref names the
-    buffer by ``key`` (``SharedParams.allocate`` rewrites it)."""
+    placed, ``allocate`` then makes the memory once at its final size. An
+    shm buffer's region is named from the start (the object gets that name);
+    a CUDA buffer's is known only once allocated (the block it lands in), so
+    until then its refs name it by ``key`` and ``SharedParams.allocate``
+    rewrites them."""
 
     def __init__(self, job_id: str, key: str, dtype: torch.dtype, device: torch.device):
         if device.type not in ("cpu", "cuda"):
@@ -79,7 +81,7 @@ class Buffer:
         self.numel = 0
         self.shm = None
         self.flat = None
-        self.region = key
+        self.region = key if device.type == "cuda" else shm_name(job_id)
         self.base_offset = 0  # bytes from the region's start to flat[0]
 
     def reserve(self, numel: int) -> int:
@@ -103,15 +105,19 @@ class Buffer:
             self.region = regions.cuda(int(info[0]), raw_cuda_ipc_handle(bytes(info[1])),
                                        self.base_offset + int(info[2]))
         else:
-            self.shm = ShmBuffer(self.job_id, numel, self.dtype)
+            self.shm = ShmBuffer(self.job_id, numel, self.dtype, name=self.region)
             self.flat = self.shm.flat
             self.region = regions.shm(self.shm)
 
     def view(self, offset: int, shape) -> torch.Tensor:
-        numel = 1
-        for n in shape:
-            numel *= n
-        return self.flat[offset:offset + numel].view(shape)
+        """A contiguous tensor of ``shape`` at element ``offset`` (one
+        as_strided: a slice then a view costs twice as much, and a
+        registration makes two views per param)."""
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.append(step)
+            step *= max(n, 1)
+        return self.flat.as_strided(tuple(shape), tuple(reversed(strides)), offset)
 
     def ref(self, offset: int, shape, strides) -> pb.TensorRef:
         return pb.TensorRef(region=self.region,
@@ -228,10 +234,10 @@ class SharedParams:
         """Makes every buffer placement asked for, moves the params into
         them (one batched copy) and points the refs of ``per_rank`` (each
         daemon's wire groups) at the buffers' regions."""
-        buffers = {b.key: b for b in self._unallocated.values()}
-        for b in buffers.values():
+        for b in self._unallocated.values():
             b.allocate(self.regions)
             self.buffers.append(b)
+        renamed = {b.key: b for b in self._unallocated.values() if b.key != b.region}
         with torch.no_grad():
             dst, src = [], []
             for p, pslot, gslot in self._to_rebind:
@@ -249,14 +255,8 @@ class SharedParams:
             for (p, _, _), view in zip(self._to_rebind, dst):
                 p.data = view
                 self.views.append((p, view, view.data_ptr()))
-        for groups in per_rank:
-            for g in groups:
-                for prm in g.params:
-                    for ref in (prm.param, prm.grad):
-                        b = buffers.get(ref.region)
-                        if b is not None:
-                            ref.region = b.region
-                            ref.byte_offset += b.base_offset
+        if renamed:
+            _point_refs_at_regions(per_rank, renamed)
         self._unallocated, self._to_rebind, self._to_copy = {}, [], []
 
     def zero_grad(self, set_to_none: bool) -> None:
@@ -355,6 +355,19 @@ class SharedParams:
                 if p.data_ptr() != ptr:
                     view.copy_(p.data)
                     p.data = view
+
+
+def _point_refs_at_regions(per_rank, renamed: dict) -> None:
+    """Every ref naming a buffer by its key (``renamed``: key -> Buffer) now
+    names the buffer's region, at the buffer's offset in it."""
+    for groups in per_rank:
+        for g in groups:
+            for prm in g.params:
+                for ref in (prm.param, prm.grad):
+                    b = renamed.get(ref.region)
+                    if b is not None:
+                        ref.region = b.region
+                        ref.byte_offset += b.base_offset
 
 
 def _local_grad(p) -> torch.Tensor:
