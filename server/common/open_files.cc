@@ -12,9 +12,12 @@
 namespace muond {
 namespace {
 
+// The server raised its soft limit to the hard one at start: what is left to
+// raise is the hard limit, where the server is started.
 constexpr char kRaiseHint[] =
-    "raise it: `ulimit -n <hard limit>` in the shell that starts the server, "
-    "or LimitNOFILE= in its systemd unit (server/README.md \"Open files\")";
+    "raise the hard limit where the server starts: `ulimit -Hn N; ulimit -n N` "
+    "in its shell, or LimitNOFILE=N in its systemd unit (server/README.md "
+    "\"Open files\")";
 
 // The most descriptors the kernel allows one process (fs.nr_open): the
 // ceiling for a soft limit when the hard one is unlimited.
