@@ -6,10 +6,12 @@ are packed into a few shm regions, so
   as well, a sample of them equal to torch.optim.Muon's step (fp32 NS);
 * the open files of trainer and daemon do not grow with the number of params;
 * params without elements are a no-op as in torch.optim.Muon / AdamW, and
-  the state dict round-trips (into muond and from torch.optim.Muon).
+  the state dict round-trips (into muond and from torch.optim.Muon);
+* a daemon started with a soft limit below its hard limit raises it.
 """
 import os
 import pickle
+import re
 import resource
 import subprocess
 import sys
@@ -19,6 +21,7 @@ import unittest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import Cluster  # noqa: E402
 from common import (REL_TOL, ClusterTestCase, TorchReference, adamw_group,  # noqa: E402
                     muon_group, muond_opt)
 
@@ -93,6 +96,18 @@ class MemoryRegionsTest(ClusterTestCase):
         for got, want, init in zip(result["muond"], result["torch"], result["init"]):
             self.assertFalse(torch.equal(got, init))
             self.assertLessEqual(rel_diff(got, want), REL_TOL)
+
+    def test_the_servers_raise_their_soft_limit_to_the_hard_limit(self):
+        def soft_below_hard():
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+        with Cluster(num_daemons=1, daemon_preexec_fn=soft_below_hard) as cluster:
+            with open(f"/proc/{cluster.process('muond-rank0').pid}/limits") as f:
+                soft, hard = re.search(r"Max open files\s+(\S+)\s+(\S+)", f.read()).groups()
+            self.assertEqual(soft, hard)
+            self.assertIn("open files (RLIMIT_NOFILE): soft limit", cluster.logs())
+            self.assertIn("(was 256)", cluster.logs())
 
     def test_open_files_do_not_grow_with_the_params(self):
         grown = {}
