@@ -8,10 +8,12 @@
 
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/cli.h"
 #include "server/common/flag_spelling.h"
 #include "server/common/logging.h"
+#include "server/common/open_files.h"
 #include "server/common/shutdown.h"
 #include "server/common/version.h"
 
@@ -40,7 +42,19 @@ bool BeginServerMain(int argc, char** argv, absl::string_view server,
   }
   absl::ParseCommandLine(snake_argc, snake_argv.data());
   InitServerLogging(argv[0], server);
+  LogRaisedOpenFileLimit();
   return true;
+}
+
+void LogRaisedOpenFileLimit() {
+  // A daemon holds a descriptor per mapped shm region besides its sockets;
+  // the usual soft limit (1024) is far below the hard one.
+  absl::StatusOr<OpenFileLimit> limit = RaiseOpenFileLimit();
+  if (limit.ok()) {
+    LOG(INFO) << DescribeOpenFileLimit(*limit);
+  } else {
+    LOG(WARNING) << "open-file limit unchanged: " << limit.status().message();
+  }
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CheckListener(

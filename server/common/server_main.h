@@ -19,12 +19,17 @@ namespace muond {
 // flag parsing (absl::ParseCommandLine of argv with every dashed flag name
 // in its snake_case spelling, flag_spelling.h, so --token-file is
 // --token_file; --version prints "<server>
-// <kMuondVersion>") and logging (InitServerLogging;
-// `server` names the server in JSON log lines). Returns true when the server
-// should go on starting.
+// <kMuondVersion>"), logging (InitServerLogging;
+// `server` names the server in JSON log lines) and the open-file limit
+// (LogRaisedOpenFileLimit). Returns true when the server should go on
+// starting.
 bool BeginServerMain(int argc, char** argv, absl::string_view server,
                      absl::string_view usage,
                      const std::vector<std::string>& flag_sources);
+
+// Raises the soft RLIMIT_NOFILE to the hard limit (open_files.h) and logs
+// the limits, or a warning when it cannot.
+void LogRaisedOpenFileLimit();
 
 // A server's listening flags.
 struct ListenerFlags {

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/echo.h"
+#include "server/common/open_files.h"
 
 namespace muond {
 namespace {
@@ -69,13 +70,13 @@ class ShmMapping : public MappedRegion {
 
 absl::Status ShmError(const std::string& field, const std::string& name,
                       const char* what) {
+  const int err = errno;
   const std::string text =
       absl::StrCat(field, ": cannot ", what, " shm object '", Echo(name),
-                   "': ", strerror(errno));
-  if (errno == ENOENT) return absl::NotFoundError(text);
-  if (errno == EACCES || errno == EPERM) {
-    return absl::PermissionDeniedError(text);
-  }
+                   "': ", strerror(err), OpenFilesAdvice(err));
+  if (err == ENOENT) return absl::NotFoundError(text);
+  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(text);
+  if (err == EMFILE || err == ENFILE) return absl::ResourceExhaustedError(text);
   return absl::UnavailableError(text);
 }
 

@@ -43,13 +43,16 @@ class HandleOpener {
  public:
   virtual ~HandleOpener() = default;
   // shm_open + fstat + mmap of the object's first `byte_size` (> 0) bytes;
-  // the descriptor stays open for CheckStillBacked.
+  // the descriptor stays open for CheckStillBacked (one per region: a
+  // trainer packs its tensors into a few regions, so a daemon holds a few).
   // InvalidArgument for a malformed name ('/' then 1..250 bytes without '/',
   // NUL or control bytes, not "." or "..") or an object smaller than
   // `byte_size`, NotFound when it does not exist, FailedPrecondition when
   // empty or not a regular file, PermissionDenied when another user owns it
-  // (see allow_foreign_shm) and for EACCES/EPERM, Unavailable for other errno
-  // values; messages name `field` and the object.
+  // (see allow_foreign_shm) and for EACCES/EPERM, ResourceExhausted when the
+  // daemon is out of descriptors (EMFILE/ENFILE: the message gives the count,
+  // the limit and what to change), Unavailable for other errno values;
+  // messages name `field` and the object.
   virtual absl::StatusOr<std::unique_ptr<MappedRegion>> OpenShm(
       const std::string& name, uint64_t byte_size, const std::string& field);
   // cudaIpcOpenMemHandle of a 64-byte handle of an allocation on `device`,
@@ -63,8 +66,8 @@ class HandleOpener {
   // daemon's effective uid. A daemon run as root would otherwise map and
   // write any user's objects on a client's say-so. (gRPC exposes no Unix
   // peer credentials, so "the connected client's uid" cannot be checked
-  // cheaply; muond-daemon --allow_foreign_shm lifts the rule for deployments where
-  // trainers run as another user on purpose.)
+  // cheaply; muond-daemon --allow_foreign_shm lifts the rule for deployments
+  // where trainers run as another user on purpose.)
   void set_allow_foreign_shm(bool allow) { allow_foreign_shm_ = allow; }
   // The uid whose objects are mapped: the effective uid (tests change it to
   // see the rule refuse their own objects without root).

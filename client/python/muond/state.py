@@ -45,6 +45,8 @@ TORCH_KEYS = {
 # torch.distributed.checkpoint keeps only "state" and "param_groups" (and the
 # keys inside them), so a top-level key would be lost on that path.
 STEP_ID_KEY = "muond_step_id"
+# The layout of a param without elements: no daemon holds it (muond.torch.layouts).
+EMPTY = "empty"
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def local_shape(p) -> tuple:
 @dataclass(frozen=True)
 class ParamInfo:
     """Where one param's state lives: ``layout`` is a muond.split.SplitLayout,
-    ("solo", rank) or "local" (rank 0), as muond.torch.Muon.layouts; ``shape``
+    ("solo", rank), "local" (rank 0) or EMPTY (none), as muond.torch.Muon.layouts; ``shape``
     the shape the daemons hold (a DTensor param's local shard's), ``dist`` the
     DTensor param's distribution (None for a plain param)."""
     name: str
@@ -82,6 +84,8 @@ class ParamInfo:
     dist: DistSpec | None = None
 
     def ranks(self) -> list[int]:
+        if self.layout == EMPTY:
+            return []
         if isinstance(self.layout, _split.SplitLayout):
             return [s.rank for s in self.layout.shards]
         if isinstance(self.layout, tuple):
@@ -128,6 +132,9 @@ def assemble(infos: list[ParamInfo], per_rank: dict) -> dict[str, dict[str, torc
     out = {}
     for info in infos:
         state = {}
+        if info.layout == EMPTY:  # no daemon holds it: no state, as never stepped
+            out[info.name] = state
+            continue
         for key, suffix in TORCH_KEYS[info.algorithm].items():
             if key == "step":
                 rank = info.ranks()[0]
@@ -248,6 +255,8 @@ def disassemble(infos: list[ParamInfo], states: dict, world: int) -> list[dict]:
     (validate's result)."""
     per_rank = [dict() for _ in range(world)]
     for info in infos:
+        if info.layout == EMPTY:
+            continue
         state = states[info.name]
         for key, suffix in TORCH_KEYS[info.algorithm].items():
             name = f"{info.name}.{suffix}"

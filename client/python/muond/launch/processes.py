@@ -20,6 +20,8 @@ import os
 import signal
 import time
 
+from muond.shm import SHM_DIR, parse_shm_name
+
 # After SIGKILL the kernel still has to tear a process down (a GPU context's
 # device memory, mappings): how long the stop waits for that before it names
 # what is left.
@@ -208,13 +210,13 @@ def signal_group(pgid: int, signum: int) -> bool:
 
 
 def remove_dead_shm(job_id: str) -> None:
-    """The job's shm objects whose creator (the pid in the name, muond/shm.py)
-    is gone: a node's trainers may still use theirs when another node's
-    launcher ends first."""
-    prefix = f"/dev/shm/muond-{job_id}-"
-    for path in glob.glob(glob.escape(prefix) + "*"):
-        pid = path[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not is_alive(int(pid)):
+    """The job's shm objects whose creator (the pid in the name,
+    muond.shm.parse_shm_name) is gone: a node's trainers may still use theirs
+    when another node's launcher ends first. Only names of exactly this job
+    id: another job's id may start with it (``run`` and ``run-20261203``)."""
+    for path in glob.glob(glob.escape(f"{SHM_DIR}/muond-{job_id}-") + "*"):
+        owner = parse_shm_name(path)
+        if owner is not None and owner[0] == job_id and not is_alive(owner[1]):
             try:
                 os.unlink(path)
             except OSError:

@@ -18,19 +18,22 @@ operands included (fp32_matmul_prec="medium"; "highest" runs it in fp32). Groups
 
 Memory. At construction every param is moved once into memory the daemons can
 map, and the model's ``param.data`` is rebound to it (same Parameter objects):
-CPU tensors into POSIX shared memory (muond.shm), CUDA tensors into a fresh
-CUDA allocation shared by IPC handle. Each shm object and each CUDA
-allocation is declared once to a daemon as a memory region, and every tensor
+all params of one dtype are packed into one POSIX shm object (CPU,
+muond.shm) or one CUDA allocation shared by IPC handle (per device), as DDP
+and Megatron keep flat buffers, each param a 256-byte aligned view. Each
+buffer is declared once to a daemon as a memory region, and every tensor
 refers to its region by name + byte offset (docs/ARCHITECTURE.md "Memory
-registration"; muond.torch.memory). Each param also gets a grad buffer in
-such memory; construction leaves ``.grad`` as it was (None on a fresh model,
+registration"; muond.torch.memory): the open files of trainer and daemon do
+not grow with the number of params. Each param also gets a grad view in such
+buffers (apart from the params'); construction leaves ``.grad`` as it was (None on a fresh model,
 as torch.optim). ``zero_grad(set_to_none=False)`` zeroes the shared grad and
 points ``.grad`` at it, so backward accumulates there in place (no copy);
 ``zero_grad()`` (torch's default, set_to_none) sets ``.grad`` to None, so the
 next backward allocates a new grad, which ``step()`` copies into the shared
 grad (one batched copy) before re-pointing ``.grad`` to it. As in
 torch.optim, a param whose ``.grad`` is None at ``step()``, or that does not
-require grad, is skipped (StepRequest.skip_params).
+require grad, is skipped (StepRequest.skip_params). A param without elements
+goes to no daemon and has no state: a no-op, as in torch.optim.
 
 Hyperparameters. The entries torch.optim.Muon / AdamW read at every step
 (LIVE_KEYS: lr, weight_decay, momentum, nesterov; betas, eps for AdamW

@@ -14,6 +14,7 @@ wire groups being built) and answer every daemon's wire groups."""
 from __future__ import annotations
 
 from muond import split as _split
+from muond import state as _state
 from muond._dtensor import is_dtensor
 from muond.torch import placement as _placement
 from muond.torch import wire as _wire
@@ -39,9 +40,20 @@ class PlacementRun:
         self.places: dict | None = None
 
     def params(self) -> list:
-        """(group index, group name, group, param name, param) of every param."""
+        """(group index, group name, group, param name, param) of every param
+        with elements. A param without any (torch.optim steps it as a no-op)
+        goes to no daemon: layout EMPTY, its state kept by none."""
         self.collected = self._collect()
-        return self.collected.todo
+        todo = []
+        for item in self.collected.todo:
+            name, p = item[3], item[4]
+            if p.numel() > 0:
+                todo.append(item)
+                continue
+            self.layouts[name], self.ranks_of[name] = _state.EMPTY, ()
+            if not is_dtensor(p):  # zero_grad and the grad copy treat it as any param
+                self.memory.rebind(p, 0)
+        return todo
 
     def group(self, rank: int, gi: int, wname: str, group: dict, domain) -> pb.ParamGroup:
         """Daemon `rank`'s wire group `wname`, made at its first param with
@@ -54,7 +66,10 @@ class PlacementRun:
         return self.wire[rank][wname]
 
     def per_rank(self) -> list[list[pb.ParamGroup]]:
-        return [list(w.values()) for w in self.wire]
+        """Every daemon's wire groups, their memory allocated (placement done)."""
+        groups = [list(w.values()) for w in self.wire]
+        self.memory.allocate(groups)
+        return groups
 
 
 class SplitPlacement:

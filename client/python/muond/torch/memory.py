@@ -1,21 +1,28 @@
-"""Memory the daemons can map: every param (and its grad) moved once into
-POSIX shared memory (CPU, muond.shm) or a fresh CUDA allocation shared by IPC
-handle, each distinct memory declared once to a daemon as a region, every
-tensor referring to its region by name + byte offset (docs/ARCHITECTURE.md
-"Memory registration"). ``SharedParams`` owns one optimizer's buffers and
-the per-step copies between the model's tensors and them."""
+"""Memory the daemons can map: every param (and, apart, every grad) packed
+into a few flat buffers, one POSIX shm object (CPU, muond.shm) per dtype or
+one CUDA allocation shared by IPC handle per (dtype, device), the way DDP and
+Megatron keep flat buffers. Each buffer is declared once to a daemon as a
+region and every tensor is a view at an aligned byte offset in it
+(docs/ARCHITECTURE.md "Memory registration"): the open files of trainer and
+daemon do not grow with the number of params. ``SharedParams`` owns one
+optimizer's buffers and the per-step copies between the model's tensors and
+them."""
 from __future__ import annotations
 
 import torch
 
-from muond.shm import ShmBuffer
+from muond.shm import ShmBuffer, shm_name
 from muond.torch import wire as _wire
 from muond.v1 import muond_pb2 as pb
+
+# Every view starts on this byte boundary of its buffer: a CUDA allocation's
+# alignment (vector loads, cuBLAS) and a multiple of a host cache line.
+ALIGN_BYTES = 256
 
 
 class Regions:
     """The memory regions of one optimizer's buffers, one per distinct memory:
-    an shm object, or a CUDA allocation. Small CUDA params share one
+    an shm object, or a CUDA allocation. Small CUDA buffers may share one
     caching-allocator block, hence one IPC handle and one region; torch tells
     each buffer only its own storage's offset and size in the block, so the
     region's byte_size is the largest end any of its buffers reaches (a safe
@@ -57,37 +64,86 @@ class Regions:
 
 
 class Buffer:
-    """Memory one param (or its grad) lives in: a flat tensor plus the region
-    a daemon reaches it through and the tensor's byte offset in it."""
+    """One flat buffer of one dtype on one device holding many tensors (all
+    params, or all grads, of that dtype and device). Filled in two phases:
+    ``reserve`` hands out aligned element offsets while the params are
+    placed, ``allocate`` then makes the memory once at its final size. An
+    shm buffer's region is named from the start (the object gets that name);
+    a CUDA buffer's is known only once allocated (the block it lands in), so
+    until then its refs name it by ``key`` and ``SharedParams.allocate``
+    rewrites them."""
 
-    def __init__(self, job_id: str, numel: int, like: torch.Tensor, regions: Regions):
+    def __init__(self, job_id: str, key: str, dtype: torch.dtype, device: torch.device):
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"muond handles cpu and cuda tensors, got {device}")
+        self.job_id, self.key, self.dtype, self.device = job_id, key, dtype, device
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.numel = 0
         self.shm = None
-        if like.is_cuda:
-            self.flat = torch.zeros(numel, dtype=like.dtype, device=like.device)
-            storage = self.flat.untyped_storage()
+        self.flat = None
+        self.region = key if device.type == "cuda" else shm_name(job_id)
+        self.base_offset = 0  # bytes from the region's start to flat[0]
+
+    def reserve(self, numel: int) -> int:
+        """The element offset of a fresh span of ``numel`` elements (0 is
+        fine: an empty view), starting on an ALIGN_BYTES boundary."""
+        align = ALIGN_BYTES // self.itemsize
+        offset = -(-self.numel // align) * align
+        self.numel = offset + numel
+        return offset
+
+    def allocate(self, regions: Regions) -> None:
+        """The zero-filled memory (at least one element: a region is never
+        empty) and its region."""
+        numel = max(self.numel, 1)
+        if self.device.type == "cuda":
+            self.flat = torch.zeros(numel, dtype=self.dtype, device=self.device)
             # (device, handle, storage_bytes, storage_offset_bytes, ...): the handle is
             # the IPC handle of the allocation *base*; our storage starts at the offset.
-            info = storage._share_cuda_()
+            info = self.flat.untyped_storage()._share_cuda_()
             self.base_offset = int(info[3])
             self.region = regions.cuda(int(info[0]), raw_cuda_ipc_handle(bytes(info[1])),
                                        self.base_offset + int(info[2]))
-        elif like.device.type == "cpu":
-            self.shm = ShmBuffer(job_id, numel, like.dtype)
-            self.flat = self.shm.flat
-            self.base_offset = 0
-            self.region = regions.shm(self.shm)
         else:
-            raise ValueError(f"muond handles cpu and cuda tensors, got {like.device}")
+            self.shm = ShmBuffer(self.job_id, numel, self.dtype, name=self.region)
+            self.flat = self.shm.flat
+            self.region = regions.shm(self.shm)
+
+    def view(self, offset: int, shape) -> torch.Tensor:
+        """A contiguous tensor of ``shape`` at element ``offset`` (one
+        as_strided: a slice then a view costs twice as much, and a
+        registration makes two views per param)."""
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.append(step)
+            step *= max(n, 1)
+        return self.flat.as_strided(tuple(shape), tuple(reversed(strides)), offset)
 
     def ref(self, offset: int, shape, strides) -> pb.TensorRef:
-        itemsize = self.flat.element_size()
-        return pb.TensorRef(region=self.region, byte_offset=self.base_offset + offset * itemsize,
-                            dtype=_wire.DTYPES[self.flat.dtype], shape=list(shape),
+        return pb.TensorRef(region=self.region,
+                            byte_offset=self.base_offset + offset * self.itemsize,
+                            dtype=_wire.DTYPES[self.dtype], shape=list(shape),
                             strides=list(strides))
 
     def release(self) -> None:
         if self.shm is not None:
             self.shm.unlink()
+
+
+class Slot:
+    """A tensor's span in a Buffer: what placement sees of it. ``ref`` gives
+    a view of the span (``offset`` elements into it: the strided shards of
+    muond.split) as a TensorRef."""
+
+    def __init__(self, buffer: Buffer, numel: int):
+        self.buffer = buffer
+        self.offset = buffer.reserve(numel)
+
+    def ref(self, offset: int, shape, strides) -> pb.TensorRef:
+        return self.buffer.ref(self.offset + offset, shape, strides)
+
+    def view(self, shape) -> torch.Tensor:
+        return self.buffer.view(self.offset, shape)
 
 
 CUDA_IPC_HANDLE_SIZE = 64
@@ -116,7 +172,12 @@ class SharedParams:
     same list object for its whole life: the optimizer's finalizer releases
     it), their regions, each rebound param's (param, shared view, address),
     each param's (param, shared grad) and each DTensor param's (param,
-    shared param view, shared grad view)."""
+    shared param view, shared grad view).
+
+    Placement asks for each param's slots (``rebind``, ``bind_dtensor``) and
+    builds its refs from them; ``allocate`` then makes every buffer at its
+    final size, moves the params in and points the refs at the regions.
+    A placement that fails before ``allocate`` leaves the params untouched."""
 
     def __init__(self, job_id: str):
         self.job_id = job_id
@@ -125,6 +186,9 @@ class SharedParams:
         self.grads: list = []
         self.views: list = []
         self.dtensors: list = []
+        self._unallocated: dict = {}  # (role, dtype, device) -> Buffer
+        self._to_rebind: list = []  # (param, param slot, grad slot)
+        self._to_copy: list = []  # (DTensor param, its local shard, param slot, grad slot)
 
     def reset(self) -> list[Buffer]:
         """Forgets every param (a new placement follows) and returns the
@@ -132,45 +196,68 @@ class SharedParams:
         old = list(self.buffers)
         self.buffers.clear()
         self.regions, self.grads, self.views, self.dtensors = Regions(), [], [], []
+        self._unallocated, self._to_rebind, self._to_copy = {}, [], []
         return old
 
-    def _buffer_pair(self, numel: int, like: torch.Tensor):
-        pbuf = Buffer(self.job_id, numel, like, self.regions)
-        gbuf = Buffer(self.job_id, numel, like, self.regions)
-        self.buffers += [pbuf, gbuf]
-        return pbuf, gbuf
+    def _slot(self, role: str, numel: int, like: torch.Tensor) -> Slot:
+        key = (role, like.dtype, like.device)
+        if key not in self._unallocated:
+            self._unallocated[key] = Buffer(self.job_id, f"unallocated-{len(self._unallocated)}",
+                                            like.dtype, like.device)
+        return Slot(self._unallocated[key], numel)
 
-    def rebind(self, p: torch.nn.Parameter, numel: int):
-        """Moves p into a daemon-visible buffer of `numel` elements (the
-        model's tensor is the contiguous prefix) and makes its shared grad
-        buffer. ``.grad`` stays as the user had it, as with torch.optim (None
+    def _slot_pair(self, numel: int, like: torch.Tensor) -> tuple[Slot, Slot]:
+        return self._slot("param", numel, like), self._slot("grad", numel, like)
+
+    def rebind(self, p: torch.nn.Parameter, numel: int) -> tuple[Slot, Slot]:
+        """p's spans of `numel` elements (the model's tensor is the
+        contiguous prefix) in the param and grad buffers; ``allocate`` moves
+        p there. ``.grad`` stays as the user had it, as with torch.optim (None
         for a fresh model: a param the first backward does not reach is
         skipped, not stepped on a zero grad); step() copies a grad that is not
         in the shared buffer there and re-points ``.grad`` to it, and
         ``zero_grad(set_to_none=False)`` binds it at once (zero-copy)."""
-        pbuf, gbuf = self._buffer_pair(numel, p)
-        with torch.no_grad():
-            view = pbuf.flat[:p.numel()].view(p.shape)
-            view.copy_(p.data)
-            p.data = view
-            self.views.append((p, view, view.data_ptr()))
-            grad = gbuf.flat[:p.numel()].view(p.shape)
-        self.grads.append((p, grad))
-        return pbuf, gbuf
+        pslot, gslot = self._slot_pair(numel, p)
+        self._to_rebind.append((p, pslot, gslot))
+        return pslot, gslot
 
     def bind_dtensor(self, p):
-        """A DTensor param's shared buffers (at least one element: a 0-row
-        shard gets a 0-row view), its local values copied in. The param is
+        """A DTensor param's spans (a 0-row shard gets a 0-row view) and its
+        local shard; ``allocate`` copies the local values in. The param is
         never rebound (FSDP2 owns its storage): step() copies in and out."""
         local = p.to_local()
-        n = local.numel()
-        pbuf, gbuf = self._buffer_pair(max(n, 1), local)
+        pslot, gslot = self._slot_pair(local.numel(), local)
+        self._to_copy.append((p, local, pslot, gslot))
+        return pslot, gslot, local
+
+    def allocate(self, per_rank) -> None:
+        """Makes every buffer placement asked for, moves the params into
+        them (one batched copy) and points the refs of ``per_rank`` (each
+        daemon's wire groups) at the buffers' regions."""
+        for b in self._unallocated.values():
+            b.allocate(self.regions)
+            self.buffers.append(b)
+        renamed = {b.key: b for b in self._unallocated.values() if b.key != b.region}
         with torch.no_grad():
-            pview = pbuf.flat[:n].view(local.shape)
-            pview.copy_(local)
-            gview = gbuf.flat[:n].view(local.shape)
-        self.dtensors.append((p, pview, gview))
-        return pbuf, gbuf, local
+            dst, src = [], []
+            for p, pslot, gslot in self._to_rebind:
+                view = pslot.view(p.shape)
+                dst.append(view)
+                src.append(p.data)
+                self.grads.append((p, gslot.view(p.shape)))
+            for p, local, pslot, gslot in self._to_copy:
+                pview = pslot.view(local.shape)
+                dst.append(pview)
+                src.append(local)
+                self.dtensors.append((p, pview, gslot.view(local.shape)))
+            if dst:
+                torch._foreach_copy_(dst, src)
+            for (p, _, _), view in zip(self._to_rebind, dst):
+                p.data = view
+                self.views.append((p, view, view.data_ptr()))
+        if renamed:
+            _point_refs_at_regions(per_rank, renamed)
+        self._unallocated, self._to_rebind, self._to_copy = {}, [], []
 
     def zero_grad(self, set_to_none: bool) -> None:
         """Muon.zero_grad's work (its docstring has the rules)."""
@@ -268,6 +355,19 @@ class SharedParams:
                 if p.data_ptr() != ptr:
                     view.copy_(p.data)
                     p.data = view
+
+
+def _point_refs_at_regions(per_rank, renamed: dict) -> None:
+    """Every ref naming a buffer by its key (``renamed``: key -> Buffer) now
+    names the buffer's region, at the buffer's offset in it."""
+    for groups in per_rank:
+        for g in groups:
+            for prm in g.params:
+                for ref in (prm.param, prm.grad):
+                    b = renamed.get(ref.region)
+                    if b is not None:
+                        ref.region = b.region
+                        ref.byte_offset += b.base_offset
 
 
 def _local_grad(p) -> torch.Tensor:

@@ -99,7 +99,7 @@ class Cluster:
 
     def __init__(self, num_daemons: int = 1, *, tcp: bool = False, token: bool = True,
                  job_id: str | None = None, comm_timeout_s: int = 20, extra_daemon_args=(),
-                 coordinator_args=(), daemon_args_of=None):
+                 coordinator_args=(), daemon_args_of=None, daemon_preexec_fn=None):
         if tcp and not token:
             raise ValueError("a TCP daemon needs a token")
         self.num_daemons = num_daemons
@@ -113,6 +113,8 @@ class Cluster:
         self.coordinator_args = list(coordinator_args)
         # rank -> extra args of that daemon alone (e.g. its --metrics_port).
         self.daemon_args_of = daemon_args_of or (lambda rank: [])
+        # Runs in each daemon process before exec (e.g. to lower its limits).
+        self.daemon_preexec_fn = daemon_preexec_fn
         self.tmp = None
         self.daemons: list[str] = []
         self.coordinator = ""
@@ -157,7 +159,8 @@ class Cluster:
                 f"--job_id={self.job_id}", f"--rank={r}", f"--world_size={self.num_daemons}",
                 f"--listen={address}", *token_args,
                 f"--comm_timeout_s={self.comm_timeout_s}", "--coordinator_timeout_s=20",
-                *self.extra_daemon_args, *self.daemon_args_of(r)])
+                *self.extra_daemon_args, *self.daemon_args_of(r)],
+                preexec_fn=self.daemon_preexec_fn)
         for address in self.daemons:
             self._check_alive()
             client = self.client(address)
@@ -181,9 +184,10 @@ class Cluster:
                 return proc
         raise KeyError(name)
 
-    def _spawn(self, name: str, argv):
+    def _spawn(self, name: str, argv, preexec_fn=None):
         log = open(os.path.join(self.tmp, f"{name}.log"), "w")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=preexec_fn)
         self._procs.append((name, proc, log))
 
     def _check_alive(self) -> bool:
@@ -234,12 +238,14 @@ class ClusterTestCase(unittest.TestCase):
 
     NUM_DAEMONS = 1
     TCP = False
+    DAEMON_PREEXEC_FN = None  # Cluster's daemon_preexec_fn (a staticmethod)
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
         find_binaries(cls)  # skips the class, saying how to build them, when missing
-        cls.cluster = Cluster(cls.NUM_DAEMONS, tcp=cls.TCP).start()
+        cls.cluster = Cluster(cls.NUM_DAEMONS, tcp=cls.TCP,
+                              daemon_preexec_fn=cls.DAEMON_PREEXEC_FN).start()
         cls._failed = False
 
     @classmethod
