@@ -28,7 +28,7 @@ DaemonCore::DaemonCore(DaemonConfig config,
       opener_(std::move(opener)),
       link_(link),
       transactions_({config_.job_id, config_.rank,
-                     config_.pending_transaction_max_age, kMaxRestoredStepId},
+                     config_.pending_transaction_max_age, kMaxStepId},
                     &op_mu_, &mu_, this),
       builds_(std::move(factory)) {
   builder_ = std::thread([this] { BuilderLoop(); });

@@ -93,7 +93,7 @@ struct StateTransactionOptions {
   // How long a prepared save/load blocks another PREPARE.
   absl::Duration pending_transaction_max_age = kPendingTransactionMaxAge;
   // The largest step id a load or import may restore (DaemonCore's
-  // kMaxRestoredStepId).
+  // kMaxStepId).
   int64_t max_restored_step_id = 0;
 };
 

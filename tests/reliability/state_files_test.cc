@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/common/safetensors.h"
+#include "server/common/step_id.h"
 #include "server/daemon/state_file.h"
 #include "tests/reliability/harness.h"
 
@@ -197,7 +198,7 @@ std::unique_ptr<Registration> ManyParams(int n) {
   return reg;
 }
 
-constexpr int64_t kMaxStep = int64_t{1} << 62;  // DaemonCore::kMaxStepId
+constexpr int64_t kMaxStep = kMaxStepId;
 
 StateTensors ManyState(int n) {
   StateTensors state;

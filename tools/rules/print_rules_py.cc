@@ -16,6 +16,7 @@
 #include "core/muon/newton_schulz.h"
 #include "server/common/job_id.h"
 #include "server/common/operator_id.h"
+#include "server/common/step_id.h"
 #include "server/common/unix_socket.h"
 #include "tools/rules/python_literal.h"
 
@@ -81,6 +82,7 @@ std::vector<Constant> WireConstants() {
        "server/common/job_id.h kMaxJobIdChars"},
       {"MAX_UNIX_SOCKET_PATH_BYTES", PyInt(int64_t(MaxUnixSocketPathBytes())),
        "server/common/unix_socket.h MaxUnixSocketPathBytes"},
+      {"MAX_STEP_ID", PyInt(kMaxStepId), "server/common/step_id.h kMaxStepId"},
   };
 }
 

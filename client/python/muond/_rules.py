@@ -19,6 +19,9 @@ MAX_JOB_ID_CHARS = 64
 # server/common/unix_socket.h MaxUnixSocketPathBytes
 MAX_UNIX_SOCKET_PATH_BYTES = 105
 
+# server/common/step_id.h kMaxStepId
+MAX_STEP_ID = 4611686018427387903
+
 # core/muon/coefficients.h CoefficientTypeName
 COEFFICIENT_TYPES = ("simple", "quintic", "polar_express", "aol", "cans", "deepseekv4", "custom")
 
