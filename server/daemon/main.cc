@@ -217,7 +217,8 @@ int main(int argc, char** argv) {
   join.set_address(listen);
   join.set_token(*token);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> coordinator_creds =
-      muond::ChannelCredentials(absl::GetFlag(FLAGS_coordinator_tls_ca));
+      muond::ChannelCredentials(absl::GetFlag(FLAGS_coordinator_tls_ca),
+                                "--coordinator_tls_ca");
   if (!coordinator_creds.ok()) {
     LOG(ERROR) << coordinator_creds.status();
     return 2;
