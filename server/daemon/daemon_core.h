@@ -55,6 +55,7 @@
 #include "core/plan/plan_history.h"
 #include "core/step/layer_sharded_muon.h"
 #include "muond/v1/muond.pb.h"
+#include "server/common/operator_id.h"
 #include "server/common/safetensors.h"
 #include "server/common/step_id.h"
 #include "server/daemon/daemon_metrics.h"
@@ -116,6 +117,9 @@ struct DaemonConfig {
   // Where steps, registrations, plans and engine failures are counted (not
   // owned; must outlive the core); null: counted nowhere that is served.
   DaemonMetrics* metrics = nullptr;
+  // The operator's client_id (server/common/operator_id.h): the daemon's
+  // token's; this default is the tokenless daemon's.
+  std::string operator_client_id = OperatorClientId("");
 };
 
 // DaemonStateOwner: the state its StateTransactions save, load and stream.
@@ -156,7 +160,7 @@ class DaemonCore : private DaemonStateOwner {
   // another.
   //
   // Access: the request's job_id must be this daemon's (InvalidArgument) and
-  // its client_id the params' owner or kOperatorClientId
+  // its client_id the params' owner or the operator's
   // (server/common/operator_id.h; PermissionDenied otherwise).
   // FailedPrecondition before the engine exists.
   //

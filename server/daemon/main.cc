@@ -20,6 +20,7 @@
 #include "server/common/cli.h"
 #include "server/common/logging.h"
 #include "server/common/metrics_http.h"
+#include "server/common/operator_id.h"
 #include "server/common/server_main.h"
 #include "server/common/shutdown.h"
 #include "server/common/unix_socket.h"
@@ -234,6 +235,7 @@ int main(int argc, char** argv) {
   config.world_size = world;
   config.device = join.device();
   config.log_every = absl::GetFlag(FLAGS_log_every);
+  config.operator_client_id = muond::OperatorClientId(*token);
   config.metrics = metrics.get();
   config.validate_group = [device](const muond::v1::ParamGroup& group) {
     return muond::ValidateGroupForDevice(group, device);

@@ -95,6 +95,8 @@ struct StateTransactionOptions {
   // The largest step id a load or import may restore (DaemonCore's
   // kMaxStepId).
   int64_t max_restored_step_id = 0;
+  // The operator's client_id (OperatorClientId of the daemon's token).
+  std::string operator_client_id;
 };
 
 // Thread-safe: every method takes the locks it needs, except

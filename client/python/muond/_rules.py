@@ -10,8 +10,11 @@ ERROR_DOMAIN = "muond.dev"
 # core/common/error_reason.h ErrorReasonName
 ERROR_REASONS = ("PEER_GONE", "NO_PLAN_YET", "ALREADY_REGISTERED")
 
-# server/common/operator_id.h kOperatorClientId
-OPERATOR_CLIENT_ID = "muonctl:operator"
+# server/common/operator_id.h kOperatorIdPrefix
+OPERATOR_ID_PREFIX = "operator:"
+
+# server/common/operator_id.h kOperatorIdLabel
+OPERATOR_ID_LABEL = "muond operator client_id v1"
 
 # server/common/job_id.h kMaxJobIdChars
 MAX_JOB_ID_CHARS = 64
