@@ -47,7 +47,7 @@ def seconds(text: str) -> float:
     """A finite duration > 0 (inf and nan are refused: a wait must end)."""
     value = _number(text)
     if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0 (seconds)")
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 and finite (seconds)")
     return value
 
 

@@ -94,7 +94,7 @@ class DurationOptionsTest(unittest.TestCase):
                         cli.build_parser().parse_args(["launch", option, value, "--", "true"])
                     self.assertEqual(ex.exception.code, 2)
                     self.assertIn(f"argument {option}", err.getvalue())
-                    self.assertIn("must be a finite number > 0 (seconds)", err.getvalue())
+                    self.assertIn("must be > 0 and finite (seconds)", err.getvalue())
         args = cli.build_parser().parse_args(["launch", "--stop-grace", "2.5", "--", "true"])
         self.assertEqual(args.stop_grace, 2.5)
 
