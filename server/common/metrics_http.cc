@@ -1,17 +1,25 @@
 #include "server/common/metrics_http.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <thread>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "glog/logging.h"
 
 ABSL_FLAG(int, metrics_port, 0,
@@ -33,7 +41,9 @@ constexpr size_t kThreadStackBytes = size_t{1} << 20;
 // for restarts; more are refused, and cost no thread (one polling thread).
 constexpr unsigned kConnectionLimit = 16;
 constexpr unsigned kPerIpConnectionLimit = 8;
-// Idle or trickling connections (slowloris) are closed after this.
+// libmicrohttpd's own timeout is one of inactivity: a client trickling a
+// byte a second would keep its slot forever. Every connection is closed
+// this long after it was accepted, however busy (ConnectionDeadlines).
 constexpr unsigned kConnectionTimeoutSeconds = 5;
 // Per connection: request line and headers; the body is allocated apart.
 constexpr size_t kConnectionMemoryBytes = 32 * 1024;
@@ -118,6 +128,77 @@ MHD_Result Handle(void* registry, MHD_Connection* conn, const char* url,
 
 }  // namespace
 
+// Closes connections older than kConnectionTimeoutSeconds from a thread of
+// its own. Each tracked connection holds a dup of its socket: shutdown() on
+// it ends the connection (libmicrohttpd's poll sees EOF and closes it) and
+// can never hit an unrelated socket that reused a number libmicrohttpd
+// already closed.
+class MetricsHttpServer::ConnectionDeadlines {
+ public:
+  ConnectionDeadlines() : thread_([this] { Run(); }) {}
+  ~ConnectionDeadlines() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+    for (auto& [connection, fd] : open_) close(fd.fd);
+  }
+
+  // libmicrohttpd's MHD_OPTION_NOTIFY_CONNECTION callback (its thread).
+  static void Notify(void* self, MHD_Connection* connection,
+                     void** /*socket_context*/,
+                     MHD_ConnectionNotificationCode code) {
+    auto* deadlines = static_cast<ConnectionDeadlines*>(self);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+      deadlines->Started(connection);
+    } else {
+      deadlines->Closed(connection);
+    }
+  }
+
+ private:
+  struct Tracked {
+    int fd;
+    absl::Time deadline;
+  };
+
+  void Started(MHD_Connection* connection) {
+    const MHD_ConnectionInfo* info =
+        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (info == nullptr) return;
+    const int fd = fcntl(info->connect_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return;  // out of descriptors: the idle timeout still holds
+    absl::MutexLock lock(&mu_);
+    open_[connection] = {
+        fd, absl::Now() + absl::Seconds(kConnectionTimeoutSeconds)};
+  }
+
+  void Closed(MHD_Connection* connection) {
+    absl::MutexLock lock(&mu_);
+    auto it = open_.find(connection);
+    if (it == open_.end()) return;
+    close(it->second.fd);
+    open_.erase(it);
+  }
+
+  void Run() {
+    absl::MutexLock lock(&mu_);
+    while (!stopping_) {
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(0.5));
+      const absl::Time now = absl::Now();
+      for (auto& [connection, tracked] : open_) {
+        if (tracked.deadline <= now) shutdown(tracked.fd, SHUT_RDWR);
+      }
+    }
+  }
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<MHD_Connection*, Tracked> open_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& address, int port, MetricsRegistry* registry) {
   if (port < 0 || port > 65535) {
@@ -138,6 +219,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
                          MHD_USE_ITC | MHD_USE_ERROR_LOG |
                          (ipv6 ? MHD_USE_IPv6 : 0);
   auto server = std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer());
+  server->deadlines_ = std::make_unique<ConnectionDeadlines>();
   std::string log;
   start_log = &log;
   server->daemon_ = MHD_start_daemon(
@@ -149,6 +231,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, kPerIpConnectionLimit,    //
       MHD_OPTION_CONNECTION_TIMEOUT, kConnectionTimeoutSeconds,     //
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, kConnectionMemoryBytes,   //
+      MHD_OPTION_NOTIFY_CONNECTION, &ConnectionDeadlines::Notify,   //
+      server->deadlines_.get(),                                     //
       MHD_OPTION_EXTERNAL_LOGGER, &LogMessage, nullptr,             //
       MHD_OPTION_END);
   start_log = nullptr;
@@ -165,6 +249,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   server->port_ = bound != nullptr ? bound->port : port;
   return server;
 }
+
+MetricsHttpServer::MetricsHttpServer() = default;
 
 MetricsHttpServer::~MetricsHttpServer() {
   // Wakes the polling thread, closes every connection (idle ones too) and

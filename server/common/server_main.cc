@@ -1,7 +1,6 @@
 #include "server/common/server_main.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include <iostream>
 #include <utility>
@@ -66,59 +65,25 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CheckListener(
   return ServerCredentials(flags.tls_cert, flags.tls_key);
 }
 
-HealthStatus::HealthStatus(std::string service, bool serving)
-    : service_(std::move(service)), serving_(serving) {}
-
-void HealthStatus::Attach(grpc::Server* server) {
-  absl::MutexLock lock(&mu_);
-  if (shut_down_) return;
-  health_ = server->GetHealthCheckService();
-  Apply();
-}
-
-void HealthStatus::Set(bool serving) {
-  absl::MutexLock lock(&mu_);
-  if (shut_down_ || serving == serving_) return;
-  serving_ = serving;
-  Apply();
-}
-
-void HealthStatus::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  if (shut_down_) return;
-  shut_down_ = true;
-  serving_ = false;
-  if (health_ != nullptr) health_->Shutdown();  // every service NOT_SERVING
-  health_ = nullptr;
-}
-
-void HealthStatus::Apply() {
-  if (health_ == nullptr) return;
-  health_->SetServingStatus("", serving_);
-  health_->SetServingStatus(service_, serving_);
-}
-
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& listen,
     const std::shared_ptr<grpc::ServerCredentials>& credentials,
     grpc::Service* service, HealthStatus* health, int max_receive_bytes,
     absl::string_view busy_hint, int* bound_port) {
-  // Both are read by BuildAndStart; the plugin registers once per process.
-  grpc::EnableDefaultHealthCheckService(true);
+  // Read by BuildAndStart; the plugin registers once per process. gRPC's
+  // default health service stays off: `health` answers grpc.health.v1.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(max_receive_bytes);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, credentials, bound_port);
   builder.RegisterService(service);
+  builder.RegisterService(health);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || (bound_port != nullptr && *bound_port == 0)) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,
                                                " (--listen: ", busy_hint, ")"));
   }
-  // gRPC's health service starts with "" SERVING: this replaces it at once
-  // (a probe in between would see a daemon ready a few microseconds early).
-  health->Attach(server.get());
   return server;
 }
 

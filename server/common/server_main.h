@@ -6,10 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "server/common/health_status.h"
 
 namespace muond {
 
@@ -44,43 +43,14 @@ struct ListenerFlags {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CheckListener(
     const ListenerFlags& flags);
 
-// A server's answer to the standard grpc.health.v1.Health service, for the
-// empty service name (the whole server) and `service` (the generated
-// service's full name, e.g. "muond.v1.Optimizer"). Thread-safe: the status
-// may change before the server starts (remembered, applied by Attach) and
-// after it stops (Shutdown detaches, so a late Set never reaches a destroyed
-// server).
-class HealthStatus {
- public:
-  HealthStatus(std::string service, bool serving);
-
-  // From now on the status is `server`'s health service's (StartGrpcServer
-  // calls it).
-  void Attach(grpc::Server* server);
-  void Set(bool serving);
-  // NOT_SERVING for good (graceful shutdown begins; Watch streams hear it
-  // before the server drains), and detached. Call it before the server goes
-  // away.
-  void Shutdown();
-
- private:
-  void Apply() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const std::string service_;
-  absl::Mutex mu_;
-  grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(mu_) = nullptr;
-  bool serving_ ABSL_GUARDED_BY(mu_);
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-};
-
 // Binds `listen` and starts serving `service`, with SO_REUSEPORT off
 // (gRPC's default is on: a second server on a busy port would start too and
 // the kernel would split the clients between the two; refuse the busy port
 // instead) and messages up to `max_receive_bytes`. `bound_port`, when
 // non-null, receives the TCP port bound (port 0 picks a free one).
-// Beside `service` the server runs the standard grpc.health.v1.Health
-// service (answering `health`) and server reflection; neither asks for a
-// token (docs/ARCHITECTURE.md "Security").
+// Beside `service` the server runs `health` (grpc.health.v1.Health; must
+// outlive the server) and server reflection; neither asks for a token
+// (docs/ARCHITECTURE.md "Security").
 // Unavailable "cannot listen on <listen> (--listen: <busy_hint>)" when the
 // address cannot be bound.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(

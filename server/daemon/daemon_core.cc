@@ -27,9 +27,10 @@ DaemonCore::DaemonCore(DaemonConfig config,
                                           : own_metrics_.get()),
       opener_(std::move(opener)),
       link_(link),
-      transactions_({config_.job_id, config_.rank,
-                     config_.pending_transaction_max_age, kMaxRestoredStepId},
-                    &op_mu_, &mu_, this),
+      transactions_(
+          {config_.job_id, config_.rank, config_.pending_transaction_max_age,
+           kMaxStepId, config_.operator_client_id},
+          &op_mu_, &mu_, this),
       builds_(std::move(factory)) {
   builder_ = std::thread([this] { BuilderLoop(); });
   if (config_.on_readiness) {
@@ -257,8 +258,7 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::DoRegister(
               "params are already registered (", registration_->num_params,
               " params by client '", registration_->client_id,
               "'); if that trainer is gone, UnregisterParams with its "
-              "client_id or the operator's ('",
-              kOperatorClientId, "') first")),
+              "client_id or as the operator (muonctl unregister) first")),
           ErrorReason::kAlreadyRegistered,
           {{"client_id", registration_->client_id}});
     }
@@ -309,7 +309,7 @@ absl::Status DaemonCore::Unregister(
   absl::MutexLock lock(&mu_);
   // The operator may clear a registration whose trainer is gone (it died
   // without unregistering); Step stays the owner's alone.
-  const bool by_operator = request.client_id() == kOperatorClientId;
+  const bool by_operator = request.client_id() == config_.operator_client_id;
   RETURN_IF_ERROR(
       CheckClient(request.job_id(), by_operator && registration_ != nullptr
                                         ? registration_->client_id

@@ -8,7 +8,7 @@
 //  the registration -> Step.
 //
 // Step ids: the first step after registration may have any id in [0,
-// kMaxStepId] (2^62, so id + 1 never overflows); then each
+// kMaxStepId] (server/common/step_id.h); then each
 // step must be the previous id + 1. Repeating the previous id returns the
 // recorded response with replayed = true and applies nothing; a smaller id or
 // a gap is FailedPrecondition naming both ids. A failed step records nothing.
@@ -55,7 +55,9 @@
 #include "core/plan/plan_history.h"
 #include "core/step/layer_sharded_muon.h"
 #include "muond/v1/muond.pb.h"
+#include "server/common/operator_id.h"
 #include "server/common/safetensors.h"
+#include "server/common/step_id.h"
 #include "server/daemon/daemon_metrics.h"
 #include "server/daemon/engine_builder.h"
 #include "server/daemon/memory_mapper.h"
@@ -115,16 +117,14 @@ struct DaemonConfig {
   // Where steps, registrations, plans and engine failures are counted (not
   // owned; must outlive the core); null: counted nowhere that is served.
   DaemonMetrics* metrics = nullptr;
+  // The operator's client_id (server/common/operator_id.h): the daemon's
+  // token's; this default is the tokenless daemon's.
+  std::string operator_client_id = OperatorClientId("");
 };
 
 // DaemonStateOwner: the state its StateTransactions save, load and stream.
 class DaemonCore : private DaemonStateOwner {
  public:
-  static constexpr int64_t kMaxStepId = int64_t{1} << 62;
-  // The largest step id a load or import may restore: the next step,
-  // restored + 1, must still be a valid id.
-  static constexpr int64_t kMaxRestoredStepId = kMaxStepId - 1;
-
   DaemonCore(DaemonConfig config, std::unique_ptr<HandleOpener> opener,
              CoordinatorLink* link, EngineFactory factory);
   ~DaemonCore() override;
@@ -160,7 +160,7 @@ class DaemonCore : private DaemonStateOwner {
   // another.
   //
   // Access: the request's job_id must be this daemon's (InvalidArgument) and
-  // its client_id the params' owner or kOperatorClientId
+  // its client_id the params' owner or the operator's
   // (server/common/operator_id.h; PermissionDenied otherwise).
   // FailedPrecondition before the engine exists.
   //
@@ -212,8 +212,9 @@ class DaemonCore : private DaemonStateOwner {
   // entry and the rule otherwise, and nothing changes). With a transaction_id
   // it is staged as a LoadState PREPARE (the rank's one pending transaction)
   // and applied by LoadState{phase: COMMIT, transaction_id}. After it, the next
-  // step id accepted is header.step_id + 1 (-1: any, as after registration), so
-  // header.step_id is at most kMaxRestoredStepId. Aborted, naming the step
+  // step id accepted is header.step_id + 1 (-1: any, as after registration);
+  // header.step_id is at most kMaxStepId (a rank restored to it, like one that
+  // stepped it, can only replay). Aborted, naming the step
   // ids, when a step ran on this rank between the header and the end of the
   // stream (applying it would roll this rank back while its peers stepped).
   //

@@ -20,6 +20,7 @@
 #include "server/common/cli.h"
 #include "server/common/logging.h"
 #include "server/common/metrics_http.h"
+#include "server/common/operator_id.h"
 #include "server/common/server_main.h"
 #include "server/common/shutdown.h"
 #include "server/common/unix_socket.h"
@@ -217,7 +218,8 @@ int main(int argc, char** argv) {
   join.set_address(listen);
   join.set_token(*token);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> coordinator_creds =
-      muond::ChannelCredentials(absl::GetFlag(FLAGS_coordinator_tls_ca));
+      muond::ChannelCredentials(absl::GetFlag(FLAGS_coordinator_tls_ca),
+                                "--coordinator_tls_ca");
   if (!coordinator_creds.ok()) {
     LOG(ERROR) << coordinator_creds.status();
     return 2;
@@ -233,6 +235,7 @@ int main(int argc, char** argv) {
   config.world_size = world;
   config.device = join.device();
   config.log_every = absl::GetFlag(FLAGS_log_every);
+  config.operator_client_id = muond::OperatorClientId(*token);
   config.metrics = metrics.get();
   config.validate_group = [device](const muond::v1::ParamGroup& group) {
     return muond::ValidateGroupForDevice(group, device);

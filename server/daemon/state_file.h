@@ -14,7 +14,7 @@
 //
 // The loaded-state rules live in StateFromFile: the file is of this job, its
 // step_id is an integer in [-1, max_step_id] (the daemon's step-id bound,
-// DaemonCore::kMaxRestoredStepId), it has exactly the tensors this rank's
+// server/common/step_id.h kMaxStepId), it has exactly the tensors this rank's
 // registration owns with their shapes, every value is finite, exp_avg_sq is
 // >= 0, and AdamW step counts are integers in [0, 2^62). Both directions are
 // linear in the number of state entries (one hash lookup per entry).

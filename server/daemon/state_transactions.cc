@@ -10,7 +10,6 @@
 #include "absl/time/time.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
-#include "server/common/operator_id.h"
 #include "server/daemon/state_stream.h"
 
 namespace muond {
@@ -93,11 +92,12 @@ absl::Status StateTransactions::CheckStateAccess(const std::string& job_id,
                      " before the step engine exists (register params "
                      "and wait for the plan)"));
   }
-  if (client_id != registration->client_id && client_id != kOperatorClientId) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(rpc, ": client_id '", client_id.substr(0, 128),
-                     "' neither owns the params nor is the operator ('",
-                     kOperatorClientId, "', as muonctl sends)"));
+  if (client_id != registration->client_id &&
+      client_id != options_.operator_client_id) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        rpc, ": client_id '", client_id.substr(0, 128),
+        "' neither owns the params nor is the operator's (derived from the "
+        "daemon's token, as muonctl sends it)"));
   }
   return absl::OkStatus();
 }

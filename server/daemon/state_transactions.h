@@ -93,8 +93,10 @@ struct StateTransactionOptions {
   // How long a prepared save/load blocks another PREPARE.
   absl::Duration pending_transaction_max_age = kPendingTransactionMaxAge;
   // The largest step id a load or import may restore (DaemonCore's
-  // kMaxRestoredStepId).
+  // kMaxStepId).
   int64_t max_restored_step_id = 0;
+  // The operator's client_id (OperatorClientId of the daemon's token).
+  std::string operator_client_id;
 };
 
 // Thread-safe: every method takes the locks it needs, except

@@ -20,7 +20,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/common/operator_id.h"
 #include "server/common/safetensors.h"
+#include "server/common/step_id.h"
 #include "server/daemon/state_file.h"
 #include "tests/reliability/harness.h"
 
@@ -197,7 +199,7 @@ std::unique_ptr<Registration> ManyParams(int n) {
   return reg;
 }
 
-constexpr int64_t kMaxStep = int64_t{1} << 62;  // DaemonCore::kMaxStepId
+constexpr int64_t kMaxStep = kMaxStepId;
 
 StateTensors ManyState(int n) {
   StateTensors state;
@@ -387,7 +389,7 @@ class StateOpsTest : public ::testing::Test {
     v1::LoadStateRequest req;
     req.set_path(RankFile(r));
     req.set_job_id(cluster_->job());
-    req.set_client_id("muonctl:operator");
+    req.set_client_id(OperatorClientId(""));  // the tokenless cluster's
     req.set_phase(phase);
     req.set_transaction_id(id);
     v1::LoadStateResponse resp;

@@ -35,11 +35,6 @@ TEST_F(ServerLimitsTest, StateChunkBounds) {
             table_["state_chunk_overhead_bytes"].get<int64_t>());
 }
 
-TEST_F(ServerLimitsTest, LargestRestoredStepId) {
-  EXPECT_EQ(DaemonCore::kMaxRestoredStepId,
-            table_["max_restored_step_id"].get<int64_t>());
-}
-
 // The daemon's opener (server/daemon/cuda_ipc_opener.cc) takes handles of
 // sizeof(cudaIpcMemHandle_t) bytes.
 TEST_F(ServerLimitsTest, CudaIpcHandleBytes) {

@@ -2,11 +2,10 @@
 (muond.client, muond.torch, muond.state) against the shared table
 server_limits.json, which server_limits_test and state_entry_suffixes_test
 check the C++ homes against (server/common/auth.h,
-server/daemon/daemon_core.h, core/step/engine_state.cc, the CUDA runtime)."""
+core/step/engine_state.cc, the CUDA runtime)."""
 import unittest
 
 from muond import client, state
-from muond.torch.groups import MAX_STEP_ID
 from muond.torch.memory import CUDA_IPC_HANDLE_SIZE
 from tests.rules import case_table
 
@@ -27,9 +26,6 @@ class ServerLimitsTest(unittest.TestCase):
         # the overhead of its message.
         self.assertEqual(client._MAX_MESSAGE_BYTES, self.table["max_state_chunk_bytes"]
                          + self.table["state_chunk_overhead_bytes"])
-
-    def test_largest_restored_step_id(self):
-        self.assertEqual(MAX_STEP_ID, self.table["max_restored_step_id"])
 
     def test_state_entry_suffixes(self):
         suffixes = {algorithm: sorted(keys.values())

@@ -4,9 +4,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 #include "server/common/proto_convert.h"
@@ -64,6 +67,30 @@ TEST(Muonctl, MissingValueBlamesTheFlag) {
 
 // Both spellings parse; the call then fails at the RPC (exit 1), not at
 // the arguments (exit 2).
+// --tls_ca and --token are checked when parsed (exit 2 naming the flag and
+// the cause), before any connection: a missing or garbage CA file, a token
+// with a space.
+TEST(Muonctl, TlsCaAndTokenAreCheckedBeforeConnecting) {
+  const std::string garbage =
+      std::string(std::getenv("TEST_TMPDIR")) + "/garbage.pem";
+  std::ofstream(garbage) << "not a certificate\n";
+  const std::string missing =
+      std::string(std::getenv("TEST_TMPDIR")) + "/absent.pem";
+  for (const auto& [flag, value, phrase] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--tls_ca", garbage, "--tls_ca='" + garbage + "': holds no PEM"},
+           {"--tls_ca", missing, "--tls_ca='" + missing + "': cannot read"},
+           {"--token", "a b", "--token: the token must be printable ASCII"}}) {
+    std::ostringstream out, err;
+    EXPECT_EQ(RunDaemons({"--coordinator", "127.0.0.1:1", "--job_id", "j", flag,
+                          value},
+                         out, err),
+              2)
+        << flag;
+    EXPECT_THAT(err.str(), HasSubstr(phrase));
+  }
+}
+
 TEST(Muonctl, AcceptsJobAndJobId) {
   for (const char* flag : {"--job", "--job_id", "--job=j", "--job_id=j"}) {
     std::vector<std::string> args = {"--coordinator", "127.0.0.1:1", flag,

@@ -28,14 +28,6 @@ constexpr char kCommonFlags[] =
     "  --help                   this text\n"
     "Flags are snake_case; the dashed spelling (--token-file) works too.\n";
 
-std::shared_ptr<grpc::ChannelCredentials> Credentials(const Args& a) {
-  if (a.tls_ca.empty()) return grpc::InsecureChannelCredentials();
-  std::ifstream in(a.tls_ca);
-  grpc::SslCredentialsOptions options;
-  options.pem_root_certs.assign(std::istreambuf_iterator<char>(in), {});
-  return grpc::SslCredentials(options);
-}
-
 }  // namespace
 
 std::string Usage(const std::string& sub, Kind kind) {
@@ -177,6 +169,14 @@ int Parse(const std::string& sub, Kind kind,
       TokenFromFlags(out->token, out->token_file);
   if (!token.ok()) return usage_error(std::string(token.status().message()));
   out->token = *std::move(token);
+  // Read once, here: a missing or garbage file is a usage error naming the
+  // flag, not a connection that fails later for no stated reason.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentials(out->tls_ca, "--tls_ca");
+  if (!credentials.ok()) {
+    return usage_error(std::string(credentials.status().message()));
+  }
+  out->credentials = *std::move(credentials);
   if (state && (out->dir.empty() || out->dir[0] != '/')) {
     return usage_error(
         "--dir must be an absolute directory (the daemons open the files)");
@@ -186,7 +186,7 @@ int Parse(const std::string& sub, Kind kind,
 
 std::unique_ptr<v1::Coordinator::Stub> Connect(const Args& a) {
   return v1::Coordinator::NewStub(
-      grpc::CreateChannel(a.coordinator, Credentials(a)));
+      grpc::CreateChannel(a.coordinator, a.credentials));
 }
 
 void Deadline(grpc::ClientContext* ctx, const Args& a) {
@@ -245,7 +245,7 @@ std::unique_ptr<v1::Optimizer::Stub> ConnectDaemon(const v1::DaemonInfo& d,
   return v1::Optimizer::NewStub(
       grpc::CreateChannel(d.address(), absl::StartsWith(d.address(), "unix:")
                                            ? grpc::InsecureChannelCredentials()
-                                           : Credentials(a)));
+                                           : a.credentials));
 }
 
 int DaemonRpcFailed(const v1::DaemonInfo& d, const std::string& rpc,

@@ -27,7 +27,9 @@ struct Args {
   std::string token;  // --token / --token_file: x-muond-token to every server
   std::string token_file;
   std::string tls_ca;  // --tls_ca: PEM root certificate (TLS to TCP servers)
-  std::string dir;     // save/load: the state directory
+  // From --tls_ca (checked by Parse): TLS, else insecure, to TCP servers.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string dir;  // save/load: the state directory
 };
 
 // Which flags a subcommand takes beyond the common ones.

@@ -18,15 +18,16 @@
 //       (SaveState/LoadState on each daemon, so muonctl must reach the
 //       daemons' addresses: Unix sockets mean the same host). Save between
 //       steps (trainers paused). Both are two-phase across the job (proto
-//       StatePhase; muonctl acts as the operator, kOperatorClientId): every
-//       rank prepares (save: the file written under a temporary name; load:
-//       read, validated, staged), then all commit, or, when any rank fails or
-//       the ranks' step ids differ, all abort: no file replaced, no state
-//       changed, the failing ranks named.
+//       StatePhase; muonctl acts as the operator, OperatorClientId(token)):
+//       every rank prepares (save: the file written under a temporary name;
+//       load: read, validated, staged), then all commit, or, when any rank
+//       fails or the ranks' step ids differ, all abort: no file replaced, no
+//       state changed, the failing ranks named.
 //   muonctl unregister --coordinator HOST:PORT --job_id JOB
 //       every daemon of the job drops its registered params as the operator
-//       (UnregisterParams with kOperatorClientId): clears the registration of
-//       a trainer that ended without unregistering (killed, crashed).
+//       (UnregisterParams with OperatorClientId(token)): clears the
+//       registration of a trainer that ended without unregistering (killed,
+//       crashed).
 // --job is accepted as a synonym of --job_id. `muonctl SUB --help` prints
 // SUB's usage to stdout and exits 0.
 // Every subcommand takes --token_file FILE (or --token T; the file keeps the

@@ -16,6 +16,7 @@
 #include "core/muon/newton_schulz.h"
 #include "server/common/job_id.h"
 #include "server/common/operator_id.h"
+#include "server/common/step_id.h"
 #include "server/common/unix_socket.h"
 #include "tools/rules/python_literal.h"
 
@@ -75,12 +76,15 @@ std::vector<Constant> WireConstants() {
        "core/common/error_reason.h kErrorDomain"},
       {"ERROR_REASONS", PyStrTuple(ErrorReasonNames()),
        "core/common/error_reason.h ErrorReasonName"},
-      {"OPERATOR_CLIENT_ID", PyStr(kOperatorClientId),
-       "server/common/operator_id.h kOperatorClientId"},
+      {"OPERATOR_ID_PREFIX", PyStr(kOperatorIdPrefix),
+       "server/common/operator_id.h kOperatorIdPrefix"},
+      {"OPERATOR_ID_LABEL", PyStr(kOperatorIdLabel),
+       "server/common/operator_id.h kOperatorIdLabel"},
       {"MAX_JOB_ID_CHARS", PyInt(kMaxJobIdChars),
        "server/common/job_id.h kMaxJobIdChars"},
       {"MAX_UNIX_SOCKET_PATH_BYTES", PyInt(int64_t(MaxUnixSocketPathBytes())),
        "server/common/unix_socket.h MaxUnixSocketPathBytes"},
+      {"MAX_STEP_ID", PyInt(kMaxStepId), "server/common/step_id.h kMaxStepId"},
   };
 }
 

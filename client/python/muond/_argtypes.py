@@ -3,6 +3,7 @@ launcher (deploy/local/launch.py): one wording for every refused number."""
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def integer(text: str) -> int:
@@ -43,10 +44,10 @@ def index(text: str) -> int:
 
 
 def seconds(text: str) -> float:
-    """A duration > 0."""
+    """A finite duration > 0 (inf and nan are refused: a wait must end)."""
     value = _number(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0 (seconds)")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 and finite (seconds)")
     return value
 
 

@@ -10,14 +10,20 @@ ERROR_DOMAIN = "muond.dev"
 # core/common/error_reason.h ErrorReasonName
 ERROR_REASONS = ("PEER_GONE", "NO_PLAN_YET", "ALREADY_REGISTERED")
 
-# server/common/operator_id.h kOperatorClientId
-OPERATOR_CLIENT_ID = "muonctl:operator"
+# server/common/operator_id.h kOperatorIdPrefix
+OPERATOR_ID_PREFIX = "operator:"
+
+# server/common/operator_id.h kOperatorIdLabel
+OPERATOR_ID_LABEL = "muond operator client_id v1"
 
 # server/common/job_id.h kMaxJobIdChars
 MAX_JOB_ID_CHARS = 64
 
 # server/common/unix_socket.h MaxUnixSocketPathBytes
 MAX_UNIX_SOCKET_PATH_BYTES = 105
+
+# server/common/step_id.h kMaxStepId
+MAX_STEP_ID = 4611686018427387903
 
 # core/muon/coefficients.h CoefficientTypeName
 COEFFICIENT_TYPES = ("simple", "quintic", "polar_express", "aol", "cans", "deepseekv4", "custom")

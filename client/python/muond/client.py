@@ -1,6 +1,8 @@
 """A thin client for one muond daemon's Optimizer service (proto/muond/v1/muond.proto)."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import stat
 import time
@@ -23,11 +25,20 @@ PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED = REASONS
 # PEER_GONE        Step: a peer daemon is gone; restart the job's daemons
 # NO_PLAN_YET      Coordinator.GetPlan: the job has no plan yet
 # ALREADY_REGISTERED  RegisterParams: another client holds the daemon's params;
-#                  metadata {"client_id": holder}. Unregister it as
-#                  OPERATOR_CLIENT_ID if it is gone.
-# The operator's client_id (server/common/operator_id.h): may save/load any
-# registration's state and unregister a trainer that is gone.
-OPERATOR_CLIENT_ID = _rules.OPERATOR_CLIENT_ID
+#                  metadata {"client_id": holder}. Unregister it as the
+#                  operator (Client.unregister_as_operator) if it is gone.
+
+
+def operator_client_id(token: str | None) -> str:
+    """The operator's client_id for daemons whose token is ``token`` (None or
+    "" for a daemon without one): it may save/load any registration's state and
+    unregister a trainer that is gone. Derived from the token, as the daemon
+    derives it (server/common/operator_id.h: "operator:" + hex HMAC-SHA256 of a
+    fixed label keyed with the token), so only holders of the token can act as
+    the operator; a credential, never to be logged."""
+    digest = hmac.new((token or "").encode("ascii"), _rules.OPERATOR_ID_LABEL.encode("ascii"),
+                      hashlib.sha256).hexdigest()
+    return _rules.OPERATOR_ID_PREFIX + digest
 
 _ERROR_INFO_TYPE_URL = "type.googleapis.com/google.rpc.ErrorInfo"
 _DETAILS_KEY = "grpc-status-details-bin"
@@ -226,6 +237,7 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(address, options=options)
         channel = self._channel
+        self._operator_id = operator_client_id(token)
         if token:
             channel = grpc.intercept_channel(channel, _TokenInterceptor(token))
         self.stub = pb_grpc.OptimizerStub(channel)
@@ -267,11 +279,17 @@ class Client:
 
     def unregister(self, job_id: str, client_id: str = "",
                    timeout: float | None = None) -> pb.UnregisterParamsResponse:
-        """Only the params' owner, or OPERATOR_CLIENT_ID (to clear a trainer
-        that ended without unregistering), may unregister them."""
+        """Only the params' owner, or the operator (unregister_as_operator, to
+        clear a trainer that ended without unregistering), may unregister them."""
         return self.stub.UnregisterParams(
             pb.UnregisterParamsRequest(job_id=job_id, client_id=client_id),
             timeout=timeout or self.timeout)
+
+    def unregister_as_operator(self, job_id: str,
+                               timeout: float | None = None) -> pb.UnregisterParamsResponse:
+        """Clears whatever registration the daemon holds, as the operator: the
+        client_id derived from this client's token (operator_client_id)."""
+        return self.unregister(job_id, self._operator_id, timeout)
 
     def status(self) -> pb.GetStatusResponse:
         return self.stub.GetStatus(pb.GetStatusRequest(), timeout=self.timeout)
@@ -282,7 +300,8 @@ class Client:
     def save_state(self, path: str, job_id: str = "",
                    client_id: str = "") -> pb.SaveStateResponse:
         """One-shot save. Only the params' owner (the job_id/client_id that
-        registered them) or the operator (muonctl) may save or load."""
+        registered them) or the operator (``client_id=operator_client_id(token)``,
+        as muonctl sends) may save or load."""
         return self.stub.SaveState(
             pb.SaveStateRequest(path=path, job_id=job_id, client_id=client_id),
             timeout=self.timeout)

@@ -10,9 +10,11 @@
 
 #include <cerrno>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
@@ -232,6 +234,79 @@ TEST(MetricsHttpTest, IdleConnectionsDoNotBlockScrapes) {
   }
   EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
   EXPECT_NE(ok.find("\nx_total 3\n"), std::string::npos) << ok;
+}
+
+// A TCP socket from `source` (an address of the loopback net) to
+// 127.0.0.1:port, -1 on failure: a second client address, as the per-address
+// limit would stop a flood from one.
+int ConnectFrom(const char* source, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval hang_guard = {60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &hang_guard, sizeof(hang_guard));
+  sockaddr_in from = {};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to = {};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Slowloris: 16 connections (the endpoint's limit) each sending its request
+// one byte a second are closed by the server although never idle, and a
+// scrape is answered while they keep trickling. The 20 s bound stops a hung
+// test; it is not the thing tested.
+TEST(MetricsHttpTest, TricklingConnectionsAreClosedAndScrapesAnswered) {
+  MetricsRegistry registry;
+  registry.AddCounter("x_total", "X.").With().Increment(5);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("127.0.0.1", 0, &registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<int> tricklers;
+  for (int i = 0; i < 16; ++i) {
+    const int fd = ConnectFrom(i % 2 == 0 ? "127.0.0.2" : "127.0.0.3", port);
+    ASSERT_GE(fd, 0) << "connection " << i;
+    tricklers.push_back(fd);
+  }
+  absl::Notification stop;
+  std::thread trickle([&] {
+    const std::string request = "GET /metrics HTTP/1.1\r\nX-Slow: ";
+    for (size_t i = 0; !stop.WaitForNotificationWithTimeout(absl::Seconds(1));
+         ++i) {
+      const char byte = i < request.size() ? request[i] : 'a';
+      for (int fd : tricklers) send(fd, &byte, 1, MSG_NOSIGNAL);
+    }
+  });
+  std::string scrape;
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < give_up) {
+    scrape = Fetch(port, "GET /metrics HTTP/1.0\r\n\r\n");
+    if (!scrape.empty()) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(scrape.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << scrape;
+  EXPECT_NE(scrape.find("\nx_total 5\n"), std::string::npos) << scrape;
+  // Each trickler was ended by the server: EOF or a reset, not the guard.
+  for (int fd : tricklers) {
+    char buf[256];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof(buf))) > 0) {
+    }
+    const int error = n < 0 ? errno : 0;
+    EXPECT_TRUE(n == 0 || error == ECONNRESET)
+        << "read " << n << " errno " << error;
+  }
+  stop.Notify();
+  trickle.join();
+  for (int fd : tricklers) close(fd);
 }
 
 // An IPv6 literal binds (where the host has IPv6 loopback), HEAD answers

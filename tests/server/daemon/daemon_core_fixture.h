@@ -18,6 +18,7 @@
 #include "client/cpp/client.h"
 #include "client/cpp/shm_region.h"
 #include "core/common/error_reason.h"
+#include "server/common/operator_id.h"
 #include "server/common/safetensors.h"
 #include "server/daemon/daemon_core.h"
 
@@ -25,6 +26,7 @@ namespace muond::daemon_core_test {
 
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class FakeLink : public CoordinatorLink {
  public:
@@ -104,6 +106,9 @@ class FakeMuon : public LayerShardedMuon {
   std::vector<float*> firsts_;
 };
 
+// The token the fixture's daemon derives its operator id from.
+inline constexpr char kJobToken[] = "job-token";
+
 class DaemonCoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -114,6 +119,7 @@ class DaemonCoreTest : public ::testing::Test {
     config.job_id = "job";
     config.rank = 0;
     config.world_size = 4;
+    config.operator_client_id = OperatorClientId(kJobToken);
     // The stale-transaction test cannot wait kPendingTransactionMaxAge.
     if (name_.find("Stale") != std::string::npos) {
       config.pending_transaction_max_age = absl::Milliseconds(200);

@@ -36,7 +36,15 @@ TEST_F(DaemonCoreTest, AStaleRegistrationIsNamedAndTheOperatorClearsIt) {
   un.set_client_id("intruder");
   EXPECT_EQ(core_->Unregister(un).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(core_->Status().num_params(), 2);
-  un.set_client_id("muonctl:operator");
+  // The operator is the token's: a constant or another token's id is not.
+  for (const std::string other :
+       {std::string("muonctl:operator"), OperatorClientId("another-token")}) {
+    un.set_client_id(other);
+    EXPECT_EQ(core_->Unregister(un).code(), absl::StatusCode::kPermissionDenied)
+        << other;
+  }
+  EXPECT_EQ(core_->Status().num_params(), 2);
+  un.set_client_id(OperatorClientId(kJobToken));
   ASSERT_TRUE(core_->Unregister(un).ok());
   EXPECT_EQ(core_->Status().num_params(), 0);
   EXPECT_TRUE(core_->Unregister(un).ok());  // nothing registered: OK

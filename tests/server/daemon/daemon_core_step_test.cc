@@ -76,6 +76,26 @@ TEST_F(DaemonCoreTest, StepRulesAndPlanActivation) {
   EXPECT_EQ(core_->Status().num_params(), 0);
 }
 
+// The largest step id is 2^62 - 1 for steps as for loads and imports: a step
+// past it is refused naming the range and applies nothing; the bound itself
+// steps.
+TEST_F(DaemonCoreTest, StepIdBoundIsTheLoadBound) {
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  float* w = static_cast<float*>(region_->data());
+  absl::Status past = core_->Step(StepReq(int64_t{1} << 62)).status();
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument) << past;
+  EXPECT_THAT(past.message(), HasSubstr("step_id 4611686018427387904 must be "
+                                        "in [0, 4611686018427387903]"));
+  EXPECT_EQ(*w, 0.0f);
+  absl::StatusOr<v1::StepResponse> last =
+      core_->Step(StepReq((int64_t{1} << 62) - 1));
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(*w, 1.0f);
+  EXPECT_EQ(core_->Status().last_step_id(), (int64_t{1} << 62) - 1);
+}
+
 // Two plans that become active at the same step both reach the engine, in
 // version order, so this rank can route by the older one while a peer that
 // has not received the newer one yet catches up; the response names the

@@ -18,6 +18,7 @@
 #include "client/cpp/shm_region.h"
 #include "core/comm/kv_store.h"
 #include "gmock/gmock.h"
+#include "server/common/step_id.h"
 #include "server/daemon/daemon_core.h"
 #include "server/daemon/engine_factory.h"
 #include "server/daemon/optimizer_service.h"
@@ -373,18 +374,21 @@ TEST_F(StateRpcTest, ImportIsAbortedWhenAStepRanDuringTheStream) {
   ASSERT_TRUE(client_->Step(2).ok());
 }
 
-// The header's step_id must leave room for the next step (step_id + 1).
-TEST_F(StateRpcTest, ImportStepIdLeavesRoomForTheNextStep) {
+// Import and Step share one bound (kMaxStepId): an import at it is accepted
+// and a step past it refused, naming the range, as for a live daemon.
+TEST_F(StateRpcTest, ImportAndStepShareTheStepIdBound) {
   const OptimizerState before = Exported();
   absl::Status top =
-      client_->ImportState(Distinct(before, DaemonCore::kMaxStepId)).status();
+      client_->ImportState(Distinct(before, kMaxStepId + 1)).status();
   EXPECT_EQ(top.code(), absl::StatusCode::kInvalidArgument) << top;
   EXPECT_THAT(top.message(), HasSubstr("step_id"));
   ExpectSame(before, Exported());
-  const OptimizerState last = Distinct(before, DaemonCore::kMaxStepId - 1);
+  const OptimizerState last = Distinct(before, kMaxStepId);
   ASSERT_TRUE(client_->ImportState(last).ok());
-  absl::StatusOr<v1::StepResponse> next = client_->Step(DaemonCore::kMaxStepId);
-  ASSERT_TRUE(next.ok()) << next.status();
+  absl::Status next = client_->Step(kMaxStepId + 1).status();
+  EXPECT_EQ(next.code(), absl::StatusCode::kInvalidArgument) << next;
+  EXPECT_THAT(next.message(), HasSubstr("must be in [0, 4611686018427387903]"));
+  ExpectSame(last, Exported());
 }
 
 // Polls `call` until it is OK (a freed slot is returned when the server's

@@ -107,7 +107,8 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bin-dir", metavar="DIR", help="where muond-daemon and muond-coordinator are "
                    "(flat or a bazel-bin tree; default $MUOND_BIN_DIR, else PATH, else the "
                    "repository's bazel-bin)")
-    g.add_argument("--log-dir", metavar="DIR", help="server logs (default ./muond-logs/<job>)")
+    g.add_argument("--log-dir", metavar="DIR", help="server logs (default ./muond-logs/<job>); "
+                   "created if missing, but its parent must exist")
     g.add_argument("--log-format", choices=["text", "json"], help="the servers' "
                    "--log_format (default: theirs, text)")
     g.add_argument("--metrics-port", metavar="P", type=_argtypes.port,

@@ -392,7 +392,9 @@ def _master_addr(opts, env) -> tuple[str, str]:
 
 
 def _job_id(opts, env, mode) -> tuple[str | None, str]:
-    if opts.job_id:
+    # `is not None`: an empty --job-id is refused by the rule, not taken as
+    # "not given".
+    if opts.job_id is not None:
         return check_job_id(opts.job_id, "--job-id"), "--job-id"
     if env.get("MUOND_JOB_ID"):
         return check_job_id(env["MUOND_JOB_ID"], "$MUOND_JOB_ID"), "$MUOND_JOB_ID"
@@ -408,10 +410,17 @@ def _job_id(opts, env, mode) -> tuple[str | None, str]:
 
 
 def check_paths(args, layout: LaunchLayout) -> None:
-    """--log-dir creatable and writable, the token file a regular file:
+    """--log-dir a writable directory, created when missing if its parent
+    exists (a missing parent is more likely a typo than a wish: refused), the
+    default one created with its parents; the token file a regular file:
     checked before anything starts."""
     log_dir = server_log_dir(args, layout)
     what = "--log-dir" if args.log_dir else "the default log dir (--log-dir)"
+    if args.log_dir:
+        parent = os.path.dirname(os.path.abspath(log_dir))
+        if not os.path.isdir(parent):
+            raise LaunchError(f"--log-dir {log_dir}: its parent {parent} is not a directory "
+                              "(the launcher creates the log dir, not its parents)")
     try:
         os.makedirs(log_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=log_dir):

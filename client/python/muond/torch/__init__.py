@@ -90,7 +90,7 @@ agreement), ``wire`` (groups to proto), ``rpc`` (one call on every daemon),
 """
 # The client's errors and reasons, importable from here as before the
 # package existed (`except muond.torch.MuondError`).
-from muond.client import (ALREADY_REGISTERED, OPERATOR_CLIENT_ID, PEER_GONE, Client,
+from muond.client import (ALREADY_REGISTERED, PEER_GONE, Client,
                           MuondError, error_info)
 from muond.shm import ShmBuffer
 from muond.torch.groups import (LIVE_KEYS, MAX_STEP_ID, check_gram_options, check_live,
@@ -101,7 +101,7 @@ from muond.torch.options import (AdamWOptions, ConnectionOptions, NewtonSchulzOp
                                  PlacementOptions, ScalingOptions)
 
 __all__ = [
-    "ALREADY_REGISTERED", "Client", "MuondError", "OPERATOR_CLIENT_ID", "PEER_GONE",
+    "ALREADY_REGISTERED", "Client", "MuondError", "PEER_GONE",
     "ShmBuffer", "error_info",
     "AdamWOptions", "AddParamGroupError", "CUDA_IPC_HANDLE_SIZE", "ConnectionOptions",
     "LIVE_KEYS", "MAX_STEP_ID", "Muon", "NewtonSchulzOptions", "PlacementOptions",

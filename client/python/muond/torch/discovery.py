@@ -11,7 +11,8 @@ server/common/unix_socket.cc PrivateSocketDir):
 XDG_RUNTIME_DIR; job = ``$MUOND_JOB_ID`` (default "default"), rank =
 ``$RANK`` (torchrun), else ``$SLURM_PROCID`` (ASCII digits only); the token
 file is ``$MUOND_TOKEN_FILE``. A default socket that does not exist is
-reported at once (``Discovered.missing_socket``) instead of waited for.
+reported at once (``Discovered.missing_socket``) instead of waited for, and a
+malformed ``$MUOND_DAEMON`` is refused at once (``check_daemon_address``).
 """
 from __future__ import annotations
 
@@ -43,6 +44,39 @@ def default_socket(job_id: str, rank: int, env=None, uid: int | None = None) -> 
     directory = (f"{xdg}/muond" if xdg.startswith("/")
                  else f"/tmp/muond-{os.geteuid() if uid is None else uid}")
     return f"unix://{directory}/muond-{job_id}-{rank}.sock"
+
+
+_DAEMON_FORMS = ("unix:/ABS/PATH, unix:///ABS/PATH or HOST:PORT (a host name, an IPv4 "
+                 "address or a bracketed IPv6 address; PORT 1-65535)")
+
+
+def check_daemon_address(text: str, source: str = "$MUOND_DAEMON") -> str:
+    """``text`` when it is a daemon address a channel can reach, else
+    ValueError naming ``source``, the value and the accepted forms (a
+    malformed address would otherwise be retried until the health timeout)."""
+    def refuse(why: str):
+        raise ValueError(f"{source}={text!r} is malformed: {why}; expected {_DAEMON_FORMS}")
+
+    if text.startswith("unix:"):
+        path = text[len("unix:"):]
+        path = path[2:] if path.startswith("//") else path
+        if not path.startswith("/") or "\0" in path:
+            refuse("the unix socket path must be absolute")
+        return text
+    host, colon, port = text.rpartition(":")
+    if not colon or not host:
+        refuse("no HOST:PORT")
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        refuse(f"port {port!r} is not in 1-65535")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        refuse("an IPv6 address needs brackets ([::1]:PORT)")
+    # The launcher's host rule (lazy: muond.launch is not needed otherwise).
+    from muond.launch.addresses import check_host
+    try:
+        check_host(host, "host")
+    except ValueError:
+        refuse(f"host {host!r} is not a host name or an IP address")
+    return text
 
 
 @dataclass(frozen=True)
@@ -83,7 +117,9 @@ def discover(job_id: str | None = None, env=None) -> Discovered:
     rank = env_rank(env)
     address = env.get("MUOND_DAEMON", "")
     path = None
-    if not address:
+    if address:
+        check_daemon_address(address)
+    else:
         if rank is None:
             raise ValueError(
                 "muond.torch.Muon needs its daemon: pass daemons=[addresses], or run under "

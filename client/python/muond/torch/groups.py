@@ -176,12 +176,11 @@ def check_live(gi: int, group: dict) -> None:
             _real(label, key, value)
 
 
-# The step ids a daemon's ImportState accepts, [-1,
-# DaemonCore::kMaxRestoredStepId = kMaxStepId - 1] (server/daemon/daemon_core.h,
-# the rule's home; the next step id must stay valid): checked here too so that a
+# The step ids a daemon's ImportState accepts, [-1, MAX_STEP_ID]
+# (server/common/step_id.h, through muond._rules): checked here too so that a
 # bad state dict is a ValueError naming the key before any RPC, not a
 # protobuf range error half way through the import.
-MAX_STEP_ID = 2**62 - 1
+MAX_STEP_ID = _rules.MAX_STEP_ID
 
 
 def check_step_id(value) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
-from muond.client import ALREADY_REGISTERED, OPERATOR_CLIENT_ID, MuondError
+from muond.client import ALREADY_REGISTERED, MuondError
 from muond.torch import memory as _memory
 from muond.torch import rpc as _rpc
 
@@ -62,7 +62,7 @@ def register_taking_over_stale(clients, job_id: str, client_id: str, per_rank, r
                  client_id)
     # As the operator: clears the stale holders and our own partial
     # registrations alike, then every daemon is registered afresh.
-    _rpc.on_all(clients, lambda c: c.unregister(job_id, OPERATOR_CLIENT_ID),
+    _rpc.on_all(clients, lambda c: c.unregister_as_operator(job_id),
                 "UnregisterParams (operator)")
     _rpc.gather([c.register_future(job_id, per_rank[r], client_id,
                                    regions=regions.used_by(per_rank[r]))

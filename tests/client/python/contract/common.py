@@ -89,6 +89,10 @@ def muond_opt(cluster, groups, **kw):
     kw.setdefault("fp32_matmul_prec", "highest")
     kw.setdefault("rpc_timeout", 30)
     kw.setdefault("wait_healthy_timeout", 30)
+    # The job's token, as the launcher gives it ($MUOND_TOKEN_FILE): a
+    # takeover acts as the operator, whose client_id is derived from it.
+    if cluster.token:
+        kw.setdefault("token", cluster.token)
     return Muon(groups, daemons=cluster.daemons, job_id=cluster.job_id, gtp_size=1,
                 tp_size=len(cluster.daemons), **kw)
 
