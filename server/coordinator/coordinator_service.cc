@@ -165,7 +165,7 @@ grpc::Status CoordinatorService::ListDaemons(
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);
   if (addresses_need_token_ && !CallerProvedAToken(request->job_id())) {
-    // A daemon's address is where its trainer's memory is reachable from.
+    // Addresses point a caller at the job's daemons: only for its members.
     for (v1::DaemonInfo& d : *response->mutable_daemons()) d.clear_address();
   }
   return grpc::Status::OK;
