@@ -120,18 +120,18 @@ absl::Status GrpcCoordinatorLink::JoinOnce() {
   return FromGrpc(stub_->Join(&context, join_, &response));
 }
 
-absl::Status GrpcCoordinatorLink::Start(
-    std::function<void(const v1::Plan&)> on_plan, absl::Duration timeout) {
-  on_plan_ = std::move(on_plan);
+absl::Status GrpcCoordinatorLink::JoinWithRetries(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  std::string logged;  // the refusal logged last: a wait logs each once
+  // The kind of refusal logged last: a wait logs each kind once (a message
+  // may change every attempt, e.g. "joined 2s ago").
+  absl::StatusCode logged = absl::StatusCode::kOk;
   while (true) {
     absl::Status st = JoinOnce();
     {
       absl::MutexLock lock(&mu_);
       last_join_ = st;
     }
-    if (st.ok()) break;
+    if (st.ok()) return st;
     if (!JoinRefusalMayPass(st)) return WithContext(st, "Join refused: ");
     if (absl::Now() >= deadline) {
       if (IsUnreachable(st)) return CoordinatorUnreachable(st.message());
@@ -139,13 +139,19 @@ absl::Status GrpcCoordinatorLink::Start(
           st, absl::StrCat("Join refused for ", absl::FormatDuration(timeout),
                            " (--coordinator_timeout_s): "));
     }
-    if (!IsUnreachable(st) && st.message() != logged) {
-      logged = std::string(st.message());
+    if (!IsUnreachable(st) && st.code() != logged) {
+      logged = st.code();
       LOG(WARNING) << "Join waits (until " << absl::FormatDuration(timeout)
                    << " after start): " << st;
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
+}
+
+absl::Status GrpcCoordinatorLink::Start(
+    std::function<void(const v1::Plan&)> on_plan, absl::Duration timeout) {
+  on_plan_ = std::move(on_plan);
+  RETURN_IF_ERROR(JoinWithRetries(timeout));
   LOG(INFO) << "joined job " << join_.job_id() << " as rank " << join_.rank()
             << "/" << join_.world_size();
   {

@@ -62,6 +62,8 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
 
  private:
   absl::Status JoinOnce();
+  // Start's Join, retried as Start says.
+  absl::Status JoinWithRetries(absl::Duration timeout);
   // Waits up to `timeout` for Start's Join; Unavailable naming the rank and
   // the coordinator's address when it has not joined by then, at once when
   // Start's latest Join found the coordinator unreachable.
