@@ -59,13 +59,14 @@ class CoordinatorCore {
   explicit CoordinatorCore(CoordinatorOptions options);
 
   // InvalidArgument: a job id CheckJobId refuses, world_size < 1, rank outside
-  // [0, world_size), world_size different from the job's. PermissionDenied:
-  // wrong token. AlreadyExists: the rank is live (its plan stream is open, or
-  // it joined less than join_grace ago); a stale join is replaced.
-  // ResourceExhausted: a new job beyond max_jobs.
-  // When no rank of the job is live (all left: the job's daemons restart),
-  // the job's key/value store is cleared first; plans and manifests stay.
-  // A Join with another world size or token then starts a fresh job.
+  // [0, world_size). PermissionDenied: not the coordinator's token.
+  // FailedPrecondition: the job's live daemons joined with another world size
+  // or token (the daemon waits it out until its deadline). AlreadyExists: the
+  // rank is live (its plan stream is open, or it joined less than join_grace
+  // ago); a stale join is replaced. ResourceExhausted: a new job beyond
+  // max_jobs. When no rank of the job is live (all left: the job's daemons
+  // restart), the job's key/value store is cleared first; plans and manifests
+  // stay. A Join with another world size or token then starts a fresh job.
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
   // OK when the job has no token (its first Join carried none) or `token`
   // equals it; PermissionDenied naming the job otherwise. Unknown jobs are

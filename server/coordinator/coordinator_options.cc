@@ -1,8 +1,13 @@
 #include "server/coordinator/coordinator_options.h"
 
+#include <arpa/inet.h>
+
 #include <cmath>
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 
@@ -45,6 +50,39 @@ absl::Status CoordinatorOptions::Validate() const {
     }
   }
   return absl::OkStatus();
+}
+
+bool IsThisHostOnly(absl::string_view listen) {
+  if (absl::StartsWith(listen, "unix:")) return true;
+  const size_t colon = listen.rfind(':');
+  if (colon == absl::string_view::npos) return false;
+  const std::string host(listen.substr(0, colon));
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']' &&
+      inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) == 1) {
+    return std::memcmp(&v6, &in6addr_loopback, sizeof(v6)) == 0;
+  }
+  return false;
+}
+
+absl::Status CheckUntokenedListen(absl::string_view listen, bool has_token,
+                                  bool insecure_allow_untokened_tcp) {
+  if (has_token || insecure_allow_untokened_tcp || IsThisHostOnly(listen)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--listen=", listen,
+      " is reachable from other hosts and no token is given: without one "
+      "every caller may join and lock this coordinator's jobs (TLS alone "
+      "authenticates nobody). Give --token_file=FILE, made with `(umask 077; "
+      "head -c 32 /dev/urandom | base64 > FILE)` and given to every daemon "
+      "(--token_file) and muonctl; or listen on 127.0.0.1 or a unix: socket; "
+      "or, on a trusted network only, --insecure_allow_untokened_tcp"));
 }
 
 }  // namespace muond

@@ -85,4 +85,19 @@ struct CoordinatorOptions {
   static constexpr int64_t kMaxRebalanceSteps = int64_t(1) << 40;
 };
 
+// Whether a --listen address (one CheckListenAddress accepts) is reachable
+// from this host alone: a Unix socket ("unix:..."), "localhost", an IPv4
+// literal in 127.0.0.0/8 or "[::1]". Any other host name may resolve to
+// another host's address, so it is not.
+bool IsThisHostOnly(absl::string_view listen);
+
+// The rule of a coordinator without a token: it trusts every caller that
+// reaches it (any caller may Join and so fill max_jobs, hold a job id, list
+// a job's daemons), so it serves this host alone (IsThisHostOnly) unless
+// `insecure_allow_untokened_tcp`. TLS does not lift the rule: TLS without
+// client certificates encrypts, it authenticates no caller. OK with a
+// token; InvalidArgument naming --listen, --token_file and how to make one.
+absl::Status CheckUntokenedListen(absl::string_view listen, bool has_token,
+                                  bool insecure_allow_untokened_tcp);
+
 }  // namespace muond

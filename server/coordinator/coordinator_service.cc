@@ -164,7 +164,18 @@ grpc::Status CoordinatorService::ListDaemons(
   absl::StatusOr<v1::ListDaemonsResponse> r = core_->ListDaemons(*request);
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);
+  if (addresses_need_token_ && !CallerProvedAToken(request->job_id())) {
+    // Addresses point a caller at the job's daemons: only for its members.
+    for (v1::DaemonInfo& d : *response->mutable_daemons()) d.clear_address();
+  }
   return grpc::Status::OK;
+}
+
+bool CoordinatorService::CallerProvedAToken(const std::string& job_id) {
+  if (!token_.empty()) return true;  // Authorize checked it
+  // The job's token, when it has one, was checked by Authorize as well: an
+  // empty token fails exactly when there is one.
+  return !core_->CheckJobToken(job_id, "").ok();
 }
 
 }  // namespace muond

@@ -13,8 +13,15 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // `core` is not owned and must outlive the service.
   // `token`: when non-empty every RPC must carry it in metadata
   // (server/common/auth.h); Join may carry it in JoinRequest.token instead.
-  explicit CoordinatorService(CoordinatorCore* core, std::string token = "")
-      : core_(core), token_(std::move(token)) {}
+  // `addresses_need_token`: ListDaemons lists daemon addresses only to a
+  // caller that proved a token (the coordinator's, or the job's when it has
+  // one); others get ranks and liveness. For an untokened coordinator other
+  // hosts reach, where any caller may ask.
+  explicit CoordinatorService(CoordinatorCore* core, std::string token = "",
+                              bool addresses_need_token = false)
+      : core_(core),
+        token_(std::move(token)),
+        addresses_need_token_(addresses_need_token) {}
 
   grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest*,
                     v1::JoinResponse*) override;
@@ -53,8 +60,13 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status Authorize(const grpc::ServerContext& context,
                          const std::string& job_id);
 
+  // After Authorize: whether the caller proved a token (the coordinator's,
+  // or the job's when it has one; a job without one proves nothing).
+  bool CallerProvedAToken(const std::string& job_id);
+
   CoordinatorCore* core_;
   const std::string token_;
+  const bool addresses_need_token_;
   std::atomic<bool> shutting_down_{false};
 };
 

@@ -81,16 +81,7 @@ absl::StatusOr<v1::JoinResponse> JobTable::Join(
   }
   Job& job = *slot;
   job.last_activity = now;
-  if (request.world_size() != job.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size: ", request.world_size(), " differs from job '", job.id,
-        "' world size ", job.world_size));
-  }
-  if (request.token() != job.token) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("job '", job.id, "' rank ", request.rank(),
-                     ": token differs from the job's first daemon"));
-  }
+  RETURN_IF_ERROR(CheckSameIncarnation(job, request, now));
   auto it = job.daemons.find(request.rank());
   if (it != job.daemons.end() && Live(it->second, now, options_.join_grace)) {
     const Daemon& d = it->second;
@@ -124,6 +115,36 @@ absl::StatusOr<v1::JoinResponse> JobTable::Join(
   v1::JoinResponse response;
   response.set_store_prefix(absl::StrCat("job/", job.id));
   return response;
+}
+
+absl::Status JobTable::CheckSameIncarnation(const Job& job,
+                                            const v1::JoinRequest& request,
+                                            absl::Time now) const {
+  const bool other_world = request.world_size() != job.world_size;
+  if (!other_world && request.token() == job.token) return absl::OkStatus();
+  // The job's live daemons hold it (maybe a squatter, maybe this job's
+  // misconfigured peers): FailedPrecondition, which the daemon waits out
+  // until its join deadline, since the holders go away once their plan
+  // streams end (or their join grace passes).
+  int live = 0;
+  for (const auto& [rank, d] : job.daemons)
+    live += Live(d, now, options_.join_grace);
+  const std::string holder =
+      absl::StrCat("job '", job.id, "' is held by ", live, " live daemon",
+                   live == 1 ? "" : "s", " of world size ", job.world_size);
+  const std::string fix =
+      "; every daemon of a job must give the same --world_size and token: "
+      "stop the daemons holding it or give this one another --job_id (a "
+      "Join waits while they are live; a join with no plan stream stops "
+      "holding after ";
+  if (other_world) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("world_size: ", request.world_size(), " differs: ", holder,
+                     fix, absl::FormatDuration(options_.join_grace), ")"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", request.rank(), ": token differs from the one ", holder,
+      " joined with", fix, absl::FormatDuration(options_.join_grace), ")"));
 }
 
 absl::Status JobTable::CheckToken(const std::string& job_id,

@@ -60,6 +60,12 @@ class JobTable {
   // Forgets jobs with no live daemon, no waiter and no RPC for
   // job_idle_expiry.
   void ExpireIdleJobs(absl::Time now);
+  // OK when `request` has the world size and token of `job`, whose live
+  // daemons hold it (an idle job was started afresh before);
+  // FailedPrecondition naming the holders' world size and the fix otherwise.
+  absl::Status CheckSameIncarnation(const Job& job,
+                                    const v1::JoinRequest& request,
+                                    absl::Time now) const;
   // A fresh job for a first Join.
   std::unique_ptr<Job> NewJob(const v1::JoinRequest& request) const;
 

@@ -1,6 +1,6 @@
 // muond-coordinator: rendezvous store, manifests and NS-home plans for any
 // number of jobs (docs/ARCHITECTURE.md "Processes", "Plans and their
-// versions"). Listens on TCP.
+// versions"). Listens on TCP or a Unix socket.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
@@ -22,9 +24,10 @@
 #include "server/coordinator/coordinator_service.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
-          "TCP address to serve the Coordinator service on (host:port; port 0 "
-          "picks a free one, see --port_file). A non-loopback address needs "
-          "--token or --tls_cert/--tls_key (or --allow_insecure_tcp)");
+          "Address to serve the Coordinator service on: host:port (port 0 "
+          "picks a free one, see --port_file) or unix:/ABS/PATH. Without a "
+          "token only this host may be served: a unix: socket, localhost, "
+          "127.x.x.x or [::1] (see --insecure_allow_untokened_tcp)");
 ABSL_FLAG(std::string, port_file, "",
           "When set, the bound port is written to this file once serving "
           "(and the file is removed on SIGTERM/SIGINT)");
@@ -51,8 +54,11 @@ ABSL_FLAG(int64_t, kv_max_total_bytes, int64_t(256) << 20,
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate: serve TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
-ABSL_FLAG(bool, allow_insecure_tcp, false,
-          "Serve a non-loopback address without token or TLS");
+ABSL_FLAG(bool, insecure_allow_untokened_tcp, false,
+          "INSECURE: serve an address other hosts reach without a token (TLS "
+          "or not). Every caller may then join, fill --max_jobs and hold job "
+          "ids; ListDaemons hides daemon addresses from callers without a "
+          "job token. For a trusted network only");
 
 ABSL_FLAG(double, rebalance_threshold, 1.25,
           "Rebalance a job automatically (measured cost table) when the "
@@ -68,15 +74,11 @@ ABSL_FLAG(int64_t, rebalance_activate_margin, 20,
 namespace {
 constexpr char kUsage[] =
     "usage: muond-coordinator [--listen=HOST:PORT] [--port_file=FILE] "
-    "[--token_file=FILE | --tls_cert=PEM --tls_key=PEM] [flags...]\n"
+    "[--token_file=FILE] [--tls_cert=PEM --tls_key=PEM] [flags...]\n"
     "Rendezvous store, manifests and NS-home plans for muond jobs.";
 const std::vector<std::string> kFlagSources = {"server/coordinator/",
                                                "server/common/"};
 
-bool IsLoopback(const std::string& address) {
-  return address.rfind("127.", 0) == 0 || address.rfind("localhost:", 0) == 0 ||
-         address.rfind("[::1]:", 0) == 0;
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,7 +123,6 @@ int main(int argc, char** argv) {
   options.metrics = &metrics;
   muond::CoordinatorCore core(options);
   metrics.CollectJobsFrom([&core] { return core.MetricsSnapshot(); });
-  muond::CoordinatorService service(&core, options.token);
   const muond::ListenerFlags listener = {absl::GetFlag(FLAGS_listen),
                                          absl::GetFlag(FLAGS_tls_cert),
                                          absl::GetFlag(FLAGS_tls_key)};
@@ -131,14 +132,24 @@ int main(int argc, char** argv) {
     LOG(ERROR) << credentials.status().message();
     return 2;
   }
-  if (options.token.empty() && listener.tls_cert.empty() &&
-      !IsLoopback(listener.listen) &&
-      !absl::GetFlag(FLAGS_allow_insecure_tcp)) {
-    LOG(ERROR) << "--listen=" << listener.listen
-               << " is reachable from other hosts: give --token or "
-                  "--tls_cert/--tls_key (or --allow_insecure_tcp)";
+  if (absl::Status st = muond::CheckUntokenedListen(
+          listener.listen, !options.token.empty(),
+          absl::GetFlag(FLAGS_insecure_allow_untokened_tcp));
+      !st.ok()) {
+    LOG(ERROR) << st.message();
     return 2;
   }
+  // Untokened and reachable from other hosts (the opt-out above): nobody
+  // proved anything, so daemon addresses are listed to job members only.
+  const bool open_to_other_hosts =
+      options.token.empty() && !muond::IsThisHostOnly(listener.listen);
+  LOG_IF(WARNING, open_to_other_hosts)
+      << "--insecure_allow_untokened_tcp: any host that reaches --listen="
+      << listener.listen
+      << " can join, fill --max_jobs and hold this coordinator's job ids";
+  muond::CoordinatorService service(&core, options.token,
+                                    /*addresses_need_token=*/
+                                    open_to_other_hosts);
 
   // A second coordinator on the port would split the daemons between the
   // two (rendezvous and plans never meet): StartGrpcServer refuses it.
@@ -187,14 +198,18 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  LOG(INFO) << "muond-coordinator serving on port " << port
+  // gRPC reports port 1 for a Unix socket: name the socket instead.
+  const bool unix_socket = absl::StartsWith(listener.listen, "unix:");
+  LOG(INFO) << "muond-coordinator serving on "
+            << (unix_socket ? listener.listen : absl::StrCat("port ", port))
             << (options.token.empty() ? " (no token)" : " (token required)");
   // Without a token any local process may join a job first and fix its
-  // token; the launcher always gives one, so say it loudly here.
+  // token, or fill --max_jobs; the launcher always gives one, so say it
+  // loudly here.
   LOG_IF(WARNING, options.token.empty())
-      << "no --token_file: every process on this host can join, read and "
-         "write this coordinator's jobs (the first Join fixes a job's token); "
-         "start it with --token_file";
+      << "no --token_file: every process that reaches this coordinator can "
+         "join, read and write its jobs (the first Join fixes a job's token) "
+         "and fill --max_jobs; start it with --token_file";
   server->Wait();
   if (!port_file.empty()) unlink(port_file.c_str());
   return 0;

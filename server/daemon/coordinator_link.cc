@@ -18,6 +18,11 @@
 namespace muond {
 namespace {
 
+// No coordinator answered (nothing listens, or it hangs).
+bool IsUnreachable(const absl::Status& st) {
+  return absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st);
+}
+
 std::string RandomIncarnation() {
   std::random_device device;
   std::mt19937_64 rng((uint64_t(device()) << 32) ^ device());
@@ -26,6 +31,17 @@ std::string RandomIncarnation() {
 
 // How long a timing report waits before it is sent (see ReportLoop).
 constexpr absl::Duration kReportDelay = absl::Milliseconds(2);
+
+// Join refusals that pass by themselves, so Start waits them out until its
+// deadline: the coordinator unreachable; the rank still live (usually this
+// daemon's previous process, whose plan stream the coordinator has not yet
+// seen close: it polls); the job held by live daemons of another world size
+// or token (a squatter, or peers about to go away); max_jobs full (idle jobs
+// expire).
+bool JoinRefusalMayPass(const absl::Status& st) {
+  return IsUnreachable(st) || absl::IsAlreadyExists(st) ||
+         absl::IsFailedPrecondition(st) || absl::IsResourceExhausted(st);
+}
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration d) {
   context->set_deadline(std::chrono::system_clock::now() +
@@ -37,7 +53,8 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration d) {
 GrpcCoordinatorLink::GrpcCoordinatorLink(
     const std::string& address, v1::JoinRequest join,
     std::shared_ptr<grpc::ChannelCredentials> credentials)
-    : join_(std::move(join)),
+    : address_(address),
+      join_(std::move(join)),
       stub_(v1::Coordinator::NewStub(
           grpc::CreateChannel(address, std::move(credentials)))),
       incarnation_(RandomIncarnation()) {}
@@ -103,29 +120,38 @@ absl::Status GrpcCoordinatorLink::JoinOnce() {
   return FromGrpc(stub_->Join(&context, join_, &response));
 }
 
-absl::Status GrpcCoordinatorLink::Start(
-    std::function<void(const v1::Plan&)> on_plan, absl::Duration timeout) {
-  on_plan_ = std::move(on_plan);
+absl::Status GrpcCoordinatorLink::JoinWithRetries(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
+  // The kind of refusal logged last: a wait logs each kind once (a message
+  // may change every attempt, e.g. "joined 2s ago").
+  absl::StatusCode logged = absl::StatusCode::kOk;
   while (true) {
     absl::Status st = JoinOnce();
-    if (st.ok()) break;
-    // ALREADY_EXISTS: the coordinator still counts this rank live. After a
-    // restart that is usually this daemon's previous process, whose plan
-    // stream the coordinator has not yet seen close (it polls): retry until
-    // the deadline, and only then give up naming the live rank.
-    const bool rank_held = absl::IsAlreadyExists(st);
-    if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st) &&
-        !rank_held) {
-      return WithContext(st, "Join refused: ");
+    {
+      absl::MutexLock lock(&mu_);
+      last_join_ = st;
     }
+    if (st.ok()) return st;
+    if (!JoinRefusalMayPass(st)) return WithContext(st, "Join refused: ");
     if (absl::Now() >= deadline) {
-      if (rank_held) return WithContext(st, "Join refused: ");
-      return absl::UnavailableError(
-          absl::StrCat("coordinator unreachable: ", st.message()));
+      if (IsUnreachable(st)) return CoordinatorUnreachable(st.message());
+      return WithContext(
+          st, absl::StrCat("Join refused for ", absl::FormatDuration(timeout),
+                           " (--coordinator_timeout_s): "));
+    }
+    if (!IsUnreachable(st) && st.code() != logged) {
+      logged = st.code();
+      LOG(WARNING) << "Join waits (until " << absl::FormatDuration(timeout)
+                   << " after start): " << st;
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
+}
+
+absl::Status GrpcCoordinatorLink::Start(
+    std::function<void(const v1::Plan&)> on_plan, absl::Duration timeout) {
+  on_plan_ = std::move(on_plan);
+  RETURN_IF_ERROR(JoinWithRetries(timeout));
   LOG(INFO) << "joined job " << join_.job_id() << " as rank " << join_.rank()
             << "/" << join_.world_size();
   {
@@ -276,17 +302,29 @@ absl::Status GrpcCoordinatorLink::PublishManifest(
   return st;
 }
 
+absl::Status GrpcCoordinatorLink::CoordinatorUnreachable(
+    absl::string_view error) const {
+  return absl::UnavailableError(absl::StrCat(
+      "the coordinator at ", address_, " (--coordinator) is unreachable (",
+      error, "): is muond-coordinator running there?"));
+}
+
 absl::Status GrpcCoordinatorLink::AwaitJoined(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
+  // Start's latest Join found no coordinator: say so now rather than after
+  // `timeout` (the trainer's deadline may be shorter).
   auto joined = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return joined_ || stopping_;
+    return joined_ || stopping_ || IsUnreachable(last_join_);
   };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&joined), timeout) || !joined_) {
-    return absl::UnavailableError(
-        absl::StrCat("rank ", join_.rank(), " has not joined job '",
-                     join_.job_id(), "' at the coordinator yet"));
+  mu_.AwaitWithTimeout(absl::Condition(&joined), timeout);
+  if (joined_) return absl::OkStatus();
+  if (IsUnreachable(last_join_)) {
+    return CoordinatorUnreachable(last_join_.message());
   }
-  return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "rank ", join_.rank(), " has not joined job '", join_.job_id(),
+      "' at the coordinator at ", address_, " yet",
+      last_join_.ok() ? "" : absl::StrCat(" (", last_join_.message(), ")")));
 }
 
 absl::Status GrpcCoordinatorLink::PublishRefusal(const std::string& reason) {
@@ -322,6 +360,7 @@ absl::StatusOr<int64_t> GrpcCoordinatorLink::PublishRegistration(
   v1::PublishManifestResponse response;
   absl::Status st =
       FromGrpc(stub_->PublishManifest(&context, published, &response));
+  if (IsUnreachable(st)) return CoordinatorUnreachable(st.message());
   if (!st.ok()) return st;
   int64_t round_version = 0;
   const auto& trailers = context.GetServerTrailingMetadata();

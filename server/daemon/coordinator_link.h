@@ -27,8 +27,12 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   // Stop().
   ~GrpcCoordinatorLink() override;
 
-  // Joins (retrying UNAVAILABLE up to `timeout`) and starts the plan watcher,
-  // which calls `on_plan` for every plan, and for a refusal of a registration
+  // Joins and starts the plan watcher. Refusals that pass by themselves are
+  // retried up to `timeout`, each logged once: the coordinator unreachable,
+  // the rank still live, the job held by live daemons of another world size
+  // or token, max_jobs full; then the last refusal is returned (Unavailable
+  // naming the address for an unreachable coordinator). The plan watcher
+  // calls `on_plan` for every plan, and for a refusal of a registration
   // round (a Plan with round_refused) that dropped this daemon's latest
   // registration.
   absl::Status Start(std::function<void(const v1::Plan&)> on_plan,
@@ -58,9 +62,14 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
 
  private:
   absl::Status JoinOnce();
-  // Waits up to `timeout` for Start's Join; Unavailable naming the rank
-  // when it has not joined by then.
+  // Start's Join, retried as Start says.
+  absl::Status JoinWithRetries(absl::Duration timeout);
+  // Waits up to `timeout` for Start's Join; Unavailable naming the rank and
+  // the coordinator's address when it has not joined by then, at once when
+  // Start's latest Join found the coordinator unreachable.
   absl::Status AwaitJoined(absl::Duration timeout);
+  // Unavailable naming the coordinator's address and `error`.
+  absl::Status CoordinatorUnreachable(absl::string_view error) const;
   // Deadline + token.
   void Prepare(grpc::ClientContext* context, absl::Duration deadline) const;
   void WatchLoop();
@@ -71,6 +80,7 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   v1::PublishManifestRequest WithResumeFields(
       v1::PublishManifestRequest manifest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const std::string address_;
   const v1::JoinRequest join_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::function<void(const v1::Plan&)> on_plan_;
@@ -79,6 +89,8 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   // Start's Join succeeded. The Optimizer service serves before that, so a
   // RegisterParams arriving early waits for it (PublishManifest needs it).
   bool joined_ ABSL_GUARDED_BY(mu_) = false;
+  // The outcome of Start's latest Join (OK before the first).
+  absl::Status last_join_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<v1::ReportTimingsRequest> pending_report_ ABSL_GUARDED_BY(mu_);
   // The last manifest, re-published after a coordinator restart.

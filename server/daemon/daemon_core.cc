@@ -275,6 +275,8 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::DoRegister(
   absl::StatusOr<int64_t> round_version = link_->PublishRegistration(manifest);
   if (!round_version.ok()) {
     const absl::Status& st = round_version.status();
+    // An unreachable coordinator refused nothing (the link names it).
+    if (absl::IsUnavailable(st)) return st;
     return WithContext(st, "the coordinator refused the manifest: ");
   }
   if (cancelled && cancelled()) {

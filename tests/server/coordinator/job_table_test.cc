@@ -44,9 +44,14 @@ TEST(JobTable, WrongJobIdAndBadJoinFields) {
             absl::StatusCode::kPermissionDenied);
   ASSERT_TRUE(core.Join(JoinReq("j", 0, 2, "secret")).ok());
   // World size disagreeing with the job, rank out of range, empty job id.
+  // The job is held by its live daemon: FailedPrecondition (the daemon
+  // waits it out) naming the holder's world size and the fix.
   absl::Status world = core.Join(JoinReq("j", 1, 3, "secret")).status();
-  EXPECT_EQ(world.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(world.message(), HasSubstr("world_size"));
+  EXPECT_EQ(world.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(world.message(),
+              HasSubstr("world_size: 3 differs: job 'j' is held by 1 live "
+                        "daemon of world size 2"));
+  EXPECT_THAT(world.message(), HasSubstr("another --job_id"));
   EXPECT_EQ(core.Join(JoinReq("j", 2, 2, "secret")).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(core.Join(JoinReq("", 0, 2, "secret")).status().code(),
@@ -120,9 +125,10 @@ TEST(JobTable, IdleJobsExpireAndMayChangeWorldSizeAndToken) {
   ASSERT_TRUE(core.StartWatching("j", 0));
   // Live: a different world size or token is refused.
   EXPECT_EQ(core.Join(JoinReq("j", 1, 3, "old")).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(core.Join(JoinReq("j", 1, 2, "new")).status().code(),
-            absl::StatusCode::kPermissionDenied);
+            absl::StatusCode::kFailedPrecondition);
+  absl::Status token = core.Join(JoinReq("j", 1, 2, "new")).status();
+  EXPECT_EQ(token.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(token.message(), HasSubstr("token differs"));
   // Every daemon gone: a new incarnation may bring another world size and
   // token.
   core.Leave("j", 0);

@@ -196,5 +196,17 @@ TEST_F(DaemonCoreTest, CoordinatorRefusingManifestRegistersNothing) {
   EXPECT_EQ(core_->Status().num_params(), 0);
 }
 
+// An unreachable coordinator refused nothing: the answer is the link's,
+// naming the coordinator, without "refused".
+TEST_F(DaemonCoreTest, UnreachableCoordinatorIsNotCalledARefusal) {
+  link_.publish_status = absl::UnavailableError(
+      "the coordinator at 10.0.0.1:7070 (--coordinator) is unreachable");
+  absl::StatusOr<v1::RegisterParamsResponse> r = core_->Register(Valid());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(r.status().message(), HasSubstr("10.0.0.1:7070"));
+  EXPECT_THAT(r.status().message(), ::testing::Not(HasSubstr("refused")));
+  EXPECT_EQ(core_->Status().num_params(), 0);
+}
+
 }  // namespace
 }  // namespace muond::daemon_core_test

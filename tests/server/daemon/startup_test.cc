@@ -1,6 +1,7 @@
 // The real muond / muond-coordinator binaries at startup and shutdown:
 // --help exits 0 with the binary's flags, a missing --device fails before
-// joining, a live socket is not taken over, SIGTERM removes the socket.
+// joining, a live socket is not taken over, SIGTERM removes the socket, an
+// untokened coordinator serves this host alone.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
@@ -200,6 +201,49 @@ TEST(Startup, CoordinatorSigtermRemovesPortFile) {
   kill(pid, SIGTERM);
   EXPECT_EQ(ExitCode(pid), 0);
   EXPECT_FALSE(Exists(port_file));
+}
+
+// Starts `args`; true once it logs that it serves (then SIGTERM, exit 0),
+// false when it exits first.
+bool ServesThenStops(const std::vector<std::string>& args,
+                     const std::string& log) {
+  const pid_t pid = Spawn(args, log);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (Read(log).find("serving on") != std::string::npos) {
+      kill(pid, SIGTERM);
+      EXPECT_EQ(ExitCode(pid), 0) << Read(log);
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// Without a token the coordinator serves this host alone: a Unix socket
+// serves; an address other hosts reach is refused naming --token_file and
+// how to make one, unless --insecure_allow_untokened_tcp.
+TEST(Startup, UntokenedCoordinatorServesThisHostOnly) {
+  const std::string coordinator =
+      Runfile("server/coordinator/muond-coordinator");
+  char dir[] = "/tmp/muond-untokened-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string log = TmpFile("untokened.log");
+  EXPECT_TRUE(ServesThenStops(
+      {coordinator, absl::StrCat("--listen=unix://", dir, "/c.sock")}, log))
+      << Read(log);
+  EXPECT_THAT(Read(log), HasSubstr(absl::StrCat("serving on unix://", dir)));
+  std::string out;
+  EXPECT_EQ(RunToExit({coordinator, "--listen=0.0.0.0:0"}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--listen=0.0.0.0:0 is reachable from other "
+                             "hosts and no token is given"));
+  EXPECT_THAT(out, HasSubstr("--token_file=FILE"));
+  EXPECT_TRUE(ServesThenStops(
+      {coordinator, "--listen=0.0.0.0:0", "--insecure_allow_untokened_tcp"},
+      log))
+      << Read(log);
+  EXPECT_THAT(Read(log), HasSubstr("--insecure_allow_untokened_tcp: any host"));
+  rmdir(dir);
 }
 
 // gRPC binds with SO_REUSEPORT unless told not to: a second coordinator on
