@@ -140,11 +140,10 @@ absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForWatcher(
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, jobs_.Find(job_id));
   if (*refusals_seen < 0) *refusals_seen = RefusalsBeforeStream(*job, rank);
-  auto ready = [job, after_version, refusals_seen, epoch_seen]()
-                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                     return WatcherHasNews(*job, after_version, *refusals_seen,
-                                           *epoch_seen);
-                   };
+  auto ready = [job, after_version, refusals_seen,
+                epoch_seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return WatcherHasNews(*job, after_version, *refusals_seen, *epoch_seen);
+  };
   ++job->waiters;  // keeps `job` from expiring while we wait
   const bool found = mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
   --job->waiters;
@@ -157,8 +156,8 @@ absl::StatusOr<v1::ReportCommFailureResponse>
 CoordinatorCore::ReportCommFailure(
     const v1::ReportCommFailureRequest& request) {
   if (request.comm_epoch() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "comm_epoch ", request.comm_epoch(), " must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("comm_epoch ", request.comm_epoch(), " must be >= 0"));
   }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, jobs_.Find(request.job_id()));
@@ -172,8 +171,7 @@ CoordinatorCore::ReportCommFailure(
   if (response.comm_epoch() != before) {
     LOG(WARNING) << "job " << job->id << ": rank " << request.rank()
                  << " reported failed communicators of epoch "
-                 << request.comm_epoch() << " ("
-                 << Echo(request.reason())
+                 << request.comm_epoch() << " (" << Echo(request.reason())
                  << "); every daemon rebuilds them under epoch "
                  << response.comm_epoch();
   }

@@ -95,10 +95,9 @@ grpc::Status CoordinatorService::WatchPlans(
   int64_t epoch_seen = 0;
   grpc::Status result = grpc::Status::OK;
   while (!context->IsCancelled() && !shutting_down_.load()) {
-    absl::StatusOr<std::optional<v1::Plan>> plan =
-        core_->WaitForWatcher(request->job_id(), request->rank(), sent,
-                              &refusals_seen, absl::Milliseconds(200),
-                              &epoch_seen);
+    absl::StatusOr<std::optional<v1::Plan>> plan = core_->WaitForWatcher(
+        request->job_id(), request->rank(), sent, &refusals_seen,
+        absl::Milliseconds(200), &epoch_seen);
     if (!plan.ok()) {
       result = ToGrpc(plan.status());
       break;

@@ -233,6 +233,8 @@ int main(int argc, char** argv) {
   config.world_size = world;
   config.device = join.device();
   config.log_every = absl::GetFlag(FLAGS_log_every);
+  config.comm_rebuild_wait =
+      2 * absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
   config.metrics = metrics.get();
   config.validate_group = [device](const muond::v1::ParamGroup& group) {
     return muond::ValidateGroupForDevice(group, device);
