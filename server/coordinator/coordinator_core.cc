@@ -165,6 +165,20 @@ CoordinatorCore::ReportCommFailure(
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", request.rank(), " has not joined job '", job->id, "'"));
   }
+  // New communicators need every rank: with one gone, rebuilding would only
+  // wait out a rendezvous timeout after another (the job re-registers once
+  // it is back).
+  const absl::Time now = absl::Now();
+  for (int r = 0; r < job->world_size; ++r) {
+    auto it = job->daemons.find(r);
+    if (it == job->daemons.end() ||
+        !Live(it->second, now, options_.join_grace)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "communicators not rebuilt: rank ", r, " of job '", job->id,
+          "' is not connected to the coordinator (its daemon is gone or "
+          "restarting)"));
+    }
+  }
   const int64_t before = job->comm_epoch;
   v1::ReportCommFailureResponse response;
   response.set_comm_epoch(AdvanceCommEpoch(*job, request.comm_epoch()));

@@ -148,7 +148,9 @@ class CoordinatorCore {
   // A daemon's collective failed under communicator epoch
   // `request.comm_epoch()`: moves the job past it (AdvanceCommEpoch) and
   // wakes every plan stream. NotFound: unknown job. FailedPrecondition: rank
-  // not joined. InvalidArgument: a negative comm_epoch.
+  // not joined, or a rank of the job not live (naming it; nothing moves:
+  // new communicators would wait for it). InvalidArgument: a negative
+  // comm_epoch.
   absl::StatusOr<v1::ReportCommFailureResponse> ReportCommFailure(
       const v1::ReportCommFailureRequest& request);
 

@@ -148,16 +148,17 @@ void DaemonCore::OnCommEpoch(int64_t epoch) {
   }
 }
 
-bool DaemonCore::ReportFailedEpoch(int64_t epoch, const std::string& why) {
+absl::Status DaemonCore::ReportFailedEpoch(int64_t epoch,
+                                           const std::string& why) {
   absl::StatusOr<int64_t> next = link_->ReportCommFailure(epoch, why);
   if (!next.ok()) {
-    LOG(WARNING) << "could not report the failed communicators of epoch "
-                 << epoch << " to the coordinator: " << next.status();
-    return false;
+    LOG(WARNING) << "the communicators of epoch " << epoch
+                 << " are not rebuilt: " << next.status();
+    return next.status();
   }
   absl::MutexLock lock(&mu_);
   OnCommEpoch(*next);
-  return true;
+  return absl::OkStatus();
 }
 
 std::optional<DaemonCore::BuildJob> DaemonCore::AwaitBuildJob() {
@@ -255,7 +256,7 @@ void DaemonCore::BuildFailed(const BuildJob& job, const absl::Status& st) {
   }
   // A peer that came late (stopped, slow) finds this epoch abandoned: a
   // newer one gives every rank a fresh rendezvous.
-  ReportFailedEpoch(epoch, st.ToString());
+  (void)ReportFailedEpoch(epoch, st.ToString());
 }
 
 void DaemonCore::InstallEngine(const BuildJob& job,
@@ -503,18 +504,20 @@ absl::Status DaemonCore::AwaitCommunicators(int64_t step_id) {
       // failed and its report too); the step reports it again.
       if (!EngineStale() || failed_epoch_ == comm_epoch_) unheard = comm_epoch_;
     }
-    if (unheard >= 0 && absl::Now() < deadline &&
-        ReportFailedEpoch(unheard, failure)) {
-      continue;
+    absl::Status reported = absl::OkStatus();
+    if (unheard >= 0 && absl::Now() < deadline) {
+      reported = ReportFailedEpoch(unheard, failure);
+      if (reported.ok()) continue;
     }
     if (absl::Now() >= deadline || unheard >= 0) {
       return WithErrorReason(
           absl::UnavailableError(absl::StrCat(
               "step ", step_id,
-              " not run: the job's communicators are not usable yet (",
+              " not run: the job's communicators are not usable (",
               failure.empty() ? "being rebuilt; every rank's daemon must join"
                               : failure,
-              "); nothing of it was applied on this rank; send it again")),
+              reported.ok() ? "" : "; ", reported.message(),
+              "); nothing of it was applied on this rank")),
           ErrorReason::kPeerGone, {{"step_id", absl::StrCat(step_id)}});
     }
   }
@@ -609,7 +612,8 @@ absl::Status DaemonCore::CommunicationFailure(int64_t step_id,
   const bool reported =
       reset_by_peer ||
       ReportFailedEpoch(epoch,
-                        absl::StrCat("step ", step_id, ": ", st.message()));
+                        absl::StrCat("step ", step_id, ": ", st.message()))
+          .ok();
   // After a timeout the coordinator has had a whole comm timeout to notice
   // a dead peer: one look, no polling (a hung peer never shows up dead, and
   // polling would add its seconds to every stalled step). A reset a peer

@@ -137,7 +137,7 @@ struct DaemonConfig {
   DaemonMetrics* metrics = nullptr;
   // How long a Step waits for communicators being rebuilt (every rank's
   // daemon must rendezvous) before it answers UNAVAILABLE, PEER_GONE
-  // (muond-daemon: twice --comm_timeout_s).
+  // (muond-daemon: twice --comm_timeout_s + 10 s).
   absl::Duration comm_rebuild_wait = absl::Seconds(120);
 };
 
@@ -296,8 +296,9 @@ class DaemonCore : private DaemonStateOwner {
   // The engine's communicators are of an older epoch than the job's.
   bool EngineStale() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reports the engine's failed communicators (`why`) to the coordinator and
-  // takes the epoch it answers; false when the report failed.
-  bool ReportFailedEpoch(int64_t epoch, const std::string& why)
+  // takes the epoch it answers; the coordinator's refusal otherwise (a rank
+  // is gone, or the coordinator is unreachable).
+  absl::Status ReportFailedEpoch(int64_t epoch, const std::string& why)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Before step `step_id`: waits (up to config_.comm_rebuild_wait) while
   // the communicators are being rebuilt, reporting a failure the

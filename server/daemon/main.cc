@@ -233,8 +233,11 @@ int main(int argc, char** argv) {
   config.world_size = world;
   config.device = join.device();
   config.log_every = absl::GetFlag(FLAGS_log_every);
+  // A rebuild is a rendezvous (up to one comm timeout) and may need another
+  // epoch when a peer came late.
   config.comm_rebuild_wait =
-      2 * absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+      2 * absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s)) +
+      absl::Seconds(10);
   config.metrics = metrics.get();
   config.validate_group = [device](const muond::v1::ParamGroup& group) {
     return muond::ValidateGroupForDevice(group, device);
