@@ -70,7 +70,7 @@ std::string GrpcCoordinatorLink::DescribeDeadPeers(absl::Duration wait) {
         if (!seen[r] && r != join_.rank()) dead.push_back(absl::StrCat(r));
       }
       if (!dead.empty()) {
-        return absl::StrCat("dead rank", dead.size() > 1 ? "s " : " ",
+        return absl::StrCat(kDeadRankPhrase, dead.size() > 1 ? "s " : " ",
                             absl::StrJoin(dead, ", "),
                             " (not connected to the coordinator)");
       }

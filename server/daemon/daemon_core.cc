@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/comm/communicator.h"
 #include "core/common/echo.h"
@@ -256,7 +257,16 @@ void DaemonCore::BuildFailed(const BuildJob& job, const absl::Status& st) {
   }
   // A peer that came late (stopped, slow) finds this epoch abandoned: a
   // newer one gives every rank a fresh rendezvous.
-  (void)ReportFailedEpoch(epoch, st.ToString());
+  const absl::Status reported = ReportFailedEpoch(epoch, st.ToString());
+  if (!reported.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (epoch == comm_epoch_ && job.generation == registration_generation_) {
+      comm_failure_ = absl::StrCat(
+          comm_failure_, "; not tried again: ", reported.message(),
+          "; re-register the params on every rank, then load the last "
+          "checkpoint on every rank (muonctl load)");
+    }
+  }
 }
 
 void DaemonCore::InstallEngine(const BuildJob& job,
@@ -608,12 +618,6 @@ absl::Status DaemonCore::CommunicationFailure(int64_t step_id,
     epoch = engine_epoch_;
     reset_by_peer = EngineStale();
   }
-  // First, so the peers still waiting on this rank stop at once.
-  const bool reported =
-      reset_by_peer ||
-      ReportFailedEpoch(epoch,
-                        absl::StrCat("step ", step_id, ": ", st.message()))
-          .ok();
   // After a timeout the coordinator has had a whole comm timeout to notice
   // a dead peer: one look, no polling (a hung peer never shows up dead, and
   // polling would add its seconds to every stalled step). A reset a peer
@@ -625,6 +629,14 @@ absl::Status DaemonCore::CommunicationFailure(int64_t step_id,
           : link_->DescribeDeadPeers(absl::IsDeadlineExceeded(st)
                                          ? absl::ZeroDuration()
                                          : absl::Seconds(3));
+  // New communicators would wait for a dead peer in vain: no new epoch then
+  // (the coordinator refuses one too, once it has seen the rank go).
+  const bool dead_peer = absl::StartsWith(peers, kDeadRankPhrase);
+  const bool reported =
+      reset_by_peer ||
+      (!dead_peer && ReportFailedEpoch(epoch, absl::StrCat("step ", step_id,
+                                                           ": ", st.message()))
+                         .ok());
   PeerFailure failure = DescribePeerFailure(step_id, st, peers, reported);
   {
     absl::MutexLock lock(&mu_);

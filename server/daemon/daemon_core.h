@@ -77,6 +77,11 @@
 
 namespace muond {
 
+// How DescribeDeadPeers's phrase starts when the coordinator knows a dead
+// peer: then the job cannot heal by new communicators (the daemon asks for a
+// re-registration instead of a new epoch).
+inline constexpr char kDeadRankPhrase[] = "dead rank";
+
 // What the daemon needs from the coordinator (coordinator_link.h over gRPC;
 // fakes in tests).
 class CoordinatorLink {
@@ -104,7 +109,8 @@ class CoordinatorLink {
   // Fire and forget (the latest report wins; never blocks a step).
   virtual void ReportTimings(const v1::ReportTimingsRequest& report) = 0;
   // After a collective failed: which peer ranks are gone, as a phrase for the
-  // error message (e.g. "dead rank 3 (not connected to the coordinator)").
+  // error message (e.g. "dead rank 3 (not connected to the coordinator)",
+  // starting with kDeadRankPhrase).
   // May wait up to `wait` for the coordinator to notice. Empty when unknown.
   virtual std::string DescribeDeadPeers(absl::Duration /*wait*/) { return ""; }
   // This daemon's communicators of `comm_epoch` failed (a collective, or
