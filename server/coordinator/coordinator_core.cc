@@ -4,7 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/echo.h"
 #include "core/common/status_macros.h"
+#include "glog/logging.h"
 #include "server/common/job_id.h"
 #include "server/coordinator/manifest_checks.h"
 #include "server/coordinator/plan_delivery.h"
@@ -132,20 +134,62 @@ absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForPlan(
 
 absl::StatusOr<std::optional<v1::Plan>> CoordinatorCore::WaitForWatcher(
     const std::string& job_id, int rank, int64_t after_version,
-    int64_t* refusals_seen, absl::Duration timeout) {
+    int64_t* refusals_seen, absl::Duration timeout, int64_t* epoch_seen) {
+  int64_t epoch_zero = 0;
+  if (epoch_seen == nullptr) epoch_seen = &epoch_zero;
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, jobs_.Find(job_id));
   if (*refusals_seen < 0) *refusals_seen = RefusalsBeforeStream(*job, rank);
-  auto ready = [job, after_version, refusals_seen]()
-                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                     return WatcherHasNews(*job, after_version, *refusals_seen);
-                   };
+  auto ready = [job, after_version, refusals_seen,
+                epoch_seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return WatcherHasNews(*job, after_version, *refusals_seen, *epoch_seen);
+  };
   ++job->waiters;  // keeps `job` from expiring while we wait
   const bool found = mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
   --job->waiters;
   if (!found) return std::optional<v1::Plan>();
   return std::optional<v1::Plan>(
-      TakeWatcherNews(*job, rank, after_version, refusals_seen));
+      TakeWatcherNews(*job, rank, after_version, refusals_seen, epoch_seen));
+}
+
+absl::StatusOr<v1::ReportCommFailureResponse>
+CoordinatorCore::ReportCommFailure(
+    const v1::ReportCommFailureRequest& request) {
+  if (request.comm_epoch() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("comm_epoch ", request.comm_epoch(), " must be >= 0"));
+  }
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Job * job, jobs_.Find(request.job_id()));
+  if (!job->daemons.contains(request.rank())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", request.rank(), " has not joined job '", job->id, "'"));
+  }
+  // New communicators need every rank: with one gone, rebuilding would only
+  // wait out a rendezvous timeout after another (the job re-registers once
+  // it is back).
+  const absl::Time now = absl::Now();
+  for (int r = 0; r < job->world_size; ++r) {
+    auto it = job->daemons.find(r);
+    if (it == job->daemons.end() ||
+        !Live(it->second, now, options_.join_grace)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "communicators not rebuilt: rank ", r, " of job '", job->id,
+          "' is not connected to the coordinator (its daemon is gone or "
+          "restarting)"));
+    }
+  }
+  const int64_t before = job->comm_epoch;
+  v1::ReportCommFailureResponse response;
+  response.set_comm_epoch(AdvanceCommEpoch(*job, request.comm_epoch()));
+  if (response.comm_epoch() != before) {
+    LOG(WARNING) << "job " << job->id << ": rank " << request.rank()
+                 << " reported failed communicators of epoch "
+                 << request.comm_epoch() << " (" << Echo(request.reason())
+                 << "); every daemon rebuilds them under epoch "
+                 << response.comm_epoch();
+  }
+  return response;
 }
 
 absl::Status CoordinatorCore::ReportTimings(

@@ -138,9 +138,22 @@ class CoordinatorCore {
   // refused_registration; never a plan, never in the history) before the
   // next plan, and advances `*refusals_seen`. *refusals_seen < 0 (a new
   // stream): starts from the rank's Join, older refusals are not sent.
+  // The stream also sends each newer communicator epoch than *epoch_seen
+  // (a Plan with only job_id and comm_epoch), advancing it; null: a stream
+  // that started at epoch 0.
   absl::StatusOr<std::optional<v1::Plan>> WaitForWatcher(
       const std::string& job_id, int rank, int64_t after_version,
-      int64_t* refusals_seen, absl::Duration timeout);
+      int64_t* refusals_seen, absl::Duration timeout,
+      int64_t* epoch_seen = nullptr);
+
+  // A daemon's collective failed under communicator epoch
+  // `request.comm_epoch()`: moves the job past it (AdvanceCommEpoch) and
+  // wakes every plan stream. NotFound: unknown job. FailedPrecondition: rank
+  // not joined, or a rank of the job not live (naming it; nothing moves:
+  // new communicators would wait for it). InvalidArgument: a negative
+  // comm_epoch.
+  absl::StatusOr<v1::ReportCommFailureResponse> ReportCommFailure(
+      const v1::ReportCommFailureRequest& request);
 
   // Keeps the rank's latest step timings and, per shape, its latest measured
   // NS time; may push an automatic rebalance (CoordinatorOptions).

@@ -92,11 +92,12 @@ grpc::Status CoordinatorService::WatchPlans(
   const bool counted = core_->StartWatching(request->job_id(), request->rank());
   int64_t sent = 0;
   int64_t refusals_seen = -1;  // refusals before the stream opened are old
+  int64_t epoch_seen = 0;
   grpc::Status result = grpc::Status::OK;
   while (!context->IsCancelled() && !shutting_down_.load()) {
-    absl::StatusOr<std::optional<v1::Plan>> plan =
-        core_->WaitForWatcher(request->job_id(), request->rank(), sent,
-                              &refusals_seen, absl::Milliseconds(200));
+    absl::StatusOr<std::optional<v1::Plan>> plan = core_->WaitForWatcher(
+        request->job_id(), request->rank(), sent, &refusals_seen,
+        absl::Milliseconds(200), &epoch_seen);
     if (!plan.ok()) {
       result = ToGrpc(plan.status());
       break;
@@ -108,6 +109,7 @@ grpc::Status CoordinatorService::WatchPlans(
                 << ": round refusal sent to rank " << request->rank();
       continue;  // not a plan: `sent` counts plan versions
     }
+    if ((*plan)->comm_epoch() > 0) continue;  // not a plan either
     sent = (*plan)->version();
     VLOG(1) << "job " << request->job_id() << ": plan version " << sent
             << " sent to rank " << request->rank();
@@ -176,6 +178,20 @@ bool CoordinatorService::CallerProvedAToken(const std::string& job_id) {
   // The job's token, when it has one, was checked by Authorize as well: an
   // empty token fails exactly when there is one.
   return !core_->CheckJobToken(job_id, "").ok();
+}
+
+grpc::Status CoordinatorService::ReportCommFailure(
+    grpc::ServerContext* context, const v1::ReportCommFailureRequest* request,
+    v1::ReportCommFailureResponse* response) {
+  if (grpc::Status denied = Authorize(*context, request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
+  absl::StatusOr<v1::ReportCommFailureResponse> r =
+      core_->ReportCommFailure(*request);
+  if (!r.ok()) return ToGrpc(r.status());
+  *response = *std::move(r);
+  return grpc::Status::OK;
 }
 
 }  // namespace muond

@@ -34,7 +34,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                                v1::PublishManifestResponse*) override;
   // Sends the current plan (if any) and every later one until the client
   // cancels, and every registration round refused meanwhile as a
-  // Plan{round_refused} (not a plan); then marks the rank not live (it may
+  // Plan{round_refused} (not a plan) and every newer communicator epoch as a
+  // Plan{comm_epoch} (not a plan either); then marks the rank not live (it may
   // Join again).
   grpc::Status WatchPlans(grpc::ServerContext*, const v1::WatchPlansRequest*,
                           grpc::ServerWriter<v1::Plan>*) override;
@@ -47,6 +48,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
                          v1::Plan*) override;
   grpc::Status ListDaemons(grpc::ServerContext*, const v1::ListDaemonsRequest*,
                            v1::ListDaemonsResponse*) override;
+  // A daemon's failed communicators: the job's next communicator epoch,
+  // pushed on every plan stream (CoordinatorCore::ReportCommFailure).
+  grpc::Status ReportCommFailure(grpc::ServerContext*,
+                                 const v1::ReportCommFailureRequest*,
+                                 v1::ReportCommFailureResponse*) override;
 
   // Ends every WatchPlans stream (within its 200 ms poll), so that
   // grpc::Server::Shutdown does not wait for the daemons to hang up.

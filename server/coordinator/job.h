@@ -82,6 +82,10 @@ struct Job {
   int64_t refusals = 0;
   std::string refusal_reason;
   absl::StatusCode refusal_code = absl::StatusCode::kOk;
+  // The communicator epoch (plan_delivery.h AdvanceCommEpoch): pushed to
+  // every plan stream, so every daemon rebuilds its communicators after one
+  // reported a failed collective.
+  int64_t comm_epoch = 0;
 };
 
 // A rank is live while a plan stream of it is open, or within `join_grace`

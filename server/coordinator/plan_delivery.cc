@@ -1,5 +1,7 @@
 #include "server/coordinator/plan_delivery.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/error_reason.h"
@@ -22,13 +24,13 @@ int64_t RefusalsBeforeStream(const Job& job, int rank) {
 }
 
 bool WatcherHasNews(const Job& job, int64_t after_version,
-                    int64_t refusals_seen) {
-  return job.refusals > refusals_seen ||
+                    int64_t refusals_seen, int64_t epoch_seen) {
+  return job.refusals > refusals_seen || job.comm_epoch > epoch_seen ||
          job.plans.NextForWatcher(after_version) != nullptr;
 }
 
 v1::Plan TakeWatcherNews(const Job& job, int rank, int64_t after_version,
-                         int64_t* refusals_seen) {
+                         int64_t* refusals_seen, int64_t* epoch_seen) {
   if (job.refusals > *refusals_seen) {
     *refusals_seen = job.refusals;
     v1::Plan refusal;
@@ -40,7 +42,19 @@ v1::Plan TakeWatcherNews(const Job& job, int rank, int64_t after_version,
     }
     return refusal;
   }
+  if (job.comm_epoch > *epoch_seen) {
+    *epoch_seen = job.comm_epoch;
+    v1::Plan epoch;
+    epoch.set_job_id(job.id);
+    epoch.set_comm_epoch(job.comm_epoch);
+    return epoch;
+  }
   return *job.plans.NextForWatcher(after_version);
+}
+
+int64_t AdvanceCommEpoch(Job& job, int64_t failed_epoch) {
+  job.comm_epoch = std::max(job.comm_epoch, failed_epoch + 1);
+  return job.comm_epoch;
 }
 
 }  // namespace muond

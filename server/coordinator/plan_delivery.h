@@ -3,7 +3,9 @@
 // A watcher gets every version after the one it holds, oldest first (a
 // daemon that skipped one could be asked for it by its domain); a daemon's
 // stream also gets each refused registration round, before the next plan.
-// Pure reads of a Job: CoordinatorCore holds its mutex and does the waiting.
+// A daemon's stream also gets the job's communicator epoch whenever it
+// moves (AdvanceCommEpoch, the one write here). CoordinatorCore holds the
+// Job's mutex and does the waiting.
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -21,15 +23,24 @@ absl::StatusOr<v1::Plan> NewestPlan(const Job& job);
 int64_t RefusalsBeforeStream(const Job& job, int rank);
 
 // A plan stream holding plan `after_version` that has seen `refusals_seen`
-// refusals has something to send.
+// refusals and communicator epoch `epoch_seen` has something to send.
 bool WatcherHasNews(const Job& job, int64_t after_version,
-                    int64_t refusals_seen);
+                    int64_t refusals_seen, int64_t epoch_seen);
 
 // What that stream sends next (requires WatcherHasNews): the latest refusal
 // as a Plan with only job_id, round_refused and this rank's
-// refused_registration (advancing *refusals_seen), else the oldest plan
-// newer than `after_version` (after_version 0: the newest).
+// refused_registration (advancing *refusals_seen), else a newer
+// communicator epoch as a Plan with only job_id and comm_epoch (advancing
+// *epoch_seen), else the oldest plan newer than
+// `after_version` (after_version 0: the newest).
 v1::Plan TakeWatcherNews(const Job& job, int rank, int64_t after_version,
-                         int64_t* refusals_seen);
+                         int64_t* refusals_seen, int64_t* epoch_seen);
+
+// A daemon's communicators of `failed_epoch` failed: the job moves to
+// failed_epoch + 1 unless it is there or beyond already (the first report of
+// an epoch moves it; the other ranks' reports of the same failure do not).
+// A reported epoch above the job's (a coordinator that restarted under
+// running daemons) moves it above the report too. Returns the job's epoch.
+int64_t AdvanceCommEpoch(Job& job, int64_t failed_epoch);
 
 }  // namespace muond

@@ -87,7 +87,7 @@ std::string GrpcCoordinatorLink::DescribeDeadPeers(absl::Duration wait) {
         if (!seen[r] && r != join_.rank()) dead.push_back(absl::StrCat(r));
       }
       if (!dead.empty()) {
-        return absl::StrCat("dead rank", dead.size() > 1 ? "s " : " ",
+        return absl::StrCat(kDeadRankPhrase, dead.size() > 1 ? "s " : " ",
                             absl::StrJoin(dead, ", "),
                             " (not connected to the coordinator)");
       }
@@ -99,6 +99,21 @@ std::string GrpcCoordinatorLink::DescribeDeadPeers(absl::Duration wait) {
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
+}
+
+absl::StatusOr<int64_t> GrpcCoordinatorLink::ReportCommFailure(
+    int64_t comm_epoch, const std::string& reason) {
+  v1::ReportCommFailureRequest request;
+  request.set_job_id(join_.job_id());
+  request.set_rank(join_.rank());
+  request.set_comm_epoch(comm_epoch);
+  request.set_reason(reason.substr(0, 1024));
+  grpc::ClientContext context;
+  Prepare(&context, absl::Seconds(5));  // a failed step's answer waits
+  v1::ReportCommFailureResponse response;
+  RETURN_IF_ERROR(
+      FromGrpc(stub_->ReportCommFailure(&context, request, &response)));
+  return response.comm_epoch();
 }
 
 GrpcCoordinatorLink::~GrpcCoordinatorLink() { Stop(); }
@@ -209,6 +224,10 @@ void GrpcCoordinatorLink::WatchLoop() {
     auto reader = stub_->WatchPlans(&context, request);
     v1::Plan plan;
     while (reader->Read(&plan)) {
+      if (plan.comm_epoch() > 0) {  // not a plan: the job's epoch moved
+        on_plan_(plan);
+        continue;
+      }
       if (!plan.round_refused().empty()) {
         if (RefusesCurrentRegistration(plan)) on_plan_(plan);
         continue;

@@ -2,8 +2,10 @@
 // The daemon's side of the Coordinator service over gRPC: Join (retried
 // until the coordinator answers), the manifest, a background WatchPlans
 // stream that re-joins and re-subscribes when the coordinator goes away and
-// comes back (the daemon keeps its plans meanwhile), fire-and-forget timing
-// reports, and a KeyValueStore over KvSet/KvGet for communicator rendezvous.
+// comes back (the daemon keeps its plans meanwhile) and also carries the
+// job's communicator epoch, failed communicators reported, fire-and-forget
+// timing reports, and a KeyValueStore over KvSet/KvGet for communicator
+// rendezvous.
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -54,6 +56,8 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   absl::Status PublishRefusal(const std::string& reason) override;
   void ReportTimings(const v1::ReportTimingsRequest& report) override;
   std::string DescribeDeadPeers(absl::Duration wait) override;
+  absl::StatusOr<int64_t> ReportCommFailure(int64_t comm_epoch,
+                                            const std::string& reason) override;
 
   // KeyValueStore over the coordinator's per-job store.
   absl::Status Set(const std::string& key, const std::string& value) override;

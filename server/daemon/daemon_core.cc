@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/comm/communicator.h"
 #include "core/common/echo.h"
@@ -51,7 +52,7 @@ DaemonCore::~DaemonCore() {
 }
 
 bool DaemonCore::Ready() const {
-  return engine_ != nullptr && comm_failure_.empty();
+  return engine_ != nullptr && !EngineStale() && comm_failure_.empty();
 }
 
 void DaemonCore::ReadinessLoop() {
@@ -90,6 +91,10 @@ PlanHistory<v1::Plan>::Usable DaemonCore::Matches() const {
 
 void DaemonCore::OnPlan(const v1::Plan& plan) {
   absl::MutexLock lock(&mu_);
+  if (plan.comm_epoch() > 0) {
+    OnCommEpoch(plan.comm_epoch());
+    return;
+  }
   if (!plan.round_refused().empty()) {
     OnRoundRefused(plan.round_refused());
     return;
@@ -126,66 +131,187 @@ void DaemonCore::OnRoundRefused(const std::string& reason) {
   }
 }
 
-bool DaemonCore::Abandoned(uint64_t generation) {
+bool DaemonCore::EngineStale() const {
+  return engine_ != nullptr && engine_epoch_ < comm_epoch_;
+}
+
+void DaemonCore::OnCommEpoch(int64_t epoch) {
+  if (epoch <= comm_epoch_) return;
+  comm_epoch_ = epoch;
+  if (!EngineStale()) return;
+  LOG(WARNING) << "communicator epoch " << epoch
+               << ": a peer's collective failed; aborting the communicators "
+                  "of epoch "
+               << engine_epoch_ << " and rebuilding them";
+  // A step of this rank may still wait in a collective: aborting ends
+  // ours, and closing the connections ends the peers' waits on us.
+  for (const std::unique_ptr<Communicator>& c : engine_->communicators) {
+    c->Abort();
+  }
+}
+
+absl::Status DaemonCore::ReportFailedEpoch(int64_t epoch,
+                                           const std::string& why) {
+  absl::StatusOr<int64_t> next = link_->ReportCommFailure(epoch, why);
+  if (!next.ok()) {
+    LOG(WARNING) << "the communicators of epoch " << epoch
+                 << " are not rebuilt: " << next.status();
+    return next.status();
+  }
   absl::MutexLock lock(&mu_);
-  return shutdown_ || generation != registration_generation_;
+  OnCommEpoch(*next);
+  return absl::OkStatus();
+}
+
+std::optional<DaemonCore::BuildJob> DaemonCore::AwaitBuildJob() {
+  absl::MutexLock lock(&mu_);
+  auto plan_to_build = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // A rebuild rendezvouses under the plan the peers' engines were built
+    // from too; a newer plan of the round is handed over as before.
+    return engine_ != nullptr ? &engine_plan_ : plans_.NewestOfRound(Matches());
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (shutdown_) return true;
+    if (registration_ == nullptr) return false;
+    if (engine_ != nullptr && !EngineStale()) return false;
+    const v1::Plan* p = plan_to_build();
+    // A failed build is not tried again under the same plan and epoch.
+    return p != nullptr &&
+           !(registration_generation_ == failed_generation_ &&
+             p->version() <= failed_version_ && comm_epoch_ <= failed_epoch_);
+  };
+  mu_.Await(absl::Condition(&ready));
+  if (shutdown_) return std::nullopt;
+  BuildJob job;
+  job.registration = registration_;
+  job.rebuild = engine_ != nullptr;
+  job.plan = *plan_to_build();
+  job.plan.set_comm_epoch(comm_epoch_);
+  job.generation = registration_generation_;
+  return job;
 }
 
 void DaemonCore::BuilderLoop() {
-  int64_t failed_version = 0;
-  uint64_t failed_generation = ~0ull;
   while (true) {
-    std::shared_ptr<Registration> reg;
-    v1::Plan plan;
-    uint64_t generation;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (shutdown_) return true;
-        if (registration_ == nullptr || engine_ != nullptr) return false;
-        const v1::Plan* p = plans_.NewestOfRound(Matches());
-        return p != nullptr &&
-               !(registration_generation_ == failed_generation &&
-                 p->version() <= failed_version);
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (shutdown_) return;
-      reg = registration_;
-      plan = *plans_.NewestOfRound(Matches());
-      generation = registration_generation_;
-    }
-    LOG(INFO) << "creating the step engine for plan version " << plan.version();
-    // The engine is dropped anyway once the registration changes, so peers
-    // are not worth waiting for after that.
+    std::optional<BuildJob> job = AwaitBuildJob();
+    if (!job.has_value()) return;
+    const int64_t epoch = job->plan.comm_epoch();
+    LOG(INFO) << (job->rebuild ? "rebuilding the communicators"
+                               : "creating the step engine")
+              << " for plan version " << job->plan.version()
+              << ", communicator epoch " << epoch;
+    // The engine is dropped anyway once the registration or the epoch
+    // changes, so peers are not worth waiting for after that.
     std::optional<absl::StatusOr<std::unique_ptr<StepEngine>>> built =
-        builds_.Build(reg, plan,
-                      [this, generation] { return Abandoned(generation); });
+        builds_.Build(job->registration, job->plan, [this, &job] {
+          absl::MutexLock lock(&mu_);
+          return shutdown_ || job->generation != registration_generation_ ||
+                 job->plan.comm_epoch() != comm_epoch_;
+        });
+    if (!built.has_value()) {
+      LOG(INFO) << "dropped the step engine build for plan version "
+                << job->plan.version() << ", epoch " << epoch
+                << ": its registration or epoch is gone (it ends in the "
+                   "background)";
+      continue;
+    }
+    if (!built->ok()) {
+      BuildFailed(*job, built->status());
+      continue;
+    }
     absl::MutexLock lock(&mu_);
     if (shutdown_) return;
-    if (!built.has_value() || generation != registration_generation_) {
-      LOG(INFO) << "dropped the step engine for plan version " << plan.version()
-                << ": the params it was for are unregistered"
-                << (!built.has_value() ? " (abandoned while connecting; it "
-                                         "ends in the background)"
-                    : built->ok()
-                        ? ""
-                        : absl::StrCat(" (", built->status().ToString(), ")"));
-      continue;
-    }
-    absl::StatusOr<std::unique_ptr<StepEngine>>& engine = *built;
-    if (!engine.ok()) {
-      engine_error_ = engine.status().ToString();
-      metrics_->EngineBuildFailed();
-      failed_version = plan.version();
-      failed_generation = generation;
-      LOG(ERROR) << "cannot create the step engine: " << engine.status();
-      continue;
-    }
-    engine_ = *std::move(engine);
-    engine_error_.clear();
-    active_plan_version_ = 0;
-    LOG(INFO) << "step engine ready (" << reg->num_params << " params)";
+    InstallEngine(*job, **std::move(built));
   }
+}
+
+void DaemonCore::BuildFailed(const BuildJob& job, const absl::Status& st) {
+  const int64_t epoch = job.plan.comm_epoch();
+  {
+    absl::MutexLock lock(&mu_);
+    if (job.generation != registration_generation_ || epoch != comm_epoch_) {
+      LOG(INFO) << "dropped a failed build of a gone registration or epoch: "
+                << st;
+      return;
+    }
+    failed_generation_ = job.generation;
+    failed_version_ = job.plan.version();
+    failed_epoch_ = epoch;
+    metrics_->EngineBuildFailed();
+    if (!job.rebuild) {
+      engine_error_ = st.ToString();
+      LOG(ERROR) << "cannot create the step engine: " << st;
+      return;
+    }
+    comm_failure_ =
+        absl::StrCat("cannot rebuild the communicators under epoch ", epoch,
+                     ": ", st.message(),
+                     " (every rank's daemon must join; trying "
+                     "again under a newer epoch)");
+    LOG(ERROR) << comm_failure_;
+    // A rendezvous fails after its timeout; anything quicker must not spin.
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutdown_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Seconds(1));
+    if (shutdown_) return;
+  }
+  // A peer that came late (stopped, slow) finds this epoch abandoned: a
+  // newer one gives every rank a fresh rendezvous.
+  const absl::Status reported = ReportFailedEpoch(epoch, st.ToString());
+  if (!reported.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (epoch == comm_epoch_ && job.generation == registration_generation_) {
+      comm_failure_ = absl::StrCat(
+          comm_failure_, "; not tried again: ", reported.message(),
+          "; re-register the params on every rank, then load the last "
+          "checkpoint on every rank (muonctl load)");
+    }
+  }
+}
+
+void DaemonCore::InstallEngine(const BuildJob& job,
+                               std::unique_ptr<StepEngine> engine) {
+  // The old engine's state is read only between steps.
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shutdown_ || !step_running_;
+  };
+  mu_.Await(absl::Condition(&idle));
+  const int64_t epoch = job.plan.comm_epoch();
+  if (shutdown_ || job.generation != registration_generation_ ||
+      epoch != comm_epoch_ || job.rebuild != (engine_ != nullptr)) {
+    LOG(INFO) << "dropped the step engine for plan version "
+              << job.plan.version() << ", epoch " << epoch
+              << ": its registration or epoch is gone";
+    return;
+  }
+  if (job.rebuild) {
+    // In process, bit for bit (ExportState/ImportState): the momentum and
+    // moments the failed step left untouched carry on.
+    absl::StatusOr<std::map<std::string, std::vector<float>>> state =
+        engine_->muon->ExportState();
+    const absl::Status moved =
+        state.ok() ? engine->muon->ImportState(*state) : state.status();
+    if (!moved.ok()) {
+      comm_failure_ = absl::StrCat(
+          "cannot move the optimizer state to the rebuilt communicators: ",
+          moved.message(), "; re-register the params and load a checkpoint");
+      failed_generation_ = job.generation;
+      failed_version_ = job.plan.version();
+      failed_epoch_ = epoch;
+      LOG(ERROR) << comm_failure_;
+      return;
+    }
+  }
+  engine_ = std::move(engine);
+  engine_epoch_ = epoch;
+  engine_plan_ = job.plan;
+  engine_error_.clear();
+  comm_failure_.clear();
+  // The new engine is handed every version again (ActivatePlanFor).
+  active_plan_version_ = 0;
+  LOG(INFO) << "step engine ready (" << job.registration->num_params
+            << " params, communicator epoch " << epoch << ")";
 }
 
 absl::Status DaemonCore::CheckClient(const std::string& job_id,
@@ -371,9 +497,48 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
   return outcome;
 }
 
+absl::Status DaemonCore::AwaitCommunicators(int64_t step_id) {
+  const absl::Time deadline = absl::Now() + config_.comm_rebuild_wait;
+  while (true) {
+    int64_t unheard = -1;  // an epoch whose failure the coordinator missed
+    std::string failure;
+    {
+      absl::MutexLock lock(&mu_);
+      auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return shutdown_ || engine_ == nullptr || !EngineStale() ||
+               failed_epoch_ == comm_epoch_;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+      if (engine_ == nullptr || shutdown_) return absl::OkStatus();
+      if (comm_failure_.empty() && !EngineStale()) return absl::OkStatus();
+      failure = comm_failure_;
+      // Broken and no newer epoch: the report was lost (or the rebuild
+      // failed and its report too); the step reports it again.
+      if (!EngineStale() || failed_epoch_ == comm_epoch_) unheard = comm_epoch_;
+    }
+    absl::Status reported = absl::OkStatus();
+    if (unheard >= 0 && absl::Now() < deadline) {
+      reported = ReportFailedEpoch(unheard, failure);
+      if (reported.ok()) continue;
+    }
+    if (absl::Now() >= deadline || unheard >= 0) {
+      return WithErrorReason(
+          absl::UnavailableError(absl::StrCat(
+              "step ", step_id,
+              " not run: the job's communicators are not usable (",
+              failure.empty() ? "being rebuilt; every rank's daemon must join"
+                              : failure,
+              reported.ok() ? "" : "; ", reported.message(),
+              "); nothing of it was applied on this rank")),
+          ErrorReason::kPeerGone, {{"step_id", absl::StrCat(step_id)}});
+    }
+  }
+}
+
 absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
     const v1::StepRequest& request) {
   absl::MutexLock op(&op_mu_);
+  RETURN_IF_ERROR(AwaitCommunicators(request.step_id()));
   StepInputs inputs;
   LayerShardedMuon* muon = nullptr;
   bool replay = false;
@@ -414,9 +579,15 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
       // The engine votes an out-of-range id as is; a refused one is never run.
       inputs.step_id = std::clamp<int64_t>(id, -1, kMaxStepId + 1);
     }
+    step_running_ = true;  // the builder keeps the engine until it ends
   }
-  // The engine cannot go away: op_mu_ excludes Unregister/Register.
+  // The engine cannot go away: op_mu_ excludes Unregister/Register, and the
+  // builder swaps it only between steps.
   absl::StatusOr<StepResult> result = muon->RunStep(inputs);
+  {
+    absl::MutexLock lock(&mu_);
+    step_running_ = false;
+  }
   if (!result.ok()) {
     LOG(ERROR) << "step " << id << " failed: " << result.status();
     if (IsCommunicationFailure(result.status())) {
@@ -442,12 +613,33 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
 
 absl::Status DaemonCore::CommunicationFailure(int64_t step_id,
                                               const absl::Status& st) {
+  int64_t epoch;
+  bool reset_by_peer;
+  {
+    absl::MutexLock lock(&mu_);
+    epoch = engine_epoch_;
+    reset_by_peer = EngineStale();
+  }
   // After a timeout the coordinator has had a whole comm timeout to notice
   // a dead peer: one look, no polling (a hung peer never shows up dead, and
-  // polling would add its seconds to every stalled step).
-  const std::string peers = link_->DescribeDeadPeers(
-      absl::IsDeadlineExceeded(st) ? absl::ZeroDuration() : absl::Seconds(3));
-  PeerFailure failure = DescribePeerFailure(step_id, st, peers);
+  // polling would add its seconds to every stalled step). A reset a peer
+  // asked for names no dead peer either.
+  const std::string peers =
+      reset_by_peer
+          ? "a peer's step failed or never came, and the job reset its "
+            "communicators"
+          : link_->DescribeDeadPeers(absl::IsDeadlineExceeded(st)
+                                         ? absl::ZeroDuration()
+                                         : absl::Seconds(3));
+  // New communicators would wait for a dead peer in vain: no new epoch then
+  // (the coordinator refuses one too, once it has seen the rank go).
+  const bool dead_peer = absl::StartsWith(peers, kDeadRankPhrase);
+  const bool reported =
+      reset_by_peer ||
+      (!dead_peer && ReportFailedEpoch(epoch, absl::StrCat("step ", step_id,
+                                                           ": ", st.message()))
+                         .ok());
+  PeerFailure failure = DescribePeerFailure(step_id, st, peers, reported);
   {
     absl::MutexLock lock(&mu_);
     comm_failure_ = std::move(failure.health);
@@ -484,6 +676,10 @@ v1::HealthResponse DaemonCore::Health() {
   h.set_has_plan(Ready());
   if (!comm_failure_.empty()) {
     h.set_engine_error(comm_failure_);
+  } else if (EngineStale()) {
+    h.set_engine_error(
+        absl::StrCat("rebuilding the communicators under epoch ", comm_epoch_,
+                     " (a peer's collective failed); steps wait for it"));
   } else if (engine_ == nullptr && registration_ != nullptr) {
     h.set_engine_error(engine_error_);
   }

@@ -14,7 +14,19 @@
 // a gap is FailedPrecondition naming both ids. A failed step records nothing.
 // A step whose collectives fail (a peer died: Gloo transport error or
 // timeout, or a communicator aborted by an earlier failure) is UNAVAILABLE
-// naming the dead ranks as the coordinator sees them.
+// naming the dead ranks as the coordinator sees them; nothing of it is
+// applied on any rank.
+//
+// Healing (docs/ARCHITECTURE.md "Errors"): the communicators carry the
+// job's communicator epoch in their rendezvous keys. A failed collective is
+// reported to the coordinator (CoordinatorLink::ReportCommFailure), which
+// moves the job's epoch once and pushes it on every plan stream; a daemon
+// whose engine is of an older epoch aborts its communicators (a peer still
+// waiting on this rank fails at once) and the builder thread rebuilds them
+// for the same registration and plan under the new epoch, moving the
+// optimizer state across in process. A Step meanwhile waits for the rebuild
+// (config.comm_rebuild_wait), so the trainer resends the failed step (or
+// the next) without registering again.
 //
 // Ownership: the client_id of RegisterParams owns the params; Step and
 // UnregisterParams from any other client_id (empty included) are
@@ -67,6 +79,11 @@
 
 namespace muond {
 
+// How DescribeDeadPeers's phrase starts when the coordinator knows a dead
+// peer: then the job cannot heal by new communicators (the daemon asks for a
+// re-registration instead of a new epoch).
+inline constexpr char kDeadRankPhrase[] = "dead rank";
+
 // What the daemon needs from the coordinator (coordinator_link.h over gRPC;
 // fakes in tests).
 class CoordinatorLink {
@@ -94,9 +111,18 @@ class CoordinatorLink {
   // Fire and forget (the latest report wins; never blocks a step).
   virtual void ReportTimings(const v1::ReportTimingsRequest& report) = 0;
   // After a collective failed: which peer ranks are gone, as a phrase for the
-  // error message (e.g. "dead rank 3 (not connected to the coordinator)").
+  // error message (e.g. "dead rank 3 (not connected to the coordinator)",
+  // starting with kDeadRankPhrase).
   // May wait up to `wait` for the coordinator to notice. Empty when unknown.
   virtual std::string DescribeDeadPeers(absl::Duration /*wait*/) { return ""; }
+  // This daemon's communicators of `comm_epoch` failed (a collective, or
+  // their rebuild): the job's epoch after the report, which the plan stream
+  // also pushes to every daemon (Plan.comm_epoch). Unimplemented: a link
+  // without epochs (the daemon then cannot heal and says so).
+  virtual absl::StatusOr<int64_t> ReportCommFailure(
+      int64_t /*comm_epoch*/, const std::string& /*reason*/) {
+    return absl::UnimplementedError("no communicator epochs on this link");
+  }
 };
 
 struct DaemonConfig {
@@ -120,6 +146,10 @@ struct DaemonConfig {
   // The operator's client_id (server/common/operator_id.h): the daemon's
   // token's; this default is the tokenless daemon's.
   std::string operator_client_id = OperatorClientId("");
+  // How long a Step waits for communicators being rebuilt (every rank's
+  // daemon must rendezvous) before it answers UNAVAILABLE, PEER_GONE
+  // (muond-daemon: twice --comm_timeout_s + 10 s).
+  absl::Duration comm_rebuild_wait = absl::Seconds(120);
 };
 
 // DaemonStateOwner: the state its StateTransactions save, load and stream.
@@ -247,8 +277,41 @@ class DaemonCore : private DaemonStateOwner {
   void ReadinessLoop();
   // PlanMatches as PlanHistory's predicate (call it under mu_).
   PlanHistory<v1::Plan>::Usable Matches() const;
-  // The builder thread: builds the engine once a registration has a plan.
+  // The builder thread: builds the engine once a registration has a plan,
+  // and again (the same plan, the state moved across) under each newer
+  // communicator epoch.
   void BuilderLoop();
+  // What BuilderLoop builds next (it waits until there is something).
+  struct BuildJob {
+    std::shared_ptr<Registration> registration;
+    v1::Plan plan;  // comm_epoch set: the rendezvous keys name it
+    uint64_t generation = 0;
+    bool rebuild = false;  // an engine exists: keep its state
+  };
+  std::optional<BuildJob> AwaitBuildJob() ABSL_LOCKS_EXCLUDED(mu_);
+  // Installs a built engine (a rebuild takes the old one's state, once no
+  // step runs); false when its build is stale.
+  void InstallEngine(const BuildJob& job, std::unique_ptr<StepEngine> engine)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A failed build of `job`: recorded (not retried under the same epoch and
+  // plan); a failed rebuild is reported, which moves the job's epoch.
+  void BuildFailed(const BuildJob& job, const absl::Status& st)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // OnPlan of a Plan{comm_epoch}: a newer epoch aborts the engine's
+  // communicators so the builder rebuilds them.
+  void OnCommEpoch(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The engine's communicators are of an older epoch than the job's.
+  bool EngineStale() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reports the engine's failed communicators (`why`) to the coordinator and
+  // takes the epoch it answers; the coordinator's refusal otherwise (a rank
+  // is gone, or the coordinator is unreachable).
+  absl::Status ReportFailedEpoch(int64_t epoch, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Before step `step_id`: waits (up to config_.comm_rebuild_wait) while
+  // the communicators are being rebuilt, reporting a failure the
+  // coordinator has not heard of yet. UNAVAILABLE with PEER_GONE when they
+  // are still not ready.
+  absl::Status AwaitCommunicators(int64_t step_id) ABSL_LOCKS_EXCLUDED(mu_);
   // DaemonConfig::validate_group on every group.
   absl::Status ValidateGroups(
       const google::protobuf::RepeatedPtrField<v1::ParamGroup>& groups) const;
@@ -260,9 +323,6 @@ class DaemonCore : private DaemonStateOwner {
   // OnPlan of a Plan{round_refused}.
   void OnRoundRefused(const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True once the registration `generation` is gone or the daemon shuts
-  // down: a build for it would be dropped anyway (EngineBuilder::Build).
-  bool Abandoned(uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckClient(const std::string& job_id,
                            const std::string& client_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -312,9 +372,21 @@ class DaemonCore : private DaemonStateOwner {
   uint64_t round_refusals_ ABSL_GUARDED_BY(mu_) = 0;
   std::string round_refused_ ABSL_GUARDED_BY(mu_);
   // Set once a step's collectives failed: the communicators are aborted (or a
-  // peer is gone) and every later step fails until the trainers
-  // re-register; Health reports it (no plan, this as engine_error).
+  // peer is gone) until they are rebuilt under a newer epoch (cleared then);
+  // Health reports it (no plan, this as engine_error).
   std::string comm_failure_ ABSL_GUARDED_BY(mu_);
+  // The job's communicator epoch as the coordinator last said, the epoch and
+  // plan the engine's communicators were built under, and the latest epoch
+  // whose build failed (-1: none), which is not built again.
+  int64_t comm_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t engine_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::Plan engine_plan_ ABSL_GUARDED_BY(mu_);
+  int64_t failed_epoch_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t failed_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failed_generation_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};
+  // A step is in the engine (outside mu_): the builder swaps engines only
+  // between steps.
+  bool step_running_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
   // SaveState, LoadState, ExportState, ImportState and the pending

@@ -26,13 +26,15 @@ struct StepEngine {
 };
 
 // Creates the engine for `registration` under plan `plan` (communicators
-// rendezvous under a prefix naming the plan version, so every rank of a
-// domain meets its peers). Blocks until peers arrive or a timeout, or until
-// `abandoned()` turns true (the registration it is for is gone, or the daemon
-// shuts down): then it should stop waiting and return Cancelled, so a trainer
-// that re-registers is not kept waiting for a rendezvous peers have left.
-// A factory owns (or shares) everything it uses, e.g. the rendezvous store:
-// an abandoned build may still run after the daemon core is gone.
+// rendezvous under a prefix naming the plan version and plan.comm_epoch(),
+// the job's communicator epoch, so every rank of a domain meets its peers,
+// and a rebuild after a failure meets them under fresh keys). Blocks until
+// peers arrive or a timeout, or until `abandoned()` turns true (the
+// registration it is for is gone, or the daemon shuts down): then it should
+// stop waiting and return Cancelled, so a trainer that re-registers is not kept
+// waiting for a rendezvous peers have left. A factory owns (or shares)
+// everything it uses, e.g. the rendezvous store: an abandoned build may still
+// run after the daemon core is gone.
 using EngineFactory = std::function<absl::StatusOr<std::unique_ptr<StepEngine>>(
     const Registration& registration, const v1::Plan& plan,
     const std::function<bool()>& abandoned)>;

@@ -60,8 +60,8 @@ EngineFactory MakeEngineFactory(EngineOptions options,
       const v1::Domain& d = group.proto.domain();
       const DomainSize size = WithDpAxis(d);
       if (!comms.count(d.name())) {
-        const std::string prefix =
-            absl::StrCat("comm/", d.name(), "/v", plan.version());
+        const std::string prefix = absl::StrCat(
+            "comm/", d.name(), "/v", plan.version(), "/e", plan.comm_epoch());
         ASSIGN_OR_RETURN(DomainGroups groups,
                          SplitDomain(size, d.d(), d.g(), d.t(), prefix));
         Backend* dom_backend = backend.get();
@@ -153,7 +153,8 @@ EngineFactory MakeEngineFactory(EngineOptions options,
       ASSIGN_OR_RETURN(
           std::unique_ptr<Communicator> job,
           CreateGlooCommunicator(store.get(),
-                                 absl::StrCat("jobcomm/v", plan.version()),
+                                 absl::StrCat("jobcomm/v", plan.version(), "/e",
+                                              plan.comm_epoch()),
                                  options.rank, options.world_size, gloo));
       step_options.job = job.get();
       engine->communicators.push_back(std::move(job));

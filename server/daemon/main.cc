@@ -236,6 +236,11 @@ int main(int argc, char** argv) {
   config.device = join.device();
   config.log_every = absl::GetFlag(FLAGS_log_every);
   config.operator_client_id = muond::OperatorClientId(*token);
+  // A rebuild is a rendezvous (up to one comm timeout) and may need another
+  // epoch when a peer came late.
+  config.comm_rebuild_wait =
+      2 * absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s)) +
+      absl::Seconds(10);
   config.metrics = metrics.get();
   config.validate_group = [device](const muond::v1::ParamGroup& group) {
     return muond::ValidateGroupForDevice(group, device);

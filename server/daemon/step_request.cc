@@ -126,23 +126,27 @@ std::string StepLogLine(int64_t step_id, const PhaseTimings& timings,
 }
 
 PeerFailure DescribePeerFailure(int64_t step_id, const absl::Status& st,
-                                const std::string& peers) {
+                                const std::string& peers, bool healing) {
   const std::string what =
       absl::IsDeadlineExceeded(st)
           ? "a peer daemon did not answer in time (hung or stopped)"
           : "a peer daemon is gone";
+  const std::string cause = absl::StrCat(what, peers.empty() ? "" : ": ", peers,
+                                         " (", st.message(), ")");
   PeerFailure failure;
   failure.health = absl::StrCat(
-      "communicators unusable after step ", step_id, " failed: ", what,
-      peers.empty() ? "" : ": ", peers, " (", st.message(),
-      "); re-register the params on every rank, then load the last "
-      "checkpoint on every rank (muonctl load)");
+      "communicators unusable after step ", step_id, " failed: ", cause,
+      healing ? "; the job's daemons rebuild them (the state is kept)"
+              : "; re-register the params on every rank, then load the last "
+                "checkpoint on every rank (muonctl load)");
   failure.status = WithErrorReason(
       absl::UnavailableError(absl::StrCat(
-          "step ", step_id, " failed: ", what, peers.empty() ? "" : ": ", peers,
-          " (", st.message(),
-          "); nothing of it was applied on this rank; re-register the params "
-          "on every rank (or restart the job's daemons) and LoadState")),
+          "step ", step_id, " failed: ", cause,
+          "; nothing of it was applied on this rank; ",
+          healing ? "the job's daemons rebuild their communicators: send the "
+                    "step again on every rank (no re-registration)"
+                  : "re-register the params on every rank (or restart the "
+                    "job's daemons) and LoadState")),
       ErrorReason::kPeerGone, {{"step_id", absl::StrCat(step_id)}});
   return failure;
 }

@@ -72,13 +72,15 @@ std::string StepLogLine(int64_t step_id, const PhaseTimings& timings,
 // Health says from now on (the communicators are unusable), and `status`,
 // the step's UNAVAILABLE answer with ErrorReason PEER_GONE. Both name the
 // peers (`peers`, the coordinator's view; empty when unknown) and say what to
-// do. A timeout (DEADLINE_EXCEEDED) is a hung or stopped peer, which may
-// still be alive: said so instead of calling it gone.
+// do: with `healing` (the coordinator heard of it) the daemons rebuild
+// their communicators and the trainer sends the step again; without, the
+// trainers re-register. A timeout (DEADLINE_EXCEEDED) is a hung or stopped
+// peer, which may still be alive: said so instead of calling it gone.
 struct PeerFailure {
   std::string health;
   absl::Status status;
 };
 PeerFailure DescribePeerFailure(int64_t step_id, const absl::Status& st,
-                                const std::string& peers);
+                                const std::string& peers, bool healing);
 
 }  // namespace muond

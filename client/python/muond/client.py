@@ -22,7 +22,7 @@ from muond.v1 import muond_pb2_grpc as pb_grpc
 ERROR_DOMAIN = _rules.ERROR_DOMAIN
 REASONS = _rules.ERROR_REASONS
 PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED = REASONS
-# PEER_GONE        Step: a peer daemon is gone; restart the job's daemons
+# PEER_GONE        Step: a peer daemon failed or is gone; nothing applied: resend
 # NO_PLAN_YET      Coordinator.GetPlan: the job has no plan yet
 # ALREADY_REGISTERED  RegisterParams: another client holds the daemon's params;
 #                  metadata {"client_id": holder}. Unregister it as the

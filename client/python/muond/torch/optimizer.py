@@ -302,7 +302,11 @@ class Muon(torch.optim.Optimizer):
             torch.cuda.synchronize()  # the daemon reads grads from another process
         # The id advances only when every daemon applied the step: a refused
         # step (e.g. non-finite gradients, refused on every rank before
-        # anything changed) can be retried with the same id.
+        # anything changed) can be retried with the same id, and so can one
+        # that failed with PEER_GONE (a peer's step failed or never came:
+        # nothing applied; the daemons rebuild their communicators, and the
+        # next step() waits for that). No retry here: the peer's trainer may
+        # not have sent its step at all, and only the caller knows.
         step_id = self.step_id + 1
         overrides = [self._overrides(r) for r in range(len(self.clients))]
         what = f"Step {step_id}"
