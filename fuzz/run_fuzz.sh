@@ -47,7 +47,8 @@ PLAN_SRCS=(server/common/proto_convert.cc server/common/job_id.cc server/common/
            core/plan/*.cc core/common/*.cc  # whole packages: a new file links without an edit here
            "$WORK/gen/muond/v1/muond.pb.cc")
 # Registration's own files; view_overlap.cc (aliasing checks) where present.
-REG_SRCS="server/daemon/registration.cc server/daemon/region_table.cc server/daemon/memory_mapper.cc"
+REG_SRCS="server/daemon/registration.cc server/daemon/region_table.cc server/daemon/memory_mapper.cc
+          server/common/open_files.cc core/step/group_count.cc"
 [[ -e server/daemon/view_overlap.cc ]] && REG_SRCS+=" server/daemon/view_overlap.cc"
 declare -A NEEDS=(
   [registration_plan]="$REG_SRCS ${PLAN_SRCS[*]}"

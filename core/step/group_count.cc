@@ -11,7 +11,8 @@ absl::Status CheckParamGroupCount(int64_t groups) {
       " per registration; merge the groups that share hyperparameters into "
       "one (a group holds any number of params), and change a group's lr or "
       "weight_decay over training through the step's per-group overrides "
-      "rather than through more groups"));
+      "(muond.torch.Muon sends each group's live lr and weight_decay with "
+      "every step) rather than through more groups"));
 }
 
 }  // namespace muond

@@ -181,7 +181,9 @@ CoordinatorCore::ReportCommFailure(
   }
   const int64_t before = job->comm_epoch;
   v1::ReportCommFailureResponse response;
-  response.set_comm_epoch(AdvanceCommEpoch(*job, request.comm_epoch()));
+  ASSIGN_OR_RETURN(const int64_t epoch,
+                   AdvanceCommEpoch(*job, request.comm_epoch()));
+  response.set_comm_epoch(epoch);
   if (response.comm_epoch() != before) {
     LOG(WARNING) << "job " << job->id << ": rank " << request.rank()
                  << " reported failed communicators of epoch "

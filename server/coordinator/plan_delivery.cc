@@ -52,7 +52,18 @@ v1::Plan TakeWatcherNews(const Job& job, int rank, int64_t after_version,
   return *job.plans.NextForWatcher(after_version);
 }
 
-int64_t AdvanceCommEpoch(Job& job, int64_t failed_epoch) {
+absl::StatusOr<int64_t> AdvanceCommEpoch(Job& job, int64_t failed_epoch) {
+  if (failed_epoch < 0 || failed_epoch >= kMaxCommEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat("comm_epoch ", failed_epoch,
+                                                   " must be in [0, ",
+                                                   kMaxCommEpoch - 1, "]"));
+  }
+  if (failed_epoch > job.comm_epoch && job.comm_epoch != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "comm_epoch ", failed_epoch, " is newer than the epoch of job '",
+        job.id, "' (", job.comm_epoch,
+        "): a daemon reports only an epoch the coordinator pushed"));
+  }
   job.comm_epoch = std::max(job.comm_epoch, failed_epoch + 1);
   return job.comm_epoch;
 }

@@ -39,8 +39,12 @@ v1::Plan TakeWatcherNews(const Job& job, int rank, int64_t after_version,
 // A daemon's communicators of `failed_epoch` failed: the job moves to
 // failed_epoch + 1 unless it is there or beyond already (the first report of
 // an epoch moves it; the other ranks' reports of the same failure do not).
-// A reported epoch above the job's (a coordinator that restarted under
-// running daemons) moves it above the report too. Returns the job's epoch.
-int64_t AdvanceCommEpoch(Job& job, int64_t failed_epoch);
+// A reported epoch above the job's is refused (a daemon reports only an
+// epoch it was pushed, so a caller cannot jump the epoch to its top), except
+// on a job still at epoch 0: a coordinator that restarted under running
+// daemons, which moves above the report. Epochs stay below kMaxCommEpoch.
+// Returns the job's epoch.
+inline constexpr int64_t kMaxCommEpoch = (int64_t{1} << 48) - 1;
+absl::StatusOr<int64_t> AdvanceCommEpoch(Job& job, int64_t failed_epoch);
 
 }  // namespace muond

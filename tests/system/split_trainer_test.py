@@ -225,9 +225,13 @@ class SplitTrainerSystemTest(unittest.TestCase):
         # GTP pad rows live after the model's tensor in the same buffer and
         # must still be zero.
         pad = opt.layouts["pad"]
-        flat = torch.empty(0, dtype=torch.float32).set_(params["pad"].data.untyped_storage())
+        # The buffer is a view into one packed buffer per dtype: it starts at
+        # the tensor's storage offset.
+        data = params["pad"].data
+        flat = torch.empty(0, dtype=torch.float32).set_(data.untyped_storage())
+        start = data.storage_offset()
         rows, cols = pad.full_shape
-        tail = flat[rows * cols:pad.buffer_numel].numpy()
+        tail = flat[start + rows * cols:start + pad.buffer_numel].numpy()
         self.assertEqual(tail.size, pad.pad_length * cols)
         self.assertTrue(np.all(tail == 0), tail)
 

@@ -2,6 +2,8 @@
 // every version in order, the job keeps its newest plans, a restarted
 // coordinator numbers above the daemons' plans, versions are bounded. Plans
 // come from the real core planner (PlanGroup).
+#include "server/coordinator/plan_delivery.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -151,6 +153,31 @@ TEST(PlanDelivery, PlanVersionsAreBounded) {
   st = core.PublishManifest(Manifest("j", 3, kShapes));
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(st.message(), HasSubstr("kMaxPlanVersion"));
+}
+
+// The communicator epoch moves once per failed epoch, never past a report of
+// an epoch the job was not pushed (a caller cannot jump it to its top and so
+// stop the job healing), and stays bounded.
+TEST(CommEpochTest, MovesOncePerFailureAndRefusesEpochsNotPushed) {
+  Job job;
+  job.id = "j";
+  // A fresh job (or a restarted coordinator under running daemons) follows
+  // the report.
+  ASSERT_EQ(AdvanceCommEpoch(job, 4).value(), 5);
+  // The other ranks' reports of the same failure do not move it again.
+  EXPECT_EQ(AdvanceCommEpoch(job, 4).value(), 5);
+  EXPECT_EQ(AdvanceCommEpoch(job, 5).value(), 6);
+  absl::StatusOr<int64_t> ahead = AdvanceCommEpoch(job, 7);
+  EXPECT_EQ(ahead.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ahead.status().message(), HasSubstr("newer than the epoch"));
+  absl::StatusOr<int64_t> top = AdvanceCommEpoch(job, kMaxCommEpoch);
+  EXPECT_EQ(top.status().code(), absl::StatusCode::kInvalidArgument);
+  Job fresh;
+  EXPECT_FALSE(
+      AdvanceCommEpoch(fresh, std::numeric_limits<int64_t>::max()).ok());
+  EXPECT_FALSE(AdvanceCommEpoch(fresh, -1).ok());
+  EXPECT_EQ(job.comm_epoch, 6);
+  EXPECT_EQ(fresh.comm_epoch, 0);
 }
 
 }  // namespace
