@@ -41,7 +41,6 @@ bool BeginServerMain(int argc, char** argv, absl::string_view server,
   }
   absl::ParseCommandLine(snake_argc, snake_argv.data());
   InitServerLogging(argv[0], server);
-  LogRaisedOpenFileLimit();
   return true;
 }
 

@@ -19,15 +19,15 @@ namespace muond {
 // in its snake_case spelling, flag_spelling.h, so --token-file is
 // --token_file; --version prints "<server>
 // <kMuondVersion>"), logging (InitServerLogging;
-// `server` names the server in JSON log lines) and the open-file limit
-// (LogRaisedOpenFileLimit). Returns true when the server should go on
-// starting.
+// `server` names the server in JSON log lines). Returns true when the server
+// should go on starting.
 bool BeginServerMain(int argc, char** argv, absl::string_view server,
                      absl::string_view usage,
                      const std::vector<std::string>& flag_sources);
 
 // Raises the soft RLIMIT_NOFILE to the hard limit (open_files.h) and logs
-// the limits, or a warning when it cannot.
+// the limits, or a warning when it cannot. Each server calls it once its log
+// lines carry their context (a daemon's job and rank).
 void LogRaisedOpenFileLimit();
 
 // A server's listening flags.

@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
                               kFlagSources)) {
     return 0;
   }
+  muond::LogRaisedOpenFileLimit();
 
   muond::CoordinatorOptions options;
   absl::StatusOr<std::string> token = muond::TokenFromFlags(

@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   muond::SetLogJob(job, rank);
+  muond::LogRaisedOpenFileLimit();
   // A malformed --coordinator would only fail at RegisterParams (Join keeps
   // retrying): refuse it at startup.
   if (absl::Status st = muond::CheckListenAddress(

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/common/safetensors.h"
+#include "server/common/step_id.h"
 #include "tests/common/muon_group.h"
 #include "tests/reliability/harness.h"
 
@@ -305,7 +306,11 @@ TEST(JobAgreementTest, StepIdsAreBounded) {
     EXPECT_TRUE(absl::StrContains(r.status().message(), "step_id"))
         << r.status();
   }
-  const int64_t top = int64_t{1} << 62;
+  // 2^62 - 1 is the last step id (kMaxStepId): 2^62 is refused, as loads are.
+  const int64_t top = kMaxStepId;
+  for (auto& r : job.StepAll(top + 1)) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  }
   for (auto& r : job.StepAll(top)) EXPECT_TRUE(r.ok()) << r.status();
 }
 
