@@ -225,6 +225,12 @@ void DaemonCore::BuilderLoop() {
   }
 }
 
+void DaemonCore::RememberFailedBuild(const BuildJob& job) {
+  failed_generation_ = job.generation;
+  failed_version_ = job.plan.version();
+  failed_epoch_ = job.plan.comm_epoch();
+}
+
 void DaemonCore::BuildFailed(const BuildJob& job, const absl::Status& st) {
   const int64_t epoch = job.plan.comm_epoch();
   {
@@ -234,9 +240,7 @@ void DaemonCore::BuildFailed(const BuildJob& job, const absl::Status& st) {
                 << st;
       return;
     }
-    failed_generation_ = job.generation;
-    failed_version_ = job.plan.version();
-    failed_epoch_ = epoch;
+    RememberFailedBuild(job);
     metrics_->EngineBuildFailed();
     if (!job.rebuild) {
       engine_error_ = st.ToString();
@@ -296,9 +300,7 @@ void DaemonCore::InstallEngine(const BuildJob& job,
       comm_failure_ = absl::StrCat(
           "cannot move the optimizer state to the rebuilt communicators: ",
           moved.message(), "; re-register the params and load a checkpoint");
-      failed_generation_ = job.generation;
-      failed_version_ = job.plan.version();
-      failed_epoch_ = epoch;
+      RememberFailedBuild(job);
       LOG(ERROR) << comm_failure_;
       return;
     }

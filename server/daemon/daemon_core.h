@@ -297,6 +297,10 @@ class DaemonCore : private DaemonStateOwner {
   // plan); a failed rebuild is reported, which moves the job's epoch.
   void BuildFailed(const BuildJob& job, const absl::Status& st)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks `job`'s registration, plan and epoch as failed, so AwaitBuildJob
+  // does not try them again (one home for the three fields below).
+  void RememberFailedBuild(const BuildJob& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OnPlan of a Plan{comm_epoch}: a newer epoch aborts the engine's
   // communicators so the builder rebuilds them.
   void OnCommEpoch(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
