@@ -512,6 +512,21 @@ void ExpectUnchanged(const Layout& l, const std::vector<RankRun>& runs,
                    {"b", {}}});
 }
 
+// After attempt `a`, every param on every rank has taken exactly one step,
+// with the gradients of seed 1 (the accepted attempt's): the refused attempt
+// before it changed nothing.
+void ExpectEveryParamSteppedOnce(const Layout& l,
+                                 const std::vector<RankRun>& runs, size_t a) {
+  const std::vector<int> once = {1};
+  ExpectReference(l, runs, a,
+                  {{"rep", once},
+                   {"gtp", once},
+                   {"col", once},
+                   {"row", once},
+                   {"col2", once},
+                   {"b", once}});
+}
+
 TEST(DpShareRefusals, AStepRefusedOnOneReplicaIsRefusedOnAll) {
   const Layout l{2, 1, 2};
   auto refused_on_replica1 = [](int d) {
@@ -535,14 +550,7 @@ TEST(DpShareRefusals, AStepRefusedOnOneReplicaIsRefusedOnAll) {
     EXPECT_TRUE(runs[r].statuses[1].ok()) << runs[r].statuses[1];
   }
   ExpectUnchanged(l, runs, 0);
-  const std::vector<int> once = {1};
-  ExpectReference(l, runs, 1,
-                  {{"rep", once},
-                   {"gtp", once},
-                   {"col", once},
-                   {"row", once},
-                   {"col2", once},
-                   {"b", once}});
+  ExpectEveryParamSteppedOnce(l, runs, 1);
 }
 
 TEST(DpShareRefusals, ReplicasWithDifferentGradientsAreRefusedOnEveryRank) {
@@ -572,14 +580,7 @@ TEST(DpShareRefusals, ReplicasWithDifferentGradientsAreRefusedOnEveryRank) {
     EXPECT_TRUE(runs[r].statuses[1].ok()) << runs[r].statuses[1];
   }
   ExpectUnchanged(l, runs, 0);
-  const std::vector<int> once = {1};
-  ExpectReference(l, runs, 1,
-                  {{"rep", once},
-                   {"gtp", once},
-                   {"col", once},
-                   {"row", once},
-                   {"col2", once},
-                   {"b", once}});
+  ExpectEveryParamSteppedOnce(l, runs, 1);
 }
 
 TEST(DpShareRefusals, ReplicasThatSkipDifferentlyAreRefusedOnEveryRank) {
@@ -599,14 +600,7 @@ TEST(DpShareRefusals, ReplicasThatSkipDifferentlyAreRefusedOnEveryRank) {
     EXPECT_TRUE(runs[r].statuses[1].ok()) << runs[r].statuses[1];
   }
   ExpectUnchanged(l, runs, 0);
-  const std::vector<int> once = {1};
-  ExpectReference(l, runs, 1,
-                  {{"rep", once},
-                   {"gtp", once},
-                   {"col", once},
-                   {"row", once},
-                   {"col2", once},
-                   {"b", once}});
+  ExpectEveryParamSteppedOnce(l, runs, 1);
 }
 
 }  // namespace
