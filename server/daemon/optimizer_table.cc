@@ -76,6 +76,11 @@ void OptimizerTable::OnReadiness(uint64_t serial, bool ready) {
 
 absl::StatusOr<std::shared_ptr<OptimizerInstance>> OptimizerTable::Make(
     const std::string& name) {
+  if (!factory_) {
+    return absl::UnimplementedError(
+        absl::StrCat(kField, ": ", Named(name),
+                     ": this server hosts the default optimizer only"));
+  }
   uint64_t serial;
   {
     absl::MutexLock lock(&mu_);
@@ -90,11 +95,6 @@ absl::StatusOr<std::shared_ptr<OptimizerInstance>> OptimizerTable::Make(
           "; close (unregister) one of them first"));
     }
     serial = next_serial_++;
-  }
-  if (!factory_) {
-    return absl::UnimplementedError(
-        absl::StrCat(kField, ": ", Named(name),
-                     ": this server hosts the default optimizer only"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<OptimizerInstance> made,
                    factory_(name, ReadinessOf(serial)));

@@ -3,6 +3,7 @@ methods); memory, registration, placement and wire conversion live in the
 modules beside it (muond.torch's docstring has the whole contract)."""
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
@@ -23,6 +24,23 @@ from muond.torch import rpc as _rpc
 from muond.torch import wire as _wire
 from muond.torch.lazy_state import LazyState
 from muond.torch.memory import SharedParams, release
+
+# Optimizers this process created: the first is the daemons' default
+# instance "", the n-th "opt-<n>" (instance_name).
+_CREATED = itertools.count(1)
+
+
+def instance_name(name: str | None) -> str:
+    """The daemons' optimizer instance of a new Muon: ``name`` when given,
+    else "" for the process's first optimizer and ``opt-<n>`` for its n-th,
+    so SPMD ranks that create their optimizers in the same order agree."""
+    n = next(_CREATED)
+    if name is not None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        return name
+    return "" if n == 1 else f"opt-{n}"
+
 
 _PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "update_us",
            "total_us")
@@ -101,7 +119,7 @@ class Muon(torch.optim.Optimizer):
                  adamw: _options.AdamWOptions | None = None,
                  placement: _options.PlacementOptions | None = None,
                  connection: _options.ConnectionOptions | None = None,
-                 **flat):
+                 name: str | None = None, **flat):
         o = _options.resolve(flat, dict(newton_schulz=newton_schulz, scaling=scaling,
                                         adamw=adamw, placement=placement,
                                         connection=connection))
@@ -134,9 +152,12 @@ class Muon(torch.optim.Optimizer):
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
         self._adamw_eps, self._wait_healthy_timeout = o["adamw_eps"], o["wait_healthy_timeout"]
+        # The daemons' optimizer instance this optimizer registers as.
+        self.name = instance_name(name)
         self.clients = [Client(a, timeout=o["rpc_timeout"], token=o["token"],
                                token_file=o["token_file"],
-                               root_certificates=o["tls_root_certificates"]) for a in daemons]
+                               root_certificates=o["tls_root_certificates"],
+                               optimizer=self.name) for a in daemons]
         # Runs at close(), when the optimizer is collected, and at interpreter
         # exit (also after an uncaught exception): unregisters from every
         # daemon, else a new trainer on them is refused ALREADY_REGISTERED.

@@ -50,7 +50,8 @@ def register_taking_over_stale(clients, job_id: str, client_id: str, per_rank, r
     live = {a: h for a, h in held.items() if not is_stale_local_client(h)}
     if live and not takeover:
         raise MuondError(
-            "muond.torch.Muon: the daemons hold another trainer's params ("
+            f"muond.torch.Muon: the daemons' {_instance(clients)} holds another "
+            "trainer's params ("
             + ", ".join(f"{a}: client {h!r}" for a, h in live.items())
             + "). If that trainer is gone (crashed, killed, preempted), pass "
             "takeover=True to clear its registration; otherwise stop it (or close() "
@@ -67,6 +68,12 @@ def register_taking_over_stale(clients, job_id: str, client_id: str, per_rank, r
     _rpc.gather([c.register_future(job_id, per_rank[r], client_id,
                                    regions=regions.used_by(per_rank[r]))
                  for r, c in enumerate(clients)], clients, "RegisterParams")
+
+
+def _instance(clients) -> str:
+    """The optimizer instance ``clients`` are about, in words."""
+    name = clients[0].optimizer if clients else None
+    return f"optimizer instance {name!r}" if name else "default optimizer instance"
 
 
 # Unregistering at exit must not hold up the interpreter on a daemon that is
