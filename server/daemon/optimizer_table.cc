@@ -77,9 +77,8 @@ void OptimizerTable::OnReadiness(uint64_t serial, bool ready) {
 absl::StatusOr<std::shared_ptr<OptimizerInstance>> OptimizerTable::Make(
     const std::string& name) {
   if (!factory_) {
-    return absl::UnimplementedError(
-        absl::StrCat(kField, ": ", Named(name),
-                     ": this server hosts the default optimizer only"));
+    return absl::UnimplementedError(absl::StrCat(
+        Named(name), ": this server hosts the default optimizer only"));
   }
   uint64_t serial;
   {
@@ -89,10 +88,9 @@ absl::StatusOr<std::shared_ptr<OptimizerInstance>> OptimizerTable::Make(
     }
     if (int(entries_.size()) >= max_instances_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          kField, ": cannot make ", Named(name), ": this daemon hosts ",
-          entries_.size(), " optimizer instances, the most it may (",
-          max_instances_, "): ", Describe(),
-          "; close (unregister) one of them first"));
+          "cannot make ", Named(name), ": this daemon hosts ", entries_.size(),
+          " optimizer instances, the most it may (", max_instances_,
+          "): ", Describe(), "; close (unregister) one of them first"));
     }
     serial = next_serial_++;
   }
@@ -128,7 +126,7 @@ absl::StatusOr<std::shared_ptr<OptimizerInstance>> OptimizerTable::Find(
   if (std::shared_ptr<OptimizerInstance> found = Lookup(name)) return found;
   absl::MutexLock lock(&mu_);
   return absl::NotFoundError(absl::StrCat(
-      kField, ": ", Named(name),
+      Named(name),
       " is not on this daemon (RegisterParams makes it); it hosts ",
       Describe()));
 }
@@ -237,9 +235,12 @@ absl::StatusOr<v1::GetStatusResponse> OptimizerTable::Status(
 absl::StatusOr<v1::HealthResponse> OptimizerTable::Health(
     const v1::HealthRequest& request) {
   if (request.has_optimizer()) {
-    ASSIGN_OR_RETURN(std::shared_ptr<OptimizerInstance> found,
-                     Find(request.optimizer()));
-    v1::HealthResponse health = found->core->Health();
+    RETURN_IF_ERROR(CheckName(request.optimizer()));
+    // An instance not made yet answers as one without a registration: a
+    // trainer waits for the daemon before its RegisterParams makes it.
+    std::shared_ptr<OptimizerInstance> found = Lookup(request.optimizer());
+    v1::HealthResponse health;
+    if (found != nullptr) health = found->core->Health();
     absl::MutexLock lock(&mu_);
     health.set_serving(!shut_down_);
     if (shut_down_) health.set_has_plan(false);

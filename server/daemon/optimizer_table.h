@@ -89,7 +89,8 @@ class OptimizerTable {
   // The instance's status and the names of every instance.
   absl::StatusOr<v1::GetStatusResponse> Status(const std::string& name);
   // Without request.optimizer: the daemon (has_plan: the readiness rule
-  // above); with it: that instance. serving: false from Shutdown on.
+  // above); with it: that instance (one not made yet: no plan, no error).
+  // serving: false from Shutdown on.
   absl::StatusOr<v1::HealthResponse> Health(const v1::HealthRequest& request);
   // Not serving for good (shutdown began).
   void Shutdown();

@@ -274,6 +274,13 @@ TEST_F(OptimizerTableTest, HealthAgreesWithGrpcHealthAcrossRegistrations) {
   MakeTable();
   ExpectDaemonServing(false);
   EXPECT_TRUE(table_->Health({})->serving());
+  // An instance its RegisterParams has yet to make: up, without a plan.
+  v1::HealthRequest later;
+  later.set_optimizer("later");
+  ASSERT_TRUE(table_->Health(later).ok());
+  EXPECT_TRUE(table_->Health(later)->serving());
+  EXPECT_FALSE(table_->Health(later)->has_plan());
+  EXPECT_THAT(table_->Names(), ::testing::ElementsAre(""));
   RegisterWithPlan("", "trainer-a");
   ExpectDaemonServing(true);
   ASSERT_TRUE(table_->Register(RegisterRequest("opt-2", "trainer-b"), {}).ok());
