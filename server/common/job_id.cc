@@ -65,9 +65,10 @@ absl::Status CheckCoordinatorJobId(absl::string_view field,
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      Quoted(field, value, 2 * kMaxJobIdChars + 1), " must be a job id (1-",
-      kMaxJobIdChars, kIdRule, ") or an optimizer instance's job, <job id>/<1-",
-      kMaxJobIdChars, kIdRule, ">"));
+      Quoted(field, value, 2 * kMaxJobIdChars + 1), " must be 1-",
+      kMaxJobIdChars, kIdRule,
+      " (a job id), or an optimizer instance's job: <job id>/<name of such "
+      "characters>"));
 }
 
 }  // namespace muond
