@@ -24,7 +24,6 @@
 #include "server/common/server_main.h"
 #include "server/common/shutdown.h"
 #include "server/common/unix_socket.h"
-#include "server/daemon/coordinator_link.h"
 #include "server/daemon/cuda_device.h"
 #include "server/daemon/daemon_core.h"
 #include "server/daemon/engine_factory.h"
