@@ -7,10 +7,15 @@ optimizer instance on the same two host daemons (split mode, 1 x 2):
   matches torch too;
 * the second optimizer's state_dict round trip (torch.save, a new optimizer
   of another name, load_state_dict) continues bitwise as the uninterrupted
-  run, while the first optimizer is live.
+  run, while the first optimizer is live;
+* a name a live trainer of another process holds is refused naming the
+  instance, while other names work.
 """
+import glob
 import io
 import os
+import re
+import subprocess
 import sys
 import unittest
 
@@ -20,7 +25,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (REL_TOL, ClusterTestCase, Tiny, TorchReference, batch,  # noqa: E402
                     bitwise_mismatches, load_params, muond_tiny_opt, params_of,
                     rel_diff, tiny_groups, train)
-from muond.client import Client  # noqa: E402
+from muond.client import ALREADY_REGISTERED, Client, MuondError  # noqa: E402
+
+# Another trainer process: registers optimizer instance argv[3], steps once,
+# says so, then waits to be killed.
+_HOLDER = r"""
+import sys, time
+import torch
+from muond.torch import Muon
+daemons, job, name = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
+w = torch.nn.Parameter(torch.ones(8, 4))
+opt = Muon([{"params": [w], "param_names": ["w"]}], lr=0.02, daemons=daemons, job_id=job,
+           tp_size=len(daemons), rpc_timeout=30, wait_healthy_timeout=30, name=name,
+           token=sys.argv[4] or None)
+w.grad = torch.ones(8, 4)
+opt.step()
+print("stepped", flush=True)
+time.sleep(120)
+"""
 
 
 class SeveralOptimizersTest(ClusterTestCase):
@@ -124,6 +146,34 @@ class SeveralOptimizersTest(ClusterTestCase):
         x, _ = batch(1)
         self.first_model(x).sum().backward()
         self.first.step()
+
+    def test_a_name_held_by_another_live_trainer_is_refused_naming_it(self):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, ",".join(self.cluster.daemons),
+             self.cluster.job_id, "shared", self.cluster.token or ""],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertIn("stepped", holder.stdout.readline())
+            with self.assertRaises(MuondError) as caught:
+                self.opt(Tiny(seed=6), name="shared")
+            self.assertEqual(caught.exception.reason, ALREADY_REGISTERED)
+            self.assertIn("optimizer instance 'shared'", str(caught.exception))
+            self.assertIn(f"-{holder.pid}-", caught.exception.metadata["client_id"])
+            # Another name on the same daemons is free.
+            model = Tiny(seed=6)
+            opt = self.opt(model, name="not-shared")
+            try:
+                self.expect_matches_torch(model, opt, 1)
+            finally:
+                opt.close()
+        finally:
+            holder.kill()
+            holder.communicate()
+            # A killed trainer never unlinks its shm objects (muond.shm names).
+            job = re.sub(r"[^A-Za-z0-9_.-]", "_", self.cluster.job_id)
+            for path in glob.glob(f"/dev/shm/muond-{job}-{holder.pid}-*"):
+                os.unlink(path)
 
 
 if __name__ == "__main__":
