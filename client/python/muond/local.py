@@ -1,4 +1,4 @@
-"""Local mode: a process whose environment names no daemon (no launcher, no
+"""The local cluster: a process whose environment names no daemon (no launcher, no
 torchrun, no ``daemons=``) starts a private muond-coordinator and one
 muond-daemon for itself, as ``ray.init()`` starts a local cluster.
 
@@ -144,7 +144,7 @@ def _start(device: int | None, job_id: str, timeout: float) -> LocalCluster:
         raise RuntimeError(
             f"muond.torch.Muon: nothing names a daemon for this process (no daemons=, no "
             f"muond launch or torchrun environment), so it starts a local coordinator and "
-            f"daemon, which failed: {e}. Set MUOND_LOCAL=0 to turn local mode off") from e
+            f"daemon, which failed: {e}. Set MUOND_LOCAL=0 to turn the local cluster off") from e
 
 
 def _check_compatible(cluster: LocalCluster, device: int | None, job_id: str | None) -> None:

@@ -15,7 +15,7 @@ token file is ``$MUOND_TOKEN_FILE``. A default socket that does not exist is
 reported at once (``Discovered.missing_socket``) instead of waited for, and a
 malformed ``$MUOND_DAEMON`` is refused at once (``check_daemon_address``).
 
-Local mode (``local_daemon``): when none of JOB_VARIABLES is set, no
+The local cluster (``local_daemon``): when none of JOB_VARIABLES is set, no
 torch.distributed group is initialized and ``$MUOND_LOCAL`` is not 0, the
 process starts its own coordinator and daemon (muond.local) instead.
 """
@@ -28,7 +28,7 @@ from muond._env import env_int
 
 
 # Any of these set: this process belongs to a launched or distributed job and
-# finds its daemon from them (discover), never starts one (local mode).
+# finds its daemon from them (discover), never starts one (muond.local).
 JOB_VARIABLES = ("MUOND_DAEMON", "MUOND_SOCKET_DIR", "MUOND_JOB_ID", "MUOND_TOKEN_FILE",
                  "MUOND_COORDINATOR", "MUOND_NNODES", "MUOND_NPROC_PER_NODE", "RANK",
                  "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")
@@ -73,7 +73,7 @@ def local_daemon(param_groups, job_id: str | None, timeout: float) -> Discovered
         return None
     devices = {p.device for group in param_groups for p in group["params"]}
     if len(devices) > 1:
-        raise ValueError(f"muond.torch.Muon in local mode: the params are on "
+        raise ValueError(f"muond.torch.Muon with a local cluster: the params are on "
                          f"{sorted(map(str, devices))}; one local daemon serves one device")
     device = next(iter(devices), None)
     from muond import local  # lazy: starts nothing on import, needs muond.launch
@@ -157,7 +157,7 @@ class Discovered:
     token_file: str | None
     job_source: str = ""
     default_socket: str | None = None
-    lease: object = None  # local mode: muond.local.Lease, released at the optimizer's end
+    lease: object = None  # a local cluster's muond.local.Lease, released at the end
 
     def missing_socket(self) -> str | None:
         """Why this rank has no daemon, when the address is a default socket
