@@ -18,7 +18,7 @@ REL_TOL = 2e-5
 
 
 def plain_env(**extra) -> dict:
-    env = dict(launch_env(HERE), MUOND_BIN_DIR=bin_dir(), **extra)
+    env = dict(launch_env(HERE), MUOND_BIN_DIR=bin_dir())
     for key in (*JOB_VARIABLES, "MUOND_LOCAL"):
         env.pop(key, None)
     env.update(extra)

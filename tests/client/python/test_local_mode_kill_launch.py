@@ -45,7 +45,8 @@ class LocalModeKillAndLaunchTest(unittest.TestCase):
         cmd = [sys.executable, "-m", "muond.cli", "launch", "--bin-dir", bin_dir(),
                "--nproc-per-node", "1", "--device", "cpu", "--",
                sys.executable, TRAINER, "launched", out]
-        done = subprocess.run(cmd, env=plain_env(), capture_output=True, text=True, timeout=180)
+        done = subprocess.run(cmd, env=plain_env(), capture_output=True, text=True, timeout=180,
+                              cwd=out)  # the launcher's logs go there
         self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
         info = read_info(out)
         self.assertEqual(info["pids"], [])  # no local cluster: the launcher's daemon
