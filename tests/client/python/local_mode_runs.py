@@ -3,6 +3,7 @@ process (no launcher, torchrun or Slurm variable; the servers found through
 $MUOND_BIN_DIR) and reading what it wrote."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,10 +26,17 @@ def plain_env(**extra) -> dict:
     return env
 
 
+def output_dir(test) -> str:
+    """A fresh directory for the trainer's info.json, removed after `test`."""
+    out = tempfile.mkdtemp(prefix="muond-local-test-")
+    test.addCleanup(shutil.rmtree, out, ignore_errors=True)
+    return out
+
+
 def run_trainer(test, mode: str, timeout: float = 120, **extra) -> dict:
     """Runs local_trainer.py MODE to its end; its info.json (the test fails
     with the trainer's output when it did not end cleanly)."""
-    out = tempfile.mkdtemp(prefix="muond-local-test-")
+    out = output_dir(test)
     proc = subprocess.run([sys.executable, TRAINER, mode, out], env=plain_env(**extra),
                           capture_output=True, text=True, timeout=timeout)
     test.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)

@@ -7,10 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import unittest
 
-from local_mode_runs import REL_TOL, TRAINER, plain_env, read_info, wait_until
+from local_mode_runs import REL_TOL, TRAINER, output_dir, plain_env, read_info, wait_until
 from muond.launch.processes import is_alive
 from tests.common.launched import bin_dir
 
@@ -22,7 +21,7 @@ CLEAN_BOUND_S = 40
 
 class LocalModeKillAndLaunchTest(unittest.TestCase):
     def test_sigkilled_trainer_leaves_no_server_and_no_directory(self):
-        out = tempfile.mkdtemp(prefix="muond-local-test-")
+        out = output_dir(self)
         proc = subprocess.Popen([sys.executable, TRAINER, "kill", out], env=plain_env())
         self.addCleanup(proc.wait)
         self.addCleanup(proc.kill)
@@ -41,7 +40,7 @@ class LocalModeKillAndLaunchTest(unittest.TestCase):
                               f"directory {os.path.exists(info['directory'])}")
 
     def test_one_rank_launch_without_rank_steps_on_the_launchers_daemon(self):
-        out = tempfile.mkdtemp(prefix="muond-local-test-")
+        out = output_dir(self)
         cmd = [sys.executable, "-m", "muond.cli", "launch", "--bin-dir", bin_dir(),
                "--nproc-per-node", "1", "--device", "cpu", "--",
                sys.executable, TRAINER, "launched", out]
