@@ -12,7 +12,6 @@ pip cannot get the wheel's dependencies.
 """
 import email.parser
 import os
-import re
 import shutil
 import subprocess
 import sys

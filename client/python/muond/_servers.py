@@ -20,6 +20,7 @@ wrappers may run under any python3.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.util
 import os
@@ -117,21 +118,38 @@ def _nvidia_wheel_dirs(soname: str) -> list[str]:
     return found
 
 
-def _in_loader_cache(soname: str) -> bool:
-    """True when the loader finds `soname` without LD_LIBRARY_PATH
-    (/etc/ld.so.conf's directories, as `ldconfig -p` lists them)."""
+@functools.lru_cache(maxsize=1)
+def _loader_cache() -> frozenset:
+    """The sonames the loader finds without LD_LIBRARY_PATH (/etc/ld.so.conf's
+    directories, as `ldconfig -p` lists them); empty without ldconfig."""
     for ldconfig in ("/sbin/ldconfig", "/usr/sbin/ldconfig"):
         try:
             out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True,
                                  timeout=10).stdout
         except (OSError, subprocess.TimeoutExpired):
             continue
-        return any(line.split(" (", 1)[0].strip() == soname for line in out.splitlines())
-    return False
+        return frozenset(line.split(" (", 1)[0].strip() for line in out.splitlines())
+    return frozenset()
+
+
+def _in_loader_cache(soname: str) -> bool:
+    return soname in _loader_cache()
 
 
 def _split(value: str | None) -> list[str]:
     return [d for d in (value or "").split(":") if d]
+
+
+def _extra_dirs_for(soname: str, searched: list[str]) -> list[str] | None:
+    """Directories to add so that the loader finds `soname`: none when it is
+    in `searched` or the loader's cache, the nvidia-* wheels' otherwise;
+    None when it is nowhere."""
+    if any(os.path.exists(os.path.join(d, soname)) for d in searched):
+        return []
+    wheel_dirs = _nvidia_wheel_dirs(soname)
+    if wheel_dirs or _in_loader_cache(soname):
+        return wheel_dirs
+    return None
 
 
 def server_env(name: str, env=None) -> dict:
@@ -139,26 +157,22 @@ def server_env(name: str, env=None) -> dict:
     the directories of the CUDA libraries it needs; ServerError naming each
     one found nowhere and where it was looked for."""
     env = dict(os.environ if env is None else env)
-    binary = os.path.join(LIBEXEC_DIR, name)
+    user_dirs = _split(env.get("LD_LIBRARY_PATH"))
     dirs = _split(env.get(EXTRA_DIRS_VAR)) + [SYSTEM_CUDA_DIR]
     missing = []
-    for soname in needed_libraries(binary):
+    for soname in needed_libraries(os.path.join(LIBEXEC_DIR, name)):
         if soname not in HOST_CUDA_LIBRARIES:
             continue
-        if any(os.path.exists(os.path.join(d, soname))
-               for d in dirs + _split(env.get("LD_LIBRARY_PATH"))):
-            continue
-        wheel_dirs = _nvidia_wheel_dirs(soname)
-        if wheel_dirs:
-            dirs += [d for d in wheel_dirs if d not in dirs]
-        elif not _in_loader_cache(soname):
+        extra = _extra_dirs_for(soname, dirs + user_dirs)
+        if extra is None:
             missing.append(f"{soname} ({HOST_CUDA_LIBRARIES[soname]})")
+        dirs += [d for d in extra or () if d not in dirs]
     if missing:
         raise ServerError(
             f"{name}: {', '.join(missing)} not found: looked in ${EXTRA_DIRS_VAR}, "
-            f"{SYSTEM_CUDA_DIR}, $LD_LIBRARY_PATH, the nvidia-* wheels of {sys.executable} "
-            f"and the loader's cache (ldconfig -p). {HOW_TO_GET_CUDA}")
-    env["LD_LIBRARY_PATH"] = ":".join(dirs + _split(env.get("LD_LIBRARY_PATH")))
+            f"{SYSTEM_CUDA_DIR}, $LD_LIBRARY_PATH, the nvidia-* wheels (beside muond and "
+            f"of {sys.executable}) and the loader's cache (ldconfig -p). {HOW_TO_GET_CUDA}")
+    env["LD_LIBRARY_PATH"] = ":".join(dirs + user_dirs)
     return env
 
 
