@@ -93,6 +93,14 @@ def _adamw_groups(params: list, defaults: dict, betas, adamw_eps) -> list:
 
 
 class Muon(torch.optim.Optimizer):
+    def __new__(cls, *args, **kwargs):
+        # torch.optim.Optimizer's first use in a process imports torch._dynamo,
+        # and that import leaves a reference cycle through the frames running
+        # it (torch.fx.wrap keeps its own frame). Imported before the optimizer
+        # exists, no such frame holds it: `del opt` alone ends it.
+        import torch._dynamo  # noqa: F401
+        return super().__new__(cls)
+
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1,
                  momentum: float = 0.95, nesterov: bool = True, ns_coefficients=None,
                  eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: str | None = None, *,
@@ -141,7 +149,7 @@ class Muon(torch.optim.Optimizer):
         # exit (also after an uncaught exception): unregisters from every
         # daemon, else a new trainer on them is refused ALREADY_REGISTERED.
         # It holds the clients and ids, never the optimizer.
-        self._finalizer = weakref.finalize(self, _registration.finalize, self._memory.buffers,
+        self._finalizer = weakref.finalize(self, _registration.finalize, self._memory,
                                            self.clients, job_id, self.client_id, os.getpid())
         try:
             self._register(no_daemon, o["takeover"])
