@@ -39,6 +39,7 @@ class OptimizerLifetimeTest(ClusterTestCase):
         self.daemon = Client(self.cluster.daemons[0], token=self.cluster.token)
         self.addCleanup(self.daemon.close)
         gc.disable()  # reference counting alone must end every optimizer
+        self.addCleanup(gc.collect)  # after a failure: no optimizer left for the next test
         self.addCleanup(gc.enable)
 
     # -- what one cycle may leave behind ------------------------------------------
