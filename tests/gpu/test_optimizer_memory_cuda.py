@@ -12,7 +12,9 @@ The cycles run in a child process whose stderr is checked. The model (64 MiB
 of fp32 params and a bf16 one) lives across the cycles; the baseline is taken
 after one warm-up cycle (CUDA context, cuBLAS workspaces, the model's grads
 moved to memory of their own). Exit code 0 = pass. Needs a GPU; prints SKIP
-without one. ``--child`` runs the cycles and prints the memory per round.
+without one. ``--child`` runs the cycles and prints the memory per round;
+``--child --collect`` runs them with gc.collect() after each drop (to measure a
+client whose optimizers need the cyclic collector).
 """
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ def cycle(torch, address: str, params, close: bool) -> None:
     if close:
         opt.close()
     del opt
+    if "--collect" in sys.argv:
+        gc.collect()
 
 
 def memory(torch) -> tuple[int, int]:
@@ -64,7 +68,8 @@ def memory(torch) -> tuple[int, int]:
 
 def child() -> int:
     import torch
-    gc.disable()
+    if "--collect" not in sys.argv:
+        gc.disable()
     failures = []
     with Daemon("memory") as d:
         params = make_params(torch)
