@@ -15,8 +15,8 @@ import logging
 import torch
 
 from muond.shm import ShmBuffer, shm_name
-from muond.torch.cuda_memory import CUDA_IPC_HANDLE_SIZE, CudaAllocation  # noqa: F401
 from muond.torch import wire as _wire
+from muond.torch.cuda_memory import CUDA_IPC_HANDLE_SIZE, CudaAllocation  # noqa: F401
 from muond.v1 import muond_pb2 as pb
 
 # Every view starts on this byte boundary of its buffer: a CUDA allocation's
@@ -336,7 +336,6 @@ class SharedParams:
                 if p.data_ptr() != ptr:
                     view.copy_(p.data)
                     p.data = view
-
 
     def close(self) -> None:
         """The optimizer's end, once the daemons unregistered: each param and
