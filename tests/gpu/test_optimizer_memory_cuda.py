@@ -4,9 +4,10 @@ create -> 2 steps -> close() -> del and 10 of create -> 2 steps -> del (the
 cyclic garbage collector off: reference counting alone ends the optimizer)
 leave torch.cuda.memory_allocated() and the device's free memory
 (cudaMemGetInfo, which also sees the daemon's IPC mappings) at their baseline,
-and the trainer exits without torch's "Producer process has been terminated
-before all shared CUDA tensors released" warning (memory shared through
-torch's IPC reference counting, which a daemon never releases).
+the model's params and grads keep their values when they move out of the
+optimizer's buffers, and the trainer exits without torch's "Producer process
+has been terminated before all shared CUDA tensors released" warning (memory
+shared through torch's IPC reference counting, which a daemon never releases).
 
 The cycles run in a child process whose stderr is checked. The model (64 MiB
 of fp32 params and a bf16 one) lives across the cycles; the baseline is taken
@@ -43,7 +44,8 @@ def make_params(torch):
     return fp32, bf16
 
 
-def cycle(torch, address: str, params, close: bool) -> None:
+def cycle(torch, address: str, params, close: bool) -> list[str]:
+    """One optimizer's life; what went wrong with the model's tensors."""
     from muond.torch import Muon
     fp32, bf16 = params
     opt = Muon([{"params": fp32}, {"params": bf16, "algorithm": "adamw", "lr": 3e-3}],
@@ -52,11 +54,17 @@ def cycle(torch, address: str, params, close: bool) -> None:
         for p in fp32 + bf16:
             p.grad = 1e-3 * torch.randn_like(p)
         opt.step()
+    # The model keeps its values and grads when its memory moves out.
+    values = [(p.detach().clone(), p.grad.clone()) for p in fp32 + bf16]
     if close:
         opt.close()
     del opt
     if "--collect" in sys.argv:
         gc.collect()
+    return [f"param {i} {what} changed at the optimizer's end"
+            for i, (p, (value, grad)) in enumerate(zip(fp32 + bf16, values))
+            for what, a, b in (("value", p.detach(), value), ("grad", p.grad, grad))
+            if not torch.equal(a, b)]
 
 
 def memory(torch) -> tuple[int, int]:
@@ -73,12 +81,12 @@ def child() -> int:
     failures = []
     with Daemon("memory") as d:
         params = make_params(torch)
-        cycle(torch, d.address, params, close=True)
+        failures += cycle(torch, d.address, params, close=True)
         base_alloc, base_free = memory(torch)
         print(f"baseline: allocated {base_alloc / MIB:.1f} MiB, free {base_free / MIB:.1f} MiB")
         for close in (True, False):
             for i in range(CYCLES):
-                cycle(torch, d.address, params, close)
+                failures += cycle(torch, d.address, params, close)
                 alloc, free = memory(torch)
                 what = f"{'close()' if close else 'del only'} round {i + 1}"
                 print(f"{what}: allocated {(alloc - base_alloc) / MIB:+.1f} MiB, "

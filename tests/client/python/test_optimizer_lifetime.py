@@ -8,13 +8,18 @@ reference counting alone must end a dropped optimizer), keep at their baseline
 * the process's open file descriptors,
 * the daemon's registration (GetStatus: no params once the optimizer is gone).
 
+The first optimizer of a fresh process keeps neither itself nor its caller's
+locals alive, and `del opt` alone unregisters and drops the fetched state.
+
 The model lives across the cycles (each optimizer moves its params into fresh
 buffers); the baseline is taken after one warm-up cycle, when the model's
 params and grads live in the last optimizer's buffers and the gRPC runtime has
 opened its own descriptors.
 """
 import gc
+import json
 import os
+import subprocess
 import sys
 import unittest
 import weakref
@@ -30,6 +35,23 @@ from muond.torch import Muon  # noqa: E402
 
 CYCLES = 10
 SHAPES = [(16, 8), (8, 4)]
+
+# The first optimizer of a fresh process (torch.optim's first use imports
+# torch._dynamo under it), the garbage collector off: once `train` returns,
+# neither the optimizer nor its caller's locals may still be alive.
+FIRST_OPTIMIZER = r"""
+import gc, json, sys, weakref
+import torch
+from muond.torch import Muon
+gc.disable()
+def train(daemons, job_id):
+    local = torch.ones(4)
+    opt = Muon([torch.nn.Parameter(torch.ones(4, 4))], daemons=daemons, job_id=job_id,
+               gtp_size=1, tp_size=1, rpc_timeout=30)
+    return weakref.ref(local), weakref.ref(opt)
+local, opt = train(sys.argv[1:-1], sys.argv[-1])
+print(json.dumps({"caller's local": local() is not None, "optimizer": opt() is not None}))
+"""
 
 
 class OptimizerLifetimeTest(ClusterTestCase):
@@ -102,6 +124,16 @@ class OptimizerLifetimeTest(ClusterTestCase):
 
     def test_cycles_without_close_keep_the_baseline(self):
         self.check_cycles_keep_the_baseline(close=False)
+
+    def test_first_optimizer_of_a_process_keeps_no_frame_alive(self):
+        out = subprocess.run(
+            [sys.executable, "-c", FIRST_OPTIMIZER, *self.cluster.daemons, self.cluster.job_id],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        self.assertEqual(out.returncode, 0, out.stderr)
+        alive = json.loads(out.stdout.strip().splitlines()[-1])
+        self.assertEqual(alive, {"caller's local": False, "optimizer": False})
+        self.assertEqual(self.registered_params(), 0)
 
     def test_del_alone_unregisters(self):
         opt = Muon(self.params, daemons=self.cluster.daemons, job_id=self.cluster.job_id,

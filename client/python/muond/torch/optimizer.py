@@ -3,7 +3,9 @@ methods); memory, registration, placement and wire conversion live in the
 modules beside it (muond.torch's docstring has the whole contract)."""
 from __future__ import annotations
 
+import gc
 import os
+import sys
 import time
 import uuid
 import weakref
@@ -95,10 +97,13 @@ def _adamw_groups(params: list, defaults: dict, betas, adamw_eps) -> list:
 class Muon(torch.optim.Optimizer):
     def __new__(cls, *args, **kwargs):
         # torch.optim.Optimizer's first use in a process imports torch._dynamo,
-        # and that import leaves a reference cycle through the frames running
-        # it (torch.fx.wrap keeps its own frame). Imported before the optimizer
-        # exists, no such frame holds it: `del opt` alone ends it.
-        import torch._dynamo  # noqa: F401
+        # whose import leaves a reference cycle through the frames running it
+        # (torch.fx.wrap keeps its own frame), so through every caller's frame.
+        # Imported before the optimizer exists and that garbage collected at
+        # once, no frame keeps the optimizer or its caller's locals alive.
+        if "torch._dynamo" not in sys.modules:
+            import torch._dynamo  # noqa: F401
+            gc.collect()
         return super().__new__(cls)
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1,
