@@ -3,7 +3,9 @@ methods); memory, registration, placement and wire conversion live in the
 modules beside it (muond.torch's docstring has the whole contract)."""
 from __future__ import annotations
 
+import gc
 import os
+import sys
 import time
 import uuid
 import weakref
@@ -93,6 +95,17 @@ def _adamw_groups(params: list, defaults: dict, betas, adamw_eps) -> list:
 
 
 class Muon(torch.optim.Optimizer):
+    def __new__(cls, *args, **kwargs):
+        # torch.optim.Optimizer's first use in a process imports torch._dynamo,
+        # whose import leaves a reference cycle through the frames running it
+        # (torch.fx.wrap keeps its own frame), so through every caller's frame.
+        # Imported before the optimizer exists and that garbage collected at
+        # once, no frame keeps the optimizer or its caller's locals alive.
+        if "torch._dynamo" not in sys.modules:
+            import torch._dynamo  # noqa: F401
+            gc.collect()
+        return super().__new__(cls)
+
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1,
                  momentum: float = 0.95, nesterov: bool = True, ns_coefficients=None,
                  eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: str | None = None, *,
@@ -141,7 +154,7 @@ class Muon(torch.optim.Optimizer):
         # exit (also after an uncaught exception): unregisters from every
         # daemon, else a new trainer on them is refused ALREADY_REGISTERED.
         # It holds the clients and ids, never the optimizer.
-        self._finalizer = weakref.finalize(self, _registration.finalize, self._memory.buffers,
+        self._finalizer = weakref.finalize(self, _registration.finalize, self._memory,
                                            self.clients, job_id, self.client_id, os.getpid(),
                                            self._local_lease)
         try:
