@@ -3,8 +3,10 @@ methods); memory, registration, placement and wire conversion live in the
 modules beside it (muond.torch's docstring has the whole contract)."""
 from __future__ import annotations
 
+import gc
 import itertools
 import os
+import sys
 import time
 import uuid
 import weakref
@@ -111,6 +113,17 @@ def _adamw_groups(params: list, defaults: dict, betas, adamw_eps) -> list:
 
 
 class Muon(torch.optim.Optimizer):
+    def __new__(cls, *args, **kwargs):
+        # torch.optim.Optimizer's first use in a process imports torch._dynamo,
+        # whose import leaves a reference cycle through the frames running it
+        # (torch.fx.wrap keeps its own frame), so through every caller's frame.
+        # Imported before the optimizer exists and that garbage collected at
+        # once, no frame keeps the optimizer or its caller's locals alive.
+        if "torch._dynamo" not in sys.modules:
+            import torch._dynamo  # noqa: F401
+            gc.collect()
+        return super().__new__(cls)
+
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1,
                  momentum: float = 0.95, nesterov: bool = True, ns_coefficients=None,
                  eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: str | None = None, *,
@@ -162,8 +175,9 @@ class Muon(torch.optim.Optimizer):
         # exit (also after an uncaught exception): unregisters from every
         # daemon, else a new trainer on them is refused ALREADY_REGISTERED.
         # It holds the clients and ids, never the optimizer.
-        self._finalizer = weakref.finalize(self, _registration.finalize, self._memory.buffers,
-                                           self.clients, job_id, self.client_id, os.getpid())
+        self._finalizer = weakref.finalize(self, _registration.finalize, self._memory,
+                                           self.clients, job_id, self.client_id, os.getpid(),
+                                           self._local_lease)
         try:
             self._register(no_daemon, o["takeover"])
         except BaseException:
@@ -181,9 +195,11 @@ class Muon(torch.optim.Optimizer):
         daemons = [daemons] if isinstance(daemons, str) else list(daemons)
         job_id, shard_mode, token_file = o["job_id"], o["shard_mode"], o["token_file"]
         self._rank, self._world = _collective.process_rank()
-        no_daemon = None
+        no_daemon, self._local_lease = None, None
         if not daemons:
-            found = _discovery.discover(job_id)
+            found = (_discovery.local_daemon(self.param_groups, job_id, o["wait_healthy_timeout"])
+                     or _discovery.discover(job_id))
+            self._local_lease = found.lease
             no_daemon = found.missing_socket()
             daemons, job_id = [found.address], found.job_id
             if o["token"] is None and token_file is None:

@@ -81,11 +81,15 @@ def _instance(clients) -> str:
 _FINAL_UNREGISTER_TIMEOUT_S = 2.0
 
 
-def finalize(buffers, clients, job_id: str, client_id: str, pid: int) -> None:
+def finalize(memory, clients, job_id: str, client_id: str, pid: int,
+             local_lease=None) -> None:
     """The optimizer's end (close(), garbage collection or interpreter exit):
     unregisters from every daemon (best effort: a daemon may be gone, or never
-    registered us), closes the channels and frees the shm. Only the process
-    that built the optimizer unregisters (a forked child inherits it)."""
+    registered us), closes the channels, then frees ``memory`` (SharedParams:
+    the shm names and CUDA buffers, which the daemons no longer map). Only the
+    process that built the optimizer unregisters and frees CUDA memory (a
+    forked child inherits it). Last, it releases its local cluster
+    (muond.local.Lease; the last release stops it)."""
     if os.getpid() == pid:
         for c in clients:
             try:
@@ -96,7 +100,11 @@ def finalize(buffers, clients, job_id: str, client_id: str, pid: int) -> None:
                 c.close()
             except Exception:
                 pass
-    _memory.release(buffers)
+        memory.close()
+        if local_lease is not None:
+            local_lease.release()
+    else:
+        _memory.release(memory.buffers)
 
 
 def is_stale_local_client(client_id: str) -> bool:
