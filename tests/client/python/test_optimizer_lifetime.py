@@ -89,7 +89,8 @@ class OptimizerLifetimeTest(ClusterTestCase):
     # -- one cycle ------------------------------------------------------------------
     def cycle(self, close: bool, seed: int) -> None:
         opt = Muon(self.params, daemons=self.cluster.daemons, job_id=self.cluster.job_id,
-                   gtp_size=1, tp_size=1, lr=0.02, rpc_timeout=30)
+                   gtp_size=1, tp_size=1, lr=0.02, rpc_timeout=30,
+                   name="")  # the default instance, which self.daemon.status() reports
         gen = torch.Generator().manual_seed(seed)
         before = [p.detach().clone() for p in self.params]
         for _ in range(2):
@@ -137,7 +138,8 @@ class OptimizerLifetimeTest(ClusterTestCase):
 
     def test_del_alone_unregisters(self):
         opt = Muon(self.params, daemons=self.cluster.daemons, job_id=self.cluster.job_id,
-                   gtp_size=1, tp_size=1, lr=0.02, rpc_timeout=30)
+                   gtp_size=1, tp_size=1, lr=0.02, rpc_timeout=30,
+                   name="")  # the default instance, which self.daemon.status() reports
         for p in self.params:
             p.grad = torch.ones_like(p)
         opt.step()
