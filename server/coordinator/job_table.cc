@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
@@ -248,8 +249,12 @@ std::vector<std::string> JobTable::JobIds() const {
 void JobTable::ExpireIdleJobs(absl::Time now) {
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Job& job = *it->second;
+    // An optimizer instance's job ("<job>/<name>") ends when its daemons
+    // remove the instance, so it is forgotten as soon as none is live: a
+    // process that makes many optimizers in turn does not fill --max_jobs.
+    const bool instance_job = absl::StrContains(job.id, '/');
     if (job.waiters > 0 || AnyLive(job, now, options_.join_grace) ||
-        now - job.last_activity < options_.job_idle_expiry) {
+        (!instance_job && now - job.last_activity < options_.job_idle_expiry)) {
       ++it;
       continue;
     }

@@ -146,6 +146,27 @@ TEST(JobTable, IdleJobsExpireAndMayChangeWorldSizeAndToken) {
   EXPECT_EQ(core.GetPlan("j").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(JobTable, InstanceJobIsForgottenWhenNoDaemonIsLive) {
+  FakeClock clock;
+  CoordinatorOptions o = Options();
+  o.clock = clock.Fn();
+  o.job_idle_expiry = absl::Minutes(10);
+  o.max_jobs = 1;
+  CoordinatorCore core(o);
+  for (const char* name : {"j/opt-2", "j/opt-3", "j/opt-4"}) {
+    SCOPED_TRACE(name);
+    // Each instance takes the one job slot, then its daemon removes it.
+    ASSERT_TRUE(core.Join(JoinReq(name, 0, 1)).ok());
+    ASSERT_TRUE(core.StartWatching(name, 0));
+    core.Leave(name, 0);
+  }
+  // A plain job still waits out the idle expiry.
+  ASSERT_TRUE(core.Join(JoinReq("k", 0, 1)).ok());
+  core.Leave("k", 0);
+  EXPECT_EQ(core.Join(JoinReq("j/opt-5", 0, 1)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
 TEST(JobTable, LiveJobDoesNotExpire) {
   FakeClock clock;
   CoordinatorOptions o = Options();
