@@ -11,8 +11,9 @@ server/common/unix_socket.cc PrivateSocketDir):
 XDG_RUNTIME_DIR; job = ``$MUOND_JOB_ID`` (default "default"), rank =
 ``$RANK`` (torchrun), else ``$SLURM_PROCID`` (ASCII digits only); the token
 file is ``$MUOND_TOKEN_FILE``. A default socket that does not exist is
-reported at once (``Discovered.missing_socket``) instead of waited for, and a
-malformed ``$MUOND_DAEMON`` is refused at once (``check_daemon_address``).
+reported at once (``Discovered.missing_socket``) instead of waited for, and so
+are a malformed ``$MUOND_DAEMON`` (``check_daemon_address``) and a trainer
+world that differs from ``muond launch``'s daemons (``check_world_matches_daemons``).
 """
 from __future__ import annotations
 
@@ -79,6 +80,29 @@ def check_daemon_address(text: str, source: str = "$MUOND_DAEMON") -> str:
     return text
 
 
+def check_world_matches_daemons(rank: int, env=None) -> None:
+    """Under ``muond launch`` (which exports $MUOND_NNODES and
+    $MUOND_NPROC_PER_NODE: one daemon per local rank), ValueError naming
+    both world sizes and the fix when the trainer's world ($WORLD_SIZE, else
+    $SLURM_NTASKS) differs from the daemons': a rank without a daemon, or
+    daemons waiting for trainers that never come (the plan needs all)."""
+    env = os.environ if env is None else env
+    nnodes, nproc = env_int("MUOND_NNODES", env), env_int("MUOND_NPROC_PER_NODE", env)
+    key = "WORLD_SIZE" if env.get("WORLD_SIZE") else "SLURM_NTASKS"
+    trainers = env_int(key, env)
+    if nnodes is None or nproc is None or trainers is None or trainers == nnodes * nproc:
+        return
+    daemons = nnodes * nproc
+    why = (f"trainer rank {rank} >= the daemons' world size {daemons}: it has no daemon"
+           if rank >= daemons else
+           f"daemon ranks {trainers}-{daemons - 1} would wait for trainers that never come")
+    raise ValueError(
+        f"muond: the daemons' world size is {daemons} (muond launch --nnodes {nnodes} x "
+        f"--nproc-per-node {nproc}) but this job runs {trainers} trainer ranks (${key}="
+        f"{trainers}); {why}. One trainer rank per daemon: give muond launch and torchrun "
+        "(or srun) the same --nproc-per-node and --nnodes")
+
+
 @dataclass(frozen=True)
 class Discovered:
     """``job_source`` says where ``job_id`` came from (for error messages);
@@ -128,6 +152,7 @@ def discover(job_id: str | None = None, env=None) -> Discovered:
         if "/" in job:
             raise ValueError(f"job id {job!r} contains '/': it cannot name the default socket "
                              "muond-<job>-<rank>.sock; set $MUOND_DAEMON")
+        check_world_matches_daemons(rank, env)
         address = default_socket(job, rank, env)
         path = address[len("unix://"):]
     return Discovered(address, job, rank, env.get("MUOND_TOKEN_FILE") or None, job_source, path)
