@@ -403,9 +403,10 @@ def _cycled_momentum_message(gi: int, group: dict, key: str, was, now) -> str:
 
 
 def check_param(name: str, algorithm: str, p) -> None:
-    """A param muond can register: fp32/bf16, 2-D in a Muon group."""
+    """A param muond can register: fp32/bf16/fp16, 2-D in a Muon group."""
     if p.dtype not in _wire.DTYPES:
-        raise ValueError(f"param {name}: dtype {p.dtype} not in (float32, bfloat16)")
+        names = ", ".join(str(d).removeprefix("torch.") for d in _wire.DTYPES)
+        raise ValueError(f"param {name}: dtype {p.dtype} not in ({names})")
     if algorithm == "muon" and p.ndim != 2:
         raise ValueError(f"param {name}: Muon params must be 2-D, got shape "
                          f"{tuple(p.shape)}; put it in an algorithm='adamw' group")
