@@ -45,6 +45,11 @@ class TrainerWorldTest(unittest.TestCase):
         self.assertIn("the same --nproc-per-node", message)
         self.assertNotIn("MUOND_JOB_ID", message)
 
+    def test_fewer_daemons_than_trainers_names_the_ranks_without_one(self):
+        with self.assertRaisesRegex(ValueError, r"world size is 2 .* runs 4 trainer ranks .*"
+                                    r"trainer ranks 2-3 have no daemon"):
+            D.discover(None, launched(nproc_per_node=2, world=4, rank=0))
+
     def test_matching_worlds_and_no_launcher_pass(self):
         env = launched(nproc_per_node=2, world=4, rank=3, nnodes=2)
         self.assertTrue(D.discover(None, env).address.endswith("muond-job-3.sock"))
@@ -56,6 +61,38 @@ class TrainerWorldTest(unittest.TestCase):
         with mock.patch.dict(os.environ, launched(nproc_per_node=4, world=2, rank=1)):
             with self.assertRaisesRegex(ValueError, r"world size is 4 .* 2 trainer ranks"):
                 Muon([{"params": [w], "param_names": ["w"]}], wait_healthy_timeout=60)
+
+
+class DaemonWorldTest(unittest.TestCase):
+    """Without muond launch's environment the daemon's GetStatus names its
+    world size: local mode (one trainer per daemon) checks it before
+    registering instead of waiting for a plan that needs every trainer."""
+
+    def muon_on_daemon_0(self, daemons, env):
+        directory = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+        cluster, addresses = start_cluster(directory, daemons)
+        for d in cluster.daemons:
+            self.addCleanup(d.stop)
+        w = torch.nn.Parameter(torch.zeros(4, 4))
+        keys = ("WORLD_SIZE", "SLURM_NTASKS", "MUOND_NNODES", "MUOND_NPROC_PER_NODE")
+        clean = {k: v for k, v in os.environ.items() if k not in keys}
+        with mock.patch.dict(os.environ, {**clean, **env}, clear=True):
+            opt = Muon([{"params": [w], "param_names": ["w"]}], daemons=addresses[:1],
+                       job_id="fake", shard_mode="local", wait_healthy_timeout=60)
+        opt.close()
+
+    def test_a_daemon_world_larger_than_the_trainers_is_refused(self):
+        with self.assertRaisesRegex(ValueError, r"world size is 4 \(daemon rank 0's "
+                                    r"--world_size\) but this job runs 2 trainer ranks "
+                                    r"\(\$WORLD_SIZE=2\); daemon ranks 2-3 would wait"):
+            self.muon_on_daemon_0(4, {"WORLD_SIZE": "2"})
+        with self.assertRaisesRegex(ValueError, r"world size is 2 .* runs 1 trainer rank "):
+            self.muon_on_daemon_0(2, {})
+
+    def test_a_matching_daemon_world_registers(self):
+        self.muon_on_daemon_0(1, {})
+        self.muon_on_daemon_0(2, {"WORLD_SIZE": "2"})
 
 
 class FakeDaemonCase(unittest.TestCase):

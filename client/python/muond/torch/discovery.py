@@ -80,6 +80,28 @@ def check_daemon_address(text: str, source: str = "$MUOND_DAEMON") -> str:
     return text
 
 
+def _world_mismatch(daemons: int, daemons_source: str, trainers: int, trainers_source: str,
+                    rank: int) -> ValueError:
+    if rank >= daemons:
+        why = f"trainer rank {rank} >= the daemons' world size {daemons}: it has no daemon"
+    elif trainers > daemons:
+        why = f"trainer ranks {daemons}-{trainers - 1} have no daemon"
+    else:
+        why = f"daemon ranks {trainers}-{daemons - 1} would wait for trainers that never come"
+    ranks = "rank" if trainers == 1 else "ranks"
+    return ValueError(
+        f"muond: the daemons' world size is {daemons} ({daemons_source}) but this job runs "
+        f"{trainers} trainer {ranks} ({trainers_source}); {why}. One trainer rank per daemon: "
+        "give muond launch (or the daemons' --world_size) and torchrun (or srun) the same "
+        "--nproc-per-node and --nnodes")
+
+
+def _env_trainer_world(env) -> tuple[int | None, str]:
+    key = "WORLD_SIZE" if env.get("WORLD_SIZE") else "SLURM_NTASKS"
+    world = env_int(key, env)
+    return world, f"${key}={world}"
+
+
 def check_world_matches_daemons(rank: int, env=None) -> None:
     """Under ``muond launch`` (which exports $MUOND_NNODES and
     $MUOND_NPROC_PER_NODE: one daemon per local rank), ValueError naming
@@ -88,19 +110,31 @@ def check_world_matches_daemons(rank: int, env=None) -> None:
     daemons waiting for trainers that never come (the plan needs all)."""
     env = os.environ if env is None else env
     nnodes, nproc = env_int("MUOND_NNODES", env), env_int("MUOND_NPROC_PER_NODE", env)
-    key = "WORLD_SIZE" if env.get("WORLD_SIZE") else "SLURM_NTASKS"
-    trainers = env_int(key, env)
+    trainers, trainers_source = _env_trainer_world(env)
     if nnodes is None or nproc is None or trainers is None or trainers == nnodes * nproc:
         return
-    daemons = nnodes * nproc
-    why = (f"trainer rank {rank} >= the daemons' world size {daemons}: it has no daemon"
-           if rank >= daemons else
-           f"daemon ranks {trainers}-{daemons - 1} would wait for trainers that never come")
-    raise ValueError(
-        f"muond: the daemons' world size is {daemons} (muond launch --nnodes {nnodes} x "
-        f"--nproc-per-node {nproc}) but this job runs {trainers} trainer ranks (${key}="
-        f"{trainers}); {why}. One trainer rank per daemon: give muond launch and torchrun "
-        "(or srun) the same --nproc-per-node and --nnodes")
+    raise _world_mismatch(nnodes * nproc,
+                          f"muond launch --nnodes {nnodes} x --nproc-per-node {nproc}",
+                          trainers, trainers_source, rank)
+
+
+def check_daemon_world(status, rank: int, world: int, env=None) -> None:
+    """Local mode (one trainer rank per daemon): the daemon's GetStatus
+    ``status`` names its job's world size (0: a daemon too old to say),
+    which must be the trainers' — ``world`` (torch.distributed's) when above
+    1, else $WORLD_SIZE / $SLURM_NTASKS, else 1 — or ValueError naming both
+    (checked before registering, instead of waiting for a plan that needs
+    every daemon's trainer)."""
+    env = os.environ if env is None else env
+    trainers, trainers_source = world, f"torch.distributed world size {world}"
+    if world <= 1:
+        trainers, trainers_source = _env_trainer_world(env)
+        if trainers is None:
+            trainers, trainers_source = 1, "one process: no $WORLD_SIZE"
+    if status.world_size <= 0 or status.world_size == trainers:
+        return
+    raise _world_mismatch(status.world_size, f"daemon rank {status.rank}'s --world_size",
+                          trainers, trainers_source, rank)
 
 
 @dataclass(frozen=True)

@@ -188,6 +188,8 @@ class Muon(torch.optim.Optimizer):
                 raise FileNotFoundError(no_daemon)
             for c in self.clients:
                 c.wait_healthy(self._wait_healthy_timeout)
+            if self.shard_mode == "local":  # one trainer per daemon: the worlds agree
+                _discovery.check_daemon_world(self.clients[0].status(), self._rank, self._world)
             unhealthy = None
         except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
             unhealthy = e
