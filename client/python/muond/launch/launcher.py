@@ -35,6 +35,59 @@ def write_token_file(directory: str) -> str:
     return path
 
 
+def start_server_process(cmd: list, log: str, preexec=None, env=None) -> subprocess.Popen:
+    """A server in a session of its own (pgid == pid: a terminal's ^C reaches
+    its owner, which stops it in order), stdout and stderr to `log`."""
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=preexec, env=env)
+
+
+def raise_if_one_died(servers: list[Server]) -> None:
+    """ServerDied naming the first server that exited, its status and log."""
+    for server in servers:
+        death = server.death_message()
+        if death:
+            raise ServerDied(death)
+
+
+def wait_answering(servers: list[Server], deadline: float, check, bound: str) -> None:
+    """Until every server answers the health check, in start order; `check()`
+    between polls raises to stop waiting (a signal, a dead server);
+    ServerDied past `deadline` (time.monotonic()), naming `bound`."""
+    pending = list(servers)
+    while pending:
+        check()
+        if server_answers(pending[0].health_address, pending[0].ca_file):
+            pending.pop(0)
+            continue
+        if time.monotonic() > deadline:
+            s = pending[0]
+            raise ServerDied(f"{s.name} (pid {s.proc.pid}) did not answer the health check at "
+                             f"{s.health_address} in {bound}; last lines of "
+                             f"{s.log}:\n{tail(s.log)}")
+        time.sleep(0.1)
+
+
+def stop_servers(servers: list[Server], grace: float) -> None:
+    """Daemons first, then the coordinator (no daemon sees it vanish and
+    retries); SIGKILL after `grace` s."""
+    daemons = [s for s in servers if s.rank is not None]
+    others = [s for s in servers if s.rank is None]
+    for group in (daemons, others):
+        for s in group:
+            if s.proc.poll() is None:
+                signal_group(s.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for s in group:
+            try:
+                s.proc.wait(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                signal_group(s.proc.pid, signal.SIGKILL)
+                s.proc.wait()
+
+
 class Launch:
     """One launch on this node, from start-up to the last process stopped."""
 
@@ -65,10 +118,7 @@ class Launch:
         """Interrupted after a stop signal; ServerDied once a server exited."""
         if self.signalled is not None:
             raise Interrupted(self.signalled)
-        for server in self.servers:
-            death = server.death_message()
-            if death:
-                raise ServerDied(death)
+        raise_if_one_died(self.servers)
 
     def run(self) -> int:
         layout = self.layout
@@ -123,10 +173,7 @@ class Launch:
         self.raise_if_signalled_or_dead()
         self.check_deadline()
         log = os.path.join(self.log_dir, f"{name}.log")
-        with open(log, "w") as f:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=self.preexec)
+        proc = start_server_process(cmd, log, self.preexec)
         self.tell_reaper("server", proc.pid)  # its own session: pgid == pid
         self.servers.append(Server(name if rank is None else f"daemon rank {rank}", rank, proc,
                                    log, health_address, ca_file))
@@ -198,20 +245,8 @@ class Launch:
     def wait_answering(self) -> None:
         """Until every started server answers the health check, in start
         order; ServerDied past the start-up deadline."""
-        deadline = self.deadline
-        pending = list(self.servers)
-        while pending:
-            self.raise_if_signalled_or_dead()
-            if server_answers(pending[0].health_address, pending[0].ca_file):
-                pending.pop(0)
-                continue
-            if time.monotonic() > deadline:
-                s = pending[0]
-                raise ServerDied(f"{s.name} (pid {s.proc.pid}) did not answer the health "
-                                 f"check at {s.health_address} in "
-                                 f"{self.args.health_timeout:g} s (--health-timeout); last "
-                                 f"lines of {s.log}:\n{tail(s.log)}")
-            time.sleep(0.1)
+        wait_answering(self.servers, self.deadline, self.raise_if_signalled_or_dead,
+                       f"{self.args.health_timeout:g} s (--health-timeout)")
 
     def command_env(self) -> dict:
         layout = self.layout
@@ -291,21 +326,7 @@ class Launch:
                                       reap=self.reap_orphans)
 
     def stop_servers(self) -> None:
-        """Daemons first, then the coordinator (no daemon sees it vanish and
-        retries); SIGKILL after the grace period."""
-        daemons = [s for s in self.servers if s.rank is not None]
-        others = [s for s in self.servers if s.rank is None]
-        for group in (daemons, others):
-            for s in group:
-                if s.proc.poll() is None:
-                    signal_group(s.proc.pid, signal.SIGTERM)
-            deadline = time.monotonic() + self.args.stop_grace
-            for s in group:
-                try:
-                    s.proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    signal_group(s.proc.pid, signal.SIGKILL)
-                    s.proc.wait()
+        stop_servers(self.servers, self.args.stop_grace)
 
     def clean_up(self) -> None:
         """The socket dir (sockets, a generated token, the port file) and the

@@ -1,10 +1,15 @@
 """The reaper: a process forked before anything starts that cleans up after
-a launcher killed by SIGKILL (which runs no code of its own)."""
+a launcher killed by SIGKILL (which runs no code of its own). A trainer's
+local cluster (muond.local) runs the same reaper as a fresh interpreter
+(``Reaper.spawned``: the pipe on its stdin): a
+process with gRPC and torch threads must not fork."""
 from __future__ import annotations
 
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 from muond.launch.messages import log
@@ -40,6 +45,29 @@ class Reaper:
                 code = 1
             os._exit(code)
         os.close(read)
+        self._wait = lambda: os.waitpid(self.pid, 0)
+
+    @classmethod
+    def spawned(cls, grace: float, owner: str) -> "Reaper":
+        """The reaper as a new interpreter, not a fork; `owner` names the
+        process it watches in its log line ("the trainer")."""
+        import muond  # the package root, for the child's sys.path
+        root = os.path.dirname(os.path.dirname(os.path.abspath(muond.__file__)))
+        path = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+        read, write = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from muond.launch.reaper import "
+                 "run_on_stdin; run_on_stdin(*sys.argv[1:])", repr(grace), owner],
+                stdin=read, stdout=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=path))
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        self = cls.__new__(cls)
+        self.pid, self._write, self._wait = proc.pid, write, proc.wait
+        return self
 
     def tell(self, kind: str, value) -> None:
         try:
@@ -52,17 +80,17 @@ class Reaper:
         process of the job outlives the launcher)."""
         self.tell("done", "")
         os.close(self._write)
-        os.waitpid(self.pid, 0)
+        self._wait()
 
 
-def _reaper_main(read_fd: int, grace: float) -> None:
+def _reaper_main(read_fd: int, grace: float, owner: str = "the launcher") -> None:
     for signum in (*STOP_SIGNALS, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_IGN)  # a terminal's ^C goes to the launcher
     os.setsid()  # nor does its hang-up reach here
     launcher = os.getppid()
     started = _read_until_done(read_fd)
     if started is not None:
-        _stop_after_launcher_died(launcher, *started, grace)
+        _stop_after_launcher_died(launcher, *started, grace, owner)
 
 
 def _read_until_done(read_fd: int) -> tuple[dict, str | None, str | None] | None:
@@ -90,7 +118,7 @@ def _read_until_done(read_fd: int) -> tuple[dict, str | None, str | None] | None
 
 
 def _stop_after_launcher_died(launcher: int, groups: dict, sockdir: str | None,
-                              job: str | None, grace: float) -> None:
+                              job: str | None, grace: float, owner: str) -> None:
     """The launcher died without stopping what it started: the command (its
     group and, by the marker, its processes in sessions of their own), then
     the servers' groups; then the socket dir and the job's dead shm objects."""
@@ -111,6 +139,11 @@ def _stop_after_launcher_died(launcher: int, groups: dict, sockdir: str | None,
         shutil.rmtree(sockdir, ignore_errors=True)
     if job:
         remove_dead_shm(job)
-    log(f"the launcher (pid {launcher}) died: stopped its command and servers, removed "
+    log(f"{owner} (pid {launcher}) died: stopped its command and servers, removed "
         f"{sockdir or 'nothing'} and the job's shm objects"
         + (f"; could not stop: {'; '.join(left)}" if left else ""))
+
+
+def run_on_stdin(grace: str, owner: str) -> None:
+    """The spawned reaper's main (Reaper.spawned): the pipe is stdin."""
+    _reaper_main(0, float(grace), owner)

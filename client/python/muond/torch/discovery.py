@@ -9,11 +9,16 @@ server/common/unix_socket.cc PrivateSocketDir):
 ``unix://$XDG_RUNTIME_DIR/muond/muond-<job>-<rank>.sock``, or
 ``unix:///tmp/muond-<uid>/muond-<job>-<rank>.sock`` without an absolute
 XDG_RUNTIME_DIR; job = ``$MUOND_JOB_ID`` (default "default"), rank =
-``$RANK`` (torchrun), else ``$SLURM_PROCID`` (ASCII digits only); the token
-file is ``$MUOND_TOKEN_FILE``. A default socket that does not exist is
+``$RANK`` (torchrun), else ``$SLURM_PROCID`` (ASCII digits only), else 0 in a
+one-rank launch (``muond launch --nproc-per-node 1 -- python train.py``); the
+token file is ``$MUOND_TOKEN_FILE``. A default socket that does not exist is
 reported at once (``Discovered.missing_socket``) instead of waited for, and so
 are a malformed ``$MUOND_DAEMON`` (``check_daemon_address``) and a trainer
 world that differs from ``muond launch``'s daemons (``check_world_matches_daemons``).
+
+The local cluster (``local_daemon``): when none of JOB_VARIABLES is set, no
+torch.distributed group is initialized and ``$MUOND_LOCAL`` is not 0, the
+process starts its own coordinator and daemon (muond.local) instead.
 """
 from __future__ import annotations
 
@@ -23,13 +28,61 @@ from dataclasses import dataclass
 from muond._env import env_int
 
 
+# Any of these set: this process belongs to a launched or distributed job and
+# finds its daemon from them (discover), never starts one (muond.local).
+JOB_VARIABLES = ("MUOND_DAEMON", "MUOND_SOCKET_DIR", "MUOND_JOB_ID", "MUOND_TOKEN_FILE",
+                 "MUOND_COORDINATOR", "MUOND_NNODES", "MUOND_NPROC_PER_NODE", "RANK",
+                 "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")
+
+
 def env_rank(env=None) -> int | None:
-    """This trainer's global rank: $RANK (torchrun), else $SLURM_PROCID."""
+    """This trainer's global rank: $RANK (torchrun), else $SLURM_PROCID,
+    else 0 when `muond launch` started one rank in all."""
     for key in ("RANK", "SLURM_PROCID"):
         rank = env_int(key, env)
         if rank is not None:
             return rank
-    return None
+    return 0 if launched_world_size(env) == 1 else None
+
+
+def launched_world_size(env=None) -> int | None:
+    """The ranks `muond launch` started for the job ($MUOND_NNODES x
+    $MUOND_NPROC_PER_NODE, which it exports); None outside a launch."""
+    nnodes, nproc = env_int("MUOND_NNODES", env), env_int("MUOND_NPROC_PER_NODE", env)
+    return None if nnodes is None or nproc is None else nnodes * nproc
+
+
+def wants_local_cluster(env=None) -> bool:
+    """True when nothing in the environment names this process's daemon
+    (JOB_VARIABLES) and $MUOND_LOCAL is not 0; ValueError for a $MUOND_LOCAL
+    other than 0, 1 or empty."""
+    env = os.environ if env is None else env
+    local = env.get("MUOND_LOCAL", "")
+    if local not in ("", "0", "1"):
+        raise ValueError(f"$MUOND_LOCAL={local!r} must be 0 (no local daemon) or 1 (the "
+                         "default: start one when nothing names a daemon)")
+    return local != "0" and not any(env.get(key) for key in JOB_VARIABLES)
+
+
+def local_daemon(param_groups, job_id: str | None, timeout: float) -> Discovered | None:
+    """This process's local daemon (muond.local, started by the first
+    optimizer that needs it) when it wants one (wants_local_cluster, no
+    initialized torch.distributed), with the lease the optimizer releases at
+    its end; else None. ValueError when the params span devices."""
+    import torch.distributed as dist
+    if not wants_local_cluster() or (dist.is_available() and dist.is_initialized()):
+        return None
+    devices = {p.device for group in param_groups for p in group["params"]}
+    if len(devices) > 1:
+        raise ValueError(f"muond.torch.Muon with a local cluster: the params are on "
+                         f"{sorted(map(str, devices))}; one local daemon serves one device")
+    device = next(iter(devices), None)
+    from muond import local  # lazy: starts nothing on import, needs muond.launch
+    lease = local.acquire(device.index if device is not None and device.type == "cuda"
+                          else None, job_id, timeout)
+    cluster = lease.cluster
+    return Discovered(cluster.daemon_address, cluster.job_id, 0, cluster.token_file,
+                      "the local cluster's", lease=lease)
 
 
 def default_socket(job_id: str, rank: int, env=None, uid: int | None = None) -> str:
@@ -80,6 +133,20 @@ def check_daemon_address(text: str, source: str = "$MUOND_DAEMON") -> str:
     return text
 
 
+def _no_rank_message(env) -> str:
+    world = launched_world_size(env)
+    if world is not None:
+        return (f"muond.torch.Muon: muond launch started {world} daemons ($MUOND_NNODES x "
+                f"$MUOND_NPROC_PER_NODE) but $RANK is unset: run the {world} ranks with "
+                "torchrun (muond launch --nproc-per-node N -- torchrun --nproc-per-node N "
+                "train.py), or launch one rank (--nproc-per-node 1)")
+    off = (" ($MUOND_LOCAL=0 turned off the local coordinator and daemon muond.torch.Muon "
+           "starts when nothing names one)" if env.get("MUOND_LOCAL") == "0" else "")
+    return ("muond.torch.Muon needs its daemon: pass daemons=[addresses], or run under "
+            "torchrun/srun ($RANK or $SLURM_PROCID picks the daemon's default socket "
+            "muond-<job>-<rank>.sock, job from $MUOND_JOB_ID), or set $MUOND_DAEMON" + off)
+
+
 def _world_mismatch(daemons: int, daemons_source: str, trainers: int, trainers_source: str,
                     rank: int) -> ValueError:
     if rank >= daemons:
@@ -109,12 +176,11 @@ def check_world_matches_daemons(rank: int, env=None) -> None:
     $SLURM_NTASKS) differs from the daemons': a rank without a daemon, or
     daemons waiting for trainers that never come (the plan needs all)."""
     env = os.environ if env is None else env
-    nnodes, nproc = env_int("MUOND_NNODES", env), env_int("MUOND_NPROC_PER_NODE", env)
+    daemons = launched_world_size(env)
     trainers, trainers_source = _env_trainer_world(env)
-    if nnodes is None or nproc is None or trainers is None or trainers == nnodes * nproc:
+    if daemons is None or trainers is None or trainers == daemons:
         return
-    raise _world_mismatch(nnodes * nproc,
-                          f"muond launch --nnodes {nnodes} x --nproc-per-node {nproc}",
+    raise _world_mismatch(daemons, "muond launch: $MUOND_NNODES x $MUOND_NPROC_PER_NODE",
                           trainers, trainers_source, rank)
 
 
@@ -148,6 +214,7 @@ class Discovered:
     token_file: str | None
     job_source: str = ""
     default_socket: str | None = None
+    lease: object = None  # a local cluster's muond.local.Lease, released at the end
 
     def missing_socket(self) -> str | None:
         """Why this rank has no daemon, when the address is a default socket
@@ -179,10 +246,7 @@ def discover(job_id: str | None = None, env=None) -> Discovered:
         check_daemon_address(address)
     else:
         if rank is None:
-            raise ValueError(
-                "muond.torch.Muon needs its daemon: pass daemons=[addresses], or run under "
-                "torchrun/srun ($RANK or $SLURM_PROCID picks the daemon's default socket "
-                "muond-<job>-<rank>.sock, job from $MUOND_JOB_ID), or set $MUOND_DAEMON")
+            raise ValueError(_no_rank_message(env))
         if "/" in job:
             raise ValueError(f"job id {job!r} contains '/': it cannot name the default socket "
                              "muond-<job>-<rank>.sock; set $MUOND_DAEMON")

@@ -141,7 +141,8 @@ class Muon(torch.optim.Optimizer):
         # daemon, else a new trainer on them is refused ALREADY_REGISTERED.
         # It holds the clients and ids, never the optimizer.
         self._finalizer = weakref.finalize(self, _registration.finalize, self._memory.buffers,
-                                           self.clients, job_id, self.client_id, os.getpid())
+                                           self.clients, job_id, self.client_id, os.getpid(),
+                                           self._local_lease)
         try:
             self._register(no_daemon, o["takeover"])
         except BaseException:
@@ -159,9 +160,11 @@ class Muon(torch.optim.Optimizer):
         daemons = [daemons] if isinstance(daemons, str) else list(daemons)
         job_id, shard_mode, token_file = o["job_id"], o["shard_mode"], o["token_file"]
         self._rank, self._world = _collective.process_rank()
-        no_daemon = None
+        no_daemon, self._local_lease = None, None
         if not daemons:
-            found = _discovery.discover(job_id)
+            found = (_discovery.local_daemon(self.param_groups, job_id, o["wait_healthy_timeout"])
+                     or _discovery.discover(job_id))
+            self._local_lease = found.lease
             no_daemon = found.missing_socket()
             daemons, job_id = [found.address], found.job_id
             if o["token"] is None and token_file is None:

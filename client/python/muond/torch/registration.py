@@ -74,11 +74,13 @@ def register_taking_over_stale(clients, job_id: str, client_id: str, per_rank, r
 _FINAL_UNREGISTER_TIMEOUT_S = 2.0
 
 
-def finalize(buffers, clients, job_id: str, client_id: str, pid: int) -> None:
+def finalize(buffers, clients, job_id: str, client_id: str, pid: int,
+             local_lease=None) -> None:
     """The optimizer's end (close(), garbage collection or interpreter exit):
     unregisters from every daemon (best effort: a daemon may be gone, or never
-    registered us), closes the channels and frees the shm. Only the process
-    that built the optimizer unregisters (a forked child inherits it)."""
+    registered us), closes the channels and frees the shm, then releases its
+    local cluster (muond.local.Lease; the last release stops it). Only the
+    process that built the optimizer unregisters (a forked child inherits it)."""
     if os.getpid() == pid:
         for c in clients:
             try:
@@ -90,6 +92,8 @@ def finalize(buffers, clients, job_id: str, client_id: str, pid: int) -> None:
             except Exception:
                 pass
     _memory.release(buffers)
+    if local_lease is not None:
+        local_lease.release()
 
 
 def is_stale_local_client(client_id: str) -> bool:
