@@ -12,6 +12,11 @@ looked up in two places:
 Protos are compiled with ``--proto_path`` at that proto root, so
 ``proto/muond/v1/muond.proto`` becomes ``muond/v1/muond_pb2.py`` and the
 generated imports read ``from muond.v1 import ...``.
+
+deploy/wheel.sh builds from a copy of this directory with the server binaries
+in ``muond/_bin/`` (muond/_servers.py): then the wheel is a platform wheel,
+``py3-none-linux_x86_64`` (the binaries do not use the Python ABI), which
+auditwheel repairs into the manylinux one. Without them it stays pure.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ import glob
 import os
 import shutil
 
-from setuptools import setup
+from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
@@ -83,6 +89,23 @@ class BuildPyWithStubs(build_py):
         generate_stubs(HERE if self.editable_mode else self.build_lib)
 
 
+def has_server_binaries() -> bool:
+    return bool(glob.glob(os.path.join(HERE, "muond", "_bin", "libexec", "*")))
+
+
+class DistributionWithBinaries(Distribution):
+    def has_ext_modules(self) -> bool:
+        # Binaries go to platlib and make the wheel impure, as extensions do.
+        return super().has_ext_modules() or has_server_binaries()
+
+
+class PlatformWheelWithBinaries(bdist_wheel):
+    def get_tag(self) -> tuple[str, str, str]:
+        python, abi, plat = super().get_tag()
+        # Any Python 3: the binaries are executables, not extension modules.
+        return ("py3", "none", plat) if not self.root_is_pure else (python, abi, plat)
+
+
 class SdistWithProtos(sdist):
     def make_release_tree(self, base_dir: str, files) -> None:
         super().make_release_tree(base_dir, files)
@@ -94,7 +117,9 @@ class SdistWithProtos(sdist):
 
 
 setup(
-    cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProtos},
+    cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProtos,
+              "bdist_wheel": PlatformWheelWithBinaries},
+    distclass=DistributionWithBinaries,
     # Not setuptools' default build/: next to Bazel's BUILD file it collides on
     # a case-insensitive filesystem.
     options={"build": {"build_base": ".setuptools-build"}},

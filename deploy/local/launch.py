@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(TRAINER))
 import options as trainer_options  # noqa: E402
 from muond._argtypes import count as positive_int, seconds as positive_float  # noqa: E402
 from muond.launch.config import MAX_LOCAL_RANKS, check_job_id  # noqa: E402
+from muond.launch.discovery import find_servers, servers_dir  # noqa: E402
 from muond.launch.errors import LaunchError  # noqa: E402
 
 
@@ -129,10 +130,11 @@ def parse_args(argv=None):
     p.add_argument("--out", default=os.path.join(ROOT, "out", "demo"),
                    help="logs, report and params (default out/demo); one launch at a "
                         "time per --out")
-    p.add_argument("--bin", default=os.environ.get("MUOND_BIN", os.path.join(ROOT, "bazel-bin")),
+    p.add_argument("--bin", default=None,
                    help="where server/daemon/muond-daemon and server/coordinator/muond-coordinator "
                         "are, or a GPU bundle's bin/ with muond-daemon and muond-coordinator "
-                        "(default $MUOND_BIN, else bazel-bin)")
+                        "(default: the installed muond wheel's servers, else $MUOND_BIN, else "
+                        "bazel-bin)")
     p.add_argument("--optimizer", default="both", choices=["both", "muond"],
                    help="both = also train the in-process reference for the overlay plot")
     p.add_argument("--health-timeout", type=positive_float, default=60.0,
@@ -142,6 +144,7 @@ def parse_args(argv=None):
     p.add_argument("trainer_args", nargs=argparse.REMAINDER,
                    help="after --, extra arguments for examples/char_gpt/train_dist.py")
     args = p.parse_args(argv)
+    args.bin = args.bin or default_bin()
     n = args.nproc or (4 if args.device == "cpu" else None)
     if n is not None:
         problem = check_layout(args, args.parallel or default_layout(n), n,
@@ -149,6 +152,18 @@ def parse_args(argv=None):
         if problem:
             p.error(problem)
     return args
+
+
+def default_bin():
+    """--bin's default: where muond launch's lookup (find_servers: the
+    installed package's servers first) finds both, with $MUOND_BIN as its
+    $MUOND_BIN_DIR and this checkout's bazel-bin last; when none holds them,
+    $MUOND_BIN or bazel-bin, for check_binaries to name what is missing."""
+    env = {"MUOND_BIN_DIR": os.environ.get("MUOND_BIN", ""), "PATH": ""}
+    try:
+        return servers_dir(*find_servers(None, env, checkout=ROOT)[:2])
+    except LaunchError:
+        return os.environ.get("MUOND_BIN") or os.path.join(ROOT, "bazel-bin")
 
 
 def binary(bin_dir, rel):

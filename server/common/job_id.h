@@ -1,6 +1,9 @@
 #pragma once
 // The one rule for a job id, shared by muond's --job_id, every coordinator
-// RPC that names a job and muonctl's --job_id.
+// RPC that names a job and muonctl's --job_id; and for the name of an
+// optimizer instance a daemon hosts, which uses the same alphabet.
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -14,5 +17,21 @@ inline constexpr int kMaxJobIdChars = 64;
 // InvalidArgument naming `field` (e.g. "--job_id" or "job_id") and the rule,
 // quoting at most the first 64 bytes, escaped.
 absl::Status CheckJobId(absl::string_view field, absl::string_view value);
+
+// An optimizer instance's name (RegisterParamsRequest.optimizer and the
+// other requests' `optimizer`): the job id's rule, named as a name.
+absl::Status CheckOptimizerName(absl::string_view field,
+                                absl::string_view value);
+
+// The coordinator's job of optimizer instance `name` of job `job`:
+// "<job>/<name>". '/' is outside the job-id alphabet, so it never collides
+// with a user's job; "" (the default instance) is the job itself.
+std::string InstanceJobId(absl::string_view job, absl::string_view name);
+
+// What a coordinator RPC may name: a job id (CheckJobId) or an instance's
+// job, InstanceJobId of a valid job id and a valid name. InvalidArgument
+// naming `field` and both forms otherwise.
+absl::Status CheckCoordinatorJobId(absl::string_view field,
+                                   absl::string_view value);
 
 }  // namespace muond

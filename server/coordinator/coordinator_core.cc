@@ -37,7 +37,7 @@ absl::Status CoordinatorCore::CheckJobToken(const std::string& job_id,
                                             const std::string& token) {
   // First of every RPC but Join (which checks it itself): an id no daemon
   // could have joined with is refused before it reaches a log or a lookup.
-  RETURN_IF_ERROR(CheckJobId("job_id", job_id));
+  RETURN_IF_ERROR(CheckCoordinatorJobId("job_id", job_id));
   absl::MutexLock lock(&mu_);
   return jobs_.CheckToken(job_id, token);
 }

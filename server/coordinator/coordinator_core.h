@@ -58,7 +58,7 @@ class CoordinatorCore {
  public:
   explicit CoordinatorCore(CoordinatorOptions options);
 
-  // InvalidArgument: a job id CheckJobId refuses, world_size < 1, rank outside
+  // InvalidArgument: a job id CheckCoordinatorJobId refuses, world_size < 1, rank outside
   // [0, world_size). PermissionDenied: not the coordinator's token.
   // FailedPrecondition: the job's live daemons joined with another world size
   // or token (the daemon waits it out until its deadline). AlreadyExists: the
@@ -70,7 +70,7 @@ class CoordinatorCore {
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
   // OK when the job has no token (its first Join carried none) or `token`
   // equals it; PermissionDenied naming the job otherwise. Unknown jobs are
-  // OK here (the RPC itself answers NotFound); a job id CheckJobId refuses
+  // OK here (the RPC itself answers NotFound); a job id CheckCoordinatorJobId refuses
   // is InvalidArgument. Every job-scoped RPC after
   // Join checks this, so only members of the job reach its rendezvous keys.
   absl::Status CheckJobToken(const std::string& job_id,

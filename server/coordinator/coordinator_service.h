@@ -62,7 +62,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // The one access check of every RPC but Join (which checks its tokens in
   // the core): the coordinator's token (Unauthenticated naming the metadata
   // keys, CheckToken), then the job's (PermissionDenied naming the job;
-  // InvalidArgument for a job id CheckJobId refuses).
+  // InvalidArgument for a job id CheckCoordinatorJobId refuses).
   grpc::Status Authorize(const grpc::ServerContext& context,
                          const std::string& job_id);
 

@@ -33,7 +33,7 @@ absl::Status CheckJoinText(absl::string_view field, absl::string_view value) {
 
 absl::Status JobTable::CheckJoin(const v1::JoinRequest& request,
                                  const std::string& coordinator_token) {
-  RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
+  RETURN_IF_ERROR(CheckCoordinatorJobId("job_id", request.job_id()));
   if (request.world_size() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("world_size: ", request.world_size(), " must be >= 1"));
@@ -165,7 +165,7 @@ absl::Status JobTable::CheckToken(const std::string& job_id,
 }
 
 absl::StatusOr<Job*> JobTable::Find(const std::string& job_id) {
-  RETURN_IF_ERROR(CheckJobId("job_id", job_id));
+  RETURN_IF_ERROR(CheckCoordinatorJobId("job_id", job_id));
   const absl::Time now = options_.clock();
   ExpireIdleJobs(now);
   auto it = jobs_.find(job_id);

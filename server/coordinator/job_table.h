@@ -30,7 +30,7 @@ class JobTable {
       : options_(options), kv_(kv), metrics_(metrics) {}
 
   // The checks of a Join that need no job. InvalidArgument: a job id
-  // CheckJobId refuses, world_size < 1, rank outside [0, world_size), a
+  // CheckCoordinatorJobId refuses, world_size < 1, rank outside [0, world_size), a
   // host, device or address over 255 bytes or not printable ASCII.
   // PermissionDenied: a `coordinator_token` is set and the request's token
   // is another.
@@ -38,13 +38,13 @@ class JobTable {
                                 const std::string& coordinator_token);
   // CoordinatorCore::Join for a request CheckJoin accepted.
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request);
-  // CoordinatorCore::CheckJobToken for a job id CheckJobId accepted
+  // CoordinatorCore::CheckJobToken for a job id CheckCoordinatorJobId accepted
   // (compared in constant time).
   absl::Status CheckToken(const std::string& job_id,
                           const std::string& token) const;
 
   // The job, after expiring idle jobs; marks it active. InvalidArgument: a
-  // job id CheckJobId refuses. NotFound: unknown (or expired) job.
+  // job id CheckCoordinatorJobId refuses. NotFound: unknown (or expired) job.
   absl::StatusOr<Job*> Find(const std::string& job_id);
 
   // CoordinatorCore::StartWatching and Leave.

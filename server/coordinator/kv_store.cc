@@ -17,7 +17,8 @@ absl::Status Exhausted(const v1::KvSetRequest& request, const char* limit,
 }  // namespace
 
 absl::Status KvStore::CheckSet(const v1::KvSetRequest& request) const {
-  RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));  // errors quote it
+  RETURN_IF_ERROR(
+      CheckCoordinatorJobId("job_id", request.job_id()));  // errors quote it
   if (request.key().empty()) {
     return absl::InvalidArgumentError("key: must not be empty");
   }

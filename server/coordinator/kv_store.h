@@ -28,7 +28,7 @@ class KvStore {
   explicit KvStore(KvLimits limits) : limits_(limits) {}
 
   // The checks of a KvSet that need no job: InvalidArgument for a job id
-  // CheckJobId refuses or an empty key; ResourceExhausted naming
+  // CheckCoordinatorJobId refuses or an empty key; ResourceExhausted naming
   // kv_max_key_bytes or kv_max_value_bytes.
   absl::Status CheckSet(const v1::KvSetRequest& request) const;
   // Stores the pair in `kv` (a request CheckSet accepted). ResourceExhausted

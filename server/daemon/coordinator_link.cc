@@ -287,6 +287,7 @@ void GrpcCoordinatorLink::ReportLoop() {
       report = *pending_report_;
       pending_report_.reset();
     }
+    report.set_job_id(join_.job_id());  // as WithResumeFields says
     grpc::ClientContext context;
     Prepare(&context, absl::Seconds(5));
     v1::ReportTimingsResponse response;
@@ -297,6 +298,9 @@ void GrpcCoordinatorLink::ReportLoop() {
 
 v1::PublishManifestRequest GrpcCoordinatorLink::WithResumeFields(
     v1::PublishManifestRequest manifest) {
+  // The link's job: an optimizer instance's core names its user's job, the
+  // coordinator knows the instance by its own (InstanceJobId).
+  manifest.set_job_id(join_.job_id());
   manifest.set_known_plan_version(newest_plan_);
   manifest.set_last_step_id(last_step_);
   return manifest;

@@ -80,7 +80,8 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   // `refusal` (Plan.round_refused) names this daemon's latest registration.
   bool RefusesCurrentRegistration(const v1::Plan& refusal);
   void ReportLoop();
-  // `manifest` with the resume fields set from newest_plan_ / last_step_.
+  // `manifest` with the resume fields set from newest_plan_ / last_step_,
+  // under this link's job id.
   v1::PublishManifestRequest WithResumeFields(
       v1::PublishManifestRequest manifest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

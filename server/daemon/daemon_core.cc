@@ -670,6 +670,12 @@ v1::GetStatusResponse DaemonCore::Status() {
   return s;
 }
 
+std::optional<std::string> DaemonCore::Owner() {
+  absl::MutexLock lock(&mu_);
+  if (registration_ == nullptr) return std::nullopt;
+  return registration_->client_id;
+}
+
 v1::HealthResponse DaemonCore::Health() {
   absl::MutexLock lock(&mu_);
   v1::HealthResponse h;

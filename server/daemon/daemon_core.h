@@ -175,6 +175,8 @@ class DaemonCore : private DaemonStateOwner {
   absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
   v1::GetStatusResponse Status();
   v1::HealthResponse Health();
+  // The client_id that registered the params; nullopt: none registered.
+  std::optional<std::string> Owner();
 
   // A plan from the coordinator (WatchPlans).
   // A Plan with round_refused is no plan: the coordinator refused this

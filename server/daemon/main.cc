@@ -24,10 +24,10 @@
 #include "server/common/server_main.h"
 #include "server/common/shutdown.h"
 #include "server/common/unix_socket.h"
-#include "server/daemon/coordinator_link.h"
 #include "server/daemon/cuda_device.h"
 #include "server/daemon/daemon_core.h"
 #include "server/daemon/engine_factory.h"
+#include "server/daemon/instance_factory.h"
 #include "server/daemon/optimizer_service.h"
 
 namespace {
@@ -225,12 +225,15 @@ int main(int argc, char** argv) {
     LOG(ERROR) << coordinator_creds.status();
     return 2;
   }
-  // Shared with the engine factory: an abandoned engine build may outlive
-  // this scope (engine_builder.h).
-  auto link = std::make_shared<muond::GrpcCoordinatorLink>(
-      absl::GetFlag(FLAGS_coordinator), join, *coordinator_creds);
-
-  muond::DaemonConfig config;
+  muond::InstanceSettings settings;
+  settings.coordinator = absl::GetFlag(FLAGS_coordinator);
+  settings.coordinator_credentials = *coordinator_creds;
+  settings.join = join;
+  settings.device = device;
+  settings.allow_foreign_shm = absl::GetFlag(FLAGS_allow_foreign_shm);
+  settings.coordinator_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_coordinator_timeout_s));
+  muond::DaemonConfig& config = settings.config;
   config.job_id = job;
   config.rank = rank;
   config.world_size = world;
@@ -246,13 +249,7 @@ int main(int argc, char** argv) {
   config.validate_group = [device](const muond::v1::ParamGroup& group) {
     return muond::ValidateGroupForDevice(group, device);
   };
-  // grpc.health.v1: SERVING only while the core can step, NOT_SERVING from
-  // shutdown on (the watcher below).
-  muond::HealthStatus health(muond::v1::Optimizer::service_full_name(),
-                             /*serving=*/false);
-  config.on_readiness = [&health](bool ready) { health.Set(ready); };
-  muond::EngineOptions engine_options;
-  engine_options.job_id = job;
+  muond::EngineOptions& engine_options = settings.engine;
   engine_options.device = device;
   engine_options.cuda.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   engine_options.cuda.cublas_gemmex = absl::GetFlag(FLAGS_cublas_gemmex);
@@ -266,16 +263,18 @@ int main(int argc, char** argv) {
   engine_options.comm_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
   engine_options.metrics = metrics;
-  std::unique_ptr<muond::HandleOpener> opener =
-      device >= 0 ? muond::MakeCudaHandleOpener(device)
-                  : std::make_unique<muond::HandleOpener>();
-  opener->set_allow_foreign_shm(absl::GetFlag(FLAGS_allow_foreign_shm));
-  muond::DaemonCore core(config, std::move(opener), link.get(),
-                         muond::MakeEngineFactory(engine_options, link));
-  // Runs before `core` goes away: no plan reaches it after that.
-  absl::Cleanup stop_link = [&link] { link->Stop(); };
+  // grpc.health.v1: the table's readiness rule (optimizer_table.h),
+  // NOT_SERVING from shutdown on (the watcher below).
+  muond::HealthStatus health(muond::v1::Optimizer::service_full_name(),
+                             /*serving=*/false);
+  muond::OptimizerTable table(muond::MakeInstanceFactory(std::move(settings)),
+                              [&health](bool serving) { health.Set(serving); });
+  if (!table.ok().ok()) {
+    LOG(ERROR) << table.ok();
+    return 1;
+  }
   // Unix sockets are private by file mode; TCP trainers must send the token.
-  muond::OptimizerService service(&core, is_unix ? std::string() : *token);
+  muond::OptimizerService service(&table, is_unix ? std::string() : *token);
 
   // A second muond-daemon on a busy TCP port must fail, not share the trainers'
   // connections with the first (StartGrpcServer). The socket file is
@@ -324,6 +323,7 @@ int main(int argc, char** argv) {
   std::atomic<bool> serving{false};
   muond::ShutdownSignalWatcher watcher([&](int signum) {
     LOG(INFO) << "signal " << signum << ": shutting down";
+    table.Shutdown();   // the Health RPC says it as grpc.health.v1 does:
     health.Shutdown();  // probes and Watch streams hear it before draining
     // In-flight calls get 2 s, then are cancelled: a long SaveState/LoadState
     // stops at its next tensor (it checks the call's cancellation) instead of
@@ -333,9 +333,7 @@ int main(int argc, char** argv) {
     remove_socket();
     if (!serving.load()) _exit(0);
   });
-  absl::Status started =
-      link->Start([&core](const muond::v1::Plan& plan) { core.OnPlan(plan); },
-                  absl::Seconds(absl::GetFlag(FLAGS_coordinator_timeout_s)));
+  absl::Status started = table.Default()->start();
   if (!started.ok()) {
     LOG(ERROR) << started;
     server->Shutdown();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -25,12 +26,19 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response, const char* rpc) {
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<DaemonCore>> OptimizerService::CoreOf(
+    const std::string& name) {
+  absl::StatusOr<std::shared_ptr<OptimizerInstance>> found = table_->Find(name);
+  if (!found.ok()) return found.status();
+  return (*found)->core;
+}
+
 grpc::Status OptimizerService::RegisterParams(
     grpc::ServerContext* context, const v1::RegisterParamsRequest* request,
     v1::RegisterParamsResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
   return Reply(
-      core_->Register(*request, [context] { return context->IsCancelled(); }),
+      table_->Register(*request, [context] { return context->IsCancelled(); }),
       response, "RegisterParams");
 }
 
@@ -38,49 +46,65 @@ grpc::Status OptimizerService::Step(grpc::ServerContext* context,
                                     const v1::StepRequest* request,
                                     v1::StepResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  return Reply(core_->Step(*request), response, "Step");
+  absl::StatusOr<std::shared_ptr<DaemonCore>> core =
+      CoreOf(request->optimizer());
+  if (!core.ok())
+    return Reply<v1::StepResponse>(core.status(), response, "Step");
+  return Reply((*core)->Step(*request), response, "Step");
 }
 
 grpc::Status OptimizerService::UnregisterParams(
     grpc::ServerContext* context, const v1::UnregisterParamsRequest* request,
     v1::UnregisterParamsResponse*) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  return ToGrpc(core_->Unregister(*request));
+  return ToGrpc(table_->Unregister(*request));
 }
 
 grpc::Status OptimizerService::GetStatus(grpc::ServerContext* context,
-                                         const v1::GetStatusRequest*,
+                                         const v1::GetStatusRequest* request,
                                          v1::GetStatusResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  *response = core_->Status();
-  return grpc::Status::OK;
+  return Reply(table_->Status(request->optimizer()), response, "GetStatus");
 }
 
 grpc::Status OptimizerService::SaveState(grpc::ServerContext* context,
                                          const v1::SaveStateRequest* request,
                                          v1::SaveStateResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  return Reply(
-      core_->SaveState(*request, [context] { return context->IsCancelled(); }),
-      response, "SaveState");
+  absl::StatusOr<std::shared_ptr<DaemonCore>> core =
+      CoreOf(request->optimizer());
+  if (!core.ok())
+    return Reply<v1::SaveStateResponse>(core.status(), response, "SaveState");
+  return Reply((*core)->SaveState(*request,
+                                  [context] { return context->IsCancelled(); }),
+               response, "SaveState");
 }
 
 grpc::Status OptimizerService::LoadState(grpc::ServerContext* context,
                                          const v1::LoadStateRequest* request,
                                          v1::LoadStateResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  return Reply(
-      core_->LoadState(*request, [context] { return context->IsCancelled(); }),
-      response, "LoadState");
+  absl::StatusOr<std::shared_ptr<DaemonCore>> core =
+      CoreOf(request->optimizer());
+  if (!core.ok())
+    return Reply<v1::LoadStateResponse>(core.status(), response, "LoadState");
+  return Reply((*core)->LoadState(*request,
+                                  [context] { return context->IsCancelled(); }),
+               response, "LoadState");
 }
 
 grpc::Status OptimizerService::ExportState(
     grpc::ServerContext* context, const v1::ExportStateRequest* request,
     grpc::ServerWriter<v1::StateChunk>* writer) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  absl::Status st = core_->ExportState(
-      *request,
-      [writer](const v1::StateChunk& chunk) { return writer->Write(chunk); });
+  absl::StatusOr<std::shared_ptr<DaemonCore>> core =
+      CoreOf(request->header().optimizer());
+  absl::Status st = !core.ok()
+                        ? core.status()
+                        : (*core)->ExportState(
+                              *request, [writer](const v1::StateChunk& chunk) {
+                                return writer->Write(chunk);
+                              });
   if (!st.ok()) LOG(WARNING) << "ExportState refused: " << st;
   return ToGrpc(st);
 }
@@ -107,24 +131,36 @@ grpc::Status OptimizerService::ImportState(
       }
     }
   });
-  absl::StatusOr<v1::ImportStateResponse> result = core_->ImportState(
-      [&](v1::StateChunk* chunk) {
-        const bool got = reader->Read(chunk);
-        last_message_ns.store(absl::GetCurrentTimeNanos());
-        return got;
-      },
-      [context] { return context->IsCancelled(); });
+  const auto read = [&](v1::StateChunk* chunk) {
+    const bool got = reader->Read(chunk);
+    last_message_ns.store(absl::GetCurrentTimeNanos());
+    return got;
+  };
+  // The header chunk names the instance: read it here, hand it on first.
+  std::optional<v1::StateChunk> first(std::in_place);
+  if (!read(&*first)) first.reset();
+  absl::StatusOr<std::shared_ptr<DaemonCore>> core =
+      CoreOf(first ? first->header().optimizer() : "");
+  absl::StatusOr<v1::ImportStateResponse> result =
+      !core.ok() ? absl::StatusOr<v1::ImportStateResponse>(core.status())
+                 : (*core)->ImportState(
+                       [&](v1::StateChunk* chunk) {
+                         if (!first) return read(chunk);
+                         *chunk = *std::move(first);
+                         first.reset();
+                         return true;
+                       },
+                       [context] { return context->IsCancelled(); });
   done.Notify();
   watcher.join();
   return Reply(std::move(result), response, "ImportState");
 }
 
 grpc::Status OptimizerService::Health(grpc::ServerContext* context,
-                                      const v1::HealthRequest*,
+                                      const v1::HealthRequest* request,
                                       v1::HealthResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  *response = core_->Health();
-  return grpc::Status::OK;
+  return Reply(table_->Health(*request), response, "Health");
 }
 
 }  // namespace muond

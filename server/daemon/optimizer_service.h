@@ -1,8 +1,12 @@
 #pragma once
+// The Optimizer gRPC service: a thin layer over the daemon's optimizer
+// instances (OptimizerTable), each request routed by its `optimizer` name.
+#include <memory>
 #include <string>
-// The Optimizer gRPC service: a thin layer over DaemonCore.
+
 #include "muond/v1/muond.grpc.pb.h"
 #include "server/daemon/daemon_core.h"
+#include "server/daemon/optimizer_table.h"
 
 namespace muond {
 
@@ -11,9 +15,16 @@ class OptimizerService final : public v1::Optimizer::Service {
   // `token`: when non-empty every RPC must carry it (server/common/auth.h).
   // `import_idle`: an ImportState stream with no message for this long is
   // cancelled (tests shorten it).
+  explicit OptimizerService(OptimizerTable* table, std::string token = "",
+                            absl::Duration import_idle = kImportIdleTimeout)
+      : table_(table), token_(std::move(token)), import_idle_(import_idle) {}
+  // Over `core` alone (the default instance; a named one is refused).
   explicit OptimizerService(DaemonCore* core, std::string token = "",
                             absl::Duration import_idle = kImportIdleTimeout)
-      : core_(core), token_(std::move(token)), import_idle_(import_idle) {}
+      : own_table_(std::make_unique<OptimizerTable>(core)),
+        table_(own_table_.get()),
+        token_(std::move(token)),
+        import_idle_(import_idle) {}
 
   grpc::Status RegisterParams(grpc::ServerContext*,
                               const v1::RegisterParamsRequest*,
@@ -38,7 +49,11 @@ class OptimizerService final : public v1::Optimizer::Service {
                       v1::HealthResponse*) override;
 
  private:
-  DaemonCore* core_;
+  // The core of instance `name`, or the refusal naming it.
+  absl::StatusOr<std::shared_ptr<DaemonCore>> CoreOf(const std::string& name);
+
+  const std::unique_ptr<OptimizerTable> own_table_;
+  OptimizerTable* const table_;
   const std::string token_;
   const absl::Duration import_idle_;
 };

@@ -12,14 +12,21 @@ launch), never a Python traceback, and before it starts any process:
 * an --out that cannot be created, a --bin without the servers;
 * a second launch writing to the --out of a running one (both used to write
   the same logs/, report.md and params files, the later silently winning).
+
+Without --bin the servers come from muond launch's lookup: the installed
+wheel's first, then $MUOND_BIN, then the checkout's bazel-bin.
 """
 import fcntl
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
+
+from muond import _servers
 
 RUNFILES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 LAUNCH = os.path.join(RUNFILES, "deploy/local/launch.py")
@@ -135,6 +142,37 @@ class LaunchArgsTest(unittest.TestCase):
         # Once the first ended, the same --out works again (here: up to --bin).
         self.assertRefused(launch("--out", out, "--bin", self.missing_bin), 1,
                            "--bin")
+
+
+class DefaultBinTest(unittest.TestCase):
+    def setUp(self):
+        spec = importlib.util.spec_from_file_location("demo_launch", LAUNCH)
+        self.demo = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.demo)
+        self.tmp = tempfile.mkdtemp(prefix="muond-launch-bin-")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+    def executables(self, directory, *paths):
+        for path in paths:
+            path = os.path.join(directory, path)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+            os.chmod(path, 0o755)
+        return directory
+
+    def test_installed_wheel_then_muond_bin_then_bazel_bin(self):
+        flat = self.executables(os.path.join(self.tmp, "bundle-bin"),
+                                "muond-daemon", "muond-coordinator")
+        with mock.patch.dict(os.environ, {"MUOND_BIN": flat}):
+            self.assertEqual(self.demo.default_bin(), flat)
+            package = self.executables(
+                os.path.join(self.tmp, "muond", "_bin"),
+                *[p for name in _servers.SERVERS for p in (name, f"libexec/{name}")])
+            with mock.patch.object(_servers, "BIN_DIR", package), \
+                    mock.patch.object(_servers, "LIBEXEC_DIR", os.path.join(package, "libexec")):
+                self.assertEqual(self.demo.default_bin(), package)
+        with mock.patch.dict(os.environ, {"MUOND_BIN": ""}):
+            self.assertEqual(self.demo.default_bin(), os.path.join(self.demo.ROOT, "bazel-bin"))
 
 
 if __name__ == "__main__":

@@ -216,10 +216,17 @@ class Client:
     ``--token_file``: a regular file not readable by others; prefer it, argv
     and environments leak); ``root_certificates`` (PEM bytes, or a path to a
     PEM file) connects with TLS, as ``ClientOptions.tls_root_cert_pem``.
+
+    ``optimizer`` names the optimizer instance every request is about (a
+    daemon hosts several, each its own registration: server/README.md
+    "Optimizer instances"); None or "" is the daemon's default one. With a
+    name given (even ""), ``health()`` asks about that instance, else about
+    the daemon as a whole.
     """
 
     def __init__(self, address: str, timeout: float | None = None, *,
-                 token: str | None = None, token_file=None, root_certificates=None):
+                 token: str | None = None, token_file=None, root_certificates=None,
+                 optimizer: str | None = None):
         if token is not None and token_file is not None:
             raise ValueError("give token or token_file, not both")
         if token_file is not None:
@@ -228,6 +235,8 @@ class Client:
             token = _check_token(token, "token")
         self.address = address
         self.timeout = timeout
+        self.optimizer = optimizer
+        self._name = optimizer or ""
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
         if root_certificates is not None:
@@ -260,7 +269,7 @@ class Client:
 
     def register_future(self, job_id, groups, client_id="", regions=()):
         req = pb.RegisterParamsRequest(job_id=job_id, groups=list(groups), client_id=client_id,
-                                       regions=list(regions))
+                                       regions=list(regions), optimizer=self._name)
         return self.stub.RegisterParams.future(req, timeout=self.timeout)
 
     def step(self, job_id: str, step_id: int, overrides: Iterable[pb.GroupOverride] = (),
@@ -269,12 +278,12 @@ class Client:
         grad-None rule; StepRequest.skip_params)."""
         # A blocking call runs on this thread; a future makes grpc start a
         # channel polling thread per call (~100 µs more per step).
-        return self.stub.Step(_step_request(job_id, step_id, overrides, client_id, skip_params),
+        return self.stub.Step(_step_request(job_id, step_id, overrides, client_id, skip_params, self._name),
                               timeout=self.timeout)
 
     def step_future(self, job_id, step_id, overrides=(), client_id="", skip_params=()):
         return self.stub.Step.future(
-            _step_request(job_id, step_id, overrides, client_id, skip_params),
+            _step_request(job_id, step_id, overrides, client_id, skip_params, self._name),
             timeout=self.timeout)
 
     def unregister(self, job_id: str, client_id: str = "",
@@ -282,7 +291,8 @@ class Client:
         """Only the params' owner, or the operator (unregister_as_operator, to
         clear a trainer that ended without unregistering), may unregister them."""
         return self.stub.UnregisterParams(
-            pb.UnregisterParamsRequest(job_id=job_id, client_id=client_id),
+            pb.UnregisterParamsRequest(job_id=job_id, client_id=client_id,
+                                       optimizer=self._name),
             timeout=timeout or self.timeout)
 
     def unregister_as_operator(self, job_id: str,
@@ -292,10 +302,13 @@ class Client:
         return self.unregister(job_id, self._operator_id, timeout)
 
     def status(self) -> pb.GetStatusResponse:
-        return self.stub.GetStatus(pb.GetStatusRequest(), timeout=self.timeout)
+        return self.stub.GetStatus(pb.GetStatusRequest(optimizer=self._name),
+                                   timeout=self.timeout)
 
     def health(self, timeout: float | None = None) -> pb.HealthResponse:
-        return self.stub.Health(pb.HealthRequest(), timeout=timeout or self.timeout)
+        request = (pb.HealthRequest() if self.optimizer is None
+                   else pb.HealthRequest(optimizer=self.optimizer))
+        return self.stub.Health(request, timeout=timeout or self.timeout)
 
     def save_state(self, path: str, job_id: str = "",
                    client_id: str = "") -> pb.SaveStateResponse:
@@ -303,13 +316,15 @@ class Client:
         registered them) or the operator (``client_id=operator_client_id(token)``,
         as muonctl sends) may save or load."""
         return self.stub.SaveState(
-            pb.SaveStateRequest(path=path, job_id=job_id, client_id=client_id),
+            pb.SaveStateRequest(path=path, job_id=job_id, client_id=client_id,
+                                optimizer=self._name),
             timeout=self.timeout)
 
     def load_state(self, path: str, job_id: str = "",
                    client_id: str = "") -> pb.LoadStateResponse:
         return self.stub.LoadState(
-            pb.LoadStateRequest(path=path, job_id=job_id, client_id=client_id),
+            pb.LoadStateRequest(path=path, job_id=job_id, client_id=client_id,
+                                optimizer=self._name),
             timeout=self.timeout)
 
     # -- Optimizer state, streamed (proto ExportState / ImportState) --------
@@ -325,7 +340,8 @@ class Client:
         import torch
 
         request = pb.ExportStateRequest(header=pb.StateHeader(
-            job_id=job_id, client_id=client_id, max_chunk_bytes=max_chunk_bytes))
+            job_id=job_id, client_id=client_id, max_chunk_bytes=max_chunk_bytes,
+            optimizer=self._name))
         step_id, buffers = None, {}
         try:
             for chunk in self.stub.ExportState(request, timeout=self.timeout):
@@ -368,7 +384,8 @@ class Client:
                              f"[4, {MAX_STATE_CHUNK_BYTES}]")
         chunk_bytes -= chunk_bytes % 4
         header = pb.StateHeader(job_id=job_id, client_id=client_id, step_id=step_id,
-                                transaction_id=transaction_id, num_entries=len(entries))
+                                transaction_id=transaction_id, num_entries=len(entries),
+                                optimizer=self._name)
 
         def chunks():
             yield pb.StateChunk(header=header)
@@ -403,7 +420,7 @@ class Client:
 
     def _end_state(self, job_id, client_id, transaction_id, phase):
         request = pb.LoadStateRequest(job_id=job_id, client_id=client_id, phase=phase,
-                                      transaction_id=transaction_id)
+                                      transaction_id=transaction_id, optimizer=self._name)
         try:
             return self.stub.LoadState(request, timeout=self.timeout)
         except grpc.RpcError as e:
@@ -459,6 +476,8 @@ def _no_plan_hint() -> str:
             f"a torchrun job must run {ranks}, one per daemon of the job")
 
 
-def _step_request(job_id, step_id, overrides, client_id, skip_params=()) -> pb.StepRequest:
+def _step_request(job_id, step_id, overrides, client_id, skip_params=(),
+                  optimizer="") -> pb.StepRequest:
     return pb.StepRequest(job_id=job_id, step_id=step_id, overrides=list(overrides),
-                          client_id=client_id, skip_params=list(skip_params))
+                          client_id=client_id, skip_params=list(skip_params),
+                          optimizer=optimizer)

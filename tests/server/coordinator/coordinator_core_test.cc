@@ -30,14 +30,32 @@ using ::testing::Not;
 // CheckJobId's rule on every RPC that names a job: refused naming job_id
 // and the rule, before any state exists (no job, no metrics series); the
 // longest valid id is accepted.
+// An optimizer instance's job "<job>/<name>" (server/common/job_id.h
+// InstanceJobId) is a job of its own beside its user's job.
+TEST(CoordinatorCore, InstanceJobIsAJobOfItsOwn) {
+  CoordinatorOptions options;
+  CoordinatorCore core(options);
+  ASSERT_TRUE(core.Join(JoinReq("team", 0, 1)).ok());
+  ASSERT_TRUE(core.Join(JoinReq("team/opt-2", 0, 1)).ok());
+  EXPECT_THAT(core.JobIds(),
+              ::testing::UnorderedElementsAre("team", "team/opt-2"));
+  EXPECT_TRUE(core.CheckJobToken("team/opt-2", "").ok());
+}
+
 TEST(CoordinatorCore, JobIdRuleOnEveryRpc) {
   CoordinatorMetrics metrics;
   CoordinatorOptions options;
   options.metrics = &metrics;
   CoordinatorCore core(options);
-  const std::vector<std::string> bad = {
-      "",       std::string(65, 'a'),     std::string("a\0b", 3), "a\nb", "a b",
-      "team/a", std::string(4 << 20, 'x')};
+  const std::vector<std::string> bad = {"",
+                                        std::string(65, 'a'),
+                                        std::string("a\0b", 3),
+                                        "a\nb",
+                                        "a b",
+                                        "team/a/b",
+                                        "team/",
+                                        "/a",
+                                        std::string(4 << 20, 'x')};
   for (const std::string& id : bad) {
     SCOPED_TRACE(absl::CHexEscape(id.substr(0, 70)));
     const auto refused = [&](const absl::Status& st, const char* rpc) {

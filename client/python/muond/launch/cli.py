@@ -105,8 +105,8 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
                    help="PEM root: the daemons (and the health check) verify "
                    "the coordinator with it")
     g.add_argument("--bin-dir", metavar="DIR", help="where muond-daemon and muond-coordinator are "
-                   "(flat or a bazel-bin tree; default $MUOND_BIN_DIR, else PATH, else the "
-                   "repository's bazel-bin)")
+                   "(flat or a bazel-bin tree; default the installed muond wheel's, else "
+                   "$MUOND_BIN_DIR, else PATH, else the repository's bazel-bin)")
     g.add_argument("--log-dir", metavar="DIR", help="server logs (default ./muond-logs/<job>); "
                    "created if missing, but its parent must exist")
     g.add_argument("--log-format", choices=["text", "json"], help="the servers' "

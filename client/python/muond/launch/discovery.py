@@ -1,6 +1,7 @@
-"""What the launcher finds on this host: the server binaries (--bin-dir,
-$MUOND_BIN_DIR, PATH, else the checkout's bazel-bin), muonctl beside them,
-the GPUs nvidia-smi lists and the host name's address."""
+"""What the launcher finds on this host: the server binaries (--bin-dir, the
+installed package's (a wheel from deploy/wheel.sh), $MUOND_BIN_DIR, PATH, else
+the checkout's bazel-bin), muonctl beside them, the GPUs nvidia-smi lists and
+the host name's address."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,9 @@ import shutil
 import socket
 import subprocess
 
+from muond import _servers
 from muond.launch.errors import LaunchError
+from muond.launch.messages import log
 
 
 def count_gpus() -> int:
@@ -38,17 +41,27 @@ _DAEMON_IN_TREE = "server/daemon/muond-daemon"
 _COORDINATOR_IN_TREE = "server/coordinator/muond-coordinator"
 
 
-def find_servers(bin_dir: str | None, env) -> tuple[str, str, str]:
-    """(muond-daemon, muond-coordinator, where from): --bin-dir or
-    $MUOND_BIN_DIR, else PATH, else the bazel-bin of the checkout around the
-    current directory; LaunchError saying how to provide them."""
-    given = bin_dir or env.get("MUOND_BIN_DIR")
-    if given:
-        return _servers_in(given, "--bin-dir" if bin_dir else "$MUOND_BIN_DIR")
+def find_servers(bin_dir: str | None, env, checkout: str | None = None) -> tuple[str, str, str]:
+    """(muond-daemon, muond-coordinator, where from), the one lookup order:
+    --bin-dir (given on this command, it always wins), else the servers
+    packaged in the installed muond (muond/_bin: a platform wheel), else
+    $MUOND_BIN_DIR, else PATH, else the bazel-bin of `checkout` (default: the
+    checkout around the current directory); LaunchError saying how to
+    provide them."""
+    if bin_dir:
+        return _servers_in(bin_dir, "--bin-dir")
+    packaged = _servers.packaged_bin_dir()
+    if packaged:
+        if env.get("MUOND_BIN_DIR"):
+            log(f"note: the installed muond package's servers ({packaged}) win over "
+                f"$MUOND_BIN_DIR {env['MUOND_BIN_DIR']}; pass --bin-dir to use those")
+        return _servers_in(packaged, "the installed muond package")
+    if env.get("MUOND_BIN_DIR"):
+        return _servers_in(env["MUOND_BIN_DIR"], "$MUOND_BIN_DIR")
     found = _servers_on_path(env.get("PATH"))
     if found:
         return found
-    repo = checkout_root(os.getcwd())
+    repo = checkout or checkout_root(os.getcwd())
     if repo:
         bazel_bin = os.path.join(repo, "bazel-bin")
         coord, daemon = (os.path.join(bazel_bin, rel)
@@ -58,8 +71,18 @@ def find_servers(bin_dir: str | None, env) -> tuple[str, str, str]:
     where = (f"--bin-dir {repo}/bazel-bin" if repo
              else "--bin-dir (a bundle's bin/ or a bazel-bin tree)")
     raise LaunchError(f"no muond-coordinator found: pass {where} or set $MUOND_BIN_DIR, put "
-                      "muond-coordinator and muond-daemon on PATH, or build them (bazel build "
-                      "//server/daemon:muond-daemon //server/coordinator:muond-coordinator)")
+                      "muond-coordinator and muond-daemon on PATH, build them (bazel build "
+                      "//server/daemon:muond-daemon //server/coordinator:muond-coordinator), "
+                      "or install the muond wheel that carries them (deploy/wheel.sh)")
+
+
+def servers_dir(daemon: str, coordinator: str) -> str:
+    """The directory --bin-dir names for two servers find_servers found in
+    one: the bazel-bin tree above them, else theirs (a flat bin/)."""
+    if (coordinator.endswith(os.sep + _COORDINATOR_IN_TREE)
+            and daemon.endswith(os.sep + _DAEMON_IN_TREE)):
+        return coordinator[:-len(os.sep + _COORDINATOR_IN_TREE)]
+    return os.path.dirname(coordinator)
 
 
 def _servers_in(given: str, what: str) -> tuple[str, str, str]:
@@ -74,10 +97,33 @@ def _servers_in(given: str, what: str) -> tuple[str, str, str]:
     return daemon, coord, f"{what} {given}"
 
 
+def _is_console_script(path: str) -> bool:
+    """True for the `muond-daemon`/`muond-coordinator` console scripts of a
+    muond package (muond/_servers.py): they run only packaged servers, which
+    find_servers looked for already; without them they only say so."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and b"muond._servers" in head
+
+
+def _which_server(name: str, path: str | None) -> str | None:
+    """`name` on PATH, past the console scripts of a muond package."""
+    if path is None:
+        path = os.environ.get("PATH", os.defpath)
+    for directory in path.split(os.pathsep):
+        found = shutil.which(name, path=directory) if directory else None
+        if found and not _is_console_script(found):
+            return found
+    return None
+
+
 def _servers_on_path(path: str | None) -> tuple[str, str, str] | None:
     """Both servers on PATH, each found by its own name; None when neither
     is there; LaunchError when only one is."""
-    coord, daemon = (shutil.which(name, path=path)
+    coord, daemon = (_which_server(name, path)
                      for name in ("muond-coordinator", "muond-daemon"))
     if coord and daemon:
         return daemon, coord, "PATH"
@@ -109,4 +155,4 @@ def find_muonctl(coordinator_bin: str) -> str:
     for path in (os.path.join(here, "muonctl"), os.path.join(tree, "tools", "muonctl", "muonctl")):
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
-    return shutil.which("muonctl") or "muonctl"
+    return _which_server("muonctl", None) or "muonctl"

@@ -3,6 +3,7 @@ used and cached until the state changes; every change reaches the daemons
 before the next step."""
 from __future__ import annotations
 
+import weakref
 from collections.abc import MutableMapping
 
 import torch
@@ -17,15 +18,20 @@ class ParamState(dict):
 
     def __init__(self, values: dict, owner: "LazyState"):
         super().__init__(values)
-        self._owner = owner
+        self._owner = weakref.ref(owner)  # the owner caches this entry: no cycle
+
+    def _mark_dirty(self) -> None:
+        owner = self._owner()
+        if owner is not None:
+            owner._dirty = True
 
     def __setitem__(self, key, value):
         super().__setitem__(key, value)
-        self._owner._dirty = True
+        self._mark_dirty()
 
     def __delitem__(self, key):
         super().__delitem__(key)
-        self._owner._dirty = True
+        self._mark_dirty()
 
 
 class LazyState(MutableMapping):
@@ -41,10 +47,17 @@ class LazyState(MutableMapping):
     in-place op: a cheap check of the fetched tensors at step())."""
 
     def __init__(self, opt: "Muon"):
-        self._opt = opt
+        # A weak reference: opt.state -> opt would be a reference cycle, and
+        # an optimizer in a cycle outlives `del opt` (its finalizer waits for
+        # the cyclic garbage collector).
+        self._opt_ref = weakref.ref(opt)
         self._cache = None
         self._dirty = False
         self._versions: list = []  # (fetched tensor, its _version when fetched)
+
+    @property
+    def _opt(self) -> "Muon":
+        return self._opt_ref()
 
     def _params(self):
         return [p for group in self._opt.param_groups for p in group["params"]]

@@ -1,6 +1,7 @@
 """Memory the daemons can map: every param (and, apart, every grad) packed
 into a few flat buffers, one POSIX shm object (CPU, muond.shm) per dtype or
-one CUDA allocation shared by IPC handle per (dtype, device), the way DDP and
+one cudaMalloc shared by IPC handle per (dtype, device; muond.torch.cuda_memory:
+freed at the optimizer's end, unlike torch's own shared blocks), the way DDP and
 Megatron keep flat buffers. Each buffer is declared once to a daemon as a
 region and every tensor is a view at an aligned byte offset in it
 (docs/ARCHITECTURE.md "Memory registration"): the open files of trainer and
@@ -9,10 +10,13 @@ optimizer's buffers and the per-step copies between the model's tensors and
 them."""
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from muond.shm import ShmBuffer, shm_name
 from muond.torch import wire as _wire
+from muond.torch.cuda_memory import CUDA_IPC_HANDLE_SIZE, CudaAllocation  # noqa: F401
 from muond.v1 import muond_pb2 as pb
 
 # Every view starts on this byte boundary of its buffer: a CUDA allocation's
@@ -22,11 +26,8 @@ ALIGN_BYTES = 256
 
 class Regions:
     """The memory regions of one optimizer's buffers, one per distinct memory:
-    an shm object, or a CUDA allocation. Small CUDA buffers may share one
-    caching-allocator block, hence one IPC handle and one region; torch tells
-    each buffer only its own storage's offset and size in the block, so the
-    region's byte_size is the largest end any of its buffers reaches (a safe
-    lower bound of the allocation's size)."""
+    an shm object, or a CUDA allocation (its IPC handle names it; a region
+    covers the largest end any of its buffers reaches)."""
 
     def __init__(self):
         self._by_memory: dict = {}  # shm name | (device, handle) -> pb.MemoryRegion
@@ -97,13 +98,11 @@ class Buffer:
         empty) and its region."""
         numel = max(self.numel, 1)
         if self.device.type == "cuda":
-            self.flat = torch.zeros(numel, dtype=self.dtype, device=self.device)
-            # (device, handle, storage_bytes, storage_offset_bytes, ...): the handle is
-            # the IPC handle of the allocation *base*; our storage starts at the offset.
-            info = self.flat.untyped_storage()._share_cuda_()
-            self.base_offset = int(info[3])
-            self.region = regions.cuda(int(info[0]), raw_cuda_ipc_handle(bytes(info[1])),
-                                       self.base_offset + int(info[2]))
+            # Only the tensor keeps the allocation: it is freed once the
+            # buffer and every view of it are gone (SharedParams.close).
+            memory = CudaAllocation(self.device.index, numel * self.itemsize)
+            self.flat = memory.tensor(self.dtype).zero_()
+            self.region = regions.cuda(memory.device, memory.handle, memory.nbytes)
         else:
             self.shm = ShmBuffer(self.job_id, numel, self.dtype, name=self.region)
             self.flat = self.shm.flat
@@ -126,8 +125,11 @@ class Buffer:
                             strides=list(strides))
 
     def release(self) -> None:
+        """Unlinks the shm name (its mapping lives while a view does) and
+        drops this buffer's own view of its memory."""
         if self.shm is not None:
             self.shm.unlink()
+        self.shm = self.flat = None
 
 
 class Slot:
@@ -146,31 +148,10 @@ class Slot:
         return self.buffer.view(self.offset, shape)
 
 
-CUDA_IPC_HANDLE_SIZE = 64
-
-
-def raw_cuda_ipc_handle(handle: bytes) -> bytes:
-    """The 64-byte cudaIpcMemHandle_t the wire wants, from torch's shareable
-    handle. torch >= 2.2 (c10 CUDACachingAllocator::shareIpcHandle) writes
-    [version byte][type byte][payload]: type 'c' = cudaMalloc block, payload the
-    cudaIpcMemHandle_t of the allocation base; 'e' = expandable segment (a
-    different payload that cudaIpcOpenMemHandle cannot open). Older torch
-    returned the raw 64 bytes."""
-    if len(handle) == CUDA_IPC_HANDLE_SIZE:
-        return handle
-    if len(handle) == CUDA_IPC_HANDLE_SIZE + 2 and handle[1:2] == b"c":
-        return handle[2:]
-    if len(handle) >= 2 and handle[1:2] == b"e":
-        raise ValueError("CUDA tensors from expandable segments cannot be shared by "
-                         "cudaIpcMemHandle; run the trainer with "
-                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
-    raise ValueError(f"unrecognised torch CUDA IPC handle ({len(handle)} bytes)")
-
-
 class SharedParams:
-    """One optimizer's params in daemon-visible memory: the buffers (the
-    same list object for its whole life: the optimizer's finalizer releases
-    it), their regions, each rebound param's (param, shared view, address),
+    """One optimizer's params in daemon-visible memory: the buffers, their
+    regions (``close``, the optimizer's end, frees them), each rebound
+    param's (param, shared view, address),
     each param's (param, shared grad) and each DTensor param's (param,
     shared param view, shared grad view).
 
@@ -356,6 +337,26 @@ class SharedParams:
                     view.copy_(p.data)
                     p.data = view
 
+    def close(self) -> None:
+        """The optimizer's end, once the daemons unregistered: each param and
+        grad still in a CUDA buffer moves to memory of its own (the model
+        works on), the shm names are unlinked (the model keeps its mapping)
+        and every buffer is dropped: a CUDA buffer is freed once no tensor
+        views it (one the caller still holds keeps it, never dangles)."""
+        try:
+            with torch.no_grad():
+                for p, view, _ in self.views:
+                    if view.is_cuda and p.data_ptr() == view.data_ptr():
+                        p.data = view.clone()
+                for p, grad in self.grads:
+                    if grad.is_cuda and p.grad is grad:
+                        p.grad = grad.clone()
+        except Exception as e:  # e.g. out of memory: those params keep the buffer
+            logging.getLogger("muond.torch").warning(
+                "muond.torch.Muon: params left in the optimizer's CUDA buffers (%s); the "
+                "buffers are freed once those params are", e)
+        release(self.reset())
+
 
 def _point_refs_at_regions(per_rank, renamed: dict) -> None:
     """Every ref naming a buffer by its key (``renamed``: key -> Buffer) now
@@ -380,6 +381,6 @@ def _local_grad(p) -> torch.Tensor:
 
 
 def release(buffers) -> None:
-    """Unlinks the shm names of ``buffers`` (mappings stay valid)."""
+    """Releases ``buffers`` (Buffer.release)."""
     for b in buffers:
         b.release()

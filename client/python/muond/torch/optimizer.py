@@ -3,7 +3,10 @@ methods); memory, registration, placement and wire conversion live in the
 modules beside it (muond.torch's docstring has the whole contract)."""
 from __future__ import annotations
 
+import gc
+import itertools
 import os
+import sys
 import time
 import uuid
 import weakref
@@ -23,6 +26,23 @@ from muond.torch import rpc as _rpc
 from muond.torch import wire as _wire
 from muond.torch.lazy_state import LazyState
 from muond.torch.memory import SharedParams, release
+
+# Optimizers this process created: the first is the daemons' default
+# instance "", the n-th "opt-<n>" (instance_name).
+_CREATED = itertools.count(1)
+
+
+def instance_name(name: str | None) -> str:
+    """The daemons' optimizer instance of a new Muon: ``name`` when given,
+    else "" for the process's first optimizer and ``opt-<n>`` for its n-th,
+    so SPMD ranks that create their optimizers in the same order agree."""
+    n = next(_CREATED)
+    if name is not None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        return name
+    return "" if n == 1 else f"opt-{n}"
+
 
 _PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "update_us",
            "total_us")
@@ -93,6 +113,17 @@ def _adamw_groups(params: list, defaults: dict, betas, adamw_eps) -> list:
 
 
 class Muon(torch.optim.Optimizer):
+    def __new__(cls, *args, **kwargs):
+        # torch.optim.Optimizer's first use in a process imports torch._dynamo,
+        # whose import leaves a reference cycle through the frames running it
+        # (torch.fx.wrap keeps its own frame), so through every caller's frame.
+        # Imported before the optimizer exists and that garbage collected at
+        # once, no frame keeps the optimizer or its caller's locals alive.
+        if "torch._dynamo" not in sys.modules:
+            import torch._dynamo  # noqa: F401
+            gc.collect()
+        return super().__new__(cls)
+
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1,
                  momentum: float = 0.95, nesterov: bool = True, ns_coefficients=None,
                  eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: str | None = None, *,
@@ -101,7 +132,7 @@ class Muon(torch.optim.Optimizer):
                  adamw: _options.AdamWOptions | None = None,
                  placement: _options.PlacementOptions | None = None,
                  connection: _options.ConnectionOptions | None = None,
-                 **flat):
+                 name: str | None = None, **flat):
         o = _options.resolve(flat, dict(newton_schulz=newton_schulz, scaling=scaling,
                                         adamw=adamw, placement=placement,
                                         connection=connection))
@@ -133,14 +164,17 @@ class Muon(torch.optim.Optimizer):
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
         self._adamw_eps, self._wait_healthy_timeout = o["adamw_eps"], o["wait_healthy_timeout"]
+        # The daemons' optimizer instance this optimizer registers as.
+        self.name = instance_name(name)
         self.clients = [Client(a, timeout=o["rpc_timeout"], token=o["token"],
                                token_file=o["token_file"],
-                               root_certificates=o["tls_root_certificates"]) for a in daemons]
+                               root_certificates=o["tls_root_certificates"],
+                               optimizer=self.name) for a in daemons]
         # Runs at close(), when the optimizer is collected, and at interpreter
         # exit (also after an uncaught exception): unregisters from every
         # daemon, else a new trainer on them is refused ALREADY_REGISTERED.
         # It holds the clients and ids, never the optimizer.
-        self._finalizer = weakref.finalize(self, _registration.finalize, self._memory.buffers,
+        self._finalizer = weakref.finalize(self, _registration.finalize, self._memory,
                                            self.clients, job_id, self.client_id, os.getpid(),
                                            self._local_lease)
         try:

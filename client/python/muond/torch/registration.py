@@ -50,7 +50,8 @@ def register_taking_over_stale(clients, job_id: str, client_id: str, per_rank, r
     live = {a: h for a, h in held.items() if not is_stale_local_client(h)}
     if live and not takeover:
         raise MuondError(
-            "muond.torch.Muon: the daemons hold another trainer's params ("
+            f"muond.torch.Muon: the daemons' {_instance(clients)} holds another "
+            "trainer's params ("
             + ", ".join(f"{a}: client {h!r}" for a, h in live.items())
             + "). If that trainer is gone (crashed, killed, preempted), pass "
             "takeover=True to clear its registration; otherwise stop it (or close() "
@@ -69,18 +70,26 @@ def register_taking_over_stale(clients, job_id: str, client_id: str, per_rank, r
                  for r, c in enumerate(clients)], clients, "RegisterParams")
 
 
+def _instance(clients) -> str:
+    """The optimizer instance ``clients`` are about, in words."""
+    name = clients[0].optimizer if clients else None
+    return f"optimizer instance {name!r}" if name else "default optimizer instance"
+
+
 # Unregistering at exit must not hold up the interpreter on a daemon that is
 # gone: each call gets this many seconds.
 _FINAL_UNREGISTER_TIMEOUT_S = 2.0
 
 
-def finalize(buffers, clients, job_id: str, client_id: str, pid: int,
+def finalize(memory, clients, job_id: str, client_id: str, pid: int,
              local_lease=None) -> None:
     """The optimizer's end (close(), garbage collection or interpreter exit):
     unregisters from every daemon (best effort: a daemon may be gone, or never
-    registered us), closes the channels and frees the shm, then releases its
-    local cluster (muond.local.Lease; the last release stops it). Only the
-    process that built the optimizer unregisters (a forked child inherits it)."""
+    registered us), closes the channels, then frees ``memory`` (SharedParams:
+    the shm names and CUDA buffers, which the daemons no longer map). Only the
+    process that built the optimizer unregisters and frees CUDA memory (a
+    forked child inherits it). Last, it releases its local cluster
+    (muond.local.Lease; the last release stops it)."""
     if os.getpid() == pid:
         for c in clients:
             try:
@@ -91,9 +100,11 @@ def finalize(buffers, clients, job_id: str, client_id: str, pid: int,
                 c.close()
             except Exception:
                 pass
-    _memory.release(buffers)
-    if local_lease is not None:
-        local_lease.release()
+        memory.close()
+        if local_lease is not None:
+            local_lease.release()
+    else:
+        _memory.release(memory.buffers)
 
 
 def is_stale_local_client(client_id: str) -> bool:

@@ -89,6 +89,10 @@ def muond_opt(cluster, groups, **kw):
     kw.setdefault("fp32_matmul_prec", "highest")
     kw.setdefault("rpc_timeout", 30)
     kw.setdefault("wait_healthy_timeout", 30)
+    # The scenarios are one trainer at a time on the daemons' default
+    # instance (a new process's first optimizer), however many optimizers
+    # this test process made before.
+    kw.setdefault("name", "")
     # The job's token, as the launcher gives it ($MUOND_TOKEN_FILE): a
     # takeover acts as the operator, whose client_id is derived from it.
     if cluster.token:

@@ -1,0 +1,180 @@
+"""Several live muond.torch.Muon optimizers in one process, each its own
+optimizer instance on the same two host daemons (split mode, 1 x 2):
+
+* two optimizers on two models, stepped in turn, each match
+  torch.optim.Muon / AdamW stepping its own model;
+* an optimizer made after another one was closed, while a third is live,
+  matches torch too;
+* the second optimizer's state_dict round trip (torch.save, a new optimizer
+  of another name, load_state_dict) continues bitwise as the uninterrupted
+  run, while the first optimizer is live;
+* a name a live trainer of another process holds is refused naming the
+  instance, while other names work.
+"""
+import glob
+import io
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (REL_TOL, ClusterTestCase, Tiny, TorchReference, batch,  # noqa: E402
+                    bitwise_mismatches, load_params, muond_tiny_opt, params_of,
+                    rel_diff, tiny_groups, train)
+from muond.client import ALREADY_REGISTERED, Client, MuondError  # noqa: E402
+
+# Another trainer process: registers optimizer instance argv[3], steps once,
+# says so, then waits to be killed.
+_HOLDER = r"""
+import sys, time
+import torch
+from muond.torch import Muon
+daemons, job, name = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
+w = torch.nn.Parameter(torch.ones(8, 4))
+opt = Muon([{"params": [w], "param_names": ["w"]}], lr=0.02, daemons=daemons, job_id=job,
+           tp_size=len(daemons), rpc_timeout=30, wait_healthy_timeout=30, name=name,
+           token=sys.argv[4] or None)
+w.grad = torch.ones(8, 4)
+opt.step()
+print("stepped", flush=True)
+time.sleep(120)
+"""
+
+
+class SeveralOptimizersTest(ClusterTestCase):
+    NUM_DAEMONS = 2
+
+    def opt(self, model, name=None):
+        """An optimizer of its own instance: name=None takes the process's
+        next deterministic name (never the default one: the first optimizer
+        of this process is made in setUpClass)."""
+        return muond_tiny_opt(self.cluster, model, name=name)
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        # The process's first optimizer takes the default instance "" and
+        # keeps it for the whole class, so every later one is a second.
+        cls.first_model = Tiny(seed=9)
+        cls.first = muond_tiny_opt(cls.cluster, cls.first_model, name=None)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.first.close()
+        super().tearDownClass()
+
+    def instances(self):
+        with Client(self.cluster.daemons[0], timeout=30, token=self.cluster.token) as c:
+            return list(c.status().optimizers)
+
+    def expect_matches_torch(self, model, opt, steps, first=1):
+        """`opt` stepping `model` for `steps` against torch on a copy."""
+        reference = Tiny()
+        load_params(reference, params_of(model))
+        torch_opt = TorchReference(tiny_groups(reference))
+        train(model, opt, steps, first)
+        train(reference, torch_opt, steps, first)
+        for n, want in params_of(reference).items():
+            self.assertLessEqual(rel_diff(params_of(model)[n], want), REL_TOL, n)
+
+    def test_first_optimizer_is_the_default_instance(self):
+        self.assertEqual(self.first.name, "")
+        self.assertIn("", self.instances())
+
+    def test_two_live_optimizers_on_two_models_each_match_torch(self):
+        a, b = Tiny(seed=1), Tiny(seed=2)
+        opt_a, opt_b = self.opt(a), self.opt(b)
+        try:
+            self.assertNotIn(opt_a.name, ("", opt_b.name))
+            self.assertTrue(opt_b.name.startswith("opt-"), opt_b.name)
+            self.assertLessEqual({"", opt_a.name, opt_b.name}, set(self.instances()))
+            want_a, want_b = Tiny(), Tiny()
+            load_params(want_a, params_of(a))
+            load_params(want_b, params_of(b))
+            torch_a = TorchReference(tiny_groups(want_a))
+            torch_b = TorchReference(tiny_groups(want_b))
+            for step in (1, 2, 3):  # in turn, as a GAN steps its two models
+                for model, opt in ((a, opt_a), (b, opt_b), (want_a, torch_a),
+                                   (want_b, torch_b)):
+                    train(model, opt, 1, first=step)
+        finally:
+            opt_a.close()
+            opt_b.close()
+        for got, want in ((a, want_a), (b, want_b)):
+            for n, value in params_of(want).items():
+                self.assertLessEqual(rel_diff(params_of(got)[n], value), REL_TOL, n)
+        # Closing removed both instances from the daemons.
+        self.assertNotIn(opt_a.name, self.instances())
+        self.assertNotIn(opt_b.name, self.instances())
+
+    def test_an_optimizer_made_after_another_was_closed_matches_torch(self):
+        self.opt(Tiny(seed=3)).close()
+        model = Tiny(seed=4)
+        opt = self.opt(model)
+        try:
+            self.expect_matches_torch(model, opt, 2)
+        finally:
+            opt.close()
+
+    def test_state_dict_round_trip_of_a_second_optimizer_is_bitwise(self):
+        model = Tiny(seed=5)
+        opt = self.opt(model, name="second")
+        try:
+            train(model, opt, 2)
+            buf = io.BytesIO()
+            torch.save(opt.state_dict(), buf)
+            snapshot = params_of(model)
+            train(model, opt, 2, first=3)
+            want = params_of(model)
+        finally:
+            opt.close()
+        resumed = Tiny()
+        load_params(resumed, snapshot)
+        opt = self.opt(resumed, name="second-resumed")
+        try:
+            buf.seek(0)
+            opt.load_state_dict(torch.load(buf, weights_only=False))
+            train(resumed, opt, 2, first=3)
+        finally:
+            opt.close()
+        self.assertEqual(bitwise_mismatches(params_of(resumed), want), [])
+        # The first optimizer kept its own state meanwhile: it still steps.
+        x, _ = batch(1)
+        self.first_model(x).sum().backward()
+        self.first.step()
+
+    def test_a_name_held_by_another_live_trainer_is_refused_naming_it(self):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, ",".join(self.cluster.daemons),
+             self.cluster.job_id, "shared", self.cluster.token or ""],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertIn("stepped", holder.stdout.readline())
+            with self.assertRaises(MuondError) as caught:
+                self.opt(Tiny(seed=6), name="shared")
+            self.assertEqual(caught.exception.reason, ALREADY_REGISTERED)
+            self.assertIn("optimizer instance 'shared'", str(caught.exception))
+            self.assertIn(f"-{holder.pid}-", caught.exception.metadata["client_id"])
+            # Another name on the same daemons is free.
+            model = Tiny(seed=6)
+            opt = self.opt(model, name="not-shared")
+            try:
+                self.expect_matches_torch(model, opt, 1)
+            finally:
+                opt.close()
+        finally:
+            holder.kill()
+            holder.communicate()
+            # A killed trainer never unlinks its shm objects (muond.shm names).
+            job = re.sub(r"[^A-Za-z0-9_.-]", "_", self.cluster.job_id)
+            for path in glob.glob(f"/dev/shm/muond-{job}-{holder.pid}-*"):
+                os.unlink(path)
+
+
+if __name__ == "__main__":
+    unittest.main()
