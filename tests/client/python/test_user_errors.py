@@ -34,7 +34,7 @@ class TrainerWorldTest(unittest.TestCase):
         message = str(caught.exception)
         self.assertIn("the daemons' world size is 4", message)
         self.assertIn("runs 2 trainer ranks ($WORLD_SIZE=2)", message)
-        self.assertIn("daemon ranks 2-3 would wait", message)
+        self.assertIn("daemon ranks 2-3 waiting for trainers", message)
         self.assertIn("the same --nproc-per-node", message)
 
     def test_a_trainer_rank_without_a_daemon_names_the_rank(self):
@@ -47,7 +47,7 @@ class TrainerWorldTest(unittest.TestCase):
 
     def test_fewer_daemons_than_trainers_names_the_ranks_without_one(self):
         with self.assertRaisesRegex(ValueError, r"world size is 2 .* runs 4 trainer ranks .*"
-                                    r"trainer ranks 2-3 have no daemon"):
+                                    r"trainer ranks 2-3 without a daemon"):
             D.discover(None, launched(nproc_per_node=2, world=4, rank=0))
 
     def test_matching_worlds_and_no_launcher_pass(self):
@@ -85,7 +85,7 @@ class DaemonWorldTest(unittest.TestCase):
     def test_a_daemon_world_larger_than_the_trainers_is_refused(self):
         with self.assertRaisesRegex(ValueError, r"world size is 4 \(daemon rank 0's "
                                     r"--world_size\) but this job runs 2 trainer ranks "
-                                    r"\(\$WORLD_SIZE=2\); daemon ranks 2-3 would wait"):
+                                    r"\(\$WORLD_SIZE=2\); daemon ranks 2-3 waiting for trainers"):
             self.muon_on_daemon_0(4, {"WORLD_SIZE": "2"})
         with self.assertRaisesRegex(ValueError, r"world size is 2 .* runs 1 trainer rank "):
             self.muon_on_daemon_0(2, {})

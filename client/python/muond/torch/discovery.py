@@ -147,14 +147,18 @@ def _no_rank_message(env) -> str:
             "muond-<job>-<rank>.sock, job from $MUOND_JOB_ID), or set $MUOND_DAEMON" + off)
 
 
+def _ranks(first: int, end: int) -> str:
+    return f"rank {first}" if end - first == 1 else f"ranks {first}-{end - 1}"
+
+
 def _world_mismatch(daemons: int, daemons_source: str, trainers: int, trainers_source: str,
                     rank: int) -> ValueError:
     if rank >= daemons:
         why = f"trainer rank {rank} >= the daemons' world size {daemons}: it has no daemon"
     elif trainers > daemons:
-        why = f"trainer ranks {daemons}-{trainers - 1} have no daemon"
+        why = f"trainer {_ranks(daemons, trainers)} without a daemon"
     else:
-        why = f"daemon ranks {trainers}-{daemons - 1} would wait for trainers that never come"
+        why = f"daemon {_ranks(trainers, daemons)} waiting for trainers that never come"
     ranks = "rank" if trainers == 1 else "ranks"
     return ValueError(
         f"muond: the daemons' world size is {daemons} ({daemons_source}) but this job runs "
@@ -184,13 +188,17 @@ def check_world_matches_daemons(rank: int, env=None) -> None:
                           trainers, trainers_source, rank)
 
 
-def check_daemon_world(status, rank: int, world: int, env=None) -> None:
-    """Local mode (one trainer rank per daemon): the daemon's GetStatus
-    ``status`` names its job's world size (0: a daemon too old to say),
-    which must be the trainers' — ``world`` (torch.distributed's) when above
-    1, else $WORLD_SIZE / $SLURM_NTASKS, else 1 — or ValueError naming both
-    (checked before registering, instead of waiting for a plan that needs
-    every daemon's trainer)."""
+def check_daemon_world(client, rank: int, world: int, env=None) -> None:
+    """Local mode (one trainer rank per daemon): the daemon's GetStatus names
+    its job's world size (0: a daemon too old to say), which must be the
+    trainers' — ``world`` (torch.distributed's) when above 1, else
+    $WORLD_SIZE / $SLURM_NTASKS, else 1 — or ValueError naming both (checked
+    before registering, instead of waiting for a plan that needs every
+    daemon's trainer)."""
+    from muond.v1 import muond_pb2 as pb  # lazy: discovery itself needs no stubs
+    # The default instance always exists (this optimizer's may not yet), and
+    # the world size is the daemon's, the same for every instance.
+    status = client.stub.GetStatus(pb.GetStatusRequest(), timeout=client.timeout)
     env = os.environ if env is None else env
     trainers, trainers_source = world, f"torch.distributed world size {world}"
     if world <= 1:

@@ -226,7 +226,7 @@ class Muon(torch.optim.Optimizer):
             for c in self.clients:
                 c.wait_healthy(self._wait_healthy_timeout)
             if self.shard_mode == "local":  # one trainer per daemon: the worlds agree
-                _discovery.check_daemon_world(self.clients[0].status(), self._rank, self._world)
+                _discovery.check_daemon_world(self.clients[0], self._rank, self._world)
             unhealthy = None
         except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
             unhealthy = e
