@@ -3,7 +3,9 @@
 namespace muond {
 namespace {
 
-size_t ElementSize(v1::DType dtype) { return dtype == v1::DTYPE_BF16 ? 2 : 4; }
+size_t ElementSize(v1::DType dtype) {
+  return dtype == v1::DTYPE_BF16 || dtype == v1::DTYPE_FP16 ? 2 : 4;
+}
 
 }  // namespace
 

@@ -195,7 +195,7 @@ class Backend {
   //   momentum_out <- lerp(momentum_in, grad, 1 - beta) = m + (1-beta)(g - m)
   //   out          <- nesterov ? lerp(grad, momentum_out, beta)
   //                            = g + beta(m' - g) : momentum_out
-  // grad fp32|bf16, momentum_in / momentum_out fp32|bf16 (state), out
+  // grad fp32|bf16|fp16, momentum_in / momentum_out fp32|bf16 (state), out
   // fp32|bf16 (the Newton–Schulz input in the NS work dtype, rounded once).
   // Same shapes. momentum_out may be momentum_in (in place); otherwise it
   // must not overlap momentum_in, grad or out: the step engine reads the
@@ -229,7 +229,7 @@ class Backend {
     return MuonMomentumBatch(grads, momenta, momenta, beta, nesterov, outs);
   }
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in
-  // the param's dtype (fp32 or bf16) with one rounding. update is fp32 or
+  // the param's dtype (fp32, bf16 or fp16) with one rounding. update is fp32 or
   // bf16 (the Newton–Schulz output, unscaled: `lr` is the adjusted lr, the
   // base lr times the Muon scale, as torch.optim.Muon's adjusted_lr).
   // `decay` is the decay factor already resolved by the caller
@@ -247,7 +247,8 @@ class Backend {
   // Fused AdamW, torch.optim.AdamW single-tensor order:
   //   p *= param_decay; m = lerp(m, g, 1-beta1); v = v*beta2 + (1-beta2)*g*g;
   //   p += -step_size * m / (sqrt(v) / bias_correction2_sqrt + eps).
-  // param fp32|bf16 (one rounding), grad fp32|bf16, exp_avg/exp_avg_sq fp32.
+  // param fp32|bf16|fp16 (one rounding), grad fp32|bf16|fp16,
+  // exp_avg/exp_avg_sq fp32.
   virtual absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
                              const MatrixView& exp_avg,
                              const MatrixView& exp_avg_sq,

@@ -1,8 +1,10 @@
 #pragma once
-// Element types muond moves and computes on. Trainer memory is fp32 or bf16;
-// optimizer state and Newton–Schulz inputs are fp32 unless an option says
-// otherwise. fp16 is internal only: the iteration dtype of Gram
-// Newton–Schulz (core/muon/gram_newton_schulz.h); it never crosses the wire.
+// Element types muond moves and computes on. Trainer memory (params, grads)
+// is fp32, bf16 or fp16; optimizer state is fp32 unless an option says
+// otherwise; the Newton–Schulz input is the NS work dtype (NsWorkDType: bf16
+// at precision medium, the Python client's default; fp32 at highest, the
+// wire's default). fp16 is also the iteration dtype of Gram Newton–Schulz
+// (core/muon/gram_newton_schulz.h).
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

@@ -69,7 +69,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fp32-matmul-prec", choices=["highest", "high", "medium"],
                    default="highest",
                    help="muond's NS precision; highest (fp32) is what the reference runs, so "
-                        "the overlay compares like with like; high = TF32, medium = bf16")
+                        "the overlay compares like with like; high = TF32, medium = bf16 "
+                        "(muond.torch.Muon's own default, as torch.optim.Muon)")
     p.add_argument("--ns-algorithm", choices=["standard", "gram"], default="standard",
                    help="gram = Gram Newton-Schulz on wide/tall matrices "
                         "(client/python/README.md, 'Gram Newton-Schulz')")

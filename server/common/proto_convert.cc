@@ -38,13 +38,15 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype,
       return DType::kFloat32;
     case v1::DTYPE_BF16:
       return DType::kBFloat16;
+    case v1::DTYPE_FP16:
+      return DType::kFloat16;
     default:
       // A number the enum does not define has no name: show the number.
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": dtype '",
           v1::DType_IsValid(dtype) ? v1::DType_Name(dtype)
                                    : absl::StrCat(static_cast<int>(dtype)),
-          "' is not supported (DTYPE_FP32 or DTYPE_BF16)"));
+          "' is not supported (DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16)"));
   }
 }
 

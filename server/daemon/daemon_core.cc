@@ -654,6 +654,7 @@ v1::GetStatusResponse DaemonCore::Status() {
   v1::GetStatusResponse s;
   s.set_job_id(config_.job_id);
   s.set_rank(config_.rank);
+  s.set_world_size(config_.world_size);
   s.set_device(config_.device);
   s.set_num_params(registration_ ? registration_->num_params : 0);
   s.set_last_step_id(last_step_id_.value_or(-1));

@@ -122,7 +122,8 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
                                  engine_error=self.engine_error)
 
     def GetStatus(self, request, context):
-        return pb.GetStatusResponse(rank=self.rank, device="cpu", last_step_id=self.last_step,
+        return pb.GetStatusResponse(rank=self.rank, world_size=self.cluster.world, device="cpu",
+                                    last_step_id=self.last_step,
                                     num_params=sum(len(g.params) for g, _ in self.groups))
 
     def UnregisterParams(self, request, context):

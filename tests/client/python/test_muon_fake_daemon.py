@@ -148,7 +148,7 @@ class MuonFakeDaemonTest(unittest.TestCase):
     def test_no_plan_timeout_says_every_rank_must_register(self):
         # One process with RANK=0 of a 3-daemon job: its daemon serves, the
         # plan never comes (ranks 1 and 2 never register).
-        self.start(1)
+        self.start(3)
         self.cluster.daemons[0].plan_ready = False
         env = {"RANK": "0", "WORLD_SIZE": "3", "MUOND_DAEMON": self.addresses[0]}
         with mock.patch.dict(os.environ, env):

@@ -390,8 +390,9 @@ class StateTest(unittest.TestCase):
         bad = [
             ({"params": [torch.nn.Parameter(torch.zeros(5))], "param_names": ["v"]},
              r"param v: Muon params must be 2-D"),
-            ({"params": [torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float16))],
-              "param_names": ["h"]}, r"param h: dtype torch.float16"),
+            ({"params": [torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float64))],
+              "param_names": ["h"]}, r"param h: dtype torch.float64 not in \(float32, "
+                                     r"bfloat16, float16\)"),
             ({"params": [torch.nn.Parameter(torch.zeros(4, 4))], "param_names": ["w_tp0"]},
              r"param name 'w_tp0' appears twice"),
             ({"params": [torch.nn.Parameter(torch.zeros(4, 4))], "param_names": ["q"],

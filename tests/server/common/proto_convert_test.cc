@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "core/common/domain.h"
@@ -100,6 +101,23 @@ TEST(ProtoConvertTest, GramIterDType) {
     EXPECT_THAT(
         FromProto(v1::NsIterDType(bad), "gram_dtype").status().message(),
         HasSubstr("gram_dtype: "));
+  }
+}
+
+// A param's dtype: every wire dtype names the core dtype of the same name
+// (fp16 params included); UNSPECIFIED and undefined numbers are refused.
+TEST(ProtoConvertTest, ParamDType) {
+  for (auto [wire, core] : {std::pair{v1::DTYPE_FP32, DType::kFloat32},
+                            std::pair{v1::DTYPE_BF16, DType::kBFloat16},
+                            std::pair{v1::DTYPE_FP16, DType::kFloat16}}) {
+    absl::StatusOr<DType> back = DTypeFromProto(wire, "ref");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, core);
+  }
+  EXPECT_EQ(v1::DType_descriptor()->value_count(), 4);
+  for (int bad : {0, 99}) {
+    EXPECT_THAT(DTypeFromProto(v1::DType(bad), "ref").status().message(),
+                HasSubstr("(DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16)"));
   }
 }
 

@@ -17,6 +17,8 @@ TEST_F(DaemonCoreTest, ValidRegistrationPublishesManifest) {
   EXPECT_EQ(m.params(1).local_shape(0), 2);
   EXPECT_EQ(m.params(1).local_shape(1), 4);
   EXPECT_EQ(core_->Status().num_params(), 2);
+  // The job's size, which a local-mode trainer compares with its own world.
+  EXPECT_EQ(core_->Status().world_size(), 4);
   // A second registration needs an unregister first.
   EXPECT_EQ(core_->Register(Valid()).status().code(),
             absl::StatusCode::kFailedPrecondition);

@@ -88,6 +88,15 @@ checks before any RPC), ``layouts`` (one layout strategy per shard_mode),
 agreement), ``wire`` (groups to proto), ``rpc`` (one call on every daemon),
 ``lazy_state`` (``opt.state``).
 """
+try:
+    import torch  # noqa: F401  (the one dependency muond.torch adds)
+except ImportError as _missing:
+    # A bare ModuleNotFoundError deep in the import chain does not say which
+    # install gives it: the extra does (pyproject.toml).
+    raise ImportError(
+        f"muond.torch needs PyTorch, which could not be imported ({_missing}): "
+        "pip install 'muond[torch]' (or install torch>=2.5 yourself)") from _missing
+
 # The client's errors and reasons, importable from here as before the
 # package existed (`except muond.torch.MuondError`).
 from muond.client import (ALREADY_REGISTERED, PEER_GONE, Client,

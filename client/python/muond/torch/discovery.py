@@ -12,8 +12,9 @@ XDG_RUNTIME_DIR; job = ``$MUOND_JOB_ID`` (default "default"), rank =
 ``$RANK`` (torchrun), else ``$SLURM_PROCID`` (ASCII digits only), else 0 in a
 one-rank launch (``muond launch --nproc-per-node 1 -- python train.py``); the
 token file is ``$MUOND_TOKEN_FILE``. A default socket that does not exist is
-reported at once (``Discovered.missing_socket``) instead of waited for, and a
-malformed ``$MUOND_DAEMON`` is refused at once (``check_daemon_address``).
+reported at once (``Discovered.missing_socket``) instead of waited for, and so
+are a malformed ``$MUOND_DAEMON`` (``check_daemon_address``) and a trainer
+world that differs from ``muond launch``'s daemons (``check_world_matches_daemons``).
 
 The local cluster (``local_daemon``): when none of JOB_VARIABLES is set, no
 torch.distributed group is initialized and ``$MUOND_LOCAL`` is not 0, the
@@ -146,6 +147,70 @@ def _no_rank_message(env) -> str:
             "muond-<job>-<rank>.sock, job from $MUOND_JOB_ID), or set $MUOND_DAEMON" + off)
 
 
+def _ranks(first: int, end: int) -> str:
+    return f"rank {first}" if end - first == 1 else f"ranks {first}-{end - 1}"
+
+
+def _world_mismatch(daemons: int, daemons_source: str, trainers: int, trainers_source: str,
+                    rank: int) -> ValueError:
+    if rank >= daemons:
+        why = f"trainer rank {rank} >= the daemons' world size {daemons}: it has no daemon"
+    elif trainers > daemons:
+        why = f"trainer {_ranks(daemons, trainers)} without a daemon"
+    else:
+        why = f"daemon {_ranks(trainers, daemons)} waiting for trainers that never come"
+    ranks = "rank" if trainers == 1 else "ranks"
+    return ValueError(
+        f"muond: the daemons' world size is {daemons} ({daemons_source}) but this job runs "
+        f"{trainers} trainer {ranks} ({trainers_source}); {why}. One trainer rank per daemon: "
+        "give muond launch (or the daemons' --world_size) and torchrun (or srun) the same "
+        "--nproc-per-node and --nnodes")
+
+
+def _env_trainer_world(env) -> tuple[int | None, str]:
+    key = "WORLD_SIZE" if env.get("WORLD_SIZE") else "SLURM_NTASKS"
+    world = env_int(key, env)
+    return world, f"${key}={world}"
+
+
+def check_world_matches_daemons(rank: int, env=None) -> None:
+    """Under ``muond launch`` (which exports $MUOND_NNODES and
+    $MUOND_NPROC_PER_NODE: one daemon per local rank), ValueError naming
+    both world sizes and the fix when the trainer's world ($WORLD_SIZE, else
+    $SLURM_NTASKS) differs from the daemons': a rank without a daemon, or
+    daemons waiting for trainers that never come (the plan needs all)."""
+    env = os.environ if env is None else env
+    daemons = launched_world_size(env)
+    trainers, trainers_source = _env_trainer_world(env)
+    if daemons is None or trainers is None or trainers == daemons:
+        return
+    raise _world_mismatch(daemons, "muond launch: $MUOND_NNODES x $MUOND_NPROC_PER_NODE",
+                          trainers, trainers_source, rank)
+
+
+def check_daemon_world(client, rank: int, world: int, env=None) -> None:
+    """Local mode (one trainer rank per daemon): the daemon's GetStatus names
+    its job's world size (0: a daemon too old to say), which must be the
+    trainers' — ``world`` (torch.distributed's) when above 1, else
+    $WORLD_SIZE / $SLURM_NTASKS, else 1 — or ValueError naming both (checked
+    before registering, instead of waiting for a plan that needs every
+    daemon's trainer)."""
+    from muond.v1 import muond_pb2 as pb  # lazy: discovery itself needs no stubs
+    # The default instance always exists (this optimizer's may not yet), and
+    # the world size is the daemon's, the same for every instance.
+    status = client.stub.GetStatus(pb.GetStatusRequest(), timeout=client.timeout)
+    env = os.environ if env is None else env
+    trainers, trainers_source = world, f"torch.distributed world size {world}"
+    if world <= 1:
+        trainers, trainers_source = _env_trainer_world(env)
+        if trainers is None:
+            trainers, trainers_source = 1, "one process: no $WORLD_SIZE"
+    if status.world_size <= 0 or status.world_size == trainers:
+        return
+    raise _world_mismatch(status.world_size, f"daemon rank {status.rank}'s --world_size",
+                          trainers, trainers_source, rank)
+
+
 @dataclass(frozen=True)
 class Discovered:
     """``job_source`` says where ``job_id`` came from (for error messages);
@@ -193,6 +258,7 @@ def discover(job_id: str | None = None, env=None) -> Discovered:
         if "/" in job:
             raise ValueError(f"job id {job!r} contains '/': it cannot name the default socket "
                              "muond-<job>-<rank>.sock; set $MUOND_DAEMON")
+        check_world_matches_daemons(rank, env)
         address = default_socket(job, rank, env)
         path = address[len("unix://"):]
     return Discovered(address, job, rank, env.get("MUOND_TOKEN_FILE") or None, job_source, path)

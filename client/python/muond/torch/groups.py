@@ -152,8 +152,28 @@ def _real(label: str, key: str, value) -> float:
     except (TypeError, ValueError, RuntimeError):
         number = None
     if number is None or number != number or number in (float("inf"), float("-inf")):
-        raise ValueError(f"{label}: {key!r} must be a finite real number, got {value!r}")
+        raise ValueError(f"{label}: {key!r} must be a finite real number, got {value!r} "
+                         f"({type(value).__name__})")
     return number
+
+
+def _whole(label: str, key: str, value) -> int:
+    """An integer hyperparameter (int or numpy int; not bool, float or str),
+    else ValueError naming group and key; its bounds are the daemon's."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise ValueError(f"{label}: {key!r} must be an int, got {value!r} "
+                     f"({type(value).__name__})")
+
+
+# The numeric entries of a Muon group fixed at registration, by kind (the
+# live ones are check_live's): checked at construction, like torch.optim's
+# own (a str lr fails there), so the wire never meets a str or a bool.
+_FIXED_REALS = ("eps", "extra_scale_factor")
+_FIXED_INTS = ("ns_steps", "ns_batch_size")
 
 
 def check_live(gi: int, group: dict) -> None:
@@ -174,6 +194,46 @@ def check_live(gi: int, group: dict) -> None:
                 raise ValueError(f"{label}: 'nesterov' must be a bool, got {value!r}")
         else:
             _real(label, key, value)
+
+
+def check_options(gi: int, group: dict) -> None:
+    """Every hyperparameter of a group has a type the daemons compute with
+    (check_live, then a Muon group's fixed numbers and Gram options), else
+    ValueError naming group and key: at construction and add_param_group,
+    before any daemon is waited for."""
+    check_live(gi, group)
+    if group["algorithm"] != "muon":
+        return
+    label = group_label(gi, group)
+    for key in _FIXED_REALS:
+        if key in group:
+            _real(label, key, group[key])
+    for key in _FIXED_INTS:
+        if key in group:
+            _whole(label, key, group[key])
+    if not isinstance(group.get("use_syrk", False), bool):
+        raise ValueError(f"{label}: 'use_syrk' must be a bool, got {group['use_syrk']!r}")
+    for c in group.get("custom_coefficients") or ():
+        _real(label, "custom_coefficients", c)
+    check_gram_options(gi, group)
+
+
+def check_before_step(param_groups, fixed: dict) -> None:
+    """What step() checks before any grad is copied or RPC sent: no fixed
+    entry changed (check_fixed), every live entry has its type (a str lr set
+    by hand or a scheduler: check_live) and every grad is dense."""
+    check_fixed(param_groups, fixed)
+    for gi, group in enumerate(param_groups):
+        check_live(gi, group)
+        for name, p in zip(param_names(gi, group), group["params"]):
+            grad = p.grad
+            if grad is not None and grad.layout != torch.strided:
+                raise RuntimeError(
+                    f"param {name}: its grad is sparse ({grad.layout}); muond's Muon and "
+                    "AdamW need dense gradients (torch.optim.Muon and AdamW refuse sparse "
+                    "ones too): build the module that makes it dense (nn.Embedding(..., "
+                    "sparse=False), the default) or give that param to an optimizer that "
+                    "takes sparse gradients (torch.optim.SparseAdam)")
 
 
 # The step ids a daemon's ImportState accepts, [-1, MAX_STEP_ID]
@@ -314,6 +374,8 @@ def check_fixed(param_groups, fixed: dict) -> None:
             if now != value:
                 algorithm = group["algorithm"]
                 given = group[key] if key in group else "<removed>"
+                if key in _CYCLED_MOMENTUM_KEYS:
+                    raise ValueError(_cycled_momentum_message(gi, group, key, value, given))
                 raise ValueError(
                     f"param group {gi} ({group.get('name', f'group{gi}')!r}): {key!r} "
                     f"changed from {thawed(value)!r} to {given!r} after construction; "
@@ -323,10 +385,28 @@ def check_fixed(param_groups, fixed: dict) -> None:
                     "optimizer to change it")
 
 
+# The entries LR schedulers cycle with cycle_momentum=True (OneCycleLR,
+# CyclicLR): "betas" when the optimizer's defaults have it (all groups
+# AdamW), else "momentum", in every group. A Muon group's momentum and an
+# AdamW group's betas are live; the other is not that group's at all.
+_CYCLED_MOMENTUM_KEYS = ("momentum", "betas")
+
+
+def _cycled_momentum_message(gi: int, group: dict, key: str, was, now) -> str:
+    algorithm = group["algorithm"]
+    live = LIVE_KEYS[algorithm]
+    return (f"{group_label(gi, group)}: {key!r} changed from {thawed(was)!r} to {now!r}, but "
+            f"an {algorithm} group does not use {key!r} (its per-step entries are "
+            f"{', '.join(live)}). An LR scheduler that cycles momentum (OneCycleLR, CyclicLR: "
+            "cycle_momentum=True, their default) sets 'momentum' on every group when Muon "
+            "and AdamW groups are mixed: pass cycle_momentum=False to the scheduler")
+
+
 def check_param(name: str, algorithm: str, p) -> None:
-    """A param muond can register: fp32/bf16, 2-D in a Muon group."""
+    """A param muond can register: fp32/bf16/fp16, 2-D in a Muon group."""
     if p.dtype not in _wire.DTYPES:
-        raise ValueError(f"param {name}: dtype {p.dtype} not in (float32, bfloat16)")
+        names = ", ".join(str(d).removeprefix("torch.") for d in _wire.DTYPES)
+        raise ValueError(f"param {name}: dtype {p.dtype} not in ({names})")
     if algorithm == "muon" and p.ndim != 2:
         raise ValueError(f"param {name}: Muon params must be 2-D, got shape "
                          f"{tuple(p.shape)}; put it in an algorithm='adamw' group")
@@ -365,9 +445,7 @@ def check_new_group(gi: int, group: dict, param_groups, known_names) -> None:
         if p.device.type not in ("cpu", "cuda"):
             raise ValueError(f"param {name}: muond handles cpu and cuda tensors, got "
                              f"{p.device}")
-    check_live(gi, group)
-    if algorithm == "muon":
-        check_gram_options(gi, group)
+    check_options(gi, group)
     try:
         _wire.set_hyperparams(pb.ParamGroup(), group)
     except (TypeError, ValueError, KeyError) as e:

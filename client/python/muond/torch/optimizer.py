@@ -141,8 +141,7 @@ class Muon(torch.optim.Optimizer):
         params = _adamw_groups(list(params), defaults, o["betas"], o["adamw_eps"])
         super().__init__(params, defaults)
         for gi, grp in enumerate(self.param_groups):
-            if grp["algorithm"] == "muon":
-                _groups.check_gram_options(gi, grp)
+            _groups.check_options(gi, grp)
         self.state = LazyState(self)  # the daemons hold it; see LazyState
         daemons, job_id, no_daemon = self._find_daemons(o)
         self._layout.check_daemons(len(daemons))
@@ -226,6 +225,8 @@ class Muon(torch.optim.Optimizer):
                 raise FileNotFoundError(no_daemon)
             for c in self.clients:
                 c.wait_healthy(self._wait_healthy_timeout)
+            if self.shard_mode == "local":  # one trainer per daemon: the worlds agree
+                _discovery.check_daemon_world(self.clients[0], self._rank, self._world)
             unhealthy = None
         except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
             unhealthy = e
@@ -329,7 +330,7 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        _groups.check_fixed(self.param_groups, self._fixed)
+        _groups.check_before_step(self.param_groups, self._fixed)
         self._memory.follow_rebound_params(self._param_names)
         self.state.push_if_assigned()
         self.state.invalidate()  # the step changes the state: read it afresh

@@ -10,7 +10,8 @@ import torch
 from muond import wire_enums as _wire_enums
 from muond.v1 import muond_pb2 as pb
 
-DTYPES = {torch.float32: pb.DTYPE_FP32, torch.bfloat16: pb.DTYPE_BF16}
+DTYPES = {torch.float32: pb.DTYPE_FP32, torch.bfloat16: pb.DTYPE_BF16,
+          torch.float16: pb.DTYPE_FP16}
 
 
 def override(wname: str, group: dict) -> pb.GroupOverride:
