@@ -214,39 +214,38 @@ class Worker:
         kw.setdefault("wait_healthy_timeout", 30)
         return Muon(params, **MUON_KW, **kw)
 
-    def _plan_loads(self) -> dict:
-        """group -> the coordinator's plan rank_load (rank 0 asks)."""
+    def _plan(self, opt):
+        """The coordinator's plan of ``opt``'s optimizer instance (rank 0
+        asks; None elsewhere). Each optimizer a process makes after its
+        first is its own instance, whose job is "<job_id>/<name>"."""
         if self.rank != 0:
-            return {}
+            return None
         import grpc
         from muond.v1 import muond_pb2 as pb
         from muond.v1 import muond_pb2_grpc as pb_grpc
+        job = self.env["job_id"] + (f"/{opt.name}" if opt.name else "")
         with grpc.insecure_channel(self.env["coordinator"]) as channel:
-            plan = pb_grpc.CoordinatorStub(channel).GetPlan(
-                pb.GetPlanRequest(job_id=self.env["job_id"]), timeout=10,
+            return pb_grpc.CoordinatorStub(channel).GetPlan(
+                pb.GetPlanRequest(job_id=job), timeout=10,
                 metadata=[("x-muond-token", self.env["token"])])
-        return {g.group: list(g.rank_load) for g in plan.groups}
 
-    def _plan_homes(self) -> int:
-        """How many NS homes the coordinator's plan has in all (rank 0 asks):
-        one per Muon matrix when no matrix's NS runs twice."""
-        if self.rank != 0:
-            return 0
-        import grpc
-        from muond.v1 import muond_pb2 as pb
-        from muond.v1 import muond_pb2_grpc as pb_grpc
-        with grpc.insecure_channel(self.env["coordinator"]) as channel:
-            plan = pb_grpc.CoordinatorStub(channel).GetPlan(
-                pb.GetPlanRequest(job_id=self.env["job_id"]), timeout=10,
-                metadata=[("x-muond-token", self.env["token"])])
-        return sum(len(g.homes) for g in plan.groups)
+    def _plan_loads(self, opt) -> dict:
+        """group -> the plan's rank_load (rank 0 only)."""
+        plan = self._plan(opt)
+        return {g.group: list(g.rank_load) for g in plan.groups} if plan else {}
+
+    def _plan_homes(self, opt) -> int:
+        """How many NS homes the plan has in all (rank 0 only): one per Muon
+        matrix when no matrix's NS runs twice."""
+        plan = self._plan(opt)
+        return sum(len(g.homes) for g in plan.groups) if plan else 0
 
     def run_dtensor(self, layout: str) -> dict:
         spec, model = build(layout)
         opt = self._opt(list(model.named_parameters()))
         try:
             train(model, opt, spec, 1, STEPS)
-            loads, homes = self._plan_loads(), self._plan_homes()
+            loads, homes = self._plan_loads(opt), self._plan_homes(opt)
         finally:
             opt.close()
         return {"spec": spec, "params": full_params(model), "loads": loads, "homes": homes}
@@ -264,7 +263,7 @@ class Worker:
                     p.grad = megatron_shard(full_grad("megatron", name, step), layouts[name],
                                             self.rank)
                 opt.step()
-            loads = self._plan_loads()
+            loads = self._plan_loads(opt)
         finally:
             opt.close()
         shards = [None] * WORLD
