@@ -10,7 +10,12 @@ from the usual lookup: an installed wheel, $MUOND_BIN_DIR or the checkout):
    the local cluster; each steps its model 5 times beside torch.optim.Muon
    (bf16 Newton-Schulz on both sides): every param within 1e-2 relative
    (bf16 rounding), and the models' params stay on the GPU.
-2. Five create -> step -> `del` cycles (no close(), no gc.collect()) leave no
+2. fp16 params on the GPU, a Muon group and an AdamW group, fp32 NS
+   ("highest"): 3 steps equal an independent float64 reference
+   (torch.optim.Muon with its NS in fp32 and torch.optim.AdamW on the CPU,
+   each param rounded to fp16 after every step as fp16 storage does) within
+   fp16 rounding: two units in the last place of the value and of the move.
+3. Five create -> step -> `del` cycles (no close(), no gc.collect()) leave no
    server process, no private directory and the device's free memory at its
    baseline.
 Exit code 0 = pass; prints one line per check. Needs a GPU; prints SKIP
@@ -27,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon_harness import cuda_or_skip  # noqa: E402
 
 SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-7, ns_steps=5)
+ADAMW = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05)
 MIB = 1 << 20
 FREE_SLACK = 16 * MIB  # bookkeeping; one cycle's buffers are ~40 MiB
 # The launcher's and torchrun's variables: any of them makes a job, not a
@@ -80,6 +86,69 @@ def two_optimizers(torch) -> dict:
     return info
 
 
+def fp32_newton_schulz(torch):
+    """torch.optim.Muon casts the NS input with .bfloat16(); an fp32 copy
+    instead gives its NS in fp32, the precision muond is asked for."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def patched():
+        original = torch.Tensor.bfloat16
+        torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
+        try:
+            yield
+        finally:
+            torch.Tensor.bfloat16 = original
+    return patched()
+
+
+def fp16_params(torch) -> dict:
+    from muond.torch import Muon
+    g = torch.Generator().manual_seed(3)
+    init = {"w1": 0.05 * torch.randn(256, 128, generator=g),
+            "w2": 0.05 * torch.randn(64, 256, generator=g),
+            "bias": 0.1 * torch.randn(64, generator=g)}
+    mine = {n: torch.nn.Parameter(t.half().cuda()) for n, t in init.items()}
+    ref = {n: torch.nn.Parameter(t.half().double()) for n, t in init.items()}
+    start = {n: p.detach().clone() for n, p in ref.items()}
+    opt = Muon([{"params": [mine["w1"], mine["w2"]]},
+                {"params": [mine["bias"]], "algorithm": "adamw", **ADAMW}],
+               coefficient_type="simple", scale_mode="original", extra_scale_factor=1.0,
+               fp32_matmul_prec="highest", weight_decay_method="decoupled", **SETTINGS)
+    ref_muon = torch.optim.Muon([ref["w1"], ref["w2"]], adjust_lr_fn="original", **SETTINGS)
+    ref_adamw = torch.optim.AdamW([ref["bias"]], **ADAMW)
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(3):
+        for n in init:
+            grad = torch.randn(init[n].shape, generator=gen).half()
+            mine[n].grad, ref[n].grad = grad.cuda(), grad.double()
+        opt.step()
+        with fp32_newton_schulz(torch):
+            ref_muon.step()
+        ref_adamw.step()
+        with torch.no_grad():  # the reference's params stored in fp16
+            for p in ref.values():
+                p.copy_(p.half().double())
+    opt.close()
+    ulps = 2 * torch.finfo(torch.float16).eps
+    worst, moved = -float("inf"), float("inf")
+    for n in init:
+        got, want = mine[n].detach().double().cpu(), ref[n].detach()
+        # fp16 rounding: two fp16 ulps of the element's larger magnitude,
+        # before or after (a one-ulp difference made while it was large stays
+        # that size as the value moves towards 0), plus two ulps of the
+        # param's largest move (the update itself is rounded as fp16 math
+        # rounds it; torch rounds it coarser, to bf16).
+        move = float((want - start[n]).abs().max())
+        scale = torch.maximum(want.abs(), start[n].abs()) + move
+        excess = ((got - want).abs() - ulps * scale - 1e-7).max()
+        worst = max(worst, float(excess))
+        moved = min(moved, float((want - start[n]).abs().max() / want.abs().max()))
+    return {"worst_excess": worst, "dtype_kept": all(p.dtype == torch.float16
+                                                      for p in mine.values()),
+            "min_moved": moved, "ulps": ulps}
+
+
 def cycles(torch) -> dict:
     import muond.local
     from muond.launch.processes import is_alive
@@ -106,7 +175,8 @@ def child() -> int:
     import gc
     import torch
     gc.disable()  # reference counting alone ends a dropped optimizer
-    print(json.dumps({"two": two_optimizers(torch), "cycles": cycles(torch)}))
+    print(json.dumps({"two": two_optimizers(torch), "fp16": fp16_params(torch),
+                      "cycles": cycles(torch)}))
     return 0
 
 
@@ -121,7 +191,7 @@ def main() -> int:
         print("FAIL: the child exited", run.returncode)
         return 1
     out = json.loads(run.stdout.strip().splitlines()[-1])
-    two, cyc = out["two"], out["cycles"]
+    two, fp16, cyc = out["two"], out["fp16"], out["cycles"]
     checks = [
         ("two optimizers match torch.optim.Muon (<= 1e-2)", two["worst_rel"] <= 1e-2,
          f"worst {two['worst_rel']:.3e}"),
@@ -130,6 +200,11 @@ def main() -> int:
         ("params stay on the GPU", two["on_cuda"], ""),
         ("a local cluster served them", bool(two["dir"]) and bool(two["pids"]),
          f"dir {two['dir']} pids {two['pids']}"),
+        ("fp16 params equal the float64 reference within fp16 rounding",
+         fp16["worst_excess"] <= 0 and fp16["dtype_kept"],
+         f"worst excess {fp16['worst_excess']:.3e}, dtype kept {fp16['dtype_kept']}"),
+        ("the fp16 steps moved every param beyond the tolerance",
+         fp16["min_moved"] > 4 * fp16["ulps"], f"smallest move {fp16['min_moved']:.3e}"),
         ("dropped optimizers leave no server or directory", not cyc["left"],
          f"left {cyc['left']}"),
         ("free device memory at baseline after each cycle",
