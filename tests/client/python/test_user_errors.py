@@ -1,6 +1,7 @@
 """Mistakes a new user makes get an error naming the real cause and the fix,
 at once and before anything is applied: a trainer world that differs from
-muond launch's daemons, a sparse grad, a hyperparameter of the wrong type,
+muond launch's daemons, a sparse grad, a hyperparameter of the wrong type
+(a bool in any form is no number; a bool option takes every form of bool),
 an LR scheduler cycling momentum over mixed Muon + AdamW groups, and
 muond.torch imported without torch."""
 import os
@@ -12,6 +13,7 @@ import textwrap
 import unittest
 from unittest import mock
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -99,8 +101,8 @@ class FakeDaemonCase(unittest.TestCase):
     def setUp(self):
         directory = tempfile.mkdtemp(prefix="muond-test-")
         self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-        cluster, self.addresses = start_cluster(directory, 1)
-        for d in cluster.daemons:
+        self.cluster, self.addresses = start_cluster(directory, 1)
+        for d in self.cluster.daemons:
             self.addCleanup(d.stop)
         g = torch.Generator().manual_seed(5)
         self.w = torch.nn.Parameter(torch.randn(6, 4, generator=g))
@@ -163,6 +165,43 @@ class HyperparameterTypeTest(FakeDaemonCase):
             with self.subTest(kwargs=kwargs):
                 with self.assertRaisesRegex(ValueError, pattern):
                     self.muon(**kwargs)
+
+    def test_a_bool_in_any_form_is_not_a_number(self):
+        cases = [(dict(lr=True), "lr", 0), (dict(lr=np.True_), "lr", 0),
+                 (dict(lr=torch.tensor(True)), "lr", 0), (dict(momentum=np.False_), "momentum", 0),
+                 (dict(eps=np.True_), "eps", 0), (dict(ns_steps=np.True_), "ns_steps", 0),
+                 (dict(ns_steps=torch.tensor(True)), "ns_steps", 0),
+                 (dict(adamw={"betas": (np.True_, 0.99)}), "betas", 1),
+                 (dict(adamw={"lr": torch.tensor(True)}), "lr", 1)]
+        for kwargs, key, gi in cases:
+            with self.subTest(kwargs=kwargs):
+                rule = "an int" if key == "ns_steps" else "a finite real number"
+                with self.assertRaisesRegex(ValueError, rf"group {gi} .*'{key}' must be {rule}, "
+                                            r"got .* \(\w+, a bool: give the number itself\)"):
+                    self.muon(**kwargs)
+
+    def test_a_bool_option_takes_every_bool_form(self):
+        for value in (True, np.False_, torch.tensor(False), np.True_, torch.tensor(True), 0):
+            with self.subTest(value=value):
+                daemon = self.cluster.daemons[0]
+                opt = self.muon(nesterov=value, use_syrk=value)
+                self.set_grads()
+                opt.step()
+                registered = daemon.requests[-1].groups[0].muon
+                self.assertEqual((registered.nesterov, registered.use_syrk), (bool(value),) * 2)
+                (override,) = [o for o in daemon.step_requests[-1].overrides if o.group == "group0"]
+                self.assertIs(override.nesterov, bool(value))
+                opt.close()
+
+    def test_a_bool_option_refuses_what_is_no_bool(self):
+        for value in ("yes", 2, 0.0, torch.tensor([True, False])):
+            with self.subTest(value=value):
+                with self.assertRaisesRegex(ValueError, r"group 0 .*'nesterov' must be a bool "
+                                            r"\(True or False; a numpy bool_ or a one-element "
+                                            r"bool tensor too\)"):
+                    self.muon(nesterov=value)
+                with self.assertRaisesRegex(ValueError, r"'use_syrk' must be a bool"):
+                    self.muon(use_syrk=value)
 
     def test_a_string_set_in_param_groups_is_refused_at_step(self):
         opt = self.muon()
