@@ -27,6 +27,7 @@ from muond.launch.discovery import find_servers
 from muond.launch.errors import LaunchError, ServerDied
 from muond.launch.launcher import (raise_if_one_died, start_server_process, stop_servers,
                                    wait_answering, write_token_file)
+from muond.launch.messages import LOCAL_CLUSTER_PREFIX
 from muond.launch.reaper import Reaper
 from muond.launch.servers import Server
 
@@ -48,7 +49,7 @@ class LocalCluster:
         self.servers: list[Server] = []
         self.reaper = None
         try:
-            self.reaper = Reaper.spawned(STOP_GRACE_S, "the trainer")
+            self.reaper = Reaper.spawned(STOP_GRACE_S, "the trainer", LOCAL_CLUSTER_PREFIX)
             self.reaper.tell("dir", self.directory)
             self.reaper.tell("job", job_id)
             self._start(timeout)
