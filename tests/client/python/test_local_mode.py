@@ -4,7 +4,8 @@ coordinator and daemon, steps like torch.optim.Muon (fp32 NS on both sides),
 and leaves no server process and no directory after close(), after `del opt`
 alone, and at interpreter exit; another lease on the cluster keeps it
 running, the last release stops it, and a later optimizer starts a fresh
-one; $MUOND_LOCAL=0 gives the error naming what to set."""
+one; $MUOND_LOCAL=1 starts one although stray job variables are set;
+$MUOND_LOCAL=0 gives the error naming what to set."""
 import os
 import unittest
 
@@ -45,6 +46,11 @@ class LocalModeTest(unittest.TestCase):
         self.assertTrue(info["second_is_fresh"])
         self.assertEqual(info["second_stepped"], 1)
         self.assertEqual(info["second_after"], NOTHING_LEFT)
+
+    def test_muond_local_1_starts_the_cluster_despite_stray_job_variables(self):
+        info = run_trainer(self, "close", MUOND_LOCAL="1", LOCAL_RANK="0", WORLD_SIZE="4")
+        self.check_stepped(info)
+        self.assertEqual(info["after"], NOTHING_LEFT)
 
     def test_muond_local_0_gives_the_error_naming_what_to_set(self):
         info = run_trainer(self, "off", MUOND_LOCAL="0")

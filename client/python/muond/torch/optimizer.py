@@ -225,7 +225,9 @@ class Muon(torch.optim.Optimizer):
                 raise FileNotFoundError(no_daemon)
             for c in self.clients:
                 c.wait_healthy(self._wait_healthy_timeout)
-            if self.shard_mode == "local":  # one trainer per daemon: the worlds agree
+            # One trainer per daemon: the worlds agree (a local cluster is one
+            # daemon for this process, whatever $WORLD_SIZE MUOND_LOCAL=1 overrode).
+            if self.shard_mode == "local" and self._local_lease is None:
                 _discovery.check_daemon_world(self.clients[0], self._rank, self._world)
             unhealthy = None
         except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
