@@ -4,7 +4,8 @@ naming a daemon -> local mode; any launcher, torchrun or Slurm variable, or
 $MUOND_LOCAL=0 -> none, $MUOND_LOCAL=1 -> one all the same; a one-rank `muond
 launch` -> rank 0 and its socket; a launch of 2 ranks without $RANK -> the
 error naming 2 and torchrun; a stray job variable -> the error naming it and
-the fixes."""
+the fixes; the local cluster's socket directory under the first base short
+enough for a Unix socket path, or the error naming each and $TMPDIR."""
 import os
 import tempfile
 import unittest
@@ -12,6 +13,9 @@ from unittest import mock
 
 import torch
 
+import muond.local
+from muond.launch.config import MAX_SOCKET_PATH
+from muond.launch.errors import LaunchError
 from muond.torch import Muon, discovery
 
 ONE_RANK_LAUNCH = {"MUOND_SOCKET_DIR": "/run/muond-j-x", "MUOND_JOB_ID": "j",
@@ -55,6 +59,25 @@ class LocalModeEnvTest(unittest.TestCase):
                                     r"\$MUOND_LOCAL=0 turned off"):
             discovery.discover(env={"MUOND_LOCAL": "0"})
 
+
+
+class SocketDirTest(unittest.TestCase):
+    def test_no_base_short_enough_names_each_the_limit_and_tmpdir(self):
+        bases = ["/" + "a" * 80, "/" + "b" * 90]
+        with self.assertRaises(LaunchError) as caught:
+            muond.local.socket_dir(bases)
+        message = str(caught.exception)
+        self.assertIn(f"within {MAX_SOCKET_PATH} bytes, a Unix socket path's limit", message)
+        for base in bases:
+            socket = os.path.join(base, "muond-local-12345678", "coordinator.sock")
+            self.assertIn(f"{base} ({len(socket)} bytes)", message)
+        self.assertIn("Set $TMPDIR to a short writable directory", message)
+
+    def test_the_first_base_short_enough_wins(self):
+        with tempfile.TemporaryDirectory() as short:
+            made = muond.local.socket_dir(["/" + "a" * 90, short])
+            self.assertEqual(os.path.dirname(made), short)
+            self.assertEqual(os.stat(made).st_mode & 0o777, 0o700)
 
 
 class StrayJobVariableTest(unittest.TestCase):
