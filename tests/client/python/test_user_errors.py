@@ -2,9 +2,11 @@
 at once and before anything is applied: a trainer world that differs from
 muond launch's daemons, a sparse grad, a hyperparameter of the wrong type
 (a bool in any form is no number; a bool option takes every form of bool),
-an LR scheduler cycling momentum over mixed Muon + AdamW groups, and
-muond.torch imported without torch."""
+an LR scheduler cycling momentum over mixed Muon + AdamW groups, a forked
+child stepping its parent's optimizer, a step the daemons answer as a replay
+of a step this optimizer never sent, and muond.torch imported without torch."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,12 +15,14 @@ import textwrap
 import unittest
 from unittest import mock
 
+import grpc
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_daemon import start_cluster  # noqa: E402
-from muond.torch import Muon  # noqa: E402
+from muond.torch import Muon, MuondError  # noqa: E402
+from muond.v1 import muond_pb2 as pb  # noqa: E402
 from muond.torch import discovery as D  # noqa: E402
 
 
@@ -245,6 +249,92 @@ class CycledMomentumTest(FakeDaemonCase):
         self.run_one_cycle(opt)
         self.assertEqual(opt.step_id, 4)
         self.assertLess(opt.param_groups[0]["momentum"], 0.95)
+
+
+class ForkedChildTest(FakeDaemonCase):
+    """A forked child's copy of the optimizer shares the parent's
+    registration and step ids: it is refused before anything is sent, and
+    the parent's next step is a real step, not a replay."""
+
+    def in_forked_child(self, call) -> str:
+        """call() in a forked child; what it raised ("" if nothing)."""
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, never run the test runner's code
+            os.close(read)
+            try:
+                call()
+                said = ""
+            except BaseException as e:  # noqa: BLE001 (reported to the parent)
+                said = f"{type(e).__name__}: {e}"
+            os.write(write, said.encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            said = f.read()
+        os.waitpid(pid, 0)
+        return said
+
+    def test_step_load_and_add_group_in_a_forked_child_are_refused(self):
+        opt = self.muon()
+        self.set_grads()
+        opt.step()
+        state = opt.state_dict()
+        extra = torch.nn.Parameter(torch.zeros(3))
+        for what, call in (("step()", opt.step),
+                           ("load_state_dict()", lambda: opt.load_state_dict(state)),
+                           ("add_param_group()", lambda: opt.add_param_group(
+                               {"params": [extra], "param_names": ["extra"],
+                                "algorithm": "adamw"}))):
+            with self.subTest(what=what):
+                said = self.in_forked_child(call)
+                self.assertRegex(said, rf"RuntimeError: muond.torch.Muon.{re.escape(what)} "
+                                 r"called in process \d+, but this optimizer was made in "
+                                 rf"process {os.getpid()}: this process is a fork")
+                self.assertIn("Make the optimizer in this process", said)
+        before = self.w.detach().clone()
+        self.set_grads()
+        opt.step()  # the parent's step is applied: no child stepped in its name
+        self.assertEqual(opt.step_id, 2)
+        self.assertFalse(torch.equal(self.w, before))
+        self.assertFalse(any(r.replayed for r in opt.last_responses))
+
+
+class ReplayedStepTest(FakeDaemonCase):
+    """A daemon answers a step id it applied already as a replay: accepted
+    for a resend of a step whose answer was lost, refused for any other."""
+
+    def test_a_replay_of_a_step_never_sent_is_refused(self):
+        opt = self.muon()
+        daemon = self.cluster.daemons[0]
+        daemon.on_step = lambda request, context: pb.StepResponse(step_id=request.step_id,
+                                                                  replayed=True)
+        self.set_grads()
+        for _ in range(2):  # and stays refused: the id never advances past it
+            with self.assertRaisesRegex(RuntimeError, r"answered step 1 from their record .*"
+                                        r"never sent step 1 before: another process stepped "
+                                        r"its registration .*Build a new optimizer"):
+                opt.step()
+            self.assertEqual(opt.step_id, 0)
+
+    def test_a_replay_of_a_resent_step_is_its_answer(self):
+        opt = self.muon()
+        daemon = self.cluster.daemons[0]
+        answers = iter(["lost", "replayed"])
+
+        def applied_then_lost(request, context):
+            if next(answers) == "lost":
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the answer was lost")
+            return pb.StepResponse(step_id=request.step_id, replayed=True)
+
+        daemon.on_step = applied_then_lost
+        self.set_grads()
+        with self.assertRaises(MuondError):
+            opt.step()
+        self.assertEqual(opt.step_id, 0)
+        opt.step()  # the same id again: the daemon's record answers it
+        self.assertEqual(opt.step_id, 1)
+        self.assertEqual([r.step_id for r in daemon.step_requests], [1, 1])
 
 
 class ImportWithoutTorchTest(unittest.TestCase):

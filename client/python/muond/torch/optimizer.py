@@ -21,6 +21,7 @@ from muond.torch import discovery as _discovery
 from muond.torch import groups as _groups
 from muond.torch import layouts as _layouts
 from muond.torch import options as _options
+from muond.torch import process_guard as _process_guard
 from muond.torch import registration as _registration
 from muond.torch import rpc as _rpc
 from muond.torch import wire as _wire
@@ -133,6 +134,8 @@ class Muon(torch.optim.Optimizer):
                  placement: _options.PlacementOptions | None = None,
                  connection: _options.ConnectionOptions | None = None,
                  name: str | None = None, **flat):
+        self._creator_pid = os.getpid()  # process_guard: only it steps and loads
+        self._replays = _process_guard.ReplayCheck()
         o = _options.resolve(flat, dict(newton_schulz=newton_schulz, scaling=scaling,
                                         adamw=adamw, placement=placement,
                                         connection=connection))
@@ -175,8 +178,8 @@ class Muon(torch.optim.Optimizer):
         # daemon, else a new trainer on them is refused ALREADY_REGISTERED.
         # It holds the clients and ids, never the optimizer.
         self._finalizer = weakref.finalize(self, _registration.finalize, self._memory,
-                                           self.clients, job_id, self.client_id, os.getpid(),
-                                           self._local_lease)
+                                           self.clients, job_id, self.client_id,
+                                           self._creator_pid, self._local_lease)
         try:
             self._register(no_daemon, o["takeover"])
         except BaseException:
@@ -328,6 +331,7 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._closed:
             raise RuntimeError("muond.torch.Muon.step after close()")
+        _process_guard.check_creator_process(self._creator_pid, "step()")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -349,18 +353,13 @@ class Muon(torch.optim.Optimizer):
         # not have sent its step at all, and only the caller knows.
         step_id = self.step_id + 1
         overrides = [self._overrides(r) for r in range(len(self.clients))]
-        what = f"Step {step_id}"
         t0 = time.perf_counter()
-        if len(self.clients) == 1:  # a blocking call: no future, no extra thread
-            first = self.clients[0]
-            responses = [_rpc.result(lambda: first.step(self.job_id, step_id, overrides[0],
-                                                        self.client_id, skipped[0]),
-                                     first, what)]
-        else:
-            futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id,
-                                     skipped[r])
-                       for r, c in enumerate(self.clients)]
-            responses = _rpc.gather(futures, self.clients, what)
+        try:
+            responses = self._send_step(step_id, overrides, skipped)
+        except BaseException:
+            self._replays.sent_without_answer(step_id)
+            raise
+        self._replays.check(step_id, responses, self.client_id)
         self._memory.copy_dtensors_out()
         self.step_id = step_id
         rpc_us = (time.perf_counter() - t0) * 1e6
@@ -370,6 +369,18 @@ class Muon(torch.optim.Optimizer):
         self.last_timings = timings
         self.last_responses = responses
         return loss
+
+    def _send_step(self, step_id: int, overrides: list, skipped: list) -> list:
+        """Step `step_id` on every daemon; their responses, in rank order."""
+        what = f"Step {step_id}"
+        if len(self.clients) == 1:  # a blocking call: no future, no extra thread
+            first = self.clients[0]
+            return [_rpc.result(lambda: first.step(self.job_id, step_id, overrides[0],
+                                                   self.client_id, skipped[0]),
+                                first, what)]
+        futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id, skipped[r])
+                   for r, c in enumerate(self.clients)]
+        return _rpc.gather(futures, self.clients, what)
 
     def status(self):
         return [c.status() for c in self.clients]
@@ -467,6 +478,7 @@ class Muon(torch.optim.Optimizer):
         into every daemon all or nothing and sets the groups' options and the
         step id. On any error nothing changes (ValueError naming the param and
         the rule for a bad state dict)."""
+        _process_guard.check_creator_process(self._creator_pid, "load_state_dict()")
         groups, states = self._check_state_dict(state_dict)
         step_ids = {_groups.check_step_id(g[_state.STEP_ID_KEY]) for g in state_dict["param_groups"]
                     if _state.STEP_ID_KEY in g}
@@ -539,6 +551,7 @@ class Muon(torch.optim.Optimizer):
             return
         if self._closed:
             raise RuntimeError("muond.torch.Muon.add_param_group after close()")
+        _process_guard.check_creator_process(self._creator_pid, "add_param_group()")
         if isinstance(param_group, dict) and param_group.get("algorithm") == "adamw":
             param_group = dict(param_group)
             param_group.setdefault("eps", self._adamw_eps)
