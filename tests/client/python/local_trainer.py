@@ -1,8 +1,7 @@
 """A plain training script for local mode's tests: muond.torch.Muon with no
 daemons=, run with no launcher or torchrun environment (or under a one-rank
 `muond launch`). Steps a two-matrix model 3 times beside torch.optim.Muon
-(Newton-Schulz in fp32 on both sides, as tests/client/python/contract/
-common.py does) and writes OUT/info.json: the largest relative difference,
+(Newton-Schulz in fp32 on both sides: torch_ns_fp32) and writes OUT/info.json: the largest relative difference,
 the local cluster's server and reaper pids and directory (none when
 launched); then ends as MODE says:
 
@@ -29,6 +28,7 @@ import torch
 import muond.local
 from muond.launch.processes import is_alive
 from muond.torch import Muon
+from torch_ns_fp32 import torch_muon_ns_in_fp32
 
 HYPER = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)
 SHAPES = [(16, 8), (4, 16)]
@@ -46,13 +46,9 @@ def set_grads(ps, step):
 
 
 def torch_step(opt):
-    """torch.optim.Muon's step with its one bf16 cast an fp32 copy."""
-    original = torch.Tensor.bfloat16
-    torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
-    try:
+    """torch.optim.Muon's step with its Newton-Schulz in fp32."""
+    with torch_muon_ns_in_fp32():
         opt.step()
-    finally:
-        torch.Tensor.bfloat16 = original
 
 
 def rel_diff(got, want):

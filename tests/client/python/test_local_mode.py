@@ -7,18 +7,23 @@ running, the last release stops it, and a later optimizer starts a fresh
 one; $MUOND_LOCAL=1 starts one although stray job variables are set; a
 $TMPDIR too long for a socket path falls back to /tmp; a cluster whose
 servers fail keeps their logs and names them; $MUOND_LOCAL=0 gives the
-error naming what to set."""
+error naming what to set; client/python/README.md's recipe for an exact
+comparison with torch.optim.Muon runs and agrees to fp32 rounding."""
 import os
 import re
 import shutil
+import subprocess
+import sys
 import unittest
 from unittest import mock
 
 import muond.local
-from local_mode_runs import REL_TOL, output_dir, run_trainer
+from local_mode_runs import HERE, REL_TOL, output_dir, plain_env, run_trainer
 from muond.launch.processes import is_alive
 
 NOTHING_LEFT = {"alive": [], "directory_exists": False}
+CLIENT_README = os.path.join(HERE, "..", "..", "..", "client", "python", "README.md")
+EXACT_COMPARISON = "**An exact comparison with torch.optim.Muon.**"
 
 
 class LocalModeTest(unittest.TestCase):
@@ -52,6 +57,18 @@ class LocalModeTest(unittest.TestCase):
         self.assertTrue(info["second_is_fresh"])
         self.assertEqual(info["second_stepped"], 1)
         self.assertEqual(info["second_after"], NOTHING_LEFT)
+
+    def test_the_readme_recipe_for_an_exact_comparison_agrees_to_fp32_rounding(self):
+        with open(CLIENT_README) as f:
+            text = f.read()
+        start = text.index(EXACT_COMPARISON)
+        (recipe,) = re.findall(r"```python\n(.*?)```", text[start:text.index("\n\n**", start)],
+                               re.S)
+        out = output_dir(self)
+        proc = subprocess.run([sys.executable, "-c", recipe], env=plain_env(), cwd=out,
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertLess(float(proc.stdout.split()[-1]), 1e-5, proc.stdout)
 
     def test_muond_local_1_starts_the_cluster_despite_stray_job_variables(self):
         info = run_trainer(self, "close", MUOND_LOCAL="1", LOCAL_RANK="0", WORLD_SIZE="4")
