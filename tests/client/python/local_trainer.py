@@ -17,6 +17,9 @@ shared    a second lease on the cluster (muond.local.acquire: another user)
           second optimizer starts a fresh cluster and steps
 launched  under `muond launch --nproc-per-node 1` without $RANK
 off       $MUOND_LOCAL=0: records the error Muon() raises
+model     a model with biases and a LayerNorm through Muon(model.named_parameters())
+          against torch.optim.Muon + torch.optim.AdamW ("groups", "rel_diff" per
+          param); then as close
 """
 import json
 import os
@@ -92,6 +95,44 @@ def train(out, mode):
     return opt, info
 
 
+def small_model():
+    """Linear layers with and without a bias and a LayerNorm: 2-D weights and
+    1-D params, as every real model has."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(),
+                               torch.nn.Linear(16, 4, bias=False))
+
+
+def train_model():
+    """README's one line, Muon(model.named_parameters(), ...), against
+    torch.optim.Muon on the 2-D params and torch.optim.AdamW on the rest with
+    the same hyperparameters (muond's AdamW defaults: betas (0.9, 0.95), eps
+    1e-8); 3 steps of real backward passes."""
+    mine, ref = small_model(), small_model()
+    opt = Muon(mine.named_parameters(), fp32_matmul_prec="highest", **HYPER)
+    matrices = [p for p in ref.parameters() if p.ndim == 2]
+    others = [p for p in ref.parameters() if p.ndim != 2]
+    torch_muon = torch.optim.Muon(matrices, **HYPER)
+    torch_adamw = torch.optim.AdamW(others, lr=HYPER["lr"], weight_decay=HYPER["weight_decay"],
+                                    betas=(0.9, 0.95), eps=1e-8)
+    data = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        x, y = torch.randn(32, 8, generator=data), torch.randn(32, 4, generator=data)
+        for net in (mine, ref):
+            for p in net.parameters():
+                p.grad = None
+            torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+        torch_step(torch_muon)
+        torch_adamw.step()
+    references = dict(ref.named_parameters())
+    info = dict(cluster_facts(),
+                groups=[[g["algorithm"], g["param_names"]] for g in opt.param_groups],
+                rel_diff={name: rel_diff(p.detach(), references[name].detach())
+                          for name, p in mine.named_parameters()})
+    return opt, info
+
+
 def shared(opt, info):
     """Another lease keeps the cluster; the last release stops it."""
     cluster = muond.local.current()
@@ -120,8 +161,8 @@ def main():
         except ValueError as e:
             write(out, {"error": str(e), "cluster": muond.local.current() is not None})
         return
-    opt, info = train(out, mode)
-    if mode == "close":
+    opt, info = train_model() if mode == "model" else train(out, mode)
+    if mode in ("close", "model"):
         opt.close()
         info["after"] = what_is_left(info)
     elif mode == "del":

@@ -1,6 +1,8 @@
 """Local mode end to end (real servers): a plain `python train.py` with
 muond.torch.Muon(params) and nothing naming a daemon starts its own
 coordinator and daemon, steps like torch.optim.Muon (fp32 NS on both sides),
+a model's named_parameters() with biases and a LayerNorm step like
+torch.optim.Muon on its matrices and torch.optim.AdamW on the rest,
 and leaves no server process and no directory after close(), after `del opt`
 alone, and at interpreter exit; another lease on the cluster keeps it
 running, the last release stops it, and a later optimizer starts a fresh
@@ -57,6 +59,14 @@ class LocalModeTest(unittest.TestCase):
         self.assertTrue(info["second_is_fresh"])
         self.assertEqual(info["second_stepped"], 1)
         self.assertEqual(info["second_after"], NOTHING_LEFT)
+
+    def test_named_parameters_of_a_model_with_biases_and_norms_step_like_muon_and_adamw(self):
+        info = run_trainer(self, "model")
+        self.assertEqual(info["groups"], [["muon", ["0.weight", "3.weight"]],
+                                          ["adamw", ["0.bias", "1.weight", "1.bias"]]])
+        for name, diff in info["rel_diff"].items():
+            self.assertLess(diff, REL_TOL, name)
+        self.assertEqual(info["after"], NOTHING_LEFT)
 
     def test_the_readme_recipe_for_an_exact_comparison_agrees_to_fp32_rounding(self):
         with open(CLIENT_README) as f:

@@ -2,6 +2,8 @@
 at once and before anything is applied: a trainer world that differs from
 muond launch's daemons, a sparse grad, a hyperparameter of the wrong type
 (a bool in any form is no number; a bool option takes every form of bool),
+a bias or norm weight among plain params (its own AdamW group) or in an
+explicit Muon group (refused naming the AdamW group to put it in),
 an LR scheduler cycling momentum over mixed Muon + AdamW groups, a forked
 child stepping its parent's optimizer, a step the daemons answer as a replay
 of a step this optimizer never sent, and muond.torch imported without torch."""
@@ -249,6 +251,61 @@ class CycledMomentumTest(FakeDaemonCase):
         self.run_one_cycle(opt)
         self.assertEqual(opt.step_id, 4)
         self.assertLess(opt.param_groups[0]["momentum"], 0.95)
+
+
+class NonMatrixParamTest(FakeDaemonCase):
+    """README's one line, Muon(model.named_parameters()), on a model with
+    biases and norm weights: the 2-D params form a Muon group, the others
+    an AdamW group; in explicit groups a non-2-D Muon param is refused
+    naming it and the AdamW group to put it in."""
+
+    def model(self):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.LayerNorm(4),
+                                   torch.nn.Linear(4, 3, bias=False))
+
+    def plain(self, params, **kwargs):
+        opt = Muon(params, daemons=self.addresses, job_id="fake", lr=0.01, **kwargs)
+        self.addCleanup(opt.close)
+        return opt
+
+    def test_named_parameters_split_into_muon_and_adamw_groups(self):
+        model = self.model()
+        opt = self.plain(model.named_parameters(), weight_decay=0.05)
+        muon, adamw = opt.param_groups
+        self.assertEqual((muon["algorithm"], muon["param_names"]), ("muon", ["0.weight", "2.weight"]))
+        self.assertEqual((adamw["algorithm"], adamw["param_names"]),
+                         ("adamw", ["0.bias", "1.weight", "1.bias"]))
+        self.assertEqual((adamw["lr"], adamw["weight_decay"], adamw["betas"], adamw["eps"]),
+                         (0.01, 0.05, (0.9, 0.95), 1e-8))
+        model(torch.randn(5, 6)).square().mean().backward()
+        opt.step()
+        self.assertEqual(opt.step_id, 1)
+
+    def test_parameters_split_alike_and_matrices_alone_stay_one_group(self):
+        model = self.model()
+        opt = self.plain(model.parameters())
+        self.assertEqual([(g["algorithm"], len(g["params"])) for g in opt.param_groups],
+                         [("muon", 2), ("adamw", 3)])
+        opt.close()
+        matrices = self.plain([model[0].weight, model[2].weight])
+        self.assertEqual([g["algorithm"] for g in matrices.param_groups], ["muon"])
+
+    def test_only_non_matrix_params_make_one_adamw_group(self):
+        norm = torch.nn.LayerNorm(4)
+        opt = self.plain(norm.named_parameters())
+        self.assertEqual([(g["algorithm"], g["param_names"]) for g in opt.param_groups],
+                         [("adamw", ["weight", "bias"])])
+
+    def test_a_non_matrix_param_in_an_explicit_muon_group_names_the_adamw_group(self):
+        with self.assertRaises(ValueError) as caught:
+            self.plain([{"params": [self.w, self.b], "param_names": ["w", "b"]}])
+        message = str(caught.exception)
+        self.assertIn("param b: Muon params must be 2-D (Newton-Schulz orthogonalises "
+                      "matrices), got shape (4,), in a Muon param group", message)
+        self.assertIn('Put it in an AdamW group: {"params": [p for p in model.parameters() '
+                      'if p.ndim != 2], "algorithm": "adamw"}', message)
+        self.assertIn("or pass model.named_parameters() itself", message)
 
 
 class ForkedChildTest(FakeDaemonCase):

@@ -440,8 +440,13 @@ def check_param(name: str, algorithm: str, p) -> None:
         names = ", ".join(str(d).removeprefix("torch.") for d in _wire.DTYPES)
         raise ValueError(f"param {name}: dtype {p.dtype} not in ({names})")
     if algorithm == "muon" and p.ndim != 2:
-        raise ValueError(f"param {name}: Muon params must be 2-D, got shape "
-                         f"{tuple(p.shape)}; put it in an algorithm='adamw' group")
+        raise ValueError(
+            f"param {name}: Muon params must be 2-D (Newton-Schulz orthogonalises matrices), "
+            f"got shape {tuple(p.shape)}, in a Muon param group. Put it in an AdamW group: "
+            '{"params": [p for p in model.parameters() if p.ndim != 2], "algorithm": "adamw"} '
+            "beside {\"params\": [p for p in model.parameters() if p.ndim == 2]}; or pass "
+            "model.named_parameters() itself, not groups: every param that is not 2-D then "
+            "goes to an AdamW group")
 
 
 def param_names(gi: int, group: dict) -> list:

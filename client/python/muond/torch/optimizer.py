@@ -19,6 +19,7 @@ from muond.client import Client
 from muond.torch import collective as _collective
 from muond.torch import discovery as _discovery
 from muond.torch import groups as _groups
+from muond.torch import initial_groups as _initial_groups
 from muond.torch import layouts as _layouts
 from muond.torch import options as _options
 from muond.torch import process_guard as _process_guard
@@ -61,59 +62,17 @@ class AddParamGroupError(RuntimeError):
         self.state_dict = state_dict
 
 
-def _defaults(lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps,
-              adjust_lr_fn, o: dict) -> dict:
-    """A Muon group's defaults from torch's parameters and the resolved flat
-    options ``o`` (muond.torch.options.resolve)."""
-    coefficient_type = o["coefficient_type"]
-    if ns_coefficients is not None:
-        if coefficient_type not in (None, "custom"):
-            raise ValueError("give ns_coefficients or coefficient_type, not both")
-        coefficient_type, custom = _groups.coefficients_from_torch(ns_coefficients)
-    else:
-        custom = []
-    scale_mode, extra_scale_factor = _groups.scale_from_adjust_lr_fn(
-        adjust_lr_fn, o["scale_mode"], o["extra_scale_factor"])
-    gram_restarts = o["gram_restarts"]
-    return dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                # torch.optim.Muon's own default (ns_coefficients=None) is the
-                # "simple" triple (3.4445, -4.775, 2.0315): the drop-in keeps it.
-                eps=eps, ns_steps=ns_steps, coefficient_type=coefficient_type or "simple",
-                custom_coefficients=custom, scale_mode=scale_mode,
-                extra_scale_factor=extra_scale_factor, ns_batch_size=o["ns_batch_size"],
-                weight_decay_method=o["weight_decay_method"],
-                fp32_matmul_prec=o["fp32_matmul_prec"], use_syrk=o["use_syrk"],
-                ns_algorithm=o["ns_algorithm"],
-                # A list copy of an iterable; anything else (None, a str, an
-                # int) as given, so check_gram_options names it (ValueError).
-                gram_restarts=(list(gram_restarts)
-                               if hasattr(gram_restarts, "__iter__")
-                               and not isinstance(gram_restarts, (str, bytes))
-                               else gram_restarts),
-                gram_dtype=o["gram_dtype"], gram_min_aspect_ratio=o["gram_min_aspect_ratio"],
-                algorithm="muon")
-
-
-def _adamw_groups(params: list, defaults: dict, betas, adamw_eps) -> list:
-    """``params`` with every AdamW group's own betas and eps (defaulted);
-    ``defaults`` gets "betas" when every group is AdamW."""
-    if not (params and isinstance(params[0], dict)):
-        return params
-    params = [dict(grp) for grp in params]
-    for gi, grp in enumerate(params):
-        if grp.get("algorithm", "muon") == "adamw":
-            _groups.check_adamw_options(gi, grp)
-            grp.setdefault("betas", tuple(betas))
-            grp.setdefault("eps", adamw_eps)
-    if all(grp.get("algorithm", "muon") == "adamw" for grp in params):
-        # LR schedulers that cycle momentum (OneCycleLR, CyclicLR) cycle
-        # betas[0] when "betas" is in `defaults`, as for torch.optim.AdamW,
-        # and "momentum" when it is not, as for torch.optim.Muon.
-        defaults["betas"] = tuple(betas)
-    return params
-
-
 class Muon(torch.optim.Optimizer):
+    """torch.optim.Muon's step on muond daemons (muond.torch's docstring has
+    the whole contract). ``params`` as torch.optim takes them: param groups
+    (dicts; a group with ``"algorithm": "adamw"`` steps with AdamW, every
+    param of any other group must be 2-D), or a plain iterable of params or
+    of ``(name, param)`` pairs (``model.parameters()``,
+    ``model.named_parameters()``), whose 2-D params form a Muon group and
+    every other param (biases, norm weights, scalars, conv kernels) an AdamW
+    group with the same lr and weight_decay (initial_groups.split_plain_params).
+    """
+
     def __new__(cls, *args, **kwargs):
         # torch.optim.Optimizer's first use in a process imports torch._dynamo,
         # whose import leaves a reference cycle through the frames running it
@@ -139,9 +98,11 @@ class Muon(torch.optim.Optimizer):
         o = _options.resolve(flat, dict(newton_schulz=newton_schulz, scaling=scaling,
                                         adamw=adamw, placement=placement,
                                         connection=connection))
-        defaults = _defaults(lr, weight_decay, momentum, nesterov, ns_coefficients, eps,
-                             ns_steps, adjust_lr_fn, o)
-        params = _adamw_groups(list(params), defaults, o["betas"], o["adamw_eps"])
+        defaults = _initial_groups.muon_defaults(lr, weight_decay, momentum, nesterov,
+                                                 ns_coefficients, eps, ns_steps, adjust_lr_fn, o)
+        params = _initial_groups.with_adamw_options(
+            _initial_groups.split_plain_params(list(params)), defaults, o["betas"],
+            o["adamw_eps"])
         super().__init__(params, defaults)
         for gi, grp in enumerate(self.param_groups):
             _groups.check_options(gi, grp)
