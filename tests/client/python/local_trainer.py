@@ -1,9 +1,9 @@
 """A plain training script for local mode's tests: muond.torch.Muon with no
 daemons=, run with no launcher or torchrun environment (or under a one-rank
 `muond launch`). Steps a two-matrix model 3 times beside torch.optim.Muon
-(Newton-Schulz in fp32 on both sides: torch_ns_fp32) and writes OUT/info.json: the largest relative difference,
-the local cluster's server and reaper pids and directory (none when
-launched); then ends as MODE says:
+(Newton-Schulz in fp32 on both sides: torch_ns_fp32) and writes
+OUT/info.json: the largest relative difference, the local cluster's server
+and reaper pids and directory (none when launched); then ends as MODE says:
 
     python local_trainer.py MODE OUT
 

@@ -109,7 +109,8 @@ class LocalModeTest(unittest.TestCase):
         kept = re.search(r"the servers' logs are kept in (\S+);", message)
         self.assertIsNotNone(kept, message)
         self.addCleanup(shutil.rmtree, kept.group(1), ignore_errors=True)
-        self.assertEqual(sorted(os.listdir(kept.group(1))), ["muond-coordinator.log", "muond-daemon.log"])
+        self.assertEqual(sorted(os.listdir(kept.group(1))),
+                         ["muond-coordinator.log", "muond-daemon.log"])
         with open(os.path.join(kept.group(1), "muond-coordinator.log")) as f:
             self.assertIn("cannot listen", f.read())
         self.assertIsNone(muond.local.current())

@@ -1,8 +1,8 @@
 """Local mode's whole-process cases (real servers): a trainer SIGKILLed
 after its first step leaves no server process and no directory (its reaper,
-the launcher's, stops them, and says so as the local cluster); `muond launch --nproc-per-node 1 -- python
-train.py` without $RANK steps on the launcher's daemon (rank 0) like
-torch.optim.Muon and starts no local cluster."""
+the launcher's, stops them, and says so as the local cluster); `muond launch
+--nproc-per-node 1 -- python train.py` without $RANK steps on the launcher's
+daemon (rank 0) like torch.optim.Muon and starts no local cluster."""
 import os
 import signal
 import subprocess

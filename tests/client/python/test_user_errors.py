@@ -273,7 +273,8 @@ class NonMatrixParamTest(FakeDaemonCase):
         model = self.model()
         opt = self.plain(model.named_parameters(), weight_decay=0.05)
         muon, adamw = opt.param_groups
-        self.assertEqual((muon["algorithm"], muon["param_names"]), ("muon", ["0.weight", "2.weight"]))
+        self.assertEqual((muon["algorithm"], muon["param_names"]),
+                         ("muon", ["0.weight", "2.weight"]))
         self.assertEqual((adamw["algorithm"], adamw["param_names"]),
                          ("adamw", ["0.bias", "1.weight", "1.bias"]))
         self.assertEqual((adamw["lr"], adamw["weight_decay"], adamw["betas"], adamw["eps"]),

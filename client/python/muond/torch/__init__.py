@@ -90,8 +90,9 @@ refused at step(). The optimizer does not pickle: save its state_dict.
 Modules: ``optimizer`` (Muon, the torch.optim surface), ``options`` (the
 option objects), ``initial_groups`` (the constructor's params as groups),
 ``groups`` (group options, torch-key translation, the checks before any
-RPC), ``process_guard`` (only the creating process steps), ``layouts`` (one layout strategy per shard_mode),
-``placement`` / ``discovery`` (local mode's domains; this rank's daemon),
+RPC), ``process_guard`` (only the creating process steps), ``layouts`` (one
+layout strategy per shard_mode), ``placement`` / ``discovery`` (local mode's
+domains; this rank's daemon),
 ``memory`` (shm / CUDA regions and buffers, CUDA IPC handles),
 ``registration`` / ``collective`` (RegisterParams, takeover, the ranks'
 agreement), ``wire`` (groups to proto), ``rpc`` (one call on every daemon),
