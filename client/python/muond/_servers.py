@@ -10,7 +10,8 @@ A wheel made by deploy/wheel.sh holds, beside the client:
 The CUDA libraries the daemon links (cudart, cuBLAS, NCCL: even in host mode)
 are left out of the wheel: they come from the host. exec_server puts their
 directories on LD_LIBRARY_PATH as deploy/bundle.sh's cuda-paths.sh does:
-$MUOND_CUDA_LIB_DIRS, /usr/local/cuda/lib64 and $LD_LIBRARY_PATH first, else
+$MUOND_CUDA_LIB_DIRS (relative entries taken from the current directory),
+/usr/local/cuda/lib64 and $LD_LIBRARY_PATH first, else
 the nvidia-* wheels (what PyTorch installs, or `pip install 'muond[cuda-libs]'`),
 else the loader's cache (ldconfig), else a clear error naming the library.
 
@@ -53,6 +54,9 @@ HOW_TO_GET_BINARIES = (
     "`pip install dist/muond-*-manylinux_*.whl`), or build them in a checkout (`bazel build "
     "-c opt //server/daemon:muond-daemon //server/coordinator:muond-coordinator "
     "//tools/muonctl:muonctl`) and pass `muond launch --bin-dir` or set $MUOND_BIN_DIR")
+HOW_TO_REINSTALL = (
+    "the installed muond package is damaged (an interrupted install or copy): reinstall the "
+    "wheel (`pip install --force-reinstall dist/muond-*-manylinux_*.whl`)")
 
 
 class ServerError(RuntimeError):
@@ -70,11 +74,22 @@ def packaged_bin_dir() -> str | None:
 
 
 def needed_libraries(path: str) -> list[str]:
-    """DT_NEEDED sonames of an ELF64 little-endian file (its .dynamic section)."""
+    """DT_NEEDED sonames of an ELF64 little-endian file (its .dynamic
+    section); ServerError naming the file when it is not one or is cut short
+    (a damaged install), instead of a struct.error from deep in the parse."""
     with open(path, "rb") as f:
         data = f.read()
     if data[:6] != b"\x7fELF\x02\x01":
-        raise ServerError(f"{path}: not an ELF64 little-endian file")
+        raise ServerError(f"{path}: not an ELF64 little-endian executable, as the muond "
+                          f"wheel's servers are; {HOW_TO_REINSTALL}")
+    try:
+        return _dt_needed(data)
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as e:
+        raise ServerError(f"{path}: a truncated or corrupt ELF file ({len(data)} bytes; its "
+                          f"section headers cannot be read: {e}); {HOW_TO_REINSTALL}") from e
+
+
+def _dt_needed(data: bytes) -> list[str]:
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     # (sh_type, sh_offset, sh_size, sh_link) of each section header
@@ -158,7 +173,9 @@ def server_env(name: str, env=None) -> dict:
     one found nowhere and where it was looked for."""
     env = dict(os.environ if env is None else env)
     user_dirs = _split(env.get("LD_LIBRARY_PATH"))
-    dirs = _split(env.get(EXTRA_DIRS_VAR)) + [SYSTEM_CUDA_DIR]
+    # Absolute: the loader would resolve a relative entry against whatever
+    # directory the server runs in, not the one the user named it from.
+    dirs = [os.path.abspath(d) for d in _split(env.get(EXTRA_DIRS_VAR))] + [SYSTEM_CUDA_DIR]
     missing = []
     for soname in needed_libraries(os.path.join(LIBEXEC_DIR, name)):
         if soname not in HOST_CUDA_LIBRARIES:

@@ -6,7 +6,10 @@ One cluster per process, started by the first optimizer that needs it and
 shared by later ones: each holds a ``Lease``, and the last one released (a
 step of the optimizer's finalizer: close(), garbage collection, interpreter
 exit) stops the servers and removes the cluster's directory. The directory
-(0700) holds a fresh token (0600), both Unix sockets and the servers' logs.
+(0700) holds a fresh token (0600), both Unix sockets and the servers' logs;
+it is made under $TMPDIR, else /tmp, else the current directory: the first
+where a socket's path fits a Unix socket's limit (``socket_dir``). A cluster
+that fails to start keeps its servers' logs there and its error says where.
 
 The servers are the launcher's (muond.launch): found by its lookup, started,
 waited for and stopped by its functions, and watched by its reaper, which
@@ -23,10 +26,12 @@ import threading
 import time
 import weakref
 
+from muond.launch.config import MAX_SOCKET_PATH
 from muond.launch.discovery import find_servers
 from muond.launch.errors import LaunchError, ServerDied
 from muond.launch.launcher import (raise_if_one_died, start_server_process, stop_servers,
                                    wait_answering, write_token_file)
+from muond.launch.messages import LOCAL_CLUSTER_PREFIX
 from muond.launch.reaper import Reaper
 from muond.launch.servers import Server
 
@@ -35,6 +40,37 @@ DEFAULT_JOB_ID = "local"
 # How long the servers get to stop on SIGTERM before SIGKILL (muond launch's
 # --stop-grace default).
 STOP_GRACE_S = 10.0
+DIR_PREFIX = "muond-local-"
+# The longest name in the directory that is a socket's.
+_LONGEST_SOCKET = "coordinator.sock"
+# tempfile.mkdtemp's random part of a name.
+_MKDTEMP_RANDOM_CHARS = 8
+
+
+def socket_dir(bases: list[str] | None = None) -> str:
+    """A fresh 0700 directory for a cluster, in the first of `bases`
+    (default: tempfile's $TMPDIR choice, /tmp, the current directory) where
+    its sockets' paths fit MAX_SOCKET_PATH bytes (a long $TMPDIR, as some
+    clusters' job schedulers set, would make the servers fail to listen);
+    LaunchError naming every base, its length and the fix when none does."""
+    if bases is None:
+        bases = [tempfile.gettempdir(), "/tmp", os.getcwd()]
+    tried = []
+    name = DIR_PREFIX + "x" * _MKDTEMP_RANDOM_CHARS
+    for base in dict.fromkeys(bases):
+        longest = len(os.path.join(os.path.abspath(base), name, _LONGEST_SOCKET).encode())
+        if longest > MAX_SOCKET_PATH:
+            tried.append(f"{base} ({longest} bytes)")
+            continue
+        try:
+            return tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base)
+        except OSError as e:
+            tried.append(f"{base} ({e.strerror})")
+    raise LaunchError(
+        f"no directory for the local cluster's Unix sockets keeps their paths within "
+        f"{MAX_SOCKET_PATH} bytes, a Unix socket path's limit, or can be made: tried "
+        f"{'; '.join(tried)} (a socket there is {os.path.join(name, _LONGEST_SOCKET)}). Set "
+        "$TMPDIR to a short writable directory (export TMPDIR=/tmp)")
 
 
 class LocalCluster:
@@ -44,14 +80,21 @@ class LocalCluster:
 
     def __init__(self, device: int | None, job_id: str, timeout: float):
         self.device, self.job_id, self.pid = device, job_id, os.getpid()
-        self.directory = tempfile.mkdtemp(prefix="muond-local-")  # 0700
+        self.directory = socket_dir()  # 0700
         self.servers: list[Server] = []
         self.reaper = None
         try:
-            self.reaper = Reaper.spawned(STOP_GRACE_S, "the trainer")
+            self.reaper = Reaper.spawned(STOP_GRACE_S, "the trainer", LOCAL_CLUSTER_PREFIX)
             self.reaper.tell("dir", self.directory)
             self.reaper.tell("job", job_id)
             self._start(timeout)
+        except (LaunchError, ServerDied) as e:
+            # The error quotes the logs' last lines; the whole logs stay, as
+            # the error names them.
+            if self.stop(keep_logs=True):
+                raise type(e)(f"{e}\n(the servers' logs are kept in {self.directory}; remove "
+                              "it when done)") from e
+            raise
         except BaseException:
             self.stop()
             raise
@@ -89,15 +132,24 @@ class LocalCluster:
         self.reaper.tell("server", proc.pid)  # its own session: pgid == pid
         self.servers.append(Server(name, rank, proc, log, address))
 
-    def stop(self) -> None:
-        """The servers stopped, the directory removed, the reaper told so.
-        Nothing in a forked child: the servers are its parent's."""
+    def stop(self, keep_logs: bool = False) -> bool:
+        """The servers stopped, the directory removed (with `keep_logs` all
+        but the servers' logs, when there are any), the reaper told so; True
+        when logs were kept. Nothing in a forked child: the servers are its
+        parent's."""
         if os.getpid() != self.pid:
-            return
+            return False
         stop_servers(self.servers, STOP_GRACE_S)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        logs = {os.path.basename(s.log) for s in self.servers if os.path.exists(s.log)}
+        kept = keep_logs and bool(logs)
+        if kept:
+            for name in set(os.listdir(self.directory)) - logs:  # the token, the sockets
+                os.unlink(os.path.join(self.directory, name))
+        else:
+            shutil.rmtree(self.directory, ignore_errors=True)
         if self.reaper is not None:
             self.reaper.done()
+        return kept
 
 
 class Lease:

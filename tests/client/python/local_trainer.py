@@ -1,10 +1,9 @@
 """A plain training script for local mode's tests: muond.torch.Muon with no
 daemons=, run with no launcher or torchrun environment (or under a one-rank
 `muond launch`). Steps a two-matrix model 3 times beside torch.optim.Muon
-(Newton-Schulz in fp32 on both sides, as tests/client/python/contract/
-common.py does) and writes OUT/info.json: the largest relative difference,
-the local cluster's server and reaper pids and directory (none when
-launched); then ends as MODE says:
+(Newton-Schulz in fp32 on both sides: torch_ns_fp32) and writes
+OUT/info.json: the largest relative difference, the local cluster's server
+and reaper pids and directory (none when launched); then ends as MODE says:
 
     python local_trainer.py MODE OUT
 
@@ -18,6 +17,9 @@ shared    a second lease on the cluster (muond.local.acquire: another user)
           second optimizer starts a fresh cluster and steps
 launched  under `muond launch --nproc-per-node 1` without $RANK
 off       $MUOND_LOCAL=0: records the error Muon() raises
+model     a model with biases and a LayerNorm through Muon(model.named_parameters())
+          against torch.optim.Muon + torch.optim.AdamW ("groups", "rel_diff" per
+          param); then as close
 """
 import json
 import os
@@ -29,6 +31,7 @@ import torch
 import muond.local
 from muond.launch.processes import is_alive
 from muond.torch import Muon
+from torch_ns_fp32 import torch_muon_ns_in_fp32
 
 HYPER = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)
 SHAPES = [(16, 8), (4, 16)]
@@ -46,13 +49,9 @@ def set_grads(ps, step):
 
 
 def torch_step(opt):
-    """torch.optim.Muon's step with its one bf16 cast an fp32 copy."""
-    original = torch.Tensor.bfloat16
-    torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
-    try:
+    """torch.optim.Muon's step with its Newton-Schulz in fp32."""
+    with torch_muon_ns_in_fp32():
         opt.step()
-    finally:
-        torch.Tensor.bfloat16 = original
 
 
 def rel_diff(got, want):
@@ -96,6 +95,44 @@ def train(out, mode):
     return opt, info
 
 
+def small_model():
+    """Linear layers with and without a bias and a LayerNorm: 2-D weights and
+    1-D params, as every real model has."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(),
+                               torch.nn.Linear(16, 4, bias=False))
+
+
+def train_model():
+    """README's one line, Muon(model.named_parameters(), ...), against
+    torch.optim.Muon on the 2-D params and torch.optim.AdamW on the rest with
+    the same hyperparameters (muond's AdamW defaults: betas (0.9, 0.95), eps
+    1e-8); 3 steps of real backward passes."""
+    mine, ref = small_model(), small_model()
+    opt = Muon(mine.named_parameters(), fp32_matmul_prec="highest", **HYPER)
+    matrices = [p for p in ref.parameters() if p.ndim == 2]
+    others = [p for p in ref.parameters() if p.ndim != 2]
+    torch_muon = torch.optim.Muon(matrices, **HYPER)
+    torch_adamw = torch.optim.AdamW(others, lr=HYPER["lr"], weight_decay=HYPER["weight_decay"],
+                                    betas=(0.9, 0.95), eps=1e-8)
+    data = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        x, y = torch.randn(32, 8, generator=data), torch.randn(32, 4, generator=data)
+        for net in (mine, ref):
+            for p in net.parameters():
+                p.grad = None
+            torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+        torch_step(torch_muon)
+        torch_adamw.step()
+    references = dict(ref.named_parameters())
+    info = dict(cluster_facts(),
+                groups=[[g["algorithm"], g["param_names"]] for g in opt.param_groups],
+                rel_diff={name: rel_diff(p.detach(), references[name].detach())
+                          for name, p in mine.named_parameters()})
+    return opt, info
+
+
 def shared(opt, info):
     """Another lease keeps the cluster; the last release stops it."""
     cluster = muond.local.current()
@@ -124,8 +161,8 @@ def main():
         except ValueError as e:
             write(out, {"error": str(e), "cluster": muond.local.current() is not None})
         return
-    opt, info = train(out, mode)
-    if mode == "close":
+    opt, info = train_model() if mode == "model" else train(out, mode)
+    if mode in ("close", "model"):
         opt.close()
         info["after"] = what_is_left(info)
     elif mode == "del":

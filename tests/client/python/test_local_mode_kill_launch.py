@@ -1,8 +1,8 @@
 """Local mode's whole-process cases (real servers): a trainer SIGKILLed
 after its first step leaves no server process and no directory (its reaper,
-the launcher's, stops them); `muond launch --nproc-per-node 1 -- python
-train.py` without $RANK steps on the launcher's daemon (rank 0) like
-torch.optim.Muon and starts no local cluster."""
+the launcher's, stops them, and says so as the local cluster); `muond launch
+--nproc-per-node 1 -- python train.py` without $RANK steps on the launcher's
+daemon (rank 0) like torch.optim.Muon and starts no local cluster."""
 import os
 import signal
 import subprocess
@@ -22,7 +22,11 @@ CLEAN_BOUND_S = 40
 class LocalModeKillAndLaunchTest(unittest.TestCase):
     def test_sigkilled_trainer_leaves_no_server_and_no_directory(self):
         out = output_dir(self)
-        proc = subprocess.Popen([sys.executable, TRAINER, "kill", out], env=plain_env())
+        # The reaper inherits the trainer's stderr and says there what it did.
+        stderr = open(os.path.join(out, "stderr"), "w+")
+        self.addCleanup(stderr.close)
+        proc = subprocess.Popen([sys.executable, TRAINER, "kill", out], env=plain_env(),
+                                stderr=stderr)
         self.addCleanup(proc.wait)
         self.addCleanup(proc.kill)
         info_file = os.path.join(out, "info.json")
@@ -38,6 +42,16 @@ class LocalModeKillAndLaunchTest(unittest.TestCase):
                           and not os.path.exists(info["directory"]), CLEAN_BOUND_S)
         self.assertTrue(gone, f"left: {[p for p in info['pids'] if is_alive(p)]}, "
                               f"directory {os.path.exists(info['directory'])}")
+        # Its line names the local cluster, not `muond launch`, which the
+        # user never ran.
+        said = f"muond local cluster: the trainer (pid {proc.pid}) died: stopped its servers"
+
+        def output():
+            with open(stderr.name) as f:
+                return f.read()
+
+        self.assertTrue(wait_until(lambda: said in output(), CLEAN_BOUND_S), output())
+        self.assertNotIn("muond launch", output())
 
     def test_one_rank_launch_without_rank_steps_on_the_launchers_daemon(self):
         out = output_dir(self)

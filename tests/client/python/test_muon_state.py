@@ -3,7 +3,6 @@ state_dict / load_state_dict in torch.optim's format, ``opt.state``, the
 all-or-nothing import, rebinding and pickling. The fake keeps the state per
 local shard as the wire says, so split-mode assembly is checked against the
 example's in-process ReferenceMuon (torch.optim's state layout) bitwise."""
-import contextlib
 import copy
 import io
 import os
@@ -20,19 +19,13 @@ from test_muon_fake_daemon import HYPER, PARAMS, groups, make_params  # noqa: E4
 from muond.torch import AddParamGroupError, Muon  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
 from reference_muon import ReferenceMuon  # noqa: E402
+from torch_ns_fp32 import torch_muon_ns_in_fp32  # noqa: E402
 
 
-@contextlib.contextmanager
 def torch_ns_in_fp32():
-    """torch.optim.Muon with its NS in fp32: its one bf16 cast becomes an fp32
-    copy (tests/core/muon/peer_oracle_test.py), so it compares with muond's
-    "highest" to fp32 rounding."""
-    original = torch.Tensor.bfloat16
-    torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
-    try:
-        yield
-    finally:
-        torch.Tensor.bfloat16 = original
+    """torch.optim.Muon with its NS in fp32 (torch_ns_fp32), so it compares
+    with muond's "highest" to fp32 rounding."""
+    return torch_muon_ns_in_fp32()
 
 
 def grads(params, seed):

@@ -2,8 +2,9 @@
 muond-daemon needs (its DT_NEEDED, as readelf reads it) are put on
 LD_LIBRARY_PATH from $MUOND_CUDA_LIB_DIRS or the nvidia-* wheels' layout; one
 found nowhere is named with where it was looked for and how to get it; the
-servers that need none (muonctl) run without; a package without binaries
-says how to get them.
+servers that need none (muonctl) run without; relative extra directories
+become absolute; a damaged (truncated, not ELF) binary is named with "reinstall
+the wheel"; a package without binaries says how to get them.
 """
 import os
 import re
@@ -87,6 +88,39 @@ class ServerEnvTest(unittest.TestCase):
         # Without the extra dir, NCCL is missing alone.
         with self.assertRaisesRegex(_servers.ServerError, r"muond-daemon: libnccl\.so\.2 "
                                     r"\(NCCL\) not found: looked in"):
+            _servers.server_env("muond-daemon", {})
+
+    def test_relative_extra_dirs_are_made_absolute_from_the_current_directory(self):
+        extra = os.path.join(self.tmp, "extra")
+        for soname in _servers.HOST_CUDA_LIBRARIES:
+            touch(os.path.join(extra, soname))
+        cwd = os.getcwd()
+        os.chdir(self.tmp)
+        self.addCleanup(os.chdir, cwd)
+        env = _servers.server_env("muond-daemon", {"MUOND_CUDA_LIB_DIRS": "extra"})
+        self.assertEqual(env["LD_LIBRARY_PATH"].split(":")[0], extra)
+
+    def install_damaged_daemon(self, content: bytes) -> str:
+        path = os.path.join(_servers.LIBEXEC_DIR, "muond-daemon")
+        os.unlink(path)
+        with open(path, "wb") as f:
+            f.write(content)
+        return path
+
+    def test_a_truncated_server_binary_names_the_file_and_reinstall(self):
+        with open(DAEMON, "rb") as f:
+            head = f.read(200)  # the ELF header, cut before the section headers
+        path = self.install_damaged_daemon(head)
+        with self.assertRaises(_servers.ServerError) as cm:
+            _servers.server_env("muond-daemon", {})
+        message = str(cm.exception)
+        self.assertIn(f"{path}: a truncated or corrupt ELF file (200 bytes", message)
+        self.assertIn("reinstall the wheel", message)
+
+    def test_a_server_binary_that_is_no_elf_names_the_file_and_reinstall(self):
+        path = self.install_damaged_daemon(b"")
+        with self.assertRaisesRegex(_servers.ServerError,
+                                    rf"{re.escape(path)}: not an ELF64 .*reinstall the wheel"):
             _servers.server_env("muond-daemon", {})
 
 

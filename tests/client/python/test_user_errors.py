@@ -1,9 +1,14 @@
 """Mistakes a new user makes get an error naming the real cause and the fix,
 at once and before anything is applied: a trainer world that differs from
-muond launch's daemons, a sparse grad, a hyperparameter of the wrong type,
-an LR scheduler cycling momentum over mixed Muon + AdamW groups, and
-muond.torch imported without torch."""
+muond launch's daemons, a sparse grad, a hyperparameter of the wrong type
+(a bool in any form is no number; a bool option takes every form of bool),
+a bias or norm weight among plain params (its own AdamW group) or in an
+explicit Muon group (refused naming the AdamW group to put it in),
+an LR scheduler cycling momentum over mixed Muon + AdamW groups, a forked
+child stepping its parent's optimizer, a step the daemons answer as a replay
+of a step this optimizer never sent, and muond.torch imported without torch."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,11 +17,14 @@ import textwrap
 import unittest
 from unittest import mock
 
+import grpc
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_daemon import start_cluster  # noqa: E402
-from muond.torch import Muon  # noqa: E402
+from muond.torch import Muon, MuondError  # noqa: E402
+from muond.v1 import muond_pb2 as pb  # noqa: E402
 from muond.torch import discovery as D  # noqa: E402
 
 
@@ -99,8 +107,8 @@ class FakeDaemonCase(unittest.TestCase):
     def setUp(self):
         directory = tempfile.mkdtemp(prefix="muond-test-")
         self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-        cluster, self.addresses = start_cluster(directory, 1)
-        for d in cluster.daemons:
+        self.cluster, self.addresses = start_cluster(directory, 1)
+        for d in self.cluster.daemons:
             self.addCleanup(d.stop)
         g = torch.Generator().manual_seed(5)
         self.w = torch.nn.Parameter(torch.randn(6, 4, generator=g))
@@ -164,6 +172,43 @@ class HyperparameterTypeTest(FakeDaemonCase):
                 with self.assertRaisesRegex(ValueError, pattern):
                     self.muon(**kwargs)
 
+    def test_a_bool_in_any_form_is_not_a_number(self):
+        cases = [(dict(lr=True), "lr", 0), (dict(lr=np.True_), "lr", 0),
+                 (dict(lr=torch.tensor(True)), "lr", 0), (dict(momentum=np.False_), "momentum", 0),
+                 (dict(eps=np.True_), "eps", 0), (dict(ns_steps=np.True_), "ns_steps", 0),
+                 (dict(ns_steps=torch.tensor(True)), "ns_steps", 0),
+                 (dict(adamw={"betas": (np.True_, 0.99)}), "betas", 1),
+                 (dict(adamw={"lr": torch.tensor(True)}), "lr", 1)]
+        for kwargs, key, gi in cases:
+            with self.subTest(kwargs=kwargs):
+                rule = "an int" if key == "ns_steps" else "a finite real number"
+                with self.assertRaisesRegex(ValueError, rf"group {gi} .*'{key}' must be {rule}, "
+                                            r"got .* \(\w+, a bool: give the number itself\)"):
+                    self.muon(**kwargs)
+
+    def test_a_bool_option_takes_every_bool_form(self):
+        for value in (True, np.False_, torch.tensor(False), np.True_, torch.tensor(True), 0):
+            with self.subTest(value=value):
+                daemon = self.cluster.daemons[0]
+                opt = self.muon(nesterov=value, use_syrk=value)
+                self.set_grads()
+                opt.step()
+                registered = daemon.requests[-1].groups[0].muon
+                self.assertEqual((registered.nesterov, registered.use_syrk), (bool(value),) * 2)
+                (override,) = [o for o in daemon.step_requests[-1].overrides if o.group == "group0"]
+                self.assertIs(override.nesterov, bool(value))
+                opt.close()
+
+    def test_a_bool_option_refuses_what_is_no_bool(self):
+        for value in ("yes", 2, 0.0, torch.tensor([True, False])):
+            with self.subTest(value=value):
+                with self.assertRaisesRegex(ValueError, r"group 0 .*'nesterov' must be a bool "
+                                            r"\(True or False; a numpy bool_ or a one-element "
+                                            r"bool tensor too\)"):
+                    self.muon(nesterov=value)
+                with self.assertRaisesRegex(ValueError, r"'use_syrk' must be a bool"):
+                    self.muon(use_syrk=value)
+
     def test_a_string_set_in_param_groups_is_refused_at_step(self):
         opt = self.muon()
         self.set_grads()
@@ -206,6 +251,148 @@ class CycledMomentumTest(FakeDaemonCase):
         self.run_one_cycle(opt)
         self.assertEqual(opt.step_id, 4)
         self.assertLess(opt.param_groups[0]["momentum"], 0.95)
+
+
+class NonMatrixParamTest(FakeDaemonCase):
+    """README's one line, Muon(model.named_parameters()), on a model with
+    biases and norm weights: the 2-D params form a Muon group, the others
+    an AdamW group; in explicit groups a non-2-D Muon param is refused
+    naming it and the AdamW group to put it in."""
+
+    def model(self):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.LayerNorm(4),
+                                   torch.nn.Linear(4, 3, bias=False))
+
+    def plain(self, params, **kwargs):
+        opt = Muon(params, daemons=self.addresses, job_id="fake", lr=0.01, **kwargs)
+        self.addCleanup(opt.close)
+        return opt
+
+    def test_named_parameters_split_into_muon_and_adamw_groups(self):
+        model = self.model()
+        opt = self.plain(model.named_parameters(), weight_decay=0.05)
+        muon, adamw = opt.param_groups
+        self.assertEqual((muon["algorithm"], muon["param_names"]),
+                         ("muon", ["0.weight", "2.weight"]))
+        self.assertEqual((adamw["algorithm"], adamw["param_names"]),
+                         ("adamw", ["0.bias", "1.weight", "1.bias"]))
+        self.assertEqual((adamw["lr"], adamw["weight_decay"], adamw["betas"], adamw["eps"]),
+                         (0.01, 0.05, (0.9, 0.95), 1e-8))
+        model(torch.randn(5, 6)).square().mean().backward()
+        opt.step()
+        self.assertEqual(opt.step_id, 1)
+
+    def test_parameters_split_alike_and_matrices_alone_stay_one_group(self):
+        model = self.model()
+        opt = self.plain(model.parameters())
+        self.assertEqual([(g["algorithm"], len(g["params"])) for g in opt.param_groups],
+                         [("muon", 2), ("adamw", 3)])
+        opt.close()
+        matrices = self.plain([model[0].weight, model[2].weight])
+        self.assertEqual([g["algorithm"] for g in matrices.param_groups], ["muon"])
+
+    def test_only_non_matrix_params_make_one_adamw_group(self):
+        norm = torch.nn.LayerNorm(4)
+        opt = self.plain(norm.named_parameters())
+        self.assertEqual([(g["algorithm"], g["param_names"]) for g in opt.param_groups],
+                         [("adamw", ["weight", "bias"])])
+
+    def test_a_non_matrix_param_in_an_explicit_muon_group_names_the_adamw_group(self):
+        with self.assertRaises(ValueError) as caught:
+            self.plain([{"params": [self.w, self.b], "param_names": ["w", "b"]}])
+        message = str(caught.exception)
+        self.assertIn("param b: Muon params must be 2-D (Newton-Schulz orthogonalises "
+                      "matrices), got shape (4,), in a Muon param group", message)
+        self.assertIn('Put it in an AdamW group: {"params": [p for p in model.parameters() '
+                      'if p.ndim != 2], "algorithm": "adamw"}', message)
+        self.assertIn("or pass model.named_parameters() itself", message)
+
+
+class ForkedChildTest(FakeDaemonCase):
+    """A forked child's copy of the optimizer shares the parent's
+    registration and step ids: it is refused before anything is sent, and
+    the parent's next step is a real step, not a replay."""
+
+    def in_forked_child(self, call) -> str:
+        """call() in a forked child; what it raised ("" if nothing)."""
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, never run the test runner's code
+            os.close(read)
+            try:
+                call()
+                said = ""
+            except BaseException as e:  # noqa: BLE001 (reported to the parent)
+                said = f"{type(e).__name__}: {e}"
+            os.write(write, said.encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            said = f.read()
+        os.waitpid(pid, 0)
+        return said
+
+    def test_step_load_and_add_group_in_a_forked_child_are_refused(self):
+        opt = self.muon()
+        self.set_grads()
+        opt.step()
+        state = opt.state_dict()
+        extra = torch.nn.Parameter(torch.zeros(3))
+        for what, call in (("step()", opt.step),
+                           ("load_state_dict()", lambda: opt.load_state_dict(state)),
+                           ("add_param_group()", lambda: opt.add_param_group(
+                               {"params": [extra], "param_names": ["extra"],
+                                "algorithm": "adamw"}))):
+            with self.subTest(what=what):
+                said = self.in_forked_child(call)
+                self.assertRegex(said, rf"RuntimeError: muond.torch.Muon.{re.escape(what)} "
+                                 r"called in process \d+, but this optimizer was made in "
+                                 rf"process {os.getpid()}: this process is a fork")
+                self.assertIn("Make the optimizer in this process", said)
+        before = self.w.detach().clone()
+        self.set_grads()
+        opt.step()  # the parent's step is applied: no child stepped in its name
+        self.assertEqual(opt.step_id, 2)
+        self.assertFalse(torch.equal(self.w, before))
+        self.assertFalse(any(r.replayed for r in opt.last_responses))
+
+
+class ReplayedStepTest(FakeDaemonCase):
+    """A daemon answers a step id it applied already as a replay: accepted
+    for a resend of a step whose answer was lost, refused for any other."""
+
+    def test_a_replay_of_a_step_never_sent_is_refused(self):
+        opt = self.muon()
+        daemon = self.cluster.daemons[0]
+        daemon.on_step = lambda request, context: pb.StepResponse(step_id=request.step_id,
+                                                                  replayed=True)
+        self.set_grads()
+        for _ in range(2):  # and stays refused: the id never advances past it
+            with self.assertRaisesRegex(RuntimeError, r"answered step 1 from their record .*"
+                                        r"never sent step 1 before: another process stepped "
+                                        r"its registration .*Build a new optimizer"):
+                opt.step()
+            self.assertEqual(opt.step_id, 0)
+
+    def test_a_replay_of_a_resent_step_is_its_answer(self):
+        opt = self.muon()
+        daemon = self.cluster.daemons[0]
+        answers = iter(["lost", "replayed"])
+
+        def applied_then_lost(request, context):
+            if next(answers) == "lost":
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the answer was lost")
+            return pb.StepResponse(step_id=request.step_id, replayed=True)
+
+        daemon.on_step = applied_then_lost
+        self.set_grads()
+        with self.assertRaises(MuondError):
+            opt.step()
+        self.assertEqual(opt.step_id, 0)
+        opt.step()  # the same id again: the daemon's record answers it
+        self.assertEqual(opt.step_id, 1)
+        self.assertEqual([r.step_id for r in daemon.step_requests], [1, 1])
 
 
 class ImportWithoutTorchTest(unittest.TestCase):

@@ -23,5 +23,11 @@ def describe_exit(code: int) -> str:
     return f"exit status {code}"
 
 
-def log(message: str) -> None:
-    print(f"muond launch: {message}", file=sys.stderr, flush=True)
+# Whose line it is: `muond launch`'s, unless a trainer's local cluster
+# (muond.local) runs the same code (its reaper), which names itself.
+LAUNCH_PREFIX = "muond launch"
+LOCAL_CLUSTER_PREFIX = "muond local cluster"
+
+
+def log(message: str, prefix: str = LAUNCH_PREFIX) -> None:
+    print(f"{prefix}: {message}", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from muond.launch.messages import log
+from muond.launch.messages import LAUNCH_PREFIX, log
 from muond.launch.processes import (command_processes, remove_dead_shm, signal_group,
                                     stop_command_processes)
 
@@ -48,9 +48,10 @@ class Reaper:
         self._wait = lambda: os.waitpid(self.pid, 0)
 
     @classmethod
-    def spawned(cls, grace: float, owner: str) -> "Reaper":
+    def spawned(cls, grace: float, owner: str, prefix: str = LAUNCH_PREFIX) -> "Reaper":
         """The reaper as a new interpreter, not a fork; `owner` names the
-        process it watches in its log line ("the trainer")."""
+        process it watches in its log line ("the trainer"), `prefix` whose
+        line it is (a local cluster's, not `muond launch`'s)."""
         import muond  # the package root, for the child's sys.path
         root = os.path.dirname(os.path.dirname(os.path.abspath(muond.__file__)))
         path = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -58,7 +59,7 @@ class Reaper:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-c", "import sys; from muond.launch.reaper import "
-                 "run_on_stdin; run_on_stdin(*sys.argv[1:])", repr(grace), owner],
+                 "run_on_stdin; run_on_stdin(*sys.argv[1:])", repr(grace), owner, prefix],
                 stdin=read, stdout=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=path))
         except BaseException:
             os.close(write)
@@ -83,14 +84,15 @@ class Reaper:
         self._wait()
 
 
-def _reaper_main(read_fd: int, grace: float, owner: str = "the launcher") -> None:
+def _reaper_main(read_fd: int, grace: float, owner: str = "the launcher",
+                 prefix: str = LAUNCH_PREFIX) -> None:
     for signum in (*STOP_SIGNALS, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_IGN)  # a terminal's ^C goes to the launcher
     os.setsid()  # nor does its hang-up reach here
     launcher = os.getppid()
     started = _read_until_done(read_fd)
     if started is not None:
-        _stop_after_launcher_died(launcher, *started, grace, owner)
+        _stop_after_launcher_died(launcher, *started, grace, owner, prefix)
 
 
 def _read_until_done(read_fd: int) -> tuple[dict, str | None, str | None] | None:
@@ -118,7 +120,7 @@ def _read_until_done(read_fd: int) -> tuple[dict, str | None, str | None] | None
 
 
 def _stop_after_launcher_died(launcher: int, groups: dict, sockdir: str | None,
-                              job: str | None, grace: float, owner: str) -> None:
+                              job: str | None, grace: float, owner: str, prefix: str) -> None:
     """The launcher died without stopping what it started: the command (its
     group and, by the marker, its processes in sessions of their own), then
     the servers' groups; then the socket dir and the job's dead shm objects."""
@@ -139,11 +141,12 @@ def _stop_after_launcher_died(launcher: int, groups: dict, sockdir: str | None,
         shutil.rmtree(sockdir, ignore_errors=True)
     if job:
         remove_dead_shm(job)
-    log(f"{owner} (pid {launcher}) died: stopped its command and servers, removed "
+    stopped = "its command and servers" if groups["command"] else "its servers"
+    log(f"{owner} (pid {launcher}) died: stopped {stopped}, removed "
         f"{sockdir or 'nothing'} and the job's shm objects"
-        + (f"; could not stop: {'; '.join(left)}" if left else ""))
+        + (f"; could not stop: {'; '.join(left)}" if left else ""), prefix)
 
 
-def run_on_stdin(grace: str, owner: str) -> None:
+def run_on_stdin(grace: str, owner: str, prefix: str = LAUNCH_PREFIX) -> None:
     """The spawned reaper's main (Reaper.spawned): the pipe is stdin."""
-    _reaper_main(0, float(grace), owner)
+    _reaper_main(0, float(grace), owner, prefix)

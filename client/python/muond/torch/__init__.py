@@ -16,6 +16,14 @@ keywords of the same names; its defaults are torch's, Newton-Schulz on bf16
 operands included (fp32_matmul_prec="medium"; "highest" runs it in fp32). Groups with
 ``"algorithm": "adamw"`` take AdamW (their own lr, betas, eps, weight_decay).
 
+A plain iterable of params or of (name, param) pairs (``model.parameters()``,
+``model.named_parameters()``) becomes a Muon group of its 2-D params and an
+AdamW group of all others (biases, norm weights, scalars, conv kernels; the
+constructor's lr and weight_decay), silently, as torch.optim.Muon's users
+split them by hand (muond.torch.initial_groups.split_plain_params); with no
+other param it stays one Muon group. In explicit param groups every param of
+a Muon group must be 2-D (ValueError naming it and the AdamW group to use).
+
 Memory. At construction every param is moved once into memory the daemons can
 map, and the model's ``param.data`` is rebound to it (same Parameter objects):
 all params of one dtype are packed into one POSIX shm object (CPU,
@@ -80,9 +88,11 @@ the new tensor matches the registered one's shape, dtype and device, else
 refused at step(). The optimizer does not pickle: save its state_dict.
 
 Modules: ``optimizer`` (Muon, the torch.optim surface), ``options`` (the
-option objects), ``groups`` (group options, torch-key translation, the
-checks before any RPC), ``layouts`` (one layout strategy per shard_mode),
-``placement`` / ``discovery`` (local mode's domains; this rank's daemon),
+option objects), ``initial_groups`` (the constructor's params as groups),
+``groups`` (group options, torch-key translation, the checks before any
+RPC), ``process_guard`` (only the creating process steps), ``layouts`` (one
+layout strategy per shard_mode), ``placement`` / ``discovery`` (local mode's
+domains; this rank's daemon),
 ``memory`` (shm / CUDA regions and buffers, CUDA IPC handles),
 ``registration`` / ``collective`` (RegisterParams, takeover, the ranks'
 agreement), ``wire`` (groups to proto), ``rpc`` (one call on every daemon),

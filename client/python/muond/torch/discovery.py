@@ -16,9 +16,11 @@ reported at once (``Discovered.missing_socket``) instead of waited for, and so
 are a malformed ``$MUOND_DAEMON`` (``check_daemon_address``) and a trainer
 world that differs from ``muond launch``'s daemons (``check_world_matches_daemons``).
 
-The local cluster (``local_daemon``): when none of JOB_VARIABLES is set, no
-torch.distributed group is initialized and ``$MUOND_LOCAL`` is not 0, the
-process starts its own coordinator and daemon (muond.local) instead.
+The local cluster (``local_daemon``): when none of JOB_VARIABLES is set (or
+``$MUOND_LOCAL`` is 1), no torch.distributed group is initialized and
+``$MUOND_LOCAL`` is not 0, the process starts its own coordinator and daemon
+(muond.local) instead. When a job variable alone kept it from doing so and no
+daemon is found, the error names the variables (``stray_job_variables``).
 """
 from __future__ import annotations
 
@@ -53,15 +55,37 @@ def launched_world_size(env=None) -> int | None:
 
 
 def wants_local_cluster(env=None) -> bool:
-    """True when nothing in the environment names this process's daemon
-    (JOB_VARIABLES) and $MUOND_LOCAL is not 0; ValueError for a $MUOND_LOCAL
-    other than 0, 1 or empty."""
+    """True when $MUOND_LOCAL is 1, or unset and nothing in the environment
+    names this process's daemon (JOB_VARIABLES); ValueError for a
+    $MUOND_LOCAL other than 0, 1 or empty."""
     env = os.environ if env is None else env
     local = env.get("MUOND_LOCAL", "")
     if local not in ("", "0", "1"):
-        raise ValueError(f"$MUOND_LOCAL={local!r} must be 0 (no local daemon) or 1 (the "
-                         "default: start one when nothing names a daemon)")
+        raise ValueError(f"$MUOND_LOCAL={local!r} must be 0 (no local daemon) or 1 (start one "
+                         "even when a launcher's or torchrun's variable is set); unset, one "
+                         "starts when nothing names a daemon")
+    if local == "1":
+        return True
     return local != "0" and not any(env.get(key) for key in JOB_VARIABLES)
+
+
+def stray_job_variables(env) -> str:
+    """Why no local cluster started, when job variables alone kept it from
+    starting (no $MUOND_LOCAL, not under `muond launch`): the variables
+    found, and the fixes; "" otherwise. Appended to the errors of a process
+    that finds no daemon: a $LOCAL_RANK left in a shell or a notebook's
+    environment otherwise reads as a missing daemon."""
+    found = [key for key in JOB_VARIABLES if env.get(key)]
+    if not found or env.get("MUOND_LOCAL") or env.get("MUOND_SOCKET_DIR"):
+        return ""
+    names = ", ".join(f"${key}={env[key]!r}" for key in found)
+    one = len(found) == 1
+    return (f". No local coordinator and daemon were started because {names} "
+            f"{'is' if one else 'are'} set (a launcher's or torchrun's variable{'' if one else 's'}"
+            ": such a process finds its daemon from them). In a plain script, unset "
+            f"{'it' if one else 'them'}; for a job, run it under muond launch (muond launch "
+            "--nproc-per-node N -- torchrun --nproc-per-node N train.py); or set MUOND_LOCAL=1 "
+            "to start the local cluster anyway")
 
 
 def local_daemon(param_groups, job_id: str | None, timeout: float) -> Discovered | None:
@@ -144,7 +168,8 @@ def _no_rank_message(env) -> str:
            "starts when nothing names one)" if env.get("MUOND_LOCAL") == "0" else "")
     return ("muond.torch.Muon needs its daemon: pass daemons=[addresses], or run under "
             "torchrun/srun ($RANK or $SLURM_PROCID picks the daemon's default socket "
-            "muond-<job>-<rank>.sock, job from $MUOND_JOB_ID), or set $MUOND_DAEMON" + off)
+            "muond-<job>-<rank>.sock, job from $MUOND_JOB_ID), or set $MUOND_DAEMON" + off
+            + stray_job_variables(env))
 
 
 def _ranks(first: int, end: int) -> str:
@@ -223,6 +248,7 @@ class Discovered:
     job_source: str = ""
     default_socket: str | None = None
     lease: object = None  # a local cluster's muond.local.Lease, released at the end
+    stray_variables: str = ""  # stray_job_variables of the environment it came from
 
     def missing_socket(self) -> str | None:
         """Why this rank has no daemon, when the address is a default socket
@@ -234,7 +260,7 @@ class Discovered:
         return (f"muond: no daemon socket at {self.default_socket}: the default socket for "
                 f"job {self.job_id!r} ({self.job_source}) and rank {self.rank}; set "
                 "$MUOND_JOB_ID to the daemons' --job_id, or $MUOND_DAEMON to this rank's "
-                "daemon address")
+                "daemon address" + self.stray_variables)
 
 
 def discover(job_id: str | None = None, env=None) -> Discovered:
@@ -261,4 +287,5 @@ def discover(job_id: str | None = None, env=None) -> Discovered:
         check_world_matches_daemons(rank, env)
         address = default_socket(job, rank, env)
         path = address[len("unix://"):]
-    return Discovered(address, job, rank, env.get("MUOND_TOKEN_FILE") or None, job_source, path)
+    return Discovered(address, job, rank, env.get("MUOND_TOKEN_FILE") or None, job_source, path,
+                      stray_variables=stray_job_variables(env))

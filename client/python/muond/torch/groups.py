@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import operator
 
+import numpy as np
 import torch
 
 from muond import _rules
@@ -139,13 +140,33 @@ def group_label(gi: int, group: dict) -> str:
     return f"param group {gi} ({group.get('name', f'group{gi}')!r})"
 
 
+def is_bool(value) -> bool:
+    """A truth value in any of the forms a config or a tensor op gives one:
+    Python bool, numpy bool_, a one-element bool tensor. The one rule for
+    both kinds of option: a number refuses every one of them (True is not
+    an lr of 1.0), a bool option accepts every one of them."""
+    if isinstance(value, (bool, np.bool_)):
+        return True
+    return (isinstance(value, torch.Tensor) and value.dtype == torch.bool
+            and value.numel() == 1)
+
+
+def _kind(value) -> str:
+    """The type of a refused value for its message; a bool says why it is
+    no number (np.True_ would otherwise read as a number)."""
+    if is_bool(value):
+        return f"{type(value).__name__}, a bool: give the number itself"
+    return type(value).__name__
+
+
 def _real(label: str, key: str, value) -> float:
     """A live hyperparameter as the float the wire carries: a real number
-    (int, float, numpy scalar, one-element tensor; not bool, None or str) and
-    finite, else ValueError naming group and key. Its bounds (momentum < 1,
-    ...) are the daemon's (core/muon/bounds.h): step() names them."""
-    ok = not isinstance(value, (bool, str, bytes)) and value is not None
-    if isinstance(value, torch.Tensor):
+    (int, float, numpy scalar, one-element tensor; no bool in any form
+    (is_bool), None or str) and finite, else ValueError naming group and
+    key. Its bounds (momentum < 1, ...) are the daemon's
+    (core/muon/bounds.h): step() names them."""
+    ok = not isinstance(value, (str, bytes)) and value is not None and not is_bool(value)
+    if ok and isinstance(value, torch.Tensor):
         ok = value.numel() == 1 and (value.is_floating_point() or not value.is_complex())
     try:
         number = float(value) if ok else None
@@ -153,20 +174,32 @@ def _real(label: str, key: str, value) -> float:
         number = None
     if number is None or number != number or number in (float("inf"), float("-inf")):
         raise ValueError(f"{label}: {key!r} must be a finite real number, got {value!r} "
-                         f"({type(value).__name__})")
+                         f"({_kind(value)})")
     return number
 
 
 def _whole(label: str, key: str, value) -> int:
-    """An integer hyperparameter (int or numpy int; not bool, float or str),
-    else ValueError naming group and key; its bounds are the daemon's."""
-    if not isinstance(value, bool):
+    """An integer hyperparameter (int or numpy int; no bool in any form,
+    float or str), else ValueError naming group and key; its bounds are the
+    daemon's."""
+    if not is_bool(value):
         try:
             return operator.index(value)
         except TypeError:
             pass
-    raise ValueError(f"{label}: {key!r} must be an int, got {value!r} "
-                     f"({type(value).__name__})")
+    raise ValueError(f"{label}: {key!r} must be an int, got {value!r} ({_kind(value)})")
+
+
+def _flag(label: str, key: str, value) -> bool:
+    """A bool option as the bool the wire carries: any form is_bool accepts,
+    or the int 0 or 1 (torch.optim takes them); else ValueError naming group
+    and key."""
+    if is_bool(value):
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{label}: {key!r} must be a bool (True or False; a numpy bool_ or a "
+                     f"one-element bool tensor too), got {value!r} ({type(value).__name__})")
 
 
 # The numeric entries of a Muon group fixed at registration, by kind (the
@@ -190,8 +223,7 @@ def check_live(gi: int, group: dict) -> None:
             for v in value:
                 _real(label, key, v)
         elif key == "nesterov":
-            if not isinstance(value, (bool, int)) or value not in (0, 1):
-                raise ValueError(f"{label}: 'nesterov' must be a bool, got {value!r}")
+            _flag(label, key, value)
         else:
             _real(label, key, value)
 
@@ -211,8 +243,8 @@ def check_options(gi: int, group: dict) -> None:
     for key in _FIXED_INTS:
         if key in group:
             _whole(label, key, group[key])
-    if not isinstance(group.get("use_syrk", False), bool):
-        raise ValueError(f"{label}: 'use_syrk' must be a bool, got {group['use_syrk']!r}")
+    if "use_syrk" in group:
+        _flag(label, "use_syrk", group["use_syrk"])
     for c in group.get("custom_coefficients") or ():
         _real(label, "custom_coefficients", c)
     check_gram_options(gi, group)
@@ -277,9 +309,9 @@ def check_gram_options(gi: int, group: dict) -> None:
                              f"got {restarts!r}")
         given, restarts = list(restarts), []
         for i, r in enumerate(given):
-            # Integer-likes (numpy ints) count as ints; bool and float do not.
+            # Integer-likes (numpy ints) count as ints; bools and floats do not.
             try:
-                value = None if isinstance(r, bool) else operator.index(r)
+                value = None if is_bool(r) else operator.index(r)
             except TypeError:
                 value = None
             if value is None or not 1 <= value < steps:
@@ -291,7 +323,7 @@ def check_gram_options(gi: int, group: dict) -> None:
                                  f"got {given!r}")
     ratio = group.get("gram_min_aspect_ratio")
     if ratio is not None:
-        ok = not isinstance(ratio, (bool, str, bytes))
+        ok = not isinstance(ratio, (str, bytes)) and not is_bool(ratio)
         try:
             value = float(ratio) if ok else None
         except (TypeError, ValueError):
@@ -408,8 +440,13 @@ def check_param(name: str, algorithm: str, p) -> None:
         names = ", ".join(str(d).removeprefix("torch.") for d in _wire.DTYPES)
         raise ValueError(f"param {name}: dtype {p.dtype} not in ({names})")
     if algorithm == "muon" and p.ndim != 2:
-        raise ValueError(f"param {name}: Muon params must be 2-D, got shape "
-                         f"{tuple(p.shape)}; put it in an algorithm='adamw' group")
+        raise ValueError(
+            f"param {name}: Muon params must be 2-D (Newton-Schulz orthogonalises matrices), "
+            f"got shape {tuple(p.shape)}, in a Muon param group. Put it in an AdamW group: "
+            '{"params": [p for p in model.parameters() if p.ndim != 2], "algorithm": "adamw"} '
+            "beside {\"params\": [p for p in model.parameters() if p.ndim == 2]}; or pass "
+            "model.named_parameters() itself, not groups: every param that is not 2-D then "
+            "goes to an AdamW group")
 
 
 def param_names(gi: int, group: dict) -> list:

@@ -19,8 +19,10 @@ from muond.client import Client
 from muond.torch import collective as _collective
 from muond.torch import discovery as _discovery
 from muond.torch import groups as _groups
+from muond.torch import initial_groups as _initial_groups
 from muond.torch import layouts as _layouts
 from muond.torch import options as _options
+from muond.torch import process_guard as _process_guard
 from muond.torch import registration as _registration
 from muond.torch import rpc as _rpc
 from muond.torch import wire as _wire
@@ -60,59 +62,17 @@ class AddParamGroupError(RuntimeError):
         self.state_dict = state_dict
 
 
-def _defaults(lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps,
-              adjust_lr_fn, o: dict) -> dict:
-    """A Muon group's defaults from torch's parameters and the resolved flat
-    options ``o`` (muond.torch.options.resolve)."""
-    coefficient_type = o["coefficient_type"]
-    if ns_coefficients is not None:
-        if coefficient_type not in (None, "custom"):
-            raise ValueError("give ns_coefficients or coefficient_type, not both")
-        coefficient_type, custom = _groups.coefficients_from_torch(ns_coefficients)
-    else:
-        custom = []
-    scale_mode, extra_scale_factor = _groups.scale_from_adjust_lr_fn(
-        adjust_lr_fn, o["scale_mode"], o["extra_scale_factor"])
-    gram_restarts = o["gram_restarts"]
-    return dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                # torch.optim.Muon's own default (ns_coefficients=None) is the
-                # "simple" triple (3.4445, -4.775, 2.0315): the drop-in keeps it.
-                eps=eps, ns_steps=ns_steps, coefficient_type=coefficient_type or "simple",
-                custom_coefficients=custom, scale_mode=scale_mode,
-                extra_scale_factor=extra_scale_factor, ns_batch_size=o["ns_batch_size"],
-                weight_decay_method=o["weight_decay_method"],
-                fp32_matmul_prec=o["fp32_matmul_prec"], use_syrk=o["use_syrk"],
-                ns_algorithm=o["ns_algorithm"],
-                # A list copy of an iterable; anything else (None, a str, an
-                # int) as given, so check_gram_options names it (ValueError).
-                gram_restarts=(list(gram_restarts)
-                               if hasattr(gram_restarts, "__iter__")
-                               and not isinstance(gram_restarts, (str, bytes))
-                               else gram_restarts),
-                gram_dtype=o["gram_dtype"], gram_min_aspect_ratio=o["gram_min_aspect_ratio"],
-                algorithm="muon")
-
-
-def _adamw_groups(params: list, defaults: dict, betas, adamw_eps) -> list:
-    """``params`` with every AdamW group's own betas and eps (defaulted);
-    ``defaults`` gets "betas" when every group is AdamW."""
-    if not (params and isinstance(params[0], dict)):
-        return params
-    params = [dict(grp) for grp in params]
-    for gi, grp in enumerate(params):
-        if grp.get("algorithm", "muon") == "adamw":
-            _groups.check_adamw_options(gi, grp)
-            grp.setdefault("betas", tuple(betas))
-            grp.setdefault("eps", adamw_eps)
-    if all(grp.get("algorithm", "muon") == "adamw" for grp in params):
-        # LR schedulers that cycle momentum (OneCycleLR, CyclicLR) cycle
-        # betas[0] when "betas" is in `defaults`, as for torch.optim.AdamW,
-        # and "momentum" when it is not, as for torch.optim.Muon.
-        defaults["betas"] = tuple(betas)
-    return params
-
-
 class Muon(torch.optim.Optimizer):
+    """torch.optim.Muon's step on muond daemons (muond.torch's docstring has
+    the whole contract). ``params`` as torch.optim takes them: param groups
+    (dicts; a group with ``"algorithm": "adamw"`` steps with AdamW, every
+    param of any other group must be 2-D), or a plain iterable of params or
+    of ``(name, param)`` pairs (``model.parameters()``,
+    ``model.named_parameters()``), whose 2-D params form a Muon group and
+    every other param (biases, norm weights, scalars, conv kernels) an AdamW
+    group with the same lr and weight_decay (initial_groups.split_plain_params).
+    """
+
     def __new__(cls, *args, **kwargs):
         # torch.optim.Optimizer's first use in a process imports torch._dynamo,
         # whose import leaves a reference cycle through the frames running it
@@ -133,12 +93,16 @@ class Muon(torch.optim.Optimizer):
                  placement: _options.PlacementOptions | None = None,
                  connection: _options.ConnectionOptions | None = None,
                  name: str | None = None, **flat):
+        self._creator_pid = os.getpid()  # process_guard: only it steps and loads
+        self._replays = _process_guard.ReplayCheck()
         o = _options.resolve(flat, dict(newton_schulz=newton_schulz, scaling=scaling,
                                         adamw=adamw, placement=placement,
                                         connection=connection))
-        defaults = _defaults(lr, weight_decay, momentum, nesterov, ns_coefficients, eps,
-                             ns_steps, adjust_lr_fn, o)
-        params = _adamw_groups(list(params), defaults, o["betas"], o["adamw_eps"])
+        defaults = _initial_groups.muon_defaults(lr, weight_decay, momentum, nesterov,
+                                                 ns_coefficients, eps, ns_steps, adjust_lr_fn, o)
+        params = _initial_groups.with_adamw_options(
+            _initial_groups.split_plain_params(list(params)), defaults, o["betas"],
+            o["adamw_eps"])
         super().__init__(params, defaults)
         for gi, grp in enumerate(self.param_groups):
             _groups.check_options(gi, grp)
@@ -175,8 +139,8 @@ class Muon(torch.optim.Optimizer):
         # daemon, else a new trainer on them is refused ALREADY_REGISTERED.
         # It holds the clients and ids, never the optimizer.
         self._finalizer = weakref.finalize(self, _registration.finalize, self._memory,
-                                           self.clients, job_id, self.client_id, os.getpid(),
-                                           self._local_lease)
+                                           self.clients, job_id, self.client_id,
+                                           self._creator_pid, self._local_lease)
         try:
             self._register(no_daemon, o["takeover"])
         except BaseException:
@@ -225,7 +189,9 @@ class Muon(torch.optim.Optimizer):
                 raise FileNotFoundError(no_daemon)
             for c in self.clients:
                 c.wait_healthy(self._wait_healthy_timeout)
-            if self.shard_mode == "local":  # one trainer per daemon: the worlds agree
+            # One trainer per daemon: the worlds agree (a local cluster is one
+            # daemon for this process, whatever $WORLD_SIZE MUOND_LOCAL=1 overrode).
+            if self.shard_mode == "local" and self._local_lease is None:
                 _discovery.check_daemon_world(self.clients[0], self._rank, self._world)
             unhealthy = None
         except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
@@ -326,6 +292,7 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._closed:
             raise RuntimeError("muond.torch.Muon.step after close()")
+        _process_guard.check_creator_process(self._creator_pid, "step()")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -347,18 +314,13 @@ class Muon(torch.optim.Optimizer):
         # not have sent its step at all, and only the caller knows.
         step_id = self.step_id + 1
         overrides = [self._overrides(r) for r in range(len(self.clients))]
-        what = f"Step {step_id}"
         t0 = time.perf_counter()
-        if len(self.clients) == 1:  # a blocking call: no future, no extra thread
-            first = self.clients[0]
-            responses = [_rpc.result(lambda: first.step(self.job_id, step_id, overrides[0],
-                                                        self.client_id, skipped[0]),
-                                     first, what)]
-        else:
-            futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id,
-                                     skipped[r])
-                       for r, c in enumerate(self.clients)]
-            responses = _rpc.gather(futures, self.clients, what)
+        try:
+            responses = self._send_step(step_id, overrides, skipped)
+        except BaseException:
+            self._replays.sent_without_answer(step_id)
+            raise
+        self._replays.check(step_id, responses, self.client_id)
         self._memory.copy_dtensors_out()
         self.step_id = step_id
         rpc_us = (time.perf_counter() - t0) * 1e6
@@ -368,6 +330,18 @@ class Muon(torch.optim.Optimizer):
         self.last_timings = timings
         self.last_responses = responses
         return loss
+
+    def _send_step(self, step_id: int, overrides: list, skipped: list) -> list:
+        """Step `step_id` on every daemon; their responses, in rank order."""
+        what = f"Step {step_id}"
+        if len(self.clients) == 1:  # a blocking call: no future, no extra thread
+            first = self.clients[0]
+            return [_rpc.result(lambda: first.step(self.job_id, step_id, overrides[0],
+                                                   self.client_id, skipped[0]),
+                                first, what)]
+        futures = [c.step_future(self.job_id, step_id, overrides[r], self.client_id, skipped[r])
+                   for r, c in enumerate(self.clients)]
+        return _rpc.gather(futures, self.clients, what)
 
     def status(self):
         return [c.status() for c in self.clients]
@@ -465,6 +439,7 @@ class Muon(torch.optim.Optimizer):
         into every daemon all or nothing and sets the groups' options and the
         step id. On any error nothing changes (ValueError naming the param and
         the rule for a bad state dict)."""
+        _process_guard.check_creator_process(self._creator_pid, "load_state_dict()")
         groups, states = self._check_state_dict(state_dict)
         step_ids = {_groups.check_step_id(g[_state.STEP_ID_KEY]) for g in state_dict["param_groups"]
                     if _state.STEP_ID_KEY in g}
@@ -537,6 +512,7 @@ class Muon(torch.optim.Optimizer):
             return
         if self._closed:
             raise RuntimeError("muond.torch.Muon.add_param_group after close()")
+        _process_guard.check_creator_process(self._creator_pid, "add_param_group()")
         if isinstance(param_group, dict) and param_group.get("algorithm") == "adamw":
             param_group = dict(param_group)
             param_group.setdefault("eps", self._adamw_eps)

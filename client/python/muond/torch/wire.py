@@ -46,7 +46,7 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
         custom_coefficients=group["custom_coefficients"],
         num_ns_steps=group["ns_steps"], eps=group["eps"],
         extra_scale_factor=group["extra_scale_factor"],
-        ns_batch_size=group["ns_batch_size"], use_syrk=group["use_syrk"],
+        ns_batch_size=group["ns_batch_size"], use_syrk=bool(group["use_syrk"]),
         **enums))
     if group.get("gram_restarts") is not None:
         wg.muon.gram_restarts.CopyFrom(pb.GramRestarts(

@@ -4,15 +4,14 @@ deterministic data, and the comparisons.
 
 Tolerances. muond vs muond (the same math on the same backend): bitwise.
 muond vs torch.optim.Muon / torch.optim.AdamW: torch runs NS in bf16, so the
-torch side runs it in fp32 as tests/core/muon/peer_oracle_test.py does (the
-one bf16 cast, `grad.bfloat16()`, returns an fp32 copy instead), and muond is
-asked for fp32 ("highest") explicitly; then the two differ by fp32 rounding
+torch side runs it in fp32 (tests/client/python/torch_ns_fp32.py: its NS
+function replaced by the same iteration in fp32), and muond is asked for fp32
+("highest") explicitly; then the two differ by fp32 rounding
 only: REL_TOL (relative, max over elements / max |value|). Every effect under
 test here is orders of magnitude above it (measured 3e-2 .. 1e-1).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import sys
@@ -23,21 +22,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import ClusterTestCase  # noqa: E402,F401  (re-exported)
 
 from muond.torch import Muon  # noqa: E402
+from tests.client.python.torch_ns_fp32 import torch_muon_ns_in_fp32  # noqa: E402
 
 REL_TOL = 2e-5
 MUON = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True)
 ADAMW = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05)
 
 
-@contextlib.contextmanager
 def fp32_newton_schulz():
     """torch.optim.Muon with its NS in fp32 (see the module docstring)."""
-    original = torch.Tensor.bfloat16
-    torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
-    try:
-        yield
-    finally:
-        torch.Tensor.bfloat16 = original
+    return torch_muon_ns_in_fp32()
 
 
 class TorchReference:
