@@ -325,8 +325,11 @@ absl::Status DaemonCore::CheckClient(const std::string& job_id,
   }
   if (registration_ != nullptr && client_id != registration_->client_id) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "client_id '", Echo(client_id), "' does not own the params (",
-        "registered by '", registration_->client_id, "')"));
+        "client_id '", Echo(client_id), "' does not own the params",
+        config_.optimizer.empty()
+            ? ""
+            : absl::StrCat(" of optimizer '", config_.optimizer, "'"),
+        " (registered by '", registration_->client_id, "')"));
   }
   return absl::OkStatus();
 }

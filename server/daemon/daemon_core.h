@@ -127,6 +127,8 @@ class CoordinatorLink {
 
 struct DaemonConfig {
   std::string job_id;
+  // The optimizer instance this core is ("" the default), for messages.
+  std::string optimizer;
   int rank = 0;
   int world_size = 1;
   std::string device = "cpu";

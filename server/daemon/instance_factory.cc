@@ -1,5 +1,6 @@
 #include "server/daemon/instance_factory.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "server/common/job_id.h"
@@ -29,18 +30,20 @@ absl::StatusOr<std::unique_ptr<OptimizerInstance>> MakeInstance(
       settings.coordinator, join, settings.coordinator_credentials);
   DaemonConfig config = settings.config;
   config.on_readiness = std::move(on_readiness);
+  config.optimizer = name;
   EngineOptions engine = settings.engine;
   engine.job_id = job;
   auto instance = std::make_unique<OptimizerInstance>();
+  instance->job = job;
   instance->core =
       std::make_shared<DaemonCore>(std::move(config), MakeOpener(settings),
                                    link.get(), MakeEngineFactory(engine, link));
   // The link's threads end (stop) before the core goes away.
   DaemonCore* core = instance->core.get();
-  const absl::Duration timeout = settings.coordinator_timeout;
-  instance->start = [link, core, timeout] {
+  const absl::Duration most = settings.coordinator_timeout;
+  instance->start = [link, core, most](absl::Duration timeout) {
     return link->Start([core](const v1::Plan& plan) { core->OnPlan(plan); },
-                       timeout);
+                       std::min(timeout, most));
   };
   instance->stop = [link] { link->Stop(); };
   instance->owned = link;

@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
     remove_socket();
     if (!serving.load()) _exit(0);
   });
-  absl::Status started = table.Default()->start();
+  absl::Status started = table.Default()->start(absl::InfiniteDuration());
   if (!started.ok()) {
     LOG(ERROR) << started;
     server->Shutdown();

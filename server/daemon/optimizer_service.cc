@@ -37,8 +37,14 @@ grpc::Status OptimizerService::RegisterParams(
     grpc::ServerContext* context, const v1::RegisterParamsRequest* request,
     v1::RegisterParamsResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  const auto rpc_deadline = context->deadline();
+  const absl::Time deadline =
+      rpc_deadline == std::chrono::system_clock::time_point::max()
+          ? absl::InfiniteFuture()
+          : absl::FromChrono(rpc_deadline);
   return Reply(
-      table_->Register(*request, [context] { return context->IsCancelled(); }),
+      table_->Register(
+          *request, [context] { return context->IsCancelled(); }, deadline),
       response, "RegisterParams");
 }
 

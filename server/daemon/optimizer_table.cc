@@ -1,5 +1,6 @@
 #include "server/daemon/optimizer_table.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +27,13 @@ absl::Status CheckName(const std::string& name) {
   return CheckOptimizerName(kField, name);
 }
 
+// absl::Condition's predicate: `name` is not being made.
+struct NotPending {
+  const std::set<std::string>* pending;
+  const std::string* name;
+  bool operator()() const { return pending->count(*name) == 0; }
+};
+
 }  // namespace
 
 OptimizerInstance::~OptimizerInstance() {
@@ -39,8 +47,8 @@ OptimizerTable::OptimizerTable(InstanceFactory factory,
     : factory_(std::move(factory)),
       on_serving_(std::move(on_serving)),
       max_instances_(max_instances) {
-  absl::MutexLock life(&lifecycle_);
-  absl::StatusOr<std::shared_ptr<OptimizerInstance>> made = Make("");
+  absl::StatusOr<std::shared_ptr<OptimizerInstance>> made =
+      Make("", absl::InfiniteFuture());
   made_default_ = made.status();
 }
 
@@ -75,7 +83,7 @@ void OptimizerTable::OnReadiness(uint64_t serial, bool ready) {
 }
 
 absl::StatusOr<std::shared_ptr<OptimizerInstance>> OptimizerTable::Make(
-    const std::string& name) {
+    const std::string& name, absl::Time deadline) {
   if (!factory_) {
     return absl::UnimplementedError(absl::StrCat(
         Named(name), ": this server hosts the default optimizer only"));
@@ -83,30 +91,67 @@ absl::StatusOr<std::shared_ptr<OptimizerInstance>> OptimizerTable::Make(
   uint64_t serial;
   {
     absl::MutexLock lock(&mu_);
+    NotPending not_pending{&pending_, &name};
+    if (!mu_.AwaitWithDeadline(absl::Condition(&not_pending), deadline)) {
+      return absl::UnavailableError(absl::StrCat(
+          Named(name),
+          " is still joining its job on the coordinator for another "
+          "registration of that name; retry"));
+    }
     if (auto it = entries_.find(name); it != entries_.end()) {
       return it->second.instance;
     }
-    if (int(entries_.size()) >= max_instances_) {
+    if (int(entries_.size() + pending_.size()) >= max_instances_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot make ", Named(name), ": this daemon hosts ", entries_.size(),
+          "cannot make ", Named(name), ": this daemon hosts ",
+          entries_.size() + pending_.size(),
           " optimizer instances, the most it may (", max_instances_,
           "): ", Describe(), "; close (unregister) one of them first"));
     }
+    pending_.insert(name);
     serial = next_serial_++;
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<OptimizerInstance> made,
-                   factory_(name, ReadinessOf(serial)));
-  std::shared_ptr<OptimizerInstance> instance = std::move(made);
-  if (!name.empty() && instance->start) {
-    RETURN_IF_ERROR(WithContext(
-        instance->start(),
-        absl::StrCat(Named(name), ": joining its job on the coordinator: ")));
+  absl::StatusOr<std::unique_ptr<OptimizerInstance>> built =
+      Build(name, serial, deadline);
+  std::shared_ptr<OptimizerInstance> instance;
+  if (built.ok()) instance = std::move(*built);
+  {
+    absl::MutexLock lock(&mu_);
+    pending_.erase(name);
+    if (instance != nullptr) {
+      entries_[name] = Entry{instance, serial, false};
+      Refresh();
+    }
   }
+  // A failed instance (if any) went away in `built`, outside mu_: a core's
+  // end reports its readiness (OnReadiness).
+  if (!built.ok()) return built.status();
   LOG_IF(INFO, !name.empty()) << Named(name) << " made";
-  absl::MutexLock lock(&mu_);
-  entries_[name] = Entry{instance, serial, false};
-  Refresh();
   return instance;
+}
+
+absl::StatusOr<std::unique_ptr<OptimizerInstance>> OptimizerTable::Build(
+    const std::string& name, uint64_t serial, absl::Time deadline) {
+  ASSIGN_OR_RETURN(std::unique_ptr<OptimizerInstance> instance,
+                   factory_(name, ReadinessOf(serial)));
+  if (name.empty() || !instance->start) return instance;
+  // End before the trainer's deadline, keeping a margin for the answer.
+  const absl::Duration left = deadline - absl::Now();
+  const absl::Duration timeout = std::max(
+      left - std::min(absl::Seconds(1), left / 4), absl::Milliseconds(100));
+  absl::Status started = instance->start(timeout);
+  if (started.ok()) return instance;
+  return absl::Status(
+      started.code() == absl::StatusCode::kDeadlineExceeded
+          ? absl::StatusCode::kUnavailable
+          : started.code(),
+      absl::StrCat(
+          Named(name), " could not join its job '", instance->job,
+          "' on the coordinator: ", started.message(),
+          ". Other daemons hold that job when another live trainer of the "
+          "same job made an optimizer of the same name: give this one "
+          "another name (muond.torch.Muon(name=...)) or stop the other "
+          "trainer; this daemon's other optimizers are not affected"));
 }
 
 std::shared_ptr<OptimizerInstance> OptimizerTable::Default() {
@@ -133,7 +178,7 @@ absl::StatusOr<std::shared_ptr<OptimizerInstance>> OptimizerTable::Find(
 
 absl::StatusOr<v1::RegisterParamsResponse> OptimizerTable::Register(
     const v1::RegisterParamsRequest& request,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, absl::Time deadline) {
   const std::string& name = request.optimizer();
   RETURN_IF_ERROR(CheckName(name));
   absl::StatusOr<v1::RegisterParamsResponse> outcome;
@@ -145,8 +190,7 @@ absl::StatusOr<v1::RegisterParamsResponse> OptimizerTable::Register(
         break;
       }
     }
-    absl::MutexLock life(&lifecycle_);
-    RETURN_IF_ERROR(Make(name).status());
+    RETURN_IF_ERROR(Make(name, deadline).status());
   }
   {
     absl::MutexLock lock(&mu_);

@@ -17,12 +17,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "muond/v1/muond.pb.h"
 #include "server/daemon/daemon_core.h"
 
@@ -35,10 +37,13 @@ inline constexpr int kMaxOptimizerInstances = 16;
 // One instance: its core and what feeds it plans.
 struct OptimizerInstance {
   std::shared_ptr<DaemonCore> core;
-  // Joins the instance's job on the coordinator and starts its plan stream
-  // (for a named instance the table calls it when making it); empty:
-  // nothing to join.
-  std::function<absl::Status()> start;
+  // Its job on the coordinator (InstanceJobId), for messages.
+  std::string job;
+  // Joins the instance's job on the coordinator, retrying a refusal that may
+  // pass for at most `timeout` (capped by the daemon's coordinator timeout),
+  // and starts its plan stream (for a named instance the table calls it
+  // when making it); empty: nothing to join.
+  std::function<absl::Status(absl::Duration timeout)> start;
   // Ends plan delivery to `core`; called before `core` goes away.
   std::function<void()> stop;
   // What must outlive `core` (its coordinator link): released after it.
@@ -72,10 +77,15 @@ class OptimizerTable {
   // RegisterParams on instance request.optimizer(), made first when new
   // (InvalidArgument for a bad name; ResourceExhausted naming the cap, the
   // live instances and their owners when the daemon hosts the most it may;
-  // the coordinator's refusal of the instance's Join).
+  // the coordinator's refusal of the instance's Join, naming the instance,
+  // its coordinator job and the fix). A new instance joins the coordinator
+  // with no table-wide lock held, so a slow or refused join delays only
+  // registrations of that name; the join ends before `deadline` (the RPC's)
+  // so the trainer hears why rather than a bare deadline.
   absl::StatusOr<v1::RegisterParamsResponse> Register(
       const v1::RegisterParamsRequest& request,
-      const std::function<bool()>& cancelled);
+      const std::function<bool()>& cancelled,
+      absl::Time deadline = absl::InfiniteFuture());
   // UnregisterParams on instance request.optimizer(); a named instance
   // left without a registration is removed (its engine, communicators and
   // mappings released). Unregistering an instance that is not there is OK,
@@ -102,8 +112,13 @@ class OptimizerTable {
     uint64_t serial = 0;  // tells a removed instance's late report apart
     bool ready = false;   // its readiness as it last reported
   };
+  // Instance `name`, made and started when there is none: one thread makes
+  // a name (pending_) while others of that name wait, until `deadline`.
   absl::StatusOr<std::shared_ptr<OptimizerInstance>> Make(
-      const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_);
+      const std::string& name, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes and starts instance `name` (no lock held).
+  absl::StatusOr<std::unique_ptr<OptimizerInstance>> Build(
+      const std::string& name, uint64_t serial, absl::Time deadline);
   std::function<void(bool)> ReadinessOf(uint64_t serial);
   void OnReadiness(uint64_t serial, bool ready);
   // Recomputes the readiness rule; reports a change to on_serving_.
@@ -122,11 +137,13 @@ class OptimizerTable {
   // to the table, which asks it instead.
   const bool live_readiness_ = false;
   absl::Status made_default_;
-  // Held to make or remove an instance (writer) and around a registration
-  // (reader), so an instance is never removed under a registration.
+  // Held to remove an instance (writer) and around a registration (reader),
+  // so an instance is never removed under a registration.
   absl::Mutex lifecycle_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  // Names being made (joining the coordinator); they count towards the cap.
+  std::set<std::string> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 0;
   bool serving_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

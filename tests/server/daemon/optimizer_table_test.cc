@@ -47,6 +47,7 @@ class OptimizerTableTest : public ::testing::Test {
     DaemonConfig config;
     config.job_id = "job";
     config.world_size = 4;
+    config.optimizer = name;
     config.on_readiness = std::move(on_readiness);
     auto instance = std::make_unique<OptimizerInstance>();
     instance->core = std::make_shared<DaemonCore>(
@@ -64,7 +65,9 @@ class OptimizerTableTest : public ::testing::Test {
           engine->muon = std::make_unique<FakeMuon>(firsts);
           return engine;
         });
-    instance->start = [this, name] {
+    instance->job = InstanceJobId("job", name);
+    instance->start = [this, name](absl::Duration timeout) {
+      if (join_) return join_(name, timeout);
       started_.push_back(name);
       return absl::OkStatus();
     };
@@ -170,6 +173,8 @@ class OptimizerTableTest : public ::testing::Test {
   int regions_made_ = 0;
   std::atomic<bool> grpc_serving_{false};
   std::vector<std::string> started_;
+  // When set, an instance's coordinator join (name, the time it may take).
+  std::function<absl::Status(const std::string&, absl::Duration)> join_;
   std::map<std::string, InstanceMemory> memory_;
   std::unique_ptr<OptimizerTable> table_;
 };
@@ -191,8 +196,10 @@ TEST_F(OptimizerTableTest, TwoInstancesRegisterStepAndUnregisterIndependently) {
   EXPECT_EQ(memory_["gan-d"].w0(), 1.0f);
   EXPECT_EQ(memory_["gan-d"].v0(), 1.0f);
   EXPECT_EQ(memory_[""].w0(), 1.0f);
-  EXPECT_EQ(Step("gan-d", "trainer-a", 8).status().code(),
-            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<v1::StepResponse> foreign = Step("gan-d", "trainer-a", 8);
+  EXPECT_EQ(foreign.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(foreign.status().message(),
+              HasSubstr("does not own the params of optimizer 'gan-d'"));
 
   // Unregistering one leaves the other stepping; the named one is removed.
   ASSERT_TRUE(Unregister("", "trainer-a").ok());
@@ -265,6 +272,82 @@ TEST_F(OptimizerTableTest, RefusedRegistrationLeavesNoInstanceBehind) {
   EXPECT_EQ(table_->Register(bad, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(table_->Names(), ::testing::ElementsAre(""));
+}
+
+// A join that the coordinator keeps refusing (another daemon set squats the
+// instance's job) holds up registrations of that name only: the default
+// instance and another named one register meanwhile; the join ends within the
+// registration's deadline with a message naming the instance, its job and the
+// fix; nothing of it stays, so the name registers once the squatter is gone.
+TEST_F(OptimizerTableTest, StuckJoinDelaysOnlyItsOwnNameAndEndsByTheDeadline) {
+  MakeTable();
+  absl::Notification joining;
+  absl::Notification squatter_gone;
+  std::atomic<int64_t> given_ms{-1};
+  join_ = [&](const std::string& name, absl::Duration timeout) {
+    if (name != "squatted") return absl::OkStatus();
+    if (joining.HasBeenNotified()) return absl::OkStatus();  // the retry
+    given_ms.store(absl::ToInt64Milliseconds(timeout));
+    joining.Notify();
+    if (squatter_gone.WaitForNotificationWithTimeout(timeout)) {
+      return absl::OkStatus();
+    }
+    return absl::DeadlineExceededError(
+        "Join refused: job 'job/squatted' rank 1 is already joined and live");
+  };
+  const v1::RegisterParamsRequest squatted =
+      RegisterRequest("squatted", "trainer-s");
+  const v1::RegisterParamsRequest first = RegisterRequest("", "trainer-a");
+  const v1::RegisterParamsRequest other = RegisterRequest("opt-2", "trainer-b");
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  absl::StatusOr<v1::RegisterParamsResponse> refused;
+  std::thread stuck(
+      [&] { refused = table_->Register(squatted, {}, deadline); });
+  joining.WaitForNotification();
+  EXPECT_TRUE(table_->Register(first, {}).ok());
+  EXPECT_TRUE(table_->Register(other, {}).ok());
+  EXPECT_LT(absl::Now(), deadline - absl::Seconds(1));  // not held up
+  stuck.join();
+  EXPECT_LE(absl::Now(), deadline);
+  EXPECT_LE(given_ms.load(), 2250);  // a margin left for the answer
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("optimizer 'squatted'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("job 'job/squatted'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("already joined and live"));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("another name (muond.torch.Muon(name=...))"));
+  EXPECT_THAT(table_->Names(), ::testing::ElementsAre("", "opt-2"));
+  squatter_gone.Notify();
+  EXPECT_TRUE(
+      table_->Register(RegisterRequest("squatted", "trainer-s"), {}).ok());
+}
+
+// A second registration of a name whose instance is still joining waits for
+// that join, up to its own deadline, then says so.
+TEST_F(OptimizerTableTest,
+       SecondRegistrationOfAJoiningNameWaitsUpToItsDeadline) {
+  MakeTable();
+  absl::Notification joining;
+  absl::Notification release;
+  join_ = [&](const std::string&, absl::Duration) {
+    joining.Notify();
+    release.WaitForNotification();
+    return absl::OkStatus();
+  };
+  const v1::RegisterParamsRequest first = RegisterRequest("opt-2", "trainer-a");
+  const v1::RegisterParamsRequest again = first;
+  absl::StatusOr<v1::RegisterParamsResponse> made;
+  std::thread maker([&] { made = table_->Register(first, {}); });
+  joining.WaitForNotification();
+  absl::StatusOr<v1::RegisterParamsResponse> waited =
+      table_->Register(again, {}, absl::Now() + absl::Milliseconds(200));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(waited.status().message(),
+              HasSubstr("optimizer 'opt-2' is still joining"));
+  release.Notify();
+  maker.join();
+  EXPECT_TRUE(made.ok()) << made.status();
+  EXPECT_THAT(table_->Names(), ::testing::ElementsAre("", "opt-2"));
 }
 
 // grpc.health.v1 (on_serving) and the Health RPC without a name are one
