@@ -106,6 +106,39 @@ class FakeMuon : public LayerShardedMuon {
   std::vector<float*> firsts_;
 };
 
+// The fixture's registration for `client`: group "muon" in a 2x2 domain at
+// (0, 0) over `region`: w (8x4 full, column-parallel GTP+TP: local 2x4) at
+// offset 0, its grad at 256; v (4x8 row-parallel: local 2x4 as a column
+// block of a 2x8 buffer) at 512, grad at 768.
+inline v1::RegisterParamsRequest TwoByTwoRequest(const ShmRegion& region,
+                                                 const std::string& client) {
+  v1::RegisterParamsRequest r;
+  r.set_job_id("job");
+  r.set_client_id(client);
+  *r.add_regions() = HostRegion(region);
+  v1::ParamGroup* g = r.add_groups();
+  g->set_name("muon");
+  g->set_algorithm(v1::ALGORITHM_MUON);
+  g->mutable_muon()->set_lr(0.02);
+  g->mutable_domain()->set_name("dense");
+  g->mutable_domain()->set_gtp_size(2);
+  g->mutable_domain()->set_tp_size(2);
+  char* base = static_cast<char*>(region.data());
+  v1::ShardTags col;
+  col.set_tensor_model_parallel(true);
+  col.set_partition_dim(0);
+  col.set_is_gtp_weight_remat(true);
+  *g->add_params() =
+      MakeParam("w", {8, 4}, *HostRef(region, base, v1::DTYPE_FP32, {2, 4}),
+                *HostRef(region, base + 256, v1::DTYPE_FP32, {2, 4}), col);
+  v1::ShardTags row = col;
+  row.set_partition_dim(1);
+  *g->add_params() = MakeParam(
+      "v", {4, 8}, *HostRef(region, base + 512, v1::DTYPE_FP32, {2, 4}, {8, 1}),
+      *HostRef(region, base + 768, v1::DTYPE_FP32, {2, 4}, {8, 1}), row);
+  return r;
+}
+
 // The token the fixture's daemon derives its operator id from.
 inline constexpr char kJobToken[] = "job-token";
 
@@ -153,36 +186,8 @@ class DaemonCoreTest : public ::testing::Test {
         });
   }
 
-  // Group "muon" in a 2x2 domain at (0, 0): w (8x4 full, column-parallel
-  // GTP+TP: local 2x4) at offset 0, its grad at 256; v (4x8 row-parallel:
-  // local 2x4 as a column block of a 2x8 buffer) at 512, grad at 768.
   v1::RegisterParamsRequest Valid() {
-    v1::RegisterParamsRequest r;
-    r.set_job_id("job");
-    r.set_client_id("trainer0");
-    *r.add_regions() = HostRegion(*region_);
-    v1::ParamGroup* g = r.add_groups();
-    g->set_name("muon");
-    g->set_algorithm(v1::ALGORITHM_MUON);
-    g->mutable_muon()->set_lr(0.02);
-    g->mutable_domain()->set_name("dense");
-    g->mutable_domain()->set_gtp_size(2);
-    g->mutable_domain()->set_tp_size(2);
-    char* base = static_cast<char*>(region_->data());
-    v1::ShardTags col;
-    col.set_tensor_model_parallel(true);
-    col.set_partition_dim(0);
-    col.set_is_gtp_weight_remat(true);
-    *g->add_params() =
-        MakeParam("w", {8, 4}, *HostRef(*region_, base, v1::DTYPE_FP32, {2, 4}),
-                  *HostRef(*region_, base + 256, v1::DTYPE_FP32, {2, 4}), col);
-    v1::ShardTags row = col;
-    row.set_partition_dim(1);
-    *g->add_params() = MakeParam(
-        "v", {4, 8},
-        *HostRef(*region_, base + 512, v1::DTYPE_FP32, {2, 4}, {8, 1}),
-        *HostRef(*region_, base + 768, v1::DTYPE_FP32, {2, 4}, {8, 1}), row);
-    return r;
+    return TwoByTwoRequest(*region_, "trainer0");
   }
 
   v1::Plan PlanFor(int64_t version, int64_t activate_at, int home_g) {

@@ -85,33 +85,8 @@ class OptimizerTableTest : public ::testing::Test {
         regions_made_++);
     shm_unlink(shm.c_str());  // left by a crashed run
     memory.region = *ShmRegion::Create(shm, 4096);
-    const ShmRegion& region = *memory.region;
-    v1::RegisterParamsRequest r;
-    r.set_job_id("job");
-    r.set_client_id(client);
+    v1::RegisterParamsRequest r = TwoByTwoRequest(*memory.region, client);
     r.set_optimizer(name);
-    *r.add_regions() = HostRegion(region);
-    v1::ParamGroup* g = r.add_groups();
-    g->set_name("muon");
-    g->set_algorithm(v1::ALGORITHM_MUON);
-    g->mutable_muon()->set_lr(0.02);
-    g->mutable_domain()->set_name("dense");
-    g->mutable_domain()->set_gtp_size(2);
-    g->mutable_domain()->set_tp_size(2);
-    char* base = static_cast<char*>(region.data());
-    v1::ShardTags col;
-    col.set_tensor_model_parallel(true);
-    col.set_partition_dim(0);
-    col.set_is_gtp_weight_remat(true);
-    *g->add_params() =
-        MakeParam("w", {8, 4}, *HostRef(region, base, v1::DTYPE_FP32, {2, 4}),
-                  *HostRef(region, base + 256, v1::DTYPE_FP32, {2, 4}), col);
-    v1::ShardTags row = col;
-    row.set_partition_dim(1);
-    *g->add_params() = MakeParam(
-        "v", {4, 8},
-        *HostRef(region, base + 512, v1::DTYPE_FP32, {2, 4}, {8, 1}),
-        *HostRef(region, base + 768, v1::DTYPE_FP32, {2, 4}, {8, 1}), row);
     return r;
   }
 
