@@ -99,6 +99,7 @@ cp -r examples/char_gpt "$out/examples/"
 cp -r /usr/share/games/fortunes "$out/data/"
 cp deploy/local/launch.py "$out/deploy/local/"
 cp -r tests/gpu "$out/tests/"
+mkdir -p "$out/tests/client/python" && cp tests/client/python/torch_ns_fp32.py "$out/tests/client/python/"
 mkdir -p "$out/tests/system" && cp -r tests/system/kill_mid_step.py tests/system/mid_step_kill "$out/tests/system/"
 find bench -maxdepth 1 -name "gpu*" -exec cp -r {} "$out/bench/" \;
 cp -r bench/manifests "$out/bench/"

@@ -12,7 +12,7 @@ from the usual lookup: an installed wheel, $MUOND_BIN_DIR or the checkout):
    (bf16 rounding), and the models' params stay on the GPU.
 2. fp16 params on the GPU, a Muon group and an AdamW group, fp32 NS
    ("highest"): 3 steps equal an independent float64 reference
-   (torch.optim.Muon with its NS in fp32 and torch.optim.AdamW on the CPU,
+   (torch.optim.Muon with its NS in fp32, torch_ns_fp32, and torch.optim.AdamW on the CPU,
    each param rounded to fp16 after every step as fp16 storage does) within
    fp16 rounding: two units in the last place of the value and of the move.
 3. Five create -> step -> `del` cycles (no close(), no gc.collect()) leave no
@@ -28,8 +28,11 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "client", "python"))
 from daemon_harness import cuda_or_skip  # noqa: E402
+from torch_ns_fp32 import torch_muon_ns_in_fp32  # noqa: E402  (imports torch)
 
 SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-7, ns_steps=5)
 ADAMW = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05)
@@ -86,22 +89,6 @@ def two_optimizers(torch) -> dict:
     return info
 
 
-def fp32_newton_schulz(torch):
-    """torch.optim.Muon casts the NS input with .bfloat16(); an fp32 copy
-    instead gives its NS in fp32, the precision muond is asked for."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def patched():
-        original = torch.Tensor.bfloat16
-        torch.Tensor.bfloat16 = lambda t, *a, **k: t.to(torch.float32, copy=True)
-        try:
-            yield
-        finally:
-            torch.Tensor.bfloat16 = original
-    return patched()
-
-
 def fp16_params(torch) -> dict:
     from muond.torch import Muon
     g = torch.Generator().manual_seed(3)
@@ -123,7 +110,7 @@ def fp16_params(torch) -> dict:
             grad = torch.randn(init[n].shape, generator=gen).half()
             mine[n].grad, ref[n].grad = grad.cuda(), grad.double()
         opt.step()
-        with fp32_newton_schulz(torch):
+        with torch_muon_ns_in_fp32():
             ref_muon.step()
         ref_adamw.step()
         with torch.no_grad():  # the reference's params stored in fp16
