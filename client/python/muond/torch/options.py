@@ -12,12 +12,15 @@ or as the flat keywords of the same names (``Muon(..., ns_algorithm="gram",
 gtp_size=2, ...)``; AdamWOptions.eps is the flat ``adamw_eps``). Both forms
 give the same optimizer; a flat keyword given together with the object of
 its concern is refused, naming the keyword. The defaults are the flat
-keywords' (torch's where torch has the option)."""
+keywords' (torch's where torch has the option). The seed API's options of
+other names (tp_mode, split_qkv, process groups, ...) are accepted at the
+value that is muond's behaviour or refused with the reason (seed_options)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 from muond import _rules
+from muond.torch.seed_options import SEED_ONLY, check_seed_options
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,10 @@ def resolve(flat: dict, objects: dict) -> dict:
     option object, else the default. ``flat``: the flat keywords given;
     ``objects``: option keyword -> object or None. TypeError for an unknown
     keyword (Python's own message) or an object of the wrong class;
-    ValueError when a flat keyword and its concern's object are both given."""
+    ValueError when a flat keyword and its concern's object are both given,
+    or for a seed option muond refuses (seed_options)."""
+    seed = {k: v for k, v in flat.items() if k in SEED_ONLY}
+    flat = {k: v for k, v in flat.items() if k not in SEED_ONLY}
     for key in flat:
         if key not in FLAT_KEYWORDS:
             raise TypeError(f"Muon.__init__() got an unexpected keyword argument {key!r}")
@@ -129,4 +135,5 @@ def resolve(flat: dict, objects: dict) -> dict:
                 out[name] = flat[name]
             else:
                 out[name] = getattr(given, f.name) if given is not None else f.default
+    check_seed_options(seed, out)
     return out
