@@ -91,6 +91,22 @@ TEST(Muonctl, TlsCaAndTokenAreCheckedBeforeConnecting) {
   }
 }
 
+TEST(Muonctl, OptimizerNameIsCheckedAndEverySubcommandOffersIt) {
+  std::ostringstream out, err;
+  EXPECT_EQ(
+      RunStatus({"--coordinator", "h:1", "--job_id", "j", "--optimizer", "a/b"},
+                out, err),
+      2);
+  EXPECT_THAT(err.str(), HasSubstr("--optimizer"));
+  EXPECT_THAT(err.str(), HasSubstr("a/b"));
+  for (const Sub& sub : kSubs) {
+    if (std::string(sub.name) == "plan") continue;  // offline: no daemons
+    std::ostringstream help, none;
+    ASSERT_EQ(sub.run({"--help"}, help, none), 0) << sub.name;
+    EXPECT_THAT(help.str(), HasSubstr("[--optimizer NAME]")) << sub.name;
+  }
+}
+
 TEST(Muonctl, AcceptsJobAndJobId) {
   for (const char* flag : {"--job", "--job_id", "--job=j", "--job_id=j"}) {
     std::vector<std::string> args = {"--coordinator", "127.0.0.1:1", flag,

@@ -30,6 +30,10 @@ constexpr char kCommonFlags[] =
 
 }  // namespace
 
+std::string Args::CoordinatorJob() const {
+  return InstanceJobId(job, optimizer);
+}
+
 std::string Usage(const std::string& sub, Kind kind) {
   std::string text = absl::StrCat("usage: muonctl ", sub,
                                   " --coordinator HOST:PORT --job_id JOB");
@@ -41,7 +45,11 @@ std::string Usage(const std::string& sub, Kind kind) {
     absl::StrAppend(&text, " --dir /ABS/DIR");
   }
   absl::StrAppend(&text,
-                  " [--token_file FILE] [--tls_ca PEM] [--timeout_s N]\n");
+                  " [--optimizer NAME]\n"
+                  "    [--token_file FILE] [--tls_ca PEM] [--timeout_s N]\n"
+                  "  --optimizer NAME   an optimizer instance of the job (a "
+                  "process's later muond.torch.Muon: opt-<n>, or its name=); "
+                  "default: the first\n");
   if (sub == "status") {
     absl::StrAppend(&text,
                     "Prints the job's current plan (version, activation "
@@ -109,7 +117,8 @@ int Parse(const std::string& sub, Kind kind,
     const bool known =
         name == "--coordinator" || name == "--job" || name == "--job_id" ||
         name == "--token" || name == "--token_file" || name == "--tls_ca" ||
-        name == "--timeout_s" || (state && name == "--dir") ||
+        name == "--timeout_s" || name == "--optimizer" ||
+        (state && name == "--dir") ||
         (extra &&
          (name == "--cost_model" || name == "--cost" || name == "--after"));
     if (!known) {
@@ -128,6 +137,8 @@ int Parse(const std::string& sub, Kind kind,
       out->coordinator = value;
     } else if (name == "--job" || name == "--job_id") {
       out->job = value;
+    } else if (name == "--optimizer") {
+      out->optimizer = value;
     } else if (name == "--token") {
       out->token = value;
     } else if (name == "--token_file") {
@@ -163,6 +174,12 @@ int Parse(const std::string& sub, Kind kind,
   if (out->job.empty()) return usage_error("--job_id JOB is required");
   if (absl::Status id = CheckJobId("--job_id", out->job); !id.ok()) {
     return usage_error(std::string(id.message()));
+  }
+  if (!out->optimizer.empty()) {
+    if (absl::Status name = CheckOptimizerName("--optimizer", out->optimizer);
+        !name.ok()) {
+      return usage_error(std::string(name.message()));
+    }
   }
   // Read once, here: every RPC of the command sends the same token.
   absl::StatusOr<std::string> token =
@@ -218,7 +235,7 @@ void PrintDaemons(const v1::ListDaemonsResponse& list, std::ostream& out) {
 bool ListLiveDaemons(const Args& a, v1::ListDaemonsResponse* list,
                      std::ostream& err) {
   v1::ListDaemonsRequest req;
-  req.set_job_id(a.job);
+  req.set_job_id(a.CoordinatorJob());
   grpc::ClientContext ctx;
   Deadline(&ctx, a);
   grpc::Status st = Connect(a)->ListDaemons(&ctx, req, list);
@@ -227,7 +244,7 @@ bool ListLiveDaemons(const Args& a, v1::ListDaemonsResponse* list,
     return false;
   }
   if (list->daemons().empty()) {
-    err << "muonctl: job " << a.job << " has no daemons\n";
+    err << "muonctl: job " << a.CoordinatorJob() << " has no daemons\n";
     return false;
   }
   for (const v1::DaemonInfo& d : list->daemons()) {

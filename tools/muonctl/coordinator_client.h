@@ -30,6 +30,13 @@ struct Args {
   // From --tls_ca (checked by Parse): TLS, else insecure, to TCP servers.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string dir;  // save/load: the state directory
+  // --optimizer: the optimizer instance ("" the daemons' default one).
+  std::string optimizer;
+
+  // The instance's job on the coordinator (InstanceJobId): plans and
+  // daemon lists of --optimizer; the daemons' own RPCs take `job` and
+  // `optimizer`.
+  std::string CoordinatorJob() const;
 };
 
 // Which flags a subcommand takes beyond the common ones.

@@ -16,7 +16,7 @@ int RunDaemons(const std::vector<std::string>& args, std::ostream& out,
   }
   auto stub = Connect(a);
   v1::ListDaemonsRequest req;
-  req.set_job_id(a.job);
+  req.set_job_id(a.CoordinatorJob());
   v1::ListDaemonsResponse list;
   grpc::ClientContext ctx;
   Deadline(&ctx, a);

@@ -19,7 +19,7 @@ int RunRebalance(const std::vector<std::string>& args, std::ostream& out,
     return rc;
   }
   v1::RebalanceRequest req;
-  req.set_job_id(a.job);
+  req.set_job_id(a.CoordinatorJob());
   req.set_cost_model(a.cost_model);
   if (a.after) req.set_activate_after_steps(*a.after);
   for (const std::string& c : a.costs) {

@@ -60,6 +60,7 @@ struct TwoPhase {
     Request req;
     req.set_path(StatePath(a, d.rank()));
     req.set_job_id(a.job);
+    req.set_optimizer(a.optimizer);
     req.set_client_id(OperatorClientId(a.token));
     req.set_phase(phase);
     req.set_transaction_id(transaction_id);

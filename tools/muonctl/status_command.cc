@@ -18,9 +18,9 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out,
     return rc;
   }
   auto stub = Connect(a);
-  out << "job " << a.job << " at " << a.coordinator << "\n";
+  out << "job " << a.CoordinatorJob() << " at " << a.coordinator << "\n";
   v1::GetPlanRequest plan_req;
-  plan_req.set_job_id(a.job);
+  plan_req.set_job_id(a.CoordinatorJob());
   v1::Plan plan;
   grpc::ClientContext plan_ctx;
   Deadline(&plan_ctx, a);
@@ -33,7 +33,7 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out,
     return RpcFailed("GetPlan", st, err);
   }
   v1::ListDaemonsRequest req;
-  req.set_job_id(a.job);
+  req.set_job_id(a.CoordinatorJob());
   v1::ListDaemonsResponse list;
   grpc::ClientContext ctx;
   Deadline(&ctx, a);

@@ -22,6 +22,7 @@ int RunUnregister(const std::vector<std::string>& args, std::ostream& out,
   for (const v1::DaemonInfo& d : list.daemons()) {
     v1::UnregisterParamsRequest req;
     req.set_job_id(a.job);
+    req.set_optimizer(a.optimizer);
     req.set_client_id(OperatorClientId(a.token));
     v1::UnregisterParamsResponse resp;
     grpc::ClientContext ctx;

@@ -9,7 +9,10 @@ optimizer instance on the same two host daemons (split mode, 1 x 2):
   of another name, load_state_dict) continues bitwise as the uninterrupted
   run, while the first optimizer is live;
 * a name a live trainer of another process holds is refused naming the
-  instance, while other names work.
+  instance, while other names work;
+* muonctl's --optimizer reaches one instance: status and daemons show its
+  coordinator job and plan, unregister drops it from every daemon and leaves
+  the default instance registered.
 """
 import glob
 import io
@@ -143,6 +146,53 @@ class SeveralOptimizersTest(ClusterTestCase):
             opt.close()
         self.assertEqual(bitwise_mismatches(params_of(resumed), want), [])
         # The first optimizer kept its own state meanwhile: it still steps.
+        x, _ = batch(1)
+        self.first_model(x).sum().backward()
+        self.first.step()
+
+    def muonctl(self, *args):
+        from cluster import _find_binary
+        token = ([f"--token_file={os.path.join(self.cluster.tmp, 'token')}"]
+                 if self.cluster.token else [])
+        return subprocess.run(
+            [_find_binary("tools/muonctl/muonctl"), *args, "--coordinator",
+             self.cluster.coordinator, "--job_id", self.cluster.job_id, *token],
+            capture_output=True, text=True, timeout=60)
+
+    def optimizers_on_daemons(self):
+        """Each daemon's optimizer instances (GetStatus)."""
+        out = []
+        for address in self.cluster.daemons:
+            with Client(address, token=self.cluster.token) as client:
+                out.append(sorted(client.status().optimizers))
+        return out
+
+    def test_muonctl_optimizer_flag_reaches_one_instance(self):
+        model = Tiny(seed=7)
+        opt = self.opt(model, name="tools")
+        try:
+            self.expect_matches_torch(model, opt, 1)
+            status = self.muonctl("status", "--optimizer", "tools")
+            self.assertEqual(status.returncode, 0, status.stderr)
+            self.assertIn(f"job {self.cluster.job_id}/tools at", status.stdout)
+            self.assertIn("plan version", status.stdout)
+            daemons = self.muonctl("daemons", "--optimizer", "tools")
+            self.assertEqual(daemons.returncode, 0, daemons.stderr)
+            self.assertEqual(daemons.stdout.count("  yes"), self.NUM_DAEMONS, daemons.stdout)
+            bad = self.muonctl("status", "--optimizer", "no/such")
+            self.assertEqual(bad.returncode, 2)
+            self.assertIn("--optimizer", bad.stderr)
+            # (Other tests' instances may be there too: a killed holder's.)
+            self.assertTrue(all({"", "tools"} <= set(names)
+                                for names in self.optimizers_on_daemons()))
+            gone = self.muonctl("unregister", "--optimizer", "tools")
+            self.assertEqual(gone.returncode, 0, gone.stderr)
+            self.assertEqual(gone.stdout.count("unregistered"), self.NUM_DAEMONS)
+            self.assertTrue(all("" in names and "tools" not in names
+                                for names in self.optimizers_on_daemons()))
+        finally:
+            opt.close()
+        # The default instance (this process's first optimizer) still steps.
         x, _ = batch(1)
         self.first_model(x).sum().backward()
         self.first.step()
