@@ -197,6 +197,54 @@ class SeveralOptimizersTest(ClusterTestCase):
         self.first_model(x).sum().backward()
         self.first.step()
 
+    def test_a_squatted_instance_job_is_refused_by_the_trainer_deadline(self):
+        """Another set of daemons holds "<job>/squatted" on the coordinator
+        (here: a client re-joining it with another world size): a trainer's
+        optimizer of that name fails within its rpc_timeout, naming the
+        instance and the fix, while other names register meanwhile."""
+        import threading
+        import time
+
+        import grpc
+        from muond.v1 import muond_pb2 as pb
+        from muond.v1 import muond_pb2_grpc as pb_grpc
+        stop = threading.Event()
+        join = pb.JoinRequest(job_id=f"{self.cluster.job_id}/squatted", rank=0,
+                              world_size=self.NUM_DAEMONS + 1, host="squatter",
+                              device="cpu", address="unix:///nonexistent",
+                              token=self.cluster.token or "")
+
+        def squat():
+            with grpc.insecure_channel(self.cluster.coordinator) as channel:
+                stub = pb_grpc.CoordinatorStub(channel)
+                while not stop.is_set():
+                    try:
+                        stub.Join(join, timeout=5)
+                    except grpc.RpcError:
+                        pass  # already joined and live: it holds the job
+                    stop.wait(0.3)
+        squatter = threading.Thread(target=squat)
+        squatter.start()
+        try:
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            with self.assertRaises(MuondError) as caught:
+                muond_tiny_opt(self.cluster, Tiny(seed=8), name="squatted", rpc_timeout=8)
+            self.assertLess(time.monotonic() - t0, 8 + 2)
+            message = str(caught.exception)
+            self.assertIn("optimizer 'squatted'", message)
+            self.assertIn(f"job '{self.cluster.job_id}/squatted'", message)
+            self.assertIn("another name (muond.torch.Muon(name=...))", message)
+            model = Tiny(seed=8)
+            opt = self.opt(model, name="free")
+            try:
+                self.expect_matches_torch(model, opt, 1)
+            finally:
+                opt.close()
+        finally:
+            stop.set()
+            squatter.join()
+
     def test_a_name_held_by_another_live_trainer_is_refused_naming_it(self):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         holder = subprocess.Popen(
