@@ -57,6 +57,15 @@ std::string InstanceJobId(absl::string_view job, absl::string_view name) {
   return absl::StrCat(job, "/", name);
 }
 
+bool IsInstanceJobId(absl::string_view job_id) {
+  return job_id.find('/') != absl::string_view::npos;
+}
+
+std::string DescribeInstance(absl::string_view name) {
+  if (name.empty()) return "the default optimizer instance";
+  return absl::StrCat("optimizer instance '", name, "'");
+}
+
 absl::Status CheckCoordinatorJobId(absl::string_view field,
                                    absl::string_view value) {
   const size_t slash = value.find('/');

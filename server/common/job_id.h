@@ -28,6 +28,15 @@ absl::Status CheckOptimizerName(absl::string_view field,
 // with a user's job; "" (the default instance) is the job itself.
 std::string InstanceJobId(absl::string_view job, absl::string_view name);
 
+// Whether `job_id` is an optimizer instance's job (has the '/' of
+// InstanceJobId): such a job ends with its instance, and its holders are
+// told to pick another name rather than another --job_id.
+bool IsInstanceJobId(absl::string_view job_id);
+
+// Instance `name` in a message: "optimizer instance 'x'", or "the default
+// optimizer instance" for "" (the words muond.torch uses too).
+std::string DescribeInstance(absl::string_view name);
+
 // What a coordinator RPC may name: a job id (CheckJobId) or an instance's
 // job, InstanceJobId of a valid job id and a valid name. InvalidArgument
 // naming `field` and both forms otherwise.

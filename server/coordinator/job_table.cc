@@ -5,7 +5,6 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
@@ -133,11 +132,15 @@ absl::Status JobTable::CheckSameIncarnation(const Job& job,
   const std::string holder =
       absl::StrCat("job '", job.id, "' is held by ", live, " live daemon",
                    live == 1 ? "" : "s", " of world size ", job.world_size);
-  const std::string fix =
+  // An instance's job is named by its trainer (muond.torch.Muon's name=),
+  // not by the daemon's --job_id: the way out is another name.
+  const std::string fix = absl::StrCat(
       "; every daemon of a job must give the same --world_size and token: "
-      "stop the daemons holding it or give this one another --job_id (a "
-      "Join waits while they are live; a join with no plan stream stops "
-      "holding after ";
+      "stop the daemons holding it or ",
+      IsInstanceJobId(job.id) ? "give this optimizer instance another name"
+                              : "give this one another --job_id",
+      " (a Join waits while they are live; a join with no plan stream stops "
+      "holding after ");
   if (other_world) {
     return absl::FailedPreconditionError(
         absl::StrCat("world_size: ", request.world_size(), " differs: ", holder,
@@ -252,7 +255,7 @@ void JobTable::ExpireIdleJobs(absl::Time now) {
     // An optimizer instance's job ("<job>/<name>") ends when its daemons
     // remove the instance, so it is forgotten as soon as none is live: a
     // process that makes many optimizers in turn does not fill --max_jobs.
-    const bool instance_job = absl::StrContains(job.id, '/');
+    const bool instance_job = IsInstanceJobId(job.id);
     if (job.waiters > 0 || AnyLive(job, now, options_.join_grace) ||
         (!instance_job && now - job.last_activity < options_.job_idle_expiry)) {
       ++it;

@@ -76,6 +76,28 @@ TEST(JobTable, WrongJobIdAndBadJoinFields) {
 }
 
 // A Join's host, device and address are kept per rank and logged: bounded
+// An optimizer instance's job is named by its trainer, not by a daemon flag:
+// held by daemons of another world size or token, the fix it names is
+// another instance name, never another --job_id.
+TEST(JobTable, HeldInstanceJobNamesAnotherInstanceNameAsTheFix) {
+  CoordinatorCore core(Options());
+  ASSERT_TRUE(core.Join(JoinReq("j/opt-2", 0, 3)).ok());
+  const absl::Status world = core.Join(JoinReq("j/opt-2", 1, 2)).status();
+  EXPECT_EQ(world.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(world.message(),
+              HasSubstr("job 'j/opt-2' is held by 1 live daemon of world "
+                        "size 3"));
+  EXPECT_THAT(world.message(),
+              HasSubstr("give this optimizer instance another name"));
+  EXPECT_THAT(world.message(), Not(HasSubstr("--job_id")));
+  const absl::Status token =
+      core.Join(JoinReq("j/opt-2", 1, 3, "another")).status();
+  EXPECT_EQ(token.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(token.message(),
+              HasSubstr("give this optimizer instance another name"));
+  EXPECT_THAT(token.message(), Not(HasSubstr("--job_id")));
+}
+
 // and printable.
 TEST(JobTable, JoinTextFieldsAreBounded) {
   CoordinatorCore core(Options(""));
