@@ -29,6 +29,10 @@ std::string RandomIncarnation() {
   return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
 }
 
+// One Join attempt's longest wait, and the pause between attempts.
+constexpr absl::Duration kJoinAttemptTimeout = absl::Seconds(10);
+constexpr absl::Duration kJoinRetryDelay = absl::Milliseconds(100);
+
 // How long a timing report waits before it is sent (see ReportLoop).
 constexpr absl::Duration kReportDelay = absl::Milliseconds(2);
 
@@ -128,20 +132,28 @@ void GrpcCoordinatorLink::Stop() {
   if (reporter_.joinable()) reporter_.join();
 }
 
-absl::Status GrpcCoordinatorLink::JoinOnce() {
+absl::Status GrpcCoordinatorLink::JoinOnce(absl::Duration timeout) {
   grpc::ClientContext context;
-  Prepare(&context, absl::Seconds(10));
+  Prepare(&context, timeout);
   v1::JoinResponse response;
   return FromGrpc(stub_->Join(&context, join_, &response));
 }
 
-absl::Status GrpcCoordinatorLink::JoinWithRetries(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+absl::Status GrpcCoordinatorLink::JoinWithRetries(
+    absl::Time deadline, const std::function<bool()>& cancelled) {
+  // What the refusal says it waited: the whole allowance, rounded up (an
+  // allowance of 500ms reads "500ms", not "499.98ms").
+  const absl::Duration allowed =
+      absl::Ceil(std::max(deadline - absl::Now(), absl::ZeroDuration()),
+                 absl::Milliseconds(100));
   // The kind of refusal logged last: a wait logs each kind once (a message
   // may change every attempt, e.g. "joined 2s ago").
   absl::StatusCode logged = absl::StatusCode::kOk;
   while (true) {
-    absl::Status st = JoinOnce();
+    // A hung coordinator must not hold an attempt past the deadline.
+    const absl::Duration left = deadline - absl::Now();
+    absl::Status st =
+        JoinOnce(std::clamp(left, absl::Milliseconds(10), kJoinAttemptTimeout));
     {
       absl::MutexLock lock(&mu_);
       last_join_ = st;
@@ -150,23 +162,34 @@ absl::Status GrpcCoordinatorLink::JoinWithRetries(absl::Duration timeout) {
     if (!JoinRefusalMayPass(st)) return WithContext(st, "Join refused: ");
     if (absl::Now() >= deadline) {
       if (IsUnreachable(st)) return CoordinatorUnreachable(st.message());
-      return WithContext(
-          st, absl::StrCat("Join refused for ", absl::FormatDuration(timeout),
-                           " (--coordinator_timeout_s): "));
+      return WithContext(st, absl::StrCat("Join refused for ",
+                                          absl::FormatDuration(allowed), ": "));
+    }
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat(
+          "the Join was given up (its caller went away); the coordinator's "
+          "last refusal: ",
+          st.message()));
     }
     if (!IsUnreachable(st) && st.code() != logged) {
       logged = st.code();
-      LOG(WARNING) << "Join waits (until " << absl::FormatDuration(timeout)
-                   << " after start): " << st;
+      LOG(WARNING) << "Join of job " << join_.job_id() << " waits (up to "
+                   << absl::FormatDuration(allowed) << "): " << st;
     }
-    absl::SleepFor(absl::Milliseconds(100));
+    absl::SleepFor(std::min(kJoinRetryDelay, deadline - absl::Now()));
   }
 }
 
 absl::Status GrpcCoordinatorLink::Start(
     std::function<void(const v1::Plan&)> on_plan, absl::Duration timeout) {
+  return Start(std::move(on_plan), absl::Now() + timeout);
+}
+
+absl::Status GrpcCoordinatorLink::Start(
+    std::function<void(const v1::Plan&)> on_plan, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
   on_plan_ = std::move(on_plan);
-  RETURN_IF_ERROR(JoinWithRetries(timeout));
+  RETURN_IF_ERROR(JoinWithRetries(deadline, cancelled));
   LOG(INFO) << "joined job " << join_.job_id() << " as rank " << join_.rank()
             << "/" << join_.world_size();
   {
@@ -187,7 +210,7 @@ void GrpcCoordinatorLink::WatchLoop() {
     }
     if (need_join) {
       // The coordinator restarted or dropped us: join and re-publish.
-      absl::Status st = JoinOnce();
+      absl::Status st = JoinOnce(kJoinAttemptTimeout);
       if (!st.ok() && !absl::IsAlreadyExists(st)) {
         VLOG(1) << "re-join failed: " << st;
         absl::SleepFor(absl::Milliseconds(500));

@@ -30,13 +30,19 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
   ~GrpcCoordinatorLink() override;
 
   // Joins and starts the plan watcher. Refusals that pass by themselves are
-  // retried up to `timeout`, each logged once: the coordinator unreachable,
+  // retried until `deadline`, each logged once: the coordinator unreachable,
   // the rank still live, the job held by live daemons of another world size
   // or token, max_jobs full; then the last refusal is returned (Unavailable
-  // naming the address for an unreachable coordinator). The plan watcher
+  // naming the address for an unreachable coordinator). No Join attempt
+  // outlasts `deadline`. Once `cancelled` (may be empty) returns true the
+  // retries stop: Cancelled quoting the last refusal. The plan watcher
   // calls `on_plan` for every plan, and for a refusal of a registration
   // round (a Plan with round_refused) that dropped this daemon's latest
   // registration.
+  absl::Status Start(std::function<void(const v1::Plan&)> on_plan,
+                     absl::Time deadline,
+                     const std::function<bool()>& cancelled = {});
+  // Start until `timeout` from now.
   absl::Status Start(std::function<void(const v1::Plan&)> on_plan,
                      absl::Duration timeout);
   // Ends and joins the watcher and reporter threads, so `on_plan` is never
@@ -65,9 +71,11 @@ class GrpcCoordinatorLink : public CoordinatorLink, public KeyValueStore {
                                   absl::Duration timeout) override;
 
  private:
-  absl::Status JoinOnce();
+  // One Join whose RPC waits up to `timeout`.
+  absl::Status JoinOnce(absl::Duration timeout);
   // Start's Join, retried as Start says.
-  absl::Status JoinWithRetries(absl::Duration timeout);
+  absl::Status JoinWithRetries(absl::Time deadline,
+                               const std::function<bool()>& cancelled);
   // Waits up to `timeout` for Start's Join; Unavailable naming the rank and
   // the coordinator's address when it has not joined by then, at once when
   // Start's latest Join found the coordinator unreachable.

@@ -1,8 +1,8 @@
 // A daemon's real GrpcCoordinatorLink against the real CoordinatorService on
 // a Unix socket: a Join that finds the job held by another world size (a
 // squatter) waits it out instead of failing, and fails naming the holder
-// only at its deadline; a registration while the coordinator is unreachable
-// is answered naming the coordinator's address.
+// only at its deadline or once its caller is gone; a registration while the
+// coordinator is unreachable is answered naming the coordinator's address.
 #include "server/daemon/coordinator_link.h"
 
 #include <gmock/gmock.h>
@@ -135,6 +135,25 @@ TEST_F(CoordinatorLinkTest, JoinGivesUpAtItsDeadlineNamingTheHolder) {
   EXPECT_THAT(st.message(), HasSubstr("Join refused for 500ms"));
   EXPECT_THAT(st.message(), HasSubstr("held by 1 live daemon of world size 3"));
   EXPECT_THAT(st.message(), HasSubstr("another --job_id"));
+  holder.Stop();
+}
+
+// The caller of a Join that waits out a holder may go away (a trainer's
+// RegisterParams cancelled): the retries stop then, quoting the refusal.
+TEST_F(CoordinatorLinkTest, JoinStopsRetryingOnceItsCallerIsGone) {
+  StartCoordinator(/*join_grace=*/absl::Seconds(30));
+  GrpcCoordinatorLink holder(address_, JoinOf(0, 3));
+  ASSERT_TRUE(holder.Start([](const v1::Plan&) {}, absl::Seconds(10)).ok());
+  GrpcCoordinatorLink link(address_, JoinOf(1, 2));
+  // Gone after the first refusal: the deadline, far away, is not reached.
+  int asked = 0;
+  const absl::Status st =
+      link.Start([](const v1::Plan&) {}, absl::Now() + absl::Minutes(5),
+                 [&asked] { return ++asked > 1; });
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(st.message(), HasSubstr("its caller went away"));
+  EXPECT_THAT(st.message(), HasSubstr("held by 1 live daemon of world size 3"));
+  EXPECT_EQ(asked, 2);
   holder.Stop();
 }
 
