@@ -150,6 +150,16 @@ class SeveralOptimizersTest(ClusterTestCase):
         self.first_model(x).sum().backward()
         self.first.step()
 
+    def expect_name_is_free(self, name, seed):
+        """An optimizer named `name` on the same daemons registers and
+        matches torch for a step."""
+        model = Tiny(seed=seed)
+        opt = self.opt(model, name=name)
+        try:
+            self.expect_matches_torch(model, opt, 1)
+        finally:
+            opt.close()
+
     def muonctl(self, *args):
         from cluster import _find_binary
         token = ([f"--token_file={os.path.join(self.cluster.tmp, 'token')}"]
@@ -235,12 +245,7 @@ class SeveralOptimizersTest(ClusterTestCase):
             self.assertIn("optimizer 'squatted'", message)
             self.assertIn(f"job '{self.cluster.job_id}/squatted'", message)
             self.assertIn("another name (muond.torch.Muon(name=...))", message)
-            model = Tiny(seed=8)
-            opt = self.opt(model, name="free")
-            try:
-                self.expect_matches_torch(model, opt, 1)
-            finally:
-                opt.close()
+            self.expect_name_is_free("free", seed=8)
         finally:
             stop.set()
             squatter.join()
@@ -258,13 +263,7 @@ class SeveralOptimizersTest(ClusterTestCase):
             self.assertEqual(caught.exception.reason, ALREADY_REGISTERED)
             self.assertIn("optimizer instance 'shared'", str(caught.exception))
             self.assertIn(f"-{holder.pid}-", caught.exception.metadata["client_id"])
-            # Another name on the same daemons is free.
-            model = Tiny(seed=6)
-            opt = self.opt(model, name="not-shared")
-            try:
-                self.expect_matches_torch(model, opt, 1)
-            finally:
-                opt.close()
+            self.expect_name_is_free("not-shared", seed=6)
         finally:
             holder.kill()
             holder.communicate()
