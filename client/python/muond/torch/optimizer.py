@@ -122,7 +122,9 @@ class Muon(torch.optim.Optimizer):
         self.layouts: dict[str, object] = {}
         self._memory = SharedParams(job_id)
         self._param_names: dict[int, str] = {}  # id(param) -> its wire name
-        self._ranks_of: dict[str, tuple[int, ...]] = {}  # wire name -> daemons holding it
+        self._ranks_of: dict[str, tuple[int, ...]] = {}  # param name -> daemons holding it
+        # A batched Muon param's name -> ((matrix wire name, its daemon), ...).
+        self._matrices: dict[str, tuple] = {}
         self._fixed: dict[int, dict] = {}  # group index -> its entries fixed at registration
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
@@ -244,6 +246,7 @@ class Muon(torch.optim.Optimizer):
             self.places = run.places
         self.layouts.update(run.layouts)
         self._ranks_of.update(run.ranks_of)
+        self._matrices.update(run.matrices)
         for rank, pairs in run.wire_groups.items():
             self._wire_groups.setdefault(rank, []).extend(pairs)
 
@@ -301,8 +304,8 @@ class Muon(torch.optim.Optimizer):
         self._memory.follow_rebound_params(self._param_names)
         self.state.push_if_assigned()
         self.state.invalidate()  # the step changes the state: read it afresh
-        skipped = self._memory.skipped_and_copy_grads(
-            self._param_names, self._ranks_of, len(self.clients))
+        skipped = _wire.matrices_of(self._memory.skipped_and_copy_grads(
+            self._param_names, self._ranks_of, len(self.clients)), self._matrices)
         if self._on_cuda:
             torch.cuda.synchronize()  # the daemon reads grads from another process
         # The id advances only when every daemon applied the step: a refused
@@ -523,7 +526,8 @@ class Muon(torch.optim.Optimizer):
         _groups.with_torch_keys(self.param_groups[-1])
         new_group = self.param_groups.pop()  # back only once registered
         _groups.check_new_group(kept, new_group, self.param_groups,
-                                self._param_names.values())
+                                [*self._param_names.values(),
+                                 *(w for ms in self._matrices.values() for w, _ in ms)])
         self._memory.follow_rebound_params(self._param_names)
         self.state.push_if_assigned()
         step_id = self.step_id
@@ -563,6 +567,7 @@ class Muon(torch.optim.Optimizer):
         old_buffers = self._memory.reset()  # the same buffers list the finalizer releases
         self._wire_groups, self.layouts = {}, {}
         self._param_names, self._ranks_of, self._fixed = {}, {}, {}
+        self._matrices = {}
         self.state.invalidate()
         per_rank = self._place_params()  # copies values and grads into fresh buffers
         release(old_buffers)

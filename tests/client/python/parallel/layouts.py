@@ -40,6 +40,11 @@ SPECS = {
     # FSDP2 x TP where "mid" is outside the TP plan: FSDP2 puts it on mesh["dp"]
     # (replicated over tp), a DP axis of its domain on the root mesh.
     "mixed": {"up": (32, 16), "down": (16, 32), "mid": (16, 24)},
+    # A batch of 6 expert matrices as one [E, m, n] param beside a 2-D one:
+    # FSDP2's Shard(0) over 4 ranks gives 2 + 2 + 2 + 0 experts (a rank with
+    # none), Shard(1) 10 rows of every expert (FSDP2 shards dims other than 0
+    # only evenly).
+    "experts": {"experts": (6, 40, 16), "router": (16, 24)},
 }
 WORLD = 4
 
@@ -63,8 +68,12 @@ class Net(torch.nn.Module):
     def __init__(self, spec: str):
         super().__init__()
         init = full_init(spec)
-        for name, (P, Q) in SPECS[spec].items():
-            layer = torch.nn.Linear(Q, P, bias=False)
+        for name, shape in SPECS[spec].items():
+            if len(shape) == 2:
+                layer = torch.nn.Linear(shape[1], shape[0], bias=False)
+            else:  # a batch of matrices (experts) as one param
+                layer = torch.nn.Module()
+                layer.weight = torch.nn.Parameter(torch.empty(shape))
             with torch.no_grad():
                 layer.weight.copy_(init[f"{name}.weight"])
             setattr(self, name, layer)
@@ -124,11 +133,37 @@ def build(layout: str) -> tuple[str, torch.nn.Module]:
         parallelize_module(model, mesh["tp"], _tp_plan())
         fully_shard(model, mesh=mesh["dp"])
         return "mixed", model
+    if layout in ("experts_fsdp", "experts_fsdp_rows"):
+        from torch.distributed.tensor import Shard
+        model = Net("experts")
+        rows = layout.endswith("rows")  # Shard(1): every expert's rows, not whole experts
+        fully_shard(model, mesh=_mesh((WORLD,), ("fsdp",)),
+                    shard_placement_fn=lambda p: Shard(1) if rows and p.ndim == 3 else None)
+        return "experts", model
+    if layout == "experts_ddp":
+        return "experts", torch.nn.parallel.DistributedDataParallel(Net("experts"))
+    if layout == "experts_ep_tp":
+        return "experts", _experts_ep_tp()
     if layout == "hsdp":
         model = Net("even")
         fully_shard(model, mesh=_mesh((2, 2), ("replicate", "shard")))
         return "even", model
     raise ValueError(f"unknown layout {layout!r}")
+
+
+def _experts_ep_tp():
+    """Experts over "ep" (3 of the 6 on each ep coordinate),
+    each expert's rows column-parallel over "tp", the router TP-replicated
+    and FSDP-like row-sharded over "ep"."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh = _mesh((2, 2), ("ep", "tp"))
+    model = Net("experts")
+    for name, placements in (("experts", (Shard(0), Shard(1))),
+                             ("router", (Shard(0), Replicate()))):
+        layer = getattr(model, name)
+        layer.weight = torch.nn.Parameter(distribute_tensor(layer.weight.detach(), mesh,
+                                                            placements, src_data_rank=None))
+    return model
 
 
 def set_grads(model, spec: str, step: int) -> None:
@@ -242,7 +277,7 @@ class Worker:
 
     def run_dtensor(self, layout: str) -> dict:
         spec, model = build(layout)
-        opt = self._opt(list(model.named_parameters()))
+        opt = self._one_muon_group(model)
         try:
             train(model, opt, spec, 1, STEPS)
             loads, homes = self._plan_loads(opt), self._plan_homes(opt)
@@ -285,21 +320,36 @@ class Worker:
 
     def run_dcp_fsdp_to_fsdp_tp(self) -> dict:
         """FSDP2 trains 2 steps and saves (DCP); FSDP2 x TP loads and trains on."""
+        return self._dcp_resume("fsdp_even", "fsdp_tp")
+
+    def run_dcp_experts_fsdp_to_ep_tp(self) -> dict:
+        """Experts whole per rank (FSDP2) save; experts over ep x rows over tp load."""
+        return self._dcp_resume("experts_fsdp", "experts_ep_tp")
+
+    def _one_muon_group(self, model):
+        """A Muon of every param as one group, given explicitly: a plain
+        params iterable puts params that are not 2-D (experts) in AdamW."""
+        names, params = zip(*model.named_parameters())
+        return self._opt([{"params": list(params), "param_names": list(names)}])
+
+    def _dcp_resume(self, saved_on: str, resumed_on: str) -> dict:
+        """``saved_on`` trains 2 steps and saves (DCP); ``resumed_on`` loads
+        (DCP reshards the DTensor state) and trains on to STEPS + 1."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
             set_optimizer_state_dict)
-        path = os.path.join(self.env["tmp"], "dcp-fsdp")
-        spec, model = build("fsdp_even")
-        opt = self._opt(list(model.named_parameters()))
+        path = os.path.join(self.env["tmp"], f"dcp-{saved_on}")
+        spec, model = build(saved_on)
+        opt = self._one_muon_group(model)
         try:
             train(model, opt, spec, 1, 2)
             dcp.save({"model": get_model_state_dict(model),
                       "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
         finally:
             opt.close()
-        spec, model = build("fsdp_tp")
-        opt = self._opt(list(model.named_parameters()))
+        spec, model = build(resumed_on)
+        opt = self._one_muon_group(model)
         try:
             state = {"model": get_model_state_dict(model),
                      "optim": get_optimizer_state_dict(model, opt)}
