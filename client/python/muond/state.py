@@ -11,7 +11,8 @@ it reaches a daemon:
 * ``assemble``: every daemon's entries -> one ``{key: tensor}`` per param, of the
   param's full shape (split mode: each shard is a strided view of one buffer
   laid out as muond.split says, the model's tensor its contiguous prefix; solo
-  and local mode: the whole entry).
+  and local mode: the whole entry; a batched param (muond.batched): each
+  matrix's entry at its offset).
 * ``validate``: a loaded state dict's per-param state -> fp32 CPU tensors, or a
   ValueError naming the param and the rule (nothing sent yet).
 * ``disassemble``: per-param state -> each daemon's entries (split pad rows are

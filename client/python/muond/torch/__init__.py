@@ -22,7 +22,9 @@ AdamW group of all others (biases, norm weights, scalars, conv kernels; the
 constructor's lr and weight_decay), silently, as torch.optim.Muon's users
 split them by hand (muond.torch.initial_groups.split_plain_params); with no
 other param it stays one Muon group. In explicit param groups every param of
-a Muon group must be 2-D (ValueError naming it and the AdamW group to use).
+a Muon group is a matrix, or a batch of matrices ``[..., m, n]`` (experts:
+muond.batched); a 0-D or 1-D one is a ValueError naming it and the AdamW
+group to use.
 
 Memory. At construction every param is moved once into memory the daemons can
 map, and the model's ``param.data`` is rebound to it (same Parameter objects):

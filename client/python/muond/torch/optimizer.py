@@ -66,7 +66,8 @@ class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's step on muond daemons (muond.torch's docstring has
     the whole contract). ``params`` as torch.optim takes them: param groups
     (dicts; a group with ``"algorithm": "adamw"`` steps with AdamW, every
-    param of any other group must be 2-D), or a plain iterable of params or
+    param of any other group is a matrix or a batch of matrices ``[..., m,
+    n]``: muond.batched), or a plain iterable of params or
     of ``(name, param)`` pairs (``model.parameters()``,
     ``model.named_parameters()``), whose 2-D params form a Muon group and
     every other param (biases, norm weights, scalars, conv kernels) an AdamW
