@@ -120,11 +120,13 @@ from muond.torch.memory import CUDA_IPC_HANDLE_SIZE
 from muond.torch.optimizer import AddParamGroupError, Muon
 from muond.torch.options import (AdamWOptions, ConnectionOptions, NewtonSchulzOptions,
                                  PlacementOptions, ScalingOptions)
+from muond.torch.qk_clip import QKClip, QKClipAttention, QKClipMLA, reduce_max_logits
 
 __all__ = [
     "ALREADY_REGISTERED", "Client", "MuondError", "PEER_GONE",
     "ShmBuffer", "error_info",
     "AdamWOptions", "AddParamGroupError", "CUDA_IPC_HANDLE_SIZE", "ConnectionOptions",
     "LIVE_KEYS", "MAX_STEP_ID", "Muon", "NewtonSchulzOptions", "PlacementOptions",
-    "ScalingOptions", "check_gram_options", "check_live", "check_step_id",
+    "QKClip", "QKClipAttention", "QKClipMLA", "ScalingOptions", "check_gram_options",
+    "check_live", "check_step_id", "reduce_max_logits",
 ]

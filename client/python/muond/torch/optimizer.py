@@ -23,6 +23,7 @@ from muond.torch import initial_groups as _initial_groups
 from muond.torch import layouts as _layouts
 from muond.torch import options as _options
 from muond.torch import process_guard as _process_guard
+from muond.torch import qk_clip as _qk_clip
 from muond.torch import registration as _registration
 from muond.torch import rpc as _rpc
 from muond.torch import wire as _wire
@@ -93,7 +94,7 @@ class Muon(torch.optim.Optimizer):
                  adamw: _options.AdamWOptions | None = None,
                  placement: _options.PlacementOptions | None = None,
                  connection: _options.ConnectionOptions | None = None,
-                 name: str | None = None, **flat):
+                 name: str | None = None, qk_clip: _qk_clip.QKClip | None = None, **flat):
         self._creator_pid = os.getpid()  # process_guard: only it steps and loads
         self._replays = _process_guard.ReplayCheck()
         o = _options.resolve(flat, dict(newton_schulz=newton_schulz, scaling=scaling,
@@ -146,6 +147,7 @@ class Muon(torch.optim.Optimizer):
                                            self._creator_pid, self._local_lease)
         try:
             self._register(no_daemon, o["takeover"])
+            self._qk_clip = _qk_clip.bind(qk_clip, self)  # muond.torch.qk_clip
         except BaseException:
             # Leave nothing registered (the finalizer unregisters this client
             # id everywhere): otherwise the daemons refuse every later trainer.
@@ -293,7 +295,7 @@ class Muon(torch.optim.Optimizer):
                 for gi, wname in self._wire_groups.get(rank, [])]
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, qk_max_logits=None):
         if self._closed:
             raise RuntimeError("muond.torch.Muon.step after close()")
         _process_guard.check_creator_process(self._creator_pid, "step()")
@@ -302,6 +304,7 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         _groups.check_before_step(self.param_groups, self._fixed)
+        clip = _qk_clip.prepare(self._qk_clip, qk_max_logits, self)  # checks: before any RPC
         self._memory.follow_rebound_params(self._param_names)
         self.state.push_if_assigned()
         self.state.invalidate()  # the step changes the state: read it afresh
@@ -326,6 +329,7 @@ class Muon(torch.optim.Optimizer):
             raise
         self._replays.check(step_id, responses, self.client_id)
         self._memory.copy_dtensors_out()
+        _qk_clip.apply(clip, responses)  # only once every daemon applied the step
         self.step_id = step_id
         rpc_us = (time.perf_counter() - t0) * 1e6
         timings = {k: max(getattr(r.timings, k) for r in responses) for k in _PHASES}
