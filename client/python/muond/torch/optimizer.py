@@ -4,7 +4,6 @@ modules beside it (muond.torch's docstring has the whole contract)."""
 from __future__ import annotations
 
 import gc
-import itertools
 import os
 import sys
 import time
@@ -30,23 +29,6 @@ from muond.torch import wire as _wire
 from muond.torch.lazy_state import LazyState
 from muond.torch.memory import SharedParams, release
 
-# Optimizers this process created: the first is the daemons' default
-# instance "", the n-th "opt-<n>" (instance_name).
-_CREATED = itertools.count(1)
-
-
-def instance_name(name: str | None) -> str:
-    """The daemons' optimizer instance of a new Muon: ``name`` when given,
-    else "" for the process's first optimizer and ``opt-<n>`` for its n-th,
-    so SPMD ranks that create their optimizers in the same order agree."""
-    n = next(_CREATED)
-    if name is not None:
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, not {type(name).__name__}")
-        return name
-    return "" if n == 1 else f"opt-{n}"
-
-
 _PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "update_us",
            "total_us")
 
@@ -67,8 +49,8 @@ class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's step on muond daemons (muond.torch's docstring has
     the whole contract). ``params`` as torch.optim takes them: param groups
     (dicts; a group with ``"algorithm": "adamw"`` steps with AdamW, every
-    param of any other group is a matrix or a batch of matrices ``[..., m,
-    n]``: muond.batched), or a plain iterable of params or
+    param of any other group a matrix or a batch of them: muond.batched), or
+    a plain iterable of params or
     of ``(name, param)`` pairs (``model.parameters()``,
     ``model.named_parameters()``), whose 2-D params form a Muon group and
     every other param (biases, norm weights, scalars, conv kernels) an AdamW
@@ -125,15 +107,14 @@ class Muon(torch.optim.Optimizer):
         self._memory = SharedParams(job_id)
         self._param_names: dict[int, str] = {}  # id(param) -> its wire name
         self._ranks_of: dict[str, tuple[int, ...]] = {}  # param name -> daemons holding it
-        # A batched Muon param's name -> ((matrix wire name, its daemon), ...).
-        self._matrices: dict[str, tuple] = {}
+        self._matrices: dict[str, tuple] = {}  # batched param -> ((wire name, daemon), ...)
         self._fixed: dict[int, dict] = {}  # group index -> its entries fixed at registration
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
         self._adamw_eps, self._wait_healthy_timeout = o["adamw_eps"], o["wait_healthy_timeout"]
         # The daemons' optimizer instance this optimizer registers as.
-        self.name = instance_name(name)
+        self.name = _registration.instance_name(name)
         self.clients = [Client(a, timeout=o["rpc_timeout"], token=o["token"],
                                token_file=o["token_file"],
                                root_certificates=o["tls_root_certificates"],
@@ -530,9 +511,8 @@ class Muon(torch.optim.Optimizer):
         super().add_param_group(param_group)  # torch's checks; appends on success
         _groups.with_torch_keys(self.param_groups[-1])
         new_group = self.param_groups.pop()  # back only once registered
-        _groups.check_new_group(kept, new_group, self.param_groups,
-                                [*self._param_names.values(),
-                                 *(w for ms in self._matrices.values() for w, _ in ms)])
+        _groups.check_new_group(kept, new_group, self.param_groups, [
+            *self._param_names.values(), *(w for ms in self._matrices.values() for w, _ in ms)])
         self._memory.follow_rebound_params(self._param_names)
         self.state.push_if_assigned()
         step_id = self.step_id
@@ -571,8 +551,7 @@ class Muon(torch.optim.Optimizer):
         self._on_all(lambda c: c.unregister(self.job_id, self.client_id), "UnregisterParams")
         old_buffers = self._memory.reset()  # the same buffers list the finalizer releases
         self._wire_groups, self.layouts = {}, {}
-        self._param_names, self._ranks_of, self._fixed = {}, {}, {}
-        self._matrices = {}
+        self._param_names, self._ranks_of, self._fixed, self._matrices = {}, {}, {}, {}
         self.state.invalidate()
         per_rank = self._place_params()  # copies values and grads into fresh buffers
         release(old_buffers)
