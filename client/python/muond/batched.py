@@ -55,8 +55,11 @@ class Matrix:
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """A batched param's layout: its matrices in memory order."""
+    """A batched param's layout: its matrices in memory order. A split QKV
+    param (muond.qkv_split) has the same layout over its staging copy, whose
+    row i is the param's local row ``perm[i]``."""
     matrices: tuple
+    perm: tuple = ()
 
     def ranks(self) -> list[int]:
         """The daemons holding some matrix of the param."""

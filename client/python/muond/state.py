@@ -131,7 +131,11 @@ def _assemble_batch(info: ParamInfo, suffix: str, per_rank: dict) -> torch.Tenso
         rank = _matrix_rank(m)
         value = _entry(per_rank[rank], f"{m.name}.{suffix}", m.numel, rank)
         flat[m.offset:m.offset + m.numel].copy_(value)
-    return flat.view(info.shape)
+    if not info.layout.perm:
+        return flat.view(info.shape)
+    out = torch.zeros(info.shape, dtype=torch.float32)
+    out[list(info.layout.perm)] = flat.view(info.shape)
+    return out
 
 
 def _assemble_tensor(info: ParamInfo, suffix: str, per_rank: dict) -> torch.Tensor:
@@ -289,7 +293,7 @@ def disassemble(infos: list[ParamInfo], states: dict, world: int) -> list[dict]:
                 continue
             layout = info.layout
             if isinstance(layout, _batched.BatchLayout):
-                flat = value.reshape(-1)
+                flat = (value[list(layout.perm)] if layout.perm else value).reshape(-1)
                 for m in layout.matrices:
                     per_rank[_matrix_rank(m)][f"{m.name}.{suffix}"] = (
                         flat[m.offset:m.offset + m.numel].clone())

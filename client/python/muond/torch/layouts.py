@@ -14,10 +14,12 @@ wire groups being built) and answer every daemon's wire groups."""
 from __future__ import annotations
 
 from muond import batched as _batched
+from muond import qkv_split as _qkv_split
 from muond import split as _split
 from muond import state as _state
 from muond._dtensor import is_dtensor
 from muond.torch import placement as _placement
+from muond.torch import qkv_placement as _qkv_placement
 from muond.torch import wire as _wire
 from muond.torch.collective import all_gather_object
 from muond.v1 import muond_pb2 as pb
@@ -31,8 +33,10 @@ class PlacementRun:
     (group index, wire group name) pairs, each batched param's matrices
     (muond.batched) and, in local mode, the places (by wire name)."""
 
-    def __init__(self, collect, memory, daemons: int):
+    def __init__(self, collect, memory, daemons: int, split_of=None):
         self._collect = collect
+        # (group, param) -> its muond.qkv_split.RowSplit, or None.
+        self.split_of = split_of or (lambda group, p: None)
         self.collected = None
         self.memory = memory
         self.wire: list[dict[str, pb.ParamGroup]] = [dict() for _ in range(daemons)]
@@ -120,6 +124,10 @@ class SplitPlacement:
             if algorithm == "muon" and _batched.is_batched(p.shape):
                 self._place_batch(run, gi, gname, group, name, p, muon_load)
                 continue
+            split = run.split_of(group, p) if algorithm == "muon" else None
+            if split is not None:
+                self._place_split(run, gi, gname, group, name, p, split, muon_load)
+                continue
             layout = None
             if algorithm == "muon":
                 preferred = (int(getattr(p, "partition_dim", 0))
@@ -175,6 +183,29 @@ class SplitPlacement:
         run.record_batch(name, _batched.BatchLayout(tuple(matrices)))
 
     @staticmethod
+    def _place_split(run, gi, gname, group, name, p, split, muon_load):
+        """A split QKV param: each matrix whole on the daemon with the least NS
+        cost so far, over a staging copy of the param's rows (muond.qkv_split)."""
+        cols = int(p.shape[1])
+        chosen = _qkv_split.selections(name, int(p.shape[0]), split)
+        perm = [r for _, rows in chosen for r in rows]
+        pbuf, gbuf = run.memory.bind_permuted(p, perm)
+        matrices, offset = [], 0
+        for wname, rows in chosen:
+            rank = min(range(len(muon_load)), key=lambda r: (muon_load[r], r))
+            muon_load[rank] += _split.ns_cost((len(rows), cols))
+            domain = pb.Domain(name=f"solo-r{rank}", gtp_size=1, tp_size=1, g=0, t=0)
+            wg = run.group(rank, gi, f"{gname}.solo-r{rank}", group, domain)
+            shape, strides = [len(rows), cols], [cols, 1]
+            wg.params.append(pb.Param(name=wname, full_shape=shape,
+                                      param=pbuf.ref(offset, shape, strides),
+                                      grad=gbuf.ref(offset, shape, strides),
+                                      tags=pb.ShardTags()))
+            matrices.append(_batched.Matrix(wname, offset, tuple(shape), ("solo", rank)))
+            offset += len(rows) * cols
+        run.record_batch(name, _batched.BatchLayout(tuple(matrices), tuple(perm)))
+
+    @staticmethod
     def _place_solo(run, gi, gname, group, name, p, rank):
         pbuf, gbuf = run.memory.rebind(p, p.numel())
         run.layouts[name] = ("solo", rank)
@@ -224,20 +255,22 @@ class LocalPlacement:
                 if refusal is not None:
                     raise refusal
                 todo.extend(run.params())
-                return self._compute_places(todo)
+                return self._compute_places(run, todo)
 
             run.places = _placement.settle(compute, self.rank, self.world, all_gather_object,
                                            dp_given=self.options.dp_size is not None)
         else:
             todo = run.params()
-            run.places = self._compute_places(todo)
+            run.places = self._compute_places(run, todo)
         for gi, gname, group, name, p in todo:
             self._place_one(run, gi, gname, group, name, p)
         return run.per_rank()
 
-    def _compute_places(self, todo) -> dict:
+    def _compute_places(self, run, todo) -> dict:
         """This rank's place of every param (no communication)."""
-        requests = [_placement.Request(name, p, group["algorithm"])
+        requests = [_placement.Request(name, p, group["algorithm"],
+                                       run.split_of(group, p) if group["algorithm"] == "muon"
+                                       else None)
                     for _, _, group, name, p in todo]
         return _placement.place_params(requests, self.options)
 
@@ -245,6 +278,10 @@ class LocalPlacement:
     def _place_one(run, gi, gname, group, name, p):
         if group["algorithm"] == "muon" and _batched.is_batched(p.shape):
             LocalPlacement._place_batch(run, gi, gname, group, name, p)
+            return
+        split = run.split_of(group, p) if group["algorithm"] == "muon" else None
+        if split is not None:
+            LocalPlacement._place_split(run, gi, gname, group, name, p, split)
             return
         place = run.places[name]
         run.layouts[name] = "local"
@@ -284,6 +321,23 @@ class LocalPlacement:
         run.record_batch(name, _batched.BatchLayout(tuple(matrices)))
 
     @staticmethod
+    def _place_split(run, gi, gname, group, name, p, split):
+        """A split QKV param: one wire param per matrix over a staging copy of
+        the param's local rows (muond.torch.qkv_placement)."""
+        places, perm = _qkv_placement.split_places(name, run.places[name], split)
+        pbuf, gbuf = run.memory.bind_permuted(p, perm)
+        matrices = []
+        for wname, place in places.items():
+            shape, strides = list(place.local_shape), [place.local_shape[1], 1]
+            wg = LocalPlacement._wire_group(run, gi, gname, group, place, p)
+            wg.params.append(pb.Param(name=wname, full_shape=list(place.full_shape),
+                                      param=pbuf.ref(place.offset, shape, strides),
+                                      grad=gbuf.ref(place.offset, shape, strides),
+                                      tags=LocalPlacement._tags(place, p)))
+            matrices.append(_batched.Matrix(wname, place.offset, tuple(shape), "local"))
+        run.record_batch(name, _batched.BatchLayout(tuple(matrices), tuple(perm)))
+
+    @staticmethod
     def _tags(place, p) -> pb.ShardTags:
         if place.kind in ("dtensor", "ddp", "solo"):
             return pb.ShardTags(tensor_model_parallel=place.tp_dim is not None,
@@ -295,7 +349,7 @@ class LocalPlacement:
                                                                False)),
                             partition_dim=int(getattr(p, "partition_dim", 0)),
                             is_gtp_weight_remat=place.gtp_sharded,
-                            pad_length=place.pad_length)
+                            pad_length=place.pad_length, gtp_rows=list(place.gtp_rows))
 
     @staticmethod
     def _wire_group(run, gi, gname, group, place, p) -> pb.ParamGroup:

@@ -12,6 +12,7 @@ import weakref
 
 import torch
 
+from muond import qkv_split as _qkv_split
 from muond import state as _state
 from muond._dtensor import is_dtensor
 from muond.client import Client
@@ -90,6 +91,7 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, defaults)
         for gi, grp in enumerate(self.param_groups):
             _groups.check_options(gi, grp)
+        self._qkv = _qkv_split.Choice.of(o)  # which Muon params split QKV, and how
         self.state = LazyState(self)  # the daemons hold it; see LazyState
         daemons, job_id, no_daemon = self._find_daemons(o)
         self._layout.check_daemons(len(daemons))
@@ -213,7 +215,7 @@ class Muon(torch.optim.Optimizer):
         registered_live = getattr(self, "_registered_live", {})
         run = _layouts.PlacementRun(
             lambda: _groups.collect_params(self.param_groups, registered_live),
-            self._memory, len(self.clients))
+            self._memory, len(self.clients), self._qkv.split_of)
         try:
             return self._layout.place(run, refusal)
         finally:

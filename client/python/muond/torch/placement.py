@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 
 from muond import batched as _batched
 from muond._dtensor import is_dtensor
+from muond.torch import qkv_placement as _qkv_placement
 
 ROLE_DP, ROLE_GTP, ROLE_TP = "dp", "gtp", "tp"
 DDP_DOMAIN_PREFIX = "ddp-w"
@@ -292,6 +293,7 @@ class Request:
     name: str
     param: object        # the tensor (a DTensor or a plain tensor)
     algorithm: str       # "muon" | "adamw"
+    split: object = None  # a split QKV param's muond.qkv_split.RowSplit
 
 
 @dataclass
@@ -380,6 +382,8 @@ def place_params(requests, opts: Options) -> dict:
             places[req.name] = place_ddp(p.shape, opts.world, opts.rank)
         else:
             places[req.name] = _place_in_given_domain(p, opts)
+        if req.split is not None:  # its matrices too, for the ranks to agree on
+            places.update(_qkv_placement.split_places(req.name, places[req.name], req.split)[0])
     return places
 
 

@@ -45,7 +45,51 @@ SPECS = {
     # none), Shard(1) 10 rows of every expert (FSDP2 shards dims other than 0
     # only evenly).
     "experts": {"experts": (6, 40, 16), "router": (16, 24)},
+    # A fused QKV weight in Megatron's layout: 6 query groups of 6 query, 3
+    # key and 3 value rows (72 rows). FSDP2 over 4 ranks cuts it into 18-row
+    # chunks, across the groups; TP over 2 gives each rank 3 whole groups.
+    "qkv": {"qkv": (72, 16), "out": (16, 24)},
+    "qkv_heads": {"qkv": (72, 16), "out": (16, 24)},
 }
+# How the QKV specs split their fused weight (split_qkv's qkv_split_shapes;
+# qkv_head_dim: every head of 3 rows apart).
+QKV_SHAPES = (6, 3, 3)
+QKV_SPLIT = {"qkv": dict(split_qkv=True, qkv_split_shapes=list(QKV_SHAPES)),
+             "qkv_heads": dict(split_qkv=True, qkv_split_shapes=list(QKV_SHAPES),
+                               qkv_head_dim=3)}
+
+
+def is_qkv(p) -> bool:
+    return getattr(p, "is_qkv", False)
+
+
+def muon_kw(spec: str) -> dict:
+    """MUON_KW and the spec's QKV split options."""
+    split = QKV_SPLIT.get(spec)
+    return {**MUON_KW, **(dict(split, is_qkv_fn=is_qkv) if split else {})}
+
+
+def qkv_parts(spec: str, t: torch.Tensor) -> list:
+    """The matrices split_qkv orthogonalises apart, written from the seed's
+    rule: the rows viewed as (groups, q + k + v, -1), split along dim 1, each
+    part reshaped to (-1, cols); per head, each head's rows of each group."""
+    cols = t.shape[1]
+    grouped = t.view(-1, sum(QKV_SHAPES), cols)
+    parts = torch.split(grouped, list(QKV_SHAPES), dim=1)
+    d = QKV_SPLIT[spec].get("qkv_head_dim")
+    if d is None:
+        return [p.reshape(-1, cols) for p in parts]
+    return [h for g in range(grouped.shape[0]) for p in parts for h in torch.split(p[g], d)]
+
+
+def qkv_whole(spec: str, parts: list, like: torch.Tensor) -> torch.Tensor:
+    """qkv_parts inverted."""
+    cols = like.shape[1]
+    groups = like.shape[0] // sum(QKV_SHAPES)
+    d = QKV_SPLIT[spec].get("qkv_head_dim")
+    if d is None:
+        return torch.cat([p.reshape(groups, -1, cols) for p in parts], dim=1).reshape(like.shape)
+    return torch.cat(parts).reshape(like.shape)
 WORLD = 4
 
 
@@ -67,6 +111,7 @@ def full_grad(spec: str, name: str, step: int) -> torch.Tensor:
 class Net(torch.nn.Module):
     def __init__(self, spec: str):
         super().__init__()
+        self.spec = spec
         init = full_init(spec)
         for name, shape in SPECS[spec].items():
             if len(shape) == 2:
@@ -144,6 +189,25 @@ def build(layout: str) -> tuple[str, torch.nn.Module]:
         return "experts", torch.nn.parallel.DistributedDataParallel(Net("experts"))
     if layout == "experts_ep_tp":
         return "experts", _experts_ep_tp()
+    if layout in ("qkv_fsdp", "qkv_heads_fsdp"):
+        spec = layout.removesuffix("_fsdp")
+        model = Net(spec)
+        fully_shard(model, mesh=_mesh((WORLD,), ("fsdp",)))
+        model.qkv.weight.is_qkv = True
+        return spec, model
+    if layout == "qkv_fsdp_tp":
+        mesh = _mesh((2, 2), ("dp", "tp"))
+        model = Net("qkv")
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+        parallelize_module(model, mesh["tp"], {"qkv": ColwiseParallel(),
+                                               "out": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        model.qkv.weight.is_qkv = True
+        return "qkv", model
+    if layout == "qkv_ddp":
+        model = Net("qkv")
+        model.qkv.weight.is_qkv = True
+        return "qkv", torch.nn.parallel.DistributedDataParallel(model)
     if layout == "hsdp":
         model = Net("even")
         fully_shard(model, mesh=_mesh((2, 2), ("replicate", "shard")))
@@ -247,7 +311,7 @@ class Worker:
         from muond.torch import Muon
         kw.setdefault("rpc_timeout", 30)
         kw.setdefault("wait_healthy_timeout", 30)
-        return Muon(params, **MUON_KW, **kw)
+        return Muon(params, **{**MUON_KW, **kw})
 
     def _plan(self, opt):
         """The coordinator's plan of ``opt``'s optimizer instance (rank 0
@@ -330,7 +394,8 @@ class Worker:
         """A Muon of every param as one group, given explicitly: a plain
         params iterable puts params that are not 2-D (experts) in AdamW."""
         names, params = zip(*model.named_parameters())
-        return self._opt([{"params": list(params), "param_names": list(names)}])
+        return self._opt([{"params": list(params), "param_names": list(names)}],
+                         **muon_kw(getattr(getattr(model, "module", model), "spec", "")))
 
     def _dcp_resume(self, saved_on: str, resumed_on: str) -> dict:
         """``saved_on`` trains 2 steps and saves (DCP); ``resumed_on`` loads

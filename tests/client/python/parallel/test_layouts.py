@@ -140,12 +140,14 @@ class LayoutsTest(unittest.TestCase):
             mine = [torch.nn.Parameter(init[n].clone()) for n in names]
             # torch.optim.Muon takes 2-D params only: a batched param's
             # matrices are its params there.
-            theirs = [[torch.nn.Parameter(m.clone()) for m in init[n].reshape(
-                -1, *init[n].shape[-2:])] for n in names]
+            theirs = [[torch.nn.Parameter(m.clone()) for m in self.torch_matrices(spec, n, init[n])]
+                      for n in names]
+            for n, p in zip(names, mine):
+                p.is_qkv = n == "qkv.weight"
             opt = Muon([{"params": mine, "param_names": names}],
                        daemons=self.reference_cluster.daemons,
                        job_id=self.reference_cluster.job_id, rpc_timeout=30,
-                       **layouts.MUON_KW)
+                       **layouts.muon_kw(spec))
             kw = {k: v for k, v in layouts.MUON_KW.items()
                   if k not in ("fp32_matmul_prec", "ns_batch_size")}
             torch_opt = torch.optim.Muon([p for ps in theirs for p in ps], **kw)
@@ -153,7 +155,7 @@ class LayoutsTest(unittest.TestCase):
                 for step in range(1, steps + 1):
                     for n, a, bs in zip(names, mine, theirs):
                         a.grad = layouts.full_grad(spec, n, step)
-                        for b, g in zip(bs, a.grad.reshape(-1, *a.shape[-2:])):
+                        for b, g in zip(bs, self.torch_matrices(spec, n, a.grad)):
                             b.grad = g.clone()
                     opt.step()
                     with fp32_newton_schulz():
@@ -162,9 +164,23 @@ class LayoutsTest(unittest.TestCase):
                 opt.close()
             self.references[key] = (
                 {n: p.detach().clone() for n, p in zip(names, mine)},
-                {n: torch.stack([b.detach() for b in bs]).reshape(a.shape)
+                {n: self.torch_whole(spec, n, [b.detach() for b in bs], a)
                  for n, a, bs in zip(names, mine, theirs)})
         return self.references[key]
+
+    @staticmethod
+    def torch_matrices(spec: str, name: str, t: torch.Tensor) -> list:
+        """What torch.optim.Muon steps apart: a batched param's matrices, a
+        split QKV weight's parts, else the param itself."""
+        if spec in layouts.QKV_SPLIT and name == "qkv.weight":
+            return layouts.qkv_parts(spec, t)
+        return list(t.reshape(-1, *t.shape[-2:]))
+
+    @staticmethod
+    def torch_whole(spec: str, name: str, parts: list, like: torch.Tensor) -> torch.Tensor:
+        if spec in layouts.QKV_SPLIT and name == "qkv.weight":
+            return layouts.qkv_whole(spec, parts, like)
+        return torch.stack(parts).reshape(like.shape)
 
     def check_params(self, layout: str, answers: list[dict], steps: int = layouts.STEPS):
         spec = answers[0]["spec"]
@@ -249,6 +265,19 @@ class LayoutsTest(unittest.TestCase):
 
     def test_experts_over_ep_with_tp_rows(self):
         self.check_layout("experts_ep_tp")
+
+    # -- a fused QKV weight split into Q, K, V (split_qkv), or heads ------------
+    def test_split_qkv_fsdp_chunks_across_query_groups(self):
+        self.check_layout("qkv_fsdp")
+
+    def test_split_qkv_fsdp_x_tp(self):
+        self.check_layout("qkv_fsdp_tp")
+
+    def test_split_qkv_ddp(self):
+        self.check_layout("qkv_ddp")
+
+    def test_split_qkv_per_head_fsdp(self):
+        self.check_layout("qkv_heads_fsdp")
 
     def test_hsdp(self):
         self.check_layout("hsdp")
