@@ -249,13 +249,13 @@ def train(model, opt, spec: str, first: int, last: int) -> None:
 
 
 # -- Megatron-tagged local shards (muond.split's shard rule, G x T = 2 x 2) -------
-MEGATRON_TP_DIM = {"up": 0, "down": 1}
+MEGATRON_TP_DIM = {"up": 0, "down": 1, "qkv": 0, "out": 1}
 
 
-def megatron_layouts():
+def megatron_layouts(spec: str = "megatron"):
     from muond import split
     return {f"{n}.weight": split.plan_split(shape, 2, 2, MEGATRON_TP_DIM[n])
-            for n, shape in SPECS["megatron"].items()}
+            for n, shape in SPECS[spec].items()}
 
 
 def megatron_shard(full: torch.Tensor, layout, rank: int) -> torch.Tensor:
@@ -272,17 +272,18 @@ def megatron_full(shards: list, layout) -> torch.Tensor:
     return buffer[:layout.full_shape[0] * layout.full_shape[1]].view(layout.full_shape).clone()
 
 
-def megatron_params(rank: int, mismatch: bool = False):
+def megatron_params(rank: int, mismatch: bool = False, spec: str = "megatron"):
     """This rank's tagged local shards; ``mismatch``: rank 3's "up" one row short."""
     out = []
-    for name, layout in megatron_layouts().items():
-        local = megatron_shard(full_init("megatron")[name], layout, rank)
+    for name, layout in megatron_layouts(spec).items():
+        local = megatron_shard(full_init(spec)[name], layout, rank)
         if mismatch and rank == WORLD - 1 and name == "up.weight":
             local = local[:-1].clone()
         p = torch.nn.Parameter(local)
         p.tensor_model_parallel, p.partition_dim = True, layout.tp_dim
         p.is_gtp_weight_remat, p.pad_length = True, layout.pad_length
         p.full_shape = list(layout.full_shape)
+        p.is_qkv = name == "qkv.weight"  # as Megatron's optimizer setup tags linear_qkv
         out.append((name, p))
     return out
 
@@ -349,17 +350,17 @@ class Worker:
             opt.close()
         return {"spec": spec, "params": full_params(model), "loads": loads, "homes": homes}
 
-    def run_megatron(self, mismatch: bool = False) -> dict:
+    def run_megatron(self, mismatch: bool = False, spec: str = "megatron") -> dict:
         import torch.distributed as dist
-        params = megatron_params(self.rank, mismatch)
+        params = megatron_params(self.rank, mismatch, spec)
         g, t = divmod(self.rank, 2)
         opt = self._opt(params, daemons=[self.env["daemon"]], job_id=self.env["job_id"],
-                        shard_mode="local", gtp_size=2, tp_size=2, g=g, t=t)
+                        shard_mode="local", gtp_size=2, tp_size=2, g=g, t=t, **muon_kw(spec))
         try:
-            layouts = megatron_layouts()
+            layouts = megatron_layouts(spec)
             for step in range(1, STEPS + 1):
                 for name, p in params:
-                    p.grad = megatron_shard(full_grad("megatron", name, step), layouts[name],
+                    p.grad = megatron_shard(full_grad(spec, name, step), layouts[name],
                                             self.rank)
                 opt.step()
             loads = self._plan_loads(opt)
@@ -368,7 +369,12 @@ class Worker:
         shards = [None] * WORLD
         dist.all_gather_object(shards, {n: p.detach().clone() for n, p in params})
         full = {n: megatron_full([s[n] for s in shards], layouts[n]) for n in layouts}
-        return {"spec": "megatron", "params": full, "loads": loads}
+        return {"spec": spec, "params": full, "loads": loads}
+
+    def run_megatron_qkv(self) -> dict:
+        """Megatron-tagged shards (G x T = 2 x 2) of a fused QKV weight with
+        split_qkv: TP by whole query groups, GTP blocks cutting them."""
+        return self.run_megatron(spec="qkv")
 
     def run_ddp_mismatch(self) -> dict:
         """Plain params (DDP replicas), rank 3's "l0" one row short."""

@@ -276,6 +276,9 @@ class LayoutsTest(unittest.TestCase):
     def test_split_qkv_ddp(self):
         self.check_layout("qkv_ddp")
 
+    def test_split_qkv_megatron_tagged_shards(self):
+        self.check_params("megatron_qkv", self.run_ok("megatron_qkv"))
+
     def test_split_qkv_per_head_fsdp(self):
         self.check_layout("qkv_heads_fsdp")
 
