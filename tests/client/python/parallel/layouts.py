@@ -334,6 +334,11 @@ class Worker:
         plan = self._plan(opt)
         return {g.group: list(g.rank_load) for g in plan.groups} if plan else {}
 
+    def _plan_home_rows(self, opt) -> dict:
+        """group -> each param's NS home g, in manifest order (rank 0 only)."""
+        plan = self._plan(opt)
+        return {g.group: [h.g for h in g.homes] for g in plan.groups} if plan else {}
+
     def _plan_homes(self, opt) -> int:
         """How many NS homes the plan has in all (rank 0 only): one per Muon
         matrix when no matrix's NS runs twice."""
@@ -346,9 +351,11 @@ class Worker:
         try:
             train(model, opt, spec, 1, STEPS)
             loads, homes = self._plan_loads(opt), self._plan_homes(opt)
+            home_rows = self._plan_home_rows(opt)
         finally:
             opt.close()
-        return {"spec": spec, "params": full_params(model), "loads": loads, "homes": homes}
+        return {"spec": spec, "params": full_params(model), "loads": loads, "homes": homes,
+                "home_rows": home_rows}
 
     def run_megatron(self, mismatch: bool = False, spec: str = "megatron") -> dict:
         import torch.distributed as dist

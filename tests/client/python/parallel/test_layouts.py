@@ -249,6 +249,10 @@ class LayoutsTest(unittest.TestCase):
         answers = self.run_ok("experts_fsdp")
         self.check_params("experts_fsdp", answers)
         self.assertEqual(answers[0]["homes"], 7)
+        # Each expert's NS runs on the rank holding it (2 + 2 + 2 + 0, the
+        # router's on the idle rank): its exchanges move nothing.
+        (rows,) = answers[0]["home_rows"].values()  # manifest order: experts, router
+        self.assertEqual(rows, [0, 0, 1, 1, 2, 2, 3])
 
     def test_experts_fsdp_rows_of_every_expert(self):
         self.check_layout("experts_fsdp_rows")
