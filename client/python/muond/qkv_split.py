@@ -22,6 +22,7 @@ matrix's rows are contiguous: ``muond.torch.memory`` copies the rows in and
 out at every step (``perm``)."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 
@@ -64,31 +65,51 @@ def selections(name: str, rows: int, split: RowSplit) -> list[tuple[str, list[in
             for g in range(groups) for part, offset, size in parts for h in range(size // d)]
 
 
+def _is_bool(value) -> bool:
+    """A truth value: Python or numpy bool, or a one-element bool tensor."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return True
+    return (type(value).__name__ == "Tensor" and str(getattr(value, "dtype", "")) ==
+            "torch.bool" and value.numel() == 1)
+
+
+def _whole(value):
+    """An int (numpy ints too; not a bool), else None."""
+    if _is_bool(value):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def check_options(split_qkv, is_qkv_fn, shapes, head_dim) -> RowSplit | None:
     """The split of a Muon group's QKV params from its options (the seed
     API's split_qkv, is_qkv_fn, qkv_split_shapes; muond's qkv_head_dim), None
     when split_qkv is off; ValueError naming the option and the rule."""
-    if not split_qkv:
+    if not (_is_bool(split_qkv) or split_qkv in (0, 1)):
+        raise ValueError(f"split_qkv must be a bool, got {split_qkv!r}")
+    if not bool(split_qkv):
         if head_dim is not None:
             raise ValueError("qkv_head_dim needs split_qkv=True (and is_qkv_fn, "
                              "qkv_split_shapes)")
         return None
-    if is_qkv_fn is None or shapes is None:
-        raise ValueError("split_qkv=True requires both is_qkv_fn and qkv_split_shapes (as "
-                         "Megatron's TensorParallelMuon)")
+    missing = [n for n, v in (("is_qkv_fn", is_qkv_fn), ("qkv_split_shapes", shapes))
+               if v is None]
+    if missing:
+        raise ValueError(f"split_qkv=True requires both is_qkv_fn and qkv_split_shapes (as "
+                         f"Megatron's TensorParallelMuon); {' and '.join(missing)} not given")
     if not callable(is_qkv_fn):
         raise ValueError(f"is_qkv_fn must be a callable (param -> bool), got "
                          f"{type(is_qkv_fn).__name__}")
-    ok = (not isinstance(shapes, (str, bytes)) and hasattr(shapes, "__len__")
-          and len(shapes) > 0 and all(isinstance(s, int) and not isinstance(s, bool)
-                                      and s > 0 for s in shapes))
-    if not ok:
+    parts = [_whole(s) for s in shapes] if isinstance(shapes, (list, tuple)) else [None]
+    if not parts or any(s is None or s <= 0 for s in parts):
         raise ValueError(f"qkv_split_shapes must be a list of positive ints (rows of q, k, "
                          f"v per query group), got {shapes!r}")
-    if head_dim is not None and (not isinstance(head_dim, int) or isinstance(head_dim, bool)
-                                 or head_dim <= 0):
+    d = _whole(head_dim)
+    if head_dim is not None and (d is None or d <= 0):
         raise ValueError(f"qkv_head_dim must be None or a positive int, got {head_dim!r}")
-    return RowSplit(tuple(int(s) for s in shapes), head_dim)
+    return RowSplit(tuple(parts), d)
 
 
 @dataclass(frozen=True)
@@ -105,7 +126,32 @@ class Choice:
                               options["qkv_split_shapes"], options["qkv_head_dim"])
         return cls(split, options["is_qkv_fn"] if split is not None else None)
 
-    def split_of(self, group: dict, p) -> RowSplit | None:
-        if self.split is None or group.get("algorithm", "muon") != "muon" or p.ndim != 2:
+    def check_picked(self, kinds) -> None:
+        """ValueError when split_qkv is on and is_qkv_fn picked no Muon param
+        (``kinds``: what each composite param is): a silent no-op otherwise,
+        e.g. an attribute tag set before FSDP2's fully_shard, which makes new
+        params without it."""
+        if self.split is not None and "a split QKV weight" not in kinds:
+            raise ValueError(
+                "split_qkv=True, but is_qkv_fn picked no param of a Muon group, so nothing "
+                "would be split. A tag set on a param before FSDP2's fully_shard (or "
+                "parallelize_module) is lost with the param it replaces: tag the sharded "
+                "model's params, or pick by name; or leave split_qkv off")
+
+    def split_of(self, group: dict, p, name: str) -> RowSplit | None:
+        """The split of Muon param ``name`` (ValueError naming it when
+        is_qkv_fn raises, answers no bool, or picks a param that is not 2-D)."""
+        if self.split is None or group.get("algorithm", "muon") != "muon":
             return None
-        return self.split if self.is_qkv_fn(p) else None
+        try:
+            picked = self.is_qkv_fn(p)
+        except Exception as e:  # noqa: BLE001 (re-raised naming the param)
+            raise ValueError(f"param {name}: is_qkv_fn raised {type(e).__name__}: {e}") from e
+        if not _is_bool(picked):
+            raise ValueError(f"param {name}: is_qkv_fn must answer a bool, got {picked!r}")
+        if not bool(picked):
+            return None
+        if p.ndim != 2:
+            raise ValueError(f"param {name}: is_qkv_fn picked it for split_qkv, which splits "
+                             f"2-D fused QKV weights; its shape is {tuple(p.shape)}")
+        return self.split

@@ -67,6 +67,17 @@ class SplitPlacesTest(unittest.TestCase):
                                                 r"hold its rows unevenly"):
             split_places("w", uneven, RowSplit(SHAPES))
 
+    def test_ranks_with_other_split_shapes_are_told_apart(self):
+        # (2, 1, 1) and (6, 3, 3) give Q, K, V of the same sizes over other rows:
+        # the layout pre-check names the option.
+        from dataclasses import replace
+        summaries = [P.summary({"w": replace(fsdp_place(g, 2), qkv_split=(shapes, None))})
+                     for g, shapes in enumerate(((2, 1, 1), (6, 3, 3)))]
+        with self.assertRaisesRegex(ValueError, r"param w .*qkv_split \(qkv_split_shapes, "
+                                                r"qkv_head_dim\) is \(\(2, 1, 1\), None\) "
+                                                r"on rank 0"):
+            P.check_layout(summaries)
+
     def test_per_head_blocks(self):
         places, perm = split_places("w", fsdp_place(0, 1), RowSplit(SHAPES, head_dim=3))
         self.assertEqual(len(places), GROUPS * sum(SHAPES) // 3)

@@ -514,12 +514,16 @@ class Collected:
         self.names: dict = {}
 
 
-def collect_params(param_groups, registered_live: dict) -> Collected:
+def collect_params(param_groups, registered_live: dict, qkv=None) -> Collected:
     """Every param of ``param_groups``, checked (algorithm, names, dtype,
-    Muon params 2-D); ``registered_live``: group index -> the live entries
-    the daemons last accepted for it."""
+    Muon params matrices or batches of them, no name among another param's
+    wire names); ``registered_live``: group index -> the live entries the
+    daemons last accepted for it; ``qkv``: the muond.qkv_split.Choice of
+    which params split QKV (it refuses a pick that is not 2-D, and picking
+    nothing)."""
     out = Collected()
     seen = set()
+    composite = {}  # a param with wire names <name>[...] -> what it is
     for gi, group in enumerate(param_groups):
         algorithm = group["algorithm"]
         if algorithm not in ("muon", "adamw"):
@@ -542,4 +546,23 @@ def collect_params(param_groups, registered_live: dict) -> Collected:
                 seen.add(wname)
             out.names[id(p)] = name
             out.todo.append((gi, gname, group, name, p))
+            # Every Muon param asks split_of (it refuses a pick that is not 2-D).
+            if qkv is not None and qkv.split_of(group, p, name) is not None:
+                composite[name] = "a split QKV weight"
+            elif algorithm == "muon" and _batched.is_batched(p.shape):
+                composite[name] = "a batch of matrices"
+    _check_composite_names(out.names.values(), composite)
+    if qkv is not None:
+        qkv.check_picked(composite.values())
     return out
+
+
+def _check_composite_names(names, composite: dict) -> None:
+    """No param is named like a wire name of a batched or split QKV param
+    (``<name>[...]``), else ValueError naming both."""
+    for n in sorted(names):
+        base = n.split("[", 1)[0]
+        if n != base and base in composite and n not in composite:
+            raise ValueError(f"param name {n!r} clashes with the wire names of param {base!r} "
+                             f"({composite[base]}: its matrices are named {base}[...]); "
+                             "rename one of them")

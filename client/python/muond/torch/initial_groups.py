@@ -3,6 +3,8 @@ torch.optim.Muon's arguments and muond's options, a plain iterable of params
 split into a Muon and an AdamW group, and every AdamW group's betas and eps."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from muond.torch import groups
@@ -68,8 +70,11 @@ def split_plain_params(params: list) -> list:
     optimizer's lr and weight_decay as any group does. torch.optim.Muon
     refuses such params, and its users split them by hand into an AdamW
     optimizer (its docs, Moonlight's and Dion's examples); here the one-line
-    construction of a whole model works. No warning: it is the documented
-    rule. With no non-2-D param the iterable stays one Muon group; param
+    construction of a whole model works. No warning for vectors and
+    scalars: it is the documented rule; a param of more than two dims (an
+    [E, m, n] expert tensor, which a Muon group steps as a batch of
+    matrices, or a conv kernel) is warned about by name, since that choice
+    is the user's. With no non-2-D param the iterable stays one Muon group; param
     groups (dicts) are the user's choice, kept as given (a non-2-D param in
     a Muon group is refused naming the fix: groups.check_param)."""
     if not params or isinstance(params[0], dict):
@@ -82,5 +87,20 @@ def split_plain_params(params: list) -> list:
     others = [item for item, t in zip(params, tensors) if t.ndim != 2]
     if not others:
         return params
+    _warn_batches_to_adamw(params, tensors)
     return ([{"params": matrices}] if matrices else []) + [
         {"params": others, "algorithm": "adamw"}]
+
+
+def _warn_batches_to_adamw(params: list, tensors: list) -> None:
+    """A warning naming the params of more than two dims the plain split
+    gives to AdamW (experts would be Muon's in a Muon group)."""
+    named = [item[0] if isinstance(item, tuple) else f"param{i}"
+             for i, (item, t) in enumerate(zip(params, tensors)) if t.ndim > 2]
+    if named:
+        shown = ", ".join(named[:4]) + (f" and {len(named) - 4} more" if len(named) > 4 else "")
+        warnings.warn(
+            f"muond.torch.Muon: {shown}: params of more than two dims go to the AdamW group of "
+            "a plain params iterable (conv kernels and [E, m, n] experts alike); to step "
+            "experts with Muon, as a batch of matrices, give param groups with them in a Muon "
+            "group (client/python/README.md, 'Batches of matrices')", stacklevel=4)

@@ -35,8 +35,8 @@ class PlacementRun:
 
     def __init__(self, collect, memory, daemons: int, split_of=None):
         self._collect = collect
-        # (group, param) -> its muond.qkv_split.RowSplit, or None.
-        self.split_of = split_of or (lambda group, p: None)
+        # (group, param, name) -> its muond.qkv_split.RowSplit, or None.
+        self.split_of = split_of or (lambda group, p, name: None)
         self.collected = None
         self.memory = memory
         self.wire: list[dict[str, pb.ParamGroup]] = [dict() for _ in range(daemons)]
@@ -124,7 +124,7 @@ class SplitPlacement:
             if algorithm == "muon" and _batched.is_batched(p.shape):
                 self._place_batch(run, gi, gname, group, name, p, muon_load)
                 continue
-            split = run.split_of(group, p) if algorithm == "muon" else None
+            split = run.split_of(group, p, name)
             if split is not None:
                 self._place_split(run, gi, gname, group, name, p, split, muon_load)
                 continue
@@ -269,8 +269,7 @@ class LocalPlacement:
     def _compute_places(self, run, todo) -> dict:
         """This rank's place of every param (no communication)."""
         requests = [_placement.Request(name, p, group["algorithm"],
-                                       run.split_of(group, p) if group["algorithm"] == "muon"
-                                       else None)
+                                       run.split_of(group, p, name))
                     for _, _, group, name, p in todo]
         return _placement.place_params(requests, self.options)
 
@@ -279,7 +278,7 @@ class LocalPlacement:
         if group["algorithm"] == "muon" and _batched.is_batched(p.shape):
             LocalPlacement._place_batch(run, gi, gname, group, name, p)
             return
-        split = run.split_of(group, p) if group["algorithm"] == "muon" else None
+        split = run.split_of(group, p, name)
         if split is not None:
             LocalPlacement._place_split(run, gi, gname, group, name, p, split)
             return

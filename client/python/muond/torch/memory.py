@@ -279,6 +279,8 @@ class SharedParams:
                     p.grad = None
                 elif p.grad is not None:
                     p.grad.zero_()
+                elif p.requires_grad and not is_dtensor(p):  # as a rebound param's
+                    p.grad = torch.zeros_like(p)
 
     def skipped_and_copy_grads(self, names: dict, ranks_of: dict,
                                daemons: int) -> list[list[str]]:
@@ -321,8 +323,31 @@ class SharedParams:
                     skipped[rank].append(names[id(p)])
                 continue
             grad = _local_grad(p) if is_dtensor(p) else p.grad
-            torch.index_select(grad, 0, index, out=gview)
+            torch.index_select(grad.to(gview.dtype), 0, index, out=gview)
         return skipped
+
+    def check_permuted(self, names: dict) -> None:
+        """Before any copy of a step: every split QKV param's values and grad
+        still have the staging copy's shape, dtype and device (the copies
+        would otherwise resize the staging view into other params' memory),
+        else ValueError naming the param and what changed."""
+        refused = []
+        for p, pview, _, _ in self.permuted:
+            for what, t in (("its values", _local(p)), ("its grad", _grad_of(p))):
+                if t is None:
+                    continue
+                changed = [f"{k} {a} -> {b}" for k, a, b in (
+                    ("shape", tuple(pview.shape), tuple(t.shape)),
+                    ("dtype", pview.dtype, t.dtype), ("device", pview.device, t.device))
+                    if a != b and not (what == "its grad" and k == "dtype")]
+                if changed:
+                    refused.append(f"param {names[id(p)]} ({what}): {', '.join(changed)}")
+        if refused:
+            raise ValueError(
+                "muond.torch.Muon: a split QKV param must keep the shape, dtype and device it "
+                "was registered with (step() copies its rows into registered memory); "
+                + "; ".join(refused) + ". Build a new optimizer for the changed model (carry "
+                "the state with state_dict / load_state_dict)")
 
     def any_cuda(self) -> bool:
         return (any(grad.is_cuda for _, grad in self.grads)
@@ -403,6 +428,13 @@ def _point_refs_at_regions(per_rank, renamed: dict) -> None:
                     if b is not None:
                         ref.region = b.region
                         ref.byte_offset += b.base_offset
+
+
+def _grad_of(p):
+    """A param's grad as the tensor step() copies (a DTensor's local shard), or None."""
+    if p.grad is None or not p.requires_grad:
+        return None
+    return _local_grad(p) if is_dtensor(p) else p.grad
 
 
 def _local(p) -> torch.Tensor:

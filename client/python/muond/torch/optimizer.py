@@ -214,7 +214,7 @@ class Muon(torch.optim.Optimizer):
         strategy of this optimizer's shard_mode (muond.torch.layouts)."""
         registered_live = getattr(self, "_registered_live", {})
         run = _layouts.PlacementRun(
-            lambda: _groups.collect_params(self.param_groups, registered_live),
+            lambda: _groups.collect_params(self.param_groups, registered_live, self._qkv),
             self._memory, len(self.clients), self._qkv.split_of)
         try:
             return self._layout.place(run, refusal)
@@ -289,6 +289,7 @@ class Muon(torch.optim.Optimizer):
         _groups.check_before_step(self.param_groups, self._fixed)
         clip = _qk_clip.prepare(self._qk_clip, qk_max_logits, self)  # checks: before any RPC
         self._memory.follow_rebound_params(self._param_names)
+        self._memory.check_permuted(self._param_names)
         self.state.push_if_assigned()
         self.state.invalidate()  # the step changes the state: read it afresh
         skipped = _wire.matrices_of(self._memory.skipped_and_copy_grads(

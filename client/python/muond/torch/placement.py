@@ -83,6 +83,7 @@ class ParamPlace:
     pad_length: int = 0
     kind: str = "plain"
     offset: int = 0
+    qkv_split: tuple = ()  # a split QKV weight's (qkv_split_shapes, qkv_head_dim)
 
     @property
     def coordinate(self) -> tuple:
@@ -382,7 +383,9 @@ def place_params(requests, opts: Options) -> dict:
             places[req.name] = place_ddp(p.shape, opts.world, opts.rank)
         else:
             places[req.name] = _place_in_given_domain(p, opts)
-        if req.split is not None:  # its matrices too, for the ranks to agree on
+        if req.split is not None:  # its split and matrices too, for the ranks to agree on
+            places[req.name] = replace(places[req.name],
+                                       qkv_split=(req.split.shapes, req.split.head_dim))
             places.update(_qkv_placement.split_places(req.name, places[req.name], req.split)[0])
     return places
 
@@ -482,11 +485,12 @@ def summary(places: dict) -> dict:
             continue
         domains[pl.domain] = ((pl.D, pl.G, pl.T), pl.coordinate)
         params[name] = (pl.domain, tuple(pl.full_shape), pl.tp_dim, bool(pl.gtp_sharded),
-                        tuple(pl.gtp_rows), int(pl.pad_length))
+                        tuple(pl.gtp_rows), int(pl.pad_length), tuple(pl.qkv_split))
     return {"domains": domains, "params": params}
 
 
-_PARAM_FIELDS = ("domain", "full_shape", "tp_dim", "gtp_sharded", "gtp_rows", "pad_length")
+_PARAM_FIELDS = ("domain", "full_shape", "tp_dim", "gtp_sharded", "gtp_rows", "pad_length",
+                 "qkv_split (qkv_split_shapes, qkv_head_dim)")
 
 
 def check_layout(summaries) -> None:

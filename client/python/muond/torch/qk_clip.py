@@ -206,10 +206,26 @@ def bind(config: QKClip | None, opt) -> Bound | None:
                 raise ValueError(f"{where} param {name} has full shape "
                                  f"{tuple(full_shape(opt, name, param))}, expected "
                                  f"({len(kinds)}, hidden) ({_rows_rule(layer, role)})")
+            _check_split_layout(opt, layer, role, name)
             index = torch.tensor([_table_index(layer, kind, head) for kind, head in kinds],
                                  dtype=torch.int64)
             weights.append(_Weight(layer, role, param, name, index))
     return Bound(config, weights)
+
+
+def _check_split_layout(opt, layer, role: str, name: str) -> None:
+    """A fused QKV weight that split_qkv also splits must have the layer's
+    row layout in qkv_split_shapes (the same query groups), else ValueError."""
+    choice = getattr(opt, "_qkv", None)
+    split = choice.split if choice is not None else None
+    if role != "qkv" or split is None or name not in opt._matrices:
+        return
+    kv = layer.num_kv_heads or layer.num_heads
+    want = (layer.num_heads // kv * layer.head_dim, layer.head_dim, layer.head_dim)
+    if tuple(split.shapes) != want:
+        raise ValueError(f"qk_clip layer {layer.name!r}: qkv param {name} is split with "
+                         f"qkv_split_shapes {list(split.shapes)}, but the layer's heads give "
+                         f"{list(want)} rows of q, k, v per query group")
 
 
 def _rows_rule(layer, role: str) -> str:

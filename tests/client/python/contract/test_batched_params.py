@@ -123,6 +123,18 @@ class BatchedParamsTest(ClusterTestCase):
         finally:
             opt.close()
 
+    def test_a_plain_iterable_warns_naming_the_experts_it_gives_to_adamw(self):
+        p = torch.nn.Parameter(initial(SHAPE))
+        w = torch.nn.Parameter(initial((12, 20)))
+        with self.assertWarnsRegex(UserWarning, r"experts: params of more than two dims go "
+                                                r"to the AdamW group"):
+            opt = muond_opt(self.cluster, [("experts", p), ("dense", w)])
+        try:
+            self.assertEqual([(g["algorithm"], g["param_names"]) for g in opt.param_groups],
+                             [("muon", ["dense"]), ("adamw", ["experts"])])
+        finally:
+            opt.close()
+
     def test_params_without_a_matrix_and_clashing_names_are_refused(self):
         v = torch.nn.Parameter(torch.zeros(7))
         with self.assertRaisesRegex(ValueError, r"param bias: .*matrices .*shape \(7,\)"):

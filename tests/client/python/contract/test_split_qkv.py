@@ -128,6 +128,56 @@ class SplitQkvTest(ClusterTestCase):
             opt.close()
         self.assertTrue(torch.equal(p.detach(), want))
 
+    def test_a_changed_weight_is_refused_before_anything_moves(self):
+        p, x = fused_param(), torch.nn.Parameter(initial(seed=1)[:, :4].clone())
+        opt = muond_opt(self.cluster, [muon_group([p, x], ["qkv", "x"])], **split_kw())
+        try:
+            before = x.detach().clone()
+            for changed, message in (
+                    (torch.zeros(ROWS, COLS + 4), r"param qkv \(its values\): shape "
+                                                  r"\(24, 12\) -> \(24, 16\)"),
+                    (torch.zeros(ROWS, COLS, dtype=torch.float64), "dtype torch.float32 -> "
+                                                                   "torch.float64")):
+                kept = p.data
+                p.data, p.grad, x.grad = changed, None, None
+                with self.assertRaisesRegex(ValueError, message):
+                    opt.step()
+                p.data = kept
+            p.grad = torch.ones(ROWS, COLS)
+            p.grad.data = torch.ones(ROWS + 1, COLS)  # torch checks only .grad =
+            with self.assertRaisesRegex(ValueError, r"param qkv \(its grad\): shape"):
+                opt.step()
+            self.assertTrue(torch.equal(x.detach(), before))
+            # zero_grad(set_to_none=False) gives it a zero grad: stepped (decayed).
+            p.grad = None
+            opt.zero_grad(set_to_none=False)
+            self.assertTrue(torch.equal(p.grad, torch.zeros_like(p)))
+            start = p.detach().clone()
+            opt.step()
+            self.assertFalse(torch.equal(p.detach(), start))
+        finally:
+            opt.close()
+
+    def test_names_and_picks_that_clash_are_named(self):
+        p, q = fused_param(), torch.nn.Parameter(initial(seed=2)[:6].clone())
+        with self.assertRaisesRegex(ValueError, r"'qkv\[k\]' clashes with the wire names "
+                                                r"of param 'qkv' \(a split QKV weight"):
+            muond_opt(self.cluster, [muon_group([p, q], ["qkv", "qkv[k]"])], **split_kw())
+        cube = torch.nn.Parameter(torch.zeros(2, 6, 4))
+        picks = [(lambda t: True, [cube], r"param e: is_qkv_fn picked it .* \(2, 6, 4\)"),
+                 (lambda t: 1 / 0, [fused_param()], r"param e: is_qkv_fn raised "
+                                                    r"ZeroDivisionError"),
+                 (lambda t: "no", [fused_param()], r"param e: is_qkv_fn must answer a bool")]
+        for fn, params, message in picks:
+            with self.assertRaisesRegex(ValueError, message):
+                muond_opt(self.cluster, [muon_group(params, ["e"])], split_qkv=True,
+                          is_qkv_fn=fn, qkv_split_shapes=list(SHAPES))
+
+    def test_split_qkv_picking_nothing_is_refused(self):
+        untagged = torch.nn.Parameter(initial())  # e.g. a tag lost to fully_shard
+        with self.assertRaisesRegex(ValueError, r"is_qkv_fn picked no param of a Muon group"):
+            muond_opt(self.cluster, [muon_group([untagged], ["qkv"])], **split_kw())
+
     def test_bad_options_and_shapes_are_named(self):
         cases = [
             (dict(split_qkv=True, qkv_split_shapes=[4, 2, 2]), "requires both is_qkv_fn"),
@@ -136,10 +186,18 @@ class SplitQkvTest(ClusterTestCase):
             (dict(split_kw(), qkv_split_shapes=[5, 2, 2]), r"param qkv: .* 24 % 9 != 0"),
             (dict(split_kw(), qkv_head_dim=3), r"qkv_head_dim=3 does not divide"),
             (dict(qkv_head_dim=2), "qkv_head_dim needs split_qkv=True"),
+            (dict(split_kw(), split_qkv="no"), "split_qkv must be a bool"),
+            (dict(split_kw(), qkv_split_shapes={4: 1, 2: 1}), "must be a list of positive"),
         ]
         for kw, message in cases:
             with self.assertRaisesRegex(ValueError, message, msg=str(kw)):
                 muond_opt(self.cluster, [muon_group([fused_param()], ["qkv"])], **kw)
+        # numpy ints are ints here, as in the group options.
+        import numpy as np
+        opt = muond_opt(self.cluster, [muon_group([fused_param()], ["qkv"])],
+                        **dict(split_kw(), qkv_split_shapes=[np.int64(s) for s in SHAPES],
+                               qkv_head_dim=np.int64(2)))
+        opt.close()
 
 
 if __name__ == "__main__":
