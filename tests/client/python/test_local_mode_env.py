@@ -110,6 +110,18 @@ class StrayJobVariableTest(unittest.TestCase):
         self.assertIn(f"no daemon socket at {runtime}/muond/muond-default-0.sock", message)
         self.assert_names_fixes(message, "$RANK='0' is set", "it")
 
+    def test_a_job_of_several_ranks_is_not_told_to_set_muond_local(self):
+        # torchrun without muond launch: one private daemon per process would not
+        # form one job, so MUOND_LOCAL=1 is no fix there; and set, it says so.
+        env = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
+        with tempfile.TemporaryDirectory() as runtime:
+            message = discovery.discover(env=dict(env, XDG_RUNTIME_DIR=runtime)).missing_socket()
+            self.assertIn("run it under muond launch", message)
+            self.assertNotIn("MUOND_LOCAL=1", message)
+            found = discovery.discover(env=dict(env, MUOND_LOCAL="1", XDG_RUNTIME_DIR=runtime))
+            message = found.missing_socket()
+        self.assertIn("$MUOND_LOCAL=1 does not apply to a job of several processes", message)
+
     def test_no_note_under_muond_launch_or_with_muond_local(self):
         env = dict(ONE_RANK_LAUNCH, MUOND_NPROC_PER_NODE="2")
         with self.assertRaises(ValueError) as caught:

@@ -76,16 +76,32 @@ def stray_job_variables(env) -> str:
     that finds no daemon: a $LOCAL_RANK left in a shell or a notebook's
     environment otherwise reads as a missing daemon."""
     found = [key for key in JOB_VARIABLES if env.get(key)]
+    launch = ("run it under muond launch (muond launch --nproc-per-node N -- torchrun "
+              "--nproc-per-node N train.py)")
+    if _several_ranks(env) and env.get("MUOND_LOCAL") == "1" and not env.get("MUOND_SOCKET_DIR"):
+        return (". $MUOND_LOCAL=1 does not apply to a job of several processes (a private "
+                f"daemon per process would not form one job): {launch}")
     if not found or env.get("MUOND_LOCAL") or env.get("MUOND_SOCKET_DIR"):
         return ""
     names = ", ".join(f"${key}={env[key]!r}" for key in found)
     one = len(found) == 1
+    anyway = ("" if _several_ranks(env) else
+              "; or set MUOND_LOCAL=1 to start the local cluster anyway")
     return (f". No local coordinator and daemon were started because {names} "
             f"{'is' if one else 'are'} set (a launcher's or torchrun's variable{'' if one else 's'}"
             ": such a process finds its daemon from them). In a plain script, unset "
-            f"{'it' if one else 'them'}; for a job, run it under muond launch (muond launch "
-            "--nproc-per-node N -- torchrun --nproc-per-node N train.py); or set MUOND_LOCAL=1 "
-            "to start the local cluster anyway")
+            f"{'it' if one else 'them'}; for a job, {launch}{anyway}")
+
+
+def _several_ranks(env) -> bool:
+    """A job of several processes: $WORLD_SIZE > 1 or torch.distributed so."""
+    try:
+        if int(env.get("WORLD_SIZE") or 1) > 1:
+            return True
+    except ValueError:
+        pass
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def local_daemon(param_groups, job_id: str | None, timeout: float) -> Discovered | None:
