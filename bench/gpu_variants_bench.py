@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -92,7 +93,7 @@ def run(named_shapes, reps, warmup, label, log_dir, qk_clip=False, **kw):
         extra["qk_clip"] = QKClip([QKClipAttention(n, num_heads=HEADS, num_kv_heads=GROUPS,
                                                    head_dim=HEAD_DIM, qkv=p)
                                    for n, p in zip(names, ps) if p.is_qkv], threshold=100.0)
-    job = f"variants-{label}"
+    job = "variants-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:48]
     with Daemon(job, log_dir=log_dir) as d:
         opt = Muon([{"params": ps, "param_names": names}], daemons=[d.address], job_id=job,
                    fp32_matmul_prec="medium", **SETTINGS, **kw, **extra)
