@@ -120,42 +120,85 @@ def has_variants() -> bool:
     return "variant" in options.FLAT_KEYWORDS
 
 
+def plan(has_variant_options: bool) -> list:
+    """(set, form, named shapes, baseline form, Muon keywords) of every row."""
+    separate, batched = moe_sets()
+    rows = [("moe", "experts as 384 2-D params", separate, None, dict(ns_batch_size=256)),
+            ("moe", "experts as 3 [128, m, n] params", batched, "experts as 384 2-D params",
+             dict(ns_batch_size=256))]
+    separate, fused = llama_sets()
+    base = "q, k, v separate params"
+    split = dict(split_qkv=True, is_qkv_fn=lambda p: p.is_qkv, qkv_split_shapes=QKV_SHAPES,
+                 ns_batch_size=4)
+    rows += [("qkv", base, separate, None, dict(ns_batch_size=4)),
+             ("qkv", "fused QKV, unsplit", fused, base, dict(ns_batch_size=4)),
+             ("qkv", "fused QKV, split_qkv", fused, base, split),
+             ("qkv", "fused QKV, per head (128 rows)", fused, base,
+              dict(split, qkv_head_dim=HEAD_DIM)),
+             ("qkv", "fused QKV, split_qkv + QK-clip", fused, base, dict(split, qk_clip=True))]
+    if has_variant_options:
+        rows.append(("variant", "muon", separate, None, dict(ns_batch_size=4)))
+        rows += [("variant", v, separate, "muon", dict(ns_batch_size=4, variant=v))
+                 for v in ("normuon", "adamuon")]
+    return rows
+
+
+def timed_qk_clip():
+    """Wraps QK-clip's prepare and apply with timers: (times dict, undo)."""
+    import torch
+    from muond.torch import qk_clip
+    times = {"prepare": [], "apply": []}
+    originals = {k: getattr(qk_clip, k) for k in times}
+
+    def wrap(key):
+        def timed_call(*args, **kw):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = originals[key](*args, **kw)
+            torch.cuda.synchronize()
+            times[key].append((time.perf_counter() - t0) * 1e3)
+            return out
+        return timed_call
+    for k in times:
+        setattr(qk_clip, k, wrap(k))
+    return times, lambda: [setattr(qk_clip, k, f) for k, f in originals.items()]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None)
     ap.add_argument("--log-dir", default=None)
     a = ap.parse_args()
     log_dir = a.log_dir or os.environ.get("OUT", "/tmp")
-    rows = []
-
-    def row(set_name, label, shapes, baseline=None, **kw):
-        ms = run(shapes, a.reps, a.warmup, f"{set_name}-{label}", log_dir, **kw)
-        rows.append((set_name, label, ms, baseline))
-        print(f"{set_name:8s} {label:34s} {ms:8.2f} ms", flush=True)
-        return ms
-
-    separate, batched = moe_sets()
-    base = row("moe", "experts as 384 2-D params", separate, ns_batch_size=256)
-    row("moe", "experts as 3 [128, m, n] params", batched, base, ns_batch_size=256)
-    separate, fused = llama_sets()
-    base = row("qkv", "q, k, v separate params", separate, ns_batch_size=4)
-    row("qkv", "fused QKV, unsplit", fused, base, ns_batch_size=4)
-    split = dict(split_qkv=True, is_qkv_fn=lambda p: p.is_qkv, qkv_split_shapes=QKV_SHAPES)
-    row("qkv", "fused QKV, split_qkv", fused, base, ns_batch_size=4, **split)
-    row("qkv", "fused QKV, per head (128 rows)", fused, base, ns_batch_size=4,
-        qkv_head_dim=HEAD_DIM, **split)
-    row("qkv", "fused QKV, split_qkv + QK-clip", fused, base, ns_batch_size=4, qk_clip=True,
-        **split)
-    if has_variants():
-        base = row("variant", "muon", separate, ns_batch_size=4)
-        for v in ("normuon", "adamuon"):
-            row("variant", v, separate, base, ns_batch_size=4, variant=v)
-    lines = ["| set | form | ms | vs the set's first row |", "|---|---|---|---|"]
-    for set_name, label, ms, baseline in rows:
-        ratio = f"{ms / baseline:.3f}" if baseline else "1 (baseline)"
-        lines.append(f"| {set_name} | {label} | {ms:.2f} | {ratio} |")
+    rows = plan(has_variants())
+    ms = {}
+    for r in range(a.rounds):
+        for set_name, form, shapes, _, kw in rows:
+            kw = dict(kw)
+            undo = None
+            if kw.get("qk_clip"):
+                clip_times, undo = timed_qk_clip()
+            try:
+                t = run(shapes, a.reps, a.warmup, f"{set_name}-{form}", log_dir, **kw)
+            finally:
+                if undo is not None:
+                    undo()
+            ms.setdefault((set_name, form), []).append(t)
+            extra = ""
+            if kw.get("qk_clip"):
+                extra = "  (QK-clip prepare %.2f ms, apply %.2f ms, medians)" % tuple(
+                    sorted(v)[len(v) // 2] for v in clip_times.values())
+            print(f"round {r + 1} {set_name:8s} {form:34s} {t:8.2f} ms{extra}", flush=True)
+    med = {k: sorted(v)[len(v) // 2] for k, v in ms.items()}
+    lines = [f"| set | form | ms (median of {a.rounds} rounds) | vs the set's baseline |",
+             "|---|---|---|---|"]
+    for set_name, form, _, base, _ in rows:
+        t = med[(set_name, form)]
+        ratio = f"{t / med[(set_name, base)]:.3f}" if base else "1 (baseline)"
+        lines.append(f"| {set_name} | {form} | {t:.2f} | {ratio} |")
     table = "\n".join(lines)
     print(table)
     if a.out:
