@@ -370,7 +370,7 @@ class PureTest(unittest.TestCase):
     def _summary(self, domain="dom", size=(1, 2, 1), coord=(0, 0, 0), params=None):
         return {"domains": {domain: (size, coord)},
                 "params": params if params is not None else
-                {"w": (domain, (4, 4), None, True, (), 0)}}
+                {"w": (domain, (4, 4), None, True, (), 0, ())}}
 
     def test_check_layout_refusals(self):
         P.check_layout([self._summary(coord=(0, 0, 0)), self._summary(coord=(0, 1, 0))])
@@ -384,7 +384,7 @@ class PureTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "param w .*: gtp_rows is \\(\\) on rank 0 "
                                     "but \\(3, 1\\) on rank 1"):
             P.check_layout([self._summary(), self._summary(
-                coord=(0, 1, 0), params={"w": ("dom", (4, 4), None, True, (3, 1), 0)})])
+                coord=(0, 1, 0), params={"w": ("dom", (4, 4), None, True, (3, 1), 0, ())})])
         with self.assertRaisesRegex(ValueError, r"param w: in domain 'dom' on ranks \[0\] but "
                                     r"not on ranks \[1\]"):
             P.check_layout([self._summary(), self._summary(coord=(0, 1, 0), params={})])

@@ -167,6 +167,17 @@ class _Weight:
     param: torch.Tensor
     name: str
     index: torch.Tensor  # int64 [full rows]
+    # The factor-table index of each held row (0 for pad rows), for the
+    # placement it was read from: it changes only when the params are placed
+    # again (add_param_group).
+    held: tuple = (None, None)
+
+    def held_index(self, opt) -> torch.Tensor:
+        key = (id(opt.places.get(self.name)), id(opt.layouts.get(self.name)))
+        if self.held[0] != key:
+            rows, real = local_rows(opt, self.name, self.param)
+            self.held = (key, torch.where(real, self.index[rows], 0))
+        return self.held[1]
 
 
 class Bound:
@@ -344,8 +355,7 @@ def prepare(bound: Bound | None, max_logits, opt) -> list:
         table = tables[w.layer.name]
         if bool((table == 1).all()):
             continue
-        rows, real = local_rows(opt, w.name, w.param)
-        factors = torch.where(real, table[w.index[rows]], torch.ones(()))
+        factors = table[w.held_index(opt)]  # table[0] == 1 keeps a row
         if bool((factors != 1).any()):
             pending.append((w.param, factors))
     return pending
