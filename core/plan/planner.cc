@@ -85,7 +85,23 @@ struct Item {
   double cost;
   HomeKind kind;
   int64_t rows, cols;  // full shape, for ordering and colocation
+  // The GTP rank holding every row of the matrix (an expert whose rows one
+  // rank owns: gtp_rows with one nonzero entry), else -1.
+  int owner_g = -1;
 };
+
+// OwnerG of a routed spec: the one g whose gtp_rows entry is nonzero when all
+// others are 0 (a whole matrix on one GTP rank), else -1.
+int OwnerG(const ParamShardSpec& spec) {
+  if (!spec.routed() || spec.gtp_rows.size() < 2) return -1;
+  int owner = -1;
+  for (size_t g = 0; g < spec.gtp_rows.size(); ++g) {
+    if (spec.gtp_rows[g] == 0) continue;
+    if (owner >= 0) return -1;
+    owner = int(g);
+  }
+  return owner;
+}
 
 // Total order that does not depend on input order: cost descending, wider
 // items first (replica, row, rank), then shape; equal keys keep the
@@ -197,8 +213,27 @@ class LptLoads {
   double global_max_ = 0;
 };
 
+// The least-loaded slot of the item's owner row when it does not raise the
+// running maximum beyond `best`'s (the LPT choice): its NS then runs where its
+// rows are, and its exchanges move nothing. Else `best`.
+int OwnerSlotIfNoWorse(const Item& item, int best, DomainSize domain,
+                       const LptLoads& loads, double cap) {
+  int owner = -1;
+  for (int s = 0; s < loads.NumSlots(item.kind); ++s) {
+    if (HomeOfSlot(item.kind, s, domain).g != item.owner_g) continue;
+    if (owner < 0 || loads.Better(item.kind, s, owner)) owner = s;
+  }
+  if (owner < 0 || owner == best) return best;
+  const double at_owner = loads.SlotMax(item.kind, owner) + item.cost;
+  const double at_best = loads.SlotMax(item.kind, best) + item.cost;
+  return at_owner <= std::max({loads.global_max(), at_best, cap}) ? owner
+                                                                  : best;
+}
+
+// owner_cap < 0: no owner preference; else the max load an owner's slot may
+// reach (plain LPT's: the preference must not cost balance).
 LptResult RunLpt(const std::vector<Item>& items, DomainSize domain,
-                 bool colocate) {
+                 bool colocate, double owner_cap = -1) {
   LptLoads loads(domain);
   absl::flat_hash_map<ShapeKey, std::vector<int>> hosts;
   LptResult result;
@@ -224,6 +259,9 @@ LptResult RunLpt(const std::vector<Item>& items, DomainSize domain,
               std::max(loads.global_max(), peak_after(best))) {
         best = best_host;
       }
+    }
+    if (item.owner_g >= 0 && owner_cap >= 0) {
+      best = OwnerSlotIfNoWorse(item, best, domain, loads, owner_cap);
     }
     loads.Add(kind, best, item.cost);
     if (same_shape != nullptr &&
@@ -455,23 +493,32 @@ absl::StatusOr<HomePlan> PlanNsHomes(const std::vector<ParamShardSpec>& specs,
     const ParamShardSpec& spec = specs[i];
     if (IsItem(spec, domain)) {
       items.push_back(Item{i, costs[i], KindOf(spec), spec.full_shape[0],
-                           spec.full_shape[1]});
+                           spec.full_shape[1], OwnerG(spec)});
     }
   }
   std::stable_sort(items.begin(), items.end(), ItemBefore);
 
   HomePlan plan;
-  LptResult chosen = RunLpt(items, domain, options.colocate_same_shape);
+  // Matrices with an owner rank stay there up to plain LPT's max load.
+  const bool owners = std::any_of(items.begin(), items.end(),
+                                  [](const Item& i) { return i.owner_g >= 0; });
+  const double cap =
+      owners ? RunLpt(items, domain, /*colocate=*/false).max_load : -1;
+  LptResult chosen = RunLpt(items, domain, options.colocate_same_shape, cap);
   plan.colocated = options.colocate_same_shape;
   if (options.colocate_same_shape &&
       chosen.max_load > ItemLowerBound(items, domain) * (1 + 1e-12)) {
     // Colocating did not reach the bound: keep it only if plain LPT is not
     // better.
-    LptResult plain = RunLpt(items, domain, /*colocate=*/false);
+    LptResult plain = RunLpt(items, domain, /*colocate=*/false, cap);
     if (plain.max_load < chosen.max_load) {
       chosen = std::move(plain);
       plan.colocated = false;
     }
+  }
+  if (owners && chosen.max_load > cap) {
+    chosen = RunLpt(items, domain, /*colocate=*/false);  // balance first
+    plan.colocated = false;
   }
   plan.homes.assign(specs.size(), NsHome{});
   for (size_t k = 0; k < items.size(); ++k) {

@@ -20,7 +20,10 @@
 // index). With colocate_same_shape an
 // item goes to a home already holding its shape when that does not raise the
 // running maximum beyond what the least-loaded choice would give; the result
-// is kept only if its final max load is not worse than plain LPT.
+// is kept only if its final max load is not worse than plain LPT. Either way
+// a matrix whose rows one GTP rank holds (gtp_rows with one nonzero entry: an
+// expert FSDP2 keeps whole on a rank) goes to that rank's row when that keeps
+// every load within plain LPT's max, so its exchanges move nothing.
 #include <cstdint>
 #include <map>
 #include <string_view>

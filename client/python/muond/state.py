@@ -11,7 +11,8 @@ it reaches a daemon:
 * ``assemble``: every daemon's entries -> one ``{key: tensor}`` per param, of the
   param's full shape (split mode: each shard is a strided view of one buffer
   laid out as muond.split says, the model's tensor its contiguous prefix; solo
-  and local mode: the whole entry).
+  and local mode: the whole entry; a batched param (muond.batched): each
+  matrix's entry at its offset).
 * ``validate``: a loaded state dict's per-param state -> fp32 CPU tensors, or a
   ValueError naming the param and the rule (nothing sent yet).
 * ``disassemble``: per-param state -> each daemon's entries (split pad rows are
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from muond import batched as _batched
 from muond import split as _split
 from muond._dtensor import is_dtensor
 
@@ -74,7 +76,9 @@ def local_shape(p) -> tuple:
 @dataclass(frozen=True)
 class ParamInfo:
     """Where one param's state lives: ``layout`` is a muond.split.SplitLayout,
-    ("solo", rank), "local" (rank 0) or EMPTY (none), as muond.torch.Muon.layouts; ``shape``
+    ("solo", rank), "local" (rank 0), a muond.batched.BatchLayout (a Muon param of
+    more than two dims: one entry per matrix) or EMPTY (none), as
+    muond.torch.Muon.layouts; ``shape``
     the shape the daemons hold (a DTensor param's local shard's), ``dist`` the
     DTensor param's distribution (None for a plain param)."""
     name: str
@@ -88,6 +92,8 @@ class ParamInfo:
             return []
         if isinstance(self.layout, _split.SplitLayout):
             return [s.rank for s in self.layout.shards]
+        if isinstance(self.layout, _batched.BatchLayout):
+            return self.layout.ranks()
         if isinstance(self.layout, tuple):
             return [self.layout[1]]
         return [0]
@@ -113,9 +119,30 @@ def _entry(entries: dict, key: str, numel: int, rank: int) -> torch.Tensor:
     return value
 
 
+def _matrix_rank(matrix) -> int:
+    return matrix.layout[1] if isinstance(matrix.layout, tuple) else 0
+
+
+def _assemble_batch(info: ParamInfo, suffix: str, per_rank: dict) -> torch.Tensor:
+    """A batched param's state: each matrix's entry at its offset in the
+    param's local tensor (contiguous, so a matrix is one run of elements)."""
+    flat = torch.zeros(_numel(info.shape), dtype=torch.float32)
+    for m in info.layout.matrices:
+        rank = _matrix_rank(m)
+        value = _entry(per_rank[rank], f"{m.name}.{suffix}", m.numel, rank)
+        flat[m.offset:m.offset + m.numel].copy_(value)
+    if not info.layout.perm:
+        return flat.view(info.shape)
+    out = torch.zeros(info.shape, dtype=torch.float32)
+    out[list(info.layout.perm)] = flat.view(info.shape)
+    return out
+
+
 def _assemble_tensor(info: ParamInfo, suffix: str, per_rank: dict) -> torch.Tensor:
     key = f"{info.name}.{suffix}"
     layout = info.layout
+    if isinstance(layout, _batched.BatchLayout):
+        return _assemble_batch(info, suffix, per_rank)
     if not isinstance(layout, _split.SplitLayout):
         rank = info.ranks()[0]
         return _entry(per_rank[rank], key, _numel(info.shape), rank).view(info.shape).clone()
@@ -265,6 +292,12 @@ def disassemble(infos: list[ParamInfo], states: dict, world: int) -> list[dict]:
                 per_rank[info.ranks()[0]][name] = value.reshape(1).clone()
                 continue
             layout = info.layout
+            if isinstance(layout, _batched.BatchLayout):
+                flat = (value[list(layout.perm)] if layout.perm else value).reshape(-1)
+                for m in layout.matrices:
+                    per_rank[_matrix_rank(m)][f"{m.name}.{suffix}"] = (
+                        flat[m.offset:m.offset + m.numel].clone())
+                continue
             if not isinstance(layout, _split.SplitLayout):
                 per_rank[info.ranks()[0]][name] = value.reshape(-1).clone()
                 continue

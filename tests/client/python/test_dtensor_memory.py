@@ -120,7 +120,8 @@ class DTensorMemoryTest(unittest.TestCase):
         self.assertEqual([run["rebound"] for run in runs], [[]] * WORLD)
         refusals = {run["refusal"] for run in runs}
         self.assertEqual(len(refusals), 1, refusals)
-        self.assertRegex(refusals.pop(), r"^rank 2: param odd: Muon params must be 2-D")
+        self.assertRegex(refusals.pop(),
+                         r"^rank 2: param odd: Muon params must be matrices \(2-D\)")
         self.assertEqual([len(d.requests) for d in cluster.daemons], [1] * WORLD)
 
         from muond.torch import Muon

@@ -382,7 +382,7 @@ class StateTest(unittest.TestCase):
         sd = opt.state_dict()
         bad = [
             ({"params": [torch.nn.Parameter(torch.zeros(5))], "param_names": ["v"]},
-             r"param v: Muon params must be 2-D"),
+             r"param v: Muon params must be matrices \(2-D\)"),
             ({"params": [torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float64))],
               "param_names": ["h"]}, r"param h: dtype torch.float64 not in \(float32, "
                                      r"bfloat16, float16\)"),

@@ -40,15 +40,11 @@ SEED_SIGNATURE = (
 TORCH_ARGUMENTS = ("params", "lr", "weight_decay", "momentum", "nesterov")
 
 ACCEPTED = [dict(tp_mode="duplicated"), dict(tp_mode="distributed"), dict(tp_mode="auto"),
-            dict(split_qkv=False), dict(is_qkv_fn=None), dict(qkv_split_shapes=None),
             dict(concurrent_groups=True), dict(use_decoupled_weight_decay=True),
             dict(gtp_remat_group=None), dict(tp_group=None), dict(pg_collection=None)]
 REFUSED = [
     (dict(tp_mode="blockwise"), "tp_mode='blockwise'", "each TP shard on its own"),
     (dict(tp_mode="column"), "tp_mode='column'", "'blockwise', 'duplicated', 'distributed'"),
-    (dict(split_qkv=True), "split_qkv=True", "fused QKV weight as one matrix"),
-    (dict(is_qkv_fn=lambda p: True), "is_qkv_fn=", "keep them as separate params"),
-    (dict(qkv_split_shapes=[64, 16, 16]), "qkv_split_shapes=[64, 16, 16]", "not implemented"),
     (dict(tp_group=object()), "tp_group=", "DTensor placements, its Megatron tags"),
     (dict(gtp_remat_group=object()), "gtp_remat_group=", "gtp_size=/tp_size=/g=/t="),
     (dict(pg_collection=object()), "pg_collection=", "daemons own the communicators"),

@@ -302,10 +302,11 @@ class NonMatrixParamTest(FakeDaemonCase):
         with self.assertRaises(ValueError) as caught:
             self.plain([{"params": [self.w, self.b], "param_names": ["w", "b"]}])
         message = str(caught.exception)
-        self.assertIn("param b: Muon params must be 2-D (Newton-Schulz orthogonalises "
-                      "matrices), got shape (4,), in a Muon param group", message)
+        self.assertIn("param b: Muon params must be matrices (2-D) or batches of matrices "
+                      "([..., m, n], e.g. [experts, m, n]): Newton-Schulz orthogonalises "
+                      "matrices, and a param of shape (4,) has none", message)
         self.assertIn('Put it in an AdamW group: {"params": [p for p in model.parameters() '
-                      'if p.ndim != 2], "algorithm": "adamw"}', message)
+                      'if p.ndim < 2], "algorithm": "adamw"}', message)
         self.assertIn("or pass model.named_parameters() itself", message)
 
 

@@ -288,6 +288,37 @@ TEST(PlanNsHomes, ColocatesSameShapeWithoutRaisingMaxLoad) {
   EXPECT_DOUBLE_EQ(MaxOf(coloc->rank_load), 10.0);
 }
 
+TEST(PlanNsHomes, ExpertsWholeOnOneRankStayThereWithoutRaisingMaxLoad) {
+  // FSDP2's Shard(0) of [6, 8, 4] experts over G = 4: 2 + 2 + 2 + 0 experts,
+  // each expert's rows all on its owner (gtp_rows with one nonzero entry).
+  const DomainSize d{4, 1};
+  std::vector<ParamShardSpec> specs;
+  const std::vector<int> owner = {0, 0, 1, 1, 2, 2};
+  for (int e = 0; e < 6; ++e) {
+    ParamShardSpec s =
+        Spec("e" + std::to_string(e), 8, 4, ParamSharding::kGtpRemat, d);
+    s.gtp_rows = {0, 0, 0, 0};
+    s.gtp_rows[owner[e]] = 8;
+    s.local_shape = {8, 4};  // the owner's view; the planner reads the rows
+    specs.push_back(s);
+  }
+  absl::StatusOr<HomePlan> plan = PlanNsHomes(specs, d);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (int e = 0; e < 6; ++e) EXPECT_EQ(plan->homes[e].g, owner[e]) << e;
+  // Plain LPT would put one expert on the idle rank 3: the max load is the
+  // same (two experts somewhere either way).
+  EXPECT_DOUBLE_EQ(MaxOf(plan->rank_load), 2 * NsCost(8, 4));
+  // An owner whose load the choice would raise above LPT's max gives way:
+  // all six on rank 0 go to four ranks.
+  for (auto& s : specs) {
+    s.gtp_rows = {8, 0, 0, 0};
+    s.local_shape = {8, 4};
+  }
+  plan = PlanNsHomes(specs, d);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_DOUBLE_EQ(MaxOf(plan->rank_load), 2 * NsCost(8, 4));
+}
+
 TEST(PlanNsHomes, CostModels) {
   const DomainSize d{1, 2};
   std::vector<ParamShardSpec> specs = {

@@ -22,7 +22,9 @@ AdamW group of all others (biases, norm weights, scalars, conv kernels; the
 constructor's lr and weight_decay), silently, as torch.optim.Muon's users
 split them by hand (muond.torch.initial_groups.split_plain_params); with no
 other param it stays one Muon group. In explicit param groups every param of
-a Muon group must be 2-D (ValueError naming it and the AdamW group to use).
+a Muon group is a matrix, or a batch of matrices ``[..., m, n]`` (experts:
+muond.batched); a 0-D or 1-D one is a ValueError naming it and the AdamW
+group to use.
 
 Memory. At construction every param is moved once into memory the daemons can
 map, and the model's ``param.data`` is rebound to it (same Parameter objects):
@@ -118,11 +120,13 @@ from muond.torch.memory import CUDA_IPC_HANDLE_SIZE
 from muond.torch.optimizer import AddParamGroupError, Muon
 from muond.torch.options import (AdamWOptions, ConnectionOptions, NewtonSchulzOptions,
                                  PlacementOptions, ScalingOptions)
+from muond.torch.qk_clip import QKClip, QKClipAttention, QKClipMLA, reduce_max_logits
 
 __all__ = [
     "ALREADY_REGISTERED", "Client", "MuondError", "PEER_GONE",
     "ShmBuffer", "error_info",
     "AdamWOptions", "AddParamGroupError", "CUDA_IPC_HANDLE_SIZE", "ConnectionOptions",
     "LIVE_KEYS", "MAX_STEP_ID", "Muon", "NewtonSchulzOptions", "PlacementOptions",
-    "ScalingOptions", "check_gram_options", "check_live", "check_step_id",
+    "QKClip", "QKClipAttention", "QKClipMLA", "ScalingOptions", "check_gram_options",
+    "check_live", "check_step_id", "reduce_max_logits",
 ]

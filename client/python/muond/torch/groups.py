@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from muond import _rules
+from muond import batched as _batched
 from muond import state as _state
 from muond.torch import wire as _wire
 from muond.v1 import muond_pb2 as pb
@@ -435,18 +436,28 @@ def _cycled_momentum_message(gi: int, group: dict, key: str, was, now) -> str:
 
 
 def check_param(name: str, algorithm: str, p) -> None:
-    """A param muond can register: fp32/bf16/fp16, 2-D in a Muon group."""
+    """A param muond can register: fp32/bf16/fp16; in a Muon group at least
+    2-D (a matrix, or a batch of matrices: muond.batched)."""
     if p.dtype not in _wire.DTYPES:
         names = ", ".join(str(d).removeprefix("torch.") for d in _wire.DTYPES)
         raise ValueError(f"param {name}: dtype {p.dtype} not in ({names})")
-    if algorithm == "muon" and p.ndim != 2:
+    if algorithm == "muon" and p.ndim < 2:
         raise ValueError(
-            f"param {name}: Muon params must be 2-D (Newton-Schulz orthogonalises matrices), "
-            f"got shape {tuple(p.shape)}, in a Muon param group. Put it in an AdamW group: "
-            '{"params": [p for p in model.parameters() if p.ndim != 2], "algorithm": "adamw"} '
-            "beside {\"params\": [p for p in model.parameters() if p.ndim == 2]}; or pass "
+            f"param {name}: Muon params must be matrices (2-D) or batches of matrices "
+            f"([..., m, n], e.g. [experts, m, n]): Newton-Schulz orthogonalises matrices, and "
+            f"a param of shape {tuple(p.shape)} has none. Put it in an AdamW group: "
+            '{"params": [p for p in model.parameters() if p.ndim < 2], "algorithm": "adamw"} '
+            "beside {\"params\": [p for p in model.parameters() if p.ndim >= 2]}; or pass "
             "model.named_parameters() itself, not groups: every param that is not 2-D then "
             "goes to an AdamW group")
+
+
+def wire_names(name: str, algorithm: str, p) -> list:
+    """The names a param has on the wire: its own, or one per matrix of a
+    batched Muon param (muond.batched.matrix_name)."""
+    if algorithm != "muon" or not _batched.is_batched(p.shape):
+        return [name]
+    return [_batched.matrix_name(name, i) for i in _batched.batch_indices(p.shape[:-2])]
 
 
 def param_names(gi: int, group: dict) -> list:
@@ -475,10 +486,11 @@ def check_new_group(gi: int, group: dict, param_groups, known_names) -> None:
                          f"{len(group['params'])} params")
     known = set(known_names)
     for name, p in zip(names, group["params"]):
-        if name in known:
-            raise ValueError(f"{label}: param name {name!r} appears twice")
-        known.add(name)
         check_param(name, algorithm, p)
+        for wname in wire_names(name, algorithm, p):
+            if wname in known:
+                raise ValueError(f"{label}: param name {wname!r} appears twice")
+            known.add(wname)
         if p.device.type not in ("cpu", "cuda"):
             raise ValueError(f"param {name}: muond handles cpu and cuda tensors, got "
                              f"{p.device}")
@@ -523,10 +535,11 @@ def collect_params(param_groups, registered_live: dict) -> Collected:
         gname = group.get("name", f"group{gi}")
         out.fixed[gi] = fixed_entries(group)
         for name, p in zip(param_names(gi, group), group["params"]):
-            if name in seen:
-                raise ValueError(f"param name {name!r} appears twice")
-            seen.add(name)
-            out.names[id(p)] = name
             check_param(name, algorithm, p)
+            for wname in wire_names(name, algorithm, p):
+                if wname in seen:
+                    raise ValueError(f"param name {wname!r} appears twice")
+                seen.add(wname)
+            out.names[id(p)] = name
             out.todo.append((gi, gname, group, name, p))
     return out

@@ -13,10 +13,13 @@ Both take a ``PlacementRun`` (the params to place, the shared memory, the
 wire groups being built) and answer every daemon's wire groups."""
 from __future__ import annotations
 
+from muond import batched as _batched
+from muond import qkv_split as _qkv_split
 from muond import split as _split
 from muond import state as _state
 from muond._dtensor import is_dtensor
 from muond.torch import placement as _placement
+from muond.torch import qkv_placement as _qkv_placement
 from muond.torch import wire as _wire
 from muond.torch.collective import all_gather_object
 from muond.v1 import muond_pb2 as pb
@@ -27,10 +30,13 @@ class PlacementRun:
     (muond.torch.groups.collect_params), ``memory`` (SharedParams) receives
     their buffers; the run records each param's layout (a SplitLayout,
     ("solo", rank) or "local"), the daemons holding it, each daemon's
-    (group index, wire group name) pairs and, in local mode, the places."""
+    (group index, wire group name) pairs, each batched param's matrices
+    (muond.batched) and, in local mode, the places (by wire name)."""
 
-    def __init__(self, collect, memory, daemons: int):
+    def __init__(self, collect, memory, daemons: int, split_of=None):
         self._collect = collect
+        # (group, param) -> its muond.qkv_split.RowSplit, or None.
+        self.split_of = split_of or (lambda group, p: None)
         self.collected = None
         self.memory = memory
         self.wire: list[dict[str, pb.ParamGroup]] = [dict() for _ in range(daemons)]
@@ -38,6 +44,8 @@ class PlacementRun:
         self.layouts: dict[str, object] = {}
         self.ranks_of: dict[str, tuple[int, ...]] = {}
         self.places: dict | None = None
+        # A batched Muon param's name -> ((matrix wire name, its daemon), ...).
+        self.matrices: dict[str, tuple] = {}
 
     def params(self) -> list:
         """(group index, group name, group, param name, param) of every param
@@ -64,6 +72,12 @@ class PlacementRun:
             self.wire[rank][wname] = wg
             self.wire_groups.setdefault(rank, []).append((gi, wname))
         return self.wire[rank][wname]
+
+    def record_batch(self, name: str, layout) -> None:
+        """A batched param's layout, daemons and matrices."""
+        self.layouts[name] = layout
+        self.ranks_of[name] = tuple(sorted(layout.ranks()))
+        self.matrices[name] = tuple((m.name, _matrix_rank(m)) for m in layout.matrices)
 
     def per_rank(self) -> list[list[pb.ParamGroup]]:
         """Every daemon's wire groups, their memory allocated (placement done)."""
@@ -107,6 +121,13 @@ class SplitPlacement:
                 raise ValueError(f"param {name} is a DTensor: split mode shards full weights "
                                  "of one trainer; DTensor params (FSDP2, TP) need "
                                  "shard_mode='local' (the default without daemons=)")
+            if algorithm == "muon" and _batched.is_batched(p.shape):
+                self._place_batch(run, gi, gname, group, name, p, muon_load)
+                continue
+            split = run.split_of(group, p) if algorithm == "muon" else None
+            if split is not None:
+                self._place_split(run, gi, gname, group, name, p, split, muon_load)
+                continue
             layout = None
             if algorithm == "muon":
                 preferred = (int(getattr(p, "partition_dim", 0))
@@ -140,6 +161,51 @@ class SplitPlacement:
                                       grad=gbuf.ref(s.offset, s.shape, s.strides), tags=tags))
 
     @staticmethod
+    def _place_batch(run, gi, gname, group, name, p, muon_load):
+        """A batched Muon param: each matrix whole on the daemon with the
+        least NS cost so far (as a 2-D param too small to split), the param
+        one buffer (the matrices its contiguous slices)."""
+        pbuf, gbuf = run.memory.rebind(p, p.numel())
+        rows, cols = (int(s) for s in p.shape[-2:])
+        matrices = []
+        for j, index in enumerate(_batched.batch_indices(p.shape[:-2])):
+            rank = min(range(len(muon_load)), key=lambda r: (muon_load[r], r))
+            muon_load[rank] += _split.ns_cost((rows, cols))
+            wname = _batched.matrix_name(name, index)
+            domain = pb.Domain(name=f"solo-r{rank}", gtp_size=1, tp_size=1, g=0, t=0)
+            wg = run.group(rank, gi, f"{gname}.solo-r{rank}", group, domain)
+            offset = j * rows * cols
+            wg.params.append(pb.Param(name=wname, full_shape=[rows, cols],
+                                      param=pbuf.ref(offset, [rows, cols], [cols, 1]),
+                                      grad=gbuf.ref(offset, [rows, cols], [cols, 1]),
+                                      tags=pb.ShardTags()))
+            matrices.append(_batched.Matrix(wname, offset, (rows, cols), ("solo", rank)))
+        run.record_batch(name, _batched.BatchLayout(tuple(matrices)))
+
+    @staticmethod
+    def _place_split(run, gi, gname, group, name, p, split, muon_load):
+        """A split QKV param: each matrix whole on the daemon with the least NS
+        cost so far, over a staging copy of the param's rows (muond.qkv_split)."""
+        cols = int(p.shape[1])
+        chosen = _qkv_split.selections(name, int(p.shape[0]), split)
+        perm = [r for _, rows in chosen for r in rows]
+        pbuf, gbuf = run.memory.bind_permuted(p, perm)
+        matrices, offset = [], 0
+        for wname, rows in chosen:
+            rank = min(range(len(muon_load)), key=lambda r: (muon_load[r], r))
+            muon_load[rank] += _split.ns_cost((len(rows), cols))
+            domain = pb.Domain(name=f"solo-r{rank}", gtp_size=1, tp_size=1, g=0, t=0)
+            wg = run.group(rank, gi, f"{gname}.solo-r{rank}", group, domain)
+            shape, strides = [len(rows), cols], [cols, 1]
+            wg.params.append(pb.Param(name=wname, full_shape=shape,
+                                      param=pbuf.ref(offset, shape, strides),
+                                      grad=gbuf.ref(offset, shape, strides),
+                                      tags=pb.ShardTags()))
+            matrices.append(_batched.Matrix(wname, offset, tuple(shape), ("solo", rank)))
+            offset += len(rows) * cols
+        run.record_batch(name, _batched.BatchLayout(tuple(matrices), tuple(perm)))
+
+    @staticmethod
     def _place_solo(run, gi, gname, group, name, p, rank):
         pbuf, gbuf = run.memory.rebind(p, p.numel())
         run.layouts[name] = ("solo", rank)
@@ -150,7 +216,7 @@ class SplitPlacement:
         # every rank holding it agrees), so each daemon's 1x1 group is its own.
         wname = f"{gname}.solo-r{rank}"
         wg = run.group(rank, gi, wname, group, domain)
-        wg.params.append(pb.Param(name=name, full_shape=list(p.shape),
+        wg.params.append(pb.Param(name=name, full_shape=_wire.full_shape(p.shape),
                                   param=pbuf.ref(0, shape, strides),
                                   grad=gbuf.ref(0, shape, strides), tags=pb.ShardTags()))
 
@@ -189,25 +255,34 @@ class LocalPlacement:
                 if refusal is not None:
                     raise refusal
                 todo.extend(run.params())
-                return self._compute_places(todo)
+                return self._compute_places(run, todo)
 
             run.places = _placement.settle(compute, self.rank, self.world, all_gather_object,
                                            dp_given=self.options.dp_size is not None)
         else:
             todo = run.params()
-            run.places = self._compute_places(todo)
+            run.places = self._compute_places(run, todo)
         for gi, gname, group, name, p in todo:
             self._place_one(run, gi, gname, group, name, p)
         return run.per_rank()
 
-    def _compute_places(self, todo) -> dict:
+    def _compute_places(self, run, todo) -> dict:
         """This rank's place of every param (no communication)."""
-        requests = [_placement.Request(name, p, group["algorithm"])
+        requests = [_placement.Request(name, p, group["algorithm"],
+                                       run.split_of(group, p) if group["algorithm"] == "muon"
+                                       else None)
                     for _, _, group, name, p in todo]
         return _placement.place_params(requests, self.options)
 
     @staticmethod
     def _place_one(run, gi, gname, group, name, p):
+        if group["algorithm"] == "muon" and _batched.is_batched(p.shape):
+            LocalPlacement._place_batch(run, gi, gname, group, name, p)
+            return
+        split = run.split_of(group, p) if group["algorithm"] == "muon" else None
+        if split is not None:
+            LocalPlacement._place_split(run, gi, gname, group, name, p, split)
+            return
         place = run.places[name]
         run.layouts[name] = "local"
         run.ranks_of[name] = (0,)
@@ -217,29 +292,83 @@ class LocalPlacement:
         else:
             pbuf, gbuf = run.memory.rebind(p, p.numel())
             shape, strides = _wire.whole(p)
+        wg = LocalPlacement._wire_group(run, gi, gname, group, place, p)
+        wg.params.append(pb.Param(name=name, full_shape=_wire.full_shape(place.full_shape),
+                                  param=pbuf.ref(0, shape, strides),
+                                  grad=gbuf.ref(0, shape, strides),
+                                  tags=LocalPlacement._tags(place, p)))
+
+    @staticmethod
+    def _place_batch(run, gi, gname, group, name, p):
+        """A batched Muon param: one wire param per matrix, each a view of
+        the param's memory (or its local shard) at its place's offset."""
+        if is_dtensor(p):
+            pbuf, gbuf, _ = run.memory.bind_dtensor(p)
+        else:
+            pbuf, gbuf = run.memory.rebind(p, p.numel())
+        matrices = []
+        for index in _batched.batch_indices(p.shape[:-2]):
+            wname = _batched.matrix_name(name, index)
+            place = run.places[wname]
+            shape = list(place.local_shape)
+            strides = [shape[1], 1]
+            wg = LocalPlacement._wire_group(run, gi, gname, group, place, p)
+            wg.params.append(pb.Param(name=wname, full_shape=list(place.full_shape),
+                                      param=pbuf.ref(place.offset, shape, strides),
+                                      grad=gbuf.ref(place.offset, shape, strides),
+                                      tags=LocalPlacement._tags(place, p)))
+            matrices.append(_batched.Matrix(wname, place.offset, tuple(shape), "local"))
+        run.record_batch(name, _batched.BatchLayout(tuple(matrices)))
+
+    @staticmethod
+    def _place_split(run, gi, gname, group, name, p, split):
+        """A split QKV param: one wire param per matrix over a staging copy of
+        the param's local rows (muond.torch.qkv_placement)."""
+        places, perm = _qkv_placement.split_places(name, run.places[name], split)
+        pbuf, gbuf = run.memory.bind_permuted(p, perm)
+        matrices = []
+        for wname, place in places.items():
+            shape, strides = list(place.local_shape), [place.local_shape[1], 1]
+            wg = LocalPlacement._wire_group(run, gi, gname, group, place, p)
+            wg.params.append(pb.Param(name=wname, full_shape=list(place.full_shape),
+                                      param=pbuf.ref(place.offset, shape, strides),
+                                      grad=gbuf.ref(place.offset, shape, strides),
+                                      tags=LocalPlacement._tags(place, p)))
+            matrices.append(_batched.Matrix(wname, place.offset, tuple(shape), "local"))
+        run.record_batch(name, _batched.BatchLayout(tuple(matrices), tuple(perm)))
+
+    @staticmethod
+    def _tags(place, p) -> pb.ShardTags:
         if place.kind in ("dtensor", "ddp", "solo"):
-            tags = pb.ShardTags(tensor_model_parallel=place.tp_dim is not None,
+            return pb.ShardTags(tensor_model_parallel=place.tp_dim is not None,
                                 partition_dim=place.tp_dim or 0,
                                 is_gtp_weight_remat=place.gtp_sharded,
                                 pad_length=place.pad_length, gtp_rows=list(place.gtp_rows))
-            # A group's params may live in several domains (meshes), and one
-            # wire group names one domain: one wire group per domain, named
-            # the same on every rank.
+        # Megatron tags, as given.
+        return pb.ShardTags(tensor_model_parallel=bool(getattr(p, "tensor_model_parallel",
+                                                               False)),
+                            partition_dim=int(getattr(p, "partition_dim", 0)),
+                            is_gtp_weight_remat=place.gtp_sharded,
+                            pad_length=place.pad_length, gtp_rows=list(place.gtp_rows))
+
+    @staticmethod
+    def _wire_group(run, gi, gname, group, place, p) -> pb.ParamGroup:
+        """The wire group of a param at ``place``: a group's params may live
+        in several domains (meshes), and one wire group names one domain, so
+        one wire group per domain, named the same on every rank (a Megatron
+        param's is the group's own name)."""
+        if place.kind in ("dtensor", "ddp", "solo"):
             wname = f"{gname}{'.' if place.kind == 'solo' else '@'}{place.domain}"
-        else:  # Megatron tags, as given
-            tags = pb.ShardTags(tensor_model_parallel=bool(getattr(p, "tensor_model_parallel",
-                                                                   False)),
-                                partition_dim=int(getattr(p, "partition_dim", 0)),
-                                is_gtp_weight_remat=place.gtp_sharded,
-                                pad_length=place.pad_length)
+        else:
             wname = gname
         domain = pb.Domain(name=place.domain, gtp_size=place.G, tp_size=place.T, g=place.g,
                            t=place.t, dp_size=place.D if place.D > 1 else 0,
                            d=place.d if place.D > 1 else 0)
-        wg = run.group(0, gi, wname, group, domain)
-        wg.params.append(pb.Param(name=name, full_shape=list(place.full_shape),
-                                  param=pbuf.ref(0, shape, strides),
-                                  grad=gbuf.ref(0, shape, strides), tags=tags))
+        return run.group(0, gi, wname, group, domain)
+
+
+def _matrix_rank(matrix) -> int:
+    return matrix.layout[1] if isinstance(matrix.layout, tuple) else 0
 
 
 def strategy(shard_mode: str, *, rank: int, world: int, domain_name: str, gtp_size: int,

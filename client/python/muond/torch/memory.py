@@ -14,6 +14,7 @@ import logging
 
 import torch
 
+from muond._dtensor import is_dtensor
 from muond.shm import ShmBuffer, shm_name
 from muond.torch import wire as _wire
 from muond.torch.cuda_memory import CUDA_IPC_HANDLE_SIZE, CudaAllocation  # noqa: F401
@@ -170,6 +171,10 @@ class SharedParams:
         self._unallocated: dict = {}  # (role, dtype, device) -> Buffer
         self._to_rebind: list = []  # (param, param slot, grad slot)
         self._to_copy: list = []  # (DTensor param, its local shard, param slot, grad slot)
+        # A split QKV param's (param, staging param view, staging grad view,
+        # perm): staging row i is the param's local row perm[i] (muond.qkv_split).
+        self.permuted: list = []
+        self._to_permute: list = []  # (param, its local tensor, param slot, grad slot, perm)
 
     def reset(self) -> list[Buffer]:
         """Forgets every param (a new placement follows) and returns the
@@ -178,6 +183,7 @@ class SharedParams:
         self.buffers.clear()
         self.regions, self.grads, self.views, self.dtensors = Regions(), [], [], []
         self._unallocated, self._to_rebind, self._to_copy = {}, [], []
+        self.permuted, self._to_permute = [], []
         return old
 
     def _slot(self, role: str, numel: int, like: torch.Tensor) -> Slot:
@@ -211,6 +217,16 @@ class SharedParams:
         self._to_copy.append((p, local, pslot, gslot))
         return pslot, gslot, local
 
+    def bind_permuted(self, p, perm: list):
+        """A split QKV param's staging spans: its local rows reordered by
+        ``perm`` (matrix after matrix). The param is never rebound: step()
+        copies the rows in and out, as for a DTensor."""
+        local = _local(p)
+        pslot, gslot = self._slot_pair(local.numel(), local)
+        index = torch.tensor(perm, dtype=torch.long, device=local.device)
+        self._to_permute.append((p, local, pslot, gslot, index))
+        return pslot, gslot
+
     def allocate(self, per_rank) -> None:
         """Makes every buffer placement asked for, moves the params into
         them (one batched copy) and points the refs of ``per_rank`` (each
@@ -231,6 +247,10 @@ class SharedParams:
                 dst.append(pview)
                 src.append(local)
                 self.dtensors.append((p, pview, gslot.view(local.shape)))
+            for p, local, pslot, gslot, index in self._to_permute:
+                pview = pslot.view(local.shape)
+                torch.index_select(local, 0, index, out=pview)
+                self.permuted.append((p, pview, gslot.view(local.shape), index))
             if dst:
                 torch._foreach_copy_(dst, src)
             for (p, _, _), view in zip(self._to_rebind, dst):
@@ -239,6 +259,7 @@ class SharedParams:
         if renamed:
             _point_refs_at_regions(per_rank, renamed)
         self._unallocated, self._to_rebind, self._to_copy = {}, [], []
+        self._to_permute = []
 
     def zero_grad(self, set_to_none: bool) -> None:
         """Muon.zero_grad's work (its docstring has the rules)."""
@@ -252,7 +273,8 @@ class SharedParams:
                 if p.grad is not grad:
                     p.grad = grad
                 grad.zero_()
-            for p, _, _ in self.dtensors:  # their grads stay FSDP2's / DTensor's
+            for p in [d[0] for d in self.dtensors] + [q[0] for q in self.permuted]:
+                # Their grads stay the trainer's (FSDP2's, DTensor's, its own).
                 if set_to_none:
                     p.grad = None
                 elif p.grad is not None:
@@ -292,17 +314,29 @@ class SharedParams:
             src.append(_local_grad(p))
         if dst:
             torch._foreach_copy_(dst, src)
+        for p, pview, gview, index in self.permuted:
+            torch.index_select(_local(p), 0, index, out=pview)
+            if p.grad is None or not p.requires_grad:
+                for rank in ranks_of[names[id(p)]]:
+                    skipped[rank].append(names[id(p)])
+                continue
+            grad = _local_grad(p) if is_dtensor(p) else p.grad
+            torch.index_select(grad, 0, index, out=gview)
         return skipped
 
     def any_cuda(self) -> bool:
         return (any(grad.is_cuda for _, grad in self.grads)
-                or any(gview.is_cuda for _, _, gview in self.dtensors))
+                or any(gview.is_cuda for _, _, gview in self.dtensors)
+                or any(q[2].is_cuda for q in self.permuted))
 
     def copy_dtensors_out(self) -> None:
-        """The updated DTensor params back into their own local tensors."""
+        """The updated DTensor and split QKV params back into their own
+        local tensors."""
         if self.dtensors:
             torch._foreach_copy_([p.to_local() for p, _, _ in self.dtensors],
                                  [pview for _, pview, _ in self.dtensors])
+        for p, pview, _, index in self.permuted:
+            _local(p).index_copy_(0, index, pview)
 
     def follow_rebound_params(self, names: dict) -> None:
         """A param whose tensor was replaced after construction (``p.data =``,
@@ -369,6 +403,11 @@ def _point_refs_at_regions(per_rank, renamed: dict) -> None:
                     if b is not None:
                         ref.region = b.region
                         ref.byte_offset += b.base_offset
+
+
+def _local(p) -> torch.Tensor:
+    """The tensor a param's values live in: a DTensor's local shard, else its data."""
+    return p.to_local() if is_dtensor(p) else p.data
 
 
 def _local_grad(p) -> torch.Tensor:

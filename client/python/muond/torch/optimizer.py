@@ -4,7 +4,6 @@ modules beside it (muond.torch's docstring has the whole contract)."""
 from __future__ import annotations
 
 import gc
-import itertools
 import os
 import sys
 import time
@@ -13,6 +12,7 @@ import weakref
 
 import torch
 
+from muond import qkv_split as _qkv_split
 from muond import state as _state
 from muond._dtensor import is_dtensor
 from muond.client import Client
@@ -23,28 +23,12 @@ from muond.torch import initial_groups as _initial_groups
 from muond.torch import layouts as _layouts
 from muond.torch import options as _options
 from muond.torch import process_guard as _process_guard
+from muond.torch import qk_clip as _qk_clip
 from muond.torch import registration as _registration
 from muond.torch import rpc as _rpc
 from muond.torch import wire as _wire
 from muond.torch.lazy_state import LazyState
 from muond.torch.memory import SharedParams, release
-
-# Optimizers this process created: the first is the daemons' default
-# instance "", the n-th "opt-<n>" (instance_name).
-_CREATED = itertools.count(1)
-
-
-def instance_name(name: str | None) -> str:
-    """The daemons' optimizer instance of a new Muon: ``name`` when given,
-    else "" for the process's first optimizer and ``opt-<n>`` for its n-th,
-    so SPMD ranks that create their optimizers in the same order agree."""
-    n = next(_CREATED)
-    if name is not None:
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, not {type(name).__name__}")
-        return name
-    return "" if n == 1 else f"opt-{n}"
-
 
 _PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "update_us",
            "total_us")
@@ -66,7 +50,8 @@ class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's step on muond daemons (muond.torch's docstring has
     the whole contract). ``params`` as torch.optim takes them: param groups
     (dicts; a group with ``"algorithm": "adamw"`` steps with AdamW, every
-    param of any other group must be 2-D), or a plain iterable of params or
+    param of any other group a matrix or a batch of them: muond.batched), or
+    a plain iterable of params or
     of ``(name, param)`` pairs (``model.parameters()``,
     ``model.named_parameters()``), whose 2-D params form a Muon group and
     every other param (biases, norm weights, scalars, conv kernels) an AdamW
@@ -92,7 +77,7 @@ class Muon(torch.optim.Optimizer):
                  adamw: _options.AdamWOptions | None = None,
                  placement: _options.PlacementOptions | None = None,
                  connection: _options.ConnectionOptions | None = None,
-                 name: str | None = None, **flat):
+                 name: str | None = None, qk_clip: _qk_clip.QKClip | None = None, **flat):
         self._creator_pid = os.getpid()  # process_guard: only it steps and loads
         self._replays = _process_guard.ReplayCheck()
         o = _options.resolve(flat, dict(newton_schulz=newton_schulz, scaling=scaling,
@@ -106,6 +91,7 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, defaults)
         for gi, grp in enumerate(self.param_groups):
             _groups.check_options(gi, grp)
+        self._qkv = _qkv_split.Choice.of(o)  # which Muon params split QKV, and how
         self.state = LazyState(self)  # the daemons hold it; see LazyState
         daemons, job_id, no_daemon = self._find_daemons(o)
         self._layout.check_daemons(len(daemons))
@@ -122,14 +108,15 @@ class Muon(torch.optim.Optimizer):
         self.layouts: dict[str, object] = {}
         self._memory = SharedParams(job_id)
         self._param_names: dict[int, str] = {}  # id(param) -> its wire name
-        self._ranks_of: dict[str, tuple[int, ...]] = {}  # wire name -> daemons holding it
+        self._ranks_of: dict[str, tuple[int, ...]] = {}  # param name -> daemons holding it
+        self._matrices: dict[str, tuple] = {}  # batched param -> ((wire name, daemon), ...)
         self._fixed: dict[int, dict] = {}  # group index -> its entries fixed at registration
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
         self._adamw_eps, self._wait_healthy_timeout = o["adamw_eps"], o["wait_healthy_timeout"]
         # The daemons' optimizer instance this optimizer registers as.
-        self.name = instance_name(name)
+        self.name = _registration.instance_name(name)
         self.clients = [Client(a, timeout=o["rpc_timeout"], token=o["token"],
                                token_file=o["token_file"],
                                root_certificates=o["tls_root_certificates"],
@@ -143,6 +130,7 @@ class Muon(torch.optim.Optimizer):
                                            self._creator_pid, self._local_lease)
         try:
             self._register(no_daemon, o["takeover"])
+            self._qk_clip = _qk_clip.bind(qk_clip, self)  # muond.torch.qk_clip
         except BaseException:
             # Leave nothing registered (the finalizer unregisters this client
             # id everywhere): otherwise the daemons refuse every later trainer.
@@ -227,7 +215,7 @@ class Muon(torch.optim.Optimizer):
         registered_live = getattr(self, "_registered_live", {})
         run = _layouts.PlacementRun(
             lambda: _groups.collect_params(self.param_groups, registered_live),
-            self._memory, len(self.clients))
+            self._memory, len(self.clients), self._qkv.split_of)
         try:
             return self._layout.place(run, refusal)
         finally:
@@ -244,6 +232,7 @@ class Muon(torch.optim.Optimizer):
             self.places = run.places
         self.layouts.update(run.layouts)
         self._ranks_of.update(run.ranks_of)
+        self._matrices.update(run.matrices)
         for rank, pairs in run.wire_groups.items():
             self._wire_groups.setdefault(rank, []).extend(pairs)
 
@@ -289,7 +278,7 @@ class Muon(torch.optim.Optimizer):
                 for gi, wname in self._wire_groups.get(rank, [])]
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, qk_max_logits=None):
         if self._closed:
             raise RuntimeError("muond.torch.Muon.step after close()")
         _process_guard.check_creator_process(self._creator_pid, "step()")
@@ -298,11 +287,12 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         _groups.check_before_step(self.param_groups, self._fixed)
+        clip = _qk_clip.prepare(self._qk_clip, qk_max_logits, self)  # checks: before any RPC
         self._memory.follow_rebound_params(self._param_names)
         self.state.push_if_assigned()
         self.state.invalidate()  # the step changes the state: read it afresh
-        skipped = self._memory.skipped_and_copy_grads(
-            self._param_names, self._ranks_of, len(self.clients))
+        skipped = _wire.matrices_of(self._memory.skipped_and_copy_grads(
+            self._param_names, self._ranks_of, len(self.clients)), self._matrices)
         if self._on_cuda:
             torch.cuda.synchronize()  # the daemon reads grads from another process
         # The id advances only when every daemon applied the step: a refused
@@ -322,6 +312,7 @@ class Muon(torch.optim.Optimizer):
             raise
         self._replays.check(step_id, responses, self.client_id)
         self._memory.copy_dtensors_out()
+        _qk_clip.apply(clip, responses)  # only once every daemon applied the step
         self.step_id = step_id
         rpc_us = (time.perf_counter() - t0) * 1e6
         timings = {k: max(getattr(r.timings, k) for r in responses) for k in _PHASES}
@@ -522,8 +513,8 @@ class Muon(torch.optim.Optimizer):
         super().add_param_group(param_group)  # torch's checks; appends on success
         _groups.with_torch_keys(self.param_groups[-1])
         new_group = self.param_groups.pop()  # back only once registered
-        _groups.check_new_group(kept, new_group, self.param_groups,
-                                self._param_names.values())
+        _groups.check_new_group(kept, new_group, self.param_groups, [
+            *self._param_names.values(), *(w for ms in self._matrices.values() for w, _ in ms)])
         self._memory.follow_rebound_params(self._param_names)
         self.state.push_if_assigned()
         step_id = self.step_id
@@ -562,7 +553,7 @@ class Muon(torch.optim.Optimizer):
         self._on_all(lambda c: c.unregister(self.job_id, self.client_id), "UnregisterParams")
         old_buffers = self._memory.reset()  # the same buffers list the finalizer releases
         self._wire_groups, self.layouts = {}, {}
-        self._param_names, self._ranks_of, self._fixed = {}, {}, {}
+        self._param_names, self._ranks_of, self._fixed, self._matrices = {}, {}, {}, {}
         self.state.invalidate()
         per_rank = self._place_params()  # copies values and grads into fresh buffers
         release(old_buffers)

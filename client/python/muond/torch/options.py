@@ -13,7 +13,7 @@ gtp_size=2, ...)``; AdamWOptions.eps is the flat ``adamw_eps``). Both forms
 give the same optimizer; a flat keyword given together with the object of
 its concern is refused, naming the keyword. The defaults are the flat
 keywords' (torch's where torch has the option). The seed API's options of
-other names (tp_mode, split_qkv, process groups, ...) are accepted at the
+other names (tp_mode, process groups, ...) are accepted at the
 value that is muond's behaviour or refused with the reason (seed_options)."""
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ class NewtonSchulzOptions:
     coefficient sets (None: torch's "simple" triple, or ``ns_coefficients``);
     ``fp32_matmul_prec``: "medium" (bf16 operands, torch's) or "highest"
     (fp32); ``ns_algorithm``: "standard" or "gram" (with ``gram_restarts``,
-    ``gram_dtype``, ``gram_min_aspect_ratio``)."""
+    ``gram_dtype``, ``gram_min_aspect_ratio``); ``split_qkv`` with
+    ``is_qkv_fn``, ``qkv_split_shapes`` and ``qkv_head_dim``: Q, K and V (or
+    every head) of fused QKV params orthogonalised apart (muond.qkv_split)."""
     coefficient_type: str | None = None
     ns_batch_size: int = 1
     fp32_matmul_prec: str = "medium"
@@ -38,6 +40,12 @@ class NewtonSchulzOptions:
     gram_restarts: object = None
     gram_dtype: str = _rules.DEFAULT_GRAM_DTYPE
     gram_min_aspect_ratio: float | None = None
+    # The seed API's split QKV (muond.qkv_split): constructor-wide, as there;
+    # never in param_groups (is_qkv_fn is a function a state dict cannot hold).
+    split_qkv: bool = False
+    is_qkv_fn: object = None
+    qkv_split_shapes: object = None
+    qkv_head_dim: int | None = None
 
 
 @dataclass(frozen=True)

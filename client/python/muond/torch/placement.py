@@ -46,7 +46,9 @@ import hashlib
 import math
 from dataclasses import dataclass, replace
 
+from muond import batched as _batched
 from muond._dtensor import is_dtensor
+from muond.torch import qkv_placement as _qkv_placement
 
 ROLE_DP, ROLE_GTP, ROLE_TP = "dp", "gtp", "tp"
 DDP_DOMAIN_PREFIX = "ddp-w"
@@ -63,7 +65,9 @@ class ParamPlace:
     ``gtp_sharded``: dim 0 of the TP-local block is split over G;
     ``gtp_rows``: the rows each g holds (TP-local rows + pad_length), () for G
     equal blocks. ``kind``: "dtensor", "ddp", "megatron" (given domain),
-    "solo" (AdamW's per-rank domain) or "plain" (an untagged param in the given domain)."""
+    "solo" (AdamW's per-rank domain) or "plain" (an untagged param in the given domain).
+    ``offset``: a batched param's matrix (muond.batched): the element offset
+    of its shard in the param's local tensor (0 otherwise)."""
     domain: str
     D: int
     d: int
@@ -78,6 +82,7 @@ class ParamPlace:
     gtp_rows: tuple = ()
     pad_length: int = 0
     kind: str = "plain"
+    offset: int = 0
 
     @property
     def coordinate(self) -> tuple:
@@ -288,6 +293,7 @@ class Request:
     name: str
     param: object        # the tensor (a DTensor or a plain tensor)
     algorithm: str       # "muon" | "adamw"
+    split: object = None  # a split QKV param's muond.qkv_split.RowSplit
 
 
 @dataclass
@@ -353,8 +359,10 @@ def place_params(requests, opts: Options) -> dict:
     for req in requests:
         if req.algorithm == "muon" and is_dtensor(req.param):
             by_mesh.setdefault(mesh_key(req.param.device_mesh), []).append(req)
+    from muond.torch import batched_placement as _bp  # noqa: PLC0415 (it imports this)
     roles_of = {key: mesh_roles(reqs[0].param.device_mesh,
-                                [tuple(r.param.placements) for r in reqs],
+                                [_bp.matrix_placements(r.param.placements, r.param.ndim)
+                                 for r in reqs],
                                 f"param {reqs[0].name}'s ")
                 for key, reqs in by_mesh.items()}
     for req in requests:
@@ -363,6 +371,8 @@ def place_params(requests, opts: Options) -> dict:
         if req.algorithm != "muon":
             places[req.name] = (place_solo(local_shape, opts.rank) if distributed
                                 else _place_in_given_domain(p, opts))
+        elif _batched.is_batched(p.shape):
+            places.update(_place_batched(req.name, p, local_shape, roles_of, opts))
         elif is_dtensor(p):
             mesh, placements, roles = _domain_mesh(p.device_mesh, tuple(p.placements),
                                                    roles_of[mesh_key(p.device_mesh)], opts.rank)
@@ -372,7 +382,25 @@ def place_params(requests, opts: Options) -> dict:
             places[req.name] = place_ddp(p.shape, opts.world, opts.rank)
         else:
             places[req.name] = _place_in_given_domain(p, opts)
+        if req.split is not None:  # its matrices too, for the ranks to agree on
+            places.update(_qkv_placement.split_places(req.name, places[req.name], req.split)[0])
     return places
+
+
+def _place_batched(name: str, p, local_shape, roles_of: dict, opts: Options) -> dict:
+    """{matrix wire name: ParamPlace} of a batched Muon param
+    (muond.torch.batched_placement)."""
+    from muond.torch import batched_placement as _bp  # noqa: PLC0415 (it imports this)
+    if is_dtensor(p):
+        mesh, placements, roles = _domain_mesh(p.device_mesh, tuple(p.placements),
+                                               roles_of[mesh_key(p.device_mesh)], opts.rank)
+        return _bp.place_dtensor_batch(name, tuple(p.shape), local_shape, mesh, placements,
+                                       roles, opts.rank)
+    if has_megatron_tags(p):
+        _bp.refuse_tagged(name, p.shape)
+    whole = (place_ddp(p.shape, opts.world, opts.rank)
+             if opts.world > 1 and not opts.given_grid else _place_in_given_domain(p, opts))
+    return _bp.place_plain_batch(name, p.shape, whole)
 
 
 def claims(places: dict, dp_given: bool) -> list:

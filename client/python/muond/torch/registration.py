@@ -3,6 +3,7 @@ over a stale holder, the agreement of every rank of a distributed job on
 the outcome, and the unregistering at the optimizer's end."""
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 
@@ -12,6 +13,22 @@ from muond.torch import rpc as _rpc
 
 # The optimizer's records keep the name they had in the single-module client.
 _LOG = logging.getLogger("muond.torch")
+
+# Optimizers this process created: the first is the daemons' default
+# instance "", the n-th "opt-<n>" (instance_name).
+_CREATED = itertools.count(1)
+
+
+def instance_name(name: str | None) -> str:
+    """The daemons' optimizer instance of a new Muon: ``name`` when given,
+    else "" for the process's first optimizer and ``opt-<n>`` for its n-th,
+    so SPMD ranks that create their optimizers in the same order agree."""
+    n = next(_CREATED)
+    if name is not None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        return name
+    return "" if n == 1 else f"opt-{n}"
 
 
 def register_all(clients, job_id: str, client_id: str, per_rank, regions) -> list:

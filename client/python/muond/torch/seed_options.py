@@ -7,7 +7,8 @@ muond does with it; a test keeps that table and ``SEED_ONLY`` in step.
 
 Options muond takes under the seed's own name (lr, momentum, weight_decay,
 nesterov, fp32_matmul_prec, coefficient_type, scale_mode,
-extra_scale_factor, ns_batch_size, use_syrk) are ordinary keywords
+extra_scale_factor, ns_batch_size, use_syrk, split_qkv, is_qkv_fn,
+qkv_split_shapes) are ordinary keywords
 (muond.torch.options) and not listed here."""
 from __future__ import annotations
 
@@ -15,10 +16,6 @@ _GROUPS_REASON = (
     "muond reads each param's layout from its DTensor placements, its Megatron tags "
     "(tensor_model_parallel, partition_dim, is_gtp_weight_remat) or gtp_size=/tp_size=/g=/t=, "
     "and its daemons own the communicators: pass those instead of process groups")
-_QKV_REASON = (
-    "split QKV / per-head Newton-Schulz is not implemented: muond orthogonalises a fused "
-    "QKV weight as one matrix (tp_mode='duplicated' with split_qkv=False); to orthogonalise "
-    "Q, K and V apart, keep them as separate params")
 
 
 def _none_only(reason: str):
@@ -35,10 +32,6 @@ def _tp_mode(value, _given) -> str | None:
                 "muond runs every matrix's Newton-Schulz on the full matrix once "
                 "(duplicated's result, bitwise with ns_batch_size=1)")
     return "the seed's values are 'blockwise', 'duplicated', 'distributed' and 'auto'"
-
-
-def _split_qkv(value, _given) -> str | None:
-    return None if value is False else _QKV_REASON
 
 
 def _concurrent_groups(value, _given) -> str | None:
@@ -73,9 +66,6 @@ SEED_ONLY = {
     "pg_collection": _none_only(_GROUPS_REASON),
     "concurrent_groups": _concurrent_groups,
     "use_decoupled_weight_decay": _decoupled,
-    "split_qkv": _split_qkv,
-    "is_qkv_fn": _none_only(_QKV_REASON),
-    "qkv_split_shapes": _none_only(_QKV_REASON),
     "tp_mode": _tp_mode,
 }
 

@@ -55,8 +55,31 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
         wg.muon.gram_min_aspect_ratio = float(group["gram_min_aspect_ratio"])
 
 
+def full_shape(shape) -> list:
+    """A param's full shape on the wire, which knows matrices and vectors: a
+    param of more than two dims (an AdamW param: elementwise) as its flat
+    length, as ``whole`` lays it out."""
+    shape = [int(s) for s in shape]
+    if len(shape) <= 2:
+        return shape
+    n = 1
+    for s in shape:
+        n *= s
+    return [n]
+
+
 def whole(p: torch.Tensor):
     """Shape/strides of a whole param on the wire: 2-D as is, else flat 1-D."""
     if p.ndim == 2:
         return list(p.shape), [p.shape[1], 1]
     return [p.numel()], [1]
+
+
+def matrices_of(skipped: list, matrices: dict) -> list:
+    """Each daemon's skipped names on the wire: a batched param's name
+    (``matrices``: name -> ((matrix wire name, daemon), ...)) as the names of
+    its matrices that daemon holds."""
+    return [[w for name in names
+             for w in ([m for m, r in matrices[name] if r == rank]
+                       if name in matrices else [name])]
+            for rank, names in enumerate(skipped)]

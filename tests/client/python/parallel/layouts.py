@@ -40,7 +40,56 @@ SPECS = {
     # FSDP2 x TP where "mid" is outside the TP plan: FSDP2 puts it on mesh["dp"]
     # (replicated over tp), a DP axis of its domain on the root mesh.
     "mixed": {"up": (32, 16), "down": (16, 32), "mid": (16, 24)},
+    # A batch of 6 expert matrices as one [E, m, n] param beside a 2-D one:
+    # FSDP2's Shard(0) over 4 ranks gives 2 + 2 + 2 + 0 experts (a rank with
+    # none), Shard(1) 10 rows of every expert (FSDP2 shards dims other than 0
+    # only evenly).
+    "experts": {"experts": (6, 40, 16), "router": (16, 24)},
+    # A fused QKV weight in Megatron's layout: 6 query groups of 6 query, 3
+    # key and 3 value rows (72 rows). FSDP2 over 4 ranks cuts it into 18-row
+    # chunks, across the groups; TP over 2 gives each rank 3 whole groups.
+    "qkv": {"qkv": (72, 16), "out": (16, 24)},
+    "qkv_heads": {"qkv": (72, 16), "out": (16, 24)},
 }
+# How the QKV specs split their fused weight (split_qkv's qkv_split_shapes;
+# qkv_head_dim: every head of 3 rows apart).
+QKV_SHAPES = (6, 3, 3)
+QKV_SPLIT = {"qkv": dict(split_qkv=True, qkv_split_shapes=list(QKV_SHAPES)),
+             "qkv_heads": dict(split_qkv=True, qkv_split_shapes=list(QKV_SHAPES),
+                               qkv_head_dim=3)}
+
+
+def is_qkv(p) -> bool:
+    return getattr(p, "is_qkv", False)
+
+
+def muon_kw(spec: str) -> dict:
+    """MUON_KW and the spec's QKV split options."""
+    split = QKV_SPLIT.get(spec)
+    return {**MUON_KW, **(dict(split, is_qkv_fn=is_qkv) if split else {})}
+
+
+def qkv_parts(spec: str, t: torch.Tensor) -> list:
+    """The matrices split_qkv orthogonalises apart, written from the seed's
+    rule: the rows viewed as (groups, q + k + v, -1), split along dim 1, each
+    part reshaped to (-1, cols); per head, each head's rows of each group."""
+    cols = t.shape[1]
+    grouped = t.view(-1, sum(QKV_SHAPES), cols)
+    parts = torch.split(grouped, list(QKV_SHAPES), dim=1)
+    d = QKV_SPLIT[spec].get("qkv_head_dim")
+    if d is None:
+        return [p.reshape(-1, cols) for p in parts]
+    return [h for g in range(grouped.shape[0]) for p in parts for h in torch.split(p[g], d)]
+
+
+def qkv_whole(spec: str, parts: list, like: torch.Tensor) -> torch.Tensor:
+    """qkv_parts inverted."""
+    cols = like.shape[1]
+    groups = like.shape[0] // sum(QKV_SHAPES)
+    d = QKV_SPLIT[spec].get("qkv_head_dim")
+    if d is None:
+        return torch.cat([p.reshape(groups, -1, cols) for p in parts], dim=1).reshape(like.shape)
+    return torch.cat(parts).reshape(like.shape)
 WORLD = 4
 
 
@@ -62,9 +111,14 @@ def full_grad(spec: str, name: str, step: int) -> torch.Tensor:
 class Net(torch.nn.Module):
     def __init__(self, spec: str):
         super().__init__()
+        self.spec = spec
         init = full_init(spec)
-        for name, (P, Q) in SPECS[spec].items():
-            layer = torch.nn.Linear(Q, P, bias=False)
+        for name, shape in SPECS[spec].items():
+            if len(shape) == 2:
+                layer = torch.nn.Linear(shape[1], shape[0], bias=False)
+            else:  # a batch of matrices (experts) as one param
+                layer = torch.nn.Module()
+                layer.weight = torch.nn.Parameter(torch.empty(shape))
             with torch.no_grad():
                 layer.weight.copy_(init[f"{name}.weight"])
             setattr(self, name, layer)
@@ -124,11 +178,56 @@ def build(layout: str) -> tuple[str, torch.nn.Module]:
         parallelize_module(model, mesh["tp"], _tp_plan())
         fully_shard(model, mesh=mesh["dp"])
         return "mixed", model
+    if layout in ("experts_fsdp", "experts_fsdp_rows"):
+        from torch.distributed.tensor import Shard
+        model = Net("experts")
+        rows = layout.endswith("rows")  # Shard(1): every expert's rows, not whole experts
+        fully_shard(model, mesh=_mesh((WORLD,), ("fsdp",)),
+                    shard_placement_fn=lambda p: Shard(1) if rows and p.ndim == 3 else None)
+        return "experts", model
+    if layout == "experts_ddp":
+        return "experts", torch.nn.parallel.DistributedDataParallel(Net("experts"))
+    if layout == "experts_ep_tp":
+        return "experts", _experts_ep_tp()
+    if layout in ("qkv_fsdp", "qkv_heads_fsdp"):
+        spec = layout.removesuffix("_fsdp")
+        model = Net(spec)
+        fully_shard(model, mesh=_mesh((WORLD,), ("fsdp",)))
+        model.qkv.weight.is_qkv = True
+        return spec, model
+    if layout == "qkv_fsdp_tp":
+        mesh = _mesh((2, 2), ("dp", "tp"))
+        model = Net("qkv")
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+        parallelize_module(model, mesh["tp"], {"qkv": ColwiseParallel(),
+                                               "out": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        model.qkv.weight.is_qkv = True
+        return "qkv", model
+    if layout == "qkv_ddp":
+        model = Net("qkv")
+        model.qkv.weight.is_qkv = True
+        return "qkv", torch.nn.parallel.DistributedDataParallel(model)
     if layout == "hsdp":
         model = Net("even")
         fully_shard(model, mesh=_mesh((2, 2), ("replicate", "shard")))
         return "even", model
     raise ValueError(f"unknown layout {layout!r}")
+
+
+def _experts_ep_tp():
+    """Experts over "ep" (3 of the 6 on each ep coordinate),
+    each expert's rows column-parallel over "tp", the router TP-replicated
+    and FSDP-like row-sharded over "ep"."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh = _mesh((2, 2), ("ep", "tp"))
+    model = Net("experts")
+    for name, placements in (("experts", (Shard(0), Shard(1))),
+                             ("router", (Shard(0), Replicate()))):
+        layer = getattr(model, name)
+        layer.weight = torch.nn.Parameter(distribute_tensor(layer.weight.detach(), mesh,
+                                                            placements, src_data_rank=None))
+    return model
 
 
 def set_grads(model, spec: str, step: int) -> None:
@@ -150,13 +249,13 @@ def train(model, opt, spec: str, first: int, last: int) -> None:
 
 
 # -- Megatron-tagged local shards (muond.split's shard rule, G x T = 2 x 2) -------
-MEGATRON_TP_DIM = {"up": 0, "down": 1}
+MEGATRON_TP_DIM = {"up": 0, "down": 1, "qkv": 0, "out": 1}
 
 
-def megatron_layouts():
+def megatron_layouts(spec: str = "megatron"):
     from muond import split
     return {f"{n}.weight": split.plan_split(shape, 2, 2, MEGATRON_TP_DIM[n])
-            for n, shape in SPECS["megatron"].items()}
+            for n, shape in SPECS[spec].items()}
 
 
 def megatron_shard(full: torch.Tensor, layout, rank: int) -> torch.Tensor:
@@ -173,17 +272,18 @@ def megatron_full(shards: list, layout) -> torch.Tensor:
     return buffer[:layout.full_shape[0] * layout.full_shape[1]].view(layout.full_shape).clone()
 
 
-def megatron_params(rank: int, mismatch: bool = False):
+def megatron_params(rank: int, mismatch: bool = False, spec: str = "megatron"):
     """This rank's tagged local shards; ``mismatch``: rank 3's "up" one row short."""
     out = []
-    for name, layout in megatron_layouts().items():
-        local = megatron_shard(full_init("megatron")[name], layout, rank)
+    for name, layout in megatron_layouts(spec).items():
+        local = megatron_shard(full_init(spec)[name], layout, rank)
         if mismatch and rank == WORLD - 1 and name == "up.weight":
             local = local[:-1].clone()
         p = torch.nn.Parameter(local)
         p.tensor_model_parallel, p.partition_dim = True, layout.tp_dim
         p.is_gtp_weight_remat, p.pad_length = True, layout.pad_length
         p.full_shape = list(layout.full_shape)
+        p.is_qkv = name == "qkv.weight"  # as Megatron's optimizer setup tags linear_qkv
         out.append((name, p))
     return out
 
@@ -212,7 +312,7 @@ class Worker:
         from muond.torch import Muon
         kw.setdefault("rpc_timeout", 30)
         kw.setdefault("wait_healthy_timeout", 30)
-        return Muon(params, **MUON_KW, **kw)
+        return Muon(params, **{**MUON_KW, **kw})
 
     def _plan(self, opt):
         """The coordinator's plan of ``opt``'s optimizer instance (rank 0
@@ -234,6 +334,11 @@ class Worker:
         plan = self._plan(opt)
         return {g.group: list(g.rank_load) for g in plan.groups} if plan else {}
 
+    def _plan_home_rows(self, opt) -> dict:
+        """group -> each param's NS home g, in manifest order (rank 0 only)."""
+        plan = self._plan(opt)
+        return {g.group: [h.g for h in g.homes] for g in plan.groups} if plan else {}
+
     def _plan_homes(self, opt) -> int:
         """How many NS homes the plan has in all (rank 0 only): one per Muon
         matrix when no matrix's NS runs twice."""
@@ -242,25 +347,27 @@ class Worker:
 
     def run_dtensor(self, layout: str) -> dict:
         spec, model = build(layout)
-        opt = self._opt(list(model.named_parameters()))
+        opt = self._one_muon_group(model)
         try:
             train(model, opt, spec, 1, STEPS)
             loads, homes = self._plan_loads(opt), self._plan_homes(opt)
+            home_rows = self._plan_home_rows(opt)
         finally:
             opt.close()
-        return {"spec": spec, "params": full_params(model), "loads": loads, "homes": homes}
+        return {"spec": spec, "params": full_params(model), "loads": loads, "homes": homes,
+                "home_rows": home_rows}
 
-    def run_megatron(self, mismatch: bool = False) -> dict:
+    def run_megatron(self, mismatch: bool = False, spec: str = "megatron") -> dict:
         import torch.distributed as dist
-        params = megatron_params(self.rank, mismatch)
+        params = megatron_params(self.rank, mismatch, spec)
         g, t = divmod(self.rank, 2)
         opt = self._opt(params, daemons=[self.env["daemon"]], job_id=self.env["job_id"],
-                        shard_mode="local", gtp_size=2, tp_size=2, g=g, t=t)
+                        shard_mode="local", gtp_size=2, tp_size=2, g=g, t=t, **muon_kw(spec))
         try:
-            layouts = megatron_layouts()
+            layouts = megatron_layouts(spec)
             for step in range(1, STEPS + 1):
                 for name, p in params:
-                    p.grad = megatron_shard(full_grad("megatron", name, step), layouts[name],
+                    p.grad = megatron_shard(full_grad(spec, name, step), layouts[name],
                                             self.rank)
                 opt.step()
             loads = self._plan_loads(opt)
@@ -269,7 +376,12 @@ class Worker:
         shards = [None] * WORLD
         dist.all_gather_object(shards, {n: p.detach().clone() for n, p in params})
         full = {n: megatron_full([s[n] for s in shards], layouts[n]) for n in layouts}
-        return {"spec": "megatron", "params": full, "loads": loads}
+        return {"spec": spec, "params": full, "loads": loads}
+
+    def run_megatron_qkv(self) -> dict:
+        """Megatron-tagged shards (G x T = 2 x 2) of a fused QKV weight with
+        split_qkv: TP by whole query groups, GTP blocks cutting them."""
+        return self.run_megatron(spec="qkv")
 
     def run_ddp_mismatch(self) -> dict:
         """Plain params (DDP replicas), rank 3's "l0" one row short."""
@@ -285,21 +397,37 @@ class Worker:
 
     def run_dcp_fsdp_to_fsdp_tp(self) -> dict:
         """FSDP2 trains 2 steps and saves (DCP); FSDP2 x TP loads and trains on."""
+        return self._dcp_resume("fsdp_even", "fsdp_tp")
+
+    def run_dcp_experts_fsdp_to_ep_tp(self) -> dict:
+        """Experts whole per rank (FSDP2) save; experts over ep x rows over tp load."""
+        return self._dcp_resume("experts_fsdp", "experts_ep_tp")
+
+    def _one_muon_group(self, model):
+        """A Muon of every param as one group, given explicitly: a plain
+        params iterable puts params that are not 2-D (experts) in AdamW."""
+        names, params = zip(*model.named_parameters())
+        return self._opt([{"params": list(params), "param_names": list(names)}],
+                         **muon_kw(getattr(getattr(model, "module", model), "spec", "")))
+
+    def _dcp_resume(self, saved_on: str, resumed_on: str) -> dict:
+        """``saved_on`` trains 2 steps and saves (DCP); ``resumed_on`` loads
+        (DCP reshards the DTensor state) and trains on to STEPS + 1."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
             set_optimizer_state_dict)
-        path = os.path.join(self.env["tmp"], "dcp-fsdp")
-        spec, model = build("fsdp_even")
-        opt = self._opt(list(model.named_parameters()))
+        path = os.path.join(self.env["tmp"], f"dcp-{saved_on}")
+        spec, model = build(saved_on)
+        opt = self._one_muon_group(model)
         try:
             train(model, opt, spec, 1, 2)
             dcp.save({"model": get_model_state_dict(model),
                       "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
         finally:
             opt.close()
-        spec, model = build("fsdp_tp")
-        opt = self._opt(list(model.named_parameters()))
+        spec, model = build(resumed_on)
+        opt = self._one_muon_group(model)
         try:
             state = {"model": get_model_state_dict(model),
                      "optim": get_optimizer_state_dict(model, opt)}

@@ -138,27 +138,49 @@ class LayoutsTest(unittest.TestCase):
             init = layouts.full_init(spec)
             names = sorted(init)
             mine = [torch.nn.Parameter(init[n].clone()) for n in names]
-            theirs = [torch.nn.Parameter(init[n].clone()) for n in names]
+            # torch.optim.Muon takes 2-D params only: a batched param's
+            # matrices are its params there.
+            theirs = [[torch.nn.Parameter(m.clone()) for m in self.torch_matrices(spec, n, init[n])]
+                      for n in names]
+            for n, p in zip(names, mine):
+                p.is_qkv = n == "qkv.weight"
             opt = Muon([{"params": mine, "param_names": names}],
                        daemons=self.reference_cluster.daemons,
                        job_id=self.reference_cluster.job_id, rpc_timeout=30,
-                       **layouts.MUON_KW)
+                       **layouts.muon_kw(spec))
             kw = {k: v for k, v in layouts.MUON_KW.items()
                   if k not in ("fp32_matmul_prec", "ns_batch_size")}
-            torch_opt = torch.optim.Muon(theirs, **kw)
+            torch_opt = torch.optim.Muon([p for ps in theirs for p in ps], **kw)
             try:
                 for step in range(1, steps + 1):
-                    for n, a, b in zip(names, mine, theirs):
+                    for n, a, bs in zip(names, mine, theirs):
                         a.grad = layouts.full_grad(spec, n, step)
-                        b.grad = layouts.full_grad(spec, n, step)
+                        for b, g in zip(bs, self.torch_matrices(spec, n, a.grad)):
+                            b.grad = g.clone()
                     opt.step()
                     with fp32_newton_schulz():
                         torch_opt.step()
             finally:
                 opt.close()
-            self.references[key] = ({n: p.detach().clone() for n, p in zip(names, mine)},
-                                    {n: p.detach().clone() for n, p in zip(names, theirs)})
+            self.references[key] = (
+                {n: p.detach().clone() for n, p in zip(names, mine)},
+                {n: self.torch_whole(spec, n, [b.detach() for b in bs], a)
+                 for n, a, bs in zip(names, mine, theirs)})
         return self.references[key]
+
+    @staticmethod
+    def torch_matrices(spec: str, name: str, t: torch.Tensor) -> list:
+        """What torch.optim.Muon steps apart: a batched param's matrices, a
+        split QKV weight's parts, else the param itself."""
+        if spec in layouts.QKV_SPLIT and name == "qkv.weight":
+            return layouts.qkv_parts(spec, t)
+        return list(t.reshape(-1, *t.shape[-2:]))
+
+    @staticmethod
+    def torch_whole(spec: str, name: str, parts: list, like: torch.Tensor) -> torch.Tensor:
+        if spec in layouts.QKV_SPLIT and name == "qkv.weight":
+            return layouts.qkv_whole(spec, parts, like)
+        return torch.stack(parts).reshape(like.shape)
 
     def check_params(self, layout: str, answers: list[dict], steps: int = layouts.STEPS):
         spec = answers[0]["spec"]
@@ -219,6 +241,50 @@ class LayoutsTest(unittest.TestCase):
         answers = self.run_ok("fsdp_tp_mixed")
         self.check_params("fsdp_tp_mixed", answers)
         self.assertEqual(answers[0]["homes"], len(layouts.SPECS["mixed"]))
+
+    # -- a batch of matrices (experts) as one [E, m, n] param ------------------
+    def test_experts_fsdp_whole_experts_per_rank(self):
+        # Shard(0) of [6, 38, 16] over 4 ranks: 2 + 2 + 2 + 0 experts; each
+        # expert's NS runs once (6 homes for the experts, 1 for the router).
+        answers = self.run_ok("experts_fsdp")
+        self.check_params("experts_fsdp", answers)
+        self.assertEqual(answers[0]["homes"], 7)
+        # Each expert's NS runs on the rank holding it (2 + 2 + 2 + 0, the
+        # router's on the idle rank): its exchanges move nothing.
+        (rows,) = answers[0]["home_rows"].values()  # manifest order: experts, router
+        self.assertEqual(rows, [0, 0, 1, 1, 2, 2, 3])
+
+    def test_experts_fsdp_rows_of_every_expert(self):
+        self.check_layout("experts_fsdp_rows")
+
+    def test_dcp_experts_whole_per_rank_save_ep_x_tp_resume(self):
+        """An [E, m, n] param's momentum saved by DCP with whole experts per
+        rank, loaded with experts over ep and their rows over tp: bitwise the
+        uninterrupted run."""
+        answers = self.run_ok("dcp_experts_fsdp_to_ep_tp")
+        self.check_params("dcp experts", answers, steps=answers[0]["steps"])
+
+    def test_experts_ddp(self):
+        self.check_layout("experts_ddp")
+
+    def test_experts_over_ep_with_tp_rows(self):
+        self.check_layout("experts_ep_tp")
+
+    # -- a fused QKV weight split into Q, K, V (split_qkv), or heads ------------
+    def test_split_qkv_fsdp_chunks_across_query_groups(self):
+        self.check_layout("qkv_fsdp")
+
+    def test_split_qkv_fsdp_x_tp(self):
+        self.check_layout("qkv_fsdp_tp")
+
+    def test_split_qkv_ddp(self):
+        self.check_layout("qkv_ddp")
+
+    def test_split_qkv_megatron_tagged_shards(self):
+        self.check_params("megatron_qkv", self.run_ok("megatron_qkv"))
+
+    def test_split_qkv_per_head_fsdp(self):
+        self.check_layout("qkv_heads_fsdp")
 
     def test_hsdp(self):
         self.check_layout("hsdp")
