@@ -22,11 +22,11 @@ import math
 
 import numpy as np
 
-from muond import wire_enums as _wire_enums
-from muond.v1 import muond_pb2 as pb
+from muond import _rules
 
-# The variants' names (the wire enum's, which the daemon parses alike).
-VARIANTS = tuple(_wire_enums.names(pb.MuonVariant))
+# The variants' names, the daemon's (core/muon/muon_variant.h, through the
+# generated muond._rules; tests/rules checks the wire enum's names alike).
+VARIANTS = _rules.MUON_VARIANTS
 KEYS = ("variant", "beta2", "moment2_eps")
 # The largest finite fp32: moment2_eps is used as an fp32.
 _FP32_MAX = 3.4028234663852886e38
