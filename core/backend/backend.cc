@@ -29,6 +29,22 @@ absl::Status Backend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
   return absl::OkStatus();
 }
 
+absl::Status Backend::RowSumSquares(const MatrixView&, const MatrixView&) {
+  return absl::UnimplementedError(absl::StrCat(
+      "row_sum_squares: not implemented by backend ", std::string(name())));
+}
+
+absl::Status Backend::ScaleRows(const MatrixView&, const MatrixView&) {
+  return absl::UnimplementedError(absl::StrCat(
+      "scale_rows: not implemented by backend ", std::string(name())));
+}
+
+absl::Status Backend::AdaMuonNormalize(const MatrixView&, const MatrixView&,
+                                       const MatrixView&, double, float) {
+  return absl::UnimplementedError(absl::StrCat(
+      "adamuon: not implemented by backend ", std::string(name())));
+}
+
 namespace {
 
 std::string Shape(const MatrixView& v) {
@@ -304,6 +320,35 @@ absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
     return s;
   }
   return CheckDType(exp_avg_sq, DType::kFloat32, "exp_avg_sq");
+}
+
+absl::Status CheckRowVector(const MatrixView& x, const MatrixView& vec,
+                            std::string_view what) {
+  RETURN_IF_ERROR(CheckView(x, what));
+  RETURN_IF_ERROR(CheckView(vec, what));
+  RETURN_IF_ERROR(CheckDType(vec, DType::kFloat32, what));
+  if (vec.rows != x.rows || vec.cols != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": the row vector must be ", x.rows,
+                     "x1, got ", Shape(vec)));
+  }
+  if (x.dtype != DType::kFloat32 && x.dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": the matrix must be fp32 or bf16"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAdaMuon(const MatrixView& update, const MatrixView& v_in,
+                          const MatrixView& v_out) {
+  RETURN_IF_ERROR(CheckSameShape(update, v_in, "update", "moment2_in"));
+  RETURN_IF_ERROR(CheckSameShape(update, v_out, "update", "moment2_out"));
+  RETURN_IF_ERROR(CheckDType(v_in, DType::kFloat32, "moment2_in"));
+  RETURN_IF_ERROR(CheckDType(v_out, DType::kFloat32, "moment2_out"));
+  if (update.dtype != DType::kFloat32 && update.dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError("adamuon: update must be fp32 or bf16");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muond

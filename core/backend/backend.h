@@ -254,6 +254,26 @@ class Backend {
                              const MatrixView& exp_avg_sq,
                              const AdamWScalars& scalars) = 0;
 
+  // ---- Muon variants (core/muon/muon_variant.h) ---------------------------
+  // NorMuon's row statistics: sums[i] <- sum_j x_ij^2 for each row i of x
+  // (fp32|bf16), accumulated in fp64 in a fixed order (deterministic for a
+  // shape on a backend; the CPU sums a row left to right) and rounded once
+  // to fp32. sums: fp32, x.rows x 1.
+  virtual absl::Status RowSumSquares(const MatrixView& x,
+                                     const MatrixView& sums);
+  // x_ij <- x_ij * factors[i] in fp32, stored in x's dtype (fp32|bf16) with
+  // one rounding. factors: fp32, x.rows x 1.
+  virtual absl::Status ScaleRows(const MatrixView& x,
+                                 const MatrixView& factors);
+  // AdaMuon on the unscaled update u (fp32|bf16) with its second moment
+  // (fp32, u's shape), ew::AdaMuonElement: v_out <- lerp(v_in, u*u,
+  // 1 - beta2); u <- u / (sqrt(v_out) + eps). v_out may be v_in (in place)
+  // or overlap nothing (the step engine stages it, as momentum).
+  virtual absl::Status AdaMuonNormalize(const MatrixView& update,
+                                        const MatrixView& v_in,
+                                        const MatrixView& v_out, double beta2,
+                                        float eps);
+
   // ---- checks and sync ----------------------------------------------------
   // True when every element x of every view has |x| < limit (so none is NaN
   // or +-Inf; limit = +inf is the plain finiteness check, limit =
@@ -321,6 +341,12 @@ absl::Status CheckMomentumBatch(absl::Span<const MatrixView> grads,
                                 absl::Span<const MatrixView> momenta_in,
                                 absl::Span<const MatrixView> momenta_out,
                                 absl::Span<const MatrixView> outs);
+// Checks RowSumSquares' / ScaleRows' arguments (a fp32 rows x 1 vector).
+absl::Status CheckRowVector(const MatrixView& x, const MatrixView& vec,
+                            std::string_view what);
+// Checks AdaMuonNormalize's arguments.
+absl::Status CheckAdaMuon(const MatrixView& update, const MatrixView& v_in,
+                          const MatrixView& v_out);
 absl::Status CheckUpdate(const MatrixView& param, const MatrixView& update);
 absl::Status CheckUpdateBatch(absl::Span<const MatrixView> params,
                               absl::Span<const MatrixView> updates,

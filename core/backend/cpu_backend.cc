@@ -311,6 +311,43 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status RowSumSquares(const MatrixView& x,
+                             const MatrixView& sums) override {
+    RETURN_IF_ERROR(CheckRowVector(x, sums, "row_sum_squares"));
+    for (int64_t i = 0; i < x.rows; ++i) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < x.cols; ++j) {
+        const double v = Load(x, i, j);
+        sum += v * v;
+      }
+      Store(sums, i, 0, static_cast<float>(sum));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ScaleRows(const MatrixView& x,
+                         const MatrixView& factors) override {
+    RETURN_IF_ERROR(CheckRowVector(x, factors, "scale_rows"));
+    ForEach(x, [&](int64_t i, int64_t j) {
+      Store(x, i, j, ew::Mul(Load(x, i, j), Load(factors, i, 0)));
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status AdaMuonNormalize(const MatrixView& update,
+                                const MatrixView& v_in, const MatrixView& v_out,
+                                double beta2, float eps) override {
+    RETURN_IF_ERROR(CheckAdaMuon(update, v_in, v_out));
+    const float w = static_cast<float>(1.0 - beta2);
+    ForEach(update, [&](int64_t i, int64_t j) {
+      const ew::AdaMuonOut o =
+          ew::AdaMuonElement(Load(update, i, j), Load(v_in, i, j), w, eps);
+      Store(v_out, i, j, o.v);
+      Store(update, i, j, o.u);
+    });
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<bool> AllFiniteBelow(absl::Span<const MatrixView> views,
                                       float limit) override {
     for (const MatrixView& v : views)

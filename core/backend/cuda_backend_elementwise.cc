@@ -103,6 +103,31 @@ absl::Status CudaBackend::AdamW(const MatrixView& param, const MatrixView& grad,
       "adamw");
 }
 
+absl::Status CudaBackend::RowSumSquares(const MatrixView& x,
+                                        const MatrixView& sums) {
+  RETURN_IF_ERROR(CheckRowVector(x, sums, "row_sum_squares"));
+  return CudaStatus(cuda_kernels::RowSumSquares(K(x), K(sums), stream_),
+                    "row sum squares");
+}
+
+absl::Status CudaBackend::ScaleRows(const MatrixView& x,
+                                    const MatrixView& factors) {
+  RETURN_IF_ERROR(CheckRowVector(x, factors, "scale_rows"));
+  return CudaStatus(cuda_kernels::ScaleRows(K(x), K(factors), stream_),
+                    "scale rows");
+}
+
+absl::Status CudaBackend::AdaMuonNormalize(const MatrixView& update,
+                                           const MatrixView& v_in,
+                                           const MatrixView& v_out,
+                                           double beta2, float eps) {
+  RETURN_IF_ERROR(CheckAdaMuon(update, v_in, v_out));
+  return CudaStatus(
+      cuda_kernels::AdaMuonNormalize(K(update), K(v_in), K(v_out),
+                                     float(1.0 - beta2), eps, stream_),
+      "adamuon");
+}
+
 absl::StatusOr<bool> CudaBackend::AllFiniteBelow(
     absl::Span<const MatrixView> views, float limit) {
   for (const MatrixView& v : views) RETURN_IF_ERROR(CheckView(v, "all_finite"));

@@ -138,6 +138,13 @@ class CudaBackend final : public Backend {
   absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
                      const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
                      const AdamWScalars& s) override;
+  absl::Status RowSumSquares(const MatrixView& x,
+                             const MatrixView& sums) override;
+  absl::Status ScaleRows(const MatrixView& x,
+                         const MatrixView& factors) override;
+  absl::Status AdaMuonNormalize(const MatrixView& update,
+                                const MatrixView& v_in, const MatrixView& v_out,
+                                double beta2, float eps) override;
   absl::StatusOr<bool> AllFiniteBelow(absl::Span<const MatrixView> views,
                                       float limit) override;
 

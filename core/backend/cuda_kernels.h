@@ -50,6 +50,15 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                   float one_minus_beta1, float beta2, float one_minus_beta2,
                   float step_size, float bc2_sqrt, float eps,
                   cudaStream_t stream);
+// Muon variants (cuda_variant_kernels.cu). sums / factors: fp32 rows x 1.
+cudaError_t RowSumSquares(const KView& x, const KView& sums,
+                          cudaStream_t stream);
+cudaError_t ScaleRows(const KView& x, const KView& factors,
+                      cudaStream_t stream);
+// v_out may be v_in (in place) or overlap nothing.
+cudaError_t AdaMuonNormalize(const KView& update, const KView& v_in,
+                             const KView& v_out, float one_minus_beta2,
+                             float eps, cudaStream_t stream);
 // Sets *flag = 1 (device int) when `v` holds an x with !(|x| < limit): a NaN,
 // an Inf, or a value at or beyond `limit`.
 cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,

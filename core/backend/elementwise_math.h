@@ -67,5 +67,18 @@ MUOND_HD AdamWOut AdamWElement(float p, float g, float m, float v,
   return {p, m, v};
 }
 
+// AdaMuon (Emerging-Optimizers adaptive_muon.py, moment2_method "adamuon")
+// on one element of the unscaled Newton–Schulz output u: v <- lerp(v, u*u,
+// 1 - beta2); u <- u / (sqrt(v) + eps). one_minus_beta2 is float(1 - beta2)
+// formed in double on the host.
+struct AdaMuonOut {
+  float u, v;
+};
+MUOND_HD AdaMuonOut AdaMuonElement(float u, float v, float one_minus_beta2,
+                                   float eps) {
+  v = Lerp(v, Mul(u, u), one_minus_beta2);
+  return {Div(u, Add(Sqrt(v), eps)), v};
+}
+
 }  // namespace ew
 }  // namespace muond

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
@@ -97,9 +98,20 @@ absl::Status MuonOptions::Validate() const {
         "muon ns.syrk_block_rows must be in [0, 16] (0 = auto), got ",
         ns.syrk_block_rows));
   }
+  RETURN_IF_ERROR(ValidateVariant());
   RETURN_IF_ERROR(ValidateGramOptions(ns));
   return CoefficientSchedule(ns.coefficient_type, ns.custom, ns.num_steps)
       .status();
+}
+
+absl::Status MuonOptions::ValidateVariant() const {
+  if (MuonVariantName(variant) == "unknown") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muon variant must be muon, normuon or adamuon, got ",
+                     static_cast<int>(variant)));
+  }
+  RETURN_IF_ERROR(CheckUnitInterval(beta2, "muon beta2"));
+  return CheckPositiveFloat32(moment2_eps, "muon moment2_eps");
 }
 
 absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
@@ -204,6 +216,53 @@ absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
                    MuonAdjustedLr(options, param.rows, param.cols));
   RETURN_IF_ERROR(MuonMomentumPhase(backend, options, grad, momentum, scratch));
   RETURN_IF_ERROR(ns.Run(scratch, scratch, 1));
+  return MuonUpdatePhase(backend, options, param, scratch, adjusted_lr);
+}
+
+absl::Status MuonVariantFullMatrix(Backend& backend, const MuonOptions& options,
+                                   const MatrixView& update,
+                                   const MatrixView& moment2,
+                                   const MatrixView& row_scratch) {
+  if (options.variant == MuonVariant::kAdaMuon) {
+    RETURN_IF_ERROR(
+        backend.AdaMuonNormalize(update, moment2, moment2, options.beta2,
+                                 static_cast<float>(options.moment2_eps)));
+    return backend.Synchronize();
+  }
+  if (options.variant != MuonVariant::kNorMuon) return absl::OkStatus();
+  const int64_t rows = update.rows;
+  RETURN_IF_ERROR(backend.RowSumSquares(update, row_scratch));
+  std::vector<float> sums(rows), v_old(rows), v_new(rows), factors(rows);
+  RETURN_IF_ERROR(backend.CopyToHost(sums.data(), row_scratch.data, rows * 4));
+  RETURN_IF_ERROR(backend.CopyToHost(v_old.data(), moment2.data, rows * 4));
+  RETURN_IF_ERROR(NorMuonRowFactors(sums, v_old, update.cols, options.beta2,
+                                    options.moment2_eps, absl::MakeSpan(v_new),
+                                    absl::MakeSpan(factors)));
+  RETURN_IF_ERROR(backend.CopyFromHost(moment2.data, v_new.data(), rows * 4));
+  RETURN_IF_ERROR(
+      backend.CopyFromHost(row_scratch.data, factors.data(), rows * 4));
+  RETURN_IF_ERROR(backend.ScaleRows(update, row_scratch));
+  return backend.Synchronize();
+}
+
+absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
+                                NewtonSchulz& ns, const MatrixView& param,
+                                const MatrixView& grad,
+                                const MatrixView& momentum,
+                                const MatrixView& scratch,
+                                const MatrixView& moment2,
+                                const MatrixView& row_scratch) {
+  if (ns.rows() != param.rows || ns.cols() != param.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("muon step: NewtonSchulz is for ", ns.rows(), "x",
+                     ns.cols(), ", param is ", param.rows, "x", param.cols));
+  }
+  ASSIGN_OR_RETURN(const float adjusted_lr,
+                   MuonAdjustedLr(options, param.rows, param.cols));
+  RETURN_IF_ERROR(MuonMomentumPhase(backend, options, grad, momentum, scratch));
+  RETURN_IF_ERROR(ns.Run(scratch, scratch, 1));
+  RETURN_IF_ERROR(
+      MuonVariantFullMatrix(backend, options, scratch, moment2, row_scratch));
   return MuonUpdatePhase(backend, options, param, scratch, adjusted_lr);
 }
 

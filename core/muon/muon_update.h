@@ -22,6 +22,7 @@
 #include "core/common/dtype.h"
 #include "core/common/matrix_view.h"
 #include "core/muon/bounds.h"
+#include "core/muon/muon_variant.h"
 #include "core/muon/newton_schulz.h"
 
 namespace muond {
@@ -67,10 +68,19 @@ struct MuonOptions {
   double extra_scale_factor = 1.0;      // in (0, kMaxExtraScaleFactor]
   int64_t ns_batch_size = 1;            // >= 1; 1 = bit-exact numerics contract
   DType state_dtype = DType::kFloat32;  // momentum buffer dtype
+  // The second-moment renormalisation after NS (muon_variant.h); beta2 and
+  // moment2_eps count only for kNorMuon and kAdaMuon (the anchors' beta2 and
+  // eps, defaults included; `ns.eps` is Newton–Schulz's own, torch's eps).
+  MuonVariant variant = MuonVariant::kMuon;
+  double beta2 = 0.95;        // in [0, 1)
+  double moment2_eps = 1e-8;  // > 0 and finite as fp32
 
   // InvalidArgument naming the field and the rule (backend-independent
   // checks; ValidateNsOptions adds the backend ones).
   absl::Status Validate() const;
+  // The variant is known, beta2 in [0, 1), moment2_eps > 0 and finite as
+  // fp32.
+  absl::Status ValidateVariant() const;
 };
 
 // Phase 1. grad fp32|bf16 (trainer memory), momentum in options.state_dtype,
@@ -131,5 +141,24 @@ absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
                                 const MatrixView& grad,
                                 const MatrixView& momentum,
                                 const MatrixView& scratch);
+
+// The variant's renormalisation of one whole matrix's unscaled NS output
+// `update` (muon_variant.h; nothing for kMuon), its state `moment2` (fp32:
+// rows x 1 for NorMuon, the matrix's shape for AdaMuon) updated in place.
+// `row_scratch`: fp32 rows x 1 backend memory (NorMuon). Synchronises.
+absl::Status MuonVariantFullMatrix(Backend& backend, const MuonOptions& options,
+                                   const MatrixView& update,
+                                   const MatrixView& moment2,
+                                   const MatrixView& row_scratch);
+
+// MuonStepFullMatrix with the variant between NS and the update (the
+// single-process path of NorMuon / AdaMuon).
+absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
+                                NewtonSchulz& ns, const MatrixView& param,
+                                const MatrixView& grad,
+                                const MatrixView& momentum,
+                                const MatrixView& scratch,
+                                const MatrixView& moment2,
+                                const MatrixView& row_scratch);
 
 }  // namespace muond

@@ -27,6 +27,18 @@ std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
       };
       if (muon) {
         tensor(".momentum", p.momentum);
+        // The variants' second moment (torch's "variance_neuron" /
+        // "moment2_buffer": muon_variant.h).
+        switch (group.config.muon.variant) {
+          case MuonVariant::kNorMuon:
+            tensor(".variance_neuron", p.moment2);
+            break;
+          case MuonVariant::kAdaMuon:
+            tensor(".moment2", p.moment2);
+            break;
+          case MuonVariant::kMuon:
+            break;
+        }
         continue;
       }
       tensor(".exp_avg", p.exp_avg);

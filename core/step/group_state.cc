@@ -9,6 +9,7 @@
 #include "core/common/domain.h"
 #include "core/common/status_macros.h"
 #include "core/muon/newton_schulz.h"
+#include "core/step/variant_phase.h"
 
 namespace muond {
 namespace {
@@ -139,6 +140,9 @@ absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
     group.ns = NsRunner(group.backend, group.ns_dtype);
   }
   group.config = std::move(config);
+  if (group.config.algorithm == Algorithm::kMuon) {
+    RETURN_IF_ERROR(AllocateVariantState(group));
+  }
   return group;
 }
 

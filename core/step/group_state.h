@@ -29,9 +29,28 @@ struct ParamState {
   // step that fails before its commit leaves the state untouched.
   OwnedBuffer staged_momentum_buf;
   MatrixView staged_momentum;
+  // Muon variants (core/muon/muon_variant.h): the second moment, fp32.
+  // AdaMuon: the shard's shape in buffers of its own, staged like momentum.
+  // NorMuon: local rows x 1, a view of GroupState::normuon.state (the
+  // step's new values wait on the host until the commit).
+  OwnedBuffer moment2_buf, staged_moment2_buf;
+  MatrixView moment2, staged_moment2;
   // AdamW: the steps this param took (torch.optim's state[p]["step"]: a
   // param skipped at a step does not count it).
   int64_t adamw_step = 0;
+};
+
+// NorMuon's per-row buffers of a group (variant_phase.h): the state and the
+// step's row sums and row factors of every param's local rows back to back
+// (param i from offset[i]), and the scratch of the row-statistics gathers.
+struct NorMuonRows {
+  OwnedBuffer state_buf, sums_buf, factors_buf, gather_buf;
+  std::vector<int64_t> offset;
+  int64_t total_rows = 0;
+  // The gathered statistics: per param 2 x full rows (row sums, then state).
+  int64_t slots = 0;
+  // The step's new state of every local row, on the host until the commit.
+  std::vector<float> staged;
 };
 
 struct GroupState {
@@ -54,6 +73,7 @@ struct GroupState {
   // Bytes of staged_momentum (transient: the step's new momentum until its
   // commit).
   int64_t staging_bytes = 0;
+  NorMuonRows normuon;
   NsHomesByVersion homes;
   // The plan in use and the homes version it was built from (0: the
   // round-robin fallback, -1: none yet).

@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "core/common/status_macros.h"
 #include "core/step/exchange_stage.h"
+#include "core/step/variant_phase.h"
 
 namespace muond {
 namespace {
@@ -180,8 +181,13 @@ absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
   RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us, [&] {
     return ReverseExchangePhase(group, exchange);
   }));
-  return TimedPhase(backend, "lsmuon/dp_share", t.dp_share_us,
-                    [&] { return DpSharePhase(group, exchange); });
+  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/dp_share", t.dp_share_us,
+                             [&] { return DpSharePhase(group, exchange); }));
+  // NorMuon/AdaMuon renormalise the update where it is whole again; their
+  // time counts as NS's.
+  if (options.variant == MuonVariant::kMuon) return absl::OkStatus();
+  return TimedPhase(backend, "lsmuon/variant", t.ns_us,
+                    [&] { return VariantPhase(group, options, skip); });
 }
 
 absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
@@ -228,7 +234,7 @@ absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
     std::swap(p.momentum_buf, p.staged_momentum_buf);
     std::swap(p.momentum, p.staged_momentum);
   }
-  return absl::OkStatus();
+  return CommitVariantState(group, options, skip);
 }
 
 absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,

@@ -28,6 +28,12 @@ GroupStepSummary SummarizeGroupStep(const GroupState& group,
     add("weight_decay", o.weight_decay);
     add("momentum", o.momentum);
     out.hyper.push_back(o.nesterov ? "nesterov=true" : "nesterov=false");
+    // Fixed at registration, but a rank registered with another variant
+    // would renormalise differently: refused alike, naming the field.
+    out.hyper.push_back(
+        absl::StrCat("variant=", std::string(MuonVariantName(o.variant))));
+    add("beta2", o.beta2);
+    add("moment2_eps", o.moment2_eps);
   } else {
     const AdamWOptions o =
         AdamWOptionsForStep(group.config.adamw, name, inputs.overrides);

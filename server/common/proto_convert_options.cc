@@ -175,6 +175,15 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
   if (h.has_gram_min_aspect_ratio()) {
     o.ns.gram_min_aspect_ratio = h.gram_min_aspect_ratio();
   }
+  if (h.variant() != v1::MUON_VARIANT_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(
+        o.variant,
+        InGroup(group, wire_enum::CoreFromWire<MuonVariant>(
+                           *v1::MuonVariant_descriptor(), h.variant(),
+                           "variant", ParseMuonVariant)));
+  }
+  if (h.has_beta2()) o.beta2 = h.beta2();
+  if (h.has_moment2_eps()) o.moment2_eps = h.moment2_eps();
   // Validate (ValidateGramOptions) names gram_restarts / gram_dtype /
   // gram_min_aspect_ratio and the rule.
   RETURN_IF_ERROR(InGroup(group, o.Validate()));

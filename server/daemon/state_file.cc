@@ -142,7 +142,10 @@ absl::Status CheckStateValues(const std::string& where, const std::string& name,
   const auto Bad = [&where](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", why));
   };
-  const bool second_moment = absl::EndsWith(name, ".exp_avg_sq");
+  // AdamW's and the Muon variants' second moments.
+  const bool second_moment = absl::EndsWith(name, ".exp_avg_sq") ||
+                             absl::EndsWith(name, ".variance_neuron") ||
+                             absl::EndsWith(name, ".moment2");
   // AdamW step counts: "<group>/<param>.step" (and a file's old
   // "<group>/.step"); no tensor entry ends so.
   const bool count = absl::EndsWith(name, ".step");
@@ -155,8 +158,9 @@ absl::Status CheckStateValues(const std::string& where, const std::string& name,
                               v, " at index ", i));
     }
     if (second_moment && v < 0) {
-      return Bad(absl::StrCat("tensor '", key,
-                              "' (exp_avg_sq) has the "
+      return Bad(absl::StrCat("tensor '", key, "' (",
+                              name.substr(name.rfind('.') + 1),
+                              ") has the "
                               "negative value ",
                               v, " at index ", i));
     }

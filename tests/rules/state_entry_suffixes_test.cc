@@ -19,12 +19,14 @@ namespace muond::rules {
 namespace {
 
 // The suffixes of one group's exported entries, "<group>/w.<suffix>".
-std::set<std::string> ExportedSuffixes(Algorithm algorithm) {
+std::set<std::string> ExportedSuffixes(
+    Algorithm algorithm, MuonVariant variant = MuonVariant::kMuon) {
   std::unique_ptr<Backend> backend = MakeCpuBackend();
   std::vector<float> param(4 * 4, 0.5f), grad(4 * 4, 0.25f);
   GroupConfig cfg;
   cfg.name = "g";
   cfg.algorithm = algorithm;
+  cfg.muon.variant = variant;
   ParamBinding b;
   b.name = "w";
   b.full_shape = {4, 4};
@@ -53,6 +55,13 @@ std::set<std::string> TableSuffixes(const char* algorithm) {
 
 TEST(StateEntrySuffixesTest, Muon) {
   EXPECT_EQ(ExportedSuffixes(Algorithm::kMuon), TableSuffixes("muon"));
+}
+
+TEST(StateEntrySuffixesTest, MuonVariants) {
+  EXPECT_EQ(ExportedSuffixes(Algorithm::kMuon, MuonVariant::kNorMuon),
+            TableSuffixes("normuon"));
+  EXPECT_EQ(ExportedSuffixes(Algorithm::kMuon, MuonVariant::kAdaMuon),
+            TableSuffixes("adamuon"));
 }
 
 TEST(StateEntrySuffixesTest, AdamW) {

@@ -18,6 +18,7 @@ _OPTION_NAMES = {
     "fp32_matmul_prec": _rules.MATMUL_PRECISIONS,
     "ns_algorithm": _rules.NS_ALGORITHMS,
     "gram_dtype": _rules.GRAM_DTYPES,
+    "variant": _rules.MUON_VARIANTS,
 }
 
 

@@ -13,6 +13,7 @@
 #include "core/muon/bounds.h"
 #include "core/muon/coefficients.h"
 #include "core/muon/muon_update.h"
+#include "core/muon/muon_variant.h"
 #include "core/muon/newton_schulz.h"
 #include "server/common/job_id.h"
 #include "server/common/operator_id.h"
@@ -110,6 +111,9 @@ std::vector<Constant> OptionNameConstants() {
        "core/muon/newton_schulz.h NsAlgorithmName"},
       {"GRAM_DTYPES", PyStrTuple(GramDTypeNames()),
        "core/muon/newton_schulz.h ParseGramDType"},
+      {"MUON_VARIANTS",
+       PyStrTuple(EnumNames<MuonVariant>(MuonVariantName, ParseMuonVariant)),
+       "core/muon/muon_variant.h MuonVariantName"},
   };
 }
 

@@ -43,6 +43,9 @@ NS_ALGORITHMS = ("standard", "gram")
 # core/muon/newton_schulz.h ParseGramDType
 GRAM_DTYPES = ("fp16", "bf16")
 
+# core/muon/muon_variant.h MuonVariantName
+MUON_VARIANTS = ("muon", "normuon", "adamuon")
+
 # core/muon/coefficients.h BuiltinCoefficients(kSimple)
 SIMPLE_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 

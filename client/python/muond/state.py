@@ -1,12 +1,16 @@
 """muond.torch.Muon's optimizer state in torch.optim's format, and back.
 
 The daemons hold the state as entries of their local shards (proto StateChunk):
-``"<param>.momentum"`` (Muon), ``"<param>.exp_avg"``, ``"<param>.exp_avg_sq"``
-(AdamW; fp32, row-major) and ``"<param>.step"`` (an AdamW param's step count).
-torch.optim keys it by param with whole tensors: Muon ``{"momentum_buffer"}``,
-AdamW ``{"step": float32 scalar, "exp_avg", "exp_avg_sq"}``. This module is the
-one place that converts between the two and checks a state dict before any of
-it reaches a daemon:
+``"<param>.momentum"`` (Muon), ``"<param>.variance_neuron"`` (NorMuon: one
+value per row of the shard), ``"<param>.moment2"`` (AdaMuon: the shard's shape),
+``"<param>.exp_avg"``, ``"<param>.exp_avg_sq"`` (AdamW; fp32, row-major) and
+``"<param>.step"`` (an AdamW param's step count). torch.optim keys it by param
+with whole tensors: Muon ``{"momentum_buffer"}``, NorMuon also
+``"variance_neuron"`` of shape ``[..., rows, 1]`` (dion's: the param's shape
+with its last dim 1), AdaMuon also ``"moment2_buffer"`` of the param's shape
+(Emerging-Optimizers'), AdamW ``{"step": float32 scalar, "exp_avg",
+"exp_avg_sq"}``. This module is the one place that converts between the two and
+checks a state dict before any of it reaches a daemon:
 
 * ``assemble``: every daemon's entries -> one ``{key: tensor}`` per param, of the
   param's full shape (split mode: each shard is a strided view of one buffer
@@ -26,11 +30,15 @@ shards may be uneven, or empty), so torch.distributed.checkpoint saves and
 reshards it as it does torch.optim's own state. ``validate`` takes a DTensor
 (its local shard, redistributed first when its placements differ) or a plain
 tensor of the param's global shape (sliced to the local shard, no
-communication); the AdamW ``step`` stays a plain scalar, as torch's.
+communication); the AdamW ``step`` stays a plain scalar, as torch's. NorMuon's
+``variance_neuron`` is a DTensor of the param's mesh whose placements follow
+the param's rows: a shard of the rows stays (FSDP2, column-parallel TP), a
+shard of the columns (row-parallel TP) is Replicate, every rank holding the
+whole rows' values.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -38,11 +46,18 @@ from muond import batched as _batched
 from muond import split as _split
 from muond._dtensor import is_dtensor
 
-# torch.optim's state keys per algorithm -> the daemons' entry suffix.
+# torch.optim's state keys per algorithm (a Muon param: per variant,
+# ParamInfo.kind) -> the daemons' entry suffix.
 TORCH_KEYS = {
     "muon": {"momentum_buffer": "momentum"},
+    "normuon": {"momentum_buffer": "momentum", "variance_neuron": "variance_neuron"},
+    "adamuon": {"momentum_buffer": "momentum", "moment2_buffer": "moment2"},
     "adamw": {"step": "step", "exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"},
 }
+# State with one value per row of the param: shape [..., rows, 1].
+ROW_KEYS = ("variance_neuron",)
+# The variants' second moments: never negative (the daemon refuses them too).
+SECOND_MOMENTS = ("variance_neuron", "moment2_buffer")
 # The step id key kept in every param group of a state dict:
 # torch.distributed.checkpoint keeps only "state" and "param_groups" (and the
 # keys inside them), so a top-level key would be lost on that path.
@@ -80,12 +95,22 @@ class ParamInfo:
     more than two dims: one entry per matrix) or EMPTY (none), as
     muond.torch.Muon.layouts; ``shape``
     the shape the daemons hold (a DTensor param's local shard's), ``dist`` the
-    DTensor param's distribution (None for a plain param)."""
+    DTensor param's distribution (None for a plain param), ``variant`` a Muon
+    param's ("muon", "normuon", "adamuon")."""
     name: str
     algorithm: str      # "muon" | "adamw"
     shape: tuple
     layout: object
     dist: DistSpec | None = None
+    variant: str = "muon"
+
+    @property
+    def kind(self) -> str:
+        """The TORCH_KEYS entry: the algorithm, a Muon param's variant."""
+        return self.variant if self.algorithm == "muon" else self.algorithm
+
+    def keys(self) -> dict:
+        return TORCH_KEYS[self.kind]
 
     def ranks(self) -> list[int]:
         if self.layout == EMPTY:
@@ -97,6 +122,38 @@ class ParamInfo:
         if isinstance(self.layout, tuple):
             return [self.layout[1]]
         return [0]
+
+
+def param_info(name: str, group: dict, p, layout) -> ParamInfo:
+    """The ParamInfo of param ``p`` of param group ``group``."""
+    algorithm = group["algorithm"]
+    variant = group.get("variant", "muon") if algorithm == "muon" else "muon"
+    return ParamInfo(name, algorithm, local_shape(p), layout, dist_spec(p), variant)
+
+
+def _row_dist(dist: DistSpec | None) -> DistSpec | None:
+    """The distribution of a row vector of a DTensor param: its placements
+    with a shard of the last dim (the columns) Replicate."""
+    if dist is None:
+        return None
+    from torch.distributed.tensor import Replicate
+    n = len(dist.shape)
+    placements = tuple(Replicate() if p.is_shard() and p.dim in (n - 1, -1) else p
+                       for p in dist.placements)
+    shape = tuple(dist.shape[:-1]) + (1,)
+    stride, acc = [], 1
+    for size in reversed(shape):
+        stride.insert(0, acc)
+        acc *= int(size)
+    return DistSpec(dist.mesh, placements, shape, tuple(stride))
+
+
+def key_info(info: ParamInfo, key: str | None) -> ParamInfo:
+    """``info`` as the state tensor ``key`` is laid out: a row key's shape is
+    the param's (local) shape with its last dim 1, its distribution _row_dist."""
+    if key not in ROW_KEYS:
+        return info
+    return replace(info, shape=tuple(info.shape[:-1]) + (1,), dist=_row_dist(info.dist))
 
 
 def _numel(shape) -> int:
@@ -123,29 +180,51 @@ def _matrix_rank(matrix) -> int:
     return matrix.layout[1] if isinstance(matrix.layout, tuple) else 0
 
 
-def _assemble_batch(info: ParamInfo, suffix: str, per_rank: dict) -> torch.Tensor:
+def _runs(info: ParamInfo, rows: bool):
+    """Each matrix of a batched param: (matrix, offset, numel) of its run in
+    the param's local state tensor, flat: its elements, or (``rows``) one
+    value per row of it."""
+    cols, at = int(info.shape[-1]), 0
+    for m in info.layout.matrices:
+        n = int(m.shape[0]) if rows else m.numel
+        offset = (m.offset // cols if cols else at) if rows else m.offset
+        at = offset + n
+        yield m, offset, n
+
+
+def _assemble_batch(info: ParamInfo, suffix: str, per_rank: dict, rows: bool) -> torch.Tensor:
     """A batched param's state: each matrix's entry at its offset in the
     param's local tensor (contiguous, so a matrix is one run of elements)."""
-    flat = torch.zeros(_numel(info.shape), dtype=torch.float32)
-    for m in info.layout.matrices:
+    shape = key_info(info, ROW_KEYS[0] if rows else None).shape
+    flat = torch.zeros(_numel(shape), dtype=torch.float32)
+    for m, offset, n in _runs(info, rows):
         rank = _matrix_rank(m)
-        value = _entry(per_rank[rank], f"{m.name}.{suffix}", m.numel, rank)
-        flat[m.offset:m.offset + m.numel].copy_(value)
+        flat[offset:offset + n].copy_(_entry(per_rank[rank], f"{m.name}.{suffix}", n, rank))
     if not info.layout.perm:
-        return flat.view(info.shape)
-    out = torch.zeros(info.shape, dtype=torch.float32)
-    out[list(info.layout.perm)] = flat.view(info.shape)
+        return flat.view(shape)
+    out = torch.zeros(shape, dtype=torch.float32)
+    out[list(info.layout.perm)] = flat.view(shape)
     return out
 
 
-def _assemble_tensor(info: ParamInfo, suffix: str, per_rank: dict) -> torch.Tensor:
+def _assemble_tensor(info: ParamInfo, suffix: str, per_rank: dict,
+                     rows: bool = False) -> torch.Tensor:
     key = f"{info.name}.{suffix}"
     layout = info.layout
     if isinstance(layout, _batched.BatchLayout):
-        return _assemble_batch(info, suffix, per_rank)
+        return _assemble_batch(info, suffix, per_rank, rows)
+    shape = key_info(info, ROW_KEYS[0] if rows else None).shape
     if not isinstance(layout, _split.SplitLayout):
         rank = info.ranks()[0]
-        return _entry(per_rank[rank], key, _numel(info.shape), rank).view(info.shape).clone()
+        return _entry(per_rank[rank], key, _numel(shape), rank).view(shape).clone()
+    if rows:  # a shard's rows start at its offset's row; TP column blocks share them
+        cols = layout.full_shape[1]
+        vector = torch.zeros(layout.buffer_rows, dtype=torch.float32)
+        for s in sorted(layout.shards, key=lambda s: -s.t):  # t = 0's values last
+            start = s.offset // cols
+            vector[start:start + s.shape[0]] = _entry(per_rank[s.rank], key, s.shape[0],
+                                                      s.rank)
+        return vector[:shape[0]].view(shape).clone()
     buffer = torch.zeros(layout.buffer_numel, dtype=torch.float32)
     for s in layout.shards:
         value = _entry(per_rank[s.rank], key, s.shape[0] * s.shape[1], s.rank)
@@ -162,20 +241,22 @@ def assemble(infos: list[ParamInfo], per_rank: dict) -> dict[str, dict[str, torc
         if info.layout == EMPTY:  # no daemon holds it: no state, as never stepped
             out[info.name] = state
             continue
-        for key, suffix in TORCH_KEYS[info.algorithm].items():
+        for key, suffix in info.keys().items():
             if key == "step":
                 rank = info.ranks()[0]
                 state[key] = _entry(per_rank[rank], f"{info.name}.step", 1, rank)[0].clone()
             else:
-                state[key] = _assemble_tensor(info, suffix, per_rank)
+                state[key] = _assemble_tensor(info, suffix, per_rank, key in ROW_KEYS)
         out[info.name] = state
     return out
 
 
-def as_dtensor(info: ParamInfo, local: torch.Tensor):
-    """``local`` (a state tensor of the param's local shard, on the param's
-    device) as torch.optim hands it out: a DTensor of the param's
-    distribution for a DTensor param (no communication), else as is."""
+def as_dtensor(info: ParamInfo, local: torch.Tensor, key: str | None = None):
+    """``local`` (state tensor ``key`` of the param's local shard, on the
+    param's device) as torch.optim hands it out: a DTensor of the param's
+    distribution (a row key's: key_info) for a DTensor param (no
+    communication), else as is."""
+    info = key_info(info, key)
     if info.dist is None:
         return local
     from torch.distributed.tensor import DTensor
@@ -219,6 +300,7 @@ def _local_shard(info: ParamInfo, key: str, value):
 
 
 def _fp32(info: ParamInfo, key: str, value) -> torch.Tensor:
+    info = key_info(info, key)
     if info.dist is not None and key != "step" and isinstance(value, torch.Tensor):
         value = _local_shard(info, key, value)
     elif is_dtensor(value):  # a replicated scalar (step): every rank's value
@@ -245,23 +327,23 @@ def validate(infos: list[ParamInfo], states: dict) -> dict[str, dict[str, torch.
     and the rule on unknown or missing keys, wrong shapes, non-finite values."""
     out = {}
     for info in infos:
-        keys = TORCH_KEYS[info.algorithm]
+        keys, kind = info.keys(), info.kind
         given = dict(states.get(info.name) or {})
         unknown = sorted(set(given) - set(keys))
         if unknown:
-            raise ValueError(f"param {info.name}: state keys {unknown} are not {info.algorithm}'s "
+            raise ValueError(f"param {info.name}: state keys {unknown} are not {kind}'s "
                              f"(expected {sorted(keys)})")
         if given and set(given) != set(keys):
             raise ValueError(f"param {info.name}: state has keys {sorted(given)}, "
-                             f"{info.algorithm} needs all of {sorted(keys)}")
+                             f"{kind} needs all of {sorted(keys)}")
         state = {}
         for key in keys:
             if key not in given:
                 state[key] = (torch.zeros((), dtype=torch.float32) if key == "step"
-                              else torch.zeros(info.shape, dtype=torch.float32))
+                              else torch.zeros(key_info(info, key).shape, dtype=torch.float32))
                 continue
             value = _fp32(info, key, given[key])
-            want = () if key == "step" else tuple(info.shape)
+            want = () if key == "step" else tuple(key_info(info, key).shape)
             if key == "step" and value.numel() == 1:
                 value = value.reshape(())
             if tuple(value.shape) != want:
@@ -269,6 +351,9 @@ def validate(infos: list[ParamInfo], states: dict) -> dict[str, dict[str, torch.
                                  f"{tuple(value.shape)}, the param needs {want}")
             if not torch.isfinite(value).all():
                 raise ValueError(f"param {info.name}: state[{key!r}] has non-finite values")
+            if key in SECOND_MOMENTS and (value < 0).any():
+                raise ValueError(f"param {info.name}: state[{key!r}] has negative values "
+                                 f"(min {value.min().item()}); a second moment is >= 0")
             if key == "step" and (value < 0 or value != value.round()):
                 raise ValueError(f"param {info.name}: state['step'] must be a whole number >= "
                                  f"0, got {value.item()}")
@@ -285,7 +370,7 @@ def disassemble(infos: list[ParamInfo], states: dict, world: int) -> list[dict]:
         if info.layout == EMPTY:
             continue
         state = states[info.name]
-        for key, suffix in TORCH_KEYS[info.algorithm].items():
+        for key, suffix in info.keys().items():
             name = f"{info.name}.{suffix}"
             value = state[key]
             if key == "step":
@@ -294,12 +379,19 @@ def disassemble(infos: list[ParamInfo], states: dict, world: int) -> list[dict]:
             layout = info.layout
             if isinstance(layout, _batched.BatchLayout):
                 flat = (value[list(layout.perm)] if layout.perm else value).reshape(-1)
-                for m in layout.matrices:
+                for m, offset, n in _runs(info, key in ROW_KEYS):
                     per_rank[_matrix_rank(m)][f"{m.name}.{suffix}"] = (
-                        flat[m.offset:m.offset + m.numel].clone())
+                        flat[offset:offset + n].clone())
                 continue
             if not isinstance(layout, _split.SplitLayout):
                 per_rank[info.ranks()[0]][name] = value.reshape(-1).clone()
+                continue
+            if key in ROW_KEYS:  # each shard: its rows' values (zeros for pad rows)
+                vector = torch.zeros(layout.buffer_rows, dtype=torch.float32)
+                vector[:value.numel()].copy_(value.reshape(-1))
+                for s in layout.shards:
+                    start = s.offset // layout.full_shape[1]
+                    per_rank[s.rank][name] = vector[start:start + s.shape[0]].clone()
                 continue
             buffer = torch.zeros(layout.buffer_numel, dtype=torch.float32)
             buffer[:value.numel()].copy_(value.reshape(-1))

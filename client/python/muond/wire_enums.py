@@ -51,4 +51,5 @@ MUON_ENUM_FIELDS = {
     "fp32_matmul_prec": pb.MatmulPrecision,
     "ns_algorithm": pb.NsAlgorithm,
     "gram_dtype": pb.NsIterDType,
+    "variant": pb.MuonVariant,
 }

@@ -22,7 +22,8 @@ from muond.torch import options as muond_options  # noqa: E402
 NS = dict(coefficient_type="quintic", ns_batch_size=2, fp32_matmul_prec="highest",
           use_syrk=True, ns_algorithm="gram", gram_restarts=[2], gram_dtype="bf16",
           gram_min_aspect_ratio=1.5)
-SCALING = dict(scale_mode="spectral", extra_scale_factor=0.3, weight_decay_method="decoupled")
+SCALING = dict(scale_mode="spectral", extra_scale_factor=0.3, weight_decay_method="decoupled",
+               variant="normuon", beta2=0.9, moment2_eps=1e-7)
 ADAMW = dict(betas=(0.8, 0.9), adamw_eps=1e-6)
 TORCH = dict(lr=0.02, weight_decay=0.05, momentum=0.9, nesterov=False, eps=1e-8, ns_steps=6)
 
@@ -145,7 +146,7 @@ class MuonOptionObjectsTest(unittest.TestCase):
     def test_every_flat_keyword_has_one_object_field(self):
         self.assertEqual(len(muond_options.FLAT_KEYWORDS), len(set(muond_options.FLAT_KEYWORDS)))
         self.assertIn("adamw_eps", muond_options.FLAT_KEYWORDS)
-        self.assertEqual(len(muond_options.FLAT_KEYWORDS), 35)
+        self.assertEqual(len(muond_options.FLAT_KEYWORDS), 42)
 
 
 if __name__ == "__main__":

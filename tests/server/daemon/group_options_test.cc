@@ -190,5 +190,44 @@ TEST(GroupOptions, CustomCoefficientAboveFp16RefusedForFp16Gram) {
   EXPECT_TRUE(MuonOptionsFromProto(g).ok()) << MuonOptionsFromProto(g).status();
 }
 
+TEST(GroupOptions, MuonVariantsAndTheirOptionsFromTheWire) {
+  absl::StatusOr<MuonOptions> d = MuonOptionsFromProto(MuonGroup());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->variant, MuonVariant::kMuon);
+  EXPECT_EQ(d->beta2, 0.95);
+  EXPECT_EQ(d->moment2_eps, 1e-8);
+  v1::ParamGroup g = MuonGroup();
+  g.mutable_muon()->set_variant(v1::MUON_VARIANT_NORMUON);
+  g.mutable_muon()->set_beta2(0.9);
+  g.mutable_muon()->set_moment2_eps(1e-6);
+  absl::StatusOr<MuonOptions> o = MuonOptionsFromProto(g);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->variant, MuonVariant::kNorMuon);
+  EXPECT_EQ(o->beta2, 0.9);
+  EXPECT_EQ(o->moment2_eps, 1e-6);
+  g.mutable_muon()->set_variant(v1::MUON_VARIANT_ADAMUON);
+  EXPECT_EQ(MuonOptionsFromProto(g)->variant, MuonVariant::kAdaMuon);
+}
+
+TEST(GroupOptions, BadVariantBeta2OrMoment2EpsAreRefusedNamingTheRule) {
+  ExpectMuonRefused([](v1::MuonHyperparams* h) { h->set_beta2(1.0); },
+                    "muon beta2 must be in [0, 1)", "1");
+  ExpectMuonRefused([](v1::MuonHyperparams* h) { h->set_beta2(-0.5); },
+                    "muon beta2 must be in [0, 1)", "-0.5");
+  ExpectMuonRefused([](v1::MuonHyperparams* h) { h->set_moment2_eps(0.0); },
+                    "muon moment2_eps must be > 0 and finite as a float32",
+                    "0");
+  ExpectMuonRefused([](v1::MuonHyperparams* h) { h->set_moment2_eps(1e-300); },
+                    "muon moment2_eps", "1e-300");
+  v1::ParamGroup g = MuonGroup();
+  g.mutable_muon()->set_variant(static_cast<v1::MuonVariant>(42));
+  absl::StatusOr<MuonOptions> o = MuonOptionsFromProto(g);
+  ASSERT_FALSE(o.ok());
+  EXPECT_THAT(o.status().message(), HasSubstr("group 'g'"));
+  EXPECT_THAT(o.status().message(),
+              HasSubstr("variant: value 42 is not one of MUON_VARIANT_MUON, "
+                        "MUON_VARIANT_NORMUON, MUON_VARIANT_ADAMUON"));
+}
+
 }  // namespace
 }  // namespace muond

@@ -12,6 +12,7 @@ import torch
 from muond import _rules
 from muond import batched as _batched
 from muond import state as _state
+from muond.torch import variants as _variants
 from muond.torch import wire as _wire
 from muond.v1 import muond_pb2 as pb
 
@@ -248,6 +249,7 @@ def check_options(gi: int, group: dict) -> None:
         _flag(label, "use_syrk", group["use_syrk"])
     for c in group.get("custom_coefficients") or ():
         _real(label, "custom_coefficients", c)
+    _variants.check(label, group)
     check_gram_options(gi, group)
 
 

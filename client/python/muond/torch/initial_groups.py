@@ -40,6 +40,7 @@ def muon_defaults(lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns
                                and not isinstance(gram_restarts, (str, bytes))
                                else gram_restarts),
                 gram_dtype=o["gram_dtype"], gram_min_aspect_ratio=o["gram_min_aspect_ratio"],
+                variant=o["variant"], beta2=o["beta2"], moment2_eps=o["moment2_eps"],
                 algorithm="muon")
 
 

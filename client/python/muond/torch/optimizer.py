@@ -345,8 +345,7 @@ class Muon(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 name = self._param_names[id(p)]
-                infos.append(_state.ParamInfo(name, group["algorithm"], _state.local_shape(p),
-                                              self.layouts[name], _state.dist_spec(p)))
+                infos.append(_state.param_info(name, group, p, self.layouts[name]))
         return infos
 
     def _fetch_state(self) -> dict:
@@ -366,7 +365,7 @@ class Muon(torch.optim.Optimizer):
             for p in group["params"]:
                 name = self._param_names[id(p)]
                 out[p] = {k: v if k == "step" else
-                          _state.as_dtensor(info_of[name], v.to(p.device))
+                          _state.as_dtensor(info_of[name], v.to(p.device), k)
                           for k, v in by_name[name].items()}
         return out
 

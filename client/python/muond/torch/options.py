@@ -51,10 +51,17 @@ class NewtonSchulzOptions:
 @dataclass(frozen=True)
 class ScalingOptions:
     """How the update is scaled and weight decay applied (None: from
-    torch's ``adjust_lr_fn``)."""
+    torch's ``adjust_lr_fn``), and the Muon variant that renormalises the
+    Newton-Schulz output with a second moment before the scale: ``variant``
+    "muon" (none), "normuon" (per row, dion's NorMuon) or "adamuon"
+    (elementwise, Emerging-Optimizers' AdaMuon), with its decay ``beta2``
+    and ``moment2_eps`` (fixed at registration; muond.torch.variants)."""
     scale_mode: str | None = None
     extra_scale_factor: float | None = None
     weight_decay_method: str = "decoupled"
+    variant: str = "muon"
+    beta2: float = 0.95
+    moment2_eps: float = 1e-8
 
 
 @dataclass(frozen=True)

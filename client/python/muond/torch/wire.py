@@ -38,7 +38,7 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
         return
     # The string options (scale_mode="spectral", ...) become wire enums
     # here, in one place (muond.wire_enums).
-    enums = {field: _wire_enums.to_wire(enum, field, group[field])
+    enums = {field: _wire_enums.to_wire(enum, field, group.get(field))
              for field, enum in _wire_enums.MUON_ENUM_FIELDS.items()}
     wg.muon.CopyFrom(pb.MuonHyperparams(
         lr=float(group["lr"]), momentum=float(group["momentum"]),
@@ -53,6 +53,12 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
             iterations=[operator.index(r) for r in group["gram_restarts"]]))
     if group.get("gram_min_aspect_ratio") is not None:
         wg.muon.gram_min_aspect_ratio = float(group["gram_min_aspect_ratio"])
+    # The variant's second moment (fixed at registration: GroupOverride's
+    # beta2 is AdamW's, which the daemon refuses for a Muon group).
+    if group.get("beta2") is not None:
+        wg.muon.beta2 = float(group["beta2"])
+    if group.get("moment2_eps") is not None:
+        wg.muon.moment2_eps = float(group["moment2_eps"])
 
 
 def full_shape(shape) -> list:

@@ -59,6 +59,11 @@ QKV_SPLIT = {"qkv": dict(split_qkv=True, qkv_split_shapes=list(QKV_SHAPES)),
                                qkv_head_dim=3)}
 
 
+def variant_kw(variant: str) -> dict:
+    """A Muon variant's options ("" or "muon": none)."""
+    return dict(variant=variant, beta2=0.9) if variant and variant != "muon" else {}
+
+
 def is_qkv(p) -> bool:
     return getattr(p, "is_qkv", False)
 
@@ -294,8 +299,11 @@ class Worker:
         self.rank, self.env = rank, env
 
     def run(self, layout: str) -> dict:
+        """``layout``, or ``layout@variant``: the same with Muon(variant=...)."""
         import torch.distributed as dist
         t0 = time.monotonic()
+        layout, _, variant = layout.partition("@")
+        self.variant_kw = variant_kw(variant)
         try:
             result = getattr(self, f"run_{layout}", None)
             result = result() if result else self.run_dtensor(layout)
@@ -312,7 +320,7 @@ class Worker:
         from muond.torch import Muon
         kw.setdefault("rpc_timeout", 30)
         kw.setdefault("wait_healthy_timeout", 30)
-        return Muon(params, **{**MUON_KW, **kw})
+        return Muon(params, **{**MUON_KW, **getattr(self, "variant_kw", {}), **kw})
 
     def _plan(self, opt):
         """The coordinator's plan of ``opt``'s optimizer instance (rank 0

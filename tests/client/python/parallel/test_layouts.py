@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(_HERE, "..", "contract"))
 import layouts  # noqa: E402
 from cluster import Cluster, find_binaries  # noqa: E402
 from common import REL_TOL, bitwise_mismatches, fp32_newton_schulz, rel_diff  # noqa: E402
+from muon_variants_reference import Reference as VariantReference  # noqa: E402
 
 from muond.torch import Muon  # noqa: E402
 
@@ -130,10 +131,11 @@ class LayoutsTest(unittest.TestCase):
                                                 for a in failed))
         return answers
 
-    def reference(self, spec: str, steps: int = layouts.STEPS):
+    def reference(self, spec: str, steps: int = layouts.STEPS, variant: str = ""):
         """(muond on one daemon holding the whole model, torch.optim.Muon with
-        fp32 NS): the params after ``steps`` steps on the full gradients."""
-        key = (spec, steps)
+        fp32 NS; a variant's float64 reference, muon_variants_reference.py):
+        the params after ``steps`` steps on the full gradients."""
+        key = (spec, steps, variant)
         if key not in self.references:
             init = layouts.full_init(spec)
             names = sorted(init)
@@ -147,10 +149,13 @@ class LayoutsTest(unittest.TestCase):
             opt = Muon([{"params": mine, "param_names": names}],
                        daemons=self.reference_cluster.daemons,
                        job_id=self.reference_cluster.job_id, rpc_timeout=30,
-                       **layouts.muon_kw(spec))
+                       **layouts.muon_kw(spec), **layouts.variant_kw(variant))
             kw = {k: v for k, v in layouts.MUON_KW.items()
                   if k not in ("fp32_matmul_prec", "ns_batch_size")}
-            torch_opt = torch.optim.Muon([p for ps in theirs for p in ps], **kw)
+            torch_opt = (VariantReference([p for ps in theirs for p in ps], variant, kw["lr"],
+                                          kw["weight_decay"], kw["momentum"], beta2=0.9)
+                         if variant else
+                         torch.optim.Muon([p for ps in theirs for p in ps], **kw))
             try:
                 for step in range(1, steps + 1):
                     for n, a, bs in zip(names, mine, theirs):
@@ -158,10 +163,16 @@ class LayoutsTest(unittest.TestCase):
                         for b, g in zip(bs, self.torch_matrices(spec, n, a.grad)):
                             b.grad = g.clone()
                     opt.step()
+                    if variant:
+                        torch_opt.step([b.grad for bs in theirs for b in bs])
+                        continue
                     with fp32_newton_schulz():
                         torch_opt.step()
             finally:
                 opt.close()
+            if variant:  # the float64 reference's params, back into ``theirs``
+                done = iter(torch_opt.params)
+                theirs = [[next(done).float() for _ in bs] for bs in theirs]
             self.references[key] = (
                 {n: p.detach().clone() for n, p in zip(names, mine)},
                 {n: self.torch_whole(spec, n, [b.detach() for b in bs], a)
@@ -182,15 +193,22 @@ class LayoutsTest(unittest.TestCase):
             return layouts.qkv_whole(spec, parts, like)
         return torch.stack(parts).reshape(like.shape)
 
-    def check_params(self, layout: str, answers: list[dict], steps: int = layouts.STEPS):
+    def check_params(self, layout: str, answers: list[dict], steps: int = layouts.STEPS,
+                     rounding: tuple = ()):
+        """Bitwise against the single-daemon reference, but the params named
+        in ``rounding`` (NorMuon's row-parallel TP: a row sum adds T parts)
+        within REL_TOL; ``layout@variant`` compares with that variant."""
         spec = answers[0]["spec"]
-        want, torch_want = self.reference(spec, steps)
+        want, torch_want = self.reference(spec, steps, layout.partition("@")[2])
         for a in answers:
             got = {n.removeprefix("module."): v for n, v in a["params"].items()}
             self.assertEqual(sorted(got), sorted(want), layout)
-            self.assertEqual(bitwise_mismatches(got, want), [],
-                             f"{layout} rank {a['rank']}: params vs the single-daemon "
+            self.assertEqual(bitwise_mismatches({n: got[n] for n in want if n not in rounding},
+                                                {n: want[n] for n in want if n not in rounding}),
+                             [], f"{layout} rank {a['rank']}: params vs the single-daemon "
                              "reference")
+            for n in rounding:
+                self.assertLess(rel_diff(got[n], want[n]), REL_TOL, f"{layout} {n}")
             for n in want:
                 self.assertLess(rel_diff(got[n], torch_want[n]), REL_TOL,
                                 f"{layout} rank {a['rank']} {n}: vs torch.optim.Muon")
@@ -295,6 +313,28 @@ class LayoutsTest(unittest.TestCase):
         uninterrupted STEPS + 1 steps."""
         answers = self.run_ok("dcp_fsdp_to_fsdp_tp")
         self.check_params("dcp", answers, steps=answers[0]["steps"])
+
+    # -- the Muon variants (NorMuon, AdaMuon) -------------------------------------
+    def test_variants_ddp_fsdp_experts_and_split_qkv_bitwise(self):
+        for variant in ("normuon", "adamuon"):
+            for layout in ("ddp", "fsdp_uneven", "experts_fsdp_rows", "qkv_fsdp"):
+                with self.subTest(layout=layout, variant=variant):
+                    self.check_layout(f"{layout}@{variant}")
+
+    def test_variants_fsdp_x_tp(self):
+        # "down" is row-parallel: NorMuon's row sums add the two TP halves.
+        self.check_params("fsdp_tp@normuon", self.run_ok("fsdp_tp@normuon"),
+                          rounding=("down.weight",))
+        self.check_layout("fsdp_tp@adamuon")
+
+    def test_variants_dcp_fsdp_save_fsdp_x_tp_resume(self):
+        """The variants' second moments saved by DCP on FSDP2 (NorMuon's
+        row vector Shard(0)), resharded onto FSDP2 x TP (Replicate over tp
+        for the row-parallel "down")."""
+        for variant, rounding in (("normuon", ("down.weight",)), ("adamuon", ())):
+            layout = f"dcp_fsdp_to_fsdp_tp@{variant}"
+            answers = self.run_ok(layout)
+            self.check_params(layout, answers, steps=answers[0]["steps"], rounding=rounding)
 
     def check_refused_everywhere(self, layout: str, param: str):
         """Every rank fails ``layout`` with the same reason naming ``param``,
