@@ -10,8 +10,8 @@ set's baseline row, measured in the same run.
   qkv      Llama-3-8B's first 4 layers, q, k, v as separate params (baseline) against one
            fused [6144, 4096] QKV weight per layer: unsplit, split_qkv (Q, K, V apart) and
            per head (qkv_head_dim 128), and split_qkv with QK-clip on every layer;
-  variant  the Llama-3-8B 4-layer set: variant "muon" (baseline) against "normuon" and
-           "adamuon" (when this build has them).
+  variant  the Llama-3-8B 4-layer set and the MoE layer (experts batched): variant "muon"
+           (baseline) against "normuon" and "adamuon".
 
     MUOND_BIN=<bundle>/bin python3 bench/gpu_variants_bench.py --out variants.md
 """
@@ -139,6 +139,10 @@ def plan(has_variant_options: bool) -> list:
     if has_variant_options:
         rows.append(("variant", "muon", separate, None, dict(ns_batch_size=4)))
         rows += [("variant", v, separate, "muon", dict(ns_batch_size=4, variant=v))
+                 for v in ("normuon", "adamuon")]
+        experts, batched = moe_sets()
+        rows.append(("moe variant", "muon", batched, None, dict(ns_batch_size=256)))
+        rows += [("moe variant", v, batched, "muon", dict(ns_batch_size=256, variant=v))
                  for v in ("normuon", "adamuon")]
     return rows
 
