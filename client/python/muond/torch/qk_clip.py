@@ -173,10 +173,12 @@ class _Weight:
     held: tuple = (None, None)
 
     def held_index(self, opt) -> torch.Tensor:
-        key = (id(opt.places.get(self.name)), id(opt.layouts.get(self.name)))
+        """On the device of the param's held rows, read once per placement."""
+        held = self.param.to_local() if is_dtensor(self.param) else self.param
+        key = (id(opt.places.get(self.name)), id(opt.layouts.get(self.name)), held.device)
         if self.held[0] != key:
             rows, real = local_rows(opt, self.name, self.param)
-            self.held = (key, torch.where(real, self.index[rows], 0))
+            self.held = (key, torch.where(real, self.index[rows], 0).to(held.device))
         return self.held[1]
 
 
@@ -355,9 +357,9 @@ def prepare(bound: Bound | None, max_logits, opt) -> list:
         table = tables[w.layer.name]
         if bool((table == 1).all()):
             continue
-        factors = table[w.held_index(opt)]  # table[0] == 1 keeps a row
-        if bool((factors != 1).any()):
-            pending.append((w.param, factors))
+        # The factors are gathered on the param's device at apply: no host
+        # work per row. table[0] == 1 keeps a row (x * 1 is x, bitwise).
+        pending.append((w.param, table, w.held_index(opt)))
     return pending
 
 
@@ -367,9 +369,10 @@ def apply(pending: list, responses) -> None:
     the step (--skip_nonfinite: every rank reports it)."""
     if any(r.skipped_nonfinite for r in responses):
         return
-    for param, factors in pending:
+    for param, table, index in pending:
         held = param.to_local() if is_dtensor(param) else param.data
-        held.mul_(factors.to(held.device).view(-1, *([1] * (held.dim() - 1))))
+        factors = table.to(held.device)[index]
+        held.mul_(factors.view(-1, *([1] * (held.dim() - 1))))
 
 
 def reduce_max_logits(max_logits: dict, group=None) -> dict:
