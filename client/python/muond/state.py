@@ -331,11 +331,17 @@ def validate(infos: list[ParamInfo], states: dict) -> dict[str, dict[str, torch.
         given = dict(states.get(info.name) or {})
         unknown = sorted(set(given) - set(keys))
         if unknown:
+            hint = ("; a checkpoint of another Muon variant: drop those keys from each "
+                    "param's state to go on with this one" if set(unknown) <= set(SECOND_MOMENTS)
+                    else "")
             raise ValueError(f"param {info.name}: state keys {unknown} are not {kind}'s "
-                             f"(expected {sorted(keys)})")
-        if given and set(given) != set(keys):
+                             f"(expected {sorted(keys)}){hint}")
+        missing = set(keys) - set(given)
+        if given and missing - set(SECOND_MOMENTS):
             raise ValueError(f"param {info.name}: state has keys {sorted(given)}, "
                              f"{kind} needs all of {sorted(keys)}")
+        # A variant's second moment missing (a Muon or torch.optim.Muon
+        # checkpoint moving to NorMuon/AdaMuon) starts from zero, as dion's.
         state = {}
         for key in keys:
             if key not in given:

@@ -165,8 +165,9 @@ class VariantStateLayoutTest(unittest.TestCase):
                  r"\(4, 1\)"),
                 ({"momentum_buffer": m, "variance_neuron": -torch.ones(4, 1)},
                  r"param w: state\['variance_neuron'\] has negative values"),
-                ({"momentum_buffer": m}, r"param w: .*normuon needs all of"),
-                ({"momentum_buffer": m, "moment2_buffer": m}, "are not normuon's")]:
+                ({"variance_neuron": torch.zeros(4, 1)}, r"param w: .*normuon needs all of"),
+                ({"momentum_buffer": m, "moment2_buffer": m},
+                 "are not normuon's .*another Muon variant: drop those keys")]:
             with self.subTest(message=message):
                 with self.assertRaisesRegex(ValueError, message):
                     mstate.validate([info], {"w": state})
@@ -176,6 +177,27 @@ class VariantStateLayoutTest(unittest.TestCase):
                                            "moment2_buffer": m - 1}})
         zero = mstate.validate([info], {})["w"]
         self.assertEqual(tuple(zero["moment2_buffer"].shape), (4, 3))
+        # A Muon checkpoint (momentum only) moves to a variant: its second
+        # moment starts from zero, the momentum is kept.
+        moved = mstate.validate([info], {"w": {"momentum_buffer": m + 2}})["w"]
+        self.assertTrue(torch.equal(moved["momentum_buffer"], m + 2))
+        self.assertTrue(torch.equal(moved["moment2_buffer"], torch.zeros(4, 3)))
+
+    def test_adamw_groups_refuse_variant_options_and_numpy_values_become_python(self):
+        import numpy as np
+        from muond.torch import groups
+        with self.assertRaisesRegex(ValueError, r"param group 1: 'beta2' is an option of a Muon "
+                                                r"group's variant .* 'betas' and 'eps'"):
+            groups.check_adamw_keys(1, {"algorithm": "adamw", "beta2": 0.5})
+        group = {"algorithm": "muon", "variant": np.str_("adamuon"),
+                 "beta2": np.float64(0.9), "moment2_eps": np.float32(1e-6)}
+        groups.check_options(0, {**group, "lr": 0.02, "weight_decay": 0.1, "momentum": 0.95,
+                                 "nesterov": True, "ns_algorithm": "standard",
+                                 "gram_dtype": "fp16"})
+        from muond.torch import variants
+        variants.check("g", group)
+        self.assertEqual([type(group[k]) for k in ("variant", "beta2", "moment2_eps")],
+                         [str, float, float])
 
 
 if __name__ == "__main__":

@@ -114,6 +114,16 @@ def check_adamw_options(gi: int, group: dict) -> None:
                              f"supported by muond (only {key}={supported})")
 
 
+def check_adamw_keys(gi: int, group: dict) -> None:
+    """An AdamW group as the user wrote it (before the optimizer's defaults,
+    which are a Muon group's, fill it in) names no Muon variant option."""
+    given = [k for k in _variants.KEYS if k in group]
+    if given:
+        raise ValueError(f"param group {gi}: {given[0]!r} is an option of a Muon group's "
+                         "variant (NorMuon/AdaMuon's second moment), not of AdamW, whose "
+                         "are 'betas' and 'eps'")
+
+
 def frozen(value):
     """A comparable copy of a group entry (tensors and lists compared by value)."""
     if isinstance(value, torch.Tensor):
@@ -379,6 +389,8 @@ def loaded_options(gi: int, group: dict, saved: dict) -> dict:
             continue
         if key in live or key in KERNEL_KEYS:
             apply[key] = value
+        elif key in _variants.KEYS:
+            continue  # this optimizer's variant wins: a checkpoint moves between variants
         elif frozen(_torch_default(key, value)) != frozen(_torch_default(key, group[key])):
             raise ValueError(f"param group {gi} ({group.get('name', f'group{gi}')!r}): {key!r} "
                              f"is {value!r} in the state dict, {group[key]!r} here; muond fixes "

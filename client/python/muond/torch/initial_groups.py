@@ -53,6 +53,7 @@ def with_adamw_options(params: list, defaults: dict, betas, adamw_eps) -> list:
     for gi, grp in enumerate(params):
         if grp.get("algorithm", "muon") == "adamw":
             groups.check_adamw_options(gi, grp)
+            groups.check_adamw_keys(gi, grp)
             grp.setdefault("betas", tuple(betas))
             grp.setdefault("eps", adamw_eps)
     if all(grp.get("algorithm", "muon") == "adamw" for grp in params):

@@ -505,6 +505,7 @@ class Muon(torch.optim.Optimizer):
             raise RuntimeError("muond.torch.Muon.add_param_group after close()")
         _process_guard.check_creator_process(self._creator_pid, "add_param_group()")
         if isinstance(param_group, dict) and param_group.get("algorithm") == "adamw":
+            _groups.check_adamw_keys(len(self.param_groups), param_group)
             param_group = dict(param_group)
             param_group.setdefault("eps", self._adamw_eps)
         kept = len(self.param_groups)

@@ -62,3 +62,9 @@ def check(label: str, group: dict) -> None:
                                and np.float32(eps) > 0):
             raise ValueError(f"{label}: 'moment2_eps' must be a finite real number > 0 (as "
                              f"fp32), got {group['moment2_eps']!r}")
+    # Plain Python values in the group (a numpy one would not load back with
+    # torch.load(weights_only=True)).
+    group["variant"] = str(variant)
+    for key in ("beta2", "moment2_eps"):
+        if key in group:
+            group[key] = _number(group[key])
