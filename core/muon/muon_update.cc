@@ -207,16 +207,13 @@ absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
                                 const MatrixView& grad,
                                 const MatrixView& momentum,
                                 const MatrixView& scratch) {
-  if (ns.rows() != param.rows || ns.cols() != param.cols) {
+  if (options.variant != MuonVariant::kMuon) {
     return absl::InvalidArgumentError(
-        absl::StrCat("muon step: NewtonSchulz is for ", ns.rows(), "x",
-                     ns.cols(), ", param is ", param.rows, "x", param.cols));
+        "muon step: a variant needs its state: call the overload with moment2 "
+        "and row_scratch");
   }
-  ASSIGN_OR_RETURN(const float adjusted_lr,
-                   MuonAdjustedLr(options, param.rows, param.cols));
-  RETURN_IF_ERROR(MuonMomentumPhase(backend, options, grad, momentum, scratch));
-  RETURN_IF_ERROR(ns.Run(scratch, scratch, 1));
-  return MuonUpdatePhase(backend, options, param, scratch, adjusted_lr);
+  return MuonStepFullMatrix(backend, options, ns, param, grad, momentum,
+                            scratch, MatrixView{}, MatrixView{});
 }
 
 absl::Status MuonVariantFullMatrix(Backend& backend, const MuonOptions& options,
