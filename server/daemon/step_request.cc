@@ -22,7 +22,9 @@ absl::Status CheckStepId(int64_t id, std::optional<int64_t> last_step_id,
     return absl::FailedPreconditionError(absl::StrCat(
         "step_id ", id, " does not follow the last applied step_id ",
         *last_step_id, " (expected ", *last_step_id + 1, ", or ", *last_step_id,
-        " to replay)"));
+        " to replay); after a state load (muonctl load, ImportState) step on "
+        "from the id it gives: muond.torch.Muon(..., first_step_id=N), or the "
+        "client's next Step id"));
   }
   return absl::OkStatus();
 }

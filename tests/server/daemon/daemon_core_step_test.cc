@@ -38,6 +38,8 @@ TEST_F(DaemonCoreTest, StepRulesAndPlanActivation) {
   EXPECT_EQ(back.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(back.message(), HasSubstr("step_id 0"));
   EXPECT_THAT(back.message(), HasSubstr("last applied step_id 1"));
+  // A trainer out of step after a state load is told where the id comes from.
+  EXPECT_THAT(back.message(), HasSubstr("first_step_id=N"));
   EXPECT_THAT(core_->Step(StepReq(5)).status().message(),
               HasSubstr("step_id 5"));
   EXPECT_EQ(*w, 1.0f);
