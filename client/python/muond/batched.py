@@ -52,6 +52,11 @@ class Matrix:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def rank(self) -> int:
+        """The daemon holding it (local mode: the trainer's one, 0)."""
+        return self.layout[1] if isinstance(self.layout, tuple) else 0
+
 
 @dataclass(frozen=True)
 class BatchLayout:
@@ -65,7 +70,6 @@ class BatchLayout:
         """The daemons holding some matrix of the param."""
         out = []
         for m in self.matrices:
-            rank = m.layout[1] if isinstance(m.layout, tuple) else 0
-            if rank not in out:
-                out.append(rank)
+            if m.rank not in out:
+                out.append(m.rank)
         return out

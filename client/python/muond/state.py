@@ -176,10 +176,6 @@ def _entry(entries: dict, key: str, numel: int, rank: int) -> torch.Tensor:
     return value
 
 
-def _matrix_rank(matrix) -> int:
-    return matrix.layout[1] if isinstance(matrix.layout, tuple) else 0
-
-
 def _runs(info: ParamInfo, rows: bool):
     """Each matrix of a batched param: (matrix, offset, numel) of its run in
     the param's local state tensor, flat: its elements, or (``rows``) one
@@ -198,7 +194,7 @@ def _assemble_batch(info: ParamInfo, suffix: str, per_rank: dict, rows: bool) ->
     shape = key_info(info, ROW_KEYS[0] if rows else None).shape
     flat = torch.zeros(_numel(shape), dtype=torch.float32)
     for m, offset, n in _runs(info, rows):
-        rank = _matrix_rank(m)
+        rank = m.rank
         flat[offset:offset + n].copy_(_entry(per_rank[rank], f"{m.name}.{suffix}", n, rank))
     if not info.layout.perm:
         return flat.view(shape)
@@ -386,7 +382,7 @@ def disassemble(infos: list[ParamInfo], states: dict, world: int) -> list[dict]:
             if isinstance(layout, _batched.BatchLayout):
                 flat = (value[list(layout.perm)] if layout.perm else value).reshape(-1)
                 for m, offset, n in _runs(info, key in ROW_KEYS):
-                    per_rank[_matrix_rank(m)][f"{m.name}.{suffix}"] = (
+                    per_rank[m.rank][f"{m.name}.{suffix}"] = (
                         flat[offset:offset + n].clone())
                 continue
             if not isinstance(layout, _split.SplitLayout):

@@ -77,7 +77,7 @@ class PlacementRun:
         """A batched param's layout, daemons and matrices."""
         self.layouts[name] = layout
         self.ranks_of[name] = tuple(sorted(layout.ranks()))
-        self.matrices[name] = tuple((m.name, _matrix_rank(m)) for m in layout.matrices)
+        self.matrices[name] = tuple((m.name, m.rank) for m in layout.matrices)
 
     def per_rank(self) -> list[list[pb.ParamGroup]]:
         """Every daemon's wire groups, their memory allocated (placement done)."""
@@ -162,48 +162,48 @@ class SplitPlacement:
 
     @staticmethod
     def _place_batch(run, gi, gname, group, name, p, muon_load):
-        """A batched Muon param: each matrix whole on the daemon with the
-        least NS cost so far (as a 2-D param too small to split), the param
-        one buffer (the matrices its contiguous slices)."""
+        """A batched Muon param: its matrices, the param one buffer (the
+        matrices its contiguous slices)."""
         pbuf, gbuf = run.memory.rebind(p, p.numel())
         rows, cols = (int(s) for s in p.shape[-2:])
-        matrices = []
-        for j, index in enumerate(_batched.batch_indices(p.shape[:-2])):
-            rank = min(range(len(muon_load)), key=lambda r: (muon_load[r], r))
-            muon_load[rank] += _split.ns_cost((rows, cols))
-            wname = _batched.matrix_name(name, index)
-            domain = pb.Domain(name=f"solo-r{rank}", gtp_size=1, tp_size=1, g=0, t=0)
-            wg = run.group(rank, gi, f"{gname}.solo-r{rank}", group, domain)
-            offset = j * rows * cols
-            wg.params.append(pb.Param(name=wname, full_shape=[rows, cols],
-                                      param=pbuf.ref(offset, [rows, cols], [cols, 1]),
-                                      grad=gbuf.ref(offset, [rows, cols], [cols, 1]),
-                                      tags=pb.ShardTags()))
-            matrices.append(_batched.Matrix(wname, offset, (rows, cols), ("solo", rank)))
-        run.record_batch(name, _batched.BatchLayout(tuple(matrices)))
+        shapes = [(_batched.matrix_name(name, index), rows, cols)
+                  for index in _batched.batch_indices(p.shape[:-2])]
+        matrices = SplitPlacement._place_matrices(run, gi, gname, group, shapes, pbuf, gbuf,
+                                                  muon_load)
+        run.record_batch(name, _batched.BatchLayout(matrices))
 
     @staticmethod
     def _place_split(run, gi, gname, group, name, p, split, muon_load):
-        """A split QKV param: each matrix whole on the daemon with the least NS
-        cost so far, over a staging copy of the param's rows (muond.qkv_split)."""
+        """A split QKV param: its matrices over a staging copy of the param's
+        rows (muond.qkv_split)."""
         cols = int(p.shape[1])
         chosen = _qkv_split.selections(name, int(p.shape[0]), split)
         perm = [r for _, rows in chosen for r in rows]
         pbuf, gbuf = run.memory.bind_permuted(p, perm)
+        shapes = [(wname, len(rows), cols) for wname, rows in chosen]
+        matrices = SplitPlacement._place_matrices(run, gi, gname, group, shapes, pbuf, gbuf,
+                                                  muon_load)
+        run.record_batch(name, _batched.BatchLayout(matrices, tuple(perm)))
+
+    @staticmethod
+    def _place_matrices(run, gi, gname, group, shapes, pbuf, gbuf, muon_load) -> tuple:
+        """Each (wire name, rows, cols) matrix, contiguous one after another
+        in the param's spans, whole on the daemon with the least NS cost so
+        far (as a 2-D param too small to split); their muond.batched.Matrix."""
         matrices, offset = [], 0
-        for wname, rows in chosen:
+        for wname, rows, cols in shapes:
             rank = min(range(len(muon_load)), key=lambda r: (muon_load[r], r))
-            muon_load[rank] += _split.ns_cost((len(rows), cols))
+            muon_load[rank] += _split.ns_cost((rows, cols))
             domain = pb.Domain(name=f"solo-r{rank}", gtp_size=1, tp_size=1, g=0, t=0)
             wg = run.group(rank, gi, f"{gname}.solo-r{rank}", group, domain)
-            shape, strides = [len(rows), cols], [cols, 1]
+            shape, strides = [rows, cols], [cols, 1]
             wg.params.append(pb.Param(name=wname, full_shape=shape,
                                       param=pbuf.ref(offset, shape, strides),
                                       grad=gbuf.ref(offset, shape, strides),
                                       tags=pb.ShardTags()))
-            matrices.append(_batched.Matrix(wname, offset, tuple(shape), ("solo", rank)))
-            offset += len(rows) * cols
-        run.record_batch(name, _batched.BatchLayout(tuple(matrices), tuple(perm)))
+            matrices.append(_batched.Matrix(wname, offset, (rows, cols), ("solo", rank)))
+            offset += rows * cols
+        return tuple(matrices)
 
     @staticmethod
     def _place_solo(run, gi, gname, group, name, p, rank):
@@ -364,10 +364,6 @@ class LocalPlacement:
                            t=place.t, dp_size=place.D if place.D > 1 else 0,
                            d=place.d if place.D > 1 else 0)
         return run.group(0, gi, wname, group, domain)
-
-
-def _matrix_rank(matrix) -> int:
-    return matrix.layout[1] if isinstance(matrix.layout, tuple) else 0
 
 
 def strategy(shard_mode: str, *, rank: int, world: int, domain_name: str, gtp_size: int,
