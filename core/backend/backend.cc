@@ -1,5 +1,6 @@
 #include "core/backend/backend.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -29,20 +30,39 @@ absl::Status Backend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
   return absl::OkStatus();
 }
 
-absl::Status Backend::RowSumSquares(const MatrixView&, const MatrixView&) {
+absl::Status Backend::NorMuonRowStats(absl::Span<const NorMuonRowBlock>,
+                                      const MatrixView&, const MatrixView&) {
   return absl::UnimplementedError(absl::StrCat(
-      "row_sum_squares: not implemented by backend ", std::string(name())));
+      "normuon row stats: not implemented by backend ", std::string(name())));
 }
 
-absl::Status Backend::ScaleRows(const MatrixView&, const MatrixView&) {
+absl::Status Backend::SumSlices(const MatrixView&, const MatrixView&) {
   return absl::UnimplementedError(absl::StrCat(
-      "scale_rows: not implemented by backend ", std::string(name())));
+      "sum slices: not implemented by backend ", std::string(name())));
+}
+
+absl::Status Backend::NorMuonNormalize(absl::Span<const NorMuonRowBlock>,
+                                       const MatrixView&, const MatrixView&,
+                                       const MatrixView&, const MatrixView&,
+                                       double, double) {
+  return absl::UnimplementedError(absl::StrCat(
+      "normuon: not implemented by backend ", std::string(name())));
 }
 
 absl::Status Backend::AdaMuonNormalize(const MatrixView&, const MatrixView&,
                                        const MatrixView&, double, float) {
   return absl::UnimplementedError(absl::StrCat(
       "adamuon: not implemented by backend ", std::string(name())));
+}
+
+absl::Status Backend::AdaMuonNormalizeBatch(
+    absl::Span<const MatrixView> updates, absl::Span<const MatrixView> v_in,
+    absl::Span<const MatrixView> v_out, double beta2, float eps) {
+  RETURN_IF_ERROR(CheckAdaMuonBatch(updates, v_in, v_out));
+  for (size_t i = 0; i < updates.size(); ++i)
+    RETURN_IF_ERROR(
+        AdaMuonNormalize(updates[i], v_in[i], v_out[i], beta2, eps));
+  return absl::OkStatus();
 }
 
 namespace {
@@ -322,21 +342,66 @@ absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
   return CheckDType(exp_avg_sq, DType::kFloat32, "exp_avg_sq");
 }
 
-absl::Status CheckRowVector(const MatrixView& x, const MatrixView& vec,
+namespace {
+
+absl::Status CheckRowBuffer(const MatrixView& v, int64_t rows,
                             std::string_view what) {
-  RETURN_IF_ERROR(CheckView(x, what));
-  RETURN_IF_ERROR(CheckView(vec, what));
-  RETURN_IF_ERROR(CheckDType(vec, DType::kFloat32, what));
-  if (vec.rows != x.rows || vec.cols != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(what), ": the row vector must be ", x.rows,
-                     "x1, got ", Shape(vec)));
-  }
-  if (x.dtype != DType::kFloat32 && x.dtype != DType::kBFloat16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(what), ": the matrix must be fp32 or bf16"));
+  if (v.data == nullptr && v.rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckView(v, what));
+  RETURN_IF_ERROR(CheckDType(v, DType::kFloat32, what));
+  if (v.cols != 1 || v.rows < rows) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what),
+                                                   ": needs at least ", rows,
+                                                   "x1 fp32, got ", Shape(v)));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckRowBlock(const NorMuonRowBlock& b, int64_t k) {
+  const MatrixView& u = b.update;
+  const std::string what = absl::StrCat("normuon block ", k);
+  RETURN_IF_ERROR(CheckView(u, what));
+  if (u.dtype != DType::kFloat32 && u.dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the update must be fp32 or bf16"));
+  }
+  if (b.valid < 0 || b.valid > u.rows || b.global0 < 0 ||
+      b.global0 + b.valid > b.full_rows || b.full_cols < 1 ||
+      b.row_offset < 0 || b.stats_offset < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": rows [", b.global0, ", +", b.valid, ") of ", b.full_rows, "x",
+        b.full_cols, " do not fit the ", u.rows, " local rows"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckNorMuonBlocks(absl::Span<const NorMuonRowBlock> blocks,
+                                const MatrixView& state,
+                                const MatrixView& stats,
+                                const MatrixView& staged,
+                                const MatrixView& factors) {
+  int64_t rows = 0, slots = 0;
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const NorMuonRowBlock& b = blocks[k];
+    RETURN_IF_ERROR(CheckRowBlock(b, int64_t(k)));
+    rows = std::max(rows, b.row_offset + b.update.rows);
+    slots = std::max(slots, b.stats_offset + 2 * b.full_rows);
+  }
+  RETURN_IF_ERROR(CheckRowBuffer(state, rows, "normuon state"));
+  RETURN_IF_ERROR(CheckRowBuffer(stats, slots, "normuon stats"));
+  RETURN_IF_ERROR(CheckRowBuffer(staged, rows, "normuon staged state"));
+  return CheckRowBuffer(factors, rows, "normuon factors");
+}
+
+absl::Status CheckSumSlices(const MatrixView& slices, const MatrixView& out) {
+  RETURN_IF_ERROR(CheckView(slices, "sum slices"));
+  RETURN_IF_ERROR(CheckDType(slices, DType::kFloat32, "sum slices"));
+  if (!slices.contiguous()) {
+    return absl::InvalidArgumentError("sum slices: slices must be contiguous");
+  }
+  return CheckRowBuffer(out, slices.cols, "sum slices out");
 }
 
 absl::Status CheckAdaMuon(const MatrixView& update, const MatrixView& v_in,
@@ -348,6 +413,21 @@ absl::Status CheckAdaMuon(const MatrixView& update, const MatrixView& v_in,
   if (update.dtype != DType::kFloat32 && update.dtype != DType::kBFloat16) {
     return absl::InvalidArgumentError("adamuon: update must be fp32 or bf16");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAdaMuonBatch(absl::Span<const MatrixView> updates,
+                               absl::Span<const MatrixView> v_in,
+                               absl::Span<const MatrixView> v_out) {
+  if (v_in.size() != updates.size() || v_out.size() != updates.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adamuon batch: ", updates.size(),
+                     " updates need as "
+                     "many moment2 views, got ",
+                     v_in.size(), " and ", v_out.size()));
+  }
+  for (size_t i = 0; i < updates.size(); ++i)
+    RETURN_IF_ERROR(CheckAdaMuon(updates[i], v_in[i], v_out[i]));
   return absl::OkStatus();
 }
 

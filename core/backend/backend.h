@@ -71,6 +71,23 @@ struct AdamWScalars {
   float eps = 1e-8f;
 };
 
+// One matrix of a NorMuon row set (Backend::NorMuonRowStats): its local
+// rows of the update, where they sit in the full matrix, where its entries
+// are in the set's buffers, and what this rank contributes to the row
+// statistics (core/step/variant_phase.h).
+struct NorMuonRowBlock {
+  MatrixView update;          // local rows x cols, fp32|bf16
+  int64_t row_offset = 0;     // local row 0 in state / staged / factors
+  int64_t stats_offset = 0;   // full_rows sums, then full_rows state
+  int64_t full_rows = 0;      // of the full matrix
+  int64_t full_cols = 0;      // of the full matrix (the mean's divisor)
+  int64_t global0 = 0;        // the full row of local row 0
+  int64_t valid = 0;          // real local rows (the rest is padding)
+  bool adds_sums = false;     // contributes its rows' (partial) sums
+  bool speaks_state = false;  // contributes its rows' state
+  bool skip = false;          // left alone this step
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -255,16 +272,37 @@ class Backend {
                              const AdamWScalars& scalars) = 0;
 
   // ---- Muon variants (core/muon/muon_variant.h) ---------------------------
-  // NorMuon's row statistics: sums[i] <- sum_j x_ij^2 for each row i of x
-  // (fp32|bf16), accumulated in fp64 in a fixed order (deterministic for a
-  // shape on a backend; the CPU sums a row left to right) and rounded once
-  // to fp32. sums: fp32, x.rows x 1.
-  virtual absl::Status RowSumSquares(const MatrixView& x,
-                                     const MatrixView& sums);
-  // x_ij <- x_ij * factors[i] in fp32, stored in x's dtype (fp32|bf16) with
-  // one rounding. factors: fp32, x.rows x 1.
-  virtual absl::Status ScaleRows(const MatrixView& x,
-                                 const MatrixView& factors);
+  // NorMuon over a set of matrices (one call for a whole param group): the
+  // per-row buffers `state`, `staged` and `factors` are fp32 (sum of the
+  // blocks' local rows) x 1, block k's rows from its row_offset; `stats` is
+  // fp32 slots x 1, block k's full rows of row sums then of state from its
+  // stats_offset (NorMuonRowBlock).
+  //
+  // stats <- zeros, then each block's contribution: for each real local row
+  // r (r < valid) at full row R = global0 + r,
+  //   adds_sums:    stats[stats_offset + R] = sum_j update_rj^2, in fp64 in
+  //                 a fixed order (a function of the columns alone on a
+  //                 backend; the CPU sums left to right), rounded once;
+  //   speaks_state: stats[stats_offset + full_rows + R] = state[row_offset+r].
+  virtual absl::Status NorMuonRowStats(absl::Span<const NorMuonRowBlock> blocks,
+                                       const MatrixView& state,
+                                       const MatrixView& stats);
+  // out[k] <- slices[0, k] + slices[1, k] + ... in fp32, in row order (the
+  // ranks' contributions after an all_gather). slices: fp32 n x slots, out:
+  // fp32 slots x 1 (may not overlap slices).
+  virtual absl::Status SumSlices(const MatrixView& slices,
+                                 const MatrixView& out);
+  // From the complete `stats` of every block's full rows: each real local row
+  // of a block not skipped gets NorMuon's factor (ew::NorMuonRowState /
+  // ew::NorMuonDenom; the two sums over the full rows in fp64, in a fixed
+  // order: the CPU's row order) in `factors`, its new state in `staged`, and
+  // its update row scaled by the factor (one rounding to the update's
+  // dtype). Every other local row keeps its state (staged = state) and its
+  // update.
+  virtual absl::Status NorMuonNormalize(
+      absl::Span<const NorMuonRowBlock> blocks, const MatrixView& stats,
+      const MatrixView& state, const MatrixView& staged,
+      const MatrixView& factors, double beta2, double eps);
   // AdaMuon on the unscaled update u (fp32|bf16) with its second moment
   // (fp32, u's shape), ew::AdaMuonElement: v_out <- lerp(v_in, u*u,
   // 1 - beta2); u <- u / (sqrt(v_out) + eps). v_out may be v_in (in place)
@@ -273,6 +311,11 @@ class Backend {
                                         const MatrixView& v_in,
                                         const MatrixView& v_out, double beta2,
                                         float eps);
+  // AdaMuonNormalize for n updates at once; bitwise the n single calls (the
+  // default), batched into few launches on CUDA.
+  virtual absl::Status AdaMuonNormalizeBatch(
+      absl::Span<const MatrixView> updates, absl::Span<const MatrixView> v_in,
+      absl::Span<const MatrixView> v_out, double beta2, float eps);
 
   // ---- checks and sync ----------------------------------------------------
   // True when every element x of every view has |x| < limit (so none is NaN
@@ -341,12 +384,20 @@ absl::Status CheckMomentumBatch(absl::Span<const MatrixView> grads,
                                 absl::Span<const MatrixView> momenta_in,
                                 absl::Span<const MatrixView> momenta_out,
                                 absl::Span<const MatrixView> outs);
-// Checks RowSumSquares' / ScaleRows' arguments (a fp32 rows x 1 vector).
-absl::Status CheckRowVector(const MatrixView& x, const MatrixView& vec,
-                            std::string_view what);
+// Checks a NorMuon row set against its buffers (NorMuonRowStats /
+// NorMuonNormalize); `staged` and `factors` may be empty views (not checked).
+absl::Status CheckNorMuonBlocks(absl::Span<const NorMuonRowBlock> blocks,
+                                const MatrixView& state,
+                                const MatrixView& stats,
+                                const MatrixView& staged,
+                                const MatrixView& factors);
+absl::Status CheckSumSlices(const MatrixView& slices, const MatrixView& out);
 // Checks AdaMuonNormalize's arguments.
 absl::Status CheckAdaMuon(const MatrixView& update, const MatrixView& v_in,
                           const MatrixView& v_out);
+absl::Status CheckAdaMuonBatch(absl::Span<const MatrixView> updates,
+                               absl::Span<const MatrixView> v_in,
+                               absl::Span<const MatrixView> v_out);
 absl::Status CheckUpdate(const MatrixView& param, const MatrixView& update);
 absl::Status CheckUpdateBatch(absl::Span<const MatrixView> params,
                               absl::Span<const MatrixView> updates,

@@ -42,6 +42,16 @@ void Store(const MatrixView& v, int64_t i, int64_t j, float x) {
   }
 }
 
+// Row r's sum of squares, left to right in fp64, rounded once.
+float RowSumSquares(const MatrixView& x, int64_t r) {
+  double sum = 0.0;
+  for (int64_t j = 0; j < x.cols; ++j) {
+    const double v = Load(x, r, j);
+    sum += v * v;
+  }
+  return static_cast<float>(sum);
+}
+
 template <typename F>
 void ForEach(const MatrixView& shape, F&& f) {
   for (int64_t i = 0; i < shape.rows; ++i) {
@@ -311,26 +321,73 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status RowSumSquares(const MatrixView& x,
-                             const MatrixView& sums) override {
-    RETURN_IF_ERROR(CheckRowVector(x, sums, "row_sum_squares"));
-    for (int64_t i = 0; i < x.rows; ++i) {
-      double sum = 0.0;
-      for (int64_t j = 0; j < x.cols; ++j) {
-        const double v = Load(x, i, j);
-        sum += v * v;
+  absl::Status NorMuonRowStats(absl::Span<const NorMuonRowBlock> blocks,
+                               const MatrixView& state,
+                               const MatrixView& stats) override {
+    RETURN_IF_ERROR(CheckNorMuonBlocks(blocks, state, stats, {}, {}));
+    float* out = static_cast<float*>(stats.data);
+    std::fill(out, out + stats.rows, 0.0f);
+    const float* v = static_cast<const float*>(state.data);
+    for (const NorMuonRowBlock& b : blocks) {
+      for (int64_t r = 0; r < b.valid; ++r) {
+        const int64_t at = b.stats_offset + b.global0 + r;
+        if (b.adds_sums) out[at] = RowSumSquares(b.update, r);
+        if (b.speaks_state) out[at + b.full_rows] = v[b.row_offset + r];
       }
-      Store(sums, i, 0, static_cast<float>(sum));
     }
     return absl::OkStatus();
   }
 
-  absl::Status ScaleRows(const MatrixView& x,
-                         const MatrixView& factors) override {
-    RETURN_IF_ERROR(CheckRowVector(x, factors, "scale_rows"));
-    ForEach(x, [&](int64_t i, int64_t j) {
-      Store(x, i, j, ew::Mul(Load(x, i, j), Load(factors, i, 0)));
-    });
+  absl::Status SumSlices(const MatrixView& slices,
+                         const MatrixView& out) override {
+    RETURN_IF_ERROR(CheckSumSlices(slices, out));
+    for (int64_t k = 0; k < slices.cols; ++k) {
+      float sum = 0.0f;
+      for (int64_t r = 0; r < slices.rows; ++r) sum += Load(slices, r, k);
+      Store(out, k, 0, sum);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status NorMuonNormalize(absl::Span<const NorMuonRowBlock> blocks,
+                                const MatrixView& stats,
+                                const MatrixView& state,
+                                const MatrixView& staged,
+                                const MatrixView& factors, double beta2,
+                                double eps) override {
+    RETURN_IF_ERROR(CheckNorMuonBlocks(blocks, state, stats, staged, factors));
+    const float w = static_cast<float>(1.0 - beta2);
+    const float* all = static_cast<const float*>(stats.data);
+    const float* v = static_cast<const float*>(state.data);
+    float* v_out = static_cast<float*>(staged.data);
+    float* f = static_cast<float*>(factors.data);
+    for (const NorMuonRowBlock& b : blocks) {
+      const float* sums = all + b.stats_offset;
+      const float* v_old = sums + b.full_rows;
+      auto v_new = [&](int64_t i) {
+        return ew::NorMuonRowState(v_old[i], sums[i], b.full_cols, w);
+      };
+      double n1 = 0.0, n2 = 0.0;
+      if (!b.skip) {
+        for (int64_t i = 0; i < b.full_rows; ++i) {
+          n1 += sums[i];
+          n2 += ew::NorMuonN2Term(sums[i], ew::NorMuonDenom(v_new(i), eps));
+        }
+      }
+      const double ratio = ew::NorMuonRatio(n1, n2, eps);
+      for (int64_t r = 0; r < b.update.rows; ++r) {
+        const int64_t row = b.row_offset + r;
+        if (b.skip || r >= b.valid) {
+          v_out[row] = v[row];
+          f[row] = 1.0f;
+          continue;
+        }
+        v_out[row] = v_new(b.global0 + r);
+        f[row] = ew::NorMuonRowFactor(ratio, ew::NorMuonDenom(v_out[row], eps));
+        for (int64_t j = 0; j < b.update.cols; ++j)
+          Store(b.update, r, j, ew::Mul(Load(b.update, r, j), f[row]));
+      }
+    }
     return absl::OkStatus();
   }
 

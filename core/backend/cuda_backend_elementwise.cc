@@ -1,6 +1,7 @@
 // CudaBackend's elementwise and multi-tensor steps (normalisation, Muon
-// momentum, updates, AdamW, the finiteness check): argument checks, then one
-// launch of muond's kernels (core/backend/cuda_kernels.h) on the stream.
+// momentum, updates, AdamW, the Muon variants, the finiteness check): argument
+// checks, then one launch of muond's kernels (core/backend/cuda_kernels.h) on
+// the stream.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -103,18 +104,70 @@ absl::Status CudaBackend::AdamW(const MatrixView& param, const MatrixView& grad,
       "adamw");
 }
 
-absl::Status CudaBackend::RowSumSquares(const MatrixView& x,
-                                        const MatrixView& sums) {
-  RETURN_IF_ERROR(CheckRowVector(x, sums, "row_sum_squares"));
-  return CudaStatus(cuda_kernels::RowSumSquares(K(x), K(sums), stream_),
-                    "row sum squares");
+namespace {
+
+std::vector<cuda_kernels::KRowBlock> KBlocks(
+    absl::Span<const NorMuonRowBlock> blocks) {
+  std::vector<cuda_kernels::KRowBlock> out;
+  out.reserve(blocks.size());
+  for (const NorMuonRowBlock& b : blocks) {
+    out.push_back({K(b.update), b.row_offset, b.stats_offset, b.full_rows,
+                   b.full_cols, b.global0, b.valid, b.adds_sums, b.speaks_state,
+                   b.skip});
+  }
+  return out;
 }
 
-absl::Status CudaBackend::ScaleRows(const MatrixView& x,
-                                    const MatrixView& factors) {
-  RETURN_IF_ERROR(CheckRowVector(x, factors, "scale_rows"));
-  return CudaStatus(cuda_kernels::ScaleRows(K(x), K(factors), stream_),
-                    "scale rows");
+float* Floats(const MatrixView& v) { return static_cast<float*>(v.data); }
+
+}  // namespace
+
+absl::Status CudaBackend::NorMuonRowStats(
+    absl::Span<const NorMuonRowBlock> blocks, const MatrixView& state,
+    const MatrixView& stats) {
+  RETURN_IF_ERROR(CheckNorMuonBlocks(blocks, state, stats, {}, {}));
+  const std::vector<cuda_kernels::KRowBlock> k = KBlocks(blocks);
+  return CudaStatus(
+      cuda_kernels::NorMuonRowStats(k.data(), int64_t(k.size()), Floats(state),
+                                    Floats(stats), stats.rows, stream_),
+      "normuon row stats");
+}
+
+absl::Status CudaBackend::SumSlices(const MatrixView& slices,
+                                    const MatrixView& out) {
+  RETURN_IF_ERROR(CheckSumSlices(slices, out));
+  return CudaStatus(cuda_kernels::SumSlices(Floats(slices), slices.rows,
+                                            slices.cols, Floats(out), stream_),
+                    "sum slices");
+}
+
+absl::Status CudaBackend::NorMuonNormalize(
+    absl::Span<const NorMuonRowBlock> blocks, const MatrixView& stats,
+    const MatrixView& state, const MatrixView& staged,
+    const MatrixView& factors, double beta2, double eps) {
+  RETURN_IF_ERROR(CheckNorMuonBlocks(blocks, state, stats, staged, factors));
+  const std::vector<cuda_kernels::KRowBlock> k = KBlocks(blocks);
+  return CudaStatus(
+      cuda_kernels::NorMuonNormalize(
+          k.data(), int64_t(k.size()), Floats(stats), Floats(state),
+          Floats(staged), Floats(factors), float(1.0 - beta2), eps, stream_),
+      "normuon normalize");
+}
+
+absl::Status CudaBackend::AdaMuonNormalizeBatch(
+    absl::Span<const MatrixView> updates, absl::Span<const MatrixView> v_in,
+    absl::Span<const MatrixView> v_out, double beta2, float eps) {
+  RETURN_IF_ERROR(CheckAdaMuonBatch(updates, v_in, v_out));
+  std::vector<cuda_kernels::KView> u, vi, vo;
+  for (size_t i = 0; i < updates.size(); ++i) {
+    u.push_back(K(updates[i]));
+    vi.push_back(K(v_in[i]));
+    vo.push_back(K(v_out[i]));
+  }
+  return CudaStatus(cuda_kernels::AdaMuonNormalizeMulti(
+                        u.data(), vi.data(), vo.data(), int64_t(u.size()),
+                        float(1.0 - beta2), eps, stream_),
+                    "adamuon batch");
 }
 
 absl::Status CudaBackend::AdaMuonNormalize(const MatrixView& update,

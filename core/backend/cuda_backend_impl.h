@@ -138,13 +138,24 @@ class CudaBackend final : public Backend {
   absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
                      const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
                      const AdamWScalars& s) override;
-  absl::Status RowSumSquares(const MatrixView& x,
-                             const MatrixView& sums) override;
-  absl::Status ScaleRows(const MatrixView& x,
-                         const MatrixView& factors) override;
+  absl::Status NorMuonRowStats(absl::Span<const NorMuonRowBlock> blocks,
+                               const MatrixView& state,
+                               const MatrixView& stats) override;
+  absl::Status SumSlices(const MatrixView& slices,
+                         const MatrixView& out) override;
+  absl::Status NorMuonNormalize(absl::Span<const NorMuonRowBlock> blocks,
+                                const MatrixView& stats,
+                                const MatrixView& state,
+                                const MatrixView& staged,
+                                const MatrixView& factors, double beta2,
+                                double eps) override;
   absl::Status AdaMuonNormalize(const MatrixView& update,
                                 const MatrixView& v_in, const MatrixView& v_out,
                                 double beta2, float eps) override;
+  absl::Status AdaMuonNormalizeBatch(absl::Span<const MatrixView> updates,
+                                     absl::Span<const MatrixView> v_in,
+                                     absl::Span<const MatrixView> v_out,
+                                     double beta2, float eps) override;
   absl::StatusOr<bool> AllFiniteBelow(absl::Span<const MatrixView> views,
                                       float limit) override;
 

@@ -50,11 +50,26 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                   float one_minus_beta1, float beta2, float one_minus_beta2,
                   float step_size, float bc2_sqrt, float eps,
                   cudaStream_t stream);
-// Muon variants (cuda_variant_kernels.cu). sums / factors: fp32 rows x 1.
-cudaError_t RowSumSquares(const KView& x, const KView& sums,
-                          cudaStream_t stream);
-cudaError_t ScaleRows(const KView& x, const KView& factors,
+// Muon variants (cuda_variant_kernels.cu). A NorMuon row block as the
+// kernels see it (core/backend/backend.h NorMuonRowBlock).
+struct KRowBlock {
+  KView update;
+  int64_t row_offset, stats_offset, full_rows, full_cols, global0, valid;
+  bool adds_sums, speaks_state, skip;
+};
+// stats (fp32, `slots` entries) <- zeros, then the blocks' contributions.
+cudaError_t NorMuonRowStats(const KRowBlock* blocks, int64_t count,
+                            const float* state, float* stats, int64_t slots,
+                            cudaStream_t stream);
+// out[k] <- sum over r < n, in order, of slices[r * slots + k].
+cudaError_t SumSlices(const float* slices, int64_t n, int64_t slots, float* out,
                       cudaStream_t stream);
+// Factors, staged state and the scaled update rows of every block.
+cudaError_t NorMuonNormalize(const KRowBlock* blocks, int64_t count,
+                             const float* stats, const float* state,
+                             float* staged, float* factors,
+                             float one_minus_beta2, double eps,
+                             cudaStream_t stream);
 // v_out may be v_in (in place) or overlap nothing.
 cudaError_t AdaMuonNormalize(const KView& update, const KView& v_in,
                              const KView& v_out, float one_minus_beta2,
@@ -81,6 +96,10 @@ cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
                              int method, cudaStream_t stream);
 cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, float limit,
                                int* flag, cudaStream_t stream);
+cudaError_t AdaMuonNormalizeMulti(const KView* updates, const KView* v_in,
+                                  const KView* v_out, int64_t count,
+                                  float one_minus_beta2, float eps,
+                                  cudaStream_t stream);
 
 }  // namespace cuda_kernels
 }  // namespace muond

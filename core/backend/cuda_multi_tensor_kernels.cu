@@ -1,7 +1,8 @@
 // Multi-tensor launches of the elementwise steps (MuonMomentumMulti,
-// ApplyUpdateMulti, MarkNonFiniteMulti): many contiguous tensors per launch,
-// 4 elements per access where aligned; a tensor that does not fit a table
-// runs alone through the single-tensor launchers (cuda_step_kernels.cu).
+// ApplyUpdateMulti, MarkNonFiniteMulti, AdaMuonNormalizeMulti): many contiguous
+// tensors per launch, 4 elements per access where aligned; a tensor that does
+// not fit a table runs alone through the single-tensor launchers
+// (cuda_step_kernels.cu).
 #include <cstdint>
 
 #include "core/backend/cuda_kernel_launch.cuh"
@@ -264,6 +265,41 @@ struct MultiUpdateOp {              // lr: t.scalar[k]
   }
 };
 
+// Views: 0 update (in place), 1 second moment in, 2 second moment out (may
+// be view 1).
+struct MultiAdaMuonOp {
+  static constexpr int kViews = 3;
+  float one_minus_beta2, eps;
+  struct In {
+    float u, v;
+  };
+  __device__ In Load(const MultiTable& t, int k, int64_t j) const {
+    return In{LdFlat(t.ptr[0][k], t.elem[0][k], j),
+              LdFlat(t.ptr[1][k], t.elem[1][k], j)};
+  }
+  __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
+    const ew::AdaMuonOut o =
+        ew::AdaMuonElement(in.u, in.v, one_minus_beta2, eps);
+    StFlat(t.ptr[2][k], t.elem[2][k], j, o.v);
+    StFlat(t.ptr[0][k], t.elem[0][k], j, o.u);
+  }
+  static constexpr int kLoads = 2;  // update, second moment in
+  template <int kSig>
+  __device__ void Store4(const MultiTable& t, int k, int64_t j,
+                         float4 (&in)[kLoads]) const {
+    float4 u, v;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const ew::AdaMuonOut o =
+          ew::AdaMuonElement(At(in[0], e), At(in[1], e), one_minus_beta2, eps);
+      At(u, e) = o.u;
+      At(v, e) = o.v;
+    }
+    St4<ElemOf(kSig, 2)>(t.ptr[2][k], j, v);
+    St4<ElemOf(kSig, 0)>(t.ptr[0][k], j, u);
+  }
+};
+
 bool Vec4Ok(const KView& v) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(v.data);
   return (v.elem == 4 && a % 16 == 0) || (v.elem == 2 && a % 8 == 0);
@@ -387,6 +423,21 @@ cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, float limit,
         return cudaGetLastError();
       },
       [&](int64_t i) { return MarkNonFinite(views[i], limit, flag, stream); });
+}
+
+cudaError_t AdaMuonNormalizeMulti(const KView* updates, const KView* v_in,
+                                  const KView* v_out, int64_t count,
+                                  float one_minus_beta2, float eps,
+                                  cudaStream_t stream) {
+  const KView* views[MultiAdaMuonOp::kViews] = {updates, v_in, v_out};
+  const MultiAdaMuonOp op{one_minus_beta2, eps};
+  return RunMulti(
+      views, MultiAdaMuonOp::kViews, count, nullptr,
+      [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
+      [&](int64_t i) {
+        return AdaMuonNormalize(updates[i], v_in[i], v_out[i], one_minus_beta2,
+                                eps, stream);
+      });
 }
 
 }  // namespace cuda_kernels

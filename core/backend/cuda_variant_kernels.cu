@@ -1,6 +1,7 @@
-// The kernels of the Muon variants (core/muon/muon_variant.h): NorMuon's
-// per-row sums of squares and row scaling, AdaMuon's elementwise second
-// moment. Elementwise formulas: core/backend/elementwise_math.h.
+// The kernels of the Muon variants (core/muon/muon_variant.h): NorMuon's row
+// statistics, sums and row normalisation over a whole set of matrices (a
+// param group) in a few launches, AdaMuon's elementwise second moment.
+// Formulas: core/backend/elementwise_math.h.
 #include <cstdint>
 
 #include "core/backend/cuda_kernel_launch.cuh"
@@ -11,33 +12,185 @@ namespace muond {
 namespace cuda_kernels {
 namespace {
 
-// One block per row (grid-strided): fp64 partial sums per thread, then the
-// fixed tree of BlockSum, so a row's sum does not depend on the launch.
-__global__ void RowSumSquaresKernel(DView x, DView sums) {
-  __shared__ double shared[kThreads];
-  for (int64_t i = blockIdx.x; i < x.rows; i += gridDim.x) {
-    double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < x.cols; j += kThreads) {
-      const double v = Ld(x, i, j);
-      sum += v * v;
+// ---- NorMuon row sets -------------------------------------------------------
+// Up to kRowTableBlocks row blocks per launch, passed by value in the kernel
+// arguments (< 4 KB): CUDA block b works on row block k with
+// start[k] <= b < start[k + 1]. Nothing is uploaded, so a set of any size
+// costs ceil(count / kRowTableBlocks) launches per kernel.
+constexpr int kRowTableBlocks = 32;
+constexpr int kWarps = kThreads / 32;  // rows per CUDA block, a warp per row
+
+struct RowEntry {
+  DView update;
+  int64_t row_offset, stats_offset, full_rows, full_cols, global0, valid;
+  bool adds_sums, speaks_state, skip;
+};
+
+struct RowTable {
+  RowEntry e[kRowTableBlocks];
+  int start[kRowTableBlocks + 1];
+  int count;
+};
+
+__device__ __forceinline__ int RowEntryOf(const RowTable& t, int b) {
+  int lo = 0, hi = t.count - 1;  // last k with start[k] <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.start[mid] <= b) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
     }
-    shared[threadIdx.x] = sum;
-    __syncthreads();
-    for (int s = kThreads / 2; s > 0; s >>= 1) {
-      if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-      __syncthreads();
+  }
+  return lo;
+}
+
+// Row r's sum of squares by one warp, in fp64: lane l takes columns
+// 4l + 128k + e (e = 0..3, k ascending), then the fixed xor butterfly; the
+// order depends on the columns alone, so every layout that holds the row
+// whole gets the same bits. Lane 0's value is the result.
+__device__ double WarpRowSumSquares(const DView& x, int64_t r, int lane) {
+  double sum = 0.0;
+  for (int64_t j0 = 4 * int64_t(lane); j0 < x.cols; j0 += 128) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (j0 + e < x.cols) {
+        const double v = Ld(x, r, j0 + e);
+        sum = __dadd_rn(sum, __dmul_rn(v, v));
+      }
     }
-    if (threadIdx.x == 0) St(sums, i, 0, static_cast<float>(shared[0]));
-    __syncthreads();
+  }
+  for (int off = 16; off > 0; off >>= 1)
+    sum = __dadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, off));
+  return sum;
+}
+
+// The row each warp of CUDA block b works on (-1: past the entry's rows).
+struct WarpRow {
+  int k;
+  int64_t r;
+};
+__device__ __forceinline__ WarpRow WarpRowOf(const RowTable& t) {
+  const int k = RowEntryOf(t, blockIdx.x);
+  const int64_t r =
+      int64_t(blockIdx.x - t.start[k]) * kWarps + threadIdx.x / 32;
+  return {k, r < t.e[k].valid ? r : -1};
+}
+
+__global__ void RowStatsKernel(RowTable t, const float* state, float* stats) {
+  const WarpRow w = WarpRowOf(t);
+  if (w.r < 0) return;
+  const RowEntry& e = t.e[w.k];
+  const int lane = threadIdx.x % 32;
+  const int64_t at = e.stats_offset + e.global0 + w.r;
+  if (e.adds_sums) {
+    const double sum = WarpRowSumSquares(e.update, w.r, lane);
+    if (lane == 0) stats[at] = static_cast<float>(sum);
+  }
+  if (e.speaks_state && lane == 0)
+    stats[at + e.full_rows] = state[e.row_offset + w.r];
+}
+
+__global__ void SumSlicesKernel(const float* slices, int64_t n, int64_t slots,
+                                float* out) {
+  for (int64_t k = blockIdx.x * int64_t(kThreads) + threadIdx.x; k < slots;
+       k += int64_t(gridDim.x) * kThreads) {
+    float sum = 0.0f;
+    for (int64_t r = 0; r < n; ++r) sum = ew::Add(sum, slices[r * slots + k]);
+    out[k] = sum;
   }
 }
 
-struct ScaleRowsOp {
-  DView x, factors;
-  __device__ void operator()(int64_t i, int64_t j) const {
-    St(x, i, j, ew::Mul(Ld(x, i, j), Ld(factors, i, 0)));
+// A block's sum over threads' partials by the fixed shared-memory tree.
+__device__ double BlockSumFixed(double x, double* shared) {
+  shared[threadIdx.x] = x;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s)
+      shared[threadIdx.x] =
+          __dadd_rn(shared[threadIdx.x], shared[threadIdx.x + s]);
+    __syncthreads();
   }
-};
+  const double sum = shared[0];
+  __syncthreads();
+  return sum;
+}
+
+// One CUDA block per row block: N1 and N2 over the full rows (thread-strided
+// fp64 partials, then BlockSumFixed), then each local row's factor and state.
+__global__ void FactorsKernel(RowTable t, const float* stats,
+                              const float* state, float* staged, float* factors,
+                              float w, double eps) {
+  __shared__ double shared[kThreads];
+  const RowEntry& e = t.e[blockIdx.x];
+  const float* sums = stats + e.stats_offset;
+  const float* v_old = sums + e.full_rows;
+  double n1 = 0.0, n2 = 0.0;
+  if (!e.skip) {
+    for (int64_t i = threadIdx.x; i < e.full_rows; i += kThreads) {
+      const float v = ew::NorMuonRowState(v_old[i], sums[i], e.full_cols, w);
+      n1 = __dadd_rn(n1, double(sums[i]));
+      n2 = __dadd_rn(n2, ew::NorMuonN2Term(sums[i], ew::NorMuonDenom(v, eps)));
+    }
+  }
+  n1 = BlockSumFixed(n1, shared);
+  n2 = BlockSumFixed(n2, shared);
+  const double ratio = ew::NorMuonRatio(n1, n2, eps);
+  for (int64_t r = threadIdx.x; r < e.update.rows; r += kThreads) {
+    const int64_t row = e.row_offset + r;
+    if (e.skip || r >= e.valid) {
+      staged[row] = state[row];
+      factors[row] = 1.0f;
+      continue;
+    }
+    const int64_t i = e.global0 + r;
+    const float v = ew::NorMuonRowState(v_old[i], sums[i], e.full_cols, w);
+    staged[row] = v;
+    factors[row] = ew::NorMuonRowFactor(ratio, ew::NorMuonDenom(v, eps));
+  }
+}
+
+// A warp per real row of a block not skipped: the row times its factor.
+__global__ void ScaleRowsKernel(RowTable t, const float* factors) {
+  const WarpRow w = WarpRowOf(t);
+  if (w.r < 0) return;
+  const RowEntry& e = t.e[w.k];
+  const float f = factors[e.row_offset + w.r];
+  for (int64_t j = threadIdx.x % 32; j < e.update.cols; j += 32)
+    St(e.update, w.r, j, ew::Mul(Ld(e.update, w.r, j), f));
+}
+
+// Fills tables of the blocks `take` accepts, `rows_of(k)` rows (CUDA blocks:
+// ceil(rows / kWarps)) or one CUDA block each (rows_of null), and launches
+// `launch(table)` per full table.
+template <typename Take, typename Launch>
+cudaError_t RunRowTables(const KRowBlock* blocks, int64_t count, bool per_row,
+                         Take take, Launch launch) {
+  RowTable t;
+  t.count = 0;
+  t.start[0] = 0;
+  for (int64_t i = 0; i <= count; ++i) {
+    if (i < count && take(blocks[i])) {
+      const KRowBlock& b = blocks[i];
+      RowEntry& e = t.e[t.count];
+      e = RowEntry{D(b.update),    b.row_offset, b.stats_offset, b.full_rows,
+                   b.full_cols,    b.global0,    b.valid,        b.adds_sums,
+                   b.speaks_state, b.skip};
+      const int64_t n = per_row ? (b.valid + kWarps - 1) / kWarps : 1;
+      t.start[t.count + 1] = t.start[t.count] + int(n);
+      ++t.count;
+    }
+    const bool full = t.count == kRowTableBlocks;
+    if ((full || i == count) && t.count > 0) {
+      if (t.start[t.count] > 0) {
+        const cudaError_t err = launch(t);
+        if (err != cudaSuccess) return err;
+      }
+      t.count = 0;
+    }
+  }
+  return cudaSuccess;
+}
 
 struct AdaMuonOp {
   DView u, v_in, v_out;
@@ -52,17 +205,55 @@ struct AdaMuonOp {
 
 }  // namespace
 
-cudaError_t RowSumSquares(const KView& x, const KView& sums,
-                          cudaStream_t stream) {
-  if (x.rows == 0) return cudaSuccess;
-  const int64_t blocks = x.rows < 65535 ? x.rows : 65535;
-  RowSumSquaresKernel<<<unsigned(blocks), kThreads, 0, stream>>>(D(x), D(sums));
+cudaError_t NorMuonRowStats(const KRowBlock* blocks, int64_t count,
+                            const float* state, float* stats, int64_t slots,
+                            cudaStream_t stream) {
+  const cudaError_t err =
+      cudaMemsetAsync(stats, 0, slots * int64_t(sizeof(float)), stream);
+  if (err != cudaSuccess) return err;
+  return RunRowTables(
+      blocks, count, /*per_row=*/true,
+      [](const KRowBlock& b) {
+        return b.valid > 0 && (b.adds_sums || b.speaks_state);
+      },
+      [&](const RowTable& t) {
+        RowStatsKernel<<<unsigned(t.start[t.count]), kThreads, 0, stream>>>(
+            t, state, stats);
+        return cudaGetLastError();
+      });
+}
+
+cudaError_t SumSlices(const float* slices, int64_t n, int64_t slots, float* out,
+                      cudaStream_t stream) {
+  if (slots == 0) return cudaSuccess;
+  const int64_t blocks = (slots + kThreads - 1) / kThreads;
+  SumSlicesKernel<<<unsigned(blocks < 4096 ? blocks : 4096), kThreads, 0,
+                    stream>>>(slices, n, slots, out);
   return cudaGetLastError();
 }
 
-cudaError_t ScaleRows(const KView& x, const KView& factors,
-                      cudaStream_t stream) {
-  return LaunchForEach2D(x.rows, x.cols, stream, ScaleRowsOp{D(x), D(factors)});
+cudaError_t NorMuonNormalize(const KRowBlock* blocks, int64_t count,
+                             const float* stats, const float* state,
+                             float* staged, float* factors,
+                             float one_minus_beta2, double eps,
+                             cudaStream_t stream) {
+  cudaError_t err = RunRowTables(
+      blocks, count, /*per_row=*/false,
+      [](const KRowBlock& b) { return b.update.rows > 0; },
+      [&](const RowTable& t) {
+        FactorsKernel<<<unsigned(t.count), kThreads, 0, stream>>>(
+            t, stats, state, staged, factors, one_minus_beta2, eps);
+        return cudaGetLastError();
+      });
+  if (err != cudaSuccess) return err;
+  return RunRowTables(
+      blocks, count, /*per_row=*/true,
+      [](const KRowBlock& b) { return b.valid > 0 && !b.skip; },
+      [&](const RowTable& t) {
+        ScaleRowsKernel<<<unsigned(t.start[t.count]), kThreads, 0, stream>>>(
+            t, factors);
+        return cudaGetLastError();
+      });
 }
 
 cudaError_t AdaMuonNormalize(const KView& update, const KView& v_in,

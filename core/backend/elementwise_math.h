@@ -6,6 +6,7 @@
 // operators, which g++ in ISO C++ mode does not contract), so both backends
 // produce bit-identical results.
 #include <cmath>
+#include <cstdint>
 
 #include "core/backend/bf16.h"
 
@@ -78,6 +79,32 @@ MUOND_HD AdaMuonOut AdaMuonElement(float u, float v, float one_minus_beta2,
                                    float eps) {
   v = Lerp(v, Mul(u, u), one_minus_beta2);
   return {Div(u, Add(Sqrt(v), eps)), v};
+}
+
+// NorMuon (core/muon/muon_variant.h) on row i of a full matrix of `cols`
+// columns, from the row's sum of squares: the new state
+// lerp(v, float(sumsq / cols), 1 - beta2), the mean formed in double and
+// rounded once, as torch's mean of fp32 squares in the anchors...
+MUOND_HD float NorMuonRowState(float v, float row_sumsq, int64_t cols,
+                               float one_minus_beta2) {
+  const float mean = static_cast<float>(double(row_sumsq) / double(cols));
+  return Lerp(v, mean, one_minus_beta2);
+}
+// ... and the row's divisor sqrt(v_new) + eps in double. Row i's factor is
+// sqrt(N1) / max(sqrt(N2), eps) / d_i with N1 = sum_i row_sumsq[i] and
+// N2 = sum_i row_sumsq[i] / d_i^2 (NorMuonRowFactor).
+MUOND_HD double NorMuonDenom(float v_new, double eps) {
+  return std::sqrt(double(v_new)) + eps;
+}
+MUOND_HD double NorMuonN2Term(float row_sumsq, double denom) {
+  return double(row_sumsq) / (denom * denom);
+}
+MUOND_HD double NorMuonRatio(double n1, double n2, double eps) {
+  const double norm2 = std::sqrt(n2);
+  return std::sqrt(n1) / (norm2 < eps ? eps : norm2);  // std::max's choice
+}
+MUOND_HD float NorMuonRowFactor(double ratio, double denom) {
+  return static_cast<float>(ratio / denom);
 }
 
 }  // namespace ew

@@ -227,18 +227,30 @@ absl::Status MuonVariantFullMatrix(Backend& backend, const MuonOptions& options,
     return backend.Synchronize();
   }
   if (options.variant != MuonVariant::kNorMuon) return absl::OkStatus();
+  // The whole matrix is one row block of a set: this rank holds every row,
+  // its sums and its state (row_scratch: stats = 2 x rows, then factors).
   const int64_t rows = update.rows;
-  RETURN_IF_ERROR(backend.RowSumSquares(update, row_scratch));
-  std::vector<float> sums(rows), v_old(rows), v_new(rows), factors(rows);
-  RETURN_IF_ERROR(backend.CopyToHost(sums.data(), row_scratch.data, rows * 4));
-  RETURN_IF_ERROR(backend.CopyToHost(v_old.data(), moment2.data, rows * 4));
-  RETURN_IF_ERROR(NorMuonRowFactors(sums, v_old, update.cols, options.beta2,
-                                    options.moment2_eps, absl::MakeSpan(v_new),
-                                    absl::MakeSpan(factors)));
-  RETURN_IF_ERROR(backend.CopyFromHost(moment2.data, v_new.data(), rows * 4));
-  RETURN_IF_ERROR(
-      backend.CopyFromHost(row_scratch.data, factors.data(), rows * 4));
-  RETURN_IF_ERROR(backend.ScaleRows(update, row_scratch));
+  if (row_scratch.dtype != DType::kFloat32 || !row_scratch.contiguous() ||
+      row_scratch.numel() < 3 * rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "normuon: row_scratch must be contiguous fp32 of ", 3 * rows,
+        " elements (rows x 3), got ", row_scratch.rows, "x", row_scratch.cols));
+  }
+  float* scratch = static_cast<float*>(row_scratch.data);
+  const MatrixView stats =
+      ContiguousView(scratch, DType::kFloat32, 2 * rows, 1);
+  const MatrixView factors =
+      ContiguousView(scratch + 2 * rows, DType::kFloat32, rows, 1);
+  const NorMuonRowBlock block{.update = update,
+                              .full_rows = rows,
+                              .full_cols = update.cols,
+                              .valid = rows,
+                              .adds_sums = true,
+                              .speaks_state = true};
+  RETURN_IF_ERROR(backend.NorMuonRowStats({block}, moment2, stats));
+  RETURN_IF_ERROR(backend.NorMuonNormalize({block}, stats, moment2, moment2,
+                                           factors, options.beta2,
+                                           options.moment2_eps));
   return backend.Synchronize();
 }
 

@@ -145,7 +145,8 @@ absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
 // The variant's renormalisation of one whole matrix's unscaled NS output
 // `update` (muon_variant.h; nothing for kMuon), its state `moment2` (fp32:
 // rows x 1 for NorMuon, the matrix's shape for AdaMuon) updated in place.
-// `row_scratch`: fp32 rows x 1 backend memory (NorMuon). Synchronises.
+// `row_scratch`: contiguous fp32 rows x 3 backend memory (NorMuon).
+// Synchronises.
 absl::Status MuonVariantFullMatrix(Backend& backend, const MuonOptions& options,
                                    const MatrixView& update,
                                    const MatrixView& moment2,

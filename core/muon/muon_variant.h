@@ -14,7 +14,10 @@
 //             moment2_method "adamuon"): v <- lerp(v, O*O, 1 - beta2);
 //             O <- O / (sqrt(v) + eps); no rescale.
 //
-// Both act on the unscaled NS output; the Muon scale (MuonAdjustedLr) applies
+// The row formulas are core/backend/elementwise_math.h's (ew::NorMuon*); the
+// backends compute them over a whole param group at once
+// (Backend::NorMuonRowStats / NorMuonNormalize). Both act on the unscaled NS
+// output; the Muon scale (MuonAdjustedLr) applies
 // after them, as in the anchors. The state v is fp32: NorMuon's one value per
 // row of the full matrix (torch key "variance_neuron", shape (P, 1)), AdaMuon's
 // the matrix's shape ("moment2_buffer").
@@ -23,7 +26,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 
 namespace muond {
 
@@ -34,22 +36,5 @@ std::string_view MuonVariantName(MuonVariant variant);
 // InvalidArgument "variant: unknown name '<name>'; expected muon, normuon or
 // adamuon" otherwise.
 absl::StatusOr<MuonVariant> ParseMuonVariant(std::string_view name);
-
-// NorMuon's row math on the host for a whole matrix of `cols` columns:
-// row_sumsq[i] = sum_j O_ij^2 (Backend::RowSumSquares), v_old the state.
-// Writes v_new[i] = lerp(v_old[i], row_sumsq[i] / cols, 1 - beta2) (fp32, as
-// torch's lerp) and factors[i], the one fp32 multiplier of row i that
-// divides by sqrt(v_new[i]) + eps and rescales to the Frobenius norm:
-//   d_i = sqrt(v_new[i]) + eps, N1 = sum_i row_sumsq[i],
-//   N2 = sum_i row_sumsq[i] / d_i^2, factors[i] = sqrt(N1) /
-//   max(sqrt(N2), eps) / d_i,
-// in double, the sums taken in row order (so every layout that hands the
-// same rows gets the same bits), rounded once. All spans have one entry per
-// row. InvalidArgument on mismatched lengths or cols < 1.
-absl::Status NorMuonRowFactors(absl::Span<const float> row_sumsq,
-                               absl::Span<const float> v_old, int64_t cols,
-                               double beta2, double eps,
-                               absl::Span<float> v_new,
-                               absl::Span<float> factors);
 
 }  // namespace muond

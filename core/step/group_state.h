@@ -31,8 +31,8 @@ struct ParamState {
   MatrixView staged_momentum;
   // Muon variants (core/muon/muon_variant.h): the second moment, fp32.
   // AdaMuon: the shard's shape in buffers of its own, staged like momentum.
-  // NorMuon: local rows x 1, a view of GroupState::normuon.state (the
-  // step's new values wait on the host until the commit).
+  // NorMuon: local rows x 1, a view of GroupState::normuon.state_buf (the
+  // step's new values are staged in normuon.staged_buf).
   OwnedBuffer moment2_buf, staged_moment2_buf;
   MatrixView moment2, staged_moment2;
   // AdamW: the steps this param took (torch.optim's state[p]["step"]: a
@@ -40,17 +40,17 @@ struct ParamState {
   int64_t adamw_step = 0;
 };
 
-// NorMuon's per-row buffers of a group (variant_phase.h): the state and the
-// step's row sums and row factors of every param's local rows back to back
-// (param i from offset[i]), and the scratch of the row-statistics gathers.
+// NorMuon's per-row buffers of a group (variant_phase.h): the state, the
+// step's new state (staged until the commit, which swaps the two) and row
+// factors of every param's local rows back to back (param i from
+// offset[i]), and the row statistics with the scratch of their gathers.
 struct NorMuonRows {
-  OwnedBuffer state_buf, sums_buf, factors_buf, gather_buf;
+  OwnedBuffer state_buf, staged_buf, factors_buf, stats_buf;
   std::vector<int64_t> offset;
   int64_t total_rows = 0;
-  // The gathered statistics: per param 2 x full rows (row sums, then state).
+  // The statistics: per param 2 x full rows (row sums, then state); the
+  // gathers receive behind them.
   int64_t slots = 0;
-  // The step's new state of every local row, on the host until the commit.
-  std::vector<float> staged;
 };
 
 struct GroupState {

@@ -8,20 +8,22 @@
 // momentum), so every layout computes the same bits.
 //
 // NorMuon needs, per param, every row's sum of squares over the full row and
-// two sums over the whole matrix. Each rank computes the row sums of its
-// local rows (Backend::RowSumSquares) and the whole domain gathers them with
-// the state of those rows: one all_gather over the gtp group, then one over
-// the tp group, of 2 x full-rows floats per param, where each rank writes only
-// the rows it speaks for (zeros elsewhere) and the gathered contributions are
-// added in rank order. A row has one speaker, except under tp_dim 1, where
-// each TP rank adds its columns' partial sum (in t order) and t = 0 speaks
-// for the state; a TP- or GTP-replicated copy is silent. Every rank then has
-// the full row sums and state and runs NorMuonRowFactors on them in row
-// order: the same bits on every rank, and (for whole rows: no TP column
-// split) those of the single-process path. Under tp_dim 1 a row sum is the
-// sum of T rounded partial sums: within fp32 rounding of the single-process
-// one. Each rank scales its rows of L_i (Backend::ScaleRows) and keeps its
-// rows' new state on the host until the commit.
+// two sums over the whole matrix. The group is one row set on the backend
+// (Backend::NorMuonRowStats / NorMuonNormalize: a few launches for the whole
+// group on CUDA, and no host step). Each rank writes the row sums of its
+// local rows with the state of those rows into the statistics, 2 x full-rows
+// floats per param, only the rows it speaks for (zeros elsewhere); the domain
+// all_gathers them over the gtp group, then over the tp group, and adds the
+// contributions in rank order (Backend::SumSlices). A row has one speaker,
+// except under tp_dim 1, where each TP rank adds its columns' partial sum (in
+// t order) and t = 0 speaks for the state; a TP- or GTP-replicated copy is
+// silent. Every rank then has the full row sums and state and computes the
+// factors from them in the backend's fixed order: the same bits on every
+// rank, and (for whole rows: no TP column split) those of the single-process
+// path (MuonVariantFullMatrix, the same calls on one block). Under tp_dim 1 a
+// row sum is the sum of T rounded partial sums: within fp32 rounding of the
+// single-process one. Each rank scales its rows of L_i and stages its rows'
+// new state until the commit.
 //
 // A skipped param is left alone (its state is kept; L_i stays zero).
 #include <set>

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -600,6 +601,198 @@ TEST_F(CudaBackendTest, Bf16NsInputAndUpdateBitIdenticalToCpu) {
       ASSERT_EQ(got_m[k], m[i][k]) << "tensor " << i << " elem " << k;
       ASSERT_EQ(got_o[k], out[i][off + k]) << "tensor " << i << " elem " << k;
       ASSERT_EQ(got_p[k], p[i][k]) << "tensor " << i << " elem " << k;
+    }
+  }
+}
+
+// A NorMuon row set of 70 matrices (three kernel tables) on both backends:
+// fp32 and bf16 updates, a strided one, an empty shard, padding rows, rows of
+// larger full matrices (global0 > 0), silent copies, sums without state and
+// skipped matrices. State entries, sums of slices, staged state and every
+// row left alone are bitwise the CPU's; row sums, factors and scaled rows
+// within rounding (the fp64 sums run in another order on the device).
+TEST_F(CudaBackendTest, NorMuonRowSetMatchesCpu) {
+  const int count = 70;
+  std::vector<std::vector<float>> f(count);
+  std::vector<std::vector<uint16_t>> h(count);
+  std::vector<NorMuonRowBlock> hb, db;
+  int64_t rows = 0, slots = 0;
+  for (int i = 0; i < count; ++i) {
+    const int64_t r = i == 3 ? 0 : 2 + i % 9, c = 5 + 37 * (i % 4);
+    const int64_t ld = i == 7 ? c + 3 : c;
+    f[i] = Random(r * ld, 900 + i);
+    MatrixView host{f[i].data(), DType::kFloat32, r, c, ld};
+    if (i % 2 == 1) {
+      for (float x : f[i]) h[i].push_back(FloatToBf16Bits(x));
+      host = {h[i].data(), DType::kBFloat16, r, c, ld};
+    }
+    NorMuonRowBlock b{.update = host,
+                      .row_offset = rows,
+                      .stats_offset = slots,
+                      .full_rows = r + (i % 5) * 3,
+                      .full_cols = c * (i % 6 == 0 ? 2 : 1),
+                      .global0 = i % 5,
+                      .valid = r - (i % 4 == 2 && r > 0 ? 1 : 0),
+                      .adds_sums = i % 11 != 4,
+                      .speaks_state = i % 11 != 4 && i % 7 != 2,
+                      .skip = i % 13 == 6};
+    hb.push_back(b);
+    b.update = Up(host);
+    db.push_back(b);
+    rows += r;
+    slots += 2 * b.full_rows;
+  }
+  auto col = [](std::vector<float>& v) {
+    return MatrixView{v.data(), DType::kFloat32, int64_t(v.size()), 1, 1};
+  };
+  std::vector<float> state = Random(rows, 77), stats(slots), zeros(slots);
+  for (float& x : state) x = std::fabs(x) * 1e-3f;
+  const MatrixView d_state = Up(col(state)), d_stats = Up(col(zeros));
+  ASSERT_TRUE(cpu_->NorMuonRowStats(hb, col(state), col(stats)).ok());
+  ASSERT_TRUE(gpu_->NorMuonRowStats(db, d_state, d_stats).ok());
+  const std::vector<float> got_stats = Down<float>(d_stats, slots);
+  for (const NorMuonRowBlock& b : hb) {
+    for (int64_t k = 0; k < 2 * b.full_rows; ++k) {
+      const int64_t at = b.stats_offset + k;
+      if (k >= b.full_rows) {
+        ASSERT_EQ(got_stats[at], stats[at]) << "state entry " << at;
+      } else {
+        ASSERT_NEAR(got_stats[at], stats[at], 3e-7f * stats[at]) << at;
+      }
+    }
+  }
+
+  std::vector<float> slices = Random(3 * slots, 78), summed(slots);
+  const MatrixView d_summed = Up(col(zeros));
+  MatrixView h_slices{slices.data(), DType::kFloat32, 3, slots, slots};
+  ASSERT_TRUE(cpu_->SumSlices(h_slices, col(summed)).ok());
+  ASSERT_TRUE(gpu_->SumSlices(Up(h_slices), d_summed).ok());
+  EXPECT_EQ(Down<float>(d_summed, slots), summed);
+
+  // Both normalise from the CPU's statistics.
+  std::vector<float> staged(rows), factors(rows);
+  const MatrixView d_staged = Up(col(staged)), d_factors = Up(col(factors));
+  ASSERT_TRUE(cpu_->NorMuonNormalize(hb, col(stats), col(state), col(staged),
+                                     col(factors), 0.95, 1e-8)
+                  .ok());
+  ASSERT_TRUE(gpu_->NorMuonNormalize(db, Up(col(stats)), d_state, d_staged,
+                                     d_factors, 0.95, 1e-8)
+                  .ok());
+  EXPECT_EQ(Down<float>(d_staged, rows), staged);
+  const std::vector<float> got_f = Down<float>(d_factors, rows);
+  for (int i = 0; i < count; ++i) {
+    const NorMuonRowBlock& b = hb[i];
+    const MatrixView& u = b.update;
+    const int64_t n = u.rows * u.row_stride;
+    const bool bf16 = u.dtype == DType::kBFloat16;
+    std::vector<float> got(n), want(n);
+    if (bf16) {
+      const auto g16 = Down<uint16_t>(db[i].update, n);
+      for (int64_t k = 0; k < n; ++k) {
+        got[k] = Bf16BitsToFloat(g16[k]);
+        want[k] = Bf16BitsToFloat(h[i][k]);
+      }
+    } else {
+      got = Down<float>(db[i].update, n);
+      want = f[i];
+    }
+    for (int64_t r = 0; r < u.rows; ++r) {
+      const bool alone = b.skip || r >= b.valid;
+      const int64_t row = b.row_offset + r;
+      ASSERT_NEAR(got_f[row], factors[row], 1e-6f * factors[row]) << row;
+      if (alone) {
+        ASSERT_EQ(factors[row], 1.0f);
+      }
+      for (int64_t j = 0; j < u.cols; ++j) {
+        const float w = want[r * u.row_stride + j];
+        const float g = got[r * u.row_stride + j];
+        if (alone) {
+          ASSERT_EQ(g, w) << "matrix " << i << " row " << r << " left alone";
+        } else {
+          ASSERT_NEAR(g, w, (bf16 ? 8e-3f : 2e-6f) * std::fabs(w))
+              << "matrix " << i << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+// A row's sum on the device depends on its columns alone: the rows of a
+// matrix summed whole, as a later block of it, and from an unaligned copy
+// give the same bits (what makes layouts agree on CUDA).
+TEST_F(CudaBackendTest, NorMuonRowSumsIndependentOfPlacement) {
+  const int64_t r = 9, c = 301;
+  std::vector<float> a = Random(r * c, 5), shifted(1 + 5 * c);
+  std::copy(a.begin() + 4 * c, a.end(), shifted.begin() + 1);
+  const MatrixView whole = Up({a.data(), DType::kFloat32, r, c, c});
+  const MatrixView tail = Up({shifted.data(), DType::kFloat32, 6, c, c});
+  MatrixView unaligned = tail;
+  unaligned.data = static_cast<float*>(tail.data) + 1;
+  unaligned.rows = 5;
+  std::vector<float> zeros(4 * r);
+  const MatrixView state = Up({zeros.data(), DType::kFloat32, r, 1, 1});
+  const MatrixView stats = Up({zeros.data(), DType::kFloat32, 4 * r, 1, 1});
+  const NorMuonRowBlock all{.update = whole,
+                            .full_rows = r,
+                            .full_cols = c,
+                            .valid = r,
+                            .adds_sums = true};
+  const NorMuonRowBlock later{.update = whole.Block(4, 0, 5, c),
+                              .stats_offset = 2 * r,
+                              .full_rows = r,
+                              .full_cols = c,
+                              .global0 = 4,
+                              .valid = 5,
+                              .adds_sums = true};
+  ASSERT_TRUE(gpu_->NorMuonRowStats({all, later}, state, stats).ok());
+  std::vector<float> got = Down<float>(stats, 4 * r);
+  NorMuonRowBlock moved = later;
+  moved.update = unaligned;
+  moved.stats_offset = 0;
+  ASSERT_TRUE(gpu_->NorMuonRowStats({moved}, state, stats).ok());
+  const std::vector<float> got_moved = Down<float>(stats, 2 * r);
+  for (int64_t i = 4; i < r; ++i) {
+    EXPECT_EQ(got[2 * r + i], got[i]) << "row " << i << " as a later block";
+    EXPECT_EQ(got_moved[i], got[i]) << "row " << i << " unaligned";
+    EXPECT_GT(got[i], 0.0f);
+  }
+}
+
+// AdaMuonNormalizeBatch over 45 updates (two tables, fp32 and bf16, out of
+// place) is bitwise the CPU's single calls.
+TEST_F(CudaBackendTest, AdaMuonBatchBitIdenticalToCpu) {
+  const int count = 45;
+  std::vector<std::vector<float>> u(count), v(count), vo(count);
+  std::vector<std::vector<uint16_t>> u16(count);
+  std::vector<MatrixView> hu, hv, hvo, du, dv, dvo;
+  for (int i = 0; i < count; ++i) {
+    const int64_t r = 1 + i % 6, c = 4 * (1 + i % 9) + (i % 4 == 3 ? 1 : 0);
+    u[i] = Random(r * c, 40 + i);
+    v[i] = Random(r * c, 140 + i);
+    for (float& x : v[i]) x = std::fabs(x);
+    vo[i].assign(r * c, 0.0f);
+    MatrixView hu_i{u[i].data(), DType::kFloat32, r, c, c};
+    if (i % 2 == 0) {
+      for (float x : u[i]) u16[i].push_back(FloatToBf16Bits(x));
+      hu_i = {u16[i].data(), DType::kBFloat16, r, c, c};
+    }
+    hu.push_back(hu_i);
+    hv.push_back({v[i].data(), DType::kFloat32, r, c, c});
+    hvo.push_back({vo[i].data(), DType::kFloat32, r, c, c});
+    du.push_back(Up(hu.back()));
+    dv.push_back(Up(hv.back()));
+    dvo.push_back(Up(hvo.back()));
+  }
+  ASSERT_TRUE(gpu_->AdaMuonNormalizeBatch(du, dv, dvo, 0.95, 1e-8f).ok());
+  for (int i = 0; i < count; ++i)
+    ASSERT_TRUE(cpu_->AdaMuonNormalize(hu[i], hv[i], hvo[i], 0.95, 1e-8f).ok());
+  for (int i = 0; i < count; ++i) {
+    const int64_t n = hu[i].rows * hu[i].cols;
+    EXPECT_EQ(Down<float>(dvo[i], n), vo[i]) << "moment2 " << i;
+    if (i % 2 == 0) {
+      EXPECT_EQ(Down<uint16_t>(du[i], n), u16[i]) << "update " << i;
+    } else {
+      EXPECT_EQ(Down<float>(du[i], n), u[i]) << "update " << i;
     }
   }
 }

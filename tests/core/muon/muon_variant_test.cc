@@ -68,7 +68,7 @@ void RunAgainstReference(MuonVariant variant) {
   o.beta2 = 0.9;
   o.moment2_eps = 1e-8;
   const int m2_cols = variant == MuonVariant::kNorMuon ? 1 : kCols;
-  std::vector<float> v(kRows * m2_cols, 0.0f), rows(kRows);
+  std::vector<float> v(kRows * m2_cols, 0.0f), rows(3 * kRows);
   std::vector<double> v_ref(v.size(), 0.0);
   for (int step = 0; step < 5; ++step) {
     std::vector<float> u = Update(step);
@@ -77,7 +77,7 @@ void RunAgainstReference(MuonVariant variant) {
                     *cpu, o,
                     ContiguousView(u.data(), DType::kFloat32, kRows, kCols),
                     ContiguousView(v.data(), DType::kFloat32, kRows, m2_cols),
-                    ContiguousView(rows.data(), DType::kFloat32, kRows, 1))
+                    ContiguousView(rows.data(), DType::kFloat32, kRows, 3))
                     .ok());
     if (variant == MuonVariant::kNorMuon) {
       NorMuonRef(u_ref, v_ref, o.beta2, o.moment2_eps);
@@ -111,14 +111,14 @@ TEST(MuonVariant, NorMuonKeepsTheFrobeniusNorm) {
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
   MuonOptions o;
   o.variant = MuonVariant::kNorMuon;
-  std::vector<float> u = Update(0), v(kRows, 0.0f), rows(kRows);
+  std::vector<float> u = Update(0), v(kRows, 0.0f), rows(3 * kRows);
   double before = 0, after = 0;
   for (float x : u) before += double(x) * x;
   ASSERT_TRUE(MuonVariantFullMatrix(
                   *cpu, o,
                   ContiguousView(u.data(), DType::kFloat32, kRows, kCols),
                   ContiguousView(v.data(), DType::kFloat32, kRows, 1),
-                  ContiguousView(rows.data(), DType::kFloat32, kRows, 1))
+                  ContiguousView(rows.data(), DType::kFloat32, kRows, 3))
                   .ok());
   for (float x : u) after += double(x) * x;
   EXPECT_NEAR(std::sqrt(after), std::sqrt(before), 1e-6 * std::sqrt(before));

@@ -295,7 +295,7 @@ Reference ReferenceRun(const ParamCase& p, const std::vector<int>& seeds) {
   const MuonOptions muon = TestMuon();
   Reference ref{FullMatrix(p.name, 0, p.rows, p.cols), {}};
   std::vector<float> grad(ref.param.size()), momentum(ref.param.size(), 0.0f),
-      scratch(ref.param.size()), rows(p.rows);
+      scratch(ref.param.size()), rows(3 * p.rows);
   const int64_t m2_cols = g_variant == MuonVariant::kNorMuon ? 1 : p.cols;
   ref.moment2.assign(p.rows * m2_cols, 0.0f);
   auto view = [&](std::vector<float>& v, int64_t cols) {
@@ -310,7 +310,7 @@ Reference ReferenceRun(const ParamCase& p, const std::vector<int>& seeds) {
     const absl::Status st = MuonStepFullMatrix(
         *backend, muon, **ns, view(ref.param, p.cols), view(grad, p.cols),
         view(momentum, p.cols), view(scratch, p.cols),
-        view(ref.moment2, m2_cols), view(rows, 1));
+        view(ref.moment2, m2_cols), view(rows, 3));
     EXPECT_TRUE(st.ok()) << st;
   }
   return ref;
