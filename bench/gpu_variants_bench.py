@@ -175,9 +175,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None)
     ap.add_argument("--log-dir", default=None)
+    ap.add_argument("--sets", default=None,
+                    help="comma-separated sets to run (moe, qkv, variant, moe variant); "
+                         "default all")
     a = ap.parse_args()
     log_dir = a.log_dir or os.environ.get("OUT", "/tmp")
     rows = plan(has_variants())
+    if a.sets:
+        keep = {s.strip() for s in a.sets.split(",")}
+        rows = [row for row in rows if row[0] in keep]
     ms = {}
     for r in range(a.rounds):
         for set_name, form, shapes, _, kw in rows:
