@@ -41,10 +41,19 @@ absl::Status Backend::SumSlices(const MatrixView&, const MatrixView&) {
       "sum slices: not implemented by backend ", std::string(name())));
 }
 
-absl::Status Backend::NorMuonNormalize(absl::Span<const NorMuonRowBlock>,
-                                       const MatrixView&, const MatrixView&,
-                                       const MatrixView&, const MatrixView&,
-                                       double, double) {
+absl::Status Backend::ApplyRowScaledUpdateBatch(absl::Span<const MatrixView>,
+                                                absl::Span<const MatrixView>,
+                                                absl::Span<const MatrixView>,
+                                                absl::Span<const float>, float,
+                                                WeightDecayMethod) {
+  return absl::UnimplementedError(absl::StrCat(
+      "row-scaled update: not implemented by backend ", std::string(name())));
+}
+
+absl::Status Backend::NorMuonFactors(absl::Span<const NorMuonRowBlock>,
+                                     const MatrixView&, const MatrixView&,
+                                     const MatrixView&, const MatrixView&,
+                                     double, double) {
   return absl::UnimplementedError(absl::StrCat(
       "normuon: not implemented by backend ", std::string(name())));
 }
@@ -321,6 +330,30 @@ absl::Status CheckUpdateBatch(absl::Span<const MatrixView> params,
         "update batch: params, updates and lrs must have the same length, "
         "got ",
         params.size(), ", ", updates.size(), ", ", lrs.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRowScaledUpdateBatch(absl::Span<const MatrixView> params,
+                                       absl::Span<const MatrixView> updates,
+                                       absl::Span<const MatrixView> row_factors,
+                                       absl::Span<const float> lrs) {
+  RETURN_IF_ERROR(CheckUpdateBatch(params, updates, lrs));
+  if (row_factors.size() != params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row-scaled update: ", params.size(),
+        " params need as many row factors, got ", row_factors.size()));
+  }
+  for (size_t k = 0; k < params.size(); ++k) {
+    RETURN_IF_ERROR(CheckUpdate(params[k], updates[k]));
+    const MatrixView& f = row_factors[k];
+    RETURN_IF_ERROR(CheckView(f, "row factors"));
+    RETURN_IF_ERROR(CheckDType(f, DType::kFloat32, "row factors"));
+    if (f.rows != params[k].rows || f.cols != 1 || !f.contiguous()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row-scaled update: param ", k, " has ", params[k].rows,
+          " rows, its factors are ", Shape(f), " (need contiguous rows x 1)"));
+    }
   }
   return absl::OkStatus();
 }

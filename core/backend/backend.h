@@ -261,6 +261,15 @@ class Backend {
                                         absl::Span<const MatrixView> updates,
                                         absl::Span<const float> lrs,
                                         float decay, WeightDecayMethod method);
+  // ApplyUpdateBatch with each update row scaled on the way: param k's
+  // element (i, j) gets ew::UpdateParam(p, u_ij * row_factors[k][i], ...),
+  // the product in fp32, not rounded to the update's dtype (NorMuon's row
+  // normalisation, applied with the update: core/step/variant_phase.h).
+  // row_factors[k]: fp32 rows x 1.
+  virtual absl::Status ApplyRowScaledUpdateBatch(
+      absl::Span<const MatrixView> params, absl::Span<const MatrixView> updates,
+      absl::Span<const MatrixView> row_factors, absl::Span<const float> lrs,
+      float decay, WeightDecayMethod method);
   // Fused AdamW, torch.optim.AdamW single-tensor order:
   //   p *= param_decay; m = lerp(m, g, 1-beta1); v = v*beta2 + (1-beta2)*g*g;
   //   p += -step_size * m / (sqrt(v) / bias_correction2_sqrt + eps).
@@ -295,14 +304,16 @@ class Backend {
   // From the complete `stats` of every block's full rows: each real local row
   // of a block not skipped gets NorMuon's factor (ew::NorMuonRowState /
   // ew::NorMuonDenom; the two sums over the full rows in fp64, in a fixed
-  // order: the CPU's row order) in `factors`, its new state in `staged`, and
-  // its update row scaled by the factor (one rounding to the update's
-  // dtype). Every other local row keeps its state (staged = state) and its
-  // update.
-  virtual absl::Status NorMuonNormalize(
-      absl::Span<const NorMuonRowBlock> blocks, const MatrixView& stats,
-      const MatrixView& state, const MatrixView& staged,
-      const MatrixView& factors, double beta2, double eps);
+  // order: the CPU's row order) in `factors` and its new state in `staged`;
+  // every other local row factor 1 and its state (staged = state). The
+  // update is not touched: ApplyRowScaledUpdateBatch applies the factors.
+  // `staged` may be `state` (in place).
+  virtual absl::Status NorMuonFactors(absl::Span<const NorMuonRowBlock> blocks,
+                                      const MatrixView& stats,
+                                      const MatrixView& state,
+                                      const MatrixView& staged,
+                                      const MatrixView& factors, double beta2,
+                                      double eps);
   // AdaMuon on the unscaled update u (fp32|bf16) with its second moment
   // (fp32, u's shape), ew::AdaMuonElement: v_out <- lerp(v_in, u*u,
   // 1 - beta2); u <- u / (sqrt(v_out) + eps). v_out may be v_in (in place)
@@ -385,7 +396,7 @@ absl::Status CheckMomentumBatch(absl::Span<const MatrixView> grads,
                                 absl::Span<const MatrixView> momenta_out,
                                 absl::Span<const MatrixView> outs);
 // Checks a NorMuon row set against its buffers (NorMuonRowStats /
-// NorMuonNormalize); `staged` and `factors` may be empty views (not checked).
+// NorMuonFactors); `staged` and `factors` may be empty views (not checked).
 absl::Status CheckNorMuonBlocks(absl::Span<const NorMuonRowBlock> blocks,
                                 const MatrixView& state,
                                 const MatrixView& stats,
@@ -402,6 +413,11 @@ absl::Status CheckUpdate(const MatrixView& param, const MatrixView& update);
 absl::Status CheckUpdateBatch(absl::Span<const MatrixView> params,
                               absl::Span<const MatrixView> updates,
                               absl::Span<const float> lrs);
+// CheckUpdateBatch and every row_factors[k] fp32 params[k].rows x 1.
+absl::Status CheckRowScaledUpdateBatch(absl::Span<const MatrixView> params,
+                                       absl::Span<const MatrixView> updates,
+                                       absl::Span<const MatrixView> row_factors,
+                                       absl::Span<const float> lrs);
 absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
                         const MatrixView& exp_avg,
                         const MatrixView& exp_avg_sq);

@@ -292,6 +292,24 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status ApplyRowScaledUpdateBatch(
+      absl::Span<const MatrixView> params, absl::Span<const MatrixView> updates,
+      absl::Span<const MatrixView> row_factors, absl::Span<const float> lrs,
+      float decay, WeightDecayMethod method) override {
+    RETURN_IF_ERROR(
+        CheckRowScaledUpdateBatch(params, updates, row_factors, lrs));
+    const int m = static_cast<int>(method);
+    for (size_t k = 0; k < params.size(); ++k) {
+      const MatrixView &p = params[k], &u = updates[k], &f = row_factors[k];
+      ForEach(p, [&](int64_t i, int64_t j) {
+        const float scaled = ew::Mul(Load(u, i, j), Load(f, i, 0));
+        Store(p, i, j,
+              ew::UpdateParam(Load(p, i, j), scaled, lrs[k], decay, m));
+      });
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status ApplyUpdate(const MatrixView& param, const MatrixView& update,
                            float lr, float decay,
                            WeightDecayMethod method) override {
@@ -349,12 +367,11 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status NorMuonNormalize(absl::Span<const NorMuonRowBlock> blocks,
-                                const MatrixView& stats,
-                                const MatrixView& state,
-                                const MatrixView& staged,
-                                const MatrixView& factors, double beta2,
-                                double eps) override {
+  absl::Status NorMuonFactors(absl::Span<const NorMuonRowBlock> blocks,
+                              const MatrixView& stats, const MatrixView& state,
+                              const MatrixView& staged,
+                              const MatrixView& factors, double beta2,
+                              double eps) override {
     RETURN_IF_ERROR(CheckNorMuonBlocks(blocks, state, stats, staged, factors));
     const float w = static_cast<float>(1.0 - beta2);
     const float* all = static_cast<const float*>(stats.data);
@@ -384,8 +401,6 @@ class CpuBackend final : public Backend {
         }
         v_out[row] = v_new(b.global0 + r);
         f[row] = ew::NorMuonRowFactor(ratio, ew::NorMuonDenom(v_out[row], eps));
-        for (int64_t j = 0; j < b.update.cols; ++j)
-          Store(b.update, r, j, ew::Mul(Load(b.update, r, j), f[row]));
       }
     }
     return absl::OkStatus();

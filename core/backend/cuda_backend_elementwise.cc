@@ -82,6 +82,24 @@ absl::Status CudaBackend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
                     "apply update batch");
 }
 
+absl::Status CudaBackend::ApplyRowScaledUpdateBatch(
+    absl::Span<const MatrixView> params, absl::Span<const MatrixView> updates,
+    absl::Span<const MatrixView> row_factors, absl::Span<const float> lrs,
+    float decay, WeightDecayMethod method) {
+  RETURN_IF_ERROR(CheckRowScaledUpdateBatch(params, updates, row_factors, lrs));
+  std::vector<cuda_kernels::KView> p, u;
+  std::vector<const float*> f;
+  for (size_t i = 0; i < params.size(); ++i) {
+    p.push_back(K(params[i]));
+    u.push_back(K(updates[i]));
+    f.push_back(static_cast<const float*>(row_factors[i].data));
+  }
+  return CudaStatus(cuda_kernels::ApplyRowScaledUpdateMulti(
+                        p.data(), u.data(), f.data(), lrs.data(),
+                        int64_t(p.size()), decay, int(method), stream_),
+                    "row-scaled update batch");
+}
+
 absl::Status CudaBackend::ApplyUpdate(const MatrixView& param,
                                       const MatrixView& update, float lr,
                                       float decay, WeightDecayMethod method) {
@@ -141,17 +159,17 @@ absl::Status CudaBackend::SumSlices(const MatrixView& slices,
                     "sum slices");
 }
 
-absl::Status CudaBackend::NorMuonNormalize(
+absl::Status CudaBackend::NorMuonFactors(
     absl::Span<const NorMuonRowBlock> blocks, const MatrixView& stats,
     const MatrixView& state, const MatrixView& staged,
     const MatrixView& factors, double beta2, double eps) {
   RETURN_IF_ERROR(CheckNorMuonBlocks(blocks, state, stats, staged, factors));
   const std::vector<cuda_kernels::KRowBlock> k = KBlocks(blocks);
   return CudaStatus(
-      cuda_kernels::NorMuonNormalize(
+      cuda_kernels::NorMuonFactors(
           k.data(), int64_t(k.size()), Floats(stats), Floats(state),
           Floats(staged), Floats(factors), float(1.0 - beta2), eps, stream_),
-      "normuon normalize");
+      "normuon factors");
 }
 
 absl::Status CudaBackend::AdaMuonNormalizeBatch(

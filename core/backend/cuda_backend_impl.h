@@ -132,6 +132,10 @@ class CudaBackend final : public Backend {
                                 absl::Span<const MatrixView> updates,
                                 absl::Span<const float> lrs, float decay,
                                 WeightDecayMethod method) override;
+  absl::Status ApplyRowScaledUpdateBatch(
+      absl::Span<const MatrixView> params, absl::Span<const MatrixView> updates,
+      absl::Span<const MatrixView> row_factors, absl::Span<const float> lrs,
+      float decay, WeightDecayMethod method) override;
   absl::Status ApplyUpdate(const MatrixView& param, const MatrixView& update,
                            float lr, float decay,
                            WeightDecayMethod method) override;
@@ -143,12 +147,11 @@ class CudaBackend final : public Backend {
                                const MatrixView& stats) override;
   absl::Status SumSlices(const MatrixView& slices,
                          const MatrixView& out) override;
-  absl::Status NorMuonNormalize(absl::Span<const NorMuonRowBlock> blocks,
-                                const MatrixView& stats,
-                                const MatrixView& state,
-                                const MatrixView& staged,
-                                const MatrixView& factors, double beta2,
-                                double eps) override;
+  absl::Status NorMuonFactors(absl::Span<const NorMuonRowBlock> blocks,
+                              const MatrixView& stats, const MatrixView& state,
+                              const MatrixView& staged,
+                              const MatrixView& factors, double beta2,
+                              double eps) override;
   absl::Status AdaMuonNormalize(const MatrixView& update,
                                 const MatrixView& v_in, const MatrixView& v_out,
                                 double beta2, float eps) override;

@@ -45,6 +45,10 @@ cudaError_t MuonMomentum(const KView& grad, const KView& momentum_in,
                          cudaStream_t stream);
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
                         float decay, int method, cudaStream_t stream);
+// ApplyUpdate with update row i times factors[i] (fp32, param.rows).
+cudaError_t ApplyRowScaledUpdate(const KView& param, const KView& update,
+                                 const float* factors, float lr, float decay,
+                                 int method, cudaStream_t stream);
 cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                   const KView& exp_avg_sq, float param_decay,
                   float one_minus_beta1, float beta2, float one_minus_beta2,
@@ -64,12 +68,11 @@ cudaError_t NorMuonRowStats(const KRowBlock* blocks, int64_t count,
 // out[k] <- sum over r < n, in order, of slices[r * slots + k].
 cudaError_t SumSlices(const float* slices, int64_t n, int64_t slots, float* out,
                       cudaStream_t stream);
-// Factors, staged state and the scaled update rows of every block.
-cudaError_t NorMuonNormalize(const KRowBlock* blocks, int64_t count,
-                             const float* stats, const float* state,
-                             float* staged, float* factors,
-                             float one_minus_beta2, double eps,
-                             cudaStream_t stream);
+// Every block's row factors and staged state (the update is not touched).
+cudaError_t NorMuonFactors(const KRowBlock* blocks, int64_t count,
+                           const float* stats, const float* state,
+                           float* staged, float* factors, float one_minus_beta2,
+                           double eps, cudaStream_t stream);
 // v_out may be v_in (in place) or overlap nothing.
 cudaError_t AdaMuonNormalize(const KView& update, const KView& v_in,
                              const KView& v_out, float one_minus_beta2,
@@ -94,6 +97,12 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
 cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
                              const float* lrs, int64_t count, float decay,
                              int method, cudaStream_t stream);
+// factors[i]: tensor i's row factors (ApplyRowScaledUpdate).
+cudaError_t ApplyRowScaledUpdateMulti(const KView* params, const KView* updates,
+                                      const float* const* factors,
+                                      const float* lrs, int64_t count,
+                                      float decay, int method,
+                                      cudaStream_t stream);
 cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, float limit,
                                int* flag, cudaStream_t stream);
 cudaError_t AdaMuonNormalizeMulti(const KView* updates, const KView* v_in,

@@ -31,6 +31,10 @@ struct MultiTable {
   // bench/results/gpu_h200.md).
   bool vec4[kMultiMaxTensors];
   float scalar[kMultiMaxTensors];  // a per-tensor operand (the update's lr)
+  // The update's row factors (null: none) and the tensor's columns, to find
+  // an element's row.
+  const float* rowf[kMultiMaxTensors];
+  int64_t cols[kMultiMaxTensors];
   int count;
   // The dtypes of the table's vec4 tensors, one bit per view (1 = bf16), the
   // same for all of them (RunMulti starts a new table when it changes): the
@@ -244,13 +248,25 @@ struct MultiUpdateOp {              // lr: t.scalar[k]
   struct In {
     float p, u;
   };
+  // The row of element j of tensor k: a 32-bit division (a table tensor has
+  // fewer than 2^31 elements), a 64-bit one costs more than the memory.
+  __device__ static int64_t RowOf(const MultiTable& t, int k, int64_t j) {
+    return int64_t(uint32_t(j) / uint32_t(t.cols[k]));
+  }
+  // The update element j of tensor k, times its row's factor if it has one.
+  __device__ static float Scaled(const MultiTable& t, int k, int64_t j,
+                                 float u) {
+    const float* f = t.rowf[k];
+    return f == nullptr ? u : ew::Mul(u, f[RowOf(t, k, j)]);
+  }
   __device__ In Load(const MultiTable& t, int k, int64_t j) const {
     return In{LdFlat(t.ptr[0][k], t.elem[0][k], j),
               LdFlat(t.ptr[1][k], t.elem[1][k], j)};
   }
   __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
     StFlat(t.ptr[0][k], t.elem[0][k], j,
-           ew::UpdateParam(in.p, in.u, t.scalar[k], decay, method));
+           ew::UpdateParam(in.p, Scaled(t, k, j, in.u), t.scalar[k], decay,
+                           method));
   }
   static constexpr int kLoads = 2;  // param, update
   template <int kSig>
@@ -258,9 +274,22 @@ struct MultiUpdateOp {              // lr: t.scalar[k]
                          float4 (&in)[kLoads]) const {
     const float lr = t.scalar[k];
     float4 p;
+    const float* f = t.rowf[k];
+    // One division for the 4 elements: they are in row r or the next ones.
+    int64_t r = f == nullptr ? 0 : RowOf(t, k, j);
+    int64_t row_end = (r + 1) * t.cols[k];
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      At(p, e) = ew::UpdateParam(At(in[0], e), At(in[1], e), lr, decay, method);
+    for (int e = 0; e < 4; ++e) {
+      float u = At(in[1], e);
+      if (f != nullptr) {
+        while (j + e >= row_end) {
+          ++r;
+          row_end += t.cols[k];
+        }
+        u = ew::Mul(u, f[r]);
+      }
+      At(p, e) = ew::UpdateParam(At(in[0], e), u, lr, decay, method);
+    }
     St4<ElemOf(kSig, 0)>(t.ptr[0][k], j, p);
   }
 };
@@ -307,10 +336,12 @@ bool Vec4Ok(const KView& v) {
 
 // Collects tensors into tables and launches `launch(table)` per full table;
 // `single(i)` launches tensor i alone (non-contiguous or large). `scalars`
-// (may be null) gives each tensor's MultiTable::scalar.
+// (may be null) gives each tensor's MultiTable::scalar, `row_factors` (may be
+// null) its MultiTable::rowf.
 template <typename Launch, typename Single>
 cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
-                     const float* scalars, Launch launch, Single single) {
+                     const float* scalars, const float* const* row_factors,
+                     Launch launch, Single single) {
   MultiTable t;
   t.count = 0;
   t.block_start[0] = 0;
@@ -352,6 +383,8 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
       t.elem[v][k] = static_cast<unsigned char>(views[v][i].elem);
     }
     t.scalar[k] = scalars == nullptr ? 0.0f : scalars[i];
+    t.rowf[k] = row_factors == nullptr ? nullptr : row_factors[i];
+    t.cols[k] = views[0][i].cols;
     t.n[k] = n;
     t.block_start[k + 1] =
         t.block_start[k] + int((n + kMultiTile - 1) / kMultiTile);
@@ -390,7 +423,7 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
                                                  moms_out};
   const MultiMomentumOp op{one_minus_beta, beta, nesterov};
   return RunMulti(
-      views, MultiMomentumOp::kViews, count, nullptr,
+      views, MultiMomentumOp::kViews, count, nullptr, nullptr,
       [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
         return MuonMomentum(grads[i], moms_in[i], moms_out[i], one_minus_beta,
@@ -404,7 +437,7 @@ cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
   const KView* views[2] = {params, updates};
   const MultiUpdateOp op{decay, method};
   return RunMulti(
-      views, 2, count, lrs,
+      views, 2, count, lrs, nullptr,
       [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
         return ApplyUpdate(params[i], updates[i], lrs[i], decay, method,
@@ -412,11 +445,27 @@ cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
       });
 }
 
+cudaError_t ApplyRowScaledUpdateMulti(const KView* params, const KView* updates,
+                                      const float* const* factors,
+                                      const float* lrs, int64_t count,
+                                      float decay, int method,
+                                      cudaStream_t stream) {
+  const KView* views[2] = {params, updates};
+  const MultiUpdateOp op{decay, method};
+  return RunMulti(
+      views, 2, count, lrs, factors,
+      [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
+      [&](int64_t i) {
+        return ApplyRowScaledUpdate(params[i], updates[i], factors[i], lrs[i],
+                                    decay, method, stream);
+      });
+}
+
 cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, float limit,
                                int* flag, cudaStream_t stream) {
   const KView* table[1] = {views};
   return RunMulti(
-      table, 1, count, nullptr,
+      table, 1, count, nullptr, nullptr,
       [&](const MultiTable& t) {
         MultiFiniteKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
                             stream>>>(t, limit, flag);
@@ -432,7 +481,7 @@ cudaError_t AdaMuonNormalizeMulti(const KView* updates, const KView* v_in,
   const KView* views[MultiAdaMuonOp::kViews] = {updates, v_in, v_out};
   const MultiAdaMuonOp op{one_minus_beta2, eps};
   return RunMulti(
-      views, MultiAdaMuonOp::kViews, count, nullptr,
+      views, MultiAdaMuonOp::kViews, count, nullptr, nullptr,
       [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
         return AdaMuonNormalize(updates[i], v_in[i], v_out[i], one_minus_beta2,

@@ -56,6 +56,17 @@ struct UpdateOp {
   }
 };
 
+struct RowScaledUpdateOp {
+  DView p, u;
+  const float* factors;
+  float lr, decay;
+  int method;
+  __device__ void operator()(int64_t i, int64_t j) const {
+    const float scaled = ew::Mul(Ld(u, i, j), factors[i]);
+    St(p, i, j, ew::UpdateParam(Ld(p, i, j), scaled, lr, decay, method));
+  }
+};
+
 struct AdamWOp {
   DView p, g, m, v;
   float param_decay, omb1, beta2, omb2, step_size, bc2, eps;
@@ -94,6 +105,14 @@ cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
                         float decay, int method, cudaStream_t stream) {
   return LaunchLoadStore({param, update}, param.rows, param.cols, stream,
                          UpdateOp{D(param), D(update), lr, decay, method});
+}
+
+cudaError_t ApplyRowScaledUpdate(const KView& param, const KView& update,
+                                 const float* factors, float lr, float decay,
+                                 int method, cudaStream_t stream) {
+  return LaunchForEach(
+      {param, update}, param.rows, param.cols, stream,
+      RowScaledUpdateOp{D(param), D(update), factors, lr, decay, method});
 }
 
 cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,

@@ -1,6 +1,7 @@
 // The kernels of the Muon variants (core/muon/muon_variant.h): NorMuon's row
-// statistics, sums and row normalisation over a whole set of matrices (a
-// param group) in a few launches, AdaMuon's elementwise second moment.
+// statistics, sums and row factors over a whole set of matrices (a param
+// group) in a few launches (the update kernel applies the factors:
+// ApplyRowScaledUpdateMulti), AdaMuon's elementwise second moment.
 // Formulas: core/backend/elementwise_math.h.
 #include <cstdint>
 
@@ -150,18 +151,8 @@ __global__ void FactorsKernel(RowTable t, const float* stats,
   }
 }
 
-// A warp per real row of a block not skipped: the row times its factor.
-__global__ void ScaleRowsKernel(RowTable t, const float* factors) {
-  const WarpRow w = WarpRowOf(t);
-  if (w.r < 0) return;
-  const RowEntry& e = t.e[w.k];
-  const float f = factors[e.row_offset + w.r];
-  for (int64_t j = threadIdx.x % 32; j < e.update.cols; j += 32)
-    St(e.update, w.r, j, ew::Mul(Ld(e.update, w.r, j), f));
-}
-
-// Fills tables of the blocks `take` accepts, `rows_of(k)` rows (CUDA blocks:
-// ceil(rows / kWarps)) or one CUDA block each (rows_of null), and launches
+// Fills tables of the blocks `take` accepts, with ceil(valid / kWarps) CUDA
+// blocks each (per_row: a warp per real row) or one, and launches
 // `launch(table)` per full table.
 template <typename Take, typename Launch>
 cudaError_t RunRowTables(const KRowBlock* blocks, int64_t count, bool per_row,
@@ -232,26 +223,16 @@ cudaError_t SumSlices(const float* slices, int64_t n, int64_t slots, float* out,
   return cudaGetLastError();
 }
 
-cudaError_t NorMuonNormalize(const KRowBlock* blocks, int64_t count,
-                             const float* stats, const float* state,
-                             float* staged, float* factors,
-                             float one_minus_beta2, double eps,
-                             cudaStream_t stream) {
-  cudaError_t err = RunRowTables(
+cudaError_t NorMuonFactors(const KRowBlock* blocks, int64_t count,
+                           const float* stats, const float* state,
+                           float* staged, float* factors, float one_minus_beta2,
+                           double eps, cudaStream_t stream) {
+  return RunRowTables(
       blocks, count, /*per_row=*/false,
       [](const KRowBlock& b) { return b.update.rows > 0; },
       [&](const RowTable& t) {
         FactorsKernel<<<unsigned(t.count), kThreads, 0, stream>>>(
             t, stats, state, staged, factors, one_minus_beta2, eps);
-        return cudaGetLastError();
-      });
-  if (err != cudaSuccess) return err;
-  return RunRowTables(
-      blocks, count, /*per_row=*/true,
-      [](const KRowBlock& b) { return b.valid > 0 && !b.skip; },
-      [&](const RowTable& t) {
-        ScaleRowsKernel<<<unsigned(t.start[t.count]), kThreads, 0, stream>>>(
-            t, factors);
         return cudaGetLastError();
       });
 }

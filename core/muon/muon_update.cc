@@ -197,9 +197,20 @@ absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
 absl::Status MuonUpdatePhaseBatch(Backend& backend, const MuonOptions& options,
                                   absl::Span<const MatrixView> params,
                                   absl::Span<const MatrixView> updates,
-                                  absl::Span<const float> adjusted_lrs) {
+                                  absl::Span<const float> adjusted_lrs,
+                                  absl::Span<const MatrixView> row_factors) {
   const auto [decay, method] = DecayOf(options);
-  return backend.ApplyUpdateBatch(params, updates, adjusted_lrs, decay, method);
+  if (row_factors.empty()) {
+    return backend.ApplyUpdateBatch(params, updates, adjusted_lrs, decay,
+                                    method);
+  }
+  return backend.ApplyRowScaledUpdateBatch(params, updates, row_factors,
+                                           adjusted_lrs, decay, method);
+}
+
+MatrixView NorMuonFactorsOf(const MatrixView& row_scratch, int64_t rows) {
+  return ContiguousView(static_cast<float*>(row_scratch.data) + 2 * rows,
+                        DType::kFloat32, rows, 1);
 }
 
 absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
@@ -229,6 +240,7 @@ absl::Status MuonVariantFullMatrix(Backend& backend, const MuonOptions& options,
   if (options.variant != MuonVariant::kNorMuon) return absl::OkStatus();
   // The whole matrix is one row block of a set: this rank holds every row,
   // its sums and its state (row_scratch: stats = 2 x rows, then factors).
+  // The update is left as it is: MuonStepFullMatrix applies the factors.
   const int64_t rows = update.rows;
   if (row_scratch.dtype != DType::kFloat32 || !row_scratch.contiguous() ||
       row_scratch.numel() < 3 * rows) {
@@ -239,8 +251,6 @@ absl::Status MuonVariantFullMatrix(Backend& backend, const MuonOptions& options,
   float* scratch = static_cast<float*>(row_scratch.data);
   const MatrixView stats =
       ContiguousView(scratch, DType::kFloat32, 2 * rows, 1);
-  const MatrixView factors =
-      ContiguousView(scratch + 2 * rows, DType::kFloat32, rows, 1);
   const NorMuonRowBlock block{.update = update,
                               .full_rows = rows,
                               .full_cols = update.cols,
@@ -248,9 +258,9 @@ absl::Status MuonVariantFullMatrix(Backend& backend, const MuonOptions& options,
                               .adds_sums = true,
                               .speaks_state = true};
   RETURN_IF_ERROR(backend.NorMuonRowStats({block}, moment2, stats));
-  RETURN_IF_ERROR(backend.NorMuonNormalize({block}, stats, moment2, moment2,
-                                           factors, options.beta2,
-                                           options.moment2_eps));
+  RETURN_IF_ERROR(backend.NorMuonFactors({block}, stats, moment2, moment2,
+                                         NorMuonFactorsOf(row_scratch, rows),
+                                         options.beta2, options.moment2_eps));
   return backend.Synchronize();
 }
 
@@ -272,7 +282,12 @@ absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
   RETURN_IF_ERROR(ns.Run(scratch, scratch, 1));
   RETURN_IF_ERROR(
       MuonVariantFullMatrix(backend, options, scratch, moment2, row_scratch));
-  return MuonUpdatePhase(backend, options, param, scratch, adjusted_lr);
+  if (options.variant != MuonVariant::kNorMuon) {
+    return MuonUpdatePhase(backend, options, param, scratch, adjusted_lr);
+  }
+  return MuonUpdatePhaseBatch(backend, options, {param}, {scratch},
+                              {adjusted_lr},
+                              {NorMuonFactorsOf(row_scratch, param.rows)});
 }
 
 }  // namespace muond

@@ -126,11 +126,14 @@ absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
                              const MatrixView& param, const MatrixView& update,
                              float adjusted_lr);
 
-// Phase 6 for n params at once (bitwise the n single calls).
-absl::Status MuonUpdatePhaseBatch(Backend& backend, const MuonOptions& options,
-                                  absl::Span<const MatrixView> params,
-                                  absl::Span<const MatrixView> updates,
-                                  absl::Span<const float> adjusted_lrs);
+// Phase 6 for n params at once (bitwise the n single calls). With
+// row_factors (one fp32 rows x 1 per param: NorMuon's), each update row is
+// scaled by its factor as it is applied (Backend::ApplyRowScaledUpdateBatch).
+absl::Status MuonUpdatePhaseBatch(
+    Backend& backend, const MuonOptions& options,
+    absl::Span<const MatrixView> params, absl::Span<const MatrixView> updates,
+    absl::Span<const float> adjusted_lrs,
+    absl::Span<const MatrixView> row_factors = {});
 
 // A whole Muon step of one full matrix: momentum -> NS (in place in
 // `scratch`, rows x cols, fp32 or bf16; the step engine's dtype is
@@ -145,12 +148,17 @@ absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
 // The variant's renormalisation of one whole matrix's unscaled NS output
 // `update` (muon_variant.h; nothing for kMuon), its state `moment2` (fp32:
 // rows x 1 for NorMuon, the matrix's shape for AdaMuon) updated in place.
-// `row_scratch`: contiguous fp32 rows x 3 backend memory (NorMuon).
-// Synchronises.
+// AdaMuon rewrites `update`; NorMuon leaves it and writes its row factors to
+// NorMuonFactorsOf(row_scratch), which the update applies
+// (MuonUpdatePhaseBatch with row_factors). `row_scratch`: contiguous fp32
+// rows x 3 backend memory (NorMuon). Synchronises.
 absl::Status MuonVariantFullMatrix(Backend& backend, const MuonOptions& options,
                                    const MatrixView& update,
                                    const MatrixView& moment2,
                                    const MatrixView& row_scratch);
+
+// NorMuon's row factors in MuonVariantFullMatrix's row_scratch (rows x 1).
+MatrixView NorMuonFactorsOf(const MatrixView& row_scratch, int64_t rows);
 
 // MuonStepFullMatrix with the variant between NS and the update (the
 // single-process path of NorMuon / AdaMuon).

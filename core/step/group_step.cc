@@ -146,7 +146,9 @@ absl::Status DpSharePhase(GroupState& group, ExchangeBuffers& exchange) {
 absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
                          const std::set<std::string>& skip) {
   // Each param's lr times its Muon scale (of the full matrix).
-  std::vector<MatrixView> params, updates;
+  // NorMuon's row factors (variant_phase.h) are applied with the update.
+  const bool row_scaled = options.variant == MuonVariant::kNorMuon;
+  std::vector<MatrixView> params, updates, row_factors;
   std::vector<float> adjusted_lrs;
   for (size_t i = 0; i < group.params.size(); ++i) {
     const ParamBinding& b = group.config.params[i];
@@ -156,10 +158,11 @@ absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
     params.push_back(b.param);
     updates.push_back(group.local[i]);
     adjusted_lrs.push_back(lr);
+    if (row_scaled) row_factors.push_back(NorMuonRowFactorsOf(group, i));
   }
   if (params.empty()) return absl::OkStatus();
   return MuonUpdatePhaseBatch(*group.backend, options, params, updates,
-                              adjusted_lrs);
+                              adjusted_lrs, row_factors);
 }
 
 }  // namespace

@@ -98,10 +98,10 @@ absl::Status NorMuonPhase(GroupState& group, const MuonOptions& options,
   const MatrixView stats = Rows(rows.stats_buf, 0, rows.slots);
   RETURN_IF_ERROR(backend.NorMuonRowStats(blocks, state, stats));
   RETURN_IF_ERROR(GatherRowStats(group));
-  return backend.NorMuonNormalize(blocks, stats, state,
-                                  Rows(rows.staged_buf, 0, rows.total_rows),
-                                  Rows(rows.factors_buf, 0, rows.total_rows),
-                                  options.beta2, options.moment2_eps);
+  return backend.NorMuonFactors(blocks, stats, state,
+                                Rows(rows.staged_buf, 0, rows.total_rows),
+                                Rows(rows.factors_buf, 0, rows.total_rows),
+                                options.beta2, options.moment2_eps);
 }
 
 absl::Status AdaMuonPhase(GroupState& group, const MuonOptions& options,
@@ -170,6 +170,11 @@ absl::Status AllocateAdaMuonState(GroupState& group) {
 }
 
 }  // namespace
+
+MatrixView NorMuonRowFactorsOf(const GroupState& group, size_t i) {
+  return Rows(group.normuon.factors_buf, group.normuon.offset[i],
+              group.params[i].spec.local_shape[0]);
+}
 
 absl::Status AllocateVariantState(GroupState& group) {
   switch (group.config.muon.variant) {

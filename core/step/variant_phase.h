@@ -22,8 +22,9 @@
 // rank, and (for whole rows: no TP column split) those of the single-process
 // path (MuonVariantFullMatrix, the same calls on one block). Under tp_dim 1 a
 // row sum is the sum of T rounded partial sums: within fp32 rounding of the
-// single-process one. Each rank scales its rows of L_i and stages its rows'
-// new state until the commit.
+// single-process one. Each rank stages its rows' new state until the commit
+// and keeps their factors, which the update applies to L_i as it writes the
+// param (NorMuonRowFactorsOf; one pass over L_i less than scaling it here).
 //
 // A skipped param is left alone (its state is kept; L_i stays zero).
 #include <set>
@@ -43,6 +44,10 @@ absl::Status AllocateVariantState(GroupState& group);
 // stages the new state. Collective for NorMuon (every rank of the domain).
 absl::Status VariantPhase(GroupState& group, const MuonOptions& options,
                           const std::set<std::string>& skip);
+
+// NorMuon: param i's row factors of this step (local rows x 1, fp32), valid
+// after VariantPhase until the next step.
+MatrixView NorMuonRowFactorsOf(const GroupState& group, size_t i);
 
 // After the commit vote: the staged variant state becomes the state (not for
 // a skipped param). Local only.

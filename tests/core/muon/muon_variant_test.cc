@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -52,6 +53,17 @@ void NorMuonRef(std::vector<double>& u, std::vector<double>& v, double b2,
   for (double& x : u) x *= ratio;
 }
 
+// NorMuon's update as the param sees it: each row times its factor
+// (MuonVariantFullMatrix leaves `u` and writes the factors; the update
+// applies them, as here, in fp32).
+void ApplyNorMuonFactors(std::vector<float>& u,
+                         const std::vector<float>& rows) {
+  const float* factors = rows.data() + 2 * kRows;
+  for (int i = 0; i < kRows; ++i) {
+    for (int j = 0; j < kCols; ++j) u[i * kCols + j] *= factors[i];
+  }
+}
+
 // EO: moment2.lerp_(O^2, 1 - b2); O / (sqrt(moment2) + eps).
 void AdaMuonRef(std::vector<double>& u, std::vector<double>& v, double b2,
                 double eps) {
@@ -80,6 +92,7 @@ void RunAgainstReference(MuonVariant variant) {
                     ContiguousView(rows.data(), DType::kFloat32, kRows, 3))
                     .ok());
     if (variant == MuonVariant::kNorMuon) {
+      ApplyNorMuonFactors(u, rows);
       NorMuonRef(u_ref, v_ref, o.beta2, o.moment2_eps);
     } else {
       AdaMuonRef(u_ref, v_ref, o.beta2, o.moment2_eps);
@@ -120,6 +133,7 @@ TEST(MuonVariant, NorMuonKeepsTheFrobeniusNorm) {
                   ContiguousView(v.data(), DType::kFloat32, kRows, 1),
                   ContiguousView(rows.data(), DType::kFloat32, kRows, 3))
                   .ok());
+  ApplyNorMuonFactors(u, rows);
   for (float x : u) after += double(x) * x;
   EXPECT_NEAR(std::sqrt(after), std::sqrt(before), 1e-6 * std::sqrt(before));
 }
