@@ -46,18 +46,59 @@ __device__ __forceinline__ int RowEntryOf(const RowTable& t, int b) {
   return lo;
 }
 
-// Row r's sum of squares by one warp, in fp64: lane l takes columns
-// 4l + 128k + e (e = 0..3, k ascending), then the fixed xor butterfly; the
-// order depends on the columns alone, so every layout that holds the row
-// whole gets the same bits. Lane 0's value is the result.
-__device__ double WarpRowSumSquares(const DView& x, int64_t r, int lane) {
-  double sum = 0.0;
-  for (int64_t j0 = 4 * int64_t(lane); j0 < x.cols; j0 += 128) {
+// Elements j..j+3 of a row (fp32 or bf16), as one 16- or 8-byte load when
+// the row start allows it (`vec`), else one by one; past the row: 0.
+__device__ __forceinline__ void Ld4Row(const DView& x, const char* row,
+                                       int64_t j, bool vec, float (&v)[4]) {
+  if (vec && j + 4 <= x.cols) {
+    if (x.elem == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(row + j * 4);
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+      const uint2 h = *reinterpret_cast<const uint2*>(row + j * 2);
+      v[0] = Bf16BitsToFloat(uint16_t(h.x & 0xffffu));
+      v[1] = Bf16BitsToFloat(uint16_t(h.x >> 16));
+      v[2] = Bf16BitsToFloat(uint16_t(h.y & 0xffffu));
+      v[3] = Bf16BitsToFloat(uint16_t(h.y >> 16));
+    }
+    return;
+  }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (j0 + e < x.cols) {
-        const double v = Ld(x, r, j0 + e);
-        sum = __dadd_rn(sum, __dmul_rn(v, v));
+  for (int e = 0; e < 4; ++e) {
+    const int64_t c = j + e;
+    if (c >= x.cols) {
+      v[e] = 0.0f;
+    } else if (x.elem == 4) {
+      v[e] = reinterpret_cast<const float*>(row)[c];
+    } else {
+      v[e] = Bf16BitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
+    }
+  }
+}
+
+// Row r's sum of squares by one warp, in fp64: lane l takes columns
+// 4l + 128k + e (e = 0..3, k ascending; a column past the row adds +0), then
+// the fixed xor butterfly; the order depends on the columns alone (not on
+// the row's address or how it is loaded), so every layout that holds the row
+// whole gets the same bits. kChunks chunks of 128 columns are loaded before
+// any is summed, to keep loads in flight. Lane 0's value is the result.
+__device__ double WarpRowSumSquares(const DView& x, int64_t r, int lane) {
+  constexpr int kChunks = 4;
+  const char* row = x.data + r * x.ld * x.elem;
+  const bool vec =
+      reinterpret_cast<uintptr_t>(row) % (x.elem == 4 ? 16 : 8) == 0;
+  double sum = 0.0;
+  for (int64_t base = 0; base < x.cols; base += 128 * kChunks) {
+    float v[kChunks][4];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+      Ld4Row(x, row, base + 128 * c + 4 * lane, vec, v[c]);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const double d = v[c][e];
+        sum = __dadd_rn(sum, __dmul_rn(d, d));
       }
     }
   }
