@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -187,6 +188,27 @@ def acquire(device: int | None, job_id: str | None, timeout: float) -> Lease:
             raise_if_one_died(_cluster.servers)
         _users += 1
         return Lease(_cluster)
+
+
+def death_note(address: str) -> str:
+    """When ``address`` is this process's local daemon and its process has
+    exited (waited for up to a second: a closed socket comes first): what
+    happened and what to do; else ""."""
+    cluster = current()
+    if cluster is None:
+        return ""
+    for server in cluster.servers:
+        if server.health_address != address:
+            continue
+        try:
+            server.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return ""
+        return (f"\n{server.death_message()}\nThe local cluster is not restarted and its "
+                "optimizer state is gone: close() every optimizer of this process, build "
+                "a new one (it starts a fresh local cluster) and load_state_dict a saved "
+                "state")
+    return ""
 
 
 def _start(device: int | None, job_id: str, timeout: float) -> LocalCluster:

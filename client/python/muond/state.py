@@ -234,8 +234,8 @@ def assemble(infos: list[ParamInfo], per_rank: dict) -> dict[str, dict[str, torc
     out = {}
     for info in infos:
         state = {}
-        if info.layout == EMPTY:  # no daemon holds it: no state, as never stepped
-            out[info.name] = state
+        if info.layout == EMPTY:  # no daemon holds it: its (empty) state at zero
+            out[info.name] = zero_state(info)
             continue
         for key, suffix in info.keys().items():
             if key == "step":
@@ -295,6 +295,13 @@ def _local_shard(info: ParamInfo, key: str, value):
     return local
 
 
+def _finite(value) -> bool:
+    """True when the tensor ``value`` as given (a DTensor's local shard) holds
+    no NaN or Inf (so a non-finite fp32 copy overflowed)."""
+    local = local_of(value)
+    return isinstance(local, torch.Tensor) and bool(torch.isfinite(local).all())
+
+
 def _fp32(info: ParamInfo, key: str, value) -> torch.Tensor:
     info = key_info(info, key)
     if info.dist is not None and key != "step" and isinstance(value, torch.Tensor):
@@ -314,6 +321,14 @@ def _fp32(info: ParamInfo, key: str, value) -> torch.Tensor:
         raise ValueError(f"param {info.name}: state[{key!r}] must be a floating tensor, got "
                          f"{value.dtype}")
     return value.detach().to("cpu", torch.float32)
+
+
+def zero_state(info: ParamInfo, keys=None) -> dict[str, torch.Tensor]:
+    """The param's state before its first step (``keys`` of it, default all):
+    fp32 zeros of each key's shape, step 0."""
+    return {key: torch.zeros((), dtype=torch.float32) if key == "step"
+            else torch.zeros(key_info(info, key).shape, dtype=torch.float32)
+            for key in (info.keys() if keys is None else keys)}
 
 
 def validate(infos: list[ParamInfo], states: dict) -> dict[str, dict[str, torch.Tensor]]:
@@ -341,8 +356,7 @@ def validate(infos: list[ParamInfo], states: dict) -> dict[str, dict[str, torch.
         state = {}
         for key in keys:
             if key not in given:
-                state[key] = (torch.zeros((), dtype=torch.float32) if key == "step"
-                              else torch.zeros(key_info(info, key).shape, dtype=torch.float32))
+                state.update(zero_state(info, [key]))
                 continue
             value = _fp32(info, key, given[key])
             want = () if key == "step" else tuple(key_info(info, key).shape)
@@ -352,6 +366,11 @@ def validate(infos: list[ParamInfo], states: dict) -> dict[str, dict[str, torch.
                 raise ValueError(f"param {info.name}: state[{key!r}] has shape "
                                  f"{tuple(value.shape)}, the param needs {want}")
             if not torch.isfinite(value).all():
+                if _finite(given[key]):
+                    raise ValueError(
+                        f"param {info.name}: state[{key!r}] has values beyond fp32's range "
+                        f"(|x| up to {float(local_of(given[key]).abs().max()):g}); muond "
+                        "keeps optimizer state in fp32")
                 raise ValueError(f"param {info.name}: state[{key!r}] has non-finite values")
             if key in SECOND_MOMENTS and (value < 0).any():
                 raise ValueError(f"param {info.name}: state[{key!r}] has negative values "

@@ -17,12 +17,16 @@ shared    a second lease on the cluster (muond.local.acquire: another user)
           second optimizer starts a fresh cluster and steps
 launched  under `muond launch --nproc-per-node 1` without $RANK
 off       $MUOND_LOCAL=0: records the error Muon() raises
+daemon_killed  SIGKILLs the local daemon after the 3 steps: records the next
+          step's error and whether the params changed; then close(), and a
+          new optimizer starts a fresh cluster and steps
 model     a model with biases and a LayerNorm through Muon(model.named_parameters())
           against torch.optim.Muon + torch.optim.AdamW ("groups", "rel_diff" per
           param); then as close
 """
 import json
 import os
+import signal
 import sys
 import time
 
@@ -152,6 +156,29 @@ def shared(opt, info):
     info["second_after"] = what_is_left(second_facts)
 
 
+def daemon_killed(opt, info):
+    """The step after the local daemon's death says so; a new optimizer
+    after close() starts a fresh cluster."""
+    daemon = next(s for s in muond.local.current().servers if s.rank == 0)
+    os.kill(daemon.proc.pid, signal.SIGKILL)
+    ps = opt.param_groups[0]["params"]
+    before = [p.detach().clone() for p in ps]
+    set_grads(ps, 3)
+    try:
+        opt.step()
+        info["error"] = None
+    except RuntimeError as e:
+        info["error"] = str(e)
+    info["unchanged"] = all(torch.equal(p.detach(), b) for p, b in zip(ps, before))
+    info["daemon_pid"] = daemon.proc.pid
+    opt.close()
+    second = Muon(params(), fp32_matmul_prec="highest", **HYPER)
+    set_grads(second.param_groups[0]["params"], 0)
+    second.step()
+    info["second_stepped"] = second.step_id
+    second.close()
+
+
 def main():
     mode, out = sys.argv[1], sys.argv[2]
     if mode == "off":
@@ -170,6 +197,8 @@ def main():
         info["after"] = what_is_left(info)
     elif mode == "shared":
         shared(opt, info)
+    elif mode == "daemon_killed":
+        daemon_killed(opt, info)
     write(out, info)
 
 

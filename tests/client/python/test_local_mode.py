@@ -8,7 +8,9 @@ alone, and at interpreter exit; another lease on the cluster keeps it
 running, the last release stops it, and a later optimizer starts a fresh
 one; $MUOND_LOCAL=1 starts one although stray job variables are set; a
 $TMPDIR too long for a socket path falls back to /tmp; a cluster whose
-servers fail keeps their logs and names them; $MUOND_LOCAL=0 gives the
+servers fail keeps their logs and names them; a step after the local daemon
+was killed says so (its pid and signal) and what to do, changes nothing, and
+a new optimizer after close() starts a fresh cluster; $MUOND_LOCAL=0 gives the
 error naming what to set; client/python/README.md's recipe for an exact
 comparison with torch.optim.Muon runs and agrees to fp32 rounding."""
 import os
@@ -59,6 +61,15 @@ class LocalModeTest(unittest.TestCase):
         self.assertTrue(info["second_is_fresh"])
         self.assertEqual(info["second_stepped"], 1)
         self.assertEqual(info["second_after"], NOTHING_LEFT)
+
+    def test_a_killed_local_daemon_is_named_and_a_new_optimizer_starts_afresh(self):
+        info = run_trainer(self, "daemon_killed")
+        self.assertIsNotNone(info["error"])
+        self.assertIn(f"local muond-daemon (pid {info['daemon_pid']})", info["error"])
+        self.assertRegex(info["error"], r"SIGKILL|signal 9")
+        self.assertIn("close() every optimizer", info["error"])
+        self.assertTrue(info["unchanged"])
+        self.assertEqual(info["second_stepped"], 1)
 
     def test_named_parameters_of_a_model_with_biases_and_norms_step_like_muon_and_adamw(self):
         info = run_trainer(self, "model")

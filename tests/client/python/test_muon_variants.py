@@ -167,7 +167,14 @@ class VariantStateLayoutTest(unittest.TestCase):
                  r"param w: state\['variance_neuron'\] has negative values"),
                 ({"variance_neuron": torch.zeros(4, 1)}, r"param w: .*normuon needs all of"),
                 ({"momentum_buffer": m, "moment2_buffer": m},
-                 "are not normuon's .*another Muon variant: drop those keys")]:
+                 "are not normuon's .*another Muon variant: drop those keys"),
+                ({"momentum_buffer": m,
+                  "variance_neuron": torch.full((4, 1), 1e300, dtype=torch.float64)},
+                 r"param w: state\['variance_neuron'\] has values beyond fp32's range "
+                 r"\(\|x\| up to 1e\+300\)"),
+                ({"momentum_buffer": m,
+                  "variance_neuron": torch.full((4, 1), float("nan"))},
+                 r"param w: state\['variance_neuron'\] has non-finite values")]:
             with self.subTest(message=message):
                 with self.assertRaisesRegex(ValueError, message):
                     mstate.validate([info], {"w": state})

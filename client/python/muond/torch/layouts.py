@@ -52,15 +52,22 @@ class PlacementRun:
         with elements. A param without any (torch.optim steps it as a no-op)
         goes to no daemon: layout EMPTY, its state kept by none."""
         self.collected = self._collect()
-        todo = []
+        todo, empty = [], []
         for item in self.collected.todo:
             name, p = item[3], item[4]
             if p.numel() > 0:
                 todo.append(item)
                 continue
             self.layouts[name], self.ranks_of[name] = _state.EMPTY, ()
+            empty.append(f"{name} {tuple(p.shape)}")
             if not is_dtensor(p):  # zero_grad and the grad copy treat it as any param
                 self.memory.rebind(p, 0)
+        if empty and not todo:
+            raise ValueError(
+                f"muond.torch.Muon: no param has elements ({', '.join(empty[:5])}"
+                f"{', ...' if len(empty) > 5 else ''}): there is nothing for the daemons to "
+                "step; give the optimizer at least one param with elements (empty ones "
+                "beside it step as no-ops, as in torch.optim)")
         return todo
 
     def group(self, rank: int, gi: int, wname: str, group: dict, domain) -> pb.ParamGroup:

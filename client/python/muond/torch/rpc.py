@@ -53,6 +53,8 @@ def result(call, client: Client, what: str):
             # refuses): the trainer recovers exactly as from a peer's
             # PEER_GONE, so it gets the same reason to branch on.
             reason, metadata = PEER_GONE, {"daemon": client.address}
+            from muond import local  # the optimizer's own daemon: say if it died
+            detail = f"{detail}{local.death_note(client.address)}"
         raise MuondError(f"muond daemon {client.address}: {what} failed: "
                          f"{code.name if code is not None else type(e).__name__}: {detail}",
                          code=code, reason=reason, metadata=metadata) from e

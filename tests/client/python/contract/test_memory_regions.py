@@ -5,7 +5,9 @@ are packed into a few shm regions, so
 * 100,000 params register and step with the trainer held to 1,024 open files
   as well, a sample of them equal to torch.optim.Muon's step (fp32 NS);
 * the open files of trainer and daemon do not grow with the number of params;
-* params without elements are a no-op as in torch.optim.Muon / AdamW, and
+* params without elements are a no-op as in torch.optim.Muon / AdamW (their
+  state has torch's keys, without elements; an optimizer of only such params is
+  refused by name), and
   the state dict round-trips (into muond and from torch.optim.Muon);
 * a daemon started with a soft limit below its hard limit raises it.
 """
@@ -158,6 +160,10 @@ class MemoryRegionsTest(ClusterTestCase):
             opt.close()
         self.assertEqual(tuple(ours["w0"].shape), (0, 4))
         self.assertEqual(tuple(ours["b0"].shape), (0,))
+        # Their state has torch.optim's keys and shapes (no elements).
+        self.assertEqual(tuple(saved["state"][1]["momentum_buffer"].shape), (0, 4))
+        self.assertEqual(tuple(saved["state"][3]["exp_avg"].shape), (0,))
+        self.assertEqual(tuple(saved["state"][3]["exp_avg_sq"].shape), (0,))
         # A new optimizer resumes from the state dict: its third step is torch's.
         opt = muond_opt(self.cluster, groups(ours))
         try:
@@ -169,6 +175,9 @@ class MemoryRegionsTest(ClusterTestCase):
         for name in ("w", "b"):
             self.assertLessEqual(rel_diff(ours[name].detach(), theirs[name].detach()),
                                  REL_TOL, name)
+        # Only params without elements: nothing to step, said before any daemon is asked.
+        with self.assertRaisesRegex(ValueError, r"no param has elements \(w0 \(0, 4\)\)"):
+            muond_opt(self.cluster, [muon_group([ours["w0"]], ["w0"])])
         # torch.optim.Muon's state dict, with its state of the empty param, loads.
         muon_sd = ref.muon.state_dict()
         self.assertEqual(tuple(muon_sd["state"][1]["momentum_buffer"].shape), (0, 4))
