@@ -30,6 +30,11 @@ absl::Status Backend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
   return absl::OkStatus();
 }
 
+absl::StatusOr<MemoryInfo> Backend::Memory() {
+  return absl::UnimplementedError(absl::StrCat(
+      "memory: not reported by backend ", std::string(name())));
+}
+
 absl::Status Backend::NorMuonRowStats(absl::Span<const NorMuonRowBlock>,
                                       const MatrixView&, const MatrixView&) {
   return absl::UnimplementedError(absl::StrCat(

@@ -71,6 +71,12 @@ struct AdamWScalars {
   float eps = 1e-8f;
 };
 
+// Free and total bytes of a backend's memory (Backend::Memory).
+struct MemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
 // One matrix of a NorMuon row set (Backend::NorMuonRowStats): its local
 // rows of the update, where they sit in the full matrix, where its entries
 // are in the set's buffers, and what this rank contributes to the row
@@ -107,6 +113,11 @@ class Backend {
   // and Free may synchronise; call them at setup, not inside a step.
   virtual absl::StatusOr<void*> Allocate(int64_t bytes) = 0;
   virtual void Free(void* ptr) = 0;
+  // The memory Allocate draws from: free and total bytes now (CUDA:
+  // cudaMemGetInfo of the device, which other processes share; CPU: the
+  // host's available memory, /proc/meminfo MemAvailable). Unimplemented by
+  // default (the caller then has no measure: it allocates and sees).
+  virtual absl::StatusOr<MemoryInfo> Memory();
   // Sets every element of `view` to +0.
   virtual absl::Status Memset0(const MatrixView& view) = 0;
   // Plain byte copies between host memory and backend memory. CopyFromHost

@@ -1,9 +1,12 @@
 #include "core/backend/cpu_backend.h"
 
+#include <unistd.h>
+
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -128,6 +131,25 @@ void Gemm16Slice(Op op_a, Op op_b, float alpha, const MatrixView& a,
   ConvertInto(c, c32);
 }
 
+// MemAvailable and MemTotal of /proc/meminfo (kB), else sysconf's free and
+// physical pages.
+MemoryInfo HostMemory() {
+  MemoryInfo info;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") info.free_bytes = kb * 1024;
+    if (key == "MemTotal:") info.total_bytes = kb * 1024;
+  }
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  if (info.total_bytes == 0) info.total_bytes = sysconf(_SC_PHYS_PAGES) * page;
+  if (info.free_bytes == 0) info.free_bytes = sysconf(_SC_AVPHYS_PAGES) * page;
+  return info;
+}
+
 class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
@@ -138,6 +160,8 @@ class CpuBackend final : public Backend {
   bool SupportsPrecision(MatmulPrecision p) const override {
     return p == MatmulPrecision::kHighest || p == MatmulPrecision::kMedium;
   }
+
+  absl::StatusOr<MemoryInfo> Memory() override { return HostMemory(); }
 
   absl::StatusOr<void*> Allocate(int64_t bytes) override {
     if (bytes < 0) {

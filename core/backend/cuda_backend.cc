@@ -84,6 +84,14 @@ absl::StatusOr<void*> CudaBackend::Allocate(int64_t bytes) {
   }
   return p;
 }
+absl::StatusOr<MemoryInfo> CudaBackend::Memory() {
+  cudaSetDevice(device_);
+  size_t free_bytes = 0, total_bytes = 0;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  return MemoryInfo{int64_t(free_bytes), int64_t(total_bytes)};
+}
+
 void CudaBackend::Free(void* ptr) {
   if (ptr == nullptr) return;
   cudaStreamSynchronize(stream_);

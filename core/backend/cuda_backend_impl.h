@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
 
   // Memory and copies (cuda_backend.cc).
   absl::StatusOr<void*> Allocate(int64_t bytes) override;
+  absl::StatusOr<MemoryInfo> Memory() override;
   void Free(void* ptr) override;
   absl::Status Memset0(const MatrixView& v) override;
   absl::Status CopyFromHost(void* dst, const void* src, int64_t bytes) override;

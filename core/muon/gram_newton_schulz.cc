@@ -71,6 +71,14 @@ GramNewtonSchulz::~GramNewtonSchulz() {
   }
 }
 
+int64_t GramNewtonSchulz::WorkspaceBytes(const NsOptions& options,
+                                         int64_t rows, int64_t cols,
+                                         int64_t max_batch) {
+  const int64_t es = int64_t(DTypeSize(NsWorkDType(options.precision)));
+  const int64_t m = std::min(rows, cols);
+  return max_batch * es * (2 * rows * cols + 5 * m * m);
+}
+
 absl::Status GramNewtonSchulz::AllocateWorkspace() {
   const int64_t es = int64_t(DTypeSize(dtype_));
   const int64_t xb = max_batch_ * rows_ * cols_ * es;

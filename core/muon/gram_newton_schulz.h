@@ -98,6 +98,10 @@ class GramNewtonSchulz {
       int64_t max_batch = 1);
   ~GramNewtonSchulz();
   GramNewtonSchulz(const GramNewtonSchulz&) = delete;
+  // The bytes Create allocates for the shape and max_batch: two batches of
+  // the matrices and five of the m x m Gram iterates, in the work dtype.
+  static int64_t WorkspaceBytes(const NsOptions& options, int64_t rows,
+                                int64_t cols, int64_t max_batch);
   GramNewtonSchulz& operator=(const GramNewtonSchulz&) = delete;
 
   // As NewtonSchulz::Run (same views, dtypes and errors).

@@ -244,6 +244,16 @@ NewtonSchulz::~NewtonSchulz() {
   }
 }
 
+int64_t NewtonSchulz::WorkspaceBytes(const NsOptions& options, int64_t rows,
+                                     int64_t cols, int64_t max_batch) {
+  if (UsesGramNs(options, rows, cols)) {
+    return GramNewtonSchulz::WorkspaceBytes(options, rows, cols, max_batch);
+  }
+  const int64_t es = int64_t(DTypeSize(NsWorkDType(options.precision)));
+  const int64_t m = std::min(rows, cols);
+  return max_batch * es * (2 * rows * cols + 2 * m * m);
+}
+
 absl::Status NewtonSchulz::AllocateWorkspace() {
   const int64_t es = int64_t(DTypeSize(work_dtype_));
   ASSIGN_OR_RETURN(x_[0], backend_->Allocate(max_batch_ * rows_ * cols_ * es));

@@ -154,6 +154,11 @@ class NewtonSchulz {
       int64_t max_batch = 1);
   ~NewtonSchulz();
   NewtonSchulz(const NewtonSchulz&) = delete;
+  // The bytes Create allocates for the shape and max_batch (Gram NS's where
+  // the shape runs it; standard NS: two batches of the matrices and two of
+  // the m x m products, in the work dtype).
+  static int64_t WorkspaceBytes(const NsOptions& options, int64_t rows,
+                                int64_t cols, int64_t max_batch);
   NewtonSchulz& operator=(const NewtonSchulz&) = delete;
 
   // in:  fp32 or bf16, (batch*rows) x cols, the batch matrices stacked

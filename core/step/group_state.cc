@@ -108,7 +108,8 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
 }  // namespace
 
 absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
-                                            Backend* default_backend) {
+                                            Backend* default_backend,
+                                            NsWorkspaceBudget* ns_budget) {
   GroupState group;
   group.backend = config.backend != nullptr ? config.backend : default_backend;
   RETURN_IF_ERROR(CheckDomain(config.name, config.domain));
@@ -137,7 +138,7 @@ absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
     group.ns_dtype = NsWorkDType(config.muon.ns.precision);
     ASSIGN_OR_RETURN(group.local, AllocateSlabs(group.backend, group.ns_dtype,
                                                 shapes, group.local_slabs));
-    group.ns = NsRunner(group.backend, group.ns_dtype);
+    group.ns = NsRunner(group.backend, group.ns_dtype, ns_budget);
   }
   group.config = std::move(config);
   if (group.config.algorithm == Algorithm::kMuon) {

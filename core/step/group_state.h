@@ -85,9 +85,11 @@ struct GroupState {
 // Validates `config` (domain coordinates and communicators, hyperparameters,
 // shard specs, views against shapes: InvalidArgument naming the group/param
 // and the rule) and allocates its zeroed state on its backend (config's, or
-// `default_backend`).
-absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
-                                            Backend* default_backend);
+// `default_backend`). `ns_budget` (not owned, may be null) bounds its NS
+// workspaces (NsRunner).
+absl::StatusOr<GroupState> CreateGroupState(
+    GroupConfig config, Backend* default_backend,
+    NsWorkspaceBudget* ns_budget = nullptr);
 
 std::vector<ParamShardSpec> ParamSpecs(const GroupState& group);
 

@@ -145,6 +145,11 @@ struct StepOptions {
   // and the window's are logged at INFO ("testonly_commit_delay_ms: step N:
   // started", "...: exchanges done (ok)") for tests that kill a peer there.
   int testonly_commit_delay_ms = 0;
+  // The Newton–Schulz workspaces of every group together take at most this
+  // many bytes (0: no cap); a batch (ns_batch_size) whose workspace does not
+  // fit under the cap or the backend's free memory runs in smaller batches
+  // (ns_workspace_budget.h; muond-daemon --max_ns_workspace_bytes).
+  int64_t max_ns_workspace_bytes = 0;
 };
 
 class LayerShardedMuon {
@@ -218,6 +223,9 @@ class LayerShardedMuon {
   // Bytes of persistent state and the peak of transient exchange buffers.
   virtual int64_t state_bytes() const = 0;
   virtual int64_t peak_transient_bytes() const = 0;
+  // Bytes the Newton–Schulz workspaces take now, and the most they took.
+  virtual int64_t ns_workspace_bytes() const = 0;
+  virtual int64_t peak_ns_workspace_bytes() const = 0;
 };
 
 }  // namespace muond

@@ -44,7 +44,9 @@ namespace muond {
 class LayerShardedMuonImpl final : public LayerShardedMuon {
  public:
   LayerShardedMuonImpl(Backend* backend, StepOptions options)
-      : backend_(backend), options_(options) {}
+      : backend_(backend),
+        options_(options),
+        ns_budget_(options.max_ns_workspace_bytes) {}
 
   absl::Status Init(std::vector<GroupConfig> groups);
   using LayerShardedMuon::SetHomes;
@@ -56,6 +58,10 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   absl::Status ImportState(
       const std::map<std::string, std::vector<float>>& state) override;
   int64_t state_bytes() const override { return state_bytes_; }
+  int64_t ns_workspace_bytes() const override { return ns_budget_.taken(); }
+  int64_t peak_ns_workspace_bytes() const override {
+    return ns_budget_.peak();
+  }
   int64_t peak_transient_bytes() const override {
     return transient_bytes_ + staging_bytes_;
   }
@@ -120,6 +126,8 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
 
   Backend* backend_;
   StepOptions options_;
+  // Before groups_: their NS runners give their bytes back to it as they go.
+  NsWorkspaceBudget ns_budget_;
   std::vector<GroupState> groups_;
   std::vector<Lane> lanes_;
   // Steps run (for sampling per-shape NS timings on device backends).

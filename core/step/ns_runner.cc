@@ -4,10 +4,13 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/common/status_macros.h"
+#include "glog/logging.h"
 
 namespace muond {
 
@@ -150,12 +153,20 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
     for (size_t s = 0; s < shapes.size(); ++s) {
       const auto [rows, cols] = shapes[s];
       const std::vector<MatrixView>& same = members[first + s];
-      for (size_t begin = 0; begin < same.size(); begin += max_batch) {
-        const int64_t batch =
-            std::min<int64_t>(max_batch, int64_t(same.size()) - begin);
-        Chunk chunk{nullptr, rows, cols,
-                    absl::MakeConstSpan(same).subspan(begin, batch),
+      const auto shape_batch = batch_of_shape_.find(shapes[s]);
+      int64_t cap = shape_batch != batch_of_shape_.end() ? shape_batch->second
+                                                         : max_batch;
+      for (size_t begin = 0; begin < same.size();) {
+        const int64_t want =
+            std::min<int64_t>(cap, int64_t(same.size()) - begin);
+        const absl::Span<const MatrixView> run =
+            absl::MakeConstSpan(same).subspan(begin, want);
+        ASSIGN_OR_RETURN(const int64_t batch,
+                         FitBatch(options, rows, cols, want, IsStacked(run)));
+        if (begin == 0) cap = batch_of_shape_[shapes[s]] = batch;
+        Chunk chunk{nullptr, rows, cols, run.subspan(0, batch),
                     ChunkKind::kStaged};
+        begin += batch;
         ASSIGN_OR_RETURN(chunk.ns, GetNs(options, rows, cols, batch));
         if (batch == 1) {
           chunk.kind = ChunkKind::kSingle;
@@ -210,6 +221,57 @@ uint64_t NsRunner::GraphKey(const MuonOptions& options,
     for (const MatrixView& m : chunk.members) h.Add(m);
   }
   return h.Finish();
+}
+
+NsRunner& NsRunner::operator=(NsRunner&& other) noexcept {
+  if (this == &other) return *this;
+  if (budget_ != nullptr) budget_->Give(taken_);
+  engines_ = std::move(other.engines_);
+  staging_ = std::move(other.staging_);
+  batch_of_shape_ = std::move(other.batch_of_shape_);
+  backend_ = other.backend_;
+  work_dtype_ = other.work_dtype_;
+  budget_ = other.budget_;
+  taken_ = std::exchange(other.taken_, 0);
+  staging_elems_ = std::exchange(other.staging_elems_, 0);
+  use_graphs_ = other.use_graphs_;
+  id_ = other.id_;
+  return *this;
+}
+
+NsRunner::~NsRunner() {
+  if (budget_ != nullptr) budget_->Give(taken_);
+}
+
+absl::StatusOr<int64_t> NsRunner::FitBatch(const MuonOptions& options,
+                                           int64_t rows, int64_t cols,
+                                           int64_t want, bool stacked) {
+  if (budget_ == nullptr) return want;
+  const int64_t es = int64_t(DTypeSize(work_dtype_));
+  for (int64_t batch = want;; batch = (batch + 1) / 2) {
+    if (engines_.contains(std::make_tuple(rows, cols, batch))) return batch;
+    int64_t bytes = NewtonSchulz::WorkspaceBytes(options.ns, rows, cols, batch);
+    if (batch > 1 && !stacked) bytes += batch * rows * cols * es;
+    ASSIGN_OR_RETURN(const bool granted, budget_->TryTake(*backend_, bytes));
+    if (granted) {
+      taken_ += bytes;
+      if (batch < want) {
+        LOG(WARNING) << "ns: " << rows << "x" << cols << " matrices run in "
+                     << "batches of " << batch << ", not " << want
+                     << ": the workspace of " << want << " does not fit ("
+                     << budget_->Describe(*backend_, bytes) << ")";
+      }
+      return batch;
+    }
+    if (batch == 1) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "ns: no memory for the Newton-Schulz workspace of one ", rows, "x",
+          cols, " matrix: ", budget_->Describe(*backend_, bytes),
+          ". Free device memory (another process may hold it), raise "
+          "--max_ns_workspace_bytes, or spread the matrices over more "
+          "daemons"));
+    }
+  }
 }
 
 absl::StatusOr<NewtonSchulz*> NsRunner::GetNs(const MuonOptions& options,

@@ -23,6 +23,7 @@
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
 #include "core/step/buffers.h"
+#include "core/step/ns_workspace_budget.h"
 #include "core/step/step_result.h"
 
 namespace muond {
@@ -47,12 +48,26 @@ class NsRunner {
   // `backend` (the group's, not owned) runs NS on `work_dtype` matrices
   // (NsWorkDType of the group's precision).
   NsRunner() : id_(NextId()) {}
-  NsRunner(Backend* backend, DType work_dtype)
-      : backend_(backend), work_dtype_(work_dtype), id_(NextId()) {}
+  // `budget` (not owned; null: none) bounds the engines' workspaces: a batch
+  // whose workspace does not fit is halved until it does (Plan).
+  NsRunner(Backend* backend, DType work_dtype,
+           NsWorkspaceBudget* budget = nullptr)
+      : backend_(backend),
+        work_dtype_(work_dtype),
+        budget_(budget),
+        id_(NextId()) {}
+  NsRunner(NsRunner&& other) noexcept { *this = std::move(other); }
+  NsRunner& operator=(NsRunner&& other) noexcept;
+  // Gives the workspaces' bytes back to the budget.
+  ~NsRunner();
 
   // Orthogonalizes every matrix of `matrices` in place (NS + scale).
-  // Same-shape matrices are chunked in list order (so chunking depends only
-  // on the rank-independent param order) up to options.ns_batch_size; a
+  // Same-shape matrices are chunked in list order up to
+  // options.ns_batch_size, or the largest batch (halving) whose workspace the
+  // budget grants at the shape's first Run, kept for every later Run; only a
+  // shape of which not even one matrix fits fails (ResourceExhausted with the
+  // numbers). So chunking depends on the param order and, past the budget, on
+  // this rank's memory (only the NS home runs a matrix's NS); a
   // chunk of one runs unbatched (the bit-exact numerics contract), a chunk
   // lying back to back in memory (AllocateSlabs) runs batched in place, any
   // other chunk is staged through a buffer kept for the next step. `times`:
@@ -103,6 +118,11 @@ class NsRunner {
 
   absl::StatusOr<NewtonSchulz*> GetNs(const MuonOptions& options, int64_t rows,
                                       int64_t cols, int64_t batch);
+  // The batch (<= want) of rows x cols matrices to run together: one with an
+  // engine already, else the largest halving of `want` whose workspace (and
+  // staging, unless `stacked`) the budget grants, taken from it.
+  absl::StatusOr<int64_t> FitBatch(const MuonOptions& options, int64_t rows,
+                                   int64_t cols, int64_t want, bool stacked);
   // Whether `chunk` lies back to back in memory as one stacked matrix.
   bool IsStacked(absl::Span<const MatrixView> chunk) const;
   // Runs one chunk of `batch` same-shape matrices through the staging buffer
@@ -113,6 +133,11 @@ class NsRunner {
 
   Backend* backend_ = nullptr;
   DType work_dtype_ = DType::kFloat32;
+  NsWorkspaceBudget* budget_ = nullptr;
+  // Bytes this runner took from the budget.
+  int64_t taken_ = 0;
+  // Per shape, the batch its first Run settled on (FitBatch).
+  std::map<std::pair<int64_t, int64_t>, int64_t> batch_of_shape_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<NewtonSchulz>>
       engines_;
   // Staging for chunks that are not back to back.

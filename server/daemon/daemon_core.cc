@@ -499,7 +499,14 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
     const v1::StepRequest& request) {
   absl::StatusOr<v1::StepResponse> outcome = DoStep(request);
   metrics_->StepDone(outcome);
+  ReportNsWorkspace();
   return outcome;
+}
+
+void DaemonCore::ReportNsWorkspace() {
+  absl::MutexLock lock(&mu_);
+  if (engine_ == nullptr) return;
+  metrics_->NsWorkspace(engine_->muon->ns_workspace_bytes());
 }
 
 absl::Status DaemonCore::AwaitCommunicators(int64_t step_id) {
@@ -669,6 +676,8 @@ v1::GetStatusResponse DaemonCore::Status() {
   if (engine_ != nullptr) {
     s.set_state_bytes(engine_->muon->state_bytes());
     s.set_peak_transient_bytes(engine_->muon->peak_transient_bytes());
+    s.set_ns_workspace_bytes(engine_->muon->ns_workspace_bytes());
+    s.set_peak_ns_workspace_bytes(engine_->muon->peak_ns_workspace_bytes());
   }
   return s;
 }

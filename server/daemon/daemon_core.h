@@ -320,6 +320,8 @@ class DaemonCore : private DaemonStateOwner {
   // coordinator has not heard of yet. UNAVAILABLE with PEER_GONE when they
   // are still not ready.
   absl::Status AwaitCommunicators(int64_t step_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The engine's NS workspace bytes into the metrics.
+  void ReportNsWorkspace() ABSL_LOCKS_EXCLUDED(mu_);
   // DaemonConfig::validate_group on every group.
   absl::Status ValidateGroups(
       const google::protobuf::RepeatedPtrField<v1::ParamGroup>& groups) const;

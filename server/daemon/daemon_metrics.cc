@@ -75,6 +75,13 @@ DaemonMetrics::DaemonMetrics()
                               "(its rank_load over the sum of every rank's), "
                               "0..1")
                    .With()),
+      ns_workspace_bytes_(
+          registry_
+              ->AddGauge("muond_ns_workspace_bytes",
+                         "Bytes the Newton-Schulz workspaces of the engine "
+                         "take (bounded by free device memory and "
+                         "--max_ns_workspace_bytes)")
+              .With()),
       ns_seconds_(registry_
                       ->AddCounter("muond_ns_seconds_total",
                                    "Newton-Schulz phase time of applied steps "

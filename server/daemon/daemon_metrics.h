@@ -35,6 +35,8 @@ class DaemonMetrics {
   // `ns_load` of its NS cost (NsLoadShare).
   void PlanActive(int64_t version, double ns_load);
   void EngineBuildFailed() { engine_build_failures_.Increment(); }
+  // The bytes the engine's Newton-Schulz workspaces take.
+  void NsWorkspace(int64_t bytes) { ns_workspace_bytes_.Set(double(bytes)); }
 
   // The exchange bytes the engine's communicators count (ExchangeCounting).
   Counter& exchange_sent() { return sent_; }
@@ -58,6 +60,7 @@ class DaemonMetrics {
   Counter& received_;
   Gauge& plan_version_;
   Gauge& ns_load_;
+  Gauge& ns_workspace_bytes_;
   Counter& ns_seconds_;
   Family<Counter>& registrations_;
   Gauge& registered_params_;

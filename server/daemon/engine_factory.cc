@@ -142,6 +142,7 @@ EngineFactory MakeEngineFactory(EngineOptions options,
     StepOptions step_options;
     step_options.skip_nonfinite = options.skip_nonfinite;
     step_options.testonly_commit_delay_ms = options.testonly_commit_delay_ms;
+    step_options.max_ns_workspace_bytes = options.max_ns_workspace_bytes;
     if (options.world_size > 1) {
       // The job's vote is a few bytes of host memory per rank: Gloo over
       // every daemon of the job, in GPU mode too (no NCCL communicator or

@@ -33,6 +33,8 @@ struct EngineOptions {
   bool skip_nonfinite = false;
   // StepOptions::testonly_commit_delay_ms (tests of a peer dying mid-step).
   int testonly_commit_delay_ms = 0;
+  // StepOptions::max_ns_workspace_bytes (--max_ns_workspace_bytes).
+  int64_t max_ns_workspace_bytes = 0;
   // Counts the domain communicators' exchange bytes (shared: an abandoned
   // build may outlive the daemon core); null: not counted.
   std::shared_ptr<DaemonMetrics> metrics;

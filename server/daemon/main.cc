@@ -73,6 +73,11 @@ ABSL_FLAG(std::string, coordinator_tls_ca, "",
 ABSL_FLAG(int, testonly_commit_delay_ms, 0,
           "Tests only: sleep this long after a step's exchanges, before the "
           "job's commit vote (tests of a peer dying mid-step)");
+ABSL_FLAG(int64_t, max_ns_workspace_bytes, 0,
+          "Cap on the bytes of every Newton-Schulz workspace of the engine "
+          "together (0: none); a batch (ns_batch_size) whose workspace does "
+          "not fit under the cap or the device's free memory runs in smaller "
+          "batches");
 ABSL_FLAG(bool, skip_nonfinite, false,
           "Skip (instead of fail) a step whose gradients hold NaN/Inf; either "
           "way params and momentum stay unchanged and the params are named");
@@ -146,6 +151,11 @@ int main(int argc, char** argv) {
   if (const int t = absl::GetFlag(FLAGS_comm_timeout_s); t < 1) {
     LOG(ERROR) << "--comm_timeout_s=" << t
                << " must be >= 1 (seconds a communicator waits for its peers)";
+    return 2;
+  }
+  if (const int64_t b = absl::GetFlag(FLAGS_max_ns_workspace_bytes); b < 0) {
+    LOG(ERROR) << "--max_ns_workspace_bytes=" << b
+               << " must be >= 0 (0: no cap)";
     return 2;
   }
   if (absl::GetFlag(FLAGS_host) && device >= 0) {
@@ -258,6 +268,8 @@ int main(int argc, char** argv) {
   engine_options.world_size = world;
   engine_options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
   engine_options.skip_nonfinite = absl::GetFlag(FLAGS_skip_nonfinite);
+  engine_options.max_ns_workspace_bytes =
+      absl::GetFlag(FLAGS_max_ns_workspace_bytes);
   engine_options.testonly_commit_delay_ms =
       absl::GetFlag(FLAGS_testonly_commit_delay_ms);
   engine_options.comm_timeout =

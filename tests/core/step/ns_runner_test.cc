@@ -7,13 +7,17 @@
 // and staged chunks.
 #include "core/step/ns_runner.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/backend/cpu_backend.h"
 
 namespace muond {
@@ -24,6 +28,13 @@ class CountingBackend final : public Backend {
  public:
   CountingBackend() : cpu_(MakeCpuBackend()) {}
   int graph_runs = 0;
+  // What Memory() reports; unset: Unimplemented (no measure).
+  std::optional<MemoryInfo> memory;
+
+  absl::StatusOr<MemoryInfo> Memory() override {
+    if (memory) return *memory;
+    return absl::UnimplementedError("no memory measure");
+  }
 
   std::string_view name() const override { return cpu_->name(); }
   bool is_device() const override { return cpu_->is_device(); }
@@ -283,6 +294,107 @@ TEST(NsRunnerTest, EmptyListRunsNothing) {
   NsRunner runner(&backend, DType::kFloat32);
   EXPECT_TRUE(runner.Run(Options(), {}, nullptr).ok());
   EXPECT_EQ(backend.graph_runs, 0);
+}
+
+}  // namespace
+}  // namespace muond
+
+namespace muond {
+namespace {
+
+// The workspace NsRunner::FitBatch asks for: the engine's, plus the staging
+// of a batch that is not back to back.
+int64_t Need(const MuonOptions& o, int64_t r, int64_t c, int64_t batch,
+             bool stacked) {
+  return NewtonSchulz::WorkspaceBytes(o.ns, r, c, batch) +
+         (batch > 1 && !stacked ? batch * r * c * 4 : 0);
+}
+
+// A device with room for no batch of 4 of any shape of the list but for a
+// batch of 2 of every one: every shape runs in batches of 2, bitwise the
+// chunks ns_batch_size 2 forms; the bytes go back to the budget with the
+// runner.
+TEST(NsRunnerTest, ABatchThatDoesNotFitFreeMemoryRunsInHalves) {
+  CountingBackend backend;
+  const MuonOptions options = Options();  // ns_batch_size 4
+  MuonOptions halved = options;
+  halved.ns_batch_size = 2;
+  const int64_t room = std::max({Need(options, 12, 20, 2, true),
+                                 Need(options, 20, 12, 2, false),
+                                 Need(options, 16, 16, 1, false)});
+  ASSERT_LT(room, Need(options, 12, 20, 4, true));
+  ASSERT_LT(room, Need(options, 20, 12, 4, false));
+  const int64_t total = int64_t(1) << 30;
+  backend.memory = MemoryInfo{
+      NsWorkspaceBudget::Reserve(MemoryInfo{0, total}) + room, total};
+  MixedList list, reference_list;
+  const std::vector<float> want = Reference(&backend, halved, reference_list);
+  NsWorkspaceBudget budget;
+  {
+    NsRunner runner(&backend, DType::kFloat32, &budget);
+    ASSERT_TRUE(runner.Run(options, list.views, nullptr).ok());
+    EXPECT_EQ(list.Flat(), want);
+    EXPECT_GT(budget.taken(), 0);
+    EXPECT_EQ(budget.peak(), budget.taken());
+    // Later runs keep the batches (no new engine, nothing more taken).
+    const int64_t taken = budget.taken();
+    MixedList again;
+    ASSERT_TRUE(runner.Run(options, again.views, nullptr).ok());
+    EXPECT_EQ(again.Flat(), want);
+    EXPECT_EQ(budget.taken(), taken);
+    NsRunner moved = std::move(runner);
+    EXPECT_EQ(budget.taken(), taken);
+  }
+  EXPECT_EQ(budget.taken(), 0);
+}
+
+TEST(NsRunnerTest, NotOneMatrixFittingIsResourceExhaustedWithTheNumbers) {
+  CountingBackend backend;
+  const int64_t total = int64_t(1) << 30;
+  backend.memory =
+      MemoryInfo{NsWorkspaceBudget::Reserve(MemoryInfo{0, total}) + 8, total};
+  NsWorkspaceBudget budget;
+  NsRunner runner(&backend, DType::kFloat32, &budget);
+  MixedList list;
+  const std::vector<float> before = list.Flat();
+  const absl::Status st = runner.Run(Options(), list.views, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_THAT(std::string(st.message()),
+              ::testing::AllOf(::testing::HasSubstr("one 12x20 matrix"),
+                               ::testing::HasSubstr("bytes needed"),
+                               ::testing::HasSubstr("bytes free"),
+                               ::testing::HasSubstr("--max_ns_workspace_bytes")));
+  EXPECT_EQ(list.Flat(), before);  // nothing ran
+  EXPECT_EQ(budget.taken(), 0);
+}
+
+// The cap bounds every runner's engines together (a backend without a
+// memory measure is held to the cap alone): a second runner past it is
+// refused naming the cap, and gets its room once the first is gone.
+TEST(NsRunnerTest, TheCapBoundsAllRunnersTogether) {
+  CountingBackend backend;
+  const MuonOptions options = Options();
+  NsWorkspaceBudget unbounded;
+  {
+    NsRunner probe(&backend, DType::kFloat32, &unbounded);
+    MixedList list;
+    ASSERT_TRUE(probe.Run(options, list.views, nullptr).ok());
+  }
+  const int64_t all = unbounded.peak();
+  NsWorkspaceBudget budget(all);
+  auto first = std::make_unique<NsRunner>(&backend, DType::kFloat32, &budget);
+  MixedList a, b;
+  ASSERT_TRUE(first->Run(options, a.views, nullptr).ok());
+  EXPECT_EQ(budget.taken(), all);
+  NsRunner second(&backend, DType::kFloat32, &budget);
+  const absl::Status st = second.Run(options, b.views, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_THAT(std::string(st.message()),
+              ::testing::HasSubstr(absl::StrCat("(cap ", all, ")")));
+  first.reset();
+  EXPECT_EQ(budget.taken(), 0);
+  ASSERT_TRUE(second.Run(options, b.views, nullptr).ok());
+  EXPECT_EQ(a.Flat(), b.Flat());
 }
 
 }  // namespace

@@ -94,6 +94,8 @@ class FakeMuon : public LayerShardedMuon {
       {"v.momentum", std::vector<float>(8, -1.0f)}};
   int64_t state_bytes() const override { return 0; }
   int64_t peak_transient_bytes() const override { return 0; }
+  int64_t ns_workspace_bytes() const override { return 0; }
+  int64_t peak_ns_workspace_bytes() const override { return 0; }
   std::vector<std::pair<std::string, std::vector<NsHome>>> homes_set;
   std::vector<int64_t> versions_set;
   // The last applied step's skip_params and overrides.
