@@ -31,8 +31,8 @@ absl::Status Backend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
 }
 
 absl::StatusOr<MemoryInfo> Backend::Memory() {
-  return absl::UnimplementedError(absl::StrCat(
-      "memory: not reported by backend ", std::string(name())));
+  return absl::UnimplementedError(
+      absl::StrCat("memory: not reported by backend ", std::string(name())));
 }
 
 absl::Status Backend::NorMuonRowStats(absl::Span<const NorMuonRowBlock>,

@@ -1,14 +1,13 @@
 #include "core/backend/cpu_backend.h"
 
-#include <unistd.h>
-
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <vector>
 

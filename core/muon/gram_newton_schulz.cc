@@ -71,9 +71,8 @@ GramNewtonSchulz::~GramNewtonSchulz() {
   }
 }
 
-int64_t GramNewtonSchulz::WorkspaceBytes(const NsOptions& options,
-                                         int64_t rows, int64_t cols,
-                                         int64_t max_batch) {
+int64_t GramNewtonSchulz::WorkspaceBytes(const NsOptions& options, int64_t rows,
+                                         int64_t cols, int64_t max_batch) {
   const int64_t es = int64_t(DTypeSize(NsWorkDType(options.precision)));
   const int64_t m = std::min(rows, cols);
   return max_batch * es * (2 * rows * cols + 5 * m * m);

@@ -59,9 +59,7 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
       const std::map<std::string, std::vector<float>>& state) override;
   int64_t state_bytes() const override { return state_bytes_; }
   int64_t ns_workspace_bytes() const override { return ns_budget_.taken(); }
-  int64_t peak_ns_workspace_bytes() const override {
-    return ns_budget_.peak();
-  }
+  int64_t peak_ns_workspace_bytes() const override { return ns_budget_.peak(); }
   int64_t peak_transient_bytes() const override {
     return transient_bytes_ + staging_bytes_;
   }

@@ -41,16 +41,17 @@ int64_t NsWorkspaceBudget::peak() const {
   return peak_;
 }
 
-std::string NsWorkspaceBudget::Describe(Backend& backend,
-                                        int64_t bytes) const {
+std::string NsWorkspaceBudget::Describe(Backend& backend, int64_t bytes) const {
   std::string free = "free memory unknown";
   if (const absl::StatusOr<MemoryInfo> m = backend.Memory(); m.ok()) {
-    free = absl::StrCat(m->free_bytes, " of ", m->total_bytes,
-                        " bytes free (", Reserve(*m), " kept in reserve)");
+    free = absl::StrCat(m->free_bytes, " of ", m->total_bytes, " bytes free (",
+                        Reserve(*m), " kept in reserve)");
   }
-  return absl::StrCat(bytes, " bytes needed; ", free, " on ", backend.name(),
-                      "; NS workspaces hold ", taken(),
-                      cap_ > 0 ? absl::StrCat(" (cap ", cap_, ")") : "");
+  std::string out = absl::StrCat(bytes, " bytes needed; ", free, " on ",
+                                 std::string(backend.name()));
+  absl::StrAppend(&out, "; NS workspaces hold ", taken());
+  if (cap_ > 0) absl::StrAppend(&out, " (cap ", cap_, ")");
+  return out;
 }
 
 }  // namespace muond

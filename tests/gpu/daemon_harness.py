@@ -38,8 +38,9 @@ def _binary(rel: str) -> str:
 
 class Daemon:
     def __init__(self, job_id: str, device: int = 0, log_dir: str | None = None,
-                 host: bool = False):
+                 host: bool = False, daemon_args: tuple = ()):
         self.job_id, self.device, self.host = job_id, device, host
+        self.daemon_args = list(daemon_args)
         self.dir = tempfile.mkdtemp(prefix=f"muond-{job_id}-")
         self.log_dir = log_dir or self.dir
         self.address = f"unix://{self.dir}/rank0.sock"
@@ -61,8 +62,14 @@ class Daemon:
         self._start("muond", [_binary("server/daemon/muond-daemon"), f"--coordinator=127.0.0.1:{port}",
                               f"--job_id={self.job_id}", "--rank=0", "--world_size=1",
                               f"--listen={self.address}",
-                              "--host" if self.host else f"--device={self.device}"])
+                              "--host" if self.host else f"--device={self.device}",
+                              *self.daemon_args])
         return self
+
+    def log(self) -> str:
+        """The daemon's log so far."""
+        with open(os.path.join(self.log_dir, f"{self.job_id}-muond.log")) as f:
+            return f.read()
 
     def _check(self, deadline):
         for p in self.procs:

@@ -319,9 +319,9 @@ TEST(NsRunnerTest, ABatchThatDoesNotFitFreeMemoryRunsInHalves) {
   const MuonOptions options = Options();  // ns_batch_size 4
   MuonOptions halved = options;
   halved.ns_batch_size = 2;
-  const int64_t room = std::max({Need(options, 12, 20, 2, true),
-                                 Need(options, 20, 12, 2, false),
-                                 Need(options, 16, 16, 1, false)});
+  const int64_t room =
+      std::max({Need(options, 12, 20, 2, true), Need(options, 20, 12, 2, false),
+                Need(options, 16, 16, 1, false)});
   ASSERT_LT(room, Need(options, 12, 20, 4, true));
   ASSERT_LT(room, Need(options, 20, 12, 4, false));
   const int64_t total = int64_t(1) << 30;
@@ -359,11 +359,12 @@ TEST(NsRunnerTest, NotOneMatrixFittingIsResourceExhaustedWithTheNumbers) {
   const std::vector<float> before = list.Flat();
   const absl::Status st = runner.Run(Options(), list.views, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
-  EXPECT_THAT(std::string(st.message()),
-              ::testing::AllOf(::testing::HasSubstr("one 12x20 matrix"),
-                               ::testing::HasSubstr("bytes needed"),
-                               ::testing::HasSubstr("bytes free"),
-                               ::testing::HasSubstr("--max_ns_workspace_bytes")));
+  EXPECT_THAT(
+      std::string(st.message()),
+      ::testing::AllOf(::testing::HasSubstr("one 12x20 matrix"),
+                       ::testing::HasSubstr("bytes needed"),
+                       ::testing::HasSubstr("bytes free"),
+                       ::testing::HasSubstr("--max_ns_workspace_bytes")));
   EXPECT_EQ(list.Flat(), before);  // nothing ran
   EXPECT_EQ(budget.taken(), 0);
 }
