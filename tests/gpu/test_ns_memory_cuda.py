@@ -46,28 +46,26 @@ def step_twice(d, batch, param, grad, room=None):
     holds all but `room` bytes of the GPU from after the registration (the
     daemon's state and buffers allocated) until the steps are done: the NS
     workspaces, built at the first step, get what is left."""
-    from muond.client import Client
     from muond.torch import Muon
     opt = Muon([{"params": [param], "param_names": ["experts"]}], lr=0.02,
                daemons=[d.address], job_id=d.job_id, ns_batch_size=batch)
+    before = param.detach().clone()
     held = None
     try:
         if room is not None:
             held = hold(torch.cuda.mem_get_info()[0] - room)
-        before = param.detach().clone()
         for _ in range(2):
             param.grad = grad
             opt.step()
         torch.cuda.synchronize()
-        with Client(d.address) as c:
-            status = c.status()
-        changed = not torch.equal(before, param.detach())
-        return changed and bool(torch.isfinite(param).all()), status
+        status = opt.clients[0].status()  # the optimizer's own instance
     finally:
         if held is not None:
             held.kill()
             held.wait()
         opt.close()
+    changed = not torch.equal(before, param.detach())
+    return changed and bool(torch.isfinite(param).all()), status
 
 
 def main() -> int:
