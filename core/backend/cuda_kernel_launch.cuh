@@ -20,6 +20,22 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// The last k < count with start[k] <= b: which table entry CUDA block b
+// works on, when entry k's blocks start at start[k] (ascending).
+__device__ __forceinline__ int EntryOfBlock(const int* start, int count,
+                                            int b) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (start[mid] <= b) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 // The parts of a MatrixView a kernel needs, passed by value.
 struct DView {
   char* data;

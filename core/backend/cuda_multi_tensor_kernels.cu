@@ -97,16 +97,7 @@ __device__ __forceinline__ void StFlat(char* p, int elem, int64_t j, float x) {
 }
 
 __device__ __forceinline__ int MultiTensorOf(const MultiTable& t, int b) {
-  int lo = 0, hi = t.count - 1;  // last k with block_start[k] <= b
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (t.block_start[mid] <= b) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
+  return EntryOfBlock(t.block_start, t.count, b);
 }
 
 // A vec4 tensor's tile: each thread moves kIlp runs of 4 consecutive

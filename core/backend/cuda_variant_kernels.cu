@@ -34,16 +34,7 @@ struct RowTable {
 };
 
 __device__ __forceinline__ int RowEntryOf(const RowTable& t, int b) {
-  int lo = 0, hi = t.count - 1;  // last k with start[k] <= b
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (t.start[mid] <= b) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
+  return EntryOfBlock(t.start, t.count, b);
 }
 
 // Elements j..j+3 of a row (fp32 or bf16), as one 16- or 8-byte load when

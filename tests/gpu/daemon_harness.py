@@ -36,6 +36,14 @@ def _binary(rel: str) -> str:
     return flat if os.path.isfile(flat) else os.path.join(bin_dir, rel)
 
 
+def report(failures: list) -> int:
+    """Prints each failure and PASS or FAIL; the test's exit code."""
+    for f in failures:
+        print("FAIL:", f)
+    print("PASS" if not failures else "FAIL")
+    return 1 if failures else 0
+
+
 class Daemon:
     def __init__(self, job_id: str, device: int = 0, log_dir: str | None = None,
                  host: bool = False, daemon_args: tuple = ()):

@@ -22,7 +22,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon, cuda_or_skip  # noqa: E402
+from daemon_harness import Daemon, cuda_or_skip, report  # noqa: E402
 
 DEVICE = "cpu" if "--host" in sys.argv else "cuda"
 EXPERTS = (8, 96, 64)
@@ -141,10 +141,7 @@ def main() -> int:
             check_split(d, failures, head_dim)
     with Daemon("clip", host=DEVICE == "cpu") as d:
         check_qk_clip(d, failures)
-    for f in failures:
-        print("FAIL:", f)
-    print("PASS" if not failures else "FAIL")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon, cuda_or_skip  # noqa: E402
+from daemon_harness import Daemon, cuda_or_skip, report  # noqa: E402
 
 EXPERTS, ROWS, COLS = 200, 2048, 7168
 GIB = 1 << 30
@@ -117,10 +117,7 @@ def main() -> int:
                 failures.append(f"the refusal does not name the numbers: {message[:400]}")
         if not torch.equal(before, param.detach()):
             failures.append("a refused step changed the params")
-    for f in failures:
-        print("FAIL:", f)
-    print("PASS" if not failures else "FAIL")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

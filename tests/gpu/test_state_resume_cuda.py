@@ -22,7 +22,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon, cuda_or_skip  # noqa: E402
+from daemon_harness import Daemon, cuda_or_skip, report  # noqa: E402
 
 DEVICE = "cpu" if "--host" in sys.argv else "cuda"
 SHAPES = [(256, 512), (512, 256), (384, 384)]
@@ -108,10 +108,7 @@ def main() -> int:
         if torch.equal(muon[0].detach(), before[0]):
             failures.append("a param with a gradient did not move")
         c.close()
-    for f in failures:
-        print("FAIL:", f)
-    print("PASS" if not failures else "FAIL")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon_harness import Daemon, cuda_or_skip  # noqa: E402
+from daemon_harness import Daemon, cuda_or_skip, report  # noqa: E402
 
 SHAPES = [(256, 128), (96, 320), (64, 64)]
 STEPS = 4
@@ -99,10 +99,7 @@ def main() -> int:
                 failures.append(f"{variant} state {key}: cuda vs host {r:.2e}")
         if not all(torch.equal(a, b) for a, b in zip(resumed, got)):
             failures.append(f"{variant}: the resumed run differs from the uninterrupted one")
-    for f in failures:
-        print("FAIL:", f)
-    print("PASS" if not failures else "FAIL")
-    return 1 if failures else 0
+    return report(failures)
 
 
 if __name__ == "__main__":
