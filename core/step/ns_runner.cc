@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -134,6 +135,10 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
     absl::Span<const absl::Span<const MatrixView>> lists,
     std::deque<std::vector<MatrixView>>& members) {
   const int64_t max_batch = std::max<int64_t>(1, options.ns_batch_size);
+  // Measuring free memory and allocating must not interleave with another
+  // lane's (host work only, short once the engines exist).
+  std::optional<absl::MutexLock> building;
+  if (budget_ != nullptr) building.emplace(&budget_->build_mutex());
   std::vector<Chunk> chunks;
   int64_t staging_elems = 0;
   for (const absl::Span<const MatrixView> matrices : lists) {

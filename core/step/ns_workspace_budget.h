@@ -33,6 +33,10 @@ class NsWorkspaceBudget {
   absl::StatusOr<bool> TryTake(Backend& backend, int64_t bytes);
   void Give(int64_t bytes);
 
+  // Held while a runner measures, takes and allocates (NsRunner::Plan), so
+  // lanes building engines at once do not each count the same free memory.
+  absl::Mutex& build_mutex() { return build_mu_; }
+
   int64_t cap() const { return cap_; }
   int64_t taken() const;
   // The most ever taken at once.
@@ -43,6 +47,7 @@ class NsWorkspaceBudget {
 
  private:
   const int64_t cap_;
+  absl::Mutex build_mu_;
   mutable absl::Mutex mu_;
   int64_t taken_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
