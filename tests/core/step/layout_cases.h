@@ -91,6 +91,17 @@ inline std::vector<float> Shard(const std::vector<float>& full,
   return out;
 }
 
+// Mixed params: replicated, GTP_remat with a pad row (G > 1), TP column and
+// row (GTP_remat x TP when G > 1) and a second column-parallel one.
+inline std::vector<ParamCase> MixedParams(const Layout& l) {
+  const bool gtp = l.G > 1;
+  return {{"rep", 6, 5, -1, false},
+          {"gtp", 9, 6, -1, gtp},
+          {"col", 8, 6, 0, gtp},
+          {"row", 6, 8, 1, gtp},
+          {"col2", 12, 4, 0, gtp}};
+}
+
 // LPT homes over one replica's G x T grid, each param's home replica
 // (i + 1) mod D: the first param lives on replica 1, the others spread.
 inline std::vector<NsHome> Homes(const std::vector<ParamCase>& params,
