@@ -4,7 +4,9 @@
 // otherwise; the Newton–Schulz input is the NS work dtype (NsWorkDType: bf16
 // at precision medium, the Python client's default; fp32 at highest, the
 // wire's default). fp16 is also the iteration dtype of Gram Newton–Schulz
-// (core/muon/gram_newton_schulz.h).
+// (core/muon/gram_newton_schulz.h). fp8 e4m3 is a state dtype only: 8-bit
+// optimizer state with an fp32 scale per block of kStateBlock elements
+// (core/common/state_storage.h), never trainer memory or a GEMM operand.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -15,11 +17,19 @@ enum class DType : int32_t {
   kFloat32 = 0,
   kBFloat16 = 1,
   kFloat16 = 2,
+  kFloat8E4M3 = 3,
 };
 
 // Size of one element in bytes.
 constexpr size_t DTypeSize(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : 2;
+  switch (dtype) {
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat8E4M3:
+      return 1;
+    default:
+      return 2;
+  }
 }
 
 constexpr std::string_view DTypeName(DType dtype) {
@@ -28,6 +38,8 @@ constexpr std::string_view DTypeName(DType dtype) {
       return "bf16";
     case DType::kFloat16:
       return "fp16";
+    case DType::kFloat8E4M3:
+      return "fp8_e4m3";
     default:
       return "fp32";
   }

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "core/backend/backend.h"
 #include "core/common/matrix_view.h"
+#include "core/common/state_storage.h"
 #include "core/muon/bounds.h"
 
 namespace muond {
@@ -25,6 +26,10 @@ struct AdamWOptions {
   double eps = 1e-8;           // > 0 and finite as a float32
   double weight_decay = 0.01;  // in [0, kMaxWeightDecay]
   bool bias_correction = true;
+  // exp_avg and exp_avg_sq's dtype and residence
+  // (core/common/state_storage.h).
+  DType state_dtype = DType::kFloat32;
+  StateLocation state_location = StateLocation::kDevice;
 
   // InvalidArgument naming the field and the rule.
   absl::Status Validate() const;

@@ -21,6 +21,7 @@
 #include "core/backend/backend.h"
 #include "core/common/dtype.h"
 #include "core/common/matrix_view.h"
+#include "core/common/state_storage.h"
 #include "core/muon/bounds.h"
 #include "core/muon/muon_variant.h"
 #include "core/muon/newton_schulz.h"
@@ -67,7 +68,9 @@ struct MuonOptions {
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;      // in (0, kMaxExtraScaleFactor]
   int64_t ns_batch_size = 1;            // >= 1; 1 = bit-exact numerics contract
-  DType state_dtype = DType::kFloat32;  // momentum buffer dtype
+  // The momentum's dtype and residence (core/common/state_storage.h).
+  DType state_dtype = DType::kFloat32;
+  StateLocation state_location = StateLocation::kDevice;
   // The second-moment renormalisation after NS (muon_variant.h); beta2 and
   // moment2_eps count only for kNorMuon and kAdaMuon (the anchors' beta2 and
   // eps, defaults included; `ns.eps` is Newton–Schulz's own, torch's eps).
