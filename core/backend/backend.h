@@ -113,6 +113,15 @@ class Backend {
   // and Free may synchronise; call them at setup, not inside a step.
   virtual absl::StatusOr<void*> Allocate(int64_t bytes) = 0;
   virtual void Free(void* ptr) = 0;
+  // Host memory the backend's calls read and write in place, as they do
+  // Allocate's (state_location host: the optimizer state takes no device
+  // memory; the kernels reach it over the bus). CUDA: pinned, mapped and
+  // portable (cudaHostAlloc), one address for host and device (unified
+  // addressing); CPU: Allocate. Free with FreeHost.
+  virtual absl::StatusOr<void*> AllocateHost(int64_t bytes) {
+    return Allocate(bytes);
+  }
+  virtual void FreeHost(void* ptr) { Free(ptr); }
   // The memory Allocate draws from: free and total bytes now (CUDA:
   // cudaMemGetInfo of the device, which other processes share; CPU: the
   // host's available memory, /proc/meminfo MemAvailable). Unimplemented by
@@ -120,7 +129,8 @@ class Backend {
   virtual absl::StatusOr<MemoryInfo> Memory();
   // Sets every element of `view` to +0.
   virtual absl::Status Memset0(const MatrixView& view) = 0;
-  // Plain byte copies between host memory and backend memory. CopyFromHost
+  // Plain byte copies between host memory and backend memory (Allocate's or
+  // AllocateHost's: CUDA copies by address, cudaMemcpyDefault). CopyFromHost
   // may return before the copy ran (the host buffer must stay valid until
   // the next Synchronize); CopyToHost returns after the bytes arrived.
   virtual absl::Status CopyFromHost(void* dst, const void* src,

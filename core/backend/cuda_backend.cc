@@ -84,6 +84,45 @@ absl::StatusOr<void*> CudaBackend::Allocate(int64_t bytes) {
   }
   return p;
 }
+absl::StatusOr<void*> CudaBackend::AllocateHost(int64_t bytes) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocate host: bytes must be >= 0, got ", bytes));
+  }
+  void* p = nullptr;
+  cudaSetDevice(device_);
+  const cudaError_t err =
+      cudaHostAlloc(&p, bytes == 0 ? 256 : size_t(bytes),
+                    cudaHostAllocMapped | cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("allocate host: cudaHostAlloc of ", bytes,
+                     " bytes of pinned host memory for ", name_,
+                     " failed: ", cudaGetErrorString(err),
+                     " (host state needs that much page-locked memory: "
+                     "check ulimit -l and the container's memory limit)"));
+  }
+  // The kernels take the host address as is: that needs unified addressing
+  // (every 64-bit Linux CUDA device has it), where the mapped device
+  // pointer is the host pointer.
+  void* device_view = nullptr;
+  if (cudaHostGetDevicePointer(&device_view, p, 0) != cudaSuccess ||
+      device_view != p) {
+    cudaFreeHost(p);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "allocate host: ", name_,
+        " does not address mapped host memory at its host address (no "
+        "unified addressing): state_location host is not available"));
+  }
+  return p;
+}
+
+void CudaBackend::FreeHost(void* ptr) {
+  if (ptr == nullptr) return;
+  cudaStreamSynchronize(stream_);
+  cudaFreeHost(ptr);
+}
+
 absl::StatusOr<MemoryInfo> CudaBackend::Memory() {
   cudaSetDevice(device_);
   size_t free_bytes = 0, total_bytes = 0;
@@ -111,14 +150,14 @@ absl::Status CudaBackend::CopyFromHost(void* dst, const void* src,
                                        int64_t bytes) {
   if (bytes <= 0) return absl::OkStatus();
   return CudaStatus(
-      cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, stream_),
+      cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDefault, stream_),
       "copy from host");
 }
 absl::Status CudaBackend::CopyToHost(void* dst, const void* src,
                                      int64_t bytes) {
   if (bytes <= 0) return absl::OkStatus();
   RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToHost, stream_),
+      cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDefault, stream_),
       "copy to host"));
   return CudaStatus(cudaStreamSynchronize(stream_), "copy to host sync");
 }
@@ -131,7 +170,7 @@ absl::Status CudaBackend::Copy2D(const MatrixView& dst, const MatrixView& src) {
     return CudaStatus(
         cudaMemcpy2DAsync(dst.data, size_t(Ld(dst)) * es, src.data,
                           size_t(Ld(src)) * es, size_t(src.cols) * es,
-                          size_t(src.rows), cudaMemcpyDeviceToDevice, stream_),
+                          size_t(src.rows), cudaMemcpyDefault, stream_),
         "copy2d");
   }
   return CudaStatus(cuda_kernels::Copy2DConvert(K(dst), K(src), stream_),

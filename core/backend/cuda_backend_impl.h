@@ -76,6 +76,8 @@ class CudaBackend final : public Backend {
   absl::StatusOr<void*> Allocate(int64_t bytes) override;
   absl::StatusOr<MemoryInfo> Memory() override;
   void Free(void* ptr) override;
+  absl::StatusOr<void*> AllocateHost(int64_t bytes) override;
+  void FreeHost(void* ptr) override;
   absl::Status Memset0(const MatrixView& v) override;
   absl::Status CopyFromHost(void* dst, const void* src, int64_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override;

@@ -1,6 +1,7 @@
 #include "core/step/buffers.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/common/status_macros.h"
 
@@ -10,18 +11,31 @@ OwnedBuffer& OwnedBuffer::operator=(OwnedBuffer&& o) noexcept {
   Reset();
   backend_ = o.backend_;
   data_ = o.data_;
+  location_ = o.location_;
   o.data_ = nullptr;
   return *this;
 }
 
 void OwnedBuffer::Reset() {
-  if (data_ != nullptr) backend_->Free(data_);
+  if (data_ == nullptr) return;
+  if (location_ == StateLocation::kHost) {
+    backend_->FreeHost(data_);
+  } else {
+    backend_->Free(data_);
+  }
   data_ = nullptr;
 }
 
 absl::StatusOr<OwnedBuffer> AllocateZeroed(Backend* backend, DType dtype,
-                                           int64_t rows, int64_t cols) {
+                                           int64_t rows, int64_t cols,
+                                           StateLocation location) {
   const int64_t bytes = std::max<int64_t>(rows * cols, 1) * DTypeSize(dtype);
+  if (location == StateLocation::kHost) {
+    ASSIGN_OR_RETURN(void* data, backend->AllocateHost(bytes));
+    // Host memory: zeroed here, not by a device call.
+    std::memset(data, 0, size_t(bytes));
+    return OwnedBuffer(backend, data, location);
+  }
   ASSIGN_OR_RETURN(void* data, backend->Allocate(bytes));
   OwnedBuffer buffer(backend, data);
   if (rows * cols > 0) {

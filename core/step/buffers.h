@@ -12,14 +12,18 @@
 #include "core/backend/backend.h"
 #include "core/common/dtype.h"
 #include "core/common/matrix_view.h"
+#include "core/common/state_storage.h"
 
 namespace muond {
 
-// Backend memory, freed with the backend that allocated it. Move-only.
+// Backend memory (Allocate, or AllocateHost where `location` is kHost), freed
+// with the backend that allocated it. Move-only.
 class OwnedBuffer {
  public:
   OwnedBuffer() = default;
-  OwnedBuffer(Backend* backend, void* data) : backend_(backend), data_(data) {}
+  OwnedBuffer(Backend* backend, void* data,
+              StateLocation location = StateLocation::kDevice)
+      : backend_(backend), data_(data), location_(location) {}
   OwnedBuffer(OwnedBuffer&& o) noexcept { *this = std::move(o); }
   OwnedBuffer& operator=(OwnedBuffer&& o) noexcept;
   ~OwnedBuffer() { Reset(); }
@@ -29,12 +33,15 @@ class OwnedBuffer {
   void Reset();
   Backend* backend_ = nullptr;
   void* data_ = nullptr;
+  StateLocation location_ = StateLocation::kDevice;
 };
 
 // A zeroed rows x cols `dtype` buffer (at least one element, so an empty
-// matrix still has a distinct non-null address).
-absl::StatusOr<OwnedBuffer> AllocateZeroed(Backend* backend, DType dtype,
-                                           int64_t rows, int64_t cols);
+// matrix still has a distinct non-null address), in the backend's memory or,
+// for kHost, in host memory its calls reach in place (AllocateHost).
+absl::StatusOr<OwnedBuffer> AllocateZeroed(
+    Backend* backend, DType dtype, int64_t rows, int64_t cols,
+    StateLocation location = StateLocation::kDevice);
 
 // Zeroed `dtype` matrices of the given (rows, cols) shapes, each shape's
 // matrices laid out back to back in one slab in list order, so a run of

@@ -83,11 +83,12 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
   const int64_t rows = p.param.rows, cols = p.param.cols;
   if (config.algorithm == Algorithm::kMuon) {
     const DType sd = config.muon.state_dtype;
+    const StateLocation where = config.muon.state_location;
     ASSIGN_OR_RETURN(st.momentum_buf,
-                     AllocateZeroed(group.backend, sd, rows, cols));
+                     AllocateZeroed(group.backend, sd, rows, cols, where));
     st.momentum = ContiguousView(st.momentum_buf.data(), sd, rows, cols);
     ASSIGN_OR_RETURN(st.staged_momentum_buf,
-                     AllocateZeroed(group.backend, sd, rows, cols));
+                     AllocateZeroed(group.backend, sd, rows, cols, where));
     st.staged_momentum =
         ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
     group.state_bytes += rows * cols * DTypeSize(sd);
@@ -95,10 +96,11 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
     return absl::OkStatus();
   }
   constexpr DType f32 = DType::kFloat32;
+  const StateLocation where = config.adamw.state_location;
   ASSIGN_OR_RETURN(st.exp_avg_buf,
-                   AllocateZeroed(group.backend, f32, rows, cols));
+                   AllocateZeroed(group.backend, f32, rows, cols, where));
   ASSIGN_OR_RETURN(st.exp_avg_sq_buf,
-                   AllocateZeroed(group.backend, f32, rows, cols));
+                   AllocateZeroed(group.backend, f32, rows, cols, where));
   st.exp_avg = ContiguousView(st.exp_avg_buf.data(), f32, rows, cols);
   st.exp_avg_sq = ContiguousView(st.exp_avg_sq_buf.data(), f32, rows, cols);
   group.state_bytes += 2 * rows * cols * 4;

@@ -1,0 +1,188 @@
+// state_location host: the optimizer state lives in host memory the backend
+// reaches in place. The reference is the same engine with the state in
+// device memory (StateLocation::kDevice) on the same backend, stepped with
+// the same gradients: the same kernels run on the same values, so params and
+// exported state must be equal bit for bit. On CUDA (tag gpu; skipped without
+// a device) the host-state engine must also take the state's bytes less of
+// the device's memory.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend/cpu_backend.h"
+#include "core/backend/cuda_backend.h"
+#include "core/common/state_storage.h"
+#include "core/step/layer_sharded_muon.h"
+#include "tests/common/cuda_device.h"
+
+namespace muond {
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t rows, cols;
+  bool muon;
+};
+// Muon matrices of 1 MiB to 4 MiB of fp32 each (so the device memory the
+// state takes is well above cudaMemGetInfo's granularity), and AdamW vectors.
+constexpr Shape kShapes[] = {{"wq", 1024, 1024, true},
+                             {"w_up", 1024, 512, true},
+                             {"w_down", 512, 1024, true},
+                             {"bias", 1, 1024, false},
+                             {"norm", 1, 512, false}};
+
+float Value(int param, int step, int64_t i) {
+  return float((param * 131 + step * 37 + i * 7) % 101) / 101.0f - 0.5f;
+}
+
+// One engine over backend memory: params, grads and the engine.
+class Engine {
+ public:
+  Engine(Backend& backend, StateLocation where) : backend_(backend) {
+    GroupConfig muon, adamw;
+    muon.name = "matrices";
+    muon.muon.lr = 0.02;
+    muon.muon.nesterov = true;
+    muon.muon.state_location = where;
+    adamw.name = "vectors";
+    adamw.algorithm = Algorithm::kAdamW;
+    adamw.adamw.state_location = where;
+    for (int p = 0; p < int(std::size(kShapes)); ++p) {
+      const Shape& s = kShapes[p];
+      std::vector<float> init(s.rows * s.cols);
+      for (size_t i = 0; i < init.size(); ++i) init[i] = Value(p, 0, i);
+      ParamBinding b;
+      b.name = s.name;
+      b.full_shape = {s.rows, s.cols};
+      b.param = Upload(init, s.rows, s.cols);
+      b.grad = Upload(init, s.rows, s.cols);
+      (s.muon ? muon : adamw).params.push_back(b);
+    }
+    absl::StatusOr<MemoryInfo> before = backend.Memory();
+    auto created = LayerShardedMuon::Create(&backend, {muon, adamw});
+    absl::StatusOr<MemoryInfo> after = backend.Memory();
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (created.ok()) engine_ = std::move(*created);
+    if (before.ok() && after.ok()) {
+      device_bytes_taken_ = before->free_bytes - after->free_bytes;
+    }
+  }
+  ~Engine() {
+    engine_.reset();
+    for (void* p : allocations_) backend_.Free(p);
+  }
+
+  // Writes step `step`'s gradients and steps.
+  void Step(int step) {
+    for (size_t p = 0; p < grads_.size(); ++p) {
+      std::vector<float> g(grads_[p].numel());
+      for (size_t i = 0; i < g.size(); ++i) g[i] = Value(int(p) + 7, step, i);
+      ASSERT_TRUE(
+          backend_.CopyFromHost(grads_[p].data, g.data(), g.size() * 4).ok());
+    }
+    ASSERT_TRUE(backend_.Synchronize().ok());
+    auto result = engine_->Step({});
+    ASSERT_TRUE(result.ok()) << result.status();
+  }
+  std::vector<std::vector<float>> Params() {
+    std::vector<std::vector<float>> out;
+    for (const MatrixView& v : params_) {
+      out.emplace_back(v.numel());
+      EXPECT_TRUE(
+          backend_.CopyToHost(out.back().data(), v.data, v.numel() * 4).ok());
+    }
+    return out;
+  }
+  LayerShardedMuon& engine() { return *engine_; }
+  int64_t device_bytes_taken() const { return device_bytes_taken_; }
+
+ private:
+  MatrixView Upload(const std::vector<float>& host, int64_t rows,
+                    int64_t cols) {
+    void* p = *backend_.Allocate(int64_t(host.size()) * 4);
+    allocations_.push_back(p);
+    EXPECT_TRUE(backend_.CopyFromHost(p, host.data(), host.size() * 4).ok());
+    EXPECT_TRUE(backend_.Synchronize().ok());
+    MatrixView v = ContiguousView(p, DType::kFloat32, rows, cols);
+    (params_.size() == grads_.size() ? params_ : grads_).push_back(v);
+    return v;
+  }
+  Backend& backend_;
+  std::vector<void*> allocations_;
+  std::vector<MatrixView> params_, grads_;
+  std::unique_ptr<LayerShardedMuon> engine_;
+  int64_t device_bytes_taken_ = 0;
+};
+
+// Three steps on each engine; params and exported state equal bitwise.
+void ExpectHostStateEqualsDeviceState(Backend& backend) {
+  Engine device(backend, StateLocation::kDevice);
+  Engine host(backend, StateLocation::kHost);
+  for (int step = 1; step <= 3; ++step) {
+    device.Step(step);
+    host.Step(step);
+  }
+  const auto device_params = device.Params(), host_params = host.Params();
+  ASSERT_EQ(device_params.size(), host_params.size());
+  for (size_t p = 0; p < device_params.size(); ++p) {
+    ASSERT_EQ(std::memcmp(device_params[p].data(), host_params[p].data(),
+                          device_params[p].size() * 4),
+              0)
+        << kShapes[p].name;
+  }
+  auto device_state = device.engine().ExportState();
+  auto host_state = host.engine().ExportState();
+  ASSERT_TRUE(device_state.ok() && host_state.ok());
+  ASSERT_EQ(device_state->size(), host_state->size());
+  for (const auto& [name, values] : *device_state) {
+    const std::vector<float>& other = host_state->at(name);
+    ASSERT_EQ(values.size(), other.size()) << name;
+    EXPECT_EQ(std::memcmp(values.data(), other.data(), values.size() * 4), 0)
+        << name;
+  }
+  EXPECT_EQ(device.engine().state_bytes(), host.engine().state_bytes());
+}
+
+TEST(StateLocationTest, HostStateStepsAsDeviceStateOnCpu) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  ExpectHostStateEqualsDeviceState(*cpu);
+}
+
+TEST(StateLocationTest, HostStateStepsAsDeviceStateOnCuda) {
+  if (!muond::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = MakeCudaBackend(0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ExpectHostStateEqualsDeviceState(**gpu);
+}
+
+TEST(StateLocationTest, HostStateTakesNoDeviceMemory) {
+  if (!muond::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = MakeCudaBackend(0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  // Momentum and its staging buffer per Muon matrix, two moments per AdamW
+  // vector, fp32.
+  int64_t state_bytes = 0;
+  for (const Shape& s : kShapes) state_bytes += 2 * s.rows * s.cols * 4;
+  int64_t device_taken = 0, host_taken = 0;
+  {
+    Engine device(**gpu, StateLocation::kDevice);
+    device_taken = device.device_bytes_taken();
+  }
+  {
+    Engine host(**gpu, StateLocation::kHost);
+    host_taken = host.device_bytes_taken();
+  }
+  // The device engine takes the state on top of what both take (L_i, NS
+  // workspaces); cudaMemGetInfo counts in pages, hence the margin.
+  EXPECT_GE(device_taken - host_taken, state_bytes * 9 / 10)
+      << "device engine took " << device_taken << " bytes, host engine "
+      << host_taken << ", state " << state_bytes;
+}
+
+}  // namespace
+}  // namespace muond
