@@ -24,6 +24,10 @@
 // --ns_algorithm=standard|gram, --gram_restarts=I,J|none,
 // --gram_dtype=fp16|bf16, --gram_min_aspect_ratio=X: NsOptions' Gram NS
 // fields (unset = their defaults).
+// --state_location=device|host, --state_dtype=fp32|bf16|fp8_e4m3 (with
+// --engine): where and in what precision the engine keeps the momentum
+// (core/common/state_storage.h); the engine's line then adds the medians of
+// its momentum and update phases ("momentum_ms <ms> update_ms <ms>").
 // --ns_only (not with --engine): after one full step, times each chunk's
 // batched NS alone (Run on its stacked NS input, in place), one line per
 // chunk: "ns_ms <R>x<C> batch <B> median <ms>" (bench/gpu_step_bench.py's
@@ -94,6 +98,36 @@ absl::StatusOr<std::unique_ptr<LayerShardedMuon>> MakeEngine(
   RETURN_IF_ERROR(
       engine->SetHomes("bench", std::vector<NsHome>(mats.size(), NsHome{})));
   return engine;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// --state_location / --state_dtype into o ("" leaves the default).
+absl::Status ApplyStateFlags(const std::string& location,
+                             const std::string& dtype, MuonOptions& o) {
+  if (location == "host") {
+    o.state_location = StateLocation::kHost;
+  } else if (!location.empty() && location != "device") {
+    return absl::InvalidArgumentError("--state_location: device or host, not " +
+                                      location);
+  }
+  const std::pair<const char*, DType> dtypes[] = {
+      {"fp32", DType::kFloat32},
+      {"bf16", DType::kBFloat16},
+      {"fp8_e4m3", DType::kFloat8E4M3}};
+  if (dtype.empty()) return absl::OkStatus();
+  for (const auto& [name, d] : dtypes) {
+    if (dtype == name) {
+      o.state_dtype = d;
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(
+      "--state_dtype: fp32, bf16 or fp8_e4m3, not " + dtype);
 }
 
 // --gram_restarts: "none" (no restart) or a comma list of iterations.
@@ -197,6 +231,7 @@ int Main(int argc, char** argv) {
   bool use_syrk = false, engine_mode = false, ns_only = false;
   int syrk_block_rows = 0;
   std::string ns_algorithm = "standard", gram_restarts, gram_dtype = "fp16";
+  std::string state_location, state_dtype;
   double gram_min_aspect_ratio = 0.0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strncmp(argv[i], "--shapes=", 9))
@@ -225,6 +260,10 @@ int Main(int argc, char** argv) {
       gram_dtype = argv[i] + 13;
     else if (!std::strncmp(argv[i], "--gram_min_aspect_ratio=", 24))
       gram_min_aspect_ratio = std::atof(argv[i] + 24);
+    else if (!std::strncmp(argv[i], "--state_location=", 17))
+      state_location = argv[i] + 17;
+    else if (!std::strncmp(argv[i], "--state_dtype=", 14))
+      state_dtype = argv[i] + 14;
     else {
       std::fprintf(stderr,
                    "usage: step_bench --shapes=RxC,... "
@@ -232,7 +271,9 @@ int Main(int argc, char** argv) {
                    "[--warmup=N] [--ns_batch_size=N] [--use_syrk] "
                    "[--syrk_block_rows=K] [--engine] [--ns_only] "
                    "[--ns_algorithm=standard|gram] [--gram_restarts=I,J|none] "
-                   "[--gram_dtype=fp16|bf16] [--gram_min_aspect_ratio=X]\n");
+                   "[--gram_dtype=fp16|bf16] [--gram_min_aspect_ratio=X] "
+                   "[--state_location=device|host] "
+                   "[--state_dtype=fp32|bf16|fp8_e4m3]\n");
       return 2;
     }
   }
@@ -266,6 +307,8 @@ int Main(int argc, char** argv) {
   if (auto st = ApplyNsFlags(ns_algorithm, gram_restarts, gram_dtype,
                              gram_min_aspect_ratio, o.ns);
       !st.ok())
+    return Fail(st);
+  if (auto st = ApplyStateFlags(state_location, state_dtype, o); !st.ok())
     return Fail(st);
   if (auto st = o.Validate(); !st.ok()) return Fail(st);
 
@@ -378,12 +421,18 @@ int Main(int argc, char** argv) {
     return b.Synchronize();
   };
   std::unique_ptr<LayerShardedMuon> step_engine;
+  std::vector<double> momentum_ms, update_ms;  // --engine: per step
   std::function<absl::Status()> run = step;
   if (engine_mode) {
     auto e = MakeEngine(b, o, mats);
     if (!e.ok()) return Fail(e.status());
     step_engine = std::move(*e);
-    run = [&]() { return step_engine->Step({}).status(); };
+    run = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(StepResult r, step_engine->Step({}));
+      momentum_ms.push_back(r.timings.momentum_us / 1000.0);
+      update_ms.push_back(r.timings.update_us / 1000.0);
+      return absl::OkStatus();
+    };
   }
   for (int i = 0; i < warmup; ++i)
     if (auto st = run(); !st.ok()) return Fail(st);
@@ -398,8 +447,13 @@ int Main(int argc, char** argv) {
                     .count());
   }
   std::sort(t.begin(), t.end());
-  std::printf("step_ms_median %.4f step_ms_min %.4f matrices %zu\n",
+  std::printf("step_ms_median %.4f step_ms_min %.4f matrices %zu",
               t[t.size() / 2], t.front(), mats.size());
+  if (engine_mode) {
+    std::printf(" momentum_ms %.4f update_ms %.4f", Median(momentum_ms),
+                Median(update_ms));
+  }
+  std::printf("\n");
   return 0;
 }
 
