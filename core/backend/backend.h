@@ -21,10 +21,13 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "core/common/matrix_view.h"
 
@@ -363,6 +366,24 @@ class Backend {
   }
   // Waits for every call enqueued so far.
   virtual absl::Status Synchronize() = 0;
+
+  // ---- streams --------------------------------------------------------------
+  // A backend of the same device with a queue of its own (CUDA: a stream),
+  // whose calls run concurrently with this one's except where OrderBefore
+  // orders them; memory of either is valid on both. The CPU backend, which
+  // runs every call at once, has none (Unimplemented).
+  virtual absl::StatusOr<std::unique_ptr<Backend>> NewStream() {
+    return absl::UnimplementedError(
+        absl::StrCat(std::string(name()), " has no concurrent streams"));
+  }
+  // The calls enqueued on this backend so far happen before those enqueued
+  // on `later` after this call (CUDA: an event recorded on this stream that
+  // `later`'s stream waits for); host-side, it does not wait. A no-op
+  // where calls run at once (CPU).
+  virtual absl::Status OrderBefore(Backend& later) {
+    (void)later;
+    return absl::OkStatus();
+  }
 
   // ---- CUDA graphs --------------------------------------------------------
   // Runs `work` (calls on this backend only, no host synchronisation, no

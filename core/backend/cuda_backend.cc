@@ -198,6 +198,26 @@ CudaGraphCounts GetCudaGraphCounts(const Backend& backend) {
   return cuda == nullptr ? CudaGraphCounts{} : cuda->graph_counts();
 }
 
+absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::NewStream() {
+  return MakeCudaBackend(device_, options_);
+}
+
+absl::Status CudaBackend::OrderBefore(Backend& later) {
+  if (&later == this) return absl::OkStatus();
+  cudaSetDevice(device_);
+  cudaEvent_t event;
+  RETURN_IF_ERROR(CudaStatus(
+      cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event"));
+  // Destroying a recorded event is allowed: it is released once complete.
+  cudaError_t err = cudaEventRecord(event, stream_);
+  if (err == cudaSuccess) {
+    err = cudaStreamWaitEvent(static_cast<cudaStream_t>(later.stream()), event,
+                              0);
+  }
+  cudaEventDestroy(event);
+  return CudaStatus(err, "order before");
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     int device, const CudaBackendOptions& options) {
   int count = 0;

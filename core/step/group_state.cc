@@ -141,6 +141,10 @@ absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
     ASSIGN_OR_RETURN(group.local, AllocateSlabs(group.backend, group.ns_dtype,
                                                 shapes, group.local_slabs));
     group.ns = NsRunner(group.backend, group.ns_dtype, ns_budget);
+    if (config.muon.state_location == StateLocation::kHost &&
+        group.backend->is_device()) {
+      ASSIGN_OR_RETURN(group.state_stream, group.backend->NewStream());
+    }
   }
   group.config = std::move(config);
   if (group.config.algorithm == Algorithm::kMuon) {

@@ -2,6 +2,7 @@
 // What the engine keeps per param group: the config, the optimizer state of
 // the local shards, L_i, the NS homes by version and the plan in use.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -80,6 +81,10 @@ struct GroupState {
   std::optional<PlanBuffers> plan;
   int64_t plan_version = -1;
   NsRunner ns;
+  // Host state (MuonOptions::state_location) on a device: a stream of the
+  // group's device that runs the momentum over the bus while NS runs
+  // (StreamsHostState, group_step.h). Null otherwise.
+  std::unique_ptr<Backend> state_stream;
 };
 
 // Validates `config` (domain coordinates and communicators, hyperparameters,

@@ -60,13 +60,23 @@ std::vector<MatrixView> Pick(const std::vector<MatrixView>& views,
 // an abandoned step leaves the state as it was without a copy of it; a
 // skipped param's staged buffer is not written (CommitMuonGroup does not
 // swap it in).
+// `only`: these params (indices) on `backend`; empty: every param on the
+// group's backend.
 absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
-                           const std::set<std::string>& skip) {
+                           const std::set<std::string>& skip,
+                           absl::Span<const size_t> only = {},
+                           Backend* backend = nullptr) {
+  std::vector<size_t> all;
+  if (only.empty()) {
+    for (size_t i = 0; i < group.params.size(); ++i) all.push_back(i);
+    only = all;
+  }
+  if (backend == nullptr) backend = group.backend;
   std::vector<MatrixView> grads, momenta, staged, inputs;
-  for (size_t i = 0; i < group.params.size(); ++i) {
+  for (size_t i : only) {
     ParamState& p = group.params[i];
     if (skip.contains(group.config.params[i].name)) {
-      RETURN_IF_ERROR(group.backend->Memset0(group.local[i]));
+      RETURN_IF_ERROR(backend->Memset0(group.local[i]));
       continue;
     }
     grads.push_back(group.config.params[i].grad);
@@ -75,8 +85,62 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
     inputs.push_back(group.local[i]);
   }
   if (grads.empty()) return absl::OkStatus();
-  return MuonMomentumPhaseBatch(*group.backend, options, grads, momenta, staged,
+  return MuonMomentumPhaseBatch(*backend, options, grads, momenta, staged,
                                 inputs);
+}
+
+// Waves of the streamed phase: whole NS chunks in run order, the first
+// alone (NS starts as soon as its momentum is written), the others of about
+// 1/kStreamWaves of the elements each.
+constexpr int64_t kStreamWaves = 16;
+std::vector<std::vector<size_t>> StreamWaves(
+    const std::vector<std::vector<size_t>>& chunks,
+    const std::vector<MatrixView>& local) {
+  int64_t total = 0;
+  for (const MatrixView& m : local) total += m.numel();
+  const int64_t target = std::max<int64_t>(1, total / kStreamWaves);
+  std::vector<std::vector<size_t>> waves;
+  int64_t in_wave = target;  // the first chunk opens a wave of its own
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (in_wave >= target || c == 1) {
+      waves.emplace_back();
+      in_wave = 0;
+    }
+    for (size_t i : chunks[c]) {
+      waves.back().push_back(i);
+      in_wave += local[i].numel();
+    }
+  }
+  return waves;
+}
+
+// Momentum and NS overlapped, for host state (StreamsHostState): the
+// momentum of wave w+1 runs on the group's state stream, reading and writing
+// the state in host memory over the bus, while NS runs wave w on the group's
+// backend; each wave's NS waits for its momentum (OrderBefore). Bitwise the
+// phases one after the other: the same kernels on the same values and the
+// same NS chunks (NsRunner::ChunksOf).
+absl::Status StreamedMomentumNsPhase(GroupState& group,
+                                     const MuonOptions& options,
+                                     const std::set<std::string>& skip) {
+  Backend& main = *group.backend;
+  Backend& side = *group.state_stream;
+  ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> chunks,
+                   group.ns.ChunksOf(options, group.local));
+  // The state stream starts after what the group's backend has pending.
+  RETURN_IF_ERROR(main.OrderBefore(side));
+  absl::Status status;
+  for (const std::vector<size_t>& wave : StreamWaves(chunks, group.local)) {
+    status = MomentumPhase(group, options, skip, wave, &side);
+    if (status.ok()) status = side.OrderBefore(main);
+    std::vector<MatrixView> ns_inputs;
+    for (size_t i : wave) ns_inputs.push_back(group.local[i]);
+    if (status.ok()) status = group.ns.Run(options, ns_inputs, nullptr);
+    if (!status.ok()) break;
+  }
+  // On an error too: nothing of this step may still be writing.
+  const absl::Status drained = side.Synchronize();
+  return status.ok() ? drained : status;
 }
 
 // L_i -> A1_i over gtp_remat, then A1_i -> A2_i over tp.
@@ -167,25 +231,40 @@ absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
 
 }  // namespace
 
+bool StreamsHostState(const GroupState& group, const ShapeTimes* shape_times) {
+  const GroupExchangePlan& plan = group.plan->plan;
+  return group.state_stream != nullptr && shape_times == nullptr &&
+         !plan.has_stage1 && plan.stage2.empty() &&
+         plan.ns_tp_complete.empty() && plan.ns_after_stage2.empty() &&
+         plan.replicated.size() == group.params.size() &&
+         group.config.domain.size.dp <= 1;
+}
+
 absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
                               const std::set<std::string>& skip,
                               ExchangeBuffers& exchange,
                               ShapeTimes* shape_times, PhaseTimings& t) {
   Backend& backend = *group.backend;
-  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/momentum", t.momentum_us, [&] {
-    return MomentumPhase(group, options, skip);
-  }));
-  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_fwd", t.a2a_fwd_us, [&] {
-    return ForwardExchangePhase(group, exchange);
-  }));
-  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/ns", t.ns_us, [&] {
-    return NsPhase(group, options, shape_times);
-  }));
-  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us, [&] {
-    return ReverseExchangePhase(group, exchange);
-  }));
-  RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/dp_share", t.dp_share_us,
-                             [&] { return DpSharePhase(group, exchange); }));
+  if (StreamsHostState(group, shape_times)) {
+    // Momentum and NS overlap: their wall time counts as NS's.
+    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/streamed_ns", t.ns_us, [&] {
+      return StreamedMomentumNsPhase(group, options, skip);
+    }));
+  } else {
+    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/momentum", t.momentum_us,
+                               [&] { return MomentumPhase(group, options, skip); }));
+    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_fwd", t.a2a_fwd_us, [&] {
+      return ForwardExchangePhase(group, exchange);
+    }));
+    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/ns", t.ns_us, [&] {
+      return NsPhase(group, options, shape_times);
+    }));
+    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us, [&] {
+      return ReverseExchangePhase(group, exchange);
+    }));
+    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/dp_share", t.dp_share_us,
+                               [&] { return DpSharePhase(group, exchange); }));
+  }
   // NorMuon/AdaMuon renormalise the update where it is whole again; their
   // time counts as NS's.
   if (options.variant == MuonVariant::kMuon) return absl::OkStatus();

@@ -54,9 +54,15 @@
 
 namespace muond {
 
+// Whether a step of `group` streams its host state (GroupState::
+// state_stream): momentum and NS overlapped, wave by wave. Only where NS
+// runs on every param's L_i in place (no exchange, no DP axis) and the step
+// is not measured per shape (`shape_times` null).
+bool StreamsHostState(const GroupState& group, const ShapeTimes* shape_times);
+
 // A Muon group's step up to the commit under its current plan (group.plan
 // must be set): momentum into staging, exchanges, NS, reverse exchanges,
-// dp_share.
+// dp_share (StreamsHostState: momentum and NS overlapped).
 // `exchange`: the lane's buffers, reserved for the plan. `shape_times`: null
 // when this step does not measure NS per shape. Phase times add to `t`.
 absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,

@@ -130,6 +130,28 @@ absl::Status NsRunner::RunLists(
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::vector<size_t>>> NsRunner::ChunksOf(
+    const MuonOptions& options, absl::Span<const MatrixView> matrices) {
+  std::deque<std::vector<MatrixView>> members;
+  const absl::Span<const MatrixView> lists[] = {matrices};
+  ASSIGN_OR_RETURN(std::vector<Chunk> chunks, Plan(options, lists, members));
+  // Positions by address, in list order (empty matrices may share one).
+  std::map<const void*, std::deque<size_t>> positions;
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    positions[matrices[i].data].push_back(i);
+  }
+  std::vector<std::vector<size_t>> out;
+  for (const Chunk& chunk : chunks) {
+    std::vector<size_t>& indices = out.emplace_back();
+    for (const MatrixView& m : chunk.members) {
+      std::deque<size_t>& at = positions[m.data];
+      indices.push_back(at.front());
+      at.pop_front();
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
     const MuonOptions& options,
     absl::Span<const absl::Span<const MatrixView>> lists,

@@ -85,6 +85,14 @@ class NsRunner {
                         absl::Span<const absl::Span<const MatrixView>> lists,
                         ShapeTimes* times);
 
+  // The chunks Run(options, matrices) runs, in its order, each as the
+  // positions of its members in `matrices` (planned as Run plans them: the
+  // engines are created). A sublist made of whole chunks in this order runs
+  // as the same chunks, so NS can start on the first matrices while later
+  // ones are still being written (streamed host state, group_step.cc).
+  absl::StatusOr<std::vector<std::vector<size_t>>> ChunksOf(
+      const MuonOptions& options, absl::Span<const MatrixView> matrices);
+
   // Graphs on (the default) or off (every Run enqueues its calls one by one,
   // as a measured Run does); for tests and A/B runs. The backend has its own
   // switch (CudaBackendOptions::cuda_graphs).

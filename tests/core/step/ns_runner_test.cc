@@ -289,6 +289,34 @@ TEST(NsRunnerTest, RunListsIsOneRunGraphAndEachListChunkedAlone) {
   EXPECT_EQ(lists_list.Flat(), separate_list.Flat());
 }
 
+// ChunksOf names every matrix once, in chunks of one shape of at most
+// ns_batch_size, and running the list chunk by chunk (each a sublist, as the
+// streamed host-state phase does) is bitwise the whole list's Run.
+TEST(NsRunnerTest, RunningChunksOfAloneIsBitwiseTheWholeRun) {
+  CountingBackend backend;
+  const MuonOptions options = Options();
+  MixedList whole_list, chunked_list;
+  const std::vector<float> want = Reference(&backend, options, whole_list);
+  NsRunner runner(&backend, DType::kFloat32);
+  auto chunks = runner.ChunksOf(options, chunked_list.views);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  std::vector<int> seen(chunked_list.views.size(), 0);
+  for (const std::vector<size_t>& chunk : *chunks) {
+    ASSERT_FALSE(chunk.empty());
+    ASSERT_LE(int64_t(chunk.size()), options.ns_batch_size);
+    std::vector<MatrixView> members;
+    for (size_t i : chunk) {
+      ++seen[i];
+      members.push_back(chunked_list.views[i]);
+      EXPECT_EQ(members.back().rows, members.front().rows);
+      EXPECT_EQ(members.back().cols, members.front().cols);
+    }
+    ASSERT_TRUE(runner.Run(options, members, nullptr).ok());
+  }
+  EXPECT_THAT(seen, ::testing::Each(1));
+  EXPECT_EQ(chunked_list.Flat(), want);
+}
+
 TEST(NsRunnerTest, EmptyListRunsNothing) {
   CountingBackend backend;
   NsRunner runner(&backend, DType::kFloat32);
