@@ -68,6 +68,7 @@ from llama_train_report import run_stem  # noqa: E402
 from llama.optimizers import (RedundantTorchMuon, build_muond,  # noqa: E402
                               build_muonium, hyperparameters, import_muonium,
                               optimizer_notes)
+from gpu_memory import GpuUsedPeak  # noqa: E402
 from llama.run_report import OPTIMIZERS, ratios, write_outputs  # noqa: E402
 from options import LAYOUTS, TWO_D, dp_size, tp_size  # noqa: E402  (char_gpt, no torch)
 
@@ -166,6 +167,12 @@ def parser() -> argparse.ArgumentParser:
                    default="medium",
                    help="muond's fp32_matmul_prec: medium = bf16 NS as torch.optim.Muon "
                         "and muonium run it; highest = fp32; high = TF32 (cuda)")
+    p.add_argument("--muond-state-dtype", choices=["auto", "fp32", "bf16", "fp8_e4m3"],
+                   default="auto",
+                   help="muond's optimizer state dtype (auto: the params' dtype, as torch)")
+    p.add_argument("--muond-state-location", choices=["device", "host"], default="device",
+                   help="where muond's daemon keeps the state (host: pinned host memory, "
+                        "streamed under the NS)")
     p.add_argument("--torch-ns-precision", choices=["bf16", "fp32"], default="bf16",
                    help="torch.optim.Muon's NS: bf16 (its own) or fp32 (its one bf16 cast "
                         "swapped for an fp32 copy during its step; with --muond-ns-precision "
@@ -312,6 +319,7 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
+    gpu_used = GpuUsedPeak(device) if cuda else None
     # The same init on every rank and for every optimizer.
     model = train_dist.apply_layout(initial_model(args, cfg, device), args, mesh, device,
                                     plan=tp_plan())
@@ -349,6 +357,7 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
             if rank == 0:
                 plan = train_dist.plan_rank_load(world)
     finally:
+        gpu_peak = gpu_used.stop() if gpu_used is not None else None
         if hasattr(opt, "close"):  # muond's unregisters from the daemons
             opt.close()
     # Max over ranks per step (the slowest rank sets the pace), then medians.
@@ -369,7 +378,7 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
         **{key: [1e3 * r[i] for r in times]
            for i, key in enumerate(("fwd_bwd_ms", "opt_step_ms", "step_ms"))},
         "opt_step_ms_median": 1e3 * statistics.median(r[1] for r in times),
-        "peak_cuda_gib": peak,
+        "peak_cuda_gib": peak, "gpu_used_peak_gib": gpu_peak,
         **({"daemon_ns_ms_median": statistics.median(ns_ms)} if ns_ms else {}),
         **({"daemon": daemon} if daemon is not None else {})})
     state = train_dist.full_state(model) if keep_state else None
@@ -414,6 +423,9 @@ def memory_summary(per_rank: list[dict]) -> dict:
     trainer = [r["peak_cuda_gib"] for r in per_rank if r.get("peak_cuda_gib") is not None]
     daemons = [r["daemon"] for r in per_rank if "state_gib" in r.get("daemon", {})]
     out = {"peak_cuda_gib": max(trainer) if trainer else None}
+    used = [r["gpu_used_peak_gib"] for r in per_rank if r.get("gpu_used_peak_gib") is not None]
+    if used:
+        out["gpu_used_peak_gib"] = max(used)
     if daemons:
         out["daemon_state_gib"] = max(d["state_gib"] for d in daemons)
         out["daemon_transient_peak_gib"] = max(d["transient_peak_gib"] for d in daemons)

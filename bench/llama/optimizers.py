@@ -37,6 +37,8 @@ def build_muond(model, args):
                          coefficient_type="simple", scale_mode="shape_scaling",
                          extra_scale_factor=1.0, fp32_matmul_prec=args.muond_ns_precision,
                          ns_algorithm="standard", gram_dtype="fp16", gram_restarts=None,
+                         state_dtype=args.muond_state_dtype,
+                         state_location=args.muond_state_location,
                          wait_healthy=args.wait_healthy)
     return train_dist.build_optimizer(model, ns, eps=NS_EPS)
 
@@ -124,7 +126,8 @@ def optimizer_notes(args) -> dict[str, str]:
     prec = {"medium": "bf16", "high": "TF32", "highest": "fp32"}[args.muond_ns_precision]
     return {
         "muond": f"muond.torch.Muon, {prec} NS (fp32_matmul_prec={args.muond_ns_precision}), "
-                 "layer-sharded over the job's daemons; AdamW in the daemons",
+                 "layer-sharded over the job's daemons; AdamW in the daemons; state "
+                 f"{args.muond_state_dtype} on the {args.muond_state_location}",
         "torch": f"torch.optim.Muon ({args.torch_ns_precision} NS) in every process on full "
                  "replicas of sharded matrices (grads gathered by full_tensor); torch.optim.AdamW",
         "muonium": "muonium.Muon 0.2.0, newton_schulz (bf16, Triton Gram kernel, "

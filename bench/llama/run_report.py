@@ -60,11 +60,12 @@ def markdown(report: dict) -> str:
              f"{c['steps']} timed steps (median of the per-step max over ranks)", "",
              "| optimizer | tokens/s | step ms | fwd+bwd ms | opt step ms | opt share "
              "| loss first -> last | peak CUDA GiB, trainer | + muond daemon state "
-             "(+ exchange peak) GiB |", "|---|---|---|---|---|---|---|---|---|"]
+             "(+ exchange peak) GiB | GPU in use, peak GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name in c["optimizers"]:
         r = report["results"].get(name)
         if r is None:
-            lines.append(f"| {name} | not run (below) ||||||||")
+            lines.append(f"| {name} | not run (below) |||||||||")
             continue
         daemon = "-"
         if r.get("daemon_state_gib") is not None:
@@ -74,7 +75,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | "
                      f"{r['fwd_bwd_ms']:.1f} | {r['opt_step_ms']:.1f} | {r['opt_share']:.1%} | "
                      f"{r['loss_first']:.4f} -> {r['loss_last']:.4f} | "
-                     f"{gib(r.get('peak_cuda_gib'))} | {daemon} |")
+                     f"{gib(r.get('peak_cuda_gib'))} | {daemon} | "
+                     f"{gib(r.get('gpu_used_peak_gib'))} |")
     # A failed or skipped optimizer leaves its ratios out (None), never a KeyError
     # that would hide the failure and the table.
     q = ratios(report["results"])
@@ -90,7 +92,10 @@ def markdown(report: dict) -> str:
               "process on the same GPU: its GetStatus state_bytes (momentum, AdamW moments) and "
               "exchange-buffer peak are the last column, with the sum per GPU (an upper bound: "
               "the peaks need not coincide; the daemon's staged momentum copy and NS workspace "
-              "are not in it). torch's and muonium's state is in the trainer's number.", ""]
+              "are not in it). torch's and muonium's state is in the trainer's number. GPU in "
+              "use is the whole GPU's (cudaMemGetInfo, every process: the trainer's allocations "
+              "and cache, the daemon's state, staging and workspaces), sampled every "
+              "millisecond, above what was in use before the model was built.", ""]
     for name, note in report["notes"].items():
         if name in report["results"]:
             lines.append(f"- {name}: {note}")

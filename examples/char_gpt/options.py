@@ -27,9 +27,11 @@ def restart_list(text: str) -> list[int]:
 
 
 def muond_ns_options(args) -> dict:
-    """The NS keyword arguments of muond.torch.Muon from the options above."""
+    """The NS and optimizer-state keyword arguments of muond.torch.Muon from the
+    options above."""
     return dict(fp32_matmul_prec=args.fp32_matmul_prec, ns_algorithm=args.ns_algorithm,
-                gram_dtype=args.gram_dtype, gram_restarts=args.gram_restarts)
+                gram_dtype=args.gram_dtype, gram_restarts=args.gram_restarts,
+                state_dtype=args.state_dtype, state_location=args.state_location)
 
 
 def ns_description(args) -> str:
@@ -79,6 +81,13 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gram-restarts", type=restart_list, default=None,
                    help="Gram NS restart iterations, comma list (e.g. 2 or 2,4); "
                         "default: muond's table for the coefficient set")
+    p.add_argument("--state-dtype", choices=["auto", "fp32", "bf16", "fp8_e4m3"],
+                   default="auto",
+                   help="muond's optimizer state (momentum, AdamW moments): auto = the "
+                        "params' dtype as torch keeps it; fp8_e4m3 = 8-bit, blockwise scaled")
+    p.add_argument("--state-location", choices=["device", "host"], default="device",
+                   help="where muond's daemon keeps the state: host = pinned host memory, "
+                        "streamed while NS runs (no state in GPU memory)")
     p.add_argument("--warmup", type=int, default=10, help="linear lr warmup steps")
     p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
                    help="after warmup: cosine to 10%% of the lr, or constant")
