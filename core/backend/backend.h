@@ -369,9 +369,10 @@ class Backend {
 
   // ---- streams --------------------------------------------------------------
   // A backend of the same device with a queue of its own (CUDA: a stream),
-  // whose calls run concurrently with this one's except where OrderBefore
-  // orders them; memory of either is valid on both. The CPU backend, which
-  // runs every call at once, has none (Unimplemented).
+  // for copies and elementwise calls (no GEMM: on CUDA it holds no cuBLAS
+  // memory), whose calls run concurrently with this one's except where
+  // OrderBefore orders them; memory of either is valid on both. The CPU
+  // backend, which runs every call at once, has none (Unimplemented).
   virtual absl::StatusOr<std::unique_ptr<Backend>> NewStream() {
     return absl::UnimplementedError(
         absl::StrCat(std::string(name()), " has no concurrent streams"));

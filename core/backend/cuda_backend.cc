@@ -45,6 +45,13 @@ absl::Status CudaBackend::Init() {
   RETURN_IF_ERROR(
       CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                  "cudaStreamCreate"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMalloc(&partials_, sizeof(double) * cuda_kernels::kNormPartials),
+      "cudaMalloc"));
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&flag_, sizeof(int)), "cudaMalloc"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMallocHost(&host_flag_, sizeof(int)), "cudaMallocHost"));
+  if (!options_.blas) return absl::OkStatus();
   RETURN_IF_ERROR(CublasStatus(cublasCreate(&handle_), "cublasCreate"));
   RETURN_IF_ERROR(
       CublasStatus(cublasSetStream(handle_, stream_), "cublasSetStream"));
@@ -60,12 +67,6 @@ absl::Status CudaBackend::Init() {
   // separate output), for A/B measurements.
   use_lt_ = !options_.cublas_gemmex;
   autotune_ = std::max(0, std::min(kMaxLtAutotune, options_.lt_autotune));
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMalloc(&partials_, sizeof(double) * cuda_kernels::kNormPartials),
-      "cudaMalloc"));
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&flag_, sizeof(int)), "cudaMalloc"));
-  RETURN_IF_ERROR(
-      CudaStatus(cudaMallocHost(&host_flag_, sizeof(int)), "cudaMallocHost"));
   return absl::OkStatus();
 }
 
@@ -199,7 +200,10 @@ CudaGraphCounts GetCudaGraphCounts(const Backend& backend) {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::NewStream() {
-  return MakeCudaBackend(device_, options_);
+  // Copies and elementwise work only: no cuBLAS memory.
+  CudaBackendOptions options = options_;
+  options.blas = false;
+  return MakeCudaBackend(device_, options);
 }
 
 absl::Status CudaBackend::OrderBefore(Backend& later) {

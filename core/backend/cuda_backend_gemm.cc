@@ -114,6 +114,10 @@ absl::Status CudaBackend::Matmul(Op op_a, Op op_b, float alpha,
                                  const MatrixView& c, int64_t sc,
                                  const MatrixView& d, int64_t sd, int64_t batch,
                                  MatmulPrecision precision) {
+  if (handle_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name_, ": a stream without cuBLAS (Backend::NewStream) runs no GEMM"));
+  }
   const int64_t m = d.rows, n = d.cols, k = op_a == Op::kN ? a.cols : a.rows;
   if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
   // beta == 0 never reads C: point it at D (NaN in c never leaks).

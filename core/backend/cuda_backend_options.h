@@ -18,6 +18,10 @@ struct CudaBackendOptions {
   // each cublasLt GEMM plan times the heuristic's first N algorithms once and
   // keeps the fastest (N > 1 tunes; clamped to [0, 32]).
   int lt_autotune = 0;
+  // False: no cuBLAS handles and no 64 MiB cuBLAS workspace, so a backend
+  // that only copies and runs elementwise kernels (Backend::NewStream's)
+  // costs no device memory; its GEMMs fail FailedPrecondition.
+  bool blas = true;
 };
 
 // The largest lt_autotune the backend honours; larger values are clamped.

@@ -1,6 +1,8 @@
 #include "core/step/group_state.h"
 
+#include <algorithm>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -92,7 +94,10 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
     st.staged_momentum =
         ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
     group.state_bytes += rows * cols * DTypeSize(sd);
-    group.staging_bytes += rows * cols * DTypeSize(sd);
+    // Device staging only (host state stages through HostStateStreams).
+    if (where == StateLocation::kDevice) {
+      group.staging_bytes += rows * cols * DTypeSize(sd);
+    }
     return absl::OkStatus();
   }
   constexpr DType f32 = DType::kFloat32;
@@ -107,7 +112,40 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
   return absl::OkStatus();
 }
 
+// Pieces of about 1/kStreamPieces of the momentum: small enough that the
+// first NS starts early and two slots hold little, few enough that the
+// per-piece launches and events stay negligible.
+constexpr int64_t kStreamPieces = 32;
+
+absl::StatusOr<std::unique_ptr<HostStateStreams>> MakeHostStateStreams(
+    GroupState& group) {
+  auto streams = std::make_unique<HostStateStreams>();
+  ASSIGN_OR_RETURN(streams->load, group.backend->NewStream());
+  ASSIGN_OR_RETURN(streams->store, group.backend->NewStream());
+  int64_t total = 0, largest = 0;
+  for (const ParamState& p : group.params) {
+    total += SlotBytes(p);
+    largest = std::max(largest, SlotBytes(p));
+  }
+  streams->piece_bytes = std::max<int64_t>(256, total / kStreamPieces);
+  // A piece stops at the first param that takes it to piece_bytes or more.
+  streams->slot_bytes = streams->piece_bytes + largest;
+  for (int s = 0; s < 2; ++s) {
+    for (OwnedBuffer* b : {&streams->in[s], &streams->out[s]}) {
+      ASSIGN_OR_RETURN(*b, AllocateZeroed(group.backend, DType::kFloat8E4M3, 1,
+                                          streams->slot_bytes));
+    }
+  }
+  group.staging_bytes += 4 * streams->slot_bytes;
+  return streams;
+}
+
 }  // namespace
+
+int64_t SlotBytes(const ParamState& p) {
+  const int64_t bytes = p.momentum.numel() * int64_t(DTypeSize(p.momentum.dtype));
+  return (bytes + 255) / 256 * 256;
+}
 
 absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
                                             Backend* default_backend,
@@ -143,7 +181,7 @@ absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
     group.ns = NsRunner(group.backend, group.ns_dtype, ns_budget);
     if (config.muon.state_location == StateLocation::kHost &&
         group.backend->is_device()) {
-      ASSIGN_OR_RETURN(group.state_stream, group.backend->NewStream());
+      ASSIGN_OR_RETURN(group.host_streams, MakeHostStateStreams(group));
     }
   }
   group.config = std::move(config);

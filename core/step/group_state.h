@@ -54,6 +54,24 @@ struct NorMuonRows {
   int64_t slots = 0;
 };
 
+// The streams and device slots through which a Muon group's host momentum
+// is streamed: `load` copies a piece of params' momentum into a slot's `in`
+// while NS runs, the momentum kernel reads it and writes the new momentum to
+// the slot's `out` on the group's backend, `store` copies that to the host
+// staged momentum. Two slots, so at most two pieces' state is on the device.
+struct HostStateStreams {
+  std::unique_ptr<Backend> load, store;
+  OwnedBuffer in[2], out[2];
+  // Bytes of each of the four buffers: a piece's momentum at most.
+  int64_t slot_bytes = 0;
+  // A piece gathers params (in NS order) until it holds this many bytes.
+  int64_t piece_bytes = 0;
+};
+
+// Bytes a param's momentum takes in a slot: its state, rounded up to 256 (the
+// alignment of every allocation, which the kernels' vector loads rely on).
+int64_t SlotBytes(const ParamState& p);
+
 struct GroupState {
   GroupConfig config;
   // The backend this group computes on (its own, e.g. a CUDA stream of its
@@ -81,10 +99,9 @@ struct GroupState {
   std::optional<PlanBuffers> plan;
   int64_t plan_version = -1;
   NsRunner ns;
-  // Host state (MuonOptions::state_location) on a device: a stream of the
-  // group's device that runs the momentum over the bus while NS runs
-  // (StreamsHostState, group_step.h). Null otherwise.
-  std::unique_ptr<Backend> state_stream;
+  // Host momentum (MuonOptions::state_location) on a device: how a step
+  // streams it (StreamedMomentumNs, group_step.cc). Null otherwise.
+  std::unique_ptr<HostStateStreams> host_streams;
 };
 
 // Validates `config` (domain coordinates and communicators, hyperparameters,

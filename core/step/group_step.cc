@@ -89,58 +89,136 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
                                 inputs);
 }
 
-// Waves of the streamed phase: whole NS chunks in run order, the first
-// alone (NS starts as soon as its momentum is written), the others of about
-// 1/kStreamWaves of the elements each.
-constexpr int64_t kStreamWaves = 16;
-std::vector<std::vector<size_t>> StreamWaves(
-    const std::vector<std::vector<size_t>>& chunks,
-    const std::vector<MatrixView>& local) {
-  int64_t total = 0;
-  for (const MatrixView& m : local) total += m.numel();
-  const int64_t target = std::max<int64_t>(1, total / kStreamWaves);
-  std::vector<std::vector<size_t>> waves;
-  int64_t in_wave = target;  // the first chunk opens a wave of its own
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    if (in_wave >= target || c == 1) {
-      waves.emplace_back();
-      in_wave = 0;
-    }
-    for (size_t i : chunks[c]) {
-      waves.back().push_back(i);
-      in_wave += local[i].numel();
+// Params in NS order cut into pieces of about HostStateStreams::piece_bytes
+// of momentum.
+std::vector<std::vector<size_t>> StreamPieces(
+    const GroupState& group, const std::vector<std::vector<size_t>>& chunks) {
+  std::vector<std::vector<size_t>> pieces;
+  int64_t in_piece = group.host_streams->piece_bytes;
+  for (const std::vector<size_t>& chunk : chunks) {
+    for (size_t i : chunk) {
+      if (in_piece >= group.host_streams->piece_bytes) {
+        pieces.emplace_back();
+        in_piece = 0;
+      }
+      pieces.back().push_back(i);
+      in_piece += SlotBytes(group.params[i]);
     }
   }
-  return waves;
+  return pieces;
 }
 
-// Momentum and NS overlapped, for host state (StreamsHostState): the
-// momentum of wave w+1 runs on the group's state stream, reading and writing
-// the state in host memory over the bus, while NS runs wave w on the group's
-// backend; each wave's NS waits for its momentum (OrderBefore). Bitwise the
-// phases one after the other: the same kernels on the same values and the
-// same NS chunks (NsRunner::ChunksOf).
-absl::Status StreamedMomentumNsPhase(GroupState& group,
-                                     const MuonOptions& options,
-                                     const std::set<std::string>& skip) {
+// `bytes` bytes from src to dst on `backend`'s queue (device or mapped host
+// memory), without waiting.
+absl::Status CopyBytes(Backend& backend, void* dst, const void* src,
+                       int64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  constexpr DType kByte = DType::kFloat8E4M3;  // a 1-byte element
+  return backend.Copy2D(ContiguousView(dst, kByte, 1, bytes),
+                        ContiguousView(const_cast<void*>(src), kByte, 1, bytes));
+}
+
+// Momentum and NS overlapped, for host momentum (StreamsHostState), piece by
+// piece through two device slots (HostStateStreams):
+//   load  (piece p+1)  host momentum -> slot in          | while NS runs
+//   main  (piece p)    momentum kernel: slot in -> out, L_i; then NS of every
+//                      chunk whose params are all done
+//   store (piece p)    slot out -> host staged momentum  | while NS runs
+// Load p+1 waits for the kernel of p (which read the slot it overwrites) and
+// for store p-1 (which read the slot's out that the kernel of p+1 writes),
+// so a piece's copies in and out overlap the NS of the pieces before. Bitwise
+// the phases one after the other: the same kernels on the same values and
+// the same NS chunks (NsRunner::ChunksOf).
+absl::Status StreamedMomentumNs(GroupState& group, const MuonOptions& options,
+                                const std::set<std::string>& skip) {
   Backend& main = *group.backend;
-  Backend& side = *group.state_stream;
+  HostStateStreams& hs = *group.host_streams;
   ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> chunks,
                    group.ns.ChunksOf(options, group.local));
-  // The state stream starts after what the group's backend has pending.
-  RETURN_IF_ERROR(main.OrderBefore(side));
-  absl::Status status;
-  for (const std::vector<size_t>& wave : StreamWaves(chunks, group.local)) {
-    status = MomentumPhase(group, options, skip, wave, &side);
-    if (status.ok()) status = side.OrderBefore(main);
-    std::vector<MatrixView> ns_inputs;
-    for (size_t i : wave) ns_inputs.push_back(group.local[i]);
-    if (status.ok()) status = group.ns.Run(options, ns_inputs, nullptr);
-    if (!status.ok()) break;
+  const std::vector<std::vector<size_t>> pieces = StreamPieces(group, chunks);
+  auto stepped = [&](size_t i) {
+    return !skip.contains(group.config.params[i].name);
+  };
+  auto load = [&](size_t p) -> absl::Status {
+    char* in = static_cast<char*>(hs.in[p % 2].data());
+    for (size_t i : pieces[p]) {
+      if (stepped(i)) {
+        const ParamState& st = group.params[i];
+        RETURN_IF_ERROR(CopyBytes(*hs.load, in, st.momentum.data,
+                                  st.momentum.numel() * DTypeSize(st.momentum.dtype)));
+      }
+      in += SlotBytes(group.params[i]);
+    }
+    return absl::OkStatus();
+  };
+  // The momentum of piece p from its slot, and its new momentum out.
+  auto momentum_and_store = [&](size_t p) -> absl::Status {
+    char* in = static_cast<char*>(hs.in[p % 2].data());
+    char* out = static_cast<char*>(hs.out[p % 2].data());
+    std::vector<MatrixView> grads, momenta, staged, inputs;
+    std::vector<size_t> stored;
+    for (size_t i : pieces[p]) {
+      const ParamState& st = group.params[i];
+      if (!stepped(i)) {
+        RETURN_IF_ERROR(main.Memset0(group.local[i]));
+      } else {
+        MatrixView m = st.momentum;
+        grads.push_back(group.config.params[i].grad);
+        momenta.push_back(ContiguousView(in, m.dtype, m.rows, m.cols));
+        staged.push_back(ContiguousView(out, m.dtype, m.rows, m.cols));
+        inputs.push_back(group.local[i]);
+        stored.push_back(i);
+      }
+      in += SlotBytes(st);
+      out += SlotBytes(st);
+    }
+    if (!grads.empty()) {
+      RETURN_IF_ERROR(MuonMomentumPhaseBatch(main, options, grads, momenta,
+                                             staged, inputs));
+    }
+    RETURN_IF_ERROR(main.OrderBefore(*hs.store));
+    RETURN_IF_ERROR(main.OrderBefore(*hs.load));  // slot in read
+    for (size_t k = 0; k < stored.size(); ++k) {
+      const MatrixView& to = group.params[stored[k]].staged_momentum;
+      RETURN_IF_ERROR(CopyBytes(*hs.store, to.data, staged[k].data,
+                                to.numel() * DTypeSize(to.dtype)));
+    }
+    return absl::OkStatus();
+  };
+  // NS of every chunk whose params' momentum is done, in chunk order.
+  std::vector<size_t> piece_of(group.params.size());
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    for (size_t i : pieces[p]) piece_of[i] = p;
   }
-  // On an error too: nothing of this step may still be writing.
-  const absl::Status drained = side.Synchronize();
-  return status.ok() ? drained : status;
+  size_t next_chunk = 0;
+  auto ns_ready = [&](size_t p) -> absl::Status {
+    for (; next_chunk < chunks.size(); ++next_chunk) {
+      const std::vector<size_t>& chunk = chunks[next_chunk];
+      if (piece_of[chunk.back()] > p) break;
+      std::vector<MatrixView> members;
+      for (size_t i : chunk) members.push_back(group.local[i]);
+      RETURN_IF_ERROR(group.ns.Run(options, members, nullptr));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status status = main.OrderBefore(*hs.load);
+  if (status.ok() && !pieces.empty()) status = load(0);
+  for (size_t p = 0; status.ok() && p < pieces.size(); ++p) {
+    status = hs.load->OrderBefore(main);
+    // Store p-1 before load p+1 (the slot they share); load p+1 before the
+    // NS of p, so the copy runs under it.
+    if (status.ok() && p >= 1) status = hs.store->OrderBefore(*hs.load);
+    if (status.ok()) status = momentum_and_store(p);
+    if (status.ok() && p + 1 < pieces.size()) status = load(p + 1);
+    if (status.ok()) status = ns_ready(p);
+  }
+  // The staged momentum is complete before the commit; on an error too,
+  // nothing of this step may still be copying.
+  if (status.ok()) status = hs.store->OrderBefore(main);
+  const absl::Status loaded = hs.load->Synchronize();
+  const absl::Status stored = hs.store->Synchronize();
+  if (!status.ok()) return status;
+  return loaded.ok() ? stored : loaded;
 }
 
 // L_i -> A1_i over gtp_remat, then A1_i -> A2_i over tp.
@@ -233,7 +311,7 @@ absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
 
 bool StreamsHostState(const GroupState& group, const ShapeTimes* shape_times) {
   const GroupExchangePlan& plan = group.plan->plan;
-  return group.state_stream != nullptr && shape_times == nullptr &&
+  return group.host_streams != nullptr && shape_times == nullptr &&
          !plan.has_stage1 && plan.stage2.empty() &&
          plan.ns_tp_complete.empty() && plan.ns_after_stage2.empty() &&
          plan.replicated.size() == group.params.size() &&
@@ -248,7 +326,7 @@ absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
   if (StreamsHostState(group, shape_times)) {
     // Momentum and NS overlap: their wall time counts as NS's.
     RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/streamed_ns", t.ns_us, [&] {
-      return StreamedMomentumNsPhase(group, options, skip);
+      return StreamedMomentumNs(group, options, skip);
     }));
   } else {
     RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/momentum", t.momentum_us,

@@ -54,10 +54,12 @@
 
 namespace muond {
 
-// Whether a step of `group` streams its host state (GroupState::
-// state_stream): momentum and NS overlapped, wave by wave. Only where NS
-// runs on every param's L_i in place (no exchange, no DP axis) and the step
-// is not measured per shape (`shape_times` null).
+// Whether a step of `group` streams its host momentum (GroupState::
+// host_streams): copied in and out piece by piece through two device slots
+// while NS runs. Only where NS runs on every param's L_i in place (no
+// exchange, no DP axis) and the step is not measured per shape
+// (`shape_times` null); otherwise the momentum kernel reads and writes the
+// host memory in place (mapped), one phase before NS as for device state.
 bool StreamsHostState(const GroupState& group, const ShapeTimes* shape_times);
 
 // A Muon group's step up to the commit under its current plan (group.plan
