@@ -126,13 +126,15 @@ class CudaBackend final : public Backend {
   absl::Status MuonMomentum(const MatrixView& grad,
                             const MatrixView& momentum_in,
                             const MatrixView& momentum_out, double beta,
-                            bool nesterov, const MatrixView& out) override;
+                            bool nesterov, const MatrixView& out,
+                            const BlockScales& scales) override;
   using Backend::MuonMomentumBatch;
-  absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
-                                 absl::Span<const MatrixView> momenta_in,
-                                 absl::Span<const MatrixView> momenta_out,
-                                 double beta, bool nesterov,
-                                 absl::Span<const MatrixView> outs) override;
+  absl::Status MuonMomentumBatch(
+      absl::Span<const MatrixView> grads,
+      absl::Span<const MatrixView> momenta_in,
+      absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+      absl::Span<const MatrixView> outs,
+      absl::Span<const BlockScales> scales) override;
   absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                 absl::Span<const MatrixView> updates,
                                 absl::Span<const float> lrs, float decay,

@@ -18,7 +18,7 @@ struct KView {
   void* data;
   int64_t rows, cols;
   int64_t ld;  // elements between row starts, >= cols
-  int elem;    // bytes per element: 4 fp32, 2 bf16 or fp16
+  int elem;    // bytes per element: 4 fp32, 2 bf16 or fp16, 1 fp8 e4m3
   // A 2-byte element is fp16 (the Gram NS iteration dtype), not bf16.
   bool f16 = false;
 };
@@ -93,6 +93,16 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
                               const KView* moms_out, const KView* outs,
                               int64_t count, float one_minus_beta, float beta,
                               bool nesterov, cudaStream_t stream);
+// MuonMomentumMulti on fp8 e4m3 state (cuda_state_kernels.cu): moms_in /
+// moms_out contiguous codes (1-byte KViews) with their block scales
+// (scales_in[i] may be scales_out[i]: in place); grads and outs any strides.
+// One CTA per block of kStateBlock elements, up to 24 tensors per launch.
+cudaError_t MuonMomentumFp8Multi(const KView* grads, const KView* moms_in,
+                                 const KView* moms_out, const KView* outs,
+                                 const float* const* scales_in,
+                                 float* const* scales_out, int64_t count,
+                                 float one_minus_beta, float beta,
+                                 bool nesterov, cudaStream_t stream);
 // lrs[i]: tensor i's (adjusted) lr.
 cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
                              const float* lrs, int64_t count, float decay,

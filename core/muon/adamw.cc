@@ -15,6 +15,12 @@ absl::Status AdamWOptions::Validate() const {
   // The kernel adds eps in fp32 (MakeAdamWScalars): 1e-300 would be 0 there.
   RETURN_IF_ERROR(CheckPositiveFloat32(eps, "adamw eps"));
   RETURN_IF_ERROR(CheckWeightDecay(weight_decay, "adamw weight_decay"));
+  RETURN_IF_ERROR(CheckStateDType(state_dtype, "adamw state_dtype"));
+  if (state_dtype == DType::kFloat8E4M3) {
+    return absl::InvalidArgumentError(
+        "adamw state_dtype fp8_e4m3 is not supported yet (Muon momentum "
+        "only); AdamW moments may be fp32 or bf16");
+  }
   return absl::OkStatus();
 }
 
@@ -41,6 +47,14 @@ absl::Status AdamWStep(Backend& backend, const AdamWOptions& options,
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("adamw step must be >= 1, got ", step));
+  }
+  for (const MatrixView* moment : {&exp_avg, &exp_avg_sq}) {
+    if (moment->dtype != options.state_dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adamw: exp_avg and exp_avg_sq must be the state_dtype ",
+          std::string(DTypeName(options.state_dtype)), ", got ",
+          std::string(DTypeName(moment->dtype))));
+    }
   }
   return backend.AdamW(param, grad, exp_avg, exp_avg_sq,
                        MakeAdamWScalars(options, step));

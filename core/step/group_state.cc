@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/domain.h"
+#include "core/common/state_storage.h"
 #include "core/common/status_macros.h"
 #include "core/muon/newton_schulz.h"
 #include "core/step/variant_phase.h"
@@ -77,6 +78,22 @@ absl::StatusOr<ParamShardSpec> MakeSpec(const GroupConfig& config,
   return spec;
 }
 
+// fp8_e4m3 momentum's zeroed block scales (momentum and staged), one fp32
+// per kStateBlock of the shard's `elements`; nothing for other dtypes.
+absl::Status AllocateMomentumScales(Backend* backend, int64_t elements,
+                                    ParamState& st) {
+  if (st.momentum.dtype != DType::kFloat8E4M3) return absl::OkStatus();
+  const int64_t blocks = (elements + kStateBlock - 1) / kStateBlock;
+  ASSIGN_OR_RETURN(st.momentum_scales_buf,
+                   AllocateZeroed(backend, DType::kFloat32, blocks, 1));
+  ASSIGN_OR_RETURN(st.staged_momentum_scales_buf,
+                   AllocateZeroed(backend, DType::kFloat32, blocks, 1));
+  st.momentum_scales = static_cast<float*>(st.momentum_scales_buf.data());
+  st.staged_momentum_scales =
+      static_cast<float*>(st.staged_momentum_scales_buf.data());
+  return absl::OkStatus();
+}
+
 // Zeroed optimizer state of one param's shard; adds its bytes to the group's.
 absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
                                 const ParamBinding& p, ParamState& st) {
@@ -91,19 +108,20 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
                      AllocateZeroed(group.backend, sd, rows, cols, where));
     st.staged_momentum =
         ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
-    group.state_bytes += rows * cols * DTypeSize(sd);
-    group.staging_bytes += rows * cols * DTypeSize(sd);
+    RETURN_IF_ERROR(AllocateMomentumScales(group.backend, rows * cols, st));
+    group.state_bytes += StateBytes(sd, rows * cols);
+    group.staging_bytes += StateBytes(sd, rows * cols);
     return absl::OkStatus();
   }
-  constexpr DType f32 = DType::kFloat32;
+  const DType sd = config.adamw.state_dtype;
   const StateLocation where = config.adamw.state_location;
   ASSIGN_OR_RETURN(st.exp_avg_buf,
-                   AllocateZeroed(group.backend, f32, rows, cols, where));
+                   AllocateZeroed(group.backend, sd, rows, cols, where));
   ASSIGN_OR_RETURN(st.exp_avg_sq_buf,
-                   AllocateZeroed(group.backend, f32, rows, cols, where));
-  st.exp_avg = ContiguousView(st.exp_avg_buf.data(), f32, rows, cols);
-  st.exp_avg_sq = ContiguousView(st.exp_avg_sq_buf.data(), f32, rows, cols);
-  group.state_bytes += 2 * rows * cols * 4;
+                   AllocateZeroed(group.backend, sd, rows, cols, where));
+  st.exp_avg = ContiguousView(st.exp_avg_buf.data(), sd, rows, cols);
+  st.exp_avg_sq = ContiguousView(st.exp_avg_sq_buf.data(), sd, rows, cols);
+  group.state_bytes += 2 * StateBytes(sd, rows * cols);
   return absl::OkStatus();
 }
 

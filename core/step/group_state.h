@@ -23,13 +23,18 @@ struct ParamState {
   ParamShardSpec spec;
   OwnedBuffer momentum_buf, exp_avg_buf, exp_avg_sq_buf;
   // Muon: momentum (MuonOptions::state_dtype). AdamW: exp_avg, exp_avg_sq
-  // (fp32).
+  // (AdamWOptions::state_dtype).
   MatrixView momentum, exp_avg, exp_avg_sq;
   // Muon: the step's new momentum, written by the momentum phase while
   // `momentum` stays as it was; the commit swaps the two (group_step.h), so a
   // step that fails before its commit leaves the state untouched.
   OwnedBuffer staged_momentum_buf;
   MatrixView staged_momentum;
+  // Muon with fp8_e4m3 state: the fp32 scale of each kStateBlock elements of
+  // momentum and of staged_momentum (swapped with them); null otherwise.
+  OwnedBuffer momentum_scales_buf, staged_momentum_scales_buf;
+  float* momentum_scales = nullptr;
+  float* staged_momentum_scales = nullptr;
   // Muon variants (core/muon/muon_variant.h): the second moment, fp32.
   // AdaMuon: the shard's shape in buffers of its own, staged like momentum.
   // NorMuon: local rows x 1, a view of GroupState::normuon.state_buf (the

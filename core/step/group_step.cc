@@ -73,6 +73,7 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
   }
   if (backend == nullptr) backend = group.backend;
   std::vector<MatrixView> grads, momenta, staged, inputs;
+  std::vector<BlockScales> scales;  // fp8 state: momentum -> staged scales
   for (size_t i : only) {
     ParamState& p = group.params[i];
     if (skip.contains(group.config.params[i].name)) {
@@ -83,10 +84,13 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
     momenta.push_back(p.momentum);
     staged.push_back(p.staged_momentum);
     inputs.push_back(group.local[i]);
+    if (p.momentum_scales != nullptr) {
+      scales.push_back({p.momentum_scales, p.staged_momentum_scales});
+    }
   }
   if (grads.empty()) return absl::OkStatus();
   return MuonMomentumPhaseBatch(*backend, options, grads, momenta, staged,
-                                inputs);
+                                inputs, scales);
 }
 
 // Waves of the streamed phase: whole NS chunks in run order, the first
@@ -315,6 +319,8 @@ absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
     ParamState& p = group.params[i];
     std::swap(p.momentum_buf, p.staged_momentum_buf);
     std::swap(p.momentum, p.staged_momentum);
+    std::swap(p.momentum_scales_buf, p.staged_momentum_scales_buf);
+    std::swap(p.momentum_scales, p.staged_momentum_scales);
   }
   return CommitVariantState(group, options, skip);
 }
