@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/state_storage.h"
 #include "core/common/status_macros.h"
 
 namespace muond {
@@ -409,8 +410,8 @@ absl::Status CheckRowScaledUpdateBatch(absl::Span<const MatrixView> params,
 }
 
 absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
-                        const MatrixView& exp_avg,
-                        const MatrixView& exp_avg_sq) {
+                        const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
+                        const AdamWMomentScales& scales) {
   if (auto s = CheckSameShape(param, grad, "param", "grad"); !s.ok()) return s;
   if (auto s = CheckSameShape(param, exp_avg, "param", "exp_avg"); !s.ok()) {
     return s;
@@ -420,12 +421,25 @@ absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
     return s;
   }
   const DType moments = exp_avg.dtype;
-  if ((moments != DType::kFloat32 && moments != DType::kBFloat16) ||
-      exp_avg_sq.dtype != moments) {
+  if (!IsStateDType(moments) || exp_avg_sq.dtype != moments) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "adamw: exp_avg and exp_avg_sq must both be fp32 or both bf16, got ",
+        "adamw: exp_avg and exp_avg_sq must be of one state dtype (fp32, "
+        "bf16 or fp8_e4m3), got ",
         std::string(DTypeName(exp_avg.dtype)), " and ",
         std::string(DTypeName(exp_avg_sq.dtype))));
+  }
+  const bool fp8 = moments == DType::kFloat8E4M3;
+  const bool has_scales =
+      scales.exp_avg != nullptr || scales.exp_avg_sq != nullptr;
+  if (!fp8 && has_scales) {
+    return absl::InvalidArgumentError(
+        "adamw: block scales are for fp8_e4m3 moments only");
+  }
+  if (fp8 && (scales.exp_avg == nullptr || scales.exp_avg_sq == nullptr ||
+              !exp_avg.contiguous() || !exp_avg_sq.contiguous())) {
+    return absl::InvalidArgumentError(
+        "adamw: fp8_e4m3 moments must be contiguous and come with their "
+        "block scales");
   }
   return absl::OkStatus();
 }

@@ -107,6 +107,13 @@ struct BlockScales {
   float* out = nullptr;
 };
 
+// The block scales of fp8_e4m3 AdamW moments, updated in place with them
+// (one fp32 per kStateBlock elements each); null for fp32 and bf16 moments.
+struct AdamWMomentScales {
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -332,12 +339,25 @@ class Backend {
   //   p *= param_decay; m = lerp(m, g, 1-beta1); v = v*beta2 + (1-beta2)*g*g;
   //   p += -step_size * m / (sqrt(v) / bias_correction2_sqrt + eps).
   // param fp32|bf16|fp16 (one rounding), grad fp32|bf16|fp16,
-  // exp_avg/exp_avg_sq fp32 or bf16 (both of one dtype; computed in fp32 and
-  // stored rounded to nearest even, as torch keeps bf16 params' moments).
+  // exp_avg/exp_avg_sq fp32, bf16 or fp8_e4m3, both of one dtype: computed in
+  // fp32 and stored rounded to nearest even (bf16, as torch keeps a bf16
+  // param's moments) or, fp8 (contiguous, `scales` given: torchao's
+  // AdamWFp8), blockwise as MuonMomentum's fp8 state: each block of
+  // kStateBlock elements dequantized, stepped in fp32 (the param from the
+  // unquantized new moments), each moment's block stored as codes and a
+  // scale of its own absmax. Updated in place.
   virtual absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
                              const MatrixView& exp_avg,
                              const MatrixView& exp_avg_sq,
-                             const AdamWScalars& scalars) = 0;
+                             const AdamWScalars& scalars,
+                             const AdamWMomentScales& scales) = 0;
+  // fp32 or bf16 moments (no scales).
+  absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
+                     const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
+                     const AdamWScalars& scalars) {
+    return AdamW(param, grad, exp_avg, exp_avg_sq, scalars,
+                 AdamWMomentScales{});
+  }
 
   // ---- Muon variants (core/muon/muon_variant.h) ---------------------------
   // NorMuon over a set of matrices (one call for a whole param group): the
@@ -499,7 +519,7 @@ absl::Status CheckRowScaledUpdateBatch(absl::Span<const MatrixView> params,
                                        absl::Span<const MatrixView> row_factors,
                                        absl::Span<const float> lrs);
 absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
-                        const MatrixView& exp_avg,
-                        const MatrixView& exp_avg_sq);
+                        const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
+                        const AdamWMomentScales& scales = {});
 
 }  // namespace muond

@@ -183,6 +183,44 @@ void MomentumFp8(const MatrixView& grad, const MatrixView& momentum_in,
   }
 }
 
+// AdamW on fp8 moments, block by block as MomentumFp8: both moments
+// dequantized, the fp32 step (the param from the unquantized new moments),
+// then each moment's block absmax, scale and codes.
+void AdamWFp8(const MatrixView& param, const MatrixView& grad,
+              const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
+              const AdamWScalars& s, const AdamWMomentScales& scales) {
+  uint8_t* m_codes = static_cast<uint8_t*>(exp_avg.data);
+  uint8_t* v_codes = static_cast<uint8_t*>(exp_avg_sq.data);
+  const int64_t n = param.numel();
+  float m_block[kStateBlock], v_block[kStateBlock];
+  for (int64_t b0 = 0, b = 0; b0 < n; b0 += kStateBlock, ++b) {
+    const int64_t len = std::min(kStateBlock, n - b0);
+    float m_absmax = 0.0f, v_absmax = 0.0f;
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t i = (b0 + k) / param.cols, j = (b0 + k) % param.cols;
+      const ew::AdamWOut o = ew::AdamWElement(
+          Load(param, i, j), Load(grad, i, j),
+          ew::DequantizeE4M3(m_codes[b0 + k], scales.exp_avg[b]),
+          ew::DequantizeE4M3(v_codes[b0 + k], scales.exp_avg_sq[b]),
+          s.param_decay, s.one_minus_beta1, s.beta2, s.one_minus_beta2,
+          s.step_size, s.bias_correction2_sqrt, s.eps);
+      Store(param, i, j, o.p);
+      m_block[k] = o.m;
+      v_block[k] = o.v;
+      m_absmax = ew::AbsMaxStep(m_absmax, o.m);
+      v_absmax = ew::AbsMaxStep(v_absmax, o.v);
+    }
+    const float m_scale = ew::BlockScale(m_absmax);
+    const float v_scale = ew::BlockScale(v_absmax);
+    for (int64_t k = 0; k < len; ++k) {
+      m_codes[b0 + k] = ew::QuantizeE4M3(m_block[k], m_scale);
+      v_codes[b0 + k] = ew::QuantizeE4M3(v_block[k], v_scale);
+    }
+    scales.exp_avg[b] = m_scale;
+    scales.exp_avg_sq[b] = v_scale;
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
@@ -387,10 +425,16 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  using Backend::AdamW;
   absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
                      const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
-                     const AdamWScalars& s) override {
-    RETURN_IF_ERROR(CheckAdamW(param, grad, exp_avg, exp_avg_sq));
+                     const AdamWScalars& s,
+                     const AdamWMomentScales& scales) override {
+    RETURN_IF_ERROR(CheckAdamW(param, grad, exp_avg, exp_avg_sq, scales));
+    if (exp_avg.dtype == DType::kFloat8E4M3) {
+      AdamWFp8(param, grad, exp_avg, exp_avg_sq, s, scales);
+      return absl::OkStatus();
+    }
     ForEach(param, [&](int64_t i, int64_t j) {
       const ew::AdamWOut o = ew::AdamWElement(
           Load(param, i, j), Load(grad, i, j), Load(exp_avg, i, j),

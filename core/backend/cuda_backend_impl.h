@@ -146,9 +146,11 @@ class CudaBackend final : public Backend {
   absl::Status ApplyUpdate(const MatrixView& param, const MatrixView& update,
                            float lr, float decay,
                            WeightDecayMethod method) override;
+  using Backend::AdamW;
   absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
                      const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
-                     const AdamWScalars& s) override;
+                     const AdamWScalars& s,
+                     const AdamWMomentScales& scales) override;
   absl::Status NorMuonRowStats(absl::Span<const NorMuonRowBlock> blocks,
                                const MatrixView& state,
                                const MatrixView& stats) override;

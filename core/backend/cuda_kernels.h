@@ -54,6 +54,15 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                   float one_minus_beta1, float beta2, float one_minus_beta2,
                   float step_size, float bc2_sqrt, float eps,
                   cudaStream_t stream);
+// AdamW on fp8 e4m3 moments (contiguous codes, their block scales; updated
+// in place), one CTA per block of kStateBlock elements
+// (cuda_state_kernels.cu).
+cudaError_t AdamWFp8(const KView& param, const KView& grad, void* exp_avg,
+                     void* exp_avg_sq, float* exp_avg_scales,
+                     float* exp_avg_sq_scales, float param_decay,
+                     float one_minus_beta1, float beta2, float one_minus_beta2,
+                     float step_size, float bc2_sqrt, float eps,
+                     cudaStream_t stream);
 // Muon variants (cuda_variant_kernels.cu). A NorMuon row block as the
 // kernels see it (core/backend/backend.h NorMuonRowBlock).
 struct KRowBlock {

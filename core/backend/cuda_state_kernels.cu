@@ -1,6 +1,7 @@
-// Muon momentum on fp8 e4m3 state (MuonMomentumFp8Multi): one CTA per state
-// block of kStateBlock consecutive elements, so the block's absmax is a
-// reduction inside the CTA; many tensors per launch. The per-element math and
+// Optimizer steps on fp8 e4m3 state: Muon momentum (MuonMomentumFp8Multi,
+// many tensors per launch) and AdamW (AdamWFp8). One CTA per state block of
+// kStateBlock consecutive elements, so a block's absmax is a reduction
+// inside the CTA. The per-element math and
 // the codec are elementwise_math.h's, as on the CPU backend, so both give the
 // same bits.
 #include <cstdint>
@@ -46,6 +47,7 @@ __device__ float BlockAbsMax(float v) {
   __syncthreads();
   a = 0.0f;
   for (int w = 0; w < kStateBlock / 32; ++w) a = ew::AbsMaxStep(a, warp_max[w]);
+  __syncthreads();  // warp_max is free for the next reduction
   return a;
 }
 
@@ -69,6 +71,42 @@ __global__ void MomentumFp8Kernel(Fp8Table t, float w_ema, float w_nesterov,
   const float scale = ew::BlockScale(BlockAbsMax(m_new));
   if (live) t.codes_out[k][e] = ew::QuantizeE4M3(m_new, scale);
   if (threadIdx.x == 0) t.scales_out[k][b] = scale;
+}
+
+struct AdamWFp8Args {
+  KView param, grad;
+  uint8_t *m_codes, *v_codes;
+  float *m_scales, *v_scales;
+  float param_decay, omb1, beta2, omb2, step_size, bc2, eps;
+};
+
+// Both moments' codes and scales are read before the first barrier, written
+// after the last.
+__global__ void AdamWFp8Kernel(AdamWFp8Args a) {
+  const DView param = DeviceView(a.param), grad = DeviceView(a.grad);
+  const int64_t b = blockIdx.x;
+  const int64_t e = b * kStateBlock + threadIdx.x;
+  const bool live = e < param.rows * param.cols;
+  ew::AdamWOut o{0.0f, 0.0f, 0.0f};
+  if (live) {
+    const int64_t i = e / param.cols, j = e % param.cols;
+    o = ew::AdamWElement(Ld(param, i, j), Ld(grad, i, j),
+                         ew::DequantizeE4M3(a.m_codes[e], a.m_scales[b]),
+                         ew::DequantizeE4M3(a.v_codes[e], a.v_scales[b]),
+                         a.param_decay, a.omb1, a.beta2, a.omb2, a.step_size,
+                         a.bc2, a.eps);
+    St(param, i, j, o.p);
+  }
+  const float m_scale = ew::BlockScale(BlockAbsMax(o.m));
+  const float v_scale = ew::BlockScale(BlockAbsMax(o.v));
+  if (live) {
+    a.m_codes[e] = ew::QuantizeE4M3(o.m, m_scale);
+    a.v_codes[e] = ew::QuantizeE4M3(o.v, v_scale);
+  }
+  if (threadIdx.x == 0) {
+    a.m_scales[b] = m_scale;
+    a.v_scales[b] = v_scale;
+  }
 }
 
 cudaError_t Launch(const Fp8Table& t, float w_ema, float w_nesterov,
@@ -113,6 +151,33 @@ cudaError_t MuonMomentumFp8Multi(const KView* grads, const KView* moms_in,
     t.block_start[k + 1] = t.block_start[k] + int(blocks);
   }
   return Launch(t, one_minus_beta, beta, nesterov, stream);
+}
+
+cudaError_t AdamWFp8(const KView& param, const KView& grad, void* exp_avg,
+                     void* exp_avg_sq, float* exp_avg_scales,
+                     float* exp_avg_sq_scales, float param_decay,
+                     float one_minus_beta1, float beta2, float one_minus_beta2,
+                     float step_size, float bc2_sqrt, float eps,
+                     cudaStream_t stream) {
+  const int64_t blocks = (param.rows * param.cols + kStateBlock - 1) /
+                         kStateBlock;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
+  const AdamWFp8Args args{param,
+                          grad,
+                          static_cast<uint8_t*>(exp_avg),
+                          static_cast<uint8_t*>(exp_avg_sq),
+                          exp_avg_scales,
+                          exp_avg_sq_scales,
+                          param_decay,
+                          one_minus_beta1,
+                          beta2,
+                          one_minus_beta2,
+                          step_size,
+                          bc2_sqrt,
+                          eps};
+  AdamWFp8Kernel<<<unsigned(blocks), kStateBlock, 0, stream>>>(args);
+  return cudaGetLastError();
 }
 
 }  // namespace cuda_kernels

@@ -15,13 +15,7 @@ absl::Status AdamWOptions::Validate() const {
   // The kernel adds eps in fp32 (MakeAdamWScalars): 1e-300 would be 0 there.
   RETURN_IF_ERROR(CheckPositiveFloat32(eps, "adamw eps"));
   RETURN_IF_ERROR(CheckWeightDecay(weight_decay, "adamw weight_decay"));
-  RETURN_IF_ERROR(CheckStateDType(state_dtype, "adamw state_dtype"));
-  if (state_dtype == DType::kFloat8E4M3) {
-    return absl::InvalidArgumentError(
-        "adamw state_dtype fp8_e4m3 is not supported yet (Muon momentum "
-        "only); AdamW moments may be fp32 or bf16");
-  }
-  return absl::OkStatus();
+  return CheckStateDType(state_dtype, "adamw state_dtype");
 }
 
 AdamWScalars MakeAdamWScalars(const AdamWOptions& o, int64_t step) {
@@ -42,7 +36,8 @@ AdamWScalars MakeAdamWScalars(const AdamWOptions& o, int64_t step) {
 absl::Status AdamWStep(Backend& backend, const AdamWOptions& options,
                        int64_t step, const MatrixView& param,
                        const MatrixView& grad, const MatrixView& exp_avg,
-                       const MatrixView& exp_avg_sq) {
+                       const MatrixView& exp_avg_sq,
+                       const AdamWMomentScales& scales) {
   RETURN_IF_ERROR(options.Validate());
   if (step < 1) {
     return absl::InvalidArgumentError(
@@ -57,7 +52,7 @@ absl::Status AdamWStep(Backend& backend, const AdamWOptions& options,
     }
   }
   return backend.AdamW(param, grad, exp_avg, exp_avg_sq,
-                       MakeAdamWScalars(options, step));
+                       MakeAdamWScalars(options, step), scales);
 }
 
 }  // namespace muond

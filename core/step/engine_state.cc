@@ -43,8 +43,8 @@ std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
         }
         continue;
       }
-      tensor(".exp_avg", p.exp_avg);
-      tensor(".exp_avg_sq", p.exp_avg_sq);
+      tensor(".exp_avg", p.exp_avg, p.moment_scales.exp_avg);
+      tensor(".exp_avg_sq", p.exp_avg_sq, p.moment_scales.exp_avg_sq);
       StateEntry count;
       count.key = base + ".step";
       count.count = p.adamw_step;

@@ -78,19 +78,32 @@ absl::StatusOr<ParamShardSpec> MakeSpec(const GroupConfig& config,
   return spec;
 }
 
-// fp8_e4m3 momentum's zeroed block scales (momentum and staged), one fp32
-// per kStateBlock of the shard's `elements`; nothing for other dtypes.
-absl::Status AllocateMomentumScales(Backend* backend, int64_t elements,
-                                    ParamState& st) {
-  if (st.momentum.dtype != DType::kFloat8E4M3) return absl::OkStatus();
+// Zeroed block scales of fp8_e4m3 state of `elements` elements: one fp32
+// per kStateBlock.
+absl::StatusOr<float*> AllocateScales(Backend* backend, int64_t elements,
+                                      OwnedBuffer& buf) {
   const int64_t blocks = (elements + kStateBlock - 1) / kStateBlock;
-  ASSIGN_OR_RETURN(st.momentum_scales_buf,
-                   AllocateZeroed(backend, DType::kFloat32, blocks, 1));
-  ASSIGN_OR_RETURN(st.staged_momentum_scales_buf,
-                   AllocateZeroed(backend, DType::kFloat32, blocks, 1));
-  st.momentum_scales = static_cast<float*>(st.momentum_scales_buf.data());
-  st.staged_momentum_scales =
-      static_cast<float*>(st.staged_momentum_scales_buf.data());
+  ASSIGN_OR_RETURN(buf, AllocateZeroed(backend, DType::kFloat32, blocks, 1));
+  return static_cast<float*>(buf.data());
+}
+
+// fp8_e4m3 state's scales (Muon: momentum and staged; AdamW: both moments);
+// nothing for other dtypes.
+absl::Status AllocateStateScales(Backend* backend, DType dtype,
+                                 int64_t elements, bool muon, ParamState& st) {
+  if (dtype != DType::kFloat8E4M3) return absl::OkStatus();
+  if (muon) {
+    ASSIGN_OR_RETURN(st.momentum_scales,
+                     AllocateScales(backend, elements, st.momentum_scales_buf));
+    ASSIGN_OR_RETURN(
+        st.staged_momentum_scales,
+        AllocateScales(backend, elements, st.staged_momentum_scales_buf));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(st.moment_scales.exp_avg,
+                   AllocateScales(backend, elements, st.exp_avg_scales_buf));
+  ASSIGN_OR_RETURN(st.moment_scales.exp_avg_sq,
+                   AllocateScales(backend, elements, st.exp_avg_sq_scales_buf));
   return absl::OkStatus();
 }
 
@@ -108,7 +121,8 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
                      AllocateZeroed(group.backend, sd, rows, cols, where));
     st.staged_momentum =
         ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
-    RETURN_IF_ERROR(AllocateMomentumScales(group.backend, rows * cols, st));
+    RETURN_IF_ERROR(
+        AllocateStateScales(group.backend, sd, rows * cols, /*muon=*/true, st));
     group.state_bytes += StateBytes(sd, rows * cols);
     group.staging_bytes += StateBytes(sd, rows * cols);
     return absl::OkStatus();
@@ -121,6 +135,8 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
                    AllocateZeroed(group.backend, sd, rows, cols, where));
   st.exp_avg = ContiguousView(st.exp_avg_buf.data(), sd, rows, cols);
   st.exp_avg_sq = ContiguousView(st.exp_avg_sq_buf.data(), sd, rows, cols);
+  RETURN_IF_ERROR(
+      AllocateStateScales(group.backend, sd, rows * cols, /*muon=*/false, st));
   group.state_bytes += 2 * StateBytes(sd, rows * cols);
   return absl::OkStatus();
 }

@@ -35,6 +35,9 @@ struct ParamState {
   OwnedBuffer momentum_scales_buf, staged_momentum_scales_buf;
   float* momentum_scales = nullptr;
   float* staged_momentum_scales = nullptr;
+  // AdamW with fp8_e4m3 moments: exp_avg's and exp_avg_sq's block scales.
+  OwnedBuffer exp_avg_scales_buf, exp_avg_sq_scales_buf;
+  AdamWMomentScales moment_scales;
   // Muon variants (core/muon/muon_variant.h): the second moment, fp32.
   // AdaMuon: the shard's shape in buffers of its own, staged like momentum.
   // NorMuon: local rows x 1, a view of GroupState::normuon.state_buf (the

@@ -335,7 +335,8 @@ absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,
     if (skip.contains(b.name)) continue;
     ParamState& p = group.params[i];
     RETURN_IF_ERROR(AdamWStep(*group.backend, options, p.adamw_step + 1,
-                              b.param, b.grad, p.exp_avg, p.exp_avg_sq));
+                              b.param, b.grad, p.exp_avg, p.exp_avg_sq,
+                              p.moment_scales));
     stepped.push_back(&p);
   }
   RETURN_IF_ERROR(phase.Finish(t.update_us));

@@ -90,4 +90,27 @@ inline RefFp8State RefMomentumStep(const RefFp8State& state,
   return RefQuantize(m);
 }
 
+// One AdamW step (torch.optim.AdamW's single-tensor order) on fp8 moments,
+// the param updated in place from the unquantized new moments.
+struct RefAdamWScalars {
+  float param_decay, one_minus_beta1, beta2, one_minus_beta2, step_size,
+      bias_correction2_sqrt, eps;
+};
+inline void RefAdamWFp8Step(RefFp8State& exp_avg, RefFp8State& exp_avg_sq,
+                            std::vector<float>& param,
+                            const std::vector<float>& grad,
+                            const RefAdamWScalars& s) {
+  std::vector<float> m = RefDequantize(exp_avg), v = RefDequantize(exp_avg_sq);
+  for (size_t e = 0; e < param.size(); ++e) {
+    const float g = grad[e];
+    float p = param[e] * s.param_decay;
+    m[e] = RefLerp(m[e], g, s.one_minus_beta1);
+    v[e] = v[e] * s.beta2 + (s.one_minus_beta2 * g) * g;
+    const float denom = std::sqrt(v[e]) / s.bias_correction2_sqrt + s.eps;
+    param[e] = p + (-s.step_size) * (m[e] / denom);
+  }
+  exp_avg = RefQuantize(m);
+  exp_avg_sq = RefQuantize(v);
+}
+
 }  // namespace muond::testing

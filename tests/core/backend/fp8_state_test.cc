@@ -266,5 +266,103 @@ TEST(Fp8Momentum, RefusesMissingScalesStridedStateAndMixedDtypes) {
                           [](uint8_t c) { return c == 0; }));
 }
 
+// ---- AdamW on bf16 and fp8 moments ----------------------------------------
+
+AdamWScalars Scalars() {
+  AdamWScalars s;
+  s.param_decay = 0.999f;
+  s.one_minus_beta1 = 0.1f;
+  s.beta2 = 0.999f;
+  s.one_minus_beta2 = 0.001f;
+  s.step_size = 0.01f;
+  s.bias_correction2_sqrt = 0.3f;
+  s.eps = 1e-8f;
+  return s;
+}
+testing::RefAdamWScalars RefScalars(const AdamWScalars& s) {
+  return {s.param_decay,       s.one_minus_beta1, s.beta2,
+          s.one_minus_beta2,   s.step_size,       s.bias_correction2_sqrt,
+          s.eps};
+}
+
+TEST(Fp8AdamW, TwoStepsMatchTheReference) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  const int64_t rows = 3, cols = 200, pad = 4;  // 600: blocks 256, 256, 88
+  std::vector<float> param = Random(rows * cols, 40), ref_param = param;
+  Fp8Buffers m{std::vector<uint8_t>(rows * cols),
+               std::vector<float>(3, 0.0f)},
+      v = m;
+  RefFp8State ref_m = testing::RefQuantize(std::vector<float>(rows * cols)),
+              ref_v = ref_m;
+  for (uint32_t step = 0; step < 2; ++step) {
+    std::vector<float> wide = Random(rows * (cols + pad), 41 + step);
+    std::vector<float> flat;
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) flat.push_back(wide[i * (cols + pad) + j]);
+    }
+    const MatrixView grad{wide.data(), DType::kFloat32, rows, cols, cols + pad};
+    const absl::Status st = cpu->AdamW(
+        ContiguousView(param.data(), DType::kFloat32, rows, cols), grad,
+        m.View(rows, cols), v.View(rows, cols), Scalars(),
+        AdamWMomentScales{m.scales.data(), v.scales.data()});
+    ASSERT_TRUE(st.ok()) << st;
+    testing::RefAdamWFp8Step(ref_m, ref_v, ref_param, flat,
+                             RefScalars(Scalars()));
+    ExpectState(m, ref_m);
+    ExpectState(v, ref_v);
+    for (size_t e = 0; e < param.size(); ++e) {
+      ASSERT_EQ(Bits(param[e]), Bits(ref_param[e])) << "param element " << e;
+    }
+  }
+}
+
+TEST(Bf16AdamW, MomentsAreTheFp32StepRoundedToNearestEven) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  const int64_t n = 300;
+  std::vector<float> param = Random(n, 50), grad = Random(n, 51);
+  std::vector<float> m32 = Random(n, 52, 0.1f), v32(n);
+  for (int64_t e = 0; e < n; ++e) {
+    m32[e] = RoundToBf16(m32[e]);
+    v32[e] = RoundToBf16(m32[e] * m32[e] + 0.01f);
+  }
+  std::vector<uint16_t> m16(n), v16(n);
+  for (int64_t e = 0; e < n; ++e) {
+    m16[e] = FloatToBf16Bits(m32[e]);
+    v16[e] = FloatToBf16Bits(v32[e]);
+  }
+  std::vector<float> ref_param = param;
+  const testing::RefAdamWScalars s = RefScalars(Scalars());
+  const absl::Status st =
+      cpu->AdamW(ContiguousView(param.data(), DType::kFloat32, 1, n),
+                 ContiguousView(grad.data(), DType::kFloat32, 1, n),
+                 ContiguousView(m16.data(), DType::kBFloat16, 1, n),
+                 ContiguousView(v16.data(), DType::kBFloat16, 1, n), Scalars());
+  ASSERT_TRUE(st.ok()) << st;
+  for (int64_t e = 0; e < n; ++e) {
+    const float g = grad[e];
+    const float p = ref_param[e] * s.param_decay;
+    const float m = testing::RefLerp(m32[e], g, s.one_minus_beta1);
+    const float v = v32[e] * s.beta2 + (s.one_minus_beta2 * g) * g;
+    const float denom = std::sqrt(v) / s.bias_correction2_sqrt + s.eps;
+    ASSERT_EQ(Bits(param[e]), Bits(p + (-s.step_size) * (m / denom))) << e;
+    ASSERT_EQ(m16[e], FloatToBf16Bits(m)) << e;
+    ASSERT_EQ(v16[e], FloatToBf16Bits(v)) << e;
+  }
+}
+
+TEST(Fp8AdamW, RefusesMixedMomentDtypesAndMissingScales) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  std::vector<float> p(8), g(8), f32(8);
+  std::vector<uint8_t> codes(8);
+  const MatrixView pv = ContiguousView(p.data(), DType::kFloat32, 1, 8);
+  const MatrixView gv = ContiguousView(g.data(), DType::kFloat32, 1, 8);
+  const MatrixView c = ContiguousView(codes.data(), DType::kFloat8E4M3, 1, 8);
+  absl::Status st = cpu->AdamW(pv, gv, c, c, Scalars());
+  EXPECT_TRUE(absl::StrContains(st.message(), "block scales")) << st;
+  st = cpu->AdamW(pv, gv, c, ContiguousView(f32.data(), DType::kFloat32, 1, 8),
+                  Scalars());
+  EXPECT_TRUE(absl::StrContains(st.message(), "one state dtype")) << st;
+}
+
 }  // namespace
 }  // namespace muond

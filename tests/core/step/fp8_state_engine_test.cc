@@ -11,6 +11,7 @@
 // value exactly as the fp32 step does, so the params match bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -20,6 +21,7 @@
 
 #include "absl/strings/match.h"
 #include "core/backend/cpu_backend.h"
+#include "core/muon/adamw.h"
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
 #include "core/step/layer_sharded_muon.h"
@@ -229,6 +231,36 @@ TEST(Fp8StateEngine, ImportQuantizesFp32StatePerBlock) {
   }
 }
 
+TEST(Fp8StateEngine, ImportRecoversScalesThat448TimesDoesNotRoundTrip) {
+  // Blocks of dequantized codes whose scale s has float(float(448 * s) / 448)
+  // != s: the plain rule would pick a neighbour of s and change every value.
+  std::vector<float> scales;
+  for (float s = 1e-3f; scales.size() < 3; s = std::nextafter(s, 1.0f)) {
+    const float absmax = 448.0f * s;
+    if (absmax / 448.0f != s) scales.push_back(s);
+  }
+  Engine engine(Options(DType::kFloat8E4M3));
+  ASSERT_NE(engine.opt, nullptr);
+  std::map<std::string, std::vector<float>> state;
+  for (int p = 0; p < 2; ++p) {
+    const int64_t n = kShapes[p].rows * kShapes[p].cols;
+    RefFp8State fp8;
+    for (int64_t e = 0; e < n; ++e) {
+      // Every block holds +-448 (code 0x7e) and codes of both signs.
+      fp8.codes.push_back(uint8_t(e % 256 == 0 ? 0x7e : (e * 37) % 0xfe));
+      if (fp8.codes.back() == 0x7f) fp8.codes.back() = 0x7d;
+    }
+    for (int64_t b = 0; b * 256 < n; ++b) fp8.scales.push_back(scales[b % 3]);
+    state[std::string("dense/") + kShapes[p].name + ".momentum"] =
+        testing::RefDequantize(fp8);
+  }
+  ASSERT_TRUE(engine.opt->ImportState(state).ok());
+  const auto exported = engine.State();
+  for (const auto& [key, values] : state) {
+    EXPECT_TRUE(SameBits(exported.at(key), values)) << key;
+  }
+}
+
 TEST(Fp8StateEngine, AStepRefusedBeforeItsCommitLeavesTheStateUntouched) {
   // Custom coefficients whose product overflows fp32: the NS output is not
   // finite and the step is refused after its momentum phase.
@@ -264,6 +296,72 @@ TEST(Fp8StateEngine, AnUnknownStateDtypeIsRefusedNamingTheField) {
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "muon state_dtype")) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "fp32, bf16 or fp8_e4m3")) << st;
+}
+
+// ---- AdamW with fp8 moments ------------------------------------------------
+
+TEST(Fp8StateEngine, AdamWMomentsStepExportAndImportLikeTheReference) {
+  constexpr int64_t kN = 300;  // 1 x 300: blocks of 256 and 44
+  AdamWOptions options;
+  options.lr = 0.01;
+  options.weight_decay = 0.05;
+  options.state_dtype = DType::kFloat8E4M3;
+  auto make = [&](std::vector<float>& param, std::vector<float>& grad) {
+    GroupConfig g;
+    g.name = "adam";
+    g.algorithm = Algorithm::kAdamW;
+    g.adamw = options;
+    g.domain.size = DomainSize{1, 1};
+    ParamBinding b;
+    b.name = "b0";
+    b.param = ContiguousView(param.data(), DType::kFloat32, 1, kN);
+    b.grad = ContiguousView(grad.data(), DType::kFloat32, 1, kN);
+    g.params.push_back(b);
+    std::unique_ptr<Backend> backend = MakeCpuBackend();
+    auto opt = LayerShardedMuon::Create(backend.get(), {g});
+    EXPECT_TRUE(opt.ok()) << opt.status();
+    return std::make_pair(std::move(backend), *std::move(opt));
+  };
+  std::vector<float> param(kN), grad(kN);
+  for (int64_t i = 0; i < kN; ++i) param[i] = Value(2, 0, i);
+  auto [backend, opt] = make(param, grad);
+  std::vector<float> ref_param = param;
+  RefFp8State ref_m = testing::RefQuantize(std::vector<float>(kN)),
+              ref_v = ref_m;
+  for (int step = 1; step <= 3; ++step) {
+    for (int64_t i = 0; i < kN; ++i) grad[i] = Value(2, step, i);
+    StepInputs in;
+    in.step_id = step;
+    ASSERT_TRUE(opt->RunStep(in).ok());
+    const AdamWScalars s = MakeAdamWScalars(options, step);
+    testing::RefAdamWFp8Step(
+        ref_m, ref_v, ref_param, grad,
+        {s.param_decay, s.one_minus_beta1, s.beta2, s.one_minus_beta2,
+         s.step_size, s.bias_correction2_sqrt, s.eps});
+    EXPECT_TRUE(SameBits(param, ref_param)) << "step " << step;
+    auto state = opt->ExportState();
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_TRUE(SameBits(state->at("adam/b0.exp_avg"),
+                         testing::RefDequantize(ref_m)))
+        << "step " << step;
+    EXPECT_TRUE(SameBits(state->at("adam/b0.exp_avg_sq"),
+                         testing::RefDequantize(ref_v)))
+        << "step " << step;
+  }
+  const auto exported = *opt->ExportState();
+  std::vector<float> param2 = param, grad2(kN);
+  auto [backend2, opt2] = make(param2, grad2);
+  ASSERT_TRUE(opt2->ImportState(exported).ok());
+  EXPECT_EQ(*opt2->ExportState(), exported);
+}
+
+TEST(Fp8StateEngine, Bf16AdamWMomentsRoundTripAndCountTwoBytes) {
+  AdamWOptions options;
+  options.state_dtype = DType::kBFloat16;
+  EXPECT_TRUE(options.Validate().ok()) << options.Validate();
+  options.state_dtype = DType::kFloat16;
+  const absl::Status st = options.Validate();
+  EXPECT_TRUE(absl::StrContains(st.message(), "adamw state_dtype")) << st;
 }
 
 }  // namespace
