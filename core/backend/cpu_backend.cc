@@ -155,8 +155,8 @@ MemoryInfo HostMemory() {
 // value, then the block's absmax, scale and codes. Every code and the scale
 // of a block are read before any is written (in place).
 void MomentumFp8(const MatrixView& grad, const MatrixView& momentum_in,
-                 const MatrixView& momentum_out, float w_ema,
-                 float w_nesterov, bool nesterov, const MatrixView& out,
+                 const MatrixView& momentum_out, float w_ema, float w_nesterov,
+                 bool nesterov, const MatrixView& out,
                  const BlockScales& scales) {
   const uint8_t* codes_in = static_cast<const uint8_t*>(momentum_in.data);
   uint8_t* codes_out = static_cast<uint8_t*>(momentum_out.data);

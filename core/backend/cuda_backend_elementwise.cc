@@ -142,13 +142,12 @@ absl::Status CudaBackend::AdamW(const MatrixView& param, const MatrixView& grad,
                                 const AdamWMomentScales& scales) {
   RETURN_IF_ERROR(CheckAdamW(param, grad, exp_avg, exp_avg_sq, scales));
   if (exp_avg.dtype == DType::kFloat8E4M3) {
-    return CudaStatus(
-        cuda_kernels::AdamWFp8(K(param), K(grad), exp_avg.data, exp_avg_sq.data,
-                               scales.exp_avg, scales.exp_avg_sq,
-                               s.param_decay, s.one_minus_beta1, s.beta2,
-                               s.one_minus_beta2, s.step_size,
-                               s.bias_correction2_sqrt, s.eps, stream_),
-        "adamw fp8");
+    return CudaStatus(cuda_kernels::AdamWFp8(
+                          K(param), K(grad), exp_avg.data, exp_avg_sq.data,
+                          scales.exp_avg, scales.exp_avg_sq, s.param_decay,
+                          s.one_minus_beta1, s.beta2, s.one_minus_beta2,
+                          s.step_size, s.bias_correction2_sqrt, s.eps, stream_),
+                      "adamw fp8");
   }
   return CudaStatus(
       cuda_kernels::AdamW(K(param), K(grad), K(exp_avg), K(exp_avg_sq),

@@ -129,12 +129,12 @@ class CudaBackend final : public Backend {
                             bool nesterov, const MatrixView& out,
                             const BlockScales& scales) override;
   using Backend::MuonMomentumBatch;
-  absl::Status MuonMomentumBatch(
-      absl::Span<const MatrixView> grads,
-      absl::Span<const MatrixView> momenta_in,
-      absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
-      absl::Span<const MatrixView> outs,
-      absl::Span<const BlockScales> scales) override;
+  absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
+                                 absl::Span<const MatrixView> momenta_in,
+                                 absl::Span<const MatrixView> momenta_out,
+                                 double beta, bool nesterov,
+                                 absl::Span<const MatrixView> outs,
+                                 absl::Span<const BlockScales> scales) override;
   absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                 absl::Span<const MatrixView> updates,
                                 absl::Span<const float> lrs, float decay,

@@ -159,8 +159,8 @@ cudaError_t AdamWFp8(const KView& param, const KView& grad, void* exp_avg,
                      float one_minus_beta1, float beta2, float one_minus_beta2,
                      float step_size, float bc2_sqrt, float eps,
                      cudaStream_t stream) {
-  const int64_t blocks = (param.rows * param.cols + kStateBlock - 1) /
-                         kStateBlock;
+  const int64_t blocks =
+      (param.rows * param.cols + kStateBlock - 1) / kStateBlock;
   if (blocks == 0) return cudaSuccess;
   if (blocks >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
   const AdamWFp8Args args{param,

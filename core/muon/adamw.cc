@@ -45,10 +45,10 @@ absl::Status AdamWStep(Backend& backend, const AdamWOptions& options,
   }
   for (const MatrixView* moment : {&exp_avg, &exp_avg_sq}) {
     if (moment->dtype != options.state_dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "adamw: exp_avg and exp_avg_sq must be the state_dtype ",
-          std::string(DTypeName(options.state_dtype)), ", got ",
-          std::string(DTypeName(moment->dtype))));
+      return absl::InvalidArgumentError(
+          absl::StrCat("adamw: exp_avg and exp_avg_sq must be the state_dtype ",
+                       std::string(DTypeName(options.state_dtype)), ", got ",
+                       std::string(DTypeName(moment->dtype))));
     }
   }
   return backend.AdamW(param, grad, exp_avg, exp_avg_sq,

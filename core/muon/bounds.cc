@@ -47,9 +47,9 @@ absl::Status CheckPositiveFloat32(double value, std::string_view what) {
 
 absl::Status CheckStateDType(DType dtype, std::string_view what) {
   if (IsStateDType(dtype)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      std::string(what), " must be fp32, bf16 or fp8_e4m3, got ",
-      std::string(DTypeName(dtype))));
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(what), " must be fp32, bf16 or fp8_e4m3, got ",
+                   std::string(DTypeName(dtype))));
 }
 
 }  // namespace muond

@@ -137,12 +137,13 @@ absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
                               BlockScales{momentum_scales, momentum_scales});
 }
 
-absl::Status MuonMomentumPhaseBatch(
-    Backend& backend, const MuonOptions& options,
-    absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
-    absl::Span<const MatrixView> momenta_out,
-    absl::Span<const MatrixView> ns_inputs,
-    absl::Span<const BlockScales> scales) {
+absl::Status MuonMomentumPhaseBatch(Backend& backend,
+                                    const MuonOptions& options,
+                                    absl::Span<const MatrixView> grads,
+                                    absl::Span<const MatrixView> momenta_in,
+                                    absl::Span<const MatrixView> momenta_out,
+                                    absl::Span<const MatrixView> ns_inputs,
+                                    absl::Span<const BlockScales> scales) {
   for (absl::Span<const MatrixView> momenta : {momenta_in, momenta_out}) {
     for (const MatrixView& momentum : momenta) {
       RETURN_IF_ERROR(CheckMomentumDType(options, momentum));

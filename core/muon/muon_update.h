@@ -103,12 +103,13 @@ absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
 // written to momenta_out[i], which is momenta_in[i] (in place) or a buffer
 // of its own (the step engine's staged momentum: no copy of the state).
 // scales: fp8_e4m3 state's block scales, one per param (empty otherwise).
-absl::Status MuonMomentumPhaseBatch(
-    Backend& backend, const MuonOptions& options,
-    absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
-    absl::Span<const MatrixView> momenta_out,
-    absl::Span<const MatrixView> ns_inputs,
-    absl::Span<const BlockScales> scales = {});
+absl::Status MuonMomentumPhaseBatch(Backend& backend,
+                                    const MuonOptions& options,
+                                    absl::Span<const MatrixView> grads,
+                                    absl::Span<const MatrixView> momenta_in,
+                                    absl::Span<const MatrixView> momenta_out,
+                                    absl::Span<const MatrixView> ns_inputs,
+                                    absl::Span<const BlockScales> scales = {});
 // In place.
 absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     const MuonOptions& options,

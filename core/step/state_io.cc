@@ -31,8 +31,7 @@ bool Reproduces(absl::Span<const float> values, const uint8_t* codes,
   return true;
 }
 
-void QuantizeWith(absl::Span<const float> values, float scale,
-                  uint8_t* codes) {
+void QuantizeWith(absl::Span<const float> values, float scale, uint8_t* codes) {
   for (size_t k = 0; k < values.size(); ++k) {
     codes[k] = ew::QuantizeE4M3(values[k], scale);
   }
@@ -131,6 +130,49 @@ absl::Status CheckNoUnknownKeys(const StateMap& state,
   return absl::OkStatus();
 }
 
+// Writes state tensors from fp32 host values in their dtype. CopyFromHost
+// may read the source until the next Synchronize, so the converted images
+// live as long as this.
+class StateUploads {
+ public:
+  absl::Status Upload(const StateEntry& e, const std::vector<float>& values) {
+    switch (e.tensor.dtype) {
+      case DType::kFloat32:
+        return e.backend->CopyFromHost(e.tensor.data, values.data(),
+                                       int64_t(values.size()) * 4);
+      case DType::kFloat8E4M3:
+        return UploadFp8(e, values);
+      default:
+        return UploadBf16(e, values);
+    }
+  }
+
+ private:
+  absl::Status UploadFp8(const StateEntry& e,
+                         const std::vector<float>& values) {
+    std::vector<uint8_t>& codes = fp8_codes_.emplace_back(values.size());
+    std::vector<float>& scales =
+        fp8_scales_.emplace_back(BlocksOf(int64_t(values.size())));
+    QuantizeStateBlocks(values, codes.data(), scales.data());
+    RETURN_IF_ERROR(
+        e.backend->CopyFromHost(e.tensor.data, codes.data(), codes.size()));
+    return e.backend->CopyFromHost(e.scales, scales.data(), scales.size() * 4);
+  }
+  absl::Status UploadBf16(const StateEntry& e,
+                          const std::vector<float>& values) {
+    std::vector<uint16_t>& image = bf16_images_.emplace_back(values.size());
+    for (size_t i = 0; i < image.size(); ++i) {
+      image[i] = FloatToBf16Bits(values[i]);
+    }
+    return e.backend->CopyFromHost(e.tensor.data, image.data(),
+                                   image.size() * 2);
+  }
+
+  std::vector<std::vector<uint16_t>> bf16_images_;
+  std::vector<std::vector<uint8_t>> fp8_codes_;
+  std::vector<std::vector<float>> fp8_scales_;
+};
+
 }  // namespace
 
 void QuantizeStateBlocks(absl::Span<const float> values, uint8_t* codes,
@@ -192,36 +234,9 @@ absl::Status ImportStateEntries(
     const std::function<void(size_t, int64_t)>& set_count) {
   for (const StateEntry& e : entries) RETURN_IF_ERROR(CheckEntry(state, e));
   RETURN_IF_ERROR(CheckNoUnknownKeys(state, entries));
-  // CopyFromHost may read the source until the next Synchronize, so the
-  // bf16 and fp8 images live until the backends have synchronized below.
-  std::vector<std::vector<uint16_t>> bf16_images;
-  std::vector<std::vector<uint8_t>> fp8_codes;
-  std::vector<std::vector<float>> fp8_scales;
+  StateUploads uploads;
   for (const StateEntry& e : entries) {
-    if (e.is_count()) continue;
-    const std::vector<float>& values = state.at(e.key);
-    if (e.tensor.dtype == DType::kFloat32) {
-      RETURN_IF_ERROR(e.backend->CopyFromHost(e.tensor.data, values.data(),
-                                              values.size() * 4));
-      continue;
-    }
-    if (e.tensor.dtype == DType::kFloat8E4M3) {
-      std::vector<uint8_t>& codes = fp8_codes.emplace_back(values.size());
-      std::vector<float>& scales =
-          fp8_scales.emplace_back(BlocksOf(int64_t(values.size())));
-      QuantizeStateBlocks(values, codes.data(), scales.data());
-      RETURN_IF_ERROR(
-          e.backend->CopyFromHost(e.tensor.data, codes.data(), codes.size()));
-      RETURN_IF_ERROR(e.backend->CopyFromHost(e.scales, scales.data(),
-                                              scales.size() * 4));
-      continue;
-    }
-    std::vector<uint16_t>& image = bf16_images.emplace_back(values.size());
-    for (size_t i = 0; i < image.size(); ++i) {
-      image[i] = FloatToBf16Bits(values[i]);
-    }
-    RETURN_IF_ERROR(
-        e.backend->CopyFromHost(e.tensor.data, image.data(), image.size() * 2));
+    if (!e.is_count()) RETURN_IF_ERROR(uploads.Upload(e, state.at(e.key)));
   }
   for (size_t i = 0; i < entries.size(); ++i) {
     if (entries[i].is_count()) {

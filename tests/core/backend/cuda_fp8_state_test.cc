@@ -92,12 +92,12 @@ class CudaFp8StateTest : public ::testing::Test {
       const MatrixView grad{h.grad.data(), DType::kFloat32, h.rows, h.cols,
                             h.cols + h.pad};
       g.push_back(grad);
-      mi.push_back(ContiguousView(h.codes_in.data(), DType::kFloat8E4M3,
-                                  h.rows, h.cols));
-      mo.push_back(in_place ? mi.back()
-                            : ContiguousView(h.codes_out.data(),
-                                             DType::kFloat8E4M3, h.rows,
-                                             h.cols));
+      mi.push_back(ContiguousView(h.codes_in.data(), DType::kFloat8E4M3, h.rows,
+                                  h.cols));
+      mo.push_back(in_place
+                       ? mi.back()
+                       : ContiguousView(h.codes_out.data(), DType::kFloat8E4M3,
+                                        h.rows, h.cols));
       o.push_back(
           ContiguousView(h.out.data(), DType::kFloat32, h.rows, h.cols));
       s.push_back({h.scales_in.data(),
@@ -108,10 +108,10 @@ class CudaFp8StateTest : public ::testing::Test {
       d.out = Up(h.out.data(), h.n() * 4);
       d.scales_in = static_cast<float*>(
           Up(h.scales_in.data(), int64_t(h.scales_in.size()) * 4));
-      d.scales_out = in_place ? d.scales_in
-                              : static_cast<float*>(Up(
-                                    h.scales_out.data(),
-                                    int64_t(h.scales_out.size()) * 4));
+      d.scales_out =
+          in_place ? d.scales_in
+                   : static_cast<float*>(Up(h.scales_out.data(),
+                                            int64_t(h.scales_out.size()) * 4));
       devs.push_back(d);
       MatrixView dgrad = grad;
       dgrad.data = Up(h.grad.data(), int64_t(h.grad.size()) * 4);
@@ -142,8 +142,8 @@ class CudaFp8StateTest : public ::testing::Test {
       EXPECT_EQ(0, std::memcmp(got.scales_out.data(), want_scales.data(),
                                want_scales.size() * 4))
           << "param " << k;
-      EXPECT_EQ(0, std::memcmp(got.out.data(), want.out.data(),
-                               want.out.size() * 4))
+      EXPECT_EQ(
+          0, std::memcmp(got.out.data(), want.out.data(), want.out.size() * 4))
           << "param " << k;
     }
   }
@@ -189,19 +189,18 @@ TEST_F(CudaFp8StateTest, AdamWOnFp8MomentsIsTheCpuBitwise) {
   float* dvs = static_cast<float*>(Up(v_scales.data(), 3 * 4));
   for (int step = 0; step < 2; ++step) {
     ASSERT_TRUE(
-        cpu_->AdamW(ContiguousView(param.data(), DType::kFloat32, rows, cols),
-                    grad,
-                    ContiguousView(h.codes_in.data(), DType::kFloat8E4M3, rows,
-                                   cols),
-                    ContiguousView(v_codes.data(), DType::kFloat8E4M3, rows,
-                                   cols),
-                    s, AdamWMomentScales{h.scales_in.data(), v_scales.data()})
+        cpu_->AdamW(
+                ContiguousView(param.data(), DType::kFloat32, rows, cols), grad,
+                ContiguousView(h.codes_in.data(), DType::kFloat8E4M3, rows,
+                               cols),
+                ContiguousView(v_codes.data(), DType::kFloat8E4M3, rows, cols),
+                s, AdamWMomentScales{h.scales_in.data(), v_scales.data()})
             .ok());
-    const absl::Status st = gpu_->AdamW(
-        ContiguousView(dparam, DType::kFloat32, rows, cols), dgrad,
-        ContiguousView(dm, DType::kFloat8E4M3, rows, cols),
-        ContiguousView(dv, DType::kFloat8E4M3, rows, cols), s,
-        AdamWMomentScales{dms, dvs});
+    const absl::Status st =
+        gpu_->AdamW(ContiguousView(dparam, DType::kFloat32, rows, cols), dgrad,
+                    ContiguousView(dm, DType::kFloat8E4M3, rows, cols),
+                    ContiguousView(dv, DType::kFloat8E4M3, rows, cols), s,
+                    AdamWMomentScales{dms, dvs});
     ASSERT_TRUE(st.ok()) << st;
   }
   ASSERT_TRUE(gpu_->Synchronize().ok());

@@ -65,7 +65,8 @@ inline RefFp8State RefQuantize(const std::vector<float>& v) {
   for (size_t b0 = 0; b0 < v.size(); b0 += 256) {
     const size_t end = std::min(v.size(), b0 + 256);
     float absmax = 0.0f;
-    for (size_t e = b0; e < end; ++e) absmax = std::max(absmax, std::fabs(v[e]));
+    for (size_t e = b0; e < end; ++e)
+      absmax = std::max(absmax, std::fabs(v[e]));
     const float scale = absmax / 448.0f;
     s.scales.push_back(scale);
     for (size_t e = b0; e < end; ++e) {

@@ -85,11 +85,11 @@ TEST(E4M3Codec, SubnormalsZerosAndTinyValues) {
   EXPECT_EQ(ew::E4M3ToFloat(0x01), std::ldexp(1.0f, -9));
   EXPECT_EQ(ew::E4M3ToFloat(0x07), 7.0f * std::ldexp(1.0f, -9));
   EXPECT_EQ(ew::E4M3ToFloat(0x08), std::ldexp(1.0f, -6));
-  for (float x : {std::ldexp(1.0f, -10), std::ldexp(1.5f, -10),
-                  std::ldexp(1.0f, -11), std::ldexp(3.0f, -10),
-                  std::ldexp(15.0f, -10), std::ldexp(0.99f, -6),
-                  std::numeric_limits<float>::denorm_min(),
-                  std::numeric_limits<float>::min(), 1e-30f}) {
+  for (float x :
+       {std::ldexp(1.0f, -10), std::ldexp(1.5f, -10), std::ldexp(1.0f, -11),
+        std::ldexp(3.0f, -10), std::ldexp(15.0f, -10), std::ldexp(0.99f, -6),
+        std::numeric_limits<float>::denorm_min(),
+        std::numeric_limits<float>::min(), 1e-30f}) {
     ExpectCode(x);
     ExpectCode(-x);
   }
@@ -176,18 +176,17 @@ void CheckMomentum(int64_t rows, int64_t cols, int64_t pad, bool nesterov,
           ? ContiguousView(out32.data(), DType::kFloat32, rows, cols)
           : ContiguousView(out16.data(), DType::kBFloat16, rows, cols);
   Fp8Buffers& result = in_place ? in : staged;
-  const absl::Status st =
-      cpu->MuonMomentum(grad, in.View(rows, cols), result.View(rows, cols),
-                        0.95, nesterov, out,
-                        BlockScales{in.scales.data(), result.scales.data()});
+  const absl::Status st = cpu->MuonMomentum(
+      grad, in.View(rows, cols), result.View(rows, cols), 0.95, nesterov, out,
+      BlockScales{in.scales.data(), result.scales.data()});
   ASSERT_TRUE(st.ok()) << st;
   ExpectState(result, want);
   if (!in_place) ExpectState(in, start);  // the committed state is only read
   for (int64_t e = 0; e < n; ++e) {
-    const float got = ns_dtype == DType::kFloat32 ? out32[e]
-                                                  : Bf16BitsToFloat(out16[e]);
-    const float ref = ns_dtype == DType::kFloat32 ? ref_out[e]
-                                                  : RoundToBf16(ref_out[e]);
+    const float got =
+        ns_dtype == DType::kFloat32 ? out32[e] : Bf16BitsToFloat(out16[e]);
+    const float ref =
+        ns_dtype == DType::kFloat32 ? ref_out[e] : RoundToBf16(ref_out[e]);
     ASSERT_EQ(Bits(got), Bits(ref)) << "ns input element " << e;
   }
 }
@@ -234,7 +233,8 @@ TEST(Fp8Momentum, BatchIsTheSingleCalls) {
     o.push_back(ContiguousView(outs[k].data(), DType::kFloat32, rows, cols));
     scales.push_back({in[k].scales.data(), out_state[k].scales.data()});
   }
-  const absl::Status st = cpu->MuonMomentumBatch(g, mi, mo, 0.9, true, o, scales);
+  const absl::Status st =
+      cpu->MuonMomentumBatch(g, mi, mo, 0.9, true, o, scales);
   ASSERT_TRUE(st.ok()) << st;
   for (size_t k = 0; k < shapes.size(); ++k) ExpectState(out_state[k], want[k]);
 }
@@ -254,9 +254,8 @@ TEST(Fp8Momentum, RefusesMissingScalesStridedStateAndMixedDtypes) {
                          BlockScales{scales.data(), scales.data()});
   EXPECT_TRUE(absl::StrContains(st.message(), "contiguous")) << st;
   st = cpu->MuonMomentum(g, m,
-                         ContiguousView(f32.data(), DType::kFloat32, 8, 8),
-                         0.9, false, o,
-                         BlockScales{scales.data(), scales.data()});
+                         ContiguousView(f32.data(), DType::kFloat32, 8, 8), 0.9,
+                         false, o, BlockScales{scales.data(), scales.data()});
   EXPECT_TRUE(absl::StrContains(st.message(), "both be fp8_e4m3")) << st;
   const MatrixView m32 = ContiguousView(f32.data(), DType::kFloat32, 8, 8);
   st = cpu->MuonMomentum(g, m32, m32, 0.9, false, o,
@@ -280,17 +279,15 @@ AdamWScalars Scalars() {
   return s;
 }
 testing::RefAdamWScalars RefScalars(const AdamWScalars& s) {
-  return {s.param_decay,       s.one_minus_beta1, s.beta2,
-          s.one_minus_beta2,   s.step_size,       s.bias_correction2_sqrt,
-          s.eps};
+  return {s.param_decay, s.one_minus_beta1,       s.beta2, s.one_minus_beta2,
+          s.step_size,   s.bias_correction2_sqrt, s.eps};
 }
 
 TEST(Fp8AdamW, TwoStepsMatchTheReference) {
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
   const int64_t rows = 3, cols = 200, pad = 4;  // 600: blocks 256, 256, 88
   std::vector<float> param = Random(rows * cols, 40), ref_param = param;
-  Fp8Buffers m{std::vector<uint8_t>(rows * cols),
-               std::vector<float>(3, 0.0f)},
+  Fp8Buffers m{std::vector<uint8_t>(rows * cols), std::vector<float>(3, 0.0f)},
       v = m;
   RefFp8State ref_m = testing::RefQuantize(std::vector<float>(rows * cols)),
               ref_v = ref_m;
@@ -298,13 +295,14 @@ TEST(Fp8AdamW, TwoStepsMatchTheReference) {
     std::vector<float> wide = Random(rows * (cols + pad), 41 + step);
     std::vector<float> flat;
     for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) flat.push_back(wide[i * (cols + pad) + j]);
+      for (int64_t j = 0; j < cols; ++j)
+        flat.push_back(wide[i * (cols + pad) + j]);
     }
     const MatrixView grad{wide.data(), DType::kFloat32, rows, cols, cols + pad};
-    const absl::Status st = cpu->AdamW(
-        ContiguousView(param.data(), DType::kFloat32, rows, cols), grad,
-        m.View(rows, cols), v.View(rows, cols), Scalars(),
-        AdamWMomentScales{m.scales.data(), v.scales.data()});
+    const absl::Status st =
+        cpu->AdamW(ContiguousView(param.data(), DType::kFloat32, rows, cols),
+                   grad, m.View(rows, cols), v.View(rows, cols), Scalars(),
+                   AdamWMomentScales{m.scales.data(), v.scales.data()});
     ASSERT_TRUE(st.ok()) << st;
     testing::RefAdamWFp8Step(ref_m, ref_v, ref_param, flat,
                              RefScalars(Scalars()));

@@ -285,9 +285,9 @@ TEST(Fp8StateEngine, AStepRefusedBeforeItsCommitLeavesTheStateUntouched) {
 
 TEST(Fp8StateEngine, GroupStateBytesCountTheScales) {
   // 600 + 96 elements: 3 + 1 blocks of scales.
-  EXPECT_EQ(StateBytes(DType::kFloat8E4M3, 600) +
-                StateBytes(DType::kFloat8E4M3, 96),
-            600 + 3 * 4 + 96 + 4);
+  EXPECT_EQ(
+      StateBytes(DType::kFloat8E4M3, 600) + StateBytes(DType::kFloat8E4M3, 96),
+      600 + 3 * 4 + 96 + 4);
 }
 
 TEST(Fp8StateEngine, AnUnknownStateDtypeIsRefusedNamingTheField) {
@@ -341,8 +341,8 @@ TEST(Fp8StateEngine, AdamWMomentsStepExportAndImportLikeTheReference) {
     EXPECT_TRUE(SameBits(param, ref_param)) << "step " << step;
     auto state = opt->ExportState();
     ASSERT_TRUE(state.ok()) << state.status();
-    EXPECT_TRUE(SameBits(state->at("adam/b0.exp_avg"),
-                         testing::RefDequantize(ref_m)))
+    EXPECT_TRUE(
+        SameBits(state->at("adam/b0.exp_avg"), testing::RefDequantize(ref_m)))
         << "step " << step;
     EXPECT_TRUE(SameBits(state->at("adam/b0.exp_avg_sq"),
                          testing::RefDequantize(ref_v)))
