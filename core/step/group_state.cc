@@ -79,31 +79,33 @@ absl::StatusOr<ParamShardSpec> MakeSpec(const GroupConfig& config,
 }
 
 // Zeroed block scales of fp8_e4m3 state of `elements` elements: one fp32
-// per kStateBlock.
+// per kStateBlock, where the state lives.
 absl::StatusOr<float*> AllocateScales(Backend* backend, int64_t elements,
-                                      OwnedBuffer& buf) {
+                                      StateLocation where, OwnedBuffer& buf) {
   const int64_t blocks = (elements + kStateBlock - 1) / kStateBlock;
-  ASSIGN_OR_RETURN(buf, AllocateZeroed(backend, DType::kFloat32, blocks, 1));
+  ASSIGN_OR_RETURN(buf,
+                   AllocateZeroed(backend, DType::kFloat32, blocks, 1, where));
   return static_cast<float*>(buf.data());
 }
 
 // fp8_e4m3 state's scales (Muon: momentum and staged; AdamW: both moments);
 // nothing for other dtypes.
 absl::Status AllocateStateScales(Backend* backend, DType dtype,
-                                 int64_t elements, bool muon, ParamState& st) {
+                                 int64_t elements, StateLocation where,
+                                 bool muon, ParamState& st) {
   if (dtype != DType::kFloat8E4M3) return absl::OkStatus();
+  auto scales = [&](OwnedBuffer& buf) {
+    return AllocateScales(backend, elements, where, buf);
+  };
   if (muon) {
-    ASSIGN_OR_RETURN(st.momentum_scales,
-                     AllocateScales(backend, elements, st.momentum_scales_buf));
-    ASSIGN_OR_RETURN(
-        st.staged_momentum_scales,
-        AllocateScales(backend, elements, st.staged_momentum_scales_buf));
+    ASSIGN_OR_RETURN(st.momentum_scales, scales(st.momentum_scales_buf));
+    ASSIGN_OR_RETURN(st.staged_momentum_scales,
+                     scales(st.staged_momentum_scales_buf));
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(st.moment_scales.exp_avg,
-                   AllocateScales(backend, elements, st.exp_avg_scales_buf));
+  ASSIGN_OR_RETURN(st.moment_scales.exp_avg, scales(st.exp_avg_scales_buf));
   ASSIGN_OR_RETURN(st.moment_scales.exp_avg_sq,
-                   AllocateScales(backend, elements, st.exp_avg_sq_scales_buf));
+                   scales(st.exp_avg_sq_scales_buf));
   return absl::OkStatus();
 }
 
@@ -121,8 +123,8 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
                      AllocateZeroed(group.backend, sd, rows, cols, where));
     st.staged_momentum =
         ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
-    RETURN_IF_ERROR(
-        AllocateStateScales(group.backend, sd, rows * cols, /*muon=*/true, st));
+    RETURN_IF_ERROR(AllocateStateScales(group.backend, sd, rows * cols, where,
+                                        /*muon=*/true, st));
     group.state_bytes += StateBytes(sd, rows * cols);
     group.staging_bytes += StateBytes(sd, rows * cols);
     return absl::OkStatus();
@@ -135,8 +137,8 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
                    AllocateZeroed(group.backend, sd, rows, cols, where));
   st.exp_avg = ContiguousView(st.exp_avg_buf.data(), sd, rows, cols);
   st.exp_avg_sq = ContiguousView(st.exp_avg_sq_buf.data(), sd, rows, cols);
-  RETURN_IF_ERROR(
-      AllocateStateScales(group.backend, sd, rows * cols, /*muon=*/false, st));
+  RETURN_IF_ERROR(AllocateStateScales(group.backend, sd, rows * cols, where,
+                                      /*muon=*/false, st));
   group.state_bytes += 2 * StateBytes(sd, rows * cols);
   return absl::OkStatus();
 }
