@@ -214,6 +214,22 @@ TEST(Fp8StateEngine, ExportImportExportIsBitIdenticalAndStepsOnTheSame) {
   EXPECT_TRUE(SameBits(a.params[1], b.params[1]));
 }
 
+TEST(Fp8StateEngine, HostStateStepsAsDeviceState) {
+  MuonOptions host = Options(DType::kFloat8E4M3);
+  host.state_location = StateLocation::kHost;
+  Engine a(Options(DType::kFloat8E4M3)), b(host);
+  ASSERT_NE(a.opt, nullptr);
+  ASSERT_NE(b.opt, nullptr);
+  for (int seed = 1; seed <= 2; ++seed) {
+    a.SetGrads(seed);
+    b.SetGrads(seed);
+    ASSERT_TRUE(a.Step(seed).ok());
+    ASSERT_TRUE(b.Step(seed).ok());
+  }
+  EXPECT_EQ(a.params, b.params);
+  EXPECT_EQ(a.State(), b.State());
+}
+
 TEST(Fp8StateEngine, ImportQuantizesFp32StatePerBlock) {
   Engine engine(Options(DType::kFloat8E4M3));
   ASSERT_NE(engine.opt, nullptr);
