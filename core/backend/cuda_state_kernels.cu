@@ -1,9 +1,8 @@
 // Optimizer steps on fp8 e4m3 state: Muon momentum (MuonMomentumFp8Multi,
 // many tensors per launch) and AdamW (AdamWFp8). One CTA per state block of
 // kStateBlock consecutive elements, so a block's absmax is a reduction
-// inside the CTA. The per-element math and
-// the codec are elementwise_math.h's, as on the CPU backend, so both give the
-// same bits.
+// inside the CTA. The per-element math and the codec are elementwise_math.h's,
+// as on the CPU backend, so both give the same bits.
 #include <cstdint>
 
 #include "core/backend/cuda_kernel_launch.cuh"

@@ -218,5 +218,40 @@ TEST_F(CudaFp8StateTest, AdamWOnFp8MomentsIsTheCpuBitwise) {
   EXPECT_EQ(0, std::memcmp(got_vs.data(), v_scales.data(), 3 * 4));
 }
 
+TEST_F(CudaFp8StateTest, AdamWOnBf16MomentsIsTheCpuBitwise) {
+  const int64_t n = 1000;
+  Host h(1, n, 0, 9);
+  std::vector<float> param(n, 0.5f);
+  std::vector<uint16_t> m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = uint16_t(0x3c00 + i % 200);  // bf16 values near 0.0078
+    v[i] = uint16_t(0x3800 + i % 300);  // positive
+  }
+  void* dparam = Up(param.data(), n * 4);
+  void* dgrad = Up(h.grad.data(), n * 4);
+  void* dm = Up(m.data(), n * 2);
+  void* dv = Up(v.data(), n * 2);
+  AdamWScalars s;
+  auto view = [&](void* p, DType t) { return ContiguousView(p, t, 1, n); };
+  ASSERT_TRUE(cpu_->AdamW(view(param.data(), DType::kFloat32),
+                          view(h.grad.data(), DType::kFloat32),
+                          view(m.data(), DType::kBFloat16),
+                          view(v.data(), DType::kBFloat16), s)
+                  .ok());
+  ASSERT_TRUE(
+      gpu_->AdamW(view(dparam, DType::kFloat32), view(dgrad, DType::kFloat32),
+                  view(dm, DType::kBFloat16), view(dv, DType::kBFloat16), s)
+          .ok());
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  std::vector<float> got_param(n);
+  std::vector<uint16_t> got_m(n), got_v(n);
+  Down(got_param, dparam);
+  Down(got_m, dm);
+  Down(got_v, dv);
+  EXPECT_EQ(0, std::memcmp(got_param.data(), param.data(), n * 4));
+  EXPECT_EQ(got_m, m);
+  EXPECT_EQ(got_v, v);
+}
+
 }  // namespace
 }  // namespace muond
