@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/state_storage.h"
 #include "core/common/status_macros.h"
 
 namespace muond {
@@ -11,11 +12,13 @@ namespace muond {
 absl::Status Backend::MuonMomentumBatch(
     absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
     absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
-    absl::Span<const MatrixView> outs) {
-  RETURN_IF_ERROR(CheckMomentumBatch(grads, momenta_in, momenta_out, outs));
+    absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales) {
+  RETURN_IF_ERROR(
+      CheckMomentumBatch(grads, momenta_in, momenta_out, outs, scales));
   for (size_t i = 0; i < grads.size(); ++i) {
     RETURN_IF_ERROR(MuonMomentum(grads[i], momenta_in[i], momenta_out[i], beta,
-                                 nesterov, outs[i]));
+                                 nesterov, outs[i],
+                                 scales.empty() ? BlockScales{} : scales[i]));
   }
   return absl::OkStatus();
 }
@@ -277,10 +280,51 @@ bool Overlap(const MatrixView& a, const MatrixView& b) {
 }
 }  // namespace
 
+namespace {
+// fp8 state comes with its block scales and is contiguous (the blocks are
+// runs of consecutive elements); other state has no scales.
+absl::Status CheckStateScales(const MatrixView& momentum_in,
+                              const MatrixView& momentum_out,
+                              const BlockScales& scales) {
+  const bool fp8_in = momentum_in.dtype == DType::kFloat8E4M3;
+  const bool fp8_out = momentum_out.dtype == DType::kFloat8E4M3;
+  if (fp8_in != fp8_out) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "momentum: momentum_in (", std::string(DTypeName(momentum_in.dtype)),
+        ") and momentum_out (", std::string(DTypeName(momentum_out.dtype)),
+        ") must both be fp8_e4m3 or neither"));
+  }
+  const bool has_scales = scales.in != nullptr || scales.out != nullptr;
+  if (!fp8_in) {
+    if (!has_scales) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "momentum: block scales are for fp8_e4m3 state only, the state is ",
+        std::string(DTypeName(momentum_in.dtype))));
+  }
+  if (scales.in == nullptr || scales.out == nullptr) {
+    return absl::InvalidArgumentError(
+        "momentum: fp8_e4m3 state needs its block scales (in and out)");
+  }
+  if (!momentum_in.contiguous() || !momentum_out.contiguous()) {
+    return absl::InvalidArgumentError(
+        "momentum: fp8_e4m3 state must be contiguous (its blocks are runs of "
+        "consecutive elements)");
+  }
+  const bool in_place = momentum_out.data == momentum_in.data;
+  if (in_place != (scales.out == scales.in)) {
+    return absl::InvalidArgumentError(
+        "momentum: fp8_e4m3 state updated in place must update its scales in "
+        "place too, and only then");
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status CheckMomentum(const MatrixView& grad,
                            const MatrixView& momentum_in,
                            const MatrixView& momentum_out,
-                           const MatrixView& out) {
+                           const MatrixView& out, const BlockScales& scales) {
+  RETURN_IF_ERROR(CheckStateScales(momentum_in, momentum_out, scales));
   if (auto s = CheckSameShape(grad, momentum_in, "grad", "momentum_in");
       !s.ok()) {
     return s;
@@ -311,14 +355,16 @@ absl::Status CheckMomentum(const MatrixView& grad,
 absl::Status CheckMomentumBatch(absl::Span<const MatrixView> grads,
                                 absl::Span<const MatrixView> momenta_in,
                                 absl::Span<const MatrixView> momenta_out,
-                                absl::Span<const MatrixView> outs) {
+                                absl::Span<const MatrixView> outs,
+                                absl::Span<const BlockScales> scales) {
   if (momenta_in.size() != grads.size() || momenta_out.size() != grads.size() ||
-      outs.size() != grads.size()) {
+      outs.size() != grads.size() ||
+      (!scales.empty() && scales.size() != grads.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "momentum batch: grads, momenta_in, momenta_out and outs must have "
-        "the same length, got ",
+        "momentum batch: grads, momenta_in, momenta_out, outs and scales "
+        "(if any) must have the same length, got ",
         grads.size(), ", ", momenta_in.size(), ", ", momenta_out.size(), ", ",
-        outs.size()));
+        outs.size(), ", ", scales.size()));
   }
   return absl::OkStatus();
 }
@@ -364,8 +410,8 @@ absl::Status CheckRowScaledUpdateBatch(absl::Span<const MatrixView> params,
 }
 
 absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
-                        const MatrixView& exp_avg,
-                        const MatrixView& exp_avg_sq) {
+                        const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
+                        const AdamWMomentScales& scales) {
   if (auto s = CheckSameShape(param, grad, "param", "grad"); !s.ok()) return s;
   if (auto s = CheckSameShape(param, exp_avg, "param", "exp_avg"); !s.ok()) {
     return s;
@@ -374,10 +420,28 @@ absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
       !s.ok()) {
     return s;
   }
-  if (auto s = CheckDType(exp_avg, DType::kFloat32, "exp_avg"); !s.ok()) {
-    return s;
+  const DType moments = exp_avg.dtype;
+  if (!IsStateDType(moments) || exp_avg_sq.dtype != moments) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adamw: exp_avg and exp_avg_sq must be of one state dtype (fp32, "
+        "bf16 or fp8_e4m3), got ",
+        std::string(DTypeName(exp_avg.dtype)), " and ",
+        std::string(DTypeName(exp_avg_sq.dtype))));
   }
-  return CheckDType(exp_avg_sq, DType::kFloat32, "exp_avg_sq");
+  const bool fp8 = moments == DType::kFloat8E4M3;
+  const bool has_scales =
+      scales.exp_avg != nullptr || scales.exp_avg_sq != nullptr;
+  if (!fp8 && has_scales) {
+    return absl::InvalidArgumentError(
+        "adamw: block scales are for fp8_e4m3 moments only");
+  }
+  if (fp8 && (scales.exp_avg == nullptr || scales.exp_avg_sq == nullptr ||
+              !exp_avg.contiguous() || !exp_avg_sq.contiguous())) {
+    return absl::InvalidArgumentError(
+        "adamw: fp8_e4m3 moments must be contiguous and come with their "
+        "block scales");
+  }
+  return absl::OkStatus();
 }
 
 namespace {

@@ -97,6 +97,23 @@ struct NorMuonRowBlock {
   bool skip = false;          // left alone this step
 };
 
+// The fp32 block scales that travel with fp8_e4m3 state
+// (core/common/state_storage.h): one per kStateBlock consecutive elements of
+// a contiguous state view, `in` of the state read (momentum_in), `out` of the
+// state written (momentum_out; `in` itself when in place). Both null for
+// fp32 and bf16 state.
+struct BlockScales {
+  const float* in = nullptr;
+  float* out = nullptr;
+};
+
+// The block scales of fp8_e4m3 AdamW moments, updated in place with them
+// (one fp32 per kStateBlock elements each); null for fp32 and bf16 moments.
+struct AdamWMomentScales {
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -236,32 +253,56 @@ class Backend {
   //   momentum_out <- lerp(momentum_in, grad, 1 - beta) = m + (1-beta)(g - m)
   //   out          <- nesterov ? lerp(grad, momentum_out, beta)
   //                            = g + beta(m' - g) : momentum_out
-  // grad fp32|bf16|fp16, momentum_in / momentum_out fp32|bf16 (state), out
-  // fp32|bf16 (the Newton–Schulz input in the NS work dtype, rounded once).
-  // Same shapes. momentum_out may be momentum_in (in place); otherwise it
-  // must not overlap momentum_in, grad or out: the step engine reads the
-  // committed state and writes the staged one, so an abandoned step leaves
-  // the state untouched without first copying it (14 B/element with fp32
-  // state and a bf16 NS input instead of 22). out never overlaps either
-  // momentum (the NS input is never state).
+  // grad fp32|bf16|fp16, momentum_in / momentum_out fp32|bf16|fp8_e4m3
+  // (state, both of one dtype), out fp32|bf16 (the Newton–Schulz input in
+  // the NS work dtype, rounded once). Same shapes. bf16 state: `out` sees the
+  // stored (rounded) momentum. fp8_e4m3 state (contiguous, `scales` given):
+  // each block of kStateBlock consecutive elements is dequantized with its
+  // scale (ew::DequantizeE4M3), the new momentum computed in fp32 as above,
+  // `out` formed from that unquantized value, and the block stored as codes
+  // and scales.out (ew::BlockScale of its absmax, ew::QuantizeE4M3).
+  // momentum_out may be momentum_in (in place, scales.out == scales.in);
+  // otherwise it must not overlap momentum_in, grad or out: the step engine
+  // reads the committed state and writes the staged one, so an abandoned
+  // step leaves the state untouched without first copying it (14 B/element
+  // with fp32 state and a bf16 NS input instead of 22). out never overlaps
+  // either momentum (the NS input is never state).
   virtual absl::Status MuonMomentum(const MatrixView& grad,
                                     const MatrixView& momentum_in,
                                     const MatrixView& momentum_out, double beta,
-                                    bool nesterov, const MatrixView& out) = 0;
+                                    bool nesterov, const MatrixView& out,
+                                    const BlockScales& scales) = 0;
+  // fp32 or bf16 state (no scales).
+  absl::Status MuonMomentum(const MatrixView& grad,
+                            const MatrixView& momentum_in,
+                            const MatrixView& momentum_out, double beta,
+                            bool nesterov, const MatrixView& out) {
+    return MuonMomentum(grad, momentum_in, momentum_out, beta, nesterov, out,
+                        BlockScales{});
+  }
   // In place: momentum is read and overwritten.
   absl::Status MuonMomentum(const MatrixView& grad, const MatrixView& momentum,
                             double beta, bool nesterov, const MatrixView& out) {
     return MuonMomentum(grad, momentum, momentum, beta, nesterov, out);
   }
   // MuonMomentum for n params at once (grads[i], momenta_in[i],
-  // momenta_out[i], outs[i]; the four spans have the same length). Bitwise
-  // the n single calls, which is the default; CUDA batches small contiguous
-  // tensors into few launches.
+  // momenta_out[i], outs[i], scales[i]; the spans have the same length, or
+  // scales is empty: no fp8 state). Bitwise the n single calls, which is the
+  // default; CUDA batches small contiguous tensors into few launches (fp8
+  // state: one CTA per state block, any tensor).
   virtual absl::Status MuonMomentumBatch(
       absl::Span<const MatrixView> grads,
       absl::Span<const MatrixView> momenta_in,
       absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
-      absl::Span<const MatrixView> outs);
+      absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales);
+  absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
+                                 absl::Span<const MatrixView> momenta_in,
+                                 absl::Span<const MatrixView> momenta_out,
+                                 double beta, bool nesterov,
+                                 absl::Span<const MatrixView> outs) {
+    return MuonMomentumBatch(grads, momenta_in, momenta_out, beta, nesterov,
+                             outs, {});
+  }
   // In place.
   absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
                                  absl::Span<const MatrixView> momenta,
@@ -298,11 +339,25 @@ class Backend {
   //   p *= param_decay; m = lerp(m, g, 1-beta1); v = v*beta2 + (1-beta2)*g*g;
   //   p += -step_size * m / (sqrt(v) / bias_correction2_sqrt + eps).
   // param fp32|bf16|fp16 (one rounding), grad fp32|bf16|fp16,
-  // exp_avg/exp_avg_sq fp32.
+  // exp_avg/exp_avg_sq fp32, bf16 or fp8_e4m3, both of one dtype: computed in
+  // fp32 and stored rounded to nearest even (bf16, as torch keeps a bf16
+  // param's moments) or, fp8 (contiguous, `scales` given: torchao's
+  // AdamWFp8), blockwise as MuonMomentum's fp8 state: each block of
+  // kStateBlock elements dequantized, stepped in fp32 (the param from the
+  // unquantized new moments), each moment's block stored as codes and a
+  // scale of its own absmax. Updated in place.
   virtual absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
                              const MatrixView& exp_avg,
                              const MatrixView& exp_avg_sq,
-                             const AdamWScalars& scalars) = 0;
+                             const AdamWScalars& scalars,
+                             const AdamWMomentScales& scales) = 0;
+  // fp32 or bf16 moments (no scales).
+  absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
+                     const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
+                     const AdamWScalars& scalars) {
+    return AdamW(param, grad, exp_avg, exp_avg_sq, scalars,
+                 AdamWMomentScales{});
+  }
 
   // ---- Muon variants (core/muon/muon_variant.h) ---------------------------
   // NorMuon over a set of matrices (one call for a whole param group): the
@@ -432,12 +487,15 @@ absl::Status CheckNormalize(const MatrixView& src, const MatrixView& dst,
 absl::Status CheckMomentum(const MatrixView& grad,
                            const MatrixView& momentum_in,
                            const MatrixView& momentum_out,
-                           const MatrixView& out);
-// The four spans of MuonMomentumBatch have the same length.
+                           const MatrixView& out,
+                           const BlockScales& scales = {});
+// The four spans of MuonMomentumBatch have the same length; scales has it
+// too or is empty.
 absl::Status CheckMomentumBatch(absl::Span<const MatrixView> grads,
                                 absl::Span<const MatrixView> momenta_in,
                                 absl::Span<const MatrixView> momenta_out,
-                                absl::Span<const MatrixView> outs);
+                                absl::Span<const MatrixView> outs,
+                                absl::Span<const BlockScales> scales = {});
 // Checks a NorMuon row set against its buffers (NorMuonRowStats /
 // NorMuonFactors); `staged` and `factors` may be empty views (not checked).
 absl::Status CheckNorMuonBlocks(absl::Span<const NorMuonRowBlock> blocks,
@@ -462,7 +520,7 @@ absl::Status CheckRowScaledUpdateBatch(absl::Span<const MatrixView> params,
                                        absl::Span<const MatrixView> row_factors,
                                        absl::Span<const float> lrs);
 absl::Status CheckAdamW(const MatrixView& param, const MatrixView& grad,
-                        const MatrixView& exp_avg,
-                        const MatrixView& exp_avg_sq);
+                        const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
+                        const AdamWMomentScales& scales = {});
 
 }  // namespace muond

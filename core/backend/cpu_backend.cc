@@ -149,6 +149,78 @@ MemoryInfo HostMemory() {
   return info;
 }
 
+// MuonMomentum on fp8 state, block by block of kStateBlock consecutive
+// elements (element e at row e / cols, column e % cols of grad and out, which
+// may be strided): dequantize, the fp32 EMA, `out` from the unquantized new
+// value, then the block's absmax, scale and codes. Every code and the scale
+// of a block are read before any is written (in place).
+void MomentumFp8(const MatrixView& grad, const MatrixView& momentum_in,
+                 const MatrixView& momentum_out, float w_ema, float w_nesterov,
+                 bool nesterov, const MatrixView& out,
+                 const BlockScales& scales) {
+  const uint8_t* codes_in = static_cast<const uint8_t*>(momentum_in.data);
+  uint8_t* codes_out = static_cast<uint8_t*>(momentum_out.data);
+  const int64_t n = grad.numel();
+  float block[kStateBlock];
+  for (int64_t b0 = 0, b = 0; b0 < n; b0 += kStateBlock, ++b) {
+    const int64_t len = std::min(kStateBlock, n - b0);
+    const float scale_in = scales.in[b];
+    float absmax = 0.0f;
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t i = (b0 + k) / grad.cols, j = (b0 + k) % grad.cols;
+      const float g = Load(grad, i, j);
+      const float m = ew::DequantizeE4M3(codes_in[b0 + k], scale_in);
+      block[k] = ew::MomentumEma(m, g, w_ema);
+      Store(out, i, j,
+            nesterov ? ew::NesterovInput(g, block[k], w_nesterov) : block[k]);
+      absmax = ew::AbsMaxStep(absmax, block[k]);
+    }
+    const float scale = ew::BlockScale(absmax);
+    for (int64_t k = 0; k < len; ++k) {
+      codes_out[b0 + k] = ew::QuantizeE4M3(block[k], scale);
+    }
+    scales.out[b] = scale;
+  }
+}
+
+// AdamW on fp8 moments, block by block as MomentumFp8: both moments
+// dequantized, the fp32 step (the param from the unquantized new moments),
+// then each moment's block absmax, scale and codes.
+void AdamWFp8(const MatrixView& param, const MatrixView& grad,
+              const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
+              const AdamWScalars& s, const AdamWMomentScales& scales) {
+  uint8_t* m_codes = static_cast<uint8_t*>(exp_avg.data);
+  uint8_t* v_codes = static_cast<uint8_t*>(exp_avg_sq.data);
+  const int64_t n = param.numel();
+  float m_block[kStateBlock], v_block[kStateBlock];
+  for (int64_t b0 = 0, b = 0; b0 < n; b0 += kStateBlock, ++b) {
+    const int64_t len = std::min(kStateBlock, n - b0);
+    float m_absmax = 0.0f, v_absmax = 0.0f;
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t i = (b0 + k) / param.cols, j = (b0 + k) % param.cols;
+      const ew::AdamWOut o = ew::AdamWElement(
+          Load(param, i, j), Load(grad, i, j),
+          ew::DequantizeE4M3(m_codes[b0 + k], scales.exp_avg[b]),
+          ew::DequantizeE4M3(v_codes[b0 + k], scales.exp_avg_sq[b]),
+          s.param_decay, s.one_minus_beta1, s.beta2, s.one_minus_beta2,
+          s.step_size, s.bias_correction2_sqrt, s.eps);
+      Store(param, i, j, o.p);
+      m_block[k] = o.m;
+      v_block[k] = o.v;
+      m_absmax = ew::AbsMaxStep(m_absmax, o.m);
+      v_absmax = ew::AbsMaxStep(v_absmax, o.v);
+    }
+    const float m_scale = ew::BlockScale(m_absmax);
+    const float v_scale = ew::BlockScale(v_absmax);
+    for (int64_t k = 0; k < len; ++k) {
+      m_codes[b0 + k] = ew::QuantizeE4M3(m_block[k], m_scale);
+      v_codes[b0 + k] = ew::QuantizeE4M3(v_block[k], v_scale);
+    }
+    scales.exp_avg[b] = m_scale;
+    scales.exp_avg_sq[b] = v_scale;
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
@@ -300,10 +372,17 @@ class CpuBackend final : public Backend {
   absl::Status MuonMomentum(const MatrixView& grad,
                             const MatrixView& momentum_in,
                             const MatrixView& momentum_out, double beta,
-                            bool nesterov, const MatrixView& out) override {
-    RETURN_IF_ERROR(CheckMomentum(grad, momentum_in, momentum_out, out));
+                            bool nesterov, const MatrixView& out,
+                            const BlockScales& scales) override {
+    RETURN_IF_ERROR(
+        CheckMomentum(grad, momentum_in, momentum_out, out, scales));
     const float w_ema = static_cast<float>(1.0 - beta);
     const float w_nesterov = static_cast<float>(beta);
+    if (momentum_in.dtype == DType::kFloat8E4M3) {
+      MomentumFp8(grad, momentum_in, momentum_out, w_ema, w_nesterov, nesterov,
+                  out, scales);
+      return absl::OkStatus();
+    }
     ForEach(grad, [&](int64_t i, int64_t j) {
       const float g = Load(grad, i, j);
       Store(momentum_out, i, j,
@@ -346,10 +425,16 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  using Backend::AdamW;
   absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
                      const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
-                     const AdamWScalars& s) override {
-    RETURN_IF_ERROR(CheckAdamW(param, grad, exp_avg, exp_avg_sq));
+                     const AdamWScalars& s,
+                     const AdamWMomentScales& scales) override {
+    RETURN_IF_ERROR(CheckAdamW(param, grad, exp_avg, exp_avg_sq, scales));
+    if (exp_avg.dtype == DType::kFloat8E4M3) {
+      AdamWFp8(param, grad, exp_avg, exp_avg_sq, s, scales);
+      return absl::OkStatus();
+    }
     ForEach(param, [&](int64_t i, int64_t j) {
       const ew::AdamWOut o = ew::AdamWElement(
           Load(param, i, j), Load(grad, i, j), Load(exp_avg, i, j),

@@ -34,8 +34,13 @@ absl::Status CudaBackend::MuonMomentum(const MatrixView& grad,
                                        const MatrixView& momentum_in,
                                        const MatrixView& momentum_out,
                                        double beta, bool nesterov,
-                                       const MatrixView& out) {
-  RETURN_IF_ERROR(CheckMomentum(grad, momentum_in, momentum_out, out));
+                                       const MatrixView& out,
+                                       const BlockScales& scales) {
+  if (momentum_in.dtype == DType::kFloat8E4M3) {
+    return MuonMomentumBatch({grad}, {momentum_in}, {momentum_out}, beta,
+                             nesterov, {out}, {scales});
+  }
+  RETURN_IF_ERROR(CheckMomentum(grad, momentum_in, momentum_out, out, scales));
   return CudaStatus(
       cuda_kernels::MuonMomentum(K(grad), K(momentum_in), K(momentum_out),
                                  float(1.0 - beta), float(beta), nesterov,
@@ -46,16 +51,37 @@ absl::Status CudaBackend::MuonMomentum(const MatrixView& grad,
 absl::Status CudaBackend::MuonMomentumBatch(
     absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
     absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
-    absl::Span<const MatrixView> outs) {
-  RETURN_IF_ERROR(CheckMomentumBatch(grads, momenta_in, momenta_out, outs));
+    absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales) {
+  RETURN_IF_ERROR(
+      CheckMomentumBatch(grads, momenta_in, momenta_out, outs, scales));
   std::vector<cuda_kernels::KView> g, mi, mo, o;
+  std::vector<const float*> si;
+  std::vector<float*> so;
+  bool fp8 = false;
   for (size_t i = 0; i < grads.size(); ++i) {
+    const BlockScales s = scales.empty() ? BlockScales{} : scales[i];
     RETURN_IF_ERROR(
-        CheckMomentum(grads[i], momenta_in[i], momenta_out[i], outs[i]));
+        CheckMomentum(grads[i], momenta_in[i], momenta_out[i], outs[i], s));
+    // One state dtype per call: the fp8 kernel takes every tensor or none.
+    if (i > 0 && fp8 != (momenta_in[i].dtype == DType::kFloat8E4M3)) {
+      return absl::InvalidArgumentError(
+          "momentum batch: fp8_e4m3 state cannot be mixed with other state "
+          "in one call");
+    }
+    fp8 = momenta_in[i].dtype == DType::kFloat8E4M3;
     g.push_back(K(grads[i]));
     mi.push_back(K(momenta_in[i]));
     mo.push_back(K(momenta_out[i]));
     o.push_back(K(outs[i]));
+    si.push_back(s.in);
+    so.push_back(s.out);
+  }
+  if (fp8) {
+    return CudaStatus(cuda_kernels::MuonMomentumFp8Multi(
+                          g.data(), mi.data(), mo.data(), o.data(), si.data(),
+                          so.data(), int64_t(g.size()), float(1.0 - beta),
+                          float(beta), nesterov, stream_),
+                      "muon momentum fp8");
   }
   return CudaStatus(
       cuda_kernels::MuonMomentumMulti(g.data(), mi.data(), mo.data(), o.data(),
@@ -112,8 +138,17 @@ absl::Status CudaBackend::ApplyUpdate(const MatrixView& param,
 absl::Status CudaBackend::AdamW(const MatrixView& param, const MatrixView& grad,
                                 const MatrixView& exp_avg,
                                 const MatrixView& exp_avg_sq,
-                                const AdamWScalars& s) {
-  RETURN_IF_ERROR(CheckAdamW(param, grad, exp_avg, exp_avg_sq));
+                                const AdamWScalars& s,
+                                const AdamWMomentScales& scales) {
+  RETURN_IF_ERROR(CheckAdamW(param, grad, exp_avg, exp_avg_sq, scales));
+  if (exp_avg.dtype == DType::kFloat8E4M3) {
+    return CudaStatus(cuda_kernels::AdamWFp8(
+                          K(param), K(grad), exp_avg.data, exp_avg_sq.data,
+                          scales.exp_avg, scales.exp_avg_sq, s.param_decay,
+                          s.one_minus_beta1, s.beta2, s.one_minus_beta2,
+                          s.step_size, s.bias_correction2_sqrt, s.eps, stream_),
+                      "adamw fp8");
+  }
   return CudaStatus(
       cuda_kernels::AdamW(K(param), K(grad), K(exp_avg), K(exp_avg_sq),
                           s.param_decay, s.one_minus_beta1, s.beta2,

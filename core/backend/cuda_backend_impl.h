@@ -126,13 +126,15 @@ class CudaBackend final : public Backend {
   absl::Status MuonMomentum(const MatrixView& grad,
                             const MatrixView& momentum_in,
                             const MatrixView& momentum_out, double beta,
-                            bool nesterov, const MatrixView& out) override;
+                            bool nesterov, const MatrixView& out,
+                            const BlockScales& scales) override;
   using Backend::MuonMomentumBatch;
   absl::Status MuonMomentumBatch(absl::Span<const MatrixView> grads,
                                  absl::Span<const MatrixView> momenta_in,
                                  absl::Span<const MatrixView> momenta_out,
                                  double beta, bool nesterov,
-                                 absl::Span<const MatrixView> outs) override;
+                                 absl::Span<const MatrixView> outs,
+                                 absl::Span<const BlockScales> scales) override;
   absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                 absl::Span<const MatrixView> updates,
                                 absl::Span<const float> lrs, float decay,
@@ -144,9 +146,11 @@ class CudaBackend final : public Backend {
   absl::Status ApplyUpdate(const MatrixView& param, const MatrixView& update,
                            float lr, float decay,
                            WeightDecayMethod method) override;
+  using Backend::AdamW;
   absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
                      const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
-                     const AdamWScalars& s) override;
+                     const AdamWScalars& s,
+                     const AdamWMomentScales& scales) override;
   absl::Status NorMuonRowStats(absl::Span<const NorMuonRowBlock> blocks,
                                const MatrixView& state,
                                const MatrixView& stats) override;

@@ -18,7 +18,7 @@ struct KView {
   void* data;
   int64_t rows, cols;
   int64_t ld;  // elements between row starts, >= cols
-  int elem;    // bytes per element: 4 fp32, 2 bf16 or fp16
+  int elem;    // bytes per element: 4 fp32, 2 bf16 or fp16, 1 fp8 e4m3
   // A 2-byte element is fp16 (the Gram NS iteration dtype), not bf16.
   bool f16 = false;
 };
@@ -54,6 +54,15 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                   float one_minus_beta1, float beta2, float one_minus_beta2,
                   float step_size, float bc2_sqrt, float eps,
                   cudaStream_t stream);
+// AdamW on fp8 e4m3 moments (contiguous codes, their block scales; updated
+// in place), one CTA per block of kStateBlock elements
+// (cuda_state_kernels.cu).
+cudaError_t AdamWFp8(const KView& param, const KView& grad, void* exp_avg,
+                     void* exp_avg_sq, float* exp_avg_scales,
+                     float* exp_avg_sq_scales, float param_decay,
+                     float one_minus_beta1, float beta2, float one_minus_beta2,
+                     float step_size, float bc2_sqrt, float eps,
+                     cudaStream_t stream);
 // Muon variants (cuda_variant_kernels.cu). A NorMuon row block as the
 // kernels see it (core/backend/backend.h NorMuonRowBlock).
 struct KRowBlock {
@@ -93,6 +102,16 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
                               const KView* moms_out, const KView* outs,
                               int64_t count, float one_minus_beta, float beta,
                               bool nesterov, cudaStream_t stream);
+// MuonMomentumMulti on fp8 e4m3 state (cuda_state_kernels.cu): moms_in /
+// moms_out contiguous codes (1-byte KViews) with their block scales
+// (scales_in[i] may be scales_out[i]: in place); grads and outs any strides.
+// One CTA per block of kStateBlock elements, up to 24 tensors per launch.
+cudaError_t MuonMomentumFp8Multi(const KView* grads, const KView* moms_in,
+                                 const KView* moms_out, const KView* outs,
+                                 const float* const* scales_in,
+                                 float* const* scales_out, int64_t count,
+                                 float one_minus_beta, float beta,
+                                 bool nesterov, cudaStream_t stream);
 // lrs[i]: tensor i's (adjusted) lr.
 cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
                              const float* lrs, int64_t count, float decay,

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/backend/bf16.h"
+#include "core/common/state_storage.h"
 
 namespace muond {
 namespace ew {
@@ -105,6 +106,69 @@ MUOND_HD double NorMuonRatio(double n1, double n2, double eps) {
 }
 MUOND_HD float NorMuonRowFactor(double ratio, double denom) {
   return static_cast<float>(ratio / denom);
+}
+
+// ---- fp8 e4m3 state (core/common/state_storage.h) --------------------------
+// OCP e4m3fn, the format of CUDA's __nv_fp8_e4m3: sign, 4 exponent bits (bias
+// 7), 3 mantissa bits, no infinities; S.1111.111 is NaN, so the largest
+// finite magnitude is 1.75 * 2^8 = 448 (0x7e); subnormals are m * 2^-9.
+// Integer code only, so both backends give the same bits.
+inline constexpr float kE4M3Max = 448.0f;
+inline constexpr uint8_t kE4M3NaN = 0x7f;
+
+// fp32 -> e4m3, round to nearest even, saturating: |x| >= 448 (infinities
+// included) gives +-448; NaN gives kE4M3NaN; the sign of a zero is kept.
+MUOND_HD uint8_t FloatToE4M3(float x) {
+  const uint32_t bits = FloatBits(x);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t mag = bits & 0x7fffffffu;
+  if (mag > 0x7f800000u) return kE4M3NaN;
+  if (mag >= 0x43e00000u) return sign | 0x7eu;  // 448 and beyond
+  if (mag >= 0x3c800000u) {  // >= 2^-6: normal, keep 3 of 23 mantissa bits
+    const uint32_t rounded = mag + 0x7ffffu + ((mag >> 20) & 1u);
+    return sign | static_cast<uint8_t>((rounded >> 20) - (120u << 3));
+  }
+  // Subnormal (or zero): round mag / 2^-9 to an integer; 8 is 2^-6's code.
+  const int exponent = int(mag >> 23) - 127;
+  const int shift = 14 - exponent;  // mantissa (with its leading 1) >> shift
+  if ((mag >> 23) == 0 || shift > 24) return sign;
+  const uint32_t mantissa = (mag & 0x7fffffu) | 0x800000u;
+  const uint32_t q = mantissa >> shift;
+  const uint32_t rem = mantissa & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  const uint32_t up = rem > half || (rem == half && (q & 1u)) ? 1u : 0u;
+  return sign | static_cast<uint8_t>(q + up);
+}
+
+// e4m3 -> fp32, exact.
+MUOND_HD float E4M3ToFloat(uint8_t code) {
+  const uint32_t sign = uint32_t(code & 0x80u) << 24;
+  if ((code & 0x7fu) == 0x7fu) return BitsToFloat(sign | 0x7fc00000u);
+  const uint32_t exponent = (code >> 3) & 0xfu, mantissa = code & 7u;
+  if (exponent == 0) {  // m * 2^-9, exact in fp32
+    const float m = static_cast<float>(mantissa) * 0.001953125f;
+    return sign != 0 ? -m : m;
+  }
+  return BitsToFloat(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+}
+
+// Blockwise scaling: a block is kStateBlock consecutive elements of a shard's
+// contiguous state (the last may be short), stored as e4m3 codes of
+// v / scale with scale = absmax / 448 in fp32; an all-zero block (or one whose
+// scale underflows to 0) has scale 0 and codes 0. value = float(code) * scale.
+// The block's absmax folds AbsMaxStep over its elements from 0: the max of
+// |v|, or NaN if any element is NaN, whatever the order (so a tree reduction
+// on the device gives the sequential fold's value).
+MUOND_HD float AbsMaxStep(float absmax, float v) {
+  const float a = std::fabs(v);
+  return (a != a || a > absmax) ? a : absmax;
+}
+MUOND_HD float BlockScale(float absmax) { return Div(absmax, kE4M3Max); }
+MUOND_HD uint8_t QuantizeE4M3(float v, float scale) {
+  return scale == 0.0f ? uint8_t(0) : FloatToE4M3(Div(v, scale));
+}
+MUOND_HD float DequantizeE4M3(uint8_t code, float scale) {
+  return Mul(E4M3ToFloat(code), scale);
 }
 
 }  // namespace ew

@@ -15,7 +15,7 @@ absl::Status AdamWOptions::Validate() const {
   // The kernel adds eps in fp32 (MakeAdamWScalars): 1e-300 would be 0 there.
   RETURN_IF_ERROR(CheckPositiveFloat32(eps, "adamw eps"));
   RETURN_IF_ERROR(CheckWeightDecay(weight_decay, "adamw weight_decay"));
-  return absl::OkStatus();
+  return CheckStateDType(state_dtype, "adamw state_dtype");
 }
 
 AdamWScalars MakeAdamWScalars(const AdamWOptions& o, int64_t step) {
@@ -36,14 +36,23 @@ AdamWScalars MakeAdamWScalars(const AdamWOptions& o, int64_t step) {
 absl::Status AdamWStep(Backend& backend, const AdamWOptions& options,
                        int64_t step, const MatrixView& param,
                        const MatrixView& grad, const MatrixView& exp_avg,
-                       const MatrixView& exp_avg_sq) {
+                       const MatrixView& exp_avg_sq,
+                       const AdamWMomentScales& scales) {
   RETURN_IF_ERROR(options.Validate());
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("adamw step must be >= 1, got ", step));
   }
+  for (const MatrixView* moment : {&exp_avg, &exp_avg_sq}) {
+    if (moment->dtype != options.state_dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("adamw: exp_avg and exp_avg_sq must be the state_dtype ",
+                       std::string(DTypeName(options.state_dtype)), ", got ",
+                       std::string(DTypeName(moment->dtype))));
+    }
+  }
   return backend.AdamW(param, grad, exp_avg, exp_avg_sq,
-                       MakeAdamWScalars(options, step));
+                       MakeAdamWScalars(options, step), scales);
 }
 
 }  // namespace muond

@@ -26,7 +26,9 @@ struct AdamWOptions {
   double eps = 1e-8;           // > 0 and finite as a float32
   double weight_decay = 0.01;  // in [0, kMaxWeightDecay]
   bool bias_correction = true;
-  // exp_avg and exp_avg_sq's dtype and residence
+  // exp_avg and exp_avg_sq's dtype (IsStateDType; computed in fp32 and
+  // stored as bf16 rounded to nearest even, as torch keeps a bf16 param's
+  // moments, or as blockwise-scaled fp8: Backend::AdamW) and residence
   // (core/common/state_storage.h).
   DType state_dtype = DType::kFloat32;
   StateLocation state_location = StateLocation::kDevice;
@@ -39,10 +41,12 @@ struct AdamWOptions {
 AdamWScalars MakeAdamWScalars(const AdamWOptions& options, int64_t step);
 
 // One AdamW step at step number `step` >= 1. param fp32|bf16, grad
-// fp32|bf16, exp_avg/exp_avg_sq fp32 (zero before step 1), all same shape.
+// fp32|bf16, exp_avg/exp_avg_sq in options.state_dtype (zero before step 1;
+// fp8_e4m3: with their block scales), all same shape.
 absl::Status AdamWStep(Backend& backend, const AdamWOptions& options,
                        int64_t step, const MatrixView& param,
                        const MatrixView& grad, const MatrixView& exp_avg,
-                       const MatrixView& exp_avg_sq);
+                       const MatrixView& exp_avg_sq,
+                       const AdamWMomentScales& scales = {});
 
 }  // namespace muond

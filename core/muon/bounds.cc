@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/state_storage.h"
 
 namespace muond {
 
@@ -42,6 +43,13 @@ absl::Status CheckPositiveFloat32(double value, std::string_view what) {
         std::numeric_limits<float>::max(), "]), got ", value));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckStateDType(DType dtype, std::string_view what) {
+  if (IsStateDType(dtype)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(what), " must be fp32, bf16 or fp8_e4m3, got ",
+                   std::string(DTypeName(dtype))));
 }
 
 }  // namespace muond

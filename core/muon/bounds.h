@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "core/common/dtype.h"
 
 namespace muond {
 
@@ -38,5 +39,10 @@ absl::Status CheckUnitInterval(double value, std::string_view what);
 // it in). InvalidArgument "<what> must be > 0 and finite as a float32 (...),
 // got <value>" printing the value as given, in double.
 absl::Status CheckPositiveFloat32(double value, std::string_view what);
+
+// `dtype` may hold optimizer state (IsStateDType: fp32, bf16 or fp8_e4m3).
+// InvalidArgument "<what> must be fp32, bf16 or fp8_e4m3, got <name>"
+// otherwise.
+absl::Status CheckStateDType(DType dtype, std::string_view what);
 
 }  // namespace muond

@@ -98,6 +98,7 @@ absl::Status MuonOptions::Validate() const {
         "muon ns.syrk_block_rows must be in [0, 16] (0 = auto), got ",
         ns.syrk_block_rows));
   }
+  RETURN_IF_ERROR(CheckStateDType(state_dtype, "muon state_dtype"));
   RETURN_IF_ERROR(ValidateVariant());
   RETURN_IF_ERROR(ValidateGramOptions(ns));
   return CoefficientSchedule(ns.coefficient_type, ns.custom, ns.num_steps)
@@ -114,18 +115,26 @@ absl::Status MuonOptions::ValidateVariant() const {
   return CheckPositiveFloat32(moment2_eps, "muon moment2_eps");
 }
 
+namespace {
+absl::Status CheckMomentumDType(const MuonOptions& options,
+                                const MatrixView& momentum) {
+  if (momentum.dtype == options.state_dtype) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("momentum: dtype must be the state_dtype ",
+                   std::string(DTypeName(options.state_dtype)), ", got ",
+                   std::string(DTypeName(momentum.dtype))));
+}
+}  // namespace
+
 absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
                                const MatrixView& grad,
                                const MatrixView& momentum,
-                               const MatrixView& ns_input) {
-  if (momentum.dtype != options.state_dtype) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("momentum: dtype must be the state_dtype ",
-                     std::string(DTypeName(options.state_dtype)), ", got ",
-                     std::string(DTypeName(momentum.dtype))));
-  }
-  return backend.MuonMomentum(grad, momentum, options.momentum,
-                              options.nesterov, ns_input);
+                               const MatrixView& ns_input,
+                               float* momentum_scales) {
+  RETURN_IF_ERROR(CheckMomentumDType(options, momentum));
+  return backend.MuonMomentum(grad, momentum, momentum, options.momentum,
+                              options.nesterov, ns_input,
+                              BlockScales{momentum_scales, momentum_scales});
 }
 
 absl::Status MuonMomentumPhaseBatch(Backend& backend,
@@ -133,20 +142,16 @@ absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     absl::Span<const MatrixView> grads,
                                     absl::Span<const MatrixView> momenta_in,
                                     absl::Span<const MatrixView> momenta_out,
-                                    absl::Span<const MatrixView> ns_inputs) {
+                                    absl::Span<const MatrixView> ns_inputs,
+                                    absl::Span<const BlockScales> scales) {
   for (absl::Span<const MatrixView> momenta : {momenta_in, momenta_out}) {
     for (const MatrixView& momentum : momenta) {
-      if (momentum.dtype != options.state_dtype) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("momentum: dtype must be the state_dtype ",
-                         std::string(DTypeName(options.state_dtype)), ", got ",
-                         std::string(DTypeName(momentum.dtype))));
-      }
+      RETURN_IF_ERROR(CheckMomentumDType(options, momentum));
     }
   }
   return backend.MuonMomentumBatch(grads, momenta_in, momenta_out,
                                    options.momentum, options.nesterov,
-                                   ns_inputs);
+                                   ns_inputs, scales);
 }
 
 absl::Status MuonMomentumPhaseBatch(Backend& backend,

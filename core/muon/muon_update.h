@@ -68,7 +68,8 @@ struct MuonOptions {
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;      // in (0, kMaxExtraScaleFactor]
   int64_t ns_batch_size = 1;            // >= 1; 1 = bit-exact numerics contract
-  // The momentum's dtype and residence (core/common/state_storage.h).
+  // The momentum's dtype (IsStateDType) and residence
+  // (core/common/state_storage.h).
   DType state_dtype = DType::kFloat32;
   StateLocation state_location = StateLocation::kDevice;
   // The second-moment renormalisation after NS (muon_variant.h); beta2 and
@@ -86,25 +87,29 @@ struct MuonOptions {
   absl::Status ValidateVariant() const;
 };
 
-// Phase 1. grad fp32|bf16 (trainer memory), momentum in options.state_dtype,
-// ns_input fp32|bf16 (a scratch buffer, never the state; the step engine
-// uses NsWorkDType(options.ns.precision)). Same shapes (any strides: works
-// on the local shard).
+// Phase 1. grad fp32|bf16 (trainer memory), momentum in options.state_dtype
+// (fp8_e4m3: contiguous, with its block scales, updated in place:
+// Backend::MuonMomentum), ns_input fp32|bf16 (a scratch buffer, never the
+// state; the step engine uses NsWorkDType(options.ns.precision)). Same
+// shapes (any strides: works on the local shard).
 absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
                                const MatrixView& grad,
                                const MatrixView& momentum,
-                               const MatrixView& ns_input);
+                               const MatrixView& ns_input,
+                               float* momentum_scales = nullptr);
 
 // Phase 1 for n params at once (same-length spans; bitwise the n single
 // calls, fewer launches on CUDA): momenta_in[i] is read and the new momentum
 // written to momenta_out[i], which is momenta_in[i] (in place) or a buffer
 // of its own (the step engine's staged momentum: no copy of the state).
+// scales: fp8_e4m3 state's block scales, one per param (empty otherwise).
 absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     const MuonOptions& options,
                                     absl::Span<const MatrixView> grads,
                                     absl::Span<const MatrixView> momenta_in,
                                     absl::Span<const MatrixView> momenta_out,
-                                    absl::Span<const MatrixView> ns_inputs);
+                                    absl::Span<const MatrixView> ns_inputs,
+                                    absl::Span<const BlockScales> scales = {});
 // In place.
 absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     const MuonOptions& options,

@@ -18,15 +18,17 @@ std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
     for (size_t pi = 0; pi < group.params.size(); ++pi) {
       const ParamState& p = group.params[pi];
       const std::string base = gname + "/" + p.spec.name;
-      auto tensor = [&](const std::string& suffix, const MatrixView& view) {
+      auto tensor = [&](const std::string& suffix, const MatrixView& view,
+                        float* scales = nullptr) {
         StateEntry e;
         e.key = base + suffix;
         e.backend = group.backend;
         e.tensor = view;
+        e.scales = scales;
         entries.push_back(std::move(e));
       };
       if (muon) {
-        tensor(".momentum", p.momentum);
+        tensor(".momentum", p.momentum, p.momentum_scales);
         // The variants' second moment (torch's "variance_neuron" /
         // "moment2_buffer": muon_variant.h).
         switch (group.config.muon.variant) {
@@ -41,8 +43,8 @@ std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
         }
         continue;
       }
-      tensor(".exp_avg", p.exp_avg);
-      tensor(".exp_avg_sq", p.exp_avg_sq);
+      tensor(".exp_avg", p.exp_avg, p.moment_scales.exp_avg);
+      tensor(".exp_avg_sq", p.exp_avg_sq, p.moment_scales.exp_avg_sq);
       StateEntry count;
       count.key = base + ".step";
       count.count = p.adamw_step;

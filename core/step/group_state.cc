@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/domain.h"
+#include "core/common/state_storage.h"
 #include "core/common/status_macros.h"
 #include "core/muon/newton_schulz.h"
 #include "core/step/variant_phase.h"
@@ -79,6 +80,37 @@ absl::StatusOr<ParamShardSpec> MakeSpec(const GroupConfig& config,
   return spec;
 }
 
+// Zeroed block scales of fp8_e4m3 state of `elements` elements: one fp32
+// per kStateBlock, where the state lives.
+absl::StatusOr<float*> AllocateScales(Backend* backend, int64_t elements,
+                                      StateLocation where, OwnedBuffer& buf) {
+  const int64_t blocks = (elements + kStateBlock - 1) / kStateBlock;
+  ASSIGN_OR_RETURN(buf,
+                   AllocateZeroed(backend, DType::kFloat32, blocks, 1, where));
+  return static_cast<float*>(buf.data());
+}
+
+// fp8_e4m3 state's scales (Muon: momentum and staged; AdamW: both moments);
+// nothing for other dtypes.
+absl::Status AllocateStateScales(Backend* backend, DType dtype,
+                                 int64_t elements, StateLocation where,
+                                 bool muon, ParamState& st) {
+  if (dtype != DType::kFloat8E4M3) return absl::OkStatus();
+  auto scales = [&](OwnedBuffer& buf) {
+    return AllocateScales(backend, elements, where, buf);
+  };
+  if (muon) {
+    ASSIGN_OR_RETURN(st.momentum_scales, scales(st.momentum_scales_buf));
+    ASSIGN_OR_RETURN(st.staged_momentum_scales,
+                     scales(st.staged_momentum_scales_buf));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(st.moment_scales.exp_avg, scales(st.exp_avg_scales_buf));
+  ASSIGN_OR_RETURN(st.moment_scales.exp_avg_sq,
+                   scales(st.exp_avg_sq_scales_buf));
+  return absl::OkStatus();
+}
+
 // Zeroed optimizer state of one param's shard; adds its bytes to the group's.
 absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
                                 const ParamBinding& p, ParamState& st) {
@@ -93,22 +125,26 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
                      AllocateZeroed(group.backend, sd, rows, cols, where));
     st.staged_momentum =
         ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
-    group.state_bytes += rows * cols * DTypeSize(sd);
+    RETURN_IF_ERROR(AllocateStateScales(group.backend, sd, rows * cols, where,
+                                        /*muon=*/true, st));
+    group.state_bytes += StateBytes(sd, rows * cols);
     // Device staging only (host state stages through HostStateStreams).
     if (where == StateLocation::kDevice) {
-      group.staging_bytes += rows * cols * DTypeSize(sd);
+      group.staging_bytes += StateBytes(sd, rows * cols);
     }
     return absl::OkStatus();
   }
-  constexpr DType f32 = DType::kFloat32;
+  const DType sd = config.adamw.state_dtype;
   const StateLocation where = config.adamw.state_location;
   ASSIGN_OR_RETURN(st.exp_avg_buf,
-                   AllocateZeroed(group.backend, f32, rows, cols, where));
+                   AllocateZeroed(group.backend, sd, rows, cols, where));
   ASSIGN_OR_RETURN(st.exp_avg_sq_buf,
-                   AllocateZeroed(group.backend, f32, rows, cols, where));
-  st.exp_avg = ContiguousView(st.exp_avg_buf.data(), f32, rows, cols);
-  st.exp_avg_sq = ContiguousView(st.exp_avg_sq_buf.data(), f32, rows, cols);
-  group.state_bytes += 2 * rows * cols * 4;
+                   AllocateZeroed(group.backend, sd, rows, cols, where));
+  st.exp_avg = ContiguousView(st.exp_avg_buf.data(), sd, rows, cols);
+  st.exp_avg_sq = ContiguousView(st.exp_avg_sq_buf.data(), sd, rows, cols);
+  RETURN_IF_ERROR(AllocateStateScales(group.backend, sd, rows * cols, where,
+                                      /*muon=*/false, st));
+  group.state_bytes += 2 * StateBytes(sd, rows * cols);
   return absl::OkStatus();
 }
 
@@ -124,8 +160,8 @@ absl::StatusOr<std::unique_ptr<HostStateStreams>> MakeHostStateStreams(
   ASSIGN_OR_RETURN(streams->store, group.backend->NewStream());
   int64_t total = 0, largest = 0;
   for (const ParamState& p : group.params) {
-    total += SlotBytes(p);
-    largest = std::max(largest, SlotBytes(p));
+    total += SlotOf(p).bytes;
+    largest = std::max(largest, SlotOf(p).bytes);
   }
   streams->piece_bytes = std::max<int64_t>(256, total / kStreamPieces);
   // A piece stops at the first param that takes it to piece_bytes or more.
@@ -142,9 +178,17 @@ absl::StatusOr<std::unique_ptr<HostStateStreams>> MakeHostStateStreams(
 
 }  // namespace
 
-int64_t SlotBytes(const ParamState& p) {
-  const int64_t bytes = p.momentum.numel() * int64_t(DTypeSize(p.momentum.dtype));
-  return (bytes + 255) / 256 * 256;
+MomentumSlot SlotOf(const ParamState& p) {
+  auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t n = p.momentum.numel();
+  MomentumSlot slot;
+  slot.value_bytes = n * int64_t(DTypeSize(p.momentum.dtype));
+  if (p.momentum_scales != nullptr) {
+    slot.scale_bytes = (n + kStateBlock - 1) / kStateBlock * 4;
+  }
+  slot.scales_offset = aligned(slot.value_bytes);
+  slot.bytes = slot.scales_offset + aligned(slot.scale_bytes);
+  return slot;
 }
 
 absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,

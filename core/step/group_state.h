@@ -23,13 +23,21 @@ struct ParamState {
   ParamShardSpec spec;
   OwnedBuffer momentum_buf, exp_avg_buf, exp_avg_sq_buf;
   // Muon: momentum (MuonOptions::state_dtype). AdamW: exp_avg, exp_avg_sq
-  // (fp32).
+  // (AdamWOptions::state_dtype).
   MatrixView momentum, exp_avg, exp_avg_sq;
   // Muon: the step's new momentum, written by the momentum phase while
   // `momentum` stays as it was; the commit swaps the two (group_step.h), so a
   // step that fails before its commit leaves the state untouched.
   OwnedBuffer staged_momentum_buf;
   MatrixView staged_momentum;
+  // Muon with fp8_e4m3 state: the fp32 scale of each kStateBlock elements of
+  // momentum and of staged_momentum (swapped with them); null otherwise.
+  OwnedBuffer momentum_scales_buf, staged_momentum_scales_buf;
+  float* momentum_scales = nullptr;
+  float* staged_momentum_scales = nullptr;
+  // AdamW with fp8_e4m3 moments: exp_avg's and exp_avg_sq's block scales.
+  OwnedBuffer exp_avg_scales_buf, exp_avg_sq_scales_buf;
+  AdamWMomentScales moment_scales;
   // Muon variants (core/muon/muon_variant.h): the second moment, fp32.
   // AdaMuon: the shard's shape in buffers of its own, staged like momentum.
   // NorMuon: local rows x 1, a view of GroupState::normuon.state_buf (the
@@ -68,9 +76,16 @@ struct HostStateStreams {
   int64_t piece_bytes = 0;
 };
 
-// Bytes a param's momentum takes in a slot: its state, rounded up to 256 (the
-// alignment of every allocation, which the kernels' vector loads rely on).
-int64_t SlotBytes(const ParamState& p);
+// Where a param's momentum sits in a slot: its values, then (fp8) its block
+// scales, each from a 256-byte boundary (the alignment of every allocation,
+// which the kernels' vector loads rely on).
+struct MomentumSlot {
+  int64_t value_bytes = 0;
+  int64_t scale_bytes = 0;  // 0 unless fp8
+  int64_t scales_offset = 0;
+  int64_t bytes = 0;  // the whole, a multiple of 256
+};
+MomentumSlot SlotOf(const ParamState& p);
 
 struct GroupState {
   GroupConfig config;

@@ -60,20 +60,12 @@ std::vector<MatrixView> Pick(const std::vector<MatrixView>& views,
 // an abandoned step leaves the state as it was without a copy of it; a
 // skipped param's staged buffer is not written (CommitMuonGroup does not
 // swap it in).
-// `only`: these params (indices) on `backend`; empty: every param on the
-// group's backend.
 absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
-                           const std::set<std::string>& skip,
-                           absl::Span<const size_t> only = {},
-                           Backend* backend = nullptr) {
-  std::vector<size_t> all;
-  if (only.empty()) {
-    for (size_t i = 0; i < group.params.size(); ++i) all.push_back(i);
-    only = all;
-  }
-  if (backend == nullptr) backend = group.backend;
+                           const std::set<std::string>& skip) {
+  Backend* backend = group.backend;
   std::vector<MatrixView> grads, momenta, staged, inputs;
-  for (size_t i : only) {
+  std::vector<BlockScales> scales;  // fp8 state: momentum -> staged scales
+  for (size_t i = 0; i < group.params.size(); ++i) {
     ParamState& p = group.params[i];
     if (skip.contains(group.config.params[i].name)) {
       RETURN_IF_ERROR(backend->Memset0(group.local[i]));
@@ -83,10 +75,13 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
     momenta.push_back(p.momentum);
     staged.push_back(p.staged_momentum);
     inputs.push_back(group.local[i]);
+    if (p.momentum_scales != nullptr) {
+      scales.push_back({p.momentum_scales, p.staged_momentum_scales});
+    }
   }
   if (grads.empty()) return absl::OkStatus();
   return MuonMomentumPhaseBatch(*backend, options, grads, momenta, staged,
-                                inputs);
+                                inputs, scales);
 }
 
 // Params in NS order cut into pieces of about HostStateStreams::piece_bytes
@@ -102,7 +97,7 @@ std::vector<std::vector<size_t>> StreamPieces(
         in_piece = 0;
       }
       pieces.back().push_back(i);
-      in_piece += SlotBytes(group.params[i]);
+      in_piece += SlotOf(group.params[i]).bytes;
     }
   }
   return pieces;
@@ -142,12 +137,15 @@ absl::Status StreamedMomentumNs(GroupState& group, const MuonOptions& options,
   auto load = [&](size_t p) -> absl::Status {
     char* in = static_cast<char*>(hs.in[p % 2].data());
     for (size_t i : pieces[p]) {
+      const ParamState& st = group.params[i];
+      const MomentumSlot at = SlotOf(st);
       if (stepped(i)) {
-        const ParamState& st = group.params[i];
-        RETURN_IF_ERROR(CopyBytes(*hs.load, in, st.momentum.data,
-                                  st.momentum.numel() * DTypeSize(st.momentum.dtype)));
+        RETURN_IF_ERROR(
+            CopyBytes(*hs.load, in, st.momentum.data, at.value_bytes));
+        RETURN_IF_ERROR(CopyBytes(*hs.load, in + at.scales_offset,
+                                  st.momentum_scales, at.scale_bytes));
       }
-      in += SlotBytes(group.params[i]);
+      in += at.bytes;
     }
     return absl::OkStatus();
   };
@@ -156,32 +154,41 @@ absl::Status StreamedMomentumNs(GroupState& group, const MuonOptions& options,
     char* in = static_cast<char*>(hs.in[p % 2].data());
     char* out = static_cast<char*>(hs.out[p % 2].data());
     std::vector<MatrixView> grads, momenta, staged, inputs;
-    std::vector<size_t> stored;
+    std::vector<BlockScales> scales;
+    std::vector<std::pair<size_t, char*>> stored;  // param, its slot out
     for (size_t i : pieces[p]) {
       const ParamState& st = group.params[i];
+      const MomentumSlot at = SlotOf(st);
       if (!stepped(i)) {
         RETURN_IF_ERROR(main.Memset0(group.local[i]));
       } else {
-        MatrixView m = st.momentum;
+        const MatrixView& m = st.momentum;
         grads.push_back(group.config.params[i].grad);
         momenta.push_back(ContiguousView(in, m.dtype, m.rows, m.cols));
         staged.push_back(ContiguousView(out, m.dtype, m.rows, m.cols));
         inputs.push_back(group.local[i]);
-        stored.push_back(i);
+        if (at.scale_bytes > 0) {
+          scales.push_back({reinterpret_cast<const float*>(in + at.scales_offset),
+                            reinterpret_cast<float*>(out + at.scales_offset)});
+        }
+        stored.emplace_back(i, out);
       }
-      in += SlotBytes(st);
-      out += SlotBytes(st);
+      in += at.bytes;
+      out += at.bytes;
     }
     if (!grads.empty()) {
       RETURN_IF_ERROR(MuonMomentumPhaseBatch(main, options, grads, momenta,
-                                             staged, inputs));
+                                             staged, inputs, scales));
     }
     RETURN_IF_ERROR(main.OrderBefore(*hs.store));
     RETURN_IF_ERROR(main.OrderBefore(*hs.load));  // slot in read
-    for (size_t k = 0; k < stored.size(); ++k) {
-      const MatrixView& to = group.params[stored[k]].staged_momentum;
-      RETURN_IF_ERROR(CopyBytes(*hs.store, to.data, staged[k].data,
-                                to.numel() * DTypeSize(to.dtype)));
+    for (const auto& [i, from] : stored) {
+      const ParamState& st = group.params[i];
+      const MomentumSlot at = SlotOf(st);
+      RETURN_IF_ERROR(CopyBytes(*hs.store, st.staged_momentum.data, from,
+                                at.value_bytes));
+      RETURN_IF_ERROR(CopyBytes(*hs.store, st.staged_momentum_scales,
+                                from + at.scales_offset, at.scale_bytes));
     }
     return absl::OkStatus();
   };
@@ -393,6 +400,8 @@ absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
     ParamState& p = group.params[i];
     std::swap(p.momentum_buf, p.staged_momentum_buf);
     std::swap(p.momentum, p.staged_momentum);
+    std::swap(p.momentum_scales_buf, p.staged_momentum_scales_buf);
+    std::swap(p.momentum_scales, p.staged_momentum_scales);
   }
   return CommitVariantState(group, options, skip);
 }
@@ -407,7 +416,8 @@ absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,
     if (skip.contains(b.name)) continue;
     ParamState& p = group.params[i];
     RETURN_IF_ERROR(AdamWStep(*group.backend, options, p.adamw_step + 1,
-                              b.param, b.grad, p.exp_avg, p.exp_avg_sq));
+                              b.param, b.grad, p.exp_avg, p.exp_avg_sq,
+                              p.moment_scales));
     stepped.push_back(&p);
   }
   RETURN_IF_ERROR(phase.Finish(t.update_us));

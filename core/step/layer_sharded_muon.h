@@ -211,10 +211,12 @@ class LayerShardedMuon {
 
   // Optimizer state of the local shards, for save/load: name -> fp32 host
   // copy ("<param>.momentum", "<param>.exp_avg", "<param>.exp_avg_sq") plus
-  // the AdamW step counts. bf16 state (MuonOptions.state_dtype) exports
-  // widened exactly; importing into bf16 state rounds each value to nearest
-  // even, so an exported bf16 state imports back bit for bit. Import checks
-  // every entry (InvalidArgument naming it) before it writes any.
+  // the AdamW step counts. bf16 state (MuonOptions / AdamWOptions
+  // state_dtype) exports widened exactly and imports rounded to nearest even;
+  // fp8_e4m3 state exports dequantized exactly and imports quantized per
+  // block (state_io.h), so an exported state imports back bit for bit.
+  // Import checks every entry (InvalidArgument naming it) before it writes
+  // any.
   virtual absl::StatusOr<std::map<std::string, std::vector<float>>>
   ExportState() const = 0;
   virtual absl::Status ImportState(

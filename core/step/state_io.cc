@@ -1,18 +1,87 @@
 #include "core/step/state_io.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/bf16.h"
+#include "core/backend/elementwise_math.h"
+#include "core/common/state_storage.h"
 #include "core/common/status_macros.h"
 
 namespace muond {
 namespace {
 
-// A contiguous state buffer as fp32 on the host; bf16 state widens exactly.
+int64_t BlocksOf(int64_t elements) {
+  return (elements + kStateBlock - 1) / kStateBlock;
+}
+
+// Whether every value of a block is exactly its codes dequantized with
+// `scale` (bitwise: a -0 stays -0).
+bool Reproduces(absl::Span<const float> values, const uint8_t* codes,
+                float scale) {
+  for (size_t k = 0; k < values.size(); ++k) {
+    if (FloatBits(ew::DequantizeE4M3(codes[k], scale)) !=
+        FloatBits(values[k])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void QuantizeWith(absl::Span<const float> values, float scale, uint8_t* codes) {
+  for (size_t k = 0; k < values.size(); ++k) {
+    codes[k] = ew::QuantizeE4M3(values[k], scale);
+  }
+}
+
+// One block by the step's rule; when the values are exactly some scale's
+// codes, that scale: an exported block's absmax is 448 * s rounded, and
+// absmax / 448 rounded is s or an ulp or two beside it.
+float QuantizeBlock(absl::Span<const float> values, uint8_t* codes) {
+  float absmax = 0.0f;
+  for (float v : values) absmax = ew::AbsMaxStep(absmax, v);
+  const float scale = ew::BlockScale(absmax);
+  QuantizeWith(values, scale, codes);
+  if (!(scale > 0.0f) || std::isinf(scale) ||
+      Reproduces(values, codes, scale)) {
+    return scale;
+  }
+  std::vector<uint8_t> trial(values.size());
+  for (float toward : {0.0f, std::numeric_limits<float>::infinity()}) {
+    float candidate = scale;
+    for (int ulps = 1; ulps <= 2; ++ulps) {
+      candidate = std::nextafter(candidate, toward);
+      QuantizeWith(values, candidate, trial.data());
+      if (Reproduces(values, trial.data(), candidate)) {
+        std::copy(trial.begin(), trial.end(), codes);
+        return candidate;
+      }
+    }
+  }
+  return scale;
+}
+
+// fp8 state on the host: codes and scales copied, dequantized.
+absl::StatusOr<std::vector<float>> Fp8ToHost(Backend& backend,
+                                             const MatrixView& v,
+                                             const float* scales) {
+  std::vector<uint8_t> codes(v.numel());
+  std::vector<float> host_scales(BlocksOf(v.numel()));
+  RETURN_IF_ERROR(backend.CopyToHost(codes.data(), v.data, v.numel()));
+  RETURN_IF_ERROR(backend.CopyToHost(host_scales.data(), scales,
+                                     int64_t(host_scales.size()) * 4));
+  return DequantizeStateBlocks(codes, host_scales);
+}
+
+// A contiguous state buffer as fp32 on the host; bf16 state widens exactly,
+// fp8 dequantizes exactly.
 absl::StatusOr<std::vector<float>> TensorToHost(Backend& backend,
-                                                const MatrixView& v) {
+                                                const MatrixView& v,
+                                                const float* scales) {
+  if (v.dtype == DType::kFloat8E4M3) return Fp8ToHost(backend, v, scales);
   std::vector<float> host(v.numel());
   if (v.dtype == DType::kFloat32) {
     RETURN_IF_ERROR(backend.CopyToHost(host.data(), v.data, v.numel() * 4));
@@ -61,7 +130,67 @@ absl::Status CheckNoUnknownKeys(const StateMap& state,
   return absl::OkStatus();
 }
 
+// Writes state tensors from fp32 host values in their dtype. CopyFromHost
+// may read the source until the next Synchronize, so the converted images
+// live as long as this.
+class StateUploads {
+ public:
+  absl::Status Upload(const StateEntry& e, const std::vector<float>& values) {
+    switch (e.tensor.dtype) {
+      case DType::kFloat32:
+        return e.backend->CopyFromHost(e.tensor.data, values.data(),
+                                       int64_t(values.size()) * 4);
+      case DType::kFloat8E4M3:
+        return UploadFp8(e, values);
+      default:
+        return UploadBf16(e, values);
+    }
+  }
+
+ private:
+  absl::Status UploadFp8(const StateEntry& e,
+                         const std::vector<float>& values) {
+    std::vector<uint8_t>& codes = fp8_codes_.emplace_back(values.size());
+    std::vector<float>& scales =
+        fp8_scales_.emplace_back(BlocksOf(int64_t(values.size())));
+    QuantizeStateBlocks(values, codes.data(), scales.data());
+    RETURN_IF_ERROR(
+        e.backend->CopyFromHost(e.tensor.data, codes.data(), codes.size()));
+    return e.backend->CopyFromHost(e.scales, scales.data(), scales.size() * 4);
+  }
+  absl::Status UploadBf16(const StateEntry& e,
+                          const std::vector<float>& values) {
+    std::vector<uint16_t>& image = bf16_images_.emplace_back(values.size());
+    for (size_t i = 0; i < image.size(); ++i) {
+      image[i] = FloatToBf16Bits(values[i]);
+    }
+    return e.backend->CopyFromHost(e.tensor.data, image.data(),
+                                   image.size() * 2);
+  }
+
+  std::vector<std::vector<uint16_t>> bf16_images_;
+  std::vector<std::vector<uint8_t>> fp8_codes_;
+  std::vector<std::vector<float>> fp8_scales_;
+};
+
 }  // namespace
+
+void QuantizeStateBlocks(absl::Span<const float> values, uint8_t* codes,
+                         float* scales) {
+  for (size_t b0 = 0, b = 0; b0 < values.size(); b0 += kStateBlock, ++b) {
+    const size_t len = std::min<size_t>(kStateBlock, values.size() - b0);
+    scales[b] = QuantizeBlock(values.subspan(b0, len), codes + b0);
+  }
+}
+
+std::vector<float> DequantizeStateBlocks(absl::Span<const uint8_t> codes,
+                                         absl::Span<const float> scales) {
+  std::vector<float> values(codes.size());
+  for (size_t e = 0; e < codes.size(); ++e) {
+    values[e] = ew::DequantizeE4M3(codes[e], scales[e / kStateBlock]);
+  }
+  return values;
+}
 
 StateMap WithPerParamStepCounts(StateMap state,
                                 absl::Span<const StateEntry> entries) {
@@ -92,7 +221,8 @@ absl::StatusOr<StateMap> ExportStateEntries(
     if (e.is_count()) {
       out[e.key] = {float(e.count)};
     } else {
-      ASSIGN_OR_RETURN(out[e.key], TensorToHost(*e.backend, e.tensor));
+      ASSIGN_OR_RETURN(out[e.key],
+                       TensorToHost(*e.backend, e.tensor, e.scales));
     }
   }
   return out;
@@ -104,23 +234,9 @@ absl::Status ImportStateEntries(
     const std::function<void(size_t, int64_t)>& set_count) {
   for (const StateEntry& e : entries) RETURN_IF_ERROR(CheckEntry(state, e));
   RETURN_IF_ERROR(CheckNoUnknownKeys(state, entries));
-  // CopyFromHost may read the source until the next Synchronize, so the
-  // bf16 images live until the backends have synchronized below.
-  std::vector<std::vector<uint16_t>> bf16_images;
+  StateUploads uploads;
   for (const StateEntry& e : entries) {
-    if (e.is_count()) continue;
-    const std::vector<float>& values = state.at(e.key);
-    if (e.tensor.dtype == DType::kFloat32) {
-      RETURN_IF_ERROR(e.backend->CopyFromHost(e.tensor.data, values.data(),
-                                              values.size() * 4));
-      continue;
-    }
-    std::vector<uint16_t>& image = bf16_images.emplace_back(values.size());
-    for (size_t i = 0; i < image.size(); ++i) {
-      image[i] = FloatToBf16Bits(values[i]);
-    }
-    RETURN_IF_ERROR(
-        e.backend->CopyFromHost(e.tensor.data, image.data(), image.size() * 2));
+    if (!e.is_count()) RETURN_IF_ERROR(uploads.Upload(e, state.at(e.key)));
   }
   for (size_t i = 0; i < entries.size(); ++i) {
     if (entries[i].is_count()) {

@@ -2,8 +2,12 @@
 // Save/load of the engine's optimizer state as named fp32 host vectors
 // (LayerShardedMuon::ExportState / ImportState).
 //
-// bf16 state exports widened exactly and imports rounded to nearest even, so
-// an exported bf16 state imports back bit for bit.
+// bf16 state exports widened exactly and imports rounded to nearest even;
+// fp8_e4m3 state exports dequantized exactly (code * block scale) and imports
+// quantized per block of kStateBlock by the step's rule (elementwise_math.h),
+// except that a block which is exactly some scale's codes (an exported fp8
+// block) gets that scale back: either way an exported state imports back bit
+// for bit.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -18,12 +22,14 @@
 
 namespace muond {
 
-// One named piece of state: a contiguous fp32 or bf16 tensor in `backend`
-// memory, or (backend null) a step count that travels as one fp32 value.
+// One named piece of state: a contiguous fp32, bf16 or fp8_e4m3 tensor in
+// `backend` memory (fp8: with its block scales), or (backend null) a step
+// count that travels as one fp32 value.
 struct StateEntry {
   std::string key;
   Backend* backend = nullptr;
   MatrixView tensor;
+  float* scales = nullptr;  // fp8_e4m3: one per kStateBlock elements
   int64_t count = 0;
   // A count's AdamW group and param, for the old group key and the error.
   std::string group;
@@ -35,6 +41,15 @@ struct StateEntry {
 };
 
 using StateMap = std::map<std::string, std::vector<float>>;
+
+// `values` (fp32) as fp8 e4m3 codes and per-block scales (kStateBlock
+// elements a block, the last may be short): the import rule above. codes
+// has values.size() entries, scales one per block.
+void QuantizeStateBlocks(absl::Span<const float> values, uint8_t* codes,
+                         float* scales);
+// codes and their block scales -> fp32 values (exact).
+std::vector<float> DequantizeStateBlocks(absl::Span<const uint8_t> codes,
+                                         absl::Span<const float> scales);
 
 // Copies every entry to the host.
 absl::StatusOr<StateMap> ExportStateEntries(

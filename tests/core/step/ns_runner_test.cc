@@ -109,8 +109,9 @@ class CountingBackend final : public Backend {
   }
   absl::Status MuonMomentum(const MatrixView& g, const MatrixView& m_in,
                             const MatrixView& m_out, double beta, bool nesterov,
-                            const MatrixView& out) override {
-    return cpu_->MuonMomentum(g, m_in, m_out, beta, nesterov, out);
+                            const MatrixView& out,
+                            const BlockScales& scales) override {
+    return cpu_->MuonMomentum(g, m_in, m_out, beta, nesterov, out, scales);
   }
   absl::Status ApplyUpdate(const MatrixView& p, const MatrixView& u, float lr,
                            float decay, WeightDecayMethod method) override {
@@ -118,8 +119,9 @@ class CountingBackend final : public Backend {
   }
   absl::Status AdamW(const MatrixView& p, const MatrixView& g,
                      const MatrixView& m, const MatrixView& v,
-                     const AdamWScalars& s) override {
-    return cpu_->AdamW(p, g, m, v, s);
+                     const AdamWScalars& s,
+                     const AdamWMomentScales& scales) override {
+    return cpu_->AdamW(p, g, m, v, s, scales);
   }
   absl::StatusOr<bool> AllFiniteBelow(absl::Span<const MatrixView> views,
                                       float limit) override {

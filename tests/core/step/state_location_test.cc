@@ -6,7 +6,8 @@
 // a device) the host-state group streams (momentum over the bus on a stream
 // of its own, overlapped with NS wave by wave; unmeasured steps only) at NS
 // batch sizes 1 and 2, and the host-state engine must take the state's bytes
-// less of the device's memory.
+// less of the device's memory. fp8_e4m3 state (codes and block scales)
+// likewise.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -47,17 +48,20 @@ float Value(int param, int step, int64_t i) {
 // One engine over backend memory: params, grads and the engine.
 class Engine {
  public:
-  Engine(Backend& backend, StateLocation where, int64_t ns_batch_size = 1)
+  Engine(Backend& backend, StateLocation where, int64_t ns_batch_size = 1,
+         DType state_dtype = DType::kFloat32)
       : backend_(backend) {
     GroupConfig muon, adamw;
     muon.name = "matrices";
     muon.muon.lr = 0.02;
     muon.muon.ns_batch_size = ns_batch_size;
+    muon.muon.state_dtype = state_dtype;
     muon.muon.nesterov = true;
     muon.muon.state_location = where;
     adamw.name = "vectors";
     adamw.algorithm = Algorithm::kAdamW;
     adamw.adamw.state_location = where;
+    adamw.adamw.state_dtype = state_dtype;
     for (int p = 0; p < int(std::size(kShapes)); ++p) {
       const Shape& s = kShapes[p];
       std::vector<float> init(s.rows * s.cols);
@@ -127,10 +131,11 @@ class Engine {
 
 // Four steps on each engine (per-shape timing measures some: both paths);
 // params and exported state equal bitwise.
-void ExpectHostStateEqualsDeviceState(Backend& backend,
-                                      int64_t ns_batch_size = 1) {
-  Engine device(backend, StateLocation::kDevice, ns_batch_size);
-  Engine host(backend, StateLocation::kHost, ns_batch_size);
+void ExpectHostStateEqualsDeviceState(
+    Backend& backend, int64_t ns_batch_size = 1,
+    DType state_dtype = DType::kFloat32) {
+  Engine device(backend, StateLocation::kDevice, ns_batch_size, state_dtype);
+  Engine host(backend, StateLocation::kHost, ns_batch_size, state_dtype);
   for (int step = 1; step <= 4; ++step) {
     device.Step(step);
     host.Step(step);
@@ -173,6 +178,19 @@ TEST(StateLocationTest, HostStateStepsAsDeviceStateOnCudaBatched) {
   auto gpu = MakeCudaBackend(0);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   ExpectHostStateEqualsDeviceState(**gpu, /*ns_batch_size=*/2);
+}
+
+TEST(StateLocationTest, HostFp8StateStepsAsDeviceStateOnCpu) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  ExpectHostStateEqualsDeviceState(*cpu, 1, DType::kFloat8E4M3);
+}
+
+// fp8 codes and their block scales streamed together.
+TEST(StateLocationTest, HostFp8StateStepsAsDeviceStateOnCuda) {
+  if (!muond::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = MakeCudaBackend(0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ExpectHostStateEqualsDeviceState(**gpu, 2, DType::kFloat8E4M3);
 }
 
 TEST(StateLocationTest, HostStateTakesNoDeviceMemory) {
