@@ -31,6 +31,14 @@ v1::CostModel ToProto(CostModel model) {
                                      CostModelName(model));
 }
 
+v1::StateBytes StateBytesToProto(const StateStorageBytes& bytes) {
+  v1::StateBytes out;
+  out.set_location(std::string(StateLocationName(bytes.location)));
+  out.set_dtype(std::string(DTypeName(bytes.dtype)));
+  out.set_bytes(bytes.bytes);
+  return out;
+}
+
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype,
                                      const std::string& field) {
   switch (dtype) {

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/common/dtype.h"
+#include "core/common/state_storage.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
 #include "core/step/step_overrides.h"
@@ -46,6 +47,9 @@ inline DomainSize DomainSizeOf(const v1::Domain& domain) {
 
 // InvalidArgument naming `field` for DTYPE_UNSPECIFIED or an unknown value.
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, const std::string& field);
+
+// GetStatusResponse.state_bytes_by: location and dtype by their core names.
+v1::StateBytes StateBytesToProto(const StateStorageBytes& bytes);
 
 // The cost model (the Muon option enums: proto_convert_options.h). A wire
 // value is named by the rule of wire_enum.h; FromProto: InvalidArgument

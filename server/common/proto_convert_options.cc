@@ -2,11 +2,13 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "core/muon/bounds.h"
+#include "server/common/proto_convert.h"
 #include "server/common/wire_enum.h"
 
 namespace muond {
@@ -49,6 +51,23 @@ absl::StatusOr<DType> FromProto(v1::NsIterDType dtype, std::string_view field) {
                              ParseGramDType);
 }
 
+absl::StatusOr<DType> StateDTypeFromProto(v1::StateDType dtype,
+                                          std::span<const DType> param_dtypes,
+                                          std::string_view field) {
+  if (dtype == v1::STATE_DTYPE_UNSPECIFIED) {
+    return AutoStateDType(param_dtypes);
+  }
+  return CoreFromWire<DType>(*v1::StateDType_descriptor(), dtype, field,
+                             ParseStateDType);
+}
+
+absl::StatusOr<StateLocation> FromProto(v1::StateLocation location,
+                                        std::string_view field) {
+  if (location == v1::STATE_LOCATION_UNSPECIFIED) return StateLocation::kDevice;
+  return CoreFromWire<StateLocation>(*v1::StateLocation_descriptor(), location,
+                                     field, ParseStateLocation);
+}
+
 v1::WeightDecayMethod ToProto(WeightDecayMethod method) {
   return WireFromCore<v1::WeightDecayMethod>(
       *v1::WeightDecayMethod_descriptor(), WeightDecayMethodName(method));
@@ -79,6 +98,16 @@ v1::NsIterDType GramDTypeToProto(DType dtype) {
                                        DTypeName(dtype));
 }
 
+v1::StateDType StateDTypeToProto(DType dtype) {
+  return WireFromCore<v1::StateDType>(*v1::StateDType_descriptor(),
+                                      DTypeName(dtype));
+}
+
+v1::StateLocation ToProto(StateLocation location) {
+  return WireFromCore<v1::StateLocation>(*v1::StateLocation_descriptor(),
+                                         StateLocationName(location));
+}
+
 namespace {
 
 absl::Status InGroup(const v1::ParamGroup& group, absl::Status st) {
@@ -106,9 +135,44 @@ absl::Status CheckCoefficientFloat32(double value, int index) {
                    std::numeric_limits<float>::max(), "), got ", value));
 }
 
+// The dtypes of the group's params as the wire gives them (one the wire
+// does not define counts as fp32: registration refuses it anyway).
+std::vector<DType> ParamDTypesOf(const v1::ParamGroup& group) {
+  std::vector<DType> dtypes;
+  for (const v1::Param& p : group.params()) {
+    dtypes.push_back(
+        DTypeFromProto(p.param().dtype(), "dtype").value_or(DType::kFloat32));
+  }
+  return dtypes;
+}
+
+// state_dtype and state_location of either algorithm's hyperparameters.
+template <typename Hyperparams, typename Options>
+absl::Status SetStateStorage(const v1::ParamGroup& group, const Hyperparams& h,
+                             std::span<const DType> param_dtypes, Options& o) {
+  ASSIGN_OR_RETURN(
+      o.state_dtype,
+      InGroup(group, StateDTypeFromProto(h.state_dtype(), param_dtypes,
+                                         "state_dtype")));
+  ASSIGN_OR_RETURN(
+      o.state_location,
+      InGroup(group, FromProto(h.state_location(), "state_location")));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
+  return MuonOptionsFromProto(group, ParamDTypesOf(group));
+}
+
+absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(
+    const v1::ParamGroup& group) {
+  return AdamWOptionsFromProto(group, ParamDTypesOf(group));
+}
+
+absl::StatusOr<MuonOptions> MuonOptionsFromProto(
+    const v1::ParamGroup& group, std::span<const DType> param_dtypes) {
   const v1::MuonHyperparams& h = group.muon();
   MuonOptions o;
   o.lr = h.lr();
@@ -184,6 +248,7 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
   }
   if (h.has_beta2()) o.beta2 = h.beta2();
   if (h.has_moment2_eps()) o.moment2_eps = h.moment2_eps();
+  RETURN_IF_ERROR(SetStateStorage(group, h, param_dtypes, o));
   // Validate (ValidateGramOptions) names gram_restarts / gram_dtype /
   // gram_min_aspect_ratio and the rule.
   RETURN_IF_ERROR(InGroup(group, o.Validate()));
@@ -191,7 +256,7 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group) {
 }
 
 absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(
-    const v1::ParamGroup& group) {
+    const v1::ParamGroup& group, std::span<const DType> param_dtypes) {
   const v1::AdamWHyperparams& h = group.adamw();
   AdamWOptions o;
   o.lr = h.lr();
@@ -199,6 +264,7 @@ absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(
   if (h.has_beta2()) o.beta2 = h.beta2();
   if (h.has_eps()) o.eps = h.eps();
   o.weight_decay = h.weight_decay();
+  RETURN_IF_ERROR(SetStateStorage(group, h, param_dtypes, o));
   RETURN_IF_ERROR(InGroup(group, o.Validate()));
   return o;
 }

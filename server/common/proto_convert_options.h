@@ -8,10 +8,12 @@
 // value).
 // Separate from proto_convert so the coordinator and the fuzzer do not link
 // the Muon math.
+#include <span>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "core/backend/backend.h"
+#include "core/common/state_storage.h"
 #include "core/muon/adamw.h"
 #include "core/muon/coefficients.h"
 #include "core/muon/muon_update.h"
@@ -32,6 +34,15 @@ absl::StatusOr<NsAlgorithm> FromProto(v1::NsAlgorithm algorithm,
 // Gram NS iteration dtype: NS_ITER_DTYPE_FP16 / _BF16 <-> DType kFloat16 /
 // kBFloat16 (fp16 exists on the wire only here, as an iteration dtype).
 absl::StatusOr<DType> FromProto(v1::NsIterDType dtype, std::string_view field);
+// A group's state dtype: STATE_DTYPE_UNSPECIFIED is auto, the dtype
+// AutoStateDType (core/common/state_storage.h) gives `param_dtypes` (the
+// group's params); unknown numbers InvalidArgument naming `field`.
+absl::StatusOr<DType> StateDTypeFromProto(v1::StateDType dtype,
+                                          std::span<const DType> param_dtypes,
+                                          std::string_view field);
+// STATE_LOCATION_UNSPECIFIED is kDevice.
+absl::StatusOr<StateLocation> FromProto(v1::StateLocation location,
+                                        std::string_view field);
 v1::WeightDecayMethod ToProto(WeightDecayMethod method);
 v1::CoefficientType ToProto(CoefficientType type);
 v1::ScaleMode ToProto(ScaleMode mode);
@@ -39,12 +50,22 @@ v1::MatmulPrecision ToProto(MatmulPrecision precision);
 v1::NsAlgorithm ToProto(NsAlgorithm algorithm);
 // kFloat16 or kBFloat16 (ValidateGramOptions refuses the others).
 v1::NsIterDType GramDTypeToProto(DType dtype);
+// kFloat32, kBFloat16 or kFloat8E4M3 (IsStateDType).
+v1::StateDType StateDTypeToProto(DType dtype);
+v1::StateLocation ToProto(StateLocation location);
 
 // Proto hyperparameters -> core options; unset optional fields and
 // *_UNSPECIFIED enums take the documented defaults (num_ns_steps 5, eps
 // 1e-15, extra_scale_factor 1, ns_batch_size 1, quintic, spectral, decoupled,
-// highest); set ones are validated as given.
+// highest, device state); set ones are validated as given. state_dtype
+// UNSPECIFIED (auto) takes its dtype from the group's params: those of
+// `group.params`, or `param_dtypes` where the caller has bound them (the
+// daemon clears a registered group's params).
 absl::StatusOr<MuonOptions> MuonOptionsFromProto(const v1::ParamGroup& group);
+absl::StatusOr<MuonOptions> MuonOptionsFromProto(
+    const v1::ParamGroup& group, std::span<const DType> param_dtypes);
 absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(const v1::ParamGroup& group);
+absl::StatusOr<AdamWOptions> AdamWOptionsFromProto(
+    const v1::ParamGroup& group, std::span<const DType> param_dtypes);
 
 }  // namespace muond

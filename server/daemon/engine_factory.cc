@@ -115,10 +115,18 @@ EngineFactory MakeEngineFactory(EngineOptions options,
       config.algorithm = group.proto.algorithm() == v1::ALGORITHM_ADAMW
                              ? Algorithm::kAdamW
                              : Algorithm::kMuon;
+      // The registered proto's params are cleared: an auto state_dtype
+      // follows the bound params' dtypes.
+      std::vector<DType> param_dtypes;
+      for (const BoundParam& p : group.params) {
+        param_dtypes.push_back(p.param.dtype);
+      }
       if (config.algorithm == Algorithm::kMuon) {
-        ASSIGN_OR_RETURN(config.muon, MuonOptionsFromProto(group.proto));
+        ASSIGN_OR_RETURN(config.muon,
+                         MuonOptionsFromProto(group.proto, param_dtypes));
       } else {
-        ASSIGN_OR_RETURN(config.adamw, AdamWOptionsFromProto(group.proto));
+        ASSIGN_OR_RETURN(config.adamw,
+                         AdamWOptionsFromProto(group.proto, param_dtypes));
       }
       config.backend = domain_backend[d.name()];
       config.domain.size = size;
