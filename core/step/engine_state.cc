@@ -9,6 +9,25 @@
 
 namespace muond {
 
+std::vector<StateStorageBytes> LayerShardedMuonImpl::state_bytes_by_storage()
+    const {
+  std::map<std::pair<StateLocation, DType>, int64_t> bytes;
+  for (const GroupState& group : groups_) {
+    const bool muon = group.config.algorithm == Algorithm::kMuon;
+    const StateLocation location = muon ? group.config.muon.state_location
+                                        : group.config.adamw.state_location;
+    const DType dtype =
+        muon ? group.config.muon.state_dtype : group.config.adamw.state_dtype;
+    bytes[{location, dtype}] += group.state_bytes - group.variant_state_bytes;
+    bytes[{location, DType::kFloat32}] += group.variant_state_bytes;
+  }
+  std::vector<StateStorageBytes> out;
+  for (const auto& [storage, n] : bytes) {
+    if (n > 0) out.push_back({storage.first, storage.second, n});
+  }
+  return out;
+}
+
 std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
   std::vector<StateEntry> entries;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {

@@ -104,6 +104,9 @@ struct GroupState {
   // momentum kernel and the update kernel but inside Newton–Schulz.
   DType ns_dtype = DType::kFloat32;
   int64_t state_bytes = 0;
+  // The part of state_bytes that is the variants' fp32 second moments
+  // (variant_phase.h), whatever the group's state_dtype.
+  int64_t variant_state_bytes = 0;
   // Bytes of staged_momentum (transient: the step's new momentum until its
   // commit).
   int64_t staging_bytes = 0;

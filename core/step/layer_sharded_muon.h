@@ -35,6 +35,7 @@
 #include "core/backend/backend.h"
 #include "core/comm/communicator.h"
 #include "core/common/matrix_view.h"
+#include "core/common/state_storage.h"
 #include "core/muon/adamw.h"
 #include "core/muon/bounds.h"
 #include "core/muon/muon_update.h"
@@ -224,6 +225,11 @@ class LayerShardedMuon {
 
   // Bytes of persistent state and the peak of transient exchange buffers.
   virtual int64_t state_bytes() const = 0;
+  // state_bytes by each group's state_location and state_dtype (MuonOptions,
+  // AdamWOptions; the NorMuon/AdaMuon second moments are fp32 in the group's
+  // location), one entry per pair holding any, ordered by location, then
+  // dtype; they add up to state_bytes.
+  virtual std::vector<StateStorageBytes> state_bytes_by_storage() const = 0;
   virtual int64_t peak_transient_bytes() const = 0;
   // Bytes the Newton–Schulz workspaces take now, and the most they took.
   virtual int64_t ns_workspace_bytes() const = 0;

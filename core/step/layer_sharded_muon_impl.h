@@ -58,6 +58,7 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   absl::Status ImportState(
       const std::map<std::string, std::vector<float>>& state) override;
   int64_t state_bytes() const override { return state_bytes_; }
+  std::vector<StateStorageBytes> state_bytes_by_storage() const override;
   int64_t ns_workspace_bytes() const override { return ns_budget_.taken(); }
   int64_t peak_ns_workspace_bytes() const override { return ns_budget_.peak(); }
   int64_t peak_transient_bytes() const override {

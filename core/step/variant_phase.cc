@@ -149,6 +149,7 @@ absl::Status AllocateNorMuonRows(GroupState& group) {
                    AllocateZeroed(b, kF32, rows.slots * (1 + widest), 1));
   ViewNorMuonState(group);
   group.state_bytes += rows.total_rows * 4;
+  group.variant_state_bytes += rows.total_rows * 4;
   group.staging_bytes += rows.total_rows * 4;
   return absl::OkStatus();
 }
@@ -164,6 +165,7 @@ absl::Status AllocateAdaMuonState(GroupState& group) {
     p.staged_moment2 =
         ContiguousView(p.staged_moment2_buf.data(), kF32, rows, cols);
     group.state_bytes += rows * cols * 4;
+    group.variant_state_bytes += rows * cols * 4;
     group.staging_bytes += rows * cols * 4;
   }
   return absl::OkStatus();

@@ -12,10 +12,23 @@
 #include "glog/logging.h"
 #include "server/common/ns_load.h"
 #include "server/common/operator_id.h"
+#include "server/common/proto_convert.h"
 #include "server/daemon/plan_binding.h"
 #include "server/daemon/step_request.h"
 
 namespace muond {
+namespace {
+
+google::protobuf::RepeatedPtrField<v1::StateBytes> StateBytesBy(
+    const LayerShardedMuon& engine) {
+  google::protobuf::RepeatedPtrField<v1::StateBytes> by;
+  for (const StateStorageBytes& b : engine.state_bytes_by_storage()) {
+    *by.Add() = StateBytesToProto(b);
+  }
+  return by;
+}
+
+}  // namespace
 
 DaemonCore::DaemonCore(DaemonConfig config,
                        std::unique_ptr<HandleOpener> opener,
@@ -306,6 +319,7 @@ void DaemonCore::InstallEngine(const BuildJob& job,
     }
   }
   engine_ = std::move(engine);
+  metrics_->StateBytes(StateBytesBy(*engine_->muon));
   engine_epoch_ = epoch;
   engine_plan_ = job.plan;
   engine_error_.clear();
@@ -675,6 +689,7 @@ v1::GetStatusResponse DaemonCore::Status() {
   *s.mutable_last_timings() = last_response_.timings();
   if (engine_ != nullptr) {
     s.set_state_bytes(engine_->muon->state_bytes());
+    *s.mutable_state_bytes_by() = StateBytesBy(*engine_->muon);
     s.set_peak_transient_bytes(engine_->muon->peak_transient_bytes());
     s.set_ns_workspace_bytes(engine_->muon->ns_workspace_bytes());
     s.set_peak_ns_workspace_bytes(engine_->muon->peak_ns_workspace_bytes());

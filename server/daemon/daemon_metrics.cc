@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/common/error_reason.h"
+#include "core/common/state_storage.h"
 #include "server/common/version.h"
 
 namespace muond {
@@ -32,6 +33,19 @@ std::vector<std::string> AllRefusalReasons() {
   }
   reasons.push_back("NONFINITE_SKIPPED");
   return reasons;
+}
+
+// Every (location, dtype) label pair of muond_state_bytes, pre-created at 0
+// so a dashboard sees every series before the first engine.
+std::vector<std::vector<std::string>> AllStateStorageLabels() {
+  std::vector<std::vector<std::string>> labels;
+  for (StateLocation l : {StateLocation::kDevice, StateLocation::kHost}) {
+    for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat8E4M3}) {
+      labels.push_back(
+          {std::string(StateLocationName(l)), std::string(DTypeName(d))});
+    }
+  }
+  return labels;
 }
 
 }  // namespace
@@ -82,6 +96,13 @@ DaemonMetrics::DaemonMetrics()
                          "take (bounded by free device memory and "
                          "--max_ns_workspace_bytes)")
               .With()),
+      state_bytes_(registry_->AddGauge(
+          "muond_state_bytes",
+          "Bytes of optimizer state of the engine (momentum, AdamW moments, "
+          "the variants' second moments) by where it lives (location: "
+          "device, host) and its dtype (fp32, bf16, fp8_e4m3 with its block "
+          "scales)",
+          {"location", "dtype"})),
       ns_seconds_(registry_
                       ->AddCounter("muond_ns_seconds_total",
                                    "Newton-Schulz phase time of applied steps "
@@ -108,6 +129,9 @@ DaemonMetrics::DaemonMetrics()
   static_assert(std::size(kPhases) == kStepPhases);
   for (size_t i = 0; i < std::size(kPhases); ++i) {
     phase_children_[i] = &phase_seconds_.With({kPhases[i]});
+  }
+  for (const std::vector<std::string>& labels : AllStateStorageLabels()) {
+    state_bytes_.With(labels);
   }
   registrations_.With({"accepted"});
   registrations_.With({"refused"});
@@ -160,6 +184,17 @@ void DaemonMetrics::RegistrationDone(
 void DaemonMetrics::Unregistered() {
   registered_params_.Set(0);
   PlanActive(0, 0);
+  StateBytes({});
+}
+
+void DaemonMetrics::StateBytes(
+    const google::protobuf::RepeatedPtrField<v1::StateBytes>& by) {
+  for (const std::vector<std::string>& labels : AllStateStorageLabels()) {
+    state_bytes_.With(labels).Set(0);
+  }
+  for (const v1::StateBytes& b : by) {
+    state_bytes_.With({b.location(), b.dtype()}).Set(double(b.bytes()));
+  }
 }
 
 void DaemonMetrics::PlanActive(int64_t version, double ns_load) {

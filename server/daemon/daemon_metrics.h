@@ -37,6 +37,9 @@ class DaemonMetrics {
   void EngineBuildFailed() { engine_build_failures_.Increment(); }
   // The bytes the engine's Newton-Schulz workspaces take.
   void NsWorkspace(int64_t bytes) { ns_workspace_bytes_.Set(double(bytes)); }
+  // The engine's optimizer state by location and dtype (GetStatusResponse's
+  // state_bytes_by): every other pair reads 0, as after Unregistered.
+  void StateBytes(const google::protobuf::RepeatedPtrField<v1::StateBytes>& by);
 
   // The exchange bytes the engine's communicators count (ExchangeCounting).
   Counter& exchange_sent() { return sent_; }
@@ -61,6 +64,7 @@ class DaemonMetrics {
   Gauge& plan_version_;
   Gauge& ns_load_;
   Gauge& ns_workspace_bytes_;
+  Family<Gauge>& state_bytes_;
   Counter& ns_seconds_;
   Family<Counter>& registrations_;
   Gauge& registered_params_;

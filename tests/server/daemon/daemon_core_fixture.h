@@ -96,6 +96,9 @@ class FakeMuon : public LayerShardedMuon {
   int64_t peak_transient_bytes() const override { return 0; }
   int64_t ns_workspace_bytes() const override { return 0; }
   int64_t peak_ns_workspace_bytes() const override { return 0; }
+  std::vector<StateStorageBytes> state_bytes_by_storage() const override {
+    return {};
+  }
   std::vector<std::pair<std::string, std::vector<NsHome>>> homes_set;
   std::vector<int64_t> versions_set;
   // The last applied step's skip_params and overrides.
