@@ -53,3 +53,27 @@ MUON_ENUM_FIELDS = {
     "gram_dtype": pb.NsIterDType,
     "variant": pb.MuonVariant,
 }
+
+
+# The optimizer-state options of either algorithm's hyperparameters. A
+# state_dtype of "auto" is STATE_DTYPE_UNSPECIFIED: the daemon applies
+# torch's rule (core/common/state_storage.h AutoStateDType).
+STATE_ENUM_FIELDS = {
+    "state_dtype": pb.StateDType,
+    "state_location": pb.StateLocation,
+}
+AUTO_STATE_DTYPE = "auto"
+
+
+def state_options(field: str) -> list[str]:
+    """The names a group's ``field`` (a STATE_ENUM_FIELDS key) may take."""
+    auto = [AUTO_STATE_DTYPE] if field == "state_dtype" else []
+    return auto + names(STATE_ENUM_FIELDS[field])
+
+
+def state_to_wire(field: str, name: str) -> int:
+    """A state option's enum value (state_dtype "auto" -> UNSPECIFIED).
+    ValueError naming `field` and the allowed names otherwise."""
+    if field == "state_dtype" and name == AUTO_STATE_DTYPE:
+        return 0
+    return to_wire(STATE_ENUM_FIELDS[field], field, name)

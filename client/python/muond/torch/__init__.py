@@ -11,7 +11,7 @@
 The constructor mirrors ``torch.optim.Muon`` (lr, weight_decay, momentum, nesterov,
 ns_coefficients, eps, ns_steps, adjust_lr_fn) plus muond's options, given as
 option objects (NewtonSchulzOptions, ScalingOptions, AdamWOptions,
-PlacementOptions, ConnectionOptions: muond.torch.options) or as the flat
+StateStorageOptions, PlacementOptions, ConnectionOptions: muond.torch.options) or as the flat
 keywords of the same names; its defaults are torch's, Newton-Schulz on bf16
 operands included (fp32_matmul_prec="medium"; "highest" runs it in fp32). Groups with
 ``"algorithm": "adamw"`` take AdamW (their own lr, betas, eps, weight_decay).
@@ -119,7 +119,7 @@ from muond.torch.groups import (LIVE_KEYS, MAX_STEP_ID, check_gram_options, chec
 from muond.torch.memory import CUDA_IPC_HANDLE_SIZE
 from muond.torch.optimizer import AddParamGroupError, Muon
 from muond.torch.options import (AdamWOptions, ConnectionOptions, NewtonSchulzOptions,
-                                 PlacementOptions, ScalingOptions)
+                                 PlacementOptions, ScalingOptions, StateStorageOptions)
 from muond.torch.qk_clip import QKClip, QKClipAttention, QKClipMLA, reduce_max_logits
 
 __all__ = [
@@ -127,6 +127,7 @@ __all__ = [
     "ShmBuffer", "error_info",
     "AdamWOptions", "AddParamGroupError", "CUDA_IPC_HANDLE_SIZE", "ConnectionOptions",
     "LIVE_KEYS", "MAX_STEP_ID", "Muon", "NewtonSchulzOptions", "PlacementOptions",
-    "QKClip", "QKClipAttention", "QKClipMLA", "ScalingOptions", "check_gram_options",
+    "QKClip", "QKClipAttention", "QKClipMLA", "ScalingOptions", "StateStorageOptions",
+    "check_gram_options",
     "check_live", "check_step_id", "reduce_max_logits",
 ]

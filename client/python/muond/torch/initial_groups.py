@@ -41,6 +41,8 @@ def muon_defaults(lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns
                                else gram_restarts),
                 gram_dtype=o["gram_dtype"], gram_min_aspect_ratio=o["gram_min_aspect_ratio"],
                 variant=o["variant"], beta2=o["beta2"], moment2_eps=o["moment2_eps"],
+                # Every group's, AdamW groups' too (torch.optim fills them in).
+                state_dtype=o["state_dtype"], state_location=o["state_location"],
                 algorithm="muon")
 
 

@@ -75,13 +75,15 @@ class Muon(torch.optim.Optimizer):
                  newton_schulz: _options.NewtonSchulzOptions | None = None,
                  scaling: _options.ScalingOptions | None = None,
                  adamw: _options.AdamWOptions | None = None,
+                 state_storage: _options.StateStorageOptions | None = None,
                  placement: _options.PlacementOptions | None = None,
                  connection: _options.ConnectionOptions | None = None,
                  name: str | None = None, qk_clip: _qk_clip.QKClip | None = None, **flat):
         self._creator_pid = os.getpid()  # process_guard: only it steps and loads
         self._replays = _process_guard.ReplayCheck()
         o = _options.resolve(flat, dict(newton_schulz=newton_schulz, scaling=scaling,
-                                        adamw=adamw, placement=placement,
+                                        adamw=adamw, state_storage=state_storage,
+                                        placement=placement,
                                         connection=connection))
         defaults = _initial_groups.muon_defaults(lr, weight_decay, momentum, nesterov,
                                                  ns_coefficients, eps, ns_steps, adjust_lr_fn, o)

@@ -73,6 +73,19 @@ class AdamWOptions:
 
 
 @dataclass(frozen=True)
+class StateStorageOptions:
+    """Where and in what precision the daemons keep each group's optimizer
+    state (Muon momentum, AdamW moments; per group too, as param group keys):
+    ``state_dtype`` "auto" (torch's rule: bf16 for a group whose params are
+    all bf16, else fp32), "fp32", "bf16" or "fp8_e4m3" (blockwise scaled,
+    torchao's fp8 optimizers); ``state_location`` "device" (GPU memory) or
+    "host" (pinned host memory the GPU reads in place). Fixed at
+    registration; a state dict moves between them (muond.torch.groups)."""
+    state_dtype: str = "auto"
+    state_location: str = "device"
+
+
+@dataclass(frozen=True)
 class PlacementOptions:
     """Where the params go: ``shard_mode`` "split" (one trainer over
     gtp_size x tp_size daemons) or "local" (one trainer per daemon; the
@@ -108,6 +121,7 @@ OPTION_KEYWORDS = {
     "newton_schulz": NewtonSchulzOptions,
     "scaling": ScalingOptions,
     "adamw": AdamWOptions,
+    "state_storage": StateStorageOptions,
     "placement": PlacementOptions,
     "connection": ConnectionOptions,
 }

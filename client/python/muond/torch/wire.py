@@ -30,11 +30,15 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
     """The group's registered hyperparameters on the wire group (raises
     TypeError/ValueError on a value the wire cannot carry)."""
     wg.algorithm = pb.ALGORITHM_ADAMW if group["algorithm"] == "adamw" else pb.ALGORITHM_MUON
+    # Either algorithm's state dtype and location (a group without the keys:
+    # the daemon's defaults, auto and device).
+    state = {field: _wire_enums.state_to_wire(field, group[field])
+             for field in _wire_enums.STATE_ENUM_FIELDS if group.get(field)}
     if group["algorithm"] == "adamw":
         beta1, beta2 = group["betas"]
         wg.adamw.CopyFrom(pb.AdamWHyperparams(
             lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
-            eps=float(group["eps"]), weight_decay=float(group["weight_decay"])))
+            eps=float(group["eps"]), weight_decay=float(group["weight_decay"]), **state))
         return
     # The string options (scale_mode="spectral", ...) become wire enums
     # here, in one place (muond.wire_enums).
@@ -47,7 +51,7 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
         num_ns_steps=group["ns_steps"], eps=group["eps"],
         extra_scale_factor=group["extra_scale_factor"],
         ns_batch_size=group["ns_batch_size"], use_syrk=bool(group["use_syrk"]),
-        **enums))
+        **enums, **state))
     if group.get("gram_restarts") is not None:
         wg.muon.gram_restarts.CopyFrom(pb.GramRestarts(
             iterations=[operator.index(r) for r in group["gram_restarts"]]))
