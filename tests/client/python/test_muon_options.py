@@ -1,6 +1,6 @@
 """muond.torch.Muon's two ways of giving options: the flat keywords and the
 option objects (NewtonSchulzOptions, ScalingOptions, AdamWOptions,
-PlacementOptions, ConnectionOptions) give the same param_groups and the same
+StateStorageOptions, PlacementOptions, ConnectionOptions) give the same param_groups and the same
 wire groups on every daemon (fake daemons, fake_daemon.py); a flat keyword
 given together with its concern's object is refused naming the keyword."""
 import os
@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_daemon import start_cluster  # noqa: E402 (puts client/python on sys.path)
 
 from muond.torch import (AdamWOptions, ConnectionOptions, Muon,  # noqa: E402
-                         NewtonSchulzOptions, PlacementOptions, ScalingOptions)
+                         NewtonSchulzOptions, PlacementOptions, ScalingOptions,
+                         StateStorageOptions)
 from muond.torch import options as muond_options  # noqa: E402
 
 # Every flat keyword with a value other than its default, by concern.
@@ -25,6 +26,7 @@ NS = dict(coefficient_type="quintic", ns_batch_size=2, fp32_matmul_prec="highest
 SCALING = dict(scale_mode="spectral", extra_scale_factor=0.3, weight_decay_method="decoupled",
                variant="normuon", beta2=0.9, moment2_eps=1e-7)
 ADAMW = dict(betas=(0.8, 0.9), adamw_eps=1e-6)
+STATE = dict(state_dtype="bf16", state_location="host")
 TORCH = dict(lr=0.02, weight_decay=0.05, momentum=0.9, nesterov=False, eps=1e-8, ns_steps=6)
 
 
@@ -70,7 +72,7 @@ class MuonOptionObjectsTest(unittest.TestCase):
         return opt
 
     def test_flat_keywords_and_option_objects_register_the_same_groups(self):
-        flat = self.build(**NS, **SCALING, **ADAMW, gtp_size=2, tp_size=1, domain_name="d",
+        flat = self.build(**NS, **SCALING, **ADAMW, **STATE, gtp_size=2, tp_size=1, domain_name="d",
                           daemons=self.addresses, job_id="fake", client_id="flat",
                           rpc_timeout=30.0, first_step_id=7)
         flat_wire = wire_groups(self.cluster.daemons)
@@ -79,6 +81,7 @@ class MuonOptionObjectsTest(unittest.TestCase):
         objects = self.build(
             newton_schulz=NewtonSchulzOptions(**NS), scaling=ScalingOptions(**SCALING),
             adamw=AdamWOptions(betas=ADAMW["betas"], eps=ADAMW["adamw_eps"]),
+            state_storage=StateStorageOptions(**STATE),
             placement=PlacementOptions(gtp_size=2, tp_size=1, domain_name="d"),
             connection=ConnectionOptions(daemons=self.addresses, job_id="fake",
                                          client_id="objects", rpc_timeout=30.0,
@@ -95,7 +98,8 @@ class MuonOptionObjectsTest(unittest.TestCase):
         plain_wire = wire_groups(self.cluster.daemons[:1])
         plain.close()
         objects = self.build(newton_schulz=NewtonSchulzOptions(), scaling=ScalingOptions(),
-                             adamw=AdamWOptions(), placement=PlacementOptions(),
+                             adamw=AdamWOptions(), state_storage=StateStorageOptions(),
+                             placement=PlacementOptions(),
                              connection=ConnectionOptions(daemons=self.addresses[:1],
                                                           job_id="fake", client_id="objects"))
         self.assertEqual(comparable_groups(objects), plain_groups)
@@ -110,6 +114,9 @@ class MuonOptionObjectsTest(unittest.TestCase):
              "give scale_mode= or scaling=ScalingOptions(scale_mode=...), not both"),
             (dict(adamw_eps=1e-6, adamw=AdamWOptions()),
              "give adamw_eps= or adamw=AdamWOptions(eps=...), not both"),
+            (dict(state_location="host", state_storage=StateStorageOptions()),
+             "give state_location= or state_storage=StateStorageOptions(state_location=...), "
+             "not both"),
             (dict(gtp_size=2, placement=PlacementOptions()),
              "give gtp_size= or placement=PlacementOptions(gtp_size=...), not both"),
             (dict(daemons=self.addresses, connection=ConnectionOptions()),
@@ -146,7 +153,7 @@ class MuonOptionObjectsTest(unittest.TestCase):
     def test_every_flat_keyword_has_one_object_field(self):
         self.assertEqual(len(muond_options.FLAT_KEYWORDS), len(set(muond_options.FLAT_KEYWORDS)))
         self.assertIn("adamw_eps", muond_options.FLAT_KEYWORDS)
-        self.assertEqual(len(muond_options.FLAT_KEYWORDS), 38)
+        self.assertEqual(len(muond_options.FLAT_KEYWORDS), 40)
 
 
 if __name__ == "__main__":

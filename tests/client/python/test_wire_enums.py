@@ -19,6 +19,19 @@ class WireEnumsTest(unittest.TestCase):
                 self.assertNotEqual(value, 0, (field, name))
                 self.assertEqual(wire_enums.from_wire(enum, value, "default"), name)
 
+    def test_state_options_are_the_wire_names_and_auto(self):
+        self.assertEqual(wire_enums.state_options("state_dtype"),
+                         ["auto", "fp32", "bf16", "fp8_e4m3"])
+        self.assertEqual(wire_enums.state_options("state_location"), ["device", "host"])
+        self.assertEqual(wire_enums.state_to_wire("state_dtype", "auto"),
+                         pb.STATE_DTYPE_UNSPECIFIED)
+        self.assertEqual(wire_enums.state_to_wire("state_dtype", "fp8_e4m3"),
+                         pb.STATE_DTYPE_FP8_E4M3)
+        self.assertEqual(wire_enums.state_to_wire("state_location", "host"),
+                         pb.STATE_LOCATION_HOST)
+        with self.assertRaisesRegex(ValueError, "state_location .*not in"):
+            wire_enums.state_to_wire("state_location", "auto")
+
     def test_unset_is_the_default(self):
         self.assertEqual(wire_enums.to_wire(pb.ScaleMode, "scale_mode", None), 0)
         self.assertEqual(wire_enums.to_wire(pb.ScaleMode, "scale_mode", ""), 0)

@@ -104,6 +104,41 @@ TEST(ProtoConvertTest, GramIterDType) {
   }
 }
 
+// The state dtypes and locations: every core value both ways (the wire
+// holds exactly those and UNSPECIFIED); UNSPECIFIED is auto (from the params)
+// and the device.
+TEST(ProtoConvertTest, StateDTypeAndLocation) {
+  const DType fp32[] = {DType::kFloat32};
+  for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kFloat8E4M3}) {
+    ASSERT_TRUE(IsStateDType(t));
+    absl::StatusOr<DType> back =
+        StateDTypeFromProto(StateDTypeToProto(t), fp32, "state_dtype");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, t);
+  }
+  EXPECT_EQ(v1::StateDType_descriptor()->value_count(), 4);
+  const DType bf16[] = {DType::kBFloat16, DType::kBFloat16};
+  EXPECT_EQ(*StateDTypeFromProto(v1::STATE_DTYPE_UNSPECIFIED, bf16, "f"),
+            DType::kBFloat16);
+  EXPECT_EQ(*StateDTypeFromProto(v1::STATE_DTYPE_UNSPECIFIED, fp32, "f"),
+            DType::kFloat32);
+  EXPECT_THAT(StateDTypeFromProto(v1::StateDType(7), fp32, "state_dtype")
+                  .status()
+                  .message(),
+              HasSubstr("state_dtype: value 7"));
+  for (StateLocation l : {StateLocation::kDevice, StateLocation::kHost}) {
+    absl::StatusOr<StateLocation> back = FromProto(ToProto(l), "location");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, l);
+  }
+  EXPECT_EQ(v1::StateLocation_descriptor()->value_count(), 3);
+  EXPECT_EQ(*FromProto(v1::STATE_LOCATION_UNSPECIFIED, "location"),
+            StateLocation::kDevice);
+  EXPECT_THAT(
+      FromProto(v1::StateLocation(3), "state_location").status().message(),
+      HasSubstr("state_location: value 3"));
+}
+
 // A param's dtype: every wire dtype names the core dtype of the same name
 // (fp16 params included); UNSPECIFIED and undefined numbers are refused.
 TEST(ProtoConvertTest, ParamDType) {

@@ -67,9 +67,9 @@ TEST(DaemonMetrics, StepOutcomes) {
                       : reason == "NONFINITE_SKIPPED" ? 1
                       : reason == "PEER_GONE"         ? 1
                                                       : 0;
-    EXPECT_THAT(text, HasSubstr(absl::StrCat(
-                          "\nmuond_steps_refused_total{reason=\"", reason,
-                          "\"} ", count, "\n")));
+    EXPECT_THAT(text,
+                HasSubstr(absl::StrCat("\nmuond_steps_refused_total{reason=\"",
+                                       reason, "\"} ", count, "\n")));
   }
   EXPECT_EQ(CountOf(text, "\nmuond_steps_refused_total{"), reasons.size());
   EXPECT_THAT(text,
@@ -110,6 +110,36 @@ TEST(DaemonMetrics, RegistrationAndPlan) {
   EXPECT_THAT(text, HasSubstr("\nmuond_registered_params 0\n"));
   EXPECT_THAT(text, HasSubstr("\nmuond_plan_version 0\n"));
   EXPECT_THAT(text, HasSubstr("\nmuond_ns_load 0\n"));
+}
+
+// muond_state_bytes: every (location, dtype) series from the start, the
+// engine's breakdown as given, all back to 0 when the params go.
+TEST(DaemonMetrics, StateBytesByLocationAndDType) {
+  DaemonMetrics m;
+  const std::string labels[][2] = {
+      {"device", "fp32"}, {"device", "bf16"}, {"device", "fp8_e4m3"},
+      {"host", "fp32"},   {"host", "bf16"},   {"host", "fp8_e4m3"}};
+  auto series = [](const std::string& location, const std::string& dtype,
+                   int64_t bytes) {
+    return absl::StrCat("\nmuond_state_bytes{location=\"", location,
+                        "\",dtype=\"", dtype, "\"} ", bytes, "\n");
+  };
+  std::string text = m.registry().Render();
+  for (const auto& [location, dtype] : labels) {
+    EXPECT_THAT(text, HasSubstr(series(location, dtype, 0)));
+  }
+  google::protobuf::RepeatedPtrField<v1::StateBytes> by;
+  *by.Add() = StateBytesToProto({StateLocation::kDevice, DType::kBFloat16, 96});
+  *by.Add() = StateBytesToProto({StateLocation::kHost, DType::kFloat32, 320});
+  m.StateBytes(by);
+  text = m.registry().Render();
+  EXPECT_THAT(text, HasSubstr(series("device", "bf16", 96)));
+  EXPECT_THAT(text, HasSubstr(series("host", "fp32", 320)));
+  EXPECT_THAT(text, HasSubstr(series("device", "fp32", 0)));
+  m.Unregistered();
+  text = m.registry().Render();
+  EXPECT_THAT(text, HasSubstr(series("device", "bf16", 0)));
+  EXPECT_THAT(text, HasSubstr(series("host", "fp32", 0)));
 }
 
 v1::Domain DomainOf(int dp, int gtp, int tp, int d, int g, int t) {

@@ -229,5 +229,104 @@ TEST(GroupOptions, BadVariantBeta2OrMoment2EpsAreRefusedNamingTheRule) {
                         "MUON_VARIANT_NORMUON, MUON_VARIANT_ADAMUON"));
 }
 
+// A group with one param of each wire dtype in `dtypes`.
+v1::ParamGroup WithParams(v1::ParamGroup g,
+                          std::initializer_list<v1::DType> dtypes) {
+  for (v1::DType d : dtypes) {
+    g.add_params()->mutable_param()->set_dtype(d);
+  }
+  return g;
+}
+
+// Unspecified is auto, torch's rule (torch.optim's zeros_like state): bf16
+// for a group whose params are all bf16, else fp32; for AdamW too.
+TEST(GroupOptions, AutoStateDTypeFollowsTheParams) {
+  struct Case {
+    std::initializer_list<v1::DType> params;
+    DType want;
+  };
+  const Case cases[] = {
+      {{v1::DTYPE_BF16, v1::DTYPE_BF16}, DType::kBFloat16},
+      {{v1::DTYPE_FP32}, DType::kFloat32},
+      {{v1::DTYPE_BF16, v1::DTYPE_FP32}, DType::kFloat32},
+      {{v1::DTYPE_FP16}, DType::kFloat32},
+      {{}, DType::kFloat32},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<MuonOptions> m =
+        MuonOptionsFromProto(WithParams(MuonGroup(), c.params));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->state_dtype, c.want) << c.params.size();
+    EXPECT_EQ(m->state_location, StateLocation::kDevice);
+    absl::StatusOr<AdamWOptions> a =
+        AdamWOptionsFromProto(WithParams(AdamWGroup(), c.params));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->state_dtype, c.want) << c.params.size();
+  }
+  // The daemon's bound params (the registered proto's are cleared).
+  const DType bf16[] = {DType::kBFloat16};
+  EXPECT_EQ(MuonOptionsFromProto(MuonGroup(), bf16)->state_dtype,
+            DType::kBFloat16);
+  EXPECT_EQ(AdamWOptionsFromProto(AdamWGroup(), bf16)->state_dtype,
+            DType::kBFloat16);
+}
+
+// An explicit dtype or location wins over the params' dtypes.
+TEST(GroupOptions, ExplicitStateDTypeAndLocationAreTaken) {
+  const struct {
+    v1::StateDType wire;
+    DType core;
+  } dtypes[] = {{v1::STATE_DTYPE_FP32, DType::kFloat32},
+                {v1::STATE_DTYPE_BF16, DType::kBFloat16},
+                {v1::STATE_DTYPE_FP8_E4M3, DType::kFloat8E4M3}};
+  for (const auto& d : dtypes) {
+    v1::ParamGroup m = WithParams(MuonGroup(), {v1::DTYPE_BF16});
+    m.mutable_muon()->set_state_dtype(d.wire);
+    m.mutable_muon()->set_state_location(v1::STATE_LOCATION_HOST);
+    absl::StatusOr<MuonOptions> mo = MuonOptionsFromProto(m);
+    ASSERT_TRUE(mo.ok()) << mo.status();
+    EXPECT_EQ(mo->state_dtype, d.core);
+    EXPECT_EQ(mo->state_location, StateLocation::kHost);
+    v1::ParamGroup a = WithParams(AdamWGroup(), {v1::DTYPE_FP32});
+    a.mutable_adamw()->set_state_dtype(d.wire);
+    a.mutable_adamw()->set_state_location(v1::STATE_LOCATION_DEVICE);
+    absl::StatusOr<AdamWOptions> ao = AdamWOptionsFromProto(a);
+    ASSERT_TRUE(ao.ok()) << ao.status();
+    EXPECT_EQ(ao->state_dtype, d.core);
+    EXPECT_EQ(ao->state_location, StateLocation::kDevice);
+    EXPECT_EQ(StateDTypeToProto(d.core), d.wire);
+  }
+  EXPECT_EQ(ToProto(StateLocation::kHost), v1::STATE_LOCATION_HOST);
+  EXPECT_EQ(ToProto(StateLocation::kDevice), v1::STATE_LOCATION_DEVICE);
+}
+
+TEST(GroupOptions, UnknownStateEnumsAreRefusedNamingGroupAndField) {
+  v1::ParamGroup m = MuonGroup();
+  m.mutable_muon()->set_state_dtype(static_cast<v1::StateDType>(9));
+  absl::Status st = MuonOptionsFromProto(m).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(),
+              HasSubstr("group 'g': state_dtype: value 9 is not one of "
+                        "STATE_DTYPE_FP32, STATE_DTYPE_BF16, "
+                        "STATE_DTYPE_FP8_E4M3"));
+  v1::ParamGroup a = AdamWGroup();
+  a.mutable_adamw()->set_state_location(static_cast<v1::StateLocation>(5));
+  st = AdamWOptionsFromProto(a).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(),
+              HasSubstr("group 'a': state_location: value 5 is not one of "
+                        "STATE_LOCATION_DEVICE, STATE_LOCATION_HOST"));
+}
+
+// A host-mode daemon (no GPU) takes host state: the same host memory.
+TEST(GroupOptions, HostStateIsAcceptedWithoutAGpu) {
+  v1::ParamGroup m = MuonGroup();
+  m.mutable_muon()->set_state_location(v1::STATE_LOCATION_HOST);
+  EXPECT_TRUE(ValidateGroupForDevice(m, /*device=*/-1).ok());
+  v1::ParamGroup a = AdamWGroup();
+  a.mutable_adamw()->set_state_location(v1::STATE_LOCATION_HOST);
+  EXPECT_TRUE(ValidateGroupForDevice(a, /*device=*/-1).ok());
+}
+
 }  // namespace
 }  // namespace muond
