@@ -38,6 +38,36 @@ TEST_F(DaemonCoreTest, UnregisterLeavesAStuckBuildBehind) {
   WaitForBuildsToEnd(1);
 }
 
+// GetStatus and muond_state_bytes carry the engine's state bytes by
+// location and dtype once it stands, and nothing after UnregisterParams.
+TEST_F(DaemonCoreTest, StatusAndMetricsReportStateBytesByLocationAndDType) {
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  EXPECT_EQ(core_->Status().state_bytes_by_size(), 0) << "no engine yet";
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  const v1::GetStatusResponse s = core_->Status();
+  ASSERT_EQ(s.state_bytes_by_size(), int(fake_->storage.size()));
+  for (int i = 0; i < s.state_bytes_by_size(); ++i) {
+    const StateStorageBytes& want = fake_->storage[i];
+    EXPECT_EQ(s.state_bytes_by(i).location(), StateLocationName(want.location));
+    EXPECT_EQ(s.state_bytes_by(i).dtype(), DTypeName(want.dtype));
+    EXPECT_EQ(s.state_bytes_by(i).bytes(), want.bytes);
+  }
+  std::string text = metrics_.registry().Render();
+  EXPECT_THAT(text, HasSubstr("\nmuond_state_bytes{location=\"device\","
+                              "dtype=\"bf16\"} 96\n"));
+  EXPECT_THAT(text, HasSubstr("\nmuond_state_bytes{location=\"host\","
+                              "dtype=\"fp32\"} 320\n"));
+  v1::UnregisterParamsRequest un;
+  un.set_job_id("job");
+  un.set_client_id("trainer0");
+  ASSERT_TRUE(core_->Unregister(un).ok());
+  EXPECT_EQ(core_->Status().state_bytes_by_size(), 0);
+  text = metrics_.registry().Render();
+  EXPECT_THAT(text, HasSubstr("\nmuond_state_bytes{location=\"device\","
+                              "dtype=\"bf16\"} 0\n"));
+}
+
 // A failed engine build is reported by Health (the daemon waits for a new
 // plan), so a trainer waiting for has_plan can stop with the reason; a new
 // registration clears it.

@@ -97,8 +97,13 @@ class FakeMuon : public LayerShardedMuon {
   int64_t ns_workspace_bytes() const override { return 0; }
   int64_t peak_ns_workspace_bytes() const override { return 0; }
   std::vector<StateStorageBytes> state_bytes_by_storage() const override {
-    return {};
+    return storage;
   }
+  // What the engine reports of its state (a registration's groups asked for
+  // bf16 state on the device and fp32 on the host).
+  std::vector<StateStorageBytes> storage = {
+      {StateLocation::kDevice, DType::kBFloat16, 96},
+      {StateLocation::kHost, DType::kFloat32, 320}};
   std::vector<std::pair<std::string, std::vector<NsHome>>> homes_set;
   std::vector<int64_t> versions_set;
   // The last applied step's skip_params and overrides.
@@ -158,6 +163,7 @@ class DaemonCoreTest : public ::testing::Test {
     config.rank = 0;
     config.world_size = 4;
     config.operator_client_id = OperatorClientId(kJobToken);
+    config.metrics = &metrics_;
     // The stale-transaction test cannot wait kPendingTransactionMaxAge.
     if (name_.find("Stale") != std::string::npos) {
       config.pending_transaction_max_age = absl::Milliseconds(200);
@@ -337,6 +343,8 @@ class DaemonCoreTest : public ::testing::Test {
   std::unique_ptr<ShmRegion> region_;
   FakeLink link_;
   FakeMuon* fake_ = nullptr;
+  // Before core_, which reports into it.
+  DaemonMetrics metrics_;
   std::unique_ptr<DaemonCore> core_;
 };
 
