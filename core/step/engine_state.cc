@@ -19,7 +19,10 @@ std::vector<StateStorageBytes> LayerShardedMuonImpl::state_bytes_by_storage()
     const DType dtype =
         muon ? group.config.muon.state_dtype : group.config.adamw.state_dtype;
     bytes[{location, dtype}] += group.state_bytes - group.variant_state_bytes;
-    bytes[{location, DType::kFloat32}] += group.variant_state_bytes;
+    // The variants' second moments live in the backend's own memory
+    // whatever the group's location (variant_phase.cc).
+    bytes[{StateLocation::kDevice, DType::kFloat32}] +=
+        group.variant_state_bytes;
   }
   std::vector<StateStorageBytes> out;
   for (const auto& [storage, n] : bytes) {

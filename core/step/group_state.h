@@ -105,7 +105,8 @@ struct GroupState {
   DType ns_dtype = DType::kFloat32;
   int64_t state_bytes = 0;
   // The part of state_bytes that is the variants' fp32 second moments
-  // (variant_phase.h), whatever the group's state_dtype.
+  // (variant_phase.h), in device memory whatever the group's state_dtype and
+  // state_location.
   int64_t variant_state_bytes = 0;
   // Bytes of staged_momentum (transient: the step's new momentum until its
   // commit).

@@ -226,8 +226,8 @@ class LayerShardedMuon {
   // Bytes of persistent state and the peak of transient exchange buffers.
   virtual int64_t state_bytes() const = 0;
   // state_bytes by each group's state_location and state_dtype (MuonOptions,
-  // AdamWOptions; the NorMuon/AdaMuon second moments are fp32 in the group's
-  // location), one entry per pair holding any, ordered by location, then
+  // AdamWOptions; the NorMuon/AdaMuon second moments are fp32 on the device),
+  // one entry per pair holding any, ordered by location, then
   // dtype; they add up to state_bytes.
   virtual std::vector<StateStorageBytes> state_bytes_by_storage() const = 0;
   virtual int64_t peak_transient_bytes() const = 0;

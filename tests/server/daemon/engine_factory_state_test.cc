@@ -5,7 +5,8 @@
 // expected bytes are computed here from the shapes: per param shard, its
 // elements times the dtype's size (fp8 e4m3: one byte each plus an fp32
 // scale per started block of 256), Muon one momentum, AdamW two moments,
-// NorMuon's fp32 second moment one value per row.
+// NorMuon's fp32 second moment one value per row, in device memory whatever
+// the group's location.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -61,7 +62,7 @@ std::map<Storage, int64_t> ExpectedBytes(const std::vector<TestGroup>& groups) {
       want[{g.location, g.dtype}] +=
           (g.adamw ? 2 : 1) * TensorBytes(g.dtype, n);
       if (g.variant == v1::MUON_VARIANT_NORMUON) {
-        want[{g.location, DType::kFloat32}] += 4 * p.rows;
+        want[{StateLocation::kDevice, DType::kFloat32}] += 4 * p.rows;
       }
     }
   }
@@ -156,10 +157,12 @@ TEST(EngineFactoryState, AutoFollowsTheParamsAndExplicitStorageWins) {
        .state_location = v1::STATE_LOCATION_HOST,
        .params = {{"h", 6, 6, bf16}},
        .location = StateLocation::kHost},
-      {.name = "normuon_bf16",
+      {.name = "normuon_bf16_host",
        .state_dtype = v1::STATE_DTYPE_BF16,
+       .state_location = v1::STATE_LOCATION_HOST,
        .variant = v1::MUON_VARIANT_NORMUON,
        .params = {{"i", 8, 4, f32}},
+       .location = StateLocation::kHost,
        .dtype = bf16},
       {.name = "adamw_host",
        .adamw = true,
