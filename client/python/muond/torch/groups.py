@@ -11,8 +11,8 @@ import torch
 
 from muond import _rules
 from muond import batched as _batched
-from muond import wire_enums as _wire_enums
 from muond import state as _state
+from muond.torch import state_storage as _state_storage
 from muond.torch import variants as _variants
 from muond.torch import wire as _wire
 from muond.v1 import muond_pb2 as pb
@@ -48,12 +48,6 @@ PARAM_KEYS = ("params", "param_names")
 # own kernels).
 ADAMW_FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False,
                         "differentiable": False, "decoupled_weight_decay": True}
-
-
-# Either algorithm's optimizer-state options (muond.torch.options
-# StateStorageOptions): fixed at registration, but a state dict of other
-# ones loads (the daemons' import converts, rounding to this group's dtype).
-STATE_KEYS = tuple(_wire_enums.STATE_ENUM_FIELDS)
 
 
 # Their AdamW keys that choose torch's kernels, not the math: carried in the
@@ -253,7 +247,7 @@ def check_options(gi: int, group: dict) -> None:
     ValueError naming group and key: at construction and add_param_group,
     before any daemon is waited for."""
     check_live(gi, group)
-    check_state_options(gi, group)
+    _state_storage.check(group_label(gi, group), group)
     if group["algorithm"] != "muon":
         return
     label = group_label(gi, group)
@@ -269,18 +263,6 @@ def check_options(gi: int, group: dict) -> None:
         _real(label, "custom_coefficients", c)
     _variants.check(label, group)
     check_gram_options(gi, group)
-
-
-def check_state_options(gi: int, group: dict) -> None:
-    """A group's state_dtype and state_location (STATE_KEYS) are names the
-    daemons know, else ValueError naming group, key and the allowed names."""
-    for key in STATE_KEYS:
-        if key not in group:
-            continue
-        allowed = _wire_enums.state_options(key)
-        if not isinstance(group[key], str) or group[key] not in allowed:
-            raise ValueError(f"{group_label(gi, group)}: {key!r} must be one of {allowed}, "
-                             f"got {group[key]!r}")
 
 
 def check_before_step(param_groups, fixed: dict) -> None:
@@ -409,7 +391,7 @@ def loaded_options(gi: int, group: dict, saved: dict) -> dict:
             continue
         if key in live or key in KERNEL_KEYS:
             apply[key] = value
-        elif key in _variants.KEYS or key in STATE_KEYS:
+        elif key in _variants.KEYS or key in _state_storage.KEYS:
             # This optimizer's variant and state storage win: a checkpoint
             # moves between variants, state dtypes and locations.
             continue

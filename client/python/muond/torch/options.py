@@ -80,7 +80,7 @@ class StateStorageOptions:
     all bf16, else fp32), "fp32", "bf16" or "fp8_e4m3" (blockwise scaled,
     torchao's fp8 optimizers); ``state_location`` "device" (GPU memory) or
     "host" (pinned host memory the GPU reads in place). Fixed at
-    registration; a state dict moves between them (muond.torch.groups)."""
+    registration; a state dict moves between them (muond.torch.state_storage)."""
     state_dtype: str = "auto"
     state_location: str = "device"
 
