@@ -227,8 +227,8 @@ class LayerShardedMuon {
   virtual int64_t state_bytes() const = 0;
   // state_bytes by each group's state_location and state_dtype (MuonOptions,
   // AdamWOptions; the NorMuon/AdaMuon second moments are fp32 on the device),
-  // one entry per pair holding any, ordered by location, then
-  // dtype; they add up to state_bytes.
+  // one entry per pair holding any, ordered by location, then dtype; they add
+  // up to state_bytes.
   virtual std::vector<StateStorageBytes> state_bytes_by_storage() const = 0;
   virtual int64_t peak_transient_bytes() const = 0;
   // Bytes the Newton–Schulz workspaces take now, and the most they took.
