@@ -35,7 +35,7 @@
 #include "core/backend/backend.h"
 #include "core/comm/communicator.h"
 #include "core/common/matrix_view.h"
-#include "core/common/state_storage.h"
+#include "core/common/state_options.h"
 #include "core/muon/adamw.h"
 #include "core/muon/bounds.h"
 #include "core/muon/muon_update.h"

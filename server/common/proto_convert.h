@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/common/dtype.h"
-#include "core/common/state_storage.h"
+#include "core/common/state_options.h"
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
 #include "core/step/step_overrides.h"

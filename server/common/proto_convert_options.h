@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/backend/backend.h"
-#include "core/common/state_storage.h"
+#include "core/common/state_options.h"
 #include "core/muon/adamw.h"
 #include "core/muon/coefficients.h"
 #include "core/muon/muon_update.h"

@@ -57,7 +57,7 @@ MUON_ENUM_FIELDS = {
 
 # The optimizer-state options of either algorithm's hyperparameters. A
 # state_dtype of "auto" is STATE_DTYPE_UNSPECIFIED: the daemon applies
-# torch's rule (core/common/state_storage.h AutoStateDType).
+# torch's rule (core/common/state_options.h AutoStateDType).
 STATE_ENUM_FIELDS = {
     "state_dtype": pb.StateDType,
     "state_location": pb.StateLocation,

@@ -1,6 +1,6 @@
 """A group's optimizer-state options: ``state_dtype`` ("auto", "fp32", "bf16",
 "fp8_e4m3") and ``state_location`` ("device", "host"), either algorithm's
-(muond.torch.options StateStorageOptions; core/common/state_storage.h). The
+(muond.torch.options StateStorageOptions; core/common/state_options.h). The
 names are the wire enums' (muond.wire_enums), "auto" the unset dtype. They
 are fixed at registration, but a state dict saved with other ones loads: the
 daemons' import converts each value, rounding to this group's dtype."""
