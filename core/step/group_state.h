@@ -119,7 +119,7 @@ struct GroupState {
   int64_t plan_version = -1;
   NsRunner ns;
   // Host momentum (MuonOptions::state_location) on a device: how a step
-  // streams it (StreamedMomentumNs, group_step.cc). Null otherwise.
+  // streams it (StreamMomentum, group_step.cc). Null otherwise.
   std::unique_ptr<HostStateStreams> host_streams;
 };
 

@@ -113,23 +113,31 @@ absl::Status CopyBytes(Backend& backend, void* dst, const void* src,
                         ContiguousView(const_cast<void*>(src), kByte, 1, bytes));
 }
 
-// Momentum and NS overlapped, for host momentum (StreamsHostState), piece by
-// piece through two device slots (HostStateStreams):
+// Host momentum (GroupState::host_streams) piece by piece through two device
+// slots (HostStateStreams), and where `with_ns` (StreamsNsWithMomentum) NS as
+// soon as a chunk's momentum is done:
 //   load  (piece p+1)  host momentum -> slot in          | while NS runs
 //   main  (piece p)    momentum kernel: slot in -> out, L_i; then NS of every
 //                      chunk whose params are all done
 //   store (piece p)    slot out -> host staged momentum  | while NS runs
 // Load p+1 waits for the kernel of p (which read the slot it overwrites) and
 // for store p-1 (which read the slot's out that the kernel of p+1 writes),
-// so a piece's copies in and out overlap the NS of the pieces before. Bitwise
-// the phases one after the other: the same kernels on the same values and
+// so a piece's copies in and out overlap the NS of the pieces before (without
+// NS: the kernels of the pieces before, and the stores the exchanges and NS
+// that follow). Bitwise device state: the same kernels on the same values and
 // the same NS chunks (NsRunner::ChunksOf).
-absl::Status StreamedMomentumNs(GroupState& group, const MuonOptions& options,
-                                const std::set<std::string>& skip) {
+absl::Status StreamMomentum(GroupState& group, const MuonOptions& options,
+                            const std::set<std::string>& skip, bool with_ns) {
   Backend& main = *group.backend;
   HostStateStreams& hs = *group.host_streams;
-  ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> chunks,
-                   group.ns.ChunksOf(options, group.local));
+  // With NS: params in NS order, a chunk's NS once its momentum is done;
+  // without: in registration order, each alone.
+  std::vector<std::vector<size_t>> chunks;
+  if (with_ns) {
+    ASSIGN_OR_RETURN(chunks, group.ns.ChunksOf(options, group.local));
+  } else {
+    for (size_t i = 0; i < group.params.size(); ++i) chunks.push_back({i});
+  }
   const std::vector<std::vector<size_t>> pieces = StreamPieces(group, chunks);
   auto stepped = [&](size_t i) {
     return !skip.contains(group.config.params[i].name);
@@ -199,7 +207,7 @@ absl::Status StreamedMomentumNs(GroupState& group, const MuonOptions& options,
   }
   size_t next_chunk = 0;
   auto ns_ready = [&](size_t p) -> absl::Status {
-    for (; next_chunk < chunks.size(); ++next_chunk) {
+    for (; with_ns && next_chunk < chunks.size(); ++next_chunk) {
       const std::vector<size_t>& chunk = chunks[next_chunk];
       if (piece_of[chunk.back()] > p) break;
       std::vector<MatrixView> members;
@@ -219,12 +227,18 @@ absl::Status StreamedMomentumNs(GroupState& group, const MuonOptions& options,
     if (status.ok() && p + 1 < pieces.size()) status = load(p + 1);
     if (status.ok()) status = ns_ready(p);
   }
-  // The staged momentum is complete before the commit; on an error too,
-  // nothing of this step may still be copying.
+  // Later work on the group's backend comes after the stores; the caller
+  // waits for them (DrainMomentumStores) before the commit.
   if (status.ok()) status = hs.store->OrderBefore(main);
-  const absl::Status loaded = hs.load->Synchronize();
-  const absl::Status stored = hs.store->Synchronize();
-  if (!status.ok()) return status;
+  return status;
+}
+
+// Waits until the streams of host momentum are idle: the staged momentum is
+// complete (before the commit), and after an error nothing is still copying.
+absl::Status DrainMomentumStores(GroupState& group) {
+  if (group.host_streams == nullptr) return absl::OkStatus();
+  const absl::Status loaded = group.host_streams->load->Synchronize();
+  const absl::Status stored = group.host_streams->store->Synchronize();
   return loaded.ok() ? stored : loaded;
 }
 
@@ -316,7 +330,8 @@ absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
 
 }  // namespace
 
-bool StreamsHostState(const GroupState& group, const ShapeTimes* shape_times) {
+bool StreamsNsWithMomentum(const GroupState& group,
+                           const ShapeTimes* shape_times) {
   const GroupExchangePlan& plan = group.plan->plan;
   return group.host_streams != nullptr && shape_times == nullptr &&
          !plan.has_stage1 && plan.stage2.empty() &&
@@ -325,19 +340,25 @@ bool StreamsHostState(const GroupState& group, const ShapeTimes* shape_times) {
          group.config.domain.size.dp <= 1;
 }
 
-absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
-                              const std::set<std::string>& skip,
-                              ExchangeBuffers& exchange,
-                              ShapeTimes* shape_times, PhaseTimings& t) {
+namespace {
+
+// PrepareMuonGroup's phases; host momentum's stores may still run after.
+absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
+                               const std::set<std::string>& skip,
+                               ExchangeBuffers& exchange,
+                               ShapeTimes* shape_times, PhaseTimings& t) {
   Backend& backend = *group.backend;
-  if (StreamsHostState(group, shape_times)) {
+  if (StreamsNsWithMomentum(group, shape_times)) {
     // Momentum and NS overlap: their wall time counts as NS's.
     RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/streamed_ns", t.ns_us, [&] {
-      return StreamedMomentumNs(group, options, skip);
+      return StreamMomentum(group, options, skip, /*with_ns=*/true);
     }));
   } else {
-    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/momentum", t.momentum_us,
-                               [&] { return MomentumPhase(group, options, skip); }));
+    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/momentum", t.momentum_us, [&] {
+      return group.host_streams != nullptr
+                 ? StreamMomentum(group, options, skip, /*with_ns=*/false)
+                 : MomentumPhase(group, options, skip);
+    }));
     RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_fwd", t.a2a_fwd_us, [&] {
       return ForwardExchangePhase(group, exchange);
     }));
@@ -355,6 +376,18 @@ absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
   if (options.variant == MuonVariant::kMuon) return absl::OkStatus();
   return TimedPhase(backend, "lsmuon/variant", t.ns_us,
                     [&] { return VariantPhase(group, options, skip); });
+}
+
+}  // namespace
+
+absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
+                              const std::set<std::string>& skip,
+                              ExchangeBuffers& exchange,
+                              ShapeTimes* shape_times, PhaseTimings& t) {
+  const absl::Status status =
+      PrepareMuonPhases(group, options, skip, exchange, shape_times, t);
+  const absl::Status drained = DrainMomentumStores(group);
+  return status.ok() ? drained : status;
 }
 
 absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,

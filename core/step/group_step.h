@@ -54,17 +54,18 @@
 
 namespace muond {
 
-// Whether a step of `group` streams its host momentum (GroupState::
-// host_streams): copied in and out piece by piece through two device slots
-// while NS runs. Only where NS runs on every param's L_i in place (no
-// exchange, no DP axis) and the step is not measured per shape
-// (`shape_times` null); otherwise the momentum kernel reads and writes the
-// host memory in place (mapped), one phase before NS as for device state.
-bool StreamsHostState(const GroupState& group, const ShapeTimes* shape_times);
+// Host momentum (GroupState::host_streams) is always streamed: copied in
+// and out piece by piece through two device slots by copy engines. Whether
+// this step of `group` also runs NS piece by piece, under the copies of the
+// pieces after: where NS runs on every param's L_i in place (no exchange, no
+// DP axis) and the step is not measured per shape (`shape_times` null).
+// Elsewhere the exchanges and NS follow the momentum and run under its stores.
+bool StreamsNsWithMomentum(const GroupState& group,
+                           const ShapeTimes* shape_times);
 
 // A Muon group's step up to the commit under its current plan (group.plan
 // must be set): momentum into staging, exchanges, NS, reverse exchanges,
-// dp_share (StreamsHostState: momentum and NS overlapped).
+// dp_share (StreamsNsWithMomentum: momentum and NS overlapped).
 // `exchange`: the lane's buffers, reserved for the plan. `shape_times`: null
 // when this step does not measure NS per shape. Phase times add to `t`.
 absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
