@@ -148,32 +148,23 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
   return absl::OkStatus();
 }
 
-// Pieces of about 1/kStreamPieces of the momentum: small enough that the
-// first NS starts early and two slots hold little, few enough that the
-// per-piece launches and events stay negligible.
+// Pieces of about 1/kStreamPieces of the momentum, at most kMaxPieceBytes:
+// small enough that the first NS starts early and two slots hold little, few
+// enough that the per-piece launches and events stay negligible.
 constexpr int64_t kStreamPieces = 32;
+constexpr int64_t kMaxPieceBytes = int64_t(64) << 20;
 
-absl::StatusOr<std::unique_ptr<HostStateStreams>> MakeHostStateStreams(
-    GroupState& group) {
-  auto streams = std::make_unique<HostStateStreams>();
-  ASSIGN_OR_RETURN(streams->load, group.backend->NewStream());
-  ASSIGN_OR_RETURN(streams->store, group.backend->NewStream());
+// Sets the group's host_piece_bytes and host_slot_bytes.
+void SizeHostStream(GroupState& group) {
   int64_t total = 0, largest = 0;
   for (const ParamState& p : group.params) {
     total += SlotOf(p).bytes;
     largest = std::max(largest, SlotOf(p).bytes);
   }
-  streams->piece_bytes = std::max<int64_t>(256, total / kStreamPieces);
-  // A piece stops at the first param that takes it to piece_bytes or more.
-  streams->slot_bytes = streams->piece_bytes + largest;
-  for (int s = 0; s < 2; ++s) {
-    for (OwnedBuffer* b : {&streams->in[s], &streams->out[s]}) {
-      ASSIGN_OR_RETURN(*b, AllocateZeroed(group.backend, DType::kFloat8E4M3, 1,
-                                          streams->slot_bytes));
-    }
-  }
-  group.staging_bytes += 4 * streams->slot_bytes;
-  return streams;
+  group.host_piece_bytes =
+      std::clamp<int64_t>(total / kStreamPieces, 256, kMaxPieceBytes);
+  // A piece stops at the first param that takes it to the size or beyond.
+  group.host_slot_bytes = group.host_piece_bytes + largest;
 }
 
 }  // namespace
@@ -225,7 +216,7 @@ absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
     group.ns = NsRunner(group.backend, group.ns_dtype, ns_budget);
     if (config.muon.state_location == StateLocation::kHost &&
         group.backend->is_device()) {
-      ASSIGN_OR_RETURN(group.host_streams, MakeHostStateStreams(group));
+      SizeHostStream(group);
     }
   }
   group.config = std::move(config);
@@ -233,6 +224,27 @@ absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
     RETURN_IF_ERROR(AllocateVariantState(group));
   }
   return group;
+}
+
+absl::StatusOr<std::unique_ptr<HostStateStreams>> MakeHostStateStreams(
+    Backend* backend, std::vector<GroupState*> groups) {
+  int64_t slot_bytes = 0;
+  for (const GroupState* g : groups) {
+    slot_bytes = std::max(slot_bytes, g->host_slot_bytes);
+  }
+  if (slot_bytes == 0) return nullptr;
+  auto streams = std::make_unique<HostStateStreams>();
+  ASSIGN_OR_RETURN(streams->load, backend->NewStream());
+  ASSIGN_OR_RETURN(streams->store, backend->NewStream());
+  streams->slot_bytes = slot_bytes;
+  for (OwnedBuffer& slot : streams->slot) {
+    ASSIGN_OR_RETURN(slot,
+                     AllocateZeroed(backend, DType::kFloat8E4M3, 1, slot_bytes));
+  }
+  for (GroupState* g : groups) {
+    if (g->host_slot_bytes > 0) g->host_streams = streams.get();
+  }
+  return streams;
 }
 
 std::vector<ParamShardSpec> ParamSpecs(const GroupState& group) {

@@ -62,19 +62,19 @@ struct NorMuonRows {
   int64_t slots = 0;
 };
 
-// The streams and device slots through which a Muon group's host momentum
-// is streamed: `load` copies a piece of params' momentum into a slot's `in`
-// while NS runs, the momentum kernel reads it and writes the new momentum to
-// the slot's `out` on the group's backend, `store` copies that to the host
-// staged momentum. Two slots, so at most two pieces' state is on the device.
+// The streams and device slots through which the Muon groups of a lane
+// stream their host momentum (one group at a time, as the lane runs them):
+// `load` copies a piece of a group's params' momentum into a slot while NS
+// runs, the momentum kernel updates it in place on the lane's backend,
+// `store` copies the new momentum to the host staged momentum. Two slots, so
+// at most two pieces' state is on the device.
 struct HostStateStreams {
   std::unique_ptr<Backend> load, store;
-  OwnedBuffer in[2], out[2];
-  // Bytes of each of the four buffers: a piece's momentum at most.
+  OwnedBuffer slot[2];
+  // Bytes of each slot: the lane's largest GroupState::host_slot_bytes.
   int64_t slot_bytes = 0;
-  // A piece gathers params (in NS order) until it holds this many bytes.
-  int64_t piece_bytes = 0;
 };
+
 
 // Where a param's momentum sits in a slot: its values, then (fp8) its block
 // scales, each from a 256-byte boundary (the alignment of every allocation,
@@ -118,9 +118,14 @@ struct GroupState {
   std::optional<PlanBuffers> plan;
   int64_t plan_version = -1;
   NsRunner ns;
-  // Host momentum (MuonOptions::state_location) on a device: how a step
-  // streams it (StreamMomentum, group_step.cc). Null otherwise.
-  std::unique_ptr<HostStateStreams> host_streams;
+  // Host momentum (MuonOptions::state_location) on a device: a piece of a
+  // step's stream (StreamMomentum, group_step.cc) gathers params until it
+  // holds host_piece_bytes (about 1/32 of the group's momentum); a slot holds
+  // host_slot_bytes (a piece and the largest param). 0 otherwise.
+  int64_t host_piece_bytes = 0;
+  int64_t host_slot_bytes = 0;
+  // Its lane's streams and slots (not owned; null but for host momentum).
+  HostStateStreams* host_streams = nullptr;
 };
 
 // Validates `config` (domain coordinates and communicators, hyperparameters,
@@ -133,5 +138,11 @@ absl::StatusOr<GroupState> CreateGroupState(
     NsWorkspaceBudget* ns_budget = nullptr);
 
 std::vector<ParamShardSpec> ParamSpecs(const GroupState& group);
+
+// The lane's streams and slots for the host-momentum groups of `groups`
+// (null when none has any): slots of the largest group's host_slot_bytes,
+// allocated on `backend`; points each such group's host_streams at them.
+absl::StatusOr<std::unique_ptr<HostStateStreams>> MakeHostStateStreams(
+    Backend* backend, std::vector<GroupState*> groups);
 
 }  // namespace muond

@@ -84,15 +84,15 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
                                 inputs, scales);
 }
 
-// Params in NS order cut into pieces of about HostStateStreams::piece_bytes
+// Params in NS order cut into pieces of about GroupState::host_piece_bytes
 // of momentum.
 std::vector<std::vector<size_t>> StreamPieces(
     const GroupState& group, const std::vector<std::vector<size_t>>& chunks) {
   std::vector<std::vector<size_t>> pieces;
-  int64_t in_piece = group.host_streams->piece_bytes;
+  int64_t in_piece = group.host_piece_bytes;
   for (const std::vector<size_t>& chunk : chunks) {
     for (size_t i : chunk) {
-      if (in_piece >= group.host_streams->piece_bytes) {
+      if (in_piece >= group.host_piece_bytes) {
         pieces.emplace_back();
         in_piece = 0;
       }
@@ -116,13 +116,13 @@ absl::Status CopyBytes(Backend& backend, void* dst, const void* src,
 // Host momentum (GroupState::host_streams) piece by piece through two device
 // slots (HostStateStreams), and where `with_ns` (StreamsNsWithMomentum) NS as
 // soon as a chunk's momentum is done:
-//   load  (piece p+1)  host momentum -> slot in          | while NS runs
-//   main  (piece p)    momentum kernel: slot in -> out, L_i; then NS of every
-//                      chunk whose params are all done
-//   store (piece p)    slot out -> host staged momentum  | while NS runs
-// Load p+1 waits for the kernel of p (which read the slot it overwrites) and
-// for store p-1 (which read the slot's out that the kernel of p+1 writes),
-// so a piece's copies in and out overlap the NS of the pieces before (without
+//   load  (piece p+1)  host momentum -> slot             | while NS runs
+//   main  (piece p)    momentum kernel in place in its slot, L_i; then NS of
+//                      every chunk whose params are all done
+//   store (piece p)    slot -> host staged momentum      | while NS runs
+// Load p+1 overwrites the slot of piece p-1: it waits for the kernel of p
+// (after that of p-1) and for store p-1, so a piece's copies in and out
+// overlap the NS of the pieces before (without
 // NS: the kernels of the pieces before, and the stores the exchanges and NS
 // that follow). Bitwise device state: the same kernels on the same values and
 // the same NS chunks (NsRunner::ChunksOf).
@@ -143,7 +143,7 @@ absl::Status StreamMomentum(GroupState& group, const MuonOptions& options,
     return !skip.contains(group.config.params[i].name);
   };
   auto load = [&](size_t p) -> absl::Status {
-    char* in = static_cast<char*>(hs.in[p % 2].data());
+    char* in = static_cast<char*>(hs.slot[p % 2].data());
     for (size_t i : pieces[p]) {
       const ParamState& st = group.params[i];
       const MomentumSlot at = SlotOf(st);
@@ -159,11 +159,10 @@ absl::Status StreamMomentum(GroupState& group, const MuonOptions& options,
   };
   // The momentum of piece p from its slot, and its new momentum out.
   auto momentum_and_store = [&](size_t p) -> absl::Status {
-    char* in = static_cast<char*>(hs.in[p % 2].data());
-    char* out = static_cast<char*>(hs.out[p % 2].data());
-    std::vector<MatrixView> grads, momenta, staged, inputs;
+    char* at_slot = static_cast<char*>(hs.slot[p % 2].data());
+    std::vector<MatrixView> grads, momenta, inputs;
     std::vector<BlockScales> scales;
-    std::vector<std::pair<size_t, char*>> stored;  // param, its slot out
+    std::vector<std::pair<size_t, char*>> stored;  // param, its place in the slot
     for (size_t i : pieces[p]) {
       const ParamState& st = group.params[i];
       const MomentumSlot at = SlotOf(st);
@@ -172,24 +171,23 @@ absl::Status StreamMomentum(GroupState& group, const MuonOptions& options,
       } else {
         const MatrixView& m = st.momentum;
         grads.push_back(group.config.params[i].grad);
-        momenta.push_back(ContiguousView(in, m.dtype, m.rows, m.cols));
-        staged.push_back(ContiguousView(out, m.dtype, m.rows, m.cols));
+        momenta.push_back(ContiguousView(at_slot, m.dtype, m.rows, m.cols));
         inputs.push_back(group.local[i]);
         if (at.scale_bytes > 0) {
-          scales.push_back({reinterpret_cast<const float*>(in + at.scales_offset),
-                            reinterpret_cast<float*>(out + at.scales_offset)});
+          float* s = reinterpret_cast<float*>(at_slot + at.scales_offset);
+          scales.push_back({s, s});
         }
-        stored.emplace_back(i, out);
+        stored.emplace_back(i, at_slot);
       }
-      in += at.bytes;
-      out += at.bytes;
+      at_slot += at.bytes;
     }
+    // In place in the slot (bitwise the out-of-place kernel).
     if (!grads.empty()) {
       RETURN_IF_ERROR(MuonMomentumPhaseBatch(main, options, grads, momenta,
-                                             staged, inputs, scales));
+                                             momenta, inputs, scales));
     }
     RETURN_IF_ERROR(main.OrderBefore(*hs.store));
-    RETURN_IF_ERROR(main.OrderBefore(*hs.load));  // slot in read
+    RETURN_IF_ERROR(main.OrderBefore(*hs.load));  // the slot updated
     for (const auto& [i, from] : stored) {
       const ParamState& st = group.params[i];
       const MomentumSlot at = SlotOf(st);

@@ -7,6 +7,7 @@
 // one after the other: each such set is a lane. Lanes run concurrently on
 // the engine's worker pool (lane_threads.h, created once with the engine),
 // each on one worker at a time and with its own exchange buffers.
+#include <memory>
 #include <vector>
 
 #include "core/backend/backend.h"
@@ -23,6 +24,9 @@ struct Lane {
   ExchangeBuffers exchange;
   // Scratch of the per-step domain agreement (GatherDomainVotes).
   OwnedBuffer vote_scratch;
+  // Its groups' host momentum streams and slots (MakeHostStateStreams);
+  // null when none keeps momentum on the host.
+  std::unique_ptr<HostStateStreams> host_streams;
 };
 
 // Partitions `groups` into lanes (the union of groups that share a

@@ -59,6 +59,13 @@ absl::Status LayerShardedMuonImpl::SetUpLanes() {
     ASSIGN_OR_RETURN(lane.vote_scratch,
                      AllocateZeroed(lane.backend, DType::kFloat32, 1,
                                     DomainVoteScratchFloats(most)));
+    std::vector<GroupState*> members;
+    for (int g : lane.groups) members.push_back(&groups_[g]);
+    ASSIGN_OR_RETURN(lane.host_streams,
+                     MakeHostStateStreams(lane.backend, members));
+    if (lane.host_streams != nullptr) {
+      staging_bytes_ += 2 * lane.host_streams->slot_bytes;
+    }
   }
   if (lanes_.size() <= 1 || !options_.concurrent_groups) {
     return absl::OkStatus();
