@@ -93,6 +93,23 @@ absl::StatusOr<std::vector<float>> TensorToHost(Backend& backend,
   return host;
 }
 
+// bf16 state holds what rounds to a finite bf16: a finite fp32 value of
+// |x| >= kBf16OverflowThreshold would become +-inf, and the next step would
+// make the params non-finite. (fp8 state scales each block: it saturates.)
+absl::Status CheckFitsBf16(const std::string& key,
+                           const std::vector<float>& values) {
+  const float limit = BitsToFloat(kBf16OverflowThresholdBits);
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isfinite(values[i]) && !(std::fabs(values[i]) < limit)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state entry '", key, "' element ", i, " (", values[i],
+          ") overflows the group's bf16 state (|value| must be below ",
+          limit, "); nothing was loaded"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckEntry(const StateMap& state, const StateEntry& entry) {
   auto it = state.find(entry.key);
   if (entry.is_count()) {
@@ -112,6 +129,9 @@ absl::Status CheckEntry(const StateMap& state, const StateEntry& entry) {
     return absl::InvalidArgumentError(absl::StrCat(
         "state entry '", entry.key, "' has ", it->second.size(),
         " fp32 elements; the param's shard needs ", entry.tensor.numel()));
+  }
+  if (entry.tensor.dtype == DType::kBFloat16) {
+    return CheckFitsBf16(entry.key, it->second);
   }
   return absl::OkStatus();
 }

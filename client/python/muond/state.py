@@ -369,8 +369,9 @@ def validate(infos: list[ParamInfo], states: dict) -> dict[str, dict[str, torch.
                 if _finite(given[key]):
                     raise ValueError(
                         f"param {info.name}: state[{key!r}] has values beyond fp32's range "
-                        f"(|x| up to {float(local_of(given[key]).abs().max()):g}); muond "
-                        "keeps optimizer state in fp32")
+                        f"(|x| up to {float(local_of(given[key]).abs().max()):g}); a state "
+                        "dict travels in fp32 (and bf16 state holds less: the daemons refuse "
+                        "what would round to inf there)")
                 raise ValueError(f"param {info.name}: state[{key!r}] has non-finite values")
             if key in SECOND_MOMENTS and (value < 0).any():
                 raise ValueError(f"param {info.name}: state[{key!r}] has negative values "

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "core/backend/bf16.h"
 #include "core/backend/cpu_backend.h"
 #include "core/muon/adamw.h"
 #include "core/muon/muon_update.h"
@@ -369,6 +370,29 @@ TEST(Fp8StateEngine, AdamWMomentsStepExportAndImportLikeTheReference) {
   auto [backend2, opt2] = make(param2, grad2);
   ASSERT_TRUE(opt2->ImportState(exported).ok());
   EXPECT_EQ(*opt2->ExportState(), exported);
+}
+
+// A finite fp32 value that bf16 cannot hold (it would round to inf) is
+// refused naming the entry and the element, and nothing is loaded; the
+// largest value below the threshold loads as bf16's max.
+TEST(Fp8StateEngine, Bf16StateRefusesAnImportedValueThatOverflowsBf16) {
+  Engine engine(Options(DType::kBFloat16));
+  ASSERT_NE(engine.opt, nullptr);
+  const auto before = engine.State();
+  std::map<std::string, std::vector<float>> state = before;
+  const float bf16_max = Bf16BitsToFloat(0x7f7f);
+  const float threshold = BitsToFloat(kBf16OverflowThresholdBits);
+  state["dense/w0.momentum"][0] = 0.5f;  // a change that must not land
+  state["dense/w1.momentum"][5] = -threshold;
+  const absl::Status refused = engine.opt->ImportState(state);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "dense/w1.momentum"))
+      << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "element 5")) << refused;
+  EXPECT_EQ(engine.State(), before);
+  state["dense/w1.momentum"][5] = -std::nextafter(threshold, 0.0f);
+  ASSERT_TRUE(engine.opt->ImportState(state).ok());
+  EXPECT_EQ(engine.State()["dense/w1.momentum"][5], -bf16_max);
 }
 
 TEST(Fp8StateEngine, Bf16AdamWMomentsRoundTripAndCountTwoBytes) {

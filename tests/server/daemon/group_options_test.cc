@@ -309,6 +309,11 @@ TEST(GroupOptions, UnknownStateEnumsAreRefusedNamingGroupAndField) {
               HasSubstr("group 'g': state_dtype: value 9 is not one of "
                         "STATE_DTYPE_FP32, STATE_DTYPE_BF16, "
                         "STATE_DTYPE_FP8_E4M3"));
+  // 3, DType's FP16 (reserved here), is no state dtype either.
+  m.mutable_muon()->set_state_dtype(static_cast<v1::StateDType>(3));
+  st = MuonOptionsFromProto(m).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("state_dtype: value 3 is not one of"));
   v1::ParamGroup a = AdamWGroup();
   a.mutable_adamw()->set_state_location(static_cast<v1::StateLocation>(5));
   st = AdamWOptionsFromProto(a).status();
