@@ -15,7 +15,7 @@
 
 #include "core/backend/bf16.h"
 #include "core/backend/cpu_backend.h"
-#include "tests/common/cuda_device.h"
+#include "tests/common/cuda_test.h"
 
 namespace muond {
 namespace {
@@ -28,38 +28,20 @@ std::vector<float> Random(int64_t n, uint32_t seed) {
   return v;
 }
 
-class CudaBackendTest : public ::testing::Test {
+class CudaBackendTest : public muond::testing::CudaTest {
  protected:
-  void SetUp() override {
-    if (!muond::testing::HaveCudaDevice())
-      GTEST_SKIP() << "no CUDA device on this machine";
-    auto b = MakeCudaBackend(0);
-    ASSERT_TRUE(b.ok()) << b.status();
-    gpu_ = std::move(*b);
-    cpu_ = MakeCpuBackend();
-  }
-  void TearDown() override {
-    for (void* p : allocs_) gpu_->Free(p);
-  }
   // Device copy of host bytes; returns a view with the host view's layout.
   MatrixView Up(const MatrixView& host) {
     const int64_t bytes = (host.rows * std::max(host.row_stride, host.cols)) *
                           int64_t(DTypeSize(host.dtype));
-    void* p = *gpu_->Allocate(bytes);
-    allocs_.push_back(p);
-    EXPECT_TRUE(gpu_->CopyFromHost(p, host.data, bytes).ok());
     MatrixView d = host;
-    d.data = p;
+    d.data = CudaTest::Up(host.data, bytes);
     return d;
   }
   template <typename T>
   std::vector<T> Down(const MatrixView& dev, int64_t n) {
-    std::vector<T> out(n);
-    EXPECT_TRUE(gpu_->CopyToHost(out.data(), dev.data, n * sizeof(T)).ok());
-    return out;
+    return CudaTest::Down<T>(dev.data, n);
   }
-  std::unique_ptr<Backend> gpu_, cpu_;
-  std::vector<void*> allocs_;
 };
 
 TEST_F(CudaBackendTest, HasStreamAndName) {

@@ -15,7 +15,7 @@
 #include "core/backend/bf16.h"
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
-#include "tests/common/cuda_device.h"
+#include "tests/common/cuda_test.h"
 
 namespace muond {
 namespace {
@@ -71,39 +71,12 @@ std::vector<float> Fp16Probe(uint32_t seed) {
   return v;
 }
 
-class CudaFp16Test : public ::testing::Test {
+class CudaFp16Test : public muond::testing::CudaTest {
  protected:
-  void SetUp() override {
-    if (!muond::testing::HaveCudaDevice())
-      GTEST_SKIP() << "no CUDA device on this machine";
-    auto b = MakeCudaBackend(0);
-    ASSERT_TRUE(b.ok()) << b.status();
-    gpu_ = std::move(*b);
-    cpu_ = MakeCpuBackend();
-  }
-  void TearDown() override {
-    for (void* p : allocs_) gpu_->Free(p);
-  }
-  void* Dev(int64_t bytes) {
-    void* p = *gpu_->Allocate(bytes);
-    allocs_.push_back(p);
-    return p;
-  }
   template <typename T>
   void* Up(const std::vector<T>& host) {
-    void* p = Dev(int64_t(host.size() * sizeof(T)));
-    EXPECT_TRUE(
-        gpu_->CopyFromHost(p, host.data(), host.size() * sizeof(T)).ok());
-    return p;
+    return CudaTest::Up(host.data(), int64_t(host.size() * sizeof(T)));
   }
-  template <typename T>
-  std::vector<T> Down(const void* dev, size_t n) {
-    std::vector<T> out(n);
-    EXPECT_TRUE(gpu_->CopyToHost(out.data(), dev, n * sizeof(T)).ok());
-    return out;
-  }
-  std::unique_ptr<Backend> gpu_, cpu_;
-  std::vector<void*> allocs_;
 };
 
 TEST_F(CudaFp16Test, CodecRoundsToNearestEven) {

@@ -13,7 +13,7 @@
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
 #include "core/common/state_storage.h"
-#include "tests/common/cuda_device.h"
+#include "tests/common/cuda_test.h"
 
 namespace muond {
 namespace {
@@ -53,29 +53,12 @@ struct Host {
   int64_t n() const { return rows * cols; }
 };
 
-class CudaFp8StateTest : public ::testing::Test {
+class CudaFp8StateTest : public muond::testing::CudaTest {
  protected:
-  void SetUp() override {
-    if (!muond::testing::HaveCudaDevice())
-      GTEST_SKIP() << "no CUDA device on this machine";
-    auto b = MakeCudaBackend(0);
-    ASSERT_TRUE(b.ok()) << b.status();
-    gpu_ = std::move(*b);
-    cpu_ = MakeCpuBackend();
-  }
-  void TearDown() override {
-    for (void* p : allocs_) gpu_->Free(p);
-  }
-  void* Up(const void* host, int64_t bytes) {
-    void* p = *gpu_->Allocate(bytes);
-    allocs_.push_back(p);
-    EXPECT_TRUE(gpu_->CopyFromHost(p, host, bytes).ok());
-    return p;
-  }
+  // Fills host with host.size() elements from dev.
   template <typename T>
   void Down(std::vector<T>& host, const void* dev) {
-    EXPECT_TRUE(
-        gpu_->CopyToHost(host.data(), dev, host.size() * sizeof(T)).ok());
+    host = CudaTest::Down<T>(dev, int64_t(host.size()));
   }
 
   // Runs the batch on both backends (in place or staged) and compares.
@@ -147,9 +130,6 @@ class CudaFp8StateTest : public ::testing::Test {
           << "param " << k;
     }
   }
-
-  std::unique_ptr<Backend> gpu_, cpu_;
-  std::vector<void*> allocs_;
 };
 
 TEST_F(CudaFp8StateTest, OneTensorInPlaceAndStaged) {

@@ -27,7 +27,7 @@
 #include "core/backend/bf16.h"
 #include "core/backend/cuda_backend.h"
 #include "core/backend/fp16.h"
-#include "tests/common/cuda_device.h"
+#include "tests/common/cuda_test.h"
 
 namespace muond {
 namespace {
@@ -50,29 +50,8 @@ std::string Name(const Case& c) {
                       " alpha=", c.alpha, " beta=", c.beta, " pad=", c.pad);
 }
 
-class SymGemmCudaTest : public ::testing::Test {
+class SymGemmCudaTest : public muond::testing::CudaTest {
  protected:
-  void SetUp() override {
-    if (!muond::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
-    auto b = MakeCudaBackend(0);
-    ASSERT_TRUE(b.ok()) << b.status();
-    gpu_ = std::move(*b);
-  }
-  void TearDown() override {
-    for (void* p : allocs_) gpu_->Free(p);
-  }
-  void* Up(const void* host, int64_t bytes) {
-    void* p = *gpu_->Allocate(bytes);
-    allocs_.push_back(p);
-    EXPECT_TRUE(gpu_->CopyFromHost(p, host, bytes).ok());
-    return p;
-  }
-  template <typename T>
-  std::vector<T> Down(const void* dev, int64_t n) {
-    std::vector<T> out(n);
-    EXPECT_TRUE(gpu_->CopyToHost(out.data(), dev, n * sizeof(T)).ok());
-    return out;
-  }
   uint16_t ToBits(float v, DType t) {
     return t == DType::kBFloat16 ? FloatToBf16Bits(v) : FloatToFp16Bits(v);
   }
@@ -81,9 +60,6 @@ class SymGemmCudaTest : public ::testing::Test {
   }
 
   void Check(const Case& cs);
-
-  std::unique_ptr<Backend> gpu_;
-  std::vector<void*> allocs_;
 };
 
 void SymGemmCudaTest::Check(const Case& cs) {

@@ -5,23 +5,13 @@
 #include <gtest/gtest.h>
 
 #include "core/backend/cuda_backend.h"
-#include "tests/common/cuda_device.h"
+#include "tests/common/cuda_test.h"
 #include "tests/core/muon/gram_spectra_suite.h"
 
 namespace muond::testing {
 namespace {
 
-class GramSpectraCudaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!muond::testing::HaveCudaDevice())
-      GTEST_SKIP() << "no CUDA device on this machine";
-    auto gpu = MakeCudaBackend(0);
-    ASSERT_TRUE(gpu.ok()) << gpu.status();
-    gpu_ = std::move(*gpu);
-  }
-  std::unique_ptr<Backend> gpu_;
-};
+class GramSpectraCudaTest : public CudaTest {};
 
 TEST_F(GramSpectraCudaTest, ErrorsFiniteScaleInvariantAndZero) {
   CheckSpectraErrors(

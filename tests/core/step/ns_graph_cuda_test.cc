@@ -21,7 +21,7 @@
 #include "core/backend/cuda_backend.h"
 #include "core/muon/newton_schulz.h"
 #include "core/step/ns_runner.h"
-#include "tests/common/cuda_device.h"
+#include "tests/common/cuda_test.h"
 
 namespace muond {
 namespace {
@@ -34,39 +34,17 @@ std::vector<float> Random(int64_t n, uint32_t seed) {
   return v;
 }
 
-class NsGraphCudaTest : public ::testing::Test {
+class NsGraphCudaTest : public muond::testing::CudaTest {
  protected:
-  void SetUp() override {
-    if (!muond::testing::HaveCudaDevice())
-      GTEST_SKIP() << "no CUDA device on this machine";
-    auto b = MakeCudaBackend(0);
-    ASSERT_TRUE(b.ok()) << b.status();
-    gpu_ = std::move(*b);
-  }
-  void TearDown() override {
-    for (void* p : allocs_) gpu_->Free(p);
-  }
-  void* Dev(int64_t bytes) {
-    void* p = *gpu_->Allocate(bytes);
-    allocs_.push_back(p);
-    return p;
-  }
   void Put(void* dev, const std::vector<float>& host) {
     ASSERT_TRUE(
         gpu_->CopyFromHost(dev, host.data(), int64_t(host.size()) * 4).ok());
     ASSERT_TRUE(gpu_->Synchronize().ok());  // host buffer may go away
   }
-  std::vector<float> Get(const void* dev, int64_t n) {
-    std::vector<float> out(n);
-    EXPECT_TRUE(gpu_->CopyToHost(out.data(), dev, n * 4).ok());
-    return out;
-  }
   CudaGraphCounts Counts() const { return GetCudaGraphCounts(*gpu_); }
   // Runs `o`'s NS on batch x (r x c) directly and through RunGraph(key).
   void CheckNsGraph(const NsOptions& o, int64_t r, int64_t c, int64_t batch,
                     uint64_t key);
-  std::unique_ptr<Backend> gpu_;
-  std::vector<void*> allocs_;
 };
 
 // Runs NS on `ns` from in to out, directly or as RunGraph(key).
@@ -82,7 +60,7 @@ void NsGraphCudaTest::CheckNsGraph(const NsOptions& o, int64_t r, int64_t c,
   Backend& gpu = *gpu_;
   auto dev = [&](int64_t bytes) { return Dev(bytes); };
   auto put = [&](void* d, const std::vector<float>& h) { Put(d, h); };
-  auto get = [&](const void* d, int64_t n) { return Get(d, n); };
+  auto get = [&](const void* d, int64_t n) { return Down<float>(d, n); };
   auto counts = [&] { return Counts(); };
   auto created = NewtonSchulz::Create(&gpu, o, r, c, batch);
   ASSERT_TRUE(created.ok()) << created.status();
@@ -229,7 +207,7 @@ TEST_F(NsGraphCudaTest, NsRunnerGraphPathEqualsDirectPathMoe) {
                 .ok());
         off += v.numel();
       }
-      return Get(stage, list.total);
+      return Down<float>(stage, list.total);
     };
     const CudaGraphCounts start = Counts();
     for (uint32_t step = 0; step < 2; ++step) {
