@@ -8,9 +8,11 @@
 // e4m3 codes and one fp32 scale (the block's absmax / 448), so the state
 // takes 1 + 4/kStateBlock bytes per element.
 //
-// Locations: kDevice, the backend's own memory; kHost, pinned host memory the
-// device reads and writes in place (mapped), so the state takes no device
-// memory. On the CPU backend both are host memory.
+// Locations: kDevice, the backend's own memory; kHost, pinned host memory
+// (mapped: the device can reach it in place), so the state takes no device
+// memory; a Muon group's momentum is streamed through two device slots under
+// Newton–Schulz (core/step/group_step.h), AdamW moments are read and written
+// in place. On the CPU backend both are host memory.
 #include <cstdint>
 #include <string_view>
 

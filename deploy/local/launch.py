@@ -86,7 +86,8 @@ def check_layout(a, parallel, n, device):
     """'' when train_dist.py accepts its options (the ones after --) and
     lays --nproc processes out as --parallel asks, else what it would refuse
     on every rank after the build (its own parser and rule,
-    examples/char_gpt/options.py), worded for this launcher."""
+    examples/char_gpt/options.py), worded for this launcher. n None (the
+    process count of --device auto is known at launch): the options alone."""
     parser = trainer_options.dist_parser(prog="examples/char_gpt/train_dist.py")
 
     def refuse(message):
@@ -98,7 +99,8 @@ def check_layout(a, parallel, n, device):
         if unknown:
             return (f"unknown trainer option(s) after --: {' '.join(unknown)} (the options "
                     "of examples/char_gpt/train_dist.py, listed by its --help)")
-        trainer_options.check_layout(targs, n, launcher=True)
+        if n is not None:
+            trainer_options.check_layout(targs, n, launcher=True)
     except TrainerArgsError as e:
         return f"trainer options after --: {e}"
     except ValueError as e:
@@ -146,11 +148,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.bin = args.bin or default_bin()
     n = args.nproc or (4 if args.device == "cpu" else None)
-    if n is not None:
-        problem = check_layout(args, args.parallel or default_layout(n), n,
-                               "cuda" if args.device == "cuda" else "cpu")
-        if problem:
-            p.error(problem)
+    problem = check_layout(args, args.parallel or default_layout(n or 1), n,
+                           "cuda" if args.device == "cuda" else "cpu")
+    if problem:
+        p.error(problem)
     return args
 
 

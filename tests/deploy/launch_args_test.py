@@ -60,6 +60,14 @@ class LaunchArgsTest(unittest.TestCase):
                            "--nproc", "1000 processes", "at most 64")
         self.assertEqual(launch("--check-args", "--nproc", "64").returncode, 0)
 
+    def test_check_args_checks_trainer_options_with_device_auto(self):
+        """--device auto (the default) knows its process count only at launch:
+        the trainer's own options are checked before the build all the same."""
+        self.assertRefused(launch("--check-args", "--", "--state-dtype", "fp8"), 2,
+                           "--state-dtype", "invalid choice: 'fp8'", "fp8_e4m3")
+        self.assertEqual(launch("--check-args", "--", "--state-dtype", "fp8_e4m3",
+                                "--state-location", "host").returncode, 0)
+
     def test_check_args_parallel(self):
         """--parallel names a layout; a 2-D layout needs --nproc a multiple of
         --inner (on CPU the default --nproc is 4)."""
