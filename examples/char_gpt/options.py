@@ -34,6 +34,12 @@ def muond_ns_options(args) -> dict:
                 state_dtype=args.state_dtype, state_location=args.state_location)
 
 
+def state_description(args) -> str:
+    """Where and in what precision muond keeps the optimizer state, for the report."""
+    dtype = "auto (the params' dtype)" if args.state_dtype == "auto" else args.state_dtype
+    return f"optimizer state {dtype} on the {args.state_location}"
+
+
 def ns_description(args) -> str:
     """How muond's NS runs, for the report."""
     prec = {"highest": "fp32", "high": "TF32", "medium": "bf16"}[args.fp32_matmul_prec]

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # the example's own modules; muond is the installed package
 
 from data import batch_at, load_corpus, sample_starts  # noqa: E402
-from options import add_common_args, muond_ns_options  # noqa: E402  (shared with train_dist.py)
+from options import add_common_args, muond_ns_options, state_description  # noqa: E402,E501  (shared with train_dist.py)
 from model import CharGPT  # noqa: E402
 from reference_muon import ReferenceMuon  # noqa: E402
 
@@ -308,7 +308,8 @@ def write_report(args, corpus, baseline, results, rel_diff, path):
               f"device {args.device}",
               f"- Muon: lr {args.lr}, momentum {args.momentum} (Nesterov), weight decay "
               f"{args.weight_decay} (decoupled), {args.coefficient_type} x {args.ns_steps}, "
-              f"scale {args.scale_mode} x {args.extra_scale_factor}",
+              f"scale {args.scale_mode} x {args.extra_scale_factor}; muond's "
+              f"{state_description(args)}",
               f"- AdamW (embeddings, norms, biases, head): lr {args.adamw_lr}, betas "
               f"{tuple(args.betas)}, weight decay {args.adamw_weight_decay}",
               f"- schedule: {args.warmup} warmup steps, then {args.schedule}; {args.steps} steps",

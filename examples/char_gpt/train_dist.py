@@ -51,7 +51,7 @@ import train  # noqa: E402  (shared options, schedule, evaluation, plot)
 from data import batch_at, load_corpus, sample_starts  # noqa: E402
 from model import CharGPT  # noqa: E402
 from options import (TWO_D, check_layout, dist_parser, dp_size, muond_ns_options,  # noqa: E402
-                     ns_description, tp_size)
+                     ns_description, state_description, tp_size)
 
 
 def parse_args(argv=None):
@@ -330,7 +330,8 @@ def write_report(args, corpus, baseline, results, rel_diff, layout, path):
              f"context {args.context}, seed {args.seed}",
              f"- Muon: lr {args.lr}, momentum {args.momentum} (Nesterov), weight decay "
              f"{args.weight_decay}, {args.coefficient_type} x {args.ns_steps}, scale "
-             f"{args.scale_mode} x {args.extra_scale_factor}, {ns_description(args)}; AdamW (embeddings, "
+             f"{args.scale_mode} x {args.extra_scale_factor}, {ns_description(args)}, "
+             f"{state_description(args)}; AdamW (embeddings, "
              f"norms, biases, head): lr {args.adamw_lr}, betas {tuple(args.betas)}",
              f"- schedule: {args.warmup} warmup steps, then {args.schedule}; {args.steps} steps",
              "", "## Results (nats/char)", "",
