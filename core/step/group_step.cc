@@ -104,13 +104,22 @@ std::vector<std::vector<size_t>> StreamPieces(
 }
 
 // `bytes` bytes from src to dst on `backend`'s queue (device or mapped host
-// memory), without waiting.
+// memory), without waiting: rows of 4 KiB and the rest (a copy's row pitch
+// is bounded; a param's momentum may be gigabytes).
 absl::Status CopyBytes(Backend& backend, void* dst, const void* src,
                        int64_t bytes) {
-  if (bytes == 0) return absl::OkStatus();
   constexpr DType kByte = DType::kFloat8E4M3;  // a 1-byte element
-  return backend.Copy2D(ContiguousView(dst, kByte, 1, bytes),
-                        ContiguousView(const_cast<void*>(src), kByte, 1, bytes));
+  constexpr int64_t kRow = 4096;
+  char* to = static_cast<char*>(dst);
+  char* from = static_cast<char*>(const_cast<void*>(src));
+  if (const int64_t rows = bytes / kRow; rows > 0) {
+    RETURN_IF_ERROR(backend.Copy2D(ContiguousView(to, kByte, rows, kRow),
+                                   ContiguousView(from, kByte, rows, kRow)));
+  }
+  const int64_t done = bytes / kRow * kRow;
+  if (bytes == done) return absl::OkStatus();
+  return backend.Copy2D(ContiguousView(to + done, kByte, 1, bytes - done),
+                        ContiguousView(from + done, kByte, 1, bytes - done));
 }
 
 // Host momentum (GroupState::host_streams) piece by piece through two device

@@ -23,6 +23,7 @@
 #include "core/common/state_storage.h"
 #include "core/step/layer_sharded_muon.h"
 #include "tests/common/cuda_device.h"
+#include "tests/common/delegating_backend.h"
 
 namespace muond {
 namespace {
@@ -41,6 +42,20 @@ constexpr Shape kShapes[] = {{"wq", 1024, 1024, true},
                              {"w_down", 512, 1024, true},
                              {"bias", 1, 1024, false},
                              {"norm", 1, 512, false}};
+
+// The CPU backend playing a device with streams, so the engine streams host
+// momentum through its slots on a machine without a GPU: every stream runs
+// its calls at once, so OrderBefore has nothing to order and the results are
+// those of the streamed path's calls in the order it makes them.
+class StreamingCpuBackend final : public testing::DelegatingBackend {
+ public:
+  bool is_device() const override { return true; }
+  absl::StatusOr<std::unique_ptr<Backend>> NewStream() override {
+    ++streams_made;
+    return std::unique_ptr<Backend>(new StreamingCpuBackend());
+  }
+  int streams_made = 0;
+};
 
 float Value(int param, int step, int64_t i) {
   return float((param * 131 + step * 37 + i * 7) % 101) / 101.0f - 0.5f;
@@ -181,6 +196,25 @@ void ExpectHostStateEqualsDeviceState(
 TEST(StateLocationTest, HostStateStepsAsDeviceStateOnCpu) {
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
   ExpectHostStateEqualsDeviceState(*cpu);
+}
+
+// The streamed path's pieces, slots, copies, in-place kernel and NS chunk
+// order, on the CPU: one group and a group per matrix (one lane's slots),
+// fp32 and fp8 state (codes and scales), NS batches of 1 and 2.
+TEST(StateLocationTest, StreamedHostStateStepsAsDeviceStateOnCpu) {
+  for (bool per_matrix : {false, true}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat8E4M3}) {
+      for (int64_t batch : {1, 2}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "per_matrix " << per_matrix << " dtype "
+                     << DTypeName(dtype) << " ns_batch_size " << batch);
+        StreamingCpuBackend backend;
+        ExpectHostStateEqualsDeviceState(backend, batch, dtype, per_matrix);
+        // The host engine's lane made its load and store streams.
+        EXPECT_EQ(backend.streams_made, 2);
+      }
+    }
+  }
 }
 
 TEST(StateLocationTest, HostStateStepsAsDeviceStateOnCuda) {
