@@ -108,7 +108,8 @@ struct BlockScales {
 };
 
 // The block scales of fp8_e4m3 AdamW moments, updated in place with them
-// (one fp32 per kStateBlock elements each); null for fp32 and bf16 moments.
+// (one fp32 per kStateBlock elements each; exp_avg_sq's scales sqrt(v)'s);
+// null for fp32 and bf16 moments.
 struct AdamWMomentScales {
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
@@ -345,7 +346,9 @@ class Backend {
   // AdamWFp8), blockwise as MuonMomentum's fp8 state: each block of
   // kStateBlock elements dequantized, stepped in fp32 (the param from the
   // unquantized new moments), each moment's block stored as codes and a
-  // scale of its own absmax. Updated in place.
+  // scale of its own absmax; exp_avg_sq's codes and scale hold sqrt(v)
+  // (ew::SecondMomentRoot: a small v would flush to 0 under its linear
+  // code while m survives). Updated in place.
   virtual absl::Status AdamW(const MatrixView& param, const MatrixView& grad,
                              const MatrixView& exp_avg,
                              const MatrixView& exp_avg_sq,

@@ -185,14 +185,15 @@ void MomentumFp8(const MatrixView& grad, const MatrixView& momentum_in,
 
 // AdamW on fp8 moments, block by block as MomentumFp8: both moments
 // dequantized, the fp32 step (the param from the unquantized new moments),
-// then each moment's block absmax, scale and codes.
+// then each moment's block absmax, scale and codes; exp_avg_sq's codes hold
+// its square root (ew::SecondMomentRoot).
 void AdamWFp8(const MatrixView& param, const MatrixView& grad,
               const MatrixView& exp_avg, const MatrixView& exp_avg_sq,
               const AdamWScalars& s, const AdamWMomentScales& scales) {
   uint8_t* m_codes = static_cast<uint8_t*>(exp_avg.data);
   uint8_t* v_codes = static_cast<uint8_t*>(exp_avg_sq.data);
   const int64_t n = param.numel();
-  float m_block[kStateBlock], v_block[kStateBlock];
+  float m_block[kStateBlock], v_root_block[kStateBlock];
   for (int64_t b0 = 0, b = 0; b0 < n; b0 += kStateBlock, ++b) {
     const int64_t len = std::min(kStateBlock, n - b0);
     float m_absmax = 0.0f, v_absmax = 0.0f;
@@ -201,20 +202,20 @@ void AdamWFp8(const MatrixView& param, const MatrixView& grad,
       const ew::AdamWOut o = ew::AdamWElement(
           Load(param, i, j), Load(grad, i, j),
           ew::DequantizeE4M3(m_codes[b0 + k], scales.exp_avg[b]),
-          ew::DequantizeE4M3(v_codes[b0 + k], scales.exp_avg_sq[b]),
+          ew::DequantizeSecondMoment(v_codes[b0 + k], scales.exp_avg_sq[b]),
           s.param_decay, s.one_minus_beta1, s.beta2, s.one_minus_beta2,
           s.step_size, s.bias_correction2_sqrt, s.eps);
       Store(param, i, j, o.p);
       m_block[k] = o.m;
-      v_block[k] = o.v;
+      v_root_block[k] = ew::SecondMomentRoot(o.v);
       m_absmax = ew::AbsMaxStep(m_absmax, o.m);
-      v_absmax = ew::AbsMaxStep(v_absmax, o.v);
+      v_absmax = ew::AbsMaxStep(v_absmax, v_root_block[k]);
     }
     const float m_scale = ew::BlockScale(m_absmax);
     const float v_scale = ew::BlockScale(v_absmax);
     for (int64_t k = 0; k < len; ++k) {
       m_codes[b0 + k] = ew::QuantizeE4M3(m_block[k], m_scale);
-      v_codes[b0 + k] = ew::QuantizeE4M3(v_block[k], v_scale);
+      v_codes[b0 + k] = ew::QuantizeE4M3(v_root_block[k], v_scale);
     }
     scales.exp_avg[b] = m_scale;
     scales.exp_avg_sq[b] = v_scale;

@@ -80,7 +80,8 @@ struct AdamWFp8Args {
 };
 
 // Both moments' codes and scales are read before the first barrier, written
-// after the last.
+// after the last. exp_avg_sq's codes hold its square root
+// (ew::SecondMomentRoot).
 __global__ void AdamWFp8Kernel(AdamWFp8Args a) {
   const DView param = DeviceView(a.param), grad = DeviceView(a.grad);
   const int64_t b = blockIdx.x;
@@ -89,18 +90,19 @@ __global__ void AdamWFp8Kernel(AdamWFp8Args a) {
   ew::AdamWOut o{0.0f, 0.0f, 0.0f};
   if (live) {
     const int64_t i = e / param.cols, j = e % param.cols;
-    o = ew::AdamWElement(Ld(param, i, j), Ld(grad, i, j),
-                         ew::DequantizeE4M3(a.m_codes[e], a.m_scales[b]),
-                         ew::DequantizeE4M3(a.v_codes[e], a.v_scales[b]),
-                         a.param_decay, a.omb1, a.beta2, a.omb2, a.step_size,
-                         a.bc2, a.eps);
+    o = ew::AdamWElement(
+        Ld(param, i, j), Ld(grad, i, j),
+        ew::DequantizeE4M3(a.m_codes[e], a.m_scales[b]),
+        ew::DequantizeSecondMoment(a.v_codes[e], a.v_scales[b]), a.param_decay,
+        a.omb1, a.beta2, a.omb2, a.step_size, a.bc2, a.eps);
     St(param, i, j, o.p);
   }
+  const float v_root = ew::SecondMomentRoot(o.v);
   const float m_scale = ew::BlockScale(BlockAbsMax(o.m));
-  const float v_scale = ew::BlockScale(BlockAbsMax(o.v));
+  const float v_scale = ew::BlockScale(BlockAbsMax(v_root));
   if (live) {
     a.m_codes[e] = ew::QuantizeE4M3(o.m, m_scale);
-    a.v_codes[e] = ew::QuantizeE4M3(o.v, v_scale);
+    a.v_codes[e] = ew::QuantizeE4M3(v_root, v_scale);
   }
   if (threadIdx.x == 0) {
     a.m_scales[b] = m_scale;

@@ -171,5 +171,19 @@ MUOND_HD float DequantizeE4M3(uint8_t code, float scale) {
   return Mul(E4M3ToFloat(code), scale);
 }
 
+// AdamW's second moment v in fp8 state is stored as its square root: the
+// codes and the block scale hold q = sqrt(v) (scale = absmax(q) / 448) and
+// v = q * q. Linear v spans only e4m3's ~2.3e5 below the block's absmax, and
+// v ~ g^2 has twice the dynamic range of the first moment m ~ g, so a small
+// element's v would round to 0 while its m survives, and the next step with a
+// zero grad (an embedding row absent from the batch) would move the param by
+// step_size * m / eps. q has m's dynamic range and decays as beta2^(t/2)
+// against m's beta1^t, so it outlives m instead.
+MUOND_HD float SecondMomentRoot(float v) { return Sqrt(v); }
+MUOND_HD float DequantizeSecondMoment(uint8_t code, float scale) {
+  const float q = DequantizeE4M3(code, scale);
+  return Mul(q, q);
+}
+
 }  // namespace ew
 }  // namespace muond

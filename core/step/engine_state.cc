@@ -41,12 +41,14 @@ std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
       const ParamState& p = group.params[pi];
       const std::string base = gname + "/" + p.spec.name;
       auto tensor = [&](const std::string& suffix, const MatrixView& view,
-                        float* scales = nullptr) {
+                        float* scales = nullptr,
+                        Fp8Coding coding = Fp8Coding::kLinear) {
         StateEntry e;
         e.key = base + suffix;
         e.backend = group.backend;
         e.tensor = view;
         e.scales = scales;
+        e.coding = coding;
         entries.push_back(std::move(e));
       };
       if (muon) {
@@ -66,7 +68,8 @@ std::vector<StateEntry> LayerShardedMuonImpl::StateEntries() const {
         continue;
       }
       tensor(".exp_avg", p.exp_avg, p.moment_scales.exp_avg);
-      tensor(".exp_avg_sq", p.exp_avg_sq, p.moment_scales.exp_avg_sq);
+      tensor(".exp_avg_sq", p.exp_avg_sq, p.moment_scales.exp_avg_sq,
+             Fp8Coding::kSquareRoot);
       StateEntry count;
       count.key = base + ".step";
       count.count = p.adamw_step;

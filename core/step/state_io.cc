@@ -18,12 +18,18 @@ int64_t BlocksOf(int64_t elements) {
   return (elements + kStateBlock - 1) / kStateBlock;
 }
 
+float Dequantize(uint8_t code, float scale, Fp8Coding coding) {
+  return coding == Fp8Coding::kSquareRoot
+             ? ew::DequantizeSecondMoment(code, scale)
+             : ew::DequantizeE4M3(code, scale);
+}
+
 // Whether every value of a block is exactly its codes dequantized with
 // `scale` (bitwise: a -0 stays -0).
 bool Reproduces(absl::Span<const float> values, const uint8_t* codes,
-                float scale) {
+                float scale, Fp8Coding coding) {
   for (size_t k = 0; k < values.size(); ++k) {
-    if (FloatBits(ew::DequantizeE4M3(codes[k], scale)) !=
+    if (FloatBits(Dequantize(codes[k], scale, coding)) !=
         FloatBits(values[k])) {
       return false;
     }
@@ -39,14 +45,20 @@ void QuantizeWith(absl::Span<const float> values, float scale, uint8_t* codes) {
 
 // One block by the step's rule; when the values are exactly some scale's
 // codes, that scale: an exported block's absmax is 448 * s rounded, and
-// absmax / 448 rounded is s or an ulp or two beside it.
-float QuantizeBlock(absl::Span<const float> values, uint8_t* codes) {
+// absmax / 448 rounded is s or an ulp or two beside it. For kSquareRoot the
+// codes hold the values' square roots (the step's ew::SecondMomentRoot).
+float QuantizeBlock(absl::Span<const float> values, uint8_t* codes,
+                    Fp8Coding coding) {
+  std::vector<float> coded(values.begin(), values.end());
+  if (coding == Fp8Coding::kSquareRoot) {
+    for (float& v : coded) v = ew::SecondMomentRoot(v);
+  }
   float absmax = 0.0f;
-  for (float v : values) absmax = ew::AbsMaxStep(absmax, v);
+  for (float v : coded) absmax = ew::AbsMaxStep(absmax, v);
   const float scale = ew::BlockScale(absmax);
-  QuantizeWith(values, scale, codes);
+  QuantizeWith(coded, scale, codes);
   if (!(scale > 0.0f) || std::isinf(scale) ||
-      Reproduces(values, codes, scale)) {
+      Reproduces(values, codes, scale, coding)) {
     return scale;
   }
   std::vector<uint8_t> trial(values.size());
@@ -54,8 +66,8 @@ float QuantizeBlock(absl::Span<const float> values, uint8_t* codes) {
     float candidate = scale;
     for (int ulps = 1; ulps <= 2; ++ulps) {
       candidate = std::nextafter(candidate, toward);
-      QuantizeWith(values, candidate, trial.data());
-      if (Reproduces(values, trial.data(), candidate)) {
+      QuantizeWith(coded, candidate, trial.data());
+      if (Reproduces(values, trial.data(), candidate, coding)) {
         std::copy(trial.begin(), trial.end(), codes);
         return candidate;
       }
@@ -67,21 +79,25 @@ float QuantizeBlock(absl::Span<const float> values, uint8_t* codes) {
 // fp8 state on the host: codes and scales copied, dequantized.
 absl::StatusOr<std::vector<float>> Fp8ToHost(Backend& backend,
                                              const MatrixView& v,
-                                             const float* scales) {
+                                             const float* scales,
+                                             Fp8Coding coding) {
   std::vector<uint8_t> codes(v.numel());
   std::vector<float> host_scales(BlocksOf(v.numel()));
   RETURN_IF_ERROR(backend.CopyToHost(codes.data(), v.data, v.numel()));
   RETURN_IF_ERROR(backend.CopyToHost(host_scales.data(), scales,
                                      int64_t(host_scales.size()) * 4));
-  return DequantizeStateBlocks(codes, host_scales);
+  return DequantizeStateBlocks(codes, host_scales, coding);
 }
 
 // A contiguous state buffer as fp32 on the host; bf16 state widens exactly,
 // fp8 dequantizes exactly.
 absl::StatusOr<std::vector<float>> TensorToHost(Backend& backend,
                                                 const MatrixView& v,
-                                                const float* scales) {
-  if (v.dtype == DType::kFloat8E4M3) return Fp8ToHost(backend, v, scales);
+                                                const float* scales,
+                                                Fp8Coding coding) {
+  if (v.dtype == DType::kFloat8E4M3) {
+    return Fp8ToHost(backend, v, scales, coding);
+  }
   std::vector<float> host(v.numel());
   if (v.dtype == DType::kFloat32) {
     RETURN_IF_ERROR(backend.CopyToHost(host.data(), v.data, v.numel() * 4));
@@ -173,7 +189,7 @@ class StateUploads {
     std::vector<uint8_t>& codes = fp8_codes_.emplace_back(values.size());
     std::vector<float>& scales =
         fp8_scales_.emplace_back(BlocksOf(int64_t(values.size())));
-    QuantizeStateBlocks(values, codes.data(), scales.data());
+    QuantizeStateBlocks(values, codes.data(), scales.data(), e.coding);
     RETURN_IF_ERROR(
         e.backend->CopyFromHost(e.tensor.data, codes.data(), codes.size()));
     return e.backend->CopyFromHost(e.scales, scales.data(), scales.size() * 4);
@@ -196,18 +212,19 @@ class StateUploads {
 }  // namespace
 
 void QuantizeStateBlocks(absl::Span<const float> values, uint8_t* codes,
-                         float* scales) {
+                         float* scales, Fp8Coding coding) {
   for (size_t b0 = 0, b = 0; b0 < values.size(); b0 += kStateBlock, ++b) {
     const size_t len = std::min<size_t>(kStateBlock, values.size() - b0);
-    scales[b] = QuantizeBlock(values.subspan(b0, len), codes + b0);
+    scales[b] = QuantizeBlock(values.subspan(b0, len), codes + b0, coding);
   }
 }
 
 std::vector<float> DequantizeStateBlocks(absl::Span<const uint8_t> codes,
-                                         absl::Span<const float> scales) {
+                                         absl::Span<const float> scales,
+                                         Fp8Coding coding) {
   std::vector<float> values(codes.size());
   for (size_t e = 0; e < codes.size(); ++e) {
-    values[e] = ew::DequantizeE4M3(codes[e], scales[e / kStateBlock]);
+    values[e] = Dequantize(codes[e], scales[e / kStateBlock], coding);
   }
   return values;
 }
@@ -242,7 +259,7 @@ absl::StatusOr<StateMap> ExportStateEntries(
       out[e.key] = {float(e.count)};
     } else {
       ASSIGN_OR_RETURN(out[e.key],
-                       TensorToHost(*e.backend, e.tensor, e.scales));
+                       TensorToHost(*e.backend, e.tensor, e.scales, e.coding));
     }
   }
   return out;

@@ -7,7 +7,10 @@
 // quantized per block of kStateBlock by the step's rule (elementwise_math.h),
 // except that a block which is exactly some scale's codes (an exported fp8
 // block) gets that scale back: either way an exported state imports back bit
-// for bit.
+// for bit. AdamW's fp8 exp_avg_sq holds its square root q
+// (ew::SecondMomentRoot): it exports v = q * q in fp32 and imports sqrt(v)
+// quantized per block; sqrt(fl(q * q)) == q in fp32 unless q * q underflows
+// (q below ~1e-19), so an exported state imports back bit for bit there too.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -22,6 +25,10 @@
 
 namespace muond {
 
+// What an fp8_e4m3 state tensor's codes hold: the value itself, or (AdamW's
+// exp_avg_sq) its square root.
+enum class Fp8Coding { kLinear, kSquareRoot };
+
 // One named piece of state: a contiguous fp32, bf16 or fp8_e4m3 tensor in
 // `backend` memory (fp8: with its block scales), or (backend null) a step
 // count that travels as one fp32 value.
@@ -30,6 +37,7 @@ struct StateEntry {
   Backend* backend = nullptr;
   MatrixView tensor;
   float* scales = nullptr;  // fp8_e4m3: one per kStateBlock elements
+  Fp8Coding coding = Fp8Coding::kLinear;  // fp8_e4m3: what the codes hold
   int64_t count = 0;
   // A count's AdamW group and param, for the old group key and the error.
   std::string group;
@@ -43,13 +51,15 @@ struct StateEntry {
 using StateMap = std::map<std::string, std::vector<float>>;
 
 // `values` (fp32) as fp8 e4m3 codes and per-block scales (kStateBlock
-// elements a block, the last may be short): the import rule above. codes
-// has values.size() entries, scales one per block.
+// elements a block, the last may be short) in `coding`: the import rule
+// above. codes has values.size() entries, scales one per block.
 void QuantizeStateBlocks(absl::Span<const float> values, uint8_t* codes,
-                         float* scales);
-// codes and their block scales -> fp32 values (exact).
+                         float* scales, Fp8Coding coding = Fp8Coding::kLinear);
+// codes and their block scales -> fp32 values (exact: code * scale, squared
+// for kSquareRoot).
 std::vector<float> DequantizeStateBlocks(absl::Span<const uint8_t> codes,
-                                         absl::Span<const float> scales);
+                                         absl::Span<const float> scales,
+                                         Fp8Coding coding = Fp8Coding::kLinear);
 
 // Copies every entry to the host.
 absl::StatusOr<StateMap> ExportStateEntries(

@@ -3,7 +3,9 @@
 // core/backend/elementwise_math.h: the codec by enumerating the 256 codes
 // and picking the nearest (ties to the even mantissa), and Muon's momentum
 // on blockwise-scaled state as plain loops (dequantize, fp32 EMA,
-// requantize), for the CPU backend's and the engine's tests.
+// requantize), and AdamW's on fp8 moments (the second moment v stored as
+// the codes of sqrt(v), v = q * q), for the CPU backend's and the engine's
+// tests.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -91,6 +93,17 @@ inline RefFp8State RefMomentumStep(const RefFp8State& state,
   return RefQuantize(m);
 }
 
+// AdamW's second moment: the state holds q = sqrt(v) blockwise, v = q * q.
+inline std::vector<float> RefDequantizeSquared(const RefFp8State& s) {
+  std::vector<float> v = RefDequantize(s);
+  for (float& x : v) x = x * x;
+  return v;
+}
+inline RefFp8State RefQuantizeRoot(std::vector<float> v) {
+  for (float& x : v) x = std::sqrt(x);
+  return RefQuantize(v);
+}
+
 // One AdamW step (torch.optim.AdamW's single-tensor order) on fp8 moments,
 // the param updated in place from the unquantized new moments.
 struct RefAdamWScalars {
@@ -101,7 +114,8 @@ inline void RefAdamWFp8Step(RefFp8State& exp_avg, RefFp8State& exp_avg_sq,
                             std::vector<float>& param,
                             const std::vector<float>& grad,
                             const RefAdamWScalars& s) {
-  std::vector<float> m = RefDequantize(exp_avg), v = RefDequantize(exp_avg_sq);
+  std::vector<float> m = RefDequantize(exp_avg),
+                     v = RefDequantizeSquared(exp_avg_sq);
   for (size_t e = 0; e < param.size(); ++e) {
     const float g = grad[e];
     float p = param[e] * s.param_decay;
@@ -111,7 +125,7 @@ inline void RefAdamWFp8Step(RefFp8State& exp_avg, RefFp8State& exp_avg_sq,
     param[e] = p + (-s.step_size) * (m[e] / denom);
   }
   exp_avg = RefQuantize(m);
-  exp_avg_sq = RefQuantize(v);
+  exp_avg_sq = RefQuantizeRoot(v);
 }
 
 }  // namespace muond::testing

@@ -2,8 +2,9 @@
 // elementwise_math.h against an enumeration of the 256 codes (round trip,
 // ties, saturation, subnormals), and Muon's momentum on blockwise-scaled
 // state (single and batched, in place and staged, strided grads, short and
-// all-zero blocks) bitwise against a plain reference
-// (tests/core/backend/fp8_state_reference.h).
+// all-zero blocks) and AdamW on fp8 moments bitwise against a plain
+// reference (tests/core/backend/fp8_state_reference.h); AdamW's fp8 state
+// against fp32 state on rarely-updated elements.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -312,6 +313,91 @@ TEST(Fp8AdamW, TwoStepsMatchTheReference) {
       ASSERT_EQ(Bits(param[e]), Bits(ref_param[e])) << "param element " << e;
     }
   }
+}
+
+// torch.optim.AdamW's per-step scalars for step t (1-based), in double.
+AdamWScalars TorchScalars(double lr, double beta1, double beta2, double eps,
+                          double weight_decay, int t) {
+  AdamWScalars s;
+  s.param_decay = float(1.0 - lr * weight_decay);
+  s.one_minus_beta1 = float(1.0 - beta1);
+  s.beta2 = float(beta2);
+  s.one_minus_beta2 = float(1.0 - beta2);
+  s.step_size = float(lr / (1.0 - std::pow(beta1, t)));
+  s.bias_correction2_sqrt = float(std::sqrt(1.0 - std::pow(beta2, t)));
+  s.eps = float(eps);
+  return s;
+}
+
+// A rare embedding row: a few elements get a large grad every step, the
+// rest a small grad one step in seven and zero otherwise. Stored linearly,
+// a small element's v (~1e-9 against the block's ~1e-3) would round to 0
+// while its m (~1e-4 against ~0.1) survives, and the zero-grad steps after
+// would move it by step_size * m / eps. With v stored as sqrt(v), 50 fp8
+// steps stay close to the fp32-state AdamW computed here.
+TEST(Fp8AdamW, RareGradElementsFollowTheFp32StateStep) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  constexpr int64_t kN = 256, kFrequent = 8;
+  constexpr double kLr = 1e-3, kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8,
+                   kDecay = 0.01;
+  std::vector<float> param = Random(kN, 60, 0.05f), ref_param = param;
+  std::vector<float> ref_m(kN, 0.0f), ref_v(kN, 0.0f);
+  Fp8Buffers m{std::vector<uint8_t>(kN), std::vector<float>(1, 0.0f)}, v = m;
+  for (int t = 1; t <= 50; ++t) {
+    const std::vector<float> noise = Random(kN, 61 + t);
+    std::vector<float> grad(kN, 0.0f);
+    for (int64_t e = 0; e < kN; ++e) {
+      if (e < kFrequent)
+        grad[e] = 1.0f + 0.2f * noise[e];
+      else if ((e + t) % 7 == 0)
+        grad[e] = 1e-3f * noise[e];
+    }
+    const AdamWScalars s = TorchScalars(kLr, kBeta1, kBeta2, kEps, kDecay, t);
+    ASSERT_TRUE(cpu->AdamW(ContiguousView(param.data(), DType::kFloat32, 1, kN),
+                           ContiguousView(grad.data(), DType::kFloat32, 1, kN),
+                           m.View(1, kN), v.View(1, kN), s,
+                           AdamWMomentScales{m.scales.data(), v.scales.data()})
+                    .ok());
+    for (int64_t e = 0; e < kN; ++e) {  // fp32 state, torch's order
+      const float g = grad[e];
+      ref_m[e] = ref_m[e] + s.one_minus_beta1 * (g - ref_m[e]);
+      ref_v[e] = ref_v[e] * s.beta2 + (s.one_minus_beta2 * g) * g;
+      const float denom = std::sqrt(ref_v[e]) / s.bias_correction2_sqrt + s.eps;
+      ref_param[e] =
+          ref_param[e] * s.param_decay - s.step_size * (ref_m[e] / denom);
+    }
+  }
+  float ref_max = 0.0f, got_max = 0.0f, max_diff = 0.0f;
+  for (int64_t e = 0; e < kN; ++e) {
+    ref_max = std::max(ref_max, std::fabs(ref_param[e]));
+    got_max = std::max(got_max, std::fabs(param[e]));
+    max_diff = std::max(max_diff, std::fabs(param[e] - ref_param[e]));
+  }
+  EXPECT_LE(got_max, 1.1f * ref_max);
+  EXPECT_LE(max_diff, 0.05f * ref_max)
+      << "largest |fp8 - fp32| " << max_diff << ", largest |param| " << ref_max;
+}
+
+// The exported second moment is v = fl(q * q) of q = code * scale; its
+// import takes sqrt(v), which gives q back for every code and any scale that
+// keeps q * q normal, so export -> import -> export is exact.
+TEST(Fp8AdamW, SquareRootOfTheSquaredCodeIsTheCode) {
+  std::mt19937 rng(70);
+  std::uniform_int_distribution<uint32_t> bits(0x20000000u, 0x5f000000u);
+  int checked = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const float scale = BitsToFloat(bits(rng));  // ~1e-19 .. ~9e18
+    for (int code = 1; code <= 0x7e; ++code) {
+      const float q = float(RefE4M3Value(code)) * scale;
+      if (!(q * q >= std::numeric_limits<float>::min()) || std::isinf(q * q)) {
+        continue;
+      }
+      ASSERT_EQ(Bits(std::sqrt(q * q)), Bits(q))
+          << "code " << code << " scale " << scale;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100000);
 }
 
 TEST(Bf16AdamW, MomentsAreTheFp32StepRoundedToNearestEven) {

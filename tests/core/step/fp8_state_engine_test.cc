@@ -317,27 +317,42 @@ TEST(Fp8StateEngine, AnUnknownStateDtypeIsRefusedNamingTheField) {
 
 // ---- AdamW with fp8 moments ------------------------------------------------
 
-TEST(Fp8StateEngine, AdamWMomentsStepExportAndImportLikeTheReference) {
-  constexpr int64_t kN = 300;  // 1 x 300: blocks of 256 and 44
+constexpr int64_t kAdamN = 300;  // 1 x 300: blocks of 256 and 44
+
+AdamWOptions Fp8AdamWOptions() {
   AdamWOptions options;
   options.lr = 0.01;
   options.weight_decay = 0.05;
   options.state_dtype = DType::kFloat8E4M3;
+  return options;
+}
+
+// One AdamW group "adam" of one param "b0" (1 x kAdamN) on `param`, `grad`.
+std::pair<std::unique_ptr<Backend>, std::unique_ptr<LayerShardedMuon>>
+MakeAdamW(const AdamWOptions& options, std::vector<float>& param,
+          std::vector<float>& grad) {
+  GroupConfig g;
+  g.name = "adam";
+  g.algorithm = Algorithm::kAdamW;
+  g.adamw = options;
+  g.domain.size = DomainSize{1, 1};
+  ParamBinding b;
+  b.name = "b0";
+  b.param = ContiguousView(param.data(), DType::kFloat32, 1, kAdamN);
+  b.grad = ContiguousView(grad.data(), DType::kFloat32, 1, kAdamN);
+  g.params.push_back(b);
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  auto opt = LayerShardedMuon::Create(backend.get(), {g});
+  EXPECT_TRUE(opt.ok()) << opt.status();
+  if (!opt.ok()) return {std::move(backend), nullptr};
+  return {std::move(backend), *std::move(opt)};
+}
+
+TEST(Fp8StateEngine, AdamWMomentsStepExportAndImportLikeTheReference) {
+  constexpr int64_t kN = kAdamN;
+  const AdamWOptions options = Fp8AdamWOptions();
   auto make = [&](std::vector<float>& param, std::vector<float>& grad) {
-    GroupConfig g;
-    g.name = "adam";
-    g.algorithm = Algorithm::kAdamW;
-    g.adamw = options;
-    g.domain.size = DomainSize{1, 1};
-    ParamBinding b;
-    b.name = "b0";
-    b.param = ContiguousView(param.data(), DType::kFloat32, 1, kN);
-    b.grad = ContiguousView(grad.data(), DType::kFloat32, 1, kN);
-    g.params.push_back(b);
-    std::unique_ptr<Backend> backend = MakeCpuBackend();
-    auto opt = LayerShardedMuon::Create(backend.get(), {g});
-    EXPECT_TRUE(opt.ok()) << opt.status();
-    return std::make_pair(std::move(backend), *std::move(opt));
+    return MakeAdamW(options, param, grad);
   };
   std::vector<float> param(kN), grad(kN);
   for (int64_t i = 0; i < kN; ++i) param[i] = Value(2, 0, i);
@@ -362,7 +377,7 @@ TEST(Fp8StateEngine, AdamWMomentsStepExportAndImportLikeTheReference) {
         SameBits(state->at("adam/b0.exp_avg"), testing::RefDequantize(ref_m)))
         << "step " << step;
     EXPECT_TRUE(SameBits(state->at("adam/b0.exp_avg_sq"),
-                         testing::RefDequantize(ref_v)))
+                         testing::RefDequantizeSquared(ref_v)))
         << "step " << step;
   }
   const auto exported = *opt->ExportState();
@@ -393,6 +408,58 @@ TEST(Fp8StateEngine, Bf16StateRefusesAnImportedValueThatOverflowsBf16) {
   state["dense/w1.momentum"][5] = -std::nextafter(threshold, 0.0f);
   ASSERT_TRUE(engine.opt->ImportState(state).ok());
   EXPECT_EQ(engine.State()["dense/w1.momentum"][5], -bf16_max);
+}
+
+// exp_avg_sq imports as the codes of its square root per block, exports as
+// the squares; exp_avg linearly.
+TEST(Fp8StateEngine, AdamWSecondMomentImportsAsItsSquareRoot) {
+  std::vector<float> param(kAdamN), grad(kAdamN);
+  auto [backend, opt] = MakeAdamW(Fp8AdamWOptions(), param, grad);
+  ASSERT_NE(opt, nullptr);
+  std::vector<float> m(kAdamN), v(kAdamN);
+  for (int64_t i = 0; i < kAdamN; ++i) {
+    m[i] = Value(3, 1, i) * 0.1f;
+    // Eight decades within a block: linear codes would flush the small ones.
+    v[i] = std::pow(10.0f, -float(i % 9)) * (0.5f + Value(3, 2, i));
+  }
+  ASSERT_TRUE(opt->ImportState({{"adam/b0.exp_avg", m},
+                                {"adam/b0.exp_avg_sq", v},
+                                {"adam/b0.step", {4.0f}}})
+                  .ok());
+  const auto state = opt->ExportState();
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_TRUE(SameBits(state->at("adam/b0.exp_avg"),
+                       testing::RefDequantize(testing::RefQuantize(m))));
+  const std::vector<float> v_back =
+      testing::RefDequantizeSquared(testing::RefQuantizeRoot(v));
+  EXPECT_TRUE(SameBits(state->at("adam/b0.exp_avg_sq"), v_back));
+  for (int64_t i = 0; i < kAdamN; ++i) {
+    EXPECT_GT(v_back[i], 0.0f) << "element " << i;
+  }
+}
+
+// Blocks of squared codes whose scale s has float(float(448 * s) / 448) != s
+// come back with s: exported second moments import bit for bit.
+TEST(Fp8StateEngine, AdamWSecondMomentImportRecoversItsScales) {
+  std::vector<float> scales;
+  for (float s = 1e-3f; scales.size() < 2; s = std::nextafter(s, 1.0f)) {
+    if (448.0f * s / 448.0f != s) scales.push_back(s);
+  }
+  RefFp8State root;
+  for (int64_t e = 0; e < kAdamN; ++e) {
+    // Every block holds 448 (code 0x7e) and the non-negative codes.
+    root.codes.push_back(uint8_t(e % 256 == 0 ? 0x7e : (e * 37) % 0x7f));
+  }
+  root.scales = scales;
+  std::vector<float> param(kAdamN), grad(kAdamN);
+  auto [backend, opt] = MakeAdamW(Fp8AdamWOptions(), param, grad);
+  ASSERT_NE(opt, nullptr);
+  const std::map<std::string, std::vector<float>> state = {
+      {"adam/b0.exp_avg", std::vector<float>(kAdamN)},
+      {"adam/b0.exp_avg_sq", testing::RefDequantizeSquared(root)},
+      {"adam/b0.step", {2.0f}}};
+  ASSERT_TRUE(opt->ImportState(state).ok());
+  EXPECT_EQ(*opt->ExportState(), state);
 }
 
 TEST(Fp8StateEngine, Bf16AdamWMomentsRoundTripAndCountTwoBytes) {
