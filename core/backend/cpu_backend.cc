@@ -196,7 +196,7 @@ void AdamWFp8(const MatrixView& param, const MatrixView& grad,
   float m_block[kStateBlock], v_root_block[kStateBlock];
   for (int64_t b0 = 0, b = 0; b0 < n; b0 += kStateBlock, ++b) {
     const int64_t len = std::min(kStateBlock, n - b0);
-    float m_absmax = 0.0f, v_absmax = 0.0f;
+    float m_absmax = 0.0f, v_root_absmax = 0.0f;
     for (int64_t k = 0; k < len; ++k) {
       const int64_t i = (b0 + k) / param.cols, j = (b0 + k) % param.cols;
       const ew::AdamWOut o = ew::AdamWElement(
@@ -209,10 +209,10 @@ void AdamWFp8(const MatrixView& param, const MatrixView& grad,
       m_block[k] = o.m;
       v_root_block[k] = ew::SecondMomentRoot(o.v);
       m_absmax = ew::AbsMaxStep(m_absmax, o.m);
-      v_absmax = ew::AbsMaxStep(v_absmax, v_root_block[k]);
+      v_root_absmax = ew::AbsMaxStep(v_root_absmax, v_root_block[k]);
     }
     const float m_scale = ew::BlockScale(m_absmax);
-    const float v_scale = ew::BlockScale(v_absmax);
+    const float v_scale = ew::BlockScale(v_root_absmax);
     for (int64_t k = 0; k < len; ++k) {
       m_codes[b0 + k] = ew::QuantizeE4M3(m_block[k], m_scale);
       v_codes[b0 + k] = ew::QuantizeE4M3(v_root_block[k], v_scale);
