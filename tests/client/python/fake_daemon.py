@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 import sys
+import tempfile
 import threading
+import unittest
 from concurrent import futures
 
 import grpc
@@ -351,3 +354,15 @@ def start_cluster(directory: str, world: int):
     for r, a in enumerate(addresses):
         FakeDaemon(cluster, r, a)
     return cluster, addresses
+
+
+class FakeClusterTestCase(unittest.TestCase):
+    """A test case with `world` fake daemons for each test (self.cluster,
+    self.addresses), stopped and their socket directory removed after it."""
+    world = 1
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+        self.cluster, self.addresses = start_cluster(self.dir, self.world)
+        self.addCleanup(lambda: [d.stop() for d in self.cluster.daemons])

@@ -4,15 +4,13 @@ StateStorageOptions, PlacementOptions, ConnectionOptions) give the same param_gr
 wire groups on every daemon (fake daemons, fake_daemon.py); a flat keyword
 given together with its concern's object is refused naming the keyword."""
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fake_daemon import start_cluster  # noqa: E402 (puts client/python on sys.path)
+from fake_daemon import FakeClusterTestCase  # noqa: E402 (puts client/python on sys.path)
 
 from muond.torch import (AdamWOptions, ConnectionOptions, Muon,  # noqa: E402
                          NewtonSchulzOptions, PlacementOptions, ScalingOptions,
@@ -59,12 +57,8 @@ def wire_groups(daemons):
     return out
 
 
-class MuonOptionObjectsTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="muond-test-")
-        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
-        self.cluster, self.addresses = start_cluster(self.dir, 2)
-        self.addCleanup(lambda: [d.stop() for d in self.cluster.daemons])
+class MuonOptionObjectsTest(FakeClusterTestCase):
+    world = 2
 
     def build(self, **kwargs):
         opt = Muon(make_groups(), **TORCH, **kwargs)

@@ -7,15 +7,13 @@ format (muond.state) go to each daemon's shard and back for every layout
 rows): a daemon's entry is exactly its shard's rows (NorMuon) or elements
 (AdaMuon), computed here from the param independently of muond.state."""
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fake_daemon import start_cluster  # noqa: E402 (puts client/python on sys.path)
+from fake_daemon import FakeClusterTestCase  # noqa: E402 (puts client/python on sys.path)
 
 from muond import batched, split  # noqa: E402
 from muond import state as mstate  # noqa: E402
@@ -29,12 +27,7 @@ def params(seed=0):
             torch.nn.Parameter(torch.randn(6, 4, generator=g))]
 
 
-class VariantOptionsTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="muond-variants-")
-        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
-        self.cluster, self.addresses = start_cluster(self.dir, 1)
-        self.addCleanup(lambda: [d.stop() for d in self.cluster.daemons])
+class VariantOptionsTest(FakeClusterTestCase):
 
     def build(self, groups, **kw):
         opt = Muon(groups, daemons=self.addresses, job_id="fake", **kw)

@@ -11,15 +11,13 @@ muond.torch.Muon, against docs/seed-options.md and the seed's own signature:
   reason before any RPC."""
 import os
 import re
-import shutil
 import sys
-import tempfile
 import unittest
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fake_daemon import start_cluster  # noqa: E402 (puts client/python on sys.path)
+from fake_daemon import FakeClusterTestCase  # noqa: E402 (puts client/python on sys.path)
 from test_muon_options import comparable_groups, make_groups, wire_groups  # noqa: E402
 
 from muond.torch import Muon  # noqa: E402
@@ -85,12 +83,7 @@ class SeedOptionsTableTest(unittest.TestCase):
         self.assertEqual(set(SEED_ONLY) - set(SEED_SIGNATURE), set())
 
 
-class SeedOptionsTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="muond-test-")
-        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
-        self.cluster, self.addresses = start_cluster(self.dir, 1)
-        self.addCleanup(lambda: [d.stop() for d in self.cluster.daemons])
+class SeedOptionsTest(FakeClusterTestCase):
 
     def build(self, **kwargs):
         opt = Muon(make_groups(), lr=0.02, daemons=self.addresses, job_id="fake",

@@ -6,15 +6,13 @@ daemons do not know is a ValueError naming the group, the key and the
 allowed values before any RPC; a changed one is refused at step(); a state
 dict of another state_dtype loads (the daemons' import converts)."""
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fake_daemon import start_cluster  # noqa: E402 (puts client/python on sys.path)
+from fake_daemon import FakeClusterTestCase  # noqa: E402 (puts client/python on sys.path)
 
 from muond.torch import Muon, StateStorageOptions  # noqa: E402
 from muond.torch import groups as muond_groups  # noqa: E402
@@ -33,12 +31,7 @@ def groups(**muon_keys):
              "algorithm": "adamw"}]
 
 
-class StateStorageOptionsTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="muond-state-storage-")
-        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
-        self.cluster, self.addresses = start_cluster(self.dir, 1)
-        self.addCleanup(lambda: [d.stop() for d in self.cluster.daemons])
+class StateStorageOptionsTest(FakeClusterTestCase):
 
     def build(self, params, **kw):
         opt = Muon(params, daemons=self.addresses, job_id="fake", **kw)
