@@ -8,8 +8,10 @@
 * bf16 params with state_dtype auto keep a bf16 momentum, as torch.optim.Muon
   does for bf16 params: the two agree within bf16 rounding after a few steps
   (both NS in bf16), and the daemon reports bf16 state;
-* fp8_e4m3 state: a step's update stays within a few percent of fp32 state's
-  (the momentum is stored with a 3-bit mantissa), and a resumed fp8 optimizer
+* fp8_e4m3 state (reported as such): after a few steps the params' change
+  stays near fp32 state's (the momentum is stored with a 3-bit mantissa, each
+  element within 2^-4 of itself: the orthogonalised update moves by a few
+  percent, far below a wrong state's 100%), and a resumed fp8 optimizer
   (state_dict through torch.save) steps bitwise as the uninterrupted one.
 
 Exit code 0 = pass; SKIP without a GPU.
@@ -131,18 +133,20 @@ def check_bf16_auto_matches_torch(failures):
 def check_fp8(failures):
     with Daemon("gpu-state-fp8") as d:
         fp32, _, _ = run(d, state_dtype="fp32")
-        fp8, _, _ = run(d, state_dtype="fp8_e4m3")
+        fp8, _, status = run(d, state_dtype="fp8_e4m3")
         mid_params, mid_state, _ = run(d, state_dtype="fp8_e4m3", steps=2)
         resumed, _, _ = run(d, state_dtype="fp8_e4m3", steps=STEPS - 2,
                             resume=(mid_params, mid_state, 2))
+    if {dt for (_, dt) in by_location(status)} != {"fp8_e4m3"}:
+        failures.append(f"fp8 state reported as {by_location(status)}")
     init = make(torch.float32)
     worst = 0.0
     for i, (a, b, p0) in enumerate(zip(fp8, fp32, init)):
         r = rel(a - p0.cpu(), b - p0.cpu())
         worst = max(worst, r)
-        if r > 0.05:
+        if r > 0.25 or r == 0.0:
             failures.append(f"fp8 state, param w{i}: update differs from fp32 state's by "
-                            f"{r:.3e} (> 0.05)")
+                            f"{r:.3e} (want within 0.25, and not 0: fp8 rounds)")
     for i, (a, b) in enumerate(zip(resumed, fp8)):
         if not torch.equal(a, b):
             failures.append(f"fp8 state resumed, param w{i}: not bitwise the uninterrupted "
