@@ -17,7 +17,7 @@ tarball=$1; mode=${2:-all}
 B=$(pwd)  # the bundle: bin/, libexec/
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
   for t in state_location_test cuda_fp8_state_test e4m3_vs_cuda_test; do
-    echo "== $t"; timeout 300 "libexec/$t" 2>&1 | tail -4
+    echo "== $t"; timeout 300 "bin/$t" 2>&1 | tail -4
   done
   echo "== test_state_modes_cuda"
   (cd "$R" && MUOND_BIN="$B/bin" timeout 300 python3 tests/gpu/test_state_modes_cuda.py) 2>&1 | tail -8
