@@ -37,6 +37,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(partials_);
   cudaFree(flag_);
   cudaFreeHost(host_flag_);
+  if (order_event_ != nullptr) cudaEventDestroy(order_event_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -51,6 +52,9 @@ absl::Status CudaBackend::Init() {
   RETURN_IF_ERROR(CudaStatus(cudaMalloc(&flag_, sizeof(int)), "cudaMalloc"));
   RETURN_IF_ERROR(
       CudaStatus(cudaMallocHost(&host_flag_, sizeof(int)), "cudaMallocHost"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming),
+      "cudaEventCreate"));
   if (!options_.blas) return absl::OkStatus();
   RETURN_IF_ERROR(CublasStatus(cublasCreate(&handle_), "cublasCreate"));
   RETURN_IF_ERROR(
@@ -168,6 +172,13 @@ absl::Status CudaBackend::Copy2D(const MatrixView& dst, const MatrixView& src) {
   if (dst.dtype == src.dtype) {
     if (dst.data == src.data && Ld(dst) == Ld(src)) return absl::OkStatus();
     const size_t es = DTypeSize(src.dtype);
+    if (dst.contiguous() && src.contiguous()) {
+      // One run of bytes: a plain copy (a 2-D copy's row pitch is bounded,
+      // and a whole state buffer may be gigabytes).
+      return CudaStatus(cudaMemcpyAsync(dst.data, src.data, src.numel() * es,
+                                        cudaMemcpyDefault, stream_),
+                        "copy2d");
+    }
     return CudaStatus(
         cudaMemcpy2DAsync(dst.data, size_t(Ld(dst)) * es, src.data,
                           size_t(Ld(src)) * es, size_t(src.cols) * es,
@@ -209,16 +220,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::NewStream() {
 absl::Status CudaBackend::OrderBefore(Backend& later) {
   if (&later == this) return absl::OkStatus();
   cudaSetDevice(device_);
-  cudaEvent_t event;
-  RETURN_IF_ERROR(CudaStatus(
-      cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event"));
-  // Destroying a recorded event is allowed: it is released once complete.
-  cudaError_t err = cudaEventRecord(event, stream_);
+  cudaError_t err = cudaEventRecord(order_event_, stream_);
   if (err == cudaSuccess) {
-    err = cudaStreamWaitEvent(static_cast<cudaStream_t>(later.stream()), event,
-                              0);
+    err = cudaStreamWaitEvent(static_cast<cudaStream_t>(later.stream()),
+                              order_event_, 0);
   }
-  cudaEventDestroy(event);
   return CudaStatus(err, "order before");
 }
 

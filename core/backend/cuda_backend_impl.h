@@ -227,6 +227,9 @@ class CudaBackend final : public Backend {
   double* partials_ = nullptr;
   int* flag_ = nullptr;
   int* host_flag_ = nullptr;
+  // OrderBefore's event, recorded anew by each call: a stream's wait takes
+  // the record current when it is enqueued, so one event serves every call.
+  cudaEvent_t order_event_ = nullptr;
 };
 
 }  // namespace muond::cuda_backend_internal
