@@ -62,13 +62,12 @@ std::vector<MatrixView> Pick(const std::vector<MatrixView>& views,
 // swap it in).
 absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
                            const std::set<std::string>& skip) {
-  Backend* backend = group.backend;
   std::vector<MatrixView> grads, momenta, staged, inputs;
   std::vector<BlockScales> scales;  // fp8 state: momentum -> staged scales
   for (size_t i = 0; i < group.params.size(); ++i) {
     ParamState& p = group.params[i];
     if (skip.contains(group.config.params[i].name)) {
-      RETURN_IF_ERROR(backend->Memset0(group.local[i]));
+      RETURN_IF_ERROR(group.backend->Memset0(group.local[i]));
       continue;
     }
     grads.push_back(group.config.params[i].grad);
@@ -80,7 +79,7 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
     }
   }
   if (grads.empty()) return absl::OkStatus();
-  return MuonMomentumPhaseBatch(*backend, options, grads, momenta, staged,
+  return MuonMomentumPhaseBatch(*group.backend, options, grads, momenta, staged,
                                 inputs, scales);
 }
 
@@ -104,22 +103,14 @@ std::vector<std::vector<size_t>> StreamPieces(
 }
 
 // `bytes` bytes from src to dst on `backend`'s queue (device or mapped host
-// memory), without waiting: rows of 4 KiB and the rest (a copy's row pitch
-// is bounded; a param's momentum may be gigabytes).
+// memory), without waiting (Copy2D of one contiguous run).
 absl::Status CopyBytes(Backend& backend, void* dst, const void* src,
                        int64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
   constexpr DType kByte = DType::kFloat8E4M3;  // a 1-byte element
-  constexpr int64_t kRow = 4096;
-  char* to = static_cast<char*>(dst);
-  char* from = static_cast<char*>(const_cast<void*>(src));
-  if (const int64_t rows = bytes / kRow; rows > 0) {
-    RETURN_IF_ERROR(backend.Copy2D(ContiguousView(to, kByte, rows, kRow),
-                                   ContiguousView(from, kByte, rows, kRow)));
-  }
-  const int64_t done = bytes / kRow * kRow;
-  if (bytes == done) return absl::OkStatus();
-  return backend.Copy2D(ContiguousView(to + done, kByte, 1, bytes - done),
-                        ContiguousView(from + done, kByte, 1, bytes - done));
+  return backend.Copy2D(
+      ContiguousView(dst, kByte, 1, bytes),
+      ContiguousView(const_cast<void*>(src), kByte, 1, bytes));
 }
 
 // Host momentum (GroupState::host_streams) piece by piece through two device
@@ -171,7 +162,8 @@ absl::Status StreamMomentum(GroupState& group, const MuonOptions& options,
     char* at_slot = static_cast<char*>(hs.slot[p % 2].data());
     std::vector<MatrixView> grads, momenta, inputs;
     std::vector<BlockScales> scales;
-    std::vector<std::pair<size_t, char*>> stored;  // param, its place in the slot
+    std::vector<std::pair<size_t, char*>>
+        stored;  // param, its place in the slot
     for (size_t i : pieces[p]) {
       const ParamState& st = group.params[i];
       const MomentumSlot at = SlotOf(st);
@@ -200,8 +192,8 @@ absl::Status StreamMomentum(GroupState& group, const MuonOptions& options,
     for (const auto& [i, from] : stored) {
       const ParamState& st = group.params[i];
       const MomentumSlot at = SlotOf(st);
-      RETURN_IF_ERROR(CopyBytes(*hs.store, st.staged_momentum.data, from,
-                                at.value_bytes));
+      RETURN_IF_ERROR(
+          CopyBytes(*hs.store, st.staged_momentum.data, from, at.value_bytes));
       RETURN_IF_ERROR(CopyBytes(*hs.store, st.staged_momentum_scales,
                                 from + at.scales_offset, at.scale_bytes));
     }
