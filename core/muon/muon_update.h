@@ -66,8 +66,8 @@ struct MuonOptions {
   WeightDecayMethod weight_decay_method = WeightDecayMethod::kDecoupled;
   NsOptions ns;  // see newton_schulz.h
   ScaleMode scale_mode = ScaleMode::kSpectral;
-  double extra_scale_factor = 1.0;      // in (0, kMaxExtraScaleFactor]
-  int64_t ns_batch_size = 1;            // >= 1; 1 = bit-exact numerics contract
+  double extra_scale_factor = 1.0;  // in (0, kMaxExtraScaleFactor]
+  int64_t ns_batch_size = 1;        // >= 1; 1 = bit-exact numerics contract
   // The momentum's dtype (IsStateDType) and residence
   // (core/common/state_storage.h).
   DType state_dtype = DType::kFloat32;

@@ -238,8 +238,8 @@ absl::StatusOr<std::unique_ptr<HostStateStreams>> MakeHostStateStreams(
   ASSIGN_OR_RETURN(streams->store, backend->NewStream());
   streams->slot_bytes = slot_bytes;
   for (OwnedBuffer& slot : streams->slot) {
-    ASSIGN_OR_RETURN(slot,
-                     AllocateZeroed(backend, DType::kFloat8E4M3, 1, slot_bytes));
+    ASSIGN_OR_RETURN(
+        slot, AllocateZeroed(backend, DType::kFloat8E4M3, 1, slot_bytes));
   }
   for (GroupState* g : groups) {
     if (g->host_slot_bytes > 0) g->host_streams = streams.get();

@@ -75,7 +75,6 @@ struct HostStateStreams {
   int64_t slot_bytes = 0;
 };
 
-
 // Where a param's momentum sits in a slot: its values, then (fp8) its block
 // scales, each from a 256-byte boundary (the alignment of every allocation,
 // which the kernels' vector loads rely on).

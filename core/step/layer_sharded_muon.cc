@@ -30,9 +30,8 @@ absl::Status LayerShardedMuonImpl::Init(std::vector<GroupConfig> groups) {
       return absl::InvalidArgumentError(
           absl::StrCat("duplicate param group name '", groups[i].name, "'"));
     }
-    ASSIGN_OR_RETURN(GroupState group,
-                     CreateGroupState(std::move(groups[i]), backend_,
-                                      &ns_budget_));
+    ASSIGN_OR_RETURN(GroupState group, CreateGroupState(std::move(groups[i]),
+                                                        backend_, &ns_budget_));
     state_bytes_ += group.state_bytes;
     staging_bytes_ += group.staging_bytes;
     group_algorithms_[group.config.name] = group.config.algorithm;

@@ -119,8 +119,8 @@ absl::Status CheckFitsBf16(const std::string& key,
     if (std::isfinite(values[i]) && !(std::fabs(values[i]) < limit)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "state entry '", key, "' element ", i, " (", values[i],
-          ") overflows the group's bf16 state (|value| must be below ",
-          limit, "); nothing was loaded"));
+          ") overflows the group's bf16 state (|value| must be below ", limit,
+          "); nothing was loaded"));
     }
   }
   return absl::OkStatus();

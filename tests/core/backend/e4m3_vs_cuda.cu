@@ -25,7 +25,8 @@ __global__ void CompareEncode(Counts* counts) {
     const float x = __uint_as_float(uint32_t(k));
     const unsigned ours = ew::FloatToE4M3(x);
     const unsigned cuda = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
-    const bool same = x != x ? IsNaNCode(ours) && IsNaNCode(cuda) : ours == cuda;
+    const bool same =
+        x != x ? IsNaNCode(ours) && IsNaNCode(cuda) : ours == cuda;
     if (!same && atomicAdd(&counts->encode, 1ull) == 0) {
       counts->first_bits = uint32_t(k);
     }
@@ -38,8 +39,9 @@ __global__ void CompareDecode(Counts* counts) {
       __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(c), __NV_E4M3);
   const float cuda = __half2float(__half(raw));
   const float ours = ew::E4M3ToFloat(uint8_t(c));
-  const bool same = cuda != cuda ? ours != ours
-                                 : __float_as_uint(cuda) == __float_as_uint(ours);
+  const bool same = cuda != cuda
+                        ? ours != ours
+                        : __float_as_uint(cuda) == __float_as_uint(ours);
   if (!same) atomicAdd(&counts->decode, 1u);
 }
 

@@ -35,13 +35,11 @@ struct Shape {
 };
 // Muon matrices of 1 MiB to 4 MiB of fp32 each (so the device memory the
 // state takes is well above cudaMemGetInfo's granularity), and AdamW vectors.
-constexpr Shape kShapes[] = {{"wq", 1024, 1024, true},
-                             {"wk", 1024, 1024, true},
-                             {"w_up", 1024, 512, true},
-                             {"wv", 1024, 1024, true},
-                             {"w_down", 512, 1024, true},
-                             {"bias", 1, 1024, false},
-                             {"norm", 1, 512, false}};
+constexpr Shape kShapes[] = {
+    {"wq", 1024, 1024, true},    {"wk", 1024, 1024, true},
+    {"w_up", 1024, 512, true},   {"wv", 1024, 1024, true},
+    {"w_down", 512, 1024, true}, {"bias", 1, 1024, false},
+    {"norm", 1, 512, false}};
 
 // The CPU backend playing a device with streams, so the engine streams host
 // momentum through its slots on a machine without a GPU: every stream runs
@@ -161,9 +159,10 @@ class Engine {
 
 // Four steps on each engine (per-shape timing measures some: both paths);
 // params and exported state equal bitwise.
-void ExpectHostStateEqualsDeviceState(
-    Backend& backend, int64_t ns_batch_size = 1,
-    DType state_dtype = DType::kFloat32, bool group_per_matrix = false) {
+void ExpectHostStateEqualsDeviceState(Backend& backend,
+                                      int64_t ns_batch_size = 1,
+                                      DType state_dtype = DType::kFloat32,
+                                      bool group_per_matrix = false) {
   Engine device(backend, StateLocation::kDevice, ns_batch_size, state_dtype,
                 group_per_matrix);
   Engine host(backend, StateLocation::kHost, ns_batch_size, state_dtype,
@@ -271,8 +270,8 @@ void ExpectHostStateTakesNoDeviceMemory(bool group_per_matrix) {
                   group_per_matrix);
     device_taken = device.device_bytes_taken();
     // The state and its staging (the staged momentum) in device memory.
-    device_saves = device.engine().state_bytes() +
-                   device.engine().peak_transient_bytes();
+    device_saves =
+        device.engine().state_bytes() + device.engine().peak_transient_bytes();
   }
   {
     Engine host(**gpu, StateLocation::kHost, 1, DType::kFloat32,
@@ -287,8 +286,8 @@ void ExpectHostStateTakesNoDeviceMemory(bool group_per_matrix) {
   // cudaMemGetInfo counts in pages, hence the margin.
   EXPECT_GE(device_taken - host_taken, (device_saves - slots) * 9 / 10)
       << "device engine took " << device_taken << " bytes, host engine "
-      << host_taken << "; state and staging " << device_saves
-      << ", host slots " << slots;
+      << host_taken << "; state and staging " << device_saves << ", host slots "
+      << slots;
 }
 
 TEST(StateLocationTest, HostStateTakesNoDeviceMemory) {
