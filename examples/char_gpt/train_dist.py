@@ -32,6 +32,7 @@ curves.json with both runs, the layout and each rank's NS load.
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -388,6 +389,11 @@ def main(argv=None) -> int:
               f"vocab {corpus.vocab_size}; unigram baseline {baseline:.3f} nats/char; layout "
               f"{args.parallel} on {world} ranks", flush=True)
     result, state, layout = train_distributed(corpus, args, rank, world, device)
+    # The model's FSDP/DTensor state sits in reference cycles that hold gloo
+    # work objects; collected at interpreter exit, after the groups are gone,
+    # they can abort the process. Collect them while the groups still exist.
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     if rank != 0:
         return 0
