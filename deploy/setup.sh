@@ -37,6 +37,8 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   # disk free): retry and resume interrupted downloads.
   .venv/bin/pip install -q --retries 10 --resume-retries 20 -r requirements.txt
   .venv/bin/pip install -q --no-deps --ignore-requires-python emerging-optimizers==0.3.0
+  .venv/bin/pip install -q --no-deps --ignore-requires-python --no-binary megatron-core \
+    megatron-core==0.19.2
   echo "$want" > "$stamp"
 fi
 

@@ -239,6 +239,10 @@ class LocalPlacement:
             rank=rank, world=world, domain=domain_name, gtp_size=gtp_size, tp_size=tp_size,
             g=g, t=t, dp_size=dp_size, dp_rank=dp_rank,
             given_grid=gtp_size * tp_size > 1 or g != 0 or t != 0)
+        # param group index -> placement.Options of a group placed in a
+        # domain of its own (muond.megatron.LayerShardedMuon's
+        # set_group_process_groups); other groups take self.options.
+        self.group_options: dict = {}
 
     @property
     def collective(self) -> bool:
@@ -276,8 +280,9 @@ class LocalPlacement:
     def _compute_places(self, run, todo) -> dict:
         """This rank's place of every param (no communication)."""
         requests = [_placement.Request(name, p, group["algorithm"],
-                                       run.split_of(group, p, name))
-                    for _, _, group, name, p in todo]
+                                       run.split_of(group, p, name),
+                                       self.group_options.get(gi))
+                    for gi, _, group, name, p in todo]
         return _placement.place_params(requests, self.options)
 
     @staticmethod

@@ -130,14 +130,32 @@ class Muon(torch.optim.Optimizer):
         self._finalizer = weakref.finalize(self, _registration.finalize, self._memory,
                                            self.clients, job_id, self.client_id,
                                            self._creator_pid, self._local_lease)
+        self._pending_registration = (no_daemon, o["takeover"], qk_clip)
+        if self.registers_at_construction:
+            self._ensure_registered()
+
+    # False in a subclass that registers at its first step or state access
+    # (muond.megatron: Megatron's mixed-precision wrapper replaces the
+    # params of the optimizer it wraps by fp32 copies after construction).
+    registers_at_construction = True
+
+    def _ensure_registered(self) -> None:
+        """Places and registers every param unless done already."""
+        if self._pending_registration is None:
+            return
+        if self._closed:
+            raise RuntimeError("muond.torch.Muon used after close()")
+        no_daemon, takeover, qk_clip = self._pending_registration
         try:
-            self._register(no_daemon, o["takeover"])
+            self._register(no_daemon, takeover)
             self._qk_clip = _qk_clip.bind(qk_clip, self)  # muond.torch.qk_clip
         except BaseException:
             # Leave nothing registered (the finalizer unregisters this client
             # id everywhere): otherwise the daemons refuse every later trainer.
+            self._closed = True
             self._finalizer()
             raise
+        self._pending_registration = None
 
     def _find_daemons(self, o: dict):
         """(daemon addresses, job id, why this rank's discovered daemon
@@ -270,6 +288,7 @@ class Muon(torch.optim.Optimizer):
         was None the zeroed shared grad (when it requires grad): that is how
         the zero-copy loop starts on a fresh model; such a param is then
         stepped with a zero grad unless a backward reaches it."""
+        self._ensure_registered()
         self._memory.zero_grad(set_to_none)
 
     def _overrides(self, rank: int) -> list:
@@ -284,6 +303,7 @@ class Muon(torch.optim.Optimizer):
         if self._closed:
             raise RuntimeError("muond.torch.Muon.step after close()")
         _process_guard.check_creator_process(self._creator_pid, "step()")
+        self._ensure_registered()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -338,6 +358,7 @@ class Muon(torch.optim.Optimizer):
         return _rpc.gather(futures, self.clients, what)
 
     def status(self):
+        self._ensure_registered()
         return [c.status() for c in self.clients]
 
     # -- optimizer state (muond.state converts; the daemons hold it) -------
@@ -357,6 +378,7 @@ class Muon(torch.optim.Optimizer):
         if self._closed:
             raise RuntimeError("muond.torch.Muon: the state lives in the daemons, and this "
                                "optimizer is closed")
+        self._ensure_registered()
         exported = self._on_all(lambda c: c.export_state(self.job_id, self.client_id),
                                 "ExportState")
         infos = self._param_infos()
@@ -404,6 +426,7 @@ class Muon(torch.optim.Optimizer):
         {"step", "exp_avg", "exp_avg_sq"}; full param shapes), "param_groups"
         with every group's options and the job's step id as "muond_step_id"
         (kept by torch.distributed.checkpoint, unlike a top-level key)."""
+        self._ensure_registered()
         return self._pack_state_dict(self.state.items())
 
     def _pack_state_dict(self, states) -> dict:
@@ -433,6 +456,7 @@ class Muon(torch.optim.Optimizer):
         step id. On any error nothing changes (ValueError naming the param and
         the rule for a bad state dict)."""
         _process_guard.check_creator_process(self._creator_pid, "load_state_dict()")
+        self._ensure_registered()
         groups, states = self._check_state_dict(state_dict)
         step_ids = {_groups.check_step_id(g[_state.STEP_ID_KEY]) for g in state_dict["param_groups"]
                     if _state.STEP_ID_KEY in g}

@@ -295,6 +295,10 @@ class Request:
     param: object        # the tensor (a DTensor or a plain tensor)
     algorithm: str       # "muon" | "adamw"
     split: object = None  # a split QKV param's muond.qkv_split.RowSplit
+    # The domain and (G, T, g, t) of this param's group when they differ
+    # from the optimizer's (muond.megatron: expert groups); None: the
+    # optimizer's Options.
+    options: object = None
 
 
 @dataclass
@@ -350,11 +354,11 @@ def _domain_mesh(mesh, placements, roles, rank: int):
                                         for i in range(root.ndim))
 
 
-def place_params(requests, opts: Options) -> dict:
+def place_params(requests, default_opts: Options) -> dict:
     """{param name: ParamPlace} for this rank (module docstring), without
     any communication: a Megatron param's (D, d) is the given dp_size/dp_rank
     or (1, 0) until ``settle`` resolves it from every rank's claims."""
-    distributed = opts.world > 1
+    distributed = default_opts.world > 1
     places = {}
     by_mesh: dict = {}
     for req in requests:
@@ -367,7 +371,7 @@ def place_params(requests, opts: Options) -> dict:
                                 f"param {reqs[0].name}'s ")
                 for key, reqs in by_mesh.items()}
     for req in requests:
-        p = req.param
+        p, opts = req.param, req.options or default_opts
         local_shape = tuple(p.to_local().shape) if is_dtensor(p) else tuple(p.shape)
         if req.algorithm != "muon":
             places[req.name] = (place_solo(local_shape, opts.rank) if distributed

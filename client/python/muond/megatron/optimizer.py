@@ -1,0 +1,221 @@
+"""``muond.megatron.LayerShardedMuon``: Megatron-Core's LayerShardedMuon
+constructor on muond daemons.
+
+Megatron-Core's class routes each weight's momentum shards to one NS home
+in the (GTP_remat x TP) domain of its process groups and back; here the
+daemons do that routing, so the process groups only tell where this rank
+sits: their sizes and this rank's coordinate in them are the domain's
+(G, T, g, t), and the params' Megatron tags (``tensor_model_parallel``,
+``partition_dim``, ``is_gtp_weight_remat``, ``pad_length``) say how each is
+sharded (muond.torch.placement). DP replicas of a domain are found from
+every rank's claims, so NS runs once per job, not once per DP replica.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from muond.torch import placement as _placement
+from muond.torch.optimizer import Muon
+
+logger = logging.getLogger(__name__)
+
+_TP_MODES = ("blockwise", "duplicated", "distributed", "auto")
+
+
+def tp_partition_dim(p: torch.Tensor) -> int | None:
+    """The dim TP splits ``p`` along, or None when ``p`` is replicated
+    across TP: ``partition_dim`` counts only when ``tensor_model_parallel``
+    is set (Megatron stamps partition_dim on duplicated weights too)."""
+    if not getattr(p, "tensor_model_parallel", False):
+        return None
+    dim = int(getattr(p, "partition_dim", -1))
+    return dim if dim in (0, 1) else None
+
+
+def group_coordinate(group) -> tuple[int, int]:
+    """(size, this rank's index) of a process group; None is (1, 0): no
+    group, as in Megatron's LayerShardedMuon (never torch's default group)."""
+    if group is None:
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def pipeline_rank(pg_collection) -> int:
+    """This rank's pipeline stage: the params of two stages are different
+    weights, so their domains must not be taken for DP replicas."""
+    pp = getattr(pg_collection, "pp", None) if pg_collection is not None else None
+    if pp is not None:
+        return dist.get_rank(pp)
+    try:
+        from megatron.core import parallel_state  # noqa: PLC0415 (optional)
+    except ImportError:
+        return 0
+    if not parallel_state.model_parallel_is_initialized():
+        return 0
+    return parallel_state.get_pipeline_model_parallel_rank()
+
+
+class LayerShardedMuon(Muon):
+    """Muon with layer sharding over the GTP_remat x TP domain, on muond
+    daemons: the seed's constructor (argument names, defaults and meanings,
+    docs/megatron.md) over ``muond.torch.Muon``.
+
+    * ``gtp_remat_group`` / ``tp_group`` (None: no group, size 1) give the
+      domain's sizes and this rank's (g, t); ``pg_collection`` supplies
+      ``tp`` / ``gtp_remat`` when they are not given, and ``expt_tp`` /
+      ``expt_gtp_remat`` for a param group whose params all carry
+      ``expert_tp`` (MoE experts, as Megatron's TensorParallelMuon picks).
+    * A param with ``main_grad`` (Megatron DDP's fp32 grad buffer) is stepped
+      with it, cast to the param's dtype when they differ; its ``.grad`` is
+      None again after the step, as Megatron's DDP hooks expect.
+    * NS homes are the coordinator's (balanced by ns_cost over the whole
+      job); ``set_param_ns_homes`` checks the mapping it is given and keeps
+      it in ``param_ns_homes``. ``set_group_process_groups`` places a param
+      group in the domain of its own process groups.
+    * ``tp_mode``: every value is accepted; muond always runs the
+      layer-sharded path (full-matrix Newton-Schulz, duplicated mode's
+      result), which in the seed ignores tp_mode too. ``concurrent_groups``
+      must stay True (the daemon's lanes run disjoint domains at once).
+    * Registration happens at the first step or state access, after
+      Megatron's mixed-precision wrapper has put its fp32 main params in the
+      groups (Float16OptimizerWithFloat16Params replaces them after
+      construction).
+
+    Every other keyword is ``muond.torch.Muon``'s (daemons, job_id,
+    state_dtype, name, ...).
+    """
+
+    registers_at_construction = False
+
+    def __init__(self, params, lr: float = 3e-4, momentum: float = 0.95,
+                 weight_decay: float = 0.01, *, nesterov: bool = True,
+                 fp32_matmul_prec: str = "medium", coefficient_type: str = "quintic",
+                 num_ns_steps: int = 5, scale_mode: str = "spectral",
+                 extra_scale_factor: float = 1.0, gtp_remat_group=None, tp_group=None,
+                 ns_batch_size: int = 1, use_syrk: bool = False,
+                 concurrent_groups: bool = True, use_decoupled_weight_decay: bool = True,
+                 split_qkv: bool = False, is_qkv_fn=None, qkv_split_shapes=None,
+                 pg_collection=None, tp_mode: str = "duplicated", **muond_options):
+        if tp_mode not in _TP_MODES:
+            raise ValueError(f"tp_mode={tp_mode!r}: the seed's values are {_TP_MODES}")
+        if pg_collection is not None:
+            gtp_remat_group = gtp_remat_group or getattr(pg_collection, "gtp_remat", None)
+            tp_group = tp_group or getattr(pg_collection, "tp", None)
+        self.gtp_remat_group, self.tp_group, self.pg_collection = (gtp_remat_group, tp_group,
+                                                                   pg_collection)
+        self.tp_mode = tp_mode
+        gtp_size, g = group_coordinate(gtp_remat_group)
+        tp_size, t = group_coordinate(tp_group)
+        self._pp = pipeline_rank(pg_collection)
+        grid = dict(gtp_size=gtp_size, g=g, tp_size=tp_size, t=t,
+                    domain_name=f"megatron-dense-pp{self._pp}")
+        grid.update({k: muond_options.pop(k) for k in list(grid) if k in muond_options})
+        self.param_ns_homes: dict[int, tuple[int, int]] = {}
+        self._group_process_groups: dict[int, tuple] = {}
+        self._fed_from_main_grad: list = []
+        super().__init__(params, lr=lr, weight_decay=weight_decay, momentum=momentum,
+                         nesterov=nesterov, ns_steps=num_ns_steps,
+                         fp32_matmul_prec=fp32_matmul_prec, coefficient_type=coefficient_type,
+                         scale_mode=scale_mode, extra_scale_factor=extra_scale_factor,
+                         ns_batch_size=ns_batch_size, use_syrk=use_syrk,
+                         concurrent_groups=concurrent_groups,
+                         use_decoupled_weight_decay=use_decoupled_weight_decay,
+                         split_qkv=split_qkv, is_qkv_fn=is_qkv_fn,
+                         qkv_split_shapes=qkv_split_shapes, **grid, **muond_options)
+        if pg_collection is not None:
+            self._place_expert_groups(pg_collection)
+
+    # -- the seed's setters ------------------------------------------------
+    def set_param_ns_homes(self, param_ns_homes: dict) -> None:
+        """Checks ``{id(param): (g_home, t_home)}`` (every key a param of
+        this optimizer, every home inside its group's domain) and keeps it
+        in ``param_ns_homes``. muond's coordinator picks the homes itself,
+        balanced by ns_cost over the whole job (and re-balanced from measured
+        NS times), so these do not move any NS."""
+        sizes = {}
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                sizes[id(p)] = self._group_grid(gi)
+        checked = {}
+        for key, home in dict(param_ns_homes).items():
+            if key not in sizes:
+                raise ValueError(f"set_param_ns_homes: key {key!r} is not id() of a param of "
+                                 "this optimizer")
+            g_home, t_home = (int(x) for x in home)
+            G, T = sizes[key]
+            if not (0 <= g_home < G and (T == 1 or 0 <= t_home < T)):
+                raise ValueError(f"set_param_ns_homes: home {tuple(home)} of param id {key} is "
+                                 f"outside its (gtp_remat, tp) domain of size ({G}, {T})")
+            checked[key] = (g_home, t_home)
+        self.param_ns_homes = checked
+
+    def set_group_process_groups(self, group_process_groups: dict) -> None:
+        """Places param group ``i`` in the domain of its own
+        ``(gtp_remat_group, tp_group)`` (either None: size 1), e.g. MoE
+        experts over the expert groups; groups not named keep the
+        constructor's. After the first step the params are registered again
+        with their state (as add_param_group)."""
+        for gi, pair in group_process_groups.items():
+            if not 0 <= int(gi) < len(self.param_groups):
+                raise ValueError(f"set_group_process_groups: no param group {gi} (this "
+                                 f"optimizer has {len(self.param_groups)})")
+            if len(tuple(pair)) != 2:
+                raise ValueError(f"set_group_process_groups: group {gi} needs "
+                                 "(gtp_remat_group, tp_group)")
+        for gi, (gtp, tp) in group_process_groups.items():
+            self._set_group_grid(int(gi), gtp, tp, f"megatron-group{int(gi)}-pp{self._pp}")
+        self._group_process_groups.update(group_process_groups)
+        if self._pending_registration is None:  # registered: place everything again
+            states = {self._param_names[id(p)]: {k: v.cpu() for k, v in s.items()}
+                      for p, s in self._fetch_state().items()}
+            self._reregister(states, self.step_id)
+
+    # -- Megatron's grads --------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None, **kwargs):
+        """Megatron DDP's ``main_grad`` is the grad of a param that has one
+        (class docstring); then muond.torch.Muon's step."""
+        fed = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                main_grad = getattr(p, "main_grad", None)
+                if main_grad is None:
+                    continue
+                p.grad = main_grad if main_grad.dtype == p.dtype else main_grad.to(p.dtype)
+                fed.append(p)
+        try:
+            return super().step(closure, **kwargs)
+        finally:
+            for p in fed:
+                p.grad = None
+
+    # -- per-group domains -------------------------------------------------
+    def _group_grid(self, gi: int) -> tuple[int, int]:
+        """(G, T) of param group ``gi``'s domain."""
+        own = getattr(self._layout, "group_options", {}).get(gi)
+        return (own.gtp_size, own.tp_size) if own is not None else (self.gtp_size, self.tp_size)
+
+    def _set_group_grid(self, gi: int, gtp_group, tp_group, domain: str) -> None:
+        if not hasattr(self._layout, "group_options"):
+            raise ValueError("set_group_process_groups needs local mode (one trainer per "
+                             f"daemon); this optimizer runs shard_mode={self.shard_mode!r}")
+        gtp_size, g = group_coordinate(gtp_group)
+        tp_size, t = group_coordinate(tp_group)
+        base = self._layout.options
+        self._layout.group_options[gi] = _placement.Options(
+            rank=base.rank, world=base.world, domain=domain, gtp_size=gtp_size,
+            tp_size=tp_size, g=g, t=t, given_grid=True)
+
+    def _place_expert_groups(self, pg_collection) -> None:
+        """A param group whose params all carry ``expert_tp`` goes to the
+        expert groups' domain (Megatron's TensorParallelMuon takes
+        pg_collection.expt_tp for such params)."""
+        expt_tp = getattr(pg_collection, "expt_tp", None)
+        expt_gtp = getattr(pg_collection, "expt_gtp_remat", None)
+        for gi, group in enumerate(self.param_groups):
+            params = group["params"]
+            if params and all(getattr(p, "expert_tp", False) for p in params):
+                self._set_group_grid(gi, expt_gtp, expt_tp, f"megatron-expert-pp{self._pp}")

@@ -1,0 +1,86 @@
+"""The trainer ranks of test_megatron_adapter.py: TP 2 x DP 2 on 4 gloo
+processes, each running ``main`` once and putting its results on a queue."""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import megatron_trainer as mt  # noqa: E402
+
+import torch  # noqa: E402
+
+TP = 2
+STEPS, MORE = 4, 2
+
+
+def muond_optimizer(model, env, name):
+    from muond.megatron import get_megatron_optimizer
+    return get_megatron_optimizer(mt.optimizer_config(), [model], daemons=[env["daemon"]],
+                                  job_id=env["job_id"], token=env["token"],
+                                  shard_mode="local", name=name)
+
+
+def save(model, opt, path):
+    from megatron.core import dist_checkpointing
+    model_sd = model.sharded_state_dict()
+    dist_checkpointing.save({"model": model_sd,
+                             "optimizer": opt.sharded_state_dict(model_sd)}, path)
+
+
+def load(model, opt, path):
+    from megatron.core import dist_checkpointing
+    model_sd = model.sharded_state_dict()
+    loaded = dist_checkpointing.load(
+        {"model": model_sd, "optimizer": opt.sharded_state_dict(model_sd, is_loading=True)},
+        path)
+    model.load_state_dict(loaded["model"])
+    opt.load_state_dict(loaded["optimizer"])
+
+
+def scenario(rank, env) -> dict:
+    from megatron.core.optimizer import get_megatron_optimizer as megatron_get_optimizer
+    out = {}
+    # Megatron's own Muon (TensorParallelMuon, duplicated: full-matrix NS).
+    model = mt.build_model()
+    out["initial"] = mt.full_params(model)
+    opt = megatron_get_optimizer(mt.optimizer_config(), [model])
+    out["megatron_losses"] = mt.train(model, opt, 0, STEPS)
+    out["megatron"] = mt.full_params(model)
+    # The same through muond: one line differs.
+    model = mt.build_model()
+    opt = muond_optimizer(model, env, "megatron-a")
+    out["kinds"] = [type(o.optimizer).__name__ for o in opt.chained_optimizers]
+    out["muond_losses"] = mt.train(model, opt, 0, STEPS)
+    out["muond"] = mt.full_params(model)
+    # dist_checkpointing: save, go on; resume in a new optimizer, go on.
+    path = env["checkpoint"]
+    save(model, opt, path)
+    mt.train(model, opt, STEPS, MORE)
+    out["continued"] = mt.full_params(model)
+    opt.chained_optimizers[0].optimizer.close()
+    model = mt.build_model(seed=99)  # other values: all must come from the checkpoint
+    opt = muond_optimizer(model, env, "megatron-b")
+    load(model, opt, path)
+    mt.train(model, opt, STEPS, MORE)
+    out["resumed"] = mt.full_params(model)
+    opt.chained_optimizers[0].optimizer.close()
+    # Resharded: TP 1 x DP 4 from the TP 2 x DP 2 checkpoint.
+    mt.reset_parallel(1)
+    model = mt.build_model(seed=7)
+    opt = muond_optimizer(model, env, "megatron-c")
+    load(model, opt, path)
+    out["resharded_loaded"] = mt.full_params(model)
+    mt.train(model, opt, STEPS, MORE)
+    out["resharded"] = mt.full_params(model)
+    opt.chained_optimizers[0].optimizer.close()
+    return out if rank == 0 else {"rank": rank}
+
+
+def main(rank, world, port, env, results):
+    try:
+        mt.init(rank, world, port, TP)
+        results.put((rank, scenario(rank, env), None))
+    except BaseException:  # noqa: BLE001 (reported to the test)
+        results.put((rank, None, traceback.format_exc()))
