@@ -12,12 +12,13 @@ import megatron_trainer as mt  # noqa: E402
 import torch  # noqa: E402
 
 TP = 2
-STEPS, MORE = 4, 2
+STEPS, MORE, BF16_STEPS = 4, 2, 3
 
 
-def muond_optimizer(model, env, name):
+def muond_optimizer(model, env, name, **config):
     from muond.megatron import get_megatron_optimizer
-    return get_megatron_optimizer(mt.optimizer_config(), [model], daemons=[env["daemon"]],
+    return get_megatron_optimizer(mt.optimizer_config(**config), [model],
+                                  daemons=[env["daemon"]],
                                   job_id=env["job_id"], token=env["token"],
                                   shard_mode="local", name=name)
 
@@ -65,6 +66,19 @@ def scenario(rank, env) -> dict:
     load(model, opt, path)
     mt.train(model, opt, STEPS, MORE)
     out["resumed"] = mt.full_params(model)
+    opt.chained_optimizers[0].optimizer.close()
+    # bf16 params: Megatron's mixed-precision wrapper (fp32 main params,
+    # swapped in after the Muon part is built) on both sides.
+    model = mt.build_model(bf16=True)
+    opt = megatron_get_optimizer(mt.optimizer_config(bf16=True), [model])
+    mt.train(model, opt, 0, BF16_STEPS)
+    out["megatron_bf16"] = mt.full_params(model)
+    model = mt.build_model(bf16=True)
+    out["bf16_initial"] = mt.full_params(model)
+    opt = muond_optimizer(model, env, "megatron-bf16", bf16=True)
+    out["bf16_kinds"] = [type(o).__name__ for o in opt.chained_optimizers]
+    mt.train(model, opt, 0, BF16_STEPS)
+    out["muond_bf16"] = mt.full_params(model)
     opt.chained_optimizers[0].optimizer.close()
     # Resharded: TP 1 x DP 4 from the TP 2 x DP 2 checkpoint.
     mt.reset_parallel(1)

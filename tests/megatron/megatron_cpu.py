@@ -8,6 +8,9 @@ model and optimizer code names CUDA, redirected to the CPU.
 * The model-parallel RNG tracker forks CUDA RNG states: the CPU generator
   (the tests run without dropout, so no draw depends on it).
 * ``torch.cuda.synchronize`` (dist_checkpointing's writer): nothing to wait for.
+* ``Tensor.type()`` without arguments, which the mixed-precision wrapper
+  and grad clipping compare with ``'torch.cuda.BFloat16Tensor'`` etc.: a CPU
+  tensor answers with the CUDA name of its dtype.
 * Factory calls with ``device='cuda'`` (the optimizer wrappers' scale and
   overflow tensors, grad-norm buffers) and ``torch.cuda.current_device()``:
   a TorchFunctionMode puts them on the CPU.
@@ -71,6 +74,14 @@ class _CpuRngTracker:
 
 
 _MODE = None
+_TENSOR_TYPE = torch.Tensor.type
+
+
+def _cuda_type_name(self, *args, **kwargs):
+    name = _TENSOR_TYPE(self, *args, **kwargs)
+    if args or kwargs or not isinstance(name, str) or name.startswith("torch.cuda."):
+        return name
+    return name.replace("torch.", "torch.cuda.", 1)
 
 
 def install() -> None:
@@ -84,6 +95,7 @@ def install() -> None:
     tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda device=None: None  # no stream to wait for
+    torch.Tensor.type = _cuda_type_name
     if _MODE is None:
         _MODE = _CudaToCpu()
         _MODE.__enter__()

@@ -38,18 +38,22 @@ def reset_parallel(tp: int) -> None:
     megatron_cpu.install()
 
 
-def build_model(seed: int = 1234):
+def build_model(seed: int = 1234, bf16: bool = False):
     """The same full weights on every TP size: Megatron initialises the
-    master weight on the CPU and keeps this rank's partition."""
+    master weight on the CPU and keeps this rank's partition. ``bf16``:
+    bf16 params under Megatron's Float16Module, as Megatron trains."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.module import Float16Module
     torch.manual_seed(seed)
     cfg = TransformerConfig(**MODEL, use_cpu_initialization=True, hidden_dropout=0.0,
-                            attention_dropout=0.0, bf16=False,
+                            attention_dropout=0.0, bf16=bf16,
+                            params_dtype=torch.bfloat16 if bf16 else torch.float32,
                             tensor_model_parallel_size=_tp_size())
-    return GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(),
-                    vocab_size=VOCAB, max_sequence_length=SEQ)
+    model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(),
+                     vocab_size=VOCAB, max_sequence_length=SEQ)
+    return Float16Module(cfg, model) if bf16 else model
 
 
 def _tp_size() -> int:

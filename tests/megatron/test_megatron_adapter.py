@@ -9,6 +9,9 @@ processes (adapter_ranks.py), one muond coordinator + 4 host daemons.
   tolerances: the Muon matrices within MUON_TOL, every param within ANY_TOL
   (Adam's update of tiny biases amplifies a few-ulp difference of the
   forward).
+* bf16 params (Megatron's Float16Module and mixed-precision wrapper, whose
+  fp32 main params replace the model's in the Muon part after it is built)
+  train like Megatron's own within BF16_TOL, and move.
 * dist_checkpointing: a checkpoint saved after STEPS steps and loaded into a
   new model and optimizer resumes bitwise; loaded at TP 1 x DP 4 it gives
   back the same params and trains on like the TP 2 x DP 2 job.
@@ -37,7 +40,10 @@ except ImportError:
 WORLD = 4
 MUON_TOL = 1e-4
 ANY_TOL = 1e-2
-RESHARD_TOL = 1e-3  # other TP/DP reduction orders, compounding over the steps
+RESHARD_TOL = 1e-3
+# bf16 params: a few bf16 ulps (2^-8 relative) of the largest element after
+# a forward in bf16 on both sides.
+BF16_TOL = 3e-2  # other TP/DP reduction orders, compounding over the steps
 TIMEOUT_S = 300
 
 
@@ -115,6 +121,15 @@ class MegatronAdapterTest(unittest.TestCase):
         # sides would pass the comparison above).
         for name in muon:
             self.assertGreater(rel(got[name], self.out["initial"][name]), 1e-3, name)
+
+    def test_bf16_params_through_megatrons_mixed_precision_wrapper(self):
+        self.assertEqual(self.out["bf16_kinds"], ["Float16OptimizerWithFloat16Params"] * 2)
+        ref, got, init = (self.out["megatron_bf16"], self.out["muond_bf16"],
+                          self.out["bf16_initial"])
+        for name in ref:
+            if is_muon_matrix(name, ref[name]):
+                self.assertLessEqual(rel(got[name], ref[name]), BF16_TOL, name)
+                self.assertGreater(rel(got[name], init[name]), 4 * BF16_TOL, name)
 
     def test_dist_checkpoint_resumes_bitwise(self):
         continued, resumed = self.out["continued"], self.out["resumed"]

@@ -58,6 +58,15 @@ def pipeline_rank(pg_collection) -> int:
     return parallel_state.get_pipeline_model_parallel_rank()
 
 
+def _is_main_param(p) -> bool:
+    """An fp32 main param of Megatron's mixed-precision wrapper: a plain
+    tensor (``param.detach().clone().float()``: requires_grad False), never
+    a model's Parameter. Megatron's Muon steps every param that has a grad;
+    muond skips one that does not require grad (a frozen model param), so
+    such a tensor is marked as requiring grad (it is never in a forward)."""
+    return not isinstance(p, torch.nn.Parameter) and p.is_leaf
+
+
 class LayerShardedMuon(Muon):
     """Muon with layer sharding over the GTP_remat x TP domain, on muond
     daemons: the seed's constructor (argument names, defaults and meanings,
@@ -79,6 +88,9 @@ class LayerShardedMuon(Muon):
       layer-sharded path (full-matrix Newton-Schulz, duplicated mode's
       result), which in the seed ignores tp_mode too. ``concurrent_groups``
       must stay True (the daemon's lanes run disjoint domains at once).
+    * An fp32 main param of Megatron's mixed-precision wrapper (a plain
+      tensor, requires_grad False) that has a grad is stepped, as Megatron's
+      Muon steps it.
     * Registration happens at the first step or state access, after
       Megatron's mixed-precision wrapper has put its fp32 main params in the
       groups (Float16OptimizerWithFloat16Params replaces them after
@@ -182,10 +194,11 @@ class LayerShardedMuon(Muon):
         for group in self.param_groups:
             for p in group["params"]:
                 main_grad = getattr(p, "main_grad", None)
-                if main_grad is None:
-                    continue
-                p.grad = main_grad if main_grad.dtype == p.dtype else main_grad.to(p.dtype)
-                fed.append(p)
+                if main_grad is not None:
+                    p.grad = main_grad if main_grad.dtype == p.dtype else main_grad.to(p.dtype)
+                    fed.append(p)
+                if p.grad is not None and not p.requires_grad and _is_main_param(p):
+                    p.requires_grad_(True)
         try:
             return super().step(closure, **kwargs)
         finally:

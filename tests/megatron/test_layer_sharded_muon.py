@@ -1,0 +1,159 @@
+"""muond.megatron.LayerShardedMuon in one process (one host daemon): the
+seed's constructor against Megatron-Core's own TensorParallelMuon (the
+parent of Megatron's LayerShardedMuon: the same update in duplicated mode),
+main_grad, registration at first use (Megatron's mixed-precision wrapper
+swaps its fp32 main params in after construction), the setters' checks, and
+the factory's refusals."""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import unittest
+
+import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+sys.path.insert(0, os.path.join(_HERE, "..", "client", "python", "contract"))
+from cluster import Cluster, find_binaries  # noqa: E402
+
+try:
+    import megatron_cpu  # noqa: E402,F401  (typing.override)
+    from megatron.core.optimizer import OptimizerConfig  # noqa: E402
+    from megatron.core.optimizer.emerging_optimizers import (  # noqa: E402
+        _EMERGING_OPTIMIZERS, TensorParallelMuon)
+    HAVE_MEGATRON = True
+except ImportError:
+    HAVE_MEGATRON = False
+
+from muond.megatron import LayerShardedMuon, get_megatron_optimizer, tp_partition_dim  # noqa: E402
+
+SHAPES = [(48, 32), (32, 96), (64, 64)]
+STEPS = 3
+TOL = 2e-5  # fp32 Newton-Schulz in two implementations, compounded over STEPS
+_names = (f"lsm{i}" for i in itertools.count())
+
+
+def make_params(dtype=torch.float32):
+    torch.manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(s, dtype=dtype) * 0.1) for s in SHAPES]
+
+
+def grads(step: int):
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(s, generator=g) for s in SHAPES]
+
+
+class LayerShardedMuonTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        find_binaries(cls)
+        cls.cluster = Cluster(1).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+
+    def muond(self, params, **kw):
+        c = self.cluster
+        opt = LayerShardedMuon(params, daemons=c.daemons, job_id=c.job_id, token=c.token,
+                               shard_mode="local", name=next(_names), **kw)
+        self.addCleanup(opt.close)
+        return opt
+
+    @unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
+    def test_matches_megatrons_tensor_parallel_muon(self):
+        kw = dict(lr=0.02, momentum=0.95, weight_decay=0.01, nesterov=True,
+                  fp32_matmul_prec="highest", coefficient_type="quintic", num_ns_steps=5,
+                  scale_mode="spectral", extra_scale_factor=1.0, tp_mode="duplicated")
+        ref_params, got_params = make_params(), make_params()
+        ref = TensorParallelMuon(ref_params, **kw)
+        got = self.muond(got_params, gtp_remat_group=None, tp_group=None, **kw)
+        for step in range(STEPS):
+            for pr, pg, g in zip(ref_params, got_params, grads(step)):
+                pr.grad, pg.grad = g.clone(), g.clone()
+            ref.step()
+            got.step()
+        for pr, pg, p0 in zip(ref_params, got_params, make_params()):
+            rel = float((pg - pr).abs().max() / pr.abs().max())
+            self.assertLessEqual(rel, TOL)
+            self.assertGreater(float((pr - p0).abs().max()), 1e-3)  # the steps moved it
+
+    def test_main_grad_is_the_grad(self):
+        for dtype in (torch.float32, torch.bfloat16):
+            with self.subTest(dtype=dtype):
+                by_grad, by_main = make_params(dtype), make_params(dtype)
+                a, b = self.muond(by_grad), self.muond(by_main)
+                for step in range(STEPS):
+                    for pa, pb, g in zip(by_grad, by_main, grads(step)):
+                        pa.grad = g.to(dtype)
+                        pb.grad, pb.main_grad = None, g  # Megatron DDP: fp32 main_grad
+                    a.step()
+                    b.step()
+                    self.assertTrue(all(p.grad is None for p in by_main))
+                for pa, pb in zip(by_grad, by_main):
+                    self.assertTrue(torch.equal(pa, pb))
+
+    def test_registers_the_params_in_the_groups_at_first_step(self):
+        """As Megatron's Float16OptimizerWithFloat16Params: fp32 copies of the
+        model's bf16 params replace them in the groups after construction."""
+        model = make_params(torch.bfloat16)
+        opt = self.muond(model)
+        main = [p.detach().float() for p in model]
+        opt.param_groups[0]["params"] = main
+        before = [p.clone() for p in model]
+        for p, g in zip(main, grads(0)):
+            p.grad = g
+        opt.step()
+        for p, p0 in zip(main, make_params(torch.bfloat16)):
+            self.assertGreater(float((p - p0.float()).abs().max()), 1e-3)
+        for p, b in zip(model, before):
+            self.assertTrue(torch.equal(p, b))  # the wrapper copies back, not muond
+        self.assertEqual(len(opt.state_dict()["state"]), len(SHAPES))
+
+    def test_set_param_ns_homes_checks_and_keeps(self):
+        params = make_params()
+        opt = self.muond(params)
+        opt.set_param_ns_homes({id(params[0]): (0, 0)})
+        self.assertEqual(opt.param_ns_homes, {id(params[0]): (0, 0)})
+        with self.assertRaisesRegex(ValueError, "not id\\(\\) of a param"):
+            opt.set_param_ns_homes({12345: (0, 0)})
+        with self.assertRaisesRegex(ValueError, "outside its .* domain of size \\(1, 1\\)"):
+            opt.set_param_ns_homes({id(params[1]): (1, 0)})
+
+    def test_seed_option_refusals(self):
+        with self.assertRaisesRegex(ValueError, "tp_mode='rowwise'"):
+            self.muond(make_params(), tp_mode="rowwise")
+        with self.assertRaisesRegex(ValueError, "concurrent_groups=False"):
+            self.muond(make_params(), concurrent_groups=False)
+
+    def test_tp_partition_dim(self):
+        p = torch.zeros(2, 2)
+        self.assertIsNone(tp_partition_dim(p))
+        p.partition_dim = 0
+        self.assertIsNone(tp_partition_dim(p))  # duplicated: tagged but not sharded
+        p.tensor_model_parallel = True
+        p.partition_dim = 1
+        self.assertEqual(tp_partition_dim(p), 1)
+
+
+@unittest.skipUnless(HAVE_MEGATRON, "megatron-core is not installed")
+class FactoryRefusalTest(unittest.TestCase):
+    def test_refuses_other_optimizers_and_the_layer_wise_one(self):
+        for fields, rule in ((dict(optimizer="adam"), "muond runs Muon"),
+                             (dict(optimizer="dist_muon"), "layer-wise distributed"),
+                             (dict(optimizer="muon", use_layer_wise_distributed_optimizer=True),
+                              "layer-wise distributed")):
+            with self.subTest(**fields), self.assertRaisesRegex(ValueError, rule):
+                get_megatron_optimizer(OptimizerConfig(lr=1e-3, **fields), [])
+
+    def test_registry_restored_when_megatron_raises(self):
+        entry = _EMERGING_OPTIMIZERS["muon"]
+        with self.assertRaises(Exception):
+            get_megatron_optimizer(OptimizerConfig(optimizer="muon", lr=1e-3), [])
+        self.assertIs(_EMERGING_OPTIMIZERS["muon"], entry)
+
+
+if __name__ == "__main__":
+    unittest.main()
