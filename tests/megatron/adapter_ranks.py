@@ -40,15 +40,35 @@ def load(model, opt, path):
     opt.load_state_dict(loaded["optimizer"])
 
 
+def blockwise_warns(env) -> bool:
+    """LayerShardedMuon with tp_mode='blockwise' over a TP group of 2 warns
+    that muond's update is the full-matrix one (construction registers
+    nothing: no daemon is asked)."""
+    import warnings
+    from megatron.core import parallel_state
+    from muond.megatron import LayerShardedMuon
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = LayerShardedMuon([torch.nn.Parameter(torch.zeros(4, 4))], tp_mode="blockwise",
+                               tp_group=parallel_state.get_tensor_model_parallel_group(),
+                               daemons=[env["daemon"]], job_id=env["job_id"],
+                               token=env["token"], shard_mode="local", name="blockwise")
+    opt.close()
+    return any("blockwise" in str(w.message) for w in caught)
+
+
 def scenario(rank, env) -> dict:
     from megatron.core.optimizer import get_megatron_optimizer as megatron_get_optimizer
-    out = {}
+    out = {"blockwise_warned": blockwise_warns(env)}
     # Megatron's own Muon (TensorParallelMuon, duplicated: full-matrix NS).
     model = mt.build_model()
     out["initial"] = mt.full_params(model)
     opt = megatron_get_optimizer(mt.optimizer_config(), [model])
     out["megatron_losses"] = mt.train(model, opt, 0, STEPS)
     out["megatron"] = mt.full_params(model)
+    save(model, opt, env["megatron_checkpoint"])
+    mt.train(model, opt, STEPS, 1)
+    out["megatron_next"] = mt.full_params(model)
     # The same through muond: one line differs.
     model = mt.build_model()
     opt = muond_optimizer(model, env, "megatron-a")
@@ -66,6 +86,13 @@ def scenario(rank, env) -> dict:
     load(model, opt, path)
     mt.train(model, opt, STEPS, MORE)
     out["resumed"] = mt.full_params(model)
+    opt.chained_optimizers[0].optimizer.close()
+    # Megatron's own checkpoint resumed by muond (the same state names).
+    model = mt.build_model(seed=5)
+    opt = muond_optimizer(model, env, "megatron-migrated")
+    load(model, opt, env["megatron_checkpoint"])
+    mt.train(model, opt, STEPS, 1)
+    out["migrated_next"] = mt.full_params(model)
     opt.chained_optimizers[0].optimizer.close()
     # bf16 params: Megatron's mixed-precision wrapper (fp32 main params,
     # swapped in after the Muon part is built) on both sides.

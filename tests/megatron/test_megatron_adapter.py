@@ -12,7 +12,8 @@ processes (adapter_ranks.py), one muond coordinator + 4 host daemons.
 * bf16 params (Megatron's Float16Module and mixed-precision wrapper, whose
   fp32 main params replace the model's in the Muon part after it is built)
   train like Megatron's own within BF16_TOL, and move.
-* dist_checkpointing: a checkpoint saved after STEPS steps and loaded into a
+* dist_checkpointing: a checkpoint of Megatron's own Muon resumes with
+  muond's (its next step as Megatron's within the same tolerances); a checkpoint saved after STEPS steps and loaded into a
   new model and optimizer resumes bitwise; loaded at TP 1 x DP 4 it gives
   back the same params and trains on like the TP 2 x DP 2 job.
 """
@@ -80,10 +81,13 @@ class MegatronAdapterTest(unittest.TestCase):
         port = free_tcp_port()
         procs = []
         checkpoint = os.path.join(cls.cluster.tmp, "checkpoint")
+        megatron_checkpoint = os.path.join(cls.cluster.tmp, "megatron_checkpoint")
         os.makedirs(checkpoint)
+        os.makedirs(megatron_checkpoint)
         for rank in range(WORLD):
             env = {"daemon": cls.cluster.daemons[rank], "job_id": cls.cluster.job_id,
-                   "token": cls.cluster.token, "checkpoint": checkpoint}
+                   "token": cls.cluster.token, "checkpoint": checkpoint,
+                   "megatron_checkpoint": megatron_checkpoint}
             procs.append(ctx.Process(target=adapter_ranks.main,
                                      args=(rank, WORLD, port, env, results)))
         for p in procs:
@@ -104,6 +108,9 @@ class MegatronAdapterTest(unittest.TestCase):
 
     def test_factory_returns_megatrons_chain_with_muonds_muon(self):
         self.assertEqual(self.out["kinds"], ["LayerShardedMuon", "AdamW"])
+
+    def test_blockwise_tp_mode_warns_under_tp(self):
+        self.assertTrue(self.out["blockwise_warned"])
 
     def test_trains_like_megatrons_own_muon(self):
         ref, got = self.out["megatron"], self.out["muond"]
@@ -137,6 +144,14 @@ class MegatronAdapterTest(unittest.TestCase):
             self.assertTrue(torch.equal(resumed[name], continued[name]), name)
         changed = [n for n in continued if not torch.equal(continued[n], self.out["muond"][n])]
         self.assertTrue(changed)  # the steps after the checkpoint changed params
+
+    def test_megatrons_own_checkpoint_resumes_with_muond(self):
+        """Saved by Megatron's own Muon after STEPS steps, loaded into a new
+        model with muond's: the next step matches Megatron's next step."""
+        ref, got = self.out["megatron_next"], self.out["migrated_next"]
+        for name in ref:
+            tol = MUON_TOL if is_muon_matrix(name, ref[name]) else ANY_TOL
+            self.assertLessEqual(rel(got[name], ref[name]), tol, name)
 
     def test_dist_checkpoint_reshards_to_tp1_dp4(self):
         for name, saved in self.out["muond"].items():

@@ -44,10 +44,6 @@ def _config_to_kwargs(config, model_chunks, pg_collection, *, megatron_kwargs, m
 
 
 def _check_config(config) -> None:
-    if config.optimizer not in _MUON_NAMES:
-        raise ValueError(f"muond.megatron.get_megatron_optimizer: OptimizerConfig.optimizer="
-                         f"{config.optimizer!r}; muond runs Muon ('muon'), with AdamW for the "
-                         "params Megatron gives to Adam")
     if config.optimizer == "dist_muon" or getattr(
             config, "use_layer_wise_distributed_optimizer", False):
         raise ValueError("muond.megatron.get_megatron_optimizer: the layer-wise distributed "
@@ -61,13 +57,20 @@ def get_megatron_optimizer(config, model_chunks, config_overrides=None,
                            use_gloo_process_groups: bool = True, pg_collection=None,
                            dump_param_to_param_group_map=None, **muond_options):
     """``megatron.core.optimizer.get_megatron_optimizer`` with the same
-    arguments, its Muon groups stepped by muond (module docstring); the
+    arguments, its Muon groups stepped by muond (module docstring); any
+    optimizer other than Muon is Megatron's call unchanged. The
     returned optimizer is Megatron's (a ChainedOptimizer of the Muon part
     and Megatron's Adam part). ``muond_options``: muond.torch.Muon's
     keywords (daemons, job_id, state_dtype, name, ...) for the Muon part."""
     from megatron.core import optimizer as mcore_optimizer  # noqa: PLC0415 (optional)
     from megatron.core.optimizer import emerging_optimizers as registry  # noqa: PLC0415
 
+    if config.optimizer not in _MUON_NAMES:
+        # A drop-in import: a script choosing its optimizer by flag keeps working.
+        return mcore_optimizer.get_megatron_optimizer(
+            config, model_chunks, config_overrides=config_overrides,
+            use_gloo_process_groups=use_gloo_process_groups, pg_collection=pg_collection,
+            dump_param_to_param_group_map=dump_param_to_param_group_map)
     _check_config(config)
     entries = registry._EMERGING_OPTIMIZERS  # noqa: SLF001 (Megatron's extension point)
     with _REGISTRY_LOCK:

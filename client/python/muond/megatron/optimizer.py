@@ -12,15 +12,13 @@ every rank's claims, so NS runs once per job, not once per DP replica.
 """
 from __future__ import annotations
 
-import logging
+import warnings
 
 import torch
 import torch.distributed as dist
 
 from muond.torch import placement as _placement
 from muond.torch.optimizer import Muon
-
-logger = logging.getLogger(__name__)
 
 _TP_MODES = ("blockwise", "duplicated", "distributed", "auto")
 
@@ -121,6 +119,13 @@ class LayerShardedMuon(Muon):
         self.tp_mode = tp_mode
         gtp_size, g = group_coordinate(gtp_remat_group)
         tp_size, t = group_coordinate(tp_group)
+        if tp_mode == "blockwise" and tp_size > 1:
+            warnings.warn(
+                "tp_mode='blockwise' (OptimizerConfig.muon_tp_mode's default): Megatron's "
+                "TensorParallelMuon then orthogonalises each TP shard on its own; muond runs "
+                "the layer-sharded path, Newton-Schulz on the full matrix (tp_mode="
+                "'duplicated''s update), so the updates differ from a blockwise run "
+                "(docs/megatron.md)", stacklevel=2)
         self._pp = pipeline_rank(pg_collection)
         grid = dict(gtp_size=gtp_size, g=g, tp_size=tp_size, t=t,
                     domain_name=f"megatron-dense-pp{self._pp}")
