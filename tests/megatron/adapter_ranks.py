@@ -2,6 +2,7 @@
 processes, each running ``main`` once and putting its results on a queue."""
 from __future__ import annotations
 
+import io
 import os
 import sys
 import traceback
@@ -57,6 +58,40 @@ def blockwise_warns(env) -> bool:
     return any("blockwise" in str(w.message) for w in caught)
 
 
+def refusal_on_one_rank(rank, muon) -> str:
+    """set_group_process_groups refused on rank 1 alone (a group index it
+    does not have): every rank raises, naming rank 1, and nothing changes."""
+    from megatron.core import parallel_state
+    tp = parallel_state.get_tensor_model_parallel_group()
+    try:
+        muon.set_group_process_groups({7: (None, tp)} if rank == 1 else {0: (None, tp)})
+    except ValueError as e:
+        return str(e)
+    return "not refused"
+
+
+def expert_bucket(env, megatron_get_optimizer) -> dict:
+    """A param Megatron treats as expert-parallel (allreduce=False) puts a
+    second Muon in the chain, without a QKV param while split_qkv is on (as
+    Megatron builds it): both Muons are muond's, named apart, and train as
+    Megatron's own."""
+    out = {}
+    for kind in ("megatron", "muond"):
+        model = mt.build_model()
+        model.decoder.layers[0].mlp.linear_fc1.weight.allreduce = False
+        opt = (megatron_get_optimizer(mt.optimizer_config(), [model]) if kind == "megatron"
+               else muond_optimizer(model, env, "moe"))
+        mt.train(model, opt, 0, 2)
+        out[kind] = mt.full_params(model)
+        if kind == "muond":
+            muons = [o.optimizer for o in opt.chained_optimizers
+                     if type(o.optimizer).__name__ == "LayerShardedMuon"]
+            out["names"] = [m.name for m in muons]
+            for m in muons:
+                m.close()
+    return out
+
+
 def scenario(rank, env) -> dict:
     from megatron.core.optimizer import get_megatron_optimizer as megatron_get_optimizer
     out = {"blockwise_warned": blockwise_warns(env)}
@@ -80,6 +115,7 @@ def scenario(rank, env) -> dict:
     save(model, opt, path)
     mt.train(model, opt, STEPS, MORE)
     out["continued"] = mt.full_params(model)
+    out["refusal"] = refusal_on_one_rank(rank, opt.chained_optimizers[0].optimizer)
     opt.chained_optimizers[0].optimizer.close()
     model = mt.build_model(seed=99)  # other values: all must come from the checkpoint
     opt = muond_optimizer(model, env, "megatron-b")
@@ -87,6 +123,7 @@ def scenario(rank, env) -> dict:
     mt.train(model, opt, STEPS, MORE)
     out["resumed"] = mt.full_params(model)
     opt.chained_optimizers[0].optimizer.close()
+    out["expert_bucket"] = expert_bucket(env, megatron_get_optimizer)
     # Megatron's own checkpoint resumed by muond (the same state names).
     model = mt.build_model(seed=5)
     opt = muond_optimizer(model, env, "megatron-migrated")
@@ -122,6 +159,10 @@ def scenario(rank, env) -> dict:
 def main(rank, world, port, env, results):
     try:
         mt.init(rank, world, port, TP)
-        results.put((rank, scenario(rank, env), None))
+        # By value (torch.save's bytes): tensors pickled by torch's
+        # multiprocessing reductions would need this process alive until read.
+        buffer = io.BytesIO()
+        torch.save(scenario(rank, env), buffer)
+        results.put((rank, buffer.getvalue(), None))
     except BaseException:  # noqa: BLE001 (reported to the test)
         results.put((rank, None, traceback.format_exc()))

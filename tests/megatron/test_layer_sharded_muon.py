@@ -122,6 +122,79 @@ class LayerShardedMuonTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "outside its .* domain of size \\(1, 1\\)"):
             opt.set_param_ns_homes({id(params[1]): (1, 0)})
 
+    def stepped(self, **kw):
+        params = make_params()
+        opt = self.muond(params, **kw)
+        for p, g in zip(params, grads(0)):
+            p.grad = g
+        opt.step()
+        return params, opt
+
+    def test_bad_main_grads_named_before_any_is_used(self):
+        params = make_params()
+        opt = self.muond(params)
+        before = [p.clone() for p in params]
+        for bad, rule in ((torch.zeros(3, 3), "has shape \\(3, 3\\)"),
+                          (torch.zeros(SHAPES[1], dtype=torch.int64), "has dtype torch.int64"),
+                          ("junk", "is a str, not a tensor")):
+            with self.subTest(rule=rule):
+                params[0].main_grad = grads(0)[0]
+                params[1].main_grad = bad
+                with self.assertRaisesRegex(ValueError, "param .*: its main_grad " + rule):
+                    opt.step()
+                self.assertIsNone(params[0].grad)  # nothing fed before the check
+        for p, b in zip(params, before):
+            self.assertTrue(torch.equal(p, b))
+
+    def test_a_param_replaced_after_registration_is_refused(self):
+        params, opt = self.stepped()
+        opt.param_groups[0]["params"][1] = torch.nn.Parameter(torch.zeros(9, 9))
+        with self.assertRaisesRegex(ValueError, "not the tensor registered in its place"):
+            opt.step()
+
+    def test_failed_first_use_registration_says_so(self):
+        opt = self.muond(make_params())
+        opt.param_groups[0]["params"][0] = torch.nn.Parameter(torch.zeros(5))  # 1-D: not Muon's
+        with self.assertRaises(ValueError):
+            opt.step()
+        with self.assertRaisesRegex(RuntimeError, "registration at first use failed"):
+            opt.step()
+        with self.assertRaisesRegex(RuntimeError, "add_param_group after close"):
+            opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(4, 4))]})
+
+    def test_set_param_ns_homes_refuses_junk(self):
+        params = make_params()
+        opt = self.muond(params)
+        for home in ((0, -7), (0, 10**30), (0.9, 0), ("0", "0"), (True, 0), 0, None,
+                     (0, 0, 0)):
+            with self.subTest(home=home), self.assertRaisesRegex(
+                    ValueError, "param 0 of param group 0"):
+                opt.set_param_ns_homes({id(params[0]): home})
+        self.assertEqual(opt.param_ns_homes, {})
+
+    def test_process_groups_of_the_wrong_kind(self):
+        with self.assertRaisesRegex(TypeError, "tp_group must be a torch.distributed"):
+            self.muond(make_params(), tp_group=5)
+        opt = self.muond(make_params())
+        with self.assertRaisesRegex(TypeError, "group 0: gtp_remat_group must be"):
+            opt.set_group_process_groups({0: (5, None)})
+
+    def test_set_group_process_groups_refuses_junk_and_changes_nothing(self):
+        opt = self.muond([{"params": make_params()[:2]}, {"params": make_params()[2:]}])
+        for mapping in ({0.7: (None, None)}, {"0": (None, None)}, {None: (None, None)},
+                        {True: (None, None)}, {0: None}, {0: (None,)},
+                        {0: (None, None), 1: (None, 42)}, [(0, (None, None))]):
+            with self.subTest(mapping=mapping), self.assertRaises((TypeError, ValueError)):
+                opt.set_group_process_groups(mapping)
+            self.assertEqual(opt._layout.group_options, {})
+
+    def test_set_group_process_groups_after_a_step_keeps_assigned_state(self):
+        params, opt = self.stepped()
+        opt.state[params[0]]["momentum_buffer"] = torch.full_like(params[0], 7.0)
+        opt.set_group_process_groups({0: (None, None)})
+        self.assertTrue(torch.equal(opt.state_dict()["state"][0]["momentum_buffer"],
+                                    torch.full_like(params[0], 7.0)))
+
     def test_blockwise_warns_only_with_tp(self):
         import warnings
         with warnings.catch_warnings(record=True) as caught:

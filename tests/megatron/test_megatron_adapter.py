@@ -19,6 +19,7 @@ processes (adapter_ranks.py), one muond coordinator + 4 host daemons.
 """
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import sys
@@ -98,7 +99,7 @@ class MegatronAdapterTest(unittest.TestCase):
                 rank, out, error = results.get(timeout=TIMEOUT_S)
                 if error is not None:
                     raise AssertionError(f"rank {rank} failed:\n{error}")
-                got[rank] = out
+                got[rank] = torch.load(io.BytesIO(out))
         finally:
             for p in procs:
                 p.join(timeout=30)
@@ -108,6 +109,17 @@ class MegatronAdapterTest(unittest.TestCase):
 
     def test_factory_returns_megatrons_chain_with_muonds_muon(self):
         self.assertEqual(self.out["kinds"], ["LayerShardedMuon", "AdamW"])
+
+    def test_a_refusal_on_one_rank_reaches_every_rank(self):
+        self.assertRegex(self.out["refusal"],
+                         "^set_group_process_groups: rank 1: .*7 is not a param group index")
+
+    def test_expert_bucket_is_a_second_muond_muon(self):
+        got = self.out["expert_bucket"]
+        self.assertEqual(got["names"], ["moe", "moe-1"])
+        for name, ref in got["megatron"].items():
+            tol = MUON_TOL if is_muon_matrix(name, ref) else ANY_TOL
+            self.assertLessEqual(rel(got["muond"][name], ref), tol, name)
 
     def test_blockwise_tp_mode_warns_under_tp(self):
         self.assertTrue(self.out["blockwise_warned"])

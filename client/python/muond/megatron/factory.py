@@ -31,16 +31,37 @@ def _state_lives_in_daemons(optimizer, config=None) -> None:
     del optimizer, config
 
 
-def _config_to_kwargs(config, model_chunks, pg_collection, *, megatron_kwargs, muond_options):
+def _config_to_kwargs(config, model_chunks, pg_collection, *, megatron_kwargs, muond_options,
+                      built: list):
     """LayerShardedMuon's keywords from OptimizerConfig: Megatron's own
     mapping for TensorParallelMuon (the seed's names), the seed-only
-    options OptimizerConfig may carry, then the caller's muond options."""
+    options OptimizerConfig may carry, then the caller's muond options.
+    Megatron builds one Muon per bucket (dense, expert-parallel): from the
+    second on, a given ``name`` gets the bucket's number (one optimizer
+    instance name per Muon, the same on every rank: the buckets come in the
+    same order everywhere). ``built`` counts the calls."""
     kwargs = megatron_kwargs(config, model_chunks, pg_collection)
     for name in ("ns_batch_size", "use_syrk"):
         if hasattr(config, f"muon_{name}"):
             kwargs[name] = getattr(config, f"muon_{name}")
     kwargs.update(muond_options)
+    if built and kwargs.get("name") is not None:
+        kwargs["name"] = f"{kwargs['name']}-{len(built)}"
+    built.append(kwargs.get("name"))
     return kwargs
+
+
+def _register_muon_parts(optimizer) -> None:
+    """Registers every muond Muon of Megatron's optimizer now, in the
+    factory (Megatron's mixed-precision wrapper has swapped in its main
+    params by then): every rank registers together and a refusal reaches
+    all of them before any step, so no step is half applied because a later
+    part was refused at its first use."""
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    for part in parts:
+        inner = getattr(part, "optimizer", None)
+        if isinstance(inner, LayerShardedMuon):
+            inner._ensure_registered()  # noqa: SLF001 (the first use, here)
 
 
 def _check_config(config) -> None:
@@ -80,11 +101,13 @@ def get_megatron_optimizer(config, model_chunks, config_overrides=None,
             init_state_fn=_state_lives_in_daemons,
             config_to_kwargs=functools.partial(
                 _config_to_kwargs, megatron_kwargs=megatron_entry.config_to_kwargs,
-                muond_options=muond_options))
+                muond_options=muond_options, built=[]))
         try:
-            return mcore_optimizer.get_megatron_optimizer(
+            optimizer = mcore_optimizer.get_megatron_optimizer(
                 config, model_chunks, config_overrides=config_overrides,
                 use_gloo_process_groups=use_gloo_process_groups, pg_collection=pg_collection,
                 dump_param_to_param_group_map=dump_param_to_param_group_map)
         finally:
             entries["muon"] = megatron_entry
+    _register_muon_parts(optimizer)
+    return optimizer

@@ -17,6 +17,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from muond import qkv_split as _qkv_split
+from muond.torch import collective as _collective
 from muond.torch import placement as _placement
 from muond.torch.optimizer import Muon
 
@@ -33,12 +35,29 @@ def tp_partition_dim(p: torch.Tensor) -> int | None:
     return dim if dim in (0, 1) else None
 
 
-def group_coordinate(group) -> tuple[int, int]:
+def group_coordinate(group, what: str = "process group") -> tuple[int, int]:
     """(size, this rank's index) of a process group; None is (1, 0): no
-    group, as in Megatron's LayerShardedMuon (never torch's default group)."""
+    group, as in Megatron's LayerShardedMuon (never torch's default group).
+    TypeError naming ``what`` for anything else."""
     if group is None:
         return 1, 0
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{what} must be a torch.distributed.ProcessGroup or None, got "
+                        f"{type(group).__name__}")
     return dist.get_world_size(group), dist.get_rank(group)
+
+
+def _home_index(value, what: str) -> int:
+    """An NS home coordinate: an int (not a bool), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import numpy  # noqa: PLC0415 (numpy ints are ints)
+            if isinstance(value, numpy.integer):
+                return int(value)
+        except ImportError:
+            pass
+        raise ValueError(f"{what} must be an int, got {value!r}")
+    return value
 
 
 def pipeline_rank(pg_collection) -> int:
@@ -117,8 +136,8 @@ class LayerShardedMuon(Muon):
         self.gtp_remat_group, self.tp_group, self.pg_collection = (gtp_remat_group, tp_group,
                                                                    pg_collection)
         self.tp_mode = tp_mode
-        gtp_size, g = group_coordinate(gtp_remat_group)
-        tp_size, t = group_coordinate(tp_group)
+        gtp_size, g = group_coordinate(gtp_remat_group, "gtp_remat_group")
+        tp_size, t = group_coordinate(tp_group, "tp_group")
         if tp_mode == "blockwise" and tp_size > 1:
             warnings.warn(
                 "tp_mode='blockwise' (OptimizerConfig.muon_tp_mode's default): Megatron's "
@@ -132,7 +151,6 @@ class LayerShardedMuon(Muon):
         grid.update({k: muond_options.pop(k) for k in list(grid) if k in muond_options})
         self.param_ns_homes: dict[int, tuple[int, int]] = {}
         self._group_process_groups: dict[int, tuple] = {}
-        self._fed_from_main_grad: list = []
         super().__init__(params, lr=lr, weight_decay=weight_decay, momentum=momentum,
                          nesterov=nesterov, ns_steps=num_ns_steps,
                          fp32_matmul_prec=fp32_matmul_prec, coefficient_type=coefficient_type,
@@ -145,26 +163,45 @@ class LayerShardedMuon(Muon):
         if pg_collection is not None:
             self._place_expert_groups(pg_collection)
 
+    def _ensure_registered(self) -> None:
+        """As muond.torch.Muon's, but split_qkv with no param is_qkv_fn picks
+        (Megatron's expert bucket, built with the dense bucket's options) is
+        no split, as Megatron's TensorParallelMuon treats it."""
+        if self._pending_registration is not None and self._qkv.split is not None:
+            pick = self._qkv.is_qkv_fn
+            if not any(p.ndim == 2 and pick(p) for group in self.param_groups
+                       for p in group["params"]):
+                self._qkv = _qkv_split.Choice()
+        super()._ensure_registered()
+
     # -- the seed's setters ------------------------------------------------
     def set_param_ns_homes(self, param_ns_homes: dict) -> None:
         """Checks ``{id(param): (g_home, t_home)}`` (every key a param of
-        this optimizer, every home inside its group's domain) and keeps it
-        in ``param_ns_homes``. muond's coordinator picks the homes itself,
-        balanced by ns_cost over the whole job (and re-balanced from measured
-        NS times), so these do not move any NS."""
-        sizes = {}
+        this optimizer, every home two ints inside its group's domain) and
+        keeps it in ``param_ns_homes``; a bad entry is a ValueError naming
+        the param and the rule, and changes nothing. muond's coordinator
+        picks the homes itself, balanced by ns_cost over the whole job (and
+        re-balanced from measured NS times), so these do not move any NS."""
+        where = {}
         for gi, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                sizes[id(p)] = self._group_grid(gi)
+            for i, p in enumerate(group["params"]):
+                where[id(p)] = (f"param {i} of param group {gi}", self._group_grid(gi))
+        if not isinstance(param_ns_homes, dict):
+            raise ValueError("set_param_ns_homes takes a dict {id(param): (g_home, t_home)}, "
+                             f"got {type(param_ns_homes).__name__}")
         checked = {}
-        for key, home in dict(param_ns_homes).items():
-            if key not in sizes:
+        for key, home in param_ns_homes.items():
+            if key not in where:
                 raise ValueError(f"set_param_ns_homes: key {key!r} is not id() of a param of "
                                  "this optimizer")
-            g_home, t_home = (int(x) for x in home)
-            G, T = sizes[key]
-            if not (0 <= g_home < G and (T == 1 or 0 <= t_home < T)):
-                raise ValueError(f"set_param_ns_homes: home {tuple(home)} of param id {key} is "
+            label, (G, T) = where[key]
+            if not isinstance(home, (tuple, list)) or len(home) != 2:
+                raise ValueError(f"set_param_ns_homes: {label}: its home must be a pair "
+                                 f"(g_home, t_home), got {home!r}")
+            g_home = _home_index(home[0], f"set_param_ns_homes: {label}: g_home")
+            t_home = _home_index(home[1], f"set_param_ns_homes: {label}: t_home")
+            if not (0 <= g_home < G and 0 <= t_home < T):
+                raise ValueError(f"set_param_ns_homes: {label}: home {(g_home, t_home)} is "
                                  f"outside its (gtp_remat, tp) domain of size ({G}, {T})")
             checked[key] = (g_home, t_home)
         self.param_ns_homes = checked
@@ -173,42 +210,99 @@ class LayerShardedMuon(Muon):
         """Places param group ``i`` in the domain of its own
         ``(gtp_remat_group, tp_group)`` (either None: size 1), e.g. MoE
         experts over the expert groups; groups not named keep the
-        constructor's. After the first step the params are registered again
-        with their state (as add_param_group)."""
-        for gi, pair in group_process_groups.items():
-            if not 0 <= int(gi) < len(self.param_groups):
-                raise ValueError(f"set_group_process_groups: no param group {gi} (this "
-                                 f"optimizer has {len(self.param_groups)})")
-            if len(tuple(pair)) != 2:
-                raise ValueError(f"set_group_process_groups: group {gi} needs "
-                                 "(gtp_remat_group, tp_group)")
-        for gi, (gtp, tp) in group_process_groups.items():
-            self._set_group_grid(int(gi), gtp, tp, f"megatron-group{int(gi)}-pp{self._pp}")
+        constructor's. Every rank calls it together. After the first step
+        the params are registered again with their state (as
+        add_param_group), and a refusal on any rank (a bad index or group)
+        is raised on every rank before anything changes."""
+        try:
+            grids = self._checked_group_grids(group_process_groups)
+            refused = None
+        except (TypeError, ValueError) as e:
+            grids, refused = None, e
+        registered = self._pending_registration is None
+        if registered and self._layout.collective:
+            _collective.agree(refused, self._rank, "set_group_process_groups")
+        elif refused is not None:
+            raise refused
+        for gi, options in grids.items():
+            self._layout.group_options[gi] = options
         self._group_process_groups.update(group_process_groups)
-        if self._pending_registration is None:  # registered: place everything again
+        if registered:  # place everything again, with the state as it is now
+            self.state.push_if_assigned()
             states = {self._param_names[id(p)]: {k: v.cpu() for k, v in s.items()}
                       for p, s in self._fetch_state().items()}
             self._reregister(states, self.step_id)
+
+    def _checked_group_grids(self, group_process_groups) -> dict:
+        """{param group index: placement.Options} of the mapping, every entry
+        checked first (TypeError / ValueError naming it)."""
+        if not isinstance(group_process_groups, dict):
+            raise TypeError("set_group_process_groups takes a dict {param group index: "
+                            "(gtp_remat_group, tp_group)}, got "
+                            f"{type(group_process_groups).__name__}")
+        if not hasattr(self._layout, "group_options"):
+            raise ValueError("set_group_process_groups needs local mode (one trainer per "
+                             f"daemon); this optimizer runs shard_mode={self.shard_mode!r}")
+        grids = {}
+        for gi, pair in group_process_groups.items():
+            if isinstance(gi, bool) or not isinstance(gi, int) or not (
+                    0 <= gi < len(self.param_groups)):
+                raise ValueError(f"set_group_process_groups: {gi!r} is not a param group index "
+                                 f"(this optimizer has {len(self.param_groups)} groups)")
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise ValueError(f"set_group_process_groups: group {gi} needs "
+                                 f"(gtp_remat_group, tp_group), got {pair!r}")
+            grids[gi] = self._grid_options(
+                pair[0], pair[1], f"megatron-group{gi}-pp{self._pp}",
+                f"set_group_process_groups: group {gi}")
+        return grids
 
     # -- Megatron's grads --------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None, **kwargs):
         """Megatron DDP's ``main_grad`` is the grad of a param that has one
-        (class docstring); then muond.torch.Muon's step."""
-        fed = []
+        (class docstring); then muond.torch.Muon's step. Registers first
+        (every rank together), then checks every main_grad before any is
+        used: a bad one is a ValueError naming the param."""
+        self._ensure_registered()
+        fed = self._main_grads()
+        for p, grad in fed:
+            p.grad = grad
         for group in self.param_groups:
             for p in group["params"]:
-                main_grad = getattr(p, "main_grad", None)
-                if main_grad is not None:
-                    p.grad = main_grad if main_grad.dtype == p.dtype else main_grad.to(p.dtype)
-                    fed.append(p)
                 if p.grad is not None and not p.requires_grad and _is_main_param(p):
                     p.requires_grad_(True)
         try:
             return super().step(closure, **kwargs)
         finally:
-            for p in fed:
+            for p, _ in fed:
                 p.grad = None
+
+    def _main_grads(self) -> list:
+        """(param, the grad its main_grad gives) for every param that has a
+        main_grad; ValueError naming the param when one cannot be its grad."""
+        out = []
+        for gi, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                main_grad = getattr(p, "main_grad", None)
+                if main_grad is None:
+                    continue
+                name = self._param_names.get(id(p), f"param {i} of param group {gi}")
+                rule = None
+                if not isinstance(main_grad, torch.Tensor):
+                    rule = f"is a {type(main_grad).__name__}, not a tensor"
+                elif not main_grad.is_floating_point():
+                    rule = f"has dtype {main_grad.dtype}; a grad is floating point"
+                elif tuple(main_grad.shape) != tuple(p.shape):
+                    rule = (f"has shape {tuple(main_grad.shape)}, the param "
+                            f"{tuple(p.shape)}")
+                elif main_grad.device != p.device:
+                    rule = f"is on {main_grad.device}, the param on {p.device}"
+                if rule is not None:
+                    raise ValueError(f"param {name}: its main_grad {rule}")
+                out.append((p, main_grad if main_grad.dtype == p.dtype
+                            else main_grad.to(p.dtype)))
+        return out
 
     # -- per-group domains -------------------------------------------------
     def _group_grid(self, gi: int) -> tuple[int, int]:
@@ -216,16 +310,14 @@ class LayerShardedMuon(Muon):
         own = getattr(self._layout, "group_options", {}).get(gi)
         return (own.gtp_size, own.tp_size) if own is not None else (self.gtp_size, self.tp_size)
 
-    def _set_group_grid(self, gi: int, gtp_group, tp_group, domain: str) -> None:
-        if not hasattr(self._layout, "group_options"):
-            raise ValueError("set_group_process_groups needs local mode (one trainer per "
-                             f"daemon); this optimizer runs shard_mode={self.shard_mode!r}")
-        gtp_size, g = group_coordinate(gtp_group)
-        tp_size, t = group_coordinate(tp_group)
+    def _grid_options(self, gtp_group, tp_group, domain: str, what: str):
+        """placement.Options of a domain of its own (local mode)."""
+        gtp_size, g = group_coordinate(gtp_group, f"{what}: gtp_remat_group")
+        tp_size, t = group_coordinate(tp_group, f"{what}: tp_group")
         base = self._layout.options
-        self._layout.group_options[gi] = _placement.Options(
-            rank=base.rank, world=base.world, domain=domain, gtp_size=gtp_size,
-            tp_size=tp_size, g=g, t=t, given_grid=True)
+        return _placement.Options(rank=base.rank, world=base.world, domain=domain,
+                                  gtp_size=gtp_size, tp_size=tp_size, g=g, t=t,
+                                  given_grid=True)
 
     def _place_expert_groups(self, pg_collection) -> None:
         """A param group whose params all carry ``expert_tp`` goes to the
@@ -236,4 +328,10 @@ class LayerShardedMuon(Muon):
         for gi, group in enumerate(self.param_groups):
             params = group["params"]
             if params and all(getattr(p, "expert_tp", False) for p in params):
-                self._set_group_grid(gi, expt_gtp, expt_tp, f"megatron-expert-pp{self._pp}")
+                if not hasattr(self._layout, "group_options"):
+                    raise ValueError("expert params under pg_collection need local mode (one "
+                                     "trainer per daemon); this optimizer runs "
+                                     f"shard_mode={self.shard_mode!r}")
+                self._layout.group_options[gi] = self._grid_options(
+                    expt_gtp, expt_tp, f"megatron-expert-pp{self._pp}",
+                    f"param group {gi} (expert_tp)")

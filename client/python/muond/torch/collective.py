@@ -40,3 +40,17 @@ def agree_registered(refused: BaseException | None, rank: int) -> None:
                      + (f" (ranks {others} refused too)" if others else ""),
                      code=first["code"], reason=first["reason"],
                      metadata=first["metadata"]) from refused
+
+
+def agree(refused: BaseException | None, rank: int, what: str) -> None:
+    """Every rank learns whether any rank refused ``what`` (a ValueError or
+    TypeError raised before anything changed), and all raise the first
+    refusal alike (``what: rank r: <reason>``), of its type."""
+    mine = None if refused is None else {"message": str(refused),
+                                         "type": type(refused).__name__}
+    failed = [(r, f) for r, f in enumerate(all_gather_object(mine)) if f is not None]
+    if not failed:
+        return
+    r, first = failed[0]
+    kind = TypeError if first["type"] == "TypeError" else ValueError
+    raise kind(f"{what}: rank {r}: {first['message']}") from refused

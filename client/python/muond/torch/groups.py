@@ -265,14 +265,21 @@ def check_options(gi: int, group: dict) -> None:
     check_gram_options(gi, group)
 
 
-def check_before_step(param_groups, fixed: dict) -> None:
+def check_before_step(param_groups, fixed: dict, registered: dict) -> None:
     """What step() checks before any grad is copied or RPC sent: no fixed
     entry changed (check_fixed), every live entry has its type (a str lr set
-    by hand or a scheduler: check_live) and every grad is dense."""
+    by hand or a scheduler: check_live), every param is the tensor that was
+    registered (``registered``: id -> wire name; a tensor put in its place
+    in param_groups would silently not step) and every grad is dense."""
     check_fixed(param_groups, fixed)
     for gi, group in enumerate(param_groups):
         check_live(gi, group)
         for name, p in zip(param_names(gi, group), group["params"]):
+            if id(p) not in registered:
+                raise ValueError(
+                    f"param {name}: not the tensor registered in its place; a param "
+                    "replaced in param_groups after registration is not followed (set "
+                    "p.data to change a param's values; add_param_group for new params)")
             grad = p.grad
             if grad is not None and grad.layout != torch.strided:
                 raise RuntimeError(

@@ -144,15 +144,18 @@ class Muon(torch.optim.Optimizer):
         if self._pending_registration is None:
             return
         if self._closed:
-            raise RuntimeError("muond.torch.Muon used after close()")
+            failed = getattr(self, "_registration_error", None)
+            raise RuntimeError("muond.torch.Muon used after close()" + (
+                f": its registration at first use failed ({failed}), which closed it; "
+                "build a new optimizer" if failed is not None else ""))
         no_daemon, takeover, qk_clip = self._pending_registration
         try:
             self._register(no_daemon, takeover)
             self._qk_clip = _qk_clip.bind(qk_clip, self)  # muond.torch.qk_clip
-        except BaseException:
+        except BaseException as error:
             # Leave nothing registered (the finalizer unregisters this client
             # id everywhere): otherwise the daemons refuse every later trainer.
-            self._closed = True
+            self._closed, self._registration_error = True, error
             self._finalizer()
             raise
         self._pending_registration = None
@@ -300,15 +303,15 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None, qk_max_logits=None):
+        self._ensure_registered()
         if self._closed:
             raise RuntimeError("muond.torch.Muon.step after close()")
         _process_guard.check_creator_process(self._creator_pid, "step()")
-        self._ensure_registered()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        _groups.check_before_step(self.param_groups, self._fixed)
+        _groups.check_before_step(self.param_groups, self._fixed, self._param_names)
         clip = _qk_clip.prepare(self._qk_clip, qk_max_logits, self)  # checks: before any RPC
         self._memory.follow_rebound_params(self._param_names)
         self._memory.check_permuted(self._param_names)
@@ -521,14 +524,14 @@ class Muon(torch.optim.Optimizer):
         groups are registered again with their state and the error is raised;
         if that fails too, AddParamGroupError: the optimizer is closed and
         unregistered, and the error's ``state_dict`` resumes a new one."""
+        if getattr(self, "_closed", False):
+            raise RuntimeError("muond.torch.Muon.add_param_group after close()")
         if not getattr(self, "_registered", False):  # torch.optim.Optimizer.__init__
             if isinstance(param_group, dict):
                 param_group = _groups.from_torch_keys(param_group)
             super().add_param_group(param_group)
             _groups.with_torch_keys(self.param_groups[-1])
             return
-        if self._closed:
-            raise RuntimeError("muond.torch.Muon.add_param_group after close()")
         _process_guard.check_creator_process(self._creator_pid, "add_param_group()")
         if isinstance(param_group, dict) and param_group.get("algorithm") == "adamw":
             _groups.check_adamw_keys(len(self.param_groups), param_group)
