@@ -38,7 +38,8 @@ def reset_parallel(tp: int) -> None:
     megatron_cpu.install()
 
 
-def build_model(seed: int = 1234, bf16: bool = False):
+def build_model(seed: int = 1234, bf16: bool = False, vocab: int = VOCAB, seq: int = SEQ,
+                **model):
     """The same full weights on every TP size: Megatron initialises the
     master weight on the CPU and keeps this rank's partition. ``bf16``:
     bf16 params under Megatron's Float16Module, as Megatron trains."""
@@ -47,12 +48,13 @@ def build_model(seed: int = 1234, bf16: bool = False):
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.module import Float16Module
     torch.manual_seed(seed)
-    cfg = TransformerConfig(**MODEL, use_cpu_initialization=True, hidden_dropout=0.0,
+    cfg = TransformerConfig(**{**MODEL, **model}, use_cpu_initialization=True,
+                            hidden_dropout=0.0,
                             attention_dropout=0.0, bf16=bf16,
                             params_dtype=torch.bfloat16 if bf16 else torch.float32,
                             tensor_model_parallel_size=_tp_size())
     model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(),
-                     vocab_size=VOCAB, max_sequence_length=SEQ)
+                     vocab_size=vocab, max_sequence_length=seq)
     return Float16Module(cfg, model) if bf16 else model
 
 
@@ -84,16 +86,22 @@ def batch(step: int):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def forward_backward(model, step: int) -> float:
+def forward_backward(model, step: int, batch_of=None) -> float:
+    """Forward and backward of this DP rank's batch (``batch_of(step)``,
+    default ``batch``), then Megatron DDP's grad contract (module
+    docstring); the loss averaged over DP."""
     from megatron.core import parallel_state
-    tokens, labels = batch(step)
-    position_ids = torch.arange(SEQ).unsqueeze(0).expand(tokens.shape[0], SEQ)
-    loss = model(tokens, position_ids, megatron_cpu.causal_mask(SEQ), labels=labels).mean()
+    tokens, labels = (batch_of or batch)(step)
+    seq = tokens.shape[1]
+    position_ids = torch.arange(seq, device=tokens.device).unsqueeze(0).expand(
+        tokens.shape[0], seq)
+    mask = megatron_cpu.causal_mask(seq).to(tokens.device)
+    loss = model(tokens, position_ids, mask, labels=labels).float().mean()
     loss.backward()
     dp_group = parallel_state.get_data_parallel_group()
     dp = dist.get_world_size(dp_group)
     for p in model.parameters():
-        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        grad = (p.grad if p.grad is not None else torch.zeros_like(p)).float()
         dist.all_reduce(grad, group=dp_group)
         p.main_grad = grad / dp
         p.grad = None
