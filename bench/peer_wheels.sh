@@ -10,7 +10,8 @@
 #                       of nvidia-cutlass-dsl-libs-base 4.5.2 but its LICENSE and dist-info
 #                       (checked below), so libs-base is not carried.
 #   DIR/p2/*.whl        the small wheels: gram-newton-schulz, quack-kernels,
-#                       nvidia-cutlass-dsl (metadata only), apache-tvm-ffi, torch-c-dlpack-ext.
+#                       nvidia-cutlass-dsl (metadata only), apache-tvm-ffi, torch-c-dlpack-ext,
+#                       and megatron-core + emerging-optimizers (bench/gpu_megatron_run.sh).
 # The GPU host is expected to have torch 2.11, numpy, einops, typing-extensions and cuda-bindings
 # already; everything here is installed --no-deps.
 # Wheels already in $PEER_WHEEL_CACHE (default /tmp/whl) are reused, and so is its
@@ -39,7 +40,9 @@ small=("gram-newton-schulz==0.1.6 gram_newton_schulz-0.1.6-*.whl"
        "quack-kernels==0.5.0 quack_kernels-0.5.0-*.whl"
        "nvidia-cutlass-dsl==4.5.2 nvidia_cutlass_dsl-4.5.2-*.whl"
        "apache-tvm-ffi==0.1.15.post2 apache_tvm_ffi-0.1.15.post2-*.whl"
-       "torch-c-dlpack-ext==0.1.5 torch_c_dlpack_ext-0.1.5-*.whl")
+       "torch-c-dlpack-ext==0.1.5 torch_c_dlpack_ext-0.1.5-*.whl"
+       "megatron-core==0.19.2 megatron_core-0.19.2-*.whl"
+       "emerging-optimizers==0.3.0 emerging_optimizers-0.3.0-*.whl")
 rm -f "$dir/p2/"*.whl
 for s in "${small[@]}"; do
   read -r spec glob <<<"$s"

@@ -92,9 +92,51 @@ def expert_bucket(env, megatron_get_optimizer) -> dict:
     return out
 
 
+def expert_parallel(rank, env) -> dict:
+    """Megatron-LM's own case for set_group_process_groups: a dense group
+    whose params differ per rank (no process group: every rank its own
+    domain, as in the seed) and an expert group sharded by rows over an
+    expert GTP group {0, 1}, {2, 3} whose pairs hold different experts.
+    Against Megatron's TensorParallelMuon on the whole matrices, in this
+    process: the max relative difference of each after 2 steps."""
+    from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon
+    from muond.megatron import LayerShardedMuon
+    kw = dict(lr=0.02, momentum=0.95, weight_decay=0.01, nesterov=True,
+              fp32_matmul_prec="highest", coefficient_type="quintic", num_ns_steps=5,
+              scale_mode="spectral", extra_scale_factor=1.0, tp_mode="duplicated")
+    egtp, _ = torch.distributed.new_subgroups_by_enumeration([[0, 1], [2, 3]])
+    pair, g = rank // 2, rank % 2
+    gen = torch.Generator().manual_seed(50 + pair)
+    full_expert = torch.randn(16, 8, generator=gen)
+    expert_grads = [torch.randn(16, 8, generator=gen) for _ in range(2)]
+    gen = torch.Generator().manual_seed(60 + rank)
+    full_dense = torch.randn(8, 8, generator=gen)
+    dense_grads = [torch.randn(8, 8, generator=gen) for _ in range(2)]
+    rows = slice(8 * g, 8 * (g + 1))
+    expert = torch.nn.Parameter(full_expert[rows].clone())
+    expert.is_gtp_weight_remat = True
+    dense = torch.nn.Parameter(full_dense.clone())
+    opt = LayerShardedMuon([{"params": [dense]}, {"params": [expert]}],
+                           gtp_remat_group=None, daemons=[env["daemon"]], job_id=env["job_id"],
+                           token=env["token"], shard_mode="local", name="ep", **kw)
+    opt.set_group_process_groups({1: (egtp, None)})
+    ref_params = [torch.nn.Parameter(full_dense.clone()), torch.nn.Parameter(full_expert.clone())]
+    ref = TensorParallelMuon(ref_params, **kw)
+    for step in range(2):
+        dense.grad, expert.grad = dense_grads[step].clone(), expert_grads[step][rows].clone()
+        ref_params[0].grad, ref_params[1].grad = dense_grads[step].clone(), expert_grads[step]
+        opt.step()
+        ref.step()
+    opt.close()
+    rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
+    return {"dense": rel(dense.detach(), ref_params[0].detach()),
+            "expert": rel(expert.detach(), ref_params[1].detach()[rows]),
+            "moved": rel(expert.detach(), full_expert[rows])}
+
+
 def scenario(rank, env) -> dict:
     from megatron.core.optimizer import get_megatron_optimizer as megatron_get_optimizer
-    out = {"blockwise_warned": blockwise_warns(env)}
+    out = {"blockwise_warned": blockwise_warns(env), "expert_parallel": expert_parallel(rank, env)}
     # Megatron's own Muon (TensorParallelMuon, duplicated: full-matrix NS).
     model = mt.build_model()
     out["initial"] = mt.full_params(model)

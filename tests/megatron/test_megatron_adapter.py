@@ -121,6 +121,14 @@ class MegatronAdapterTest(unittest.TestCase):
             tol = MUON_TOL if is_muon_matrix(name, ref) else ANY_TOL
             self.assertLessEqual(rel(got["muond"][name], ref), tol, name)
 
+    def test_expert_parallel_pairs_are_domains_of_their_own(self):
+        """Ranks holding different params at the same (g, t) are no DP
+        replicas: per-rank dense params and experts per expert-GTP pair."""
+        got = self.out["expert_parallel"]
+        self.assertLessEqual(got["dense"], MUON_TOL)
+        self.assertLessEqual(got["expert"], MUON_TOL)
+        self.assertGreater(got["moved"], 1e-3)
+
     def test_blockwise_tp_mode_warns_under_tp(self):
         self.assertTrue(self.out["blockwise_warned"])
 

@@ -7,11 +7,16 @@ daemons do that routing, so the process groups only tell where this rank
 sits: their sizes and this rank's coordinate in them are the domain's
 (G, T, g, t), and the params' Megatron tags (``tensor_model_parallel``,
 ``partition_dim``, ``is_gtp_weight_remat``, ``pad_length``) say how each is
-sharded (muond.torch.placement). DP replicas of a domain are found from
-every rank's claims, so NS runs once per job, not once per DP replica.
+sharded (muond.torch.placement). With Megatron's pg_collection its DP
+group (dp_cp / dp; expt_dp for experts) is the domain's DP axis, so NS runs
+once per job, not once per DP replica; without it (the seed's API) each
+domain runs its own. A domain is named by its ranks (``domain_members``), so
+ranks of one param group in different domains (pipeline stages, expert-
+parallel ranks) are never taken for replicas.
 """
 from __future__ import annotations
 
+import hashlib
 import warnings
 
 import torch
@@ -60,19 +65,40 @@ def _home_index(value, what: str) -> int:
     return value
 
 
-def pipeline_rank(pg_collection) -> int:
-    """This rank's pipeline stage: the params of two stages are different
-    weights, so their domains must not be taken for DP replicas."""
-    pp = getattr(pg_collection, "pp", None) if pg_collection is not None else None
-    if pp is not None:
-        return dist.get_rank(pp)
-    try:
-        from megatron.core import parallel_state  # noqa: PLC0415 (optional)
-    except ImportError:
-        return 0
-    if not parallel_state.model_parallel_is_initialized():
-        return 0
-    return parallel_state.get_pipeline_model_parallel_rank()
+def replica_group(pg_collection, expert: bool):
+    """The process group over which a param is replicated, from Megatron's
+    pg_collection (dense: ``dp_cp``, else ``dp``; experts: ``expt_dp``), or
+    None (no pg_collection: the seed's domain has no DP axis)."""
+    if pg_collection is None:
+        return None
+    for name in (("expt_dp",) if expert else ("dp_cp", "dp")):
+        group = getattr(pg_collection, name, None)
+        if group is not None:
+            return group
+    return None
+
+
+def domain_members(groups) -> tuple[int, ...]:
+    """The global ranks of the grid that ``groups`` (ProcessGroups or None)
+    span around this rank: gathered over each group in turn, so every rank
+    of the grid gets the same ranks and the ranks of another grid (another
+    pipeline stage, expert-parallel rank or TP group) others. A collective
+    over each group: every member calls it."""
+    members = {dist.get_rank() if dist.is_initialized() else 0}
+    for group in groups:
+        if group is None or dist.get_world_size(group) == 1:
+            continue
+        gathered = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, sorted(members), group=group)
+        members = {r for ranks in gathered for r in ranks}
+    return tuple(sorted(members))
+
+
+def domain_name(kind: str, members) -> str:
+    """A domain's name from its ranks: the same on each of them, another
+    for any other set of ranks."""
+    digest = hashlib.sha256(",".join(map(str, members)).encode()).hexdigest()[:12]
+    return f"megatron-{kind}-{len(members)}r-{digest}"
 
 
 def _is_main_param(p) -> bool:
@@ -145,9 +171,11 @@ class LayerShardedMuon(Muon):
                 "the layer-sharded path, Newton-Schulz on the full matrix (tp_mode="
                 "'duplicated''s update), so the updates differ from a blockwise run "
                 "(docs/megatron.md)", stacklevel=2)
-        self._pp = pipeline_rank(pg_collection)
-        grid = dict(gtp_size=gtp_size, g=g, tp_size=tp_size, t=t,
-                    domain_name=f"megatron-dense-pp{self._pp}")
+        dp_group = replica_group(pg_collection, expert=False)
+        dp_size, dp = group_coordinate(dp_group, "pg_collection's DP group")
+        members = domain_members((gtp_remat_group, tp_group, dp_group))
+        grid = dict(gtp_size=gtp_size, g=g, tp_size=tp_size, t=t, dp_size=dp_size, dp_rank=dp,
+                    domain_name=domain_name("dense", members))
         grid.update({k: muond_options.pop(k) for k in list(grid) if k in muond_options})
         self.param_ns_homes: dict[int, tuple[int, int]] = {}
         self._group_process_groups: dict[int, tuple] = {}
@@ -160,6 +188,11 @@ class LayerShardedMuon(Muon):
                          use_decoupled_weight_decay=use_decoupled_weight_decay,
                          split_qkv=split_qkv, is_qkv_fn=is_qkv_fn,
                          qkv_split_shapes=qkv_split_shapes, **grid, **muond_options)
+        if hasattr(self._layout, "group_options"):
+            # Every param is in the groups' domain, tagged or not (a plain
+            # param would otherwise be taken for a DDP replica of the world).
+            self._layout.options.given_grid = True
+            self._layout.own_domains = True
         if pg_collection is not None:
             self._place_expert_groups(pg_collection)
 
@@ -215,17 +248,18 @@ class LayerShardedMuon(Muon):
         add_param_group), and a refusal on any rank (a bad index or group)
         is raised on every rank before anything changes."""
         try:
-            grids = self._checked_group_grids(group_process_groups)
+            pairs = self._checked_group_pairs(group_process_groups)
             refused = None
         except (TypeError, ValueError) as e:
-            grids, refused = None, e
+            pairs, refused = None, e
         registered = self._pending_registration is None
         if registered and self._layout.collective:
             _collective.agree(refused, self._rank, "set_group_process_groups")
         elif refused is not None:
             raise refused
-        for gi, options in grids.items():
-            self._layout.group_options[gi] = options
+        for gi in sorted(pairs):  # the same order on every rank: collectives
+            gtp, tp = pairs[gi]
+            self._layout.group_options[gi] = self._grid_options(gtp, tp, None, f"group{gi}")
         self._group_process_groups.update(group_process_groups)
         if registered:  # place everything again, with the state as it is now
             self.state.push_if_assigned()
@@ -233,9 +267,10 @@ class LayerShardedMuon(Muon):
                       for p, s in self._fetch_state().items()}
             self._reregister(states, self.step_id)
 
-    def _checked_group_grids(self, group_process_groups) -> dict:
-        """{param group index: placement.Options} of the mapping, every entry
-        checked first (TypeError / ValueError naming it)."""
+    def _checked_group_pairs(self, group_process_groups) -> dict:
+        """{param group index: (gtp_remat_group, tp_group)} of the mapping,
+        every entry checked (TypeError / ValueError naming it) without any
+        communication."""
         if not isinstance(group_process_groups, dict):
             raise TypeError("set_group_process_groups takes a dict {param group index: "
                             "(gtp_remat_group, tp_group)}, got "
@@ -243,7 +278,7 @@ class LayerShardedMuon(Muon):
         if not hasattr(self._layout, "group_options"):
             raise ValueError("set_group_process_groups needs local mode (one trainer per "
                              f"daemon); this optimizer runs shard_mode={self.shard_mode!r}")
-        grids = {}
+        pairs = {}
         for gi, pair in group_process_groups.items():
             if isinstance(gi, bool) or not isinstance(gi, int) or not (
                     0 <= gi < len(self.param_groups)):
@@ -252,10 +287,10 @@ class LayerShardedMuon(Muon):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise ValueError(f"set_group_process_groups: group {gi} needs "
                                  f"(gtp_remat_group, tp_group), got {pair!r}")
-            grids[gi] = self._grid_options(
-                pair[0], pair[1], f"megatron-group{gi}-pp{self._pp}",
-                f"set_group_process_groups: group {gi}")
-        return grids
+            for group, role in zip(pair, ("gtp_remat_group", "tp_group")):
+                group_coordinate(group, f"set_group_process_groups: group {gi}: {role}")
+            pairs[gi] = tuple(pair)
+        return pairs
 
     # -- Megatron's grads --------------------------------------------------
     @torch.no_grad()
@@ -310,14 +345,18 @@ class LayerShardedMuon(Muon):
         own = getattr(self._layout, "group_options", {}).get(gi)
         return (own.gtp_size, own.tp_size) if own is not None else (self.gtp_size, self.tp_size)
 
-    def _grid_options(self, gtp_group, tp_group, domain: str, what: str):
-        """placement.Options of a domain of its own (local mode)."""
-        gtp_size, g = group_coordinate(gtp_group, f"{what}: gtp_remat_group")
-        tp_size, t = group_coordinate(tp_group, f"{what}: tp_group")
+    def _grid_options(self, gtp_group, tp_group, dp_group, kind: str):
+        """placement.Options of a domain of its own (local mode): the grid
+        of the groups, named by its ranks (a collective over each group)."""
+        gtp_size, g = group_coordinate(gtp_group, "gtp_remat_group")
+        tp_size, t = group_coordinate(tp_group, "tp_group")
+        dp_size, dp = group_coordinate(dp_group, "the DP group")
         base = self._layout.options
-        return _placement.Options(rank=base.rank, world=base.world, domain=domain,
-                                  gtp_size=gtp_size, tp_size=tp_size, g=g, t=t,
-                                  given_grid=True)
+        return _placement.Options(
+            rank=base.rank, world=base.world,
+            domain=domain_name(kind, domain_members((gtp_group, tp_group, dp_group))),
+            gtp_size=gtp_size, tp_size=tp_size, g=g, t=t, dp_size=dp_size, dp_rank=dp,
+            given_grid=True)
 
     def _place_expert_groups(self, pg_collection) -> None:
         """A param group whose params all carry ``expert_tp`` goes to the
@@ -325,6 +364,8 @@ class LayerShardedMuon(Muon):
         pg_collection.expt_tp for such params)."""
         expt_tp = getattr(pg_collection, "expt_tp", None)
         expt_gtp = getattr(pg_collection, "expt_gtp_remat", None)
+        group_coordinate(expt_tp, "pg_collection.expt_tp")
+        group_coordinate(expt_gtp, "pg_collection.expt_gtp_remat")
         for gi, group in enumerate(self.param_groups):
             params = group["params"]
             if params and all(getattr(p, "expert_tp", False) for p in params):
@@ -333,5 +374,4 @@ class LayerShardedMuon(Muon):
                                      "trainer per daemon); this optimizer runs "
                                      f"shard_mode={self.shard_mode!r}")
                 self._layout.group_options[gi] = self._grid_options(
-                    expt_gtp, expt_tp, f"megatron-expert-pp{self._pp}",
-                    f"param group {gi} (expert_tp)")
+                    expt_gtp, expt_tp, replica_group(pg_collection, expert=True), "expert")

@@ -243,6 +243,10 @@ class LocalPlacement:
         # domain of its own (muond.megatron.LayerShardedMuon's
         # set_group_process_groups); other groups take self.options.
         self.group_options: dict = {}
+        # True: every group's wire name carries its domain, also in the
+        # default domain (muond.megatron: domains named by their ranks differ
+        # between the ranks of one param group).
+        self.own_domains = False
 
     @property
     def collective(self) -> bool:
@@ -281,7 +285,8 @@ class LocalPlacement:
         """This rank's place of every param (no communication)."""
         requests = [_placement.Request(name, p, group["algorithm"],
                                        run.split_of(group, p, name),
-                                       self.group_options.get(gi))
+                                       self.group_options.get(gi) or (
+                                           self.options if self.own_domains else None))
                     for gi, _, group, name, p in todo]
         return _placement.place_params(requests, self.options)
 
@@ -367,8 +372,9 @@ class LocalPlacement:
         """The wire group of a param at ``place``: a group's params may live
         in several domains (meshes), and one wire group names one domain, so
         one wire group per domain, named the same on every rank (a Megatron
-        param's is the group's own name)."""
-        if place.kind in ("dtensor", "ddp", "solo"):
+        param's is the group's own name, unless its group has a domain of
+        its own: placement.ParamPlace.own_domain)."""
+        if place.kind in ("dtensor", "ddp", "solo") or place.own_domain:
             wname = f"{gname}{'.' if place.kind == 'solo' else '@'}{place.domain}"
         else:
             wname = gname

@@ -84,6 +84,10 @@ class ParamPlace:
     kind: str = "plain"
     offset: int = 0
     qkv_split: tuple = ()  # a split QKV weight's (qkv_split_shapes, qkv_head_dim)
+    # Placed by its group's own Options (Request.options), not the
+    # optimizer's: its wire group is named with the domain (the same param
+    # group may sit in other domains on other ranks: experts per EP rank).
+    own_domain: bool = False
 
     @property
     def coordinate(self) -> tuple:
@@ -372,6 +376,7 @@ def place_params(requests, default_opts: Options) -> dict:
                 for key, reqs in by_mesh.items()}
     for req in requests:
         p, opts = req.param, req.options or default_opts
+        placed_before = set(places)
         local_shape = tuple(p.to_local().shape) if is_dtensor(p) else tuple(p.shape)
         if req.algorithm != "muon":
             places[req.name] = (place_solo(local_shape, opts.rank) if distributed
@@ -387,6 +392,9 @@ def place_params(requests, default_opts: Options) -> dict:
             places[req.name] = place_ddp(p.shape, opts.world, opts.rank)
         else:
             places[req.name] = _place_in_given_domain(p, opts)
+        if req.options is not None:  # the param's place, or its matrices' (batched)
+            for key in set(places) - placed_before:
+                places[key] = replace(places[key], own_domain=True)
         if req.split is not None:  # its split and matrices too, for the ranks to agree on
             places[req.name] = replace(places[req.name],
                                        qkv_split=(req.split.shapes, req.split.head_dim))
