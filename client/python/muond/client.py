@@ -48,13 +48,26 @@ class MuondError(RuntimeError):
     """A failed muond RPC, as muond.torch raises it: ``code`` (a
     grpc.StatusCode, or None when the failure was not an RPC status),
     ``reason`` (one of REASONS, or "" when the daemon gave none) and its
-    ``metadata`` (dict), so callers branch on them, never on the text."""
+    ``metadata`` (dict), so callers branch on them, never on the text.
+    One with code INVALID_ARGUMENT is an InvalidArgumentError, also a
+    ValueError."""
+
+    def __new__(cls, message: str = "", code=None, *args, **kwargs):
+        if cls is MuondError and code == grpc.StatusCode.INVALID_ARGUMENT:
+            cls = InvalidArgumentError
+        return super().__new__(cls, message)
 
     def __init__(self, message: str, code=None, reason: str = "", metadata=None):
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.metadata = dict(metadata or {})
+
+
+class InvalidArgumentError(MuondError, ValueError):
+    """A request muond refused as breaking a rule (a bad shard, tag, option
+    or state: code INVALID_ARGUMENT): also a ValueError, as torch.optim
+    raises for bad input (``except ValueError`` catches both)."""
 
 
 def error_info(error) -> error_details_pb2.ErrorInfo | None:

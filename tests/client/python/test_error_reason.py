@@ -45,6 +45,20 @@ class ErrorReasonTest(unittest.TestCase):
     @unittest.skipIf(NAMES is None, f"{_RELPATH} is not built (looked at {_CANDIDATES}): "
                      "bazel build //tests/client/python:error_reason_names, or run "
                      "`bazel test //tests/client/python/...`")
+    def test_an_invalid_argument_is_also_a_value_error(self):
+        import grpc
+        refused = mc.MuondError("param 'w': bad", code=grpc.StatusCode.INVALID_ARGUMENT,
+                                reason="X", metadata={"param": "w"})
+        self.assertIsInstance(refused, mc.InvalidArgumentError)
+        self.assertIsInstance(refused, ValueError)
+        self.assertIsInstance(refused, mc.MuondError)
+        self.assertEqual((str(refused), refused.reason, refused.metadata),
+                         ("param 'w': bad", "X", {"param": "w"}))
+        for code in (grpc.StatusCode.UNAVAILABLE, None):
+            other = mc.MuondError("gone", code=code)
+            self.assertNotIsInstance(other, ValueError)
+            self.assertIsInstance(other, RuntimeError)
+
     def test_names_match_the_cpp_definition(self):
         out = subprocess.run([NAMES], capture_output=True, text=True, check=True).stdout
         self.assertEqual(tuple(out.split()), mc.REASONS)

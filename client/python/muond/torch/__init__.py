@@ -112,7 +112,7 @@ except ImportError as _missing:
 # The client's errors and reasons, importable from here as before the
 # package existed (`except muond.torch.MuondError`).
 from muond.client import (ALREADY_REGISTERED, PEER_GONE, Client,
-                          MuondError, error_info)
+                          InvalidArgumentError, MuondError, error_info)
 from muond.shm import ShmBuffer
 from muond.torch.groups import (LIVE_KEYS, MAX_STEP_ID, check_gram_options, check_live,
                                 check_step_id)
@@ -123,7 +123,7 @@ from muond.torch.options import (AdamWOptions, ConnectionOptions, NewtonSchulzOp
 from muond.torch.qk_clip import QKClip, QKClipAttention, QKClipMLA, reduce_max_logits
 
 __all__ = [
-    "ALREADY_REGISTERED", "Client", "MuondError", "PEER_GONE",
+    "ALREADY_REGISTERED", "Client", "InvalidArgumentError", "MuondError", "PEER_GONE",
     "ShmBuffer", "error_info",
     "AdamWOptions", "AddParamGroupError", "CUDA_IPC_HANDLE_SIZE", "ConnectionOptions",
     "LIVE_KEYS", "MAX_STEP_ID", "Muon", "NewtonSchulzOptions", "PlacementOptions",
