@@ -92,10 +92,18 @@ def batches(args, corpus):
 
 
 def train(args, kind: str, batch_of) -> dict:
+    """``kind``: "megatron", "muond", or "megatron+1ulp" (Megatron's own
+    Muon from the init scaled by 1 + 2^-23 (bf16: 2^-7), every param one
+    rounding step off: how far rounding alone moves the curve, the noise
+    floor muond's difference is read against)."""
     model = mt.build_model(bf16=args.bf16, vocab=128, seq=args.seq, num_layers=args.layers,
                            hidden_size=args.hidden, num_attention_heads=args.heads,
                            ffn_hidden_size=4 * args.hidden)
     model = model.to(args.device)
+    if kind == "megatron+1ulp":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1 + (2.0 ** -7 if args.bf16 else 2.0 ** -23))
     config = mt.optimizer_config(lr=args.lr, bf16=args.bf16, muon_tp_mode=args.tp_mode,
                                  muon_fp32_matmul_prec=args.fp32_matmul_prec)
     if kind == "muond":
@@ -124,10 +132,10 @@ def train(args, kind: str, batch_of) -> dict:
 
 
 def table(args, runs: dict) -> str:
-    ref, got = runs["megatron"], runs["muond"]
+    ref, got, floor = runs["megatron"], runs["muond"], runs["megatron+1ulp"]
     skip = min(5, args.steps // 4)  # warm-up: first steps register, plan, compile
     med = {k: statistics.median(r["step_ms"][skip:]) for k, r in runs.items()}
-    diffs = [abs(a - b) for a, b in zip(ref["loss"], got["loss"])]
+    diff = lambda run: max(abs(a - b) for a, b in zip(ref["loss"], run["loss"]))  # noqa: E731
     tail = max(1, args.steps // 10)
     last = {k: sum(r["loss"][-tail:]) / tail for k, r in runs.items()}
     dp = dist.get_world_size() // args.tp
@@ -142,9 +150,13 @@ def table(args, runs: dict) -> str:
         f"| Megatron's Muon (TensorParallelMuon) | {ref['loss'][0]:.4f} | "
         f"{last['megatron']:.4f} | {med['megatron']:.2f} |",
         f"| muond.megatron | {got['loss'][0]:.4f} | {last['muond']:.4f} | "
-        f"{med['muond']:.2f} |", "",
-        f"max |loss difference| over the {args.steps} steps: {max(diffs):.2e}; "
-        f"optimizer step time muond / Megatron: {med['muond'] / med['megatron']:.2f}",
+        f"{med['muond']:.2f} |",
+        f"| Megatron's Muon from the init one rounding step off (noise floor) | "
+        f"{floor['loss'][0]:.4f} | {last['megatron+1ulp']:.4f} | "
+        f"{med['megatron+1ulp']:.2f} |", "",
+        f"max |loss difference| from Megatron's over the {args.steps} steps: muond "
+        f"{diff(got):.2e}, noise floor {diff(floor):.2e}; optimizer step time muond / "
+        f"Megatron: {med['muond'] / med['megatron']:.2f}",
     ]
     return "\n".join(lines)
 
@@ -154,7 +166,8 @@ def main(argv=None) -> int:
     init(args)
     corpus = load_corpus()
     batch_of = batches(args, corpus)
-    runs = {kind: train(args, kind, batch_of) for kind in ("megatron", "muond")}
+    runs = {kind: train(args, kind, batch_of)
+            for kind in ("megatron", "muond", "megatron+1ulp")}
     if dist.get_rank() == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "curves.json"), "w") as f:
