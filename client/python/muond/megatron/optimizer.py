@@ -127,10 +127,11 @@ class LayerShardedMuon(Muon):
       job); ``set_param_ns_homes`` checks the mapping it is given and keeps
       it in ``param_ns_homes``. ``set_group_process_groups`` places a param
       group in the domain of its own process groups.
-    * ``tp_mode``: every value is accepted; muond always runs the
-      layer-sharded path (full-matrix Newton-Schulz, duplicated mode's
-      result), which in the seed ignores tp_mode too. ``concurrent_groups``
-      must stay True (the daemon's lanes run disjoint domains at once).
+    * ``tp_mode``: each of the seed's four values is accepted ("blockwise"
+      under TP warns); muond always runs the layer-sharded path (full-matrix
+      Newton-Schulz, duplicated mode's result), which in the seed ignores
+      tp_mode too. ``concurrent_groups`` must stay True (the daemon's lanes
+      run disjoint domains at once).
     * An fp32 main param of Megatron's mixed-precision wrapper (a plain
       tensor, requires_grad False) that has a grad is stepped, as Megatron's
       Muon steps it.
