@@ -134,9 +134,58 @@ def expert_parallel(rank, env) -> dict:
             "moved": rel(expert.detach(), full_expert[rows])}
 
 
+def collective_refusals(rank, env) -> dict:
+    """What every rank raises when one rank's call is refused (no rank may
+    wait for a timeout), and that a re-placement refused after steps leaves
+    the optimizer stepping with its state. The messages, per case."""
+    from megatron.core import parallel_state
+    from muond.megatron import LayerShardedMuon
+    tp = parallel_state.get_tensor_model_parallel_group()
+    out = {}
+
+    def fresh(name):
+        torch.manual_seed(3)
+        params = [torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8, 8))]
+        opt = LayerShardedMuon([{"params": params[:1]}, {"params": params[1:]}], lr=0.02,
+                               daemons=[env["daemon"]], job_id=env["job_id"],
+                               token=env["token"], shard_mode="local", name=name)
+        return params, opt
+
+    def attempt(key, call):
+        try:
+            call()
+            out[key] = "not refused"
+        except (TypeError, ValueError) as e:
+            out[key] = str(e)
+
+    def step(params, opt):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.step()
+
+    params, opt = fresh("refusals-a")  # not registered yet
+    attempt("before_first_step", lambda: opt.set_group_process_groups(
+        {7: (None, tp)} if rank == 1 else {1: (None, tp)}))
+    attempt("different_groups", lambda: opt.set_group_process_groups(
+        {} if rank == 1 else {1: (None, tp)}))
+    step(params, opt)
+    momentum = opt.state_dict()["state"][1]["momentum_buffer"].clone()
+    # Valid on each rank, refused by the placement (the same group as both
+    # axes): undone, registered again as before.
+    attempt("refused_by_placement", lambda: opt.set_group_process_groups({1: (tp, tp)}))
+    out["state_kept"] = torch.equal(opt.state_dict()["state"][1]["momentum_buffer"], momentum)
+    attempt("add_param_group", lambda: opt.add_param_group(
+        {"params": [torch.nn.Parameter(torch.zeros(4) if rank == 1 else torch.zeros(4, 8))]}))
+    step(params, opt)
+    out["steps_after"] = opt.step_id
+    opt.close()
+    return out
+
+
 def scenario(rank, env) -> dict:
     from megatron.core.optimizer import get_megatron_optimizer as megatron_get_optimizer
-    out = {"blockwise_warned": blockwise_warns(env), "expert_parallel": expert_parallel(rank, env)}
+    out = {"blockwise_warned": blockwise_warns(env), "expert_parallel": expert_parallel(rank, env),
+           "collective_refusals": collective_refusals(rank, env)}
     # Megatron's own Muon (TensorParallelMuon, duplicated: full-matrix NS).
     model = mt.build_model()
     out["initial"] = mt.full_params(model)

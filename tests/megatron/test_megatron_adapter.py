@@ -121,6 +121,17 @@ class MegatronAdapterTest(unittest.TestCase):
             tol = MUON_TOL if is_muon_matrix(name, ref) else ANY_TOL
             self.assertLessEqual(rel(got["muond"][name], ref), tol, name)
 
+    def test_refusals_reach_every_rank_and_leave_the_optimizer_working(self):
+        got = self.out["collective_refusals"]  # rank 0's view; rank 1 refused
+        self.assertRegex(got["before_first_step"],
+                         "^set_group_process_groups: rank 1: .*7 is not a param group index")
+        self.assertRegex(got["different_groups"],
+                         "every rank must remap the same param groups.*rank 1: \\[\\]")
+        self.assertNotEqual(got["refused_by_placement"], "not refused")
+        self.assertTrue(got["state_kept"])
+        self.assertRegex(got["add_param_group"], "^add_param_group: rank 1: ")
+        self.assertEqual(got["steps_after"], 2)
+
     def test_expert_parallel_pairs_are_domains_of_their_own(self):
         """Ranks holding different params at the same (g, t) are no DP
         replicas: per-rank dense params and experts per expert-GTP pair."""

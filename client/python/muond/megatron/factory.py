@@ -58,10 +58,15 @@ def _register_muon_parts(optimizer) -> None:
     all of them before any step, so no step is half applied because a later
     part was refused at its first use."""
     parts = getattr(optimizer, "chained_optimizers", [optimizer])
-    for part in parts:
-        inner = getattr(part, "optimizer", None)
-        if isinstance(inner, LayerShardedMuon):
-            inner._ensure_registered()  # noqa: SLF001 (the first use, here)
+    muons = [part.optimizer for part in parts
+             if isinstance(getattr(part, "optimizer", None), LayerShardedMuon)]
+    try:
+        for muon in muons:
+            muon._ensure_registered()  # noqa: SLF001 (the first use, here)
+    except BaseException:
+        for muon in muons:  # none stays registered: a retry may take the same names
+            muon.close()
+        raise
 
 
 def _check_config(config) -> None:

@@ -101,6 +101,33 @@ def domain_name(kind: str, members) -> str:
     return f"megatron-{kind}-{len(members)}r-{digest}"
 
 
+def _agree_on_groups(indices: list, rank: int) -> None:
+    """ValueError on every rank when the ranks remap different param groups
+    (each rank's own mapping may be valid and still not match its peers')."""
+    every = _collective.all_gather_object(indices)
+    if any(other != indices for other in every):
+        detail = ", ".join(f"rank {r}: {groups}" for r, groups in enumerate(every))
+        raise ValueError("set_group_process_groups: every rank must remap the same param "
+                         f"groups, together ({detail})")
+
+
+def check_pg_collection(pg_collection) -> None:
+    """TypeError unless ``pg_collection`` is None or Megatron-Core's
+    ProcessGroupCollection (a dict or other object would read as no
+    groups at all, silently)."""
+    if pg_collection is None:
+        return
+    try:
+        from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: PLC0415
+    except ImportError:
+        ProcessGroupCollection = None  # noqa: N806 (any object with the fields)
+    if (ProcessGroupCollection is not None
+            and not isinstance(pg_collection, ProcessGroupCollection)) or isinstance(
+                pg_collection, (dict, list, tuple, str)):
+        raise TypeError("pg_collection must be Megatron-Core's ProcessGroupCollection or None, "
+                        f"got {type(pg_collection).__name__}")
+
+
 def _is_main_param(p) -> bool:
     """An fp32 main param of Megatron's mixed-precision wrapper: a plain
     tensor (``param.detach().clone().float()``: requires_grad False), never
@@ -157,6 +184,7 @@ class LayerShardedMuon(Muon):
                  pg_collection=None, tp_mode: str = "duplicated", **muond_options):
         if tp_mode not in _TP_MODES:
             raise ValueError(f"tp_mode={tp_mode!r}: the seed's values are {_TP_MODES}")
+        check_pg_collection(pg_collection)
         if pg_collection is not None:
             gtp_remat_group = gtp_remat_group or getattr(pg_collection, "gtp_remat", None)
             tp_group = tp_group or getattr(pg_collection, "tp", None)
@@ -249,24 +277,34 @@ class LayerShardedMuon(Muon):
         add_param_group), and a refusal on any rank (a bad index or group)
         is raised on every rank before anything changes."""
         try:
-            pairs = self._checked_group_pairs(group_process_groups)
-            refused = None
+            pairs, refused = self._checked_group_pairs(group_process_groups), None
         except (TypeError, ValueError) as e:
             pairs, refused = None, e
-        registered = self._pending_registration is None
-        if registered and self._layout.collective:
+        if self._layout.collective:
+            # Before any group's collective: the same refusal, and the same
+            # groups remapped, on every rank.
             _collective.agree(refused, self._rank, "set_group_process_groups")
+            _agree_on_groups(sorted(pairs), self._rank)
         elif refused is not None:
             raise refused
-        for gi in sorted(pairs):  # the same order on every rank: collectives
-            gtp, tp = pairs[gi]
-            self._layout.group_options[gi] = self._grid_options(gtp, tp, None, f"group{gi}")
-        self._group_process_groups.update(group_process_groups)
-        if registered:  # place everything again, with the state as it is now
-            self.state.push_if_assigned()
-            states = {self._param_names[id(p)]: {k: v.cpu() for k, v in s.items()}
-                      for p, s in self._fetch_state().items()}
-            self._reregister(states, self.step_id)
+        # The new domains (collectives over each group, in the same order on
+        # every rank), then the placement changed and, once registered,
+        # every param registered again with its state (undone on failure).
+        new = {gi: self._grid_options(*pairs[gi], None, f"group{gi}") for gi in sorted(pairs)}
+        old = dict(self._layout.group_options)
+
+        def change():
+            self._layout.group_options.update(new)
+
+        def undo():
+            self._layout.group_options.clear()
+            self._layout.group_options.update(old)
+
+        if self._pending_registration is None:
+            self._register_again(change, undo, "set_group_process_groups")
+        else:
+            change()
+        self._group_process_groups.update(pairs)
 
     def _checked_group_pairs(self, group_process_groups) -> dict:
         """{param group index: (gtp_remat_group, tp_group)} of the mapping,

@@ -533,6 +533,24 @@ class Muon(torch.optim.Optimizer):
             _groups.with_torch_keys(self.param_groups[-1])
             return
         _process_guard.check_creator_process(self._creator_pid, "add_param_group()")
+        kept = len(self.param_groups)
+        try:
+            new_group, refused = self._checked_new_group(param_group), None
+        except (TypeError, ValueError) as e:
+            new_group, refused = None, e
+        # Every trainer calls it together: a group refused on one rank is
+        # raised on all, before any of them unregisters.
+        if self._layout.collective:
+            _collective.agree(refused, self._rank, "add_param_group")
+        elif refused is not None:
+            raise refused
+        self._register_again(lambda: self.param_groups.append(new_group),
+                             lambda: self.param_groups.__delitem__(slice(kept, None)),
+                             "add_param_group")
+
+    def _checked_new_group(self, param_group) -> dict:
+        """The group add_param_group would append, checked (torch's checks,
+        then muond's); param_groups as they were."""
         if isinstance(param_group, dict) and param_group.get("algorithm") == "adamw":
             _groups.check_adamw_keys(len(self.param_groups), param_group)
             param_group = dict(param_group)
@@ -545,6 +563,15 @@ class Muon(torch.optim.Optimizer):
         new_group = self.param_groups.pop()  # back only once registered
         _groups.check_new_group(kept, new_group, self.param_groups, [
             *self._param_names.values(), *(w for ms in self._matrices.values() for w, _ in ms)])
+        return new_group
+
+    def _register_again(self, change, undo, what: str) -> None:
+        """Exports every daemon's state, applies ``change`` (to the groups or
+        their placement), and places and registers every group again with
+        that state (the step id kept). If that fails: ``undo``, the old
+        groups registered again with their state, and the error raised; if
+        that fails too, AddParamGroupError: the optimizer is closed and
+        unregistered, and the error's ``state_dict`` resumes a new one."""
         self._memory.follow_rebound_params(self._param_names)
         self.state.push_if_assigned()
         step_id = self.step_id
@@ -557,18 +584,18 @@ class Muon(torch.optim.Optimizer):
                                           for k, v in s.items()}
                for p, s in by_param.items()}
         saved = self._pack_state_dict(by_param)  # handed out if all else fails
-        self.param_groups.append(new_group)
+        change()
         try:
             self._reregister(old, step_id)
         except BaseException as error:
-            del self.param_groups[kept:]
+            undo()
             self._registered_live = before
             try:
                 self._reregister(old, step_id)
             except Exception as again:
                 self.close()  # unregisters everywhere (best effort): a new optimizer can
                 raise AddParamGroupError(
-                    f"add_param_group failed ({error}) and registering the old groups "
+                    f"{what} failed ({error}) and registering the old groups "
                     f"again failed too ({again}); this optimizer is closed and unregistered. "
                     "Its state is in this error's .state_dict: build a new muond.torch.Muon "
                     "with the old groups and call load_state_dict(error.state_dict)",
