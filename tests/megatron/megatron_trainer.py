@@ -67,7 +67,7 @@ def optimizer_config(**overrides):
     from megatron.core.optimizer import OptimizerConfig
     fields = dict(optimizer="muon", lr=0.02, weight_decay=0.01, bf16=False,
                   muon_tp_mode="duplicated", muon_fp32_matmul_prec="highest",
-                  muon_momentum=0.95, clip_grad=0.0)
+                  muon_momentum=0.95, clip_grad=1.0)
     fields.update(overrides)
     return OptimizerConfig(**fields)
 
