@@ -142,7 +142,7 @@ def table(args, runs: dict) -> str:
     lines = [
         f"Megatron-Core GPT ({args.layers} layers, hidden {args.hidden}, seq {args.seq}), "
         f"TP {args.tp} x DP {dp}, {args.device}, {'bf16' if args.bf16 else 'fp32'} params, "
-        f"{args.steps} steps, muon_tp_mode={args.tp_mode}, "
+        f"{args.steps} steps, lr {args.lr}, muon_tp_mode={args.tp_mode}, "
         f"fp32_matmul_prec={args.fp32_matmul_prec}", "",
         "| optimizer | first loss | mean loss, last {} steps | optimizer step ms "
         "(median) |".format(tail),
