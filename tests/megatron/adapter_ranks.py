@@ -101,9 +101,7 @@ def expert_parallel(rank, env) -> dict:
     process: the max relative difference of each after 2 steps."""
     from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon
     from muond.megatron import LayerShardedMuon
-    kw = dict(lr=0.02, momentum=0.95, weight_decay=0.01, nesterov=True,
-              fp32_matmul_prec="highest", coefficient_type="quintic", num_ns_steps=5,
-              scale_mode="spectral", extra_scale_factor=1.0, tp_mode="duplicated")
+    kw = mt.SEED_MUON_OPTIONS
     egtp, _ = torch.distributed.new_subgroups_by_enumeration([[0, 1], [2, 3]])
     pair, g = rank // 2, rank % 2
     gen = torch.Generator().manual_seed(50 + pair)
@@ -128,7 +126,7 @@ def expert_parallel(rank, env) -> dict:
         opt.step()
         ref.step()
     opt.close()
-    rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
+    rel = mt.rel_diff
     return {"dense": rel(dense.detach(), ref_params[0].detach()),
             "expert": rel(expert.detach(), ref_params[1].detach()[rows]),
             "moved": rel(expert.detach(), full_expert[rows])}

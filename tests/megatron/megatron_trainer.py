@@ -21,6 +21,20 @@ SEQ, VOCAB, GLOBAL_BATCH = 32, 128, 8
 MODEL = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128)
 
 
+# The seed's options, the same for Megatron's TensorParallelMuon and muond's
+# LayerShardedMuon in the tests that build both directly (fp32 NS on both
+# sides: their results agree to fp32 rounding).
+SEED_MUON_OPTIONS = dict(lr=0.02, momentum=0.95, weight_decay=0.01, nesterov=True,
+                         fp32_matmul_prec="highest", coefficient_type="quintic",
+                         num_ns_steps=5, scale_mode="spectral", extra_scale_factor=1.0,
+                         tp_mode="duplicated")
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|."""
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
 def init(rank: int, world: int, port: int, tp: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

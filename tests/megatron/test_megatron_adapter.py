@@ -35,6 +35,7 @@ from cluster import Cluster, find_binaries, free_tcp_port  # noqa: E402
 try:
     import megatron_cpu  # noqa: E402,F401
     import megatron.core  # noqa: F401
+    from megatron_trainer import rel_diff as rel
     HAVE_MEGATRON = True
 except ImportError:
     HAVE_MEGATRON = False
@@ -47,10 +48,6 @@ RESHARD_TOL = 1e-3
 # a forward in bf16 on both sides.
 BF16_TOL = 3e-2  # other TP/DP reduction orders, compounding over the steps
 TIMEOUT_S = 300
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 def is_muon_matrix(name: str, t: torch.Tensor) -> bool:

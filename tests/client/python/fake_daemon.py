@@ -366,3 +366,11 @@ class FakeClusterTestCase(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         self.cluster, self.addresses = start_cluster(self.dir, self.world)
         self.addCleanup(lambda: [d.stop() for d in self.cluster.daemons])
+
+    def build(self, params, **kw):
+        """A muond.torch.Muon on this test's fake daemons (job "fake"),
+        closed after the test."""
+        from muond.torch import Muon  # noqa: PLC0415 (tests without torch import this module)
+        opt = Muon(params, daemons=self.addresses, job_id="fake", **kw)
+        self.addCleanup(opt.close)
+        return opt

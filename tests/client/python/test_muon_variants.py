@@ -29,11 +29,6 @@ def params(seed=0):
 
 class VariantOptionsTest(FakeClusterTestCase):
 
-    def build(self, groups, **kw):
-        opt = Muon(groups, daemons=self.addresses, job_id="fake", **kw)
-        self.addCleanup(opt.close)
-        return opt
-
     def wire(self):
         return {g.name: g.muon for g in self.cluster.daemons[0].requests[-1].groups}
 

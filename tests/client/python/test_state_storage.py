@@ -33,11 +33,6 @@ def groups(**muon_keys):
 
 class StateStorageOptionsTest(FakeClusterTestCase):
 
-    def build(self, params, **kw):
-        opt = Muon(params, daemons=self.addresses, job_id="fake", **kw)
-        self.addCleanup(opt.close)
-        return opt
-
     def wire(self):
         """Group name -> (state_dtype, state_location) of the last registration
         (an AdamW group's wire name is "<name>.solo-r<rank>")."""

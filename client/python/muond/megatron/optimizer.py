@@ -17,6 +17,7 @@ parallel ranks) are never taken for replicas.
 from __future__ import annotations
 
 import hashlib
+import operator
 import warnings
 
 import torch
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 from muond import qkv_split as _qkv_split
 from muond.torch import collective as _collective
+from muond.torch import groups as _groups
 from muond.torch import placement as _placement
 from muond.torch.optimizer import Muon
 
@@ -53,16 +55,14 @@ def group_coordinate(group, what: str = "process group") -> tuple[int, int]:
 
 
 def _home_index(value, what: str) -> int:
-    """An NS home coordinate: an int (not a bool), else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An NS home coordinate: an int (numpy ints too; no bool in any form,
+    as every muond option: groups.is_bool), else ValueError."""
+    if not _groups.is_bool(value):
         try:
-            import numpy  # noqa: PLC0415 (numpy ints are ints)
-            if isinstance(value, numpy.integer):
-                return int(value)
-        except ImportError:
+            return operator.index(value)
+        except TypeError:
             pass
-        raise ValueError(f"{what} must be an int, got {value!r}")
-    return value
+    raise ValueError(f"{what} must be an int, got {value!r}")
 
 
 def replica_group(pg_collection, expert: bool):
@@ -133,7 +133,8 @@ def _is_main_param(p) -> bool:
     tensor (``param.detach().clone().float()``: requires_grad False), never
     a model's Parameter. Megatron's Muon steps every param that has a grad;
     muond skips one that does not require grad (a frozen model param), so
-    such a tensor is marked as requiring grad (it is never in a forward)."""
+    such a tensor is marked as requiring grad at registration (it is never
+    in a forward)."""
     return not isinstance(p, torch.nn.Parameter) and p.is_leaf
 
 
@@ -226,9 +227,16 @@ class LayerShardedMuon(Muon):
             self._place_expert_groups(pg_collection)
 
     def _ensure_registered(self) -> None:
-        """As muond.torch.Muon's, but split_qkv with no param is_qkv_fn picks
-        (Megatron's expert bucket, built with the dense bucket's options) is
-        no split, as Megatron's TensorParallelMuon treats it."""
+        """As muond.torch.Muon's, but Megatron's fp32 main params are marked
+        as requiring grad first (``_is_main_param``), and split_qkv with no
+        param is_qkv_fn picks (Megatron's expert bucket, built with the dense
+        bucket's options) is no split, as Megatron's TensorParallelMuon
+        treats it."""
+        if self._pending_registration is not None:
+            for group in self.param_groups:  # the groups as registered: once
+                for p in group["params"]:
+                    if not p.requires_grad and _is_main_param(p):
+                        p.requires_grad_(True)
         if self._pending_registration is not None and self._qkv.split is not None:
             pick = self._qkv.is_qkv_fn
             if not any(p.ndim == 2 and pick(p) for group in self.param_groups
@@ -342,10 +350,6 @@ class LayerShardedMuon(Muon):
         fed = self._main_grads()
         for p, grad in fed:
             p.grad = grad
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None and not p.requires_grad and _is_main_param(p):
-                    p.requires_grad_(True)
         try:
             return super().step(closure, **kwargs)
         finally:

@@ -21,6 +21,17 @@ def all_gather_object(obj) -> list:
     return out
 
 
+def _first_refusal(mine: dict | None):
+    """Every rank's refusal (None: agreed) gathered: None when no rank
+    refused, else (the first refusing rank, its refusal, the others that
+    refused). The same on every rank."""
+    failed = [(r, f) for r, f in enumerate(all_gather_object(mine)) if f is not None]
+    if not failed:
+        return None
+    r, first = failed[0]
+    return r, first, [f for f, _ in failed[1:]]
+
+
 def agree_registered(refused: BaseException | None, rank: int) -> None:
     """Every rank of a distributed job learns whether every other rank's
     RegisterParams succeeded, and all raise the first refusal alike
@@ -30,12 +41,10 @@ def agree_registered(refused: BaseException | None, rank: int) -> None:
         mine = {"message": str(refused), "code": getattr(refused, "code", None),
                 "reason": getattr(refused, "reason", ""),
                 "metadata": dict(getattr(refused, "metadata", None) or {})}
-    every = all_gather_object(mine)
-    failed = [(r, f) for r, f in enumerate(every) if f is not None]
-    if not failed:
+    found = _first_refusal(mine)
+    if found is None:
         return
-    r, first = failed[0]
-    others = [f for f, _ in failed[1:]]
+    r, first, others = found
     raise MuondError(f"rank {r}: RegisterParams refused: {first['message']}"
                      + (f" (ranks {others} refused too)" if others else ""),
                      code=first["code"], reason=first["reason"],
@@ -46,11 +55,10 @@ def agree(refused: BaseException | None, rank: int, what: str) -> None:
     """Every rank learns whether any rank refused ``what`` (a ValueError or
     TypeError raised before anything changed), and all raise the first
     refusal alike (``what: rank r: <reason>``), of its type."""
-    mine = None if refused is None else {"message": str(refused),
-                                         "type": type(refused).__name__}
-    failed = [(r, f) for r, f in enumerate(all_gather_object(mine)) if f is not None]
-    if not failed:
+    found = _first_refusal(None if refused is None else {"message": str(refused),
+                                                         "type": type(refused).__name__})
+    if found is None:
         return
-    r, first = failed[0]
+    r, first, _ = found
     kind = TypeError if first["type"] == "TypeError" else ValueError
     raise kind(f"{what}: rank {r}: {first['message']}") from refused
