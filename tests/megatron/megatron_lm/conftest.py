@@ -81,7 +81,7 @@ _lsm.is_emerging_optimizers_min_version = is_emerging_optimizers_min_version
 sys.modules[_lsm.__name__] = _lsm
 
 
-# Megatron's private all-to-all primitives: not part of the adapter. A stub module so
+# Megatron's private all-to-all primitives: not part of the adapter. A stand-in module so
 # test_layer_sharded_muon.py imports; a test that calls one is skipped as N/A.
 def _na_primitive(*args, **kwargs):
     pytest.skip("N/A: Megatron-private layer_sharded_a2a primitive (muond's daemons route)")
