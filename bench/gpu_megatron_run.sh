@@ -19,12 +19,12 @@ tar xf "$bundle" -C /tmp
 . /tmp/muond-bundle/env.sh
 export NCCL_NVLS_ENABLE=0
 site=/tmp/megatron-site
-python3 -m pip install -q --no-deps --target "$site" "$wheels"/megatron_core-0.19.2-*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/megatron_core-0.19.2-*.whl \
   "$wheels"/emerging_optimizers-0.3.0-*.whl
 export PYTHONPATH=$site:${PYTHONPATH:-}
 gpus=$(nvidia-smi -L | wc -l)
 tp=1; [ "$gpus" -ge 2 ] && tp=2
-muond launch --nproc-per-node "$gpus" --device cuda -- \
+python3 -m muond.cli launch --nproc-per-node "$gpus" --device cuda --bin-dir /tmp/muond-bundle/bin -- \
   python3 -m torch.distributed.run --standalone --nproc-per-node "$gpus" \
   "$repo/bench/megatron_train_bench.py" --device cuda --bf16 --tp "$tp" --steps "$steps" \
   --layers 8 --hidden 2048 --heads 16 --seq 1024 --global-batch 8 \

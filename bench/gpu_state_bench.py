@@ -138,6 +138,7 @@ def main() -> int:
     import torch
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.param_dtype]
     modes = [m.split(":") for m in a.modes.split(",") if m]
+    os.makedirs(a.log_dir, exist_ok=True)
     lines = []
     for spec in a.set or ["llama3_8b:4"]:
         name, manifest, layers, _ = parse_set(spec)
