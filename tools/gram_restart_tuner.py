@@ -16,9 +16,11 @@ Two checks decide whether a restart placement is safe:
    emulated in numpy in the iteration dtype exactly as muond's CPU backend
    rounds (fp32 normalisation; every GEMM from dtype-rounded operands,
    accumulated in fp32, the result rounded to the dtype once; symmetric
-   products mirrored from the lower triangle), on 64 x 256 inputs with a
-   log-decaying (1 .. 1e-9) and a rank-deficient (half zeros) spectrum, 4
-   seeds each. sigma_max of every output must be finite and at most
+   products mirrored from the lower triangle), on bf16 inputs of every
+   shape class the default routes to Gram from 8 x 24 to 256 x 640
+   (EMU_SHAPES): Gaussian, log-decaying (1 .. 1e-9) and rank-deficient
+   (m/2, m/8) spectra, 100 seeds each at m <= 16, 16 to m = 64, 2 above.
+   sigma_max of every output must be finite and at most
    max_[0,1] p + 0.05 (p the exact NS polynomial composition, 0.05 the
    suite's kSigmaSlack). The score alone is not enough: it is a stress
    model at one fixed perturbation, blind to the dtype, and it picked {1}
@@ -33,8 +35,8 @@ muond's rule:
   * otherwise the fewest restarts k >= 1 with a placement passing both
     checks; within that k the passing placement with the lowest score (ties
     to the earliest positions). k starts at 1 even where no restart would be
-    needed: the peer and the paper always restart once, and 64 x 256 is one
-    shape.
+    needed: the peer and the paper always restart once, and the inputs
+    are a sample of the shapes.
   * no placement passes: restart at every iteration 1..num_steps-1.
 Outside the table (coefficient_type custom, num_steps > 10) muond does not
 tune: DefaultGramRestarts (core/muon/coefficients.h) restarts every other
@@ -153,29 +155,52 @@ DTYPES = {"fp16": (_identity, _round_fp16),
           "fp32": (_round_tf32, _identity)}
 # No rounding beyond fp32 arithmetic: the emulation's own test.
 _ROUNDINGS = dict(DTYPES, exact=(_identity, _identity))
-# The emulated inputs: the numerics suite's (tests/core/muon/
-# gram_spectra_suite.cc) log-decaying spectrum 1 .. 1e-9 and a rank-deficient
-# one (half zeros), m x n = 64 x 256, two seeds each. Small m is the hard
-# case: R's rounding perturbs its eigenvalues by ~u |R_ij| sqrt(m) with
-# |R_ij| ~ 1/m, so the spurious negative eigenvalues shrink as m grows.
-EMU_M, EMU_N, EMU_SEEDS = 64, 256, (0, 1, 2, 3)
+# The emulated inputs: the shape classes the default routes to Gram
+# (core/muon/gram_newton_schulz.h: aspect >= 2.5 below a short side of 1536)
+# from m = 8 to 256, m x n, each with four spectra, two seeds each, rounded
+# to bf16 as the medium path's NS input is: a Gaussian matrix, a
+# log-decaying spectrum 1 .. 1e-9, and ranks m/2 and m/8 (exact zeros: the
+# momentum of a weight that saw few tokens, an MoE expert's). Small m is
+# the hard case: R's rounding perturbs its eigenvalues by ~u |R_ij| sqrt(m)
+# with |R_ij| ~ 1/m, so the spurious negative eigenvalues shrink as m
+# grows; the rank-deficient inputs have the most eigenvalues at zero for
+# rounding to push negative. A single 64 x 256 shape was once the whole
+# check: its table blew quintic x 5 in bf16 up to 1e13 at 12 x 30.
+EMU_SHAPES = ((8, 24), (12, 30), (16, 64), (32, 128), (64, 256), (128, 512),
+              (256, 640))
+EMU_SEEDS = (0, 1)
+# Failures at small m are rare draws (aol x 5 in bf16 with {3}: 1 in 400
+# 8 x 24 inputs), and small inputs are cheap: m <= 16 runs 100 seeds, m <= 64
+# runs 16.
+def emu_seeds(m):
+    return tuple(range(100 if m <= 16 else 16 if m <= 64 else len(EMU_SEEDS)))
+
 # sigma_max(out) may exceed max_[0,1] p by the suite's kSigmaSlack: output
 # rounding, not growth (growth is >= 0.07 above on the suite's failures).
 SIGMA_SLACK = 0.05
 
 
-def emulation_inputs(m=EMU_M, n=EMU_N, seeds=EMU_SEEDS):
-    """A stack of fp32 m x n matrices with known spectra (log 1..1e-9, half
-    zeros), U diag(s) V^T with Haar-random U, V per seed."""
+def emulation_inputs(m, n, seeds=EMU_SEEDS):
+    """A stack of m x n matrices, bf16 values in fp32, per seed: Gaussian,
+    then U diag(s) V^T with Haar-random U, V for s log 1..1e-9, rank m/2 and
+    rank m/8 (ones, then zeros)."""
     out = []
     for seed in seeds:
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(1000 * m + seed)
+        out.append(rng.standard_normal((m, n)))
         u = np.linalg.qr(rng.standard_normal((m, m)))[0]
         v = np.linalg.qr(rng.standard_normal((n, m)))[0]
-        for s in (np.logspace(0, -9, m),
-                  np.r_[np.ones(m // 2), np.zeros(m - m // 2)]):
-            out.append(((u * s) @ v.T).astype(np.float32))
-    return np.stack(out)
+        for rank in (None, m // 2, max(1, m // 8)):
+            s = np.logspace(0, -9, m) if rank is None else \
+                np.r_[np.ones(rank), np.zeros(m - rank)]
+            out.append((u * s) @ v.T)
+    return _round_bf16(np.stack(out).astype(np.float32))
+
+
+def emulation_input_set():
+    """emulation_inputs of every EMU_SHAPES class, smallest m first (the
+    likeliest to fail, so a failing candidate is rejected early)."""
+    return [emulation_inputs(m, n, emu_seeds(m)) for m, n in EMU_SHAPES]
 
 
 def _t(x):
@@ -228,13 +253,19 @@ def poly_max(coefs):
     return float(x.max())
 
 
-def output_sigma_max(coefs, restarts, dtype, inputs):
-    """Largest sigma_max(Gram NS output) over the stack `inputs` (inf if any
-    output is not finite)."""
-    out = emulate_gram(coefs, restarts, inputs, dtype).astype(np.float64)
-    if not np.all(np.isfinite(out)):
-        return float("inf")
-    return float(np.linalg.norm(out, 2, axis=(-2, -1)).max())
+def output_sigma_max(coefs, restarts, dtype, inputs, stop_above=np.inf):
+    """Largest sigma_max(Gram NS output) over `inputs`, a list of stacks
+    (inf if any output is not finite); stops at the first stack above
+    `stop_above`, returning its value."""
+    worst = 0.0
+    for stack in inputs:
+        out = emulate_gram(coefs, restarts, stack, dtype).astype(np.float64)
+        if not np.all(np.isfinite(out)):
+            return float("inf")
+        worst = max(worst, float(np.linalg.norm(out, 2, axis=(-2, -1)).max()))
+        if worst > stop_above:
+            break
+    return worst
 
 
 def best_restarts(coefs, sigma, dtype="fp16", inputs=None):
@@ -242,7 +273,7 @@ def best_restarts(coefs, sigma, dtype="fp16", inputs=None):
     (module docstring)."""
     n = len(coefs)
     if inputs is None:
-        inputs = emulation_inputs()
+        inputs = emulation_input_set()
 
     def result(restarts, s=None):
         s = score(coefs, set(restarts), sigma) if s is None else s
@@ -258,7 +289,8 @@ def best_restarts(coefs, sigma, dtype="fp16", inputs=None):
         for s, combo in scored:
             if s >= BLOWUP:
                 break
-            sigma_max = output_sigma_max(coefs, set(combo), dtype, inputs)
+            sigma_max = output_sigma_max(coefs, set(combo), dtype, inputs,
+                                         stop_above=bound)
             if sigma_max <= bound:
                 return list(combo), s, sigma_max
     # Nothing passes (cans repeats a last tuple that is not a fixed point at
@@ -271,7 +303,7 @@ def best_restarts(coefs, sigma, dtype="fp16", inputs=None):
 def table(max_steps, path=COEFFS_CC):
     """(name, num_steps, dtype) -> (restarts, score)."""
     sigma = np.logspace(0, -10, 10000)
-    inputs = emulation_inputs()
+    inputs = emulation_input_set()
     sets = builtin_sets(path)
     return {(name, steps, dtype):
             best_restarts(schedule(name, sets[name], steps), sigma, dtype,

@@ -175,186 +175,186 @@ struct GramRestartRow {
 // then restarts every iteration.
 // clang-format off
 const GramRestartRow kGramRestartTable[] = {
-    {CoefficientType::kSimple, 1, DType::kFloat16, {}},  // cond 4.91, sigma 1.189 / 1.252
-    {CoefficientType::kSimple, 1, DType::kBFloat16, {}},  // cond 4.91, sigma 1.189 / 1.252
-    {CoefficientType::kSimple, 1, DType::kFloat32, {}},  // cond 4.91, sigma 1.189 / 1.252
-    {CoefficientType::kSimple, 2, DType::kFloat16, {1}},  // cond 5.4, sigma 1.199 / 1.252
-    {CoefficientType::kSimple, 2, DType::kBFloat16, {1}},  // cond 5.4, sigma 1.202 / 1.252
-    {CoefficientType::kSimple, 2, DType::kFloat32, {1}},  // cond 5.4, sigma 1.199 / 1.252
+    {CoefficientType::kSimple, 1, DType::kFloat16, {}},  // cond 4.91, sigma 1.203 / 1.252
+    {CoefficientType::kSimple, 1, DType::kBFloat16, {}},  // cond 4.91, sigma 1.204 / 1.252
+    {CoefficientType::kSimple, 1, DType::kFloat32, {}},  // cond 4.91, sigma 1.203 / 1.252
+    {CoefficientType::kSimple, 2, DType::kFloat16, {1}},  // cond 5.4, sigma 1.203 / 1.252
+    {CoefficientType::kSimple, 2, DType::kBFloat16, {1}},  // cond 5.4, sigma 1.206 / 1.252
+    {CoefficientType::kSimple, 2, DType::kFloat32, {1}},  // cond 5.4, sigma 1.203 / 1.252
     {CoefficientType::kSimple, 3, DType::kFloat16, {2}},  // cond 13.4, sigma 1.202 / 1.252
-    {CoefficientType::kSimple, 3, DType::kBFloat16, {2}},  // cond 13.4, sigma 1.202 / 1.252
+    {CoefficientType::kSimple, 3, DType::kBFloat16, {2}},  // cond 13.4, sigma 1.204 / 1.252
     {CoefficientType::kSimple, 3, DType::kFloat32, {2}},  // cond 13.4, sigma 1.202 / 1.252
-    {CoefficientType::kSimple, 4, DType::kFloat16, {2}},  // cond 20.2, sigma 1.199 / 1.252
-    {CoefficientType::kSimple, 4, DType::kBFloat16, {2}},  // cond 20.2, sigma 1.201 / 1.252
-    {CoefficientType::kSimple, 4, DType::kFloat32, {2}},  // cond 20.2, sigma 1.199 / 1.252
-    {CoefficientType::kSimple, 5, DType::kFloat16, {3}},  // cond 62.5, sigma 1.184 / 1.252
-    {CoefficientType::kSimple, 5, DType::kBFloat16, {3}},  // cond 62.5, sigma 1.189 / 1.252
-    {CoefficientType::kSimple, 5, DType::kFloat32, {3}},  // cond 62.5, sigma 1.184 / 1.252
-    {CoefficientType::kSimple, 6, DType::kFloat16, {3}},  // cond 5.28e+04, sigma 1.191 / 1.252
-    {CoefficientType::kSimple, 6, DType::kBFloat16, {2, 4}},  // cond 20.2, sigma 1.183 / 1.252
-    {CoefficientType::kSimple, 6, DType::kFloat32, {2}},  // cond 668, sigma 1.218 / 1.252
-    {CoefficientType::kSimple, 7, DType::kFloat16, {2, 4}},  // cond 74.1, sigma 1.207 / 1.252
-    {CoefficientType::kSimple, 7, DType::kBFloat16, {2, 4, 5}},  // cond 20.2, sigma 1.213 / 1.252
-    {CoefficientType::kSimple, 7, DType::kFloat32, {2, 4}},  // cond 74.1, sigma 1.202 / 1.252
-    {CoefficientType::kSimple, 8, DType::kFloat16, {2, 5}},  // cond 5.28e+04, sigma 1.202 / 1.252
-    {CoefficientType::kSimple, 8, DType::kBFloat16, {2, 4, 6}},  // cond 20.2, sigma 1.210 / 1.252
-    {CoefficientType::kSimple, 8, DType::kFloat32, {2, 4}},  // cond 668, sigma 1.240 / 1.252
-    {CoefficientType::kSimple, 9, DType::kFloat16, {2, 4, 6}},  // cond 74.1, sigma 1.224 / 1.252
-    {CoefficientType::kSimple, 9, DType::kBFloat16, {2, 4, 6}},  // cond 74.1, sigma 1.140 / 1.252
-    {CoefficientType::kSimple, 9, DType::kFloat32, {2, 4, 6}},  // cond 74.1, sigma 1.211 / 1.252
-    {CoefficientType::kSimple, 10, DType::kFloat16, {2, 4, 7}},  // cond 5.27e+04, sigma 1.135 / 1.219
-    {CoefficientType::kSimple, 10, DType::kBFloat16, {2, 4, 6}},  // cond 668, sigma 1.146 / 1.219
-    {CoefficientType::kSimple, 10, DType::kFloat32, {2, 4, 6}},  // cond 668, sigma 1.164 / 1.219
-    {CoefficientType::kQuintic, 1, DType::kFloat16, {}},  // cond 34.8, sigma 1.272 / 1.323
-    {CoefficientType::kQuintic, 1, DType::kBFloat16, {}},  // cond 34.8, sigma 1.273 / 1.323
-    {CoefficientType::kQuintic, 1, DType::kFloat32, {}},  // cond 34.8, sigma 1.272 / 1.323
-    {CoefficientType::kQuintic, 2, DType::kFloat16, {1}},  // cond 34.8, sigma 1.265 / 1.320
-    {CoefficientType::kQuintic, 2, DType::kBFloat16, {1}},  // cond 34.8, sigma 1.266 / 1.320
-    {CoefficientType::kQuintic, 2, DType::kFloat32, {1}},  // cond 34.8, sigma 1.265 / 1.320
-    {CoefficientType::kQuintic, 3, DType::kFloat16, {1}},  // cond 34.8, sigma 1.241 / 1.297
-    {CoefficientType::kQuintic, 3, DType::kBFloat16, {1}},  // cond 34.8, sigma 1.248 / 1.297
-    {CoefficientType::kQuintic, 3, DType::kFloat32, {1}},  // cond 34.8, sigma 1.241 / 1.297
-    {CoefficientType::kQuintic, 4, DType::kFloat16, {2}},  // cond 53.2, sigma 1.126 / 1.197
-    {CoefficientType::kQuintic, 4, DType::kBFloat16, {2}},  // cond 53.2, sigma 1.131 / 1.197
-    {CoefficientType::kQuintic, 4, DType::kFloat32, {2}},  // cond 53.2, sigma 1.126 / 1.197
-    {CoefficientType::kQuintic, 5, DType::kFloat16, {2}},  // cond 53.2, sigma 1.132 / 1.195
-    {CoefficientType::kQuintic, 5, DType::kBFloat16, {3}},  // cond 171, sigma 1.134 / 1.195
-    {CoefficientType::kQuintic, 5, DType::kFloat32, {2}},  // cond 53.2, sigma 1.134 / 1.195
-    {CoefficientType::kQuintic, 6, DType::kFloat16, {2, 5}},  // cond 165, sigma 1.268 / 1.323
-    {CoefficientType::kQuintic, 6, DType::kBFloat16, {2, 4}},  // cond 360, sigma 1.279 / 1.323
-    {CoefficientType::kQuintic, 6, DType::kFloat32, {2, 5}},  // cond 165, sigma 1.268 / 1.323
-    {CoefficientType::kQuintic, 7, DType::kFloat16, {2, 5}},  // cond 167, sigma 1.270 / 1.320
-    {CoefficientType::kQuintic, 7, DType::kBFloat16, {2, 4, 5}},  // cond 167, sigma 1.311 / 1.320
-    {CoefficientType::kQuintic, 7, DType::kFloat32, {2, 5}},  // cond 167, sigma 1.271 / 1.320
-    {CoefficientType::kQuintic, 8, DType::kFloat16, {2, 5, 6}},  // cond 165, sigma 1.249 / 1.297
-    {CoefficientType::kQuintic, 8, DType::kBFloat16, {2, 4, 6}},  // cond 360, sigma 1.257 / 1.297
-    {CoefficientType::kQuintic, 8, DType::kFloat32, {2, 5, 6}},  // cond 165, sigma 1.248 / 1.297
-    {CoefficientType::kQuintic, 9, DType::kFloat16, {2, 5, 6}},  // cond 165, sigma 1.163 / 1.197
-    {CoefficientType::kQuintic, 9, DType::kBFloat16, {2, 4, 5, 7}},  // cond 167, sigma 1.160 / 1.197
-    {CoefficientType::kQuintic, 9, DType::kFloat32, {2, 5, 6}},  // cond 165, sigma 1.162 / 1.197
-    {CoefficientType::kQuintic, 10, DType::kFloat16, {2, 5, 7}},  // cond 167, sigma 1.095 / 1.166
-    {CoefficientType::kQuintic, 10, DType::kBFloat16, {2, 4, 6}},  // cond 401, sigma 1.140 / 1.166
-    {CoefficientType::kQuintic, 10, DType::kFloat32, {2, 5, 7}},  // cond 167, sigma 1.095 / 1.166
-    {CoefficientType::kPolarExpress, 1, DType::kFloat16, {}},  // cond 34.3, sigma 1.985 / 2.042
-    {CoefficientType::kPolarExpress, 1, DType::kBFloat16, {}},  // cond 34.3, sigma 1.985 / 2.042
-    {CoefficientType::kPolarExpress, 1, DType::kFloat32, {}},  // cond 34.3, sigma 1.985 / 2.042
-    {CoefficientType::kPolarExpress, 2, DType::kFloat16, {1}},  // cond 34.3, sigma 1.965 / 2.016
-    {CoefficientType::kPolarExpress, 2, DType::kBFloat16, {1}},  // cond 34.3, sigma 1.965 / 2.016
-    {CoefficientType::kPolarExpress, 2, DType::kFloat32, {1}},  // cond 34.3, sigma 1.965 / 2.016
-    {CoefficientType::kPolarExpress, 3, DType::kFloat16, {1}},  // cond 170, sigma 1.844 / 1.916
-    {CoefficientType::kPolarExpress, 3, DType::kBFloat16, {2}},  // cond 172, sigma 1.845 / 1.916
-    {CoefficientType::kPolarExpress, 3, DType::kFloat32, {1}},  // cond 170, sigma 1.845 / 1.916
-    {CoefficientType::kPolarExpress, 4, DType::kFloat16, {2}},  // cond 172, sigma 1.522 / 1.610
-    {CoefficientType::kPolarExpress, 4, DType::kBFloat16, {2}},  // cond 172, sigma 1.529 / 1.610
-    {CoefficientType::kPolarExpress, 4, DType::kFloat32, {2}},  // cond 172, sigma 1.521 / 1.610
-    {CoefficientType::kPolarExpress, 5, DType::kFloat16, {2}},  // cond 1.99e+03, sigma 1.127 / 1.174
-    {CoefficientType::kPolarExpress, 5, DType::kBFloat16, {2, 4}},  // cond 508, sigma 1.123 / 1.174
-    {CoefficientType::kPolarExpress, 5, DType::kFloat32, {3}},  // cond 7.56e+06, sigma 1.122 / 1.174
-    {CoefficientType::kPolarExpress, 6, DType::kFloat16, {1, 3}},  // cond 170, sigma 1.014 / 1.051
-    {CoefficientType::kPolarExpress, 6, DType::kBFloat16, {1, 2, 4}},  // cond 57.4, sigma 1.014 / 1.051
-    {CoefficientType::kPolarExpress, 6, DType::kFloat32, {1, 3}},  // cond 170, sigma 1.023 / 1.051
-    {CoefficientType::kPolarExpress, 7, DType::kFloat16, {1, 3}},  // cond 170, sigma 1.023 / 1.050
-    {CoefficientType::kPolarExpress, 7, DType::kBFloat16, {1, 2, 4}},  // cond 57.4, sigma 1.021 / 1.050
-    {CoefficientType::kPolarExpress, 7, DType::kFloat32, {1, 3}},  // cond 170, sigma 1.043 / 1.050
-    {CoefficientType::kPolarExpress, 8, DType::kFloat16, {1, 3}},  // cond 170, sigma 1.048 / 1.050
-    {CoefficientType::kPolarExpress, 8, DType::kBFloat16, {1, 2, 4}},  // cond 57.4, sigma 1.048 / 1.050
-    {CoefficientType::kPolarExpress, 8, DType::kFloat32, {1, 4}},  // cond 246, sigma 1.005 / 1.050
-    {CoefficientType::kPolarExpress, 9, DType::kFloat16, {1, 4}},  // cond 246, sigma 1.011 / 1.050
-    {CoefficientType::kPolarExpress, 9, DType::kBFloat16, {1, 2, 3, 5}},  // cond 34.4, sigma 1.022 / 1.050
-    {CoefficientType::kPolarExpress, 9, DType::kFloat32, {1, 4}},  // cond 246, sigma 1.008 / 1.050
-    {CoefficientType::kPolarExpress, 10, DType::kFloat16, {1, 4}},  // cond 3.47e+04, sigma 1.022 / 1.050
-    {CoefficientType::kPolarExpress, 10, DType::kBFloat16, {1, 2, 3, 5}},  // cond 34.4, sigma 1.049 / 1.050
-    {CoefficientType::kPolarExpress, 10, DType::kFloat32, {1, 4}},  // cond 3.47e+04, sigma 1.015 / 1.050
-    {CoefficientType::kAol, 1, DType::kFloat16, {}},  // cond 826, sigma 1.200 / 1.258
-    {CoefficientType::kAol, 1, DType::kBFloat16, {}},  // cond 826, sigma 1.200 / 1.258
-    {CoefficientType::kAol, 1, DType::kFloat32, {}},  // cond 826, sigma 1.200 / 1.258
-    {CoefficientType::kAol, 2, DType::kFloat16, {1}},  // cond 826, sigma 1.117 / 1.167
-    {CoefficientType::kAol, 2, DType::kBFloat16, {1}},  // cond 826, sigma 1.117 / 1.167
-    {CoefficientType::kAol, 2, DType::kFloat32, {1}},  // cond 826, sigma 1.117 / 1.167
-    {CoefficientType::kAol, 3, DType::kFloat16, {1}},  // cond 826, sigma 1.054 / 1.105
-    {CoefficientType::kAol, 3, DType::kBFloat16, {1}},  // cond 826, sigma 1.058 / 1.105
-    {CoefficientType::kAol, 3, DType::kFloat32, {1}},  // cond 826, sigma 1.054 / 1.105
-    {CoefficientType::kAol, 4, DType::kFloat16, {1}},  // cond 826, sigma 1.085 / 1.134
-    {CoefficientType::kAol, 4, DType::kBFloat16, {1}},  // cond 826, sigma 1.091 / 1.134
+    {CoefficientType::kSimple, 4, DType::kFloat16, {2}},  // cond 20.2, sigma 1.202 / 1.252
+    {CoefficientType::kSimple, 4, DType::kBFloat16, {2}},  // cond 20.2, sigma 1.209 / 1.252
+    {CoefficientType::kSimple, 4, DType::kFloat32, {2}},  // cond 20.2, sigma 1.202 / 1.252
+    {CoefficientType::kSimple, 5, DType::kFloat16, {3}},  // cond 62.5, sigma 1.203 / 1.252
+    {CoefficientType::kSimple, 5, DType::kBFloat16, {2, 3}},  // cond 19.1, sigma 1.212 / 1.252
+    {CoefficientType::kSimple, 5, DType::kFloat32, {3}},  // cond 62.5, sigma 1.203 / 1.252
+    {CoefficientType::kSimple, 6, DType::kFloat16, {3}},  // cond 5.28e+04, sigma 1.229 / 1.252
+    {CoefficientType::kSimple, 6, DType::kBFloat16, {2, 4}},  // cond 20.2, sigma 1.239 / 1.252
+    {CoefficientType::kSimple, 6, DType::kFloat32, {3}},  // cond 5.28e+04, sigma 1.208 / 1.252
+    {CoefficientType::kSimple, 7, DType::kFloat16, {2, 4}},  // cond 74.1, sigma 1.246 / 1.252
+    {CoefficientType::kSimple, 7, DType::kBFloat16, {2, 4, 5}},  // cond 20.2, sigma 1.236 / 1.252
+    {CoefficientType::kSimple, 7, DType::kFloat32, {2, 4}},  // cond 74.1, sigma 1.231 / 1.252
+    {CoefficientType::kSimple, 8, DType::kFloat16, {2, 5}},  // cond 5.28e+04, sigma 1.225 / 1.252
+    {CoefficientType::kSimple, 8, DType::kBFloat16, {2, 4, 6}},  // cond 20.2, sigma 1.227 / 1.252
+    {CoefficientType::kSimple, 8, DType::kFloat32, {2, 5}},  // cond 5.28e+04, sigma 1.214 / 1.252
+    {CoefficientType::kSimple, 9, DType::kFloat16, {2, 4, 6}},  // cond 74.1, sigma 1.204 / 1.252
+    {CoefficientType::kSimple, 9, DType::kBFloat16, {2, 4, 6}},  // cond 74.1, sigma 1.248 / 1.252
+    {CoefficientType::kSimple, 9, DType::kFloat32, {2, 4, 6}},  // cond 74.1, sigma 1.203 / 1.252
+    {CoefficientType::kSimple, 10, DType::kFloat16, {2, 4, 7}},  // cond 5.27e+04, sigma 1.202 / 1.219
+    {CoefficientType::kSimple, 10, DType::kBFloat16, {2, 4, 6, 8}},  // cond 20.2, sigma 1.206 / 1.219
+    {CoefficientType::kSimple, 10, DType::kFloat32, {2, 4, 6}},  // cond 668, sigma 1.202 / 1.219
+    {CoefficientType::kQuintic, 1, DType::kFloat16, {}},  // cond 34.8, sigma 1.274 / 1.323
+    {CoefficientType::kQuintic, 1, DType::kBFloat16, {}},  // cond 34.8, sigma 1.277 / 1.323
+    {CoefficientType::kQuintic, 1, DType::kFloat32, {}},  // cond 34.8, sigma 1.273 / 1.323
+    {CoefficientType::kQuintic, 2, DType::kFloat16, {1}},  // cond 34.8, sigma 1.270 / 1.320
+    {CoefficientType::kQuintic, 2, DType::kBFloat16, {1}},  // cond 34.8, sigma 1.275 / 1.320
+    {CoefficientType::kQuintic, 2, DType::kFloat32, {1}},  // cond 34.8, sigma 1.270 / 1.320
+    {CoefficientType::kQuintic, 3, DType::kFloat16, {1}},  // cond 34.8, sigma 1.256 / 1.297
+    {CoefficientType::kQuintic, 3, DType::kBFloat16, {2}},  // cond 53.2, sigma 1.251 / 1.297
+    {CoefficientType::kQuintic, 3, DType::kFloat32, {1}},  // cond 34.8, sigma 1.268 / 1.297
+    {CoefficientType::kQuintic, 4, DType::kFloat16, {2}},  // cond 53.2, sigma 1.151 / 1.197
+    {CoefficientType::kQuintic, 4, DType::kBFloat16, {2}},  // cond 53.2, sigma 1.179 / 1.197
+    {CoefficientType::kQuintic, 4, DType::kFloat32, {2}},  // cond 53.2, sigma 1.152 / 1.197
+    {CoefficientType::kQuintic, 5, DType::kFloat16, {2}},  // cond 53.2, sigma 1.152 / 1.195
+    {CoefficientType::kQuintic, 5, DType::kBFloat16, {2, 3}},  // cond 53.2, sigma 1.154 / 1.195
+    {CoefficientType::kQuintic, 5, DType::kFloat32, {2}},  // cond 53.2, sigma 1.148 / 1.195
+    {CoefficientType::kQuintic, 6, DType::kFloat16, {2, 5}},  // cond 165, sigma 1.274 / 1.323
+    {CoefficientType::kQuintic, 6, DType::kBFloat16, {2, 4}},  // cond 360, sigma 1.311 / 1.323
+    {CoefficientType::kQuintic, 6, DType::kFloat32, {2, 5}},  // cond 165, sigma 1.273 / 1.323
+    {CoefficientType::kQuintic, 7, DType::kFloat16, {2, 5}},  // cond 167, sigma 1.274 / 1.320
+    {CoefficientType::kQuintic, 7, DType::kBFloat16, {2, 4, 6}},  // cond 360, sigma 1.274 / 1.320
+    {CoefficientType::kQuintic, 7, DType::kFloat32, {2, 5}},  // cond 167, sigma 1.274 / 1.320
+    {CoefficientType::kQuintic, 8, DType::kFloat16, {2, 5, 6}},  // cond 165, sigma 1.256 / 1.297
+    {CoefficientType::kQuintic, 8, DType::kBFloat16, {2, 4, 6, 7}},  // cond 360, sigma 1.253 / 1.297
+    {CoefficientType::kQuintic, 8, DType::kFloat32, {2, 5, 6}},  // cond 165, sigma 1.259 / 1.297
+    {CoefficientType::kQuintic, 9, DType::kFloat16, {2, 5, 7}},  // cond 167, sigma 1.150 / 1.197
+    {CoefficientType::kQuintic, 9, DType::kBFloat16, {2, 4, 6, 7}},  // cond 360, sigma 1.184 / 1.197
+    {CoefficientType::kQuintic, 9, DType::kFloat32, {2, 5, 7}},  // cond 167, sigma 1.151 / 1.197
+    {CoefficientType::kQuintic, 10, DType::kFloat16, {2, 5, 7}},  // cond 167, sigma 1.145 / 1.166
+    {CoefficientType::kQuintic, 10, DType::kBFloat16, {2, 4, 5, 6, 7}},  // cond 165, sigma 1.154 / 1.166
+    {CoefficientType::kQuintic, 10, DType::kFloat32, {2, 5, 7}},  // cond 167, sigma 1.146 / 1.166
+    {CoefficientType::kPolarExpress, 1, DType::kFloat16, {}},  // cond 34.3, sigma 1.992 / 2.042
+    {CoefficientType::kPolarExpress, 1, DType::kBFloat16, {}},  // cond 34.3, sigma 1.998 / 2.042
+    {CoefficientType::kPolarExpress, 1, DType::kFloat32, {}},  // cond 34.3, sigma 1.992 / 2.042
+    {CoefficientType::kPolarExpress, 2, DType::kFloat16, {1}},  // cond 34.3, sigma 1.966 / 2.016
+    {CoefficientType::kPolarExpress, 2, DType::kBFloat16, {1}},  // cond 34.3, sigma 1.970 / 2.016
+    {CoefficientType::kPolarExpress, 2, DType::kFloat32, {1}},  // cond 34.3, sigma 1.966 / 2.016
+    {CoefficientType::kPolarExpress, 3, DType::kFloat16, {1}},  // cond 170, sigma 1.870 / 1.916
+    {CoefficientType::kPolarExpress, 3, DType::kBFloat16, {2}},  // cond 172, sigma 1.870 / 1.916
+    {CoefficientType::kPolarExpress, 3, DType::kFloat32, {1}},  // cond 170, sigma 1.870 / 1.916
+    {CoefficientType::kPolarExpress, 4, DType::kFloat16, {2}},  // cond 172, sigma 1.568 / 1.610
+    {CoefficientType::kPolarExpress, 4, DType::kBFloat16, {2, 3}},  // cond 172, sigma 1.571 / 1.610
+    {CoefficientType::kPolarExpress, 4, DType::kFloat32, {2}},  // cond 172, sigma 1.571 / 1.610
+    {CoefficientType::kPolarExpress, 5, DType::kFloat16, {1, 3}},  // cond 170, sigma 1.129 / 1.174
+    {CoefficientType::kPolarExpress, 5, DType::kBFloat16, {2, 3}},  // cond 1.74e+03, sigma 1.162 / 1.174
+    {CoefficientType::kPolarExpress, 5, DType::kFloat32, {1, 3}},  // cond 170, sigma 1.131 / 1.174
+    {CoefficientType::kPolarExpress, 6, DType::kFloat16, {1, 3}},  // cond 170, sigma 1.024 / 1.051
+    {CoefficientType::kPolarExpress, 6, DType::kBFloat16, {1, 2, 3, 4}},  // cond 34.4, sigma 1.019 / 1.051
+    {CoefficientType::kPolarExpress, 6, DType::kFloat32, {1, 3}},  // cond 170, sigma 1.045 / 1.051
+    {CoefficientType::kPolarExpress, 7, DType::kFloat16, {1, 2, 4}},  // cond 57.4, sigma 1.004 / 1.050
+    {CoefficientType::kPolarExpress, 7, DType::kBFloat16, {1, 2, 4}},  // cond 57.4, sigma 1.029 / 1.050
+    {CoefficientType::kPolarExpress, 7, DType::kFloat32, {1, 2, 4}},  // cond 57.4, sigma 1.005 / 1.050
+    {CoefficientType::kPolarExpress, 8, DType::kFloat16, {1, 2, 4}},  // cond 57.4, sigma 1.006 / 1.050
+    {CoefficientType::kPolarExpress, 8, DType::kBFloat16, {1, 2, 3, 5}},  // cond 34.4, sigma 1.014 / 1.050
+    {CoefficientType::kPolarExpress, 8, DType::kFloat32, {1, 2, 4}},  // cond 57.4, sigma 1.007 / 1.050
+    {CoefficientType::kPolarExpress, 9, DType::kFloat16, {1, 2, 4}},  // cond 57.4, sigma 1.025 / 1.050
+    {CoefficientType::kPolarExpress, 9, DType::kBFloat16, {1, 2, 3, 5}},  // cond 34.4, sigma 1.029 / 1.050
+    {CoefficientType::kPolarExpress, 9, DType::kFloat32, {1, 2, 4}},  // cond 57.4, sigma 1.012 / 1.050
+    {CoefficientType::kPolarExpress, 10, DType::kFloat16, {1, 2, 5}},  // cond 69.3, sigma 1.008 / 1.050
+    {CoefficientType::kPolarExpress, 10, DType::kBFloat16, {1, 2, 3, 6}},  // cond 34.4, sigma 1.026 / 1.050
+    {CoefficientType::kPolarExpress, 10, DType::kFloat32, {1, 2, 4}},  // cond 113, sigma 1.027 / 1.050
+    {CoefficientType::kAol, 1, DType::kFloat16, {}},  // cond 826, sigma 1.209 / 1.258
+    {CoefficientType::kAol, 1, DType::kBFloat16, {}},  // cond 826, sigma 1.212 / 1.258
+    {CoefficientType::kAol, 1, DType::kFloat32, {}},  // cond 826, sigma 1.209 / 1.258
+    {CoefficientType::kAol, 2, DType::kFloat16, {1}},  // cond 826, sigma 1.118 / 1.167
+    {CoefficientType::kAol, 2, DType::kBFloat16, {1}},  // cond 826, sigma 1.122 / 1.167
+    {CoefficientType::kAol, 2, DType::kFloat32, {1}},  // cond 826, sigma 1.118 / 1.167
+    {CoefficientType::kAol, 3, DType::kFloat16, {1}},  // cond 826, sigma 1.059 / 1.105
+    {CoefficientType::kAol, 3, DType::kBFloat16, {1}},  // cond 826, sigma 1.104 / 1.105
+    {CoefficientType::kAol, 3, DType::kFloat32, {1}},  // cond 826, sigma 1.062 / 1.105
+    {CoefficientType::kAol, 4, DType::kFloat16, {1}},  // cond 826, sigma 1.086 / 1.134
+    {CoefficientType::kAol, 4, DType::kBFloat16, {2}},  // cond 834, sigma 1.086 / 1.134
     {CoefficientType::kAol, 4, DType::kFloat32, {1}},  // cond 826, sigma 1.085 / 1.134
-    {CoefficientType::kAol, 5, DType::kFloat16, {3}},  // cond 1.49e+03, sigma 1.202 / 1.258
-    {CoefficientType::kAol, 5, DType::kBFloat16, {3}},  // cond 1.49e+03, sigma 1.201 / 1.258
-    {CoefficientType::kAol, 5, DType::kFloat32, {3}},  // cond 1.49e+03, sigma 1.202 / 1.258
-    {CoefficientType::kAol, 6, DType::kFloat16, {3}},  // cond 1.61e+03, sigma 1.122 / 1.167
-    {CoefficientType::kAol, 6, DType::kBFloat16, {3, 5}},  // cond 1.49e+03, sigma 1.118 / 1.167
-    {CoefficientType::kAol, 6, DType::kFloat32, {3}},  // cond 1.61e+03, sigma 1.129 / 1.167
-    {CoefficientType::kAol, 7, DType::kFloat16, {3, 5}},  // cond 1.49e+03, sigma 1.055 / 1.105
-    {CoefficientType::kAol, 7, DType::kBFloat16, {3, 5}},  // cond 1.49e+03, sigma 1.061 / 1.105
-    {CoefficientType::kAol, 7, DType::kFloat32, {3, 5}},  // cond 1.49e+03, sigma 1.055 / 1.105
-    {CoefficientType::kAol, 8, DType::kFloat16, {3, 5}},  // cond 1.49e+03, sigma 1.085 / 1.134
-    {CoefficientType::kAol, 8, DType::kBFloat16, {3, 6}},  // cond 1.61e+03, sigma 1.117 / 1.134
-    {CoefficientType::kAol, 8, DType::kFloat32, {3, 5}},  // cond 1.49e+03, sigma 1.083 / 1.134
-    {CoefficientType::kAol, 9, DType::kFloat16, {3, 6}},  // cond 1.63e+03, sigma 1.215 / 1.256
-    {CoefficientType::kAol, 9, DType::kBFloat16, {3, 6}},  // cond 1.63e+03, sigma 1.071 / 1.256
-    {CoefficientType::kAol, 9, DType::kFloat32, {3, 6}},  // cond 1.63e+03, sigma 1.210 / 1.256
-    {CoefficientType::kAol, 10, DType::kFloat16, {3, 5, 8}},  // cond 1.49e+03, sigma 1.118 / 1.167
-    {CoefficientType::kAol, 10, DType::kBFloat16, {3, 6}},  // cond 2.85e+03, sigma 1.163 / 1.167
-    {CoefficientType::kAol, 10, DType::kFloat32, {3, 5, 8}},  // cond 1.49e+03, sigma 1.119 / 1.167
-    {CoefficientType::kCans, 1, DType::kFloat16, {}},  // cond 822, sigma 1.991 / 2.042
-    {CoefficientType::kCans, 1, DType::kBFloat16, {}},  // cond 822, sigma 1.992 / 2.042
-    {CoefficientType::kCans, 1, DType::kFloat32, {}},  // cond 822, sigma 1.990 / 2.042
-    {CoefficientType::kCans, 2, DType::kFloat16, {1}},  // cond 822, sigma 1.951 / 2.015
-    {CoefficientType::kCans, 2, DType::kBFloat16, {1}},  // cond 822, sigma 1.961 / 2.015
-    {CoefficientType::kCans, 2, DType::kFloat32, {1}},  // cond 822, sigma 1.951 / 2.015
-    {CoefficientType::kCans, 3, DType::kFloat16, {1}},  // cond 822, sigma 1.828 / 1.910
-    {CoefficientType::kCans, 3, DType::kBFloat16, {1}},  // cond 822, sigma 1.889 / 1.910
-    {CoefficientType::kCans, 3, DType::kFloat32, {1}},  // cond 822, sigma 1.828 / 1.910
-    {CoefficientType::kCans, 4, DType::kFloat16, {1}},  // cond 822, sigma 1.553 / 1.599
-    {CoefficientType::kCans, 4, DType::kBFloat16, {2}},  // cond 976, sigma 1.538 / 1.599
-    {CoefficientType::kCans, 4, DType::kFloat32, {1}},  // cond 822, sigma 1.587 / 1.599
-    {CoefficientType::kCans, 5, DType::kFloat16, {2}},  // cond 1.47e+06, sigma 1.135 / 1.170
-    {CoefficientType::kCans, 5, DType::kBFloat16, {2, 4}},  // cond 1.03e+05, sigma 1.116 / 1.170
-    {CoefficientType::kCans, 5, DType::kFloat32, {3}},  // cond 6.59e+07, sigma 1.122 / 1.170
-    {CoefficientType::kCans, 6, DType::kFloat16, {1, 2, 3, 4, 5}},  // cond 1.05e+19, sigma 1.104 / 1.163
-    {CoefficientType::kCans, 6, DType::kBFloat16, {1, 2, 3, 4, 5}},  // cond 1.05e+19, sigma 1.105 / 1.163
-    {CoefficientType::kCans, 6, DType::kFloat32, {1, 2, 3, 4, 5}},  // cond 1.05e+19, sigma 1.104 / 1.163
-    {CoefficientType::kCans, 7, DType::kFloat16, {1, 2, 3, 4, 5, 6}},  // cond 2.24e+94, sigma 1.112 / 1.163
-    {CoefficientType::kCans, 7, DType::kBFloat16, {1, 2, 3, 4, 5, 6}},  // cond 2.24e+94, sigma 1.116 / 1.163
-    {CoefficientType::kCans, 7, DType::kFloat32, {1, 2, 3, 4, 5, 6}},  // cond 2.24e+94, sigma 1.112 / 1.163
-    {CoefficientType::kCans, 8, DType::kFloat16, {1, 2, 3, 4, 5, 6, 7}},  // cond inf, sigma 1.106 / 1.163
-    {CoefficientType::kCans, 8, DType::kBFloat16, {1, 2, 3, 4, 5, 6, 7}},  // cond inf, sigma 1.115 / 1.163
-    {CoefficientType::kCans, 8, DType::kFloat32, {1, 2, 3, 4, 5, 6, 7}},  // cond inf, sigma 1.107 / 1.163
-    {CoefficientType::kCans, 9, DType::kFloat16, {1, 2, 3, 4, 5, 6, 7, 8}},  // cond inf, sigma 1.113 / 1.162
-    {CoefficientType::kCans, 9, DType::kBFloat16, {1, 2, 3, 4, 5, 6, 7, 8}},  // cond inf, sigma 1.094 / 1.162
-    {CoefficientType::kCans, 9, DType::kFloat32, {1, 2, 3, 4, 5, 6, 7, 8}},  // cond inf, sigma 1.113 / 1.162
-    {CoefficientType::kCans, 10, DType::kFloat16, {1, 2, 3, 4, 5, 6, 7, 8, 9}},  // cond inf, sigma 1.113 / 1.160
-    {CoefficientType::kCans, 10, DType::kBFloat16, {1, 2, 3, 4, 5, 6, 7, 8, 9}},  // cond inf, sigma 1.063 / 1.160
-    {CoefficientType::kCans, 10, DType::kFloat32, {1, 2, 3, 4, 5, 6, 7, 8, 9}},  // cond inf, sigma 1.113 / 1.160
-    {CoefficientType::kDeepseekV4, 1, DType::kFloat16, {}},  // cond 4.91, sigma 1.189 / 1.252
-    {CoefficientType::kDeepseekV4, 1, DType::kBFloat16, {}},  // cond 4.91, sigma 1.189 / 1.252
-    {CoefficientType::kDeepseekV4, 1, DType::kFloat32, {}},  // cond 4.91, sigma 1.189 / 1.252
-    {CoefficientType::kDeepseekV4, 2, DType::kFloat16, {1}},  // cond 5.4, sigma 1.199 / 1.252
-    {CoefficientType::kDeepseekV4, 2, DType::kBFloat16, {1}},  // cond 5.4, sigma 1.202 / 1.252
-    {CoefficientType::kDeepseekV4, 2, DType::kFloat32, {1}},  // cond 5.4, sigma 1.199 / 1.252
+    {CoefficientType::kAol, 5, DType::kFloat16, {3}},  // cond 1.49e+03, sigma 1.208 / 1.258
+    {CoefficientType::kAol, 5, DType::kBFloat16, {1, 3}},  // cond 1.52e+03, sigma 1.211 / 1.258
+    {CoefficientType::kAol, 5, DType::kFloat32, {3}},  // cond 1.49e+03, sigma 1.208 / 1.258
+    {CoefficientType::kAol, 6, DType::kFloat16, {3}},  // cond 1.61e+03, sigma 1.166 / 1.167
+    {CoefficientType::kAol, 6, DType::kBFloat16, {2, 4}},  // cond 1.95e+04, sigma 1.160 / 1.167
+    {CoefficientType::kAol, 6, DType::kFloat32, {3}},  // cond 1.61e+03, sigma 1.149 / 1.167
+    {CoefficientType::kAol, 7, DType::kFloat16, {3, 5}},  // cond 1.49e+03, sigma 1.057 / 1.105
+    {CoefficientType::kAol, 7, DType::kBFloat16, {1, 3, 5}},  // cond 1.52e+03, sigma 1.075 / 1.105
+    {CoefficientType::kAol, 7, DType::kFloat32, {3, 5}},  // cond 1.49e+03, sigma 1.057 / 1.105
+    {CoefficientType::kAol, 8, DType::kFloat16, {3, 5}},  // cond 1.49e+03, sigma 1.096 / 1.134
+    {CoefficientType::kAol, 8, DType::kBFloat16, {2, 4, 6}},  // cond 1.95e+04, sigma 1.095 / 1.134
+    {CoefficientType::kAol, 8, DType::kFloat32, {3, 5}},  // cond 1.49e+03, sigma 1.089 / 1.134
+    {CoefficientType::kAol, 9, DType::kFloat16, {3, 6}},  // cond 1.63e+03, sigma 1.213 / 1.256
+    {CoefficientType::kAol, 9, DType::kBFloat16, {1, 3, 5, 6}},  // cond 1.52e+03, sigma 1.252 / 1.256
+    {CoefficientType::kAol, 9, DType::kFloat32, {3, 6}},  // cond 1.63e+03, sigma 1.211 / 1.256
+    {CoefficientType::kAol, 10, DType::kFloat16, {3, 6}},  // cond 2.85e+03, sigma 1.123 / 1.167
+    {CoefficientType::kAol, 10, DType::kBFloat16, {2, 3, 5, 7}},  // cond 2.62e+03, sigma 1.141 / 1.167
+    {CoefficientType::kAol, 10, DType::kFloat32, {3, 6}},  // cond 2.85e+03, sigma 1.133 / 1.167
+    {CoefficientType::kCans, 1, DType::kFloat16, {}},  // cond 822, sigma 1.999 / 2.042
+    {CoefficientType::kCans, 1, DType::kBFloat16, {}},  // cond 822, sigma 2.039 / 2.042
+    {CoefficientType::kCans, 1, DType::kFloat32, {}},  // cond 822, sigma 2.003 / 2.042
+    {CoefficientType::kCans, 2, DType::kFloat16, {1}},  // cond 822, sigma 2.055 / 2.015
+    {CoefficientType::kCans, 2, DType::kBFloat16, {1}},  // cond 822, sigma 2.641 / 2.015
+    {CoefficientType::kCans, 2, DType::kFloat32, {1}},  // cond 822, sigma 2.114 / 2.015
+    {CoefficientType::kCans, 3, DType::kFloat16, {1, 2}},  // cond 822, sigma 3.136 / 1.910
+    {CoefficientType::kCans, 3, DType::kBFloat16, {1, 2}},  // cond 822, sigma 28.351 / 1.910
+    {CoefficientType::kCans, 3, DType::kFloat32, {1, 2}},  // cond 822, sigma 4.234 / 1.910
+    {CoefficientType::kCans, 4, DType::kFloat16, {1, 2, 3}},  // cond 822, sigma 88.263 / 1.599
+    {CoefficientType::kCans, 4, DType::kBFloat16, {1, 2, 3}},  // cond 822, sigma 9234747.545 / 1.599
+    {CoefficientType::kCans, 4, DType::kFloat32, {1, 2, 3}},  // cond 822, sigma 517.373 / 1.599
+    {CoefficientType::kCans, 5, DType::kFloat16, {1, 2, 3, 4}},  // cond 9.05e+03, sigma inf / 1.170
+    {CoefficientType::kCans, 5, DType::kBFloat16, {1, 2, 3, 4}},  // cond 9.05e+03, sigma 27915517613502320507278486000369664.000 / 1.170
+    {CoefficientType::kCans, 5, DType::kFloat32, {1, 2, 3, 4}},  // cond 9.05e+03, sigma 15433081358339.359 / 1.170
+    {CoefficientType::kCans, 6, DType::kFloat16, {1, 2, 3, 4, 5}},  // cond 1.05e+19, sigma inf / 1.163
+    {CoefficientType::kCans, 6, DType::kBFloat16, {1, 2, 3, 4, 5}},  // cond 1.05e+19, sigma inf / 1.163
+    {CoefficientType::kCans, 6, DType::kFloat32, {1, 2, 3, 4, 5}},  // cond 1.05e+19, sigma inf / 1.163
+    {CoefficientType::kCans, 7, DType::kFloat16, {1, 2, 3, 4, 5, 6}},  // cond 2.24e+94, sigma inf / 1.163
+    {CoefficientType::kCans, 7, DType::kBFloat16, {1, 2, 3, 4, 5, 6}},  // cond 2.24e+94, sigma inf / 1.163
+    {CoefficientType::kCans, 7, DType::kFloat32, {1, 2, 3, 4, 5, 6}},  // cond 2.24e+94, sigma inf / 1.163
+    {CoefficientType::kCans, 8, DType::kFloat16, {1, 2, 3, 4, 5, 6, 7}},  // cond inf, sigma inf / 1.163
+    {CoefficientType::kCans, 8, DType::kBFloat16, {1, 2, 3, 4, 5, 6, 7}},  // cond inf, sigma inf / 1.163
+    {CoefficientType::kCans, 8, DType::kFloat32, {1, 2, 3, 4, 5, 6, 7}},  // cond inf, sigma inf / 1.163
+    {CoefficientType::kCans, 9, DType::kFloat16, {1, 2, 3, 4, 5, 6, 7, 8}},  // cond inf, sigma inf / 1.162
+    {CoefficientType::kCans, 9, DType::kBFloat16, {1, 2, 3, 4, 5, 6, 7, 8}},  // cond inf, sigma inf / 1.162
+    {CoefficientType::kCans, 9, DType::kFloat32, {1, 2, 3, 4, 5, 6, 7, 8}},  // cond inf, sigma inf / 1.162
+    {CoefficientType::kCans, 10, DType::kFloat16, {1, 2, 3, 4, 5, 6, 7, 8, 9}},  // cond inf, sigma inf / 1.160
+    {CoefficientType::kCans, 10, DType::kBFloat16, {1, 2, 3, 4, 5, 6, 7, 8, 9}},  // cond inf, sigma inf / 1.160
+    {CoefficientType::kCans, 10, DType::kFloat32, {1, 2, 3, 4, 5, 6, 7, 8, 9}},  // cond inf, sigma inf / 1.160
+    {CoefficientType::kDeepseekV4, 1, DType::kFloat16, {}},  // cond 4.91, sigma 1.203 / 1.252
+    {CoefficientType::kDeepseekV4, 1, DType::kBFloat16, {}},  // cond 4.91, sigma 1.204 / 1.252
+    {CoefficientType::kDeepseekV4, 1, DType::kFloat32, {}},  // cond 4.91, sigma 1.203 / 1.252
+    {CoefficientType::kDeepseekV4, 2, DType::kFloat16, {1}},  // cond 5.4, sigma 1.203 / 1.252
+    {CoefficientType::kDeepseekV4, 2, DType::kBFloat16, {1}},  // cond 5.4, sigma 1.206 / 1.252
+    {CoefficientType::kDeepseekV4, 2, DType::kFloat32, {1}},  // cond 5.4, sigma 1.203 / 1.252
     {CoefficientType::kDeepseekV4, 3, DType::kFloat16, {2}},  // cond 13.4, sigma 1.202 / 1.252
-    {CoefficientType::kDeepseekV4, 3, DType::kBFloat16, {2}},  // cond 13.4, sigma 1.202 / 1.252
+    {CoefficientType::kDeepseekV4, 3, DType::kBFloat16, {2}},  // cond 13.4, sigma 1.204 / 1.252
     {CoefficientType::kDeepseekV4, 3, DType::kFloat32, {2}},  // cond 13.4, sigma 1.202 / 1.252
-    {CoefficientType::kDeepseekV4, 4, DType::kFloat16, {2}},  // cond 20.2, sigma 1.199 / 1.252
-    {CoefficientType::kDeepseekV4, 4, DType::kBFloat16, {2}},  // cond 20.2, sigma 1.201 / 1.252
-    {CoefficientType::kDeepseekV4, 4, DType::kFloat32, {2}},  // cond 20.2, sigma 1.199 / 1.252
-    {CoefficientType::kDeepseekV4, 5, DType::kFloat16, {3}},  // cond 62.5, sigma 1.184 / 1.252
-    {CoefficientType::kDeepseekV4, 5, DType::kBFloat16, {3}},  // cond 62.5, sigma 1.189 / 1.252
-    {CoefficientType::kDeepseekV4, 5, DType::kFloat32, {3}},  // cond 62.5, sigma 1.184 / 1.252
-    {CoefficientType::kDeepseekV4, 6, DType::kFloat16, {3}},  // cond 5.28e+04, sigma 1.191 / 1.252
-    {CoefficientType::kDeepseekV4, 6, DType::kBFloat16, {2, 4}},  // cond 20.2, sigma 1.183 / 1.252
-    {CoefficientType::kDeepseekV4, 6, DType::kFloat32, {2}},  // cond 668, sigma 1.218 / 1.252
-    {CoefficientType::kDeepseekV4, 7, DType::kFloat16, {2, 4}},  // cond 74.1, sigma 1.207 / 1.252
-    {CoefficientType::kDeepseekV4, 7, DType::kBFloat16, {2, 4, 5}},  // cond 20.2, sigma 1.213 / 1.252
-    {CoefficientType::kDeepseekV4, 7, DType::kFloat32, {2, 4}},  // cond 74.1, sigma 1.202 / 1.252
-    {CoefficientType::kDeepseekV4, 8, DType::kFloat16, {2, 5}},  // cond 5.28e+04, sigma 1.202 / 1.252
-    {CoefficientType::kDeepseekV4, 8, DType::kBFloat16, {2, 4, 6}},  // cond 20.2, sigma 1.210 / 1.252
-    {CoefficientType::kDeepseekV4, 8, DType::kFloat32, {2, 4}},  // cond 668, sigma 1.240 / 1.252
-    {CoefficientType::kDeepseekV4, 9, DType::kFloat16, {2, 4, 6}},  // cond 31, sigma 1.055 / 1.104
-    {CoefficientType::kDeepseekV4, 9, DType::kBFloat16, {2, 4, 6}},  // cond 31, sigma 1.062 / 1.104
-    {CoefficientType::kDeepseekV4, 9, DType::kFloat32, {2, 4, 6}},  // cond 31, sigma 1.054 / 1.104
-    {CoefficientType::kDeepseekV4, 10, DType::kFloat16, {2, 4, 6}},  // cond 72.6, sigma 1.037 / 1.052
-    {CoefficientType::kDeepseekV4, 10, DType::kBFloat16, {2, 4, 6}},  // cond 72.6, sigma 1.023 / 1.052
-    {CoefficientType::kDeepseekV4, 10, DType::kFloat32, {2, 4, 6}},  // cond 72.6, sigma 1.019 / 1.052
+    {CoefficientType::kDeepseekV4, 4, DType::kFloat16, {2}},  // cond 20.2, sigma 1.202 / 1.252
+    {CoefficientType::kDeepseekV4, 4, DType::kBFloat16, {2}},  // cond 20.2, sigma 1.209 / 1.252
+    {CoefficientType::kDeepseekV4, 4, DType::kFloat32, {2}},  // cond 20.2, sigma 1.202 / 1.252
+    {CoefficientType::kDeepseekV4, 5, DType::kFloat16, {3}},  // cond 62.5, sigma 1.203 / 1.252
+    {CoefficientType::kDeepseekV4, 5, DType::kBFloat16, {2, 3}},  // cond 19.1, sigma 1.212 / 1.252
+    {CoefficientType::kDeepseekV4, 5, DType::kFloat32, {3}},  // cond 62.5, sigma 1.203 / 1.252
+    {CoefficientType::kDeepseekV4, 6, DType::kFloat16, {3}},  // cond 5.28e+04, sigma 1.229 / 1.252
+    {CoefficientType::kDeepseekV4, 6, DType::kBFloat16, {2, 4}},  // cond 20.2, sigma 1.239 / 1.252
+    {CoefficientType::kDeepseekV4, 6, DType::kFloat32, {3}},  // cond 5.28e+04, sigma 1.208 / 1.252
+    {CoefficientType::kDeepseekV4, 7, DType::kFloat16, {2, 4}},  // cond 74.1, sigma 1.246 / 1.252
+    {CoefficientType::kDeepseekV4, 7, DType::kBFloat16, {2, 4, 5}},  // cond 20.2, sigma 1.236 / 1.252
+    {CoefficientType::kDeepseekV4, 7, DType::kFloat32, {2, 4}},  // cond 74.1, sigma 1.231 / 1.252
+    {CoefficientType::kDeepseekV4, 8, DType::kFloat16, {2, 5}},  // cond 5.28e+04, sigma 1.225 / 1.252
+    {CoefficientType::kDeepseekV4, 8, DType::kBFloat16, {2, 4, 6}},  // cond 20.2, sigma 1.227 / 1.252
+    {CoefficientType::kDeepseekV4, 8, DType::kFloat32, {2, 5}},  // cond 5.28e+04, sigma 1.214 / 1.252
+    {CoefficientType::kDeepseekV4, 9, DType::kFloat16, {2, 4, 6}},  // cond 31, sigma 1.056 / 1.104
+    {CoefficientType::kDeepseekV4, 9, DType::kBFloat16, {2, 4, 6}},  // cond 31, sigma 1.077 / 1.104
+    {CoefficientType::kDeepseekV4, 9, DType::kFloat32, {2, 4, 6}},  // cond 31, sigma 1.055 / 1.104
+    {CoefficientType::kDeepseekV4, 10, DType::kFloat16, {2, 4, 6}},  // cond 72.6, sigma 1.013 / 1.052
+    {CoefficientType::kDeepseekV4, 10, DType::kBFloat16, {2, 4, 5, 7}},  // cond 20.2, sigma 1.017 / 1.052
+    {CoefficientType::kDeepseekV4, 10, DType::kFloat32, {2, 4, 6}},  // cond 72.6, sigma 1.010 / 1.052
 };
 // clang-format on
 

@@ -329,15 +329,15 @@ TEST(GramRestartDefaults, TableAndFallback) {
   EXPECT_EQ(DefaultGramRestarts(CoefficientType::kQuintic, 5, fp16),
             std::vector<int>{2});
   EXPECT_EQ(DefaultGramRestarts(CoefficientType::kQuintic, 5, bf16),
-            std::vector<int>{3});
+            (std::vector<int>{2, 3}));
   EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 5, fp16),
-            std::vector<int>{2});
-  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 5, bf16),
-            (std::vector<int>{2, 4}));
-  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 5, fp32),
-            std::vector<int>{3});
-  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 8, fp16),
             (std::vector<int>{1, 3}));
+  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 5, bf16),
+            (std::vector<int>{2, 3}));
+  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 5, fp32),
+            (std::vector<int>{1, 3}));
+  EXPECT_EQ(DefaultGramRestarts(CoefficientType::kPolarExpress, 8, fp16),
+            (std::vector<int>{1, 2, 4}));
   EXPECT_EQ(DefaultGramRestarts(CoefficientType::kSimple, 1, bf16),
             std::vector<int>{});
   // The fallback ignores the dtype.
@@ -372,11 +372,11 @@ TEST(GramRestartDefaults, ResolvedByIterationDType) {
   NsOptions o = GramOptions(CoefficientType::kPolarExpress, 5);
   o.precision = MatmulPrecision::kMedium;
   o.gram_dtype = DType::kFloat16;
-  EXPECT_EQ(GramRestarts(o), std::vector<int>{2});
+  EXPECT_EQ(GramRestarts(o), (std::vector<int>{1, 3}));
   o.gram_dtype = DType::kBFloat16;
-  EXPECT_EQ(GramRestarts(o), (std::vector<int>{2, 4}));
+  EXPECT_EQ(GramRestarts(o), (std::vector<int>{2, 3}));
   o.precision = MatmulPrecision::kHighest;  // fp32, whatever gram_dtype says
-  EXPECT_EQ(GramRestarts(o), std::vector<int>{3});
+  EXPECT_EQ(GramRestarts(o), (std::vector<int>{1, 3}));
   o.gram_restarts = std::vector<int>{1};  // explicit wins
   EXPECT_EQ(GramRestarts(o), std::vector<int>{1});
 }

@@ -24,5 +24,12 @@ TEST_F(GramSpectraCudaTest, SigmaMaxBoundHoldsOnlyWithRestarts) {
                      {{64, 256, true}, {256, 64, true}, {1024, 4096, false}});
 }
 
+TEST_F(GramSpectraCudaTest, SigmaMaxBoundHoldsAtShapeClasses) {
+  CheckSigmaMaxAtShapeClasses(
+      gpu_.get(), {{8, 24}, {24, 8}, {12, 30}, {30, 12}, {16, 64}, {32, 128},
+                   {128, 32}, {64, 256}, {128, 512}, {256, 640}, {640, 256},
+                   {512, 1536}});
+}
+
 }  // namespace
 }  // namespace muond::testing

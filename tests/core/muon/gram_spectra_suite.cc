@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <utility>
 
+#include "core/backend/bf16.h"
 #include "core/muon/coefficients.h"
 #include "core/muon/gram_newton_schulz.h"
 #include "tests/core/muon/spectral_reference.h"
@@ -106,6 +108,15 @@ int CountNonFinite(const std::vector<float>& v) {
 
 std::string ShapeName(const SpectraShape& s) {
   return std::to_string(s.rows) + "x" + std::to_string(s.cols);
+}
+
+// "{2,4}": the restart iterations `o` resolves to.
+std::string RestartsName(const NsOptions& o) {
+  std::string out = "{";
+  for (int r : GramRestarts(o)) {
+    out += (out.size() > 1 ? "," : "") + std::to_string(r);
+  }
+  return out + "}";
 }
 
 std::vector<float> Ldexp(const std::vector<float>& v, int e) {
@@ -296,14 +307,10 @@ void CheckSigmaMaxBound(Backend* backend,
         }
         return std::make_pair(s, CountNonFinite(out));
       };
-      std::string restarts = "{";
-      for (int r : GramRestarts(with)) {
-        restarts += (restarts.size() > 1 ? "," : "") + std::to_string(r);
-      }
-      restarts += "}";
       const std::string what = std::string(CoefficientTypeName(c.type)) + " " +
                                std::string(DTypeName(c.dtype)) + " restarts " +
-                               restarts + " " + ShapeName(shape) + ": ";
+                               RestartsName(with) + " " + ShapeName(shape) +
+                               ": ";
       const auto [s_with, nonfinite] = sigma(with);
       const double s_without = sigma(without).first;
       // Context only (no check): standard bf16 on the same input.
@@ -325,6 +332,89 @@ void CheckSigmaMaxBound(Backend* backend,
           << " without restarts <= " << bound
           << ": this input no longer shows the growth the restart "
           << "prevents, so the bound check above proves nothing";
+    }
+  }
+}
+
+namespace {
+
+constexpr const char* kInputKinds[] = {"gaussian", "log_1e-9", "rank_m/2",
+                                       "rank_m/8"};
+
+// One rows x cols input of kInputKinds[kind], rounded to bf16.
+std::vector<float> Bf16Input(const SpectraShape& shape, int kind,
+                             uint32_t seed) {
+  const int m = std::min(shape.rows, shape.cols);
+  std::vector<float> out;
+  if (kind == 0) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> normal;
+    for (int i = 0; i < shape.rows * shape.cols; ++i)
+      out.push_back(normal(gen));
+  } else {
+    const int rank = kind == 2 ? m / 2 : std::max(1, m / 8);
+    std::vector<double> s = LogDecaying(m, 1e-9);
+    if (kind != 1) {
+      for (int i = 0; i < m; ++i) s[i] = i < rank ? 1.0 : 0.0;
+    }
+    for (double v : KnownSpectrum(shape.rows, shape.cols, s, seed).Input())
+      out.push_back(float(v));
+  }
+  for (float& v : out) v = RoundToBf16(v);
+  return out;
+}
+
+}  // namespace
+
+void CheckSigmaMaxAtShapeClasses(Backend* backend,
+                                 const std::vector<SpectraShape>& shapes) {
+  std::printf("sigma_max of Gram output, bf16 inputs (%s):\n",
+              std::string(backend->name()).c_str());
+  // Not cans: its own polynomial leaves [0, 1] just above sigma = 1 (five
+  // steps map 1.001 to 2e23), so a 16-bit rounding that lifts any singular
+  // value past 1 diverges on every algorithm, standard NS too (docs say so).
+  const CoefficientType types[] = {
+      CoefficientType::kSimple, CoefficientType::kQuintic,
+      CoefficientType::kPolarExpress, CoefficientType::kAol,
+      CoefficientType::kDeepseekV4};
+  uint32_t seed = 501;
+  for (const CoefficientType type : types) {
+    for (const DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      NsOptions o = Gram(dtype);
+      o.coefficient_type = type;
+      const double bound = NsScalarMaxOn01(Schedule(o)) + kSigmaSlack;
+      const std::string set = std::string(CoefficientTypeName(type)) + " " +
+                              std::string(DTypeName(dtype)) + " restarts " +
+                              RestartsName(o) + " ";
+      double worst = 0;
+      std::string worst_at;
+      for (const SpectraShape& shape : shapes) {
+        for (int kind = 0; kind < int(std::size(kInputKinds)); ++kind) {
+          std::vector<float> in;
+          for (int k = 0; k < kBatch; ++k) {
+            const std::vector<float> one = Bf16Input(shape, kind, seed++);
+            in.insert(in.end(), one.begin(), one.end());
+          }
+          const std::vector<float> out =
+              RunNs(backend, o, in, shape.rows, shape.cols, kBatch);
+          const std::string what =
+              set + ShapeName(shape) + " " + kInputKinds[kind];
+          EXPECT_EQ(CountNonFinite(out), 0) << what;
+          const size_t per = size_t(shape.rows) * shape.cols;
+          for (int k = 0; k < kBatch; ++k) {
+            const std::vector<float> slice(out.begin() + k * per,
+                                           out.begin() + (k + 1) * per);
+            const double s = SigmaMax(slice, shape.rows, shape.cols, 200);
+            EXPECT_LE(s, bound) << what << ": sigma_max " << s
+                                << " > max p + " << kSigmaSlack << " = "
+                                << bound;
+            if (s > worst) worst = s, worst_at = ShapeName(shape) + " " +
+                                                 kInputKinds[kind];
+          }
+        }
+      }
+      std::printf("  %-44s bound %.4f  worst %.4f at %s\n", set.c_str(),
+                  bound, worst, worst_at.c_str());
     }
   }
 }

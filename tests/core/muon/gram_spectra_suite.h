@@ -17,7 +17,9 @@
 //  - sigma_max: on inputs where rounding makes spurious negative Gram
 //    eigenvalues, Gram with restarts keeps sigma_max(out) <= max_[0,1] p +
 //    kSigmaSlack, and the same run without restarts exceeds that bound, so
-//    the check fails if the restart is removed (cases in CheckSigmaMaxBound).
+//    the check fails if the restart is removed (cases in CheckSigmaMaxBound);
+//    and at every shape class the default sends to Gram, bf16 inputs of
+//    four kinds, every built-in set but cans (CheckSigmaMaxAtShapeClasses).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -77,5 +79,16 @@ struct SigmaShape {
 };
 void CheckSigmaMaxBound(Backend* backend,
                         const std::vector<SigmaShape>& shapes);
+
+// sigma_max where the default sends Gram NS its inputs: every built-in
+// coefficient set but cans (which diverges above sigma = 1 in any 16-bit
+// NS) at 5 steps, fp16 and bf16, its default restarts
+// (DefaultGramRestarts), on each shape with bf16 inputs as the medium path
+// feeds NS (Gaussian; log-decaying 1 .. 1e-9; ranks m/2 and m/8, exact zeros
+// as a weight that saw few tokens has): every output finite and within
+// max_[0,1] p + kSigmaSlack. The tuner's output check runs the same kinds of
+// input (tools/gram_restart_tuner.py EMU_SHAPES) with other seeds.
+void CheckSigmaMaxAtShapeClasses(Backend* backend,
+                                 const std::vector<SpectraShape>& shapes);
 
 }  // namespace muond::testing

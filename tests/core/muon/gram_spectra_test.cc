@@ -57,5 +57,20 @@ TEST(GramSpectraTest, SigmaMaxBoundHoldsOnlyWithRestarts) {
   CheckSigmaMaxBound(cpu.get(), {{64, 256, true}, {256, 64, true}});
 }
 
+// The shape classes the default routes to Gram (aspect >= 2.5 below a short
+// side of 1536), both orientations, up to 128 x 512 on the CPU.
+TEST(GramSpectraTest, SigmaMaxBoundHoldsAtShapeClasses) {
+  const auto cpu = MakeCpuBackend();
+  CheckSigmaMaxAtShapeClasses(cpu.get(), {{8, 24},
+                                          {24, 8},
+                                          {12, 30},
+                                          {30, 12},
+                                          {16, 64},
+                                          {32, 128},
+                                          {128, 32},
+                                          {64, 256},
+                                          {128, 512}});
+}
+
 }  // namespace
 }  // namespace muond::testing
