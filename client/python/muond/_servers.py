@@ -53,10 +53,40 @@ HOW_TO_GET_BINARIES = (
     "or an editable install): install the platform wheel (deploy/wheel.sh builds it: "
     "`pip install dist/muond-*-manylinux_*.whl`), or build them in a checkout (`bazel build "
     "-c opt //server/daemon:muond-daemon //server/coordinator:muond-coordinator "
-    "//tools/muonctl:muonctl`) and pass `muond launch --bin-dir` or set $MUOND_BIN_DIR")
+    "//tools/muonctl:muonctl`) and pass `muond launch --bin-dir`, or set $MUOND_BIN_DIR to "
+    "the bazel-bin folder or a bundle's bin/ (muond-daemon, muond-coordinator and muonctl "
+    "then run those)")
 HOW_TO_REINSTALL = (
     "the installed muond package is damaged (an interrupted install or copy): reinstall the "
     "wheel (`pip install --force-reinstall dist/muond-*-manylinux_*.whl`)")
+
+
+# Where each server lies in a bazel-bin tree (a flat bin/ holds it by name).
+IN_BAZEL_TREE = {"muond-daemon": "server/daemon/muond-daemon",
+                 "muond-coordinator": "server/coordinator/muond-coordinator",
+                 "muonctl": "tools/muonctl/muonctl"}
+
+
+def executable_in(directory: str, name: str, skip_console_scripts: bool = False) -> str | None:
+    """Server `name` in `directory`, flat or as a bazel-bin tree; with
+    `skip_console_scripts`, past a muond package's own (is_console_script)."""
+    for path in (os.path.join(directory, name), os.path.join(directory, IN_BAZEL_TREE[name])):
+        if (os.path.isfile(path) and os.access(path, os.X_OK)
+                and not (skip_console_scripts and is_console_script(path))):
+            return path
+    return None
+
+
+def is_console_script(path: str) -> bool:
+    """True for the console scripts and muond/_bin wrappers of a muond package
+    (this module's `run`): they run the packaged servers or $MUOND_BIN_DIR's,
+    never a server of their own, so a lookup that found one looks on."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and b"muond._servers" in head
 
 
 class ServerError(RuntimeError):
@@ -197,7 +227,15 @@ def exec_server(name: str, args: list[str]) -> None:
     """Replaces this process with packaged server `name`; ServerError when
     it cannot run."""
     if packaged_bin_dir() is None:
-        raise ServerError(f"{name}: {HOW_TO_GET_BINARIES}")
+        # A package without servers runs $MUOND_BIN_DIR's (a bundle's bin/ or
+        # a bazel-bin tree), as `muond launch` finds them.
+        given = os.environ.get("MUOND_BIN_DIR")
+        found = executable_in(given, name, skip_console_scripts=True) if given else None
+        if found is None:
+            raise ServerError(f"{name}: {HOW_TO_GET_BINARIES}")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(found, [found, *args])
     binary = os.path.join(LIBEXEC_DIR, name)
     env = server_env(name)
     sys.stdout.flush()

@@ -136,6 +136,28 @@ class NotPackagedTest(unittest.TestCase):
         self.assertIn("deploy/wheel.sh", proc.stderr)
         self.assertIn("--bin-dir", proc.stderr)
 
+    def test_console_script_runs_the_bin_dirs_server(self):
+        # A stand-in muonctl in a bazel-bin tree under $MUOND_BIN_DIR runs with
+        # the script's arguments; a muond console script there is passed over.
+        with tempfile.TemporaryDirectory() as d:
+            tree = os.path.join(d, "tools", "muonctl")
+            os.makedirs(tree)
+            fake = os.path.join(tree, "muonctl")
+            with open(fake, "w") as f:
+                f.write('#!/bin/sh\necho "ran $0 with $*"\n')
+            os.chmod(fake, 0o755)
+            script = os.path.join(d, "muonctl")  # a console script: skipped
+            with open(script, "w") as f:
+                f.write("#!/usr/bin/env python3\nfrom muond._servers import run\n")
+            os.chmod(script, 0o755)
+            proc = subprocess.run(
+                [sys.executable, "-c", "import sys; from muond._servers import muonctl; "
+                 "sys.exit(muonctl())", "status", "--job", "j"],
+                capture_output=True, text=True, timeout=60,
+                env={**os.environ, "MUOND_BIN_DIR": d})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout.strip(), f"ran {fake} with status --job j")
+
 
 if __name__ == "__main__":
     unittest.main()

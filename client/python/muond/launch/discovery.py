@@ -29,16 +29,8 @@ def host_address() -> str:
         return "127.0.0.1"
 
 
-def _executable_in(directory: str, name: str, tree_path: str) -> str | None:
-    for path in (os.path.join(directory, name), os.path.join(directory, tree_path)):
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
-
-
-# Where each server lies in a bazel-bin tree (a flat bin/ holds it by name).
-_DAEMON_IN_TREE = "server/daemon/muond-daemon"
-_COORDINATOR_IN_TREE = "server/coordinator/muond-coordinator"
+_DAEMON_IN_TREE = _servers.IN_BAZEL_TREE["muond-daemon"]
+_COORDINATOR_IN_TREE = _servers.IN_BAZEL_TREE["muond-coordinator"]
 
 
 def find_servers(bin_dir: str | None, env, checkout: str | None = None) -> tuple[str, str, str]:
@@ -88,25 +80,13 @@ def servers_dir(daemon: str, coordinator: str) -> str:
 def _servers_in(given: str, what: str) -> tuple[str, str, str]:
     """Both servers in the directory the user named (flat or a bazel-bin
     tree), else LaunchError naming the one missing."""
-    coord = _executable_in(given, "muond-coordinator", _COORDINATOR_IN_TREE)
-    daemon = _executable_in(given, "muond-daemon", _DAEMON_IN_TREE)
+    coord = _servers.executable_in(given, "muond-coordinator")
+    daemon = _servers.executable_in(given, "muond-daemon")
     if not coord or not daemon:
         missing = "muond-coordinator" if not coord else "muond-daemon"
         raise LaunchError(f"{what} {given}: no executable {missing} there (flat or "
                           f"{_COORDINATOR_IN_TREE if not coord else _DAEMON_IN_TREE})")
     return daemon, coord, f"{what} {given}"
-
-
-def _is_console_script(path: str) -> bool:
-    """True for the `muond-daemon`/`muond-coordinator` console scripts of a
-    muond package (muond/_servers.py): they run only packaged servers, which
-    find_servers looked for already; without them they only say so."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return head.startswith(b"#!") and b"muond._servers" in head
 
 
 def _which_server(name: str, path: str | None) -> str | None:
@@ -115,7 +95,7 @@ def _which_server(name: str, path: str | None) -> str | None:
         path = os.environ.get("PATH", os.defpath)
     for directory in path.split(os.pathsep):
         found = shutil.which(name, path=directory) if directory else None
-        if found and not _is_console_script(found):
+        if found and not _servers.is_console_script(found):
             return found
     return None
 
