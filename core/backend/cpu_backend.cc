@@ -215,7 +215,7 @@ void AdamWFp8(const MatrixView& param, const MatrixView& grad,
     const float v_scale = ew::BlockScale(v_root_absmax);
     for (int64_t k = 0; k < len; ++k) {
       m_codes[b0 + k] = ew::QuantizeE4M3(m_block[k], m_scale);
-      v_codes[b0 + k] = ew::QuantizeE4M3(v_root_block[k], v_scale);
+      v_codes[b0 + k] = ew::QuantizeSecondMomentRoot(v_root_block[k], v_scale);
     }
     scales.exp_avg[b] = m_scale;
     scales.exp_avg_sq[b] = v_scale;

@@ -102,7 +102,7 @@ __global__ void AdamWFp8Kernel(AdamWFp8Args a) {
   const float v_scale = ew::BlockScale(BlockAbsMax(v_root));
   if (live) {
     a.m_codes[e] = ew::QuantizeE4M3(o.m, m_scale);
-    a.v_codes[e] = ew::QuantizeE4M3(v_root, v_scale);
+    a.v_codes[e] = ew::QuantizeSecondMomentRoot(v_root, v_scale);
   }
   if (threadIdx.x == 0) {
     a.m_scales[b] = m_scale;

@@ -180,6 +180,23 @@ MUOND_HD float DequantizeE4M3(uint8_t code, float scale) {
 // step_size * m / eps. q has m's dynamic range and decays as beta2^(t/2)
 // against m's beta1^t, so it outlives m instead.
 MUOND_HD float SecondMomentRoot(float v) { return Sqrt(v); }
+// The codes of q = sqrt(v): to nearest where e4m3 is normal; below that, where
+// nearest could halve q or flush it to 0, rounded up, so a nonzero q never
+// codes as 0 and the step's divisor sqrt(v) + eps is never below the true one.
+// Else a spike of |g| ~ 1e7 in a block (q's span past e4m3's 2^-9 / 448) zeroes
+// its neighbours' q while their m lives on, and they move by step_size * m /
+// eps; rounded up they move less than fp32 state would, until the spike's q
+// decays.
+inline constexpr float kE4M3MinNormal = 0.015625f;  // 2^-6
+MUOND_HD uint8_t QuantizeSecondMomentRoot(float q, float scale) {
+  if (scale == 0.0f) return 0;
+  const float x = Div(q, scale);
+  uint8_t code = FloatToE4M3(x);
+  if (q > 0.0f && x < kE4M3MinNormal && (code == 0 || E4M3ToFloat(code) < x)) {
+    ++code;
+  }
+  return code;
+}
 MUOND_HD float DequantizeSecondMoment(uint8_t code, float scale) {
   const float q = DequantizeE4M3(code, scale);
   return Mul(q, q);

@@ -88,6 +88,12 @@ LayerShardedMuonImpl::ExportState() const {
   return ExportStateEntries(StateEntries());
 }
 
+absl::Status LayerShardedMuonImpl::CheckImportState(
+    const std::map<std::string, std::vector<float>>& state) const {
+  const std::vector<StateEntry> entries = StateEntries();
+  return CheckStateEntries(WithPerParamStepCounts(state, entries), entries);
+}
+
 absl::Status LayerShardedMuonImpl::ImportState(
     const std::map<std::string, std::vector<float>>& state) {
   const std::vector<StateEntry> entries = StateEntries();

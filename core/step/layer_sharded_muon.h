@@ -222,6 +222,11 @@ class LayerShardedMuon {
   ExportState() const = 0;
   virtual absl::Status ImportState(
       const std::map<std::string, std::vector<float>>& state) = 0;
+  // The checks ImportState makes on `state` (keys, sizes, values its dtypes
+  // hold), writing nothing: a daemon refuses a load at PREPARE with them, so
+  // no rank of a job commits a state another rank would refuse.
+  virtual absl::Status CheckImportState(
+      const std::map<std::string, std::vector<float>>& state) const = 0;
 
   // Bytes of persistent state and the peak of transient exchange buffers.
   virtual int64_t state_bytes() const = 0;

@@ -55,6 +55,8 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   absl::StatusOr<StepResult> RunStep(const StepInputs& inputs) override;
   absl::StatusOr<std::map<std::string, std::vector<float>>> ExportState()
       const override;
+  absl::Status CheckImportState(
+      const std::map<std::string, std::vector<float>>& state) const override;
   absl::Status ImportState(
       const std::map<std::string, std::vector<float>>& state) override;
   int64_t state_bytes() const override { return state_bytes_; }

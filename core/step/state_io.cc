@@ -37,9 +37,12 @@ bool Reproduces(absl::Span<const float> values, const uint8_t* codes,
   return true;
 }
 
-void QuantizeWith(absl::Span<const float> values, float scale, uint8_t* codes) {
+void QuantizeWith(absl::Span<const float> values, float scale, uint8_t* codes,
+                  Fp8Coding coding) {
   for (size_t k = 0; k < values.size(); ++k) {
-    codes[k] = ew::QuantizeE4M3(values[k], scale);
+    codes[k] = coding == Fp8Coding::kSquareRoot
+                   ? ew::QuantizeSecondMomentRoot(values[k], scale)
+                   : ew::QuantizeE4M3(values[k], scale);
   }
 }
 
@@ -56,7 +59,7 @@ float QuantizeBlock(absl::Span<const float> values, uint8_t* codes,
   float absmax = 0.0f;
   for (float v : coded) absmax = ew::AbsMaxStep(absmax, v);
   const float scale = ew::BlockScale(absmax);
-  QuantizeWith(coded, scale, codes);
+  QuantizeWith(coded, scale, codes, coding);
   if (!(scale > 0.0f) || std::isinf(scale) ||
       Reproduces(values, codes, scale, coding)) {
     return scale;
@@ -66,7 +69,7 @@ float QuantizeBlock(absl::Span<const float> values, uint8_t* codes,
     float candidate = scale;
     for (int ulps = 1; ulps <= 2; ++ulps) {
       candidate = std::nextafter(candidate, toward);
-      QuantizeWith(coded, candidate, trial.data());
+      QuantizeWith(coded, candidate, trial.data(), coding);
       if (Reproduces(values, trial.data(), candidate, coding)) {
         std::copy(trial.begin(), trial.end(), codes);
         return candidate;
@@ -265,12 +268,17 @@ absl::StatusOr<StateMap> ExportStateEntries(
   return out;
 }
 
+absl::Status CheckStateEntries(const StateMap& state,
+                               absl::Span<const StateEntry> entries) {
+  for (const StateEntry& e : entries) RETURN_IF_ERROR(CheckEntry(state, e));
+  return CheckNoUnknownKeys(state, entries);
+}
+
 absl::Status ImportStateEntries(
     const StateMap& state, absl::Span<const StateEntry> entries,
     absl::Span<Backend* const> backends,
     const std::function<void(size_t, int64_t)>& set_count) {
-  for (const StateEntry& e : entries) RETURN_IF_ERROR(CheckEntry(state, e));
-  RETURN_IF_ERROR(CheckNoUnknownKeys(state, entries));
+  RETURN_IF_ERROR(CheckStateEntries(state, entries));
   StateUploads uploads;
   for (const StateEntry& e : entries) {
     if (!e.is_count()) RETURN_IF_ERROR(uploads.Upload(e, state.at(e.key)));

@@ -74,9 +74,13 @@ absl::StatusOr<StateMap> ExportStateEntries(
 StateMap WithPerParamStepCounts(StateMap state,
                                 absl::Span<const StateEntry> entries);
 
-// Checks that `state` has exactly the keys of `entries` with their sizes
-// (InvalidArgument naming the first entry that breaks the rule, in entry
-// order, before anything is written), then writes every tensor, hands each
+// Checks that `state` has exactly the keys of `entries` with their sizes,
+// and that bf16 entries' values round to a finite bf16 (InvalidArgument
+// naming the first entry that breaks a rule, in entry order).
+absl::Status CheckStateEntries(const StateMap& state,
+                               absl::Span<const StateEntry> entries);
+
+// CheckStateEntries (before anything is written), then writes every tensor, hands each
 // count entry's value to `set_count(entry index, value)`, and synchronises
 // `backends` (the uploads read host memory until then).
 absl::Status ImportStateEntries(

@@ -769,6 +769,10 @@ absl::StatusOr<StateSnapshot> DaemonCore::CopyState() const {
   return s;
 }
 
+absl::Status DaemonCore::CheckRestorable(const StateTensors& state) const {
+  return engine_->muon->CheckImportState(state);
+}
+
 absl::Status DaemonCore::RestoreState(const StateTensors& state,
                                       int64_t step_id) {
   RETURN_IF_ERROR(engine_->muon->ImportState(state));

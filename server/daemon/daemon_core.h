@@ -356,6 +356,8 @@ class DaemonCore : private DaemonStateOwner {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_, mu_);
   absl::Status RestoreState(const StateTensors& state, int64_t step_id) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_, mu_);
+  absl::Status CheckRestorable(const StateTensors& state) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_, mu_);
 
   const DaemonConfig config_;
   // config_.metrics, or one of our own when it is null.

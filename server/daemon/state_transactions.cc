@@ -261,13 +261,18 @@ StateTransactions::ReadAndValidate(const v1::LoadStateRequest& request,
   return staged;
 }
 
-absl::Status StateTransactions::Apply(StagedLoad& staged) {
+absl::Status StateTransactions::CheckApplicable(const StagedLoad& staged) {
   if (owner_->RegistrationGeneration() != staged.generation ||
       owner_->EngineRegistration() == nullptr) {
     return absl::FailedPreconditionError(
         "LoadState: the params were re-registered since the file was read; "
         "load again");
   }
+  return owner_->CheckRestorable(staged.state);
+}
+
+absl::Status StateTransactions::Apply(StagedLoad& staged) {
+  RETURN_IF_ERROR(CheckApplicable(staged));
   return owner_->RestoreState(staged.state, staged.step_id);
 }
 
@@ -296,6 +301,7 @@ absl::StatusOr<v1::LoadStateResponse> StateTransactions::LoadState(
   absl::MutexLock lock(mu_);
   if (prepare) {
     RETURN_IF_ERROR(ClaimPendingSlot(request.transaction_id()));
+    RETURN_IF_ERROR(CheckApplicable(staged));
     staged.steps_done = owner_->StepsDone();
     staged.prepared_at = absl::Now();
     staged_load_ = std::move(staged);
@@ -484,6 +490,7 @@ absl::StatusOr<v1::ImportStateResponse> StateTransactions::FinishImport(
   }
   if (!header.transaction_id().empty()) {
     RETURN_IF_ERROR(ClaimPendingSlot(header.transaction_id()));
+    RETURN_IF_ERROR(CheckApplicable(staged));
     staged.steps_done = owner_->StepsDone();
     staged.prepared_at = absl::Now();
     staged_load_ = std::move(staged);

@@ -85,6 +85,9 @@ class DaemonStateOwner {
   // must be step_id + 1 (step_id -1: any, as after registration).
   virtual absl::Status RestoreState(const StateTensors& state,
                                     int64_t step_id) = 0;
+  // Both locks, with an engine: what RestoreState would refuse of `state`,
+  // changing nothing (a PREPARE refuses it, so no rank commits alone).
+  virtual absl::Status CheckRestorable(const StateTensors& state) const = 0;
 };
 
 struct StateTransactionOptions {
@@ -187,6 +190,10 @@ class StateTransactions {
       ABSL_LOCKS_EXCLUDED(*mu_, *op_mu_);
   // Applies a validated state.
   absl::Status Apply(StagedLoad& staged)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(*op_mu_, *mu_);
+  // What Apply would refuse now, changing nothing: a PREPARE stages only a
+  // state its COMMIT can apply, so no rank of a job commits alone.
+  absl::Status CheckApplicable(const StagedLoad& staged)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(*op_mu_, *mu_);
 
   const StateTransactionOptions options_;

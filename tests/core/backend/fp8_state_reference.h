@@ -99,9 +99,24 @@ inline std::vector<float> RefDequantizeSquared(const RefFp8State& s) {
   for (float& x : v) x = x * x;
   return v;
 }
+// Below e4m3's smallest normal (2^-6) a nonzero root takes the smallest code
+// not below root / scale, so it never codes as 0 or below itself.
 inline RefFp8State RefQuantizeRoot(std::vector<float> v) {
   for (float& x : v) x = std::sqrt(x);
-  return RefQuantize(v);
+  RefFp8State s = RefQuantize(v);
+  for (size_t e = 0; e < v.size(); ++e) {
+    const float scale = s.scales[e / 256];
+    if (!(v[e] > 0.0f) || scale == 0.0f) continue;
+    const float x = v[e] / scale;
+    if (x >= std::ldexp(1.0f, -6) || RefE4M3Value(s.codes[e]) >= x) continue;
+    for (int c = 0; c <= 8; ++c) {
+      if (RefE4M3Value(c) >= x) {
+        s.codes[e] = uint8_t(c);
+        break;
+      }
+    }
+  }
+  return s;
 }
 
 // One AdamW step (torch.optim.AdamW's single-tensor order) on fp8 moments,

@@ -399,6 +399,11 @@ TEST(Fp8StateEngine, Bf16StateRefusesAnImportedValueThatOverflowsBf16) {
   const float threshold = BitsToFloat(kBf16OverflowThresholdBits);
   state["dense/w0.momentum"][0] = 0.5f;  // a change that must not land
   state["dense/w1.momentum"][5] = -threshold;
+  // CheckImportState (a daemon's PREPARE) refuses it alike, writing nothing.
+  const absl::Status checked = engine.opt->CheckImportState(state);
+  EXPECT_TRUE(absl::IsInvalidArgument(checked)) << checked;
+  EXPECT_TRUE(absl::StrContains(checked.message(), "element 5")) << checked;
+  EXPECT_EQ(engine.State(), before);
   const absl::Status refused = engine.opt->ImportState(state);
   EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(), "dense/w1.momentum"))
@@ -406,6 +411,7 @@ TEST(Fp8StateEngine, Bf16StateRefusesAnImportedValueThatOverflowsBf16) {
   EXPECT_TRUE(absl::StrContains(refused.message(), "element 5")) << refused;
   EXPECT_EQ(engine.State(), before);
   state["dense/w1.momentum"][5] = -std::nextafter(threshold, 0.0f);
+  EXPECT_TRUE(engine.opt->CheckImportState(state).ok());
   ASSERT_TRUE(engine.opt->ImportState(state).ok());
   EXPECT_EQ(engine.State()["dense/w1.momentum"][5], -bf16_max);
 }
@@ -460,6 +466,42 @@ TEST(Fp8StateEngine, AdamWSecondMomentImportRecoversItsScales) {
       {"adam/b0.step", {2.0f}}};
   ASSERT_TRUE(opt->ImportState(state).ok());
   EXPECT_EQ(*opt->ExportState(), state);
+}
+
+// One gradient spike of 1e7 in a block spans more than e4m3 holds below the
+// block's largest second-moment root. The neighbours' roots must not code as
+// 0 while their first moments live on: then a zero-grad step would move them
+// by step_size * m / eps. Each moves no more than fp32 state moves it
+// (rounded up, their divisor is at least the true one) but a rounding of m.
+TEST(Fp8StateEngine, AdamWSpikeInABlockLeavesNoNeighbourDividedByEps) {
+  auto run = [](DType state_dtype) {
+    AdamWOptions options;
+    options.lr = 1e-3;
+    options.weight_decay = 0.0;
+    options.state_dtype = state_dtype;
+    std::vector<float> param(kAdamN, 0.0f), grad(kAdamN);
+    auto [backend, opt] = MakeAdamW(options, param, grad);
+    EXPECT_NE(opt, nullptr);
+    std::vector<float> before;
+    for (int step = 1; step <= 100 && opt != nullptr; ++step) {
+      for (int64_t i = 0; i < kAdamN; ++i) grad[i] = step < 100 ? 1.0f : 0.0f;
+      grad[0] = step == 1 ? 1e7f : 0.0f;
+      if (step == 100) before = param;
+      StepInputs in;
+      in.step_id = step;
+      EXPECT_TRUE(opt->RunStep(in).ok());
+    }
+    std::vector<float> moved(kAdamN);
+    for (int64_t i = 0; i < kAdamN; ++i)
+      moved[i] = std::fabs(param[i] - before[i]);
+    return moved;
+  };
+  const std::vector<float> fp8 = run(DType::kFloat8E4M3);
+  const std::vector<float> fp32 = run(DType::kFloat32);
+  for (int64_t i = 1; i < 256; ++i) {
+    ASSERT_GT(fp32[i], 0.0f) << i;
+    EXPECT_LE(fp8[i], 1.07f * fp32[i]) << "element " << i;
+  }
 }
 
 TEST(Fp8StateEngine, Bf16AdamWMomentsRoundTripAndCountTwoBytes) {

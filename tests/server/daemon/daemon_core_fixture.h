@@ -84,8 +84,23 @@ class FakeMuon : public LayerShardedMuon {
       const override {
     return state;
   }
+  // Refuses kUnholdable, as a bf16 engine refuses what rounds to inf.
+  static constexpr float kUnholdable = 999.0f;
+  absl::Status CheckImportState(
+      const std::map<std::string, std::vector<float>>& s) const override {
+    for (const auto& [key, values] : s) {
+      for (float v : values) {
+        if (v == kUnholdable) {
+          return absl::InvalidArgumentError("state entry '" + key +
+                                            "' holds a value its dtype cannot");
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
   absl::Status ImportState(
       const std::map<std::string, std::vector<float>>& s) override {
+    if (absl::Status st = CheckImportState(s); !st.ok()) return st;
     state = s;
     return absl::OkStatus();
   }

@@ -187,6 +187,30 @@ TEST_F(DaemonCoreTest, TwoPhaseSaveAndLoad) {
   unlink(path.c_str());
 }
 
+// A state the engine would refuse is refused at PREPARE, so a job's ranks
+// (each prepares, then all commit) never commit it on some ranks only.
+TEST_F(DaemonCoreTest, PrepareRefusesAStateTheEngineWouldRefuse) {
+  const std::string path = "/tmp/" + name_.substr(1) + ".safetensors";
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  ASSERT_TRUE(core_->Step(StepReq(1)).ok());
+  fake_->state["w.momentum"][3] = FakeMuon::kUnholdable;
+  ASSERT_TRUE(core_->SaveState(StateReq(path)).ok());
+  fake_->state["w.momentum"][3] = 0.25f;
+  v1::LoadStateRequest load = LoadReq(path);
+  load.set_phase(v1::STATE_PHASE_PREPARE);
+  load.set_transaction_id("l1");
+  absl::Status st = core_->LoadState(load).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("w.momentum"));
+  load.set_phase(v1::STATE_PHASE_COMMIT);
+  EXPECT_EQ(core_->LoadState(load).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // nothing was staged
+  EXPECT_EQ(fake_->state["w.momentum"][3], 0.25f);
+  unlink(path.c_str());
+}
+
 template <typename Request>
 Request Phased(Request req, v1::StatePhase phase, const std::string& id) {
   req.set_phase(phase);
