@@ -124,5 +124,38 @@ class Bf16StateTest(ClusterTestCase):
             self.assertGreater(float(got.abs().max()), 0.0, n)
 
 
+class Bf16StateLoadAcrossRanksTest(ClusterTestCase):
+    """A state dict one rank's bf16 state cannot hold (a value that rounds to
+    inf) is refused as a whole: every daemon checks at PREPARE, so no rank
+    commits it alone and the next step runs on the old state everywhere."""
+    NUM_DAEMONS = 2
+
+    def test_a_value_bf16_cannot_hold_loads_on_no_rank(self):
+        params = {n: torch.nn.Parameter(p.detach().float()) for n, p in bf16_params().items()}
+        opt = muond_opt(self.cluster, groups(params), state_dtype="bf16")
+        try:
+            for step in range(2):
+                for n, g in bf16_grads(step).items():
+                    params[n].grad = g.float()
+                opt.step()
+            before = state_of(opt.state, params)
+            sd = opt.state_dict()
+            for st in sd["state"].values():  # a change that must not land
+                for k in ("momentum_buffer", "exp_avg"):
+                    if k in st:
+                        st[k] = st[k] + 0.5
+            last = max(i for i, st in sd["state"].items() if "momentum_buffer" in st)
+            sd["state"][last]["momentum_buffer"].view(-1)[-1] = 3.3995e38
+            with self.assertRaisesRegex(Exception, "overflows the group's bf16 state"):
+                opt.load_state_dict(sd)
+            after = state_of(opt.state, params)
+            for n in params:
+                for k, v in before[n].items():
+                    self.assertTrue(torch.equal(after[n][k], v), f"{n} {k} changed")
+            opt.step()  # the job goes on, on every rank
+        finally:
+            opt.close()
+
+
 if __name__ == "__main__":
     unittest.main()
