@@ -444,6 +444,44 @@ class StateTest(unittest.TestCase):
         for name in want:
             torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
 
+    def test_add_param_group_refuses_a_changed_fixed_entry_as_step_does(self):
+        # Registering again would apply the edit silently, and a refused
+        # registration's rollback would register the edited groups as the
+        # old ones: add_param_group raises step()'s error before any RPC, and
+        # the optimizer runs on as the reference does.
+        ref_params = make_params()
+        ref = ReferenceMuon(groups(ref_params), **HYPER)
+        params = make_params()
+        opt, cluster = self.optimizer(params)
+        train(ref, ref_params, [1, 2])
+        train(opt, params, [1, 2])
+        before = [(len(d.requests), d.imports, len(d.groups)) for d in cluster.daemons]
+        for gi, key, value in ((0, "state_dtype", "fp8_e4m3"), (0, "ns_steps", 4),
+                               (1, "state_location", "host")):
+            with self.subTest(key=key):
+                kept = opt.param_groups[gi][key]
+                opt.param_groups[gi][key] = value
+                with self.assertRaises(ValueError) as at_step:
+                    opt.step()
+                with self.assertRaises(ValueError) as at_add:
+                    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(5))],
+                                         "param_names": ["late_bias"], "algorithm": "adamw",
+                                         "betas": (0.9, 0.99)})
+                self.assertRegex(str(at_add.exception),
+                                 rf"param group {gi} .*'{key}' changed from {kept!r} to "
+                                 rf"{value!r} after construction")
+                self.assertEqual(str(at_add.exception), str(at_step.exception))
+                self.assertEqual(len(opt.param_groups), 2)
+                opt.param_groups[gi][key] = kept
+        self.assertEqual([(len(d.requests), d.imports, len(d.groups))
+                          for d in cluster.daemons], before)
+        for o, ps in ((ref, ref_params), (opt, params)):
+            o.add_param_group(self._late_group(ps))
+        want = train(ref, ref_params, [3, 4])
+        got = train(opt, params, [3, 4])
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+
     def test_add_param_group_hands_out_the_state_when_even_the_rollback_fails(self):
         ref_params = make_params()
         ref = ReferenceMuon(groups(ref_params), **HYPER)
