@@ -71,10 +71,11 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
 
 def full_shape(shape) -> list:
     """A param's full shape on the wire, which knows matrices and vectors: a
-    param of more than two dims (an AdamW param: elementwise) as its flat
-    length, as ``whole`` lays it out."""
+    param of more than two dims or none (an AdamW param: elementwise; a 0-D
+    scalar is [1]) as its flat length, as ``whole`` lays it out. The state
+    keeps the param's own shape (muond.state: ParamInfo.shape)."""
     shape = [int(s) for s in shape]
-    if len(shape) <= 2:
+    if 1 <= len(shape) <= 2:
         return shape
     n = 1
     for s in shape:
