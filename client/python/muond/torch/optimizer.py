@@ -116,7 +116,10 @@ class Muon(torch.optim.Optimizer):
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
-        self._adamw_eps, self._wait_healthy_timeout = o["adamw_eps"], o["wait_healthy_timeout"]
+        # An AdamW group's defaults, also for one added later (torch.optim's
+        # defaults, a Muon group's, have no betas unless every group is AdamW).
+        self._adamw_defaults = {"betas": o["betas"], "eps": o["adamw_eps"]}
+        self._wait_healthy_timeout = o["wait_healthy_timeout"]
         # The daemons' optimizer instance this optimizer registers as.
         self.name = _registration.instance_name(name)
         self.clients = [Client(a, timeout=o["rpc_timeout"], token=o["token"],
@@ -564,8 +567,7 @@ class Muon(torch.optim.Optimizer):
         then muond's); param_groups as they were."""
         if isinstance(param_group, dict) and param_group.get("algorithm") == "adamw":
             _groups.check_adamw_keys(len(self.param_groups), param_group)
-            param_group = dict(param_group)
-            param_group.setdefault("eps", self._adamw_eps)
+            param_group = {**self._adamw_defaults, **param_group}
         kept = len(self.param_groups)
         if isinstance(param_group, dict):
             param_group = _groups.from_torch_keys(param_group)
