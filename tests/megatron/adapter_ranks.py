@@ -174,6 +174,15 @@ def collective_refusals(rank, env) -> dict:
     out["state_kept"] = torch.equal(opt.state_dict()["state"][1]["momentum_buffer"], momentum)
     attempt("add_param_group", lambda: opt.add_param_group(
         {"params": [torch.nn.Parameter(torch.zeros(4) if rank == 1 else torch.zeros(4, 8))]}))
+    # A fixed entry edited on rank 1 alone: step()'s refusal, raised by either
+    # re-registration on every rank before any of them unregisters.
+    kept = opt.param_groups[0]["ns_steps"]
+    if rank == 1:
+        opt.param_groups[0]["ns_steps"] = kept + 1
+    attempt("changed_fixed_add", lambda: opt.add_param_group(
+        {"params": [torch.nn.Parameter(torch.zeros(4, 8))]}))
+    attempt("changed_fixed_replace", lambda: opt.set_group_process_groups({1: (None, tp)}))
+    opt.param_groups[0]["ns_steps"] = kept
     step(params, opt)
     out["steps_after"] = opt.step_id
     opt.close()

@@ -127,6 +127,9 @@ class MegatronAdapterTest(unittest.TestCase):
         self.assertNotEqual(got["refused_by_placement"], "not refused")
         self.assertTrue(got["state_kept"])
         self.assertRegex(got["add_param_group"], "^add_param_group: rank 1: ")
+        changed = "rank 1: param group 0 .*'ns_steps' changed from 5 to 6 after construction"
+        self.assertRegex(got["changed_fixed_add"], "^add_param_group: " + changed)
+        self.assertRegex(got["changed_fixed_replace"], "^set_group_process_groups: " + changed)
         self.assertEqual(got["steps_after"], 2)
 
     def test_expert_parallel_pairs_are_domains_of_their_own(self):

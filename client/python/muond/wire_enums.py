@@ -57,7 +57,9 @@ MUON_ENUM_FIELDS = {
 
 # The optimizer-state options of either algorithm's hyperparameters. A
 # state_dtype of "auto" is STATE_DTYPE_UNSPECIFIED: the daemon applies
-# torch's rule (core/common/state_options.h AutoStateDType).
+# torch's rule (core/common/state_options.h AutoStateDType) to the params it
+# holds. muond.torch sends it resolved over the whole group instead
+# (muond.torch.state_storage.wire_dtype).
 STATE_ENUM_FIELDS = {
     "state_dtype": pb.StateDType,
     "state_location": pb.StateLocation,

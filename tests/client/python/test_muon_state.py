@@ -301,6 +301,30 @@ class StateTest(unittest.TestCase):
             torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
         torch.testing.assert_close(opt.state[params["late_bias"]]["step"], torch.tensor(2.0))
 
+    def test_an_added_adamw_group_takes_the_constructors_betas_and_eps(self):
+        # With Muon groups the optimizer's defaults are a Muon group's (no
+        # betas): an AdamW group added without betas and eps gets the
+        # constructor's, as one given at construction does.
+        adamw = dict(betas=(0.8, 0.9), adamw_eps=1e-6)
+        ref_params = make_params()
+        ref = ReferenceMuon(groups(ref_params), **HYPER, **adamw)
+        params = make_params()
+        opt, _ = self.optimizer(params, **adamw)
+        train(ref, ref_params, [1])
+        train(opt, params, [1])
+        late = torch.randn(7, generator=torch.Generator().manual_seed(6))
+        for o, ps, extra in ((ref, ref_params, dict(betas=(0.8, 0.9), eps=1e-6)),
+                             (opt, params, {})):
+            ps["late_bias"] = torch.nn.Parameter(late.clone())
+            o.add_param_group({"params": [ps["late_bias"]], "param_names": ["late_bias"],
+                               "algorithm": "adamw", **extra})
+        self.assertEqual((opt.param_groups[-1]["betas"], opt.param_groups[-1]["eps"]),
+                         ((0.8, 0.9), 1e-6))
+        want = train(ref, ref_params, [2, 3])
+        got = train(opt, params, [2, 3])
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+
     def test_add_param_group_mid_run_equals_torch_optim_muon_in_fp32(self):
         # torch runs NS in bf16: make its one cast an fp32 copy (as
         # tests/core/muon/peer_oracle_test.py does); muond runs fp32 "highest".
@@ -439,6 +463,44 @@ class StateTest(unittest.TestCase):
             o.add_param_group(self._late_group(ps))
         self.assertFalse(opt._closed)
         opt.param_groups[0]["momentum"] = HYPER["momentum"]
+        want = train(ref, ref_params, [3, 4])
+        got = train(opt, params, [3, 4])
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+
+    def test_add_param_group_refuses_a_changed_fixed_entry_as_step_does(self):
+        # Registering again would apply the edit silently, and a refused
+        # registration's rollback would register the edited groups as the
+        # old ones: add_param_group raises step()'s error before any RPC, and
+        # the optimizer runs on as the reference does.
+        ref_params = make_params()
+        ref = ReferenceMuon(groups(ref_params), **HYPER)
+        params = make_params()
+        opt, cluster = self.optimizer(params)
+        train(ref, ref_params, [1, 2])
+        train(opt, params, [1, 2])
+        before = [(len(d.requests), d.imports, len(d.groups)) for d in cluster.daemons]
+        for gi, key, value in ((0, "state_dtype", "fp8_e4m3"), (0, "ns_steps", 4),
+                               (1, "state_location", "host")):
+            with self.subTest(key=key):
+                kept = opt.param_groups[gi][key]
+                opt.param_groups[gi][key] = value
+                with self.assertRaises(ValueError) as at_step:
+                    opt.step()
+                with self.assertRaises(ValueError) as at_add:
+                    opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(5))],
+                                         "param_names": ["late_bias"], "algorithm": "adamw",
+                                         "betas": (0.9, 0.99)})
+                self.assertRegex(str(at_add.exception),
+                                 rf"param group {gi} .*'{key}' changed from {kept!r} to "
+                                 rf"{value!r} after construction")
+                self.assertEqual(str(at_add.exception), str(at_step.exception))
+                self.assertEqual(len(opt.param_groups), 2)
+                opt.param_groups[gi][key] = kept
+        self.assertEqual([(len(d.requests), d.imports, len(d.groups))
+                          for d in cluster.daemons], before)
+        for o, ps in ((ref, ref_params), (opt, params)):
+            o.add_param_group(self._late_group(ps))
         want = train(ref, ref_params, [3, 4])
         got = train(opt, params, [3, 4])
         for name in want:

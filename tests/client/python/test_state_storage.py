@@ -1,10 +1,12 @@
 """muond.torch.Muon's state_dtype and state_location on the client side,
 without servers (fake daemons, fake_daemon.py): the keywords, the option
 object and per-group keys (AdamW groups too) land in param_groups and on the
-wire as the daemon reads them ("auto" = STATE_DTYPE_UNSPECIFIED); a value the
-daemons do not know is a ValueError naming the group, the key and the
-allowed values before any RPC; a changed one is refused at step(); a state
-dict of another state_dtype loads (the daemons' import converts)."""
+wire as the daemon reads them ("auto" stays in param_groups and goes on the
+wire resolved over the whole group: bf16 when all its params are bf16, else
+fp32, the same on every daemon whatever each holds); a value the daemons do
+not know is a ValueError naming the group, the key and the allowed values
+before any RPC; a changed one is refused at step(); a state dict of another
+state_dtype loads (the daemons' import converts)."""
 import os
 import sys
 import unittest
@@ -18,7 +20,8 @@ from muond.torch import Muon, StateStorageOptions  # noqa: E402
 from muond.torch import groups as muond_groups  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
 
-DTYPES = {"auto": pb.STATE_DTYPE_UNSPECIFIED, "fp32": pb.STATE_DTYPE_FP32,
+# "auto" of groups()' fp32 params is fp32.
+DTYPES = {"auto": pb.STATE_DTYPE_FP32, "fp32": pb.STATE_DTYPE_FP32,
           "bf16": pb.STATE_DTYPE_BF16, "fp8_e4m3": pb.STATE_DTYPE_FP8_E4M3}
 LOCATIONS = {"device": pb.STATE_LOCATION_DEVICE, "host": pb.STATE_LOCATION_HOST}
 
@@ -46,7 +49,7 @@ class StateStorageOptionsTest(FakeClusterTestCase):
         opt = self.build(groups())
         self.assertEqual([(g["state_dtype"], g["state_location"]) for g in opt.param_groups],
                          [("auto", "device")] * 2)
-        want = (pb.STATE_DTYPE_UNSPECIFIED, pb.STATE_LOCATION_DEVICE)
+        want = (pb.STATE_DTYPE_FP32, pb.STATE_LOCATION_DEVICE)
         self.assertEqual(self.wire(), {"w": want, "b": want})
 
     def test_keywords_and_group_keys_reach_the_wire_for_both_algorithms(self):
@@ -113,6 +116,41 @@ class StateStorageOptionsTest(FakeClusterTestCase):
         saved = dict(group, state_dtype="fp32", state_location="device")
         self.assertEqual(muond_groups.loaded_options(0, group, saved),
                          {k: group[k] for k in muond_groups.LIVE_KEYS["muon"]})
+
+
+class AutoStateDtypeTest(FakeClusterTestCase):
+    """"auto" over the whole group on two daemons that each hold one of its
+    params: a daemon resolving it alone would keep bf16 state for a bf16
+    param of a mixed group."""
+    world = 2
+
+    def wire_dtypes(self):
+        """Daemon rank -> {wire group: (state_dtype, its params' names)}."""
+        out = []
+        for d in self.cluster.daemons:
+            groups = d.requests[-1].groups
+            out.append({g.name: ((g.adamw if g.algorithm == pb.ALGORITHM_ADAMW else
+                                  g.muon).state_dtype, [p.name for p in g.params])
+                        for g in groups})
+        return out
+
+    def test_auto_is_resolved_over_the_group_not_per_daemon(self):
+        # The wire is what is checked: the fakes record the registration and
+        # refuse it (they map fp32 memory only).
+        for d in self.cluster.daemons:
+            d.refuse_register = lambda request: "fake: recorded"
+        bf16, fp32 = torch.bfloat16, torch.float32
+        cases = [((bf16, fp32), pb.STATE_DTYPE_FP32), ((fp32, bf16), pb.STATE_DTYPE_FP32),
+                 ((bf16, bf16), pb.STATE_DTYPE_BF16), ((fp32, fp32), pb.STATE_DTYPE_FP32)]
+        for dtypes, want in cases:
+            with self.subTest(dtypes=dtypes):
+                params = [torch.nn.Parameter(torch.zeros(1000, dtype=d)) for d in dtypes]
+                with self.assertRaisesRegex(RuntimeError, "fake: recorded"):
+                    Muon([{"params": params, "name": "adam", "algorithm": "adamw",
+                           "param_names": ["p0", "p1"]}], daemons=self.addresses,
+                         job_id="fake", tp_size=2)
+                self.assertEqual(self.wire_dtypes(), [{"adam.solo-r0": (want, ["p0"])},
+                                                      {"adam.solo-r1": (want, ["p1"])}])
 
 
 if __name__ == "__main__":

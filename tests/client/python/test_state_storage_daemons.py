@@ -7,6 +7,9 @@ coordinator and one host daemon):
   here from the shapes (elements x dtype size, AdamW two moments; fp8 e4m3
   one byte per element plus an fp32 scale per started block of 256). On a
   host daemon "host" is the same host memory as "device": accepted.
+* "auto" is resolved over the whole group, not by each daemon over the
+  params it holds: an AdamW group of a bf16 and an fp32 param split over two
+  daemons keeps fp32 state for both, and steps bitwise as on one daemon.
 * bf16 momentum goes through state_dict() -> torch.save -> torch.load ->
   load_state_dict() of a new optimizer and continues bitwise equal to the
   uninterrupted run; its entries are fp32 copies holding bf16 values exactly,
@@ -23,7 +26,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "contract"))
-from cluster import ClusterTestCase, _find_binary  # noqa: E402
+from cluster import Cluster, ClusterTestCase, _find_binary  # noqa: E402
 from muond.torch import Muon  # noqa: E402
 
 SIZES = {"fp32": 4, "bf16": 2}
@@ -168,6 +171,47 @@ class StateStorageDaemonTest(ClusterTestCase):
         opt.load_state_dict(saved)
         self.assertTrue(torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], momentum))
         opt.close()
+
+
+class AutoStateDtypeDaemonTest(ClusterTestCase):
+    """Two daemons, each holding one param of every AdamW group (split mode
+    places the second param on the less loaded daemon)."""
+    NUM_DAEMONS = 2
+
+    @staticmethod
+    def groups():
+        dtypes = {"mixed": (torch.bfloat16, torch.float32), "b16": (torch.bfloat16,) * 2}
+        params = {name: [torch.nn.Parameter(values(7 * i + j, (n,), d))
+                         for j, d in enumerate(ds)]
+                  for i, (name, ds, n) in enumerate(
+                      [("mixed", dtypes["mixed"], 1000), ("b16", dtypes["b16"], 300)])}
+        return params, [{"params": ps, "name": name, "algorithm": "adamw"}
+                        for name, ps in params.items()]
+
+    def run_on(self, cluster):
+        params, groups = self.groups()
+        opt = Muon(groups, daemons=cluster.daemons, job_id=cluster.job_id,
+                   tp_size=len(cluster.daemons), rpc_timeout=30, lr=0.02)
+        try:
+            flat = [p for ps in params.values() for p in ps]
+            after = StateStorageDaemonTest.train(opt, flat, [1, 2, 3])
+            status = [[(b.location, b.dtype, b.bytes) for b in s.state_bytes_by]
+                      for s in opt.status()]
+        finally:
+            opt.close()
+        return after, status
+
+    def test_auto_is_the_groups_dtype_on_every_daemon(self):
+        after, status = self.run_on(self.cluster)
+        # torch's rule over each group: "mixed" fp32, "b16" bf16; each daemon
+        # holds one param of each, two moments per element.
+        per_daemon = [("device", "fp32", 2 * tensor_bytes("fp32", 1000)),
+                      ("device", "bf16", 2 * tensor_bytes("bf16", 300))]
+        self.assertEqual(status, [per_daemon, per_daemon])
+        with Cluster(num_daemons=1) as one:
+            want, _ = self.run_on(one)
+        for i, (g, w) in enumerate(zip(after, want)):
+            self.assertTrue(torch.equal(g, w), f"param {i}: differs from one daemon's run")
 
 
 if __name__ == "__main__":

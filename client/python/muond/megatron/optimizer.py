@@ -283,10 +283,13 @@ class LayerShardedMuon(Muon):
         constructor's. Every rank calls it together. After the first step
         the params are registered again with their state (as
         add_param_group), and a refusal on any rank (a bad index or group)
-        is raised on every rank before anything changes."""
+        is raised on every rank before anything changes (so is step()'s check
+        of the registered groups: a changed fixed entry)."""
         try:
+            if self._pending_registration is None:
+                self._check_registered_groups()
             pairs, refused = self._checked_group_pairs(group_process_groups), None
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RuntimeError) as e:  # a sparse grad: RuntimeError
             pairs, refused = None, e
         if self._layout.collective:
             # Before any group's collective: the same refusal, and the same

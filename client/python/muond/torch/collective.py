@@ -51,14 +51,18 @@ def agree_registered(refused: BaseException | None, rank: int) -> None:
                      metadata=first["metadata"]) from refused
 
 
+# The refusals agree() raises of their own type; any other is a ValueError.
+_AGREED_TYPES = {"TypeError": TypeError, "RuntimeError": RuntimeError}
+
+
 def agree(refused: BaseException | None, rank: int, what: str) -> None:
-    """Every rank learns whether any rank refused ``what`` (a ValueError or
-    TypeError raised before anything changed), and all raise the first
-    refusal alike (``what: rank r: <reason>``), of its type."""
+    """Every rank learns whether any rank refused ``what`` (a ValueError,
+    TypeError or RuntimeError raised before anything changed), and all raise
+    the first refusal alike (``what: rank r: <reason>``), of its type."""
     found = _first_refusal(None if refused is None else {"message": str(refused),
                                                          "type": type(refused).__name__})
     if found is None:
         return
     r, first, _ = found
-    kind = TypeError if first["type"] == "TypeError" else ValueError
+    kind = _AGREED_TYPES.get(first["type"], ValueError)
     raise kind(f"{what}: rank {r}: {first['message']}") from refused

@@ -116,7 +116,10 @@ class Muon(torch.optim.Optimizer):
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
-        self._adamw_eps, self._wait_healthy_timeout = o["adamw_eps"], o["wait_healthy_timeout"]
+        # An AdamW group's defaults, also for one added later (torch.optim's
+        # defaults, a Muon group's, have no betas unless every group is AdamW).
+        self._adamw_defaults = {"betas": o["betas"], "eps": o["adamw_eps"]}
+        self._wait_healthy_timeout = o["wait_healthy_timeout"]
         # The daemons' optimizer instance this optimizer registers as.
         self.name = _registration.instance_name(name)
         self.clients = [Client(a, timeout=o["rpc_timeout"], token=o["token"],
@@ -311,7 +314,7 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        _groups.check_before_step(self.param_groups, self._fixed, self._param_names)
+        self._check_registered_groups()
         clip = _qk_clip.prepare(self._qk_clip, qk_max_logits, self)  # checks: before any RPC
         self._memory.follow_rebound_params(self._param_names)
         self._memory.check_permuted(self._param_names)
@@ -347,6 +350,15 @@ class Muon(torch.optim.Optimizer):
         self.last_timings = timings
         self.last_responses = responses
         return loss
+
+    def _check_registered_groups(self) -> None:
+        """The groups are still the ones registered (groups.check_before_step:
+        fixed entries unchanged, live ones typed, the same param tensors,
+        dense grads), else the error naming group and key, before any RPC.
+        step() and every re-registration check it: registering again would
+        otherwise apply a changed fixed entry silently, and a failed one
+        register the changed groups as the old ones."""
+        _groups.check_before_step(self.param_groups, self._fixed, self._param_names)
 
     def _send_step(self, step_id: int, overrides: list, skipped: list) -> list:
         """Step `step_id` on every daemon; their responses, in rank order."""
@@ -512,9 +524,10 @@ class Muon(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         """torch.optim's add_param_group, also after construction (progressive
-        unfreezing): the new group is checked here first (torch's checks,
-        algorithm, dtype, Muon params 2-D, names, hyperparameter types; a bad
-        group changes nothing), then the state of every daemon is exported,
+        unfreezing): the registered groups are checked as step() checks them
+        and the new group (torch's checks, algorithm, dtype, Muon params 2-D,
+        names, hyperparameter types) here first (a refusal changes nothing),
+        then the state of every daemon is exported,
         the params unregistered, all groups placed and registered again
         (placement may move params between daemons; the old groups with the
         live values they were last registered with), the old params' state
@@ -535,8 +548,9 @@ class Muon(torch.optim.Optimizer):
         _process_guard.check_creator_process(self._creator_pid, "add_param_group()")
         kept = len(self.param_groups)
         try:
+            self._check_registered_groups()
             new_group, refused = self._checked_new_group(param_group), None
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RuntimeError) as e:  # a sparse grad: RuntimeError
             new_group, refused = None, e
         # Every trainer calls it together: a group refused on one rank is
         # raised on all, before any of them unregisters.
@@ -553,8 +567,7 @@ class Muon(torch.optim.Optimizer):
         then muond's); param_groups as they were."""
         if isinstance(param_group, dict) and param_group.get("algorithm") == "adamw":
             _groups.check_adamw_keys(len(self.param_groups), param_group)
-            param_group = dict(param_group)
-            param_group.setdefault("eps", self._adamw_eps)
+            param_group = {**self._adamw_defaults, **param_group}
         kept = len(self.param_groups)
         if isinstance(param_group, dict):
             param_group = _groups.from_torch_keys(param_group)

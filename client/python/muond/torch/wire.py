@@ -8,6 +8,7 @@ import operator
 import torch
 
 from muond import wire_enums as _wire_enums
+from muond.torch import state_storage as _state_storage
 from muond.v1 import muond_pb2 as pb
 
 DTYPES = {torch.float32: pb.DTYPE_FP32, torch.bfloat16: pb.DTYPE_BF16,
@@ -30,10 +31,13 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
     """The group's registered hyperparameters on the wire group (raises
     TypeError/ValueError on a value the wire cannot carry)."""
     wg.algorithm = pb.ALGORITHM_ADAMW if group["algorithm"] == "adamw" else pb.ALGORITHM_MUON
-    # Either algorithm's state dtype and location (a group without the keys:
-    # the daemon's defaults, auto and device).
-    state = {field: _wire_enums.state_to_wire(field, group[field])
-             for field in _wire_enums.STATE_ENUM_FIELDS if group.get(field)}
+    # Either algorithm's state dtype (concrete: "auto" resolved over the
+    # whole group) and location (a group without it: the daemon's, device).
+    state = {"state_dtype": _wire_enums.state_to_wire("state_dtype",
+                                                      _state_storage.wire_dtype(group))}
+    if group.get("state_location"):
+        state["state_location"] = _wire_enums.state_to_wire("state_location",
+                                                            group["state_location"])
     if group["algorithm"] == "adamw":
         beta1, beta2 = group["betas"]
         wg.adamw.CopyFrom(pb.AdamWHyperparams(
@@ -67,10 +71,11 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
 
 def full_shape(shape) -> list:
     """A param's full shape on the wire, which knows matrices and vectors: a
-    param of more than two dims (an AdamW param: elementwise) as its flat
-    length, as ``whole`` lays it out."""
+    param of more than two dims or none (an AdamW param: elementwise; a 0-D
+    scalar is [1]) as its flat length, as ``whole`` lays it out. The state
+    keeps the param's own shape (muond.state: ParamInfo.shape)."""
     shape = [int(s) for s in shape]
-    if len(shape) <= 2:
+    if 1 <= len(shape) <= 2:
         return shape
     n = 1
     for s in shape:
