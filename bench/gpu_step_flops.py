@@ -61,7 +61,8 @@ def default_gram_restarts(gram_dtype: str, coefficients: str = "kSimple", steps:
     set x 5 under medium, iterating in gram_dtype), read from its one home, the table in
     core/muon/coefficients.cc; None if the row is not found."""
     try:
-        text = open(os.path.join(ROOT, "core/muon/coefficients.cc")).read()
+        with open(os.path.join(ROOT, "core/muon/coefficients.cc")) as f:
+            text = f.read()
     except OSError:
         return None
     dtype = {"fp16": "kFloat16", "bf16": "kBFloat16", "fp32": "kFloat32"}[gram_dtype]
@@ -74,7 +75,8 @@ def default_gram_min_aspect(short_side: int) -> float:
     """muond's measured default threshold for a short side, read from its one home (the
     C++ header, DefaultGramMinAspectRatio): the small-side value below the size bound."""
     try:
-        text = open(os.path.join(ROOT, "core/muon/gram_newton_schulz.h")).read()
+        with open(os.path.join(ROOT, "core/muon/gram_newton_schulz.h")) as f:
+            text = f.read()
     except OSError:
         return 1.0
     def const(name):

@@ -36,7 +36,7 @@ def build_muond(model, args):
                          adamw_weight_decay=args.adamw_weight_decay,
                          coefficient_type="simple", scale_mode="shape_scaling",
                          extra_scale_factor=1.0, fp32_matmul_prec=args.muond_ns_precision,
-                         ns_algorithm="standard", gram_dtype="fp16", gram_restarts=None,
+                         ns_algorithm="auto", gram_dtype="fp16", gram_restarts=None,
                          state_dtype=args.muond_state_dtype,
                          state_location=args.muond_state_location,
                          wait_healthy=args.wait_healthy)

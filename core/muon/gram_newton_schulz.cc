@@ -21,7 +21,11 @@ double GramMinAspectRatio(const NsOptions& options, int64_t rows,
 }
 
 bool UsesGramNs(const NsOptions& options, int64_t rows, int64_t cols) {
-  if (options.algorithm != NsAlgorithm::kGram) return false;
+  if (options.algorithm == NsAlgorithm::kStandard) return false;
+  if (options.algorithm == NsAlgorithm::kAuto &&
+      options.precision != MatmulPrecision::kMedium) {
+    return false;  // auto: Gram in 16 bits only (NsAlgorithm)
+  }
   const double lo = double(std::min(rows, cols)),
                hi = double(std::max(rows, cols));
   return hi >= GramMinAspectRatio(options, rows, cols) * lo;

@@ -77,9 +77,9 @@ double DefaultGramMinAspectRatio(int64_t short_side);
 // gram_min_aspect_ratio (one number for all sizes) when set, else
 // DefaultGramMinAspectRatio(min side).
 double GramMinAspectRatio(const NsOptions& options, int64_t rows, int64_t cols);
-// Whether NewtonSchulz runs Gram NS for a rows x cols matrix: algorithm kGram
-// and max/min side >= GramMinAspectRatio (square and near-square stay
-// standard).
+// Whether NewtonSchulz runs Gram NS for a rows x cols matrix: algorithm kGram,
+// or kAuto at precision kMedium, and max/min side >= GramMinAspectRatio
+// (square and near-square stay standard).
 bool UsesGramNs(const NsOptions& options, int64_t rows, int64_t cols);
 // The restart iterations NsOptions resolves to: gram_restarts, or
 // DefaultGramRestarts for the coefficient type, num_steps and

@@ -33,15 +33,23 @@ int SyrkBlockRows(int64_t m, int requested) {
 }
 
 std::string_view NsAlgorithmName(NsAlgorithm algorithm) {
-  return algorithm == NsAlgorithm::kGram ? "gram" : "standard";
+  switch (algorithm) {
+    case NsAlgorithm::kGram:
+      return "gram";
+    case NsAlgorithm::kAuto:
+      return "auto";
+    default:
+      return "standard";
+  }
 }
 
 absl::StatusOr<NsAlgorithm> ParseNsAlgorithm(std::string_view name) {
-  for (NsAlgorithm a : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+  for (NsAlgorithm a :
+       {NsAlgorithm::kStandard, NsAlgorithm::kGram, NsAlgorithm::kAuto}) {
     if (NsAlgorithmName(a) == name) return a;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "ns_algorithm '", std::string(name), "' is not standard or gram"));
+      "ns_algorithm '", std::string(name), "' is not standard, gram or auto"));
 }
 
 absl::StatusOr<DType> ParseGramDType(std::string_view name) {
@@ -62,7 +70,7 @@ constexpr double kFp16Max = 65504.0;
 // fp16 (gram, medium, gram_dtype fp16): refused at registration, not found
 // as inf params after a step. The built-in sets are far inside the range.
 absl::Status CheckFp16Coefficients(const NsOptions& options) {
-  if (options.algorithm != NsAlgorithm::kGram ||
+  if (options.algorithm == NsAlgorithm::kStandard ||
       options.precision != MatmulPrecision::kMedium ||
       options.gram_dtype != DType::kFloat16) {
     return absl::OkStatus();
@@ -74,7 +82,7 @@ absl::Status CheckFp16Coefficients(const NsOptions& options) {
       return absl::InvalidArgumentError(absl::StrCat(
           "custom coefficients: tuple ", i, " (", t.a, ", ", t.b, ", ", t.c,
           ") is outside the fp16 range (|a|, |b|, |c| <= 65504) that Gram NS "
-          "iterates in (ns_algorithm gram, precision medium, gram_dtype "
+          "iterates in (ns_algorithm gram or auto, precision medium, gram_dtype "
           "fp16); use gram_dtype bf16, precision highest or smaller "
           "coefficients"));
     }

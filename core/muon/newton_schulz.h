@@ -54,10 +54,15 @@ namespace muond {
 // Which Newton–Schulz iteration runs (core/muon/gram_newton_schulz.h for
 // kGram: the same polynomial iterated on the Gram matrix R = X X^T and an
 // accumulated Q, with restarts; square and near-square matrices stay on
-// kStandard below gram_min_aspect_ratio).
-enum class NsAlgorithm : int32_t { kStandard = 0, kGram = 1 };
+// kStandard below gram_min_aspect_ratio). kAuto, the default: Gram where it
+// is faster (the same aspect rule, measured on an H200) and iterates in 16
+// bits (precision kMedium, where the numerics suite bounds its error by
+// standard bf16 NS's and its sigma_max at every shape class it takes);
+// standard NS at kHighest/kHigh, so an fp32 run stays the fp32 reference's.
+enum class NsAlgorithm : int32_t { kStandard = 0, kGram = 1, kAuto = 2 };
 std::string_view NsAlgorithmName(NsAlgorithm algorithm);
-// "standard" or "gram"; InvalidArgument naming ns_algorithm otherwise.
+// "standard", "gram" or "auto"; InvalidArgument naming ns_algorithm
+// otherwise.
 absl::StatusOr<NsAlgorithm> ParseNsAlgorithm(std::string_view name);
 // Gram NS iteration dtypes by DTypeName: "fp16" or "bf16"; InvalidArgument
 // naming gram_dtype otherwise.
@@ -76,7 +81,7 @@ struct NsOptions {
   // lower-triangle block-row path with that many block rows (1 = the full
   // product; for benchmarks).
   int syrk_block_rows = 0;
-  NsAlgorithm algorithm = NsAlgorithm::kStandard;
+  NsAlgorithm algorithm = NsAlgorithm::kAuto;
   // Gram NS restart iterations (each in [1, num_steps), ascending, distinct;
   // empty = no restart); nullopt = the default for the coefficient set,
   // num_steps and iteration dtype (GramRestarts, gram_newton_schulz.h).

@@ -43,8 +43,11 @@ def state_description(args) -> str:
 def ns_description(args) -> str:
     """How muond's NS runs, for the report."""
     prec = {"highest": "fp32", "high": "TF32", "medium": "bf16"}[args.fp32_matmul_prec]
-    if args.ns_algorithm == "standard":
+    if args.ns_algorithm == "standard" or (args.ns_algorithm == "auto"
+                                           and args.fp32_matmul_prec != "medium"):
         return f"{prec} NS"
+    if args.ns_algorithm == "auto":
+        return f"{prec} NS, Gram NS ({args.gram_dtype}) on wide/tall matrices"
     restarts = "default" if args.gram_restarts is None else args.gram_restarts
     dtype = args.gram_dtype if args.fp32_matmul_prec == "medium" else "fp32"
     return f"Gram NS ({dtype} iteration, restarts {restarts})"
@@ -79,9 +82,10 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    help="muond's NS precision; highest (fp32) is what the reference runs, so "
                         "the overlay compares like with like; high = TF32, medium = bf16 "
                         "(muond.torch.Muon's own default, as torch.optim.Muon)")
-    p.add_argument("--ns-algorithm", choices=["standard", "gram"], default="standard",
-                   help="gram = Gram Newton-Schulz on wide/tall matrices "
-                        "(client/python/README.md, 'Gram Newton-Schulz')")
+    p.add_argument("--ns-algorithm", choices=["auto", "standard", "gram"], default="auto",
+                   help="auto (muond's default) = Gram Newton-Schulz on wide/tall matrices "
+                        "under --fp32-matmul-prec medium, standard NS otherwise; gram = Gram "
+                        "at any precision (client/python/README.md, 'Gram Newton-Schulz')")
     p.add_argument("--gram-dtype", choices=["fp16", "bf16"], default="fp16",
                    help="Gram NS iteration dtype under --fp32-matmul-prec medium")
     p.add_argument("--gram-restarts", type=restart_list, default=None,

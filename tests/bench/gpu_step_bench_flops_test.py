@@ -88,12 +88,14 @@ class FlopModelTest(unittest.TestCase):
 
     def test_default_restarts_from_the_table(self):
         # DefaultGramRestarts (core/muon/coefficients.cc): simple x 5 restarts at 3 in
-        # every dtype; quintic x 5 at 2 in fp16, 3 in bf16; polar_express bf16 at 2 and 4.
-        for dtype in ("fp16", "bf16", "fp32"):
+        # fp16 and fp32, at 2 and 3 in bf16; quintic x 5 at 2 in fp16, 2 and 3 in bf16;
+        # polar_express bf16 at 2 and 3.
+        for dtype in ("fp16", "fp32"):
             self.assertEqual(bench.default_gram_restarts(dtype), [3], dtype)
+        self.assertEqual(bench.default_gram_restarts("bf16"), [2, 3])
         self.assertEqual(bench.default_gram_restarts("fp16", "kQuintic"), [2])
-        self.assertEqual(bench.default_gram_restarts("bf16", "kQuintic"), [3])
-        self.assertEqual(bench.default_gram_restarts("bf16", "kPolarExpress"), [2, 4])
+        self.assertEqual(bench.default_gram_restarts("bf16", "kQuintic"), [2, 3])
+        self.assertEqual(bench.default_gram_restarts("bf16", "kPolarExpress"), [2, 3])
         self.assertIsNone(bench.default_gram_restarts("fp16", "kQuintic", steps=11))
 
     def test_size_aware_default_threshold_from_the_header(self):

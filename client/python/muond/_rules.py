@@ -38,7 +38,7 @@ WEIGHT_DECAY_METHODS = ("decoupled", "independent", "cautious", "none")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 # core/muon/newton_schulz.h NsAlgorithmName
-NS_ALGORITHMS = ("standard", "gram")
+NS_ALGORITHMS = ("standard", "gram", "auto")
 
 # core/muon/newton_schulz.h ParseGramDType
 GRAM_DTYPES = ("fp16", "bf16")
@@ -50,7 +50,7 @@ MUON_VARIANTS = ("muon", "normuon", "adamuon")
 SIMPLE_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 
 # core/muon/newton_schulz.h NsOptions::algorithm
-DEFAULT_NS_ALGORITHM = "standard"
+DEFAULT_NS_ALGORITHM = "auto"
 
 # core/muon/newton_schulz.h NsOptions::gram_dtype
 DEFAULT_GRAM_DTYPE = "fp16"

@@ -245,6 +245,17 @@ TEST(NewtonSchulzDispatch, GramOnlyAtOrAboveTheAspectThreshold) {
   o.algorithm = NsAlgorithm::kStandard;
   o.gram_min_aspect_ratio = 0;
   EXPECT_FALSE(UsesGramNs(o, 8, 64));
+  // Auto (the default) is Gram's rule at medium precision, standard above it.
+  EXPECT_EQ(NsOptions().algorithm, NsAlgorithm::kAuto);
+  o.algorithm = NsAlgorithm::kAuto;
+  o.precision = MatmulPrecision::kMedium;
+  EXPECT_TRUE(UsesGramNs(o, 8, 64));
+  EXPECT_TRUE(UsesGramNs(o, 64, 8));
+  EXPECT_FALSE(UsesGramNs(o, 16, 20));
+  o.precision = MatmulPrecision::kHighest;
+  EXPECT_FALSE(UsesGramNs(o, 8, 64));
+  o.precision = MatmulPrecision::kHigh;
+  EXPECT_FALSE(UsesGramNs(o, 8, 64));
 }
 
 // The default threshold follows the short side (H200 sweep: Gram pays from

@@ -59,6 +59,7 @@ NsOptions Standard(MatmulPrecision precision) {
   NsOptions o;
   o.eps = kEps;
   o.precision = precision;
+  o.algorithm = NsAlgorithm::kStandard;  // not the default auto
   return o;
 }
 

@@ -95,6 +95,7 @@ TEST_F(NsCudaTest, MediumAndSyrkWithinBf16Rounding) {
   const std::vector<float> ref = RunCpu(NsOptions{}, g, r, c);
   NsOptions medium;
   medium.precision = MatmulPrecision::kMedium;
+  medium.algorithm = NsAlgorithm::kStandard;  // the standard path's products
   const std::vector<float> gemm_path = RunGpu(medium, g, r, c);
   // bf16 keeps 8 mantissa bits: 2^-8 relative per rounding; 5 NS steps with
   // bf16 X, A, B stay within a few of those in Frobenius norm.
@@ -116,6 +117,7 @@ TEST_F(NsCudaTest, MediumAndSyrkWithinBf16Rounding) {
 TEST_F(NsCudaTest, SyrkAnyShapeWithinBf16Rounding) {
   NsOptions o;
   o.precision = MatmulPrecision::kMedium;
+  o.algorithm = NsAlgorithm::kStandard;  // 100 x 36 would take Gram (auto)
   o.use_syrk = true;
   o.syrk_block_rows = 3;
   for (auto [r, c] : {std::pair<int, int>{100, 36}, {36, 100}, {57, 41}}) {

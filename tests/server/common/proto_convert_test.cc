@@ -82,9 +82,10 @@ TEST(ProtoConvertTest, MatmulPrecision) {
 
 TEST(ProtoConvertTest, NsAlgorithm) {
   ExpectRoundTrip<NsAlgorithm, v1::NsAlgorithm>(
-      {NsAlgorithm::kStandard, NsAlgorithm::kGram},
+      {NsAlgorithm::kStandard, NsAlgorithm::kGram, NsAlgorithm::kAuto},
       *v1::NsAlgorithm_descriptor());
   EXPECT_EQ(ToProto(NsAlgorithm::kGram), v1::NS_ALGORITHM_GRAM);
+  EXPECT_EQ(ToProto(NsAlgorithm::kAuto), v1::NS_ALGORITHM_AUTO);
 }
 
 // The Gram iteration dtype: fp16 and bf16 both ways, nothing else.

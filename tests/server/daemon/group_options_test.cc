@@ -103,7 +103,7 @@ TEST(GroupOptions, EpsIsValidatedAsAFloat32AndEchoedAsGiven) {
 TEST(GroupOptions, GramFieldsReachNsOptions) {
   absl::StatusOr<MuonOptions> d = MuonOptionsFromProto(MuonGroup());
   ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->ns.algorithm, NsAlgorithm::kStandard);
+  EXPECT_EQ(d->ns.algorithm, NsAlgorithm::kAuto);  // unspecified = auto
   EXPECT_FALSE(d->ns.gram_restarts.has_value());
   EXPECT_EQ(d->ns.gram_dtype, DType::kFloat16);
   EXPECT_EQ(d->ns.gram_min_aspect_ratio, 0.0);

@@ -363,9 +363,9 @@ _FP16_MAX = 65504.0
 
 def _check_fp16_coefficients(label: str, group: dict) -> None:
     """Custom coefficients are fp16-representable where Gram NS iterates in
-    fp16 (ns_algorithm gram, fp32_matmul_prec medium, gram_dtype fp16), as
-    the daemon's ValidateGramOptions requires."""
-    if (group.get("ns_algorithm") != "gram" or group.get("fp32_matmul_prec") != "medium"
+    fp16 (ns_algorithm gram or auto, fp32_matmul_prec medium, gram_dtype
+    fp16), as the daemon's ValidateGramOptions requires."""
+    if (group.get("ns_algorithm") == "standard" or group.get("fp32_matmul_prec") != "medium"
             or group.get("gram_dtype") != "fp16"
             or group.get("coefficient_type", "custom") != "custom"):
         return
@@ -380,7 +380,7 @@ def _check_fp16_coefficients(label: str, group: dict) -> None:
         if any(abs(x) > _FP16_MAX for x in t):
             raise ValueError(
                 f"{label}: custom coefficients: tuple {i // 3} {t} is outside the fp16 range "
-                "(|a|, |b|, |c| <= 65504) that Gram NS iterates in (ns_algorithm gram, "
+                "(|a|, |b|, |c| <= 65504) that Gram NS iterates in (ns_algorithm gram or auto, "
                 "fp32_matmul_prec medium, gram_dtype fp16); use gram_dtype bf16, "
                 "fp32_matmul_prec highest or smaller coefficients")
 

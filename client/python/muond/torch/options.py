@@ -28,8 +28,9 @@ class NewtonSchulzOptions:
     """How the orthogonalisation runs. ``coefficient_type``: muond's named
     coefficient sets (None: torch's "simple" triple, or ``ns_coefficients``);
     ``fp32_matmul_prec``: "medium" (bf16 operands, torch's) or "highest"
-    (fp32); ``ns_algorithm``: "standard" or "gram" (with ``gram_restarts``,
-    ``gram_dtype``, ``gram_min_aspect_ratio``); ``split_qkv`` with
+    (fp32); ``ns_algorithm``: "auto" (Gram NS where it is faster, under
+    "medium"; standard NS otherwise), "standard" or "gram" (with
+    ``gram_restarts``, ``gram_dtype``, ``gram_min_aspect_ratio``); ``split_qkv`` with
     ``is_qkv_fn``, ``qkv_split_shapes`` and ``qkv_head_dim``: Q, K and V (or
     every head) of fused QKV params orthogonalised apart (muond.qkv_split)."""
     coefficient_type: str | None = None
