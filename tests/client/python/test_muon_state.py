@@ -277,13 +277,18 @@ class StateTest(unittest.TestCase):
         self.assertEqual([d.last_step for d in cluster.daemons], steps)
         self.assertEqual(opt.step_id, 2)
 
-    def test_add_param_group_mid_run_equals_the_reference(self):
+    def _two_steps_beside_the_reference(self):
+        """(ref, ref_params, opt, params, cluster) after steps 1 and 2 on both."""
         ref_params = make_params()
         ref = ReferenceMuon(groups(ref_params), **HYPER)
         params = make_params()
         opt, cluster = self.optimizer(params)
         train(ref, ref_params, [1, 2])
         train(opt, params, [1, 2])
+        return ref, ref_params, opt, params, cluster
+
+    def test_add_param_group_mid_run_equals_the_reference(self):
+        ref, ref_params, opt, params, cluster = self._two_steps_beside_the_reference()
         late = torch.randn(10, 6, generator=torch.Generator().manual_seed(5))
         for o, ps in ((ref, ref_params), (opt, params)):
             ps["late"] = torch.nn.Parameter(late.clone())
@@ -473,12 +478,7 @@ class StateTest(unittest.TestCase):
         # registration's rollback would register the edited groups as the
         # old ones: add_param_group raises step()'s error before any RPC, and
         # the optimizer runs on as the reference does.
-        ref_params = make_params()
-        ref = ReferenceMuon(groups(ref_params), **HYPER)
-        params = make_params()
-        opt, cluster = self.optimizer(params)
-        train(ref, ref_params, [1, 2])
-        train(opt, params, [1, 2])
+        ref, ref_params, opt, params, cluster = self._two_steps_beside_the_reference()
         before = [(len(d.requests), d.imports, len(d.groups)) for d in cluster.daemons]
         for gi, key, value in ((0, "state_dtype", "fp8_e4m3"), (0, "ns_steps", 4),
                                (1, "state_location", "host")):
