@@ -3,14 +3,18 @@
 # bundle, run the state GPU tests, then the step benchmark of the state modes
 # and the in-process engine's momentum/update phases; logs and tables under
 # $OUT. Usage (repository root on the GPU machine):
-#   bench/gpu_state_run.sh BUNDLE.tar.xz [tests|bench|engine|all]
+#   bench/gpu_state_run.sh BUNDLE.tar.xz [tests|bench|engine|memory|all]
 # tests:  state_location_test, cuda_fp8_state_test, e4m3_vs_cuda_test and
 #         tests/gpu/test_state_modes_cuda.py;
 # bench:  bench/gpu_state_bench.py on Llama-3-8B's first 4 layers (fp32 params,
 #         every mode; then bf16 params, auto / fp8), $OUT/state_llama*.md;
 # engine: bench/gpu:step_bench --engine per mode and ns_batch_size 1 / 4 (the
 #         engine alone: no RPC), $OUT/engine_modes.log;
-# all:    the three (about 8 minutes).
+# memory: the ~1B Llama training step (bench/llama_train_bench.py, FSDP, world 1)
+#         with muond's state fp8 on the host beside torch.optim.Muon: trainer +
+#         daemon peak memory and tokens/s, $OUT/llama/ (about 4 minutes);
+# all:    tests, engine and bench (about 6 minutes; memory apart: one device call
+#         holds at most 10 minutes).
 set -uo pipefail
 tarball=$1; mode=${2:-all}
 . bench/gpu_bundle_enter.sh && enter_bundle "$tarball" state
@@ -40,4 +44,12 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   MUOND_BIN="$B/bin" timeout 200 python3 bench/gpu_state_bench.py --set llama3_8b:4 \
     --param-dtype bf16 --modes auto:device,fp8_e4m3:device,fp8_e4m3:host --no-peers --rounds 1 \
     --out "$out/state_llama_bf16.md" 2>&1 | tail -10
+fi
+if [ "$mode" = memory ]; then
+  cd "$R" || exit 1
+  timeout 280 python3 -m muond.cli launch --device cuda --nproc-per-node 1 --bin-dir "$B/bin" \
+    -- python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    bench/llama_train_bench.py --device cuda --model 1b --parallel fsdp --steps 10 \
+    --optimizers muond,torch --muond-state-location host --muond-state-dtype fp8_e4m3 \
+    --out "$out/llama" 2>&1 | tail -30
 fi
