@@ -82,9 +82,9 @@ absl::Status CheckFp16Coefficients(const NsOptions& options) {
       return absl::InvalidArgumentError(absl::StrCat(
           "custom coefficients: tuple ", i, " (", t.a, ", ", t.b, ", ", t.c,
           ") is outside the fp16 range (|a|, |b|, |c| <= 65504) that Gram NS "
-          "iterates in (ns_algorithm gram or auto, precision medium, gram_dtype "
-          "fp16); use gram_dtype bf16, precision highest or smaller "
-          "coefficients"));
+          "iterates in (ns_algorithm gram or auto, precision medium, "
+          "gram_dtype fp16); use gram_dtype bf16, precision highest or "
+          "smaller coefficients"));
     }
   }
   return absl::OkStatus();

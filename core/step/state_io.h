@@ -80,9 +80,9 @@ StateMap WithPerParamStepCounts(StateMap state,
 absl::Status CheckStateEntries(const StateMap& state,
                                absl::Span<const StateEntry> entries);
 
-// CheckStateEntries (before anything is written), then writes every tensor, hands each
-// count entry's value to `set_count(entry index, value)`, and synchronises
-// `backends` (the uploads read host memory until then).
+// CheckStateEntries (before anything is written), then writes every tensor,
+// hands each count entry's value to `set_count(entry index, value)`, and
+// synchronises `backends` (the uploads read host memory until then).
 absl::Status ImportStateEntries(
     const StateMap& state, absl::Span<const StateEntry> entries,
     absl::Span<Backend* const> backends,

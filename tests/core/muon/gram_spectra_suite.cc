@@ -406,16 +406,15 @@ void CheckSigmaMaxAtShapeClasses(Backend* backend,
             const std::vector<float> slice(out.begin() + k * per,
                                            out.begin() + (k + 1) * per);
             const double s = SigmaMax(slice, shape.rows, shape.cols, 200);
-            EXPECT_LE(s, bound) << what << ": sigma_max " << s
-                                << " > max p + " << kSigmaSlack << " = "
-                                << bound;
-            if (s > worst) worst = s, worst_at = ShapeName(shape) + " " +
-                                                 kInputKinds[kind];
+            EXPECT_LE(s, bound) << what << ": sigma_max " << s << " > max p + "
+                                << kSigmaSlack << " = " << bound;
+            if (s > worst)
+              worst = s, worst_at = ShapeName(shape) + " " + kInputKinds[kind];
           }
         }
       }
-      std::printf("  %-44s bound %.4f  worst %.4f at %s\n", set.c_str(),
-                  bound, worst, worst_at.c_str());
+      std::printf("  %-44s bound %.4f  worst %.4f at %s\n", set.c_str(), bound,
+                  worst, worst_at.c_str());
     }
   }
 }

@@ -14,8 +14,10 @@
 namespace muond::testing {
 namespace {
 
-// Wide and tall, aspect 1.67 to 4, each a batch of 2.
-const std::vector<SpectraShape> kShapes = {{64, 256}, {256, 64}, {96, 160}};
+// Wide and tall, aspect 1.67 to 4, each a batch of 2; the small shape classes
+// the default sends to Gram (8 x 24 to 32 x 128) among them.
+const std::vector<SpectraShape> kShapes = {
+    {64, 256}, {256, 64}, {96, 160}, {8, 24}, {12, 30}, {30, 12}, {32, 128}};
 
 // The spectral reference against the plain fp64 NS loop (ns_reference.h) on
 // the same fp32 input, and sigma_max by power iteration against the known
