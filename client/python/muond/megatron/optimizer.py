@@ -285,19 +285,16 @@ class LayerShardedMuon(Muon):
         add_param_group), and a refusal on any rank (a bad index or group)
         is raised on every rank before anything changes (so is step()'s check
         of the registered groups: a changed fixed entry)."""
-        try:
+        def checked_pairs():
             if self._pending_registration is None:
                 self._check_registered_groups()
-            pairs, refused = self._checked_group_pairs(group_process_groups), None
-        except (TypeError, ValueError, RuntimeError) as e:  # a sparse grad: RuntimeError
-            pairs, refused = None, e
+            return self._checked_group_pairs(group_process_groups)
+
+        # Before any group's collective: the same refusal, and the same groups
+        # remapped, on every rank.
+        pairs = self._checked_on_every_rank("set_group_process_groups", checked_pairs)
         if self._layout.collective:
-            # Before any group's collective: the same refusal, and the same
-            # groups remapped, on every rank.
-            _collective.agree(refused, self._rank, "set_group_process_groups")
             _agree_on_groups(sorted(pairs), self._rank)
-        elif refused is not None:
-            raise refused
         # The new domains (collectives over each group, in the same order on
         # every rank), then the placement changed and, once registered,
         # every param registered again with its state (undone on failure).

@@ -547,20 +547,32 @@ class Muon(torch.optim.Optimizer):
             return
         _process_guard.check_creator_process(self._creator_pid, "add_param_group()")
         kept = len(self.param_groups)
-        try:
+
+        def checked_new_group():
             self._check_registered_groups()
-            new_group, refused = self._checked_new_group(param_group), None
-        except (TypeError, ValueError, RuntimeError) as e:  # a sparse grad: RuntimeError
-            new_group, refused = None, e
+            return self._checked_new_group(param_group)
+
         # Every trainer calls it together: a group refused on one rank is
         # raised on all, before any of them unregisters.
-        if self._layout.collective:
-            _collective.agree(refused, self._rank, "add_param_group")
-        elif refused is not None:
-            raise refused
+        new_group = self._checked_on_every_rank("add_param_group", checked_new_group)
         self._register_again(lambda: self.param_groups.append(new_group),
                              lambda: self.param_groups.__delitem__(slice(kept, None)),
                              "add_param_group")
+
+    def _checked_on_every_rank(self, what: str, check):
+        """check()'s result. Its refusal (a TypeError or ValueError, or a
+        sparse grad's RuntimeError, raised before anything changed) is
+        raised on every rank of a collective layout (collective.agree), so
+        no rank goes on to a collective the others left."""
+        try:
+            result, refused = check(), None
+        except (TypeError, ValueError, RuntimeError) as e:
+            result, refused = None, e
+        if self._layout.collective:
+            _collective.agree(refused, self._rank, what)
+        elif refused is not None:
+            raise refused
+        return result
 
     def _checked_new_group(self, param_group) -> dict:
         """The group add_param_group would append, checked (torch's checks,
