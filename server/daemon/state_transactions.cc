@@ -261,18 +261,25 @@ StateTransactions::ReadAndValidate(const v1::LoadStateRequest& request,
   return staged;
 }
 
-absl::Status StateTransactions::CheckApplicable(const StagedLoad& staged) {
+absl::Status StateTransactions::CheckRegistrationUnchanged(
+    const StagedLoad& staged) {
   if (owner_->RegistrationGeneration() != staged.generation ||
       owner_->EngineRegistration() == nullptr) {
     return absl::FailedPreconditionError(
         "LoadState: the params were re-registered since the file was read; "
         "load again");
   }
+  return absl::OkStatus();
+}
+
+absl::Status StateTransactions::CheckApplicable(const StagedLoad& staged) {
+  RETURN_IF_ERROR(CheckRegistrationUnchanged(staged));
   return owner_->CheckRestorable(staged.state);
 }
 
 absl::Status StateTransactions::Apply(StagedLoad& staged) {
-  RETURN_IF_ERROR(CheckApplicable(staged));
+  // RestoreState checks the values itself before it writes any.
+  RETURN_IF_ERROR(CheckRegistrationUnchanged(staged));
   return owner_->RestoreState(staged.state, staged.step_id);
 }
 

@@ -191,6 +191,9 @@ class StateTransactions {
   // Applies a validated state.
   absl::Status Apply(StagedLoad& staged)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(*op_mu_, *mu_);
+  // The params are still the ones the staged state was read for.
+  absl::Status CheckRegistrationUnchanged(const StagedLoad& staged)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(*op_mu_, *mu_);
   // What Apply would refuse now, changing nothing: a PREPARE stages only a
   // state its COMMIT can apply, so no rank of a job commits alone.
   absl::Status CheckApplicable(const StagedLoad& staged)
