@@ -19,7 +19,8 @@ def wire_dtype(group: dict) -> str:
     rule over every param of the group (bf16 when all are bf16, else fp32,
     as core/common/state_options.h AutoStateDType). Resolved here and sent
     concrete because a daemon sees only the params it holds: left to each
-    daemon, one param's state dtype would depend on where it was placed."""
+    daemon, one param's state dtype would depend on where it was placed.
+    tests/rules/auto_state_dtype_cases.json holds both copies to one table."""
     dtype = group.get("state_dtype") or _wire_enums.AUTO_STATE_DTYPE
     if dtype != _wire_enums.AUTO_STATE_DTYPE:
         return dtype
