@@ -3,16 +3,20 @@
 # muond.megatron side by side (bench/megatron_train_bench.py), bf16 params, one rank
 # per GPU (TP 2 when there are two GPUs or more, else TP 1), under `muond launch`.
 #
-#   bench/gpu_megatron_run.sh BUNDLE WHEELS [STEPS] [LR]
+#   bench/gpu_megatron_run.sh BUNDLE WHEELS [STEPS] [LR] [MEGATRON_LM_CHECKOUT]
 #
 # BUNDLE: deploy/bundle.sh's dist/muond-bundle.tar.xz. WHEELS: bench/peer_wheels.sh's p2
 # folder (megatron-core 0.19.2 and emerging-optimizers 0.3.0 wheels for CPython 3.12).
+# MEGATRON_LM_CHECKOUT: a Megatron-LM checkout with layer-sharded Muon (only its
+# megatron/core/optimizer/layer_sharded_*.py are read): Megatron-LM's own
+# LayerShardedMuon runs too.
 # Writes $OUT/megatron/curves.json and the table (stdout).
 set -euo pipefail
 bundle=${1:?usage: bench/gpu_megatron_run.sh BUNDLE WHEELS [STEPS] [LR]}
 wheels=${2:?usage: bench/gpu_megatron_run.sh BUNDLE WHEELS [STEPS] [LR]}
 steps=${3:-200}
 lr=${4:-0.005}  # at 0.02 this model diverges under Megatron's own Muon too
+checkout=${5:-}
 out=${OUT:-/tmp/out}
 repo=$(pwd)
 tar xf "$bundle" -C /tmp
@@ -29,4 +33,4 @@ python3 -m muond.cli launch --nproc-per-node "$gpus" --device cuda --bin-dir /tm
   python3 -m torch.distributed.run --standalone --nproc-per-node "$gpus" \
   "$repo/bench/megatron_train_bench.py" --device cuda --bf16 --tp "$tp" --steps "$steps" --lr "$lr" \
   --layers 8 --hidden 2048 --heads 16 --seq 1024 --global-batch 8 \
-  --fp32-matmul-prec medium --out "$out/megatron"
+  --fp32-matmul-prec medium --out "$out/megatron" ${checkout:+--megatron-lm "$(cd "$checkout" && pwd)"}

@@ -9,7 +9,10 @@ Megatron's optimizer factory (``megatron.core.optimizer`` vs
 averaged over DP in ``main_grad``; tests/megatron/megatron_trainer.py).
 The reference is Megatron-Core's TensorParallelMuon (the parent of
 Megatron-LM's LayerShardedMuon) with ``--tp-mode`` (default "duplicated":
-full-matrix NS, the update LayerShardedMuon computes).
+full-matrix NS, the update LayerShardedMuon computes). With
+``--megatron-lm CHECKOUT`` (a Megatron-LM checkout with layer-sharded Muon)
+Megatron-LM's own LayerShardedMuon runs too, through the same factory, its NS
+homes spread over the TP group (tests/megatron/megatron_lm/megatron_lm_muon.py).
 
 CPU, TP 2 x DP 2 under gloo (Megatron's CUDA-only spots redirected by
 tests/megatron/megatron_cpu.py):
@@ -32,6 +35,7 @@ import time
 
 _REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(_REPO, "tests", "megatron"))
+sys.path.insert(0, os.path.join(_REPO, "tests", "megatron", "megatron_lm"))
 sys.path.insert(0, os.path.join(_REPO, "examples", "char_gpt"))
 import megatron_cpu  # noqa: E402  (typing.override before megatron imports)
 import megatron_trainer as mt  # noqa: E402
@@ -56,6 +60,10 @@ def parse_args(argv=None):
     p.add_argument("--tp-mode", default="duplicated")
     p.add_argument("--fp32-matmul-prec", default="highest")
     p.add_argument("--out", default="out/megatron_bench")
+    p.add_argument("--no-split-qkv", action="store_true",
+                   help="muon_split_qkv=False: orthogonalize QKV whole (Megatron's default splits)")
+    p.add_argument("--megatron-lm", metavar="CHECKOUT",
+                   help="also run Megatron-LM's own LayerShardedMuon from this checkout")
     return p.parse_args(argv)
 
 
@@ -92,7 +100,8 @@ def batches(args, corpus):
 
 
 def train(args, kind: str, batch_of) -> dict:
-    """``kind``: "megatron", "muond", or "megatron+1ulp" (Megatron's own
+    """``kind``: "megatron", "megatron-lsm" (Megatron-LM's LayerShardedMuon),
+    "muond", or "megatron+1ulp" (Megatron's own
     Muon from the init scaled by 1 + 2^-23 (bf16: 2^-7), every param one
     rounding step off: how far rounding alone moves the curve, the noise
     floor muond's difference is read against)."""
@@ -105,12 +114,23 @@ def train(args, kind: str, batch_of) -> dict:
             for p in model.parameters():
                 p.mul_(1 + (2.0 ** -7 if args.bf16 else 2.0 ** -23))
     config = mt.optimizer_config(lr=args.lr, bf16=args.bf16, muon_tp_mode=args.tp_mode,
-                                 muon_fp32_matmul_prec=args.fp32_matmul_prec)
+                                 muon_fp32_matmul_prec=args.fp32_matmul_prec,
+                                 muon_split_qkv=not args.no_split_qkv)
     if kind == "muond":
         from muond.megatron import get_megatron_optimizer
     else:
         from megatron.core.optimizer import get_megatron_optimizer
-    opt = get_megatron_optimizer(config, [model])
+    if kind == "megatron-lsm":
+        import megatron_lm_muon
+        megatron_lm_muon.install(args.megatron_lm)
+        try:
+            opt = get_megatron_optimizer(config, [model])
+        finally:
+            megatron_lm_muon.uninstall()
+        if megatron_lm_muon.assign_ns_homes(opt) == 0:
+            raise RuntimeError("megatron-lsm: no LayerShardedMuon in the optimizer")
+    else:
+        opt = get_megatron_optimizer(config, [model])
     losses, step_ms = [], []
     for step in range(args.steps):
         opt.zero_grad()
@@ -149,6 +169,9 @@ def table(args, runs: dict) -> str:
         "| --- | --- | --- | --- |",
         f"| Megatron's Muon (TensorParallelMuon) | {ref['loss'][0]:.4f} | "
         f"{last['megatron']:.4f} | {med['megatron']:.2f} |",
+        *([f"| Megatron-LM's LayerShardedMuon | {runs['megatron-lsm']['loss'][0]:.4f} | "
+            f"{last['megatron-lsm']:.4f} | {med['megatron-lsm']:.2f} |"]
+          if "megatron-lsm" in runs else []),
         f"| muond.megatron | {got['loss'][0]:.4f} | {last['muond']:.4f} | "
         f"{med['muond']:.2f} |",
         f"| Megatron's Muon from the init one rounding step off (noise floor) | "
@@ -158,6 +181,14 @@ def table(args, runs: dict) -> str:
         f"{diff(got):.2e}, noise floor {diff(floor):.2e}; optimizer step time muond / "
         f"Megatron: {med['muond'] / med['megatron']:.2f}",
     ]
+    if "megatron-lsm" in runs:
+        lsm = runs["megatron-lsm"]
+        lines.append(
+            f"Megatron-LM's LayerShardedMuon: max |loss difference| from Megatron's "
+            f"TensorParallelMuon {diff(lsm):.2e}; muond's from it "
+            f"{max(abs(a - b) for a, b in zip(lsm['loss'], got['loss'])):.2e}; "
+            f"optimizer step time muond / LayerShardedMuon: "
+            f"{med['muond'] / med['megatron-lsm']:.2f}")
     return "\n".join(lines)
 
 
@@ -166,8 +197,9 @@ def main(argv=None) -> int:
     init(args)
     corpus = load_corpus()
     batch_of = batches(args, corpus)
-    runs = {kind: train(args, kind, batch_of)
-            for kind in ("megatron", "muond", "megatron+1ulp")}
+    kinds = ("megatron",) + (("megatron-lsm",) if args.megatron_lm else ()) + (
+        "muond", "megatron+1ulp")
+    runs = {kind: train(args, kind, batch_of) for kind in kinds}
     if dist.get_rank() == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "curves.json"), "w") as f:

@@ -105,7 +105,8 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
 // MuonMomentumMulti on fp8 e4m3 state (cuda_state_kernels.cu): moms_in /
 // moms_out contiguous codes (1-byte KViews) with their block scales
 // (scales_in[i] may be scales_out[i]: in place); grads and outs any strides.
-// One CTA per block of kStateBlock elements, up to 24 tensors per launch.
+// One warp per block of kStateBlock elements (vector loads where contiguous),
+// up to 24 tensors per launch.
 cudaError_t MuonMomentumFp8Multi(const KView* grads, const KView* moms_in,
                                  const KView* moms_out, const KView* outs,
                                  const float* const* scales_in,

@@ -61,8 +61,10 @@ class CudaFp8StateTest : public muond::testing::CudaTest {
     host = CudaTest::Down<T>(dev, int64_t(host.size()));
   }
 
-  // Runs the batch on both backends (in place or staged) and compares.
-  void Compare(std::vector<Host> params, bool nesterov, bool in_place) {
+  // Runs the batch on both backends (in place or staged) and compares. The
+  // NS input is written as out_type (Host::out has room for fp32).
+  void Compare(std::vector<Host> params, bool nesterov, bool in_place,
+               DType out_type = DType::kFloat32) {
     std::vector<Host> on_gpu = params;
     std::vector<MatrixView> g, mi, mo, o, dg, dmi, dmo, dout;
     std::vector<BlockScales> s, ds;
@@ -81,8 +83,7 @@ class CudaFp8StateTest : public muond::testing::CudaTest {
                        ? mi.back()
                        : ContiguousView(h.codes_out.data(), DType::kFloat8E4M3,
                                         h.rows, h.cols));
-      o.push_back(
-          ContiguousView(h.out.data(), DType::kFloat32, h.rows, h.cols));
+      o.push_back(ContiguousView(h.out.data(), out_type, h.rows, h.cols));
       s.push_back({h.scales_in.data(),
                    in_place ? h.scales_in.data() : h.scales_out.data()});
       Dev d;
@@ -103,7 +104,7 @@ class CudaFp8StateTest : public muond::testing::CudaTest {
           ContiguousView(d.codes_in, DType::kFloat8E4M3, h.rows, h.cols));
       dmo.push_back(
           ContiguousView(d.codes_out, DType::kFloat8E4M3, h.rows, h.cols));
-      dout.push_back(ContiguousView(d.out, DType::kFloat32, h.rows, h.cols));
+      dout.push_back(ContiguousView(d.out, out_type, h.rows, h.cols));
       ds.push_back({d.scales_in, d.scales_out});
     }
     ASSERT_TRUE(cpu_->MuonMomentumBatch(g, mi, mo, 0.95, nesterov, o, s).ok());
@@ -145,6 +146,19 @@ TEST_F(CudaFp8StateTest, ManyTensorsStridedGradsAcrossLaunches) {
   }
   Compare(params, false, false);
   Compare(params, true, true);
+}
+
+// 16-bit NS inputs take the kernel's 4-element vector stores (contiguous,
+// full blocks) and its per-element path (padded grads, the last block).
+TEST_F(CudaFp8StateTest, SixteenBitNsInputs) {
+  for (DType out_type : {DType::kBFloat16, DType::kFloat16}) {
+    std::vector<Host> params;
+    for (int k = 0; k < 6; ++k) {
+      params.emplace_back(5 + 11 * k, 64 + 37 * k, k % 2, 300 + k);
+    }
+    Compare(params, true, false, out_type);
+    Compare(params, false, true, out_type);
+  }
 }
 
 TEST_F(CudaFp8StateTest, AdamWOnFp8MomentsIsTheCpuBitwise) {
