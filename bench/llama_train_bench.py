@@ -379,6 +379,8 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
            for i, key in enumerate(("fwd_bwd_ms", "opt_step_ms", "step_ms"))},
         "opt_step_ms_median": 1e3 * statistics.median(r[1] for r in times),
         "peak_cuda_gib": peak, "gpu_used_peak_gib": gpu_peak,
+        **({"peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+            "process_peak_gib": gpu_used.process_peaks()} if cuda else {}),
         **({"daemon_ns_ms_median": statistics.median(ns_ms)} if ns_ms else {}),
         **({"daemon": daemon} if daemon is not None else {})})
     state = train_dist.full_state(model) if keep_state else None
@@ -412,7 +414,8 @@ def daemon_memory(opt, rank: int) -> dict:
     except Exception as e:  # a report field, not a reason to fail the run
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     return {"state_gib": sum(s.state_bytes for s in mine) / 2**30,
-            "transient_peak_gib": sum(s.peak_transient_bytes for s in mine) / 2**30}
+            "transient_peak_gib": sum(s.peak_transient_bytes for s in mine) / 2**30,
+            "ns_workspace_peak_gib": sum(s.peak_ns_workspace_bytes for s in mine) / 2**30}
 
 
 def memory_summary(per_rank: list[dict]) -> dict:
