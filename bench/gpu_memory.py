@@ -35,10 +35,10 @@ class GpuUsedPeak:
 
     def _sample_processes(self):
         """Each process's GPU memory (nvidia-smi: CUDA context, allocator cache and
-        all), every 100 ms: where the whole-GPU peak goes."""
+        all), every 500 ms: where the whole-GPU peak goes."""
         query = ["nvidia-smi", "--query-compute-apps=pid,used_memory",
                  "--format=csv,noheader,nounits"]
-        while not self._done.wait(0.1):
+        while not self._done.wait(0.5):
             try:
                 rows = subprocess.run(query, capture_output=True, text=True,
                                       timeout=5).stdout.splitlines()
