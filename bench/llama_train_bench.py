@@ -413,9 +413,15 @@ def daemon_memory(opt, rank: int) -> dict:
         mine = [s for s in opt.status() if s.rank == rank]
     except Exception as e:  # a report field, not a reason to fail the run
         return {"error": f"{type(e).__name__}: {e}"[:300]}
+    # The trainer's flat param and grad buffers the daemon maps (cudaMalloc,
+    # outside torch's allocator: max_memory_allocated misses them too).
+    buffers = [b for b in opt._memory.buffers
+               if b.flat is not None and b.flat.device.type == "cuda"]
     return {"state_gib": sum(s.state_bytes for s in mine) / 2**30,
             "transient_peak_gib": sum(s.peak_transient_bytes for s in mine) / 2**30,
-            "ns_workspace_peak_gib": sum(s.peak_ns_workspace_bytes for s in mine) / 2**30}
+            "ns_workspace_peak_gib": sum(s.peak_ns_workspace_bytes for s in mine) / 2**30,
+            "trainer_buffers_gib": sum(b.flat.numel() * b.flat.element_size()
+                                       for b in buffers) / 2**30}
 
 
 def memory_summary(per_rank: list[dict]) -> dict:
