@@ -160,6 +160,21 @@ absl::StatusOr<v1::StepResponse> Client::Step(
   return response;
 }
 
+absl::Status Client::RefuseStep(int64_t step_id, std::string_view why) {
+  if (why.empty()) {
+    return absl::InvalidArgumentError(
+        "RefuseStep: the reason is empty (an empty one would be a step)");
+  }
+  v1::StepRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_client_id(options_.client_id);
+  request.set_step_id(step_id);
+  request.set_trainer_refusal(std::string(why));
+  RpcSettings rpc = DefaultRpc();
+  rpc.wait_for_ready = false;
+  return Call(&Stub::Step, request, rpc).status();
+}
+
 absl::Status Client::Unregister() {
   v1::UnregisterParamsRequest request;
   request.set_job_id(options_.job_id);

@@ -23,10 +23,12 @@
 //
 // Contract of Step: the gradients are complete when it is called (the
 // trainer's CUDA stream synchronised); the updated params are visible to the
-// trainer when it returns.
+// trainer when it returns. A trainer whose own checks refuse a step calls
+// RefuseStep(step_id, why) instead, so its peers' Step fails at once.
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -118,6 +120,12 @@ class Client {
   absl::Status WaitForPlan(absl::Duration timeout);
   absl::StatusOr<v1::StepResponse> Step(
       int64_t step_id, const std::vector<v1::GroupOverride>& overrides = {});
+  // Step `step_id` refused by this trainer's own checks (`why` names the
+  // param and the rule; StepRequest.trainer_refusal): the job votes on it, so
+  // every rank's step fails at once instead of its peers waiting for the
+  // communicator timeout, and nothing is applied. Returns the daemon's answer
+  // (FailedPrecondition: the refusal); InvalidArgument for an empty `why`.
+  absl::Status RefuseStep(int64_t step_id, std::string_view why);
   absl::Status Unregister();
   absl::StatusOr<v1::GetStatusResponse> Status();
   absl::StatusOr<v1::HealthResponse> Health();

@@ -81,6 +81,9 @@ std::string RefusalCodeName(RefusalCode code) {
       return "a non-finite Newton-Schulz output (custom coefficients)";
     case RefusalCode::kReplicaGradients:
       return "its domain's DP replicas hold different gradients";
+    case RefusalCode::kTrainer:
+      return "its trainer's own checks (the error that trainer raised names "
+             "the param and the rule)";
   }
   return absl::StrCat("unknown reason ", uint32_t(code));
 }

@@ -51,6 +51,7 @@ enum class RefusalCode : uint32_t {
   kDomainDisagreement = 9,  // a domain's ranks skip or step differently
   kNonFiniteUpdate = 10,    // non-finite NS output (custom coefficients)
   kReplicaGradients = 11,   // a domain's DP replicas hold different grads
+  kTrainer = 12,            // the rank's trainer refused (its own checks)
 };
 
 // The phase the ballot votes on: a step's start or its commit.

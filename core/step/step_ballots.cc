@@ -35,9 +35,12 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
                            return param_names_.contains(name);
                          }),
          RefusalCode::kSkipParams);
-  // Always run: the domain agreements are collectives of their own.
-  absl::StatusOr<std::vector<std::string>> agreed = AgreeAcrossDomains(
-      inputs, result, inputs.refusal_code != RefusalCode::kMemory);
+  // Always run: the domain agreements are collectives of their own. The grads
+  // are not read where memory changed or the trainer refused (it copied none).
+  absl::StatusOr<std::vector<std::string>> agreed =
+      AgreeAcrossDomains(inputs, result,
+                         inputs.refusal_code != RefusalCode::kMemory &&
+                             inputs.refusal_code != RefusalCode::kTrainer);
   if (!agreed.ok()) {
     refuse(agreed.status(), IsCommunicationFailure(agreed.status())
                                 ? RefusalCode::kCommunication

@@ -42,9 +42,9 @@ void Refuse(StepInputs& inputs, absl::Status st, RefusalCode code);
 // instead of early returns, so the peers refuse the step at once too instead
 // of waiting for this rank in their exchanges. In order: the registered
 // memory (first: a shrunk shm object would SIGBUS the step, and only a
-// kMemory refusal keeps the engine from reading the grads), the step id, the
-// overrides, the skip_params; the valid overrides and skip_params are set in
-// `inputs`.
+// kMemory refusal keeps the engine from reading the grads), the trainer's
+// own refusal (StepRequest.trainer_refusal), the step id, the overrides, the
+// skip_params; the valid overrides and skip_params are set in `inputs`.
 void CheckStepRequest(const v1::StepRequest& request,
                       const Registration& registration,
                       std::optional<int64_t> last_step_id, int64_t max_step_id,

@@ -286,17 +286,23 @@ class Client:
         return self.stub.RegisterParams.future(req, timeout=self.timeout)
 
     def step(self, job_id: str, step_id: int, overrides: Iterable[pb.GroupOverride] = (),
-             client_id: str = "", skip_params: Iterable[str] = ()) -> pb.StepResponse:
+             client_id: str = "", skip_params: Iterable[str] = (),
+             trainer_refusal: str = "") -> pb.StepResponse:
         """``skip_params``: names of params this step leaves alone (torch.optim's
-        grad-None rule; StepRequest.skip_params)."""
+        grad-None rule; StepRequest.skip_params). ``trainer_refusal``: why the
+        trainer refuses this step (StepRequest.trainer_refusal): every rank of
+        the job then fails it at once and nothing changes."""
         # A blocking call runs on this thread; a future makes grpc start a
         # channel polling thread per call (~100 µs more per step).
-        return self.stub.Step(_step_request(job_id, step_id, overrides, client_id, skip_params, self._name),
+        return self.stub.Step(_step_request(job_id, step_id, overrides, client_id, skip_params,
+                                            self._name, trainer_refusal),
                               timeout=self.timeout)
 
-    def step_future(self, job_id, step_id, overrides=(), client_id="", skip_params=()):
+    def step_future(self, job_id, step_id, overrides=(), client_id="", skip_params=(),
+                    trainer_refusal=""):
         return self.stub.Step.future(
-            _step_request(job_id, step_id, overrides, client_id, skip_params, self._name),
+            _step_request(job_id, step_id, overrides, client_id, skip_params, self._name,
+                          trainer_refusal),
             timeout=self.timeout)
 
     def unregister(self, job_id: str, client_id: str = "",
@@ -490,7 +496,7 @@ def _no_plan_hint() -> str:
 
 
 def _step_request(job_id, step_id, overrides, client_id, skip_params=(),
-                  optimizer="") -> pb.StepRequest:
+                  optimizer="", trainer_refusal="") -> pb.StepRequest:
     return pb.StepRequest(job_id=job_id, step_id=step_id, overrides=list(overrides),
                           client_id=client_id, skip_params=list(skip_params),
-                          optimizer=optimizer)
+                          optimizer=optimizer, trainer_refusal=trainer_refusal)

@@ -141,8 +141,13 @@ class FakeDaemon : public v1::Optimizer::Service {
  public:
   explicit FakeDaemon(absl::Status reply) : reply_(std::move(reply)) {}
 
-  grpc::Status Step(grpc::ServerContext* context, const v1::StepRequest*,
+  grpc::Status Step(grpc::ServerContext* context,
+                    const v1::StepRequest* request,
                     v1::StepResponse*) override {
+    {
+      absl::MutexLock lock(&mu_);
+      steps_.push_back(*request);
+    }
     return Answer(context);
   }
   grpc::Status RegisterParams(grpc::ServerContext* context,
@@ -168,6 +173,10 @@ class FakeDaemon : public v1::Optimizer::Service {
     absl::MutexLock lock(&mu_);
     return deadlines_;
   }
+  std::vector<v1::StepRequest> steps() {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
 
  private:
   grpc::Status Answer(grpc::ServerContext* context) {
@@ -185,6 +194,7 @@ class FakeDaemon : public v1::Optimizer::Service {
   absl::Mutex mu_;
   std::vector<std::string> tokens_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Duration> deadlines_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::StepRequest> steps_ ABSL_GUARDED_BY(mu_);
 };
 
 class ClientAgainstFakeDaemon : public ::testing::Test {
@@ -228,6 +238,26 @@ TEST_F(ClientAgainstFakeDaemon, StepKeepsTheDaemonsPeerGoneReason) {
   EXPECT_EQ(r.status().message(), text);
   EXPECT_TRUE(HasErrorReason(r.status(), ErrorReason::kPeerGone));
   EXPECT_EQ(GetErrorMetadata(r.status()), (ErrorMetadata{{"step_id", "7"}}));
+}
+
+// RefuseStep sends the step with only the trainer's reason (no overrides,
+// nothing to apply) and returns the daemon's answer, the job's refusal.
+TEST_F(ClientAgainstFakeDaemon, RefuseStepSendsTheReasonAndReturnsTheRefusal) {
+  Serve(absl::FailedPreconditionError("step 4: the trainer refused it"));
+  const absl::Status st =
+      client_->RefuseStep(4, "grad of 'w1' has shape [3, 4], expected [4, 4]");
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  const std::vector<v1::StepRequest> sent = daemon_->steps();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].step_id(), 4);
+  EXPECT_EQ(sent[0].job_id(), "j");
+  EXPECT_EQ(sent[0].trainer_refusal(),
+            "grad of 'w1' has shape [3, 4], expected [4, 4]");
+  EXPECT_EQ(sent[0].overrides_size(), 0);
+  // An empty reason would be a plain step: refused here, nothing sent.
+  EXPECT_EQ(client_->RefuseStep(5, "").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(daemon_->steps().size(), 1u);
 }
 
 // A message longer than gRPC's metadata limits allow twice (it travels as

@@ -151,6 +151,10 @@ class FakeDaemon(pb_grpc.OptimizerServicer):
 
     def Step(self, request, context):
         self.step_requests.append(request)
+        if request.trainer_refusal:  # the real daemon's job vote refuses it on every rank
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"step {request.step_id}: the trainer refused it before sending it "
+                          f"({request.trainer_refusal[:128]}); no rank applies it")
         if self.on_step is not None:
             return self.on_step(request, context)
         # Per-step hyperparameters (GroupOverride): unset fields keep the

@@ -178,13 +178,20 @@ class RefusalTest(FakeDaemons):
         self.grads([self.wq, self.wk])
         return opt
 
-    def assert_unchanged_after(self, opt, error, pattern, maxima, sent: int = 0):
+    def assert_unchanged_after(self, opt, error, pattern, maxima, refused_here=True):
+        """step() raises `error`; nothing moved. `refused_here`: the trainer's
+        own check refused, so its daemon heard only that refusal (the job's
+        other ranks fail the step with it); else the daemon refused a Step."""
         before = [self.wq.detach().clone(), self.wk.detach().clone()]
         requests = len(self.cluster.daemons[0].step_requests)
         with self.assertRaisesRegex(error, pattern):
             opt.step(qk_max_logits=maxima)
         self.assertTrue(torch.equal(self.wq, before[0]) and torch.equal(self.wk, before[1]))
-        self.assertEqual(len(self.cluster.daemons[0].step_requests) - requests, sent)
+        sent = self.cluster.daemons[0].step_requests[requests:]
+        self.assertEqual(len(sent), 1)
+        self.assertEqual(bool(sent[0].trainer_refusal), refused_here)
+        if refused_here:
+            self.assertRegex(sent[0].trainer_refusal, pattern)
         self.assertEqual(opt.step_id, 0)
 
     def test_input_errors_name_the_layer_and_the_rule(self):
@@ -213,7 +220,7 @@ class RefusalTest(FakeDaemons):
 
         self.cluster.daemons[0].on_step = refuse
         self.assert_unchanged_after(opt, Exception, "non-finite gradients",
-                                    {"layers.0.attn": MAXIMA8}, sent=1)
+                                    {"layers.0.attn": MAXIMA8}, refused_here=False)
 
     def test_a_skipped_step_is_not_clipped(self):
         opt = self.opt()

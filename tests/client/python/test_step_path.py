@@ -149,7 +149,7 @@ class StepPathTest(unittest.TestCase):
         self.assertAlmostEqual(last["group0"].momentum, 0.94)
         self.assertFalse(last["group0"].nesterov)
 
-    def test_changing_a_registration_time_entry_raises_before_any_rpc(self):
+    def test_changing_a_registration_time_entry_is_refused_before_any_copy(self):
         params = make_params()
         opt = self.muon(params)
         for gi, key, value in [(0, "ns_steps", 7), (0, "eps", 1e-6), (0, "scale_mode", "x"),
@@ -161,7 +161,13 @@ class StepPathTest(unittest.TestCase):
             with self.subTest(key=key):
                 with self.assertRaisesRegex(ValueError, rf"param group {gi} .*'{key}' changed"):
                     opt.step()
-                self.assertEqual([len(d.step_requests) for d in self.cluster.daemons], [0, 0])
+                # Each daemon heard only the refusal (its peers would fail the
+                # step with it rather than wait): no Step that applies.
+                for d in self.cluster.daemons:
+                    last = d.step_requests[-1]
+                    self.assertRegex(last.trainer_refusal, rf"ValueError: .*'{key}' changed")
+                    self.assertEqual(last.step_id, 1)
+                    self.assertTrue(all(r.trainer_refusal for r in d.step_requests))
             opt.param_groups[gi][key] = before
         opt.step()  # restored: steps
         self.assertEqual(opt.step_id, 1)

@@ -345,9 +345,11 @@ class LayerShardedMuon(Muon):
         """Megatron DDP's ``main_grad`` is the grad of a param that has one
         (class docstring); then muond.torch.Muon's step. Registers first
         (every rank together), then checks every main_grad before any is
-        used: a bad one is a ValueError naming the param."""
+        used: a bad one is a ValueError naming the param, and the other
+        ranks' step fails at once naming this rank (Muon's trainer refusal)."""
         self._ensure_registered()
-        fed = self._main_grads()
+        with self._refused_on_every_rank():  # the peers fail this step at once too
+            fed = self._main_grads()
         for p, grad in fed:
             p.grad = grad
         try:

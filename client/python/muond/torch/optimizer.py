@@ -3,6 +3,8 @@ methods); memory, registration, placement and wire conversion live in the
 modules beside it (muond.torch's docstring has the whole contract)."""
 from __future__ import annotations
 
+import contextlib
+
 import gc
 import os
 import sys
@@ -314,14 +316,16 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_registered_groups()
-        clip = _qk_clip.prepare(self._qk_clip, qk_max_logits, self)  # checks: before any RPC
-        self._memory.follow_rebound_params(self._param_names)
-        self._memory.check_permuted(self._param_names)
+        with self._refused_on_every_rank():  # checks: before any Step is sent
+            self._check_registered_groups()
+            clip = _qk_clip.prepare(self._qk_clip, qk_max_logits, self)
+            self._memory.follow_rebound_params(self._param_names)
+            self._memory.check_permuted(self._param_names)
         self.state.push_if_assigned()
         self.state.invalidate()  # the step changes the state: read it afresh
-        skipped = _wire.matrices_of(self._memory.skipped_and_copy_grads(
-            self._param_names, self._ranks_of, len(self.clients)), self._matrices)
+        with self._refused_on_every_rank():
+            skipped = _wire.matrices_of(self._memory.skipped_and_copy_grads(
+                self._param_names, self._ranks_of, len(self.clients)), self._matrices)
         if self._on_cuda:
             torch.cuda.synchronize()  # the daemon reads grads from another process
         # The id advances only when every daemon applied the step: a refused
@@ -359,6 +363,33 @@ class Muon(torch.optim.Optimizer):
         otherwise apply a changed fixed entry silently, and a failed one
         register the changed groups as the old ones."""
         _groups.check_before_step(self.param_groups, self._fixed, self._param_names)
+
+    @contextlib.contextmanager
+    def _refused_on_every_rank(self):
+        """A check of the coming step that fails here (TypeError, ValueError or
+        RuntimeError, before any Step is sent) is sent to this trainer's
+        daemons as the step's refusal (StepRequest.trainer_refusal) before it
+        is raised: the job votes on it, so the peers' step() fails at once,
+        naming this rank, instead of waiting for the communicator timeout.
+        Nothing changes on any rank; the same step can be sent again."""
+        try:
+            yield
+        except (TypeError, ValueError, RuntimeError) as refused:
+            self._send_refusal(f"{type(refused).__name__}: {refused}")
+            raise
+
+    def _send_refusal(self, why: str) -> None:
+        """Step step_id + 1 refused on every daemon of this trainer; their
+        answers (the refusal, or an error of their own) are not this step's
+        error: the caller raises its own."""
+        step_id = self.step_id + 1
+        futures = [c.step_future(self.job_id, step_id, (), self.client_id, (),
+                                 trainer_refusal=why) for c in self.clients]
+        for future in futures:
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 (the expected refusal, or a daemon gone)
+                pass
 
     def _send_step(self, step_id: int, overrides: list, skipped: list) -> list:
         """Step `step_id` on every daemon; their responses, in rank order."""

@@ -1,0 +1,136 @@
+"""A step one trainer refuses on its own checks fails on every rank at once.
+
+Two gloo trainer processes, each with FSDP2 and ``Muon(groups)`` on its own
+host daemon (local mode, as test_torchrun_local). At the second step rank 1
+edits a fixed entry of its Muon group (``ns_steps``), so its step() raises
+the ValueError naming the group and the key before anything is copied. Its
+daemon is told (StepRequest.trainer_refusal) and the job votes: rank 0's
+step() fails with the refusal naming rank 1 and its trainer's checks, not
+the communicator timeout (the daemons' is set far above the harness's). No
+rank changes anything; rank 1 puts the entry back and both send the same
+step again, which then matches a run that never saw the refusal, bitwise.
+"""
+import json
+import os
+import pickle
+import socket
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "contract"))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import trainer_procs  # noqa: E402
+
+from cluster import Cluster, find_binaries  # noqa: E402
+
+WORLD = 2
+STEPS = 3
+REFUSING_RANK = 1
+HYPER = dict(lr=0.02, weight_decay=0.1, fp32_matmul_prec="highest", ns_batch_size=1)
+# A refusal that waited for the communicator would take this long: far
+# beyond the harness's join timeout, so such a run fails instead of passing.
+COMM_TIMEOUT_S = 600
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+
+
+def _grads(model, step, rank):
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(100 * step + rank))
+    model(x).pow(2).mean().backward()
+
+
+def _trainer(rank, tmp, refuse):
+    info = trainer_procs.wait_for_json(os.path.join(tmp, "cluster.json"), "cluster")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(info["port"]), RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), MUOND_DAEMON=info["daemons"][rank],
+                      MUOND_JOB_ID=info["job_id"], MUOND_TOKEN_FILE=info["token_file"])
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from muond.client import MuondError
+    from muond.torch import Muon
+
+    model = _model()
+    fully_shard(model, mesh=init_device_mesh("cpu", (WORLD,)))
+    opt = Muon(trainer_procs.groups(list(model.named_parameters())), **HYPER)
+    out = {"errors": []}
+    for step in range(STEPS):
+        opt.zero_grad()
+        _grads(model, step, rank)
+        if refuse and step == 1:
+            before = {n: p.full_tensor() for n, p in model.named_parameters()}
+            kept = opt.param_groups[0]["ns_steps"]
+            if rank == REFUSING_RANK:
+                opt.param_groups[0]["ns_steps"] = kept + 2
+            try:
+                opt.step()
+                out["errors"].append(None)
+            except (ValueError, MuondError) as e:
+                out["errors"].append((type(e).__name__, str(e)))
+            opt.param_groups[0]["ns_steps"] = kept
+            out["unchanged"] = all(torch.equal(p.full_tensor(), before[n])
+                                   for n, p in model.named_parameters())
+            out["step_id_after_refusal"] = opt.step_id
+        opt.step()
+    out["final"] = {n: p.full_tensor() for n, p in model.named_parameters()}
+    opt.close()
+    with open(os.path.join(tmp, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(out, f)
+    dist.destroy_process_group()
+
+
+def _run_job(test, refuse: bool) -> list:
+    tmp = tempfile.mkdtemp(prefix="muond-refusal-")
+    ctx = mp.start_processes(_trainer, args=(tmp, refuse), nprocs=WORLD, join=False,
+                             start_method="fork")
+    with Cluster(WORLD, comm_timeout_s=COMM_TIMEOUT_S) as cluster:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with open(os.path.join(tmp, "cluster.json.tmp"), "w") as f:
+            json.dump({"port": port, "daemons": cluster.daemons, "job_id": cluster.job_id,
+                       "token_file": os.path.join(cluster.tmp, "token")}, f)
+        os.rename(os.path.join(tmp, "cluster.json.tmp"), os.path.join(tmp, "cluster.json"))
+        trainer_procs.join(ctx, 150)
+    runs = []
+    for r in range(WORLD):
+        with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
+            runs.append(pickle.load(f))
+    return runs
+
+
+class TrainerRefusalTest(unittest.TestCase):
+    def test_one_trainers_refusal_fails_the_step_on_every_rank_at_once(self):
+        find_binaries(self)
+        runs = _run_job(self, refuse=True)
+        kind, message = runs[REFUSING_RANK]["errors"][0]
+        self.assertEqual(kind, "ValueError")
+        self.assertIn("ns_steps", message)
+        kind, message = runs[1 - REFUSING_RANK]["errors"][0]
+        self.assertEqual(kind, "MuondError", message)
+        self.assertIn(f"rank {REFUSING_RANK}", message)
+        self.assertIn("trainer", message)
+        self.assertNotIn("timeout", message.lower())
+        for r, run in enumerate(runs):
+            self.assertTrue(run["unchanged"], f"rank {r} changed params in a refused step")
+            self.assertEqual(run["step_id_after_refusal"], 1, f"rank {r}")
+
+        clean = _run_job(self, refuse=False)
+        for r in range(WORLD):
+            for n, want in clean[r]["final"].items():
+                self.assertTrue(torch.equal(runs[r]["final"][n], want),
+                                f"{n} on rank {r}: the refused step left a trace")
+
+
+if __name__ == "__main__":
+    unittest.main()
