@@ -3,11 +3,13 @@ FSDP2 shards: 4 gloo trainer processes, FSDP2 over 4 ranks on a 3-row weight
 (rows 1, 1, 1, 0: rank 3 holds nothing) and a 7-row one (2, 2, 2, 1), each
 rank with its own fake daemon (fake_daemon.py, in this process: the wire
 contract, uneven gtp_rows included) found from MUOND_DAEMON. Checks: the
-0-row shard registers a 0-row view into a buffer of >= 1 element, the
-params are never rebound (FSDP2 keeps its storage), a refusal on one rank
+0-row shard registers a 0-row view into a buffer of >= 1 element, every
+FSDP2 shard (0-row ones too) lives in the shared param buffer while the
+optimizer runs (fsdp2_storage: FSDP2 reads and the daemon updates it in
+place, no copy), a refusal on one rank
 stops every rank before any RPC, and after 2 steps every
 rank's full params equal one trainer on one fake daemon given the same full
-gradients, bitwise (the copies in and out lose nothing)."""
+gradients, bitwise (binding the shards loses nothing)."""
 import json
 import os
 import pickle
@@ -51,8 +53,6 @@ def _trainer(rank, tmp):
     model = _model()
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     fully_shard(model, mesh=init_device_mesh("cpu", (WORLD,)))
-    storage = {n: p.to_local().untyped_storage().data_ptr()
-               for n, p in model.named_parameters()}
     # A refusal on one rank (a 1-D param in rank 2's Muon group) is raised on
     # every rank, before any RPC, instead of leaving the others waiting.
     bad = list(model.named_parameters()) + ([("odd", torch.nn.Parameter(torch.zeros(3)))]
@@ -71,12 +71,13 @@ def _trainer(rank, tmp):
         model(x).pow(2).mean().backward()
         grads.append({n: p.grad.full_tensor() for n, p in model.named_parameters()})
         opt.step()
-    rebound = [n for n, p in model.named_parameters()
-               if p.to_local().untyped_storage().data_ptr() != storage[n]]
+    buffers = {b.flat.untyped_storage().data_ptr() for b in opt._buffers}
+    outside = [n for n, p in model.named_parameters()
+               if p.to_local().untyped_storage().data_ptr() not in buffers]
     final = {n: p.full_tensor() for n, p in model.named_parameters()}
     opt.close()
     with open(os.path.join(tmp, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump({"init": init, "grads": grads, "final": final, "rebound": rebound,
+        pickle.dump({"init": init, "grads": grads, "final": final, "outside": outside,
                      "refusal": refusal}, f)
     dist.destroy_process_group()
 
@@ -117,7 +118,7 @@ class DTensorMemoryTest(unittest.TestCase):
         for r in range(WORLD):
             with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
                 runs.append(pickle.load(f))
-        self.assertEqual([run["rebound"] for run in runs], [[]] * WORLD)
+        self.assertEqual([run["outside"] for run in runs], [[]] * WORLD)
         refusals = {run["refusal"] for run in runs}
         self.assertEqual(len(refusals), 1, refusals)
         self.assertRegex(refusals.pop(),

@@ -11,11 +11,13 @@ them."""
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
 from muond._dtensor import is_dtensor
 from muond.shm import ShmBuffer, shm_name
+from muond.torch import fsdp2_storage as _fsdp2
 from muond.torch import wire as _wire
 from muond.torch.cuda_memory import CUDA_IPC_HANDLE_SIZE, CudaAllocation  # noqa: F401
 from muond.v1 import muond_pb2 as pb
@@ -168,6 +170,11 @@ class SharedParams:
         self.grads: list = []
         self.views: list = []
         self.dtensors: list = []
+        # FSDP2 params whose shard lives in the param buffer (fsdp2_storage):
+        # (param, BoundShard, shared grad view); no param copy per step.
+        self.fsdp_bound: list = []
+        self._fsdp_params = None  # id(param) -> FSDPParam, during a placement
+        self._to_bind_fsdp: list = []  # (param, FSDPParam, local, param slot, grad slot)
         self._unallocated: dict = {}  # (role, dtype, device) -> Buffer
         self._to_rebind: list = []  # (param, param slot, grad slot)
         self._to_copy: list = []  # (DTensor param, its local shard, param slot, grad slot)
@@ -182,6 +189,7 @@ class SharedParams:
         old = list(self.buffers)
         self.buffers.clear()
         self.regions, self.grads, self.views, self.dtensors = Regions(), [], [], []
+        self.fsdp_bound, self._fsdp_params, self._to_bind_fsdp = [], None, []
         self._unallocated, self._to_rebind, self._to_copy = {}, [], []
         self.permuted, self._to_permute = [], []
         return old
@@ -210,9 +218,21 @@ class SharedParams:
 
     def bind_dtensor(self, p):
         """A DTensor param's spans (a 0-row shard gets a 0-row view) and its
-        local shard; ``allocate`` copies the local values in. The param is
-        never rebound (FSDP2 owns its storage): step() copies in and out."""
+        local shard. An FSDP2 param FSDP2 keeps in the usual form gets a span
+        of its padded shard, which ``allocate`` makes FSDP2's storage
+        (fsdp2_storage: the daemons update it in place). Any other DTensor
+        keeps its own storage: ``allocate`` copies the local values in and
+        step() copies in and out."""
         local = p.to_local()
+        if self._fsdp_params is None:
+            self._fsdp_params = _fsdp2.fsdp_params()
+        fsdp_param = self._fsdp_params.get(id(p))
+        if fsdp_param is not None:
+            padded = math.prod(fsdp_param.padded_sharded_param_size)
+            pslot = self._slot("param", padded, local)
+            gslot = self._slot("grad", local.numel(), local)
+            self._to_bind_fsdp.append((p, fsdp_param, local, pslot, gslot))
+            return pslot, gslot, local
         pslot, gslot = self._slot_pair(local.numel(), local)
         self._to_copy.append((p, local, pslot, gslot))
         return pslot, gslot, local
@@ -253,13 +273,18 @@ class SharedParams:
                 self.permuted.append((p, pview, gslot.view(local.shape), index))
             if dst:
                 torch._foreach_copy_(dst, src)
+            for p, fsdp_param, local, pslot, gslot in self._to_bind_fsdp:
+                bound = _fsdp2.BoundShard(
+                    fsdp_param, pslot.view(tuple(fsdp_param.padded_sharded_param_size)))
+                bound.bind()
+                self.fsdp_bound.append((p, bound, gslot.view(local.shape)))
             for (p, _, _), view in zip(self._to_rebind, dst):
                 p.data = view
                 self.views.append((p, view, view.data_ptr()))
         if renamed:
             _point_refs_at_regions(per_rank, renamed)
         self._unallocated, self._to_rebind, self._to_copy = {}, [], []
-        self._to_permute = []
+        self._to_permute, self._fsdp_params, self._to_bind_fsdp = [], None, []
 
     def zero_grad(self, set_to_none: bool) -> None:
         """Muon.zero_grad's work (its docstring has the rules)."""
@@ -273,7 +298,8 @@ class SharedParams:
                 if p.grad is not grad:
                     p.grad = grad
                 grad.zero_()
-            for p in [d[0] for d in self.dtensors] + [q[0] for q in self.permuted]:
+            for p in ([d[0] for d in self.dtensors] + [b[0] for b in self.fsdp_bound]
+                      + [q[0] for q in self.permuted]):
                 # Their grads stay the trainer's (FSDP2's, DTensor's, its own).
                 if set_to_none:
                     p.grad = None
@@ -309,6 +335,12 @@ class SharedParams:
             # unchanged), the grads of those stepped.
             dst.append(pview)
             src.append(p.to_local())
+            if p.grad is None or not p.requires_grad:
+                skipped[0].append(names[id(p)])
+                continue
+            dst.append(gview)
+            src.append(_local_grad(p))
+        for p, _, gview in self.fsdp_bound:  # the param is in the buffer already
             if p.grad is None or not p.requires_grad:
                 skipped[0].append(names[id(p)])
                 continue
@@ -352,6 +384,7 @@ class SharedParams:
     def any_cuda(self) -> bool:
         return (any(grad.is_cuda for _, grad in self.grads)
                 or any(gview.is_cuda for _, _, gview in self.dtensors)
+                or any(gview.is_cuda for _, _, gview in self.fsdp_bound)
                 or any(q[2].is_cuda for q in self.permuted))
 
     def copy_dtensors_out(self) -> None:
@@ -384,6 +417,12 @@ class SharedParams:
                 if a != b]
             if changed:
                 refused.append(f"param {names[id(p)]}: {', '.join(changed)}")
+        for p, bound, _ in self.fsdp_bound:
+            # FSDP2 re-points a param itself (load_state_dict(assign=True), a move).
+            if not bound.intact():
+                changed = bound.bind_again()
+                if changed:
+                    refused.append(f"param {names[id(p)]}: {changed}")
         if refused:
             raise ValueError(
                 "muond.torch.Muon follows a param rebound after construction only to a tensor "
@@ -410,6 +449,9 @@ class SharedParams:
                 for p, grad in self.grads:
                     if grad.is_cuda and p.grad is grad:
                         p.grad = grad.clone()
+                for _, bound, _ in self.fsdp_bound:
+                    if bound.padded.is_cuda:
+                        bound.release()
         except Exception as e:  # e.g. out of memory: those params keep the buffer
             logging.getLogger("muond.torch").warning(
                 "muond.torch.Muon: params left in the optimizer's CUDA buffers (%s); the "

@@ -1,0 +1,108 @@
+"""FSDP2's sharded params stored in muond's shared param buffer: no copy per step.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``) keeps each param's padded local
+shard in a flat tensor of its own (``FSDPParam._sharded_param_data``), and the
+param's DTensor local tensor is a view of it: the all-gather before forward
+reads it, and an optimizer's update writes it. Pointing both at a span of
+muond's param buffer lets the daemons update the params in place, as they do
+for plain tensors, instead of muond holding a second copy of every shard and
+copying it in and out at each step.
+
+These are FSDP2's private attributes, so a param is bound only when they look
+exactly as expected (a plain 1-D padded shard on the param's device, Shard(0),
+no CPU offload, no tensor-subclass extension); any other param keeps the copy
+path. FSDP2 re-points a param at new storage itself after ``load_state_dict(...,
+assign=True)`` or ``model.to()``: ``BoundShard.intact`` notices, and
+``bind_again`` takes the new values into the buffer.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def fsdp_params() -> dict:
+    """id(sharded param) -> its FSDPParam, for every param FSDP2 manages in
+    the bindable form (``_bindable``); {} where FSDP2 is absent."""
+    try:
+        from torch.distributed._composable_state import _module_state_mapping
+    except ImportError:
+        return {}
+    found = {}
+    for ref in list(_module_state_mapping.values()):
+        group = getattr(ref(), "_fsdp_param_group", None)
+        for fsdp_param in getattr(group, "fsdp_params", None) or ():
+            param = getattr(fsdp_param, "sharded_param", None)
+            if param is not None and _bindable(fsdp_param):
+                found[id(param)] = fsdp_param
+    return found
+
+
+def _bindable(fsdp_param) -> bool:
+    try:
+        data = fsdp_param._sharded_param_data
+        local = fsdp_param.sharded_param._local_tensor
+        padded = tuple(fsdp_param.padded_sharded_param_size)
+        return (type(data) is torch.Tensor and type(local) is torch.Tensor
+                and data.dim() == 1 and data.numel() == math.prod(padded)
+                and data.is_contiguous() and local.is_contiguous()
+                and not fsdp_param.offload_to_cpu
+                and fsdp_param.fsdp_placement.dim == 0
+                and data.dtype == local.dtype and data.device == local.device
+                and tuple(local.shape[1:]) == padded[1:]
+                and (local.numel() == 0 or local.data_ptr() == data.data_ptr()))
+    except (AttributeError, TypeError):
+        return False
+
+
+class BoundShard:
+    """One FSDP2 param whose padded local shard lives in ``padded`` (a view of
+    muond's param buffer, ``padded_sharded_param_size``): the param's local
+    tensor is its first rows, FSDP2's flat shard all of it."""
+
+    def __init__(self, fsdp_param, padded: torch.Tensor):
+        self.fsdp_param, self.padded = fsdp_param, padded
+        self.rows = fsdp_param.sharded_param._local_tensor.shape[0]
+
+    @torch.no_grad()
+    def bind(self) -> None:
+        """Copies FSDP2's current shard (padding included) into the span and
+        points FSDP2 and the param at it."""
+        fp = self.fsdp_param
+        self.padded.copy_(fp._sharded_param_data.view(self.padded.shape))
+        self._point_at(self.padded)
+
+    def intact(self) -> bool:
+        """FSDP2 and the param still use the span (not new storage of
+        FSDP2's own, after a load with assign=True or a move)."""
+        fp = self.fsdp_param
+        return (fp._sharded_param_data.data_ptr() == self.padded.data_ptr()
+                and fp.sharded_param._local_tensor.data_ptr() == self.padded.data_ptr())
+
+    def bind_again(self) -> str | None:
+        """After FSDP2 re-pointed the param: its new values into the span and
+        FSDP2 back on it; what changed (shape, dtype, device) when they cannot
+        go there, else None."""
+        fp = self.fsdp_param
+        data = fp._sharded_param_data
+        changed = [f"{what} {a} -> {b}" for what, a, b in (
+            ("shard size", self.padded.numel(), data.numel()),
+            ("dtype", self.padded.dtype, data.dtype),
+            ("device", self.padded.device, data.device)) if a != b]
+        if changed:
+            return ", ".join(changed)
+        self.bind()
+        return None
+
+    @torch.no_grad()
+    def release(self) -> None:
+        """The optimizer's end: FSDP2 gets storage of its own again (a copy of
+        the span), so the buffer can be freed."""
+        if self.intact():
+            self._point_at(self.padded.clone())
+
+    def _point_at(self, padded: torch.Tensor) -> None:
+        fp = self.fsdp_param
+        fp._sharded_param_data = padded.view(-1)
+        fp.sharded_param._local_tensor = padded.narrow(0, 0, self.rows)

@@ -1,0 +1,142 @@
+"""FSDP2 params stored in muond's shared param buffer (muond.torch.fsdp2_storage),
+one gloo rank, FSDP2 over it, a fake daemon:
+
+* after registration FSDP2's flat shard and the param's local tensor are views
+  of the buffer (no second copy; the all-gather reads what the daemon wrote);
+* ``load_state_dict(..., assign=True)`` (with swap_tensors, which keeps the
+  Parameter objects) makes FSDP2 re-point the params at the loaded tensors;
+  the next step takes the new values back into the buffer and steps them,
+  bitwise as a load that copies in place;
+* a param FSDP2 keeps in a form muond does not bind (CPU offload, a tensor
+  subclass, ...) steps through the copy path, bitwise as a bound one.
+"""
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import unittest
+from unittest import mock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import fake_daemon  # noqa: E402
+
+HYPER = dict(lr=0.02, weight_decay=0.1)
+STEPS = 2
+
+
+def setUpModule():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+def tearDownModule():
+    dist.destroy_process_group()
+
+
+def _model():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 4))
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    return model
+
+
+def _groups(model):
+    named = list(model.named_parameters())
+    return [{"params": [(n, p) for n, p in named if p.ndim == 2]},
+            {"params": [(n, p) for n, p in named if p.ndim != 2], "algorithm": "adamw",
+             "lr": 3e-3}]
+
+
+def _train_step(model, opt, step):
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(step))
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+
+
+def _full(model):
+    return {n: p.full_tensor().clone() for n, p in model.named_parameters()}
+
+
+class Fsdp2StorageTest(fake_daemon.FakeClusterTestCase):
+    def in_buffer(self, opt, model):
+        storages = {b.flat.untyped_storage().data_ptr() for b in opt._buffers}
+        return {n: p.to_local().untyped_storage().data_ptr() in storages
+                for n, p in model.named_parameters()}
+
+    def build_on_own_daemon(self, model):
+        """A Muon over `model` on a fake daemon of its own (its own state)."""
+        from muond.torch import Muon
+        directory = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+        cluster, addresses = fake_daemon.start_cluster(directory, 1)
+        self.addCleanup(lambda: [d.stop() for d in cluster.daemons])
+        opt = Muon(_groups(model), daemons=addresses, job_id="fake", shard_mode="local", **HYPER)
+        self.addCleanup(opt.close)
+        return opt
+
+    def test_shards_live_in_the_buffer_and_follow_an_assign_load(self):
+        from muond.torch import fsdp2_storage
+        model = _model()
+        opt = self.build_on_own_daemon(model)
+        _train_step(model, opt, 0)
+        self.assertEqual(set(self.in_buffer(opt, model).values()), {True})
+        by_param = fsdp2_storage.fsdp_params()
+        for _, p in model.named_parameters():
+            flat = by_param[id(p)]._sharded_param_data
+            self.assertEqual(flat.data_ptr(), p.to_local().data_ptr())
+
+        # The same new values loaded two ways: assign=True (FSDP2 re-points
+        # at the loaded tensors; swap_tensors keeps the Parameter objects, as
+        # FSDP2 expects and any optimizer needs) and in place (copied into the
+        # buffer).
+        swap = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        self.addCleanup(torch.__future__.set_swap_module_params_on_conversion, swap)
+        model.load_state_dict({n: t * 0.5 for n, t in model.state_dict().items()},
+                              assign=True)
+        self.assertEqual(set(self.in_buffer(opt, model).values()), {False})
+        _train_step(model, opt, 1)
+        self.assertEqual(set(self.in_buffer(opt, model).values()), {True})
+
+        other = _model()
+        opt_other = self.build_on_own_daemon(other)
+        _train_step(other, opt_other, 0)
+        loaded = {n: t * 0.5 for n, t in other.state_dict().items()}
+        before = {n: t.full_tensor().clone() for n, t in loaded.items()}
+        other.load_state_dict(loaded)
+        _train_step(other, opt_other, 1)
+        got = _full(model)
+        for n, want in _full(other).items():
+            self.assertFalse(torch.equal(want, before[n]), f"{n} never moved")
+            self.assertTrue(torch.equal(got[n], want), n)
+
+    def test_a_param_fsdp2_keeps_otherwise_takes_the_copy_path_bitwise(self):
+        from muond.torch import fsdp2_storage
+        bound, copied = _model(), _model()
+        opt_bound = self.build_on_own_daemon(bound)
+        with mock.patch.object(fsdp2_storage, "_bindable", return_value=False):
+            opt_copied = self.build_on_own_daemon(copied)
+            for step in range(STEPS):
+                _train_step(bound, opt_bound, step)
+                _train_step(copied, opt_copied, step)
+        self.assertEqual(set(self.in_buffer(opt_bound, bound).values()), {True})
+        self.assertEqual(set(self.in_buffer(opt_copied, copied).values()), {False})
+        got = _full(copied)
+        for n, want in _full(bound).items():
+            self.assertTrue(torch.equal(got[n], want), n)
+
+
+if __name__ == "__main__":
+    unittest.main()
