@@ -7,6 +7,9 @@ one gloo rank, FSDP2 over it, a fake daemon:
   Parameter objects) makes FSDP2 re-point the params at the loaded tensors;
   the next step takes the new values back into the buffer and steps them,
   bitwise as a load that copies in place;
+* ``zero_grad(set_to_none=False)`` gives each param a grad over the shared
+  grad buffer, which FSDP2's reduce-scatter accumulates into: bitwise as the
+  copied grads of ``set_to_none=True``;
 * a param FSDP2 keeps in a form muond does not bind (CPU offload, a tensor
   subclass, ...) steps through the copy path, bitwise as a bound one.
 """
@@ -58,9 +61,9 @@ def _groups(model):
              "lr": 3e-3}]
 
 
-def _train_step(model, opt, step):
+def _train_step(model, opt, step, set_to_none=True):
     x = torch.randn(3, 6, generator=torch.Generator().manual_seed(step))
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=set_to_none)
     model(x).pow(2).mean().backward()
     opt.step()
 
@@ -135,6 +138,20 @@ class Fsdp2StorageTest(fake_daemon.FakeClusterTestCase):
         self.assertEqual(set(self.in_buffer(opt_copied, copied).values()), {False})
         got = _full(copied)
         for n, want in _full(bound).items():
+            self.assertTrue(torch.equal(got[n], want), n)
+
+    def test_grads_zeroed_in_place_accumulate_in_the_shared_buffer(self):
+        copied, in_place = _model(), _model()
+        opt_copied = self.build_on_own_daemon(copied)
+        opt_in_place = self.build_on_own_daemon(in_place)
+        grads = {b.flat.untyped_storage().data_ptr() for b in opt_in_place._buffers}
+        for step in range(STEPS):
+            _train_step(copied, opt_copied, step)
+            _train_step(in_place, opt_in_place, step, set_to_none=False)
+            for n, p in in_place.named_parameters():
+                self.assertIn(p.grad.to_local().untyped_storage().data_ptr(), grads, n)
+        got = _full(in_place)
+        for n, want in _full(copied).items():
             self.assertTrue(torch.equal(got[n], want), n)
 
 

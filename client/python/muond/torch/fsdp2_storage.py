@@ -13,7 +13,10 @@ exactly as expected (a plain 1-D padded shard on the param's device, Shard(0),
 no CPU offload, no tensor-subclass extension); any other param keeps the copy
 path. FSDP2 re-points a param at new storage itself after ``load_state_dict(...,
 assign=True)`` or ``model.to()``: ``BoundShard.intact`` notices, and
-``bind_again`` takes the new values into the buffer.
+``bind_again`` takes the new values into the buffer. The grads stay FSDP2's
+unless the trainer zeroes them with ``zero_grad(set_to_none=False)``: then the
+param's grad is a DTensor over muond's grad span, which FSDP2's reduce-scatter
+accumulates into (``grad_over``), and nothing is copied for it either.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ def _bindable(fsdp_param) -> bool:
                 and data.dim() == 1 and data.numel() == math.prod(padded)
                 and data.is_contiguous() and local.is_contiguous()
                 and not fsdp_param.offload_to_cpu
+                and callable(getattr(fsdp_param, "to_sharded_dtensor", None))
                 and fsdp_param.fsdp_placement.dim == 0
                 and data.dtype == local.dtype and data.device == local.device
                 and tuple(local.shape[1:]) == padded[1:]
@@ -94,6 +98,11 @@ class BoundShard:
             return ", ".join(changed)
         self.bind()
         return None
+
+    def grad_over(self, view: torch.Tensor):
+        """A grad for the param whose local tensor is ``view`` (muond's shared
+        grad span): FSDP2's reduce-scatter then accumulates into it in place."""
+        return self.fsdp_param.to_sharded_dtensor(view)
 
     @torch.no_grad()
     def release(self) -> None:

@@ -298,8 +298,16 @@ class SharedParams:
                 if p.grad is not grad:
                     p.grad = grad
                 grad.zero_()
-            for p in ([d[0] for d in self.dtensors] + [b[0] for b in self.fsdp_bound]
-                      + [q[0] for q in self.permuted]):
+            for p, bound, gview in self.fsdp_bound:
+                # Zeroed in place: FSDP2's reduce-scatter accumulates into the
+                # shared grad span (no copy at step()).
+                if set_to_none:
+                    p.grad = None
+                elif p.requires_grad or p.grad is not None:
+                    gview.zero_()
+                    if p.grad is None or p.grad.to_local().data_ptr() != gview.data_ptr():
+                        p.grad = bound.grad_over(gview)
+            for p in [d[0] for d in self.dtensors] + [q[0] for q in self.permuted]:
                 # Their grads stay the trainer's (FSDP2's, DTensor's, its own).
                 if set_to_none:
                     p.grad = None
@@ -344,8 +352,10 @@ class SharedParams:
             if p.grad is None or not p.requires_grad:
                 skipped[0].append(names[id(p)])
                 continue
-            dst.append(gview)
-            src.append(_local_grad(p))
+            grad = _local_grad(p)
+            if grad.data_ptr() != gview.data_ptr() or grad.numel() == 0:
+                dst.append(gview)
+                src.append(grad)
         if dst:
             torch._foreach_copy_(dst, src)
         for p, pview, gview, index in self.permuted:
