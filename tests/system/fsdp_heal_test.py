@@ -15,7 +15,6 @@ import json
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -78,11 +77,7 @@ def _fault(rank, opt, fault, tmp):
 
 
 def _trainer(rank, tmp, fault):
-    cluster = trainer_procs.wait_for_json(os.path.join(tmp, "cluster.json"), "cluster")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cluster["port"]), RANK=str(rank),
-                      WORLD_SIZE=str(WORLD), MUOND_DAEMON=cluster["daemons"][rank],
-                      MUOND_JOB_ID=cluster["job_id"], MUOND_TOKEN_FILE=cluster["token_file"])
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    trainer_procs.join_job(rank, tmp, WORLD)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from muond.torch import Muon
@@ -133,13 +128,7 @@ def run_job(fault):
                              start_method="fork")
     try:
         with Cluster(WORLD, comm_timeout_s=COMM_TIMEOUT_S) as cluster:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            with open(os.path.join(tmp, "cluster.json.tmp"), "w") as f:
-                json.dump({"port": port, "daemons": cluster.daemons, "job_id": cluster.job_id,
-                           "token_file": os.path.join(cluster.tmp, "token")}, f)
-            os.rename(os.path.join(tmp, "cluster.json.tmp"), os.path.join(tmp, "cluster.json"))
+            trainer_procs.publish_cluster(tmp, cluster)
             if fault == "sigstop":
                 _stop_and_continue(cluster, tmp, ctx)
             trainer_procs.join(ctx, 150)

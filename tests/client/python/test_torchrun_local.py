@@ -6,10 +6,8 @@ MUOND_TOKEN_FILE) and its place from the DTensor placements (a 1 x 2 x 1
 GTP_remat domain for the matrices, per-rank solo domains for the AdamW
 biases) — against a single-daemon run of the same model given the same full
 gradients: bitwise (NS in fp32, ns_batch_size 1)."""
-import json
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import unittest
@@ -40,12 +38,7 @@ def _model():
 def _trainer(rank, tmp):
     """One torchrun rank: waits for the cluster (started after the fork, so
     no gRPC state is forked), then trains STEPS steps."""
-    info = os.path.join(tmp, "cluster.json")
-    cluster = trainer_procs.wait_for_json(info, "cluster")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cluster["port"]), RANK=str(rank),
-                      WORLD_SIZE=str(WORLD), MUOND_DAEMON=cluster["daemons"][rank],
-                      MUOND_JOB_ID=cluster["job_id"], MUOND_TOKEN_FILE=cluster["token_file"])
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    trainer_procs.join_job(rank, tmp, WORLD)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from muond.torch import Muon
@@ -79,13 +72,7 @@ class TorchrunFsdpTest(unittest.TestCase):
         ctx = mp.start_processes(_trainer, args=(tmp,), nprocs=WORLD, join=False,
                                  start_method="fork")
         with Cluster(WORLD, comm_timeout_s=10) as cluster:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            with open(os.path.join(tmp, "cluster.json.tmp"), "w") as f:
-                json.dump({"port": port, "daemons": cluster.daemons, "job_id": cluster.job_id,
-                           "token_file": os.path.join(cluster.tmp, "token")}, f)
-            os.rename(os.path.join(tmp, "cluster.json.tmp"), os.path.join(tmp, "cluster.json"))
+            trainer_procs.publish_cluster(tmp, cluster)
             trainer_procs.join(ctx, 150)
         runs = []
         for r in range(WORLD):

@@ -10,10 +10,8 @@ the communicator timeout (the daemons' is set far above the harness's). No
 rank changes anything; rank 1 puts the entry back and both send the same
 step again, which then matches a run that never saw the refusal, bitwise.
 """
-import json
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import unittest
@@ -50,11 +48,7 @@ def _grads(model, step, rank):
 
 
 def _trainer(rank, tmp, refuse):
-    info = trainer_procs.wait_for_json(os.path.join(tmp, "cluster.json"), "cluster")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(info["port"]), RANK=str(rank),
-                      WORLD_SIZE=str(WORLD), MUOND_DAEMON=info["daemons"][rank],
-                      MUOND_JOB_ID=info["job_id"], MUOND_TOKEN_FILE=info["token_file"])
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    trainer_procs.join_job(rank, tmp, WORLD)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from muond.client import MuondError
@@ -94,13 +88,7 @@ def _run_job(test, refuse: bool) -> list:
     ctx = mp.start_processes(_trainer, args=(tmp, refuse), nprocs=WORLD, join=False,
                              start_method="fork")
     with Cluster(WORLD, comm_timeout_s=COMM_TIMEOUT_S) as cluster:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with open(os.path.join(tmp, "cluster.json.tmp"), "w") as f:
-            json.dump({"port": port, "daemons": cluster.daemons, "job_id": cluster.job_id,
-                       "token_file": os.path.join(cluster.tmp, "token")}, f)
-        os.rename(os.path.join(tmp, "cluster.json.tmp"), os.path.join(tmp, "cluster.json"))
+        trainer_procs.publish_cluster(tmp, cluster)
         trainer_procs.join(ctx, 150)
     runs = []
     for r in range(WORLD):
