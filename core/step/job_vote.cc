@@ -91,18 +91,29 @@ std::string RefusalCodeName(RefusalCode code) {
 namespace {
 
 // "ranks 1, 2, 3 had already applied this step (their last step id) and
-// rank 0 had not", or empty when every rank or none replays.
+// rank 0 had not", or empty when every rank or none replays. A rank whose
+// trainer refused is not among the ranks that had not: its trainer refuses
+// whether its daemon applied the step or not (a refused replay), and its
+// refusal is the reason given.
 std::string DescribeMixedReplay(const JobDecision& d, size_t world) {
   if (d.replaying_ranks.empty() || d.replaying_ranks.size() >= world) {
     return "";
   }
+  auto trainer_refused = [&](int r) {
+    return std::any_of(d.refusals.begin(), d.refusals.end(),
+                       [&](const Refusal& f) {
+                         return f.rank == r && f.code == RefusalCode::kTrainer;
+                       });
+  };
   std::vector<int> others;
   for (int r = 0; r < int(world); ++r) {
     if (std::find(d.replaying_ranks.begin(), d.replaying_ranks.end(), r) ==
-        d.replaying_ranks.end()) {
+            d.replaying_ranks.end() &&
+        !trainer_refused(r)) {
       others.push_back(r);
     }
   }
+  if (others.empty()) return "";
   auto ranks = [](const std::vector<int>& rs) {
     return absl::StrCat(rs.size() == 1 ? "rank " : "ranks ",
                         absl::StrJoin(rs, ", "));

@@ -99,8 +99,9 @@ struct StepInputs {
   // This rank already applied `step_id` (its last one) and would answer it
   // from its record. It still votes (JobVerdict::kReplay): RunStep returns
   // an empty result when every rank replays, and refuses on every rank at
-  // once when only some do (their last step ids differ). Nothing is read or
-  // written; the domain agreements run so the collectives match.
+  // once when only some do (their last step ids differ) or when `refusal`
+  // is set (the trainer refused it). Nothing is read or written; the domain
+  // agreements run so the collectives match.
   bool replay = false;
   // Params this step leaves alone, by ParamBinding::name (the trainer's grad
   // is None, or the param does not require grad): torch.optim's rule, no

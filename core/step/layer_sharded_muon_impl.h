@@ -97,7 +97,8 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   JobBallot LocalBallot(const StepInputs& inputs, StepResult& result,
                         std::vector<std::string>& bad, absl::Status& refusal);
   // The ballot of a replay (StepInputs::replay): kReplay, or a refusal when
-  // the domain agreements it runs for its peers fail to communicate.
+  // the domain agreements it runs for its peers fail to communicate or the
+  // daemon refused it (StepInputs::refusal: its trainer refused it).
   JobBallot ReplayBallot(const StepInputs& inputs, StepResult& result,
                          absl::Status& refusal);
   // The job-wide vote on `mine`; OK with the decision, or this step's error

@@ -79,6 +79,14 @@ JobBallot LayerShardedMuonImpl::ReplayBallot(const StepInputs& inputs,
     refusal = agreed.status();
     mine.verdict = JobVerdict::kRefuse;
     mine.code = RefusalCode::kCommunication;
+  } else if (!inputs.refusal.ok()) {
+    // The daemon's refusal of the replay (its trainer refused it): every
+    // rank fails it, none answers it from its record.
+    refusal = inputs.refusal;
+    mine.verdict = JobVerdict::kRefuse;
+    mine.code = inputs.refusal_code == RefusalCode::kNone
+                    ? RefusalCode::kOther
+                    : inputs.refusal_code;
   }
   return mine;
 }

@@ -579,7 +579,9 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
     replay = last_step_id_ && id == *last_step_id_;
     if (replay && (engine_ == nullptr || !comm_failure_.empty())) {
       // No engine (or no communicators) to vote with: answered from the
-      // record alone, as the vote could not run on any rank either.
+      // record alone, as the vote could not run on any rank either; the
+      // trainer's own refusal is still a refusal (nothing to vote with).
+      RETURN_IF_ERROR(TrainerRefusal(request));
       return ReplayedResponse();
     }
     if (engine_ == nullptr) {
@@ -604,6 +606,11 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
       }
       // The engine votes an out-of-range id as is; a refused one is never run.
       inputs.step_id = std::clamp<int64_t>(id, -1, kMaxStepId + 1);
+    } else {
+      // A replay its trainer refuses is refused by the job like a step:
+      // answering it from the record would advance every peer's step id
+      // but not the refusing trainer's.
+      Refuse(inputs, TrainerRefusal(request), RefusalCode::kTrainer);
     }
     step_running_ = true;  // the builder keeps the engine until it ends
   }

@@ -74,19 +74,20 @@ void Refuse(StepInputs& inputs, absl::Status st, RefusalCode code) {
   inputs.refusal_code = code;
 }
 
+absl::Status TrainerRefusal(const v1::StepRequest& request) {
+  if (request.trainer_refusal().empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("step ", request.step_id(),
+                   ": the trainer refused it before sending it (",
+                   Echo(request.trainer_refusal()), "); no rank applies it"));
+}
+
 void CheckStepRequest(const v1::StepRequest& request,
                       const Registration& registration,
                       std::optional<int64_t> last_step_id, int64_t max_step_id,
                       StepInputs& inputs) {
   Refuse(inputs, registration.RecheckMemory(), RefusalCode::kMemory);
-  if (!request.trainer_refusal().empty()) {
-    Refuse(inputs,
-           absl::FailedPreconditionError(absl::StrCat(
-               "step ", request.step_id(),
-               ": the trainer refused it before sending it (",
-               Echo(request.trainer_refusal()), "); no rank applies it")),
-           RefusalCode::kTrainer);
-  }
+  Refuse(inputs, TrainerRefusal(request), RefusalCode::kTrainer);
   Refuse(inputs, CheckStepId(request.step_id(), last_step_id, max_step_id),
          RefusalCode::kStepId);
   absl::StatusOr<StepOverrides> overrides =

@@ -38,6 +38,13 @@ absl::StatusOr<std::set<std::string>> ParseSkipParams(
 // refusal is recorded already (the first one is what the job votes on).
 void Refuse(StepInputs& inputs, absl::Status st, RefusalCode code);
 
+// The step's refusal by its trainer (StepRequest.trainer_refusal, echoed
+// bounded), FailedPrecondition; OK when the request carries none. Checked on
+// a replay too: a refused replay must fail on every rank, or the ranks whose
+// trainers did not refuse advance their step id and the refusing one does
+// not (their ids never meet again).
+absl::Status TrainerRefusal(const v1::StepRequest& request);
+
 // This rank's checks of a step that is not a replay, as refusals in `inputs`
 // instead of early returns, so the peers refuse the step at once too instead
 // of waiting for this rank in their exchanges. In order: the registered

@@ -294,6 +294,51 @@ TEST(JobAgreementTest, ReplayOnSomeRanksOnlyIsRefusedOnEveryRankAtOnce) {
   EXPECT_TRUE(SameBits(job.Params(), before));
 }
 
+// Client::RefuseStep (StepRequest.trainer_refusal) on one rank while the
+// others step: every rank fails at once, the others naming that rank's
+// trainer, nothing applied. The same holds for a retry of the last applied
+// step (a replay on every daemon): before, the refusing daemon answered it
+// from its record like its peers, so the peers' step ids advanced and the
+// refusing trainer's did not.
+TEST(JobAgreementTest, TrainerRefusalOfAStepOrAReplayFailsEveryRankAtOnce) {
+  Cluster c({.daemon_flags = {"--comm_timeout_s=5"}});
+  c.StartAll();
+  Job job(c);
+  ASSERT_TRUE(job.Register().ok());
+  job.trainers().FillGrads(1);
+  for (auto& r : job.StepAll(1)) ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<float> after1 = job.Params();
+  for (const int64_t id : {int64_t{2}, int64_t{1}}) {
+    constexpr int kRefuser = 2;
+    std::vector<absl::StatusOr<v1::StepResponse>> out(
+        kWorld, absl::UnknownError("not run"));
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        if (r == kRefuser) {
+          const absl::Status st =
+              job.client(r).RefuseStep(id, "ValueError: 'ns_steps' x");
+          if (st.ok()) {  // an answer as a step's (the bug: a replay)
+            out[r] = v1::StepResponse();
+          } else {
+            out[r] = st;
+          }
+        } else {
+          out[r] = job.client(r).Step(id);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    SCOPED_TRACE(absl::StrCat("step ", id));
+    ExpectRefusedEverywhere(out, absl::Now() - start,
+                            absl::StatusCode::kFailedPrecondition, kRefuser,
+                            "the trainer refused it");
+    EXPECT_TRUE(SameBits(job.Params(), after1));
+  }
+  for (auto& r : job.StepAll(2)) EXPECT_TRUE(r.ok()) << r.status();
+}
+
 TEST(JobAgreementTest, StepIdsAreBounded) {
   Cluster c({.daemon_flags = {"--comm_timeout_s=5"}});
   c.StartAll();

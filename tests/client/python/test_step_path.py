@@ -172,6 +172,55 @@ class StepPathTest(unittest.TestCase):
         opt.step()  # restored: steps
         self.assertEqual(opt.step_id, 1)
 
+    def test_assigned_state_that_does_not_fit_is_refused_on_every_rank(self):
+        # The state check runs in step() (push_if_assigned) before the Step:
+        # without the refusal the peers' step() would wait for this rank.
+        params = make_params()
+        opt = self.muon(params)
+        for p in params.values():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        p0 = params["w_pad_tp1"]
+        kept = opt.state[p0]["momentum_buffer"].clone()
+        opt.state[p0]["momentum_buffer"] = torch.zeros(3)
+        with self.assertRaisesRegex(ValueError, r"w_pad_tp1: state\['momentum_buffer'\] has shape"):
+            opt.step()
+        for d in self.cluster.daemons:
+            last = d.step_requests[-1]
+            self.assertEqual(last.step_id, 2)
+            self.assertRegex(last.trainer_refusal, r"ValueError: param w_pad_tp1: state")
+        self.assertEqual(opt.step_id, 1)
+        opt.state[p0]["momentum_buffer"] = kept
+        opt.step()
+        self.assertEqual(opt.step_id, 2)
+        self.assertFalse(self.cluster.daemons[0].step_requests[-1].trainer_refusal)
+
+    def test_the_refusal_never_replaces_the_trainers_error(self):
+        # Any error before the Step is sent is the refusal (a bug's KeyError
+        # too: the peers must not wait), raised unchanged: a message that is
+        # not valid UTF-8 or is huge is sent escaped and cut, never raising
+        # an error of its own in place of the trainer's.
+        params = make_params()
+        opt = self.muon(params)
+        for p in params.values():
+            p.grad = torch.ones_like(p)
+        for error in (ValueError("group 'g\udc80' " + "x" * 100_000), KeyError("bug")):
+            def check(error=error):
+                raise error
+            opt._check_registered_groups = check
+            with self.subTest(error=type(error).__name__):
+                with self.assertRaises(Exception) as raised:
+                    opt.step()
+                self.assertTrue(raised.exception is error,
+                                f"{type(raised.exception).__name__} raised instead")
+                for d in self.cluster.daemons:
+                    why = d.step_requests[-1].trainer_refusal
+                    self.assertTrue(why.startswith(type(error).__name__), why[:80])
+                    self.assertLess(len(why), 8192)
+        del opt._check_registered_groups
+        opt.step()
+        self.assertEqual(opt.step_id, 1)
+
     def test_unsupported_adamw_options_are_refused_at_construction(self):
         for option in ({"amsgrad": True}, {"maximize": True}, {"differentiable": True},
                        {"capturable": True}, {"decoupled_weight_decay": False}):

@@ -127,6 +127,20 @@ TEST(JobVoteTest, ReplayMixedWithARefusalNamesBoth) {
   EXPECT_TRUE(absl::StrContains(st.message(), "and rank 0 had not")) << st;
 }
 
+// Last step ids [5, 5, 5], Step 5 again and rank 1's trainer refuses it:
+// every rank refuses naming rank 1's trainer, and rank 1 is not said to
+// have missed step 5 (its daemon applied it; its trainer refused the retry).
+TEST(JobVoteTest, ReplayRefusedByATrainerNamesOnlyTheTrainer) {
+  const std::vector<JobBallot> b = {Replay(5), Refuse(5, RefusalCode::kTrainer),
+                                    Replay(5)};
+  const JobDecision d = FoldJobBallots(b);
+  EXPECT_EQ(d.verdict, JobVerdict::kRefuse);
+  const absl::Status st = RefusedByPeers(d, 5);
+  EXPECT_TRUE(absl::StrContains(st.message(), "rank 1 (its trainer's own"))
+      << st;
+  EXPECT_FALSE(absl::StrContains(st.message(), "had not")) << st;
+}
+
 TEST(JobVoteTest, ReplayMixedWithASkipRefuses) {
   const std::vector<JobBallot> b = {Replay(2), Skip(2)};
   const JobDecision d = FoldJobBallots(b);

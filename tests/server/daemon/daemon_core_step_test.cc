@@ -78,6 +78,36 @@ TEST_F(DaemonCoreTest, StepRulesAndPlanActivation) {
   EXPECT_EQ(core_->Status().num_params(), 0);
 }
 
+// StepRequest.trainer_refusal refuses the step, new or a replay, naming the
+// trainer's reason (echoed bounded, control bytes escaped); nothing is
+// applied, and the same id steps afterwards. A refused replay answered from
+// the record would advance the other trainers' step id and not the refusing
+// one's.
+TEST_F(DaemonCoreTest, TrainerRefusalRefusesANewStepAndAReplay) {
+  ASSERT_TRUE(core_->Register(Valid()).ok());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  float* w = static_cast<float*>(region_->data());
+  v1::StepRequest refused = StepReq(1);
+  refused.set_trainer_refusal("ValueError: group 0 'ns_steps' changed\n[E]");
+  absl::Status st = core_->Step(refused).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_THAT(st.message(), HasSubstr("the trainer refused it"));
+  EXPECT_THAT(st.message(), HasSubstr("changed\\n[E]"));
+  EXPECT_EQ(*w, 0.0f);
+  ASSERT_TRUE(core_->Step(StepReq(1)).ok());
+  EXPECT_EQ(*w, 1.0f);
+
+  st = core_->Step(refused).status();  // step 1 again: a replay
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_THAT(st.message(), HasSubstr("the trainer refused it"));
+  EXPECT_EQ(*w, 1.0f);
+  EXPECT_EQ(core_->Status().last_step_id(), 1);
+  absl::StatusOr<v1::StepResponse> again = core_->Step(StepReq(1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->replayed());
+}
+
 // The largest step id is 2^62 - 1 for steps as for loads and imports: a step
 // past it is refused naming the range and applies nothing; the bound itself
 // steps.

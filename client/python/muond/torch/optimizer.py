@@ -34,6 +34,10 @@ from muond.torch.memory import SharedParams, release
 
 _PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "update_us",
            "total_us")
+# The longest StepRequest.trainer_refusal sent (the daemons repeat its first
+# 128 bytes; the whole error is what the refusing trainer raises), so an
+# error the size of a model's name list never meets gRPC's message limit.
+_MAX_REFUSAL_CHARS = 4096
 
 
 class AddParamGroupError(RuntimeError):
@@ -316,18 +320,21 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        with self._refused_on_every_rank():  # checks: before any Step is sent
+        # Everything before the Step is sent: a failure here (a check, an
+        # assigned state that does not fit, a grad that cannot be copied) is
+        # this step's refusal on every rank, or the peers wait for this one.
+        with self._refused_on_every_rank():
             self._check_registered_groups()
             clip = _qk_clip.prepare(self._qk_clip, qk_max_logits, self)
             self._memory.follow_rebound_params(self._param_names)
             self._memory.check_permuted(self._param_names)
-        self.state.push_if_assigned()
-        self.state.invalidate()  # the step changes the state: read it afresh
-        with self._refused_on_every_rank():
+            self.state.push_if_assigned()
+            self.state.invalidate()  # the step changes the state: read it afresh
             skipped = _wire.matrices_of(self._memory.skipped_and_copy_grads(
                 self._param_names, self._ranks_of, len(self.clients)), self._matrices)
-        if self._on_cuda:
-            torch.cuda.synchronize()  # the daemon reads grads from another process
+            if self._on_cuda:
+                torch.cuda.synchronize()  # the daemon reads grads from another process
+            overrides = [self._overrides(r) for r in range(len(self.clients))]
         # The id advances only when every daemon applied the step: a refused
         # step (e.g. non-finite gradients, refused on every rank before
         # anything changed) can be retried with the same id, and so can one
@@ -336,7 +343,6 @@ class Muon(torch.optim.Optimizer):
         # next step() waits for that). No retry here: the peer's trainer may
         # not have sent its step at all, and only the caller knows.
         step_id = self.step_id + 1
-        overrides = [self._overrides(r) for r in range(len(self.clients))]
         t0 = time.perf_counter()
         try:
             responses = self._send_step(step_id, overrides, skipped)
@@ -366,25 +372,40 @@ class Muon(torch.optim.Optimizer):
 
     @contextlib.contextmanager
     def _refused_on_every_rank(self):
-        """A check of the coming step that fails here (TypeError, ValueError or
-        RuntimeError, before any Step is sent) is sent to this trainer's
-        daemons as the step's refusal (StepRequest.trainer_refusal) before it
-        is raised: the job votes on it, so the peers' step() fails at once,
-        naming this rank, instead of waiting for the communicator timeout.
-        Nothing changes on any rank; the same step can be sent again."""
+        """A failure of the coming step here (a check's TypeError, ValueError
+        or RuntimeError, or any other Exception: before any Step is sent, so
+        the peers would wait for this rank) is sent to this trainer's daemons
+        as the step's refusal (StepRequest.trainer_refusal) before it is
+        raised, unchanged: the job votes on it, so the peers' step() fails at
+        once, naming this rank, instead of waiting for the communicator
+        timeout. Nothing changes on any rank; the same step can be sent
+        again. KeyboardInterrupt and SystemExit are raised as they come."""
         try:
             yield
-        except (TypeError, ValueError, RuntimeError) as refused:
-            self._send_refusal(f"{type(refused).__name__}: {refused}")
+        except Exception as refused:
+            self._send_refusal(refused)
             raise
 
-    def _send_refusal(self, why: str) -> None:
-        """Step step_id + 1 refused on every daemon of this trainer; their
-        answers (the refusal, or an error of their own) are not this step's
-        error: the caller raises its own."""
+    def _send_refusal(self, refused: Exception) -> None:
+        """Step step_id + 1 refused on every daemon of this trainer, saying
+        `refused` (at most _MAX_REFUSAL_CHARS, valid UTF-8); their answers (the
+        refusal, or an error of their own) are not this step's error: the
+        caller raises its own, which nothing here replaces."""
+        try:
+            why = f"{type(refused).__name__}: {refused}"
+        except Exception:  # noqa: BLE001 (an error whose str() fails)
+            why = type(refused).__name__
+        if len(why) > _MAX_REFUSAL_CHARS:
+            why = why[:_MAX_REFUSAL_CHARS] + f"...({len(why)} characters)"
+        why = why.encode("utf-8", "backslashreplace").decode("utf-8")
         step_id = self.step_id + 1
-        futures = [c.step_future(self.job_id, step_id, (), self.client_id, (),
-                                 trainer_refusal=why) for c in self.clients]
+        futures = []
+        for c in self.clients:
+            try:
+                futures.append(c.step_future(self.job_id, step_id, (), self.client_id, (),
+                                             trainer_refusal=why))
+            except Exception:  # noqa: BLE001 (a channel that cannot send: its daemon waits)
+                pass
         for future in futures:
             try:
                 future.result()
