@@ -7,6 +7,9 @@ one gloo rank, FSDP2 over it, a fake daemon:
   Parameter objects) makes FSDP2 re-point the params at the loaded tensors;
   the next step takes the new values back into the buffer and steps them,
   bitwise as a load that copies in place;
+* the same load without swap_tensors (new Parameter objects in the module,
+  which FSDP2 follows) is refused at the next step, naming the params, with
+  nothing changed;
 * ``zero_grad(set_to_none=False)`` gives each param a grad over the shared
   grad buffer, which FSDP2's reduce-scatter accumulates into: bitwise as the
   copied grads of ``set_to_none=True``;
@@ -124,6 +127,30 @@ class Fsdp2StorageTest(fake_daemon.FakeClusterTestCase):
         for n, want in _full(other).items():
             self.assertFalse(torch.equal(want, before[n]), f"{n} never moved")
             self.assertTrue(torch.equal(got[n], want), n)
+
+    def test_an_assign_load_that_replaces_the_parameters_is_refused(self):
+        # Without swap_tensors, load_state_dict(assign=True) puts new Parameter
+        # objects in the module and FSDP2 follows them: the optimizer's params
+        # are no longer the model's (their grads never come). Taking the new
+        # params into the buffer would step them with the old params' grads
+        # (zeroed in place: momentum and weight decay only); refused instead,
+        # naming each param, before anything changes.
+        model = _model()
+        opt = self.build_on_own_daemon(model)
+        _train_step(model, opt, 0, set_to_none=False)
+        swap = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(False)
+        self.addCleanup(torch.__future__.set_swap_module_params_on_conversion, swap)
+        model.load_state_dict({n: t * 0.5 for n, t in model.state_dict().items()},
+                              assign=True)
+        before = _full(model)
+        for _ in range(2):  # refused again: nothing was taken in by the first
+            with self.assertRaisesRegex(
+                    ValueError, r"another Parameter object for param 0\.weight, .*param 2\.bias: "
+                    r".*assign=True\) without .*set_swap_module_params_on_conversion\(True\)"):
+                _train_step(model, opt, 1, set_to_none=False)
+        for n, want in _full(model).items():
+            self.assertTrue(torch.equal(before[n], want), n)
 
     def test_a_param_fsdp2_keeps_otherwise_takes_the_copy_path_bitwise(self):
         from muond.torch import fsdp2_storage

@@ -67,7 +67,15 @@ class BoundShard:
 
     def __init__(self, fsdp_param, padded: torch.Tensor):
         self.fsdp_param, self.padded = fsdp_param, padded
+        self.param = fsdp_param.sharded_param  # the optimizer's Parameter object
         self.rows = fsdp_param.sharded_param._local_tensor.shape[0]
+
+    def replaced(self) -> bool:
+        """FSDP2 holds another Parameter object for this param now
+        (load_state_dict(assign=True) without swap_tensors puts new ones in
+        the module, and FSDP2 follows them): the optimizer's param is no
+        longer the model's, and its grads never come."""
+        return self.fsdp_param.sharded_param is not self.param
 
     @torch.no_grad()
     def bind(self) -> None:
