@@ -188,6 +188,8 @@ class SharedParams:
         old buffers, for the caller to release once their values moved."""
         old = list(self.buffers)
         self.buffers.clear()
+        for _, bound, _ in self.fsdp_bound:
+            bound.unhook()
         self.regions, self.grads, self.views, self.dtensors = Regions(), [], [], []
         self.fsdp_bound, self._fsdp_params, self._to_bind_fsdp = [], None, []
         self._unallocated, self._to_rebind, self._to_copy = {}, [], []
