@@ -7,6 +7,12 @@ one gloo rank, FSDP2 over it, a fake daemon:
   Parameter objects) makes FSDP2 re-point the params at the loaded tensors;
   the next step takes the new values back into the buffer and steps them,
   bitwise as a load that copies in place;
+* the same load without swap_tensors (new Parameter objects in the module,
+  which FSDP2 follows) is refused at the next step, naming the params, with
+  nothing changed;
+* an assign load of the model's own state_dict tensors under other keys
+  (views of the buffer, whose one storage FSDP2 would take for the param's
+  own flat shard) steps bitwise as the copy path;
 * ``zero_grad(set_to_none=False)`` gives each param a grad over the shared
   grad buffer, which FSDP2's reduce-scatter accumulates into: bitwise as the
   copied grads of ``set_to_none=True``;
@@ -124,6 +130,81 @@ class Fsdp2StorageTest(fake_daemon.FakeClusterTestCase):
         for n, want in _full(other).items():
             self.assertFalse(torch.equal(want, before[n]), f"{n} never moved")
             self.assertTrue(torch.equal(got[n], want), n)
+
+    def test_an_assign_load_that_replaces_the_parameters_is_refused(self):
+        # Without swap_tensors, load_state_dict(assign=True) puts new Parameter
+        # objects in the module and FSDP2 follows them: the optimizer's params
+        # are no longer the model's (their grads never come). Taking the new
+        # params into the buffer would step them with the old params' grads
+        # (zeroed in place: momentum and weight decay only); refused instead,
+        # naming each param, before anything changes.
+        model = _model()
+        opt = self.build_on_own_daemon(model)
+        _train_step(model, opt, 0, set_to_none=False)
+        swap = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(False)
+        self.addCleanup(torch.__future__.set_swap_module_params_on_conversion, swap)
+        model.load_state_dict({n: t * 0.5 for n, t in model.state_dict().items()},
+                              assign=True)
+        before = _full(model)
+        for _ in range(2):  # refused again: nothing was taken in by the first
+            with self.assertRaisesRegex(
+                    ValueError, r"another Parameter object for param 0\.weight, .*param 2\.bias: "
+                    r".*assign=True\) without .*set_swap_module_params_on_conversion\(True\)"):
+                _train_step(model, opt, 1, set_to_none=False)
+        for n, want in _full(model).items():
+            self.assertTrue(torch.equal(before[n], want), n)
+
+    def test_an_assign_load_of_other_params_live_tensors_swaps_them(self):
+        # The model's own state_dict tensors loaded under other keys of the
+        # same shape with assign=True (swap_tensors on): the loaded tensors are
+        # views of muond's param buffer, one storage for every param, which
+        # FSDP2 takes for the param's own flat shard (it compares storages) and
+        # keeps all-gathering the old values. Bitwise as the copy path, the
+        # forward right after the load included.
+        from muond.torch import fsdp2_storage
+        swap = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        self.addCleanup(torch.__future__.set_swap_module_params_on_conversion, swap)
+
+        def square_model():
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(),
+                                        torch.nn.Linear(6, 6))
+            fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+            return model
+
+        def run(model, opt):
+            losses = []
+            for step in range(3):
+                if step == 1:
+                    sd = model.state_dict()
+                    model.load_state_dict({"0.weight": sd["2.weight"], "2.weight": sd["0.weight"],
+                                           "0.bias": sd["2.bias"], "2.bias": sd["0.bias"]},
+                                          assign=True)
+                x = torch.randn(3, 6, generator=torch.Generator().manual_seed(step))
+                opt.zero_grad(set_to_none=False)
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                losses.append(loss.detach())
+                opt.step()
+            return losses
+
+        bound, copied = square_model(), square_model()
+        opt_bound = self.build_on_own_daemon(bound)
+        with mock.patch.object(fsdp2_storage, "_bindable", return_value=False):
+            opt_copied = self.build_on_own_daemon(copied)
+            want_losses = run(copied, opt_copied)
+        self.assertEqual(run(bound, opt_bound), want_losses)
+        self.assertEqual(set(self.in_buffer(opt_bound, bound).values()), {True})
+        got = _full(bound)
+        for n, want in _full(copied).items():
+            self.assertTrue(torch.equal(got[n], want), n)
+        opt_bound.close()  # its load_state_dict hooks go with it
+        self.assertEqual([len(bound[i]._load_state_dict_pre_hooks) for i in (0, 2)],
+                         [len(copied[i]._load_state_dict_pre_hooks) for i in (0, 2)])
 
     def test_a_param_fsdp2_keeps_otherwise_takes_the_copy_path_bitwise(self):
         from muond.torch import fsdp2_storage

@@ -67,7 +67,16 @@ class BoundShard:
 
     def __init__(self, fsdp_param, padded: torch.Tensor):
         self.fsdp_param, self.padded = fsdp_param, padded
+        self.param = fsdp_param.sharded_param  # the optimizer's Parameter object
+        self._hooks = None  # bind's load_state_dict pre-hooks (_own_storage_for)
         self.rows = fsdp_param.sharded_param._local_tensor.shape[0]
+
+    def replaced(self) -> bool:
+        """FSDP2 holds another Parameter object for this param now
+        (load_state_dict(assign=True) without swap_tensors puts new ones in
+        the module, and FSDP2 follows them): the optimizer's param is no
+        longer the model's, and its grads never come."""
+        return self.fsdp_param.sharded_param is not self.param
 
     @torch.no_grad()
     def bind(self) -> None:
@@ -76,6 +85,37 @@ class BoundShard:
         fp = self.fsdp_param
         self.padded.copy_(fp._sharded_param_data.view(self.padded.shape))
         self._point_at(self.padded)
+        if self._hooks is None:
+            info = fp._module_info
+            self._hooks = [module.register_load_state_dict_pre_hook(self._own_storage_for(name))
+                           for module, name in zip([info.module, *info.shared_modules],
+                                                   [info.param_name, *info.shared_param_names])]
+
+    def _own_storage_for(self, param_name: str):
+        """A load_state_dict pre-hook: a tensor assigned to the param
+        (assign=True) that lives in muond's param buffer (another param's
+        state_dict entry, a view of its span) is cloned first. Every span
+        shares the buffer's one storage, and FSDP2 takes a loaded tensor of
+        its flat shard's storage for its own shard: it would keep the flat
+        shard (the old values, which its all-gather reads) and point only the
+        param's local tensor at the loaded one."""
+        def hook(module, state_dict, prefix, local_metadata, *_):
+            key = prefix + param_name
+            value = state_dict.get(key)
+            if not local_metadata.get("assign_to_params_buffers") or value is None:
+                return
+            local = getattr(value, "_local_tensor", value)
+            if (isinstance(local, torch.Tensor) and local.device == self.padded.device
+                    and local.untyped_storage().data_ptr()
+                    == self.padded.untyped_storage().data_ptr()):
+                state_dict[key] = value.detach().clone()
+        return hook
+
+    def unhook(self) -> None:
+        """The optimizer's end: its load_state_dict pre-hooks go."""
+        for handle in self._hooks or ():
+            handle.remove()
+        self._hooks = None
 
     def intact(self) -> bool:
         """FSDP2 and the param still use the span (not new storage of

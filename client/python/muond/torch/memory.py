@@ -188,6 +188,8 @@ class SharedParams:
         old buffers, for the caller to release once their values moved."""
         old = list(self.buffers)
         self.buffers.clear()
+        for _, bound, _ in self.fsdp_bound:
+            bound.unhook()
         self.regions, self.grads, self.views, self.dtensors = Regions(), [], [], []
         self.fsdp_bound, self._fsdp_params, self._to_bind_fsdp = [], None, []
         self._unallocated, self._to_rebind, self._to_copy = {}, [], []
@@ -427,6 +429,17 @@ class SharedParams:
                 if a != b]
             if changed:
                 refused.append(f"param {names[id(p)]}: {', '.join(changed)}")
+        replaced = [names[id(p)] for p, bound, _ in self.fsdp_bound if bound.replaced()]
+        if replaced:
+            raise ValueError(
+                "muond.torch.Muon: FSDP2 holds another Parameter object for "
+                + ", ".join(f"param {n}" for n in replaced)
+                + ": the module's Parameters were replaced (load_state_dict(..., assign=True) "
+                "without torch.__future__.set_swap_module_params_on_conversion(True) does "
+                "that), so this optimizer's params are no longer the model's and their grads "
+                "never come. Load with swap_tensors on (the Parameter objects stay), or build "
+                "a new optimizer over the model's params (carry the state with state_dict / "
+                "load_state_dict)")
         for p, bound, _ in self.fsdp_bound:
             # FSDP2 re-points a param itself (load_state_dict(assign=True), a move).
             if not bound.intact():
