@@ -472,9 +472,12 @@ class SharedParams:
                 for p, grad in self.grads:
                     if grad.is_cuda and p.grad is grad:
                         p.grad = grad.clone()
-                for _, bound, _ in self.fsdp_bound:
+                for p, bound, gview in self.fsdp_bound:
                     if bound.padded.is_cuda:
                         bound.release()
+                    if (gview.is_cuda and p.grad is not None and gview.numel() > 0
+                            and p.grad.to_local().data_ptr() == gview.data_ptr()):
+                        p.grad = bound.grad_over(gview.clone())
         except Exception as e:  # e.g. out of memory: those params keep the buffer
             logging.getLogger("muond.torch").warning(
                 "muond.torch.Muon: params left in the optimizer's CUDA buffers (%s); the "
