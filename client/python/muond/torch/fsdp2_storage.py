@@ -47,7 +47,11 @@ def _bindable(fsdp_param) -> bool:
         data = fsdp_param._sharded_param_data
         local = fsdp_param.sharded_param._local_tensor
         padded = tuple(fsdp_param.padded_sharded_param_size)
-        return (type(data) is torch.Tensor and type(local) is torch.Tensor
+        info = fsdp_param._module_info  # where BoundShard hooks its loads
+        hookable = (len(info.shared_modules) == len(info.shared_param_names)
+                    and all(callable(getattr(m, "register_load_state_dict_pre_hook", None))
+                            for m in [info.module, *info.shared_modules]))
+        return (hookable and type(data) is torch.Tensor and type(local) is torch.Tensor
                 and data.dim() == 1 and data.numel() == math.prod(padded)
                 and data.is_contiguous() and local.is_contiguous()
                 and not fsdp_param.offload_to_cpu
