@@ -79,6 +79,10 @@ def _full(model):
 
 
 class Fsdp2StorageTest(fake_daemon.FakeClusterTestCase):
+    def setUp(self):
+        super().setUp()
+        self.clusters = {}  # id(optimizer) -> its fake cluster
+
     def in_buffer(self, opt, model):
         storages = {b.flat.untyped_storage().data_ptr() for b in opt._buffers}
         return {n: p.to_local().untyped_storage().data_ptr() in storages
@@ -93,7 +97,11 @@ class Fsdp2StorageTest(fake_daemon.FakeClusterTestCase):
         self.addCleanup(lambda: [d.stop() for d in cluster.daemons])
         opt = Muon(_groups(model), daemons=addresses, job_id="fake", shard_mode="local", **HYPER)
         self.addCleanup(opt.close)
+        self.clusters[id(opt)] = cluster
         return opt
+
+    def cluster_of(self, opt):
+        return self.clusters[id(opt)]
 
     def test_shards_live_in_the_buffer_and_follow_an_assign_load(self):
         from muond.torch import fsdp2_storage
@@ -234,6 +242,18 @@ class Fsdp2StorageTest(fake_daemon.FakeClusterTestCase):
         got = _full(in_place)
         for n, want in _full(copied).items():
             self.assertTrue(torch.equal(got[n], want), n)
+
+    def test_a_dtype_change_is_refused_naming_the_param_before_a_grad_is_bound(self):
+        model = _model()
+        opt = self.build_on_own_daemon(model)
+        _train_step(model, opt, 0, set_to_none=False)
+        model.double()
+        with self.assertRaisesRegex(ValueError, r"param 0\.weight: .*dtype torch\.float32 -> "
+                                                r"torch\.float64"):
+            opt.zero_grad(set_to_none=False)
+        sent = self.cluster_of(opt).daemons[0].step_requests
+        self.assertRegex(sent[-1].trainer_refusal, r"ValueError: .*0\.weight")
+        self.assertEqual(opt.step_id, 1)
 
 
 if __name__ == "__main__":

@@ -299,8 +299,14 @@ class Muon(torch.optim.Optimizer):
         Unlike torch, set_to_none=False also gives a param whose ``.grad``
         was None the zeroed shared grad (when it requires grad): that is how
         the zero-copy loop starts on a fresh model; such a param is then
-        stepped with a zero grad unless a backward reaches it."""
+        stepped with a zero grad unless a backward reaches it. Before it binds
+        a grad, a param rebound since registration is followed or refused as
+        step() does (a ValueError naming the param and what changed, which
+        refuses the coming step on every rank)."""
         self._ensure_registered()
+        if not set_to_none:
+            with self._refused_on_every_rank():
+                self._memory.follow_rebound_params(self._param_names)
         self._memory.zero_grad(set_to_none)
 
     def _overrides(self, rank: int) -> list:
