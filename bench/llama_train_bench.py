@@ -420,7 +420,7 @@ def daemon_memory(opt, rank: int) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     # The trainer's flat param and grad buffers the daemon maps (cudaMalloc,
     # outside torch's allocator: max_memory_allocated misses them too).
-    buffers = [b for b in opt._memory.buffers
+    buffers = [b for b in opt._buffers
                if b.flat is not None and b.flat.device.type == "cuda"]
     return {"state_gib": sum(s.state_bytes for s in mine) / 2**30,
             "transient_peak_gib": sum(s.peak_transient_bytes for s in mine) / 2**30,

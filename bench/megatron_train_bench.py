@@ -122,11 +122,8 @@ def train(args, kind: str, batch_of) -> dict:
         from megatron.core.optimizer import get_megatron_optimizer
     if kind == "megatron-lsm":
         import megatron_lm_muon
-        megatron_lm_muon.install(args.megatron_lm)
-        try:
+        with megatron_lm_muon.installed(args.megatron_lm):
             opt = get_megatron_optimizer(config, [model])
-        finally:
-            megatron_lm_muon.uninstall()
         if megatron_lm_muon.assign_ns_homes(opt) == 0:
             raise RuntimeError("megatron-lsm: no LayerShardedMuon in the optimizer")
     else:

@@ -139,13 +139,16 @@ absl::Status Client::WaitForPlan(absl::Duration timeout) {
   }
 }
 
-absl::StatusOr<v1::StepResponse> Client::Step(
-    int64_t step_id, const std::vector<v1::GroupOverride>& overrides) {
+v1::StepRequest Client::StepRequestOf(int64_t step_id) const {
   v1::StepRequest request;
   request.set_job_id(options_.job_id);
   request.set_client_id(options_.client_id);
   request.set_step_id(step_id);
-  for (const v1::GroupOverride& o : overrides) *request.add_overrides() = o;
+  return request;
+}
+
+absl::StatusOr<v1::StepResponse> Client::SendStep(
+    const v1::StepRequest& request) {
   // A daemon that is gone must fail the step at once, not after the deadline.
   RpcSettings rpc = DefaultRpc();
   rpc.wait_for_ready = false;
@@ -160,19 +163,21 @@ absl::StatusOr<v1::StepResponse> Client::Step(
   return response;
 }
 
+absl::StatusOr<v1::StepResponse> Client::Step(
+    int64_t step_id, const std::vector<v1::GroupOverride>& overrides) {
+  v1::StepRequest request = StepRequestOf(step_id);
+  for (const v1::GroupOverride& o : overrides) *request.add_overrides() = o;
+  return SendStep(request);
+}
+
 absl::Status Client::RefuseStep(int64_t step_id, std::string_view why) {
   if (why.empty()) {
     return absl::InvalidArgumentError(
         "RefuseStep: the reason is empty (an empty one would be a step)");
   }
-  v1::StepRequest request;
-  request.set_job_id(options_.job_id);
-  request.set_client_id(options_.client_id);
-  request.set_step_id(step_id);
+  v1::StepRequest request = StepRequestOf(step_id);
   request.set_trainer_refusal(std::string(why));
-  RpcSettings rpc = DefaultRpc();
-  rpc.wait_for_ready = false;
-  return Call(&Stub::Step, request, rpc).status();
+  return SendStep(request).status();
 }
 
 absl::Status Client::Unregister() {

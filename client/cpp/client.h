@@ -152,6 +152,10 @@ class Client {
   v1::Optimizer::Stub* stub() { return stub_.get(); }
 
  private:
+  // A StepRequest of this client's job and id for `step_id`.
+  v1::StepRequest StepRequestOf(int64_t step_id) const;
+  // Step without wait-for-ready; a transport UNAVAILABLE names the address.
+  absl::StatusOr<v1::StepResponse> SendStep(const v1::StepRequest& request);
   // A unary method of the stub, e.g. &v1::Optimizer::Stub::Step.
   template <typename Request, typename Response>
   using UnaryRpc = grpc::Status (v1::Optimizer::Stub::*)(grpc::ClientContext*,

@@ -36,14 +36,20 @@ __device__ DView DeviceView(const KView& v) {
   return DView{static_cast<char*>(v.data), v.rows, v.cols, v.ld, v.elem, v.f16};
 }
 
-// The block's ew::AbsMaxStep fold: max of |v|, NaN if any is NaN (order-
+// The warp's ew::AbsMaxStep fold: max of |v|, NaN if any is NaN (order-
 // independent, so the tree gives the sequential fold's value).
-__device__ float BlockAbsMax(float v) {
-  __shared__ float warp_max[kStateBlock / 32];
+__device__ float WarpAbsMax(float v) {
   float a = ew::AbsMaxStep(0.0f, v);
   for (int offset = 16; offset > 0; offset /= 2) {
     a = ew::AbsMaxStep(a, __shfl_xor_sync(0xffffffffu, a, offset));
   }
+  return a;
+}
+
+// The same fold over the CTA: each warp's, then theirs.
+__device__ float BlockAbsMax(float v) {
+  __shared__ float warp_max[kStateBlock / 32];
+  float a = WarpAbsMax(v);
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = a;
   __syncthreads();
   a = 0.0f;
@@ -63,14 +69,6 @@ static_assert(kPerLane == 8, "two runs of 4 consecutive elements per lane");
 
 __device__ __forceinline__ int64_t LaneElement(int r, int q) {
   return r * 128 + 4 * (threadIdx.x % 32) + q;
-}
-
-__device__ float WarpAbsMax(float v) {
-  float a = ew::AbsMaxStep(0.0f, v);
-  for (int offset = 16; offset > 0; offset /= 2) {
-    a = ew::AbsMaxStep(a, __shfl_xor_sync(0xffffffffu, a, offset));
-  }
-  return a;
 }
 
 // Four consecutive elements at flat offset e of a contiguous view whose data
@@ -249,8 +247,7 @@ cudaError_t MuonMomentumFp8Multi(const KView* grads, const KView* moms_in,
     t.scales_in[k] = scales_in[i];
     t.scales_out[k] = scales_out[i];
     t.vector[k] = VectorFriendly(grads[i]) && VectorFriendly(outs[i]) &&
-                  reinterpret_cast<uintptr_t>(moms_in[i].data) % 4 == 0 &&
-                  reinterpret_cast<uintptr_t>(moms_out[i].data) % 4 == 0;
+                  VectorFriendly(moms_in[i]) && VectorFriendly(moms_out[i]);
     t.block_start[k + 1] = t.block_start[k] + int(blocks);
   }
   return Launch(t, one_minus_beta, beta, nesterov, stream);

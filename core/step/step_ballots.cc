@@ -12,6 +12,16 @@
 #include "core/step/step_failures.h"
 
 namespace muond {
+namespace {
+
+// The code the daemon recorded with its refusal (StepInputs::refusal), kOther
+// where it gave none.
+RefusalCode RecordedRefusalCode(const StepInputs& inputs) {
+  return inputs.refusal_code == RefusalCode::kNone ? RefusalCode::kOther
+                                                   : inputs.refusal_code;
+}
+
+}  // namespace
 
 JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
                                             StepResult& result,
@@ -25,9 +35,7 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
     mine.verdict = JobVerdict::kRefuse;
     mine.code = code;
   };
-  refuse(inputs.refusal, inputs.refusal_code == RefusalCode::kNone
-                             ? RefusalCode::kOther
-                             : inputs.refusal_code);
+  refuse(inputs.refusal, RecordedRefusalCode(inputs));
   refuse(CheckStepOverrides(inputs.overrides, group_algorithms_),
          RefusalCode::kOverrides);
   refuse(CheckSkipParams(inputs.skip_params,
@@ -84,9 +92,7 @@ JobBallot LayerShardedMuonImpl::ReplayBallot(const StepInputs& inputs,
     // rank fails it, none answers it from its record.
     refusal = inputs.refusal;
     mine.verdict = JobVerdict::kRefuse;
-    mine.code = inputs.refusal_code == RefusalCode::kNone
-                    ? RefusalCode::kOther
-                    : inputs.refusal_code;
+    mine.code = RecordedRefusalCode(inputs);
   }
   return mine;
 }

@@ -14,7 +14,6 @@ not.
 * Megatron-LM's ``Utils`` initialises gloo from torchrun's environment.
 """
 import datetime
-import importlib.metadata
 import os
 import sys
 import types
@@ -28,19 +27,14 @@ if not hasattr(typing, "override"):  # emerging-optimizers 0.3 on Python 3.11
 import pytest
 import torch
 import torch.distributed as dist
-from packaging.version import Version
 
 import megatron.core.utils as mcu
 from megatron.core.optimizer import emerging_optimizers as eo_mod
+from megatron_lm_muon import is_emerging_optimizers_min_version
 from muond.megatron import LayerShardedMuon as _MuondLayerShardedMuon
 
 
 # -- megatron-core 0.19.2 lacks this helper the tests import ------------------------
-def is_emerging_optimizers_min_version(version, check_equality=True):
-    have = Version(importlib.metadata.version("emerging-optimizers"))
-    return have >= Version(version) if check_equality else have > Version(version)
-
-
 mcu.is_emerging_optimizers_min_version = is_emerging_optimizers_min_version
 eo_mod.is_emerging_optimizers_min_version = is_emerging_optimizers_min_version
 

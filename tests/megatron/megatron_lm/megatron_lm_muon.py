@@ -3,8 +3,8 @@ against: ``megatron/core/optimizer/layer_sharded_muon.py`` and
 ``layer_sharded_a2a.py`` of a Megatron-LM checkout that has them, loaded onto
 the installed megatron-core 0.19.2 (which does not ship them) unchanged.
 
-``install(checkout)`` makes Megatron-Core's optimizer factory build that class
-for its ``"muon"`` entry, as Megatron-LM's ``use_layer_sharding_muon`` does;
+``installed(checkout)`` makes Megatron-Core's optimizer factory build that
+class for its ``"muon"`` entry, as Megatron-LM's ``use_layer_sharding_muon`` does;
 ``assign_ns_homes(optimizer)`` then gives every Muon matrix its NS home over
 the TP group, longest-processing-time first by NS cost, as Megatron-LM's
 layer-wise optimizer does (GTP is 1 here: megatron-core 0.19.2's models have
@@ -17,6 +17,7 @@ path: only ``use_syrk=False`` is accepted).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -27,7 +28,8 @@ from packaging.version import Version
 _MODULES = ("layer_sharded_a2a", "layer_sharded_muon")
 
 
-def _is_emerging_optimizers_min_version(version, check_equality=True):
+def is_emerging_optimizers_min_version(version, check_equality=True):
+    """Megatron-LM's helper of that name, which megatron-core 0.19.2 lacks."""
     have = Version(importlib.metadata.version("emerging-optimizers"))
     return have >= Version(version) if check_equality else have > Version(version)
 
@@ -53,7 +55,7 @@ def load_layer_sharded_muon(checkout: str) -> type:
     from megatron.core.optimizer import emerging_optimizers as eo
 
     if not hasattr(mcu, "is_emerging_optimizers_min_version"):
-        mcu.is_emerging_optimizers_min_version = _is_emerging_optimizers_min_version
+        mcu.is_emerging_optimizers_min_version = is_emerging_optimizers_min_version
     base = eo.TensorParallelMuon
 
     class TensorParallelMuon(base):  # accepts the checkout's use_syrk=
@@ -72,10 +74,12 @@ def load_layer_sharded_muon(checkout: str) -> type:
     return module.LayerShardedMuon
 
 
-def install(checkout: str) -> type:
-    """Points Megatron-Core's ``"muon"`` factory entry at the checkout's
-    LayerShardedMuon (a GTP group of one rank, the TP group from the factory's
-    pg_collection). Collective: every rank calls it. Returns the class."""
+@contextlib.contextmanager
+def installed(checkout: str):
+    """While open, Megatron-Core's ``"muon"`` factory entry builds the
+    checkout's LayerShardedMuon (a GTP group of one rank, the TP group from
+    the factory's pg_collection); the entry as it was after. Collective:
+    every rank enters it. Yields the class."""
     import dataclasses
 
     import torch.distributed as dist
@@ -96,19 +100,10 @@ def install(checkout: str) -> type:
     entry = eo._EMERGING_OPTIMIZERS["muon"]
     eo._EMERGING_OPTIMIZERS["muon"] = dataclasses.replace(
         entry, optimizer_cls=cls, config_to_kwargs=config_to_kwargs)
-    return cls
-
-
-def uninstall() -> None:
-    """Puts TensorParallelMuon back in the ``"muon"`` entry."""
-    import dataclasses
-
-    from megatron.core.optimizer import emerging_optimizers as eo
-
-    entry = eo._EMERGING_OPTIMIZERS["muon"]
-    eo._EMERGING_OPTIMIZERS["muon"] = dataclasses.replace(
-        entry, optimizer_cls=eo.TensorParallelMuon,
-        config_to_kwargs=eo._muon_config_to_kwargs)
+    try:
+        yield cls
+    finally:
+        eo._EMERGING_OPTIMIZERS["muon"] = entry
 
 
 def _full_shape(p, tp_size: int) -> tuple:

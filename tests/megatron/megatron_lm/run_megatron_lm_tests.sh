@@ -31,7 +31,7 @@ touch "$work/tests/__init__.py" "$work/tests/unit_tests/__init__.py" \
 cp "$checkout/tests/unit_tests/test_utilities.py" "$work/tests/unit_tests/"
 cp "$checkout"/tests/unit_tests/optimizer/test_layer_sharded_*.py \
   "$work/tests/unit_tests/optimizer/"
-cp "$here/conftest.py" "$work/"
+cp "$here/conftest.py" "$here/megatron_lm_muon.py" "$work/"
 bin=${MUOND_BIN_DIR:-$repo/bazel-bin}
 py=$repo/.venv/bin/python
 "$py" -c "import pytest" 2>/dev/null || {

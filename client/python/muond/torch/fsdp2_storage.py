@@ -67,10 +67,11 @@ def _bindable(fsdp_param) -> bool:
 class BoundShard:
     """One FSDP2 param whose padded local shard lives in ``padded`` (a view of
     muond's param buffer, ``padded_sharded_param_size``): the param's local
-    tensor is its first rows, FSDP2's flat shard all of it."""
+    tensor is its first rows, FSDP2's flat shard all of it. ``grad_view`` is
+    its span of muond's grad buffer (the local shard's shape)."""
 
-    def __init__(self, fsdp_param, padded: torch.Tensor):
-        self.fsdp_param, self.padded = fsdp_param, padded
+    def __init__(self, fsdp_param, padded: torch.Tensor, grad_view: torch.Tensor):
+        self.fsdp_param, self.padded, self.grad_view = fsdp_param, padded, grad_view
         self.param = fsdp_param.sharded_param  # the optimizer's Parameter object
         self._hooks = None  # bind's load_state_dict pre-hooks (_own_storage_for)
         self.rows = fsdp_param.sharded_param._local_tensor.shape[0]
@@ -143,10 +144,17 @@ class BoundShard:
         self.bind()
         return None
 
-    def grad_over(self, view: torch.Tensor):
-        """A grad for the param whose local tensor is ``view`` (muond's shared
-        grad span): FSDP2's reduce-scatter then accumulates into it in place."""
-        return self.fsdp_param.to_sharded_dtensor(view)
+    def grad_over(self, view: torch.Tensor | None = None):
+        """A grad for the param whose local tensor is ``view`` (default the
+        shared grad span): FSDP2's reduce-scatter then accumulates into it in
+        place."""
+        return self.fsdp_param.to_sharded_dtensor(self.grad_view if view is None else view)
+
+    def grad_in_span(self, grad) -> bool:
+        """``grad`` (the param's .grad) is the shared grad span: an attribute
+        read per step, not DTensor.to_local's autograd call."""
+        local = getattr(grad, "_local_tensor", None)
+        return local is not None and local.data_ptr() == self.grad_view.data_ptr()
 
     @torch.no_grad()
     def release(self) -> None:

@@ -171,7 +171,7 @@ class SharedParams:
         self.views: list = []
         self.dtensors: list = []
         # FSDP2 params whose shard lives in the param buffer (fsdp2_storage):
-        # (param, BoundShard, shared grad view); no param copy per step.
+        # (param, BoundShard); no param copy per step.
         self.fsdp_bound: list = []
         self._fsdp_params = None  # id(param) -> FSDPParam, during a placement
         self._to_bind_fsdp: list = []  # (param, FSDPParam, local, param slot, grad slot)
@@ -188,7 +188,7 @@ class SharedParams:
         old buffers, for the caller to release once their values moved."""
         old = list(self.buffers)
         self.buffers.clear()
-        for _, bound, _ in self.fsdp_bound:
+        for _, bound in self.fsdp_bound:
             bound.unhook()
         self.regions, self.grads, self.views, self.dtensors = Regions(), [], [], []
         self.fsdp_bound, self._fsdp_params, self._to_bind_fsdp = [], None, []
@@ -277,9 +277,10 @@ class SharedParams:
                 torch._foreach_copy_(dst, src)
             for p, fsdp_param, local, pslot, gslot in self._to_bind_fsdp:
                 bound = _fsdp2.BoundShard(
-                    fsdp_param, pslot.view(tuple(fsdp_param.padded_sharded_param_size)))
+                    fsdp_param, pslot.view(tuple(fsdp_param.padded_sharded_param_size)),
+                    gslot.view(local.shape))
                 bound.bind()
-                self.fsdp_bound.append((p, bound, gslot.view(local.shape)))
+                self.fsdp_bound.append((p, bound))
             for (p, _, _), view in zip(self._to_rebind, dst):
                 p.data = view
                 self.views.append((p, view, view.data_ptr()))
@@ -300,15 +301,15 @@ class SharedParams:
                 if p.grad is not grad:
                     p.grad = grad
                 grad.zero_()
-            for p, bound, gview in self.fsdp_bound:
+            for p, bound in self.fsdp_bound:
                 # Zeroed in place: FSDP2's reduce-scatter accumulates into the
                 # shared grad span (no copy at step()).
                 if set_to_none:
                     p.grad = None
                 elif p.requires_grad or p.grad is not None:
-                    gview.zero_()
-                    if p.grad is None or p.grad.to_local().data_ptr() != gview.data_ptr():
-                        p.grad = bound.grad_over(gview)
+                    bound.grad_view.zero_()
+                    if not bound.grad_in_span(p.grad):
+                        p.grad = bound.grad_over()
             for p in [d[0] for d in self.dtensors] + [q[0] for q in self.permuted]:
                 # Their grads stay the trainer's (FSDP2's, DTensor's, its own).
                 if set_to_none:
@@ -350,14 +351,13 @@ class SharedParams:
                 continue
             dst.append(gview)
             src.append(_local_grad(p))
-        for p, _, gview in self.fsdp_bound:  # the param is in the buffer already
+        for p, bound in self.fsdp_bound:  # the param is in the buffer already
             if p.grad is None or not p.requires_grad:
                 skipped[0].append(names[id(p)])
                 continue
-            grad = _local_grad(p)
-            if grad.data_ptr() != gview.data_ptr() or grad.numel() == 0:
-                dst.append(gview)
-                src.append(grad)
+            if not bound.grad_in_span(p.grad):
+                dst.append(bound.grad_view)
+                src.append(_local_grad(p))
         if dst:
             torch._foreach_copy_(dst, src)
         for p, pview, gview, index in self.permuted:
@@ -396,7 +396,7 @@ class SharedParams:
     def any_cuda(self) -> bool:
         return (any(grad.is_cuda for _, grad in self.grads)
                 or any(gview.is_cuda for _, _, gview in self.dtensors)
-                or any(gview.is_cuda for _, _, gview in self.fsdp_bound)
+                or any(bound.grad_view.is_cuda for _, bound in self.fsdp_bound)
                 or any(q[2].is_cuda for q in self.permuted))
 
     def copy_dtensors_out(self) -> None:
@@ -429,7 +429,7 @@ class SharedParams:
                 if a != b]
             if changed:
                 refused.append(f"param {names[id(p)]}: {', '.join(changed)}")
-        replaced = [names[id(p)] for p, bound, _ in self.fsdp_bound if bound.replaced()]
+        replaced = [names[id(p)] for p, bound in self.fsdp_bound if bound.replaced()]
         if replaced:
             raise ValueError(
                 "muond.torch.Muon: FSDP2 holds another Parameter object for "
@@ -440,7 +440,7 @@ class SharedParams:
                 "never come. Load with swap_tensors on (the Parameter objects stay), or build "
                 "a new optimizer over the model's params (carry the state with state_dict / "
                 "load_state_dict)")
-        for p, bound, _ in self.fsdp_bound:
+        for p, bound in self.fsdp_bound:
             # FSDP2 re-points a param itself (load_state_dict(assign=True), a move).
             if not bound.intact():
                 changed = bound.bind_again()
@@ -472,11 +472,11 @@ class SharedParams:
                 for p, grad in self.grads:
                     if grad.is_cuda and p.grad is grad:
                         p.grad = grad.clone()
-                for p, bound, gview in self.fsdp_bound:
+                for p, bound in self.fsdp_bound:
                     if bound.padded.is_cuda:
                         bound.release()
-                    if (gview.is_cuda and p.grad is not None and gview.numel() > 0
-                            and p.grad.to_local().data_ptr() == gview.data_ptr()):
+                    gview = bound.grad_view
+                    if gview.is_cuda and gview.numel() > 0 and bound.grad_in_span(p.grad):
                         p.grad = bound.grad_over(gview.clone())
         except Exception as e:  # e.g. out of memory: those params keep the buffer
             logging.getLogger("muond.torch").warning(

@@ -4,7 +4,6 @@ modules beside it (muond.torch's docstring has the whole contract)."""
 from __future__ import annotations
 
 import contextlib
-
 import gc
 import os
 import sys
@@ -299,15 +298,22 @@ class Muon(torch.optim.Optimizer):
         Unlike torch, set_to_none=False also gives a param whose ``.grad``
         was None the zeroed shared grad (when it requires grad): that is how
         the zero-copy loop starts on a fresh model; such a param is then
-        stepped with a zero grad unless a backward reaches it. Before it binds
-        a grad, a param rebound since registration is followed or refused as
-        step() does (a ValueError naming the param and what changed, which
-        refuses the coming step on every rank)."""
+        stepped with a zero grad unless a backward reaches it. A grad torch
+        will not bind (a param rebound since registration to another dtype,
+        shape or device) is a ValueError naming the param and what changed,
+        as step() raises, and refuses the coming step on every rank."""
         self._ensure_registered()
-        if not set_to_none:
-            with self._refused_on_every_rank():
-                self._memory.follow_rebound_params(self._param_names)
-        self._memory.zero_grad(set_to_none)
+        try:
+            self._memory.zero_grad(set_to_none)
+            return
+        except RuntimeError:
+            # torch refuses a grad of another dtype, shape or device: a param
+            # rebound since registration. Followed or refused only then
+            # (step() checks anyway), not on every zero_grad.
+            pass
+        with self._refused_on_every_rank():
+            self._memory.follow_rebound_params(self._param_names)
+            self._memory.zero_grad(set_to_none)
 
     def _overrides(self, rank: int) -> list:
         """The live hyperparameters (LIVE_KEYS) of every group this daemon
