@@ -218,7 +218,8 @@ def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o):
                       f"--warmup={warmup}", f"--ns_batch_size={ns_batch_size}", "--engine"]
                      + (["--use_syrk"] if syrk and algorithm == "standard" else [])
                      + inprocess_flags(algorithm, o.gram_restarts, o.gram_dtype,
-                                       o.gram_min_aspect))
+                                       o.gram_min_aspect)
+                     + [f"--sym_gemm_schedule={o.sym_gemm_schedule}"])
     return float(re.search(r"step_ms_median (\S+)", out).group(1))
 
 
@@ -241,7 +242,8 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
     from muond.torch import Muon
     params, grads = fresh(shapes, 0)
     ps = [torch.nn.Parameter(p) for p in params]
-    with Daemon(job, log_dir=log_dir) as d:
+    with Daemon(job, log_dir=log_dir,
+                daemon_args=(f"--sym_gemm_schedule={o.sym_gemm_schedule}",)) as d:
         opt = Muon([{"params": ps, "param_names": [f"p{i}" for i in range(len(ps))]}],
                    daemons=[d.address], job_id=job, coefficient_type="simple",
                    scale_mode="original", extra_scale_factor=1.0, fp32_matmul_prec="medium",
@@ -530,6 +532,10 @@ def main() -> int:
                          "1536, 1.5 from it)")
     ap.add_argument("--peer-restarts", default=None,
                     help="peer (a)'s restarts, e.g. 2 (default: its tuner's pick)")
+    ap.add_argument("--sym-gemm-schedule", default="auto",
+                    choices=["auto", "cooperative", "pingpong"],
+                    help="the symmetric GEMM kernel's schedule, in-process and daemon "
+                         "(step_bench's and muond-daemon's --sym_gemm_schedule)")
     ap.add_argument("--sweep-aspect", action="store_true",
                     help="instead: muond standard vs gram NS over n x m, n in "
                          f"{SWEEP_N}, m/n in {SWEEP_RATIOS}")
@@ -550,6 +556,7 @@ def main() -> int:
     a.peer_restarts = restarts(a.peer_restarts)
     o = argparse.Namespace(gram_restarts=restarts(a.gram_restarts), gram_dtype=a.gram_dtype,
                            gram_min_aspect=a.gram_min_aspect,
+                           sym_gemm_schedule=a.sym_gemm_schedule,
                            muond_default_restarts=restarts(a.muond_default_restarts))
     if o.muond_default_restarts is None:
         o.muond_default_restarts = default_gram_restarts(a.gram_dtype)

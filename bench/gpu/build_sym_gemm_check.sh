@@ -12,9 +12,16 @@ rm -rf dist/obj
 mkdir -p dist/obj
 flags=(-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I.
        -I"$cutlass/include" --expt-relaxed-constexpr -DNDEBUG)
-/usr/local/cuda/bin/nvcc "${flags[@]}" -c core/backend/sym_gemm_sm90.cu -o dist/obj/sym_gemm_sm90.o
+# The kernel's files in parallel (each a long CUTLASS build); any failure
+# fails the script.
+pids=()
+for k in sym_gemm_sm90 sym_gemm_sm90_cooperative sym_gemm_sm90_pingpong; do
+  /usr/local/cuda/bin/nvcc "${flags[@]}" -c core/backend/$k.cu -o dist/obj/$k.o &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
 # The sources of //core/backend:cuda_kernels (the launchers of cuda_kernels.h).
-for k in cuda_copy_kernels cuda_multi_tensor_kernels cuda_norm_kernels cuda_step_kernels; do
+for k in cuda_copy_kernels cuda_multi_tensor_kernels cuda_norm_kernels cuda_state_kernels cuda_step_kernels cuda_variant_kernels; do
   /usr/local/cuda/bin/nvcc "${flags[@]}" -c core/backend/$k.cu -o dist/obj/$k.o
 done
 /usr/local/cuda/bin/nvcc "${flags[@]}" -c bench/gpu/sym_gemm_sm90_check.cu -o dist/obj/check.o

@@ -28,6 +28,8 @@
 // --engine): where and in what precision the engine keeps the momentum
 // (core/common/state_storage.h); the engine's line then adds the medians of
 // its momentum and update phases ("momentum_ms <ms> update_ms <ms>").
+// --sym_gemm_schedule=auto|cooperative|pingpong: the sm_90a symmetric GEMM's
+// consumer schedule (muond-daemon's flag of the same name).
 // --ns_only (not with --engine): after one full step, times each chunk's
 // batched NS alone (Run on its stacked NS input, in place), one line per
 // chunk: "ns_ms <R>x<C> batch <B> median <ms>" (bench/gpu_step_bench.py's
@@ -43,6 +45,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -231,7 +234,7 @@ int Main(int argc, char** argv) {
   bool use_syrk = false, engine_mode = false, ns_only = false;
   int syrk_block_rows = 0;
   std::string ns_algorithm = "standard", gram_restarts, gram_dtype = "fp16";
-  std::string state_location, state_dtype;
+  std::string state_location, state_dtype, sym_gemm_schedule = "auto";
   double gram_min_aspect_ratio = 0.0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strncmp(argv[i], "--shapes=", 9))
@@ -264,6 +267,8 @@ int Main(int argc, char** argv) {
       state_location = argv[i] + 17;
     else if (!std::strncmp(argv[i], "--state_dtype=", 14))
       state_dtype = argv[i] + 14;
+    else if (!std::strncmp(argv[i], "--sym_gemm_schedule=", 20))
+      sym_gemm_schedule = argv[i] + 20;
     else {
       std::fprintf(stderr,
                    "usage: step_bench --shapes=RxC,... "
@@ -273,7 +278,8 @@ int Main(int argc, char** argv) {
                    "[--ns_algorithm=standard|gram] [--gram_restarts=I,J|none] "
                    "[--gram_dtype=fp16|bf16] [--gram_min_aspect_ratio=X] "
                    "[--state_location=device|host] "
-                   "[--state_dtype=fp32|bf16|fp8_e4m3]\n");
+                   "[--state_dtype=fp32|bf16|fp8_e4m3] "
+                   "[--sym_gemm_schedule=auto|cooperative|pingpong]\n");
       return 2;
     }
   }
@@ -290,9 +296,18 @@ int Main(int argc, char** argv) {
   // The CUDA backend switches from the same environment variables that
   // default muond-daemon's flags (MUOND_CUDA_GRAPHS, MUOND_CUBLAS_GEMMEX,
   // MUOND_LT_AUTOTUNE; core reads none itself).
-  auto backend_or =
-      MakeCudaBackend(0, CudaBackendOptionsFromLegacyEnvironment(
-                             [](const char* n) { return std::getenv(n); }));
+  CudaBackendOptions cuda_options = CudaBackendOptionsFromLegacyEnvironment(
+      [](const char* n) { return std::getenv(n); });
+  const std::optional<SymGemmSchedule> schedule =
+      ParseSymGemmSchedule(sym_gemm_schedule);
+  if (!schedule.has_value()) {
+    std::fprintf(stderr,
+                 "step_bench: --sym_gemm_schedule must be auto, cooperative "
+                 "or pingpong\n");
+    return 2;
+  }
+  cuda_options.sym_gemm_schedule = *schedule;
+  auto backend_or = MakeCudaBackend(0, cuda_options);
   if (!backend_or.ok()) return Fail(backend_or.status());
   Backend& b = **backend_or;
 

@@ -11,7 +11,11 @@
 // |op(b)| (fp32 GEMM of absolute values): both sides round once from an fp32
 // sum whose order differs, so each fp32 sum is within k 2^-24 S of the exact
 // one and the two roundings differ by at most a few ulp. d must equal d^T
-// bitwise, and the padding columns (ld > n) must keep their sentinel.
+// bitwise, and the padding columns (ld > n) must keep their sentinel. Every
+// case runs with both consumer schedules (cooperative, ping-pong).
+//
+// Timing: both schedules against cuBLAS's full product (and that plus the
+// mirror kernel, the backend's fallback), side by side per shape.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -98,7 +102,12 @@ struct Case {
   int64_t n, k, batch;
   float alpha, beta;
   int64_t extra_ld;  // padding beyond Up8(cols)
+  sg::Schedule schedule;
 };
+
+static const char* ScheduleName(sg::Schedule s) {
+  return s == sg::Schedule::kPingpong ? "pingpong" : "cooperative";
+}
 
 static void RunCase(const Case& cs) {
   const bool bf = cs.bf16;
@@ -140,6 +149,7 @@ static void RunCase(const Case& cs) {
 
   sg::Args a;
   a.elem = bf ? sg::Elem::kBFloat16 : sg::Elem::kFloat16;
+  a.schedule = cs.schedule;
   a.trans_a = cs.trans_a;
   a.trans_b = !cs.trans_a;
   a.n = n;
@@ -211,9 +221,9 @@ static void RunCase(const Case& cs) {
   const bool ok = bad == 0 && asym == 0 && pad == 0 && unwritten == 0;
   if (!ok) ++g_failures;
   std::printf(
-      "| %s | %s | %s | %lld | %lld | %lld | %.2f | %.2f | %lld | %.3f | %lld "
-      "| %lld | %lld | %lld |\n",
-      ok ? "ok" : "FAIL", bf ? "bf16" : "fp16",
+      "| %s | %s | %s | %s | %lld | %lld | %lld | %.2f | %.2f | %lld | %.3f | "
+      "%lld | %lld | %lld | %lld |\n",
+      ok ? "ok" : "FAIL", ScheduleName(cs.schedule), bf ? "bf16" : "fp16",
       cs.trans_a ? "XtX (T,N)" : "XXt (N,T)", (long long)n, (long long)k,
       (long long)batch, cs.alpha, cs.beta, (long long)ldd, worst,
       (long long)bad, (long long)asym, (long long)pad, (long long)unwritten);
@@ -238,14 +248,17 @@ static float TimeMs(int iters, const std::function<void()>& f) {
   return ms / iters;
 }
 
+// TFLOP/s count the symmetric product's real work, n (n + 1) k per matrix
+// (the lower triangle), for every column, so they compare as rates of the
+// same job; cuBLAS's full product does twice that.
 static void Bench(int64_t n, int64_t k, int64_t batch) {
   const int64_t sx = n * k, sd = n * n;
   void *dx, *dd;
   CK(cudaMalloc(&dx, sx * batch * 2));
   CK(cudaMalloc(&dd, sd * batch * 2));
   CK(cudaMemset(dx, 0x3c, sx * batch * 2));  // ~1.1 (bf16)
-  const double flop = 2.0 * double(n) * n * k * batch;
-  const int iters = flop > 1e12 ? 10 : (flop > 1e10 ? 30 : 100);
+  const double flop = double(n) * (n + 1) * k * batch;
+  const int iters = flop > 5e11 ? 10 : (flop > 5e9 ? 30 : 100);
   sg::Args a;
   a.n = n;
   a.k = k;
@@ -256,8 +269,12 @@ static void Bench(int64_t n, int64_t k, int64_t batch) {
   a.d = dd;
   a.ldd = n;
   a.stride_d = sd;
-  const float one = 1.f, zero = 0.f;
-  auto kernel = [&] { CK(sg::Run(a, nullptr)); };
+  auto kernel = [&](sg::Schedule s) {
+    return [&a, s] {
+      a.schedule = s;
+      CK(sg::Run(a, nullptr));
+    };
+  };
   auto full = [&] {
     CublasRef(false, true, n, k, 1.f, dx, k, sx, dx, k, sx, 0.f, dd, n, sd,
               batch, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
@@ -267,29 +284,15 @@ static void Bench(int64_t n, int64_t k, int64_t batch) {
     full();
     CK(muond::cuda_kernels::SymmetrizeFromLower(kd, sd, batch, nullptr));
   };
-  // The old use_syrk path: 4 lower block rows (1 below n = 4096) + mirror.
-  const int blocks = n >= 4096 ? 4 : 1;
-  auto block_rows = [&] {
-    for (int i = 0; i < blocks; ++i) {
-      const int64_t i0 = (n * i / blocks) / 8 * 8;
-      const int64_t i1 = i + 1 >= blocks ? n : (n * (i + 1) / blocks) / 8 * 8;
-      CB(cublasGemmStridedBatchedEx(
-          g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(i1), int(i1 - i0), int(k),
-          &one, dx, CUDA_R_16BF, int(k), sx,
-          static_cast<uint16_t*>(dx) + i0 * k, CUDA_R_16BF, int(k), sx, &zero,
-          static_cast<uint16_t*>(dd) + i0 * n, CUDA_R_16BF, int(n), sd,
-          int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    CK(muond::cuda_kernels::SymmetrizeFromLower(kd, sd, batch, nullptr));
-  };
-  const float tk = TimeMs(iters, kernel), tf = TimeMs(iters, full),
-              tfs = TimeMs(iters, full_sym), tb = TimeMs(iters, block_rows);
+  const float tc = TimeMs(iters, kernel(sg::Schedule::kCooperative)),
+              tp = TimeMs(iters, kernel(sg::Schedule::kPingpong)),
+              tf = TimeMs(iters, full), tfs = TimeMs(iters, full_sym);
   auto tflops = [&](float ms) { return flop / (ms * 1e-3) / 1e12; };
   std::printf(
-      "| %lld | %lld | %lld | %.4f | %.0f | %.4f | %.0f | %.4f | %.4f | %.2f "
-      "| %.2f |\n",
-      (long long)n, (long long)k, (long long)batch, tk, tflops(tk), tf,
-      tflops(tf), tfs, tb, tfs / tk, tb / tk);
+      "| %lld | %lld | %lld | %.4f | %.0f | %.4f | %.0f | %.4f | %.0f | %.4f | "
+      "%.2f | %.2f | %.2f |\n",
+      (long long)n, (long long)k, (long long)batch, tc, tflops(tc), tp,
+      tflops(tp), tf, tflops(tf), tfs, tc / tp, tfs / tc, tfs / tp);
   cudaFree(dx);
   cudaFree(dd);
 }
@@ -306,32 +309,41 @@ int main(int argc, char** argv) {
   const bool bench_only = argc > 1 && std::string(argv[1]) == "bench";
   if (!bench_only) {
     std::printf(
-        "\n| ok | dtype | orientation | n | k | batch | alpha | beta | ld | "
-        "max err/tol | bad | asym | pad | unwritten |\n|---|---|---|---|---|---"
-        "|---|---|---|---|---|---|---|---|\n");
+        "\n| ok | schedule | dtype | orientation | n | k | batch | alpha | "
+        "beta | ld | max err/tol | bad | asym | pad | unwritten |\n|---|---|"
+        "---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::vector<Case> cases;
-    for (bool bf : {true, false})
-      for (bool ta : {false, true})
-        for (int64_t n : {1, 7, 130, 1000, 4096}) {
-          const int64_t kk[2] = {n, (n * 7 + 1) / 2};
-          for (int64_t k : kk) {
-            cases.push_back({bf, ta, n, k, 1, 1.f, 0.f, 0});
+    for (sg::Schedule sc :
+         {sg::Schedule::kCooperative, sg::Schedule::kPingpong})
+      for (bool bf : {true, false})
+        for (bool ta : {false, true})
+          for (int64_t n : {1, 7, 130, 1000, 4096}) {
+            const int64_t kk[2] = {n, (n * 7 + 1) / 2};
+            for (int64_t k : kk) {
+              cases.push_back({bf, ta, n, k, 1, 1.f, 0.f, 0, sc});
+            }
+            cases.push_back({bf, ta, n, n, 1, 0.7f, -0.3f, 8, sc});
+            if (n <= 1000)
+              cases.push_back({bf, ta, n, 3 * n + 5, 3, 1.f, 0.5f, 0, sc});
           }
-          cases.push_back({bf, ta, n, n, 1, 0.7f, -0.3f, 8});
-          if (n <= 1000)
-            cases.push_back({bf, ta, n, 3 * n + 5, 3, 1.f, 0.5f, 0});
-        }
     for (const Case& c : cases) RunCase(c);
     std::printf("\ncorrectness: %d failing case(s) of %zu\n", g_failures,
                 cases.size());
   }
   std::printf(
-      "\n| n | k | batch | sym ms | sym TFLOP/s | cuBLAS full ms | full "
-      "TFLOP/s | full+mirror ms | old block-row ms | full+mirror / sym | "
-      "block-row / sym |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "\n| n | k | batch | cooperative ms | TFLOP/s | pingpong ms | TFLOP/s | "
+      "cuBLAS full ms | TFLOP/s | full+mirror ms | cooperative / pingpong | "
+      "full+mirror / cooperative | full+mirror / pingpong |\n|---|---|---|---|"
+      "---|---|---|---|---|---|---|---|---|\n");
   for (int64_t n : {256, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192})
     for (int64_t k : {n, n * 7 / 2}) Bench(n, k, 1);
+  // Batches: standard NS's X X^T of expert-sized matrices, and Gram NS's
+  // m x m products (k = m) of a MoE layer's experts.
   for (int64_t n : {128, 256, 512, 1024})
     for (int64_t b : {8, 32}) Bench(n, n * 7 / 2 / 8 * 8, b);
+  for (int64_t n : {512, 768, 1024, 2048})
+    for (int64_t b : {16, 64, 256}) {
+      if (n * n * b <= (int64_t(1) << 28)) Bench(n, n, b);
+    }
   return g_failures == 0 ? 0 : 1;
 }

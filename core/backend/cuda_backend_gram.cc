@@ -56,6 +56,9 @@ absl::Status CudaBackend::SymmetricGemmStridedBatchedOut(
     sym_gemm_sm90::Args s;
     s.elem = d.dtype == DType::kBFloat16 ? sym_gemm_sm90::Elem::kBFloat16
                                          : sym_gemm_sm90::Elem::kFloat16;
+    s.schedule = options_.sym_gemm_schedule == SymGemmSchedule::kPingpong
+                     ? sym_gemm_sm90::Schedule::kPingpong
+                     : sym_gemm_sm90::Schedule::kCooperative;
     s.trans_a = op_a == Op::kT;
     s.trans_b = op_b == Op::kT;
     s.n = d.rows;

@@ -5,6 +5,27 @@
 
 namespace muond {
 
+std::optional<SymGemmSchedule> ParseSymGemmSchedule(std::string_view name) {
+  for (SymGemmSchedule s :
+       {SymGemmSchedule::kAuto, SymGemmSchedule::kCooperative,
+        SymGemmSchedule::kPingpong}) {
+    if (name == SymGemmScheduleName(s)) return s;
+  }
+  return std::nullopt;
+}
+
+const char* SymGemmScheduleName(SymGemmSchedule schedule) {
+  switch (schedule) {
+    case SymGemmSchedule::kCooperative:
+      return "cooperative";
+    case SymGemmSchedule::kPingpong:
+      return "pingpong";
+    case SymGemmSchedule::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 CudaBackendOptions CudaBackendOptionsFromLegacyEnvironment(
     const std::function<const char*(const char*)>& lookup) {
   CudaBackendOptions options;

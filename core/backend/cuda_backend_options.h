@@ -4,8 +4,21 @@
 // the processes set these (muond-daemon --cublas_gemmex, --cuda_graphs,
 // --lt_autotune; server/README.md).
 #include <functional>
+#include <optional>
+#include <string_view>
 
 namespace muond {
+
+// How the sm_90a symmetric GEMM's two consumer warpgroups share its work
+// (core/backend/sym_gemm_sm90_kernel.cuh): kCooperative (both on one tile),
+// kPingpong (a tile each, one's epilogue under the other's mainloop), kAuto
+// (the backend's pick: cooperative, the schedule its size rules were
+// measured with, until a side-by-side run of the two gives ping-pong's).
+enum class SymGemmSchedule { kAuto, kCooperative, kPingpong };
+
+// "auto", "cooperative", "pingpong"; nullopt for anything else.
+std::optional<SymGemmSchedule> ParseSymGemmSchedule(std::string_view name);
+const char* SymGemmScheduleName(SymGemmSchedule schedule);
 
 struct CudaBackendOptions {
   // GEMMs through the legacy cublasGemmEx path (plus a copy for a separate
@@ -22,6 +35,8 @@ struct CudaBackendOptions {
   // that only copies and runs elementwise kernels (Backend::NewStream's)
   // costs no device memory; its GEMMs fail FailedPrecondition.
   bool blas = true;
+  // The symmetric GEMM kernel's schedule (muond-daemon --sym_gemm_schedule).
+  SymGemmSchedule sym_gemm_schedule = SymGemmSchedule::kAuto;
 };
 
 // The largest lt_autotune the backend honours; larger values are clamped.

@@ -18,8 +18,15 @@ namespace sym_gemm_sm90 {
 
 enum class Elem { kBFloat16, kFloat16 };
 
+// How the kernel's two consumer warpgroups share the work
+// (sym_gemm_sm90_kernel.cuh): both on one tile, its epilogue after its
+// mainloop (cooperative), or a tile each, alternating, one's epilogue under
+// the other's mainloop (ping-pong).
+enum class Schedule { kCooperative, kPingpong };
+
 struct Args {
   Elem elem = Elem::kBFloat16;
+  Schedule schedule = Schedule::kCooperative;
   // op(a) is n x k, op(b) is k x n (row-major ops as in Backend::Gemm).
   bool trans_a = false;
   bool trans_b = true;

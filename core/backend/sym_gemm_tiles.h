@@ -24,6 +24,13 @@ namespace muond {
 namespace sym_gemm_sm90 {
 
 constexpr int32_t kBandRows = 8;
+// The kernel's square output tile: the mirror of a tile is one tile.
+constexpr int kSymTile = 128;
+
+// Work items of `batch` T x T lower tile triangles (diagonal included).
+MUOND_SG_HD int64_t LowerTileWork(int64_t tiles, int64_t batch) {
+  return batch * tiles * (tiles + 1) / 2;
+}
 
 // Row m of index t in row-major triangle order (t = m (m+1) / 2 + n, n <= m):
 // an approximate square root fixed up exactly in 32-bit integers (valid for

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,11 @@ ABSL_FLAG(int, lt_autotune, CudaDefaults().lt_autotune,
           "GEMM shape and keep the fastest (N > 1; clamped to 32); 0: "
           "cublasLt's heuristic pick. Default: 0, or MUOND_LT_AUTOTUNE from "
           "the environment");
+ABSL_FLAG(std::string, sym_gemm_schedule, "auto",
+          "GPU mode, H100/H200: the symmetric GEMM kernel's schedule, "
+          "'cooperative' (both consumer warpgroups on one tile), 'pingpong' "
+          "(a tile each, one's epilogue under the other's mainloop) or "
+          "'auto' (cooperative until ping-pong's measured rule lands)");
 
 namespace {
 constexpr char kUsage[] =
@@ -156,6 +162,14 @@ int main(int argc, char** argv) {
   if (const int64_t b = absl::GetFlag(FLAGS_max_ns_workspace_bytes); b < 0) {
     LOG(ERROR) << "--max_ns_workspace_bytes=" << b
                << " must be >= 0 (0: no cap)";
+    return 2;
+  }
+  const std::optional<muond::SymGemmSchedule> sym_gemm_schedule =
+      muond::ParseSymGemmSchedule(absl::GetFlag(FLAGS_sym_gemm_schedule));
+  if (!sym_gemm_schedule.has_value()) {
+    LOG(ERROR) << "--sym_gemm_schedule="
+               << absl::GetFlag(FLAGS_sym_gemm_schedule)
+               << " must be auto, cooperative or pingpong";
     return 2;
   }
   if (absl::GetFlag(FLAGS_host) && device >= 0) {
@@ -264,6 +278,7 @@ int main(int argc, char** argv) {
   engine_options.cuda.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   engine_options.cuda.cublas_gemmex = absl::GetFlag(FLAGS_cublas_gemmex);
   engine_options.cuda.lt_autotune = absl::GetFlag(FLAGS_lt_autotune);
+  engine_options.cuda.sym_gemm_schedule = *sym_gemm_schedule;
   engine_options.rank = rank;
   engine_options.world_size = world;
   engine_options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);

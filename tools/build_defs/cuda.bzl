@@ -46,7 +46,12 @@ def cuda_library(
             name = "%s_%s_nvcc" % (name, src.replace("/", "_").replace(".", "_")),
             srcs = [src] + hdrs + cu_hdrs,
             outs = [obj],
-            cmd = "%s %s -c $(location %s) -o $@" % (NVCC, flags, src),
+            # A temporary folder of its own: nvcc names its intermediate
+            # files by process id, which is the same (2) in every sandbox
+            # sharing /tmp, so two nvcc running at once would clobber each
+            # other's .ptx.
+            cmd = ("t=$$(mktemp -d) && TMPDIR=$$t %s %s -c $(location %s) " +
+                   "-o $@; s=$$?; rm -rf $$t; exit $$s") % (NVCC, flags, src),
         )
         objs.append(obj)
     native.cc_library(

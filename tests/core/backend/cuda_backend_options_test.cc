@@ -1,7 +1,8 @@
 // The CUDA backend switches that the environment variables of earlier
 // releases asked for (CudaBackendOptionsFromLegacyEnvironment): the rule
 // muond-daemon's --cublas_gemmex, --cuda_graphs and --lt_autotune take their
-// defaults by. A fake environment, no device.
+// defaults by; and the names of the symmetric GEMM's schedules
+// (--sym_gemm_schedule). A fake environment, no device.
 #include "core/backend/cuda_backend_options.h"
 
 #include <gtest/gtest.h>
@@ -60,6 +61,20 @@ TEST(CudaBackendOptionsFromLegacyEnvironment, VariablesAreIndependent) {
   EXPECT_TRUE(options.cublas_gemmex);
   EXPECT_FALSE(options.cuda_graphs);
   EXPECT_EQ(options.lt_autotune, 4);
+}
+
+TEST(SymGemmSchedule, NamesParseToTheirSchedulesAndNothingElseParses) {
+  for (SymGemmSchedule s :
+       {SymGemmSchedule::kAuto, SymGemmSchedule::kCooperative,
+        SymGemmSchedule::kPingpong}) {
+    EXPECT_EQ(ParseSymGemmSchedule(SymGemmScheduleName(s)), s);
+  }
+  EXPECT_STREQ(SymGemmScheduleName(SymGemmSchedule::kPingpong), "pingpong");
+  EXPECT_EQ(ParseSymGemmSchedule("cooperative"), SymGemmSchedule::kCooperative);
+  for (const char* other : {"", "Auto", "ping-pong", "pingpong ", "coop"}) {
+    EXPECT_FALSE(ParseSymGemmSchedule(other).has_value()) << other;
+  }
+  EXPECT_EQ(CudaBackendOptions{}.sym_gemm_schedule, SymGemmSchedule::kAuto);
 }
 
 }  // namespace

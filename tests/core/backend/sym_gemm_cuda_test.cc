@@ -12,7 +12,9 @@
 // differ by that much plus about an ulp; a wrong tile, a missed k-block or a
 // misplaced mirror is off by O(|ref|). d must equal d^T bitwise, padding
 // columns (row_stride > n) must keep their sentinel, and a second call must
-// reproduce d bitwise.
+// reproduce d bitwise. Every case runs with both of the kernel's consumer
+// schedules (CudaBackendOptions::sym_gemm_schedule: cooperative and
+// ping-pong).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -26,6 +28,7 @@
 #include "core/backend/backend.h"
 #include "core/backend/bf16.h"
 #include "core/backend/cuda_backend.h"
+#include "core/backend/cuda_backend_options.h"
 #include "core/backend/fp16.h"
 #include "tests/common/cuda_test.h"
 
@@ -50,8 +53,20 @@ std::string Name(const Case& c) {
                       " alpha=", c.alpha, " beta=", c.beta, " pad=", c.pad);
 }
 
-class SymGemmCudaTest : public muond::testing::CudaTest {
+class SymGemmCudaTest
+    : public muond::testing::CudaTest,
+      public ::testing::WithParamInterface<SymGemmSchedule> {
  protected:
+  void SetUp() override {
+    muond::testing::CudaTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    CudaBackendOptions options;
+    options.sym_gemm_schedule = GetParam();
+    auto b = MakeCudaBackend(0, options);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+  }
+
   uint16_t ToBits(float v, DType t) {
     return t == DType::kBFloat16 ? FloatToBf16Bits(v) : FloatToFp16Bits(v);
   }
@@ -151,7 +166,7 @@ void SymGemmCudaTest::Check(const Case& cs) {
 // both dtypes, alpha/beta with a symmetric c, a batch, padded rows. k and n
 // round to multiples of 8 where the kernel's contiguous extent needs it
 // (sym_gemm_sm90::Unsupported); the rest take the fallback.
-TEST_F(SymGemmCudaTest, OddSizesBothOrientationsBothDtypes) {
+TEST_P(SymGemmCudaTest, OddSizesBothOrientationsBothDtypes) {
   for (DType t : {DType::kBFloat16, DType::kFloat16}) {
     for (bool xtx : {false, true}) {
       for (int64_t n : {1, 7, 130, 1000}) {
@@ -165,7 +180,7 @@ TEST_F(SymGemmCudaTest, OddSizesBothOrientationsBothDtypes) {
   }
 }
 
-TEST_F(SymGemmCudaTest, Large) {
+TEST_P(SymGemmCudaTest, Large) {
   Check({DType::kBFloat16, false, 4096, 4096, 1, 1.0f, 0.0f, 0});
   Check({DType::kBFloat16, false, 4096, 14336, 1, 1.0f, 0.0f, 0});
   Check({DType::kFloat16, true, 4096, 4096, 1, 0.7f, -0.3f, 8});
@@ -175,7 +190,7 @@ TEST_F(SymGemmCudaTest, Large) {
 // Products of symmetric operands (Gram NS's R Z, Q Z): (N,N) and (N,T) of an
 // exactly symmetric S give S S, equal to cuBLAS's (N,N) product within the
 // tolerance, with beta c; (N,N) runs the kernel too where n % 8 == 0.
-TEST_F(SymGemmCudaTest, ProductsOfSymmetricOperands) {
+TEST_P(SymGemmCudaTest, ProductsOfSymmetricOperands) {
   for (DType t : {DType::kBFloat16, DType::kFloat16}) {
     for (int64_t n : {7, 136, 1000, 2048}) {
       SCOPED_TRACE(absl::StrCat(std::string(DTypeName(t)), " n=", n));
@@ -241,7 +256,7 @@ TEST_F(SymGemmCudaTest, ProductsOfSymmetricOperands) {
 // Below the threshold (n = 768, k = 3.5 n: cuBLAS is faster) and for fp32 the
 // call is cuBLASLt + mirror: still exactly symmetric and equal to the full
 // product's lower triangle.
-TEST_F(SymGemmCudaTest, ThresholdFallbackAndKernelAvailability) {
+TEST_P(SymGemmCudaTest, ThresholdFallbackAndKernelAvailability) {
   Check({DType::kBFloat16, false, 768, 2688, 1, 1.0f, 0.0f, 0});
   int major = 0, minor = 0;
   ASSERT_EQ(
@@ -287,6 +302,14 @@ TEST_F(SymGemmCudaTest, ThresholdFallbackAndKernelAvailability) {
       ASSERT_EQ(hd[j * n + i], hd[i * n + j]) << i << "," << j;
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, SymGemmCudaTest,
+    ::testing::Values(SymGemmSchedule::kCooperative,
+                      SymGemmSchedule::kPingpong),
+    [](const ::testing::TestParamInfo<SymGemmSchedule>& info) {
+      return std::string(SymGemmScheduleName(info.param));
+    });
 
 }  // namespace
 }  // namespace muond

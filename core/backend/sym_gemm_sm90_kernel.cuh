@@ -1,0 +1,444 @@
+// The sm_90a symmetric GEMM's kernel, for the translation units that
+// instantiate it (sym_gemm_sm90_cooperative.cu, sym_gemm_sm90_pingpong.cu):
+// CUTLASS 3's sm90 warp-specialized mainloop (TMA loads, GMMA, a producer
+// warpgroup and two consumer warpgroups) with two parts of our own:
+//  - TriangleScheduler: a persistent grid of ~#SMs CTAs walks a linear index
+//    over (batch x lower-triangle tiles, tile_m >= tile_n; banded order for
+//    L2 reuse, sym_gemm_tiles.h); no CTA is launched for an upper tile.
+//  - MirrorEpilogue: d = alpha acc + beta c rounded once to the output type,
+//    staged in shared memory, written to tile (i, j) and, off the diagonal,
+//    transposed to tile (j, i), both with coalesced 16-byte stores. A diagonal
+//    tile writes its lower half and that half's mirror, so every d is
+//    bitwise symmetric.
+// Two schedules of the consumers (Schedule in sym_gemm_sm90.h):
+//  - cooperative: both consumer warpgroups share one 128 x 128 tile (64 rows
+//    each), then both run its epilogue; the mainloop waits for it.
+//  - ping-pong: each consumer warpgroup owns a whole 128 x 128 tile and the
+//    two alternate (CUTLASS's ordered math barrier): one runs its epilogue
+//    while the other's mainloop keeps the tensor cores busy. The epilogues
+//    are serialized by that barrier, so the one staging buffer serves both.
+// Only CUTLASS-including .cu files include this header.
+#ifndef MUOND_CORE_BACKEND_SYM_GEMM_SM90_KERNEL_CUH_
+#define MUOND_CORE_BACKEND_SYM_GEMM_SM90_KERNEL_CUH_
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/backend/sym_gemm_sm90.h"
+#include "core/backend/sym_gemm_sm90_launch.h"
+#include "core/backend/sym_gemm_tiles.h"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/device_kernel.h"
+#include "cutlass/epilogue/collective/detail.hpp"
+#include "cutlass/epilogue/thread/linear_combination.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/kernel_hardware_info.hpp"
+
+namespace muond {
+namespace sym_gemm_sm90 {
+
+constexpr int kTile = kSymTile;  // square: the mirror of a tile is one
+
+// ---------------------------------------------------------------------------
+// Scheduler: linear work index -> (tile_m, tile_n, l) over lower tiles only.
+struct TriangleTag {};
+
+class TriangleScheduler
+    : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
+  using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
+
+ public:
+  using WorkTileInfo = typename Base::WorkTileInfo;
+  using Arguments = typename Base::Arguments;
+  struct Params : Base::Params {
+    int64_t tiles = 0;  // tiles per side of one n x n output
+    int64_t batch = 0;
+  };
+
+  template <class ProblemShapeMNKL, class TileShape, class ClusterShape>
+  static Params to_underlying_arguments(
+      ProblemShapeMNKL shape, TileShape tile, ClusterShape cluster,
+      cutlass::KernelHardwareInfo const& hw_info, Arguments const& args,
+      void* workspace = nullptr, const uint32_t epilogue_subtile = 1,
+      uint32_t ktile_start_alignment_count = 1u) {
+    Params p;
+    static_cast<Base::Params&>(p) = Base::to_underlying_arguments(
+        shape, tile, cluster, hw_info, args, workspace, epilogue_subtile,
+        ktile_start_alignment_count);
+    p.tiles = (int64_t(cute::get<0>(shape)) + cute::get<0>(tile) - 1) /
+              cute::get<0>(tile);
+    p.batch = int64_t(cute::get<3>(shape));
+    return p;
+  }
+
+  template <class ProblemShapeMNKL, class BlockShape, class ClusterShape>
+  static dim3 get_grid_shape(Params const& params, ProblemShapeMNKL, BlockShape,
+                             ClusterShape, cutlass::KernelHardwareInfo hw_info,
+                             Arguments = Arguments{}, bool = true) {
+    const int64_t total = LowerTileWork(params.tiles, params.batch);
+    const int64_t sms = hw_info.sm_count > 0 ? hw_info.sm_count : 1;
+    return dim3(unsigned(total < sms ? (total > 0 ? total : 1) : sms), 1, 1);
+  }
+
+  CUTLASS_HOST_DEVICE TriangleScheduler() {}
+
+  CUTLASS_DEVICE explicit TriangleScheduler(Params const& params)
+      : Base(params) {
+#if defined(__CUDA_ARCH__)
+    tiles_ = int32_t(params.tiles);
+    per_batch_ = params.tiles * (params.tiles + 1) / 2;
+    total_ = per_batch_ * params.batch;
+    idx_ = blockIdx.x;
+    step_ = gridDim.x;
+#endif
+  }
+
+  template <class ClusterShape>
+  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
+    return WorkAt(idx_);
+  }
+  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return WorkAt(idx_); }
+  CUTLASS_DEVICE void advance_to_next_work(uint32_t count = 1) {
+    idx_ += step_ * int64_t(count);
+  }
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo) {
+    advance_to_next_work();
+    return cute::make_tuple(WorkAt(idx_), true);
+  }
+  template <class Pipeline, class PipelineState>
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo info, Pipeline&,
+                                      PipelineState) {
+    return fetch_next_work(info);
+  }
+  CUTLASS_DEVICE bool is_last_tile(WorkTileInfo&, uint32_t count = 1) const {
+    return !WorkAt(idx_ + step_ * int64_t(count)).is_valid();
+  }
+
+ private:
+  // Batch l, then the triangle in TileOfIndex's banded order. 32-bit
+  // arithmetic: a 64-bit division is a subroutine call, and a call anywhere
+  // in the kernel makes ptxas serialize the wgmma pipeline (C7510).
+  CUTLASS_DEVICE WorkTileInfo WorkAt(int64_t idx) const {
+    if (idx >= total_) return WorkTileInfo::invalid_work_tile();
+    const uint32_t i = uint32_t(idx), per = uint32_t(per_batch_);
+    const uint32_t l = i / per;
+    int32_t m = 0, n = 0;
+    TileOfIndex(i - l * per, tiles_, &m, &n);
+    return {m, n, int32_t(l), true};
+  }
+
+  int32_t tiles_ = 0;
+  int64_t per_batch_ = 0;
+  int64_t total_ = 0;
+  int64_t idx_ = 0;
+  int64_t step_ = 1;
+};
+
+// ---------------------------------------------------------------------------
+// Epilogue (wrapped in CUTLASS's adapter for non-TMA epilogues).
+template <class Element>
+class MirrorEpilogue {
+ public:
+  using ElementC = Element;
+  using ElementD = Element;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementOutput = Element;
+  using StrideC = cute::Stride<int64_t, cute::Int<1>, int64_t>;
+  using StrideD = StrideC;
+  using ThreadEpilogueOp =
+      cutlass::epilogue::thread::LinearCombination<Element, 1, float, float>;
+  using EpilogueSchedule = cutlass::epilogue::NoSmemWarpSpecialized;
+  using DispatchPolicy = EpilogueSchedule;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+
+  static constexpr int kPitch = kTile + 8;  // +16 B: conflict-free staging
+  struct SharedStorage {
+    alignas(128) Element tile[kTile * kPitch];
+  };
+  using TensorStorage = SharedStorage;
+
+  struct Arguments {
+    float alpha = 1.0f;
+    float beta = 0.0f;
+    Element const* c = nullptr;
+    int64_t ldc = 0, stride_c = 0;
+    Element* d = nullptr;
+    int64_t ldd = 0, stride_d = 0;
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&,
+                                                  Arguments const& args,
+                                                  void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(
+      ProblemShape const&, Arguments const&, void*, cudaStream_t,
+      cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const&) {
+    return true;
+  }
+
+  CUTLASS_HOST_DEVICE explicit MirrorEpilogue(Params const& params)
+      : params_(params) {}
+  CUTLASS_HOST_DEVICE MirrorEpilogue(Params const& params, SharedStorage const&)
+      : params_(params) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return params_.beta != 0.0f; }
+
+  // Staging index of (r, c): 16-byte chunks XOR-swizzled by the 8-row group,
+  // so that the transposed read (8 rows of one column per thread, four row
+  // groups per quarter-warp) hits distinct banks.
+  CUTLASS_DEVICE static int Idx(int r, int c) {
+    return r * kPitch + ((((c >> 3) ^ (r >> 3)) & 15) << 3) + (c & 7);
+  }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL,
+            class FrgEngine, class FrgLayout, class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(
+      ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK,
+      BlockCoordMNKL blk_coord_mnkl,
+      cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
+      TiledMma tiled_mma, ResidueMNK, int thread_idx, char* smem_buf) {
+    using namespace cute;
+    constexpr int kThreads = int(size(TiledMma{}));
+    const int n = int(get<0>(problem_shape_mnkl));
+    const int tm = int(get<0>(blk_coord_mnkl));
+    const int tn = int(get<1>(blk_coord_mnkl));
+    const int64_t l = int64_t(get<3>(blk_coord_mnkl));
+    const int m0 = tm * kTile, n0 = tn * kTile;
+    Element* tile = reinterpret_cast<SharedStorage*>(smem_buf)->tile;
+    Element* d = params_.d + l * params_.stride_d;
+    const int64_t ldd = params_.ldd;
+
+    // The previous tile's readers are done with the staging buffer.
+    cutlass::arch::NamedBarrier::sync(
+        kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+
+    // 1. alpha acc + beta c, rounded once, into shared memory.
+    Tensor cD = make_identity_tensor(make_shape(Int<kTile>{}, Int<kTile>{}));
+    Tensor tCcD = tiled_mma.get_thread_slice(thread_idx).partition_C(cD);
+    CUTE_STATIC_ASSERT_V(size(tCcD) == size(accumulators));
+    const bool with_c = params_.beta != 0.0f;
+    Element const* c = params_.c + l * params_.stride_c;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accumulators); ++i) {
+      const int r = get<0>(tCcD(i)), col = get<1>(tCcD(i));
+      float v = params_.alpha * float(accumulators(i));
+      if (with_c && m0 + r < n && n0 + col < n) {
+        v += params_.beta * float(c[int64_t(m0 + r) * params_.ldc + n0 + col]);
+      }
+      tile[Idx(r, col)] = Element(v);
+    }
+    cutlass::arch::NamedBarrier::sync(
+        kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+
+    // 2. Tile (tm, tn): rows m0.., cols n0.., 8 elements per store. On the
+    // diagonal, the upper half is read from the lower half's mirror.
+    const bool diag = tm == tn;
+    constexpr int kChunks = kTile / 8;
+    for (int v = thread_idx; v < kTile * kChunks; v += kThreads) {
+      const int r = v / kChunks, c8 = (v % kChunks) * 8;
+      if (m0 + r >= n || n0 + c8 >= n) continue;
+      uint4 out;
+      if (!diag) {
+        out = *reinterpret_cast<uint4 const*>(&tile[Idx(r, c8)]);
+      } else {
+        uint32_t w[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 8; ++j) {
+          const int cc = c8 + j;
+          Pack(w, j, r >= cc ? tile[Idx(r, cc)] : tile[Idx(cc, r)]);
+        }
+        out = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+      Store8(d + int64_t(m0 + r) * ldd + n0 + c8, out, n - (n0 + c8));
+    }
+    if (diag) return;
+
+    // 3. The mirror, tile (tn, tm): output row n0 + col takes column col of
+    // the staged tile. A warp covers 8 columns x 4 row chunks: 64 contiguous
+    // bytes in each of 8 output rows.
+    for (int v = thread_idx; v < kTile * kChunks; v += kThreads) {
+      const int lane = v & 31, warp = v >> 5;
+      const int col = (warp % (kTile / 8)) * 8 + (lane >> 2);
+      const int r8 = ((warp / (kTile / 8)) * 4 + (lane & 3)) * 8;
+      if (n0 + col >= n || m0 + r8 >= n) continue;
+      uint32_t w[4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 8; ++j) Pack(w, j, tile[Idx(r8 + j, col)]);
+      Store8(d + int64_t(n0 + col) * ldd + m0 + r8,
+             make_uint4(w[0], w[1], w[2], w[3]), n - (m0 + r8));
+    }
+  }
+
+ private:
+  // Element j of an 8-element chunk packed in four 32-bit words (register
+  // arrays indexed by unrolled constants: no local memory).
+  CUTLASS_DEVICE static void Pack(uint32_t (&w)[4], int j, Element e) {
+    const uint32_t bits = e.raw();
+    w[j >> 1] = (j & 1) ? (w[j >> 1] | (bits << 16)) : bits;
+  }
+
+  // Stores min(8, left) elements; a full chunk as one 16-byte store (ld and
+  // the base are multiples of 8 elements: checked by Unsupported()).
+  CUTLASS_DEVICE static void Store8(Element* dst, uint4 v, int left) {
+    if (left >= 8) {
+      *reinterpret_cast<uint4*>(dst) = v;
+      return;
+    }
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      if (j < left) out[j] = uint16_t(w[j >> 1] >> (16 * (j & 1)));
+    }
+  }
+
+  Params params_;
+};
+
+}  // namespace sym_gemm_sm90
+}  // namespace muond
+
+namespace cutlass::gemm::kernel::detail {
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t Stages,
+          class ProblemShapeType>
+struct TileSchedulerSelector<muond::sym_gemm_sm90::TriangleTag, ArchTag,
+                             TileShape, ClusterShape, Stages,
+                             ProblemShapeType> {
+  using Scheduler = muond::sym_gemm_sm90::TriangleScheduler;
+};
+}  // namespace cutlass::gemm::kernel::detail
+
+namespace muond {
+namespace sym_gemm_sm90 {
+
+using cutlass::layout::ColumnMajor;
+using cutlass::layout::RowMajor;
+
+// In CUTLASS terms A is M x K and B is N x K. A row-major op(a) = a (N) is
+// K-major (RowMajor); op(a) = a^T (T) is M-major (ColumnMajor). For B,
+// op(b) = b^T (T) means B[n][k] = b[n * ldb + k]: K-major (ColumnMajor);
+// op(b) = b (N) is N-major (RowMajor).
+template <class Element, bool kTransA, bool kTransB, class KernelSchedule>
+struct Config {
+  using LayoutA = cute::conditional_t<kTransA, ColumnMajor, RowMajor>;
+  using LayoutB = cute::conditional_t<kTransB, ColumnMajor, RowMajor>;
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Epilogue =
+      cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+          MirrorEpilogue<Element>>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, 8,
+      Element, LayoutB, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename MirrorEpilogue<Element>::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
+                                           Mainloop, Epilogue, TriangleTag>;
+};
+
+// A stride tuple with the one dynamic non-batch mode set to `ld`.
+template <class Stride>
+Stride MakeStride(int64_t ld, int64_t batch_stride) {
+  Stride s{};
+  using M0 = cute::remove_cvref_t<decltype(cute::get<0>(s))>;
+  if constexpr (cute::is_static<M0>::value) {
+    cute::get<1>(s) = ld;
+  } else {
+    cute::get<0>(s) = ld;
+  }
+  cute::get<2>(s) = batch_stride;
+  return s;
+}
+
+template <class Element, bool kTransA, bool kTransB, class KernelSchedule>
+cudaError_t Launch(const Args& a, const Device& dev, cudaStream_t stream) {
+  using C = Config<Element, kTransA, kTransB, KernelSchedule>;
+  using Kernel = typename C::Kernel;
+  using Mainloop = typename C::Mainloop;
+  cudaError_t err = cudaSuccess;
+  // A batch stride of 0 (batch 1) is replaced by one matrix's extent: TMA
+  // descriptors want a non-degenerate, 16-byte multiple stride.
+  const int64_t rows_a = kTransA ? a.k : a.n, rows_b = kTransB ? a.n : a.k;
+  const int64_t sa = a.batch > 1 ? a.stride_a : a.lda * rows_a;
+  const int64_t sb = a.batch > 1 ? a.stride_b : a.ldb * rows_b;
+  typename Kernel::Arguments args;
+  args.mode = a.batch > 1 ? cutlass::gemm::GemmUniversalMode::kBatched
+                          : cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = {int(a.n), int(a.n), int(a.k), int(a.batch)};
+  args.mainloop.ptr_A = static_cast<Element const*>(a.a);
+  args.mainloop.dA = MakeStride<typename Mainloop::StrideA>(a.lda, sa);
+  args.mainloop.ptr_B = static_cast<Element const*>(a.b);
+  args.mainloop.dB = MakeStride<typename Mainloop::StrideB>(a.ldb, sb);
+  args.epilogue.alpha = a.alpha;
+  args.epilogue.beta = a.beta;
+  args.epilogue.c = static_cast<Element const*>(a.c);
+  args.epilogue.ldc = a.ldc;
+  args.epilogue.stride_c = a.stride_c;
+  args.epilogue.d = static_cast<Element*>(a.d);
+  args.epilogue.ldd = a.ldd;
+  args.epilogue.stride_d = a.stride_d;
+  args.hw_info.device_id = dev.id;
+  args.hw_info.sm_count = dev.sm_count;
+  // Kernel::can_implement is not asked: it also wants the contiguous extent
+  // (k or n) to be a multiple of 8, which TMA does not need (only 16-byte
+  // strides and bases, checked by Unsupported(); edges are zero-filled).
+  typename Kernel::Params params =
+      Kernel::to_underlying_arguments(args, nullptr);
+  const int smem = int(Kernel::SharedStorageSize);
+  // Once per device and instantiation: the first call may already be inside a
+  // CUDA graph capture (Backend::RunGraph), where fewer calls are better.
+  static std::atomic<uint64_t> smem_set{0};
+  const uint64_t bit = uint64_t(1) << (dev.id & 63);
+  if ((smem_set.load() & bit) == 0) {
+    err =
+        cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    smem_set.fetch_or(bit);
+  }
+  cutlass::device_kernel<Kernel>
+      <<<Kernel::get_grid_shape(params), Kernel::get_block_shape(), smem,
+         stream>>>(params);
+  return cudaGetLastError();
+}
+
+// Launch for the op pair of `a` (Unsupported() refused (T,T)).
+template <class KernelSchedule>
+cudaError_t LaunchOps(const Args& a, const Device& dev, cudaStream_t stream) {
+  auto ops = [&](auto element) {
+    using E = decltype(element);
+    if (a.trans_a)
+      return Launch<E, true, false, KernelSchedule>(a, dev, stream);
+    return a.trans_b ? Launch<E, false, true, KernelSchedule>(a, dev, stream)
+                     : Launch<E, false, false, KernelSchedule>(a, dev, stream);
+  };
+  return a.elem == Elem::kBFloat16 ? ops(cutlass::bfloat16_t{})
+                                   : ops(cutlass::half_t{});
+}
+
+}  // namespace sym_gemm_sm90
+}  // namespace muond
+
+#endif  // MUOND_CORE_BACKEND_SYM_GEMM_SM90_KERNEL_CUH_
