@@ -232,25 +232,33 @@ class MirrorEpilogue {
     cutlass::arch::NamedBarrier::sync(
         kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
 
-    // 1. alpha acc + beta c, rounded once, into shared memory.
+    // 1. With beta != 0, c's tile into the staging buffer by coalesced
+    // 16-byte loads (zeros outside the matrix): the accumulators' layout
+    // would read it as scattered 2-byte loads, one per element.
+    const bool with_c = params_.beta != 0.0f;  // the same in every thread
+    if (with_c) {
+      LoadTile(params_.c + l * params_.stride_c, params_.ldc, m0, n0, n, tile,
+               thread_idx, kThreads);
+      cutlass::arch::NamedBarrier::sync(
+          kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+    }
+
+    // 2. alpha acc + beta c, rounded once, into the staging buffer. A thread
+    // reads and writes only its own elements: no barrier between the two.
     Tensor cD = make_identity_tensor(make_shape(Int<kTile>{}, Int<kTile>{}));
     Tensor tCcD = tiled_mma.get_thread_slice(thread_idx).partition_C(cD);
     CUTE_STATIC_ASSERT_V(size(tCcD) == size(accumulators));
-    const bool with_c = params_.beta != 0.0f;
-    Element const* c = params_.c + l * params_.stride_c;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accumulators); ++i) {
       const int r = get<0>(tCcD(i)), col = get<1>(tCcD(i));
       float v = params_.alpha * float(accumulators(i));
-      if (with_c && m0 + r < n && n0 + col < n) {
-        v += params_.beta * float(c[int64_t(m0 + r) * params_.ldc + n0 + col]);
-      }
+      if (with_c) v += params_.beta * float(tile[Idx(r, col)]);
       tile[Idx(r, col)] = Element(v);
     }
     cutlass::arch::NamedBarrier::sync(
         kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
 
-    // 2. Tile (tm, tn): rows m0.., cols n0.., 8 elements per store. On the
+    // 3. Tile (tm, tn): rows m0.., cols n0.., 8 elements per store. On the
     // diagonal, the upper half is read from the lower half's mirror.
     const bool diag = tm == tn;
     constexpr int kChunks = kTile / 8;
@@ -273,7 +281,7 @@ class MirrorEpilogue {
     }
     if (diag) return;
 
-    // 3. The mirror, tile (tn, tm): output row n0 + col takes column col of
+    // 4. The mirror, tile (tn, tm): output row n0 + col takes column col of
     // the staged tile. A warp covers 8 columns x 4 row chunks: 64 contiguous
     // bytes in each of 8 output rows.
     for (int v = thread_idx; v < kTile * kChunks; v += kThreads) {
@@ -290,6 +298,34 @@ class MirrorEpilogue {
   }
 
  private:
+  // Rows m0.. and columns n0.. of the n x n matrix at `src` (row stride ld)
+  // into the staging tile, 8 elements a load; what lies outside is 0.
+  CUTLASS_DEVICE static void LoadTile(Element const* src, int64_t ld, int m0,
+                                      int n0, int n, Element* tile,
+                                      int thread_idx, int threads) {
+    constexpr int kChunks = kTile / 8;
+    for (int v = thread_idx; v < kTile * kChunks; v += threads) {
+      const int r = v / kChunks, c8 = (v % kChunks) * 8;
+      const int left = m0 + r < n ? n - (n0 + c8) : 0;
+      *reinterpret_cast<uint4*>(&tile[Idx(r, c8)]) =
+          Load8(src + int64_t(m0 + r) * ld + n0 + c8, left);
+    }
+  }
+
+  // min(8, left) elements from `src` (none when left <= 0), zeros after; a
+  // full chunk as one 16-byte load (ld and the base are multiples of 8
+  // elements: checked by Unsupported()).
+  CUTLASS_DEVICE static uint4 Load8(Element const* src, int left) {
+    if (left >= 8) return __ldg(reinterpret_cast<uint4 const*>(src));
+    uint32_t w[4] = {0, 0, 0, 0};
+    uint16_t const* in = reinterpret_cast<uint16_t const*>(src);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      if (j < left) w[j >> 1] |= uint32_t(in[j]) << (16 * (j & 1));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+
   // Element j of an 8-element chunk packed in four 32-bit words (register
   // arrays indexed by unrolled constants: no local memory).
   CUTLASS_DEVICE static void Pack(uint32_t (&w)[4], int j, Element e) {
