@@ -3,7 +3,7 @@
 # bundle, run the state GPU tests, then the step benchmark of the state modes
 # and the in-process engine's momentum/update phases; logs and tables under
 # $OUT. Usage (repository root on the GPU machine):
-#   bench/gpu_state_run.sh BUNDLE.tar.xz [tests|bench|engine|memory|all]
+#   bench/gpu_state_run.sh BUNDLE.tar.xz [tests|bench|engine|memory|defaults|all]
 # tests:  state_location_test, cuda_fp8_state_test, e4m3_vs_cuda_test and
 #         tests/gpu/test_state_modes_cuda.py;
 # bench:  bench/gpu_state_bench.py on Llama-3-8B's first 4 layers (fp32 params,
@@ -13,6 +13,9 @@
 # memory: the ~1B Llama training step (bench/llama_train_bench.py, FSDP, world 1)
 #         with muond's state fp8 on the host beside torch.optim.Muon: trainer +
 #         daemon peak memory and tokens/s, $OUT/llama/ (about 4 minutes);
+# defaults: the same ~1B step with muond at its defaults (state on the device,
+#         NS algorithm auto) beside torch.optim.Muon, 20 steps: tokens/s and
+#         peak memory, $OUT/llama_defaults/ (about 4 minutes);
 # all:    tests, engine and bench (about 6 minutes; memory apart: one device call
 #         holds at most 10 minutes).
 set -uo pipefail
@@ -52,4 +55,11 @@ if [ "$mode" = memory ]; then
     bench/llama_train_bench.py --device cuda --model 1b --parallel fsdp --steps 10 \
     --optimizers muond,torch --muond-state-location host --muond-state-dtype fp8_e4m3 \
     --out "$out/llama" 2>&1 | tail -30
+fi
+if [ "$mode" = defaults ]; then
+  cd "$R" || exit 1
+  timeout 280 python3 -m muond.cli launch --device cuda --nproc-per-node 1 --bin-dir "$B/bin" \
+    -- python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    bench/llama_train_bench.py --device cuda --model 1b --parallel fsdp --steps 20 \
+    --optimizers muond,torch --out "$out/llama_defaults" 2>&1 | tail -30
 fi
