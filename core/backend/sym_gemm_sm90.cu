@@ -79,6 +79,10 @@ const char* Unsupported(const Args& a) {
        !Mult8(a.stride_a) || !Mult8(a.stride_b) || !Mult8(a.stride_d))) {
     return "batch strides must be positive multiples of 8 elements";
   }
+  // The epilogue reads c's tiles with 16-byte loads (0: one c for all).
+  if (a.batch > 1 && a.beta != 0.0f && (a.stride_c < 0 || !Mult8(a.stride_c))) {
+    return "c's batch stride must be 0 or a positive multiple of 8 elements";
+  }
   return "";
 }
 
