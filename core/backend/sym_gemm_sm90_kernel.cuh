@@ -440,6 +440,10 @@ cudaError_t Launch(const Args& a, const Device& dev, cudaStream_t stream) {
   // Kernel::can_implement is not asked: it also wants the contiguous extent
   // (k or n) to be a multiple of 8, which TMA does not need (only 16-byte
   // strides and bases, checked by Unsupported(); edges are zero-filled).
+  // No workspace is passed: neither schedule's kernel, with this scheduler
+  // and epilogue, asks for one (a CUTLASS change that did would fail here,
+  // not write through a null pointer).
+  if (Kernel::get_workspace_size(args) != 0) return cudaErrorNotSupported;
   typename Kernel::Params params =
       Kernel::to_underlying_arguments(args, nullptr);
   const int smem = int(Kernel::SharedStorageSize);
