@@ -121,13 +121,17 @@ def main() -> int:
     ap.add_argument("--bin", default=os.environ.get("MUOND_BIN", os.path.join(ROOT, "bazel-bin")))
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--warmup", type=int, default=30)
-    ap.add_argument("--many", type=int, default=388, help="params of case (b)")
+    ap.add_argument("--many", "--params", dest="many", type=int, default=388,
+                    help="params of case (b) (e.g. 10000: a large MoE's per-expert params)")
+    ap.add_argument("--shape", default="64x32",
+                    help="each param's shape in case (b), RxC (small: the overhead, not the math)")
     ap.add_argument("--cases", default="one,many", help="which cases: one, many")
     ap.add_argument("--profile", action="store_true", help="cProfile the client's step()")
     a = ap.parse_args()
     os.environ["MUOND_BIN"] = a.bin  # the harness's binaries
     torch.set_num_threads(1)
-    cases = [("one 8x8 param", [(8, 8)]), (f"{a.many} params 64x32", [(64, 32)] * a.many)]
+    shape = tuple(int(n) for n in a.shape.split("x"))
+    cases = [("one 8x8 param", [(8, 8)]), (f"{a.many} params {a.shape}", [shape] * a.many)]
     print(f"{a.steps} steps per case after {a.warmup} warm-up; p50 / p99 µs\n")
     print("| case | step wall | client Python | Step RPC | gRPC + server | daemon total "
           "| Health RPC | Health RPC after idle gap | gRPC + server / idle Health (p50) |")

@@ -133,6 +133,71 @@ class StepPathTest(unittest.TestCase):
         self.assertIs(w.grad, shared[id(w)])
         self.assertTrue(torch.equal(w.grad, torch.full_like(w, 3.0)))
 
+    def test_zero_copy_steps_still_see_every_change_to_a_param(self):
+        # After steps whose grads were in place (the per-step checks then run
+        # once over all params, not per param), each change is still caught:
+        # a rebound param followed, one rebound in place to another shape
+        # refused, requires_grad False skipped, a replaced param and a sparse
+        # grad refused, all before any RPC; the reference steps alike.
+        ref_params, params = make_params(), make_params()
+        ref, opt = ReferenceMuon(groups(ref_params), **HYPER), self.muon(params)
+        g = torch.Generator().manual_seed(4)
+
+        def zero_copy_step():
+            grads = {n: torch.randn(p.shape, generator=g) for n, p in params.items()}
+            for o, ps in ((ref, ref_params), (opt, params)):
+                o.zero_grad(set_to_none=False)
+                sum((p * grads[n]).sum() for n, p in ps.items() if p.requires_grad).backward()
+                if o is ref:  # muond skips a requires_grad=False param: the reference's grad None
+                    for p in ps.values():
+                        if not p.requires_grad:
+                            p.grad = None
+                o.step()
+            self.assert_same({n: p.detach() for n, p in params.items()},
+                             {n: p.detach() for n, p in ref_params.items()})
+
+        for _ in range(2):
+            zero_copy_step()
+        shared = {id(p): grad for p, grad in opt._grads}
+        self.assertTrue(all(p.grad is shared[id(p)] for p in params.values()))
+        view = {id(p): v for p, v, _ in opt._views}
+        new = torch.randn(params["w_tp0"].shape, generator=g)
+        ref_params["w_tp0"].data = new.clone()
+        params["w_tp0"].data = new.clone()  # same shape/dtype/device: followed
+        zero_copy_step()
+        w = params["w_tp0"]
+        self.assertEqual(w.data_ptr(), view[id(w)].data_ptr())
+        sent = len(self.cluster.daemons[0].step_requests)
+
+        def refused(error, pattern):
+            with self.assertRaisesRegex(error, pattern):
+                opt.step()
+            self.assertEqual(self.cluster.daemons[0].step_requests[-1].step_id, opt.step_id + 1)
+            self.assertTrue(self.cluster.daemons[0].step_requests[-1].trainer_refusal)
+
+        w.data = view[id(w)].view(-1)  # the same address, another shape
+        refused(ValueError, r"param w_tp0: shape \(8, 6\) -> \(48,\)")
+        w.data = view[id(w)]
+        ref_params["norm"].requires_grad_(False)
+        params["norm"].requires_grad_(False)
+        zero_copy_step()  # skipped on both
+        self.assertIn("norm", [n for d in self.cluster.daemons
+                               for n in d.step_requests[-1].skip_params])
+        ref_params["norm"].requires_grad_(True)
+        params["norm"].requires_grad_(True)
+        zero_copy_step()
+        group = opt.param_groups[0]
+        kept = group["params"][1]
+        group["params"][1] = torch.nn.Parameter(kept.detach().clone())
+        refused(ValueError, r"param w_tp0: not the tensor registered in its place")
+        group["params"][1] = kept
+        params["bias"].grad = torch.ones(9).to_sparse()
+        refused(RuntimeError, r"param bias: its grad is sparse")
+        params["bias"].grad = shared[id(params["bias"])]
+        zero_copy_step()
+        self.assertEqual(len(self.cluster.daemons[0].step_requests), sent + 3 + 3)
+        self.assertEqual(opt.step_id, 6)
+
     def test_live_momentum_nesterov_and_betas_reach_the_daemons(self):
         def schedule(step, opt):
             opt.param_groups[0]["momentum"] = 0.85 + 0.03 * step  # momentum warm-up

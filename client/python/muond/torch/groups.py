@@ -3,6 +3,8 @@ a group passes before any daemon sees it, and which entries are live (sent
 with every Step) or fixed at registration."""
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import operator
 
@@ -265,16 +267,66 @@ def check_options(gi: int, group: dict) -> None:
     check_gram_options(gi, group)
 
 
-def check_before_step(param_groups, fixed: dict, registered: dict) -> None:
+class ParamsSeen:
+    """The params lists check_before_step passed, per group: a group whose
+    list holds the same tensors in the same order (one identity pass in C)
+    was checked already, and is not walked param by param at every step. An
+    entry holds only for the ``registered`` table it passed against (a
+    re-registration builds a new one, whose entries only grow until the
+    next) and says whether every param of the group is in the ``shared``
+    set it passed with."""
+
+    def __init__(self):
+        self._groups: dict = {}  # group index -> (registered, params, shared, all in shared)
+
+    def same(self, gi: int, params, registered: dict) -> bool:
+        entry = self._groups.get(gi)
+        return (entry is not None and entry[0] is registered and len(entry[1]) == len(params)
+                and all(map(operator.is_, params, entry[1])))
+
+    def all_shared(self, gi: int, shared) -> bool:
+        """Every param of group gi (as ``same`` found it) is in ``shared``."""
+        entry = self._groups[gi]
+        return shared is not None and entry[2] is shared and entry[3]
+
+    def passed(self, gi: int, params, registered: dict, shared) -> None:
+        covered = shared is not None and all(id(p) in shared for p in params)
+        self._groups[gi] = (registered, tuple(params), shared, covered)
+
+
+_GRAD = operator.attrgetter("grad")
+_LAYOUT = operator.attrgetter("layout")
+_NOT_NONE = functools.partial(operator.is_not, None)
+
+
+def _grads_strided(params) -> bool:
+    """No param of ``params`` has a grad of another layout than strided
+    (one pass in C)."""
+    grads = filter(_NOT_NONE, map(_GRAD, params))
+    return all(map(operator.is_, map(_LAYOUT, grads), itertools.repeat(torch.strided)))
+
+
+def check_before_step(param_groups, fixed: dict, registered: dict,
+                      seen: ParamsSeen | None = None, shared=None,
+                      grads_in_place: bool = False) -> None:
     """What step() checks before any grad is copied or RPC sent: no fixed
     entry changed (check_fixed), every live entry has its type (a str lr set
     by hand or a scheduler: check_live), every param is the tensor that was
     registered (``registered``: id -> wire name; a tensor put in its place
-    in param_groups would silently not step) and every grad is dense."""
+    in param_groups would silently not step) and every grad is dense.
+    ``seen`` (ParamsSeen) keeps the params lists that passed: such a list is
+    not walked again, and its grads are not looked at when every param is in
+    ``shared`` (ids of the params whose grads live in shared buffers) and
+    ``grads_in_place`` (each of those params' ``.grad`` is its shared
+    buffer now: dense)."""
     check_fixed(param_groups, fixed)
     for gi, group in enumerate(param_groups):
         check_live(gi, group)
-        for name, p in zip(param_names(gi, group), group["params"]):
+        params = group["params"]
+        if seen is not None and seen.same(gi, params, registered):
+            if (grads_in_place and seen.all_shared(gi, shared)) or _grads_strided(params):
+                continue
+        for name, p in zip(param_names(gi, group), params):
             if id(p) not in registered:
                 raise ValueError(
                     f"param {name}: not the tensor registered in its place; a param "
@@ -288,6 +340,8 @@ def check_before_step(param_groups, fixed: dict, registered: dict) -> None:
                     "ones too): build the module that makes it dense (nn.Embedding(..., "
                     "sparse=False), the default) or give that param to an optimizer that "
                     "takes sparse gradients (torch.optim.SparseAdam)")
+        if seen is not None:
+            seen.passed(gi, params, registered, shared)
 
 
 # The step ids a daemon's ImportState accepts, [-1, MAX_STEP_ID]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 
 import torch
 
@@ -25,6 +26,15 @@ from muond.v1 import muond_pb2 as pb
 # Every view starts on this byte boundary of its buffer: a CUDA allocation's
 # alignment (vector loads, cuBLAS) and a multiple of a host cache line.
 ALIGN_BYTES = 256
+
+# The per-step checks of the rebound params read one attribute of every param
+# through these (map over a list runs the loop in C: ~50-100 ns a param, a
+# Python loop with the same reads costs several times that).
+_GRAD = operator.attrgetter("grad")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 class Regions:
@@ -182,6 +192,35 @@ class SharedParams:
         # perm): staging row i is the param's local row perm[i] (muond.qkv_split).
         self.permuted: list = []
         self._to_permute: list = []  # (param, its local tensor, param slot, grad slot, perm)
+        self._index_rebound()
+
+    def _index_rebound(self) -> None:
+        """The rebound params (``grads`` and ``views`` list them in the same
+        order) and what each step compares them with, as parallel lists: the
+        per-step checks are a few passes in C over them (``grads_in_place``,
+        ``rebound_intact``) instead of a Python loop per param."""
+        self._rebound = [p for p, _ in self.grads]
+        self.rebound_ids = frozenset(map(id, self._rebound))
+        self._shared_grads = [grad for _, grad in self.grads]
+        self._ptrs = [ptr for _, _, ptr in self.views]
+        self._shapes = [view.shape for _, view, _ in self.views]
+        self._dtypes = [view.dtype for _, view, _ in self.views]
+
+    def grads_in_place(self) -> bool:
+        """Every rebound param requires grad and its ``.grad`` is its shared
+        grad (the usual step: backward accumulated there, or
+        ``zero_grad(set_to_none=False)`` bound it): no grad to copy or
+        re-point, none skipped, every one dense."""
+        return (all(map(operator.is_, map(_GRAD, self._rebound), self._shared_grads))
+                and all(map(_REQUIRES_GRAD, self._rebound)))
+
+    def rebound_intact(self) -> bool:
+        """Every rebound param is still its shared view: the same address,
+        shape and dtype (``follow_rebound_params``' test, for all at once)."""
+        ps = self._rebound
+        return (all(map(operator.eq, map(_DATA_PTR, ps), self._ptrs))
+                and all(map(operator.eq, map(_SHAPE, ps), self._shapes))
+                and all(map(operator.is_, map(_DTYPE, ps), self._dtypes)))
 
     def reset(self) -> list[Buffer]:
         """Forgets every param (a new placement follows) and returns the
@@ -194,6 +233,7 @@ class SharedParams:
         self.fsdp_bound, self._fsdp_params, self._to_bind_fsdp = [], None, []
         self._unallocated, self._to_rebind, self._to_copy = {}, [], []
         self.permuted, self._to_permute = [], []
+        self._index_rebound()
         return old
 
     def _slot(self, role: str, numel: int, like: torch.Tensor) -> Slot:
@@ -284,6 +324,7 @@ class SharedParams:
             for (p, _, _), view in zip(self._to_rebind, dst):
                 p.data = view
                 self.views.append((p, view, view.data_ptr()))
+        self._index_rebound()
         if renamed:
             _point_refs_at_regions(per_rank, renamed)
         self._unallocated, self._to_rebind, self._to_copy = {}, [], []
@@ -292,15 +333,22 @@ class SharedParams:
     def zero_grad(self, set_to_none: bool) -> None:
         """Muon.zero_grad's work (its docstring has the rules)."""
         with torch.no_grad():
-            for p, grad in self.grads:
-                if set_to_none:
+            if set_to_none:
+                for p in self._rebound:
                     p.grad = None
-                    continue
-                if p.grad is None and not p.requires_grad:
-                    continue
-                if p.grad is not grad:
-                    p.grad = grad
-                grad.zero_()
+            elif self.grads_in_place():  # the zero-copy loop: all bound already
+                _zero(self._shared_grads)
+            else:
+                zeroed = []
+                try:
+                    for p, grad in self.grads:
+                        if p.grad is None and not p.requires_grad:
+                            continue
+                        if p.grad is not grad:
+                            p.grad = grad  # torch refuses a rebound param's: raised
+                        zeroed.append(grad)
+                finally:  # those bound before a refusal are zeroed, as they were bound
+                    _zero(zeroed)
             for p, bound in self.fsdp_bound:
                 # Zeroed in place: FSDP2's reduce-scatter accumulates into the
                 # shared grad span (no copy at step()).
@@ -319,16 +367,21 @@ class SharedParams:
                 elif p.requires_grad and not is_dtensor(p):  # as a rebound param's
                     p.grad = torch.zeros_like(p)
 
-    def skipped_and_copy_grads(self, names: dict, ranks_of: dict,
-                               daemons: int) -> list[list[str]]:
+    def skipped_and_copy_grads(self, names: dict, ranks_of: dict, daemons: int,
+                               grads_in_place: bool = False) -> list[list[str]]:
         """Per daemon, the names of the params this step skips (grad None or
         requires_grad False, as torch.optim skips grad None); every other
         grad not already in its shared buffer is copied there in one batched
         copy, and ``.grad`` re-pointed to the shared buffer. ``names``:
-        id(param) -> wire name; ``ranks_of``: wire name -> daemons holding it."""
+        id(param) -> wire name; ``ranks_of``: wire name -> daemons holding it;
+        ``grads_in_place``: the caller found ``grads_in_place()`` true since the
+        last change to any grad (not asked again)."""
         skipped: list[list[str]] = [[] for _ in range(daemons)]
         dst, src = [], []
-        for p, grad in self.grads:
+        # The usual step: every rebound param's grad is where the daemons read
+        # it, and nothing to do for any of them (grads_in_place).
+        rebound = () if grads_in_place or self.grads_in_place() else self.grads
+        for p, grad in rebound:
             current = p.grad
             if current is None or not p.requires_grad:
                 name = names[id(p)]
@@ -416,10 +469,13 @@ class SharedParams:
         again. Otherwise step() refuses before any RPC, naming the param and
         what changed (the daemons can only update the memory registered)."""
         refused = []
-        for p, view, ptr in self.views:
-            # Cheap per step (~0.3 us a param): the param itself, not p.data
-            # (no alias tensor), against the cached address. The same address
-            # and shape with other strides would be a view of our own buffer.
+        # The usual step: none rebound (rebound_intact: the test below for
+        # every param at once, in C), so no loop over them at all.
+        views = () if self.rebound_intact() else self.views
+        for p, view, ptr in views:
+            # The param itself, not p.data (no alias tensor), against the
+            # cached address. The same address and shape with other strides
+            # would be a view of our own buffer.
             if p.data_ptr() == ptr and p.shape == view.shape and p.dtype is view.dtype:
                 continue
             data = p.data
@@ -453,7 +509,7 @@ class SharedParams:
                 + "; ".join(refused) + ". Build a new optimizer for the changed model (carry "
                 "the state with state_dict / load_state_dict)")
         with torch.no_grad():
-            for p, view, ptr in self.views:
+            for p, view, ptr in views:
                 if p.data_ptr() != ptr:
                     view.copy_(p.data)
                     p.data = view
@@ -517,6 +573,12 @@ def _local_grad(p) -> torch.Tensor:
     if tuple(grad.placements) != tuple(p.placements):
         grad = grad.redistribute(p.device_mesh, p.placements)
     return grad.to_local()
+
+
+def _zero(tensors: list) -> None:
+    """Zeroes ``tensors`` in one batched call (not one op per grad)."""
+    if tensors:
+        torch._foreach_zero_(tensors)
 
 
 def release(buffers) -> None:

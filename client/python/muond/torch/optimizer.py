@@ -118,6 +118,7 @@ class Muon(torch.optim.Optimizer):
         self._ranks_of: dict[str, tuple[int, ...]] = {}  # param name -> daemons holding it
         self._matrices: dict[str, tuple] = {}  # batched param -> ((wire name, daemon), ...)
         self._fixed: dict[int, dict] = {}  # group index -> its entries fixed at registration
+        self._params_seen = _groups.ParamsSeen()  # the params lists step() checked
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
@@ -336,14 +337,17 @@ class Muon(torch.optim.Optimizer):
         # assigned state that does not fit, a grad that cannot be copied) is
         # this step's refusal on every rank, or the peers wait for this one.
         with self._refused_on_every_rank():
-            self._check_registered_groups()
+            # Whether the grads are in place (the usual step: backward
+            # accumulated into the shared grads) is found once, here.
+            in_place = self._check_registered_groups()
             clip = _qk_clip.prepare(self._qk_clip, qk_max_logits, self)
             self._memory.follow_rebound_params(self._param_names)
             self._memory.check_permuted(self._param_names)
             self.state.push_if_assigned()
             self.state.invalidate()  # the step changes the state: read it afresh
             skipped = _wire.matrices_of(self._memory.skipped_and_copy_grads(
-                self._param_names, self._ranks_of, len(self.clients)), self._matrices)
+                self._param_names, self._ranks_of, len(self.clients), in_place),
+                self._matrices)
             if self._on_cuda:
                 torch.cuda.synchronize()  # the daemon reads grads from another process
             overrides = [self._overrides(r) for r in range(len(self.clients))]
@@ -373,14 +377,19 @@ class Muon(torch.optim.Optimizer):
         self.last_responses = responses
         return loss
 
-    def _check_registered_groups(self) -> None:
+    def _check_registered_groups(self) -> bool:
         """The groups are still the ones registered (groups.check_before_step:
         fixed entries unchanged, live ones typed, the same param tensors,
         dense grads), else the error naming group and key, before any RPC.
         step() and every re-registration check it: registering again would
         otherwise apply a changed fixed entry silently, and a failed one
-        register the changed groups as the old ones."""
-        _groups.check_before_step(self.param_groups, self._fixed, self._param_names)
+        register the changed groups as the old ones. Returns
+        SharedParams.grads_in_place() as it found it (step() copies no grad
+        then)."""
+        in_place = self._memory.grads_in_place()
+        _groups.check_before_step(self.param_groups, self._fixed, self._param_names,
+                                  self._params_seen, self._memory.rebound_ids, in_place)
+        return in_place
 
     @contextlib.contextmanager
     def _refused_on_every_rank(self):
