@@ -24,7 +24,8 @@
 // Contract of Step: the gradients are complete when it is called (the
 // trainer's CUDA stream synchronised); the updated params are visible to the
 // trainer when it returns. A trainer whose own checks refuse a step calls
-// RefuseStep(step_id, why) instead, so its peers' Step fails at once.
+// RefuseStep(step_id, why) instead, so its peers' Step fails at once
+// (FailedPrecondition with ErrorReason::kTrainerRefused, metadata "ranks").
 #include <map>
 #include <memory>
 #include <string>

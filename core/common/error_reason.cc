@@ -21,6 +21,7 @@ constexpr NamedReason kReasons[] = {
     {ErrorReason::kPeerGone, "PEER_GONE"},
     {ErrorReason::kNoPlanYet, "NO_PLAN_YET"},
     {ErrorReason::kAlreadyRegistered, "ALREADY_REGISTERED"},
+    {ErrorReason::kTrainerRefused, "TRAINER_REFUSED"},
 };
 
 // Payload text: the reason's name, then one "\n<key>=<C-escaped value>" per

@@ -38,6 +38,13 @@ enum class ErrorReason {
   // that knows the holder is gone (a crashed earlier run) unregisters it as
   // the operator and registers again (muond.torch.Muon does).
   kAlreadyRegistered,
+  // Step: a trainer's own checks failed before it sent its step, so it sent
+  // a refusal (StepRequest.trainer_refusal) and the job refused the step on
+  // every rank (FAILED_PRECONDITION; in the other ranks' answers metadata
+  // {"ranks": the refusing ranks, comma-separated}). That trainer raised the
+  // error naming the param and the rule; nothing was applied, and the same
+  // step can be sent again.
+  kTrainerRefused,
 };
 
 // Free-form details of a reason (ErrorInfo.metadata): lower_snake_case keys,

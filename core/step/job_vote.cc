@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/error_reason.h"
 
 namespace muond {
 
@@ -158,6 +159,15 @@ absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
       "step ", step_id,
       " refused on every rank of the job: ", DescribeRefusals(d),
       " (that rank's answer has the details); nothing was applied");
+  std::vector<int> trainers;
+  for (const Refusal& r : d.refusals) {
+    if (r.code == RefusalCode::kTrainer) trainers.push_back(r.rank);
+  }
+  if (!trainers.empty()) {
+    return WithErrorReason(absl::FailedPreconditionError(message),
+                           ErrorReason::kTrainerRefused,
+                           {{"ranks", absl::StrJoin(trainers, ",")}});
+  }
   switch (first) {
     case RefusalCode::kOverrides:
     case RefusalCode::kNonFinite:

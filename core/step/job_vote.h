@@ -116,7 +116,9 @@ std::string RefusalCodeName(RefusalCode code);
 // itself: the first refuser's canonical code (InvalidArgument for overrides
 // and non-finite gradients, FailedPrecondition for step ids, plans, memory
 // and anything else, Unavailable for a peer's communication failure), the
-// message naming every refuser and that nothing was applied.
+// message naming every refuser and that nothing was applied. When a trainer
+// refused (RefusalCode::kTrainer): FailedPrecondition with ErrorReason
+// kTrainerRefused, metadata {"ranks": those ranks}.
 absl::Status RefusedByPeers(const JobDecision& decision, int64_t step_id);
 
 }  // namespace muond

@@ -76,10 +76,12 @@ void Refuse(StepInputs& inputs, absl::Status st, RefusalCode code) {
 
 absl::Status TrainerRefusal(const v1::StepRequest& request) {
   if (request.trainer_refusal().empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("step ", request.step_id(),
-                   ": the trainer refused it before sending it (",
-                   Echo(request.trainer_refusal()), "); no rank applies it"));
+  return WithErrorReason(
+      absl::FailedPreconditionError(absl::StrCat(
+          "step ", request.step_id(),
+          ": the trainer refused it before sending it (",
+          Echo(request.trainer_refusal()), "); no rank applies it")),
+      ErrorReason::kTrainerRefused);
 }
 
 void CheckStepRequest(const v1::StepRequest& request,

@@ -21,12 +21,16 @@ from muond.v1 import muond_pb2_grpc as pb_grpc
 # come from core/common/error_reason.h through the generated muond._rules.
 ERROR_DOMAIN = _rules.ERROR_DOMAIN
 REASONS = _rules.ERROR_REASONS
-PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED = REASONS
+PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED, TRAINER_REFUSED = REASONS
 # PEER_GONE        Step: a peer daemon failed or is gone; nothing applied: resend
 # NO_PLAN_YET      Coordinator.GetPlan: the job has no plan yet
 # ALREADY_REGISTERED  RegisterParams: another client holds the daemon's params;
 #                  metadata {"client_id": holder}. Unregister it as the
 #                  operator (Client.unregister_as_operator) if it is gone.
+# TRAINER_REFUSED  Step: a trainer's own checks failed before it sent its
+#                  step (it raised the error naming the param and the rule);
+#                  the job refused the step on every rank, nothing applied;
+#                  metadata {"ranks": the refusing ranks} on the other ranks
 
 
 def operator_client_id(token: str | None) -> str:

@@ -70,7 +70,8 @@ def _trainer(rank, tmp, refuse):
                 opt.step()
                 out["errors"].append(None)
             except (ValueError, MuondError) as e:
-                out["errors"].append((type(e).__name__, str(e)))
+                out["errors"].append((type(e).__name__, str(e), getattr(e, "reason", None),
+                                      dict(getattr(e, "metadata", None) or {})))
             opt.param_groups[0]["ns_steps"] = kept
             out["unchanged"] = all(torch.equal(p.full_tensor(), before[n])
                                    for n, p in model.named_parameters())
@@ -101,11 +102,13 @@ class TrainerRefusalTest(unittest.TestCase):
     def test_one_trainers_refusal_fails_the_step_on_every_rank_at_once(self):
         find_binaries(self)
         runs = _run_job(self, refuse=True)
-        kind, message = runs[REFUSING_RANK]["errors"][0]
+        kind, message, _, _ = runs[REFUSING_RANK]["errors"][0]
         self.assertEqual(kind, "ValueError")
         self.assertIn("ns_steps", message)
-        kind, message = runs[1 - REFUSING_RANK]["errors"][0]
+        kind, message, reason, metadata = runs[1 - REFUSING_RANK]["errors"][0]
         self.assertEqual(kind, "MuondError", message)
+        self.assertEqual(reason, "TRAINER_REFUSED", message)
+        self.assertEqual(metadata, {"ranks": str(REFUSING_RANK)}, message)
         self.assertIn(f"rank {REFUSING_RANK}", message)
         self.assertIn("trainer", message)
         self.assertNotIn("timeout", message.lower())

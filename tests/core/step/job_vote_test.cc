@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "core/common/error_reason.h"
 #include "gtest/gtest.h"
 
 namespace muond {
@@ -139,6 +140,25 @@ TEST(JobVoteTest, ReplayRefusedByATrainerNamesOnlyTheTrainer) {
   EXPECT_TRUE(absl::StrContains(st.message(), "rank 1 (its trainer's own"))
       << st;
   EXPECT_FALSE(absl::StrContains(st.message(), "had not")) << st;
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(GetErrorReason(st), ErrorReason::kTrainerRefused) << st;
+  EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "1"}}));
+}
+
+// A trainer's refusal among other refusals: the reason names every refusing
+// trainer's rank, whatever refused first; without one there is no reason.
+TEST(JobVoteTest, TrainerRefusalsCarryTheirReasonAndRanks) {
+  JobDecision d = FoldJobBallots({Refuse(3, RefusalCode::kOverrides),
+                                  Refuse(3, RefusalCode::kTrainer), Agree(3),
+                                  Refuse(3, RefusalCode::kTrainer)});
+  absl::Status st = RefusedByPeers(d, 3);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_EQ(GetErrorReason(st), ErrorReason::kTrainerRefused) << st;
+  EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "1,3"}}));
+  d = FoldJobBallots({Refuse(3, RefusalCode::kOverrides), Agree(3)});
+  st = RefusedByPeers(d, 3);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(GetErrorReason(st), ErrorReason::kUnspecified) << st;
 }
 
 TEST(JobVoteTest, ReplayMixedWithASkipRefuses) {

@@ -53,12 +53,15 @@ TEST(DaemonMetrics, StepOutcomes) {
   m.StepDone(absl::InvalidArgumentError("a bad override"));
   m.StepDone(
       WithErrorReason(absl::UnavailableError("peer"), ErrorReason::kPeerGone));
+  m.StepDone(WithErrorReason(absl::FailedPreconditionError("a trainer"),
+                             ErrorReason::kTrainerRefused));
   const std::string text = m.registry().Render();
   EXPECT_THAT(text, HasSubstr("\nmuond_steps_applied_total 2\n"));
   // Every reason StepDone can produce is a series from the start: the ones
   // counted above with their counts, every other one at 0.
   std::vector<std::string> reasons = {"NONFINITE_SKIPPED", "PEER_GONE",
-                                      "NO_PLAN_YET", "ALREADY_REGISTERED"};
+                                      "NO_PLAN_YET", "ALREADY_REGISTERED",
+                                      "TRAINER_REFUSED"};
   for (int code = 1; code <= 16; ++code) {
     reasons.push_back(absl::StatusCodeToString(absl::StatusCode(code)));
   }
@@ -66,6 +69,7 @@ TEST(DaemonMetrics, StepOutcomes) {
     const int count = reason == "INVALID_ARGUMENT"    ? 2
                       : reason == "NONFINITE_SKIPPED" ? 1
                       : reason == "PEER_GONE"         ? 1
+                      : reason == "TRAINER_REFUSED"   ? 1
                                                       : 0;
     EXPECT_THAT(text,
                 HasSubstr(absl::StrCat("\nmuond_steps_refused_total{reason=\"",

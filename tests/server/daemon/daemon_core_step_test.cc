@@ -94,6 +94,7 @@ TEST_F(DaemonCoreTest, TrainerRefusalRefusesANewStepAndAReplay) {
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   EXPECT_THAT(st.message(), HasSubstr("the trainer refused it"));
   EXPECT_THAT(st.message(), HasSubstr("changed\\n[E]"));
+  EXPECT_TRUE(HasErrorReason(st, ErrorReason::kTrainerRefused)) << st;
   EXPECT_EQ(*w, 0.0f);
   ASSERT_TRUE(core_->Step(StepReq(1)).ok());
   EXPECT_EQ(*w, 1.0f);
