@@ -169,7 +169,10 @@ absl::Status GramNewtonSchulz::Run(const MatrixView& in, const MatrixView& out,
     return ContiguousView(x_[i], dtype_, rows_, cols_);
   };
   auto sq = [&](void* p) { return ContiguousView(p, dtype_, m_, m_); };
-  const MatrixView r = sq(r_), z = sq(z_), rz = sq(rz_);
+  const MatrixView r = sq(r_), rz = sq(rz_);
+  // Z's and Q's buffers trade places when Q is made from Z (below).
+  void* zb = z_;
+  void* qb[2] = {q_[0], q_[1]};
   RETURN_IF_ERROR(backend_->FrobeniusNormalize(
       in, ContiguousView(x_[0], dtype_, batch * rows_, cols_), batch,
       options_.eps));
@@ -179,26 +182,30 @@ absl::Status GramNewtonSchulz::Run(const MatrixView& in, const MatrixView& out,
   for (int i = 0; i < steps; ++i) {
     const NsCoefficients& k = schedule_[i];
     if (IsRestart(i)) {  // X = Q X; R = X X^T
-      RETURN_IF_ERROR(ApplyQ(sq(q_[qi]), x_slice(cur), x_slice(1 - cur),
+      RETURN_IF_ERROR(ApplyQ(sq(qb[qi]), x_slice(cur), x_slice(1 - cur),
                              rows_ * cols_, batch));
       cur = 1 - cur;
       RETURN_IF_ERROR(FormR(x_slice(cur), batch));
     }
     // Z = c R R + b R (c == 0 still runs the product with alpha 0).
+    const MatrixView z = sq(zb);
     RETURN_IF_ERROR(Sym(Op::kN, Op::kN, k.c, r, r, k.b, r, z, batch));
-    if (i == 0 || IsRestart(i)) {  // Q = Z + a I
-      RETURN_IF_ERROR(
-          backend_->Copy2D(ContiguousView(q_[qi], dtype_, batch * m_, m_),
-                           ContiguousView(z_, dtype_, batch * m_, m_)));
-      RETURN_IF_ERROR(backend_->AddToDiagonal(sq(q_[qi]), m_ * m_, batch, k.a));
-    } else {  // Q = Q Z + a Q
-      RETURN_IF_ERROR(Sym(Op::kN, Op::kN, 1.0f, sq(q_[qi]), z, k.a, sq(q_[qi]),
-                          sq(q_[1 - qi]), batch));
+    const bool fresh_q = i == 0 || IsRestart(i);
+    if (!fresh_q) {  // Q = Q Z + a Q
+      RETURN_IF_ERROR(Sym(Op::kN, Op::kN, 1.0f, sq(qb[qi]), z, k.a, sq(qb[qi]),
+                          sq(qb[1 - qi]), batch));
       qi = 1 - qi;
     }
     if (i + 1 < steps && !IsRestart(i + 1)) {  // R <- (aI + Z)^2 R
       RETURN_IF_ERROR(Sym(Op::kN, Op::kN, 1.0f, r, z, k.a, r, rz, batch));
       RETURN_IF_ERROR(Sym(Op::kN, Op::kN, 1.0f, z, rz, k.a, rz, r, batch));
+    }
+    if (fresh_q) {
+      // Q = Z + a I: Z's buffer becomes Q, its diagonal shifted in place
+      // (Z is not read again this step), and Q's old buffer takes the next
+      // Z; no m x m copy.
+      RETURN_IF_ERROR(backend_->AddToDiagonal(z, m_ * m_, batch, k.a));
+      std::swap(zb, qb[qi]);
     }
   }
   // Result X = Q X, straight into `out` when it has the iteration dtype.
@@ -206,10 +213,10 @@ absl::Status GramNewtonSchulz::Run(const MatrixView& in, const MatrixView& out,
     MatrixView out_slice = out;
     out_slice.rows = rows_;
     const int64_t out_ld = std::max(out.row_stride, out.cols);
-    return ApplyQ(sq(q_[qi]), x_slice(cur), out_slice, rows_ * out_ld, batch);
+    return ApplyQ(sq(qb[qi]), x_slice(cur), out_slice, rows_ * out_ld, batch);
   }
   RETURN_IF_ERROR(
-      ApplyQ(sq(q_[qi]), x_slice(cur), x_slice(1 - cur), rows_ * cols_, batch));
+      ApplyQ(sq(qb[qi]), x_slice(cur), x_slice(1 - cur), rows_ * cols_, batch));
   return backend_->Copy2D(
       out, ContiguousView(x_[1 - cur], dtype_, batch * rows_, cols_));
 }
