@@ -9,7 +9,7 @@
 #          in-process std and Gram) with each schedule on Llama-3-8B 4 layers,
 #          Qwen3-1.7B 28 layers and the Qwen3-30B-A3B MoE layer,
 #          $OUT/steps_<schedule>.md;
-#   all:   check, then steps (about 6 minutes).
+#   all:   check, then steps (about 6 minutes; ROUNDS=1 halves the steps).
 # Usage (repository root on the GPU machine):
 #   bench/gpu_sym_gemm_run.sh BUNDLE.tar.xz [check|steps|all]
 set -uo pipefail
@@ -27,7 +27,7 @@ if [ "$mode" = steps ] || [ "$mode" = all ]; then
   for schedule in cooperative pingpong; do
     part "steps_$schedule" 240 "$out/steps_$schedule.log" env MUOND_BIN="$B/bin" \
       python3 "$R/bench/gpu_step_bench.py" --sym-gemm-schedule "$schedule" \
-      --columns inproc_std,inproc_gram --no-rpc --rounds 2 --reps 10 --warmup 2 \
+      --columns inproc_std,inproc_gram --no-rpc --rounds "${ROUNDS:-2}" --reps 10 --warmup 2 \
       --set llama3_8b:4:4 --set qwen3_1_7b:28:28 --set qwen3_30b_a3b:1:256 \
       --out "$out/steps_$schedule.md"
     grep -E "^\| " "$out/steps_$schedule.md" | head -12
