@@ -390,7 +390,10 @@ class SharedParams:
                 continue
             if current is grad:  # the usual case: backward accumulated in place
                 continue
-            if current.data_ptr() != grad.data_ptr():
+            # Another tensor at the shared grad's address is that grad only
+            # if laid out as it is (contiguous): a transposed view of it
+            # holds the values transposed, and is copied.
+            if current.data_ptr() != grad.data_ptr() or not current.is_contiguous():
                 dst.append(grad)
                 src.append(current)
             p.grad = grad
@@ -412,7 +415,7 @@ class SharedParams:
                 dst.append(bound.grad_view)
                 src.append(_local_grad(p))
         if dst:
-            torch._foreach_copy_(dst, src)
+            torch._foreach_copy_(dst, self._detached_from_buffers(src))
         for p, pview, gview, index in self.permuted:
             torch.index_select(_local(p), 0, index, out=pview)
             if p.grad is None or not p.requires_grad:
@@ -513,6 +516,16 @@ class SharedParams:
                 if p.data_ptr() != ptr:
                     view.copy_(p.data)
                     p.data = view
+
+    def _detached_from_buffers(self, tensors: list) -> list:
+        """``tensors``, each one in this optimizer's buffers cloned: the
+        copies of a step write those buffers, so a source there (a grad
+        re-pointed at a view of its own span laid out otherwise, or at another
+        param's span that this step also overwrites) is read before any of
+        them."""
+        ours = {b.flat.untyped_storage().data_ptr() for b in self.buffers
+                if b.flat is not None}
+        return [t.clone() if t.untyped_storage().data_ptr() in ours else t for t in tensors]
 
     def close(self) -> None:
         """The optimizer's end, once the daemons unregistered: each param and
