@@ -238,6 +238,26 @@ class StepPathTest(unittest.TestCase):
 
         self.zero_copy_steps(changes)
 
+    def test_a_param_relaid_at_its_own_address_is_followed(self):
+        # p.data set to a view of the param's own shared memory with the
+        # same shape but other strides (the values column-major): the same
+        # address, so the address test passed it, and the daemons stepped
+        # the row-major memory as the param. It is followed as any rebound
+        # param: its values copied into its span, p.data its view again.
+        def changes(step, ps, grads, opt):
+            if step == 1 and opt is not None:  # the reference keeps the values as they are
+                w = ps["w_tp0"]
+                with torch.no_grad():
+                    values = w.detach().clone()
+                    relaid = w.data.view(6, 8).t()  # (8, 6) at the same address, strides (1, 8)
+                    relaid.copy_(values)
+                w.data = relaid
+
+        opt = self.zero_copy_steps(changes)
+        w, view = next((p, v) for p, v, _ in opt._views if p.shape == (8, 6))
+        self.assertEqual(w.data_ptr(), view.data_ptr())
+        self.assertEqual(w.stride(), view.stride())
+
     def test_live_momentum_nesterov_and_betas_reach_the_daemons(self):
         def schedule(step, opt):
             opt.param_groups[0]["momentum"] = 0.85 + 0.03 * step  # momentum warm-up

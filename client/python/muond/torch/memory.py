@@ -35,6 +35,7 @@ _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _SHAPE = operator.attrgetter("shape")
 _DTYPE = operator.attrgetter("dtype")
 _DATA_PTR = torch.Tensor.data_ptr
+_CONTIGUOUS = torch.Tensor.is_contiguous
 
 
 class Regions:
@@ -216,11 +217,13 @@ class SharedParams:
 
     def rebound_intact(self) -> bool:
         """Every rebound param is still its shared view: the same address,
-        shape and dtype (``follow_rebound_params``' test, for all at once)."""
+        shape and dtype, contiguous as the view is (``follow_rebound_params``'
+        test, for all at once)."""
         ps = self._rebound
         return (all(map(operator.eq, map(_DATA_PTR, ps), self._ptrs))
                 and all(map(operator.eq, map(_SHAPE, ps), self._shapes))
-                and all(map(operator.is_, map(_DTYPE, ps), self._dtypes)))
+                and all(map(operator.is_, map(_DTYPE, ps), self._dtypes))
+                and all(map(_CONTIGUOUS, ps)))
 
     def reset(self) -> list[Buffer]:
         """Forgets every param (a new placement follows) and returns the
@@ -477,9 +480,11 @@ class SharedParams:
         views = () if self.rebound_intact() else self.views
         for p, view, ptr in views:
             # The param itself, not p.data (no alias tensor), against the
-            # cached address. The same address and shape with other strides
-            # would be a view of our own buffer.
-            if p.data_ptr() == ptr and p.shape == view.shape and p.dtype is view.dtype:
+            # cached address. The same address and shape laid out otherwise
+            # (not contiguous: a transposed view of its own span) holds the
+            # values in another order: followed, as a param rebound elsewhere.
+            if (p.data_ptr() == ptr and p.shape == view.shape and p.dtype is view.dtype
+                    and p.is_contiguous()):
                 continue
             data = p.data
             changed = [f"{what} {a} -> {b}" for what, a, b in (
@@ -512,17 +517,19 @@ class SharedParams:
                 + "; ".join(refused) + ". Build a new optimizer for the changed model (carry "
                 "the state with state_dict / load_state_dict)")
         with torch.no_grad():
-            for p, view, ptr in views:
-                if p.data_ptr() != ptr:
-                    view.copy_(p.data)
-                    p.data = view
+            moved = [(p, view) for p, view, ptr in views
+                     if p.data_ptr() != ptr or not p.is_contiguous()]
+            for (p, view), src in zip(moved, self._detached_from_buffers(
+                    [p.data for p, _ in moved])):
+                view.copy_(src)
+                p.data = view
 
     def _detached_from_buffers(self, tensors: list) -> list:
         """``tensors``, each one in this optimizer's buffers cloned: the
-        copies of a step write those buffers, so a source there (a grad
-        re-pointed at a view of its own span laid out otherwise, or at another
-        param's span that this step also overwrites) is read before any of
-        them."""
+        copies of a step write those buffers, so a source there (a param or
+        grad re-pointed at a view of its own span laid out otherwise, or at
+        another param's span that this step also overwrites) is read before
+        any of them."""
         ours = {b.flat.untyped_storage().data_ptr() for b in self.buffers
                 if b.flat is not None}
         return [t.clone() if t.untyped_storage().data_ptr() in ours else t for t in tensors]
