@@ -238,6 +238,26 @@ class StepPathTest(unittest.TestCase):
 
         self.zero_copy_steps(changes)
 
+    def test_a_grad_moved_in_place_is_stepped_and_its_span_kept(self):
+        # Old-style code that rescales a grad by replacing its memory
+        # (p.grad.data = p.grad.data / n, or p.grad.set_(...)) keeps the
+        # same .grad object, which is the shared grad: its values are the
+        # step's grad (not the span's stale ones), and the object is at its
+        # span again for the steps after (zero_grad, backward in place).
+        def changes(step, ps, grads, opt):
+            if step == 1:
+                for name in ("w_tp0", "bias"):
+                    ps[name].grad.data = ps[name].grad.data / 4
+            if step == 2:
+                with torch.no_grad():
+                    ps["w_tall"].grad.set_(ps["w_tall"].grad * 3)
+
+        opt = self.zero_copy_steps(changes, steps=4)
+        spans = {id(p): v for p, v in zip([p for p, _ in opt._grads], opt._memory._grad_homes)}
+        for p, grad in opt._grads:
+            self.assertIs(p.grad, grad)
+            self.assertEqual(grad.data_ptr(), spans[id(p)].data_ptr())
+
     def test_a_param_relaid_at_its_own_address_is_followed(self):
         # p.data set to a view of the param's own shared memory with the
         # same shape but other strides (the values column-major): the same

@@ -203,6 +203,11 @@ class SharedParams:
         self._rebound = [p for p, _ in self.grads]
         self.rebound_ids = frozenset(map(id, self._rebound))
         self._shared_grads = [grad for _, grad in self.grads]
+        # Where each shared grad lives: the grad object is handed to the user
+        # as .grad, who may move it in place (p.grad.data = x); an alias of
+        # the span, never handed out, takes it back (rehome_grads).
+        self._grad_ptrs = [grad.data_ptr() for grad in self._shared_grads]
+        self._grad_homes = [grad.detach() for grad in self._shared_grads]
         self._ptrs = [ptr for _, _, ptr in self.views]
         self._shapes = [view.shape for _, view, _ in self.views]
         self._dtypes = [view.dtype for _, view, _ in self.views]
@@ -210,10 +215,33 @@ class SharedParams:
     def grads_in_place(self) -> bool:
         """Every rebound param requires grad and its ``.grad`` is its shared
         grad (the usual step: backward accumulated there, or
-        ``zero_grad(set_to_none=False)`` bound it): no grad to copy or
-        re-point, none skipped, every one dense."""
+        ``zero_grad(set_to_none=False)`` bound it, and the shared grad is
+        still at its span: none moved in place by ``p.grad.data = x``): no
+        grad to copy or re-point, none skipped, every one dense."""
         return (all(map(operator.is_, map(_GRAD, self._rebound), self._shared_grads))
-                and all(map(_REQUIRES_GRAD, self._rebound)))
+                and all(map(_REQUIRES_GRAD, self._rebound))
+                and all(map(operator.eq, map(_DATA_PTR, self._shared_grads), self._grad_ptrs)))
+
+    def rehome_grads(self, names: dict | None) -> None:
+        """Each shared grad the user moved in place (``p.grad.data = x``,
+        ``p.grad.set_(x)``: the same object, other memory, which the daemons
+        never read) back at its span, holding the values it holds now
+        (``names``, id(param) -> wire name, given: step() sends them; a
+        shape or dtype that cannot be the param's grad is a ValueError
+        naming the param) or any values (None: zero_grad zeroes them)."""
+        for (p, grad), ptr, home in zip(self.grads, self._grad_ptrs, self._grad_homes):
+            if grad.data_ptr() == ptr:
+                continue
+            values = grad.clone() if names is not None else None
+            if values is not None and (values.shape != home.shape
+                                       or values.dtype != home.dtype):
+                raise ValueError(
+                    f"param {names[id(p)]}: its grad was moved in place to a tensor of "
+                    f"shape {tuple(values.shape)} and dtype {values.dtype}, not the param's "
+                    f"{tuple(home.shape)} and {home.dtype}")
+            grad.set_(home)
+            if values is not None:
+                grad.copy_(values)
 
     def rebound_intact(self) -> bool:
         """Every rebound param is still its shared view: the same address,
@@ -342,6 +370,7 @@ class SharedParams:
             elif self.grads_in_place():  # the zero-copy loop: all bound already
                 _zero(self._shared_grads)
             else:
+                self.rehome_grads(None)
                 zeroed = []
                 try:
                     for p, grad in self.grads:
@@ -384,6 +413,9 @@ class SharedParams:
         # The usual step: every rebound param's grad is where the daemons read
         # it, and nothing to do for any of them (grads_in_place).
         rebound = () if grads_in_place or self.grads_in_place() else self.grads
+        if rebound:
+            with torch.no_grad():
+                self.rehome_grads(names)
         for p, grad in rebound:
             current = p.grad
             if current is None or not p.requires_grad:
