@@ -198,6 +198,86 @@ class StepPathTest(unittest.TestCase):
         self.assertEqual(len(self.cluster.daemons[0].step_requests), sent + 3 + 3)
         self.assertEqual(opt.step_id, 6)
 
+    def zero_copy_steps(self, changes, steps=3):
+        """Zero-copy steps (zero_grad(set_to_none=False), backward, step) of
+        muond and the reference, each bitwise the same; ``changes(step, ps,
+        grads, opt)`` edits muond's params or grads (opt) or the reference's
+        (opt None) after the backward. Returns muond's optimizer."""
+        ref_params, params = make_params(), make_params()
+        ref, opt = ReferenceMuon(groups(ref_params), **HYPER), self.muon(params)
+        g = torch.Generator().manual_seed(6)
+        for step in range(steps):
+            grads = {n: torch.randn(p.shape, generator=g) for n, p in params.items()}
+            for o, ps in ((ref, ref_params), (opt, params)):
+                o.zero_grad(set_to_none=False)
+                sum((p * grads[n]).sum() for n, p in ps.items()).backward()
+                changes(step, ps, grads, o if o is opt else None)
+                o.step()
+            self.assert_same({n: p.detach() for n, p in params.items()},
+                             {n: p.detach() for n, p in ref_params.items()})
+        return opt
+
+    def test_a_grad_over_the_shared_grads_steps_with_the_values_it_holds(self):
+        # A .grad that is another tensor over the shared grad memory is
+        # stepped with the values it holds: a view of its own shared grad
+        # at the same address laid out otherwise (column-major: re-pointing
+        # .grad without a copy stepped the grad transposed), and a view of
+        # another param's shared grad whose own grad is replaced in the same
+        # step (read before that copy overwrites it, whatever the order).
+        def changes(step, ps, grads, opt):
+            if step == 1 and opt is not None:  # the reference keeps its grad as it is
+                w = ps["w_tp0"]
+                relaid = w.grad.view(6, 8).t()  # (8, 6) at the same address, strides (1, 8)
+                with torch.no_grad():
+                    relaid.copy_(grads["w_tp0"])
+                w.grad = relaid
+            if step == 2:
+                for a, b in (("norm", "bias"), ("emb", "w_tall")):
+                    ps[a].grad = ps[b].grad[:len(ps[a])]  # b's grad, read as it is now
+                    ps[b].grad = torch.full_like(ps[b], 0.5)
+
+        self.zero_copy_steps(changes)
+
+    def test_a_grad_moved_in_place_is_stepped_and_its_span_kept(self):
+        # Old-style code that rescales a grad by replacing its memory
+        # (p.grad.data = p.grad.data / n, or p.grad.set_(...)) keeps the
+        # same .grad object, which is the shared grad: its values are the
+        # step's grad (not the span's stale ones), and the object is at its
+        # span again for the steps after (zero_grad, backward in place).
+        def changes(step, ps, grads, opt):
+            if step == 1:
+                for name in ("w_tp0", "bias"):
+                    ps[name].grad.data = ps[name].grad.data / 4
+            if step == 2:
+                with torch.no_grad():
+                    ps["w_tall"].grad.set_(ps["w_tall"].grad * 3)
+
+        opt = self.zero_copy_steps(changes, steps=4)
+        spans = {id(p): v for p, v in zip([p for p, _ in opt._grads], opt._memory._grad_homes)}
+        for p, grad in opt._grads:
+            self.assertIs(p.grad, grad)
+            self.assertEqual(grad.data_ptr(), spans[id(p)].data_ptr())
+
+    def test_a_param_relaid_at_its_own_address_is_followed(self):
+        # p.data set to a view of the param's own shared memory with the
+        # same shape but other strides (the values column-major): the same
+        # address, so the address test passed it, and the daemons stepped
+        # the row-major memory as the param. It is followed as any rebound
+        # param: its values copied into its span, p.data its view again.
+        def changes(step, ps, grads, opt):
+            if step == 1 and opt is not None:  # the reference keeps the values as they are
+                w = ps["w_tp0"]
+                with torch.no_grad():
+                    values = w.detach().clone()
+                    relaid = w.data.view(6, 8).t()  # (8, 6) at the same address, strides (1, 8)
+                    relaid.copy_(values)
+                w.data = relaid
+
+        opt = self.zero_copy_steps(changes)
+        w, view = next((p, v) for p, v, _ in opt._views if p.shape == (8, 6))
+        self.assertEqual(w.data_ptr(), view.data_ptr())
+        self.assertEqual(w.stride(), view.stride())
+
     def test_live_momentum_nesterov_and_betas_reach_the_daemons(self):
         def schedule(step, opt):
             opt.param_groups[0]["momentum"] = 0.85 + 0.03 * step  # momentum warm-up

@@ -35,6 +35,7 @@ _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _SHAPE = operator.attrgetter("shape")
 _DTYPE = operator.attrgetter("dtype")
 _DATA_PTR = torch.Tensor.data_ptr
+_CONTIGUOUS = torch.Tensor.is_contiguous
 
 
 class Regions:
@@ -202,6 +203,11 @@ class SharedParams:
         self._rebound = [p for p, _ in self.grads]
         self.rebound_ids = frozenset(map(id, self._rebound))
         self._shared_grads = [grad for _, grad in self.grads]
+        # Where each shared grad lives: the grad object is handed to the user
+        # as .grad, who may move it in place (p.grad.data = x); an alias of
+        # the span, never handed out, takes it back (rehome_grads).
+        self._grad_ptrs = [grad.data_ptr() for grad in self._shared_grads]
+        self._grad_homes = [grad.detach() for grad in self._shared_grads]
         self._ptrs = [ptr for _, _, ptr in self.views]
         self._shapes = [view.shape for _, view, _ in self.views]
         self._dtypes = [view.dtype for _, view, _ in self.views]
@@ -209,18 +215,43 @@ class SharedParams:
     def grads_in_place(self) -> bool:
         """Every rebound param requires grad and its ``.grad`` is its shared
         grad (the usual step: backward accumulated there, or
-        ``zero_grad(set_to_none=False)`` bound it): no grad to copy or
-        re-point, none skipped, every one dense."""
+        ``zero_grad(set_to_none=False)`` bound it, and the shared grad is
+        still at its span: none moved in place by ``p.grad.data = x``): no
+        grad to copy or re-point, none skipped, every one dense."""
         return (all(map(operator.is_, map(_GRAD, self._rebound), self._shared_grads))
-                and all(map(_REQUIRES_GRAD, self._rebound)))
+                and all(map(_REQUIRES_GRAD, self._rebound))
+                and all(map(operator.eq, map(_DATA_PTR, self._shared_grads), self._grad_ptrs)))
+
+    def rehome_grads(self, names: dict | None) -> None:
+        """Each shared grad the user moved in place (``p.grad.data = x``,
+        ``p.grad.set_(x)``: the same object, other memory, which the daemons
+        never read) back at its span, holding the values it holds now
+        (``names``, id(param) -> wire name, given: step() sends them; a
+        shape or dtype that cannot be the param's grad is a ValueError
+        naming the param) or any values (None: zero_grad zeroes them)."""
+        for (p, grad), ptr, home in zip(self.grads, self._grad_ptrs, self._grad_homes):
+            if grad.data_ptr() == ptr:
+                continue
+            values = grad.clone() if names is not None else None
+            if values is not None and (values.shape != home.shape
+                                       or values.dtype != home.dtype):
+                raise ValueError(
+                    f"param {names[id(p)]}: its grad was moved in place to a tensor of "
+                    f"shape {tuple(values.shape)} and dtype {values.dtype}, not the param's "
+                    f"{tuple(home.shape)} and {home.dtype}")
+            grad.set_(home)
+            if values is not None:
+                grad.copy_(values)
 
     def rebound_intact(self) -> bool:
         """Every rebound param is still its shared view: the same address,
-        shape and dtype (``follow_rebound_params``' test, for all at once)."""
+        shape and dtype, contiguous as the view is (``follow_rebound_params``'
+        test, for all at once)."""
         ps = self._rebound
         return (all(map(operator.eq, map(_DATA_PTR, ps), self._ptrs))
                 and all(map(operator.eq, map(_SHAPE, ps), self._shapes))
-                and all(map(operator.is_, map(_DTYPE, ps), self._dtypes)))
+                and all(map(operator.is_, map(_DTYPE, ps), self._dtypes))
+                and all(map(_CONTIGUOUS, ps)))
 
     def reset(self) -> list[Buffer]:
         """Forgets every param (a new placement follows) and returns the
@@ -339,6 +370,7 @@ class SharedParams:
             elif self.grads_in_place():  # the zero-copy loop: all bound already
                 _zero(self._shared_grads)
             else:
+                self.rehome_grads(None)
                 zeroed = []
                 try:
                     for p, grad in self.grads:
@@ -381,6 +413,9 @@ class SharedParams:
         # The usual step: every rebound param's grad is where the daemons read
         # it, and nothing to do for any of them (grads_in_place).
         rebound = () if grads_in_place or self.grads_in_place() else self.grads
+        if rebound:
+            with torch.no_grad():
+                self.rehome_grads(names)
         for p, grad in rebound:
             current = p.grad
             if current is None or not p.requires_grad:
@@ -390,7 +425,10 @@ class SharedParams:
                 continue
             if current is grad:  # the usual case: backward accumulated in place
                 continue
-            if current.data_ptr() != grad.data_ptr():
+            # Another tensor at the shared grad's address is that grad only
+            # if laid out as it is (contiguous): a transposed view of it
+            # holds the values transposed, and is copied.
+            if current.data_ptr() != grad.data_ptr() or not current.is_contiguous():
                 dst.append(grad)
                 src.append(current)
             p.grad = grad
@@ -412,7 +450,7 @@ class SharedParams:
                 dst.append(bound.grad_view)
                 src.append(_local_grad(p))
         if dst:
-            torch._foreach_copy_(dst, src)
+            torch._foreach_copy_(dst, self._detached_from_buffers(src))
         for p, pview, gview, index in self.permuted:
             torch.index_select(_local(p), 0, index, out=pview)
             if p.grad is None or not p.requires_grad:
@@ -474,9 +512,11 @@ class SharedParams:
         views = () if self.rebound_intact() else self.views
         for p, view, ptr in views:
             # The param itself, not p.data (no alias tensor), against the
-            # cached address. The same address and shape with other strides
-            # would be a view of our own buffer.
-            if p.data_ptr() == ptr and p.shape == view.shape and p.dtype is view.dtype:
+            # cached address. The same address and shape laid out otherwise
+            # (not contiguous: a transposed view of its own span) holds the
+            # values in another order: followed, as a param rebound elsewhere.
+            if (p.data_ptr() == ptr and p.shape == view.shape and p.dtype is view.dtype
+                    and p.is_contiguous()):
                 continue
             data = p.data
             changed = [f"{what} {a} -> {b}" for what, a, b in (
@@ -509,10 +549,22 @@ class SharedParams:
                 + "; ".join(refused) + ". Build a new optimizer for the changed model (carry "
                 "the state with state_dict / load_state_dict)")
         with torch.no_grad():
-            for p, view, ptr in views:
-                if p.data_ptr() != ptr:
-                    view.copy_(p.data)
-                    p.data = view
+            moved = [(p, view) for p, view, ptr in views
+                     if p.data_ptr() != ptr or not p.is_contiguous()]
+            for (p, view), src in zip(moved, self._detached_from_buffers(
+                    [p.data for p, _ in moved])):
+                view.copy_(src)
+                p.data = view
+
+    def _detached_from_buffers(self, tensors: list) -> list:
+        """``tensors``, each one in this optimizer's buffers cloned: the
+        copies of a step write those buffers, so a source there (a param or
+        grad re-pointed at a view of its own span laid out otherwise, or at
+        another param's span that this step also overwrites) is read before
+        any of them."""
+        ours = {b.flat.untyped_storage().data_ptr() for b in self.buffers
+                if b.flat is not None}
+        return [t.clone() if t.untyped_storage().data_ptr() in ours else t for t in tensors]
 
     def close(self) -> None:
         """The optimizer's end, once the daemons unregistered: each param and
