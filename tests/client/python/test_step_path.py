@@ -317,6 +317,21 @@ class StepPathTest(unittest.TestCase):
         opt.step()  # restored: steps
         self.assertEqual(opt.step_id, 1)
 
+    def test_params_that_are_not_a_list_are_refused_naming_the_group(self):
+        params = make_params()
+        opt = self.muon(params)
+        kept = opt.param_groups[1]["params"]
+        opt.param_groups[1]["params"] = (p for p in kept)
+        for p in params.values():
+            p.grad = torch.ones_like(p)
+        with self.assertRaisesRegex(TypeError, r"param group 1: 'params' must be a list or tuple"):
+            opt.step()
+        for d in self.cluster.daemons:
+            self.assertRegex(d.step_requests[-1].trainer_refusal, r"TypeError: param group 1")
+        opt.param_groups[1]["params"] = tuple(kept)  # a tuple of the same tensors steps
+        opt.step()
+        self.assertEqual(opt.step_id, 1)
+
     def test_assigned_state_that_does_not_fit_is_refused_on_every_rank(self):
         # The state check runs in step() (push_if_assigned) before the Step:
         # without the refusal the peers' step() would wait for this rank.

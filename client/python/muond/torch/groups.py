@@ -323,6 +323,11 @@ def check_before_step(param_groups, fixed: dict, registered: dict,
     for gi, group in enumerate(param_groups):
         check_live(gi, group)
         params = group["params"]
+        if not isinstance(params, (list, tuple)):
+            raise TypeError(
+                f"param group {gi}: 'params' must be a list or tuple of tensors, as "
+                f"torch.optim keeps it, not a {type(params).__name__} (it is read at every "
+                "step)")
         if seen is not None and seen.same(gi, params, registered):
             if (grads_in_place and seen.all_shared(gi, shared)) or _grads_strided(params):
                 continue
