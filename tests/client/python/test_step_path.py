@@ -317,6 +317,47 @@ class StepPathTest(unittest.TestCase):
         opt.step()  # restored: steps
         self.assertEqual(opt.step_id, 1)
 
+    def test_a_param_moved_between_groups_or_dropped_is_refused_naming_it(self):
+        # muond steps each param with the group it was registered in: a param
+        # moved to another group, or dropped from param_groups, would go on
+        # being stepped with its old group's settings. Refused on every rank.
+        params = make_params()
+        opt = self.muon(params)
+        for p in params.values():
+            p.grad = torch.ones_like(p)
+        opt.step()  # the lists have passed once (the fast path's cache)
+        g0, g1 = opt.param_groups
+        kept = [(list(g["params"]), list(g["param_names"])) for g in (g0, g1)]
+
+        def restore():
+            for g, (ps, names) in zip((g0, g1), kept):
+                g["params"][:], g["param_names"][:] = ps, names
+
+        i = g0["param_names"].index("w_solo")
+        g1["params"].append(g0["params"].pop(i))
+        g1["param_names"].append(g0["param_names"].pop(i))
+        with self.assertRaisesRegex(ValueError, r"param group 0: .*gone from it: w_solo"):
+            opt.step()
+        for d in self.cluster.daemons:
+            self.assertRegex(d.step_requests[-1].trainer_refusal, "w_solo")
+        restore()
+        g0["params"][i], g1["params"][0] = g1["params"][0], g0["params"][i]  # same lengths
+        g0["param_names"][i], g1["param_names"][0] = g1["param_names"][0], g0["param_names"][i]
+        with self.assertRaisesRegex(ValueError, r"param group 0: .*registered in another group: emb"):
+            opt.step()
+        restore()
+        g0["params"].pop(i)
+        g0["param_names"].pop(i)
+        with self.assertRaisesRegex(ValueError, r"param group 0: .*gone from it: w_solo"):
+            opt.step()
+        restore()
+        opt.param_groups.pop()
+        with self.assertRaisesRegex(ValueError, r"param_groups has 1 groups and 2 were registered"):
+            opt.step()
+        opt.param_groups.append(g1)
+        opt.step()  # as registered again: steps
+        self.assertEqual(opt.step_id, 2)
+
     def test_params_that_are_not_a_list_are_refused_naming_the_group(self):
         params = make_params()
         opt = self.muon(params)

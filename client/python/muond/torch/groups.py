@@ -308,7 +308,7 @@ def _grads_strided(params) -> bool:
 
 def check_before_step(param_groups, fixed: dict, registered: dict,
                       seen: ParamsSeen | None = None, shared=None,
-                      grads_in_place: bool = False) -> None:
+                      grads_in_place: bool = False, group_params=None) -> None:
     """What step() checks before any grad is copied or RPC sent: no fixed
     entry changed (check_fixed), every live entry has its type (a str lr set
     by hand or a scheduler: check_live), every param is the tensor that was
@@ -318,8 +318,16 @@ def check_before_step(param_groups, fixed: dict, registered: dict,
     not walked again, and its grads are not looked at when every param is in
     ``shared`` (ids of the params whose grads live in shared buffers) and
     ``grads_in_place`` (each of those params' ``.grad`` is its shared
-    buffer now: dense)."""
+    buffer now: dense). ``group_params`` (per registered group, the ids of
+    its params) also holds every group to the params it was registered with:
+    a param moved to another group, or dropped from param_groups, would
+    otherwise go on being stepped with its registered group's settings."""
     check_fixed(param_groups, fixed)
+    if group_params and len(param_groups) != len(group_params):
+        raise ValueError(
+            f"param_groups has {len(param_groups)} groups and {len(group_params)} were "
+            "registered: a group added or removed by hand after construction is not "
+            "followed (add_param_group adds one; build a new optimizer to drop one)")
     for gi, group in enumerate(param_groups):
         check_live(gi, group)
         params = group["params"]
@@ -345,8 +353,29 @@ def check_before_step(param_groups, fixed: dict, registered: dict,
                     "ones too): build the module that makes it dense (nn.Embedding(..., "
                     "sparse=False), the default) or give that param to an optimizer that "
                     "takes sparse gradients (torch.optim.SparseAdam)")
+        if group_params:
+            _check_group_membership(gi, params, group_params[gi], registered)
         if seen is not None:
             seen.passed(gi, params, registered, shared)
+
+
+def _check_group_membership(gi: int, params, registered_ids: frozenset,
+                            registered: dict) -> None:
+    """Group gi holds the params it was registered with (any order), else
+    the ValueError naming the params that left it or came from another."""
+    now = frozenset(map(id, params))
+    if now == registered_ids:
+        return
+    came = sorted(registered[i] for i in now - registered_ids)
+    left = sorted(registered[i] for i in registered_ids - now if i in registered)
+    moves = "; ".join(part for part in (
+        f"in it now, registered in another group: {', '.join(came)}" if came else "",
+        f"registered in it, gone from it: {', '.join(left)}" if left else "") if part)
+    raise ValueError(
+        f"param group {gi}: its params differ from those it was registered with ({moves}); "
+        "muond steps each param with the group it was registered in, so a param moved "
+        "between groups or dropped from param_groups is not followed: build a new "
+        "optimizer for the new grouping (add_param_group for new params)")
 
 
 # The step ids a daemon's ImportState accepts, [-1, MAX_STEP_ID]

@@ -119,6 +119,7 @@ class Muon(torch.optim.Optimizer):
         self._matrices: dict[str, tuple] = {}  # batched param -> ((wire name, daemon), ...)
         self._fixed: dict[int, dict] = {}  # group index -> its entries fixed at registration
         self._params_seen = _groups.ParamsSeen()  # the params lists step() checked
+        self._group_params: list = []  # per registered group: the ids of its params
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
         self._closed = False
@@ -260,6 +261,7 @@ class Muon(torch.optim.Optimizer):
             self._placed_live = run.collected.live
             self._fixed.update(run.collected.fixed)
             self._param_names.update(run.collected.names)
+            self._group_params = [frozenset(map(id, g["params"])) for g in self.param_groups]
         if run.places is not None:
             self.places = run.places
         self.layouts.update(run.layouts)
@@ -388,7 +390,8 @@ class Muon(torch.optim.Optimizer):
         then)."""
         in_place = self._memory.grads_in_place()
         _groups.check_before_step(self.param_groups, self._fixed, self._param_names,
-                                  self._params_seen, self._memory.rebound_ids, in_place)
+                                  self._params_seen, self._memory.rebound_ids, in_place,
+                                  self._group_params)
         return in_place
 
     @contextlib.contextmanager
