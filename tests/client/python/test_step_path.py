@@ -258,6 +258,24 @@ class StepPathTest(unittest.TestCase):
             self.assertIs(p.grad, grad)
             self.assertEqual(grad.data_ptr(), spans[id(p)].data_ptr())
 
+    def test_a_grad_relaid_in_place_is_stepped_with_the_values_it_holds(self):
+        # The shared grad object itself re-strided in place (as_strided_,
+        # t_() on a square grad): the same object at the same address, so
+        # the object and address tests passed it, and the daemons read its
+        # span row-major. Its values go back into its span as laid out at
+        # registration.
+        def changes(step, ps, grads, opt):
+            if step == 1 and opt is not None:  # the reference keeps its grad as it is
+                w = ps["w_tp0"]
+                with torch.no_grad():
+                    w.grad.as_strided_((8, 6), (1, 8))  # column-major over its span
+                    w.grad.copy_(grads["w_tp0"])
+
+        opt = self.zero_copy_steps(changes)
+        for p, grad in opt._grads:
+            self.assertIs(p.grad, grad)
+            self.assertTrue(grad.is_contiguous())
+
     def test_a_param_relaid_at_its_own_address_is_followed(self):
         # p.data set to a view of the param's own shared memory with the
         # same shape but other strides (the values column-major): the same

@@ -35,6 +35,7 @@ _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _SHAPE = operator.attrgetter("shape")
 _DTYPE = operator.attrgetter("dtype")
 _DATA_PTR = torch.Tensor.data_ptr
+_IS_SET_TO = torch.Tensor.is_set_to  # the same storage, offset, size and stride
 _CONTIGUOUS = torch.Tensor.is_contiguous
 
 
@@ -206,7 +207,6 @@ class SharedParams:
         # Where each shared grad lives: the grad object is handed to the user
         # as .grad, who may move it in place (p.grad.data = x); an alias of
         # the span, never handed out, takes it back (rehome_grads).
-        self._grad_ptrs = [grad.data_ptr() for grad in self._shared_grads]
         self._grad_homes = [grad.detach() for grad in self._shared_grads]
         self._ptrs = [ptr for _, _, ptr in self.views]
         self._shapes = [view.shape for _, view, _ in self.views]
@@ -216,21 +216,24 @@ class SharedParams:
         """Every rebound param requires grad and its ``.grad`` is its shared
         grad (the usual step: backward accumulated there, or
         ``zero_grad(set_to_none=False)`` bound it, and the shared grad is
-        still at its span: none moved in place by ``p.grad.data = x``): no
-        grad to copy or re-point, none skipped, every one dense."""
+        still its span, as laid out at registration: none moved, re-strided
+        or resized in place by ``p.grad.data = x``, ``p.grad.t_()``,
+        ``p.grad.resize_(...)``): no grad to copy or re-point, none skipped,
+        every one dense."""
         return (all(map(operator.is_, map(_GRAD, self._rebound), self._shared_grads))
                 and all(map(_REQUIRES_GRAD, self._rebound))
-                and all(map(operator.eq, map(_DATA_PTR, self._shared_grads), self._grad_ptrs)))
+                and all(map(_IS_SET_TO, self._shared_grads, self._grad_homes)))
 
     def rehome_grads(self, names: dict | None) -> None:
-        """Each shared grad the user moved in place (``p.grad.data = x``,
-        ``p.grad.set_(x)``: the same object, other memory, which the daemons
-        never read) back at its span, holding the values it holds now
+        """Each shared grad the user moved or relaid in place (``p.grad.data =
+        x``, ``p.grad.set_(x)``, ``p.grad.t_()``: the same object, other memory
+        or another layout of its span, which the daemons would misread) back
+        at its span as laid out at registration, holding the values it holds now
         (``names``, id(param) -> wire name, given: step() sends them; a
         shape or dtype that cannot be the param's grad is a ValueError
         naming the param) or any values (None: zero_grad zeroes them)."""
-        for (p, grad), ptr, home in zip(self.grads, self._grad_ptrs, self._grad_homes):
-            if grad.data_ptr() == ptr:
+        for (p, grad), home in zip(self.grads, self._grad_homes):
+            if grad.is_set_to(home):
                 continue
             values = grad.clone() if names is not None else None
             if values is not None and (values.shape != home.shape
