@@ -251,12 +251,18 @@ static float TimeMs(int iters, const std::function<void()>& f) {
 // TFLOP/s count the symmetric product's real work, n (n + 1) k per matrix
 // (the lower triangle), for every column, so they compare as rates of the
 // same job; cuBLAS's full product does twice that.
-static void Bench(int64_t n, int64_t k, int64_t batch) {
+// `gram`: Gram NS's kind of product instead of X X^T: (N,N) of two
+// symmetric n x n operands (k = n) plus 0.5 c, the epilogue reading c.
+static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false) {
   const int64_t sx = n * k, sd = n * n;
-  void *dx, *dd;
+  void *dx, *dd, *dc;
   CK(cudaMalloc(&dx, sx * batch * 2));
   CK(cudaMalloc(&dd, sd * batch * 2));
-  CK(cudaMemset(dx, 0x3c, sx * batch * 2));  // ~1.1 (bf16)
+  CK(cudaMalloc(&dc, sd * batch * 2));
+  // ~1.1 (bf16) everywhere: a constant square operand is symmetric.
+  CK(cudaMemset(dx, 0x3c, sx * batch * 2));
+  CK(cudaMemset(dc, 0x3c, sd * batch * 2));
+  CK(cudaMemset(dd, 0x3c, sd * batch * 2));  // cuBLAS's c is its d
   const double flop = double(n) * (n + 1) * k * batch;
   const int iters = flop > 5e11 ? 10 : (flop > 5e9 ? 30 : 100);
   sg::Args a;
@@ -269,6 +275,14 @@ static void Bench(int64_t n, int64_t k, int64_t batch) {
   a.d = dd;
   a.ldd = n;
   a.stride_d = sd;
+  const float beta = gram ? 0.5f : 0.0f;
+  if (gram) {
+    a.trans_b = false;
+    a.beta = beta;
+    a.c = dc;
+    a.ldc = n;
+    a.stride_c = sd;
+  }
   auto kernel = [&](sg::Schedule s) {
     return [&a, s] {
       a.schedule = s;
@@ -276,7 +290,7 @@ static void Bench(int64_t n, int64_t k, int64_t batch) {
     };
   };
   auto full = [&] {
-    CublasRef(false, true, n, k, 1.f, dx, k, sx, dx, k, sx, 0.f, dd, n, sd,
+    CublasRef(false, !gram, n, k, 1.f, dx, k, sx, dx, k, sx, beta, dd, n, sd,
               batch, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
   };
   muond::cuda_kernels::KView kd{dd, n, n, n, 2};
@@ -289,12 +303,14 @@ static void Bench(int64_t n, int64_t k, int64_t batch) {
               tf = TimeMs(iters, full), tfs = TimeMs(iters, full_sym);
   auto tflops = [&](float ms) { return flop / (ms * 1e-3) / 1e12; };
   std::printf(
-      "| %lld | %lld | %lld | %.4f | %.0f | %.4f | %.0f | %.4f | %.0f | %.4f | "
-      "%.2f | %.2f | %.2f |\n",
-      (long long)n, (long long)k, (long long)batch, tc, tflops(tc), tp,
-      tflops(tp), tf, tflops(tf), tfs, tc / tp, tfs / tc, tfs / tp);
+      "| %s | %lld | %lld | %lld | %.4f | %.0f | %.4f | %.0f | %.4f | %.0f | "
+      "%.4f | %.2f | %.2f | %.2f |\n",
+      gram ? "(N,N) + 0.5 c" : "X X^T", (long long)n, (long long)k,
+      (long long)batch, tc, tflops(tc), tp, tflops(tp), tf, tflops(tf), tfs,
+      tc / tp, tfs / tc, tfs / tp);
   cudaFree(dx);
   cudaFree(dd);
+  cudaFree(dc);
 }
 
 int main(int argc, char** argv) {
@@ -317,33 +333,43 @@ int main(int argc, char** argv) {
          {sg::Schedule::kCooperative, sg::Schedule::kPingpong})
       for (bool bf : {true, false})
         for (bool ta : {false, true})
-          for (int64_t n : {1, 7, 130, 1000, 4096}) {
-            const int64_t kk[2] = {n, (n * 7 + 1) / 2};
-            for (int64_t k : kk) {
+          for (int64_t n0 : {1, 7, 130, 1000, 4096}) {
+            // The kernel's operands: the contiguous extent (k of X X^T, n
+            // of X^T X) a multiple of 8; the other any size, so that c's
+            // and d's last chunks and tiles are partial.
+            auto fit = [&](int64_t v) { return v % 8 == 0 ? v : Up8(v); };
+            const int64_t n = ta ? fit(n0) : n0;
+            auto kk = [&](int64_t v) { return ta ? v : fit(v); };
+            for (int64_t k : {kk(n), kk((n * 7 + 1) / 2)}) {
               cases.push_back({bf, ta, n, k, 1, 1.f, 0.f, 0, sc});
             }
-            cases.push_back({bf, ta, n, n, 1, 0.7f, -0.3f, 8, sc});
+            cases.push_back({bf, ta, n, kk(n), 1, 0.7f, -0.3f, 8, sc});
             if (n <= 1000)
-              cases.push_back({bf, ta, n, 3 * n + 5, 3, 1.f, 0.5f, 0, sc});
+              cases.push_back({bf, ta, n, kk(3 * n + 5), 3, 1.f, 0.5f, 0, sc});
           }
     for (const Case& c : cases) RunCase(c);
     std::printf("\ncorrectness: %d failing case(s) of %zu\n", g_failures,
                 cases.size());
   }
   std::printf(
-      "\n| n | k | batch | cooperative ms | TFLOP/s | pingpong ms | TFLOP/s | "
+      "\n| product | n | k | batch | cooperative ms | TFLOP/s | pingpong ms | "
+      "TFLOP/s | "
       "cuBLAS full ms | TFLOP/s | full+mirror ms | cooperative / pingpong | "
       "full+mirror / cooperative | full+mirror / pingpong |\n|---|---|---|---|"
-      "---|---|---|---|---|---|---|---|---|\n");
+      "---|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t n : {256, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192})
     for (int64_t k : {n, n * 7 / 2}) Bench(n, k, 1);
   // Batches: standard NS's X X^T of expert-sized matrices, and Gram NS's
-  // m x m products (k = m) of a MoE layer's experts.
+  // m x m products with c (k = m) of a MoE layer's experts (m = 768) and of
+  // dense layers (m = 1024..4096).
   for (int64_t n : {128, 256, 512, 1024})
     for (int64_t b : {8, 32}) Bench(n, n * 7 / 2 / 8 * 8, b);
-  for (int64_t n : {512, 768, 1024, 2048})
-    for (int64_t b : {16, 64, 256}) {
-      if (n * n * b <= (int64_t(1) << 28)) Bench(n, n, b);
+  for (int64_t n : {512, 768, 1024, 2048, 4096})
+    for (int64_t b : {1, 4, 16, 64, 256}) {
+      const int64_t elems = n * n * b;
+      if (elems >= (int64_t(1) << 22) && elems <= (int64_t(1) << 28)) {
+        Bench(n, n, b, /*gram=*/true);
+      }
     }
   return g_failures == 0 ? 0 : 1;
 }

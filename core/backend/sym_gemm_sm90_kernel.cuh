@@ -237,8 +237,8 @@ class MirrorEpilogue {
     // would read it as scattered 2-byte loads, one per element.
     const bool with_c = params_.beta != 0.0f;  // the same in every thread
     if (with_c) {
-      LoadTile(params_.c + l * params_.stride_c, params_.ldc, m0, n0, n, tile,
-               thread_idx, kThreads);
+      LoadTile<kThreads>(params_.c + l * params_.stride_c, params_.ldc, m0, n0,
+                         n, tile, thread_idx);
       cutlass::arch::NamedBarrier::sync(
           kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
     }
@@ -299,16 +299,34 @@ class MirrorEpilogue {
 
  private:
   // Rows m0.. and columns n0.. of the n x n matrix at `src` (row stride ld)
-  // into the staging tile, 8 elements a load; what lies outside is 0.
+  // into the staging tile, 8 elements a load; what lies outside is 0. The
+  // loads of a round are all issued before its shared-memory stores, so they
+  // are in flight together; rounds of kRound bound the registers they hold
+  // beside the accumulators (ping-pong's one warpgroup holds 128 of them).
+  template <int kThreads>
   CUTLASS_DEVICE static void LoadTile(Element const* src, int64_t ld, int m0,
                                       int n0, int n, Element* tile,
-                                      int thread_idx, int threads) {
+                                      int thread_idx) {
     constexpr int kChunks = kTile / 8;
-    for (int v = thread_idx; v < kTile * kChunks; v += threads) {
-      const int r = v / kChunks, c8 = (v % kChunks) * 8;
-      const int left = m0 + r < n ? n - (n0 + c8) : 0;
-      *reinterpret_cast<uint4*>(&tile[Idx(r, c8)]) =
-          Load8(src + int64_t(m0 + r) * ld + n0 + c8, left);
+    constexpr int kPerThread = kTile * kChunks / kThreads;
+    constexpr int kRound = kThreads >= 256 ? 8 : 4;
+    static_assert(kTile * kChunks % kThreads == 0 && kPerThread % kRound == 0);
+    CUTLASS_PRAGMA_UNROLL
+    for (int r0 = 0; r0 < kPerThread; r0 += kRound) {
+      uint4 chunk[kRound];
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kRound; ++i) {
+        const int v = thread_idx + (r0 + i) * kThreads;
+        const int r = v / kChunks, c8 = (v % kChunks) * 8;
+        const int left = m0 + r < n ? n - (n0 + c8) : 0;
+        chunk[i] = Load8(src + int64_t(m0 + r) * ld + n0 + c8, left);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kRound; ++i) {
+        const int v = thread_idx + (r0 + i) * kThreads;
+        *reinterpret_cast<uint4*>(&tile[Idx(v / kChunks, (v % kChunks) * 8)]) =
+            chunk[i];
+      }
     }
   }
 

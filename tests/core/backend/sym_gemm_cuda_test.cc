@@ -53,9 +53,8 @@ std::string Name(const Case& c) {
                       " alpha=", c.alpha, " beta=", c.beta, " pad=", c.pad);
 }
 
-class SymGemmCudaTest
-    : public muond::testing::CudaTest,
-      public ::testing::WithParamInterface<SymGemmSchedule> {
+class SymGemmCudaTest : public muond::testing::CudaTest,
+                        public ::testing::WithParamInterface<SymGemmSchedule> {
  protected:
   void SetUp() override {
     muond::testing::CudaTest::SetUp();
@@ -177,6 +176,15 @@ TEST_P(SymGemmCudaTest, OddSizesBothOrientationsBothDtypes) {
         Check({t, xtx, n, k35, 3, 1.0f, 0.5f, 8});
       }
     }
+  }
+}
+
+// beta c on the kernel where c's and d's last 8-element chunks and last
+// tiles are partial (n = 130, 257: X X^T with k a multiple of 8), batched.
+TEST_P(SymGemmCudaTest, PartialChunksOfC) {
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    Check({t, false, 130, 136, 3, 0.7f, -0.3f, 0});
+    Check({t, false, 257, 264, 2, 1.0f, 0.5f, 8});
   }
 }
 

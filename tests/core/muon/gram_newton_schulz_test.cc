@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "core/backend/cpu_backend.h"
 #include "core/muon/newton_schulz.h"
 #include "tests/core/muon/ns_reference.h"
@@ -100,15 +101,18 @@ TEST(GramReference, EqualsStandardInFp64ForSeveralRestartSets) {
 TEST(GramNewtonSchulz, Fp32MatchesFp64ReferenceWideAndTall) {
   for (auto [rows, cols] : kShapes) {
     const std::vector<float> g = Random(rows * cols, rows * 11 + cols);
-    for (const std::vector<int>& restarts :
-         std::vector<std::vector<int>>{{}, {2}, {1, 3}}) {
+    for (const std::vector<int>& restarts : std::vector<std::vector<int>>{
+             {}, {2}, {1, 3}, {1, 2}, {4}, {1, 2, 3, 4}}) {
+      // Consecutive restarts and a restart at the last step too: each makes
+      // a fresh Q from Z (Z's buffer and Q's trade places).
       NsOptions o = GramOptions(CoefficientType::kQuintic, 5);
       o.gram_restarts = restarts;
       const std::vector<float> got = RunGram(o, g, rows, cols);
       const Mat want = testing::GramNewtonSchulzRef(
           g, rows, cols, ScheduleOf(o), restarts, o.eps);
       EXPECT_LT(testing::RelFrobDiff(got, want), 1e-5)
-          << rows << "x" << cols << " restarts " << restarts.size();
+          << rows << "x" << cols << " restarts "
+          << absl::StrJoin(restarts, ",");
     }
   }
 }
