@@ -9,7 +9,9 @@
 #          in-process std and Gram) with each schedule on Llama-3-8B 4 layers,
 #          Qwen3-1.7B 28 layers and the Qwen3-30B-A3B MoE layer,
 #          $OUT/steps_<schedule>.md;
-#   all:   check, then steps (about 6 minutes; ROUNDS=1 halves the steps).
+#   all:   check, then steps (the parts' caps add up to more than one
+#          10-minute device call: run check and steps as two calls there;
+#          ROUNDS=1 halves the steps).
 # Usage (repository root on the GPU machine):
 #   bench/gpu_sym_gemm_run.sh BUNDLE.tar.xz [check|steps|all]
 set -uo pipefail

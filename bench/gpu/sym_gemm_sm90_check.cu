@@ -1,8 +1,9 @@
 // Standalone correctness check and timing table for the sm_90a symmetric
-// GEMM (core/backend/sym_gemm_sm90.cu), built with nvcc alone so that it runs
-// on a GPU machine without Bazel (bench/gpu/build_sym_gemm_check.sh). The
-// Bazel targets (core/backend:sym_gemm_cuda_test, bench/gpu:sym_gemm_bench)
-// test the same kernel through the CUDA backend.
+// GEMM (core/backend/sym_gemm_sm90_kernel.cuh), both consumer schedules:
+// the Bazel binary //bench/gpu:sym_gemm_sm90_check (in the GPU bundle), or
+// built with nvcc alone (bench/gpu/build_sym_gemm_check.sh). The Bazel
+// targets //tests/core/backend:sym_gemm_cuda_test and
+// //bench/gpu:sym_gemm_bench test the same kernel through the CUDA backend.
 //
 // Correctness: every d is compared with cuBLAS (cublasGemmStridedBatchedEx,
 // fp32 accumulation, same inputs) within

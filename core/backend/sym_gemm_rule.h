@@ -20,11 +20,13 @@
 
 #include <cstdint>
 
+#include "core/backend/sym_gemm_tiles.h"
+
 namespace muond {
 namespace sym_gemm_sm90 {
 
-// The kernel's square output tile (kTile in sym_gemm_sm90.cu).
-inline constexpr int64_t kRuleTile = 128;
+// The kernel's square output tile.
+inline constexpr int64_t kRuleTile = kSymTile;
 // Single products: the kernel wins from this size on.
 inline constexpr int64_t kBeatsFullMinN = 3072;
 // Batched products: from this size on, given enough tiles.

@@ -1,8 +1,9 @@
 // Hopper (sm_90a) symmetric GEMM: d = alpha op(a) op(b) + beta c for products
 // the caller knows are symmetric, computing only the lower-triangle tiles and
 // writing each off-diagonal tile twice (itself and its mirror). The CUDA
-// backend's SymmetricGemmStridedBatchedOut is the only caller; CUTLASS stays
-// inside sym_gemm_sm90.cu.
+// backend's SymmetricGemmStridedBatchedOut is its caller (and the standalone
+// check, bench/gpu/sym_gemm_sm90_check.cu); CUTLASS stays inside the
+// sym_gemm_sm90*.cu files (kernel: sym_gemm_sm90_kernel.cuh).
 //
 // Matrices are row-major views (muond's convention): element (r, c) of a
 // matrix is at data[r * ld + c], slice i of a batch at data + i * stride.
@@ -39,7 +40,10 @@ struct Args {
   int64_t lda = 0, stride_a = 0;
   const void* b = nullptr;
   int64_t ldb = 0, stride_b = 0;
-  const void* c = nullptr;  // symmetric (only its lower triangle is read)
+  // Symmetric: only its lower triangle affects d (diagonal tiles read the
+  // whole tile and discard the upper half). Must not overlap d: it is read
+  // through the read-only cache while the kernel writes d.
+  const void* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
   void* d = nullptr;
   int64_t ldd = 0, stride_d = 0;
@@ -52,8 +56,9 @@ bool DeviceSupported(int device);
 // Why the kernel cannot run these arguments ("" when it can): the op pair
 // (N,T), (T,N) (X X^T, X^T X) or (N,N) (products of commuting symmetric
 // matrices), 16-byte aligned pointers, leading dimensions and batch strides
-// that are multiples of 8 elements, each operand's contiguous extent (n or
-// k) a multiple of 8, n, k >= 1, batch >= 1.
+// that are multiples of 8 elements (c's, when beta != 0 and batch > 1: 0 or
+// a positive multiple of 8), each operand's contiguous extent (n or k) a
+// multiple of 8, n, k >= 1, batch >= 1.
 const char* Unsupported(const Args& args);
 
 // Launches the kernel on `stream` (asynchronous). Precondition:

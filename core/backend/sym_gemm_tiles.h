@@ -1,5 +1,5 @@
 // The lower-triangle tile order of the sm_90a symmetric GEMM
-// (sym_gemm_sm90.cu), host and device, so that CPU tests can check it.
+// (sym_gemm_sm90_kernel.cuh), host and device, so that CPU tests can check it.
 //
 // Linear index t over one T x T tile triangle (tile_m >= tile_n, T (T+1) / 2
 // tiles) -> (tile_m, tile_n). Tile rows are taken in bands of kBandRows; a

@@ -41,9 +41,10 @@ enum class ErrorReason {
   // Step: a trainer's own checks failed before it sent its step, so it sent
   // a refusal (StepRequest.trainer_refusal) and the job refused the step on
   // every rank (FAILED_PRECONDITION; in the other ranks' answers metadata
-  // {"ranks": the refusing ranks, comma-separated}). That trainer raised the
-  // error naming the param and the rule; nothing was applied, and the same
-  // step can be sent again.
+  // {"ranks": the job ranks, i.e. daemons, whose trainers refused,
+  // comma-separated}; a peer's communication failure outranks it). That trainer
+  // raised the error naming the param and the rule; nothing was applied, and
+  // the same step can be sent again.
   kTrainerRefused,
 };
 

@@ -159,11 +159,17 @@ absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
       "step ", step_id,
       " refused on every rank of the job: ", DescribeRefusals(d),
       " (that rank's answer has the details); nothing was applied");
+  // A peer's communication failure outranks a trainer's refusal: the
+  // communicators are rebuilt either way, and clients react to PEER_GONE.
+  const bool communication = std::any_of(
+      d.refusals.begin(), d.refusals.end(),
+      [](const Refusal& r) { return r.code == RefusalCode::kCommunication; });
   std::vector<int> trainers;
   for (const Refusal& r : d.refusals) {
     if (r.code == RefusalCode::kTrainer) trainers.push_back(r.rank);
   }
   if (!trainers.empty()) {
+    if (communication) return absl::UnavailableError(message);
     return WithErrorReason(absl::FailedPreconditionError(message),
                            ErrorReason::kTrainerRefused,
                            {{"ranks", absl::StrJoin(trainers, ",")}});

@@ -117,8 +117,9 @@ std::string RefusalCodeName(RefusalCode code);
 // and non-finite gradients, FailedPrecondition for step ids, plans, memory
 // and anything else, Unavailable for a peer's communication failure), the
 // message naming every refuser and that nothing was applied. When a trainer
-// refused (RefusalCode::kTrainer): FailedPrecondition with ErrorReason
-// kTrainerRefused, metadata {"ranks": those ranks}.
+// refused (RefusalCode::kTrainer) and no rank's communication failed:
+// FailedPrecondition with ErrorReason kTrainerRefused, metadata {"ranks":
+// the job ranks (daemons) whose trainers refused}.
 absl::Status RefusedByPeers(const JobDecision& decision, int64_t step_id);
 
 }  // namespace muond

@@ -88,8 +88,10 @@ void CheckStepRequest(const v1::StepRequest& request,
                       const Registration& registration,
                       std::optional<int64_t> last_step_id, int64_t max_step_id,
                       StepInputs& inputs) {
-  Refuse(inputs, registration.RecheckMemory(), RefusalCode::kMemory);
+  // The trainer's refusal first: it is why this step never came, whatever
+  // else this rank would refuse (its ballot carries one code).
   Refuse(inputs, TrainerRefusal(request), RefusalCode::kTrainer);
+  Refuse(inputs, registration.RecheckMemory(), RefusalCode::kMemory);
   Refuse(inputs, CheckStepId(request.step_id(), last_step_id, max_step_id),
          RefusalCode::kStepId);
   absl::StatusOr<StepOverrides> overrides =

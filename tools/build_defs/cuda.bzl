@@ -50,8 +50,10 @@ def cuda_library(
             # files by process id, which is the same (2) in every sandbox
             # sharing /tmp, so two nvcc running at once would clobber each
             # other's .ptx.
-            cmd = ("t=$$(mktemp -d) && TMPDIR=$$t %s %s -c $(location %s) " +
-                   "-o $@; s=$$?; rm -rf $$t; exit $$s") % (NVCC, flags, src),
+            # (A trap removes it: genrules run under set -e, so a failed
+            # nvcc would skip a plain rm after it.)
+            cmd = ("t=$$(mktemp -d) && trap 'rm -rf \"$$t\"' EXIT && " +
+                   "TMPDIR=$$t %s %s -c $(location %s) -o $@") % (NVCC, flags, src),
         )
         objs.append(obj)
     native.cc_library(

@@ -30,7 +30,8 @@ PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED, TRAINER_REFUSED = REASONS
 # TRAINER_REFUSED  Step: a trainer's own checks failed before it sent its
 #                  step (it raised the error naming the param and the rule);
 #                  the job refused the step on every rank, nothing applied;
-#                  metadata {"ranks": the refusing ranks} on the other ranks
+#                  metadata {"ranks": the job ranks (daemons) whose trainers
+#                  refused} on the other ranks
 
 
 def operator_client_id(token: str | None) -> str:

@@ -258,6 +258,23 @@ class StepPathTest(unittest.TestCase):
             self.assertIs(p.grad, grad)
             self.assertEqual(grad.data_ptr(), spans[id(p)].data_ptr())
 
+    def test_a_moved_shared_grad_the_param_dropped_since_is_not_read(self):
+        # The shared grad object moved to a tensor that cannot be the
+        # param's grad (p.grad.data = a float64 copy), then dropped by the
+        # param (default zero_grad: set to None; backward makes a new one):
+        # the param's own grad steps; the stale object only goes back to
+        # its span, with no error at this step or any later one.
+        def changes(step, ps, grads, opt):
+            if step == 1 and opt is not None:
+                w = ps["w_tp0"]
+                stale = w.grad
+                stale.data = stale.data.double()
+                w.grad = grads["w_tp0"].clone()  # the param's grad now, not the stale one
+
+        opt = self.zero_copy_steps(changes, steps=4)
+        for p, grad in opt._grads:
+            self.assertIs(p.grad, grad)
+
     def test_a_grad_relaid_in_place_is_stepped_with_the_values_it_holds(self):
         # The shared grad object itself re-strided in place (as_strided_,
         # t_() on a square grad): the same object at the same address, so
@@ -369,10 +386,12 @@ class StepPathTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"param group 0: .*gone from it: w_solo"):
             opt.step()
         restore()
-        opt.param_groups.pop()
-        with self.assertRaisesRegex(ValueError, r"param_groups has 1 groups and 2 were registered"):
-            opt.step()
-        opt.param_groups.append(g1)
+        for dropped in (1, 0):  # the first one too: not read as the other's entries
+            opt.param_groups.pop(dropped)
+            with self.assertRaisesRegex(ValueError,
+                                        r"param_groups has 1 groups and 2 were registered"):
+                opt.step()
+            opt.param_groups.insert(dropped, (g0, g1)[dropped])
         opt.step()  # as registered again: steps
         self.assertEqual(opt.step_id, 2)
 

@@ -155,6 +155,11 @@ TEST(JobVoteTest, TrainerRefusalsCarryTheirReasonAndRanks) {
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   EXPECT_EQ(GetErrorReason(st), ErrorReason::kTrainerRefused) << st;
   EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "1,3"}}));
+  d = FoldJobBallots({Refuse(3, RefusalCode::kTrainer),
+                      Refuse(3, RefusalCode::kCommunication), Agree(3)});
+  st = RefusedByPeers(d, 3);  // a peer gone outranks the trainer
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(GetErrorReason(st), ErrorReason::kUnspecified) << st;
   d = FoldJobBallots({Refuse(3, RefusalCode::kOverrides), Agree(3)});
   st = RefusedByPeers(d, 3);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;

@@ -322,12 +322,12 @@ def check_before_step(param_groups, fixed: dict, registered: dict,
     its params) also holds every group to the params it was registered with:
     a param moved to another group, or dropped from param_groups, would
     otherwise go on being stepped with its registered group's settings."""
-    check_fixed(param_groups, fixed)
     if group_params and len(param_groups) != len(group_params):
         raise ValueError(
             f"param_groups has {len(param_groups)} groups and {len(group_params)} were "
             "registered: a group added or removed by hand after construction is not "
             "followed (add_param_group adds one; build a new optimizer to drop one)")
+    check_fixed(param_groups, fixed)
     for gi, group in enumerate(param_groups):
         check_live(gi, group)
         params = group["params"]

@@ -232,17 +232,21 @@ class SharedParams:
         (``names``, id(param) -> wire name, given: step() sends them; a
         shape or dtype that cannot be the param's grad is a ValueError
         naming the param) or any values (None: zero_grad zeroes them)."""
+        if all(map(_IS_SET_TO, self._shared_grads, self._grad_homes)):
+            return  # none moved (one pass in C)
         for (p, grad), home in zip(self.grads, self._grad_homes):
             if grad.is_set_to(home):
                 continue
-            values = grad.clone() if names is not None else None
+            # Its values only while it is the param's grad: one the param
+            # no longer holds (replaced since) just goes back to its span.
+            values = grad.clone() if names is not None and p.grad is grad else None
             if values is not None and (values.shape != home.shape
                                        or values.dtype != home.dtype):
                 raise ValueError(
                     f"param {names[id(p)]}: its grad was moved in place to a tensor of "
                     f"shape {tuple(values.shape)} and dtype {values.dtype}, not the param's "
                     f"{tuple(home.shape)} and {home.dtype}")
-            grad.set_(home)
+            grad.data = home  # (not set_: the user may have changed its dtype)
             if values is not None:
                 grad.copy_(values)
 
