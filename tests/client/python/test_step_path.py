@@ -258,6 +258,34 @@ class StepPathTest(unittest.TestCase):
             self.assertIs(p.grad, grad)
             self.assertEqual(grad.data_ptr(), spans[id(p)].data_ptr())
 
+    def test_frozen_params_keep_the_zero_copy_fast_path(self):
+        # requires_grad False params (LoRA's base weights) are skipped, as
+        # their grad is None, without turning the others' checks into a loop
+        # per param; unfreezing one is seen at the next step.
+        ref_params, params = make_params(), make_params()
+        frozen = ("w_solo", "norm")
+        for ps in (ref_params, params):
+            for n in frozen:
+                ps[n].requires_grad_(False)
+        ref, opt = ReferenceMuon(groups(ref_params), **HYPER), self.muon(params)
+        g = torch.Generator().manual_seed(8)
+        for step in range(4):
+            if step == 3:
+                for ps in (ref_params, params):
+                    ps["w_solo"].requires_grad_(True)
+            grads = {n: torch.randn(p.shape, generator=g) for n, p in params.items()}
+            for o, ps in ((ref, ref_params), (opt, params)):
+                o.zero_grad(set_to_none=False)
+                sum((p * grads[n]).sum() for n, p in ps.items() if p.requires_grad).backward()
+                if o is opt and 0 < step < 3:
+                    self.assertTrue(opt._memory.grads_in_place(), step)
+                o.step()
+            self.assert_same({n: p.detach() for n, p in params.items()},
+                             {n: p.detach() for n, p in ref_params.items()})
+            skipped = set().union(*(d.step_requests[-1].skip_params
+                                    for d in self.cluster.daemons))
+            self.assertEqual(skipped, set(frozen) if step < 3 else {"norm"}, step)
+
     def test_a_moved_shared_grad_the_param_dropped_since_is_not_read(self):
         # The shared grad object moved to a tensor that cannot be the
         # param's grad (p.grad.data = a float64 copy), then dropped by the

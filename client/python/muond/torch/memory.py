@@ -10,6 +10,8 @@ optimizer's buffers and the per-step copies between the model's tensors and
 them."""
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import math
 import operator
@@ -36,6 +38,7 @@ _SHAPE = operator.attrgetter("shape")
 _DTYPE = operator.attrgetter("dtype")
 _DATA_PTR = torch.Tensor.data_ptr
 _IS_SET_TO = torch.Tensor.is_set_to  # the same storage, offset, size and stride
+_IS_NONE = functools.partial(operator.is_, None)
 _CONTIGUOUS = torch.Tensor.is_contiguous
 
 
@@ -211,18 +214,47 @@ class SharedParams:
         self._ptrs = [ptr for _, _, ptr in self.views]
         self._shapes = [view.shape for _, view, _ in self.views]
         self._dtypes = [view.dtype for _, view, _ in self.views]
+        self._frozen = None  # grads_in_place's requires_grad mask, when not all
+        self._frozen_skip_cache = None  # (that mask, frozen_skips' lists)
 
     def grads_in_place(self) -> bool:
-        """Every rebound param requires grad and its ``.grad`` is its shared
-        grad (the usual step: backward accumulated there, or
+        """Every rebound param that requires grad has its shared grad as
+        ``.grad`` (the usual step: backward accumulated there, or
         ``zero_grad(set_to_none=False)`` bound it, and the shared grad is
         still its span, as laid out at registration: none moved, re-strided
         or resized in place by ``p.grad.data = x``, ``p.grad.t_()``,
-        ``p.grad.resize_(...)``): no grad to copy or re-point, none skipped,
-        every one dense."""
-        return (all(map(operator.is_, map(_GRAD, self._rebound), self._shared_grads))
-                and all(map(_REQUIRES_GRAD, self._rebound))
-                and all(map(_IS_SET_TO, self._shared_grads, self._grad_homes)))
+        ``p.grad.resize_(...)``), and every frozen one (requires_grad False:
+        LoRA's base weights, a frozen embedding) has none: no grad to copy or
+        re-point, every one dense, the frozen ones skipped
+        (``frozen_skips``). Passes in C, whatever the mix."""
+        wants = list(map(_REQUIRES_GRAD, self._rebound))
+        self._frozen = None if all(wants) else tuple(wants)
+        ps, grads, homes = self._rebound, self._shared_grads, self._grad_homes
+        if self._frozen is not None:
+            ps = list(itertools.compress(self._rebound, wants))
+            grads = list(itertools.compress(self._shared_grads, wants))
+            homes = list(itertools.compress(self._grad_homes, wants))
+            frozen = itertools.compress(self._rebound, map(operator.not_, wants))
+            if not all(map(_IS_NONE, map(_GRAD, frozen))):
+                return False
+        return (all(map(operator.is_, map(_GRAD, ps), grads))
+                and all(map(_IS_SET_TO, grads, homes)))
+
+    def frozen_skips(self, names: dict, ranks_of: dict, daemons: int) -> list[list[str]]:
+        """Per daemon, the names of the frozen params as grads_in_place last
+        found them (in the order the per-param loop lists them), kept while
+        the same params stay frozen."""
+        if self._frozen is None:
+            return [[] for _ in range(daemons)]
+        cached = self._frozen_skip_cache
+        if cached is None or cached[0] != self._frozen:
+            skipped: list[list[str]] = [[] for _ in range(daemons)]
+            for p, wants in zip(self._rebound, self._frozen):
+                if not wants:
+                    for rank in ranks_of[names[id(p)]]:
+                        skipped[rank].append(names[id(p)])
+            cached = self._frozen_skip_cache = (self._frozen, skipped)
+        return [list(s) for s in cached[1]]
 
     def rehome_grads(self, names: dict | None) -> None:
         """Each shared grad the user moved or relaid in place (``p.grad.data =
@@ -415,11 +447,14 @@ class SharedParams:
         id(param) -> wire name; ``ranks_of``: wire name -> daemons holding it;
         ``grads_in_place``: the caller found ``grads_in_place()`` true since the
         last change to any grad (not asked again)."""
-        skipped: list[list[str]] = [[] for _ in range(daemons)]
         dst, src = [], []
         # The usual step: every rebound param's grad is where the daemons read
-        # it, and nothing to do for any of them (grads_in_place).
-        rebound = () if grads_in_place or self.grads_in_place() else self.grads
+        # it (the frozen ones have none), and nothing to do for any of them
+        # (grads_in_place).
+        in_place = grads_in_place or self.grads_in_place()
+        skipped = (self.frozen_skips(names, ranks_of, daemons) if in_place
+                   else [[] for _ in range(daemons)])
+        rebound = () if in_place else self.grads
         if rebound:
             with torch.no_grad():
                 self.rehome_grads(names)
