@@ -227,10 +227,12 @@ class SharedParams:
         LoRA's base weights, a frozen embedding) has none: no grad to copy or
         re-point, every one dense, the frozen ones skipped
         (``frozen_skips``). Passes in C, whatever the mix."""
-        wants = list(map(_REQUIRES_GRAD, self._rebound))
-        self._frozen = None if all(wants) else tuple(wants)
         ps, grads, homes = self._rebound, self._shared_grads, self._grad_homes
+        # The usual step has no frozen param: no mask is built for it.
+        self._frozen = (None if all(map(_REQUIRES_GRAD, ps))
+                        else tuple(map(_REQUIRES_GRAD, ps)))
         if self._frozen is not None:
+            wants = self._frozen
             ps = list(itertools.compress(self._rebound, wants))
             grads = list(itertools.compress(self._shared_grads, wants))
             homes = list(itertools.compress(self._grad_homes, wants))
