@@ -274,6 +274,7 @@ namespace {
 // Whether the bytes spanned by a and b (first to last element) intersect.
 bool Overlap(const MatrixView& a, const MatrixView& b) {
   if (a.span_bytes() == 0 || b.span_bytes() == 0) return false;
+  if (IsAbsent(a) || IsAbsent(b)) return false;
   const char* a0 = static_cast<const char*>(a.data);
   const char* b0 = static_cast<const char*>(b.data);
   return a0 < b0 + b.span_bytes() && b0 < a0 + a.span_bytes();
@@ -281,6 +282,16 @@ bool Overlap(const MatrixView& a, const MatrixView& b) {
 }  // namespace
 
 namespace {
+// An output may be Absent (not written): then only its shape is checked.
+absl::Status CheckOutputShape(const MatrixView& grad, const MatrixView& v,
+                              std::string_view what) {
+  if (!IsAbsent(v)) return CheckSameShape(grad, v, "grad", what);
+  if (v.rows == grad.rows && v.cols == grad.cols) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("grad (", Shape(grad), ") and ", std::string(what), " (",
+                   Shape(v), ") must have the same shape"));
+}
+
 // fp8 state comes with its block scales and is contiguous (the blocks are
 // runs of consecutive elements); other state has no scales.
 absl::Status CheckStateScales(const MatrixView& momentum_in,
@@ -301,7 +312,9 @@ absl::Status CheckStateScales(const MatrixView& momentum_in,
         "momentum: block scales are for fp8_e4m3 state only, the state is ",
         std::string(DTypeName(momentum_in.dtype))));
   }
-  if (scales.in == nullptr || scales.out == nullptr) {
+  // An absent momentum_out stores no codes, so it needs no scales out.
+  if (scales.in == nullptr ||
+      (scales.out == nullptr && !IsAbsent(momentum_out))) {
     return absl::InvalidArgumentError(
         "momentum: fp8_e4m3 state needs its block scales (in and out)");
   }
@@ -311,7 +324,7 @@ absl::Status CheckStateScales(const MatrixView& momentum_in,
         "consecutive elements)");
   }
   const bool in_place = momentum_out.data == momentum_in.data;
-  if (in_place != (scales.out == scales.in)) {
+  if (!IsAbsent(momentum_out) && in_place != (scales.out == scales.in)) {
     return absl::InvalidArgumentError(
         "momentum: fp8_e4m3 state updated in place must update its scales in "
         "place too, and only then");
@@ -325,17 +338,17 @@ absl::Status CheckMomentum(const MatrixView& grad,
                            const MatrixView& momentum_out,
                            const MatrixView& out, const BlockScales& scales) {
   RETURN_IF_ERROR(CheckStateScales(momentum_in, momentum_out, scales));
+  if (IsAbsent(momentum_out) && IsAbsent(out) && grad.numel() > 0) {
+    return absl::InvalidArgumentError(
+        "momentum: momentum_out and the NS input are both absent (nothing to "
+        "write)");
+  }
   if (auto s = CheckSameShape(grad, momentum_in, "grad", "momentum_in");
       !s.ok()) {
     return s;
   }
-  if (auto s = CheckSameShape(grad, momentum_out, "grad", "momentum_out");
-      !s.ok()) {
-    return s;
-  }
-  if (auto s = CheckSameShape(grad, out, "grad", "ns input"); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(CheckOutputShape(grad, momentum_out, "momentum_out"));
+  RETURN_IF_ERROR(CheckOutputShape(grad, out, "ns input"));
   if (Overlap(out, momentum_in) || Overlap(out, momentum_out)) {
     return absl::InvalidArgumentError(
         "momentum: the NS input buffer must not overlap the momentum state");

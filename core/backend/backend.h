@@ -263,11 +263,14 @@ class Backend {
   // `out` formed from that unquantized value, and the block stored as codes
   // and scales.out (ew::BlockScale of its absmax, ew::QuantizeE4M3).
   // momentum_out may be momentum_in (in place, scales.out == scales.in);
-  // otherwise it must not overlap momentum_in, grad or out: the step engine
-  // reads the committed state and writes the staged one, so an abandoned
-  // step leaves the state untouched without first copying it (14 B/element
-  // with fp32 state and a bf16 NS input instead of 22). out never overlaps
-  // either momentum (the NS input is never state).
+  // otherwise it must not overlap momentum_in, grad or out. Either output
+  // may be Absent (matrix_view.h), not both: the step engine computes out
+  // with momentum_out absent (the state only read, so an abandoned step
+  // leaves it untouched with no copy of it), then after the commit vote
+  // stores the new momentum by the same kernel in place with out absent:
+  // the same math on the same values, so bitwise the one full call
+  // (fp8: scales.out unused while momentum_out is absent). out never
+  // overlaps either momentum (the NS input is never state).
   virtual absl::Status MuonMomentum(const MatrixView& grad,
                                     const MatrixView& momentum_in,
                                     const MatrixView& momentum_out, double beta,

@@ -171,10 +171,13 @@ void MomentumFp8(const MatrixView& grad, const MatrixView& momentum_in,
       const float g = Load(grad, i, j);
       const float m = ew::DequantizeE4M3(codes_in[b0 + k], scale_in);
       block[k] = ew::MomentumEma(m, g, w_ema);
-      Store(out, i, j,
-            nesterov ? ew::NesterovInput(g, block[k], w_nesterov) : block[k]);
+      if (!IsAbsent(out)) {
+        Store(out, i, j,
+              nesterov ? ew::NesterovInput(g, block[k], w_nesterov) : block[k]);
+      }
       absmax = ew::AbsMaxStep(absmax, block[k]);
     }
+    if (codes_out == nullptr) continue;  // momentum_out absent
     const float scale = ew::BlockScale(absmax);
     for (int64_t k = 0; k < len; ++k) {
       codes_out[b0 + k] = ew::QuantizeE4M3(block[k], scale);
@@ -384,13 +387,18 @@ class CpuBackend final : public Backend {
                   out, scales);
       return absl::OkStatus();
     }
+    const bool store_momentum = !IsAbsent(momentum_out);
+    const bool store_out = !IsAbsent(out);
+    const bool bf16_state = momentum_in.dtype == DType::kBFloat16;
     ForEach(grad, [&](int64_t i, int64_t j) {
       const float g = Load(grad, i, j);
-      Store(momentum_out, i, j,
-            ew::MomentumEma(Load(momentum_in, i, j), g, w_ema));
-      // Read back: with bf16 state the NS input sees the stored momentum.
-      const float m = Load(momentum_out, i, j);
-      Store(out, i, j, nesterov ? ew::NesterovInput(g, m, w_nesterov) : m);
+      const float m_new = ew::MomentumEma(Load(momentum_in, i, j), g, w_ema);
+      if (store_momentum) Store(momentum_out, i, j, m_new);
+      // With bf16 state the NS input sees the stored (rounded) momentum.
+      const float m = bf16_state ? RoundToBf16(m_new) : m_new;
+      if (store_out) {
+        Store(out, i, j, nesterov ? ew::NesterovInput(g, m, w_nesterov) : m);
+      }
     });
     return absl::OkStatus();
   }

@@ -192,6 +192,8 @@ __global__ void MultiFiniteKernel(MultiTable t, float limit, int* flag) {
 }
 
 // Views: 0 grad, 1 momentum in, 2 NS input, 3 momentum out (may be view 1).
+// A null NS input or momentum out (Backend::MuonMomentum's Absent) is not
+// written; its dtype still sets the signature.
 struct MultiMomentumOp {
   static constexpr int kViews = 4;
   float w_ema, w_nesterov;
@@ -205,9 +207,10 @@ struct MultiMomentumOp {
   }
   __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
     const float m_new = ew::MomentumEma(in.m, in.g, w_ema);
-    StFlat(t.ptr[3][k], t.elem[3][k], j, m_new);
+    if (t.ptr[3][k] != nullptr) StFlat(t.ptr[3][k], t.elem[3][k], j, m_new);
+    if (t.ptr[2][k] == nullptr) return;
     const float m =
-        t.elem[3][k] == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
+        t.elem[1][k] == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
     StFlat(t.ptr[2][k], t.elem[2][k], j,
            nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
   }
@@ -215,7 +218,7 @@ struct MultiMomentumOp {
   template <int kSig>
   __device__ void Store4(const MultiTable& t, int k, int64_t j,
                          float4 (&in)[kLoads]) const {
-    constexpr bool bf16_state = ElemOf(kSig, 3) == 2;
+    constexpr bool bf16_state = ElemOf(kSig, 1) == 2;
     float4 m_new, out;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -227,8 +230,8 @@ struct MultiMomentumOp {
       At(out, e) =
           nesterov ? ew::NesterovInput(At(in[0], e), m, w_nesterov) : m;
     }
-    St4<ElemOf(kSig, 3)>(t.ptr[3][k], j, m_new);
-    St4<ElemOf(kSig, 2)>(t.ptr[2][k], j, out);
+    if (t.ptr[3][k] != nullptr) St4<ElemOf(kSig, 3)>(t.ptr[3][k], j, m_new);
+    if (t.ptr[2][k] != nullptr) St4<ElemOf(kSig, 2)>(t.ptr[2][k], j, out);
   }
 };
 

@@ -144,10 +144,12 @@ __global__ void MomentumFp8Kernel(Fp8Table t, float w_ema, float w_nesterov,
           vector ? uint8_t(code_words[r] >> (8 * q)) : codes_in[e0 + q];
       m = ew::MomentumEma(ew::DequantizeE4M3(code, scale_in), g[q], w_ema);
       g[q] = nesterov ? ew::NesterovInput(g[q], m, w_nesterov) : m;
-      if (!vector) St(out, e / out.cols, e % out.cols, g[q]);
+      if (!vector && out.data != nullptr)
+        St(out, e / out.cols, e % out.cols, g[q]);
     }
-    if (vector) Store4(out, first + e0, g);
+    if (vector && out.data != nullptr) Store4(out, first + e0, g);
   }
+  if (t.codes_out[k] == nullptr) return;  // momentum out absent
   float absmax = 0.0f;
   for (int i = 0; i < kPerLane; ++i) absmax = ew::AbsMaxStep(absmax, m_new[i]);
   const float scale = ew::BlockScale(WarpAbsMax(absmax));

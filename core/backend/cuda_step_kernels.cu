@@ -11,7 +11,8 @@ namespace cuda_kernels {
 namespace {
 
 // mom_out may be mom_in (in place): every element is loaded before it is
-// stored, by the same thread.
+// stored, by the same thread. A null mom_out or out (Backend::MuonMomentum's
+// Absent) is not written.
 struct MomentumOp {
   DView grad, mom_in, mom_out, out;
   float w_ema, w_nesterov;
@@ -22,20 +23,17 @@ struct MomentumOp {
   __device__ In Load(int64_t j) const {
     return In{Ld(grad, 0, j), Ld(mom_in, 0, j)};
   }
-  __device__ void Store(int64_t j, In in) const {
-    const float m_new = ew::MomentumEma(in.m, in.g, w_ema);
-    St(mom_out, 0, j, m_new);
-    const float m =
-        mom_out.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
-    St(out, 0, j, nesterov ? ew::NesterovInput(in.g, m, w_nesterov) : m);
-  }
+  __device__ void Store(int64_t j, In in) const { Write(0, j, in.g, in.m); }
   __device__ void operator()(int64_t i, int64_t j) const {
-    const float g = Ld(grad, i, j);
-    const float m_new = ew::MomentumEma(Ld(mom_in, i, j), g, w_ema);
-    St(mom_out, i, j, m_new);
+    Write(i, j, Ld(grad, i, j), Ld(mom_in, i, j));
+  }
+  __device__ void Write(int64_t i, int64_t j, float g, float m_in) const {
+    const float m_new = ew::MomentumEma(m_in, g, w_ema);
+    if (mom_out.data != nullptr) St(mom_out, i, j, m_new);
+    if (out.data == nullptr) return;
     // The stored value, without reading it back (bf16 state: rounded once).
     const float m =
-        mom_out.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
+        mom_in.elem == 4 ? m_new : Bf16BitsToFloat(FloatToBf16Bits(m_new));
     St(out, i, j, nesterov ? ew::NesterovInput(g, m, w_nesterov) : m);
   }
 };

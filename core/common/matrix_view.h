@@ -39,6 +39,14 @@ struct MatrixView {
   }
 };
 
+// `v`'s shape and dtype with no memory behind it: an output a kernel is told
+// to leave unwritten (Backend::MuonMomentum's momentum_out or out).
+inline MatrixView Absent(MatrixView v) {
+  v.data = nullptr;
+  return v;
+}
+inline bool IsAbsent(const MatrixView& v) { return v.data == nullptr; }
+
 // A contiguous row-major view of `rows` x `cols` elements at `data`.
 inline MatrixView ContiguousView(void* data, DType dtype, int64_t rows,
                                  int64_t cols) {

@@ -90,8 +90,14 @@ absl::StatusOr<float*> AllocateScales(Backend* backend, int64_t elements,
   return static_cast<float*>(buf.data());
 }
 
-// fp8_e4m3 state's scales (Muon: momentum and staged; AdamW: both moments);
-// nothing for other dtypes.
+// Host momentum on a device streams through slots (HostStateStreams); on a
+// host backend it is simply the state.
+bool StreamsHostMomentum(StateLocation where, const Backend& backend) {
+  return where == StateLocation::kHost && backend.is_device();
+}
+
+// fp8_e4m3 state's scales (Muon: momentum, and staged for host state;
+// AdamW: both moments); nothing for other dtypes.
 absl::Status AllocateStateScales(Backend* backend, DType dtype,
                                  int64_t elements, StateLocation where,
                                  bool muon, ParamState& st) {
@@ -101,8 +107,10 @@ absl::Status AllocateStateScales(Backend* backend, DType dtype,
   };
   if (muon) {
     ASSIGN_OR_RETURN(st.momentum_scales, scales(st.momentum_scales_buf));
-    ASSIGN_OR_RETURN(st.staged_momentum_scales,
-                     scales(st.staged_momentum_scales_buf));
+    if (StreamsHostMomentum(where, *backend)) {
+      ASSIGN_OR_RETURN(st.staged_momentum_scales,
+                       scales(st.staged_momentum_scales_buf));
+    }
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(st.moment_scales.exp_avg, scales(st.exp_avg_scales_buf));
@@ -121,17 +129,18 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
     ASSIGN_OR_RETURN(st.momentum_buf,
                      AllocateZeroed(group.backend, sd, rows, cols, where));
     st.momentum = ContiguousView(st.momentum_buf.data(), sd, rows, cols);
-    ASSIGN_OR_RETURN(st.staged_momentum_buf,
-                     AllocateZeroed(group.backend, sd, rows, cols, where));
-    st.staged_momentum =
-        ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
+    // Streamed host state stores its new momentum to a staged host copy (the
+    // slots are reused); other state needs none: the commit recomputes it in
+    // place (CommitMuonGroup).
+    if (StreamsHostMomentum(where, *group.backend)) {
+      ASSIGN_OR_RETURN(st.staged_momentum_buf,
+                       AllocateZeroed(group.backend, sd, rows, cols, where));
+      st.staged_momentum =
+          ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
+    }
     RETURN_IF_ERROR(AllocateStateScales(group.backend, sd, rows * cols, where,
                                         /*muon=*/true, st));
     group.state_bytes += StateBytes(sd, rows * cols);
-    // Device staging only (host state stages through HostStateStreams).
-    if (where == StateLocation::kDevice) {
-      group.staging_bytes += StateBytes(sd, rows * cols);
-    }
     return absl::OkStatus();
   }
   const DType sd = config.adamw.state_dtype;
@@ -214,8 +223,7 @@ absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
     ASSIGN_OR_RETURN(group.local, AllocateSlabs(group.backend, group.ns_dtype,
                                                 shapes, group.local_slabs));
     group.ns = NsRunner(group.backend, group.ns_dtype, ns_budget);
-    if (config.muon.state_location == StateLocation::kHost &&
-        group.backend->is_device()) {
+    if (StreamsHostMomentum(config.muon.state_location, *group.backend)) {
       SizeHostStream(group);
     }
   }

@@ -55,32 +55,67 @@ std::vector<MatrixView> Pick(const std::vector<MatrixView>& views,
   return picked;
 }
 
-// grad_i, momentum_i -> staged_momentum_i, L_i in one batched call (CUDA: a
-// launch per ~40 small params, not per param). momentum_i is only read, so
-// an abandoned step leaves the state as it was without a copy of it; a
-// skipped param's staged buffer is not written (CommitMuonGroup does not
-// swap it in).
-absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
-                           const std::set<std::string>& skip) {
-  std::vector<MatrixView> grads, momenta, staged, inputs;
-  std::vector<BlockScales> scales;  // fp8 state: momentum -> staged scales
+// The momentum kernel's operands for the params not in `skip`: grads,
+// momenta, and the block scales of fp8 state (in and out: in place).
+struct MomentumOperands {
+  std::vector<size_t> params;
+  std::vector<MatrixView> grads, momenta;
+  std::vector<BlockScales> scales;
+};
+MomentumOperands MomentumOperandsOf(const GroupState& group,
+                                    const std::set<std::string>& skip) {
+  MomentumOperands m;
   for (size_t i = 0; i < group.params.size(); ++i) {
-    ParamState& p = group.params[i];
-    if (skip.contains(group.config.params[i].name)) {
-      RETURN_IF_ERROR(group.backend->Memset0(group.local[i]));
-      continue;
-    }
-    grads.push_back(group.config.params[i].grad);
-    momenta.push_back(p.momentum);
-    staged.push_back(p.staged_momentum);
-    inputs.push_back(group.local[i]);
+    if (skip.contains(group.config.params[i].name)) continue;
+    const ParamState& p = group.params[i];
+    m.params.push_back(i);
+    m.grads.push_back(group.config.params[i].grad);
+    m.momenta.push_back(p.momentum);
     if (p.momentum_scales != nullptr) {
-      scales.push_back({p.momentum_scales, p.staged_momentum_scales});
+      m.scales.push_back({p.momentum_scales, p.momentum_scales});
     }
   }
-  if (grads.empty()) return absl::OkStatus();
-  return MuonMomentumPhaseBatch(*group.backend, options, grads, momenta, staged,
-                                inputs, scales);
+  return m;
+}
+
+// grad_i, momentum_i -> L_i in one batched call (CUDA: a launch per ~40 small
+// params, not per param), the new momentum not stored: momentum_i is only
+// read, so an abandoned step leaves the state as it was with no copy of it
+// (CommitMuonGroup stores it). A skipped param's L_i is zeroed.
+absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
+                           const std::set<std::string>& skip) {
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    if (skip.contains(group.config.params[i].name)) {
+      RETURN_IF_ERROR(group.backend->Memset0(group.local[i]));
+    }
+  }
+  MomentumOperands m = MomentumOperandsOf(group, skip);
+  if (m.params.empty()) return absl::OkStatus();
+  for (BlockScales& s : m.scales) s.out = nullptr;
+  std::vector<MatrixView> absent, inputs;
+  for (size_t k = 0; k < m.params.size(); ++k) {
+    absent.push_back(Absent(m.momenta[k]));
+    inputs.push_back(group.local[m.params[k]]);
+  }
+  return MuonMomentumPhaseBatch(*group.backend, options, m.grads, m.momenta,
+                                absent, inputs, m.scales);
+}
+
+// After the commit vote, device state: the new momentum of the params not in
+// `skip`, by the momentum kernel in place with no NS input (the grads are the
+// trainer's, unchanged since MomentumPhase): bitwise what MomentumPhase
+// computed. Costs a read of grad and momentum per element where a staged
+// copy would have cost a second momentum's memory.
+absl::Status StoreMomentum(GroupState& group, const MuonOptions& options,
+                           const std::set<std::string>& skip) {
+  const MomentumOperands m = MomentumOperandsOf(group, skip);
+  if (m.params.empty()) return absl::OkStatus();
+  std::vector<MatrixView> absent;
+  for (size_t k = 0; k < m.params.size(); ++k) {
+    absent.push_back(Absent(group.local[m.params[k]]));
+  }
+  return MuonMomentumPhaseBatch(*group.backend, options, m.grads, m.momenta,
+                                m.momenta, absent, m.scales);
 }
 
 // Params in NS order cut into pieces of about GroupState::host_piece_bytes
@@ -422,12 +457,15 @@ absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
                              const std::set<std::string>& skip,
                              PhaseTimings& t) {
   RETURN_IF_ERROR(TimedPhase(*group.backend, "lsmuon/update", t.update_us, [&] {
-    return UpdatePhase(group, options, skip);
+    RETURN_IF_ERROR(UpdatePhase(group, options, skip));
+    return group.host_streams == nullptr ? StoreMomentum(group, options, skip)
+                                         : absl::OkStatus();
   }));
-  // The staged momentum is the state from now on; the old buffer stages the
-  // next step. A skipped param's momentum stays (MomentumPhase did not stage
-  // it).
-  for (size_t i = 0; i < group.params.size(); ++i) {
+  // Host state: the staged momentum is the state from now on; the old buffer
+  // stages the next step. A skipped param's momentum stays (the stream did
+  // not stage it).
+  for (size_t i = 0; group.host_streams != nullptr && i < group.params.size();
+       ++i) {
     if (skip.contains(group.config.params[i].name)) continue;
     ParamState& p = group.params[i];
     std::swap(p.momentum_buf, p.staged_momentum_buf);

@@ -2,7 +2,7 @@
 // One group's share of a step, phase by phase (docs/ARCHITECTURE.md "One
 // step"). Each phase names the views it reads and writes:
 //
-//   momentum   grad_i, momentum_i -> staged_momentum_i, L_i
+//   momentum   grad_i, momentum_i -> L_i (momentum_i only read)
 //   a2a_fwd    stage 1 over gtp_remat:  L_i  -> A1_i
 //              stage 2 over tp:         A1_i -> A2_i
 //   ns         replicated params on L_i, ns_tp_complete on A1_i,
@@ -14,20 +14,23 @@
 //              (PlanBuffers::dp_share; nothing without a DP axis)
 //   ---------- the job's commit vote (layer_sharded_muon.cc) ----------
 //   update     L_i -> param_i (weight decay + adjusted lr), then
-//              staged_momentum_i becomes momentum_i (a swap; not for a
-//              skipped param)
+//              grad_i, momentum_i -> momentum_i (the momentum kernel again,
+//              in place; host state: its staged_momentum_i, stored by the
+//              stream, swapped in); not for a skipped param
 //
 // The phases before the commit write only engine-owned scratch (staging, L_i,
 // A1_i, A2_i), never a param or optimizer state: a step that fails in an
 // exchange (a peer died) or that the commit vote turns down leaves params and
-// momentum exactly as before. The momentum kernel reads momentum_i and writes
-// staged_momentum_i (the same math as in place, so results stay bitwise;
-// no copy of the state first: 14 B/element instead of 22 with fp32 state and
-// a bf16 NS input).
+// momentum exactly as before. The momentum phase reads momentum_i and writes
+// only L_i; the commit runs the same kernel on the same values (the grads are
+// the trainer's, untouched until the step returns) to store the new
+// momentum: bitwise what the phase computed, with no second copy of the
+// state (a staged copy doubled the device state's bytes; the recompute
+// reads grad and momentum once more).
 //
 // A param named in `skip` (StepInputs::skip_params) is left alone, as
 // torch.optim leaves a param whose grad is None: the kernel does not run on
-// it and the commit does not swap its staged buffer in, its L_i is zeroed (NS
+// it and the commit does not store its momentum, its L_i is zeroed (NS
 // of zeros is zeros, and the exchanges keep their shapes on every rank), and
 // the update phase leaves its param alone (no weight decay, no update); an
 // AdamW param keeps its moments and its step count. The other params run the
@@ -83,7 +86,8 @@ absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
                                   const std::set<std::string>& skip);
 
 // After the job's commit vote: the update of the params (L_i after
-// PrepareMuonGroup) and the staged momentum made the state. Local only.
+// PrepareMuonGroup) and the new momentum stored (host state: the staged
+// momentum made the state). Local only.
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
                              const std::set<std::string>& skip,
                              PhaseTimings& t);

@@ -1,5 +1,5 @@
 // One step, decided by the whole job: the job vote, momentum, exchanges and
-// NS into staging on every lane, the commit vote, then the commit.
+// NS into scratch on every lane, the commit vote, then the commit.
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -81,7 +81,7 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
     result.skipped_nonfinite = std::move(bad);
     return result;
   }
-  // 3. Momentum into staging, exchanges, NS: nothing of the state yet.
+  // 3. Momentum (the NS input only), exchanges, NS: nothing of the state yet.
   ShapeTimes* shape_times = MeasuresShapes() ? &shape_times_ : nullptr;
   ++steps_run_;
   shape_times_.Clear();

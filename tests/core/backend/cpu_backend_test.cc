@@ -316,6 +316,95 @@ TEST(CpuBackend, MuonMomentumOutOfPlaceIsInPlaceBitwise) {
   }
 }
 
+// The step engine's two passes: the NS input with the new momentum not
+// stored (momentum_out Absent), then after the commit vote the new momentum
+// in place with no NS input (out Absent). Each is bitwise the one in-place
+// call, and the first leaves the state as it was; single and batched, fp32
+// and bf16 state, a strided grad, fp32 and bf16 NS inputs.
+TEST(CpuBackend, MuonMomentumInTwoPassesIsTheOneCall) {
+  auto backend = MakeCpuBackend();
+  for (bool nesterov : {false, true}) {
+    for (DType state : {DType::kFloat32, DType::kBFloat16}) {
+      for (DType ns : {DType::kFloat32, DType::kBFloat16}) {
+        SCOPED_TRACE(::testing::Message() << nesterov << int(state) << int(ns));
+        // Two params: 3 x 4 with its grad in 3 x 5 storage, and 2 x 8.
+        std::vector<float> g0 = Random(15, 41), g1 = Random(16, 42);
+        const std::vector<MatrixView> grads = {V(g0, 3, 4, 5), V(g1, 2, 8)};
+        auto state_of = [&](uint32_t seed, int64_t rows, int64_t cols) {
+          std::vector<float> f = Random(rows * cols, seed);
+          std::vector<uint8_t> bytes(f.size() * DTypeSize(state));
+          for (size_t k = 0; k < f.size(); ++k) {
+            if (state == DType::kFloat32) {
+              std::memcpy(&bytes[4 * k], &f[k], 4);
+            } else {
+              const uint16_t h = FloatToBf16Bits(f[k]);
+              std::memcpy(&bytes[2 * k], &h, 2);
+            }
+          }
+          return bytes;
+        };
+        std::vector<std::vector<uint8_t>> one = {state_of(43, 3, 4),
+                                                 state_of(44, 2, 8)};
+        std::vector<std::vector<uint8_t>> two = one;
+        const std::vector<std::vector<uint8_t>> start = one;
+        std::vector<std::vector<uint8_t>> ns_one(2), ns_two(2);
+        std::vector<MatrixView> m_one, m_two, o_one, o_two;
+        for (int k = 0; k < 2; ++k) {
+          const int64_t rows = grads[k].rows, cols = grads[k].cols;
+          ns_one[k].assign(rows * cols * DTypeSize(ns), 0);
+          ns_two[k].assign(rows * cols * DTypeSize(ns), 0xee);
+          m_one.push_back(ContiguousView(one[k].data(), state, rows, cols));
+          m_two.push_back(ContiguousView(two[k].data(), state, rows, cols));
+          o_one.push_back(ContiguousView(ns_one[k].data(), ns, rows, cols));
+          o_two.push_back(ContiguousView(ns_two[k].data(), ns, rows, cols));
+        }
+        std::vector<MatrixView> no_state, no_ns;
+        for (int k = 0; k < 2; ++k) {
+          no_state.push_back(Absent(m_two[k]));
+          no_ns.push_back(Absent(o_two[k]));
+        }
+        for (bool batched : {false, true}) {
+          one = start;
+          two = start;
+          if (batched) {
+            ASSERT_TRUE(
+                backend->MuonMomentumBatch(grads, m_one, 0.95, nesterov, o_one)
+                    .ok());
+            ASSERT_TRUE(backend
+                            ->MuonMomentumBatch(grads, m_two, no_state, 0.95,
+                                                nesterov, o_two)
+                            .ok());
+          } else {
+            for (int k = 0; k < 2; ++k) {
+              ASSERT_TRUE(backend
+                              ->MuonMomentum(grads[k], m_one[k], 0.95, nesterov,
+                                             o_one[k])
+                              .ok());
+              ASSERT_TRUE(backend
+                              ->MuonMomentum(grads[k], m_two[k], no_state[k],
+                                             0.95, nesterov, o_two[k])
+                              .ok());
+            }
+          }
+          EXPECT_EQ(two, start);  // the first pass only reads the state
+          EXPECT_EQ(ns_two, ns_one);
+          ASSERT_TRUE(backend
+                          ->MuonMomentumBatch(grads, m_two, m_two, 0.95,
+                                              nesterov, no_ns)
+                          .ok());
+          EXPECT_EQ(two, one);
+          EXPECT_NE(two, start);
+        }
+        // Nothing to write: refused.
+        EXPECT_FALSE(backend
+                         ->MuonMomentum(grads[0], m_two[0], no_state[0], 0.95,
+                                        nesterov, no_ns[0])
+                         .ok());
+      }
+    }
+  }
+}
+
 TEST(CpuBackend, MuonMomentumOutOfPlaceRejectsOverlap) {
   auto backend = MakeCpuBackend();
   std::vector<float> g(8, 1), m(8, 0), out(8), buf(12);

@@ -344,6 +344,89 @@ TEST_F(CudaBackendTest, MomentumOutOfPlaceIsCpuInPlaceBitwise) {
   }
 }
 
+// The step engine's two passes on the device (the NS input with momentum_out
+// Absent, then the new momentum in place with the NS input Absent), single
+// and batched (vec4 tables in fp32 and bf16 state, a strided tensor, bf16
+// NS inputs, an empty one), against the CPU backend's one in-place call: the
+// first pass leaves the state as it was, and each output is bitwise.
+TEST_F(CudaBackendTest, MomentumInTwoPassesIsCpuOneCallBitwise) {
+  const int count = 40;
+  std::vector<std::vector<uint8_t>> g(count), m(count), m_cpu(count),
+      ns_cpu(count);
+  std::vector<MatrixView> dg, dm, dns, hg, hm, hns;
+  std::vector<DType> state_dtype(count);
+  for (int i = 0; i < count; ++i) {
+    const int64_t r = i == 5 ? 0 : 3 + i % 7, c = 16 + 4 * (i % 5);
+    const int64_t ld = i == 7 ? c + 4 : c;
+    const DType sd = i % 3 == 1 ? DType::kBFloat16 : DType::kFloat32;
+    state_dtype[i] = sd;
+    const DType nd = i % 4 == 2 ? DType::kBFloat16 : DType::kFloat32;
+    const int64_t n = r * ld, es = DTypeSize(sd);
+    const std::vector<float> gf = Random(n, 500 + i), mf = Random(n, 700 + i);
+    g[i].resize(n * 4);
+    std::memcpy(g[i].data(), gf.data(), n * 4);
+    m[i].resize(n * es);
+    for (int64_t k = 0; k < n; ++k) {
+      if (sd == DType::kBFloat16) {
+        const uint16_t h = FloatToBf16Bits(mf[k]);
+        std::memcpy(m[i].data() + 2 * k, &h, 2);
+      } else {
+        std::memcpy(m[i].data() + 4 * k, &mf[k], 4);
+      }
+    }
+    ns_cpu[i].assign(n * DTypeSize(nd), 0);
+    hg.push_back({g[i].data(), DType::kFloat32, r, c, ld});
+    hns.push_back({ns_cpu[i].data(), nd, r, c, ld});
+    dg.push_back(Up(hg.back()));
+    dns.push_back(Up(hns.back()));
+  }
+  for (bool batched : {true, false}) {
+    dm.clear();
+    hm.clear();
+    for (int i = 0; i < count; ++i) {
+      m_cpu[i] = m[i];
+      hm.push_back({m_cpu[i].data(), state_dtype[i], hg[i].rows, hg[i].cols,
+                    hg[i].row_stride});
+      ASSERT_TRUE(cpu_->MuonMomentum(hg[i], hm[i], 0.95, batched, hns[i]).ok());
+      dm.push_back(Up({m[i].data(), hm[i].dtype, hm[i].rows, hm[i].cols,
+                       hm[i].row_stride}));
+    }
+    std::vector<MatrixView> no_state, no_ns;
+    for (int i = 0; i < count; ++i) {
+      no_state.push_back(Absent(dm[i]));
+      no_ns.push_back(Absent(dns[i]));
+    }
+    if (batched) {
+      ASSERT_TRUE(
+          gpu_->MuonMomentumBatch(dg, dm, no_state, 0.95, true, dns).ok());
+    } else {
+      for (int i = 0; i < count; ++i) {
+        ASSERT_TRUE(
+            gpu_->MuonMomentum(dg[i], dm[i], no_state[i], 0.95, false, dns[i])
+                .ok());
+      }
+    }
+    for (int i = 0; i < count; ++i) {
+      const int64_t n = hm[i].rows * hm[i].row_stride;
+      EXPECT_EQ(Down<uint8_t>(dm[i], n * DTypeSize(hm[i].dtype)), m[i]) << i;
+    }
+    ASSERT_TRUE(gpu_->MuonMomentumBatch(dg, dm, dm, 0.95, batched, no_ns).ok());
+    for (int i = 0; i < count; ++i) {
+      const int64_t ld = hm[i].row_stride, n = hm[i].rows * ld;
+      const int64_t es = DTypeSize(hm[i].dtype), os = DTypeSize(hns[i].dtype);
+      const auto got_m = Down<uint8_t>(dm[i], n * es);
+      const auto got_o = Down<uint8_t>(dns[i], n * os);
+      for (int64_t k = 0; k < n; ++k) {
+        if (k % ld >= hm[i].cols) continue;  // the stride gap
+        ASSERT_EQ(std::memcmp(&got_m[k * es], &m_cpu[i][k * es], es), 0)
+            << i << " " << k;
+        ASSERT_EQ(std::memcmp(&got_o[k * os], &ns_cpu[i][k * os], os), 0)
+            << i << " " << k;
+      }
+    }
+  }
+}
+
 // The batched momentum/update and the multi-tensor AllFinite against the
 // CPU backend's single calls: more tensors than one launch table holds, a
 // strided one, bf16 state/params, an empty one (bit-identical).

@@ -133,6 +133,76 @@ class CudaFp8StateTest : public muond::testing::CudaTest {
   }
 };
 
+// The step engine's two passes on the device: the NS input with momentum_out
+// Absent (the codes and scales only read), then the new codes and scales in
+// place with the NS input Absent; against the CPU backend's one in-place call.
+TEST_F(CudaFp8StateTest, TwoPassesAreTheCpuOneCallBitwise) {
+  std::vector<Host> params;
+  for (int k = 0; k < 12; ++k) {
+    params.emplace_back(3 + 5 * k, 17 + 23 * k, k % 3, 900 + k);
+  }
+  std::vector<MatrixView> g, m, o, dg, dm, dout, no_state, no_ns;
+  std::vector<BlockScales> s, ds_in, ds_both;
+  std::vector<void*> d_codes, d_out;
+  std::vector<float*> d_scales;
+  for (Host& h : params) {
+    const MatrixView grad{h.grad.data(), DType::kFloat32, h.rows, h.cols,
+                          h.cols + h.pad};
+    g.push_back(grad);
+    m.push_back(
+        ContiguousView(h.codes_in.data(), DType::kFloat8E4M3, h.rows, h.cols));
+    o.push_back(ContiguousView(h.out.data(), DType::kFloat32, h.rows, h.cols));
+    s.push_back({h.scales_in.data(), h.scales_in.data()});
+    d_codes.push_back(Up(h.codes_in.data(), h.n()));
+    d_out.push_back(Up(h.out.data(), h.n() * 4));
+    d_scales.push_back(static_cast<float*>(
+        Up(h.scales_in.data(), int64_t(h.scales_in.size()) * 4)));
+    MatrixView dgrad = grad;
+    dgrad.data = Up(h.grad.data(), int64_t(h.grad.size()) * 4);
+    dg.push_back(dgrad);
+    dm.push_back(
+        ContiguousView(d_codes.back(), DType::kFloat8E4M3, h.rows, h.cols));
+    dout.push_back(
+        ContiguousView(d_out.back(), DType::kFloat32, h.rows, h.cols));
+    no_state.push_back(Absent(dm.back()));
+    no_ns.push_back(Absent(dout.back()));
+    ds_in.push_back({d_scales.back(), nullptr});
+    ds_both.push_back({d_scales.back(), d_scales.back()});
+  }
+  const std::vector<Host> start = params;
+  ASSERT_TRUE(cpu_->MuonMomentumBatch(g, m, m, 0.95, true, o, s).ok());
+  absl::Status st =
+      gpu_->MuonMomentumBatch(dg, dm, no_state, 0.95, true, dout, ds_in);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  for (size_t k = 0; k < params.size(); ++k) {
+    std::vector<uint8_t> codes(params[k].n());
+    std::vector<float> scales(params[k].scales_in.size()), out(params[k].n());
+    Down(codes, d_codes[k]);
+    Down(scales, d_scales[k]);
+    Down(out, d_out[k]);
+    EXPECT_EQ(codes, start[k].codes_in) << "param " << k;
+    EXPECT_EQ(0, std::memcmp(scales.data(), start[k].scales_in.data(),
+                             scales.size() * 4))
+        << "param " << k;
+    EXPECT_EQ(0, std::memcmp(out.data(), params[k].out.data(), out.size() * 4))
+        << "param " << k;
+  }
+  st = gpu_->MuonMomentumBatch(dg, dm, dm, 0.95, true, no_ns, ds_both);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  for (size_t k = 0; k < params.size(); ++k) {
+    std::vector<uint8_t> codes(params[k].n());
+    std::vector<float> scales(params[k].scales_in.size());
+    Down(codes, d_codes[k]);
+    Down(scales, d_scales[k]);
+    EXPECT_EQ(codes, params[k].codes_in) << "param " << k;
+    EXPECT_EQ(0, std::memcmp(scales.data(), params[k].scales_in.data(),
+                             scales.size() * 4))
+        << "param " << k;
+  }
+}
+
 TEST_F(CudaFp8StateTest, OneTensorInPlaceAndStaged) {
   for (bool in_place : {false, true}) {
     Compare({Host(37, 50, 0, 1)}, true, in_place);

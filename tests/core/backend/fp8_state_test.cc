@@ -201,6 +201,43 @@ TEST(Fp8Momentum, MatchesTheReferenceInPlaceAndStaged) {
   }
 }
 
+// The step engine's two passes on fp8 state: the NS input with momentum_out
+// Absent (no scales out; the state only read), then the new codes and
+// scales in place with the NS input Absent; each as the reference step.
+TEST(Fp8Momentum, TwoPassesAreTheOneStep) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  const int64_t rows = 9, cols = 64, pad = 5;  // 576: blocks 256, 256, 64
+  const int64_t n = rows * cols;
+  const RefFp8State start = StartState(n, 51);
+  std::vector<float> wide = Random(rows * (cols + pad), 52), flat(n);
+  for (int64_t e = 0; e < n; ++e)
+    flat[e] = wide[(e / cols) * (cols + pad) + e % cols];
+  const MatrixView grad{wide.data(), DType::kFloat32, rows, cols, cols + pad};
+  for (bool nesterov : {false, true}) {
+    std::vector<float> ref_out;
+    const RefFp8State want =
+        testing::RefMomentumStep(start, flat, 0.95, nesterov, &ref_out);
+    Fp8Buffers state{start.codes, start.scales};
+    std::vector<float> out(n, -1.0f);
+    const MatrixView out_view =
+        ContiguousView(out.data(), DType::kFloat32, rows, cols);
+    absl::Status st = cpu->MuonMomentum(
+        grad, state.View(rows, cols), Absent(state.View(rows, cols)), 0.95,
+        nesterov, out_view, BlockScales{state.scales.data(), nullptr});
+    ASSERT_TRUE(st.ok()) << st;
+    ExpectState(state, start);
+    for (int64_t e = 0; e < n; ++e) {
+      ASSERT_EQ(Bits(out[e]), Bits(ref_out[e])) << "ns input element " << e;
+    }
+    st = cpu->MuonMomentum(
+        grad, state.View(rows, cols), state.View(rows, cols), 0.95, nesterov,
+        Absent(out_view),
+        BlockScales{state.scales.data(), state.scales.data()});
+    ASSERT_TRUE(st.ok()) << st;
+    ExpectState(state, want);
+  }
+}
+
 TEST(Fp8Momentum, StridedGradAndBf16NsInput) {
   CheckMomentum(9, 64, 5, true, false, DType::kBFloat16);
   CheckMomentum(3, 3, 2, false, true, DType::kFloat32);  // one short block

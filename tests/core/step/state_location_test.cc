@@ -269,7 +269,7 @@ void ExpectHostStateTakesNoDeviceMemory(bool group_per_matrix) {
     Engine device(**gpu, StateLocation::kDevice, 1, DType::kFloat32,
                   group_per_matrix);
     device_taken = device.device_bytes_taken();
-    // The state and its staging (the staged momentum) in device memory.
+    // The state in device memory (and the variants' staging: none here).
     device_saves =
         device.engine().state_bytes() + device.engine().peak_transient_bytes();
   }
