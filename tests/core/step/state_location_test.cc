@@ -264,11 +264,13 @@ void ExpectHostStateTakesNoDeviceMemory(bool group_per_matrix) {
     momentum_bytes += s.rows * s.cols * 4;
     largest = std::max<int64_t>(largest, s.rows * s.cols * 4);
   }
-  int64_t device_taken = 0, host_taken = 0, device_saves = 0, slots = 0;
+  int64_t device_taken = 0, host_taken = 0, device_saves = 0, slots = 0,
+          device_state = 0;
   {
     Engine device(**gpu, StateLocation::kDevice, 1, DType::kFloat32,
                   group_per_matrix);
     device_taken = device.device_bytes_taken();
+    device_state = device.engine().state_bytes();
     // The state in device memory (and the variants' staging: none here).
     device_saves =
         device.engine().state_bytes() + device.engine().peak_transient_bytes();
@@ -297,6 +299,13 @@ void ExpectHostStateTakesNoDeviceMemory(bool group_per_matrix) {
   }
   constexpr int64_t kPage = int64_t(2) << 20;
   const int64_t slot_pages = 2 * ((slots / 2 + kPage - 1) / kPage) * kPage;
+  // Device state is the momentum once: the NS inputs (bf16 at the default
+  // medium precision) beside it, no staged second copy (which would add
+  // momentum_bytes), within a quarter of the momentum for pages and scratch.
+  EXPECT_LE(device_taken,
+            device_state + momentum_bytes / 2 + momentum_bytes / 4)
+      << "device engine took " << device_taken << " bytes; state "
+      << device_state << ", momentum " << momentum_bytes;
   EXPECT_GE(device_taken - host_taken,
             (device_saves - slot_pages - streams) * 9 / 10)
       << "device engine took " << device_taken << " bytes, host engine "
