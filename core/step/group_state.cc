@@ -222,7 +222,8 @@ absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
     group.ns_dtype = NsWorkDType(config.muon.ns.precision);
     ASSIGN_OR_RETURN(group.local, AllocateSlabs(group.backend, group.ns_dtype,
                                                 shapes, group.local_slabs));
-    group.ns = NsRunner(group.backend, group.ns_dtype, ns_budget);
+    group.ns =
+        std::make_shared<NsRunner>(group.backend, group.ns_dtype, ns_budget);
     if (StreamsHostMomentum(config.muon.state_location, *group.backend)) {
       SizeHostStream(group);
     }

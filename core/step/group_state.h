@@ -119,7 +119,9 @@ struct GroupState {
   // round-robin fallback, -1: none yet).
   std::optional<PlanBuffers> plan;
   int64_t plan_version = -1;
-  NsRunner ns;
+  // Shared with the other groups of its lane on the same backend and NS
+  // work dtype (SetUpLanes).
+  std::shared_ptr<NsRunner> ns;
   // Host momentum (MuonOptions::state_location) on a device: a piece of a
   // step's stream (StreamMomentum, group_step.cc) gathers params until it
   // holds host_piece_bytes (about 1/32 of the group's momentum); a slot holds

@@ -169,7 +169,7 @@ absl::Status StreamMomentum(GroupState& group, const MuonOptions& options,
   // without: in registration order, each alone.
   std::vector<std::vector<size_t>> chunks;
   if (with_ns) {
-    ASSIGN_OR_RETURN(chunks, group.ns.ChunksOf(options, group.local));
+    ASSIGN_OR_RETURN(chunks, group.ns->ChunksOf(options, group.local));
   } else {
     for (size_t i = 0; i < group.params.size(); ++i) chunks.push_back({i});
   }
@@ -246,7 +246,7 @@ absl::Status StreamMomentum(GroupState& group, const MuonOptions& options,
       if (piece_of[chunk.back()] > p) break;
       std::vector<MatrixView> members;
       for (size_t i : chunk) members.push_back(group.local[i]);
-      RETURN_IF_ERROR(group.ns.Run(options, members, nullptr));
+      RETURN_IF_ERROR(group.ns->Run(options, members, nullptr));
     }
     return absl::OkStatus();
   };
@@ -305,7 +305,7 @@ absl::Status NsPhase(GroupState& group, const MuonOptions& options,
       Pick(group.local, plan.replicated), Pick(pb.stage1, plan.ns_tp_complete),
       Pick(pb.stage2, plan.ns_after_stage2)};
   const absl::Span<const MatrixView> spans[] = {lists[0], lists[1], lists[2]};
-  return group.ns.RunLists(options, spans, shape_times);
+  return group.ns->RunLists(options, spans, shape_times);
 }
 
 // A2_i -> A1_i over tp, A1_i -> L_i over gtp_remat, pad rows of L_i zeroed.

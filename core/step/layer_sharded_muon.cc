@@ -43,6 +43,17 @@ absl::Status LayerShardedMuonImpl::Init(std::vector<GroupConfig> groups) {
   return SetUpLanes();
 }
 
+void LayerShardedMuonImpl::ShareNsRunners(const Lane& lane) {
+  std::map<std::pair<Backend*, DType>, std::shared_ptr<NsRunner>> runners;
+  for (int g : lane.groups) {
+    GroupState& group = groups_[g];
+    if (group.ns == nullptr) continue;  // AdamW
+    auto [it, first] = runners.emplace(
+        std::make_pair(group.backend, group.ns_dtype), group.ns);
+    if (!first) group.ns = it->second;
+  }
+}
+
 absl::Status LayerShardedMuonImpl::SetUpLanes() {
   lanes_ = AssignLanes(groups_);
   // The agreement gathers one vote per rank of the largest communicator of
@@ -58,6 +69,7 @@ absl::Status LayerShardedMuonImpl::SetUpLanes() {
     ASSIGN_OR_RETURN(lane.vote_scratch,
                      AllocateZeroed(lane.backend, DType::kFloat32, 1,
                                     DomainVoteScratchFloats(most)));
+    ShareNsRunners(lane);
     std::vector<GroupState*> members;
     for (int g : lane.groups) members.push_back(&groups_[g]);
     ASSIGN_OR_RETURN(lane.host_streams,

@@ -71,6 +71,8 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // Lanes, their vote scratch and (when lanes run concurrently) the lane
   // workers.
   absl::Status SetUpLanes();
+  // One NsRunner per backend and NS work dtype among `lane`'s Muon groups.
+  void ShareNsRunners(const Lane& lane);
   // Whether some lane computes on the host (calls the BLAS).
   bool RunsOnHost() const;
   // How many workers run the lanes (StepOptions::lane_workers).

@@ -97,6 +97,12 @@ void AddNsOptions(KeyHasher& h, const NsOptions& ns) {
 
 }  // namespace
 
+uint64_t NsRunner::NsOptionsKey(const MuonOptions& options) {
+  KeyHasher h;
+  AddNsOptions(h, options.ns);
+  return h.Finish();
+}
+
 uint64_t NsRunner::NextId() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1);
@@ -180,7 +186,8 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
     for (size_t s = 0; s < shapes.size(); ++s) {
       const auto [rows, cols] = shapes[s];
       const std::vector<MatrixView>& same = members[first + s];
-      const auto shape_batch = batch_of_shape_.find(shapes[s]);
+      const ShapeKey shape_key{NsOptionsKey(options), max_batch, rows, cols};
+      const auto shape_batch = batch_of_shape_.find(shape_key);
       int64_t cap = shape_batch != batch_of_shape_.end() ? shape_batch->second
                                                          : max_batch;
       for (size_t begin = 0; begin < same.size();) {
@@ -190,7 +197,7 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
             absl::MakeConstSpan(same).subspan(begin, want);
         ASSIGN_OR_RETURN(const int64_t batch,
                          FitBatch(options, rows, cols, want, IsStacked(run)));
-        if (begin == 0) cap = batch_of_shape_[shapes[s]] = batch;
+        if (begin == 0) cap = batch_of_shape_[shape_key] = batch;
         Chunk chunk{nullptr, rows, cols, run.subspan(0, batch),
                     ChunkKind::kStaged};
         begin += batch;
@@ -276,7 +283,9 @@ absl::StatusOr<int64_t> NsRunner::FitBatch(const MuonOptions& options,
   if (budget_ == nullptr) return want;
   const int64_t es = int64_t(DTypeSize(work_dtype_));
   for (int64_t batch = want;; batch = (batch + 1) / 2) {
-    if (engines_.contains(std::make_tuple(rows, cols, batch))) return batch;
+    if (engines_.contains({NsOptionsKey(options), rows, cols, batch})) {
+      return batch;
+    }
     int64_t bytes = NewtonSchulz::WorkspaceBytes(options.ns, rows, cols, batch);
     if (batch > 1 && !stacked) bytes += batch * rows * cols * es;
     ASSIGN_OR_RETURN(const bool granted, budget_->TryTake(*backend_, bytes));
@@ -304,7 +313,7 @@ absl::StatusOr<int64_t> NsRunner::FitBatch(const MuonOptions& options,
 absl::StatusOr<NewtonSchulz*> NsRunner::GetNs(const MuonOptions& options,
                                               int64_t rows, int64_t cols,
                                               int64_t batch) {
-  auto key = std::make_tuple(rows, cols, batch);
+  const EngineKey key{NsOptionsKey(options), rows, cols, batch};
   auto it = engines_.find(key);
   if (it != engines_.end()) return it->second.get();
   ASSIGN_OR_RETURN(

@@ -43,6 +43,11 @@ class ShapeTimes {
       ABSL_GUARDED_BY(mu_);
 };
 
+// One runner serves every group of a lane on one backend and work dtype
+// (LayerShardedMuonImpl::SetUpLanes): the lane runs its groups one after the
+// other, so they share the engines and their workspaces (per NS options,
+// shape and batch) instead of each group holding its own, which per-layer
+// groups would multiply by the layer count. Not thread-safe.
 class NsRunner {
  public:
   // `backend` (the group's, not owned) runs NS on `work_dtype` matrices
@@ -123,6 +128,9 @@ class NsRunner {
   uint64_t GraphKey(const MuonOptions& options,
                     const std::vector<Chunk>& chunks) const;
   static uint64_t NextId();
+  // The NS options an engine is built with (NewtonSchulz::Create): groups
+  // sharing a runner may differ in them.
+  static uint64_t NsOptionsKey(const MuonOptions& options);
 
   absl::StatusOr<NewtonSchulz*> GetNs(const MuonOptions& options, int64_t rows,
                                       int64_t cols, int64_t batch);
@@ -144,10 +152,13 @@ class NsRunner {
   NsWorkspaceBudget* budget_ = nullptr;
   // Bytes this runner took from the budget.
   int64_t taken_ = 0;
-  // Per shape, the batch its first Run settled on (FitBatch).
-  std::map<std::pair<int64_t, int64_t>, int64_t> batch_of_shape_;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<NewtonSchulz>>
-      engines_;
+  // Per NS options, ns_batch_size and shape, the batch its first Run
+  // settled on (FitBatch).
+  using ShapeKey = std::tuple<uint64_t, int64_t, int64_t, int64_t>;
+  std::map<ShapeKey, int64_t> batch_of_shape_;
+  // Per NS options, shape and batch.
+  using EngineKey = std::tuple<uint64_t, int64_t, int64_t, int64_t>;
+  std::map<EngineKey, std::unique_ptr<NewtonSchulz>> engines_;
   // Staging for chunks that are not back to back.
   OwnedBuffer staging_;
   int64_t staging_elems_ = 0;
