@@ -45,6 +45,12 @@ struct CudaGraphCounts {
 };
 CudaGraphCounts GetCudaGraphCounts(const Backend& backend);
 
+// The graph execs a CUDA backend keeps (least recently used evicted beyond).
+// Every Muon group's NS phase is a graph of its own on the engine's backend,
+// replayed each step in group order: with a group per layer, a cache smaller
+// than the group count misses on every step (a capture each time).
+inline constexpr int64_t kCudaGraphsKept = 1024;
+
 // A backend on CUDA device `device` with the switches of `options`.
 // Errors: FailedPrecondition when no device / `device` out of range, Internal
 // for CUDA or cuBLAS setup failures.

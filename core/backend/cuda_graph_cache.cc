@@ -62,7 +62,7 @@ absl::Status CudaGraphCache::Run(cudaStream_t stream, uint64_t key,
 void CudaGraphCache::Insert(uint64_t key, cudaGraphExec_t exec) {
   lru_.emplace_front(key, exec);
   by_key_.emplace(key, lru_.begin());
-  if (lru_.size() > kMaxGraphs) {
+  if (int64_t(lru_.size()) > kCudaGraphsKept) {
     // A launched exec may be destroyed: CUDA frees it after it ran.
     by_key_.erase(lru_.back().first);
     cudaGraphExecDestroy(lru_.back().second);

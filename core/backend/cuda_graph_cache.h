@@ -1,9 +1,10 @@
 #pragma once
 // The CUDA backend's graph cache behind Backend::RunGraph: the stream's work
 // for a key is captured once (cudaStreamBeginCapture, thread-local mode) into
-// a cudaGraphExec and relaunched; the 64 most recently used execs are kept,
-// older ones destroyed. Work that cannot be captured runs directly, and its
-// key is never tried again. Not thread-safe (one per backend instance).
+// a cudaGraphExec and relaunched; the kCudaGraphsKept most recently used
+// execs are kept, older ones destroyed. Work that cannot be captured runs
+// directly, and its key is never tried again. Not thread-safe (one per backend
+// instance).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -38,13 +39,11 @@ class CudaGraphCache {
   CudaGraphCounts counts() const { return counts_; }
 
  private:
-  static constexpr size_t kMaxGraphs = 64;
-
-  // Evicts the least recently used exec beyond kMaxGraphs.
+  // Evicts the least recently used exec beyond kCudaGraphsKept.
   void Insert(uint64_t key, cudaGraphExec_t exec);
 
   const bool enabled_;
-  // Most recently used first, at most kMaxGraphs.
+  // Most recently used first, at most kCudaGraphsKept.
   std::list<std::pair<uint64_t, cudaGraphExec_t>> lru_;
   absl::flat_hash_map<uint64_t, decltype(lru_)::iterator> by_key_;
   absl::flat_hash_set<uint64_t> uncapturable_;

@@ -60,28 +60,45 @@ class CudaRunGraphTest : public ::testing::Test {
 };
 
 TEST_F(CudaRunGraphTest, ReplayReadsFreshDataAndLruEvictsOldest) {
-  for (uint64_t key = 1; key <= 64; ++key) {
+  constexpr int64_t kKept = kCudaGraphsKept;
+  for (uint64_t key = 1; key <= kKept; ++key) {
     Fill(float(key));
     ASSERT_TRUE(Convert(key).ok());
     ASSERT_EQ(Dst(), std::vector<float>(kN, float(key)));
   }
-  EXPECT_EQ(Counts().captures, 64);
+  EXPECT_EQ(Counts().captures, kKept);
   // Key 1 replayed with new data (now the most recent; 2 the oldest).
   Fill(-3.0f);
   ASSERT_TRUE(Convert(1).ok());
   EXPECT_EQ(Dst(), std::vector<float>(kN, -3.0f));
-  EXPECT_EQ(Counts().captures, 64);
-  // Key 65 evicts key 2; key 2 captures again, key 1 still replays.
-  ASSERT_TRUE(Convert(65).ok());
-  EXPECT_EQ(Counts().captures, 65);
+  EXPECT_EQ(Counts().captures, kKept);
+  // One key more evicts key 2; key 2 captures again, key 1 still replays.
+  ASSERT_TRUE(Convert(kKept + 1).ok());
+  EXPECT_EQ(Counts().captures, kKept + 1);
   Fill(5.0f);
   ASSERT_TRUE(Convert(2).ok());
   EXPECT_EQ(Dst(), std::vector<float>(kN, 5.0f));
-  EXPECT_EQ(Counts().captures, 66);
+  EXPECT_EQ(Counts().captures, kKept + 2);
   ASSERT_TRUE(Convert(1).ok());
-  EXPECT_EQ(Counts().captures, 66);
-  EXPECT_EQ(Counts().launches, 68);
+  EXPECT_EQ(Counts().captures, kKept + 2);
+  EXPECT_EQ(Counts().launches, kKept + 4);
   EXPECT_EQ(Counts().fallbacks, 0);
+}
+
+// A step's NS phases, a graph per group, replayed in group order: as many
+// groups as a model with a group per layer and a half has (more than the
+// cache once held) capture once and then only replay.
+TEST_F(CudaRunGraphTest, AGraphPerLayerGroupCapturesOnceOverSteps) {
+  constexpr int kGroups = 200;
+  for (int step = 0; step < 3; ++step) {
+    for (uint64_t key = 1; key <= kGroups; ++key) {
+      Fill(float(step * 1000 + key));
+      ASSERT_TRUE(Convert(key).ok());
+      ASSERT_EQ(Dst(), std::vector<float>(kN, float(step * 1000 + key)));
+    }
+  }
+  EXPECT_EQ(Counts().captures, kGroups);
+  EXPECT_EQ(Counts().launches, 3 * kGroups);
 }
 
 TEST_F(CudaRunGraphTest, UncapturableWorkRunsDirectlyAndIsNotRetried) {
