@@ -42,13 +42,19 @@ struct CudaGraphCounts {
   int64_t captures = 0;   // keys captured and instantiated
   int64_t launches = 0;   // graph launches (first runs included)
   int64_t fallbacks = 0;  // keys found not capturable (work run directly)
+  // Keys that came back after their exec was evicted: the keys in use
+  // outnumber kCudaGraphsKept, so such a key runs directly from then on
+  // rather than evicting another on every step.
+  int64_t uncached = 0;
 };
 CudaGraphCounts GetCudaGraphCounts(const Backend& backend);
 
 // The graph execs a CUDA backend keeps (least recently used evicted beyond).
 // Every Muon group's NS phase is a graph of its own on the engine's backend,
-// replayed each step in group order: with a group per layer, a cache smaller
-// than the group count misses on every step (a capture each time).
+// replayed each step in group order: an LRU cache smaller than the keys in
+// use would miss on every step (a capture each time), so a key that comes
+// back after its eviction is run directly instead (CudaGraphCounts::uncached)
+// and the others stay cached.
 inline constexpr int64_t kCudaGraphsKept = 1024;
 
 // A backend on CUDA device `device` with the switches of `options`.

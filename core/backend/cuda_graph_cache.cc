@@ -45,6 +45,10 @@ absl::Status CudaGraphCache::Run(cudaStream_t stream, uint64_t key,
   if (auto it = by_key_.find(key); it != by_key_.end()) {
     lru_.splice(lru_.begin(), lru_, it->second);
     exec = it->second->second;
+  } else if (evicted_.contains(key)) {
+    uncapturable_.insert(key);
+    ++counts_.uncached;
+    return work();
   } else {
     exec = Capture(stream, work);
     if (exec == nullptr) {
@@ -64,6 +68,8 @@ void CudaGraphCache::Insert(uint64_t key, cudaGraphExec_t exec) {
   by_key_.emplace(key, lru_.begin());
   if (int64_t(lru_.size()) > kCudaGraphsKept) {
     // A launched exec may be destroyed: CUDA frees it after it ran.
+    if (int64_t(evicted_.size()) >= 16 * kCudaGraphsKept) evicted_.clear();
+    evicted_.insert(lru_.back().first);
     by_key_.erase(lru_.back().first);
     cudaGraphExecDestroy(lru_.back().second);
     lru_.pop_back();

@@ -2,9 +2,11 @@
 // The CUDA backend's graph cache behind Backend::RunGraph: the stream's work
 // for a key is captured once (cudaStreamBeginCapture, thread-local mode) into
 // a cudaGraphExec and relaunched; the kCudaGraphsKept most recently used
-// execs are kept, older ones destroyed. Work that cannot be captured runs
-// directly, and its key is never tried again. Not thread-safe (one per backend
-// instance).
+// execs are kept, older ones destroyed, and a key that comes back after its
+// eviction runs directly from then on (more keys in use than execs kept: a
+// cycle through them would otherwise capture on every call). Work that cannot
+// be captured runs directly, and its key is never tried again. Not thread-safe
+// (one per backend instance).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -46,7 +48,11 @@ class CudaGraphCache {
   // Most recently used first, at most kCudaGraphsKept.
   std::list<std::pair<uint64_t, cudaGraphExec_t>> lru_;
   absl::flat_hash_map<uint64_t, decltype(lru_)::iterator> by_key_;
+  // Keys run directly: not capturable, or back after an eviction.
   absl::flat_hash_set<uint64_t> uncapturable_;
+  // Keys whose exec was evicted (cleared when it grows past a bound: keys of
+  // old plans never come back).
+  absl::flat_hash_set<uint64_t> evicted_;
   CudaGraphCounts counts_;
 };
 

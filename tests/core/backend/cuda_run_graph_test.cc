@@ -72,17 +72,36 @@ TEST_F(CudaRunGraphTest, ReplayReadsFreshDataAndLruEvictsOldest) {
   ASSERT_TRUE(Convert(1).ok());
   EXPECT_EQ(Dst(), std::vector<float>(kN, -3.0f));
   EXPECT_EQ(Counts().captures, kKept);
-  // One key more evicts key 2; key 2 captures again, key 1 still replays.
+  // One key more evicts key 2; key 2, back, runs directly (not captured
+  // again, evicting another), key 1 still replays.
   ASSERT_TRUE(Convert(kKept + 1).ok());
   EXPECT_EQ(Counts().captures, kKept + 1);
   Fill(5.0f);
   ASSERT_TRUE(Convert(2).ok());
   EXPECT_EQ(Dst(), std::vector<float>(kN, 5.0f));
-  EXPECT_EQ(Counts().captures, kKept + 2);
+  EXPECT_EQ(Counts().captures, kKept + 1);
+  EXPECT_EQ(Counts().uncached, 1);
   ASSERT_TRUE(Convert(1).ok());
-  EXPECT_EQ(Counts().captures, kKept + 2);
-  EXPECT_EQ(Counts().launches, kKept + 4);
+  EXPECT_EQ(Counts().captures, kKept + 1);
+  EXPECT_EQ(Counts().launches, kKept + 3);
   EXPECT_EQ(Counts().fallbacks, 0);
+}
+
+// More keys in use than execs kept, cycled as a step's groups are: the keys
+// evicted in the first cycle run directly after, the others replay; no key
+// is captured twice.
+TEST_F(CudaRunGraphTest, MoreKeysThanKeptCaptureEachOnceAtMost) {
+  constexpr int64_t kKeys = kCudaGraphsKept + 10;
+  for (int step = 0; step < 3; ++step) {
+    for (uint64_t key = 1; key <= kKeys; ++key) {
+      Fill(float(step * 10000 + key));
+      ASSERT_TRUE(Convert(key).ok());
+      ASSERT_EQ(Dst(), std::vector<float>(kN, float(step * 10000 + key)));
+    }
+  }
+  EXPECT_EQ(Counts().captures, kKeys);
+  EXPECT_EQ(Counts().uncached, 10);
+  EXPECT_EQ(Counts().launches, kKeys + 2 * (kKeys - 10));
 }
 
 // A step's NS phases, a graph per group, replayed in group order: as many
