@@ -197,7 +197,11 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
             absl::MakeConstSpan(same).subspan(begin, want);
         ASSIGN_OR_RETURN(const int64_t batch,
                          FitBatch(options, rows, cols, want, IsStacked(run)));
-        if (begin == 0) cap = batch_of_shape_[shape_key] = batch;
+        // A batch the budget cut caps the shape from now on. A short list
+        // (fewer matrices than the cap) leaves the cap as it was: a group
+        // with one matrix of a shape must not cap the batches of another
+        // group sharing the runner.
+        if (batch < want) cap = batch_of_shape_[shape_key] = batch;
         Chunk chunk{nullptr, rows, cols, run.subspan(0, batch),
                     ChunkKind::kStaged};
         begin += batch;

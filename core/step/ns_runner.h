@@ -152,8 +152,8 @@ class NsRunner {
   NsWorkspaceBudget* budget_ = nullptr;
   // Bytes this runner took from the budget.
   int64_t taken_ = 0;
-  // Per NS options, ns_batch_size and shape, the batch its first Run
-  // settled on (FitBatch).
+  // Per NS options, ns_batch_size and shape, the batch the budget cut it to
+  // (FitBatch); absent: ns_batch_size.
   using ShapeKey = std::tuple<uint64_t, int64_t, int64_t, int64_t>;
   std::map<ShapeKey, int64_t> batch_of_shape_;
   // Per NS options, shape and batch.

@@ -223,6 +223,28 @@ TEST(NsRunnerTest, RunningChunksOfAloneIsBitwiseTheWholeRun) {
   EXPECT_EQ(chunked_list.Flat(), want);
 }
 
+// A runner shared by several groups (a lane's): a list with one matrix of a
+// shape does not cap the batches of a later list with more.
+TEST(NsRunnerTest, AShortListDoesNotCapALongerOnesBatches) {
+  CountingBackend backend;
+  const MuonOptions options = Options();  // ns_batch_size 4
+  std::vector<float> one(16 * 16, 0.5f), four(4 * 16 * 16, 0.25f);
+  NsRunner runner(&backend, DType::kFloat32);
+  auto short_chunks = runner.ChunksOf(
+      options, {ContiguousView(one.data(), DType::kFloat32, 16, 16)});
+  ASSERT_TRUE(short_chunks.ok()) << short_chunks.status();
+  EXPECT_EQ(short_chunks->size(), 1u);
+  std::vector<MatrixView> views;
+  for (int k = 0; k < 4; ++k) {
+    views.push_back(
+        ContiguousView(four.data() + k * 16 * 16, DType::kFloat32, 16, 16));
+  }
+  auto long_chunks = runner.ChunksOf(options, views);
+  ASSERT_TRUE(long_chunks.ok()) << long_chunks.status();
+  ASSERT_EQ(long_chunks->size(), 1u);
+  EXPECT_EQ(long_chunks->front().size(), 4u);
+}
+
 TEST(NsRunnerTest, EmptyListRunsNothing) {
   CountingBackend backend;
   NsRunner runner(&backend, DType::kFloat32);
