@@ -3,6 +3,7 @@ order, the first failure raised as a MuondError naming the daemon and the RPC.""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -10,27 +11,41 @@ import grpc
 from muond.client import PEER_GONE, Client, MuondError, error_info
 
 
-def gather(futures, clients, what: str):
-    """The responses of concurrent calls, one per daemon, in rank order. The
-    first failure is raised at once (as result's MuondError) and the other
-    calls are cancelled: a peer of a failed step may never answer (a stopped
-    daemon), and waiting for it would hang the trainer."""
+# After one daemon's call failed, how long the others get to answer before
+# they are cancelled. A daemon past a step's commit vote is still writing the
+# params and the momentum (read from the grads) in trainer memory and answers
+# within milliseconds, so the trainer's error comes after those writes and
+# its recovery may touch the tensors. A daemon still before the vote (its
+# peer stopped) may take the communicator timeout: not waited for.
+AFTER_FAILURE_GRACE_S = 5.0
+
+
+def gather(futures, clients, what: str, grace_s: float = AFTER_FAILURE_GRACE_S):
+    """The responses of concurrent calls, one per daemon, in rank order. On
+    the first failure the others get up to `grace_s` to finish, then the ones
+    still running are cancelled and the failure is raised (as result's
+    MuondError): a peer of a failed step may never answer (a stopped daemon),
+    and waiting for it would hang the trainer."""
     changed = threading.Event()
     for f in futures:
         f.add_done_callback(lambda _: changed.set())
     pending = set(range(len(futures)))
+    failed = None
+    deadline = None
     while pending:
         changed.clear()
         for i in sorted(pending):
             if not futures[i].done():
                 continue
             pending.discard(i)
-            if futures[i].exception() is not None:
-                for j in pending:
-                    futures[j].cancel()
-                result(futures[i].result, clients[i], what)  # raises
+            if failed is None and futures[i].exception() is not None:
+                failed, deadline = i, time.monotonic() + grace_s
+        if failed is not None and (not pending or time.monotonic() >= deadline):
+            for j in pending:
+                futures[j].cancel()
+            result(futures[failed].result, clients[failed], what)  # raises
         if pending:
-            changed.wait()
+            changed.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
     return [result(f.result, c, what) for f, c in zip(futures, clients)]
 
 
