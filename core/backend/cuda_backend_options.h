@@ -12,8 +12,8 @@ namespace muond {
 // How the sm_90a symmetric GEMM's two consumer warpgroups share its work
 // (core/backend/sym_gemm_sm90_kernel.cuh): kCooperative (both on one tile),
 // kPingpong (a tile each, one's epilogue under the other's mainloop), kAuto
-// (the backend's pick: cooperative, the schedule its size rules were
-// measured with, until a side-by-side run of the two gives ping-pong's).
+// (the backend's pick: cooperative, faster than ping-pong on every shape and
+// step set measured side by side, bench/results/gpu_h100_sym_gemm.md).
 enum class SymGemmSchedule { kAuto, kCooperative, kPingpong };
 
 // "auto", "cooperative", "pingpong"; nullopt for anything else.

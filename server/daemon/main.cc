@@ -112,7 +112,7 @@ ABSL_FLAG(std::string, sym_gemm_schedule, "auto",
           "GPU mode, H100/H200: the symmetric GEMM kernel's schedule, "
           "'cooperative' (both consumer warpgroups on one tile), 'pingpong' "
           "(a tile each, one's epilogue under the other's mainloop) or "
-          "'auto' (cooperative until ping-pong's measured rule lands)");
+          "'auto' (cooperative: faster than ping-pong on every shape measured)");
 
 namespace {
 constexpr char kUsage[] =
