@@ -25,8 +25,6 @@
 namespace muond {
 namespace sym_gemm_sm90 {
 
-// The kernel's square output tile.
-inline constexpr int64_t kRuleTile = kSymTile;
 // Single products: the kernel wins from this size on.
 inline constexpr int64_t kBeatsFullMinN = 3072;
 // Batched products: from this size on, given enough tiles.
@@ -36,7 +34,7 @@ inline constexpr int64_t kMinWaves = 4;
 // Lower-triangle tiles (diagonal included) of an n x n result: t (t + 1) / 2
 // with t = ceil(n / 128).
 constexpr int64_t LowerTiles(int64_t n) {
-  const int64_t t = (n + kRuleTile - 1) / kRuleTile;
+  const int64_t t = (n + kSymTile - 1) / kSymTile;  // the kernel's tiles
   return t * (t + 1) / 2;
 }
 

@@ -119,13 +119,17 @@ absl::Status NsRunner::RunLists(
     const MuonOptions& options,
     absl::Span<const absl::Span<const MatrixView>> lists, ShapeTimes* times) {
   std::deque<std::vector<MatrixView>> members;
-  ASSIGN_OR_RETURN(std::vector<Chunk> chunks, Plan(options, lists, members));
+  const uint64_t ns_key = NsOptionsKey(options);
+  ASSIGN_OR_RETURN(std::vector<Chunk> chunks,
+                   Plan(options, ns_key, lists, members));
   if (chunks.empty()) return absl::OkStatus();
   if (times == nullptr && use_graphs_) {
-    return backend_->RunGraph(GraphKey(options, chunks), [&]() -> absl::Status {
-      for (const Chunk& chunk : chunks) RETURN_IF_ERROR(RunChunk(chunk));
-      return absl::OkStatus();
-    });
+    return backend_->RunGraph(GraphKey(options, ns_key, chunks),
+                              [&]() -> absl::Status {
+                                for (const Chunk& chunk : chunks)
+                                  RETURN_IF_ERROR(RunChunk(chunk));
+                                return absl::OkStatus();
+                              });
   }
   for (const Chunk& chunk : chunks) {
     const absl::Time chunk_start = absl::Now();
@@ -140,7 +144,8 @@ absl::StatusOr<std::vector<std::vector<size_t>>> NsRunner::ChunksOf(
     const MuonOptions& options, absl::Span<const MatrixView> matrices) {
   std::deque<std::vector<MatrixView>> members;
   const absl::Span<const MatrixView> lists[] = {matrices};
-  ASSIGN_OR_RETURN(std::vector<Chunk> chunks, Plan(options, lists, members));
+  ASSIGN_OR_RETURN(std::vector<Chunk> chunks,
+                   Plan(options, NsOptionsKey(options), lists, members));
   // Positions by address, in list order (empty matrices may share one).
   std::map<const void*, std::deque<size_t>> positions;
   for (size_t i = 0; i < matrices.size(); ++i) {
@@ -159,7 +164,7 @@ absl::StatusOr<std::vector<std::vector<size_t>>> NsRunner::ChunksOf(
 }
 
 absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
-    const MuonOptions& options,
+    const MuonOptions& options, uint64_t ns_key,
     absl::Span<const absl::Span<const MatrixView>> lists,
     std::deque<std::vector<MatrixView>>& members) {
   const int64_t max_batch = std::max<int64_t>(1, options.ns_batch_size);
@@ -186,7 +191,7 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
     for (size_t s = 0; s < shapes.size(); ++s) {
       const auto [rows, cols] = shapes[s];
       const std::vector<MatrixView>& same = members[first + s];
-      const ShapeKey shape_key{NsOptionsKey(options), max_batch, rows, cols};
+      const ShapeKey shape_key{ns_key, max_batch, rows, cols};
       const auto shape_batch = batch_of_shape_.find(shape_key);
       int64_t cap = shape_batch != batch_of_shape_.end() ? shape_batch->second
                                                          : max_batch;
@@ -195,8 +200,9 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
             std::min<int64_t>(cap, int64_t(same.size()) - begin);
         const absl::Span<const MatrixView> run =
             absl::MakeConstSpan(same).subspan(begin, want);
-        ASSIGN_OR_RETURN(const int64_t batch,
-                         FitBatch(options, rows, cols, want, IsStacked(run)));
+        ASSIGN_OR_RETURN(
+            const int64_t batch,
+            FitBatch(options, ns_key, rows, cols, want, IsStacked(run)));
         // A batch the budget cut caps the shape from now on. A short list
         // (fewer matrices than the cap) leaves the cap as it was: a group
         // with one matrix of a shape must not cap the batches of another
@@ -205,7 +211,7 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
         Chunk chunk{nullptr, rows, cols, run.subspan(0, batch),
                     ChunkKind::kStaged};
         begin += batch;
-        ASSIGN_OR_RETURN(chunk.ns, GetNs(options, rows, cols, batch));
+        ASSIGN_OR_RETURN(chunk.ns, GetNs(options, ns_key, rows, cols, batch));
         if (batch == 1) {
           chunk.kind = ChunkKind::kSingle;
         } else if (IsStacked(chunk.members)) {
@@ -243,12 +249,12 @@ absl::Status NsRunner::RunChunk(const Chunk& chunk) {
   return absl::InternalError("ns runner: unknown chunk kind");
 }
 
-uint64_t NsRunner::GraphKey(const MuonOptions& options,
+uint64_t NsRunner::GraphKey(const MuonOptions& options, uint64_t ns_key,
                             const std::vector<Chunk>& chunks) const {
   KeyHasher h;
   h.Add(id_);
   h.Add(uint64_t(work_dtype_));
-  AddNsOptions(h, options.ns);
+  h.Add(ns_key);
   h.Add(uint64_t(options.ns_batch_size));
   h.Add(staging_.data());
   h.Add(uint64_t(chunks.size()));
@@ -282,12 +288,13 @@ NsRunner::~NsRunner() {
 }
 
 absl::StatusOr<int64_t> NsRunner::FitBatch(const MuonOptions& options,
-                                           int64_t rows, int64_t cols,
-                                           int64_t want, bool stacked) {
+                                           uint64_t ns_key, int64_t rows,
+                                           int64_t cols, int64_t want,
+                                           bool stacked) {
   if (budget_ == nullptr) return want;
   const int64_t es = int64_t(DTypeSize(work_dtype_));
   for (int64_t batch = want;; batch = (batch + 1) / 2) {
-    if (engines_.contains({NsOptionsKey(options), rows, cols, batch})) {
+    if (engines_.contains({ns_key, rows, cols, batch})) {
       return batch;
     }
     int64_t bytes = NewtonSchulz::WorkspaceBytes(options.ns, rows, cols, batch);
@@ -315,9 +322,9 @@ absl::StatusOr<int64_t> NsRunner::FitBatch(const MuonOptions& options,
 }
 
 absl::StatusOr<NewtonSchulz*> NsRunner::GetNs(const MuonOptions& options,
-                                              int64_t rows, int64_t cols,
-                                              int64_t batch) {
-  const EngineKey key{NsOptionsKey(options), rows, cols, batch};
+                                              uint64_t ns_key, int64_t rows,
+                                              int64_t cols, int64_t batch) {
+  const EngineKey key{ns_key, rows, cols, batch};
   auto it = engines_.find(key);
   if (it != engines_.end()) return it->second.get();
   ASSIGN_OR_RETURN(

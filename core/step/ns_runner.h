@@ -115,9 +115,10 @@ class NsRunner {
   // Groups each list's matrices into chunks, creating every engine and the
   // staging buffer they need, so that running the chunks allocates nothing
   // (a graph capture must not allocate). `members` owns the views the
-  // chunks span (a deque: they stay put as it grows).
+  // chunks span (a deque: they stay put as it grows). `ns_key`:
+  // NsOptionsKey(options), hashed once per Run.
   absl::StatusOr<std::vector<Chunk>> Plan(
-      const MuonOptions& options,
+      const MuonOptions& options, uint64_t ns_key,
       absl::Span<const absl::Span<const MatrixView>> lists,
       std::deque<std::vector<MatrixView>>& members);
   absl::Status RunChunk(const Chunk& chunk);
@@ -125,20 +126,22 @@ class NsRunner {
   // workspaces live as long as it does), the NS options, each chunk's
   // engine, kind and views (pointer, shape, stride, dtype), and the staging
   // buffer.
-  uint64_t GraphKey(const MuonOptions& options,
+  uint64_t GraphKey(const MuonOptions& options, uint64_t ns_key,
                     const std::vector<Chunk>& chunks) const;
   static uint64_t NextId();
   // The NS options an engine is built with (NewtonSchulz::Create): groups
   // sharing a runner may differ in them.
   static uint64_t NsOptionsKey(const MuonOptions& options);
 
-  absl::StatusOr<NewtonSchulz*> GetNs(const MuonOptions& options, int64_t rows,
+  absl::StatusOr<NewtonSchulz*> GetNs(const MuonOptions& options,
+                                      uint64_t ns_key, int64_t rows,
                                       int64_t cols, int64_t batch);
   // The batch (<= want) of rows x cols matrices to run together: one with an
   // engine already, else the largest halving of `want` whose workspace (and
   // staging, unless `stacked`) the budget grants, taken from it.
-  absl::StatusOr<int64_t> FitBatch(const MuonOptions& options, int64_t rows,
-                                   int64_t cols, int64_t want, bool stacked);
+  absl::StatusOr<int64_t> FitBatch(const MuonOptions& options, uint64_t ns_key,
+                                   int64_t rows, int64_t cols, int64_t want,
+                                   bool stacked);
   // Whether `chunk` lies back to back in memory as one stacked matrix.
   bool IsStacked(absl::Span<const MatrixView> chunk) const;
   // Runs one chunk of `batch` same-shape matrices through the staging buffer
