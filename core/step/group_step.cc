@@ -453,6 +453,25 @@ absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
       "; the step was not applied (params and momentum unchanged)"));
 }
 
+namespace {
+
+// Host state: the staged momentum (stored by the stream) is the state from
+// now on; the old buffer stages the next step. A skipped param's momentum
+// stays (the stream did not stage it).
+void SwapInStagedMomentum(GroupState& group,
+                          const std::set<std::string>& skip) {
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    if (skip.contains(group.config.params[i].name)) continue;
+    ParamState& p = group.params[i];
+    std::swap(p.momentum_buf, p.staged_momentum_buf);
+    std::swap(p.momentum, p.staged_momentum);
+    std::swap(p.momentum_scales_buf, p.staged_momentum_scales_buf);
+    std::swap(p.momentum_scales, p.staged_momentum_scales);
+  }
+}
+
+}  // namespace
+
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
                              const std::set<std::string>& skip,
                              PhaseTimings& t) {
@@ -461,18 +480,7 @@ absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
     return group.host_streams == nullptr ? StoreMomentum(group, options, skip)
                                          : absl::OkStatus();
   }));
-  // Host state: the staged momentum is the state from now on; the old buffer
-  // stages the next step. A skipped param's momentum stays (the stream did
-  // not stage it).
-  for (size_t i = 0; group.host_streams != nullptr && i < group.params.size();
-       ++i) {
-    if (skip.contains(group.config.params[i].name)) continue;
-    ParamState& p = group.params[i];
-    std::swap(p.momentum_buf, p.staged_momentum_buf);
-    std::swap(p.momentum, p.staged_momentum);
-    std::swap(p.momentum_scales_buf, p.staged_momentum_scales_buf);
-    std::swap(p.momentum_scales, p.staged_momentum_scales);
-  }
+  if (group.host_streams != nullptr) SwapInStagedMomentum(group, skip);
   return CommitVariantState(group, options, skip);
 }
 
