@@ -311,11 +311,11 @@ TEST(SkipParams, SkippedParamsAndTheirStateStayOthersMatchTheReference) {
 }
 
 // A step abandoned after its momentum phase (rank 1's commit vote comes
-// after rank 0's communicator timeout): the momentum kernel has run, into
-// the staged buffers only, so the exported momentum is still the initial
-// zeros (the kernel in place on the state would have made it (1-beta) g)
-// and no param moved. The committed path, the same kernel writing the staged
-// buffer, is held to the in-place reference by SkipParams above.
+// after rank 0's communicator timeout): the momentum kernel has run, writing
+// only the NS input, so the exported momentum is still the initial zeros
+// (the kernel in place on the state would have made it (1-beta) g) and no
+// param moved. The committed path, the same kernel storing the momentum at
+// the commit, is held to the in-place reference by SkipParams above.
 TEST(AbandonedStep, LeavesMomentumAndParamsBitwiseUnchanged) {
   const std::vector<Attempt> attempts = {{[](int) { return StepInputs{}; }, 1}};
   const std::vector<RankRun> runs =
