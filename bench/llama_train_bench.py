@@ -173,6 +173,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--muond-state-location", choices=["device", "host"], default="device",
                    help="where muond's daemon keeps the state (host: pinned host memory, "
                         "streamed under the NS)")
+    p.add_argument("--muond-ns-batch-size", type=at_least(1), default=None, metavar="N",
+                   help="muond's ns_batch_size: same-shape matrices orthogonalised N "
+                        "at a time (default: muond's own default)")
     p.add_argument("--torch-ns-precision", choices=["bf16", "fp32"], default="bf16",
                    help="torch.optim.Muon's NS: bf16 (its own) or fp32 (its one bf16 cast "
                         "swapped for an fp32 copy during its step; with --muond-ns-precision "
@@ -332,7 +335,8 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
         if cuda:
             torch.cuda.synchronize(device)
 
-    losses, times, ns_ms, plan, daemon = [], [], [], None, None
+    losses, times, phases, zero_ms, plan, daemon = [], [], [], [], None, None
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None
     try:
         for step in range(args.warmup + args.steps):
             x, y = (t.to(device) for t in batch_at(step, args, cfg, dp, data_rank))
@@ -340,10 +344,14 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
             t0 = time.perf_counter()
             # muond: grads zeroed in its shared buffer, where backward (and
             # FSDP2's reduce-scatter) accumulates: no grad copy per step.
+            if cuda:
+                marks[0].record()
             if name == "muond":
                 opt.zero_grad(set_to_none=False)
             else:
                 opt.zero_grad()
+            if cuda:
+                marks[1].record()
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
                 loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
             loss.backward()
@@ -355,8 +363,10 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
             losses.append(loss.detach().float())
             if step >= args.warmup:
                 times.append((t1 - t0, t2 - t1, t2 - t0))
+                if cuda:  # zero_grad's GPU time (inside fwd+bwd ms)
+                    zero_ms.append(marks[0].elapsed_time(marks[1]))
                 if name == "muond":
-                    ns_ms.append(opt.last_timings.get("ns_us", 0.0) / 1e3)
+                    phases.append(step_phases_ms(opt.last_timings, 1e3 * (t2 - t1)))
         if name == "muond":
             daemon = daemon_memory(opt, rank)
             if rank == 0:
@@ -386,7 +396,10 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
         "peak_cuda_gib": peak, "gpu_used_peak_gib": gpu_peak,
         **({"peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
             "process_peak_gib": gpu_used.process_peaks()} if cuda else {}),
-        **({"daemon_ns_ms_median": statistics.median(ns_ms)} if ns_ms else {}),
+        **({"daemon_ns_ms_median": statistics.median(p["ns"] for p in phases),
+            "muond_phases_ms_median": {k: statistics.median(p[k] for p in phases)
+                                       for k in phases[0]}} if phases else {}),
+        **({"zero_grad_ms_median": statistics.median(zero_ms)} if zero_ms else {}),
         **({"daemon": daemon} if daemon is not None else {})})
     state = train_dist.full_state(model) if keep_state else None
     if rank != 0:
@@ -405,6 +418,20 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
     if cuda:
         torch.cuda.empty_cache()
     return result, state
+
+
+def step_phases_ms(timings: dict, opt_step_ms: float) -> dict:
+    """One muond step's time split (ms): the daemon's phases (its StepTimings),
+    gRPC and the server around them ("rpc" minus the daemon's total), and
+    the trainer's own work before the Step is sent ("client": opt.step()
+    minus the round trip: checks, grad copies, the synchronize)."""
+    ms = {k[:-3]: v / 1e3 for k, v in timings.items()}
+    return {"momentum": ms.get("momentum", 0.0), "ns": ms.get("ns", 0.0),
+            "update": ms.get("update", 0.0),
+            "exchange": sum(ms.get(k, 0.0) for k in ("a2a_fwd", "a2a_bwd", "dp_share")),
+            "daemon_total": ms.get("total", 0.0),
+            "grpc_and_server": ms.get("rpc", 0.0) - ms.get("total", 0.0),
+            "client": opt_step_ms - ms.get("rpc", 0.0)}
 
 
 def daemon_memory(opt, rank: int) -> dict:

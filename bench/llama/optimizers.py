@@ -39,6 +39,7 @@ def build_muond(model, args):
                          ns_algorithm="auto", gram_dtype="fp16", gram_restarts=None,
                          state_dtype=args.muond_state_dtype,
                          state_location=args.muond_state_location,
+                         ns_batch_size=args.muond_ns_batch_size,
                          wait_healthy=args.wait_healthy)
     return train_dist.build_optimizer(model, ns, eps=NS_EPS)
 

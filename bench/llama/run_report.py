@@ -135,10 +135,31 @@ def markdown(report: dict) -> str:
                              f"{r['opt_step_ms_median']:.2f} |")
             lines += ["", f"Plan version {plan['version']}, groups {', '.join(plan['groups'])}; "
                           f"an even split gives each rank {1 / len(load):.1%}."]
+    if muond and muond["ranks"][0].get("muond_phases_ms_median"):
+        lines += phase_table(muond["ranks"], report["results"])
     if lay["device"] == "cpu":
         lines += ["", f"CPU run ({os.cpu_count()} cores shared by {lay['world']} trainers and "
                       "their daemons): a check that the job runs, not a speed comparison."]
     return "\n".join(lines) + "\n"
+
+
+def phase_table(ranks: list, results: dict) -> list:
+    """muond's opt step split per rank (medians, ms; the daemon's phases
+    need not add up to its total: the commit vote and launches sit between
+    them) and every optimizer's zero_grad GPU time (inside fwd+bwd)."""
+    keys = list(ranks[0]["muond_phases_ms_median"])
+    lines = ["", "## muond: where the optimizer step goes (median ms)", "",
+             "| rank | " + " | ".join(keys) + " | zero_grad (GPU) |",
+             "|---" * (len(keys) + 2) + "|"]
+    for r in ranks:
+        ph = r["muond_phases_ms_median"]
+        lines.append(f"| {r['rank']} | " + " | ".join(f"{ph[k]:.2f}" for k in keys)
+                     + f" | {fmt(r.get('zero_grad_ms_median'))} |")
+    others = [f"{name} {fmt(res['ranks'][0].get('zero_grad_ms_median'))}"
+              for name, res in results.items() if name != "muond"]
+    if others:
+        lines += ["", "zero_grad GPU ms on rank 0 for the others: " + ", ".join(others) + "."]
+    return lines
 
 
 def verdict_text(cmp: dict) -> str:

@@ -31,7 +31,10 @@ def muond_ns_options(args) -> dict:
     options above."""
     return dict(fp32_matmul_prec=args.fp32_matmul_prec, ns_algorithm=args.ns_algorithm,
                 gram_dtype=args.gram_dtype, gram_restarts=args.gram_restarts,
-                state_dtype=args.state_dtype, state_location=args.state_location)
+                state_dtype=args.state_dtype, state_location=args.state_location,
+                # Only where the caller names one: muond's default otherwise.
+                **({"ns_batch_size": args.ns_batch_size}
+                   if getattr(args, "ns_batch_size", None) is not None else {}))
 
 
 def state_description(args) -> str:

@@ -208,6 +208,20 @@ class LlamaTrainBenchTest(unittest.TestCase):
         self.assertEqual(r["results"]["muond"]["daemon_state_gib"], max(
             x["daemon"]["state_gib"] for x in r["results"]["muond"]["ranks"]))
         self.assertNotIn("daemon_state_gib", r["results"]["torch"])
+        # muond's step split: the daemon's phases (its StepTimings) lie within
+        # its total, and every rank's split is in the report's table.
+        for x in r["results"]["muond"]["ranks"]:
+            ph = x["muond_phases_ms_median"]
+            self.assertEqual(list(ph), ["momentum", "ns", "update", "exchange", "daemon_total",
+                                        "grpc_and_server", "client"])
+            self.assertEqual(x["daemon_ns_ms_median"], ph["ns"])
+            self.assertGreater(ph["daemon_total"], 0)
+            self.assertLessEqual(ph["ns"] + ph["momentum"] + ph["update"],
+                                 ph["daemon_total"] * (1 + 1e-9))
+        self.assertNotIn("muond_phases_ms_median", r["results"]["torch"]["ranks"][0])
+        import_bench()  # puts bench/ on sys.path
+        from llama.run_report import markdown
+        self.assertIn("## muond: where the optimizer step goes", markdown(r))
         cmp = r["params_muond_vs_torch"]
         self.assertEqual(cmp["worst_ref_change"], cmp["per_tensor"][cmp["worst"]]["ref_change"])
         self.assertEqual(len(cmp["per_tensor"]), 3 + 9 * 2)  # emb, norm, head; 9 per block
