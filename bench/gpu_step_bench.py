@@ -69,8 +69,10 @@ TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
 # Speed targets, muond gram through the daemon: x faster than (peer a, peer b, torch).
 GOALS = {"llama3_8b": (1.1, 1.1, 1.9), "qwen3_1_7b": (1.1, 1.1, 1.8),
          "qwen3_30b_a3b": (1.3, 1.3, 7.0)}
-# name: (layers, muond ns_batch_size) as measured best in bench/results/gpu_h200.md.
-SET_DEFAULTS = {"llama3_8b": (4, 4), "qwen3_1_7b": (28, 28), "qwen3_30b_a3b": (1, 256)}
+# name: (layers, muond ns_batch_size); 0 = muond's default (auto by shape), which batches
+# what bench/results/gpu_h200.md measured best batched (Qwen3-1.7B, the MoE experts) and runs
+# Llama-3-8B's 4096-wide matrices one at a time.
+SET_DEFAULTS = {"llama3_8b": (4, 0), "qwen3_1_7b": (28, 0), "qwen3_30b_a3b": (1, 0)}
 
 
 # ---------------------------------------------------------------------------- shapes
@@ -87,7 +89,7 @@ def parse_set(text: str):
     path = parts[0] if parts[0].endswith(".json") else \
         os.path.join(ROOT, "bench/manifests", parts[0] + ".json")
     name = os.path.basename(path)[:-5]
-    layers, batch = SET_DEFAULTS.get(name, (4, 1))
+    layers, batch = SET_DEFAULTS.get(name, (4, 0))
     if len(parts) > 1:
         layers = int(parts[1])
     if len(parts) > 2:
@@ -386,7 +388,8 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
         if os.path.exists(os.path.join(ROOT, "bench/manifests", name + ".json")) else name
     std = sum(standard_ns_flops(s) for s in shapes)
     lines = [f"### {model}, first {layers} layers: {len(shapes)} matrices, "
-             f"{std / 1e12:.2f} TFLOP of standard NS per step; muond ns_batch_size {ns_batch}"
+             f"{std / 1e12:.2f} TFLOP of standard NS per step; muond ns_batch_size "
+             f"{ns_batch or '0 (auto)'}"
              f"{', use_syrk' if a.syrk else ''}", ""]
     head = ["round"] + [TITLES[c] + " ms" for c in cols]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

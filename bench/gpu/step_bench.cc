@@ -12,7 +12,8 @@
 // --ns_batch_size=N > 1: same-shape matrices run N at a time through one
 // batched NewtonSchulz (momentum of each into its slice of a stacked
 // scratch, one batched NS, then scale + update per matrix), as the step
-// engine's batched path does; 1 is MuonStepFullMatrix per matrix.
+// engine's batched path does; 1 is MuonStepFullMatrix per matrix; 0 (with
+// --engine) is the engine's default, auto by shape (ns_batch_rule.h).
 // --use_syrk: the symmetric NS products everywhere (NsOptions::use_syrk), with
 // --syrk_block_rows=K (0 = SymmetricGemmStridedBatchedOut, K >= 1 the legacy
 // K lower block rows).
@@ -314,8 +315,9 @@ int Main(int argc, char** argv) {
   absl::StatusOr<MuonOptions> defaults = TorchMuonDefaults(precision);
   if (!defaults.ok()) return Fail(defaults.status());
   MuonOptions o = *defaults;
-  if (ns_batch < 1)
-    return Fail(absl::InvalidArgumentError("--ns_batch_size >= 1"));
+  if (ns_batch < 1 && !(engine_mode && ns_batch == 0))
+    return Fail(absl::InvalidArgumentError(
+        "--ns_batch_size >= 1 (0, auto by shape: with --engine only)"));
   o.ns_batch_size = ns_batch;
   o.ns.use_syrk = use_syrk;
   o.ns.syrk_block_rows = syrk_block_rows;

@@ -65,13 +65,26 @@ struct RowScaledUpdateOp {
   }
 };
 
+// A load-store op (LaunchLoadStore): four streams read and three written per
+// element, so the flat kernel's loads of several elements in flight matter
+// most here.
 struct AdamWOp {
   DView p, g, m, v;
   float param_decay, omb1, beta2, omb2, step_size, bc2, eps;
+  struct In {
+    float p, g, m, v;
+  };
+  __device__ In Load(int64_t j) const {
+    return In{Ld(p, 0, j), Ld(g, 0, j), Ld(m, 0, j), Ld(v, 0, j)};
+  }
+  __device__ void Store(int64_t j, In in) const { Write(0, j, in); }
   __device__ void operator()(int64_t i, int64_t j) const {
+    Write(i, j, In{Ld(p, i, j), Ld(g, i, j), Ld(m, i, j), Ld(v, i, j)});
+  }
+  __device__ void Write(int64_t i, int64_t j, In in) const {
     const ew::AdamWOut o =
-        ew::AdamWElement(Ld(p, i, j), Ld(g, i, j), Ld(m, i, j), Ld(v, i, j),
-                         param_decay, omb1, beta2, omb2, step_size, bc2, eps);
+        ew::AdamWElement(in.p, in.g, in.m, in.v, param_decay, omb1, beta2, omb2,
+                         step_size, bc2, eps);
     St(p, i, j, o.p);
     St(m, i, j, o.m);
     St(v, i, j, o.v);
@@ -118,11 +131,11 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                   float one_minus_beta1, float beta2, float one_minus_beta2,
                   float step_size, float bc2_sqrt, float eps,
                   cudaStream_t stream) {
-  return LaunchForEach({param, grad, exp_avg, exp_avg_sq}, param.rows,
-                       param.cols, stream,
-                       AdamWOp{D(param), D(grad), D(exp_avg), D(exp_avg_sq),
-                               param_decay, one_minus_beta1, beta2,
-                               one_minus_beta2, step_size, bc2_sqrt, eps});
+  return LaunchLoadStore({param, grad, exp_avg, exp_avg_sq}, param.rows,
+                         param.cols, stream,
+                         AdamWOp{D(param), D(grad), D(exp_avg), D(exp_avg_sq),
+                                 param_decay, one_minus_beta1, beta2,
+                                 one_minus_beta2, step_size, bc2_sqrt, eps});
 }
 
 cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,

@@ -83,9 +83,9 @@ absl::Status MuonOptions::Validate() const {
         absl::StrCat("muon extra_scale_factor must be finite and in (0, ",
                      kMaxExtraScaleFactor, "], got ", extra_scale_factor));
   }
-  if (ns_batch_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("muon ns_batch_size must be >= 1, got ", ns_batch_size));
+  if (ns_batch_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "muon ns_batch_size must be >= 1, or 0 for auto, got ", ns_batch_size));
   }
   if (ns.num_steps < 1 || ns.num_steps > kMaxNsSteps) {
     return absl::InvalidArgumentError(

@@ -67,7 +67,9 @@ struct MuonOptions {
   NsOptions ns;  // see newton_schulz.h
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;  // in (0, kMaxExtraScaleFactor]
-  int64_t ns_batch_size = 1;        // >= 1; 1 = bit-exact numerics contract
+  // Same-shape matrices per NS batch: >= 1, or 0 = auto (by shape:
+  // core/step/ns_batch_rule.h). 1 = the bit-exact numerics contract.
+  int64_t ns_batch_size = 1;
   // The momentum's dtype (IsStateDType) and residence
   // (core/common/state_storage.h).
   DType state_dtype = DType::kFloat32;

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/common/status_macros.h"
+#include "core/step/ns_batch_rule.h"
 #include "glog/logging.h"
 
 namespace muond {
@@ -167,7 +168,6 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
     const MuonOptions& options, uint64_t ns_key,
     absl::Span<const absl::Span<const MatrixView>> lists,
     std::deque<std::vector<MatrixView>>& members) {
-  const int64_t max_batch = std::max<int64_t>(1, options.ns_batch_size);
   // Measuring free memory and allocating must not interleave with another
   // lane's (host work only, short once the engines exist).
   std::optional<absl::MutexLock> building;
@@ -191,6 +191,7 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
     for (size_t s = 0; s < shapes.size(); ++s) {
       const auto [rows, cols] = shapes[s];
       const std::vector<MatrixView>& same = members[first + s];
+      const int64_t max_batch = NsBatchLimit(options.ns_batch_size, rows, cols);
       const ShapeKey shape_key{ns_key, max_batch, rows, cols};
       const auto shape_batch = batch_of_shape_.find(shape_key);
       int64_t cap = shape_batch != batch_of_shape_.end() ? shape_batch->second

@@ -217,7 +217,8 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(
   if (h.has_extra_scale_factor()) {
     o.extra_scale_factor = h.extra_scale_factor();
   }
-  if (h.has_ns_batch_size()) o.ns_batch_size = h.ns_batch_size();
+  // Unset: auto (batches by shape), the fastest path for any client.
+  o.ns_batch_size = h.has_ns_batch_size() ? h.ns_batch_size() : 0;
   if (h.fp32_matmul_prec() != v1::MATMUL_PRECISION_UNSPECIFIED) {
     ASSIGN_OR_RETURN(
         o.ns.precision,

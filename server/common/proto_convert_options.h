@@ -56,7 +56,7 @@ v1::StateLocation ToProto(StateLocation location);
 
 // Proto hyperparameters -> core options; unset optional fields and
 // *_UNSPECIFIED enums take the documented defaults (num_ns_steps 5, eps
-// 1e-15, extra_scale_factor 1, ns_batch_size 1, quintic, spectral, decoupled,
+// 1e-15, extra_scale_factor 1, ns_batch_size 0 (auto), quintic, spectral, decoupled,
 // highest, device state); set ones are validated as given. state_dtype
 // UNSPECIFIED (auto) takes its dtype from the group's params: those of
 // `group.params`, or `param_dtypes` where the caller has bound them (the

@@ -240,8 +240,7 @@ std::vector<RegisterCase> RegisterCorpus() {
   add("num_ns_steps explicit 0",
       [=](auto* r) { muon(r)->set_num_ns_steps(0); });
   add("eps explicit 0", [=](auto* r) { muon(r)->set_eps(0); });
-  add("ns_batch_size explicit 0",
-      [=](auto* r) { muon(r)->set_ns_batch_size(0); });
+  add("ns_batch_size -2", [=](auto* r) { muon(r)->set_ns_batch_size(-2); });
   add("extra_scale_factor explicit 0",
       [=](auto* r) { muon(r)->set_extra_scale_factor(0); });
   add("fp32_matmul_prec bogus", [=](auto* r) {

@@ -194,6 +194,44 @@ TEST_F(CudaBackendTest, ElementwiseKernelsAreBitIdenticalToCpu) {
   }
 }
 
+// AdamW through the flat multi-element kernel: a length past one grid's
+// elements in flight (several grid-stride rounds and a ragged tail), and a
+// strided view (the 2-D path), each bitwise the CPU backend.
+TEST_F(CudaBackendTest, AdamWLongAndStridedIsCpuBitwise) {
+  AdamWScalars s;
+  s.param_decay = 0.9999f;
+  s.step_size = 3e-4f / 0.19f;
+  s.bias_correction2_sqrt = 0.0707f;
+  struct Case {
+    int64_t rows, cols, ld;
+  };
+  for (const Case& k :
+       {Case{1, 132 * 16 * 1024 * 2 + 13, 132 * 16 * 1024 * 2 + 13},
+        Case{301, 517, 530}}) {
+    const int64_t n = k.rows * k.ld;
+    std::vector<float> p = Random(n, 21), g = Random(n, 22), m = Random(n, 23),
+                       v = Random(n, 24);
+    for (float& x : v) x = x * x;
+    std::vector<float> pc = p, mc = m, vc = v;
+    auto hv = [&](std::vector<float>& x) {
+      return MatrixView{x.data(), DType::kFloat32, k.rows, k.cols, k.ld};
+    };
+    MatrixView dp = Up(hv(p)), dg = Up(hv(g)), dm = Up(hv(m)), dv = Up(hv(v));
+    ASSERT_TRUE(gpu_->AdamW(dp, dg, dm, dv, s).ok());
+    ASSERT_TRUE(cpu_->AdamW(hv(pc), hv(g), hv(mc), hv(vc), s).ok());
+    const std::vector<float> gp = Down<float>(dp, n), gm = Down<float>(dm, n),
+                             gv = Down<float>(dv, n);
+    for (int64_t i = 0; i < k.rows; ++i) {
+      for (int64_t j = 0; j < k.cols; ++j) {
+        const int64_t e = i * k.ld + j;
+        ASSERT_EQ(gp[e], pc[e]) << k.rows << "x" << k.cols << " at " << e;
+        ASSERT_EQ(gm[e], mc[e]) << e;
+        ASSERT_EQ(gv[e], vc[e]) << e;
+      }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, FrobeniusNormalizeMatchesCpuIncludingZeroAndTiny) {
   const int64_t r = 96, c = 80, batch = 3;
   std::vector<float> x = Random(batch * r * c, 13);

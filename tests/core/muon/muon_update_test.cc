@@ -88,7 +88,7 @@ TEST(MuonOptions, ValidateNamesFieldAndRule) {
   o.extra_scale_factor = 0;
   expect(o, "extra_scale_factor");
   o = {};
-  o.ns_batch_size = 0;
+  o.ns_batch_size = -1;  // 0 is auto
   expect(o, "ns_batch_size");
   o = {};
   o.ns.num_steps = 100;

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu_backend.h"
+#include "core/step/ns_batch_rule.h"
 #include "tests/common/delegating_backend.h"
 
 namespace muond {
@@ -243,6 +244,59 @@ TEST(NsRunnerTest, AShortListDoesNotCapALongerOnesBatches) {
   ASSERT_TRUE(long_chunks.ok()) << long_chunks.status();
   ASSERT_EQ(long_chunks->size(), 1u);
   EXPECT_EQ(long_chunks->front().size(), 4u);
+}
+
+// ns_batch_size 0 (auto): shapes with a short side <= 2048 batch up to 2^28
+// elements, wider ones run one at a time; a set size is taken as given.
+TEST(NsBatchLimitTest, AutoBatchesByShortSideAndElements) {
+  EXPECT_EQ(NsBatchLimit(0, 16, 16), (int64_t{1} << 28) / 256);
+  EXPECT_EQ(NsBatchLimit(0, 2048, 8192), 16);  // the ~1B Llama's MLP
+  EXPECT_EQ(NsBatchLimit(0, 8192, 2048), 16);
+  EXPECT_EQ(NsBatchLimit(0, 2048, 2048), 64);
+  EXPECT_EQ(NsBatchLimit(0, 2049, 8192), 1);     // past the short side
+  EXPECT_EQ(NsBatchLimit(0, 4096, 14336), 1);    // Llama-3-8B's
+  EXPECT_EQ(NsBatchLimit(0, 1024, 1 << 20), 1);  // one matrix past the cap
+  EXPECT_EQ(NsBatchLimit(3, 4096, 4096), 3);
+  EXPECT_EQ(NsBatchLimit(1, 16, 16), 1);
+}
+
+// Auto chunks a small shape's matrices into one batch, bitwise what
+// ns_batch_size = their count gives (the CPU backend's batched NS runs
+// slice by slice: bitwise the per-matrix path too).
+TEST(NsRunnerTest, AutoBatchSizeRunsASmallShapeAsOneBatch) {
+  CountingBackend backend;
+  MuonOptions automatic;
+  automatic.ns_batch_size = 0;
+  ASSERT_TRUE(automatic.Validate().ok()) << automatic.Validate();
+  MuonOptions per_matrix = automatic;
+  per_matrix.ns_batch_size = 1;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist;
+  std::vector<float> a(6 * 24 * 40), b;
+  for (float& x : a) x = dist(rng);
+  b = a;
+  auto views = [](std::vector<float>& data) {
+    std::vector<MatrixView> v;
+    for (int k = 0; k < 6; ++k) {
+      v.push_back(
+          ContiguousView(data.data() + k * 24 * 40, DType::kFloat32, 24, 40));
+    }
+    return v;
+  };
+  NsRunner runner(&backend, DType::kFloat32);
+  auto chunks = runner.ChunksOf(automatic, views(a));
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  ASSERT_EQ(chunks->size(), 1u);
+  EXPECT_EQ(chunks->front().size(), 6u);
+  ASSERT_TRUE(runner.Run(automatic, views(a), nullptr).ok());
+  NsRunner single(&backend, DType::kFloat32);
+  ASSERT_TRUE(single.Run(per_matrix, views(b), nullptr).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  MuonOptions negative = automatic;
+  negative.ns_batch_size = -1;
+  EXPECT_THAT(
+      std::string(negative.Validate().message()),
+      ::testing::HasSubstr("ns_batch_size must be >= 1, or 0 for auto"));
 }
 
 TEST(NsRunnerTest, EmptyListRunsNothing) {

@@ -44,15 +44,15 @@ void ExpectMuonRefused(void (*set)(v1::MuonHyperparams*),
 TEST(GroupOptions, UnsetFieldsTakeTheDefaults) {
   absl::StatusOr<MuonOptions> o = MuonOptionsFromProto(MuonGroup());
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->ns_batch_size, 1);
+  EXPECT_EQ(o->ns_batch_size, 0);  // auto
   EXPECT_EQ(o->ns.num_steps, 5);
   EXPECT_EQ(o->extra_scale_factor, 1.0);
   EXPECT_TRUE(AdamWOptionsFromProto(AdamWGroup()).ok());
 }
 
 TEST(GroupOptions, ExplicitZerosAreRefusedNotDefaulted) {
-  ExpectMuonRefused([](auto* h) { h->set_ns_batch_size(0); }, "ns_batch_size",
-                    "0");
+  ExpectMuonRefused([](auto* h) { h->set_ns_batch_size(-1); }, "ns_batch_size",
+                    "-1");
   ExpectMuonRefused([](auto* h) { h->set_num_ns_steps(0); }, "num_steps", "0");
   ExpectMuonRefused([](auto* h) { h->set_extra_scale_factor(0.0); },
                     "extra_scale_factor", "0");

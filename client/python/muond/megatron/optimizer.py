@@ -179,7 +179,7 @@ class LayerShardedMuon(Muon):
                  fp32_matmul_prec: str = "medium", coefficient_type: str = "quintic",
                  num_ns_steps: int = 5, scale_mode: str = "spectral",
                  extra_scale_factor: float = 1.0, gtp_remat_group=None, tp_group=None,
-                 ns_batch_size: int = 1, use_syrk: bool = False,
+                 ns_batch_size: int = 0, use_syrk: bool = False,
                  concurrent_groups: bool = True, use_decoupled_weight_decay: bool = True,
                  split_qkv: bool = False, is_qkv_fn=None, qkv_split_shapes=None,
                  pg_collection=None, tp_mode: str = "duplicated", **muond_options):

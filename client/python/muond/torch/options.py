@@ -34,7 +34,9 @@ class NewtonSchulzOptions:
     ``is_qkv_fn``, ``qkv_split_shapes`` and ``qkv_head_dim``: Q, K and V (or
     every head) of fused QKV params orthogonalised apart (muond.qkv_split)."""
     coefficient_type: str | None = None
-    ns_batch_size: int = 1
+    # Same-shape matrices per NS batch; 0 = auto (by shape: batched where the
+    # short side is <= 2048, one at a time above); 1 = bit-exact numerics.
+    ns_batch_size: int = 0
     fp32_matmul_prec: str = "medium"
     use_syrk: bool = False
     ns_algorithm: str = _rules.DEFAULT_NS_ALGORITHM  # the daemon's NsOptions default
