@@ -353,8 +353,10 @@ int Main(int argc, char** argv) {
     mats.push_back(m);
   }
   // Chunks of up to ns_batch same-shape matrices, in first-seen shape order.
+  // --engine: none (the step engine chunks, ns_batch 0 included, and keeps
+  // its own NS workspaces and buffers; the chain's would only take memory).
   std::vector<std::vector<size_t>> chunks;
-  {
+  if (!engine_mode) {
     std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_shape;
     std::vector<std::pair<int64_t, int64_t>> order;
     for (size_t i = 0; i < mats.size(); ++i) {
@@ -374,9 +376,6 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  // --engine: the step engine keeps its own NS workspaces and buffers; the
-  // chain's would only take device memory.
-  if (engine_mode) chunks.clear();
   for (const auto& ch : chunks) {
     const Matrix& m = mats[ch.front()];
     const int64_t batch = int64_t(ch.size());
