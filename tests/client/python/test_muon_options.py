@@ -99,6 +99,25 @@ class MuonOptionObjectsTest(FakeClusterTestCase):
         self.assertEqual(comparable_groups(objects), plain_groups)
         self.assertEqual(wire_groups(self.cluster.daemons[:1]), plain_wire)
 
+    def test_a_state_dict_of_another_ns_batch_size_loads_both_ways(self):
+        """ns_batch_size schedules NS, it is no part of the state: a state dict
+        saved at 1 (every checkpoint from before auto batching) loads into an
+        optimizer at the default (0, auto), and back; each keeps its own."""
+        for saved_batch, loaded_batch in ((1, 0), (0, 1), (7, 0)):
+            with self.subTest(saved=saved_batch, loaded=loaded_batch):
+                src = self.build(ns_batch_size=saved_batch, daemons=self.addresses[:1],
+                                 job_id="fake", client_id="src")
+                saved = src.state_dict()
+                self.assertEqual(saved["param_groups"][0]["ns_batch_size"], saved_batch)
+                src.close()
+                dst = self.build(ns_batch_size=loaded_batch, daemons=self.addresses[:1],
+                                 job_id="fake", client_id="dst")
+                dst.load_state_dict(saved)
+                self.assertEqual([g["ns_batch_size"] for g in dst.param_groups],
+                                 [loaded_batch, loaded_batch])
+                self.assertEqual(dst.step_id, src.step_id)
+                dst.close()
+
     def test_a_flat_keyword_with_its_object_is_refused_naming_it(self):
         cases = [
             (dict(ns_batch_size=2, newton_schulz=NewtonSchulzOptions()),

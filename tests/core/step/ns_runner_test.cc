@@ -246,25 +246,36 @@ TEST(NsRunnerTest, AShortListDoesNotCapALongerOnesBatches) {
   EXPECT_EQ(long_chunks->front().size(), 4u);
 }
 
-// ns_batch_size 0 (auto): shapes with a short side <= 2048 batch up to 2^28
-// elements, wider ones run one at a time; a set size is taken as given.
-TEST(NsBatchLimitTest, AutoBatchesByShortSideAndElements) {
-  EXPECT_EQ(NsBatchLimit(0, 16, 16), (int64_t{1} << 28) / 256);
-  EXPECT_EQ(NsBatchLimit(0, 2048, 8192), 16);  // the ~1B Llama's MLP
-  EXPECT_EQ(NsBatchLimit(0, 8192, 2048), 16);
-  EXPECT_EQ(NsBatchLimit(0, 2048, 2048), 64);
-  EXPECT_EQ(NsBatchLimit(0, 2049, 8192), 1);     // past the short side
-  EXPECT_EQ(NsBatchLimit(0, 4096, 14336), 1);    // Llama-3-8B's
-  EXPECT_EQ(NsBatchLimit(0, 1024, 1 << 20), 1);  // one matrix past the cap
-  EXPECT_EQ(NsBatchLimit(3, 4096, 4096), 3);
-  EXPECT_EQ(NsBatchLimit(1, 16, 16), 1);
+// ns_batch_size 0 (auto): on a device, shapes with a short side <= 2048
+// batch up to 2^29 bytes of the NS work dtype, wider ones run one at a time;
+// on the host (slice by slice anyway) one at a time; a set size is taken as
+// given.
+TEST(NsBatchLimitTest, AutoBatchesByShortSideBytesAndBackend) {
+  constexpr int64_t kBf16 = 2, kFp32 = 4;
+  EXPECT_EQ(NsBatchLimit(0, 16, 16, kBf16, true), (int64_t{1} << 29) / 512);
+  EXPECT_EQ(NsBatchLimit(0, 2048, 8192, kBf16, true), 16);  // ~1B Llama MLP
+  EXPECT_EQ(NsBatchLimit(0, 8192, 2048, kBf16, true), 16);
+  EXPECT_EQ(NsBatchLimit(0, 8192, 2048, kFp32, true), 8);  // "highest"
+  EXPECT_EQ(NsBatchLimit(0, 2048, 2048, kBf16, true), 64);
+  EXPECT_EQ(NsBatchLimit(0, 2049, 8192, kBf16, true), 1);     // past the side
+  EXPECT_EQ(NsBatchLimit(0, 4096, 14336, kBf16, true), 1);    // Llama-3-8B's
+  EXPECT_EQ(NsBatchLimit(0, 1024, 1 << 20, kBf16, true), 1);  // past the cap
+  EXPECT_EQ(NsBatchLimit(0, 16, 16, kFp32, false), 1);  // the host backend
+  EXPECT_EQ(NsBatchLimit(3, 4096, 4096, kBf16, true), 3);
+  EXPECT_EQ(NsBatchLimit(5, 16, 16, kFp32, false), 5);
+  EXPECT_EQ(NsBatchLimit(1, 16, 16, kBf16, true), 1);
 }
 
-// Auto chunks a small shape's matrices into one batch, bitwise what
-// ns_batch_size = their count gives (the CPU backend's batched NS runs
-// slice by slice: bitwise the per-matrix path too).
-TEST(NsRunnerTest, AutoBatchSizeRunsASmallShapeAsOneBatch) {
-  CountingBackend backend;
+// A backend that calls itself a device (the CPU backend's math): auto
+// chunks a small shape's matrices into one batch, bitwise the per-matrix
+// path (the CPU backend's batched NS runs slice by slice); on the CPU
+// backend as it is, auto runs them one at a time.
+class DeviceLikeBackend final : public testing::DelegatingBackend {
+ public:
+  bool is_device() const override { return true; }
+};
+
+TEST(NsRunnerTest, AutoBatchSizeBatchesASmallShapeOnADeviceOnly) {
   MuonOptions automatic;
   automatic.ns_batch_size = 0;
   ASSERT_TRUE(automatic.Validate().ok()) << automatic.Validate();
@@ -283,13 +294,18 @@ TEST(NsRunnerTest, AutoBatchSizeRunsASmallShapeAsOneBatch) {
     }
     return v;
   };
-  NsRunner runner(&backend, DType::kFloat32);
+  DeviceLikeBackend device;
+  NsRunner runner(&device, DType::kFloat32);
   auto chunks = runner.ChunksOf(automatic, views(a));
   ASSERT_TRUE(chunks.ok()) << chunks.status();
   ASSERT_EQ(chunks->size(), 1u);
   EXPECT_EQ(chunks->front().size(), 6u);
   ASSERT_TRUE(runner.Run(automatic, views(a), nullptr).ok());
-  NsRunner single(&backend, DType::kFloat32);
+  CountingBackend host;
+  NsRunner single(&host, DType::kFloat32);
+  auto host_chunks = single.ChunksOf(automatic, views(b));
+  ASSERT_TRUE(host_chunks.ok()) << host_chunks.status();
+  EXPECT_EQ(host_chunks->size(), 6u);
   ASSERT_TRUE(single.Run(per_matrix, views(b), nullptr).ok());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   MuonOptions negative = automatic;

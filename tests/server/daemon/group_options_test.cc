@@ -50,7 +50,7 @@ TEST(GroupOptions, UnsetFieldsTakeTheDefaults) {
   EXPECT_TRUE(AdamWOptionsFromProto(AdamWGroup()).ok());
 }
 
-TEST(GroupOptions, ExplicitZerosAreRefusedNotDefaulted) {
+TEST(GroupOptions, ExplicitOutOfRangeValuesAreRefusedNotDefaulted) {
   ExpectMuonRefused([](auto* h) { h->set_ns_batch_size(-1); }, "ns_batch_size",
                     "-1");
   ExpectMuonRefused([](auto* h) { h->set_num_ns_steps(0); }, "num_steps", "0");

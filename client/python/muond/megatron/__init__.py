@@ -1,7 +1,8 @@
 """muond for Megatron-LM users (docs/megatron.md).
 
 * ``LayerShardedMuon``: Megatron-Core's LayerShardedMuon constructor
-  (the same argument names, defaults and meanings) stepping on muond
+  (the same argument names, defaults and meanings, but ``ns_batch_size``
+  defaults to muond's 0, auto) stepping on muond
   daemons; reads ``main_grad``; registers at its first step, after
   Megatron's mixed-precision wrapper swapped in its fp32 main params.
 * ``get_megatron_optimizer``: Megatron-Core's factory (same arguments)

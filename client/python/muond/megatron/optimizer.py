@@ -141,7 +141,8 @@ def _is_main_param(p) -> bool:
 class LayerShardedMuon(Muon):
     """Muon with layer sharding over the GTP_remat x TP domain, on muond
     daemons: the seed's constructor (argument names, defaults and meanings,
-    docs/megatron.md) over ``muond.torch.Muon``.
+    docs/megatron.md; ``ns_batch_size`` defaults to muond's 0, auto batching
+    by shape, where the seed's is 1) over ``muond.torch.Muon``.
 
     * ``gtp_remat_group`` / ``tp_group`` (None: no group, size 1) give the
       domain's sizes and this rank's (g, t); ``pg_collection`` supplies

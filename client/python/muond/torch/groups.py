@@ -55,6 +55,11 @@ ADAMW_FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False,
 # Their AdamW keys that choose torch's kernels, not the math: carried in the
 # groups (a state dict round-trips through torch.optim.AdamW), never fixed.
 KERNEL_KEYS = ("foreach", "fused")
+# How Newton-Schulz is scheduled, not what it computes (the state does not
+# depend on it): a loaded state dict's value gives way to this optimizer's, so
+# a checkpoint from before auto batching (every group saved ns_batch_size 1)
+# resumes in an optimizer at the defaults, and back.
+SCHEDULING_KEYS = ("ns_batch_size",)
 # torch.optim.Muon's default ns_coefficients: muond's coefficient_type "simple"
 # (core/muon/coefficients.h, through the generated muond._rules).
 _SIMPLE_COEFFICIENTS = _rules.SIMPLE_COEFFICIENTS
@@ -193,15 +198,24 @@ def _real(label: str, key: str, value) -> float:
     return number
 
 
+_INT32 = (-(1 << 31), (1 << 31) - 1)  # the wire's int32 fields
+
+
 def _whole(label: str, key: str, value) -> int:
     """An integer hyperparameter (int or numpy int; no bool in any form,
-    float or str), else ValueError naming group and key; its bounds are the
-    daemon's."""
+    float or str) that fits the wire's int32, else ValueError naming group
+    and key; its bounds are the daemon's."""
     if not is_bool(value):
         try:
-            return operator.index(value)
+            whole = operator.index(value)
         except TypeError:
             pass
+        else:
+            if not _INT32[0] <= whole <= _INT32[1]:
+                raise ValueError(f"{label}: {key!r} is {whole}, past the int32 the daemons "
+                                 f"take ([{_INT32[0]}, {_INT32[1]}]; the daemon's own bounds "
+                                 "are narrower)")
+            return whole
     raise ValueError(f"{label}: {key!r} must be an int, got {value!r} ({_kind(value)})")
 
 
@@ -486,9 +500,11 @@ def loaded_options(gi: int, group: dict, saved: dict) -> dict:
             continue
         if key in live or key in KERNEL_KEYS:
             apply[key] = value
-        elif key in _variants.KEYS or key in _state_storage.KEYS:
-            # This optimizer's variant and state storage win: a checkpoint
-            # moves between variants, state dtypes and locations.
+        elif (key in _variants.KEYS or key in _state_storage.KEYS
+              or key in SCHEDULING_KEYS):
+            # This optimizer's variant, state storage and NS batching win: a
+            # checkpoint moves between variants, state dtypes and locations
+            # and batch sizes.
             continue
         elif frozen(_torch_default(key, value)) != frozen(_torch_default(key, group[key])):
             raise ValueError(f"param group {gi} ({group.get('name', f'group{gi}')!r}): {key!r} "
