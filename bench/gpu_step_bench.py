@@ -285,9 +285,10 @@ def print_breakdown(label, parts):
     phases = ["momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "update_us"]
     outside = sorted((p["total_us"] - sum(p[k] for k in phases)) for p in parts)
     print("daemon %s breakdown (median ms): wall %.2f = client %.2f + rpc %.2f; rpc = "
-          "grpc/server %.2f + daemon %.2f; daemon = %s + outside phases %.2f" % (
+          "grpc/server %.2f (of it the handler around the engine %.2f) + daemon %.2f; "
+          "daemon = %s + outside phases %.2f" % (
               label, med("wall_us"), med("wall_us") - med("rpc_us"), med("rpc_us"),
-              med("overhead_us"), med("total_us"),
+              med("overhead_us"), med("handler_us") - med("total_us"), med("total_us"),
               " + ".join("%s %.2f" % (k[:-3], med(k)) for k in phases),
               outside[len(outside) // 2] / 1e3), flush=True)
 

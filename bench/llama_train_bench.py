@@ -173,9 +173,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--muond-state-location", choices=["device", "host"], default="device",
                    help="where muond's daemon keeps the state (host: pinned host memory, "
                         "streamed under the NS)")
-    p.add_argument("--muond-ns-batch-size", type=at_least(1), default=None, metavar="N",
+    p.add_argument("--muond-ns-batch-size", type=at_least(0), default=None, metavar="N",
                    help="muond's ns_batch_size: same-shape matrices orthogonalised N "
-                        "at a time (default: muond's own default)")
+                        "at a time, 0 auto by shape (default: muond's own, auto)")
     p.add_argument("--torch-ns-precision", choices=["bf16", "fp32"], default="bf16",
                    help="torch.optim.Muon's NS: bf16 (its own) or fp32 (its one bf16 cast "
                         "swapped for an fp32 copy during its step; with --muond-ns-precision "
@@ -422,15 +422,17 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
 
 def step_phases_ms(timings: dict, opt_step_ms: float) -> dict:
     """One muond step's time split (ms): the daemon's phases (its StepTimings),
-    gRPC and the server around them ("rpc" minus the daemon's total), and
-    the trainer's own work before the Step is sent ("client": opt.step()
-    minus the round trip: checks, grad copies, the synchronize)."""
+    its Step handler's work around the engine (checks, plan, record), gRPC's
+    transport and wake-ups (the round trip minus the handler), and the
+    trainer's own work before the Step is sent ("client": opt.step() minus
+    the round trip: checks, grad copies, the synchronize)."""
     ms = {k[:-3]: v / 1e3 for k, v in timings.items()}
     return {"momentum": ms.get("momentum", 0.0), "ns": ms.get("ns", 0.0),
             "update": ms.get("update", 0.0),
             "exchange": sum(ms.get(k, 0.0) for k in ("a2a_fwd", "a2a_bwd", "dp_share")),
             "daemon_total": ms.get("total", 0.0),
-            "grpc_and_server": ms.get("rpc", 0.0) - ms.get("total", 0.0),
+            "handler_beyond_engine": ms.get("handler", 0.0) - ms.get("total", 0.0),
+            "grpc_and_wakeups": ms.get("rpc", 0.0) - ms.get("handler", 0.0),
             "client": opt_step_ms - ms.get("rpc", 0.0)}
 
 

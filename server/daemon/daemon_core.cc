@@ -511,7 +511,12 @@ v1::StepResponse DaemonCore::ReplayedResponse() const {
 
 absl::StatusOr<v1::StepResponse> DaemonCore::Step(
     const v1::StepRequest& request) {
+  const absl::Time start = absl::Now();
   absl::StatusOr<v1::StepResponse> outcome = DoStep(request);
+  if (outcome.ok()) {
+    outcome->mutable_timings()->set_handler_us(
+        absl::ToDoubleMicroseconds(absl::Now() - start));
+  }
   metrics_->StepDone(outcome);
   ReportNsWorkspace();
   return outcome;

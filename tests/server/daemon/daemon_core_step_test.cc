@@ -22,6 +22,7 @@ TEST_F(DaemonCoreTest, StepRulesAndPlanActivation) {
   ASSERT_TRUE(s1.ok()) << s1.status();
   EXPECT_EQ(s1->plan_version(), 1);
   EXPECT_FALSE(s1->replayed());
+  EXPECT_GT(s1->timings().handler_us(), 0);  // the handler's own wall time
   EXPECT_EQ(*w, 1.0f);
   ASSERT_EQ(link_.reports.size(), 1u);
   EXPECT_EQ(link_.reports[0].step_id(), 1);

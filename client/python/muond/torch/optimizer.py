@@ -32,7 +32,7 @@ from muond.torch.lazy_state import LazyState
 from muond.torch.memory import SharedParams, release
 
 _PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "update_us",
-           "total_us")
+           "total_us", "handler_us")
 # The longest StepRequest.trainer_refusal sent (the daemons repeat its first
 # 128 bytes; the whole error is what the refusing trainer raises), so an
 # error the size of a model's name list never meets gRPC's message limit.
