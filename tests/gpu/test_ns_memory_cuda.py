@@ -64,6 +64,11 @@ def step_twice(d, batch, param, grad, room=None):
             held.kill()
             held.wait()
         opt.close()
+        # close() hands the shared grad back as a copy in torch's allocator:
+        # dropped, and the cache emptied, so that the next optimizer's own
+        # cudaMalloc'ed buffers find the memory (on an 80 GB GPU they did not).
+        param.grad = None
+        torch.cuda.empty_cache()
     changed = not torch.equal(before, param.detach())
     return changed and bool(torch.isfinite(param).all()), status
 
@@ -80,6 +85,8 @@ def main() -> int:
     print(f"device {total / GIB:.0f} GiB; another process holds all but "
           f"{ROOM / GIB:.0f} GiB once the daemon registered")
     for batch in (1, 64, 256):
+        print(f"ns_batch_size {batch}: {torch.cuda.mem_get_info()[0] / GIB:.1f} GiB free "
+              "before the daemon starts", flush=True)
         with Daemon(f"nsmem-{batch}") as d:
             try:
                 ok, status = step_twice(d, batch, param, grad, room=ROOM)
