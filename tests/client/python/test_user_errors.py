@@ -165,6 +165,8 @@ class HyperparameterTypeTest(FakeDaemonCase):
                  (dict(eps="1e-7"), r"group 0 .*'eps' must be a finite real number"),
                  (dict(ns_steps="5"), r"'ns_steps' must be an int, got '5' \(str\)"),
                  (dict(ns_steps=5.0), r"'ns_steps' must be an int, got 5.0 \(float\)"),
+                 (dict(ns_batch_size="auto"),
+                  r"'ns_batch_size' must be an int \(0 is auto\), got 'auto' \(str\)"),
                  (dict(ns_batch_size=2**31), r"group 0 .*'ns_batch_size' is 2147483648, "
                                              r"past the int32"),
                  (dict(ns_steps=-2**31 - 1), r"group 0 .*'ns_steps' is -2147483649, past"),

@@ -216,7 +216,8 @@ def _whole(label: str, key: str, value) -> int:
                                  f"take ([{_INT32[0]}, {_INT32[1]}]; the daemon's own bounds "
                                  "are narrower)")
             return whole
-    raise ValueError(f"{label}: {key!r} must be an int, got {value!r} ({_kind(value)})")
+    hint = " (0 is auto)" if key == "ns_batch_size" else ""
+    raise ValueError(f"{label}: {key!r} must be an int{hint}, got {value!r} ({_kind(value)})")
 
 
 def _flag(label: str, key: str, value) -> bool:
