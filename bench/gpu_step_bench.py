@@ -277,8 +277,10 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
 def print_breakdown(label, parts):
     """Where a daemon step's time goes (medians, ms): the client's Python
     (wall - rpc: grad re-pointing, device sync, overrides), gRPC + server
-    (rpc - daemon total), the daemon's phases, and the daemon total not in a
-    phase (the non-finite check and its sync, shape timing, bookkeeping)."""
+    (rpc - daemon total) and of it the daemon's Step handler around the
+    engine (handler - total: locks, checks, plan, record), the daemon's
+    phases, and the daemon total not in a phase (the non-finite check and its
+    sync, shape timing, bookkeeping)."""
     def med(key):
         v = sorted(p[key] for p in parts)
         return v[len(v) // 2] / 1e3

@@ -31,8 +31,11 @@ inline int64_t NsBatchLimit(int64_t ns_batch_size, int64_t rows, int64_t cols,
                             int64_t work_dtype_bytes, bool on_device) {
   if (ns_batch_size >= 1) return ns_batch_size;
   if (!on_device || std::min(rows, cols) > kAutoNsBatchMaxShortSide) return 1;
-  const int64_t bytes = std::max<int64_t>(1, rows * cols * work_dtype_bytes);
-  return std::max<int64_t>(1, kAutoNsBatchBytes / bytes);
+  // Divided down, not multiplied up: no product of the sides can overflow.
+  const int64_t per_row = kAutoNsBatchBytes /
+                          std::max<int64_t>(1, work_dtype_bytes) /
+                          std::max<int64_t>(1, rows);
+  return std::max<int64_t>(1, per_row / std::max<int64_t>(1, cols));
 }
 
 }  // namespace muond

@@ -191,9 +191,9 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
     for (size_t s = 0; s < shapes.size(); ++s) {
       const auto [rows, cols] = shapes[s];
       const std::vector<MatrixView>& same = members[first + s];
-      const int64_t max_batch =
-          NsBatchLimit(options.ns_batch_size, rows, cols,
-                       int64_t(DTypeSize(work_dtype_)), backend_->is_device());
+      const int64_t max_batch = NsBatchLimit(
+          options.ns_batch_size, rows, cols, int64_t(DTypeSize(work_dtype_)),
+          options.ns_batch_size == 0 && backend_->is_device());
       const ShapeKey shape_key{ns_key, max_batch, rows, cols};
       const auto shape_batch = batch_of_shape_.find(shape_key);
       int64_t cap = shape_batch != batch_of_shape_.end() ? shape_batch->second

@@ -1,6 +1,6 @@
 #pragma once
 // Newton–Schulz (+ its scale) on a list of matrices of one group, batched by
-// shape up to MuonOptions::ns_batch_size, with the group's NewtonSchulz
+// shape up to NsBatchLimit (ns_batch_rule.h), with the group's NewtonSchulz
 // engines cached by (rows, cols, batch) and per-shape wall times for the
 // coordinator's rebalancing (docs/ARCHITECTURE.md "One step"). Unmeasured
 // runs go through Backend::RunGraph: on CUDA the whole NS work of a Run is
@@ -68,7 +68,7 @@ class NsRunner {
 
   // Orthogonalizes every matrix of `matrices` in place (NS + scale).
   // Same-shape matrices are chunked in list order up to
-  // options.ns_batch_size, or the largest batch (halving) whose workspace the
+  // NsBatchLimit(options.ns_batch_size, ...), or the largest batch (halving) whose workspace the
   // budget grants at the shape's first Run, kept for every later Run; only a
   // shape of which not even one matrix fits fails (ResourceExhausted with the
   // numbers). So chunking depends on the param order and, past the budget, on
@@ -155,8 +155,8 @@ class NsRunner {
   NsWorkspaceBudget* budget_ = nullptr;
   // Bytes this runner took from the budget.
   int64_t taken_ = 0;
-  // Per NS options, ns_batch_size and shape, the batch the budget cut it to
-  // (FitBatch); absent: ns_batch_size.
+  // Per NS options, batch limit and shape, the batch the budget cut it to
+  // (FitBatch); absent: the limit (NsBatchLimit).
   using ShapeKey = std::tuple<uint64_t, int64_t, int64_t, int64_t>;
   std::map<ShapeKey, int64_t> batch_of_shape_;
   // Per NS options, shape and batch.

@@ -513,7 +513,7 @@ absl::StatusOr<v1::StepResponse> DaemonCore::Step(
     const v1::StepRequest& request) {
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::StepResponse> outcome = DoStep(request);
-  if (outcome.ok()) {
+  if (outcome.ok() && !outcome->replayed()) {
     outcome->mutable_timings()->set_handler_us(
         absl::ToDoubleMicroseconds(absl::Now() - start));
   }

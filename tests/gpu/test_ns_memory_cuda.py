@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Newton–Schulz workspaces sized by free device memory (tag gpu). While
 another process holds most of the GPU, an MoE layer of 200 experts of
-2048 x 7168 (one [200, 2048, 7168] param) steps at ns_batch_size 1, 64 and
+2048 x 7168 (one [200, 2048, 7168] param) steps at ns_batch_size 1, 0 (auto), 64 and
 256 without running out of memory: the daemon runs the batches its free
 memory holds (its log says so at 64 and 256), GetStatus reports the
 workspace bytes, below what was free, and every step changes the params and
@@ -84,7 +84,7 @@ def main() -> int:
     total = torch.cuda.mem_get_info()[1]
     print(f"device {total / GIB:.0f} GiB; another process holds all but "
           f"{ROOM / GIB:.0f} GiB once the daemon registered")
-    for batch in (1, 64, 256):
+    for batch in (1, 0, 64, 256):  # 0: auto, 18 of these a batch
         print(f"ns_batch_size {batch}: {torch.cuda.mem_get_info()[0] / GIB:.1f} GiB free "
               "before the daemon starts", flush=True)
         with Daemon(f"nsmem-{batch}") as d:

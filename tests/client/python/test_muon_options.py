@@ -16,6 +16,7 @@ from muond.torch import (AdamWOptions, ConnectionOptions, Muon,  # noqa: E402
                          NewtonSchulzOptions, PlacementOptions, ScalingOptions,
                          StateStorageOptions)
 from muond.torch import options as muond_options  # noqa: E402
+from muond.v1 import muond_pb2 as pb  # noqa: E402
 
 # Every flat keyword with a value other than its default, by concern.
 NS = dict(coefficient_type="quintic", ns_batch_size=2, fp32_matmul_prec="highest",
@@ -99,25 +100,6 @@ class MuonOptionObjectsTest(FakeClusterTestCase):
         self.assertEqual(comparable_groups(objects), plain_groups)
         self.assertEqual(wire_groups(self.cluster.daemons[:1]), plain_wire)
 
-    def test_a_state_dict_of_another_ns_batch_size_loads_both_ways(self):
-        """ns_batch_size schedules NS, it is no part of the state: a state dict
-        saved at 1 (every checkpoint from before auto batching) loads into an
-        optimizer at the default (0, auto), and back; each keeps its own."""
-        for saved_batch, loaded_batch in ((1, 0), (0, 1), (7, 0)):
-            with self.subTest(saved=saved_batch, loaded=loaded_batch):
-                src = self.build(ns_batch_size=saved_batch, daemons=self.addresses[:1],
-                                 job_id="fake", client_id="src")
-                saved = src.state_dict()
-                self.assertEqual(saved["param_groups"][0]["ns_batch_size"], saved_batch)
-                src.close()
-                dst = self.build(ns_batch_size=loaded_batch, daemons=self.addresses[:1],
-                                 job_id="fake", client_id="dst")
-                dst.load_state_dict(saved)
-                self.assertEqual([g["ns_batch_size"] for g in dst.param_groups],
-                                 [loaded_batch, loaded_batch])
-                self.assertEqual(dst.step_id, src.step_id)
-                dst.close()
-
     def test_a_flat_keyword_with_its_object_is_refused_naming_it(self):
         cases = [
             (dict(ns_batch_size=2, newton_schulz=NewtonSchulzOptions()),
@@ -167,6 +149,45 @@ class MuonOptionObjectsTest(FakeClusterTestCase):
         self.assertEqual(len(muond_options.FLAT_KEYWORDS), len(set(muond_options.FLAT_KEYWORDS)))
         self.assertIn("adamw_eps", muond_options.FLAT_KEYWORDS)
         self.assertEqual(len(muond_options.FLAT_KEYWORDS), 40)
+
+class NsBatchSizeLoadTest(FakeClusterTestCase):
+    """ns_batch_size schedules NS and is no part of the state: a state dict
+    saved at 1 (every checkpoint from before auto batching) loads into an
+    optimizer at the default (0, auto), and back; each keeps its own value,
+    registered and stepped with it, and the momentum carries over."""
+
+    def run_steps(self, opt, steps):
+        for _ in range(steps):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p.grad = torch.full_like(p, 0.1)
+            opt.step()
+
+    def test_a_state_dict_of_another_ns_batch_size_loads_both_ways(self):
+        for saved_batch, loaded_batch in ((1, 0), (0, 1), (7, 0)):
+            with self.subTest(saved=saved_batch, loaded=loaded_batch):
+                src = Muon(make_groups(), **TORCH, ns_batch_size=saved_batch,
+                           daemons=self.addresses, job_id="fake", client_id="src")
+                self.run_steps(src, 2)
+                saved = src.state_dict()
+                momentum = saved["state"][0]["momentum_buffer"].clone()
+                self.assertEqual(saved["param_groups"][0]["ns_batch_size"], saved_batch)
+                src.close()
+                dst = Muon(make_groups(), **TORCH, ns_batch_size=loaded_batch,
+                           daemons=self.addresses, job_id="fake", client_id="dst")
+                self.addCleanup(dst.close)
+                dst.load_state_dict(saved)
+                self.assertEqual(dst.step_id, 2)
+                self.assertTrue(torch.equal(dst.state_dict()["state"][0]["momentum_buffer"],
+                                            momentum))
+                self.run_steps(dst, 1)  # fixed entries rechecked: nothing refused
+                self.assertEqual(dst.step_id, 3)
+                self.assertEqual([g["ns_batch_size"] for g in dst.param_groups],
+                                 [loaded_batch, loaded_batch])
+                muon_wire = [g for g in self.cluster.daemons[0].requests[-1].groups
+                             if g.algorithm != pb.ALGORITHM_ADAMW]
+                self.assertEqual({g.muon.ns_batch_size for g in muon_wire}, {loaded_batch})
+                dst.close()
 
 
 if __name__ == "__main__":
