@@ -15,6 +15,7 @@ from fake_daemon import FakeClusterTestCase  # noqa: E402 (puts client/python on
 from muond.torch import (AdamWOptions, ConnectionOptions, Muon,  # noqa: E402
                          NewtonSchulzOptions, PlacementOptions, ScalingOptions,
                          StateStorageOptions)
+from muond.torch import groups as muond_groups  # noqa: E402
 from muond.torch import options as muond_options  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
 
@@ -188,6 +189,17 @@ class NsBatchSizeLoadTest(FakeClusterTestCase):
                              if g.algorithm != pb.ALGORITHM_ADAMW]
                 self.assertEqual({g.muon.ns_batch_size for g in muon_wire}, {loaded_batch})
                 dst.close()
+
+    def test_use_syrk_gives_way_too_and_a_math_option_does_not(self):
+        opt = Muon(make_groups(), **TORCH, use_syrk=False, daemons=self.addresses,
+                   job_id="fake")
+        self.addCleanup(opt.close)
+        group = opt.param_groups[0]
+        live = {k: group[k] for k in muond_groups.LIVE_KEYS["muon"]}
+        self.assertEqual(muond_groups.loaded_options(0, group, dict(group, use_syrk=True)),
+                         live)
+        with self.assertRaisesRegex(ValueError, r"'ns_steps' is 5 in the state dict, 6 here"):
+            muond_groups.loaded_options(0, group, dict(group, ns_steps=5))
 
 
 if __name__ == "__main__":

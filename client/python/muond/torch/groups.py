@@ -55,11 +55,12 @@ ADAMW_FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False,
 # Their AdamW keys that choose torch's kernels, not the math: carried in the
 # groups (a state dict round-trips through torch.optim.AdamW), never fixed.
 KERNEL_KEYS = ("foreach", "fused")
-# How Newton-Schulz is scheduled, not what it computes (the state does not
-# depend on it): a loaded state dict's value gives way to this optimizer's, so
-# a checkpoint from before auto batching (every group saved ns_batch_size 1)
+# How Newton-Schulz's products are scheduled, not what they compute (the same
+# products, batched or on their lower triangle; the state does not depend on
+# it): a loaded state dict's value gives way to this optimizer's, so a
+# checkpoint from before auto batching (every group saved ns_batch_size 1)
 # resumes in an optimizer at the defaults, and back.
-SCHEDULING_KEYS = ("ns_batch_size",)
+SCHEDULING_KEYS = ("ns_batch_size", "use_syrk")
 # torch.optim.Muon's default ns_coefficients: muond's coefficient_type "simple"
 # (core/muon/coefficients.h, through the generated muond._rules).
 _SIMPLE_COEFFICIENTS = _rules.SIMPLE_COEFFICIENTS
