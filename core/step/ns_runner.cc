@@ -174,6 +174,8 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
   if (budget_ != nullptr) building.emplace(&budget_->build_mutex());
   std::vector<Chunk> chunks;
   int64_t staging_elems = 0;
+  const bool auto_on_device =
+      options.ns_batch_size == 0 && backend_->is_device();
   for (const absl::Span<const MatrixView> matrices : lists) {
     // Same-shape matrices of this list in first-appearance order.
     std::vector<std::pair<int64_t, int64_t>> shapes;
@@ -191,9 +193,9 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
     for (size_t s = 0; s < shapes.size(); ++s) {
       const auto [rows, cols] = shapes[s];
       const std::vector<MatrixView>& same = members[first + s];
-      const int64_t max_batch = NsBatchLimit(
-          options.ns_batch_size, rows, cols, int64_t(DTypeSize(work_dtype_)),
-          options.ns_batch_size == 0 && backend_->is_device());
+      const int64_t max_batch =
+          NsBatchLimit(options.ns_batch_size, rows, cols,
+                       int64_t(DTypeSize(work_dtype_)), auto_on_device);
       const ShapeKey shape_key{ns_key, max_batch, rows, cols};
       const auto shape_batch = batch_of_shape_.find(shape_key);
       int64_t cap = shape_batch != batch_of_shape_.end() ? shape_batch->second

@@ -131,4 +131,12 @@ class DelegatingBackend : public Backend {
   std::unique_ptr<Backend> cpu_;
 };
 
+// The CPU backend's math on a backend that calls itself a device: what a
+// device decides (one lane per backend, auto NS batching) on a machine
+// without a GPU.
+class DeviceLikeCpuBackend final : public DelegatingBackend {
+ public:
+  bool is_device() const override { return true; }
+};
+
 }  // namespace muond::testing

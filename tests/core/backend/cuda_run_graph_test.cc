@@ -57,6 +57,17 @@ class CudaRunGraphTest : public ::testing::Test {
   static std::vector<float> Want(float value) {
     return std::vector<float>(kN, RoundToBf16(value));
   }
+  // `steps` rounds of keys 1..keys in order, as a step's groups replay, each
+  // converting a value of its own (step * stride + key) and checked.
+  void CycleKeys(int steps, uint64_t keys, float stride) {
+    for (int step = 0; step < steps; ++step) {
+      for (uint64_t key = 1; key <= keys; ++key) {
+        Fill(float(step * stride + key));
+        ASSERT_TRUE(Convert(key).ok());
+        ASSERT_EQ(Dst(), Want(float(step * stride + key)));
+      }
+    }
+  }
 
   static constexpr int64_t kN = 1000;
   CudaBackendOptions options_;  // set before SetUp by a subclass
@@ -98,13 +109,7 @@ TEST_F(CudaRunGraphTest, ReplayReadsFreshDataAndLruEvictsOldest) {
 // is captured twice.
 TEST_F(CudaRunGraphTest, MoreKeysThanKeptCaptureEachOnceAtMost) {
   constexpr int64_t kKeys = kCudaGraphsKept + 10;
-  for (int step = 0; step < 3; ++step) {
-    for (uint64_t key = 1; key <= kKeys; ++key) {
-      Fill(float(step * 10000 + key));
-      ASSERT_TRUE(Convert(key).ok());
-      ASSERT_EQ(Dst(), Want(float(step * 10000 + key)));
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(CycleKeys(3, kKeys, 10000));
   EXPECT_EQ(Counts().captures, kKeys);
   EXPECT_EQ(Counts().uncached, 10);
   EXPECT_EQ(Counts().launches, kKeys + 2 * (kKeys - 10));
@@ -115,13 +120,7 @@ TEST_F(CudaRunGraphTest, MoreKeysThanKeptCaptureEachOnceAtMost) {
 // cache once held) capture once and then only replay.
 TEST_F(CudaRunGraphTest, AGraphPerLayerGroupCapturesOnceOverSteps) {
   constexpr int kGroups = 200;
-  for (int step = 0; step < 3; ++step) {
-    for (uint64_t key = 1; key <= kGroups; ++key) {
-      Fill(float(step * 1000 + key));
-      ASSERT_TRUE(Convert(key).ok());
-      ASSERT_EQ(Dst(), Want(float(step * 1000 + key)));
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(CycleKeys(3, kGroups, 1000));
   EXPECT_EQ(Counts().captures, kGroups);
   EXPECT_EQ(Counts().launches, 3 * kGroups);
 }

@@ -266,15 +266,10 @@ TEST(NsBatchLimitTest, AutoBatchesByShortSideBytesAndBackend) {
   EXPECT_EQ(NsBatchLimit(1, 16, 16, kBf16, true), 1);
 }
 
-// A backend that calls itself a device (the CPU backend's math): auto
+// On a backend that calls itself a device (the CPU backend's math), auto
 // chunks a small shape's matrices into one batch, bitwise the per-matrix
 // path (the CPU backend's batched NS runs slice by slice); on the CPU
 // backend as it is, auto runs them one at a time.
-class DeviceLikeBackend final : public testing::DelegatingBackend {
- public:
-  bool is_device() const override { return true; }
-};
-
 TEST(NsRunnerTest, AutoBatchSizeBatchesASmallShapeOnADeviceOnly) {
   MuonOptions automatic;
   automatic.ns_batch_size = 0;
@@ -294,7 +289,7 @@ TEST(NsRunnerTest, AutoBatchSizeBatchesASmallShapeOnADeviceOnly) {
     }
     return v;
   };
-  DeviceLikeBackend device;
+  testing::DeviceLikeCpuBackend device;
   NsRunner runner(&device, DType::kFloat32);
   auto chunks = runner.ChunksOf(automatic, views(a));
   ASSERT_TRUE(chunks.ok()) << chunks.status();

@@ -20,10 +20,7 @@
 namespace muond {
 namespace {
 
-class DeviceLikeCpuBackend final : public testing::DelegatingBackend {
- public:
-  bool is_device() const override { return true; }
-};
+using testing::DeviceLikeCpuBackend;
 
 struct Shape {
   int64_t rows, cols;
