@@ -12,6 +12,7 @@ is refused RESOURCE_EXHAUSTED naming the numbers, params unchanged. Exit code
 """
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -30,8 +31,39 @@ ROOM = 6 * GIB
 ONE_WORKSPACE = 2 * ROWS * COLS * 2 + 2 * ROWS * ROWS * 2  # bf16 standard NS
 
 
+def free_gib() -> str:
+    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                           "--format=csv,noheader"], capture_output=True, text=True).stdout
+    return (f"{torch.cuda.mem_get_info()[0] / GIB:.1f} GiB free (this process: "
+            f"{torch.cuda.memory_allocated() / GIB:.1f} allocated, "
+            f"{torch.cuda.memory_reserved() / GIB:.1f} reserved; by process: "
+            + "; ".join(apps.split("\n")) + ")" + cached_segments())
+
+
+def cached_segments() -> str:
+    """torch's segments holding free blocks (what empty_cache could not
+    return), for a failure's context."""
+    rows = [f"{seg['total_size'] / GIB:.2f} GiB segment, {seg['allocated_size'] / GIB:.2f} "
+            f"allocated, stream {seg['stream']}, blocks "
+            + ",".join(f"{b['size'] / GIB:.2f}:{b['state']}" for b in seg["blocks"])
+            for seg in torch.cuda.memory_snapshot()
+            if seg["total_size"] - seg["allocated_size"] > GIB]
+    return (" cached: " + " | ".join(rows)) if rows else ""
+
+
+def release() -> None:
+    """What this process no longer uses goes back to the device: an
+    optimizer's CUDA allocations are freed when collected (it may sit in a
+    reference cycle), torch's cached blocks when emptied."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def hold(nbytes: int) -> subprocess.Popen:
     """Another process holding `nbytes` of the GPU until killed."""
+    if nbytes <= 0:
+        raise RuntimeError(f"no room for another process: {free_gib()} after the "
+                           "registration, and the test leaves 6 GiB to the daemon")
     code = ("import sys, time, torch; x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, "
             "device='cuda'); print('held', flush=True); time.sleep(3600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(nbytes)], stdout=subprocess.PIPE,
@@ -49,7 +81,13 @@ def step_twice(d, batch, param, grad, room=None):
     from muond.torch import Muon
     opt = Muon([{"params": [param], "param_names": ["experts"]}], lr=0.02,
                daemons=[d.address], job_id=d.job_id, ns_batch_size=batch)
-    before = param.detach().clone()
+    # The registration moved the param into the shared buffer: its old
+    # storage goes back to the device, and the copy to compare with lives
+    # on the host (an 80 GB GPU holds the param, its grad, the shared param
+    # and grad and the daemon's momentum, 5 x 11.7 GB, and no more copies).
+    torch.cuda.empty_cache()
+    before = param.detach().cpu()
+    print(f"  registered: {free_gib()}", flush=True)
     held = None
     try:
         if room is not None:
@@ -68,8 +106,9 @@ def step_twice(d, batch, param, grad, room=None):
         # dropped, and the cache emptied, so that the next optimizer's own
         # cudaMalloc'ed buffers find the memory (on an 80 GB GPU they did not).
         param.grad = None
-        torch.cuda.empty_cache()
-    changed = not torch.equal(before, param.detach())
+        del opt
+        release()
+    changed = not torch.equal(before, param.detach().cpu())
     return changed and bool(torch.isfinite(param).all()), status
 
 
@@ -81,17 +120,19 @@ def main() -> int:
     param = torch.nn.Parameter(0.02 * torch.randn(EXPERTS, ROWS, COLS, device="cuda",
                                                   generator=g))
     grad = 1e-3 * torch.randn(EXPERTS, ROWS, COLS, device="cuda", generator=g)
+    release()  # randn's temporaries
     total = torch.cuda.mem_get_info()[1]
     print(f"device {total / GIB:.0f} GiB; another process holds all but "
           f"{ROOM / GIB:.0f} GiB once the daemon registered")
     for batch in (1, 0, 64, 256):  # 0: auto, 18 of these a batch
-        print(f"ns_batch_size {batch}: {torch.cuda.mem_get_info()[0] / GIB:.1f} GiB free "
-              "before the daemon starts", flush=True)
+        release()  # the last case's copies (close() hands the param and grad back)
+        print(f"ns_batch_size {batch}: {free_gib()} before the daemon starts", flush=True)
         with Daemon(f"nsmem-{batch}") as d:
             try:
                 ok, status = step_twice(d, batch, param, grad, room=ROOM)
             except Exception as e:  # noqa: BLE001
                 failures.append(f"ns_batch_size {batch}: {e}")
+                print(f"ns_batch_size {batch}: failed: {str(e)[-300:]}", flush=True)
                 continue
             split = "run in batches of" in d.log()
             print(f"ns_batch_size {batch}: stepped {ok}, NS workspace "
@@ -105,14 +146,20 @@ def main() -> int:
             if batch >= 64 and not split:
                 failures.append(f"ns_batch_size {batch}: no smaller batch was logged")
     cap = 3 * ONE_WORKSPACE
+    release()
+    print(f"cap {cap}: {free_gib()} before the daemon starts", flush=True)
     with Daemon("nsmem-cap", daemon_args=(f"--max_ns_workspace_bytes={cap}",)) as d:
-        ok, status = step_twice(d, 64, param, grad)
-        print(f"cap {cap}: stepped {ok}, peak {status.peak_ns_workspace_bytes}")
-        if not ok or not 0 < status.peak_ns_workspace_bytes <= cap:
-            failures.append(f"cap {cap}: peak {status.peak_ns_workspace_bytes}")
+        try:
+            ok, status = step_twice(d, 64, param, grad)
+            print(f"cap {cap}: stepped {ok}, peak {status.peak_ns_workspace_bytes}")
+            if not ok or not 0 < status.peak_ns_workspace_bytes <= cap:
+                failures.append(f"cap {cap}: peak {status.peak_ns_workspace_bytes}")
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"cap {cap}: {e}")
+    release()
     with Daemon("nsmem-none", daemon_args=(
             f"--max_ns_workspace_bytes={ONE_WORKSPACE // 2}",)) as d:
-        before = param.detach().clone()
+        before = param.detach().cpu()
         try:
             step_twice(d, 64, param, grad)
             failures.append("a cap below one workspace did not refuse the step")
@@ -122,7 +169,7 @@ def main() -> int:
             if not ("RESOURCE_EXHAUSTED" in message and "2048x7168" in message
                     and "bytes needed" in message):
                 failures.append(f"the refusal does not name the numbers: {message[:400]}")
-        if not torch.equal(before, param.detach()):
+        if not torch.equal(before, param.detach().cpu()):
             failures.append("a refused step changed the params")
     return report(failures)
 
