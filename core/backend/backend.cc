@@ -23,6 +23,25 @@ absl::Status Backend::MuonMomentumBatch(
   return absl::OkStatus();
 }
 
+absl::Status Backend::CheckedMuonMomentumBatch(
+    absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
+    absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+    absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
+    float grad_limit) {
+  if (!grads.empty()) {
+    ASSIGN_OR_RETURN(const bool within, AllFiniteBelow(grads, grad_limit));
+    checked_grads_out_of_range_ = checked_grads_out_of_range_ || !within;
+  }
+  return MuonMomentumBatch(grads, momenta_in, momenta_out, beta, nesterov, outs,
+                           scales);
+}
+
+absl::StatusOr<bool> Backend::TakeGradCheck() {
+  const bool within = !checked_grads_out_of_range_;
+  checked_grads_out_of_range_ = false;
+  return within;
+}
+
 absl::Status Backend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                        absl::Span<const MatrixView> updates,
                                        absl::Span<const float> lrs, float decay,

@@ -314,6 +314,21 @@ class Backend {
                                  absl::Span<const MatrixView> outs) {
     return MuonMomentumBatch(grads, momenta, momenta, beta, nesterov, outs);
   }
+  // MuonMomentumBatch that also checks every grad it reads (no NaN or +-Inf,
+  // |g| < grad_limit: AllFiniteBelow's test) for TakeGradCheck, so the step's
+  // "every gradient is finite" vote costs no read of its own. Bitwise
+  // MuonMomentumBatch's outputs. The default runs AllFiniteBelow, then
+  // MuonMomentumBatch; CUDA compares in the momentum kernels as they load.
+  virtual absl::Status CheckedMuonMomentumBatch(
+      absl::Span<const MatrixView> grads,
+      absl::Span<const MatrixView> momenta_in,
+      absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+      absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
+      float grad_limit);
+  // Whether every grad the CheckedMuonMomentumBatch calls read since the
+  // last TakeGradCheck was within its limit; the next call starts afresh.
+  // Waits for those calls (CUDA: one synchronisation).
+  virtual absl::StatusOr<bool> TakeGradCheck();
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in
   // the param's dtype (fp32, bf16 or fp16) with one rounding. update is fp32 or
   // bf16 (the Newton–Schulz output, unscaled: `lr` is the adjusted lr, the
@@ -471,6 +486,10 @@ class Backend {
   // Ranges nest; every Push has a Pop on the same thread.
   virtual void PushRange(const char* name) { (void)name; }
   virtual void PopRange() {}
+
+ private:
+  // The default CheckedMuonMomentumBatch's finding, for TakeGradCheck.
+  bool checked_grads_out_of_range_ = false;
 };
 
 // ---- argument checks shared by the implementations ------------------------

@@ -52,6 +52,36 @@ absl::Status CudaBackend::MuonMomentumBatch(
     absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
     absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
     absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales) {
+  return MomentumBatch(grads, momenta_in, momenta_out, beta, nesterov, outs,
+                       scales, {});
+}
+
+absl::Status CudaBackend::CheckedMuonMomentumBatch(
+    absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
+    absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+    absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
+    float grad_limit) {
+  return MomentumBatch(grads, momenta_in, momenta_out, beta, nesterov, outs,
+                       scales, {grad_limit, flag_ + 1});
+}
+
+absl::StatusOr<bool> CudaBackend::TakeGradCheck() {
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(host_flag_ + 1, flag_ + 1, sizeof(int),
+                                 cudaMemcpyDeviceToHost, stream_),
+                 "grad check"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMemsetAsync(flag_ + 1, 0, sizeof(int), stream_), "grad check"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamSynchronize(stream_), "grad check sync"));
+  return host_flag_[1] == 0;
+}
+
+absl::Status CudaBackend::MomentumBatch(
+    absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
+    absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+    absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
+    cuda_kernels::GradCheck check) {
   RETURN_IF_ERROR(
       CheckMomentumBatch(grads, momenta_in, momenta_out, outs, scales));
   std::vector<cuda_kernels::KView> g, mi, mo, o;
@@ -80,13 +110,13 @@ absl::Status CudaBackend::MuonMomentumBatch(
     return CudaStatus(cuda_kernels::MuonMomentumFp8Multi(
                           g.data(), mi.data(), mo.data(), o.data(), si.data(),
                           so.data(), int64_t(g.size()), float(1.0 - beta),
-                          float(beta), nesterov, stream_),
+                          float(beta), nesterov, stream_, check),
                       "muon momentum fp8");
   }
   return CudaStatus(
       cuda_kernels::MuonMomentumMulti(g.data(), mi.data(), mo.data(), o.data(),
                                       int64_t(g.size()), float(1.0 - beta),
-                                      float(beta), nesterov, stream_),
+                                      float(beta), nesterov, stream_, check),
       "muon momentum batch");
 }
 

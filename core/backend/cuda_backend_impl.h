@@ -135,6 +135,13 @@ class CudaBackend final : public Backend {
                                  double beta, bool nesterov,
                                  absl::Span<const MatrixView> outs,
                                  absl::Span<const BlockScales> scales) override;
+  absl::Status CheckedMuonMomentumBatch(
+      absl::Span<const MatrixView> grads,
+      absl::Span<const MatrixView> momenta_in,
+      absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+      absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
+      float grad_limit) override;
+  absl::StatusOr<bool> TakeGradCheck() override;
   absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                 absl::Span<const MatrixView> updates,
                                 absl::Span<const float> lrs, float decay,
@@ -225,8 +232,18 @@ class CudaBackend final : public Backend {
   cublasHandle_t handle_ = nullptr;
   void* cublas_workspace_ = nullptr;
   double* partials_ = nullptr;
+  // [0]: AllFiniteBelow's flag; [1]: the momentum kernels' GradCheck flag,
+  // set across a step's CheckedMuonMomentumBatch calls until TakeGradCheck.
   int* flag_ = nullptr;
   int* host_flag_ = nullptr;
+  // The momentum kernels' batch, checked (GradCheck) or not.
+  absl::Status MomentumBatch(absl::Span<const MatrixView> grads,
+                             absl::Span<const MatrixView> momenta_in,
+                             absl::Span<const MatrixView> momenta_out,
+                             double beta, bool nesterov,
+                             absl::Span<const MatrixView> outs,
+                             absl::Span<const BlockScales> scales,
+                             cuda_kernels::GradCheck check);
   // OrderBefore's event, recorded anew by each call: a stream's wait takes
   // the record current when it is enqueued, so one event serves every call.
   cudaEvent_t order_event_ = nullptr;

@@ -165,6 +165,13 @@ __device__ __forceinline__ bool OutOfRange(float x, float limit) {
   return !(fabsf(x) < limit);
 }
 
+// GradCheck on one loaded grad element. Threads that find one store the
+// same 1 (no atomic needed); nothing is stored while every grad is in range.
+__device__ __forceinline__ void MarkOutOfRange(const GradCheck& check,
+                                               float g) {
+  if (check.flag != nullptr && OutOfRange(g, check.limit)) *check.flag = 1;
+}
+
 }  // namespace
 
 }  // namespace cuda_kernels

@@ -29,6 +29,15 @@ struct KView {
 constexpr int64_t kNormPartials = 64 * 4096;
 constexpr int64_t kNormBatchChunk = 4096;
 
+// The grad check the momentum kernels make as they load each grad element:
+// an element that is NaN, +-Inf or has |g| >= limit sets *flag to 1 (the
+// step engine's "every gradient is finite" vote, read in the momentum's own
+// pass over the grads). A null flag: no check.
+struct GradCheck {
+  float limit = 0.0f;
+  int* flag = nullptr;
+};
+
 cudaError_t Copy2DConvert(const KView& dst, const KView& src,
                           cudaStream_t stream);
 cudaError_t SymmetrizeFromLower(const KView& a, int64_t stride, int64_t batch,
@@ -42,7 +51,7 @@ cudaError_t FrobeniusNormalize(const KView& src, const KView& dst,
 cudaError_t MuonMomentum(const KView& grad, const KView& momentum_in,
                          const KView& momentum_out, float one_minus_beta,
                          float beta, bool nesterov, const KView& out,
-                         cudaStream_t stream);
+                         cudaStream_t stream, GradCheck check = {});
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,
                         float decay, int method, cudaStream_t stream);
 // ApplyUpdate with update row i times factors[i] (fp32, param.rows).
@@ -101,7 +110,8 @@ constexpr int64_t kMultiMaxElems = int64_t(1) << 31;
 cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
                               const KView* moms_out, const KView* outs,
                               int64_t count, float one_minus_beta, float beta,
-                              bool nesterov, cudaStream_t stream);
+                              bool nesterov, cudaStream_t stream,
+                              GradCheck check = {});
 // MuonMomentumMulti on fp8 e4m3 state (cuda_state_kernels.cu): moms_in /
 // moms_out contiguous codes (1-byte KViews) with their block scales
 // (scales_in[i] may be scales_out[i]: in place); grads and outs any strides.
@@ -112,7 +122,8 @@ cudaError_t MuonMomentumFp8Multi(const KView* grads, const KView* moms_in,
                                  const float* const* scales_in,
                                  float* const* scales_out, int64_t count,
                                  float one_minus_beta, float beta,
-                                 bool nesterov, cudaStream_t stream);
+                                 bool nesterov, cudaStream_t stream,
+                                 GradCheck check = {});
 // lrs[i]: tensor i's (adjusted) lr.
 cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
                              const float* lrs, int64_t count, float decay,

@@ -198,6 +198,7 @@ struct MultiMomentumOp {
   static constexpr int kViews = 4;
   float w_ema, w_nesterov;
   bool nesterov;
+  GradCheck check;
   struct In {
     float g, m;
   };
@@ -206,6 +207,7 @@ struct MultiMomentumOp {
               LdFlat(t.ptr[1][k], t.elem[1][k], j)};
   }
   __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
+    MarkOutOfRange(check, in.g);
     const float m_new = ew::MomentumEma(in.m, in.g, w_ema);
     if (t.ptr[3][k] != nullptr) StFlat(t.ptr[3][k], t.elem[3][k], j, m_new);
     if (t.ptr[2][k] == nullptr) return;
@@ -222,6 +224,7 @@ struct MultiMomentumOp {
     float4 m_new, out;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
+      MarkOutOfRange(check, At(in[0], e));
       At(m_new, e) = ew::MomentumEma(At(in[1], e), At(in[0], e), w_ema);
       // The stored value (bf16 state: rounded once), as in Store.
       const float m = bf16_state
@@ -412,16 +415,17 @@ cudaError_t LaunchTable(const MultiTable& t, const F& op, cudaStream_t stream) {
 cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
                               const KView* moms_out, const KView* outs,
                               int64_t count, float one_minus_beta, float beta,
-                              bool nesterov, cudaStream_t stream) {
+                              bool nesterov, cudaStream_t stream,
+                              GradCheck check) {
   const KView* views[MultiMomentumOp::kViews] = {grads, moms_in, outs,
                                                  moms_out};
-  const MultiMomentumOp op{one_minus_beta, beta, nesterov};
+  const MultiMomentumOp op{one_minus_beta, beta, nesterov, check};
   return RunMulti(
       views, MultiMomentumOp::kViews, count, nullptr, nullptr,
       [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
         return MuonMomentum(grads[i], moms_in[i], moms_out[i], one_minus_beta,
-                            beta, nesterov, outs[i], stream);
+                            beta, nesterov, outs[i], stream, check);
       });
 }
 

@@ -109,7 +109,7 @@ bool VectorFriendly(const KView& v) {
 }
 
 __global__ void MomentumFp8Kernel(Fp8Table t, float w_ema, float w_nesterov,
-                                  bool nesterov) {
+                                  bool nesterov, GradCheck check) {
   const int warp = int(blockIdx.x) * kWarpsPerCta + int(threadIdx.x / 32);
   if (warp >= t.block_start[t.count]) return;  // whole warps leave together
   const int k = EntryOfBlock(t.block_start, t.count, warp);
@@ -140,6 +140,7 @@ __global__ void MomentumFp8Kernel(Fp8Table t, float w_ema, float w_nesterov,
         }
         g[q] = Ld(grad, e / grad.cols, e % grad.cols);
       }
+      MarkOutOfRange(check, g[q]);
       const uint8_t code =
           vector ? uint8_t(code_words[r] >> (8 * q)) : codes_in[e0 + q];
       m = ew::MomentumEma(ew::DequantizeE4M3(code, scale_in), g[q], w_ema);
@@ -209,11 +210,12 @@ __global__ void AdamWFp8Kernel(AdamWFp8Args a) {
 }
 
 cudaError_t Launch(const Fp8Table& t, float w_ema, float w_nesterov,
-                   bool nesterov, cudaStream_t stream) {
+                   bool nesterov, GradCheck check, cudaStream_t stream) {
   if (t.count == 0) return cudaSuccess;
   const int warps = t.block_start[t.count];
   MomentumFp8Kernel<<<unsigned((warps + kWarpsPerCta - 1) / kWarpsPerCta),
-                      kThreads, 0, stream>>>(t, w_ema, w_nesterov, nesterov);
+                      kThreads, 0, stream>>>(t, w_ema, w_nesterov, nesterov,
+                                             check);
   return cudaGetLastError();
 }
 
@@ -224,7 +226,8 @@ cudaError_t MuonMomentumFp8Multi(const KView* grads, const KView* moms_in,
                                  const float* const* scales_in,
                                  float* const* scales_out, int64_t count,
                                  float one_minus_beta, float beta,
-                                 bool nesterov, cudaStream_t stream) {
+                                 bool nesterov, cudaStream_t stream,
+                                 GradCheck check) {
   // A launch's grid stays below 2^31 CTAs.
   constexpr int64_t kMaxBlocks = int64_t(1) << 30;
   Fp8Table t;
@@ -236,7 +239,8 @@ cudaError_t MuonMomentumFp8Multi(const KView* grads, const KView* moms_in,
     const int64_t blocks = (n + kStateBlock - 1) / kStateBlock;
     if (t.count == kFp8MaxTensors ||
         (t.count > 0 && t.block_start[t.count] + blocks > kMaxBlocks)) {
-      const cudaError_t err = Launch(t, one_minus_beta, beta, nesterov, stream);
+      const cudaError_t err =
+          Launch(t, one_minus_beta, beta, nesterov, check, stream);
       if (err != cudaSuccess) return err;
       t.count = 0;
     }
@@ -252,7 +256,7 @@ cudaError_t MuonMomentumFp8Multi(const KView* grads, const KView* moms_in,
                   VectorFriendly(moms_in[i]) && VectorFriendly(moms_out[i]);
     t.block_start[k + 1] = t.block_start[k] + int(blocks);
   }
-  return Launch(t, one_minus_beta, beta, nesterov, stream);
+  return Launch(t, one_minus_beta, beta, nesterov, check, stream);
 }
 
 cudaError_t AdamWFp8(const KView& param, const KView& grad, void* exp_avg,

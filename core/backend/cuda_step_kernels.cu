@@ -17,6 +17,7 @@ struct MomentumOp {
   DView grad, mom_in, mom_out, out;
   float w_ema, w_nesterov;
   bool nesterov;
+  GradCheck check;
   struct In {
     float g, m;
   };
@@ -28,6 +29,7 @@ struct MomentumOp {
     Write(i, j, Ld(grad, i, j), Ld(mom_in, i, j));
   }
   __device__ void Write(int64_t i, int64_t j, float g, float m_in) const {
+    MarkOutOfRange(check, g);
     const float m_new = ew::MomentumEma(m_in, g, w_ema);
     if (mom_out.data != nullptr) St(mom_out, i, j, m_new);
     if (out.data == nullptr) return;
@@ -105,11 +107,11 @@ struct FiniteOp {
 cudaError_t MuonMomentum(const KView& grad, const KView& momentum_in,
                          const KView& momentum_out, float one_minus_beta,
                          float beta, bool nesterov, const KView& out,
-                         cudaStream_t stream) {
-  return LaunchLoadStore({grad, momentum_in, momentum_out, out}, grad.rows,
-                         grad.cols, stream,
-                         MomentumOp{D(grad), D(momentum_in), D(momentum_out),
-                                    D(out), one_minus_beta, beta, nesterov});
+                         cudaStream_t stream, GradCheck check) {
+  return LaunchLoadStore(
+      {grad, momentum_in, momentum_out, out}, grad.rows, grad.cols, stream,
+      MomentumOp{D(grad), D(momentum_in), D(momentum_out), D(out),
+                 one_minus_beta, beta, nesterov, check});
 }
 
 cudaError_t ApplyUpdate(const KView& param, const KView& update, float lr,

@@ -112,6 +112,14 @@ absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     absl::Span<const MatrixView> momenta_out,
                                     absl::Span<const MatrixView> ns_inputs,
                                     absl::Span<const BlockScales> scales = {});
+// MuonMomentumPhaseBatch that also checks the grads against grad_limit
+// (Backend::CheckedMuonMomentumBatch; the finding is Backend::TakeGradCheck's).
+absl::Status CheckedMuonMomentumPhaseBatch(
+    Backend& backend, const MuonOptions& options,
+    absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
+    absl::Span<const MatrixView> momenta_out,
+    absl::Span<const MatrixView> ns_inputs,
+    absl::Span<const BlockScales> scales, float grad_limit);
 // In place.
 absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     const MuonOptions& options,

@@ -14,17 +14,42 @@
 #include "core/step/finite_grads.h"
 #include "core/step/gather_domain_votes.h"
 #include "core/step/grad_fingerprint.h"
+#include "core/step/group_step.h"
 #include "core/step/group_step_summary.h"
 #include "core/step/layer_sharded_muon_impl.h"
 #include "core/step/plan_buffers.h"
 #include "core/step/step_failures.h"
+#include "core/step/step_overrides.h"
 #include "glog/logging.h"
 
 namespace muond {
+namespace {
+
+// This rank's "every grad of the group within GradLimit" finding: read in
+// the momentum kernels' pass where the group ChecksGradsInMomentum and the
+// step's local checks passed (`momentum_now`), else by a read of its own.
+absl::StatusOr<bool> GradsWithinLimitOf(GroupState& group,
+                                        const StepInputs& inputs,
+                                        StepResult& result, bool momentum_now) {
+  if (!momentum_now || !ChecksGradsInMomentum(group)) {
+    return GradsWithinLimit(group, inputs.skip_params);
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<bool> within = MomentumWithGradCheck(
+      group,
+      MuonOptionsForStep(group.config.muon, group.config.name,
+                         inputs.overrides),
+      inputs.skip_params, GradLimit(group));
+  result.timings.momentum_us += absl::ToDoubleMicroseconds(absl::Now() - start);
+  return within;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<std::string>>
 LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
-                                         StepResult& result, bool read_grads) {
+                                         StepResult& result, bool read_grads,
+                                         bool momentum_now) {
   std::vector<std::string> bad;
   // A group that cannot step fails the step only after every group's
   // agreement, so all ranks run the same collectives whatever they decide:
@@ -36,8 +61,10 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
     // A rank whose registered memory failed its check (RefusalCode::kMemory:
     // a shrunk shm object would raise SIGBUS) reads no grad; it still takes
     // part in the collectives and refuses through the job vote.
+    group.momentum_ready = false;  // a step that stopped after it left it set
     absl::StatusOr<bool> finite =
-        read_grads ? GradsWithinLimit(group) : absl::StatusOr<bool>(true);
+        read_grads ? GradsWithinLimitOf(group, inputs, result, momentum_now)
+                   : absl::StatusOr<bool>(true);
     if (!finite.ok() && refused.ok()) refused = finite.status();
     mine.all_finite = finite.value_or(false);
     mine.homes_version = group.homes.newest();
@@ -48,7 +75,8 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
     if (read_grads) mine.grads = GradFingerprint(group, inputs.skip_params);
     std::vector<std::string> local_bad;
     if (finite.ok() && !mine.all_finite) {
-      absl::StatusOr<std::vector<std::string>> names = BadGradNames(group);
+      absl::StatusOr<std::vector<std::string>> names =
+          BadGradNames(group, inputs.skip_params);
       if (!names.ok() && refused.ok()) refused = names.status();
       local_bad = names.value_or(std::vector<std::string>{group.config.name});
     }

@@ -16,17 +16,22 @@ float GradLimit(const GroupState& group) {
               : std::numeric_limits<float>::infinity();
 }
 
-absl::StatusOr<bool> GradsWithinLimit(const GroupState& group) {
+absl::StatusOr<bool> GradsWithinLimit(const GroupState& group,
+                                      const std::set<std::string>& skip) {
   std::vector<MatrixView> grads;
-  for (const ParamBinding& b : group.config.params) grads.push_back(b.grad);
+  for (const ParamBinding& b : group.config.params) {
+    if (!skip.contains(b.name)) grads.push_back(b.grad);
+  }
   if (grads.empty()) return true;
   return group.backend->AllFiniteBelow(grads, GradLimit(group));
 }
 
-absl::StatusOr<std::vector<std::string>> BadGradNames(const GroupState& group) {
+absl::StatusOr<std::vector<std::string>> BadGradNames(
+    const GroupState& group, const std::set<std::string>& skip) {
   const float limit = GradLimit(group);
   std::vector<std::string> names;
   for (const ParamBinding& b : group.config.params) {
+    if (skip.contains(b.name)) continue;
     ASSIGN_OR_RETURN(bool ok, group.backend->AllFiniteBelow({b.grad}, limit));
     if (ok) continue;
     std::string name = group.config.name + "/" + b.name;

@@ -1,5 +1,6 @@
 #pragma once
 // This rank's half of the "every gradient is finite" vote of a group.
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,12 +19,16 @@ namespace muond {
 // under it. The bound costs nothing: the same one read of the gradients.
 float GradLimit(const GroupState& group);
 
-// Whether every gradient of the group is under GradLimit (true for a group
-// without params).
-absl::StatusOr<bool> GradsWithinLimit(const GroupState& group);
+// Whether every gradient of the group's params not in `skip` is under
+// GradLimit (true for a group without such params). A skipped param's grad
+// is not this step's (the trainer sent none) and is not read.
+absl::StatusOr<bool> GradsWithinLimit(const GroupState& group,
+                                      const std::set<std::string>& skip);
 
-// The params of a group whose gradients break GradLimit, as "group/param",
-// with the reason when the gradient is finite but beyond the bf16 range.
-absl::StatusOr<std::vector<std::string>> BadGradNames(const GroupState& group);
+// The params not in `skip` whose gradients break GradLimit, as
+// "group/param", with the reason when the gradient is finite but beyond the
+// bf16 range.
+absl::StatusOr<std::vector<std::string>> BadGradNames(
+    const GroupState& group, const std::set<std::string>& skip);
 
 }  // namespace muond

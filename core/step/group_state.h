@@ -101,6 +101,10 @@ struct GroupState {
   // per shape (AllocateSlabs).
   std::vector<MatrixView> local;
   std::vector<OwnedBuffer> local_slabs;
+  // This step's momentum phase ran in the domain agreement, with the grad
+  // check in its pass (MomentumWithGradCheck): L_i holds the NS input, and
+  // PrepareMuonGroup runs no momentum phase of its own (and clears it).
+  bool momentum_ready = false;
   // The dtype of L_i, the assembled matrices and the exchanges: NS's work
   // dtype (bf16 for medium precision), so nothing is converted between the
   // momentum kernel and the update kernel but inside Newton–Schulz.

@@ -1,5 +1,6 @@
 #include "core/step/group_step.h"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -82,8 +83,11 @@ MomentumOperands MomentumOperandsOf(const GroupState& group,
 // params, not per param), the new momentum not stored: momentum_i is only
 // read, so an abandoned step leaves the state as it was with no copy of it
 // (CommitMuonGroup stores it). A skipped param's L_i is zeroed.
+// With `grad_limit`, the momentum kernels also check the grads they read
+// (Backend::CheckedMuonMomentumBatch).
 absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
-                           const std::set<std::string>& skip) {
+                           const std::set<std::string>& skip,
+                           std::optional<float> grad_limit = std::nullopt) {
   for (size_t i = 0; i < group.params.size(); ++i) {
     if (skip.contains(group.config.params[i].name)) {
       RETURN_IF_ERROR(group.backend->Memset0(group.local[i]));
@@ -96,6 +100,11 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
   for (size_t k = 0; k < m.params.size(); ++k) {
     absent.push_back(Absent(m.momenta[k]));
     inputs.push_back(group.local[m.params[k]]);
+  }
+  if (grad_limit.has_value()) {
+    return CheckedMuonMomentumPhaseBatch(*group.backend, options, m.grads,
+                                         m.momenta, absent, inputs, m.scales,
+                                         *grad_limit);
   }
   return MuonMomentumPhaseBatch(*group.backend, options, m.grads, m.momenta,
                                 absent, inputs, m.scales);
@@ -364,6 +373,24 @@ absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
 
 }  // namespace
 
+bool ChecksGradsInMomentum(const GroupState& group) {
+  // A host backend gains nothing (its check is a read of its own either
+  // way) and keeps its momentum phases in its concurrent lanes.
+  return group.config.algorithm == Algorithm::kMuon &&
+         group.host_streams == nullptr && group.backend->is_device();
+}
+
+absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
+                                           const MuonOptions& options,
+                                           const std::set<std::string>& skip,
+                                           float grad_limit) {
+  group.momentum_ready = false;
+  RETURN_IF_ERROR(MomentumPhase(group, options, skip, grad_limit));
+  ASSIGN_OR_RETURN(const bool within, group.backend->TakeGradCheck());
+  group.momentum_ready = true;
+  return within;
+}
+
 bool StreamsNsWithMomentum(const GroupState& group,
                            const ShapeTimes* shape_times) {
   const GroupExchangePlan& plan = group.plan->plan;
@@ -388,11 +415,16 @@ absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
       return StreamMomentum(group, options, skip, /*with_ns=*/true);
     }));
   } else {
-    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/momentum", t.momentum_us, [&] {
-      return group.host_streams != nullptr
-                 ? StreamMomentum(group, options, skip, /*with_ns=*/false)
-                 : MomentumPhase(group, options, skip);
-    }));
+    // Already run where the domain agreement checked the grads in its pass.
+    if (!std::exchange(group.momentum_ready, false)) {
+      RETURN_IF_ERROR(
+          TimedPhase(backend, "lsmuon/momentum", t.momentum_us, [&] {
+            return group.host_streams != nullptr
+                       ? StreamMomentum(group, options, skip,
+                                        /*with_ns=*/false)
+                       : MomentumPhase(group, options, skip);
+          }));
+    }
     RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_fwd", t.a2a_fwd_us, [&] {
       return ForwardExchangePhase(group, exchange);
     }));

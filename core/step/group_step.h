@@ -66,6 +66,24 @@ namespace muond {
 bool StreamsNsWithMomentum(const GroupState& group,
                            const ShapeTimes* shape_times);
 
+// Whether `group`'s momentum phase runs in its domain agreement, the grads
+// checked against `grad_limit` as the momentum kernels read them
+// (MomentumWithGradCheck): a Muon group on a device backend whose momentum
+// is on the device. Host momentum is streamed through device slots with its
+// copies, and a host backend's check is a read of its own anyway: they keep
+// the check's own read of the grads (GradsWithinLimit).
+bool ChecksGradsInMomentum(const GroupState& group);
+
+// PrepareMuonGroup's momentum phase run ahead of it, in the domain agreement
+// (nothing of the state is written: L_i only), with the "every grad not in
+// `skip` under grad_limit" check in the same pass
+// (Backend::CheckedMuonMomentumBatch). Returns that check; sets
+// group.momentum_ready.
+absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
+                                           const MuonOptions& options,
+                                           const std::set<std::string>& skip,
+                                           float grad_limit);
+
 // A Muon group's step up to the commit under its current plan (group.plan
 // must be set): momentum into staging, exchanges, NS, reverse exchanges,
 // dp_share (StreamsNsWithMomentum: momentum and NS overlapped).

@@ -82,9 +82,13 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // version's plan the group's. Returns the names of non-finite gradients
   // (empty: step).
   // The domains also agree on what the step does to each group (its skipped
-  // params and hyperparameters, from `inputs`).
+  // params and hyperparameters, from `inputs`). With `momentum_now` (the
+  // step's local checks passed) a group that ChecksGradsInMomentum runs its
+  // momentum phase here, the grad check in the same pass; its time counts
+  // as the momentum phase's.
   absl::StatusOr<std::vector<std::string>> AgreeAcrossDomains(
-      const StepInputs& inputs, StepResult& result, bool read_grads);
+      const StepInputs& inputs, StepResult& result, bool read_grads,
+      bool momentum_now = false);
   // Routes `group` by the homes of `version` (0: round-robin fallback),
   // building its plan unless it is the one in use.
   absl::Status UseHomesVersion(GroupState& group, int64_t version);

@@ -45,10 +45,12 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
          RefusalCode::kSkipParams);
   // Always run: the domain agreements are collectives of their own. The grads
   // are not read where memory changed or the trainer refused (it copied none).
-  absl::StatusOr<std::vector<std::string>> agreed =
-      AgreeAcrossDomains(inputs, result,
-                         inputs.refusal_code != RefusalCode::kMemory &&
-                             inputs.refusal_code != RefusalCode::kTrainer);
+  // Where nothing was refused so far, a group's momentum phase runs in its
+  // agreement, reading the grads once for both.
+  const bool read_grads = inputs.refusal_code != RefusalCode::kMemory &&
+                          inputs.refusal_code != RefusalCode::kTrainer;
+  absl::StatusOr<std::vector<std::string>> agreed = AgreeAcrossDomains(
+      inputs, result, read_grads, /*momentum_now=*/read_grads && refusal.ok());
   if (!agreed.ok()) {
     refuse(agreed.status(), IsCommunicationFailure(agreed.status())
                                 ? RefusalCode::kCommunication

@@ -644,6 +644,84 @@ TEST_F(CudaBackendTest, Vec4AndUnalignedElementwiseBitIdenticalToCpu) {
   }
 }
 
+// The momentum kernels' grad check (CheckedMuonMomentumBatch): a vec4
+// multi-tile tensor with a ragged end, bf16 state, a view 4 bytes into its
+// allocation (the scalar path) and a strided one (the single-tensor kernel).
+// The outputs are bitwise the unchecked call's, and TakeGradCheck finds what
+// AllFiniteBelow finds for NaN, Inf, the bf16 limit and just below it.
+TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
+  struct Shape {
+    int64_t rows, cols, ld, offset;
+    bool bf16_state;
+  };
+  const std::vector<Shape> shapes = {{3, 4099, 4099, 0, false},
+                                     {5, 37, 37, 0, true},
+                                     {6, 33, 33, 1, false},
+                                     {7, 20, 24, 0, false}};
+  std::vector<std::vector<float>> g;
+  std::vector<MatrixView> dg, dm, dout, dout_ref, no_state;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& s = shapes[i];
+    const int64_t n = s.offset + s.rows * s.ld;
+    g.push_back(Random(n, 40 + uint32_t(i)));
+    const std::vector<float> mf = Random(n, 60 + uint32_t(i));
+    MatrixView grad = Up({g[i].data(), DType::kFloat32, 1, n, n});
+    grad.data = static_cast<float*>(grad.data) + s.offset;
+    grad.rows = s.rows;
+    grad.cols = s.cols;
+    grad.row_stride = s.ld;
+    dg.push_back(grad);
+    std::vector<uint16_t> mb(n);
+    for (int64_t k = 0; k < n; ++k) mb[k] = FloatToBf16Bits(mf[k]);
+    MatrixView m = s.bf16_state
+                       ? Up({mb.data(), DType::kBFloat16, s.rows, s.cols, s.ld})
+                       : Up({const_cast<float*>(mf.data()), DType::kFloat32,
+                             s.rows, s.cols, s.ld});
+    dm.push_back(m);
+    no_state.push_back(Absent(m));
+    const std::vector<float> zeros(s.rows * s.ld, 0.0f);
+    for (auto* outs : {&dout, &dout_ref}) {
+      outs->push_back(Up({const_cast<float*>(zeros.data()), DType::kFloat32,
+                          s.rows, s.cols, s.ld}));
+    }
+  }
+  const float limit = BitsToFloat(kBf16OverflowThresholdBits);
+  ASSERT_TRUE(
+      gpu_->MuonMomentumBatch(dg, dm, no_state, 0.95, true, dout_ref).ok());
+  ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true, dout,
+                                             {}, limit)
+                  .ok());
+  ASSERT_TRUE(*gpu_->TakeGradCheck());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const int64_t n = shapes[i].rows * shapes[i].ld;
+    EXPECT_EQ(Down<float>(dout[i], n), Down<float>(dout_ref[i], n)) << i;
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float below = BitsToFloat(kBf16OverflowThresholdBits - 1);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& s = shapes[i];
+    // First element, one in the middle, the ragged end.
+    for (int64_t e : {int64_t(0), s.rows * s.cols / 2, s.rows * s.cols - 1}) {
+      float* at =
+          static_cast<float*>(dg[i].data) + (e / s.cols) * s.ld + e % s.cols;
+      for (float v : {nan, inf, -limit, below}) {
+        ASSERT_TRUE(gpu_->CopyFromHost(at, &v, sizeof(float)).ok());
+        const bool want = *gpu_->AllFiniteBelow(dg, limit);
+        ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true,
+                                                   dout, {}, limit)
+                        .ok());
+        EXPECT_EQ(*gpu_->TakeGradCheck(), want)
+            << "tensor " << i << " elem " << e << " value " << v;
+        EXPECT_EQ(want, v == below);
+      }
+      const float fine = g[i][s.offset + (e / s.cols) * s.ld + e % s.cols];
+      ASSERT_TRUE(gpu_->CopyFromHost(at, &fine, sizeof(float)).ok());
+    }
+  }
+  EXPECT_TRUE(*gpu_->TakeGradCheck());
+}
+
 // The bf16 NS data path through the 4-wide (vec4) kernels: fp32 grads and
 // state, the NS input written as bf16 and a bf16 update read by the update,
 // for multi-tile tensors with a ragged end and bf16 views 2 and 4 bytes into

@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "core/backend/bf16.h"
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
 #include "core/common/state_storage.h"
@@ -201,6 +203,74 @@ TEST_F(CudaFp8StateTest, TwoPassesAreTheCpuOneCallBitwise) {
                              scales.size() * 4))
         << "param " << k;
   }
+}
+
+// The momentum kernels' grad check on fp8 state (vector and strided grads):
+// the NS input bitwise the unchecked call's, and TakeGradCheck finding what
+// AllFiniteBelow finds where a grad element is NaN, Inf or at the limit.
+TEST_F(CudaFp8StateTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
+  std::vector<Host> params;
+  for (int k = 0; k < 6; ++k) {
+    params.emplace_back(4 + 3 * k, 64 + 40 * k, k % 2, 700 + k);
+  }
+  std::vector<MatrixView> dg, dm, dout, dout_ref, no_state;
+  std::vector<BlockScales> ds_in;
+  for (Host& h : params) {
+    MatrixView grad{h.grad.data(), DType::kFloat32, h.rows, h.cols,
+                    h.cols + h.pad};
+    grad.data = Up(h.grad.data(), int64_t(h.grad.size()) * 4);
+    dg.push_back(grad);
+    dm.push_back(ContiguousView(Up(h.codes_in.data(), h.n()),
+                                DType::kFloat8E4M3, h.rows, h.cols));
+    dout.push_back(ContiguousView(Up(h.out.data(), h.n() * 4), DType::kFloat32,
+                                  h.rows, h.cols));
+    dout_ref.push_back(ContiguousView(Up(h.out.data(), h.n() * 4),
+                                      DType::kFloat32, h.rows, h.cols));
+    no_state.push_back(Absent(dm.back()));
+    ds_in.push_back({static_cast<float*>(Up(h.scales_in.data(),
+                                            int64_t(h.scales_in.size()) * 4)),
+                     nullptr});
+  }
+  const float limit = BitsToFloat(kBf16OverflowThresholdBits);
+  ASSERT_TRUE(
+      gpu_->MuonMomentumBatch(dg, dm, no_state, 0.95, true, dout_ref, ds_in)
+          .ok());
+  ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true, dout,
+                                             ds_in, limit)
+                  .ok());
+  ASSERT_TRUE(*gpu_->TakeGradCheck());
+  for (size_t k = 0; k < params.size(); ++k) {
+    std::vector<float> got(params[k].n()), want(params[k].n());
+    Down(got, dout[k].data);
+    Down(want, dout_ref[k].data);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << k;
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float below = BitsToFloat(kBf16OverflowThresholdBits - 1);
+  for (size_t k : {size_t(0), size_t(3), params.size() - 1}) {
+    const Host& h = params[k];
+    // First element, one inside the second state block, the last.
+    for (int64_t e : {int64_t(0), kStateBlock + 5, h.n() - 1}) {
+      if (e >= h.n()) continue;
+      float* at = static_cast<float*>(dg[k].data) +
+                  (e / h.cols) * (h.cols + h.pad) + e % h.cols;
+      for (float v : {nan, -inf, -limit, below}) {
+        ASSERT_TRUE(gpu_->CopyFromHost(at, &v, sizeof(float)).ok());
+        const bool want = *gpu_->AllFiniteBelow(dg, limit);
+        ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true,
+                                                   dout, ds_in, limit)
+                        .ok());
+        EXPECT_EQ(*gpu_->TakeGradCheck(), want)
+            << "param " << k << " elem " << e << " value " << v;
+        EXPECT_EQ(want, v == below);
+      }
+      const float fine = h.grad[(e / h.cols) * (h.cols + h.pad) + e % h.cols];
+      ASSERT_TRUE(gpu_->CopyFromHost(at, &fine, sizeof(float)).ok());
+    }
+  }
+  // A finding is taken once: the next call starts afresh.
+  EXPECT_TRUE(*gpu_->TakeGradCheck());
 }
 
 TEST_F(CudaFp8StateTest, OneTensorInPlaceAndStaged) {

@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,6 +67,8 @@ AdamWOptions RegisteredAdamW() {
 struct Attempt {
   std::function<StepInputs(int rank)> inputs;
   int seed = 1;
+  // Params whose grad holds a NaN this attempt (its first element).
+  std::set<std::string> nan_grads = {};
 };
 
 // What a rank saw: each attempt's status, and its params and exported state
@@ -135,6 +139,9 @@ void RunRank(InMemoryKeyValueStore* store, const std::string& prefix, int t,
            {std::pair(kMuonNames[p], p), std::pair(kAdamNames[p], p + 2)}) {
         std::vector<float>& g = grads[name];
         for (size_t i = 0; i < g.size(); ++i) g[i] = Value(t, pi, a.seed, i);
+        if (a.nan_grads.contains(name)) {
+          g[0] = std::numeric_limits<float>::quiet_NaN();
+        }
       }
     }
     run->statuses.push_back((*opt)->RunStep(a.inputs(t)).status());
@@ -308,6 +315,28 @@ TEST(SkipParams, SkippedParamsAndTheirStateStayOthersMatchTheReference) {
     ExpectBits(runs[t].state_after[2].at("dense/w1.momentum"),
                RowsOf(momentum, t), "w1 momentum");
   }
+}
+
+// A skipped param's grad is not the step's (torch.optim: its grad is None)
+// and is not read: a NaN left in its buffer neither refuses nor skips the
+// step, and the result is the reference's with the param skipped.
+TEST(SkipParams, ANanInASkippedParamsGradIsNotRead) {
+  const std::vector<Attempt> attempts = {{[](int) { return StepInputs{}; }, 1},
+                                         {[](int) {
+                                            return Skipping({"w1", "b0"});
+                                          },
+                                          2,
+                                          {"w1", "b0"}},
+                                         {[](int) { return StepInputs{}; }, 3}};
+  const std::vector<RankRun> runs = RunWorld("skipnan", attempts);
+  for (int t = 0; t < kT; ++t) {
+    ASSERT_EQ(runs[t].statuses.size(), 3u);
+    for (const absl::Status& st : runs[t].statuses) ASSERT_TRUE(st.ok()) << st;
+  }
+  const std::vector<RefStep> all = {{.seed = 1}, {.seed = 2}, {.seed = 3}};
+  const std::vector<RefStep> skip2 = {
+      {.seed = 1}, {.seed = 2, .skip = true}, {.seed = 3}};
+  ExpectReference(runs, 2, {all, skip2}, {skip2, all});
 }
 
 // A step abandoned after its momentum phase (rank 1's commit vote comes

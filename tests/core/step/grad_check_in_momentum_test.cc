@@ -1,0 +1,235 @@
+// The step's "every gradient is finite" check where a device backend reads
+// it in the momentum kernels' pass (the momentum phase runs in the domain
+// agreement: Backend::CheckedMuonMomentumBatch), against the CPU backend,
+// whose check reads the grads itself: bitwise the same params and state on
+// finite steps, the same refusal naming the same params, the same skip with
+// skip_nonfinite, and a skipped param's grad read by neither.
+//
+// The device is the CPU backend's math on a backend that calls itself one
+// (DeviceLikeCpuBackend); it counts the checked and unchecked momentum calls.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/backend/bf16.h"
+#include "core/backend/cpu_backend.h"
+#include "core/step/layer_sharded_muon.h"
+#include "tests/common/delegating_backend.h"
+
+namespace muond {
+namespace {
+
+// A device backend that counts the momentum calls of each kind.
+class CountingDevice final : public testing::DelegatingBackend {
+ public:
+  bool is_device() const override { return true; }
+  absl::Status MuonMomentumBatch(
+      absl::Span<const MatrixView> grads,
+      absl::Span<const MatrixView> momenta_in,
+      absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+      absl::Span<const MatrixView> outs,
+      absl::Span<const BlockScales> scales) override {
+    ++unchecked;
+    return DelegatingBackend::MuonMomentumBatch(grads, momenta_in, momenta_out,
+                                                beta, nesterov, outs, scales);
+  }
+  absl::Status CheckedMuonMomentumBatch(
+      absl::Span<const MatrixView> grads,
+      absl::Span<const MatrixView> momenta_in,
+      absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
+      absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
+      float grad_limit) override {
+    ++checked;
+    --unchecked;  // the default runs MuonMomentumBatch inside
+    return Backend::CheckedMuonMomentumBatch(grads, momenta_in, momenta_out,
+                                             beta, nesterov, outs, scales,
+                                             grad_limit);
+  }
+  int checked = 0, unchecked = 0;
+};
+
+struct Shape {
+  int64_t rows, cols;
+};
+constexpr Shape kShapes[] = {{16, 24}, {24, 16}, {8, 8}};
+
+float Value(int group, int param, int step, int64_t i) {
+  return float((group * 31 + param * 17 + step * 13 + i * 7) % 97) / 97.0f -
+         0.5f;
+}
+
+// Two Muon groups: "fp32" (fp32 NS and state) and "medium" (bf16 NS input
+// and bf16 state: its grads must also stay inside the bf16 range).
+class Model {
+ public:
+  Model(Backend* backend, bool skip_nonfinite) {
+    std::vector<GroupConfig> groups(2);
+    for (int g = 0; g < 2; ++g) {
+      groups[g].name = g == 0 ? "fp32" : "medium";
+      groups[g].muon.lr = 0.02;
+      groups[g].muon.nesterov = true;
+      if (g == 1) {
+        groups[g].muon.ns.precision = MatmulPrecision::kMedium;
+        groups[g].muon.state_dtype = DType::kBFloat16;
+      }
+      for (int p = 0; p < int(std::size(kShapes)); ++p) {
+        Param& param = params_.emplace_back();
+        param.group = g;
+        param.index = p;
+        param.name = absl::StrCat(groups[g].name, ".w", p);
+        param.value.resize(kShapes[p].rows * kShapes[p].cols);
+        param.grad.resize(param.value.size());
+        for (size_t i = 0; i < param.value.size(); ++i) {
+          param.value[i] = Value(g, p, 0, int64_t(i));
+        }
+      }
+    }
+    for (Param& param : params_) {  // params_ no longer grows
+      const Shape s = kShapes[param.index];
+      ParamBinding b;
+      b.name = param.name;
+      b.full_shape = {s.rows, s.cols};
+      b.param =
+          ContiguousView(param.value.data(), DType::kFloat32, s.rows, s.cols);
+      b.grad =
+          ContiguousView(param.grad.data(), DType::kFloat32, s.rows, s.cols);
+      groups[param.group].params.push_back(b);
+    }
+    StepOptions options;
+    options.skip_nonfinite = skip_nonfinite;
+    auto created = LayerShardedMuon::Create(backend, groups, options);
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (created.ok()) engine_ = std::move(*created);
+  }
+
+  // Step `step`'s grads, `poison` (param name -> value) put in element 5 of
+  // those params, then one step skipping the params `skip` names.
+  absl::StatusOr<StepResult> Step(int step,
+                                  const std::map<std::string, float>& poison,
+                                  std::set<std::string> skip = {}) {
+    for (Param& p : params_) {
+      for (size_t i = 0; i < p.grad.size(); ++i) {
+        p.grad[i] = Value(p.group + 5, p.index, step, int64_t(i));
+      }
+      if (auto it = poison.find(p.name); it != poison.end()) {
+        p.grad[5] = it->second;
+      }
+    }
+    StepInputs inputs;
+    inputs.skip_params = std::move(skip);
+    return engine_->RunStep(inputs);
+  }
+  std::vector<std::vector<float>> Values() const {
+    std::vector<std::vector<float>> out;
+    for (const Param& p : params_) out.push_back(p.value);
+    return out;
+  }
+  std::map<std::string, std::vector<float>> State() const {
+    auto state = engine_->ExportState();
+    EXPECT_TRUE(state.ok()) << state.status();
+    return state.ok() ? *state : std::map<std::string, std::vector<float>>{};
+  }
+
+ private:
+  struct Param {
+    int group = 0, index = 0;
+    std::string name;
+    std::vector<float> value, grad;
+  };
+  std::vector<Param> params_;
+  std::unique_ptr<LayerShardedMuon> engine_;
+};
+
+struct Case {
+  std::string what;
+  std::map<std::string, float> poison;
+  std::set<std::string> skip;
+};
+
+// Both engines through the same steps; every status, param and state equal.
+void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
+             std::vector<absl::StatusOr<StepResult>>* results = nullptr) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  CountingDevice device;
+  Model on_cpu(cpu.get(), skip_nonfinite), on_device(&device, skip_nonfinite);
+  int step = 0;
+  for (const Case& c : cases) {
+    ++step;
+    const absl::StatusOr<StepResult> want = on_cpu.Step(step, c.poison, c.skip);
+    const int checked_before = device.checked;
+    const int unchecked_before = device.unchecked;
+    const absl::StatusOr<StepResult> got =
+        on_device.Step(step, c.poison, c.skip);
+    ASSERT_EQ(got.ok(), want.ok()) << c.what << ": " << got.status();
+    if (!want.ok()) {
+      EXPECT_EQ(got.status(), want.status()) << c.what;
+    } else {
+      EXPECT_EQ(got->skipped_nonfinite, want->skipped_nonfinite) << c.what;
+    }
+    EXPECT_EQ(on_device.Values(), on_cpu.Values()) << c.what;
+    EXPECT_EQ(on_device.State(), on_cpu.State()) << c.what;
+    // Each Muon group's momentum ran once, checked, in the agreement; the
+    // unchecked calls are a committed step's stores of the new momentum.
+    EXPECT_EQ(device.checked - checked_before, 2) << c.what;
+    const bool committed = got.ok() && got->skipped_nonfinite.empty();
+    EXPECT_EQ(device.unchecked - unchecked_before, committed ? 2 : 0) << c.what;
+    if (results != nullptr) results->push_back(got);
+  }
+}
+
+TEST(GradCheckInMomentum, RefusalsAndStepsMatchTheSeparateRead) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float beyond_bf16 = BitsToFloat(kBf16OverflowThresholdBits);
+  std::vector<absl::StatusOr<StepResult>> results;
+  RunBoth(/*skip_nonfinite=*/false,
+          {{"finite", {}, {}},
+           {"a NaN in fp32.w1", {{"fp32.w1", nan}}, {}},
+           {"-Inf in medium.w2", {{"medium.w2", -inf}}, {}},
+           {"beyond bf16 in medium.w0", {{"medium.w0", -beyond_bf16}}, {}},
+           {"beyond bf16 in fp32.w0 (fp32 holds it)",
+            {{"fp32.w0", beyond_bf16}},
+            {}},
+           {"a NaN in skipped medium.w1", {{"medium.w1", nan}}, {"medium.w1"}},
+           {"finite again", {}, {}}},
+          &results);
+  ASSERT_EQ(results.size(), 7u);
+  for (int i : {1, 2, 3}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(results[i].status()))
+        << results[i].status();
+  }
+  EXPECT_NE(results[1].status().message().find("fp32/fp32.w1"),
+            std::string::npos)
+      << results[1].status();
+  EXPECT_NE(results[3].status().message().find("beyond the bf16 range"),
+            std::string::npos)
+      << results[3].status();
+  for (int i : {0, 4, 5, 6}) {
+    EXPECT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+  }
+}
+
+TEST(GradCheckInMomentum, SkipNonfiniteSkipsAlike) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<absl::StatusOr<StepResult>> results;
+  RunBoth(/*skip_nonfinite=*/true,
+          {{"finite", {}, {}},
+           {"a NaN in medium.w2", {{"medium.w2", nan}}, {}},
+           {"finite again", {}, {}}},
+          &results);
+  ASSERT_EQ(results.size(), 3u);
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[1]->skipped_nonfinite,
+            std::vector<std::string>{"medium/medium.w2"});
+}
+
+}  // namespace
+}  // namespace muond
