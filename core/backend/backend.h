@@ -327,7 +327,8 @@ class Backend {
       float grad_limit);
   // Whether every grad the CheckedMuonMomentumBatch calls read since the
   // last TakeGradCheck was within its limit; the next call starts afresh.
-  // Waits for those calls (CUDA: one synchronisation).
+  // CUDA waits for those calls' kernels (one synchronisation); the default's
+  // finding is its AllFiniteBelow's, which waited already.
   virtual absl::StatusOr<bool> TakeGradCheck();
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in
   // the param's dtype (fp32, bf16 or fp16) with one rounding. update is fp32 or

@@ -41,7 +41,15 @@ absl::StatusOr<bool> GradsWithinLimitOf(GroupState& group,
                          inputs.overrides),
       inputs.skip_params, GradLimit(group));
   result.timings.momentum_us += absl::ToDoubleMicroseconds(absl::Now() - start);
-  return within;
+  if (within.ok()) return within;
+  // The momentum phase's own failure is the step's, as it was where the
+  // phase runs after the vote: the check reads the grads itself, and
+  // PrepareMuonGroup runs the phase again and refuses in the commit vote.
+  LOG(WARNING) << "group '" << group.config.name
+               << "': the momentum phase in the domain agreement failed ("
+               << within.status()
+               << "); checking the grads by a read of their own";
+  return GradsWithinLimit(group, inputs.skip_params);
 }
 
 }  // namespace

@@ -385,9 +385,15 @@ absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
                                            const std::set<std::string>& skip,
                                            float grad_limit) {
   group.momentum_ready = false;
-  RETURN_IF_ERROR(MomentumPhase(group, options, skip, grad_limit));
-  ASSIGN_OR_RETURN(const bool within, group.backend->TakeGradCheck());
-  group.momentum_ready = true;
+  Backend& backend = *group.backend;
+  backend.PushRange("lsmuon/momentum");
+  const absl::Status ran = MomentumPhase(group, options, skip, grad_limit);
+  backend.PopRange();
+  // Taken even after a failure: a flag one call set must not carry over
+  // into the next group's or step's finding.
+  absl::StatusOr<bool> within = backend.TakeGradCheck();
+  RETURN_IF_ERROR(ran);
+  if (within.ok()) group.momentum_ready = true;
   return within;
 }
 
@@ -409,6 +415,8 @@ absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
                                ExchangeBuffers& exchange,
                                ShapeTimes* shape_times, PhaseTimings& t) {
   Backend& backend = *group.backend;
+  // Cleared whichever branch runs: it speaks for this step only.
+  const bool momentum_ready = std::exchange(group.momentum_ready, false);
   if (StreamsNsWithMomentum(group, shape_times)) {
     // Momentum and NS overlap: their wall time counts as NS's.
     RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/streamed_ns", t.ns_us, [&] {
@@ -416,7 +424,7 @@ absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
     }));
   } else {
     // Already run where the domain agreement checked the grads in its pass.
-    if (!std::exchange(group.momentum_ready, false)) {
+    if (!momentum_ready) {
       RETURN_IF_ERROR(
           TimedPhase(backend, "lsmuon/momentum", t.momentum_us, [&] {
             return group.host_streams != nullptr

@@ -15,6 +15,7 @@
 
 #include "core/backend/bf16.h"
 #include "core/backend/cpu_backend.h"
+#include "core/backend/fp16.h"
 #include "tests/common/cuda_test.h"
 
 namespace muond {
@@ -644,33 +645,55 @@ TEST_F(CudaBackendTest, Vec4AndUnalignedElementwiseBitIdenticalToCpu) {
   }
 }
 
-// The momentum kernels' grad check (CheckedMuonMomentumBatch): a vec4
-// multi-tile tensor with a ragged end, bf16 state, a view 4 bytes into its
-// allocation (the scalar path) and a strided one (the single-tensor kernel).
-// The outputs are bitwise the unchecked call's, and TakeGradCheck finds what
-// AllFiniteBelow finds for NaN, Inf, the bf16 limit and just below it.
+// The momentum kernels' grad check (CheckedMuonMomentumBatch): fp32 grads
+// as a vec4 multi-tile tensor with a ragged end (bf16 state), a view 4
+// bytes into its allocation (the scalar path) and a strided one (the
+// single-tensor kernel); bf16 grads (the table's 2-byte vec4 path) and fp16
+// grads (the flat single-tensor path). The outputs are bitwise the
+// unchecked call's, and TakeGradCheck finds what AllFiniteBelow finds for
+// NaN, Inf, the bf16 limit and just below it (in each grad's dtype).
 TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
   struct Shape {
     int64_t rows, cols, ld, offset;
     bool bf16_state;
+    DType grad;
   };
-  const std::vector<Shape> shapes = {{3, 4099, 4099, 0, false},
-                                     {5, 37, 37, 0, true},
-                                     {6, 33, 33, 1, false},
-                                     {7, 20, 24, 0, false}};
+  const std::vector<Shape> shapes = {
+      {3, 4099, 4099, 0, false, DType::kFloat32},
+      {5, 37, 37, 0, true, DType::kFloat32},
+      {6, 33, 33, 1, false, DType::kFloat32},
+      {7, 20, 24, 0, false, DType::kFloat32},
+      {4, 1030, 1030, 0, false, DType::kBFloat16},
+      {3, 50, 50, 0, false, DType::kFloat16}};
+  // v as the grad's dtype stores it.
+  auto bits_of = [](float v, DType d) {
+    std::vector<uint8_t> b(DTypeSize(d));
+    if (d == DType::kFloat32) {
+      std::memcpy(b.data(), &v, 4);
+    } else {
+      const uint16_t h =
+          d == DType::kBFloat16 ? FloatToBf16Bits(v) : FloatToFp16Bits(v);
+      std::memcpy(b.data(), &h, 2);
+    }
+    return b;
+  };
   std::vector<std::vector<float>> g;
   std::vector<MatrixView> dg, dm, dout, dout_ref, no_state;
   for (size_t i = 0; i < shapes.size(); ++i) {
     const Shape& s = shapes[i];
-    const int64_t n = s.offset + s.rows * s.ld;
+    const int64_t n = s.offset + s.rows * s.ld, es = DTypeSize(s.grad);
     g.push_back(Random(n, 40 + uint32_t(i)));
-    const std::vector<float> mf = Random(n, 60 + uint32_t(i));
-    MatrixView grad = Up({g[i].data(), DType::kFloat32, 1, n, n});
-    grad.data = static_cast<float*>(grad.data) + s.offset;
+    std::vector<uint8_t> gb(n * es);
+    for (int64_t k = 0; k < n; ++k) {
+      std::memcpy(gb.data() + k * es, bits_of(g[i][k], s.grad).data(), es);
+    }
+    MatrixView grad = Up({gb.data(), s.grad, 1, n, n});
+    grad.data = static_cast<char*>(grad.data) + s.offset * es;
     grad.rows = s.rows;
     grad.cols = s.cols;
     grad.row_stride = s.ld;
     dg.push_back(grad);
+    const std::vector<float> mf = Random(n, 60 + uint32_t(i));
     std::vector<uint16_t> mb(n);
     for (int64_t k = 0; k < n; ++k) mb[k] = FloatToBf16Bits(mf[k]);
     MatrixView m = s.bf16_state
@@ -701,22 +724,26 @@ TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
   const float below = BitsToFloat(kBf16OverflowThresholdBits - 1);
   for (size_t i = 0; i < shapes.size(); ++i) {
     const Shape& s = shapes[i];
+    const int64_t es = DTypeSize(s.grad);
     // First element, one in the middle, the ragged end.
     for (int64_t e : {int64_t(0), s.rows * s.cols / 2, s.rows * s.cols - 1}) {
-      float* at =
-          static_cast<float*>(dg[i].data) + (e / s.cols) * s.ld + e % s.cols;
+      char* at = static_cast<char*>(dg[i].data) +
+                 ((e / s.cols) * s.ld + e % s.cols) * es;
       for (float v : {nan, inf, -limit, below}) {
-        ASSERT_TRUE(gpu_->CopyFromHost(at, &v, sizeof(float)).ok());
+        const std::vector<uint8_t> b = bits_of(v, s.grad);
+        ASSERT_TRUE(gpu_->CopyFromHost(at, b.data(), es).ok());
         const bool want = *gpu_->AllFiniteBelow(dg, limit);
         ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true,
                                                    dout, {}, limit)
                         .ok());
         EXPECT_EQ(*gpu_->TakeGradCheck(), want)
             << "tensor " << i << " elem " << e << " value " << v;
-        EXPECT_EQ(want, v == below);
+        // fp32 and bf16 hold `below` under the limit; fp16 overflows it.
+        EXPECT_EQ(want, v == below && s.grad != DType::kFloat16) << i;
       }
-      const float fine = g[i][s.offset + (e / s.cols) * s.ld + e % s.cols];
-      ASSERT_TRUE(gpu_->CopyFromHost(at, &fine, sizeof(float)).ok());
+      const std::vector<uint8_t> fine =
+          bits_of(g[i][s.offset + (e / s.cols) * s.ld + e % s.cols], s.grad);
+      ASSERT_TRUE(gpu_->CopyFromHost(at, fine.data(), es).ok());
     }
   }
   EXPECT_TRUE(*gpu_->TakeGradCheck());

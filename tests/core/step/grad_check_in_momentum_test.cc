@@ -5,8 +5,9 @@
 // finite steps, the same refusal naming the same params, the same skip with
 // skip_nonfinite, and a skipped param's grad read by neither.
 //
-// The device is the CPU backend's math on a backend that calls itself one
-// (DeviceLikeCpuBackend); it counts the checked and unchecked momentum calls.
+// The device is the CPU backend's math on a backend that calls itself one;
+// both backends record the grads the check reads and count the momentum
+// calls.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -20,17 +21,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/bf16.h"
-#include "core/backend/cpu_backend.h"
 #include "core/step/layer_sharded_muon.h"
 #include "tests/common/delegating_backend.h"
 
 namespace muond {
 namespace {
 
-// A device backend that counts the momentum calls of each kind.
-class CountingDevice final : public testing::DelegatingBackend {
+// The CPU backend, or (`device`) one that calls itself a device: records
+// the grads the finiteness check reads (AllFiniteBelow's views, or the grads
+// of the checked momentum) and counts the momentum calls of each kind.
+class Recording final : public testing::DelegatingBackend {
  public:
-  bool is_device() const override { return true; }
+  explicit Recording(bool device) : device_(device) {}
+  bool is_device() const override { return device_; }
+  absl::StatusOr<bool> AllFiniteBelow(absl::Span<const MatrixView> views,
+                                      float limit) override {
+    for (const MatrixView& v : views) checked_grads.insert(v.data);
+    return DelegatingBackend::AllFiniteBelow(views, limit);
+  }
   absl::Status MuonMomentumBatch(
       absl::Span<const MatrixView> grads,
       absl::Span<const MatrixView> momenta_in,
@@ -49,11 +57,16 @@ class CountingDevice final : public testing::DelegatingBackend {
       float grad_limit) override {
     ++checked;
     --unchecked;  // the default runs MuonMomentumBatch inside
+    // The default's AllFiniteBelow records the grads it reads.
     return Backend::CheckedMuonMomentumBatch(grads, momenta_in, momenta_out,
                                              beta, nesterov, outs, scales,
                                              grad_limit);
   }
   int checked = 0, unchecked = 0;
+  std::set<const void*> checked_grads;
+
+ private:
+  const bool device_;
 };
 
 struct Shape {
@@ -132,6 +145,13 @@ class Model {
     for (const Param& p : params_) out.push_back(p.value);
     return out;
   }
+  // The address of param `name`'s grad.
+  const void* GradOf(const std::string& name) const {
+    for (const Param& p : params_) {
+      if (p.name == name) return p.grad.data();
+    }
+    return nullptr;
+  }
   std::map<std::string, std::vector<float>> State() const {
     auto state = engine_->ExportState();
     EXPECT_TRUE(state.ok()) << state.status();
@@ -148,6 +168,9 @@ class Model {
   std::unique_ptr<LayerShardedMuon> engine_;
 };
 
+const std::string kNames[] = {"fp32.w0",   "fp32.w1",   "fp32.w2",
+                              "medium.w0", "medium.w1", "medium.w2"};
+
 struct Case {
   std::string what;
   std::map<std::string, float> poison;
@@ -157,12 +180,13 @@ struct Case {
 // Both engines through the same steps; every status, param and state equal.
 void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
              std::vector<absl::StatusOr<StepResult>>* results = nullptr) {
-  std::unique_ptr<Backend> cpu = MakeCpuBackend();
-  CountingDevice device;
-  Model on_cpu(cpu.get(), skip_nonfinite), on_device(&device, skip_nonfinite);
+  Recording cpu(/*device=*/false), device(/*device=*/true);
+  Model on_cpu(&cpu, skip_nonfinite), on_device(&device, skip_nonfinite);
   int step = 0;
   for (const Case& c : cases) {
     ++step;
+    cpu.checked_grads.clear();
+    device.checked_grads.clear();
     const absl::StatusOr<StepResult> want = on_cpu.Step(step, c.poison, c.skip);
     const int checked_before = device.checked;
     const int unchecked_before = device.unchecked;
@@ -181,6 +205,16 @@ void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
     EXPECT_EQ(device.checked - checked_before, 2) << c.what;
     const bool committed = got.ok() && got->skipped_nonfinite.empty();
     EXPECT_EQ(device.unchecked - unchecked_before, committed ? 2 : 0) << c.what;
+    // Every grad not skipped is checked on both; a skipped one on neither.
+    for (const Model* model : {&on_cpu, &on_device}) {
+      const Recording& read = model == &on_cpu ? cpu : device;
+      for (const std::string& name : kNames) {
+        EXPECT_EQ(read.checked_grads.contains(model->GradOf(name)),
+                  !c.skip.contains(name))
+            << c.what << ": " << name
+            << (model == &on_cpu ? " cpu" : " device");
+      }
+    }
     if (results != nullptr) results->push_back(got);
   }
 }

@@ -317,10 +317,11 @@ TEST(SkipParams, SkippedParamsAndTheirStateStayOthersMatchTheReference) {
   }
 }
 
-// A skipped param's grad is not the step's (torch.optim: its grad is None)
-// and is not read: a NaN left in its buffer neither refuses nor skips the
-// step, and the result is the reference's with the param skipped.
-TEST(SkipParams, ANanInASkippedParamsGradIsNotRead) {
+// A skipped param's grad is not the step's (torch.optim: its grad is None):
+// a NaN left in its buffer neither refuses nor skips the step, and the
+// result is the reference's with the param skipped (that the check reads no
+// skipped grad at all: grad_check_in_momentum_test).
+TEST(SkipParams, ANanInASkippedParamsGradDoesNotStopTheStep) {
   const std::vector<Attempt> attempts = {{[](int) { return StepInputs{}; }, 1},
                                          {[](int) {
                                             return Skipping({"w1", "b0"});
