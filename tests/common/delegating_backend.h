@@ -3,6 +3,7 @@
 // that change one behaviour (count graph runs, report a memory figure, play a
 // device with streams) over the CPU backend's math.
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string_view>
@@ -114,6 +115,38 @@ class DelegatingBackend : public Backend {
                      const AdamWMomentScales& scales) override {
     return cpu_->AdamW(p, g, m, v, s, scales);
   }
+  absl::Status ApplyRowScaledUpdateBatch(absl::Span<const MatrixView> p,
+                                         absl::Span<const MatrixView> u,
+                                         absl::Span<const MatrixView> factors,
+                                         absl::Span<const float> lrs,
+                                         float decay,
+                                         WeightDecayMethod method) override {
+    return cpu_->ApplyRowScaledUpdateBatch(p, u, factors, lrs, decay, method);
+  }
+  absl::Status NorMuonRowStats(absl::Span<const NorMuonRowBlock> blocks,
+                               const MatrixView& state,
+                               const MatrixView& stats) override {
+    return cpu_->NorMuonRowStats(blocks, state, stats);
+  }
+  absl::Status SumSlices(const MatrixView& slices,
+                         const MatrixView& out) override {
+    return cpu_->SumSlices(slices, out);
+  }
+  absl::Status NorMuonFactors(absl::Span<const NorMuonRowBlock> blocks,
+                              const MatrixView& stats, const MatrixView& state,
+                              const MatrixView& staged,
+                              const MatrixView& factors, double beta2,
+                              double eps) override {
+    return cpu_->NorMuonFactors(blocks, stats, state, staged, factors, beta2,
+                                eps);
+  }
+  absl::Status AdaMuonNormalize(const MatrixView& u, const MatrixView& v_in,
+                                const MatrixView& v_out, double beta2,
+                                float eps) override {
+    return cpu_->AdaMuonNormalize(u, v_in, v_out, beta2, eps);
+  }
+  // The step's grad check (CheckedMuonMomentumBatch, TakeGradCheck) is the
+  // base class's: AllFiniteBelow, below, then the momentum.
   absl::StatusOr<bool> AllFiniteBelow(absl::Span<const MatrixView> views,
                                       float limit) override {
     return cpu_->AllFiniteBelow(views, limit);
@@ -138,5 +171,18 @@ class DeviceLikeCpuBackend final : public DelegatingBackend {
  public:
   bool is_device() const override { return true; }
 };
+
+// The backend a step engine test runs on: the CPU backend, or, where the
+// test's environment sets MUOND_TEST_DEVICE_LIKE=1 (the `*_device_like`
+// twins in tests/core/step/BUILD), DeviceLikeCpuBackend: one test source
+// holds both of the engine's paths (a device's momentum in the domain
+// agreement, the grad check in its pass) to the same references.
+inline std::unique_ptr<Backend> MakeStepTestBackend() {
+  const char* device_like = std::getenv("MUOND_TEST_DEVICE_LIKE");
+  if (device_like != nullptr && std::string_view(device_like) == "1") {
+    return std::make_unique<DeviceLikeCpuBackend>();
+  }
+  return MakeCpuBackend();
+}
 
 }  // namespace muond::testing

@@ -41,6 +41,7 @@
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
 #include "core/step/layer_sharded_muon.h"
+#include "tests/common/delegating_backend.h"
 #include "tests/core/step/layout_cases.h"
 
 namespace muond {
@@ -193,6 +194,9 @@ class Rank {
     if (!job.ok()) return job.status();
     StepOptions options;
     options.job = job->get();
+    // NS runs are counted from the per-shape timings: every step, on a
+    // device-like backend too.
+    options.ns_shape_timing_every = 1;
     comms_.push_back(*std::move(job));
     GroupConfig adam = dense;
     adam.name = "adam";
@@ -252,7 +256,7 @@ class Rank {
   const Layout l_;
   const int flat_;
   int d_ = 0, g_ = 0, t_ = 0;
-  std::unique_ptr<Backend> backend_ = MakeCpuBackend();
+  std::unique_ptr<Backend> backend_ = testing::MakeStepTestBackend();
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::map<std::string, std::vector<float>> params_, grads_;
   std::map<std::string, std::pair<int64_t, int64_t>> shapes_;

@@ -26,6 +26,7 @@
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
 #include "core/step/layer_sharded_muon.h"
+#include "tests/common/delegating_backend.h"
 #include "tests/core/backend/fp8_state_reference.h"
 
 namespace muond {
@@ -58,7 +59,7 @@ MuonOptions Options(DType state_dtype) {
 
 // One engine over params and grads it holds.
 struct Engine {
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<Backend> backend = testing::MakeStepTestBackend();
   std::vector<std::vector<float>> params, grads;
   std::unique_ptr<LayerShardedMuon> opt;
 

@@ -1,12 +1,12 @@
 // NS homes versions that left a rank's history: many plan versions reaching
 // the ranks of a domain between two steps (e.g. `muonctl rebalance` in a
 // tight loop) can leave the domain with no version every rank still holds
-// (each group keeps its newest kPlansKept = 64). Then every rank of the domain must fail
-// the step the same way, before anything changes. Before the fix only the
-// rank that had dropped the agreed version failed; its peers went on into the
-// exchange, waited there for the communicator timeout and failed as if a peer
-// had died (UNAVAILABLE "restart the job's daemons" in muond), their momentum
-// already updated.
+// (each group keeps its newest kPlansKept = 64). Then every rank of the domain
+// must fail the step the same way, before anything changes. Before the fix only
+// the rank that had dropped the agreed version failed; its peers went on into
+// the exchange, waited there for the communicator timeout and failed as if a
+// peer had died (UNAVAILABLE "restart the job's daemons" in muond), their
+// momentum already updated.
 //
 // Two ranks (a 1x2 TP domain) run as threads over Gloo (loopback) and an
 // in-memory store. Reference: the same two steps on a world that never lost

@@ -50,6 +50,7 @@
 #include "core/muon/newton_schulz.h"
 #include "core/plan/planner.h"
 #include "core/step/layer_sharded_muon.h"
+#include "tests/common/delegating_backend.h"
 
 namespace muond {
 namespace {
@@ -185,7 +186,7 @@ std::unique_ptr<Backend> MakeTestBackend(int rank) {
   return backend.ok() ? std::move(*backend) : nullptr;
 #else
   (void)rank;
-  return MakeCpuBackend();
+  return testing::MakeStepTestBackend();
 #endif
 }
 

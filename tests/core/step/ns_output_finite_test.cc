@@ -196,17 +196,17 @@ void ExpectRefusedThenNextStepRuns(const MuonOptions& muon, bool skip_next) {
 
 TEST(NsOutputFinite, Fp16GramOverflowRefusedOnEveryRank) {
   // 300 fits fp16; 300^3 times the normalised X does not.
-  ExpectRefusedThenNextStepRuns(Muon(NsAlgorithm::kGram,
-                                     MatmulPrecision::kMedium,
-                                     {{300.0f, 0.0f, 0.0f}}, 3),
-                                /*skip_next=*/true);
+  ExpectRefusedThenNextStepRuns(
+      Muon(NsAlgorithm::kGram, MatmulPrecision::kMedium, {{300.0f, 0.0f, 0.0f}},
+           3),
+      /*skip_next=*/true);
 }
 
 TEST(NsOutputFinite, Fp32StandardOverflowRefusedOnEveryRank) {
-  ExpectRefusedThenNextStepRuns(Muon(NsAlgorithm::kStandard,
-                                     MatmulPrecision::kHighest,
-                                     {{1e4f, -1e4f, 1e4f}}, 5),
-                                /*skip_next=*/false);
+  ExpectRefusedThenNextStepRuns(
+      Muon(NsAlgorithm::kStandard, MatmulPrecision::kHighest,
+           {{1e4f, -1e4f, 1e4f}}, 5),
+      /*skip_next=*/false);
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
 #include "core/step/layer_sharded_muon.h"
+#include "tests/common/delegating_backend.h"
 
 namespace muond {
 namespace {
@@ -93,7 +94,7 @@ void RunRank(InMemoryKeyValueStore* store, const std::string& prefix, int t,
   if (!tp.ok()) return fail(tp.status());
   auto job = CreateGlooCommunicator(store, prefix + "/job", t, kT, gloo);
   if (!job.ok()) return fail(job.status());
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<Backend> backend = testing::MakeStepTestBackend();
   std::map<std::string, std::vector<float>> params, grads;
   GroupConfig dense;
   dense.name = "dense";

@@ -39,6 +39,7 @@
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
 #include "core/step/layer_sharded_muon.h"
+#include "tests/common/delegating_backend.h"
 #include "tests/core/step/layout_cases.h"
 
 namespace muond {
@@ -255,7 +256,7 @@ class Rank {
   const Layout l_;
   const int flat_;
   int d_ = 0, g_ = 0, t_ = 0;
-  std::unique_ptr<Backend> backend_ = MakeCpuBackend();
+  std::unique_ptr<Backend> backend_ = testing::MakeStepTestBackend();
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::map<std::string, std::vector<float>> params_, grads_;
   std::map<std::string, std::pair<int64_t, int64_t>> shapes_;
