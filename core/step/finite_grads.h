@@ -16,7 +16,11 @@ namespace muond {
 // round to inf there and turn the whole update into NaN, so it fails (or
 // skips) the step like a non-finite one. Momentum and NS input are convex
 // combinations of gradients (lerp), so gradients under the bound keep them
-// under it. The bound costs nothing: the same one read of the gradients.
+// under it in exact arithmetic. In fp32, torch's lerp order m + w (g - m)
+// (muond's, bitwise) overflows when g and m are both near the fp32 range with
+// opposite signs (|g|, |m| >~ 1.7e38): torch.optim.Muon's momentum then
+// becomes inf and so does muond's, unrefused. The bound costs nothing: the
+// same one read of the gradients.
 float GradLimit(const GroupState& group);
 
 // Whether every gradient of the group's params not in `skip` is under

@@ -25,7 +25,9 @@ std::string MissingPeer(const Communicator& comm, const char* of) {
 absl::Status NonFiniteError(const std::vector<std::string>& bad) {
   return absl::InvalidArgumentError(absl::StrCat(
       "non-finite gradients (NaN or Inf) in: ", absl::StrJoin(bad, ", "),
-      "; the step was not applied"));
+      " (group/param); the step was not applied: fix or zero those "
+      "gradients and call step() again (muond-daemon --skip_nonfinite skips "
+      "such steps instead)"));
 }
 
 }  // namespace muond
