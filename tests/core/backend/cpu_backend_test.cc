@@ -597,28 +597,21 @@ TEST(CpuBackend, CheckedMomentumKeepsItsFindingUntilTaken) {
   std::vector<float> g1 = {1, -2, 3, 4}, g2 = {0.5f, 0.25f, -1, 2};
   std::vector<float> m = {0.1f, 0.2f, 0.3f, 0.4f}, m_ref = m;
   std::vector<float> out(4), out_ref(4);
+  auto checked = [&](std::vector<float>& g) {
+    return backend->CheckedMuonMomentumBatch({V(g, 2, 2)}, {V(m, 2, 2)},
+                                             {V(m, 2, 2)}, 0.95, true,
+                                             {V(out, 2, 2)}, {}, limit);
+  };
   ASSERT_TRUE(backend
                   ->MuonMomentumBatch({V(g1, 2, 2)}, {V(m_ref, 2, 2)}, 0.95,
                                       true, {V(out_ref, 2, 2)})
                   .ok());
-  ASSERT_TRUE(backend
-                  ->CheckedMuonMomentumBatch({V(g1, 2, 2)}, {V(m, 2, 2)},
-                                             {V(m, 2, 2)}, 0.95, true,
-                                             {V(out, 2, 2)}, {}, limit)
-                  .ok());
+  ASSERT_TRUE(checked(g1).ok());
   EXPECT_EQ(m, m_ref);
   EXPECT_EQ(out, out_ref);
   g2[1] = -limit;  // finite in fp32, beyond the bf16 range
-  ASSERT_TRUE(backend
-                  ->CheckedMuonMomentumBatch({V(g2, 2, 2)}, {V(m, 2, 2)},
-                                             {V(m, 2, 2)}, 0.95, true,
-                                             {V(out, 2, 2)}, {}, limit)
-                  .ok());
-  ASSERT_TRUE(backend
-                  ->CheckedMuonMomentumBatch({V(g1, 2, 2)}, {V(m, 2, 2)},
-                                             {V(m, 2, 2)}, 0.95, true,
-                                             {V(out, 2, 2)}, {}, limit)
-                  .ok());
+  ASSERT_TRUE(checked(g2).ok());
+  ASSERT_TRUE(checked(g1).ok());
   EXPECT_FALSE(*backend->TakeGradCheck());  // the second call's finding
   EXPECT_TRUE(*backend->TakeGradCheck());   // taken: afresh
 }
