@@ -22,6 +22,7 @@ constexpr NamedReason kReasons[] = {
     {ErrorReason::kNoPlanYet, "NO_PLAN_YET"},
     {ErrorReason::kAlreadyRegistered, "ALREADY_REGISTERED"},
     {ErrorReason::kTrainerRefused, "TRAINER_REFUSED"},
+    {ErrorReason::kRefusedByPeer, "REFUSED_BY_PEER"},
 };
 
 // Payload text: the reason's name, then one "\n<key>=<C-escaped value>" per

@@ -46,6 +46,13 @@ enum class ErrorReason {
   // raised the error naming the param and the rule; nothing was applied, and
   // the same step can be sent again.
   kTrainerRefused,
+  // Step: another daemon of the job refused the step (its checks, e.g.
+  // non-finite gradients or overrides) and the job refused it on every rank;
+  // this rank's answer only names the refuser: metadata {"ranks": the job
+  // ranks that refused, comma-separated}. That rank's answer has the details
+  // (the param and the rule): a client with several daemons raises it
+  // instead. Nothing was applied.
+  kRefusedByPeer,
 };
 
 // Free-form details of a reason (ErrorInfo.metadata): lower_snake_case keys,

@@ -174,18 +174,27 @@ absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
                            ErrorReason::kTrainerRefused,
                            {{"ranks", absl::StrJoin(trainers, ",")}});
   }
+  absl::Status status;
   switch (first) {
     case RefusalCode::kOverrides:
     case RefusalCode::kNonFinite:
     case RefusalCode::kSkipParams:
     case RefusalCode::kDomainDisagreement:
     case RefusalCode::kNonFiniteUpdate:
-      return absl::InvalidArgumentError(message);
+      status = absl::InvalidArgumentError(message);
+      break;
     case RefusalCode::kCommunication:
       return absl::UnavailableError(message);
     default:
-      return absl::FailedPreconditionError(message);
+      status = absl::FailedPreconditionError(message);
   }
+  // Ranks that refused (not ranks that only disagree on the step id): their
+  // answers have the details.
+  if (d.refusals.empty()) return status;
+  std::vector<int> refusers;
+  for (const Refusal& r : d.refusals) refusers.push_back(r.rank);
+  return WithErrorReason(status, ErrorReason::kRefusedByPeer,
+                         {{"ranks", absl::StrJoin(refusers, ",")}});
 }
 
 }  // namespace muond

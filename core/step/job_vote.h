@@ -119,7 +119,8 @@ std::string RefusalCodeName(RefusalCode code);
 // message naming every refuser and that nothing was applied. When a trainer
 // refused (RefusalCode::kTrainer) and no rank's communication failed:
 // FailedPrecondition with ErrorReason kTrainerRefused, metadata {"ranks":
-// the job ranks (daemons) whose trainers refused}.
+// the job ranks (daemons) whose trainers refused}. Otherwise, where some
+// ranks refused: ErrorReason kRefusedByPeer, metadata {"ranks": them}.
 absl::Status RefusedByPeers(const JobDecision& decision, int64_t step_id);
 
 }  // namespace muond

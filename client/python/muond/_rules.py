@@ -8,7 +8,7 @@ C++ home (named above it), so the two cannot drift apart."""
 ERROR_DOMAIN = "muond.dev"
 
 # core/common/error_reason.h ErrorReasonName
-ERROR_REASONS = ("PEER_GONE", "NO_PLAN_YET", "ALREADY_REGISTERED", "TRAINER_REFUSED")
+ERROR_REASONS = ("PEER_GONE", "NO_PLAN_YET", "ALREADY_REGISTERED", "TRAINER_REFUSED", "REFUSED_BY_PEER")
 
 # server/common/operator_id.h kOperatorIdPrefix
 OPERATOR_ID_PREFIX = "operator:"

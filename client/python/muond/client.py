@@ -21,7 +21,7 @@ from muond.v1 import muond_pb2_grpc as pb_grpc
 # come from core/common/error_reason.h through the generated muond._rules.
 ERROR_DOMAIN = _rules.ERROR_DOMAIN
 REASONS = _rules.ERROR_REASONS
-PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED, TRAINER_REFUSED = REASONS
+PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED, TRAINER_REFUSED, REFUSED_BY_PEER = REASONS
 # PEER_GONE        Step: a peer daemon failed or is gone; nothing applied: resend
 # NO_PLAN_YET      Coordinator.GetPlan: the job has no plan yet
 # ALREADY_REGISTERED  RegisterParams: another client holds the daemon's params;
@@ -32,6 +32,10 @@ PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED, TRAINER_REFUSED = REASONS
 #                  the job refused the step on every rank, nothing applied;
 #                  metadata {"ranks": the job ranks (daemons) whose trainers
 #                  refused} on the other ranks
+# REFUSED_BY_PEER  Step: another daemon refused the step (non-finite
+#                  gradients, overrides, ...) and the job refused it on every
+#                  rank, nothing applied; metadata {"ranks": the refusers},
+#                  whose own answers name the param and the rule
 
 
 def operator_client_id(token: str | None) -> str:

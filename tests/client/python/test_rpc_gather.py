@@ -9,27 +9,46 @@ import unittest
 
 import grpc
 
-from muond.client import MuondError
+from muond.client import REFUSED_BY_PEER, MuondError
 from muond.torch import rpc
+from muond.v1 import error_details_pb2
 
 
 class FakeRpcError(grpc.RpcError):
+    """A failed call; with `reason`, muond's ErrorInfo in its trailing
+    metadata as the daemon sends it (proto/status_details.cc)."""
+
+    def __init__(self, reason=None, details="the daemon stopped"):
+        super().__init__()
+        self.reason, self._details = reason, details
+
     def code(self):
-        return grpc.StatusCode.UNAVAILABLE
+        return grpc.StatusCode.UNAVAILABLE if self.reason is None else \
+            grpc.StatusCode.INVALID_ARGUMENT
 
     def details(self):
-        return "the daemon stopped"
+        return self._details
+
+    def trailing_metadata(self):
+        if self.reason is None:
+            return ()
+        info = error_details_pb2.ErrorInfo(reason=self.reason, domain="muond.dev")
+        status = error_details_pb2.RpcStatus(code=self.code().value[0], message=self._details)
+        status.details.add(type_url="type.googleapis.com/google.rpc.ErrorInfo",
+                           value=info.SerializeToString())
+        return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
 class FakeFuture:
     """Finishes after `after_s` (None: never, until cancelled) with `value`
     or, when `fails`, a FakeRpcError."""
 
-    def __init__(self, after_s, value=None, fails=False):
+    def __init__(self, after_s, value=None, fails=False, error=None):
         self._done = threading.Event()
         self._callbacks = []
         self._lock = threading.Lock()
-        self.value, self.fails, self.cancelled = value, fails, False
+        self.value, self.fails, self.cancelled = value, fails or error is not None, False
+        self.error = error or FakeRpcError()
         if after_s is not None:
             threading.Timer(after_s, self._finish).start()
 
@@ -53,11 +72,11 @@ class FakeFuture:
         return self._done.is_set()
 
     def exception(self):
-        return FakeRpcError() if self.fails else None
+        return self.error if self.fails else None
 
     def result(self):
         if self.fails:
-            raise FakeRpcError()
+            raise self.error
         return self.value
 
     def cancel(self):
@@ -106,6 +125,24 @@ class GatherTest(unittest.TestCase):
             rpc.gather([FakeFuture(0.2, fails=True), FakeFuture(0.0, fails=True)],
                        CLIENTS, "Step", grace_s=1.0)
         self.assertIn("d1.sock", str(raised.exception))
+
+    def test_the_refusers_answer_is_raised_not_a_peers_echo(self):
+        # Rank 1 refused the step (its answer names the param); rank 0's
+        # answer, first to arrive, only says rank 1 refused.
+        echo = FakeRpcError(REFUSED_BY_PEER, "step 3 refused on every rank of the job: "
+                            "refused by rank 1 (non-finite gradients)")
+        detail = FakeRpcError(None, "non-finite gradients (NaN or Inf) in: dense/w2")
+        with self.assertRaises(MuondError) as raised:
+            rpc.gather([FakeFuture(0.0, error=echo), FakeFuture(0.2, error=detail)],
+                       CLIENTS, "Step", grace_s=2.0)
+        self.assertIn("dense/w2", str(raised.exception))
+        self.assertIn("d1.sock", str(raised.exception))
+        # Only echoes (the refuser never answered): the first one is raised.
+        with self.assertRaises(MuondError) as raised:
+            rpc.gather([FakeFuture(0.0, error=echo), FakeFuture(None)], CLIENTS, "Step",
+                       grace_s=0.2)
+        self.assertEqual(raised.exception.reason, REFUSED_BY_PEER)
+        self.assertIn("d0.sock", str(raised.exception))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,9 @@ TEST(JobVoteTest, AnyRefusalRefusesEveryRankAndBeatsSkip) {
   EXPECT_TRUE(absl::StrContains(st.message(), "rank 3 (a step override)"))
       << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "nothing was applied")) << st;
+  // The refusers' own answers have the details: a client raises theirs.
+  EXPECT_TRUE(HasErrorReason(st, ErrorReason::kRefusedByPeer)) << st;
+  EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "1,3"}}));
 }
 
 TEST(JobVoteTest, DifferentStepIdsRefuseNamingThem) {
@@ -161,9 +164,10 @@ TEST(JobVoteTest, TrainerRefusalsCarryTheirReasonAndRanks) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
   EXPECT_EQ(GetErrorReason(st), ErrorReason::kUnspecified) << st;
   d = FoldJobBallots({Refuse(3, RefusalCode::kOverrides), Agree(3)});
-  st = RefusedByPeers(d, 3);
+  st = RefusedByPeers(d, 3);  // a daemon's own refusal: its answer has it
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_EQ(GetErrorReason(st), ErrorReason::kUnspecified) << st;
+  EXPECT_EQ(GetErrorReason(st), ErrorReason::kRefusedByPeer) << st;
+  EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "0"}}));
 }
 
 TEST(JobVoteTest, ReplayMixedWithASkipRefuses) {

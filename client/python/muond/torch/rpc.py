@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from muond.client import PEER_GONE, Client, MuondError, error_info
+from muond.client import PEER_GONE, REFUSED_BY_PEER, Client, MuondError, error_info
 
 
 # After one daemon's call failed, how long the others get to answer before
@@ -23,9 +23,12 @@ AFTER_FAILURE_GRACE_S = 5.0
 def gather(futures, clients, what: str, grace_s: float = AFTER_FAILURE_GRACE_S):
     """The responses of concurrent calls, one per daemon, in rank order. On
     the first failure the others get up to `grace_s` to finish, then the ones
-    still running are cancelled and the failure is raised (as result's
+    still running are cancelled and a failure is raised (as result's
     MuondError): a peer of a failed step may never answer (a stopped daemon),
-    and waiting for it would hang the trainer."""
+    and waiting for it would hang the trainer. The failure raised is the
+    first to arrive, unless it is a REFUSED_BY_PEER echo (which only names
+    the refusing daemon, whose own answer names the param and the rule):
+    then the first failure in rank order that is not one."""
     changed = threading.Event()
     for f in futures:
         f.add_done_callback(lambda _: changed.set())
@@ -43,10 +46,36 @@ def gather(futures, clients, what: str, grace_s: float = AFTER_FAILURE_GRACE_S):
         if failed is not None and (not pending or time.monotonic() >= deadline):
             for j in pending:
                 futures[j].cancel()
-            result(futures[failed].result, clients[failed], what)  # raises
+            shown = _detailed_failure(futures, failed)
+            result(futures[shown].result, clients[shown], what)  # raises
         if pending:
             changed.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
     return [result(f.result, c, what) for f, c in zip(futures, clients)]
+
+
+def _detailed_failure(futures, first: int) -> int:
+    """The failed call whose error has the details: `first` (the first to
+    fail) unless it is a REFUSED_BY_PEER echo of another daemon's refusal,
+    then the first in rank order that is not, else `first`."""
+    if not _echoes_a_refusal(futures[first]):
+        return first
+    for i, f in enumerate(futures):
+        if not f.done():
+            continue
+        try:
+            e = f.exception()
+        except Exception:  # cancelled: no answer
+            continue
+        if e is not None and not _echoes_a_refusal(f):
+            return i
+    return first
+
+
+def _echoes_a_refusal(future) -> bool:
+    """The done, failed `future`'s error is a REFUSED_BY_PEER echo."""
+    e = future.exception()
+    info = error_info(e) if isinstance(e, grpc.RpcError) else None
+    return info is not None and info.reason == REFUSED_BY_PEER
 
 
 def result(call, client: Client, what: str):
