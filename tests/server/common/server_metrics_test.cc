@@ -60,8 +60,8 @@ TEST(DaemonMetrics, StepOutcomes) {
   // Every reason StepDone can produce is a series from the start: the ones
   // counted above with their counts, every other one at 0.
   std::vector<std::string> reasons = {"NONFINITE_SKIPPED", "PEER_GONE",
-                                      "NO_PLAN_YET", "ALREADY_REGISTERED",
-                                      "TRAINER_REFUSED"};
+                                      "NO_PLAN_YET",       "ALREADY_REGISTERED",
+                                      "TRAINER_REFUSED",   "REFUSED_BY_PEER"};
   for (int code = 1; code <= 16; ++code) {
     reasons.push_back(absl::StatusCodeToString(absl::StatusCode(code)));
   }
