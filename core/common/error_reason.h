@@ -50,8 +50,8 @@ enum class ErrorReason {
   // non-finite gradients or overrides) and the job refused it on every rank;
   // this rank's answer only names the refuser: metadata {"ranks": the job
   // ranks that refused, comma-separated}. That rank's answer has the details
-  // (the param and the rule): a client with several daemons raises it
-  // instead. Nothing was applied.
+  // (e.g. the param and the rule, or the step id): a client with several
+  // daemons raises it instead. Nothing was applied.
   kRefusedByPeer,
 };
 

@@ -26,8 +26,8 @@ absl::Status NonFiniteError(const std::vector<std::string>& bad) {
   return absl::InvalidArgumentError(absl::StrCat(
       "non-finite gradients (NaN or Inf) in: ", absl::StrJoin(bad, ", "),
       " (group/param); the step was not applied: fix or zero those "
-      "gradients and call step() again (muond-daemon --skip_nonfinite skips "
-      "such steps instead)"));
+      "gradients and send the step again (muond-daemon --skip_nonfinite "
+      "skips such steps instead)"));
 }
 
 }  // namespace muond

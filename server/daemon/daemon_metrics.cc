@@ -66,7 +66,8 @@ DaemonMetrics::DaemonMetrics()
           "muond_steps_refused_total",
           "Steps answered with an error, nothing applied, by reason: the "
           "error's ErrorReason name, else its gRPC code name (non-finite "
-          "gradients: INVALID_ARGUMENT); NONFINITE_SKIPPED: skipped for "
+          "gradients on this rank: INVALID_ARGUMENT; a step another rank "
+          "refused: REFUSED_BY_PEER); NONFINITE_SKIPPED: skipped for "
           "non-finite gradients (--skip_nonfinite)",
           {"reason"})),
       exchange_bytes_(registry_->AddCounter(

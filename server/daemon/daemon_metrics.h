@@ -47,7 +47,8 @@ class DaemonMetrics {
 
   // The reason label of a refused step: the status's ErrorReason name
   // (core/common/error_reason.h) when it carries one, else its canonical
-  // code's name (e.g. INVALID_ARGUMENT for non-finite gradients).
+  // code's name (e.g. INVALID_ARGUMENT for non-finite gradients on this
+  // rank; REFUSED_BY_PEER where another rank refused the step).
   static std::string RefusalReason(const absl::Status& status);
 
  private:

@@ -72,15 +72,24 @@ class FakeFuture:
         return self._done.is_set()
 
     def exception(self):
+        if self.cancelled:
+            raise grpc.FutureCancelledError()  # as grpc's futures do
         return self.error if self.fails else None
 
     def result(self):
+        if self.cancelled:
+            raise grpc.FutureCancelledError()
         if self.fails:
             raise self.error
         return self.value
 
     def cancel(self):
-        self.cancelled = True
+        """A pending call's cancel: done from now on, callbacks run."""
+        with self._lock:
+            if self._done.is_set():
+                return
+            self.cancelled = True
+        self._finish()
 
 
 class Client:

@@ -10,11 +10,12 @@
 // then the GTP split of dim 0 after padding), so nothing but the optimizer
 // moves data between ranks.
 //
-// Built twice (tests/core/step/BUILD): over Gloo and the CPU backend, and
-// with MUOND_STEP_TEST_CUDA over NCCL and the CUDA backend (one GPU per
-// rank; tagged gpu/multigpu; a domain larger than the GPU count is skipped,
-// since NCCL cannot put two ranks on one GPU). The parent process never
-// touches CUDA: forked children could not use it afterwards.
+// Built three times (tests/core/step/BUILD): over Gloo and the CPU backend,
+// its device-like twin (the CPU's math on a backend that calls itself a
+// device), and with MUOND_STEP_TEST_CUDA over NCCL and the CUDA backend (one
+// GPU per rank; tagged gpu/multigpu; a domain larger than the GPU count is
+// skipped, since NCCL cannot put two ranks on one GPU). The parent process
+// never touches CUDA: forked children could not use it afterwards.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>

@@ -111,8 +111,8 @@ except ImportError as _missing:
 
 # The client's errors and reasons, importable from here as before the
 # package existed (`except muond.torch.MuondError`).
-from muond.client import (ALREADY_REGISTERED, PEER_GONE, TRAINER_REFUSED, Client,
-                          InvalidArgumentError, MuondError, error_info)
+from muond.client import (ALREADY_REGISTERED, PEER_GONE, REFUSED_BY_PEER, TRAINER_REFUSED,
+                          Client, InvalidArgumentError, MuondError, error_info)
 from muond.shm import ShmBuffer
 from muond.torch.groups import (LIVE_KEYS, MAX_STEP_ID, check_gram_options, check_live,
                                 check_step_id)
@@ -124,7 +124,7 @@ from muond.torch.qk_clip import QKClip, QKClipAttention, QKClipMLA, reduce_max_l
 
 __all__ = [
     "ALREADY_REGISTERED", "Client", "InvalidArgumentError", "MuondError", "PEER_GONE",
-    "ShmBuffer", "TRAINER_REFUSED", "error_info",
+    "REFUSED_BY_PEER", "ShmBuffer", "TRAINER_REFUSED", "error_info",
     "AdamWOptions", "AddParamGroupError", "CUDA_IPC_HANDLE_SIZE", "ConnectionOptions",
     "LIVE_KEYS", "MAX_STEP_ID", "Muon", "NewtonSchulzOptions", "PlacementOptions",
     "QKClip", "QKClipAttention", "QKClipMLA", "ScalingOptions", "StateStorageOptions",
