@@ -143,31 +143,21 @@ absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     absl::Span<const MatrixView> momenta_in,
                                     absl::Span<const MatrixView> momenta_out,
                                     absl::Span<const MatrixView> ns_inputs,
-                                    absl::Span<const BlockScales> scales) {
+                                    absl::Span<const BlockScales> scales,
+                                    std::optional<float> grad_limit) {
   for (absl::Span<const MatrixView> momenta : {momenta_in, momenta_out}) {
     for (const MatrixView& momentum : momenta) {
       RETURN_IF_ERROR(CheckMomentumDType(options, momentum));
     }
+  }
+  if (grad_limit.has_value()) {
+    return backend.CheckedMuonMomentumBatch(grads, momenta_in, momenta_out,
+                                            options.momentum, options.nesterov,
+                                            ns_inputs, scales, *grad_limit);
   }
   return backend.MuonMomentumBatch(grads, momenta_in, momenta_out,
                                    options.momentum, options.nesterov,
                                    ns_inputs, scales);
-}
-
-absl::Status CheckedMuonMomentumPhaseBatch(
-    Backend& backend, const MuonOptions& options,
-    absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
-    absl::Span<const MatrixView> momenta_out,
-    absl::Span<const MatrixView> ns_inputs,
-    absl::Span<const BlockScales> scales, float grad_limit) {
-  for (absl::Span<const MatrixView> momenta : {momenta_in, momenta_out}) {
-    for (const MatrixView& momentum : momenta) {
-      RETURN_IF_ERROR(CheckMomentumDType(options, momentum));
-    }
-  }
-  return backend.CheckedMuonMomentumBatch(grads, momenta_in, momenta_out,
-                                          options.momentum, options.nesterov,
-                                          ns_inputs, scales, grad_limit);
 }
 
 absl::Status MuonMomentumPhaseBatch(Backend& backend,

@@ -13,6 +13,7 @@
 // orthogonalized_optimizers/muon.py and mixin.py, PyTorch's
 // torch/optim/_muon.py, and Keller Jordan's Muon post (momentum, Nesterov).
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -105,21 +106,15 @@ absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
 // written to momenta_out[i], which is momenta_in[i] (in place) or a buffer
 // of its own (the step engine's staged momentum: no copy of the state).
 // scales: fp8_e4m3 state's block scales, one per param (empty otherwise).
-absl::Status MuonMomentumPhaseBatch(Backend& backend,
-                                    const MuonOptions& options,
-                                    absl::Span<const MatrixView> grads,
-                                    absl::Span<const MatrixView> momenta_in,
-                                    absl::Span<const MatrixView> momenta_out,
-                                    absl::Span<const MatrixView> ns_inputs,
-                                    absl::Span<const BlockScales> scales = {});
-// MuonMomentumPhaseBatch that also checks the grads against grad_limit
-// (Backend::CheckedMuonMomentumBatch; the finding is Backend::TakeGradCheck's).
-absl::Status CheckedMuonMomentumPhaseBatch(
+// With `grad_limit` the grads are also checked against it as they are read
+// (Backend::CheckedMuonMomentumBatch; the finding is TakeGradCheck's).
+absl::Status MuonMomentumPhaseBatch(
     Backend& backend, const MuonOptions& options,
     absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
     absl::Span<const MatrixView> momenta_out,
     absl::Span<const MatrixView> ns_inputs,
-    absl::Span<const BlockScales> scales, float grad_limit);
+    absl::Span<const BlockScales> scales = {},
+    std::optional<float> grad_limit = std::nullopt);
 // In place.
 absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     const MuonOptions& options,

@@ -101,13 +101,8 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
     absent.push_back(Absent(m.momenta[k]));
     inputs.push_back(group.local[m.params[k]]);
   }
-  if (grad_limit.has_value()) {
-    return CheckedMuonMomentumPhaseBatch(*group.backend, options, m.grads,
-                                         m.momenta, absent, inputs, m.scales,
-                                         *grad_limit);
-  }
   return MuonMomentumPhaseBatch(*group.backend, options, m.grads, m.momenta,
-                                absent, inputs, m.scales);
+                                absent, inputs, m.scales, grad_limit);
 }
 
 // After the commit vote, device state: the new momentum of the params not in

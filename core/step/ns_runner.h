@@ -68,10 +68,10 @@ class NsRunner {
 
   // Orthogonalizes every matrix of `matrices` in place (NS + scale).
   // Same-shape matrices are chunked in list order up to
-  // NsBatchLimit(options.ns_batch_size, ...), or the largest batch (halving) whose workspace the
-  // budget grants at the shape's first Run, kept for every later Run; only a
-  // shape of which not even one matrix fits fails (ResourceExhausted with the
-  // numbers). So chunking depends on the param order and, past the budget, on
+  // NsBatchLimit(options.ns_batch_size, ...), or the largest batch (halving)
+  // whose workspace the budget grants at the shape's first Run, kept for
+  // every later Run; only a shape of which not even one matrix fits fails
+  // (ResourceExhausted with the numbers). So chunking depends on the param order and, past the budget, on
   // this rank's memory (only the NS home runs a matrix's NS); a
   // chunk of one runs unbatched (the bit-exact numerics contract), a chunk
   // lying back to back in memory (AllocateSlabs) runs batched in place, any

@@ -35,7 +35,7 @@ PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED, TRAINER_REFUSED, REFUSED_BY_PEER = R
 # REFUSED_BY_PEER  Step: another daemon refused the step (non-finite
 #                  gradients, overrides, ...) and the job refused it on every
 #                  rank, nothing applied; metadata {"ranks": the refusers},
-#                  whose own answers name the param and the rule
+#                  whose own answers have the details (param and rule, ...)
 
 
 def operator_client_id(token: str | None) -> str:

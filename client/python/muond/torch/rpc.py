@@ -57,7 +57,7 @@ def _detailed_failure(futures, first: int) -> int:
     """The failed call whose error has the details: `first` (the first to
     fail) unless it is a REFUSED_BY_PEER echo of another daemon's refusal,
     then the first in rank order that is not, else `first`."""
-    if not _echoes_a_refusal(futures[first]):
+    if not _echoes_a_refusal(futures[first].exception()):
         return first
     for i, f in enumerate(futures):
         if not f.done():
@@ -66,15 +66,14 @@ def _detailed_failure(futures, first: int) -> int:
             e = f.exception()
         except Exception:  # cancelled: no answer
             continue
-        if e is not None and not _echoes_a_refusal(f):
+        if e is not None and not _echoes_a_refusal(e):
             return i
     return first
 
 
-def _echoes_a_refusal(future) -> bool:
-    """The done, failed `future`'s error is a REFUSED_BY_PEER echo."""
-    e = future.exception()
-    info = error_info(e) if isinstance(e, grpc.RpcError) else None
+def _echoes_a_refusal(error) -> bool:
+    """A failed call's `error` is a REFUSED_BY_PEER echo."""
+    info = error_info(error) if isinstance(error, grpc.RpcError) else None
     return info is not None and info.reason == REFUSED_BY_PEER
 
 
