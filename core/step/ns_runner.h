@@ -71,9 +71,10 @@ class NsRunner {
   // NsBatchLimit(options.ns_batch_size, ...), or the largest batch (halving)
   // whose workspace the budget grants at the shape's first Run, kept for
   // every later Run; only a shape of which not even one matrix fits fails
-  // (ResourceExhausted with the numbers). So chunking depends on the param order and, past the budget, on
-  // this rank's memory (only the NS home runs a matrix's NS); a
-  // chunk of one runs unbatched (the bit-exact numerics contract), a chunk
+  // (ResourceExhausted with the numbers). So chunking depends on the param
+  // order and, past the budget, on this rank's memory (only the NS home runs
+  // a matrix's NS); a chunk of one runs unbatched (the bit-exact numerics
+  // contract), a chunk
   // lying back to back in memory (AllocateSlabs) runs batched in place, any
   // other chunk is staged through a buffer kept for the next step. `times`:
   // null, or where each chunk's wall time goes (the backend is synchronised
