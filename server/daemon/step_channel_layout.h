@@ -1,0 +1,66 @@
+#pragma once
+// The step channel's shared-memory layout: one home for the offsets that the
+// daemon (step_channel.cc) and the Python client (muond/step_channel.py)
+// share. All fields little-endian; a u32 field is naturally aligned. See
+// docs/ARCHITECTURE.md "The step channel".
+//
+// The trainer creates a POSIX shm object of
+// kRequestOffset + request_capacity + response_capacity bytes, writes the
+// header and names it in OpenStepChannel. A step is then:
+//   trainer: request bytes (a StepRequest) at kRequestOffset, request_len,
+//            request_op, then request_seq + 1 and FUTEX_WAKE(request_seq);
+//   daemon:  reads them with pread (never through a mapping: a trainer that
+//            shrinks the object cannot SIGBUS the daemon), answers at
+//            ResponseOffset(), response_len and response_kind, then
+//            response_seq = request_seq and FUTEX_WAKE(response_seq).
+// Liveness: each side holds an open-file-description lock (F_OFD_SETLK) on
+// one byte of the object (kTrainerLockByte, kDaemonLockByte) and tests the
+// other's with F_OFD_GETLK; the kernel drops a lock when its process dies.
+#include <cstdint>
+
+namespace muond::step_channel {
+
+inline constexpr uint64_t kMagic = 0x314843444E4F554DULL;  // "MUONDCH1"
+inline constexpr uint32_t kVersion = 1;
+
+// Header fields (byte offsets).
+inline constexpr uint64_t kMagicOffset = 0;              // u64
+inline constexpr uint64_t kVersionOffset = 8;            // u32
+inline constexpr uint64_t kRequestCapacityOffset = 12;   // u32
+inline constexpr uint64_t kResponseCapacityOffset = 16;  // u32
+// The futex words, each on its own cache line.
+inline constexpr uint64_t kRequestSeqOffset = 64;    // u32, trainer writes
+inline constexpr uint64_t kResponseSeqOffset = 128;  // u32, daemon writes
+inline constexpr uint64_t kRequestLenOffset = 192;   // u32, trainer writes
+inline constexpr uint64_t kRequestOpOffset = 196;    // u32, trainer writes
+inline constexpr uint64_t kResponseLenOffset = 256;  // u32, daemon writes
+inline constexpr uint64_t kResponseKindOffset = 260;  // u32, daemon writes
+inline constexpr uint64_t kRequestOffset = 4096;      // the request area
+
+inline constexpr uint64_t ResponseOffset(uint32_t request_capacity) {
+  return kRequestOffset + request_capacity;
+}
+
+// Lock bytes (F_OFD_SETLK ranges of length 1; they need no backing).
+inline constexpr uint64_t kTrainerLockByte = 0;
+inline constexpr uint64_t kDaemonLockByte = 1;
+
+// Each area holds at least a small request and at most 64 MiB.
+inline constexpr uint32_t kMinCapacity = 4096;
+inline constexpr uint32_t kMaxCapacity = 64u << 20;
+
+enum RequestOp : uint32_t {
+  kOpStep = 1,   // the request area holds a StepRequest
+  kOpClose = 2,  // the trainer closes the channel (no answer)
+};
+
+enum ResponseKind : uint32_t {
+  kStepResponse = 1,  // the response area holds a StepResponse
+  kRpcStatus = 2,     // ... a muond.v1.RpcStatus: the step failed as over gRPC
+  // The step's answer (applied, or refused) did not fit response_capacity:
+  // response_len holds its size; the trainer sends the same step over gRPC,
+  // which answers it from the daemon's record (StepResponse.replayed).
+  kTooLarge = 3,
+};
+
+}  // namespace muond::step_channel
