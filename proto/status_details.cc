@@ -89,6 +89,15 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(code, message, ErrorInfoDetails(status, message, reason));
 }
 
+std::string ToRpcStatusBytes(const absl::Status& status) {
+  const grpc::Status wire = ToGrpcStatus(status);
+  if (!wire.error_details().empty()) return wire.error_details();
+  v1::RpcStatus plain;
+  plain.set_code(static_cast<int>(wire.error_code()));
+  plain.set_message(wire.error_message());
+  return plain.SerializeAsString();
+}
+
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return AttachReason(

@@ -7,6 +7,7 @@
 #include <grpcpp/support/status.h>
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 
@@ -22,6 +23,12 @@ inline constexpr size_t kWireMessageBudgetBytes = 6144;
 // Code and message; with an ErrorReason attached, also the details:
 // RpcStatus{code, message, [Any(ErrorInfo{reason, "muond.dev", metadata})]}.
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// ToGrpcStatus's code, message and details as one serialized
+// muond.v1.RpcStatus (wire-compatible google.rpc.Status), also without an
+// ErrorReason: how a refusal travels outside gRPC (the step channel,
+// server/daemon/step_channel_layout.h).
+std::string ToRpcStatusBytes(const absl::Status& status);
 
 // Code and message; the ErrorReason of the first ErrorInfo with domain
 // "muond.dev" and a known reason in the details, if any. Details that do not

@@ -86,6 +86,11 @@ ABSL_FLAG(bool, allow_foreign_shm, false,
           "Map shm objects owned by other users too (by default the daemon "
           "maps only objects owned by its own effective uid, so a root "
           "daemon cannot be made to write another user's memory)");
+ABSL_FLAG(int, max_step_channels, 64,
+          "Step channels open at once (trainers on this host send steps "
+          "through shared memory instead of the Step RPC, a futex wake-up "
+          "instead of gRPC's: server/README.md \"Step channels\"); 0 turns "
+          "them off");
 ABSL_FLAG(int, log_every, 100, "Log a one-line step summary every N steps");
 ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
           "Address this daemon's Gloo listens on and advertises to its peers: "
@@ -162,6 +167,10 @@ int main(int argc, char** argv) {
   if (const int64_t b = absl::GetFlag(FLAGS_max_ns_workspace_bytes); b < 0) {
     LOG(ERROR) << "--max_ns_workspace_bytes=" << b
                << " must be >= 0 (0: no cap)";
+    return 2;
+  }
+  if (const int n = absl::GetFlag(FLAGS_max_step_channels); n < 0) {
+    LOG(ERROR) << "--max_step_channels=" << n << " must be >= 0 (0: off)";
     return 2;
   }
   const std::optional<muond::SymGemmSchedule> sym_gemm_schedule =
@@ -301,7 +310,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Unix sockets are private by file mode; TCP trainers must send the token.
-  muond::OptimizerService service(&table, is_unix ? std::string() : *token);
+  muond::StepChannelOptions channels;
+  channels.max_channels = absl::GetFlag(FLAGS_max_step_channels);
+  channels.allow_foreign_shm = absl::GetFlag(FLAGS_allow_foreign_shm);
+  muond::OptimizerService service(&table, is_unix ? std::string() : *token,
+                                  muond::kImportIdleTimeout, channels);
 
   // A second muond-daemon on a busy TCP port must fail, not share the trainers'
   // connections with the first (StartGrpcServer). The socket file is
@@ -352,6 +365,7 @@ int main(int argc, char** argv) {
     LOG(INFO) << "signal " << signum << ": shutting down";
     table.Shutdown();   // the Health RPC says it as grpc.health.v1 does:
     health.Shutdown();  // probes and Watch streams hear it before draining
+    service.ShutdownStepChannels();
     // In-flight calls get 2 s, then are cancelled: a long SaveState/LoadState
     // stops at its next tensor (it checks the call's cancellation) instead of
     // holding the exit until the file is done.

@@ -131,20 +131,21 @@ absl::Status CheckObject(const struct stat& st, const std::string& name,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MappedRegion>> HandleOpener::OpenShm(
-    const std::string& name, uint64_t byte_size, const std::string& field) {
-  if (absl::Status st = CheckShmName(name, field); !st.ok()) return st;
+absl::StatusOr<int> HandleOpener::OpenShmFile(const std::string& name,
+                                              uint64_t byte_size,
+                                              const std::string& field,
+                                              struct stat* st) const {
+  if (absl::Status s = CheckShmName(name, field); !s.ok()) return s;
   // O_NOFOLLOW: a symlink planted in /dev/shm must not redirect the mapping.
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
   if (fd < 0) return ShmError(field, name, "open");
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
+  if (fstat(fd, st) != 0) {
     absl::Status s = ShmError(field, name, "stat");
     close(fd);
     return s;
   }
   if (absl::Status s =
-          CheckObject(st, name, byte_size,
+          CheckObject(*st, name, byte_size,
                       allow_foreign_shm_ ? std::nullopt
                                          : std::optional<uid_t>(shm_owner_uid_),
                       field);
@@ -152,6 +153,15 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> HandleOpener::OpenShm(
     close(fd);
     return s;
   }
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<MappedRegion>> HandleOpener::OpenShm(
+    const std::string& name, uint64_t byte_size, const std::string& field) {
+  struct stat st;
+  absl::StatusOr<int> opened = OpenShmFile(name, byte_size, field, &st);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   // Only the declared bytes are mapped: the region, not the object, bounds
   // every view.
   void* base =

@@ -5,6 +5,7 @@
 // unmaps/closes on destruction. The daemon maps each region a registration
 // declares once (server/daemon/region_table.h) and keeps it until the params
 // are unregistered.
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -55,6 +56,13 @@ class HandleOpener {
   // messages name `field` and the object.
   virtual absl::StatusOr<std::unique_ptr<MappedRegion>> OpenShm(
       const std::string& name, uint64_t byte_size, const std::string& field);
+  // OpenShm's checks without the mapping: the object's descriptor (the
+  // caller closes it) after the name, ownership and size rules, with its
+  // fstat in `st`. The step channel reads its object with pread instead of
+  // a mapping (step_channel.h).
+  absl::StatusOr<int> OpenShmFile(const std::string& name, uint64_t byte_size,
+                                  const std::string& field,
+                                  struct stat* st) const;
   // cudaIpcOpenMemHandle of a 64-byte handle of an allocation on `device`,
   // of which the region covers the first `byte_size` (> 0) bytes. This base
   // implementation (host mode) answers FailedPrecondition.

@@ -48,15 +48,36 @@ grpc::Status OptimizerService::RegisterParams(
       response, "RegisterParams");
 }
 
+StepHandler OptimizerService::StepHandlerOf(OptimizerService* service) {
+  return [service](const v1::StepRequest& request) {
+    absl::StatusOr<v1::StepResponse> answer = service->StepOn(request);
+    if (!answer.ok()) {
+      LOG(WARNING) << "Step (step channel) refused: " << answer.status();
+    }
+    return answer;
+  };
+}
+
+absl::StatusOr<v1::StepResponse> OptimizerService::StepOn(
+    const v1::StepRequest& request) {
+  absl::StatusOr<std::shared_ptr<DaemonCore>> core =
+      CoreOf(request.optimizer());
+  if (!core.ok()) return core.status();
+  return (*core)->Step(request);
+}
+
 grpc::Status OptimizerService::Step(grpc::ServerContext* context,
                                     const v1::StepRequest* request,
                                     v1::StepResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  absl::StatusOr<std::shared_ptr<DaemonCore>> core =
-      CoreOf(request->optimizer());
-  if (!core.ok())
-    return Reply<v1::StepResponse>(core.status(), response, "Step");
-  return Reply((*core)->Step(*request), response, "Step");
+  return Reply(StepOn(*request), response, "Step");
+}
+
+grpc::Status OptimizerService::OpenStepChannel(
+    grpc::ServerContext* context, const v1::OpenStepChannelRequest* request,
+    v1::OpenStepChannelResponse* response) {
+  if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  return Reply(channels_.Open(*request), response, "OpenStepChannel");
 }
 
 grpc::Status OptimizerService::UnregisterParams(

@@ -29,11 +29,11 @@ inline constexpr uint64_t kVersionOffset = 8;            // u32
 inline constexpr uint64_t kRequestCapacityOffset = 12;   // u32
 inline constexpr uint64_t kResponseCapacityOffset = 16;  // u32
 // The futex words, each on its own cache line.
-inline constexpr uint64_t kRequestSeqOffset = 64;    // u32, trainer writes
-inline constexpr uint64_t kResponseSeqOffset = 128;  // u32, daemon writes
-inline constexpr uint64_t kRequestLenOffset = 192;   // u32, trainer writes
-inline constexpr uint64_t kRequestOpOffset = 196;    // u32, trainer writes
-inline constexpr uint64_t kResponseLenOffset = 256;  // u32, daemon writes
+inline constexpr uint64_t kRequestSeqOffset = 64;     // u32, trainer writes
+inline constexpr uint64_t kResponseSeqOffset = 128;   // u32, daemon writes
+inline constexpr uint64_t kRequestLenOffset = 192;    // u32, trainer writes
+inline constexpr uint64_t kRequestOpOffset = 196;     // u32, trainer writes
+inline constexpr uint64_t kResponseLenOffset = 256;   // u32, daemon writes
 inline constexpr uint64_t kResponseKindOffset = 260;  // u32, daemon writes
 inline constexpr uint64_t kRequestOffset = 4096;      // the request area
 
@@ -45,8 +45,10 @@ inline constexpr uint64_t ResponseOffset(uint32_t request_capacity) {
 inline constexpr uint64_t kTrainerLockByte = 0;
 inline constexpr uint64_t kDaemonLockByte = 1;
 
-// Each area holds at least a small request and at most 64 MiB.
-inline constexpr uint32_t kMinCapacity = 4096;
+// Each area: a multiple of 4096 bytes, at least 64 KiB (any refusal fits:
+// its message is cut to server/common/grpc_status.h's wire budget) and at
+// most 64 MiB.
+inline constexpr uint32_t kMinCapacity = 64u << 10;
 inline constexpr uint32_t kMaxCapacity = 64u << 20;
 
 enum RequestOp : uint32_t {

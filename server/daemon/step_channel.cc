@@ -1,0 +1,364 @@
+#include "server/daemon/step_channel.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/echo.h"
+#include "glog/logging.h"
+#include "proto/status_details.h"
+#include "server/daemon/step_channel_layout.h"
+
+namespace muond {
+namespace sc = step_channel;
+
+namespace {
+
+constexpr uint64_t kPageBytes = 4096;
+
+long Futex(const void* word, int op, uint32_t value,
+           const struct timespec* timeout) {
+  return syscall(SYS_futex, word, op, value, timeout, nullptr, 0);
+}
+
+bool ReadBytes(int fd, uint64_t offset, void* out, size_t n) {
+  char* dst = static_cast<char*>(out);
+  while (n > 0) {
+    const ssize_t got = pread(fd, dst, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;  // an error, or the object shrank
+    dst += got, offset += got, n -= got;
+  }
+  return true;
+}
+
+bool WriteBytes(int fd, uint64_t offset, const void* data, size_t n) {
+  const char* src = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t put = pwrite(fd, src, n, static_cast<off_t>(offset));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    src += put, offset += put, n -= put;
+  }
+  return true;
+}
+
+template <typename T>
+bool Read(int fd, uint64_t offset, T* value) {
+  return ReadBytes(fd, offset, value, sizeof *value);
+}
+
+template <typename T>
+bool Write(int fd, uint64_t offset, T value) {
+  return WriteBytes(fd, offset, &value, sizeof value);
+}
+
+struct flock OneByte(short type, uint64_t byte) {
+  struct flock lock = {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = static_cast<off_t>(byte);
+  lock.l_len = 1;
+  return lock;
+}
+
+// Whether another open file description holds a lock on `byte`: the
+// trainer's lock lives exactly as long as its process (or a fork of it).
+bool LockHeldByOther(int fd, uint64_t byte) {
+  struct flock lock = OneByte(F_WRLCK, byte);
+  if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return false;
+  return lock.l_type != F_UNLCK;
+}
+
+absl::Status HeaderError(const std::string& name, const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("shm_name: step channel '", Echo(name), "' ", what,
+                   " (server/daemon/step_channel_layout.h)"));
+}
+
+absl::Status CheckCapacity(const std::string& name, const char* field,
+                           uint32_t capacity) {
+  if (capacity % kPageBytes == 0 && capacity >= sc::kMinCapacity &&
+      capacity <= sc::kMaxCapacity) {
+    return absl::OkStatus();
+  }
+  return HeaderError(
+      name, absl::StrCat("has ", field, " ", capacity,
+                         "; it must be a multiple of ", kPageBytes, " in [",
+                         sc::kMinCapacity, ", ", sc::kMaxCapacity, "]"));
+}
+
+}  // namespace
+
+struct StepChannels::Channel {
+  std::string name;
+  int fd = -1;
+  // The header page, mapped only as the futex calls' address.
+  void* header = MAP_FAILED;
+  uint32_t request_capacity = 0;
+  uint32_t response_capacity = 0;
+  uint32_t last_seq = 0;
+  std::thread thread;
+  std::atomic<bool> done{false};
+
+  const uint32_t* word(uint64_t offset) const {
+    return reinterpret_cast<const uint32_t*>(static_cast<const char*>(header) +
+                                             offset);
+  }
+  // Drops the daemon's lock (with the last reference to the description).
+  void Release() {
+    if (header != MAP_FAILED) munmap(header, kPageBytes);
+    if (fd >= 0) close(fd);
+    header = MAP_FAILED;
+    fd = -1;
+  }
+  ~Channel() { Release(); }
+};
+
+StepChannels::StepChannels(StepHandler handler, StepChannelOptions options)
+    : handler_(std::move(handler)), options_(options) {
+  opener_.set_allow_foreign_shm(options_.allow_foreign_shm);
+}
+
+StepChannels::~StepChannels() {
+  Shutdown();
+  std::list<std::unique_ptr<Channel>> channels;
+  {
+    absl::MutexLock lock(&mu_);
+    channels.swap(channels_);
+  }
+  for (auto& channel : channels) channel->thread.join();
+}
+
+void StepChannels::Shutdown() {
+  stopping_.store(true);
+  absl::MutexLock lock(&mu_);
+  for (auto& channel : channels_) {
+    if (channel->header == MAP_FAILED) continue;  // ended already
+    Futex(channel->word(sc::kRequestSeqOffset), FUTEX_WAKE, 1, nullptr);
+  }
+}
+
+int StepChannels::open_channels() const {
+  absl::MutexLock lock(&mu_);
+  int open = 0;
+  for (const auto& channel : channels_) open += !channel->done.load();
+  return open;
+}
+
+void StepChannels::ReapFinished() {
+  for (auto it = channels_.begin(); it != channels_.end();) {
+    if (!(*it)->done.load()) {
+      ++it;
+      continue;
+    }
+    (*it)->thread.join();
+    it = channels_.erase(it);
+  }
+}
+
+absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
+    const v1::OpenStepChannelRequest& request) {
+  if (options_.max_channels <= 0) {
+    return absl::FailedPreconditionError(
+        "step channels are off on this daemon (muond-daemon "
+        "--max_step_channels=0): send steps with the Step RPC");
+  }
+  if (stopping_.load()) {
+    return absl::FailedPreconditionError(
+        "the daemon is shutting down: no new step channel");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ReapFinished();
+    if (static_cast<int>(channels_.size()) >= options_.max_channels) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this daemon has ", channels_.size(),
+          " step channels open, its --max_step_channels: close one (an "
+          "optimizer's close()) or send steps with the Step RPC"));
+    }
+  }
+  const std::string& name = request.shm_name();
+  auto channel = std::make_unique<Channel>();
+  channel->name = name;
+  struct stat st;
+  absl::StatusOr<int> fd =
+      opener_.OpenShmFile(name, sc::kRequestOffset, "shm_name", &st);
+  if (!fd.ok()) return fd.status();
+  channel->fd = *fd;
+  uint64_t magic = 0;
+  uint32_t version = 0;
+  if (!Read(channel->fd, sc::kMagicOffset, &magic) ||
+      !Read(channel->fd, sc::kVersionOffset, &version) ||
+      !Read(channel->fd, sc::kRequestCapacityOffset,
+            &channel->request_capacity) ||
+      !Read(channel->fd, sc::kResponseCapacityOffset,
+            &channel->response_capacity) ||
+      !Read(channel->fd, sc::kRequestSeqOffset, &channel->last_seq)) {
+    return HeaderError(name, "has no readable header");
+  }
+  if (magic != sc::kMagic) {
+    return HeaderError(name, "does not start with the channel's magic");
+  }
+  if (version != sc::kVersion) {
+    return HeaderError(
+        name, absl::StrCat("is layout version ", version,
+                           "; this daemon speaks version ", sc::kVersion));
+  }
+  for (auto [field, capacity] :
+       {std::pair{"request_capacity", channel->request_capacity},
+        std::pair{"response_capacity", channel->response_capacity}}) {
+    if (absl::Status s = CheckCapacity(name, field, capacity); !s.ok()) {
+      return s;
+    }
+  }
+  const uint64_t needed = sc::ResponseOffset(channel->request_capacity) +
+                          channel->response_capacity;
+  if (static_cast<uint64_t>(st.st_size) < needed) {
+    return HeaderError(
+        name, absl::StrCat("has ", st.st_size, " bytes; its capacities need ",
+                           needed));
+  }
+  if (!LockHeldByOther(channel->fd, sc::kTrainerLockByte)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shm_name: no process holds step channel '", Echo(name),
+        "''s trainer lock (an F_OFD_SETLK write lock on byte ",
+        sc::kTrainerLockByte, "): the daemon could not tell when it ends"));
+  }
+  struct flock mine = OneByte(F_WRLCK, sc::kDaemonLockByte);
+  if (fcntl(channel->fd, F_OFD_SETLK, &mine) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shm_name: step channel '", Echo(name),
+        "' is open in a daemon already (its daemon lock byte is held)"));
+  }
+  channel->header =
+      mmap(nullptr, kPageBytes, PROT_READ, MAP_SHARED, channel->fd, 0);
+  if (channel->header == MAP_FAILED) {
+    return absl::UnavailableError(
+        absl::StrCat("shm_name: cannot map step channel '", Echo(name),
+                     "': ", strerror(errno)));
+  }
+  absl::MutexLock lock(&mu_);
+  if (stopping_.load()) {
+    return absl::FailedPreconditionError(
+        "the daemon is shutting down: no new step channel");
+  }
+  Channel* raw = channel.get();
+  channels_.push_back(std::move(channel));
+  raw->thread = std::thread([this, raw] { Serve(raw); });
+  v1::OpenStepChannelResponse response;
+  response.set_version(sc::kVersion);
+  return response;
+}
+
+namespace {
+
+// The request in the channel's request area, or the refusal naming the
+// field and the rule.
+absl::StatusOr<v1::StepRequest> ReadRequest(int fd, uint32_t op, uint32_t len,
+                                            uint32_t capacity) {
+  if (op != sc::kOpStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step channel: request_op ", op, " is neither ",
+                     sc::kOpStep, " (step) nor ", sc::kOpClose, " (close)"));
+  }
+  if (len > capacity) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step channel: request_len ", len,
+                     " exceeds the channel's request_capacity ", capacity));
+  }
+  std::string bytes(len, '\0');
+  v1::StepRequest request;
+  if (!ReadBytes(fd, sc::kRequestOffset, bytes.data(), len) ||
+      !request.ParseFromString(bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step channel: the request's ", len,
+                     " bytes are not a muond.v1.StepRequest"));
+  }
+  return request;
+}
+
+}  // namespace
+
+void StepChannels::Serve(Channel* channel) {
+  const int fd = channel->fd;
+  const struct timespec idle = absl::ToTimespec(options_.idle_check);
+  std::string ended = "closed by the trainer";
+  while (true) {
+    if (stopping_.load()) {
+      ended = "the daemon is shutting down";
+      break;
+    }
+    uint32_t seq = 0;
+    if (!Read(fd, sc::kRequestSeqOffset, &seq)) {
+      ended = "the object shrank";
+      break;
+    }
+    if (seq == channel->last_seq) {
+      if (Futex(channel->word(sc::kRequestSeqOffset), FUTEX_WAIT,
+                channel->last_seq, &idle) != 0 &&
+          errno == ETIMEDOUT && !LockHeldByOther(fd, sc::kTrainerLockByte)) {
+        ended = "its trainer is gone";
+        break;
+      }
+      continue;
+    }
+    channel->last_seq = seq;
+    // The trainer wrote the request before its sequence number.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    uint32_t op = 0, len = 0;
+    if (!Read(fd, sc::kRequestOpOffset, &op) ||
+        !Read(fd, sc::kRequestLenOffset, &len)) {
+      ended = "the object shrank";
+      break;
+    }
+    if (op == sc::kOpClose) break;
+    absl::StatusOr<v1::StepRequest> request =
+        ReadRequest(fd, op, len, channel->request_capacity);
+    absl::StatusOr<v1::StepResponse> answer =
+        request.ok() ? handler_(*request)
+                     : absl::StatusOr<v1::StepResponse>(request.status());
+    std::string bytes;
+    uint32_t kind = sc::kStepResponse;
+    if (answer.ok()) {
+      answer->SerializeToString(&bytes);
+    } else {
+      bytes = ToRpcStatusBytes(answer.status());  // as over gRPC
+      kind = sc::kRpcStatus;
+    }
+    const uint32_t size = static_cast<uint32_t>(bytes.size());
+    if (bytes.size() > channel->response_capacity) kind = sc::kTooLarge;
+    const bool written =
+        (kind == sc::kTooLarge ||
+         WriteBytes(fd, sc::ResponseOffset(channel->request_capacity),
+                    bytes.data(), bytes.size())) &&
+        Write(fd, sc::kResponseLenOffset, size) &&
+        Write(fd, sc::kResponseKindOffset, kind);
+    // The answer before its sequence number.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!written || !Write(fd, sc::kResponseSeqOffset, seq)) {
+      ended = "the object shrank";
+      break;
+    }
+    Futex(channel->word(sc::kResponseSeqOffset), FUTEX_WAKE, INT32_MAX,
+          nullptr);
+  }
+  VLOG(1) << "step channel '" << Echo(channel->name) << "' ended: " << ended;
+  // Now, not at the reaping: the daemon's lock lives until both the mapping
+  // and the descriptor are gone, and the trainer reads its release as "the
+  // channel is closed".
+  absl::MutexLock lock(&mu_);
+  channel->Release();
+  channel->done.store(true);
+}
+
+}  // namespace muond

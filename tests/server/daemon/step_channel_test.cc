@@ -1,0 +1,380 @@
+// Step channels against a trainer written from step_channel_layout.h alone:
+// steps and refusals answered as the Step RPC answers them, every header
+// rule refused by name, and a trainer that vanishes, shrinks the object or
+// writes garbage ends its channel or gets a refusal, never a crashed daemon.
+#include "server/daemon/step_channel.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/common/error_reason.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "muond/v1/error_details.pb.h"
+#include "proto/status_details.h"
+#include "server/daemon/step_channel_layout.h"
+
+namespace muond {
+namespace {
+
+namespace sc = step_channel;
+using ::testing::HasSubstr;
+
+constexpr uint32_t kCapacity = sc::kMinCapacity;
+
+// The trainer's side, as a client in any language would write it.
+class Trainer {
+ public:
+  explicit Trainer(uint32_t request_capacity = kCapacity,
+                   uint32_t response_capacity = kCapacity)
+      // The clock too: sandboxed test runs may share pids.
+      : name_(absl::StrCat("/muond-step-channel-test-", getpid(), "-",
+                           absl::ToUnixNanos(absl::Now()), "-", counter_++)),
+        size_(sc::ResponseOffset(request_capacity) + response_capacity),
+        request_capacity_(request_capacity),
+        response_capacity_(response_capacity) {
+    fd_ = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    EXPECT_GE(fd_, 0);
+    EXPECT_EQ(ftruncate(fd_, static_cast<off_t>(size_)), 0);
+    base_ = static_cast<char*>(
+        mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
+    EXPECT_NE(base_, MAP_FAILED);
+    Put<uint64_t>(sc::kMagicOffset, sc::kMagic);
+    Put<uint32_t>(sc::kVersionOffset, sc::kVersion);
+    Put<uint32_t>(sc::kRequestCapacityOffset, request_capacity);
+    Put<uint32_t>(sc::kResponseCapacityOffset, response_capacity);
+    struct flock lock = {};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    lock.l_start = sc::kTrainerLockByte;
+    lock.l_len = 1;
+    EXPECT_EQ(fcntl(fd_, F_OFD_SETLK, &lock), 0);
+  }
+  ~Trainer() {
+    Vanish();
+    shm_unlink(name_.c_str());
+  }
+
+  v1::OpenStepChannelRequest OpenRequest() const {
+    v1::OpenStepChannelRequest request;
+    request.set_shm_name(name_);
+    return request;
+  }
+
+  template <typename T>
+  void Put(uint64_t offset, T value) {
+    std::memcpy(base_ + offset, &value, sizeof value);
+  }
+  template <typename T>
+  T Get(uint64_t offset) const {
+    T value;
+    std::memcpy(&value, base_ + offset, sizeof value);
+    return value;
+  }
+
+  // Sends `op` with the request bytes and returns the new sequence number.
+  uint32_t Send(const std::string& bytes, uint32_t op = sc::kOpStep,
+                uint32_t len_override = UINT32_MAX) {
+    std::memcpy(base_ + sc::kRequestOffset, bytes.data(), bytes.size());
+    Put<uint32_t>(sc::kRequestLenOffset, len_override == UINT32_MAX
+                                             ? uint32_t(bytes.size())
+                                             : len_override);
+    Put<uint32_t>(sc::kRequestOpOffset, op);
+    const uint32_t seq = Get<uint32_t>(sc::kRequestSeqOffset) + 1;
+    __atomic_store_n(reinterpret_cast<uint32_t*>(base_ + sc::kRequestSeqOffset),
+                     seq, __ATOMIC_RELEASE);
+    syscall(SYS_futex, base_ + sc::kRequestSeqOffset, FUTEX_WAKE, 1, nullptr,
+            nullptr, 0);
+    return seq;
+  }
+
+  // Waits (futex) for the answer to `seq`; false after `within`.
+  bool Await(uint32_t seq, absl::Duration within = absl::Seconds(10)) {
+    const absl::Time deadline = absl::Now() + within;
+    auto* word = reinterpret_cast<uint32_t*>(base_ + sc::kResponseSeqOffset);
+    while (absl::Now() < deadline) {
+      const uint32_t now = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+      if (now == seq) return true;
+      struct timespec slice = {0, 50'000'000};
+      syscall(SYS_futex, word, FUTEX_WAIT, now, &slice, nullptr, 0);
+    }
+    return false;
+  }
+
+  uint32_t kind() const { return Get<uint32_t>(sc::kResponseKindOffset); }
+  std::string Answer() const {
+    return std::string(base_ + sc::ResponseOffset(request_capacity_),
+                       Get<uint32_t>(sc::kResponseLenOffset));
+  }
+  v1::StepResponse Response() const {
+    v1::StepResponse response;
+    EXPECT_EQ(kind(), sc::kStepResponse);
+    EXPECT_TRUE(response.ParseFromString(Answer()));
+    return response;
+  }
+  v1::RpcStatus Refusal() const {
+    v1::RpcStatus status;
+    EXPECT_EQ(kind(), sc::kRpcStatus);
+    EXPECT_TRUE(status.ParseFromString(Answer()));
+    return status;
+  }
+
+  // The trainer's process ends: its mapping and lock go.
+  void Vanish() {
+    if (base_ != MAP_FAILED && base_ != nullptr) munmap(base_, size_);
+    if (fd_ >= 0) close(fd_);
+    base_ = nullptr;
+    fd_ = -1;
+  }
+  int fd() const { return fd_; }
+  char* base() const { return base_; }
+
+ private:
+  static inline std::atomic<int> counter_{0};
+  std::string name_;
+  uint64_t size_;
+  uint32_t request_capacity_;
+  uint32_t response_capacity_;
+  int fd_ = -1;
+  char* base_ = nullptr;
+};
+
+std::string StepBytes(int64_t step_id) {
+  v1::StepRequest request;
+  request.set_job_id("job");
+  request.set_step_id(step_id);
+  return request.SerializeAsString();
+}
+
+// Answers step_id back; step 13 is refused with a reason; step 99 answers
+// with more than a 64 KiB response area holds.
+absl::StatusOr<v1::StepResponse> EchoHandler(const v1::StepRequest& request) {
+  if (request.step_id() == 13) {
+    return WithErrorReason(
+        absl::InvalidArgumentError("group 0/param w: non-finite gradient"),
+        ErrorReason::kTrainerRefused, {{"ranks", "0"}});
+  }
+  v1::StepResponse response;
+  response.set_step_id(request.step_id());
+  if (request.step_id() == 99) {
+    for (int i = 0; i < 2000; ++i) {
+      response.add_skipped_nonfinite(std::string(64, 'p'));
+    }
+  }
+  return response;
+}
+
+StepChannelOptions FastOptions(int max_channels = 4) {
+  StepChannelOptions options;
+  options.max_channels = max_channels;
+  options.idle_check = absl::Milliseconds(20);
+  return options;
+}
+
+bool EventuallyOpen(const StepChannels& channels, int want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (channels.open_channels() != want && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return channels.open_channels() == want;
+}
+
+TEST(StepChannelTest, StepsAreAnsweredInOrder) {
+  StepChannels channels(EchoHandler, FastOptions());
+  Trainer trainer;
+  absl::StatusOr<v1::OpenStepChannelResponse> opened =
+      channels.Open(trainer.OpenRequest());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(opened->version(), sc::kVersion);
+  for (int64_t step = 1; step <= 50; ++step) {
+    if (step == 13) continue;
+    const uint32_t seq = trainer.Send(StepBytes(step));
+    ASSERT_TRUE(trainer.Await(seq)) << "step " << step;
+    EXPECT_EQ(trainer.Response().step_id(), step);
+  }
+  EXPECT_EQ(channels.open_channels(), 1);
+}
+
+TEST(StepChannelTest, RefusalIsTheStepRpcsStatus) {
+  StepChannels channels(EchoHandler, FastOptions());
+  Trainer trainer;
+  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(13))));
+  const v1::RpcStatus refusal = trainer.Refusal();
+  v1::StepRequest thirteen;
+  thirteen.set_step_id(13);
+  EXPECT_EQ(trainer.Answer(), ToRpcStatusBytes(EchoHandler(thirteen).status()));
+  EXPECT_EQ(refusal.code(), 3);
+  EXPECT_THAT(refusal.message(), HasSubstr("param w"));
+  ASSERT_EQ(refusal.details_size(), 1);
+  v1::ErrorInfo info;
+  ASSERT_TRUE(info.ParseFromString(refusal.details(0).value()));
+  EXPECT_EQ(info.reason(), "TRAINER_REFUSED");
+  EXPECT_EQ(info.metadata().at("ranks"), "0");
+  // The channel goes on after a refusal.
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(14))));
+  EXPECT_EQ(trainer.Response().step_id(), 14);
+}
+
+TEST(StepChannelTest, AnswerTooLargeSaysItsSize) {
+  StepChannels channels(EchoHandler, FastOptions());
+  Trainer trainer;
+  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(99))));
+  EXPECT_EQ(trainer.kind(), sc::kTooLarge);
+  v1::StepRequest request;
+  request.set_step_id(99);
+  EXPECT_EQ(trainer.Get<uint32_t>(sc::kResponseLenOffset),
+            EchoHandler(request)->ByteSizeLong());
+}
+
+TEST(StepChannelTest, MalformedRequestsAreRefusedByRule) {
+  StepChannels channels(EchoHandler, FastOptions());
+  Trainer trainer;
+  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+  struct Case {
+    std::string bytes;
+    uint32_t op;
+    uint32_t len;
+    const char* says;
+  } cases[] = {
+      {StepBytes(1), 7, UINT32_MAX, "request_op 7"},
+      {StepBytes(1), sc::kOpStep, kCapacity + 1, "exceeds the channel's"},
+      {std::string("\xff\xff\xff\xff\x0f", 5), sc::kOpStep, UINT32_MAX,
+       "not a muond.v1.StepRequest"},
+  };
+  for (const Case& c : cases) {
+    ASSERT_TRUE(trainer.Await(trainer.Send(c.bytes, c.op, c.len)));
+    const v1::RpcStatus refusal = trainer.Refusal();
+    EXPECT_EQ(refusal.code(), 3) << c.says;
+    EXPECT_THAT(refusal.message(), HasSubstr(c.says));
+  }
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(2))));
+  EXPECT_EQ(trainer.Response().step_id(), 2);
+}
+
+TEST(StepChannelTest, HeaderRulesAreRefusedByName) {
+  StepChannels channels(EchoHandler, FastOptions());
+  struct Case {
+    uint64_t offset;
+    uint64_t value;
+    int width;
+    const char* says;
+  } cases[] = {
+      {sc::kMagicOffset, 42, 8, "magic"},
+      {sc::kVersionOffset, 9, 4, "layout version 9"},
+      {sc::kRequestCapacityOffset, 4096, 4, "request_capacity 4096"},
+      {sc::kResponseCapacityOffset, kCapacity + 1, 4, "response_capacity"},
+      {sc::kResponseCapacityOffset, 2 * kCapacity, 4, "capacities need"},
+  };
+  for (const Case& c : cases) {
+    Trainer trainer;
+    if (c.width == 8) {
+      trainer.Put<uint64_t>(c.offset, c.value);
+    } else {
+      trainer.Put<uint32_t>(c.offset, uint32_t(c.value));
+    }
+    absl::StatusOr<v1::OpenStepChannelResponse> opened =
+        channels.Open(trainer.OpenRequest());
+    EXPECT_TRUE(absl::IsInvalidArgument(opened.status())) << c.says;
+    EXPECT_THAT(opened.status().message(), HasSubstr(c.says));
+  }
+  v1::OpenStepChannelRequest missing;
+  missing.set_shm_name("/muond-step-channel-test-no-such-object");
+  EXPECT_TRUE(absl::IsNotFound(channels.Open(missing).status()));
+  v1::OpenStepChannelRequest escaping;
+  escaping.set_shm_name("/../etc/passwd");
+  EXPECT_TRUE(absl::IsInvalidArgument(channels.Open(escaping).status()));
+  EXPECT_EQ(channels.open_channels(), 0);
+}
+
+TEST(StepChannelTest, ChannelNeedsItsTrainersLockAndOneDaemon) {
+  StepChannels channels(EchoHandler, FastOptions());
+  StepChannels other_daemon(EchoHandler, FastOptions());
+  Trainer trainer;
+  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+  absl::StatusOr<v1::OpenStepChannelResponse> again =
+      other_daemon.Open(trainer.OpenRequest());
+  EXPECT_TRUE(absl::IsFailedPrecondition(again.status()));
+  EXPECT_THAT(again.status().message(), HasSubstr("open in a daemon already"));
+
+  Trainer unlocked;
+  struct flock unlock = {};
+  unlock.l_type = F_UNLCK;
+  unlock.l_whence = SEEK_SET;
+  unlock.l_start = sc::kTrainerLockByte;
+  unlock.l_len = 1;
+  ASSERT_EQ(fcntl(unlocked.fd(), F_OFD_SETLK, &unlock), 0);
+  absl::StatusOr<v1::OpenStepChannelResponse> no_lock =
+      channels.Open(unlocked.OpenRequest());
+  EXPECT_TRUE(absl::IsFailedPrecondition(no_lock.status()));
+  EXPECT_THAT(no_lock.status().message(), HasSubstr("trainer lock"));
+}
+
+TEST(StepChannelTest, LimitCountsOpenChannelsAndCloseFreesOne) {
+  StepChannels channels(EchoHandler, FastOptions(/*max_channels=*/2));
+  Trainer a, b, c;
+  ASSERT_TRUE(channels.Open(a.OpenRequest()).ok());
+  ASSERT_TRUE(channels.Open(b.OpenRequest()).ok());
+  absl::StatusOr<v1::OpenStepChannelResponse> third =
+      channels.Open(c.OpenRequest());
+  EXPECT_TRUE(absl::IsResourceExhausted(third.status()));
+  EXPECT_THAT(third.status().message(), HasSubstr("--max_step_channels"));
+  a.Send("", sc::kOpClose);
+  ASSERT_TRUE(EventuallyOpen(channels, 1));
+  EXPECT_TRUE(channels.Open(c.OpenRequest()).ok());
+
+  StepChannels off(EchoHandler, FastOptions(/*max_channels=*/0));
+  Trainer d;
+  EXPECT_TRUE(absl::IsFailedPrecondition(off.Open(d.OpenRequest()).status()));
+}
+
+TEST(StepChannelTest, VanishedTrainerEndsItsChannel) {
+  StepChannels channels(EchoHandler, FastOptions());
+  Trainer trainer;
+  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+  ASSERT_TRUE(EventuallyOpen(channels, 1));
+  trainer.Vanish();
+  EXPECT_TRUE(EventuallyOpen(channels, 0));
+}
+
+TEST(StepChannelTest, ShrunkObjectNeverCrashesTheDaemon) {
+  StepChannels channels(EchoHandler, FastOptions());
+  Trainer trainer;
+  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+  // Only the header page left: the request area reads short.
+  ASSERT_EQ(ftruncate(trainer.fd(), 4096), 0);
+  ASSERT_TRUE(trainer.Await(trainer.Send("", sc::kOpStep, 100)));
+  EXPECT_THAT(trainer.Refusal().message(), HasSubstr("not a muond.v1"));
+  // Nothing left: the daemon's reads fail and the channel ends.
+  ASSERT_EQ(ftruncate(trainer.fd(), 0), 0);
+  EXPECT_TRUE(EventuallyOpen(channels, 0));
+  Trainer next;
+  ASSERT_TRUE(channels.Open(next.OpenRequest()).ok());
+  ASSERT_TRUE(next.Await(next.Send(StepBytes(3))));
+  EXPECT_EQ(next.Response().step_id(), 3);
+}
+
+TEST(StepChannelTest, ShutdownEndsIdleChannelsAndRefusesNewOnes) {
+  auto channels =
+      std::make_unique<StepChannels>(EchoHandler, FastOptions(/*max=*/4));
+  Trainer a, b;
+  ASSERT_TRUE(channels->Open(a.OpenRequest()).ok());
+  channels->Shutdown();
+  EXPECT_TRUE(EventuallyOpen(*channels, 0));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(channels->Open(b.OpenRequest()).status()));
+  channels.reset();  // joins
+}
+
+}  // namespace
+}  // namespace muond
