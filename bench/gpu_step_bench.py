@@ -61,11 +61,12 @@ SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-
 TORCH_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 H200_DENSE_PEAK = 989e12  # bf16/fp16 dense tensor-core FLOP/s, the H200 data sheet
 COLUMNS = ["torch", "peer_a", "peer_b", "inproc_std", "inproc_gram", "daemon_std",
-           "daemon_gram"]
+           "daemon_gram", "daemon_gram_grpc"]
 TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "peer_b": "peer (b) defaults", "inproc_std": "muond in-process std",
           "inproc_gram": "muond in-process gram", "daemon_std": "muond daemon std",
-          "daemon_gram": "muond daemon gram"}
+          "daemon_gram": "muond daemon gram",
+          "daemon_gram_grpc": "muond daemon gram, Step RPC"}
 # Speed targets, muond gram through the daemon: x faster than (peer a, peer b, torch).
 GOALS = {"llama3_8b": (1.1, 1.1, 1.9), "qwen3_1_7b": (1.1, 1.1, 1.8),
          "qwen3_30b_a3b": (1.3, 1.3, 7.0)}
@@ -238,7 +239,8 @@ def muond_gram_kwargs(algorithm, o):
     return kw
 
 
-def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algorithm, o):
+def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algorithm, o,
+                 step_channel=True):
     import torch
     from daemon_harness import Daemon
     from muond.torch import Muon
@@ -250,7 +252,7 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
                    daemons=[d.address], job_id=job, coefficient_type="simple",
                    scale_mode="original", extra_scale_factor=1.0, fp32_matmul_prec="medium",
                    ns_batch_size=ns_batch_size, use_syrk=syrk and algorithm == "standard",
-                   **muond_gram_kwargs(algorithm, o), **SETTINGS)
+                   step_channel=step_channel, **muond_gram_kwargs(algorithm, o), **SETTINGS)
         try:
             opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
             for p, g in zip(ps, grads):
@@ -266,7 +268,8 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
 
             med = timed(step, reps, warmup)
             dm = sorted(daemon_ms[warmup:])
-            print_breakdown(algorithm, parts[warmup:])
+            print_breakdown(algorithm + ("" if step_channel else ", Step RPC"),
+                            parts[warmup:])
         finally:
             opt.close()
     del ps, params, grads
@@ -364,7 +367,8 @@ def run_set(name, manifest, layers, ns_batch, a, o):
             else:
                 res = guarded(c, bench_daemon, shapes, a.reps, a.warmup, f"{name}{r}{c}",
                               a.log_dir, ns_batch, a.syrk,
-                              "standard" if c.endswith("std") else "gram", o)
+                              "standard" if c.endswith("std") else "gram", o,
+                              step_channel=not c.endswith("_grpc"))
                 if res:
                     row[c], row[c + "_side"] = res
         rows.append(row)
@@ -409,8 +413,9 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
     if muond:
         lines += ["", "(daemon columns: wall ms per step (daemon-side ms).)", "",
                   "| round | muond gram daemon: vs peer (a) | vs peer (b) | vs torch | "
-                  "daemon / in-process std | daemon / in-process gram |",
-                  "|---|---|---|---|---|---|"]
+                  "daemon / in-process std | daemon / in-process gram | "
+                  "daemon over the Step RPC / in-process gram |",
+                  "|---|---|---|---|---|---|---|"]
     for k, row in enumerate(rows if muond else []):
         d = row.get("daemon_gram")
         cells = [ratio(row.get("peer_a"), d), ratio(row.get("peer_b"), d),
@@ -422,7 +427,8 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
                 s += f" ({'met' if v >= goal[j] else 'missed'}: goal {goal[j]}x)"
             txt.append(s)
         txt += [fmt(ratio(row.get("daemon_std"), row.get("inproc_std")), ".3f"),
-                fmt(ratio(row.get("daemon_gram"), row.get("inproc_gram")), ".3f")]
+                fmt(ratio(row.get("daemon_gram"), row.get("inproc_gram")), ".3f"),
+                fmt(ratio(row.get("daemon_gram_grpc"), row.get("inproc_gram")), ".3f")]
         lines.append(f"| {k + 1} | " + " | ".join(txt) + " |")
     # Efficiency: the median over rounds of each column.
     lines += ["", "| column | ms (rounds) | effective NS TFLOP/s | NS the column runs | "

@@ -5,18 +5,20 @@ step costs that is not optimizer math.
 
 Starts a muond-coordinator and one host-mode muond-daemon (shared memory, Unix
 socket), registers muond.torch.Muon with (a) one 8x8 param and (b) 388 small
-params (64x32, the MoE set's param count), and runs a few hundred steps.
-Per step it splits the client's wall time of ``opt.step()`` into
+params (64x32, the MoE set's param count), and runs a few hundred steps,
+each after --gap-ms of idle time (the trainer's forward and backward), once
+over the Step RPC and once through the step channel (shared memory and a
+futex), side by side. Per step it splits the client's wall time of
+``opt.step()`` into
 
-    client Python = wall - rpc        (grad re-pointing, overrides, futures)
-    gRPC + server = rpc - daemon      (transport, handler, bookkeeping)
-    daemon        = timings.total_us  (the step engine's phases)
+    client Python      = wall - rpc        (checks, overrides, the request)
+    transport + server = rpc - daemon      (transport, handler, bookkeeping)
+    daemon             = timings.total_us  (the step engine's phases)
 
-and compares gRPC + server with the transport floor: a bare Health RPC on
-the same channel (same socket, a handler that does nothing), back to back and
-after an idle gap as long as the daemon's step (the trainer's thread sleeps
-that long in a Step; waking idle threads costs extra on some machines, e.g.
-VMs). All figures p50 / p99 µs.
+and compares transport + server with gRPC's floor: a bare Health RPC on the
+same socket (a handler that does nothing), back to back and after an idle gap
+as long as a step's (both ends' gRPC threads sleep that long; waking them
+costs extra). All figures p50 / p99 µs.
 
     bazel build //server/daemon:muond-daemon //server/coordinator:muond-coordinator
     .venv/bin/python bench/rpc_overhead.py --steps 500
@@ -63,18 +65,20 @@ def timed_calls(fn, n, warmup):
     return out
 
 
-def run_case(job, shapes, steps, warmup, profile):
+def run_case(job, shapes, steps, warmup, profile, step_channel=True, gap_s=0.0):
     torch.manual_seed(0)
     params = [torch.nn.Parameter(0.02 * torch.randn(s)) for s in shapes]
     with Daemon(job, host=True) as d:
         opt = Muon([{"params": params, "param_names": [f"p{i}" for i in range(len(params))]}],
-                   lr=0.02, weight_decay=0.1, daemons=[d.address], job_id=job)
+                   lr=0.02, weight_decay=0.1, daemons=[d.address], job_id=job,
+                   step_channel=step_channel)
         try:
             opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
             for p in params:
                 p.grad.normal_(0, 1e-3)
             rows = []
             for i in range(warmup + steps):
+                time.sleep(gap_s)  # the trainer's forward and backward
                 t0 = time.perf_counter()
                 opt.step()
                 wall = (time.perf_counter() - t0) * 1e6
@@ -82,12 +86,12 @@ def run_case(job, shapes, steps, warmup, profile):
                     rows.append(dict(opt.last_timings, wall_us=wall))
             # The transport floor: a Health RPC (same channel, a handler that
             # does nothing), back to back and after an idle gap as long as the
-            # daemon's step (a Step's client sleeps that long; waking an idle
-            # process costs extra on some machines).
+            # trainer's gap plus the daemon's step (the daemon's gRPC threads
+            # sleep that long; waking them costs extra).
             client = opt.clients[0]
             health_req = pb.HealthRequest()
             health = timed_calls(lambda: client.stub.Health(health_req), steps, warmup)
-            gap = pct([r["total_us"] for r in rows], 0.5) / 1e6
+            gap = gap_s + pct([r["total_us"] for r in rows], 0.5) / 1e6
 
             def idle_health():
                 time.sleep(gap)
@@ -127,25 +131,32 @@ def main() -> int:
                     help="each param's shape in case (b), RxC (small: the overhead, not the math)")
     ap.add_argument("--cases", default="one,many", help="which cases: one, many")
     ap.add_argument("--profile", action="store_true", help="cProfile the client's step()")
+    ap.add_argument("--gap-ms", type=float, default=20.0,
+                    help="idle time before each step, as a trainer's forward and backward")
     a = ap.parse_args()
     os.environ["MUOND_BIN"] = a.bin  # the harness's binaries
     torch.set_num_threads(1)
     shape = tuple(int(n) for n in a.shape.split("x"))
     cases = [("one 8x8 param", [(8, 8)]), (f"{a.many} params {a.shape}", [shape] * a.many)]
     print(f"{a.steps} steps per case after {a.warmup} warm-up; p50 / p99 µs\n")
-    print("| case | step wall | client Python | Step RPC | gRPC + server | daemon total "
-          "| Health RPC | Health RPC after idle gap | gRPC + server / idle Health (p50) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"{a.gap_ms:g} ms idle before each step (the trainer's forward and backward)\n")
+    print("| case | transport | step wall | client Python | Step call | transport + server "
+          "| daemon total | Health RPC | Health RPC after idle gap | transport + server / "
+          "idle Health (p50) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     profiles = []
     cases = [c for c, key in zip(cases, ("one", "many")) if key in a.cases.split(",")]
     for k, (name, shapes) in enumerate(cases):
-        r = run_case(f"rpcbench{os.getpid()}x{k}", shapes, a.steps, a.warmup, a.profile)
-        print(f"| {name} | {fmt(r['wall'])} | {fmt(r['client'])} | {fmt(r['rpc'])} | "
-              f"{fmt(r['server'])} | {fmt(r['total'])} | {fmt(r['health'])} | "
-              f"{fmt(r['idle_health'])} | "
-              f"{pct(r['server'], .5) / pct(r['idle_health'], .5):.2f} |", flush=True)
-        if r["prof"]:
-            profiles.append((name, r["prof"]))
+        for channel in (False, True):  # side by side, the same daemon build
+            r = run_case(f"rpcbench{os.getpid()}x{k}{int(channel)}", shapes, a.steps, a.warmup,
+                         a.profile, step_channel=channel, gap_s=a.gap_ms / 1e3)
+            print(f"| {name} | {'step channel' if channel else 'Step RPC'} | {fmt(r['wall'])} | "
+                  f"{fmt(r['client'])} | {fmt(r['rpc'])} | "
+                  f"{fmt(r['server'])} | {fmt(r['total'])} | {fmt(r['health'])} | "
+                  f"{fmt(r['idle_health'])} | "
+                  f"{pct(r['server'], .5) / pct(r['idle_health'], .5):.2f} |", flush=True)
+            if r["prof"]:
+                profiles.append((f"{name}, step channel {channel}", r["prof"]))
     for name, text in profiles:
         print(f"\n== cProfile of step(), {name} ==\n{text}")
     return 0
