@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 
 from muond import _rules
+from muond.step_channel import ChannelAnswerTooLarge, ChannelUnusable, StepChannel
 from muond.v1 import error_details_pb2
 from muond.v1 import muond_pb2 as pb
 from muond.v1 import muond_pb2_grpc as pb_grpc
@@ -244,6 +245,9 @@ class Client:
     "Optimizer instances"); None or "" is the daemon's default one. With a
     name given (even ""), ``health()`` asks about that instance, else about
     the daemon as a whole.
+
+    ``open_step_channel`` makes ``step()`` go through shared memory
+    (muond.step_channel), with the same answers and errors as the Step RPC.
     """
 
     def __init__(self, address: str, timeout: float | None = None, *,
@@ -272,8 +276,10 @@ class Client:
         if token:
             channel = grpc.intercept_channel(channel, _TokenInterceptor(token))
         self.stub = pb_grpc.OptimizerStub(channel)
+        self._step_channel: StepChannel | None = None
 
     def close(self) -> None:
+        self.close_step_channel()
         self._channel.close()
 
     def __enter__(self):
@@ -301,11 +307,61 @@ class Client:
         grad-None rule; StepRequest.skip_params). ``trainer_refusal``: why the
         trainer refuses this step (StepRequest.trainer_refusal): every rank of
         the job then fails it at once and nothing changes."""
+        request = _step_request(job_id, step_id, overrides, client_id, skip_params,
+                                self._name, trainer_refusal)
+        channel = self._step_channel
+        if channel is not None:
+            response = self._step_through(channel, request)
+            if response is not None:
+                return response
         # A blocking call runs on this thread; a future makes grpc start a
         # channel polling thread per call (~100 µs more per step).
-        return self.stub.Step(_step_request(job_id, step_id, overrides, client_id, skip_params,
-                                            self._name, trainer_refusal),
-                              timeout=self.timeout)
+        return self.stub.Step(request, timeout=self.timeout)
+
+    def _step_through(self, channel: StepChannel, request) -> pb.StepResponse | None:
+        """The step channel's answer to ``request``, or None when it was not
+        sent there (step() sends it over gRPC). A failure raises as the Step
+        RPC's would; a channel whose step's outcome is unknown is closed."""
+        try:
+            return channel.step(request, self.timeout)
+        except ChannelUnusable:
+            return None
+        except ChannelAnswerTooLarge:
+            response = self.stub.Step(request, timeout=self.timeout)
+            # The daemon's record of this very request, which it answered
+            # through the channel: no other process's step (process_guard).
+            response.replayed = False
+            return response
+        finally:
+            if channel.broken or channel.closed:
+                self._drop_step_channel(channel)
+
+    def open_step_channel(self, job_id: str, request_capacity: int,
+                          response_capacity: int) -> bool:
+        """Opens a step channel to the daemon (muond.step_channel; replacing
+        one open), through which step() then sends StepRequests of up to
+        ``request_capacity`` bytes (larger ones go over gRPC). False when
+        this host or the daemon cannot have one: step() keeps using gRPC.
+        Capacities: multiples of 4096 in [64 KiB, 64 MiB]."""
+        self.close_step_channel()
+        self._step_channel = StepChannel.open(self, job_id, request_capacity,
+                                              response_capacity)
+        return self._step_channel is not None
+
+    def close_step_channel(self) -> None:
+        """step() goes over gRPC again."""
+        channel, self._step_channel = self._step_channel, None
+        if channel is not None:
+            channel.close()
+
+    @property
+    def has_step_channel(self) -> bool:
+        return self._step_channel is not None
+
+    def _drop_step_channel(self, channel: StepChannel) -> None:
+        if self._step_channel is channel:
+            self._step_channel = None
+        channel.close()
 
     def step_future(self, job_id, step_id, overrides=(), client_id="", skip_params=(),
                     trainer_refusal=""):
