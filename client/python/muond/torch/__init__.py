@@ -77,8 +77,10 @@ Modes (``shard_mode``):
   Step and back after it.
 
 Step contract: ``step()`` sends Step with the same step id to every daemon
-concurrently and returns when all answered (params updated in place). CUDA:
-the current device is synchronised before the RPC. ``last_timings`` holds
+concurrently and returns when all answered (params updated in place); with
+one daemon, through a step channel in shared memory where the daemon offers
+one (``step_channel``, muond.step_channel). CUDA: the current device is
+synchronised before the RPC. ``last_timings`` holds
 per-phase daemon times (max over daemons, µs), ``rpc_us`` (client wall time
 of the concurrent RPCs) and ``overhead_us = rpc_us - total_us``.
 

@@ -15,6 +15,7 @@ import torch
 
 from muond import qkv_split as _qkv_split
 from muond import state as _state
+from muond import step_channel as _step_channel
 from muond._dtensor import is_dtensor
 from muond.client import Client
 from muond.torch import collective as _collective
@@ -90,6 +91,9 @@ class Muon(torch.optim.Optimizer):
                                         adamw=adamw, state_storage=state_storage,
                                         placement=placement,
                                         connection=connection))
+        if not _groups.is_bool(o["step_channel"]):
+            raise ValueError(f"step_channel must be a bool, got {o['step_channel']!r}")
+        self._wants_step_channel = bool(o["step_channel"])
         defaults = _initial_groups.muon_defaults(lr, weight_decay, momentum, nesterov,
                                                  ns_coefficients, eps, ns_steps, adjust_lr_fn, o)
         params = _initial_groups.with_adamw_options(
@@ -238,9 +242,20 @@ class Muon(torch.optim.Optimizer):
             raise refused
         for c in self.clients:
             c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
+        self._open_step_channel(per_rank)
         # The daemons read the shared grad buffers, which never move.
         self._on_cuda = self._memory.any_cuda()
         self._registered = True
+
+    def _open_step_channel(self, per_rank: list) -> None:
+        """With step_channel on and one daemon (a torchrun rank's), steps go
+        through shared memory (muond.step_channel), sized for the
+        registration ``per_rank[0]``; where the daemon offers none, over
+        gRPC. Several daemons' steps stay concurrent gRPC calls."""
+        if not self._wants_step_channel or len(self.clients) != 1:
+            return
+        request, response = _step_channel.capacities(per_rank[0], _MAX_REFUSAL_CHARS * 4)
+        self.clients[0].open_step_channel(self.job_id, request, response)
 
     def _place_params(self, refusal: BaseException | None = None) -> list:
         """Every param's wire groups per daemon, placed by the layout
@@ -720,6 +735,7 @@ class Muon(torch.optim.Optimizer):
                      "RegisterParams", with_rank=True)
         for c in self.clients:
             c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
+        self._open_step_channel(per_rank)  # sized for the groups registered now
         self._registered_live = dict(self._placed_live)
         self._on_cuda = self._memory.any_cuda()
         known = {self._param_names[id(p)] for p in params}

@@ -106,7 +106,10 @@ class PlacementOptions:
 @dataclass(frozen=True)
 class ConnectionOptions:
     """The daemons and how to talk to them (``daemons`` empty: this rank's
-    daemon from the environment, muond.torch.discovery)."""
+    daemon from the environment, muond.torch.discovery). ``step_channel``:
+    with one daemon (a torchrun rank's), steps go through shared memory
+    instead of the Step RPC (muond.step_channel: the same answers, without
+    gRPC's wake-ups after a step's idling), where the daemon offers it."""
     daemons: object = ()
     job_id: str | None = None
     client_id: str | None = None
@@ -117,6 +120,7 @@ class ConnectionOptions:
     token_file: object = None
     tls_root_certificates: object = None
     takeover: bool = False
+    step_channel: bool = True
 
 
 # Muon's keyword for each option object.
