@@ -232,19 +232,22 @@ class Cluster:
 
 
 class ClusterTestCase(unittest.TestCase):
-    """One cluster for the whole class (`NUM_DAEMONS` daemons, `TCP`): the
-    tests register, step and close their optimizers one after another on it.
-    The servers' logs are printed when any test of the class failed."""
+    """One cluster for the whole class (`NUM_DAEMONS` daemons, `TCP`,
+    `EXTRA_DAEMON_ARGS`): the tests register, step and close their
+    optimizers one after another on it. The servers' logs are printed when
+    any test of the class failed."""
 
     NUM_DAEMONS = 1
     TCP = False
     DAEMON_PREEXEC_FN = None  # Cluster's daemon_preexec_fn (a staticmethod)
+    EXTRA_DAEMON_ARGS = ()  # flags every daemon of the class gets
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
         find_binaries(cls)  # skips the class, saying how to build them, when missing
         cls.cluster = Cluster(cls.NUM_DAEMONS, tcp=cls.TCP,
+                              extra_daemon_args=cls.EXTRA_DAEMON_ARGS,
                               daemon_preexec_fn=cls.DAEMON_PREEXEC_FN).start()
         cls._failed = False
 
