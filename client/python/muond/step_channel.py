@@ -223,7 +223,6 @@ class StepChannel:
         try:
             channel = cls._create(SHM_DIR + name, request_capacity, response_capacity)
         except OSError as e:  # /dev/shm full or absent
-            _unlink(SHM_DIR + name)
             _LOG.debug("no step channel: %s: %s", SHM_DIR + name, e)
             return None
         try:
@@ -248,7 +247,8 @@ class StepChannel:
 
     @classmethod
     def _create(cls, path: str, request_capacity: int, response_capacity: int):
-        """The object at ``path`` with its header written, mapped and locked."""
+        """The object at ``path`` with its header written, mapped and locked
+        (on a failure, removed again)."""
         size = _HEADER + request_capacity + response_capacity
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -264,6 +264,7 @@ class StepChannel:
             _set_lock(fd, fcntl.F_WRLCK, _rules.STEP_CHANNEL_TRAINER_LOCK_BYTE)
         except BaseException:
             os.close(fd)
+            _unlink(path)
             raise
         return cls(fd, mapping, request_capacity, response_capacity)
 
