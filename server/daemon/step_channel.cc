@@ -62,6 +62,19 @@ bool Write(int fd, uint64_t offset, T value) {
   return WriteBytes(fd, offset, &value, sizeof value);
 }
 
+// The trainer's request_seq. pread's copy is not one 32-bit load, so a read
+// racing the trainer's store could see half of each value: read until two
+// reads agree (the trainer stores it once a step).
+bool ReadSeq(int fd, uint32_t* seq) {
+  uint32_t again = 0;
+  if (!Read(fd, sc::kRequestSeqOffset, seq)) return false;
+  while (Read(fd, sc::kRequestSeqOffset, &again)) {
+    if (again == *seq) return true;
+    *seq = again;
+  }
+  return false;
+}
+
 struct flock OneByte(short type, uint64_t byte) {
   struct flock lock = {};
   lock.l_type = type;
@@ -299,7 +312,7 @@ void StepChannels::Serve(Channel* channel) {
       break;
     }
     uint32_t seq = 0;
-    if (!Read(fd, sc::kRequestSeqOffset, &seq)) {
+    if (!ReadSeq(fd, &seq)) {
       ended = "the object shrank";
       break;
     }
