@@ -300,6 +300,14 @@ class StepChannel:
             raise ChannelUnusable("the step channel is in use by another thread")
         try:
             self._check_usable()
+            if not _lock_held(self._fd, _rules.STEP_CHANNEL_DAEMON_LOCK_BYTE):
+                # The daemon's end is gone (its process, or its thread ended
+                # the channel) before this request was written: nothing is
+                # sent, so the step goes over gRPC at once (to a daemon
+                # restarted on the same address, or to gRPC's own error)
+                # rather than waiting a slice to call it UNAVAILABLE.
+                self._closing = True
+                raise ChannelUnusable("the daemon's end of the step channel is gone")
             data = request.SerializeToString()
             if len(data) > self.request_capacity:
                 raise ChannelUnusable(f"a StepRequest of {len(data)} bytes, past the step "

@@ -10,6 +10,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import unittest
 import uuid
 from concurrent import futures
@@ -226,6 +227,22 @@ class StepTest(ChannelTestCase):
         self.assertEqual(gone.metadata, {"daemon": self.address})
         self.assertEqual(self.step(step_id=1).step_id, 1)  # over gRPC now
         self.assertEqual(len(self.daemon.grpc_requests), 1)
+
+    def test_a_daemon_gone_before_the_step_sends_it_over_grpc_at_once(self):
+        # The daemon's end went between steps (a daemon restarted on the
+        # same socket): nothing was posted, so nothing is unknown; the step
+        # goes over gRPC, not UNAVAILABLE after a wait slice.
+        self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP))
+        self.assertEqual(self.step(step_id=1).step_id, 1)
+        double = self.daemon.doubles[0]
+        double.die()
+        started = time.monotonic()
+        self.assertEqual(self.step(step_id=2).step_id, 2)
+        self.assertLess(time.monotonic() - started, 0.25)
+        self.assertEqual([r.step_id for r in self.daemon.grpc_requests], [2])
+        self.assertEqual([r.step_id for r in double.requests], [1])
+        self.assertFalse(self.client.has_step_channel)
+        self.assertFalse(double.trainer_lock_held())
 
     def raised_by_rpc_result(self, error, client=None) -> MuondError:
         """The MuondError muond.torch raises for ``error`` from ``client``."""
