@@ -19,6 +19,7 @@ import muond  # noqa: F401  (before grpc: gRPC's fork handlers off, for the fork
 import grpc  # noqa: E402
 
 from muond import _rules
+from muond import shm as muond_shm
 from muond.client import Client, MuondError, error_info, error_reason
 from muond.step_channel import (ChannelAnswerTooLarge, ChannelRpcError, ChannelUnusable,
                                 StepChannel, capacities)
@@ -140,6 +141,26 @@ class OpenTest(ChannelTestCase):
         self.assertEqual(self.shm_left(), [])
         # The double it made sees the trainer's lock go: no close op needed.
         self.assertFalse(self.daemon.doubles[0].trainer_lock_held())
+
+    def test_names_taken_by_another_process_are_skipped(self):
+        # shm_name's next names are predictable (pid, the process tag in
+        # other objects' names, a counter): a process that creates them
+        # first must not turn the channel off, nor have its objects used.
+        prefix = f"/dev/shm/muond-{self.job}-{os.getpid()}-{muond_shm._PROCESS_TAG}"
+        n = next(muond_shm._counter)  # the channel's first name is n + 1
+        squatted = [f"{prefix}-{n + 1 + i}" for i in range(3)]
+        for path in squatted:
+            with open(path, "wb") as f:
+                f.write(b"theirs")
+            self.addCleanup(os.unlink, path)
+        channel = self.open()
+        self.assertIsNotNone(channel)
+        self.addCleanup(channel.close)
+        self.assertEqual(len(self.daemon.doubles), 1)
+        for path in squatted:
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(), b"theirs")
+        self.assertEqual(sorted(self.shm_left()), sorted(squatted))
 
     def test_capacities_are_whole_pages_within_the_bounds(self):
         for bad in (0, CAP - 4096, CAP + 1, _rules.STEP_CHANNEL_MAX_CAPACITY + 4096):
