@@ -274,13 +274,13 @@ absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
   // mu_, held here until the entry is in.
   try {
     std::function<void()> serve = [this, raw] { Serve(raw); };
-    raw->thread = options_.start_thread ? options_.start_thread(std::move(serve))
-                                        : std::thread(std::move(serve));
+    raw->thread = options_.start_thread
+                      ? options_.start_thread(std::move(serve))
+                      : std::thread(std::move(serve));
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "shm_name: cannot start a thread for step channel '", Echo(name),
-        "': ",
-        e.what(),
+        "': ", e.what(),
         " (a pids or thread limit): send steps with the Step RPC, or raise "
         "the limit"));
   }
