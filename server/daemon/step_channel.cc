@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -266,8 +267,24 @@ absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
         "the daemon is shutting down: no new step channel");
   }
   Channel* raw = channel.get();
+  // The thread before the list entry: a refused thread (std::thread throws;
+  // gRPC would answer UNKNOWN) must leave no entry without a thread, which
+  // would hold its slot, descriptor and lock for good and abort the daemon
+  // at exit (joining a thread never started). The thread's Serve waits for
+  // mu_, held here until the entry is in.
+  try {
+    std::function<void()> serve = [this, raw] { Serve(raw); };
+    raw->thread = options_.start_thread
+                      ? options_.start_thread(std::move(serve))
+                      : std::thread(std::move(serve));
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "shm_name: cannot start a thread for step channel '", Echo(name),
+        "': ", e.what(),
+        " (a pids or thread limit): send steps with the Step RPC, or raise "
+        "the limit"));
+  }
   channels_.push_back(std::move(channel));
-  raw->thread = std::thread([this, raw] { Serve(raw); });
   v1::OpenStepChannelResponse response;
   response.set_version(sc::kVersion);
   return response;

@@ -38,6 +38,9 @@ struct StepChannelOptions {
   // How often an idle channel checks that its trainer still holds its lock
   // (and that the daemon is not shutting down).
   absl::Duration idle_check = absl::Milliseconds(500);
+  // Starts a channel's thread (tests inject one that fails, as a pids or
+  // thread limit does); null: std::thread.
+  std::function<std::thread(std::function<void()>)> start_thread;
 };
 
 // The Step RPC's logic: the answer to one request, or its refusal.
@@ -56,7 +59,8 @@ class StepChannels {
   // Opens the trainer's object `shm_name` and starts its thread.
   // InvalidArgument for a bad header (naming the field and the rule), the
   // shm errors of HandleOpener::OpenShmFile, ResourceExhausted past
-  // max_channels, FailedPrecondition when channels are off or shutting down.
+  // max_channels or when the system refuses its thread, FailedPrecondition
+  // when channels are off or shutting down.
   absl::StatusOr<v1::OpenStepChannelResponse> Open(
       const v1::OpenStepChannelRequest& request);
 

@@ -51,6 +51,9 @@ _FUTEX_SYSCALL = ({"x86_64": 202, "aarch64": 98}.get(platform.machine())
                   if sys.platform.startswith("linux") else None)
 # Shared futexes (no FUTEX_PRIVATE_FLAG): the daemon waits on the same words.
 _FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_PRIVATE_FLAG = 0, 1, 128
+# Names tried when one exists already (another process may create the next
+# name this one would use: shm_name's counter is predictable).
+_NAME_TRIES = 16
 # How often a waiting trainer checks that its daemon still lives.
 _WAIT_SLICE_S = 0.5
 # struct flock on x86_64 and aarch64: type, whence, start, len, pid.
@@ -219,11 +222,18 @@ class StepChannel:
         if why is not None:
             _LOG.debug("no step channel: %s", why)
             return None
-        name = shm_name(job_id)
-        try:
-            channel = cls._create(SHM_DIR + name, request_capacity, response_capacity)
-        except OSError as e:  # /dev/shm full or absent
-            _LOG.debug("no step channel: %s: %s", SHM_DIR + name, e)
+        for _ in range(_NAME_TRIES):
+            name = shm_name(job_id)
+            try:
+                channel = cls._create(SHM_DIR + name, request_capacity, response_capacity)
+                break
+            except FileExistsError:  # taken (names are predictable in a shared /dev/shm)
+                _LOG.debug("step channel: %s exists; the next name", SHM_DIR + name)
+            except OSError as e:  # /dev/shm full or absent
+                _LOG.debug("no step channel: %s: %s", SHM_DIR + name, e)
+                return None
+        else:
+            _LOG.debug("no step channel: %d names in %s taken", _NAME_TRIES, SHM_DIR)
             return None
         try:
             version = client.stub.OpenStepChannel(pb.OpenStepChannelRequest(shm_name=name),
@@ -300,6 +310,14 @@ class StepChannel:
             raise ChannelUnusable("the step channel is in use by another thread")
         try:
             self._check_usable()
+            if not _lock_held(self._fd, _rules.STEP_CHANNEL_DAEMON_LOCK_BYTE):
+                # The daemon's end is gone (its process, or its thread ended
+                # the channel) before this request was written: nothing is
+                # sent, so the step goes over gRPC at once (to a daemon
+                # restarted on the same address, or to gRPC's own error)
+                # rather than waiting a slice to call it UNAVAILABLE.
+                self._closing = True
+                raise ChannelUnusable("the daemon's end of the step channel is gone")
             data = request.SerializeToString()
             if len(data) > self.request_capacity:
                 raise ChannelUnusable(f"a StepRequest of {len(data)} bytes, past the step "

@@ -10,6 +10,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import unittest
 import uuid
 from concurrent import futures
@@ -18,6 +19,7 @@ import muond  # noqa: F401  (before grpc: gRPC's fork handlers off, for the fork
 import grpc  # noqa: E402
 
 from muond import _rules
+from muond import shm as muond_shm
 from muond.client import Client, MuondError, error_info, error_reason
 from muond.step_channel import (ChannelAnswerTooLarge, ChannelRpcError, ChannelUnusable,
                                 StepChannel, capacities)
@@ -140,6 +142,26 @@ class OpenTest(ChannelTestCase):
         # The double it made sees the trainer's lock go: no close op needed.
         self.assertFalse(self.daemon.doubles[0].trainer_lock_held())
 
+    def test_names_taken_by_another_process_are_skipped(self):
+        # shm_name's next names are predictable (pid, the process tag in
+        # other objects' names, a counter): a process that creates them
+        # first must not turn the channel off, nor have its objects used.
+        prefix = f"/dev/shm/muond-{self.job}-{os.getpid()}-{muond_shm._PROCESS_TAG}"
+        n = next(muond_shm._counter)  # the channel's first name is n + 1
+        squatted = [f"{prefix}-{n + 1 + i}" for i in range(3)]
+        for path in squatted:
+            with open(path, "wb") as f:
+                f.write(b"theirs")
+            self.addCleanup(os.unlink, path)
+        channel = self.open()
+        self.assertIsNotNone(channel)
+        self.addCleanup(channel.close)
+        self.assertEqual(len(self.daemon.doubles), 1)
+        for path in squatted:
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(), b"theirs")
+        self.assertEqual(sorted(self.shm_left()), sorted(squatted))
+
     def test_capacities_are_whole_pages_within_the_bounds(self):
         for bad in (0, CAP - 4096, CAP + 1, _rules.STEP_CHANNEL_MAX_CAPACITY + 4096):
             with self.subTest(capacity=bad), self.assertRaisesRegex(
@@ -226,6 +248,22 @@ class StepTest(ChannelTestCase):
         self.assertEqual(gone.metadata, {"daemon": self.address})
         self.assertEqual(self.step(step_id=1).step_id, 1)  # over gRPC now
         self.assertEqual(len(self.daemon.grpc_requests), 1)
+
+    def test_a_daemon_gone_before_the_step_sends_it_over_grpc_at_once(self):
+        # The daemon's end went between steps (a daemon restarted on the
+        # same socket): nothing was posted, so nothing is unknown; the step
+        # goes over gRPC, not UNAVAILABLE after a wait slice.
+        self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP))
+        self.assertEqual(self.step(step_id=1).step_id, 1)
+        double = self.daemon.doubles[0]
+        double.die()
+        started = time.monotonic()
+        self.assertEqual(self.step(step_id=2).step_id, 2)
+        self.assertLess(time.monotonic() - started, 0.25)
+        self.assertEqual([r.step_id for r in self.daemon.grpc_requests], [2])
+        self.assertEqual([r.step_id for r in double.requests], [1])
+        self.assertFalse(self.client.has_step_channel)
+        self.assertFalse(double.trainer_lock_held())
 
     def raised_by_rpc_result(self, error, client=None) -> MuondError:
         """The MuondError muond.torch raises for ``error`` from ``client``."""

@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <system_error>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -374,6 +376,42 @@ TEST(StepChannelTest, ShutdownEndsIdleChannelsAndRefusesNewOnes) {
   EXPECT_TRUE(
       absl::IsFailedPrecondition(channels->Open(b.OpenRequest()).status()));
   channels.reset();  // joins
+}
+
+TEST(StepChannelTest, RefusedThreadLeavesNoChannelBehind) {
+  // The system refuses the channel's thread (a pids or thread limit):
+  // std::thread throws. The open is refused by name, and nothing stays: no
+  // slot, no descriptor or lock on the trainer's object, and the daemon
+  // exits cleanly (no join of a thread never started).
+  StepChannelOptions options = FastOptions(/*max_channels=*/1);
+  bool refuse = true;
+  options.start_thread = [&refuse](std::function<void()> body) {
+    if (refuse) {
+      throw std::system_error(EAGAIN, std::generic_category(),
+                              "Resource temporarily unavailable");
+    }
+    return std::thread(std::move(body));
+  };
+  auto channels = std::make_unique<StepChannels>(EchoHandler, options);
+  Trainer trainer;
+  absl::StatusOr<v1::OpenStepChannelResponse> refused =
+      channels->Open(trainer.OpenRequest());
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status()));
+  EXPECT_THAT(refused.status().message(), HasSubstr("cannot start a thread"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("shm_name"));
+  EXPECT_EQ(channels->open_channels(), 0);
+  struct flock daemon_lock = {};
+  daemon_lock.l_type = F_WRLCK;
+  daemon_lock.l_whence = SEEK_SET;
+  daemon_lock.l_start = sc::kDaemonLockByte;
+  daemon_lock.l_len = 1;
+  ASSERT_EQ(fcntl(trainer.fd(), F_OFD_GETLK, &daemon_lock), 0);
+  EXPECT_EQ(daemon_lock.l_type, F_UNLCK);  // the daemon's descriptor is gone
+  refuse = false;  // its slot is free: the one channel allowed opens
+  ASSERT_TRUE(channels->Open(trainer.OpenRequest()).ok());
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(5))));
+  EXPECT_EQ(trainer.Response().step_id(), 5);
+  channels.reset();  // joins; aborted here before
 }
 
 }  // namespace
