@@ -62,7 +62,7 @@ def timed(name, call, rounds):
 
 
 def pipe_echo(r, w):
-    while os.read(r, 1):
+    while os.read(r, 1) == b"x":  # b"q": stop (the child holds the write end too)
         os.write(w, b"x")
 
 
@@ -142,7 +142,7 @@ def main() -> int:
         partner = mp.Process(target=pipe_echo, args=(r1, w2))
         partner.start()
         timed("pipe", lambda: (os.write(w1, b"x"), os.read(r2, 1)), a.rounds)
-        os.close(w1)
+        os.write(w1, b"q")
         partner.join()
     for method in ("futex", "spin"):
         if method in methods:

@@ -71,7 +71,33 @@ MatrixView Slice(const MatrixView& v, int64_t stride, int64_t i) {
 // dst <- src elementwise for same-shape views (fp32 -> bf16/fp16 rounds to
 // nearest even, bf16/fp16 -> fp32 is exact; bf16 <-> fp16 goes through fp32,
 // so it is rounded once).
+template <typename To, typename From, typename Convert>
+void ConvertRows(const MatrixView& dst, const MatrixView& src,
+                 Convert convert) {
+  for (int64_t i = 0; i < src.rows; ++i) {
+    const From* in = static_cast<const From*>(src.data) + i * src.row_stride;
+    To* out = static_cast<To*>(dst.data) + i * dst.row_stride;
+    for (int64_t j = 0; j < src.cols; ++j) out[j] = convert(in[j]);
+  }
+}
+
 void ConvertInto(const MatrixView& dst, const MatrixView& src) {
+  // The 16-bit GEMMs' conversions (kMedium: every operand and result of
+  // every NS product) as plain row loops: through Load/Store, a dtype switch
+  // per element, they cost ten times the fp32 GEMM of a small matrix.
+  const DType to = dst.dtype, from = src.dtype;
+  if (to == DType::kFloat32 && from == DType::kBFloat16) {
+    return ConvertRows<float, uint16_t>(dst, src, Bf16BitsToFloat);
+  }
+  if (to == DType::kBFloat16 && from == DType::kFloat32) {
+    return ConvertRows<uint16_t, float>(dst, src, FloatToBf16Bits);
+  }
+  if (to == DType::kFloat32 && from == DType::kFloat16) {
+    return ConvertRows<float, uint16_t>(dst, src, Fp16BitsToFloat);
+  }
+  if (to == DType::kFloat16 && from == DType::kFloat32) {
+    return ConvertRows<uint16_t, float>(dst, src, FloatToFp16Bits);
+  }
   ForEach(src,
           [&](int64_t i, int64_t j) { Store(dst, i, j, Load(src, i, j)); });
 }

@@ -97,6 +97,12 @@ DaemonMetrics::DaemonMetrics()
                          "take (bounded by free device memory and "
                          "--max_ns_workspace_bytes)")
               .With()),
+      step_channels_open_(
+          registry_
+              ->AddGauge("muond_step_channels_open",
+                         "Step channels open (trainers sending steps through "
+                         "shared memory instead of the Step RPC)")
+              .With()),
       state_bytes_(registry_->AddGauge(
           "muond_state_bytes",
           "Bytes of optimizer state of the engine (momentum, AdamW moments, "

@@ -37,6 +37,8 @@ class DaemonMetrics {
   void EngineBuildFailed() { engine_build_failures_.Increment(); }
   // The bytes the engine's Newton-Schulz workspaces take.
   void NsWorkspace(int64_t bytes) { ns_workspace_bytes_.Set(double(bytes)); }
+  // Step channels open now (StepChannelOptions.open_changed).
+  void StepChannelsOpen(int open) { step_channels_open_.Set(double(open)); }
   // The engine's optimizer state by location and dtype (GetStatusResponse's
   // state_bytes_by): every other pair reads 0, as after Unregistered.
   void StateBytes(const google::protobuf::RepeatedPtrField<v1::StateBytes>& by);
@@ -65,6 +67,7 @@ class DaemonMetrics {
   Gauge& plan_version_;
   Gauge& ns_load_;
   Gauge& ns_workspace_bytes_;
+  Gauge& step_channels_open_;
   Family<Gauge>& state_bytes_;
   Counter& ns_seconds_;
   Family<Counter>& registrations_;

@@ -313,6 +313,9 @@ int main(int argc, char** argv) {
   muond::StepChannelOptions channels;
   channels.max_channels = absl::GetFlag(FLAGS_max_step_channels);
   channels.allow_foreign_shm = absl::GetFlag(FLAGS_allow_foreign_shm);
+  channels.open_changed = [metrics](int open) {
+    metrics->StepChannelsOpen(open);
+  };
   muond::OptimizerService service(&table, is_unix ? std::string() : *token,
                                   muond::kImportIdleTimeout, channels);
 

@@ -74,9 +74,24 @@ absl::Status ShmError(const std::string& field, const std::string& name,
   const std::string text =
       absl::StrCat(field, ": cannot ", what, " shm object '", Echo(name),
                    "': ", strerror(err), OpenFilesAdvice(err));
-  if (err == ENOENT) return absl::NotFoundError(text);
+  if (err == ENOENT) {
+    return absl::NotFoundError(absl::StrCat(
+        text,
+        " (the daemon must see the trainer's /dev/shm: the same host and "
+        "IPC namespace, e.g. one container or a shared /dev/shm mount)"));
+  }
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(text);
   if (err == EMFILE || err == ENFILE) return absl::ResourceExhaustedError(text);
+  // O_NOFOLLOW refuses a symbolic link, and a directory is no object: the
+  // name, not the daemon, is wrong (UNAVAILABLE would invite a retry).
+  if (err == ELOOP) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(text, " (a symbolic link: name the shm object itself)"));
+  }
+  if (err == EISDIR || err == EINVAL) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(text, " (not a regular shm object)"));
+  }
   return absl::UnavailableError(text);
 }
 

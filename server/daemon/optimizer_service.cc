@@ -77,7 +77,16 @@ grpc::Status OptimizerService::OpenStepChannel(
     grpc::ServerContext* context, const v1::OpenStepChannelRequest* request,
     v1::OpenStepChannelResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  return Reply(channels_.Open(*request), response, "OpenStepChannel");
+  absl::StatusOr<v1::OpenStepChannelResponse> opened = channels_.Open(*request);
+  if (!opened.ok()) {
+    // Not a warning: the trainer goes on with the Step RPC (channels off,
+    // another /dev/shm, all in use).
+    LOG(INFO) << "OpenStepChannel refused (the trainer uses the Step RPC): "
+              << opened.status();
+    return ToGrpc(opened.status());
+  }
+  *response = *std::move(opened);
+  return grpc::Status::OK;
 }
 
 grpc::Status OptimizerService::UnregisterParams(

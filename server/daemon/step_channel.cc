@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/echo.h"
+#include "core/common/status_macros.h"
 #include "glog/logging.h"
 #include "proto/status_details.h"
 #include "server/daemon/step_channel_layout.h"
@@ -113,7 +115,8 @@ absl::Status CheckCapacity(const std::string& name, const char* field,
 
 }  // namespace
 
-struct StepChannels::Channel {
+// The daemon's end of one channel.
+struct ChannelEnd {
   std::string name;
   int fd = -1;
   // The header page, mapped only as the futex calls' address.
@@ -135,7 +138,7 @@ struct StepChannels::Channel {
     header = MAP_FAILED;
     fd = -1;
   }
-  ~Channel() { Release(); }
+  ~ChannelEnd() { Release(); }
 };
 
 StepChannels::StepChannels(StepHandler handler, StepChannelOptions options)
@@ -145,7 +148,7 @@ StepChannels::StepChannels(StepHandler handler, StepChannelOptions options)
 
 StepChannels::~StepChannels() {
   Shutdown();
-  std::list<std::unique_ptr<Channel>> channels;
+  std::list<std::unique_ptr<ChannelEnd>> channels;
   {
     absl::MutexLock lock(&mu_);
     channels.swap(channels_);
@@ -180,8 +183,7 @@ void StepChannels::ReapFinished() {
   }
 }
 
-absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
-    const v1::OpenStepChannelRequest& request) {
+absl::Status StepChannels::CheckRoom() {
   if (options_.max_channels <= 0) {
     return absl::FailedPreconditionError(
         "step channels are off on this daemon (muond-daemon "
@@ -191,34 +193,35 @@ absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
     return absl::FailedPreconditionError(
         "the daemon is shutting down: no new step channel");
   }
-  {
-    absl::MutexLock lock(&mu_);
-    ReapFinished();
-    if (static_cast<int>(channels_.size()) >= options_.max_channels) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "this daemon has ", channels_.size(),
-          " step channels open, its --max_step_channels: close one (an "
-          "optimizer's close()) or send steps with the Step RPC"));
-    }
+  absl::MutexLock lock(&mu_);
+  ReapFinished();
+  if (static_cast<int>(channels_.size()) >= options_.max_channels) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this daemon has ", channels_.size(),
+        " step channels open, its --max_step_channels: close one (an "
+        "optimizer's close()) or send steps with the Step RPC"));
   }
-  const std::string& name = request.shm_name();
-  auto channel = std::make_unique<Channel>();
-  channel->name = name;
-  struct stat st;
-  absl::StatusOr<int> fd =
-      opener_.OpenShmFile(name, sc::kRequestOffset, "shm_name", &st);
-  if (!fd.ok()) return fd.status();
-  channel->fd = *fd;
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The header's fields into `channel`, each checked against its rule; `size`:
+// the object's bytes.
+absl::Status ReadHeader(ChannelEnd& channel, uint64_t size) {
+  const std::string& name = channel.name;
+  const int fd = channel.fd;
   uint64_t magic = 0;
   uint32_t version = 0;
-  if (!Read(channel->fd, sc::kMagicOffset, &magic) ||
-      !Read(channel->fd, sc::kVersionOffset, &version) ||
-      !Read(channel->fd, sc::kRequestCapacityOffset,
-            &channel->request_capacity) ||
-      !Read(channel->fd, sc::kResponseCapacityOffset,
-            &channel->response_capacity) ||
-      !Read(channel->fd, sc::kRequestSeqOffset, &channel->last_seq)) {
-    return HeaderError(name, "has no readable header");
+  if (!Read(fd, sc::kMagicOffset, &magic) ||
+      !Read(fd, sc::kVersionOffset, &version) ||
+      !Read(fd, sc::kRequestCapacityOffset, &channel.request_capacity) ||
+      !Read(fd, sc::kResponseCapacityOffset, &channel.response_capacity) ||
+      !Read(fd, sc::kRequestSeqOffset, &channel.last_seq) ||
+      size < sc::kRequestOffset) {
+    return HeaderError(name,
+                       absl::StrCat("has ", size, " bytes, no whole header (",
+                                    sc::kRequestOffset, " bytes)"));
   }
   if (magic != sc::kMagic) {
     return HeaderError(name, "does not start with the channel's magic");
@@ -229,62 +232,108 @@ absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
                            "; this daemon speaks version ", sc::kVersion));
   }
   for (auto [field, capacity] :
-       {std::pair{"request_capacity", channel->request_capacity},
-        std::pair{"response_capacity", channel->response_capacity}}) {
-    if (absl::Status s = CheckCapacity(name, field, capacity); !s.ok()) {
-      return s;
-    }
+       {std::pair{"request_capacity", channel.request_capacity},
+        std::pair{"response_capacity", channel.response_capacity}}) {
+    RETURN_IF_ERROR(CheckCapacity(name, field, capacity));
   }
-  const uint64_t needed = sc::ResponseOffset(channel->request_capacity) +
-                          channel->response_capacity;
-  if (static_cast<uint64_t>(st.st_size) < needed) {
+  const uint64_t needed =
+      sc::ResponseOffset(channel.request_capacity) + channel.response_capacity;
+  if (size < needed) {
     return HeaderError(
-        name, absl::StrCat("has ", st.st_size, " bytes; its capacities need ",
-                           needed));
+        name,
+        absl::StrCat("has ", size, " bytes; its capacities need ", needed));
   }
-  if (!LockHeldByOther(channel->fd, sc::kTrainerLockByte)) {
+  return absl::OkStatus();
+}
+
+// The trainer's lock is held (so its end can be seen), the daemon's taken
+// (one daemon per channel), the header page mapped for the futex calls.
+absl::Status LockAndMap(ChannelEnd& channel) {
+  const std::string& name = channel.name;
+  if (!LockHeldByOther(channel.fd, sc::kTrainerLockByte)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "shm_name: no process holds step channel '", Echo(name),
-        "''s trainer lock (an F_OFD_SETLK write lock on byte ",
+        "shm_name: no process holds the trainer lock of step channel '",
+        Echo(name), "' (an F_OFD_SETLK write lock on byte ",
         sc::kTrainerLockByte, "): the daemon could not tell when it ends"));
   }
   struct flock mine = OneByte(F_WRLCK, sc::kDaemonLockByte);
-  if (fcntl(channel->fd, F_OFD_SETLK, &mine) != 0) {
+  if (fcntl(channel.fd, F_OFD_SETLK, &mine) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shm_name: step channel '", Echo(name),
         "' is open in a daemon already (its daemon lock byte is held)"));
   }
-  channel->header =
-      mmap(nullptr, kPageBytes, PROT_READ, MAP_SHARED, channel->fd, 0);
-  if (channel->header == MAP_FAILED) {
+  channel.header =
+      mmap(nullptr, kPageBytes, PROT_READ, MAP_SHARED, channel.fd, 0);
+  if (channel.header == MAP_FAILED) {
     return absl::UnavailableError(
         absl::StrCat("shm_name: cannot map step channel '", Echo(name),
                      "': ", strerror(errno)));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status StepChannels::StartServing(std::unique_ptr<ChannelEnd> channel) {
   absl::MutexLock lock(&mu_);
   if (stopping_.load()) {
     return absl::FailedPreconditionError(
         "the daemon is shutting down: no new step channel");
   }
-  Channel* raw = channel.get();
+  // Again under the lock: opens racing past CheckRoom stop at the limit.
+  if (static_cast<int>(channels_.size()) >= options_.max_channels) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this daemon has ", channels_.size(),
+                     " step channels open, its --max_step_channels"));
+  }
+  ChannelEnd* raw = channel.get();
   // The thread before the list entry: a refused thread (std::thread throws;
   // gRPC would answer UNKNOWN) must leave no entry without a thread, which
   // would hold its slot, descriptor and lock for good and abort the daemon
-  // at exit (joining a thread never started). The thread's Serve waits for
-  // mu_, held here until the entry is in.
+  // at exit (joining a thread never started). A thread that ends at once
+  // waits for mu_, held here until the entry is in.
   try {
-    std::function<void()> serve = [this, raw] { Serve(raw); };
+    std::function<void()> serve = [this, raw] {
+      // Named apart from the gRPC thread that started it (Linux copies
+      // the creator's name): "muond-channel" in top, perf and gdb.
+      pthread_setname_np(pthread_self(), "muond-channel");
+      Serve(raw);
+    };
     raw->thread = options_.start_thread
                       ? options_.start_thread(std::move(serve))
                       : std::thread(std::move(serve));
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "shm_name: cannot start a thread for step channel '", Echo(name),
+        "shm_name: cannot start a thread for step channel '", Echo(raw->name),
         "': ", e.what(),
         " (a pids or thread limit): send steps with the Step RPC, or raise "
         "the limit"));
   }
   channels_.push_back(std::move(channel));
+  CountChanged();
+  return absl::OkStatus();
+}
+
+void StepChannels::CountChanged() {
+  int open = 0;
+  for (const auto& channel : channels_) open += !channel->done.load();
+  if (options_.open_changed) options_.open_changed(open);
+}
+
+absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
+    const v1::OpenStepChannelRequest& request) {
+  RETURN_IF_ERROR(CheckRoom());
+  auto channel = std::make_unique<ChannelEnd>();
+  channel->name = request.shm_name();
+  struct stat st;
+  // Any non-empty object: ReadHeader says what a short one lacks.
+  ASSIGN_OR_RETURN(channel->fd,
+                   opener_.OpenShmFile(channel->name, 1, "shm_name", &st));
+  RETURN_IF_ERROR(ReadHeader(*channel, static_cast<uint64_t>(st.st_size)));
+  RETURN_IF_ERROR(LockAndMap(*channel));
+  const std::string name = channel->name;
+  RETURN_IF_ERROR(StartServing(std::move(channel)));
+  LOG(INFO) << "step channel '" << Echo(name) << "' open";
   v1::OpenStepChannelResponse response;
   response.set_version(sc::kVersion);
   return response;
@@ -319,7 +368,7 @@ absl::StatusOr<v1::StepRequest> ReadRequest(int fd, uint32_t op, uint32_t len,
 
 }  // namespace
 
-void StepChannels::Serve(Channel* channel) {
+void StepChannels::Serve(ChannelEnd* channel) {
   const int fd = channel->fd;
   const struct timespec idle = absl::ToTimespec(options_.idle_check);
   std::string ended = "closed by the trainer";
@@ -382,13 +431,14 @@ void StepChannels::Serve(Channel* channel) {
     Futex(channel->word(sc::kResponseSeqOffset), FUTEX_WAKE, INT32_MAX,
           nullptr);
   }
-  VLOG(1) << "step channel '" << Echo(channel->name) << "' ended: " << ended;
+  LOG(INFO) << "step channel '" << Echo(channel->name) << "' ended: " << ended;
   // Now, not at the reaping: the daemon's lock lives until both the mapping
   // and the descriptor are gone, and the trainer reads its release as "the
   // channel is closed".
   absl::MutexLock lock(&mu_);
   channel->Release();
   channel->done.store(true);
+  CountChanged();
 }
 
 }  // namespace muond

@@ -28,6 +28,8 @@
 
 namespace muond {
 
+struct ChannelEnd;  // step_channel.cc
+
 struct StepChannelOptions {
   // Channels open at once; OpenStepChannel beyond them is refused
   // (RESOURCE_EXHAUSTED). Each holds one descriptor and one thread. 0 turns
@@ -41,6 +43,9 @@ struct StepChannelOptions {
   // Starts a channel's thread (tests inject one that fails, as a pids or
   // thread limit does); null: std::thread.
   std::function<std::thread(std::function<void()>)> start_thread;
+  // Called with the number of open channels whenever it changes (the
+  // daemon's muond_step_channels_open gauge); null: none.
+  std::function<void(int open)> open_changed;
 };
 
 // The Step RPC's logic: the answer to one request, or its refusal.
@@ -71,17 +76,20 @@ class StepChannels {
   int open_channels() const;
 
  private:
-  struct Channel;
-
-  void Serve(Channel* channel);
+  // Channels are on, the daemon not stopping, a slot free.
+  absl::Status CheckRoom();
+  // The channel's thread started and its entry listed, or why not.
+  absl::Status StartServing(std::unique_ptr<ChannelEnd> channel);
+  void Serve(ChannelEnd* channel);
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StepHandler handler_;
   const StepChannelOptions options_;
   HandleOpener opener_;
   std::atomic<bool> stopping_{false};
   mutable absl::Mutex mu_;
-  std::list<std::unique_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  std::list<std::unique_ptr<ChannelEnd>> channels_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muond

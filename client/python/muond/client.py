@@ -356,6 +356,9 @@ class Client:
 
     @property
     def has_step_channel(self) -> bool:
+        """step() sends through a step channel now (else the Step RPC). Why
+        one could not be opened is logged at DEBUG (logger
+        ``muond.step_channel``)."""
         return self._step_channel is not None
 
     def _drop_step_channel(self, channel: StepChannel) -> None:

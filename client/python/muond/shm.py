@@ -1,7 +1,7 @@
 """POSIX shared-memory buffers viewed as torch tensors (host mode).
 
 A buffer is a shm object ``/muond-<job>-<pid>-<tag>-<n>`` (the file
-``/dev/shm/muond-<job>-<pid>-<tag>-<n>``, mode 0600, zero-filled by
+``/dev/shm/muond-<job>-<pid>-<tag>-<n>``; tag and n random, mode 0600, zero-filled by
 ftruncate), mapped MAP_SHARED by ``torch.from_file(..., shared=True)``. Each
 buffer is one memory region of a registration (``muond.torch`` packs many
 tensors into one and declares it by its name and ``nbytes``); the daemon opens
@@ -17,13 +17,12 @@ on it to remove only its own job's objects (``run`` never takes those of
 """
 from __future__ import annotations
 
-import itertools
 import os
 import re
+import secrets
 import uuid
 
 SHM_DIR = "/dev/shm"
-_counter = itertools.count()
 _PROCESS_TAG = uuid.uuid4().hex[:8]  # _TAG_HEX digits
 
 
@@ -32,10 +31,13 @@ def shm_name(job_id: str) -> str:
 
     The pid alone is not unique: processes in other PID namespaces
     (containers, sandboxes) that share /dev/shm have the same small pids, so
-    a per-process random tag follows it.
+    a per-process random tag follows it. The last field is random too (63
+    bits, not a counter): another local user who reads the names in
+    /dev/shm cannot create a trainer's next one first, which would fail its
+    buffer or turn its step channel off (both create with O_EXCL).
     """
     job = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id) or "job"
-    return f"/muond-{job}-{os.getpid()}-{_PROCESS_TAG}-{next(_counter)}"
+    return f"/muond-{job}-{os.getpid()}-{_PROCESS_TAG}-{secrets.randbits(63)}"
 
 
 _TAG_HEX = 8

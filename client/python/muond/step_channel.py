@@ -51,9 +51,6 @@ _FUTEX_SYSCALL = ({"x86_64": 202, "aarch64": 98}.get(platform.machine())
                   if sys.platform.startswith("linux") else None)
 # Shared futexes (no FUTEX_PRIVATE_FLAG): the daemon waits on the same words.
 _FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_PRIVATE_FLAG = 0, 1, 128
-# Names tried when one exists already (another process may create the next
-# name this one would use: shm_name's counter is predictable).
-_NAME_TRIES = 16
 # How often a waiting trainer checks that its daemon still lives.
 _WAIT_SLICE_S = 0.5
 # struct flock on x86_64 and aarch64: type, whence, start, len, pid.
@@ -222,18 +219,11 @@ class StepChannel:
         if why is not None:
             _LOG.debug("no step channel: %s", why)
             return None
-        for _ in range(_NAME_TRIES):
-            name = shm_name(job_id)
-            try:
-                channel = cls._create(SHM_DIR + name, request_capacity, response_capacity)
-                break
-            except FileExistsError:  # taken (names are predictable in a shared /dev/shm)
-                _LOG.debug("step channel: %s exists; the next name", SHM_DIR + name)
-            except OSError as e:  # /dev/shm full or absent
-                _LOG.debug("no step channel: %s: %s", SHM_DIR + name, e)
-                return None
-        else:
-            _LOG.debug("no step channel: %d names in %s taken", _NAME_TRIES, SHM_DIR)
+        name = shm_name(job_id)  # unpredictable: no other user creates it first
+        try:
+            channel = cls._create(SHM_DIR + name, request_capacity, response_capacity)
+        except OSError as e:  # /dev/shm full or absent
+            _LOG.debug("no step channel: %s: %s", SHM_DIR + name, e)
             return None
         try:
             version = client.stub.OpenStepChannel(pb.OpenStepChannelRequest(shm_name=name),

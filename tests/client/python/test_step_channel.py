@@ -142,25 +142,17 @@ class OpenTest(ChannelTestCase):
         # The double it made sees the trainer's lock go: no close op needed.
         self.assertFalse(self.daemon.doubles[0].trainer_lock_held())
 
-    def test_names_taken_by_another_process_are_skipped(self):
-        # shm_name's next names are predictable (pid, the process tag in
-        # other objects' names, a counter): a process that creates them
-        # first must not turn the channel off, nor have its objects used.
-        prefix = f"/dev/shm/muond-{self.job}-{os.getpid()}-{muond_shm._PROCESS_TAG}"
-        n = next(muond_shm._counter)  # the channel's first name is n + 1
-        squatted = [f"{prefix}-{n + 1 + i}" for i in range(3)]
-        for path in squatted:
-            with open(path, "wb") as f:
-                f.write(b"theirs")
-            self.addCleanup(os.unlink, path)
-        channel = self.open()
-        self.assertIsNotNone(channel)
-        self.addCleanup(channel.close)
-        self.assertEqual(len(self.daemon.doubles), 1)
-        for path in squatted:
-            with open(path, "rb") as f:
-                self.assertEqual(f.read(), b"theirs")
-        self.assertEqual(sorted(self.shm_left()), sorted(squatted))
+    def test_names_cannot_be_guessed_by_another_process(self):
+        # Another local user sees the names in /dev/shm: were the next one
+        # predictable (a counter), creating it first would turn the channel
+        # off (O_EXCL). Its last field is 63 random bits.
+        names = [muond_shm.shm_name(self.job) for _ in range(200)]
+        lasts = [int(n.rsplit("-", 1)[1]) for n in names]
+        self.assertEqual(len(set(lasts)), len(lasts))
+        self.assertGreater(max(lasts), 1 << 40)
+        self.assertFalse(any(b - a == 1 for a, b in zip(lasts, lasts[1:])))
+        for n in names:
+            self.assertEqual(muond_shm.parse_shm_name(n), (self.job, os.getpid()))
 
     def test_capacities_are_whole_pages_within_the_bounds(self):
         for bad in (0, CAP - 4096, CAP + 1, _rules.STEP_CHANNEL_MAX_CAPACITY + 4096):

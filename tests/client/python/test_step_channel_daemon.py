@@ -70,6 +70,7 @@ class ChannelStepsTest(ClusterTestCase):
             model = make_model()
             opt = self.muon(model, step_channel=step_channel)
             self.assertEqual(opt.clients[0].has_step_channel, step_channel)
+            self.assertEqual(opt.uses_step_channel, step_channel)
             grpc_steps[step_channel] = count_grpc_steps(opt.clients[0])
             train(opt, model)
             self.assertGreater(opt.last_timings["total_us"], 0)

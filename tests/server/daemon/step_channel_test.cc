@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -297,6 +299,69 @@ TEST(StepChannelTest, HeaderRulesAreRefusedByName) {
   escaping.set_shm_name("/../etc/passwd");
   EXPECT_TRUE(absl::IsInvalidArgument(channels.Open(escaping).status()));
   EXPECT_EQ(channels.open_channels(), 0);
+}
+
+// Names that are no channel object: each refused with its rule, none a
+// retryable UNAVAILABLE.
+TEST(StepChannelTest, ObjectsThatAreNoChannelAreRefusedByRule) {
+  StepChannels channels(EchoHandler, FastOptions());
+  Trainer trainer;
+  const std::string base =
+      absl::StrCat("muond-step-channel-test-odd-", getpid(), "-",
+                   absl::ToUnixNanos(absl::Now()));
+  const std::string link = "/dev/shm/" + base + "-link";
+  const std::string dir = "/dev/shm/" + base + "-dir";
+  const std::string tiny = "/" + base + "-tiny";
+  ASSERT_EQ(symlink(("/dev/shm" + trainer.OpenRequest().shm_name()).c_str(),
+                    link.c_str()),
+            0);
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const int fd = shm_open(tiny.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 100), 0);
+  struct Case {
+    std::string name;
+    absl::StatusCode code;
+    const char* says;
+  } cases[] = {
+      {"/" + base + "-link", absl::StatusCode::kInvalidArgument,
+       "symbolic link"},
+      {"/" + base + "-dir", absl::StatusCode::kFailedPrecondition,
+       "not a regular"},
+      {tiny, absl::StatusCode::kInvalidArgument, "no whole header"},
+  };
+  for (const Case& c : cases) {
+    v1::OpenStepChannelRequest request;
+    request.set_shm_name(c.name);
+    const absl::Status refused = channels.Open(request).status();
+    EXPECT_EQ(refused.code(), c.code) << c.name << ": " << refused;
+    EXPECT_THAT(refused.message(), HasSubstr(c.says));
+  }
+  close(fd);
+  shm_unlink(tiny.c_str());
+  unlink(link.c_str());
+  rmdir(dir.c_str());
+  EXPECT_EQ(channels.open_channels(), 0);
+}
+
+TEST(StepChannelTest, OpenCountIsReportedAsItChanges) {
+  std::vector<int> reported;
+  absl::Mutex mu;
+  StepChannelOptions options = FastOptions();
+  options.open_changed = [&](int open) {
+    absl::MutexLock lock(&mu);
+    reported.push_back(open);
+  };
+  StepChannels channels(EchoHandler, options);
+  Trainer a, b;
+  ASSERT_TRUE(channels.Open(a.OpenRequest()).ok());
+  ASSERT_TRUE(channels.Open(b.OpenRequest()).ok());
+  a.Send("", sc::kOpClose);
+  ASSERT_TRUE(EventuallyOpen(channels, 1));
+  b.Vanish();
+  ASSERT_TRUE(EventuallyOpen(channels, 0));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(reported, (std::vector<int>{1, 2, 1, 0}));
 }
 
 TEST(StepChannelTest, ChannelNeedsItsTrainersLockAndOneDaemon) {

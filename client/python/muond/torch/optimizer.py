@@ -463,6 +463,14 @@ class Muon(torch.optim.Optimizer):
                    for r, c in enumerate(self.clients)]
         return _rpc.gather(futures, self.clients, what)
 
+    @property
+    def uses_step_channel(self) -> bool:
+        """Whether the next step goes to the daemon through a step channel
+        (shared memory and a futex) rather than the Step RPC: step_channel
+        on, one daemon, and it opened one (client README "The step
+        channel"); False before registration (the first step registers)."""
+        return len(self.clients) == 1 and self.clients[0].has_step_channel
+
     def status(self):
         self._ensure_registered()
         return [c.status() for c in self.clients]
