@@ -31,7 +31,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+# The checkout's client where its stubs are generated there (a GPU host's copy
+# of them from the bundle); else the muond package deploy/setup.sh installed.
+if os.path.exists(os.path.join(ROOT, "client", "python", "muond", "v1", "muond_pb2.py")):
+    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
 
 GAPS_S = (0.0, 0.001, 0.01, 0.03, 0.08)
