@@ -88,8 +88,8 @@ def word_echo(path, use_futex):
 
 
 def word_pair(use_futex, rounds):
-    path = tempfile.mktemp(prefix="idle_wakeup_", dir="/dev/shm")
-    with open(path, "w+b") as f:
+    fd, path = tempfile.mkstemp(prefix="idle_wakeup_", dir="/dev/shm")
+    with os.fdopen(fd, "w+b") as f:
         f.truncate(4096)
         m = mmap.mmap(f.fileno(), 4096)
     base = ctypes.addressof(ctypes.c_char.from_buffer(m))

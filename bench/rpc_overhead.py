@@ -141,6 +141,8 @@ def main() -> int:
     torch.set_num_threads(1)
     shape = tuple(int(n) for n in a.shape.split("x"))
     cases = [("one 8x8 param", [(8, 8)]), (f"{a.many} params {a.shape}", [shape] * a.many)]
+    import muond
+    print(f"muond from {os.path.dirname(muond.__file__)}")
     print(f"{a.steps} steps per case after {a.warmup} warm-up; p50 / p99 µs\n")
     print(f"{a.gap_ms:g} ms idle before each step (the trainer's forward and backward)\n")
     print("| case | transport | step wall | client Python | Step call | transport + server "

@@ -68,9 +68,6 @@ MatrixView Slice(const MatrixView& v, int64_t stride, int64_t i) {
   return s;
 }
 
-// dst <- src elementwise for same-shape views (fp32 -> bf16/fp16 rounds to
-// nearest even, bf16/fp16 -> fp32 is exact; bf16 <-> fp16 goes through fp32,
-// so it is rounded once).
 template <typename To, typename From, typename Convert>
 void ConvertRows(const MatrixView& dst, const MatrixView& src,
                  Convert convert) {
@@ -81,6 +78,9 @@ void ConvertRows(const MatrixView& dst, const MatrixView& src,
   }
 }
 
+// dst <- src elementwise for same-shape views (fp32 -> bf16/fp16 rounds to
+// nearest even, bf16/fp16 -> fp32 is exact; bf16 <-> fp16 goes through fp32,
+// so it is rounded once).
 void ConvertInto(const MatrixView& dst, const MatrixView& src) {
   // The 16-bit GEMMs' conversions (kMedium: every operand and result of
   // every NS product) as plain row loops: through Load/Store, a dtype switch
@@ -98,6 +98,7 @@ void ConvertInto(const MatrixView& dst, const MatrixView& src) {
   if (to == DType::kFloat16 && from == DType::kFloat32) {
     return ConvertRows<uint16_t, float>(dst, src, FloatToFp16Bits);
   }
+  // Other pairs (none of the 16-bit GEMMs'): element by element.
   ForEach(src,
           [&](int64_t i, int64_t j) { Store(dst, i, j, Load(src, i, j)); });
 }

@@ -88,10 +88,14 @@ absl::Status ShmError(const std::string& field, const std::string& name,
     return absl::InvalidArgumentError(
         absl::StrCat(text, " (a symbolic link: name the shm object itself)"));
   }
-  if (err == EISDIR || err == EINVAL) {
+  // A directory (shm_open answers EINVAL for one), a socket.
+  const bool not_regular = err == EISDIR || err == ENXIO ||
+                           (err == EINVAL && std::string(what) == "open");
+  if (not_regular) {
     return absl::FailedPreconditionError(
         absl::StrCat(text, " (not a regular shm object)"));
   }
+  if (err == ENOMEM) return absl::ResourceExhaustedError(text);
   return absl::UnavailableError(text);
 }
 

@@ -48,12 +48,14 @@ class HandleOpener {
   // trainer packs its tensors into a few regions, so a daemon holds a few).
   // InvalidArgument for a malformed name ('/' then 1..250 bytes without '/',
   // NUL or control bytes, not "." or "..") or an object smaller than
-  // `byte_size`, NotFound when it does not exist, FailedPrecondition when
-  // empty or not a regular file, PermissionDenied when another user owns it
-  // (see allow_foreign_shm) and for EACCES/EPERM, ResourceExhausted when the
+  // `byte_size`, NotFound when it does not exist (the message says the
+  // daemon must see the trainer's /dev/shm), InvalidArgument for a symbolic
+  // link, FailedPrecondition when empty or not a regular file (a directory,
+  // a socket), PermissionDenied when another user owns it (see
+  // allow_foreign_shm) and for EACCES/EPERM, ResourceExhausted when the
   // daemon is out of descriptors (EMFILE/ENFILE: the message gives the count,
-  // the limit and what to change), Unavailable for other errno values;
-  // messages name `field` and the object.
+  // the limit and what to change) or memory, Unavailable for other errno
+  // values; messages name `field` and the object.
   virtual absl::StatusOr<std::unique_ptr<MappedRegion>> OpenShm(
       const std::string& name, uint64_t byte_size, const std::string& field);
   // OpenShm's checks without the mapping: the object's descriptor (the

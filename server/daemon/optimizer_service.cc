@@ -14,10 +14,13 @@
 namespace muond {
 namespace {
 
+// `refusal_severity`: how a refusal is logged (a refused OpenStepChannel
+// is no warning: the trainer goes on with the Step RPC).
 template <typename T>
-grpc::Status Reply(absl::StatusOr<T> result, T* response, const char* rpc) {
+grpc::Status Reply(absl::StatusOr<T> result, T* response, const char* rpc,
+                   google::LogSeverity refusal_severity = google::WARNING) {
   if (!result.ok()) {
-    LOG(WARNING) << rpc << " refused: " << result.status();
+    LOG_AT_LEVEL(refusal_severity) << rpc << " refused: " << result.status();
     return ToGrpc(result.status());
   }
   *response = *std::move(result);
@@ -77,16 +80,8 @@ grpc::Status OptimizerService::OpenStepChannel(
     grpc::ServerContext* context, const v1::OpenStepChannelRequest* request,
     v1::OpenStepChannelResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
-  absl::StatusOr<v1::OpenStepChannelResponse> opened = channels_.Open(*request);
-  if (!opened.ok()) {
-    // Not a warning: the trainer goes on with the Step RPC (channels off,
-    // another /dev/shm, all in use).
-    LOG(INFO) << "OpenStepChannel refused (the trainer uses the Step RPC): "
-              << opened.status();
-    return ToGrpc(opened.status());
-  }
-  *response = *std::move(opened);
-  return grpc::Status::OK;
+  return Reply(channels_.Open(*request), response,
+               "OpenStepChannel (the trainer uses the Step RPC)", google::INFO);
 }
 
 grpc::Status OptimizerService::UnregisterParams(

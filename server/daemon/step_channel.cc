@@ -116,7 +116,7 @@ absl::Status CheckCapacity(const std::string& name, const char* field,
 }  // namespace
 
 // The daemon's end of one channel.
-struct ChannelEnd {
+struct StepChannelEnd {
   std::string name;
   int fd = -1;
   // The header page, mapped only as the futex calls' address.
@@ -138,7 +138,7 @@ struct ChannelEnd {
     header = MAP_FAILED;
     fd = -1;
   }
-  ~ChannelEnd() { Release(); }
+  ~StepChannelEnd() { Release(); }
 };
 
 StepChannels::StepChannels(StepHandler handler, StepChannelOptions options)
@@ -148,7 +148,7 @@ StepChannels::StepChannels(StepHandler handler, StepChannelOptions options)
 
 StepChannels::~StepChannels() {
   Shutdown();
-  std::list<std::unique_ptr<ChannelEnd>> channels;
+  std::list<std::unique_ptr<StepChannelEnd>> channels;
   {
     absl::MutexLock lock(&mu_);
     channels.swap(channels_);
@@ -183,6 +183,17 @@ void StepChannels::ReapFinished() {
   }
 }
 
+absl::Status StepChannels::SlotFree() {
+  ReapFinished();
+  if (static_cast<int>(channels_.size()) < options_.max_channels) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "this daemon has ", channels_.size(),
+      " step channels open, its --max_step_channels: close one (an "
+      "optimizer's close()) or send steps with the Step RPC"));
+}
+
 absl::Status StepChannels::CheckRoom() {
   if (options_.max_channels <= 0) {
     return absl::FailedPreconditionError(
@@ -194,34 +205,29 @@ absl::Status StepChannels::CheckRoom() {
         "the daemon is shutting down: no new step channel");
   }
   absl::MutexLock lock(&mu_);
-  ReapFinished();
-  if (static_cast<int>(channels_.size()) >= options_.max_channels) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this daemon has ", channels_.size(),
-        " step channels open, its --max_step_channels: close one (an "
-        "optimizer's close()) or send steps with the Step RPC"));
-  }
-  return absl::OkStatus();
+  return SlotFree();
 }
 
 namespace {
 
 // The header's fields into `channel`, each checked against its rule; `size`:
 // the object's bytes.
-absl::Status ReadHeader(ChannelEnd& channel, uint64_t size) {
+absl::Status ReadHeader(StepChannelEnd& channel, uint64_t size) {
   const std::string& name = channel.name;
   const int fd = channel.fd;
+  if (size < sc::kRequestOffset) {
+    return HeaderError(name,
+                       absl::StrCat("has ", size, " bytes, no whole header (",
+                                    sc::kRequestOffset, " bytes)"));
+  }
   uint64_t magic = 0;
   uint32_t version = 0;
   if (!Read(fd, sc::kMagicOffset, &magic) ||
       !Read(fd, sc::kVersionOffset, &version) ||
       !Read(fd, sc::kRequestCapacityOffset, &channel.request_capacity) ||
       !Read(fd, sc::kResponseCapacityOffset, &channel.response_capacity) ||
-      !Read(fd, sc::kRequestSeqOffset, &channel.last_seq) ||
-      size < sc::kRequestOffset) {
-    return HeaderError(name,
-                       absl::StrCat("has ", size, " bytes, no whole header (",
-                                    sc::kRequestOffset, " bytes)"));
+      !Read(fd, sc::kRequestSeqOffset, &channel.last_seq)) {
+    return HeaderError(name, absl::StrCat("cannot be read: ", strerror(errno)));
   }
   if (magic != sc::kMagic) {
     return HeaderError(name, "does not start with the channel's magic");
@@ -248,7 +254,7 @@ absl::Status ReadHeader(ChannelEnd& channel, uint64_t size) {
 
 // The trainer's lock is held (so its end can be seen), the daemon's taken
 // (one daemon per channel), the header page mapped for the futex calls.
-absl::Status LockAndMap(ChannelEnd& channel) {
+absl::Status LockAndMap(StepChannelEnd& channel) {
   const std::string& name = channel.name;
   if (!LockHeldByOther(channel.fd, sc::kTrainerLockByte)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -274,19 +280,16 @@ absl::Status LockAndMap(ChannelEnd& channel) {
 
 }  // namespace
 
-absl::Status StepChannels::StartServing(std::unique_ptr<ChannelEnd> channel) {
+absl::Status StepChannels::StartServing(
+    std::unique_ptr<StepChannelEnd> channel) {
   absl::MutexLock lock(&mu_);
   if (stopping_.load()) {
     return absl::FailedPreconditionError(
         "the daemon is shutting down: no new step channel");
   }
   // Again under the lock: opens racing past CheckRoom stop at the limit.
-  if (static_cast<int>(channels_.size()) >= options_.max_channels) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("this daemon has ", channels_.size(),
-                     " step channels open, its --max_step_channels"));
-  }
-  ChannelEnd* raw = channel.get();
+  RETURN_IF_ERROR(SlotFree());
+  StepChannelEnd* raw = channel.get();
   // The thread before the list entry: a refused thread (std::thread throws;
   // gRPC would answer UNKNOWN) must leave no entry without a thread, which
   // would hold its slot, descriptor and lock for good and abort the daemon
@@ -323,7 +326,7 @@ void StepChannels::CountChanged() {
 absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
     const v1::OpenStepChannelRequest& request) {
   RETURN_IF_ERROR(CheckRoom());
-  auto channel = std::make_unique<ChannelEnd>();
+  auto channel = std::make_unique<StepChannelEnd>();
   channel->name = request.shm_name();
   struct stat st;
   // Any non-empty object: ReadHeader says what a short one lacks.
@@ -368,20 +371,26 @@ absl::StatusOr<v1::StepRequest> ReadRequest(int fd, uint32_t op, uint32_t len,
 
 }  // namespace
 
-void StepChannels::Serve(ChannelEnd* channel) {
+void StepChannels::Serve(StepChannelEnd* channel) {
   const int fd = channel->fd;
   const struct timespec idle = absl::ToTimespec(options_.idle_check);
   std::string ended = "closed by the trainer";
+  // A request posted before the shutdown is still answered (the handler
+  // refuses it once the table is shut down), one at most: a trainer bumping
+  // request_seq must not hold the daemon's exit.
+  bool answered_since_stopping = false;
   while (true) {
-    if (stopping_.load()) {
-      ended = "the daemon is shutting down";
-      break;
-    }
     uint32_t seq = 0;
     if (!ReadSeq(fd, &seq)) {
       ended = "the object shrank";
       break;
     }
+    if (stopping_.load() &&
+        (seq == channel->last_seq || answered_since_stopping)) {
+      ended = "the daemon is shutting down";
+      break;
+    }
+    answered_since_stopping = stopping_.load();
     if (seq == channel->last_seq) {
       if (Futex(channel->word(sc::kRequestSeqOffset), FUTEX_WAIT,
                 channel->last_seq, &idle) != 0 &&

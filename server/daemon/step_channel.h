@@ -1,8 +1,9 @@
 #pragma once
 // Step channels: Step requests through a shared-memory object instead of a
 // gRPC call. On one host a gRPC unary call costs ~0.25 ms back to back but
-// ~0.6-1.1 ms after its threads slept for a step's length (both ends' gRPC
-// threads wake through their pollers); a futex wake-up costs ~0.05 ms. Each
+// ~0.7-1.1 ms after its threads slept for a step's length (both ends' gRPC
+// threads wake through their pollers); a futex round trip ~0.01-0.1 ms
+// (bench/results/step_channel_cpu.md). Each
 // open channel has a thread that waits on the trainer's futex word, hands
 // the request to the same handler as the Step RPC and writes the answer
 // back (step_channel_layout.h has the protocol).
@@ -28,7 +29,7 @@
 
 namespace muond {
 
-struct ChannelEnd;  // step_channel.cc
+struct StepChannelEnd;  // step_channel.cc
 
 struct StepChannelOptions {
   // Channels open at once; OpenStepChannel beyond them is refused
@@ -44,7 +45,8 @@ struct StepChannelOptions {
   // thread limit does); null: std::thread.
   std::function<std::thread(std::function<void()>)> start_thread;
   // Called with the number of open channels whenever it changes (the
-  // daemon's muond_step_channels_open gauge); null: none.
+  // daemon's muond_step_channels_open gauge), under StepChannels' mutex: it
+  // must not call back into StepChannels. Null: none.
   std::function<void(int open)> open_changed;
 };
 
@@ -78,9 +80,11 @@ class StepChannels {
  private:
   // Channels are on, the daemon not stopping, a slot free.
   absl::Status CheckRoom();
+  // A slot under max_channels once finished channels are reaped.
+  absl::Status SlotFree() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The channel's thread started and its entry listed, or why not.
-  absl::Status StartServing(std::unique_ptr<ChannelEnd> channel);
-  void Serve(ChannelEnd* channel);
+  absl::Status StartServing(std::unique_ptr<StepChannelEnd> channel);
+  void Serve(StepChannelEnd* channel);
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -89,7 +93,7 @@ class StepChannels {
   HandleOpener opener_;
   std::atomic<bool> stopping_{false};
   mutable absl::Mutex mu_;
-  std::list<std::unique_ptr<ChannelEnd>> channels_ ABSL_GUARDED_BY(mu_);
+  std::list<std::unique_ptr<StepChannelEnd>> channels_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muond

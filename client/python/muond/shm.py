@@ -52,10 +52,10 @@ def parse_shm_name(name: str) -> tuple[str, int] | None:
     fields = base[len("muond-"):].rsplit("-", 3)
     if len(fields) != 4:
         return None
-    job, pid, tag, counter = fields
+    job, pid, tag, nonce = fields
     tag_ok = len(tag) == _TAG_HEX and all(c in "0123456789abcdef" for c in tag)
     if not (job and pid.isascii() and pid.isdigit() and tag_ok
-            and counter.isascii() and counter.isdigit()):
+            and nonce.isascii() and nonce.isdigit()):
         return None
     return job, int(pid)
 

@@ -2,8 +2,8 @@
 object the trainer creates, answered by a daemon thread that waits on it
 (layout: server/daemon/step_channel_layout.h, read through muond._rules; the
 RPC that hands it over: OpenStepChannel). A gRPC call after a step's worth of
-idling costs ~1 ms, both ends' threads waking; a futex round trip through
-shared memory ~0.1 ms.
+idling costs ~0.7-1.1 ms, both ends' threads waking; a futex round trip
+through shared memory ~0.01-0.1 ms (bench/results/step_channel_cpu.md).
 
 Linux only (futexes, open-file-description locks). Where a channel cannot be
 had (another OS, a daemon without OpenStepChannel or seeing another
@@ -307,6 +307,8 @@ class StepChannel:
                 # restarted on the same address, or to gRPC's own error)
                 # rather than waiting a slice to call it UNAVAILABLE.
                 self._closing = True
+                _LOG.debug("step channel closed: the daemon's end is gone; steps go over "
+                           "gRPC from now on")
                 raise ChannelUnusable("the daemon's end of the step channel is gone")
             data = request.SerializeToString()
             if len(data) > self.request_capacity:

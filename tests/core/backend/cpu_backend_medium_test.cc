@@ -11,6 +11,7 @@
 
 #include "core/backend/bf16.h"
 #include "core/backend/cpu_backend.h"
+#include "core/backend/fp16.h"
 
 namespace muond {
 namespace {
@@ -112,6 +113,66 @@ TEST_P(MediumGemmTest, MatchesFp64OfBf16InputsOnStridedViews) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = n; j < n + pad; ++j) {  // padding untouched
       EXPECT_EQ(c[i * (n + pad) + j], c0[i * (n + pad) + j]);
+    }
+  }
+}
+
+// Exactly the fp32 path on the widened operands, rounded once, for bf16 and
+// fp16 on strided views: the widening and rounding copies (every 16-bit
+// operand and result of an NS product) change no bit and touch no padding.
+TEST_P(MediumGemmTest, IsTheFp32GemmOfTheWidenedOperandsRoundedOnce) {
+  auto backend = MakeCpuBackend();
+  const auto [op_a, op_b] = GetParam();
+  const int64_t m = 9, n = 11, k = 23, pad = 3;
+  const int64_t ar = op_a == Op::kN ? m : k, ac = op_a == Op::kN ? k : m;
+  const int64_t br = op_b == Op::kN ? k : n, bc = op_b == Op::kN ? n : k;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    const bool fp16 = dtype == DType::kFloat16;
+    const auto to_bits = fp16 ? FloatToFp16Bits : FloatToBf16Bits;
+    const auto to_float = fp16 ? Fp16BitsToFloat : Bf16BitsToFloat;
+    std::vector<uint16_t> a(ar * (ac + pad)), b(br * (bc + pad)),
+        c(m * (n + pad));
+    std::mt19937 rng(7);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (auto* v : {&a, &b, &c}) {
+      for (uint16_t& x : *v) x = to_bits(d(rng));
+    }
+    const std::vector<uint16_t> c0 = c;
+    // The reference: contiguous fp32 copies through kHighest.
+    auto widen = [&](const std::vector<uint16_t>& v, int64_t rows, int64_t cols,
+                     int64_t ld) {
+      std::vector<float> w(rows * cols);
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+          w[i * cols + j] = to_float(v[i * ld + j]);
+        }
+      }
+      return w;
+    };
+    std::vector<float> a32 = widen(a, ar, ac, ac + pad),
+                       b32 = widen(b, br, bc, bc + pad),
+                       c32 = widen(c, m, n, n + pad);
+    const float alpha = 0.75f, beta = -1.5f;
+    ASSERT_TRUE(backend
+                    ->Gemm(op_a, op_b, alpha,
+                           {a32.data(), DType::kFloat32, ar, ac, ac},
+                           {b32.data(), DType::kFloat32, br, bc, bc}, beta,
+                           {c32.data(), DType::kFloat32, m, n, n},
+                           MatmulPrecision::kHighest)
+                    .ok());
+    ASSERT_TRUE(
+        backend
+            ->Gemm(op_a, op_b, alpha, {a.data(), dtype, ar, ac, ac + pad},
+                   {b.data(), dtype, br, bc, bc + pad}, beta,
+                   {c.data(), dtype, m, n, n + pad}, MatmulPrecision::kMedium)
+            .ok());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n + pad; ++j) {
+        const uint16_t want =
+            j < n ? to_bits(c32[i * n + j]) : c0[i * (n + pad) + j];
+        ASSERT_EQ(c[i * (n + pad) + j], want)
+            << (fp16 ? "fp16" : "bf16") << " (" << i << ", " << j << ")";
+      }
     }
   }
 }
@@ -264,8 +325,9 @@ TEST(CpuBackendMedium, WrongOperandDTypeNamesOperandAndRule) {
       backend->Gemm(Op::kN, Op::kN, 1.0f, a32v, V16(b, 2, 2), 0.0f,
                     V16(c, 2, 2), MatmulPrecision::kMedium);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("medium needs bf16 or fp16 (all the same) a, b and c"),
-            absl::string_view::npos)
+  EXPECT_NE(
+      s.message().find("medium needs bf16 or fp16 (all the same) a, b and c"),
+      absl::string_view::npos)
       << s;
   EXPECT_NE(s.message().find("got a fp32"), absl::string_view::npos) << s;
   EXPECT_EQ(c, c0);  // a failed call modifies nothing

@@ -1,6 +1,11 @@
 // DaemonCore's RegisterParams / UnregisterParams: the manifest it publishes,
 // who may clear a registration, and refusals that register nothing (the
 // ones that end the job's round reach the coordinator).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "tests/server/daemon/daemon_core_fixture.h"
 
 namespace muond::daemon_core_test {
@@ -110,6 +115,23 @@ TEST_F(DaemonCoreTest, BadRegistrationsNameTheProblemAndChangeNothing) {
   r = Valid();
   r.mutable_regions(0)->set_shm_name("/muond-no-such-object");
   ExpectRefused(r, absl::StatusCode::kNotFound, "'/muond-no-such-object'");
+
+  // A symbolic link and a directory in /dev/shm: the name is wrong, not
+  // the daemon (neither is a retryable UNAVAILABLE).
+  const std::string odd = absl::StrCat("muond-registration-test-odd-", getpid(),
+                                       "-", absl::ToUnixNanos(absl::Now()));
+  ASSERT_EQ(symlink(("/dev/shm" + name_).c_str(),
+                    ("/dev/shm/" + odd + "-link").c_str()),
+            0);
+  ASSERT_EQ(mkdir(("/dev/shm/" + odd + "-dir").c_str(), 0700), 0);
+  r = Valid();
+  r.mutable_regions(0)->set_shm_name("/" + odd + "-link");
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "symbolic link");
+  r = Valid();
+  r.mutable_regions(0)->set_shm_name("/" + odd + "-dir");
+  ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "not a regular");
+  unlink(("/dev/shm/" + odd + "-link").c_str());
+  rmdir(("/dev/shm/" + odd + "-dir").c_str());
 
   // CUDA IPC on a host-mode daemon.
   r = Valid();

@@ -13,12 +13,16 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "core/common/error_reason.h"
 #include "gmock/gmock.h"
@@ -312,6 +316,12 @@ TEST(StepChannelTest, ObjectsThatAreNoChannelAreRefusedByRule) {
   const std::string link = "/dev/shm/" + base + "-link";
   const std::string dir = "/dev/shm/" + base + "-dir";
   const std::string tiny = "/" + base + "-tiny";
+  // Removed however the test ends (an ASSERT returns early).
+  absl::Cleanup remove = [&] {
+    shm_unlink(tiny.c_str());
+    unlink(link.c_str());
+    rmdir(dir.c_str());
+  };
   ASSERT_EQ(symlink(("/dev/shm" + trainer.OpenRequest().shm_name()).c_str(),
                     link.c_str()),
             0);
@@ -338,9 +348,6 @@ TEST(StepChannelTest, ObjectsThatAreNoChannelAreRefusedByRule) {
     EXPECT_THAT(refused.message(), HasSubstr(c.says));
   }
   close(fd);
-  shm_unlink(tiny.c_str());
-  unlink(link.c_str());
-  rmdir(dir.c_str());
   EXPECT_EQ(channels.open_channels(), 0);
 }
 
@@ -441,6 +448,29 @@ TEST(StepChannelTest, ShutdownEndsIdleChannelsAndRefusesNewOnes) {
   EXPECT_TRUE(
       absl::IsFailedPrecondition(channels->Open(b.OpenRequest()).status()));
   channels.reset();  // joins
+}
+
+TEST(StepChannelTest, RequestPostedAsTheDaemonStopsIsAnswered) {
+  absl::Notification entered, release;
+  auto handler = [&](const v1::StepRequest& request) {
+    if (request.step_id() == 1) {
+      entered.Notify();
+      release.WaitForNotification();
+    }
+    return EchoHandler(request);
+  };
+  StepChannels channels(handler, FastOptions());
+  Trainer trainer;
+  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+  const uint32_t one = trainer.Send(StepBytes(1));
+  entered.WaitForNotification();
+  channels.Shutdown();  // step 1 in flight; step 2 posted after the stop
+  const uint32_t two = trainer.Send(StepBytes(2));
+  release.Notify();
+  ASSERT_TRUE(trainer.Await(two));
+  EXPECT_GT(two, one);
+  EXPECT_EQ(trainer.Response().step_id(), 2);
+  EXPECT_TRUE(EventuallyOpen(channels, 0));  // and no more after it
 }
 
 TEST(StepChannelTest, RefusedThreadLeavesNoChannelBehind) {
