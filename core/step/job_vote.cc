@@ -152,6 +152,20 @@ std::string DescribeRefusals(const JobDecision& d) {
   return absl::StrJoin(parts, "; ");
 }
 
+namespace {
+
+// ErrorInfo metadata {"ranks": the ranks of the refusals `pick` keeps, "r,r"}.
+template <typename Pick>
+ErrorMetadata RanksOf(const std::vector<Refusal>& refusals, Pick pick) {
+  std::vector<int> ranks;
+  for (const Refusal& r : refusals) {
+    if (pick(r)) ranks.push_back(r.rank);
+  }
+  return {{"ranks", absl::StrJoin(ranks, ",")}};
+}
+
+}  // namespace
+
 absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
   const RefusalCode first =
       d.refusals.empty() ? RefusalCode::kStepId : d.refusals[0].code;
@@ -164,15 +178,14 @@ absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
   const bool communication = std::any_of(
       d.refusals.begin(), d.refusals.end(),
       [](const Refusal& r) { return r.code == RefusalCode::kCommunication; });
-  std::vector<int> trainers;
-  for (const Refusal& r : d.refusals) {
-    if (r.code == RefusalCode::kTrainer) trainers.push_back(r.rank);
-  }
-  if (!trainers.empty()) {
+  const auto by_trainer = [](const Refusal& r) {
+    return r.code == RefusalCode::kTrainer;
+  };
+  if (std::any_of(d.refusals.begin(), d.refusals.end(), by_trainer)) {
     if (communication) return absl::UnavailableError(message);
     return WithErrorReason(absl::FailedPreconditionError(message),
                            ErrorReason::kTrainerRefused,
-                           {{"ranks", absl::StrJoin(trainers, ",")}});
+                           RanksOf(d.refusals, by_trainer));
   }
   absl::Status status;
   switch (first) {
@@ -191,10 +204,9 @@ absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
   // Ranks that refused (not ranks that only disagree on the step id): their
   // answers have the details.
   if (d.refusals.empty()) return status;
-  std::vector<int> refusers;
-  for (const Refusal& r : d.refusals) refusers.push_back(r.rank);
-  return WithErrorReason(status, ErrorReason::kRefusedByPeer,
-                         {{"ranks", absl::StrJoin(refusers, ",")}});
+  return WithErrorReason(
+      status, ErrorReason::kRefusedByPeer,
+      RanksOf(d.refusals, [](const Refusal&) { return true; }));
 }
 
 }  // namespace muond

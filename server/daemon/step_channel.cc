@@ -165,11 +165,15 @@ void StepChannels::Shutdown() {
   }
 }
 
-int StepChannels::open_channels() const {
-  absl::MutexLock lock(&mu_);
+int StepChannels::OpenCount() const {
   int open = 0;
   for (const auto& channel : channels_) open += !channel->done.load();
   return open;
+}
+
+int StepChannels::open_channels() const {
+  absl::MutexLock lock(&mu_);
+  return OpenCount();
 }
 
 void StepChannels::ReapFinished() {
@@ -318,9 +322,7 @@ absl::Status StepChannels::StartServing(
 }
 
 void StepChannels::CountChanged() {
-  int open = 0;
-  for (const auto& channel : channels_) open += !channel->done.load();
-  if (options_.open_changed) options_.open_changed(open);
+  if (options_.open_changed) options_.open_changed(OpenCount());
 }
 
 absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(

@@ -86,6 +86,7 @@ class StepChannels {
   absl::Status StartServing(std::unique_ptr<StepChannelEnd> channel);
   void Serve(StepChannelEnd* channel);
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int OpenCount() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StepHandler handler_;

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 
 from muond import _rules
+from muond.step_channel import DETAILS_KEY as _DETAILS_KEY
 from muond.step_channel import ChannelAnswerTooLarge, ChannelUnusable, StepChannel
 from muond.v1 import error_details_pb2
 from muond.v1 import muond_pb2 as pb
@@ -51,7 +52,6 @@ def operator_client_id(token: str | None) -> str:
     return _rules.OPERATOR_ID_PREFIX + digest
 
 _ERROR_INFO_TYPE_URL = "type.googleapis.com/google.rpc.ErrorInfo"
-_DETAILS_KEY = "grpc-status-details-bin"
 
 
 class MuondError(RuntimeError):

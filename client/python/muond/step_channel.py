@@ -56,7 +56,7 @@ _WAIT_SLICE_S = 0.5
 # struct flock on x86_64 and aarch64: type, whence, start, len, pid.
 _FLOCK = "hhxxxxqqixxxx"
 # gRPC's trailer of a status's details, where muond.client.error_info reads them.
-_DETAILS_KEY = "grpc-status-details-bin"
+DETAILS_KEY = "grpc-status-details-bin"
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -100,7 +100,7 @@ class ChannelRpcError(grpc.RpcError):
         return ()
 
     def trailing_metadata(self):
-        return ((_DETAILS_KEY, self._status),) if self._status else ()
+        return ((DETAILS_KEY, self._status),) if self._status else ()
 
 
 def capacities(groups, refusal_bytes: int) -> tuple[int, int]:
