@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The symmetric GEMM's two consumer schedules (cooperative, ping-pong) on one
-# GPU, side by side: unpack the bundle, then
-#   check: bin/sym_gemm_sm90_check (every correctness case with both schedules
-#          against cuBLAS, then the timing table: both schedules, cuBLAS's full
+# The symmetric GEMM's three consumer schedules (cooperative, ping-pong, wide)
+# on one GPU, side by side: unpack the bundle, then
+#   check: bin/sym_gemm_sm90_check (every correctness case with each schedule
+#          against cuBLAS, then the timing table: the schedules, cuBLAS's full
 #          product and full + mirror per shape), $OUT/sym_gemm_check.md;
-#          and bin/sym_gemm_cuda_test (both schedules through the backend);
+#          and bin/sym_gemm_cuda_test (each schedule through the backend);
 #   steps: the in-process step engine (bench/gpu_step_bench.py, columns
 #          in-process std and Gram) with each schedule on Llama-3-8B 4 layers,
 #          Qwen3-1.7B 28 layers and the Qwen3-30B-A3B MoE layer,
@@ -26,7 +26,7 @@ if [ "$mode" = check ] || [ "$mode" = all ]; then
   grep -E "PASSED|FAILED" "$out/sym_gemm_cuda_test.log" | tail -5
 fi
 if [ "$mode" = steps ] || [ "$mode" = all ]; then
-  for schedule in cooperative pingpong; do
+  for schedule in cooperative pingpong wide; do
     part "steps_$schedule" 240 "$out/steps_$schedule.log" env MUOND_BIN="$B/bin" \
       python3 "$R/bench/gpu_step_bench.py" --sym-gemm-schedule "$schedule" \
       --columns inproc_std,inproc_gram --no-rpc --rounds "${ROUNDS:-2}" --reps 10 --warmup 2 \

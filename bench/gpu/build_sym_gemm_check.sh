@@ -15,7 +15,7 @@ flags=(-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I.
 # The kernel's files in parallel (each a long CUTLASS build); any failure
 # fails the script.
 pids=()
-for k in sym_gemm_sm90 sym_gemm_sm90_cooperative sym_gemm_sm90_pingpong; do
+for k in sym_gemm_sm90 sym_gemm_sm90_cooperative sym_gemm_sm90_pingpong sym_gemm_sm90_wide; do
   /usr/local/cuda/bin/nvcc "${flags[@]}" -c core/backend/$k.cu -o dist/obj/$k.o &
   pids+=($!)
 done

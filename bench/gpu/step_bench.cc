@@ -29,8 +29,8 @@
 // --engine): where and in what precision the engine keeps the momentum
 // (core/common/state_storage.h); the engine's line then adds the medians of
 // its momentum and update phases ("momentum_ms <ms> update_ms <ms>").
-// --sym_gemm_schedule=auto|cooperative|pingpong: the sm_90a symmetric GEMM's
-// consumer schedule (muond-daemon's flag of the same name).
+// --sym_gemm_schedule=auto|cooperative|pingpong|wide: the sm_90a symmetric
+// GEMM's consumer schedule (muond-daemon's flag of the same name).
 // --ns_only (not with --engine): after one full step, times each chunk's
 // batched NS alone (Run on its stacked NS input, in place), one line per
 // chunk: "ns_ms <R>x<C> batch <B> median <ms>" (bench/gpu_step_bench.py's
@@ -280,7 +280,7 @@ int Main(int argc, char** argv) {
                    "[--gram_dtype=fp16|bf16] [--gram_min_aspect_ratio=X] "
                    "[--state_location=device|host] "
                    "[--state_dtype=fp32|bf16|fp8_e4m3] "
-                   "[--sym_gemm_schedule=auto|cooperative|pingpong]\n");
+                   "[--sym_gemm_schedule=auto|cooperative|pingpong|wide]\n");
       return 2;
     }
   }
@@ -303,8 +303,8 @@ int Main(int argc, char** argv) {
       ParseSymGemmSchedule(sym_gemm_schedule);
   if (!schedule.has_value()) {
     std::fprintf(stderr,
-                 "step_bench: --sym_gemm_schedule must be auto, cooperative "
-                 "or pingpong\n");
+                 "step_bench: --sym_gemm_schedule must be auto, cooperative, "
+                 "pingpong or wide\n");
     return 2;
   }
   cuda_options.sym_gemm_schedule = *schedule;

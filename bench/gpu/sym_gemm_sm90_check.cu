@@ -1,5 +1,5 @@
 // Standalone correctness check and timing table for the sm_90a symmetric
-// GEMM (core/backend/sym_gemm_sm90_kernel.cuh), both consumer schedules:
+// GEMM (core/backend/sym_gemm_sm90_kernel.cuh), all three consumer schedules:
 // the Bazel binary //bench/gpu:sym_gemm_sm90_check (in the GPU bundle), or
 // built with nvcc alone (bench/gpu/build_sym_gemm_check.sh). The Bazel
 // targets //tests/core/backend:sym_gemm_cuda_test and
@@ -13,9 +13,11 @@
 // sum whose order differs, so each fp32 sum is within k 2^-24 S of the exact
 // one and the two roundings differ by at most a few ulp. d must equal d^T
 // bitwise, and the padding columns (ld > n) must keep their sentinel. Every
-// case runs with both consumer schedules (cooperative, ping-pong).
+// case runs with each consumer schedule (cooperative, ping-pong, wide); the
+// wide schedule's d is also compared with the cooperative one's bitwise
+// (reported, not a failure: the two tile widths issue different GMMA shapes).
 //
-// Timing: both schedules against cuBLAS's full product (and that plus the
+// Timing: the schedules against cuBLAS's full product (and that plus the
 // mirror kernel, the backend's fallback), side by side per shape.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -57,6 +59,7 @@ namespace sg = muond::sym_gemm_sm90;
 
 static cublasHandle_t g_cublas;
 static int g_failures = 0;
+static int g_wide_cases = 0, g_wide_same = 0;  // wide d == cooperative d
 
 static uint16_t ToBits(float v, bool bf16) {
   if (bf16) {
@@ -107,7 +110,15 @@ struct Case {
 };
 
 static const char* ScheduleName(sg::Schedule s) {
-  return s == sg::Schedule::kPingpong ? "pingpong" : "cooperative";
+  switch (s) {
+    case sg::Schedule::kPingpong:
+      return "pingpong";
+    case sg::Schedule::kWide:
+      return "wide";
+    case sg::Schedule::kCooperative:
+      break;
+  }
+  return "cooperative";
 }
 
 static void RunCase(const Case& cs) {
@@ -175,6 +186,18 @@ static void RunCase(const Case& cs) {
   }
   CK(sg::Run(a, nullptr));
   CK(cudaDeviceSynchronize());
+  if (cs.schedule == sg::Schedule::kWide) {
+    sg::Args coop = a;
+    coop.schedule = sg::Schedule::kCooperative;
+    coop.d = ds;  // free until S below
+    CK(cudaMemcpy(ds, fill.data(), sd * batch * 2, cudaMemcpyHostToDevice));
+    CK(sg::Run(coop, nullptr));
+    std::vector<uint16_t> hw(sd * batch), hcoop(sd * batch);
+    CK(cudaMemcpy(hw.data(), dd, sd * batch * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hcoop.data(), ds, sd * batch * 2, cudaMemcpyDeviceToHost));
+    ++g_wide_cases;
+    if (hw == hcoop) ++g_wide_same;
+  }
   const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
   CublasRef(a.trans_a, a.trans_b, n, k, cs.alpha, dx, ldx, sx, dx, ldx, sx,
             cs.beta, dref, ldd, sd, batch, t, CUBLAS_COMPUTE_32F);
@@ -301,14 +324,15 @@ static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false) {
   };
   const float tc = TimeMs(iters, kernel(sg::Schedule::kCooperative)),
               tp = TimeMs(iters, kernel(sg::Schedule::kPingpong)),
+              tw = TimeMs(iters, kernel(sg::Schedule::kWide)),
               tf = TimeMs(iters, full), tfs = TimeMs(iters, full_sym);
   auto tflops = [&](float ms) { return flop / (ms * 1e-3) / 1e12; };
   std::printf(
       "| %s | %lld | %lld | %lld | %.4f | %.0f | %.4f | %.0f | %.4f | %.0f | "
-      "%.4f | %.2f | %.2f | %.2f |\n",
+      "%.4f | %.0f | %.4f | %.2f | %.2f | %.2f |\n",
       gram ? "(N,N) + 0.5 c" : "X X^T", (long long)n, (long long)k,
-      (long long)batch, tc, tflops(tc), tp, tflops(tp), tf, tflops(tf), tfs,
-      tc / tp, tfs / tc, tfs / tp);
+      (long long)batch, tc, tflops(tc), tp, tflops(tp), tw, tflops(tw), tf,
+      tflops(tf), tfs, tc / tw, tfs / tc, tfs / tw);
   cudaFree(dx);
   cudaFree(dd);
   cudaFree(dc);
@@ -323,18 +347,22 @@ int main(int argc, char** argv) {
               p.major, p.minor, p.multiProcessorCount,
               int(sg::DeviceSupported(dev)));
   CB(cublasCreate(&g_cublas));
-  const bool bench_only = argc > 1 && std::string(argv[1]) == "bench";
-  if (!bench_only) {
+  // "bench": the timings only; "wide": the wide schedule's cases only.
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode != "bench") {
     std::printf(
         "\n| ok | schedule | dtype | orientation | n | k | batch | alpha | "
         "beta | ld | max err/tol | bad | asym | pad | unwritten |\n|---|---|"
         "---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::vector<Case> cases;
-    for (sg::Schedule sc :
-         {sg::Schedule::kCooperative, sg::Schedule::kPingpong})
+    std::vector<sg::Schedule> schedules = {sg::Schedule::kCooperative,
+                                           sg::Schedule::kPingpong,
+                                           sg::Schedule::kWide};
+    if (mode == "wide") schedules = {sg::Schedule::kWide};
+    for (sg::Schedule sc : schedules)
       for (bool bf : {true, false})
         for (bool ta : {false, true})
-          for (int64_t n0 : {1, 7, 130, 1000, 4096}) {
+          for (int64_t n0 : {1, 7, 130, 300, 1000, 1300, 4096}) {
             // The kernel's operands: the contiguous extent (k of X X^T, n
             // of X^T X) a multiple of 8; the other any size, so that c's
             // and d's last chunks and tiles are partial.
@@ -351,13 +379,15 @@ int main(int argc, char** argv) {
     for (const Case& c : cases) RunCase(c);
     std::printf("\ncorrectness: %d failing case(s) of %zu\n", g_failures,
                 cases.size());
+    std::printf("wide vs cooperative: %d of %d cases bitwise equal\n",
+                g_wide_same, g_wide_cases);
   }
   std::printf(
       "\n| product | n | k | batch | cooperative ms | TFLOP/s | pingpong ms | "
-      "TFLOP/s | "
-      "cuBLAS full ms | TFLOP/s | full+mirror ms | cooperative / pingpong | "
-      "full+mirror / cooperative | full+mirror / pingpong |\n|---|---|---|---|"
-      "---|---|---|---|---|---|---|---|---|---|\n");
+      "TFLOP/s | wide ms | TFLOP/s | cuBLAS full ms | TFLOP/s | full+mirror "
+      "ms | cooperative / wide | full+mirror / cooperative | full+mirror / "
+      "wide |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+      "---|\n");
   for (int64_t n : {256, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192})
     for (int64_t k : {n, n * 7 / 2}) Bench(n, k, 1);
   // Batches: standard NS's X X^T of expert-sized matrices, and Gram NS's

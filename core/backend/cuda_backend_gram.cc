@@ -26,6 +26,20 @@ namespace {
 // the same path (bitwise equal slices).
 bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 2 * n; }
 
+// The kernel's schedule for the backend's option (auto: cooperative).
+sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option) {
+  switch (option) {
+    case SymGemmSchedule::kPingpong:
+      return sym_gemm_sm90::Schedule::kPingpong;
+    case SymGemmSchedule::kWide:
+      return sym_gemm_sm90::Schedule::kWide;
+    case SymGemmSchedule::kCooperative:
+    case SymGemmSchedule::kAuto:
+      break;
+  }
+  return sym_gemm_sm90::Schedule::kCooperative;
+}
+
 }  // namespace
 
 absl::Status CudaBackend::AddToDiagonal(const MatrixView& view, int64_t stride,
@@ -56,9 +70,7 @@ absl::Status CudaBackend::SymmetricGemmStridedBatchedOut(
     sym_gemm_sm90::Args s;
     s.elem = d.dtype == DType::kBFloat16 ? sym_gemm_sm90::Elem::kBFloat16
                                          : sym_gemm_sm90::Elem::kFloat16;
-    s.schedule = options_.sym_gemm_schedule == SymGemmSchedule::kPingpong
-                     ? sym_gemm_sm90::Schedule::kPingpong
-                     : sym_gemm_sm90::Schedule::kCooperative;
+    s.schedule = KernelSchedule(options_.sym_gemm_schedule);
     s.trans_a = op_a == Op::kT;
     s.trans_b = op_b == Op::kT;
     s.n = d.rows;

@@ -8,7 +8,7 @@ namespace muond {
 std::optional<SymGemmSchedule> ParseSymGemmSchedule(std::string_view name) {
   for (SymGemmSchedule s :
        {SymGemmSchedule::kAuto, SymGemmSchedule::kCooperative,
-        SymGemmSchedule::kPingpong}) {
+        SymGemmSchedule::kPingpong, SymGemmSchedule::kWide}) {
     if (name == SymGemmScheduleName(s)) return s;
   }
   return std::nullopt;
@@ -20,6 +20,8 @@ const char* SymGemmScheduleName(SymGemmSchedule schedule) {
       return "cooperative";
     case SymGemmSchedule::kPingpong:
       return "pingpong";
+    case SymGemmSchedule::kWide:
+      return "wide";
     case SymGemmSchedule::kAuto:
       break;
   }

@@ -10,13 +10,14 @@
 namespace muond {
 
 // How the sm_90a symmetric GEMM's two consumer warpgroups share its work
-// (core/backend/sym_gemm_sm90_kernel.cuh): kCooperative (both on one tile),
-// kPingpong (a tile each, one's epilogue under the other's mainloop), kAuto
-// (the backend's pick: cooperative, faster than ping-pong on every shape and
-// step set measured side by side, bench/results/gpu_h100_sym_gemm.md).
-enum class SymGemmSchedule { kAuto, kCooperative, kPingpong };
+// (core/backend/sym_gemm_sm90_kernel.cuh): kCooperative (both on one 128 x
+// 128 tile), kPingpong (a tile each, one's epilogue under the other's
+// mainloop), kWide (both on one 128 x 256 tile), kAuto (the backend's pick:
+// cooperative, faster than ping-pong on every shape and step set measured
+// side by side, bench/results/gpu_h100_sym_gemm.md).
+enum class SymGemmSchedule { kAuto, kCooperative, kPingpong, kWide };
 
-// "auto", "cooperative", "pingpong"; nullopt for anything else.
+// "auto", "cooperative", "pingpong", "wide"; nullopt for anything else.
 std::optional<SymGemmSchedule> ParseSymGemmSchedule(std::string_view name);
 const char* SymGemmScheduleName(SymGemmSchedule schedule);
 

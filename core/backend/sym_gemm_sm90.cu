@@ -1,7 +1,8 @@
 // The sm_90a symmetric GEMM's host side: which arguments it takes, and the
 // launch of the schedule Args names (the kernels: sym_gemm_sm90_kernel.cuh,
-// instantiated in sym_gemm_sm90_cooperative.cu and sym_gemm_sm90_pingpong.cu,
-// compiled apart so that their long CUTLASS builds run in parallel).
+// instantiated in sym_gemm_sm90_cooperative.cu, sym_gemm_sm90_pingpong.cu and
+// sym_gemm_sm90_wide.cu, compiled apart so that their long CUTLASS builds run
+// in parallel).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -91,8 +92,15 @@ cudaError_t Run(const Args& a, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&dev.id);
   if (err != cudaSuccess) return err;
   dev.sm_count = SmCount(dev.id);
-  return a.schedule == Schedule::kPingpong ? RunPingpong(a, dev, stream)
-                                           : RunCooperative(a, dev, stream);
+  switch (a.schedule) {
+    case Schedule::kPingpong:
+      return RunPingpong(a, dev, stream);
+    case Schedule::kWide:
+      return RunWide(a, dev, stream);
+    case Schedule::kCooperative:
+      break;
+  }
+  return RunCooperative(a, dev, stream);
 }
 
 }  // namespace sym_gemm_sm90

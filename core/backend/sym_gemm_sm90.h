@@ -20,10 +20,10 @@ namespace sym_gemm_sm90 {
 enum class Elem { kBFloat16, kFloat16 };
 
 // How the kernel's two consumer warpgroups share the work
-// (sym_gemm_sm90_kernel.cuh): both on one tile, its epilogue after its
-// mainloop (cooperative), or a tile each, alternating, one's epilogue under
-// the other's mainloop (ping-pong).
-enum class Schedule { kCooperative, kPingpong };
+// (sym_gemm_sm90_kernel.cuh): both on one 128 x 128 tile, its epilogue after
+// its mainloop (cooperative); a tile each, alternating, one's epilogue under
+// the other's mainloop (ping-pong); or both on one 128 x 256 tile (wide).
+enum class Schedule { kCooperative, kPingpong, kWide };
 
 struct Args {
   Elem elem = Elem::kBFloat16;

@@ -10,9 +10,13 @@
 //    transposed to tile (j, i), both with coalesced 16-byte stores. A diagonal
 //    tile writes its lower half and that half's mirror, so every d is
 //    bitwise symmetric.
-// Two schedules of the consumers (Schedule in sym_gemm_sm90.h):
+// Three schedules of the consumers (Schedule in sym_gemm_sm90.h):
 //  - cooperative: both consumer warpgroups share one 128 x 128 tile (64 rows
 //    each), then both run its epilogue; the mainloop waits for it.
+//  - wide: cooperative on 128 x 256 tiles, two square tiles side by side
+//    (WideTileOfIndex): a third more MMA work per byte loaded into shared
+//    memory, CUTLASS's own tile for large bf16 GEMMs. The epilogue writes the
+//    two halves one after the other through the same staging buffer.
 //  - ping-pong: each consumer warpgroup owns a whole 128 x 128 tile and the
 //    two alternate (CUTLASS's ordered math barrier): one runs its epilogue
 //    while the other's mainloop keeps the tensor cores busy. The epilogues
@@ -46,9 +50,12 @@ namespace sym_gemm_sm90 {
 constexpr int kTile = kSymTile;  // square: the mirror of a tile is one
 
 // ---------------------------------------------------------------------------
-// Scheduler: linear work index -> (tile_m, tile_n, l) over lower tiles only.
+// Scheduler: linear work index -> (tile_m, tile_n, l) over lower tiles only;
+// kWide: (tile_m, column pair, l) over 128 x 256 tiles (WideTileOfIndex).
 struct TriangleTag {};
+struct WideTriangleTag {};
 
+template <bool kWide>
 class TriangleScheduler
     : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
@@ -81,7 +88,7 @@ class TriangleScheduler
   static dim3 get_grid_shape(Params const& params, ProblemShapeMNKL, BlockShape,
                              ClusterShape, cutlass::KernelHardwareInfo hw_info,
                              Arguments = Arguments{}, bool = true) {
-    const int64_t total = LowerTileWork(params.tiles, params.batch);
+    const int64_t total = Work(params.tiles, params.batch);
     const int64_t sms = hw_info.sm_count > 0 ? hw_info.sm_count : 1;
     return dim3(unsigned(total < sms ? (total > 0 ? total : 1) : sms), 1, 1);
   }
@@ -92,7 +99,7 @@ class TriangleScheduler
       : Base(params) {
 #if defined(__CUDA_ARCH__)
     tiles_ = int32_t(params.tiles);
-    per_batch_ = params.tiles * (params.tiles + 1) / 2;
+    per_batch_ = Work(params.tiles, 1);
     total_ = per_batch_ * params.batch;
     idx_ = blockIdx.x;
     step_ = gridDim.x;
@@ -121,6 +128,10 @@ class TriangleScheduler
   }
 
  private:
+  CUTLASS_HOST_DEVICE static int64_t Work(int64_t tiles, int64_t batch) {
+    return kWide ? WideTileWork(tiles, batch) : LowerTileWork(tiles, batch);
+  }
+
   // Batch l, then the triangle in TileOfIndex's banded order. 32-bit
   // arithmetic: a 64-bit division is a subroutine call, and a call anywhere
   // in the kernel makes ptxas serialize the wgmma pipeline (C7510).
@@ -129,7 +140,11 @@ class TriangleScheduler
     const uint32_t i = uint32_t(idx), per = uint32_t(per_batch_);
     const uint32_t l = i / per;
     int32_t m = 0, n = 0;
-    TileOfIndex(i - l * per, tiles_, &m, &n);
+    if constexpr (kWide) {
+      WideTileOfIndex(i - l * per, tiles_, &m, &n);
+    } else {
+      TileOfIndex(i - l * per, tiles_, &m, &n);
+    }
     return {m, n, int32_t(l), true};
   }
 
@@ -141,9 +156,12 @@ class TriangleScheduler
 };
 
 // ---------------------------------------------------------------------------
-// Epilogue (wrapped in CUTLASS's adapter for non-TMA epilogues).
-template <class Element>
+// Epilogue (wrapped in CUTLASS's adapter for non-TMA epilogues). A tile of
+// kTileN columns is kTileN / kTile square tiles, written one after the other.
+template <class Element, int kTileN = kTile>
 class MirrorEpilogue {
+  static_assert(kTileN % kTile == 0);
+
  public:
   using ElementC = Element;
   using ElementD = Element;
@@ -218,11 +236,34 @@ class MirrorEpilogue {
       cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
       TiledMma tiled_mma, ResidueMNK, int thread_idx, char* smem_buf) {
     using namespace cute;
-    constexpr int kThreads = int(size(TiledMma{}));
     const int n = int(get<0>(problem_shape_mnkl));
     const int tm = int(get<0>(blk_coord_mnkl));
     const int tn = int(get<1>(blk_coord_mnkl));
     const int64_t l = int64_t(get<3>(blk_coord_mnkl));
+    Tensor cD = make_identity_tensor(make_shape(Int<kTile>{}, Int<kTileN>{}));
+    Tensor tCcD = tiled_mma.get_thread_slice(thread_idx).partition_C(cD);
+    CUTE_STATIC_ASSERT_V(size(tCcD) == size(accumulators));
+    // Square tile j of the kTileN-wide one, if it is in the lower triangle
+    // and inside the matrix (the same for every thread: the barriers within
+    // match).
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < kTileN / kTile; ++h) {
+      const int j = tn * (kTileN / kTile) + h;
+      if (j > tm || tm * kTile >= n || j * kTile >= n) continue;
+      WriteSquare<TiledMma>(n, tm, j, h * kTile, l, accumulators, tCcD,
+                            thread_idx, smem_buf);
+    }
+  }
+
+ private:
+  // Square tile (tm, tn) of d, and off the diagonal its mirror (tn, tm), from
+  // the accumulators of columns col0.. of the tile.
+  template <class TiledMma, class Acc, class Coords>
+  CUTLASS_DEVICE void WriteSquare(int n, int tm, int tn, int col0, int64_t l,
+                                  Acc const& accumulators, Coords const& tCcD,
+                                  int thread_idx, char* smem_buf) {
+    using namespace cute;
+    constexpr int kThreads = int(size(TiledMma{}));
     const int m0 = tm * kTile, n0 = tn * kTile;
     Element* tile = reinterpret_cast<SharedStorage*>(smem_buf)->tile;
     Element* d = params_.d + l * params_.stride_d;
@@ -245,12 +286,10 @@ class MirrorEpilogue {
 
     // 2. alpha acc + beta c, rounded once, into the staging buffer. A thread
     // reads and writes only its own elements: no barrier between the two.
-    Tensor cD = make_identity_tensor(make_shape(Int<kTile>{}, Int<kTile>{}));
-    Tensor tCcD = tiled_mma.get_thread_slice(thread_idx).partition_C(cD);
-    CUTE_STATIC_ASSERT_V(size(tCcD) == size(accumulators));
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accumulators); ++i) {
-      const int r = get<0>(tCcD(i)), col = get<1>(tCcD(i));
+      const int r = get<0>(tCcD(i)), col = get<1>(tCcD(i)) - col0;
+      if (kTileN != kTile && (col < 0 || col >= kTile)) continue;
       float v = params_.alpha * float(accumulators(i));
       if (with_c) v += params_.beta * float(tile[Idx(r, col)]);
       tile[Idx(r, col)] = Element(v);
@@ -297,7 +336,6 @@ class MirrorEpilogue {
     }
   }
 
- private:
   // Rows m0.. and columns n0.. of the n x n matrix at `src` (row stride ld)
   // into the staging tile, 8 elements a load; what lies outside is 0. The
   // loads of a round are all issued before its shared-memory stores, so they
@@ -378,7 +416,14 @@ template <class ArchTag, class TileShape, class ClusterShape, uint32_t Stages,
 struct TileSchedulerSelector<muond::sym_gemm_sm90::TriangleTag, ArchTag,
                              TileShape, ClusterShape, Stages,
                              ProblemShapeType> {
-  using Scheduler = muond::sym_gemm_sm90::TriangleScheduler;
+  using Scheduler = muond::sym_gemm_sm90::TriangleScheduler<false>;
+};
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t Stages,
+          class ProblemShapeType>
+struct TileSchedulerSelector<muond::sym_gemm_sm90::WideTriangleTag, ArchTag,
+                             TileShape, ClusterShape, Stages,
+                             ProblemShapeType> {
+  using Scheduler = muond::sym_gemm_sm90::TriangleScheduler<true>;
 };
 }  // namespace cutlass::gemm::kernel::detail
 
@@ -392,24 +437,27 @@ using cutlass::layout::RowMajor;
 // K-major (RowMajor); op(a) = a^T (T) is M-major (ColumnMajor). For B,
 // op(b) = b^T (T) means B[n][k] = b[n * ldb + k]: K-major (ColumnMajor);
 // op(b) = b (N) is N-major (RowMajor).
-template <class Element, bool kTransA, bool kTransB, class KernelSchedule>
+// kTileN: the output tile's columns (kTile, or 2 kTile for the wide
+// schedule).
+template <class Element, bool kTransA, bool kTransB, class KernelSchedule,
+          int kTileN>
 struct Config {
   using LayoutA = cute::conditional_t<kTransA, ColumnMajor, RowMajor>;
   using LayoutB = cute::conditional_t<kTransB, ColumnMajor, RowMajor>;
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using TileShape = cute::Shape<cute::_128, cute::Int<kTileN>, cute::_64>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Epilogue =
       cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-          MirrorEpilogue<Element>>;
+          MirrorEpilogue<Element, kTileN>>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, 8,
       Element, LayoutB, 8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename MirrorEpilogue<Element>::SharedStorage))>,
+          sizeof(typename MirrorEpilogue<Element, kTileN>::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
-                                           Mainloop, Epilogue, TriangleTag>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<
+      cute::Shape<int, int, int, int>, Mainloop, Epilogue,
+      cute::conditional_t<kTileN == kTile, TriangleTag, WideTriangleTag>>;
 };
 
 // A stride tuple with the one dynamic non-batch mode set to `ld`.
@@ -426,9 +474,10 @@ Stride MakeStride(int64_t ld, int64_t batch_stride) {
   return s;
 }
 
-template <class Element, bool kTransA, bool kTransB, class KernelSchedule>
+template <class Element, bool kTransA, bool kTransB, class KernelSchedule,
+          int kTileN>
 cudaError_t Launch(const Args& a, const Device& dev, cudaStream_t stream) {
-  using C = Config<Element, kTransA, kTransB, KernelSchedule>;
+  using C = Config<Element, kTransA, kTransB, KernelSchedule, kTileN>;
   using Kernel = typename C::Kernel;
   using Mainloop = typename C::Mainloop;
   cudaError_t err = cudaSuccess;
@@ -483,14 +532,16 @@ cudaError_t Launch(const Args& a, const Device& dev, cudaStream_t stream) {
 }
 
 // Launch for the op pair of `a` (Unsupported() refused (T,T)).
-template <class KernelSchedule>
+template <class KernelSchedule, int kTileN = kTile>
 cudaError_t LaunchOps(const Args& a, const Device& dev, cudaStream_t stream) {
   auto ops = [&](auto element) {
     using E = decltype(element);
     if (a.trans_a)
-      return Launch<E, true, false, KernelSchedule>(a, dev, stream);
-    return a.trans_b ? Launch<E, false, true, KernelSchedule>(a, dev, stream)
-                     : Launch<E, false, false, KernelSchedule>(a, dev, stream);
+      return Launch<E, true, false, KernelSchedule, kTileN>(a, dev, stream);
+    return a.trans_b
+               ? Launch<E, false, true, KernelSchedule, kTileN>(a, dev, stream)
+               : Launch<E, false, false, KernelSchedule, kTileN>(a, dev,
+                                                                 stream);
   };
   return a.elem == Elem::kBFloat16 ? ops(cutlass::bfloat16_t{})
                                    : ops(cutlass::half_t{});

@@ -1,5 +1,5 @@
 // Private to the sm_90a symmetric GEMM (sym_gemm_sm90*.cu): the launchers of
-// its two consumer schedules, each in its own translation unit, and what they
+// its three consumer schedules, each in its own translation unit, and what they
 // need to know of the device. No CUTLASS types.
 #ifndef MUOND_CORE_BACKEND_SYM_GEMM_SM90_LAUNCH_H_
 #define MUOND_CORE_BACKEND_SYM_GEMM_SM90_LAUNCH_H_
@@ -20,6 +20,7 @@ struct Device {
 cudaError_t RunCooperative(const Args& a, const Device& dev,
                            cudaStream_t stream);
 cudaError_t RunPingpong(const Args& a, const Device& dev, cudaStream_t stream);
+cudaError_t RunWide(const Args& a, const Device& dev, cudaStream_t stream);
 
 }  // namespace sym_gemm_sm90
 }  // namespace muond

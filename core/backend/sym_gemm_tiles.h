@@ -67,6 +67,29 @@ MUOND_SG_HD void TileOfIndex(uint32_t t, int32_t tiles, int32_t* tile_m,
   *tile_m = r0 + c + int32_t(u);
 }
 
+// The wide schedule's output tiles are 128 x 256: tile row m (kSymTile rows)
+// by column pair k (square tile columns 2k and 2k + 1). Tile rows 2p and
+// 2p + 1 both have pairs 0..p, so the work is a triangle of "pair rows" p >= k,
+// each cell two items (tile rows 2p, 2p + 1), taken in TileOfIndex's banded
+// order. The pair (2p, p) holds one tile of the triangle and one above it
+// (computed, not written); with T odd, the last pair row's second tile row
+// lies outside the matrix (computed on zeros, not written).
+MUOND_SG_HD int64_t WidePairRows(int64_t tiles) { return (tiles + 1) / 2; }
+
+// Work items of `batch` T x T triangles in 128 x 256 tiles.
+MUOND_SG_HD int64_t WideTileWork(int64_t tiles, int64_t batch) {
+  const int64_t p = WidePairRows(tiles);
+  return batch * p * (p + 1);
+}
+
+// (tile_m, column pair) of index t < WideTileWork(tiles, 1).
+MUOND_SG_HD void WideTileOfIndex(uint32_t t, int32_t tiles, int32_t* tile_m,
+                                 int32_t* pair) {
+  int32_t p = 0;
+  TileOfIndex(t >> 1, int32_t(WidePairRows(tiles)), &p, pair);
+  *tile_m = 2 * p + int32_t(t & 1);
+}
+
 }  // namespace sym_gemm_sm90
 }  // namespace muond
 

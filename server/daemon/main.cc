@@ -115,9 +115,10 @@ ABSL_FLAG(int, lt_autotune, CudaDefaults().lt_autotune,
           "the environment");
 ABSL_FLAG(std::string, sym_gemm_schedule, "auto",
           "GPU mode, H100/H200: the symmetric GEMM kernel's schedule, "
-          "'cooperative' (both consumer warpgroups on one tile), 'pingpong' "
-          "(a tile each, one's epilogue under the other's mainloop) or "
-          "'auto' (cooperative: faster than ping-pong on every shape measured)");
+          "'cooperative' (both consumer warpgroups on one 128x128 tile), "
+          "'pingpong' (a tile each, one's epilogue under the other's "
+          "mainloop), 'wide' (both on one 128x256 tile) or 'auto' "
+          "(cooperative)");
 
 namespace {
 constexpr char kUsage[] =
@@ -178,7 +179,7 @@ int main(int argc, char** argv) {
   if (!sym_gemm_schedule.has_value()) {
     LOG(ERROR) << "--sym_gemm_schedule="
                << absl::GetFlag(FLAGS_sym_gemm_schedule)
-               << " must be auto, cooperative or pingpong";
+               << " must be auto, cooperative, pingpong or wide";
     return 2;
   }
   if (absl::GetFlag(FLAGS_host) && device >= 0) {

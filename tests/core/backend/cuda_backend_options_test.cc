@@ -66,10 +66,11 @@ TEST(CudaBackendOptionsFromLegacyEnvironment, VariablesAreIndependent) {
 TEST(SymGemmSchedule, NamesParseToTheirSchedulesAndNothingElseParses) {
   for (SymGemmSchedule s :
        {SymGemmSchedule::kAuto, SymGemmSchedule::kCooperative,
-        SymGemmSchedule::kPingpong}) {
+        SymGemmSchedule::kPingpong, SymGemmSchedule::kWide}) {
     EXPECT_EQ(ParseSymGemmSchedule(SymGemmScheduleName(s)), s);
   }
   EXPECT_STREQ(SymGemmScheduleName(SymGemmSchedule::kPingpong), "pingpong");
+  EXPECT_STREQ(SymGemmScheduleName(SymGemmSchedule::kWide), "wide");
   EXPECT_EQ(ParseSymGemmSchedule("cooperative"), SymGemmSchedule::kCooperative);
   for (const char* other : {"", "Auto", "ping-pong", "pingpong ", "coop"}) {
     EXPECT_FALSE(ParseSymGemmSchedule(other).has_value()) << other;

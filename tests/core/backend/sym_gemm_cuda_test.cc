@@ -12,9 +12,9 @@
 // differ by that much plus about an ulp; a wrong tile, a missed k-block or a
 // misplaced mirror is off by O(|ref|). d must equal d^T bitwise, padding
 // columns (row_stride > n) must keep their sentinel, and a second call must
-// reproduce d bitwise. Every case runs with both of the kernel's consumer
-// schedules (CudaBackendOptions::sym_gemm_schedule: cooperative and
-// ping-pong).
+// reproduce d bitwise. Every case runs with each of the kernel's consumer
+// schedules (CudaBackendOptions::sym_gemm_schedule: cooperative, ping-pong
+// and wide).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -180,11 +180,14 @@ TEST_P(SymGemmCudaTest, OddSizesBothOrientationsBothDtypes) {
 }
 
 // beta c on the kernel where c's and d's last 8-element chunks and last
-// tiles are partial (n = 130, 257: X X^T with k a multiple of 8), batched.
+// tiles are partial (n = 130, 257, 1300: X X^T with k a multiple of 8),
+// batched; 257 and 1300 have an odd number of tile rows (the wide schedule's
+// last pair row half outside).
 TEST_P(SymGemmCudaTest, PartialChunksOfC) {
   for (DType t : {DType::kBFloat16, DType::kFloat16}) {
     Check({t, false, 130, 136, 3, 0.7f, -0.3f, 0});
     Check({t, false, 257, 264, 2, 1.0f, 0.5f, 8});
+    Check({t, false, 1300, 1304, 2, 1.0f, 0.5f, 0});
   }
 }
 
@@ -313,8 +316,8 @@ TEST_P(SymGemmCudaTest, ThresholdFallbackAndKernelAvailability) {
 
 INSTANTIATE_TEST_SUITE_P(
     Schedules, SymGemmCudaTest,
-    ::testing::Values(SymGemmSchedule::kCooperative,
-                      SymGemmSchedule::kPingpong),
+    ::testing::Values(SymGemmSchedule::kCooperative, SymGemmSchedule::kPingpong,
+                      SymGemmSchedule::kWide),
     [](const ::testing::TestParamInfo<SymGemmSchedule>& info) {
       return std::string(SymGemmScheduleName(info.param));
     });

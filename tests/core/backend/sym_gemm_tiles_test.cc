@@ -2,6 +2,8 @@
 // of a T x T triangle maps to a distinct lower tile, so the persistent kernel
 // computes each lower tile exactly once; bands keep their row-major index
 // ranges and run column by column. Checked against a brute-force enumeration.
+// The wide schedule's 128 x 256 items cover every lower tile exactly once with
+// the halves the epilogue writes (square column <= tile row, inside).
 #include "core/backend/sym_gemm_tiles.h"
 
 #include <gtest/gtest.h>
@@ -49,6 +51,34 @@ TEST(SymGemmTiles, EveryLowerTileExactlyOnceInBands) {
       prev_n = n;
     }
     EXPECT_EQ(seen.size(), total);
+  }
+}
+
+TEST(SymGemmTiles, WideItemsWriteEveryLowerTileExactlyOnce) {
+  for (int32_t tiles : {1, 2, 3, 7, 8, 9, 16, 17, 32, 33, 130}) {
+    std::set<std::pair<int32_t, int32_t>> written;
+    const int64_t total = WideTileWork(tiles, 1);
+    int64_t wasted_halves = 0;
+    for (uint32_t t = 0; t < uint32_t(total); ++t) {
+      int32_t m = -1, pair = -1;
+      WideTileOfIndex(t, tiles, &m, &pair);
+      ASSERT_TRUE(pair >= 0 && 2 * pair <= m) << tiles << ": " << t;
+      // Only the pair row past the matrix, when T is odd.
+      ASSERT_LT(m, tiles + (tiles % 2)) << tiles << ": " << t;
+      for (int32_t n : {2 * pair, 2 * pair + 1}) {
+        if (n > m || m >= tiles || n >= tiles) {
+          ++wasted_halves;  // what the epilogue skips
+          continue;
+        }
+        ASSERT_TRUE(written.insert({m, n}).second)
+            << tiles << ": " << t << " -> " << m << "," << n;
+      }
+    }
+    EXPECT_EQ(int64_t(written.size()), int64_t(tiles) * (tiles + 1) / 2);
+    // The waste: the upper half of each pair row's diagonal item, and with T
+    // odd the whole last tile row past the matrix.
+    const int64_t p = WidePairRows(tiles);
+    EXPECT_EQ(wasted_halves, tiles % 2 == 0 ? p : 3 * p) << tiles;
   }
 }
 
