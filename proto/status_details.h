@@ -27,7 +27,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // ToGrpcStatus's code, message and details as one serialized
 // muond.v1.RpcStatus (wire-compatible google.rpc.Status), also without an
 // ErrorReason: how a refusal travels outside gRPC (the step channel,
-// server/daemon/step_channel_layout.h).
+// proto/step_channel_layout.h).
 std::string ToRpcStatusBytes(const absl::Status& status);
 
 // Code and message; the ErrorReason of the first ErrorInfo with domain
