@@ -106,4 +106,15 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
       status.error_details());
 }
 
+std::optional<absl::Status> FromRpcStatusBytes(absl::string_view bytes) {
+  v1::RpcStatus parsed;
+  if (!parsed.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())) ||
+      parsed.code() == 0) {
+    return std::nullopt;
+  }
+  return FromGrpcStatus(
+      grpc::Status(static_cast<grpc::StatusCode>(parsed.code()),
+                   parsed.message(), std::string(bytes)));
+}
+
 }  // namespace muond

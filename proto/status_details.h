@@ -7,9 +7,11 @@
 #include <grpcpp/support/status.h>
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace muond {
 
@@ -27,12 +29,18 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // ToGrpcStatus's code, message and details as one serialized
 // muond.v1.RpcStatus (wire-compatible google.rpc.Status), also without an
 // ErrorReason: how a refusal travels outside gRPC (the step channel,
-// server/daemon/step_channel_layout.h).
+// proto/step_channel_layout.h).
 std::string ToRpcStatusBytes(const absl::Status& status);
 
 // Code and message; the ErrorReason of the first ErrorInfo with domain
 // "muond.dev" and a known reason in the details, if any. Details that do not
 // parse are ignored (the code and message still hold).
 absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// The inverse of ToRpcStatusBytes: what FromGrpcStatus gives for the status
+// those bytes carry (they are what gRPC carries as grpc-status-details-bin),
+// so a refusal read from the step channel equals the Step RPC's. Nullopt
+// when the bytes are no muond.v1.RpcStatus or carry code OK (no failure).
+std::optional<absl::Status> FromRpcStatusBytes(absl::string_view bytes);
 
 }  // namespace muond

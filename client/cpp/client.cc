@@ -1,6 +1,7 @@
 #include "client/cpp/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,9 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/cpp/step_channel.h"
 #include "client/cpp/view_util.h"
 #include "core/common/error_reason.h"
 #include "proto/status_details.h"
+#include "proto/step_channel_layout.h"
 
 namespace muond {
 namespace {
@@ -61,6 +64,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const std::string& address, ClientOptions options) {
   if (options.job_id.empty()) {
     return absl::InvalidArgumentError("ClientOptions.job_id must be set");
+  }
+  for (auto [field, bytes] :
+       {std::pair{"ClientOptions.step_channel_request_bytes",
+                  options.step_channel_request_bytes},
+        std::pair{"ClientOptions.step_channel_response_bytes",
+                  options.step_channel_response_bytes}}) {
+    if (bytes == 0) continue;
+    if (absl::Status st = CheckStepChannelCapacity(field, bytes); !st.ok()) {
+      return st;
+    }
   }
   if (options.client_id.empty()) {
     char host[256] = {0};
@@ -117,7 +130,10 @@ absl::StatusOr<v1::RegisterParamsResponse> Client::Register(
   request.set_client_id(options_.client_id);
   for (const v1::MemoryRegion& r : regions) *request.add_regions() = r;
   for (const v1::ParamGroup& g : groups) *request.add_groups() = g;
-  return Call(&Stub::RegisterParams, request, DefaultRpc());
+  absl::StatusOr<v1::RegisterParamsResponse> response =
+      Call(&Stub::RegisterParams, request, DefaultRpc());
+  if (response.ok()) OpenStepChannel(groups);
+  return response;
 }
 
 absl::Status Client::WaitForPlan(absl::Duration timeout) {
@@ -147,12 +163,20 @@ v1::StepRequest Client::StepRequestOf(int64_t step_id) const {
   return request;
 }
 
-absl::StatusOr<v1::StepResponse> Client::SendStep(
+absl::StatusOr<v1::StepResponse> Client::CallStep(
     const v1::StepRequest& request) {
   // A daemon that is gone must fail the step at once, not after the deadline.
   RpcSettings rpc = DefaultRpc();
   rpc.wait_for_ready = false;
-  absl::StatusOr<v1::StepResponse> response = Call(&Stub::Step, request, rpc);
+  return Call(&Stub::Step, request, rpc);
+}
+
+absl::StatusOr<v1::StepResponse> Client::SendStep(
+    const v1::StepRequest& request) {
+  std::optional<absl::StatusOr<v1::StepResponse>> through =
+      StepThroughChannel(request);
+  absl::StatusOr<v1::StepResponse> response =
+      through.has_value() ? *std::move(through) : CallStep(request);
   // UNAVAILABLE without a reason is the transport's (our daemon is gone);
   // with PEER_GONE it is the daemon's report of a peer.
   if (absl::IsUnavailable(response.status()) &&
@@ -162,6 +186,97 @@ absl::StatusOr<v1::StepResponse> Client::SendStep(
   }
   return response;
 }
+
+std::optional<absl::StatusOr<v1::StepResponse>> Client::StepThroughChannel(
+    const v1::StepRequest& request) {
+  std::unique_lock<std::mutex> lock(channel_mu_, std::try_to_lock);
+  if (!lock.owns_lock() || channel_ == nullptr) return std::nullopt;
+  StepChannel::Reply reply =
+      channel_->Step(request, absl::Now() + options_.rpc_timeout);
+  if (!channel_->usable()) {
+    DropStepChannel(absl::UnavailableError(absl::StrCat(
+        "the step channel was dropped: ", channel_->WhyUnusable())));
+  }
+  switch (reply.outcome) {
+    case StepChannel::Outcome::kNotSent:
+      return std::nullopt;
+    case StepChannel::Outcome::kTooLarge:
+      return FetchAnswerOverGrpc(request);
+    case StepChannel::Outcome::kAnswered:
+    case StepChannel::Outcome::kFailed:
+      break;
+  }
+  return std::move(reply.answer);
+}
+
+absl::StatusOr<v1::StepResponse> Client::FetchAnswerOverGrpc(
+    const v1::StepRequest& request) {
+  absl::StatusOr<v1::StepResponse> response = CallStep(request);
+  // The daemon's record of this very request, which it answered through the
+  // channel: no other process's step, so no replay to the caller.
+  if (response.ok()) response->set_replayed(false);
+  return response;
+}
+
+void Client::OpenStepChannel(const std::vector<v1::ParamGroup>& groups) {
+  std::lock_guard<std::mutex> lock(channel_mu_);
+  DropStepChannel(absl::OkStatus());  // replaced: sized for these groups
+  absl::StatusOr<std::unique_ptr<StepChannel>> channel =
+      options_.step_channel
+          ? NewStepChannel(groups)
+          : absl::FailedPreconditionError(
+                "no step channel: ClientOptions.step_channel is false");
+  // A refusal is no error of the trainer's: its steps use the Step RPC.
+  channel_status_ = channel.status();
+  if (!channel.ok()) return;
+  channel_ = *std::move(channel);
+  has_channel_.store(true);
+}
+
+absl::StatusOr<std::unique_ptr<StepChannel>> Client::NewStepChannel(
+    const std::vector<v1::ParamGroup>& groups) {
+  StepChannelCapacities capacities =
+      StepChannelCapacitiesFor(groups, kMaxChannelRefusalBytes);
+  if (options_.step_channel_request_bytes != 0) {
+    capacities.request = options_.step_channel_request_bytes;
+  }
+  if (options_.step_channel_response_bytes != 0) {
+    capacities.response = options_.step_channel_response_bytes;
+  }
+  const std::string name = StepChannelShmName(options_.job_id);
+  absl::StatusOr<std::unique_ptr<StepChannel>> channel =
+      StepChannel::Create(name, capacities);
+  if (!channel.ok()) return channel.status();
+  v1::OpenStepChannelRequest request;
+  request.set_shm_name(name);
+  absl::StatusOr<v1::OpenStepChannelResponse> opened =
+      Call(&Stub::OpenStepChannel, request, DefaultRpc());
+  // The daemon keeps its own descriptor; no name is left behind either way.
+  shm_unlink(name.c_str());
+  if (!opened.ok()) return opened.status();
+  if (opened->version() != step_channel::kVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the daemon speaks step channel layout version ", opened->version(),
+        ", this client ", step_channel::kVersion));
+  }
+  (*channel)->MarkOpenedByDaemon();
+  return channel;
+}
+
+void Client::DropStepChannel(absl::Status why) {
+  has_channel_.store(false);
+  channel_.reset();
+  channel_status_ = std::move(why);
+}
+
+absl::Status Client::StepChannelStatus() const {
+  std::lock_guard<std::mutex> lock(channel_mu_);
+  return channel_status_;
+}
+
+// No lock: no other thread may use a Client being destroyed (and a forked
+// child's copy of the mutex may be held by a thread the child lacks).
+Client::~Client() { channel_.reset(); }
 
 absl::StatusOr<v1::StepResponse> Client::Step(
     int64_t step_id, const std::vector<v1::GroupOverride>& overrides) {

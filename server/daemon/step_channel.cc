@@ -19,7 +19,7 @@
 #include "core/common/status_macros.h"
 #include "glog/logging.h"
 #include "proto/status_details.h"
-#include "server/daemon/step_channel_layout.h"
+#include "proto/step_channel_layout.h"
 
 namespace muond {
 namespace sc = step_channel;
@@ -98,7 +98,7 @@ bool LockHeldByOther(int fd, uint64_t byte) {
 absl::Status HeaderError(const std::string& name, const std::string& what) {
   return absl::InvalidArgumentError(
       absl::StrCat("shm_name: step channel '", Echo(name), "' ", what,
-                   " (server/daemon/step_channel_layout.h)"));
+                   " (proto/step_channel_layout.h)"));
 }
 
 absl::Status CheckCapacity(const std::string& name, const char* field,

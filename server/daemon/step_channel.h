@@ -6,7 +6,7 @@
 // (bench/results/step_channel_cpu.md). Each
 // open channel has a thread that waits on the trainer's futex word, hands
 // the request to the same handler as the Step RPC and writes the answer
-// back (step_channel_layout.h has the protocol).
+// back (proto/step_channel_layout.h has the protocol).
 //
 // Bad input never reaches a mapping: the daemon reads and writes the object
 // with pread/pwrite (a trainer that shrinks it ends its channel, it cannot

@@ -15,11 +15,11 @@
 #include "core/muon/muon_update.h"
 #include "core/muon/muon_variant.h"
 #include "core/muon/newton_schulz.h"
+#include "proto/step_channel_layout.h"
 #include "server/common/job_id.h"
 #include "server/common/operator_id.h"
 #include "server/common/step_id.h"
 #include "server/common/unix_socket.h"
-#include "server/daemon/step_channel_layout.h"
 #include "tools/rules/python_literal.h"
 
 namespace muond::rules {
@@ -149,7 +149,7 @@ std::vector<Constant> MathConstants() {
 // capacity, which the client adds itself.
 std::vector<Constant> StepChannelConstants() {
   namespace sc = step_channel;
-  const std::string home = "server/daemon/step_channel_layout.h ";
+  const std::string home = "proto/step_channel_layout.h ";
   const auto u64 = [](uint64_t v) { return PyInt(static_cast<int64_t>(v)); };
   return {
       {"STEP_CHANNEL_MAGIC", u64(sc::kMagic), home + "kMagic"},

@@ -73,68 +73,68 @@ MAX_EXTRA_SCALE_FACTOR = 1000.0
 # core/muon/bounds.h kMaxNsSteps
 MAX_NS_STEPS = 99
 
-# server/daemon/step_channel_layout.h kMagic
+# proto/step_channel_layout.h kMagic
 STEP_CHANNEL_MAGIC = 3551162266832295245
 
-# server/daemon/step_channel_layout.h kVersion
+# proto/step_channel_layout.h kVersion
 STEP_CHANNEL_VERSION = 1
 
-# server/daemon/step_channel_layout.h kMagicOffset
+# proto/step_channel_layout.h kMagicOffset
 STEP_CHANNEL_MAGIC_OFFSET = 0
 
-# server/daemon/step_channel_layout.h kVersionOffset
+# proto/step_channel_layout.h kVersionOffset
 STEP_CHANNEL_VERSION_OFFSET = 8
 
-# server/daemon/step_channel_layout.h kRequestCapacityOffset
+# proto/step_channel_layout.h kRequestCapacityOffset
 STEP_CHANNEL_REQUEST_CAPACITY_OFFSET = 12
 
-# server/daemon/step_channel_layout.h kResponseCapacityOffset
+# proto/step_channel_layout.h kResponseCapacityOffset
 STEP_CHANNEL_RESPONSE_CAPACITY_OFFSET = 16
 
-# server/daemon/step_channel_layout.h kRequestSeqOffset
+# proto/step_channel_layout.h kRequestSeqOffset
 STEP_CHANNEL_REQUEST_SEQ_OFFSET = 64
 
-# server/daemon/step_channel_layout.h kResponseSeqOffset
+# proto/step_channel_layout.h kResponseSeqOffset
 STEP_CHANNEL_RESPONSE_SEQ_OFFSET = 128
 
-# server/daemon/step_channel_layout.h kRequestLenOffset
+# proto/step_channel_layout.h kRequestLenOffset
 STEP_CHANNEL_REQUEST_LEN_OFFSET = 192
 
-# server/daemon/step_channel_layout.h kRequestOpOffset
+# proto/step_channel_layout.h kRequestOpOffset
 STEP_CHANNEL_REQUEST_OP_OFFSET = 196
 
-# server/daemon/step_channel_layout.h kResponseLenOffset
+# proto/step_channel_layout.h kResponseLenOffset
 STEP_CHANNEL_RESPONSE_LEN_OFFSET = 256
 
-# server/daemon/step_channel_layout.h kResponseKindOffset
+# proto/step_channel_layout.h kResponseKindOffset
 STEP_CHANNEL_RESPONSE_KIND_OFFSET = 260
 
-# server/daemon/step_channel_layout.h kRequestOffset
+# proto/step_channel_layout.h kRequestOffset
 STEP_CHANNEL_REQUEST_OFFSET = 4096
 
-# server/daemon/step_channel_layout.h kTrainerLockByte
+# proto/step_channel_layout.h kTrainerLockByte
 STEP_CHANNEL_TRAINER_LOCK_BYTE = 0
 
-# server/daemon/step_channel_layout.h kDaemonLockByte
+# proto/step_channel_layout.h kDaemonLockByte
 STEP_CHANNEL_DAEMON_LOCK_BYTE = 1
 
-# server/daemon/step_channel_layout.h kMinCapacity
+# proto/step_channel_layout.h kMinCapacity
 STEP_CHANNEL_MIN_CAPACITY = 65536
 
-# server/daemon/step_channel_layout.h kMaxCapacity
+# proto/step_channel_layout.h kMaxCapacity
 STEP_CHANNEL_MAX_CAPACITY = 67108864
 
-# server/daemon/step_channel_layout.h kOpStep
+# proto/step_channel_layout.h kOpStep
 STEP_CHANNEL_OP_STEP = 1
 
-# server/daemon/step_channel_layout.h kOpClose
+# proto/step_channel_layout.h kOpClose
 STEP_CHANNEL_OP_CLOSE = 2
 
-# server/daemon/step_channel_layout.h kStepResponse
+# proto/step_channel_layout.h kStepResponse
 STEP_CHANNEL_STEP_RESPONSE = 1
 
-# server/daemon/step_channel_layout.h kRpcStatus
+# proto/step_channel_layout.h kRpcStatus
 STEP_CHANNEL_RPC_STATUS = 2
 
-# server/daemon/step_channel_layout.h kTooLarge
+# proto/step_channel_layout.h kTooLarge
 STEP_CHANNEL_TOO_LARGE = 3

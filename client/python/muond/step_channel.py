@@ -1,6 +1,6 @@
 """The trainer's end of a step channel: Step requests through a POSIX shm
 object the trainer creates, answered by a daemon thread that waits on it
-(layout: server/daemon/step_channel_layout.h, read through muond._rules; the
+(layout: proto/step_channel_layout.h, read through muond._rules; the
 RPC that hands it over: OpenStepChannel). A gRPC call after a step's worth of
 idling costs ~0.7-1.1 ms, both ends' threads waking; a futex round trip
 through shared memory ~0.01-0.1 ms (bench/results/step_channel_cpu.md).

@@ -1,17 +1,24 @@
-// Client-side helpers: shm regions and TensorRefs for strided views.
+// Client-side helpers: shm regions and TensorRefs for strided views; the
+// client against an in-process fake daemon; the step channel's sizes and
+// names, and the fallback to gRPC where a daemon has no channel.
 #include "client/cpp/client.h"
 
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cpp/shm_region.h"
+#include "client/cpp/step_channel.h"
 #include "core/common/error_reason.h"
 #include "proto/status_details.h"
+#include "proto/step_channel_layout.h"
 
 namespace muond {
 namespace {
@@ -164,6 +171,26 @@ class FakeDaemon : public v1::Optimizer::Service {
                       v1::HealthResponse*) override {
     return Answer(context);
   }
+  // Unimplemented (an older daemon) unless answer_channel_version is set.
+  grpc::Status OpenStepChannel(grpc::ServerContext*,
+                               const v1::OpenStepChannelRequest* request,
+                               v1::OpenStepChannelResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    channel_names_.push_back(request->shm_name());
+    if (!answer_channel_version_.has_value()) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "");
+    }
+    response->set_version(*answer_channel_version_);
+    return grpc::Status::OK;
+  }
+  void answer_channel_version(uint32_t version) {
+    absl::MutexLock lock(&mu_);
+    answer_channel_version_ = version;
+  }
+  std::vector<std::string> channel_names() {
+    absl::MutexLock lock(&mu_);
+    return channel_names_;
+  }
 
   std::vector<std::string> tokens() {
     absl::MutexLock lock(&mu_);
@@ -195,6 +222,8 @@ class FakeDaemon : public v1::Optimizer::Service {
   std::vector<std::string> tokens_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Duration> deadlines_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::StepRequest> steps_ ABSL_GUARDED_BY(mu_);
+  std::optional<uint32_t> answer_channel_version_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> channel_names_ ABSL_GUARDED_BY(mu_);
 };
 
 class ClientAgainstFakeDaemon : public ::testing::Test {
@@ -314,6 +343,117 @@ TEST_F(ClientAgainstFakeDaemon, EveryRpcSendsTokenAndDeadlineAndKeepsReason) {
   }
   EXPECT_GT(deadlines[2], absl::Seconds(1));
   EXPECT_LT(deadlines[2], absl::Seconds(6));
+}
+
+bool ShmObjectExists(const std::string& name) {
+  struct stat st;
+  return stat(("/dev/shm" + name).c_str(), &st) == 0;
+}
+
+// A daemon without OpenStepChannel (an older one), and one speaking another
+// layout version: no channel, nothing left in /dev/shm, steps over gRPC.
+TEST_F(ClientAgainstFakeDaemon, NoStepChannelFromAnOlderDaemon) {
+  Serve(absl::OkStatus());
+  ASSERT_TRUE(client_->Register({}, {}).ok());
+  EXPECT_FALSE(client_->HasStepChannel());
+  EXPECT_EQ(client_->StepChannelStatus().code(),
+            absl::StatusCode::kUnimplemented);
+  daemon_->answer_channel_version(step_channel::kVersion + 1);
+  ASSERT_TRUE(client_->Register({}, {}).ok());
+  EXPECT_FALSE(client_->HasStepChannel());
+  EXPECT_EQ(client_->StepChannelStatus().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      client_->StepChannelStatus().message(),
+      HasSubstr(absl::StrCat("layout version ", step_channel::kVersion + 1)));
+  const std::vector<std::string> names = daemon_->channel_names();
+  ASSERT_EQ(names.size(), 2u);
+  for (const std::string& name : names) {
+    EXPECT_THAT(
+        name, ::testing::StartsWith(absl::StrCat("/muond-j-", getpid(), "-")));
+    EXPECT_FALSE(ShmObjectExists(name)) << name;
+  }
+  EXPECT_TRUE(client_->Step(1).ok());
+  EXPECT_EQ(daemon_->steps().size(), 1u);
+}
+
+// With step_channel off the client never asks for one.
+TEST_F(ClientAgainstFakeDaemon, StepChannelOffAsksForNone) {
+  Serve(absl::OkStatus());
+  ClientOptions options = client_->options();
+  options.step_channel = false;
+  auto client = Client::Connect(address_, options);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Register({}, {}).ok());
+  EXPECT_FALSE((*client)->HasStepChannel());
+  EXPECT_THAT((*client)->StepChannelStatus().message(),
+              HasSubstr("step_channel is false"));
+  EXPECT_TRUE(daemon_->channel_names().empty());
+}
+
+v1::ParamGroup GroupOfNames(const std::string& group,
+                            const std::vector<std::string>& params) {
+  v1::ParamGroup g;
+  g.set_name(group);
+  for (const std::string& name : params) g.add_params()->set_name(name);
+  return g;
+}
+
+// Python's muond.step_channel.capacities, worked by hand: names + 16 bytes
+// each, groups + 64, 64 KiB of slack, the refusal in the request; whole
+// pages in [64 KiB, 64 MiB].
+TEST(StepChannelCapacities, RoomForNamesOverridesAndTheRefusal) {
+  const StepChannelCapacities empty = StepChannelCapacitiesFor({}, 16384);
+  EXPECT_EQ(empty.request, 81920u);  // 65536 + 16384: 20 pages exactly
+  EXPECT_EQ(empty.response, 65536u);
+  // names 1016 + 17, override 65: request 83018 -> 21 pages, response 66569
+  // -> 17 pages.
+  const StepChannelCapacities some = StepChannelCapacitiesFor(
+      {GroupOfNames("g", {std::string(1000, 'a'), "b"})}, 16384);
+  EXPECT_EQ(some.request, 86016u);
+  EXPECT_EQ(some.response, 69632u);
+  std::vector<std::string> many(20000, std::string(4000, 'x'));
+  const StepChannelCapacities capped =
+      StepChannelCapacitiesFor({GroupOfNames("g", many)}, 0);
+  EXPECT_EQ(capped.request, step_channel::kMaxCapacity);
+  EXPECT_EQ(capped.response, step_channel::kMaxCapacity);
+}
+
+TEST(StepChannelShmName, JobPrefixedPidTagAndA63BitNonce) {
+  const std::string a = StepChannelShmName("run/7 a");
+  const std::string b = StepChannelShmName("run/7 a");
+  EXPECT_NE(a, b);
+  const std::string prefix = absl::StrCat("/muond-run_7_a-", getpid(), "-");
+  ASSERT_EQ(a.rfind(prefix, 0), 0u) << a;
+  const std::string rest = a.substr(prefix.size());  // "<tag>-<nonce>"
+  ASSERT_EQ(rest.size() > 9 && rest[8] == '-', true) << a;
+  EXPECT_EQ(rest.substr(0, 8).find_first_not_of("0123456789abcdef"),
+            std::string::npos)
+      << a;
+  const std::string nonce = rest.substr(9);
+  EXPECT_EQ(nonce.find_first_not_of("0123456789"), std::string::npos) << a;
+  EXPECT_LE(nonce.size(), 19u);  // < 2^63
+  EXPECT_EQ(b.substr(0, prefix.size() + 8), a.substr(0, prefix.size() + 8));
+  EXPECT_EQ(StepChannelShmName("").rfind("/muond-job-", 0), 0u);
+}
+
+TEST(Client, ConnectRefusesStepChannelBytesOffThePageGrid) {
+  ClientOptions options;
+  options.job_id = "j";
+  options.step_channel_response_bytes = 65536 + 100;
+  const absl::Status st =
+      Client::Connect("unix:///nonexistent.sock", options).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(),
+              HasSubstr("ClientOptions.step_channel_response_bytes 65636 must "
+                        "be a multiple of 4096 in [65536, 67108864]"));
+  options.step_channel_response_bytes = 0;
+  options.step_channel_request_bytes = 4096;
+  EXPECT_EQ(
+      Client::Connect("unix:///nonexistent.sock", options).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  options.step_channel_request_bytes = 65536;
+  EXPECT_TRUE(Client::Connect("unix:///nonexistent.sock", options).ok());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 
 #include "core/common/error_reason.h"
@@ -80,6 +81,33 @@ TEST(StatusDetails, ReadsGoogleapisDetailsAndIgnoresForeignOrBrokenOnes) {
     EXPECT_EQ(st.message(), "no plan");
     EXPECT_EQ(GetErrorReason(st), ErrorReason::kUnspecified);
   }
+}
+
+// The step channel carries a refusal as ToRpcStatusBytes; read back, it is
+// what the same refusal over gRPC gives (code, message, reason, metadata),
+// with or without a reason.
+TEST(StatusDetails, RpcStatusBytesReadBackAsOverGrpc) {
+  const absl::Status refusals[] = {
+      WithErrorReason(absl::FailedPreconditionError("step 3: refused"),
+                      ErrorReason::kTrainerRefused, {{"ranks", "0,2"}}),
+      absl::InvalidArgumentError("overrides[0]: no group 'x'")};
+  for (const absl::Status& in : refusals) {
+    const std::optional<absl::Status> out =
+        FromRpcStatusBytes(ToRpcStatusBytes(in));
+    ASSERT_TRUE(out.has_value()) << in;
+    const absl::Status over_grpc = FromGrpcStatus(ToGrpcStatus(in));
+    EXPECT_EQ(out->code(), over_grpc.code());
+    EXPECT_EQ(out->message(), over_grpc.message());
+    EXPECT_EQ(GetErrorReason(*out), GetErrorReason(over_grpc));
+    EXPECT_EQ(GetErrorMetadata(*out), GetErrorMetadata(over_grpc));
+    EXPECT_EQ(out->code(), in.code());
+  }
+  EXPECT_TRUE(HasErrorReason(*FromRpcStatusBytes(ToRpcStatusBytes(refusals[0])),
+                             ErrorReason::kTrainerRefused));
+  // Bytes that are no RpcStatus, and a status of code OK, are no refusal.
+  EXPECT_FALSE(FromRpcStatusBytes("\xff\xff not a proto").has_value());
+  EXPECT_FALSE(FromRpcStatusBytes("").has_value());
+  EXPECT_FALSE(FromRpcStatusBytes(Field(2, "fine")).has_value());
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 """A daemon-side double of the step channel, for client tests: it keeps
-server/daemon/step_channel_layout.h's protocol as the daemon does. It opens
+proto/step_channel_layout.h's protocol as the daemon does. It opens
 the trainer's object by name and locks the daemon's byte; a thread waits on
 request_seq with a futex, reads the request with os.pread and writes its
 answer with os.pwrite before response_seq. ``servicer_answers`` answers

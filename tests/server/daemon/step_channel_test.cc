@@ -29,7 +29,7 @@
 #include "gtest/gtest.h"
 #include "muond/v1/error_details.pb.h"
 #include "proto/status_details.h"
-#include "server/daemon/step_channel_layout.h"
+#include "proto/step_channel_layout.h"
 
 namespace muond {
 namespace {

@@ -1,8 +1,9 @@
 #pragma once
 // The step channel's shared-memory layout: one home for the offsets that the
-// daemon (step_channel.cc) and the Python client (muond/step_channel.py)
-// share. All fields little-endian; a u32 field is naturally aligned. See
-// docs/ARCHITECTURE.md "The step channel".
+// daemon (server/daemon/step_channel.cc) and the clients
+// (client/cpp/step_channel.cc; Python's muond/step_channel.py through
+// muond/_rules.py) share. All fields little-endian; a u32 field is naturally
+// aligned. See docs/ARCHITECTURE.md "The step channel".
 //
 // The trainer creates a POSIX shm object of
 // kRequestOffset + request_capacity + response_capacity bytes, writes the
