@@ -202,5 +202,45 @@ class NsBatchSizeLoadTest(FakeClusterTestCase):
             muond_groups.loaded_options(0, group, dict(group, ns_steps=5))
 
 
+class FixedEntriesTest(unittest.TestCase):
+    """check_fixed's identity pass (groups.FixedEntries): an unchanged group
+    passes without freezing its entries; a new object of an equal value still
+    passes (entry by entry); any changed value, a list changed in place, a
+    removed entry raise naming group and key."""
+
+    def setUp(self):
+        self.group = dict(algorithm="muon", lr=0.02, momentum=0.95, weight_decay=0.1,
+                          nesterov=True, ns_steps=5, eps=1e-7, coefficient_type="simple",
+                          custom_coefficients=[], betas=(0.9, 0.95), params=[])
+        self.fixed = {0: muond_groups.fixed_entries(self.group)}
+
+    def test_the_same_objects_are_unchanged_by_identity(self):
+        self.assertTrue(self.fixed[0].unchanged_in(self.group))
+        self.group["lr"] = 0.5  # live: not a fixed entry
+        self.assertTrue(self.fixed[0].unchanged_in(self.group))
+        muond_groups.check_fixed([self.group], self.fixed)
+
+    def test_an_equal_value_of_another_object_passes(self):
+        self.group["eps"] = float("1e-7")  # equal, not the same object
+        self.group["betas"] = (0.9, 0.95)
+        self.group["custom_coefficients"] = []
+        muond_groups.check_fixed([self.group], self.fixed)
+
+    def test_changes_are_refused_naming_the_key(self):
+        for key, change in (("ns_steps", lambda g: g.__setitem__("ns_steps", 4)),
+                            ("coefficient_type",
+                             lambda g: g.__setitem__("coefficient_type", "quintic")),
+                            ("custom_coefficients",
+                             lambda g: g["custom_coefficients"].append(1.0)),
+                            ("eps", lambda g: g.pop("eps"))):
+            with self.subTest(key=key):
+                group = dict(self.group, custom_coefficients=[])
+                fixed = {0: muond_groups.fixed_entries(group)}
+                change(group)
+                self.assertFalse(fixed[0].unchanged_in(group))
+                with self.assertRaisesRegex(ValueError, rf"'{key}' changed from"):
+                    muond_groups.check_fixed([group], fixed)
+
+
 if __name__ == "__main__":
     unittest.main()
