@@ -220,6 +220,8 @@ def _real(label: str, key: str, value) -> float:
     (is_bool), None or str) and finite, else ValueError naming group and
     key. Its bounds (momentum < 1, ...) are the daemon's
     (core/muon/bounds.h): step() names them."""
+    if type(value) is float and math.isfinite(value):  # the usual case, at every step
+        return value
     ok = not isinstance(value, (str, bytes)) and value is not None and not is_bool(value)
     if ok and isinstance(value, torch.Tensor):
         ok = value.numel() == 1 and (value.is_floating_point() or not value.is_complex())
