@@ -4,8 +4,9 @@ within 1% of in-process", "Step RPC round trip with no work"): everything a
 step costs that is not optimizer math.
 
 Starts a muond-coordinator and one host-mode muond-daemon (shared memory, Unix
-socket), registers muond.torch.Muon with (a) one 8x8 param and (b) 388 small
-params (64x32, the MoE set's param count), and runs a few hundred steps,
+socket), registers muond.torch.Muon with (a) one 8x8 param, (b) 388 small
+params (64x32, the MoE set's param count) or (c) 1000 groups of one 8x8
+param each (per-layer groups at scale; --cases groups), and runs a few hundred steps,
 each after --gap-ms of idle time (the trainer's forward and backward), once
 over the Step RPC and once through the step channel (shared memory and a
 futex), side by side. Per step it splits the client's wall time of
@@ -68,12 +69,18 @@ def timed_calls(fn, n, warmup):
     return out
 
 
-def run_case(job, shapes, steps, warmup, profile, step_channel=True, gap_s=0.0):
+def run_case(job, shapes, steps, warmup, profile, step_channel=True, gap_s=0.0,
+             group_each=False):
     torch.manual_seed(0)
     params = [torch.nn.Parameter(0.02 * torch.randn(s)) for s in shapes]
+    names = [f"p{i}" for i in range(len(params))]
+    if group_each:  # a group per param, as per-layer groups
+        groups = [{"params": [p], "param_names": [n], "name": f"g{i}"}
+                  for i, (p, n) in enumerate(zip(params, names))]
+    else:
+        groups = [{"params": params, "param_names": names}]
     with Daemon(job, host=True) as d:
-        opt = Muon([{"params": params, "param_names": [f"p{i}" for i in range(len(params))]}],
-                   lr=0.02, weight_decay=0.1, daemons=[d.address], job_id=job,
+        opt = Muon(groups, lr=0.02, weight_decay=0.1, daemons=[d.address], job_id=job,
                    step_channel=step_channel)
         try:
             opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
@@ -132,7 +139,9 @@ def main() -> int:
                     help="params of case (b) (e.g. 10000: a large MoE's per-expert params)")
     ap.add_argument("--shape", default="64x32",
                     help="each param's shape in case (b), RxC (small: the overhead, not the math)")
-    ap.add_argument("--cases", default="one,many", help="which cases: one, many")
+    ap.add_argument("--groups", type=int, default=1000,
+                    help="groups of case (c), one 8x8 param each (per-layer groups at scale)")
+    ap.add_argument("--cases", default="one,many", help="which cases: one, many, groups")
     ap.add_argument("--profile", action="store_true", help="cProfile the client's step()")
     ap.add_argument("--gap-ms", type=float, default=20.0,
                     help="idle time before each step, as a trainer's forward and backward")
@@ -140,7 +149,9 @@ def main() -> int:
     os.environ["MUOND_BIN"] = a.bin  # the harness's binaries
     torch.set_num_threads(1)
     shape = tuple(int(n) for n in a.shape.split("x"))
-    cases = [("one 8x8 param", [(8, 8)]), (f"{a.many} params {a.shape}", [shape] * a.many)]
+    cases = [("one 8x8 param", [(8, 8)], False),
+             (f"{a.many} params {a.shape}", [shape] * a.many, False),
+             (f"{a.groups} groups of one 8x8 param", [(8, 8)] * a.groups, True)]
     import muond
     print(f"muond from {os.path.dirname(muond.__file__)}")
     print(f"{a.steps} steps per case after {a.warmup} warm-up; p50 / p99 µs\n")
@@ -150,11 +161,12 @@ def main() -> int:
           "idle Health (p50) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     profiles = []
-    cases = [c for c, key in zip(cases, ("one", "many")) if key in a.cases.split(",")]
-    for k, (name, shapes) in enumerate(cases):
+    cases = [c for c, key in zip(cases, ("one", "many", "groups")) if key in a.cases.split(",")]
+    for k, (name, shapes, group_each) in enumerate(cases):
         for channel in (False, True):  # side by side, the same daemon build
             r = run_case(f"rpcbench{os.getpid()}x{k}{int(channel)}", shapes, a.steps, a.warmup,
-                         a.profile, step_channel=channel, gap_s=a.gap_ms / 1e3)
+                         a.profile, step_channel=channel, gap_s=a.gap_ms / 1e3,
+                         group_each=group_each)
             print(f"| {name} | {'step channel' if channel else 'Step RPC'} | {fmt(r['wall'])} | "
                   f"{fmt(r['client'])} | {fmt(r['rpc'])} | "
                   f"{fmt(r['server'])} | {fmt(r['total'])} | {fmt(r['health'])} | "
