@@ -6,12 +6,17 @@
 //   float* w = static_cast<float*>(*region->Allocate(rows * cols * 4));
 //   ...
 //   ASSIGN_OR_RETURN(auto client,
-//   Client::Connect("unix:///tmp/muond-job-0.sock",
-//                                                 {.job_id = "job"}));
+//                    Client::Connect("unix:///tmp/muond-job-0.sock",
+//                                    {.job_id = "job"}));
 //   v1::Param p = MakeParam("w", {P, Q}, *HostRef(*region, w, ...), ...);
+//   // Each v1::ParamGroup: name, algorithm, hyperparameters, params and a
+//   // domain: a name (e.g. "dense"), gtp_size and tp_size (1 = no such axis).
 //   client->Register({HostRegion(*region)}, groups);
 //   client->WaitForPlan(absl::Seconds(30));
 //   for (step ...) { backward(); client->Step(step_id); }
+//
+// (ASSIGN_OR_RETURN stands for the trainer's own StatusOr handling: the
+// project's macro, core/common/status_macros.h, is not visible to clients.)
 //
 // Step fails fast (no wait-for-ready): UNAVAILABLE naming the address when
 // the daemon is gone, or the daemon's UNAVAILABLE naming a dead peer rank,
