@@ -36,16 +36,17 @@
 // client/cpp/step_channel.h): after each successful Register the client
 // opens one to its daemon (ClientOptions.step_channel), and Step and
 // RefuseStep go through shared memory and a futex instead of a gRPC call
-// (~0.05 ms instead of ~0.7-1 ms after an idle gap), with the same answers
-// and errors. Where none can be had (an older daemon, another host's
-// /dev/shm, --max_step_channels reached or 0) steps use the Step RPC, as
-// they do for a request or answer too large for the channel, from another
-// thread while one step is in the channel, and for good once a step's
-// outcome was unknown (the deadline passed, or the daemon died mid-step:
-// Unavailable naming the address within ~0.5 s, not at rpc_timeout).
-// HasStepChannel() and StepChannelStatus() tell which way steps go. A forked
-// child must not use its parent's Client (its copy of the channel is let go
-// at the fork; destroying the copy is safe).
+// (a futex wake-up of ~0.01-0.1 ms instead of gRPC's ~0.7-1 ms after an idle
+// gap: 0.5-0.7 ms less a step on a CPU host,
+// bench/results/step_channel_cpu.md), with the same answers and errors. Where
+// none can be had (an older daemon, another host's /dev/shm,
+// --max_step_channels reached or 0) steps use the Step RPC, as they do for a
+// request or answer too large for the channel, from another thread while one
+// step is in the channel, and for good once a step's outcome was unknown (the
+// deadline passed, or the daemon died mid-step: Unavailable naming the address
+// within ~0.5 s, not at rpc_timeout). HasStepChannel() and StepChannelStatus()
+// tell which way steps go. A forked child must not use its parent's Client (its
+// copy of the channel is let go at the fork; destroying the copy is safe).
 #include <atomic>
 #include <map>
 #include <memory>
