@@ -6,12 +6,17 @@
 //   float* w = static_cast<float*>(*region->Allocate(rows * cols * 4));
 //   ...
 //   ASSIGN_OR_RETURN(auto client,
-//   Client::Connect("unix:///tmp/muond-job-0.sock",
-//                                                 {.job_id = "job"}));
+//                    Client::Connect("unix:///tmp/muond-job-0.sock",
+//                                    {.job_id = "job"}));
 //   v1::Param p = MakeParam("w", {P, Q}, *HostRef(*region, w, ...), ...);
+//   // Each v1::ParamGroup: name, algorithm, hyperparameters, params and a
+//   // domain: a name (e.g. "dense"), gtp_size and tp_size (1 = no such axis).
 //   client->Register({HostRegion(*region)}, groups);
 //   client->WaitForPlan(absl::Seconds(30));
 //   for (step ...) { backward(); client->Step(step_id); }
+//
+// (ASSIGN_OR_RETURN stands for the trainer's own StatusOr handling: the
+// project's macro, core/common/status_macros.h, is not visible to clients.)
 //
 // Step fails fast (no wait-for-ready): UNAVAILABLE naming the address when
 // the daemon is gone, or the daemon's UNAVAILABLE naming a dead peer rank,
@@ -31,16 +36,17 @@
 // client/cpp/step_channel.h): after each successful Register the client
 // opens one to its daemon (ClientOptions.step_channel), and Step and
 // RefuseStep go through shared memory and a futex instead of a gRPC call
-// (~0.05 ms instead of ~0.7-1 ms after an idle gap), with the same answers
-// and errors. Where none can be had (an older daemon, another host's
-// /dev/shm, --max_step_channels reached or 0) steps use the Step RPC, as
-// they do for a request or answer too large for the channel, from another
-// thread while one step is in the channel, and for good once a step's
-// outcome was unknown (the deadline passed, or the daemon died mid-step:
-// Unavailable naming the address within ~0.5 s, not at rpc_timeout).
-// HasStepChannel() and StepChannelStatus() tell which way steps go. A forked
-// child must not use its parent's Client (its copy of the channel is let go
-// at the fork; destroying the copy is safe).
+// (a futex wake-up of ~0.01-0.1 ms instead of gRPC's ~0.7-1 ms after an idle
+// gap: 0.5-0.7 ms less a step on a CPU host,
+// bench/results/step_channel_cpu.md), with the same answers and errors. Where
+// none can be had (an older daemon, another host's /dev/shm,
+// --max_step_channels reached or 0) steps use the Step RPC, as they do for a
+// request or answer too large for the channel, from another thread while one
+// step is in the channel, and for good once a step's outcome was unknown (the
+// deadline passed, or the daemon died mid-step: Unavailable naming the address
+// within ~0.5 s, not at rpc_timeout). HasStepChannel() and StepChannelStatus()
+// tell which way steps go. A forked child must not use its parent's Client (its
+// copy of the channel is let go at the fork; destroying the copy is safe).
 #include <atomic>
 #include <map>
 #include <memory>
