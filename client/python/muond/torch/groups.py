@@ -137,6 +137,8 @@ def frozen(value):
     """A comparable copy of a group entry (tensors and lists compared by value)."""
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.detach().cpu().reshape(-1).tolist()))
+    if isinstance(value, np.ndarray):  # compared by value, and a copy: not the live array
+        return ("tensor", tuple(value.reshape(-1).tolist()))
     if isinstance(value, (list, tuple)):
         return tuple(frozen(v) for v in value)
     return value
@@ -158,12 +160,17 @@ def fixed_entries(group: dict) -> "FixedEntries":
 _MISSING = object()
 
 
+# Exactly these types: a subclass may carry state that frozen() reads (a
+# tuple's __iter__, a str's __eq__), so the same object may hold another value.
+_IMMUTABLE_TYPES = (type(None), bool, int, float, str, bytes)
+
+
 def _immutable(value) -> bool:
     """A value nothing can change in place, so that the same object still
     holds the same value (a tuple of such values included)."""
-    if isinstance(value, tuple):
+    if type(value) is tuple:
         return all(map(_immutable, value))
-    return value is None or isinstance(value, (bool, int, float, str, bytes))
+    return type(value) in _IMMUTABLE_TYPES
 
 
 class FixedEntries(dict):
