@@ -262,8 +262,12 @@ absl::Status StepChannel::AwaitAnswer(absl::Time deadline) {
       return absl::DeadlineExceededError("Deadline Exceeded");  // as gRPC's
     }
     const struct timespec slice = absl::ToTimespec(std::min(left, kWaitSlice));
+    // A signal ends the wait early (EINTR) without a timeout: the daemon's
+    // lock is checked then too, so that signals arriving more often than a
+    // slice (a profiler's SIGPROF, a timer) cannot hide a dead daemon until
+    // the deadline.
     if (Futex(Word(sc::kResponseSeqOffset), FUTEX_WAIT, seen, &slice) != 0 &&
-        errno == ETIMEDOUT && DaemonGone()) {
+        (errno == ETIMEDOUT || errno == EINTR) && DaemonGone()) {
       return absl::UnavailableError(
           "its step channel's lock is gone (the daemon's process ended) "
           "before it answered");

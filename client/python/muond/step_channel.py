@@ -365,7 +365,10 @@ class StepChannel:
                 if wait_s <= 0:
                     raise ChannelRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
             waited = _futex(ctypes.addressof(self._response_seq), _FUTEX_WAIT, seen, wait_s)
-            if waited == -errno.ETIMEDOUT and self._daemon_gone():
+            # A signal (EINTR) ends a wait early too: signals more frequent
+            # than a slice (a timer, a profiler) must not hide a dead daemon
+            # until the deadline.
+            if waited in (-errno.ETIMEDOUT, -errno.EINTR) and self._daemon_gone():
                 raise ChannelRpcError(grpc.StatusCode.UNAVAILABLE,
                                       "the daemon's step channel: its lock is gone (the "
                                       "daemon's process ended)")

@@ -566,5 +566,57 @@ TEST_F(StepChannelTest, ADaemonKilledMidWaitIsUnavailableNotAHang) {
   EXPECT_THAT(next.message(), HasSubstr("daemon at " + address));
 }
 
+void IgnoreSignal(int) {}
+
+// As above, with the waiting thread interrupted by a signal every 20 ms (a
+// profiler's SIGPROF, a timer): each interrupted wait checks the daemon's
+// lock too, so its death is still noticed long before rpc_timeout (before:
+// only a wait that ran a whole 0.5 s slice looked, so the step waited for
+// its deadline).
+TEST_F(StepChannelTest, ADaemonKilledMidWaitIsNoticedDespiteSignals) {
+  const std::string job = absl::StrCat("sigs", getpid());
+  const std::string address = StartDaemon(job);
+  ClientOptions options = Options(job, true);
+  options.rpc_timeout = absl::Seconds(40);
+  std::unique_ptr<Trainer> trainer = Register(address, options);
+  ASSERT_NE(trainer, nullptr);
+  trainer->SetGrads(1);
+  ASSERT_TRUE(trainer->client->Step(1).ok());
+  const HeaderView channel(job);
+  ASSERT_TRUE(channel.ok());
+  struct sigaction action = {}, previous = {};
+  action.sa_handler = IgnoreSignal;  // no SA_RESTART: the futex wait ends
+  ASSERT_EQ(sigaction(SIGUSR1, &action, &previous), 0);
+  ASSERT_NO_FATAL_FAILURE(StopDaemon());
+  trainer->SetGrads(2);
+  std::atomic<bool> done{false};
+  absl::Status result;
+  absl::Duration waited;
+  std::thread step([&] {
+    const absl::Time start = absl::Now();
+    result = trainer->client->Step(2).status();
+    waited = absl::Now() - start;
+    done.store(true);
+  });
+  const absl::Time post_deadline = absl::Now() + absl::Seconds(20);
+  while (channel.Word(sc::kRequestSeqOffset) != 2 &&
+         absl::Now() < post_deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(channel.Word(sc::kRequestSeqOffset), 2u);
+  ASSERT_EQ(kill(daemon_pid_, SIGKILL), 0);
+  while (!done.load()) {
+    pthread_kill(step.native_handle(), SIGUSR1);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  step.join();
+  sigaction(SIGUSR1, &previous, nullptr);
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
+  EXPECT_THAT(result.message(), HasSubstr("lock is gone"));
+  // Far below rpc_timeout (40 s).
+  EXPECT_LT(waited, absl::Seconds(20));
+  EXPECT_FALSE(trainer->client->HasStepChannel());
+}
+
 }  // namespace
 }  // namespace muond

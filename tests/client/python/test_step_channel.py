@@ -241,6 +241,25 @@ class StepTest(ChannelTestCase):
         self.assertEqual(self.step(step_id=1).step_id, 1)  # over gRPC now
         self.assertEqual(len(self.daemon.grpc_requests), 1)
 
+    def test_a_daemon_gone_mid_wait_is_noticed_despite_frequent_signals(self):
+        # A timer's signal every 20 ms ends each futex wait early (EINTR):
+        # those waits check the daemon's lock too, else only a whole 0.5 s
+        # slice would, and the step would wait for its timeout.
+        client = self.new_client(timeout=8)
+        self.assertTrue(client.open_step_channel(self.job, CAP, CAP))
+        self.daemon.answer = lambda request: self.daemon.doubles[0].die()
+        previous = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+        self.addCleanup(signal.signal, signal.SIGALRM, previous)
+        self.addCleanup(signal.setitimer, signal.ITIMER_REAL, 0)
+        signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+        started = time.monotonic()
+        with self.assertRaises(ChannelRpcError) as caught:
+            self.step(client)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        self.assertLess(time.monotonic() - started, 4)  # the timeout is 8 s
+        self.assertFalse(client.has_step_channel)
+
     def test_a_daemon_gone_before_the_step_sends_it_over_grpc_at_once(self):
         # The daemon's end went between steps (a daemon restarted on the
         # same socket): nothing was posted, so nothing is unknown; the step
