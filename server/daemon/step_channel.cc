@@ -187,10 +187,29 @@ void StepChannels::ReapFinished() {
   }
 }
 
+bool StepChannels::AnyEnded() const {
+  if (stopping_.load()) return true;
+  for (const auto& channel : channels_) {
+    if (channel->done.load()) return true;
+  }
+  return false;
+}
+
 absl::Status StepChannels::SlotFree() {
   ReapFinished();
   if (static_cast<int>(channels_.size()) < options_.max_channels) {
     return absl::OkStatus();
+  }
+  // A channel closed just before this open (its trainer's replacement of
+  // it) ends within moments: its slot is this open's. A channel's thread
+  // sets `done` under mu_, which wakes this wait.
+  if (options_.max_channels > 0 &&
+      mu_.AwaitWithTimeout(absl::Condition(this, &StepChannels::AnyEnded),
+                           options_.slot_wait)) {
+    ReapFinished();
+    if (static_cast<int>(channels_.size()) < options_.max_channels) {
+      return absl::OkStatus();
+    }
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "this daemon has ", channels_.size(),

@@ -41,6 +41,11 @@ struct StepChannelOptions {
   // How often an idle channel checks that its trainer still holds its lock
   // (and that the daemon is not shutting down).
   absl::Duration idle_check = absl::Milliseconds(500);
+  // At the limit, how long Open waits for an open channel to end before it
+  // refuses: a trainer replacing its channel (a new registration) posts the
+  // old one's close and opens the new one at once, before the old one's
+  // thread has ended.
+  absl::Duration slot_wait = absl::Seconds(1);
   // Starts a channel's thread (tests inject one that fails, as a pids or
   // thread limit does); null: std::thread.
   std::function<std::thread(std::function<void()>)> start_thread;
@@ -80,8 +85,10 @@ class StepChannels {
  private:
   // Channels are on, the daemon not stopping, a slot free.
   absl::Status CheckRoom();
-  // A slot under max_channels once finished channels are reaped.
+  // A slot under max_channels once finished channels are reaped (at the
+  // limit, after waiting up to options_.slot_wait for one to end).
   absl::Status SlotFree() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AnyEnded() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The channel's thread started and its entry listed, or why not.
   absl::Status StartServing(std::unique_ptr<StepChannelEnd> channel);
   void Serve(StepChannelEnd* channel);

@@ -618,5 +618,39 @@ TEST_F(StepChannelTest, ADaemonKilledMidWaitIsNoticedDespiteSignals) {
   EXPECT_FALSE(trainer->client->HasStepChannel());
 }
 
+// A trainer registering again on a daemon at its --max_step_channels
+// replaces its channel: the daemon gives the new one the old one's slot
+// (the old one's close and the new one's open come back to back, before the
+// old one's thread has ended), so steps go on through a channel.
+TEST_F(StepChannelTest, RegisteringAgainAtTheChannelLimitKeepsAChannel) {
+  const std::string job = absl::StrCat("again", getpid());
+  std::unique_ptr<Trainer> trainer =
+      Register(StartDaemon(job, {"--max_step_channels=1"}), Options(job, true));
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_TRUE(trainer->client->HasStepChannel());
+  v1::ParamGroup group = testing::DenseMuonGroup(1, 1, 0, 0);
+  for (size_t p = 0; p < trainer->params.size(); ++p) {
+    *group.add_params() =
+        MakeParam(trainer->names[p], {kRows, kCols},
+                  *HostRef(*trainer->region, trainer->params[p], v1::DTYPE_FP32,
+                           {kRows, kCols}),
+                  *HostRef(*trainer->region, trainer->grads[p], v1::DTYPE_FP32,
+                           {kRows, kCols}));
+  }
+  for (int round = 0; round < 5; ++round) {
+    ASSERT_TRUE(trainer->client->Unregister().ok());
+    const absl::Status registered =
+        trainer->client->Register({HostRegion(*trainer->region)}, {group})
+            .status();
+    ASSERT_TRUE(registered.ok()) << registered;
+    EXPECT_TRUE(trainer->client->HasStepChannel())
+        << "round " << round << ": " << trainer->client->StepChannelStatus();
+  }
+  ASSERT_TRUE(trainer->client->WaitForPlan(absl::Seconds(60)).ok());
+  trainer->SetGrads(1);
+  ASSERT_TRUE(trainer->client->Step(1).ok());
+  EXPECT_EQ(ChannelRequests(job), 1);
+}
+
 }  // namespace
 }  // namespace muond

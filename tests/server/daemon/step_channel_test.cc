@@ -185,6 +185,7 @@ StepChannelOptions FastOptions(int max_channels = 4) {
   StepChannelOptions options;
   options.max_channels = max_channels;
   options.idle_check = absl::Milliseconds(20);
+  options.slot_wait = absl::Milliseconds(100);
   return options;
 }
 
@@ -410,6 +411,26 @@ TEST(StepChannelTest, LimitCountsOpenChannelsAndCloseFreesOne) {
   StepChannels off(EchoHandler, FastOptions(/*max_channels=*/0));
   Trainer d;
   EXPECT_TRUE(absl::IsFailedPrecondition(off.Open(d.OpenRequest()).status()));
+}
+
+// A trainer replacing its channel at the limit (a new registration) closes
+// the old one and opens the new one at once: the open waits for the old
+// one's thread to end instead of refusing because it still runs.
+TEST(StepChannelTest, ReplacingAChannelAtTheLimitTakesItsSlot) {
+  StepChannelOptions options = FastOptions(/*max_channels=*/1);
+  options.idle_check = absl::Seconds(5);  // only the close op ends it
+  options.slot_wait = absl::Seconds(10);
+  StepChannels channels(EchoHandler, options);
+  for (int round = 0; round < 20; ++round) {
+    Trainer old, replacement;
+    ASSERT_TRUE(channels.Open(old.OpenRequest()).ok());
+    old.Send("", sc::kOpClose);
+    const absl::StatusOr<v1::OpenStepChannelResponse> opened =
+        channels.Open(replacement.OpenRequest());
+    ASSERT_TRUE(opened.ok()) << "round " << round << ": " << opened.status();
+    replacement.Send("", sc::kOpClose);
+    ASSERT_TRUE(EventuallyOpen(channels, 0));
+  }
 }
 
 TEST(StepChannelTest, VanishedTrainerEndsItsChannel) {
