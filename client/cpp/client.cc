@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/step_channel.h"
+#include "client/cpp/utf8.h"
 #include "client/cpp/view_util.h"
 #include "core/common/error_reason.h"
 #include "proto/status_details.h"
@@ -79,6 +80,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
     options.client_id = absl::StrCat(host, ":", getpid());
+  }
+  // Proto strings of every request: malformed UTF-8 would not parse there.
+  for (auto [field, text] :
+       {std::pair{"ClientOptions.job_id", &options.job_id},
+        std::pair{"ClientOptions.client_id", &options.client_id}}) {
+    if (!IsValidUtf8(*text)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " '", ToValidUtf8(*text),
+                       "' must be valid UTF-8 (a proto string)"));
+    }
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
@@ -280,6 +291,17 @@ Client::~Client() { channel_.reset(); }
 
 absl::StatusOr<v1::StepResponse> Client::Step(
     int64_t step_id, const std::vector<v1::GroupOverride>& overrides) {
+  for (const v1::GroupOverride& o : overrides) {
+    if (IsValidUtf8(o.group())) continue;
+    // Not sendable (the daemon could not parse it) and no registered
+    // group's name: refused here, and the job told (RefuseStep), so that
+    // the other ranks' steps fail at once instead of at their comm timeout.
+    const std::string why =
+        absl::StrCat("overrides: group '", ToValidUtf8(o.group()),
+                     "' is not valid UTF-8, so no registered group's name");
+    (void)RefuseStep(step_id, why);
+    return absl::InvalidArgumentError(why);
+  }
   v1::StepRequest request = StepRequestOf(step_id);
   for (const v1::GroupOverride& o : overrides) *request.add_overrides() = o;
   return SendStep(request);
@@ -291,7 +313,9 @@ absl::Status Client::RefuseStep(int64_t step_id, std::string_view why) {
         "RefuseStep: the reason is empty (an empty one would be a step)");
   }
   v1::StepRequest request = StepRequestOf(step_id);
-  request.set_trainer_refusal(std::string(why));
+  // A proto string: malformed bytes (say, of a param's name) are escaped
+  // rather than making the refusal unsendable.
+  request.set_trainer_refusal(ToValidUtf8(why));
   return SendStep(request).status();
 }
 

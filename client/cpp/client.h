@@ -152,6 +152,8 @@ class Client {
   // soon as building the step engine failed (Health.engine_error: the daemon
   // waits for a new plan, so waiting on is pointless).
   absl::Status WaitForPlan(absl::Duration timeout);
+  // InvalidArgument for an override whose group is not valid UTF-8 (no
+  // group's name): the step is refused for the job too (RefuseStep).
   absl::StatusOr<v1::StepResponse> Step(
       int64_t step_id, const std::vector<v1::GroupOverride>& overrides = {});
   // Step `step_id` refused by this trainer's own checks (`why` names the
@@ -159,6 +161,7 @@ class Client {
   // every rank's step fails at once instead of its peers waiting for the
   // communicator timeout, and nothing is applied. Returns the daemon's answer
   // (FailedPrecondition: the refusal); InvalidArgument for an empty `why`.
+  // Bytes of `why` that are not UTF-8 travel escaped (\xNN).
   absl::Status RefuseStep(int64_t step_id, std::string_view why);
   absl::Status Unregister();
   absl::StatusOr<v1::GetStatusResponse> Status();

@@ -456,5 +456,23 @@ TEST(Client, ConnectRefusesStepChannelBytesOffThePageGrid) {
   EXPECT_TRUE(Client::Connect("unix:///nonexistent.sock", options).ok());
 }
 
+// job_id and client_id travel in proto strings of every request: malformed
+// UTF-8 would make each one unparsable on the daemon.
+TEST(Client, ConnectRefusesIdsThatAreNotUtf8) {
+  ClientOptions options;
+  options.job_id = "job\xff";
+  absl::Status st =
+      Client::Connect("unix:///nonexistent.sock", options).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("ClientOptions.job_id 'job\\xff' must "
+                                      "be valid UTF-8"));
+  options.job_id = "j\xc3\xa9";        // U+00E9: fine
+  options.client_id = "\xed\xa0\x80";  // a surrogate
+  st = Client::Connect("unix:///nonexistent.sock", options).status();
+  EXPECT_THAT(st.message(), HasSubstr("ClientOptions.client_id"));
+  options.client_id = "trainer-\xf0\x9f\x98\x80";
+  EXPECT_TRUE(Client::Connect("unix:///nonexistent.sock", options).ok());
+}
+
 }  // namespace
 }  // namespace muond

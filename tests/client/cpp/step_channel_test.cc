@@ -373,6 +373,50 @@ TEST_F(StepChannelTest, ARefusalThroughTheChannelEqualsOneOverGrpc) {
   EXPECT_TRUE(trainer->client->HasStepChannel());
 }
 
+// Bytes that are not UTF-8 in a refusal's reason or an override's group
+// (proto strings: the daemon could not parse the request) get the same
+// answer through the channel as over the Step RPC: the reason escaped and
+// the job refused; the override InvalidArgument naming it, the job refused
+// too (so no peer waits for its comm timeout). The step id stays free.
+TEST_F(StepChannelTest, BytesThatAreNotUtf8AreAnsweredAlikeBothWays) {
+  const std::string job = absl::StrCat("utf", getpid());
+  const std::string address = StartDaemon(job);
+  std::unique_ptr<Trainer> trainer = Register(address, Options(job, true));
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_TRUE(trainer->client->HasStepChannel());
+  auto rpc = Client::Connect(address, Options(job, false));
+  ASSERT_TRUE(rpc.ok());
+  trainer->SetGrads(1);
+  const std::vector<float> before = trainer->Params();
+  const std::string why = "grad of w\xff has shape [3, 4]";
+  const absl::Status through = trainer->client->RefuseStep(1, why);
+  const absl::Status over_grpc = (*rpc)->RefuseStep(1, why);
+  EXPECT_EQ(ChannelRequests(job), 1);
+  EXPECT_EQ(through.code(), absl::StatusCode::kFailedPrecondition) << through;
+  EXPECT_TRUE(HasErrorReason(through, ErrorReason::kTrainerRefused));
+  EXPECT_THAT(through.message(), HasSubstr("xff has shape [3, 4]"));
+  EXPECT_EQ(through.message(), over_grpc.message());
+  EXPECT_EQ(GetErrorReason(through), GetErrorReason(over_grpc));
+  EXPECT_EQ(GetErrorMetadata(through), GetErrorMetadata(over_grpc));
+
+  v1::GroupOverride bad;
+  bad.set_group("mu\xfeon");
+  bad.set_lr(0.1);
+  const absl::Status bad_through = trainer->client->Step(1, {bad}).status();
+  const absl::Status bad_grpc = (*rpc)->Step(1, {bad}).status();
+  EXPECT_EQ(ChannelRequests(job), 2);  // its refusal
+  EXPECT_EQ(bad_through.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_through.message(),
+              HasSubstr("overrides: group 'mu\\xfeon' is not valid UTF-8"));
+  EXPECT_EQ(bad_through, bad_grpc);
+  EXPECT_EQ(trainer->Params(), before);
+  absl::StatusOr<v1::StepResponse> applied = trainer->client->Step(1);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_FALSE(applied->replayed());
+  EXPECT_EQ(ChannelRequests(job), 3);
+  EXPECT_TRUE(trainer->client->HasStepChannel());
+}
+
 // A daemon with channels off: the client is told why and steps over gRPC;
 // no shm name of the job is left behind.
 TEST_F(StepChannelTest, ADaemonWithoutChannelsLeavesStepsOnGrpc) {
