@@ -287,7 +287,12 @@ absl::Status Client::StepChannelStatus() const {
 
 // No lock: no other thread may use a Client being destroyed (and a forked
 // child's copy of the mutex may be held by a thread the child lacks).
-Client::~Client() { channel_.reset(); }
+Client::~Client() {
+  channel_.reset();
+  // A forked child's copy: gRPC's threads live only in the parent, and
+  // destroying the channel waits for them (forever). Left to the exit.
+  if (getpid() != creator_pid_) (void)stub_.release();
+}
 
 absl::StatusOr<v1::StepResponse> Client::Step(
     int64_t step_id, const std::vector<v1::GroupOverride>& overrides) {

@@ -40,7 +40,11 @@
 // Unavailable naming the address within ~0.5 s, not at rpc_timeout).
 // HasStepChannel() and StepChannelStatus() tell which way steps go. A forked
 // child must not use its parent's Client (its copy of the channel is let go
-// at the fork; destroying the copy is safe).
+// at the fork); destroying the copy is safe: its gRPC channel is left to the
+// child's exit (destroying it would wait forever for gRPC's threads, which
+// are the parent's).
+#include <unistd.h>
+
 #include <atomic>
 #include <map>
 #include <memory>
@@ -232,7 +236,9 @@ class Client {
   };
 
   Client(std::unique_ptr<v1::Optimizer::Stub> stub, ClientOptions options)
-      : stub_(std::move(stub)), options_(std::move(options)) {}
+      : stub_(std::move(stub)),
+        options_(std::move(options)),
+        creator_pid_(getpid()) {}
   RpcSettings DefaultRpc() const {
     return {.timeout = options_.rpc_timeout, .wait_for_ready = true};
   }
@@ -250,6 +256,7 @@ class Client {
 
   std::unique_ptr<v1::Optimizer::Stub> stub_;
   ClientOptions options_;
+  const pid_t creator_pid_;  // a forked child's copy has another pid
   std::string address_;
   // One step in the channel at a time; guards channel_ and channel_status_.
   // A Step finding it held (another thread's step) uses the Step RPC.

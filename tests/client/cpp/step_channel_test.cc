@@ -562,6 +562,34 @@ TEST_F(StepChannelTest, AForkedChildLetsGoOfTheChannel) {
   EXPECT_TRUE(trainer->client->HasStepChannel());
 }
 
+// A forked child may destroy its copy of the Client: the copy's gRPC
+// channel is left to the child's exit (destroying it waited forever for
+// gRPC's threads, which are the parent's), its step channel let go at the
+// fork; the parent steps on through its channel.
+TEST_F(StepChannelTest, AForkedChildDestroysItsCopyOfTheClient) {
+  const std::string job = absl::StrCat("forkdel", getpid());
+  std::unique_ptr<Trainer> trainer =
+      Register(StartDaemon(job), Options(job, true));
+  ASSERT_NE(trainer, nullptr);
+  trainer->SetGrads(1);
+  ASSERT_TRUE(trainer->client->Step(1).ok());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(30);  // a hung destructor ends the child with SIGALRM
+    trainer->client.reset();
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "child status " << status;
+  trainer->SetGrads(2);
+  ASSERT_TRUE(trainer->client->Step(2).ok());
+  EXPECT_EQ(ChannelRequests(job), 2);
+  EXPECT_TRUE(trainer->client->HasStepChannel());
+}
+
 // SIGKILL of the daemon while the client waits for the channel's answer:
 // the daemon is stopped first, so the request is posted and unanswered when
 // it dies. The deadline is far away, so only the daemon's released lock can
