@@ -204,6 +204,7 @@ std::optional<absl::StatusOr<v1::StepResponse>> Client::StepThroughChannel(
   if (!lock.owns_lock() || channel_ == nullptr) return std::nullopt;
   StepChannel::Reply reply =
       channel_->Step(request, absl::Now() + options_.rpc_timeout);
+  const bool answers_kept = channel_->answers_kept();
   if (!channel_->usable()) {
     DropStepChannel(absl::UnavailableError(absl::StrCat(
         "the step channel was dropped: ", channel_->WhyUnusable())));
@@ -212,7 +213,7 @@ std::optional<absl::StatusOr<v1::StepResponse>> Client::StepThroughChannel(
     case StepChannel::Outcome::kNotSent:
       return std::nullopt;
     case StepChannel::Outcome::kTooLarge:
-      return FetchAnswerOverGrpc(request);
+      return FetchAnswerOverGrpc(request, answers_kept);
     case StepChannel::Outcome::kAnswered:
     case StepChannel::Outcome::kFailed:
       break;
@@ -221,11 +222,12 @@ std::optional<absl::StatusOr<v1::StepResponse>> Client::StepThroughChannel(
 }
 
 absl::StatusOr<v1::StepResponse> Client::FetchAnswerOverGrpc(
-    const v1::StepRequest& request) {
+    const v1::StepRequest& request, bool answers_kept) {
   absl::StatusOr<v1::StepResponse> response = CallStep(request);
-  // The daemon's record of this very request, which it answered through the
-  // channel: no other process's step, so no replay to the caller.
-  if (response.ok()) response->set_replayed(false);
+  // A daemon that keeps the answer returns it as it was. An older one
+  // answers from its record of this very request, which it answered through
+  // the channel: no other process's step, so no replay to the caller.
+  if (response.ok() && !answers_kept) response->set_replayed(false);
   return response;
 }
 
@@ -270,7 +272,7 @@ absl::StatusOr<std::unique_ptr<StepChannel>> Client::NewStepChannel(
         "the daemon speaks step channel layout version ", opened->version(),
         ", this client ", step_channel::kVersion));
   }
-  (*channel)->MarkOpenedByDaemon();
+  (*channel)->MarkOpenedByDaemon(opened->answers_kept());
   return channel;
 }
 

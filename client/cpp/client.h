@@ -80,7 +80,8 @@ struct ClientOptions {
   // [64 KiB, 64 MiB]; 0: sized for the registered groups
   // (StepChannelCapacitiesFor, room for a refusal of kMaxChannelRefusalBytes).
   // A larger request goes over the Step RPC; a larger answer is fetched
-  // again over it (the daemon's record of the step).
+  // over it (the daemon keeps it for the same request; an older daemon
+  // answers from its record of the step).
   uint32_t step_channel_request_bytes = 0;
   uint32_t step_channel_response_bytes = 0;
 };
@@ -216,9 +217,10 @@ class Client {
   std::optional<absl::StatusOr<v1::StepResponse>> StepThroughChannel(
       const v1::StepRequest& request);
   // The answer to a request the daemon answered through the channel but
-  // whose answer did not fit it: the same request over the Step RPC.
+  // whose answer did not fit it: the same request over the Step RPC, which
+  // returns that answer where the daemon `answers_kept` it.
   absl::StatusOr<v1::StepResponse> FetchAnswerOverGrpc(
-      const v1::StepRequest& request);
+      const v1::StepRequest& request, bool answers_kept);
   // A channel of the daemon's for steps of `groups`, replacing any open one.
   void OpenStepChannel(const std::vector<v1::ParamGroup>& groups);
   absl::StatusOr<std::unique_ptr<StepChannel>> NewStepChannel(

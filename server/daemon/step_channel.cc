@@ -124,6 +124,10 @@ struct StepChannelEnd {
   uint32_t request_capacity = 0;
   uint32_t response_capacity = 0;
   uint32_t last_seq = 0;
+  // The last answer too large for the response area and its request
+  // (serialized), for TakeKeptAnswer; guarded by StepChannels::mu_.
+  std::string kept_request;
+  std::optional<absl::StatusOr<v1::StepResponse>> kept_answer;
   std::thread thread;
   std::atomic<bool> done{false};
 
@@ -360,7 +364,32 @@ absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
   LOG(INFO) << "step channel '" << Echo(name) << "' open";
   v1::OpenStepChannelResponse response;
   response.set_version(sc::kVersion);
+  response.set_answers_kept(true);
   return response;
+}
+
+void StepChannels::Keep(
+    StepChannelEnd* channel, std::string request,
+    std::optional<absl::StatusOr<v1::StepResponse>> answer) {
+  absl::MutexLock lock(&mu_);
+  channel->kept_request = std::move(request);
+  channel->kept_answer = std::move(answer);
+}
+
+std::optional<absl::StatusOr<v1::StepResponse>> StepChannels::TakeKeptAnswer(
+    const v1::StepRequest& request) {
+  absl::MutexLock lock(&mu_);
+  std::optional<std::string> bytes;
+  for (auto& channel : channels_) {
+    if (!channel->kept_answer.has_value()) continue;
+    if (!bytes) bytes = request.SerializeAsString();
+    if (channel->kept_request != *bytes) continue;
+    std::optional<absl::StatusOr<v1::StepResponse>> answer;
+    answer.swap(channel->kept_answer);
+    channel->kept_request.clear();
+    return answer;
+  }
+  return std::nullopt;
 }
 
 namespace {
@@ -433,6 +462,7 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     if (op == sc::kOpClose) break;
     absl::StatusOr<v1::StepRequest> request =
         ReadRequest(fd, op, len, channel->request_capacity);
+    Keep(channel, "", std::nullopt);  // a new request: the last one fetched
     absl::StatusOr<v1::StepResponse> answer =
         request.ok() ? handler_(*request)
                      : absl::StatusOr<v1::StepResponse>(request.status());
@@ -445,7 +475,14 @@ void StepChannels::Serve(StepChannelEnd* channel) {
       kind = sc::kRpcStatus;
     }
     const uint32_t size = static_cast<uint32_t>(bytes.size());
-    if (bytes.size() > channel->response_capacity) kind = sc::kTooLarge;
+    if (bytes.size() > channel->response_capacity) {
+      kind = sc::kTooLarge;
+      // Before the answer is published: the trainer's Step RPC for it may
+      // come at once.
+      if (request.ok()) {
+        Keep(channel, request->SerializeAsString(), std::move(answer));
+      }
+    }
     const bool written =
         (kind == sc::kTooLarge ||
          WriteBytes(fd, sc::ResponseOffset(channel->request_capacity),

@@ -18,6 +18,8 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -76,6 +78,15 @@ class StepChannels {
   absl::StatusOr<v1::OpenStepChannelResponse> Open(
       const v1::OpenStepChannelRequest& request);
 
+  // The answer a channel gave as too large for its response area
+  // (kTooLarge) to the same request as `request`, once: its trainer sends
+  // that request again over the Step RPC, which must return that answer as
+  // it was (replayed or not), not run the step again (a replay would vote
+  // with the job's other ranks, which are past it). Nullopt for any other
+  // request. A channel keeps its last such answer until its next request.
+  std::optional<absl::StatusOr<v1::StepResponse>> TakeKeptAnswer(
+      const v1::StepRequest& request);
+
   // Channels stop taking requests; each thread ends after its current step.
   void Shutdown();
 
@@ -92,6 +103,9 @@ class StepChannels {
   // The channel's thread started and its entry listed, or why not.
   absl::Status StartServing(std::unique_ptr<StepChannelEnd> channel);
   void Serve(StepChannelEnd* channel);
+  // `channel`'s kept answer: `answer` to `request`, or none (nullopt).
+  void Keep(StepChannelEnd* channel, std::string request,
+            std::optional<absl::StatusOr<v1::StepResponse>> answer);
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int OpenCount() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

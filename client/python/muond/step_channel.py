@@ -226,8 +226,9 @@ class StepChannel:
             _LOG.debug("no step channel: %s: %s", SHM_DIR + name, e)
             return None
         try:
-            version = client.stub.OpenStepChannel(pb.OpenStepChannelRequest(shm_name=name),
-                                                  timeout=client.timeout).version
+            opened = client.stub.OpenStepChannel(pb.OpenStepChannelRequest(shm_name=name),
+                                                 timeout=client.timeout)
+            version, channel.answers_kept = opened.version, opened.answers_kept
         except grpc.RpcError as e:  # an older daemon, another /dev/shm, too many channels
             _LOG.debug("no step channel: daemon %s: OpenStepChannel: %s: %s",
                        client.address, e.code().name, e.details())
@@ -277,6 +278,11 @@ class StepChannel:
         self._seq = 0  # the last request_seq written
         self.broken = False  # a step's outcome is unknown
         self.closed = False
+        # The daemon keeps an answer too large for the channel for the Step
+        # RPC of the same request, which returns it as it was
+        # (OpenStepChannelResponse.answers_kept); else that RPC answers from
+        # the daemon's record of the step (replayed).
+        self.answers_kept = False
         self._closing = False  # close() asked while a step was in flight
         anchor = ctypes.c_char.from_buffer(mapping)
         base = ctypes.addressof(anchor)

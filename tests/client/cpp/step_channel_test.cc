@@ -446,8 +446,9 @@ TEST_F(StepChannelTest, ADaemonWithoutChannelsLeavesStepsOnGrpc) {
 
 // Long param names and NaN grads on a --skip_nonfinite daemon: the answer
 // (every name in skipped_nonfinite) is past a 64 KiB response area, so it
-// is fetched again over gRPC, as this step's answer; a refusal past a
-// 64 KiB request area is not sent through the channel at all.
+// is fetched over gRPC: the daemon keeps it for the Step RPC of the same
+// request, which returns it as it was (a replay stays a replay); a refusal
+// past a 64 KiB request area is not sent through the channel at all.
 TEST_F(StepChannelTest, TooLargeRequestsAndAnswersGoOverGrpc) {
   const std::string job = absl::StrCat("large", getpid());
   ClientOptions options = Options(job, true);
@@ -466,23 +467,35 @@ TEST_F(StepChannelTest, TooLargeRequestsAndAnswersGoOverGrpc) {
   EXPECT_EQ(WordOf(channel, sc::kResponseKindOffset), sc::kTooLarge);
   EXPECT_GT(WordOf(channel, sc::kResponseLenOffset), sc::kMinCapacity);
   EXPECT_EQ(skipped->step_id(), 1);
-  EXPECT_FALSE(skipped->replayed());  // the record of this very request
-  std::vector<std::string> names;     // as the daemon names them
+  // The daemon's answer to this very request, kept for the RPC: not its
+  // record of the step (a replay, handled in no time, which in a job of
+  // several ranks would vote with ranks that are past it).
+  EXPECT_FALSE(skipped->replayed());
+  EXPECT_GT(skipped->timings().handler_us(), 0);
+  std::vector<std::string> names;  // as the daemon names them
   for (const std::string& name : trainer->names)
     names.push_back("muon/" + name);
   EXPECT_THAT(skipped->skipped_nonfinite(),
               ::testing::UnorderedElementsAreArray(names));
   EXPECT_EQ(trainer->Params(), before);
   EXPECT_TRUE(trainer->client->HasStepChannel());
+  // Step 1 again: a replay, as over the Step RPC.
+  absl::StatusOr<v1::StepResponse> again = trainer->client->Step(1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(WordOf(channel, sc::kRequestSeqOffset), 2u);
+  EXPECT_EQ(WordOf(channel, sc::kResponseKindOffset), sc::kTooLarge);
+  EXPECT_TRUE(again->replayed());
+  EXPECT_THAT(again->skipped_nonfinite(),
+              ::testing::UnorderedElementsAreArray(names));
 
   const std::string long_why(sc::kMinCapacity + 100, 'y');
   const absl::Status refused = trainer->client->RefuseStep(2, long_why);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_TRUE(HasErrorReason(refused, ErrorReason::kTrainerRefused));
-  EXPECT_EQ(ChannelRequests(job), 1);  // not through the channel
+  EXPECT_EQ(ChannelRequests(job), 2);  // not through the channel
   trainer->SetGrads(2);
   ASSERT_TRUE(trainer->client->Step(2).ok());
-  EXPECT_EQ(ChannelRequests(job), 2);
+  EXPECT_EQ(ChannelRequests(job), 3);
   EXPECT_NE(trainer->Params(), before);
 }
 

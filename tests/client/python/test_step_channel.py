@@ -62,13 +62,15 @@ class DoubleDaemon(pb_grpc.OptimizerServicer):
         self.answer = applied
         self.grpc_answer = lambda request, context: pb.StepResponse(step_id=request.step_id)
         self.refuse, self.version = None, _rules.STEP_CHANNEL_VERSION
+        self.answers_kept = False
         self.doubles, self.grpc_requests = [], []
 
     def OpenStepChannel(self, request, context):
         if self.refuse is not None:
             context.abort(self.refuse, "refused by the test")
         self.doubles.append(ChannelDouble(request.shm_name, lambda r: self.answer(r)))
-        return pb.OpenStepChannelResponse(version=self.version)
+        return pb.OpenStepChannelResponse(version=self.version,
+                                          answers_kept=self.answers_kept)
 
     def Step(self, request, context):
         self.grpc_requests.append(request)
@@ -301,6 +303,20 @@ class StepTest(ChannelTestCase):
         self.addCleanup(channel.close)
         with self.assertRaises(ChannelAnswerTooLarge):
             channel.step(pb.StepRequest(step_id=3), 5)
+
+    def test_an_answer_too_large_kept_by_the_daemon_is_returned_as_it_was(self):
+        # A daemon that keeps it (answers_kept) returns the channel's answer
+        # itself over gRPC: a replay stays a replay.
+        self.daemon.answers_kept = True
+        self.daemon.answer = lambda request: (TOO_LARGE, b"x" * (CAP + 1))
+        self.daemon.grpc_answer = lambda request, context: pb.StepResponse(
+            step_id=request.step_id, replayed=True)
+        self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP))
+        response = self.step(step_id=2)
+        self.assertEqual(response.step_id, 2)
+        self.assertTrue(response.replayed)
+        [sent] = self.daemon.doubles[0].requests
+        self.assertEqual(self.daemon.grpc_requests, [sent])
 
     def test_a_request_too_large_goes_over_grpc_and_the_channel_stays(self):
         self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP))

@@ -246,6 +246,44 @@ TEST(StepChannelTest, AnswerTooLargeSaysItsSize) {
             EchoHandler(request)->ByteSizeLong());
 }
 
+// The answer too large for the channel is kept for the Step RPC of the
+// same request (once), which must return it as it was rather than run the
+// step again; another request, or the channel's next one, does not get it.
+TEST(StepChannelTest, AnswerTooLargeIsKeptForTheSameRequestOnce) {
+  int handled = 0;
+  StepChannels channels(
+      [&](const v1::StepRequest& request) {
+        ++handled;
+        absl::StatusOr<v1::StepResponse> answer = EchoHandler(request);
+        answer->set_plan_version(handled);  // which call answered
+        return answer;
+      },
+      FastOptions());
+  Trainer trainer;
+  absl::StatusOr<v1::OpenStepChannelResponse> opened =
+      channels.Open(trainer.OpenRequest());
+  ASSERT_TRUE(opened.ok());
+  EXPECT_TRUE(opened->answers_kept());
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(99))));
+  ASSERT_EQ(trainer.kind(), sc::kTooLarge);
+  v1::StepRequest request, other;
+  ASSERT_TRUE(request.ParseFromString(StepBytes(99)));
+  ASSERT_TRUE(other.ParseFromString(StepBytes(98)));
+  EXPECT_EQ(channels.TakeKeptAnswer(other), std::nullopt);
+  std::optional<absl::StatusOr<v1::StepResponse>> kept =
+      channels.TakeKeptAnswer(request);
+  ASSERT_TRUE(kept.has_value() && kept->ok());
+  EXPECT_EQ((*kept)->step_id(), 99);
+  EXPECT_EQ((*kept)->plan_version(), 1);
+  EXPECT_EQ((*kept)->skipped_nonfinite_size(), 2000);
+  EXPECT_EQ(channels.TakeKeptAnswer(request), std::nullopt);  // once
+  EXPECT_EQ(handled, 1);
+  // Kept again by the next too-large answer; dropped by the request after.
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(99))));
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(5))));
+  EXPECT_EQ(channels.TakeKeptAnswer(request), std::nullopt);
+}
+
 TEST(StepChannelTest, MalformedRequestsAreRefusedByRule) {
   StepChannels channels(EchoHandler, FastOptions());
   Trainer trainer;
