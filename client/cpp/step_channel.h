@@ -16,7 +16,9 @@
 // Fork: a forked child's copy of the channel is unmapped and its descriptor
 // closed at once (a pthread_atfork handler), without unlocking or telling
 // the daemon: the parent's channel goes on, and the daemon still sees the
-// parent's death. The child must not use the parent's channel or Client.
+// parent's death. A fork waits for a channel being created or closed, so
+// no child has a copy the handler does not know. The child must not use the
+// parent's channel or Client.
 #include <sys/types.h>
 
 #include <cstdint>
@@ -129,8 +131,8 @@ class StepChannel {
   // lock).
   void Release(bool unlock);
   static void ForgetAllInForkedChild();
-  static void Track(StepChannel* channel);
-  static void Untrack(StepChannel* channel);
+  // pthread_atfork's handlers, once per process.
+  static void InstallForkHandler();
 
   int fd_;
   char* base_ = nullptr;  // the whole object, mapped
