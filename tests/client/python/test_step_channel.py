@@ -21,8 +21,8 @@ import grpc  # noqa: E402
 from muond import _rules
 from muond import shm as muond_shm
 from muond.client import Client, MuondError, error_info, error_reason
-from muond.step_channel import (ChannelAnswerTooLarge, ChannelRpcError, ChannelUnusable,
-                                StepChannel, capacities)
+from muond.step_channel import (SHM_DIR, ChannelAnswerTooLarge, ChannelRpcError,
+                                ChannelUnusable, StepChannel, capacities, shm_name)
 from muond.torch import rpc as torch_rpc
 from muond.v1 import error_details_pb2
 from muond.v1 import muond_pb2 as pb
@@ -421,6 +421,47 @@ class StepTest(ChannelTestCase):
         self.assertEqual(self.step(step_id=1).step_id, 1)
         self.assertEqual(double.ops, [_rules.STEP_CHANNEL_OP_STEP])
         self.assertEqual(self.daemon.grpc_requests, [])
+
+    def test_a_child_forked_during_create_or_close_holds_no_channel(self):
+        # A fork waits for a channel being created or closed: a child forked
+        # between its descriptor's creation and its entry in the fork
+        # handler's set (or its removal and close) kept a copy no handler
+        # knew of, so the trainer's lock past the parent's death.
+        prefix = f"{SHM_DIR}/muond-{self.job}-"
+        stop = threading.Event()
+        counts = {"forks": 0, "kept": 0}
+
+        def holds_a_channel() -> bool:
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    if os.readlink(f"/proc/self/fd/{fd}").startswith(prefix):
+                        return True
+                except OSError:
+                    pass
+            return False
+
+        def forker():
+            while not stop.is_set():
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(1 if holds_a_channel() else 0)
+                _, status = os.waitpid(pid, 0)
+                counts["forks"] += 1
+                counts["kept"] += os.waitstatus_to_exitcode(status) != 0
+
+        thread = threading.Thread(target=forker)
+        thread.start()
+        try:
+            for _ in range(3000):
+                path = SHM_DIR + shm_name(self.job)
+                channel = StepChannel._create(path, CAP, CAP)
+                os.unlink(path)
+                channel.close()
+        finally:
+            stop.set()
+            thread.join()
+        self.assertGreater(counts["forks"], 0)
+        self.assertEqual(counts["kept"], 0, counts)
 
 
 if __name__ == "__main__":
