@@ -203,6 +203,41 @@ class NsBatchSizeLoadTest(FakeClusterTestCase):
             muond_groups.loaded_options(0, group, dict(group, ns_steps=5))
 
 
+class ArrayOptionsTest(FakeClusterTestCase):
+    """A Muon group's numbers as numpy or one-element tensor values (a config
+    loaded into arrays) register the same wire group as plain numbers, and
+    steps pass the fixed-entry check (before: eps or extra_scale_factor as a
+    numpy scalar array failed construction with protobuf's TypeError naming
+    no group or key; custom_coefficients as an array or tensor with numpy's
+    or torch's "ambiguous truth value")."""
+
+    def build_wire(self, client_id, **group_options):
+        g = torch.Generator().manual_seed(5)
+        w = torch.nn.Parameter(torch.randn(8, 6, generator=g))
+        opt = Muon([dict(params=[w], param_names=["w0"], coefficient_type="custom",
+                         **group_options)],
+                   daemons=self.addresses, job_id="fake", client_id=client_id)
+        self.addCleanup(opt.close)
+        for _ in range(2):
+            w.grad = torch.full_like(w, 0.1)
+            opt.step()
+        opt.close()
+        return wire_groups(self.cluster.daemons)
+
+    def test_arrays_and_tensors_register_as_their_numbers(self):
+        coefficients = [3.4445, -4.775, 2.0315]
+        plain = self.build_wire("plain", eps=1e-7, extra_scale_factor=0.5, ns_steps=6,
+                                custom_coefficients=coefficients)
+        for name, wrap in (("numpy", np.array),
+                           ("tensor", lambda v: torch.tensor(v, dtype=torch.float64))):
+            with self.subTest(name):
+                wired = self.build_wire(
+                    name, eps=wrap(1e-7), extra_scale_factor=wrap(0.5),
+                    ns_steps=np.int64(6) if name == "numpy" else 6,
+                    custom_coefficients=wrap(coefficients))
+                self.assertEqual(wired, plain)
+
+
 class FixedEntriesTest(unittest.TestCase):
     """check_fixed's identity pass (groups.FixedEntries): an unchanged group
     passes without freezing its entries; a new object of an equal value still

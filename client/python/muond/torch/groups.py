@@ -302,6 +302,12 @@ def check_live(gi: int, group: dict) -> None:
             _real(label, key, value)
 
 
+def _sequence(value):
+    """A list option's entries; None: none. (``value or ()`` would ask a
+    numpy array or tensor of several entries for one truth value.)"""
+    return () if value is None else value
+
+
 def check_options(gi: int, group: dict) -> None:
     """Every hyperparameter of a group has a type the daemons compute with
     (check_live, then a Muon group's fixed numbers and Gram options), else
@@ -320,7 +326,7 @@ def check_options(gi: int, group: dict) -> None:
             _whole(label, key, group[key])
     if "use_syrk" in group:
         _flag(label, "use_syrk", group["use_syrk"])
-    for c in group.get("custom_coefficients") or ():
+    for c in _sequence(group.get("custom_coefficients")):
         _real(label, "custom_coefficients", c)
     _variants.check(label, group)
     check_gram_options(gi, group)
@@ -517,7 +523,7 @@ def _check_fp16_coefficients(label: str, group: dict) -> None:
             or group.get("coefficient_type", "custom") != "custom"):
         return
     flat = []
-    for c in group.get("custom_coefficients") or ():
+    for c in _sequence(group.get("custom_coefficients")):
         flat.extend(c if isinstance(c, (tuple, list)) else (c,))
     for i in range(0, len(flat) - len(flat) % 3, 3):
         try:
