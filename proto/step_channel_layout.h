@@ -61,8 +61,10 @@ enum ResponseKind : uint32_t {
   kStepResponse = 1,  // the response area holds a StepResponse
   kRpcStatus = 2,     // ... a muond.v1.RpcStatus: the step failed as over gRPC
   // The step's answer (applied, or refused) did not fit response_capacity:
-  // response_len holds its size; the trainer sends the same step over gRPC,
-  // which answers it from the daemon's record (StepResponse.replayed).
+  // response_len holds its size; the trainer sends the same request over
+  // gRPC, which returns that answer as it was (the daemon keeps it:
+  // OpenStepChannelResponse.answers_kept; an older daemon answers from its
+  // record of the step, StepResponse.replayed).
   kTooLarge = 3,
 };
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/step_channel.h"
+#include "client/cpp/utf8.h"
 #include "client/cpp/view_util.h"
 #include "core/common/error_reason.h"
 #include "proto/status_details.h"
@@ -79,6 +80,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
     options.client_id = absl::StrCat(host, ":", getpid());
+  }
+  // Proto strings of every request: malformed UTF-8 would not parse there.
+  for (auto [field, text] :
+       {std::pair{"ClientOptions.job_id", &options.job_id},
+        std::pair{"ClientOptions.client_id", &options.client_id}}) {
+    if (!IsValidUtf8(*text)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " '", ToValidUtf8(*text),
+                       "' must be valid UTF-8 (a proto string)"));
+    }
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
@@ -193,6 +204,7 @@ std::optional<absl::StatusOr<v1::StepResponse>> Client::StepThroughChannel(
   if (!lock.owns_lock() || channel_ == nullptr) return std::nullopt;
   StepChannel::Reply reply =
       channel_->Step(request, absl::Now() + options_.rpc_timeout);
+  const bool answers_kept = channel_->answers_kept();
   if (!channel_->usable()) {
     DropStepChannel(absl::UnavailableError(absl::StrCat(
         "the step channel was dropped: ", channel_->WhyUnusable())));
@@ -201,7 +213,7 @@ std::optional<absl::StatusOr<v1::StepResponse>> Client::StepThroughChannel(
     case StepChannel::Outcome::kNotSent:
       return std::nullopt;
     case StepChannel::Outcome::kTooLarge:
-      return FetchAnswerOverGrpc(request);
+      return FetchAnswerOverGrpc(request, answers_kept);
     case StepChannel::Outcome::kAnswered:
     case StepChannel::Outcome::kFailed:
       break;
@@ -210,11 +222,12 @@ std::optional<absl::StatusOr<v1::StepResponse>> Client::StepThroughChannel(
 }
 
 absl::StatusOr<v1::StepResponse> Client::FetchAnswerOverGrpc(
-    const v1::StepRequest& request) {
+    const v1::StepRequest& request, bool answers_kept) {
   absl::StatusOr<v1::StepResponse> response = CallStep(request);
-  // The daemon's record of this very request, which it answered through the
-  // channel: no other process's step, so no replay to the caller.
-  if (response.ok()) response->set_replayed(false);
+  // A daemon that keeps the answer returns it as it was. An older one
+  // answers from its record of this very request, which it answered through
+  // the channel: no other process's step, so no replay to the caller.
+  if (response.ok() && !answers_kept) response->set_replayed(false);
   return response;
 }
 
@@ -259,7 +272,7 @@ absl::StatusOr<std::unique_ptr<StepChannel>> Client::NewStepChannel(
         "the daemon speaks step channel layout version ", opened->version(),
         ", this client ", step_channel::kVersion));
   }
-  (*channel)->MarkOpenedByDaemon();
+  (*channel)->MarkOpenedByDaemon(opened->answers_kept());
   return channel;
 }
 
@@ -276,10 +289,26 @@ absl::Status Client::StepChannelStatus() const {
 
 // No lock: no other thread may use a Client being destroyed (and a forked
 // child's copy of the mutex may be held by a thread the child lacks).
-Client::~Client() { channel_.reset(); }
+Client::~Client() {
+  channel_.reset();
+  // A forked child's copy: gRPC's threads live only in the parent, and
+  // destroying the channel waits for them (forever). Left to the exit.
+  if (getpid() != creator_pid_) (void)stub_.release();
+}
 
 absl::StatusOr<v1::StepResponse> Client::Step(
     int64_t step_id, const std::vector<v1::GroupOverride>& overrides) {
+  for (const v1::GroupOverride& o : overrides) {
+    if (IsValidUtf8(o.group())) continue;
+    // Not sendable (the daemon could not parse it) and no registered
+    // group's name: refused here, and the job told (RefuseStep), so that
+    // the other ranks' steps fail at once instead of at their comm timeout.
+    const std::string why =
+        absl::StrCat("overrides: group '", ToValidUtf8(o.group()),
+                     "' is not valid UTF-8, so no registered group's name");
+    (void)RefuseStep(step_id, why);
+    return absl::InvalidArgumentError(why);
+  }
   v1::StepRequest request = StepRequestOf(step_id);
   for (const v1::GroupOverride& o : overrides) *request.add_overrides() = o;
   return SendStep(request);
@@ -291,7 +320,9 @@ absl::Status Client::RefuseStep(int64_t step_id, std::string_view why) {
         "RefuseStep: the reason is empty (an empty one would be a step)");
   }
   v1::StepRequest request = StepRequestOf(step_id);
-  request.set_trainer_refusal(std::string(why));
+  // A proto string: malformed bytes (say, of a param's name) are escaped
+  // rather than making the refusal unsendable.
+  request.set_trainer_refusal(ToValidUtf8(why));
   return SendStep(request).status();
 }
 

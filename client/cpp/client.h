@@ -46,7 +46,11 @@
 // deadline passed, or the daemon died mid-step: Unavailable naming the address
 // within ~0.5 s, not at rpc_timeout). HasStepChannel() and StepChannelStatus()
 // tell which way steps go. A forked child must not use its parent's Client (its
-// copy of the channel is let go at the fork; destroying the copy is safe).
+// copy of the channel is let go at the fork); destroying the copy is safe: its
+// gRPC channel is left to the child's exit (destroying it would wait forever
+// for gRPC's threads, which are the parent's).
+#include <unistd.h>
+
 #include <atomic>
 #include <map>
 #include <memory>
@@ -82,7 +86,8 @@ struct ClientOptions {
   // [64 KiB, 64 MiB]; 0: sized for the registered groups
   // (StepChannelCapacitiesFor, room for a refusal of kMaxChannelRefusalBytes).
   // A larger request goes over the Step RPC; a larger answer is fetched
-  // again over it (the daemon's record of the step).
+  // over it (the daemon keeps it for the same request; an older daemon
+  // answers from its record of the step).
   uint32_t step_channel_request_bytes = 0;
   uint32_t step_channel_response_bytes = 0;
 };
@@ -158,6 +163,8 @@ class Client {
   // soon as building the step engine failed (Health.engine_error: the daemon
   // waits for a new plan, so waiting on is pointless).
   absl::Status WaitForPlan(absl::Duration timeout);
+  // InvalidArgument for an override whose group is not valid UTF-8 (no
+  // group's name): the step is refused for the job too (RefuseStep).
   absl::StatusOr<v1::StepResponse> Step(
       int64_t step_id, const std::vector<v1::GroupOverride>& overrides = {});
   // Step `step_id` refused by this trainer's own checks (`why` names the
@@ -165,6 +172,7 @@ class Client {
   // every rank's step fails at once instead of its peers waiting for the
   // communicator timeout, and nothing is applied. Returns the daemon's answer
   // (FailedPrecondition: the refusal); InvalidArgument for an empty `why`.
+  // Bytes of `why` that are not UTF-8 travel escaped (\xNN).
   absl::Status RefuseStep(int64_t step_id, std::string_view why);
   absl::Status Unregister();
   absl::StatusOr<v1::GetStatusResponse> Status();
@@ -215,9 +223,10 @@ class Client {
   std::optional<absl::StatusOr<v1::StepResponse>> StepThroughChannel(
       const v1::StepRequest& request);
   // The answer to a request the daemon answered through the channel but
-  // whose answer did not fit it: the same request over the Step RPC.
+  // whose answer did not fit it: the same request over the Step RPC, which
+  // returns that answer where the daemon `answers_kept` it.
   absl::StatusOr<v1::StepResponse> FetchAnswerOverGrpc(
-      const v1::StepRequest& request);
+      const v1::StepRequest& request, bool answers_kept);
   // A channel of the daemon's for steps of `groups`, replacing any open one.
   void OpenStepChannel(const std::vector<v1::ParamGroup>& groups);
   absl::StatusOr<std::unique_ptr<StepChannel>> NewStepChannel(
@@ -235,7 +244,9 @@ class Client {
   };
 
   Client(std::unique_ptr<v1::Optimizer::Stub> stub, ClientOptions options)
-      : stub_(std::move(stub)), options_(std::move(options)) {}
+      : stub_(std::move(stub)),
+        options_(std::move(options)),
+        creator_pid_(getpid()) {}
   RpcSettings DefaultRpc() const {
     return {.timeout = options_.rpc_timeout, .wait_for_ready = true};
   }
@@ -253,6 +264,7 @@ class Client {
 
   std::unique_ptr<v1::Optimizer::Stub> stub_;
   ClientOptions options_;
+  const pid_t creator_pid_;  // a forked child's copy has another pid
   std::string address_;
   // One step in the channel at a time; guards channel_ and channel_status_.
   // A Step finding it held (another thread's step) uses the Step RPC.

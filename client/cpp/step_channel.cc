@@ -155,17 +155,28 @@ absl::StatusOr<std::unique_ptr<StepChannel>> StepChannel::Create(
       return st;
     }
   }
-  // Close-on-exec: a child that execs must not keep the trainer's lock.
-  const int fd =
-      shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return ShmError("cannot create", name, errno);
-  std::unique_ptr<StepChannel> channel(new StepChannel(fd, capacities));
-  if (absl::Status st = channel->MapAndLock(); !st.ok()) {
+  InstallForkHandler();
+  std::unique_ptr<StepChannel> channel;
+  absl::Status mapped;
+  {
+    // No fork from the descriptor's creation to its tracking (the fork
+    // handler takes this mutex): a child would keep an untracked copy of it,
+    // so the trainer's lock, past this process's death.
+    std::lock_guard<std::mutex> no_fork(TrackedMutex());
+    // Close-on-exec: a child that execs must not keep the trainer's lock.
+    const int fd =
+        shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return ShmError("cannot create", name, errno);
+    channel.reset(new StepChannel(fd, capacities));
+    mapped = channel->MapAndLock();
+    if (mapped.ok()) Tracked().insert(channel.get());
+  }
+  if (!mapped.ok()) {
     channel.reset();
     shm_unlink(name.c_str());
-    return absl::Status(st.code(), absl::StrCat(name, ": ", st.message()));
+    return absl::Status(mapped.code(),
+                        absl::StrCat(name, ": ", mapped.message()));
   }
-  Track(channel.get());
   return channel;
 }
 
@@ -262,8 +273,12 @@ absl::Status StepChannel::AwaitAnswer(absl::Time deadline) {
       return absl::DeadlineExceededError("Deadline Exceeded");  // as gRPC's
     }
     const struct timespec slice = absl::ToTimespec(std::min(left, kWaitSlice));
+    // A signal ends the wait early (EINTR) without a timeout: the daemon's
+    // lock is checked then too, so that signals arriving more often than a
+    // slice (a profiler's SIGPROF, a timer) cannot hide a dead daemon until
+    // the deadline.
     if (Futex(Word(sc::kResponseSeqOffset), FUTEX_WAIT, seen, &slice) != 0 &&
-        errno == ETIMEDOUT && DaemonGone()) {
+        (errno == ETIMEDOUT || errno == EINTR) && DaemonGone()) {
       return absl::UnavailableError(
           "its step channel's lock is gone (the daemon's process ended) "
           "before it answered");
@@ -313,7 +328,9 @@ void StepChannel::Close() {
 }
 
 void StepChannel::Release(bool unlock) {
-  Untrack(this);
+  // Untracked and closed with no fork between (see Create).
+  std::lock_guard<std::mutex> no_fork(TrackedMutex());
+  Tracked().erase(this);
   if (base_ != nullptr) munmap(base_, size_);
   base_ = nullptr;
   if (unlock) {
@@ -341,19 +358,12 @@ void StepChannel::ForgetAllInForkedChild() {
   }
 }
 
-void StepChannel::Track(StepChannel* channel) {
+void StepChannel::InstallForkHandler() {
   static std::once_flag handler;
   std::call_once(handler, [] {
     pthread_atfork([] { TrackedMutex().lock(); },
                    [] { TrackedMutex().unlock(); }, &ForgetAllInForkedChild);
   });
-  std::lock_guard<std::mutex> lock(TrackedMutex());
-  Tracked().insert(channel);
-}
-
-void StepChannel::Untrack(StepChannel* channel) {
-  std::lock_guard<std::mutex> lock(TrackedMutex());
-  Tracked().erase(channel);
 }
 
 }  // namespace muond

@@ -16,7 +16,9 @@
 // Fork: a forked child's copy of the channel is unmapped and its descriptor
 // closed at once (a pthread_atfork handler), without unlocking or telling
 // the daemon: the parent's channel goes on, and the daemon still sees the
-// parent's death. The child must not use the parent's channel or Client.
+// parent's death. A fork waits for a channel being created or closed, so
+// no child has a copy the handler does not know. The child must not use the
+// parent's channel or Client.
 #include <sys/types.h>
 
 #include <cstdint>
@@ -63,6 +65,7 @@ class StepChannel {
     kAnswered,  // the daemon's answer: a StepResponse or its refusal
     kNotSent,   // nothing sent (too large, or the channel unusable): use gRPC
     kTooLarge,  // answered, but past the response area: resend over gRPC
+                // (answers_kept(): the daemon returns that answer there)
     kFailed,    // the outcome is unknown or unreadable: the channel is broken
   };
   struct Reply {
@@ -88,7 +91,15 @@ class StepChannel {
 
   // The daemon opened the channel (OpenStepChannel succeeded): Close tells
   // it, so its thread ends at once rather than when the lock is dropped.
-  void MarkOpenedByDaemon() { opened_ = true; }
+  // `answers_kept`: its OpenStepChannelResponse.answers_kept.
+  void MarkOpenedByDaemon(bool answers_kept) {
+    opened_ = true;
+    answers_kept_ = answers_kept;
+  }
+  // The daemon keeps an answer too large for the channel for the Step RPC
+  // of the same request, which returns it as it was; else that RPC answers
+  // from the daemon's record (replayed).
+  bool answers_kept() const { return answers_kept_; }
 
   // Sends `request` and waits for the answer until `deadline`, checking
   // every 0.5 s that the daemon still holds its lock. Not sent when the
@@ -120,16 +131,17 @@ class StepChannel {
   // lock).
   void Release(bool unlock);
   static void ForgetAllInForkedChild();
-  static void Track(StepChannel* channel);
-  static void Untrack(StepChannel* channel);
+  // pthread_atfork's handlers, once per process.
+  static void InstallForkHandler();
 
   int fd_;
   char* base_ = nullptr;  // the whole object, mapped
   const StepChannelCapacities capacities_;
   const size_t size_;
-  const pid_t pid_;        // the process that created it
-  uint32_t seq_ = 0;       // the last request_seq posted
-  bool opened_ = false;    // the daemon has it
+  const pid_t pid_;      // the process that created it
+  uint32_t seq_ = 0;     // the last request_seq posted
+  bool opened_ = false;  // the daemon has it
+  bool answers_kept_ = false;
   bool broken_ = false;    // a step's outcome is unknown
   std::string broken_by_;  // what made it unknown
   bool end_gone_ = false;  // the daemon's lock was gone before a step

@@ -73,6 +73,12 @@ grpc::Status OptimizerService::Step(grpc::ServerContext* context,
                                     const v1::StepRequest* request,
                                     v1::StepResponse* response) {
   if (grpc::Status a = CheckToken(*context, token_); !a.ok()) return a;
+  // A step answered through a step channel but too large for it: its
+  // answer as it was, not the step run again (StepChannels::TakeKeptAnswer).
+  if (std::optional<absl::StatusOr<v1::StepResponse>> kept =
+          channels_.TakeKeptAnswer(*request)) {
+    return Reply(*std::move(kept), response, "Step");
+  }
   return Reply(StepOn(*request), response, "Step");
 }
 

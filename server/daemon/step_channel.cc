@@ -124,6 +124,10 @@ struct StepChannelEnd {
   uint32_t request_capacity = 0;
   uint32_t response_capacity = 0;
   uint32_t last_seq = 0;
+  // The last answer too large for the response area and its request
+  // (serialized), for TakeKeptAnswer; guarded by StepChannels::mu_.
+  std::string kept_request;
+  std::optional<absl::StatusOr<v1::StepResponse>> kept_answer;
   std::thread thread;
   std::atomic<bool> done{false};
 
@@ -187,10 +191,29 @@ void StepChannels::ReapFinished() {
   }
 }
 
+bool StepChannels::AnyEnded() const {
+  if (stopping_.load()) return true;
+  for (const auto& channel : channels_) {
+    if (channel->done.load()) return true;
+  }
+  return false;
+}
+
 absl::Status StepChannels::SlotFree() {
   ReapFinished();
   if (static_cast<int>(channels_.size()) < options_.max_channels) {
     return absl::OkStatus();
+  }
+  // A channel closed just before this open (its trainer's replacement of
+  // it) ends within moments: its slot is this open's. A channel's thread
+  // sets `done` under mu_, which wakes this wait.
+  if (options_.max_channels > 0 &&
+      mu_.AwaitWithTimeout(absl::Condition(this, &StepChannels::AnyEnded),
+                           options_.slot_wait)) {
+    ReapFinished();
+    if (static_cast<int>(channels_.size()) < options_.max_channels) {
+      return absl::OkStatus();
+    }
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "this daemon has ", channels_.size(),
@@ -341,7 +364,32 @@ absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
   LOG(INFO) << "step channel '" << Echo(name) << "' open";
   v1::OpenStepChannelResponse response;
   response.set_version(sc::kVersion);
+  response.set_answers_kept(true);
   return response;
+}
+
+void StepChannels::Keep(
+    StepChannelEnd* channel, std::string request,
+    std::optional<absl::StatusOr<v1::StepResponse>> answer) {
+  absl::MutexLock lock(&mu_);
+  channel->kept_request = std::move(request);
+  channel->kept_answer = std::move(answer);
+}
+
+std::optional<absl::StatusOr<v1::StepResponse>> StepChannels::TakeKeptAnswer(
+    const v1::StepRequest& request) {
+  absl::MutexLock lock(&mu_);
+  std::optional<std::string> bytes;
+  for (auto& channel : channels_) {
+    if (!channel->kept_answer.has_value()) continue;
+    if (!bytes) bytes = request.SerializeAsString();
+    if (channel->kept_request != *bytes) continue;
+    std::optional<absl::StatusOr<v1::StepResponse>> answer;
+    answer.swap(channel->kept_answer);
+    channel->kept_request.clear();
+    return answer;
+  }
+  return std::nullopt;
 }
 
 namespace {
@@ -414,6 +462,7 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     if (op == sc::kOpClose) break;
     absl::StatusOr<v1::StepRequest> request =
         ReadRequest(fd, op, len, channel->request_capacity);
+    Keep(channel, "", std::nullopt);  // a new request: the last one fetched
     absl::StatusOr<v1::StepResponse> answer =
         request.ok() ? handler_(*request)
                      : absl::StatusOr<v1::StepResponse>(request.status());
@@ -426,7 +475,14 @@ void StepChannels::Serve(StepChannelEnd* channel) {
       kind = sc::kRpcStatus;
     }
     const uint32_t size = static_cast<uint32_t>(bytes.size());
-    if (bytes.size() > channel->response_capacity) kind = sc::kTooLarge;
+    if (bytes.size() > channel->response_capacity) {
+      kind = sc::kTooLarge;
+      // Before the answer is published: the trainer's Step RPC for it may
+      // come at once.
+      if (request.ok()) {
+        Keep(channel, request->SerializeAsString(), std::move(answer));
+      }
+    }
     const bool written =
         (kind == sc::kTooLarge ||
          WriteBytes(fd, sc::ResponseOffset(channel->request_capacity),

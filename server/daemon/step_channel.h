@@ -18,6 +18,8 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -41,6 +43,11 @@ struct StepChannelOptions {
   // How often an idle channel checks that its trainer still holds its lock
   // (and that the daemon is not shutting down).
   absl::Duration idle_check = absl::Milliseconds(500);
+  // At the limit, how long Open waits for an open channel to end before it
+  // refuses: a trainer replacing its channel (a new registration) posts the
+  // old one's close and opens the new one at once, before the old one's
+  // thread has ended.
+  absl::Duration slot_wait = absl::Seconds(1);
   // Starts a channel's thread (tests inject one that fails, as a pids or
   // thread limit does); null: std::thread.
   std::function<std::thread(std::function<void()>)> start_thread;
@@ -71,6 +78,15 @@ class StepChannels {
   absl::StatusOr<v1::OpenStepChannelResponse> Open(
       const v1::OpenStepChannelRequest& request);
 
+  // The answer a channel gave as too large for its response area
+  // (kTooLarge) to the same request as `request`, once: its trainer sends
+  // that request again over the Step RPC, which must return that answer as
+  // it was (replayed or not), not run the step again (a replay would vote
+  // with the job's other ranks, which are past it). Nullopt for any other
+  // request. A channel keeps its last such answer until its next request.
+  std::optional<absl::StatusOr<v1::StepResponse>> TakeKeptAnswer(
+      const v1::StepRequest& request);
+
   // Channels stop taking requests; each thread ends after its current step.
   void Shutdown();
 
@@ -80,11 +96,16 @@ class StepChannels {
  private:
   // Channels are on, the daemon not stopping, a slot free.
   absl::Status CheckRoom();
-  // A slot under max_channels once finished channels are reaped.
+  // A slot under max_channels once finished channels are reaped (at the
+  // limit, after waiting up to options_.slot_wait for one to end).
   absl::Status SlotFree() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AnyEnded() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The channel's thread started and its entry listed, or why not.
   absl::Status StartServing(std::unique_ptr<StepChannelEnd> channel);
   void Serve(StepChannelEnd* channel);
+  // `channel`'s kept answer: `answer` to `request`, or none (nullopt).
+  void Keep(StepChannelEnd* channel, std::string request,
+            std::optional<absl::StatusOr<v1::StepResponse>> answer);
   void ReapFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int OpenCount() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -328,9 +328,12 @@ class Client:
             return None
         except ChannelAnswerTooLarge:
             response = self.stub.Step(request, timeout=self.timeout)
-            # The daemon's record of this very request, which it answered
-            # through the channel: no other process's step (process_guard).
-            response.replayed = False
+            # A daemon that keeps the answer returns it as it was. An older
+            # one answers from its record of this very request, which it
+            # answered through the channel: no other process's step
+            # (process_guard).
+            if not channel.answers_kept:
+                response.replayed = False
             return response
         finally:
             if channel.broken or channel.closed:

@@ -199,6 +199,12 @@ def _unlink(path: str) -> None:
 
 # Every channel open in this process, for the fork handler below.
 _OPEN: "weakref.WeakSet[StepChannel]" = weakref.WeakSet()
+# Held from a channel's descriptor's creation to its entry in _OPEN, and from
+# its removal to the descriptor's close, and by a fork (register_at_fork): a
+# child forked in between would keep a copy no handler knows of, so the
+# trainer's lock past this process's death. Reentrant: a finalizer may close
+# another channel while this thread creates one.
+_FORK_FENCE = threading.RLock()
 
 
 class StepChannel:
@@ -226,8 +232,9 @@ class StepChannel:
             _LOG.debug("no step channel: %s: %s", SHM_DIR + name, e)
             return None
         try:
-            version = client.stub.OpenStepChannel(pb.OpenStepChannelRequest(shm_name=name),
-                                                  timeout=client.timeout).version
+            opened = client.stub.OpenStepChannel(pb.OpenStepChannelRequest(shm_name=name),
+                                                 timeout=client.timeout)
+            version, channel.answers_kept = opened.version, opened.answers_kept
         except grpc.RpcError as e:  # an older daemon, another /dev/shm, too many channels
             _LOG.debug("no step channel: daemon %s: OpenStepChannel: %s: %s",
                        client.address, e.code().name, e.details())
@@ -250,23 +257,25 @@ class StepChannel:
         """The object at ``path`` with its header written, mapped and locked
         (on a failure, removed again)."""
         size = _HEADER + request_capacity + response_capacity
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            # Reserved now: a full /dev/shm fails here, not as a SIGBUS on a write.
-            os.posix_fallocate(fd, 0, size)
-            mapping = mmap.mmap(fd, size)
-            for offset, fmt, value in (
-                    (_rules.STEP_CHANNEL_MAGIC_OFFSET, "<Q", _rules.STEP_CHANNEL_MAGIC),
-                    (_rules.STEP_CHANNEL_VERSION_OFFSET, "<I", _rules.STEP_CHANNEL_VERSION),
-                    (_rules.STEP_CHANNEL_REQUEST_CAPACITY_OFFSET, "<I", request_capacity),
-                    (_rules.STEP_CHANNEL_RESPONSE_CAPACITY_OFFSET, "<I", response_capacity)):
-                struct.pack_into(fmt, mapping, offset, value)
-            _set_lock(fd, fcntl.F_WRLCK, _rules.STEP_CHANNEL_TRAINER_LOCK_BYTE)
-        except BaseException:
-            os.close(fd)
-            _unlink(path)
-            raise
-        return cls(fd, mapping, request_capacity, response_capacity)
+        with _FORK_FENCE:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                # Reserved now: a full /dev/shm fails here, not as a SIGBUS on a write.
+                os.posix_fallocate(fd, 0, size)
+                mapping = mmap.mmap(fd, size)
+                for offset, fmt, value in (
+                        (_rules.STEP_CHANNEL_MAGIC_OFFSET, "<Q", _rules.STEP_CHANNEL_MAGIC),
+                        (_rules.STEP_CHANNEL_VERSION_OFFSET, "<I", _rules.STEP_CHANNEL_VERSION),
+                        (_rules.STEP_CHANNEL_REQUEST_CAPACITY_OFFSET, "<I", request_capacity),
+                        (_rules.STEP_CHANNEL_RESPONSE_CAPACITY_OFFSET, "<I",
+                         response_capacity)):
+                    struct.pack_into(fmt, mapping, offset, value)
+                _set_lock(fd, fcntl.F_WRLCK, _rules.STEP_CHANNEL_TRAINER_LOCK_BYTE)
+            except BaseException:
+                os.close(fd)
+                _unlink(path)
+                raise
+            return cls(fd, mapping, request_capacity, response_capacity)
 
     def __init__(self, fd: int, mapping: mmap.mmap, request_capacity: int,
                  response_capacity: int):
@@ -277,6 +286,11 @@ class StepChannel:
         self._seq = 0  # the last request_seq written
         self.broken = False  # a step's outcome is unknown
         self.closed = False
+        # The daemon keeps an answer too large for the channel for the Step
+        # RPC of the same request, which returns it as it was
+        # (OpenStepChannelResponse.answers_kept); else that RPC answers from
+        # the daemon's record of the step (replayed).
+        self.answers_kept = False
         self._closing = False  # close() asked while a step was in flight
         anchor = ctypes.c_char.from_buffer(mapping)
         base = ctypes.addressof(anchor)
@@ -365,7 +379,10 @@ class StepChannel:
                 if wait_s <= 0:
                     raise ChannelRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
             waited = _futex(ctypes.addressof(self._response_seq), _FUTEX_WAIT, seen, wait_s)
-            if waited == -errno.ETIMEDOUT and self._daemon_gone():
+            # A signal (EINTR) ends a wait early too: signals more frequent
+            # than a slice (a timer, a profiler) must not hide a dead daemon
+            # until the deadline.
+            if waited in (-errno.ETIMEDOUT, -errno.EINTR) and self._daemon_gone():
                 raise ChannelRpcError(grpc.StatusCode.UNAVAILABLE,
                                       "the daemon's step channel: its lock is gone (the "
                                       "daemon's process ended)")
@@ -427,24 +444,27 @@ class StepChannel:
     def _release(self, in_child: bool = False) -> None:
         """Unmaps and closes; the lock dropped unless ``in_child`` (a forked
         child shares the parent's open file description, so its lock)."""
-        self.closed = True
-        _OPEN.discard(self)
-        self._request_seq = self._response_seq = self._request_len = None
-        self._request_op = self._response_len = self._response_kind = None
-        try:
-            self._mapping.close()
-        finally:
+        with _FORK_FENCE:
+            self.closed = True
+            _OPEN.discard(self)
+            self._request_seq = self._response_seq = self._request_len = None
+            self._request_op = self._response_len = self._response_kind = None
             try:
-                if not in_child:
-                    _set_lock(self._fd, fcntl.F_UNLCK, _rules.STEP_CHANNEL_TRAINER_LOCK_BYTE)
+                self._mapping.close()
             finally:
-                os.close(self._fd)
+                try:
+                    if not in_child:
+                        _set_lock(self._fd, fcntl.F_UNLCK,
+                                  _rules.STEP_CHANNEL_TRAINER_LOCK_BYTE)
+                finally:
+                    os.close(self._fd)
 
 
 def _forget_in_child() -> None:
     """A forked child drops its copies of the parent's channels (never
     sending on them): its descriptor would keep the parent's lock, so the
     daemon's sign of the trainer's death, held past it."""
+    _FORK_FENCE.release()  # taken by the fork, in the thread that is the child's
     for channel in list(_OPEN):
         try:
             channel._release(in_child=True)
@@ -453,4 +473,5 @@ def _forget_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_child)
+    os.register_at_fork(before=_FORK_FENCE.acquire, after_in_parent=_FORK_FENCE.release,
+                        after_in_child=_forget_in_child)

@@ -6,11 +6,16 @@
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -454,6 +459,71 @@ TEST(Client, ConnectRefusesStepChannelBytesOffThePageGrid) {
       absl::StatusCode::kInvalidArgument);
   options.step_channel_request_bytes = 65536;
   EXPECT_TRUE(Client::Connect("unix:///nonexistent.sock", options).ok());
+}
+
+// job_id and client_id travel in proto strings of every request: malformed
+// UTF-8 would make each one unparsable on the daemon.
+TEST(Client, ConnectRefusesIdsThatAreNotUtf8) {
+  ClientOptions options;
+  options.job_id = "job\xff";
+  absl::Status st =
+      Client::Connect("unix:///nonexistent.sock", options).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("ClientOptions.job_id 'job\\xff' must "
+                                      "be valid UTF-8"));
+  options.job_id = "j\xc3\xa9";        // U+00E9: fine
+  options.client_id = "\xed\xa0\x80";  // a surrogate
+  st = Client::Connect("unix:///nonexistent.sock", options).status();
+  EXPECT_THAT(st.message(), HasSubstr("ClientOptions.client_id"));
+  options.client_id = "trainer-\xf0\x9f\x98\x80";
+  EXPECT_TRUE(Client::Connect("unix:///nonexistent.sock", options).ok());
+}
+
+// Whether this process has a descriptor of a file whose path starts with
+// `prefix`.
+bool HoldsDescriptorOf(const std::string& prefix) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target =
+        std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && target.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+// A fork while another thread creates or closes a step channel: the child
+// has no descriptor of it (an untracked copy would keep the trainer's lock,
+// hiding the trainer's death from the daemon). Creation and closing were
+// not fenced from the fork handler, and most children of this loop kept one.
+TEST(StepChannelFork, AChildForkedDuringCreateOrCloseHoldsNoChannel) {
+  const std::string job = absl::StrCat("forkwin", getpid());
+  const std::string prefix = absl::StrCat("/dev/shm/muond-", job, "-");
+  std::atomic<bool> stop{false};
+  std::atomic<int> forks{0}, kept{0};
+  std::thread forker([&] {
+    while (!stop.load()) {
+      const pid_t child = fork();
+      if (child == 0) _exit(HoldsDescriptorOf(prefix) ? 1 : 0);
+      int status = 0;
+      waitpid(child, &status, 0);
+      ++forks;
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++kept;
+    }
+  });
+  const StepChannelCapacities capacities = {step_channel::kMinCapacity,
+                                            step_channel::kMinCapacity};
+  for (int i = 0; i < 2000 && (i < 100 || forks.load() < 20); ++i) {
+    const std::string name = StepChannelShmName(job);
+    absl::StatusOr<std::unique_ptr<StepChannel>> channel =
+        StepChannel::Create(name, capacities);
+    shm_unlink(name.c_str());
+    ASSERT_TRUE(channel.ok()) << channel.status();
+  }
+  stop.store(true);
+  forker.join();
+  EXPECT_GT(forks.load(), 0);
+  EXPECT_EQ(kept.load(), 0) << "of " << forks.load() << " children";
 }
 
 }  // namespace

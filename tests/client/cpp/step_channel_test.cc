@@ -373,6 +373,50 @@ TEST_F(StepChannelTest, ARefusalThroughTheChannelEqualsOneOverGrpc) {
   EXPECT_TRUE(trainer->client->HasStepChannel());
 }
 
+// Bytes that are not UTF-8 in a refusal's reason or an override's group
+// (proto strings: the daemon could not parse the request) get the same
+// answer through the channel as over the Step RPC: the reason escaped and
+// the job refused; the override InvalidArgument naming it, the job refused
+// too (so no peer waits for its comm timeout). The step id stays free.
+TEST_F(StepChannelTest, BytesThatAreNotUtf8AreAnsweredAlikeBothWays) {
+  const std::string job = absl::StrCat("utf", getpid());
+  const std::string address = StartDaemon(job);
+  std::unique_ptr<Trainer> trainer = Register(address, Options(job, true));
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_TRUE(trainer->client->HasStepChannel());
+  auto rpc = Client::Connect(address, Options(job, false));
+  ASSERT_TRUE(rpc.ok());
+  trainer->SetGrads(1);
+  const std::vector<float> before = trainer->Params();
+  const std::string why = "grad of w\xff has shape [3, 4]";
+  const absl::Status through = trainer->client->RefuseStep(1, why);
+  const absl::Status over_grpc = (*rpc)->RefuseStep(1, why);
+  EXPECT_EQ(ChannelRequests(job), 1);
+  EXPECT_EQ(through.code(), absl::StatusCode::kFailedPrecondition) << through;
+  EXPECT_TRUE(HasErrorReason(through, ErrorReason::kTrainerRefused));
+  EXPECT_THAT(through.message(), HasSubstr("xff has shape [3, 4]"));
+  EXPECT_EQ(through.message(), over_grpc.message());
+  EXPECT_EQ(GetErrorReason(through), GetErrorReason(over_grpc));
+  EXPECT_EQ(GetErrorMetadata(through), GetErrorMetadata(over_grpc));
+
+  v1::GroupOverride bad;
+  bad.set_group("mu\xfeon");
+  bad.set_lr(0.1);
+  const absl::Status bad_through = trainer->client->Step(1, {bad}).status();
+  const absl::Status bad_grpc = (*rpc)->Step(1, {bad}).status();
+  EXPECT_EQ(ChannelRequests(job), 2);  // its refusal
+  EXPECT_EQ(bad_through.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_through.message(),
+              HasSubstr("overrides: group 'mu\\xfeon' is not valid UTF-8"));
+  EXPECT_EQ(bad_through, bad_grpc);
+  EXPECT_EQ(trainer->Params(), before);
+  absl::StatusOr<v1::StepResponse> applied = trainer->client->Step(1);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_FALSE(applied->replayed());
+  EXPECT_EQ(ChannelRequests(job), 3);
+  EXPECT_TRUE(trainer->client->HasStepChannel());
+}
+
 // A daemon with channels off: the client is told why and steps over gRPC;
 // no shm name of the job is left behind.
 TEST_F(StepChannelTest, ADaemonWithoutChannelsLeavesStepsOnGrpc) {
@@ -402,8 +446,9 @@ TEST_F(StepChannelTest, ADaemonWithoutChannelsLeavesStepsOnGrpc) {
 
 // Long param names and NaN grads on a --skip_nonfinite daemon: the answer
 // (every name in skipped_nonfinite) is past a 64 KiB response area, so it
-// is fetched again over gRPC, as this step's answer; a refusal past a
-// 64 KiB request area is not sent through the channel at all.
+// is fetched over gRPC: the daemon keeps it for the Step RPC of the same
+// request, which returns it as it was (a replay stays a replay); a refusal
+// past a 64 KiB request area is not sent through the channel at all.
 TEST_F(StepChannelTest, TooLargeRequestsAndAnswersGoOverGrpc) {
   const std::string job = absl::StrCat("large", getpid());
   ClientOptions options = Options(job, true);
@@ -422,23 +467,35 @@ TEST_F(StepChannelTest, TooLargeRequestsAndAnswersGoOverGrpc) {
   EXPECT_EQ(WordOf(channel, sc::kResponseKindOffset), sc::kTooLarge);
   EXPECT_GT(WordOf(channel, sc::kResponseLenOffset), sc::kMinCapacity);
   EXPECT_EQ(skipped->step_id(), 1);
-  EXPECT_FALSE(skipped->replayed());  // the record of this very request
-  std::vector<std::string> names;     // as the daemon names them
+  // The daemon's answer to this very request, kept for the RPC: not its
+  // record of the step (a replay, handled in no time, which in a job of
+  // several ranks would vote with ranks that are past it).
+  EXPECT_FALSE(skipped->replayed());
+  EXPECT_GT(skipped->timings().handler_us(), 0);
+  std::vector<std::string> names;  // as the daemon names them
   for (const std::string& name : trainer->names)
     names.push_back("muon/" + name);
   EXPECT_THAT(skipped->skipped_nonfinite(),
               ::testing::UnorderedElementsAreArray(names));
   EXPECT_EQ(trainer->Params(), before);
   EXPECT_TRUE(trainer->client->HasStepChannel());
+  // Step 1 again: a replay, as over the Step RPC.
+  absl::StatusOr<v1::StepResponse> again = trainer->client->Step(1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(WordOf(channel, sc::kRequestSeqOffset), 2u);
+  EXPECT_EQ(WordOf(channel, sc::kResponseKindOffset), sc::kTooLarge);
+  EXPECT_TRUE(again->replayed());
+  EXPECT_THAT(again->skipped_nonfinite(),
+              ::testing::UnorderedElementsAreArray(names));
 
   const std::string long_why(sc::kMinCapacity + 100, 'y');
   const absl::Status refused = trainer->client->RefuseStep(2, long_why);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_TRUE(HasErrorReason(refused, ErrorReason::kTrainerRefused));
-  EXPECT_EQ(ChannelRequests(job), 1);  // not through the channel
+  EXPECT_EQ(ChannelRequests(job), 2);  // not through the channel
   trainer->SetGrads(2);
   ASSERT_TRUE(trainer->client->Step(2).ok());
-  EXPECT_EQ(ChannelRequests(job), 2);
+  EXPECT_EQ(ChannelRequests(job), 3);
   EXPECT_NE(trainer->Params(), before);
 }
 
@@ -518,6 +575,34 @@ TEST_F(StepChannelTest, AForkedChildLetsGoOfTheChannel) {
   EXPECT_TRUE(trainer->client->HasStepChannel());
 }
 
+// A forked child may destroy its copy of the Client: the copy's gRPC
+// channel is left to the child's exit (destroying it waited forever for
+// gRPC's threads, which are the parent's), its step channel let go at the
+// fork; the parent steps on through its channel.
+TEST_F(StepChannelTest, AForkedChildDestroysItsCopyOfTheClient) {
+  const std::string job = absl::StrCat("forkdel", getpid());
+  std::unique_ptr<Trainer> trainer =
+      Register(StartDaemon(job), Options(job, true));
+  ASSERT_NE(trainer, nullptr);
+  trainer->SetGrads(1);
+  ASSERT_TRUE(trainer->client->Step(1).ok());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(30);  // a hung destructor ends the child with SIGALRM
+    trainer->client.reset();
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "child status " << status;
+  trainer->SetGrads(2);
+  ASSERT_TRUE(trainer->client->Step(2).ok());
+  EXPECT_EQ(ChannelRequests(job), 2);
+  EXPECT_TRUE(trainer->client->HasStepChannel());
+}
+
 // SIGKILL of the daemon while the client waits for the channel's answer:
 // the daemon is stopped first, so the request is posted and unanswered when
 // it dies. The deadline is far away, so only the daemon's released lock can
@@ -564,6 +649,92 @@ TEST_F(StepChannelTest, ADaemonKilledMidWaitIsUnavailableNotAHang) {
   const absl::Status next = trainer->client->Step(2).status();
   EXPECT_EQ(next.code(), absl::StatusCode::kUnavailable) << next;
   EXPECT_THAT(next.message(), HasSubstr("daemon at " + address));
+}
+
+void IgnoreSignal(int) {}
+
+// As above, with the waiting thread interrupted by a signal every 20 ms (a
+// profiler's SIGPROF, a timer): each interrupted wait checks the daemon's
+// lock too, so its death is still noticed long before rpc_timeout (before:
+// only a wait that ran a whole 0.5 s slice looked, so the step waited for
+// its deadline).
+TEST_F(StepChannelTest, ADaemonKilledMidWaitIsNoticedDespiteSignals) {
+  const std::string job = absl::StrCat("sigs", getpid());
+  const std::string address = StartDaemon(job);
+  ClientOptions options = Options(job, true);
+  options.rpc_timeout = absl::Seconds(40);
+  std::unique_ptr<Trainer> trainer = Register(address, options);
+  ASSERT_NE(trainer, nullptr);
+  trainer->SetGrads(1);
+  ASSERT_TRUE(trainer->client->Step(1).ok());
+  const HeaderView channel(job);
+  ASSERT_TRUE(channel.ok());
+  struct sigaction action = {}, previous = {};
+  action.sa_handler = IgnoreSignal;  // no SA_RESTART: the futex wait ends
+  ASSERT_EQ(sigaction(SIGUSR1, &action, &previous), 0);
+  ASSERT_NO_FATAL_FAILURE(StopDaemon());
+  trainer->SetGrads(2);
+  std::atomic<bool> done{false};
+  absl::Status result;
+  absl::Duration waited;
+  std::thread step([&] {
+    const absl::Time start = absl::Now();
+    result = trainer->client->Step(2).status();
+    waited = absl::Now() - start;
+    done.store(true);
+  });
+  const absl::Time post_deadline = absl::Now() + absl::Seconds(20);
+  while (channel.Word(sc::kRequestSeqOffset) != 2 &&
+         absl::Now() < post_deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(channel.Word(sc::kRequestSeqOffset), 2u);
+  ASSERT_EQ(kill(daemon_pid_, SIGKILL), 0);
+  while (!done.load()) {
+    pthread_kill(step.native_handle(), SIGUSR1);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  step.join();
+  sigaction(SIGUSR1, &previous, nullptr);
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
+  EXPECT_THAT(result.message(), HasSubstr("lock is gone"));
+  // Far below rpc_timeout (40 s).
+  EXPECT_LT(waited, absl::Seconds(20));
+  EXPECT_FALSE(trainer->client->HasStepChannel());
+}
+
+// A trainer registering again on a daemon at its --max_step_channels
+// replaces its channel: the daemon gives the new one the old one's slot
+// (the old one's close and the new one's open come back to back, before the
+// old one's thread has ended), so steps go on through a channel.
+TEST_F(StepChannelTest, RegisteringAgainAtTheChannelLimitKeepsAChannel) {
+  const std::string job = absl::StrCat("again", getpid());
+  std::unique_ptr<Trainer> trainer =
+      Register(StartDaemon(job, {"--max_step_channels=1"}), Options(job, true));
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_TRUE(trainer->client->HasStepChannel());
+  v1::ParamGroup group = testing::DenseMuonGroup(1, 1, 0, 0);
+  for (size_t p = 0; p < trainer->params.size(); ++p) {
+    *group.add_params() =
+        MakeParam(trainer->names[p], {kRows, kCols},
+                  *HostRef(*trainer->region, trainer->params[p], v1::DTYPE_FP32,
+                           {kRows, kCols}),
+                  *HostRef(*trainer->region, trainer->grads[p], v1::DTYPE_FP32,
+                           {kRows, kCols}));
+  }
+  for (int round = 0; round < 5; ++round) {
+    ASSERT_TRUE(trainer->client->Unregister().ok());
+    const absl::Status registered =
+        trainer->client->Register({HostRegion(*trainer->region)}, {group})
+            .status();
+    ASSERT_TRUE(registered.ok()) << registered;
+    EXPECT_TRUE(trainer->client->HasStepChannel())
+        << "round " << round << ": " << trainer->client->StepChannelStatus();
+  }
+  ASSERT_TRUE(trainer->client->WaitForPlan(absl::Seconds(60)).ok());
+  trainer->SetGrads(1);
+  ASSERT_TRUE(trainer->client->Step(1).ok());
+  EXPECT_EQ(ChannelRequests(job), 1);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@ import os
 import sys
 import unittest
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -202,11 +203,47 @@ class NsBatchSizeLoadTest(FakeClusterTestCase):
             muond_groups.loaded_options(0, group, dict(group, ns_steps=5))
 
 
+class ArrayOptionsTest(FakeClusterTestCase):
+    """A Muon group's numbers as numpy or one-element tensor values (a config
+    loaded into arrays) register the same wire group as plain numbers, and
+    steps pass the fixed-entry check (before: eps or extra_scale_factor as a
+    numpy scalar array failed construction with protobuf's TypeError naming
+    no group or key; custom_coefficients as an array or tensor with numpy's
+    or torch's "ambiguous truth value")."""
+
+    def build_wire(self, client_id, **group_options):
+        g = torch.Generator().manual_seed(5)
+        w = torch.nn.Parameter(torch.randn(8, 6, generator=g))
+        opt = Muon([dict(params=[w], param_names=["w0"], coefficient_type="custom",
+                         **group_options)],
+                   daemons=self.addresses, job_id="fake", client_id=client_id)
+        self.addCleanup(opt.close)
+        for _ in range(2):
+            w.grad = torch.full_like(w, 0.1)
+            opt.step()
+        opt.close()
+        return wire_groups(self.cluster.daemons)
+
+    def test_arrays_and_tensors_register_as_their_numbers(self):
+        coefficients = [3.4445, -4.775, 2.0315]
+        plain = self.build_wire("plain", eps=1e-7, extra_scale_factor=0.5, ns_steps=6,
+                                custom_coefficients=coefficients)
+        for name, wrap in (("numpy", np.array),
+                           ("tensor", lambda v: torch.tensor(v, dtype=torch.float64))):
+            with self.subTest(name):
+                wired = self.build_wire(
+                    name, eps=wrap(1e-7), extra_scale_factor=wrap(0.5),
+                    ns_steps=np.int64(6) if name == "numpy" else 6,
+                    custom_coefficients=wrap(coefficients))
+                self.assertEqual(wired, plain)
+
+
 class FixedEntriesTest(unittest.TestCase):
     """check_fixed's identity pass (groups.FixedEntries): an unchanged group
     passes without freezing its entries; a new object of an equal value still
-    passes (entry by entry); any changed value, a list changed in place, a
-    removed entry raise naming group and key."""
+    passes (entry by entry); any changed value, a list, a numpy array or a
+    tuple subclass's state changed in place, a removed entry raise naming
+    group and key."""
 
     def setUp(self):
         self.group = dict(algorithm="muon", lr=0.02, momentum=0.95, weight_decay=0.1,
@@ -238,6 +275,37 @@ class FixedEntriesTest(unittest.TestCase):
                 fixed = {0: muond_groups.fixed_entries(group)}
                 change(group)
                 self.assertFalse(fixed[0].unchanged_in(group))
+                with self.assertRaisesRegex(ValueError, rf"'{key}' changed from"):
+                    muond_groups.check_fixed([group], fixed)
+
+    def test_a_tuple_subclass_with_state_is_compared_by_value(self):
+        class Coefficients(tuple):  # iterates over a list it keeps
+            def __new__(cls, values):
+                self = super().__new__(cls, values)
+                self.values = list(values)
+                return self
+
+            def __iter__(self):
+                return iter(self.values)
+
+        value = Coefficients((1.0, 2.0, 3.0))
+        group = dict(self.group, custom_coefficients=value)
+        fixed = {0: muond_groups.fixed_entries(group)}
+        muond_groups.check_fixed([group], fixed)
+        value.values[0] = 9.0
+        with self.assertRaisesRegex(ValueError, "'custom_coefficients' changed from"):
+            muond_groups.check_fixed([group], fixed)
+
+    def test_a_numpy_array_is_compared_by_value(self):
+        for key, value, change in (("gram_restarts", np.array([1, 2]),
+                                    lambda v: v.__setitem__(0, 3)),
+                                   ("gram_min_aspect_ratio", np.array(1.5),
+                                    lambda v: v.fill(2.0))):
+            with self.subTest(key=key):
+                group = dict(self.group, **{key: value})
+                fixed = {0: muond_groups.fixed_entries(group)}
+                muond_groups.check_fixed([group], fixed)  # unchanged: no error
+                change(value)  # in place: the registered entry is a copy
                 with self.assertRaisesRegex(ValueError, rf"'{key}' changed from"):
                     muond_groups.check_fixed([group], fixed)
 

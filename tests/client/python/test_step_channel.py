@@ -21,8 +21,8 @@ import grpc  # noqa: E402
 from muond import _rules
 from muond import shm as muond_shm
 from muond.client import Client, MuondError, error_info, error_reason
-from muond.step_channel import (ChannelAnswerTooLarge, ChannelRpcError, ChannelUnusable,
-                                StepChannel, capacities)
+from muond.step_channel import (SHM_DIR, ChannelAnswerTooLarge, ChannelRpcError,
+                                ChannelUnusable, StepChannel, capacities, shm_name)
 from muond.torch import rpc as torch_rpc
 from muond.v1 import error_details_pb2
 from muond.v1 import muond_pb2 as pb
@@ -62,13 +62,15 @@ class DoubleDaemon(pb_grpc.OptimizerServicer):
         self.answer = applied
         self.grpc_answer = lambda request, context: pb.StepResponse(step_id=request.step_id)
         self.refuse, self.version = None, _rules.STEP_CHANNEL_VERSION
+        self.answers_kept = False
         self.doubles, self.grpc_requests = [], []
 
     def OpenStepChannel(self, request, context):
         if self.refuse is not None:
             context.abort(self.refuse, "refused by the test")
         self.doubles.append(ChannelDouble(request.shm_name, lambda r: self.answer(r)))
-        return pb.OpenStepChannelResponse(version=self.version)
+        return pb.OpenStepChannelResponse(version=self.version,
+                                          answers_kept=self.answers_kept)
 
     def Step(self, request, context):
         self.grpc_requests.append(request)
@@ -241,6 +243,25 @@ class StepTest(ChannelTestCase):
         self.assertEqual(self.step(step_id=1).step_id, 1)  # over gRPC now
         self.assertEqual(len(self.daemon.grpc_requests), 1)
 
+    def test_a_daemon_gone_mid_wait_is_noticed_despite_frequent_signals(self):
+        # A timer's signal every 20 ms ends each futex wait early (EINTR):
+        # those waits check the daemon's lock too, else only a whole 0.5 s
+        # slice would, and the step would wait for its timeout.
+        client = self.new_client(timeout=8)
+        self.assertTrue(client.open_step_channel(self.job, CAP, CAP))
+        self.daemon.answer = lambda request: self.daemon.doubles[0].die()
+        previous = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+        self.addCleanup(signal.signal, signal.SIGALRM, previous)
+        self.addCleanup(signal.setitimer, signal.ITIMER_REAL, 0)
+        signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+        started = time.monotonic()
+        with self.assertRaises(ChannelRpcError) as caught:
+            self.step(client)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        self.assertLess(time.monotonic() - started, 4)  # the timeout is 8 s
+        self.assertFalse(client.has_step_channel)
+
     def test_a_daemon_gone_before_the_step_sends_it_over_grpc_at_once(self):
         # The daemon's end went between steps (a daemon restarted on the
         # same socket): nothing was posted, so nothing is unknown; the step
@@ -282,6 +303,20 @@ class StepTest(ChannelTestCase):
         self.addCleanup(channel.close)
         with self.assertRaises(ChannelAnswerTooLarge):
             channel.step(pb.StepRequest(step_id=3), 5)
+
+    def test_an_answer_too_large_kept_by_the_daemon_is_returned_as_it_was(self):
+        # A daemon that keeps it (answers_kept) returns the channel's answer
+        # itself over gRPC: a replay stays a replay.
+        self.daemon.answers_kept = True
+        self.daemon.answer = lambda request: (TOO_LARGE, b"x" * (CAP + 1))
+        self.daemon.grpc_answer = lambda request, context: pb.StepResponse(
+            step_id=request.step_id, replayed=True)
+        self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP))
+        response = self.step(step_id=2)
+        self.assertEqual(response.step_id, 2)
+        self.assertTrue(response.replayed)
+        [sent] = self.daemon.doubles[0].requests
+        self.assertEqual(self.daemon.grpc_requests, [sent])
 
     def test_a_request_too_large_goes_over_grpc_and_the_channel_stays(self):
         self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP))
@@ -386,6 +421,47 @@ class StepTest(ChannelTestCase):
         self.assertEqual(self.step(step_id=1).step_id, 1)
         self.assertEqual(double.ops, [_rules.STEP_CHANNEL_OP_STEP])
         self.assertEqual(self.daemon.grpc_requests, [])
+
+    def test_a_child_forked_during_create_or_close_holds_no_channel(self):
+        # A fork waits for a channel being created or closed: a child forked
+        # between its descriptor's creation and its entry in the fork
+        # handler's set (or its removal and close) kept a copy no handler
+        # knew of, so the trainer's lock past the parent's death.
+        prefix = f"{SHM_DIR}/muond-{self.job}-"
+        stop = threading.Event()
+        counts = {"forks": 0, "kept": 0}
+
+        def holds_a_channel() -> bool:
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    if os.readlink(f"/proc/self/fd/{fd}").startswith(prefix):
+                        return True
+                except OSError:
+                    pass
+            return False
+
+        def forker():
+            while not stop.is_set():
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(1 if holds_a_channel() else 0)
+                _, status = os.waitpid(pid, 0)
+                counts["forks"] += 1
+                counts["kept"] += os.waitstatus_to_exitcode(status) != 0
+
+        thread = threading.Thread(target=forker)
+        thread.start()
+        try:
+            for _ in range(3000):
+                path = SHM_DIR + shm_name(self.job)
+                channel = StepChannel._create(path, CAP, CAP)
+                os.unlink(path)
+                channel.close()
+        finally:
+            stop.set()
+            thread.join()
+        self.assertGreater(counts["forks"], 0)
+        self.assertEqual(counts["kept"], 0, counts)
 
 
 if __name__ == "__main__":

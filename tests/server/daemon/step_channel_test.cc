@@ -185,6 +185,7 @@ StepChannelOptions FastOptions(int max_channels = 4) {
   StepChannelOptions options;
   options.max_channels = max_channels;
   options.idle_check = absl::Milliseconds(20);
+  options.slot_wait = absl::Milliseconds(100);
   return options;
 }
 
@@ -243,6 +244,44 @@ TEST(StepChannelTest, AnswerTooLargeSaysItsSize) {
   request.set_step_id(99);
   EXPECT_EQ(trainer.Get<uint32_t>(sc::kResponseLenOffset),
             EchoHandler(request)->ByteSizeLong());
+}
+
+// The answer too large for the channel is kept for the Step RPC of the
+// same request (once), which must return it as it was rather than run the
+// step again; another request, or the channel's next one, does not get it.
+TEST(StepChannelTest, AnswerTooLargeIsKeptForTheSameRequestOnce) {
+  int handled = 0;
+  StepChannels channels(
+      [&](const v1::StepRequest& request) {
+        ++handled;
+        absl::StatusOr<v1::StepResponse> answer = EchoHandler(request);
+        answer->set_plan_version(handled);  // which call answered
+        return answer;
+      },
+      FastOptions());
+  Trainer trainer;
+  absl::StatusOr<v1::OpenStepChannelResponse> opened =
+      channels.Open(trainer.OpenRequest());
+  ASSERT_TRUE(opened.ok());
+  EXPECT_TRUE(opened->answers_kept());
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(99))));
+  ASSERT_EQ(trainer.kind(), sc::kTooLarge);
+  v1::StepRequest request, other;
+  ASSERT_TRUE(request.ParseFromString(StepBytes(99)));
+  ASSERT_TRUE(other.ParseFromString(StepBytes(98)));
+  EXPECT_EQ(channels.TakeKeptAnswer(other), std::nullopt);
+  std::optional<absl::StatusOr<v1::StepResponse>> kept =
+      channels.TakeKeptAnswer(request);
+  ASSERT_TRUE(kept.has_value() && kept->ok());
+  EXPECT_EQ((*kept)->step_id(), 99);
+  EXPECT_EQ((*kept)->plan_version(), 1);
+  EXPECT_EQ((*kept)->skipped_nonfinite_size(), 2000);
+  EXPECT_EQ(channels.TakeKeptAnswer(request), std::nullopt);  // once
+  EXPECT_EQ(handled, 1);
+  // Kept again by the next too-large answer; dropped by the request after.
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(99))));
+  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(5))));
+  EXPECT_EQ(channels.TakeKeptAnswer(request), std::nullopt);
 }
 
 TEST(StepChannelTest, MalformedRequestsAreRefusedByRule) {
@@ -410,6 +449,26 @@ TEST(StepChannelTest, LimitCountsOpenChannelsAndCloseFreesOne) {
   StepChannels off(EchoHandler, FastOptions(/*max_channels=*/0));
   Trainer d;
   EXPECT_TRUE(absl::IsFailedPrecondition(off.Open(d.OpenRequest()).status()));
+}
+
+// A trainer replacing its channel at the limit (a new registration) closes
+// the old one and opens the new one at once: the open waits for the old
+// one's thread to end instead of refusing because it still runs.
+TEST(StepChannelTest, ReplacingAChannelAtTheLimitTakesItsSlot) {
+  StepChannelOptions options = FastOptions(/*max_channels=*/1);
+  options.idle_check = absl::Seconds(5);  // only the close op ends it
+  options.slot_wait = absl::Seconds(10);
+  StepChannels channels(EchoHandler, options);
+  for (int round = 0; round < 20; ++round) {
+    Trainer old, replacement;
+    ASSERT_TRUE(channels.Open(old.OpenRequest()).ok());
+    old.Send("", sc::kOpClose);
+    const absl::StatusOr<v1::OpenStepChannelResponse> opened =
+        channels.Open(replacement.OpenRequest());
+    ASSERT_TRUE(opened.ok()) << "round " << round << ": " << opened.status();
+    replacement.Send("", sc::kOpClose);
+    ASSERT_TRUE(EventuallyOpen(channels, 0));
+  }
 }
 
 TEST(StepChannelTest, VanishedTrainerEndsItsChannel) {

@@ -137,6 +137,8 @@ def frozen(value):
     """A comparable copy of a group entry (tensors and lists compared by value)."""
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.detach().cpu().reshape(-1).tolist()))
+    if isinstance(value, np.ndarray):  # compared by value, and a copy: not the live array
+        return ("tensor", tuple(value.reshape(-1).tolist()))
     if isinstance(value, (list, tuple)):
         return tuple(frozen(v) for v in value)
     return value
@@ -158,12 +160,17 @@ def fixed_entries(group: dict) -> "FixedEntries":
 _MISSING = object()
 
 
+# Exactly these types: a subclass may carry state that frozen() reads (a
+# tuple's __iter__, a str's __eq__), so the same object may hold another value.
+_IMMUTABLE_TYPES = (type(None), bool, int, float, str, bytes)
+
+
 def _immutable(value) -> bool:
     """A value nothing can change in place, so that the same object still
     holds the same value (a tuple of such values included)."""
-    if isinstance(value, tuple):
+    if type(value) is tuple:
         return all(map(_immutable, value))
-    return value is None or isinstance(value, (bool, int, float, str, bytes))
+    return type(value) in _IMMUTABLE_TYPES
 
 
 class FixedEntries(dict):
@@ -295,6 +302,12 @@ def check_live(gi: int, group: dict) -> None:
             _real(label, key, value)
 
 
+def _sequence(value):
+    """A list option's entries; None: none. (``value or ()`` would ask a
+    numpy array or tensor of several entries for one truth value.)"""
+    return () if value is None else value
+
+
 def check_options(gi: int, group: dict) -> None:
     """Every hyperparameter of a group has a type the daemons compute with
     (check_live, then a Muon group's fixed numbers and Gram options), else
@@ -313,7 +326,7 @@ def check_options(gi: int, group: dict) -> None:
             _whole(label, key, group[key])
     if "use_syrk" in group:
         _flag(label, "use_syrk", group["use_syrk"])
-    for c in group.get("custom_coefficients") or ():
+    for c in _sequence(group.get("custom_coefficients")):
         _real(label, "custom_coefficients", c)
     _variants.check(label, group)
     check_gram_options(gi, group)
@@ -510,7 +523,7 @@ def _check_fp16_coefficients(label: str, group: dict) -> None:
             or group.get("coefficient_type", "custom") != "custom"):
         return
     flat = []
-    for c in group.get("custom_coefficients") or ():
+    for c in _sequence(group.get("custom_coefficients")):
         flat.extend(c if isinstance(c, (tuple, list)) else (c,))
     for i in range(0, len(flat) - len(flat) % 3, 3):
         try:

@@ -48,13 +48,17 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
     # here, in one place (muond.wire_enums).
     enums = {field: _wire_enums.to_wire(enum, field, group.get(field))
              for field, enum in _wire_enums.MUON_ENUM_FIELDS.items()}
+    coefficients = group["custom_coefficients"]
+    coefficients = () if coefficients is None else coefficients
     wg.muon.CopyFrom(pb.MuonHyperparams(
         lr=float(group["lr"]), momentum=float(group["momentum"]),
         nesterov=bool(group["nesterov"]), weight_decay=float(group["weight_decay"]),
-        custom_coefficients=group["custom_coefficients"],
-        num_ns_steps=group["ns_steps"], eps=group["eps"],
-        extra_scale_factor=group["extra_scale_factor"],
-        ns_batch_size=group["ns_batch_size"], use_syrk=bool(group["use_syrk"]),
+        # Converted here, as check_options took them: a numpy or tensor
+        # scalar is no double or int to protobuf.
+        custom_coefficients=[float(c) for c in coefficients],
+        num_ns_steps=operator.index(group["ns_steps"]), eps=float(group["eps"]),
+        extra_scale_factor=float(group["extra_scale_factor"]),
+        ns_batch_size=operator.index(group["ns_batch_size"]), use_syrk=bool(group["use_syrk"]),
         **enums, **state))
     if group.get("gram_restarts") is not None:
         wg.muon.gram_restarts.CopyFrom(pb.GramRestarts(
