@@ -17,6 +17,8 @@
 // Liveness: each side holds an open-file-description lock (F_OFD_SETLK) on
 // one byte of the object (kTrainerLockByte, kDaemonLockByte) and tests the
 // other's with F_OFD_GETLK; the kernel drops a lock when its process dies.
+#include <fcntl.h>
+
 #include <cstdint>
 
 namespace muond::step_channel {
@@ -45,6 +47,25 @@ inline constexpr uint64_t ResponseOffset(uint32_t request_capacity) {
 // Lock bytes (F_OFD_SETLK ranges of length 1; they need no backing).
 inline constexpr uint64_t kTrainerLockByte = 0;
 inline constexpr uint64_t kDaemonLockByte = 1;
+
+// The F_OFD_SETLK / F_OFD_GETLK range of one lock byte.
+inline struct flock OneByte(short type, uint64_t byte) {
+  struct flock lock = {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = static_cast<off_t>(byte);
+  lock.l_len = 1;
+  return lock;
+}
+
+// Whether another open file description holds a lock on `byte`: each side's
+// lock lives exactly as long as its process (or a fork of it). A failed test
+// counts as not held.
+inline bool LockHeldByOther(int fd, uint64_t byte) {
+  struct flock lock = OneByte(F_WRLCK, byte);
+  if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return false;
+  return lock.l_type != F_UNLCK;
+}
 
 // Each area: a multiple of 4096 bytes, at least 64 KiB (any refusal fits:
 // its message is cut to server/common/grpc_status.h's wire budget) and at

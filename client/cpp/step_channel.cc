@@ -62,23 +62,6 @@ const std::string& ProcessTag() {
   return *tag;
 }
 
-struct flock OneByte(short type, uint64_t byte) {
-  struct flock lock = {};
-  lock.l_type = type;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = static_cast<off_t>(byte);
-  lock.l_len = 1;
-  return lock;
-}
-
-// Another open file description holds a lock on `byte` (the kernel drops a
-// lock when its holder's process dies). A failed test counts as not held.
-bool LockHeldByOther(int fd, uint64_t byte) {
-  struct flock lock = OneByte(F_WRLCK, byte);
-  if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return false;
-  return lock.l_type != F_UNLCK;
-}
-
 absl::Status ShmError(const char* what, const std::string& name, int error) {
   const std::string text = absl::StrCat(what, " step channel shm object '",
                                         name, "': ", strerror(error));
@@ -196,7 +179,7 @@ absl::Status StepChannel::MapAndLock() {
   *Word(sc::kVersionOffset) = sc::kVersion;
   *Word(sc::kRequestCapacityOffset) = capacities_.request;
   *Word(sc::kResponseCapacityOffset) = capacities_.response;
-  struct flock lock = OneByte(F_WRLCK, sc::kTrainerLockByte);
+  struct flock lock = sc::OneByte(F_WRLCK, sc::kTrainerLockByte);
   if (fcntl(fd_, F_OFD_SETLK, &lock) != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot take the trainer's lock: ", strerror(errno)));
@@ -226,7 +209,7 @@ std::string StepChannel::WhyUnusable() const {
 StepChannel::Reply StepChannel::Step(const v1::StepRequest& request,
                                      absl::Time deadline) {
   if (!usable()) return {};
-  if (!LockHeldByOther(fd_, sc::kDaemonLockByte)) {
+  if (!sc::LockHeldByOther(fd_, sc::kDaemonLockByte)) {
     // The daemon's end is gone (its process, or its thread ended the
     // channel) before anything was written: the step goes over gRPC at once
     // rather than waiting a slice to call it Unavailable.
@@ -288,7 +271,7 @@ absl::Status StepChannel::AwaitAnswer(absl::Time deadline) {
 
 // No daemon holds its lock, and no answer came before it went.
 bool StepChannel::DaemonGone() const {
-  return !LockHeldByOther(fd_, sc::kDaemonLockByte) &&
+  return !sc::LockHeldByOther(fd_, sc::kDaemonLockByte) &&
          std::atomic_ref<uint32_t>(*Word(sc::kResponseSeqOffset))
                  .load(std::memory_order_acquire) != seq_;
 }
@@ -334,7 +317,7 @@ void StepChannel::Release(bool unlock) {
   if (base_ != nullptr) munmap(base_, size_);
   base_ = nullptr;
   if (unlock) {
-    struct flock lock = OneByte(F_UNLCK, sc::kTrainerLockByte);
+    struct flock lock = sc::OneByte(F_UNLCK, sc::kTrainerLockByte);
     fcntl(fd_, F_OFD_SETLK, &lock);
   }
   close(fd_);

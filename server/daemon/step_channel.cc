@@ -78,23 +78,6 @@ bool ReadSeq(int fd, uint32_t* seq) {
   return false;
 }
 
-struct flock OneByte(short type, uint64_t byte) {
-  struct flock lock = {};
-  lock.l_type = type;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = static_cast<off_t>(byte);
-  lock.l_len = 1;
-  return lock;
-}
-
-// Whether another open file description holds a lock on `byte`: the
-// trainer's lock lives exactly as long as its process (or a fork of it).
-bool LockHeldByOther(int fd, uint64_t byte) {
-  struct flock lock = OneByte(F_WRLCK, byte);
-  if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return false;
-  return lock.l_type != F_UNLCK;
-}
-
 absl::Status HeaderError(const std::string& name, const std::string& what) {
   return absl::InvalidArgumentError(
       absl::StrCat("shm_name: step channel '", Echo(name), "' ", what,
@@ -283,13 +266,13 @@ absl::Status ReadHeader(StepChannelEnd& channel, uint64_t size) {
 // (one daemon per channel), the header page mapped for the futex calls.
 absl::Status LockAndMap(StepChannelEnd& channel) {
   const std::string& name = channel.name;
-  if (!LockHeldByOther(channel.fd, sc::kTrainerLockByte)) {
+  if (!sc::LockHeldByOther(channel.fd, sc::kTrainerLockByte)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shm_name: no process holds the trainer lock of step channel '",
         Echo(name), "' (an F_OFD_SETLK write lock on byte ",
         sc::kTrainerLockByte, "): the daemon could not tell when it ends"));
   }
-  struct flock mine = OneByte(F_WRLCK, sc::kDaemonLockByte);
+  struct flock mine = sc::OneByte(F_WRLCK, sc::kDaemonLockByte);
   if (fcntl(channel.fd, F_OFD_SETLK, &mine) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shm_name: step channel '", Echo(name),
@@ -444,7 +427,8 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     if (seq == channel->last_seq) {
       if (Futex(channel->word(sc::kRequestSeqOffset), FUTEX_WAIT,
                 channel->last_seq, &idle) != 0 &&
-          errno == ETIMEDOUT && !LockHeldByOther(fd, sc::kTrainerLockByte)) {
+          errno == ETIMEDOUT &&
+          !sc::LockHeldByOther(fd, sc::kTrainerLockByte)) {
         ended = "its trainer is gone";
         break;
       }
