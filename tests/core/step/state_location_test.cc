@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/backend/cpu_backend.h"
@@ -199,22 +200,30 @@ TEST(StateLocationTest, HostStateStepsAsDeviceStateOnCpu) {
 
 // The streamed path's pieces, slots, copies, in-place kernel and NS chunk
 // order, on the CPU: one group and a group per matrix (one lane's slots),
-// fp32 and fp8 state (codes and scales), NS batches of 1 and 2.
-TEST(StateLocationTest, StreamedHostStateStepsAsDeviceStateOnCpu) {
-  for (bool per_matrix : {false, true}) {
-    for (DType dtype : {DType::kFloat32, DType::kFloat8E4M3}) {
-      for (int64_t batch : {1, 2}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "per_matrix " << per_matrix << " dtype "
-                     << DTypeName(dtype) << " ns_batch_size " << batch);
-        StreamingCpuBackend backend;
-        ExpectHostStateEqualsDeviceState(backend, batch, dtype, per_matrix);
-        // The host engine's lane made its load and store streams.
-        EXPECT_EQ(backend.streams_made, 2);
-      }
-    }
-  }
+// fp32 and fp8 state (codes and scales), NS batches of 1 and 2. One case per
+// combination, so that the test's shards split them (each takes ~40 s on a
+// loaded 2-core machine).
+class StreamedHostStateTest
+    : public ::testing::TestWithParam<std::tuple<bool, DType, int64_t>> {};
+
+TEST_P(StreamedHostStateTest, StepsAsDeviceStateOnCpu) {
+  const auto [per_matrix, dtype, batch] = GetParam();
+  StreamingCpuBackend backend;
+  ExpectHostStateEqualsDeviceState(backend, batch, dtype, per_matrix);
+  // The host engine's lane made its load and store streams.
+  EXPECT_EQ(backend.streams_made, 2);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Combinations, StreamedHostStateTest,
+    ::testing::Combine(::testing::Bool(),
+                       ::testing::Values(DType::kFloat32, DType::kFloat8E4M3),
+                       ::testing::Values(int64_t{1}, int64_t{2})),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "PerMatrix" : "OneGroup") +
+             (std::get<1>(info.param) == DType::kFloat32 ? "Fp32" : "Fp8") +
+             "Batch" + std::to_string(std::get<2>(info.param));
+    });
 
 TEST(StateLocationTest, HostStateStepsAsDeviceStateOnCuda) {
   if (!muond::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
