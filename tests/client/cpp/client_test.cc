@@ -24,6 +24,7 @@
 #include "core/common/error_reason.h"
 #include "proto/status_details.h"
 #include "proto/step_channel_layout.h"
+#include "tests/common/files.h"
 
 namespace muond {
 namespace {
@@ -479,19 +480,6 @@ TEST(Client, ConnectRefusesIdsThatAreNotUtf8) {
   EXPECT_TRUE(Client::Connect("unix:///nonexistent.sock", options).ok());
 }
 
-// Whether this process has a descriptor of a file whose path starts with
-// `prefix`.
-bool HoldsDescriptorOf(const std::string& prefix) {
-  for (const auto& entry :
-       std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code error;
-    const std::string target =
-        std::filesystem::read_symlink(entry.path(), error).string();
-    if (!error && target.rfind(prefix, 0) == 0) return true;
-  }
-  return false;
-}
-
 // A fork while another thread creates or closes a step channel: the child
 // has no descriptor of it (an untracked copy would keep the trainer's lock,
 // hiding the trainer's death from the daemon). Creation and closing were
@@ -504,7 +492,7 @@ TEST(StepChannelFork, AChildForkedDuringCreateOrCloseHoldsNoChannel) {
   std::thread forker([&] {
     while (!stop.load()) {
       const pid_t child = fork();
-      if (child == 0) _exit(HoldsDescriptorOf(prefix) ? 1 : 0);
+      if (child == 0) _exit(testing::HoldsDescriptorOf(prefix) ? 1 : 0);
       int status = 0;
       waitpid(child, &status, 0);
       ++forks;

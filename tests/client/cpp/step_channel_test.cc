@@ -34,6 +34,7 @@
 #include "client/cpp/shm_region.h"
 #include "core/common/error_reason.h"
 #include "proto/step_channel_layout.h"
+#include "tests/common/files.h"
 #include "tests/common/muon_group.h"
 #include "tests/common/spawn.h"
 
@@ -44,21 +45,6 @@ namespace sc = step_channel;
 using ::testing::HasSubstr;
 
 constexpr int64_t kRows = 8, kCols = 4;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-bool WaitForFile(const std::string& path, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  struct stat st;
-  while (stat(path.c_str(), &st) != 0) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
-}
 
 // The step channel of `job` as the client maps it (its writable mapping of
 // the unlinked object, found in /proc/self/maps), or nullopt when none is
@@ -122,7 +108,8 @@ class HeaderView {
 };
 
 bool ProcessStopped(pid_t pid) {
-  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const std::string stat =
+      testing::ReadFile(absl::StrCat("/proc/", pid, "/stat"));
   const size_t paren = stat.rfind(')');
   return paren != std::string::npos && stat.substr(paren + 2, 1) == "T";
 }
@@ -161,7 +148,7 @@ class StepChannelTest : public ::testing::Test {
                "--listen=127.0.0.1:0", "--port_file=" + dir_ + "/port"},
               "coordinator");
     ASSERT_GT(coordinator, 0);
-    ASSERT_TRUE(WaitForFile(dir_ + "/port", absl::Seconds(20)));
+    ASSERT_TRUE(testing::WaitForFile(dir_ + "/port", absl::Seconds(20)));
     int port = 0;
     std::ifstream(dir_ + "/port") >> port;
     ASSERT_GT(port, 0);
@@ -177,7 +164,7 @@ class StepChannelTest : public ::testing::Test {
     if (HasFailure()) {
       for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
         if (entry.path().extension() != ".log") continue;
-        const std::string log = ReadFile(entry.path());
+        const std::string log = testing::ReadFile(entry.path());
         std::fprintf(
             stderr, "---- %s ----\n%s\n", entry.path().c_str(),
             log.substr(log.size() > 4000 ? log.size() - 4000 : 0).c_str());
@@ -223,7 +210,7 @@ class StepChannelTest : public ::testing::Test {
     args.insert(args.end(), extra.begin(), extra.end());
     daemon_pid_ = Start(args, job);
     EXPECT_GT(daemon_pid_, 0);
-    EXPECT_TRUE(WaitForFile(socket, absl::Seconds(20))) << socket;
+    EXPECT_TRUE(testing::WaitForFile(socket, absl::Seconds(20))) << socket;
     return "unix://" + socket;
   }
 
@@ -534,19 +521,6 @@ TEST_F(StepChannelTest, APassedDeadlineBreaksTheChannel) {
   EXPECT_TRUE(again->replayed());
 }
 
-// Whether this process holds a descriptor of `job`'s channel.
-bool HoldsChannelDescriptor(const std::string& job) {
-  const std::string prefix = absl::StrCat("/dev/shm/muond-", job, "-");
-  for (const auto& entry :
-       std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code error;
-    const std::string target =
-        std::filesystem::read_symlink(entry.path(), error).string();
-    if (!error && target.rfind(prefix, 0) == 0) return true;
-  }
-  return false;
-}
-
 // A forked child lets go of its copy of the channel at once (its
 // descriptor would keep the trainer's lock past the parent's death) and
 // neither unlocks nor closes it for the parent, whose steps go on through it.
@@ -555,18 +529,21 @@ TEST_F(StepChannelTest, AForkedChildLetsGoOfTheChannel) {
   std::unique_ptr<Trainer> trainer =
       Register(StartDaemon(job), Options(job, true));
   ASSERT_NE(trainer, nullptr);
-  ASSERT_TRUE(HoldsChannelDescriptor(job));
+  ASSERT_TRUE(
+      testing::HoldsDescriptorOf(absl::StrCat("/dev/shm/muond-", job, "-")));
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    const bool let_go =
-        !HoldsChannelDescriptor(job) && !ChannelMapping(job).has_value();
+    const bool let_go = !testing::HoldsDescriptorOf(
+                            absl::StrCat("/dev/shm/muond-", job, "-")) &&
+                        !ChannelMapping(job).has_value();
     _exit(let_go ? 0 : 1);
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  EXPECT_TRUE(HoldsChannelDescriptor(job));
+  EXPECT_TRUE(
+      testing::HoldsDescriptorOf(absl::StrCat("/dev/shm/muond-", job, "-")));
   for (int step = 1; step <= 2; ++step) {
     trainer->SetGrads(step);
     ASSERT_TRUE(trainer->client->Step(step).ok());

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/common/files.h"
 #include "tests/common/spawn.h"
 
 namespace {
@@ -33,21 +34,6 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log = "") {
   const pid_t pid = muond::testing::Spawn(args, log, /*truncate=*/true);
   EXPECT_GT(pid, 0) << args[0];
   return pid;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-bool WaitForFile(const std::string& path, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  struct stat st;
-  while (stat(path.c_str(), &st) != 0) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return true;
 }
 
 // Waits for `pid` up to `deadline`; -1 on timeout (then kills it).
@@ -82,7 +68,7 @@ void RunFourDaemonsFourTrainers(const std::string& precision,
   servers.push_back(
       Spawn({Runfile("server/coordinator/muond-coordinator"),
              "--listen=127.0.0.1:0", "--port_file=" + dir + "/port"}));
-  ASSERT_TRUE(WaitForFile(dir + "/port", absl::Seconds(10)));
+  ASSERT_TRUE(muond::testing::WaitForFile(dir + "/port", absl::Seconds(10)));
   int port = 0;
   std::ifstream(dir + "/port") >> port;
   ASSERT_GT(port, 0);
@@ -99,7 +85,7 @@ void RunFourDaemonsFourTrainers(const std::string& precision,
                              "--log_every=1", "--comm_timeout_s=30"}));
   }
   for (const std::string& s : sockets) {
-    ASSERT_TRUE(WaitForFile(s, absl::Seconds(10))) << s;
+    ASSERT_TRUE(muond::testing::WaitForFile(s, absl::Seconds(10))) << s;
     struct stat st;
     ASSERT_EQ(stat(s.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u) << s;
@@ -128,7 +114,7 @@ void RunFourDaemonsFourTrainers(const std::string& precision,
                            status_out),
                      absl::Now() + absl::Seconds(10)),
             0);
-  const std::string status = ReadFile(status_out);
+  const std::string status = muond::testing::ReadFile(status_out);
   EXPECT_NE(status.find("plan version 2, activates at step 2"),
             std::string::npos)
       << status;
@@ -138,7 +124,7 @@ void RunFourDaemonsFourTrainers(const std::string& precision,
                            daemons_out),
                      absl::Now() + absl::Seconds(10)),
             0);
-  const std::string daemons = ReadFile(daemons_out);
+  const std::string daemons = muond::testing::ReadFile(daemons_out);
   EXPECT_NE(daemons.find(absl::StrCat("3  ")), std::string::npos) << daemons;
   EXPECT_NE(daemons.find("unix://" + sockets[3]), std::string::npos) << daemons;
   unlink(status_out.c_str());
