@@ -56,9 +56,20 @@ def count_unittest_log(xml_path):
     return total - failed - skipped, failed, skipped
 
 
+def built(event):
+    """Whether a targetCompleted event says the target built.
+
+    Bazel marks a target that did not build either as aborted or as
+    completed without `success` (a failed compile: `failureDetail`)."""
+    if "aborted" in event:
+        return False
+    return event.get("completed", {}).get("success", False)
+
+
 def main(events_path):
     passed = failed = skipped = 0
     results = {}
+    unbuilt = set()
     if not os.path.exists(events_path):
         # Setup or Bazel failed before any test ran (the log above says why).
         print(f"no test results: {events_path} was not written")
@@ -72,9 +83,12 @@ def main(events_path):
                 label = eid["testResult"]["label"]
                 payload = event.get("testResult", {})
                 results[(label, eid["testResult"].get("shard", 0))] = payload
-            elif "targetCompleted" in eid and "aborted" in event:
-                failed += 1
-                print(f"did not build: {eid['targetCompleted']['label']}")
+            elif "targetCompleted" in eid and not built(event):
+                unbuilt.add(eid["targetCompleted"]["label"])
+    tested = {label for label, _ in results}
+    for label in sorted(unbuilt - tested):
+        failed += 1
+        print(f"did not build: {label}")
     for (label, _), payload in sorted(results.items()):
         status = payload.get("status", "FAILED")
         xml = None
