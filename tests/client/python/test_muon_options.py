@@ -310,5 +310,36 @@ class FixedEntriesTest(unittest.TestCase):
                     muond_groups.check_fixed([group], fixed)
 
 
+class CheckLiveTest(unittest.TestCase):
+    """check_live's one-pass acceptance of the usual live entries (finite
+    floats, a bool) refuses what the entry-by-entry check refuses, naming
+    the same key, and accepts what it accepts."""
+
+    def test_the_usual_pass_agrees_with_the_entry_by_entry_check(self):
+        usual = dict(algorithm="muon", lr=0.02, weight_decay=0.1, momentum=0.95,
+                     nesterov=True, name="g")
+        odd = [float("nan"), float("inf"), -float("inf"), True, np.float64("nan"),
+               np.float32(0.5), "0.1", None, 1, torch.tensor(0.1), torch.tensor(float("inf"))]
+        cases = [(key, v) for key in ("lr", "weight_decay", "momentum") for v in odd]
+        cases += [("nesterov", v) for v in (1, 0, 2, 0.0, np.bool_(True), None, "yes")]
+        label = muond_groups.group_label(0, usual)
+        for key, value in cases:
+            group = dict(usual, **{key: value})
+            with self.subTest(key=key, value=value):
+                try:
+                    muond_groups._check_live_entries(label, group)
+                    expected = None
+                except ValueError as e:
+                    expected = str(e)
+                if expected is None:
+                    muond_groups.check_live(0, group)
+                else:
+                    with self.assertRaises(ValueError) as raised:
+                        muond_groups.check_live(0, group)
+                    self.assertEqual(str(raised.exception), expected)
+                    self.assertIn(repr(key), expected)
+        muond_groups.check_live(0, usual)  # the usual group passes
+
+
 if __name__ == "__main__":
     unittest.main()
