@@ -23,6 +23,7 @@ from muond.shm import ShmBuffer, shm_name
 from muond.torch import fsdp2_storage as _fsdp2
 from muond.torch import wire as _wire
 from muond.torch.cuda_memory import CUDA_IPC_HANDLE_SIZE, CudaAllocation  # noqa: F401
+from muond.torch.tensor_layout import SameLayout
 from muond.v1 import muond_pb2 as pb
 
 # Every view starts on this byte boundary of its buffer: a CUDA allocation's
@@ -215,6 +216,9 @@ class SharedParams:
         self._shapes = [view.shape for _, view, _ in self.views]
         self._dtypes = [view.dtype for _, view, _ in self.views]
         self._frozen = None  # grads_in_place's requires_grad mask, when not all
+        # The layouts the last passing checks found (tensor_layout.SameLayout).
+        self._params_layout = None
+        self._grads_layout = None
         self._frozen_skip_cache = None  # (that mask, frozen_skips' lists)
 
     def grads_in_place(self) -> bool:
@@ -239,8 +243,15 @@ class SharedParams:
             frozen = itertools.compress(self._rebound, map(operator.not_, wants))
             if not all(map(_IS_NONE, map(_GRAD, frozen))):
                 return False
-        return (all(map(operator.is_, map(_GRAD, ps), grads))
-                and all(map(_IS_SET_TO, grads, homes)))
+        if not all(map(operator.is_, map(_GRAD, ps), grads)):
+            return False
+        if self._frozen is None:  # all of them: their layout as last found
+            if self._grads_layout is not None and self._grads_layout.holds(grads):
+                return True
+            at_home = all(map(_IS_SET_TO, grads, homes))
+            self._grads_layout = SameLayout(grads) if at_home else None
+            return at_home
+        return all(map(_IS_SET_TO, grads, homes))
 
     def frozen_skips(self, names: dict, ranks_of: dict, daemons: int) -> list[list[str]]:
         """Per daemon, the names of the frozen params as grads_in_place last
@@ -287,12 +298,20 @@ class SharedParams:
     def rebound_intact(self) -> bool:
         """Every rebound param is still its shared view: the same address,
         shape and dtype, contiguous as the view is (``follow_rebound_params``'
-        test, for all at once)."""
+        test, for all at once). The params' whole layout as the last step
+        that passed found it (``SameLayout``: one call into torch's C++ where
+        it can) answers first; the passes below only when it changed."""
         ps = self._rebound
-        return (all(map(operator.eq, map(_DATA_PTR, ps), self._ptrs))
-                and all(map(operator.eq, map(_SHAPE, ps), self._shapes))
-                and all(map(operator.is_, map(_DTYPE, ps), self._dtypes))
-                and all(map(_CONTIGUOUS, ps)))
+        if self._params_layout is not None and self._params_layout.holds(ps):
+            return True
+        intact = (all(map(operator.eq, map(_DATA_PTR, ps), self._ptrs))
+                  and all(map(operator.eq, map(_SHAPE, ps), self._shapes))
+                  and all(map(operator.is_, map(_DTYPE, ps), self._dtypes))
+                  and all(map(_CONTIGUOUS, ps)))
+        # Stricter than the passes (strides, requires_grad too): a layout
+        # they accept but it does not (a param frozen since) is taken anew.
+        self._params_layout = SameLayout(ps) if intact else None
+        return intact
 
     def reset(self) -> list[Buffer]:
         """Forgets every param (a new placement follows) and returns the
