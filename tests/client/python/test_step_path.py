@@ -11,12 +11,14 @@ import sys
 import tempfile
 import unittest
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_daemon import start_cluster  # noqa: E402
 from test_muon_fake_daemon import HYPER, PARAMS, groups, make_params  # noqa: E402
 from muond.torch import Muon  # noqa: E402
+from muond.torch import groups as muond_groups  # noqa: E402
 from reference_muon import ReferenceMuon  # noqa: E402
 
 SKIPPED = ("w_tp0", "w_solo", "bias")  # split over both daemons; solo; AdamW
@@ -514,6 +516,111 @@ class StepPathTest(unittest.TestCase):
         with Muon([{"params": [b], "algorithm": "adamw"}], daemons=self.addresses, job_id="a",
                   gtp_size=2, tp_size=1) as adamw:
             self.assertIn("betas", adamw.defaults)
+
+
+def _mutations():
+    """(what, change(opt)) after a step passed: each is one thing a trainer
+    may do to param_groups between steps, allowed or not."""
+    def setter(gi, key, value):
+        return lambda opt: opt.param_groups[gi].__setitem__(key, value)
+
+    def swap_param(opt):
+        opt.param_groups[0]["params"][1] = torch.nn.Parameter(torch.zeros(8, 6))
+
+    def replace_group(opt):
+        opt.param_groups[0] = dict(opt.param_groups[0])
+
+    return [
+        ("a new lr", setter(0, "lr", 0.5)),
+        ("a new momentum", setter(0, "momentum", 0.8)),
+        ("a numpy momentum", setter(0, "momentum", np.float64(0.8))),
+        ("an lr as str", setter(0, "lr", "0.1")),
+        ("a NaN lr", setter(0, "lr", float("nan"))),
+        ("an inf weight_decay", setter(0, "weight_decay", float("inf"))),
+        ("a bool lr", setter(0, "lr", True)),
+        ("nesterov as a float", setter(0, "nesterov", 1.0)),
+        ("a changed fixed entry", setter(0, "ns_steps", 7)),
+        ("an equal fixed entry of another object", setter(0, "eps", float("1e-15"))),
+        ("a fixed entry removed", lambda opt: opt.param_groups[0].pop("scale_mode")),
+        ("custom_coefficients appended to",
+         lambda opt: opt.param_groups[0]["custom_coefficients"].append((3.0, -4.0, 2.0))),
+        ("custom_coefficients, an equal new list", setter(0, "custom_coefficients", [])),
+        ("three betas", setter(1, "betas", (0.9, 0.99, 0.5))),
+        ("betas as a list", setter(1, "betas", [0.9, 0.99])),
+        ("an AdamW eps as str", setter(1, "eps", "1e-8")),
+        ("params as a generator",
+         lambda opt: opt.param_groups[0].__setitem__(
+             "params", (p for p in opt.param_groups[0]["params"]))),
+        ("params as a set",
+         lambda opt: opt.param_groups[1].__setitem__("params",
+                                                     set(opt.param_groups[1]["params"]))),
+        ("params, an equal new list",
+         lambda opt: opt.param_groups[0].__setitem__("params",
+                                                     list(opt.param_groups[0]["params"]))),
+        ("a param replaced", swap_param),
+        ("a param appended",
+         lambda opt: opt.param_groups[0]["params"].append(opt.param_groups[1]["params"][0])),
+        ("two params swapped in place", lambda opt: opt.param_groups[0]["params"].reverse()),
+        ("a group dict replaced by a copy", replace_group),
+        ("a group removed", lambda opt: opt.param_groups.pop(1)),
+        ("a grad replaced", lambda opt: setattr(opt.param_groups[0]["params"][0], "grad",
+                                                torch.ones(9, 8))),
+    ]
+
+
+class UnchangedGroupsTest(unittest.TestCase):
+    """The per-step fast path (groups.UnchangedGroups: the groups hold exactly
+    what the last check passed) refuses and passes what the per-group check
+    (groups.check_before_step) refuses and passes, with the same error, for
+    every change a trainer may make between steps."""
+
+    def setUp(self):
+        d = tempfile.mkdtemp(prefix="muond-test-")
+        self.addCleanup(shutil.rmtree, d, ignore_errors=True)
+        self.cluster, self.addresses = start_cluster(d, 2)
+        self.addCleanup(lambda: [x.stop() for x in self.cluster.daemons])
+
+    def stepped_once(self):
+        params = make_params()
+        opt = Muon(groups(params), daemons=self.addresses, job_id="unchanged", gtp_size=2,
+                   tp_size=1, **HYPER)
+        self.addCleanup(opt.close)
+        opt.zero_grad(set_to_none=False)
+        opt.step()
+        return opt
+
+    @staticmethod
+    def per_group_verdict(opt):
+        """check_before_step's answer alone (no cache of any kind)."""
+        in_place = opt._memory.grads_in_place()
+        try:
+            muond_groups.check_before_step(opt.param_groups, opt._fixed, opt._param_names,
+                                           None, opt._memory.rebound_ids, in_place,
+                                           opt._group_params)
+        except Exception as e:  # noqa: BLE001 (compared with the step's)
+            return type(e), str(e)
+        return None
+
+    def test_the_fast_path_is_taken_for_an_unchanged_step(self):
+        opt = self.stepped_once()
+        checked = (opt.param_groups, opt._fixed, opt._param_names,
+                   opt._memory.rebound_ids, True, opt._group_params)
+        self.assertTrue(opt._unchanged_groups.holds(*checked))
+        opt.param_groups[0]["lr"] = 0.3  # a scheduler's step keeps it
+        self.assertTrue(opt._unchanged_groups.holds(*checked))
+
+    def test_every_change_gets_the_per_group_checks_answer(self):
+        for what, change in _mutations():
+            with self.subTest(what):
+                opt = self.stepped_once()
+                change(opt)
+                want = self.per_group_verdict(opt)
+                try:
+                    opt.step()
+                    got = None
+                except Exception as e:  # noqa: BLE001
+                    got = type(e), str(e)
+                self.assertEqual(got, want)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,7 @@ class Muon(torch.optim.Optimizer):
         self._matrices: dict[str, tuple] = {}  # batched param -> ((wire name, daemon), ...)
         self._fixed: dict[int, dict] = {}  # group index -> its entries fixed at registration
         self._params_seen = _groups.ParamsSeen()  # the params lists step() checked
+        self._unchanged_groups = _groups.UnchangedGroups()  # what the last check passed
         self._group_params: list = []  # per registered group: the ids of its params
         # rank -> [(param group index, wire group name)] registered with that daemon
         self._wire_groups: dict[int, list[tuple[int, str]]] = {}
@@ -404,9 +405,15 @@ class Muon(torch.optim.Optimizer):
         SharedParams.grads_in_place() as it found it (step() copies no grad
         then)."""
         in_place = self._memory.grads_in_place()
+        # The usual step: the groups hold exactly what the last check passed.
+        checked = (self.param_groups, self._fixed, self._param_names,
+                   self._memory.rebound_ids, in_place, self._group_params)
+        if self._unchanged_groups.holds(*checked):
+            return in_place
         _groups.check_before_step(self.param_groups, self._fixed, self._param_names,
                                   self._params_seen, self._memory.rebound_ids, in_place,
                                   self._group_params)
+        self._unchanged_groups.take(*checked)
         return in_place
 
     @contextlib.contextmanager
