@@ -64,7 +64,7 @@ class MegatronAdapterTest(unittest.TestCase):
         try:
             cls.out = cls._run_ranks()
         except BaseException:
-            cls.cluster.stop(print_logs=True)
+            cls.cluster.stop(print_logs=True, check_shm=False)
             raise
 
     @classmethod

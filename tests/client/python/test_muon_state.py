@@ -4,18 +4,21 @@ all-or-nothing import, rebinding and pickling. The fake keeps the state per
 local shard as the wire says, so split-mode assembly is checked against the
 example's in-process ReferenceMuon (torch.optim's state layout) bitwise."""
 import copy
+import glob
 import io
 import os
 import shutil
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_daemon import start_cluster  # noqa: E402
 from test_muon_fake_daemon import HYPER, PARAMS, groups, make_params  # noqa: E402
+from muond.shm import SHM_DIR  # noqa: E402
 from muond.torch import AddParamGroupError, Muon  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
 from reference_muon import ReferenceMuon  # noqa: E402
@@ -532,6 +535,35 @@ class StateTest(unittest.TestCase):
         got = train(opt2, params, [3, 4])
         for name in want:
             torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+
+    def test_a_placement_refused_on_registering_again_leaves_no_shm_name(self):
+        # The rollback registers the old groups again in fresh buffers: the
+        # buffers of the registration before the refused one are released
+        # too, or their names stay in /dev/shm after the trainer ends.
+        params = make_params()
+        before = set(glob.glob(f"{SHM_DIR}/muond-state-{os.getpid()}-*"))
+        opt, _ = self.optimizer(params)
+        train(opt, params, [1])
+        place = opt._layout.place
+        calls = []
+
+        def refused_once(*args):
+            calls.append(args)
+            if len(calls) == 1:
+                raise ValueError("fake: the placement refused the new groups")
+            return place(*args)
+
+        with mock.patch.object(opt._layout, "place", refused_once):
+            with self.assertRaisesRegex(ValueError, "placement refused"):
+                opt.add_param_group(self._late_group({}))
+        self.assertEqual(len(calls), 2)  # refused, then the rollback's
+        self.assertFalse(opt._closed)
+        train(opt, params, [2])
+        left = set(glob.glob(f"{SHM_DIR}/muond-state-{os.getpid()}-*")) - before
+        self.assertEqual(left, {b.shm.path for b in opt._buffers})
+        opt.close()
+        self.assertEqual(set(glob.glob(f"{SHM_DIR}/muond-state-{os.getpid()}-*")) - before,
+                         set())
 
     # -- opt.state edits reach the daemons --------------------------------
     def test_state_key_assignment_and_in_place_edits_reach_the_daemons(self):

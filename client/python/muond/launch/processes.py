@@ -209,15 +209,19 @@ def signal_group(pgid: int, signum: int) -> bool:
         return False
 
 
-def remove_dead_shm(job_id: str) -> None:
-    """The job's shm objects whose creator (the pid in the name,
+def remove_dead_shm(job_id: str) -> list[str]:
+    """Removes the job's shm objects whose creator (the pid in the name,
     muond.shm.parse_shm_name) is gone: a node's trainers may still use theirs
     when another node's launcher ends first. Only names of exactly this job
-    id: another job's id may start with it (``run`` and ``run-20261203``)."""
+    id: another job's id may start with it (``run`` and ``run-20261203``).
+    Returns the paths it removed."""
+    removed = []
     for path in glob.glob(glob.escape(f"{SHM_DIR}/muond-{job_id}-") + "*"):
         owner = parse_shm_name(path)
         if owner is not None and owner[0] == job_id and not is_alive(owner[1]):
             try:
                 os.unlink(path)
+                removed.append(path)
             except OSError:
                 pass
+    return sorted(removed)

@@ -743,8 +743,14 @@ class Muon(torch.optim.Optimizer):
         self._wire_groups, self.layouts = {}, {}
         self._param_names, self._ranks_of, self._fixed, self._matrices = {}, {}, {}, {}
         self.state.invalidate()
-        per_rank = self._place_params()  # copies values and grads into fresh buffers
-        release(old_buffers)
+        try:
+            per_rank = self._place_params()  # copies values and grads into fresh buffers
+        finally:
+            # Also when the placement is refused: reset() took the old buffers
+            # out of the list close() releases, so unreleased here their shm
+            # names would outlive the trainer. The params keep their values
+            # through their own views, which the rollback's placement copies.
+            release(old_buffers)
         self._on_all(lambda c, r: c.register(self.job_id, per_rank[r], self.client_id,
                                              regions=self._regions.used_by(per_rank[r])),
                      "RegisterParams", with_rank=True)

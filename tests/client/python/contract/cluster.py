@@ -9,8 +9,12 @@ all with a shared token file.
 `Cluster.start()` waits until the coordinator wrote its port file and every
 daemon answers Health; `stop()` SIGTERMs everything (SIGKILL after 10 s) and,
 when asked (`print_logs=True`, e.g. after a failed test), prints each log's
-tail to stderr. The binaries come from Bazel's runfiles when run by `bazel
-test`, else from the checkout's bazel-bin/ (run `bazel build
+tail to stderr. It then removes the job's shm objects whose creator is gone
+and fails (AssertionError, naming them) when there were any: a trainer
+process ended without unlinking its buffers (an optimizer never closed, or a
+cleanup path of muond's that lost them), which would stay in /dev/shm for
+good. The binaries come from Bazel's runfiles when run by `bazel test`, else
+from the checkout's bazel-bin/ (run `bazel build
 //server/daemon:muond-daemon //server/coordinator:muond-coordinator` first), or from
 $MUOND_BIN_DIR (a directory holding server/daemon/muond-daemon etc.).
 
@@ -126,7 +130,7 @@ class Cluster:
         try:
             self._start()
         except BaseException:
-            self.stop(print_logs=True)
+            self.stop(print_logs=True, check_shm=False)
             raise
         return self
 
@@ -205,7 +209,10 @@ class Cluster:
                 out.append(f"---- {name} ----\n{f.read()[-tail:]}")
         return "\n".join(out)
 
-    def stop(self, print_logs: bool = False):
+    def stop(self, print_logs: bool = False, check_shm: bool = True):
+        """Stops the servers, then removes the job's shm objects left by
+        processes that are gone; with `check_shm` (a run that is not failing
+        already) any such object is an AssertionError."""
         for _, proc, _ in self._procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -223,12 +230,25 @@ class Cluster:
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+        left = self.remove_dead_shm()
+        if left and check_shm:
+            raise AssertionError(
+                f"job {self.job_id}: {len(left)} shm object(s) left by processes that ended "
+                "without unlinking them (removed now): " + ", ".join(left))
+
+    def remove_dead_shm(self) -> list[str]:
+        """Removes the job's shm objects (muond.shm names them
+        /muond-<job>-<pid>-...) whose creator is gone, as `muond launch`
+        does at its end; the paths removed. A live creator's are its own to
+        unlink (an optimizer still open in this process)."""
+        from muond.launch.processes import remove_dead_shm  # the caller's sys.path
+        return remove_dead_shm(self.job_id)
 
     def __enter__(self):
         return self.start()
 
     def __exit__(self, exc_type, *exc):
-        self.stop(print_logs=exc_type is not None)
+        self.stop(print_logs=exc_type is not None, check_shm=exc_type is None)
 
 
 class ClusterTestCase(unittest.TestCase):
@@ -253,7 +273,7 @@ class ClusterTestCase(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.cluster.stop(print_logs=cls._failed)
+        cls.cluster.stop(print_logs=cls._failed, check_shm=not cls._failed)
         super().tearDownClass()
 
     def run(self, result=None):

@@ -31,12 +31,12 @@ class RemoveDeadShmTest(unittest.TestCase):
         live, dead = os.getpid(), dead_pid()
         own_dead, own_live = self.make(job, dead), self.make(job, live)
         other_live, other_dead = self.make(longer, live), self.make(longer, dead)
-        remove_dead_shm(job)
+        self.assertEqual(remove_dead_shm(job), [own_dead])
         self.assertFalse(os.path.exists(own_dead))
         for kept in (own_live, other_live, other_dead):
             self.assertTrue(os.path.exists(kept), kept)
         # That job's own launcher removes its dead creator's object.
-        remove_dead_shm(longer)
+        self.assertEqual(remove_dead_shm(longer), [other_dead])
         self.assertFalse(os.path.exists(other_dead))
         self.assertTrue(os.path.exists(other_live))
 
@@ -49,7 +49,7 @@ class RemoveDeadShmTest(unittest.TestCase):
             with open(path, "wb") as f:
                 f.write(b"x")
             self.addCleanup(lambda p=path: os.path.exists(p) and os.unlink(p))
-        remove_dead_shm(job)
+        self.assertEqual(remove_dead_shm(job), [])
         for path in odd:
             self.assertTrue(os.path.exists(path), path)
 
