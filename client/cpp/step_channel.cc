@@ -88,16 +88,18 @@ std::set<StepChannel*>& Tracked() {
 
 StepChannelCapacities StepChannelCapacitiesFor(
     const std::vector<v1::ParamGroup>& groups, size_t refusal_bytes) {
-  uint64_t names = 0, overrides = 0;
+  uint64_t names = 0, overrides = 0, prefixes = 0;
   for (const v1::ParamGroup& group : groups) {
     overrides += group.name().size() + 64;
+    // An answer names a skipped param "group/param" (skipped_nonfinite).
+    prefixes += (group.name().size() + 1) * uint64_t(group.params_size());
     for (const v1::Param& param : group.params()) {
       names += param.name().size() + 16;
     }
   }
   constexpr uint64_t kSlack = 64 << 10;
   return {.request = WholePages(kSlack + names + overrides + refusal_bytes),
-          .response = WholePages(kSlack + names)};
+          .response = WholePages(kSlack + names + prefixes)};
 }
 
 absl::Status CheckStepChannelCapacity(absl::string_view field,

@@ -39,8 +39,9 @@ struct StepChannelCapacities {
   uint32_t response = 0;
 };
 
-// Room for the steps of `groups` (as registered): every param's name
-// (skipped_nonfinite), every group's override, 64 KiB for the rest, and in
+// Room for the steps of `groups` (as registered): every param's name (in an
+// answer's skipped_nonfinite with its group's as "group/param"), every
+// group's override, 64 KiB for the rest, and in
 // the request a trainer refusal of `refusal_bytes`; whole pages in
 // [kMinCapacity, kMaxCapacity]. Python's muond.step_channel.capacities.
 StepChannelCapacities StepChannelCapacitiesFor(

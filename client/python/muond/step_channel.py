@@ -112,9 +112,11 @@ def capacities(groups, refusal_bytes: int) -> tuple[int, int]:
     goes over gRPC, a larger answer is fetched over gRPC)."""
     names = sum(len(p.name.encode()) + 16 for g in groups for p in g.params)
     overrides = sum(len(g.name.encode()) + 64 for g in groups)
+    # An answer names a skipped param "group/param" (skipped_nonfinite).
+    prefixes = sum((len(g.name.encode()) + 1) * len(g.params) for g in groups)
     slack = 64 << 10
     return (_whole_pages(slack + names + overrides + refusal_bytes),
-            _whole_pages(slack + names))
+            _whole_pages(slack + names + prefixes))
 
 
 def _whole_pages(n: int) -> int:

@@ -418,6 +418,13 @@ TEST(StepChannelCapacities, RoomForNamesOverridesAndTheRefusal) {
       {GroupOfNames("g", {std::string(1000, 'a'), "b"})}, 16384);
   EXPECT_EQ(some.request, 86016u);
   EXPECT_EQ(some.response, 69632u);
+  // A skipped param is named "group/param" in an answer: a long group name
+  // counts once per param there. names 10 x 17, prefixes 10 x 4001: response
+  // 105716 -> 26 pages (without the prefixes 17).
+  const StepChannelCapacities prefixed = StepChannelCapacitiesFor(
+      {GroupOfNames(std::string(4000, 'G'), std::vector<std::string>(10, "p"))},
+      0);
+  EXPECT_EQ(prefixed.response, 26u * 4096);
   std::vector<std::string> many(20000, std::string(4000, 'x'));
   const StepChannelCapacities capped =
       StepChannelCapacitiesFor({GroupOfNames("g", many)}, 0);

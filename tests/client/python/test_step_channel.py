@@ -167,8 +167,11 @@ class OpenTest(ChannelTestCase):
         groups = [pb.ParamGroup(name="g", params=[pb.Param(name="é" * 40000)])]
         request, response = capacities(groups, 16384)
         names = 80000 + 16
-        self.assertEqual(response, -(-((64 << 10) + names) // 4096) * 4096)
+        prefix = len("g/")  # an answer names a skipped param "group/param"
+        self.assertEqual(response, -(-((64 << 10) + names + prefix) // 4096) * 4096)
         self.assertEqual(request, -(-((64 << 10) + names + 1 + 64 + 16384) // 4096) * 4096)
+        long_group = [pb.ParamGroup(name="G" * 4000, params=[pb.Param(name="p")] * 10)]
+        self.assertEqual(capacities(long_group, 0)[1], 26 * 4096)  # 65536 + 170 + 40010
         huge = [pb.ParamGroup(name="g", params=[pb.Param(name="x" * (70 << 20))])]
         self.assertEqual(capacities(huge, 0), (_rules.STEP_CHANNEL_MAX_CAPACITY,) * 2)
 
