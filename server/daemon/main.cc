@@ -387,7 +387,7 @@ int main(int argc, char** argv) {
   }
   serving.store(true);
   LOG(INFO) << "muond-daemon rank " << rank << "/" << world << " of job " << job
-            << " serving on " << listen << " (" << config.device << ")";
+            << " serving on " << listen << " (" << join.device() << ")";
   server->Wait();
   remove_socket();
   return 0;
