@@ -22,4 +22,14 @@ python3 tests/common/check_test_levels.py //...
 if ((quick)); then
   args=(--test_tag_filters=unit "${args[@]}")
 fi
+# On a CPU newer than Debian's OpenBLAS, the tests' CPU math would run its
+# fallback (SSE3) kernels: they get the kernels the daemon picks for itself
+# (core/backend/openblas_core.h); nothing changes where OpenBLAS chose well or
+# OPENBLAS_CORETYPE is set.
+bazel build //core/backend:openblas_coretype
+core=$(bazel-bin/core/backend/openblas_coretype)
+if [[ -n $core ]]; then
+  echo "test: OPENBLAS_CORETYPE=$core (OpenBLAS fell back to older kernels on this CPU)"
+  args=("--test_env=OPENBLAS_CORETYPE=$core" "${args[@]}")
+fi
 exec bazel test //... --build_event_json_file=out/test-events.json "${args[@]}"

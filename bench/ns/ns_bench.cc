@@ -41,6 +41,7 @@
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
 #include "core/backend/cuda_backend_options.h"
+#include "core/backend/openblas_core.h"
 #include "core/muon/newton_schulz.h"
 
 namespace muond {
@@ -301,4 +302,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace muond
 
-int main(int argc, char** argv) { return muond::Main(argc, argv); }
+int main(int argc, char** argv) {
+  muond::ReexecWithBetterOpenBlasCore(argv);  // the daemon's kernels
+  return muond::Main(argc, argv);
+}

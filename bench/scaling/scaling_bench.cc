@@ -54,6 +54,7 @@
 #include "bench/common/torch_muon_defaults.h"
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
+#include "core/backend/openblas_core.h"
 #include "core/comm/gloo_communicator.h"
 #include "core/comm/kv_store.h"
 #include "core/comm/nccl_communicator.h"
@@ -616,4 +617,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace muond
 
-int main(int argc, char** argv) { return muond::Main(argc, argv); }
+int main(int argc, char** argv) {
+  muond::ReexecWithBetterOpenBlasCore(argv);  // the daemon's kernels
+  return muond::Main(argc, argv);
+}

@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "core/backend/cuda_backend_options.h"
+#include "core/backend/openblas_core.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/cli.h"
@@ -133,6 +134,9 @@ const std::vector<std::string> kFlagSources = {"server/daemon/",
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread or signal mask: OpenBLAS picks its kernels when it
+  // loads, so better ones than its fallback need a fresh start.
+  muond::ReexecWithBetterOpenBlasCore(argv);
   // SIGTERM/SIGINT from now on go to the shutdown watcher (below).
   if (!muond::BeginServerMain(argc, argv, "muond-daemon", kUsage,
                               kFlagSources)) {
@@ -386,6 +390,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   serving.store(true);
+  LOG(INFO) << "OpenBLAS kernels: " << muond::OpenBlasCore();
   LOG(INFO) << "muond-daemon rank " << rank << "/" << world << " of job " << job
             << " serving on " << listen << " (" << join.device() << ")";
   server->Wait();

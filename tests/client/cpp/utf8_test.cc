@@ -89,7 +89,8 @@ TEST(Utf8, AgreesWithTheDaemonsParser) {
     ASSERT_EQ(IsValidUtf8(text), parses) << absl::CEscape(text);
     ASSERT_TRUE(ProtobufParses(ToValidUtf8(text))) << absl::CEscape(text);
   }
-  EXPECT_GT(refused, 10000) << refused;  // the candidates do hold malformed ones
+  EXPECT_GT(refused, 10000)
+      << refused;  // the candidates do hold malformed ones
 }
 
 }  // namespace

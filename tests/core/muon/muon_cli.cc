@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/backend/cpu_backend.h"
+#include "core/backend/openblas_core.h"
 #include "core/muon/adamw.h"
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
@@ -185,4 +186,8 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace muond
 
-int main(int argc, char** argv) { return muond::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // The daemons pick these kernels too: its values stay bitwise theirs.
+  muond::ReexecWithBetterOpenBlasCore(argv);
+  return muond::Main(argc, argv);
+}

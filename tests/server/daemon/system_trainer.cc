@@ -31,6 +31,7 @@
 #include "client/cpp/shm_region.h"
 #include "core/backend/cpu_backend.h"
 #include "core/backend/cuda_backend.h"
+#include "core/backend/openblas_core.h"
 #include "core/common/status_macros.h"
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
@@ -456,6 +457,8 @@ int Run() {
 }  // namespace muond
 
 int main(int argc, char** argv) {
+  // The daemons pick these kernels too: the reference stays bitwise theirs.
+  muond::ReexecWithBetterOpenBlasCore(argv);
   absl::ParseCommandLine(argc, argv);
   return muond::Run();
 }

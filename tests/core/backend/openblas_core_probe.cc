@@ -1,0 +1,11 @@
+// Runs ReexecWithBetterOpenBlasCore as a program's main does, then prints
+// the OpenBLAS kernels it ends up with (for openblas_core_test).
+#include <cstdio>
+
+#include "core/backend/openblas_core.h"
+
+int main(int, char** argv) {
+  muond::ReexecWithBetterOpenBlasCore(argv);
+  std::printf("%s\n", muond::OpenBlasCore().c_str());
+  return 0;
+}
