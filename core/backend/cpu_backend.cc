@@ -136,6 +136,36 @@ void ConvertInto(const MatrixView& dst, const MatrixView& src) {
           [&](int64_t i, int64_t j) { Store(dst, i, j, Load(src, i, j)); });
 }
 
+// Row i of v alone (one row, v's dtype).
+MatrixView RowOf(const MatrixView& v, int64_t i) {
+  return MatrixView{ElemPtr(v, i, 0), v.dtype, 1, v.cols, v.cols};
+}
+
+// Row i of v as fp32: v's own memory where v is fp32, else the row widened
+// into `buf` (exact). The elementwise kernels below run on such rows, so
+// their loops are plain fp32 loops instead of a dtype switch per element.
+const float* FloatRow(const MatrixView& v, int64_t i, std::vector<float>& buf) {
+  if (v.dtype == DType::kFloat32) {
+    return static_cast<const float*>(v.data) + i * v.row_stride;
+  }
+  buf.resize(size_t(v.cols));
+  ConvertInto(ContiguousView(buf.data(), DType::kFloat32, 1, v.cols),
+              RowOf(v, i));
+  return buf.data();
+}
+
+// `row` (v.cols fp32 values) as row i of v, rounded to v's dtype as Store
+// rounds.
+void StoreFloatRow(const MatrixView& v, int64_t i, const float* row) {
+  if (v.dtype == DType::kFloat32) {
+    std::memmove(ElemPtr(v, i, 0), row, size_t(v.cols) * sizeof(float));
+    return;
+  }
+  ConvertInto(RowOf(v, i),
+              ContiguousView(const_cast<float*>(row), DType::kFloat32, 1,
+                             v.cols));
+}
+
 int Ld(const MatrixView& v) {
   return int(std::max<int64_t>(v.row_stride, v.cols));
 }
@@ -412,20 +442,21 @@ class CpuBackend final : public Backend {
                                   int64_t batch, float eps) override {
     RETURN_IF_ERROR(CheckNormalize(src, dst, batch, eps));
     const int64_t r = src.rows / batch;
+    std::vector<float> in, out(size_t(src.cols));
     for (int64_t s = 0; s < batch; ++s) {
-      double sum = 0.0;
+      double sum = 0.0;  // in order, element by element, as before
       for (int64_t i = s * r; i < (s + 1) * r; ++i) {
+        const float* x = FloatRow(src, i, in);
         for (int64_t j = 0; j < src.cols; ++j) {
-          const double x = Load(src, i, j);
-          sum += x * x;
+          sum += double(x[j]) * double(x[j]);
         }
       }
       const float norm = static_cast<float>(std::sqrt(sum));
       const float denom = std::max(norm, eps);
       for (int64_t i = s * r; i < (s + 1) * r; ++i) {
-        for (int64_t j = 0; j < src.cols; ++j) {
-          Store(dst, i, j, Load(src, i, j) / denom);
-        }
+        const float* x = FloatRow(src, i, in);
+        for (int64_t j = 0; j < src.cols; ++j) out[j] = x[j] / denom;
+        StoreFloatRow(dst, i, out.data());
       }
     }
     return absl::OkStatus();
@@ -449,16 +480,21 @@ class CpuBackend final : public Backend {
     const bool store_momentum = !IsAbsent(momentum_out);
     const bool store_out = !IsAbsent(out);
     const bool bf16_state = momentum_in.dtype == DType::kBFloat16;
-    ForEach(grad, [&](int64_t i, int64_t j) {
-      const float g = Load(grad, i, j);
-      const float m_new = ew::MomentumEma(Load(momentum_in, i, j), g, w_ema);
-      if (store_momentum) Store(momentum_out, i, j, m_new);
-      // With bf16 state the NS input sees the stored (rounded) momentum.
-      const float m = bf16_state ? RoundToBf16(m_new) : m_new;
-      if (store_out) {
-        Store(out, i, j, nesterov ? ew::NesterovInput(g, m, w_nesterov) : m);
+    const size_t cols = size_t(grad.cols);
+    std::vector<float> g_buf, m_buf, m_new(cols), ns_in(cols);
+    for (int64_t i = 0; i < grad.rows; ++i) {
+      const float* g = FloatRow(grad, i, g_buf);
+      const float* m_in = FloatRow(momentum_in, i, m_buf);
+      for (size_t j = 0; j < cols; ++j) {
+        m_new[j] = ew::MomentumEma(m_in[j], g[j], w_ema);
+        // With bf16 state the NS input sees the stored (rounded) momentum.
+        const float m = bf16_state ? RoundToBf16(m_new[j]) : m_new[j];
+        ns_in[j] = nesterov ? ew::NesterovInput(g[j], m, w_nesterov) : m;
       }
-    });
+      // Stored after the row is read: momentum_out may be momentum_in.
+      if (store_momentum) StoreFloatRow(momentum_out, i, m_new.data());
+      if (store_out) StoreFloatRow(out, i, ns_in.data());
+    }
     return absl::OkStatus();
   }
 
@@ -485,11 +521,15 @@ class CpuBackend final : public Backend {
                            WeightDecayMethod method) override {
     RETURN_IF_ERROR(CheckUpdate(param, update));
     const int m = static_cast<int>(method);
-    ForEach(param, [&](int64_t i, int64_t j) {
-      Store(
-          param, i, j,
-          ew::UpdateParam(Load(param, i, j), Load(update, i, j), lr, decay, m));
-    });
+    std::vector<float> p_buf, u_buf, stepped(size_t(param.cols));
+    for (int64_t i = 0; i < param.rows; ++i) {
+      const float* p = FloatRow(param, i, p_buf);
+      const float* u = FloatRow(update, i, u_buf);
+      for (int64_t j = 0; j < param.cols; ++j) {
+        stepped[j] = ew::UpdateParam(p[j], u[j], lr, decay, m);
+      }
+      StoreFloatRow(param, i, stepped.data());
+    }
     return absl::OkStatus();
   }
 
