@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #if defined(__x86_64__)
@@ -14,6 +16,9 @@ extern "C" char* openblas_get_corename(void);
 
 namespace muond {
 namespace {
+
+// Set with OPENBLAS_CORETYPE by the re-exec: the kernels it replaced.
+constexpr char kFallbackVariable[] = "MUOND_OPENBLAS_FALLBACK";
 
 // The kernels DYNAMIC_ARCH falls back to on a CPU newer than the library.
 bool IsFallbackCore(const std::string& core) {
@@ -70,13 +75,28 @@ std::string BetterOpenBlasCore() {
   return BestCoreOfThisCpu();
 }
 
-void ReexecWithBetterOpenBlasCore(char** argv) {
+std::string ReexecWithBetterOpenBlasCore(char** argv) {
   const std::string core = BetterOpenBlasCore();
-  if (core.empty()) return;
+  if (core.empty()) return "";
   // Set even if exec fails: a second try (a child of this process) does not
   // loop, and the value names what was meant.
+  setenv(kFallbackVariable, OpenBlasCore().c_str(), 1);
   setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
   execv("/proc/self/exe", argv);
+  return std::string("could not start again with OPENBLAS_CORETYPE=") + core +
+         " (execv /proc/self/exe: " + std::strerror(errno) +
+         "); OpenBLAS runs its fallback kernels";
+}
+
+std::string DescribeOpenBlasKernels() {
+  const std::string core = OpenBlasCore();
+  const char* fallback = std::getenv(kFallbackVariable);
+  const char* set = std::getenv("OPENBLAS_CORETYPE");
+  if (fallback != nullptr && set != nullptr && core == set) {
+    return core + " (chosen over OpenBLAS's fallback " + fallback + ")";
+  }
+  if (set != nullptr && *set != '\0') return core + " (OPENBLAS_CORETYPE)";
+  return core;
 }
 
 }  // namespace muond

@@ -22,9 +22,15 @@ std::string OpenBlasCore();
 std::string BetterOpenBlasCore();
 
 // Runs this program again (execv of /proc/self/exe, the same argv: the same
-// pid) with OPENBLAS_CORETYPE=BetterOpenBlasCore() when that is not empty;
-// returns where there is nothing to do or exec failed. Call first in main,
-// before any thread starts.
-void ReexecWithBetterOpenBlasCore(char** argv);
+// pid) with OPENBLAS_CORETYPE=BetterOpenBlasCore() when that is not empty,
+// and MUOND_OPENBLAS_FALLBACK naming the kernels it replaced. Returns where
+// there is nothing to do ("") or the exec failed (why, for the log once
+// logging is up). Call first in main, before any thread starts.
+std::string ReexecWithBetterOpenBlasCore(char** argv);
+
+// The kernels this process runs and who chose them, for a log line:
+// "SkylakeX (chosen over OpenBLAS's fallback Prescott)", "Haswell
+// (OPENBLAS_CORETYPE)", "SkylakeX".
+std::string DescribeOpenBlasKernels();
 
 }  // namespace muond

@@ -136,7 +136,7 @@ const std::vector<std::string> kFlagSources = {"server/daemon/",
 int main(int argc, char** argv) {
   // Before any thread or signal mask: OpenBLAS picks its kernels when it
   // loads, so better ones than its fallback need a fresh start.
-  muond::ReexecWithBetterOpenBlasCore(argv);
+  const std::string openblas_reexec = muond::ReexecWithBetterOpenBlasCore(argv);
   // SIGTERM/SIGINT from now on go to the shutdown watcher (below).
   if (!muond::BeginServerMain(argc, argv, "muond-daemon", kUsage,
                               kFlagSources)) {
@@ -390,7 +390,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   serving.store(true);
-  LOG(INFO) << "OpenBLAS kernels: " << muond::OpenBlasCore();
+  if (!openblas_reexec.empty()) LOG(WARNING) << openblas_reexec;
+  LOG(INFO) << "OpenBLAS kernels: " << muond::DescribeOpenBlasKernels();
   LOG(INFO) << "muond-daemon rank " << rank << "/" << world << " of job " << job
             << " serving on " << listen << " (" << join.device() << ")";
   server->Wait();

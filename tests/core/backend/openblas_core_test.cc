@@ -15,9 +15,13 @@
 namespace muond {
 namespace {
 
-// The probe's printed kernels, run with OPENBLAS_CORETYPE=`coretype` ("":
-// unset).
-std::string ProbeCore(const std::string& coretype) {
+// The probe's printed kernels and their description, run with
+// OPENBLAS_CORETYPE=`coretype` ("": unset).
+struct Probed {
+  std::string core, description;
+};
+
+Probed Probe(const std::string& coretype) {
   const char* dir = getenv("TEST_SRCDIR");
   const char* workspace = getenv("TEST_WORKSPACE");
   const std::string probe =
@@ -27,12 +31,23 @@ std::string ProbeCore(const std::string& coretype) {
   const std::string env =
       coretype.empty() ? "env -u OPENBLAS_CORETYPE "
                        : absl::StrCat("env OPENBLAS_CORETYPE=", coretype, " ");
-  FILE* out = popen((env + probe).c_str(), "r");
-  if (out == nullptr) return "<popen failed>";
-  char line[128] = {0};
-  const bool read = fgets(line, sizeof(line), out) != nullptr;
+  FILE* out =
+      popen((env + "env -u MUOND_OPENBLAS_FALLBACK " + probe).c_str(), "r");
+  if (out == nullptr) return {"<popen failed>", ""};
+  Probed probed{"<no output>", ""};
+  char line[256] = {0};
+  if (fgets(line, sizeof(line), out) != nullptr) {
+    probed.core = std::string(absl::StripSuffix(line, "\n"));
+  }
+  if (fgets(line, sizeof(line), out) != nullptr) {
+    probed.description = std::string(absl::StripSuffix(line, "\n"));
+  }
   pclose(out);
-  return read ? std::string(absl::StripSuffix(line, "\n")) : "<no output>";
+  return probed;
+}
+
+std::string ProbeCore(const std::string& coretype) {
+  return Probe(coretype).core;
 }
 
 bool IsFallback(const std::string& core) {
@@ -52,6 +67,19 @@ TEST(OpenBlasCore, NoFallbackKernelsAfterTheReexec) {
 #endif
   EXPECT_FALSE(core.empty());
   EXPECT_NE(core[0], '<') << core;
+}
+
+// The log line says who chose: muond over a named fallback, or the user.
+TEST(OpenBlasCore, TheDescriptionSaysWhoChose) {
+  const Probed probed = Probe("");
+  const std::string chosen = probed.core + " (chosen over OpenBLAS's fallback ";
+  if (probed.description != probed.core) {
+    ASSERT_EQ(probed.description.rfind(chosen, 0), 0u) << probed.description;
+    const std::string fallback = probed.description.substr(
+        chosen.size(), probed.description.size() - chosen.size() - 1);
+    EXPECT_TRUE(IsFallback(fallback)) << probed.description;
+  }
+  EXPECT_EQ(Probe("Haswell").description, "Haswell (OPENBLAS_CORETYPE)");
 }
 
 TEST(OpenBlasCore, ASetCoretypeIsTheUsersChoice) {
