@@ -112,7 +112,8 @@ class LocalCluster:
         return "the host (shm)" if self.device is None else f"cuda:{self.device}"
 
     def _start(self, timeout: float) -> None:
-        daemon_bin, coordinator_bin, _ = find_servers(None, os.environ)
+        daemon_bin, coordinator_bin, _ = find_servers(None, os.environ,
+                                                      has_bin_dir_flag=False)
         token = write_token_file(self.directory)
         coordinator = f"unix://{self.directory}/coordinator.sock"
         self._start_server("local muond-coordinator", None,

@@ -33,13 +33,15 @@ _DAEMON_IN_TREE = _servers.IN_BAZEL_TREE["muond-daemon"]
 _COORDINATOR_IN_TREE = _servers.IN_BAZEL_TREE["muond-coordinator"]
 
 
-def find_servers(bin_dir: str | None, env, checkout: str | None = None) -> tuple[str, str, str]:
+def find_servers(bin_dir: str | None, env, checkout: str | None = None,
+                 has_bin_dir_flag: bool = True) -> tuple[str, str, str]:
     """(muond-daemon, muond-coordinator, where from), the one lookup order:
     --bin-dir (given on this command, it always wins), else the servers
     packaged in the installed muond (muond/_bin: a platform wheel), else
     $MUOND_BIN_DIR, else PATH, else the bazel-bin of `checkout` (default: the
     checkout around the current directory); LaunchError saying how to
-    provide them."""
+    provide them (``has_bin_dir_flag`` False: the caller has no --bin-dir, a
+    training script's local cluster, so $MUOND_BIN_DIR comes first)."""
     if bin_dir:
         return _servers_in(bin_dir, "--bin-dir")
     packaged = _servers.packaged_bin_dir()
@@ -60,9 +62,18 @@ def find_servers(bin_dir: str | None, env, checkout: str | None = None) -> tuple
                          for rel in (_COORDINATOR_IN_TREE, _DAEMON_IN_TREE))
         if os.access(coord, os.X_OK) and os.access(daemon, os.X_OK):
             return daemon, coord, bazel_bin
-    where = (f"--bin-dir {repo}/bazel-bin" if repo
-             else "--bin-dir (a bundle's bin/ or a bazel-bin tree)")
-    raise LaunchError(f"no muond-coordinator found: pass {where} or set $MUOND_BIN_DIR, put "
+    looked = (f"looked in: the installed muond package (no servers), $MUOND_BIN_DIR "
+              f"(unset), PATH, and "
+              + (f"{repo}/bazel-bin (not built)" if repo
+                 else f"no checkout around {os.getcwd()}"))
+    if has_bin_dir_flag:
+        where = (f"pass --bin-dir {repo}/bazel-bin" if repo
+                 else "pass --bin-dir (a bundle's bin/ or a bazel-bin tree)")
+        how = f"{where} or set $MUOND_BIN_DIR"
+    else:
+        how = ("set $MUOND_BIN_DIR to a bazel-bin tree or a bundle's bin/ (a script run "
+               "outside the checkout does not find its bazel-bin)")
+    raise LaunchError(f"no muond-coordinator found ({looked}): {how}, put "
                       "muond-coordinator and muond-daemon on PATH, build them (bazel build "
                       "//server/daemon:muond-daemon //server/coordinator:muond-coordinator), "
                       "or install the muond wheel that carries them (deploy/wheel.sh)")

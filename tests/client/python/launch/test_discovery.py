@@ -71,6 +71,18 @@ class FindServersTest(unittest.TestCase):
         with self.assertRaises(LaunchError) as cm:
             find_servers(None, {"PATH": ""})
         self.assertIn("--bin-dir (a bundle's bin/ or a bazel-bin tree)", str(cm.exception))
+        self.assertIn(f"no checkout around {os.getcwd()}", str(cm.exception))
+
+    def test_a_training_scripts_cluster_is_told_of_muond_bin_dir(self):
+        # A plain script's local cluster (muond.local) has no --bin-dir to pass.
+        for where, root in (("outside", self.tmp), ("inside", self.repo)):
+            os.chdir(root)
+            with self.subTest(where), self.assertRaises(LaunchError) as cm:
+                find_servers(None, {"PATH": ""}, has_bin_dir_flag=False)
+            message = str(cm.exception)
+            self.assertIn("set $MUOND_BIN_DIR to a bazel-bin tree or a bundle's bin/", message)
+            self.assertNotIn("--bin-dir", message)
+            self.assertIn("$MUOND_BIN_DIR (unset)", message)
 
 
 class LookupOrderTest(unittest.TestCase):
