@@ -1,5 +1,6 @@
 #include "core/backend/openblas_core.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -14,6 +15,9 @@ extern "C" char* openblas_get_corename(void);
 
 namespace muond {
 namespace {
+
+// The process name ReexecWithBetterOpenBlasCore hands to the image it starts.
+constexpr char kNameVar[] = "MUOND_REEXEC_NAME";
 
 // The kernels DYNAMIC_ARCH falls back to on a CPU newer than the library.
 bool IsFallbackCore(const std::string& core) {
@@ -71,12 +75,24 @@ std::string BetterOpenBlasCore() {
 }
 
 void ReexecWithBetterOpenBlasCore(char** argv) {
+  // The image started again takes back the process's name (comm: what ps,
+  // top, pgrep, pkill and killall go by), which the kernel sets from the
+  // path exec'd: "exe".
+  if (const char* name = std::getenv(kNameVar); name != nullptr) {
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+    unsetenv(kNameVar);
+    return;
+  }
   const std::string core = BetterOpenBlasCore();
   if (core.empty()) return;
+  char name[17] = {0};  // comm is at most 15 characters and a NUL
+  prctl(PR_GET_NAME, name, 0, 0, 0);
   // Set even if exec fails: a second try (a child of this process) does not
   // loop, and the value names what was meant.
   setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  setenv(kNameVar, name, 1);
   execv("/proc/self/exe", argv);
+  unsetenv(kNameVar);  // exec failed: this image has its name
 }
 
 }  // namespace muond

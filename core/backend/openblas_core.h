@@ -23,8 +23,10 @@ std::string BetterOpenBlasCore();
 
 // Runs this program again (execv of /proc/self/exe, the same argv: the same
 // pid) with OPENBLAS_CORETYPE=BetterOpenBlasCore() when that is not empty;
-// returns where there is nothing to do or exec failed. Call first in main,
-// before any thread starts.
+// returns where there is nothing to do or exec failed, and in the image
+// started again, which it gives the process's name back (MUOND_REEXEC_NAME
+// carries it: exec names it "exe"). Call first in main, before any thread
+// starts.
 void ReexecWithBetterOpenBlasCore(char** argv);
 
 }  // namespace muond

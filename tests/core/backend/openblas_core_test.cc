@@ -15,9 +15,9 @@
 namespace muond {
 namespace {
 
-// The probe's printed kernels, run with OPENBLAS_CORETYPE=`coretype` ("":
-// unset).
-std::string ProbeCore(const std::string& coretype) {
+// The probe's printed line `line` (0: its kernels, 1: its process name), run
+// with OPENBLAS_CORETYPE=`coretype` ("": unset).
+std::string ProbeLine(const std::string& coretype, int line_index) {
   const char* dir = getenv("TEST_SRCDIR");
   const char* workspace = getenv("TEST_WORKSPACE");
   const std::string probe =
@@ -30,9 +30,16 @@ std::string ProbeCore(const std::string& coretype) {
   FILE* out = popen((env + probe).c_str(), "r");
   if (out == nullptr) return "<popen failed>";
   char line[128] = {0};
-  const bool read = fgets(line, sizeof(line), out) != nullptr;
+  bool read = false;
+  for (int i = 0; i <= line_index; ++i) {
+    read = fgets(line, sizeof(line), out) != nullptr;
+  }
   pclose(out);
   return read ? std::string(absl::StripSuffix(line, "\n")) : "<no output>";
+}
+
+std::string ProbeCore(const std::string& coretype) {
+  return ProbeLine(coretype, 0);
 }
 
 bool IsFallback(const std::string& core) {
@@ -52,6 +59,13 @@ TEST(OpenBlasCore, NoFallbackKernelsAfterTheReexec) {
 #endif
   EXPECT_FALSE(core.empty());
   EXPECT_NE(core[0], '<') << core;
+}
+
+// Started again or not, the process keeps its name (comm, at most 15
+// characters: what ps, pgrep and pkill go by), not exec's "exe".
+TEST(OpenBlasCore, TheProcessKeepsItsName) {
+  EXPECT_EQ(ProbeLine("", 1), "openblas_core_p");
+  EXPECT_EQ(ProbeLine("Prescott", 1), "openblas_core_p");
 }
 
 TEST(OpenBlasCore, ASetCoretypeIsTheUsersChoice) {
