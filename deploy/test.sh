@@ -24,12 +24,18 @@ if ((quick)); then
 fi
 # On a CPU newer than Debian's OpenBLAS, the tests' CPU math would run its
 # fallback (SSE3) kernels: they get the kernels the daemon picks for itself
-# (core/backend/openblas_core.h); nothing changes where OpenBLAS chose well or
-# OPENBLAS_CORETYPE is set.
-bazel build //core/backend:openblas_coretype
-core=$(bazel-bin/core/backend/openblas_coretype)
+# (core/backend/openblas_core.h); nothing changes where OpenBLAS chose well.
+# An OPENBLAS_CORETYPE set here is the user's choice: the tests get it too
+# (Bazel passes a test none of this environment), as their daemons keep it.
+if [[ -n ${OPENBLAS_CORETYPE:-} ]]; then
+  core=$OPENBLAS_CORETYPE
+  echo "test: OPENBLAS_CORETYPE=$core (as set)"
+else
+  bazel build //core/backend:openblas_coretype
+  core=$(bazel-bin/core/backend/openblas_coretype)
+  [[ -z $core ]] || echo "test: OPENBLAS_CORETYPE=$core (OpenBLAS fell back to older kernels on this CPU)"
+fi
 if [[ -n $core ]]; then
-  echo "test: OPENBLAS_CORETYPE=$core (OpenBLAS fell back to older kernels on this CPU)"
   args=("--test_env=OPENBLAS_CORETYPE=$core" "${args[@]}")
 fi
 exec bazel test //... --build_event_json_file=out/test-events.json "${args[@]}"

@@ -1,5 +1,7 @@
 #include "core/backend/openblas_core.h"
 
+#include <strings.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +21,8 @@ namespace {
 
 // Set with OPENBLAS_CORETYPE by the re-exec: the kernels it replaced.
 constexpr char kFallbackVariable[] = "MUOND_OPENBLAS_FALLBACK";
+// The process name ReexecWithBetterOpenBlasCore hands to the image it starts.
+constexpr char kNameVar[] = "MUOND_REEXEC_NAME";
 
 // The kernels DYNAMIC_ARCH falls back to on a CPU newer than the library.
 bool IsFallbackCore(const std::string& core) {
@@ -76,15 +80,29 @@ std::string BetterOpenBlasCore() {
 }
 
 std::string ReexecWithBetterOpenBlasCore(char** argv) {
+  // The image started again takes back the process's name (comm: what ps,
+  // top, pgrep, pkill and killall go by), which the kernel sets from the
+  // path exec'd: "exe".
+  if (const char* name = std::getenv(kNameVar); name != nullptr) {
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+    unsetenv(kNameVar);
+    return "";
+  }
   const std::string core = BetterOpenBlasCore();
   if (core.empty()) return "";
+  char name[17] = {0};  // comm is at most 15 characters and a NUL
+  prctl(PR_GET_NAME, name, 0, 0, 0);
   // Set even if exec fails: a second try (a child of this process) does not
   // loop, and the value names what was meant.
   setenv(kFallbackVariable, OpenBlasCore().c_str(), 1);
   setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  setenv(kNameVar, name, 1);
   execv("/proc/self/exe", argv);
+  const int exec_error = errno;
+  unsetenv(kNameVar);  // exec failed: this image has its name
+  unsetenv(kFallbackVariable);
   return std::string("could not start again with OPENBLAS_CORETYPE=") + core +
-         " (execv /proc/self/exe: " + std::strerror(errno) +
+         " (execv /proc/self/exe: " + std::strerror(exec_error) +
          "); OpenBLAS runs its fallback kernels";
 }
 
@@ -92,10 +110,16 @@ std::string DescribeOpenBlasKernels() {
   const std::string core = OpenBlasCore();
   const char* fallback = std::getenv(kFallbackVariable);
   const char* set = std::getenv("OPENBLAS_CORETYPE");
-  if (fallback != nullptr && set != nullptr && core == set) {
+  // OpenBLAS reads the variable ignoring case.
+  const bool taken = set != nullptr && strcasecmp(core.c_str(), set) == 0;
+  if (fallback != nullptr && taken) {
     return core + " (chosen over OpenBLAS's fallback " + fallback + ")";
   }
-  if (set != nullptr && *set != '\0') return core + " (OPENBLAS_CORETYPE)";
+  if (set != nullptr && *set != '\0') {
+    // A value OpenBLAS did not take (unknown to it, or set after it loaded).
+    return taken ? core + " (OPENBLAS_CORETYPE)"
+                 : core + " (OPENBLAS_CORETYPE=" + set + " not taken)";
+  }
   return core;
 }
 

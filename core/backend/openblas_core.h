@@ -24,8 +24,10 @@ std::string BetterOpenBlasCore();
 // Runs this program again (execv of /proc/self/exe, the same argv: the same
 // pid) with OPENBLAS_CORETYPE=BetterOpenBlasCore() when that is not empty,
 // and MUOND_OPENBLAS_FALLBACK naming the kernels it replaced. Returns where
-// there is nothing to do ("") or the exec failed (why, for the log once
-// logging is up). Call first in main, before any thread starts.
+// there is nothing to do (""), in the image started again, which it gives
+// the process's name back (MUOND_REEXEC_NAME carries it: exec names it
+// "exe"), or where the exec failed (why, for the log once logging is up).
+// Call first in main, before any thread starts.
 std::string ReexecWithBetterOpenBlasCore(char** argv);
 
 // The kernels this process runs and who chose them, for a log line:

@@ -20,12 +20,32 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/backend/cpu_backend.h"
+#include "core/backend/openblas_core.h"
 #include "core/muon/muon_update.h"
 #include "core/muon/newton_schulz.h"
 #include "server/daemon/engine_factory.h"
 #include "tests/common/muon_group.h"
 
 namespace muond::reliability {
+namespace {
+
+// The daemons this harness starts run this process's OpenBLAS kernels: its
+// CPU backend computes the references they are held to bitwise, and a
+// daemon that found OpenBLAS on its fallback kernels starts again with
+// better ones (ReexecWithBetterOpenBlasCore), which round otherwise. Where
+// OPENBLAS_CORETYPE is set (deploy/test.sh sets it for every test) this
+// process runs it too and it stays. Before main: no thread reads the
+// environment yet.
+const bool kDaemonsRunOurKernels = [] {
+  const char* set = getenv("OPENBLAS_CORETYPE");
+  const std::string core = OpenBlasCore();
+  if ((set == nullptr || *set == '\0') && !core.empty()) {
+    setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  }
+  return true;
+}();
+
+}  // namespace
 
 int WaitExit(pid_t pid, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;

@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/backend/openblas_core.h"
 #include "core/common/error_reason.h"
 #include "server/common/safetensors.h"
 #include "tests/reliability/harness.h"
@@ -77,6 +78,17 @@ v1::Plan Rebalance(const Cluster& c, bool inverted, int after) {
 }
 
 // ------------------------------------------------------------------ state
+
+// The daemons the harness starts inherit this process's kernels (its
+// references are theirs bitwise), also where nothing set OPENBLAS_CORETYPE
+// (a plain `bazel test`): none starts again with other ones.
+TEST(ReliabilityTest, DaemonsRunTheReferencesOpenBlasKernels) {
+  const char* set = getenv("OPENBLAS_CORETYPE");
+  ASSERT_NE(set, nullptr);
+  EXPECT_TRUE(absl::EqualsIgnoreCase(set, OpenBlasCore()))
+      << set << " vs " << OpenBlasCore();
+  EXPECT_EQ(BetterOpenBlasCore(), "");
+}
 
 TEST(ReliabilityTest, ResumeAfterRestartUnderAnotherPlanIsBitwise) {
   // Run A: 6 uninterrupted steps.

@@ -5,6 +5,7 @@ grad-None rule and live param_groups): torch.optim's contract of zero_grad,
 grad None, requires_grad=False and per-step hyperparameters, and what the
 client refuses before any RPC. The same scenarios against torch.optim.Muon /
 AdamW on real daemons: the contract suite (contract/test_step_contract.py)."""
+import collections
 import os
 import shutil
 import sys
@@ -565,6 +566,12 @@ def _mutations():
         ("a group removed", lambda opt: opt.param_groups.pop(1)),
         ("a grad replaced", lambda opt: setattr(opt.param_groups[0]["params"][0], "grad",
                                                 torch.ones(9, 8))),
+        ("custom_coefficients, an equal UserList",
+         lambda opt: opt.param_groups[0].__setitem__(
+             "custom_coefficients",
+             collections.UserList(opt.param_groups[0]["custom_coefficients"]))),
+        ("betas as a generator",
+         lambda opt: opt.param_groups[1].__setitem__("betas", (b for b in (0.9, 0.99)))),
     ]
 
 
@@ -580,10 +587,10 @@ class UnchangedGroupsTest(unittest.TestCase):
         self.cluster, self.addresses = start_cluster(d, 2)
         self.addCleanup(lambda: [x.stop() for x in self.cluster.daemons])
 
-    def stepped_once(self):
+    def stepped_once(self, **kw):
         params = make_params()
         opt = Muon(groups(params), daemons=self.addresses, job_id="unchanged", gtp_size=2,
-                   tp_size=1, **HYPER)
+                   tp_size=1, **(HYPER | kw))
         self.addCleanup(opt.close)
         opt.zero_grad(set_to_none=False)
         opt.step()
@@ -621,6 +628,47 @@ class UnchangedGroupsTest(unittest.TestCase):
                 except Exception as e:  # noqa: BLE001
                     got = type(e), str(e)
                 self.assertEqual(got, want)
+
+    def test_a_change_after_a_passing_change_gets_the_per_group_checks_answer(self):
+        # The first change passes check_before_step (the fast path records
+        # what it passed); the second must still get its answer.
+        for what, first, then in _changes_after_a_passing_change():
+            with self.subTest(what):
+                opt = self.stepped_once(coefficient_type="simple")
+                first(opt)
+                self.assertIsNone(self.per_group_verdict(opt))
+                opt.step()
+                then(opt)
+                want = self.per_group_verdict(opt)
+                try:
+                    opt.step()
+                    got = None
+                except Exception as e:  # noqa: BLE001
+                    got = type(e), str(e)
+                self.assertEqual(got, want)
+
+
+def _changes_after_a_passing_change():
+    """(what, a change check_before_step passes, a change after it): a value
+    equal to the registered one, then edited in place."""
+    def as_list(key):
+        return lambda opt: opt.param_groups[0].__setitem__(key, list(opt.param_groups[0][key]))
+
+    def first_item(key, value):
+        return lambda opt: opt.param_groups[0][key].__setitem__(0, value)
+
+    return [
+        ("ns_coefficients as an equal list, then edited in place",
+         as_list("ns_coefficients"), first_item("ns_coefficients", 99.0)),
+        ("ns_coefficients as an equal list, then appended to", as_list("ns_coefficients"),
+         lambda opt: opt.param_groups[0]["ns_coefficients"].append(1.0)),
+        ("custom_coefficients, an equal new list, then edited in place",
+         lambda opt: opt.param_groups[0].__setitem__("custom_coefficients", []),
+         lambda opt: opt.param_groups[0]["custom_coefficients"].append(1.0)),
+        ("an equal fixed entry of another object, then a new value",
+         lambda opt: opt.param_groups[0].__setitem__("eps", float("1e-15")),
+         lambda opt: opt.param_groups[0].__setitem__("eps", 1e-10)),
+    ]
 
 
 if __name__ == "__main__":

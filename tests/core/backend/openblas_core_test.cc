@@ -15,10 +15,10 @@
 namespace muond {
 namespace {
 
-// The probe's printed kernels and their description, run with
-// OPENBLAS_CORETYPE=`coretype` ("": unset).
+// The probe's printed kernels, their description and its process name, run
+// with OPENBLAS_CORETYPE=`coretype` ("": unset).
 struct Probed {
-  std::string core, description;
+  std::string core, description, name;
 };
 
 Probed Probe(const std::string& coretype) {
@@ -33,14 +33,12 @@ Probed Probe(const std::string& coretype) {
                        : absl::StrCat("env OPENBLAS_CORETYPE=", coretype, " ");
   FILE* out =
       popen((env + "env -u MUOND_OPENBLAS_FALLBACK " + probe).c_str(), "r");
-  if (out == nullptr) return {"<popen failed>", ""};
-  Probed probed{"<no output>", ""};
+  if (out == nullptr) return {"<popen failed>", "", ""};
+  Probed probed{"<no output>", "", ""};
   char line[256] = {0};
-  if (fgets(line, sizeof(line), out) != nullptr) {
-    probed.core = std::string(absl::StripSuffix(line, "\n"));
-  }
-  if (fgets(line, sizeof(line), out) != nullptr) {
-    probed.description = std::string(absl::StripSuffix(line, "\n"));
+  for (std::string* field : {&probed.core, &probed.description, &probed.name}) {
+    if (fgets(line, sizeof(line), out) == nullptr) break;
+    *field = std::string(absl::StripSuffix(line, "\n"));
   }
   pclose(out);
   return probed;
@@ -80,6 +78,13 @@ TEST(OpenBlasCore, TheDescriptionSaysWhoChose) {
     EXPECT_TRUE(IsFallback(fallback)) << probed.description;
   }
   EXPECT_EQ(Probe("Haswell").description, "Haswell (OPENBLAS_CORETYPE)");
+}
+
+// Started again or not, the process keeps its name (comm, at most 15
+// characters: what ps, pgrep and pkill go by), not exec's "exe".
+TEST(OpenBlasCore, TheProcessKeepsItsName) {
+  EXPECT_EQ(Probe("").name, "openblas_core_p");
+  EXPECT_EQ(Probe("Prescott").name, "openblas_core_p");
 }
 
 TEST(OpenBlasCore, ASetCoretypeIsTheUsersChoice) {

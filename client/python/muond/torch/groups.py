@@ -173,6 +173,10 @@ def _immutable(value) -> bool:
     return type(value) in _IMMUTABLE_TYPES
 
 
+def _plain_or_immutable(value) -> bool:
+    return _plain_list(value) or _immutable(value)
+
+
 def _plain_list(value) -> bool:
     """A list of values nothing changes in place (custom_coefficients' usual
     form)."""
@@ -422,8 +426,19 @@ class UnchangedGroups:
         params = list(map(_PARAMS, groups))
         if not all(id(p) in shared for p in itertools.chain.from_iterable(params)):
             return None  # a grad that may be outside the shared buffers: checked each step
-        # The params list itself too: one put in its place is checked anew.
-        same = [_getter(("params",) + f.same_keys) for f in entries]
+        # Identity tells an unchanged value only of one nothing changes in
+        # place: a fixed entry that holds an equal list now (check_fixed
+        # compares by value: ns_coefficients' tuple given as a list passes)
+        # could be edited in place behind the same object, and a list entry
+        # that is no plain list now (a UserList, a list of lists) iterates as
+        # check_fixed does not compare. Such groups are checked each step.
+        if not (all(map(_immutable, _flat([_getter(f.same_keys) for f in entries], groups)))
+                and all(map(_plain_or_immutable,
+                            _flat([_getter(f.list_keys) for f in entries], groups)))):
+            return None
+        # The params list and the list entries themselves too: one put in
+        # their place is checked anew.
+        same = [_getter(("params",) + f.same_keys + f.list_keys) for f in entries]
         # The params list and the plain lists (custom_coefficients), whose
         # items are compared by identity in one flat pass.
         lists = [_getter(("params",) + f.list_keys) for f in entries]
@@ -482,6 +497,10 @@ def _live_getter(algorithm: str):
 
         def adamw(group):
             lr, weight_decay, eps, betas = get(group)
+            if type(betas) not in (tuple, list):
+                # A generator or other iterable check_live refuses (it has no
+                # len): unpacking it here would consume it, or never end.
+                raise TypeError("betas: not a tuple or list")
             return (lr, weight_decay, eps, *betas)
         return adamw
     return _getter(LIVE_KEYS[algorithm])
