@@ -426,6 +426,19 @@ class StepPathTest(unittest.TestCase):
         opt.step()  # as registered again: steps
         self.assertEqual(opt.step_id, 2)
 
+    def test_a_foreign_param_past_the_named_ones_is_refused_naming_its_place(self):
+        params = make_params()
+        opt = self.muon(params)
+        opt.zero_grad(set_to_none=False)
+        opt.step()
+        opt.param_groups[0]["params"].append(torch.nn.Parameter(torch.zeros(4, 4)))
+        with self.assertRaisesRegex(ValueError, r"param #5 of param group 0: not the tensor "
+                                                r"registered in its place"):
+            opt.step()
+        opt.param_groups[0]["params"].pop()
+        opt.step()  # as registered again: steps
+        self.assertEqual(opt.step_id, 2)
+
     def test_params_that_are_not_a_list_are_refused_naming_the_group(self):
         params = make_params()
         opt = self.muon(params)

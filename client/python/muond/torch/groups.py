@@ -568,7 +568,11 @@ def check_before_step(param_groups, fixed: dict, registered: dict,
         if seen is not None and seen.same(gi, params, registered):
             if (grads_in_place and seen.all_shared(gi, shared)) or _grads_strided(params):
                 continue
-        for name, p in zip(param_names(gi, group), params):
+        names = param_names(gi, group)
+        for j, p in enumerate(params):
+            # Every param, named or not (a short param_names list must not
+            # hide a foreign tensor from this check).
+            name = names[j] if j < len(names) else f"#{j} of param group {gi}"
             if id(p) not in registered:
                 raise ValueError(
                     f"param {name}: not the tensor registered in its place; a param "
