@@ -32,7 +32,8 @@ if [[ -n ${OPENBLAS_CORETYPE:-} ]]; then
   echo "test: OPENBLAS_CORETYPE=$core (as set)"
 else
   bazel build //core/backend:openblas_coretype
-  core=$(bazel-bin/core/backend/openblas_coretype)
+  # (bazel info: the bazel-bin link may be elsewhere or absent, --symlink_prefix)
+  core=$("$(bazel info bazel-bin 2>/dev/null)/core/backend/openblas_coretype")
   [[ -z $core ]] || echo "test: OPENBLAS_CORETYPE=$core (OpenBLAS fell back to older kernels on this CPU)"
 fi
 if [[ -n $core ]]; then
