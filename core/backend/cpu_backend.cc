@@ -191,6 +191,12 @@ void SgemmSlice(Op op_a, Op op_b, float alpha, const MatrixView& a,
               static_cast<float*>(c.data), Ld(c));
 }
 
+// The same elements in the same layout.
+bool SameView(const MatrixView& x, const MatrixView& y) {
+  return x.data == y.data && x.dtype == y.dtype && x.rows == y.rows &&
+         x.cols == y.cols && x.row_stride == y.row_stride;
+}
+
 // fp32 scratch for the bf16/fp16 (kMedium) GEMM, reused across batch slices.
 struct Fp32Scratch {
   std::vector<float> a, b, c;
@@ -211,11 +217,21 @@ MatrixView Fp32Like(std::vector<float>& buf, const MatrixView& v) {
 void Gemm16Slice(Op op_a, Op op_b, float alpha, const MatrixView& a,
                  const MatrixView& b, float beta, const MatrixView& c,
                  Fp32Scratch& scratch) {
-  const MatrixView a32 = Fp32Like(scratch.a, a), b32 = Fp32Like(scratch.b, b),
-                   c32 = Fp32Like(scratch.c, c);
+  const MatrixView a32 = Fp32Like(scratch.a, a), c32 = Fp32Like(scratch.c, c);
   ConvertInto(a32, a);
-  ConvertInto(b32, b);
-  if (beta != 0.0f) ConvertInto(c32, c);  // beta == 0 never reads c
+  // X Xᵀ, R R (Newton–Schulz's Gram and square products) widen one operand.
+  const bool b_is_a = SameView(b, a);
+  const MatrixView b32 = b_is_a ? a32 : Fp32Like(scratch.b, b);
+  if (!b_is_a) ConvertInto(b32, b);
+  if (beta != 0.0f) {  // beta == 0 never reads c
+    // c is often an operand too (Q <- Q Z + a Q): copy its widened values.
+    if (SameView(c, a) || SameView(c, b)) {
+      std::memcpy(c32.data, SameView(c, a) ? a32.data : b32.data,
+                  size_t(c.numel()) * sizeof(float));
+    } else {
+      ConvertInto(c32, c);
+    }
+  }
   SgemmSlice(op_a, op_b, alpha, a32, b32, beta, c32);
   ConvertInto(c, c32);
 }
