@@ -69,5 +69,31 @@ class SameLayoutTest(unittest.TestCase):
         self.assertFalse(layout.holds(params))
 
 
+class LayoutCacheTest(unittest.TestCase):
+    """LayoutCache answers as the caller's passes do; where a layout just
+    taken keeps failing on what the passes do not look at (requires_grad
+    flipped at every step) it stops taking new ones, and a failing pass
+    re-arms it."""
+
+    def test_it_answers_as_the_passes_and_stops_retaking_a_failing_layout(self):
+        seen = [torch.zeros(3, 4), torch.zeros(3, 4)]
+        cache = tensor_layout.LayoutCache()
+        verdict = [True]
+        with mock.patch.object(tensor_layout, "SameLayout",
+                               wraps=tensor_layout.SameLayout) as made:
+            self.assertTrue(cache.holds(seen, lambda: verdict[0]))  # taken
+            self.assertTrue(cache.holds(seen, lambda: self.fail("not asked")))
+            seen[0] = seen[0].detach()
+            for _ in range(4):
+                seen[0].requires_grad_(not seen[0].requires_grad)
+                self.assertTrue(cache.holds(seen, lambda: verdict[0]))
+            self.assertEqual(made.call_count, 3)  # the first, then two retries
+            verdict[0] = False
+            self.assertFalse(cache.holds(seen, lambda: verdict[0]))
+            verdict[0] = True
+            self.assertTrue(cache.holds(seen, lambda: verdict[0]))  # re-armed
+            self.assertEqual(made.call_count, 4)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -23,7 +23,7 @@ from muond.shm import ShmBuffer, shm_name
 from muond.torch import fsdp2_storage as _fsdp2
 from muond.torch import wire as _wire
 from muond.torch.cuda_memory import CUDA_IPC_HANDLE_SIZE, CudaAllocation  # noqa: F401
-from muond.torch.tensor_layout import SameLayout
+from muond.torch.tensor_layout import LayoutCache
 from muond.v1 import muond_pb2 as pb
 
 # Every view starts on this byte boundary of its buffer: a CUDA allocation's
@@ -216,9 +216,9 @@ class SharedParams:
         self._shapes = [view.shape for _, view, _ in self.views]
         self._dtypes = [view.dtype for _, view, _ in self.views]
         self._frozen = None  # grads_in_place's requires_grad mask, when not all
-        # The layouts the last passing checks found (tensor_layout.SameLayout).
-        self._params_layout = None
-        self._grads_layout = None
+        # The layouts the last passing checks found (tensor_layout).
+        self._params_layout = LayoutCache()
+        self._grads_layout = LayoutCache()
         self._frozen_skip_cache = None  # (that mask, frozen_skips' lists)
 
     def grads_in_place(self) -> bool:
@@ -245,13 +245,11 @@ class SharedParams:
                 return False
         if not all(map(operator.is_, map(_GRAD, ps), grads)):
             return False
+        def at_home():
+            return all(map(_IS_SET_TO, grads, homes))
         if self._frozen is None:  # all of them: their layout as last found
-            if self._grads_layout is not None and self._grads_layout.holds(grads):
-                return True
-            at_home = all(map(_IS_SET_TO, grads, homes))
-            self._grads_layout = SameLayout(grads) if at_home else None
-            return at_home
-        return all(map(_IS_SET_TO, grads, homes))
+            return self._grads_layout.holds(grads, at_home)
+        return at_home()
 
     def frozen_skips(self, names: dict, ranks_of: dict, daemons: int) -> list[list[str]]:
         """Per daemon, the names of the frozen params as grads_in_place last
@@ -299,19 +297,16 @@ class SharedParams:
         """Every rebound param is still its shared view: the same address,
         shape and dtype, contiguous as the view is (``follow_rebound_params``'
         test, for all at once). The params' whole layout as the last step
-        that passed found it (``SameLayout``: one call into torch's C++ where
+        that passed found it (``LayoutCache``: one call into torch's C++ where
         it can) answers first; the passes below only when it changed."""
         ps = self._rebound
-        if self._params_layout is not None and self._params_layout.holds(ps):
-            return True
-        intact = (all(map(operator.eq, map(_DATA_PTR, ps), self._ptrs))
-                  and all(map(operator.eq, map(_SHAPE, ps), self._shapes))
-                  and all(map(operator.is_, map(_DTYPE, ps), self._dtypes))
-                  and all(map(_CONTIGUOUS, ps)))
-        # Stricter than the passes (strides, requires_grad too): a layout
-        # they accept but it does not (a param frozen since) is taken anew.
-        self._params_layout = SameLayout(ps) if intact else None
-        return intact
+
+        def intact():
+            return (all(map(operator.eq, map(_DATA_PTR, ps), self._ptrs))
+                    and all(map(operator.eq, map(_SHAPE, ps), self._shapes))
+                    and all(map(operator.is_, map(_DTYPE, ps), self._dtypes))
+                    and all(map(_CONTIGUOUS, ps)))
+        return self._params_layout.holds(ps, intact)
 
     def reset(self) -> list[Buffer]:
         """Forgets every param (a new placement follows) and returns the

@@ -120,3 +120,39 @@ class SameLayout:
             return self._test.holds(tensors)
         except Exception:  # noqa: BLE001 (the guards refused an argument)
             return False
+
+
+class LayoutCache:
+    """A caller's own per-property check of a list of tensors, answered first
+    by the layout (``SameLayout``) the last passing check found.
+
+    ``holds(tensors, passes)``: True where that layout still holds; else
+    ``passes()`` (the caller's full check) answers, and a pass records the
+    layout anew. SameLayout is stricter than most callers' passes (strides,
+    requires_grad, the grad mode it was taken in), so it may fail where they
+    pass. A layout failing at its first use twice running while the passes
+    pass (requires_grad flipped at every step) would be taken again at every
+    step, at ~6 checks' cost: the passes then answer alone until they fail
+    (something did change)."""
+
+    def __init__(self):
+        self._layout = None
+        self._fresh = False         # taken at the last call, not yet held once
+        self._fresh_failures = 0    # fresh layouts failing in a row
+        self._useful = True
+
+    def holds(self, tensors, passes) -> bool:
+        layout = self._layout
+        if layout is not None and layout.holds(tensors):
+            self._fresh, self._fresh_failures = False, 0
+            return True
+        if not passes():
+            self._layout, self._fresh, self._fresh_failures = None, False, 0
+            self._useful = True
+            return False
+        if layout is not None and self._fresh:
+            self._fresh_failures += 1
+            self._useful = self._fresh_failures < 2
+        self._layout = SameLayout(tensors) if self._useful else None
+        self._fresh = self._useful
+        return True
