@@ -120,6 +120,7 @@ struct Trainer {
   std::unique_ptr<ShmRegion> region;
   std::vector<float*> params, grads;
   std::vector<std::string> names;
+  v1::ParamGroup group;  // as registered
   std::unique_ptr<Client> client;
 
   void SetGrads(int step, bool nonfinite = false) {
@@ -250,6 +251,7 @@ class StepChannelTest : public ::testing::Test {
     EXPECT_TRUE(client.ok()) << client.status();
     if (!client.ok()) return nullptr;
     trainer->client = *std::move(client);
+    trainer->group = group;
     const absl::Status registered =
         trainer->client->Register({HostRegion(*trainer->region)}, {group})
             .status();
@@ -690,19 +692,11 @@ TEST_F(StepChannelTest, RegisteringAgainAtTheChannelLimitKeepsAChannel) {
       Register(StartDaemon(job, {"--max_step_channels=1"}), Options(job, true));
   ASSERT_NE(trainer, nullptr);
   ASSERT_TRUE(trainer->client->HasStepChannel());
-  v1::ParamGroup group = testing::DenseMuonGroup(1, 1, 0, 0);
-  for (size_t p = 0; p < trainer->params.size(); ++p) {
-    *group.add_params() =
-        MakeParam(trainer->names[p], {kRows, kCols},
-                  *HostRef(*trainer->region, trainer->params[p], v1::DTYPE_FP32,
-                           {kRows, kCols}),
-                  *HostRef(*trainer->region, trainer->grads[p], v1::DTYPE_FP32,
-                           {kRows, kCols}));
-  }
   for (int round = 0; round < 5; ++round) {
     ASSERT_TRUE(trainer->client->Unregister().ok());
     const absl::Status registered =
-        trainer->client->Register({HostRegion(*trainer->region)}, {group})
+        trainer->client
+            ->Register({HostRegion(*trainer->region)}, {trainer->group})
             .status();
     ASSERT_TRUE(registered.ok()) << registered;
     EXPECT_TRUE(trainer->client->HasStepChannel())

@@ -621,6 +621,15 @@ class UnchangedGroupsTest(unittest.TestCase):
             return type(e), str(e)
         return None
 
+    def assert_step_answers_as_the_per_group_check(self, opt):
+        want = self.per_group_verdict(opt)
+        try:
+            opt.step()
+            got = None
+        except Exception as e:  # noqa: BLE001 (compared with the check's)
+            got = type(e), str(e)
+        self.assertEqual(got, want)
+
     def test_the_fast_path_is_taken_for_an_unchanged_step(self):
         opt = self.stepped_once()
         checked = (opt.param_groups, opt._fixed, opt._param_names,
@@ -634,13 +643,7 @@ class UnchangedGroupsTest(unittest.TestCase):
             with self.subTest(what):
                 opt = self.stepped_once()
                 change(opt)
-                want = self.per_group_verdict(opt)
-                try:
-                    opt.step()
-                    got = None
-                except Exception as e:  # noqa: BLE001
-                    got = type(e), str(e)
-                self.assertEqual(got, want)
+                self.assert_step_answers_as_the_per_group_check(opt)
 
     def test_a_change_after_a_passing_change_gets_the_per_group_checks_answer(self):
         # The first change passes check_before_step (the fast path records
@@ -652,13 +655,7 @@ class UnchangedGroupsTest(unittest.TestCase):
                 self.assertIsNone(self.per_group_verdict(opt))
                 opt.step()
                 then(opt)
-                want = self.per_group_verdict(opt)
-                try:
-                    opt.step()
-                    got = None
-                except Exception as e:  # noqa: BLE001
-                    got = type(e), str(e)
-                self.assertEqual(got, want)
+                self.assert_step_answers_as_the_per_group_check(opt)
 
 
 def _changes_after_a_passing_change():
