@@ -136,6 +136,23 @@ void ConvertInto(const MatrixView& dst, const MatrixView& src) {
           [&](int64_t i, int64_t j) { Store(dst, i, j, Load(src, i, j)); });
 }
 
+// Per-thread fp32 rows for the elementwise kernels below (lanes run on
+// worker threads), kept across calls: a step allocates none per param.
+struct RowScratch {
+  std::vector<float> in[2], out[2];
+};
+
+RowScratch& ThreadRowScratch() {
+  thread_local RowScratch scratch;
+  return scratch;
+}
+
+// `row` resized to n floats (not cleared).
+float* RowOfSize(std::vector<float>& row, int64_t n) {
+  row.resize(size_t(n));
+  return row.data();
+}
+
 // Row i of v alone (one row, v's dtype).
 MatrixView RowOf(const MatrixView& v, int64_t i) {
   return MatrixView{ElemPtr(v, i, 0), v.dtype, 1, v.cols, v.cols};
@@ -161,9 +178,8 @@ void StoreFloatRow(const MatrixView& v, int64_t i, const float* row) {
     std::memmove(ElemPtr(v, i, 0), row, size_t(v.cols) * sizeof(float));
     return;
   }
-  ConvertInto(RowOf(v, i),
-              ContiguousView(const_cast<float*>(row), DType::kFloat32, 1,
-                             v.cols));
+  ConvertInto(RowOf(v, i), ContiguousView(const_cast<float*>(row),
+                                          DType::kFloat32, 1, v.cols));
 }
 
 int Ld(const MatrixView& v) {
@@ -458,7 +474,9 @@ class CpuBackend final : public Backend {
                                   int64_t batch, float eps) override {
     RETURN_IF_ERROR(CheckNormalize(src, dst, batch, eps));
     const int64_t r = src.rows / batch;
-    std::vector<float> in, out(size_t(src.cols));
+    RowScratch& rows = ThreadRowScratch();
+    std::vector<float>& in = rows.in[0];
+    float* out = RowOfSize(rows.out[0], src.cols);
     for (int64_t s = 0; s < batch; ++s) {
       double sum = 0.0;  // in order, element by element, as before
       for (int64_t i = s * r; i < (s + 1) * r; ++i) {
@@ -472,7 +490,7 @@ class CpuBackend final : public Backend {
       for (int64_t i = s * r; i < (s + 1) * r; ++i) {
         const float* x = FloatRow(src, i, in);
         for (int64_t j = 0; j < src.cols; ++j) out[j] = x[j] / denom;
-        StoreFloatRow(dst, i, out.data());
+        StoreFloatRow(dst, i, out);
       }
     }
     return absl::OkStatus();
@@ -497,10 +515,12 @@ class CpuBackend final : public Backend {
     const bool store_out = !IsAbsent(out);
     const bool bf16_state = momentum_in.dtype == DType::kBFloat16;
     const size_t cols = size_t(grad.cols);
-    std::vector<float> g_buf, m_buf, m_new(cols), ns_in(cols);
+    RowScratch& rows = ThreadRowScratch();
+    float* m_new = RowOfSize(rows.out[0], grad.cols);
+    float* ns_in = RowOfSize(rows.out[1], grad.cols);
     for (int64_t i = 0; i < grad.rows; ++i) {
-      const float* g = FloatRow(grad, i, g_buf);
-      const float* m_in = FloatRow(momentum_in, i, m_buf);
+      const float* g = FloatRow(grad, i, rows.in[0]);
+      const float* m_in = FloatRow(momentum_in, i, rows.in[1]);
       for (size_t j = 0; j < cols; ++j) {
         m_new[j] = ew::MomentumEma(m_in[j], g[j], w_ema);
         // With bf16 state the NS input sees the stored (rounded) momentum.
@@ -508,8 +528,8 @@ class CpuBackend final : public Backend {
         ns_in[j] = nesterov ? ew::NesterovInput(g[j], m, w_nesterov) : m;
       }
       // Stored after the row is read: momentum_out may be momentum_in.
-      if (store_momentum) StoreFloatRow(momentum_out, i, m_new.data());
-      if (store_out) StoreFloatRow(out, i, ns_in.data());
+      if (store_momentum) StoreFloatRow(momentum_out, i, m_new);
+      if (store_out) StoreFloatRow(out, i, ns_in);
     }
     return absl::OkStatus();
   }
@@ -537,14 +557,15 @@ class CpuBackend final : public Backend {
                            WeightDecayMethod method) override {
     RETURN_IF_ERROR(CheckUpdate(param, update));
     const int m = static_cast<int>(method);
-    std::vector<float> p_buf, u_buf, stepped(size_t(param.cols));
+    RowScratch& rows = ThreadRowScratch();
+    float* stepped = RowOfSize(rows.out[0], param.cols);
     for (int64_t i = 0; i < param.rows; ++i) {
-      const float* p = FloatRow(param, i, p_buf);
-      const float* u = FloatRow(update, i, u_buf);
+      const float* p = FloatRow(param, i, rows.in[0]);
+      const float* u = FloatRow(update, i, rows.in[1]);
       for (int64_t j = 0; j < param.cols; ++j) {
         stepped[j] = ew::UpdateParam(p[j], u[j], lr, decay, m);
       }
-      StoreFloatRow(param, i, stepped.data());
+      StoreFloatRow(param, i, stepped);
     }
     return absl::OkStatus();
   }
