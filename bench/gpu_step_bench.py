@@ -318,11 +318,11 @@ def bench_rpc(reps, job, log_dir):
     return us[len(us) // 2], us[int(0.99 * (len(us) - 1))]
 
 
-def guarded(label, fn, *args):
+def guarded(label, fn, *args, **kwargs):
     """One column; a contender that cannot run here (peer not installed, muond option not
     there yet) is reported, not fatal."""
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001: any failure is one missing cell
         print(f"{label}: not measured: {type(e).__name__}: {str(e)[-400:]}", flush=True)
         return None

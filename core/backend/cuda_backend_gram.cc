@@ -26,18 +26,24 @@ namespace {
 // the same path (bitwise equal slices).
 bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 2 * n; }
 
-// The kernel's schedule for the backend's option (auto: cooperative).
-sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option) {
+// The kernel's schedule for the backend's option; auto: wide tiles where
+// sym_gemm_rule.h says they win on this GPU, else cooperative (faster than
+// ping-pong on every shape measured).
+sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n,
+                                       int64_t batch, int64_t sm_count) {
   switch (option) {
     case SymGemmSchedule::kPingpong:
       return sym_gemm_sm90::Schedule::kPingpong;
     case SymGemmSchedule::kWide:
       return sym_gemm_sm90::Schedule::kWide;
     case SymGemmSchedule::kCooperative:
+      return sym_gemm_sm90::Schedule::kCooperative;
     case SymGemmSchedule::kAuto:
       break;
   }
-  return sym_gemm_sm90::Schedule::kCooperative;
+  return sym_gemm_sm90::PrefersWideTiles(n, batch, sm_count)
+             ? sym_gemm_sm90::Schedule::kWide
+             : sym_gemm_sm90::Schedule::kCooperative;
 }
 
 }  // namespace
@@ -70,7 +76,8 @@ absl::Status CudaBackend::SymmetricGemmStridedBatchedOut(
     sym_gemm_sm90::Args s;
     s.elem = d.dtype == DType::kBFloat16 ? sym_gemm_sm90::Elem::kBFloat16
                                          : sym_gemm_sm90::Elem::kFloat16;
-    s.schedule = KernelSchedule(options_.sym_gemm_schedule);
+    s.schedule =
+        KernelSchedule(options_.sym_gemm_schedule, d.rows, batch, SmCount());
     s.trans_a = op_a == Op::kT;
     s.trans_b = op_b == Op::kT;
     s.n = d.rows;
