@@ -49,14 +49,16 @@ constexpr bool BeatsFullGemm(int64_t n, int64_t batch, int64_t sm_count) {
 
 // Wide (128 x 256) tiles vs cooperative 128 x 128 ones, measured side by side
 // on an H100 (132 SMs; bench/results/gpu_h100_sym_gemm_wide.md): wide wins
-// only where the product is large and there are many tiles to share out
-// (n = 8192 single 1.40-1.65x; n = 4096 (N,N) + c at batch 4 and 16 1.16x;
-// n = 2048 at batch 16 and 64 1.03x) and loses elsewhere (0.53-0.98x: fewer,
-// larger tiles leave more SMs idle in the last wave and cost more per tile
-// at small k). Hence: n >= 2048 with at least kWideMinWaves waves of square
-// tiles. Both schedules sum each element's products in the same order, so
-// the pick may depend on the batch (the check binary compares them bitwise).
-inline constexpr int64_t kWideMinN = 2048;
+// only where the products are large and there are many tiles to share out
+// (n = 8192 single 1.40-1.65x, a Llama-3-70B layer's step 1.063x; n = 4096
+// (N,N) + c at batch 4 and 16 1.16x) and loses elsewhere (0.53-0.98x: fewer,
+// larger tiles leave more SMs idle in the last wave). At n = 2048 it wins
+// 1.03x alone at batch 16-64 but the Qwen3-1.7B step (n = 2048, batch 28)
+// ran 4.6% slower with it. Hence: n >= 4096 with at least kWideMinWaves
+// waves of square tiles. Both schedules sum each element's products in the
+// same order, so the pick may depend on the batch (the check binary compares
+// them bitwise).
+inline constexpr int64_t kWideMinN = 4096;
 inline constexpr int64_t kWideMinWaves = 15;
 
 constexpr bool PrefersWideTiles(int64_t n, int64_t batch, int64_t sm_count) {
