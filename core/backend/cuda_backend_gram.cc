@@ -26,11 +26,10 @@ namespace {
 // the same path (bitwise equal slices).
 bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 2 * n; }
 
-// The kernel's schedule for the backend's option; auto: wide tiles where
-// sym_gemm_rule.h says they win on this GPU, else cooperative (faster than
-// ping-pong on every shape measured).
-sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n,
-                                       int64_t batch, int64_t sm_count) {
+// The kernel's schedule for the backend's option; auto: wide tiles for the
+// sizes sym_gemm_rule.h says they win at, else cooperative (faster than
+// ping-pong on every shape measured). By n alone, as UseSymGemmKernel.
+sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n) {
   switch (option) {
     case SymGemmSchedule::kPingpong:
       return sym_gemm_sm90::Schedule::kPingpong;
@@ -41,7 +40,7 @@ sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n,
     case SymGemmSchedule::kAuto:
       break;
   }
-  return sym_gemm_sm90::PrefersWideTiles(n, batch, sm_count)
+  return sym_gemm_sm90::PrefersWideTiles(n)
              ? sym_gemm_sm90::Schedule::kWide
              : sym_gemm_sm90::Schedule::kCooperative;
 }
@@ -76,8 +75,7 @@ absl::Status CudaBackend::SymmetricGemmStridedBatchedOut(
     sym_gemm_sm90::Args s;
     s.elem = d.dtype == DType::kBFloat16 ? sym_gemm_sm90::Elem::kBFloat16
                                          : sym_gemm_sm90::Elem::kFloat16;
-    s.schedule =
-        KernelSchedule(options_.sym_gemm_schedule, d.rows, batch, SmCount());
+    s.schedule = KernelSchedule(options_.sym_gemm_schedule, d.rows);
     s.trans_a = op_a == Op::kT;
     s.trans_b = op_b == Op::kT;
     s.n = d.rows;

@@ -48,24 +48,20 @@ constexpr bool BeatsFullGemm(int64_t n, int64_t batch, int64_t sm_count) {
 }
 
 // Wide (128 x 256) tiles vs cooperative 128 x 128 ones, measured side by side
-// on an H100 (132 SMs; bench/results/gpu_h100_sym_gemm_wide.md): wide wins
-// only where the products are large and there are many tiles to share out
-// (n = 8192 single 1.40-1.65x, a Llama-3-70B layer's step 1.063x; n = 4096
-// (N,N) + c at batch 4 and 16 1.16x) and loses elsewhere (0.53-0.98x: fewer,
-// larger tiles leave more SMs idle in the last wave). At n = 2048 it wins
-// 1.03x alone at batch 16-64 but the Qwen3-1.7B step (n = 2048, batch 28)
-// ran 4.6% slower with it. Hence: n >= 4096 with at least kWideMinWaves
-// waves of square tiles. Both schedules sum each element's products in the
-// same order, so the pick may depend on the batch (the check binary compares
-// them bitwise).
-inline constexpr int64_t kWideMinN = 4096;
-inline constexpr int64_t kWideMinWaves = 15;
+// on an H100 (132 SMs; bench/results/gpu_h100_sym_gemm_wide.md). Wide wins
+// most on the largest products: n = 8192 1.40-1.65x alone (2080 square
+// tiles, ~16 waves), a Llama-3-70B layer's step 1.063x. Its smaller wins
+// (n = 4096 at batch 4-16 1.16-1.17x, X X^T 2048 x 7168 and 1024 x 3584 at
+// batch 32 1.12x, n = 2048 at batch 16-64 1.03-1.04x) did not carry into the
+// steps: Llama-3-8B (n = 4096, batch 4) ran 1.002x, Qwen3-1.7B (n = 2048,
+// batch 28) 4.6% slower. Everywhere else it loses (0.53-0.98x: fewer, larger
+// tiles leave more SMs idle in the last wave). Hence: wide from n = 8192, by
+// size alone, so that a matrix's product takes the same schedule whichever
+// batch it is in (the two schedules' results are not promised to be bitwise
+// equal).
+inline constexpr int64_t kWideMinN = 8192;
 
-constexpr bool PrefersWideTiles(int64_t n, int64_t batch, int64_t sm_count) {
-  if (n < kWideMinN) return false;
-  const int64_t b = batch < 1 ? 1 : batch;
-  return b * LowerTiles(n) >= kWideMinWaves * sm_count;
-}
+constexpr bool PrefersWideTiles(int64_t n) { return n >= kWideMinN; }
 
 }  // namespace sym_gemm_sm90
 }  // namespace muond

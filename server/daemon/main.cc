@@ -119,7 +119,7 @@ ABSL_FLAG(std::string, sym_gemm_schedule, "auto",
           "'cooperative' (both consumer warpgroups on one 128x128 tile), "
           "'pingpong' (a tile each, one's epilogue under the other's "
           "mainloop), 'wide' (both on one 128x256 tile) or 'auto' "
-          "(cooperative)");
+          "(wide for products of n >= 8192, else cooperative)");
 
 namespace {
 constexpr char kUsage[] =

@@ -4,13 +4,14 @@
 // independent implementation) on the same bf16/fp16 inputs. Skipped without a
 // GPU.
 //
-// Tolerance, per element: |d - ref| <= 4 u |ref| + 2 k 2^-24 (|alpha| S +
+// Tolerance, per element: |d - ref| <= 4 u |ref| + 2 k 2^-23 (|alpha| S +
 // |beta| |c|) + tiny, u the output type's unit roundoff (bf16 2^-8, fp16
 // 2^-11), S = |op(a)| |op(b)| (an fp32 GEMM of absolute values). Both sides
 // accumulate the same products in fp32 in different orders (each within
-// k 2^-24 S of the exact sum) and round once to the output type, so they may
-// differ by that much plus about an ulp; a wrong tile, a missed k-block or a
-// misplaced mirror is off by O(|ref|). d must equal d^T bitwise, padding
+// k 2^-23 S of the exact sum: the tensor cores' accumulation truncates) and
+// round once to the output type, so they may differ by that much plus about
+// an ulp; a wrong tile, a missed k-block or a misplaced mirror is off by
+// O(|ref|). d must equal d^T bitwise, padding
 // columns (row_stride > n) must keep their sentinel, and a second call must
 // reproduce d bitwise. Every case runs with each of the kernel's consumer
 // schedules (CudaBackendOptions::sym_gemm_schedule: cooperative, ping-pong
@@ -146,7 +147,7 @@ void SymGemmCudaTest::Check(const Case& cs) {
         const double cv = std::fabs(FromBits(hc[o], t));
         const double tol =
             4 * uu * std::fabs(rv) +
-            2.0 * double(k) * std::ldexp(1.0, -24) *
+            2.0 * double(k) * std::ldexp(1.0, -23) *
                 (std::fabs(cs.alpha) * hs[o] + std::fabs(cs.beta) * cv) +
             1e-30;
         const double e = std::fabs(dv - rv);
@@ -252,7 +253,7 @@ TEST_P(SymGemmCudaTest, ProductsOfSymmetricOperands) {
             const double rv = FromBits(hr[o], t);
             const double tol =
                 4 * uu * std::fabs(rv) +
-                2.0 * double(n) * std::ldexp(1.0, -24) *
+                2.0 * double(n) * std::ldexp(1.0, -23) *
                     (alpha * hb[o] + beta * std::fabs(FromBits(hc[o], t))) +
                 1e-30;
             bad += !(std::fabs(FromBits(hd[o], t) - rv) <= tol);
