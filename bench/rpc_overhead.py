@@ -8,9 +8,8 @@ socket), registers muond.torch.Muon with (a) one 8x8 param, (b) 388 small
 params (64x32, the MoE set's param count) or (c) 1000 groups of one 8x8
 param each (per-layer groups at scale; --cases groups), and runs a few hundred steps,
 each after --gap-ms of idle time (the trainer's forward and backward), once
-over the Step RPC, through the step channel (shared memory and a futex) and
-through the channel without step()'s prewake of the daemon's thread, side by
-side. Per step it splits the client's wall time of
+over the Step RPC and once through the step channel (shared memory and a
+futex), side by side. Per step it splits the client's wall time of
 ``opt.step()`` into
 
     client Python      = wall - rpc        (checks, overrides, the request)
@@ -71,7 +70,7 @@ def timed_calls(fn, n, warmup):
 
 
 def run_case(job, shapes, steps, warmup, profile, step_channel=True, gap_s=0.0,
-             group_each=False, prewake=True):
+             group_each=False):
     torch.manual_seed(0)
     params = [torch.nn.Parameter(0.02 * torch.randn(s)) for s in shapes]
     names = [f"p{i}" for i in range(len(params))]
@@ -83,9 +82,6 @@ def run_case(job, shapes, steps, warmup, profile, step_channel=True, gap_s=0.0,
     with Daemon(job, host=True) as d:
         opt = Muon(groups, lr=0.02, weight_decay=0.1, daemons=[d.address], job_id=job,
                    step_channel=step_channel)
-        if not prewake:  # the A/B: the daemon's thread sleeps until the request
-            for c in opt.clients:
-                c.prewake_step = lambda: None
         try:
             opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
             for p in params:
@@ -167,21 +163,17 @@ def main() -> int:
     profiles = []
     cases = [c for c, key in zip(cases, ("one", "many", "groups")) if key in a.cases.split(",")]
     for k, (name, shapes, group_each) in enumerate(cases):
-        # Side by side, the same daemon build; the channel without step()'s
-        # prewake of the daemon's thread too.
-        transports = (("Step RPC", False, True), ("step channel", True, True),
-                      ("step channel, no prewake", True, False))
-        for m, (transport, channel, prewake) in enumerate(transports):
-            r = run_case(f"rpcbench{os.getpid()}x{k}{m}", shapes, a.steps, a.warmup,
+        for channel in (False, True):  # side by side, the same daemon build
+            r = run_case(f"rpcbench{os.getpid()}x{k}{int(channel)}", shapes, a.steps, a.warmup,
                          a.profile, step_channel=channel, gap_s=a.gap_ms / 1e3,
-                         group_each=group_each, prewake=prewake)
-            print(f"| {name} | {transport} | {fmt(r['wall'])} | "
+                         group_each=group_each)
+            print(f"| {name} | {'step channel' if channel else 'Step RPC'} | {fmt(r['wall'])} | "
                   f"{fmt(r['client'])} | {fmt(r['rpc'])} | "
                   f"{fmt(r['server'])} | {fmt(r['total'])} | {fmt(r['health'])} | "
                   f"{fmt(r['idle_health'])} | "
                   f"{pct(r['server'], .5) / pct(r['idle_health'], .5):.2f} |", flush=True)
             if r["prof"]:
-                profiles.append((f"{name}, {transport}", r["prof"]))
+                profiles.append((f"{name}, step channel {channel}", r["prof"]))
     for name, text in profiles:
         print(f"\n== cProfile of step(), {name} ==\n{text}")
     return 0

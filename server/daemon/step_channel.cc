@@ -402,20 +402,6 @@ absl::StatusOr<v1::StepRequest> ReadRequest(int fd, uint32_t op, uint32_t len,
   return request;
 }
 
-// Polls request_seq (pread: a trainer may shrink the object under a mapping)
-// until it moves past `last`, the daemon stops or `poll` passes.
-void PollForRequest(int fd, uint32_t last, absl::Duration poll,
-                    const std::atomic<bool>& stopping) {
-  const absl::Time deadline = absl::Now() + poll;
-  uint32_t seq = last;
-  while (ReadSeq(fd, &seq) && seq == last && !stopping.load() &&
-         absl::Now() < deadline) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
-}
-
 }  // namespace
 
 void StepChannels::Serve(StepChannelEnd* channel) {
@@ -426,7 +412,6 @@ void StepChannels::Serve(StepChannelEnd* channel) {
   // refuses it once the table is shut down), one at most: a trainer bumping
   // request_seq must not hold the daemon's exit.
   bool answered_since_stopping = false;
-  bool may_poll = true;  // once per answered step (prewake_poll)
   while (true) {
     uint32_t seq = 0;
     if (!ReadSeq(fd, &seq)) {
@@ -440,20 +425,15 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     }
     answered_since_stopping = stopping_.load();
     if (seq == channel->last_seq) {
-      const long woken = Futex(channel->word(sc::kRequestSeqOffset), FUTEX_WAIT,
-                               channel->last_seq, &idle);
-      if (woken != 0 && errno == ETIMEDOUT &&
+      if (Futex(channel->word(sc::kRequestSeqOffset), FUTEX_WAIT,
+                channel->last_seq, &idle) != 0 &&
+          errno == ETIMEDOUT &&
           !sc::LockHeldByOther(fd, sc::kTrainerLockByte)) {
         ended = "its trainer is gone";
         break;
       }
-      if (woken == 0 && may_poll) {
-        may_poll = false;
-        PollForRequest(fd, channel->last_seq, options_.prewake_poll, stopping_);
-      }
       continue;
     }
-    may_poll = true;
     channel->last_seq = seq;
     // The trainer wrote the request before its sequence number.
     std::atomic_thread_fence(std::memory_order_acquire);

@@ -43,12 +43,6 @@ struct StepChannelOptions {
   // How often an idle channel checks that its trainer still holds its lock
   // (and that the daemon is not shutting down).
   absl::Duration idle_check = absl::Milliseconds(500);
-  // After a wake that posted no request (the trainer wakes the daemon as
-  // its step() begins, so that this wake-up overlaps the trainer's own
-  // checks), how long the channel's thread polls for the request instead of
-  // sleeping again; once per answered step, so spurious or repeated wakes
-  // cost at most this much CPU a step. Zero: no polling.
-  absl::Duration prewake_poll = absl::Milliseconds(5);
   // At the limit, how long Open waits for an open channel to end before it
   // refuses: a trainer replacing its channel (a new registration) posts the
   // old one's close and opens the new one at once, before the old one's

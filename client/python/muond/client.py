@@ -318,13 +318,6 @@ class Client:
         # channel polling thread per call (~100 µs more per step).
         return self.stub.Step(request, timeout=self.timeout)
 
-    def prewake_step(self) -> None:
-        """Through the step channel, if open: tells the daemon a step is
-        coming (StepChannel.prewake); nothing over gRPC."""
-        channel = self._step_channel
-        if channel is not None:
-            channel.prewake()
-
     def _step_through(self, channel: StepChannel, request) -> pb.StepResponse | None:
         """The step channel's answer to ``request``, or None when it was not
         sent there (step() sends it over gRPC). A failure raises as the Step

@@ -343,16 +343,6 @@ class StepChannel:
             raise outcome
         return outcome
 
-    def prewake(self) -> None:
-        """Wakes the daemon's thread for a step about to be sent (no request
-        yet): its wake-up then overlaps the trainer's own work before the
-        send, and it polls for the request a while (the daemon's
-        prewake_poll). A closed or broken channel, or another process's, is
-        left alone."""
-        if self.closed or self.broken or self._closing or os.getpid() != self._pid:
-            return
-        _futex(ctypes.addressof(self._request_seq), _FUTEX_WAKE, 1)
-
     def _check_usable(self) -> None:
         if os.getpid() != self._pid:
             raise ChannelUnusable(f"the step channel of process {self._pid}, of which this "

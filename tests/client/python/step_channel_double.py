@@ -31,13 +31,12 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 _FLOCK = "hhxxxxqqixxxx"
 
 
-def futex(word: ctypes.c_uint32, op: int, value: int, timeout_s=None) -> int:
+def futex(word: ctypes.c_uint32, op: int, value: int, timeout_s=None) -> None:
     ts = None
     if timeout_s is not None:
         ts = ctypes.byref((ctypes.c_long * 2)(int(timeout_s), int(timeout_s % 1 * 1e9)))
-    return _LIBC.syscall(ctypes.c_long(SYS_FUTEX), ctypes.c_void_p(ctypes.addressof(word)),
-                         ctypes.c_int(op), ctypes.c_uint32(value), ts, None,
-                         ctypes.c_uint32(0))
+    _LIBC.syscall(ctypes.c_long(SYS_FUTEX), ctypes.c_void_p(ctypes.addressof(word)),
+                  ctypes.c_int(op), ctypes.c_uint32(value), ts, None, ctypes.c_uint32(0))
 
 
 def _set_lock(fd: int, lock_type: int, byte: int) -> None:
@@ -67,7 +66,6 @@ class ChannelDouble:
             self.header, _rules.STEP_CHANNEL_RESPONSE_SEQ_OFFSET)
         self.answer = answer
         self.ops, self.requests = [], []
-        self.wakes = 0  # woken with no new request (the trainer's prewake)
         self.stopped = False
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -77,8 +75,7 @@ class ChannelDouble:
         while not self.stopped:
             seq = self.request_seq.value
             if seq == last:
-                if futex(self.request_seq, 0, seq, 0.05) == 0 and self.request_seq.value == last:
-                    self.wakes += 1
+                futex(self.request_seq, 0, seq, 0.05)
                 continue
             last = seq
             length, op = struct.unpack("<II", os.pread(self.fd, 8,

@@ -91,21 +91,6 @@ class MuonStepChannelTest(unittest.TestCase):
         for name in want:
             torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
 
-    def test_each_step_wakes_the_daemon_before_its_checks_and_request(self):
-        params = make_params()
-        opt = self.muon(params, self.start())
-        [double] = self.daemons[0].doubles
-        channel = opt.clients[0]._step_channel
-        seen = []  # per prewake: requests the daemon had, and whether the checks ran
-        real_prewake, real_check = channel.prewake, opt._check_registered_groups
-        checked = []
-        channel.prewake = lambda: (seen.append((len(double.requests), len(checked))),
-                                   real_prewake())
-        opt._check_registered_groups = lambda: (checked.append(1), real_check())[1]
-        run(opt, params)
-        self.assertEqual(seen, [(0, 0), (1, 1), (2, 2)])
-        self.assertEqual(len(double.requests), 3)
-
     def test_the_channel_is_sized_for_the_registration_and_closed_with_it(self):
         params = make_params()
         opt = self.muon(params, self.start())

@@ -199,29 +199,6 @@ class StepTest(ChannelTestCase):
         self.assertEqual(list(double.requests[0].skip_params), ["b"])
         self.assertEqual(self.daemon.grpc_requests, [])
 
-    def test_a_prewake_wakes_the_daemon_and_sends_nothing(self):
-        self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP))
-        double = self.daemon.doubles[0]
-        deadline = time.monotonic() + 5
-        # A wake lands only while the double sleeps in its wait: again until one does.
-        while double.wakes == 0 and time.monotonic() < deadline:
-            self.client.prewake_step()
-            time.sleep(0.01)
-        self.assertGreater(double.wakes, 0)
-        self.assertEqual((double.ops, double.response_seq.value), ([], 0))
-        self.assertEqual(self.step(step_id=1).step_id, 1)  # the channel is as it was
-        self.assertEqual([r.step_id for r in double.requests], [1])
-
-    def test_a_prewake_without_a_usable_channel_does_nothing(self):
-        self.client.prewake_step()  # no channel: nothing, not even over gRPC
-        self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP))
-        double = self.daemon.doubles[0]
-        self.client.close_step_channel()
-        double.thread.join(5)
-        self.client.prewake_step()  # closed: its words are not touched
-        self.assertEqual(double.ops, [_rules.STEP_CHANNEL_OP_CLOSE])
-        self.assertEqual(self.daemon.grpc_requests, [])
-
     def test_a_refusal_raises_as_the_same_status_over_grpc(self):
         status = refusal_status()
         self.daemon.answer = lambda request: (RPC_STATUS, status)

@@ -105,22 +105,6 @@ class Trainer {
     return seq;
   }
 
-  // Wakes the daemon's thread without posting a request (the prewake).
-  void Wake() {
-    syscall(SYS_futex, base_ + sc::kRequestSeqOffset, FUTEX_WAKE, 1, nullptr,
-            nullptr, 0);
-  }
-  // Posts a step without waking anyone: only a polling thread sees it.
-  uint32_t PostWithoutWake(const std::string& bytes) {
-    std::memcpy(base_ + sc::kRequestOffset, bytes.data(), bytes.size());
-    Put<uint32_t>(sc::kRequestLenOffset, uint32_t(bytes.size()));
-    Put<uint32_t>(sc::kRequestOpOffset, sc::kOpStep);
-    const uint32_t seq = Get<uint32_t>(sc::kRequestSeqOffset) + 1;
-    __atomic_store_n(reinterpret_cast<uint32_t*>(base_ + sc::kRequestSeqOffset),
-                     seq, __ATOMIC_RELEASE);
-    return seq;
-  }
-
   // Waits (futex) for the answer to `seq`; false after `within`.
   bool Await(uint32_t seq, absl::Duration within = absl::Seconds(10)) {
     const absl::Time deadline = absl::Now() + within;
@@ -226,51 +210,6 @@ TEST(StepChannelTest, StepsAreAnsweredInOrder) {
     ASSERT_TRUE(trainer.Await(seq)) << "step " << step;
     EXPECT_EQ(trainer.Response().step_id(), step);
   }
-  EXPECT_EQ(channels.open_channels(), 1);
-}
-
-// After a wake with no request the channel's thread polls: a step posted
-// then is answered although nothing wakes the thread again (it would
-// otherwise sleep until its idle check, here a minute away).
-TEST(StepChannelTest, AWakeWithoutARequestMakesTheThreadPollForIt) {
-  StepChannelOptions options = FastOptions();
-  options.idle_check = absl::Minutes(1);
-  options.prewake_poll = absl::Seconds(30);
-  StepChannels channels(EchoHandler, options);
-  Trainer trainer;
-  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
-  ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(1))));  // the thread runs
-  for (int64_t step = 2; step <= 4; ++step) {
-    absl::SleepFor(absl::Milliseconds(20));  // the thread sleeps again
-    for (int i = 0; i < 5; ++i) {  // a wake lands only on a waiting thread
-      trainer.Wake();
-      absl::SleepFor(absl::Milliseconds(3));  // the trainer's own checks
-    }
-    const uint32_t seq = trainer.PostWithoutWake(StepBytes(step));
-    ASSERT_TRUE(trainer.Await(seq, absl::Seconds(10))) << "step " << step;
-    EXPECT_EQ(trainer.Response().step_id(), step);
-  }
-  channels.Shutdown();  // ends a poll at once, not after prewake_poll
-  EXPECT_TRUE(EventuallyOpen(channels, 0));
-}
-
-// Wakes without requests answer nothing; the thread polls once per answered
-// step, then sleeps (a trainer waking it in a loop costs one poll a step),
-// and the next step is answered as usual.
-TEST(StepChannelTest, WakesWithoutRequestsAnswerNothing) {
-  StepChannelOptions options = FastOptions();
-  options.prewake_poll = absl::Milliseconds(30);
-  StepChannels channels(EchoHandler, options);
-  Trainer trainer;
-  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
-  for (int i = 0; i < 10; ++i) {
-    trainer.Wake();
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ(trainer.Get<uint32_t>(sc::kResponseSeqOffset), 0u);
-  const uint32_t seq = trainer.Send(StepBytes(7));
-  ASSERT_TRUE(trainer.Await(seq));
-  EXPECT_EQ(trainer.Response().step_id(), 7);
   EXPECT_EQ(channels.open_channels(), 1);
 }
 

@@ -351,8 +351,6 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if len(self.clients) == 1:  # the daemon's wake-up under the checks below
-            self.clients[0].prewake_step()
         # Everything before the Step is sent: a failure here (a check, an
         # assigned state that does not fit, a grad that cannot be copied) is
         # this step's refusal on every rank, or the peers wait for this one.
