@@ -33,7 +33,13 @@ if [[ -n ${OPENBLAS_CORETYPE:-} ]]; then
 else
   bazel build //core/backend:openblas_coretype
   # (bazel info: the bazel-bin link may be elsewhere or absent, --symlink_prefix)
-  core=$("$(bazel info bazel-bin 2>/dev/null)/core/backend/openblas_coretype")
+  bin=$(bazel info bazel-bin) || {
+    echo "test: 'bazel info bazel-bin' failed, so the OpenBLAS kernels probe" \
+      "(//core/backend:openblas_coretype) cannot run; set OPENBLAS_CORETYPE" \
+      "(e.g. Haswell) to skip it" >&2
+    exit 1
+  }
+  core=$("$bin/core/backend/openblas_coretype")
   [[ -z $core ]] || echo "test: OPENBLAS_CORETYPE=$core (OpenBLAS fell back to older kernels on this CPU)"
 fi
 if [[ -n $core ]]; then
