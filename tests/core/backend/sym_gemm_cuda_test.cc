@@ -11,11 +11,11 @@
 // k 2^-23 S of the exact sum: the tensor cores' accumulation truncates) and
 // round once to the output type, so they may differ by that much plus about
 // an ulp; a wrong tile, a missed k-block or a misplaced mirror is off by
-// O(|ref|). d must equal d^T bitwise, padding
-// columns (row_stride > n) must keep their sentinel, and a second call must
-// reproduce d bitwise. Every case runs with each of the kernel's consumer
-// schedules (CudaBackendOptions::sym_gemm_schedule: cooperative, ping-pong
-// and wide).
+// O(|ref|). d must equal d^T bitwise, padding columns (row_stride > n) must
+// keep their sentinel, and a second call must reproduce d bitwise. Every case
+// runs with each of the kernel's consumer schedules
+// (CudaBackendOptions::sym_gemm_schedule: cooperative, ping-pong and wide)
+// and with auto, the backend's pick by size.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -197,6 +197,8 @@ TEST_P(SymGemmCudaTest, Large) {
   Check({DType::kBFloat16, false, 4096, 14336, 1, 1.0f, 0.0f, 0});
   Check({DType::kFloat16, true, 4096, 4096, 1, 0.7f, -0.3f, 8});
   Check({DType::kBFloat16, true, 2048, 7168, 2, 1.0f, 0.0f, 0});
+  // The size from which `auto` takes the wide tiles (sym_gemm_rule.h).
+  Check({DType::kBFloat16, false, 8192, 8192, 1, 1.0f, 0.0f, 0});
 }
 
 // Products of symmetric operands (Gram NS's R Z, Q Z): (N,N) and (N,T) of an
@@ -318,7 +320,7 @@ TEST_P(SymGemmCudaTest, ThresholdFallbackAndKernelAvailability) {
 INSTANTIATE_TEST_SUITE_P(
     Schedules, SymGemmCudaTest,
     ::testing::Values(SymGemmSchedule::kCooperative, SymGemmSchedule::kPingpong,
-                      SymGemmSchedule::kWide),
+                      SymGemmSchedule::kWide, SymGemmSchedule::kAuto),
     [](const ::testing::TestParamInfo<SymGemmSchedule>& info) {
       return std::string(SymGemmScheduleName(info.param));
     });
