@@ -54,11 +54,11 @@ constexpr bool BeatsFullGemm(int64_t n, int64_t batch, int64_t sm_count) {
 // (n = 4096 at batch 4-16 1.16-1.17x, X X^T 2048 x 7168 and 1024 x 3584 at
 // batch 32 1.12x, n = 2048 at batch 16-64 1.03-1.04x) did not carry into the
 // steps: Llama-3-8B (n = 4096, batch 4) ran 1.002x, Qwen3-1.7B (n = 2048,
-// batch 28) 4.6% slower. Everywhere else it loses (0.53-0.98x: fewer, larger
-// tiles leave more SMs idle in the last wave). Hence: wide from n = 8192, by
-// size alone, so that a matrix's product takes the same schedule whichever
-// batch it is in (the two schedules' results are not promised to be bitwise
-// equal).
+// batch 28) 4.6% slower. Everywhere else it ties or loses (0.53-1.00x: fewer,
+// larger tiles leave more SMs idle in the last wave). Hence: wide from n =
+// 8192, by size alone, so that a matrix's product takes the same schedule
+// whichever batch it is in (the two schedules' results are not promised to be
+// bitwise equal).
 inline constexpr int64_t kWideMinN = 8192;
 
 constexpr bool PrefersWideTiles(int64_t n) { return n >= kWideMinN; }
