@@ -5,7 +5,7 @@
 #
 #   bench/gpu_megatron_run.sh BUNDLE WHEELS [STEPS] [LR] [MEGATRON_LM_CHECKOUT]
 #
-# BUNDLE: deploy/bundle.sh's dist/muond-bundle.tar.xz. WHEELS: bench/peer_wheels.sh's p2
+# BUNDLE: deploy/bundle.sh's dist/muond-bundle.tar.xz. WHEELS: bench/peer_wheels.sh's p3
 # folder (megatron-core 0.19.2 and emerging-optimizers 0.3.0 wheels for CPython 3.12).
 # MEGATRON_LM_CHECKOUT: a Megatron-LM checkout with layer-sharded Muon (only its
 # megatron/core/optimizer/layer_sharded_*.py are read): Megatron-LM's own
