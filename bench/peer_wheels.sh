@@ -7,7 +7,7 @@
 # Writes three folders to copy to the GPU host; p1 and p2 (the peer, what
 # bench/gpu_step_bench_peer_stage.sh installs) are ~56 MiB together:
 #   DIR/p1/cu13.tar.xz  nvidia-cutlass-dsl-libs-cu13 4.5.2 unpacked and `xz -9e`'d (53 MB;
-#                       the wheel is 79 MB, over the limit with the tree). It holds every file
+#                       the wheel is 79 MB, over 64 MiB with the tree). It holds every file
 #                       of nvidia-cutlass-dsl-libs-base 4.5.2 but its LICENSE and dist-info
 #                       (checked below), so libs-base is not carried.
 #   DIR/p2/*.whl        the peer's small wheels: gram-newton-schulz, quack-kernels,

@@ -1,6 +1,7 @@
 // When the sm_90a symmetric GEMM (sym_gemm_sm90.h) beats the plain full
 // product (cuBLASLt, no mirror): the rule behind CudaBackend's
-// FastSymmetricGemm, a pure function so that CPU tests can check it.
+// FastSymmetricGemm; and, at the end, which of its schedules `auto` runs.
+// Pure functions, so that CPU tests can check them.
 //
 // Measured on an H200 (132 SMs; bench/results/gpu_h200_sym_gemm.md, bf16
 // X X^T, kernel vs cuBLAS full product):

@@ -245,6 +245,7 @@ class SharedParams:
                 return False
         if not all(map(operator.is_, map(_GRAD, ps), grads)):
             return False
+
         def at_home():
             return all(map(_IS_SET_TO, grads, homes))
         if self._frozen is None:  # all of them: their layout as last found
