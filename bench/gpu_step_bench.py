@@ -28,6 +28,7 @@ answers). The peer compiles (torch.compile, CuTe DSL JIT) on first use of each s
 first step is timed apart ("first step s") and it is warmed up until two steps agree within
 3%. Its two NS objects live for the whole process, so later sets reuse their compiled code.
 Also: the Step RPC round trip with (almost) no work, one 8x8 param: p50/p99 us.
+--kernel-profile DIR: per column, each kernel's GPU time over one more run of --reps steps.
 
 Per set: each column's ms, the target ratios (GOALS), and per column the effective NS
 TFLOP/s (standard-NS FLOPs 5 (4 m^2 n + 2 m^3) / time, the same numerator for everyone) and
@@ -209,21 +210,117 @@ def inprocess_flags(algorithm, restarts, gram_dtype, min_aspect):
     return f
 
 
-def step_bench(args):
+def step_bench(args, env=None):
     from daemon_harness import _binary
     return subprocess.run([_binary("bench/gpu/step_bench")] + args, capture_output=True,
-                          text=True, check=True).stdout
+                          text=True, check=True, env=env).stdout
 
 
-def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o):
+def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=None):
     arg = ",".join(f"{r}x{c}" for r, c in shapes)
     out = step_bench([f"--shapes={arg}", "--precision=medium", f"--reps={reps}",
                       f"--warmup={warmup}", f"--ns_batch_size={ns_batch_size}", "--engine"]
                      + (["--use_syrk"] if syrk and algorithm == "standard" else [])
                      + inprocess_flags(algorithm, o.gram_restarts, o.gram_dtype,
                                        o.gram_min_aspect)
-                     + [f"--sym_gemm_schedule={o.sym_gemm_schedule}"])
+                     + [f"--sym_gemm_schedule={o.sym_gemm_schedule}"], env=env)
     return float(re.search(r"step_ms_median (\S+)", out).group(1))
+
+
+# ---------------------------------------------------------------------------- kernel profiles
+def kernel_profiler_library():
+    """bench/gpu/kernel_profile.cc's library: the bundle's lib/ beside MUOND_BIN, or
+    bazel-bin's."""
+    bin_dir = os.environ.get("MUOND_BIN", os.path.join(ROOT, "bazel-bin"))
+    for path in (os.path.join(bin_dir, "..", "lib", "libkernel_profile.so"),
+                 os.path.join(bin_dir, "bench", "gpu", "libkernel_profile.so")):
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    raise FileNotFoundError(f"libkernel_profile.so: not beside {bin_dir} (deploy/bundle.sh "
+                            "puts it in the bundle's lib/; bazel build "
+                            "//bench/gpu:libkernel_profile.so)")
+
+
+def profile_inprocess(path, shapes, reps, warmup, ns_batch_size, syrk, algorithm, o):
+    """One more in-process run under the CUPTI profiler (its timed steps only: step_bench
+    brackets them with cudaProfilerStart/Stop); the profile's table goes to path."""
+    env = dict(os.environ, CUDA_INJECTION64_PATH=kernel_profiler_library(),
+               MUOND_KERNEL_PROFILE=path)
+    bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=env)
+
+
+def short_kernel_name(name):
+    """kernel_profile.cc's ShortName: the parameter list dropped, template arguments kept one
+    level deep (deeper ones as <…>), "(anonymous namespace)" as "{anon}", at most 160
+    characters."""
+    out, depth = [], 0
+    for ch in name.removeprefix("void ").replace("(anonymous namespace)", "{anon}"):
+        if ch == "(" and depth == 0:
+            break
+        if ch == "<":
+            depth += 1
+            if depth == 2:
+                out.append("<…>")
+        if depth <= 1:
+            out.append(ch)
+        if ch == ">" and depth > 0:
+            depth -= 1
+    return "".join(out).strip()[:160] or name[:160]
+
+
+def profile_torch_step(path, step, reps, warmup):
+    """torch.profiler (CUPTI) over reps steps after warmup; the same table as the CUPTI
+    library's, per kernel name."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            step()
+        torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    rows = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            r = rows.setdefault(short_kernel_name(e.name), [0, 0.0])
+            r[0] += 1
+            r[1] += e.device_time / 1e3
+    total = sum(r[1] for r in rows.values())
+    lines = [f"GPU activity: {sum(r[0] for r in rows.values())} records; host wall {wall_ms:.3f}"
+             f" ms over {reps} steps, kernel time {total:.3f} ms (torch.profiler)", "",
+             "| kernel | launches | total ms | mean us | share |", "|---|---|---|---|---|"]
+    for name, (n, ms) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"| {name} | {n} | {ms:.3f} | {1e3 * ms / n:.2f} | "
+                     f"{100 * ms / total if total else 0:.1f}% |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def profile_set(a, o, name, shapes, cols, ns_batch, peers):
+    """--kernel-profile: one profiled run per column after the timed rounds (the profiler's
+    own cost stays out of the table), each to <dir>/<set>_<column>.md."""
+    import torch
+    os.makedirs(a.kernel_profile, exist_ok=True)
+    for c in cols:
+        path = os.path.join(a.kernel_profile, f"{name}_{c}.md")
+        if c.startswith("inproc_"):
+            guarded(c + " profile", profile_inprocess, path, shapes, a.reps, a.warmup,
+                    ns_batch, a.syrk, "standard" if c.endswith("std") else "gram", o)
+        elif c.startswith("peer_") and peers.get(c) is not None:
+            guarded(c + " profile", profile_torch_step, path, peers[c].opt.step, a.reps,
+                    a.warmup)
+        elif c == "torch":
+            params, grads = fresh(shapes, 0)
+            ps = [torch.nn.Parameter(p) for p in params]
+            for p, g in zip(ps, grads):
+                p.grad = g
+            opt = torch.optim.Muon(ps, adjust_lr_fn="original", **SETTINGS)
+            guarded(c + " profile", profile_torch_step, path, opt.step, a.reps, a.warmup)
+            del opt, ps, params, grads
+            free()
 
 
 def muond_gram_kwargs(algorithm, o):
@@ -374,6 +471,8 @@ def run_set(name, manifest, layers, ns_batch, a, o):
         rows.append(row)
         print(f"{name} round {r + 1}: " + ", ".join(
             f"{c} {row[c]:.2f}" for c in cols if row.get(c) is not None), flush=True)
+    if a.kernel_profile:
+        profile_set(a, o, name, shapes, cols, ns_batch, peers)
     for p in peers.values():
         if p is not None:
             p.opt.state.clear()
@@ -551,6 +650,11 @@ def main() -> int:
     ap.add_argument("--sweep-aspect", action="store_true",
                     help="instead: muond standard vs gram NS over n x m, n in "
                          f"{SWEEP_N}, m/n in {SWEEP_RATIOS}")
+    ap.add_argument("--kernel-profile", default=None, metavar="DIR",
+                    help="after each set's rounds, one more run per torch, peer and "
+                         "in-process column under a CUPTI profiler (torch.profiler; "
+                         "bench/gpu/kernel_profile.cc for step_bench): per-kernel GPU time "
+                         "in DIR/<set>_<column>.md")
     ap.add_argument("--no-rpc", action="store_true", help="skip the no-work Step RPC probe")
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--out", default=None, help="also write the markdown here")

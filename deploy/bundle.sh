@@ -6,7 +6,8 @@
 #   <out>/bin/<tool>          wrappers that set LD_LIBRARY_PATH and exec
 #   <out>/libexec/<tool>      the real binaries (servers, muonctl, GPU tests,
 #                             benchmarks)
-#   <out>/lib/                the non-system shared libraries they need
+#   <out>/lib/                the non-system shared libraries they need, and
+#                             libkernel_profile.so (bench/README.md)
 #   <out>/client/python/muond the Python client with its generated stubs
 #   <out>/examples/char_gpt   the demo trainer, <out>/data/fortunes its corpus
 #   <out>/deploy/local/launch.py  the demo launcher (finds <out>/bin itself)
@@ -55,12 +56,17 @@ exec "\$here/libexec/$name" "\$@"
 WRAP
   chmod +x "$out/bin/$name"
 }
-for t in "${targets[@]}" "${gpu_tests[@]}" "${bench_bins[@]}"; do copy_bin "$t"; done
+for t in "${targets[@]}" "${gpu_tests[@]}" "${bench_bins[@]}"; do
+  case $t in
+    *.so) cp -L "$bin_dir/$(echo "${t#//}" | tr ':' '/')" "$out/lib/" ;;  # a library, no wrapper
+    *) copy_bin "$t" ;;
+  esac
+done
 
 # Non-system libraries: everything ldd resolves except glibc, the C++ runtime
 # (the GPU host's are as new or newer, hence compatible) and the CUDA driver /
 # toolkit libraries, which must come from the GPU host itself.
-skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libgcc_s|libstdc\+\+|libcuda\.|libcudart|libcublas|libnccl|libnvidia)'
+skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libgcc_s|libstdc\+\+|libcuda\.|libcudart|libcublas|libcupti|libnccl|libnvidia)'
 for bin in "$out"/libexec/*; do
   ldd "$bin" | awk '/=> \//{print $1" "$3}'
 done | sort -u | while read -r name path; do
@@ -74,7 +80,7 @@ done
 cat > "$out/lib/cuda-paths.sh" <<'PATHS'
 # Sourced by bin/* (needs $here). MUOND_CUDA_LIB_DIRS: extra dirs, ':'-separated.
 dirs="$here/lib${MUOND_CUDA_LIB_DIRS:+:$MUOND_CUDA_LIB_DIRS}:/usr/local/cuda/lib64"
-for file in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+for file in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcupti.so.13; do
   found=
   for d in ${dirs//:/ } ${LD_LIBRARY_PATH//:/ }; do
     [[ -e $d/$file ]] && found=1 && break

@@ -35,6 +35,10 @@
 // batched NS alone (Run on its stacked NS input, in place), one line per
 // chunk: "ns_ms <R>x<C> batch <B> median <ms>" (bench/gpu_step_bench.py's
 // aspect-ratio sweep).
+// The timed steps (and --ns_only's timed runs) sit inside
+// cudaProfilerStart/Stop, so a profiler that honours that range
+// (bench/gpu/kernel_profile.cc, nsys --capture-range=cudaProfilerApi) sees
+// only them.
 // Prints one line: "step_ms_median <ms> step_ms_min <ms> matrices <n>"
 // (host clock around the step + stream synchronize; with --ns_only, the sum
 // of the chunks' NS medians).
@@ -49,6 +53,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <cuda_profiler_api.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -209,6 +215,7 @@ int TimeNsOnly(Backend& b, const MuonOptions& o, NsMap& ns,
     NewtonSchulz& engine = *ns[{r, c}];
     std::vector<double> t;
     for (int i = 0; i < warmup + reps; ++i) {
+      if (i == warmup) cudaProfilerStart();
       const auto t0 = std::chrono::steady_clock::now();
       if (auto st = engine.Run(stacked, stacked, batch); !st.ok())
         return Fail(st);
@@ -218,6 +225,7 @@ int TimeNsOnly(Backend& b, const MuonOptions& o, NsMap& ns,
                         std::chrono::steady_clock::now() - t0)
                         .count());
     }
+    cudaProfilerStop();
     std::sort(t.begin(), t.end());
     std::printf("ns_ms %ldx%ld batch %ld median %.4f\n", long(r), long(c),
                 long(batch), t[t.size() / 2]);
@@ -455,6 +463,7 @@ int Main(int argc, char** argv) {
   if (ns_only)
     return TimeNsOnly(b, o, ns, mats, chunks, *scratch, reps, warmup);
   std::vector<double> t;
+  cudaProfilerStart();
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     if (auto st = run(); !st.ok()) return Fail(st);
@@ -462,6 +471,8 @@ int Main(int argc, char** argv) {
                     std::chrono::steady_clock::now() - t0)
                     .count());
   }
+  if (auto st = b.Synchronize(); !st.ok()) return Fail(st);
+  cudaProfilerStop();
   std::sort(t.begin(), t.end());
   std::printf("step_ms_median %.4f step_ms_min %.4f matrices %zu",
               t[t.size() / 2], t.front(), mats.size());

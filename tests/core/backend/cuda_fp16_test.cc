@@ -300,6 +300,89 @@ TEST_F(CudaFp16Test, NormalizeIntoFp16IsNormalizeThenConvert) {
   }
 }
 
+// Every conversion between fp32, bf16 and fp16, on the vector path
+// (contiguous, 16-byte aligned; n a multiple of 8 and not, for the tail) and
+// on the element-by-element one (a start 2 bytes off alignment), bitwise
+// the CPU backend's Copy2D of the same values.
+TEST_F(CudaFp16Test, Copy2DConvertEveryPairBothPathsBitwiseTheCpu) {
+  const std::vector<float> probe = Fp16Probe(3);
+  const DType types[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  for (DType from : types) {
+    // The source values in `from`, made on the CPU backend from the probe.
+    const int64_t total = int64_t(probe.size());
+    std::vector<char> src_host(total * DTypeSize(from));
+    std::vector<float> probe_copy = probe;
+    ASSERT_TRUE(
+        cpu_->Copy2D(ContiguousView(src_host.data(), from, 1, total),
+                     ContiguousView(probe_copy.data(), DType::kFloat32, 1,
+                                    total))
+            .ok());
+    for (DType to : types) {
+      if (to == from) continue;
+      for (int64_t offset : {0, 1}) {
+        for (int64_t n : {total - 64, total - 61}) {
+          SCOPED_TRACE(::testing::Message()
+                       << DTypeName(from) << " -> " << DTypeName(to)
+                       << " offset " << offset << " n " << n);
+          char* dsrc = static_cast<char*>(Up(src_host));
+          char* ddst = static_cast<char*>(Dev((n + offset) * DTypeSize(to)));
+          ASSERT_TRUE(
+              gpu_->Copy2D(
+                      ContiguousView(ddst + offset * DTypeSize(to), to, 1, n),
+                      ContiguousView(dsrc + offset * DTypeSize(from), from, 1,
+                                     n))
+                  .ok());
+          const std::vector<char> got =
+              Down<char>(ddst + offset * DTypeSize(to), n * DTypeSize(to));
+          std::vector<char> want(n * DTypeSize(to));
+          ASSERT_TRUE(
+              cpu_->Copy2D(ContiguousView(want.data(), to, 1, n),
+                           ContiguousView(src_host.data() +
+                                              offset * DTypeSize(from),
+                                          from, 1, n))
+                  .ok());
+          ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0);
+        }
+      }
+    }
+  }
+}
+
+// The mirror of 2-byte matrices with an even ld (the pair kernel: 64 x 64
+// tiles, upper tiles only) at sizes that fill whole tiles, leave a partial
+// one, or end in an odd column, batched: every element the lower triangle's.
+TEST_F(CudaFp16Test, SymmetrizePairsEveryElementFromTheLower) {
+  struct Case {
+    int64_t n, ld, batch;
+  };
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    for (const Case& c : {Case{64, 64, 1}, Case{130, 130, 3}, Case{37, 38, 2},
+                          Case{768, 768, 5}, Case{200, 256, 2}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " n " << c.n
+                                        << " ld " << c.ld << " batch "
+                                        << c.batch);
+      const int64_t stride = c.n * c.ld;
+      const auto a = RandomF16(c.batch * stride, 11, 1.0f);
+      const MatrixView da{Up(a), dt, c.n, c.n, c.ld};
+      ASSERT_TRUE(gpu_->SymmetrizeFromLower(da, stride, c.batch).ok());
+      const auto got = Down<uint16_t>(da.data, c.batch * stride);
+      for (int64_t s = 0; s < c.batch; ++s) {
+        for (int64_t i = 0; i < c.n; ++i) {
+          for (int64_t j = 0; j < c.ld; ++j) {
+            const int64_t at = s * stride + i * c.ld + j;
+            // Columns past n (the ld's padding) are left alone.
+            const int64_t from =
+                j >= c.n ? at
+                         : s * stride + std::max(i, j) * c.ld + std::min(i, j);
+            ASSERT_EQ(got[at], a[from]) << "slice " << s << " (" << i << ", "
+                                        << j << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaFp16Test, SymmetrizeAndFiniteOnFp16) {
   const int64_t n = 37, batch = 2;
   const auto a = RandomF16(batch * n * n, 7, 1.0f);

@@ -1,0 +1,247 @@
+// A per-kernel GPU time profile for any CUDA process, for hosts without nsys.
+//
+// Loaded by the CUDA driver as an injection library:
+//
+//   MUOND_KERNEL_PROFILE=profile.md \
+//   CUDA_INJECTION64_PATH=$bundle/lib/libkernel_profile.so bin/step_bench ...
+//
+// It records every kernel, memcpy and memset through CUPTI's activity API
+// (graph replays included: CUPTI reports each node's kernel) and, at exit,
+// writes a markdown table to $MUOND_KERNEL_PROFILE (stderr if unset): per
+// kernel name, its launches, total and mean GPU time and share, plus the
+// window's wall time and how much of it the GPU was busy. Where the process
+// calls cudaProfilerStart/Stop (step_bench does, around its timed steps),
+// only activity that starts inside those ranges counts; otherwise all of it.
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+struct Interval {
+  uint64_t start, end;
+  std::string name;
+};
+
+struct State {
+  std::mutex mu;
+  std::vector<Interval> activity;
+  // cudaProfilerStart/Stop ranges: [begin, end); end == 0 while open.
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+};
+
+State& Global() {
+  static State* state = new State;  // never destroyed: used from atexit
+  return *state;
+}
+
+constexpr size_t kBufferBytes = 8 << 20;
+
+void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size,
+                              size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(aligned_alloc(8, kBufferBytes));
+  *size = kBufferBytes;
+  *max_records = 0;
+}
+
+// Short, readable kernel names (CUTLASS's run to kilobytes): demangled, the
+// parameter list dropped, template arguments kept one level deep (deeper ones
+// as <…>), "(anonymous namespace)" as "{anon}", at most 160 characters. gpu_step_bench.py's short_kernel_name is
+// the same rule, so torch.profiler's tables line up with these.
+std::string ShortName(const char* mangled) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled ? demangled : mangled;
+  std::free(demangled);
+  if (name.rfind("void ", 0) == 0) name = name.substr(5);
+  // Not a parameter list: kept, as "{anon}".
+  for (size_t at; (at = name.find("(anonymous namespace)")) != std::string::npos;)
+    name.replace(at, 21, "{anon}");
+  std::string out;
+  int depth = 0;
+  for (char c : name) {
+    if (c == '(' && depth == 0) break;
+    if (c == '<' && ++depth == 2) out += "<…>";
+    if (depth <= 1) out += c;
+    if (c == '>' && depth > 0) --depth;
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  if (out.size() > 160) out.resize(160);
+  return out.empty() ? name.substr(0, 160) : out;
+}
+
+std::string MemcpyName(uint8_t kind) {
+  switch (kind) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "[memcpy HtoD]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "[memcpy DtoH]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "[memcpy DtoD]";
+    default: return "[memcpy other]";
+  }
+}
+
+void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t,
+                              size_t valid) {
+  std::vector<Interval> batch;
+  CUpti_Activity* record = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) ==
+         CUPTI_SUCCESS) {
+    switch (record->kind) {
+      case CUPTI_ACTIVITY_KIND_KERNEL:
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+        auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(record);
+        batch.push_back({k->start, k->end, ShortName(k->name)});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(record);
+        batch.push_back({m->start, m->end, MemcpyName(m->copyKind)});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(record);
+        batch.push_back({m->start, m->end, "[memset]"});
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  std::free(buffer);
+  State& s = Global();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.activity.insert(s.activity.end(), batch.begin(), batch.end());
+}
+
+void CUPTIAPI OnDriverApi(void*, CUpti_CallbackDomain, CUpti_CallbackId id,
+                          const void* data) {
+  const auto* info = static_cast<const CUpti_CallbackData*>(data);
+  uint64_t now = 0;
+  cuptiGetTimestamp(&now);
+  State& s = Global();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (id == CUPTI_DRIVER_TRACE_CBID_cuProfilerStart &&
+      info->callbackSite == CUPTI_API_EXIT) {
+    s.ranges.push_back({now, 0});
+  } else if (id == CUPTI_DRIVER_TRACE_CBID_cuProfilerStop &&
+             info->callbackSite == CUPTI_API_ENTER && !s.ranges.empty() &&
+             s.ranges.back().second == 0) {
+    s.ranges.back().second = now;
+  }
+}
+
+bool InRanges(const State& s, uint64_t t) {
+  if (s.ranges.empty()) return true;
+  for (const auto& [begin, end] : s.ranges)
+    if (t >= begin && (end == 0 || t < end)) return true;
+  return false;
+}
+
+// Busy time: the union of the intervals (streams may overlap).
+uint64_t BusyNs(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end(), [](const Interval& a, const Interval& b) {
+    return a.start < b.start;
+  });
+  uint64_t busy = 0, cur_start = 0, cur_end = 0;
+  for (const auto& i : v) {
+    if (i.start > cur_end) {
+      busy += cur_end - cur_start;
+      cur_start = i.start;
+      cur_end = i.end;
+    } else {
+      cur_end = std::max(cur_end, i.end);
+    }
+  }
+  return busy + (cur_end - cur_start);
+}
+
+void Report() {
+  cuptiActivityFlushAll(1);
+  State& s = Global();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<Interval> kept;
+  for (const auto& i : s.activity)
+    if (InRanges(s, i.start)) kept.push_back(i);
+  struct Row {
+    uint64_t count = 0, ns = 0;
+  };
+  std::map<std::string, Row> rows;
+  uint64_t total = 0, first = UINT64_MAX, last = 0;
+  for (const auto& i : kept) {
+    Row& r = rows[i.name];
+    ++r.count;
+    r.ns += i.end - i.start;
+    total += i.end - i.start;
+    first = std::min(first, i.start);
+    last = std::max(last, i.end);
+  }
+  std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    return a.second.ns > b.second.ns;
+  });
+  const char* path = std::getenv("MUOND_KERNEL_PROFILE");
+  FILE* f = path && *path ? std::fopen(path, "w") : stderr;
+  if (!f) f = stderr;
+  const double wall_ms = kept.empty() ? 0 : (last - first) / 1e6;
+  const double busy_ms = BusyNs(kept) / 1e6;
+  std::fprintf(f,
+               "GPU activity: %zu records in %zu profiler range(s); window "
+               "%.3f ms, GPU busy %.3f ms (%.1f%%)\n\n",
+               kept.size(), s.ranges.size(), wall_ms, busy_ms,
+               wall_ms > 0 ? 100.0 * busy_ms / wall_ms : 0.0);
+  std::fprintf(f, "| kernel | launches | total ms | mean us | share |\n");
+  std::fprintf(f, "|---|---|---|---|---|\n");
+  for (const auto& [name, r] : sorted) {
+    std::fprintf(f, "| %s | %llu | %.3f | %.2f | %.1f%% |\n", name.c_str(),
+                 static_cast<unsigned long long>(r.count), r.ns / 1e6,
+                 r.ns / 1e3 / r.count, total ? 100.0 * r.ns / total : 0.0);
+  }
+  if (f != stderr) std::fclose(f);
+}
+
+bool Ok(CUptiResult r, const char* what) {
+  if (r == CUPTI_SUCCESS) return true;
+  const char* msg = nullptr;
+  cuptiGetResultString(r, &msg);
+  std::fprintf(stderr, "kernel_profile: %s failed: %s\n", what,
+               msg ? msg : "?");
+  return false;
+}
+
+}  // namespace
+
+// The CUDA driver calls this once, at cuInit, in a process started with
+// CUDA_INJECTION64_PATH naming this library.
+extern "C" int InitializeInjection(void) {
+  if (!Ok(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
+          "cuptiActivityRegisterCallbacks"))
+    return 0;
+  for (CUpti_ActivityKind kind :
+       {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+        CUPTI_ACTIVITY_KIND_MEMSET}) {
+    if (!Ok(cuptiActivityEnable(kind), "cuptiActivityEnable")) return 0;
+  }
+  CUpti_SubscriberHandle subscriber;
+  if (Ok(cuptiSubscribe(&subscriber,
+                        reinterpret_cast<CUpti_CallbackFunc>(OnDriverApi),
+                        nullptr),
+         "cuptiSubscribe")) {
+    Ok(cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API,
+                           CUPTI_DRIVER_TRACE_CBID_cuProfilerStart),
+       "cuptiEnableCallback(cuProfilerStart)");
+    Ok(cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API,
+                           CUPTI_DRIVER_TRACE_CBID_cuProfilerStop),
+       "cuptiEnableCallback(cuProfilerStop)");
+  }
+  std::atexit(Report);
+  return 1;
+}
