@@ -324,8 +324,8 @@ def profile_set(a, o, name, shapes, cols, ns_batch, peers):
 
 
 def muond_gram_kwargs(algorithm, o):
-    if algorithm == "standard":
-        return {}
+    if algorithm == "standard":  # the client's default is auto (Gram by shape)
+        return dict(ns_algorithm="standard")
     kw = dict(ns_algorithm="gram")  # options only when set: the client's defaults otherwise
     if o.gram_dtype != "fp16":
         kw["gram_dtype"] = o.gram_dtype

@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "bench/gpu/kernel_name.h"
+
 namespace {
 
 struct Interval {
@@ -54,38 +56,25 @@ void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size,
   *max_records = 0;
 }
 
-// Short, readable kernel names (CUTLASS's run to kilobytes): demangled, the
-// parameter list dropped, template arguments kept one level deep (deeper ones
-// as <…>), "(anonymous namespace)" as "{anon}", at most 160 characters. gpu_step_bench.py's short_kernel_name is
-// the same rule, so torch.profiler's tables line up with these.
+// Demangled, then shortened by ShortKernelName (kernel_name.h).
 std::string ShortName(const char* mangled) {
   int status = 0;
   char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   std::string name = status == 0 && demangled ? demangled : mangled;
   std::free(demangled);
-  if (name.rfind("void ", 0) == 0) name = name.substr(5);
-  // Not a parameter list: kept, as "{anon}".
-  for (size_t at; (at = name.find("(anonymous namespace)")) != std::string::npos;)
-    name.replace(at, 21, "{anon}");
-  std::string out;
-  int depth = 0;
-  for (char c : name) {
-    if (c == '(' && depth == 0) break;
-    if (c == '<' && ++depth == 2) out += "<…>";
-    if (depth <= 1) out += c;
-    if (c == '>' && depth > 0) --depth;
-  }
-  while (!out.empty() && out.back() == ' ') out.pop_back();
-  if (out.size() > 160) out.resize(160);
-  return out.empty() ? name.substr(0, 160) : out;
+  return muond::bench::ShortKernelName(name);
 }
 
 std::string MemcpyName(uint8_t kind) {
   switch (kind) {
-    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "[memcpy HtoD]";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "[memcpy DtoH]";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "[memcpy DtoD]";
-    default: return "[memcpy other]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD:
+      return "[memcpy HtoD]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH:
+      return "[memcpy DtoH]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD:
+      return "[memcpy DtoD]";
+    default:
+      return "[memcpy other]";
   }
 }
 
@@ -93,8 +82,7 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t,
                               size_t valid) {
   std::vector<Interval> batch;
   CUpti_Activity* record = nullptr;
-  while (cuptiActivityGetNextRecord(buffer, valid, &record) ==
-         CUPTI_SUCCESS) {
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     switch (record->kind) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {

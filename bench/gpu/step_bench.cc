@@ -22,7 +22,8 @@
 // update phases, each ending in a stream synchronize), so daemon minus
 // in-process is the transport alone. Without it, the phase functions are
 // chained directly (no check, one synchronize per step).
-// --ns_algorithm=standard|gram, --gram_restarts=I,J|none,
+// --ns_algorithm=standard|gram|auto (default auto, as NsOptions),
+// --gram_restarts=I,J|none,
 // --gram_dtype=fp16|bf16, --gram_min_aspect_ratio=X: NsOptions' Gram NS
 // fields (unset = their defaults).
 // --state_location=device|host, --state_dtype=fp32|bf16|fp8_e4m3 (with
@@ -42,6 +43,8 @@
 // Prints one line: "step_ms_median <ms> step_ms_min <ms> matrices <n>"
 // (host clock around the step + stream synchronize; with --ns_only, the sum
 // of the chunks' NS medians).
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -53,8 +56,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <cuda_profiler_api.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -160,11 +161,17 @@ absl::Status ApplyNsFlags(const std::string& algorithm,
                           const std::string& restarts,
                           const std::string& gram_dtype,
                           double min_aspect_ratio, NsOptions& ns) {
+  // Every value explicit: NsOptions' default is auto (Gram by shape), so
+  // "standard" must not leave it.
   if (algorithm == "gram")
     ns.algorithm = NsAlgorithm::kGram;
-  else if (algorithm != "standard")
-    return absl::InvalidArgumentError("--ns_algorithm: standard or gram, not " +
-                                      algorithm);
+  else if (algorithm == "standard")
+    ns.algorithm = NsAlgorithm::kStandard;
+  else if (algorithm == "auto")
+    ns.algorithm = NsAlgorithm::kAuto;
+  else
+    return absl::InvalidArgumentError(
+        "--ns_algorithm: standard, gram or auto, not " + algorithm);
   if (!restarts.empty()) {
     auto r = ParseRestarts(restarts);
     if (!r.ok()) return r.status();
@@ -242,7 +249,7 @@ int Main(int argc, char** argv) {
   int64_t ns_batch = 1;
   bool use_syrk = false, engine_mode = false, ns_only = false;
   int syrk_block_rows = 0;
-  std::string ns_algorithm = "standard", gram_restarts, gram_dtype = "fp16";
+  std::string ns_algorithm = "auto", gram_restarts, gram_dtype = "fp16";
   std::string state_location, state_dtype, sym_gemm_schedule = "auto";
   double gram_min_aspect_ratio = 0.0;
   for (int i = 1; i < argc; ++i) {
@@ -279,16 +286,17 @@ int Main(int argc, char** argv) {
     else if (!std::strncmp(argv[i], "--sym_gemm_schedule=", 20))
       sym_gemm_schedule = argv[i] + 20;
     else {
-      std::fprintf(stderr,
-                   "usage: step_bench --shapes=RxC,... "
-                   "[--precision=highest|high|medium] [--reps=N] "
-                   "[--warmup=N] [--ns_batch_size=N] [--use_syrk] "
-                   "[--syrk_block_rows=K] [--engine] [--ns_only] "
-                   "[--ns_algorithm=standard|gram] [--gram_restarts=I,J|none] "
-                   "[--gram_dtype=fp16|bf16] [--gram_min_aspect_ratio=X] "
-                   "[--state_location=device|host] "
-                   "[--state_dtype=fp32|bf16|fp8_e4m3] "
-                   "[--sym_gemm_schedule=auto|cooperative|pingpong|wide]\n");
+      std::fprintf(
+          stderr,
+          "usage: step_bench --shapes=RxC,... "
+          "[--precision=highest|high|medium] [--reps=N] "
+          "[--warmup=N] [--ns_batch_size=N] [--use_syrk] "
+          "[--syrk_block_rows=K] [--engine] [--ns_only] "
+          "[--ns_algorithm=standard|gram|auto] [--gram_restarts=I,J|none] "
+          "[--gram_dtype=fp16|bf16] [--gram_min_aspect_ratio=X] "
+          "[--state_location=device|host] "
+          "[--state_dtype=fp32|bf16|fp8_e4m3] "
+          "[--sym_gemm_schedule=auto|cooperative|pingpong|wide]\n");
       return 2;
     }
   }

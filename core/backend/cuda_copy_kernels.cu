@@ -86,8 +86,7 @@ cudaError_t LaunchCopyVec(const KView& dst, const KView& src, int64_t n,
   if (blocks > 132 * 16) blocks = 132 * 16;
   CopyVecKernel<kSrc, kSrcKind == 2, kDst, kDstKind == 2>
       <<<unsigned(blocks), kThreads, 0, stream>>>(
-          static_cast<const char*>(src.data), static_cast<char*>(dst.data),
-          n);
+          static_cast<const char*>(src.data), static_cast<char*>(dst.data), n);
   return cudaGetLastError();
 }
 
@@ -95,9 +94,12 @@ template <int kSrcKind>
 cudaError_t LaunchCopyVecTo(const KView& dst, const KView& src, int64_t n,
                             cudaStream_t stream) {
   switch (ElemKind(dst)) {
-    case 0: return LaunchCopyVec<kSrcKind, 0>(dst, src, n, stream);
-    case 1: return LaunchCopyVec<kSrcKind, 1>(dst, src, n, stream);
-    default: return LaunchCopyVec<kSrcKind, 2>(dst, src, n, stream);
+    case 0:
+      return LaunchCopyVec<kSrcKind, 0>(dst, src, n, stream);
+    case 1:
+      return LaunchCopyVec<kSrcKind, 1>(dst, src, n, stream);
+    default:
+      return LaunchCopyVec<kSrcKind, 2>(dst, src, n, stream);
   }
 }
 
@@ -196,12 +198,14 @@ __global__ void SymmetrizePairsKernel(DView a, int64_t stride_bytes) {
 cudaError_t Copy2DConvert(const KView& dst, const KView& src,
                           cudaStream_t stream) {
   const int64_t n = src.rows * src.cols;
-  if (n > 0 && Flat({dst, src}) && Aligned16(dst.data) &&
-      Aligned16(src.data)) {
+  if (n > 0 && Flat({dst, src}) && Aligned16(dst.data) && Aligned16(src.data)) {
     switch (ElemKind(src)) {
-      case 0: return LaunchCopyVecTo<0>(dst, src, n, stream);
-      case 1: return LaunchCopyVecTo<1>(dst, src, n, stream);
-      default: return LaunchCopyVecTo<2>(dst, src, n, stream);
+      case 0:
+        return LaunchCopyVecTo<0>(dst, src, n, stream);
+      case 1:
+        return LaunchCopyVecTo<1>(dst, src, n, stream);
+      default:
+        return LaunchCopyVecTo<2>(dst, src, n, stream);
     }
   }
   return LaunchLoadStore({dst, src}, src.rows, src.cols, stream,

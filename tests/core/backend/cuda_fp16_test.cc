@@ -312,11 +312,10 @@ TEST_F(CudaFp16Test, Copy2DConvertEveryPairBothPathsBitwiseTheCpu) {
     const int64_t total = int64_t(probe.size());
     std::vector<char> src_host(total * DTypeSize(from));
     std::vector<float> probe_copy = probe;
-    ASSERT_TRUE(
-        cpu_->Copy2D(ContiguousView(src_host.data(), from, 1, total),
-                     ContiguousView(probe_copy.data(), DType::kFloat32, 1,
-                                    total))
-            .ok());
+    ASSERT_TRUE(cpu_->Copy2D(ContiguousView(src_host.data(), from, 1, total),
+                             ContiguousView(probe_copy.data(), DType::kFloat32,
+                                            1, total))
+                    .ok());
     for (DType to : types) {
       if (to == from) continue;
       for (int64_t offset : {0, 1}) {
@@ -335,12 +334,11 @@ TEST_F(CudaFp16Test, Copy2DConvertEveryPairBothPathsBitwiseTheCpu) {
           const std::vector<char> got =
               Down<char>(ddst + offset * DTypeSize(to), n * DTypeSize(to));
           std::vector<char> want(n * DTypeSize(to));
-          ASSERT_TRUE(
-              cpu_->Copy2D(ContiguousView(want.data(), to, 1, n),
-                           ContiguousView(src_host.data() +
-                                              offset * DTypeSize(from),
-                                          from, 1, n))
-                  .ok());
+          ASSERT_TRUE(cpu_->Copy2D(ContiguousView(want.data(), to, 1, n),
+                                   ContiguousView(src_host.data() +
+                                                      offset * DTypeSize(from),
+                                                  from, 1, n))
+                          .ok());
           ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0);
         }
       }
@@ -358,9 +356,9 @@ TEST_F(CudaFp16Test, SymmetrizePairsEveryElementFromTheLower) {
   for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
     for (const Case& c : {Case{64, 64, 1}, Case{130, 130, 3}, Case{37, 38, 2},
                           Case{768, 768, 5}, Case{200, 256, 2}}) {
-      SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " n " << c.n
-                                        << " ld " << c.ld << " batch "
-                                        << c.batch);
+      SCOPED_TRACE(::testing::Message()
+                   << DTypeName(dt) << " n " << c.n << " ld " << c.ld
+                   << " batch " << c.batch);
       const int64_t stride = c.n * c.ld;
       const auto a = RandomF16(c.batch * stride, 11, 1.0f);
       const MatrixView da{Up(a), dt, c.n, c.n, c.ld};
@@ -374,8 +372,8 @@ TEST_F(CudaFp16Test, SymmetrizePairsEveryElementFromTheLower) {
             const int64_t from =
                 j >= c.n ? at
                          : s * stride + std::max(i, j) * c.ld + std::min(i, j);
-            ASSERT_EQ(got[at], a[from]) << "slice " << s << " (" << i << ", "
-                                        << j << ")";
+            ASSERT_EQ(got[at], a[from])
+                << "slice " << s << " (" << i << ", " << j << ")";
           }
         }
       }
