@@ -11,7 +11,8 @@
 # Why precompile: the peer's first step compiles its CuTe DSL kernels (quack's disk
 # cache, /tmp/<user>/quack_cache) and torch.compile graphs (/tmp/torchinductor_<user>):
 # 139 s cold on the MoE set alone (measured 2026-12-02). T_PRECOMPILE (default 280 s) caps
-# it; whatever it compiled stays cached for stage 2.
+# it; whatever it compiled stays cached for stage 2. PEER_COLUMNS (default peer_a,peer_b):
+# the peer columns compiled, e.g. peer_a alone for a run that races only that one.
 set -uo pipefail
 # shellcheck source=bench/gpu_bundle_enter.sh
 . bench/gpu_bundle_enter.sh
@@ -29,7 +30,7 @@ echo "staged and installed /tmp/site in $((SECONDS - t0)) s: $(du -sh /tmp/site 
   | tee -a "$L"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$L" 2>&1
 t0=$SECONDS
-timeout -k 5 "${T_PRECOMPILE:-280}" python3 bench/gpu_step_bench.py --columns peer_a,peer_b \
+timeout -k 5 "${T_PRECOMPILE:-280}" python3 bench/gpu_step_bench.py --columns "${PEER_COLUMNS:-peer_a,peer_b}" \
   --set qwen3_30b_a3b:1 --set llama3_8b:4 --set qwen3_1_7b:28 --rounds 1 --reps 1 --warmup 0 \
   --no-rpc --out "$OUT/precompile.md" >> "$L" 2>&1
 echo "peer precompile: rc $?, $((SECONDS - t0)) s; caches: $(du -sh /tmp/*/quack_cache \
