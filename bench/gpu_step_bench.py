@@ -28,7 +28,8 @@ answers). The peer compiles (torch.compile, CuTe DSL JIT) on first use of each s
 first step is timed apart ("first step s") and it is warmed up until two steps agree within
 3%. Its two NS objects live for the whole process, so later sets reuse their compiled code.
 Also: the Step RPC round trip with (almost) no work, one 8x8 param: p50/p99 us.
---kernel-profile DIR: per column, each kernel's GPU time over one more run of --reps steps.
+--kernel-profile DIR: per torch, peer and in-process column, each kernel's GPU time over one
+more run of --reps steps (the daemon's engine is the in-process one).
 
 Per set: each column's ms, the target ratios (GOALS), and per column the effective NS
 TFLOP/s (standard-NS FLOPs 5 (4 m^2 n + 2 m^3) / time, the same numerator for everyone) and
@@ -148,15 +149,20 @@ def free():
     torch.cuda.empty_cache()
 
 
-def bench_torch(shapes, reps, warmup):
+def torch_muon(shapes):
+    """torch.optim.Muon over fresh params with their grads set."""
     import torch
     params, grads = fresh(shapes, 0)
     ps = [torch.nn.Parameter(p) for p in params]
     for p, g in zip(ps, grads):
         p.grad = g
-    opt = torch.optim.Muon(ps, adjust_lr_fn="original", **SETTINGS)
+    return torch.optim.Muon(ps, adjust_lr_fn="original", **SETTINGS)
+
+
+def bench_torch(shapes, reps, warmup):
+    opt = torch_muon(shapes)
     med = timed(opt.step, reps, warmup)
-    del opt, ps, params, grads
+    del opt
     free()
     return med
 
@@ -210,20 +216,26 @@ def inprocess_flags(algorithm, restarts, gram_dtype, min_aspect):
     return f
 
 
-def step_bench(args, env=None):
+def step_bench(args, env=None, stderr=None):
+    """step_bench's stdout; its stderr appended to the list `stderr` when one is given."""
     from daemon_harness import _binary
-    return subprocess.run([_binary("bench/gpu/step_bench")] + args, capture_output=True,
-                          text=True, check=True, env=env).stdout
+    run = subprocess.run([_binary("bench/gpu/step_bench")] + args, capture_output=True,
+                         text=True, check=True, env=env)
+    if stderr is not None:
+        stderr.append(run.stderr)
+    return run.stdout
 
 
-def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=None):
+def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=None,
+                    stderr=None):
     arg = ",".join(f"{r}x{c}" for r, c in shapes)
     out = step_bench([f"--shapes={arg}", "--precision=medium", f"--reps={reps}",
                       f"--warmup={warmup}", f"--ns_batch_size={ns_batch_size}", "--engine"]
                      + (["--use_syrk"] if syrk and algorithm == "standard" else [])
                      + inprocess_flags(algorithm, o.gram_restarts, o.gram_dtype,
                                        o.gram_min_aspect)
-                     + [f"--sym_gemm_schedule={o.sym_gemm_schedule}"], env=env)
+                     + [f"--sym_gemm_schedule={o.sym_gemm_schedule}"], env=env,
+                     stderr=stderr)
     return float(re.search(r"step_ms_median (\S+)", out).group(1))
 
 
@@ -244,28 +256,36 @@ def kernel_profiler_library():
 def profile_inprocess(path, shapes, reps, warmup, ns_batch_size, syrk, algorithm, o):
     """One more in-process run under the CUPTI profiler (its timed steps only: step_bench
     brackets them with cudaProfilerStart/Stop); the profile's table goes to path."""
+    if os.path.exists(path):
+        os.remove(path)
     env = dict(os.environ, CUDA_INJECTION64_PATH=kernel_profiler_library(),
                MUOND_KERNEL_PROFILE=path)
-    bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=env)
+    errors = []
+    bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=env,
+                    stderr=errors)
+    if not os.path.isfile(path):  # the library did not load, or CUPTI refused
+        raise RuntimeError(f"no kernel profile written to {path}; step_bench's stderr: "
+                           f"{errors[0][-2000:] if errors else ''}")
 
 
 def short_kernel_name(name):
-    """kernel_profile.cc's ShortName: the parameter list dropped, template arguments kept one
-    level deep (deeper ones as <…>), "(anonymous namespace)" as "{anon}", at most 160
-    characters."""
+    """bench/gpu/kernel_name.h's ShortKernelName: a leading "void " dropped, "(anonymous
+    namespace)" as "{anon}", the parameter list dropped, template arguments kept one level
+    deep (deeper ones as <...>), trailing spaces dropped, at most 160 characters."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)", "{anon}")
     out, depth = [], 0
-    for ch in name.removeprefix("void ").replace("(anonymous namespace)", "{anon}"):
+    for ch in name:
         if ch == "(" and depth == 0:
             break
         if ch == "<":
             depth += 1
             if depth == 2:
-                out.append("<…>")
+                out.append("<...>")
         if depth <= 1:
             out.append(ch)
         if ch == ">" and depth > 0:
             depth -= 1
-    return "".join(out).strip()[:160] or name[:160]
+    return "".join(out).rstrip(" ")[:160] or name[:160]
 
 
 def profile_torch_step(path, step, reps, warmup):
@@ -284,13 +304,18 @@ def profile_torch_step(path, step, reps, warmup):
     wall_ms = (time.perf_counter() - t0) * 1e3
     rows = {}
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            r = rows.setdefault(short_kernel_name(e.name), [0, 0.0])
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation:
+            name = e.name  # copies named as the CUPTI library names them
+            if name.startswith("Memcpy"):  # "Memcpy DtoD (Device -> Device)"
+                name = f"[memcpy {(name.split() + ['other'])[1]}]"
+            elif name.startswith("Memset"):
+                name = "[memset]"
+            r = rows.setdefault(short_kernel_name(name), [0, 0.0])
             r[0] += 1
             r[1] += e.device_time / 1e3
     total = sum(r[1] for r in rows.values())
-    lines = [f"GPU activity: {sum(r[0] for r in rows.values())} records; host wall {wall_ms:.3f}"
-             f" ms over {reps} steps, kernel time {total:.3f} ms (torch.profiler)", "",
+    lines = [f"GPU activity: {sum(r[0] for r in rows.values())} records over {reps} steps "
+             f"(torch.profiler); host wall {wall_ms:.3f} ms, GPU time {total:.3f} ms", "",
              "| kernel | launches | total ms | mean us | share |", "|---|---|---|---|---|"]
     for name, (n, ms) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
         lines.append(f"| {name} | {n} | {ms:.3f} | {1e3 * ms / n:.2f} | "
@@ -300,9 +325,10 @@ def profile_torch_step(path, step, reps, warmup):
 
 
 def profile_set(a, o, name, shapes, cols, ns_batch, peers):
-    """--kernel-profile: one profiled run per column after the timed rounds (the profiler's
-    own cost stays out of the table), each to <dir>/<set>_<column>.md."""
-    import torch
+    """--kernel-profile: one profiled run per torch, peer and in-process column after the
+    timed rounds (the profiler's own cost stays out of the table), each to
+    <dir>/<set>_<column>.md. The daemon columns are not profiled here: their GPU work is
+    the in-process column's engine (the daemon alone: bench/README.md)."""
     os.makedirs(a.kernel_profile, exist_ok=True)
     for c in cols:
         path = os.path.join(a.kernel_profile, f"{name}_{c}.md")
@@ -313,13 +339,9 @@ def profile_set(a, o, name, shapes, cols, ns_batch, peers):
             guarded(c + " profile", profile_torch_step, path, peers[c].opt.step, a.reps,
                     a.warmup)
         elif c == "torch":
-            params, grads = fresh(shapes, 0)
-            ps = [torch.nn.Parameter(p) for p in params]
-            for p, g in zip(ps, grads):
-                p.grad = g
-            opt = torch.optim.Muon(ps, adjust_lr_fn="original", **SETTINGS)
+            opt = torch_muon(shapes)
             guarded(c + " profile", profile_torch_step, path, opt.step, a.reps, a.warmup)
-            del opt, ps, params, grads
+            del opt
             free()
 
 
@@ -652,7 +674,8 @@ def main() -> int:
                          f"{SWEEP_N}, m/n in {SWEEP_RATIOS}")
     ap.add_argument("--kernel-profile", default=None, metavar="DIR",
                     help="after each set's rounds, one more run per torch, peer and "
-                         "in-process column under a CUPTI profiler (torch.profiler; "
+                         "in-process column (not the daemon's: the same engine) under a "
+                         "CUPTI profiler (torch.profiler; "
                          "bench/gpu/kernel_profile.cc for step_bench): per-kernel GPU time "
                          "in DIR/<set>_<column>.md")
     ap.add_argument("--no-rpc", action="store_true", help="skip the no-work Step RPC probe")

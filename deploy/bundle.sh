@@ -80,7 +80,7 @@ done
 cat > "$out/lib/cuda-paths.sh" <<'PATHS'
 # Sourced by bin/* (needs $here). MUOND_CUDA_LIB_DIRS: extra dirs, ':'-separated.
 dirs="$here/lib${MUOND_CUDA_LIB_DIRS:+:$MUOND_CUDA_LIB_DIRS}:/usr/local/cuda/lib64"
-for file in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcupti.so.13; do
+for file in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
   found=
   for d in ${dirs//:/ } ${LD_LIBRARY_PATH//:/ }; do
     [[ -e $d/$file ]] && found=1 && break

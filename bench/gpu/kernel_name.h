@@ -3,8 +3,8 @@
 // torch.profiler's tables line up with the CUPTI library's). CUTLASS's
 // demangled names run to kilobytes, so: a leading "void " dropped,
 // "(anonymous namespace)" written "{anon}", the parameter list dropped,
-// template arguments kept one level deep (deeper ones as <…>), at most 160
-// characters.
+// template arguments kept one level deep (deeper ones as <...>), trailing
+// spaces dropped, at most 160 characters (ASCII in, ASCII out).
 #ifndef MUOND_BENCH_GPU_KERNEL_NAME_H_
 #define MUOND_BENCH_GPU_KERNEL_NAME_H_
 
@@ -21,7 +21,7 @@ inline std::string ShortKernelName(std::string name) {
   int depth = 0;
   for (char c : name) {
     if (c == '(' && depth == 0) break;
-    if (c == '<' && ++depth == 2) out += "<…>";
+    if (c == '<' && ++depth == 2) out += "<...>";
     if (depth <= 1) out += c;
     if (c == '>' && depth > 0) --depth;
   }

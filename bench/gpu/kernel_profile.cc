@@ -2,18 +2,24 @@
 //
 // Loaded by the CUDA driver as an injection library:
 //
-//   MUOND_KERNEL_PROFILE=profile.md \
+//   export MUOND_KERNEL_PROFILE=profile.md
 //   CUDA_INJECTION64_PATH=$bundle/lib/libkernel_profile.so bin/step_bench ...
 //
 // It records every kernel, memcpy and memset through CUPTI's activity API
 // (graph replays included: CUPTI reports each node's kernel) and, at exit,
-// writes a markdown table to $MUOND_KERNEL_PROFILE (stderr if unset): per
-// kernel name, its launches, total and mean GPU time and share, plus the
-// window's wall time and how much of it the GPU was busy. Where the process
-// calls cudaProfilerStart/Stop (step_bench does, around its timed steps),
-// only activity that starts inside those ranges counts; otherwise all of it.
+// writes a markdown table to $MUOND_KERNEL_PROFILE (stderr if unset; "%p" in
+// it becomes the process id, for commands that start several CUDA processes,
+// which all inherit the injection): per kernel name, its launches, total and
+// mean GPU time and share, plus the window's wall time, how much of it the
+// GPU was busy and how many records CUPTI dropped. Where the process calls
+// cudaProfilerStart/Stop (step_bench does, around its timed steps), only
+// activity that starts inside those ranges counts; otherwise all of it. A
+// forked child that exits writes nothing (its parent's records are not its).
+// Needs libcupti.so.13 at run time (the CUDA toolkit's lib64, or the folder
+// of torch's nvidia-cuda-cupti wheel on LD_LIBRARY_PATH).
 #include <cupti.h>
 #include <cxxabi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -38,6 +44,8 @@ struct Interval {
 struct State {
   std::mutex mu;
   std::vector<Interval> activity;
+  size_t dropped = 0;  // records CUPTI had no buffer for
+  pid_t pid = 0;       // the process that loaded the library
   // cudaProfilerStart/Stop ranges: [begin, end); end == 0 while open.
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
 };
@@ -78,8 +86,8 @@ std::string MemcpyName(uint8_t kind) {
   }
 }
 
-void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t,
-                              size_t valid) {
+void CUPTIAPI BufferCompleted(CUcontext context, uint32_t stream_id,
+                              uint8_t* buffer, size_t, size_t valid) {
   std::vector<Interval> batch;
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
@@ -105,9 +113,12 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t,
     }
   }
   std::free(buffer);
+  size_t dropped = 0;
+  cuptiActivityGetNumDroppedRecords(context, stream_id, &dropped);
   State& s = Global();
   std::lock_guard<std::mutex> lock(s.mu);
   s.activity.insert(s.activity.end(), batch.begin(), batch.end());
+  s.dropped += dropped;
 }
 
 void CUPTIAPI OnDriverApi(void*, CUpti_CallbackDomain, CUpti_CallbackId id,
@@ -152,7 +163,17 @@ uint64_t BusyNs(std::vector<Interval> v) {
   return busy + (cur_end - cur_start);
 }
 
+// $MUOND_KERNEL_PROFILE with "%p" replaced by the process id.
+std::string ReportPath() {
+  const char* env = std::getenv("MUOND_KERNEL_PROFILE");
+  std::string path = env ? env : "";
+  for (size_t at; (at = path.find("%p")) != std::string::npos;)
+    path.replace(at, 2, std::to_string(getpid()));
+  return path;
+}
+
 void Report() {
+  if (getpid() != Global().pid) return;  // a forked child
   cuptiActivityFlushAll(1);
   State& s = Global();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -176,16 +197,19 @@ void Report() {
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
     return a.second.ns > b.second.ns;
   });
-  const char* path = std::getenv("MUOND_KERNEL_PROFILE");
-  FILE* f = path && *path ? std::fopen(path, "w") : stderr;
-  if (!f) f = stderr;
+  const std::string path = ReportPath();
+  FILE* f = path.empty() ? stderr : std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "kernel_profile: cannot write %s\n", path.c_str());
+    f = stderr;
+  }
   const double wall_ms = kept.empty() ? 0 : (last - first) / 1e6;
   const double busy_ms = BusyNs(kept) / 1e6;
   std::fprintf(f,
                "GPU activity: %zu records in %zu profiler range(s); window "
-               "%.3f ms, GPU busy %.3f ms (%.1f%%)\n\n",
+               "%.3f ms, GPU busy %.3f ms (%.1f%%); %zu records dropped\n\n",
                kept.size(), s.ranges.size(), wall_ms, busy_ms,
-               wall_ms > 0 ? 100.0 * busy_ms / wall_ms : 0.0);
+               wall_ms > 0 ? 100.0 * busy_ms / wall_ms : 0.0, s.dropped);
   std::fprintf(f, "| kernel | launches | total ms | mean us | share |\n");
   std::fprintf(f, "|---|---|---|---|---|\n");
   for (const auto& [name, r] : sorted) {
@@ -210,6 +234,7 @@ bool Ok(CUptiResult r, const char* what) {
 // The CUDA driver calls this once, at cuInit, in a process started with
 // CUDA_INJECTION64_PATH naming this library.
 extern "C" int InitializeInjection(void) {
+  Global().pid = getpid();
   if (!Ok(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
           "cuptiActivityRegisterCallbacks"))
     return 0;

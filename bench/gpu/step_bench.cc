@@ -222,7 +222,11 @@ int TimeNsOnly(Backend& b, const MuonOptions& o, NsMap& ns,
     NewtonSchulz& engine = *ns[{r, c}];
     std::vector<double> t;
     for (int i = 0; i < warmup + reps; ++i) {
-      if (i == warmup) cudaProfilerStart();
+      if (i == warmup) {
+        // The range starts with the GPU idle: no earlier work counts.
+        if (auto st = b.Synchronize(); !st.ok()) return Fail(st);
+        cudaProfilerStart();
+      }
       const auto t0 = std::chrono::steady_clock::now();
       if (auto st = engine.Run(stacked, stacked, batch); !st.ok())
         return Fail(st);
@@ -471,6 +475,7 @@ int Main(int argc, char** argv) {
   if (ns_only)
     return TimeNsOnly(b, o, ns, mats, chunks, *scratch, reps, warmup);
   std::vector<double> t;
+  if (auto st = b.Synchronize(); !st.ok()) return Fail(st);
   cudaProfilerStart();
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

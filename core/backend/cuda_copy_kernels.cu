@@ -51,6 +51,9 @@ __global__ void CopyVecKernel(const char* src, char* dst, int64_t n) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   for (int64_t g = first; g < groups; g += stride) {
+    // Through char pointers (which may alias anything), as PyTorch's aligned
+    // vectors: nvcc keeps both arrays in registers (LDG.128 / STG.128, no
+    // local memory).
     uint4 in[kSrcVecs];
 #pragma unroll
     for (int v = 0; v < kSrcVecs; ++v)
@@ -197,6 +200,10 @@ __global__ void SymmetrizePairsKernel(DView a, int64_t stride_bytes) {
 
 cudaError_t Copy2DConvert(const KView& dst, const KView& src,
                           cudaStream_t stream) {
+  // fp32, bf16 and fp16 only: fp8 state is never copied through here, and a
+  // 1-byte view read as 2-byte elements would overrun it.
+  for (const KView* v : {&dst, &src})
+    if (v->elem != 2 && v->elem != 4) return cudaErrorInvalidValue;
   const int64_t n = src.rows * src.cols;
   if (n > 0 && Flat({dst, src}) && Aligned16(dst.data) && Aligned16(src.data)) {
     switch (ElemKind(src)) {

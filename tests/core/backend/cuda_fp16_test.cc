@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/backend/bf16.h"
@@ -301,45 +302,62 @@ TEST_F(CudaFp16Test, NormalizeIntoFp16IsNormalizeThenConvert) {
 }
 
 // Every conversion between fp32, bf16 and fp16, on the vector path
-// (contiguous, 16-byte aligned; n a multiple of 8 and not, for the tail) and
-// on the element-by-element one (a start 2 bytes off alignment), bitwise
-// the CPU backend's Copy2D of the same values.
+// (contiguous, both ends 16-byte aligned; n a multiple of 8, with a tail, or
+// under 8) and element by element (either end or both one element off
+// alignment), bitwise the CPU backend's Copy2D of the same values (NaNs,
+// infinities and subnormals among them), and not a byte written outside the
+// destination (sentinels on both sides).
 TEST_F(CudaFp16Test, Copy2DConvertEveryPairBothPathsBitwiseTheCpu) {
-  const std::vector<float> probe = Fp16Probe(3);
+  std::vector<float> probe = Fp16Probe(3);
+  probe[7] = std::numeric_limits<float>::quiet_NaN();
+  probe[100] = -std::numeric_limits<float>::quiet_NaN();
+  probe[101] = std::numeric_limits<float>::infinity();
   const DType types[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  const int64_t total = int64_t(probe.size()), pad = 16;
+  const uint8_t sentinel = 0xa5;
   for (DType from : types) {
+    const int64_t fs = int64_t(DTypeSize(from));
     // The source values in `from`, made on the CPU backend from the probe.
-    const int64_t total = int64_t(probe.size());
-    std::vector<char> src_host(total * DTypeSize(from));
+    std::vector<char> src_host(total * fs);
     std::vector<float> probe_copy = probe;
     ASSERT_TRUE(cpu_->Copy2D(ContiguousView(src_host.data(), from, 1, total),
                              ContiguousView(probe_copy.data(), DType::kFloat32,
                                             1, total))
                     .ok());
+    char* dsrc = static_cast<char*>(Up(src_host));
     for (DType to : types) {
       if (to == from) continue;
-      for (int64_t offset : {0, 1}) {
-        for (int64_t n : {total - 64, total - 61}) {
+      const int64_t ts = int64_t(DTypeSize(to));
+      for (const auto& [src_off, dst_off] :
+           {std::pair<int64_t, int64_t>{0, 0}, {1, 1}, {0, 1}, {1, 0}}) {
+        for (int64_t n : {total - 64, total - 61, int64_t{5}}) {
           SCOPED_TRACE(::testing::Message()
                        << DTypeName(from) << " -> " << DTypeName(to)
-                       << " offset " << offset << " n " << n);
-          char* dsrc = static_cast<char*>(Up(src_host));
-          char* ddst = static_cast<char*>(Dev((n + offset) * DTypeSize(to)));
+                       << " offsets " << src_off << "/" << dst_off << " n "
+                       << n);
+          // pad elements before and after the destination, all sentinels.
+          const int64_t bytes = (n + 2 * pad) * ts;
+          std::vector<char> fill(bytes, char(sentinel));
+          char* ddst = static_cast<char*>(Up(fill));
+          char* at = ddst + (pad + dst_off) * ts;
           ASSERT_TRUE(
-              gpu_->Copy2D(
-                      ContiguousView(ddst + offset * DTypeSize(to), to, 1, n),
-                      ContiguousView(dsrc + offset * DTypeSize(from), from, 1,
-                                     n))
+              gpu_->Copy2D(ContiguousView(at, to, 1, n),
+                           ContiguousView(dsrc + src_off * fs, from, 1, n))
                   .ok());
-          const std::vector<char> got =
-              Down<char>(ddst + offset * DTypeSize(to), n * DTypeSize(to));
-          std::vector<char> want(n * DTypeSize(to));
-          ASSERT_TRUE(cpu_->Copy2D(ContiguousView(want.data(), to, 1, n),
-                                   ContiguousView(src_host.data() +
-                                                      offset * DTypeSize(from),
-                                                  from, 1, n))
-                          .ok());
-          ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0);
+          const std::vector<char> got = Down<char>(ddst, bytes);
+          std::vector<char> want(n * ts);
+          ASSERT_TRUE(
+              cpu_->Copy2D(ContiguousView(want.data(), to, 1, n),
+                           ContiguousView(src_host.data() + src_off * fs, from,
+                                          1, n))
+                  .ok());
+          const int64_t first = (pad + dst_off) * ts;
+          ASSERT_EQ(std::memcmp(got.data() + first, want.data(), want.size()),
+                    0);
+          for (int64_t b = 0; b < bytes; ++b) {
+            if (b >= first && b < first + n * ts) continue;
+            ASSERT_EQ(uint8_t(got[b]), sentinel) << "byte " << b << " written";
+          }
         }
       }
     }
