@@ -28,8 +28,14 @@ answers). The peer compiles (torch.compile, CuTe DSL JIT) on first use of each s
 first step is timed apart ("first step s") and it is warmed up until two steps agree within
 3%. Its two NS objects live for the whole process, so later sets reuse their compiled code.
 Also: the Step RPC round trip with (almost) no work, one 8x8 param: p50/p99 us.
---kernel-profile DIR: per torch, peer and in-process column, each kernel's GPU time over one
-more run of --reps steps (the daemon's engine is the in-process one).
+--kernel-profile DIR: per torch, peer and in-process column, each kernel's GPU time summed
+over one more run of --reps steps (the daemon's engine is the in-process one), e.g.
+
+    MUOND_BIN=<bundle>/bin python3 bench/gpu_step_bench.py --set llama3_8b:4:4 --rounds 1 \\
+        --columns torch,inproc_gram --no-rpc --kernel-profile prof/
+
+(without MUOND_BIN: `bazel build -c opt //bench/gpu:step_bench //bench/gpu:libkernel_profile.so`,
+both from the same bazel-bin).
 
 Per set: each column's ms, the target ratios (GOALS), and per column the effective NS
 TFLOP/s (standard-NS FLOPs 5 (4 m^2 n + 2 m^3) / time, the same numerator for everyone) and
@@ -217,10 +223,14 @@ def inprocess_flags(algorithm, restarts, gram_dtype, min_aspect):
 
 
 def step_bench(args, env=None, stderr=None):
-    """step_bench's stdout; its stderr appended to the list `stderr` when one is given."""
+    """step_bench's stdout; its stderr appended to the list `stderr` when one is given. A
+    failed run raises with the end of its stderr (not the command line, which names every
+    shape)."""
     from daemon_harness import _binary
     run = subprocess.run([_binary("bench/gpu/step_bench")] + args, capture_output=True,
-                         text=True, check=True, env=env)
+                         text=True, env=env)
+    if run.returncode != 0:
+        raise RuntimeError(f"step_bench exit {run.returncode}: {run.stderr[-1500:]}")
     if stderr is not None:
         stderr.append(run.stderr)
     return run.stdout
@@ -249,8 +259,22 @@ def kernel_profiler_library():
         if os.path.isfile(path):
             return os.path.abspath(path)
     raise FileNotFoundError(f"libkernel_profile.so: not beside {bin_dir} (deploy/bundle.sh "
-                            "puts it in the bundle's lib/; bazel build "
-                            "//bench/gpu:libkernel_profile.so)")
+                            "puts it in the bundle's lib/; or `bazel build -c opt "
+                            "//bench/gpu:step_bench //bench/gpu:libkernel_profile.so`)")
+
+
+def cupti_library_path():
+    """LD_LIBRARY_PATH with the folder of torch's libcupti.so.13 (its nvidia wheel) after
+    the current one, for hosts whose CUDA toolkit has no CUPTI."""
+    import glob
+    current = os.environ.get("LD_LIBRARY_PATH", "")
+    try:
+        import nvidia
+    except ImportError:
+        return current
+    found = sorted({os.path.dirname(f) for p in nvidia.__path__
+                    for f in glob.glob(os.path.join(p, "*", "lib", "libcupti.so.13"))})
+    return ":".join([d for d in [current] + found if d])
 
 
 def profile_inprocess(path, shapes, reps, warmup, ns_batch_size, syrk, algorithm, o):
@@ -259,13 +283,17 @@ def profile_inprocess(path, shapes, reps, warmup, ns_batch_size, syrk, algorithm
     if os.path.exists(path):
         os.remove(path)
     env = dict(os.environ, CUDA_INJECTION64_PATH=kernel_profiler_library(),
-               MUOND_KERNEL_PROFILE=path)
+               MUOND_KERNEL_PROFILE=path, LD_LIBRARY_PATH=cupti_library_path())
     errors = []
     bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=env,
                     stderr=errors)
     if not os.path.isfile(path):  # the library did not load, or CUPTI refused
         raise RuntimeError(f"no kernel profile written to {path}; step_bench's stderr: "
-                           f"{errors[0][-2000:] if errors else ''}")
+                           f"{errors[0][-1500:] if errors else ''}")
+    with open(path) as f:
+        table = f.read()
+    with open(path, "w") as f:  # the library cannot know what a step is
+        f.write(f"step_bench --engine: totals over its {reps} timed steps\n" + table)
 
 
 def short_kernel_name(name):
@@ -443,7 +471,7 @@ def guarded(label, fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001: any failure is one missing cell
-        print(f"{label}: not measured: {type(e).__name__}: {str(e)[-400:]}", flush=True)
+        print(f"{label}: not measured: {type(e).__name__}: {str(e)[-1600:]}", flush=True)
         return None
 
 
@@ -692,6 +720,12 @@ def main() -> int:
     bad = a.columns - set(COLUMNS)
     if bad:
         ap.error(f"--columns: unknown {sorted(bad)}; known: {COLUMNS}")
+    if a.kernel_profile and a.sweep_aspect:
+        ap.error("--kernel-profile profiles the step columns, not --sweep-aspect")
+    if a.kernel_profile and not any(c.startswith(("torch", "peer_", "inproc_"))
+                                    for c in a.columns):
+        ap.error("--kernel-profile profiles the torch, peer and in-process columns; "
+                 "--columns has none of them (the daemon's engine is the in-process one)")
     a.peer_restarts = restarts(a.peer_restarts)
     o = argparse.Namespace(gram_restarts=restarts(a.gram_restarts), gram_dtype=a.gram_dtype,
                            gram_min_aspect=a.gram_min_aspect,

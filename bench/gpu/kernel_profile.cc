@@ -3,7 +3,8 @@
 // Loaded by the CUDA driver as an injection library:
 //
 //   export MUOND_KERNEL_PROFILE=profile.md
-//   CUDA_INJECTION64_PATH=$bundle/lib/libkernel_profile.so bin/step_bench ...
+//   CUDA_INJECTION64_PATH=$bundle/lib/libkernel_profile.so \
+//       $bundle/bin/step_bench --engine ...
 //
 // It records every kernel, memcpy and memset through CUPTI's activity API
 // (graph replays included: CUPTI reports each node's kernel) and, at exit,
@@ -15,8 +16,10 @@
 // cudaProfilerStart/Stop (step_bench does, around its timed steps), only
 // activity that starts inside those ranges counts; otherwise all of it. A
 // forked child that exits writes nothing (its parent's records are not its).
-// Needs libcupti.so.13 at run time (the CUDA toolkit's lib64, or the folder
-// of torch's nvidia-cuda-cupti wheel on LD_LIBRARY_PATH).
+// The table is written at exit: a daemon profiled so (no profiler range:
+// everything from its start counts) must be stopped with SIGTERM, not
+// killed. Needs libcupti.so.13 at run time (the CUDA toolkit's lib64, or
+// torch's wheel folder site-packages/nvidia/cu13/lib on LD_LIBRARY_PATH).
 #include <cupti.h>
 #include <cxxabi.h>
 #include <unistd.h>
