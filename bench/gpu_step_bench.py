@@ -288,8 +288,11 @@ def profile_inprocess(path, shapes, reps, warmup, ns_batch_size, syrk, algorithm
     bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=env,
                     stderr=errors)
     if not os.path.isfile(path):  # the library did not load, or CUPTI refused
-        raise RuntimeError(f"no kernel profile written to {path}; step_bench's stderr: "
-                           f"{errors[0][-1500:] if errors else ''}")
+        err = errors[0] if errors else ""
+        said = [line for line in err.splitlines() if "kernel_profile" in line]
+        raise RuntimeError(f"no kernel profile written to {path}; the library said: "
+                           f"{' | '.join(said)[:600] or 'nothing'}; step_bench's stderr ends: "
+                           f"{err[-600:]}")
     with open(path) as f:
         table = f.read()
     with open(path, "w") as f:  # the library cannot know what a step is
@@ -335,7 +338,8 @@ def profile_torch_step(path, step, reps, warmup):
         if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation:
             name = e.name  # copies named as the CUPTI library names them
             if name.startswith("Memcpy"):  # "Memcpy DtoD (Device -> Device)"
-                name = f"[memcpy {(name.split() + ['other'])[1]}]"
+                kind = (name.split() + ["other"])[1]
+                name = f"[memcpy {kind if kind in ('HtoD', 'DtoH', 'DtoD') else 'other'}]"
             elif name.startswith("Memset"):
                 name = "[memset]"
             r = rows.setdefault(short_kernel_name(name), [0, 0.0])

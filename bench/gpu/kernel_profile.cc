@@ -210,7 +210,8 @@ void Report() {
   const double busy_ms = BusyNs(kept) / 1e6;
   std::fprintf(f,
                "GPU activity: %zu records in %zu profiler range(s); window "
-               "%.3f ms, GPU busy %.3f ms (%.1f%%); %zu records dropped\n\n",
+               "%.3f ms, GPU busy %.3f ms (%.1f%%); %zu records dropped in the "
+               "whole run\n\n",
                kept.size(), s.ranges.size(), wall_ms, busy_ms,
                wall_ms > 0 ? 100.0 * busy_ms / wall_ms : 0.0, s.dropped);
   std::fprintf(f, "| kernel | launches | total ms | mean us | share |\n");
