@@ -3,8 +3,8 @@
 // Loaded by the CUDA driver as an injection library:
 //
 //   export MUOND_KERNEL_PROFILE=profile.md
-//   CUDA_INJECTION64_PATH=$bundle/lib/libkernel_profile.so \
-//       $bundle/bin/step_bench --engine ...
+//   export CUDA_INJECTION64_PATH=$bundle/lib/libkernel_profile.so
+//   $bundle/bin/step_bench --engine ...
 //
 // It records every kernel, memcpy and memset through CUPTI's activity API
 // (graph replays included: CUPTI reports each node's kernel) and, at exit,
