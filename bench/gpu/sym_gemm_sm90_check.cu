@@ -282,8 +282,11 @@ static float TimeMs(int iters, const std::function<void()>& f) {
 // same job; cuBLAS's full product does twice that.
 // `gram`: Gram NS's kind of product instead of X X^T: (N,N) of two
 // symmetric n x n operands (k = n) plus 0.5 c, the epilogue reading c.
-static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false) {
-  const int64_t sx = n * k, sd = n * n;
+// tall: X^T X of a k x n X (T,N: Gram NS's R of a tall matrix), else X X^T
+// of an n x k X; gram: (N,N) + 0.5 c with k = n.
+static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false,
+                  bool tall = false) {
+  const int64_t sx = n * k, sd = n * n, ldx = tall ? n : k;
   void *dx, *dd, *dc;
   CK(cudaMalloc(&dx, sx * batch * 2));
   CK(cudaMalloc(&dd, sd * batch * 2));
@@ -299,11 +302,13 @@ static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false) {
   a.k = k;
   a.batch = batch;
   a.a = a.b = dx;
-  a.lda = a.ldb = k;
+  a.lda = a.ldb = ldx;
   a.stride_a = a.stride_b = sx;
   a.d = dd;
   a.ldd = n;
   a.stride_d = sd;
+  a.trans_a = tall;
+  a.trans_b = !tall;
   const float beta = gram ? 0.5f : 0.0f;
   if (gram) {
     a.trans_b = false;
@@ -319,8 +324,8 @@ static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false) {
     };
   };
   auto full = [&] {
-    CublasRef(false, !gram, n, k, 1.f, dx, k, sx, dx, k, sx, beta, dd, n, sd,
-              batch, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
+    CublasRef(tall, !gram && !tall, n, k, 1.f, dx, ldx, sx, dx, ldx, sx, beta,
+              dd, n, sd, batch, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
   };
   muond::cuda_kernels::KView kd{dd, n, n, n, 2};
   auto full_sym = [&] {
@@ -335,9 +340,12 @@ static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false) {
   std::printf(
       "| %s | %lld | %lld | %lld | %.4f | %.0f | %.4f | %.0f | %.4f | %.0f | "
       "%.4f | %.0f | %.4f | %.2f | %.2f | %.2f |\n",
-      gram ? "(N,N) + 0.5 c" : "X X^T", (long long)n, (long long)k,
-      (long long)batch, tc, tflops(tc), tp, tflops(tp), tw, tflops(tw), tf,
-      tflops(tf), tfs, tc / tw, tfs / tc, tfs / tw);
+      gram   ? "(N,N) + 0.5 c"
+      : tall ? "X^T X"
+             : "X X^T",
+      (long long)n, (long long)k, (long long)batch, tc, tflops(tc), tp,
+      tflops(tp), tw, tflops(tw), tf, tflops(tf), tfs, tc / tw, tfs / tc,
+      tfs / tw);
   cudaFree(dx);
   cudaFree(dd);
   cudaFree(dc);
@@ -407,5 +415,10 @@ int main(int argc, char** argv) {
         Bench(n, n, b, /*gram=*/true);
       }
     }
+  // Gram NS's R of a MoE layer's experts (Qwen3-30B-A3B: 768 x 2048 gate
+  // and up, X X^T, batch 256; 2048 x 768 down, X^T X, batch 128), which the
+  // backend's rule (UseSymGemmKernel) sends to cuBLAS's full product.
+  Bench(768, 2048, 256);
+  Bench(768, 2048, 128, /*gram=*/false, /*tall=*/true);
   return g_failures == 0 ? 0 : 1;
 }
