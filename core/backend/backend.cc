@@ -217,6 +217,20 @@ absl::Status CheckSameShape(const MatrixView& a, const MatrixView& b,
   return absl::OkStatus();
 }
 
+absl::Status CheckCopy(const MatrixView& dst, const MatrixView& src) {
+  RETURN_IF_ERROR(CheckSameShape(dst, src, "copy dst", "copy src"));
+  const bool fp8_dst = dst.dtype == DType::kFloat8E4M3,
+             fp8_src = src.dtype == DType::kFloat8E4M3;
+  if (fp8_dst != fp8_src) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "copy: ", std::string(DTypeName(src.dtype)), " to ",
+        std::string(DTypeName(dst.dtype)),
+        " is not a conversion Copy2D makes (fp8_e4m3 copies only to "
+        "fp8_e4m3: its block scales live apart from the view)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckDType(const MatrixView& v, DType dtype,
                         std::string_view what) {
   if (v.dtype != dtype) {

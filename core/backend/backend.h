@@ -161,8 +161,8 @@ class Backend {
   // dst <- src elementwise for two same-shape strided views of backend
   // memory, converting fp32 <-> bf16 (fp32 -> bf16 rounds to nearest even;
   // bf16 -> fp32 is exact), and fp16 (internal: the Gram NS iteration
-  // dtype) to and from both, rounded once to nearest even. The views must
-  // not overlap unless identical.
+  // dtype) to and from both, rounded once to nearest even; fp8 only to fp8
+  // (CheckCopy). The views must not overlap unless identical.
   virtual absl::Status Copy2D(const MatrixView& dst, const MatrixView& src) = 0;
 
   // ---- matmul -------------------------------------------------------------
@@ -500,6 +500,10 @@ absl::Status CheckSameShape(const MatrixView& a, const MatrixView& b,
                             std::string_view what_a, std::string_view what_b);
 absl::Status CheckDType(const MatrixView& v, DType dtype,
                         std::string_view what);
+// Copy2D's rule: same shapes (CheckSameShape), and a conversion only between
+// fp32, bf16 and fp16; fp8 e4m3 views copy only into fp8 (its block scales
+// are not the views': state_io quantises them).
+absl::Status CheckCopy(const MatrixView& dst, const MatrixView& src);
 // Checks a Gemm call's shapes and dtypes against `precision`.
 absl::Status CheckGemm(Op op_a, Op op_b, const MatrixView& a,
                        const MatrixView& b, const MatrixView& c,

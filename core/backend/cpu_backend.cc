@@ -392,7 +392,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status Copy2D(const MatrixView& dst, const MatrixView& src) override {
-    RETURN_IF_ERROR(CheckSameShape(dst, src, "copy dst", "copy src"));
+    RETURN_IF_ERROR(CheckCopy(dst, src));
     if (dst.data == src.data && dst.dtype == src.dtype &&
         dst.row_stride == src.row_stride) {
       return absl::OkStatus();

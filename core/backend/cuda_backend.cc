@@ -170,7 +170,7 @@ absl::Status CudaBackend::CopyToHost(void* dst, const void* src,
   return CudaStatus(cudaStreamSynchronize(stream_), "copy to host sync");
 }
 absl::Status CudaBackend::Copy2D(const MatrixView& dst, const MatrixView& src) {
-  RETURN_IF_ERROR(CheckSameShape(dst, src, "copy dst", "copy src"));
+  RETURN_IF_ERROR(CheckCopy(dst, src));
   if (src.numel() == 0) return absl::OkStatus();
   if (dst.dtype == src.dtype) {
     if (dst.data == src.data && Ld(dst) == Ld(src)) return absl::OkStatus();

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/backend/bf16.h"
@@ -168,6 +170,32 @@ TEST(CpuBackend, Copy2DConvertsAndRespectsStrides) {
                 std::fabs(x) * std::ldexp(1.0, -8));
     }
   }
+}
+
+// fp8 e4m3 copies only to fp8 (its block scales are not the view's): a
+// conversion either way is refused naming both dtypes, and nothing is
+// written; fp8 to fp8 copies the bytes.
+TEST(CpuBackend, Copy2DConvertsNoFp8) {
+  auto backend = MakeCpuBackend();
+  std::vector<uint8_t> codes = {0x38, 0xb8, 0x40, 0x00};  // 1, -1, 2, 0
+  std::vector<float> f32(4, -7.0f);
+  std::vector<uint8_t> copy(4, 0xff);
+  const MatrixView fp8 = ContiguousView(codes.data(), DType::kFloat8E4M3, 2, 2);
+  for (const auto& [dst, src] :
+       {std::pair{ContiguousView(f32.data(), DType::kFloat32, 2, 2), fp8},
+        std::pair{fp8, ContiguousView(f32.data(), DType::kFloat32, 2, 2)}}) {
+    const absl::Status st = backend->Copy2D(dst, src);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("fp8_e4m3"), std::string_view::npos) << st;
+    EXPECT_NE(st.message().find("fp32"), std::string_view::npos) << st;
+  }
+  EXPECT_EQ(f32, std::vector<float>(4, -7.0f));
+  EXPECT_EQ(codes, (std::vector<uint8_t>{0x38, 0xb8, 0x40, 0x00}));
+  ASSERT_TRUE(
+      backend
+          ->Copy2D(ContiguousView(copy.data(), DType::kFloat8E4M3, 2, 2), fp8)
+          .ok());
+  EXPECT_EQ(copy, codes);
 }
 
 TEST(CpuBackend, FrobeniusNormalizePerSliceWithEps) {
