@@ -22,27 +22,8 @@ struct CopyOp {
 // and stored as 16-byte vectors: the per-element CopyOp moves 2-byte values
 // at under half of an H100's bandwidth (the Gram NS result's fp16 -> bf16
 // copy, bench/gpu_step_bench.py --kernel-profile). Each element goes
-// through Ld/St's decode and encode, so the bits are CopyOp's. A tail of
+// through LdElem / StElem, as Ld / St, so the bits are CopyOp's. A tail of
 // n % 8 elements goes element by element.
-template <int kElem, bool kF16>
-__device__ __forceinline__ float Decode(const char* p) {
-  if constexpr (kElem == 4) {
-    return *reinterpret_cast<const float*>(p);
-  } else {
-    const uint16_t h = *reinterpret_cast<const uint16_t*>(p);
-    return kF16 ? F16BitsToFloat(h) : Bf16BitsToFloat(h);
-  }
-}
-template <int kElem, bool kF16>
-__device__ __forceinline__ void Encode(char* p, float x) {
-  if constexpr (kElem == 4) {
-    *reinterpret_cast<float*>(p) = x;
-  } else {
-    *reinterpret_cast<uint16_t*>(p) =
-        kF16 ? FloatToF16Bits(x) : FloatToBf16Bits(x);
-  }
-}
-
 constexpr int kVec = 8;
 template <int kSrc, bool kSrcF16, int kDst, bool kDstF16>
 __global__ void CopyVecKernel(const char* src, char* dst, int64_t n) {
@@ -63,16 +44,16 @@ __global__ void CopyVecKernel(const char* src, char* dst, int64_t n) {
     char* op = reinterpret_cast<char*>(out);
 #pragma unroll
     for (int e = 0; e < kVec; ++e)
-      Encode<kDst, kDstF16>(op + e * kDst,
-                            Decode<kSrc, kSrcF16>(ip + e * kSrc));
+      StElem<kDst, kDstF16>(op + e * kDst,
+                            LdElem<kSrc, kSrcF16>(ip + e * kSrc));
 #pragma unroll
     for (int v = 0; v < kDstVecs; ++v)
       reinterpret_cast<uint4*>(dst + g * kVec * kDst)[v] = out[v];
   }
   const int64_t tail = groups * kVec + first;
   if (tail < n) {
-    Encode<kDst, kDstF16>(dst + tail * kDst,
-                          Decode<kSrc, kSrcF16>(src + tail * kSrc));
+    StElem<kDst, kDstF16>(dst + tail * kDst,
+                          LdElem<kSrc, kSrcF16>(src + tail * kSrc));
   }
 }
 
@@ -86,7 +67,7 @@ cudaError_t LaunchCopyVec(const KView& dst, const KView& src, int64_t n,
   constexpr int kSrc = kSrcKind == 0 ? 4 : 2, kDst = kDstKind == 0 ? 4 : 2;
   int64_t blocks = (n / kVec + kThreads - 1) / kThreads;
   if (blocks < 1) blocks = 1;
-  if (blocks > 132 * 16) blocks = 132 * 16;
+  if (blocks > kMaxFlatBlocks) blocks = kMaxFlatBlocks;
   CopyVecKernel<kSrc, kSrcKind == 2, kDst, kDstKind == 2>
       <<<unsigned(blocks), kThreads, 0, stream>>>(
           static_cast<const char*>(src.data), static_cast<char*>(dst.data), n);
@@ -200,10 +181,6 @@ __global__ void SymmetrizePairsKernel(DView a, int64_t stride_bytes) {
 
 cudaError_t Copy2DConvert(const KView& dst, const KView& src,
                           cudaStream_t stream) {
-  // fp32, bf16 and fp16 only: fp8 state is never copied through here, and a
-  // 1-byte view read as 2-byte elements would overrun it.
-  for (const KView* v : {&dst, &src})
-    if (v->elem != 2 && v->elem != 4) return cudaErrorInvalidValue;
   const int64_t n = src.rows * src.cols;
   if (n > 0 && Flat({dst, src}) && Aligned16(dst.data) && Aligned16(src.data)) {
     switch (ElemKind(src)) {
@@ -222,29 +199,24 @@ cudaError_t Copy2DConvert(const KView& dst, const KView& src,
 cudaError_t SymmetrizeFromLower(const KView& a, int64_t stride, int64_t batch,
                                 cudaStream_t stream) {
   if (a.rows == 0 || batch == 0) return cudaSuccess;
-  const DView d = D(a);
-  if (a.elem == 2 && a.ld % 2 == 0 && stride % 2 == 0 &&
-      reinterpret_cast<uintptr_t>(a.data) % 4 == 0) {
-    const int tiles = int((a.cols + kPairTile - 1) / kPairTile);
-    const unsigned upper = unsigned(tiles) * unsigned(tiles + 1) / 2;
-    for (int64_t s0 = 0; s0 < batch; s0 += 65535) {
-      const int64_t nb = batch - s0 < 65535 ? batch - s0 : 65535;
-      DView ds = d;
-      ds.data += s0 * stride * d.elem;
-      SymmetrizePairsKernel<<<dim3(upper, 1, unsigned(nb)), dim3(32, 8), 0,
-                              stream>>>(ds, stride * d.elem);
-      const cudaError_t err = cudaGetLastError();
-      if (err != cudaSuccess) return err;
-    }
-    return cudaSuccess;
-  }
+  const bool pairs = a.elem == 2 && a.ld % 2 == 0 && stride % 2 == 0 &&
+                     reinterpret_cast<uintptr_t>(a.data) % 4 == 0;
+  const int pair_tiles = int((a.cols + kPairTile - 1) / kPairTile);
   const unsigned tiles = unsigned((a.cols + kTile - 1) / kTile);
+  // gridDim.z is at most 65535: the batch in chunks of that many slices.
   for (int64_t s0 = 0; s0 < batch; s0 += 65535) {
-    const int64_t nb = batch - s0 < 65535 ? batch - s0 : 65535;
-    DView ds = d;
-    ds.data += s0 * stride * d.elem;
-    SymmetrizeKernel<<<dim3(tiles, tiles, unsigned(nb)), dim3(kTile, 8), 0,
-                       stream>>>(ds, stride * d.elem);
+    const unsigned nb = unsigned(batch - s0 < 65535 ? batch - s0 : 65535);
+    DView ds = D(a);
+    ds.data += s0 * stride * ds.elem;
+    if (pairs) {
+      const unsigned upper =
+          unsigned(pair_tiles) * unsigned(pair_tiles + 1) / 2;
+      SymmetrizePairsKernel<<<dim3(upper, 1, nb), dim3(32, 8), 0, stream>>>(
+          ds, stride * ds.elem);
+    } else {
+      SymmetrizeKernel<<<dim3(tiles, tiles, nb), dim3(kTile, 8), 0, stream>>>(
+          ds, stride * ds.elem);
+    }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

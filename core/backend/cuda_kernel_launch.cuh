@@ -19,6 +19,9 @@ namespace cuda_kernels {
 namespace {
 
 constexpr int kThreads = 256;
+// Blocks of a grid-stride flat kernel: 16 per SM of a 132-SM H100/H200, the
+// rest of the elements taken by the stride.
+constexpr int64_t kMaxFlatBlocks = 132 * 16;
 
 // The last k < count with start[k] <= b: which table entry CUDA block b
 // works on, when entry k's blocks start at start[k] (ascending).
@@ -60,21 +63,43 @@ __device__ __forceinline__ uint16_t FloatToF16Bits(float x) {
   return __half_as_ushort(__float2half_rn(x));
 }
 
+// One element at p of a type known at compile time (kElem bytes: 4 fp32,
+// 2 bf16 or, with kF16, fp16), decoded to or encoded from fp32. Ld / St
+// pick one by the view's runtime type.
+template <int kElem, bool kF16>
+__device__ __forceinline__ float LdElem(const char* p) {
+  if constexpr (kElem == 4) {
+    return *reinterpret_cast<const float*>(p);
+  } else {
+    const uint16_t h = *reinterpret_cast<const uint16_t*>(p);
+    return kF16 ? F16BitsToFloat(h) : Bf16BitsToFloat(h);
+  }
+}
+template <int kElem, bool kF16>
+__device__ __forceinline__ void StElem(char* p, float x) {
+  if constexpr (kElem == 4) {
+    *reinterpret_cast<float*>(p) = x;
+  } else {
+    *reinterpret_cast<uint16_t*>(p) =
+        kF16 ? FloatToF16Bits(x) : FloatToBf16Bits(x);
+  }
+}
+
 __device__ __forceinline__ float Ld(const DView& v, int64_t i, int64_t j) {
   const char* p = v.data + (i * v.ld + j) * v.elem;
-  if (v.elem == 4) return *reinterpret_cast<const float*>(p);
-  const uint16_t h = *reinterpret_cast<const uint16_t*>(p);
-  return v.f16 ? F16BitsToFloat(h) : Bf16BitsToFloat(h);
+  if (v.elem == 4) return LdElem<4, false>(p);
+  return v.f16 ? LdElem<2, true>(p) : LdElem<2, false>(p);
 }
 
 __device__ __forceinline__ void St(const DView& v, int64_t i, int64_t j,
                                    float x) {
   char* p = v.data + (i * v.ld + j) * v.elem;
   if (v.elem == 4) {
-    *reinterpret_cast<float*>(p) = x;
+    StElem<4, false>(p, x);
+  } else if (v.f16) {
+    StElem<2, true>(p, x);
   } else {
-    *reinterpret_cast<uint16_t*>(p) =
-        v.f16 ? FloatToF16Bits(x) : FloatToBf16Bits(x);
+    StElem<2, false>(p, x);
   }
 }
 
@@ -155,7 +180,7 @@ cudaError_t LaunchLoadStore(std::initializer_list<KView> views, int64_t rows,
   const int64_t n = rows * cols;
   if (n == 0) return cudaSuccess;
   int64_t blocks = (n + int64_t(kThreads) * kIlp - 1) / (kThreads * kIlp);
-  if (blocks > 132 * 16) blocks = 132 * 16;
+  if (blocks > kMaxFlatBlocks) blocks = kMaxFlatBlocks;
   ForEachFlatIlpKernel<<<unsigned(blocks), kThreads, 0, stream>>>(n, f);
   return cudaGetLastError();
 }
