@@ -41,12 +41,16 @@ namespace {
 
 struct Interval {
   uint64_t start, end;
-  std::string name;
+  const std::string* name;  // State::names' entry
 };
 
 struct State {
   std::mutex mu;
   std::vector<Interval> activity;
+  // Short names by CUPTI's name pointer (stable for a function: a kernel is
+  // demangled once, not per launch) and by the copies' own labels; a map's
+  // entries never move, so intervals point into it.
+  std::map<const void*, std::string> names;
   size_t dropped = 0;  // records CUPTI had no buffer for
   pid_t pid = 0;       // the process that loaded the library
   // cudaProfilerStart/Stop ranges: [begin, end); end == 0 while open.
@@ -76,7 +80,7 @@ std::string ShortName(const char* mangled) {
   return muond::bench::ShortKernelName(name);
 }
 
-std::string MemcpyName(uint8_t kind) {
+const char* MemcpyName(uint8_t kind) {
   switch (kind) {
     case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD:
       return "[memcpy HtoD]";
@@ -89,39 +93,50 @@ std::string MemcpyName(uint8_t kind) {
   }
 }
 
+// The interned short name of a kernel (its mangled name) or of a copy (its
+// label, taken as it is). Called with State::mu held.
+const std::string* NameOf(State& s, const char* name, bool kernel) {
+  auto [it, fresh] = s.names.try_emplace(name);
+  if (fresh) it->second = kernel ? ShortName(name) : std::string(name);
+  return &it->second;
+}
+
 void CUPTIAPI BufferCompleted(CUcontext context, uint32_t stream_id,
                               uint8_t* buffer, size_t, size_t valid) {
-  std::vector<Interval> batch;
-  CUpti_Activity* record = nullptr;
-  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
-    switch (record->kind) {
-      case CUPTI_ACTIVITY_KIND_KERNEL:
-      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
-        auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(record);
-        batch.push_back({k->start, k->end, ShortName(k->name)});
-        break;
+  State& s = Global();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    CUpti_Activity* record = nullptr;
+    while (cuptiActivityGetNextRecord(buffer, valid, &record) ==
+           CUPTI_SUCCESS) {
+      switch (record->kind) {
+        case CUPTI_ACTIVITY_KIND_KERNEL:
+        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+          auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(record);
+          s.activity.push_back({k->start, k->end, NameOf(s, k->name, true)});
+          break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMCPY: {
+          auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(record);
+          s.activity.push_back(
+              {m->start, m->end, NameOf(s, MemcpyName(m->copyKind), false)});
+          break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMSET: {
+          auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(record);
+          s.activity.push_back(
+              {m->start, m->end, NameOf(s, "[memset]", false)});
+          break;
+        }
+        default:
+          break;
       }
-      case CUPTI_ACTIVITY_KIND_MEMCPY: {
-        auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(record);
-        batch.push_back({m->start, m->end, MemcpyName(m->copyKind)});
-        break;
-      }
-      case CUPTI_ACTIVITY_KIND_MEMSET: {
-        auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(record);
-        batch.push_back({m->start, m->end, "[memset]"});
-        break;
-      }
-      default:
-        break;
     }
+    size_t dropped = 0;
+    cuptiActivityGetNumDroppedRecords(context, stream_id, &dropped);
+    s.dropped += dropped;
   }
   std::free(buffer);
-  size_t dropped = 0;
-  cuptiActivityGetNumDroppedRecords(context, stream_id, &dropped);
-  State& s = Global();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.activity.insert(s.activity.end(), batch.begin(), batch.end());
-  s.dropped += dropped;
 }
 
 void CUPTIAPI OnDriverApi(void*, CUpti_CallbackDomain, CUpti_CallbackId id,
@@ -189,7 +204,7 @@ void Report() {
   std::map<std::string, Row> rows;
   uint64_t total = 0, first = UINT64_MAX, last = 0;
   for (const auto& i : kept) {
-    Row& r = rows[i.name];
+    Row& r = rows[*i.name];
     ++r.count;
     r.ns += i.end - i.start;
     total += i.end - i.start;
