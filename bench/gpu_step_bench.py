@@ -222,30 +222,30 @@ def inprocess_flags(algorithm, restarts, gram_dtype, min_aspect):
     return f
 
 
-def step_bench(args, env=None, stderr=None):
-    """step_bench's stdout; its stderr appended to the list `stderr` when one is given. A
-    failed run raises with the end of its stderr (not the command line, which names every
-    shape)."""
+def step_bench(args, env=None):
+    """step_bench run to completion (its stdout and stderr). A failed run raises with the
+    end of its stderr (not the command line, which names every shape)."""
     from daemon_harness import _binary
     run = subprocess.run([_binary("bench/gpu/step_bench")] + args, capture_output=True,
                          text=True, env=env)
     if run.returncode != 0:
         raise RuntimeError(f"step_bench exit {run.returncode}: {run.stderr[-1500:]}")
-    if stderr is not None:
-        stderr.append(run.stderr)
-    return run.stdout
+    return run
 
 
-def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=None,
-                    stderr=None):
+def inprocess_run(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=None):
+    """step_bench --engine on the shapes, with the column's NS flags."""
     arg = ",".join(f"{r}x{c}" for r, c in shapes)
-    out = step_bench([f"--shapes={arg}", "--precision=medium", f"--reps={reps}",
-                      f"--warmup={warmup}", f"--ns_batch_size={ns_batch_size}", "--engine"]
-                     + (["--use_syrk"] if syrk and algorithm == "standard" else [])
-                     + inprocess_flags(algorithm, o.gram_restarts, o.gram_dtype,
-                                       o.gram_min_aspect)
-                     + [f"--sym_gemm_schedule={o.sym_gemm_schedule}"], env=env,
-                     stderr=stderr)
+    return step_bench([f"--shapes={arg}", "--precision=medium", f"--reps={reps}",
+                       f"--warmup={warmup}", f"--ns_batch_size={ns_batch_size}", "--engine"]
+                      + (["--use_syrk"] if syrk and algorithm == "standard" else [])
+                      + inprocess_flags(algorithm, o.gram_restarts, o.gram_dtype,
+                                        o.gram_min_aspect)
+                      + [f"--sym_gemm_schedule={o.sym_gemm_schedule}"], env=env)
+
+
+def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o):
+    out = inprocess_run(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o).stdout
     return float(re.search(r"step_ms_median (\S+)", out).group(1))
 
 
@@ -284,11 +284,9 @@ def profile_inprocess(path, shapes, reps, warmup, ns_batch_size, syrk, algorithm
         os.remove(path)
     env = dict(os.environ, CUDA_INJECTION64_PATH=kernel_profiler_library(),
                MUOND_KERNEL_PROFILE=path, LD_LIBRARY_PATH=cupti_library_path())
-    errors = []
-    bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=env,
-                    stderr=errors)
+    err = inprocess_run(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o,
+                        env=env).stderr
     if not os.path.isfile(path):  # the library did not load, or CUPTI refused
-        err = errors[0] if errors else ""
         said = [line for line in err.splitlines() if "kernel_profile" in line]
         raise RuntimeError(f"no kernel profile written to {path}; the library said: "
                            f"{' | '.join(said)[:600] or 'nothing'}; step_bench's stderr ends: "
@@ -640,7 +638,7 @@ def sweep_aspect(a, o):
             out = step_bench([f"--shapes={arg}", "--precision=medium", f"--reps={a.reps}",
                               f"--warmup={a.warmup}", f"--ns_batch_size={b}", "--ns_only"]
                              + (["--use_syrk"] if a.syrk and algo == "standard" else [])
-                             + flags)
+                             + flags).stdout
             for m in re.finditer(r"ns_ms (\d+)x(\d+) batch (\d+) median (\S+)", out):
                 results[(int(m.group(1)), int(m.group(2)), algo)] = float(m.group(4)) / b
     lines = ["| n | m/n | m | standard NS ms | gram NS ms | standard / gram |",

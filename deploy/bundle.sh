@@ -41,9 +41,12 @@ fi
 bin_dir=$("${bazel[@]}" info "${opts[@]}" bazel-bin 2>/dev/null)
 
 rm -rf "$out" && mkdir -p "$out"/{bin,libexec,lib,client/python,examples,data,deploy/local,tests,bench}
+built() {  # label -> its file under bazel-bin
+  echo "$bin_dir/$(echo "${1#//}" | tr ':' '/')"
+}
 copy_bin() {  # label -> libexec/<name>, plus a wrapper in bin/
-  local label=$1 path name
-  path=$bin_dir/$(echo "${label#//}" | tr ':' '/')
+  local path name
+  path=$(built "$1")
   name=$(basename "$path")
   cp -L "$path" "$out/libexec/$name"
   chmod u+w "$out/libexec/$name"
@@ -58,7 +61,7 @@ WRAP
 }
 for t in "${targets[@]}" "${gpu_tests[@]}" "${bench_bins[@]}"; do
   case $t in
-    *.so) cp -L "$bin_dir/$(echo "${t#//}" | tr ':' '/')" "$out/lib/" ;;  # a library, no wrapper
+    *.so) cp -L "$(built "$t")" "$out/lib/" ;;  # a library, no wrapper
     *) copy_bin "$t" ;;
   esac
 done
