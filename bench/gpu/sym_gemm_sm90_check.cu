@@ -417,8 +417,17 @@ int main(int argc, char** argv) {
     }
   // Gram NS's R of a MoE layer's experts (Qwen3-30B-A3B: 768 x 2048 gate
   // and up, X X^T, batch 256; 2048 x 768 down, X^T X, batch 128), which the
-  // backend's rule (UseSymGemmKernel) sends to cuBLAS's full product.
+  // backend's rule (UseSymGemmKernel) sent to cuBLAS's full product while
+  // it took the kernel only for k <= 2 n below n = 1536.
   Bench(768, 2048, 256);
   Bench(768, 2048, 128, /*gram=*/false, /*tall=*/true);
+  // The rule's edge below n = 1536: single and small-batch products at
+  // k = 2..3.5 n, both orientations.
+  for (int64_t n : {512, 768, 1024})
+    for (int64_t k : {2 * n, n * 5 / 2, n * 8 / 3 / 8 * 8, 3 * n})
+      for (int64_t b : {1, 8}) {
+        Bench(n, k, b);
+        Bench(n, k, b, /*gram=*/false, /*tall=*/true);
+      }
   return g_failures == 0 ? 0 : 1;
 }
