@@ -14,6 +14,10 @@
 //            shrinks the object cannot SIGBUS the daemon), answers at
 //            ResponseOffset(), response_len and response_kind, then
 //            response_seq = request_seq and FUTEX_WAKE(response_seq).
+// A request with StepRequest.await_trainer_verdict: before its commit the
+// daemon waits until verdict_seq == request_seq, the trainer having written
+// verdict (kVerdictGo or kVerdictWithdraw), then verdict_seq, then
+// FUTEX_WAKE(verdict_seq). Other requests never read them.
 // Liveness: each side holds an open-file-description lock (F_OFD_SETLK) on
 // one byte of the object (kTrainerLockByte, kDaemonLockByte) and tests the
 // other's with F_OFD_GETLK; the kernel drops a lock when its process dies.
@@ -38,6 +42,8 @@ inline constexpr uint64_t kRequestLenOffset = 192;    // u32, trainer writes
 inline constexpr uint64_t kRequestOpOffset = 196;     // u32, trainer writes
 inline constexpr uint64_t kResponseLenOffset = 256;   // u32, daemon writes
 inline constexpr uint64_t kResponseKindOffset = 260;  // u32, daemon writes
+inline constexpr uint64_t kVerdictSeqOffset = 320;    // u32, trainer writes
+inline constexpr uint64_t kVerdictOffset = 384;       // u32, trainer writes
 inline constexpr uint64_t kRequestOffset = 4096;      // the request area
 
 inline constexpr uint64_t ResponseOffset(uint32_t request_capacity) {
@@ -87,6 +93,12 @@ enum ResponseKind : uint32_t {
   // OpenStepChannelResponse.answers_kept; an older daemon answers from its
   // record of the step, StepResponse.replayed).
   kTooLarge = 3,
+};
+
+// The trainer's verdict on a step sent before its checks.
+enum Verdict : uint32_t {
+  kVerdictGo = 1,        // commit it
+  kVerdictWithdraw = 2,  // refuse it on every rank; it is sent again
 };
 
 }  // namespace muond::step_channel

@@ -23,6 +23,7 @@ constexpr NamedReason kReasons[] = {
     {ErrorReason::kAlreadyRegistered, "ALREADY_REGISTERED"},
     {ErrorReason::kTrainerRefused, "TRAINER_REFUSED"},
     {ErrorReason::kRefusedByPeer, "REFUSED_BY_PEER"},
+    {ErrorReason::kStepWithdrawn, "STEP_WITHDRAWN"},
 };
 
 // Payload text: the reason's name, then one "\n<key>=<C-escaped value>" per

@@ -53,6 +53,13 @@ enum class ErrorReason {
   // (e.g. the param and the rule, or the step id): a client with several
   // daemons raises it instead. Nothing was applied.
   kRefusedByPeer,
+  // Step: a trainer withdrew a step it sent before its own checks
+  // (StepRequest.await_trainer_verdict: the checks found a grad or param
+  // moved, or failed, or it gave no verdict) and the job refused the step on
+  // every rank (ABORTED; metadata {"ranks": the job ranks whose trainers
+  // withdrew it}). Nothing was applied: every rank's trainer sends the same
+  // step id again.
+  kStepWithdrawn,
 };
 
 // Free-form details of a reason (ErrorInfo.metadata): lower_snake_case keys,

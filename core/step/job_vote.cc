@@ -85,6 +85,8 @@ std::string RefusalCodeName(RefusalCode code) {
     case RefusalCode::kTrainer:
       return "its trainer's own checks (the error that trainer raised names "
              "the param and the rule)";
+    case RefusalCode::kTrainerWithdrew:
+      return "its trainer withdrew the step it sent before its checks";
   }
   return absl::StrCat("unknown reason ", uint32_t(code));
 }
@@ -207,6 +209,31 @@ absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
   return WithErrorReason(
       status, ErrorReason::kRefusedByPeer,
       RanksOf(d.refusals, [](const Refusal&) { return true; }));
+}
+
+absl::Status NotCommitted(const JobDecision& d, int64_t step_id) {
+  const auto withdrew = [](const Refusal& r) {
+    return r.code == RefusalCode::kTrainerWithdrew;
+  };
+  if (!d.refusals.empty() &&
+      std::all_of(d.refusals.begin(), d.refusals.end(), withdrew)) {
+    return WithErrorReason(
+        absl::AbortedError(
+            absl::StrCat("step ", step_id, " was not applied on any rank: ",
+                         DescribeRefusals(d), "; send the same step again")),
+        ErrorReason::kStepWithdrawn, RanksOf(d.refusals, withdrew));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "step ", step_id, " was not applied on any rank: ", DescribeRefusals(d),
+      " in its exchanges"));
+}
+
+absl::Status WithdrawnHere(int64_t step_id, int rank, const std::string& why) {
+  return WithErrorReason(
+      absl::AbortedError(absl::StrCat(
+          "step ", step_id, " was withdrawn by this rank's trainer (", why,
+          "); nothing was applied on any rank: send the same step again")),
+      ErrorReason::kStepWithdrawn, {{"ranks", absl::StrCat(rank)}});
 }
 
 }  // namespace muond

@@ -52,6 +52,9 @@ enum class RefusalCode : uint32_t {
   kNonFiniteUpdate = 10,    // non-finite NS output (custom coefficients)
   kReplicaGradients = 11,   // a domain's DP replicas hold different grads
   kTrainer = 12,            // the rank's trainer refused (its own checks)
+  // The rank's trainer withdrew a step it sent before its checks
+  // (StepRequest.await_trainer_verdict); in the commit vote only.
+  kTrainerWithdrew = 13,
 };
 
 // The phase the ballot votes on: a step's start or its commit.
@@ -122,5 +125,17 @@ std::string RefusalCodeName(RefusalCode code);
 // the job ranks (daemons) whose trainers refused}. Otherwise, where some
 // ranks refused: ErrorReason kRefusedByPeer, metadata {"ranks": them}.
 absl::Status RefusedByPeers(const JobDecision& decision, int64_t step_id);
+
+// The status every rank answers a step the commit vote refused with, when
+// it did not refuse it itself: ABORTED with ErrorReason kStepWithdrawn
+// (metadata {"ranks": them}) when every refusal is a trainer's withdrawal
+// (the step is sent again), else UNAVAILABLE naming the refusers (a peer's
+// exchanges failed, or its NS output was not finite).
+absl::Status NotCommitted(const JobDecision& decision, int64_t step_id);
+
+// This rank's own answer to a step its trainer withdrew (`why`: the
+// verdict it gave, or why none came): ABORTED with ErrorReason
+// kStepWithdrawn, metadata {"ranks": `rank`}.
+absl::Status WithdrawnHere(int64_t step_id, int rank, const std::string& why);
 
 }  // namespace muond

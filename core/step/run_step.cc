@@ -108,6 +108,19 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
     commit.verdict = JobVerdict::kRefuse;
     commit.code = RefusalCode::kNonFiniteUpdate;
   }
+  // A step sent before its trainer's checks: they ran alongside the phases
+  // above; the trainer's verdict decides this rank's commit ballot.
+  absl::Status withdrawn;
+  if (commit.verdict == JobVerdict::kAgree && inputs.await_trainer_verdict) {
+    withdrawn = inputs.await_trainer_verdict();
+    if (!withdrawn.ok()) {
+      commit.verdict = JobVerdict::kRefuse;
+      commit.code = RefusalCode::kTrainerWithdrew;
+      withdrawn = WithdrawnHere(
+          inputs.step_id, options_.job != nullptr ? options_.job->rank() : 0,
+          std::string(withdrawn.message()));
+    }
+  }
   if (options_.testonly_commit_delay_ms > 0) {
     // Said before the sleep, so a test watching the log kills a peer inside
     // this window, not by guessing a delay (tests/system/kill_mid_step.py).
@@ -121,10 +134,9 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   if (!prepared.ok()) return prepared;
   if (!ns_finite.ok()) return ns_finite;  // mine, with the params named
   if (!committed.ok()) return committed.status();
+  if (!withdrawn.ok()) return withdrawn;
   if (committed->verdict != JobVerdict::kAgree) {
-    return absl::UnavailableError(
-        absl::StrCat("step ", inputs.step_id, " was not applied on any rank: ",
-                     DescribeRefusals(*committed), " in its exchanges"));
+    return NotCommitted(*committed, inputs.step_id);
   }
   // 5. The commit: local writes only.
   RETURN_IF_ERROR(RunLanes(

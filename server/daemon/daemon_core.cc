@@ -510,9 +510,10 @@ v1::StepResponse DaemonCore::ReplayedResponse() const {
 }
 
 absl::StatusOr<v1::StepResponse> DaemonCore::Step(
-    const v1::StepRequest& request) {
+    const v1::StepRequest& request,
+    const std::function<absl::Status()>& await_verdict) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<v1::StepResponse> outcome = DoStep(request);
+  absl::StatusOr<v1::StepResponse> outcome = DoStep(request, await_verdict);
   if (outcome.ok() && !outcome->replayed()) {
     outcome->mutable_timings()->set_handler_us(
         absl::ToDoubleMicroseconds(absl::Now() - start));
@@ -567,7 +568,8 @@ absl::Status DaemonCore::AwaitCommunicators(int64_t step_id) {
 }
 
 absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
-    const v1::StepRequest& request) {
+    const v1::StepRequest& request,
+    const std::function<absl::Status()>& await_verdict) {
   absl::MutexLock op(&op_mu_);
   RETURN_IF_ERROR(AwaitCommunicators(request.step_id()));
   StepInputs inputs;
@@ -609,6 +611,19 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
       if (inputs.refusal.ok()) {
         Refuse(inputs, ActivatePlanFor(id), RefusalCode::kPlanVersion);
       }
+      if (request.await_trainer_verdict()) {
+        if (await_verdict) {
+          inputs.await_trainer_verdict = await_verdict;
+        } else {
+          Refuse(inputs,
+                 absl::InvalidArgumentError(
+                     "StepRequest.await_trainer_verdict: a step sent before "
+                     "its trainer's checks needs a step channel (the verdict "
+                     "travels in its header); over the Step RPC the trainer "
+                     "checks first and leaves the field unset"),
+                 RefusalCode::kOther);
+        }
+      }
       // The engine votes an out-of-range id as is; a refused one is never run.
       inputs.step_id = std::clamp<int64_t>(id, -1, kMaxStepId + 1);
     } else {
@@ -628,7 +643,10 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
   }
   if (!result.ok()) {
     LOG(ERROR) << "step " << id << " failed: " << result.status();
-    if (IsCommunicationFailure(result.status())) {
+    // A withdrawn step (ABORTED) is no communication failure: the
+    // communicators stay, and the trainers send the step again.
+    if (IsCommunicationFailure(result.status()) &&
+        GetErrorReason(result.status()) != ErrorReason::kStepWithdrawn) {
       return CommunicationFailure(id, result.status());
     }
     return result.status();

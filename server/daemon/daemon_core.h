@@ -174,7 +174,12 @@ class DaemonCore : private DaemonStateOwner {
   // registered the params and the caller is not the operator. Unregistering
   // nothing is OK.
   absl::Status Unregister(const v1::UnregisterParamsRequest& request);
-  absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request);
+  // `await_verdict`: the trainer's verdict on a step it sent before its
+  // checks (a step channel's; StepRequest.await_trainer_verdict), empty
+  // over the Step RPC, which refuses such a step.
+  absl::StatusOr<v1::StepResponse> Step(
+      const v1::StepRequest& request,
+      const std::function<absl::Status()>& await_verdict = {});
   v1::GetStatusResponse Status();
   v1::HealthResponse Health();
   // The client_id that registered the params; nullopt: none registered.
@@ -268,7 +273,9 @@ class DaemonCore : private DaemonStateOwner {
   absl::StatusOr<v1::RegisterParamsResponse> DoRegister(
       const v1::RegisterParamsRequest& request,
       const std::function<bool()>& cancelled);
-  absl::StatusOr<v1::StepResponse> DoStep(const v1::StepRequest& request);
+  absl::StatusOr<v1::StepResponse> DoStep(
+      const v1::StepRequest& request,
+      const std::function<absl::Status()>& await_verdict);
   bool PlanMatches(const v1::Plan& plan) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The one rule of readiness: an engine (built from a plan of the current

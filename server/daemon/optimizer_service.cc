@@ -52,8 +52,9 @@ grpc::Status OptimizerService::RegisterParams(
 }
 
 StepHandler OptimizerService::StepHandlerOf(OptimizerService* service) {
-  return [service](const v1::StepRequest& request) {
-    absl::StatusOr<v1::StepResponse> answer = service->StepOn(request);
+  return [service](const v1::StepRequest& request,
+                   const TrainerVerdict& verdict) {
+    absl::StatusOr<v1::StepResponse> answer = service->StepOn(request, verdict);
     if (!answer.ok()) {
       LOG(WARNING) << "Step (step channel) refused: " << answer.status();
     }
@@ -62,11 +63,11 @@ StepHandler OptimizerService::StepHandlerOf(OptimizerService* service) {
 }
 
 absl::StatusOr<v1::StepResponse> OptimizerService::StepOn(
-    const v1::StepRequest& request) {
+    const v1::StepRequest& request, const TrainerVerdict& verdict) {
   absl::StatusOr<std::shared_ptr<DaemonCore>> core =
       CoreOf(request.optimizer());
   if (!core.ok()) return core.status();
-  return (*core)->Step(request);
+  return (*core)->Step(request, verdict);
 }
 
 grpc::Status OptimizerService::Step(grpc::ServerContext* context,
@@ -79,7 +80,7 @@ grpc::Status OptimizerService::Step(grpc::ServerContext* context,
           channels_.TakeKeptAnswer(*request)) {
     return Reply(*std::move(kept), response, "Step");
   }
-  return Reply(StepOn(*request), response, "Step");
+  return Reply(StepOn(*request, TrainerVerdict()), response, "Step");
 }
 
 grpc::Status OptimizerService::OpenStepChannel(

@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -348,6 +349,7 @@ absl::StatusOr<v1::OpenStepChannelResponse> StepChannels::Open(
   v1::OpenStepChannelResponse response;
   response.set_version(sc::kVersion);
   response.set_answers_kept(true);
+  response.set_trainer_verdicts(true);
   return response;
 }
 
@@ -404,6 +406,46 @@ absl::StatusOr<v1::StepRequest> ReadRequest(int fd, uint32_t op, uint32_t len,
 
 }  // namespace
 
+absl::Status StepChannels::AwaitVerdict(StepChannelEnd* channel, uint32_t seq) {
+  const int fd = channel->fd;
+  const absl::Time deadline = absl::Now() + options_.verdict_timeout;
+  const struct timespec slice =
+      absl::ToTimespec(std::min(options_.idle_check, options_.verdict_timeout));
+  while (true) {
+    uint32_t said = 0, verdict = 0;
+    if (!Read(fd, sc::kVerdictSeqOffset, &said)) {
+      return absl::AbortedError("the step channel's object shrank");
+    }
+    if (said == seq) {
+      // The trainer wrote the verdict before its sequence number.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (!Read(fd, sc::kVerdictOffset, &verdict)) {
+        return absl::AbortedError("the step channel's object shrank");
+      }
+      if (verdict == sc::kVerdictGo) return absl::OkStatus();
+      if (verdict == sc::kVerdictWithdraw) {
+        return absl::AbortedError("it withdrew the step");
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "its verdict ", verdict, " is neither go (", sc::kVerdictGo,
+          ") nor withdraw (", sc::kVerdictWithdraw, ")"));
+    }
+    if (stopping_.load()) {
+      return absl::AbortedError("the daemon is shutting down");
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no verdict came within ",
+                       absl::FormatDuration(options_.verdict_timeout)));
+    }
+    if (Futex(channel->word(sc::kVerdictSeqOffset), FUTEX_WAIT, said, &slice) !=
+            0 &&
+        errno == ETIMEDOUT && !sc::LockHeldByOther(fd, sc::kTrainerLockByte)) {
+      return absl::AbortedError("the trainer ended before its verdict");
+    }
+  }
+}
+
 void StepChannels::Serve(StepChannelEnd* channel) {
   const int fd = channel->fd;
   const struct timespec idle = absl::ToTimespec(options_.idle_check);
@@ -447,8 +489,11 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     absl::StatusOr<v1::StepRequest> request =
         ReadRequest(fd, op, len, channel->request_capacity);
     Keep(channel, "", std::nullopt);  // a new request: the last one fetched
+    const TrainerVerdict verdict = [this, channel, seq] {
+      return AwaitVerdict(channel, seq);
+    };
     absl::StatusOr<v1::StepResponse> answer =
-        request.ok() ? handler_(*request)
+        request.ok() ? handler_(*request, verdict)
                      : absl::StatusOr<v1::StepResponse>(request.status());
     std::string bytes;
     uint32_t kind = sc::kStepResponse;

@@ -51,15 +51,26 @@ struct StepChannelOptions {
   // Starts a channel's thread (tests inject one that fails, as a pids or
   // thread limit does); null: std::thread.
   std::function<std::thread(std::function<void()>)> start_thread;
+  // How long a step sent before its trainer's checks
+  // (StepRequest.await_trainer_verdict) waits, ready to commit, for the
+  // trainer's verdict before it is withdrawn. The daemon sets half its
+  // --comm_timeout_s, so that the withdrawal reaches the job's other ranks
+  // (waiting in the commit vote) before their communicators time out.
+  absl::Duration verdict_timeout = absl::Seconds(30);
   // Called with the number of open channels whenever it changes (the
   // daemon's muond_step_channels_open gauge), under StepChannels' mutex: it
   // must not call back into StepChannels. Null: none.
   std::function<void(int open)> open_changed;
 };
 
-// The Step RPC's logic: the answer to one request, or its refusal.
-using StepHandler =
-    std::function<absl::StatusOr<v1::StepResponse>(const v1::StepRequest&)>;
+// For a request with StepRequest.await_trainer_verdict: waits for its
+// trainer's verdict; OK for go, else why the step is withdrawn.
+using TrainerVerdict = std::function<absl::Status()>;
+
+// The Step RPC's logic: the answer to one request, or its refusal. The
+// channel passes the request's TrainerVerdict; the Step RPC an empty one.
+using StepHandler = std::function<absl::StatusOr<v1::StepResponse>(
+    const v1::StepRequest&, const TrainerVerdict&)>;
 
 class StepChannels {
  public:
@@ -103,6 +114,9 @@ class StepChannels {
   // The channel's thread started and its entry listed, or why not.
   absl::Status StartServing(std::unique_ptr<StepChannelEnd> channel);
   void Serve(StepChannelEnd* channel);
+  // The trainer's verdict on the request of `seq`
+  // (proto/step_channel_layout.h).
+  absl::Status AwaitVerdict(StepChannelEnd* channel, uint32_t seq);
   // `channel`'s kept answer: `answer` to `request`, or none (nullopt).
   void Keep(StepChannelEnd* channel, std::string request,
             std::optional<absl::StatusOr<v1::StepResponse>> answer);

@@ -190,6 +190,13 @@ std::vector<Constant> StepChannelConstants() {
        home + "kStepResponse"},
       {"STEP_CHANNEL_RPC_STATUS", u64(sc::kRpcStatus), home + "kRpcStatus"},
       {"STEP_CHANNEL_TOO_LARGE", u64(sc::kTooLarge), home + "kTooLarge"},
+      {"STEP_CHANNEL_VERDICT_SEQ_OFFSET", u64(sc::kVerdictSeqOffset),
+       home + "kVerdictSeqOffset"},
+      {"STEP_CHANNEL_VERDICT_OFFSET", u64(sc::kVerdictOffset),
+       home + "kVerdictOffset"},
+      {"STEP_CHANNEL_VERDICT_GO", u64(sc::kVerdictGo), home + "kVerdictGo"},
+      {"STEP_CHANNEL_VERDICT_WITHDRAW", u64(sc::kVerdictWithdraw),
+       home + "kVerdictWithdraw"},
   };
 }
 

@@ -8,7 +8,7 @@ C++ home (named above it), so the two cannot drift apart."""
 ERROR_DOMAIN = "muond.dev"
 
 # core/common/error_reason.h ErrorReasonName
-ERROR_REASONS = ("PEER_GONE", "NO_PLAN_YET", "ALREADY_REGISTERED", "TRAINER_REFUSED", "REFUSED_BY_PEER")
+ERROR_REASONS = ("PEER_GONE", "NO_PLAN_YET", "ALREADY_REGISTERED", "TRAINER_REFUSED", "REFUSED_BY_PEER", "STEP_WITHDRAWN")
 
 # server/common/operator_id.h kOperatorIdPrefix
 OPERATOR_ID_PREFIX = "operator:"
@@ -138,3 +138,15 @@ STEP_CHANNEL_RPC_STATUS = 2
 
 # proto/step_channel_layout.h kTooLarge
 STEP_CHANNEL_TOO_LARGE = 3
+
+# proto/step_channel_layout.h kVerdictSeqOffset
+STEP_CHANNEL_VERDICT_SEQ_OFFSET = 320
+
+# proto/step_channel_layout.h kVerdictOffset
+STEP_CHANNEL_VERDICT_OFFSET = 384
+
+# proto/step_channel_layout.h kVerdictGo
+STEP_CHANNEL_VERDICT_GO = 1
+
+# proto/step_channel_layout.h kVerdictWithdraw
+STEP_CHANNEL_VERDICT_WITHDRAW = 2

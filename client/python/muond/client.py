@@ -23,7 +23,8 @@ from muond.v1 import muond_pb2_grpc as pb_grpc
 # come from core/common/error_reason.h through the generated muond._rules.
 ERROR_DOMAIN = _rules.ERROR_DOMAIN
 REASONS = _rules.ERROR_REASONS
-PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED, TRAINER_REFUSED, REFUSED_BY_PEER = REASONS
+(PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED, TRAINER_REFUSED, REFUSED_BY_PEER,
+ STEP_WITHDRAWN) = REASONS
 # PEER_GONE        Step: a peer daemon failed or is gone; nothing applied: resend
 # NO_PLAN_YET      Coordinator.GetPlan: the job has no plan yet
 # ALREADY_REGISTERED  RegisterParams: another client holds the daemon's params;
@@ -38,6 +39,10 @@ PEER_GONE, NO_PLAN_YET, ALREADY_REGISTERED, TRAINER_REFUSED, REFUSED_BY_PEER = R
 #                  gradients, overrides, ...) and the job refused it on every
 #                  rank, nothing applied; metadata {"ranks": the refusers},
 #                  whose own answers have the details (param and rule, ...)
+# STEP_WITHDRAWN   Step: a trainer withdrew a step it sent before its checks
+#                  (Client.step_with_checks); the job refused it on every
+#                  rank, nothing applied; metadata {"ranks": the job ranks
+#                  whose trainers withdrew it}: send the same step again
 
 
 def operator_client_id(token: str | None) -> str:
@@ -318,12 +323,40 @@ class Client:
         # channel polling thread per call (~100 µs more per step).
         return self.stub.Step(request, timeout=self.timeout)
 
-    def _step_through(self, channel: StepChannel, request) -> pb.StepResponse | None:
+    @property
+    def takes_checks_alongside(self) -> bool:
+        """step_with_checks can send through this client's step channel: one
+        is open, to a daemon that waits for a trainer's verdict."""
+        return self._step_channel is not None and self._step_channel.trainer_verdicts
+
+    def step_with_checks(self, job_id: str, step_id: int, checks,
+                         overrides: Iterable[pb.GroupOverride] = (), client_id: str = "",
+                         skip_params: Iterable[str] = ()) -> pb.StepResponse | None:
+        """The step sent before the trainer's ``checks``, through the step
+        channel: the daemon runs it up to its commit while ``checks()`` runs
+        here, and commits it only if ``checks()`` returns true (the verdict
+        "go"); false withdraws it (StepRequest.await_trainer_verdict). A
+        withdrawn step raises as step() does, with reason STEP_WITHDRAWN on
+        every rank of the job; nothing is applied. What ``checks()`` raises
+        withdraws the step and is raised once the daemon answered. None when
+        the step could not be sent that way (no channel, a daemon without
+        verdicts, the channel unusable): nothing was sent, and ``checks`` was
+        not called."""
+        channel = self._step_channel
+        if channel is None or not channel.trainer_verdicts:
+            return None
+        request = _step_request(job_id, step_id, overrides, client_id, skip_params,
+                                self._name)
+        request.await_trainer_verdict = True
+        return self._step_through(channel, request, checks)
+
+    def _step_through(self, channel: StepChannel, request,
+                      checks=None) -> pb.StepResponse | None:
         """The step channel's answer to ``request``, or None when it was not
         sent there (step() sends it over gRPC). A failure raises as the Step
         RPC's would; a channel whose step's outcome is unknown is closed."""
         try:
-            return channel.step(request, self.timeout)
+            return channel.step(request, self.timeout, checks)
         except ChannelUnusable:
             return None
         except ChannelAnswerTooLarge:

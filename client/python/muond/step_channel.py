@@ -237,6 +237,7 @@ class StepChannel:
             opened = client.stub.OpenStepChannel(pb.OpenStepChannelRequest(shm_name=name),
                                                  timeout=client.timeout)
             version, channel.answers_kept = opened.version, opened.answers_kept
+            channel.trainer_verdicts = opened.trainer_verdicts
         except grpc.RpcError as e:  # an older daemon, another /dev/shm, too many channels
             _LOG.debug("no step channel: daemon %s: OpenStepChannel: %s: %s",
                        client.address, e.code().name, e.details())
@@ -293,6 +294,9 @@ class StepChannel:
         # (OpenStepChannelResponse.answers_kept); else that RPC answers from
         # the daemon's record of the step (replayed).
         self.answers_kept = False
+        # The daemon takes a step sent before the trainer's checks and waits
+        # for their verdict (OpenStepChannelResponse.trainer_verdicts).
+        self.trainer_verdicts = False
         self._closing = False  # close() asked while a step was in flight
         anchor = ctypes.c_char.from_buffer(mapping)
         base = ctypes.addressof(anchor)
@@ -303,15 +307,24 @@ class StepChannel:
         self._request_op = _u32_at(base + _rules.STEP_CHANNEL_REQUEST_OP_OFFSET)
         self._response_len = _u32_at(base + _rules.STEP_CHANNEL_RESPONSE_LEN_OFFSET)
         self._response_kind = _u32_at(base + _rules.STEP_CHANNEL_RESPONSE_KIND_OFFSET)
+        self._verdict_seq = _u32_at(base + _rules.STEP_CHANNEL_VERDICT_SEQ_OFFSET)
+        self._verdict = _u32_at(base + _rules.STEP_CHANNEL_VERDICT_OFFSET)
         _OPEN.add(self)
 
     # -- a step ---------------------------------------------------------------
-    def step(self, request: pb.StepRequest, timeout: float | None) -> pb.StepResponse:
+    def step(self, request: pb.StepRequest, timeout: float | None,
+             checks=None) -> pb.StepResponse:
         """The daemon's answer to ``request`` within ``timeout`` seconds (None:
         no deadline). Raises ChannelRpcError for a failed step (as over gRPC;
         also UNAVAILABLE when the daemon is gone, DEADLINE_EXCEEDED past the
         timeout: the channel is then broken), ChannelAnswerTooLarge, or
-        ChannelUnusable when the request was not sent."""
+        ChannelUnusable when the request was not sent.
+
+        ``checks`` (a request with ``await_trainer_verdict``, to a daemon with
+        ``trainer_verdicts``): called once the request is sent, while the
+        daemon runs the step; its truth is the trainer's verdict (true: go,
+        false: withdraw). What it raises withdraws the step and is raised once
+        the daemon answered (the answer, the withdrawal, is dropped)."""
         if not self._lock.acquire(blocking=False):
             raise ChannelUnusable("the step channel is in use by another thread")
         try:
@@ -332,16 +345,39 @@ class StepChannel:
                                       f"channel's {self.request_capacity}")
             self.broken = True  # until the answer is read, whatever interrupts us
             self._send(data)
-            self._await_answer(timeout)
+            raised = None
+            if checks is not None:
+                try:
+                    go = bool(checks())
+                except BaseException as e:  # noqa: BLE001 (withdrawn first, raised below)
+                    raised, go = e, False
+                self._give_verdict(go)
+            try:
+                self._await_answer(timeout)
+            except BaseException:
+                if raised is not None:
+                    raise raised  # the checks' error; the channel stays broken
+                raise
             outcome = self._read_answer()
             self.broken = False
         finally:
             if self._closing:
                 self._close_now()
             self._lock.release()
+        if raised is not None:
+            raise raised
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
+
+    def _give_verdict(self, go: bool) -> None:
+        """The verdict on the request just sent: the verdict, then its
+        sequence number (the request's), then the daemon woken."""
+        self._verdict.value = (_rules.STEP_CHANNEL_VERDICT_GO if go
+                               else _rules.STEP_CHANNEL_VERDICT_WITHDRAW)
+        _fence()
+        self._verdict_seq.value = self._seq
+        _futex(ctypes.addressof(self._verdict_seq), _FUTEX_WAKE, 1)
 
     def _check_usable(self) -> None:
         if os.getpid() != self._pid:
@@ -451,6 +487,7 @@ class StepChannel:
             _OPEN.discard(self)
             self._request_seq = self._response_seq = self._request_len = None
             self._request_op = self._response_len = self._response_kind = None
+            self._verdict_seq = self._verdict = None
             try:
                 self._mapping.close()
             finally:

@@ -148,6 +148,39 @@ TEST(JobVoteTest, ReplayRefusedByATrainerNamesOnlyTheTrainer) {
   EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "1"}}));
 }
 
+// The commit vote: withdrawals alone are ABORTED with STEP_WITHDRAWN naming
+// the withdrawing ranks (every trainer sends the step again); a withdrawal
+// beside a failed exchange stays the exchange's UNAVAILABLE.
+TEST(JobVoteTest, WithdrawalsInTheCommitVoteAreStepWithdrawn) {
+  auto commit = [](JobBallot b) {
+    b.kind = BallotKind::kCommit;
+    return b;
+  };
+  JobDecision d = FoldJobBallots(
+      {commit(Agree(4)), commit(Refuse(4, RefusalCode::kTrainerWithdrew)),
+       commit(Refuse(4, RefusalCode::kTrainerWithdrew))});
+  absl::Status st = NotCommitted(d, 4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+  EXPECT_EQ(GetErrorReason(st), ErrorReason::kStepWithdrawn) << st;
+  EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "1,2"}}));
+  EXPECT_TRUE(absl::StrContains(st.message(), "rank 1 (its trainer withdrew"))
+      << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "send the same step again"))
+      << st;
+  d = FoldJobBallots({commit(Refuse(4, RefusalCode::kCommunication)),
+                      commit(Refuse(4, RefusalCode::kTrainerWithdrew)),
+                      commit(Agree(4))});
+  st = NotCommitted(d, 4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(GetErrorReason(st), ErrorReason::kUnspecified) << st;
+  st = WithdrawnHere(4, 2, "the trainer ended before its verdict");
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+  EXPECT_EQ(GetErrorReason(st), ErrorReason::kStepWithdrawn) << st;
+  EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "2"}}));
+  EXPECT_TRUE(absl::StrContains(st.message(), "ended before its verdict"))
+      << st;
+}
+
 // A trainer's refusal among other refusals: the reason names every refusing
 // trainer's rank, whatever refused first; without one there is no reason.
 TEST(JobVoteTest, TrainerRefusalsCarryTheirReasonAndRanks) {

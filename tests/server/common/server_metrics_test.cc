@@ -61,7 +61,8 @@ TEST(DaemonMetrics, StepOutcomes) {
   // counted above with their counts, every other one at 0.
   std::vector<std::string> reasons = {"NONFINITE_SKIPPED", "PEER_GONE",
                                       "NO_PLAN_YET",       "ALREADY_REGISTERED",
-                                      "TRAINER_REFUSED",   "REFUSED_BY_PEER"};
+                                      "TRAINER_REFUSED",   "REFUSED_BY_PEER",
+                                      "STEP_WITHDRAWN"};
   for (int code = 1; code <= 16; ++code) {
     reasons.push_back(absl::StatusCodeToString(absl::StatusCode(code)));
   }

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -105,6 +106,17 @@ class Trainer {
     return seq;
   }
 
+  // The verdict on the step of `seq` (a step sent with
+  // await_trainer_verdict): the verdict, then its sequence number, then a
+  // wake.
+  void Verdict(uint32_t seq, uint32_t verdict) {
+    Put<uint32_t>(sc::kVerdictOffset, verdict);
+    __atomic_store_n(reinterpret_cast<uint32_t*>(base_ + sc::kVerdictSeqOffset),
+                     seq, __ATOMIC_RELEASE);
+    syscall(SYS_futex, base_ + sc::kVerdictSeqOffset, FUTEX_WAKE, 1, nullptr,
+            nullptr, 0);
+  }
+
   // Waits (futex) for the answer to `seq`; false after `within`.
   bool Await(uint32_t seq, absl::Duration within = absl::Seconds(10)) {
     const absl::Time deadline = absl::Now() + within;
@@ -156,16 +168,22 @@ class Trainer {
   char* base_ = nullptr;
 };
 
-std::string StepBytes(int64_t step_id) {
+std::string StepBytes(int64_t step_id, bool await_verdict = false) {
   v1::StepRequest request;
   request.set_job_id("job");
   request.set_step_id(step_id);
+  request.set_await_trainer_verdict(await_verdict);
   return request.SerializeAsString();
 }
 
-// Answers step_id back; step 13 is refused with a reason; step 99 answers
+// Answers step_id back (after the trainer's verdict, for a step sent
+// before its checks); step 13 is refused with a reason; step 99 answers
 // with more than a 64 KiB response area holds.
-absl::StatusOr<v1::StepResponse> EchoHandler(const v1::StepRequest& request) {
+absl::StatusOr<v1::StepResponse> EchoHandler(
+    const v1::StepRequest& request, const TrainerVerdict& verdict = {}) {
+  if (request.await_trainer_verdict()) {
+    if (absl::Status said = verdict(); !said.ok()) return said;
+  }
   if (request.step_id() == 13) {
     return WithErrorReason(
         absl::InvalidArgumentError("group 0/param w: non-finite gradient"),
@@ -252,9 +270,9 @@ TEST(StepChannelTest, AnswerTooLargeSaysItsSize) {
 TEST(StepChannelTest, AnswerTooLargeIsKeptForTheSameRequestOnce) {
   int handled = 0;
   StepChannels channels(
-      [&](const v1::StepRequest& request) {
+      [&](const v1::StepRequest& request, const TrainerVerdict& verdict) {
         ++handled;
-        absl::StatusOr<v1::StepResponse> answer = EchoHandler(request);
+        absl::StatusOr<v1::StepResponse> answer = EchoHandler(request, verdict);
         answer->set_plan_version(handled);  // which call answered
         return answer;
       },
@@ -511,7 +529,7 @@ TEST(StepChannelTest, ShutdownEndsIdleChannelsAndRefusesNewOnes) {
 
 TEST(StepChannelTest, RequestPostedAsTheDaemonStopsIsAnswered) {
   absl::Notification entered, release;
-  auto handler = [&](const v1::StepRequest& request) {
+  auto handler = [&](const v1::StepRequest& request, const TrainerVerdict&) {
     if (request.step_id() == 1) {
       entered.Notify();
       release.WaitForNotification();
@@ -566,6 +584,93 @@ TEST(StepChannelTest, RefusedThreadLeavesNoChannelBehind) {
   ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(5))));
   EXPECT_EQ(trainer.Response().step_id(), 5);
   channels.reset();  // joins; aborted here before
+}
+
+// A step sent before its trainer's checks is answered only after the
+// trainer's verdict for that request: go answers it as any step; withdraw,
+// an unknown verdict, a verdict for an earlier request, no verdict in time
+// and a trainer that ends are each the handler's refusal, said by name.
+class VerdictTest : public ::testing::Test {
+ protected:
+  VerdictTest() {
+    StepChannelOptions options = FastOptions();
+    options.verdict_timeout = absl::Milliseconds(300);
+    channels_ = std::make_unique<StepChannels>(
+        [this](const v1::StepRequest& request, const TrainerVerdict& verdict) {
+          absl::StatusOr<v1::StepResponse> answer =
+              EchoHandler(request, verdict);
+          absl::MutexLock lock(&mu_);
+          said_.push_back(answer.status());
+          return answer;
+        },
+        options);
+    absl::StatusOr<v1::OpenStepChannelResponse> opened =
+        channels_->Open(trainer_.OpenRequest());
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    EXPECT_TRUE(opened.ok() && opened->trainer_verdicts());
+  }
+  // The handler's outcomes so far, once there are `n` (or after 10 s).
+  std::vector<absl::Status> Said(size_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (said_.size() >= n || absl::Now() > deadline) return said_;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+
+  Trainer trainer_;
+  absl::Mutex mu_;
+  std::vector<absl::Status> said_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<StepChannels> channels_;
+};
+
+TEST_F(VerdictTest, GoAnswersTheStepOnlyAfterTheVerdict) {
+  const uint32_t seq = trainer_.Send(StepBytes(7, /*await_verdict=*/true));
+  EXPECT_FALSE(trainer_.Await(seq, absl::Milliseconds(100)));
+  trainer_.Verdict(seq, sc::kVerdictGo);
+  ASSERT_TRUE(trainer_.Await(seq));
+  EXPECT_EQ(trainer_.Response().step_id(), 7);
+  // A step without the field never waits for one.
+  ASSERT_TRUE(trainer_.Await(trainer_.Send(StepBytes(8))));
+  EXPECT_EQ(trainer_.Response().step_id(), 8);
+}
+
+TEST_F(VerdictTest, WithdrawAndUnknownVerdictsAreRefusedByName) {
+  uint32_t seq = trainer_.Send(StepBytes(7, true));
+  trainer_.Verdict(seq, sc::kVerdictWithdraw);
+  ASSERT_TRUE(trainer_.Await(seq));
+  EXPECT_EQ(trainer_.Refusal().code(), int(absl::StatusCode::kAborted));
+  EXPECT_THAT(trainer_.Refusal().message(), HasSubstr("withdrew the step"));
+  seq = trainer_.Send(StepBytes(7, true));
+  trainer_.Verdict(seq, 9);
+  ASSERT_TRUE(trainer_.Await(seq));
+  EXPECT_EQ(trainer_.Refusal().code(), int(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(trainer_.Refusal().message(),
+              HasSubstr("verdict 9 is neither go (1) nor withdraw (2)"));
+}
+
+TEST_F(VerdictTest, AnEarlierRequestsVerdictIsNotThisOnes) {
+  const uint32_t first = trainer_.Send(StepBytes(7, true));
+  trainer_.Verdict(first, sc::kVerdictGo);
+  ASSERT_TRUE(trainer_.Await(first));
+  // The go of the last request stays in the header: not this request's.
+  const uint32_t second = trainer_.Send(StepBytes(8, true));
+  ASSERT_TRUE(trainer_.Await(second));
+  EXPECT_EQ(trainer_.Refusal().code(),
+            int(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(trainer_.Refusal().message(), HasSubstr("no verdict came"));
+}
+
+TEST_F(VerdictTest, ATrainerThatEndsBeforeItsVerdictWithdraws) {
+  trainer_.Send(StepBytes(7, true));
+  trainer_.Vanish();
+  const std::vector<absl::Status> said = Said(1);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_TRUE(absl::IsAborted(said[0])) << said[0];
+  EXPECT_THAT(said[0].message(), HasSubstr("trainer ended before its verdict"));
 }
 
 }  // namespace

@@ -102,6 +102,10 @@ class LazyState(MutableMapping):
     def _changed(self) -> bool:
         return self._dirty or any(v._version != seen for v, seen in self._versions)
 
+    def cached(self) -> bool:
+        """A fetched state is held here (push_if_assigned may have to push it)."""
+        return self._cache is not None
+
     def push_if_assigned(self) -> None:
         """Imports the cached state into the daemons when it was changed
         (assigned, or a fetched tensor edited in place)."""

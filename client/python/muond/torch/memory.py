@@ -221,6 +221,12 @@ class SharedParams:
         self._grads_layout = LayoutCache()
         self._frozen_skip_cache = None  # (that mask, frozen_skips' lists)
 
+    def only_rebound(self) -> bool:
+        """Every param is a rebound one (a plain tensor bound to its shared
+        view): no DTensor, FSDP2 or split QKV param, whose values or grads
+        step() copies in before each step."""
+        return not (self.dtensors or self.fsdp_bound or self.permuted or self._to_permute)
+
     def grads_in_place(self) -> bool:
         """Every rebound param that requires grad has its shared grad as
         ``.grad`` (the usual step: backward accumulated there, or

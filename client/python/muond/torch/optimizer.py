@@ -17,7 +17,7 @@ from muond import qkv_split as _qkv_split
 from muond import state as _state
 from muond import step_channel as _step_channel
 from muond._dtensor import is_dtensor
-from muond.client import Client
+from muond.client import STEP_WITHDRAWN, Client, MuondError
 from muond.torch import collective as _collective
 from muond.torch import discovery as _discovery
 from muond.torch import groups as _groups
@@ -94,6 +94,11 @@ class Muon(torch.optim.Optimizer):
         if not _groups.is_bool(o["step_channel"]):
             raise ValueError(f"step_channel must be a bool, got {o['step_channel']!r}")
         self._wants_step_channel = bool(o["step_channel"])
+        if not _groups.is_bool(o["overlap_checks"]):
+            raise ValueError(f"overlap_checks must be a bool, got {o['overlap_checks']!r}")
+        self._overlap_checks = bool(o["overlap_checks"])
+        # The skip lists the last step sent (the usual step sends the same).
+        self._sent_skipped: list | None = None
         defaults = _initial_groups.muon_defaults(lr, weight_decay, momentum, nesterov,
                                                  ns_coefficients, eps, ns_steps, adjust_lr_fn, o)
         params = _initial_groups.with_adamw_options(
@@ -351,6 +356,8 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._step_with_checks_alongside(qk_max_logits):
+            return loss
         # Everything before the Step is sent: a failure here (a check, an
         # assigned state that does not fit, a grad that cannot be copied) is
         # this step's refusal on every rank, or the peers wait for this one.
@@ -369,6 +376,7 @@ class Muon(torch.optim.Optimizer):
             if self._on_cuda:
                 torch.cuda.synchronize()  # the daemon reads grads from another process
             overrides = [self._overrides(r) for r in range(len(self.clients))]
+            self._sent_skipped = skipped
         # The id advances only when every daemon applied the step: a refused
         # step (e.g. non-finite gradients, refused on every rank before
         # anything changed) can be retried with the same id, and so can one
@@ -379,10 +387,23 @@ class Muon(torch.optim.Optimizer):
         step_id = self.step_id + 1
         t0 = time.perf_counter()
         try:
-            responses = self._send_step(step_id, overrides, skipped)
+            try:
+                responses = self._send_step(step_id, overrides, skipped)
+            except MuondError as e:
+                if e.reason != STEP_WITHDRAWN:
+                    raise
+                # Another rank's trainer withdrew the step it sent before its
+                # checks (overlap_checks): nothing was applied, and that rank
+                # sends it again after its checks; so does this one, once.
+                responses = self._send_step(step_id, overrides, skipped)
         except BaseException:
             self._replays.sent_without_answer(step_id)
             raise
+        self._finish_step(step_id, responses, t0, clip)
+        return loss
+
+    def _finish_step(self, step_id: int, responses: list, t0: float, clip: list) -> None:
+        """After every daemon applied step ``step_id`` (sent at ``t0``)."""
         self._replays.check(step_id, responses, self.client_id)
         self._memory.copy_dtensors_out()
         _qk_clip.apply(clip, responses)  # only once every daemon applied the step
@@ -393,7 +414,74 @@ class Muon(torch.optim.Optimizer):
         timings["overhead_us"] = rpc_us - timings["total_us"]
         self.last_timings = timings
         self.last_responses = responses
-        return loss
+
+    def _step_with_checks_alongside(self, qk_max_logits) -> bool:
+        """The usual step (overlap_checks on, one daemon taking verdicts
+        through the step channel, plain params whose grads backward writes in
+        place, no assigned state, no QK-clip) sent before step()'s checks,
+        which run here while the daemon runs it (Client.step_with_checks):
+        they hide behind its GPU work instead of adding to the step. The
+        daemon commits only on their verdict. True: the step was applied.
+        False: step() checks first and sends as usual; nothing was applied
+        (not this kind of step; a grad or param moved, or the skipped params
+        changed: withdrawn; another rank withdrew it: sent again). What a check
+        raises withdraws the step, is sent as this step's refusal (every rank
+        fails it at once, as when it is raised before sending) and raised."""
+        if not self._may_check_alongside(qk_max_logits):
+            return False
+        client, step_id, sent = self.clients[0], self.step_id + 1, self._sent_skipped
+        if self._on_cuda:
+            torch.cuda.synchronize()  # the daemon reads grads from another process
+        overrides = self._overrides(0)
+        failed: list[Exception] = []
+
+        def checks() -> bool:
+            try:
+                return self._nothing_to_change(sent)
+            except Exception as e:
+                failed.append(e)
+                raise
+
+        t0 = time.perf_counter()
+        try:
+            response = _rpc.result(
+                lambda: client.step_with_checks(self.job_id, step_id, checks, overrides,
+                                                self.client_id, sent[0]),
+                client, f"Step {step_id}")
+        except MuondError as e:
+            if e.reason == STEP_WITHDRAWN and not failed:
+                return False  # withdrawn here or on another rank: sent again, as usual
+            self._replays.sent_without_answer(step_id)
+            raise
+        except BaseException as e:
+            if failed and e is failed[0]:
+                self._send_refusal(e)  # so that the peers' step fails at once
+            else:
+                self._replays.sent_without_answer(step_id)
+            raise
+        if response is None:
+            return False  # not sent (the channel unusable): as usual
+        self.state.invalidate()  # the step changed the state: read it afresh
+        self._finish_step(step_id, [response], t0, [])
+        return True
+
+    def _may_check_alongside(self, qk_max_logits) -> bool:
+        """This step may be sent before its checks (_step_with_checks_alongside)."""
+        return (self._overlap_checks and self._sent_skipped is not None
+                and qk_max_logits is None and self._qk_clip is None
+                and len(self.clients) == 1 and self.clients[0].takes_checks_alongside
+                and self._memory.only_rebound() and not self.state.cached())
+
+    def _nothing_to_change(self, sent: list) -> bool:
+        """step()'s checks (raising as there), without changing anything:
+        true when the step needs nothing done before the daemon reads the
+        memory (every grad in place, no param rebound, no frozen param
+        changed since ``sent`` was sent as the skip lists)."""
+        if not self._check_registered_groups() or not self._memory.rebound_intact():
+            return False
+        skipped = _wire.matrices_of(self._memory.skipped_and_copy_grads(
+            self._param_names, self._ranks_of, 1, True), self._matrices)
+        return skipped == sent
 
     def _check_registered_groups(self) -> bool:
         """The groups are still the ones registered (groups.check_before_step:

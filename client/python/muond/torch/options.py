@@ -109,7 +109,12 @@ class ConnectionOptions:
     daemon from the environment, muond.torch.discovery). ``step_channel``:
     with one daemon (a torchrun rank's), steps go through shared memory
     instead of the Step RPC (muond.step_channel: the same answers, without
-    gRPC's wake-ups after a step's idling), where the daemon offers it."""
+    gRPC's wake-ups after a step's idling), where the daemon offers it.
+    ``overlap_checks``: through such a channel, the usual step is sent before
+    step()'s checks of the params and grads, which run while the daemon runs
+    it; the daemon commits it only once they pass (a step that needs a grad
+    copied in, or that a check refuses, is withdrawn on every rank and sent
+    again after the checks, or refused, as without it)."""
     daemons: object = ()
     job_id: str | None = None
     client_id: str | None = None
@@ -121,6 +126,7 @@ class ConnectionOptions:
     tls_root_certificates: object = None
     takeover: bool = False
     step_channel: bool = True
+    overlap_checks: bool = True
 
 
 # Muon's keyword for each option object.
