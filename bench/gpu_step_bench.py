@@ -11,7 +11,8 @@ run, fp32 params and grads, median of --reps steps, --rounds rounds:
   inproc_std   muond in-process (bench/gpu:step_bench --engine: the daemon's step engine,
   inproc_gram    LayerShardedMuon::Step with its non-finite check) with standard / Gram NS;
   daemon_std   muond through the daemon (muond.torch.Muon: Python client, CUDA IPC, gRPC over
-  daemon_gram    a Unix socket), standard / Gram NS (ns_algorithm="gram").
+  daemon_gram    a Unix socket), standard / Gram NS (ns_algorithm="gram");
+  daemon_gram_checks_first  the same with overlap_checks off: step() checks, then sends.
 
 The same math everywhere otherwise: eps 1e-7, `original` scale (the peer gets it as its
 adjust_lr callable), Nesterov, momentum 0.95, decoupled weight decay 0.1 (the peer scales it
@@ -69,11 +70,12 @@ SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-
 TORCH_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 H200_DENSE_PEAK = 989e12  # bf16/fp16 dense tensor-core FLOP/s, the H200 data sheet
 COLUMNS = ["torch", "peer_a", "peer_b", "inproc_std", "inproc_gram", "daemon_std",
-           "daemon_gram", "daemon_gram_grpc"]
+           "daemon_gram", "daemon_gram_checks_first", "daemon_gram_grpc"]
 TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "peer_b": "peer (b) defaults", "inproc_std": "muond in-process std",
           "inproc_gram": "muond in-process gram", "daemon_std": "muond daemon std",
           "daemon_gram": "muond daemon gram",
+          "daemon_gram_checks_first": "muond daemon gram, checks first",
           "daemon_gram_grpc": "muond daemon gram, Step RPC"}
 # Speed targets, muond gram through the daemon: x faster than (peer a, peer b, torch).
 # The targets per set: (vs peer (a), vs peer (b), vs torch.optim.Muon); None: no target.
@@ -392,7 +394,7 @@ def muond_gram_kwargs(algorithm, o):
 
 
 def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algorithm, o,
-                 step_channel=True):
+                 step_channel=True, overlap_checks=True):
     import torch
     from daemon_harness import Daemon
     from muond.torch import Muon
@@ -404,7 +406,8 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
                    daemons=[d.address], job_id=job, coefficient_type="simple",
                    scale_mode="original", extra_scale_factor=1.0, fp32_matmul_prec="medium",
                    ns_batch_size=ns_batch_size, use_syrk=syrk and algorithm == "standard",
-                   step_channel=step_channel, **muond_gram_kwargs(algorithm, o), **SETTINGS)
+                   step_channel=step_channel, overlap_checks=overlap_checks,
+                   **muond_gram_kwargs(algorithm, o), **SETTINGS)
         try:
             opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
             for p, g in zip(ps, grads):
@@ -420,8 +423,8 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
 
             med = timed(step, reps, warmup)
             dm = sorted(daemon_ms[warmup:])
-            print_breakdown(algorithm + ("" if step_channel else ", Step RPC"),
-                            parts[warmup:])
+            print_breakdown(algorithm + ("" if step_channel else ", Step RPC")
+                            + ("" if overlap_checks else ", checks first"), parts[warmup:])
         finally:
             opt.close()
     del ps, params, grads
@@ -520,7 +523,8 @@ def run_set(name, manifest, layers, ns_batch, a, o):
                 res = guarded(c, bench_daemon, shapes, a.reps, a.warmup, f"{name}{r}{c}",
                               a.log_dir, ns_batch, a.syrk,
                               "standard" if c.endswith("std") else "gram", o,
-                              step_channel=not c.endswith("_grpc"))
+                              step_channel=not c.endswith("_grpc"),
+                              overlap_checks=not c.endswith("_checks_first"))
                 if res:
                     row[c], row[c + "_side"] = res
         rows.append(row)
@@ -568,8 +572,9 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
         lines += ["", "(daemon columns: wall ms per step (daemon-side ms).)", "",
                   "| round | muond gram daemon: vs peer (a) | vs peer (b) | vs torch | "
                   "daemon / in-process std | daemon / in-process gram | "
-                  "daemon over the Step RPC / in-process gram |",
-                  "|---|---|---|---|---|---|---|"]
+                  "daemon over the Step RPC / in-process gram | "
+                  "daemon, checks first / in-process gram |",
+                  "|---|---|---|---|---|---|---|---|"]
     for k, row in enumerate(rows if muond else []):
         d = row.get("daemon_gram")
         cells = [ratio(row.get("peer_a"), d), ratio(row.get("peer_b"), d),
@@ -585,7 +590,8 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
                 fmt(over, ".3f") + ("" if over is None else
                                     f" ({'met' if over <= DAEMON_OVER_INPROCESS_GOAL else 'missed'}"
                                     f": goal <= {DAEMON_OVER_INPROCESS_GOAL})"),
-                fmt(ratio(row.get("daemon_gram_grpc"), row.get("inproc_gram")), ".3f")]
+                fmt(ratio(row.get("daemon_gram_grpc"), row.get("inproc_gram")), ".3f"),
+                fmt(ratio(row.get("daemon_gram_checks_first"), row.get("inproc_gram")), ".3f")]
         lines.append(f"| {k + 1} | " + " | ".join(txt) + " |")
     # Efficiency: the median over rounds of each column.
     lines += ["", "| column | ms (rounds) | effective NS TFLOP/s | NS the column runs | "
