@@ -6,7 +6,9 @@ withdrawn (nothing applied) and sent again after the checks, bitwise as
 without the overlap; a check that refuses raises its error, changes nothing,
 and the same step goes through once the cause is undone; the Step RPC
 refuses a step that asks for a verdict. Two ranks: one rank's withdrawal is
-sent again by both, with the same result as a run without it."""
+sent again by both, and one rank's refusing check fails the step on both at
+once (not after the communicator timeout), each with the same result as a
+run without them."""
 import os
 import pickle
 import sys
@@ -160,32 +162,50 @@ WORLD = 2
 WITHDRAWING_RANK = 1
 
 
-def _trainer(rank, tmp, move):
+def _trainer(rank, tmp, mode):
+    """``mode``: "clean"; "move" (rank 1 moves a grad before step 3); "refuse"
+    (rank 1 edits a fixed group entry before step 3, then puts it back and
+    both send step 3 again)."""
     trainer_procs.join_job(rank, tmp, WORLD)
     import torch.distributed as dist
+    from muond.client import MuondError
     from muond.torch import Muon
     model = make_model()  # the same params and grads on both ranks: replicas
     opt = Muon(model.named_parameters(), rpc_timeout=120, **HYPER)
     counts = count_paths(opt)
+    out = {"errors": []}
     for step in range(STEPS):
         opt.zero_grad(set_to_none=False)
         backward(model, step)
-        if move and rank == WITHDRAWING_RANK and step == 2:
-            model[0].weight.grad = model[0].weight.grad.clone()
+        if rank == WITHDRAWING_RANK and step == 2:
+            if mode == "move":
+                model[0].weight.grad = model[0].weight.grad.clone()
+            if mode == "refuse":
+                opt.param_groups[0]["ns_steps"] += 2
+        if mode == "refuse" and step == 2:
+            try:
+                opt.step()
+                out["errors"].append(None)
+            except (ValueError, MuondError) as e:
+                out["errors"].append((type(e).__name__, str(e), getattr(e, "reason", None)))
+            out["step_id_after_refusal"] = opt.step_id
+            if rank == WITHDRAWING_RANK:
+                opt.param_groups[0]["ns_steps"] -= 2
         opt.step()
-    out = {"final": {n: p.detach().clone() for n, p in model.named_parameters()},
-           "counts": counts, "channel": opt.uses_step_channel}
+    out.update(final={n: p.detach().clone() for n, p in model.named_parameters()},
+               counts=counts, channel=opt.uses_step_channel)
     opt.close()
     with open(os.path.join(tmp, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(out, f)
     dist.destroy_process_group()
 
 
-def _run_job(move: bool) -> list:
+def _run_job(mode: str) -> list:
     tmp = tempfile.mkdtemp(prefix="muond-overlap-")
-    ctx = mp.start_processes(_trainer, args=(tmp, move), nprocs=WORLD, join=False,
+    ctx = mp.start_processes(_trainer, args=(tmp, mode), nprocs=WORLD, join=False,
                              start_method="fork")
-    # A withdrawal that waited for the communicator would take this long.
+    # A withdrawal or refusal that waited for the communicator would take
+    # this long: far beyond the harness's join timeout.
     with Cluster(WORLD, comm_timeout_s=600) as cluster:
         trainer_procs.publish_cluster(tmp, cluster)
         trainer_procs.join(ctx, 150)
@@ -197,21 +217,39 @@ def _run_job(move: bool) -> list:
 
 
 class TwoRankWithdrawalTest(unittest.TestCase):
-    def test_one_ranks_withdrawal_is_sent_again_by_every_rank(self):
-        find_binaries(self)
-        runs = _run_job(move=True)
-        clean = _run_job(move=False)
+    @classmethod
+    def setUpClass(cls):
+        find_binaries(cls)
+        cls.clean = _run_job("clean")
+
+    def assert_clean(self, runs):
         for r in range(WORLD):
             self.assertTrue(runs[r]["channel"], f"rank {r}")
-            self.assertEqual(clean[r]["counts"], {"overlapped": STEPS - 1, "withdrawn": 0})
-            for n, want in clean[r]["final"].items():
+            for n, want in self.clean[r]["final"].items():
                 self.assertTrue(torch.equal(runs[r]["final"][n], want), f"{n} on rank {r}")
+
+    def test_one_ranks_withdrawal_is_sent_again_by_every_rank(self):
+        runs = _run_job("move")
+        self.assert_clean(runs)
+        for r in range(WORLD):
+            self.assertEqual(self.clean[r]["counts"], {"overlapped": STEPS - 1, "withdrawn": 0})
         # Rank 1 withdrew step 3; rank 0 had said go, and was answered
         # STEP_WITHDRAWN: both sent it again after their checks.
-        self.assertEqual(runs[WITHDRAWING_RANK]["counts"],
-                         {"overlapped": STEPS - 2, "withdrawn": 1})
-        self.assertEqual(runs[1 - WITHDRAWING_RANK]["counts"],
-                         {"overlapped": STEPS - 2, "withdrawn": 1})
+        for r in range(WORLD):
+            self.assertEqual(runs[r]["counts"], {"overlapped": STEPS - 2, "withdrawn": 1},
+                             f"rank {r}")
+
+    def test_a_check_that_refuses_fails_the_step_on_every_rank_at_once(self):
+        runs = _run_job("refuse")
+        kind, message, _ = runs[WITHDRAWING_RANK]["errors"][0]
+        self.assertEqual(kind, "ValueError")
+        self.assertIn("ns_steps", message)
+        kind, message, reason = runs[1 - WITHDRAWING_RANK]["errors"][0]
+        self.assertEqual((kind, reason), ("MuondError", "TRAINER_REFUSED"), message)
+        self.assertIn(f"rank {WITHDRAWING_RANK}", message)
+        for r in range(WORLD):
+            self.assertEqual(runs[r]["step_id_after_refusal"], 2, f"rank {r}")
+        self.assert_clean(runs)  # the refused step left no trace
 
 
 if __name__ == "__main__":

@@ -438,9 +438,9 @@ class Muon(torch.optim.Optimizer):
         def checks() -> bool:
             try:
                 return self._nothing_to_change(sent)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 (withdrawn, then raised below)
                 failed.append(e)
-                raise
+                return False
 
         t0 = time.perf_counter()
         try:
@@ -449,16 +449,23 @@ class Muon(torch.optim.Optimizer):
                                                 self.client_id, sent[0]),
                 client, f"Step {step_id}")
         except MuondError as e:
-            if e.reason == STEP_WITHDRAWN and not failed:
+            if failed:
+                # Withdrawn (the answer says so): every rank sends the step
+                # again, and this refusal fails it on all of them at once. Any
+                # other answer failed the step on every rank already.
+                if e.reason == STEP_WITHDRAWN:
+                    self._send_refusal(failed[0])
+                raise failed[0] from None
+            if e.reason == STEP_WITHDRAWN:
                 return False  # withdrawn here or on another rank: sent again, as usual
             self._replays.sent_without_answer(step_id)
             raise
-        except BaseException as e:
-            if failed and e is failed[0]:
-                self._send_refusal(e)  # so that the peers' step fails at once
-            else:
-                self._replays.sent_without_answer(step_id)
+        except BaseException:
+            self._replays.sent_without_answer(step_id)
             raise
+        if failed:  # checks run only once sent, and a withdrawn step is never applied
+            raise RuntimeError(f"muond daemon {client.address} applied step {step_id}, which "
+                               "this trainer withdrew") from failed[0]
         if response is None:
             return False  # not sent (the channel unusable): as usual
         self.state.invalidate()  # the step changed the state: read it afresh
