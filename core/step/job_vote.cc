@@ -211,27 +211,28 @@ absl::Status RefusedByPeers(const JobDecision& d, int64_t step_id) {
       RanksOf(d.refusals, [](const Refusal&) { return true; }));
 }
 
-absl::Status NotCommitted(const JobDecision& d, int64_t step_id) {
+absl::Status WithdrawnByPeers(const JobDecision& d, int64_t step_id) {
   const auto withdrew = [](const Refusal& r) {
     return r.code == RefusalCode::kTrainerWithdrew;
   };
-  if (!d.refusals.empty() &&
-      std::all_of(d.refusals.begin(), d.refusals.end(), withdrew)) {
-    return WithErrorReason(
-        absl::AbortedError(
-            absl::StrCat("step ", step_id, " was not applied on any rank: ",
-                         DescribeRefusals(d), "; send the same step again")),
-        ErrorReason::kStepWithdrawn, RanksOf(d.refusals, withdrew));
+  const auto communication = [](const Refusal& r) {
+    return r.code == RefusalCode::kCommunication;
+  };
+  if (std::none_of(d.refusals.begin(), d.refusals.end(), withdrew) ||
+      std::any_of(d.refusals.begin(), d.refusals.end(), communication)) {
+    return absl::OkStatus();
   }
-  return absl::UnavailableError(absl::StrCat(
-      "step ", step_id, " was not applied on any rank: ", DescribeRefusals(d),
-      " in its exchanges"));
+  return WithErrorReason(
+      absl::AbortedError(
+          absl::StrCat("step ", step_id, " was not applied on any rank: ",
+                       DescribeRefusals(d), "; send the same step again")),
+      ErrorReason::kStepWithdrawn, RanksOf(d.refusals, withdrew));
 }
 
 absl::Status WithdrawnHere(int64_t step_id, int rank, const std::string& why) {
   return WithErrorReason(
       absl::AbortedError(absl::StrCat(
-          "step ", step_id, " was withdrawn by this rank's trainer (", why,
+          "step ", step_id, " was withdrawn on this rank (", why,
           "); nothing was applied on any rank: send the same step again")),
       ErrorReason::kStepWithdrawn, {{"ranks", absl::StrCat(rank)}});
 }

@@ -53,7 +53,7 @@ enum class RefusalCode : uint32_t {
   kReplicaGradients = 11,   // a domain's DP replicas hold different grads
   kTrainer = 12,            // the rank's trainer refused (its own checks)
   // The rank's trainer withdrew a step it sent before its checks
-  // (StepRequest.await_trainer_verdict); in the commit vote only.
+  // (StepRequest.await_trainer_verdict).
   kTrainerWithdrew = 13,
 };
 
@@ -126,12 +126,11 @@ std::string RefusalCodeName(RefusalCode code);
 // ranks refused: ErrorReason kRefusedByPeer, metadata {"ranks": them}.
 absl::Status RefusedByPeers(const JobDecision& decision, int64_t step_id);
 
-// The status every rank answers a step the commit vote refused with, when
-// it did not refuse it itself: ABORTED with ErrorReason kStepWithdrawn
-// (metadata {"ranks": them}) when every refusal is a trainer's withdrawal
-// (the step is sent again), else UNAVAILABLE naming the refusers (a peer's
-// exchanges failed, or its NS output was not finite).
-absl::Status NotCommitted(const JobDecision& decision, int64_t step_id);
+// ABORTED with ErrorReason kStepWithdrawn (metadata {"ranks": them}) when
+// a refusal in `decision` is a trainer's withdrawal and none a failed
+// communicator: every rank sends the step again, whatever else was refused
+// (it may come from memory that trainer was about to change). OK otherwise.
+absl::Status WithdrawnByPeers(const JobDecision& decision, int64_t step_id);
 
 // This rank's own answer to a step its trainer withdrew (`why`: the
 // verdict it gave, or why none came): ABORTED with ErrorReason

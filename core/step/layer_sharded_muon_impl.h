@@ -102,6 +102,11 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // first refusal, `bad` the non-finite gradients.
   JobBallot LocalBallot(const StepInputs& inputs, StepResult& result,
                         std::vector<std::string>& bad, absl::Status& refusal);
+  // For a step sent before its trainer's checks (StepInputs::
+  // await_trainer_verdict): waits for the verdict once `mine` is cast; a
+  // withdrawal turns `mine` into kTrainerWithdrew and is returned as this
+  // rank's answer (ABORTED, STEP_WITHDRAWN). OK otherwise.
+  absl::Status TakeTrainerVerdict(const StepInputs& inputs, JobBallot& mine);
   // The ballot of a replay (StepInputs::replay): kReplay, or a refusal when
   // the domain agreements it runs for its peers fail to communicate or the
   // daemon refused it (StepInputs::refusal: its trainer refused it).

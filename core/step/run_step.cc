@@ -1,5 +1,6 @@
-// One step, decided by the whole job: the job vote, momentum, exchanges and
-// NS into scratch on every lane, the commit vote, then the commit.
+// One step, decided by the whole job: the job vote (with the trainer's
+// verdict on a step sent before its checks), momentum, exchanges and NS into
+// scratch on every lane, the commit vote, then the commit.
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -56,14 +57,20 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   std::vector<std::string> bad;
   absl::Status refusal;
   abandoned_ = absl::OkStatus();
-  const JobBallot mine = LocalBallot(inputs, result, bad, refusal);
+  JobBallot mine = LocalBallot(inputs, result, bad, refusal);
   // A rank of a domain never arrived: one comm timeout is all the step
   // costs (the job vote would wait a second one for the same rank).
   if (!abandoned_.ok()) return abandoned_;
+  const absl::Status withdrawn = TakeTrainerVerdict(inputs, mine);
   // 2. The job decides together.
   absl::StatusOr<JobDecision> decision = VoteOnJob(mine);
   // Timed out: the communicators are gone, whatever this rank refused.
   if (!abandoned_.ok()) return abandoned_;
+  if (!withdrawn.ok()) return withdrawn;
+  // A peer's trainer withdrew it: whatever else was refused may come from
+  // memory that trainer was about to change; every rank sends it again.
+  if (decision.ok())
+    RETURN_IF_ERROR(WithdrawnByPeers(*decision, inputs.step_id));
   if (!refusal.ok()) return refusal;  // mine, with its full detail
   if (!decision.ok()) return decision.status();
   if (decision->verdict == JobVerdict::kRefuse) {
@@ -108,19 +115,6 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
     commit.verdict = JobVerdict::kRefuse;
     commit.code = RefusalCode::kNonFiniteUpdate;
   }
-  // A step sent before its trainer's checks: they ran alongside the phases
-  // above; the trainer's verdict decides this rank's commit ballot.
-  absl::Status withdrawn;
-  if (commit.verdict == JobVerdict::kAgree && inputs.await_trainer_verdict) {
-    withdrawn = inputs.await_trainer_verdict();
-    if (!withdrawn.ok()) {
-      commit.verdict = JobVerdict::kRefuse;
-      commit.code = RefusalCode::kTrainerWithdrew;
-      withdrawn = WithdrawnHere(
-          inputs.step_id, options_.job != nullptr ? options_.job->rank() : 0,
-          std::string(withdrawn.message()));
-    }
-  }
   if (options_.testonly_commit_delay_ms > 0) {
     // Said before the sleep, so a test watching the log kills a peer inside
     // this window, not by guessing a delay (tests/system/kill_mid_step.py).
@@ -134,9 +128,10 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   if (!prepared.ok()) return prepared;
   if (!ns_finite.ok()) return ns_finite;  // mine, with the params named
   if (!committed.ok()) return committed.status();
-  if (!withdrawn.ok()) return withdrawn;
   if (committed->verdict != JobVerdict::kAgree) {
-    return NotCommitted(*committed, inputs.step_id);
+    return absl::UnavailableError(
+        absl::StrCat("step ", inputs.step_id, " was not applied on any rank: ",
+                     DescribeRefusals(*committed), " in its exchanges"));
   }
   // 5. The commit: local writes only.
   RETURN_IF_ERROR(RunLanes(
@@ -145,6 +140,25 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   result.ns_shapes = shape_times_.ByShape();
   result.timings.total_us = absl::ToDoubleMicroseconds(absl::Now() - start);
   return result;
+}
+
+absl::Status LayerShardedMuonImpl::TakeTrainerVerdict(const StepInputs& inputs,
+                                                      JobBallot& mine) {
+  // A step sent before its trainer's checks: they ran alongside this rank's
+  // ballot (the momentum phase, the domain agreements), which wrote nothing.
+  // A withdrawal outranks this rank's own refusal or skip, which may come
+  // from memory the trainer was about to change; not a failed communicator.
+  if (!inputs.await_trainer_verdict || inputs.replay ||
+      mine.code == RefusalCode::kCommunication) {
+    return absl::OkStatus();
+  }
+  const absl::Status said = inputs.await_trainer_verdict();
+  if (said.ok()) return said;
+  mine.verdict = JobVerdict::kRefuse;
+  mine.code = RefusalCode::kTrainerWithdrew;
+  return WithdrawnHere(inputs.step_id,
+                       options_.job != nullptr ? options_.job->rank() : 0,
+                       std::string(said.message()));
 }
 
 absl::Status LayerShardedMuonImpl::RunLanes(

@@ -424,10 +424,10 @@ absl::Status StepChannels::AwaitVerdict(StepChannelEnd* channel, uint32_t seq) {
       }
       if (verdict == sc::kVerdictGo) return absl::OkStatus();
       if (verdict == sc::kVerdictWithdraw) {
-        return absl::AbortedError("it withdrew the step");
+        return absl::AbortedError("its trainer withdrew it");
       }
       return absl::InvalidArgumentError(absl::StrCat(
-          "its verdict ", verdict, " is neither go (", sc::kVerdictGo,
+          "its trainer's verdict ", verdict, " is neither go (", sc::kVerdictGo,
           ") nor withdraw (", sc::kVerdictWithdraw, ")"));
     }
     if (stopping_.load()) {
@@ -435,13 +435,13 @@ absl::Status StepChannels::AwaitVerdict(StepChannelEnd* channel, uint32_t seq) {
     }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("no verdict came within ",
+          absl::StrCat("no verdict came from its trainer within ",
                        absl::FormatDuration(options_.verdict_timeout)));
     }
     if (Futex(channel->word(sc::kVerdictSeqOffset), FUTEX_WAIT, said, &slice) !=
             0 &&
         errno == ETIMEDOUT && !sc::LockHeldByOther(fd, sc::kTrainerLockByte)) {
-      return absl::AbortedError("the trainer ended before its verdict");
+      return absl::AbortedError("its trainer ended before its verdict");
     }
   }
 }

@@ -40,9 +40,8 @@ REASONS = _rules.ERROR_REASONS
 #                  rank, nothing applied; metadata {"ranks": the refusers},
 #                  whose own answers have the details (param and rule, ...)
 # STEP_WITHDRAWN   Step: a trainer withdrew a step it sent before its checks
-#                  (Client.step_with_checks); the job refused it on every
-#                  rank, nothing applied; metadata {"ranks": the job ranks
-#                  whose trainers withdrew it}: send the same step again
+#                  (Client.step_with_checks), refused on every rank, nothing
+#                  applied; metadata {"ranks": the withdrawers}: send it again
 
 
 def operator_client_id(token: str | None) -> str:
@@ -324,7 +323,7 @@ class Client:
         return self.stub.Step(request, timeout=self.timeout)
 
     @property
-    def takes_checks_alongside(self) -> bool:
+    def takes_trainer_verdicts(self) -> bool:
         """step_with_checks can send through this client's step channel: one
         is open, to a daemon that waits for a trainer's verdict."""
         return self._step_channel is not None and self._step_channel.trainer_verdicts
@@ -332,16 +331,15 @@ class Client:
     def step_with_checks(self, job_id: str, step_id: int, checks,
                          overrides: Iterable[pb.GroupOverride] = (), client_id: str = "",
                          skip_params: Iterable[str] = ()) -> pb.StepResponse | None:
-        """The step sent before the trainer's ``checks``, through the step
-        channel: the daemon runs it up to its commit while ``checks()`` runs
-        here, and commits it only if ``checks()`` returns true (the verdict
-        "go"); false withdraws it (StepRequest.await_trainer_verdict). A
-        withdrawn step raises as step() does, with reason STEP_WITHDRAWN on
-        every rank of the job; nothing is applied. What ``checks()`` raises
-        withdraws the step and is raised once the daemon answered. None when
-        the step could not be sent that way (no channel, a daemon without
-        verdicts, the channel unusable): nothing was sent, and ``checks`` was
-        not called."""
+        """The step sent through the step channel before the trainer's
+        ``checks``, which run once it is sent: the daemon runs it up to its
+        commit and commits only if ``checks()`` returns true ("go"; false:
+        "withdraw"; StepRequest.await_trainer_verdict). A withdrawn step
+        raises as step() does, reason STEP_WITHDRAWN on every rank, nothing
+        applied: send it again. What ``checks()`` raises withdraws the step
+        and is raised once the daemon answered. None when it could not be
+        sent so (no channel, a daemon without verdicts, the channel unusable):
+        nothing was sent, ``checks`` not called."""
         channel = self._step_channel
         if channel is None or not channel.trainer_verdicts:
             return None

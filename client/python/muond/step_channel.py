@@ -364,11 +364,16 @@ class StepChannel:
             if self._closing:
                 self._close_now()
             self._lock.release()
-        if raised is not None:
-            raise raised
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+        try:
+            if raised is not None:
+                raise raised
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+        finally:
+            # An exception raised here holds this frame: dropping its locals
+            # keeps that from a cycle holding the checks' owner (the optimizer).
+            raised = outcome = checks = None
 
     def _give_verdict(self, go: bool) -> None:
         """The verdict on the request just sent: the verdict, then its

@@ -9,11 +9,13 @@ refuses a step that asks for a verdict. Two ranks: one rank's withdrawal is
 sent again by both, and one rank's refusing check fails the step on both at
 once (not after the communicator timeout), each with the same result as a
 run without them."""
+import gc
 import os
 import pickle
 import sys
 import tempfile
 import unittest
+import weakref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "contract"))
@@ -28,7 +30,7 @@ from cluster import Cluster, ClusterTestCase, find_binaries  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
 from muond.torch import Muon  # noqa: E402
 
-STEPS = 4
+STEPS = 6
 HYPER = dict(lr=0.02, weight_decay=0.1)
 
 
@@ -68,14 +70,14 @@ class OverlapChecksTest(ClusterTestCase):
         self.addCleanup(opt.close)
         return opt
 
-    def train(self, overlap, tamper=None):
+    def train(self, overlap, tamper=None, set_to_none=False):
         """STEPS steps (``tamper(step, model, opt)`` before each step()); the
         final params and how the steps went."""
         model = make_model()
         opt = self.muon(model, overlap_checks=overlap)
         counts = count_paths(opt)
         for step in range(STEPS):
-            opt.zero_grad(set_to_none=False)
+            opt.zero_grad(set_to_none=set_to_none)
             backward(model, step)
             if tamper is not None:
                 tamper(step, model, opt)
@@ -98,14 +100,47 @@ class OverlapChecksTest(ClusterTestCase):
         # skipped params from); every later one overlaps.
         self.assertEqual(counts, {"overlapped": STEPS - 1, "withdrawn": 0})
 
+    def test_grads_set_to_none_never_overlap_and_never_withdraw(self):
+        # zero_grad()'s default: backward makes new grads every step, which
+        # step() copies in first; the overlap would only be withdrawn.
+        want, _ = self.train(False, set_to_none=True)
+        got, counts = self.train(True, set_to_none=True)
+        self.assert_bitwise(got, want)
+        self.assertEqual(counts, {"overlapped": 0, "withdrawn": 0})
+
     def test_a_moved_grad_is_withdrawn_then_sent_after_the_checks(self):
         def move(step, model, opt):
             if step == 2:  # the same values, in other memory: copied in
-                model[0].weight.grad = model[0].weight.grad.clone()
+                model[2].weight.grad = model[2].weight.grad.clone()
         want, _ = self.train(False, move)
         got, counts = self.train(True, move)
         self.assert_bitwise(got, want)
-        self.assertEqual(counts, {"overlapped": STEPS - 2, "withdrawn": 1})
+        # Step 3 withdrawn; step 4 checked first (step 3's grads were not in
+        # place); steps 2, 5 and 6 overlapped.
+        self.assertEqual(counts, {"overlapped": STEPS - 3, "withdrawn": 1})
+
+    def test_a_withdrawn_step_leaves_no_reference_cycle(self):
+        # Reference counting alone ends the optimizer (as test_optimizer_lifetime
+        # asks of every step): the withdrawal's errors hold no frame that
+        # holds it.
+        gc.disable()
+        self.addCleanup(gc.enable)
+        model = make_model()
+        opt = Muon(model.named_parameters(), daemons=self.cluster.daemons,
+                   job_id=self.cluster.job_id, rpc_timeout=60, **HYPER)
+        counts = count_paths(opt)
+        for step in range(3):
+            opt.zero_grad(set_to_none=False)
+            backward(model, step)
+            if step == 2:
+                model[2].weight.grad = model[2].weight.grad.clone()
+            opt.step()
+        self.assertEqual(counts["withdrawn"], 1)
+        opt.clients[0].step_with_checks = None  # count_paths' wrapper holds the client
+        gone = weakref.ref(opt)
+        opt.close()
+        del opt
+        self.assertIsNone(gone(), "the optimizer outlived its last reference (a cycle?)")
 
     def test_a_frozen_param_is_withdrawn_then_skipped(self):
         def freeze(step, model, opt):
@@ -114,8 +149,9 @@ class OverlapChecksTest(ClusterTestCase):
         want, _ = self.train(False, freeze)
         got, counts = self.train(True, freeze)
         self.assert_bitwise(got, want)
-        # Step 3 sends step 2's skip list, which no longer holds: withdrawn.
-        self.assertEqual(counts, {"overlapped": STEPS - 3, "withdrawn": 2})
+        # Step 3 withdrawn; step 4 checked first (zero_grad bound the grad
+        # again, but step 3's were not in place); 2, 5 and 6 overlapped.
+        self.assertEqual(counts, {"overlapped": STEPS - 3, "withdrawn": 1})
 
     def test_a_refused_check_changes_nothing_and_the_step_goes_again(self):
         model = make_model()
@@ -134,9 +170,42 @@ class OverlapChecksTest(ClusterTestCase):
         self.assertEqual(opt.step_id, 2)
         self.assert_bitwise({n: p.detach() for n, p in model.named_parameters()}, before)
         opt.param_groups[0]["ns_steps"] = kept
+        opt.step()  # checked first: a withdrawn step's next attempt is
+        self.assertEqual(opt.step_id, 3)
+        self.assertEqual(counts, {"overlapped": 1, "withdrawn": 1})
+        opt.step()
+        self.assertEqual(counts, {"overlapped": 2, "withdrawn": 1})
+
+    def test_a_bad_hyperparameter_is_named_as_when_checked_first(self):
+        model = make_model()
+        opt = self.muon(model)
+        for step in range(2):
+            opt.zero_grad(set_to_none=False)
+            backward(model, step)
+            opt.step()
+        lr = opt.param_groups[0]["lr"]
+        opt.param_groups[0]["lr"] = "abc"
+        with self.assertRaisesRegex(ValueError, "'lr' must be a finite real number"):
+            opt.step()
+        opt.param_groups[0]["lr"] = lr
         opt.step()
         self.assertEqual(opt.step_id, 3)
-        self.assertEqual(counts, {"overlapped": 2, "withdrawn": 1})
+
+    def test_a_refusal_from_memory_the_checks_would_change_is_withdrawn(self):
+        # The shared grad holds NaN and the param's grad moved to finite values:
+        # the daemon, reading the shared grad before the verdict, would refuse
+        # the step as non-finite; the withdrawal outranks that, and the step
+        # sent again after the checks copies the finite grad in.
+        def stale_nan(step, model, opt):
+            if step == 2:
+                grad = model[2].weight.grad
+                finite = grad.clone()
+                grad.fill_(float("nan"))
+                model[2].weight.grad = finite
+        want, _ = self.train(False, stale_nan)
+        got, counts = self.train(True, stale_nan)
+        self.assert_bitwise(got, want)
+        self.assertEqual(counts, {"overlapped": STEPS - 3, "withdrawn": 1})
 
     def test_the_step_rpc_refuses_a_step_that_asks_for_a_verdict(self):
         model = make_model()
@@ -162,26 +231,31 @@ WORLD = 2
 WITHDRAWING_RANK = 1
 
 
-def _trainer(rank, tmp, mode):
+def _trainer(rank, tmp, mode, overlap=True):
     """``mode``: "clean"; "move" (rank 1 moves a grad before step 3); "refuse"
     (rank 1 edits a fixed group entry before step 3, then puts it back and
-    both send step 3 again)."""
+    both send step 3 again); "freeze" (both skip a param at step 3, and rank
+    0 reads its state first, so it checks first while rank 1 overlaps)."""
     trainer_procs.join_job(rank, tmp, WORLD)
     import torch.distributed as dist
     from muond.client import MuondError
     from muond.torch import Muon
     model = make_model()  # the same params and grads on both ranks: replicas
-    opt = Muon(model.named_parameters(), rpc_timeout=120, **HYPER)
+    opt = Muon(model.named_parameters(), rpc_timeout=120, overlap_checks=overlap, **HYPER)
     counts = count_paths(opt)
     out = {"errors": []}
     for step in range(STEPS):
         opt.zero_grad(set_to_none=False)
         backward(model, step)
         if rank == WITHDRAWING_RANK and step == 2:
-            if mode == "move":
-                model[0].weight.grad = model[0].weight.grad.clone()
+            if mode == "move":  # not the first param: see first_grad_in_place
+                model[2].weight.grad = model[2].weight.grad.clone()
             if mode == "refuse":
                 opt.param_groups[0]["ns_steps"] += 2
+        if mode == "freeze" and step == 2:
+            model[2].weight.grad = None
+            if rank == 0:
+                opt.state[model[0].weight]  # noqa: B018 (read: it may be pushed first)
         if mode == "refuse" and step == 2:
             try:
                 opt.step()
@@ -200,9 +274,9 @@ def _trainer(rank, tmp, mode):
     dist.destroy_process_group()
 
 
-def _run_job(mode: str) -> list:
+def _run_job(mode: str, overlap: bool = True) -> list:
     tmp = tempfile.mkdtemp(prefix="muond-overlap-")
-    ctx = mp.start_processes(_trainer, args=(tmp, mode), nprocs=WORLD, join=False,
+    ctx = mp.start_processes(_trainer, args=(tmp, mode, overlap), nprocs=WORLD, join=False,
                              start_method="fork")
     # A withdrawal or refusal that waited for the communicator would take
     # this long: far beyond the harness's join timeout.
@@ -222,10 +296,10 @@ class TwoRankWithdrawalTest(unittest.TestCase):
         find_binaries(cls)
         cls.clean = _run_job("clean")
 
-    def assert_clean(self, runs):
+    def assert_clean(self, runs, clean=None):
         for r in range(WORLD):
             self.assertTrue(runs[r]["channel"], f"rank {r}")
-            for n, want in self.clean[r]["final"].items():
+            for n, want in (clean or self.clean)[r]["final"].items():
                 self.assertTrue(torch.equal(runs[r]["final"][n], want), f"{n} on rank {r}")
 
     def test_one_ranks_withdrawal_is_sent_again_by_every_rank(self):
@@ -233,11 +307,22 @@ class TwoRankWithdrawalTest(unittest.TestCase):
         self.assert_clean(runs)
         for r in range(WORLD):
             self.assertEqual(self.clean[r]["counts"], {"overlapped": STEPS - 1, "withdrawn": 0})
-        # Rank 1 withdrew step 3; rank 0 had said go, and was answered
-        # STEP_WITHDRAWN: both sent it again after their checks.
+        # Rank 1 withdrew step 3; rank 0 had said go, was answered
+        # STEP_WITHDRAWN and sent it again after its checks. At step 4 rank 1
+        # checks first (its grads were not in place) while rank 0 overlaps.
+        self.assertEqual(runs[WITHDRAWING_RANK]["counts"],
+                         {"overlapped": STEPS - 3, "withdrawn": 1})
+        self.assertEqual(runs[1 - WITHDRAWING_RANK]["counts"],
+                         {"overlapped": STEPS - 2, "withdrawn": 1})
+
+    def test_a_rank_checking_first_beside_one_overlapping_agrees_on_skips(self):
+        runs = _run_job("freeze")
+        self.assert_clean(runs, _run_job("freeze", overlap=False))
         for r in range(WORLD):
-            self.assertEqual(runs[r]["counts"], {"overlapped": STEPS - 2, "withdrawn": 1},
-                             f"rank {r}")
+            self.assertEqual(runs[r]["errors"], [], f"rank {r}")
+        # Rank 1 sent step 3 with step 2's skip list, which rank 0's domain
+        # agreement refused; rank 1's withdrawal outranked that refusal.
+        self.assertEqual(runs[1]["counts"]["withdrawn"], 1)
 
     def test_a_check_that_refuses_fails_the_step_on_every_rank_at_once(self):
         runs = _run_job("refuse")

@@ -148,32 +148,30 @@ TEST(JobVoteTest, ReplayRefusedByATrainerNamesOnlyTheTrainer) {
   EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "1"}}));
 }
 
-// The commit vote: withdrawals alone are ABORTED with STEP_WITHDRAWN naming
-// the withdrawing ranks (every trainer sends the step again); a withdrawal
-// beside a failed exchange stays the exchange's UNAVAILABLE.
-TEST(JobVoteTest, WithdrawalsInTheCommitVoteAreStepWithdrawn) {
-  auto commit = [](JobBallot b) {
-    b.kind = BallotKind::kCommit;
-    return b;
-  };
-  JobDecision d = FoldJobBallots(
-      {commit(Agree(4)), commit(Refuse(4, RefusalCode::kTrainerWithdrew)),
-       commit(Refuse(4, RefusalCode::kTrainerWithdrew))});
-  absl::Status st = NotCommitted(d, 4);
+// A trainer's withdrawal is ABORTED with STEP_WITHDRAWN on every rank,
+// naming the withdrawing ranks, whatever else was refused (a skip-list
+// disagreement, non-finite gradients: they may come from memory that trainer
+// was about to change); a failed communicator outranks it; without one,
+// nothing is said.
+TEST(JobVoteTest, WithdrawalsOutrankRefusalsButNotCommunication) {
+  JobDecision d =
+      FoldJobBallots({Refuse(4, RefusalCode::kDomainDisagreement),
+                      Refuse(4, RefusalCode::kTrainerWithdrew), Skip(4),
+                      Refuse(4, RefusalCode::kTrainerWithdrew)});
+  absl::Status st = WithdrawnByPeers(d, 4);
   EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
   EXPECT_EQ(GetErrorReason(st), ErrorReason::kStepWithdrawn) << st;
-  EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "1,2"}}));
+  EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "1,3"}}));
   EXPECT_TRUE(absl::StrContains(st.message(), "rank 1 (its trainer withdrew"))
       << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "send the same step again"))
       << st;
-  d = FoldJobBallots({commit(Refuse(4, RefusalCode::kCommunication)),
-                      commit(Refuse(4, RefusalCode::kTrainerWithdrew)),
-                      commit(Agree(4))});
-  st = NotCommitted(d, 4);
-  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
-  EXPECT_EQ(GetErrorReason(st), ErrorReason::kUnspecified) << st;
-  st = WithdrawnHere(4, 2, "the trainer ended before its verdict");
+  d = FoldJobBallots({Refuse(4, RefusalCode::kCommunication),
+                      Refuse(4, RefusalCode::kTrainerWithdrew), Agree(4)});
+  EXPECT_TRUE(WithdrawnByPeers(d, 4).ok());
+  d = FoldJobBallots({Refuse(4, RefusalCode::kNonFinite), Agree(4)});
+  EXPECT_TRUE(WithdrawnByPeers(d, 4).ok());
+  st = WithdrawnHere(4, 2, "its trainer ended before its verdict");
   EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
   EXPECT_EQ(GetErrorReason(st), ErrorReason::kStepWithdrawn) << st;
   EXPECT_EQ(GetErrorMetadata(st), (ErrorMetadata{{"ranks", "2"}}));

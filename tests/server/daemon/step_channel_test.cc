@@ -643,7 +643,8 @@ TEST_F(VerdictTest, WithdrawAndUnknownVerdictsAreRefusedByName) {
   trainer_.Verdict(seq, sc::kVerdictWithdraw);
   ASSERT_TRUE(trainer_.Await(seq));
   EXPECT_EQ(trainer_.Refusal().code(), int(absl::StatusCode::kAborted));
-  EXPECT_THAT(trainer_.Refusal().message(), HasSubstr("withdrew the step"));
+  EXPECT_THAT(trainer_.Refusal().message(),
+              HasSubstr("its trainer withdrew it"));
   seq = trainer_.Send(StepBytes(7, true));
   trainer_.Verdict(seq, 9);
   ASSERT_TRUE(trainer_.Await(seq));

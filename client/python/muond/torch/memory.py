@@ -227,6 +227,12 @@ class SharedParams:
         step() copies in before each step."""
         return not (self.dtensors or self.fsdp_bound or self.permuted or self._to_permute)
 
+    def first_grad_in_place(self) -> bool:
+        """The first rebound param's .grad is its shared grad: a check of one
+        attribute that tells a trainer whose zero_grad() sets the grads to
+        None (backward then makes new ones) before grads_in_place's passes."""
+        return not self._rebound or self._rebound[0].grad is self._shared_grads[0]
+
     def grads_in_place(self) -> bool:
         """Every rebound param that requires grad has its shared grad as
         ``.grad`` (the usual step: backward accumulated there, or

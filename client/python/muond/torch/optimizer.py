@@ -29,6 +29,7 @@ from muond.torch import qk_clip as _qk_clip
 from muond.torch import registration as _registration
 from muond.torch import rpc as _rpc
 from muond.torch import wire as _wire
+from muond.torch.checks_alongside import ChecksAlongside
 from muond.torch.lazy_state import LazyState
 from muond.torch.memory import SharedParams, release
 
@@ -96,9 +97,7 @@ class Muon(torch.optim.Optimizer):
         self._wants_step_channel = bool(o["step_channel"])
         if not _groups.is_bool(o["overlap_checks"]):
             raise ValueError(f"overlap_checks must be a bool, got {o['overlap_checks']!r}")
-        self._overlap_checks = bool(o["overlap_checks"])
-        # The skip lists the last step sent (the usual step sends the same).
-        self._sent_skipped: list | None = None
+        self._alongside = ChecksAlongside(bool(o["overlap_checks"]))
         defaults = _initial_groups.muon_defaults(lr, weight_decay, momentum, nesterov,
                                                  ns_coefficients, eps, ns_steps, adjust_lr_fn, o)
         params = _initial_groups.with_adamw_options(
@@ -356,7 +355,7 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._step_with_checks_alongside(qk_max_logits):
+        if self._alongside.step(self, qk_max_logits):
             return loss
         # Everything before the Step is sent: a failure here (a check, an
         # assigned state that does not fit, a grad that cannot be copied) is
@@ -376,7 +375,7 @@ class Muon(torch.optim.Optimizer):
             if self._on_cuda:
                 torch.cuda.synchronize()  # the daemon reads grads from another process
             overrides = [self._overrides(r) for r in range(len(self.clients))]
-            self._sent_skipped = skipped
+            self._alongside.checked_first(skipped, in_place)
         # The id advances only when every daemon applied the step: a refused
         # step (e.g. non-finite gradients, refused on every rank before
         # anything changed) can be retried with the same id, and so can one
@@ -414,81 +413,6 @@ class Muon(torch.optim.Optimizer):
         timings["overhead_us"] = rpc_us - timings["total_us"]
         self.last_timings = timings
         self.last_responses = responses
-
-    def _step_with_checks_alongside(self, qk_max_logits) -> bool:
-        """The usual step (overlap_checks on, one daemon taking verdicts
-        through the step channel, plain params whose grads backward writes in
-        place, no assigned state, no QK-clip) sent before step()'s checks,
-        which run here while the daemon runs it (Client.step_with_checks):
-        they hide behind its GPU work instead of adding to the step. The
-        daemon commits only on their verdict. True: the step was applied.
-        False: step() checks first and sends as usual; nothing was applied
-        (not this kind of step; a grad or param moved, or the skipped params
-        changed: withdrawn; another rank withdrew it: sent again). What a check
-        raises withdraws the step, is sent as this step's refusal (every rank
-        fails it at once, as when it is raised before sending) and raised."""
-        if not self._may_check_alongside(qk_max_logits):
-            return False
-        client, step_id, sent = self.clients[0], self.step_id + 1, self._sent_skipped
-        if self._on_cuda:
-            torch.cuda.synchronize()  # the daemon reads grads from another process
-        overrides = self._overrides(0)
-        failed: list[Exception] = []
-
-        def checks() -> bool:
-            try:
-                return self._nothing_to_change(sent)
-            except Exception as e:  # noqa: BLE001 (withdrawn, then raised below)
-                failed.append(e)
-                return False
-
-        t0 = time.perf_counter()
-        try:
-            response = _rpc.result(
-                lambda: client.step_with_checks(self.job_id, step_id, checks, overrides,
-                                                self.client_id, sent[0]),
-                client, f"Step {step_id}")
-        except MuondError as e:
-            if failed:
-                # Withdrawn (the answer says so): every rank sends the step
-                # again, and this refusal fails it on all of them at once. Any
-                # other answer failed the step on every rank already.
-                if e.reason == STEP_WITHDRAWN:
-                    self._send_refusal(failed[0])
-                raise failed[0] from None
-            if e.reason == STEP_WITHDRAWN:
-                return False  # withdrawn here or on another rank: sent again, as usual
-            self._replays.sent_without_answer(step_id)
-            raise
-        except BaseException:
-            self._replays.sent_without_answer(step_id)
-            raise
-        if failed:  # checks run only once sent, and a withdrawn step is never applied
-            raise RuntimeError(f"muond daemon {client.address} applied step {step_id}, which "
-                               "this trainer withdrew") from failed[0]
-        if response is None:
-            return False  # not sent (the channel unusable): as usual
-        self.state.invalidate()  # the step changed the state: read it afresh
-        self._finish_step(step_id, [response], t0, [])
-        return True
-
-    def _may_check_alongside(self, qk_max_logits) -> bool:
-        """This step may be sent before its checks (_step_with_checks_alongside)."""
-        return (self._overlap_checks and self._sent_skipped is not None
-                and qk_max_logits is None and self._qk_clip is None
-                and len(self.clients) == 1 and self.clients[0].takes_checks_alongside
-                and self._memory.only_rebound() and not self.state.cached())
-
-    def _nothing_to_change(self, sent: list) -> bool:
-        """step()'s checks (raising as there), without changing anything:
-        true when the step needs nothing done before the daemon reads the
-        memory (every grad in place, no param rebound, no frozen param
-        changed since ``sent`` was sent as the skip lists)."""
-        if not self._check_registered_groups() or not self._memory.rebound_intact():
-            return False
-        skipped = _wire.matrices_of(self._memory.skipped_and_copy_grads(
-            self._param_names, self._ranks_of, 1, True), self._matrices)
-        return skipped == sent
 
     def _check_registered_groups(self) -> bool:
         """The groups are still the ones registered (groups.check_before_step:
