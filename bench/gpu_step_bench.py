@@ -10,9 +10,10 @@ run, fp32 params and grads, median of --reps steps, --rounds rounds:
   peer_b       the same with its defaults: Polar Express coefficients, tuned restart ([2]);
   inproc_std   muond in-process (bench/gpu:step_bench --engine: the daemon's step engine,
   inproc_gram    LayerShardedMuon::Step with its non-finite check) with standard / Gram NS;
-  daemon_std   muond through the daemon (muond.torch.Muon: Python client, CUDA IPC, gRPC over
-  daemon_gram    a Unix socket), standard / Gram NS (ns_algorithm="gram");
-  daemon_gram_checks_first  the same with overlap_checks off: step() checks, then sends.
+  daemon_std   muond through the daemon (muond.torch.Muon: Python client, CUDA IPC, the step
+  daemon_gram    channel), standard / Gram NS (ns_algorithm="gram");
+  daemon_gram_checks_first  the same with overlap_checks off: step() checks, then sends;
+  daemon_gram_grpc          the same over the Step RPC (a Unix socket).
 
 The same math everywhere otherwise: eps 1e-7, `original` scale (the peer gets it as its
 adjust_lr callable), Nesterov, momentum 0.95, decoupled weight decay 0.1 (the peer scales it

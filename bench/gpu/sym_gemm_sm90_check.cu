@@ -422,7 +422,7 @@ int main(int argc, char** argv) {
   Bench(768, 2048, 256);
   Bench(768, 2048, 128, /*gram=*/false, /*tall=*/true);
   // The rule's edge below n = 1536: single and small-batch products at
-  // k = 2..3.5 n, both orientations.
+  // k = 2..3 n, both orientations.
   for (int64_t n : {512, 768, 1024})
     for (int64_t k : {2 * n, n * 5 / 2, n * 8 / 3 / 8 * 8, 3 * n})
       for (int64_t b : {1, 8}) {

@@ -20,11 +20,14 @@ namespace {
 // Measurements behind both rules: bench/results/gpu_h200_sym_gemm.md and
 // gpu_h100_sym_gemm_rule.md. When SymmetricGemmStridedBatchedOut runs the
 // sm_90a lower-triangle kernel rather than cuBLASLt's full product + mirror:
-// the kernel wins for n >= 1536, for k <= n and for batches >= 8 (a MoE
-// layer's 768 x 2048 experts: 1.3x), and ties or loses only for single
-// products with n in 512..1024 and k > 3 n. The rule ignores the batch so
-// that a batch of one and a batched call take the same path (bitwise equal
-// slices).
+// the kernel wins for n >= 1536 and for k <= n; below n = 1536 with k in
+// 2..3 n it wins batched (1.06-1.31x at batch 8 and more, the MoE layer's
+// 768 x 2048 experts 1.2-1.3x; one exception measured, n = 1024 with
+// k = 2728 at batch 8, 0.82x) and ties or loses up to 0.82x (~3 us) on
+// single products; at k = 3.5 n single products lose up to 0.70x. The rule
+// ignores the batch so that a batch of one and a batched call take the same
+// path (bitwise equal slices); the step engine batches same-shaped params,
+// so it takes the kernel up to k = 3 n.
 bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 3 * n; }
 
 // The kernel's schedule for the backend's option; auto: wide tiles for the
