@@ -11,9 +11,7 @@ once (not after the communicator timeout), each with the same result as a
 run without them."""
 import gc
 import os
-import pickle
 import sys
-import tempfile
 import unittest
 import weakref
 
@@ -23,10 +21,9 @@ sys.path.insert(0, HERE)
 
 import grpc  # noqa: E402
 import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 import trainer_procs  # noqa: E402
-from cluster import Cluster, ClusterTestCase, find_binaries  # noqa: E402
+from cluster import ClusterTestCase, find_binaries  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
 from muond.torch import Muon  # noqa: E402
 
@@ -269,25 +266,14 @@ def _trainer(rank, tmp, mode, overlap=True):
     out.update(final={n: p.detach().clone() for n, p in model.named_parameters()},
                counts=counts, channel=opt.uses_step_channel)
     opt.close()
-    with open(os.path.join(tmp, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump(out, f)
+    trainer_procs.save_result(tmp, rank, out)
     dist.destroy_process_group()
 
 
 def _run_job(mode: str, overlap: bool = True) -> list:
-    tmp = tempfile.mkdtemp(prefix="muond-overlap-")
-    ctx = mp.start_processes(_trainer, args=(tmp, mode, overlap), nprocs=WORLD, join=False,
-                             start_method="fork")
     # A withdrawal or refusal that waited for the communicator would take
-    # this long: far beyond the harness's join timeout.
-    with Cluster(WORLD, comm_timeout_s=600) as cluster:
-        trainer_procs.publish_cluster(tmp, cluster)
-        trainer_procs.join(ctx, 150)
-    runs = []
-    for r in range(WORLD):
-        with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
-            runs.append(pickle.load(f))
-    return runs
+    # 600 s: far beyond the harness's join timeout.
+    return trainer_procs.run_job(_trainer, (mode, overlap), WORLD, "muond-overlap-", 600)
 
 
 class TwoRankWithdrawalTest(unittest.TestCase):

@@ -7,9 +7,7 @@ GTP_remat domain for the matrices, per-rank solo domains for the AdamW
 biases) — against a single-daemon run of the same model given the same full
 gradients: bitwise (NS in fp32, ns_batch_size 1)."""
 import os
-import pickle
 import sys
-import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -18,7 +16,6 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 import trainer_procs  # noqa: E402
 
@@ -57,9 +54,8 @@ def _trainer(rank, tmp):
         opt.step()
     final = {n: p.full_tensor() for n, p in model.named_parameters()}
     opt.close()
-    with open(os.path.join(tmp, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump({"init": init, "grads": grads, "final": final, "domains": domains,
-                     "places": dict(opt.places)}, f)
+    trainer_procs.save_result(tmp, rank, {"init": init, "grads": grads, "final": final,
+                                          "domains": domains, "places": dict(opt.places)})
     dist.destroy_process_group()
 
 
@@ -68,16 +64,7 @@ class TorchrunFsdpTest(unittest.TestCase):
     def test_fsdp2_ranks_find_their_daemons_and_match_one_daemon_bitwise(self):
         find_binaries(self)
         from muond.torch import Muon
-        tmp = tempfile.mkdtemp(prefix="muond-torchrun-")
-        ctx = mp.start_processes(_trainer, args=(tmp,), nprocs=WORLD, join=False,
-                                 start_method="fork")
-        with Cluster(WORLD, comm_timeout_s=10) as cluster:
-            trainer_procs.publish_cluster(tmp, cluster)
-            trainer_procs.join(ctx, 150)
-        runs = []
-        for r in range(WORLD):
-            with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
-                runs.append(pickle.load(f))
+        runs = trainer_procs.run_job(_trainer, (), WORLD, "muond-torchrun-", 10)
         # One GTP_remat domain of both ranks for the matrices, each rank's own
         # solo domain for the AdamW biases.
         muon_domain = runs[0]["places"]["0.weight"].domain

@@ -11,9 +11,7 @@ rank changes anything; rank 1 puts the entry back and both send the same
 step again, which then matches a run that never saw the refusal, bitwise.
 """
 import os
-import pickle
 import sys
-import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,11 +20,10 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 import trainer_procs  # noqa: E402
 
-from cluster import Cluster, find_binaries  # noqa: E402
+from cluster import find_binaries  # noqa: E402
 
 WORLD = 2
 STEPS = 3
@@ -79,29 +76,18 @@ def _trainer(rank, tmp, refuse):
         opt.step()
     out["final"] = {n: p.full_tensor() for n, p in model.named_parameters()}
     opt.close()
-    with open(os.path.join(tmp, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump(out, f)
+    trainer_procs.save_result(tmp, rank, out)
     dist.destroy_process_group()
 
 
-def _run_job(test, refuse: bool) -> list:
-    tmp = tempfile.mkdtemp(prefix="muond-refusal-")
-    ctx = mp.start_processes(_trainer, args=(tmp, refuse), nprocs=WORLD, join=False,
-                             start_method="fork")
-    with Cluster(WORLD, comm_timeout_s=COMM_TIMEOUT_S) as cluster:
-        trainer_procs.publish_cluster(tmp, cluster)
-        trainer_procs.join(ctx, 150)
-    runs = []
-    for r in range(WORLD):
-        with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
-            runs.append(pickle.load(f))
-    return runs
+def _run_job(refuse: bool) -> list:
+    return trainer_procs.run_job(_trainer, (refuse,), WORLD, "muond-refusal-", COMM_TIMEOUT_S)
 
 
 class TrainerRefusalTest(unittest.TestCase):
     def test_one_trainers_refusal_fails_the_step_on_every_rank_at_once(self):
         find_binaries(self)
-        runs = _run_job(self, refuse=True)
+        runs = _run_job(refuse=True)
         kind, message, _, _ = runs[REFUSING_RANK]["errors"][0]
         self.assertEqual(kind, "ValueError")
         self.assertIn("ns_steps", message)
@@ -116,7 +102,7 @@ class TrainerRefusalTest(unittest.TestCase):
             self.assertTrue(run["unchanged"], f"rank {r} changed params in a refused step")
             self.assertEqual(run["step_id_after_refusal"], 1, f"rank {r}")
 
-        clean = _run_job(self, refuse=False)
+        clean = _run_job(refuse=False)
         for r in range(WORLD):
             for n, want in clean[r]["final"].items():
                 self.assertTrue(torch.equal(runs[r]["final"][n], want),

@@ -1,8 +1,11 @@
-"""What the torchrun-style tests (test_torchrun_local, test_dtensor_memory)
-share: their param groups and the plumbing of their spawned trainers."""
+"""What the torchrun-style tests (test_torchrun_local, test_dtensor_memory,
+test_trainer_refusal, test_overlap_checks) share: their param groups and the
+plumbing of their spawned trainers."""
 import json
 import os
+import pickle
 import socket
+import tempfile
 import time
 
 ADAMW = dict(algorithm="adamw", lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
@@ -61,3 +64,36 @@ def join_job(rank: int, tmp: str, world: int) -> None:
                       WORLD_SIZE=str(world), MUOND_DAEMON=cluster["daemons"][rank],
                       MUOND_JOB_ID=cluster["job_id"], MUOND_TOKEN_FILE=cluster["token_file"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def save_result(tmp: str, rank: int, result) -> None:
+    """In a trainer: what it hands back to ``run_job`` / ``load_results``."""
+    with open(os.path.join(tmp, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+
+
+def load_results(tmp: str, world: int) -> list:
+    """Every rank's ``save_result``, in rank order."""
+    runs = []
+    for r in range(world):
+        with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
+            runs.append(pickle.load(f))
+    return runs
+
+
+def run_job(trainer, args: tuple, world: int, prefix: str, comm_timeout_s: int,
+            timeout: float = 150) -> list:
+    """``world`` forked trainers, ``trainer(rank, tmp, *args)``, each with its
+    own host daemon of a contract/cluster.py Cluster (its daemons'
+    --comm_timeout_s ``comm_timeout_s``), joined within ``timeout`` s; their
+    ``save_result``s in rank order. Forked before the servers start, so no
+    gRPC state is forked; the caller has contract/ on sys.path."""
+    import torch.multiprocessing as mp
+    from cluster import Cluster
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    ctx = mp.start_processes(trainer, args=(tmp, *args), nprocs=world, join=False,
+                             start_method="fork")
+    with Cluster(world, comm_timeout_s=comm_timeout_s) as cluster:
+        publish_cluster(tmp, cluster)
+        join(ctx, timeout)
+    return load_results(tmp, world)
