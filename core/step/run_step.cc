@@ -69,8 +69,9 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   if (!withdrawn.ok()) return withdrawn;
   // A peer's trainer withdrew it: whatever else was refused may come from
   // memory that trainer was about to change; every rank sends it again.
-  if (decision.ok())
+  if (decision.ok()) {
     RETURN_IF_ERROR(WithdrawnByPeers(*decision, inputs.step_id));
+  }
   if (!refusal.ok()) return refusal;  // mine, with its full detail
   if (!decision.ok()) return decision.status();
   if (decision->verdict == JobVerdict::kRefuse) {

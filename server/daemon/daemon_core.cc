@@ -642,11 +642,14 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
     step_running_ = false;
   }
   if (!result.ok()) {
+    // A withdrawn step (ABORTED) is no failure: the communicators stay, and
+    // the trainers send it again.
+    if (GetErrorReason(result.status()) == ErrorReason::kStepWithdrawn) {
+      LOG(INFO) << "step " << id << ": " << result.status().message();
+      return result.status();
+    }
     LOG(ERROR) << "step " << id << " failed: " << result.status();
-    // A withdrawn step (ABORTED) is no communication failure: the
-    // communicators stay, and the trainers send the step again.
-    if (IsCommunicationFailure(result.status()) &&
-        GetErrorReason(result.status()) != ErrorReason::kStepWithdrawn) {
+    if (IsCommunicationFailure(result.status())) {
       return CommunicationFailure(id, result.status());
     }
     return result.status();

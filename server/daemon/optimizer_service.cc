@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "core/common/error_reason.h"
 #include "glog/logging.h"
 #include "server/common/auth.h"
 #include "server/common/grpc_status.h"
@@ -55,7 +56,8 @@ StepHandler OptimizerService::StepHandlerOf(OptimizerService* service) {
   return [service](const v1::StepRequest& request,
                    const TrainerVerdict& verdict) {
     absl::StatusOr<v1::StepResponse> answer = service->StepOn(request, verdict);
-    if (!answer.ok()) {
+    if (!answer.ok() &&
+        GetErrorReason(answer.status()) != ErrorReason::kStepWithdrawn) {
       LOG(WARNING) << "Step (step channel) refused: " << answer.status();
     }
     return answer;
