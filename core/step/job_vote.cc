@@ -215,11 +215,14 @@ absl::Status WithdrawnByPeers(const JobDecision& d, int64_t step_id) {
   const auto withdrew = [](const Refusal& r) {
     return r.code == RefusalCode::kTrainerWithdrew;
   };
-  const auto communication = [](const Refusal& r) {
-    return r.code == RefusalCode::kCommunication;
+  // Refusals no resend changes: a trainer's own (it sends no step again),
+  // a failed communicator.
+  const auto deliberate = [](const Refusal& r) {
+    return r.code == RefusalCode::kTrainer ||
+           r.code == RefusalCode::kCommunication;
   };
   if (std::none_of(d.refusals.begin(), d.refusals.end(), withdrew) ||
-      std::any_of(d.refusals.begin(), d.refusals.end(), communication)) {
+      std::any_of(d.refusals.begin(), d.refusals.end(), deliberate)) {
     return absl::OkStatus();
   }
   return WithErrorReason(

@@ -127,9 +127,10 @@ std::string RefusalCodeName(RefusalCode code);
 absl::Status RefusedByPeers(const JobDecision& decision, int64_t step_id);
 
 // ABORTED with ErrorReason kStepWithdrawn (metadata {"ranks": them}) when
-// a refusal in `decision` is a trainer's withdrawal and none a failed
-// communicator: every rank sends the step again, whatever else was refused
-// (it may come from memory that trainer was about to change). OK otherwise.
+// a refusal in `decision` is a trainer's withdrawal and none a trainer's own
+// refusal (that trainer sends no step again) or a failed communicator:
+// every rank sends the step again, whatever else was refused (it may come
+// from memory the withdrawing trainer was about to change). OK otherwise.
 absl::Status WithdrawnByPeers(const JobDecision& decision, int64_t step_id);
 
 // This rank's own answer to a step its trainer withdrew (`why`: the

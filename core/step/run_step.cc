@@ -66,11 +66,15 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   absl::StatusOr<JobDecision> decision = VoteOnJob(mine);
   // Timed out: the communicators are gone, whatever this rank refused.
   if (!abandoned_.ok()) return abandoned_;
-  if (!withdrawn.ok()) return withdrawn;
-  // A peer's trainer withdrew it: whatever else was refused may come from
-  // memory that trainer was about to change; every rank sends it again.
   if (decision.ok()) {
+    // A trainer withdrew it: whatever else was refused may come from memory
+    // that trainer was about to change; every rank sends it again ...
     RETURN_IF_ERROR(WithdrawnByPeers(*decision, inputs.step_id));
+    // ... unless a peer's trainer refused it (it sends no step again) or a
+    // communicator failed: then this rank answers as a peer.
+    if (!withdrawn.ok()) return RefusedByPeers(*decision, inputs.step_id);
+  } else if (!withdrawn.ok()) {
+    return decision.status();
   }
   if (!refusal.ok()) return refusal;  // mine, with its full detail
   if (!decision.ok()) return decision.status();

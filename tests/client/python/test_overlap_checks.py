@@ -116,6 +116,26 @@ class OverlapChecksTest(ClusterTestCase):
         # place); steps 2, 5 and 6 overlapped.
         self.assertEqual(counts, {"overlapped": STEPS - 3, "withdrawn": 1})
 
+    def test_a_frozen_first_param_still_overlaps(self):
+        # A frozen embedding or LoRA base weight first: the step goes before
+        # its checks all the same, bitwise as checked first.
+        def train(overlap):
+            model = make_model()
+            model[0].weight.requires_grad_(False)
+            opt = self.muon(model, overlap_checks=overlap)
+            counts = count_paths(opt)
+            for step in range(STEPS):
+                opt.zero_grad(set_to_none=False)
+                backward(model, step)
+                opt.step()
+            out = {n: p.detach().clone() for n, p in model.named_parameters()}
+            opt.close()
+            return out, counts
+        want, _ = train(False)
+        got, counts = train(True)
+        self.assert_bitwise(got, want)
+        self.assertEqual(counts, {"overlapped": STEPS - 1, "withdrawn": 0})
+
     def test_a_withdrawn_step_leaves_no_reference_cycle(self):
         # Reference counting alone ends the optimizer (as test_optimizer_lifetime
         # asks of every step): the withdrawal's errors hold no frame that
@@ -232,7 +252,10 @@ def _trainer(rank, tmp, mode, overlap=True):
     """``mode``: "clean"; "move" (rank 1 moves a grad before step 3); "refuse"
     (rank 1 edits a fixed group entry before step 3, then puts it back and
     both send step 3 again); "freeze" (both skip a param at step 3, and rank
-    0 reads its state first, so it checks first while rank 1 overlaps)."""
+    0 reads its state first, so it checks first while rank 1 overlaps);
+    "withdraw_refuse" (before step 3 rank 0 moves a grad, so it withdraws,
+    and rank 1 sets a bad lr, so it refuses; then rank 1 puts it back and
+    both send step 3 again)."""
     trainer_procs.join_job(rank, tmp, WORLD)
     import torch.distributed as dist
     from muond.client import MuondError
@@ -249,19 +272,26 @@ def _trainer(rank, tmp, mode, overlap=True):
                 model[2].weight.grad = model[2].weight.grad.clone()
             if mode == "refuse":
                 opt.param_groups[0]["ns_steps"] += 2
+        if mode == "withdraw_refuse" and step == 2:
+            if rank == 0:
+                model[2].weight.grad = model[2].weight.grad.clone()
+            else:
+                opt.param_groups[0]["lr"] = "abc"
         if mode == "freeze" and step == 2:
             model[2].weight.grad = None
             if rank == 0:
                 opt.state[model[0].weight]  # noqa: B018 (read: it may be pushed first)
-        if mode == "refuse" and step == 2:
+        if mode in ("refuse", "withdraw_refuse") and step == 2:
             try:
                 opt.step()
                 out["errors"].append(None)
             except (ValueError, MuondError) as e:
                 out["errors"].append((type(e).__name__, str(e), getattr(e, "reason", None)))
             out["step_id_after_refusal"] = opt.step_id
-            if rank == WITHDRAWING_RANK:
+            if rank == WITHDRAWING_RANK and mode == "refuse":
                 opt.param_groups[0]["ns_steps"] -= 2
+            if rank == 1 and mode == "withdraw_refuse":
+                opt.param_groups[0]["lr"] = HYPER["lr"]
         opt.step()
     out.update(final={n: p.detach().clone() for n, p in model.named_parameters()},
                counts=counts, channel=opt.uses_step_channel)
@@ -309,6 +339,21 @@ class TwoRankWithdrawalTest(unittest.TestCase):
         # Rank 1 sent step 3 with step 2's skip list, which rank 0's domain
         # agreement refused; rank 1's withdrawal outranked that refusal.
         self.assertEqual(runs[1]["counts"]["withdrawn"], 1)
+
+    def test_a_peers_refusal_outranks_a_withdrawal(self):
+        # Rank 0 withdrew step 3 and rank 1's trainer refused it: rank 1 sends
+        # no step again, so rank 0 is told at once, not after a timeout.
+        runs = _run_job("withdraw_refuse")
+        kind, message, _ = runs[1]["errors"][0]
+        self.assertEqual(kind, "ValueError")
+        self.assertIn("'lr'", message)
+        kind, message, reason = runs[0]["errors"][0]
+        self.assertEqual((kind, reason), ("MuondError", "TRAINER_REFUSED"), message)
+        self.assertIn("rank 1", message)
+        self.assertEqual(runs[0]["counts"]["withdrawn"], 1)  # rank 0 went first
+        for r in range(WORLD):
+            self.assertEqual(runs[r]["step_id_after_refusal"], 2, f"rank {r}")
+        self.assert_clean(runs)
 
     def test_a_check_that_refuses_fails_the_step_on_every_rank_at_once(self):
         runs = _run_job("refuse")

@@ -151,8 +151,8 @@ TEST(JobVoteTest, ReplayRefusedByATrainerNamesOnlyTheTrainer) {
 // A trainer's withdrawal is ABORTED with STEP_WITHDRAWN on every rank,
 // naming the withdrawing ranks, whatever else was refused (a skip-list
 // disagreement, non-finite gradients: they may come from memory that trainer
-// was about to change); a failed communicator outranks it; without one,
-// nothing is said.
+// was about to change); a failed communicator or a peer trainer's refusal
+// outranks it; without one, nothing is said.
 TEST(JobVoteTest, WithdrawalsOutrankRefusalsButNotCommunication) {
   JobDecision d =
       FoldJobBallots({Refuse(4, RefusalCode::kDomainDisagreement),
@@ -169,6 +169,12 @@ TEST(JobVoteTest, WithdrawalsOutrankRefusalsButNotCommunication) {
   d = FoldJobBallots({Refuse(4, RefusalCode::kCommunication),
                       Refuse(4, RefusalCode::kTrainerWithdrew), Agree(4)});
   EXPECT_TRUE(WithdrawnByPeers(d, 4).ok());
+  // A peer trainer's refusal outranks it too: that trainer sends no step
+  // again, so every rank answers TRAINER_REFUSED.
+  d = FoldJobBallots({Refuse(4, RefusalCode::kTrainerWithdrew),
+                      Refuse(4, RefusalCode::kTrainer)});
+  EXPECT_TRUE(WithdrawnByPeers(d, 4).ok());
+  EXPECT_EQ(GetErrorReason(RefusedByPeers(d, 4)), ErrorReason::kTrainerRefused);
   d = FoldJobBallots({Refuse(4, RefusalCode::kNonFinite), Agree(4)});
   EXPECT_TRUE(WithdrawnByPeers(d, 4).ok());
   st = WithdrawnHere(4, 2, "its trainer ended before its verdict");

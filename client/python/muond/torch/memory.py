@@ -228,10 +228,14 @@ class SharedParams:
         return not (self.dtensors or self.fsdp_bound or self.permuted or self._to_permute)
 
     def first_grad_in_place(self) -> bool:
-        """The first rebound param's .grad is its shared grad: a check of one
-        attribute that tells a trainer whose zero_grad() sets the grads to
-        None (backward then makes new ones) before grads_in_place's passes."""
-        return not self._rebound or self._rebound[0].grad is self._shared_grads[0]
+        """The first rebound param that requires grad has its shared grad as
+        .grad: a check of one param (past any frozen ones before it) that
+        tells a trainer whose zero_grad() sets the grads to None (backward
+        then makes new ones) before grads_in_place's passes."""
+        for p, grad in zip(self._rebound, self._shared_grads):
+            if p.requires_grad:
+                return p.grad is grad
+        return True
 
     def grads_in_place(self) -> bool:
         """Every rebound param that requires grad has its shared grad as

@@ -394,7 +394,16 @@ class Muon(torch.optim.Optimizer):
                 # Another rank's trainer withdrew the step it sent before its
                 # checks (overlap_checks): nothing was applied, and that rank
                 # sends it again after its checks; so does this one, once.
-                responses = self._send_step(step_id, overrides, skipped)
+                try:
+                    responses = self._send_step(step_id, overrides, skipped)
+                except MuondError as again:
+                    if again.reason != STEP_WITHDRAWN:
+                        raise
+                    raise MuondError(
+                        f"step {step_id} was withdrawn again after this trainer sent it a "
+                        f"second time ({again}); a peer trainer keeps withdrawing it: that "
+                        "trainer's own error says why", again.code, again.reason,
+                        again.metadata) from again
         except BaseException:
             self._replays.sent_without_answer(step_id)
             raise
