@@ -224,6 +224,11 @@ class OverlapChecksTest(ClusterTestCase):
         self.assert_bitwise(got, want)
         self.assertEqual(counts, {"overlapped": STEPS - 3, "withdrawn": 1})
 
+    def test_the_option_must_be_a_bool(self):
+        with self.assertRaisesRegex(ValueError, "overlap_checks must be a bool, got 'yes'"):
+            Muon(make_model().parameters(), daemons=self.cluster.daemons,
+                 job_id=self.cluster.job_id, overlap_checks="yes")
+
     def test_the_step_rpc_refuses_a_step_that_asks_for_a_verdict(self):
         model = make_model()
         opt = self.muon(model)
