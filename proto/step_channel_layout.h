@@ -17,8 +17,8 @@
 // A request with StepRequest.await_trainer_verdict: before its job vote the
 // daemon waits until verdict_seq == request_seq, the trainer having written
 // verdict (kVerdictGo or kVerdictWithdraw), then verdict_seq, then
-// FUTEX_WAKE(verdict_seq). A verdict written for a sequence number before
-// its request counts once the request comes. Other requests never read them.
+// FUTEX_WAKE(verdict_seq). A verdict written before the daemon reads its
+// request counts once it does. Other requests never read them.
 // Liveness: each side holds an open-file-description lock (F_OFD_SETLK) on
 // one byte of the object (kTrainerLockByte, kDaemonLockByte) and tests the
 // other's with F_OFD_GETLK; the kernel drops a lock when its process dies.

@@ -10,7 +10,9 @@ params (no DTensor, FSDP2 or split QKV param, whose values step() copies in
 first), grads that backward wrote in place at the last step and now (so a
 trainer whose zero_grad() sets them to None never pays a withdrawn step), no
 state read or assigned since (it may have to be pushed first), no QK-clip,
-and not the first step (its skip lists are not known yet). A step the checks
+and a step checked first before it (its skip lists are not known till then).
+A frozen param must have no grad: one that keeps its zeroed grad keeps every
+step checked first. A step the checks
 find something to do for (a grad moved, a param rebound, a param frozen) is
 withdrawn, nothing applied, and step() sends it again after the checks; one
 whose check raises is withdrawn and refused, as when the check raises before
