@@ -12,11 +12,10 @@ trainer whose zero_grad() sets them to None never pays a withdrawn step), no
 state read or assigned since (it may have to be pushed first), no QK-clip,
 and a step checked first before it (its skip lists are not known till then).
 A frozen param must have no grad: one that keeps its zeroed grad keeps every
-step checked first. A step the checks
-find something to do for (a grad moved, a param rebound, a param frozen) is
-withdrawn, nothing applied, and step() sends it again after the checks; one
-whose check raises is withdrawn and refused, as when the check raises before
-sending."""
+step checked first. A step the checks find something to do for (a grad
+moved, a param rebound, a param frozen) is withdrawn, nothing applied, and
+step() sends it again after the checks; one whose check raises is withdrawn
+and refused, as when the check raises before sending."""
 from __future__ import annotations
 
 import time
@@ -113,6 +112,9 @@ class ChecksAlongside:
         self._grads_were_in_place = opt._check_registered_groups()
         if not self._grads_were_in_place or not opt._memory.rebound_intact():
             return False
-        skipped = _wire.matrices_of(opt._memory.skipped_and_copy_grads(
-            opt._param_names, opt._ranks_of, 1, True), opt._matrices)
+        # With every grad in place and only rebound params, the step's skip
+        # lists are the frozen params' (what skipped_and_copy_grads returns
+        # then, copying nothing).
+        skipped = _wire.matrices_of(
+            opt._memory.frozen_skips(opt._param_names, opt._ranks_of, 1), opt._matrices)
         return skipped == sent
