@@ -1,0 +1,16 @@
+// The symmetric GEMM with CUTLASS's ping-pong consumers on 128 x 128 tiles, in
+// clusters of two CTAs along M that share each B panel by TMA multicast
+// (sym_gemm_sm90_kernel.cuh, ClusterTileOfItem).
+#include "core/backend/sym_gemm_sm90_kernel.cuh"
+
+namespace muond {
+namespace sym_gemm_sm90 {
+
+cudaError_t RunPingpongClustered(const Args& a, const Device& dev,
+                                 cudaStream_t stream) {
+  return LaunchOps<cutlass::gemm::KernelTmaWarpSpecializedPingpong, kTile,
+                   kMaxClusterM>(a, dev, stream);
+}
+
+}  // namespace sym_gemm_sm90
+}  // namespace muond
