@@ -709,8 +709,7 @@ def main() -> int:
     ap.add_argument("--peer-restarts", default=None,
                     help="peer (a)'s restarts, e.g. 2 (default: its tuner's pick)")
     ap.add_argument("--sym-gemm-schedule", default="auto",
-                    choices=["auto", "cooperative", "pingpong", "wide", "cooperative_2x1",
-                             "pingpong_2x1", "wide_2x1"],
+                    choices=["auto", "cooperative", "pingpong", "wide"],
                     help="the symmetric GEMM kernel's schedule, in-process and daemon "
                          "(step_bench's and muond-daemon's --sym_gemm_schedule)")
     ap.add_argument("--sweep-aspect", action="store_true",

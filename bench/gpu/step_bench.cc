@@ -30,9 +30,8 @@
 // --engine): where and in what precision the engine keeps the momentum
 // (core/common/state_storage.h); the engine's line then adds the medians of
 // its momentum and update phases ("momentum_ms <ms> update_ms <ms>").
-// --sym_gemm_schedule=auto|cooperative|pingpong|wide[_2x1]: the sm_90a
-// symmetric GEMM's consumer schedule and cluster (muond-daemon's flag of the
-// same name).
+// --sym_gemm_schedule=auto|cooperative|pingpong|wide: the sm_90a symmetric
+// GEMM's consumer schedule (muond-daemon's flag of the same name).
 // --ns_only (not with --engine): after one full step, times each chunk's
 // batched NS alone (Run on its stacked NS input, in place), one line per
 // chunk: "ns_ms <R>x<C> batch <B> median <ms>" (bench/gpu_step_bench.py's
@@ -301,7 +300,7 @@ int Main(int argc, char** argv) {
           "[--gram_dtype=fp16|bf16] [--gram_min_aspect_ratio=X] "
           "[--state_location=device|host] "
           "[--state_dtype=fp32|bf16|fp8_e4m3] "
-          "[--sym_gemm_schedule=auto|cooperative|pingpong|wide[_2x1]]\n");
+          "[--sym_gemm_schedule=auto|cooperative|pingpong|wide]\n");
       return 2;
     }
   }
@@ -325,7 +324,7 @@ int Main(int argc, char** argv) {
   if (!schedule.has_value()) {
     std::fprintf(stderr,
                  "step_bench: --sym_gemm_schedule must be auto, cooperative, "
-                 "pingpong, wide or one of the last three with _2x1\n");
+                 "pingpong or wide\n");
     return 2;
   }
   cuda_options.sym_gemm_schedule = *schedule;

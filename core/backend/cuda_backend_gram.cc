@@ -30,38 +30,23 @@ namespace {
 // so it takes the kernel up to k = 3 n.
 bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 3 * n; }
 
-// The kernel's schedule and cluster size for the backend's option; auto:
-// wide tiles for the sizes sym_gemm_rule.h says they win at, else
-// cooperative (faster than ping-pong on every shape measured), unclustered.
-// By n alone, as UseSymGemmKernel.
-void SetKernelSchedule(SymGemmSchedule option, int64_t n,
-                       sym_gemm_sm90::Args& args) {
-  using sym_gemm_sm90::Schedule;
-  args.cluster_m = 1;
+// The kernel's schedule for the backend's option; auto: wide tiles for the
+// sizes sym_gemm_rule.h says they win at, else cooperative (faster than
+// ping-pong on every shape measured). By n alone, as UseSymGemmKernel.
+sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n) {
   switch (option) {
-    case SymGemmSchedule::kPingpong2x1:
-      args.cluster_m = sym_gemm_sm90::kMaxClusterM;
-      [[fallthrough]];
     case SymGemmSchedule::kPingpong:
-      args.schedule = Schedule::kPingpong;
-      return;
-    case SymGemmSchedule::kWide2x1:
-      args.cluster_m = sym_gemm_sm90::kMaxClusterM;
-      [[fallthrough]];
+      return sym_gemm_sm90::Schedule::kPingpong;
     case SymGemmSchedule::kWide:
-      args.schedule = Schedule::kWide;
-      return;
-    case SymGemmSchedule::kCooperative2x1:
-      args.cluster_m = sym_gemm_sm90::kMaxClusterM;
-      [[fallthrough]];
+      return sym_gemm_sm90::Schedule::kWide;
     case SymGemmSchedule::kCooperative:
-      args.schedule = Schedule::kCooperative;
-      return;
+      return sym_gemm_sm90::Schedule::kCooperative;
     case SymGemmSchedule::kAuto:
       break;
   }
-  args.schedule = sym_gemm_sm90::PrefersWideTiles(n) ? Schedule::kWide
-                                                     : Schedule::kCooperative;
+  return sym_gemm_sm90::PrefersWideTiles(n)
+             ? sym_gemm_sm90::Schedule::kWide
+             : sym_gemm_sm90::Schedule::kCooperative;
 }
 
 }  // namespace
@@ -94,7 +79,7 @@ absl::Status CudaBackend::SymmetricGemmStridedBatchedOut(
     sym_gemm_sm90::Args s;
     s.elem = d.dtype == DType::kBFloat16 ? sym_gemm_sm90::Elem::kBFloat16
                                          : sym_gemm_sm90::Elem::kFloat16;
-    SetKernelSchedule(options_.sym_gemm_schedule, d.rows, s);
+    s.schedule = KernelSchedule(options_.sym_gemm_schedule, d.rows);
     s.trans_a = op_a == Op::kT;
     s.trans_b = op_b == Op::kT;
     s.n = d.rows;

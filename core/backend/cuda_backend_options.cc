@@ -8,9 +8,7 @@ namespace muond {
 std::optional<SymGemmSchedule> ParseSymGemmSchedule(std::string_view name) {
   for (SymGemmSchedule s :
        {SymGemmSchedule::kAuto, SymGemmSchedule::kCooperative,
-        SymGemmSchedule::kPingpong, SymGemmSchedule::kWide,
-        SymGemmSchedule::kCooperative2x1, SymGemmSchedule::kPingpong2x1,
-        SymGemmSchedule::kWide2x1}) {
+        SymGemmSchedule::kPingpong, SymGemmSchedule::kWide}) {
     if (name == SymGemmScheduleName(s)) return s;
   }
   return std::nullopt;
@@ -24,12 +22,6 @@ const char* SymGemmScheduleName(SymGemmSchedule schedule) {
       return "pingpong";
     case SymGemmSchedule::kWide:
       return "wide";
-    case SymGemmSchedule::kCooperative2x1:
-      return "cooperative_2x1";
-    case SymGemmSchedule::kPingpong2x1:
-      return "pingpong_2x1";
-    case SymGemmSchedule::kWide2x1:
-      return "wide_2x1";
     case SymGemmSchedule::kAuto:
       break;
   }

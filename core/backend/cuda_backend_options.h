@@ -12,21 +12,12 @@ namespace muond {
 // How the sm_90a symmetric GEMM's two consumer warpgroups share its work
 // (core/backend/sym_gemm_sm90_kernel.cuh): kCooperative (both on one 128 x
 // 128 tile), kPingpong (a tile each, one's epilogue under the other's
-// mainloop), kWide (both on one 128 x 256 tile), each also in clusters of
-// two CTAs along M that share B panels by TMA multicast (the *2x1 ones);
-// kAuto (the backend's pick: sym_gemm_rule.h).
-enum class SymGemmSchedule {
-  kAuto,
-  kCooperative,
-  kPingpong,
-  kWide,
-  kCooperative2x1,
-  kPingpong2x1,
-  kWide2x1,
-};
+// mainloop), kWide (both on one 128 x 256 tile), kAuto (the backend's pick:
+// wide from n = 8192, else cooperative, faster than ping-pong on every shape
+// measured; sym_gemm_rule.h).
+enum class SymGemmSchedule { kAuto, kCooperative, kPingpong, kWide };
 
-// "auto", "cooperative", "pingpong", "wide", "cooperative_2x1",
-// "pingpong_2x1", "wide_2x1"; nullopt for anything else.
+// "auto", "cooperative", "pingpong", "wide"; nullopt for anything else.
 std::optional<SymGemmSchedule> ParseSymGemmSchedule(std::string_view name);
 const char* SymGemmScheduleName(SymGemmSchedule schedule);
 

@@ -1,8 +1,8 @@
 // The sm_90a symmetric GEMM's host side: which arguments it takes, and the
 // launch of the schedule Args names (the kernels: sym_gemm_sm90_kernel.cuh,
-// instantiated in sym_gemm_sm90_cooperative.cu, sym_gemm_sm90_pingpong.cu,
-// sym_gemm_sm90_wide.cu and their *_clustered.cu twins, compiled apart so that
-// their long CUTLASS builds run in parallel).
+// instantiated in sym_gemm_sm90_cooperative.cu, sym_gemm_sm90_pingpong.cu and
+// sym_gemm_sm90_wide.cu, compiled apart so that their long CUTLASS builds run
+// in parallel).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -63,13 +63,8 @@ const char* Unsupported(const Args& a) {
   if ((a.trans_a ? a.n : a.k) % 8 != 0 || (a.trans_b ? a.k : a.n) % 8 != 0) {
     return "the operands' contiguous extents (n or k) must be multiples of 8";
   }
-  if (a.cluster_m != 1 && a.cluster_m != kMaxClusterM) {
-    return "cluster_m must be 1 or 2";
-  }
-  // The scheduler's work index is 32-bit; the wide order has the most items.
   const int64_t tiles = (a.n + kSymTile - 1) / kSymTile;
-  if (LowerTileWork(tiles, a.batch) >= (int64_t(1) << 31) ||
-      WideTileWork(tiles, a.batch) >= (int64_t(1) << 31)) {
+  if (LowerTileWork(tiles, a.batch) >= (int64_t(1) << 31)) {
     return "batch x lower tiles must be < 2^31";
   }
   if (!Aligned(a.a) || !Aligned(a.b) || !Aligned(a.d) ||
@@ -97,19 +92,15 @@ cudaError_t Run(const Args& a, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&dev.id);
   if (err != cudaSuccess) return err;
   dev.sm_count = SmCount(dev.id);
-  const bool clustered = a.cluster_m == kMaxClusterM;
   switch (a.schedule) {
     case Schedule::kPingpong:
-      return clustered ? RunPingpongClustered(a, dev, stream)
-                       : RunPingpong(a, dev, stream);
+      return RunPingpong(a, dev, stream);
     case Schedule::kWide:
-      return clustered ? RunWideClustered(a, dev, stream)
-                       : RunWide(a, dev, stream);
+      return RunWide(a, dev, stream);
     case Schedule::kCooperative:
       break;
   }
-  return clustered ? RunCooperativeClustered(a, dev, stream)
-                   : RunCooperative(a, dev, stream);
+  return RunCooperative(a, dev, stream);
 }
 
 }  // namespace sym_gemm_sm90

@@ -25,17 +25,9 @@ enum class Elem { kBFloat16, kFloat16 };
 // the other's mainloop (ping-pong); or both on one 128 x 256 tile (wide).
 enum class Schedule { kCooperative, kPingpong, kWide };
 
-// CTAs per thread-block cluster along M: 1, or 2 to pair tile rows 2p and
-// 2p + 1 of the same column(s) in one cluster, which loads their shared B
-// panel once by TMA multicast (each CTA loads half), halving B's L2 traffic;
-// a few tiles at the diagonal are then computed and not written
-// (sym_gemm_tiles.h, ClusterTileOfItem).
-inline constexpr int kMaxClusterM = 2;
-
 struct Args {
   Elem elem = Elem::kBFloat16;
   Schedule schedule = Schedule::kCooperative;
-  int cluster_m = 1;  // 1 or kMaxClusterM
   // op(a) is n x k, op(b) is k x n (row-major ops as in Backend::Gemm).
   bool trans_a = false;
   bool trans_b = true;
@@ -66,7 +58,7 @@ bool DeviceSupported(int device);
 // matrices), 16-byte aligned pointers, leading dimensions and batch strides
 // that are multiples of 8 elements (c's, when beta != 0 and batch > 1: 0 or
 // a positive multiple of 8), each operand's contiguous extent (n or k) a
-// multiple of 8, n, k >= 1, batch >= 1, cluster_m 1 or 2.
+// multiple of 8, n, k >= 1, batch >= 1.
 const char* Unsupported(const Args& args);
 
 // Launches the kernel on `stream` (asynchronous). Precondition:

@@ -10,9 +10,6 @@
 //    transposed to tile (j, i), both with coalesced 16-byte stores. A diagonal
 //    tile writes its lower half and that half's mirror, so every d is
 //    bitwise symmetric.
-// Clusters of two CTAs along M (Args::cluster_m = 2): a cluster takes tile
-// rows 2p and 2p + 1 of the same column(s) (ClusterTileOfItem), whose B
-// panel CUTLASS's mainloop then loads once for both by TMA multicast.
 // Three schedules of the consumers (Schedule in sym_gemm_sm90.h):
 //  - cooperative: both consumer warpgroups share one 128 x 128 tile (64 rows
 //    each), then both run its epilogue; the mainloop waits for it.
@@ -54,13 +51,11 @@ constexpr int kTile = kSymTile;  // square: the mirror of a tile is one
 
 // ---------------------------------------------------------------------------
 // Scheduler: linear work index -> (tile_m, tile_n, l) over lower tiles only;
-// kWide: (tile_m, column pair, l) over 128 x 256 tiles (WideTileOfIndex);
-// with clusters, the index counts a cluster's items and the CTA's rank in
-// its cluster picks its tile row (ClusterTileOfItem).
-template <bool kWide, int kClusterM>
+// kWide: (tile_m, column pair, l) over 128 x 256 tiles (WideTileOfIndex).
 struct TriangleTag {};
+struct WideTriangleTag {};
 
-template <bool kWide, int kClusterM>
+template <bool kWide>
 class TriangleScheduler
     : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
@@ -94,16 +89,8 @@ class TriangleScheduler
                              ClusterShape, cutlass::KernelHardwareInfo hw_info,
                              Arguments = Arguments{}, bool = true) {
     const int64_t total = Work(params.tiles, params.batch);
-    // Persistent: as many clusters as fit the device at once (Launch sets
-    // max_active_clusters for clusters of two: the SMs of a GPC pair up).
-    int64_t slots = hw_info.sm_count > 0 ? hw_info.sm_count : 1;
-    if (kClusterM > 1) {
-      slots = hw_info.max_active_clusters > 0 ? hw_info.max_active_clusters
-                                              : slots / kClusterM;
-      if (slots < 1) slots = 1;
-    }
-    const int64_t clusters = total < slots ? (total > 0 ? total : 1) : slots;
-    return dim3(unsigned(clusters * kClusterM), 1, 1);
+    const int64_t sms = hw_info.sm_count > 0 ? hw_info.sm_count : 1;
+    return dim3(unsigned(total < sms ? (total > 0 ? total : 1) : sms), 1, 1);
   }
 
   CUTLASS_HOST_DEVICE TriangleScheduler() {}
@@ -114,10 +101,8 @@ class TriangleScheduler
     tiles_ = int32_t(params.tiles);
     per_batch_ = Work(params.tiles, 1);
     total_ = per_batch_ * params.batch;
-    // A 1-D grid of clusters along x: a cluster's CTAs are consecutive.
-    idx_ = blockIdx.x / kClusterM;
-    rank_ = int32_t(blockIdx.x % kClusterM);
-    step_ = gridDim.x / kClusterM;
+    idx_ = blockIdx.x;
+    step_ = gridDim.x;
 #endif
   }
 
@@ -144,7 +129,7 @@ class TriangleScheduler
 
  private:
   CUTLASS_HOST_DEVICE static int64_t Work(int64_t tiles, int64_t batch) {
-    return ClusterWork(tiles, batch, kWide, kClusterM);
+    return kWide ? WideTileWork(tiles, batch) : LowerTileWork(tiles, batch);
   }
 
   // Batch l, then the triangle in TileOfIndex's banded order. 32-bit
@@ -155,7 +140,11 @@ class TriangleScheduler
     const uint32_t i = uint32_t(idx), per = uint32_t(per_batch_);
     const uint32_t l = i / per;
     int32_t m = 0, n = 0;
-    ClusterTileOfItem(i - l * per, rank_, tiles_, kWide, kClusterM, &m, &n);
+    if constexpr (kWide) {
+      WideTileOfIndex(i - l * per, tiles_, &m, &n);
+    } else {
+      TileOfIndex(i - l * per, tiles_, &m, &n);
+    }
     return {m, n, int32_t(l), true};
   }
 
@@ -164,7 +153,6 @@ class TriangleScheduler
   int64_t total_ = 0;
   int64_t idx_ = 0;
   int64_t step_ = 1;
-  int32_t rank_ = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -423,12 +411,19 @@ class MirrorEpilogue {
 }  // namespace muond
 
 namespace cutlass::gemm::kernel::detail {
-template <bool kWide, int kClusterM, class ArchTag, class TileShape,
-          class ClusterShape, uint32_t Stages, class ProblemShapeType>
-struct TileSchedulerSelector<
-    muond::sym_gemm_sm90::TriangleTag<kWide, kClusterM>, ArchTag, TileShape,
-    ClusterShape, Stages, ProblemShapeType> {
-  using Scheduler = muond::sym_gemm_sm90::TriangleScheduler<kWide, kClusterM>;
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t Stages,
+          class ProblemShapeType>
+struct TileSchedulerSelector<muond::sym_gemm_sm90::TriangleTag, ArchTag,
+                             TileShape, ClusterShape, Stages,
+                             ProblemShapeType> {
+  using Scheduler = muond::sym_gemm_sm90::TriangleScheduler<false>;
+};
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t Stages,
+          class ProblemShapeType>
+struct TileSchedulerSelector<muond::sym_gemm_sm90::WideTriangleTag, ArchTag,
+                             TileShape, ClusterShape, Stages,
+                             ProblemShapeType> {
+  using Scheduler = muond::sym_gemm_sm90::TriangleScheduler<true>;
 };
 }  // namespace cutlass::gemm::kernel::detail
 
@@ -443,14 +438,14 @@ using cutlass::layout::RowMajor;
 // op(b) = b^T (T) means B[n][k] = b[n * ldb + k]: K-major (ColumnMajor);
 // op(b) = b (N) is N-major (RowMajor).
 // kTileN: the output tile's columns (kTile, or 2 kTile for the wide
-// schedule); kClusterM: CTAs per cluster along M (1 or 2).
+// schedule).
 template <class Element, bool kTransA, bool kTransB, class KernelSchedule,
-          int kTileN, int kClusterM>
+          int kTileN>
 struct Config {
   using LayoutA = cute::conditional_t<kTransA, ColumnMajor, RowMajor>;
   using LayoutB = cute::conditional_t<kTransB, ColumnMajor, RowMajor>;
   using TileShape = cute::Shape<cute::_128, cute::Int<kTileN>, cute::_64>;
-  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Epilogue =
       cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
           MirrorEpilogue<Element, kTileN>>;
@@ -462,7 +457,7 @@ struct Config {
       KernelSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<
       cute::Shape<int, int, int, int>, Mainloop, Epilogue,
-      TriangleTag<kTileN != kTile, kClusterM>>;
+      cute::conditional_t<kTileN == kTile, TriangleTag, WideTriangleTag>>;
 };
 
 // A stride tuple with the one dynamic non-batch mode set to `ld`.
@@ -479,34 +474,10 @@ Stride MakeStride(int64_t ld, int64_t batch_stride) {
   return s;
 }
 
-// A launch of clusters of kClusterM CTAs along x (attrs set by the caller:
-// the attribute must outlive the launch call).
-template <int kClusterM>
-cudaLaunchConfig_t ClusterLaunch(dim3 grid, dim3 block, int smem,
-                                 cudaStream_t stream) {
-  cudaLaunchConfig_t c = {};
-  c.gridDim = grid;
-  c.blockDim = block;
-  c.dynamicSmemBytes = size_t(smem);
-  c.stream = stream;
-  c.numAttrs = 1;
-  return c;
-}
-template <int kClusterM>
-cudaLaunchAttribute ClusterAttribute() {
-  cudaLaunchAttribute a = {};
-  a.id = cudaLaunchAttributeClusterDimension;
-  a.val.clusterDim.x = kClusterM;
-  a.val.clusterDim.y = 1;
-  a.val.clusterDim.z = 1;
-  return a;
-}
-
 template <class Element, bool kTransA, bool kTransB, class KernelSchedule,
-          int kTileN, int kClusterM>
+          int kTileN>
 cudaError_t Launch(const Args& a, const Device& dev, cudaStream_t stream) {
-  using C =
-      Config<Element, kTransA, kTransB, KernelSchedule, kTileN, kClusterM>;
+  using C = Config<Element, kTransA, kTransB, KernelSchedule, kTileN>;
   using Kernel = typename C::Kernel;
   using Mainloop = typename C::Mainloop;
   cudaError_t err = cudaSuccess;
@@ -539,63 +510,38 @@ cudaError_t Launch(const Args& a, const Device& dev, cudaStream_t stream) {
   // No workspace is passed: neither schedule's kernel, with this scheduler
   // and epilogue, asks for one (a CUTLASS change that did would fail here,
   // not write through a null pointer).
+  if (Kernel::get_workspace_size(args) != 0) return cudaErrorNotSupported;
+  typename Kernel::Params params =
+      Kernel::to_underlying_arguments(args, nullptr);
   const int smem = int(Kernel::SharedStorageSize);
   // Once per device and instantiation: the first call may already be inside a
   // CUDA graph capture (Backend::RunGraph), where fewer calls are better.
-  // Clusters also need how many fit at once (a GPC's SMs pair up, so it can
-  // be under sm_count / 2), asked with this kernel's shared memory.
-  static std::atomic<int> max_clusters[64] = {};
-  const int slot = dev.id & 63;
-  if (max_clusters[slot].load() == 0) {
+  static std::atomic<uint64_t> smem_set{0};
+  const uint64_t bit = uint64_t(1) << (dev.id & 63);
+  if ((smem_set.load() & bit) == 0) {
     err =
         cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    int fit = 1;
-    if (kClusterM > 1) {
-      cudaLaunchConfig_t query = ClusterLaunch<kClusterM>(
-          dim3(kClusterM), dim3(Kernel::MaxThreadsPerBlock), smem, stream);
-      cudaLaunchAttribute cluster = ClusterAttribute<kClusterM>();
-      query.attrs = &cluster;
-      err = cudaOccupancyMaxActiveClusters(&fit, cutlass::device_kernel<Kernel>,
-                                           &query);
-      if (err != cudaSuccess) return err;
-      if (fit < 1) return cudaErrorNotSupported;
-    }
-    max_clusters[slot].store(fit);
+    smem_set.fetch_or(bit);
   }
-  if (kClusterM > 1) args.hw_info.max_active_clusters = max_clusters[slot];
-  if (Kernel::get_workspace_size(args) != 0) return cudaErrorNotSupported;
-  typename Kernel::Params params =
-      Kernel::to_underlying_arguments(args, nullptr);
-  const dim3 grid = Kernel::get_grid_shape(params);
-  if constexpr (kClusterM == 1) {
-    cutlass::device_kernel<Kernel>
-        <<<grid, Kernel::get_block_shape(), smem, stream>>>(params);
-    return cudaGetLastError();
-  } else {
-    cudaLaunchConfig_t launch =
-        ClusterLaunch<kClusterM>(grid, Kernel::get_block_shape(), smem, stream);
-    cudaLaunchAttribute cluster = ClusterAttribute<kClusterM>();
-    launch.attrs = &cluster;
-    return cudaLaunchKernelEx(&launch, cutlass::device_kernel<Kernel>, params);
-  }
+  cutlass::device_kernel<Kernel>
+      <<<Kernel::get_grid_shape(params), Kernel::get_block_shape(), smem,
+         stream>>>(params);
+  return cudaGetLastError();
 }
 
 // Launch for the op pair of `a` (Unsupported() refused (T,T)).
-template <class KernelSchedule, int kTileN = kTile, int kClusterM = 1>
+template <class KernelSchedule, int kTileN = kTile>
 cudaError_t LaunchOps(const Args& a, const Device& dev, cudaStream_t stream) {
   auto ops = [&](auto element) {
     using E = decltype(element);
-    if (a.trans_a) {
-      return Launch<E, true, false, KernelSchedule, kTileN, kClusterM>(a, dev,
-                                                                       stream);
-    }
+    if (a.trans_a)
+      return Launch<E, true, false, KernelSchedule, kTileN>(a, dev, stream);
     return a.trans_b
-               ? Launch<E, false, true, KernelSchedule, kTileN, kClusterM>(
-                     a, dev, stream)
-               : Launch<E, false, false, KernelSchedule, kTileN, kClusterM>(
-                     a, dev, stream);
+               ? Launch<E, false, true, KernelSchedule, kTileN>(a, dev, stream)
+               : Launch<E, false, false, KernelSchedule, kTileN>(a, dev,
+                                                                 stream);
   };
   return a.elem == Elem::kBFloat16 ? ops(cutlass::bfloat16_t{})
                                    : ops(cutlass::half_t{});

@@ -1,6 +1,6 @@
 // Private to the sm_90a symmetric GEMM (sym_gemm_sm90*.cu): the launchers of
-// its three consumer schedules, with and without clusters, each in its own
-// translation unit, and what they need to know of the device. No CUTLASS types.
+// its three consumer schedules, each in its own translation unit, and what they
+// need to know of the device. No CUTLASS types.
 #ifndef MUOND_CORE_BACKEND_SYM_GEMM_SM90_LAUNCH_H_
 #define MUOND_CORE_BACKEND_SYM_GEMM_SM90_LAUNCH_H_
 
@@ -16,18 +16,11 @@ struct Device {
   int sm_count = 0;  // the persistent grid's size
 };
 
-// Preconditions as Run's; `a.schedule` and `a.cluster_m` are not read: the
-// *Clustered launchers run clusters of two CTAs along M.
+// Preconditions as Run's; `a.schedule` is not read.
 cudaError_t RunCooperative(const Args& a, const Device& dev,
                            cudaStream_t stream);
 cudaError_t RunPingpong(const Args& a, const Device& dev, cudaStream_t stream);
 cudaError_t RunWide(const Args& a, const Device& dev, cudaStream_t stream);
-cudaError_t RunCooperativeClustered(const Args& a, const Device& dev,
-                                    cudaStream_t stream);
-cudaError_t RunPingpongClustered(const Args& a, const Device& dev,
-                                 cudaStream_t stream);
-cudaError_t RunWideClustered(const Args& a, const Device& dev,
-                             cudaStream_t stream);
 
 }  // namespace sym_gemm_sm90
 }  // namespace muond

@@ -90,52 +90,6 @@ MUOND_SG_HD void WideTileOfIndex(uint32_t t, int32_t tiles, int32_t* tile_m,
   *tile_m = 2 * p + int32_t(t & 1);
 }
 
-// Clusters of two CTAs along M (Args::cluster_m = 2): the two CTAs of a
-// cluster take tile rows 2p and 2p + 1 ("pair row" p) of the same tile
-// column(s), so they need the same B panel, which TMA multicasts to both
-// (each loads half of it): B's traffic from L2 halves. A cluster's item is a
-// cell (p, q <= p) of the pair-row triangle in TileOfIndex's banded order:
-//  - square tiles: two items a cell, tile columns 2q and 2q + 1;
-//  - wide tiles: one item a cell, column pair q.
-// The CTA of rank r in its cluster takes tile row 2p + r. As with the wide
-// schedule, a diagonal cell's tile above the diagonal (2p, 2p + 1) and, with
-// T odd, tiles past the matrix are computed on what TMA loads (zeros outside)
-// and not written.
-MUOND_SG_HD int64_t ClusterWork(int64_t tiles, int64_t batch, bool wide,
-                                int32_t cluster_m) {
-  if (cluster_m == 1) {
-    return wide ? WideTileWork(tiles, batch) : LowerTileWork(tiles, batch);
-  }
-  const int64_t p = WidePairRows(tiles);
-  return wide ? LowerTileWork(p, batch) : batch * p * (p + 1);
-}
-
-// (tile_m, tile_n) of item t < ClusterWork(tiles, 1, wide, cluster_m) for the
-// CTA of rank `rank` (< cluster_m) in its cluster; tile_n is a column pair
-// for wide tiles.
-MUOND_SG_HD void ClusterTileOfItem(uint32_t t, int32_t rank, int32_t tiles,
-                                   bool wide, int32_t cluster_m,
-                                   int32_t* tile_m, int32_t* tile_n) {
-  if (cluster_m == 1) {
-    if (wide) {
-      WideTileOfIndex(t, tiles, tile_m, tile_n);
-    } else {
-      TileOfIndex(t, tiles, tile_m, tile_n);
-    }
-    return;
-  }
-  const int32_t pair_rows = int32_t(WidePairRows(tiles));
-  int32_t p = 0, q = 0;
-  if (wide) {
-    TileOfIndex(t, pair_rows, &p, &q);
-    *tile_n = q;
-  } else {
-    TileOfIndex(t >> 1, pair_rows, &p, &q);
-    *tile_n = 2 * q + int32_t(t & 1);
-  }
-  *tile_m = 2 * p + rank;
-}
-
 }  // namespace sym_gemm_sm90
 }  // namespace muond
 

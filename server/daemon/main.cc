@@ -118,10 +118,8 @@ ABSL_FLAG(std::string, sym_gemm_schedule, "auto",
           "GPU mode, H100/H200: the symmetric GEMM kernel's schedule, "
           "'cooperative' (both consumer warpgroups on one 128x128 tile), "
           "'pingpong' (a tile each, one's epilogue under the other's "
-          "mainloop), 'wide' (both on one 128x256 tile), each also as "
-          "'<schedule>_2x1' (clusters of two CTAs sharing B panels by TMA "
-          "multicast), or 'auto' (wide for products of n >= 8192, else "
-          "cooperative)");
+          "mainloop), 'wide' (both on one 128x256 tile) or 'auto' "
+          "(wide for products of n >= 8192, else cooperative)");
 
 namespace {
 constexpr char kUsage[] =
@@ -183,10 +181,9 @@ int main(int argc, char** argv) {
   const std::optional<muond::SymGemmSchedule> sym_gemm_schedule =
       muond::ParseSymGemmSchedule(absl::GetFlag(FLAGS_sym_gemm_schedule));
   if (!sym_gemm_schedule.has_value()) {
-    LOG(ERROR)
-        << "--sym_gemm_schedule=" << absl::GetFlag(FLAGS_sym_gemm_schedule)
-        << " must be auto, cooperative, pingpong, wide, cooperative_2x1, "
-           "pingpong_2x1 or wide_2x1";
+    LOG(ERROR) << "--sym_gemm_schedule="
+               << absl::GetFlag(FLAGS_sym_gemm_schedule)
+               << " must be auto, cooperative, pingpong or wide";
     return 2;
   }
   if (absl::GetFlag(FLAGS_host) && device >= 0) {

@@ -66,16 +66,11 @@ TEST(CudaBackendOptionsFromLegacyEnvironment, VariablesAreIndependent) {
 TEST(SymGemmSchedule, NamesParseToTheirSchedulesAndNothingElseParses) {
   for (SymGemmSchedule s :
        {SymGemmSchedule::kAuto, SymGemmSchedule::kCooperative,
-        SymGemmSchedule::kPingpong, SymGemmSchedule::kWide,
-        SymGemmSchedule::kCooperative2x1, SymGemmSchedule::kPingpong2x1,
-        SymGemmSchedule::kWide2x1}) {
+        SymGemmSchedule::kPingpong, SymGemmSchedule::kWide}) {
     EXPECT_EQ(ParseSymGemmSchedule(SymGemmScheduleName(s)), s);
   }
   EXPECT_STREQ(SymGemmScheduleName(SymGemmSchedule::kPingpong), "pingpong");
   EXPECT_STREQ(SymGemmScheduleName(SymGemmSchedule::kWide), "wide");
-  EXPECT_STREQ(SymGemmScheduleName(SymGemmSchedule::kCooperative2x1),
-               "cooperative_2x1");
-  EXPECT_EQ(ParseSymGemmSchedule("wide_2x1"), SymGemmSchedule::kWide2x1);
   EXPECT_EQ(ParseSymGemmSchedule("cooperative"), SymGemmSchedule::kCooperative);
   for (const char* other : {"", "Auto", "ping-pong", "pingpong ", "coop"}) {
     EXPECT_FALSE(ParseSymGemmSchedule(other).has_value()) << other;

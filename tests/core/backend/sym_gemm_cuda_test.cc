@@ -14,9 +14,8 @@
 // O(|ref|). d must equal d^T bitwise, padding columns (row_stride > n) must
 // keep their sentinel, and a second call must reproduce d bitwise. Every case
 // runs with each of the kernel's consumer schedules
-// (CudaBackendOptions::sym_gemm_schedule: cooperative, ping-pong and wide,
-// each also in clusters of two CTAs) and with auto, the backend's pick by
-// size.
+// (CudaBackendOptions::sym_gemm_schedule: cooperative, ping-pong and wide)
+// and with auto, the backend's pick by size.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -321,9 +320,7 @@ TEST_P(SymGemmCudaTest, ThresholdFallbackAndKernelAvailability) {
 INSTANTIATE_TEST_SUITE_P(
     Schedules, SymGemmCudaTest,
     ::testing::Values(SymGemmSchedule::kCooperative, SymGemmSchedule::kPingpong,
-                      SymGemmSchedule::kWide, SymGemmSchedule::kCooperative2x1,
-                      SymGemmSchedule::kPingpong2x1, SymGemmSchedule::kWide2x1,
-                      SymGemmSchedule::kAuto),
+                      SymGemmSchedule::kWide, SymGemmSchedule::kAuto),
     [](const ::testing::TestParamInfo<SymGemmSchedule>& info) {
       return std::string(SymGemmScheduleName(info.param));
     });

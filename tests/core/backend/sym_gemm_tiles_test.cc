@@ -3,9 +3,7 @@
 // computes each lower tile exactly once; bands keep their row-major index
 // ranges and run column by column. Checked against a brute-force enumeration.
 // The wide schedule's 128 x 256 items cover every lower tile exactly once with
-// the halves the epilogue writes (square column <= tile row, inside). With
-// clusters of two, the CTAs of an item share its tile column(s) (the B panel
-// they multicast) and still write every lower tile exactly once.
+// the halves the epilogue writes (square column <= tile row, inside).
 #include "core/backend/sym_gemm_tiles.h"
 
 #include <gtest/gtest.h>
@@ -13,7 +11,6 @@
 #include <cstdint>
 #include <set>
 #include <utility>
-#include <vector>
 
 namespace muond {
 namespace sym_gemm_sm90 {
@@ -82,80 +79,6 @@ TEST(SymGemmTiles, WideItemsWriteEveryLowerTileExactlyOnce) {
     // odd the whole last tile row past the matrix.
     const int64_t p = WidePairRows(tiles);
     EXPECT_EQ(wasted_halves, tiles % 2 == 0 ? p : 3 * p) << tiles;
-  }
-}
-
-// The tiles item t's CTA of rank r writes: tile_n is a column pair for wide
-// items; the epilogue skips what lies above the diagonal or past the matrix.
-std::vector<std::pair<int32_t, int32_t>> WrittenTiles(uint32_t t, int32_t rank,
-                                                      int32_t tiles, bool wide,
-                                                      int32_t cluster_m,
-                                                      int32_t* col_out) {
-  int32_t m = -1, col = -1;
-  ClusterTileOfItem(t, rank, tiles, wide, cluster_m, &m, &col);
-  *col_out = col;
-  std::vector<std::pair<int32_t, int32_t>> out;
-  std::vector<int32_t> cols = {col};
-  if (wide) cols = {2 * col, 2 * col + 1};
-  for (int32_t n : cols) {
-    if (n <= m && m < tiles && n < tiles) out.push_back({m, n});
-  }
-  return out;
-}
-
-TEST(SymGemmTiles, ClusterPairsShareColumnsAndWriteEveryLowerTileOnce) {
-  for (bool wide : {false, true}) {
-    for (int32_t tiles : {1, 2, 3, 7, 8, 9, 16, 17, 32, 33, 130}) {
-      std::set<std::pair<int32_t, int32_t>> written;
-      const int64_t total = ClusterWork(tiles, 1, wide, 2);
-      int64_t ctas = 0;
-      for (uint32_t t = 0; t < uint32_t(total); ++t) {
-        int32_t col0 = -1, col1 = -1;
-        const auto w0 = WrittenTiles(t, 0, tiles, wide, 2, &col0);
-        const auto w1 = WrittenTiles(t, 1, tiles, wide, 2, &col1);
-        ASSERT_EQ(col0, col1)
-            << "one B panel per cluster: " << tiles << " " << t;
-        for (const auto& tile : w0) {
-          ASSERT_EQ(tile.first % 2, 0) << tiles << " " << t;
-          ASSERT_TRUE(written.insert(tile).second) << tiles << " " << t;
-        }
-        for (const auto& tile : w1) {
-          ASSERT_EQ(tile.first % 2, 1) << tiles << " " << t;
-          ASSERT_TRUE(written.insert(tile).second) << tiles << " " << t;
-        }
-        ctas += 2;
-      }
-      EXPECT_EQ(int64_t(written.size()), int64_t(tiles) * (tiles + 1) / 2)
-          << (wide ? "wide " : "square ") << tiles;
-      // The waste stays small: one square tile (wide: one half) per pair
-      // row on the diagonal, plus the row past the matrix when T is odd.
-      const int64_t square_tiles = wide ? 2 * ctas : ctas;
-      const int64_t p = WidePairRows(tiles);
-      EXPECT_LE(square_tiles - int64_t(written.size()),
-                tiles % 2 == 0 ? p : 4 * p + 1)
-          << (wide ? "wide " : "square ") << tiles;
-      // Batches repeat the count.
-      EXPECT_EQ(ClusterWork(tiles, 5, wide, 2), 5 * total);
-    }
-  }
-}
-
-TEST(SymGemmTiles, ClusterOfOneIsTheUnclusteredOrder) {
-  for (int32_t tiles : {1, 8, 9, 33}) {
-    EXPECT_EQ(ClusterWork(tiles, 3, false, 1), LowerTileWork(tiles, 3));
-    EXPECT_EQ(ClusterWork(tiles, 3, true, 1), WideTileWork(tiles, 3));
-    for (uint32_t t = 0; t < uint32_t(LowerTileWork(tiles, 1)); ++t) {
-      int32_t m0, n0, m1, n1;
-      TileOfIndex(t, tiles, &m0, &n0);
-      ClusterTileOfItem(t, 0, tiles, false, 1, &m1, &n1);
-      ASSERT_EQ(std::make_pair(m0, n0), std::make_pair(m1, n1));
-    }
-    for (uint32_t t = 0; t < uint32_t(WideTileWork(tiles, 1)); ++t) {
-      int32_t m0, n0, m1, n1;
-      WideTileOfIndex(t, tiles, &m0, &n0);
-      ClusterTileOfItem(t, 0, tiles, true, 1, &m1, &n1);
-      ASSERT_EQ(std::make_pair(m0, n0), std::make_pair(m1, n1));
-    }
   }
 }
 
