@@ -384,8 +384,16 @@ int main(int argc, char** argv) {
               p.major, p.minor, p.multiProcessorCount,
               int(sg::DeviceSupported(dev)));
   CB(cublasCreate(&g_cublas));
-  // "bench": the timings only; "wide": the wide schedule's cases only.
+  // "bench": the timings only; "wide" or "cooperative": that schedule's
+  // cases only;
+  // "time N K BATCH [gram|tall]": one timing row (e.g. under a profiler).
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "time" && argc >= 5) {
+    const std::string kind = argc > 5 ? argv[5] : "";
+    Bench(std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]),
+          kind == "gram", kind == "tall");
+    return 0;
+  }
   if (mode != "bench") {
     std::printf(
         "\n| ok | schedule | dtype | orientation | n | k | batch | alpha | "
@@ -396,6 +404,7 @@ int main(int argc, char** argv) {
                                            sg::Schedule::kPingpong,
                                            sg::Schedule::kWide};
     if (mode == "wide") schedules = {sg::Schedule::kWide};
+    if (mode == "cooperative") schedules = {sg::Schedule::kCooperative};
     for (sg::Schedule sc : schedules)
       for (bool bf : {true, false})
         for (bool ta : {false, true})
@@ -412,6 +421,10 @@ int main(int argc, char** argv) {
             cases.push_back({bf, ta, n, kk(n), 1, 0.7f, -0.3f, 8, sc});
             if (n <= 1000)
               cases.push_back({bf, ta, n, kk(3 * n + 5), 3, 1.f, 0.5f, 0, sc});
+            // More tiles than CTAs, with c: a CTA's later epilogues take the
+            // c its earlier ones prefetched.
+            if (n == 1000)
+              cases.push_back({bf, ta, n, kk(n), 12, 0.7f, -0.3f, 0, sc});
           }
     for (const Case& c : cases) RunCase(c);
     std::printf("\ncorrectness: %d failing case(s) of %zu\n", g_failures,

@@ -9,7 +9,9 @@
 //    staged in shared memory, written to tile (i, j) and, off the diagonal,
 //    transposed to tile (j, i), both with coalesced 16-byte stores. A diagonal
 //    tile writes its lower half and that half's mirror, so every d is
-//    bitwise symmetric.
+//    bitwise symmetric. With beta != 0, the cooperative schedule's epilogue
+//    ends by cp.async-ing the CTA's next tile of c into the staging buffer,
+//    so that c lands while the next mainloop runs (PrefetchNextC).
 // Three schedules of the consumers (Schedule in sym_gemm_sm90.h):
 //  - cooperative: both consumer warpgroups share one 128 x 128 tile (64 rows
 //    each), then both run its epilogue; the mainloop waits for it.
@@ -253,6 +255,10 @@ class MirrorEpilogue {
       WriteSquare<TiledMma>(n, tm, j, h * kTile, l, accumulators, tCcD,
                             thread_idx, smem_buf);
     }
+    if constexpr (PrefetchesC<TiledMma>()) {
+      PrefetchNextC<TiledMma>(n, int64_t(get<3>(problem_shape_mnkl)),
+                              thread_idx, smem_buf);
+    }
   }
 
  private:
@@ -269,19 +275,26 @@ class MirrorEpilogue {
     Element* d = params_.d + l * params_.stride_d;
     const int64_t ldd = params_.ldd;
 
-    // The previous tile's readers are done with the staging buffer.
-    cutlass::arch::NamedBarrier::sync(
-        kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
-
-    // 1. With beta != 0, c's tile into the staging buffer by coalesced
-    // 16-byte loads (zeros outside the matrix): the accumulators' layout
-    // would read it as scattered 2-byte loads, one per element.
     const bool with_c = params_.beta != 0.0f;  // the same in every thread
-    if (with_c) {
-      LoadTile<kThreads>(params_.c + l * params_.stride_c, params_.ldc, m0, n0,
-                         n, tile, thread_idx);
+    if (c_prefetched_) {
+      // The previous epilogue's cp.async of this tile's c: landed long ago
+      // (a mainloop ran since); every thread's copies visible to all.
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
       cutlass::arch::NamedBarrier::sync(
           kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+    } else {
+      // The previous tile's readers are done with the staging buffer.
+      cutlass::arch::NamedBarrier::sync(
+          kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+      // 1. With beta != 0, c's tile into the staging buffer by coalesced
+      // 16-byte loads (zeros outside the matrix): the accumulators' layout
+      // would read it as scattered 2-byte loads, one per element.
+      if (with_c) {
+        LoadTile<kThreads>(params_.c + l * params_.stride_c, params_.ldc, m0,
+                           n0, n, tile, thread_idx);
+        cutlass::arch::NamedBarrier::sync(
+            kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+      }
     }
 
     // 2. alpha acc + beta c, rounded once, into the staging buffer. A thread
@@ -334,6 +347,57 @@ class MirrorEpilogue {
       Store8(d + int64_t(n0 + col) * ldd + m0 + r8,
              make_uint4(w[0], w[1], w[2], w[3]), n - (m0 + r8));
     }
+  }
+
+  // Whether the epilogue loads the next tile's c while the next mainloop
+  // runs: the cooperative schedule on square tiles. There the consumers own
+  // the staging buffer between epilogues, and a CTA's next tile is known
+  // (TriangleScheduler: its work index steps by the grid). The c load was
+  // the epilogue's largest stall (warps waiting on global loads, 31% of
+  // stall cycles on Gram NS's 4096 x 4096 products). Ping-pong's two
+  // consumer warpgroups share the buffer; wide tiles load c twice a tile.
+  template <class TiledMma>
+  CUTLASS_DEVICE static constexpr bool PrefetchesC() {
+    return int(cute::size(TiledMma{})) == 256 && kTileN == kTile;
+  }
+
+  // After a tile's epilogue: once every thread is done reading the staging
+  // buffer, cp.async the CTA's next tile's c into it (zeros outside the
+  // matrix), so that its epilogue starts with c in shared memory.
+  template <class TiledMma>
+  CUTLASS_DEVICE void PrefetchNextC(int n, int64_t batch, int thread_idx,
+                                    char* smem_buf) {
+    constexpr int kThreads = int(cute::size(TiledMma{}));
+    c_prefetched_ = false;
+    if (params_.beta == 0.0f) return;
+#if defined(__CUDA_ARCH__)
+    const int32_t tiles = (n + kTile - 1) / kTile;
+    const int64_t per = LowerTileWork(tiles, 1);
+    const int64_t next =
+        int64_t(blockIdx.x) + ++tiles_done_ * int64_t(gridDim.x);
+    if (next >= per * batch) return;
+    const uint32_t l = uint32_t(next) / uint32_t(per);
+    int32_t tm = 0, tn = 0;
+    TileOfIndex(uint32_t(next) - l * uint32_t(per), tiles, &tm, &tn);
+    cutlass::arch::NamedBarrier::sync(
+        kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+    Element const* src = params_.c + int64_t(l) * params_.stride_c;
+    Element* tile = reinterpret_cast<SharedStorage*>(smem_buf)->tile;
+    const int m0 = tm * kTile, n0 = tn * kTile;
+    constexpr int kChunks = kTile / 8;
+    for (int v = thread_idx; v < kTile * kChunks; v += kThreads) {
+      const int r = v / kChunks, c8 = (v % kChunks) * 8;
+      const int left = m0 + r < n ? n - (n0 + c8) : 0;
+      const int bytes = left >= 8 ? 16 : (left > 0 ? 2 * left : 0);
+      Element const* from =
+          bytes > 0 ? src + int64_t(m0 + r) * params_.ldc + n0 + c8 : src;
+      const uint32_t to = uint32_t(__cvta_generic_to_shared(&tile[Idx(r, c8)]));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to),
+                   "l"(from), "r"(bytes));
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    c_prefetched_ = true;
+#endif
   }
 
   // Rows m0.. and columns n0.. of the n x n matrix at `src` (row stride ld)
@@ -405,6 +469,10 @@ class MirrorEpilogue {
   }
 
   Params params_;
+  // The staging buffer holds the current tile's c (PrefetchNextC), and the
+  // epilogues this CTA ran (its work index's step count).
+  bool c_prefetched_ = false;
+  int64_t tiles_done_ = 0;
 };
 
 }  // namespace sym_gemm_sm90
