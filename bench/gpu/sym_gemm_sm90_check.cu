@@ -108,6 +108,7 @@ struct Case {
   float alpha, beta;
   int64_t extra_ld;  // padding beyond Up8(cols)
   sg::Schedule schedule;
+  bool shared_c = false;  // one c for every slice (stride_c 0)
 };
 
 static const char* ScheduleName(sg::Schedule s) {
@@ -138,10 +139,16 @@ static void RunCase(const Case& cs) {
     hx[i] = ToBits(u(rng), bf);
     hxa[i] = std::fabs(FromBits(hx[i], bf));
   }
-  // Symmetric c.
+  // Symmetric c; with shared_c every slice is the first (the kernel reads
+  // only that one, cuBLAS each slice's copy).
   for (int64_t l = 0; l < batch; ++l)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j <= i; ++j) {
+        if (cs.shared_c && l > 0) {
+          hc[l * sd + i * ldd + j] = hc[i * ldd + j];
+          hc[l * sd + j * ldd + i] = hc[j * ldd + i];
+          continue;
+        }
         const uint16_t v = ToBits(u(rng), bf);
         hc[l * sd + i * ldd + j] = hc[l * sd + j * ldd + i] = v;
       }
@@ -175,7 +182,7 @@ static void RunCase(const Case& cs) {
   a.stride_a = a.stride_b = sx;
   a.c = dc;
   a.ldc = ldd;
-  a.stride_c = sd;
+  a.stride_c = cs.shared_c ? 0 : sd;
   a.d = dd;
   a.ldd = ldd;
   a.stride_d = sd;
@@ -307,6 +314,15 @@ static float TimeMs(int iters, const std::function<void()>& f) {
 // symmetric n x n operands (k = n) plus 0.5 c, the epilogue reading c.
 // tall: X^T X of a k x n X (T,N: Gram NS's R of a tall matrix), else X X^T
 // of an n x k X; gram: (N,N) + 0.5 c with k = n.
+static void PrintBenchHeader() {
+  std::printf(
+      "\n| product | n | k | batch | cooperative ms | TFLOP/s | pingpong ms | "
+      "TFLOP/s | wide ms | TFLOP/s | cuBLAS full ms | TFLOP/s | full+mirror "
+      "ms | cooperative / wide | full+mirror / cooperative | full+mirror / "
+      "wide |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+      "---|\n");
+}
+
 static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false,
                   bool tall = false) {
   const int64_t sx = n * k, sd = n * n, ldx = tall ? n : k;
@@ -388,11 +404,32 @@ int main(int argc, char** argv) {
   // cases only;
   // "time N K BATCH [gram|tall]": one timing row (e.g. under a profiler).
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "time" && argc >= 5) {
+  const char* usage =
+      "usage: sym_gemm_sm90_check [bench | wide | cooperative | time N K "
+      "BATCH [gram|tall]]\n";
+  if (mode == "time") {
     const std::string kind = argc > 5 ? argv[5] : "";
-    Bench(std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]),
-          kind == "gram", kind == "tall");
+    const int64_t n = argc > 2 ? std::atoll(argv[2]) : 0,
+                  k = argc > 3 ? std::atoll(argv[3]) : 0,
+                  b = argc > 4 ? std::atoll(argv[4]) : 0;
+    const bool gram = kind == "gram", tall = kind == "tall";
+    // Bench's operands: contiguous n x k (k x n tall), n x n for gram.
+    if (n < 1 || k < 1 || b < 1 || n % 8 || k % 8 ||
+        (kind != "" && !gram && !tall) || (gram && k != n)) {
+      std::printf(
+          "%stime: N, K and BATCH >= 1, N and K multiples of 8, K = "
+          "N for gram\n",
+          usage);
+      return 2;
+    }
+    PrintBenchHeader();
+    Bench(n, k, b, gram, tall);
     return 0;
+  }
+  if (mode != "" && mode != "bench" && mode != "wide" &&
+      mode != "cooperative") {
+    std::printf("%s", usage);
+    return 2;
   }
   if (mode != "bench") {
     std::printf(
@@ -421,10 +458,15 @@ int main(int argc, char** argv) {
             cases.push_back({bf, ta, n, kk(n), 1, 0.7f, -0.3f, 8, sc});
             if (n <= 1000)
               cases.push_back({bf, ta, n, kk(3 * n + 5), 3, 1.f, 0.5f, 0, sc});
-            // More tiles than CTAs, with c: a CTA's later epilogues take the
-            // c its earlier ones prefetched.
-            if (n == 1000)
-              cases.push_back({bf, ta, n, kk(n), 12, 0.7f, -0.3f, 0, sc});
+            // A CTA's next tile in the next batch slice, the c it prefetches
+            // ending in partial 16-byte chunks (n = 1003) or shared by every
+            // slice (stride_c 0).
+            if (n0 == 1000) {
+              const int64_t m = ta ? n : n + 3;
+              cases.push_back({bf, ta, m, kk(n), 12, 0.7f, -0.3f, 0, sc});
+              cases.push_back(
+                  {bf, ta, n, kk(n), 12, 1.f, 0.5f, 0, sc, /*shared_c=*/true});
+            }
           }
     for (const Case& c : cases) RunCase(c);
     std::printf("\ncorrectness: %d failing case(s) of %zu\n", g_failures,
@@ -432,12 +474,7 @@ int main(int argc, char** argv) {
     std::printf("wide vs cooperative: %d of %d cases bitwise equal\n",
                 g_wide_same, g_wide_cases);
   }
-  std::printf(
-      "\n| product | n | k | batch | cooperative ms | TFLOP/s | pingpong ms | "
-      "TFLOP/s | wide ms | TFLOP/s | cuBLAS full ms | TFLOP/s | full+mirror "
-      "ms | cooperative / wide | full+mirror / cooperative | full+mirror / "
-      "wide |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-      "---|\n");
+  PrintBenchHeader();
   for (int64_t n : {256, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192})
     for (int64_t k : {n, n * 7 / 2}) Bench(n, k, 1);
   // Batches: standard NS's X X^T of expert-sized matrices, and Gram NS's

@@ -41,8 +41,9 @@ struct Args {
   const void* b = nullptr;
   int64_t ldb = 0, stride_b = 0;
   // Symmetric: only its lower triangle affects d (diagonal tiles read the
-  // whole tile and discard the upper half). Must not overlap d: it is read
-  // through the read-only cache while the kernel writes d.
+  // whole tile and discard the upper half). Must not overlap d: the kernel
+  // reads c while it writes d (the cooperative schedule reads a CTA's next
+  // tile of c, by cp.async, before the CTA's current tile is written).
   const void* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
   void* d = nullptr;

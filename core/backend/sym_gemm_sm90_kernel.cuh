@@ -101,9 +101,8 @@ class TriangleScheduler
       : Base(params) {
 #if defined(__CUDA_ARCH__)
     tiles_ = int32_t(params.tiles);
-    per_batch_ = Work(params.tiles, 1);
-    total_ = per_batch_ * params.batch;
-    idx_ = blockIdx.x;
+    batch_ = params.batch;
+    idx_ = IndexAfter(0);
     step_ = gridDim.x;
 #endif
   }
@@ -129,30 +128,43 @@ class TriangleScheduler
     return !WorkAt(idx_ + step_ * int64_t(count)).is_valid();
   }
 
+  // This CTA's work index `count` items into its walk (a persistent CTA
+  // takes blockIdx.x, then steps by the grid), and the tile at an index of
+  // a batch of n x n products in `tiles` x `tiles` square tiles: the walk's
+  // one home, which the epilogue's c prefetch follows too
+  // (MirrorEpilogue::PrefetchNextC).
+  CUTLASS_DEVICE static int64_t IndexAfter(int64_t count) {
+    return int64_t(blockIdx.x) + count * int64_t(gridDim.x);
+  }
+  // Batch l, then the triangle in TileOfIndex's banded order. 32-bit
+  // arithmetic: a 64-bit division is a subroutine call, and a call anywhere
+  // in the kernel makes ptxas serialize the wgmma pipeline (C7510).
+  CUTLASS_DEVICE static WorkTileInfo WorkOf(int64_t idx, int32_t tiles,
+                                            int64_t batch) {
+    const int64_t per_batch = Work(tiles, 1);
+    if (idx >= per_batch * batch) return WorkTileInfo::invalid_work_tile();
+    const uint32_t i = uint32_t(idx), per = uint32_t(per_batch);
+    const uint32_t l = i / per;
+    int32_t m = 0, n = 0;
+    if constexpr (kWide) {
+      WideTileOfIndex(i - l * per, tiles, &m, &n);
+    } else {
+      TileOfIndex(i - l * per, tiles, &m, &n);
+    }
+    return {m, n, int32_t(l), true};
+  }
+
  private:
   CUTLASS_HOST_DEVICE static int64_t Work(int64_t tiles, int64_t batch) {
     return kWide ? WideTileWork(tiles, batch) : LowerTileWork(tiles, batch);
   }
 
-  // Batch l, then the triangle in TileOfIndex's banded order. 32-bit
-  // arithmetic: a 64-bit division is a subroutine call, and a call anywhere
-  // in the kernel makes ptxas serialize the wgmma pipeline (C7510).
   CUTLASS_DEVICE WorkTileInfo WorkAt(int64_t idx) const {
-    if (idx >= total_) return WorkTileInfo::invalid_work_tile();
-    const uint32_t i = uint32_t(idx), per = uint32_t(per_batch_);
-    const uint32_t l = i / per;
-    int32_t m = 0, n = 0;
-    if constexpr (kWide) {
-      WideTileOfIndex(i - l * per, tiles_, &m, &n);
-    } else {
-      TileOfIndex(i - l * per, tiles_, &m, &n);
-    }
-    return {m, n, int32_t(l), true};
+    return WorkOf(idx, tiles_, batch_);
   }
 
   int32_t tiles_ = 0;
-  int64_t per_batch_ = 0;
-  int64_t total_ = 0;
+  int64_t batch_ = 0;
   int64_t idx_ = 0;
   int64_t step_ = 1;
 };
@@ -160,7 +172,9 @@ class TriangleScheduler
 // ---------------------------------------------------------------------------
 // Epilogue (wrapped in CUTLASS's adapter for non-TMA epilogues). A tile of
 // kTileN columns is kTileN / kTile square tiles, written one after the other.
-template <class Element, int kTileN = kTile>
+// Scheduler: the kernel's (TriangleScheduler), whose walk the c prefetch
+// follows.
+template <class Element, class Scheduler, int kTileN = kTile>
 class MirrorEpilogue {
   static_assert(kTileN % kTile == 0);
 
@@ -352,8 +366,8 @@ class MirrorEpilogue {
   // Whether the epilogue loads the next tile's c while the next mainloop
   // runs: the cooperative schedule on square tiles. There the consumers own
   // the staging buffer between epilogues, and a CTA's next tile is known
-  // (TriangleScheduler: its work index steps by the grid). The c load was
-  // the epilogue's largest stall (warps waiting on global loads, 31% of
+  // (Scheduler::IndexAfter and WorkOf, the walk the kernel takes). The c load
+  // was the epilogue's largest stall (warps waiting on global loads, 31% of
   // stall cycles on Gram NS's 4096 x 4096 products). Ping-pong's two
   // consumer warpgroups share the buffer; wide tiles load c twice a tile.
   template <class TiledMma>
@@ -371,14 +385,10 @@ class MirrorEpilogue {
     c_prefetched_ = false;
     if (params_.beta == 0.0f) return;
 #if defined(__CUDA_ARCH__)
-    const int32_t tiles = (n + kTile - 1) / kTile;
-    const int64_t per = LowerTileWork(tiles, 1);
-    const int64_t next =
-        int64_t(blockIdx.x) + ++tiles_done_ * int64_t(gridDim.x);
-    if (next >= per * batch) return;
-    const uint32_t l = uint32_t(next) / uint32_t(per);
-    int32_t tm = 0, tn = 0;
-    TileOfIndex(uint32_t(next) - l * uint32_t(per), tiles, &tm, &tn);
+    const auto next = Scheduler::WorkOf(Scheduler::IndexAfter(++tiles_done_),
+                                        (n + kTile - 1) / kTile, batch);
+    if (!next.is_valid()) return;
+    const int32_t tm = next.M_idx, tn = next.N_idx, l = next.L_idx;
     cutlass::arch::NamedBarrier::sync(
         kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
     Element const* src = params_.c + int64_t(l) * params_.stride_c;
@@ -513,15 +523,19 @@ struct Config {
   using LayoutA = cute::conditional_t<kTransA, ColumnMajor, RowMajor>;
   using LayoutB = cute::conditional_t<kTransB, ColumnMajor, RowMajor>;
   using TileShape = cute::Shape<cute::_128, cute::Int<kTileN>, cute::_64>;
+  // No clusters: the scheduler's walk (one CTA's indices) is the one the
+  // epilogue's c prefetch follows.
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using MirrorOut =
+      MirrorEpilogue<Element, TriangleScheduler<kTileN != kTile>, kTileN>;
   using Epilogue =
       cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-          MirrorEpilogue<Element, kTileN>>;
+          MirrorOut>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, 8,
       Element, LayoutB, 8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename MirrorEpilogue<Element, kTileN>::SharedStorage))>,
+          sizeof(typename MirrorOut::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<
       cute::Shape<int, int, int, int>, Mainloop, Epilogue,
