@@ -38,6 +38,9 @@ over one more run of --reps steps (the daemon's engine is the in-process one), e
 
 (without MUOND_BIN: `bazel build -c opt //bench/gpu:step_bench //bench/gpu:libkernel_profile.so`,
 both from the same bazel-bin).
+--gpu-clocks: per round and column, the GPU's median SM clock and power draw while it was busy
+(nvidia-smi every 100 ms): a GPU at its power limit runs its GEMMs below the boost clock, and
+machines of one kind differ in it (results/gpu_h100_sym_gemm_epilogue.md).
 
 Per set: each column's ms, the target ratios (GOALS), and per column the effective NS
 TFLOP/s (standard-NS FLOPs 5 (4 m^2 n + 2 m^3) / time, the same numerator for everyone) and
@@ -474,6 +477,74 @@ def bench_rpc(reps, job, log_dir):
     return us[len(us) // 2], us[int(0.99 * (len(us) - 1))]
 
 
+class GpuClocks:
+    """--gpu-clocks: nvidia-smi's utilization, SM clock and power draw of one GPU, sampled
+    every 100 ms while a column runs (a `with` block); medians() keeps the samples with the
+    GPU busy (utilization >= BUSY_PERCENT), so that a column's set-up and idle gaps do not
+    count. Off (enabled False) or without nvidia-smi: no samples, medians() None."""
+    BUSY_PERCENT = 80
+
+    def __init__(self, enabled: bool, gpu: str | None = None):
+        self.enabled, self.gpu, self.proc, self.samples = enabled, gpu, None, []
+
+    def __enter__(self):
+        if self.enabled:
+            cmd = ["nvidia-smi", "--query-gpu=utilization.gpu,clocks.sm,power.draw",
+                   "--format=csv,noheader,nounits", "-lms", "100"]
+            if self.gpu is not None:
+                cmd += ["-i", self.gpu]
+            try:
+                self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                             stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                self.proc = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                out = self.proc.communicate(timeout=5)[0]
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                out = self.proc.communicate()[0]
+            self.samples = self.parse(out)
+        return False
+
+    @staticmethod
+    def parse(text: str) -> list[tuple[float, float, float]]:
+        """(utilization %, SM MHz, W) per line of nvidia-smi's csv; unreadable lines
+        (a '[N/A]', a line cut by the kill) are skipped."""
+        samples = []
+        for line in text.splitlines():
+            try:
+                util, mhz, watts = (float(v) for v in line.split(","))
+            except ValueError:
+                continue
+            samples.append((util, mhz, watts))
+        return samples
+
+    def medians(self) -> tuple[float, float, int] | None:
+        """(SM MHz, W, samples) medians over the busy samples, or None."""
+        busy = [s for s in self.samples if s[0] >= self.BUSY_PERCENT]
+        if not busy:
+            return None
+        mid = len(busy) // 2
+        return (sorted(s[1] for s in busy)[mid], sorted(s[2] for s in busy)[mid], len(busy))
+
+
+def gpu_for_clocks():
+    """nvidia-smi's id of the GPU the bench runs on (torch's cuda:0, by PCI bus id); None
+    (nvidia-smi then samples every GPU) where torch does not say."""
+    import torch
+    try:
+        p = torch.cuda.get_device_properties(0)
+        return f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
+    except (AttributeError, RuntimeError, AssertionError) as e:
+        print(f"--gpu-clocks: every GPU sampled ({e})", flush=True)
+        return None
+
+
 def guarded(label, fn, *args, **kwargs):
     """One column; a contender that cannot run here (peer not installed, muond option not
     there yet) is reported, not fatal."""
@@ -505,29 +576,13 @@ def run_set(name, manifest, layers, ns_batch, a, o):
                 peer_info[c] = dict(construct_s=time.perf_counter() - t0,
                                     kernels=getattr(getattr(peers[c], "opt", None),
                                                     "ns_use_kernels", None))
+    gpu = gpu_for_clocks() if a.gpu_clocks else None
     for r in range(a.rounds):
         row = {}
         for c in cols:
-            if c == "torch":
-                row[c] = guarded(c, bench_torch, shapes, a.reps, a.warmup)
-            elif c.startswith("peer_"):
-                if peers.get(c) is None:
-                    continue
-                res = guarded(c, bench_peer, peers[c], a.reps, a.warmup, f"{name} {c}")
-                if res:
-                    row[c] = res[0]
-                    peer_info[c].setdefault("first", []).append(res[1:])
-            elif c.startswith("inproc_"):
-                row[c] = guarded(c, bench_inprocess, shapes, a.reps, a.warmup, ns_batch,
-                                 a.syrk, "standard" if c.endswith("std") else "gram", o)
-            else:
-                res = guarded(c, bench_daemon, shapes, a.reps, a.warmup, f"{name}{r}{c}",
-                              a.log_dir, ns_batch, a.syrk,
-                              "standard" if c.endswith("std") else "gram", o,
-                              step_channel=not c.endswith("_grpc"),
-                              overlap_checks=not c.endswith("_checks_first"))
-                if res:
-                    row[c], row[c + "_side"] = res
+            with GpuClocks(a.gpu_clocks, gpu) as clocks:
+                run_column(c, row, name, r, shapes, ns_batch, peers, peer_info, a, o)
+            row[c + "_clocks"] = clocks.medians()
         rows.append(row)
         print(f"{name} round {r + 1}: " + ", ".join(
             f"{c} {row[c]:.2f}" for c in cols if row.get(c) is not None), flush=True)
@@ -539,6 +594,30 @@ def run_set(name, manifest, layers, ns_batch, a, o):
     del peers, peer_ps
     free()
     return shapes, cols, rows, peer_info
+
+
+def run_column(c, row, name, r, shapes, ns_batch, peers, peer_info, a, o):
+    """Column ``c`` of round ``r``: its ms into ``row`` (and the daemon's own ms)."""
+    if c == "torch":
+        row[c] = guarded(c, bench_torch, shapes, a.reps, a.warmup)
+    elif c.startswith("peer_"):
+        if peers.get(c) is None:
+            return
+        res = guarded(c, bench_peer, peers[c], a.reps, a.warmup, f"{name} {c}")
+        if res:
+            row[c] = res[0]
+            peer_info[c].setdefault("first", []).append(res[1:])
+    elif c.startswith("inproc_"):
+        row[c] = guarded(c, bench_inprocess, shapes, a.reps, a.warmup, ns_batch,
+                         a.syrk, "standard" if c.endswith("std") else "gram", o)
+    else:
+        res = guarded(c, bench_daemon, shapes, a.reps, a.warmup, f"{name}{r}{c}",
+                      a.log_dir, ns_batch, a.syrk,
+                      "standard" if c.endswith("std") else "gram", o,
+                      step_channel=not c.endswith("_grpc"),
+                      overlap_checks=not c.endswith("_checks_first"))
+        if res:
+            row[c], row[c + "_side"] = res
 
 
 def fmt(v, spec=".2f"):
@@ -610,6 +689,14 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
         lines.append(f"| {TITLES[c]} | {' / '.join(f'{v:.2f}' for v in ms)} | "
                      f"{std / t / 1e12:.0f} | {what} | {ideal / 1e12:.2f} | "
                      f"{ideal / t / H200_DENSE_PEAK:.3f} |")
+    if a.gpu_clocks:
+        lines += ["", "| round | column | median SM MHz, GPU busy | median W | busy samples |",
+                  "|---|---|---|---|---|"]
+        for k, row in enumerate(rows):
+            for c in cols:
+                m = row.get(c + "_clocks")
+                if m is not None:
+                    lines.append(f"| {k + 1} | {TITLES[c]} | {m[0]:.0f} | {m[1]:.0f} | {m[2]} |")
     for c, info in peer_info.items():
         firsts = info.get("first", [])
         lines.append("")
@@ -721,6 +808,9 @@ def main() -> int:
                          "CUPTI profiler (torch.profiler; "
                          "bench/gpu/kernel_profile.cc for step_bench): per-kernel GPU time "
                          "in DIR/<set>_<column>.md")
+    ap.add_argument("--gpu-clocks", action="store_true",
+                    help="per round and column, the GPU's median SM clock and power draw "
+                         "while busy (nvidia-smi every 100 ms), in a table after the set's")
     ap.add_argument("--no-rpc", action="store_true", help="skip the no-work Step RPC probe")
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--out", default=None, help="also write the markdown here")

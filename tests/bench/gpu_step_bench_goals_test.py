@@ -13,7 +13,7 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
 COLS = ["torch", "peer_a", "inproc_gram", "daemon_gram"]
-ARGS = types.SimpleNamespace(syrk=False)
+ARGS = types.SimpleNamespace(syrk=False, gpu_clocks=False)
 OPTS = types.SimpleNamespace(gram_restarts=[3], muond_default_restarts=[3],
                              gram_min_aspect=None)
 
