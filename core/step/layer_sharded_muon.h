@@ -114,11 +114,12 @@ struct StepInputs {
   // step bitwise as without the field.
   std::set<std::string> skip_params;
   // Set for a step its trainer sent before its own checks
-  // (StepRequest.await_trainer_verdict): called once the step is ready to
-  // commit (exchanges and NS done, nothing written), it returns OK when the
-  // trainer says go, else why the step is withdrawn (the trainer withdrew
-  // it, ended, or gave no verdict in time). A withdrawn step is refused in
-  // the commit vote on every rank (ABORTED, ErrorReason kStepWithdrawn).
+  // (StepRequest.await_trainer_verdict): called once this rank's ballot is
+  // cast (the momentum phase and the domain agreements done, nothing
+  // written), before the job vote; it returns OK when the trainer says go,
+  // else why the step is withdrawn (the trainer withdrew it, ended, or gave
+  // no verdict in time). A withdrawn step is refused in the job vote on
+  // every rank (ABORTED, ErrorReason kStepWithdrawn).
   std::function<absl::Status()> await_trainer_verdict;
 };
 

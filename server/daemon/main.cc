@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
   muond::StepChannelOptions channels;
   channels.max_channels = absl::GetFlag(FLAGS_max_step_channels);
   channels.allow_foreign_shm = absl::GetFlag(FLAGS_allow_foreign_shm);
-  // A withdrawal must reach the peers waiting in the commit vote before
+  // A withdrawal must reach the peers waiting in the job vote before
   // their communicators time out.
   channels.verdict_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s)) / 2;

@@ -52,10 +52,10 @@ struct StepChannelOptions {
   // thread limit does); null: std::thread.
   std::function<std::thread(std::function<void()>)> start_thread;
   // How long a step sent before its trainer's checks
-  // (StepRequest.await_trainer_verdict) waits, ready to commit, for the
+  // (StepRequest.await_trainer_verdict) waits, before the job vote, for the
   // trainer's verdict before it is withdrawn. The daemon sets half its
   // --comm_timeout_s, so that the withdrawal reaches the job's other ranks
-  // (waiting in the commit vote) before their communicators time out.
+  // (waiting in the job vote) before their communicators time out.
   absl::Duration verdict_timeout = absl::Seconds(30);
   // Called with the number of open channels whenever it changes (the
   // daemon's muond_step_channels_open gauge), under StepChannels' mutex: it

@@ -333,8 +333,8 @@ class Client:
                          skip_params: Iterable[str] = ()) -> pb.StepResponse | None:
         """The step sent through the step channel before the trainer's
         ``checks``, which run once it is sent: the daemon runs it up to its
-        commit and commits only if ``checks()`` returns true ("go"; false:
-        "withdraw"; StepRequest.await_trainer_verdict). A withdrawn step
+        job vote, writing nothing, and goes on only if ``checks()`` returns
+        true ("go"; false: "withdraw"; StepRequest.await_trainer_verdict). A withdrawn step
         raises as step() does, reason STEP_WITHDRAWN on every rank, nothing
         applied: send it again. What ``checks()`` raises withdraws the step
         and is raised once the daemon answered. None when it could not be

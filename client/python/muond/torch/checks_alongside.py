@@ -1,9 +1,9 @@
 """The usual step sent before step()'s checks (``overlap_checks``): the checks
 of the params and grads (~0.4 ms of Python a step for 388 params) run while
-the daemon runs the step, instead of before it is sent. The daemon goes as
-far as its commit, writing nothing, and commits only on the checks' verdict
-(StepRequest.await_trainer_verdict, through the step channel; docs/
-ARCHITECTURE.md "The step channel").
+the daemon runs the step, instead of before it is sent. The daemon runs
+its momentum phase and domain agreements, writing nothing, and waits for the
+checks' verdict before the job vote (StepRequest.await_trainer_verdict,
+through the step channel; docs/ARCHITECTURE.md "The step channel").
 
 Only the usual step goes so: one daemon whose channel takes verdicts, plain
 params (no DTensor, FSDP2 or split QKV param, whose values step() copies in

@@ -386,24 +386,22 @@ class Muon(torch.optim.Optimizer):
         step_id = self.step_id + 1
         t0 = time.perf_counter()
         try:
-            try:
-                responses = self._send_step(step_id, overrides, skipped)
-            except MuondError as e:
-                if e.reason != STEP_WITHDRAWN:
-                    raise
-                # Another rank's trainer withdrew the step it sent before its
-                # checks (overlap_checks): nothing was applied, and that rank
-                # sends it again after its checks; so does this one, once.
+            # Another rank's trainer may withdraw the step it sent before its
+            # checks (overlap_checks): nothing was applied, and that rank sends
+            # it again after its checks; so does this one, once.
+            for resent in (False, True):
                 try:
                     responses = self._send_step(step_id, overrides, skipped)
-                except MuondError as again:
-                    if again.reason != STEP_WITHDRAWN:
+                    break
+                except MuondError as e:
+                    if e.reason != STEP_WITHDRAWN:
                         raise
-                    raise MuondError(
-                        f"step {step_id} was withdrawn again after this trainer sent it a "
-                        f"second time ({again}); a peer trainer keeps withdrawing it: that "
-                        "trainer's own error says why", again.code, again.reason,
-                        again.metadata) from again
+                    if resent:
+                        raise MuondError(
+                            f"step {step_id} was withdrawn again after this trainer sent it "
+                            f"a second time ({e}); a peer trainer keeps withdrawing it: that "
+                            "trainer's own error says why", e.code, e.reason,
+                            e.metadata) from e
         except BaseException:
             self._replays.sent_without_answer(step_id)
             raise
