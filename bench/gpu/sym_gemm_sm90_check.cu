@@ -14,9 +14,9 @@
 // one (2^-23: the tensor cores' accumulation truncates) and the two roundings
 // differ by at most a few ulp. d must equal d^T bitwise, and the padding
 // columns (ld > n) must keep their sentinel. Every case runs with each consumer
-// schedule (cooperative, ping-pong, wide); the wide schedule's d is also
-// compared with the cooperative one's bitwise (reported, not a failure: the two
-// tile widths issue different GMMA shapes).
+// schedule (cooperative, ping-pong, wide); the ping-pong and wide schedules' d
+// is also compared with the cooperative one's bitwise (reported, not a
+// failure: wide tiles issue a different GMMA shape).
 //
 // Timing: the schedules against cuBLAS's full product (and that plus the
 // mirror kernel, the backend's fallback), side by side per shape.
@@ -60,7 +60,8 @@ namespace sg = muond::sym_gemm_sm90;
 
 static cublasHandle_t g_cublas;
 static int g_failures = 0;
-static int g_wide_cases = 0, g_wide_same = 0;  // wide d == cooperative d
+// Per schedule: cases compared with the cooperative d, and bitwise equal.
+static int g_vs_coop_cases[3] = {0, 0, 0}, g_vs_coop_same[3] = {0, 0, 0};
 
 static uint16_t ToBits(float v, bool bf16) {
   if (bf16) {
@@ -194,7 +195,7 @@ static void RunCase(const Case& cs) {
   }
   CK(sg::Run(a, nullptr));
   CK(cudaDeviceSynchronize());
-  if (cs.schedule == sg::Schedule::kWide) {
+  if (cs.schedule != sg::Schedule::kCooperative) {
     sg::Args coop = a;
     coop.schedule = sg::Schedule::kCooperative;
     coop.d = ds;  // free until S below
@@ -203,8 +204,8 @@ static void RunCase(const Case& cs) {
     std::vector<uint16_t> hw(sd * batch), hcoop(sd * batch);
     CK(cudaMemcpy(hw.data(), dd, sd * batch * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hcoop.data(), ds, sd * batch * 2, cudaMemcpyDeviceToHost));
-    ++g_wide_cases;
-    if (hw == hcoop) ++g_wide_same;
+    ++g_vs_coop_cases[int(cs.schedule)];
+    if (hw == hcoop) ++g_vs_coop_same[int(cs.schedule)];
   }
   const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
   CublasRef(a.trans_a, a.trans_b, n, k, cs.alpha, dx, ldx, sx, dx, ldx, sx,
@@ -400,12 +401,13 @@ int main(int argc, char** argv) {
               p.major, p.minor, p.multiProcessorCount,
               int(sg::DeviceSupported(dev)));
   CB(cublasCreate(&g_cublas));
-  // "bench": the timings only; "wide" or "cooperative": that schedule's
-  // cases only;
+  // "bench": the timings only; "wide", "cooperative" or "pingpong": that
+  // schedule's cases only;
   // "time N K BATCH [gram|tall]": one timing row (e.g. under a profiler).
   const std::string mode = argc > 1 ? argv[1] : "";
   const char* usage =
-      "usage: sym_gemm_sm90_check [bench | wide | cooperative | time N K "
+      "usage: sym_gemm_sm90_check [bench | wide | cooperative | pingpong | "
+      "time N K "
       "BATCH [gram|tall]]\n";
   if (mode == "time") {
     const std::string kind = argc > 5 ? argv[5] : "";
@@ -427,7 +429,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode != "" && mode != "bench" && mode != "wide" &&
-      mode != "cooperative") {
+      mode != "cooperative" && mode != "pingpong") {
     std::printf("%s", usage);
     return 2;
   }
@@ -442,6 +444,7 @@ int main(int argc, char** argv) {
                                            sg::Schedule::kWide};
     if (mode == "wide") schedules = {sg::Schedule::kWide};
     if (mode == "cooperative") schedules = {sg::Schedule::kCooperative};
+    if (mode == "pingpong") schedules = {sg::Schedule::kPingpong};
     for (sg::Schedule sc : schedules)
       for (bool bf : {true, false})
         for (bool ta : {false, true})
@@ -471,8 +474,12 @@ int main(int argc, char** argv) {
     for (const Case& c : cases) RunCase(c);
     std::printf("\ncorrectness: %d failing case(s) of %zu\n", g_failures,
                 cases.size());
-    std::printf("wide vs cooperative: %d of %d cases bitwise equal\n",
-                g_wide_same, g_wide_cases);
+    for (sg::Schedule sc : {sg::Schedule::kPingpong, sg::Schedule::kWide}) {
+      const int i = int(sc);
+      if (g_vs_coop_cases[i] == 0) continue;
+      std::printf("%s vs cooperative: %d of %d cases bitwise equal\n",
+                  ScheduleName(sc), g_vs_coop_same[i], g_vs_coop_cases[i]);
+    }
   }
   PrintBenchHeader();
   for (int64_t n : {256, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192})

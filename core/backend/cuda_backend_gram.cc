@@ -31,9 +31,11 @@ namespace {
 bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 3 * n; }
 
 // The kernel's schedule for the backend's option; auto: wide tiles for the
-// sizes sym_gemm_rule.h says they win at, else cooperative (faster than
-// ping-pong on every shape measured). By n alone, as UseSymGemmKernel.
-sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n) {
+// sizes sym_gemm_rule.h says they win at, ping-pong for products without c
+// that fill the GPU twice, else cooperative (sym_gemm_rule.h).
+sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n,
+                                       int64_t batch, bool with_c,
+                                       int64_t sm_count) {
   switch (option) {
     case SymGemmSchedule::kPingpong:
       return sym_gemm_sm90::Schedule::kPingpong;
@@ -44,8 +46,9 @@ sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n) {
     case SymGemmSchedule::kAuto:
       break;
   }
-  return sym_gemm_sm90::PrefersWideTiles(n)
-             ? sym_gemm_sm90::Schedule::kWide
+  if (sym_gemm_sm90::PrefersWideTiles(n)) return sym_gemm_sm90::Schedule::kWide;
+  return sym_gemm_sm90::PrefersPingpong(n, batch, with_c, sm_count)
+             ? sym_gemm_sm90::Schedule::kPingpong
              : sym_gemm_sm90::Schedule::kCooperative;
 }
 
@@ -79,7 +82,8 @@ absl::Status CudaBackend::SymmetricGemmStridedBatchedOut(
     sym_gemm_sm90::Args s;
     s.elem = d.dtype == DType::kBFloat16 ? sym_gemm_sm90::Elem::kBFloat16
                                          : sym_gemm_sm90::Elem::kFloat16;
-    s.schedule = KernelSchedule(options_.sym_gemm_schedule, d.rows);
+    s.schedule = KernelSchedule(options_.sym_gemm_schedule, d.rows, batch,
+                                beta != 0.0f, SmCount());
     s.trans_a = op_a == Op::kT;
     s.trans_b = op_b == Op::kT;
     s.n = d.rows;

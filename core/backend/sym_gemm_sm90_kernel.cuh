@@ -7,9 +7,11 @@
 //    L2 reuse, sym_gemm_tiles.h); no CTA is launched for an upper tile.
 //  - MirrorEpilogue: d = alpha acc + beta c rounded once to the output type,
 //    staged in shared memory, written to tile (i, j) and, off the diagonal,
-//    transposed to tile (j, i), both with coalesced 16-byte stores. A diagonal
-//    tile writes its lower half and that half's mirror, so every d is
-//    bitwise symmetric. With beta != 0, the cooperative schedule's epilogue
+//    transposed to tile (j, i), both with coalesced 16-byte stores. Ping-pong
+//    and wide stage by 8 x 8 matrices (stmatrix, then stmatrix.trans of the
+//    same registers for the mirror), cooperative element by element
+//    (StageElementwise says why). A diagonal tile writes its lower half and
+//    that half's mirror, so every d is bitwise symmetric. With beta != 0, the cooperative schedule's epilogue
 //    ends by cp.async-ing the CTA's next tile of c into the staging buffer,
 //    so that c lands while the next mainloop runs (PrefetchNextC).
 // Three schedules of the consumers (Schedule in sym_gemm_sm90.h):
@@ -287,7 +289,6 @@ class MirrorEpilogue {
     const int m0 = tm * kTile, n0 = tn * kTile;
     Element* tile = reinterpret_cast<SharedStorage*>(smem_buf)->tile;
     Element* d = params_.d + l * params_.stride_d;
-    const int64_t ldd = params_.ldd;
 
     const bool with_c = params_.beta != 0.0f;  // the same in every thread
     if (c_prefetched_) {
@@ -311,6 +312,29 @@ class MirrorEpilogue {
       }
     }
 
+    if constexpr (PrefetchesC<TiledMma>()) {
+      StageElementwise<kThreads>(n, tm, tn, col0, d, accumulators, tCcD,
+                                 thread_idx, tile);
+    } else {
+      StageByMatrices<kThreads>(n, tm, tn, col0, d, accumulators, tCcD,
+                                thread_idx, tile);
+    }
+  }
+
+  // Steps 2-4 element by element: what the cooperative schedule runs. There
+  // the matrix path (StageByMatrices) measured slower on products with a
+  // long mainloop (H100: Gram NS's (N,N) + c at n = 4096 and X X^T of 4096 x
+  // 14336, 4-8%; bench/results/gpu_h100_sym_gemm_stmatrix.md), while ping-pong
+  // and wide tiles ran faster with it (ping-pong up to 1.3x).
+  template <int kThreads, class Acc, class Coords>
+  CUTLASS_DEVICE void StageElementwise(int n, int tm, int tn, int col0,
+                                       Element* d, Acc const& accumulators,
+                                       Coords const& tCcD, int thread_idx,
+                                       Element* tile) {
+    using namespace cute;
+    const int m0 = tm * kTile, n0 = tn * kTile;
+    const int64_t ldd = params_.ldd;
+    const bool with_c = params_.beta != 0.0f;
     // 2. alpha acc + beta c, rounded once, into the staging buffer. A thread
     // reads and writes only its own elements: no barrier between the two.
     CUTLASS_PRAGMA_UNROLL
@@ -360,6 +384,194 @@ class MirrorEpilogue {
       for (int j = 0; j < 8; ++j) Pack(w, j, tile[Idx(r8 + j, col)]);
       Store8(d + int64_t(n0 + col) * ldd + m0 + r8,
              make_uint4(w[0], w[1], w[2], w[3]), n - (m0 + r8));
+    }
+  }
+
+  // Steps 2-5 by 8 x 8 matrices (ping-pong and wide tiles): the
+  // accumulators' layout is the one ldmatrix/stmatrix exchange with shared
+  // memory, 8 elements a thread per instruction, where the elementwise path
+  // spends an instruction or more per element.
+  template <int kThreads, class Acc, class Coords>
+  CUTLASS_DEVICE void StageByMatrices(int n, int tm, int tn, int col0,
+                                      Element* d, Acc const& accumulators,
+                                      Coords const& tCcD, int thread_idx,
+                                      Element* tile) {
+    using namespace cute;
+    const int m0 = tm * kTile, n0 = tn * kTile;
+    const int64_t ldd = params_.ldd;
+    const bool with_c = params_.beta != 0.0f;
+    // 2. alpha acc + beta c, rounded once, into the staging buffer as tile
+    // S (row-major) by stmatrix, c read by ldmatrix. A warp reads and writes
+    // only its own rows: no barrier between the two.
+    constexpr int kGroups = decltype(size(accumulators))::value / 8;
+    uint32_t packed[kGroups][4];
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < kGroups; ++g) {
+      if (!InSquare(tCcD, g, col0)) continue;
+      const uint32_t at = SmemAddr(tile, FragmentRow(tCcD, g, thread_idx),
+                                   FragmentCol(tCcD, g, col0, thread_idx));
+      uint32_t c[4] = {0, 0, 0, 0};
+      if (with_c) LdMatrix(at, c);
+      CUTLASS_PRAGMA_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        packed[g][q] = Combine(accumulators(8 * g + 2 * q),
+                               accumulators(8 * g + 2 * q + 1), c[q], with_c);
+      }
+      StMatrix<false>(at, packed[g]);
+    }
+    cutlass::arch::NamedBarrier::sync(
+        kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+
+    // 3. Tile (tm, tn) from S: rows m0.., cols n0.., 8 elements per store.
+    // On the diagonal only the chunks at or below it (every column <= the
+    // row); the rest come from the mirror in step 5.
+    const bool diag = tm == tn;
+    StoreChunks<kThreads>(tile, d, ldd, n, m0, n0, thread_idx,
+                          diag ? kLower : kAll);
+    cutlass::arch::NamedBarrier::sync(
+        kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+
+    // 4. The transpose T of the tile into the staging buffer (stmatrix.trans
+    // of the same registers), once every thread is done reading S.
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < kGroups; ++g) {
+      if (!InSquare(tCcD, g, col0)) continue;
+      StMatrix<true>(SmemAddr(tile, FragmentTransRow(tCcD, g, col0, thread_idx),
+                              FragmentTransCol(tCcD, g, thread_idx)),
+                     packed[g]);
+    }
+    cutlass::arch::NamedBarrier::sync(
+        kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+
+    // 5. Off the diagonal, the mirror tile (tn, tm) from T: rows n0.., cols
+    // m0... On it, the chunks above the diagonal of tile (tm, tm): T's row r
+    // is S's column r, so the upper half is the lower half's mirror and d is
+    // bitwise symmetric.
+    if (diag) {
+      StoreChunks<kThreads>(tile, d, ldd, n, m0, m0, thread_idx, kUpper);
+    } else {
+      StoreChunks<kThreads>(tile, d, ldd, n, n0, m0, thread_idx, kAll);
+    }
+  }
+
+  // The accumulators as ldmatrix/stmatrix fragments. A GMMA accumulator
+  // fragment (CUTLASS's CLayout_64xN) runs, in a thread's value order,
+  // (column, column + 1), (row + 8), (column + 8) before the next 8 x 16
+  // block: so values 8g .. 8g + 7 are a 16 x 16 block's four 8 x 8 matrices
+  // in x4 order (rows +0/+8, then columns +0/+8), two values a register. The
+  // block's origin is value 8g's coordinates less the thread's place in an
+  // 8 x 8 matrix (row lane / 4, column 2 (lane % 4)).
+  template <class Coords>
+  CUTLASS_DEVICE static bool InSquare(Coords const& tCcD, int g, int col0) {
+    const int col = cute::get<1>(tCcD(8 * g)) - col0;
+    return kTileN == kTile || (col >= 0 && col < kTile);
+  }
+  template <class Coords>
+  CUTLASS_DEVICE static int BlockRow(Coords const& tCcD, int g, int lane) {
+    return cute::get<0>(tCcD(8 * g)) - (lane >> 2);
+  }
+  template <class Coords>
+  CUTLASS_DEVICE static int BlockCol(Coords const& tCcD, int g, int col0,
+                                     int lane) {
+    return cute::get<1>(tCcD(8 * g)) - col0 - 2 * (lane & 3);
+  }
+  // The row and column chunk whose address this thread gives an x4 matrix
+  // instruction: lanes 8j .. 8j + 7 give matrix j's rows, matrix j being
+  // rows +8 (j & 1) and columns +8 (j >> 1) of the block.
+  template <class Coords>
+  CUTLASS_DEVICE static int FragmentRow(Coords const& tCcD, int g,
+                                        int thread_idx) {
+    const int lane = thread_idx & 31;
+    return BlockRow(tCcD, g, lane) + (lane & 7) + ((lane >> 3) & 1) * 8;
+  }
+  template <class Coords>
+  CUTLASS_DEVICE static int FragmentCol(Coords const& tCcD, int g, int col0,
+                                        int thread_idx) {
+    const int lane = thread_idx & 31;
+    return BlockCol(tCcD, g, col0, lane) + (lane >> 4) * 8;
+  }
+  // The same for the transpose: matrix j lands at T's rows (S's columns)
+  // +8 (j >> 1) and columns (S's rows) +8 (j & 1).
+  template <class Coords>
+  CUTLASS_DEVICE static int FragmentTransRow(Coords const& tCcD, int g,
+                                             int col0, int thread_idx) {
+    const int lane = thread_idx & 31;
+    return BlockCol(tCcD, g, col0, lane) + (lane & 7) + (lane >> 4) * 8;
+  }
+  template <class Coords>
+  CUTLASS_DEVICE static int FragmentTransCol(Coords const& tCcD, int g,
+                                             int thread_idx) {
+    const int lane = thread_idx & 31;
+    return BlockRow(tCcD, g, lane) + ((lane >> 3) & 1) * 8;
+  }
+
+  CUTLASS_DEVICE static uint32_t SmemAddr(Element const* tile, int r, int c) {
+    return uint32_t(__cvta_generic_to_shared(&tile[Idx(r, c)]));
+  }
+
+  // alpha lo + beta c, alpha hi + beta c' (c's two elements packed as in the
+  // fragment, low half first), each rounded once to Element, packed.
+  CUTLASS_DEVICE uint32_t Combine(float lo, float hi, uint32_t c,
+                                  bool with_c) const {
+    float v0 = params_.alpha * lo, v1 = params_.alpha * hi;
+    if (with_c) {
+      v0 += params_.beta * float(Element::bitcast(uint16_t(c & 0xffff)));
+      v1 += params_.beta * float(Element::bitcast(uint16_t(c >> 16)));
+    }
+    return uint32_t(Element(v0).raw()) | (uint32_t(Element(v1).raw()) << 16);
+  }
+
+  CUTLASS_DEVICE static void LdMatrix(uint32_t at, uint32_t (&r)[4]) {
+    asm volatile(
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+        : "r"(at));
+  }
+  template <bool kTrans>
+  CUTLASS_DEVICE static void StMatrix(uint32_t at, uint32_t const (&r)[4]) {
+    if constexpr (kTrans) {
+      asm volatile(
+          "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, "
+          "%4};\n" ::"r"(at),
+          "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+          : "memory");
+    } else {
+      asm volatile(
+          "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, "
+          "%4};\n" ::"r"(at),
+          "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+          : "memory");
+    }
+  }
+
+  // Which 8-element chunks of the staged tile a store pass writes: all, or
+  // on a diagonal tile those at or below the diagonal (every column <= the
+  // row: from S) or the rest (from T, a chunk that straddles the diagonal
+  // taking its lower elements from T's columns, which are S's rows).
+  enum Part { kAll, kLower, kUpper };
+
+  // The staged tile's rows to d's rows r0.., columns c0.., 8 elements per
+  // store (none outside the n x n matrix).
+  template <int kThreads>
+  CUTLASS_DEVICE static void StoreChunks(Element const* tile, Element* d,
+                                         int64_t ldd, int n, int r0, int c0,
+                                         int thread_idx, Part part) {
+    constexpr int kChunks = kTile / 8;
+    for (int v = thread_idx; v < kTile * kChunks; v += kThreads) {
+      const int r = v / kChunks, c8 = (v % kChunks) * 8;
+      if (r0 + r >= n || c0 + c8 >= n) continue;
+      if (part == kLower && c8 + 7 > r) continue;
+      if (part == kUpper && c8 + 7 <= r) continue;
+      uint4 out = *reinterpret_cast<uint4 const*>(&tile[Idx(r, c8)]);
+      if (part == kUpper && c8 <= r) {
+        uint32_t w[4] = {out.x, out.y, out.z, out.w};
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 8; ++j) {
+          if (c8 + j <= r) Replace(w, j, tile[Idx(c8 + j, r)]);
+        }
+        out = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+      Store8(d + int64_t(r0 + r) * ldd + c0 + c8, out, n - (c0 + c8));
     }
   }
 
@@ -463,11 +675,22 @@ class MirrorEpilogue {
     w[j >> 1] = (j & 1) ? (w[j >> 1] | (bits << 16)) : bits;
   }
 
+  // Element j of an 8-element chunk replaced.
+  CUTLASS_DEVICE static void Replace(uint32_t (&w)[4], int j, Element e) {
+    const int shift = 16 * (j & 1);
+    w[j >> 1] =
+        (w[j >> 1] & ~(0xffffu << shift)) | (uint32_t(e.raw()) << shift);
+  }
+
   // Stores min(8, left) elements; a full chunk as one 16-byte store (ld and
-  // the base are multiples of 8 elements: checked by Unsupported()).
+  // the base are multiples of 8 elements: checked by Unsupported()). The
+  // store is spelled out: from a uint4 assignment the compiler can emit four
+  // 4-byte stores, which it did for the staged tile's stores.
   CUTLASS_DEVICE static void Store8(Element* dst, uint4 v, int left) {
     if (left >= 8) {
-      *reinterpret_cast<uint4*>(dst) = v;
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst),
+                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
       return;
     }
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
