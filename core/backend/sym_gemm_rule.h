@@ -66,23 +66,29 @@ constexpr bool PrefersWideTiles(int64_t n) { return n >= kWideMinN; }
 
 // Ping-pong vs cooperative below the wide sizes, measured side by side on an
 // H100 (bench/results/gpu_h100_sym_gemm_stmatrix.md) once ping-pong's
-// epilogue staged by 8 x 8 matrices (stmatrix): on products without c
-// (beta = 0: X X^T, X^T X) ping-pong ran 1.06-1.21x faster where the
-// batch's lower tiles fill at least kPingpongMinWaves waves (the MoE
-// layer's 768 x 2048 experts at batch 128-256, n = 3072-4096 alone, 1024 x
-// 3584 at batch 8-32, 512 x 1792 at batch 32; a tie, 0.99x, at 4096 x
-// 14336), and down to 0.8x on fewer tiles (one warpgroup a tile: a CTA's
-// tile takes longer). With c the cooperative schedule prefetches it
-// (MirrorEpilogue::PrefetchNextC) and ran faster on the step sets'
-// polynomial products (n = 768 at batch 256 1.26x, n = 4096 at batch 4
-// 1.08x). The schedules' d are bitwise equal (the same GMMA
-// instructions in the same order, the same epilogue arithmetic), so the
-// batch may decide.
+// epilogue staged by 8 x 8 matrices (stmatrix). Products without c (beta =
+// 0: X X^T, X^T X), kernel alone: ping-pong ran 1.06-1.21x faster where the
+// batch's lower tiles fill at least kPingpongMinWaves waves (the MoE layer's
+// 768 x 2048 experts at batch 128-256, 1024 x 3584 at batch 8-32, 512 x 1792
+// at batch 32, n = 3072-4096 alone; a tie, 0.99x, at 4096 x 14336), and
+// 0.82x on 512 x 1792 at batch 8 (80 tiles; one warpgroup a tile, so a
+// CTA's tile takes longer). The threshold rests on those few points. In the
+// step sets with that rule alone, Llama-3-8B (its c-less products mostly at
+// n = 4096) took 1.012x the time and Qwen3-1.7B 1.002x, within their runs'
+// spread, while the MoE layer (its experts at n = 768) took 0.988x: so
+// ping-pong below kPingpongBelowN only (not itself timed on the sets). With c
+// the cooperative schedule prefetches it (MirrorEpilogue::PrefetchNextC) and
+// ran faster on the step sets' polynomial products (n = 768 at batch 256 1.26x,
+// n = 4096 at batch 4 1.08x). Without c, ping-pong's and cooperative's d are
+// bitwise equal (the same GMMA instructions in the same order, alpha acc
+// rounded once; sym_gemm_sm90_check fails otherwise), so the batch may
+// decide.
 inline constexpr int64_t kPingpongMinWaves = 2;
+inline constexpr int64_t kPingpongBelowN = 2048;
 
 constexpr bool PrefersPingpong(int64_t n, int64_t batch, bool with_c,
                                int64_t sm_count) {
-  if (with_c) return false;
+  if (with_c || n >= kPingpongBelowN) return false;
   const int64_t b = batch < 1 ? 1 : batch;
   return b * LowerTiles(n) >= kPingpongMinWaves * sm_count;
 }

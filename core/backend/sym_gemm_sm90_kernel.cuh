@@ -11,9 +11,10 @@
 //    and wide stage by 8 x 8 matrices (stmatrix, then stmatrix.trans of the
 //    same registers for the mirror), cooperative element by element
 //    (StageElementwise says why). A diagonal tile writes its lower half and
-//    that half's mirror, so every d is bitwise symmetric. With beta != 0, the cooperative schedule's epilogue
-//    ends by cp.async-ing the CTA's next tile of c into the staging buffer,
-//    so that c lands while the next mainloop runs (PrefetchNextC).
+//    that half's mirror, so every d is bitwise symmetric. With beta != 0, the
+//    cooperative schedule's epilogue ends by cp.async-ing the CTA's next tile
+//    of c into the staging buffer, so that c lands while the next mainloop runs
+//    (PrefetchNextC).
 // Three schedules of the consumers (Schedule in sym_gemm_sm90.h):
 //  - cooperative: both consumer warpgroups share one 128 x 128 tile (64 rows
 //    each), then both run its epilogue; the mainloop waits for it.
@@ -324,8 +325,8 @@ class MirrorEpilogue {
   // Steps 2-4 element by element: what the cooperative schedule runs. There
   // the matrix path (StageByMatrices) measured slower on products with a
   // long mainloop (H100: Gram NS's (N,N) + c at n = 4096 and X X^T of 4096 x
-  // 14336, 4-8%; bench/results/gpu_h100_sym_gemm_stmatrix.md), while ping-pong
-  // and wide tiles ran faster with it (ping-pong up to 1.3x).
+  // 14336, 7-8%; bench/results/gpu_h100_sym_gemm_stmatrix.md), while ping-pong
+  // ran 1.10-1.75x faster with it.
   template <int kThreads, class Acc, class Coords>
   CUTLASS_DEVICE void StageElementwise(int n, int tm, int tn, int col0,
                                        Element* d, Acc const& accumulators,
@@ -341,9 +342,8 @@ class MirrorEpilogue {
     for (int i = 0; i < size(accumulators); ++i) {
       const int r = get<0>(tCcD(i)), col = get<1>(tCcD(i)) - col0;
       if (kTileN != kTile && (col < 0 || col >= kTile)) continue;
-      float v = params_.alpha * float(accumulators(i));
-      if (with_c) v += params_.beta * float(tile[Idx(r, col)]);
-      tile[Idx(r, col)] = Element(v);
+      const float c = with_c ? float(tile[Idx(r, col)]) : 0.0f;
+      tile[Idx(r, col)] = Element(Combine(float(accumulators(i)), c, with_c));
     }
     cutlass::arch::NamedBarrier::sync(
         kThreads, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
@@ -414,8 +414,9 @@ class MirrorEpilogue {
       if (with_c) LdMatrix(at, c);
       CUTLASS_PRAGMA_UNROLL
       for (int q = 0; q < 4; ++q) {
-        packed[g][q] = Combine(accumulators(8 * g + 2 * q),
-                               accumulators(8 * g + 2 * q + 1), c[q], with_c);
+        packed[g][q] =
+            CombinePair(accumulators(8 * g + 2 * q),
+                        accumulators(8 * g + 2 * q + 1), c[q], with_c);
       }
       StMatrix<false>(at, packed[g]);
     }
@@ -509,15 +510,22 @@ class MirrorEpilogue {
     return uint32_t(__cvta_generic_to_shared(&tile[Idx(r, c)]));
   }
 
-  // alpha lo + beta c, alpha hi + beta c' (c's two elements packed as in the
-  // fragment, low half first), each rounded once to Element, packed.
-  CUTLASS_DEVICE uint32_t Combine(float lo, float hi, uint32_t c,
-                                  bool with_c) const {
-    float v0 = params_.alpha * lo, v1 = params_.alpha * hi;
-    if (with_c) {
-      v0 += params_.beta * float(Element::bitcast(uint16_t(c & 0xffff)));
-      v1 += params_.beta * float(Element::bitcast(uint16_t(c >> 16)));
-    }
+  // alpha acc + beta c in fp32, spelled out (one product, one fused
+  // multiply-add: no room for the compiler to contract differently), so that
+  // both staging paths, hence every schedule, round the same value.
+  CUTLASS_DEVICE float Combine(float acc, float c, bool with_c) const {
+    const float v = __fmul_rn(params_.alpha, acc);
+    return with_c ? __fmaf_rn(params_.beta, c, v) : v;
+  }
+
+  // Combine of two adjacent elements (c's two packed as in the fragment, low
+  // half first), each rounded once to Element, packed.
+  CUTLASS_DEVICE uint32_t CombinePair(float lo, float hi, uint32_t c,
+                                      bool with_c) const {
+    const float v0 = Combine(lo, float(Element::bitcast(uint16_t(c & 0xffff))),
+                             with_c),
+                v1 = Combine(hi, float(Element::bitcast(uint16_t(c >> 16))),
+                             with_c);
     return uint32_t(Element(v0).raw()) | (uint32_t(Element(v1).raw()) << 16);
   }
 

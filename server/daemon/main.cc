@@ -119,7 +119,9 @@ ABSL_FLAG(std::string, sym_gemm_schedule, "auto",
           "'cooperative' (both consumer warpgroups on one 128x128 tile), "
           "'pingpong' (a tile each, one's epilogue under the other's "
           "mainloop), 'wide' (both on one 128x256 tile) or 'auto' "
-          "(wide for products of n >= 8192, else cooperative)");
+          "(wide for products of n >= 8192; ping-pong for products "
+          "without c below n = 2048 that fill two waves of the GPU; else "
+          "cooperative)");
 
 namespace {
 constexpr char kUsage[] =

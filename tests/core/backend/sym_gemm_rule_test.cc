@@ -76,26 +76,30 @@ TEST(SymGemmRule, WideTilesFromTheLargestMeasuredSize) {
   }
 }
 
-TEST(SymGemmRule, PingpongForProductsWithoutCThatFillTwoWaves) {
+TEST(SymGemmRule, PingpongForSmallProductsWithoutCThatFillTwoWaves) {
   constexpr int64_t kH100Sms = 132;
   // The MoE layer's expert products (n = 768: 21 lower tiles) at batch 128
-  // and 256, and single products from n = 3072 (300 tiles) on.
+  // and 256; 1024 x 3584 at batch 8 (288 tiles).
   EXPECT_TRUE(PrefersPingpong(768, 128, false, kH100Sms));
   EXPECT_TRUE(PrefersPingpong(768, 256, false, kH100Sms));
-  EXPECT_TRUE(PrefersPingpong(3072, 1, false, kH100Sms));
-  EXPECT_TRUE(PrefersPingpong(4096, 1, false, kH100Sms));
-  // Fewer than two waves of tiles: 1536 x 5376 alone (78), 512 x 1792 at
-  // batch 8 (80), n = 2048 alone (136 of the 264 needed).
-  EXPECT_FALSE(PrefersPingpong(1536, 1, false, kH100Sms));
+  EXPECT_TRUE(PrefersPingpong(1024, 8, false, kH100Sms));
+  // Fewer than two waves of tiles: 512 x 1792 at batch 8 (80), n = 1536
+  // alone (78).
   EXPECT_FALSE(PrefersPingpong(512, 8, false, kH100Sms));
-  EXPECT_FALSE(PrefersPingpong(2048, 1, false, kH100Sms));
-  // The boundary: 2 x 132 = 264 tiles; a degenerate batch counts as one.
+  EXPECT_FALSE(PrefersPingpong(1536, 1, false, kH100Sms));
+  // The boundary: 2 x 132 = 264 tiles (n = 512: 10 a product); a
+  // degenerate batch counts as one.
   EXPECT_TRUE(PrefersPingpong(512, 27, false, kH100Sms));   // 270 tiles
   EXPECT_FALSE(PrefersPingpong(512, 26, false, kH100Sms));  // 260 tiles
-  EXPECT_EQ(PrefersPingpong(4096, 0, false, kH100Sms),
-            PrefersPingpong(4096, 1, false, kH100Sms));
+  EXPECT_EQ(PrefersPingpong(1024, 0, false, kH100Sms),
+            PrefersPingpong(1024, 1, false, kH100Sms));
+  // From n = 2048 on the step sets gained nothing: cooperative, however
+  // many tiles.
+  for (int64_t n : {2047, 2048, 3072, 4096}) {
+    EXPECT_EQ(PrefersPingpong(n, 64, false, kH100Sms), n < 2048) << n;
+  }
   // With c the cooperative schedule prefetches it: never ping-pong.
-  for (int64_t n : {768, 2048, 4096}) {
+  for (int64_t n : {768, 1024, 1536}) {
     EXPECT_FALSE(PrefersPingpong(n, 256, true, kH100Sms)) << n;
   }
 }
