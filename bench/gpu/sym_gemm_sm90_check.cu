@@ -518,5 +518,16 @@ int main(int argc, char** argv) {
         Bench(n, k, b);
         Bench(n, k, b, /*gram=*/false, /*tall=*/true);
       }
+  // Ping-pong's edge in the backend's auto rule (sym_gemm_rule.h
+  // PrefersPingpong: products without c below n = 2048 filling two waves):
+  // batches of 100 to 350 lower tiles around it, and the dense step sets'
+  // batched X X^T (Llama-3-8B's R of 4096 x 14336 at batch 12, Qwen3-1.7B's
+  // 2048 x 6144 at batch 56 and 1024 x 2048 at batch 56).
+  for (int64_t b : {4, 6, 8}) Bench(1024, 3584, b);   // 36 tiles a product
+  for (int64_t b : {2, 3, 4}) Bench(1536, 5376, b);   // 78
+  for (int64_t b : {6, 12, 16}) Bench(768, 2048, b);  // 21
+  Bench(4096, 14336, 12);
+  Bench(2048, 6144, 56);
+  Bench(1024, 2048, 56);
   return g_failures == 0 ? 0 : 1;
 }
