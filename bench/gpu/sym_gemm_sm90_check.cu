@@ -401,7 +401,43 @@ static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false,
 }
 
 int main(int argc, char** argv) {
-  int dev = 0;
+  // "bench": the timings only; "wide", "cooperative" or "pingpong": that
+  // schedule's cases only;
+  // "time N K BATCH [gram|tall]": one timing row (e.g. under a profiler).
+  // The arguments are checked before any CUDA call, so that the usage shows
+  // on a machine without a GPU too.
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const char* usage =
+      "usage: sym_gemm_sm90_check [bench | wide | cooperative | pingpong | "
+      "time N K "
+      "BATCH [gram|tall]]\n";
+  const std::string kind = argc > 5 ? argv[5] : "";
+  const int64_t tn = argc > 2 ? std::atoll(argv[2]) : 0,
+                tk = argc > 3 ? std::atoll(argv[3]) : 0,
+                tb = argc > 4 ? std::atoll(argv[4]) : 0;
+  const bool gram = kind == "gram", tall = kind == "tall";
+  if (mode == "time") {
+    // Bench's operands: contiguous n x k (k x n tall), n x n for gram.
+    if (tn < 1 || tk < 1 || tb < 1 || tn % 8 || tk % 8 ||
+        (kind != "" && !gram && !tall) || (gram && tk != tn)) {
+      std::printf(
+          "%stime: N, K and BATCH >= 1, N and K multiples of 8, K = "
+          "N for gram\n",
+          usage);
+      return 2;
+    }
+  } else if (mode != "" && mode != "bench" && mode != "wide" &&
+             mode != "cooperative" && mode != "pingpong") {
+    std::printf("%s", usage);
+    return 2;
+  }
+  int dev = 0, devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf(
+        "sym_gemm_sm90_check: no CUDA device here (it needs an sm_90 "
+        "GPU)\n");
+    return 2;
+  }
   CK(cudaSetDevice(dev));
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, dev));
@@ -409,37 +445,10 @@ int main(int argc, char** argv) {
               p.major, p.minor, p.multiProcessorCount,
               int(sg::DeviceSupported(dev)));
   CB(cublasCreate(&g_cublas));
-  // "bench": the timings only; "wide", "cooperative" or "pingpong": that
-  // schedule's cases only;
-  // "time N K BATCH [gram|tall]": one timing row (e.g. under a profiler).
-  const std::string mode = argc > 1 ? argv[1] : "";
-  const char* usage =
-      "usage: sym_gemm_sm90_check [bench | wide | cooperative | pingpong | "
-      "time N K "
-      "BATCH [gram|tall]]\n";
   if (mode == "time") {
-    const std::string kind = argc > 5 ? argv[5] : "";
-    const int64_t n = argc > 2 ? std::atoll(argv[2]) : 0,
-                  k = argc > 3 ? std::atoll(argv[3]) : 0,
-                  b = argc > 4 ? std::atoll(argv[4]) : 0;
-    const bool gram = kind == "gram", tall = kind == "tall";
-    // Bench's operands: contiguous n x k (k x n tall), n x n for gram.
-    if (n < 1 || k < 1 || b < 1 || n % 8 || k % 8 ||
-        (kind != "" && !gram && !tall) || (gram && k != n)) {
-      std::printf(
-          "%stime: N, K and BATCH >= 1, N and K multiples of 8, K = "
-          "N for gram\n",
-          usage);
-      return 2;
-    }
     PrintBenchHeader();
-    Bench(n, k, b, gram, tall);
+    Bench(tn, tk, tb, gram, tall);
     return 0;
-  }
-  if (mode != "" && mode != "bench" && mode != "wide" &&
-      mode != "cooperative" && mode != "pingpong") {
-    std::printf("%s", usage);
-    return 2;
   }
   if (mode != "bench") {
     std::printf(

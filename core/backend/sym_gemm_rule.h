@@ -72,7 +72,9 @@ constexpr bool PrefersWideTiles(int64_t n) { return n >= kWideMinN; }
 // 768 x 2048 experts at batch 128-256, 1024 x 3584 at batch 8-32, 512 x 1792
 // at batch 32, n = 3072-4096 alone; a tie, 0.99x, at 4096 x 14336), and
 // 0.82x on 512 x 1792 at batch 8 (80 tiles; one warpgroup a tile, so a
-// CTA's tile takes longer). The threshold rests on those few points. In the
+// CTA's tile takes longer); of those, the k = 3.5 n shapes below n = 1536
+// are kernel-bench points only (the backend sends them to cuBLAS:
+// UseSymGemmKernel). The threshold rests on those few points. In the
 // step sets with that rule alone, Llama-3-8B (its c-less products mostly at
 // n = 4096) took 1.012x the time and Qwen3-1.7B 1.002x, within their runs'
 // spread, while the MoE layer (its experts at n = 768) took 0.988x: so
