@@ -4,8 +4,12 @@
 # after it (B). Runs B's GPU tests and the exactness check, then each step
 # benchmark (bench/gpu_step_bench.py) for A, B, B, A (so drift over the call
 # weighs on both alike). Logs and tables under $OUT; a summary of every run's
-# table rows in $OUT/ab.txt. Usage (repository root on the GPU machine):
-#   bench/gpu_ab_run.sh A.tar.xz B.tar.xz [tests|steps|all]
+# table rows in $OUT/ab.txt. `gram` instead: the in-process Gram step of the
+# three step sets in one process per run, A B B A, and the B ÷ A table
+# (bench/ab_steps_report.py) in $OUT/ab_gram.md; AB_STEP_ARGS adds
+# gpu_step_bench.py arguments (e.g. --sym-gemm-schedule pingpong).
+# Usage (repository root on the GPU machine):
+#   bench/gpu_ab_run.sh A.tar.xz B.tar.xz [tests|steps|all|gram]
 set -uo pipefail
 # shellcheck source=bench/gpu_bundle_enter.sh
 . bench/gpu_bundle_enter.sh
@@ -27,6 +31,21 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
   cat "$out/tests.log"
 fi
 [ "$mode" = tests ] && exit 0
+if [ "$mode" = gram ]; then
+  i=0; runs=()
+  for who in A B B A; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086  # AB_STEP_ARGS: words on purpose
+    ( cd "/tmp/$who-bundle/muond-bundle" && . env.sh &&
+      timeout 150 python3 "$R/bench/gpu_step_bench.py" --columns inproc_gram --no-rpc \
+        --rounds 1 --reps 10 --warmup 2 --set llama3_8b:4:4 --set qwen3_1_7b:28:28 \
+        --set qwen3_30b_a3b:1:256 ${AB_STEP_ARGS:-} --out "$out/$who-gram-$i.md" \
+        > "$out/$who-gram-$i.log" 2>&1 ) || echo "run $i ($who) failed: $out/$who-gram-$i.log"
+    runs+=("$out/$who-gram-$i.md")
+  done
+  python3 "$R/bench/ab_steps_report.py" "${runs[@]}" | tee "$out/ab_gram.md"
+  exit 0
+fi
 # MANIFEST LAYERS REPS ROUNDS NS_BATCH SYRK NAME, as bench/gpu_perf_run.sh.
 step_run() {  # BUNDLE(A|B) MANIFEST LAYERS REPS ROUNDS NS_BATCH SYRK NAME
   local who=$1 flag=""; shift; [ "$6" = 1 ] && flag=--syrk
