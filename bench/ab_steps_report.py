@@ -15,7 +15,10 @@ import sys
 
 
 def read_run(path):
-    """{set title: [ms of each round]} of one gpu_step_bench.py --out file."""
+    """{set title: [ms of each round]} of one gpu_step_bench.py --out file; {} when
+    the file is missing (a run that failed before writing it)."""
+    if not os.path.exists(path):
+        return {}
     sets, title, rows = {}, None, None
     for line in open(path, encoding="utf-8"):
         line = line.rstrip("\n")

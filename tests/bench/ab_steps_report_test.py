@@ -1,6 +1,6 @@
 """bench/ab_steps_report.py on gpu_step_bench.py --out files written here: each run's
-milliseconds per set, the means of A and B, B ÷ A, a set one run lacks, and the file-name
-rule."""
+milliseconds per set, the means of A and B, B ÷ A, a set one run lacks, a run that wrote
+nothing, and the file-name rule."""
 import importlib.util
 import os
 import tempfile
@@ -66,6 +66,13 @@ class AbStepsReportTest(unittest.TestCase):
         self.assertIn("| Llama-3-8B, first 4 layers | 78.00 | 79.00 | 78.00 | 79.00 | 1.013 |",
                       text)
         self.assertNotIn("Qwen3-30B-A3B", text)
+
+    def test_a_run_that_wrote_nothing_shows_as_missing(self):
+        paths = [self.write("A-1.md", step_md([78.0])),
+                 os.path.join(self.dir.name, "B-2.md"),
+                 self.write("B-3.md", step_md([79.0]))]
+        self.assertIn("| Llama-3-8B, first 4 layers | 78.00 | - | 79.00 | 78.00 | 79.00 | 1.013 |",
+                      report.report(paths))
 
     def test_names_must_say_which_build(self):
         path = self.write("step_1.md", step_md([78.0]))
