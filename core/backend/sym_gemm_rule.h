@@ -39,13 +39,20 @@ constexpr int64_t LowerTiles(int64_t n) {
   return t * (t + 1) / 2;
 }
 
+// Whether a batch of n x n products' lower tiles fill at least `waves`
+// waves of a GPU with `sm_count` SMs (batch < 1 counts as 1).
+constexpr bool LowerTilesFillWaves(int64_t n, int64_t batch, int64_t waves,
+                                   int64_t sm_count) {
+  const int64_t b = batch < 1 ? 1 : batch;
+  return b * LowerTiles(n) >= waves * sm_count;
+}
+
 // Whether a batch of n x n symmetric products runs faster on the kernel than
-// as full products on a GPU with `sm_count` SMs (batch < 1 counts as 1).
+// as full products on a GPU with `sm_count` SMs.
 constexpr bool BeatsFullGemm(int64_t n, int64_t batch, int64_t sm_count) {
   if (n >= kBeatsFullMinN) return true;
   if (n < kBatchedMinN) return false;
-  const int64_t b = batch < 1 ? 1 : batch;
-  return b * LowerTiles(n) >= kMinWaves * sm_count;
+  return LowerTilesFillWaves(n, batch, kMinWaves, sm_count);
 }
 
 // Wide (128 x 256) tiles vs cooperative 128 x 128 ones, measured side by side
@@ -91,8 +98,7 @@ inline constexpr int64_t kPingpongBelowN = 2048;
 constexpr bool PrefersPingpong(int64_t n, int64_t batch, bool with_c,
                                int64_t sm_count) {
   if (with_c || n >= kPingpongBelowN) return false;
-  const int64_t b = batch < 1 ? 1 : batch;
-  return b * LowerTiles(n) >= kPingpongMinWaves * sm_count;
+  return LowerTilesFillWaves(n, batch, kPingpongMinWaves, sm_count);
 }
 
 }  // namespace sym_gemm_sm90
