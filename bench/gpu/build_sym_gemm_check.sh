@@ -25,5 +25,5 @@ for k in cuda_copy_kernels cuda_multi_tensor_kernels cuda_norm_kernels cuda_stat
   /usr/local/cuda/bin/nvcc "${flags[@]}" -c core/backend/$k.cu -o dist/obj/$k.o
 done
 /usr/local/cuda/bin/nvcc "${flags[@]}" -c bench/gpu/sym_gemm_sm90_check.cu -o dist/obj/check.o
-/usr/local/cuda/bin/nvcc -cudart static dist/obj/*.o -o dist/sym_gemm_sm90_check -lcublas
+/usr/local/cuda/bin/nvcc -cudart static dist/obj/*.o -o dist/sym_gemm_sm90_check -lcublas -ldl
 echo "built dist/sym_gemm_sm90_check"

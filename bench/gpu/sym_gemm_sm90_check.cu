@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,8 +36,10 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "bench/gpu/power_sampler.h"
 #include "core/backend/cuda_kernels.h"
 #include "core/backend/sym_gemm_sm90.h"
 
@@ -299,7 +302,14 @@ static void FillUniform(void* p, int64_t count, uint32_t seed) {
   CK(cudaGetLastError());
 }
 
-static float TimeMs(int iters, const std::function<void()>& f) {
+// Set in `time` mode with ITERS: the timings' power readings.
+static muond::bench::PowerSampler* g_power = nullptr;
+
+// With `power` (and g_power): the SM clock and board power sampled every
+// 10 ms while the timed launches run (once the start event has passed: the
+// warm-up launches may still be queued before it).
+static float TimeMs(int iters, const std::function<void()>& f,
+                    muond::bench::PowerReading* power = nullptr) {
   cudaEvent_t s, e;
   CK(cudaEventCreate(&s));
   CK(cudaEventCreate(&e));
@@ -308,6 +318,14 @@ static float TimeMs(int iters, const std::function<void()>& f) {
   CK(cudaEventRecord(s));
   for (int i = 0; i < iters; ++i) f();
   CK(cudaEventRecord(e));
+  if (power != nullptr && g_power != nullptr) {
+    while (cudaEventQuery(e) == cudaErrorNotReady) {
+      if (cudaEventQuery(s) == cudaSuccess) g_power->Sample();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    (void)cudaGetLastError();  // a query's "not ready" is no error
+    *power = g_power->Take();
+  }
   CK(cudaEventSynchronize(e));
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, s, e));
@@ -332,8 +350,33 @@ static void PrintBenchHeader() {
       "---|\n");
 }
 
+// iters: launches per timing (as many again to warm up); 0 picks by size.
+// The power line under a timing row: per column the median SM clock and
+// board power while it ran, and the energy a launch took (power x time), the
+// figure that decides the sustained speed at the power limit.
+static void PrintPower(const muond::bench::PowerReading* pw,
+                       const std::vector<float>& ms) {
+  static const char* kColumns[] = {"cooperative", "pingpong", "wide",
+                                   "cuBLAS full", "full+mirror"};
+  if (g_power == nullptr) {
+    std::printf("power: no NVML here (libnvidia-ml.so.1)\n");
+    return;
+  }
+  std::printf("power:");
+  for (int i = 0; i < 5; ++i) {
+    if (pw[i].samples == 0) {
+      std::printf(" | %s: no samples", kColumns[i]);
+      continue;
+    }
+    std::printf(" | %s: %.0f MHz, %.0f W, %.1f mJ a launch (%d samples)",
+                kColumns[i], pw[i].sm_mhz, pw[i].watts, pw[i].watts * ms[i],
+                pw[i].samples);
+  }
+  std::printf("\n");
+}
+
 static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false,
-                  bool tall = false) {
+                  bool tall = false, int iters_wanted = 0) {
   const int64_t sx = n * k, sd = n * n, ldx = tall ? n : k;
   void *dx, *dd, *dc;
   CK(cudaMalloc(&dx, sx * batch * 2));
@@ -345,7 +388,9 @@ static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false,
   FillUniform(dc, sd * batch, 2);
   FillUniform(dd, sd * batch, 3);  // cuBLAS's c is its d
   const double flop = double(n) * (n + 1) * k * batch;
-  const int iters = flop > 5e11 ? 10 : (flop > 5e9 ? 30 : 100);
+  const int iters = iters_wanted > 0
+                        ? iters_wanted
+                        : (flop > 5e11 ? 10 : (flop > 5e9 ? 30 : 100));
   sg::Args a;
   a.n = n;
   a.k = k;
@@ -381,10 +426,18 @@ static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false,
     full();
     CK(muond::cuda_kernels::SymmetrizeFromLower(kd, sd, batch, nullptr));
   };
-  const float tc = TimeMs(iters, kernel(sg::Schedule::kCooperative)),
-              tp = TimeMs(iters, kernel(sg::Schedule::kPingpong)),
-              tw = TimeMs(iters, kernel(sg::Schedule::kWide)),
-              tf = TimeMs(iters, full), tfs = TimeMs(iters, full_sym);
+  // Power readings only for an explicit ITERS (a run long enough to reach
+  // the power limit).
+  muond::bench::PowerReading pw[5];
+  const bool sampled = iters_wanted > 0;
+  const float tc = TimeMs(iters, kernel(sg::Schedule::kCooperative),
+                          sampled ? &pw[0] : nullptr),
+              tp = TimeMs(iters, kernel(sg::Schedule::kPingpong),
+                          sampled ? &pw[1] : nullptr),
+              tw = TimeMs(iters, kernel(sg::Schedule::kWide),
+                          sampled ? &pw[2] : nullptr),
+              tf = TimeMs(iters, full, sampled ? &pw[3] : nullptr),
+              tfs = TimeMs(iters, full_sym, sampled ? &pw[4] : nullptr);
   auto tflops = [&](float ms) { return flop / (ms * 1e-3) / 1e12; };
   std::printf(
       "| %s | %lld | %lld | %lld | %.4f | %.0f | %.4f | %.0f | %.4f | %.0f | "
@@ -395,6 +448,7 @@ static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false,
       (long long)n, (long long)k, (long long)batch, tc, tflops(tc), tp,
       tflops(tp), tw, tflops(tw), tf, tflops(tf), tfs, tc / tw, tfs / tc,
       tfs / tw);
+  if (sampled) PrintPower(pw, {tc, tp, tw, tf, tfs});
   cudaFree(dx);
   cudaFree(dd);
   cudaFree(dc);
@@ -417,26 +471,30 @@ static std::vector<sg::Schedule> CaseSchedules(const std::string& mode) {
 int main(int argc, char** argv) {
   // "bench": the timings only; "wide", "cooperative" or "pingpong": that
   // schedule's cases only;
-  // "time N K BATCH [gram|tall]": one timing row (e.g. under a profiler).
+  // "time N K BATCH [xxt|gram|tall] [ITERS]": one timing row (e.g. under a
+  // profiler); ITERS launches per column (and as many to warm up), so that a
+  // run can last long enough for the clocks to settle under sustained load.
   // The arguments are checked before any CUDA call, so that the usage shows
   // on a machine without a GPU too.
   const std::string mode = argc > 1 ? argv[1] : "";
   const char* usage =
       "usage: sym_gemm_sm90_check [bench | wide | cooperative | pingpong | "
       "time N K "
-      "BATCH [gram|tall]]\n";
+      "BATCH [xxt|gram|tall] [ITERS]]\n";
   const std::string kind = argc > 5 ? argv[5] : "";
   const int64_t tn = argc > 2 ? std::atoll(argv[2]) : 0,
                 tk = argc > 3 ? std::atoll(argv[3]) : 0,
                 tb = argc > 4 ? std::atoll(argv[4]) : 0;
+  const int64_t iters = argc > 6 ? std::atoll(argv[6]) : 0;
   const bool gram = kind == "gram", tall = kind == "tall";
   if (mode == "time") {
     // Bench's operands: contiguous n x k (k x n tall), n x n for gram.
     if (tn < 1 || tk < 1 || tb < 1 || tn % 8 || tk % 8 ||
-        (kind != "" && !gram && !tall) || (gram && tk != tn)) {
+        (kind != "" && kind != "xxt" && !gram && !tall) || (gram && tk != tn) ||
+        argc > 7 || (argc > 6 && (iters < 1 || iters > 1000000))) {
       std::printf(
           "%stime: N, K and BATCH >= 1, N and K multiples of 8, K = "
-          "N for gram\n",
+          "N for gram, ITERS 1..1000000\n",
           usage);
       return 2;
     }
@@ -459,8 +517,12 @@ int main(int argc, char** argv) {
               int(sg::DeviceSupported(dev)));
   CB(cublasCreate(&g_cublas));
   if (mode == "time") {
+    char pci[32] = {0};
+    CK(cudaDeviceGetPCIBusId(pci, sizeof(pci), dev));
+    static muond::bench::PowerSampler sampler(pci);
+    if (sampler.Available()) g_power = &sampler;
     PrintBenchHeader();
-    Bench(tn, tk, tb, gram, tall);
+    Bench(tn, tk, tb, gram, tall, int(iters));
     return 0;
   }
   if (mode != "bench") {
