@@ -120,8 +120,8 @@ ABSL_FLAG(std::string, sym_gemm_schedule, "auto",
           "'pingpong' (a tile each, one's epilogue under the other's "
           "mainloop), 'wide' (both on one 128x256 tile) or 'auto' "
           "(wide for products of n >= 8192; ping-pong for products "
-          "without c below n = 2048 that fill two waves of the GPU; else "
-          "cooperative)");
+          "without c below n = 2048 and with c from it that fill two waves "
+          "of the GPU; else cooperative)");
 
 namespace {
 constexpr char kUsage[] =

@@ -76,31 +76,36 @@ TEST(SymGemmRule, WideTilesFromTheLargestMeasuredSize) {
   }
 }
 
-TEST(SymGemmRule, PingpongForSmallProductsWithoutCThatFillTwoWaves) {
+TEST(SymGemmRule, PingpongWithoutCBelowTheSplitAndWithCFromIt) {
   constexpr int64_t kH100Sms = 132;
-  // The MoE layer's expert products (n = 768: 21 lower tiles) at batch 128
-  // and 256; 1024 x 3584 at batch 8 (288 tiles).
+  // Without c: the MoE layer's expert products (n = 768: 21 lower tiles) at
+  // batch 128 and 256; 1024 x 3072 at batch 8 (288 tiles).
   EXPECT_TRUE(PrefersPingpong(768, 128, false, kH100Sms));
   EXPECT_TRUE(PrefersPingpong(768, 256, false, kH100Sms));
   EXPECT_TRUE(PrefersPingpong(1024, 8, false, kH100Sms));
+  // With c: Gram NS's polynomial products of Qwen3-1.7B (n = 2048, batch
+  // 28) and Llama-3-8B (n = 4096, alone and at batch 4).
+  EXPECT_TRUE(PrefersPingpong(2048, 28, true, kH100Sms));
+  EXPECT_TRUE(PrefersPingpong(4096, 1, true, kH100Sms));
+  EXPECT_TRUE(PrefersPingpong(4096, 4, true, kH100Sms));
   // Fewer than two waves of tiles: 512 x 1792 at batch 8 (80), n = 1536
-  // alone (78).
+  // alone (78), n = 2048 with c alone (136).
   EXPECT_FALSE(PrefersPingpong(512, 8, false, kH100Sms));
   EXPECT_FALSE(PrefersPingpong(1536, 1, false, kH100Sms));
+  EXPECT_FALSE(PrefersPingpong(2048, 1, true, kH100Sms));
   // The boundary: 2 x 132 = 264 tiles (n = 512: 10 a product); a
   // degenerate batch counts as one.
   EXPECT_TRUE(PrefersPingpong(512, 27, false, kH100Sms));   // 270 tiles
   EXPECT_FALSE(PrefersPingpong(512, 26, false, kH100Sms));  // 260 tiles
   EXPECT_EQ(PrefersPingpong(1024, 0, false, kH100Sms),
             PrefersPingpong(1024, 1, false, kH100Sms));
-  // From n = 2048 on the step sets gained nothing: cooperative, however
-  // many tiles.
-  for (int64_t n : {2047, 2048, 3072, 4096}) {
-    EXPECT_EQ(PrefersPingpong(n, 64, false, kH100Sms), n < 2048) << n;
-  }
-  // With c the cooperative schedule prefetches it: never ping-pong.
-  for (int64_t n : {768, 1024, 1536}) {
-    EXPECT_FALSE(PrefersPingpong(n, 256, true, kH100Sms)) << n;
+  // The split at n = 2048, however many tiles: below it only products
+  // without c, from it only products with c (the cooperative schedule's
+  // prefetch of c wins on small products; without c it wins on Qwen3-1.7B's
+  // 2048 x 6144 R).
+  for (int64_t n : {768, 1024, 1536, 2047, 2048, 3072, 4096, 6144}) {
+    EXPECT_EQ(PrefersPingpong(n, 256, false, kH100Sms), n < 2048) << n;
+    EXPECT_EQ(PrefersPingpong(n, 256, true, kH100Sms), n >= 2048) << n;
   }
 }
 
