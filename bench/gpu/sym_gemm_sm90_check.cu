@@ -27,6 +27,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -115,6 +117,10 @@ struct Case {
   int64_t extra_ld;  // padding beyond Up8(cols)
   sg::Schedule schedule;
   bool shared_c = false;  // one c for every slice (stride_c 0)
+  // (N,N) of two distinct commuting symmetric n x n operands, X and
+  // Y = X + I / 2 (k = n; trans_a unused): Gram NS's polynomial products
+  // (Q Z + a Q, R Z + a R) take this form, B N-major.
+  bool nn = false;
 };
 
 static const char* ScheduleName(sg::Schedule s) {
@@ -129,21 +135,47 @@ static const char* ScheduleName(sg::Schedule s) {
   return "cooperative";
 }
 
+// X symmetric n x n (row stride ld) per slice, and Y = X + I / 2: X's
+// diagonal takes multiples of 1/64, so that adding 1/2 is exact in bf16 and
+// fp16 and X Y = Y X holds exactly (the product is symmetric).
+static void FillCommutingPair(int64_t n, int64_t ld, int64_t batch, bool bf,
+                              std::mt19937* rng, std::vector<uint16_t>* x,
+                              std::vector<uint16_t>* y) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int64_t s = ld * n;
+  for (int64_t l = 0; l < batch; ++l)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j <= i; ++j) {
+        const float v = i == j ? std::round(u(*rng) * 64.f) / 64.f : u(*rng);
+        const uint16_t b = ToBits(v, bf);
+        (*x)[l * s + i * ld + j] = (*x)[l * s + j * ld + i] = b;
+        (*y)[l * s + i * ld + j] = (*y)[l * s + j * ld + i] =
+            i == j ? ToBits(FromBits(b, bf) + 0.5f, bf) : b;
+      }
+}
+
 static void RunCase(const Case& cs) {
   const bool bf = cs.bf16;
-  const int64_t n = cs.n, k = cs.k, batch = cs.batch;
-  // X is n x k for (N,T), k x n for (T,N); a = b = X.
+  const int64_t n = cs.n, k = cs.nn ? cs.n : cs.k, batch = cs.batch;
+  // X is n x k for (N,T), k x n for (T,N), a = b = X; for (N,N) a = X and
+  // b = Y, both n x n.
   const int64_t xr = cs.trans_a ? k : n, xc = cs.trans_a ? n : k;
   const int64_t ldx = Up8(xc) + cs.extra_ld, sx = ldx * xr;
   const int64_t ldd = Up8(n) + cs.extra_ld, sd = ldd * n;
-  std::mt19937 rng(
-      uint32_t(n * 131 + k * 7 + batch + (bf ? 1 : 0) + (cs.trans_a ? 3 : 0)));
+  std::mt19937 rng(uint32_t(n * 131 + k * 7 + batch + (bf ? 1 : 0) +
+                            (cs.trans_a ? 3 : 0) + (cs.nn ? 5 : 0)));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<uint16_t> hx(sx * batch), hc(sd * batch);
-  std::vector<float> hxa(sx * batch);
+  std::vector<uint16_t> hx(sx * batch), hy(sx * batch), hc(sd * batch);
+  std::vector<float> hxa(sx * batch), hya(sx * batch);
+  if (cs.nn) {
+    FillCommutingPair(n, ldx, batch, bf, &rng, &hx, &hy);
+  } else {
+    for (int64_t i = 0; i < sx * batch; ++i) hx[i] = ToBits(u(rng), bf);
+    hy = hx;
+  }
   for (int64_t i = 0; i < sx * batch; ++i) {
-    hx[i] = ToBits(u(rng), bf);
     hxa[i] = std::fabs(FromBits(hx[i], bf));
+    hya[i] = std::fabs(FromBits(hy[i], bf));
   }
   // Symmetric c; with shared_c every slice is the first (the kernel reads
   // only that one, cuBLAS each slice's copy).
@@ -159,15 +191,19 @@ static void RunCase(const Case& cs) {
         hc[l * sd + i * ldd + j] = hc[l * sd + j * ldd + i] = v;
       }
   const uint16_t sentinel = 0x7fc1;  // a NaN in both types
-  void *dx, *dxa, *dc, *dd, *dref, *ds;
+  void *dx, *dxa, *dy, *dya, *dc, *dd, *dref, *ds;
   CK(cudaMalloc(&dx, sx * batch * 2));
   CK(cudaMalloc(&dxa, sx * batch * 4));
+  CK(cudaMalloc(&dy, sx * batch * 2));
+  CK(cudaMalloc(&dya, sx * batch * 4));
   CK(cudaMalloc(&dc, sd * batch * 2));
   CK(cudaMalloc(&dd, sd * batch * 2));
   CK(cudaMalloc(&dref, sd * batch * 2));
   CK(cudaMalloc(&ds, sd * batch * 4));
   CK(cudaMemcpy(dx, hx.data(), sx * batch * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dxa, hxa.data(), sx * batch * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dy, hy.data(), sx * batch * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dya, hya.data(), sx * batch * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dc, hc.data(), sd * batch * 2, cudaMemcpyHostToDevice));
   std::vector<uint16_t> fill(sd * batch, sentinel);
   CK(cudaMemcpy(dd, fill.data(), sd * batch * 2, cudaMemcpyHostToDevice));
@@ -176,14 +212,15 @@ static void RunCase(const Case& cs) {
   sg::Args a;
   a.elem = bf ? sg::Elem::kBFloat16 : sg::Elem::kFloat16;
   a.schedule = cs.schedule;
-  a.trans_a = cs.trans_a;
-  a.trans_b = !cs.trans_a;
+  a.trans_a = cs.nn ? false : cs.trans_a;
+  a.trans_b = cs.nn ? false : !cs.trans_a;
   a.n = n;
   a.k = k;
   a.batch = batch;
   a.alpha = cs.alpha;
   a.beta = cs.beta;
-  a.a = a.b = dx;
+  a.a = dx;
+  a.b = dy;
   a.lda = a.ldb = ldx;
   a.stride_a = a.stride_b = sx;
   a.c = dc;
@@ -219,14 +256,14 @@ static void RunCase(const Case& cs) {
     }
   }
   const cudaDataType_t t = bf ? CUDA_R_16BF : CUDA_R_16F;
-  CublasRef(a.trans_a, a.trans_b, n, k, cs.alpha, dx, ldx, sx, dx, ldx, sx,
+  CublasRef(a.trans_a, a.trans_b, n, k, cs.alpha, dx, ldx, sx, dy, ldx, sx,
             cs.beta, dref, ldd, sd, batch, t, CUBLAS_COMPUTE_32F);
   const float one = 1.f, zero = 0.f;
   (void)one;
-  // S = |op(X)| |op(X)| in fp32.
+  // S = |op(a)| |op(b)| in fp32.
   CB(cublasGemmStridedBatchedEx(g_cublas, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                 a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n),
-                                int(n), int(k), &one, dxa, CUDA_R_32F, int(ldx),
+                                int(n), int(k), &one, dya, CUDA_R_32F, int(ldx),
                                 sx, dxa, CUDA_R_32F, int(ldx), sx, &zero, ds,
                                 CUDA_R_32F, int(ldd), sd, int(batch),
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -272,10 +309,13 @@ static void RunCase(const Case& cs) {
       "| %s | %s | %s | %s | %lld | %lld | %lld | %.2f | %.2f | %lld | %.3f | "
       "%lld | %lld | %lld | %lld |\n",
       ok ? "ok" : "FAIL", ScheduleName(cs.schedule), bf ? "bf16" : "fp16",
-      cs.trans_a ? "XtX (T,N)" : "XXt (N,T)", (long long)n, (long long)k,
-      (long long)batch, cs.alpha, cs.beta, (long long)ldd, worst,
-      (long long)bad, (long long)asym, (long long)pad, (long long)unwritten);
-  for (void* p : {dx, dxa, dc, dd, dref, ds}) cudaFree(p);
+      cs.nn        ? "XY (N,N)"
+      : cs.trans_a ? "XtX (T,N)"
+                   : "XXt (N,T)",
+      (long long)n, (long long)k, (long long)batch, cs.alpha, cs.beta,
+      (long long)ldd, worst, (long long)bad, (long long)asym, (long long)pad,
+      (long long)unwritten);
+  for (void* p : {dx, dxa, dy, dya, dc, dd, dref, ds}) cudaFree(p);
 }
 
 // ---------------------------------------------------------------------------
@@ -306,27 +346,42 @@ static void FillUniform(void* p, int64_t count, uint32_t seed) {
 static muond::bench::PowerSampler* g_power = nullptr;
 
 // With `power` (and g_power): the SM clock and board power sampled every
-// 10 ms while the timed launches run (once the start event has passed: the
-// warm-up launches may still be queued before it).
+// 10 ms while the timed launches run, by a thread of its own: the host
+// blocks in the launches once ~1k of them are queued, so sampling in this
+// thread would see only the end of a long run. A sample counts once the
+// start event has passed (the warm-up launches run before it).
 static float TimeMs(int iters, const std::function<void()>& f,
                     muond::bench::PowerReading* power = nullptr) {
   cudaEvent_t s, e;
   CK(cudaEventCreate(&s));
   CK(cudaEventCreate(&e));
+  std::atomic<bool> started{false}, stop{false};
+  std::thread sampler;
+  if (power != nullptr && g_power != nullptr) {
+    sampler = std::thread([&] {
+      while (!stop.load()) {
+        // An event never recorded queries as done: wait for the record.
+        if (started.load() && cudaEventQuery(s) == cudaSuccess &&
+            cudaEventQuery(e) == cudaErrorNotReady) {
+          g_power->Sample();
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    });
+  }
   // As many warm-up runs as timed ones: the clock settles under load.
   for (int i = 0; i < iters; ++i) f();
   CK(cudaEventRecord(s));
+  started.store(true);
   for (int i = 0; i < iters; ++i) f();
   CK(cudaEventRecord(e));
-  if (power != nullptr && g_power != nullptr) {
-    while (cudaEventQuery(e) == cudaErrorNotReady) {
-      if (cudaEventQuery(s) == cudaSuccess) g_power->Sample();
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+  CK(cudaEventSynchronize(e));
+  if (sampler.joinable()) {
+    stop.store(true);
+    sampler.join();
     (void)cudaGetLastError();  // a query's "not ready" is no error
     *power = g_power->Take();
   }
-  CK(cudaEventSynchronize(e));
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, s, e));
   cudaEventDestroy(s);
@@ -468,10 +523,21 @@ static std::vector<sg::Schedule> CaseSchedules(const std::string& mode) {
   return {};
 }
 
+// A decimal count of 1..10^6 with nothing after it; -1 otherwise.
+static int64_t ParseCount(const char* text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text, &end, 10);
+  if (end == text || *end != 0 || errno != 0 || v < 1 || v > 1000000) {
+    return -1;
+  }
+  return v;
+}
+
 int main(int argc, char** argv) {
   // "bench": the timings only; "wide", "cooperative" or "pingpong": that
   // schedule's cases only;
-  // "time N K BATCH [xxt|gram|tall] [ITERS]": one timing row (e.g. under a
+  // "time N K BATCH [xxt|gram|tall [ITERS]]": one timing row (e.g. under a
   // profiler); ITERS launches per column (and as many to warm up), so that a
   // run can last long enough for the clocks to settle under sustained load.
   // The arguments are checked before any CUDA call, so that the usage shows
@@ -480,12 +546,12 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: sym_gemm_sm90_check [bench | wide | cooperative | pingpong | "
       "time N K "
-      "BATCH [xxt|gram|tall] [ITERS]]\n";
+      "BATCH [xxt|gram|tall [ITERS]]]\n";
   const std::string kind = argc > 5 ? argv[5] : "";
-  const int64_t tn = argc > 2 ? std::atoll(argv[2]) : 0,
-                tk = argc > 3 ? std::atoll(argv[3]) : 0,
-                tb = argc > 4 ? std::atoll(argv[4]) : 0;
-  const int64_t iters = argc > 6 ? std::atoll(argv[6]) : 0;
+  const int64_t tn = argc > 2 ? ParseCount(argv[2]) : 0,
+                tk = argc > 3 ? ParseCount(argv[3]) : 0,
+                tb = argc > 4 ? ParseCount(argv[4]) : 0;
+  const int64_t iters = argc > 6 ? ParseCount(argv[6]) : 0;
   const bool gram = kind == "gram", tall = kind == "tall";
   if (mode == "time") {
     // Bench's operands: contiguous n x k (k x n tall), n x n for gram.
@@ -493,8 +559,9 @@ int main(int argc, char** argv) {
         (kind != "" && kind != "xxt" && !gram && !tall) || (gram && tk != tn) ||
         argc > 7 || (argc > 6 && (iters < 1 || iters > 1000000))) {
       std::printf(
-          "%stime: N, K and BATCH >= 1, N and K multiples of 8, K = "
-          "N for gram, ITERS 1..1000000\n",
+          "%stime: N, K, BATCH and ITERS whole numbers 1..1000000, N and K "
+          "multiples of 8, K = N for gram; the kind (xxt, gram or tall) "
+          "before ITERS\n",
           usage);
       return 2;
     }
@@ -557,6 +624,15 @@ int main(int argc, char** argv) {
                   {bf, ta, n, kk(n), 12, 1.f, 0.5f, 0, sc, /*shared_c=*/true});
             }
           }
+    // (N,N) + c of commuting operands, as Gram NS's polynomial runs them
+    // (the sizes where auto takes ping-pong with c, and smaller ones).
+    for (sg::Schedule sc : CaseSchedules(mode))
+      for (bool bf : {true, false})
+        for (int64_t n : {130, 1000, 2048, 4096}) {
+          Case c{bf, false, n, n, n >= 2048 ? 2 : 3, 1.f, 0.5f, 0, sc};
+          c.nn = true;
+          cases.push_back(c);
+        }
     for (const Case& c : cases) RunCase(c);
     std::printf("\ncorrectness: %d failing case(s) of %zu\n", g_failures,
                 cases.size());
@@ -596,15 +672,19 @@ int main(int argc, char** argv) {
         Bench(n, k, b);
         Bench(n, k, b, /*gram=*/false, /*tall=*/true);
       }
-  // Ping-pong's edge in the backend's auto rule (sym_gemm_rule.h
-  // PrefersPingpong: products without c below n = 2048 filling two waves):
-  // batches of 100 to 350 lower tiles around it (shapes the backend sends
-  // to the kernel: k <= 3 n below n = 1536), and the dense step sets'
-  // batched X X^T (Llama-3-8B's R of 4096 x 14336 at batch 12, Qwen3-1.7B's
-  // 2048 x 6144 at batch 56 and 1024 x 2048 at batch 56).
+  // Ping-pong's edges in the backend's auto rule (sym_gemm_rule.h
+  // PrefersPingpong: two waves of lower tiles, and products with c from
+  // n = 2048 only): batches of 100 to 350 lower tiles around the first
+  // (shapes the backend sends to the kernel: k <= 3 n below n = 1536), the
+  // second's sides (n = 2048 with c alone, 136 tiles, and at batch 2; n =
+  // 1536 with c), and the dense step sets' batched X X^T (Llama-3-8B's R of
+  // 4096 x 14336 at batch 12, Qwen3-1.7B's 2048 x 6144 at batch 56 and
+  // 1024 x 2048 at batch 56).
   for (int64_t b : {4, 6, 8}) Bench(1024, 3072, b);   // 36 tiles a product
   for (int64_t b : {2, 3, 4}) Bench(1536, 5376, b);   // 78
   for (int64_t b : {6, 12, 16}) Bench(768, 2048, b);  // 21
+  for (int64_t b : {1, 2}) Bench(2048, 2048, b, /*gram=*/true);  // 136
+  Bench(1536, 1536, 8, /*gram=*/true);                           // 78
   Bench(4096, 14336, 12);
   Bench(2048, 6144, 56);
   Bench(1024, 2048, 56);

@@ -31,8 +31,8 @@ namespace {
 bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 3 * n; }
 
 // The kernel's schedule for the backend's option; auto: wide tiles for the
-// sizes sym_gemm_rule.h says they win at, ping-pong for products without c
-// below n = 2048 and with c from it that fill the GPU twice, else
+// sizes sym_gemm_rule.h says they win at, ping-pong where the batch fills the
+// GPU twice except products with c (beta != 0) below n = 2048, else
 // cooperative (sym_gemm_rule.h).
 sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n,
                                        int64_t batch, bool with_c,

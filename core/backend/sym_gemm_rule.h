@@ -72,35 +72,35 @@ inline constexpr int64_t kWideMinN = 8192;
 constexpr bool PrefersWideTiles(int64_t n) { return n >= kWideMinN; }
 
 // Ping-pong vs cooperative below the wide sizes, measured side by side on an
-// H100 with ping-pong's epilogue staged by 8 x 8 matrices (stmatrix). A step
-// keeps the GPU at its power limit (700 W), so what counts is each
-// schedule's time over runs of seconds (sym_gemm_sm90_check time ... ITERS;
-// bench/results/gpu_h100_sym_gemm_sustained.md), not over a few dozen
+// H100 with ping-pong's epilogue staged by 8 x 8 matrices (stmatrix;
+// bench/results/gpu_h100_sym_gemm_sustained.md). A step keeps the GPU at its
+// power limit (700 W), so what counts is each schedule's time over runs of
+// seconds (sym_gemm_sm90_check time ... ITERS), not over a few dozen
 // launches, which start at the boost clock and favour the cooperative
-// schedule's idle epilogue. Sustained, ping-pong ran faster on the products
-// with c (the NS polynomial's) from n = 2048 (n = 2048 at batch 16 0.92x,
-// n = 4096 alone 0.95x), tied at n = 1024 (batch 64) and lost at n = 768
-// (batch 256, 1.13x: there the cooperative schedule's prefetch of c,
-// MirrorEpilogue::PrefetchNextC, hides its load); on products without c
-// (X X^T, X^T X) it ran faster below n = 2048 (1024 x 2048 at batch 56
-// 0.88x; the MoE layer's 768 x 2048 experts) and from 2048 either way
-// (4096 x 14336 alone 0.98x, Qwen3-1.7B's R, 2048 x 6144 at batch 21,
-// 1.05x). In the step sets, ping-pong for both kinds from
-// n = 2048 took Qwen3-1.7B 0.986x the time, the MoE layer 0.994x and
-// Llama-3-8B 1.003x (within its runs' spread). Hence ping-pong for products
-// with c from kPingpongSplitN and for those without c below it, where the
-// batch's lower tiles fill at least kPingpongMinWaves waves (one warpgroup a
-// tile: on fewer tiles a CTA's tile takes longer, 512 x 1792 at batch 8
-// 0.82x). Ping-pong's and cooperative's d are bitwise equal, with c or
-// without (the same GMMA instructions in the same order, alpha acc + beta c
-// rounded once; sym_gemm_sm90_check fails otherwise), so the batch may
-// decide.
+// schedule's idle epilogue. Sustained, ping-pong's time over cooperative's:
+//   with c (the NS polynomial's products): n = 4096 alone 0.95, n = 2048 at
+//     batch 16 0.92, n = 1024 at batch 64 1.00, n = 768 at batch 256 1.13
+//     (there the cooperative schedule's prefetch of c,
+//     MirrorEpilogue::PrefetchNextC, hides its load);
+//   without c (X X^T, X^T X): 1024 x 2048 at batch 56 0.88, 4096 x 14336
+//     alone 0.98, 2048 x 6144 at batch 21 1.05;
+//   on fewer tiles than two waves ping-pong loses (one warpgroup a tile, so
+//     a CTA's tile takes longer; 512 x 1792 at batch 8, short runs, 1.22).
+// In the step sets (in-process Gram NS, A B B A), ping-pong for both kinds
+// from n = 2048 beside the rule before (without c below 2048 only) took
+// Qwen3-1.7B 0.986x the time, the MoE layer 0.994x and Llama-3-8B 1.003x
+// (within its runs' spread). Hence ping-pong wherever the batch's lower
+// tiles fill kPingpongMinWaves waves, except products with c below
+// kPingpongWithCMinN. Ping-pong's and cooperative's d are bitwise equal,
+// with c or without (the same GMMA instructions in the same order,
+// alpha acc + beta c rounded once; sym_gemm_sm90_check fails otherwise), so
+// the batch may decide.
 inline constexpr int64_t kPingpongMinWaves = 2;
-inline constexpr int64_t kPingpongSplitN = 2048;
+inline constexpr int64_t kPingpongWithCMinN = 2048;
 
 constexpr bool PrefersPingpong(int64_t n, int64_t batch, bool with_c,
                                int64_t sm_count) {
-  if (with_c != (n >= kPingpongSplitN)) return false;
+  if (with_c && n < kPingpongWithCMinN) return false;
   return LowerTilesFillWaves(n, batch, kPingpongMinWaves, sm_count);
 }
 
