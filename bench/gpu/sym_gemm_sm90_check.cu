@@ -379,7 +379,6 @@ static float TimeMs(int iters, const std::function<void()>& f,
   if (sampler.joinable()) {
     stop.store(true);
     sampler.join();
-    (void)cudaGetLastError();  // a query's "not ready" is no error
     *power = g_power->Take();
   }
   float ms = 0;
