@@ -413,7 +413,9 @@ static void PrintPower(const muond::bench::PowerReading* pw,
   static const char* kColumns[] = {"cooperative", "pingpong", "wide",
                                    "cuBLAS full", "full+mirror"};
   if (g_power == nullptr) {
-    std::printf("power: no NVML here (libnvidia-ml.so.1)\n");
+    std::printf(
+        "power: NVML unavailable (libnvidia-ml.so.1 missing, or it found no "
+        "device at this PCI bus id)\n");
     return;
   }
   std::printf("power:");
