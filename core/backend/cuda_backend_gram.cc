@@ -31,9 +31,9 @@ namespace {
 bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 3 * n; }
 
 // The kernel's schedule for the backend's option; auto: wide tiles for the
-// sizes sym_gemm_rule.h says they win at, ping-pong where the batch fills the
-// GPU twice except products with c (beta != 0) below n = 2048, else
-// cooperative (sym_gemm_rule.h).
+// sizes sym_gemm_rule.h says they win at, ping-pong for products with c
+// (beta != 0) from n = 2048 and for products without c where the batch fills
+// the GPU twice, else cooperative (sym_gemm_rule.h).
 sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n,
                                        int64_t batch, bool with_c,
                                        int64_t sm_count) {

@@ -13,9 +13,9 @@ namespace muond {
 // (core/backend/sym_gemm_sm90_kernel.cuh): kCooperative (both on one 128 x
 // 128 tile), kPingpong (a tile each, one's epilogue under the other's
 // mainloop), kWide (both on one 128 x 256 tile), kAuto (the backend's pick:
-// wide from n = 8192, ping-pong where the batch's lower tiles fill two waves
-// of the GPU except products with c (d = alpha a b + beta c, beta != 0) below
-// n = 2048, else cooperative; sym_gemm_rule.h).
+// wide from n = 8192, ping-pong for products with c (d = alpha a b + beta c,
+// beta != 0) from n = 2048 and for products without c whose batch's lower
+// tiles fill two waves of the GPU, else cooperative; sym_gemm_rule.h).
 enum class SymGemmSchedule { kAuto, kCooperative, kPingpong, kWide };
 
 // "auto", "cooperative", "pingpong", "wide"; nullopt for anything else.

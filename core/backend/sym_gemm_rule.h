@@ -89,18 +89,24 @@ constexpr bool PrefersWideTiles(int64_t n) { return n >= kWideMinN; }
 // In the step sets (in-process Gram NS, A B B A), ping-pong for both kinds
 // from n = 2048 beside the rule before (without c below 2048 only) took
 // Qwen3-1.7B 0.986x the time, the MoE layer 0.994x and Llama-3-8B 1.003x
-// (within its runs' spread). Hence ping-pong wherever the batch's lower
-// tiles fill kPingpongMinWaves waves, except products with c below
-// kPingpongWithCMinN. Ping-pong's and cooperative's d are bitwise equal,
-// with c or without (the same GMMA instructions in the same order,
-// alpha acc + beta c rounded once; sym_gemm_sm90_check fails otherwise), so
-// the batch may decide.
+// (within its runs' spread). Hence ping-pong for products with c from
+// kPingpongWithCMinN, and for products without c wherever the batch's lower
+// tiles fill kPingpongMinWaves waves. Without c the batch may decide:
+// ping-pong's and cooperative's d of X X^T and X^T X are bitwise equal (the
+// same GMMA instructions in the same order, alpha acc rounded once;
+// sym_gemm_sm90_check fails otherwise), so a batch of one and a batched call
+// still give the same slices. With c the choice ignores the batch, so that
+// this holds whatever the two epilogues give for Gram NS's (N,N) products
+// of distinct operands (checked bitwise by sym_gemm_sm90_check too); the
+// price is ping-pong on small batches from n = 2048 (n = 2048 alone: 136
+// tiles, about one a CTA, each on one warpgroup), which the step sets do not
+// run.
 inline constexpr int64_t kPingpongMinWaves = 2;
 inline constexpr int64_t kPingpongWithCMinN = 2048;
 
 constexpr bool PrefersPingpong(int64_t n, int64_t batch, bool with_c,
                                int64_t sm_count) {
-  if (with_c && n < kPingpongWithCMinN) return false;
+  if (with_c) return n >= kPingpongWithCMinN;
   return LowerTilesFillWaves(n, batch, kPingpongMinWaves, sm_count);
 }
 

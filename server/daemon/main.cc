@@ -119,9 +119,10 @@ ABSL_FLAG(std::string, sym_gemm_schedule, "auto",
           "'cooperative' (both consumer warpgroups on one 128x128 tile), "
           "'pingpong' (a tile each, one's epilogue under the other's "
           "mainloop), 'wide' (both on one 128x256 tile) or 'auto' "
-          "(wide for products of n >= 8192; ping-pong where a batch's "
-          "tiles fill two waves of the GPU, except products that add a c "
-          "term (the NS polynomial's) below n = 2048; else cooperative)");
+          "(wide for products of n >= 8192; ping-pong for products that "
+          "add a c term (the NS polynomial's) from n = 2048, and for the "
+          "others where a batch's tiles fill two waves of the GPU; else "
+          "cooperative)");
 
 namespace {
 constexpr char kUsage[] =
