@@ -17,8 +17,9 @@
 // schedule (cooperative, ping-pong, wide); the ping-pong and wide schedules' d
 // is also compared with the cooperative one's bitwise: for ping-pong a
 // difference fails the case (the backend's auto rule lets the batch choose
-// between the two), for wide it is reported (wide tiles issue a different
-// GMMA shape).
+// between the two for X X^T and X^T X without c, and would for the (N,N)
+// cases too once they pass on a GPU), for wide it is reported (wide tiles
+// issue a different GMMA shape).
 //
 // Timing: the schedules against cuBLAS's full product (and that plus the
 // mirror kernel, the backend's fallback), side by side per shape.
@@ -250,7 +251,8 @@ static void RunCase(const Case& cs) {
     if (hw == hcoop) {
       ++g_vs_coop_same[int(cs.schedule)];
     } else if (cs.schedule == sg::Schedule::kPingpong) {
-      // The backend's auto rule lets the batch choose between the two.
+      // The backend's auto rule lets the batch choose between the two
+      // (sym_gemm_rule.h PrefersPingpong).
       std::printf("FAIL pingpong d differs from cooperative d bitwise\n");
       ++g_failures;
     }
@@ -674,13 +676,13 @@ int main(int argc, char** argv) {
         Bench(n, k, b, /*gram=*/false, /*tall=*/true);
       }
   // Ping-pong's edges in the backend's auto rule (sym_gemm_rule.h
-  // PrefersPingpong: two waves of lower tiles, and products with c from
-  // n = 2048 only): batches of 100 to 350 lower tiles around the first
-  // (shapes the backend sends to the kernel: k <= 3 n below n = 1536), the
-  // second's sides (n = 2048 with c alone, 136 tiles, and at batch 2; n =
-  // 1536 with c), and the dense step sets' batched X X^T (Llama-3-8B's R of
-  // 4096 x 14336 at batch 12, Qwen3-1.7B's 2048 x 6144 at batch 56 and
-  // 1024 x 2048 at batch 56).
+  // PrefersPingpong: two waves of lower tiles for X X^T and X^T X without
+  // c, and products with c from n = 2048 at any batch): batches of 100 to 350
+  // lower tiles around the first (shapes the backend sends to the kernel: k <=
+  // 3 n below n = 1536), the second's sides (n = 2048 with c alone, 136 tiles,
+  // and at batch 2; n = 1536 with c), and the dense step sets' batched X X^T
+  // (Llama-3-8B's R of 4096 x 14336 at batch 12, Qwen3-1.7B's 2048 x 6144 at
+  // batch 56 and 1024 x 2048 at batch 56).
   for (int64_t b : {4, 6, 8}) Bench(1024, 3072, b);   // 36 tiles a product
   for (int64_t b : {2, 3, 4}) Bench(1536, 5376, b);   // 78
   for (int64_t b : {6, 12, 16}) Bench(768, 2048, b);  // 21

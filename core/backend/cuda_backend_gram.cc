@@ -32,10 +32,11 @@ bool UseSymGemmKernel(int64_t n, int64_t k) { return n >= 1536 || k <= 3 * n; }
 
 // The kernel's schedule for the backend's option; auto: wide tiles for the
 // sizes sym_gemm_rule.h says they win at, ping-pong for products with c
-// (beta != 0) from n = 2048 and for products without c where the batch fills
-// the GPU twice, else cooperative (sym_gemm_rule.h).
+// (beta != 0) or of two untransposed operands from n = 2048 (by_size_only)
+// and for X X^T and X^T X without c where the batch fills the GPU twice,
+// else cooperative (sym_gemm_rule.h).
 sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n,
-                                       int64_t batch, bool with_c,
+                                       int64_t batch, bool by_size_only,
                                        int64_t sm_count) {
   switch (option) {
     case SymGemmSchedule::kPingpong:
@@ -48,7 +49,7 @@ sym_gemm_sm90::Schedule KernelSchedule(SymGemmSchedule option, int64_t n,
       break;
   }
   if (sym_gemm_sm90::PrefersWideTiles(n)) return sym_gemm_sm90::Schedule::kWide;
-  return sym_gemm_sm90::PrefersPingpong(n, batch, with_c, sm_count)
+  return sym_gemm_sm90::PrefersPingpong(n, batch, by_size_only, sm_count)
              ? sym_gemm_sm90::Schedule::kPingpong
              : sym_gemm_sm90::Schedule::kCooperative;
 }
@@ -83,8 +84,11 @@ absl::Status CudaBackend::SymmetricGemmStridedBatchedOut(
     sym_gemm_sm90::Args s;
     s.elem = d.dtype == DType::kBFloat16 ? sym_gemm_sm90::Elem::kBFloat16
                                          : sym_gemm_sm90::Elem::kFloat16;
+    // The batch may pick the schedule only for X X^T and X^T X without c
+    // (sym_gemm_rule.h PrefersPingpong says why).
+    const bool by_size_only = beta != 0.0f || op_a == op_b;
     s.schedule = KernelSchedule(options_.sym_gemm_schedule, d.rows, batch,
-                                beta != 0.0f, SmCount());
+                                by_size_only, SmCount());
     s.trans_a = op_a == Op::kT;
     s.trans_b = op_b == Op::kT;
     s.n = d.rows;

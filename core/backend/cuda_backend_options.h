@@ -14,8 +14,8 @@ namespace muond {
 // 128 tile), kPingpong (a tile each, one's epilogue under the other's
 // mainloop), kWide (both on one 128 x 256 tile), kAuto (the backend's pick:
 // wide from n = 8192, ping-pong for products with c (d = alpha a b + beta c,
-// beta != 0) from n = 2048 and for products without c whose batch's lower
-// tiles fill two waves of the GPU, else cooperative; sym_gemm_rule.h).
+// beta != 0) from n = 2048 and for X X^T and X^T X without c whose batch's
+// lower tiles fill two waves of the GPU, else cooperative; sym_gemm_rule.h).
 enum class SymGemmSchedule { kAuto, kCooperative, kPingpong, kWide };
 
 // "auto", "cooperative", "pingpong", "wide"; nullopt for anything else.

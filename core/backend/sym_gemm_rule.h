@@ -90,23 +90,25 @@ constexpr bool PrefersWideTiles(int64_t n) { return n >= kWideMinN; }
 // from n = 2048 beside the rule before (without c below 2048 only) took
 // Qwen3-1.7B 0.986x the time, the MoE layer 0.994x and Llama-3-8B 1.003x
 // (within its runs' spread). Hence ping-pong for products with c from
-// kPingpongWithCMinN, and for products without c wherever the batch's lower
-// tiles fill kPingpongMinWaves waves. Without c the batch may decide:
-// ping-pong's and cooperative's d of X X^T and X^T X are bitwise equal (the
-// same GMMA instructions in the same order, alpha acc rounded once;
-// sym_gemm_sm90_check fails otherwise), so a batch of one and a batched call
-// still give the same slices. With c the choice ignores the batch, so that
-// this holds whatever the two epilogues give for Gram NS's (N,N) products
-// of distinct operands (checked bitwise by sym_gemm_sm90_check too); the
-// price is ping-pong on small batches from n = 2048 (n = 2048 alone: 136
-// tiles, about one a CTA, each on one warpgroup), which the step sets do not
-// run.
+// kPingpongBySizeMinN, and for X X^T and X^T X without c wherever the
+// batch's lower tiles fill kPingpongMinWaves waves.
+// Only for those two forms without c may the batch decide: their ping-pong
+// and cooperative d are bitwise equal (the same GMMA instructions in the
+// same order, alpha acc rounded once; sym_gemm_sm90_check fails otherwise),
+// so a batch of one and a batched call still give the same slices. Every
+// other product (`by_size_only`: with c, or (N,N) like Gram NS's Q Z and
+// R Z, without c only under custom coefficients with a or b = 0) takes its
+// schedule by size alone, whatever the two epilogues give for it
+// (sym_gemm_sm90_check's (N,N) cases compare them bitwise; not yet run on a
+// GPU). The price is ping-pong on small batches from n = 2048 (n = 2048
+// alone: 136 tiles, about one a CTA, each on one warpgroup), which the MoE
+// layer's attention q and o run, untimed.
 inline constexpr int64_t kPingpongMinWaves = 2;
-inline constexpr int64_t kPingpongWithCMinN = 2048;
+inline constexpr int64_t kPingpongBySizeMinN = 2048;
 
-constexpr bool PrefersPingpong(int64_t n, int64_t batch, bool with_c,
+constexpr bool PrefersPingpong(int64_t n, int64_t batch, bool by_size_only,
                                int64_t sm_count) {
-  if (with_c) return n >= kPingpongWithCMinN;
+  if (by_size_only) return n >= kPingpongBySizeMinN;
   return LowerTilesFillWaves(n, batch, kPingpongMinWaves, sm_count);
 }
 

@@ -120,9 +120,9 @@ ABSL_FLAG(std::string, sym_gemm_schedule, "auto",
           "'pingpong' (a tile each, one's epilogue under the other's "
           "mainloop), 'wide' (both on one 128x256 tile) or 'auto' "
           "(wide for products of n >= 8192; ping-pong for products that "
-          "add a c term (the NS polynomial's) from n = 2048, and for the "
-          "others where a batch's tiles fill two waves of the GPU; else "
-          "cooperative)");
+          "add a c term (the NS polynomial's) from n = 2048, and for X X^T "
+          "and X^T X where a batch's lower tiles fill two waves of the GPU; "
+          "else cooperative)");
 
 namespace {
 constexpr char kUsage[] =

@@ -76,41 +76,42 @@ TEST(SymGemmRule, WideTilesFromTheLargestMeasuredSize) {
   }
 }
 
-TEST(SymGemmRule, PingpongWithoutCWhereTwoWavesFillAndWithCFromTheSplit) {
+// PrefersPingpong's third argument: by_size_only, true for every product
+// but X X^T and X^T X without c (the backend: beta != 0 or (N,N)).
+TEST(SymGemmRule, PingpongByTwoWavesForXXtAndBySizeFrom2048Otherwise) {
   constexpr int64_t kH100Sms = 132;
-  // Without c: the MoE layer's expert products (n = 768: 21 lower tiles) at
-  // batch 128 and 256; 1024 x 3072 at batch 8 (288 tiles).
+  // X X^T / X^T X without c: the MoE layer's expert products (n = 768: 21
+  // lower tiles) at batch 128 and 256; 1024 x 3072 at batch 8 (288 tiles).
   EXPECT_TRUE(PrefersPingpong(768, 128, false, kH100Sms));
   EXPECT_TRUE(PrefersPingpong(768, 256, false, kH100Sms));
   EXPECT_TRUE(PrefersPingpong(1024, 8, false, kH100Sms));
-  // With c: Gram NS's polynomial products of Qwen3-1.7B (n = 2048, batch
-  // 28) and Llama-3-8B (n = 4096, alone and at batch 4).
-  EXPECT_TRUE(PrefersPingpong(2048, 28, true, kH100Sms));
-  EXPECT_TRUE(PrefersPingpong(4096, 1, true, kH100Sms));
-  EXPECT_TRUE(PrefersPingpong(4096, 4, true, kH100Sms));
-  // Without c, fewer than two waves of tiles: 512 x 1792 at batch 8 (80),
-  // n = 1536 alone (78), n = 2048 alone (136).
+  // Fewer than two waves of tiles: 512 x 1792 at batch 8 (80), n = 1536
+  // alone (78), n = 2048 alone (136).
   EXPECT_FALSE(PrefersPingpong(512, 8, false, kH100Sms));
   EXPECT_FALSE(PrefersPingpong(1536, 1, false, kH100Sms));
   EXPECT_FALSE(PrefersPingpong(2048, 1, false, kH100Sms));
-  // With c the batch does not decide (a batch of one and a batched call take
-  // the same schedule): n = 2048 alone and at batch 2 alike.
-  EXPECT_TRUE(PrefersPingpong(2048, 1, true, kH100Sms));
-  EXPECT_TRUE(PrefersPingpong(2048, 2, true, kH100Sms));
-  for (int64_t b : {0, 1, 2, 8, 1024}) {
-    EXPECT_FALSE(PrefersPingpong(1536, b, true, kH100Sms)) << b;
-  }
-  // The boundary: 2 x 132 = 264 tiles (n = 512: 10 a product); a
+  // The two-wave boundary: 2 x 132 = 264 tiles (n = 512: 10 a product); a
   // degenerate batch counts as one.
   EXPECT_TRUE(PrefersPingpong(512, 27, false, kH100Sms));   // 270 tiles
   EXPECT_FALSE(PrefersPingpong(512, 26, false, kH100Sms));  // 260 tiles
   EXPECT_EQ(PrefersPingpong(1024, 0, false, kH100Sms),
             PrefersPingpong(1024, 1, false, kH100Sms));
-  // Enough tiles: products without c at every size, products with c from
-  // n = 2048 only (below it the cooperative schedule's prefetch of c wins).
+  // With enough tiles, at every size.
   for (int64_t n : {768, 1024, 1536, 2047, 2048, 3072, 4096, 6144}) {
     EXPECT_TRUE(PrefersPingpong(n, 256, false, kH100Sms)) << n;
-    EXPECT_EQ(PrefersPingpong(n, 256, true, kH100Sms), n >= 2048) << n;
+  }
+  // Every other product (the NS polynomial's, with c): by size alone, from
+  // n = 2048, whatever the batch and the GPU's SM count (a failed SM query
+  // counts as 2^40), so that a batch of one and a batched call take the
+  // same schedule. Qwen3-1.7B's n = 2048 at batch 28, Llama-3-8B's n = 4096
+  // at batch 4, the MoE layer's q and o at n = 2048 alone are among them.
+  for (int64_t sms : {int64_t{66}, kH100Sms, int64_t{1} << 40}) {
+    for (int64_t n : {768, 1024, 1536, 2047, 2048, 3072, 4096, 6144}) {
+      for (int64_t b : {0, 1, 2, 4, 8, 28, 1024}) {
+        EXPECT_EQ(PrefersPingpong(n, b, true, sms), n >= 2048)
+            << n << " " << b << " " << sms;
+      }
+    }
   }
 }
 
