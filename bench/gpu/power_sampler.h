@@ -24,6 +24,9 @@ struct PowerReading {
   int samples = 0;
   double sm_mhz = 0;
   double watts = 0;
+  // The energy counter's difference over the timed launches, divided by
+  // their count; -1 where the counter is missing.
+  double mj_per_launch = -1;
 };
 
 class PowerSampler {
@@ -40,6 +43,10 @@ class PowerSampler {
         dlsym(lib, "nvmlDeviceGetClockInfo"));
     power_ = reinterpret_cast<int (*)(void*, unsigned*)>(
         dlsym(lib, "nvmlDeviceGetPowerUsage"));
+    // Optional: the board's energy counter (Volta and later), exact over any
+    // interval where the power reading is a ~1 s average.
+    energy_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
+        dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
     if (init == nullptr || by_pci == nullptr || clock_ == nullptr ||
         power_ == nullptr || init() != 0 || by_pci(pci_bus_id, &device_) != 0) {
       device_ = nullptr;
@@ -57,6 +64,17 @@ class PowerSampler {
     }
     mhz_.push_back(mhz);
     watts_.push_back(milliwatts / 1000.0);
+  }
+
+  // The board's energy counter in millijoules since the driver loaded, or -1
+  // where NVML or the counter is missing. The difference of two readings is
+  // the energy drawn between them.
+  double EnergyMillijoules() const {
+    unsigned long long mj = 0;
+    if (!Available() || energy_ == nullptr || energy_(device_, &mj) != 0) {
+      return -1;
+    }
+    return double(mj);
   }
 
   // The window's medians; starts the next window.
@@ -83,6 +101,7 @@ class PowerSampler {
   void* device_ = nullptr;
   int (*clock_)(void*, int, unsigned*) = nullptr;
   int (*power_)(void*, unsigned*) = nullptr;
+  int (*energy_)(void*, unsigned long long*) = nullptr;
   std::vector<double> mhz_, watts_;
 };
 

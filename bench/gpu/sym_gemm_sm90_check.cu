@@ -384,14 +384,25 @@ static float TimeMs(int iters, const std::function<void()>& f,
   // As many warm-up runs as timed ones: the clock settles under load.
   for (int i = 0; i < iters; ++i) f();
   CK(cudaEventRecord(s));
+  // The energy counter is read between host syncs: the warm-up's end (a gap
+  // of one launch's latency, which the timing does not include) and the end.
+  double mj_start = -1;
+  if (sampler.joinable()) {
+    CK(cudaEventSynchronize(s));
+    mj_start = g_power->EnergyMillijoules();
+  }
   started.store(true);
   for (int i = 0; i < iters; ++i) f();
   CK(cudaEventRecord(e));
   CK(cudaEventSynchronize(e));
   if (sampler.joinable()) {
+    const double mj_end = g_power->EnergyMillijoules();
     stop.store(true);
     sampler.join();
     *power = g_power->Take();
+    if (mj_start >= 0 && mj_end >= 0) {
+      power->mj_per_launch = (mj_end - mj_start) / iters;
+    }
   }
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, s, e));
@@ -417,9 +428,10 @@ static void PrintBenchHeader() {
 }
 
 // iters: launches per timing (as many again to warm up); 0 picks by size.
-// The power line under a timing row: per column the median SM clock and
-// board power while it ran, and the energy a launch took (power x time), the
-// figure that decides the sustained speed at the power limit.
+// The power line under a timing row: per column the median SM clock while it
+// ran, the energy a launch took (NVML's energy counter over the timed
+// launches, else the median power x time) and the mean power it implies: the
+// energy decides the sustained speed at the power limit.
 static void PrintPower(const muond::bench::PowerReading* pw,
                        const std::vector<float>& ms) {
   static const char* kColumns[] = {"cooperative", "pingpong", "wide",
@@ -432,13 +444,17 @@ static void PrintPower(const muond::bench::PowerReading* pw,
   }
   std::printf("power:");
   for (int i = 0; i < 5; ++i) {
-    if (pw[i].samples == 0) {
+    // The counter's energy where NVML has it (exact over the launches);
+    // else the median power times the time (the power lags by ~1 s).
+    const bool counted = pw[i].mj_per_launch >= 0;
+    if (!counted && pw[i].samples == 0) {
       std::printf(" | %s: no samples", kColumns[i]);
       continue;
     }
-    std::printf(" | %s: %.0f MHz, %.0f W, %.1f mJ a launch (%d samples)",
-                kColumns[i], pw[i].sm_mhz, pw[i].watts, pw[i].watts * ms[i],
-                pw[i].samples);
+    const double mj = counted ? pw[i].mj_per_launch : pw[i].watts * ms[i];
+    std::printf(" | %s: %.0f MHz, %.0f W, %.1f mJ a launch%s (%d samples)",
+                kColumns[i], pw[i].sm_mhz, counted ? mj / ms[i] : pw[i].watts,
+                mj, counted ? " by the energy counter" : "", pw[i].samples);
   }
   std::printf("\n");
 }
@@ -640,7 +656,7 @@ int main(int argc, char** argv) {
     // (the sizes where auto takes ping-pong with c, and smaller ones).
     for (sg::Schedule sc : CaseSchedules(mode))
       for (bool bf : {true, false})
-        for (int64_t n : {130, 1000, 2048, 4096}) {
+        for (int64_t n : {136, 1000, 2048, 4096}) {
           Case c{bf, false, n, n, n >= 2048 ? 2 : 3, 1.f, 0.5f, 0, sc};
           c.nn = true;
           cases.push_back(c);
