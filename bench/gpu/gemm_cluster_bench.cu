@@ -8,15 +8,18 @@
 // the shared operand) buys a full GEMM before the symmetric kernel's
 // triangle walk is taught to pair tiles.
 //
-// Usage: gemm_cluster_bench M N K [BATCH [ITERS]]
-// Columns run in the table's order, then again in reverse, and each column's
-// two runs are averaged, so that drift over the call weighs on all alike.
+// Usage: gemm_cluster_bench M N K [BATCH [ITERS]] (kUsage below).
+// Every column's D is first checked against cuBLAS's. After a warm-up of a
+// few seconds, the columns run in the table's order, then again in reverse,
+// and each column's two runs are averaged, so that drift over the call
+// weighs on all alike.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -47,14 +50,14 @@ Stride Packed(int64_t ld, int64_t batch_stride) {
   return s;
 }
 
-#define CK(x)                                                           \
-  do {                                                                  \
-    cudaError_t e_ = (x);                                               \
-    if (e_ != cudaSuccess) {                                            \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__,            \
-                   cudaGetErrorString(e_));                             \
-      std::exit(1);                                                     \
-    }                                                                   \
+#define CK(x)                                                \
+  do {                                                       \
+    cudaError_t e_ = (x);                                    \
+    if (e_ != cudaSuccess) {                                 \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, \
+                   cudaGetErrorString(e_));                  \
+      std::exit(1);                                          \
+    }                                                        \
   } while (0)
 
 template <int kM, int kN, int kClusterM, int kClusterN, bool kPingpong>
@@ -79,8 +82,9 @@ struct Cutlass {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<
-      cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
+                                           Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   // A launcher for D = A B^T over the batch, or an empty function where
@@ -100,15 +104,28 @@ struct Cutlass {
         {a, sa, b, sb},
         {{1.f, 0.f}, d, sd, d, sd}};
     args.hw_info.sm_count = sm_count;
-    auto gemm = std::make_shared<Gemm>();
-    if (gemm->can_implement(args) != cutlass::Status::kSuccess) return {};
-    void* workspace = nullptr;
+    // The adapter and its workspace live as long as the launcher.
+    struct Owned {
+      Gemm gemm;
+      void* workspace = nullptr;
+      ~Owned() { cudaFree(workspace); }
+    };
+    auto owned = std::make_shared<Owned>();
+    if (owned->gemm.can_implement(args) != cutlass::Status::kSuccess) return {};
     const size_t bytes = Gemm::get_workspace_size(args);
-    if (bytes > 0) CK(cudaMalloc(&workspace, bytes));
-    if (gemm->initialize(args, workspace) != cutlass::Status::kSuccess) {
+    if (bytes > 0) CK(cudaMalloc(&owned->workspace, bytes));
+    if (owned->gemm.initialize(args, owned->workspace) !=
+        cutlass::Status::kSuccess) {
       return {};
     }
-    return [gemm](cudaStream_t s) { gemm->run(s); };
+    // run() clears cudaGetLastError itself, so its status is the only word
+    // of a failed launch (a cluster launch refused, say).
+    return [owned](cudaStream_t s) {
+      if (owned->gemm.run(s) != cutlass::Status::kSuccess) {
+        std::fprintf(stderr, "a CUTLASS launch failed\n");
+        std::exit(1);
+      }
+    };
   }
 };
 
@@ -116,21 +133,60 @@ struct Column {
   std::string name;
   std::function<void(cudaStream_t)> launch;
   double ms = 0, mj = 0;
-  int runs = 0;
+  int runs = 0, energy_runs = 0;  // energy_runs: runs the counter measured
 };
 
+// A count in [lo, hi] written in decimal digits only, or -1.
 int64_t ParseCount(const char* s, int64_t lo, int64_t hi) {
+  if (*s < '0' || *s > '9') return -1;  // no sign, no blanks
   char* end = nullptr;
   const long long v = std::strtoll(s, &end, 10);
-  if (end == s || *end != '\0' || v < lo || v > hi) return -1;
+  if (*end != '\0' || v < lo || v > hi) return -1;
   return v;
 }
+
+// Launches `launch` until `seconds` of GPU time have passed: the clock and
+// power settle to the limit before anything is timed.
+void WarmUp(const std::function<void(cudaStream_t)>& launch, cudaStream_t s,
+            double seconds) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaEventRecord(e0, s));
+  float ms = 0;
+  while (ms < seconds * 1e3) {
+    for (int i = 0; i < 20; ++i) launch(s);
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+// The largest |x - ref| over the largest |ref|: each column's D against
+// cuBLAS's, so that a wrong layout or stride is not timed as real work.
+double RelativeError(const std::vector<Element>& x,
+                     const std::vector<Element>& ref) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    err = std::max(err, std::abs(double(float(x[i])) - double(float(ref[i]))));
+    scale = std::max(scale, std::abs(double(float(ref[i]))));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+constexpr const char* kUsage =
+    "usage: gemm_cluster_bench M N K [BATCH [ITERS]]\n"
+    "  M, N, K: multiples of 8 in [8, 65536]; BATCH in [1, 4096] (default 1);\n"
+    "  ITERS in [1, 1048576] launches a run (default 1000); each operand at\n"
+    "  most 2^32 elements. Give ITERS so that a run lasts seconds.\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4 || argc > 6) {
-    std::fprintf(stderr, "usage: %s M N K [BATCH [ITERS]]\n", argv[0]);
+    std::fprintf(stderr, "%s", kUsage);
     return 2;
   }
   const int64_t m = ParseCount(argv[1], 8, 1 << 16),
@@ -138,43 +194,50 @@ int main(int argc, char** argv) {
                 k = ParseCount(argv[3], 8, 1 << 16),
                 l = argc > 4 ? ParseCount(argv[4], 1, 4096) : 1,
                 iters = argc > 5 ? ParseCount(argv[5], 1, 1 << 20) : 1000;
-  if (m < 0 || n < 0 || k < 0 || l < 0 || iters < 0 || m % 8 || n % 8 ||
-      k % 8) {
-    std::fprintf(stderr, "M, N, K: multiples of 8; BATCH, ITERS >= 1\n");
-    return 2;
-  }
-  // Each operand fits in 8 GiB (the host copy of the larger one too).
+  // Each operand fits in 8 GiB (the host copies too).
   const int64_t kMaxElements = int64_t(1) << 32;
-  if (m * k * l > kMaxElements || n * k * l > kMaxElements ||
+  if (m < 0 || n < 0 || k < 0 || l < 0 || iters < 0 || m % 8 || n % 8 ||
+      k % 8 || m * k * l > kMaxElements || n * k * l > kMaxElements ||
       m * n * l > kMaxElements) {
-    std::fprintf(stderr, "an operand over 2^32 elements: make it smaller\n");
+    std::fprintf(stderr, "%s", kUsage);
     return 2;
   }
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
-    std::fprintf(stderr, "no CUDA device here\n");
-    return 1;
+    std::fprintf(stderr,
+                 "gemm_cluster_bench: no CUDA device here (it needs "
+                 "an sm_90 GPU)\n");
+    return 2;
   }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major != 9 || prop.minor != 0) {
+    std::fprintf(stderr,
+                 "gemm_cluster_bench: the kernels are sm_90a; this "
+                 "GPU is compute capability %d.%d\n",
+                 prop.major, prop.minor);
+    return 2;
+  }
   char bus[32] = {};
   CK(cudaDeviceGetPCIBusId(bus, sizeof bus, 0));
   muond::bench::PowerSampler power(bus);
 
+  const size_t a_elems = size_t(m * k * l), b_elems = size_t(n * k * l),
+               d_elems = size_t(m * n * l);
   Element *a = nullptr, *b = nullptr, *d = nullptr;
-  CK(cudaMalloc(&a, size_t(m * k * l) * sizeof(Element)));
-  CK(cudaMalloc(&b, size_t(n * k * l) * sizeof(Element)));
-  CK(cudaMalloc(&d, size_t(m * n * l) * sizeof(Element)));
+  CK(cudaMalloc(&a, a_elems * sizeof(Element)));
+  CK(cudaMalloc(&b, b_elems * sizeof(Element)));
+  CK(cudaMalloc(&d, d_elems * sizeof(Element)));
   {  // Random operands: constant ones draw less power than a real product.
-    std::vector<Element> h(size_t(std::max(m, n) * k * l));
+    std::vector<Element> h(std::max(a_elems, b_elems));
     uint64_t x = 88172645463325252ull;
     for (auto& e : h) {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;
       e = Element(float(int(x % 2001) - 1000) / 1000.f);
     }
-    CK(cudaMemcpy(a, h.data(), size_t(m * k * l) * sizeof(Element),
+    CK(cudaMemcpy(a, h.data(), a_elems * sizeof(Element),
                   cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b, h.data(), size_t(n * k * l) * sizeof(Element),
+    CK(cudaMemcpy(b, h.data(), b_elems * sizeof(Element),
                   cudaMemcpyHostToDevice));
   }
   cublasHandle_t cublas;
@@ -183,18 +246,23 @@ int main(int argc, char** argv) {
 
   std::vector<Column> cols;
   auto add = [&](const char* name, std::function<void(cudaStream_t)> f) {
-    if (f) cols.push_back({name, std::move(f)});
-    else std::printf("(%s: CUTLASS refused the problem)\n", name);
+    if (f)
+      cols.push_back({name, std::move(f)});
+    else
+      std::printf("(%s: CUTLASS refused the problem)\n", name);
   };
   add("cuBLAS", [&](cudaStream_t s) {
     const float one = 1.f, zero = 0.f;
-    cublasSetStream(cublas, s);
     // Row-major D (m x n) = A B^T is column-major D^T = B A^T.
-    cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m),
-                               int(k), &one, b, CUDA_R_16BF, int(k), n * k, a,
-                               CUDA_R_16BF, int(k), m * k, &zero, d,
-                               CUDA_R_16BF, int(n), m * n, int(l),
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (cublasSetStream(cublas, s) != CUBLAS_STATUS_SUCCESS ||
+        cublasGemmStridedBatchedEx(
+            cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one, b,
+            CUDA_R_16BF, int(k), n * k, a, CUDA_R_16BF, int(k), m * k, &zero, d,
+            CUDA_R_16BF, int(n), m * n, int(l), CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "the cuBLAS launch failed\n");
+      std::exit(1);
+    }
   });
   add("coop 128x128 1x1",
       Cutlass<128, 128, 1, 1, false>::Make(m, n, k, l, a, b, d, sms));
@@ -213,12 +281,40 @@ int main(int argc, char** argv) {
 
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
-  cudaEvent_t e0, e1;
+  // Every column computes the same D: each is checked once against
+  // cuBLAS's before anything is timed.
+  std::vector<Element> ref(d_elems), got(d_elems);
+  for (Column& c : cols) {
+    CK(cudaMemsetAsync(d, 0, d_elems * sizeof(Element), s));
+    c.launch(s);
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(got.data(), d, d_elems * sizeof(Element),
+                  cudaMemcpyDeviceToHost));
+    if (&c == &cols.front()) {
+      ref = got;
+      continue;
+    }
+    // fp32 accumulation in either order, one bf16 rounding: within a few
+    // units of bf16's last place of the largest entry.
+    const double err = RelativeError(got, ref);
+    if (!(err <= 1e-2)) {
+      std::fprintf(stderr,
+                   "%s: D differs from cuBLAS's by %.3g of its "
+                   "largest entry\n",
+                   c.name.c_str(), err);
+      return 1;
+    }
+  }
+  cudaEvent_t warm, e0, e1;
+  CK(cudaEventCreate(&warm));
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   auto run = [&](Column& c) {
     for (int64_t i = 0; i < std::min<int64_t>(iters, 50); ++i) c.launch(s);
-    CK(cudaStreamSynchronize(s));
+    // The counter is read between host syncs; the timed interval starts
+    // after the read, so the sync's gap is in neither.
+    CK(cudaEventRecord(warm, s));
+    CK(cudaEventSynchronize(warm));
     const double mj0 = power.EnergyMillijoules();
     CK(cudaEventRecord(e0, s));
     for (int64_t i = 0; i < iters; ++i) c.launch(s);
@@ -228,27 +324,52 @@ int main(int argc, char** argv) {
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, e0, e1));
     c.ms += ms / iters;
-    c.mj += (mj0 >= 0 && mj1 >= 0) ? (mj1 - mj0) / iters : 0;
     ++c.runs;
+    // A difference of 0 means the counter did not tick over the run: too
+    // short to say.
+    if (mj0 >= 0 && mj1 > mj0) {
+      c.mj += (mj1 - mj0) / iters;
+      ++c.energy_runs;
+    }
   };
+  // The first column would otherwise start from idle, at the boost clock.
+  WarmUp(cols.front().launch, s, 3.0);
   for (auto& c : cols) run(c);
   for (auto it = cols.rbegin(); it != cols.rend(); ++it) run(*it);
   CK(cudaGetLastError());
 
   const double flops = 2.0 * m * n * k * l;
-  const Column& ref = cols.front();
-  std::printf("%s, %d SMs; M %lld N %lld K %lld batch %lld, %lld launches a "
-              "run, two runs a column\n\n",
-              prop.name, sms, (long long)m, (long long)n, (long long)k,
-              (long long)l, (long long)iters);
-  std::printf("| kernel | ms | TFLOP/s | mJ a launch | W | ms ÷ cuBLAS | "
-              "mJ ÷ cuBLAS |\n|---|---|---|---|---|---|---|\n");
+  auto mean_ms = [](const Column& c) { return c.ms / c.runs; };
+  auto mean_mj = [](const Column& c) {
+    return c.energy_runs > 0 ? c.mj / c.energy_runs : -1.0;
+  };
+  const Column& ref_col = cols.front();
+  std::printf(
+      "%s, %d SMs; M %lld N %lld K %lld batch %lld, %lld launches a "
+      "run, two runs a column; every column's D within 1e-2 of "
+      "cuBLAS's (relative to its largest entry)\n\n",
+      prop.name, sms, (long long)m, (long long)n, (long long)k, (long long)l,
+      (long long)iters);
+  std::printf(
+      "| kernel | ms | TFLOP/s | mJ a launch | W | ms ÷ cuBLAS | "
+      "mJ ÷ cuBLAS |\n|---|---|---|---|---|---|---|\n");
   for (const Column& c : cols) {
-    const double ms = c.ms / c.runs, mj = c.mj / c.runs;
-    const double ref_ms = ref.ms / ref.runs, ref_mj = ref.mj / ref.runs;
-    std::printf("| %s | %.4f | %.0f | %.1f | %.0f | %.3f | %.3f |\n",
-                c.name.c_str(), ms, flops / ms / 1e9, mj, mj / ms,
-                ms / ref_ms, ref_mj > 0 ? mj / ref_mj : 0.0);
+    const double ms = mean_ms(c), mj = mean_mj(c), ref_mj = mean_mj(ref_col);
+    std::printf("| %s | %.4f | %.0f | ", c.name.c_str(), ms, flops / ms / 1e9);
+    if (mj >= 0)
+      std::printf("%.1f | %.0f | ", mj, mj / ms);
+    else
+      std::printf("n/a | n/a | ");
+    std::printf("%.3f | ", ms / mean_ms(ref_col));
+    if (mj >= 0 && ref_mj > 0)
+      std::printf("%.3f |\n", mj / ref_mj);
+    else
+      std::printf("n/a |\n");
+  }
+  if (!power.Available()) {
+    std::printf(
+        "\n(no energy: NVML missing or it found no device at this "
+        "PCI bus id)\n");
   }
   return 0;
 }

@@ -43,8 +43,9 @@ class PowerSampler {
         dlsym(lib, "nvmlDeviceGetClockInfo"));
     power_ = reinterpret_cast<int (*)(void*, unsigned*)>(
         dlsym(lib, "nvmlDeviceGetPowerUsage"));
-    // Optional: the board's energy counter (Volta and later), exact over any
-    // interval where the power reading is a ~1 s average.
+    // Optional: the board's energy counter (Volta and later). It refreshes
+    // every ~10 ms or so, where the power reading is a ~1 s average, so over
+    // a window of seconds it gives the energy to within a fraction of 1%.
     energy_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
         dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
     if (init == nullptr || by_pci == nullptr || clock_ == nullptr ||

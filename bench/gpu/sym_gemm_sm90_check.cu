@@ -383,14 +383,15 @@ static float TimeMs(int iters, const std::function<void()>& f,
   }
   // As many warm-up runs as timed ones: the clock settles under load.
   for (int i = 0; i < iters; ++i) f();
-  CK(cudaEventRecord(s));
-  // The energy counter is read between host syncs: the warm-up's end (a gap
-  // of one launch's latency, which the timing does not include) and the end.
+  // With power: the energy counter is read between host syncs, the warm-up's
+  // end and the timed launches' end; the start event is recorded after the
+  // first read, so the timing leaves the sync's gap out.
   double mj_start = -1;
   if (sampler.joinable()) {
-    CK(cudaEventSynchronize(s));
+    CK(cudaDeviceSynchronize());
     mj_start = g_power->EnergyMillijoules();
   }
+  CK(cudaEventRecord(s));
   started.store(true);
   for (int i = 0; i < iters; ++i) f();
   CK(cudaEventRecord(e));
@@ -400,7 +401,8 @@ static float TimeMs(int iters, const std::function<void()>& f,
     stop.store(true);
     sampler.join();
     *power = g_power->Take();
-    if (mj_start >= 0 && mj_end >= 0) {
+    // No tick of the counter over the launches: too short to say.
+    if (mj_start >= 0 && mj_end > mj_start) {
       power->mj_per_launch = (mj_end - mj_start) / iters;
     }
   }
@@ -430,8 +432,7 @@ static void PrintBenchHeader() {
 // iters: launches per timing (as many again to warm up); 0 picks by size.
 // The power line under a timing row: per column the median SM clock while it
 // ran, the energy a launch took (NVML's energy counter over the timed
-// launches, else the median power x time) and the mean power it implies: the
-// energy decides the sustained speed at the power limit.
+// launches, else the median power x time) and the mean power it implies.
 static void PrintPower(const muond::bench::PowerReading* pw,
                        const std::vector<float>& ms) {
   static const char* kColumns[] = {"cooperative", "pingpong", "wide",
@@ -444,17 +445,20 @@ static void PrintPower(const muond::bench::PowerReading* pw,
   }
   std::printf("power:");
   for (int i = 0; i < 5; ++i) {
-    // The counter's energy where NVML has it (exact over the launches);
-    // else the median power times the time (the power lags by ~1 s).
+    // The counter's energy where NVML has it (to its ~10 ms refresh); else
+    // the median power times the time (the power lags by ~1 s).
     const bool counted = pw[i].mj_per_launch >= 0;
     if (!counted && pw[i].samples == 0) {
       std::printf(" | %s: no samples", kColumns[i]);
       continue;
     }
     const double mj = counted ? pw[i].mj_per_launch : pw[i].watts * ms[i];
-    std::printf(" | %s: %.0f MHz, %.0f W, %.1f mJ a launch%s (%d samples)",
-                kColumns[i], pw[i].sm_mhz, counted ? mj / ms[i] : pw[i].watts,
-                mj, counted ? " by the energy counter" : "", pw[i].samples);
+    std::printf(" | %s: ", kColumns[i]);
+    if (pw[i].samples > 0) std::printf("%.0f MHz, ", pw[i].sm_mhz);
+    else std::printf("clock n/a, ");
+    std::printf("%.0f W, %.1f mJ a launch%s (%d samples)",
+                counted ? mj / ms[i] : pw[i].watts, mj,
+                counted ? " by the energy counter" : "", pw[i].samples);
   }
   std::printf("\n");
 }
