@@ -454,8 +454,10 @@ static void PrintPower(const muond::bench::PowerReading* pw,
     }
     const double mj = counted ? pw[i].mj_per_launch : pw[i].watts * ms[i];
     std::printf(" | %s: ", kColumns[i]);
-    if (pw[i].samples > 0) std::printf("%.0f MHz, ", pw[i].sm_mhz);
-    else std::printf("clock n/a, ");
+    if (pw[i].samples > 0)
+      std::printf("%.0f MHz, ", pw[i].sm_mhz);
+    else
+      std::printf("clock n/a, ");
     std::printf("%.0f W, %.1f mJ a launch%s (%d samples)",
                 counted ? mj / ms[i] : pw[i].watts, mj,
                 counted ? " by the energy counter" : "", pw[i].samples);
