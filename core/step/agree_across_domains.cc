@@ -19,7 +19,6 @@
 #include "core/step/layer_sharded_muon_impl.h"
 #include "core/step/plan_buffers.h"
 #include "core/step/step_failures.h"
-#include "core/step/step_overrides.h"
 #include "glog/logging.h"
 
 namespace muond {
@@ -36,10 +35,7 @@ absl::StatusOr<bool> GradsWithinLimitOf(GroupState& group,
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<bool> within = MomentumWithGradCheck(
-      group,
-      MuonOptionsForStep(group.config.muon, group.config.name,
-                         inputs.overrides),
-      inputs.skip_params, GradLimit(group));
+      group, group.step_muon, inputs.skip_params, GradLimit(group));
   result.timings.momentum_us += absl::ToDoubleMicroseconds(absl::Now() - start);
   if (within.ok()) return within;
   // The momentum phase's own failure is the step's, as it was where the

@@ -134,6 +134,13 @@ struct GroupState {
   int64_t host_slot_bytes = 0;
   // Its lane's streams and slots (not owned; null but for host momentum).
   HostStateStreams* host_streams = nullptr;
+  // This step's options: the registered ones with the step's overrides
+  // (MuonOptionsForStep / AdamWOptionsForStep, by the group's algorithm),
+  // resolved once when RunStep starts, before anything of the step reads
+  // them. Once: every phase reads them, and at a thousand groups the
+  // overrides' name lookups cost ~1 ms a resolution.
+  MuonOptions step_muon;
+  AdamWOptions step_adamw;
 };
 
 // Validates `config` (domain coordinates and communicators, hyperparameters,

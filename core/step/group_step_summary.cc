@@ -20,10 +20,8 @@ GroupStepSummary SummarizeGroupStep(const GroupState& group,
     // so ranks that differ only there agree.
     out.hyper.push_back(absl::StrFormat("%s=%.17g", field, v + 0.0));
   };
-  const std::string& name = group.config.name;
   if (group.config.algorithm == Algorithm::kMuon) {
-    const MuonOptions o =
-        MuonOptionsForStep(group.config.muon, name, inputs.overrides);
+    const MuonOptions& o = group.step_muon;
     add("lr", o.lr);
     add("weight_decay", o.weight_decay);
     add("momentum", o.momentum);
@@ -35,8 +33,7 @@ GroupStepSummary SummarizeGroupStep(const GroupState& group,
     add("beta2", o.beta2);
     add("moment2_eps", o.moment2_eps);
   } else {
-    const AdamWOptions o =
-        AdamWOptionsForStep(group.config.adamw, name, inputs.overrides);
+    const AdamWOptions& o = group.step_adamw;
     add("lr", o.lr);
     add("weight_decay", o.weight_decay);
     add("beta1", o.beta1);

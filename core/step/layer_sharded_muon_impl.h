@@ -134,6 +134,9 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // After the commit vote: every group of one lane writes its update.
   absl::Status CommitLane(Lane& lane, const StepInputs& inputs,
                           PhaseTimings& timings);
+  // Each group's step_muon / step_adamw: its registered options with
+  // `overrides` (checked by the caller, CheckStepOverrides) applied.
+  void ResolveStepOptions(const StepOverrides& overrides);
   // Every piece of state, in the order ExportState/ImportState name them.
   std::vector<StateEntry> StateEntries() const;
 

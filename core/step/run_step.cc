@@ -14,6 +14,7 @@
 #include "core/step/group_step.h"
 #include "core/step/layer_sharded_muon_impl.h"
 #include "core/step/step_failures.h"
+#include "core/step/step_overrides.h"
 #include "glog/logging.h"
 
 namespace muond {
@@ -45,6 +46,7 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
     const StepInputs& inputs) {
   const absl::Time start = absl::Now();
   StepResult result;
+  ResolveStepOptions(inputs.overrides);
   if (options_.testonly_commit_delay_ms > 0) {
     // A test may kill a peer once every survivor is inside this step: it
     // cannot end without that peer's ballot (tests/system/kill_mid_step.py).
@@ -195,11 +197,8 @@ absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
   for (int gi : lane.groups) {
     GroupState& group = groups_[gi];
     if (group.config.algorithm != Algorithm::kMuon) continue;
-    RETURN_IF_ERROR(PrepareMuonGroup(
-        group,
-        MuonOptionsForStep(group.config.muon, group.config.name,
-                           inputs.overrides),
-        inputs.skip_params, lane.exchange, shape_times, timings));
+    RETURN_IF_ERROR(PrepareMuonGroup(group, group.step_muon, inputs.skip_params,
+                                     lane.exchange, shape_times, timings));
   }
   return absl::OkStatus();
 }
@@ -208,11 +207,8 @@ absl::Status LayerShardedMuonImpl::CheckNsOutputs(const StepInputs& inputs) {
   absl::Status first;
   for (GroupState& group : groups_) {
     if (group.config.algorithm != Algorithm::kMuon) continue;
-    first.Update(CheckNsOutputsFinite(
-        group,
-        MuonOptionsForStep(group.config.muon, group.config.name,
-                           inputs.overrides),
-        inputs.skip_params));
+    first.Update(
+        CheckNsOutputsFinite(group, group.step_muon, inputs.skip_params));
   }
   return first;
 }
@@ -222,19 +218,27 @@ absl::Status LayerShardedMuonImpl::CommitLane(Lane& lane,
                                               PhaseTimings& timings) {
   for (int gi : lane.groups) {
     GroupState& group = groups_[gi];
-    const std::string& name = group.config.name;
     if (group.config.algorithm == Algorithm::kMuon) {
-      RETURN_IF_ERROR(CommitMuonGroup(
-          group, MuonOptionsForStep(group.config.muon, name, inputs.overrides),
-          inputs.skip_params, timings));
+      RETURN_IF_ERROR(
+          CommitMuonGroup(group, group.step_muon, inputs.skip_params, timings));
     } else {
-      RETURN_IF_ERROR(StepAdamWGroup(
-          group,
-          AdamWOptionsForStep(group.config.adamw, name, inputs.overrides),
-          inputs.skip_params, timings));
+      RETURN_IF_ERROR(
+          StepAdamWGroup(group, group.step_adamw, inputs.skip_params, timings));
     }
   }
   return absl::OkStatus();
+}
+
+void LayerShardedMuonImpl::ResolveStepOptions(const StepOverrides& overrides) {
+  for (GroupState& group : groups_) {
+    const std::string& name = group.config.name;
+    if (group.config.algorithm == Algorithm::kMuon) {
+      group.step_muon = MuonOptionsForStep(group.config.muon, name, overrides);
+    } else {
+      group.step_adamw =
+          AdamWOptionsForStep(group.config.adamw, name, overrides);
+    }
+  }
 }
 
 }  // namespace muond
