@@ -228,17 +228,22 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&a, a_elems * sizeof(Element)));
   CK(cudaMalloc(&b, b_elems * sizeof(Element)));
   CK(cudaMalloc(&d, d_elems * sizeof(Element)));
-  {  // Random operands: constant ones draw less power than a real product.
-    std::vector<Element> h(std::max(a_elems, b_elems));
+  {
+    // Random operands (constant ones draw less power than a real product),
+    // A and B from one stream, so that they differ even where M = N: the
+    // correctness check below then sees a transposed D or swapped operands.
     uint64_t x = 88172645463325252ull;
-    for (auto& e : h) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      e = Element(float(int(x % 2001) - 1000) / 1000.f);
-    }
-    CK(cudaMemcpy(a, h.data(), a_elems * sizeof(Element),
-                  cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b, h.data(), b_elems * sizeof(Element),
-                  cudaMemcpyHostToDevice));
+    auto fill = [&x](Element* dst, size_t count) {
+      std::vector<Element> h(count);
+      for (auto& e : h) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        e = Element(float(int(x % 2001) - 1000) / 1000.f);
+      }
+      CK(cudaMemcpy(dst, h.data(), count * sizeof(Element),
+                    cudaMemcpyHostToDevice));
+    };
+    fill(a, a_elems);
+    fill(b, b_elems);
   }
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) return 1;
@@ -283,26 +288,28 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreate(&s));
   // Every column computes the same D: each is checked once against
   // cuBLAS's before anything is timed.
-  std::vector<Element> ref(d_elems), got(d_elems);
-  for (Column& c : cols) {
-    CK(cudaMemsetAsync(d, 0, d_elems * sizeof(Element), s));
-    c.launch(s);
-    CK(cudaStreamSynchronize(s));
-    CK(cudaMemcpy(got.data(), d, d_elems * sizeof(Element),
-                  cudaMemcpyDeviceToHost));
-    if (&c == &cols.front()) {
-      ref = got;
-      continue;
-    }
-    // fp32 accumulation in either order, one bf16 rounding: within a few
-    // units of bf16's last place of the largest entry.
-    const double err = RelativeError(got, ref);
-    if (!(err <= 1e-2)) {
-      std::fprintf(stderr,
-                   "%s: D differs from cuBLAS's by %.3g of its "
-                   "largest entry\n",
-                   c.name.c_str(), err);
-      return 1;
+  {  // the host copies go before the timing
+    std::vector<Element> ref(d_elems), got(d_elems);
+    for (Column& c : cols) {
+      CK(cudaMemsetAsync(d, 0, d_elems * sizeof(Element), s));
+      c.launch(s);
+      CK(cudaStreamSynchronize(s));
+      CK(cudaMemcpy(got.data(), d, d_elems * sizeof(Element),
+                    cudaMemcpyDeviceToHost));
+      if (&c == &cols.front()) {
+        ref = got;
+        continue;
+      }
+      // fp32 accumulation in either order, one bf16 rounding: within a few
+      // units of bf16's last place of the largest entry.
+      const double err = RelativeError(got, ref);
+      if (!(err <= 1e-2)) {
+        std::fprintf(stderr,
+                     "%s: D differs from cuBLAS's by %.3g of its "
+                     "largest entry\n",
+                     c.name.c_str(), err);
+        return 1;
+      }
     }
   }
   cudaEvent_t warm, e0, e1;
@@ -366,10 +373,12 @@ int main(int argc, char** argv) {
     else
       std::printf("n/a |\n");
   }
-  if (!power.Available()) {
+  if (std::any_of(cols.begin(), cols.end(),
+                  [](const Column& c) { return c.energy_runs < c.runs; })) {
     std::printf(
-        "\n(no energy: NVML missing or it found no device at this "
-        "PCI bus id)\n");
+        "\n(energy n/a in %s: NVML, its energy counter or a tick of it "
+        "over the run was missing)\n",
+        power.Available() ? "some runs" : "every run (no NVML)");
   }
   return 0;
 }

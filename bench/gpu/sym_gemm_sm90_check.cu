@@ -17,9 +17,9 @@
 // schedule (cooperative, ping-pong, wide); the ping-pong and wide schedules' d
 // is also compared with the cooperative one's bitwise: for ping-pong a
 // difference fails the case (the backend's auto rule lets the batch choose
-// between the two for X X^T and X^T X without c, and would for the (N,N)
-// cases too once they pass on a GPU), for wide it is reported (wide tiles
-// issue a different GMMA shape).
+// between the two for X X^T and X^T X without c), for wide it is reported
+// (wide tiles issue a different GMMA shape, so equality is observed, not
+// promised).
 //
 // Timing: the schedules against cuBLAS's full product (and that plus the
 // mirror kernel, the backend's fallback), side by side per shape.

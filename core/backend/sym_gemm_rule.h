@@ -100,13 +100,13 @@ constexpr bool PrefersWideTiles(int64_t n) { return n >= kWideMinN; }
 // R Z, without c only under custom coefficients with a or b = 0) takes its
 // schedule by size alone. For products with c that is also where ping-pong
 // measured faster than cooperative (ping-pong's time over cooperative's
-// over thousands of launches: n = 2048 alone 0.94, the MoE layer's attention q and o, and at
-// batch 2 0.91, against n = 1536 at batch 8 1.07, n = 1024 at batch 64 1.00
-// and n = 768 at batch 256 1.13): the edge is the size, not the waves
-// (bench/results/gpu_h100_sym_gemm_sustained.md, sections 3 and 5).
-// The checker's (N,N) + c cases of distinct commuting operands, Gram NS's
-// polynomial form, came out bitwise equal across the schedules too
-// (sym_gemm_sm90_check pingpong: 120 of 120 cases).
+// over thousands of launches: n = 2048 alone 0.94, the MoE layer's attention q
+// and o, and at batch 2 0.91, against n = 1536 at batch 8 1.07, n = 1024 at
+// batch 64 1.00 and n = 768 at batch 256 1.13): the edge is the size, not the
+// waves (bench/results/gpu_h100_sym_gemm_sustained.md, sections 3 and 5). The
+// checker's (N,N) + c cases of distinct commuting operands, Gram NS's
+// polynomial form, came out bitwise equal between ping-pong and cooperative
+// too (sym_gemm_sm90_check pingpong: 120 of 120 cases).
 inline constexpr int64_t kPingpongMinWaves = 2;
 inline constexpr int64_t kPingpongBySizeMinN = 2048;
 
