@@ -135,7 +135,9 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   absl::Status CommitLane(Lane& lane, const StepInputs& inputs,
                           PhaseTimings& timings);
   // Each group's step_muon / step_adamw: its registered options with
-  // `overrides` (checked by the caller, CheckStepOverrides) applied.
+  // `overrides` applied. They are checked after (LocalBallot,
+  // CheckStepOverrides): a step whose overrides fail is refused, and its
+  // resolved values feed only the refusal's agreement, never an update.
   void ResolveStepOptions(const StepOverrides& overrides);
   // Every piece of state, in the order ExportState/ImportState name them.
   std::vector<StateEntry> StateEntries() const;

@@ -576,5 +576,51 @@ TEST(AdamWStepCounts, PerParamKeysRoundTripAndOldGroupKeyGivesEveryParam) {
   ExpectBits(c.b0, want, "b0 at step 5");
 }
 
+// Each step applies its own overrides to the registered options, and only
+// its own: a step without overrides runs the registered ones, and a step
+// refused for its overrides leaves nothing behind for the next (the engine
+// resolves them once a step, GroupState::step_muon / step_adamw).
+TEST(StepOverrides, EachStepRunsItsOwnOptionsWithNoneCarriedOver) {
+  StepOverrides first;
+  first.lr["dense"] = 0.05;
+  first.momentum["dense"] = 0.5;
+  first.weight_decay["dense"] = 0.0;
+  first.lr["adam"] = 0.02;
+  first.beta1["adam"] = 0.7;
+  StepOverrides refused;  // momentum out of range
+  refused.lr["dense"] = 0.3;
+  refused.momentum["dense"] = 1.5;
+  refused.lr["adam"] = 0.5;
+  StepOverrides fourth;
+  fourth.nesterov["dense"] = false;
+  fourth.eps["adam"] = 1e-3;
+  const std::vector<Attempt> attempts = {
+      {[&](int) { return Overriding(first); }, 1},
+      {[&](int) { return StepInputs{}; }, 2},
+      {[&](int) { return Overriding(refused); }, 3},
+      {[&](int) { return Overriding(fourth); }, 4},
+      {[&](int) { return StepInputs{}; }, 5}};
+  const std::vector<RankRun> runs = RunWorld("own_options", attempts);
+  for (int t = 0; t < kT; ++t) {
+    ASSERT_EQ(runs[t].statuses.size(), 5u) << runs[t].statuses.back();
+    EXPECT_TRUE(runs[t].statuses[0].ok()) << runs[t].statuses[0];
+    EXPECT_TRUE(runs[t].statuses[1].ok()) << runs[t].statuses[1];
+    EXPECT_FALSE(runs[t].statuses[2].ok());
+    EXPECT_TRUE(runs[t].statuses[3].ok()) << runs[t].statuses[3];
+    EXPECT_TRUE(runs[t].statuses[4].ok()) << runs[t].statuses[4];
+  }
+  RefStep r1{.seed = 1}, r2{.seed = 2}, r4{.seed = 4}, r5{.seed = 5};
+  r1.muon.lr = 0.05;
+  r1.muon.momentum = 0.5;
+  r1.muon.weight_decay = 0.0;
+  r1.adamw.lr = 0.02;
+  r1.adamw.beta1 = 0.7;
+  r4.muon.nesterov = false;
+  r4.adamw.eps = 1e-3;
+  const std::vector<RefStep> steps = {r1, r2, r4, r5};
+  ExpectReference(runs, 4, {steps, steps}, {steps, steps});
+  ExpectReference(runs, 1, {{r1, r2}, {r1, r2}}, {{r1, r2}, {r1, r2}});
+}
+
 }  // namespace
 }  // namespace muond
