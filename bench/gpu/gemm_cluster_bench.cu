@@ -312,16 +312,14 @@ int main(int argc, char** argv) {
       }
     }
   }
-  cudaEvent_t warm, e0, e1;
-  CK(cudaEventCreate(&warm));
+  cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   auto run = [&](Column& c) {
     for (int64_t i = 0; i < std::min<int64_t>(iters, 50); ++i) c.launch(s);
     // The counter is read between host syncs; the timed interval starts
     // after the read, so the sync's gap is in neither.
-    CK(cudaEventRecord(warm, s));
-    CK(cudaEventSynchronize(warm));
+    CK(cudaStreamSynchronize(s));
     const double mj0 = power.EnergyMillijoules();
     CK(cudaEventRecord(e0, s));
     for (int64_t i = 0; i < iters; ++i) c.launch(s);
@@ -332,10 +330,9 @@ int main(int argc, char** argv) {
     CK(cudaEventElapsedTime(&ms, e0, e1));
     c.ms += ms / iters;
     ++c.runs;
-    // A difference of 0 means the counter did not tick over the run: too
-    // short to say.
-    if (mj0 >= 0 && mj1 > mj0) {
-      c.mj += (mj1 - mj0) / iters;
+    const double mj = muond::bench::PowerSampler::PerLaunch(mj0, mj1, iters);
+    if (mj >= 0) {
+      c.mj += mj;
       ++c.energy_runs;
     }
   };

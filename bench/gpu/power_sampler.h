@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 namespace muond {
@@ -76,6 +77,14 @@ class PowerSampler {
       return -1;
     }
     return double(mj);
+  }
+
+  // The energy a launch over `launches` launches, from the counter's readings
+  // before and after them (EnergyMillijoules); -1 where either is missing or
+  // the counter did not tick between them (a run too short to say).
+  static double PerLaunch(double mj_before, double mj_after, int64_t launches) {
+    if (mj_before < 0 || mj_after <= mj_before || launches < 1) return -1;
+    return (mj_after - mj_before) / double(launches);
   }
 
   // The window's medians; starts the next window.

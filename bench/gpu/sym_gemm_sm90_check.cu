@@ -401,10 +401,8 @@ static float TimeMs(int iters, const std::function<void()>& f,
     stop.store(true);
     sampler.join();
     *power = g_power->Take();
-    // No tick of the counter over the launches: too short to say.
-    if (mj_start >= 0 && mj_end > mj_start) {
-      power->mj_per_launch = (mj_end - mj_start) / iters;
-    }
+    power->mj_per_launch =
+        muond::bench::PowerSampler::PerLaunch(mj_start, mj_end, iters);
   }
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, s, e));
@@ -429,7 +427,6 @@ static void PrintBenchHeader() {
       "---|\n");
 }
 
-// iters: launches per timing (as many again to warm up); 0 picks by size.
 // The power line under a timing row: per column the median SM clock while it
 // ran, the energy a launch took (NVML's energy counter over the timed
 // launches, else the median power x time) and the mean power it implies.
@@ -465,6 +462,8 @@ static void PrintPower(const muond::bench::PowerReading* pw,
   std::printf("\n");
 }
 
+// iters_wanted: launches per timing (as many again to warm up); 0 picks by
+// size.
 static void Bench(int64_t n, int64_t k, int64_t batch, bool gram = false,
                   bool tall = false, int iters_wanted = 0) {
   const int64_t sx = n * k, sd = n * n, ldx = tall ? n : k;
