@@ -13,7 +13,8 @@ run, fp32 params and grads, median of --reps steps, --rounds rounds:
   daemon_std   muond through the daemon (muond.torch.Muon: Python client, CUDA IPC, the step
   daemon_gram    channel), standard / Gram NS (ns_algorithm="gram");
   daemon_gram_checks_first  the same with overlap_checks off: step() checks, then sends;
-  daemon_gram_grpc          the same over the Step RPC (a Unix socket).
+  daemon_gram_grpc          the same over the Step RPC (a Unix socket);
+  daemon_gram_asleep        the same asleep until the answer (step_channel_poll_ms=0).
 
 The same math everywhere otherwise: eps 1e-7, `original` scale (the peer gets it as its
 adjust_lr callable), Nesterov, momentum 0.95, decoupled weight decay 0.1 (the peer scales it
@@ -74,13 +75,14 @@ SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-
 TORCH_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 H200_DENSE_PEAK = 989e12  # bf16/fp16 dense tensor-core FLOP/s, the H200 data sheet
 COLUMNS = ["torch", "peer_a", "peer_b", "inproc_std", "inproc_gram", "daemon_std",
-           "daemon_gram", "daemon_gram_checks_first", "daemon_gram_grpc"]
+           "daemon_gram", "daemon_gram_checks_first", "daemon_gram_grpc", "daemon_gram_asleep"]
 TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "peer_b": "peer (b) defaults", "inproc_std": "muond in-process std",
           "inproc_gram": "muond in-process gram", "daemon_std": "muond daemon std",
           "daemon_gram": "muond daemon gram",
           "daemon_gram_checks_first": "muond daemon gram, checks first",
-          "daemon_gram_grpc": "muond daemon gram, Step RPC"}
+          "daemon_gram_grpc": "muond daemon gram, Step RPC",
+          "daemon_gram_asleep": "muond daemon gram, asleep till the answer"}
 # Speed targets, muond gram through the daemon: x faster than (peer a, peer b, torch).
 # The targets per set: (vs peer (a), vs peer (b), vs torch.optim.Muon); None: no target.
 GOALS = {"llama3_8b": (1.3, 1.3, 2.3), "qwen3_1_7b": (1.3, 1.3, 2.3),
@@ -398,7 +400,7 @@ def muond_gram_kwargs(algorithm, o):
 
 
 def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algorithm, o,
-                 step_channel=True, overlap_checks=True):
+                 step_channel=True, overlap_checks=True, poll_ms=None):
     import torch
     from daemon_harness import Daemon
     from muond.torch import Muon
@@ -411,6 +413,7 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
                    scale_mode="original", extra_scale_factor=1.0, fp32_matmul_prec="medium",
                    ns_batch_size=ns_batch_size, use_syrk=syrk and algorithm == "standard",
                    step_channel=step_channel, overlap_checks=overlap_checks,
+                   **({} if poll_ms is None else {"step_channel_poll_ms": poll_ms}),
                    **muond_gram_kwargs(algorithm, o), **SETTINGS)
         try:
             opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
@@ -428,7 +431,9 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
             med = timed(step, reps, warmup)
             dm = sorted(daemon_ms[warmup:])
             print_breakdown(algorithm + ("" if step_channel else ", Step RPC")
-                            + ("" if overlap_checks else ", checks first"), parts[warmup:])
+                            + ("" if overlap_checks else ", checks first")
+                            + ("" if poll_ms is None else ", asleep till the answer"),
+                            parts[warmup:])
         finally:
             opt.close()
     del ps, params, grads
@@ -615,7 +620,8 @@ def run_column(c, row, name, r, shapes, ns_batch, peers, peer_info, a, o):
                       a.log_dir, ns_batch, a.syrk,
                       "standard" if c.endswith("std") else "gram", o,
                       step_channel=not c.endswith("_grpc"),
-                      overlap_checks=not c.endswith("_checks_first"))
+                      overlap_checks=not c.endswith("_checks_first"),
+                      poll_ms=0.0 if c.endswith("_asleep") else None)
         if res:
             row[c], row[c + "_side"] = res
 
@@ -653,8 +659,9 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
                   "| round | muond gram daemon: vs peer (a) | vs peer (b) | vs torch | "
                   "daemon / in-process std | daemon / in-process gram | "
                   "daemon over the Step RPC / in-process gram | "
-                  "daemon, checks first / in-process gram |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "daemon, checks first / in-process gram | "
+                  "daemon, asleep till the answer / in-process gram |",
+                  "|---|---|---|---|---|---|---|---|---|"]
     for k, row in enumerate(rows if muond else []):
         d = row.get("daemon_gram")
         cells = [ratio(row.get("peer_a"), d), ratio(row.get("peer_b"), d),
@@ -671,7 +678,8 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
                                     f" ({'met' if over <= DAEMON_OVER_INPROCESS_GOAL else 'missed'}"
                                     f": goal <= {DAEMON_OVER_INPROCESS_GOAL})"),
                 fmt(ratio(row.get("daemon_gram_grpc"), row.get("inproc_gram")), ".3f"),
-                fmt(ratio(row.get("daemon_gram_checks_first"), row.get("inproc_gram")), ".3f")]
+                fmt(ratio(row.get("daemon_gram_checks_first"), row.get("inproc_gram")), ".3f"),
+                fmt(ratio(row.get("daemon_gram_asleep"), row.get("inproc_gram")), ".3f")]
         lines.append(f"| {k + 1} | " + " | ".join(txt) + " |")
     # Efficiency: the median over rounds of each column.
     lines += ["", "| column | ms (rounds) | effective NS TFLOP/s | NS the column runs | "

@@ -371,15 +371,18 @@ class Client:
                 self._drop_step_channel(channel)
 
     def open_step_channel(self, job_id: str, request_capacity: int,
-                          response_capacity: int) -> bool:
+                          response_capacity: int, answer_poll_s: float = 0.0) -> bool:
         """Opens a step channel to the daemon (muond.step_channel; replacing
         one open), through which step() then sends StepRequests of up to
         ``request_capacity`` bytes (larger ones go over gRPC). False when
         this host or the daemon cannot have one: step() keeps using gRPC.
-        Capacities: multiples of 4096 in [64 KiB, 64 MiB]."""
+        Capacities: multiples of 4096 in [64 KiB, 64 MiB]. ``answer_poll_s``:
+        StepChannel.set_answer_poll."""
         self.close_step_channel()
         self._step_channel = StepChannel.open(self, job_id, request_capacity,
                                               response_capacity)
+        if self._step_channel is not None:
+            self._step_channel.set_answer_poll(answer_poll_s)
         return self._step_channel is not None
 
     def close_step_channel(self) -> None:

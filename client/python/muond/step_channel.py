@@ -298,6 +298,11 @@ class StepChannel:
         # for their verdict (OpenStepChannelResponse.trainer_verdicts).
         self.trainer_verdicts = False
         self._closing = False  # close() asked while a step was in flight
+        # Polling for the answer (set_answer_poll): how long before the
+        # predicted answer, and the last step's wait from which it is
+        # predicted.
+        self._poll_s = 0.0
+        self._last_wait_s = 0.0
         anchor = ctypes.c_char.from_buffer(mapping)
         base = ctypes.addressof(anchor)
         del anchor  # a live buffer export would keep the mapping from closing
@@ -375,6 +380,20 @@ class StepChannel:
             # keeps that from a cycle holding the checks' owner (the optimizer).
             raised = outcome = checks = None
 
+    def set_answer_poll(self, seconds: float) -> None:
+        """Poll for the daemon's answer over the last ``seconds`` before it
+        is expected (when the last step's wait ended) and as long after,
+        instead of sleeping on the futex: the thread is awake when the
+        answer comes: a thread that slept through a GPU step wakes
+        ~0.05-0.1 ms after the daemon's futex wake-up
+        (bench/results/step_channel_cpu.md). The poll yields the GIL between
+        looks and costs up to 2 x ``seconds`` of one core a step; a wait
+        shorter than 2 x ``seconds`` (a CPU daemon's short step) never
+        polls. 0 (the default): sleep throughout."""
+        if not seconds >= 0.0:
+            raise ValueError(f"answer poll must be >= 0 seconds, got {seconds!r}")
+        self._poll_s = float(seconds)
+
     def _give_verdict(self, go: bool) -> None:
         """The verdict on the request just sent: the verdict, then its
         sequence number (the request's), then the daemon woken."""
@@ -407,20 +426,32 @@ class StepChannel:
     def _await_answer(self, timeout: float | None) -> None:
         """Returns once response_seq is the request's; between slices of
         waiting it checks the daemon's lock and the deadline."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        poll_from = None  # when to poll instead of sleeping (set_answer_poll)
+        if self._poll_s > 0 and self._last_wait_s >= 2 * self._poll_s:
+            poll_from = start + self._last_wait_s - self._poll_s
         while True:
             seen = self._response_seq.value
             if seen == self._seq:
                 _fence()
+                self._last_wait_s = time.monotonic() - start
                 return
             if self._closing:  # as gRPC cancels a closed channel's calls
                 raise ChannelRpcError(grpc.StatusCode.CANCELLED,
                                       "Locally cancelled by application!")
+            now = time.monotonic()
             wait_s = _WAIT_SLICE_S
             if deadline is not None:
-                wait_s = min(wait_s, deadline - time.monotonic())
+                wait_s = min(wait_s, deadline - now)
                 if wait_s <= 0:
                     raise ChannelRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            if poll_from is not None:
+                if now >= poll_from:  # once a step; then sleep again
+                    poll_from = None
+                    self._poll_answer(min(now + 2 * self._poll_s, now + wait_s))
+                    continue
+                wait_s = min(wait_s, poll_from - now)
             waited = _futex(ctypes.addressof(self._response_seq), _FUTEX_WAIT, seen, wait_s)
             # A signal (EINTR) ends a wait early too: signals more frequent
             # than a slice (a timer, a profiler) must not hide a dead daemon
@@ -429,6 +460,12 @@ class StepChannel:
                 raise ChannelRpcError(grpc.StatusCode.UNAVAILABLE,
                                       "the daemon's step channel: its lock is gone (the "
                                       "daemon's process ended)")
+
+    def _poll_answer(self, until: float) -> None:
+        """Looks at response_seq until the request's answer is there or
+        ``until`` (time.monotonic), yielding the GIL between looks."""
+        while self._response_seq.value != self._seq and time.monotonic() < until:
+            time.sleep(0)
 
     def _daemon_gone(self) -> bool:
         """No daemon holds its lock, and no answer came before it went."""

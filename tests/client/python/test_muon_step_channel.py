@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import grpc
 import torch
@@ -22,6 +23,7 @@ from muond import _rules  # noqa: E402
 from muond.client import MuondError  # noqa: E402
 from muond.step_channel import capacities  # noqa: E402
 from muond.torch import Muon  # noqa: E402
+from muond.torch.memory import SharedParams  # noqa: E402
 from muond.v1 import error_details_pb2  # noqa: E402
 
 _REFUSAL_BYTES = 4096 * 4  # muond.torch.optimizer's _MAX_REFUSAL_CHARS, 4 bytes each
@@ -171,6 +173,27 @@ class MuonStepChannelTest(unittest.TestCase):
         run(opt, params, steps=2)
         self.assertFalse(opt.clients[0].has_step_channel)
         self.assertEqual([r.step_id for r in self.daemons[0].step_requests], [1, 2])
+
+    def test_the_answer_is_polled_for_only_while_a_gpu_runs_the_step(self):
+        for on_cuda, want in ((False, 0.0), (True, 0.004)):
+            with self.subTest(on_cuda=on_cuda):
+                params, addresses = make_params(), self.start()
+                # Registration reads where the grads live (CPU here).
+                with mock.patch.object(SharedParams, "any_cuda", return_value=on_cuda):
+                    opt = self.muon(params, addresses, step_channel_poll_ms=4)
+                    opt._ensure_registered()
+                self.assertEqual(opt.clients[0]._step_channel._poll_s, want)
+        params = make_params()
+        opt = self.muon(params, self.start())
+        run(opt, params, steps=1)
+        self.assertEqual(opt.clients[0]._step_channel._poll_s, 0.0)  # the default
+
+    def test_step_channel_poll_ms_must_be_a_number_in_range(self):
+        for bad in (-1, 101, float("nan"), float("inf"), True, "1"):
+            with self.subTest(bad=bad), self.assertRaisesRegex(
+                    ValueError, "step_channel_poll_ms must be a number of ms in \\[0, 100\\]"):
+                Muon(groups(make_params()), daemons=["unix:///nonexistent.sock"],
+                     job_id="chan", step_channel_poll_ms=bad)
 
     def test_step_channel_must_be_a_bool(self):
         with self.assertRaisesRegex(ValueError, "step_channel must be a bool, got 'yes'"):

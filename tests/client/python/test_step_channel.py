@@ -330,6 +330,72 @@ class StepTest(ChannelTestCase):
         self.assertEqual(self.step(step_id=2).step_id, 2)
         self.assertEqual(len(self.daemon.doubles[0].requests), 1)
 
+    def delayed(self, seconds):
+        """Answers every step after ``seconds`` (a GPU step's length)."""
+        def answer(request):
+            time.sleep(seconds)
+            return applied(request)
+        self.daemon.answer = answer
+
+    def polls_of(self, channel) -> list:
+        """The windows channel polls in (from, until, the answer seen)."""
+        polls, poll = [], channel._poll_answer
+
+        def spy(until):
+            start = time.monotonic()
+            poll(until)
+            polls.append((start, until, channel._response_seq.value == channel._seq))
+        channel._poll_answer = spy
+        return polls
+
+    def test_the_answer_is_polled_for_around_the_last_waits_length(self):
+        self.delayed(0.06)
+        self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP, answer_poll_s=0.02))
+        polls = self.polls_of(self.client._step_channel)
+        self.assertEqual(self.step(step_id=1).step_id, 1)
+        self.assertEqual(polls, [])  # no wait before it to predict from
+        for step_id in (2, 3):
+            sent = time.monotonic()
+            self.assertEqual(self.step(step_id=step_id).step_id, step_id)
+            self.assertEqual(len(polls), step_id - 1)
+            start, until, seen = polls[-1]
+            # From 20 ms before the last wait's end (>= 60 ms after the
+            # send), for at most 40 ms; the answer came within it.
+            self.assertGreaterEqual(start - sent, 0.06 - 0.02 - 0.005)
+            self.assertLessEqual(until - start, 0.04 + 1e-6)
+            self.assertTrue(seen)
+        self.assertEqual([r.step_id for r in self.daemon.doubles[0].requests], [1, 2, 3])
+
+    def test_an_answer_later_than_the_poll_is_waited_for_asleep(self):
+        self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP, answer_poll_s=0.01))
+        polls = self.polls_of(self.client._step_channel)
+        self.delayed(0.03)
+        self.step(step_id=1)
+        self.delayed(0.3)  # far past the predicted 30 ms and the poll's 20 ms
+        self.assertEqual(self.step(step_id=2).step_id, 2)
+        self.assertEqual(len(polls), 1)
+        self.assertFalse(polls[0][2])  # the poll ended without the answer, then slept
+
+    def test_short_waits_and_a_zero_poll_never_poll(self):
+        self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP, answer_poll_s=0.05))
+        channel = self.client._step_channel
+        polls = self.polls_of(channel)
+        self.delayed(0.02)  # shorter than twice the poll: a CPU daemon's step
+        for step_id in (1, 2, 3):
+            self.step(step_id=step_id)
+        channel.set_answer_poll(0.0)
+        self.delayed(0.12)
+        for step_id in (4, 5):
+            self.step(step_id=step_id)
+        self.assertEqual(polls, [])
+
+    def test_a_poll_must_be_a_nonnegative_number_of_seconds(self):
+        channel = self.open()
+        self.addCleanup(channel.close)
+        for bad in (-0.001, float("nan")):
+            with self.assertRaisesRegex(ValueError, "answer poll must be >= 0 seconds"):
+                channel.set_answer_poll(bad)
+
     def test_past_the_timeout_deadline_exceeded_and_the_channel_is_dropped(self):
         client = self.new_client(timeout=0.3)
         self.daemon.answer = lambda request: None  # a hung step

@@ -41,6 +41,14 @@ _PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "u
 _MAX_REFUSAL_CHARS = 4096
 
 
+def _step_channel_poll_s(ms) -> float:
+    """step_channel_poll_ms in seconds (ValueError unless a finite number
+    in [0, 100])."""
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms <= 100:
+        raise ValueError(f"step_channel_poll_ms must be a number of ms in [0, 100], got {ms!r}")
+    return float(ms) / 1e3
+
+
 class AddParamGroupError(RuntimeError):
     """add_param_group failed and registering the old groups again failed
     too: the optimizer is closed and unregistered from every daemon it
@@ -98,6 +106,7 @@ class Muon(torch.optim.Optimizer):
         if not _groups.is_bool(o["overlap_checks"]):
             raise ValueError(f"overlap_checks must be a bool, got {o['overlap_checks']!r}")
         self._alongside = ChecksAlongside(bool(o["overlap_checks"]))
+        self._step_channel_poll_s = _step_channel_poll_s(o["step_channel_poll_ms"])
         defaults = _initial_groups.muon_defaults(lr, weight_decay, momentum, nesterov,
                                                  ns_coefficients, eps, ns_steps, adjust_lr_fn, o)
         params = _initial_groups.with_adamw_options(
@@ -247,9 +256,9 @@ class Muon(torch.optim.Optimizer):
             raise refused
         for c in self.clients:
             c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
-        self._open_step_channel(per_rank)
         # The daemons read the shared grad buffers, which never move.
         self._on_cuda = self._memory.any_cuda()
+        self._open_step_channel(per_rank)
         self._registered = True
 
     def _open_step_channel(self, per_rank: list) -> None:
@@ -260,7 +269,10 @@ class Muon(torch.optim.Optimizer):
         if not self._wants_step_channel or len(self.clients) != 1:
             return
         request, response = _step_channel.capacities(per_rank[0], _MAX_REFUSAL_CHARS * 4)
-        self.clients[0].open_step_channel(self.job_id, request, response)
+        # Polling only while a GPU runs the step: a host daemon's step
+        # needs the cores a polling trainer would take.
+        self.clients[0].open_step_channel(self.job_id, request, response,
+                                          self._step_channel_poll_s if self._on_cuda else 0.0)
 
     def _place_params(self, refusal: BaseException | None = None) -> list:
         """Every param's wire groups per daemon, placed by the layout
@@ -782,9 +794,9 @@ class Muon(torch.optim.Optimizer):
                      "RegisterParams", with_rank=True)
         for c in self.clients:
             c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
+        self._on_cuda = self._memory.any_cuda()
         self._open_step_channel(per_rank)  # sized for the groups registered now
         self._registered_live = dict(self._placed_live)
-        self._on_cuda = self._memory.any_cuda()
         known = {self._param_names[id(p)] for p in params}
         states = _state.validate(self._param_infos(),
                                  {n: s for n, s in states_by_name.items() if n in known})

@@ -114,7 +114,13 @@ class ConnectionOptions:
     step()'s checks of the params and grads, which run while the daemon runs
     it; the daemon commits it only once they pass (a step that needs a grad
     copied in, or that a check refuses, is withdrawn on every rank and sent
-    again after the checks, or refused, as without it)."""
+    again after the checks, or refused, as without it).
+    ``step_channel_poll_ms``: with CUDA params, through such a channel, the
+    trainer polls for the daemon's answer over the last this many ms before
+    it expects it (the last step's wait) and as long after, instead of
+    sleeping: awake when the answer comes (muond.step_channel
+    StepChannel.set_answer_poll; up to twice this of one core a step).
+    0: sleeps throughout."""
     daemons: object = ()
     job_id: str | None = None
     client_id: str | None = None
@@ -127,6 +133,7 @@ class ConnectionOptions:
     takeover: bool = False
     step_channel: bool = True
     overlap_checks: bool = True
+    step_channel_poll_ms: float = 1.0
 
 
 # Muon's keyword for each option object.
