@@ -12,7 +12,8 @@
 // it becomes the process id, for commands that start several CUDA processes,
 // which all inherit the injection): per kernel name, its launches, total and
 // mean GPU time and share, plus the window's wall time, how much of it the
-// GPU was busy and how many records CUPTI dropped. Where the process calls
+// GPU was busy and how many records CUPTI dropped, then the GPU's idle gaps
+// by the records around them (IdleGaps). Where the process calls
 // cudaProfilerStart/Stop (step_bench does, around its timed steps), only
 // activity that starts inside those ranges counts; otherwise all of it. A
 // forked child that exits writes nothing (its parent's records are not its).
@@ -181,6 +182,40 @@ uint64_t BusyNs(std::vector<Interval> v) {
   return busy + (cur_end - cur_start);
 }
 
+// Where the GPU idles: every gap of at least kMinGapNs between the end of
+// the activity so far and the next record's start, summed by the pair of
+// records around it ("previous -> next"), largest total first. A gap inside
+// a step is host work the GPU waits for (a sync, the votes, a launch); the
+// gaps between steps show as the last kernel of a step before the first.
+constexpr uint64_t kMinGapNs = 5000;
+struct Gap {
+  uint64_t count = 0, ns = 0;
+};
+std::vector<std::pair<std::string, Gap>> IdleGaps(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end(), [](const Interval& a, const Interval& b) {
+    return a.start < b.start;
+  });
+  std::map<std::string, Gap> gaps;
+  uint64_t cur_end = 0;
+  const std::string* before = nullptr;
+  for (const auto& i : v) {
+    if (before != nullptr && i.start >= cur_end + kMinGapNs) {
+      Gap& g = gaps[*before + " -> " + *i.name];
+      ++g.count;
+      g.ns += i.start - cur_end;
+    }
+    if (i.end >= cur_end) {
+      cur_end = i.end;
+      before = i.name;
+    }
+  }
+  std::vector<std::pair<std::string, Gap>> sorted(gaps.begin(), gaps.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    return a.second.ns > b.second.ns;
+  });
+  return sorted;
+}
+
 // $MUOND_KERNEL_PROFILE with "%p" replaced by the process id.
 std::string ReportPath() {
   const char* env = std::getenv("MUOND_KERNEL_PROFILE");
@@ -235,6 +270,18 @@ void Report() {
     std::fprintf(f, "| %s | %llu | %.3f | %.2f | %.1f%% |\n", name.c_str(),
                  static_cast<unsigned long long>(r.count), r.ns / 1e6,
                  r.ns / 1e3 / r.count, total ? 100.0 * r.ns / total : 0.0);
+  }
+  const auto gaps = IdleGaps(kept);
+  std::fprintf(f,
+               "\nGPU idle gaps of %.0f us or more, by the records around "
+               "them (largest total first, at most 20):\n\n| before -> after "
+               "| gaps | total ms | mean us |\n|---|---|---|---|\n",
+               kMinGapNs / 1e3);
+  for (size_t k = 0; k < gaps.size() && k < 20; ++k) {
+    const auto& [pair, g] = gaps[k];
+    std::fprintf(f, "| %s | %llu | %.3f | %.1f |\n", pair.c_str(),
+                 static_cast<unsigned long long>(g.count), g.ns / 1e6,
+                 g.ns / 1e3 / g.count);
   }
   if (f != stderr) std::fclose(f);
 }
