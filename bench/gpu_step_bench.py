@@ -14,7 +14,8 @@ run, fp32 params and grads, median of --reps steps, --rounds rounds:
   daemon_gram    channel), standard / Gram NS (ns_algorithm="gram");
   daemon_gram_checks_first  the same with overlap_checks off: step() checks, then sends;
   daemon_gram_grpc          the same over the Step RPC (a Unix socket);
-  daemon_gram_asleep        the same asleep until the answer (step_channel_poll_ms=0).
+  daemon_gram_asleep        the same asleep until the answer (step_channel_poll_ms=0; not
+                            among the default columns).
 
 The same math everywhere otherwise: eps 1e-7, `original` scale (the peer gets it as its
 adjust_lr callable), Nesterov, momentum 0.95, decoupled weight decay 0.1 (the peer scales it
@@ -785,8 +786,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2,
                     help="every column measured this many times, interleaved")
-    ap.add_argument("--columns", default=",".join(COLUMNS),
-                    help="comma list of " + ", ".join(COLUMNS))
+    ap.add_argument("--columns", default=",".join(c for c in COLUMNS if c != "daemon_gram_asleep"),
+                    help="comma list of " + ", ".join(COLUMNS) + " (default: all but "
+                    "daemon_gram_asleep)")
     ap.add_argument("--syrk", action="store_true",
                     help="muond's standard NS columns run use_syrk")
     ap.add_argument("--gram-restarts", default=None,

@@ -27,14 +27,12 @@ from concurrent import futures
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# The checkout's client where its stubs are generated there; else the muond
-# package deploy/setup.sh installed.
-if os.path.exists(os.path.join(ROOT, "client", "python", "muond", "v1", "muond_pb2.py")):
-    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+# The daemon-side double; muond is the package deploy/setup.sh installed.
 sys.path.insert(0, os.path.join(ROOT, "tests", "client", "python"))
 
 import grpc  # noqa: E402
 
+import muond  # noqa: E402
 from muond import _rules  # noqa: E402
 from muond.client import Client  # noqa: E402
 from muond.v1 import muond_pb2 as pb  # noqa: E402
@@ -92,6 +90,9 @@ def main() -> int:
                     help="the daemon's step (a GPU step the trainer waits for)")
     ap.add_argument("--poll-ms", type=float, default=1.0, help="the polling runs' poll")
     a = ap.parse_args()
+    if not 0 < a.poll_ms <= 100 or 2 * a.poll_ms > a.step_ms:
+        ap.error("--poll-ms must be in (0, 100] and at most half of --step-ms (a step "
+                 "whose wait is shorter than twice the poll does not poll)")
     with tempfile.TemporaryDirectory(prefix="muond-poll-") as tmp:
         daemon = SlowDaemon(a.step_ms / 1e3)
         server = grpc.server(futures.ThreadPoolExecutor(2))
@@ -105,12 +106,16 @@ def main() -> int:
                 runs[poll_ms] += run(address, daemon, poll_ms / 1e3, a.steps, a.warmup)
         finally:
             server.stop(None)
-    print(f"{a.steps} steps per run after {a.warmup} warm-up, runs A B A B; a {a.step_ms:g} ms "
-          "daemon step\n")
-    print("| trainer waits | answer -> step() returned, p50 / p90 µs |\n|---|---|")
+    print(f"muond from {os.path.dirname(muond.__file__)}; {a.steps} steps per run after "
+          f"{a.warmup} warm-up, runs A B A B; a {a.step_ms:g} ms daemon step\n")
+    print("| trainer waits | answer → `step()` returned, p50 / p90 µs | p50 ÷ asleep's |\n"
+          "|---|---|---|")
+    asleep = pct(runs[0.0], 0.5)
     for poll_ms, values in runs.items():
-        what = "asleep (futex)" if poll_ms == 0 else f"polling, step_channel_poll_ms={poll_ms:g}"
-        print(f"| {what} | {pct(values, 0.5):.0f} / {pct(values, 0.9):.0f} |")
+        what = ("asleep (futex)" if poll_ms == 0
+                else f"polling, `step_channel_poll_ms={poll_ms:g}`")
+        print(f"| {what} | {pct(values, 0.5):.0f} / {pct(values, 0.9):.0f} | "
+              f"{pct(values, 0.5) / asleep:.2f} |")
     return 0
 
 

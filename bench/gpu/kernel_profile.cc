@@ -157,12 +157,17 @@ void CUPTIAPI OnDriverApi(void*, CUpti_CallbackDomain, CUpti_CallbackId id,
   }
 }
 
-bool InRanges(const State& s, uint64_t t) {
-  if (s.ranges.empty()) return true;
-  for (const auto& [begin, end] : s.ranges)
-    if (t >= begin && (end == 0 || t < end)) return true;
-  return false;
+// The profiler range holding t (0 without ranges; -1 outside them).
+int RangeOf(const State& s, uint64_t t) {
+  if (s.ranges.empty()) return 0;
+  for (size_t k = 0; k < s.ranges.size(); ++k) {
+    const auto& [begin, end] = s.ranges[k];
+    if (t >= begin && (end == 0 || t < end)) return int(k);
+  }
+  return -1;
 }
+
+bool InRanges(const State& s, uint64_t t) { return RangeOf(s, t) >= 0; }
 
 // Busy time: the union of the intervals (streams may overlap).
 uint64_t BusyNs(std::vector<Interval> v) {
@@ -183,22 +188,32 @@ uint64_t BusyNs(std::vector<Interval> v) {
 }
 
 // Where the GPU idles: every gap of at least kMinGapNs between the end of
-// the activity so far and the next record's start, summed by the pair of
-// records around it ("previous -> next"), largest total first. A gap inside
-// a step is host work the GPU waits for (a sync, the votes, a launch); the
-// gaps between steps show as the last kernel of a step before the first.
+// the activity so far and the next record's start within one profiler
+// range (what runs between ranges is not profiled, so no gap spans two),
+// summed by the pair of records around it ("previous -> next"), largest
+// total first. A gap inside a step is host work the GPU waits for (a sync,
+// the votes, a launch); the gaps between steps show as the last kernel of a
+// step before the first.
 constexpr uint64_t kMinGapNs = 5000;
 struct Gap {
   uint64_t count = 0, ns = 0;
 };
-std::vector<std::pair<std::string, Gap>> IdleGaps(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end(), [](const Interval& a, const Interval& b) {
-    return a.start < b.start;
-  });
+std::vector<std::pair<std::string, Gap>> IdleGaps(const State& s,
+                                                  std::vector<Interval> v) {
+  // Stable: records that start together keep CUPTI's order.
+  std::stable_sort(
+      v.begin(), v.end(),
+      [](const Interval& a, const Interval& b) { return a.start < b.start; });
   std::map<std::string, Gap> gaps;
   uint64_t cur_end = 0;
   const std::string* before = nullptr;
+  int range = -1;
   for (const auto& i : v) {
+    if (const int r = RangeOf(s, i.start); r != range) {
+      range = r;
+      before = nullptr;  // a new range: no gap from the last one's end
+      cur_end = 0;
+    }
     if (before != nullptr && i.start >= cur_end + kMinGapNs) {
       Gap& g = gaps[*before + " -> " + *i.name];
       ++g.count;
@@ -271,7 +286,7 @@ void Report() {
                  static_cast<unsigned long long>(r.count), r.ns / 1e6,
                  r.ns / 1e3 / r.count, total ? 100.0 * r.ns / total : 0.0);
   }
-  const auto gaps = IdleGaps(kept);
+  const auto gaps = IdleGaps(s, kept);
   std::fprintf(f,
                "\nGPU idle gaps of %.0f us or more, by the records around "
                "them (largest total first, at most 20):\n\n| before -> after "

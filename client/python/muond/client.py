@@ -13,7 +13,8 @@ import numpy as np
 
 from muond import _rules
 from muond.step_channel import DETAILS_KEY as _DETAILS_KEY
-from muond.step_channel import ChannelAnswerTooLarge, ChannelUnusable, StepChannel
+from muond.step_channel import (ChannelAnswerTooLarge, ChannelUnusable, StepChannel,
+                                answer_poll_seconds)
 from muond.v1 import error_details_pb2
 from muond.v1 import muond_pb2 as pb
 from muond.v1 import muond_pb2_grpc as pb_grpc
@@ -377,7 +378,8 @@ class Client:
         ``request_capacity`` bytes (larger ones go over gRPC). False when
         this host or the daemon cannot have one: step() keeps using gRPC.
         Capacities: multiples of 4096 in [64 KiB, 64 MiB]. ``answer_poll_s``:
-        StepChannel.set_answer_poll."""
+        StepChannel.set_answer_poll (checked before anything is opened)."""
+        answer_poll_s = answer_poll_seconds(answer_poll_s)
         self.close_step_channel()
         self._step_channel = StepChannel.open(self, job_id, request_capacity,
                                               response_capacity)

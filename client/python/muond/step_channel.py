@@ -18,6 +18,7 @@ import ctypes
 import errno
 import logging
 import mmap
+import numbers
 import os
 import platform
 import struct
@@ -27,6 +28,7 @@ import time
 import weakref
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from muond import _rules
@@ -58,6 +60,25 @@ _FLOCK = "hhxxxxqqixxxx"
 # gRPC's trailer of a status's details, where muond.client.error_info reads them.
 DETAILS_KEY = "grpc-status-details-bin"
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+# The longest answer poll (set_answer_poll), seconds: a poll is a stretch at
+# a step's end, not a way to spin through it.
+MAX_ANSWER_POLL_S = 0.1
+
+
+def answer_poll_seconds(seconds) -> float:
+    """``seconds`` as an answer poll (set_answer_poll): a real number (not a
+    bool) in [0, MAX_ANSWER_POLL_S], else ValueError."""
+    try:
+        poll = (float(seconds) if isinstance(seconds, numbers.Real)
+                and not isinstance(seconds, (bool, np.bool_)) else None)
+    except OverflowError:  # an int past float's range
+        poll = None
+    if poll is None or not 0.0 <= poll <= MAX_ANSWER_POLL_S:
+        raise ValueError(f"an answer poll must be a number of seconds in [0, "
+                         f"{MAX_ANSWER_POLL_S:g}], got {seconds!r}")
+    return poll + 0.0  # -0.0 as 0.0
 
 
 class ChannelUnusable(Exception):
@@ -387,12 +408,11 @@ class StepChannel:
         answer comes: a thread that slept through a GPU step wakes
         ~0.05-0.1 ms after the daemon's futex wake-up
         (bench/results/step_channel_cpu.md). The poll yields the GIL between
-        looks and costs up to 2 x ``seconds`` of one core a step; a wait
-        shorter than 2 x ``seconds`` (a CPU daemon's short step) never
-        polls. 0 (the default): sleep throughout."""
-        if not seconds >= 0.0:
-            raise ValueError(f"answer poll must be >= 0 seconds, got {seconds!r}")
-        self._poll_s = float(seconds)
+        looks and costs up to 2 x ``seconds`` of one core a step; a step
+        whose previous wait was shorter than 2 x ``seconds`` (a CPU daemon's
+        short step) does not poll. 0 (the default): sleep throughout.
+        ValueError unless answer_poll_seconds takes it."""
+        self._poll_s = answer_poll_seconds(seconds)
 
     def _give_verdict(self, go: bool) -> None:
         """The verdict on the request just sent: the verdict, then its
@@ -450,6 +470,12 @@ class StepChannel:
                 if now >= poll_from:  # once a step; then sleep again
                     poll_from = None
                     self._poll_answer(min(now + 2 * self._poll_s, now + wait_s))
+                    # A daemon gone during the poll is seen at its end, as
+                    # at a slice's end, not a slice later.
+                    if self._daemon_gone():
+                        raise ChannelRpcError(grpc.StatusCode.UNAVAILABLE,
+                                              "the daemon's step channel: its lock is gone "
+                                              "(the daemon's process ended)")
                     continue
                 wait_s = min(wait_s, poll_from - now)
             waited = _futex(ctypes.addressof(self._response_seq), _FUTEX_WAIT, seen, wait_s)
@@ -462,10 +488,15 @@ class StepChannel:
                                       "daemon's process ended)")
 
     def _poll_answer(self, until: float) -> None:
-        """Looks at response_seq until the request's answer is there or
-        ``until`` (time.monotonic), yielding the GIL between looks."""
-        while self._response_seq.value != self._seq and time.monotonic() < until:
-            time.sleep(0)
+        """Looks at response_seq until the request's answer is there, a
+        close() is asked or ``until`` (time.monotonic), yielding the GIL and
+        the core between looks: sched_yield returns at once when nothing
+        else waits for the core, where time.sleep(0) sleeps out the timer
+        slack (~50 µs), and another Python thread ran at ~96% of its speed
+        beside it against ~51% beside time.sleep(0) (2-core VM)."""
+        while (self._response_seq.value != self._seq and not self._closing
+               and time.monotonic() < until):
+            os.sched_yield()
 
     def _daemon_gone(self) -> bool:
         """No daemon holds its lock, and no answer came before it went."""

@@ -13,6 +13,7 @@ import unittest
 from unittest import mock
 
 import grpc
+import numpy
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -187,9 +188,19 @@ class MuonStepChannelTest(unittest.TestCase):
         opt = self.muon(params, self.start())
         run(opt, params, steps=1)
         self.assertEqual(opt.clients[0]._step_channel._poll_s, 0.0)  # the default
+        # numpy's scalars and one-element tensors are numbers too; 100 ms is
+        # the longest poll.
+        for ms, want in ((numpy.float32(2.5), 0.0025), (numpy.int64(2), 0.002),
+                         (torch.tensor(2.0), 0.002), (100, 0.1)):
+            params, addresses = make_params(), self.start()
+            with mock.patch.object(SharedParams, "any_cuda", return_value=True):
+                opt = self.muon(params, addresses, step_channel_poll_ms=ms)
+                opt._ensure_registered()
+            self.assertAlmostEqual(opt.clients[0]._step_channel._poll_s, want)
 
     def test_step_channel_poll_ms_must_be_a_number_in_range(self):
-        for bad in (-1, 101, float("nan"), float("inf"), True, "1"):
+        for bad in (-1, 101, float("nan"), float("inf"), True, numpy.bool_(True),
+                    torch.tensor(True), torch.ones(2), "1", None, 10 ** 400):
             with self.subTest(bad=bad), self.assertRaisesRegex(
                     ValueError, "step_channel_poll_ms must be a number of ms in \\[0, 100\\]"):
                 Muon(groups(make_params()), daemons=["unix:///nonexistent.sock"],

@@ -389,12 +389,43 @@ class StepTest(ChannelTestCase):
             self.step(step_id=step_id)
         self.assertEqual(polls, [])
 
-    def test_a_poll_must_be_a_nonnegative_number_of_seconds(self):
+    def test_a_poll_must_be_a_number_of_seconds_up_to_a_tenth(self):
         channel = self.open()
         self.addCleanup(channel.close)
-        for bad in (-0.001, float("nan")):
-            with self.assertRaisesRegex(ValueError, "answer poll must be >= 0 seconds"):
+        for bad in (-0.001, float("nan"), float("inf"), 0.2, True, "0.001", None, 10 ** 400):
+            with self.subTest(bad=bad), self.assertRaisesRegex(
+                    ValueError, "an answer poll must be a number of seconds in \\[0, 0.1\\]"):
                 channel.set_answer_poll(bad)
+        channel.set_answer_poll(0.1)  # the longest
+        self.assertEqual(channel._poll_s, 0.1)
+
+    def test_a_bad_poll_opens_no_channel(self):
+        with self.assertRaisesRegex(ValueError, "an answer poll must be a number of seconds"):
+            self.client.open_step_channel(self.job, CAP, CAP, answer_poll_s=-1)
+        self.assertFalse(self.client.has_step_channel)
+        self.assertEqual(self.daemon.doubles, [])
+
+    def test_a_daemon_gone_or_a_close_during_the_poll_ends_it(self):
+        for end in ("die", "close"):
+            with self.subTest(end=end):
+                client = self.new_client()
+                self.assertTrue(client.open_step_channel(self.job, CAP, CAP, answer_poll_s=0.1))
+                self.delayed(0.3)
+                self.step(client, step_id=1)
+                self.daemon.answer = lambda request: None  # a hung step
+                double = self.daemon.doubles[-1]
+                # Inside the poll (0.2 s to 0.4 s after the send).
+                threading.Timer(0.25, double.die if end == "die"
+                                else client.close_step_channel).start()
+                sent = time.monotonic()
+                with self.assertRaises(ChannelRpcError) as caught:
+                    self.step(client, step_id=2)
+                self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAVAILABLE
+                                 if end == "die" else grpc.StatusCode.CANCELLED)
+                # A close ends the poll at once; a daemon gone is seen at
+                # the poll's end, not a slice (0.5 s) after it.
+                self.assertLess(time.monotonic() - sent, 0.55 if end == "die" else 0.38)
+                self.assertFalse(client.has_step_channel)
 
     def test_past_the_timeout_deadline_exceeded_and_the_channel_is_dropped(self):
         client = self.new_client(timeout=0.3)

@@ -42,11 +42,16 @@ _MAX_REFUSAL_CHARS = 4096
 
 
 def _step_channel_poll_s(ms) -> float:
-    """step_channel_poll_ms in seconds (ValueError unless a finite number
-    in [0, 100])."""
-    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms <= 100:
-        raise ValueError(f"step_channel_poll_ms must be a number of ms in [0, 100], got {ms!r}")
-    return float(ms) / 1e3
+    """step_channel_poll_ms in seconds: a real number of ms (int, float,
+    numpy scalar, one-element tensor; no bool in any form, as the groups'
+    numbers) within muond.step_channel.answer_poll_seconds's bounds, else
+    ValueError."""
+    try:
+        number = None if _groups.is_bool(ms) or isinstance(ms, (str, bytes)) else float(ms)
+        return _step_channel.answer_poll_seconds(number / 1e3 if number is not None else ms)
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        raise ValueError(f"step_channel_poll_ms must be a number of ms in [0, "
+                         f"{_step_channel.MAX_ANSWER_POLL_S * 1e3:g}], got {ms!r}") from None
 
 
 class AddParamGroupError(RuntimeError):

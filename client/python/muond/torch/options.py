@@ -120,7 +120,7 @@ class ConnectionOptions:
     it expects it (the last step's wait) and as long after, instead of
     sleeping: awake when the answer comes (muond.step_channel
     StepChannel.set_answer_poll; up to twice this of one core a step).
-    0: sleeps throughout."""
+    0 to 100; 0: sleeps throughout."""
     daemons: object = ()
     job_id: str | None = None
     client_id: str | None = None
