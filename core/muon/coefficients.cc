@@ -200,7 +200,7 @@ const GramRestartRow kGramRestartTable[] = {
     {CoefficientType::kSimple, 8, DType::kBFloat16, {2, 4, 6}},  // cond 20.2, sigma 1.227 / 1.252
     {CoefficientType::kSimple, 8, DType::kFloat32, {2, 5}},  // cond 5.28e+04, sigma 1.214 / 1.252
     {CoefficientType::kSimple, 9, DType::kFloat16, {2, 4, 6}},  // cond 74.1, sigma 1.204 / 1.252
-    {CoefficientType::kSimple, 9, DType::kBFloat16, {2, 4, 6}},  // cond 74.1, sigma 1.248 / 1.252
+    {CoefficientType::kSimple, 9, DType::kBFloat16, {2, 4, 5, 7}},  // cond 20.2, sigma 1.209 / 1.252
     {CoefficientType::kSimple, 9, DType::kFloat32, {2, 4, 6}},  // cond 74.1, sigma 1.203 / 1.252
     {CoefficientType::kSimple, 10, DType::kFloat16, {2, 4, 7}},  // cond 5.27e+04, sigma 1.202 / 1.219
     {CoefficientType::kSimple, 10, DType::kBFloat16, {2, 4, 6, 8}},  // cond 20.2, sigma 1.206 / 1.219
