@@ -404,11 +404,11 @@ class StepChannel:
     def set_answer_poll(self, seconds: float) -> None:
         """Poll for the daemon's answer over the last ``seconds`` before it
         is expected (when the last step's wait ended) and as long after,
-        instead of sleeping on the futex: the thread is awake when the
-        answer comes: a thread that slept through a GPU step wakes
-        ~0.05-0.1 ms after the daemon's futex wake-up
-        (bench/results/step_channel_cpu.md). The poll yields the GIL between
-        looks and costs up to 2 x ``seconds`` of one core a step; a step
+        instead of sleeping on the futex, so that the thread is awake when
+        the answer comes (one that slept through a GPU step wakes ~0.05-0.1
+        ms after the daemon's futex wake-up: bench/results/step_channel_cpu.md).
+        The poll yields the GIL and the core between looks and costs up to
+        2 x ``seconds`` of one core a step; a step
         whose previous wait was shorter than 2 x ``seconds`` (a CPU daemon's
         short step) does not poll. 0 (the default): sleep throughout.
         ValueError unless answer_poll_seconds takes it."""
