@@ -47,9 +47,9 @@ def _step_channel_poll_s(ms) -> float:
     numbers) within muond.step_channel.answer_poll_seconds's bounds, else
     ValueError."""
     try:
-        number = None if _groups.is_bool(ms) or isinstance(ms, (str, bytes)) else float(ms)
-        return _step_channel.answer_poll_seconds(number / 1e3 if number is not None else ms)
-    except (TypeError, ValueError, OverflowError, RuntimeError):
+        return _step_channel.answer_poll_seconds(
+            _groups._real("Muon", "step_channel_poll_ms", ms) / 1e3)
+    except (ValueError, OverflowError):  # OverflowError: an int past float's range
         raise ValueError(f"step_channel_poll_ms must be a number of ms in [0, "
                          f"{_step_channel.MAX_ANSWER_POLL_S * 1e3:g}], got {ms!r}") from None
 
