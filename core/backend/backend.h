@@ -325,9 +325,15 @@ class Backend {
       absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
       absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
       float grad_limit);
+  // Queues the copy of the finding of the CheckedMuonMomentumBatch calls
+  // since the last take, behind their kernels (CUDA: into pinned host memory,
+  // the device flag reset after it), so that work queued after this call is
+  // not waited for by TakeGradCheck. The default has nothing to queue.
+  virtual absl::Status QueueGradCheck() { return absl::OkStatus(); }
   // Whether every grad the CheckedMuonMomentumBatch calls read since the
   // last TakeGradCheck was within its limit; the next call starts afresh.
-  // CUDA waits for those calls' kernels (one synchronisation); the default's
+  // CUDA queues the copy if QueueGradCheck did not, then waits for that copy
+  // alone (an event), not for the work queued after it; the default's
   // finding is its AllFiniteBelow's, which waited already.
   virtual absl::StatusOr<bool> TakeGradCheck();
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in

@@ -78,11 +78,15 @@ bool ChecksGradsInMomentum(const GroupState& group);
 // (nothing of the state is written: L_i only), with the "every grad not in
 // `skip` under grad_limit" check in the same pass
 // (Backend::CheckedMuonMomentumBatch). Returns that check; sets
-// group.momentum_ready.
+// group.momentum_ready. With `ns_ahead` (a step not measured per shape), a
+// group whose domain is this rank alone also queues its NS phase behind the
+// check's copy (Backend::QueueGradCheck) before waiting for the finding, so
+// the device runs NS while the rank votes instead of idling through the
+// votes and NS's launch; sets group.ns_ready.
 absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
                                            const MuonOptions& options,
                                            const std::set<std::string>& skip,
-                                           float grad_limit);
+                                           float grad_limit, bool ns_ahead);
 
 // A Muon group's step up to the commit under its current plan (group.plan
 // must be set): momentum into staging, exchanges, NS, reverse exchanges,
