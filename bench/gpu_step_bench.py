@@ -10,6 +10,8 @@ run, fp32 params and grads, median of --reps steps, --rounds rounds:
   peer_b       the same with its defaults: Polar Express coefficients, tuned restart ([2]);
   inproc_std   muond in-process (bench/gpu:step_bench --engine: the daemon's step engine,
   inproc_gram    LayerShardedMuon::Step with its non-finite check) with standard / Gram NS;
+  inproc_gram_double_buffered  the same with double_buffer_momentum (not among the
+                               default columns);
   daemon_std   muond through the daemon (muond.torch.Muon: Python client, CUDA IPC, the step
   daemon_gram    channel), standard / Gram NS (ns_algorithm="gram");
   daemon_gram_checks_first  the same with overlap_checks off: step() checks, then sends;
@@ -75,11 +77,14 @@ from gpu_step_flops import (default_gram_min_aspect, default_gram_restarts,  # n
 SETTINGS = dict(lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, eps=1e-7, ns_steps=5)
 TORCH_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 H200_DENSE_PEAK = 989e12  # bf16/fp16 dense tensor-core FLOP/s, the H200 data sheet
-COLUMNS = ["torch", "peer_a", "peer_b", "inproc_std", "inproc_gram", "daemon_std",
+COLUMNS = ["torch", "peer_a", "peer_b", "inproc_std", "inproc_gram",
+           "inproc_gram_double_buffered", "daemon_std",
            "daemon_gram", "daemon_gram_checks_first", "daemon_gram_grpc", "daemon_gram_asleep"]
 TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "peer_b": "peer (b) defaults", "inproc_std": "muond in-process std",
-          "inproc_gram": "muond in-process gram", "daemon_std": "muond daemon std",
+          "inproc_gram": "muond in-process gram",
+          "inproc_gram_double_buffered": "muond in-process gram, double-buffered momentum",
+          "daemon_std": "muond daemon std",
           "daemon_gram": "muond daemon gram",
           "daemon_gram_checks_first": "muond daemon gram, checks first",
           "daemon_gram_grpc": "muond daemon gram, Step RPC",
@@ -245,19 +250,23 @@ def step_bench(args, env=None):
     return run
 
 
-def inprocess_run(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=None):
+def inprocess_run(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o, env=None,
+                  double_buffer=False):
     """step_bench --engine on the shapes, with the column's NS flags."""
     arg = ",".join(f"{r}x{c}" for r, c in shapes)
     return step_bench([f"--shapes={arg}", "--precision=medium", f"--reps={reps}",
                        f"--warmup={warmup}", f"--ns_batch_size={ns_batch_size}", "--engine"]
                       + (["--use_syrk"] if syrk and algorithm == "standard" else [])
+                      + (["--double_buffer_momentum"] if double_buffer else [])
                       + inprocess_flags(algorithm, o.gram_restarts, o.gram_dtype,
                                         o.gram_min_aspect)
                       + [f"--sym_gemm_schedule={o.sym_gemm_schedule}"], env=env)
 
 
-def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o):
-    out = inprocess_run(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o).stdout
+def bench_inprocess(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o,
+                    double_buffer=False):
+    out = inprocess_run(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o,
+                        double_buffer=double_buffer).stdout
     return float(re.search(r"step_ms_median (\S+)", out).group(1))
 
 
@@ -289,7 +298,8 @@ def cupti_library_path():
     return ":".join([d for d in [current] + found if d])
 
 
-def profile_inprocess(path, shapes, reps, warmup, ns_batch_size, syrk, algorithm, o):
+def profile_inprocess(path, shapes, reps, warmup, ns_batch_size, syrk, algorithm, o,
+                      double_buffer=False):
     """One more in-process run under the CUPTI profiler (its timed steps only: step_bench
     brackets them with cudaProfilerStart/Stop); the profile's table goes to path."""
     if os.path.exists(path):
@@ -297,7 +307,7 @@ def profile_inprocess(path, shapes, reps, warmup, ns_batch_size, syrk, algorithm
     env = dict(os.environ, CUDA_INJECTION64_PATH=kernel_profiler_library(),
                MUOND_KERNEL_PROFILE=path, LD_LIBRARY_PATH=cupti_library_path())
     err = inprocess_run(shapes, reps, warmup, ns_batch_size, syrk, algorithm, o,
-                        env=env).stderr
+                        env=env, double_buffer=double_buffer).stderr
     if not os.path.isfile(path):  # the library did not load, or CUPTI refused
         said = [line for line in err.splitlines() if "kernel_profile" in line]
         raise RuntimeError(f"no kernel profile written to {path}; the library said: "
@@ -376,7 +386,8 @@ def profile_set(a, o, name, shapes, cols, ns_batch, peers):
         path = os.path.join(a.kernel_profile, f"{name}_{c}.md")
         if c.startswith("inproc_"):
             guarded(c + " profile", profile_inprocess, path, shapes, a.reps, a.warmup,
-                    ns_batch, a.syrk, "standard" if c.endswith("std") else "gram", o)
+                    ns_batch, a.syrk, "standard" if c.endswith("std") else "gram", o,
+                    double_buffer=c.endswith("_double_buffered"))
         elif c.startswith("peer_") and peers.get(c) is not None:
             guarded(c + " profile", profile_torch_step, path, peers[c].opt.step, a.reps,
                     a.warmup)
@@ -615,7 +626,8 @@ def run_column(c, row, name, r, shapes, ns_batch, peers, peer_info, a, o):
             peer_info[c].setdefault("first", []).append(res[1:])
     elif c.startswith("inproc_"):
         row[c] = guarded(c, bench_inprocess, shapes, a.reps, a.warmup, ns_batch,
-                         a.syrk, "standard" if c.endswith("std") else "gram", o)
+                         a.syrk, "standard" if c.endswith("std") else "gram", o,
+                         double_buffer=c.endswith("_double_buffered"))
     else:
         res = guarded(c, bench_daemon, shapes, a.reps, a.warmup, f"{name}{r}{c}",
                       a.log_dir, ns_batch, a.syrk,
@@ -786,9 +798,10 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2,
                     help="every column measured this many times, interleaved")
-    ap.add_argument("--columns", default=",".join(c for c in COLUMNS if c != "daemon_gram_asleep"),
+    ap.add_argument("--columns", default=",".join(
+        c for c in COLUMNS if c not in ("daemon_gram_asleep", "inproc_gram_double_buffered")),
                     help="comma list of " + ", ".join(COLUMNS) + " (default: all but "
-                    "daemon_gram_asleep)")
+                    "daemon_gram_asleep and inproc_gram_double_buffered)")
     ap.add_argument("--syrk", action="store_true",
                     help="muond's standard NS columns run use_syrk")
     ap.add_argument("--gram-restarts", default=None,

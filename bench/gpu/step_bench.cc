@@ -30,6 +30,8 @@
 // --engine): where and in what precision the engine keeps the momentum
 // (core/common/state_storage.h); the engine's line then adds the medians of
 // its momentum and update phases ("momentum_ms <ms> update_ms <ms>").
+// --double_buffer_momentum (with --engine): MuonOptions' second momentum
+// buffer (the commit swaps it in instead of recomputing the momentum).
 // --sym_gemm_schedule=auto|cooperative|pingpong|wide: the sm_90a symmetric
 // GEMM's consumer schedule (muond-daemon's flag of the same name).
 // --ns_only (not with --engine): after one full step, times each chunk's
@@ -252,6 +254,7 @@ int Main(int argc, char** argv) {
   int reps = 20, warmup = 3;
   int64_t ns_batch = 1;
   bool use_syrk = false, engine_mode = false, ns_only = false;
+  bool double_buffer_momentum = false;
   int syrk_block_rows = 0;
   std::string ns_algorithm = "auto", gram_restarts, gram_dtype = "fp16";
   std::string state_location, state_dtype, sym_gemm_schedule = "auto";
@@ -271,6 +274,8 @@ int Main(int argc, char** argv) {
       use_syrk = true;
     else if (!std::strcmp(argv[i], "--engine"))
       engine_mode = true;
+    else if (!std::strcmp(argv[i], "--double_buffer_momentum"))
+      double_buffer_momentum = true;
     else if (!std::strncmp(argv[i], "--syrk_block_rows=", 18))
       syrk_block_rows = std::atoi(argv[i] + 18);
     else if (!std::strcmp(argv[i], "--ns_only"))
@@ -299,7 +304,7 @@ int Main(int argc, char** argv) {
           "[--ns_algorithm=standard|gram|auto] [--gram_restarts=I,J|none] "
           "[--gram_dtype=fp16|bf16] [--gram_min_aspect_ratio=X] "
           "[--state_location=device|host] "
-          "[--state_dtype=fp32|bf16|fp8_e4m3] "
+          "[--state_dtype=fp32|bf16|fp8_e4m3] [--double_buffer_momentum] "
           "[--sym_gemm_schedule=auto|cooperative|pingpong|wide]\n");
       return 2;
     }
@@ -347,6 +352,7 @@ int Main(int argc, char** argv) {
     return Fail(st);
   if (auto st = ApplyStateFlags(state_location, state_dtype, o); !st.ok())
     return Fail(st);
+  o.double_buffer_momentum = double_buffer_momentum;
   if (auto st = o.Validate(); !st.ok()) return Fail(st);
 
   std::vector<Matrix> mats;

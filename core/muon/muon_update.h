@@ -75,6 +75,13 @@ struct MuonOptions {
   // (core/common/state_storage.h).
   DType state_dtype = DType::kFloat32;
   StateLocation state_location = StateLocation::kDevice;
+  // A second momentum buffer (in the state's location and dtype): the
+  // momentum phase writes the new momentum there as it reads the old, and the
+  // commit swaps the two. Without it the commit recomputes the new momentum
+  // in place from the grads (one more read of grad and momentum a step, no
+  // second buffer). Bitwise the same either way; host state streamed through
+  // device slots is always double-buffered (in host memory).
+  bool double_buffer_momentum = false;
   // The second-moment renormalisation after NS (muon_variant.h); beta2 and
   // moment2_eps count only for kNorMuon and kAdaMuon (the anchors' beta2 and
   // eps, defaults included; `ns.eps` is Newton–Schulz's own, torch's eps).

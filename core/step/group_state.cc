@@ -96,18 +96,25 @@ bool StreamsHostMomentum(StateLocation where, const Backend& backend) {
   return where == StateLocation::kHost && backend.is_device();
 }
 
-// fp8_e4m3 state's scales (Muon: momentum, and staged for host state;
+// Whether the group keeps a staged momentum beside the momentum: streamed
+// host state (the stream stores to it), or double_buffer_momentum.
+bool StagesMomentum(const MuonOptions& options, const Backend& backend) {
+  return StreamsHostMomentum(options.state_location, backend) ||
+         options.double_buffer_momentum;
+}
+
+// fp8_e4m3 state's scales (Muon: momentum, and staged where `staged`;
 // AdamW: both moments); nothing for other dtypes.
 absl::Status AllocateStateScales(Backend* backend, DType dtype,
                                  int64_t elements, StateLocation where,
-                                 bool muon, ParamState& st) {
+                                 bool muon, bool staged, ParamState& st) {
   if (dtype != DType::kFloat8E4M3) return absl::OkStatus();
   auto scales = [&](OwnedBuffer& buf) {
     return AllocateScales(backend, elements, where, buf);
   };
   if (muon) {
     ASSIGN_OR_RETURN(st.momentum_scales, scales(st.momentum_scales_buf));
-    if (StreamsHostMomentum(where, *backend)) {
+    if (staged) {
       ASSIGN_OR_RETURN(st.staged_momentum_scales,
                        scales(st.staged_momentum_scales_buf));
     }
@@ -130,16 +137,22 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
                      AllocateZeroed(group.backend, sd, rows, cols, where));
     st.momentum = ContiguousView(st.momentum_buf.data(), sd, rows, cols);
     // Streamed host state stores its new momentum to a staged host copy (the
-    // slots are reused); other state needs none: the commit recomputes it in
-    // place (CommitMuonGroup).
-    if (StreamsHostMomentum(where, *group.backend)) {
+    // slots are reused), double-buffered state to its second buffer; other
+    // state needs none: the commit recomputes it in place (CommitMuonGroup).
+    const bool staged = StagesMomentum(config.muon, *group.backend);
+    if (staged) {
       ASSIGN_OR_RETURN(st.staged_momentum_buf,
                        AllocateZeroed(group.backend, sd, rows, cols, where));
       st.staged_momentum =
           ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
+      // The second buffer of double-buffered device state; a streamed host
+      // copy is host memory.
+      if (!StreamsHostMomentum(where, *group.backend)) {
+        group.staging_bytes += StateBytes(sd, rows * cols);
+      }
     }
     RETURN_IF_ERROR(AllocateStateScales(group.backend, sd, rows * cols, where,
-                                        /*muon=*/true, st));
+                                        /*muon=*/true, staged, st));
     group.state_bytes += StateBytes(sd, rows * cols);
     return absl::OkStatus();
   }
@@ -152,7 +165,7 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
   st.exp_avg = ContiguousView(st.exp_avg_buf.data(), sd, rows, cols);
   st.exp_avg_sq = ContiguousView(st.exp_avg_sq_buf.data(), sd, rows, cols);
   RETURN_IF_ERROR(AllocateStateScales(group.backend, sd, rows * cols, where,
-                                      /*muon=*/false, st));
+                                      /*muon=*/false, /*staged=*/false, st));
   group.state_bytes += 2 * StateBytes(sd, rows * cols);
   return absl::OkStatus();
 }

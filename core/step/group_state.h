@@ -26,15 +26,16 @@ struct ParamState {
   // Muon: momentum (MuonOptions::state_dtype). AdamW: exp_avg, exp_avg_sq
   // (AdamWOptions::state_dtype).
   MatrixView momentum, exp_avg, exp_avg_sq;
-  // Muon with host state (state_location): the step's new momentum, stored
-  // by the stream while `momentum` stays as it was; the commit swaps the two
+  // Muon with streamed host state (state_location) or double_buffer_momentum:
+  // the step's new momentum, stored by the stream or the momentum phase
+  // while `momentum` stays as it was; the commit swaps the two
   // (group_step.h), so a step that fails before its commit leaves the state
-  // untouched. Device state has none (the commit recomputes the momentum in
+  // untouched. Other state has none (the commit recomputes the momentum in
   // place).
   OwnedBuffer staged_momentum_buf;
   MatrixView staged_momentum;
   // Muon with fp8_e4m3 state: the fp32 scale of each kStateBlock elements of
-  // momentum and (host state) of staged_momentum (swapped with them); null
+  // momentum and (where staged) of staged_momentum (swapped with them); null
   // otherwise.
   OwnedBuffer momentum_scales_buf, staged_momentum_scales_buf;
   float* momentum_scales = nullptr;
@@ -120,8 +121,8 @@ struct GroupState {
   // (variant_phase.h), in device memory whatever the group's state_dtype and
   // state_location.
   int64_t variant_state_bytes = 0;
-  // Bytes of the variants' staged state (transient: the step's new state
-  // until its commit; variant_phase.h).
+  // Bytes of the variants' staged state (the step's new state until its
+  // commit; variant_phase.h) and of double-buffered momentum's second buffer.
   int64_t staging_bytes = 0;
   NorMuonRows normuon;
   NsHomesByVersion homes;

@@ -79,10 +79,20 @@ MomentumOperands MomentumOperandsOf(const GroupState& group,
   return m;
 }
 
+// Whether the momentum phase stores the new momentum to the staged buffer,
+// which the commit swaps in (MuonOptions::double_buffer_momentum), instead of
+// the commit recomputing it in place; streamed host state stages through its
+// stream instead.
+bool DoubleBuffersMomentum(const GroupState& group) {
+  return group.config.muon.double_buffer_momentum &&
+         group.host_streams == nullptr;
+}
+
 // grad_i, momentum_i -> L_i in one batched call (CUDA: a launch per ~40 small
-// params, not per param), the new momentum not stored: momentum_i is only
-// read, so an abandoned step leaves the state as it was with no copy of it
-// (CommitMuonGroup stores it). A skipped param's L_i is zeroed.
+// params, not per param); the new momentum to staged_momentum_i where the
+// group DoubleBuffersMomentum, else not stored. momentum_i is only read, so
+// an abandoned step leaves the state as it was (CommitMuonGroup stores the
+// new momentum or swaps it in). A skipped param's L_i is zeroed.
 // With `grad_limit`, the momentum kernels also check the grads they read
 // (Backend::CheckedMuonMomentumBatch).
 absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
@@ -95,14 +105,18 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
   }
   MomentumOperands m = MomentumOperandsOf(group, skip);
   if (m.params.empty()) return absl::OkStatus();
-  for (BlockScales& s : m.scales) s.out = nullptr;
-  std::vector<MatrixView> absent, inputs;
+  const bool staged = DoubleBuffersMomentum(group);
+  std::vector<MatrixView> outs, inputs;
   for (size_t k = 0; k < m.params.size(); ++k) {
-    absent.push_back(Absent(m.momenta[k]));
+    const ParamState& p = group.params[m.params[k]];
+    outs.push_back(staged ? p.staged_momentum : Absent(m.momenta[k]));
     inputs.push_back(group.local[m.params[k]]);
+    if (!m.scales.empty()) {
+      m.scales[k].out = staged ? p.staged_momentum_scales : nullptr;
+    }
   }
   return MuonMomentumPhaseBatch(*group.backend, options, m.grads, m.momenta,
-                                absent, inputs, m.scales, grad_limit);
+                                outs, inputs, m.scales, grad_limit);
 }
 
 // After the commit vote, device state: the new momentum of the params not in
@@ -528,9 +542,9 @@ absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
 
 namespace {
 
-// Host state: the staged momentum (stored by the stream) is the state from
-// now on; the old buffer stages the next step. A skipped param's momentum
-// stays (the stream did not stage it).
+// Staged momentum (stored by the stream or the momentum phase) is the state
+// from now on; the old buffer stages the next step. A skipped param's
+// momentum stays (nothing staged it).
 void SwapInStagedMomentum(GroupState& group,
                           const std::set<std::string>& skip) {
   for (size_t i = 0; i < group.params.size(); ++i) {
@@ -548,12 +562,13 @@ void SwapInStagedMomentum(GroupState& group,
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
                              const std::set<std::string>& skip,
                              PhaseTimings& t) {
+  const bool staged =
+      group.host_streams != nullptr || DoubleBuffersMomentum(group);
   RETURN_IF_ERROR(TimedPhase(*group.backend, "lsmuon/update", t.update_us, [&] {
     RETURN_IF_ERROR(UpdatePhase(group, options, skip));
-    return group.host_streams == nullptr ? StoreMomentum(group, options, skip)
-                                         : absl::OkStatus();
+    return staged ? absl::OkStatus() : StoreMomentum(group, options, skip);
   }));
-  if (group.host_streams != nullptr) SwapInStagedMomentum(group, skip);
+  if (staged) SwapInStagedMomentum(group, skip);
   return CommitVariantState(group, options, skip);
 }
 

@@ -250,6 +250,7 @@ absl::StatusOr<MuonOptions> MuonOptionsFromProto(
   if (h.has_beta2()) o.beta2 = h.beta2();
   if (h.has_moment2_eps()) o.moment2_eps = h.moment2_eps();
   RETURN_IF_ERROR(SetStateStorage(group, h, param_dtypes, o));
+  o.double_buffer_momentum = h.double_buffer_momentum();
   // Validate (ValidateGramOptions) names gram_restarts / gram_dtype /
   // gram_min_aspect_ratio and the rule.
   RETURN_IF_ERROR(InGroup(group, o.Validate()));

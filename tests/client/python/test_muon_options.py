@@ -27,7 +27,7 @@ NS = dict(coefficient_type="quintic", ns_batch_size=2, fp32_matmul_prec="highest
 SCALING = dict(scale_mode="spectral", extra_scale_factor=0.3, weight_decay_method="decoupled",
                variant="normuon", beta2=0.9, moment2_eps=1e-7)
 ADAMW = dict(betas=(0.8, 0.9), adamw_eps=1e-6)
-STATE = dict(state_dtype="bf16", state_location="host")
+STATE = dict(state_dtype="bf16", state_location="host", double_buffer_momentum=True)
 TORCH = dict(lr=0.02, weight_decay=0.05, momentum=0.9, nesterov=False, eps=1e-8, ns_steps=6)
 
 
@@ -150,7 +150,7 @@ class MuonOptionObjectsTest(FakeClusterTestCase):
     def test_every_flat_keyword_has_one_object_field(self):
         self.assertEqual(len(muond_options.FLAT_KEYWORDS), len(set(muond_options.FLAT_KEYWORDS)))
         self.assertIn("adamw_eps", muond_options.FLAT_KEYWORDS)
-        self.assertEqual(len(muond_options.FLAT_KEYWORDS), 43)
+        self.assertEqual(len(muond_options.FLAT_KEYWORDS), 44)
 
 class NsBatchSizeLoadTest(FakeClusterTestCase):
     """ns_batch_size schedules NS and is no part of the state: a state dict
@@ -199,6 +199,9 @@ class NsBatchSizeLoadTest(FakeClusterTestCase):
         live = {k: group[k] for k in muond_groups.LIVE_KEYS["muon"]}
         self.assertEqual(muond_groups.loaded_options(0, group, dict(group, use_syrk=True)),
                          live)
+        # So does double_buffer_momentum (the same state either way).
+        self.assertEqual(muond_groups.loaded_options(
+            0, group, dict(group, double_buffer_momentum=True)), live)
         with self.assertRaisesRegex(ValueError, r"'ns_steps' is 5 in the state dict, 6 here"):
             muond_groups.loaded_options(0, group, dict(group, ns_steps=5))
 

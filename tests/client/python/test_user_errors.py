@@ -195,14 +195,20 @@ class HyperparameterTypeTest(FakeDaemonCase):
         for value in (True, np.False_, torch.tensor(False), np.True_, torch.tensor(True), 0):
             with self.subTest(value=value):
                 daemon = self.cluster.daemons[0]
-                opt = self.muon(nesterov=value, use_syrk=value)
+                opt = self.muon(nesterov=value, use_syrk=value, double_buffer_momentum=value)
                 self.set_grads()
                 opt.step()
                 registered = daemon.requests[-1].groups[0].muon
-                self.assertEqual((registered.nesterov, registered.use_syrk), (bool(value),) * 2)
+                self.assertEqual((registered.nesterov, registered.use_syrk,
+                                  registered.double_buffer_momentum), (bool(value),) * 3)
                 (override,) = [o for o in daemon.step_requests[-1].overrides if o.group == "group0"]
                 self.assertIs(override.nesterov, bool(value))
                 opt.close()
+
+    def test_an_adamw_group_refuses_double_buffer_momentum(self):
+        with self.assertRaisesRegex(ValueError, r"param group 1: 'double_buffer_momentum' is an "
+                                                r"option of a Muon group's momentum"):
+            self.muon(adamw={"double_buffer_momentum": True})
 
     def test_a_bool_option_refuses_what_is_no_bool(self):
         for value in ("yes", 2, 0.0, torch.tensor([True, False])):
@@ -213,6 +219,9 @@ class HyperparameterTypeTest(FakeDaemonCase):
                     self.muon(nesterov=value)
                 with self.assertRaisesRegex(ValueError, r"'use_syrk' must be a bool"):
                     self.muon(use_syrk=value)
+                with self.assertRaisesRegex(ValueError,
+                                            r"'double_buffer_momentum' must be a bool"):
+                    self.muon(double_buffer_momentum=value)
 
     def test_a_string_set_in_param_groups_is_refused_at_step(self):
         opt = self.muon()

@@ -98,12 +98,13 @@ float Value(int group, int param, int step, int64_t i) {
 // and bf16 state: its grads must also stay inside the bf16 range).
 class Model {
  public:
-  Model(Backend* backend, bool skip_nonfinite) {
+  Model(Backend* backend, bool skip_nonfinite, bool double_buffer = false) {
     std::vector<GroupConfig> groups(2);
     for (int g = 0; g < 2; ++g) {
       groups[g].name = g == 0 ? "fp32" : "medium";
       groups[g].muon.lr = 0.02;
       groups[g].muon.nesterov = true;
+      groups[g].muon.double_buffer_momentum = double_buffer;
       if (g == 1) {
         groups[g].muon.ns.precision = MatmulPrecision::kMedium;
         groups[g].muon.state_dtype = DType::kBFloat16;
@@ -198,10 +199,16 @@ struct Case {
 // first builds the plan in the agreement, after the momentum), so a refused
 // or skipped step after NS ran ahead must still leave everything as the CPU
 // engine, which never runs NS ahead, leaves it.
+// With `double_buffer` the device engine double-buffers its momentum
+// (MuonOptions::double_buffer_momentum): the momentum phase stores the new
+// momentum and the commit swaps it in, where the CPU engine's commit
+// recomputes it.
 void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
-             std::vector<absl::StatusOr<StepResult>>* results = nullptr) {
+             std::vector<absl::StatusOr<StepResult>>* results = nullptr,
+             bool double_buffer = false) {
   Recording cpu(/*device=*/false), device(/*device=*/true);
-  Model on_cpu(&cpu, skip_nonfinite), on_device(&device, skip_nonfinite);
+  Model on_cpu(&cpu, skip_nonfinite),
+      on_device(&device, skip_nonfinite, double_buffer);
   int step = 0;
   for (const Case& c : cases) {
     ++step;
@@ -223,10 +230,13 @@ void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
     EXPECT_EQ(on_device.Values(), on_cpu.Values()) << c.what;
     EXPECT_EQ(on_device.State(), on_cpu.State()) << c.what;
     // Each Muon group's momentum ran once, checked, in the agreement; the
-    // unchecked calls are a committed step's stores of the new momentum.
+    // unchecked calls are a committed step's stores of the new momentum
+    // (none where it is double-buffered).
     EXPECT_EQ(device.checked - checked_before, 2) << c.what;
     const bool committed = got.ok() && got->skipped_nonfinite.empty();
-    EXPECT_EQ(device.unchecked - unchecked_before, committed ? 2 : 0) << c.what;
+    EXPECT_EQ(device.unchecked - unchecked_before,
+              committed && !double_buffer ? 2 : 0)
+        << c.what;
     // One NS graph per group ahead of its take from the second step on
     // (ns_shape_timing_every's 10: none of these steps is measured but the
     // first); none on the CPU engine, whose check is a read of its own.
@@ -292,6 +302,31 @@ TEST(GradCheckInMomentum, SkipNonfiniteSkipsAlike) {
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[1]->skipped_nonfinite,
             std::vector<std::string>{"medium/medium.w2"});
+}
+
+// Double-buffered momentum through finite, refused, skipped and
+// partly skipped steps: every status, param and state as the CPU engine's,
+// whose commit recomputes the momentum (a refused or skipped step swaps
+// nothing in; a skipped param's momentum stays).
+TEST(GradCheckInMomentum, DoubleBufferedMomentumStepsAsRecomputed) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (bool skip_nonfinite : {false, true}) {
+    SCOPED_TRACE(skip_nonfinite ? "skip_nonfinite" : "refuse");
+    std::vector<absl::StatusOr<StepResult>> results;
+    RunBoth(skip_nonfinite,
+            {{"finite", {}, {}},
+             {"a NaN in fp32.w1", {{"fp32.w1", nan}}, {}},
+             {"finite, medium.w0 skipped", {}, {"medium.w0"}},
+             {"finite again", {}, {}},
+             {"a NaN in medium.w2", {{"medium.w2", nan}}, {}},
+             {"finite at last", {}, {}}},
+            &results, /*double_buffer=*/true);
+    ASSERT_EQ(results.size(), 6u);
+    EXPECT_EQ(results[1].ok(), skip_nonfinite) << results[1].status();
+    for (int i : {0, 2, 3, 5}) {
+      EXPECT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    }
+  }
 }
 
 }  // namespace

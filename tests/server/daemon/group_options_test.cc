@@ -47,7 +47,16 @@ TEST(GroupOptions, UnsetFieldsTakeTheDefaults) {
   EXPECT_EQ(o->ns_batch_size, 0);  // auto
   EXPECT_EQ(o->ns.num_steps, 5);
   EXPECT_EQ(o->extra_scale_factor, 1.0);
+  EXPECT_FALSE(o->double_buffer_momentum);
   EXPECT_TRUE(AdamWOptionsFromProto(AdamWGroup()).ok());
+}
+
+TEST(GroupOptions, DoubleBufferMomentumIsTaken) {
+  v1::ParamGroup g = MuonGroup();
+  g.mutable_muon()->set_double_buffer_momentum(true);
+  absl::StatusOr<MuonOptions> o = MuonOptionsFromProto(g);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->double_buffer_momentum);
 }
 
 TEST(GroupOptions, ExplicitOutOfRangeValuesAreRefusedNotDefaulted) {

@@ -55,12 +55,12 @@ ADAMW_FIXED_OPTIONS = {"amsgrad": False, "maximize": False, "capturable": False,
 # Their AdamW keys that choose torch's kernels, not the math: carried in the
 # groups (a state dict round-trips through torch.optim.AdamW), never fixed.
 KERNEL_KEYS = ("foreach", "fused")
-# How Newton-Schulz's products are scheduled, not what they compute (the same
-# products, batched or on their lower triangle; the state does not depend on
-# it): a loaded state dict's value gives way to this optimizer's, so a
-# checkpoint from before auto batching (every group saved ns_batch_size 1)
-# resumes in an optimizer at the defaults, and back.
-SCHEDULING_KEYS = ("ns_batch_size", "use_syrk")
+# How the step is scheduled, not what it computes (Newton-Schulz's products
+# batched or on their lower triangle, the momentum stored once or recomputed;
+# the state does not depend on it): a loaded state dict's value gives way to
+# this optimizer's, so a checkpoint from before auto batching (every group
+# saved ns_batch_size 1) resumes in an optimizer at the defaults, and back.
+SCHEDULING_KEYS = ("ns_batch_size", "use_syrk", "double_buffer_momentum")
 # torch.optim.Muon's default ns_coefficients: muond's coefficient_type "simple"
 # (core/muon/coefficients.h, through the generated muond._rules).
 _SIMPLE_COEFFICIENTS = _rules.SIMPLE_COEFFICIENTS
@@ -125,12 +125,17 @@ def check_adamw_options(gi: int, group: dict) -> None:
 
 def check_adamw_keys(gi: int, group: dict) -> None:
     """An AdamW group as the user wrote it (before the optimizer's defaults,
-    which are a Muon group's, fill it in) names no Muon variant option."""
+    which are a Muon group's, fill it in) names no Muon variant option and
+    no option of Muon's momentum."""
     given = [k for k in _variants.KEYS if k in group]
     if given:
         raise ValueError(f"param group {gi}: {given[0]!r} is an option of a Muon group's "
                          "variant (NorMuon/AdaMuon's second moment), not of AdamW, whose "
                          "are 'betas' and 'eps'")
+    if "double_buffer_momentum" in group:
+        raise ValueError(f"param group {gi}: 'double_buffer_momentum' is an option of a Muon "
+                         "group's momentum, not of AdamW's moments (updated in place once "
+                         "a step)")
 
 
 def frozen(value):
@@ -358,8 +363,9 @@ def check_options(gi: int, group: dict) -> None:
     for key in _FIXED_INTS:
         if key in group:
             _whole(label, key, group[key])
-    if "use_syrk" in group:
-        _flag(label, "use_syrk", group["use_syrk"])
+    for key in ("use_syrk", "double_buffer_momentum"):
+        if key in group:
+            _flag(label, key, group[key])
     for c in _sequence(group.get("custom_coefficients")):
         _real(label, "custom_coefficients", c)
     _variants.check(label, group)

@@ -43,7 +43,7 @@ def muon_defaults(lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns
                 variant=o["variant"], beta2=o["beta2"], moment2_eps=o["moment2_eps"],
                 # Every group's, AdamW groups' too (torch.optim fills them in).
                 state_dtype=o["state_dtype"], state_location=o["state_location"],
-                algorithm="muon")
+                double_buffer_momentum=o["double_buffer_momentum"], algorithm="muon")
 
 
 def with_adamw_options(params: list, defaults: dict, betas, adamw_eps) -> list:

@@ -83,9 +83,14 @@ class StateStorageOptions:
     all bf16, else fp32), "fp32", "bf16" or "fp8_e4m3" (blockwise scaled,
     torchao's fp8 optimizers); ``state_location`` "device" (GPU memory) or
     "host" (pinned host memory the GPU reads in place). Fixed at
-    registration; a state dict moves between them (muond.torch.state_storage)."""
+    registration; a state dict moves between them (muond.torch.state_storage).
+    ``double_buffer_momentum`` (Muon groups): a second momentum buffer, so
+    the momentum is computed once a step instead of again at its commit (one
+    pass over grad and momentum less a step, one momentum's memory more; the
+    same updates and state bit for bit)."""
     state_dtype: str = "auto"
     state_location: str = "device"
+    double_buffer_momentum: bool = False
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ def set_hyperparams(wg: pb.ParamGroup, group: dict) -> None:
         num_ns_steps=operator.index(group["ns_steps"]), eps=float(group["eps"]),
         extra_scale_factor=float(group["extra_scale_factor"]),
         ns_batch_size=operator.index(group["ns_batch_size"]), use_syrk=bool(group["use_syrk"]),
+        double_buffer_momentum=bool(group.get("double_buffer_momentum", False)),
         **enums, **state))
     if group.get("gram_restarts") is not None:
         wg.muon.gram_restarts.CopyFrom(pb.GramRestarts(
