@@ -17,7 +17,9 @@ run, fp32 params and grads, median of --reps steps, --rounds rounds:
   daemon_gram_checks_first  the same with overlap_checks off: step() checks, then sends;
   daemon_gram_grpc          the same over the Step RPC (a Unix socket);
   daemon_gram_asleep        the same asleep until the answer (step_channel_poll_ms=0; not
-                            among the default columns).
+                            among the default columns);
+  daemon_gram_double_buffered  the same with double_buffer_momentum (not among the
+                               default columns).
 
 The same math everywhere otherwise: eps 1e-7, `original` scale (the peer gets it as its
 adjust_lr callable), Nesterov, momentum 0.95, decoupled weight decay 0.1 (the peer scales it
@@ -79,7 +81,11 @@ TORCH_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 H200_DENSE_PEAK = 989e12  # bf16/fp16 dense tensor-core FLOP/s, the H200 data sheet
 COLUMNS = ["torch", "peer_a", "peer_b", "inproc_std", "inproc_gram",
            "inproc_gram_double_buffered", "daemon_std",
-           "daemon_gram", "daemon_gram_checks_first", "daemon_gram_grpc", "daemon_gram_asleep"]
+           "daemon_gram", "daemon_gram_checks_first", "daemon_gram_grpc", "daemon_gram_asleep",
+           "daemon_gram_double_buffered"]
+# Asked for by name only: not what a user runs by default.
+OPT_IN_COLUMNS = ("daemon_gram_asleep", "inproc_gram_double_buffered",
+                  "daemon_gram_double_buffered")
 TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "peer_b": "peer (b) defaults", "inproc_std": "muond in-process std",
           "inproc_gram": "muond in-process gram",
@@ -88,7 +94,8 @@ TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "daemon_gram": "muond daemon gram",
           "daemon_gram_checks_first": "muond daemon gram, checks first",
           "daemon_gram_grpc": "muond daemon gram, Step RPC",
-          "daemon_gram_asleep": "muond daemon gram, asleep till the answer"}
+          "daemon_gram_asleep": "muond daemon gram, asleep till the answer",
+          "daemon_gram_double_buffered": "muond daemon gram, double-buffered momentum"}
 # Speed targets, muond gram through the daemon: x faster than (peer a, peer b, torch).
 # The targets per set: (vs peer (a), vs peer (b), vs torch.optim.Muon); None: no target.
 GOALS = {"llama3_8b": (1.3, 1.3, 2.3), "qwen3_1_7b": (1.3, 1.3, 2.3),
@@ -412,7 +419,7 @@ def muond_gram_kwargs(algorithm, o):
 
 
 def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algorithm, o,
-                 step_channel=True, overlap_checks=True, poll_ms=None):
+                 step_channel=True, overlap_checks=True, poll_ms=None, double_buffer=False):
     import torch
     from daemon_harness import Daemon
     from muond.torch import Muon
@@ -426,6 +433,7 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
                    ns_batch_size=ns_batch_size, use_syrk=syrk and algorithm == "standard",
                    step_channel=step_channel, overlap_checks=overlap_checks,
                    **({} if poll_ms is None else {"step_channel_poll_ms": poll_ms}),
+                   double_buffer_momentum=double_buffer,
                    **muond_gram_kwargs(algorithm, o), **SETTINGS)
         try:
             opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
@@ -444,7 +452,8 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
             dm = sorted(daemon_ms[warmup:])
             print_breakdown(algorithm + ("" if step_channel else ", Step RPC")
                             + ("" if overlap_checks else ", checks first")
-                            + ("" if poll_ms is None else ", asleep till the answer"),
+                            + ("" if poll_ms is None else ", asleep till the answer")
+                            + (", double-buffered momentum" if double_buffer else ""),
                             parts[warmup:])
         finally:
             opt.close()
@@ -634,7 +643,8 @@ def run_column(c, row, name, r, shapes, ns_batch, peers, peer_info, a, o):
                       "standard" if c.endswith("std") else "gram", o,
                       step_channel=not c.endswith("_grpc"),
                       overlap_checks=not c.endswith("_checks_first"),
-                      poll_ms=0.0 if c.endswith("_asleep") else None)
+                      poll_ms=0.0 if c.endswith("_asleep") else None,
+                      double_buffer=c.endswith("_double_buffered"))
         if res:
             row[c], row[c + "_side"] = res
 
@@ -673,8 +683,9 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
                   "daemon / in-process std | daemon / in-process gram | "
                   "daemon over the Step RPC / in-process gram | "
                   "daemon, checks first / in-process gram | "
-                  "daemon, asleep till the answer / in-process gram |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "daemon, asleep till the answer / in-process gram | "
+                  "daemon / in-process, both double-buffered |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
     for k, row in enumerate(rows if muond else []):
         d = row.get("daemon_gram")
         cells = [ratio(row.get("peer_a"), d), ratio(row.get("peer_b"), d),
@@ -692,7 +703,9 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
                                     f": goal <= {DAEMON_OVER_INPROCESS_GOAL})"),
                 fmt(ratio(row.get("daemon_gram_grpc"), row.get("inproc_gram")), ".3f"),
                 fmt(ratio(row.get("daemon_gram_checks_first"), row.get("inproc_gram")), ".3f"),
-                fmt(ratio(row.get("daemon_gram_asleep"), row.get("inproc_gram")), ".3f")]
+                fmt(ratio(row.get("daemon_gram_asleep"), row.get("inproc_gram")), ".3f"),
+                fmt(ratio(row.get("daemon_gram_double_buffered"),
+                          row.get("inproc_gram_double_buffered")), ".3f")]
         lines.append(f"| {k + 1} | " + " | ".join(txt) + " |")
     # Efficiency: the median over rounds of each column.
     lines += ["", "| column | ms (rounds) | effective NS TFLOP/s | NS the column runs | "
@@ -799,9 +812,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2,
                     help="every column measured this many times, interleaved")
     ap.add_argument("--columns", default=",".join(
-        c for c in COLUMNS if c not in ("daemon_gram_asleep", "inproc_gram_double_buffered")),
+        c for c in COLUMNS if c not in OPT_IN_COLUMNS),
                     help="comma list of " + ", ".join(COLUMNS) + " (default: all but "
-                    "daemon_gram_asleep and inproc_gram_double_buffered)")
+                    + ", ".join(OPT_IN_COLUMNS) + ")")
     ap.add_argument("--syrk", action="store_true",
                     help="muond's standard NS columns run use_syrk")
     ap.add_argument("--gram-restarts", default=None,

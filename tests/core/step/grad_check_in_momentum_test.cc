@@ -228,6 +228,16 @@ void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
       EXPECT_EQ(got->skipped_nonfinite, want->skipped_nonfinite) << c.what;
     }
     EXPECT_EQ(on_device.Values(), on_cpu.Values()) << c.what;
+    if (got.ok() && got->skipped_nonfinite.empty()) {
+      // The phases' times are the step's wall time cut into pieces: NS run
+      // ahead in the agreement counts only the wait for it after the votes,
+      // not the time it shares with the later groups' momentum.
+      const PhaseTimings& t = got->timings;
+      EXPECT_LE(t.momentum_us + t.a2a_fwd_us + t.ns_us + t.a2a_bwd_us +
+                    t.dp_share_us + t.update_us,
+                t.total_us)
+          << c.what;
+    }
     EXPECT_EQ(on_device.State(), on_cpu.State()) << c.what;
     // Each Muon group's momentum ran once, checked, in the agreement; the
     // unchecked calls are a committed step's stores of the new momentum
