@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/state_storage.h"
@@ -38,17 +36,10 @@ absl::Status Backend::CheckedMuonMomentumBatch(
                            scales);
 }
 
-absl::Status Backend::QueueGradCheck() {
-  if (!queued_grad_check_.has_value()) {
-    queued_grad_check_ = !checked_grads_out_of_range_;
-    checked_grads_out_of_range_ = false;
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<bool> Backend::TakeGradCheck() {
-  RETURN_IF_ERROR(QueueGradCheck());
-  return *std::exchange(queued_grad_check_, std::nullopt);
+  const bool within = !checked_grads_out_of_range_;
+  checked_grads_out_of_range_ = false;
+  return within;
 }
 
 absl::Status Backend::ApplyUpdateBatch(absl::Span<const MatrixView> params,

@@ -22,7 +22,6 @@
 #include <functional>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 
@@ -326,16 +325,10 @@ class Backend {
       absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
       absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
       float grad_limit);
-  // Fixes the finding of the CheckedMuonMomentumBatch calls since the last
-  // take as the next TakeGradCheck's; calls after it count towards the take
-  // after that. CUDA queues the finding's copy behind their kernels (into
-  // pinned host memory, the device flag reset after it), so TakeGradCheck
-  // waits for that copy alone, not for work queued after this call.
-  virtual absl::Status QueueGradCheck();
-  // Whether every grad the CheckedMuonMomentumBatch calls read up to the
-  // QueueGradCheck before it (if none: up to now) was within its limit; the
-  // calls after count afresh. CUDA waits for the queued copy (an event); the
-  // default's finding is its AllFiniteBelow's, which waited already.
+  // Whether every grad the CheckedMuonMomentumBatch calls read since the
+  // last TakeGradCheck was within its limit; the next call starts afresh.
+  // CUDA waits for those calls' kernels (one synchronisation); the default's
+  // finding is its AllFiniteBelow's, which waited already.
   virtual absl::StatusOr<bool> TakeGradCheck();
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in
   // the param's dtype (fp32, bf16 or fp16) with one rounding. update is fp32 or
@@ -498,8 +491,6 @@ class Backend {
  private:
   // The default CheckedMuonMomentumBatch's finding, for TakeGradCheck.
   bool checked_grads_out_of_range_ = false;
-  // QueueGradCheck's finding, until TakeGradCheck takes it.
-  std::optional<bool> queued_grad_check_;
 };
 
 // ---- argument checks shared by the implementations ------------------------

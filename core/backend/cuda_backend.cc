@@ -38,7 +38,6 @@ CudaBackend::~CudaBackend() {
   cudaFree(flag_);
   cudaFreeHost(host_flag_);
   if (order_event_ != nullptr) cudaEventDestroy(order_event_);
-  if (grad_check_event_ != nullptr) cudaEventDestroy(grad_check_event_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -58,9 +57,6 @@ absl::Status CudaBackend::Init() {
       cudaMemsetAsync(flag_, 0, 2 * sizeof(int), stream_), "cudaMemsetAsync"));
   RETURN_IF_ERROR(CudaStatus(
       cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming),
-      "cudaEventCreate"));
-  RETURN_IF_ERROR(CudaStatus(
-      cudaEventCreateWithFlags(&grad_check_event_, cudaEventDisableTiming),
       "cudaEventCreate"));
   if (!options_.blas) return absl::OkStatus();
   RETURN_IF_ERROR(CublasStatus(cublasCreate(&handle_), "cublasCreate"));

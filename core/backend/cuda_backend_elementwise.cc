@@ -65,25 +65,15 @@ absl::Status CudaBackend::CheckedMuonMomentumBatch(
                        scales, {grad_limit, flag_ + 1});
 }
 
-absl::Status CudaBackend::QueueGradCheck() {
-  if (grad_check_queued_) return absl::OkStatus();
+absl::StatusOr<bool> CudaBackend::TakeGradCheck() {
   RETURN_IF_ERROR(
       CudaStatus(cudaMemcpyAsync(host_flag_ + 1, flag_ + 1, sizeof(int),
                                  cudaMemcpyDeviceToHost, stream_),
                  "grad check"));
   RETURN_IF_ERROR(CudaStatus(
       cudaMemsetAsync(flag_ + 1, 0, sizeof(int), stream_), "grad check"));
-  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(grad_check_event_, stream_),
-                             "grad check event"));
-  grad_check_queued_ = true;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<bool> CudaBackend::TakeGradCheck() {
-  RETURN_IF_ERROR(QueueGradCheck());
-  grad_check_queued_ = false;
   RETURN_IF_ERROR(
-      CudaStatus(cudaEventSynchronize(grad_check_event_), "grad check sync"));
+      CudaStatus(cudaStreamSynchronize(stream_), "grad check sync"));
   return host_flag_[1] == 0;
 }
 

@@ -141,7 +141,6 @@ class CudaBackend final : public Backend {
       absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
       absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
       float grad_limit) override;
-  absl::Status QueueGradCheck() override;
   absl::StatusOr<bool> TakeGradCheck() override;
   absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                 absl::Span<const MatrixView> updates,
@@ -237,10 +236,6 @@ class CudaBackend final : public Backend {
   // set across a step's CheckedMuonMomentumBatch calls until TakeGradCheck.
   int* flag_ = nullptr;
   int* host_flag_ = nullptr;
-  // Recorded behind the copy of flag_[1] (QueueGradCheck), which
-  // TakeGradCheck waits for; whether that copy is queued and not yet taken.
-  cudaEvent_t grad_check_event_ = nullptr;
-  bool grad_check_queued_ = false;
   // The momentum kernels' batch, checked (GradCheck) or not.
   absl::Status MomentumBatch(absl::Span<const MatrixView> grads,
                              absl::Span<const MatrixView> momenta_in,

@@ -29,14 +29,13 @@ namespace {
 // step's local checks passed (`momentum_now`), else by a read of its own.
 absl::StatusOr<bool> GradsWithinLimitOf(GroupState& group,
                                         const StepInputs& inputs,
-                                        StepResult& result, bool momentum_now,
-                                        bool ns_ahead) {
+                                        StepResult& result, bool momentum_now) {
   if (!momentum_now || !ChecksGradsInMomentum(group)) {
     return GradsWithinLimit(group, inputs.skip_params);
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<bool> within = MomentumWithGradCheck(
-      group, group.step_muon, inputs.skip_params, GradLimit(group), ns_ahead);
+      group, group.step_muon, inputs.skip_params, GradLimit(group));
   result.timings.momentum_us += absl::ToDoubleMicroseconds(absl::Now() - start);
   if (within.ok()) return within;
   // The momentum phase's own failure is the step's, as it was where the
@@ -61,19 +60,15 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
   // an error in one group (even a communicator's) must not skip the
   // agreements of the groups after it, whose peers would wait for them.
   absl::Status refused;
-  // A step measured per shape times NS chunk by chunk, after the votes.
-  const bool ns_ahead = !MeasuresShapes();
   for (GroupState& group : groups_) {
     DomainVote mine;
     // A rank whose registered memory failed its check (RefusalCode::kMemory:
     // a shrunk shm object would raise SIGBUS) reads no grad; it still takes
     // part in the collectives and refuses through the job vote.
-    // A step that stopped after they were set left them set.
-    group.momentum_ready = group.ns_ready = false;
+    group.momentum_ready = false;  // a step that stopped after it left it set
     absl::StatusOr<bool> finite =
-        read_grads
-            ? GradsWithinLimitOf(group, inputs, result, momentum_now, ns_ahead)
-            : absl::StatusOr<bool>(true);
+        read_grads ? GradsWithinLimitOf(group, inputs, result, momentum_now)
+                   : absl::StatusOr<bool>(true);
     if (!finite.ok() && refused.ok()) refused = finite.status();
     mine.all_finite = finite.value_or(false);
     mine.homes_version = group.homes.newest();

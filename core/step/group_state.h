@@ -106,10 +106,6 @@ struct GroupState {
   // check in its pass (MomentumWithGradCheck): L_i holds the NS input, and
   // PrepareMuonGroup runs no momentum phase of its own (and clears it).
   bool momentum_ready = false;
-  // With momentum_ready: NS on L_i was queued there too
-  // (MomentumWithGradCheck's ns_ahead), and PrepareMuonGroup waits for it
-  // instead of running it (and clears it).
-  bool ns_ready = false;
   // The dtype of L_i, the assembled matrices and the exchanges: NS's work
   // dtype (bf16 for medium precision), so nothing is converted between the
   // momentum kernel and the update kernel but inside Newton–Schulz.

@@ -389,49 +389,20 @@ bool ChecksGradsInMomentum(const GroupState& group) {
          group.host_streams == nullptr && group.backend->is_device();
 }
 
-namespace {
-
-// Whether NS can be queued before the votes: every param of the group is
-// whole on this rank under any plan (a domain of one rank) and the plan is
-// built, so NS needs no exchange and touches nothing but L_i.
-bool RunsNsAhead(const GroupState& group) {
-  if (!group.plan.has_value() || group.config.domain.size.all_ranks() != 1) {
-    return false;
-  }
-  const GroupExchangePlan& plan = group.plan->plan;
-  return !plan.has_stage1 && plan.stage2.empty() &&
-         plan.ns_tp_complete.empty() && plan.ns_after_stage2.empty() &&
-         plan.replicated.size() == group.params.size();
-}
-
-}  // namespace
-
 absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
                                            const MuonOptions& options,
                                            const std::set<std::string>& skip,
-                                           float grad_limit, bool ns_ahead) {
+                                           float grad_limit) {
   group.momentum_ready = false;
-  group.ns_ready = false;
   Backend& backend = *group.backend;
   backend.PushRange("lsmuon/momentum");
   const absl::Status ran = MomentumPhase(group, options, skip, grad_limit);
   backend.PopRange();
-  // Queued even after a failure: a flag one call set must not carry over
+  // Taken even after a failure: a flag one call set must not carry over
   // into the next group's or step's finding.
-  const absl::Status queued = backend.QueueGradCheck();
-  if (ran.ok() && queued.ok() && ns_ahead && RunsNsAhead(group)) {
-    // Queued behind the check's copy, so the device runs NS while this rank
-    // waits for the finding and votes; L_i is scratch, so a refused step
-    // loses nothing but the work. A failure here is left to the NS phase,
-    // which runs it again and reports it.
-    Phase range(backend, "lsmuon/ns_ahead");
-    group.ns_ready = NsPhase(group, options, /*shape_times=*/nullptr).ok();
-  }
   absl::StatusOr<bool> within = backend.TakeGradCheck();
   RETURN_IF_ERROR(ran);
-  RETURN_IF_ERROR(queued);
   if (within.ok()) group.momentum_ready = true;
-  if (!group.momentum_ready) group.ns_ready = false;
   return within;
 }
 
@@ -453,9 +424,8 @@ absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
                                ExchangeBuffers& exchange,
                                ShapeTimes* shape_times, PhaseTimings& t) {
   Backend& backend = *group.backend;
-  // Cleared whichever branch runs: they speak for this step only.
+  // Cleared whichever branch runs: it speaks for this step only.
   const bool momentum_ready = std::exchange(group.momentum_ready, false);
-  const bool ns_ready = std::exchange(group.ns_ready, false);
   if (StreamsNsWithMomentum(group, shape_times)) {
     // Momentum and NS overlap: their wall time counts as NS's.
     RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/streamed_ns", t.ns_us, [&] {
@@ -472,20 +442,12 @@ absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
                        : MomentumPhase(group, options, skip);
           }));
     }
-    if (ns_ready) {
-      // Queued in the domain agreement (no forward exchange: RunsNsAhead):
-      // its time is the wait for it that the votes did not hide, so the
-      // phases still add up to no more than the step's wall time.
-      RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/ns", t.ns_us,
-                                 [] { return absl::OkStatus(); }));
-    } else {
-      RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_fwd", t.a2a_fwd_us, [&] {
-        return ForwardExchangePhase(group, exchange);
-      }));
-      RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/ns", t.ns_us, [&] {
-        return NsPhase(group, options, shape_times);
-      }));
-    }
+    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_fwd", t.a2a_fwd_us, [&] {
+      return ForwardExchangePhase(group, exchange);
+    }));
+    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/ns", t.ns_us, [&] {
+      return NsPhase(group, options, shape_times);
+    }));
     RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us, [&] {
       return ReverseExchangePhase(group, exchange);
     }));

@@ -2,7 +2,8 @@
 // One group's share of a step, phase by phase (docs/ARCHITECTURE.md "One
 // step"). Each phase names the views it reads and writes:
 //
-//   momentum   grad_i, momentum_i -> L_i (momentum_i only read)
+//   momentum   grad_i, momentum_i -> L_i (momentum_i only read; double-
+//              buffered: also -> staged_momentum_i)
 //   a2a_fwd    stage 1 over gtp_remat:  L_i  -> A1_i
 //              stage 2 over tp:         A1_i -> A2_i
 //   ns         replicated params on L_i, ns_tp_complete on A1_i,
@@ -15,8 +16,9 @@
 //   ---------- the job's commit vote (layer_sharded_muon.cc) ----------
 //   update     L_i -> param_i (weight decay + adjusted lr), then
 //              grad_i, momentum_i -> momentum_i (the momentum kernel again,
-//              in place; host state: its staged_momentum_i, stored by the
-//              stream, swapped in); not for a skipped param
+//              in place; host state and double-buffered momentum: the
+//              staged_momentum_i, stored by the stream or the momentum
+//              phase, swapped in); not for a skipped param
 //
 // The phases before the commit write only engine-owned scratch (staging, L_i,
 // A1_i, A2_i), never a param or optimizer state: a step that fails in an
@@ -26,7 +28,10 @@
 // the trainer's, untouched until the step returns) to store the new
 // momentum: bitwise what the phase computed, with no second copy of the
 // state (a staged copy doubled the device state's bytes; the recompute
-// reads grad and momentum once more).
+// reads grad and momentum once more). With MuonOptions::
+// double_buffer_momentum the phase also writes the new momentum to a second
+// buffer, never read before the commit swaps it in (that copy's memory for
+// one pass less).
 //
 // A param named in `skip` (StepInputs::skip_params) is left alone, as
 // torch.optim leaves a param whose grad is None: the kernel does not run on
@@ -78,15 +83,11 @@ bool ChecksGradsInMomentum(const GroupState& group);
 // (nothing of the state is written: L_i only), with the "every grad not in
 // `skip` under grad_limit" check in the same pass
 // (Backend::CheckedMuonMomentumBatch). Returns that check; sets
-// group.momentum_ready. With `ns_ahead` (a step not measured per shape), a
-// group whose domain is this rank alone also queues its NS phase behind the
-// check's copy (Backend::QueueGradCheck) before waiting for the finding, so
-// the device runs NS while the rank votes instead of idling through the
-// votes and NS's launch; sets group.ns_ready.
+// group.momentum_ready.
 absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
                                            const MuonOptions& options,
                                            const std::set<std::string>& skip,
-                                           float grad_limit, bool ns_ahead);
+                                           float grad_limit);
 
 // A Muon group's step up to the commit under its current plan (group.plan
 // must be set): momentum into staging, exchanges, NS, reverse exchanges,

@@ -11,14 +11,10 @@
 
 namespace muond {
 
-// Microseconds per phase of one step, summed over groups: wall time, each
-// phase's up to the end of its device work, so they add up to no more than
-// total_us (with concurrent lanes, the lanes' phases add up).
+// Microseconds per phase of one step, summed over groups.
 struct PhaseTimings {
   double momentum_us = 0;
   double a2a_fwd_us = 0;
-  // NS queued in the domain agreement (MomentumWithGradCheck's ns_ahead):
-  // only the wait for it that the votes did not hide.
   double ns_us = 0;
   double a2a_bwd_us = 0;
   // The DP exchange of the updates (0 without a DP axis).

@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -58,27 +57,13 @@ class Recording final : public testing::DelegatingBackend {
       float grad_limit) override {
     ++checked;
     --unchecked;  // the default runs MuonMomentumBatch inside
-    graphs_since_check = 0;
     // The default's AllFiniteBelow records the grads it reads.
     return Backend::CheckedMuonMomentumBatch(grads, momenta_in, momenta_out,
                                              beta, nesterov, outs, scales,
                                              grad_limit);
   }
-  // NS's unmeasured runs are graph replays (NsRunner::RunLists).
-  absl::Status RunGraph(uint64_t key,
-                        const std::function<absl::Status()>& work) override {
-    ++graphs_since_check;
-    return DelegatingBackend::RunGraph(key, work);
-  }
-  absl::StatusOr<bool> TakeGradCheck() override {
-    ns_before_take.push_back(graphs_since_check);
-    return DelegatingBackend::TakeGradCheck();
-  }
   int checked = 0, unchecked = 0;
   std::set<const void*> checked_grads;
-  // Per TakeGradCheck, the NS graphs run since the checked momentum before.
-  std::vector<int> ns_before_take;
-  int graphs_since_check = 0;
 
  private:
   const bool device_;
@@ -194,11 +179,6 @@ struct Case {
 };
 
 // Both engines through the same steps; every status, param and state equal.
-// The device engine also queues each group's NS before it waits for the
-// check (MomentumWithGradCheck's ns_ahead) from its second step on (the
-// first builds the plan in the agreement, after the momentum), so a refused
-// or skipped step after NS ran ahead must still leave everything as the CPU
-// engine, which never runs NS ahead, leaves it.
 // With `double_buffer` the device engine double-buffers its momentum
 // (MuonOptions::double_buffer_momentum): the momentum phase stores the new
 // momentum and the commit swaps it in, where the CPU engine's commit
@@ -217,8 +197,6 @@ void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
     const absl::StatusOr<StepResult> want = on_cpu.Step(step, c.poison, c.skip);
     const int checked_before = device.checked;
     const int unchecked_before = device.unchecked;
-    device.ns_before_take.clear();
-    cpu.ns_before_take.clear();
     const absl::StatusOr<StepResult> got =
         on_device.Step(step, c.poison, c.skip);
     ASSERT_EQ(got.ok(), want.ok()) << c.what << ": " << got.status();
@@ -229,9 +207,8 @@ void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
     }
     EXPECT_EQ(on_device.Values(), on_cpu.Values()) << c.what;
     if (got.ok() && got->skipped_nonfinite.empty()) {
-      // The phases' times are the step's wall time cut into pieces: NS run
-      // ahead in the agreement counts only the wait for it after the votes,
-      // not the time it shares with the later groups' momentum.
+      // The phases' times are the step's wall time cut into pieces (the
+      // momentum's in the agreement too), none counted twice.
       const PhaseTimings& t = got->timings;
       EXPECT_LE(t.momentum_us + t.a2a_fwd_us + t.ns_us + t.a2a_bwd_us +
                     t.dp_share_us + t.update_us,
@@ -247,13 +224,6 @@ void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
     EXPECT_EQ(device.unchecked - unchecked_before,
               committed && !double_buffer ? 2 : 0)
         << c.what;
-    // One NS graph per group ahead of its take from the second step on
-    // (ns_shape_timing_every's 10: none of these steps is measured but the
-    // first); none on the CPU engine, whose check is a read of its own.
-    const int ahead = step == 1 ? 0 : 1;
-    EXPECT_EQ(device.ns_before_take, std::vector<int>({ahead, ahead}))
-        << c.what;
-    EXPECT_EQ(cpu.ns_before_take, std::vector<int>()) << c.what;
     // Every grad not skipped is checked on both; a skipped one on neither.
     for (const Model* model : {&on_cpu, &on_device}) {
       const Recording& read = model == &on_cpu ? cpu : device;
