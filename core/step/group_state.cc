@@ -126,6 +126,28 @@ absl::Status AllocateStateScales(Backend* backend, DType dtype,
   return absl::OkStatus();
 }
 
+// A zeroed rows x cols buffer of the param's state (`what`: its name in the
+// error) in `sd` at `where`; a failed allocation names the group, the param,
+// the buffer and its bytes, its status code kept.
+absl::StatusOr<OwnedBuffer> AllocateStateBuffer(Backend* backend,
+                                                const GroupConfig& config,
+                                                const ParamBinding& p,
+                                                const char* what, DType sd,
+                                                StateLocation where) {
+  const int64_t rows = p.param.rows, cols = p.param.cols;
+  absl::StatusOr<OwnedBuffer> buf =
+      AllocateZeroed(backend, sd, rows, cols, where);
+  if (buf.ok()) return buf;
+  return absl::Status(
+      buf.status().code(),
+      absl::StrCat(
+          "group '", config.name, "' param '", p.name, "': its ", what, " (",
+          rows * cols * int64_t(DTypeSize(sd)), " bytes of ",
+          std::string(DTypeName(sd)), " in ",
+          std::string(StateLocationName(where)),
+          " memory) could not be allocated: ", buf.status().message()));
+}
+
 // Zeroed optimizer state of one param's shard; adds its bytes to the group's.
 absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
                                 const ParamBinding& p, ParamState& st) {
@@ -133,23 +155,30 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
   if (config.algorithm == Algorithm::kMuon) {
     const DType sd = config.muon.state_dtype;
     const StateLocation where = config.muon.state_location;
-    ASSIGN_OR_RETURN(st.momentum_buf,
-                     AllocateZeroed(group.backend, sd, rows, cols, where));
+    ASSIGN_OR_RETURN(
+        st.momentum_buf,
+        AllocateStateBuffer(group.backend, config, p, "momentum", sd, where));
     st.momentum = ContiguousView(st.momentum_buf.data(), sd, rows, cols);
     // Streamed host state stores its new momentum to a staged host copy (the
     // slots are reused), double-buffered state to its second buffer; other
     // state needs none: the commit recomputes it in place (CommitMuonGroup).
     const bool staged = StagesMomentum(config.muon, *group.backend);
+    const bool streamed = StreamsHostMomentum(where, *group.backend);
     if (staged) {
-      ASSIGN_OR_RETURN(st.staged_momentum_buf,
-                       AllocateZeroed(group.backend, sd, rows, cols, where));
+      ASSIGN_OR_RETURN(
+          st.staged_momentum_buf,
+          AllocateStateBuffer(
+              group.backend, config, p,
+              streamed ? "staged momentum"
+                       : "second momentum buffer (double_buffer_momentum; "
+                         "without it the commit recomputes the momentum and "
+                         "needs none)",
+              sd, where));
       st.staged_momentum =
           ContiguousView(st.staged_momentum_buf.data(), sd, rows, cols);
-      // The second buffer of double-buffered device state; a streamed host
-      // copy is host memory.
-      if (!StreamsHostMomentum(where, *group.backend)) {
-        group.staging_bytes += StateBytes(sd, rows * cols);
-      }
+      // The second buffer of double-buffered state; a streamed host copy is
+      // host memory.
+      if (!streamed) group.staging_bytes += StateBytes(sd, rows * cols);
     }
     RETURN_IF_ERROR(AllocateStateScales(group.backend, sd, rows * cols, where,
                                         /*muon=*/true, staged, st));
@@ -158,10 +187,11 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
   }
   const DType sd = config.adamw.state_dtype;
   const StateLocation where = config.adamw.state_location;
-  ASSIGN_OR_RETURN(st.exp_avg_buf,
-                   AllocateZeroed(group.backend, sd, rows, cols, where));
-  ASSIGN_OR_RETURN(st.exp_avg_sq_buf,
-                   AllocateZeroed(group.backend, sd, rows, cols, where));
+  ASSIGN_OR_RETURN(st.exp_avg_buf, AllocateStateBuffer(group.backend, config, p,
+                                                       "exp_avg", sd, where));
+  ASSIGN_OR_RETURN(
+      st.exp_avg_sq_buf,
+      AllocateStateBuffer(group.backend, config, p, "exp_avg_sq", sd, where));
   st.exp_avg = ContiguousView(st.exp_avg_buf.data(), sd, rows, cols);
   st.exp_avg_sq = ContiguousView(st.exp_avg_sq_buf.data(), sd, rows, cols);
   RETURN_IF_ERROR(AllocateStateScales(group.backend, sd, rows * cols, where,

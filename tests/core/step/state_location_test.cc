@@ -240,6 +240,70 @@ TEST(StateLocationTest, DoubleBufferedMomentumStepsAsRecomputedOnCuda) {
   }
 }
 
+// A device that runs out of memory at the `fail_at`-th allocation of
+// `bytes` bytes (counting from 1; 0: never).
+class ExhaustedAt final : public testing::DelegatingBackend {
+ public:
+  ExhaustedAt(int64_t bytes, int fail_at) : bytes_(bytes), fail_at_(fail_at) {}
+  bool is_device() const override { return true; }
+  absl::StatusOr<void*> Allocate(int64_t bytes) override {
+    if (bytes == bytes_ && ++seen_ == fail_at_) {
+      return absl::ResourceExhaustedError("out of memory (test)");
+    }
+    return DelegatingBackend::Allocate(bytes);
+  }
+
+ private:
+  const int64_t bytes_;
+  const int fail_at_;
+  int seen_ = 0;
+};
+
+// An engine over one 24x40 fp32 Muon param "w" of group "g" on `backend`.
+absl::Status CreateOneParamEngine(Backend& backend, bool double_buffer) {
+  std::vector<float> param(24 * 40), grad(24 * 40);
+  GroupConfig g;
+  g.name = "g";
+  g.muon.double_buffer_momentum = double_buffer;
+  ParamBinding b;
+  b.name = "w";
+  b.full_shape = {24, 40};
+  b.param = ContiguousView(param.data(), DType::kFloat32, 24, 40);
+  b.grad = ContiguousView(grad.data(), DType::kFloat32, 24, 40);
+  g.params.push_back(b);
+  return LayerShardedMuon::Create(&backend, {g}).status();
+}
+
+// Out of memory for the momentum or for double_buffer_momentum's second
+// buffer (the first and second allocations of the state's 3840 bytes): the
+// engine is not created and the error names the group, the param, the buffer
+// and its bytes, with the code kept.
+TEST(StateLocationTest, StateOutOfMemoryNamesTheParamAndTheBuffer) {
+  const int64_t bytes = 24 * 40 * 4;
+  {
+    ExhaustedAt backend(bytes, 1);
+    const absl::Status st = CreateOneParamEngine(backend, false);
+    EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
+    EXPECT_NE(st.message().find("group 'g' param 'w': its momentum (3840 "
+                                "bytes of fp32 in device memory) could not be "
+                                "allocated: out of memory (test)"),
+              std::string::npos)
+        << st;
+  }
+  {
+    ExhaustedAt backend(bytes, 2);
+    const absl::Status st = CreateOneParamEngine(backend, true);
+    EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
+    EXPECT_NE(st.message().find("group 'g' param 'w': its second momentum "
+                                "buffer (double_buffer_momentum"),
+              std::string::npos)
+        << st;
+  }
+  // With memory enough (no allocation refused) the same engine is created.
+  ExhaustedAt backend(bytes, /*fail_at=*/0);
+  EXPECT_TRUE(CreateOneParamEngine(backend, true).ok());
+}
+
 TEST(StateLocationTest, HostStateStepsAsDeviceStateOnCpu) {
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
   ExpectHostStateEqualsDeviceState(*cpu);
