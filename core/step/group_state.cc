@@ -96,13 +96,6 @@ bool StreamsHostMomentum(StateLocation where, const Backend& backend) {
   return where == StateLocation::kHost && backend.is_device();
 }
 
-// Whether the group keeps a staged momentum beside the momentum: streamed
-// host state (the stream stores to it), or double_buffer_momentum.
-bool StagesMomentum(const MuonOptions& options, const Backend& backend) {
-  return StreamsHostMomentum(options.state_location, backend) ||
-         options.double_buffer_momentum;
-}
-
 // fp8_e4m3 state's scales (Muon: momentum, and staged where `staged`;
 // AdamW: both moments); nothing for other dtypes.
 absl::Status AllocateStateScales(Backend* backend, DType dtype,
@@ -220,6 +213,11 @@ void SizeHostStream(GroupState& group) {
 }
 
 }  // namespace
+
+bool StagesMomentum(const MuonOptions& options, const Backend& backend) {
+  return StreamsHostMomentum(options.state_location, backend) ||
+         options.double_buffer_momentum;
+}
 
 MomentumSlot SlotOf(const ParamState& p) {
   auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };

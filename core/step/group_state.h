@@ -90,6 +90,11 @@ struct MomentumSlot {
 };
 MomentumSlot SlotOf(const ParamState& p);
 
+// Whether a Muon group with `options` on `backend` keeps a staged momentum
+// beside the momentum, which its commit swaps in: streamed host state (the
+// stream stores to it) or double_buffer_momentum (the momentum phase does).
+bool StagesMomentum(const MuonOptions& options, const Backend& backend);
+
 struct GroupState {
   GroupConfig config;
   // The backend this group computes on (its own, e.g. a CUDA stream of its

@@ -79,12 +79,11 @@ MomentumOperands MomentumOperandsOf(const GroupState& group,
   return m;
 }
 
-// Whether the momentum phase stores the new momentum to the staged buffer,
-// which the commit swaps in (MuonOptions::double_buffer_momentum), instead of
-// the commit recomputing it in place; streamed host state stages through its
-// stream instead.
+// Whether the momentum phase itself stores the new momentum to the staged
+// buffer (MuonOptions::double_buffer_momentum); streamed host state stages
+// through its stream instead.
 bool DoubleBuffersMomentum(const GroupState& group) {
-  return group.config.muon.double_buffer_momentum &&
+  return StagesMomentum(group.config.muon, *group.backend) &&
          group.host_streams == nullptr;
 }
 
@@ -524,8 +523,7 @@ void SwapInStagedMomentum(GroupState& group,
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
                              const std::set<std::string>& skip,
                              PhaseTimings& t) {
-  const bool staged =
-      group.host_streams != nullptr || DoubleBuffersMomentum(group);
+  const bool staged = StagesMomentum(group.config.muon, *group.backend);
   RETURN_IF_ERROR(TimedPhase(*group.backend, "lsmuon/update", t.update_us, [&] {
     RETURN_IF_ERROR(UpdatePhase(group, options, skip));
     return staged ? absl::OkStatus() : StoreMomentum(group, options, skip);
