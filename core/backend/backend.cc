@@ -103,6 +103,12 @@ absl::Status Backend::AdaMuonNormalizeBatch(
 
 namespace {
 
+// An NS result's dtypes (NsResultDType): the work dtypes and Gram NS's fp16.
+bool IsUpdateDType(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kBFloat16 ||
+         dtype == DType::kFloat16;
+}
+
 std::string Shape(const MatrixView& v) {
   return absl::StrCat(v.rows, "x", v.cols, " ",
                       std::string(DTypeName(v.dtype)));
@@ -509,9 +515,9 @@ absl::Status CheckRowBlock(const NorMuonRowBlock& b, int64_t k) {
   const MatrixView& u = b.update;
   const std::string what = absl::StrCat("normuon block ", k);
   RETURN_IF_ERROR(CheckView(u, what));
-  if (u.dtype != DType::kFloat32 && u.dtype != DType::kBFloat16) {
+  if (!IsUpdateDType(u.dtype)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": the update must be fp32 or bf16"));
+        absl::StrCat(what, ": the update must be fp32, bf16 or fp16"));
   }
   if (b.valid < 0 || b.valid > u.rows || b.global0 < 0 ||
       b.global0 + b.valid > b.full_rows || b.full_cols < 1 ||
@@ -558,8 +564,9 @@ absl::Status CheckAdaMuon(const MatrixView& update, const MatrixView& v_in,
   RETURN_IF_ERROR(CheckSameShape(update, v_out, "update", "moment2_out"));
   RETURN_IF_ERROR(CheckDType(v_in, DType::kFloat32, "moment2_in"));
   RETURN_IF_ERROR(CheckDType(v_out, DType::kFloat32, "moment2_out"));
-  if (update.dtype != DType::kFloat32 && update.dtype != DType::kBFloat16) {
-    return absl::InvalidArgumentError("adamuon: update must be fp32 or bf16");
+  if (!IsUpdateDType(update.dtype)) {
+    return absl::InvalidArgumentError(
+        "adamuon: update must be fp32, bf16 or fp16");
   }
   return absl::OkStatus();
 }

@@ -25,8 +25,13 @@ struct MultiTable {
   int64_t n[kMultiMaxTensors];
   int block_start[kMultiMaxTensors + 1];
   unsigned char elem[kMultiViews][kMultiMaxTensors];
-  // Every view of tensor k is fp32 and 16-byte aligned or bf16 and 8-byte
-  // aligned: the kernels move 4 elements per access (float4 / 4 x bf16; the
+  // 2-byte elements of view v of tensor k are fp16 (else bf16). Only an op's
+  // kF16View may be fp16 in a table (RunMulti sends any other fp16 view
+  // alone).
+  bool f16[kMultiViews][kMultiMaxTensors];
+  // Every view of tensor k is fp32 and 16-byte aligned or 2-byte (bf16,
+  // fp16) and 8-byte aligned: the kernels move 4 elements per access (float4
+  // / 4 x 2 bytes; the
   // scalar loop reached only 56-74% of HBM bandwidth on an H200,
   // bench/results/gpu_h200.md).
   bool vec4[kMultiMaxTensors];
@@ -36,8 +41,10 @@ struct MultiTable {
   const float* rowf[kMultiMaxTensors];
   int64_t cols[kMultiMaxTensors];
   int count;
-  // The dtypes of the table's vec4 tensors, one bit per view (1 = bf16), the
-  // same for all of them (RunMulti starts a new table when it changes): the
+  // The dtypes of the table's vec4 tensors, one bit per view (1 = 2 bytes)
+  // and, for an op with a kF16View, one more (bit kViews: that view is fp16),
+  // the same for all of them (RunMulti starts a new table when it changes):
+  // the
   // kernel is compiled for it, so the vec4 loads have no dtype branch between
   // them and stay in flight together (a branch per load cost the bf16 update
   // a quarter of its bandwidth). -1: no vec4 tensor yet.
@@ -48,38 +55,57 @@ struct MultiTable {
 __host__ __device__ constexpr int ElemOf(int sig, int v) {
   return (sig >> v) & 1 ? 2 : 4;
 }
+// Whether view v of op F is fp16 under a vec4 signature.
+template <typename F>
+__host__ __device__ constexpr bool F16Of(int sig, int v) {
+  return F::kF16View == v && ((sig >> F::kViews) & 1);
+}
+// Signatures of op F: 2-byte bits per view, and the fp16 bit if it has a
+// kF16View.
+template <typename F>
+__host__ __device__ constexpr int SignatureCount() {
+  return 1 << (F::kViews + (F::kF16View >= 0 ? 1 : 0));
+}
 
 __device__ __forceinline__ float& At(float4& v, int e) {
   return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
 }
-// Elements j..j+3 of a vec4 view of kElem-byte elements (fp32, or bf16
-// widened exactly).
-template <int kElem>
+// A 2-byte element's bits widened exactly (bf16, or with kF16 fp16), and
+// fp32 rounded once to them.
+template <bool kF16>
+__device__ __forceinline__ float Wide(uint32_t bits) {
+  return kF16 ? F16BitsToFloat(uint16_t(bits))
+              : Bf16BitsToFloat(uint16_t(bits));
+}
+template <bool kF16>
+__device__ __forceinline__ uint32_t Narrow(float x) {
+  return kF16 ? FloatToF16Bits(x) : FloatToBf16Bits(x);
+}
+// Elements j..j+3 of a vec4 view of kElem-byte elements (fp32, or bf16 or
+// with kF16 fp16, widened exactly).
+template <int kElem, bool kF16 = false>
 __device__ __forceinline__ float4 Ld4(const char* p, int64_t j) {
   if constexpr (kElem == 4) {
     return *reinterpret_cast<const float4*>(p + j * 4);
   } else {
     const uint2 h = *reinterpret_cast<const uint2*>(p + j * 2);
-    return make_float4(Bf16BitsToFloat(uint16_t(h.x & 0xffffu)),
-                       Bf16BitsToFloat(uint16_t(h.x >> 16)),
-                       Bf16BitsToFloat(uint16_t(h.y & 0xffffu)),
-                       Bf16BitsToFloat(uint16_t(h.y >> 16)));
+    return make_float4(Wide<kF16>(h.x & 0xffffu), Wide<kF16>(h.x >> 16),
+                       Wide<kF16>(h.y & 0xffffu), Wide<kF16>(h.y >> 16));
   }
 }
 __device__ __forceinline__ float4 Ld4(const char* p, int elem, int64_t j) {
   return elem == 4 ? Ld4<4>(p, j) : Ld4<2>(p, j);
 }
-// Stores 4 elements from j, each rounded once to bf16 for a bf16 view.
-template <int kElem>
+// Stores 4 elements from j, each rounded once to bf16 (or with kF16 fp16)
+// for a 2-byte view.
+template <int kElem, bool kF16 = false>
 __device__ __forceinline__ void St4(char* p, int64_t j, float4 x) {
   if constexpr (kElem == 4) {
     *reinterpret_cast<float4*>(p + j * 4) = x;
   } else {
     uint2 h;
-    h.x =
-        uint32_t(FloatToBf16Bits(x.x)) | (uint32_t(FloatToBf16Bits(x.y)) << 16);
-    h.y =
-        uint32_t(FloatToBf16Bits(x.z)) | (uint32_t(FloatToBf16Bits(x.w)) << 16);
+    h.x = Narrow<kF16>(x.x) | (Narrow<kF16>(x.y) << 16);
+    h.y = Narrow<kF16>(x.z) | (Narrow<kF16>(x.w) << 16);
     *reinterpret_cast<uint2*>(p + j * 2) = h;
   }
 }
@@ -94,6 +120,17 @@ __device__ __forceinline__ void StFlat(char* p, int elem, int64_t j, float x) {
   } else {
     reinterpret_cast<uint16_t*>(p)[j] = FloatToBf16Bits(x);
   }
+}
+// Element j of view v of tensor k, in the view's dtype (fp16 included).
+__device__ __forceinline__ float LdAt(const MultiTable& t, int v, int k,
+                                      int64_t j) {
+  if (!t.f16[v][k]) return LdFlat(t.ptr[v][k], t.elem[v][k], j);
+  return LdElem<2, true>(t.ptr[v][k] + j * 2);
+}
+__device__ __forceinline__ void StAt(const MultiTable& t, int v, int k,
+                                     int64_t j, float x) {
+  if (!t.f16[v][k]) return StFlat(t.ptr[v][k], t.elem[v][k], j, x);
+  StElem<2, true>(t.ptr[v][k] + j * 2, x);
 }
 
 __device__ __forceinline__ int MultiTensorOf(const MultiTable& t, int b) {
@@ -113,8 +150,8 @@ __device__ void MultiVec4Tile(const MultiTable& t, const F& f, int k,
   for (int u = 0; u < kIlp; ++u) {
     const int64_t j = t0 + (int64_t(u) * kThreads + threadIdx.x) * 4;
     if (j + 4 <= end) {
-      in[u][0] = Ld4<ElemOf(kSig, 0)>(t.ptr[0][k], j);
-      in[u][1] = Ld4<ElemOf(kSig, 1)>(t.ptr[1][k], j);
+      in[u][0] = Ld4<ElemOf(kSig, 0), F16Of<F>(kSig, 0)>(t.ptr[0][k], j);
+      in[u][1] = Ld4<ElemOf(kSig, 1), F16Of<F>(kSig, 1)>(t.ptr[1][k], j);
     }
   }
 #pragma unroll
@@ -196,6 +233,7 @@ __global__ void MultiFiniteKernel(MultiTable t, float limit, int* flag) {
 // written; its dtype still sets the signature.
 struct MultiMomentumOp {
   static constexpr int kViews = 4;
+  static constexpr int kF16View = -1;
   float w_ema, w_nesterov;
   bool nesterov;
   GradCheck check;
@@ -240,6 +278,8 @@ struct MultiMomentumOp {
 
 struct MultiUpdateOp {              // lr: t.scalar[k]
   static constexpr int kViews = 2;  // param, update
+  // The update may be fp16 (Gram NS's result, NsResultDType).
+  static constexpr int kF16View = 1;
   float decay;
   int method;
   struct In {
@@ -257,8 +297,7 @@ struct MultiUpdateOp {              // lr: t.scalar[k]
     return f == nullptr ? u : ew::Mul(u, f[RowOf(t, k, j)]);
   }
   __device__ In Load(const MultiTable& t, int k, int64_t j) const {
-    return In{LdFlat(t.ptr[0][k], t.elem[0][k], j),
-              LdFlat(t.ptr[1][k], t.elem[1][k], j)};
+    return In{LdFlat(t.ptr[0][k], t.elem[0][k], j), LdAt(t, 1, k, j)};
   }
   __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
     StFlat(t.ptr[0][k], t.elem[0][k], j,
@@ -295,19 +334,20 @@ struct MultiUpdateOp {              // lr: t.scalar[k]
 // be view 1).
 struct MultiAdaMuonOp {
   static constexpr int kViews = 3;
+  // The update may be fp16 (Gram NS's result, NsResultDType).
+  static constexpr int kF16View = 0;
   float one_minus_beta2, eps;
   struct In {
     float u, v;
   };
   __device__ In Load(const MultiTable& t, int k, int64_t j) const {
-    return In{LdFlat(t.ptr[0][k], t.elem[0][k], j),
-              LdFlat(t.ptr[1][k], t.elem[1][k], j)};
+    return In{LdAt(t, 0, k, j), LdFlat(t.ptr[1][k], t.elem[1][k], j)};
   }
   __device__ void Store(const MultiTable& t, int k, int64_t j, In in) const {
     const ew::AdaMuonOut o =
         ew::AdaMuonElement(in.u, in.v, one_minus_beta2, eps);
     StFlat(t.ptr[2][k], t.elem[2][k], j, o.v);
-    StFlat(t.ptr[0][k], t.elem[0][k], j, o.u);
+    StAt(t, 0, k, j, o.u);
   }
   static constexpr int kLoads = 2;  // update, second moment in
   template <int kSig>
@@ -322,7 +362,7 @@ struct MultiAdaMuonOp {
       At(v, e) = o.v;
     }
     St4<ElemOf(kSig, 2)>(t.ptr[2][k], j, v);
-    St4<ElemOf(kSig, 0)>(t.ptr[0][k], j, u);
+    St4<ElemOf(kSig, 0), F16Of<MultiAdaMuonOp>(kSig, 0)>(t.ptr[0][k], j, u);
   }
 };
 
@@ -332,13 +372,15 @@ bool Vec4Ok(const KView& v) {
 }
 
 // Collects tensors into tables and launches `launch(table)` per full table;
-// `single(i)` launches tensor i alone (non-contiguous or large). `scalars`
-// (may be null) gives each tensor's MultiTable::scalar, `row_factors` (may be
-// null) its MultiTable::rowf.
+// `single(i)` launches tensor i alone (non-contiguous, large, or fp16 in a
+// view other than `f16_view`, -1: none). `scalars` (may be null) gives each
+// tensor's MultiTable::scalar, `row_factors` (may be null) its
+// MultiTable::rowf.
 template <typename Launch, typename Single>
-cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
-                     const float* scalars, const float* const* row_factors,
-                     Launch launch, Single single) {
+cudaError_t RunMulti(const KView* const* views, int nviews, int f16_view,
+                     int64_t count, const float* scalars,
+                     const float* const* row_factors, Launch launch,
+                     Single single) {
   MultiTable t;
   t.count = 0;
   t.block_start[0] = 0;
@@ -354,9 +396,10 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
     const int64_t n = views[0][i].rows * views[0][i].cols;
     if (n == 0) continue;
     bool flat = n < kMultiMaxElems;
-    // The tables' loads know fp32 and bf16 only; fp16 goes alone.
+    // The tables' loads know fp32, bf16 and fp16 in f16_view; any other
+    // fp16 goes alone.
     for (int v = 0; v < nviews && flat; ++v)
-      flat = Flat({views[v][i]}) && !views[v][i].f16;
+      flat = Flat({views[v][i]}) && (!views[v][i].f16 || v == f16_view);
     if (!flat) {
       const cudaError_t err = single(i);
       if (err != cudaSuccess) return err;
@@ -368,6 +411,7 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
       vec4 = vec4 && Vec4Ok(views[v][i]);
       if (views[v][i].elem == 2) sig |= 1 << v;
     }
+    if (f16_view >= 0 && views[f16_view][i].f16) sig |= 1 << nviews;
     if (vec4 && t.vec4_sig >= 0 && sig != t.vec4_sig) {
       const cudaError_t err = flush();  // one vec4 signature per table
       if (err != cudaSuccess) return err;
@@ -378,6 +422,7 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
     for (int v = 0; v < nviews; ++v) {
       t.ptr[v][k] = static_cast<char*>(views[v][i].data);
       t.elem[v][k] = static_cast<unsigned char>(views[v][i].elem);
+      t.f16[v][k] = views[v][i].f16;
     }
     t.scalar[k] = scalars == nullptr ? 0.0f : scalars[i];
     t.rowf[k] = row_factors == nullptr ? nullptr : row_factors[i];
@@ -397,10 +442,10 @@ cudaError_t RunMulti(const KView* const* views, int nviews, int64_t count,
 }  // namespace
 
 // Launches MultiLoadStoreKernel for a table, compiled for its vec4 dtypes:
-// one instantiation per signature of F::kViews views (kSig from 0 up).
+// one instantiation per signature of op F (kSig from 0 up).
 template <typename F, int kSig = 0>
 cudaError_t LaunchTable(const MultiTable& t, const F& op, cudaStream_t stream) {
-  if constexpr (kSig < (1 << F::kViews)) {
+  if constexpr (kSig < SignatureCount<F>()) {
     if ((t.vec4_sig < 0 ? 0 : t.vec4_sig) != kSig) {
       return LaunchTable<F, kSig + 1>(t, op, stream);
     }
@@ -421,8 +466,8 @@ cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,
                                                  moms_out};
   const MultiMomentumOp op{one_minus_beta, beta, nesterov, check};
   return RunMulti(
-      views, MultiMomentumOp::kViews, count, nullptr, nullptr,
-      [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
+      views, MultiMomentumOp::kViews, MultiMomentumOp::kF16View, count, nullptr,
+      nullptr, [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
         return MuonMomentum(grads[i], moms_in[i], moms_out[i], one_minus_beta,
                             beta, nesterov, outs[i], stream, check);
@@ -435,8 +480,8 @@ cudaError_t ApplyUpdateMulti(const KView* params, const KView* updates,
   const KView* views[2] = {params, updates};
   const MultiUpdateOp op{decay, method};
   return RunMulti(
-      views, 2, count, lrs, nullptr,
-      [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
+      views, MultiUpdateOp::kViews, MultiUpdateOp::kF16View, count, lrs,
+      nullptr, [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
         return ApplyUpdate(params[i], updates[i], lrs[i], decay, method,
                            stream);
@@ -451,8 +496,8 @@ cudaError_t ApplyRowScaledUpdateMulti(const KView* params, const KView* updates,
   const KView* views[2] = {params, updates};
   const MultiUpdateOp op{decay, method};
   return RunMulti(
-      views, 2, count, lrs, factors,
-      [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
+      views, MultiUpdateOp::kViews, MultiUpdateOp::kF16View, count, lrs,
+      factors, [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
         return ApplyRowScaledUpdate(params[i], updates[i], factors[i], lrs[i],
                                     decay, method, stream);
@@ -463,7 +508,7 @@ cudaError_t MarkNonFiniteMulti(const KView* views, int64_t count, float limit,
                                int* flag, cudaStream_t stream) {
   const KView* table[1] = {views};
   return RunMulti(
-      table, 1, count, nullptr, nullptr,
+      table, 1, /*f16_view=*/-1, count, nullptr, nullptr,
       [&](const MultiTable& t) {
         MultiFiniteKernel<<<unsigned(t.block_start[t.count]), kThreads, 0,
                             stream>>>(t, limit, flag);
@@ -479,8 +524,8 @@ cudaError_t AdaMuonNormalizeMulti(const KView* updates, const KView* v_in,
   const KView* views[MultiAdaMuonOp::kViews] = {updates, v_in, v_out};
   const MultiAdaMuonOp op{one_minus_beta2, eps};
   return RunMulti(
-      views, MultiAdaMuonOp::kViews, count, nullptr, nullptr,
-      [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
+      views, MultiAdaMuonOp::kViews, MultiAdaMuonOp::kF16View, count, nullptr,
+      nullptr, [&](const MultiTable& t) { return LaunchTable(t, op, stream); },
       [&](int64_t i) {
         return AdaMuonNormalize(updates[i], v_in[i], v_out[i], one_minus_beta2,
                                 eps, stream);

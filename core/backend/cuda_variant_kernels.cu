@@ -37,8 +37,15 @@ __device__ __forceinline__ int RowEntryOf(const RowTable& t, int b) {
   return EntryOfBlock(t.start, t.count, b);
 }
 
-// Elements j..j+3 of a row (fp32 or bf16), as one 16- or 8-byte load when
-// the row start allows it (`vec`), else one by one; past the row: 0.
+// A 2-byte element's bits widened exactly: fp16 where the view is, else
+// bf16.
+__device__ __forceinline__ float Wide2(const DView& x, uint32_t bits) {
+  return x.f16 ? F16BitsToFloat(uint16_t(bits))
+               : Bf16BitsToFloat(uint16_t(bits));
+}
+
+// Elements j..j+3 of a row (fp32, bf16 or fp16), as one 16- or 8-byte load
+// when the row start allows it (`vec`), else one by one; past the row: 0.
 __device__ __forceinline__ void Ld4Row(const DView& x, const char* row,
                                        int64_t j, bool vec, float (&v)[4]) {
   if (vec && j + 4 <= x.cols) {
@@ -47,10 +54,10 @@ __device__ __forceinline__ void Ld4Row(const DView& x, const char* row,
       v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
     } else {
       const uint2 h = *reinterpret_cast<const uint2*>(row + j * 2);
-      v[0] = Bf16BitsToFloat(uint16_t(h.x & 0xffffu));
-      v[1] = Bf16BitsToFloat(uint16_t(h.x >> 16));
-      v[2] = Bf16BitsToFloat(uint16_t(h.y & 0xffffu));
-      v[3] = Bf16BitsToFloat(uint16_t(h.y >> 16));
+      v[0] = Wide2(x, h.x & 0xffffu);
+      v[1] = Wide2(x, h.x >> 16);
+      v[2] = Wide2(x, h.y & 0xffffu);
+      v[3] = Wide2(x, h.y >> 16);
     }
     return;
   }
@@ -62,7 +69,7 @@ __device__ __forceinline__ void Ld4Row(const DView& x, const char* row,
     } else if (x.elem == 4) {
       v[e] = reinterpret_cast<const float*>(row)[c];
     } else {
-      v[e] = Bf16BitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
+      v[e] = Wide2(x, reinterpret_cast<const uint16_t*>(row)[c]);
     }
   }
 }

@@ -47,6 +47,13 @@ inline MatrixView Absent(MatrixView v) {
 }
 inline bool IsAbsent(const MatrixView& v) { return v.data == nullptr; }
 
+// `v`'s memory read as `dtype`, an element type of the same size (bf16 and
+// fp16 share L_i's buffers: NsResultDType).
+inline MatrixView AsDType(MatrixView v, DType dtype) {
+  v.dtype = dtype;
+  return v;
+}
+
 // A contiguous row-major view of `rows` x `cols` elements at `data`.
 inline MatrixView ContiguousView(void* data, DType dtype, int64_t rows,
                                  int64_t cols) {

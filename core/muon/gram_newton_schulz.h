@@ -33,7 +33,9 @@
 // 8x smaller rounding in the quantities whose error the restarts fight; bf16's
 // wider exponent range buys nothing here. The paper and its code iterate in
 // fp16 after an fp32 normalisation for this reason (gram_newton_schulz.py:
-// `X = X.to(torch.float16)`).
+// `X = X.to(torch.float16)`). The last product (Q X) writes the result in
+// the iteration dtype; the step engine keeps it so (NsResultDType), as the
+// update reads fp16 as cheaply as bf16, where a bf16 copy cost one more pass.
 //
 // Batched over same-shape matrices (strided batched GEMMs); a batch of one
 // takes the unbatched Gemm for X-sized products. Workspaces are allocated

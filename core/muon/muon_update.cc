@@ -290,13 +290,15 @@ absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
   ASSIGN_OR_RETURN(const float adjusted_lr,
                    MuonAdjustedLr(options, param.rows, param.cols));
   RETURN_IF_ERROR(MuonMomentumPhase(backend, options, grad, momentum, scratch));
-  RETURN_IF_ERROR(ns.Run(scratch, scratch, 1));
+  // The update is read in the dtype NS writes it in (as the step engine's).
+  const MatrixView update = NsResultOver(scratch, ns.result_dtype());
+  RETURN_IF_ERROR(ns.Run(scratch, update, 1));
   RETURN_IF_ERROR(
-      MuonVariantFullMatrix(backend, options, scratch, moment2, row_scratch));
+      MuonVariantFullMatrix(backend, options, update, moment2, row_scratch));
   if (options.variant != MuonVariant::kNorMuon) {
-    return MuonUpdatePhase(backend, options, param, scratch, adjusted_lr);
+    return MuonUpdatePhase(backend, options, param, update, adjusted_lr);
   }
-  return MuonUpdatePhaseBatch(backend, options, {param}, {scratch},
+  return MuonUpdatePhaseBatch(backend, options, {param}, {update},
                               {adjusted_lr},
                               {NorMuonFactorsOf(row_scratch, param.rows)});
 }

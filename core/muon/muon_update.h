@@ -157,8 +157,9 @@ absl::Status MuonUpdatePhaseBatch(
 
 // A whole Muon step of one full matrix: momentum -> NS (in place in
 // `scratch`, rows x cols, fp32 or bf16; the step engine's dtype is
-// NsWorkDType) -> weight decay + update with MuonAdjustedLr. `ns` must have
-// been created for the param's shape with options.ns.
+// NsWorkDType; the result over it as NsResultOver gives it) -> weight decay +
+// update with MuonAdjustedLr. `ns` must have been created for the param's
+// shape with options.ns.
 absl::Status MuonStepFullMatrix(Backend& backend, const MuonOptions& options,
                                 NewtonSchulz& ns, const MatrixView& param,
                                 const MatrixView& grad,

@@ -27,6 +27,19 @@ DType NsWorkDType(MatmulPrecision precision) {
                                                : DType::kFloat32;
 }
 
+DType NsResultDType(const NsOptions& options, int64_t rows, int64_t cols) {
+  return UsesGramNs(options, rows, cols) ? GramIterationDType(options)
+                                         : NsWorkDType(options.precision);
+}
+
+MatrixView NsResultOver(const MatrixView& in, DType result) {
+  return DTypeSize(result) == DTypeSize(in.dtype) ? AsDType(in, result) : in;
+}
+
+DType NewtonSchulz::result_dtype() const {
+  return NsResultDType(options_, rows_, cols_);
+}
+
 int SyrkBlockRows(int64_t m, int requested) {
   if (requested <= 0) return 0;
   return int(std::min<int64_t>(requested, std::max<int64_t>(m / 8, 1)));
@@ -135,9 +148,13 @@ absl::Status CheckNsRunViews(const MatrixView& in, const MatrixView& out,
   for (const MatrixView* v : {&in, &out}) {
     const char* what = v == &in ? "ns input" : "ns output";
     RETURN_IF_ERROR(CheckView(*v, what));
-    if (v->dtype != DType::kFloat32 && v->dtype != DType::kBFloat16) {
+    // fp16 only out: an unnormalised input may overflow or underflow it.
+    const bool f16_ok = v == &out && v->dtype == DType::kFloat16;
+    if (v->dtype != DType::kFloat32 && v->dtype != DType::kBFloat16 &&
+        !f16_ok) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, " must be float32 or bfloat16, got ",
+          absl::StrCat(what, " must be float32 or bfloat16",
+                       v == &out ? " (or float16)" : "", ", got ",
                        std::string(DTypeName(v->dtype))));
     }
     if (v->rows != batch * rows || v->cols != cols) {

@@ -100,6 +100,20 @@ struct NsOptions {
 // exchanges them) in this dtype.
 DType NsWorkDType(MatmulPrecision precision);
 
+// The dtype NS writes its result in without a converting pass, for a
+// rows x cols matrix: Gram NS's iteration dtype where the shape runs Gram
+// (UsesGramNs; fp16 under kMedium by default: its last product writes fp16,
+// and a bf16 copy would cost one more pass over the matrix), else
+// NsWorkDType. Both are 2 bytes under kMedium, so the step engine keeps L_i's
+// buffers in the work dtype and reads a param's update in this dtype.
+DType NsResultDType(const NsOptions& options, int64_t rows, int64_t cols);
+
+// The view to write an NS result of dtype `result` over its input `in`:
+// `in`'s memory read as `result` where the two have the same element size
+// (Run then writes it without a converting pass), else `in` (one
+// converting copy at Run's end).
+MatrixView NsResultOver(const MatrixView& in, DType result);
+
 // The legacy block-row count use_syrk runs with for an m x m product:
 // `requested` clamped to m/8 (blocks of >= 8 rows); 0 when requested <= 0
 // (SymmetricGemmStridedBatchedOut, no block rows).
@@ -168,8 +182,8 @@ class NewtonSchulz {
 
   // in:  fp32 or bf16, (batch*rows) x cols, the batch matrices stacked
   //      along rows; any row_stride. Read only (never normalised in place).
-  // out: fp32 or bf16, same shape, any row_stride; may be the same view as
-  //      `in`. In the work dtype (NsWorkDType) the last step writes it
+  // out: fp32, bf16 or fp16, same shape, any row_stride; may be the same
+  //      memory as `in`. In result_dtype() the last step writes it
   //      directly; otherwise one converting copy.
   // 1 <= batch <= max_batch. Errors: InvalidArgument naming `ns input` /
   // `ns output` and the shape rule.
@@ -179,6 +193,8 @@ class NewtonSchulz {
   int64_t cols() const { return cols_; }
   int64_t max_batch() const { return max_batch_; }
   const NsOptions& options() const { return options_; }
+  // NsResultDType of the shape: the `out` dtype Run writes without a copy.
+  DType result_dtype() const;
   // Standard NS's FLOPs: 2*m*m*n + 2*m^3 + 2*m*m*n per step (Gram, A^2,
   // B X), times num_steps, whichever algorithm runs (the benchmarks' "effective
   // NS TFLOP/s" divides this by the time).

@@ -303,4 +303,11 @@ std::vector<ParamShardSpec> ParamSpecs(const GroupState& group) {
   return specs;
 }
 
+MatrixView UpdateOf(const GroupState& group, const MuonOptions& options,
+                    size_t i) {
+  const std::vector<int64_t>& full = group.params[i].spec.full_shape;
+  return NsResultOver(group.local[i],
+                      NsResultDType(options.ns, full[0], full[1]));
+}
+
 }  // namespace muond

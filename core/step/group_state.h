@@ -103,8 +103,8 @@ struct GroupState {
   int lane = 0;
   std::vector<ParamState> params;
   // Muon: L_i per param, the local shard in ns_dtype: NS input after the
-  // momentum phase, the (unscaled) update after the reverse route. One slab
-  // per shape (AllocateSlabs).
+  // momentum phase, the (unscaled) update after the reverse route, read as
+  // UpdateOf gives it. One slab per shape (AllocateSlabs).
   std::vector<MatrixView> local;
   std::vector<OwnedBuffer> local_slabs;
   // This step's momentum phase ran in the domain agreement, with the grad
@@ -113,7 +113,9 @@ struct GroupState {
   bool momentum_ready = false;
   // The dtype of L_i, the assembled matrices and the exchanges: NS's work
   // dtype (bf16 for medium precision), so nothing is converted between the
-  // momentum kernel and the update kernel but inside Newton–Schulz.
+  // momentum kernel and the update kernel but inside Newton–Schulz. NS
+  // writes its result over its input in NsResultDType (fp16 from Gram NS
+  // under medium: same size, so the exchanges move its bytes unchanged).
   DType ns_dtype = DType::kFloat32;
   int64_t state_bytes = 0;
   // The part of state_bytes that is the variants' fp32 second moments
@@ -159,6 +161,12 @@ absl::StatusOr<GroupState> CreateGroupState(
     NsWorkspaceBudget* ns_budget = nullptr);
 
 std::vector<ParamShardSpec> ParamSpecs(const GroupState& group);
+
+// Param i's L_i as the update NS left in it: NsResultDType of its full
+// matrix under `options` (the step's), which every rank holding a shard
+// derives alike, whichever rank ran the NS.
+MatrixView UpdateOf(const GroupState& group, const MuonOptions& options,
+                    size_t i);
 
 // The lane's streams and slots for the host-momentum groups of `groups`
 // (null when none has any): slots of the largest group's host_slot_bytes,

@@ -370,7 +370,7 @@ absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
     const std::vector<int64_t>& full = group.params[i].spec.full_shape;
     ASSIGN_OR_RETURN(float lr, MuonAdjustedLr(options, full[0], full[1]));
     params.push_back(b.param);
-    updates.push_back(group.local[i]);
+    updates.push_back(UpdateOf(group, options, i));
     adjusted_lrs.push_back(lr);
     if (row_scaled) row_factors.push_back(NorMuonRowFactorsOf(group, i));
   }
@@ -482,7 +482,7 @@ absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
   for (size_t i = 0; i < group.params.size(); ++i) {
     if (skip.contains(group.config.params[i].name)) continue;
     checked.push_back(i);
-    views.push_back(group.local[i]);
+    views.push_back(UpdateOf(group, options, i));
   }
   // One read and one host sync for the whole group; the per-param pass that
   // names the culprits runs only when something is not finite.
@@ -490,7 +490,8 @@ absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
   if (all_finite) return absl::OkStatus();
   std::vector<std::string> bad;
   for (size_t i : checked) {
-    ASSIGN_OR_RETURN(bool finite, group.backend->AllFinite({group.local[i]}));
+    ASSIGN_OR_RETURN(bool finite,
+                     group.backend->AllFinite({UpdateOf(group, options, i)}));
     if (!finite) bad.push_back(group.config.params[i].name);
   }
   return absl::InvalidArgumentError(absl::StrCat(

@@ -238,15 +238,17 @@ absl::StatusOr<std::vector<NsRunner::Chunk>> NsRunner::Plan(
 
 absl::Status NsRunner::RunChunk(const Chunk& chunk) {
   const MatrixView& first = chunk.members[0];
+  // The result overwrites the input in its own dtype (NsResultDType).
+  const DType result = chunk.ns->result_dtype();
   switch (chunk.kind) {
     case ChunkKind::kSingle:
       // The unbatched path, in place: bit-exact numerics contract.
-      return chunk.ns->Run(first, first, 1);
+      return chunk.ns->Run(first, NsResultOver(first, result), 1);
     case ChunkKind::kStacked: {
       const int64_t batch = int64_t(chunk.members.size());
       const MatrixView stacked = ContiguousView(first.data, work_dtype_,
                                                 batch * chunk.rows, chunk.cols);
-      return chunk.ns->Run(stacked, stacked, batch);
+      return chunk.ns->Run(stacked, NsResultOver(stacked, result), batch);
     }
     case ChunkKind::kStaged:
       return RunStaged(*chunk.ns, chunk.members);
@@ -368,10 +370,12 @@ absl::Status NsRunner::RunStaged(NewtonSchulz& ns,
     RETURN_IF_ERROR(
         backend_->Copy2D(stacked.Block(b * rows, 0, rows, cols), chunk[b]));
   }
-  RETURN_IF_ERROR(ns.Run(stacked, stacked, batch));
+  const DType result = ns.result_dtype();
+  const MatrixView out = NsResultOver(stacked, result);
+  RETURN_IF_ERROR(ns.Run(stacked, out, batch));
   for (int64_t b = 0; b < batch; ++b) {
-    RETURN_IF_ERROR(
-        backend_->Copy2D(chunk[b], stacked.Block(b * rows, 0, rows, cols)));
+    RETURN_IF_ERROR(backend_->Copy2D(NsResultOver(chunk[b], result),
+                                     out.Block(b * rows, 0, rows, cols)));
   }
   return absl::OkStatus();
 }

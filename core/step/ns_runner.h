@@ -66,7 +66,10 @@ class NsRunner {
   // Gives the workspaces' bytes back to the budget.
   ~NsRunner();
 
-  // Orthogonalizes every matrix of `matrices` in place (NS + scale).
+  // Orthogonalizes every matrix of `matrices` in place (NS + scale); the
+  // views are in the work dtype, each result is written over its input in
+  // NsResultDType of its shape (fp16 for Gram NS under kMedium: the same
+  // 2 bytes per element as the bf16 input).
   // Same-shape matrices are chunked in list order up to
   // NsBatchLimit(options.ns_batch_size, ...), or the largest batch (halving)
   // whose workspace the budget grants at the shape's first Run, kept for

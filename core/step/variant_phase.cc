@@ -48,6 +48,7 @@ MatrixView Rows(const OwnedBuffer& b, int64_t offset, int64_t rows) {
 
 // The group's params as one NorMuon row set (Backend::NorMuonRowStats).
 std::vector<NorMuonRowBlock> RowBlocks(const GroupState& group,
+                                       const MuonOptions& options,
                                        const std::set<std::string>& skip) {
   std::vector<NorMuonRowBlock> blocks;
   blocks.reserve(group.params.size());
@@ -55,7 +56,7 @@ std::vector<NorMuonRowBlock> RowBlocks(const GroupState& group,
   for (size_t i = 0; i < group.params.size(); ++i) {
     const ParamState& p = group.params[i];
     const RowMap m = RowMapOf(p.spec, group.config.domain);
-    blocks.push_back({.update = group.local[i],
+    blocks.push_back({.update = UpdateOf(group, options, i),
                       .row_offset = group.normuon.offset[i],
                       .stats_offset = stats_at,
                       .full_rows = FullRows(p),
@@ -93,7 +94,7 @@ absl::Status NorMuonPhase(GroupState& group, const MuonOptions& options,
                           const std::set<std::string>& skip) {
   Backend& backend = *group.backend;
   const NorMuonRows& rows = group.normuon;
-  const std::vector<NorMuonRowBlock> blocks = RowBlocks(group, skip);
+  const std::vector<NorMuonRowBlock> blocks = RowBlocks(group, options, skip);
   const MatrixView state = Rows(rows.state_buf, 0, rows.total_rows);
   const MatrixView stats = Rows(rows.stats_buf, 0, rows.slots);
   RETURN_IF_ERROR(backend.NorMuonRowStats(blocks, state, stats));
@@ -110,7 +111,7 @@ absl::Status AdaMuonPhase(GroupState& group, const MuonOptions& options,
   for (size_t i = 0; i < group.params.size(); ++i) {
     if (skip.contains(group.config.params[i].name)) continue;
     const ParamState& p = group.params[i];
-    updates.push_back(group.local[i]);
+    updates.push_back(UpdateOf(group, options, i));
     v_in.push_back(p.moment2);
     v_out.push_back(p.staged_moment2);
   }

@@ -29,6 +29,16 @@ std::vector<float> Random(int64_t n, uint32_t seed) {
   return v;
 }
 
+// x's values rounded to a 2-byte dtype (bf16 or fp16), as bits.
+std::vector<uint16_t> Bits16(const std::vector<float>& x, DType dtype) {
+  std::vector<uint16_t> bits;
+  for (float v : x) {
+    bits.push_back(dtype == DType::kFloat16 ? FloatToFp16Bits(v)
+                                            : FloatToBf16Bits(v));
+  }
+  return bits;
+}
+
 class CudaBackendTest : public muond::testing::CudaTest {
  protected:
   // Device copy of host bytes; returns a view with the host view's layout.
@@ -813,12 +823,92 @@ TEST_F(CudaBackendTest, Bf16NsInputAndUpdateBitIdenticalToCpu) {
   }
 }
 
+// Gram NS's fp16 result as the update (NsResultDType) beside bf16 and fp32
+// ones in one ApplyUpdateBatch: vec4 tiles with ragged ends, views 1-2
+// elements into their allocation (the scalar path), a strided matrix (its
+// own launch), a bf16 param; the signature changes between neighbours, so
+// tables split. Bitwise the CPU backend's single calls.
+TEST_F(CudaBackendTest, Fp16UpdatesBitIdenticalToCpu) {
+  struct Case {
+    int64_t rows, cols, ld, offset;
+    DType update, param;
+  };
+  const Case cases[] = {
+      {1, 3 * 4096 + 7, 3 * 4096 + 7, 0, DType::kFloat16, DType::kFloat32},
+      {1, 4096, 4096, 0, DType::kBFloat16, DType::kFloat32},
+      {1, 4096, 4096, 0, DType::kFloat16, DType::kFloat32},
+      {1, 5, 5, 1, DType::kFloat16, DType::kFloat32},
+      {1, 2 * 4096 + 2, 2 * 4096 + 2, 2, DType::kFloat16, DType::kFloat32},
+      {1, 4099, 4099, 0, DType::kFloat16, DType::kBFloat16},
+      {1, 1000, 1000, 0, DType::kFloat32, DType::kFloat32},
+      {33, 130, 136, 0, DType::kFloat16, DType::kFloat32},
+  };
+  const int count = int(std::size(cases));
+  std::vector<std::vector<float>> pf(count), uf(count);
+  std::vector<std::vector<uint16_t>> p16(count), u16(count);
+  std::vector<MatrixView> hp, hu, dp, du;
+  std::vector<float> lrs;
+  auto place = [&](void* base, const Case& c, DType d) {
+    MatrixView v{base, d, c.rows, c.cols, c.ld};
+    MatrixView dev =
+        Up({base, d, 1, c.rows * c.ld + c.offset, c.rows * c.ld + c.offset});
+    dev.data = static_cast<char*>(dev.data) + c.offset * DTypeSize(d);
+    dev.rows = c.rows, dev.cols = c.cols, dev.row_stride = c.ld;
+    v.data = static_cast<char*>(base) + c.offset * DTypeSize(d);
+    return std::pair{v, dev};
+  };
+  for (int i = 0; i < count; ++i) {
+    const Case& c = cases[i];
+    const int64_t n = c.rows * c.ld + c.offset;
+    pf[i] = Random(n, 1200 + i);
+    uf[i] = Random(n, 1300 + i);
+    void* pb = pf[i].data();
+    void* ub = uf[i].data();
+    if (c.param != DType::kFloat32)
+      pb = (p16[i] = Bits16(pf[i], c.param)).data();
+    if (c.update != DType::kFloat32) {
+      ub = (u16[i] = Bits16(uf[i], c.update)).data();
+    }
+    auto [hpv, dpv] = place(pb, c, c.param);
+    auto [huv, duv] = place(ub, c, c.update);
+    hp.push_back(hpv), dp.push_back(dpv), hu.push_back(huv), du.push_back(duv);
+    lrs.push_back(0.01f * float(i + 1));
+  }
+  ASSERT_TRUE(
+      gpu_->ApplyUpdateBatch(dp, du, lrs, 0.001f, WeightDecayMethod::kCautious)
+          .ok());
+  for (int i = 0; i < count; ++i) {
+    ASSERT_TRUE(cpu_->ApplyUpdate(hp[i], hu[i], lrs[i], 0.001f,
+                                  WeightDecayMethod::kCautious)
+                    .ok());
+  }
+  for (int i = 0; i < count; ++i) {
+    const Case& c = cases[i];
+    const int64_t n = c.rows * c.ld;
+    if (c.param == DType::kFloat32) {
+      const auto got = Down<float>(dp[i], n);
+      for (int64_t k = 0; k < n; ++k) {
+        if (k % c.ld >= c.cols) continue;
+        ASSERT_EQ(got[k], pf[i][c.offset + k])
+            << "param " << i << " elem " << k;
+      }
+    } else {
+      const auto got = Down<uint16_t>(dp[i], n);
+      for (int64_t k = 0; k < n; ++k) {
+        ASSERT_EQ(got[k], p16[i][c.offset + k])
+            << "param " << i << " elem " << k;
+      }
+    }
+  }
+}
+
 // A NorMuon row set of 70 matrices (three kernel tables) on both backends:
-// fp32 and bf16 updates, a strided one, an empty shard, padding rows, rows of
-// larger full matrices (global0 > 0), silent copies, sums without state and
-// skipped matrices. State entries, sums of slices, staged state and every
-// row left alone are bitwise the CPU's; row sums, factors and scaled rows
-// within rounding (the fp64 sums run in another order on the device).
+// fp32, bf16 and fp16 updates (Gram NS's result), a strided one, an empty
+// shard, padding rows, rows of larger full matrices (global0 > 0), silent
+// copies, sums without state and skipped matrices. State entries, sums of
+// slices, staged state and every row left alone are bitwise the CPU's; row
+// sums, factors and scaled rows within rounding (the fp64 sums run in another
+// order on the device).
 TEST_F(CudaBackendTest, NorMuonRowSetMatchesCpu) {
   const int count = 70;
   std::vector<std::vector<float>> f(count);
@@ -831,8 +921,9 @@ TEST_F(CudaBackendTest, NorMuonRowSetMatchesCpu) {
     f[i] = Random(r * ld, 900 + i);
     MatrixView host{f[i].data(), DType::kFloat32, r, c, ld};
     if (i % 2 == 1) {
-      for (float x : f[i]) h[i].push_back(FloatToBf16Bits(x));
-      host = {h[i].data(), DType::kBFloat16, r, c, ld};
+      const DType d = i % 4 == 3 ? DType::kFloat16 : DType::kBFloat16;
+      h[i] = Bits16(f[i], d);
+      host = {h[i].data(), d, r, c, ld};
     }
     NorMuonRowBlock b{.update = host,
                       .row_offset = rows,
@@ -900,7 +991,7 @@ TEST_F(CudaBackendTest, NorMuonRowSetMatchesCpu) {
     }
     // The update is the update kernel's to scale.
     const int64_t n = u.rows * u.row_stride;
-    if (u.dtype == DType::kBFloat16) {
+    if (u.dtype != DType::kFloat32) {
       ASSERT_EQ(Down<uint16_t>(db[i].update, n), h[i]) << "matrix " << i;
     } else {
       ASSERT_EQ(Down<float>(db[i].update, n), f[i]) << "matrix " << i;
@@ -908,8 +999,8 @@ TEST_F(CudaBackendTest, NorMuonRowSetMatchesCpu) {
   }
 }
 
-// The update with NorMuon's row factors over 50 params (two tables): fp32
-// and bf16 updates, columns that are not a multiple of 4 (vec4 runs that
+// The update with NorMuon's row factors over 50 params (two tables): fp32,
+// bf16 and fp16 updates, columns that are not a multiple of 4 (vec4 runs that
 // cross rows), a strided param (its own launch): bitwise the CPU's.
 TEST_F(CudaBackendTest, RowScaledUpdateBitIdenticalToCpu) {
   const int count = 50;
@@ -924,9 +1015,10 @@ TEST_F(CudaBackendTest, RowScaledUpdateBitIdenticalToCpu) {
     u[i] = Random(r * ld, 400 + i);
     fac[i] = Random(r, 500 + i);
     MatrixView hu_i{u[i].data(), DType::kFloat32, r, c, ld};
-    if (i % 3 == 0) {
-      for (float x : u[i]) u16[i].push_back(FloatToBf16Bits(x));
-      hu_i = {u16[i].data(), DType::kBFloat16, r, c, ld};
+    if (i % 3 != 2) {
+      const DType d = i % 3 == 0 ? DType::kBFloat16 : DType::kFloat16;
+      u16[i] = Bits16(u[i], d);
+      hu_i = {u16[i].data(), d, r, c, ld};
     }
     hp.push_back({p[i].data(), DType::kFloat32, r, c, ld});
     hu.push_back(hu_i);
@@ -992,8 +1084,8 @@ TEST_F(CudaBackendTest, NorMuonRowSumsIndependentOfPlacement) {
   }
 }
 
-// AdaMuonNormalizeBatch over 45 updates (two tables, fp32 and bf16, out of
-// place) is bitwise the CPU's single calls.
+// AdaMuonNormalizeBatch over 45 updates (tables of fp32, bf16 and fp16
+// updates, out of place) is bitwise the CPU's single calls.
 TEST_F(CudaBackendTest, AdaMuonBatchBitIdenticalToCpu) {
   const int count = 45;
   std::vector<std::vector<float>> u(count), v(count), vo(count);
@@ -1007,8 +1099,9 @@ TEST_F(CudaBackendTest, AdaMuonBatchBitIdenticalToCpu) {
     vo[i].assign(r * c, 0.0f);
     MatrixView hu_i{u[i].data(), DType::kFloat32, r, c, c};
     if (i % 2 == 0) {
-      for (float x : u[i]) u16[i].push_back(FloatToBf16Bits(x));
-      hu_i = {u16[i].data(), DType::kBFloat16, r, c, c};
+      const DType d = i % 4 == 0 ? DType::kBFloat16 : DType::kFloat16;
+      u16[i] = Bits16(u[i], d);
+      hu_i = {u16[i].data(), d, r, c, c};
     }
     hu.push_back(hu_i);
     hv.push_back({v[i].data(), DType::kFloat32, r, c, c});

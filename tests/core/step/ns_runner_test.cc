@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/backend/bf16.h"
 #include "core/backend/cpu_backend.h"
+#include "core/backend/fp16.h"
 #include "core/step/ns_batch_rule.h"
 #include "tests/common/delegating_backend.h"
 
@@ -222,6 +224,74 @@ TEST(NsRunnerTest, RunningChunksOfAloneIsBitwiseTheWholeRun) {
   }
   EXPECT_THAT(seen, ::testing::Each(1));
   EXPECT_EQ(chunked_list.Flat(), want);
+}
+
+// Medium precision: where a shape runs Gram NS (fp16 iterations), the
+// runner leaves its result over the bf16 input in fp16 (NsResultDType), the
+// bits of the engine's own Run into an fp16 output, with no converting pass;
+// rounded to bf16 they are what Run into a bf16 output gives. A square shape
+// (standard NS) stays bf16. Stacked, staged and single chunks alike.
+TEST(NsRunnerTest, MediumGramResultIsLeftInFp16OverItsBf16Input) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  MuonOptions options;
+  options.ns.precision = MatmulPrecision::kMedium;
+  options.ns_batch_size = 3;
+  const int64_t r = 12, c = 40;  // aspect 3.3: Gram (auto)
+  ASSERT_EQ(NsResultDType(options.ns, r, c), DType::kFloat16);
+  ASSERT_EQ(NsResultDType(options.ns, 16, 16), DType::kBFloat16);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto bf16 = [&](int64_t n) {
+    std::vector<uint16_t> v(n);
+    for (uint16_t& x : v) x = FloatToBf16Bits(d(rng));
+    return v;
+  };
+  // 3 wide matrices back to back (stacked), 2 apart (staged), 1 square.
+  std::vector<uint16_t> slab = bf16(3 * r * c);
+  std::vector<std::vector<uint16_t>> apart = {bf16(r * c), bf16(r * c)};
+  std::vector<uint16_t> square = bf16(16 * 16);
+  std::vector<MatrixView> views;
+  for (int k = 0; k < 3; ++k) {
+    views.push_back(
+        ContiguousView(slab.data() + k * r * c, DType::kBFloat16, r, c));
+  }
+  for (auto& a : apart) {
+    views.push_back(ContiguousView(a.data(), DType::kBFloat16, r, c));
+  }
+  views.push_back(ContiguousView(square.data(), DType::kBFloat16, 16, 16));
+  // The references, from copies of the inputs.
+  auto run = [&](std::vector<uint16_t> in, int64_t rows, int64_t cols,
+                 int64_t batch, DType out_dtype) {
+    auto ns = *NewtonSchulz::Create(cpu.get(), options.ns, rows, cols, batch);
+    std::vector<uint16_t> out(in.size());
+    EXPECT_TRUE(
+        ns->Run(ContiguousView(in.data(), DType::kBFloat16, batch * rows, cols),
+                ContiguousView(out.data(), out_dtype, batch * rows, cols),
+                batch)
+            .ok());
+    return out;
+  };
+  std::vector<uint16_t> staged_in = apart[0];
+  staged_in.insert(staged_in.end(), apart[1].begin(), apart[1].end());
+  const std::vector<uint16_t> want_stacked =
+      run(slab, r, c, 3, DType::kFloat16);
+  const std::vector<uint16_t> want_staged =
+      run(staged_in, r, c, 2, DType::kFloat16);
+  const std::vector<uint16_t> want_square =
+      run(square, 16, 16, 1, DType::kBFloat16);
+  const std::vector<uint16_t> bf16_stacked =
+      run(slab, r, c, 3, DType::kBFloat16);
+
+  NsRunner runner(cpu.get(), DType::kBFloat16);
+  ASSERT_TRUE(runner.Run(options, views, nullptr).ok());
+  EXPECT_EQ(slab, want_stacked);
+  std::vector<uint16_t> got_staged = apart[0];
+  got_staged.insert(got_staged.end(), apart[1].begin(), apart[1].end());
+  EXPECT_EQ(got_staged, want_staged);
+  EXPECT_EQ(square, want_square);
+  for (size_t k = 0; k < slab.size(); ++k) {
+    ASSERT_EQ(FloatToBf16Bits(Fp16BitsToFloat(slab[k])), bf16_stacked[k]) << k;
+  }
 }
 
 // A runner shared by several groups (a lane's): a list with one matrix of a
