@@ -230,7 +230,9 @@ int TimeNsOnly(Backend& b, const MuonOptions& o, NsMap& ns,
         cudaProfilerStart();
       }
       const auto t0 = std::chrono::steady_clock::now();
-      if (auto st = engine.Run(stacked, stacked, batch); !st.ok())
+      if (auto st = engine.Run(
+              stacked, NsResultOver(stacked, engine.result_dtype()), batch);
+          !st.ok())
         return Fail(st);
       if (auto st = b.Synchronize(); !st.ok()) return Fail(st);
       if (i >= warmup)
@@ -456,7 +458,12 @@ int Main(int argc, char** argv) {
       if (auto st = MuonMomentumPhaseBatch(b, o, grads, moms, slots); !st.ok())
         return st;
       const MatrixView stacked = ns_view(base, batch * r);
-      if (auto st = engine.Run(stacked, stacked, batch); !st.ok()) return st;
+      // The result over the input in its own dtype, as the engine leaves it.
+      const DType result = engine.result_dtype();
+      if (auto st = engine.Run(stacked, NsResultOver(stacked, result), batch);
+          !st.ok())
+        return st;
+      for (MatrixView& slot : slots) slot = NsResultOver(slot, result);
       if (auto st = MuonUpdatePhaseBatch(b, o, params, slots, lrs); !st.ok())
         return st;
     }

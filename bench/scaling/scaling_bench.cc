@@ -315,7 +315,8 @@ class Rank {
         const MatrixView full =
             ContiguousView(fulls[m], ns_dtype, s.full_rows, s.cols);
         NewtonSchulz& engine = *ns[std::make_pair(s.full_rows, s.cols)];
-        RETURN_IF_ERROR(engine.Run(full, full, 1));
+        RETURN_IF_ERROR(
+            engine.Run(full, NsResultOver(full, engine.result_dtype()), 1));
       }
       RETURN_IF_ERROR(lap(t0, t.ns_us));
       for (size_t m = 0; m < shards_.size(); ++m) {
@@ -323,10 +324,13 @@ class Rank {
         ASSIGN_OR_RETURN(float lr, MuonAdjustedLr(muon_, s.full_rows, s.cols));
         void* mine =
             static_cast<char*>(fulls[m]) + rank_ * s.rows * s.cols * elem;
+        const MatrixView update =
+            NsResultOver(ContiguousView(mine, ns_dtype, s.rows, s.cols),
+                         NsResultDType(muon_.ns, s.full_rows, s.cols));
         RETURN_IF_ERROR(MuonUpdatePhase(
             *backend_, muon_,
-            ContiguousView(s.param, DType::kFloat32, s.rows, s.cols),
-            ContiguousView(mine, ns_dtype, s.rows, s.cols), lr));
+            ContiguousView(s.param, DType::kFloat32, s.rows, s.cols), update,
+            lr));
       }
       RETURN_IF_ERROR(lap(t0, t.update_us));
       t.total_us = absl::ToDoubleMicroseconds(absl::Now() - start);

@@ -85,7 +85,7 @@ struct MemoryInfo {
 // are in the set's buffers, and what this rank contributes to the row
 // statistics (core/step/variant_phase.h).
 struct NorMuonRowBlock {
-  MatrixView update;          // local rows x cols, fp32|bf16
+  MatrixView update;          // local rows x cols, fp32|bf16|fp16
   int64_t row_offset = 0;     // local row 0 in state / staged / factors
   int64_t stats_offset = 0;   // full_rows sums, then full_rows state
   int64_t full_rows = 0;      // of the full matrix
@@ -331,9 +331,9 @@ class Backend {
   // finding is its AllFiniteBelow's, which waited already.
   virtual absl::StatusOr<bool> TakeGradCheck();
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in
-  // the param's dtype (fp32, bf16 or fp16) with one rounding. update is fp32 or
-  // bf16 (the Newton–Schulz output, unscaled: `lr` is the adjusted lr, the
-  // base lr times the Muon scale, as torch.optim.Muon's adjusted_lr).
+  // the param's dtype (fp32, bf16 or fp16) with one rounding. update is fp32,
+  // bf16 or fp16 (the Newton–Schulz output, unscaled: `lr` is the adjusted lr,
+  // the base lr times the Muon scale, as torch.optim.Muon's adjusted_lr).
   // `decay` is the decay factor already resolved by the caller
   // (lr*wd for decoupled/cautious, wd for independent; ignored for kNone).
   virtual absl::Status ApplyUpdate(const MatrixView& param,
@@ -415,7 +415,7 @@ class Backend {
                                       const MatrixView& staged,
                                       const MatrixView& factors, double beta2,
                                       double eps);
-  // AdaMuon on the unscaled update u (fp32|bf16) with its second moment
+  // AdaMuon on the unscaled update u (fp32|bf16|fp16) with its second moment
   // (fp32, u's shape), ew::AdaMuonElement: v_out <- lerp(v_in, u*u,
   // 1 - beta2); u <- u / (sqrt(v_out) + eps). v_out may be v_in (in place)
   // or overlap nothing (the step engine stages it, as momentum).

@@ -103,8 +103,9 @@ cudaError_t MarkNonFinite(const KView& v, float limit, int* flag,
 // Multi-tensor forms of the above for `count` same-op tensors (one launch per
 // up to kMultiMaxTensors contiguous tensors of < kMultiMaxElems elements, a
 // pointer table passed as a kernel argument: nothing is uploaded; any other
-// tensor, and any with an fp16 view, gets its own launch). Per-element math
-// identical to the single forms, so the results are bitwise the same.
+// tensor, and any with an fp16 view but the update's, gets its own launch).
+// Per-element math identical to the single forms, so the results are bitwise
+// the same.
 constexpr int kMultiMaxTensors = 40;
 constexpr int64_t kMultiMaxElems = int64_t(1) << 31;
 cudaError_t MuonMomentumMulti(const KView* grads, const KView* moms_in,

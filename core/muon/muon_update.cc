@@ -112,6 +112,18 @@ absl::Status MuonOptions::ValidateVariant() const {
                      static_cast<int>(variant)));
   }
   RETURN_IF_ERROR(CheckUnitInterval(beta2, "muon beta2"));
+  // AdaMuon's normalised update O / (sqrt(v) + eps) reaches 1 / sqrt(1 -
+  // beta2) (v from zero) and is written back over Gram NS's fp16 result
+  // (NsResultDType): 2^-30 keeps it within 2^15 < 65504.
+  constexpr double kAdaMuonMinOneMinusBeta2 = 1.0 / double(1 << 30);
+  if (variant == MuonVariant::kAdaMuon &&
+      1.0 - beta2 < kAdaMuonMinOneMinusBeta2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "muon beta2 must be at most 1 - 2^-30 with variant adamuon, got ",
+        beta2,
+        ": its normalised update reaches 1/sqrt(1 - beta2), which must fit "
+        "fp16 (Gram NS's result, which the update is written over)"));
+  }
   return CheckPositiveFloat32(moment2_eps, "muon moment2_eps");
 }
 

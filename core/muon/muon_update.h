@@ -140,7 +140,7 @@ absl::StatusOr<float> MuonAdjustedLr(const MuonOptions& options,
                                      int64_t full_rows, int64_t full_cols);
 
 // Phase 6. param fp32|bf16 (updated in place, one rounding), update (the
-// unscaled NS output) fp32|bf16, adjusted_lr from MuonAdjustedLr. The
+// unscaled NS output) fp32|bf16|fp16, adjusted_lr from MuonAdjustedLr. The
 // weight decay uses the base lr (decoupled: p <- p - lr*wd*p).
 absl::Status MuonUpdatePhase(Backend& backend, const MuonOptions& options,
                              const MatrixView& param, const MatrixView& update,

@@ -8,7 +8,7 @@
 //                  A = X^T X and X <- a X + X B^T, which is the transposed
 //                  iteration without materialising a transpose)
 //     B = b A + c A^2;  X <- a X + B X             (c == 0: X <- a X + b A X)
-//   result X (rows x cols, fp32 or bf16), unscaled: the Muon scale is
+//   result X (rows x cols, fp32, bf16 or fp16), unscaled: the Muon scale is
 //   applied by the update (muon_update.h, MuonAdjustedLr).
 // Sources: EO (NVIDIA-NeMo/Emerging-Optimizers) muon_utils.py newton_schulz /
 // newton_schulz_step (eps placement, the transposed iteration); coefficient
@@ -21,7 +21,8 @@
 //             kept in bf16 across steps. The step engine keeps the NS input
 //             and output in bf16 too (NsWorkDType), as torch.optim.Muon
 //             does (grad.bfloat16() first, the bf16 result added to the
-//             fp32 param): no fp32 copies on the way in or out.
+//             fp32 param): no fp32 copies on the way in or out. Gram NS's
+//             result stays in its fp16 (NsResultDType).
 // Symmetric products: A = X X^T and B = b A + c A A are symmetric, so they
 // can be formed by Backend::SymmetricGemmStridedBatchedOut (lower triangle +
 // mirror). By default that call is used where the backend's lower-triangle
@@ -97,7 +98,8 @@ struct NsOptions {
 
 // The dtype Newton–Schulz iterates in for `precision`: bf16 for kMedium,
 // fp32 otherwise. The step engine stores NS inputs and outputs (and
-// exchanges them) in this dtype.
+// exchanges them) in buffers of this dtype; the outputs are read in
+// NsResultDType (fp16 from Gram NS under kMedium, the same size).
 DType NsWorkDType(MatmulPrecision precision);
 
 // The dtype NS writes its result in without a converting pass, for a

@@ -158,6 +158,18 @@ TEST(MuonVariant, OptionsAreCheckedNamingTheFieldAndTheRule) {
   EXPECT_FALSE(o.Validate().ok());
   o.moment2_eps = 1e-8;
   EXPECT_TRUE(o.Validate().ok());
+  // AdaMuon's normalised update (up to 1/sqrt(1 - beta2)) must fit fp16;
+  // NorMuon rescales its rows and takes any beta2 < 1.
+  o.beta2 = 1.0 - 1e-10;
+  EXPECT_TRUE(o.Validate().ok()) << o.Validate();
+  o.variant = MuonVariant::kAdaMuon;
+  EXPECT_TRUE(absl::StrContains(
+      o.Validate().message(),
+      "muon beta2 must be at most 1 - 2^-30 with variant adamuon"))
+      << o.Validate();
+  o.beta2 = 1.0 - 1.0 / double(1 << 30);
+  EXPECT_TRUE(o.Validate().ok()) << o.Validate();
+  o.variant = MuonVariant::kNorMuon;
 }
 
 }  // namespace

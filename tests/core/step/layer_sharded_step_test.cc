@@ -78,7 +78,8 @@ struct GroupCase {
   std::string homes = "lpt";
   int64_t ns_batch_size = 1;
   // kMedium: bf16 NS, so the momentum output, the exchanges and the NS
-  // output are bf16 (NsWorkDType) on the ranks and in the reference.
+  // output are bf16 (NsWorkDType) on the ranks and in the reference, but
+  // for Gram NS's fp16 result in the same buffers (NsResultDType).
   MatmulPrecision precision = MatmulPrecision::kHighest;
 };
 
@@ -746,9 +747,9 @@ TEST(LayerShardedStep, Domain4x2) { RunAndCompare({Mixed(4, 2)}); }
 // same math, different rounding (docs/ARCHITECTURE.md "One step"), so a
 // relative tolerance.
 // bf16 Newton–Schulz (medium): the shards' momentum outputs are rounded to
-// bf16 once, exchanged as bf16, and the NS output comes back as bf16, which
-// is exactly what the single-process reference computes on the full matrix:
-// bitwise equal.
+// bf16 once, exchanged as bf16, and the NS output comes back in its own
+// 2-byte dtype (bf16, fp16 from Gram NS), which is exactly what the
+// single-process reference computes on the full matrix: bitwise equal.
 TEST(LayerShardedStep, MediumPrecisionExchangesBf16Bitwise) {
   GroupCase gc = Mixed(2, 3);
   gc.precision = MatmulPrecision::kMedium;

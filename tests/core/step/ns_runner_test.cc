@@ -246,9 +246,11 @@ TEST(NsRunnerTest, MediumGramResultIsLeftInFp16OverItsBf16Input) {
     for (uint16_t& x : v) x = FloatToBf16Bits(d(rng));
     return v;
   };
-  // 3 wide matrices back to back (stacked), 2 apart (staged), 1 square.
+  // 3 wide matrices back to back (stacked), 2 apart (staged), 1 tall (a
+  // single chunk, Gram on the transpose), 1 square.
   std::vector<uint16_t> slab = bf16(3 * r * c);
   std::vector<std::vector<uint16_t>> apart = {bf16(r * c), bf16(r * c)};
+  std::vector<uint16_t> tall = bf16(c * r);
   std::vector<uint16_t> square = bf16(16 * 16);
   std::vector<MatrixView> views;
   for (int k = 0; k < 3; ++k) {
@@ -258,6 +260,7 @@ TEST(NsRunnerTest, MediumGramResultIsLeftInFp16OverItsBf16Input) {
   for (auto& a : apart) {
     views.push_back(ContiguousView(a.data(), DType::kBFloat16, r, c));
   }
+  views.push_back(ContiguousView(tall.data(), DType::kBFloat16, c, r));
   views.push_back(ContiguousView(square.data(), DType::kBFloat16, 16, 16));
   // The references, from copies of the inputs.
   auto run = [&](std::vector<uint16_t> in, int64_t rows, int64_t cols,
@@ -277,6 +280,7 @@ TEST(NsRunnerTest, MediumGramResultIsLeftInFp16OverItsBf16Input) {
       run(slab, r, c, 3, DType::kFloat16);
   const std::vector<uint16_t> want_staged =
       run(staged_in, r, c, 2, DType::kFloat16);
+  const std::vector<uint16_t> want_tall = run(tall, c, r, 1, DType::kFloat16);
   const std::vector<uint16_t> want_square =
       run(square, 16, 16, 1, DType::kBFloat16);
   const std::vector<uint16_t> bf16_stacked =
@@ -288,6 +292,7 @@ TEST(NsRunnerTest, MediumGramResultIsLeftInFp16OverItsBf16Input) {
   std::vector<uint16_t> got_staged = apart[0];
   got_staged.insert(got_staged.end(), apart[1].begin(), apart[1].end());
   EXPECT_EQ(got_staged, want_staged);
+  EXPECT_EQ(tall, want_tall);
   EXPECT_EQ(square, want_square);
   for (size_t k = 0; k < slab.size(); ++k) {
     ASSERT_EQ(FloatToBf16Bits(Fp16BitsToFloat(slab[k])), bf16_stacked[k]) << k;

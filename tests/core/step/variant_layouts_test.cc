@@ -70,13 +70,14 @@ std::vector<NsHome> Homes(const Layout& l) {
 
 // Set before the ranks start, read only while they run.
 MuonVariant g_variant = MuonVariant::kNorMuon;
+MatmulPrecision g_precision = MatmulPrecision::kHighest;
 
 MuonOptions TestMuon() {
   MuonOptions o;
   o.variant = g_variant;
   o.beta2 = 0.9;
   o.moment2_eps = 1e-8;
-  o.ns.precision = MatmulPrecision::kHighest;
+  o.ns.precision = g_precision;
   o.lr = 0.02;
   o.momentum = 0.9;
   o.nesterov = true;
@@ -309,7 +310,10 @@ Reference ReferenceRun(const ParamCase& p, const std::vector<int>& seeds) {
     if (p.name == "zero") std::fill(grad.begin(), grad.end(), 0.0f);
     const absl::Status st = MuonStepFullMatrix(
         *backend, muon, **ns, view(ref.param, p.cols), view(grad, p.cols),
-        view(momentum, p.cols), view(scratch, p.cols),
+        view(momentum, p.cols),
+        // NS's input and output in the engine's dtype (bf16 under medium).
+        ContiguousView(scratch.data(), NsWorkDType(muon.ns.precision), p.rows,
+                       p.cols),
         view(ref.moment2, m2_cols), view(rows, 3));
     EXPECT_TRUE(st.ok()) << st;
   }
@@ -391,12 +395,15 @@ StepInputs Skipping(std::set<std::string> names) {
 struct Case {
   MuonVariant variant;
   Layout layout;
+  // Medium: bf16 NS, and Gram NS's fp16 result where the variant reads it.
+  MatmulPrecision precision = MatmulPrecision::kHighest;
 };
 
 class VariantLayouts : public ::testing::TestWithParam<Case> {};
 
 TEST_P(VariantLayouts, EqualTheSingleProcessPathAndResumeExactly) {
   g_variant = GetParam().variant;
+  g_precision = GetParam().precision;
   const Layout l = GetParam().layout;
   const std::vector<Attempt> attempts = {
       {1},
@@ -405,8 +412,9 @@ TEST_P(VariantLayouts, EqualTheSingleProcessPathAndResumeExactly) {
          return Skipping({"col", "rep", "b"});
        }},
       {3}};
-  const std::string prefix = absl::StrCat(
-      std::string(MuonVariantName(g_variant)), l.D, "x", l.G, "x", l.T);
+  const std::string prefix =
+      absl::StrCat(std::string(MuonVariantName(g_variant)), l.D, "x", l.G, "x",
+                   l.T, std::string(MatmulPrecisionName(g_precision)));
   const std::vector<RankRun> runs = RunWorld(l, prefix, attempts);
   for (int r = 0; r < l.world(); ++r) {
     ASSERT_EQ(runs[r].statuses.size(), attempts.size())
@@ -438,17 +446,21 @@ TEST_P(VariantLayouts, EqualTheSingleProcessPathAndResumeExactly) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, VariantLayouts,
-    ::testing::Values(Case{MuonVariant::kNorMuon, {1, 1, 1}},
-                      Case{MuonVariant::kNorMuon, {2, 1, 1}},
-                      Case{MuonVariant::kNorMuon, {1, 2, 1}},
-                      Case{MuonVariant::kNorMuon, {1, 1, 2}},
-                      Case{MuonVariant::kNorMuon, {2, 2, 2}},
-                      Case{MuonVariant::kAdaMuon, {1, 1, 1}},
-                      Case{MuonVariant::kAdaMuon, {2, 2, 2}}),
+    ::testing::Values(
+        Case{MuonVariant::kNorMuon, {1, 1, 1}},
+        Case{MuonVariant::kNorMuon, {2, 1, 1}},
+        Case{MuonVariant::kNorMuon, {1, 2, 1}},
+        Case{MuonVariant::kNorMuon, {1, 1, 2}},
+        Case{MuonVariant::kNorMuon, {2, 2, 2}},
+        Case{MuonVariant::kAdaMuon, {1, 1, 1}},
+        Case{MuonVariant::kAdaMuon, {2, 2, 2}},
+        Case{MuonVariant::kNorMuon, {2, 2, 2}, MatmulPrecision::kMedium},
+        Case{MuonVariant::kAdaMuon, {2, 2, 2}, MatmulPrecision::kMedium}),
     [](const auto& info) {
       const Layout& l = info.param.layout;
-      return absl::StrCat(std::string(MuonVariantName(info.param.variant)), "D",
-                          l.D, "G", l.G, "T", l.T);
+      return absl::StrCat(
+          std::string(MuonVariantName(info.param.variant)), "D", l.D, "G", l.G,
+          "T", l.T, std::string(MatmulPrecisionName(info.param.precision)));
     });
 
 }  // namespace
