@@ -63,6 +63,18 @@ __device__ __forceinline__ uint16_t FloatToF16Bits(float x) {
   return __half_as_ushort(__float2half_rn(x));
 }
 
+// A 2-byte element's bits (fp16 with kF16, else bf16) widened exactly, and
+// fp32 rounded once to them: the one codec of every 2-byte load and store.
+template <bool kF16>
+__device__ __forceinline__ float HalfBitsToFloat(uint32_t bits) {
+  return kF16 ? F16BitsToFloat(uint16_t(bits))
+              : Bf16BitsToFloat(uint16_t(bits));
+}
+template <bool kF16>
+__device__ __forceinline__ uint32_t FloatToHalfBits(float x) {
+  return kF16 ? FloatToF16Bits(x) : FloatToBf16Bits(x);
+}
+
 // One element at p of a type known at compile time (kElem bytes: 4 fp32,
 // 2 bf16 or, with kF16, fp16), decoded to or encoded from fp32. Ld / St
 // pick one by the view's runtime type.
@@ -71,8 +83,7 @@ __device__ __forceinline__ float LdElem(const char* p) {
   if constexpr (kElem == 4) {
     return *reinterpret_cast<const float*>(p);
   } else {
-    const uint16_t h = *reinterpret_cast<const uint16_t*>(p);
-    return kF16 ? F16BitsToFloat(h) : Bf16BitsToFloat(h);
+    return HalfBitsToFloat<kF16>(*reinterpret_cast<const uint16_t*>(p));
   }
 }
 template <int kElem, bool kF16>
@@ -80,8 +91,7 @@ __device__ __forceinline__ void StElem(char* p, float x) {
   if constexpr (kElem == 4) {
     *reinterpret_cast<float*>(p) = x;
   } else {
-    *reinterpret_cast<uint16_t*>(p) =
-        kF16 ? FloatToF16Bits(x) : FloatToBf16Bits(x);
+    *reinterpret_cast<uint16_t*>(p) = uint16_t(FloatToHalfBits<kF16>(x));
   }
 }
 

@@ -70,17 +70,6 @@ __host__ __device__ constexpr int SignatureCount() {
 __device__ __forceinline__ float& At(float4& v, int e) {
   return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
 }
-// A 2-byte element's bits widened exactly (bf16, or with kF16 fp16), and
-// fp32 rounded once to them.
-template <bool kF16>
-__device__ __forceinline__ float Wide(uint32_t bits) {
-  return kF16 ? F16BitsToFloat(uint16_t(bits))
-              : Bf16BitsToFloat(uint16_t(bits));
-}
-template <bool kF16>
-__device__ __forceinline__ uint32_t Narrow(float x) {
-  return kF16 ? FloatToF16Bits(x) : FloatToBf16Bits(x);
-}
 // Elements j..j+3 of a vec4 view of kElem-byte elements (fp32, or bf16 or
 // with kF16 fp16, widened exactly).
 template <int kElem, bool kF16 = false>
@@ -89,8 +78,9 @@ __device__ __forceinline__ float4 Ld4(const char* p, int64_t j) {
     return *reinterpret_cast<const float4*>(p + j * 4);
   } else {
     const uint2 h = *reinterpret_cast<const uint2*>(p + j * 2);
-    return make_float4(Wide<kF16>(h.x & 0xffffu), Wide<kF16>(h.x >> 16),
-                       Wide<kF16>(h.y & 0xffffu), Wide<kF16>(h.y >> 16));
+    return make_float4(
+        HalfBitsToFloat<kF16>(h.x & 0xffffu), HalfBitsToFloat<kF16>(h.x >> 16),
+        HalfBitsToFloat<kF16>(h.y & 0xffffu), HalfBitsToFloat<kF16>(h.y >> 16));
   }
 }
 __device__ __forceinline__ float4 Ld4(const char* p, int elem, int64_t j) {
@@ -104,8 +94,8 @@ __device__ __forceinline__ void St4(char* p, int64_t j, float4 x) {
     *reinterpret_cast<float4*>(p + j * 4) = x;
   } else {
     uint2 h;
-    h.x = Narrow<kF16>(x.x) | (Narrow<kF16>(x.y) << 16);
-    h.y = Narrow<kF16>(x.z) | (Narrow<kF16>(x.w) << 16);
+    h.x = FloatToHalfBits<kF16>(x.x) | (FloatToHalfBits<kF16>(x.y) << 16);
+    h.y = FloatToHalfBits<kF16>(x.z) | (FloatToHalfBits<kF16>(x.w) << 16);
     *reinterpret_cast<uint2*>(p + j * 2) = h;
   }
 }

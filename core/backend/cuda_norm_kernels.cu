@@ -82,16 +82,6 @@ __global__ void NormScaleKernel(DView src, DView dst, int64_t rows_per_slice,
 // values).
 __host__ __device__ constexpr int FmtBytes(int fmt) { return fmt == 0 ? 4 : 2; }
 template <int kFmt>
-__device__ __forceinline__ float Half16ToFloat(uint16_t h) {
-  if constexpr (kFmt == 2) return F16BitsToFloat(h);
-  return Bf16BitsToFloat(h);
-}
-template <int kFmt>
-__device__ __forceinline__ uint32_t FloatToHalf16(float x) {
-  if constexpr (kFmt == 2) return FloatToF16Bits(x);
-  return FloatToBf16Bits(x);
-}
-template <int kFmt>
 __device__ __forceinline__ void Load8(const char* p, int64_t g, float (&x)[8]) {
   if constexpr (kFmt == 0) {
     const float4 a = reinterpret_cast<const float4*>(p)[2 * g];
@@ -103,8 +93,8 @@ __device__ __forceinline__ void Load8(const char* p, int64_t g, float (&x)[8]) {
     const uint32_t w[4] = {h.x, h.y, h.z, h.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      x[2 * k] = Half16ToFloat<kFmt>(uint16_t(w[k] & 0xffffu));
-      x[2 * k + 1] = Half16ToFloat<kFmt>(uint16_t(w[k] >> 16));
+      x[2 * k] = HalfBitsToFloat<kFmt == 2>(uint16_t(w[k] & 0xffffu));
+      x[2 * k + 1] = HalfBitsToFloat<kFmt == 2>(uint16_t(w[k] >> 16));
     }
   }
 }
@@ -119,8 +109,8 @@ __device__ __forceinline__ void Store8(char* p, int64_t g,
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      w[k] = FloatToHalf16<kFmt>(x[2 * k]) |
-             (FloatToHalf16<kFmt>(x[2 * k + 1]) << 16);
+      w[k] = FloatToHalfBits<kFmt == 2>(x[2 * k]) |
+             (FloatToHalfBits<kFmt == 2>(x[2 * k + 1]) << 16);
     }
     reinterpret_cast<uint4*>(p)[g] = make_uint4(w[0], w[1], w[2], w[3]);
   }

@@ -40,8 +40,7 @@ __device__ __forceinline__ int RowEntryOf(const RowTable& t, int b) {
 // A 2-byte element's bits widened exactly: fp16 where the view is, else
 // bf16.
 __device__ __forceinline__ float Wide2(const DView& x, uint32_t bits) {
-  return x.f16 ? F16BitsToFloat(uint16_t(bits))
-               : Bf16BitsToFloat(uint16_t(bits));
+  return x.f16 ? HalfBitsToFloat<true>(bits) : HalfBitsToFloat<false>(bits);
 }
 
 // Elements j..j+3 of a row (fp32, bf16 or fp16), as one 16- or 8-byte load
