@@ -19,7 +19,10 @@ run, fp32 params and grads, median of --reps steps, --rounds rounds:
   daemon_gram_asleep        the same asleep until the answer (step_channel_poll_ms=0; not
                             among the default columns);
   daemon_gram_double_buffered  the same with double_buffer_momentum (not among the
-                               default columns).
+                               default columns);
+  daemon_gram_synced        the same with grads_ready_event=False: the trainer synchronises
+                            the device before each step instead of recording the event the
+                            daemon waits for (not among the default columns).
 
 The same math everywhere otherwise: eps 1e-7, `original` scale (the peer gets it as its
 adjust_lr callable), Nesterov, momentum 0.95, decoupled weight decay 0.1 (the peer scales it
@@ -36,6 +39,10 @@ answers). The peer compiles (torch.compile, CuTe DSL JIT) on first use of each s
 first step is timed apart ("first step s") and it is warmed up until two steps agree within
 3%. Its two NS objects live for the whole process, so later sets reuse their compiled code.
 Also: the Step RPC round trip with (almost) no work, one 8x8 param: p50/p99 us.
+--backward-tail-ms X: each timed step (torch, peer and daemon columns) starts behind X ms of
+GPU work queued on the current stream (torch.cuda._sleep), a stand-in for backward's last
+kernels: what a step costs beyond backward is its time less X. The daemon then reads the grads
+after the event that waits for that work (or, daemon_gram_synced, after a synchronisation).
 --kernel-profile DIR: per torch, peer and in-process column, each kernel's GPU time summed
 over one more run of --reps steps (the daemon's engine is the in-process one), e.g.
 
@@ -82,10 +89,10 @@ H200_DENSE_PEAK = 989e12  # bf16/fp16 dense tensor-core FLOP/s, the H200 data sh
 COLUMNS = ["torch", "peer_a", "peer_b", "inproc_std", "inproc_gram",
            "inproc_gram_double_buffered", "daemon_std",
            "daemon_gram", "daemon_gram_checks_first", "daemon_gram_grpc", "daemon_gram_asleep",
-           "daemon_gram_double_buffered"]
+           "daemon_gram_double_buffered", "daemon_gram_synced"]
 # Asked for by name only: not what a user runs by default.
 OPT_IN_COLUMNS = ("daemon_gram_asleep", "inproc_gram_double_buffered",
-                  "daemon_gram_double_buffered")
+                  "daemon_gram_double_buffered", "daemon_gram_synced")
 TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "peer_b": "peer (b) defaults", "inproc_std": "muond in-process std",
           "inproc_gram": "muond in-process gram",
@@ -95,7 +102,8 @@ TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "daemon_gram_checks_first": "muond daemon gram, checks first",
           "daemon_gram_grpc": "muond daemon gram, Step RPC",
           "daemon_gram_asleep": "muond daemon gram, asleep till the answer",
-          "daemon_gram_double_buffered": "muond daemon gram, double-buffered momentum"}
+          "daemon_gram_double_buffered": "muond daemon gram, double-buffered momentum",
+          "daemon_gram_synced": "muond daemon gram, synchronised before the step"}
 # Speed targets, muond gram through the daemon: x faster than (peer a, peer b, torch).
 # The targets per set: (vs peer (a), vs peer (b), vs torch.optim.Muon); None: no target.
 GOALS = {"llama3_8b": (1.3, 1.3, 2.3), "qwen3_1_7b": (1.3, 1.3, 2.3),
@@ -131,6 +139,22 @@ def parse_set(text: str):
 
 
 # ---------------------------------------------------------------------------- timing
+# Clock cycles of torch.cuda._sleep that each timed step starts behind (--backward-tail-ms).
+TAIL = {"cycles": 0}
+
+
+def sleep_cycles_per_ms():
+    """torch.cuda._sleep's cycles per ms on this GPU, timed by CUDA events."""
+    import torch
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    return 20_000_000 / start.elapsed_time(end)
+
+
 def timed(step, reps, warmup):
     import torch
     for _ in range(warmup):
@@ -139,6 +163,8 @@ def timed(step, reps, warmup):
     t = []
     for _ in range(reps):
         t0 = time.perf_counter()
+        if TAIL["cycles"]:
+            torch.cuda._sleep(TAIL["cycles"])  # backward's last kernels, still running
         step()
         torch.cuda.synchronize()
         t.append((time.perf_counter() - t0) * 1e3)
@@ -419,7 +445,8 @@ def muond_gram_kwargs(algorithm, o):
 
 
 def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algorithm, o,
-                 step_channel=True, overlap_checks=True, poll_ms=None, double_buffer=False):
+                 step_channel=True, overlap_checks=True, poll_ms=None, double_buffer=False,
+                 grads_ready_event=True):
     import torch
     from daemon_harness import Daemon
     from muond.torch import Muon
@@ -433,7 +460,7 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
                    ns_batch_size=ns_batch_size, use_syrk=syrk and algorithm == "standard",
                    step_channel=step_channel, overlap_checks=overlap_checks,
                    **({} if poll_ms is None else {"step_channel_poll_ms": poll_ms}),
-                   double_buffer_momentum=double_buffer,
+                   double_buffer_momentum=double_buffer, grads_ready_event=grads_ready_event,
                    **muond_gram_kwargs(algorithm, o), **SETTINGS)
         try:
             opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
@@ -453,7 +480,8 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
             print_breakdown(algorithm + ("" if step_channel else ", Step RPC")
                             + ("" if overlap_checks else ", checks first")
                             + ("" if poll_ms is None else ", asleep till the answer")
-                            + (", double-buffered momentum" if double_buffer else ""),
+                            + (", double-buffered momentum" if double_buffer else "")
+                            + ("" if grads_ready_event else ", synchronised first"),
                             parts[warmup:])
         finally:
             opt.close()
@@ -644,7 +672,8 @@ def run_column(c, row, name, r, shapes, ns_batch, peers, peer_info, a, o):
                       step_channel=not c.endswith("_grpc"),
                       overlap_checks=not c.endswith("_checks_first"),
                       poll_ms=0.0 if c.endswith("_asleep") else None,
-                      double_buffer=c.endswith("_double_buffered"))
+                      double_buffer=c.endswith("_double_buffered"),
+                      grads_ready_event=not c.endswith("_synced"))
         if res:
             row[c], row[c + "_side"] = res
 
@@ -847,6 +876,9 @@ def main() -> int:
     ap.add_argument("--gpu-clocks", action="store_true",
                     help="per round and column, the GPU's median SM clock and power draw "
                          "while busy (nvidia-smi every 100 ms), in a table after the set's")
+    ap.add_argument("--backward-tail-ms", type=float, default=0.0,
+                    help="each timed step of the torch, peer and daemon columns starts "
+                         "behind this much GPU work (a stand-in for backward's tail)")
     ap.add_argument("--no-rpc", action="store_true", help="skip the no-work Step RPC probe")
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--out", default=None, help="also write the markdown here")
@@ -867,6 +899,10 @@ def main() -> int:
                                     for c in a.columns):
         ap.error("--kernel-profile profiles the torch, peer and in-process columns; "
                  "--columns has none of them (the daemon's engine is the in-process one)")
+    if a.backward_tail_ms and (a.sweep_aspect or any(c.startswith("inproc_")
+                                                     for c in a.columns)):
+        ap.error("--backward-tail-ms: the in-process columns run in step_bench, which queues "
+                 "no backward stand-in; leave them out (and --sweep-aspect)")
     a.peer_restarts = restarts(a.peer_restarts)
     o = argparse.Namespace(gram_restarts=restarts(a.gram_restarts), gram_dtype=a.gram_dtype,
                            gram_min_aspect=a.gram_min_aspect,
@@ -884,6 +920,8 @@ def main() -> int:
         if hasattr(torch._dynamo.config, knob):  # the peer compiles per shape: no eager fallback
             setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 256))
 
+    if a.backward_tail_ms:
+        TAIL["cycles"] = int(a.backward_tail_ms * sleep_cycles_per_ms())
     what = "NS runs" if a.sweep_aspect else "steps"
     rounds = "" if a.sweep_aspect else f", {a.rounds} rounds"
     header = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}; median of "

@@ -431,6 +431,7 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::DoRegister(
   absl::MutexLock lock(&mu_);
   v1::RegisterParamsResponse response;
   response.set_num_params(reg->num_params);
+  response.set_waits_for_grads_ready_event(reg->grads_ready != nullptr);
   LOG(INFO) << "registered " << reg->num_params << " params in "
             << reg->groups.size() << " groups for client '" << reg->client_id
             << "' (" << reg->regions.size() << " memory regions)";

@@ -57,6 +57,27 @@ class FakeLink : public CoordinatorLink {
   std::function<void()> during_publish;
 };
 
+// The grads-ready event handle the fixture's opener accepts (64 bytes, as a
+// cudaIpcEventHandle_t), and the event it opens: any other handle goes to
+// the host-mode opener, which refuses it.
+inline const std::string kEventHandle = std::string(64, 'e');
+inline int fake_event_storage = 0;
+inline void* const kFakeEvent = &fake_event_storage;
+
+class FakeEventOpener : public HandleOpener {
+ public:
+  absl::StatusOr<std::unique_ptr<ImportedEvent>> OpenCudaIpcEvent(
+      const std::string& handle, const std::string& field) override {
+    if (handle != kEventHandle) {
+      return HandleOpener::OpenCudaIpcEvent(handle, field);
+    }
+    struct Opened : ImportedEvent {
+      void* event() const override { return kFakeEvent; }
+    };
+    return std::unique_ptr<ImportedEvent>(new Opened);
+  }
+};
+
 // Adds 1 to the first element of every param per step; records homes.
 class FakeMuon : public LayerShardedMuon {
  public:
@@ -74,6 +95,7 @@ class FakeMuon : public LayerShardedMuon {
     if (inputs.replay) return StepResult{};
     skip_params = inputs.skip_params;
     overrides = inputs.overrides;
+    grads_ready_event = inputs.grads_ready_event;
     for (float* f : firsts_) *f += 1;
     StepResult r;
     r.timings.total_us = 7;
@@ -121,9 +143,10 @@ class FakeMuon : public LayerShardedMuon {
       {StateLocation::kHost, DType::kFloat32, 320}};
   std::vector<std::pair<std::string, std::vector<NsHome>>> homes_set;
   std::vector<int64_t> versions_set;
-  // The last applied step's skip_params and overrides.
+  // The last applied step's skip_params, overrides and grads-ready event.
   std::set<std::string> skip_params;
   StepOverrides overrides;
+  void* grads_ready_event = nullptr;
   // The homes version the domain "agreed" on (unset: none reported).
   std::optional<int64_t> agreed_version;
 
@@ -189,7 +212,7 @@ class DaemonCoreTest : public ::testing::Test {
       readiness_.push_back(ready);
     };
     core_ = std::make_unique<DaemonCore>(
-        config, std::make_unique<HandleOpener>(), &link_,
+        config, std::make_unique<FakeEventOpener>(), &link_,
         [this](const Registration& reg, const v1::Plan&,
                const std::function<bool()>& abandoned)
             -> absl::StatusOr<std::unique_ptr<StepEngine>> {

@@ -6,6 +6,34 @@
 namespace muond::daemon_core_test {
 namespace {
 
+TEST_F(DaemonCoreTest, TheGradsReadyEventReachesEveryStepOfItsRegistration) {
+  v1::RegisterParamsRequest r = Valid();
+  r.set_grads_ready_event(kEventHandle);
+  absl::StatusOr<v1::RegisterParamsResponse> registered = core_->Register(r);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_TRUE(registered->waits_for_grads_ready_event());
+  core_->OnPlan(PlanFor(1, 0, 0));
+  WaitForEngine();
+  ASSERT_TRUE(core_->Step(StepReq(1)).ok());
+  EXPECT_EQ(fake_->grads_ready_event, kFakeEvent);
+  ASSERT_TRUE(core_->Step(StepReq(2)).ok());
+  EXPECT_EQ(fake_->grads_ready_event, kFakeEvent);
+
+  // Registered again without one: the steps do not wait.
+  v1::UnregisterParamsRequest un;
+  un.set_job_id("job");
+  un.set_client_id("trainer0");
+  ASSERT_TRUE(core_->Unregister(un).ok());
+  link_.round_version = 2;
+  registered = core_->Register(Valid());
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_FALSE(registered->waits_for_grads_ready_event());
+  core_->OnPlan(PlanFor(2, 0, 0));
+  WaitForEngine();
+  ASSERT_TRUE(core_->Step(StepReq(1)).ok());
+  EXPECT_EQ(fake_->grads_ready_event, nullptr);
+}
+
 TEST_F(DaemonCoreTest, StepRulesAndPlanActivation) {
   EXPECT_THAT(core_->Step(StepReq(1)).status().message(),
               HasSubstr("no params are registered"));
