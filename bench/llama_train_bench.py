@@ -37,7 +37,11 @@ are in the JSON (results.<name>.hyperparameters).
 Timing: --warmup untimed steps, then --steps timed ones. Per step the wall time
 of zero_grad + forward + backward and of opt.step() (each bracketed by
 torch.cuda.synchronize() on cuda), max over ranks per step, median over steps;
-each rank's own per-step times are in the JSON (results.<name>.ranks).
+each rank's own per-step times are in the JSON (results.<name>.ranks). With
+--no-split-sync there is no synchronisation between backward and opt.step(), as
+in a training loop (an optimizer may then send or launch its step while
+backward's kernels still run): the step's time is as before, and the fwd+bwd
+and opt step columns are the host's time until opt.step() is called and in it.
 
 Correctness: with --compare-params (default) rank 0 compares every optimizer's
 final params with torch's; --max-param-diff X turns muond's comparison into a
@@ -151,6 +155,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=at_least(2, SEQ_WHY),
                    help="tokens per sequence, >= 2 (default: 2048 for 1b, 32 for tiny)")
     p.add_argument("--steps", type=at_least(1), default=10, help="timed steps")
+    p.add_argument("--no-split-sync", action="store_true",
+                   help="no synchronisation between backward and opt.step() (a training "
+                        "loop's timing; fwd+bwd and opt step ms are then host times)")
     p.add_argument("--warmup", type=at_least(0), default=3, help="untimed steps before them")
     p.add_argument("--lr", type=float, default=0.02, help="Muon lr")
     p.add_argument("--momentum", type=float, default=0.95, help="Muon momentum (Nesterov)")
@@ -359,7 +366,8 @@ def run_optimizer(name, args, cfg, mesh, rank, world, device, keep_state):
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
                 loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
             loss.backward()
-            sync()
+            if not args.no_split_sync:
+                sync()
             t1 = time.perf_counter()
             opt.step()
             sync()
