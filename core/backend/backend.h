@@ -463,19 +463,6 @@ class Backend {
     return absl::OkStatus();
   }
 
-  // The calls enqueued on this backend after this call wait, on the device,
-  // for the latest record of `event` (CUDA: a cudaEvent_t, e.g. one another
-  // process records, opened by cudaIpcOpenEventHandle); host-side, it does
-  // not wait. Backends that run every call at once have no device events:
-  // FailedPrecondition.
-  virtual absl::Status WaitForEvent(void* event) {
-    (void)event;
-    return absl::FailedPreconditionError(
-        absl::StrCat(std::string(name()),
-                     " runs every call at once: no device event to "
-                     "wait for"));
-  }
-
   // ---- CUDA graphs --------------------------------------------------------
   // Runs `work` (calls on this backend only, no host synchronisation, no
   // Allocate/Free) as one replay of a graph captured the first time `key` was

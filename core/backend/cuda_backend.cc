@@ -231,16 +231,6 @@ absl::Status CudaBackend::OrderBefore(Backend& later) {
   return CudaStatus(err, "order before");
 }
 
-absl::Status CudaBackend::WaitForEvent(void* event) {
-  if (event == nullptr) {
-    return absl::InvalidArgumentError("wait for event: no event");
-  }
-  cudaSetDevice(device_);
-  return CudaStatus(
-      cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event), 0),
-      "wait for event");
-}
-
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
     int device, const CudaBackendOptions& options) {
   int count = 0;

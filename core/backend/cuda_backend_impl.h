@@ -80,7 +80,6 @@ class CudaBackend final : public Backend {
   void FreeHost(void* ptr) override;
   absl::StatusOr<std::unique_ptr<Backend>> NewStream() override;
   absl::Status OrderBefore(Backend& later) override;
-  absl::Status WaitForEvent(void* event) override;
   absl::Status Memset0(const MatrixView& v) override;
   absl::Status CopyFromHost(void* dst, const void* src, int64_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override;

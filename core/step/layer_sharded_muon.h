@@ -121,12 +121,6 @@ struct StepInputs {
   // no verdict in time). A withdrawn step is refused in the job vote on
   // every rank (ABORTED, ErrorReason kStepWithdrawn).
   std::function<absl::Status()> await_trainer_verdict;
-  // A device event (Backend::WaitForEvent: a cudaEvent_t on CUDA) that the
-  // trainer recorded once this step's grads were written: every lane's
-  // backend waits for it before the step's first read of a grad, so the
-  // trainer need not synchronise its device before the step. Null: the
-  // grads are ready when RunStep is called. Not owned; outlives RunStep.
-  void* grads_ready_event = nullptr;
 };
 
 struct StepOptions {

@@ -110,8 +110,6 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // The ballot of a replay (StepInputs::replay): kReplay, or a refusal when
   // the domain agreements it runs for its peers fail to communicate or the
   // daemon refused it (StepInputs::refusal: its trainer refused it).
-  // Every device lane waits for StepInputs::grads_ready_event (if any).
-  absl::Status WaitForGrads(const StepInputs& inputs);
   JobBallot ReplayBallot(const StepInputs& inputs, StepResult& result,
                          absl::Status& refusal);
   // The job-wide vote on `mine`; OK with the decision, or this step's error

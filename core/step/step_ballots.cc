@@ -4,10 +4,8 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "core/common/error_reason.h"
 #include "core/step/domain_agreement.h"
 #include "core/step/gather_job_ballots.h"
 #include "core/step/layer_sharded_muon_impl.h"
@@ -45,17 +43,14 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
                            return param_names_.contains(name);
                          }),
          RefusalCode::kSkipParams);
-  // The trainer's grads-ready event before any read of a grad.
-  const absl::Status waited = WaitForGrads(inputs);
-  refuse(waited, RefusalCode::kOther);
   // Always run: the domain agreements are collectives of their own. The grads
-  // are not read where memory changed or the trainer refused (it copied none),
-  // nor without the wait for them. Where nothing was refused so far, a
-  // group's momentum phase runs in its agreement, reading the grads once for
-  // both.
+  // are not read where memory changed, the trainer refused (it copied none) or
+  // its grads never became ready.
+  // Where nothing was refused so far, a group's momentum phase runs in its
+  // agreement, reading the grads once for both.
   const bool read_grads = inputs.refusal_code != RefusalCode::kMemory &&
                           inputs.refusal_code != RefusalCode::kTrainer &&
-                          waited.ok();
+                          inputs.refusal_code != RefusalCode::kGradsNotReady;
   absl::StatusOr<std::vector<std::string>> agreed = AgreeAcrossDomains(
       inputs, result, read_grads, /*momentum_now=*/read_grads && refusal.ok());
   if (!agreed.ok()) {
@@ -80,22 +75,6 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
     refuse(NonFiniteError(bad), RefusalCode::kNonFinite);
   }
   return mine;
-}
-
-absl::Status LayerShardedMuonImpl::WaitForGrads(const StepInputs& inputs) {
-  if (inputs.grads_ready_event == nullptr) return absl::OkStatus();
-  for (Lane& lane : lanes_) {
-    // A host lane reads no device memory. A lane's later streams (its host
-    // state's) are ordered after its own.
-    if (!lane.backend->is_device()) continue;
-    if (absl::Status st = lane.backend->WaitForEvent(inputs.grads_ready_event);
-        !st.ok()) {
-      return WithContext(
-          st, absl::StrCat("step ", inputs.step_id,
-                           ": waiting for the trainer's grads-ready event: "));
-    }
-  }
-  return absl::OkStatus();
 }
 
 JobBallot LayerShardedMuonImpl::ReplayBallot(const StepInputs& inputs,

@@ -64,7 +64,14 @@ class IpcEvent : public ImportedEvent {
     cudaSetDevice(device_);
     cudaEventDestroy(event_);
   }
-  void* event() const override { return event_; }
+  absl::StatusOr<bool> Done() const override {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaSuccess) return true;
+    if (e == cudaErrorNotReady) return false;
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrCat("cudaEventQuery: ", cudaGetErrorString(e)));
+  }
 
  private:
   cudaEvent_t event_;

@@ -41,12 +41,13 @@ class MappedRegion {
 };
 
 // An event another process records, opened in this one (CUDA: an
-// interprocess event); destroyed with this object. event() is what
-// Backend::WaitForEvent takes (a cudaEvent_t on CUDA).
+// interprocess event); destroyed with this object.
 class ImportedEvent {
  public:
   virtual ~ImportedEvent() = default;
-  virtual void* event() const = 0;
+  // Whether the work before its latest record has completed (CUDA:
+  // cudaEventQuery); an error when it cannot be queried.
+  virtual absl::StatusOr<bool> Done() const = 0;
 };
 
 class HandleOpener {

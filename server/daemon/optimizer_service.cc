@@ -53,9 +53,8 @@ grpc::Status OptimizerService::RegisterParams(
 }
 
 StepHandler OptimizerService::StepHandlerOf(OptimizerService* service) {
-  return [service](const v1::StepRequest& request,
-                   const TrainerVerdict& verdict) {
-    absl::StatusOr<v1::StepResponse> answer = service->StepOn(request, verdict);
+  return [service](const v1::StepRequest& request, const StepTrainer& trainer) {
+    absl::StatusOr<v1::StepResponse> answer = service->StepOn(request, trainer);
     if (!answer.ok() &&
         GetErrorReason(answer.status()) != ErrorReason::kStepWithdrawn) {
       LOG(WARNING) << "Step (step channel) refused: " << answer.status();
@@ -65,11 +64,11 @@ StepHandler OptimizerService::StepHandlerOf(OptimizerService* service) {
 }
 
 absl::StatusOr<v1::StepResponse> OptimizerService::StepOn(
-    const v1::StepRequest& request, const TrainerVerdict& verdict) {
+    const v1::StepRequest& request, const StepTrainer& trainer) {
   absl::StatusOr<std::shared_ptr<DaemonCore>> core =
       CoreOf(request.optimizer());
   if (!core.ok()) return core.status();
-  return (*core)->Step(request, verdict);
+  return (*core)->Step(request, trainer);
 }
 
 grpc::Status OptimizerService::Step(grpc::ServerContext* context,
@@ -82,7 +81,10 @@ grpc::Status OptimizerService::Step(grpc::ServerContext* context,
           channels_.TakeKeptAnswer(*request)) {
     return Reply(*std::move(kept), response, "Step");
   }
-  return Reply(StepOn(*request, TrainerVerdict()), response, "Step");
+  return Reply(
+      StepOn(*request,
+             StepTrainer{.gone = [context] { return context->IsCancelled(); }}),
+      response, "Step");
 }
 
 grpc::Status OptimizerService::OpenStepChannel(

@@ -489,11 +489,12 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     absl::StatusOr<v1::StepRequest> request =
         ReadRequest(fd, op, len, channel->request_capacity);
     Keep(channel, "", std::nullopt);  // a new request: the last one fetched
-    const TrainerVerdict verdict = [this, channel, seq] {
-      return AwaitVerdict(channel, seq);
-    };
+    const StepTrainer trainer{
+        .verdict = [this, channel, seq] { return AwaitVerdict(channel, seq); },
+        .gone =
+            [fd] { return !sc::LockHeldByOther(fd, sc::kTrainerLockByte); }};
     absl::StatusOr<v1::StepResponse> answer =
-        request.ok() ? handler_(*request, verdict)
+        request.ok() ? handler_(*request, trainer)
                      : absl::StatusOr<v1::StepResponse>(request.status());
     std::string bytes;
     uint32_t kind = sc::kStepResponse;

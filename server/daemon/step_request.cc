@@ -92,9 +92,6 @@ void CheckStepRequest(const v1::StepRequest& request,
   // else this rank would refuse (its ballot carries one code).
   Refuse(inputs, TrainerRefusal(request), RefusalCode::kTrainer);
   Refuse(inputs, registration.RecheckMemory(), RefusalCode::kMemory);
-  if (registration.grads_ready != nullptr) {
-    inputs.grads_ready_event = registration.grads_ready->event();
-  }
   Refuse(inputs, CheckStepId(request.step_id(), last_step_id, max_step_id),
          RefusalCode::kStepId);
   absl::StatusOr<StepOverrides> overrides =

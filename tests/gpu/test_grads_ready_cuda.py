@@ -14,12 +14,19 @@ synchronise before its steps still has them read the grads it wrote.
 2. Bad handles (10 bytes; 64 bytes CUDA does not open) are refused at
    registration with an error naming grads_ready_event, and the daemon then
    registers and steps a good optimizer.
+3. A trainer killed while its step waits for grads queued behind ~10 s of
+   GPU work (its record never runs): the daemon refuses that step at once,
+   naming why, stays up, and another trainer registers (taking over the dead
+   one's registration) and steps.
 Exit code 0 = pass. Needs a GPU; prints SKIP without one.
 """
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import time
 from unittest import mock
 
 import torch
@@ -116,7 +123,63 @@ def main() -> int:
         if any(torch.equal(p.detach(), b) for p, b in zip(params, before)):
             failures.append("after the refusals, a good optimizer's step moved nothing")
         after.close()
+        killed_trainer(d, failures)
     return report(failures)
+
+
+# A trainer whose second step's grads come behind ~10 s of GPU work.
+DOOMED = r"""
+import sys, torch
+from muond.torch import Muon
+p = [torch.nn.Parameter(0.02 * torch.randn(512, 1024, device="cuda"))]
+opt = Muon([{"params": p, "param_names": ["w0"]}], lr=0.02, daemons=[sys.argv[1]],
+           job_id="ready", name="doomed")
+opt.zero_grad(set_to_none=False)
+opt.step()
+torch.cuda.synchronize()
+torch.cuda._sleep(20_000_000_000)
+p[0].grad.fill_(1e-3)
+print("sending", flush=True)
+opt.step()
+print("the step returned", flush=True)
+"""
+
+
+def killed_trainer(d, failures):
+    child = subprocess.Popen([sys.executable, "-c", DOOMED, d.address],
+                             stdout=subprocess.PIPE, text=True)
+    line = child.stdout.readline()
+    if line.strip() != "sending":
+        failures.append(f"the doomed trainer did not reach its step: {line!r}")
+        child.kill()
+        return
+    time.sleep(0.5)  # the step sent, the daemon polling its event
+    killed_at = time.time()
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    needle = "never completed: its trainer ended first"
+    while needle not in d.log() and time.time() - killed_at < 20:
+        time.sleep(0.05)
+    waited = time.time() - killed_at
+    print(f"killed trainer: refusal logged {waited:.2f} s after the kill")
+    if needle not in d.log():
+        failures.append("the killed trainer's step was not refused within 20 s")
+    elif waited > 5:
+        failures.append(f"the killed trainer's step was refused only after {waited:.1f} s")
+    if any(p.poll() is not None for p in d.procs):
+        failures.append("a server exited after the trainer was killed")
+        return
+    params = make_params()
+    try:
+        again = optimizer(params, d.address, "doomed")  # the dead trainer's instance
+        before = [p.detach().clone() for p in params]
+        step_with_late_grads(again, params, grads_for(0))
+        torch.cuda.synchronize()
+        if any(torch.equal(p.detach(), b) for p, b in zip(params, before)):
+            failures.append("after the killed trainer, a new trainer's step moved nothing")
+        again.close()
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"after the killed trainer, a new trainer failed: {e}")
 
 
 def step_with_late_grads_unsynced(opt, params, grads):

@@ -58,11 +58,13 @@ class FakeLink : public CoordinatorLink {
 };
 
 // The grads-ready event handle the fixture's opener accepts (64 bytes, as a
-// cudaIpcEventHandle_t), and the event it opens: any other handle goes to
-// the host-mode opener, which refuses it.
+// cudaIpcEventHandle_t): any other handle goes to the host-mode opener,
+// which refuses it. The event it opens is as done as `fake_event_state`
+// says (kEventPending, kEventDone, or kEventBroken: its query fails).
 inline const std::string kEventHandle = std::string(64, 'e');
-inline int fake_event_storage = 0;
-inline void* const kFakeEvent = &fake_event_storage;
+enum FakeEventState { kEventPending, kEventDone, kEventBroken };
+inline std::atomic<int> fake_event_state{kEventDone};
+inline std::atomic<int> fake_event_queries{0};
 
 class FakeEventOpener : public HandleOpener {
  public:
@@ -72,7 +74,15 @@ class FakeEventOpener : public HandleOpener {
       return HandleOpener::OpenCudaIpcEvent(handle, field);
     }
     struct Opened : ImportedEvent {
-      void* event() const override { return kFakeEvent; }
+      absl::StatusOr<bool> Done() const override {
+        fake_event_queries.fetch_add(1);
+        const int state = fake_event_state.load();
+        if (state == kEventBroken) {
+          return absl::InternalError(
+              "cudaEventQuery: an illegal memory access");
+        }
+        return state == kEventDone;
+      }
     };
     return std::unique_ptr<ImportedEvent>(new Opened);
   }
@@ -90,12 +100,12 @@ class FakeMuon : public LayerShardedMuon {
   }
   absl::StatusOr<StepResult> RunStep(const StepInputs& inputs) override {
     // The daemon's own refusals reach the engine, which votes on them.
+    last_refusal_code = inputs.refusal_code;
     if (!inputs.refusal.ok()) return inputs.refusal;
     // A single-rank job's replay vote is a replay: nothing is applied.
     if (inputs.replay) return StepResult{};
     skip_params = inputs.skip_params;
     overrides = inputs.overrides;
-    grads_ready_event = inputs.grads_ready_event;
     for (float* f : firsts_) *f += 1;
     StepResult r;
     r.timings.total_us = 7;
@@ -143,10 +153,11 @@ class FakeMuon : public LayerShardedMuon {
       {StateLocation::kHost, DType::kFloat32, 320}};
   std::vector<std::pair<std::string, std::vector<NsHome>>> homes_set;
   std::vector<int64_t> versions_set;
-  // The last applied step's skip_params, overrides and grads-ready event.
+  // The last applied step's skip_params and overrides; the last step's
+  // refusal code.
   std::set<std::string> skip_params;
   StepOverrides overrides;
-  void* grads_ready_event = nullptr;
+  RefusalCode last_refusal_code = RefusalCode::kNone;
   // The homes version the domain "agreed" on (unset: none reported).
   std::optional<int64_t> agreed_version;
 
@@ -206,6 +217,9 @@ class DaemonCoreTest : public ::testing::Test {
     if (name_.find("Stale") != std::string::npos) {
       config.pending_transaction_max_age = absl::Milliseconds(200);
     }
+    // The grads-ready tests cannot wait half a comm timeout.
+    config.grads_ready_wait.timeout = absl::Milliseconds(300);
+    fake_event_state = kEventDone;
     // As in the server: every test runs with the readiness thread.
     config.on_readiness = [this](bool ready) {
       absl::MutexLock lock(&readiness_mu_);

@@ -7,9 +7,9 @@ its device before each step, and the step's request, the daemon's wake-up
 and its first launches all wait for backward's last kernel. With it, the
 trainer registers an interprocess CUDA event per device
 (RegisterParamsRequest.grads_ready_event) and records it on the current
-stream where it synchronised before; each daemon makes its step's device
-work wait for that record (cudaStreamWaitEvent), and the request travels
-while backward's tail still runs. The same contract as torch.optim: the
+stream where it synchronised before; each daemon waits until that record
+completed before its step reads a grad, and the request travels while
+backward's tail still runs. The same contract as torch.optim: the
 grads are ready on the current stream (backward and FSDP2 leave them so).
 
 Only daemons that answer ``waits_for_grads_ready_event`` get the record;

@@ -127,8 +127,8 @@ class ConnectionOptions:
     StepChannel.set_answer_poll; up to twice this of one core a step).
     0 to 100; 0: sleeps throughout.
     ``grads_ready_event``: with CUDA params, the trainer records an
-    interprocess CUDA event where a step's grads are written, and its daemons'
-    device work waits for it, instead of the trainer synchronising its device
+    interprocess CUDA event where a step's grads are written, and its daemons
+    wait for it to complete, instead of the trainer synchronising its device
     before each step (muond.torch.grads_ready; the request then travels while
     backward's tail runs). Where a daemon does not take the event, or False:
     synchronise."""
