@@ -19,10 +19,7 @@ run, fp32 params and grads, median of --reps steps, --rounds rounds:
   daemon_gram_asleep        the same asleep until the answer (step_channel_poll_ms=0; not
                             among the default columns);
   daemon_gram_double_buffered  the same with double_buffer_momentum (not among the
-                               default columns);
-  daemon_gram_synced        the same with grads_ready_event=False: the trainer synchronises
-                            the device before each step instead of recording the event the
-                            daemon waits for (not among the default columns).
+                               default columns).
 
 The same math everywhere otherwise: eps 1e-7, `original` scale (the peer gets it as its
 adjust_lr callable), Nesterov, momentum 0.95, decoupled weight decay 0.1 (the peer scales it
@@ -41,8 +38,9 @@ first step is timed apart ("first step s") and it is warmed up until two steps a
 Also: the Step RPC round trip with (almost) no work, one 8x8 param: p50/p99 us.
 --backward-tail-ms X: each timed step (torch, peer and daemon columns) starts behind X ms of
 GPU work queued on the current stream (torch.cuda._sleep), a stand-in for backward's last
-kernels: what a step costs beyond backward is its time less X. The daemon then reads the grads
-after the event that waits for that work (or, daemon_gram_synced, after a synchronisation).
+kernels, as a training loop calls step() while backward's last kernels run: what a step costs
+beyond backward is its time less X (muond.torch synchronises before its request; torch and the
+peer queue their kernels behind that work).
 --kernel-profile DIR: per torch, peer and in-process column, each kernel's GPU time summed
 over one more run of --reps steps (the daemon's engine is the in-process one), e.g.
 
@@ -89,10 +87,10 @@ H200_DENSE_PEAK = 989e12  # bf16/fp16 dense tensor-core FLOP/s, the H200 data sh
 COLUMNS = ["torch", "peer_a", "peer_b", "inproc_std", "inproc_gram",
            "inproc_gram_double_buffered", "daemon_std",
            "daemon_gram", "daemon_gram_checks_first", "daemon_gram_grpc", "daemon_gram_asleep",
-           "daemon_gram_double_buffered", "daemon_gram_synced"]
+           "daemon_gram_double_buffered"]
 # Asked for by name only: not what a user runs by default.
 OPT_IN_COLUMNS = ("daemon_gram_asleep", "inproc_gram_double_buffered",
-                  "daemon_gram_double_buffered", "daemon_gram_synced")
+                  "daemon_gram_double_buffered")
 TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "peer_b": "peer (b) defaults", "inproc_std": "muond in-process std",
           "inproc_gram": "muond in-process gram",
@@ -102,8 +100,7 @@ TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "daemon_gram_checks_first": "muond daemon gram, checks first",
           "daemon_gram_grpc": "muond daemon gram, Step RPC",
           "daemon_gram_asleep": "muond daemon gram, asleep till the answer",
-          "daemon_gram_double_buffered": "muond daemon gram, double-buffered momentum",
-          "daemon_gram_synced": "muond daemon gram, synchronised before the step"}
+          "daemon_gram_double_buffered": "muond daemon gram, double-buffered momentum"}
 # Speed targets, muond gram through the daemon: x faster than (peer a, peer b, torch).
 # The targets per set: (vs peer (a), vs peer (b), vs torch.optim.Muon); None: no target.
 GOALS = {"llama3_8b": (1.3, 1.3, 2.3), "qwen3_1_7b": (1.3, 1.3, 2.3),
@@ -445,8 +442,7 @@ def muond_gram_kwargs(algorithm, o):
 
 
 def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algorithm, o,
-                 step_channel=True, overlap_checks=True, poll_ms=None, double_buffer=False,
-                 grads_ready_event=True):
+                 step_channel=True, overlap_checks=True, poll_ms=None, double_buffer=False):
     import torch
     from daemon_harness import Daemon
     from muond.torch import Muon
@@ -460,7 +456,7 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
                    ns_batch_size=ns_batch_size, use_syrk=syrk and algorithm == "standard",
                    step_channel=step_channel, overlap_checks=overlap_checks,
                    **({} if poll_ms is None else {"step_channel_poll_ms": poll_ms}),
-                   double_buffer_momentum=double_buffer, grads_ready_event=grads_ready_event,
+                   double_buffer_momentum=double_buffer,
                    **muond_gram_kwargs(algorithm, o), **SETTINGS)
         try:
             opt.zero_grad(set_to_none=False)  # .grad = the shared buffers (zero-copy)
@@ -480,8 +476,7 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
             print_breakdown(algorithm + ("" if step_channel else ", Step RPC")
                             + ("" if overlap_checks else ", checks first")
                             + ("" if poll_ms is None else ", asleep till the answer")
-                            + (", double-buffered momentum" if double_buffer else "")
-                            + ("" if grads_ready_event else ", synchronised first"),
+                            + (", double-buffered momentum" if double_buffer else ""),
                             parts[warmup:])
         finally:
             opt.close()
@@ -672,8 +667,7 @@ def run_column(c, row, name, r, shapes, ns_batch, peers, peer_info, a, o):
                       step_channel=not c.endswith("_grpc"),
                       overlap_checks=not c.endswith("_checks_first"),
                       poll_ms=0.0 if c.endswith("_asleep") else None,
-                      double_buffer=c.endswith("_double_buffered"),
-                      grads_ready_event=not c.endswith("_synced"))
+                      double_buffer=c.endswith("_double_buffered"))
         if res:
             row[c], row[c + "_side"] = res
 

@@ -183,10 +183,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--muond-ns-batch-size", type=at_least(0), default=None, metavar="N",
                    help="muond's ns_batch_size: same-shape matrices orthogonalised N "
                         "at a time, 0 auto by shape (default: muond's own, auto)")
-    p.add_argument("--muond-synchronise", action="store_true",
-                   help="muond's trainer synchronises the GPU before each step "
-                        "(grads_ready_event=False) instead of recording the event its "
-                        "daemon waits for")
     p.add_argument("--torch-ns-precision", choices=["bf16", "fp32"], default="bf16",
                    help="torch.optim.Muon's NS: bf16 (its own) or fp32 (its one bf16 cast "
                         "swapped for an fp32 copy during its step; with --muond-ns-precision "

@@ -40,7 +40,6 @@ def build_muond(model, args):
                          state_dtype=args.muond_state_dtype,
                          state_location=args.muond_state_location,
                          ns_batch_size=args.muond_ns_batch_size,
-                         grads_ready_event=False if args.muond_synchronise else None,
                          wait_healthy=args.wait_healthy)
     return train_dist.build_optimizer(model, ns, eps=NS_EPS)
 

@@ -87,9 +87,6 @@ std::string RefusalCodeName(RefusalCode code) {
              "the param and the rule)";
     case RefusalCode::kTrainerWithdrew:
       return "its trainer withdrew the step it sent before its checks";
-    case RefusalCode::kGradsNotReady:
-      return "its trainer's grads never became ready (the trainer ended, or "
-             "its GPU work failed or hung)";
   }
   return absl::StrCat("unknown reason ", uint32_t(code));
 }

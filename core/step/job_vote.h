@@ -55,9 +55,6 @@ enum class RefusalCode : uint32_t {
   // The rank's trainer withdrew a step it sent before its checks
   // (StepRequest.await_trainer_verdict).
   kTrainerWithdrew = 13,
-  // The rank's trainer's grads never became ready (its grads-ready event did
-  // not complete: the trainer ended or its GPU work failed or hung).
-  kGradsNotReady = 14,
 };
 
 // The phase the ballot votes on: a step's start or its commit.

@@ -44,13 +44,11 @@ JobBallot LayerShardedMuonImpl::LocalBallot(const StepInputs& inputs,
                          }),
          RefusalCode::kSkipParams);
   // Always run: the domain agreements are collectives of their own. The grads
-  // are not read where memory changed, the trainer refused (it copied none) or
-  // its grads never became ready.
+  // are not read where memory changed or the trainer refused (it copied none).
   // Where nothing was refused so far, a group's momentum phase runs in its
   // agreement, reading the grads once for both.
   const bool read_grads = inputs.refusal_code != RefusalCode::kMemory &&
-                          inputs.refusal_code != RefusalCode::kTrainer &&
-                          inputs.refusal_code != RefusalCode::kGradsNotReady;
+                          inputs.refusal_code != RefusalCode::kTrainer;
   absl::StatusOr<std::vector<std::string>> agreed = AgreeAcrossDomains(
       inputs, result, read_grads, /*momentum_now=*/read_grads && refusal.ok());
   if (!agreed.ok()) {

@@ -34,9 +34,7 @@ def muond_ns_options(args) -> dict:
                 state_dtype=args.state_dtype, state_location=args.state_location,
                 # Only where the caller names one: muond's default otherwise.
                 **({"ns_batch_size": args.ns_batch_size}
-                   if getattr(args, "ns_batch_size", None) is not None else {}),
-                **({"grads_ready_event": args.grads_ready_event}
-                   if getattr(args, "grads_ready_event", None) is not None else {}))
+                   if getattr(args, "ns_batch_size", None) is not None else {}))
 
 
 def state_description(args) -> str:

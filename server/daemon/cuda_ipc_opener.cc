@@ -57,27 +57,6 @@ std::optional<uint64_t> AllocationBytesFrom(void* base) {
   return uint64_t(range_base + range_bytes - p);
 }
 
-class IpcEvent : public ImportedEvent {
- public:
-  IpcEvent(cudaEvent_t event, int device) : event_(event), device_(device) {}
-  ~IpcEvent() override {
-    cudaSetDevice(device_);
-    cudaEventDestroy(event_);
-  }
-  absl::StatusOr<bool> Done() const override {
-    const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaSuccess) return true;
-    if (e == cudaErrorNotReady) return false;
-    cudaGetLastError();
-    return absl::InternalError(
-        absl::StrCat("cudaEventQuery: ", cudaGetErrorString(e)));
-  }
-
- private:
-  cudaEvent_t event_;
-  int device_;
-};
-
 class CudaHandleOpener : public HandleOpener {
  public:
   explicit CudaHandleOpener(int device) : device_(device) {}
@@ -120,30 +99,6 @@ class CudaHandleOpener : public HandleOpener {
           " bytes of the CUDA allocation its handle opens"));
     }
     return std::unique_ptr<MappedRegion>(std::move(mapping));
-  }
-
-  absl::StatusOr<std::unique_ptr<ImportedEvent>> OpenCudaIpcEvent(
-      const std::string& handle, const std::string& field) override {
-    if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": has ", handle.size(), " bytes, needs ",
-          sizeof(cudaIpcEventHandle_t), " (a cudaIpcEventHandle_t)"));
-    }
-    cudaIpcEventHandle_t h;
-    memcpy(&h, handle.data(), sizeof(h));
-    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
-      return absl::UnavailableError(absl::StrCat(
-          field, ": cudaSetDevice(", device_, "): ", cudaGetErrorString(e)));
-    }
-    cudaEvent_t event = nullptr;
-    if (cudaError_t e = cudaIpcOpenEventHandle(&event, h); e != cudaSuccess) {
-      cudaGetLastError();
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": cudaIpcOpenEventHandle failed: ", cudaGetErrorString(e),
-          " (an event of another device, not made with cudaEventInterprocess, "
-          "or already destroyed by its trainer?)"));
-    }
-    return std::unique_ptr<ImportedEvent>(new IpcEvent(event, device_));
   }
 
  private:

@@ -431,7 +431,6 @@ absl::StatusOr<v1::RegisterParamsResponse> DaemonCore::DoRegister(
   absl::MutexLock lock(&mu_);
   v1::RegisterParamsResponse response;
   response.set_num_params(reg->num_params);
-  response.set_waits_for_grads_ready_event(reg->grads_ready != nullptr);
   LOG(INFO) << "registered " << reg->num_params << " params in "
             << reg->groups.size() << " groups for client '" << reg->client_id
             << "' (" << reg->regions.size() << " memory regions)";
@@ -511,9 +510,10 @@ v1::StepResponse DaemonCore::ReplayedResponse() const {
 }
 
 absl::StatusOr<v1::StepResponse> DaemonCore::Step(
-    const v1::StepRequest& request, const StepTrainer& trainer) {
+    const v1::StepRequest& request,
+    const std::function<absl::Status()>& await_verdict) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<v1::StepResponse> outcome = DoStep(request, trainer);
+  absl::StatusOr<v1::StepResponse> outcome = DoStep(request, await_verdict);
   if (outcome.ok() && !outcome->replayed()) {
     outcome->mutable_timings()->set_handler_us(
         absl::ToDoubleMicroseconds(absl::Now() - start));
@@ -568,12 +568,12 @@ absl::Status DaemonCore::AwaitCommunicators(int64_t step_id) {
 }
 
 absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
-    const v1::StepRequest& request, const StepTrainer& trainer) {
+    const v1::StepRequest& request,
+    const std::function<absl::Status()>& await_verdict) {
   absl::MutexLock op(&op_mu_);
   RETURN_IF_ERROR(AwaitCommunicators(request.step_id()));
   StepInputs inputs;
   LayerShardedMuon* muon = nullptr;
-  const ImportedEvent* grads_ready = nullptr;
   bool replay = false;
   const int64_t id = request.step_id();
   {
@@ -612,8 +612,8 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
         Refuse(inputs, ActivatePlanFor(id), RefusalCode::kPlanVersion);
       }
       if (request.await_trainer_verdict()) {
-        if (trainer.verdict) {
-          inputs.await_trainer_verdict = trainer.verdict;
+        if (await_verdict) {
+          inputs.await_trainer_verdict = await_verdict;
         } else {
           Refuse(inputs,
                  absl::InvalidArgumentError(
@@ -632,21 +632,7 @@ absl::StatusOr<v1::StepResponse> DaemonCore::DoStep(
       // but not the refusing trainer's.
       Refuse(inputs, TrainerRefusal(request), RefusalCode::kTrainer);
     }
-    if (!replay) grads_ready = registration_->grads_ready.get();
     step_running_ = true;  // the builder keeps the engine until it ends
-  }
-  // The trainer's grads-ready event, where it sent one and the step would
-  // read the grads (op_mu_ keeps the registration); a wait that fails turns
-  // the step into a refusal that reads no grad.
-  if (grads_ready != nullptr && inputs.refusal_code != RefusalCode::kMemory &&
-      inputs.refusal_code != RefusalCode::kTrainer) {
-    if (absl::Status ready = AwaitGradsReady(*grads_ready, id, trainer.gone,
-                                             config_.grads_ready_wait);
-        !ready.ok()) {
-      LOG(WARNING) << ready.message();
-      inputs.refusal = std::move(ready);
-      inputs.refusal_code = RefusalCode::kGradsNotReady;
-    }
   }
   // The engine cannot go away: op_mu_ excludes Unregister/Register, and the
   // builder swaps it only between steps.

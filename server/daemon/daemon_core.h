@@ -72,12 +72,10 @@
 #include "server/common/step_id.h"
 #include "server/daemon/daemon_metrics.h"
 #include "server/daemon/engine_builder.h"
-#include "server/daemon/grads_ready_wait.h"
 #include "server/daemon/memory_mapper.h"
 #include "server/daemon/registration.h"
 #include "server/daemon/state_file.h"
 #include "server/daemon/state_transactions.h"
-#include "server/daemon/step_trainer.h"
 
 namespace muond {
 
@@ -154,9 +152,6 @@ struct DaemonConfig {
   // daemon must rendezvous) before it answers UNAVAILABLE, PEER_GONE
   // (muond-daemon: twice --comm_timeout_s + 10 s).
   absl::Duration comm_rebuild_wait = absl::Seconds(120);
-  // How a step waits for its trainer's grads-ready event (muond-daemon: up
-  // to half --comm_timeout_s).
-  GradsReadyWaitOptions grads_ready_wait;
 };
 
 // DaemonStateOwner: the state its StateTransactions save, load and stream.
@@ -179,12 +174,12 @@ class DaemonCore : private DaemonStateOwner {
   // registered the params and the caller is not the operator. Unregistering
   // nothing is OK.
   absl::Status Unregister(const v1::UnregisterParamsRequest& request);
-  // `trainer`: its verdict on a step it sent before its checks (a step
-  // channel's; StepRequest.await_trainer_verdict; none over the Step RPC,
-  // which refuses such a step), and whether it is gone (ends the wait for
-  // its grads-ready event).
-  absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request,
-                                        const StepTrainer& trainer = {});
+  // `await_verdict`: the trainer's verdict on a step it sent before its
+  // checks (a step channel's; StepRequest.await_trainer_verdict), empty
+  // over the Step RPC, which refuses such a step.
+  absl::StatusOr<v1::StepResponse> Step(
+      const v1::StepRequest& request,
+      const std::function<absl::Status()>& await_verdict = {});
   v1::GetStatusResponse Status();
   v1::HealthResponse Health();
   // The client_id that registered the params; nullopt: none registered.
@@ -278,8 +273,9 @@ class DaemonCore : private DaemonStateOwner {
   absl::StatusOr<v1::RegisterParamsResponse> DoRegister(
       const v1::RegisterParamsRequest& request,
       const std::function<bool()>& cancelled);
-  absl::StatusOr<v1::StepResponse> DoStep(const v1::StepRequest& request,
-                                          const StepTrainer& trainer);
+  absl::StatusOr<v1::StepResponse> DoStep(
+      const v1::StepRequest& request,
+      const std::function<absl::Status()>& await_verdict);
   bool PlanMatches(const v1::Plan& plan) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The one rule of readiness: an engine (built from a plan of the current

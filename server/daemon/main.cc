@@ -283,8 +283,6 @@ int main(int argc, char** argv) {
   config.operator_client_id = muond::OperatorClientId(*token);
   // A rebuild is a rendezvous (up to one comm timeout) and may need another
   // epoch when a peer came late.
-  config.grads_ready_wait.timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s)) / 2;
   config.comm_rebuild_wait =
       2 * absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s)) +
       absl::Seconds(10);

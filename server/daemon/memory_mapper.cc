@@ -204,12 +204,4 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> HandleOpener::OpenCudaIpc(
                    "MEMORY_KIND_HOST_SHM)"));
 }
 
-absl::StatusOr<std::unique_ptr<ImportedEvent>> HandleOpener::OpenCudaIpcEvent(
-    const std::string&, const std::string& field) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      field,
-      ": an interprocess CUDA event needs a daemon started with --device; "
-      "this one runs in --host mode (leave the field empty)"));
-}
-
 }  // namespace muond

@@ -40,16 +40,6 @@ class MappedRegion {
   virtual std::string identity() const { return ""; }
 };
 
-// An event another process records, opened in this one (CUDA: an
-// interprocess event); destroyed with this object.
-class ImportedEvent {
- public:
-  virtual ~ImportedEvent() = default;
-  // Whether the work before its latest record has completed (CUDA:
-  // cudaEventQuery); an error when it cannot be queried.
-  virtual absl::StatusOr<bool> Done() const = 0;
-};
-
 class HandleOpener {
  public:
   virtual ~HandleOpener() = default;
@@ -81,13 +71,6 @@ class HandleOpener {
   virtual absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(
       const std::string& handle, uint64_t byte_size, int device,
       const std::string& field);
-
-  // cudaIpcOpenEventHandle of a 64-byte cudaIpcEventHandle_t on this
-  // daemon's device (RegisterParamsRequest.grads_ready_event): InvalidArgument
-  // naming `field` for another size or a handle CUDA refuses. This base
-  // implementation (host mode) answers FailedPrecondition.
-  virtual absl::StatusOr<std::unique_ptr<ImportedEvent>> OpenCudaIpcEvent(
-      const std::string& handle, const std::string& field);
 
   // The ownership rule: an shm object is mapped only when it belongs to the
   // daemon's effective uid. A daemon run as root would otherwise map and

@@ -53,8 +53,9 @@ grpc::Status OptimizerService::RegisterParams(
 }
 
 StepHandler OptimizerService::StepHandlerOf(OptimizerService* service) {
-  return [service](const v1::StepRequest& request, const StepTrainer& trainer) {
-    absl::StatusOr<v1::StepResponse> answer = service->StepOn(request, trainer);
+  return [service](const v1::StepRequest& request,
+                   const TrainerVerdict& verdict) {
+    absl::StatusOr<v1::StepResponse> answer = service->StepOn(request, verdict);
     if (!answer.ok() &&
         GetErrorReason(answer.status()) != ErrorReason::kStepWithdrawn) {
       LOG(WARNING) << "Step (step channel) refused: " << answer.status();
@@ -64,11 +65,11 @@ StepHandler OptimizerService::StepHandlerOf(OptimizerService* service) {
 }
 
 absl::StatusOr<v1::StepResponse> OptimizerService::StepOn(
-    const v1::StepRequest& request, const StepTrainer& trainer) {
+    const v1::StepRequest& request, const TrainerVerdict& verdict) {
   absl::StatusOr<std::shared_ptr<DaemonCore>> core =
       CoreOf(request.optimizer());
   if (!core.ok()) return core.status();
-  return (*core)->Step(request, trainer);
+  return (*core)->Step(request, verdict);
 }
 
 grpc::Status OptimizerService::Step(grpc::ServerContext* context,
@@ -81,10 +82,7 @@ grpc::Status OptimizerService::Step(grpc::ServerContext* context,
           channels_.TakeKeptAnswer(*request)) {
     return Reply(*std::move(kept), response, "Step");
   }
-  return Reply(
-      StepOn(*request,
-             StepTrainer{.gone = [context] { return context->IsCancelled(); }}),
-      response, "Step");
+  return Reply(StepOn(*request, TrainerVerdict()), response, "Step");
 }
 
 grpc::Status OptimizerService::OpenStepChannel(

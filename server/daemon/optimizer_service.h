@@ -67,7 +67,7 @@ class OptimizerService final : public v1::Optimizer::Service {
   static StepHandler StepHandlerOf(OptimizerService* service);
   // A Step, by either transport, after the token check.
   absl::StatusOr<v1::StepResponse> StepOn(const v1::StepRequest& request,
-                                          const StepTrainer& trainer);
+                                          const TrainerVerdict& verdict);
   // The core of instance `name`, or the refusal naming it.
   absl::StatusOr<std::shared_ptr<DaemonCore>> CoreOf(const std::string& name);
 

@@ -219,11 +219,6 @@ absl::StatusOr<std::unique_ptr<Registration>> BuildRegistration(
     reg->groups.push_back(std::move(bound));
   }
   RETURN_IF_ERROR(CheckNoAliasing(Spans(*reg)));
-  if (!request.grads_ready_event().empty()) {
-    ASSIGN_OR_RETURN(reg->grads_ready,
-                     opener.OpenCudaIpcEvent(request.grads_ready_event(),
-                                             "grads_ready_event"));
-  }
   if (cancelled && cancelled()) {
     return absl::CancelledError(
         "the trainer disconnected during RegisterParams; nothing registered");

@@ -26,8 +26,6 @@
 //   * grad shape different from the param's;
 //   * aliasing: a param overlapping another param or any grad in memory
 //     (view_overlap.h; grads may share memory with each other);
-//   * grads_ready_event: HandleOpener::OpenCudaIpcEvent's rules (64 bytes,
-//     an event CUDA opens, a CUDA daemon);
 //   * `cancelled()` true after mapping (the trainer went away): Cancelled.
 #include <functional>
 #include <map>
@@ -68,9 +66,6 @@ struct Registration {
   std::set<std::string> param_names;
   // The mapped regions every view above points into.
   RegionTable regions;
-  // The trainer's grads-ready event (RegisterParamsRequest.grads_ready_event),
-  // which every step's device work waits for; null when none was sent.
-  std::unique_ptr<ImportedEvent> grads_ready;
 
   // OK while every shm region still covers its registered byte_size; the
   // daemon calls it before every step. A trainer that shrinks (ftruncate)

@@ -489,12 +489,11 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     absl::StatusOr<v1::StepRequest> request =
         ReadRequest(fd, op, len, channel->request_capacity);
     Keep(channel, "", std::nullopt);  // a new request: the last one fetched
-    const StepTrainer trainer{
-        .verdict = [this, channel, seq] { return AwaitVerdict(channel, seq); },
-        .gone =
-            [fd] { return !sc::LockHeldByOther(fd, sc::kTrainerLockByte); }};
+    const TrainerVerdict verdict = [this, channel, seq] {
+      return AwaitVerdict(channel, seq);
+    };
     absl::StatusOr<v1::StepResponse> answer =
-        request.ok() ? handler_(*request, trainer)
+        request.ok() ? handler_(*request, verdict)
                      : absl::StatusOr<v1::StepResponse>(request.status());
     std::string bytes;
     uint32_t kind = sc::kStepResponse;

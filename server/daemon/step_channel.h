@@ -28,7 +28,6 @@
 #include "absl/time/time.h"
 #include "muond/v1/muond.pb.h"
 #include "server/daemon/memory_mapper.h"
-#include "server/daemon/step_trainer.h"
 
 namespace muond {
 
@@ -64,11 +63,14 @@ struct StepChannelOptions {
   std::function<void(int open)> open_changed;
 };
 
+// For a request with StepRequest.await_trainer_verdict: waits for its
+// trainer's verdict; OK for go, else why the step is withdrawn.
+using TrainerVerdict = std::function<absl::Status()>;
+
 // The Step RPC's logic: the answer to one request, or its refusal. The
-// channel passes its trainer (its verdict, whether it is gone); the Step RPC
-// one without a verdict.
+// channel passes the request's TrainerVerdict; the Step RPC an empty one.
 using StepHandler = std::function<absl::StatusOr<v1::StepResponse>(
-    const v1::StepRequest&, const StepTrainer&)>;
+    const v1::StepRequest&, const TrainerVerdict&)>;
 
 class StepChannels {
  public:

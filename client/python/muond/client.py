@@ -295,21 +295,14 @@ class Client:
 
     # -- RPCs ---------------------------------------------------------------
     def register(self, job_id: str, groups: Iterable[pb.ParamGroup], client_id: str = "",
-                 regions: Iterable[pb.MemoryRegion] = (),
-                 grads_ready_event: bytes = b"") -> pb.RegisterParamsResponse:
+                 regions: Iterable[pb.MemoryRegion] = ()) -> pb.RegisterParamsResponse:
         """Registers `groups`, whose TensorRefs lie in the memory `regions`
-        declare, all or nothing. ``grads_ready_event``: the 64-byte IPC
-        handle of a CUDA event the trainer records once a step's grads are
-        written (RegisterParamsRequest.grads_ready_event); the answer's
-        ``waits_for_grads_ready_event`` says whether the daemon waits for
-        it (else synchronise the device before each step)."""
-        return self.register_future(job_id, groups, client_id, regions,
-                                    grads_ready_event).result()
+        declare, all or nothing."""
+        return self.register_future(job_id, groups, client_id, regions).result()
 
-    def register_future(self, job_id, groups, client_id="", regions=(), grads_ready_event=b""):
+    def register_future(self, job_id, groups, client_id="", regions=()):
         req = pb.RegisterParamsRequest(job_id=job_id, groups=list(groups), client_id=client_id,
-                                       regions=list(regions), optimizer=self._name,
-                                       grads_ready_event=grads_ready_event)
+                                       regions=list(regions), optimizer=self._name)
         return self.stub.RegisterParams.future(req, timeout=self.timeout)
 
     def step(self, job_id: str, step_id: int, overrides: Iterable[pb.GroupOverride] = (),

@@ -57,37 +57,6 @@ class FakeLink : public CoordinatorLink {
   std::function<void()> during_publish;
 };
 
-// The grads-ready event handle the fixture's opener accepts (64 bytes, as a
-// cudaIpcEventHandle_t): any other handle goes to the host-mode opener,
-// which refuses it. The event it opens is as done as `fake_event_state`
-// says (kEventPending, kEventDone, or kEventBroken: its query fails).
-inline const std::string kEventHandle = std::string(64, 'e');
-enum FakeEventState { kEventPending, kEventDone, kEventBroken };
-inline std::atomic<int> fake_event_state{kEventDone};
-inline std::atomic<int> fake_event_queries{0};
-
-class FakeEventOpener : public HandleOpener {
- public:
-  absl::StatusOr<std::unique_ptr<ImportedEvent>> OpenCudaIpcEvent(
-      const std::string& handle, const std::string& field) override {
-    if (handle != kEventHandle) {
-      return HandleOpener::OpenCudaIpcEvent(handle, field);
-    }
-    struct Opened : ImportedEvent {
-      absl::StatusOr<bool> Done() const override {
-        fake_event_queries.fetch_add(1);
-        const int state = fake_event_state.load();
-        if (state == kEventBroken) {
-          return absl::InternalError(
-              "cudaEventQuery: an illegal memory access");
-        }
-        return state == kEventDone;
-      }
-    };
-    return std::unique_ptr<ImportedEvent>(new Opened);
-  }
-};
-
 // Adds 1 to the first element of every param per step; records homes.
 class FakeMuon : public LayerShardedMuon {
  public:
@@ -100,7 +69,6 @@ class FakeMuon : public LayerShardedMuon {
   }
   absl::StatusOr<StepResult> RunStep(const StepInputs& inputs) override {
     // The daemon's own refusals reach the engine, which votes on them.
-    last_refusal_code = inputs.refusal_code;
     if (!inputs.refusal.ok()) return inputs.refusal;
     // A single-rank job's replay vote is a replay: nothing is applied.
     if (inputs.replay) return StepResult{};
@@ -153,11 +121,9 @@ class FakeMuon : public LayerShardedMuon {
       {StateLocation::kHost, DType::kFloat32, 320}};
   std::vector<std::pair<std::string, std::vector<NsHome>>> homes_set;
   std::vector<int64_t> versions_set;
-  // The last applied step's skip_params and overrides; the last step's
-  // refusal code.
+  // The last applied step's skip_params and overrides.
   std::set<std::string> skip_params;
   StepOverrides overrides;
-  RefusalCode last_refusal_code = RefusalCode::kNone;
   // The homes version the domain "agreed" on (unset: none reported).
   std::optional<int64_t> agreed_version;
 
@@ -217,16 +183,13 @@ class DaemonCoreTest : public ::testing::Test {
     if (name_.find("Stale") != std::string::npos) {
       config.pending_transaction_max_age = absl::Milliseconds(200);
     }
-    // The grads-ready tests cannot wait half a comm timeout.
-    config.grads_ready_wait.timeout = absl::Milliseconds(300);
-    fake_event_state = kEventDone;
     // As in the server: every test runs with the readiness thread.
     config.on_readiness = [this](bool ready) {
       absl::MutexLock lock(&readiness_mu_);
       readiness_.push_back(ready);
     };
     core_ = std::make_unique<DaemonCore>(
-        config, std::make_unique<FakeEventOpener>(), &link_,
+        config, std::make_unique<HandleOpener>(), &link_,
         [this](const Registration& reg, const v1::Plan&,
                const std::function<bool()>& abandoned)
             -> absl::StatusOr<std::unique_ptr<StepEngine>> {

@@ -138,13 +138,6 @@ TEST_F(DaemonCoreTest, BadRegistrationsNameTheProblemAndChangeNothing) {
   r.mutable_regions(0)->set_kind(v1::MEMORY_KIND_CUDA_IPC);
   ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "--host mode");
 
-  // A grads-ready event on a host-mode daemon.
-  r = Valid();
-  r.set_grads_ready_event(std::string(64, 'x'));
-  ExpectRefused(r, absl::StatusCode::kFailedPrecondition,
-                "grads_ready_event: an interprocess CUDA event needs a daemon "
-                "started with --device");
-
   // A ref to a region the request does not declare.
   r = Valid();
   r.mutable_groups(0)->mutable_params(1)->mutable_grad()->set_region("other");

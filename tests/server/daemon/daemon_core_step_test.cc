@@ -1,103 +1,10 @@
 // DaemonCore's Step: the step id rules, plan activation and hand-over to the
-// engine, overrides and skip_params, the wait for the trainer's grads-ready
-// event, and which round's plans a registration uses.
+// engine, overrides and skip_params, and which round's plans a registration
+// uses.
 #include "tests/server/daemon/daemon_core_fixture.h"
 
 namespace muond::daemon_core_test {
 namespace {
-
-// A registration with the fixture's grads-ready event, its engine built.
-void RegisterWithGradsReadyEvent(DaemonCore& core, v1::RegisterParamsRequest r,
-                                 const std::function<void()>& wait_for_engine) {
-  r.set_grads_ready_event(kEventHandle);
-  absl::StatusOr<v1::RegisterParamsResponse> registered = core.Register(r);
-  ASSERT_TRUE(registered.ok()) << registered.status();
-  EXPECT_TRUE(registered->waits_for_grads_ready_event());
-  wait_for_engine();
-}
-
-TEST_F(DaemonCoreTest, AStepWaitsForItsTrainersGradsReadyEvent) {
-  RegisterWithGradsReadyEvent(*core_, Valid(), [this] {
-    core_->OnPlan(PlanFor(1, 0, 0));
-    WaitForEngine();
-  });
-  float* w = static_cast<float*>(region_->data());
-  fake_event_state = kEventPending;
-  std::thread backward_ends([] {
-    absl::SleepFor(absl::Milliseconds(100));
-    fake_event_state = kEventDone;
-  });
-  const absl::Time start = absl::Now();
-  absl::StatusOr<v1::StepResponse> s1 = core_->Step(StepReq(1));
-  const absl::Duration waited = absl::Now() - start;
-  backward_ends.join();
-  ASSERT_TRUE(s1.ok()) << s1.status();
-  EXPECT_GE(waited, absl::Milliseconds(100));
-  EXPECT_EQ(*w, 1.0f);
-  // Done already: the next step does not wait.
-  const int queries = fake_event_queries.load();
-  ASSERT_TRUE(core_->Step(StepReq(2)).ok());
-  EXPECT_EQ(fake_event_queries.load(), queries + 1);
-  EXPECT_EQ(*w, 2.0f);
-
-  // Registered again without one: no wait, the answer says so.
-  v1::UnregisterParamsRequest un;
-  un.set_job_id("job");
-  un.set_client_id("trainer0");
-  ASSERT_TRUE(core_->Unregister(un).ok());
-  link_.round_version = 2;
-  absl::StatusOr<v1::RegisterParamsResponse> registered =
-      core_->Register(Valid());
-  ASSERT_TRUE(registered.ok()) << registered.status();
-  EXPECT_FALSE(registered->waits_for_grads_ready_event());
-  core_->OnPlan(PlanFor(2, 0, 0));
-  WaitForEngine();
-  fake_event_state = kEventPending;  // would refuse, were it asked
-  ASSERT_TRUE(core_->Step(StepReq(1)).ok());
-}
-
-TEST_F(DaemonCoreTest, GradsThatNeverBecomeReadyRefuseTheStepReadingNothing) {
-  RegisterWithGradsReadyEvent(*core_, Valid(), [this] {
-    core_->OnPlan(PlanFor(1, 0, 0));
-    WaitForEngine();
-  });
-  float* w = static_cast<float*>(region_->data());
-  struct Case {
-    std::string what;
-    int state;
-    StepTrainer trainer;
-    std::string needle;
-  };
-  const Case cases[] = {
-      {"timeout", kEventPending, {}, "did not complete within 300ms"},
-      {"trainer gone",
-       kEventPending,
-       {.gone = [] { return true; }},
-       "its trainer ended first"},
-      {"query fails", kEventBroken, {}, "cannot be queried: cudaEventQuery"},
-  };
-  for (const Case& c : cases) {
-    fake_event_state = c.state;
-    const absl::Time start = absl::Now();
-    absl::Status refused = core_->Step(StepReq(1), c.trainer).status();
-    const absl::Duration took = absl::Now() - start;
-    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition)
-        << c.what << ": " << refused;
-    EXPECT_THAT(refused.message(), HasSubstr(c.needle)) << c.what;
-    EXPECT_THAT(refused.message(),
-                HasSubstr("step 1: the trainer's grads-ready event"))
-        << c.what;
-    EXPECT_EQ(fake_->last_refusal_code, RefusalCode::kGradsNotReady) << c.what;
-    EXPECT_EQ(*w, 0.0f) << c.what << ": nothing applied";
-    if (c.what != "timeout") {
-      EXPECT_LT(took, absl::Milliseconds(300)) << c.what << ": not the timeout";
-    }
-  }
-  // The same step id, its grads ready now, applies.
-  fake_event_state = kEventDone;
-  ASSERT_TRUE(core_->Step(StepReq(1)).ok());
-  EXPECT_EQ(*w, 1.0f);
-}
 
 TEST_F(DaemonCoreTest, StepRulesAndPlanActivation) {
   EXPECT_THAT(core_->Step(StepReq(1)).status().message(),

@@ -179,10 +179,10 @@ std::string StepBytes(int64_t step_id, bool await_verdict = false) {
 // Answers step_id back (after the trainer's verdict, for a step sent
 // before its checks); step 13 is refused with a reason; step 99 answers
 // with more than a 64 KiB response area holds.
-absl::StatusOr<v1::StepResponse> EchoHandler(const v1::StepRequest& request,
-                                             const StepTrainer& trainer = {}) {
+absl::StatusOr<v1::StepResponse> EchoHandler(
+    const v1::StepRequest& request, const TrainerVerdict& verdict = {}) {
   if (request.await_trainer_verdict()) {
-    if (absl::Status said = trainer.verdict(); !said.ok()) return said;
+    if (absl::Status said = verdict(); !said.ok()) return said;
   }
   if (request.step_id() == 13) {
     return WithErrorReason(
@@ -270,9 +270,9 @@ TEST(StepChannelTest, AnswerTooLargeSaysItsSize) {
 TEST(StepChannelTest, AnswerTooLargeIsKeptForTheSameRequestOnce) {
   int handled = 0;
   StepChannels channels(
-      [&](const v1::StepRequest& request, const StepTrainer& trainer) {
+      [&](const v1::StepRequest& request, const TrainerVerdict& verdict) {
         ++handled;
-        absl::StatusOr<v1::StepResponse> answer = EchoHandler(request, trainer);
+        absl::StatusOr<v1::StepResponse> answer = EchoHandler(request, verdict);
         answer->set_plan_version(handled);  // which call answered
         return answer;
       },
@@ -529,7 +529,7 @@ TEST(StepChannelTest, ShutdownEndsIdleChannelsAndRefusesNewOnes) {
 
 TEST(StepChannelTest, RequestPostedAsTheDaemonStopsIsAnswered) {
   absl::Notification entered, release;
-  auto handler = [&](const v1::StepRequest& request, const StepTrainer&) {
+  auto handler = [&](const v1::StepRequest& request, const TrainerVerdict&) {
     if (request.step_id() == 1) {
       entered.Notify();
       release.WaitForNotification();
@@ -596,9 +596,9 @@ class VerdictTest : public ::testing::Test {
     StepChannelOptions options = FastOptions();
     options.verdict_timeout = absl::Milliseconds(300);
     channels_ = std::make_unique<StepChannels>(
-        [this](const v1::StepRequest& request, const StepTrainer& trainer) {
+        [this](const v1::StepRequest& request, const TrainerVerdict& verdict) {
           absl::StatusOr<v1::StepResponse> answer =
-              EchoHandler(request, trainer);
+              EchoHandler(request, verdict);
           absl::MutexLock lock(&mu_);
           said_.push_back(answer.status());
           return answer;

@@ -61,7 +61,7 @@ class ChecksAlongside:
         except Exception:  # noqa: BLE001 (a bad hyperparameter: step()'s checks name it)
             return False
         if opt._on_cuda:
-            opt._grads_ready.before_step()  # the daemon reads grads from another process
+            torch.cuda.synchronize()  # the daemon reads grads from another process
         failed: list[Exception] = []
 
         def checks() -> bool:

@@ -20,7 +20,6 @@ from muond._dtensor import is_dtensor
 from muond.client import STEP_WITHDRAWN, Client, MuondError
 from muond.torch import collective as _collective
 from muond.torch import discovery as _discovery
-from muond.torch import grads_ready as _grads_ready
 from muond.torch import groups as _groups
 from muond.torch import initial_groups as _initial_groups
 from muond.torch import layouts as _layouts
@@ -113,10 +112,6 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"overlap_checks must be a bool, got {o['overlap_checks']!r}")
         self._alongside = ChecksAlongside(bool(o["overlap_checks"]))
         self._step_channel_poll_s = _step_channel_poll_s(o["step_channel_poll_ms"])
-        if not _groups.is_bool(o["grads_ready_event"]):
-            raise ValueError(
-                f"grads_ready_event must be a bool, got {o['grads_ready_event']!r}")
-        self._grads_ready = _grads_ready.GradsReady(bool(o["grads_ready_event"]))
         defaults = _initial_groups.muon_defaults(lr, weight_decay, momentum, nesterov,
                                                  ns_coefficients, eps, ns_steps, adjust_lr_fn, o)
         params = _initial_groups.with_adamw_options(
@@ -252,10 +247,8 @@ class Muon(torch.optim.Optimizer):
         # rank raises it instead of waiting in a collective.
         per_rank = self._place_params(unhealthy)
         try:
-            answers = _registration.register_taking_over_stale(
-                self.clients, self.job_id, self.client_id, per_rank, self._memory.regions,
-                takeover, self._grads_ready)
-            self._grads_ready.registered(answers, self._regions_per_daemon(per_rank))
+            _registration.register_taking_over_stale(self.clients, self.job_id, self.client_id,
+                                                     per_rank, self._memory.regions, takeover)
             refused = None
         except Exception as e:  # noqa: BLE001 (re-raised below, on every rank)
             refused = e
@@ -272,10 +265,6 @@ class Muon(torch.optim.Optimizer):
         self._on_cuda = self._memory.any_cuda()
         self._open_step_channel(per_rank)
         self._registered = True
-
-    def _regions_per_daemon(self, per_rank: list) -> list:
-        """The memory regions each daemon's groups ``per_rank[r]`` lie in."""
-        return [self._memory.regions.used_by(groups) for groups in per_rank]
 
     def _open_step_channel(self, per_rank: list) -> None:
         """With step_channel on and one daemon (a torchrun rank's), steps go
@@ -401,7 +390,7 @@ class Muon(torch.optim.Optimizer):
                 self._param_names, self._ranks_of, len(self.clients), in_place),
                 self._matrices)
             if self._on_cuda:
-                self._grads_ready.before_step()  # the daemons read grads from another process
+                torch.cuda.synchronize()  # the daemon reads grads from another process
             overrides = [self._overrides(r) for r in range(len(self.clients))]
             self._alongside.checked_first(skipped, in_place)
         # The id advances only when every daemon applied the step: a refused
@@ -805,12 +794,9 @@ class Muon(torch.optim.Optimizer):
             # names would outlive the trainer. The params keep their values
             # through their own views, which the rollback's placement copies.
             release(old_buffers)
-        regions = self._regions_per_daemon(per_rank)
-        answers = self._on_all(
-            lambda c, r: c.register(self.job_id, per_rank[r], self.client_id, regions=regions[r],
-                                    grads_ready_event=self._grads_ready.handle(regions[r])),
-            "RegisterParams", with_rank=True)
-        self._grads_ready.registered(answers, regions)
+        self._on_all(lambda c, r: c.register(self.job_id, per_rank[r], self.client_id,
+                                             regions=self._regions.used_by(per_rank[r])),
+                     "RegisterParams", with_rank=True)
         for c in self.clients:
             c.wait_healthy(self._wait_healthy_timeout, need_plan=True)
         self._on_cuda = self._memory.any_cuda()

@@ -125,13 +125,7 @@ class ConnectionOptions:
     it expects it (the last step's wait) and as long after, instead of
     sleeping: awake when the answer comes (muond.step_channel
     StepChannel.set_answer_poll; up to twice this of one core a step).
-    0 to 100; 0: sleeps throughout.
-    ``grads_ready_event``: with CUDA params, the trainer records an
-    interprocess CUDA event where a step's grads are written, and its daemons
-    wait for it to complete, instead of the trainer synchronising its device
-    before each step (muond.torch.grads_ready; the request then travels while
-    backward's tail runs). Where a daemon does not take the event, or False:
-    synchronise."""
+    0 to 100; 0: sleeps throughout."""
     daemons: object = ()
     job_id: str | None = None
     client_id: str | None = None
@@ -145,7 +139,6 @@ class ConnectionOptions:
     step_channel: bool = True
     overlap_checks: bool = True
     step_channel_poll_ms: float = 1.0
-    grads_ready_event: bool = True
 
 
 # Muon's keyword for each option object.

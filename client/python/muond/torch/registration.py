@@ -31,13 +31,12 @@ def instance_name(name: str | None) -> str:
     return "" if n == 1 else f"opt-{n}"
 
 
-def register_all(clients, job_id: str, client_id: str, per_rank, regions,
-                 grads_ready) -> list:
-    """RegisterParams on every daemon concurrently, each with its
-    ``grads_ready`` event handle (muond.torch.grads_ready); per daemon its
+def register_all(clients, job_id: str, client_id: str, per_rank, regions) -> list:
+    """RegisterParams on every daemon concurrently; per daemon its
     response or its MuondError (all answers awaited: the refusals name
     each daemon's holder)."""
-    futures = [_register_future(c, job_id, client_id, per_rank[r], regions, grads_ready)
+    futures = [c.register_future(job_id, per_rank[r], client_id,
+                                 regions=regions.used_by(per_rank[r]))
                for r, c in enumerate(clients)]
     out = []
     for f, c in zip(futures, clients):
@@ -48,24 +47,18 @@ def register_all(clients, job_id: str, client_id: str, per_rank, regions,
     return out
 
 
-def _register_future(client, job_id, client_id, groups, regions, grads_ready):
-    used = regions.used_by(groups)
-    return client.register_future(job_id, groups, client_id, regions=used,
-                                  grads_ready_event=grads_ready.handle(used))
-
-
 def register_taking_over_stale(clients, job_id: str, client_id: str, per_rank, regions,
-                               takeover: bool, grads_ready) -> list:
+                               takeover: bool) -> None:
     """Registers with every daemon. A daemon held by another client
     (ALREADY_REGISTERED: a trainer that ended without close(), or one
     still running) is cleared as the operator and registered again only
     when ``takeover`` is set or every holder is a client id of this host
     whose process is gone (muond.torch's default ids); a live holder is
-    never taken over by default. Returns the daemons' answers."""
-    answers = register_all(clients, job_id, client_id, per_rank, regions, grads_ready)
+    never taken over by default."""
+    answers = register_all(clients, job_id, client_id, per_rank, regions)
     errors = [e for e in answers if isinstance(e, MuondError)]
     if not errors:
-        return answers
+        return
     held = {clients[r].address: e.metadata.get("client_id", "")
             for r, e in enumerate(answers)
             if isinstance(e, MuondError) and e.reason == ALREADY_REGISTERED}
@@ -89,8 +82,9 @@ def register_taking_over_stale(clients, job_id: str, client_id: str, per_rank, r
     # registrations alike, then every daemon is registered afresh.
     _rpc.on_all(clients, lambda c: c.unregister_as_operator(job_id),
                 "UnregisterParams (operator)")
-    return _rpc.gather([_register_future(c, job_id, client_id, per_rank[r], regions, grads_ready)
-                        for r, c in enumerate(clients)], clients, "RegisterParams")
+    _rpc.gather([c.register_future(job_id, per_rank[r], client_id,
+                                   regions=regions.used_by(per_rank[r]))
+                 for r, c in enumerate(clients)], clients, "RegisterParams")
 
 
 def _instance(clients) -> str:
