@@ -67,37 +67,8 @@ __host__ __device__ constexpr int SignatureCount() {
   return 1 << (F::kViews + (F::kF16View >= 0 ? 1 : 0));
 }
 
-__device__ __forceinline__ float& At(float4& v, int e) {
-  return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
-}
-// Elements j..j+3 of a vec4 view of kElem-byte elements (fp32, or bf16 or
-// with kF16 fp16, widened exactly).
-template <int kElem, bool kF16 = false>
-__device__ __forceinline__ float4 Ld4(const char* p, int64_t j) {
-  if constexpr (kElem == 4) {
-    return *reinterpret_cast<const float4*>(p + j * 4);
-  } else {
-    const uint2 h = *reinterpret_cast<const uint2*>(p + j * 2);
-    return make_float4(
-        HalfBitsToFloat<kF16>(h.x & 0xffffu), HalfBitsToFloat<kF16>(h.x >> 16),
-        HalfBitsToFloat<kF16>(h.y & 0xffffu), HalfBitsToFloat<kF16>(h.y >> 16));
-  }
-}
 __device__ __forceinline__ float4 Ld4(const char* p, int elem, int64_t j) {
   return elem == 4 ? Ld4<4>(p, j) : Ld4<2>(p, j);
-}
-// Stores 4 elements from j, each rounded once to bf16 (or with kF16 fp16)
-// for a 2-byte view.
-template <int kElem, bool kF16 = false>
-__device__ __forceinline__ void St4(char* p, int64_t j, float4 x) {
-  if constexpr (kElem == 4) {
-    *reinterpret_cast<float4*>(p + j * 4) = x;
-  } else {
-    uint2 h;
-    h.x = FloatToHalfBits<kF16>(x.x) | (FloatToHalfBits<kF16>(x.y) << 16);
-    h.y = FloatToHalfBits<kF16>(x.z) | (FloatToHalfBits<kF16>(x.w) << 16);
-    *reinterpret_cast<uint2*>(p + j * 2) = h;
-  }
 }
 
 __device__ __forceinline__ float LdFlat(const char* p, int elem, int64_t j) {

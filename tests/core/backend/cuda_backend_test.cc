@@ -243,6 +243,108 @@ TEST_F(CudaBackendTest, AdamWLongAndStridedIsCpuBitwise) {
   }
 }
 
+// AdamW's 4-element path (contiguous fp32 or bf16 views, each aligned) for
+// every dtype combination of param, grad and moments, lengths with each
+// ragged tail (n % 4 = 0..3, past one grid's elements in flight), and a view
+// one element off its alignment (the element-wise path), each bitwise the
+// CPU backend.
+TEST_F(CudaBackendTest, AdamWFourWideIsCpuBitwiseForEveryDtypeAndTail) {
+  AdamWScalars s;
+  s.param_decay = 0.9999f;
+  s.one_minus_beta1 = 0.1f;
+  s.beta2 = 0.95f;
+  s.one_minus_beta2 = 0.05f;
+  s.step_size = 3e-4f / 0.19f;
+  s.bias_correction2_sqrt = 0.0707f;
+  // The values of a view of `dtype` at `offset` elements into its buffer.
+  struct Buffer {
+    DType dtype;
+    int64_t offset, n;
+    std::vector<float> f32;
+    std::vector<uint16_t> b16;
+    MatrixView View() {
+      void* base = dtype == DType::kFloat32 ? static_cast<void*>(f32.data())
+                                            : static_cast<void*>(b16.data());
+      char* at = static_cast<char*>(base) + offset * DTypeSize(dtype);
+      return {at, dtype, 1, n, n};
+    }
+  };
+  auto make = [&](DType dtype, int64_t offset, int64_t n, uint64_t seed,
+                  bool square) {
+    Buffer b{dtype, offset, n, {}, {}};
+    std::vector<float> x = Random(offset + n, seed);
+    if (square) {
+      for (float& e : x) e = e * e;
+    }
+    if (dtype == DType::kFloat32) {
+      b.f32 = x;
+    } else {
+      b.b16.resize(x.size());
+      for (size_t i = 0; i < x.size(); ++i) b.b16[i] = FloatToBf16Bits(x[i]);
+    }
+    return b;
+  };
+  auto elements = [](MatrixView v) {
+    std::vector<float> out(v.cols);
+    for (int64_t j = 0; j < v.cols; ++j) {
+      const char* p = static_cast<const char*>(v.data) + j * DTypeSize(v.dtype);
+      out[j] = v.dtype == DType::kFloat32
+                   ? *reinterpret_cast<const float*>(p)
+                   : Bf16BitsToFloat(*reinterpret_cast<const uint16_t*>(p));
+    }
+    return out;
+  };
+  const DType kTypes[] = {DType::kFloat32, DType::kBFloat16};
+  // One grid round of the 4-wide kernel (132 x 16 blocks x 256 threads x 4
+  // runs x 4 elements) and part of a second.
+  const int64_t kLong = 132 * 16 * 256 * 16 + 4000;
+  for (DType pt : kTypes) {
+    for (DType gt : kTypes) {
+      for (DType st : kTypes) {
+        for (int64_t n : {kLong, kLong + 1, kLong + 2, kLong + 3, int64_t(3)}) {
+          for (int64_t offset : {0, 1}) {
+            if (offset == 1 && n != kLong + 3) continue;
+            std::vector<Buffer> host = {
+                make(pt, offset, n, 31, false), make(gt, offset, n, 32, false),
+                make(st, offset, n, 33, false), make(st, offset, n, 34, true)};
+            std::vector<Buffer> cpu = host;
+            std::vector<MatrixView> dev;
+            for (Buffer& b : host) {
+              // Up copies the whole allocation from the view's base: the
+              // offset is taken on the device.
+              MatrixView whole = b.View();
+              whole.data = b.dtype == DType::kFloat32
+                               ? static_cast<void*>(b.f32.data())
+                               : static_cast<void*>(b.b16.data());
+              whole.cols = b.offset + b.n;
+              whole.row_stride = whole.cols;
+              MatrixView d = Up(whole);
+              d.data =
+                  static_cast<char*>(d.data) + b.offset * DTypeSize(b.dtype);
+              d.cols = d.row_stride = b.n;
+              dev.push_back(d);
+            }
+            ASSERT_TRUE(gpu_->AdamW(dev[0], dev[1], dev[2], dev[3], s).ok());
+            ASSERT_TRUE(cpu_->AdamW(cpu[0].View(), cpu[1].View(), cpu[2].View(),
+                                    cpu[3].View(), s)
+                            .ok());
+            for (int k : {0, 2, 3}) {
+              MatrixView want = cpu[k].View();
+              std::vector<float> got = elements(
+                  {Down<char>(dev[k], n * DTypeSize(want.dtype)).data(),
+                   want.dtype, 1, n, n});
+              ASSERT_EQ(got, elements(want))
+                  << "view " << k << ", dtypes " << DTypeName(pt) << "/"
+                  << DTypeName(gt) << "/" << DTypeName(st) << ", n " << n
+                  << ", offset " << offset;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, FrobeniusNormalizeMatchesCpuIncludingZeroAndTiny) {
   const int64_t r = 96, c = 80, batch = 3;
   std::vector<float> x = Random(batch * r * c, 13);
