@@ -2,6 +2,8 @@
 // Nesterov input), the update with weight decay, AdamW, and the finiteness
 // check of a step's inputs and outputs. Elementwise math comes from
 // elementwise_math.h (no FMA contraction: bit-identical to the CPU backend).
+#include <type_traits>
+
 #include "core/backend/cuda_kernel_launch.cuh"
 #include "core/backend/cuda_kernels.h"
 #include "core/backend/elementwise_math.h"
@@ -83,10 +85,14 @@ struct AdamWOp {
   __device__ void operator()(int64_t i, int64_t j) const {
     Write(i, j, In{Ld(p, i, j), Ld(g, i, j), Ld(m, i, j), Ld(v, i, j)});
   }
+  // One element's AdamW: the arithmetic of every path (AdamWVec4Kernel's
+  // too), so they agree bitwise.
+  __device__ ew::AdamWOut Apply(In in) const {
+    return ew::AdamWElement(in.p, in.g, in.m, in.v, param_decay, omb1, beta2,
+                            omb2, step_size, bc2, eps);
+  }
   __device__ void Write(int64_t i, int64_t j, In in) const {
-    const ew::AdamWOut o =
-        ew::AdamWElement(in.p, in.g, in.m, in.v, param_decay, omb1, beta2, omb2,
-                         step_size, bc2, eps);
+    const ew::AdamWOut o = Apply(in);
     St(p, i, j, o.p);
     St(m, i, j, o.m);
     St(v, i, j, o.v);
@@ -124,9 +130,8 @@ __global__ void AdamWVec4Kernel(AdamWOp f, int64_t n) {
       float4 po, mo, vo;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const ew::AdamWOut o = ew::AdamWElement(
-            At(p[u], e), At(g[u], e), At(m[u], e), At(v[u], e), f.param_decay,
-            f.omb1, f.beta2, f.omb2, f.step_size, f.bc2, f.eps);
+        const ew::AdamWOut o = f.Apply(
+            AdamWOp::In{At(p[u], e), At(g[u], e), At(m[u], e), At(v[u], e)});
         At(po, e) = o.p;
         At(mo, e) = o.m;
         At(vo, e) = o.v;
@@ -144,14 +149,21 @@ __global__ void AdamWVec4Kernel(AdamWOp f, int64_t n) {
 
 // AdamWVec4Kernel applies: every view contiguous, fp32 or bf16 (not fp16),
 // the moments of one dtype, each base aligned for its 4-element accesses.
-bool AdamWVec4Ok(std::initializer_list<KView> views, const KView& m,
+bool AdamWVec4Ok(const KView& p, const KView& g, const KView& m,
                  const KView& v) {
-  if (!Flat(views) || m.elem != v.elem) return false;
-  for (const KView& x : views) {
+  if (!Flat({p, g, m, v}) || m.elem != v.elem) return false;
+  for (const KView& x : {p, g, m, v}) {
     if ((x.elem != 4 && x.elem != 2) || x.f16) return false;
     if (reinterpret_cast<uintptr_t>(x.data) % (4 * x.elem) != 0) return false;
   }
   return true;
+}
+
+// f(std::integral_constant<int, 4 or 2>): an element size as a constant.
+template <typename F>
+cudaError_t WithElemSize(int elem, F f) {
+  return elem == 4 ? f(std::integral_constant<int, 4>{})
+                   : f(std::integral_constant<int, 2>{});
 }
 
 template <int kP, int kG, int kS>
@@ -207,25 +219,16 @@ cudaError_t AdamW(const KView& param, const KView& grad, const KView& exp_avg,
                   param_decay, one_minus_beta1, beta2,      one_minus_beta2,
                   step_size,   bc2_sqrt,        eps};
   const int64_t n = param.rows * param.cols;
-  if (n > 0 &&
-      AdamWVec4Ok({param, grad, exp_avg, exp_avg_sq}, exp_avg, exp_avg_sq)) {
-    const bool p4 = param.elem == 4, g4 = grad.elem == 4,
-               s4 = exp_avg.elem == 4;
+  if (n > 0 && AdamWVec4Ok(param, grad, exp_avg, exp_avg_sq)) {
     // Every combination of fp32 and bf16: 8 instantiations.
-    if (p4) {
-      if (g4) {
-        return s4 ? LaunchAdamWVec4<4, 4, 4>(f, n, stream)
-                  : LaunchAdamWVec4<4, 4, 2>(f, n, stream);
-      }
-      return s4 ? LaunchAdamWVec4<4, 2, 4>(f, n, stream)
-                : LaunchAdamWVec4<4, 2, 2>(f, n, stream);
-    }
-    if (g4) {
-      return s4 ? LaunchAdamWVec4<2, 4, 4>(f, n, stream)
-                : LaunchAdamWVec4<2, 4, 2>(f, n, stream);
-    }
-    return s4 ? LaunchAdamWVec4<2, 2, 4>(f, n, stream)
-              : LaunchAdamWVec4<2, 2, 2>(f, n, stream);
+    return WithElemSize(param.elem, [&](auto kp) {
+      return WithElemSize(grad.elem, [&](auto kg) {
+        return WithElemSize(exp_avg.elem, [&](auto ks) {
+          return LaunchAdamWVec4<decltype(kp)::value, decltype(kg)::value,
+                                 decltype(ks)::value>(f, n, stream);
+        });
+      });
+    });
   }
   return LaunchLoadStore({param, grad, exp_avg, exp_avg_sq}, param.rows,
                          param.cols, stream, f);
