@@ -444,6 +444,26 @@ class Backend {
   // Waits for every call enqueued so far.
   virtual absl::Status Synchronize() = 0;
 
+  // ---- timing without waiting ----------------------------------------------
+  // A mark of the point this backend's queue has reached (CUDA: an event
+  // recorded on the stream), so that phases of work are timed without a
+  // host wait after each (core/step/phase_clock.h): MarkedUs(from, to) is
+  // the device time between two marks, once Synchronize returned after both.
+  // ClearTimeMarks lets later marks reuse the earlier ones' slots. The
+  // default (the CPU backend, whose calls return with their work done, and
+  // any backend without marks): Unimplemented, and callers time the wall
+  // clock instead.
+  virtual absl::StatusOr<int> TimeMark() {
+    return absl::UnimplementedError(
+        absl::StrCat(std::string(name()), " has no time marks"));
+  }
+  virtual absl::StatusOr<double> MarkedUs(int from, int to) {
+    (void)from;
+    (void)to;
+    return TimeMark().status();
+  }
+  virtual void ClearTimeMarks() {}
+
   // ---- streams --------------------------------------------------------------
   // A backend of the same device with a queue of its own (CUDA: a stream),
   // for copies and elementwise calls (no GEMM: on CUDA it holds no cuBLAS

@@ -38,6 +38,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(flag_);
   cudaFreeHost(host_flag_);
   if (order_event_ != nullptr) cudaEventDestroy(order_event_);
+  for (cudaEvent_t e : time_marks_) cudaEventDestroy(e);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -197,6 +198,41 @@ void CudaBackend::PopRange() { nvtxRangePop(); }
 
 absl::Status CudaBackend::Synchronize() {
   return CudaStatus(cudaStreamSynchronize(stream_), "synchronize");
+}
+
+absl::StatusOr<int> CudaBackend::TimeMark() {
+  // An event recorded under a graph capture would be a node of the graph,
+  // not a time of this run.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamIsCapturing(stream_, &capture), "time mark"));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError(
+        "time mark: the stream is being captured into a CUDA graph");
+  }
+  cudaSetDevice(device_);
+  if (time_marks_used_ == int(time_marks_.size())) {
+    cudaEvent_t event = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&event), "time mark"));
+    time_marks_.push_back(event);
+  }
+  RETURN_IF_ERROR(CudaStatus(
+      cudaEventRecord(time_marks_[time_marks_used_], stream_), "time mark"));
+  return time_marks_used_++;
+}
+
+absl::StatusOr<double> CudaBackend::MarkedUs(int from, int to) {
+  if (from < 0 || to < 0 || from >= time_marks_used_ ||
+      to >= time_marks_used_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("time marks ", from, " and ", to, ": ", time_marks_used_,
+                     " were made since ClearTimeMarks"));
+  }
+  float ms = 0;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaEventElapsedTime(&ms, time_marks_[from], time_marks_[to]),
+                 "time between marks"));
+  return 1e3 * double(ms);
 }
 
 }  // namespace cuda_backend_internal

@@ -20,6 +20,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -187,6 +188,9 @@ class CudaBackend final : public Backend {
   void PushRange(const char* name) override;
   void PopRange() override;
   absl::Status Synchronize() override;
+  absl::StatusOr<int> TimeMark() override;
+  absl::StatusOr<double> MarkedUs(int from, int to) override;
+  void ClearTimeMarks() override { time_marks_used_ = 0; }
 
  private:
   static absl::Status CheckBatch(int64_t batch);
@@ -247,6 +251,10 @@ class CudaBackend final : public Backend {
   // OrderBefore's event, recorded anew by each call: a stream's wait takes
   // the record current when it is enqueued, so one event serves every call.
   cudaEvent_t order_event_ = nullptr;
+  // TimeMark's events, created as first needed and reused after
+  // ClearTimeMarks: a step's phases need a few dozen at most.
+  std::vector<cudaEvent_t> time_marks_;
+  int time_marks_used_ = 0;
 };
 
 }  // namespace muond::cuda_backend_internal

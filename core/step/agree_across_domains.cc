@@ -65,7 +65,9 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
     // A rank whose registered memory failed its check (RefusalCode::kMemory:
     // a shrunk shm object would raise SIGBUS) reads no grad; it still takes
     // part in the collectives and refuses through the job vote.
-    group.momentum_ready = false;  // a step that stopped after it left it set
+    // A step that stopped after them left them set.
+    group.momentum_ready = false;
+    group.ns_done = false;
     absl::StatusOr<bool> finite =
         read_grads ? GradsWithinLimitOf(group, inputs, result, momentum_now)
                    : absl::StatusOr<bool>(true);

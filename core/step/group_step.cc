@@ -15,38 +15,6 @@
 namespace muond {
 namespace {
 
-// One phase of a step: a trace range (NVTX on CUDA) and its wall time. The
-// phases synchronise the backend at their end so the times are real; the
-// step has six such points, none inside a phase.
-class Phase {
- public:
-  Phase(Backend& backend, const char* name)
-      : backend_(backend), start_(absl::Now()) {
-    backend_.PushRange(name);
-  }
-  ~Phase() { backend_.PopRange(); }
-  // Waits for the phase's work and adds its wall time to `total_us`.
-  absl::Status Finish(double& total_us) {
-    const absl::Status status = backend_.Synchronize();
-    total_us += absl::ToDoubleMicroseconds(absl::Now() - start_);
-    return status;
-  }
-
- private:
-  Backend& backend_;
-  const absl::Time start_;
-};
-
-// Runs `phase` under a profiler range named `name`, waits for its device
-// work and adds its wall time to `total_us`.
-template <typename Fn>
-absl::Status TimedPhase(Backend& backend, const char* name, double& total_us,
-                        Fn&& phase) {
-  Phase range(backend, name);
-  RETURN_IF_ERROR(phase());
-  return range.Finish(total_us);
-}
-
 // The views of `views` at `indices`, in that order.
 std::vector<MatrixView> Pick(const std::vector<MatrixView>& views,
                              const std::vector<int>& indices) {
@@ -415,48 +383,68 @@ bool StreamsNsWithMomentum(const GroupState& group,
          group.config.domain.size.dp <= 1;
 }
 
+absl::Status NsBeforeVote(GroupState& group, const MuonOptions& options,
+                          PhaseClock& clock) {
+  group.ns_done = false;
+  if (!group.momentum_ready || !ChecksGradsInMomentum(group) ||
+      !group.plan.has_value()) {
+    return absl::OkStatus();
+  }
+  const GroupExchangePlan& plan = group.plan->plan;
+  if (plan.has_stage1 || !plan.stage2.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(clock.Time(*group.backend, "lsmuon/ns", &PhaseTimings::ns_us,
+                             [&] { return NsPhase(group, options, nullptr); }));
+  group.ns_done = true;
+  return absl::OkStatus();
+}
+
 namespace {
 
 // PrepareMuonGroup's phases; host momentum's stores may still run after.
 absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
                                const std::set<std::string>& skip,
                                ExchangeBuffers& exchange,
-                               ShapeTimes* shape_times, PhaseTimings& t) {
+                               ShapeTimes* shape_times, PhaseClock& clock) {
   Backend& backend = *group.backend;
   // Cleared whichever branch runs: it speaks for this step only.
   const bool momentum_ready = std::exchange(group.momentum_ready, false);
+  const bool ns_done = std::exchange(group.ns_done, false);
   if (StreamsNsWithMomentum(group, shape_times)) {
     // Momentum and NS overlap: their wall time counts as NS's.
-    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/streamed_ns", t.ns_us, [&] {
-      return StreamMomentum(group, options, skip, /*with_ns=*/true);
-    }));
+    RETURN_IF_ERROR(
+        clock.Time(backend, "lsmuon/streamed_ns", &PhaseTimings::ns_us, [&] {
+          return StreamMomentum(group, options, skip, /*with_ns=*/true);
+        }));
   } else {
     // Already run where the domain agreement checked the grads in its pass.
     if (!momentum_ready) {
-      RETURN_IF_ERROR(
-          TimedPhase(backend, "lsmuon/momentum", t.momentum_us, [&] {
+      RETURN_IF_ERROR(clock.Time(
+          backend, "lsmuon/momentum", &PhaseTimings::momentum_us, [&] {
             return group.host_streams != nullptr
                        ? StreamMomentum(group, options, skip,
                                         /*with_ns=*/false)
                        : MomentumPhase(group, options, skip);
           }));
     }
-    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_fwd", t.a2a_fwd_us, [&] {
-      return ForwardExchangePhase(group, exchange);
-    }));
-    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/ns", t.ns_us, [&] {
-      return NsPhase(group, options, shape_times);
-    }));
-    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/a2a_bwd", t.a2a_bwd_us, [&] {
-      return ReverseExchangePhase(group, exchange);
-    }));
-    RETURN_IF_ERROR(TimedPhase(backend, "lsmuon/dp_share", t.dp_share_us,
+    RETURN_IF_ERROR(
+        clock.Time(backend, "lsmuon/a2a_fwd", &PhaseTimings::a2a_fwd_us,
+                   [&] { return ForwardExchangePhase(group, exchange); }));
+    if (!ns_done) {
+      RETURN_IF_ERROR(
+          clock.Time(backend, "lsmuon/ns", &PhaseTimings::ns_us,
+                     [&] { return NsPhase(group, options, shape_times); }));
+    }
+    RETURN_IF_ERROR(
+        clock.Time(backend, "lsmuon/a2a_bwd", &PhaseTimings::a2a_bwd_us,
+                   [&] { return ReverseExchangePhase(group, exchange); }));
+    RETURN_IF_ERROR(clock.Time(backend, "lsmuon/dp_share",
+                               &PhaseTimings::dp_share_us,
                                [&] { return DpSharePhase(group, exchange); }));
   }
   // NorMuon/AdaMuon renormalise the update where it is whole again; their
   // time counts as NS's.
   if (options.variant == MuonVariant::kMuon) return absl::OkStatus();
-  return TimedPhase(backend, "lsmuon/variant", t.ns_us,
+  return clock.Time(backend, "lsmuon/variant", &PhaseTimings::ns_us,
                     [&] { return VariantPhase(group, options, skip); });
 }
 
@@ -465,9 +453,9 @@ absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
 absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
                               const std::set<std::string>& skip,
                               ExchangeBuffers& exchange,
-                              ShapeTimes* shape_times, PhaseTimings& t) {
+                              ShapeTimes* shape_times, PhaseClock& clock) {
   const absl::Status status =
-      PrepareMuonPhases(group, options, skip, exchange, shape_times, t);
+      PrepareMuonPhases(group, options, skip, exchange, shape_times, clock);
   const absl::Status drained = DrainMomentumStores(group);
   return status.ok() ? drained : status;
 }
@@ -523,31 +511,34 @@ void SwapInStagedMomentum(GroupState& group,
 
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
                              const std::set<std::string>& skip,
-                             PhaseTimings& t) {
+                             PhaseClock& clock) {
   const bool staged = StagesMomentum(group.config.muon, *group.backend);
-  RETURN_IF_ERROR(TimedPhase(*group.backend, "lsmuon/update", t.update_us, [&] {
-    RETURN_IF_ERROR(UpdatePhase(group, options, skip));
-    return staged ? absl::OkStatus() : StoreMomentum(group, options, skip);
-  }));
+  RETURN_IF_ERROR(clock.Time(
+      *group.backend, "lsmuon/update", &PhaseTimings::update_us, [&] {
+        RETURN_IF_ERROR(UpdatePhase(group, options, skip));
+        return staged ? absl::OkStatus() : StoreMomentum(group, options, skip);
+      }));
   if (staged) SwapInStagedMomentum(group, skip);
   return CommitVariantState(group, options, skip);
 }
 
 absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,
                             const std::set<std::string>& skip,
-                            PhaseTimings& t) {
-  Phase phase(*group.backend, "lsmuon/adamw");
+                            PhaseClock& clock) {
   std::vector<ParamState*> stepped;
-  for (size_t i = 0; i < group.params.size(); ++i) {
-    const ParamBinding& b = group.config.params[i];
-    if (skip.contains(b.name)) continue;
-    ParamState& p = group.params[i];
-    RETURN_IF_ERROR(AdamWStep(*group.backend, options, p.adamw_step + 1,
-                              b.param, b.grad, p.exp_avg, p.exp_avg_sq,
-                              p.moment_scales));
-    stepped.push_back(&p);
-  }
-  RETURN_IF_ERROR(phase.Finish(t.update_us));
+  RETURN_IF_ERROR(
+      clock.Time(*group.backend, "lsmuon/adamw", &PhaseTimings::update_us, [&] {
+        for (size_t i = 0; i < group.params.size(); ++i) {
+          const ParamBinding& b = group.config.params[i];
+          if (skip.contains(b.name)) continue;
+          ParamState& p = group.params[i];
+          RETURN_IF_ERROR(AdamWStep(*group.backend, options, p.adamw_step + 1,
+                                    b.param, b.grad, p.exp_avg, p.exp_avg_sq,
+                                    p.moment_scales));
+          stepped.push_back(&p);
+        }
+        return absl::OkStatus();
+      }));
   for (ParamState* p : stepped) ++p->adamw_step;
   return absl::OkStatus();
 }

@@ -59,6 +59,7 @@
 #include "core/step/group_state.h"
 #include "core/step/layer_sharded_muon.h"
 #include "core/step/ns_runner.h"
+#include "core/step/phase_clock.h"
 
 namespace muond {
 
@@ -89,15 +90,25 @@ absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
                                            const std::set<std::string>& skip,
                                            float grad_limit);
 
+// Where this step's momentum ran in the domain agreement
+// (MomentumWithGradCheck) and NS needs no exchange before it (every param
+// whole on this rank), NS into L_i now, before the job vote, timed on
+// `clock`: it writes scratch only, so a refused step just discards it, and
+// its device work fills the wait for the trainer's verdict and the vote.
+// Sets group.ns_done where it ran. Not on a step that measures NS per shape.
+absl::Status NsBeforeVote(GroupState& group, const MuonOptions& options,
+                          PhaseClock& clock);
+
 // A Muon group's step up to the commit under its current plan (group.plan
 // must be set): momentum into staging, exchanges, NS, reverse exchanges,
 // dp_share (StreamsNsWithMomentum: momentum and NS overlapped).
 // `exchange`: the lane's buffers, reserved for the plan. `shape_times`: null
-// when this step does not measure NS per shape. Phase times add to `t`.
+// when this step does not measure NS per shape. Phases are timed on `clock`
+// (their work may still run when this returns).
 absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
                               const std::set<std::string>& skip,
                               ExchangeBuffers& exchange,
-                              ShapeTimes* shape_times, PhaseTimings& t);
+                              ShapeTimes* shape_times, PhaseClock& clock);
 
 // After PrepareMuonGroup: InvalidArgument naming the group's params whose
 // update on this rank (L_i) has a NaN or Inf, for custom coefficient
@@ -113,12 +124,13 @@ absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
 // momentum made the state). Local only.
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
                              const std::set<std::string>& skip,
-                             PhaseTimings& t);
+                             PhaseClock& clock);
 
 // An AdamW group's step on its local shards (no exchange), run at the
 // commit: each param not in `skip` at its own step count + 1 (torch.optim
 // keeps state[p]["step"] per param).
 absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,
-                            const std::set<std::string>& skip, PhaseTimings& t);
+                            const std::set<std::string>& skip,
+                            PhaseClock& clock);
 
 }  // namespace muond

@@ -14,6 +14,7 @@
 #include "core/step/buffers.h"
 #include "core/step/group_state.h"
 #include "core/step/lane_threads.h"
+#include "core/step/phase_clock.h"
 
 namespace muond {
 
@@ -27,6 +28,9 @@ struct Lane {
   // Its groups' host momentum streams and slots (MakeHostStateStreams);
   // null when none keeps momentum on the host.
   std::unique_ptr<HostStateStreams> host_streams;
+  // The step's phase times on this lane; the commit ends by waiting for its
+  // work (PhaseClock::Finish).
+  PhaseClock clock;
 };
 
 // Partitions `groups` into lanes (the union of groups that share a

@@ -126,12 +126,19 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
       const std::function<absl::Status(Lane&, PhaseTimings&)>& fn,
       PhaseTimings& timings);
   // Up to the commit: the Muon groups of one lane, in registration order.
+  // Phases are timed on lane.clock; their work may run on after it returns.
   absl::Status PrepareLane(Lane& lane, const StepInputs& inputs,
-                           ShapeTimes* shape_times, PhaseTimings& timings);
+                           ShapeTimes* shape_times);
+  // Waits for every lane's work (a step that ends before its commit).
+  void DrainLanes();
+  // After this rank's ballot agreed, before the trainer's verdict and the
+  // job vote: NsBeforeVote for every Muon group.
+  void StartNsBeforeVote();
   // After the exchanges, before the commit vote: the Muon groups' local
   // updates are finite (CheckNsOutputsFinite; custom coefficients only).
   absl::Status CheckNsOutputs(const StepInputs& inputs);
-  // After the commit vote: every group of one lane writes its update.
+  // After the commit vote: every group of one lane writes its update, then
+  // waits for the lane's work and adds the step's phase times to `timings`.
   absl::Status CommitLane(Lane& lane, const StepInputs& inputs,
                           PhaseTimings& timings);
   // Each group's step_muon / step_adamw: its registered options with

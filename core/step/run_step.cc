@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -59,10 +60,14 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   std::vector<std::string> bad;
   absl::Status refusal;
   abandoned_ = absl::OkStatus();
+  for (Lane& lane : lanes_) lane.clock.Start();
   JobBallot mine = LocalBallot(inputs, result, bad, refusal);
   // A rank of a domain never arrived: one comm timeout is all the step
   // costs (the job vote would wait a second one for the same rank).
   if (!abandoned_.ok()) return abandoned_;
+  if (mine.verdict == JobVerdict::kAgree && !MeasuresShapes()) {
+    StartNsBeforeVote();
+  }
   const absl::Status withdrawn = TakeTrainerVerdict(inputs, mine);
   // 2. The job decides together.
   absl::StatusOr<JobDecision> decision = VoteOnJob(mine);
@@ -100,10 +105,18 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   ++steps_run_;
   shape_times_.Clear();
   const absl::Status prepared = RunLanes(
-      [&](Lane& lane, PhaseTimings& t) {
-        return PrepareLane(lane, inputs, shape_times, t);
+      [&](Lane& lane, PhaseTimings&) {
+        return PrepareLane(lane, inputs, shape_times);
       },
       result.timings);
+  // The phases issue their work without waiting for it (PhaseClock). The
+  // commit waits for its own; a step that ends before it waits here, so that
+  // none of its work runs on after its answer. Not after a failed phase or an
+  // abandoned step, which waited for nothing before either: a collective a
+  // dead peer never joined may never finish.
+  absl::Cleanup drain = [&] {
+    if (prepared.ok() && abandoned_.ok()) DrainLanes();
+  };
   // 4. Every rank's exchanges succeeded, or nobody writes anything. A peer
   // dying during this vote itself is the one window left: it may reach some
   // ranks and not others (no consensus protocol; docs/ARCHITECTURE.md).
@@ -192,15 +205,38 @@ absl::Status LayerShardedMuonImpl::RunLanes(
 
 absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
                                                const StepInputs& inputs,
-                                               ShapeTimes* shape_times,
-                                               PhaseTimings& timings) {
+                                               ShapeTimes* shape_times) {
   for (int gi : lane.groups) {
     GroupState& group = groups_[gi];
     if (group.config.algorithm != Algorithm::kMuon) continue;
     RETURN_IF_ERROR(PrepareMuonGroup(group, group.step_muon, inputs.skip_params,
-                                     lane.exchange, shape_times, timings));
+                                     lane.exchange, shape_times, lane.clock));
   }
   return absl::OkStatus();
+}
+
+void LayerShardedMuonImpl::StartNsBeforeVote() {
+  for (Lane& lane : lanes_) {
+    for (int gi : lane.groups) {
+      GroupState& group = groups_[gi];
+      if (group.config.algorithm != Algorithm::kMuon) continue;
+      const absl::Status started =
+          NsBeforeVote(group, group.step_muon, lane.clock);
+      // PrepareMuonGroup runs it again after the vote, where a failure
+      // refuses the step in the commit vote as any phase's does.
+      LOG_IF(WARNING, !started.ok()) << "group '" << group.config.name
+                                     << "': NS before the job vote failed ("
+                                     << started << "); it runs after the vote";
+    }
+  }
+}
+
+void LayerShardedMuonImpl::DrainLanes() {
+  for (Lane& lane : lanes_) {
+    const absl::Status drained = lane.clock.Drain();
+    LOG_IF(WARNING, !drained.ok())
+        << "waiting for a lane's work at the step's end: " << drained;
+  }
 }
 
 absl::Status LayerShardedMuonImpl::CheckNsOutputs(const StepInputs& inputs) {
@@ -219,14 +255,16 @@ absl::Status LayerShardedMuonImpl::CommitLane(Lane& lane,
   for (int gi : lane.groups) {
     GroupState& group = groups_[gi];
     if (group.config.algorithm == Algorithm::kMuon) {
-      RETURN_IF_ERROR(
-          CommitMuonGroup(group, group.step_muon, inputs.skip_params, timings));
+      RETURN_IF_ERROR(CommitMuonGroup(group, group.step_muon,
+                                      inputs.skip_params, lane.clock));
     } else {
-      RETURN_IF_ERROR(
-          StepAdamWGroup(group, group.step_adamw, inputs.skip_params, timings));
+      RETURN_IF_ERROR(StepAdamWGroup(group, group.step_adamw,
+                                     inputs.skip_params, lane.clock));
     }
   }
-  return absl::OkStatus();
+  // The step's writes are done before it answers; the times of all its
+  // phases on this lane (the prepare's too) are known from here.
+  return lane.clock.Finish(timings);
 }
 
 void LayerShardedMuonImpl::ResolveStepOptions(const StepOverrides& overrides) {

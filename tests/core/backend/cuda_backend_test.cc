@@ -3,10 +3,12 @@
 // rounded inputs, elementwise kernels bit-identical. Skipped without a GPU.
 #include "core/backend/cuda_backend.h"
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -414,6 +416,65 @@ TEST_F(CudaBackendTest, AllFinite) {
   a[2] = std::numeric_limits<float>::quiet_NaN();
   MatrixView db = Up({a.data(), DType::kFloat32, 2, 2, 2});
   EXPECT_FALSE(*gpu_->AllFinite({da, db}));
+}
+
+// Time marks (events in the stream) time work without waiting for it: the
+// stream is still busy after the closing mark, and once synchronised the
+// marked time is positive and no longer than the host's wall time around the
+// same work. Marks restart after ClearTimeMarks, a reading of a mark not made
+// fails, and a mark under a graph capture is refused (it would be a node of
+// the graph, not a time of this run).
+TEST_F(CudaBackendTest, TimeMarksTimeWorkWithoutWaiting) {
+  const int64_t n = 4096;
+  std::vector<float> a = Random(n * n, 7);
+  MatrixView da = Up({a.data(), DType::kFloat32, n, n, n});
+  MatrixView dc = Up({a.data(), DType::kFloat32, n, n, n});
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  gpu_->ClearTimeMarks();
+  const auto before = std::chrono::steady_clock::now();
+  absl::StatusOr<int> from = gpu_->TimeMark();
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_EQ(*from, 0);
+  for (int i = 0; i < 8; ++i) {  // ~1.1 TFLOP in fp32: milliseconds
+    ASSERT_TRUE(gpu_->Gemm(Op::kN, Op::kN, 1.0f, da, da, 0.0f, dc,
+                           MatmulPrecision::kHighest)
+                    .ok());
+  }
+  absl::StatusOr<int> to = gpu_->TimeMark();
+  ASSERT_TRUE(to.ok()) << to.status();
+  EXPECT_EQ(*to, 1);
+  EXPECT_EQ(cudaStreamQuery(static_cast<cudaStream_t>(gpu_->stream())),
+            cudaErrorNotReady)
+      << "the mark waited for the work";
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  const double wall_us = std::chrono::duration<double, std::micro>(
+                             std::chrono::steady_clock::now() - before)
+                             .count();
+  absl::StatusOr<double> us = gpu_->MarkedUs(*from, *to);
+  ASSERT_TRUE(us.ok()) << us.status();
+  EXPECT_GT(*us, 0);
+  EXPECT_LE(*us, wall_us);
+  EXPECT_EQ(gpu_->MarkedUs(*from, 2).status().code(),
+            absl::StatusCode::kOutOfRange);
+  gpu_->ClearTimeMarks();
+  EXPECT_EQ(*gpu_->TimeMark(), 0);
+  absl::Status inside;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  ASSERT_TRUE(gpu_->RunGraph(0x71de,
+                             [&] {
+                               cudaStreamIsCapturing(
+                                   static_cast<cudaStream_t>(gpu_->stream()),
+                                   &capture);
+                               inside = gpu_->TimeMark().status();
+                               return gpu_->Memset0(dc);
+                             })
+                  .ok());
+  if (capture != cudaStreamCaptureStatusNone) {
+    EXPECT_EQ(inside.code(), absl::StatusCode::kFailedPrecondition) << inside;
+  } else {  // CUDA graphs turned off (MUOND_* environment): no capture
+    EXPECT_TRUE(inside.ok()) << inside;
+  }
+  ASSERT_TRUE(gpu_->Synchronize().ok());
 }
 
 // Out-of-place momentum (the step engine's: state in, staged buffer out),

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -62,7 +63,12 @@ class Recording final : public testing::DelegatingBackend {
                                              beta, nesterov, outs, scales,
                                              grad_limit);
   }
-  int checked = 0, unchecked = 0;
+  absl::Status RunGraph(uint64_t key,
+                        const std::function<absl::Status()>& work) override {
+    ++graphs;  // NS phases run as one graph each (NsRunner::RunLists)
+    return DelegatingBackend::RunGraph(key, work);
+  }
+  int checked = 0, unchecked = 0, graphs = 0;
   std::set<const void*> checked_grads;
 
  private:
@@ -126,9 +132,10 @@ class Model {
 
   // Step `step`'s grads, `poison` (param name -> value) put in element 5 of
   // those params, then one step skipping the params `skip` names.
-  absl::StatusOr<StepResult> Step(int step,
-                                  const std::map<std::string, float>& poison,
-                                  std::set<std::string> skip = {}) {
+  absl::StatusOr<StepResult> Step(
+      int step, const std::map<std::string, float>& poison,
+      std::set<std::string> skip = {},
+      std::function<absl::Status()> trainer_verdict = nullptr) {
     for (Param& p : params_) {
       for (size_t i = 0; i < p.grad.size(); ++i) {
         p.grad[i] = Value(p.group + 5, p.index, step, int64_t(i));
@@ -139,6 +146,7 @@ class Model {
     }
     StepInputs inputs;
     inputs.skip_params = std::move(skip);
+    inputs.await_trainer_verdict = std::move(trainer_verdict);
     return engine_->RunStep(inputs);
   }
   std::vector<std::vector<float>> Values() const {
@@ -307,6 +315,44 @@ TEST(GradCheckInMomentum, DoubleBufferedMomentumStepsAsRecomputed) {
       EXPECT_TRUE(results[i].ok()) << i << ": " << results[i].status();
     }
   }
+}
+
+// Where a device's momentum ran in the agreement and NS needs no exchange,
+// NS runs before the trainer's verdict (its device work fills that wait):
+// a withdrawn step still applies nothing, and the step sent again is
+// bitwise the CPU engine's, which runs NS after the vote.
+TEST(GradCheckInMomentum, NsRunsBeforeTheVerdictAndAWithdrawalAppliesNothing) {
+  Recording cpu(/*device=*/false), device(/*device=*/true);
+  Model on_cpu(&cpu, /*skip_nonfinite=*/false),
+      on_device(&device, /*skip_nonfinite=*/false);
+  ASSERT_TRUE(on_cpu.Step(1, {}).ok());
+  ASSERT_TRUE(on_device.Step(1, {}).ok());
+  const auto values = on_device.Values();
+  const auto state = on_device.State();
+  int device_graphs = -1, cpu_graphs = -1;
+  const int device_before = device.graphs, cpu_before = cpu.graphs;
+  const absl::StatusOr<StepResult> withdrawn = on_device.Step(2, {}, {}, [&] {
+    device_graphs = device.graphs - device_before;
+    return absl::FailedPreconditionError("a grad moved");
+  });
+  EXPECT_TRUE(absl::IsAborted(withdrawn.status())) << withdrawn.status();
+  EXPECT_NE(withdrawn.status().message().find("trainer withdrew"),
+            std::string::npos)
+      << withdrawn.status();
+  EXPECT_EQ(device_graphs, 2) << "each group's NS before the verdict";
+  EXPECT_EQ(on_device.Values(), values);
+  EXPECT_EQ(on_device.State(), state);
+  ASSERT_TRUE(on_cpu
+                  .Step(2, {}, {},
+                        [&] {
+                          cpu_graphs = cpu.graphs - cpu_before;
+                          return absl::OkStatus();
+                        })
+                  .ok());
+  EXPECT_EQ(cpu_graphs, 0) << "a host engine's NS ran before the vote";
+  ASSERT_TRUE(on_device.Step(2, {}, {}, [] { return absl::OkStatus(); }).ok());
+  EXPECT_EQ(on_device.Values(), on_cpu.Values());
+  EXPECT_EQ(on_device.State(), on_cpu.State());
 }
 
 }  // namespace

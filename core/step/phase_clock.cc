@@ -1,0 +1,66 @@
+#include "core/step/phase_clock.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+#include "core/common/status_macros.h"
+
+namespace muond {
+
+void PhaseClock::Start() {
+  for (Backend* backend : marked_) backend->ClearTimeMarks();
+  marked_.clear();
+  spans_.clear();
+}
+
+PhaseClock::Stamp PhaseClock::StampBefore(Backend& backend) {
+  const absl::StatusOr<int> mark = backend.TimeMark();
+  if (!mark.ok()) return {.mark = -1, .wall = absl::Now()};
+  if (std::find(marked_.begin(), marked_.end(), &backend) == marked_.end()) {
+    marked_.push_back(&backend);
+  }
+  return {.mark = *mark, .wall = absl::Time()};
+}
+
+absl::Status PhaseClock::Add(Backend& backend, Stamp from, Field field) {
+  if (from.mark >= 0) {
+    const absl::StatusOr<int> to = backend.TimeMark();
+    if (to.ok()) {
+      spans_.push_back({&backend, from, {.mark = *to}, field});
+      return absl::OkStatus();
+    }
+    // Its end could not be marked: the phase goes untimed, waited for as
+    // without marks.
+    return backend.Synchronize();
+  }
+  // No marks: wait, so that the wall time is the phase's (free on the CPU
+  // backend).
+  RETURN_IF_ERROR(backend.Synchronize());
+  spans_.push_back({&backend, from, {.mark = -1, .wall = absl::Now()}, field});
+  return absl::OkStatus();
+}
+
+absl::Status PhaseClock::WaitForBackends() {
+  absl::Status first;
+  for (Backend* backend : marked_) first.Update(backend->Synchronize());
+  return first;
+}
+
+absl::Status PhaseClock::Finish(PhaseTimings& into) {
+  RETURN_IF_ERROR(WaitForBackends());
+  for (const Span& s : spans_) {
+    if (s.from.mark < 0) {
+      into.*s.field += absl::ToDoubleMicroseconds(s.to.wall - s.from.wall);
+      continue;
+    }
+    ASSIGN_OR_RETURN(const double us,
+                     s.backend->MarkedUs(s.from.mark, s.to.mark));
+    into.*s.field += us;
+  }
+  spans_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status PhaseClock::Drain() { return WaitForBackends(); }
+
+}  // namespace muond
