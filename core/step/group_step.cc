@@ -426,20 +426,30 @@ absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
                        : MomentumPhase(group, options, skip);
           }));
     }
-    RETURN_IF_ERROR(
-        clock.Time(backend, "lsmuon/a2a_fwd", &PhaseTimings::a2a_fwd_us,
-                   [&] { return ForwardExchangePhase(group, exchange); }));
+    // A phase with nothing to do (no exchange in the plan) is not timed:
+    // a thousand groups' empty phases would each cost two marks.
+    const PlanBuffers& pb = *group.plan;
+    const bool exchanges = pb.plan.has_stage1 || !pb.plan.stage2.empty();
+    if (exchanges) {
+      RETURN_IF_ERROR(
+          clock.Time(backend, "lsmuon/a2a_fwd", &PhaseTimings::a2a_fwd_us,
+                     [&] { return ForwardExchangePhase(group, exchange); }));
+    }
     if (!ns_done) {
       RETURN_IF_ERROR(
           clock.Time(backend, "lsmuon/ns", &PhaseTimings::ns_us,
                      [&] { return NsPhase(group, options, shape_times); }));
     }
-    RETURN_IF_ERROR(
-        clock.Time(backend, "lsmuon/a2a_bwd", &PhaseTimings::a2a_bwd_us,
-                   [&] { return ReverseExchangePhase(group, exchange); }));
-    RETURN_IF_ERROR(clock.Time(backend, "lsmuon/dp_share",
-                               &PhaseTimings::dp_share_us,
-                               [&] { return DpSharePhase(group, exchange); }));
+    if (exchanges) {
+      RETURN_IF_ERROR(
+          clock.Time(backend, "lsmuon/a2a_bwd", &PhaseTimings::a2a_bwd_us,
+                     [&] { return ReverseExchangePhase(group, exchange); }));
+    }
+    if (pb.dp_share.active) {
+      RETURN_IF_ERROR(
+          clock.Time(backend, "lsmuon/dp_share", &PhaseTimings::dp_share_us,
+                     [&] { return DpSharePhase(group, exchange); }));
+    }
   }
   // NorMuon/AdaMuon renormalise the update where it is whole again; their
   // time counts as NS's.
