@@ -32,6 +32,9 @@
 // its momentum and update phases ("momentum_ms <ms> update_ms <ms>").
 // --double_buffer_momentum (with --engine): MuonOptions' second momentum
 // buffer (the commit swaps it in instead of recomputing the momentum).
+// --groups=N (with --engine, default 1): the matrices in N Muon groups of
+// consecutive matrices (a group per layer: N = the layers), as a trainer's
+// per-layer param groups register them.
 // --sym_gemm_schedule=auto|cooperative|pingpong|wide: the sm_90a symmetric
 // GEMM's consumer schedule (muond-daemon's flag of the same name).
 // --ns_only (not with --engine): after one full step, times each chunk's
@@ -88,13 +91,23 @@ void FillRandom(Backend& b, void* p, int64_t n, uint32_t seed, float scale) {
   (void)b.Synchronize();
 }
 
-// The daemon's step engine over the matrices: one Muon group on a 1x1 domain
-// (every NS at home), default StepOptions as the daemon uses them.
+// The daemon's step engine over the matrices: `groups` Muon groups on a 1x1
+// domain (every NS at home), consecutive runs of the matrices in order (a
+// shape list in layer order gives a group per layer), default StepOptions as
+// the daemon uses them.
 absl::StatusOr<std::unique_ptr<LayerShardedMuon>> MakeEngine(
-    Backend& b, const MuonOptions& o, const std::vector<Matrix>& mats) {
-  GroupConfig group;
-  group.name = "bench";
-  group.muon = o;
+    Backend& b, const MuonOptions& o, const std::vector<Matrix>& mats,
+    int64_t groups) {
+  if (groups > int64_t(mats.size())) {
+    return absl::InvalidArgumentError(
+        "--groups=" + std::to_string(groups) + ": more groups than the " +
+        std::to_string(mats.size()) + " matrices");
+  }
+  std::vector<GroupConfig> configs(groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    configs[g].name = "bench" + std::to_string(g);
+    configs[g].muon = o;
+  }
   for (size_t i = 0; i < mats.size(); ++i) {
     const Matrix& m = mats[i];
     ParamBinding p;
@@ -102,14 +115,17 @@ absl::StatusOr<std::unique_ptr<LayerShardedMuon>> MakeEngine(
     p.full_shape = {m.rows, m.cols};
     p.param = ContiguousView(m.param, DType::kFloat32, m.rows, m.cols);
     p.grad = ContiguousView(m.grad, DType::kFloat32, m.rows, m.cols);
-    group.params.push_back(std::move(p));
+    configs[int64_t(i) * groups / int64_t(mats.size())].params.push_back(
+        std::move(p));
   }
-  std::vector<GroupConfig> groups;
-  groups.push_back(std::move(group));
+  std::vector<int64_t> sizes;
+  for (const GroupConfig& c : configs) sizes.push_back(c.params.size());
   ASSIGN_OR_RETURN(auto engine,
-                   LayerShardedMuon::Create(&b, std::move(groups)));
-  RETURN_IF_ERROR(
-      engine->SetHomes("bench", std::vector<NsHome>(mats.size(), NsHome{})));
+                   LayerShardedMuon::Create(&b, std::move(configs)));
+  for (int64_t g = 0; g < groups; ++g) {
+    RETURN_IF_ERROR(engine->SetHomes("bench" + std::to_string(g),
+                                     std::vector<NsHome>(sizes[g], NsHome{})));
+  }
   return engine;
 }
 
@@ -261,6 +277,7 @@ int Main(int argc, char** argv) {
   std::string ns_algorithm = "auto", gram_restarts, gram_dtype = "fp16";
   std::string state_location, state_dtype, sym_gemm_schedule = "auto";
   double gram_min_aspect_ratio = 0.0;
+  int64_t groups = 1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strncmp(argv[i], "--shapes=", 9))
       shapes = argv[i] + 9;
@@ -296,6 +313,8 @@ int Main(int argc, char** argv) {
       state_dtype = argv[i] + 14;
     else if (!std::strncmp(argv[i], "--sym_gemm_schedule=", 20))
       sym_gemm_schedule = argv[i] + 20;
+    else if (!std::strncmp(argv[i], "--groups=", 9))
+      groups = std::atoll(argv[i] + 9);
     else {
       std::fprintf(
           stderr,
@@ -307,12 +326,19 @@ int Main(int argc, char** argv) {
           "[--gram_dtype=fp16|bf16] [--gram_min_aspect_ratio=X] "
           "[--state_location=device|host] "
           "[--state_dtype=fp32|bf16|fp8_e4m3] [--double_buffer_momentum] "
-          "[--sym_gemm_schedule=auto|cooperative|pingpong|wide]\n");
+          "[--sym_gemm_schedule=auto|cooperative|pingpong|wide] "
+          "[--groups=N]\n");
       return 2;
     }
   }
   if (shapes.empty()) {
     std::fprintf(stderr, "step_bench: --shapes=RxC,... is required\n");
+    return 2;
+  }
+  if (groups < 1 || (groups > 1 && !engine_mode)) {
+    std::fprintf(stderr,
+                 "step_bench: --groups=N >= 1, more than 1 with "
+                 "--engine only\n");
     return 2;
   }
   if (ns_only && engine_mode) {
@@ -473,7 +499,7 @@ int Main(int argc, char** argv) {
   std::vector<double> momentum_ms, update_ms;  // --engine: per step
   std::function<absl::Status()> run = step;
   if (engine_mode) {
-    auto e = MakeEngine(b, o, mats);
+    auto e = MakeEngine(b, o, mats, groups);
     if (!e.ok()) return Fail(e.status());
     step_engine = std::move(*e);
     run = [&]() -> absl::Status {

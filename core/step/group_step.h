@@ -96,6 +96,8 @@ absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
 // `clock`: it writes scratch only, so a refused step just discards it, and
 // its device work fills the wait for the trainer's verdict and the vote.
 // Sets group.ns_done where it ran. Not on a step that measures NS per shape.
+// A failure must refuse the step (the caller's ballot): NS may have run part
+// of the way over L_i, so it must not run again.
 absl::Status NsBeforeVote(GroupState& group, const MuonOptions& options,
                           PhaseClock& clock);
 

@@ -132,8 +132,9 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // Waits for every lane's work (a step that ends before its commit).
   void DrainLanes();
   // After this rank's ballot agreed, before the trainer's verdict and the
-  // job vote: NsBeforeVote for every Muon group.
-  void StartNsBeforeVote();
+  // job vote: NsBeforeVote for every Muon group; its first failure, which
+  // refuses the step.
+  absl::Status StartNsBeforeVote();
   // After the exchanges, before the commit vote: the Muon groups' local
   // updates are finite (CheckNsOutputsFinite; custom coefficients only).
   absl::Status CheckNsOutputs(const StepInputs& inputs);

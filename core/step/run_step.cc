@@ -66,7 +66,13 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   // costs (the job vote would wait a second one for the same rank).
   if (!abandoned_.ok()) return abandoned_;
   if (mine.verdict == JobVerdict::kAgree && !MeasuresShapes()) {
-    StartNsBeforeVote();
+    // A failure refuses the step here, in the vote: NS may have run part of
+    // the way over L, so it must not run again on it after the vote.
+    refusal = StartNsBeforeVote();
+    if (!refusal.ok()) {
+      mine.verdict = JobVerdict::kRefuse;
+      mine.code = RefusalCode::kOther;
+    }
   }
   const absl::Status withdrawn = TakeTrainerVerdict(inputs, mine);
   // 2. The job decides together.
@@ -215,20 +221,15 @@ absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
   return absl::OkStatus();
 }
 
-void LayerShardedMuonImpl::StartNsBeforeVote() {
+absl::Status LayerShardedMuonImpl::StartNsBeforeVote() {
   for (Lane& lane : lanes_) {
     for (int gi : lane.groups) {
       GroupState& group = groups_[gi];
       if (group.config.algorithm != Algorithm::kMuon) continue;
-      const absl::Status started =
-          NsBeforeVote(group, group.step_muon, lane.clock);
-      // PrepareMuonGroup runs it again after the vote, where a failure
-      // refuses the step in the commit vote as any phase's does.
-      LOG_IF(WARNING, !started.ok()) << "group '" << group.config.name
-                                     << "': NS before the job vote failed ("
-                                     << started << "); it runs after the vote";
+      RETURN_IF_ERROR(NsBeforeVote(group, group.step_muon, lane.clock));
     }
   }
+  return absl::OkStatus();
 }
 
 void LayerShardedMuonImpl::DrainLanes() {

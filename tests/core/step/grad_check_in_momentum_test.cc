@@ -66,8 +66,18 @@ class Recording final : public testing::DelegatingBackend {
   absl::Status RunGraph(uint64_t key,
                         const std::function<absl::Status()>& work) override {
     ++graphs;  // NS phases run as one graph each (NsRunner::RunLists)
+    if (fail_next_graph) {
+      fail_next_graph = false;
+      // Part of the way: the work ran, then the failure.
+      if (absl::Status ran = DelegatingBackend::RunGraph(key, work);
+          !ran.ok()) {
+        return ran;
+      }
+      return absl::InternalError("NS failed part of the way");
+    }
     return DelegatingBackend::RunGraph(key, work);
   }
+  bool fail_next_graph = false;
   int checked = 0, unchecked = 0, graphs = 0;
   std::set<const void*> checked_grads;
 
@@ -351,6 +361,30 @@ TEST(GradCheckInMomentum, NsRunsBeforeTheVerdictAndAWithdrawalAppliesNothing) {
                   .ok());
   EXPECT_EQ(cpu_graphs, 0) << "a host engine's NS ran before the vote";
   ASSERT_TRUE(on_device.Step(2, {}, {}, [] { return absl::OkStatus(); }).ok());
+  EXPECT_EQ(on_device.Values(), on_cpu.Values());
+  EXPECT_EQ(on_device.State(), on_cpu.State());
+}
+
+// NS that fails before the vote refuses the step in this rank's ballot: it
+// is not run again after the vote on an L it may have changed, and nothing
+// is applied; the step sent again is bitwise the CPU engine's.
+TEST(GradCheckInMomentum, NsFailingBeforeTheVoteRefusesTheStep) {
+  Recording cpu(/*device=*/false), device(/*device=*/true);
+  Model on_cpu(&cpu, /*skip_nonfinite=*/false),
+      on_device(&device, /*skip_nonfinite=*/false);
+  ASSERT_TRUE(on_cpu.Step(1, {}).ok());
+  ASSERT_TRUE(on_device.Step(1, {}).ok());
+  const auto values = on_device.Values();
+  const auto state = on_device.State();
+  const int before = device.graphs;
+  device.fail_next_graph = true;
+  const absl::StatusOr<StepResult> failed = on_device.Step(2, {});
+  EXPECT_TRUE(absl::IsInternal(failed.status())) << failed.status();
+  EXPECT_EQ(device.graphs - before, 1) << "NS ran again after its failure";
+  EXPECT_EQ(on_device.Values(), values);
+  EXPECT_EQ(on_device.State(), state);
+  ASSERT_TRUE(on_cpu.Step(2, {}).ok());
+  ASSERT_TRUE(on_device.Step(2, {}).ok());
   EXPECT_EQ(on_device.Values(), on_cpu.Values());
   EXPECT_EQ(on_device.State(), on_cpu.State());
 }
