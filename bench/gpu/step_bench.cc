@@ -18,10 +18,10 @@
 // --syrk_block_rows=K (0 = SymmetricGemmStridedBatchedOut, K >= 1 the legacy
 // K lower block rows).
 // --engine: the step engine the daemon runs (LayerShardedMuon::Step on a
-// 1x1 domain: the non-finite-gradient check, the batched momentum, NS and
-// update phases, each ending in a stream synchronize), so daemon minus
-// in-process is the transport alone. Without it, the phase functions are
-// chained directly (no check, one synchronize per step).
+// 1x1 domain: the batched momentum with the non-finite-gradient check in its
+// pass, NS and the update, timed by events with one wait at the commit), so
+// daemon minus in-process is the transport alone. Without it, the phase
+// functions are chained directly (no check, one synchronize per step).
 // --ns_algorithm=standard|gram|auto (default auto, as NsOptions),
 // --gram_restarts=I,J|none,
 // --gram_dtype=fp16|bf16, --gram_min_aspect_ratio=X: NsOptions' Gram NS
@@ -32,9 +32,10 @@
 // its momentum and update phases ("momentum_ms <ms> update_ms <ms>").
 // --double_buffer_momentum (with --engine): MuonOptions' second momentum
 // buffer (the commit swaps it in instead of recomputing the momentum).
-// --groups=N (with --engine, default 1): the matrices in N Muon groups of
-// consecutive matrices (a group per layer: N = the layers), as a trainer's
-// per-layer param groups register them.
+// --groups=N (with --engine, default 1): the n matrices in N Muon groups,
+// matrix i in group floor(i N / n): consecutive runs, so a shape list in
+// layer order with as many matrices per layer gives a group per layer for
+// N = the layers, as a trainer's per-layer param groups register them.
 // --sym_gemm_schedule=auto|cooperative|pingpong|wide: the sm_90a symmetric
 // GEMM's consumer schedule (muond-daemon's flag of the same name).
 // --ns_only (not with --engine): after one full step, times each chunk's
@@ -91,18 +92,12 @@ void FillRandom(Backend& b, void* p, int64_t n, uint32_t seed, float scale) {
   (void)b.Synchronize();
 }
 
-// The daemon's step engine over the matrices: `groups` Muon groups on a 1x1
-// domain (every NS at home), consecutive runs of the matrices in order (a
-// shape list in layer order gives a group per layer), default StepOptions as
-// the daemon uses them.
+// The daemon's step engine over the matrices: `groups` (<= the matrices)
+// Muon groups on a 1x1 domain (every NS at home), matrix i in group
+// floor(i groups / n), default StepOptions as the daemon uses them.
 absl::StatusOr<std::unique_ptr<LayerShardedMuon>> MakeEngine(
     Backend& b, const MuonOptions& o, const std::vector<Matrix>& mats,
     int64_t groups) {
-  if (groups > int64_t(mats.size())) {
-    return absl::InvalidArgumentError(
-        "--groups=" + std::to_string(groups) + ": more groups than the " +
-        std::to_string(mats.size()) + " matrices");
-  }
   std::vector<GroupConfig> configs(groups);
   for (int64_t g = 0; g < groups; ++g) {
     configs[g].name = "bench" + std::to_string(g);
@@ -313,9 +308,13 @@ int Main(int argc, char** argv) {
       state_dtype = argv[i] + 14;
     else if (!std::strncmp(argv[i], "--sym_gemm_schedule=", 20))
       sym_gemm_schedule = argv[i] + 20;
-    else if (!std::strncmp(argv[i], "--groups=", 9))
-      groups = std::atoll(argv[i] + 9);
-    else {
+    else if (!std::strncmp(argv[i], "--groups=", 9)) {
+      if (!absl::SimpleAtoi(argv[i] + 9, &groups) || groups < 1) {
+        std::fprintf(stderr, "step_bench: %s: must be an integer >= 1\n",
+                     argv[i]);
+        return 2;
+      }
+    } else {
       std::fprintf(
           stderr,
           "usage: step_bench --shapes=RxC,... "
@@ -335,10 +334,20 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "step_bench: --shapes=RxC,... is required\n");
     return 2;
   }
-  if (groups < 1 || (groups > 1 && !engine_mode)) {
+  if (groups > 1 && !engine_mode) {
     std::fprintf(stderr,
-                 "step_bench: --groups=N >= 1, more than 1 with "
-                 "--engine only\n");
+                 "step_bench: --groups=%lld: more than one group needs "
+                 "--engine\n",
+                 (long long)groups);
+    return 2;
+  }
+  if (const int64_t n = int64_t(
+          std::vector<absl::string_view>(absl::StrSplit(shapes, ',')).size());
+      groups > n) {
+    std::fprintf(stderr,
+                 "step_bench: --groups=%lld: more groups than the %lld "
+                 "matrices of --shapes\n",
+                 (long long)groups, (long long)n);
     return 2;
   }
   if (ns_only && engine_mode) {

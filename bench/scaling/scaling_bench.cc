@@ -19,7 +19,8 @@
 // per-phase medians over steps (mean over ranks), the slowest rank's NS time
 // over the mean, the exchange's achieved bytes/s against the raw a2a, and the
 // NS speedup against the smallest N of the run. Timings are the step
-// engine's phase timings (each phase ends in a synchronize).
+// engine's phase timings (on a device, GPU time between events around each
+// phase; on the host, wall time).
 //
 //   scaling_bench --shapes=4096x4096*4,14336x4096*8,... --ranks=1,2,4,8
 //                 [--device=cuda|cpu] [--precision=medium|highest|high]

@@ -252,7 +252,9 @@ class CudaBackend final : public Backend {
   // the record current when it is enqueued, so one event serves every call.
   cudaEvent_t order_event_ = nullptr;
   // TimeMark's events, created as first needed and reused after
-  // ClearTimeMarks: a step's phases need a few dozen at most.
+  // ClearTimeMarks: two per timed phase of a step, so a few per group (a
+  // thousand groups hold a few thousand events, ~100 bytes of host memory
+  // each).
   std::vector<cudaEvent_t> time_marks_;
   int time_marks_used_ = 0;
 };

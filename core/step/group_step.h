@@ -47,8 +47,9 @@
 // update their home replica computed: bitwise the update of D = 1.
 //
 // A1_i is PlanBuffers::stage1 (L_i itself where this rank assembles no A1_i),
-// A2_i is PlanBuffers::stage2. Each phase ends with a backend sync so its
-// wall time is real.
+// A2_i is PlanBuffers::stage2. A device's phases issue their work without a
+// host wait; each is timed by two events on the lane's PhaseClock, and the
+// commit waits once per lane (phase_clock.h).
 #include <set>
 #include <string>
 

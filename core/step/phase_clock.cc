@@ -26,7 +26,8 @@ absl::Status PhaseClock::Add(Backend& backend, Stamp from, Field field) {
   if (from.mark >= 0) {
     const absl::StatusOr<int> to = backend.TimeMark();
     if (to.ok()) {
-      spans_.push_back({&backend, from, {.mark = *to}, field});
+      spans_.push_back({&backend, from, {.mark = *to, .wall = absl::Time()},
+                        field});
       return absl::OkStatus();
     }
     // Its end could not be marked: the phase goes untimed, waited for as

@@ -8,7 +8,7 @@
 // at the step's end, waits for every backend the phases ran on once and adds
 // each phase's device time to its PhaseTimings field. On a backend without
 // marks (the CPU backend, whose calls return with their work done) a phase
-// is timed by the wall clock after a Synchronize, as before.
+// is timed by the wall clock after a Synchronize.
 #include <vector>
 
 #include "absl/status/status.h"

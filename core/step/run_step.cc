@@ -1,6 +1,8 @@
-// One step, decided by the whole job: the job vote (with the trainer's
-// verdict on a step sent before its checks), momentum, exchanges and NS into
-// scratch on every lane, the commit vote, then the commit.
+// One step, decided by the whole job: this rank's ballot (momentum into
+// scratch where the grads are checked in its pass, then NS where it needs no
+// exchange), the job vote (with the trainer's verdict on a step sent before
+// its checks), momentum, exchanges and NS into scratch on every lane, the
+// commit vote, then the commit.
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -65,10 +67,21 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
   // A rank of a domain never arrived: one comm timeout is all the step
   // costs (the job vote would wait a second one for the same rank).
   if (!abandoned_.ok()) return abandoned_;
+  // The phases issue their work without waiting for it (PhaseClock). The
+  // commit waits for its own; a step that ends before it, once a phase
+  // issued work, waits here, so that none of its work runs on after its
+  // answer. Not after a failed phase or an abandoned step, which waited for
+  // nothing before either: a collective a dead peer never joined may never
+  // finish.
+  bool wait_at_end = false;
+  absl::Cleanup drain = [&] {
+    if (wait_at_end && abandoned_.ok()) DrainLanes();
+  };
   if (mine.verdict == JobVerdict::kAgree && !MeasuresShapes()) {
     // A failure refuses the step here, in the vote: NS may have run part of
     // the way over L, so it must not run again on it after the vote.
     refusal = StartNsBeforeVote();
+    wait_at_end = refusal.ok();
     if (!refusal.ok()) {
       mine.verdict = JobVerdict::kRefuse;
       mine.code = RefusalCode::kOther;
@@ -115,14 +128,7 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
         return PrepareLane(lane, inputs, shape_times);
       },
       result.timings);
-  // The phases issue their work without waiting for it (PhaseClock). The
-  // commit waits for its own; a step that ends before it waits here, so that
-  // none of its work runs on after its answer. Not after a failed phase or an
-  // abandoned step, which waited for nothing before either: a collective a
-  // dead peer never joined may never finish.
-  absl::Cleanup drain = [&] {
-    if (prepared.ok() && abandoned_.ok()) DrainLanes();
-  };
+  wait_at_end = prepared.ok();
   // 4. Every rank's exchanges succeeded, or nobody writes anything. A peer
   // dying during this vote itself is the one window left: it may reach some
   // ranks and not others (no consensus protocol; docs/ARCHITECTURE.md).
@@ -159,10 +165,11 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
         absl::StrCat("step ", inputs.step_id, " was not applied on any rank: ",
                      DescribeRefusals(*committed), " in its exchanges"));
   }
-  // 5. The commit: local writes only.
+  // 5. The commit: local writes only; it waits for its lanes' work itself.
   RETURN_IF_ERROR(RunLanes(
       [&](Lane& lane, PhaseTimings& t) { return CommitLane(lane, inputs, t); },
       result.timings));
+  wait_at_end = false;
   result.ns_shapes = shape_times_.ByShape();
   result.timings.total_us = absl::ToDoubleMicroseconds(absl::Now() - start);
   return result;
@@ -171,7 +178,8 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
 absl::Status LayerShardedMuonImpl::TakeTrainerVerdict(const StepInputs& inputs,
                                                       JobBallot& mine) {
   // A step sent before its trainer's checks: they ran alongside this rank's
-  // ballot (the momentum phase, the domain agreements), which wrote nothing.
+  // ballot (the momentum phase, the domain agreements, NS where it needs no
+  // exchange), which wrote nothing but scratch.
   // A withdrawal outranks this rank's own refusal or skip, which may come
   // from memory the trainer was about to change; not a failed communicator.
   if (!inputs.await_trainer_verdict || inputs.replay ||

@@ -11,7 +11,9 @@
 
 namespace muond {
 
-// Microseconds per phase of one step, summed over groups.
+// Microseconds per phase of one step, summed over groups: on a device, the
+// GPU time between two events around the phase's work (phase_clock.h); on
+// the host, its wall time. total_us: the whole step's wall time.
 struct PhaseTimings {
   double momentum_us = 0;
   double a2a_fwd_us = 0;

@@ -54,8 +54,9 @@ DaemonMetrics::DaemonMetrics()
     : registry_(std::make_unique<MetricsRegistry>()),
       phase_seconds_(registry_->AddHistogram(
           "muond_step_phase_seconds",
-          "Wall time of each phase of an applied step on this rank (the "
-          "step's PhaseTimings; total = the whole step, votes included)",
+          "Time of each phase of an applied step on this rank (the step's "
+          "PhaseTimings: GPU time between events on a device, wall time on "
+          "the host; total = the whole step's wall time, votes included)",
           StepPhaseBuckets(), {"phase"})),
       steps_applied_(
           registry_

@@ -2,7 +2,7 @@
 // backend with time marks (a device queue, played here by a backend whose
 // "device" clock the test advances), waits once per backend at Finish, and
 // on a backend without marks (the CPU backend) times the wall clock after a
-// wait per phase, as the step did before.
+// wait per phase.
 #include "core/step/phase_clock.h"
 
 #include <vector>
