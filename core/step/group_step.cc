@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "core/step/exchange_stage.h"
 #include "core/step/variant_phase.h"
@@ -392,8 +393,16 @@ absl::Status NsBeforeVote(GroupState& group, const MuonOptions& options,
   }
   const GroupExchangePlan& plan = group.plan->plan;
   if (plan.has_stage1 || !plan.stage2.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(clock.Time(*group.backend, "lsmuon/ns", &PhaseTimings::ns_us,
-                             [&] { return NsPhase(group, options, nullptr); }));
+  const absl::Status ran =
+      clock.Time(*group.backend, "lsmuon/ns", &PhaseTimings::ns_us,
+                 [&] { return NsPhase(group, options, nullptr); });
+  if (!ran.ok()) {
+    return WithContext(
+        ran, absl::StrCat("group '", group.config.name,
+                          "': Newton-Schulz before the job vote failed (the "
+                          "step was not applied: params and momentum "
+                          "unchanged): "));
+  }
   group.ns_done = true;
   return absl::OkStatus();
 }

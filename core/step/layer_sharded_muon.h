@@ -141,8 +141,9 @@ struct StepOptions {
   // Per-shape NS timing (StepResult::ns_shapes) on device backends: every
   // this many steps (1 = every step, 0 = never). A measured step synchronises
   // the backend after each same-shape NS chunk (a host sync per chunk, where
-  // an unmeasured step's phases wait for nothing), so it is sampled. Host backends run
-  // synchronously and are measured every step at no extra cost (unless 0).
+  // an unmeasured step's phases wait for nothing), so it is sampled. Host
+  // backends run synchronously and are measured every step at no extra cost
+  // (unless 0).
   int ns_shape_timing_every = 10;
   // The job communicator: every daemon of the job (rank = the daemon's rank),
   // host memory. Each step votes on it twice, before anything changes (step,

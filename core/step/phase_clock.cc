@@ -4,6 +4,7 @@
 
 #include "absl/time/clock.h"
 #include "core/common/status_macros.h"
+#include "glog/logging.h"
 
 namespace muond {
 
@@ -26,8 +27,8 @@ absl::Status PhaseClock::Add(Backend& backend, Stamp from, Field field) {
   if (from.mark >= 0) {
     const absl::StatusOr<int> to = backend.TimeMark();
     if (to.ok()) {
-      spans_.push_back({&backend, from, {.mark = *to, .wall = absl::Time()},
-                        field});
+      spans_.push_back(
+          {&backend, from, {.mark = *to, .wall = absl::Time()}, field});
       return absl::OkStatus();
     }
     // Its end could not be marked: the phase goes untimed, waited for as
@@ -54,9 +55,16 @@ absl::Status PhaseClock::Finish(PhaseTimings& into) {
       into.*s.field += absl::ToDoubleMicroseconds(s.to.wall - s.from.wall);
       continue;
     }
-    ASSIGN_OR_RETURN(const double us,
-                     s.backend->MarkedUs(s.from.mark, s.to.mark));
-    into.*s.field += us;
+    // The step's work is done: a time that cannot be read leaves its phase
+    // untimed, it does not fail a step that was applied.
+    const absl::StatusOr<double> us =
+        s.backend->MarkedUs(s.from.mark, s.to.mark);
+    if (us.ok()) {
+      into.*s.field += *us;
+    } else {
+      LOG_FIRST_N(WARNING, 1)
+          << "a phase's time could not be read: " << us.status();
+    }
   }
   spans_.clear();
   return absl::OkStatus();

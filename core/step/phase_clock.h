@@ -40,7 +40,8 @@ class PhaseClock {
   }
 
   // Waits for the work of every backend a phase ran on, then adds each
-  // phase's time to `into`.
+  // phase's time to `into`. Fails only where the wait does (a time that
+  // cannot be read leaves its phase untimed: the step's work is done).
   absl::Status Finish(PhaseTimings& into);
 
   // Waits for the work of every backend a phase ran on, for a step that ends

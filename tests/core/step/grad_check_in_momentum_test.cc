@@ -77,6 +77,25 @@ class Recording final : public testing::DelegatingBackend {
     }
     return DelegatingBackend::RunGraph(key, work);
   }
+  // With `marks`, a device queue's time marks (as CUDA events): a mark
+  // follows a phase's work, so `unwaited` says that work issued since the
+  // last Synchronize may still run.
+  absl::StatusOr<int> TimeMark() override {
+    if (!marks) return DelegatingBackend::TimeMark();
+    unwaited = true;
+    return made_marks++;
+  }
+  absl::StatusOr<double> MarkedUs(int from, int to) override {
+    if (unwaited) return absl::FailedPreconditionError("read before a wait");
+    return double(to - from);
+  }
+  void ClearTimeMarks() override { made_marks = 0; }
+  absl::Status Synchronize() override {
+    unwaited = false;
+    return DelegatingBackend::Synchronize();
+  }
+  bool marks = false, unwaited = false;
+  int made_marks = 0;
   bool fail_next_graph = false;
   int checked = 0, unchecked = 0, graphs = 0;
   std::set<const void*> checked_grads;
@@ -380,6 +399,10 @@ TEST(GradCheckInMomentum, NsFailingBeforeTheVoteRefusesTheStep) {
   device.fail_next_graph = true;
   const absl::StatusOr<StepResult> failed = on_device.Step(2, {});
   EXPECT_TRUE(absl::IsInternal(failed.status())) << failed.status();
+  EXPECT_NE(failed.status().message().find(
+                "group 'fp32': Newton-Schulz before the job vote failed"),
+            std::string::npos)
+      << failed.status();
   EXPECT_EQ(device.graphs - before, 1) << "NS ran again after its failure";
   EXPECT_EQ(on_device.Values(), values);
   EXPECT_EQ(on_device.State(), state);
@@ -387,6 +410,48 @@ TEST(GradCheckInMomentum, NsFailingBeforeTheVoteRefusesTheStep) {
   ASSERT_TRUE(on_device.Step(2, {}).ok());
   EXPECT_EQ(on_device.Values(), on_cpu.Values());
   EXPECT_EQ(on_device.State(), on_cpu.State());
+}
+
+// On a device that times phases by marks (no wait after each), every step
+// still ends with its work waited for: a committed step at its commit, a
+// step refused or withdrawn after NS before the vote before it answers;
+// params and state as the CPU engine's throughout, and the phase times read
+// after the wait.
+TEST(GradCheckInMomentum, AStepWithMarkedPhasesEndsWithItsWorkWaitedFor) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Recording cpu(/*device=*/false), device(/*device=*/true);
+  device.marks = true;
+  Model on_cpu(&cpu, /*skip_nonfinite=*/false),
+      on_device(&device, /*skip_nonfinite=*/false);
+  auto go = [] { return absl::OkStatus(); };
+  auto withdraw = [] { return absl::FailedPreconditionError("a grad moved"); };
+  struct Case {
+    const char* what;
+    std::map<std::string, float> poison;
+    std::function<absl::Status()> verdict;
+    bool applied;
+  };
+  const Case cases[] = {{"finite", {}, go, true},
+                        {"withdrawn after NS", {}, withdraw, false},
+                        {"a NaN in fp32.w1", {{"fp32.w1", nan}}, go, false},
+                        {"sent again", {}, go, true}};
+  int step = 0;
+  for (const Case& c : cases) {
+    ++step;
+    const absl::StatusOr<StepResult> got =
+        on_device.Step(step, c.poison, {}, c.verdict);
+    EXPECT_EQ(got.ok(), c.applied) << c.what << ": " << got.status();
+    EXPECT_FALSE(device.unwaited) << c.what << ": work left running";
+    if (c.applied) {
+      ASSERT_TRUE(on_cpu.Step(step, c.poison).ok()) << c.what;
+      EXPECT_GT(got->timings.ns_us, 0) << c.what << ": NS untimed";
+    } else {
+      --step;  // sent again with the same grads
+    }
+    EXPECT_EQ(on_device.Values(), on_cpu.Values()) << c.what;
+    EXPECT_EQ(on_device.State(), on_cpu.State()) << c.what;
+  }
+  EXPECT_GT(device.made_marks, 0);
 }
 
 }  // namespace

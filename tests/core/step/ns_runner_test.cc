@@ -43,6 +43,17 @@ class CountingBackend final : public testing::DelegatingBackend {
     ++graph_runs;
     return DelegatingBackend::RunGraph(key, work);
   }
+  // Waits, and the waits before the last NS's normalisation (its first call).
+  int syncs = 0, syncs_before_normalize = -1;
+  absl::Status Synchronize() override {
+    ++syncs;
+    return DelegatingBackend::Synchronize();
+  }
+  absl::Status FrobeniusNormalize(const MatrixView& src, const MatrixView& dst,
+                                  int64_t batch, float eps) override {
+    if (syncs_before_normalize < 0) syncs_before_normalize = syncs;
+    return DelegatingBackend::FrobeniusNormalize(src, dst, batch, eps);
+  }
 };
 
 TEST(RunGraphTest, DefaultRunsWorkOnceAndReturnsItsStatus) {
@@ -170,8 +181,13 @@ TEST(NsRunnerTest, UnmeasuredRunIsOneRunGraphAndBitwiseTheReference) {
   EXPECT_EQ(direct_list.Flat(), want);
 
   ShapeTimes times;
+  backend.syncs = 0;
+  backend.syncs_before_normalize = -1;
   ASSERT_TRUE(runner.Run(options, measured_list.views, &times).ok());
   EXPECT_EQ(backend.graph_runs, 1);  // a measured Run keeps per-chunk syncs
+  // Its first chunk's time starts with the queue empty (the phases before
+  // it do not wait for their work).
+  EXPECT_EQ(backend.syncs_before_normalize, 1);
   EXPECT_EQ(measured_list.Flat(), want);
   int64_t counted = 0;
   for (const ShapeTiming& t : times.ByShape()) counted += t.count;
