@@ -346,18 +346,29 @@ TEST(GradCheckInMomentum, DoubleBufferedMomentumStepsAsRecomputed) {
   }
 }
 
+// A CPU and a device engine after one finite step each, with the device
+// engine's params and state then.
+struct AfterOneStep {
+  AfterOneStep() {
+    EXPECT_TRUE(on_cpu.Step(1, {}).ok());
+    EXPECT_TRUE(on_device.Step(1, {}).ok());
+    values = on_device.Values();
+    state = on_device.State();
+  }
+  Recording cpu{/*device=*/false}, device{/*device=*/true};
+  Model on_cpu{&cpu, /*skip_nonfinite=*/false},
+      on_device{&device, /*skip_nonfinite=*/false};
+  std::vector<std::vector<float>> values;
+  std::map<std::string, std::vector<float>> state;
+};
+
 // Where a device's momentum ran in the agreement and NS needs no exchange,
 // NS runs before the trainer's verdict (its device work fills that wait):
 // a withdrawn step still applies nothing, and the step sent again is
 // bitwise the CPU engine's, which runs NS after the vote.
 TEST(GradCheckInMomentum, NsRunsBeforeTheVerdictAndAWithdrawalAppliesNothing) {
-  Recording cpu(/*device=*/false), device(/*device=*/true);
-  Model on_cpu(&cpu, /*skip_nonfinite=*/false),
-      on_device(&device, /*skip_nonfinite=*/false);
-  ASSERT_TRUE(on_cpu.Step(1, {}).ok());
-  ASSERT_TRUE(on_device.Step(1, {}).ok());
-  const auto values = on_device.Values();
-  const auto state = on_device.State();
+  AfterOneStep t;
+  auto& [cpu, device, on_cpu, on_device, values, state] = t;
   int device_graphs = -1, cpu_graphs = -1;
   const int device_before = device.graphs, cpu_before = cpu.graphs;
   const absl::StatusOr<StepResult> withdrawn = on_device.Step(2, {}, {}, [&] {
@@ -388,13 +399,8 @@ TEST(GradCheckInMomentum, NsRunsBeforeTheVerdictAndAWithdrawalAppliesNothing) {
 // is not run again after the vote on an L it may have changed, and nothing
 // is applied; the step sent again is bitwise the CPU engine's.
 TEST(GradCheckInMomentum, NsFailingBeforeTheVoteRefusesTheStep) {
-  Recording cpu(/*device=*/false), device(/*device=*/true);
-  Model on_cpu(&cpu, /*skip_nonfinite=*/false),
-      on_device(&device, /*skip_nonfinite=*/false);
-  ASSERT_TRUE(on_cpu.Step(1, {}).ok());
-  ASSERT_TRUE(on_device.Step(1, {}).ok());
-  const auto values = on_device.Values();
-  const auto state = on_device.State();
+  AfterOneStep t;
+  auto& [cpu, device, on_cpu, on_device, values, state] = t;
   const int before = device.graphs;
   device.fail_next_graph = true;
   const absl::StatusOr<StepResult> failed = on_device.Step(2, {});
