@@ -460,7 +460,8 @@ class Backend {
   virtual absl::StatusOr<double> MarkedUs(int from, int to) {
     (void)from;
     (void)to;
-    return TimeMark().status();
+    return absl::UnimplementedError(
+        absl::StrCat(std::string(name()), " has no time marks"));
   }
   virtual void ClearTimeMarks() {}
 

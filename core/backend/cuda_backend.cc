@@ -210,8 +210,9 @@ absl::StatusOr<int> CudaBackend::TimeMark() {
     return absl::FailedPreconditionError(
         "time mark: the stream is being captured into a CUDA graph");
   }
-  cudaSetDevice(device_);
   if (time_marks_used_ == int(time_marks_.size())) {
+    // An event belongs to the device current at its creation.
+    cudaSetDevice(device_);
     cudaEvent_t event = nullptr;
     RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&event), "time mark"));
     time_marks_.push_back(event);

@@ -374,25 +374,32 @@ absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
   return within;
 }
 
+namespace {
+
+// Whether the plan moves shards between the ranks of the group's domain
+// around NS (a2a_fwd and a2a_bwd); without, every param is whole here.
+bool HasExchangeStages(const GroupExchangePlan& plan) {
+  return plan.has_stage1 || !plan.stage2.empty();
+}
+
+}  // namespace
+
 bool StreamsNsWithMomentum(const GroupState& group,
                            const ShapeTimes* shape_times) {
   const GroupExchangePlan& plan = group.plan->plan;
   return group.host_streams != nullptr && shape_times == nullptr &&
-         !plan.has_stage1 && plan.stage2.empty() &&
-         plan.ns_tp_complete.empty() && plan.ns_after_stage2.empty() &&
+         !HasExchangeStages(plan) && plan.ns_tp_complete.empty() &&
+         plan.ns_after_stage2.empty() &&
          plan.replicated.size() == group.params.size() &&
          group.config.domain.size.dp <= 1;
 }
 
 absl::Status NsBeforeVote(GroupState& group, const MuonOptions& options,
                           PhaseClock& clock) {
-  group.ns_done = false;
   if (!group.momentum_ready || !ChecksGradsInMomentum(group) ||
-      !group.plan.has_value()) {
+      !group.plan.has_value() || HasExchangeStages(group.plan->plan)) {
     return absl::OkStatus();
   }
-  const GroupExchangePlan& plan = group.plan->plan;
-  if (plan.has_stage1 || !plan.stage2.empty()) return absl::OkStatus();
   const absl::Status ran =
       clock.Time(*group.backend, "lsmuon/ns", &PhaseTimings::ns_us,
                  [&] { return NsPhase(group, options, nullptr); });
@@ -438,7 +445,7 @@ absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
     // A phase with nothing to do (no exchange in the plan) is not timed:
     // a thousand groups' empty phases would each cost two marks.
     const PlanBuffers& pb = *group.plan;
-    const bool exchanges = pb.plan.has_stage1 || !pb.plan.stage2.empty();
+    const bool exchanges = HasExchangeStages(pb.plan);
     if (exchanges) {
       RETURN_IF_ERROR(
           clock.Time(backend, "lsmuon/a2a_fwd", &PhaseTimings::a2a_fwd_us,

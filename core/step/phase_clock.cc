@@ -28,7 +28,7 @@ absl::Status PhaseClock::Add(Backend& backend, Stamp from, Field field) {
     const absl::StatusOr<int> to = backend.TimeMark();
     if (to.ok()) {
       spans_.push_back(
-          {&backend, from, {.mark = *to, .wall = absl::Time()}, field});
+          {.backend = &backend, .from = from.mark, .to = *to, .field = field});
       return absl::OkStatus();
     }
     // Its end could not be marked: the phase goes untimed, waited for as
@@ -38,7 +38,10 @@ absl::Status PhaseClock::Add(Backend& backend, Stamp from, Field field) {
   // No marks: wait, so that the wall time is the phase's (free on the CPU
   // backend).
   RETURN_IF_ERROR(backend.Synchronize());
-  spans_.push_back({&backend, from, {.mark = -1, .wall = absl::Now()}, field});
+  spans_.push_back(
+      {.backend = &backend,
+       .wall_us = absl::ToDoubleMicroseconds(absl::Now() - from.wall),
+       .field = field});
   return absl::OkStatus();
 }
 
@@ -51,14 +54,13 @@ absl::Status PhaseClock::WaitForBackends() {
 absl::Status PhaseClock::Finish(PhaseTimings& into) {
   RETURN_IF_ERROR(WaitForBackends());
   for (const Span& s : spans_) {
-    if (s.from.mark < 0) {
-      into.*s.field += absl::ToDoubleMicroseconds(s.to.wall - s.from.wall);
+    if (s.from < 0) {
+      into.*s.field += s.wall_us;
       continue;
     }
     // The step's work is done: a time that cannot be read leaves its phase
     // untimed, it does not fail a step that was applied.
-    const absl::StatusOr<double> us =
-        s.backend->MarkedUs(s.from.mark, s.to.mark);
+    const absl::StatusOr<double> us = s.backend->MarkedUs(s.from, s.to);
     if (us.ok()) {
       into.*s.field += *us;
     } else {

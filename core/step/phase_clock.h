@@ -49,15 +49,18 @@ class PhaseClock {
   absl::Status Drain();
 
  private:
-  // A point in a backend's queue: its time mark, or (mark < 0) the wall
-  // clock where the backend has none.
+  // A phase's start: its backend's time mark, or (mark < 0) the wall clock
+  // where the backend has none.
   struct Stamp {
     int mark = -1;
     absl::Time wall;
   };
+  // A timed phase: between two marks of `backend` (read at Finish), or
+  // (from < 0) `wall_us` of wall time.
   struct Span {
     Backend* backend;
-    Stamp from, to;
+    int from = -1, to = -1;
+    double wall_us = 0;
     Field field;
   };
 
