@@ -46,17 +46,25 @@ muond stores them) and scheduled as CoefficientSchedule does (cycle, or
 repeat the last tuple for polar_express, cans and deepseekv4).
 
 Usage (the committed table in core/muon/coefficients.cc is this output; about
-110 s of CPU on one core; needs numpy, which the repository's .venv has):
+80 s of CPU on one core; needs numpy, which the repository's .venv has):
   .venv/bin/python tools/gram_restart_tuner.py --max-steps 10
   .venv/bin/python tools/gram_restart_tuner.py --check   # exit 1 if the table differs
 """
 import argparse
 import itertools
+import os
 import pathlib
 import re
 import sys
 
-import numpy as np
+# One BLAS thread, set before numpy loads OpenBLAS: the products are at most
+# 256 x 640, too small to gain from a second thread, and OpenBLAS's threads
+# spin while they wait, so beside other busy processes (Bazel runs tests two
+# at a time on a 2-core machine) the run took 15x as long. A value the
+# caller set wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 
 ROOT = pathlib.Path(__file__).absolute().parent.parent
 COEFFS_CC = ROOT / "core/muon/coefficients.cc"

@@ -11,8 +11,6 @@ import pathlib
 import sys
 import unittest
 
-import numpy as np
-
 
 def _runfile(rel):
     for root in (os.environ.get("TEST_SRCDIR", ""), os.getcwd()):
@@ -24,9 +22,8 @@ def _runfile(rel):
 
 
 # Bazel's test sharding: the table's rows are split over the shards, and the
-# other tests too, one per shard in turn (together they cost as much as a
-# shard's rows: kept in one shard, that shard ran past 700 s on a loaded
-# 2-core machine).
+# other tests too, one per shard in turn (together they cost about as much as
+# a shard's rows).
 SHARD = int(os.environ.get("TEST_SHARD_INDEX", "0"))
 SHARDS = int(os.environ.get("TEST_TOTAL_SHARDS", "1"))
 if os.environ.get("TEST_SHARD_STATUS_FILE"):
@@ -35,7 +32,9 @@ if os.environ.get("TEST_SHARD_STATUS_FILE"):
 TUNER = _runfile("tools/gram_restart_tuner.py")
 COEFFS = _runfile("core/muon/coefficients.cc")
 sys.path.insert(0, str(TUNER.parent))
+# The tuner first: it sets numpy's BLAS threads before numpy loads.
 import gram_restart_tuner as tuner  # noqa: E402
+import numpy as np  # noqa: E402
 
 # gram_newton_schulz/coefficients.py POLAR_EXPRESS_COEFFICIENTS (arXiv
 # 2505.16932 with the peer's 1.05 safety factor); the peer's tuner answers
