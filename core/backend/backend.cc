@@ -27,19 +27,33 @@ absl::Status Backend::CheckedMuonMomentumBatch(
     absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
     absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
     absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
-    float grad_limit) {
+    float grad_limit, int slot) {
+  RETURN_IF_ERROR(CheckGradCheckSlot(slot, grad_check_slots()));
   if (!grads.empty()) {
     ASSIGN_OR_RETURN(const bool within, AllFiniteBelow(grads, grad_limit));
-    checked_grads_out_of_range_ = checked_grads_out_of_range_ || !within;
+    if (checked_grads_out_of_range_.size() <= size_t(slot)) {
+      checked_grads_out_of_range_.resize(slot + 1, false);
+    }
+    if (!within) checked_grads_out_of_range_[slot] = true;
   }
   return MuonMomentumBatch(grads, momenta_in, momenta_out, beta, nesterov, outs,
                            scales);
 }
 
-absl::StatusOr<bool> Backend::TakeGradCheck() {
-  const bool within = !checked_grads_out_of_range_;
-  checked_grads_out_of_range_ = false;
+absl::StatusOr<std::vector<bool>> Backend::TakeGradChecks(int slots) {
+  RETURN_IF_ERROR(CheckGradCheckSlots(slots, grad_check_slots()));
+  std::vector<bool> within(slots, true);
+  for (int k = 0; k < slots && size_t(k) < checked_grads_out_of_range_.size();
+       ++k) {
+    within[k] = !checked_grads_out_of_range_[k];
+    checked_grads_out_of_range_[k] = false;
+  }
   return within;
+}
+
+absl::StatusOr<bool> Backend::TakeGradCheck() {
+  ASSIGN_OR_RETURN(const std::vector<bool> within, TakeGradChecks(1));
+  return within[0];
 }
 
 absl::Status Backend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
@@ -207,6 +221,24 @@ absl::Status CheckView(const MatrixView& v, std::string_view what) {
   if (v.numel() > 0 && v.data == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(what), ": data is null for a non-empty view"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGradCheckSlot(int slot, int count) {
+  if (slot < 0 || slot >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checked momentum: grad check slot ", slot,
+                     " is outside [0, ", count, ") (grad_check_slots)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGradCheckSlots(int slots, int count) {
+  if (slots < 1 || slots > count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad checks: ", slots, " slots asked for, outside [1, ",
+                     count, "] (grad_check_slots)"));
   }
   return absl::OkStatus();
 }

@@ -315,21 +315,31 @@ class Backend {
     return MuonMomentumBatch(grads, momenta, momenta, beta, nesterov, outs);
   }
   // MuonMomentumBatch that also checks every grad it reads (no NaN or +-Inf,
-  // |g| < grad_limit: AllFiniteBelow's test) for TakeGradCheck, so the step's
-  // "every gradient is finite" vote costs no read of its own. Bitwise
-  // MuonMomentumBatch's outputs. The default runs AllFiniteBelow, then
-  // MuonMomentumBatch; CUDA compares in the momentum kernels as they load.
+  // |g| < grad_limit: AllFiniteBelow's test) for TakeGradChecks, so the
+  // step's "every gradient is finite" vote costs no read of its own. Bitwise
+  // MuonMomentumBatch's outputs. The finding goes to check slot `slot`
+  // (0 <= slot < grad_check_slots()): the step engine gives each group a slot
+  // and takes every group's finding with one wait. The default runs
+  // AllFiniteBelow, then MuonMomentumBatch; CUDA compares in the momentum
+  // kernels as they load.
   virtual absl::Status CheckedMuonMomentumBatch(
       absl::Span<const MatrixView> grads,
       absl::Span<const MatrixView> momenta_in,
       absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
       absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
-      float grad_limit);
-  // Whether every grad the CheckedMuonMomentumBatch calls read since the
-  // last TakeGradCheck was within its limit; the next call starts afresh.
-  // CUDA waits for those calls' kernels (one synchronisation); the default's
-  // finding is its AllFiniteBelow's, which waited already.
-  virtual absl::StatusOr<bool> TakeGradCheck();
+      float grad_limit, int slot);
+  // How many check slots CheckedMuonMomentumBatch may write before a
+  // TakeGradChecks.
+  virtual int grad_check_slots() const { return kDefaultGradCheckSlots; }
+  // For slots [0, `slots`): whether every grad the CheckedMuonMomentumBatch
+  // calls into that slot read since the last take was within its limit
+  // (true for a slot no call wrote); those slots start afresh. CUDA waits
+  // once for those calls' kernels; the default's findings are its
+  // AllFiniteBelow's, which waited already.
+  virtual absl::StatusOr<std::vector<bool>> TakeGradChecks(int slots);
+  // TakeGradChecks of slot 0 alone.
+  absl::StatusOr<bool> TakeGradCheck();
+  static constexpr int kDefaultGradCheckSlots = 1024;
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in
   // the param's dtype (fp32, bf16 or fp16) with one rounding. update is fp32,
   // bf16 or fp16 (the Newton–Schulz output, unscaled: `lr` is the adjusted lr,
@@ -510,8 +520,9 @@ class Backend {
   virtual void PopRange() {}
 
  private:
-  // The default CheckedMuonMomentumBatch's finding, for TakeGradCheck.
-  bool checked_grads_out_of_range_ = false;
+  // The default CheckedMuonMomentumBatch's findings by slot (true: a grad
+  // out of range), for TakeGradChecks.
+  std::vector<bool> checked_grads_out_of_range_;
 };
 
 // ---- argument checks shared by the implementations ------------------------
@@ -540,6 +551,10 @@ absl::Status CheckMomentum(const MatrixView& grad,
                            const MatrixView& momentum_out,
                            const MatrixView& out,
                            const BlockScales& scales = {});
+// CheckedMuonMomentumBatch's slot is in [0, count); TakeGradChecks' `slots`
+// in [1, count].
+absl::Status CheckGradCheckSlot(int slot, int count);
+absl::Status CheckGradCheckSlots(int slots, int count);
 // The four spans of MuonMomentumBatch have the same length; scales has it
 // too or is empty.
 absl::Status CheckMomentumBatch(absl::Span<const MatrixView> grads,

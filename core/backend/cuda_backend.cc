@@ -50,12 +50,12 @@ absl::Status CudaBackend::Init() {
   RETURN_IF_ERROR(CudaStatus(
       cudaMalloc(&partials_, sizeof(double) * cuda_kernels::kNormPartials),
       "cudaMalloc"));
+  constexpr size_t kFlagBytes = (1 + kDefaultGradCheckSlots) * sizeof(int);
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&flag_, kFlagBytes), "cudaMalloc"));
   RETURN_IF_ERROR(
-      CudaStatus(cudaMalloc(&flag_, 2 * sizeof(int)), "cudaMalloc"));
-  RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&host_flag_, 2 * sizeof(int)),
-                             "cudaMallocHost"));
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemsetAsync(flag_, 0, 2 * sizeof(int), stream_), "cudaMemsetAsync"));
+      CudaStatus(cudaMallocHost(&host_flag_, kFlagBytes), "cudaMallocHost"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(flag_, 0, kFlagBytes, stream_),
+                             "cudaMemsetAsync"));
   RETURN_IF_ERROR(CudaStatus(
       cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming),
       "cudaEventCreate"));

@@ -60,21 +60,25 @@ absl::Status CudaBackend::CheckedMuonMomentumBatch(
     absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
     absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
     absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
-    float grad_limit) {
+    float grad_limit, int slot) {
+  RETURN_IF_ERROR(CheckGradCheckSlot(slot, grad_check_slots()));
   return MomentumBatch(grads, momenta_in, momenta_out, beta, nesterov, outs,
-                       scales, {grad_limit, flag_ + 1});
+                       scales, {grad_limit, flag_ + 1 + slot});
 }
 
-absl::StatusOr<bool> CudaBackend::TakeGradCheck() {
+absl::StatusOr<std::vector<bool>> CudaBackend::TakeGradChecks(int slots) {
+  RETURN_IF_ERROR(CheckGradCheckSlots(slots, grad_check_slots()));
+  const size_t bytes = size_t(slots) * sizeof(int);
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host_flag_ + 1, flag_ + 1, bytes,
+                                             cudaMemcpyDeviceToHost, stream_),
+                             "grad check"));
   RETURN_IF_ERROR(
-      CudaStatus(cudaMemcpyAsync(host_flag_ + 1, flag_ + 1, sizeof(int),
-                                 cudaMemcpyDeviceToHost, stream_),
-                 "grad check"));
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemsetAsync(flag_ + 1, 0, sizeof(int), stream_), "grad check"));
+      CudaStatus(cudaMemsetAsync(flag_ + 1, 0, bytes, stream_), "grad check"));
   RETURN_IF_ERROR(
       CudaStatus(cudaStreamSynchronize(stream_), "grad check sync"));
-  return host_flag_[1] == 0;
+  std::vector<bool> within(slots);
+  for (int k = 0; k < slots; ++k) within[k] = host_flag_[1 + k] == 0;
+  return within;
 }
 
 absl::Status CudaBackend::MomentumBatch(

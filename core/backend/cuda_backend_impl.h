@@ -141,8 +141,8 @@ class CudaBackend final : public Backend {
       absl::Span<const MatrixView> momenta_in,
       absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
       absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
-      float grad_limit) override;
-  absl::StatusOr<bool> TakeGradCheck() override;
+      float grad_limit, int slot) override;
+  absl::StatusOr<std::vector<bool>> TakeGradChecks(int slots) override;
   absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                 absl::Span<const MatrixView> updates,
                                 absl::Span<const float> lrs, float decay,
@@ -236,8 +236,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t handle_ = nullptr;
   void* cublas_workspace_ = nullptr;
   double* partials_ = nullptr;
-  // [0]: AllFiniteBelow's flag; [1]: the momentum kernels' GradCheck flag,
-  // set across a step's CheckedMuonMomentumBatch calls until TakeGradCheck.
+  // [0]: AllFiniteBelow's flag; [1 + slot]: the momentum kernels' GradCheck
+  // flag of each check slot, set by CheckedMuonMomentumBatch calls until
+  // TakeGradChecks (1 + kDefaultGradCheckSlots ints, 4 KiB).
   int* flag_ = nullptr;
   int* host_flag_ = nullptr;
   // The momentum kernels' batch, checked (GradCheck) or not.

@@ -38,6 +38,8 @@ struct NsCoefficients {
   float a = 0.0f;
   float b = 0.0f;
   float c = 0.0f;
+
+  bool operator==(const NsCoefficients&) const = default;
 };
 
 enum class CoefficientIterMode : int32_t { kCycle = 0, kRepeatLast = 1 };

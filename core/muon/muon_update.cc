@@ -156,16 +156,16 @@ absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     absl::Span<const MatrixView> momenta_out,
                                     absl::Span<const MatrixView> ns_inputs,
                                     absl::Span<const BlockScales> scales,
-                                    std::optional<float> grad_limit) {
+                                    std::optional<MomentumGradCheck> check) {
   for (absl::Span<const MatrixView> momenta : {momenta_in, momenta_out}) {
     for (const MatrixView& momentum : momenta) {
       RETURN_IF_ERROR(CheckMomentumDType(options, momentum));
     }
   }
-  if (grad_limit.has_value()) {
-    return backend.CheckedMuonMomentumBatch(grads, momenta_in, momenta_out,
-                                            options.momentum, options.nesterov,
-                                            ns_inputs, scales, *grad_limit);
+  if (check.has_value()) {
+    return backend.CheckedMuonMomentumBatch(
+        grads, momenta_in, momenta_out, options.momentum, options.nesterov,
+        ns_inputs, scales, check->limit, check->slot);
   }
   return backend.MuonMomentumBatch(grads, momenta_in, momenta_out,
                                    options.momentum, options.nesterov,

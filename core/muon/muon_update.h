@@ -113,15 +113,20 @@ absl::Status MuonMomentumPhase(Backend& backend, const MuonOptions& options,
 // written to momenta_out[i], which is momenta_in[i] (in place) or a buffer
 // of its own (the step engine's staged momentum: no copy of the state).
 // scales: fp8_e4m3 state's block scales, one per param (empty otherwise).
-// With `grad_limit` the grads are also checked against it as they are read
-// (Backend::CheckedMuonMomentumBatch; the finding is TakeGradCheck's).
+// With `check` the grads are also checked against its limit as they are read
+// (Backend::CheckedMuonMomentumBatch; the finding is TakeGradChecks' of its
+// slot).
+struct MomentumGradCheck {
+  float limit = 0.0f;
+  int slot = 0;
+};
 absl::Status MuonMomentumPhaseBatch(
     Backend& backend, const MuonOptions& options,
     absl::Span<const MatrixView> grads, absl::Span<const MatrixView> momenta_in,
     absl::Span<const MatrixView> momenta_out,
     absl::Span<const MatrixView> ns_inputs,
     absl::Span<const BlockScales> scales = {},
-    std::optional<float> grad_limit = std::nullopt);
+    std::optional<MomentumGradCheck> check = std::nullopt);
 // In place.
 absl::Status MuonMomentumPhaseBatch(Backend& backend,
                                     const MuonOptions& options,

@@ -94,6 +94,8 @@ struct NsOptions {
   // (>= 1, one number for all sizes); 0 = the measured size-aware default
   // (DefaultGramMinAspectRatio: 2.5 below a short side of 1536, else 1.5).
   double gram_min_aspect_ratio = 0.0;
+
+  bool operator==(const NsOptions&) const = default;
 };
 
 // The dtype Newton–Schulz iterates in for `precision`: bf16 for kMedium,

@@ -2,6 +2,8 @@
 // homes version, what the step does to the group, that replicas hold the
 // same gradients) and the plan of the agreed homes.
 #include <algorithm>
+#include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,29 +26,95 @@
 namespace muond {
 namespace {
 
-// This rank's "every grad of the group within GradLimit" finding: read in
-// the momentum kernels' pass where the group ChecksGradsInMomentum and the
-// step's local checks passed (`momentum_now`), else by a read of its own.
-absl::StatusOr<bool> GradsWithinLimitOf(GroupState& group,
-                                        const StepInputs& inputs,
-                                        StepResult& result, bool momentum_now) {
-  if (!momentum_now || !ChecksGradsInMomentum(group)) {
-    return GradsWithinLimit(group, inputs.skip_params);
+// This rank's "every grad of the group within GradLimit" finding for every
+// group (index as the engine's groups). Where the group ChecksGradsInMomentum
+// and the step's local checks passed (`momentum_now`) it is read in the
+// momentum kernels' pass: each such group writes a check slot of its
+// backend, and one TakeGradChecks per backend (per grad_check_slots() groups)
+// takes them all, so a thousand groups wait once, not once each. Elsewhere,
+// or where that momentum phase failed, by a read of its own.
+class LocalGradFindings {
+ public:
+  LocalGradFindings(std::vector<GroupState>& groups, const StepInputs& inputs,
+                    StepResult& result)
+      : groups_(groups),
+        inputs_(inputs),
+        result_(result),
+        findings_(groups.size(), true) {}
+
+  std::vector<absl::StatusOr<bool>> Take(bool momentum_now) && {
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      GroupState& group = groups_[gi];
+      if (!momentum_now || !ChecksGradsInMomentum(group)) {
+        findings_[gi] = GradsWithinLimit(group, inputs_.skip_params);
+        continue;
+      }
+      Pending& pending = pending_[group.backend];
+      if (int(pending.groups.size()) == group.backend->grad_check_slots()) {
+        TakeSlots(*group.backend, pending);
+      }
+      const absl::Time start = absl::Now();
+      const absl::Status issued =
+          MomentumWithGradCheck(group, group.step_muon, inputs_.skip_params,
+                                {GradLimit(group), int(pending.groups.size())});
+      result_.timings.momentum_us +=
+          absl::ToDoubleMicroseconds(absl::Now() - start);
+      // A failed call keeps its slot, which it may have written to part of
+      // the way; its finding is not taken from it.
+      pending.groups.push_back(gi);
+      if (!issued.ok()) {
+        pending.failed.insert(gi);
+        ReadOwnInstead(gi, issued);
+      }
+    }
+    for (auto& [backend, pending] : pending_) TakeSlots(*backend, pending);
+    return std::move(findings_);
   }
-  const absl::Time start = absl::Now();
-  absl::StatusOr<bool> within = MomentumWithGradCheck(
-      group, group.step_muon, inputs.skip_params, GradLimit(group));
-  result.timings.momentum_us += absl::ToDoubleMicroseconds(absl::Now() - start);
-  if (within.ok()) return within;
+
+ private:
+  struct Pending {
+    std::vector<size_t> groups;  // by slot
+    std::set<size_t> failed;
+  };
+
   // The momentum phase's own failure is the step's, as it was where the
   // phase runs after the vote: the check reads the grads itself, and
   // PrepareMuonGroup runs the phase again and refuses in the commit vote.
-  LOG(WARNING) << "group '" << group.config.name
-               << "': the momentum phase in the domain agreement failed ("
-               << within.status()
-               << "); checking the grads by a read of their own";
-  return GradsWithinLimit(group, inputs.skip_params);
-}
+  void ReadOwnInstead(size_t gi, const absl::Status& why) {
+    GroupState& group = groups_[gi];
+    LOG(WARNING) << "group '" << group.config.name
+                 << "': the momentum phase in the domain agreement failed ("
+                 << why << "); checking the grads by a read of their own";
+    findings_[gi] = GradsWithinLimit(group, inputs_.skip_params);
+  }
+
+  // Takes the findings of `pending`'s slots (one wait) and frees them.
+  void TakeSlots(Backend& backend, Pending& pending) {
+    if (pending.groups.empty()) return;
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::vector<bool>> within =
+        backend.TakeGradChecks(int(pending.groups.size()));
+    result_.timings.momentum_us +=
+        absl::ToDoubleMicroseconds(absl::Now() - start);
+    for (size_t slot = 0; slot < pending.groups.size(); ++slot) {
+      const size_t gi = pending.groups[slot];
+      if (pending.failed.contains(gi)) continue;
+      if (!within.ok()) {
+        ReadOwnInstead(gi, within.status());
+        continue;
+      }
+      findings_[gi] = bool((*within)[slot]);
+      groups_[gi].momentum_ready = true;
+    }
+    pending = {};
+  }
+
+  std::vector<GroupState>& groups_;
+  const StepInputs& inputs_;
+  StepResult& result_;
+  std::vector<absl::StatusOr<bool>> findings_;
+  std::map<Backend*, Pending> pending_;
+};
 
 }  // namespace
 
@@ -60,56 +128,75 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
   // an error in one group (even a communicator's) must not skip the
   // agreements of the groups after it, whose peers would wait for them.
   absl::Status refused;
+  // A step that stopped after them left them set.
   for (GroupState& group : groups_) {
-    DomainVote mine;
-    // A rank whose registered memory failed its check (RefusalCode::kMemory:
-    // a shrunk shm object would raise SIGBUS) reads no grad; it still takes
-    // part in the collectives and refuses through the job vote.
-    // A step that stopped after them left them set.
     group.momentum_ready = false;
     group.ns_done = false;
-    absl::StatusOr<bool> finite =
-        read_grads ? GradsWithinLimitOf(group, inputs, result, momentum_now)
-                   : absl::StatusOr<bool>(true);
+  }
+  // A rank whose registered memory failed its check (RefusalCode::kMemory:
+  // a shrunk shm object would raise SIGBUS) reads no grad; it still takes
+  // part in the collectives and refuses through the job vote.
+  std::vector<absl::StatusOr<bool>> findings =
+      read_grads ? LocalGradFindings(groups_, inputs, result).Take(momentum_now)
+                 : std::vector<absl::StatusOr<bool>>(groups_.size(), true);
+  // This rank's vote in every group's agreement.
+  std::vector<GroupVote> votes(groups_.size());
+  std::vector<GroupStepSummary> summaries;
+  std::vector<std::vector<std::string>> local_bad(groups_.size());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    GroupState& group = groups_[gi];
+    DomainVote& mine = votes[gi].vote;
+    const absl::StatusOr<bool>& finite = findings[gi];
     if (!finite.ok() && refused.ok()) refused = finite.status();
     mine.all_finite = finite.value_or(false);
     mine.homes_version = group.homes.newest();
     mine.oldest_held = group.homes.oldest();
-    const GroupStepSummary summary = SummarizeGroupStep(group, inputs);
+    const GroupStepSummary& summary =
+        summaries.emplace_back(SummarizeGroupStep(group, inputs));
     mine.skip_min = mine.skip_max = StepFingerprint(summary.skips);
     mine.hyper_min = mine.hyper_max = StepFingerprint(summary.hyper);
     if (read_grads) mine.grads = GradFingerprint(group, inputs.skip_params);
-    std::vector<std::string> local_bad;
     if (finite.ok() && !mine.all_finite) {
       absl::StatusOr<std::vector<std::string>> names =
           BadGradNames(group, inputs.skip_params);
       if (!names.ok() && refused.ok()) refused = names.status();
-      local_bad = names.value_or(std::vector<std::string>{group.config.name});
+      local_bad[gi] =
+          names.value_or(std::vector<std::string>{group.config.name});
     }
-    float* scratch =
+    votes[gi].backend = group.backend;
+    votes[gi].dp = group.config.domain.dp;
+    votes[gi].gtp = group.config.domain.gtp;
+    votes[gi].tp = group.config.domain.tp;
+    votes[gi].scratch =
         static_cast<float*>(lanes_[group.lane].vote_scratch.data());
-    const absl::Time asked = absl::Now();
-    std::vector<uint64_t> replica_grads;
-    absl::StatusOr<DomainVote> agreed = GatherDomainVotes(
-        *group.backend, group.config.domain, scratch, mine, &replica_grads);
-    if (absl::IsDeadlineExceeded(agreed.status())) {
-      // A rank of the domain never arrived. Waiting on in the next groups'
-      // agreements and in the job vote would cost one more comm timeout
-      // each; the step is lost anyway (that rank cannot vote).
-      return AbandonStep(DidNotJoin(
-          agreed.status(), "a peer rank of the domain", inputs.step_id,
-          absl::StrCat("the domain agreement of group '", group.config.name,
-                       "'"),
-          absl::Now() - asked));
-    }
-    if (!agreed.ok()) {
-      if (refused.ok()) refused = agreed.status();
+  }
+  const absl::Time asked = absl::Now();
+  size_t timed_out = 0;
+  const absl::Status gathered =
+      GatherDomainVotesOfGroups(absl::MakeSpan(votes), &timed_out);
+  if (absl::IsDeadlineExceeded(gathered)) {
+    // A rank of the domain never arrived. Waiting on in the next
+    // agreements and in the job vote would cost one more comm timeout each;
+    // the step is lost anyway (that rank cannot vote).
+    return AbandonStep(
+        DidNotJoin(gathered, "a peer rank of the domain", inputs.step_id,
+                   absl::StrCat("the domain agreement of group '",
+                                groups_[timed_out].config.name, "'"),
+                   absl::Now() - asked));
+  }
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    GroupState& group = groups_[gi];
+    const GroupVote& vote = votes[gi];
+    if (!vote.status.ok()) {
+      if (refused.ok()) refused = vote.status;
       continue;
     }
+    const DomainVote* agreed = &vote.vote;
+    const GroupStepSummary& summary = summaries[gi];
     // A non-finite gradient on another rank of the domain is that rank's to
     // report: it refuses (or skips) in the job vote, and this rank's answer
     // then names it, instead of a refusal of its own that names nobody.
-    bad.insert(bad.end(), local_bad.begin(), local_bad.end());
+    bad.insert(bad.end(), local_bad[gi].begin(), local_bad[gi].end());
     if (refused.ok()) {
       refused = CheckStepAgreed(*agreed, group.config.name,
                                 EchoAll(summary.skips), summary.hyper);
@@ -117,7 +204,7 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
     if (refused.ok()) {
       const DomainBinding& d = group.config.domain;
       refused = CheckReplicaGradsAgreed(*agreed, group.config.name, d.g, d.t,
-                                        replica_grads);
+                                        vote.replica_grads);
     }
     if (group.config.algorithm != Algorithm::kMuon || !refused.ok()) continue;
     // Every rank sees the same gathered votes, so every rank of the domain

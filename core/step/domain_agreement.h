@@ -53,7 +53,7 @@ struct DomainVote {
   uint64_t hyper_min = 0, hyper_max = 0;
   // Mine: the fingerprint of my gradients of the group (0: not taken, as on
   // device backends or with memory this rank must not read). Never folded:
-  // only the DP group's gather compares it (GatherDomainVotes).
+  // only the DP group's gather compares it (GatherDomainVotesOfGroups).
   uint64_t grads = 0;
   // Agreed: every DP group of the domain brought one gradient fingerprint
   // (ranks that took none aside).

@@ -1,5 +1,6 @@
 #include "core/step/gather_domain_votes.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -7,42 +8,94 @@
 
 namespace muond {
 
-int64_t DomainVoteScratchFloats(int64_t largest_comm) {
-  return kDomainVoteFloats * (1 + largest_comm);
+int64_t DomainVoteScratchFloats(int64_t largest_comm, int64_t groups) {
+  return kDomainVoteFloats * groups * (1 + largest_comm);
 }
 
-absl::StatusOr<DomainVote> GatherDomainVotes(
-    Backend& backend, const DomainBinding& domain, float* scratch,
-    DomainVote mine, std::vector<uint64_t>* replica_grads) {
-  if (replica_grads != nullptr) *replica_grads = {mine.grads};
-  // The DP group first: its gather alone holds the replicas' own gradient
-  // fingerprints; the others carry on whether they agreed.
-  for (Communicator* comm : {domain.dp, domain.gtp, domain.tp}) {
-    if (comm == nullptr || comm->size() <= 1) continue;
-    const auto local = EncodeDomainVote(mine);
-    RETURN_IF_ERROR(backend.CopyFromHost(scratch, local.data(),
-                                         sizeof(float) * local.size()));
-    RETURN_IF_ERROR(comm->AllGather(scratch, kDomainVoteFloats,
-                                    scratch + kDomainVoteFloats,
-                                    DType::kFloat32));
-    RETURN_IF_ERROR(comm->Wait());
-    std::vector<float> gathered(kDomainVoteFloats * comm->size());
-    RETURN_IF_ERROR(backend.CopyToHost(gathered.data(),
-                                       scratch + kDomainVoteFloats,
-                                       gathered.size() * sizeof(float)));
-    if (comm == domain.dp) {
+namespace {
+
+// The groups' communicator at each stage, in the order the fold goes.
+constexpr Communicator* GroupVote::*kStages[] = {
+    &GroupVote::dp, &GroupVote::gtp, &GroupVote::tp};
+
+// One all_gather on `comm` of the votes of `members` (indices into
+// `groups`), folded into each; at the dp stage, each member's replica
+// fingerprints too.
+absl::Status GatherOn(Communicator& comm, bool dp_stage,
+                      absl::Span<GroupVote> groups,
+                      const std::vector<size_t>& members) {
+  const size_t n = members.size();
+  const size_t per_rank = n * kDomainVoteFloats;
+  std::vector<float> local(per_rank);
+  for (size_t k = 0; k < n; ++k) {
+    const auto vote = EncodeDomainVote(groups[members[k]].vote);
+    std::copy(vote.begin(), vote.end(), local.begin() + k * kDomainVoteFloats);
+  }
+  GroupVote& first = groups[members.front()];
+  Backend& backend = *first.backend;
+  float* scratch = first.scratch;
+  RETURN_IF_ERROR(
+      backend.CopyFromHost(scratch, local.data(), sizeof(float) * per_rank));
+  RETURN_IF_ERROR(comm.AllGather(scratch, int64_t(per_rank), scratch + per_rank,
+                                 DType::kFloat32));
+  RETURN_IF_ERROR(comm.Wait());
+  std::vector<float> gathered(per_rank * comm.size());
+  RETURN_IF_ERROR(backend.CopyToHost(gathered.data(), scratch + per_rank,
+                                     gathered.size() * sizeof(float)));
+  std::vector<float> of_group(kDomainVoteFloats * comm.size());
+  for (size_t k = 0; k < n; ++k) {
+    for (int r = 0; r < comm.size(); ++r) {
+      const auto from = gathered.begin() + r * per_rank + k * kDomainVoteFloats;
+      std::copy(from, from + kDomainVoteFloats,
+                of_group.begin() + r * kDomainVoteFloats);
+    }
+    GroupVote& group = groups[members[k]];
+    if (dp_stage) {
       std::vector<uint64_t> grads;
-      for (size_t at = 0; at < gathered.size(); at += kDomainVoteFloats) {
-        grads.push_back(DecodeDomainVote(absl::MakeConstSpan(gathered).subspan(
+      for (size_t at = 0; at < of_group.size(); at += kDomainVoteFloats) {
+        grads.push_back(DecodeDomainVote(absl::MakeConstSpan(of_group).subspan(
                                              at, kDomainVoteFloats))
                             .grads);
       }
-      mine.replicas_agree = mine.replicas_agree && ReplicaGradsAgree(grads);
-      if (replica_grads != nullptr) *replica_grads = std::move(grads);
+      group.vote.replicas_agree =
+          group.vote.replicas_agree && ReplicaGradsAgree(grads);
+      group.replica_grads = std::move(grads);
     }
-    mine = FoldDomainVotes(mine, gathered);
+    group.vote = FoldDomainVotes(group.vote, of_group);
   }
-  return mine;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GatherDomainVotesOfGroups(absl::Span<GroupVote> groups,
+                                       size_t* timed_out) {
+  for (GroupVote& group : groups) group.replica_grads = {group.vote.grads};
+  for (Communicator* GroupVote::*stage : kStages) {
+    // Communicators in order of their first group; each with its groups.
+    std::vector<std::pair<Communicator*, std::vector<size_t>>> batches;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      Communicator* comm = groups[gi].*stage;
+      if (comm == nullptr || comm->size() <= 1) continue;
+      auto it = std::find_if(batches.begin(), batches.end(),
+                             [&](const auto& b) { return b.first == comm; });
+      if (it == batches.end()) {
+        batches.push_back({comm, {gi}});
+      } else {
+        it->second.push_back(gi);
+      }
+    }
+    for (const auto& [comm, members] : batches) {
+      const absl::Status gathered =
+          GatherOn(*comm, stage == &GroupVote::dp, groups, members);
+      if (absl::IsDeadlineExceeded(gathered)) {
+        *timed_out = members.front();
+        return gathered;
+      }
+      for (size_t gi : members) groups[gi].status.Update(gathered);
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muond

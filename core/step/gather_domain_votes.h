@@ -1,32 +1,62 @@
 #pragma once
 // The collective half of the per-step domain agreement (domain_agreement.h):
-// one all_gather of every rank's DomainVote over the group's dp communicator
-// (the replicas of this rank's shard, which compare their gradient
-// fingerprints there), then (carrying that fold) over its gtp_remat
+// for each group, an all_gather of every rank's DomainVote over the group's
+// dp communicator (the replicas of this rank's shard, which compare their
+// gradient fingerprints there), then (carrying that fold) over its gtp_remat
 // communicator, then over its tp communicator: the fold reaches the whole
-// domain, so every rank learns whether any shard's replicas differ.
+// domain, so every rank learns whether any shard's replicas differ. The
+// groups that use one communicator at a stage share one all_gather.
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "core/backend/backend.h"
+#include "core/comm/communicator.h"
 #include "core/step/domain_agreement.h"
-#include "core/step/layer_sharded_muon.h"
 
 namespace muond {
 
-// Floats of the scratch GatherDomainVotes needs for communicators of up to
-// `largest_comm` ranks: the rank's own vote, then the gathered ones.
-int64_t DomainVoteScratchFloats(int64_t largest_comm);
+// Floats of the scratch GatherDomainVotesOfGroups needs for up to `groups`
+// groups of a lane on communicators of up to `largest_comm` ranks: the
+// rank's own votes, then the gathered ones.
+int64_t DomainVoteScratchFloats(int64_t largest_comm, int64_t groups);
 
-// Gathers and folds the votes of `domain`'s ranks, staging them through
-// `scratch` (DomainVoteScratchFloats floats of `backend` memory; the
-// communicators read and write backend memory). `replica_grads` (if not
-// null) gets the gradient fingerprints of this rank's DP group by replica d
-// (just mine without a DP axis). Communicator errors are returned as they
-// come.
-absl::StatusOr<DomainVote> GatherDomainVotes(
-    Backend& backend, const DomainBinding& domain, float* scratch,
-    DomainVote mine, std::vector<uint64_t>* replica_grads = nullptr);
+// One group's part in GatherDomainVotesOfGroups.
+struct GroupVote {
+  Backend* backend = nullptr;  // the group's (its lane's)
+  // The group's domain's communicators (DomainBinding): null or of one rank
+  // where the domain has no such axis.
+  Communicator* dp = nullptr;
+  Communicator* gtp = nullptr;
+  Communicator* tp = nullptr;
+  // The lane's scratch (DomainVoteScratchFloats floats of `backend` memory:
+  // the communicators read and write backend memory).
+  float* scratch = nullptr;
+  // In: this rank's vote. Out: the domain's (where `status` is OK).
+  DomainVote vote;
+  // Out: the gradient fingerprints of this rank's DP group by replica d
+  // (just mine without a DP axis).
+  std::vector<uint64_t> replica_grads;
+  // Out: the first error of a gather that carried this group's vote.
+  absl::Status status;
+};
+
+// Gathers and folds the votes of every group's domain, with one all_gather
+// per communicator and stage (dp, then gtp_remat, then tp) for all the
+// groups that use that communicator there, not one per group: a thousand
+// groups on one domain gather three times, not three thousand. Each rank
+// sends its groups' votes back to back, in the order of `groups`;
+// communicators of a stage run in the order of the first group that uses
+// them. Every rank of a communicator holds the groups that use it, in the
+// same order (their collectives require it), so every rank issues the same
+// gathers in the same order. A group whose gather failed still takes part
+// in its later stages (its peers wait for it there); its `status` keeps the
+// failure. A gather that timed out (DeadlineExceeded: a rank never arrived)
+// stops them all: returned, with the index of the first group it carried in
+// `timed_out`.
+absl::Status GatherDomainVotesOfGroups(absl::Span<GroupVote> groups,
+                                       size_t* timed_out);
 
 }  // namespace muond

@@ -111,8 +111,8 @@ struct GroupState {
   // check in its pass (MomentumWithGradCheck): L_i holds the NS input, and
   // PrepareMuonGroup runs no momentum phase of its own (and clears it).
   bool momentum_ready = false;
-  // This step's NS ran before the job vote (NsBeforeVote: its inputs were
-  // all local): PrepareMuonGroup runs no NS of its own (and clears it).
+  // This step's NS ran with the lane's other groups (RunLaneNs: its inputs
+  // were all local): PrepareMuonGroup runs no NS of its own (and clears it).
   bool ns_done = false;
   // The dtype of L_i, the assembled matrices and the exchanges: NS's work
   // dtype (bf16 for medium precision), so nothing is converted between the

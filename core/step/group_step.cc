@@ -61,11 +61,12 @@ bool DoubleBuffersMomentum(const GroupState& group) {
 // group DoubleBuffersMomentum, else not stored. momentum_i is only read, so
 // an abandoned step leaves the state as it was (CommitMuonGroup stores the
 // new momentum or swaps it in). A skipped param's L_i is zeroed.
-// With `grad_limit`, the momentum kernels also check the grads they read
+// With `check`, the momentum kernels also check the grads they read
 // (Backend::CheckedMuonMomentumBatch).
-absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
-                           const std::set<std::string>& skip,
-                           std::optional<float> grad_limit = std::nullopt) {
+absl::Status MomentumPhase(
+    GroupState& group, const MuonOptions& options,
+    const std::set<std::string>& skip,
+    std::optional<MomentumGradCheck> check = std::nullopt) {
   for (size_t i = 0; i < group.params.size(); ++i) {
     if (skip.contains(group.config.params[i].name)) {
       RETURN_IF_ERROR(group.backend->Memset0(group.local[i]));
@@ -84,7 +85,7 @@ absl::Status MomentumPhase(GroupState& group, const MuonOptions& options,
     }
   }
   return MuonMomentumPhaseBatch(*group.backend, options, m.grads, m.momenta,
-                                outs, inputs, m.scales, grad_limit);
+                                outs, inputs, m.scales, check);
 }
 
 // After the commit vote, device state: the new momentum of the params not in
@@ -285,12 +286,9 @@ absl::Status ForwardExchangePhase(GroupState& group,
 // replay on CUDA (NsRunner::RunLists).
 absl::Status NsPhase(GroupState& group, const MuonOptions& options,
                      ShapeTimes* shape_times) {
-  const PlanBuffers& pb = *group.plan;
-  const GroupExchangePlan& plan = pb.plan;
-  const std::vector<MatrixView> lists[] = {
-      Pick(group.local, plan.replicated), Pick(pb.stage1, plan.ns_tp_complete),
-      Pick(pb.stage2, plan.ns_after_stage2)};
-  const absl::Span<const MatrixView> spans[] = {lists[0], lists[1], lists[2]};
+  const NsLists ns = NsListsOf(group);
+  const absl::Span<const MatrixView> spans[] = {ns.lists[0], ns.lists[1],
+                                                ns.lists[2]};
   return group.ns->RunLists(options, spans, shape_times);
 }
 
@@ -357,21 +355,16 @@ bool ChecksGradsInMomentum(const GroupState& group) {
          group.host_streams == nullptr && group.backend->is_device();
 }
 
-absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
-                                           const MuonOptions& options,
-                                           const std::set<std::string>& skip,
-                                           float grad_limit) {
+absl::Status MomentumWithGradCheck(GroupState& group,
+                                   const MuonOptions& options,
+                                   const std::set<std::string>& skip,
+                                   MomentumGradCheck check) {
   group.momentum_ready = false;
   Backend& backend = *group.backend;
   backend.PushRange("lsmuon/momentum");
-  const absl::Status ran = MomentumPhase(group, options, skip, grad_limit);
+  const absl::Status ran = MomentumPhase(group, options, skip, check);
   backend.PopRange();
-  // Taken even after a failure: a flag one call set must not carry over
-  // into the next group's or step's finding.
-  absl::StatusOr<bool> within = backend.TakeGradCheck();
-  RETURN_IF_ERROR(ran);
-  if (within.ok()) group.momentum_ready = true;
-  return within;
+  return ran;
 }
 
 namespace {
@@ -394,24 +387,18 @@ bool StreamsNsWithMomentum(const GroupState& group,
          group.config.domain.size.dp <= 1;
 }
 
-absl::Status NsBeforeVote(GroupState& group, const MuonOptions& options,
-                          PhaseClock& clock) {
-  if (!group.momentum_ready || !ChecksGradsInMomentum(group) ||
-      !group.plan.has_value() || HasExchangeStages(group.plan->plan)) {
-    return absl::OkStatus();
-  }
-  const absl::Status ran =
-      clock.Time(*group.backend, "lsmuon/ns", &PhaseTimings::ns_us,
-                 [&] { return NsPhase(group, options, nullptr); });
-  if (!ran.ok()) {
-    return WithContext(
-        ran, absl::StrCat("group '", group.config.name,
-                          "': Newton-Schulz before the job vote failed (the "
-                          "step was not applied: params and momentum "
-                          "unchanged): "));
-  }
-  group.ns_done = true;
-  return absl::OkStatus();
+NsLists NsListsOf(const GroupState& group) {
+  const PlanBuffers& pb = *group.plan;
+  const GroupExchangePlan& plan = pb.plan;
+  return {{Pick(group.local, plan.replicated),
+           Pick(pb.stage1, plan.ns_tp_complete),
+           Pick(pb.stage2, plan.ns_after_stage2)}};
+}
+
+bool RunsLaneNs(const GroupState& group) {
+  return group.momentum_ready && !group.ns_done &&
+         ChecksGradsInMomentum(group) && group.plan.has_value() &&
+         !HasExchangeStages(group.plan->plan);
 }
 
 namespace {

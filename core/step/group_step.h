@@ -52,6 +52,7 @@
 // commit waits once per lane (phase_clock.h).
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/muon/adamw.h"
@@ -83,24 +84,29 @@ bool ChecksGradsInMomentum(const GroupState& group);
 
 // PrepareMuonGroup's momentum phase run ahead of it, in the domain agreement
 // (nothing of the state is written: L_i only), with the "every grad not in
-// `skip` under grad_limit" check in the same pass
-// (Backend::CheckedMuonMomentumBatch). Returns that check; sets
-// group.momentum_ready.
-absl::StatusOr<bool> MomentumWithGradCheck(GroupState& group,
-                                           const MuonOptions& options,
-                                           const std::set<std::string>& skip,
-                                           float grad_limit);
+// `skip` under check.limit" check in the same pass
+// (Backend::CheckedMuonMomentumBatch into check.slot). Issues the work and
+// returns: the caller takes the finding (Backend::TakeGradChecks, one wait
+// for every group of the backend) and then sets group.momentum_ready.
+absl::Status MomentumWithGradCheck(GroupState& group,
+                                   const MuonOptions& options,
+                                   const std::set<std::string>& skip,
+                                   MomentumGradCheck check);
 
 // Where this step's momentum ran in the domain agreement
-// (MomentumWithGradCheck) and NS needs no exchange before it (every param
-// whole on this rank), NS into L_i now, before the job vote, timed on
-// `clock`: it writes scratch only, so a refused step just discards it, and
-// its device work fills the wait for the trainer's verdict and the vote.
-// Sets group.ns_done where it ran. Not on a step that measures NS per shape.
-// A failure must refuse the step (the caller's ballot): NS may have run part
-// of the way over L_i, so it must not run again.
-absl::Status NsBeforeVote(GroupState& group, const MuonOptions& options,
-                          PhaseClock& clock);
+// (MomentumWithGradCheck), NS needs no exchange before it (every param
+// whole on this rank) and has not run yet: NS runs with the lane's other
+// such groups (lane_ns.h), before the job vote where the step is not
+// measured, and PrepareMuonGroup runs none of its own.
+bool RunsLaneNs(const GroupState& group);
+
+// The matrices a group's NS runs on in place (group.plan must be set), as
+// NsRunner::RunLists takes them: the replicated params' L_i, the
+// ns_tp_complete params' A1_i, the ns_after_stage2 params' A2_i.
+struct NsLists {
+  std::vector<MatrixView> lists[3];
+};
+NsLists NsListsOf(const GroupState& group);
 
 // A Muon group's step up to the commit under its current plan (group.plan
 // must be set): momentum into staging, exchanges, NS, reverse exchanges,

@@ -23,7 +23,7 @@ struct Lane {
   // Indices into the engine's groups, in registration order.
   std::vector<int> groups;
   ExchangeBuffers exchange;
-  // Scratch of the per-step domain agreement (GatherDomainVotes).
+  // Scratch of the per-step domain agreement (GatherDomainVotesOfGroups).
   OwnedBuffer vote_scratch;
   // Its groups' host momentum streams and slots (MakeHostStateStreams);
   // null when none keeps momentum on the host.

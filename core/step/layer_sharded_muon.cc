@@ -56,8 +56,8 @@ void LayerShardedMuonImpl::ShareNsRunners(const Lane& lane) {
 
 absl::Status LayerShardedMuonImpl::SetUpLanes() {
   lanes_ = AssignLanes(groups_);
-  // The agreement gathers one vote per rank of the largest communicator of
-  // the lane, after the rank's own.
+  // The agreement gathers the votes of the lane's groups per rank of the
+  // largest communicator of the lane, after the rank's own.
   for (Lane& lane : lanes_) {
     int64_t most = 1;
     for (int g : lane.groups) {
@@ -68,7 +68,8 @@ absl::Status LayerShardedMuonImpl::SetUpLanes() {
     }
     ASSIGN_OR_RETURN(lane.vote_scratch,
                      AllocateZeroed(lane.backend, DType::kFloat32, 1,
-                                    DomainVoteScratchFloats(most)));
+                                    DomainVoteScratchFloats(
+                                        most, int64_t(lane.groups.size()))));
     ShareNsRunners(lane);
     std::vector<GroupState*> members;
     for (int g : lane.groups) members.push_back(&groups_[g]);

@@ -129,11 +129,13 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // Phases are timed on lane.clock; their work may run on after it returns.
   absl::Status PrepareLane(Lane& lane, const StepInputs& inputs,
                            ShapeTimes* shape_times);
+  // The lane's groups, in its order.
+  std::vector<GroupState*> GroupsOf(const Lane& lane);
   // Waits for every lane's work (a step that ends before its commit).
   void DrainLanes();
   // After this rank's ballot agreed, before the trainer's verdict and the
-  // job vote: NsBeforeVote for every Muon group; its first failure, which
-  // refuses the step.
+  // job vote: RunLaneNs (lane_ns.h) on every lane's groups; its first
+  // failure, which refuses the step.
   absl::Status StartNsBeforeVote();
   // After the exchanges, before the commit vote: the Muon groups' local
   // updates are finite (CheckNsOutputsFinite; custom coefficients only).

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "core/common/status_macros.h"
 #include "core/step/group_step.h"
+#include "core/step/lane_ns.h"
 #include "core/step/layer_sharded_muon_impl.h"
 #include "core/step/step_failures.h"
 #include "core/step/step_overrides.h"
@@ -220,6 +221,9 @@ absl::Status LayerShardedMuonImpl::RunLanes(
 absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
                                                const StepInputs& inputs,
                                                ShapeTimes* shape_times) {
+  // A measured step's batched NS (an unmeasured one's ran before the vote).
+  RETURN_IF_ERROR(
+      RunLaneNs(GroupsOf(lane), lane.clock, shape_times, " after the vote"));
   for (int gi : lane.groups) {
     GroupState& group = groups_[gi];
     if (group.config.algorithm != Algorithm::kMuon) continue;
@@ -229,13 +233,16 @@ absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
   return absl::OkStatus();
 }
 
+std::vector<GroupState*> LayerShardedMuonImpl::GroupsOf(const Lane& lane) {
+  std::vector<GroupState*> groups;
+  for (int gi : lane.groups) groups.push_back(&groups_[gi]);
+  return groups;
+}
+
 absl::Status LayerShardedMuonImpl::StartNsBeforeVote() {
   for (Lane& lane : lanes_) {
-    for (int gi : lane.groups) {
-      GroupState& group = groups_[gi];
-      if (group.config.algorithm != Algorithm::kMuon) continue;
-      RETURN_IF_ERROR(NsBeforeVote(group, group.step_muon, lane.clock));
-    }
+    RETURN_IF_ERROR(RunLaneNs(GroupsOf(lane), lane.clock,
+                              /*shape_times=*/nullptr, " before the job vote"));
   }
   return absl::OkStatus();
 }

@@ -628,7 +628,7 @@ TEST(CpuBackend, CheckedMomentumKeepsItsFindingUntilTaken) {
   auto checked = [&](std::vector<float>& g) {
     return backend->CheckedMuonMomentumBatch({V(g, 2, 2)}, {V(m, 2, 2)},
                                              {V(m, 2, 2)}, 0.95, true,
-                                             {V(out, 2, 2)}, {}, limit);
+                                             {V(out, 2, 2)}, {}, limit, 0);
   };
   ASSERT_TRUE(backend
                   ->MuonMomentumBatch({V(g1, 2, 2)}, {V(m_ref, 2, 2)}, 0.95,
@@ -642,6 +642,42 @@ TEST(CpuBackend, CheckedMomentumKeepsItsFindingUntilTaken) {
   ASSERT_TRUE(checked(g1).ok());
   EXPECT_FALSE(*backend->TakeGradCheck());  // the second call's finding
   EXPECT_TRUE(*backend->TakeGradCheck());   // taken: afresh
+}
+
+// Check slots: each keeps its own calls' finding, one take returns the first
+// n slots' and clears them (a slot left out keeps its finding), and a slot
+// outside [0, grad_check_slots()) is refused, naming the rule.
+TEST(CpuBackend, CheckedMomentumFindingsBySlot) {
+  auto backend = MakeCpuBackend();
+  const float limit = BitsToFloat(kBf16OverflowThresholdBits);
+  std::vector<float> fine = {1, -2, 3, 4}, bad = {1, std::nanf(""), 3, 4};
+  std::vector<float> m = {0.1f, 0.2f, 0.3f, 0.4f}, out(4);
+  auto checked = [&](std::vector<float>& g, int slot) {
+    return backend->CheckedMuonMomentumBatch({V(g, 2, 2)}, {V(m, 2, 2)},
+                                             {Absent(V(m, 2, 2))}, 0.95, true,
+                                             {V(out, 2, 2)}, {}, limit, slot);
+  };
+  ASSERT_TRUE(checked(fine, 0).ok());
+  ASSERT_TRUE(checked(bad, 1).ok());
+  ASSERT_TRUE(checked(fine, 2).ok());
+  ASSERT_TRUE(checked(bad, 4).ok());
+  EXPECT_EQ(*backend->TakeGradChecks(4),
+            (std::vector<bool>{true, false, true, true}));
+  EXPECT_EQ(*backend->TakeGradChecks(5),
+            (std::vector<bool>{true, true, true, true, false}));
+  EXPECT_EQ(*backend->TakeGradChecks(5), std::vector<bool>(5, true));
+  const int slots = backend->grad_check_slots();
+  ASSERT_GE(slots, 1);
+  for (int slot : {-1, slots}) {
+    const absl::Status refused = checked(fine, slot);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+    EXPECT_NE(refused.message().find("grad check slot"), std::string::npos)
+        << refused;
+  }
+  for (int n : {0, slots + 1}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(backend->TakeGradChecks(n).status()))
+        << n;
+  }
 }
 
 TEST(CpuBackend, SymmetrizeFromLowerPerSlice) {

@@ -878,7 +878,7 @@ TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
   ASSERT_TRUE(
       gpu_->MuonMomentumBatch(dg, dm, no_state, 0.95, true, dout_ref).ok());
   ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true, dout,
-                                             {}, limit)
+                                             {}, limit, 0)
                   .ok());
   ASSERT_TRUE(*gpu_->TakeGradCheck());
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -900,7 +900,7 @@ TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
         ASSERT_TRUE(gpu_->CopyFromHost(at, b.data(), es).ok());
         const bool want = *gpu_->AllFiniteBelow(dg, limit);
         ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true,
-                                                   dout, {}, limit)
+                                                   dout, {}, limit, 0)
                         .ok());
         EXPECT_EQ(*gpu_->TakeGradCheck(), want)
             << "tensor " << i << " elem " << e << " value " << v;
@@ -913,6 +913,41 @@ TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
     }
   }
   EXPECT_TRUE(*gpu_->TakeGradCheck());
+}
+
+// Check slots on the device: each slot's flag is its own calls' (one NaN in
+// one group's grads marks that group alone), one take reads the first n and
+// clears them, the last slot works, and slots outside the range are refused.
+TEST_F(CudaBackendTest, GradCheckSlotsKeepTheirOwnFindings) {
+  const float limit = BitsToFloat(kBf16OverflowThresholdBits);
+  const int slots = gpu_->grad_check_slots();
+  ASSERT_GE(slots, 3);
+  std::vector<float> fine = Random(6 * 40, 7), bad = fine;
+  bad[6 * 40 - 1] = std::numeric_limits<float>::quiet_NaN();
+  const MatrixView good_g = Up({fine.data(), DType::kFloat32, 6, 40, 40});
+  const MatrixView bad_g = Up({bad.data(), DType::kFloat32, 6, 40, 40});
+  const std::vector<float> m0 = Random(6 * 40, 8), zeros(6 * 40, 0.0f);
+  const MatrixView m =
+      Up({const_cast<float*>(m0.data()), DType::kFloat32, 6, 40, 40});
+  const MatrixView out =
+      Up({const_cast<float*>(zeros.data()), DType::kFloat32, 6, 40, 40});
+  auto checked = [&](const MatrixView& g, int slot) {
+    return gpu_->CheckedMuonMomentumBatch({g}, {m}, {Absent(m)}, 0.95, true,
+                                          {out}, {}, limit, slot);
+  };
+  ASSERT_TRUE(checked(good_g, 0).ok());
+  ASSERT_TRUE(checked(bad_g, 1).ok());
+  ASSERT_TRUE(checked(good_g, 2).ok());
+  ASSERT_TRUE(checked(bad_g, slots - 1).ok());
+  EXPECT_EQ(*gpu_->TakeGradChecks(3), (std::vector<bool>{true, false, true}));
+  const std::vector<bool> all = *gpu_->TakeGradChecks(slots);
+  EXPECT_EQ(std::count(all.begin(), all.end(), false), 1);
+  EXPECT_FALSE(all.back());
+  EXPECT_EQ(*gpu_->TakeGradChecks(slots), std::vector<bool>(slots, true));
+  EXPECT_TRUE(absl::IsInvalidArgument(checked(good_g, slots)));
+  EXPECT_TRUE(absl::IsInvalidArgument(checked(good_g, -1)));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(gpu_->TakeGradChecks(slots + 1).status()));
 }
 
 // The bf16 NS data path through the 4-wide (vec4) kernels: fp32 grads and

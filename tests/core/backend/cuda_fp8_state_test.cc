@@ -236,7 +236,7 @@ TEST_F(CudaFp8StateTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
       gpu_->MuonMomentumBatch(dg, dm, no_state, 0.95, true, dout_ref, ds_in)
           .ok());
   ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true, dout,
-                                             ds_in, limit)
+                                             ds_in, limit, 0)
                   .ok());
   ASSERT_TRUE(*gpu_->TakeGradCheck());
   for (size_t k = 0; k < params.size(); ++k) {
@@ -261,7 +261,7 @@ TEST_F(CudaFp8StateTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
         ASSERT_TRUE(gpu_->CopyFromHost(at, &v, sizeof(float)).ok());
         const bool want = *gpu_->AllFiniteBelow(dg, limit);
         ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true,
-                                                   dout, ds_in, limit)
+                                                   dout, ds_in, limit, 0)
                         .ok());
         EXPECT_EQ(*gpu_->TakeGradCheck(), want)
             << "param " << k << " elem " << e << " value " << v;

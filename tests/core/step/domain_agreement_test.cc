@@ -72,7 +72,7 @@ TEST(FoldDomainVotes, EveryRankReachesTheSameDecision) {
 
 TEST(FoldDomainVotes, GtpThenTpCoversTheDomain) {
   // A 2 x 2 domain: votes[g][t]. Gather over gtp (fixed t), then over tp
-  // carrying the gtp fold, as GatherDomainVotes does.
+  // carrying the gtp fold, as GatherDomainVotesOfGroups does.
   const DomainVote votes[2][2] = {{Vote(true, 10, 3), Vote(true, 12, 6)},
                                   {Vote(true, 9, 2), Vote(true, 14, 1)}};
   const DomainVote whole = Vote(true, 9, 6);

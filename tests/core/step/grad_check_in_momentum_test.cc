@@ -55,13 +55,18 @@ class Recording final : public testing::DelegatingBackend {
       absl::Span<const MatrixView> momenta_in,
       absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
       absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
-      float grad_limit) override {
+      float grad_limit, int slot) override {
     ++checked;
     --unchecked;  // the default runs MuonMomentumBatch inside
     // The default's AllFiniteBelow records the grads it reads.
     return Backend::CheckedMuonMomentumBatch(grads, momenta_in, momenta_out,
                                              beta, nesterov, outs, scales,
-                                             grad_limit);
+                                             grad_limit, slot);
+  }
+  int grad_check_slots() const override { return slots; }
+  absl::StatusOr<std::vector<bool>> TakeGradChecks(int n) override {
+    ++takes;
+    return Backend::TakeGradChecks(n);
   }
   absl::Status RunGraph(uint64_t key,
                         const std::function<absl::Status()>& work) override {
@@ -97,7 +102,8 @@ class Recording final : public testing::DelegatingBackend {
   bool marks = false, unwaited = false;
   int made_marks = 0;
   bool fail_next_graph = false;
-  int checked = 0, unchecked = 0, graphs = 0;
+  int slots = kDefaultGradCheckSlots;
+  int checked = 0, unchecked = 0, graphs = 0, takes = 0;
   std::set<const void*> checked_grads;
 
  private:
@@ -114,21 +120,28 @@ float Value(int group, int param, int step, int64_t i) {
          0.5f;
 }
 
-// Two Muon groups: "fp32" (fp32 NS and state) and "medium" (bf16 NS input
-// and bf16 state: its grads must also stay inside the bf16 range).
+// Muon groups of two kinds: "fp32" (fp32 NS and state) and "medium" (bf16
+// NS input and bf16 state: its grads must also stay inside the bf16 range),
+// each with the same three shapes. With `copies` > 1, that many groups of
+// each kind ("fp32_0", "fp32_1", ..., then "medium_0", ...), as a group per
+// layer makes them. `configure`, if set, then edits each group's config.
 class Model {
  public:
-  Model(Backend* backend, bool skip_nonfinite, bool double_buffer = false) {
-    std::vector<GroupConfig> groups(2);
-    for (int g = 0; g < 2; ++g) {
-      groups[g].name = g == 0 ? "fp32" : "medium";
+  Model(Backend* backend, bool skip_nonfinite, bool double_buffer = false,
+        int copies = 1, std::function<void(GroupConfig&)> configure = nullptr) {
+    std::vector<GroupConfig> groups(2 * copies);
+    for (int g = 0; g < 2 * copies; ++g) {
+      const bool medium = g >= copies;
+      groups[g].name = medium ? "medium" : "fp32";
+      if (copies > 1) absl::StrAppend(&groups[g].name, "_", g % copies);
       groups[g].muon.lr = 0.02;
       groups[g].muon.nesterov = true;
       groups[g].muon.double_buffer_momentum = double_buffer;
-      if (g == 1) {
+      if (medium) {
         groups[g].muon.ns.precision = MatmulPrecision::kMedium;
         groups[g].muon.state_dtype = DType::kBFloat16;
       }
+      if (configure) configure(groups[g]);
       for (int p = 0; p < int(std::size(kShapes)); ++p) {
         Param& param = params_.emplace_back();
         param.group = g;
@@ -183,6 +196,11 @@ class Model {
     for (const Param& p : params_) out.push_back(p.value);
     return out;
   }
+  std::vector<std::string> Names() const {
+    std::vector<std::string> names;
+    for (const Param& p : params_) names.push_back(p.name);
+    return names;
+  }
   // The address of param `name`'s grad.
   const void* GradOf(const std::string& name) const {
     for (const Param& p : params_) {
@@ -206,9 +224,6 @@ class Model {
   std::unique_ptr<LayerShardedMuon> engine_;
 };
 
-const std::string kNames[] = {"fp32.w0",   "fp32.w1",   "fp32.w2",
-                              "medium.w0", "medium.w1", "medium.w2"};
-
 struct Case {
   std::string what;
   std::map<std::string, float> poison;
@@ -220,12 +235,17 @@ struct Case {
 // (MuonOptions::double_buffer_momentum): the momentum phase stores the new
 // momentum and the commit swaps it in, where the CPU engine's commit
 // recomputes it.
+// With `copies`, that many groups of each kind (Model); `device_slots`: the
+// device's grad check slots.
 void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
              std::vector<absl::StatusOr<StepResult>>* results = nullptr,
-             bool double_buffer = false) {
+             bool double_buffer = false, int copies = 1,
+             int device_slots = Backend::kDefaultGradCheckSlots) {
   Recording cpu(/*device=*/false), device(/*device=*/true);
-  Model on_cpu(&cpu, skip_nonfinite),
-      on_device(&device, skip_nonfinite, double_buffer);
+  device.slots = device_slots;
+  Model on_cpu(&cpu, skip_nonfinite, false, copies),
+      on_device(&device, skip_nonfinite, double_buffer, copies);
+  const int groups = 2 * copies;
   int step = 0;
   for (const Case& c : cases) {
     ++step;
@@ -234,6 +254,7 @@ void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
     const absl::StatusOr<StepResult> want = on_cpu.Step(step, c.poison, c.skip);
     const int checked_before = device.checked;
     const int unchecked_before = device.unchecked;
+    const int takes_before = device.takes;
     const absl::StatusOr<StepResult> got =
         on_device.Step(step, c.poison, c.skip);
     ASSERT_EQ(got.ok(), want.ok()) << c.what << ": " << got.status();
@@ -256,15 +277,19 @@ void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
     // Each Muon group's momentum ran once, checked, in the agreement; the
     // unchecked calls are a committed step's stores of the new momentum
     // (none where it is double-buffered).
-    EXPECT_EQ(device.checked - checked_before, 2) << c.what;
+    EXPECT_EQ(device.checked - checked_before, groups) << c.what;
     const bool committed = got.ok() && got->skipped_nonfinite.empty();
     EXPECT_EQ(device.unchecked - unchecked_before,
-              committed && !double_buffer ? 2 : 0)
+              committed && !double_buffer ? groups : 0)
+        << c.what;
+    // Every group's finding taken with one wait per device_slots groups.
+    EXPECT_EQ(device.takes - takes_before,
+              (groups + device_slots - 1) / device_slots)
         << c.what;
     // Every grad not skipped is checked on both; a skipped one on neither.
     for (const Model* model : {&on_cpu, &on_device}) {
       const Recording& read = model == &on_cpu ? cpu : device;
-      for (const std::string& name : kNames) {
+      for (const std::string& name : model->Names()) {
         EXPECT_EQ(read.checked_grads.contains(model->GradOf(name)),
                   !c.skip.contains(name))
             << c.what << ": " << name
@@ -458,6 +483,115 @@ TEST(GradCheckInMomentum, AStepWithMarkedPhasesEndsWithItsWorkWaitedFor) {
     EXPECT_EQ(on_device.State(), on_cpu.State()) << c.what;
   }
   EXPECT_GT(device.made_marks, 0);
+}
+
+// A group per layer: four groups of each kind on one device. Every group's
+// grad check is read in its momentum pass and all of them taken with one
+// wait (or one per grad_check_slots() groups); a bad grad in one group
+// names that param alone, in the group it is in, whichever round of slots
+// took it; every status, param and state is the CPU engine's, which checks
+// the groups one by one.
+TEST(GradCheckInMomentum, ManyGroupsTakeTheirFindingsTogether) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float beyond_bf16 = BitsToFloat(kBf16OverflowThresholdBits);
+  for (int slots : {Backend::kDefaultGradCheckSlots, 3}) {
+    SCOPED_TRACE(absl::StrCat(slots, " slots"));
+    std::vector<absl::StatusOr<StepResult>> results;
+    RunBoth(/*skip_nonfinite=*/false,
+            {{"finite", {}, {}},
+             {"a NaN in fp32_2.w1", {{"fp32_2.w1", nan}}, {}},
+             {"beyond bf16 in medium_3.w0", {{"medium_3.w0", beyond_bf16}}, {}},
+             {"a NaN in skipped medium_1.w2",
+              {{"medium_1.w2", nan}},
+              {"medium_1.w2"}},
+             {"finite again", {}, {}}},
+            &results, /*double_buffer=*/false, /*copies=*/4, slots);
+    ASSERT_EQ(results.size(), 5u);
+    for (int i : {0, 3, 4}) {
+      EXPECT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    }
+    const std::string nan_refusal(results[1].status().message());
+    EXPECT_NE(nan_refusal.find("fp32_2/fp32_2.w1"), std::string::npos)
+        << nan_refusal;
+    EXPECT_EQ(nan_refusal.find("fp32_1"), std::string::npos) << nan_refusal;
+    EXPECT_EQ(nan_refusal.find("fp32_3"), std::string::npos) << nan_refusal;
+    EXPECT_NE(results[2].status().message().find("medium_3/medium_3.w0"),
+              std::string::npos)
+        << results[2].status();
+    results.clear();
+    RunBoth(/*skip_nonfinite=*/true,
+            {{"a NaN in medium_3.w2", {{"medium_3.w2", nan}}, {}},
+             {"finite", {}, {}}},
+            &results, /*double_buffer=*/false, /*copies=*/4, slots);
+    ASSERT_EQ(results.size(), 2u);
+    ASSERT_TRUE(results[0].ok()) << results[0].status();
+    EXPECT_EQ(results[0]->skipped_nonfinite,
+              std::vector<std::string>{"medium_3/medium_3.w2"});
+  }
+}
+
+// NS before the vote runs a lane's groups together where they share an NS
+// runner and NS options: four groups of each kind run as two graphs (one per
+// work dtype), not eight, and a group with NS options of its own (num_steps)
+// in a graph of its own; params and state are bitwise the CPU engine's,
+// which runs each group's NS on its own after the vote.
+TEST(GradCheckInMomentum, NsBeforeTheVoteRunsTheLanesGroupsTogether) {
+  for (bool own_options : {false, true}) {
+    SCOPED_TRACE(own_options ? "fp32_1 with 4 NS steps" : "same options");
+    auto configure = [&](GroupConfig& g) {
+      if (own_options && g.name == "fp32_1") g.muon.ns.num_steps = 4;
+    };
+    Recording cpu(/*device=*/false), device(/*device=*/true);
+    Model on_cpu(&cpu, false, false, /*copies=*/4, configure),
+        on_device(&device, false, false, /*copies=*/4, configure);
+    // The first step measures NS per shape, after the vote.
+    ASSERT_TRUE(on_cpu.Step(1, {}).ok());
+    ASSERT_TRUE(on_device.Step(1, {}).ok());
+    for (int step = 2; step <= 4; ++step) {
+      int graphs_before_verdict = -1;
+      const int before = device.graphs;
+      ASSERT_TRUE(on_device
+                      .Step(step, {}, {},
+                            [&] {
+                              graphs_before_verdict = device.graphs - before;
+                              return absl::OkStatus();
+                            })
+                      .ok());
+      EXPECT_EQ(graphs_before_verdict, own_options ? 3 : 2) << step;
+      EXPECT_EQ(device.graphs - before, graphs_before_verdict)
+          << step << ": NS ran again after the vote";
+      ASSERT_TRUE(on_cpu.Step(step, {}).ok());
+      EXPECT_EQ(on_device.Values(), on_cpu.Values()) << step;
+      EXPECT_EQ(on_device.State(), on_cpu.State()) << step;
+    }
+  }
+}
+
+// NS of a batch of groups failing before the vote refuses the step, naming
+// the batch's groups (the first three and how many more); nothing applied,
+// and the step sent again is bitwise the CPU engine's.
+TEST(GradCheckInMomentum, ABatchFailingBeforeTheVoteNamesItsGroups) {
+  Recording cpu(/*device=*/false), device(/*device=*/true);
+  Model on_cpu(&cpu, false, false, /*copies=*/4),
+      on_device(&device, false, false, /*copies=*/4);
+  ASSERT_TRUE(on_cpu.Step(1, {}).ok());
+  ASSERT_TRUE(on_device.Step(1, {}).ok());
+  const auto values = on_device.Values();
+  const auto state = on_device.State();
+  device.fail_next_graph = true;
+  const absl::StatusOr<StepResult> failed = on_device.Step(2, {});
+  EXPECT_TRUE(absl::IsInternal(failed.status())) << failed.status();
+  EXPECT_NE(failed.status().message().find(
+                "groups 'fp32_0', 'fp32_1', 'fp32_2' and 1 more: "
+                "Newton-Schulz before the job vote failed"),
+            std::string::npos)
+      << failed.status();
+  EXPECT_EQ(on_device.Values(), values);
+  EXPECT_EQ(on_device.State(), state);
+  ASSERT_TRUE(on_cpu.Step(2, {}).ok());
+  ASSERT_TRUE(on_device.Step(2, {}).ok());
+  EXPECT_EQ(on_device.Values(), on_cpu.Values());
+  EXPECT_EQ(on_device.State(), on_cpu.State());
 }
 
 }  // namespace
