@@ -256,13 +256,8 @@ absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
     group.params.push_back(std::move(st));
   }
   if (config.algorithm == Algorithm::kMuon) {
-    std::vector<std::pair<int64_t, int64_t>> shapes;
-    for (const ParamBinding& p : config.params) {
-      shapes.emplace_back(p.param.rows, p.param.cols);
-    }
+    // L_i come with the lane's (AllocateLocalSlabs), once lanes are known.
     group.ns_dtype = NsWorkDType(config.muon.ns.precision);
-    ASSIGN_OR_RETURN(group.local, AllocateSlabs(group.backend, group.ns_dtype,
-                                                shapes, group.local_slabs));
     group.ns =
         std::make_shared<NsRunner>(group.backend, group.ns_dtype, ns_budget);
     if (StreamsHostMomentum(config.muon.state_location, *group.backend)) {

@@ -104,9 +104,9 @@ struct GroupState {
   std::vector<ParamState> params;
   // Muon: L_i per param, the local shard in ns_dtype: NS input after the
   // momentum phase, the (unscaled) update after the reverse route, read as
-  // UpdateOf gives it. One slab per shape (AllocateSlabs).
+  // UpdateOf gives it. In the lane's slabs (Lane::local_slabs), set with
+  // the lanes.
   std::vector<MatrixView> local;
-  std::vector<OwnedBuffer> local_slabs;
   // This step's momentum phase ran in the domain agreement, with the grad
   // check in its pass (MomentumWithGradCheck): L_i holds the NS input, and
   // PrepareMuonGroup runs no momentum phase of its own (and clears it).

@@ -23,6 +23,11 @@ struct Lane {
   // Indices into the engine's groups, in registration order.
   std::vector<int> groups;
   ExchangeBuffers exchange;
+  // The L_i of its Muon groups (GroupState::local): one slab per NS runner
+  // and shape, in group then param order, so that same-shape L_i of
+  // different groups lie back to back and NS batched across the groups
+  // (lane_ns.h) runs on them in place, with no staging copy.
+  std::vector<OwnedBuffer> local_slabs;
   // Scratch of the per-step domain agreement (GatherDomainVotesOfGroups).
   OwnedBuffer vote_scratch;
   // Its groups' host momentum streams and slots (MakeHostStateStreams);

@@ -54,6 +54,43 @@ void LayerShardedMuonImpl::ShareNsRunners(const Lane& lane) {
   }
 }
 
+absl::Status LayerShardedMuonImpl::AllocateLocalSlabs(Lane& lane) {
+  // The lane's Muon groups by NS runner, in order of their first group.
+  std::vector<std::pair<const NsRunner*, std::vector<GroupState*>>> runners;
+  for (int g : lane.groups) {
+    GroupState& group = groups_[g];
+    if (group.ns == nullptr) continue;  // AdamW
+    auto it = std::find_if(runners.begin(), runners.end(), [&](const auto& r) {
+      return r.first == group.ns.get();
+    });
+    if (it == runners.end()) {
+      runners.push_back({group.ns.get(), {&group}});
+    } else {
+      it->second.push_back(&group);
+    }
+  }
+  for (const auto& [runner, members] : runners) {
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    for (const GroupState* group : members) {
+      for (const ParamBinding& p : group->config.params) {
+        shapes.emplace_back(p.param.rows, p.param.cols);
+      }
+    }
+    // Groups sharing a runner share its backend and work dtype.
+    const GroupState& first = *members.front();
+    ASSIGN_OR_RETURN(
+        std::vector<MatrixView> views,
+        AllocateSlabs(first.backend, first.ns_dtype, shapes, lane.local_slabs));
+    size_t next = 0;
+    for (GroupState* group : members) {
+      const size_t n = group->config.params.size();
+      group->local.assign(views.begin() + next, views.begin() + next + n);
+      next += n;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LayerShardedMuonImpl::SetUpLanes() {
   lanes_ = AssignLanes(groups_);
   // The agreement gathers the votes of the lane's groups per rank of the
@@ -71,6 +108,7 @@ absl::Status LayerShardedMuonImpl::SetUpLanes() {
                                     DomainVoteScratchFloats(
                                         most, int64_t(lane.groups.size()))));
     ShareNsRunners(lane);
+    RETURN_IF_ERROR(AllocateLocalSlabs(lane));
     std::vector<GroupState*> members;
     for (int g : lane.groups) members.push_back(&groups_[g]);
     ASSIGN_OR_RETURN(lane.host_streams,

@@ -73,6 +73,9 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   absl::Status SetUpLanes();
   // One NsRunner per backend and NS work dtype among `lane`'s Muon groups.
   void ShareNsRunners(const Lane& lane);
+  // The L_i of `lane`'s Muon groups, in the lane's slabs (Lane::local_slabs),
+  // after ShareNsRunners.
+  absl::Status AllocateLocalSlabs(Lane& lane);
   // Whether some lane computes on the host (calls the BLAS).
   bool RunsOnHost() const;
   // How many workers run the lanes (StepOptions::lane_workers).
