@@ -9,7 +9,9 @@
 //
 // Two ranks run as threads over Gloo (loopback) with a job communicator.
 // Reference: every param's full matrix stepped alone by MuonStepFullMatrix,
-// bit for bit (ns_batch_size 1). One more group than the cap is refused.
+// bit for bit. One more group than the cap is refused. The device-like twin
+// runs every group of a rank in one lane, as on a GPU: ten rounds of grad
+// check slots a step, and the single-rank groups' NS batched across them.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -30,6 +32,7 @@
 #include "core/muon/newton_schulz.h"
 #include "core/step/group_count.h"
 #include "core/step/layer_sharded_muon.h"
+#include "tests/common/delegating_backend.h"
 
 namespace muond {
 namespace {
@@ -125,7 +128,7 @@ void RunRank(InMemoryKeyValueStore* store, int rank, RankRun* run) {
   std::unique_ptr<Communicator> tp[2] = {Gloo(store, "a", rank, run->status),
                                          Gloo(store, "b", rank, run->status)};
   if (!run->status.ok()) return;
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<Backend> backend = testing::MakeStepTestBackend();
   run->params.assign(kGroups, std::vector<float>(kRows * kCols));
   std::vector<std::vector<float>> grads = run->params;
   std::vector<GroupConfig> configs(kGroups);
