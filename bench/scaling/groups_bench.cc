@@ -3,8 +3,11 @@
 // per layer taken to the end), every param GTP-sharded over R ranks (rows
 // split, NS on its home rank, the exchanges and the domain agreement over
 // Gloo between R threads of this process). Prints each layout's median step
-// time on rank 0 and the ratio P groups / one group, measured side by side
-// in one run.
+// time on rank 0 and the ratio one group / P groups (1.00: groups cost
+// nothing), measured side by side in one run. On the host backend this is
+// the cost of the per-group collectives (the domain votes, the exchanges)
+// and host work; the device-only batching (grad check slots, NS across
+// groups) needs a GPU (step_bench --engine --groups).
 //   groups_bench [--ranks=2] [--params=1000] [--rows=8] [--cols=16]
 //                [--steps=20] [--warmup=3]
 #include <algorithm>
@@ -41,32 +44,26 @@ struct Run {
   std::vector<double> step_ms;  // rank 0's
 };
 
-// One rank: P params in `groups` groups (param i in group i * groups / P).
-void RunRank(KeyValueStore* store, const std::string& prefix, int rank,
-             int groups, Run* run) {
+// The groups of one rank: P params in `groups` groups (param i in group
+// i * groups / P), bound to `values` and `grads` (P entries each, sized
+// here) and GTP-sharded over `gtp`.
+std::vector<GroupConfig> Groups(int rank, int groups, Communicator* gtp,
+                                std::vector<std::vector<float>>& values,
+                                std::vector<std::vector<float>>& grads) {
   const int ranks = absl::GetFlag(FLAGS_ranks);
   const int params = absl::GetFlag(FLAGS_params);
   const int64_t rows = absl::GetFlag(FLAGS_rows);
   const int64_t cols = absl::GetFlag(FLAGS_cols);
-  GlooOptions gloo;
-  gloo.hostname = "127.0.0.1";
-  auto gtp = CreateGlooCommunicator(store, prefix + "gtp", rank, ranks, gloo);
-  auto job = CreateGlooCommunicator(store, prefix + "job", rank, ranks, gloo);
-  if (!gtp.ok() || !job.ok()) {
-    run->status = gtp.ok() ? job.status() : gtp.status();
-    return;
-  }
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
-  std::vector<std::vector<float>> values(params), grads(params);
   std::vector<GroupConfig> configs(groups);
   for (int k = 0; k < groups; ++k) {
     configs[k].name = absl::StrCat("group", k);
     configs[k].muon.lr = 0.02;
-    configs[k].muon.ns_batch_size = 1;
     configs[k].domain.size = DomainSize{ranks, 1};
     configs[k].domain.g = rank;
-    configs[k].domain.gtp = gtp->get();
+    configs[k].domain.gtp = gtp;
   }
+  values.assign(params, {});
+  grads.assign(params, {});
   for (int i = 0; i < params; ++i) {
     values[i].assign(rows * cols, 0.01f * float((i + rank) % 7));
     grads[i].assign(rows * cols, 0.0f);
@@ -78,6 +75,26 @@ void RunRank(KeyValueStore* store, const std::string& prefix, int rank,
     b.grad = ContiguousView(grads[i].data(), DType::kFloat32, rows, cols);
     configs[int64_t(i) * groups / params].params.push_back(b);
   }
+  return configs;
+}
+
+// One rank: P params in `groups` groups (param i in group i * groups / P).
+void RunRank(KeyValueStore* store, const std::string& prefix, int rank,
+             int groups, Run* run) {
+  const int ranks = absl::GetFlag(FLAGS_ranks);
+  const int params = absl::GetFlag(FLAGS_params);
+  GlooOptions gloo;
+  gloo.hostname = "127.0.0.1";
+  auto gtp = CreateGlooCommunicator(store, prefix + "gtp", rank, ranks, gloo);
+  auto job = CreateGlooCommunicator(store, prefix + "job", rank, ranks, gloo);
+  if (!gtp.ok() || !job.ok()) {
+    run->status = gtp.ok() ? job.status() : gtp.status();
+    return;
+  }
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::vector<std::vector<float>> values, grads;
+  const std::vector<GroupConfig> configs =
+      Groups(rank, groups, gtp->get(), values, grads);
   StepOptions options;
   options.job = job->get();
   auto engine = LayerShardedMuon::Create(backend.get(), configs, options);
@@ -136,13 +153,30 @@ double MedianStepMs(int groups) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int params = absl::GetFlag(FLAGS_params);
+  const struct {
+    const char* flag;
+    int64_t value, least;
+  } checks[] = {{"--ranks", absl::GetFlag(FLAGS_ranks), 1},
+                {"--params", params, 1},
+                {"--rows", absl::GetFlag(FLAGS_rows), 1},
+                {"--cols", absl::GetFlag(FLAGS_cols), 1},
+                {"--steps", absl::GetFlag(FLAGS_steps), 1},
+                {"--warmup", absl::GetFlag(FLAGS_warmup), 0}};
+  for (const auto& c : checks) {
+    if (c.value < c.least) {
+      std::fprintf(stderr, "groups_bench: %s=%lld must be >= %lld\n", c.flag,
+                   (long long)c.value, (long long)c.least);
+      return 2;
+    }
+  }
   const double one = muond::MedianStepMs(1);
   const double many = muond::MedianStepMs(params);
   if (one <= 0 || many <= 0) return 1;
-  std::printf("| layout | median step (ms) | / one group |\n|---|---|---|\n");
+  std::printf(
+      "| layout | median step (ms) | one group ÷ this |\n|---|---|---|\n");
   std::printf("| %d params in one group | %.2f | 1.00 |\n", params, one);
   std::printf("| %d groups of one param | %.2f | %.2f |\n", params, many,
-              many / one);
+              one / many);
   std::printf("per group beyond the first: %.1f us\n",
               (many - one) * 1000.0 / std::max(1, params - 1));
   return 0;

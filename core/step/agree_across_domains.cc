@@ -64,7 +64,7 @@ class LocalGradFindings {
       pending.groups.push_back(gi);
       if (!issued.ok()) {
         pending.failed.insert(gi);
-        ReadOwnInstead(gi, issued);
+        ReadOwnInstead(gi, "the momentum phase", issued);
       }
     }
     for (auto& [backend, pending] : pending_) TakeSlots(*backend, pending);
@@ -80,11 +80,11 @@ class LocalGradFindings {
   // The momentum phase's own failure is the step's, as it was where the
   // phase runs after the vote: the check reads the grads itself, and
   // PrepareMuonGroup runs the phase again and refuses in the commit vote.
-  void ReadOwnInstead(size_t gi, const absl::Status& why) {
+  void ReadOwnInstead(size_t gi, const char* what, const absl::Status& why) {
     GroupState& group = groups_[gi];
-    LOG(WARNING) << "group '" << group.config.name
-                 << "': the momentum phase in the domain agreement failed ("
-                 << why << "); checking the grads by a read of their own";
+    LOG(WARNING) << "group '" << group.config.name << "': " << what
+                 << " in the domain agreement failed (" << why
+                 << "); checking the grads by a read of their own";
     findings_[gi] = GradsWithinLimit(group, inputs_.skip_params);
   }
 
@@ -100,7 +100,8 @@ class LocalGradFindings {
       const size_t gi = pending.groups[slot];
       if (pending.failed.contains(gi)) continue;
       if (!within.ok()) {
-        ReadOwnInstead(gi, within.status());
+        ReadOwnInstead(gi, "reading the momentum kernels' grad check",
+                       within.status());
         continue;
       }
       findings_[gi] = bool((*within)[slot]);
@@ -115,6 +116,53 @@ class LocalGradFindings {
   std::vector<absl::StatusOr<bool>> findings_;
   std::map<Backend*, Pending> pending_;
 };
+
+// This rank's side of every group's agreement.
+struct RankVotes {
+  std::vector<GroupVote> votes;
+  std::vector<GroupStepSummary> summaries;
+  // The group's params whose grads broke GradLimit here.
+  std::vector<std::vector<std::string>> local_bad;
+};
+
+// This rank's vote in every group's agreement from its grad `findings`;
+// `refused` gets the first failure to form one.
+RankVotes CastVotes(std::vector<GroupState>& groups,
+                    const std::vector<Lane>& lanes, const StepInputs& inputs,
+                    const std::vector<absl::StatusOr<bool>>& findings,
+                    bool read_grads, absl::Status& refused) {
+  RankVotes out;
+  out.votes.resize(groups.size());
+  out.local_bad.resize(groups.size());
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    GroupState& group = groups[gi];
+    DomainVote& mine = out.votes[gi].vote;
+    const absl::StatusOr<bool>& finite = findings[gi];
+    if (!finite.ok() && refused.ok()) refused = finite.status();
+    mine.all_finite = finite.value_or(false);
+    mine.homes_version = group.homes.newest();
+    mine.oldest_held = group.homes.oldest();
+    const GroupStepSummary& summary =
+        out.summaries.emplace_back(SummarizeGroupStep(group, inputs));
+    mine.skip_min = mine.skip_max = StepFingerprint(summary.skips);
+    mine.hyper_min = mine.hyper_max = StepFingerprint(summary.hyper);
+    if (read_grads) mine.grads = GradFingerprint(group, inputs.skip_params);
+    if (finite.ok() && !mine.all_finite) {
+      absl::StatusOr<std::vector<std::string>> names =
+          BadGradNames(group, inputs.skip_params);
+      if (!names.ok() && refused.ok()) refused = names.status();
+      out.local_bad[gi] =
+          names.value_or(std::vector<std::string>{group.config.name});
+    }
+    GroupVote& vote = out.votes[gi];
+    vote.backend = group.backend;
+    vote.dp = group.config.domain.dp;
+    vote.gtp = group.config.domain.gtp;
+    vote.tp = group.config.domain.tp;
+    vote.scratch = static_cast<float*>(lanes[group.lane].vote_scratch.data());
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -139,37 +187,9 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
   std::vector<absl::StatusOr<bool>> findings =
       read_grads ? LocalGradFindings(groups_, inputs, result).Take(momentum_now)
                  : std::vector<absl::StatusOr<bool>>(groups_.size(), true);
-  // This rank's vote in every group's agreement.
-  std::vector<GroupVote> votes(groups_.size());
-  std::vector<GroupStepSummary> summaries;
-  std::vector<std::vector<std::string>> local_bad(groups_.size());
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    GroupState& group = groups_[gi];
-    DomainVote& mine = votes[gi].vote;
-    const absl::StatusOr<bool>& finite = findings[gi];
-    if (!finite.ok() && refused.ok()) refused = finite.status();
-    mine.all_finite = finite.value_or(false);
-    mine.homes_version = group.homes.newest();
-    mine.oldest_held = group.homes.oldest();
-    const GroupStepSummary& summary =
-        summaries.emplace_back(SummarizeGroupStep(group, inputs));
-    mine.skip_min = mine.skip_max = StepFingerprint(summary.skips);
-    mine.hyper_min = mine.hyper_max = StepFingerprint(summary.hyper);
-    if (read_grads) mine.grads = GradFingerprint(group, inputs.skip_params);
-    if (finite.ok() && !mine.all_finite) {
-      absl::StatusOr<std::vector<std::string>> names =
-          BadGradNames(group, inputs.skip_params);
-      if (!names.ok() && refused.ok()) refused = names.status();
-      local_bad[gi] =
-          names.value_or(std::vector<std::string>{group.config.name});
-    }
-    votes[gi].backend = group.backend;
-    votes[gi].dp = group.config.domain.dp;
-    votes[gi].gtp = group.config.domain.gtp;
-    votes[gi].tp = group.config.domain.tp;
-    votes[gi].scratch =
-        static_cast<float*>(lanes_[group.lane].vote_scratch.data());
-  }
+  RankVotes mine =
+      CastVotes(groups_, lanes_, inputs, findings, read_grads, refused);
+  std::vector<GroupVote>& votes = mine.votes;
   const absl::Time asked = absl::Now();
   size_t timed_out = 0;
   const absl::Status gathered =
@@ -192,11 +212,11 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
       continue;
     }
     const DomainVote* agreed = &vote.vote;
-    const GroupStepSummary& summary = summaries[gi];
+    const GroupStepSummary& summary = mine.summaries[gi];
     // A non-finite gradient on another rank of the domain is that rank's to
     // report: it refuses (or skips) in the job vote, and this rank's answer
     // then names it, instead of a refusal of its own that names nobody.
-    bad.insert(bad.end(), local_bad[gi].begin(), local_bad[gi].end());
+    bad.insert(bad.end(), mine.local_bad[gi].begin(), mine.local_bad[gi].end());
     if (refused.ok()) {
       refused = CheckStepAgreed(*agreed, group.config.name,
                                 EchoAll(summary.skips), summary.hyper);

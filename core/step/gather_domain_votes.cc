@@ -8,8 +8,8 @@
 
 namespace muond {
 
-int64_t DomainVoteScratchFloats(int64_t largest_comm, int64_t groups) {
-  return kDomainVoteFloats * groups * (1 + largest_comm);
+int64_t DomainVoteScratchFloats(int64_t comm_size, int64_t groups) {
+  return kDomainVoteFloats * groups * (1 + comm_size);
 }
 
 namespace {

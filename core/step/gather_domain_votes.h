@@ -18,10 +18,10 @@
 
 namespace muond {
 
-// Floats of the scratch GatherDomainVotesOfGroups needs for up to `groups`
-// groups of a lane on communicators of up to `largest_comm` ranks: the
+// Floats of the scratch one gather of GatherDomainVotesOfGroups needs for
+// the votes of `groups` groups on a communicator of `comm_size` ranks: the
 // rank's own votes, then the gathered ones.
-int64_t DomainVoteScratchFloats(int64_t largest_comm, int64_t groups);
+int64_t DomainVoteScratchFloats(int64_t comm_size, int64_t groups);
 
 // One group's part in GatherDomainVotesOfGroups.
 struct GroupVote {
@@ -31,8 +31,9 @@ struct GroupVote {
   Communicator* dp = nullptr;
   Communicator* gtp = nullptr;
   Communicator* tp = nullptr;
-  // The lane's scratch (DomainVoteScratchFloats floats of `backend` memory:
-  // the communicators read and write backend memory).
+  // The lane's scratch, of `backend` memory (the communicators read and
+  // write backend memory): DomainVoteScratchFloats for the most groups on
+  // one of the lane's communicators.
   float* scratch = nullptr;
   // In: this rank's vote. Out: the domain's (where `status` is OK).
   DomainVote vote;

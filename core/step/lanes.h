@@ -25,8 +25,9 @@ struct Lane {
   ExchangeBuffers exchange;
   // The L_i of its Muon groups (GroupState::local): one slab per NS runner
   // and shape, in group then param order, so that same-shape L_i of
-  // different groups lie back to back and NS batched across the groups
-  // (lane_ns.h) runs on them in place, with no staging copy.
+  // neighbouring groups lie back to back and NS batched across them
+  // (lane_ns.h) runs on them in place, with no staging copy (a batch of
+  // groups that are not neighbours is staged).
   std::vector<OwnedBuffer> local_slabs;
   // Scratch of the per-step domain agreement (GatherDomainVotesOfGroups).
   OwnedBuffer vote_scratch;

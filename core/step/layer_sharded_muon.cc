@@ -54,6 +54,23 @@ void LayerShardedMuonImpl::ShareNsRunners(const Lane& lane) {
   }
 }
 
+int64_t LayerShardedMuonImpl::VoteScratchFloats(const Lane& lane) const {
+  // Each gather carries the votes of the groups on one communicator, per
+  // rank of it, after this rank's own: the largest such gather of the lane.
+  std::map<Communicator*, int64_t> groups_on;
+  for (int g : lane.groups) {
+    const DomainBinding& d = groups_[g].config.domain;
+    for (Communicator* c : {d.gtp, d.tp, d.dp}) {
+      if (c != nullptr && c->size() > 1) ++groups_on[c];
+    }
+  }
+  int64_t most = DomainVoteScratchFloats(1, 1);
+  for (const auto& [comm, groups] : groups_on) {
+    most = std::max(most, DomainVoteScratchFloats(comm->size(), groups));
+  }
+  return most;
+}
+
 absl::Status LayerShardedMuonImpl::AllocateLocalSlabs(Lane& lane) {
   // The lane's Muon groups by NS runner, in order of their first group.
   std::vector<std::pair<const NsRunner*, std::vector<GroupState*>>> runners;
@@ -93,20 +110,11 @@ absl::Status LayerShardedMuonImpl::AllocateLocalSlabs(Lane& lane) {
 
 absl::Status LayerShardedMuonImpl::SetUpLanes() {
   lanes_ = AssignLanes(groups_);
-  // The agreement gathers the votes of the lane's groups per rank of the
-  // largest communicator of the lane, after the rank's own.
   for (Lane& lane : lanes_) {
-    int64_t most = 1;
-    for (int g : lane.groups) {
-      const DomainBinding& d = groups_[g].config.domain;
-      for (Communicator* c : {d.gtp, d.tp, d.dp}) {
-        if (c != nullptr) most = std::max<int64_t>(most, c->size());
-      }
-    }
+    const int64_t scratch = VoteScratchFloats(lane);
     ASSIGN_OR_RETURN(lane.vote_scratch,
-                     AllocateZeroed(lane.backend, DType::kFloat32, 1,
-                                    DomainVoteScratchFloats(
-                                        most, int64_t(lane.groups.size()))));
+                     AllocateZeroed(lane.backend, DType::kFloat32, 1, scratch));
+    staging_bytes_ += scratch * int64_t(sizeof(float));
     ShareNsRunners(lane);
     RETURN_IF_ERROR(AllocateLocalSlabs(lane));
     std::vector<GroupState*> members;

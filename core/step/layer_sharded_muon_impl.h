@@ -73,6 +73,8 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   absl::Status SetUpLanes();
   // One NsRunner per backend and NS work dtype among `lane`'s Muon groups.
   void ShareNsRunners(const Lane& lane);
+  // Floats of `lane`'s vote scratch: its largest domain-vote gather.
+  int64_t VoteScratchFloats(const Lane& lane) const;
   // The L_i of `lane`'s Muon groups, in the lane's slabs (Lane::local_slabs),
   // after ShareNsRunners.
   absl::Status AllocateLocalSlabs(Lane& lane);

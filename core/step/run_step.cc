@@ -222,15 +222,21 @@ absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
                                                const StepInputs& inputs,
                                                ShapeTimes* shape_times) {
   // A measured step's batched NS (an unmeasured one's ran before the vote).
-  RETURN_IF_ERROR(
-      RunLaneNs(GroupsOf(lane), lane.clock, shape_times, " after the vote"));
+  absl::Status first =
+      RunLaneNs(GroupsOf(lane), lane.clock, shape_times, " after the vote");
   for (int gi : lane.groups) {
+    // After a failure of this rank's own (NS out of memory on a GPU another
+    // process shares), the groups after it still run their exchanges, whose
+    // peers wait for them; the commit vote refuses the step. After a
+    // communicator's failure the next collective would only wait out one
+    // more timeout.
+    if (IsCommunicationFailure(first)) break;
     GroupState& group = groups_[gi];
     if (group.config.algorithm != Algorithm::kMuon) continue;
-    RETURN_IF_ERROR(PrepareMuonGroup(group, group.step_muon, inputs.skip_params,
-                                     lane.exchange, shape_times, lane.clock));
+    first.Update(PrepareMuonGroup(group, group.step_muon, inputs.skip_params,
+                                  lane.exchange, shape_times, lane.clock));
   }
-  return absl::OkStatus();
+  return first;
 }
 
 std::vector<GroupState*> LayerShardedMuonImpl::GroupsOf(const Lane& lane) {

@@ -145,7 +145,7 @@ class DelegatingBackend : public Backend {
                                 float eps) override {
     return cpu_->AdaMuonNormalize(u, v_in, v_out, beta2, eps);
   }
-  // The step's grad check (CheckedMuonMomentumBatch, TakeGradCheck) is the
+  // The step's grad check (CheckedMuonMomentumBatch, TakeGradChecks) is the
   // base class's: AllFiniteBelow, below, then the momentum.
   absl::StatusOr<bool> AllFiniteBelow(absl::Span<const MatrixView> views,
                                       float limit) override {

@@ -127,6 +127,12 @@ class TunerTest(unittest.TestCase):
         restarts, _, _ = tuner.best_restarts(PEER_PE, self.sigma, "fp16")
         self.assertEqual(restarts, [1, 3])
 
+    def test_the_tuner_runs_numpy_on_one_blas_thread(self):
+        # Set before numpy loaded OpenBLAS (the test imports the tuner
+        # first): its spinning threads made a shard 15x slower beside other
+        # busy processes.
+        self.assertEqual(os.environ.get("OPENBLAS_NUM_THREADS"), "1")
+
     def test_a_restart_lowers_the_score(self):
         coefs = tuner.schedule("quintic", self.sets["quintic"], 5)
         self.assertGreater(tuner.score(coefs, set(), self.sigma), 1e8)

@@ -59,14 +59,24 @@ class Recording final : public testing::DelegatingBackend {
     ++checked;
     --unchecked;  // the default runs MuonMomentumBatch inside
     // The default's AllFiniteBelow records the grads it reads.
-    return Backend::CheckedMuonMomentumBatch(grads, momenta_in, momenta_out,
-                                             beta, nesterov, outs, scales,
-                                             grad_limit, slot);
+    const absl::Status ran = Backend::CheckedMuonMomentumBatch(
+        grads, momenta_in, momenta_out, beta, nesterov, outs, scales,
+        grad_limit, slot);
+    if (ran.ok() && fail_checked_in-- == 1) {
+      // Part of the way: its slot written, then the failure.
+      return absl::InternalError("momentum kernel failed");
+    }
+    return ran;
   }
   int grad_check_slots() const override { return slots; }
   absl::StatusOr<std::vector<bool>> TakeGradChecks(int n) override {
     ++takes;
-    return Backend::TakeGradChecks(n);
+    absl::StatusOr<std::vector<bool>> within = Backend::TakeGradChecks(n);
+    if (fail_next_take) {
+      fail_next_take = false;
+      return absl::InternalError("grad check read-back failed");
+    }
+    return within;
   }
   absl::Status RunGraph(uint64_t key,
                         const std::function<absl::Status()>& work) override {
@@ -102,6 +112,10 @@ class Recording final : public testing::DelegatingBackend {
   bool marks = false, unwaited = false;
   int made_marks = 0;
   bool fail_next_graph = false;
+  // The checked momentum call that fails (1: the next one; 0: none), and
+  // whether the next take fails.
+  int fail_checked_in = 0;
+  bool fail_next_take = false;
   int slots = kDefaultGradCheckSlots;
   int checked = 0, unchecked = 0, graphs = 0, takes = 0;
   std::set<const void*> checked_grads;
@@ -533,13 +547,20 @@ TEST(GradCheckInMomentum, ManyGroupsTakeTheirFindingsTogether) {
 // NS before the vote runs a lane's groups together where they share an NS
 // runner and NS options: four groups of each kind run as two graphs (one per
 // work dtype), not eight, and a group with NS options of its own (num_steps)
-// in a graph of its own; params and state are bitwise the CPU engine's,
-// which runs each group's NS on its own after the vote.
+// or a batch size of its own in a graph of its own; params and state are
+// bitwise the CPU engine's, which runs each group's NS on its own after the
+// vote.
 TEST(GradCheckInMomentum, NsBeforeTheVoteRunsTheLanesGroupsTogether) {
-  for (bool own_options : {false, true}) {
-    SCOPED_TRACE(own_options ? "fp32_1 with 4 NS steps" : "same options");
+  enum Own { kNone, kNumSteps, kBatchSize };
+  for (Own own : {kNone, kNumSteps, kBatchSize}) {
+    const bool own_options = own != kNone;
+    SCOPED_TRACE(own == kNone       ? "same options"
+                 : own == kNumSteps ? "fp32_1 with 4 NS steps"
+                                    : "fp32_1 with ns_batch_size 2");
     auto configure = [&](GroupConfig& g) {
-      if (own_options && g.name == "fp32_1") g.muon.ns.num_steps = 4;
+      if (g.name != "fp32_1") return;
+      if (own == kNumSteps) g.muon.ns.num_steps = 4;
+      if (own == kBatchSize) g.muon.ns_batch_size = 2;
     };
     Recording cpu(/*device=*/false), device(/*device=*/true);
     Model on_cpu(&cpu, false, false, /*copies=*/4, configure),
@@ -564,6 +585,45 @@ TEST(GradCheckInMomentum, NsBeforeTheVoteRunsTheLanesGroupsTogether) {
       EXPECT_EQ(on_device.Values(), on_cpu.Values()) << step;
       EXPECT_EQ(on_device.State(), on_cpu.State()) << step;
     }
+  }
+}
+
+// A group's checked momentum call that fails (its slot written part of the
+// way), or a take that fails, costs that group's (or those groups') finding
+// from the slots: each reads its grads itself and runs its momentum again
+// after the vote, the others keep theirs; every step is bitwise the CPU
+// engine's.
+TEST(GradCheckInMomentum, AFailedCheckedCallOrTakeFallsBackToItsOwnRead) {
+  Recording cpu(/*device=*/false), device(/*device=*/true);
+  Model on_cpu(&cpu, false, false, /*copies=*/4),
+      on_device(&device, false, false, /*copies=*/4);
+  constexpr int kGroupsHere = 8;
+  struct Case {
+    const char* what;
+    int fail_checked_in;
+    bool fail_take;
+    int momentum_again;  // groups whose momentum runs again after the vote
+  };
+  const Case cases[] = {{"finite", 0, false, 0},
+                        {"fp32_2's checked call fails", 3, false, 1},
+                        {"the take fails", 0, true, kGroupsHere},
+                        {"finite again", 0, false, 0}};
+  int step = 0;
+  for (const Case& c : cases) {
+    ++step;
+    device.fail_checked_in = c.fail_checked_in;
+    device.fail_next_take = c.fail_take;
+    const int unchecked_before = device.unchecked;
+    const absl::StatusOr<StepResult> got = on_device.Step(step, {});
+    ASSERT_TRUE(got.ok()) << c.what << ": " << got.status();
+    ASSERT_TRUE(on_cpu.Step(step, {}).ok()) << c.what;
+    // The committed step's stores of the new momentum, and the momentum
+    // phases run again.
+    EXPECT_EQ(device.unchecked - unchecked_before,
+              kGroupsHere + c.momentum_again)
+        << c.what;
+    EXPECT_EQ(on_device.Values(), on_cpu.Values()) << c.what;
+    EXPECT_EQ(on_device.State(), on_cpu.State()) << c.what;
   }
 }
 

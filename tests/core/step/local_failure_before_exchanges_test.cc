@@ -1,0 +1,133 @@
+// A rank whose own NS fails (out of memory on a GPU another process
+// shares) still runs its lane's exchanges, so its peers refuse the step at
+// once in the commit vote instead of waiting out the comm timeout in an
+// exchange it skipped. Two ranks over Gloo (4 s timeout), a device-like
+// backend; one lane holding a group whose params are GTP-sharded over both
+// ranks (exchanges) and a single-rank group whose NS needs none, in either
+// order; on the first step (measured: NS after the vote) NS of the 3x5
+// matrices fails on rank 0 only.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/comm/gloo_communicator.h"
+#include "core/comm/kv_store.h"
+#include "core/step/layer_sharded_muon.h"
+#include "tests/common/delegating_backend.h"
+
+namespace muond {
+namespace {
+
+constexpr int kRanks = 2;
+
+// A device-like CPU backend whose NS fails on 3x5 matrices while `fail`.
+class Failing final : public testing::DelegatingBackend {
+ public:
+  bool is_device() const override { return true; }
+  absl::Status FrobeniusNormalize(const MatrixView& s, const MatrixView& d,
+                                  int64_t batch, float eps) override {
+    if (fail && (s.cols == 5 || s.rows == 5)) {
+      return absl::InternalError("injected NS failure on 3x5");
+    }
+    return DelegatingBackend::FrobeniusNormalize(s, d, batch, eps);
+  }
+  bool fail = false;
+};
+
+struct RankRun {
+  absl::Status status;
+  double seconds = 0;
+};
+
+// `local_first`: the single-rank group registered first.
+void RunRank(InMemoryKeyValueStore* store, int rank, bool local_first,
+             RankRun* run) {
+  GlooOptions gloo;
+  gloo.hostname = "127.0.0.1";
+  gloo.timeout = absl::Seconds(4);
+  auto job = CreateGlooCommunicator(store, "job", rank, kRanks, gloo);
+  auto gtp = CreateGlooCommunicator(store, "gtp", rank, kRanks, gloo);
+  if (!job.ok() || !gtp.ok()) {
+    run->status = job.ok() ? gtp.status() : job.status();
+    return;
+  }
+  Failing backend;
+  backend.fail = rank == 0;
+  std::vector<float> pb(4 * 6, 0.1f), gb(4 * 6, 0.2f);
+  std::vector<float> pa(3 * 5, 0.3f), ga(3 * 5, 0.4f);
+  std::vector<GroupConfig> groups(2);
+  // Group "sharded" first: its params' rows split over the two ranks.
+  groups[0].name = "sharded";
+  groups[0].muon.lr = 0.02;
+  groups[0].domain.size = DomainSize{kRanks, 1};
+  groups[0].domain.g = rank;
+  groups[0].domain.gtp = gtp->get();
+  ParamBinding b;
+  b.name = "w";
+  b.full_shape = {4 * kRanks, 6};
+  b.tags.is_gtp_weight_remat = true;
+  b.param = ContiguousView(pb.data(), DType::kFloat32, 4, 6);
+  b.grad = ContiguousView(gb.data(), DType::kFloat32, 4, 6);
+  groups[0].params.push_back(b);
+  // Group "local": a single-rank domain (NS needs no exchange).
+  groups[1].name = "local";
+  groups[1].muon.lr = 0.02;
+  ParamBinding a;
+  a.name = "v";
+  a.full_shape = {3, 5};
+  a.param = ContiguousView(pa.data(), DType::kFloat32, 3, 5);
+  a.grad = ContiguousView(ga.data(), DType::kFloat32, 3, 5);
+  groups[1].params.push_back(a);
+  StepOptions options;
+  options.job = job->get();
+  if (local_first) std::swap(groups[0], groups[1]);
+  auto engine = LayerShardedMuon::Create(&backend, groups, options);
+  if (!engine.ok()) {
+    run->status = engine.status();
+    return;
+  }
+  run->status.Update((*engine)->SetHomes("sharded", {NsHome{0, 0}}));
+  run->status.Update((*engine)->SetHomes("local", {NsHome{0, 0}}));
+  if (!run->status.ok()) return;
+  const absl::Time start = absl::Now();
+  run->status = (*engine)->Step({}).status();  // step 1: measured
+  run->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+TEST(LocalFailureBeforeExchanges, PeersRefuseAtOnceInsteadOfTimingOut) {
+  for (bool local_first : {false, true}) {
+    SCOPED_TRACE(local_first ? "single-rank group first" : "sharded first");
+    InMemoryKeyValueStore store;
+    RankRun runs[kRanks];
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back(RunRank, &store, r, local_first, &runs[r]);
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r));
+      EXPECT_FALSE(runs[r].status.ok());
+      EXPECT_FALSE(absl::IsDeadlineExceeded(runs[r].status))
+          << "a refusal was expected, not an abandoned step: "
+          << runs[r].status;
+      EXPECT_LT(runs[r].seconds, 3.0) << "waited for the comm timeout";
+    }
+    EXPECT_NE(runs[0].status.message().find(
+                  "group 'local': Newton-Schulz after the vote failed"),
+              std::string::npos)
+        << runs[0].status;
+    EXPECT_NE(runs[1].status.message().find("refused by rank 0"),
+              std::string::npos)
+        << runs[1].status;
+  }
+}
+
+}  // namespace
+}  // namespace muond
