@@ -7,6 +7,8 @@
 // largest fingerprints, replicas agreeing only on equal gradient
 // fingerprints). A communicator that fails leaves the groups on it with its
 // error and the others agreed; one that times out stops the gathers.
+#include "core/step/gather_domain_votes.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,7 +23,6 @@
 #include "core/backend/cpu_backend.h"
 #include "core/comm/gloo_communicator.h"
 #include "core/comm/kv_store.h"
-#include "core/step/gather_domain_votes.h"
 
 namespace muond {
 namespace {
