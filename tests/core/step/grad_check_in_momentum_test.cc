@@ -387,16 +387,18 @@ TEST(GradCheckInMomentum, DoubleBufferedMomentumStepsAsRecomputed) {
 
 // A CPU and a device engine after one finite step each, with the device
 // engine's params and state then.
+// With `copies`, that many groups of each kind (Model).
 struct AfterOneStep {
-  AfterOneStep() {
+  explicit AfterOneStep(int copies = 1)
+      : on_cpu(&cpu, /*skip_nonfinite=*/false, false, copies),
+        on_device(&device, /*skip_nonfinite=*/false, false, copies) {
     EXPECT_TRUE(on_cpu.Step(1, {}).ok());
     EXPECT_TRUE(on_device.Step(1, {}).ok());
     values = on_device.Values();
     state = on_device.State();
   }
   Recording cpu{/*device=*/false}, device{/*device=*/true};
-  Model on_cpu{&cpu, /*skip_nonfinite=*/false},
-      on_device{&device, /*skip_nonfinite=*/false};
+  Model on_cpu, on_device;
   std::vector<std::vector<float>> values;
   std::map<std::string, std::vector<float>> state;
 };
@@ -434,27 +436,37 @@ TEST(GradCheckInMomentum, NsRunsBeforeTheVerdictAndAWithdrawalAppliesNothing) {
   EXPECT_EQ(on_device.State(), on_cpu.State());
 }
 
-// NS that fails before the vote refuses the step in this rank's ballot: it
-// is not run again after the vote on an L it may have changed, and nothing
-// is applied; the step sent again is bitwise the CPU engine's.
+// NS that fails before the vote refuses the step in this rank's ballot,
+// naming the groups of its batch (the first three and how many more): it is
+// not run again after the vote on an L it may have changed, and nothing is
+// applied; the step sent again is bitwise the CPU engine's.
 TEST(GradCheckInMomentum, NsFailingBeforeTheVoteRefusesTheStep) {
-  AfterOneStep t;
-  auto& [cpu, device, on_cpu, on_device, values, state] = t;
-  const int before = device.graphs;
-  device.fail_next_graph = true;
-  const absl::StatusOr<StepResult> failed = on_device.Step(2, {});
-  EXPECT_TRUE(absl::IsInternal(failed.status())) << failed.status();
-  EXPECT_NE(failed.status().message().find(
-                "group 'fp32': Newton-Schulz before the job vote failed"),
-            std::string::npos)
-      << failed.status();
-  EXPECT_EQ(device.graphs - before, 1) << "NS ran again after its failure";
-  EXPECT_EQ(on_device.Values(), values);
-  EXPECT_EQ(on_device.State(), state);
-  ASSERT_TRUE(on_cpu.Step(2, {}).ok());
-  ASSERT_TRUE(on_device.Step(2, {}).ok());
-  EXPECT_EQ(on_device.Values(), on_cpu.Values());
-  EXPECT_EQ(on_device.State(), on_cpu.State());
+  struct Case {
+    int copies;
+    const char* named;
+  };
+  for (const Case& c :
+       {Case{1, "group 'fp32'"},
+        Case{4, "groups 'fp32_0', 'fp32_1', 'fp32_2' and 1 more"}}) {
+    SCOPED_TRACE(c.named);
+    AfterOneStep t(c.copies);
+    auto& [cpu, device, on_cpu, on_device, values, state] = t;
+    const int before = device.graphs;
+    device.fail_next_graph = true;
+    const absl::StatusOr<StepResult> failed = on_device.Step(2, {});
+    EXPECT_TRUE(absl::IsInternal(failed.status())) << failed.status();
+    EXPECT_NE(failed.status().message().find(absl::StrCat(
+                  c.named, ": Newton-Schulz before the job vote failed")),
+              std::string::npos)
+        << failed.status();
+    EXPECT_EQ(device.graphs - before, 1) << "NS ran again after its failure";
+    EXPECT_EQ(on_device.Values(), values);
+    EXPECT_EQ(on_device.State(), state);
+    ASSERT_TRUE(on_cpu.Step(2, {}).ok());
+    ASSERT_TRUE(on_device.Step(2, {}).ok());
+    EXPECT_EQ(on_device.Values(), on_cpu.Values());
+    EXPECT_EQ(on_device.State(), on_cpu.State());
+  }
 }
 
 // On a device that times phases by marks (no wait after each), every step
@@ -625,33 +637,6 @@ TEST(GradCheckInMomentum, AFailedCheckedCallOrTakeFallsBackToItsOwnRead) {
     EXPECT_EQ(on_device.Values(), on_cpu.Values()) << c.what;
     EXPECT_EQ(on_device.State(), on_cpu.State()) << c.what;
   }
-}
-
-// NS of a batch of groups failing before the vote refuses the step, naming
-// the batch's groups (the first three and how many more); nothing applied,
-// and the step sent again is bitwise the CPU engine's.
-TEST(GradCheckInMomentum, ABatchFailingBeforeTheVoteNamesItsGroups) {
-  Recording cpu(/*device=*/false), device(/*device=*/true);
-  Model on_cpu(&cpu, false, false, /*copies=*/4),
-      on_device(&device, false, false, /*copies=*/4);
-  ASSERT_TRUE(on_cpu.Step(1, {}).ok());
-  ASSERT_TRUE(on_device.Step(1, {}).ok());
-  const auto values = on_device.Values();
-  const auto state = on_device.State();
-  device.fail_next_graph = true;
-  const absl::StatusOr<StepResult> failed = on_device.Step(2, {});
-  EXPECT_TRUE(absl::IsInternal(failed.status())) << failed.status();
-  EXPECT_NE(failed.status().message().find(
-                "groups 'fp32_0', 'fp32_1', 'fp32_2' and 1 more: "
-                "Newton-Schulz before the job vote failed"),
-            std::string::npos)
-      << failed.status();
-  EXPECT_EQ(on_device.Values(), values);
-  EXPECT_EQ(on_device.State(), state);
-  ASSERT_TRUE(on_cpu.Step(2, {}).ok());
-  ASSERT_TRUE(on_device.Step(2, {}).ok());
-  EXPECT_EQ(on_device.Values(), on_cpu.Values());
-  EXPECT_EQ(on_device.State(), on_cpu.State());
 }
 
 }  // namespace
