@@ -28,16 +28,21 @@ absl::Status Backend::CheckedMuonMomentumBatch(
     absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
     absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
     float grad_limit, int slot) {
-  RETURN_IF_ERROR(CheckGradCheckSlot(slot, grad_check_slots()));
-  if (!grads.empty()) {
-    ASSIGN_OR_RETURN(const bool within, AllFiniteBelow(grads, grad_limit));
-    if (checked_grads_out_of_range_.size() <= size_t(slot)) {
-      checked_grads_out_of_range_.resize(slot + 1, false);
-    }
-    if (!within) checked_grads_out_of_range_[slot] = true;
-  }
+  RETURN_IF_ERROR(CheckGradsInto(grads, grad_limit, slot));
   return MuonMomentumBatch(grads, momenta_in, momenta_out, beta, nesterov, outs,
                            scales);
+}
+
+absl::Status Backend::CheckGradsInto(absl::Span<const MatrixView> views,
+                                     float limit, int slot) {
+  RETURN_IF_ERROR(CheckGradCheckSlot(slot, grad_check_slots()));
+  if (views.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool within, AllFiniteBelow(views, limit));
+  if (checked_grads_out_of_range_.size() <= size_t(slot)) {
+    checked_grads_out_of_range_.resize(slot + 1, false);
+  }
+  if (!within) checked_grads_out_of_range_[slot] = true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<bool>> Backend::TakeGradChecks(int slots) {

@@ -328,14 +328,20 @@ class Backend {
       absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
       absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
       float grad_limit, int slot);
-  // How many check slots CheckedMuonMomentumBatch may write before a
-  // TakeGradChecks.
+  // AllFiniteBelow's test of `views` against `limit` into check slot `slot`,
+  // for TakeGradChecks: CUDA issues the check and returns (a group without a
+  // checked momentum, such as AdamW, waits with the others); the default
+  // runs AllFiniteBelow.
+  virtual absl::Status CheckGradsInto(absl::Span<const MatrixView> views,
+                                      float limit, int slot);
+  // How many check slots CheckedMuonMomentumBatch and CheckGradsInto may
+  // write before a TakeGradChecks.
   virtual int grad_check_slots() const { return kDefaultGradCheckSlots; }
   // For slots [0, `slots`): whether every grad the CheckedMuonMomentumBatch
-  // calls into that slot read since the last take was within its limit
-  // (true for a slot no call wrote); those slots start afresh. CUDA waits
-  // once for those calls' kernels; the default's findings are its
-  // AllFiniteBelow's, which waited already.
+  // and CheckGradsInto calls into that slot read since the last take was
+  // within its limit (true for a slot no call wrote); those slots start
+  // afresh. CUDA waits once for those calls' kernels; the default's findings
+  // are its AllFiniteBelow's, which waited already.
   virtual absl::StatusOr<std::vector<bool>> TakeGradChecks(int slots);
   // TakeGradChecks of slot 0 alone (a caller with one group's finding).
   absl::StatusOr<bool> TakeGradCheck();

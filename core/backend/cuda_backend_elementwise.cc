@@ -66,6 +66,20 @@ absl::Status CudaBackend::CheckedMuonMomentumBatch(
                        scales, {grad_limit, flag_ + 1 + slot});
 }
 
+absl::Status CudaBackend::CheckGradsInto(absl::Span<const MatrixView> views,
+                                         float limit, int slot) {
+  RETURN_IF_ERROR(CheckGradCheckSlot(slot, grad_check_slots()));
+  for (const MatrixView& v : views) RETURN_IF_ERROR(CheckView(v, "grad check"));
+  if (views.empty()) return absl::OkStatus();
+  std::vector<cuda_kernels::KView> k;
+  for (const MatrixView& v : views) k.push_back(K(v));
+  // Only ever sets the slot's flag (TakeGradChecks clears it).
+  return CudaStatus(
+      cuda_kernels::MarkNonFiniteMulti(k.data(), int64_t(k.size()), limit,
+                                       flag_ + 1 + slot, stream_),
+      "grad check");
+}
+
 absl::StatusOr<std::vector<bool>> CudaBackend::TakeGradChecks(int slots) {
   RETURN_IF_ERROR(CheckGradCheckSlots(slots, grad_check_slots()));
   const size_t bytes = size_t(slots) * sizeof(int);

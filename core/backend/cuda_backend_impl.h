@@ -142,6 +142,8 @@ class CudaBackend final : public Backend {
       absl::Span<const MatrixView> momenta_out, double beta, bool nesterov,
       absl::Span<const MatrixView> outs, absl::Span<const BlockScales> scales,
       float grad_limit, int slot) override;
+  absl::Status CheckGradsInto(absl::Span<const MatrixView> views, float limit,
+                              int slot) override;
   absl::StatusOr<std::vector<bool>> TakeGradChecks(int slots) override;
   absl::Status ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                 absl::Span<const MatrixView> updates,

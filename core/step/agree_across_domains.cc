@@ -27,12 +27,14 @@ namespace muond {
 namespace {
 
 // This rank's "every grad of the group within GradLimit" finding for every
-// group (index as the engine's groups). Where the group ChecksGradsInMomentum
-// and the step's local checks passed (`momentum_now`) it is read in the
-// momentum kernels' pass: each such group writes a check slot of its
-// backend, and one TakeGradChecks per backend (per grad_check_slots() groups)
-// takes them all, so a thousand groups wait once, not once each. Elsewhere,
-// or where that momentum phase failed, by a read of its own.
+// group (index as the engine's groups). On a device each group writes a
+// check slot of its backend, and one TakeGradChecks per backend (per
+// grad_check_slots() groups) takes them all, so a thousand groups wait
+// once, not once each: where the group ChecksGradsInMomentum and the step's
+// local checks passed (`momentum_now`), the momentum kernels check the
+// grads in their pass; elsewhere (AdamW, host momentum) a check of its own
+// (Backend::CheckGradsInto). On the host, or where the call failed, by a
+// read of its own.
 class LocalGradFindings {
  public:
   LocalGradFindings(std::vector<GroupState>& groups, const StepInputs& inputs,
@@ -45,26 +47,35 @@ class LocalGradFindings {
   std::vector<absl::StatusOr<bool>> Take(bool momentum_now) && {
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       GroupState& group = groups_[gi];
-      if (!momentum_now || !ChecksGradsInMomentum(group)) {
+      const bool in_momentum = momentum_now && ChecksGradsInMomentum(group);
+      if (!in_momentum && !group.backend->is_device()) {
         findings_[gi] = GradsWithinLimit(group, inputs_.skip_params);
         continue;
       }
       Pending& pending = pending_[group.backend];
-      if (int(pending.groups.size()) == group.backend->grad_check_slots()) {
+      if (int(pending.entries.size()) == group.backend->grad_check_slots()) {
         TakeSlots(*group.backend, pending);
       }
+      const int slot = int(pending.entries.size());
       const absl::Time start = absl::Now();
       const absl::Status issued =
-          MomentumWithGradCheck(group, group.step_muon, inputs_.skip_params,
-                                {GradLimit(group), int(pending.groups.size())});
-      result_.timings.momentum_us +=
-          absl::ToDoubleMicroseconds(absl::Now() - start);
+          in_momentum ? MomentumWithGradCheck(group, group.step_muon,
+                                              inputs_.skip_params,
+                                              {GradLimit(group), slot})
+                      : group.backend->CheckGradsInto(
+                            GradsToCheck(group, inputs_.skip_params),
+                            GradLimit(group), slot);
+      if (in_momentum) {
+        result_.timings.momentum_us +=
+            absl::ToDoubleMicroseconds(absl::Now() - start);
+      }
       // A failed call keeps its slot, which it may have written to part of
       // the way; its finding is not taken from it.
-      pending.groups.push_back(gi);
+      pending.entries.push_back({gi, in_momentum});
       if (!issued.ok()) {
         pending.failed.insert(gi);
-        ReadOwnInstead(gi, "the momentum phase", issued);
+        ReadOwnInstead(
+            gi, in_momentum ? "the momentum phase" : "the grad check", issued);
       }
     }
     for (auto& [backend, pending] : pending_) TakeSlots(*backend, pending);
@@ -72,8 +83,12 @@ class LocalGradFindings {
   }
 
  private:
+  struct Entry {
+    size_t group;
+    bool in_momentum;  // MomentumWithGradCheck's, not CheckGradsInto's
+  };
   struct Pending {
-    std::vector<size_t> groups;  // by slot
+    std::vector<Entry> entries;  // by slot
     std::set<size_t> failed;
   };
 
@@ -90,22 +105,21 @@ class LocalGradFindings {
 
   // Takes the findings of `pending`'s slots (one wait) and frees them.
   void TakeSlots(Backend& backend, Pending& pending) {
-    if (pending.groups.empty()) return;
+    if (pending.entries.empty()) return;
     const absl::Time start = absl::Now();
     absl::StatusOr<std::vector<bool>> within =
-        backend.TakeGradChecks(int(pending.groups.size()));
+        backend.TakeGradChecks(int(pending.entries.size()));
     result_.timings.momentum_us +=
         absl::ToDoubleMicroseconds(absl::Now() - start);
-    for (size_t slot = 0; slot < pending.groups.size(); ++slot) {
-      const size_t gi = pending.groups[slot];
-      if (pending.failed.contains(gi)) continue;
+    for (size_t slot = 0; slot < pending.entries.size(); ++slot) {
+      const Entry& entry = pending.entries[slot];
+      if (pending.failed.contains(entry.group)) continue;
       if (!within.ok()) {
-        ReadOwnInstead(gi, "reading the momentum kernels' grad check",
-                       within.status());
+        ReadOwnInstead(entry.group, "reading the grad checks", within.status());
         continue;
       }
-      findings_[gi] = bool((*within)[slot]);
-      groups_[gi].momentum_ready = true;
+      findings_[entry.group] = bool((*within)[slot]);
+      if (entry.in_momentum) groups_[entry.group].momentum_ready = true;
     }
     pending = {};
   }

@@ -16,12 +16,18 @@ float GradLimit(const GroupState& group) {
               : std::numeric_limits<float>::infinity();
 }
 
-absl::StatusOr<bool> GradsWithinLimit(const GroupState& group,
-                                      const std::set<std::string>& skip) {
+std::vector<MatrixView> GradsToCheck(const GroupState& group,
+                                     const std::set<std::string>& skip) {
   std::vector<MatrixView> grads;
   for (const ParamBinding& b : group.config.params) {
     if (!skip.contains(b.name)) grads.push_back(b.grad);
   }
+  return grads;
+}
+
+absl::StatusOr<bool> GradsWithinLimit(const GroupState& group,
+                                      const std::set<std::string>& skip) {
+  const std::vector<MatrixView> grads = GradsToCheck(group, skip);
   if (grads.empty()) return true;
   return group.backend->AllFiniteBelow(grads, GradLimit(group));
 }

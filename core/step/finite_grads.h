@@ -23,9 +23,14 @@ namespace muond {
 // same one read of the gradients.
 float GradLimit(const GroupState& group);
 
+// The grads of the group's params not in `skip`: the ones its finiteness
+// check reads. A skipped param's grad is not this step's (the trainer sent
+// none) and is not read.
+std::vector<MatrixView> GradsToCheck(const GroupState& group,
+                                     const std::set<std::string>& skip);
+
 // Whether every gradient of the group's params not in `skip` is under
-// GradLimit (true for a group without such params). A skipped param's grad
-// is not this step's (the trainer sent none) and is not read.
+// GradLimit (true for a group without such params).
 absl::StatusOr<bool> GradsWithinLimit(const GroupState& group,
                                       const std::set<std::string>& skip);
 

@@ -644,9 +644,10 @@ TEST(CpuBackend, CheckedMomentumKeepsItsFindingUntilTaken) {
   EXPECT_TRUE(*backend->TakeGradCheck());   // taken: afresh
 }
 
-// Check slots: each keeps its own calls' finding, one take returns the first
-// n slots' and clears them (a slot left out keeps its finding), and a slot
-// outside [0, grad_check_slots()) is refused, naming the rule.
+// Check slots: each keeps its own calls' finding (checked momentum or a check
+// of its own, CheckGradsInto), one take returns the first n slots' and
+// clears them (a slot left out keeps its finding), and a slot outside
+// [0, grad_check_slots()) is refused, naming the rule.
 TEST(CpuBackend, CheckedMomentumFindingsBySlot) {
   auto backend = MakeCpuBackend();
   const float limit = BitsToFloat(kBf16OverflowThresholdBits);
@@ -666,6 +667,12 @@ TEST(CpuBackend, CheckedMomentumFindingsBySlot) {
   EXPECT_EQ(*backend->TakeGradChecks(5),
             (std::vector<bool>{true, true, true, true, false}));
   EXPECT_EQ(*backend->TakeGradChecks(5), std::vector<bool>(5, true));
+  // A check of its own (no momentum) into a slot beside a checked momentum.
+  ASSERT_TRUE(backend->CheckGradsInto({V(bad, 2, 2)}, limit, 2).ok());
+  ASSERT_TRUE(checked(fine, 0).ok());
+  ASSERT_TRUE(backend->CheckGradsInto({V(fine, 2, 2)}, limit, 1).ok());
+  EXPECT_EQ(*backend->TakeGradChecks(3),
+            (std::vector<bool>{true, true, false}));
   const int slots = backend->grad_check_slots();
   ASSERT_GE(slots, 1);
   for (int slot : {-1, slots}) {

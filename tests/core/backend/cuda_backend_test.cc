@@ -916,8 +916,9 @@ TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
 }
 
 // Check slots on the device: each slot's flag is its own calls' (one NaN in
-// one group's grads marks that group alone), one take reads the first n and
-// clears them, the last slot works, and slots outside the range are refused.
+// one group's grads marks that group alone; checked momentum or
+// CheckGradsInto), one take reads the first n and clears them, the last slot
+// works, and slots outside the range are refused.
 TEST_F(CudaBackendTest, GradCheckSlotsKeepTheirOwnFindings) {
   const float limit = BitsToFloat(kBf16OverflowThresholdBits);
   const int slots = gpu_->grad_check_slots();
@@ -944,6 +945,13 @@ TEST_F(CudaBackendTest, GradCheckSlotsKeepTheirOwnFindings) {
   EXPECT_EQ(std::count(all.begin(), all.end(), false), 1);
   EXPECT_FALSE(all.back());
   EXPECT_EQ(*gpu_->TakeGradChecks(slots), std::vector<bool>(slots, true));
+  // A check of its own (no momentum kernel) into a slot, without a wait.
+  ASSERT_TRUE(gpu_->CheckGradsInto({bad_g}, limit, 1).ok());
+  ASSERT_TRUE(gpu_->CheckGradsInto({good_g}, limit, 0).ok());
+  ASSERT_TRUE(checked(good_g, 2).ok());
+  EXPECT_EQ(*gpu_->TakeGradChecks(3), (std::vector<bool>{true, false, true}));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(gpu_->CheckGradsInto({good_g}, limit, slots)));
   EXPECT_TRUE(absl::IsInvalidArgument(checked(good_g, slots)));
   EXPECT_TRUE(absl::IsInvalidArgument(checked(good_g, -1)));
   EXPECT_TRUE(

@@ -68,6 +68,11 @@ class Recording final : public testing::DelegatingBackend {
     }
     return ran;
   }
+  absl::Status CheckGradsInto(absl::Span<const MatrixView> views, float limit,
+                              int slot) override {
+    ++checks_into;  // the default's checked momentum calls it too
+    return Backend::CheckGradsInto(views, limit, slot);
+  }
   int grad_check_slots() const override { return slots; }
   absl::StatusOr<std::vector<bool>> TakeGradChecks(int n) override {
     ++takes;
@@ -117,7 +122,7 @@ class Recording final : public testing::DelegatingBackend {
   int fail_checked_in = 0;
   bool fail_next_take = false;
   int slots = kDefaultGradCheckSlots;
-  int checked = 0, unchecked = 0, graphs = 0, takes = 0;
+  int checked = 0, unchecked = 0, graphs = 0, takes = 0, checks_into = 0;
   std::set<const void*> checked_grads;
 
  private:
@@ -434,6 +439,45 @@ TEST(GradCheckInMomentum, NsRunsBeforeTheVerdictAndAWithdrawalAppliesNothing) {
   ASSERT_TRUE(on_device.Step(2, {}, {}, [] { return absl::OkStatus(); }).ok());
   EXPECT_EQ(on_device.Values(), on_cpu.Values());
   EXPECT_EQ(on_device.State(), on_cpu.State());
+}
+
+// AdamW groups on a device check their grads into slots too (no momentum
+// kernel reads them before the vote): four Muon and four AdamW groups take
+// every finding with one wait, a NaN in an AdamW group's grad refuses the
+// step naming that param, and every step is bitwise the CPU engine's, which
+// reads each group's grads on its own.
+TEST(GradCheckInMomentum, AdamWGroupsCheckIntoSlotsToo) {
+  auto adamw_for_medium = [](GroupConfig& g) {
+    if (g.name.rfind("medium", 0) != 0) return;
+    g.algorithm = Algorithm::kAdamW;
+    g.adamw.lr = 0.01;
+  };
+  Recording cpu(/*device=*/false), device(/*device=*/true);
+  Model on_cpu(&cpu, false, false, /*copies=*/4, adamw_for_medium),
+      on_device(&device, false, false, /*copies=*/4, adamw_for_medium);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::map<std::string, float> none, poisoned = {{"medium_2.w1", nan}};
+  int step = 0;
+  for (const auto* poison : {&none, &poisoned, &none}) {
+    ++step;
+    const int takes = device.takes, checked = device.checked,
+              into = device.checks_into;
+    const absl::StatusOr<StepResult> want = on_cpu.Step(step, *poison);
+    const absl::StatusOr<StepResult> got = on_device.Step(step, *poison);
+    ASSERT_EQ(got.ok(), want.ok()) << step << ": " << got.status();
+    EXPECT_EQ(device.takes - takes, 1) << step;
+    EXPECT_EQ(device.checked - checked, 4) << step;  // the Muon groups
+    EXPECT_EQ((device.checks_into - into) - (device.checked - checked), 4)
+        << step << ": the AdamW groups' own checks";
+    if (!want.ok()) {
+      EXPECT_EQ(got.status(), want.status()) << step;
+      EXPECT_NE(got.status().message().find("medium_2/medium_2.w1"),
+                std::string::npos)
+          << got.status();
+    }
+    EXPECT_EQ(on_device.Values(), on_cpu.Values()) << step;
+    EXPECT_EQ(on_device.State(), on_cpu.State()) << step;
+  }
 }
 
 // NS that fails before the vote refuses the step in this rank's ballot,
