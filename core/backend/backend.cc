@@ -233,7 +233,7 @@ absl::Status CheckView(const MatrixView& v, std::string_view what) {
 absl::Status CheckGradCheckSlot(int slot, int count) {
   if (slot < 0 || slot >= count) {
     return absl::InvalidArgumentError(
-        absl::StrCat("checked momentum: grad check slot ", slot,
+        absl::StrCat("grad check: slot ", slot,
                      " is outside [0, ", count, ") (grad_check_slots)"));
   }
   return absl::OkStatus();

@@ -526,8 +526,8 @@ class Backend {
   virtual void PopRange() {}
 
  private:
-  // The default CheckedMuonMomentumBatch's findings by slot (true: a grad
-  // out of range), for TakeGradChecks.
+  // The default CheckGradsInto's findings by slot (true: a grad out of
+  // range), for TakeGradChecks.
   std::vector<bool> checked_grads_out_of_range_;
 };
 

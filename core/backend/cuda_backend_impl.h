@@ -238,9 +238,10 @@ class CudaBackend final : public Backend {
   cublasHandle_t handle_ = nullptr;
   void* cublas_workspace_ = nullptr;
   double* partials_ = nullptr;
-  // [0]: AllFiniteBelow's flag; [1 + slot]: the momentum kernels' GradCheck
-  // flag of each check slot, set by CheckedMuonMomentumBatch calls until
-  // TakeGradChecks (1 + kDefaultGradCheckSlots ints, 4 KiB).
+  // [0]: AllFiniteBelow's flag; [1 + slot]: each check slot's flag, set by
+  // CheckedMuonMomentumBatch (the momentum kernels' GradCheck) and
+  // CheckGradsInto calls until TakeGradChecks (1 + kDefaultGradCheckSlots
+  // ints, 4 KiB).
   int* flag_ = nullptr;
   int* host_flag_ = nullptr;
   // The momentum kernels' batch, checked (GradCheck) or not.

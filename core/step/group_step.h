@@ -79,7 +79,8 @@ bool StreamsNsWithMomentum(const GroupState& group,
 // (MomentumWithGradCheck): a Muon group on a device backend whose momentum
 // is on the device. Host momentum is streamed through device slots with its
 // copies, and a host backend's check is a read of its own anyway: they keep
-// the check's own read of the grads (GradsWithinLimit).
+// a check of its own (on a device into the group's check slot,
+// Backend::CheckGradsInto; on the host GradsWithinLimit).
 bool ChecksGradsInMomentum(const GroupState& group);
 
 // PrepareMuonGroup's momentum phase run ahead of it, in the domain agreement

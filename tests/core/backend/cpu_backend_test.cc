@@ -678,7 +678,7 @@ TEST(CpuBackend, CheckedMomentumFindingsBySlot) {
   for (int slot : {-1, slots}) {
     const absl::Status refused = checked(fine, slot);
     EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
-    EXPECT_NE(refused.message().find("grad check slot"), std::string::npos)
+    EXPECT_NE(refused.message().find("grad_check_slots"), std::string::npos)
         << refused;
   }
   for (int n : {0, slots + 1}) {

@@ -59,9 +59,11 @@ class Recording final : public testing::DelegatingBackend {
     ++checked;
     --unchecked;  // the default runs MuonMomentumBatch inside
     // The default's AllFiniteBelow records the grads it reads.
+    in_checked_call = true;
     const absl::Status ran = Backend::CheckedMuonMomentumBatch(
         grads, momenta_in, momenta_out, beta, nesterov, outs, scales,
         grad_limit, slot);
+    in_checked_call = false;
     if (ran.ok() && fail_checked_in-- == 1) {
       // Part of the way: its slot written, then the failure.
       return absl::InternalError("momentum kernel failed");
@@ -71,7 +73,11 @@ class Recording final : public testing::DelegatingBackend {
   absl::Status CheckGradsInto(absl::Span<const MatrixView> views, float limit,
                               int slot) override {
     ++checks_into;  // the default's checked momentum calls it too
-    return Backend::CheckGradsInto(views, limit, slot);
+    const absl::Status ran = Backend::CheckGradsInto(views, limit, slot);
+    if (ran.ok() && !in_checked_call && fail_check_into-- == 1) {
+      return absl::InternalError("grad check kernel failed");
+    }
+    return ran;
   }
   int grad_check_slots() const override { return slots; }
   absl::StatusOr<std::vector<bool>> TakeGradChecks(int n) override {
@@ -121,6 +127,9 @@ class Recording final : public testing::DelegatingBackend {
   // whether the next take fails.
   int fail_checked_in = 0;
   bool fail_next_take = false;
+  // Likewise for a check of its own (CheckGradsInto outside a checked call).
+  int fail_check_into = 0;
+  bool in_checked_call = false;
   int slots = kDefaultGradCheckSlots;
   int checked = 0, unchecked = 0, graphs = 0, takes = 0, checks_into = 0;
   std::set<const void*> checked_grads;
@@ -456,22 +465,50 @@ TEST(GradCheckInMomentum, AdamWGroupsCheckIntoSlotsToo) {
   Model on_cpu(&cpu, false, false, /*copies=*/4, adamw_for_medium),
       on_device(&device, false, false, /*copies=*/4, adamw_for_medium);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const std::map<std::string, float> none, poisoned = {{"medium_2.w1", nan}};
+  struct Case {
+    const char* what;
+    std::map<std::string, float> poison;
+    std::set<std::string> skip;
+    int fail_check_into;
+  };
+  const Case cases[] = {
+      {"finite", {}, {}, 0},
+      {"a NaN in medium_2.w1", {{"medium_2.w1", nan}}, {}, 0},
+      {"a NaN in skipped medium_1.w0",
+       {{"medium_1.w0", nan}},
+       {"medium_1.w0"},
+       0},
+      {"medium_1's own check fails: its own read finds the NaN in medium_1.w2",
+       {{"medium_1.w2", nan}},
+       {},
+       2},
+      {"finite again", {}, {}, 0}};
   int step = 0;
-  for (const auto* poison : {&none, &poisoned, &none}) {
+  for (const Case& c : cases) {
     ++step;
+    SCOPED_TRACE(c.what);
+    device.fail_check_into = c.fail_check_into;
+    device.checked_grads.clear();
     const int takes = device.takes, checked = device.checked,
               into = device.checks_into;
-    const absl::StatusOr<StepResult> want = on_cpu.Step(step, *poison);
-    const absl::StatusOr<StepResult> got = on_device.Step(step, *poison);
+    const std::map<std::string, float>* poison = &c.poison;
+    const absl::StatusOr<StepResult> want = on_cpu.Step(step, *poison, c.skip);
+    const absl::StatusOr<StepResult> got =
+        on_device.Step(step, *poison, c.skip);
     ASSERT_EQ(got.ok(), want.ok()) << step << ": " << got.status();
+    for (const std::string& skipped : c.skip) {
+      EXPECT_FALSE(device.checked_grads.contains(on_device.GradOf(skipped)))
+          << skipped << "'s grad read";
+    }
     EXPECT_EQ(device.takes - takes, 1) << step;
     EXPECT_EQ(device.checked - checked, 4) << step;  // the Muon groups
     EXPECT_EQ((device.checks_into - into) - (device.checked - checked), 4)
         << step << ": the AdamW groups' own checks";
     if (!want.ok()) {
       EXPECT_EQ(got.status(), want.status()) << step;
-      EXPECT_NE(got.status().message().find("medium_2/medium_2.w1"),
+      const std::string& bad = c.poison.begin()->first;
+      EXPECT_NE(got.status().message().find(
+                    absl::StrCat(bad.substr(0, bad.find('.')), "/", bad)),
                 std::string::npos)
           << got.status();
     }
