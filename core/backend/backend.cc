@@ -56,11 +56,6 @@ absl::StatusOr<std::vector<bool>> Backend::TakeGradChecks(int slots) {
   return within;
 }
 
-absl::StatusOr<bool> Backend::TakeGradCheck() {
-  ASSIGN_OR_RETURN(const std::vector<bool> within, TakeGradChecks(1));
-  return within[0];
-}
-
 absl::Status Backend::ApplyUpdateBatch(absl::Span<const MatrixView> params,
                                        absl::Span<const MatrixView> updates,
                                        absl::Span<const float> lrs, float decay,
@@ -232,9 +227,9 @@ absl::Status CheckView(const MatrixView& v, std::string_view what) {
 
 absl::Status CheckGradCheckSlot(int slot, int count) {
   if (slot < 0 || slot >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("grad check: slot ", slot,
-                     " is outside [0, ", count, ") (grad_check_slots)"));
+    return absl::InvalidArgumentError(absl::StrCat("grad check: slot ", slot,
+                                                   " is outside [0, ", count,
+                                                   ") (grad_check_slots)"));
   }
   return absl::OkStatus();
 }

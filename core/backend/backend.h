@@ -343,8 +343,6 @@ class Backend {
   // afresh. CUDA waits once for those calls' kernels; the default's findings
   // are its AllFiniteBelow's, which waited already.
   virtual absl::StatusOr<std::vector<bool>> TakeGradChecks(int slots);
-  // TakeGradChecks of slot 0 alone (a caller with one group's finding).
-  absl::StatusOr<bool> TakeGradCheck();
   static constexpr int kDefaultGradCheckSlots = 1024;
   // Weight decay then p <- p - lr * update, computed in fp32 and stored in
   // the param's dtype (fp32, bf16 or fp16) with one rounding. update is fp32,

@@ -69,15 +69,20 @@ absl::Status CudaBackend::CheckedMuonMomentumBatch(
 absl::Status CudaBackend::CheckGradsInto(absl::Span<const MatrixView> views,
                                          float limit, int slot) {
   RETURN_IF_ERROR(CheckGradCheckSlot(slot, grad_check_slots()));
-  for (const MatrixView& v : views) RETURN_IF_ERROR(CheckView(v, "grad check"));
+  // Only ever sets the slot's flag (TakeGradChecks clears it).
+  return MarkNonFinite(views, limit, flag_ + 1 + slot, "grad check");
+}
+
+absl::Status CudaBackend::MarkNonFinite(absl::Span<const MatrixView> views,
+                                        float limit, int* flag,
+                                        const char* what) {
+  for (const MatrixView& v : views) RETURN_IF_ERROR(CheckView(v, what));
   if (views.empty()) return absl::OkStatus();
   std::vector<cuda_kernels::KView> k;
   for (const MatrixView& v : views) k.push_back(K(v));
-  // Only ever sets the slot's flag (TakeGradChecks clears it).
-  return CudaStatus(
-      cuda_kernels::MarkNonFiniteMulti(k.data(), int64_t(k.size()), limit,
-                                       flag_ + 1 + slot, stream_),
-      "grad check");
+  return CudaStatus(cuda_kernels::MarkNonFiniteMulti(
+                        k.data(), int64_t(k.size()), limit, flag, stream_),
+                    what);
 }
 
 absl::StatusOr<std::vector<bool>> CudaBackend::TakeGradChecks(int slots) {
@@ -284,15 +289,9 @@ absl::Status CudaBackend::AdaMuonNormalize(const MatrixView& update,
 
 absl::StatusOr<bool> CudaBackend::AllFiniteBelow(
     absl::Span<const MatrixView> views, float limit) {
-  for (const MatrixView& v : views) RETURN_IF_ERROR(CheckView(v, "all_finite"));
   RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(flag_, 0, sizeof(int), stream_),
                              "all_finite"));
-  std::vector<cuda_kernels::KView> k;
-  for (const MatrixView& v : views) k.push_back(K(v));
-  RETURN_IF_ERROR(
-      CudaStatus(cuda_kernels::MarkNonFiniteMulti(k.data(), int64_t(k.size()),
-                                                  limit, flag_, stream_),
-                 "all_finite"));
+  RETURN_IF_ERROR(MarkNonFinite(views, limit, flag_, "all_finite"));
   RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host_flag_, flag_, sizeof(int),
                                              cudaMemcpyDeviceToHost, stream_),
                              "all_finite"));

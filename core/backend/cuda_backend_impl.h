@@ -244,6 +244,10 @@ class CudaBackend final : public Backend {
   // ints, 4 KiB).
   int* flag_ = nullptr;
   int* host_flag_ = nullptr;
+  // Sets *flag (device memory) where an element of `views` breaks
+  // AllFiniteBelow's test against `limit`; never clears it. No wait.
+  absl::Status MarkNonFinite(absl::Span<const MatrixView> views, float limit,
+                             int* flag, const char* what);
   // The momentum kernels' batch, checked (GradCheck) or not.
   absl::Status MomentumBatch(absl::Span<const MatrixView> grads,
                              absl::Span<const MatrixView> momenta_in,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/common/status_macros.h"
+#include "core/step/group_in_order.h"
 
 namespace muond {
 
@@ -72,22 +73,20 @@ absl::Status GatherDomainVotesOfGroups(absl::Span<GroupVote> groups,
                                        size_t* timed_out) {
   for (GroupVote& group : groups) group.replica_grads = {group.vote.grads};
   for (Communicator* GroupVote::*stage : kStages) {
-    // Communicators in order of their first group; each with its groups.
-    std::vector<std::pair<Communicator*, std::vector<size_t>>> batches;
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      Communicator* comm = groups[gi].*stage;
-      if (comm == nullptr || comm->size() <= 1) continue;
-      auto it = std::find_if(batches.begin(), batches.end(),
-                             [&](const auto& b) { return b.first == comm; });
-      if (it == batches.end()) {
-        batches.push_back({comm, {gi}});
-      } else {
-        it->second.push_back(gi);
-      }
-    }
-    for (const auto& [comm, members] : batches) {
+    // The groups on each communicator, in order of its first group.
+    const std::vector<std::vector<size_t>> batches = GroupInOrder(
+        groups.size(),
+        [&](size_t gi) {
+          const Communicator* comm = groups[gi].*stage;
+          return comm != nullptr && comm->size() > 1;
+        },
+        [&](size_t a, size_t b) {
+          return groups[a].*stage == groups[b].*stage;
+        });
+    for (const std::vector<size_t>& members : batches) {
+      Communicator& comm = *(groups[members.front()].*stage);
       const absl::Status gathered =
-          GatherOn(*comm, stage == &GroupVote::dp, groups, members);
+          GatherOn(comm, stage == &GroupVote::dp, groups, members);
       if (absl::IsDeadlineExceeded(gathered)) {
         *timed_out = members.front();
         return gathered;

@@ -359,7 +359,6 @@ absl::Status MomentumWithGradCheck(GroupState& group,
                                    const MuonOptions& options,
                                    const std::set<std::string>& skip,
                                    MomentumGradCheck check) {
-  group.momentum_ready = false;
   Backend& backend = *group.backend;
   backend.PushRange("lsmuon/momentum");
   const absl::Status ran = MomentumPhase(group, options, skip, check);
@@ -396,8 +395,8 @@ NsLists NsListsOf(const GroupState& group) {
 }
 
 bool RunsLaneNs(const GroupState& group) {
-  return group.momentum_ready && !group.ns_done &&
-         ChecksGradsInMomentum(group) && group.plan.has_value() &&
+  // momentum_ready is set only where the group ChecksGradsInMomentum.
+  return group.momentum_ready && !group.ns_done && group.plan.has_value() &&
          !HasExchangeStages(group.plan->plan);
 }
 

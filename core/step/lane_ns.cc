@@ -1,12 +1,12 @@
 #include "core/step/lane_ns.h"
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
+#include "core/step/group_in_order.h"
 #include "core/step/group_step.h"
 #include "core/step/ns_runner.h"
 
@@ -20,25 +20,19 @@ bool SameNs(const GroupState& a, const GroupState& b) {
          a.step_muon.ns_batch_size == b.step_muon.ns_batch_size;
 }
 
-// Groups that SameNs each other, in order of each batch's first group.
+// The groups that RunsLaneNs, those that SameNs each other together, in
+// order of each batch's first group.
 std::vector<std::vector<GroupState*>> BatchesOf(
     absl::Span<GroupState* const> groups) {
-  std::vector<std::vector<GroupState*>> batches;
-  for (GroupState* group : groups) {
-    if (group->config.algorithm != Algorithm::kMuon || !RunsLaneNs(*group)) {
-      continue;
-    }
-    auto same = [&](const std::vector<GroupState*>& batch) {
-      return SameNs(*batch.front(), *group);
-    };
-    auto it = std::find_if(batches.begin(), batches.end(), same);
-    if (it == batches.end()) {
-      batches.push_back({group});
-    } else {
-      it->push_back(group);
-    }
+  const std::vector<std::vector<size_t>> batches = GroupInOrder(
+      groups.size(), [&](size_t i) { return RunsLaneNs(*groups[i]); },
+      [&](size_t a, size_t b) { return SameNs(*groups[a], *groups[b]); });
+  std::vector<std::vector<GroupState*>> out;
+  for (const std::vector<size_t>& batch : batches) {
+    std::vector<GroupState*>& members = out.emplace_back();
+    for (size_t i : batch) members.push_back(groups[i]);
   }
-  return batches;
+  return out;
 }
 
 // "group 'a'", or "groups 'a', 'b', 'c' and 5 more".
@@ -58,7 +52,7 @@ absl::Status RunBatch(const std::vector<GroupState*>& batch, PhaseClock& clock,
                       ShapeTimes* shape_times, absl::string_view when) {
   NsLists all;
   for (const GroupState* group : batch) {
-    NsLists one = NsListsOf(*group);
+    const NsLists one = NsListsOf(*group);
     for (int l = 0; l < 3; ++l) {
       all.lists[l].insert(all.lists[l].end(), one.lists[l].begin(),
                           one.lists[l].end());

@@ -15,6 +15,7 @@
 #include "core/step/domain_agreement.h"
 #include "core/step/gather_domain_votes.h"
 #include "core/step/group_count.h"
+#include "core/step/group_in_order.h"
 #include "core/step/layer_sharded_muon_impl.h"
 
 namespace muond {
@@ -72,37 +73,29 @@ int64_t LayerShardedMuonImpl::VoteScratchFloats(const Lane& lane) const {
 }
 
 absl::Status LayerShardedMuonImpl::AllocateLocalSlabs(Lane& lane) {
-  // The lane's Muon groups by NS runner, in order of their first group.
-  std::vector<std::pair<const NsRunner*, std::vector<GroupState*>>> runners;
-  for (int g : lane.groups) {
-    GroupState& group = groups_[g];
-    if (group.ns == nullptr) continue;  // AdamW
-    auto it = std::find_if(runners.begin(), runners.end(), [&](const auto& r) {
-      return r.first == group.ns.get();
-    });
-    if (it == runners.end()) {
-      runners.push_back({group.ns.get(), {&group}});
-    } else {
-      it->second.push_back(&group);
-    }
-  }
-  for (const auto& [runner, members] : runners) {
+  // The lane's Muon groups by NS runner (AdamW groups have none), in order
+  // of their first group.
+  auto of = [&](size_t k) -> GroupState& { return groups_[lane.groups[k]]; };
+  const std::vector<std::vector<size_t>> runners = GroupInOrder(
+      lane.groups.size(), [&](size_t k) { return of(k).ns != nullptr; },
+      [&](size_t a, size_t b) { return of(a).ns == of(b).ns; });
+  for (const std::vector<size_t>& members : runners) {
     std::vector<std::pair<int64_t, int64_t>> shapes;
-    for (const GroupState* group : members) {
-      for (const ParamBinding& p : group->config.params) {
+    for (size_t k : members) {
+      for (const ParamBinding& p : of(k).config.params) {
         shapes.emplace_back(p.param.rows, p.param.cols);
       }
     }
     // Groups sharing a runner share its backend and work dtype.
-    const GroupState& first = *members.front();
+    const GroupState& first = of(members.front());
     ASSIGN_OR_RETURN(
         std::vector<MatrixView> views,
         AllocateSlabs(first.backend, first.ns_dtype, shapes, lane.local_slabs));
-    size_t next = 0;
-    for (GroupState* group : members) {
-      const size_t n = group->config.params.size();
-      group->local.assign(views.begin() + next, views.begin() + next + n);
-      next += n;
+    auto next = views.begin();
+    for (size_t k : members) {
+      GroupState& group = of(k);
+      group.local.assign(next, next + group.config.params.size());
+      next += group.config.params.size();
     }
   }
   return absl::OkStatus();

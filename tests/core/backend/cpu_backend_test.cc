@@ -618,7 +618,7 @@ TEST(CpuBackend, AllFiniteBelowTheBf16OverflowThreshold) {
 }
 
 // The default CheckedMuonMomentumBatch: the momentum bitwise the unchecked
-// call's, and TakeGradCheck's finding kept across calls until taken.
+// call's, and TakeGradChecks' finding kept across calls until taken.
 TEST(CpuBackend, CheckedMomentumKeepsItsFindingUntilTaken) {
   auto backend = MakeCpuBackend();
   const float limit = BitsToFloat(kBf16OverflowThresholdBits);
@@ -640,8 +640,8 @@ TEST(CpuBackend, CheckedMomentumKeepsItsFindingUntilTaken) {
   g2[1] = -limit;  // finite in fp32, beyond the bf16 range
   ASSERT_TRUE(checked(g2).ok());
   ASSERT_TRUE(checked(g1).ok());
-  EXPECT_FALSE(*backend->TakeGradCheck());  // the second call's finding
-  EXPECT_TRUE(*backend->TakeGradCheck());   // taken: afresh
+  EXPECT_FALSE((*backend->TakeGradChecks(1))[0]);  // the second call's finding
+  EXPECT_TRUE((*backend->TakeGradChecks(1))[0]);   // taken: afresh
 }
 
 // Check slots: each keeps its own calls' finding (checked momentum or a check

@@ -816,7 +816,7 @@ TEST_F(CudaBackendTest, Vec4AndUnalignedElementwiseBitIdenticalToCpu) {
 // bytes into its allocation (the scalar path) and a strided one (the
 // single-tensor kernel); bf16 grads (the table's 2-byte vec4 path) and fp16
 // grads (the flat single-tensor path). The outputs are bitwise the
-// unchecked call's, and TakeGradCheck finds what AllFiniteBelow finds for
+// unchecked call's, and TakeGradChecks finds what AllFiniteBelow finds for
 // NaN, Inf, the bf16 limit and just below it (in each grad's dtype).
 TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
   struct Shape {
@@ -880,7 +880,7 @@ TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
   ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true, dout,
                                              {}, limit, 0)
                   .ok());
-  ASSERT_TRUE(*gpu_->TakeGradCheck());
+  ASSERT_TRUE((*gpu_->TakeGradChecks(1))[0]);
   for (size_t i = 0; i < shapes.size(); ++i) {
     const int64_t n = shapes[i].rows * shapes[i].ld;
     EXPECT_EQ(Down<float>(dout[i], n), Down<float>(dout_ref[i], n)) << i;
@@ -902,7 +902,7 @@ TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
         ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true,
                                                    dout, {}, limit, 0)
                         .ok());
-        EXPECT_EQ(*gpu_->TakeGradCheck(), want)
+        EXPECT_EQ((*gpu_->TakeGradChecks(1))[0], want)
             << "tensor " << i << " elem " << e << " value " << v;
         // fp32 and bf16 hold `below` under the limit; fp16 overflows it.
         EXPECT_EQ(want, v == below && s.grad != DType::kFloat16) << i;
@@ -912,7 +912,7 @@ TEST_F(CudaBackendTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
       ASSERT_TRUE(gpu_->CopyFromHost(at, fine.data(), es).ok());
     }
   }
-  EXPECT_TRUE(*gpu_->TakeGradCheck());
+  EXPECT_TRUE((*gpu_->TakeGradChecks(1))[0]);
 }
 
 // Check slots on the device: each slot's flag is its own calls' (one NaN in

@@ -206,7 +206,7 @@ TEST_F(CudaFp8StateTest, TwoPassesAreTheCpuOneCallBitwise) {
 }
 
 // The momentum kernels' grad check on fp8 state (vector and strided grads):
-// the NS input bitwise the unchecked call's, and TakeGradCheck finding what
+// the NS input bitwise the unchecked call's, and TakeGradChecks finding what
 // AllFiniteBelow finds where a grad element is NaN, Inf or at the limit.
 TEST_F(CudaFp8StateTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
   std::vector<Host> params;
@@ -238,7 +238,7 @@ TEST_F(CudaFp8StateTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
   ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true, dout,
                                              ds_in, limit, 0)
                   .ok());
-  ASSERT_TRUE(*gpu_->TakeGradCheck());
+  ASSERT_TRUE((*gpu_->TakeGradChecks(1))[0]);
   for (size_t k = 0; k < params.size(); ++k) {
     std::vector<float> got(params[k].n()), want(params[k].n());
     Down(got, dout[k].data);
@@ -263,7 +263,7 @@ TEST_F(CudaFp8StateTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
         ASSERT_TRUE(gpu_->CheckedMuonMomentumBatch(dg, dm, no_state, 0.95, true,
                                                    dout, ds_in, limit, 0)
                         .ok());
-        EXPECT_EQ(*gpu_->TakeGradCheck(), want)
+        EXPECT_EQ((*gpu_->TakeGradChecks(1))[0], want)
             << "param " << k << " elem " << e << " value " << v;
         EXPECT_EQ(want, v == below);
       }
@@ -272,7 +272,7 @@ TEST_F(CudaFp8StateTest, CheckedMomentumFindsWhatAllFiniteBelowFinds) {
     }
   }
   // A finding is taken once: the next call starts afresh.
-  EXPECT_TRUE(*gpu_->TakeGradCheck());
+  EXPECT_TRUE((*gpu_->TakeGradChecks(1))[0]);
 }
 
 TEST_F(CudaFp8StateTest, OneTensorInPlaceAndStaged) {
