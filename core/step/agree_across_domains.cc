@@ -18,6 +18,7 @@
 #include "core/step/grad_fingerprint.h"
 #include "core/step/group_step.h"
 #include "core/step/group_step_summary.h"
+#include "core/step/lane_exchanges.h"
 #include "core/step/layer_sharded_muon_impl.h"
 #include "core/step/plan_buffers.h"
 #include "core/step/step_failures.h"
@@ -94,7 +95,7 @@ class LocalGradFindings {
 
   // The momentum phase's own failure is the step's, as it was where the
   // phase runs after the vote: the check reads the grads itself, and
-  // PrepareMuonGroup runs the phase again and refuses in the commit vote.
+  // the prepare runs the phase again and refuses in the commit vote.
   void ReadOwnInstead(size_t gi, const char* what, const absl::Status& why) {
     GroupState& group = groups_[gi];
     LOG(WARNING) << "group '" << group.config.name << "': " << what
@@ -255,6 +256,11 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
     refused = UseHomesVersion(group, agreed->homes_version);
     result.homes_versions[group.config.name] = agreed->homes_version;
   }
+  // Before the job vote, so a rank that cannot hold its batched exchanges
+  // refuses with every rank instead of leaving its peers in them.
+  for (Lane& lane : lanes_) {
+    if (refused.ok()) refused = ReserveLaneExchanges(lane);
+  }
   RETURN_IF_ERROR(refused);
   return bad;
 }
@@ -292,16 +298,25 @@ absl::Status LayerShardedMuonImpl::UseHomesVersion(GroupState& group,
       PlanBuffers plan,
       BuildPlanBuffers(group.backend, group.ns_dtype, ParamSpecs(group),
                        std::move(homes), group.config.domain, group.local));
-  Lane& lane = lanes_[group.lane];
-  const int64_t elem = int64_t(DTypeSize(group.ns_dtype));
-  RETURN_IF_ERROR(lane.exchange.Reserve(lane.backend,
-                                        plan.plan.max_send_elems * elem,
-                                        plan.plan.max_recv_elems * elem));
-  transient_bytes_ = std::max(transient_bytes_, plan.assembled_bytes +
-                                                    lane.exchange.send_bytes() +
-                                                    lane.exchange.recv_bytes());
   group.plan = std::move(plan);
   group.plan_version = version;
+  return absl::OkStatus();
+}
+
+absl::Status LayerShardedMuonImpl::ReserveLaneExchanges(Lane& lane) {
+  const std::vector<GroupState*> groups = GroupsOf(lane);
+  const ExchangeBytes need =
+      LaneExchangeBytes(groups, options_.exchange_batch_bytes);
+  RETURN_IF_ERROR(lane.exchange.Reserve(lane.backend, need.send, need.recv));
+  // The lane's groups keep their assembled matrices all at once: the
+  // exchanges run phase by phase across them.
+  int64_t assembled = 0;
+  for (const GroupState* group : groups) {
+    if (group->plan.has_value()) assembled += group->plan->assembled_bytes;
+  }
+  transient_bytes_ =
+      std::max(transient_bytes_, assembled + lane.exchange.send_bytes() +
+                                     lane.exchange.recv_bytes());
   return absl::OkStatus();
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// One all_to_allv of a stage of the exchange: pack, exchange, unpack.
+// One all_to_allv of the exchange: pack, exchange, unpack, for one or more
+// groups' routes over one communicator (lane_exchanges.h batches them).
 #include <string>
 
 #include "absl/status/status.h"
@@ -12,19 +13,32 @@
 
 namespace muond {
 
-// Packs the blocks `route.send` names out of `from` (one view per param,
-// indexed by Piece::param) into the send buffer, exchanges over `comm`, and
-// unpacks the received blocks into `to`, all in `dtype` on `backend`. Does
-// nothing when `stage` is inactive on this rank. `exchange` must hold the
-// route's bytes (ExchangeBuffers::Reserve). A missing communicator is an
-// Internal error naming `group`; communicator errors are returned as they
+// A group's share of one all_to_allv: the blocks its `route` names, packed
+// out of `from` and unpacked into `to` (one view per param, indexed by
+// Piece::param).
+struct ExchangePart {
+  const AllToAllvPlan* route = nullptr;
+  absl::Span<const MatrixView> from;
+  absl::Span<const MatrixView> to;
+};
+
+// The send (or receive) bytes `parts` need in `dtype`: the sum of their
+// routes' totals.
+int64_t SendBytesOf(absl::Span<const ExchangePart> parts, DType dtype);
+int64_t RecvBytesOf(absl::Span<const ExchangePart> parts, DType dtype);
+
+// Packs the parts' blocks into the send buffer, peer by peer and within a
+// peer part by part (so every rank of `comm` must pass the parts of the same
+// groups in the same order), exchanges them over `comm` as one all_to_allv
+// of `dtype`, and unpacks what arrived in the same layout, on `backend`.
+// `exchange` must hold SendBytesOf and RecvBytesOf (ExchangeBuffers::
+// Reserve). A failed pack or unpack does not skip the collective, which the
+// peers wait for; it is returned after. A missing communicator is an
+// Internal error naming `groups`; communicator errors are returned as they
 // come.
-absl::Status ExchangeStage(Backend& backend, Communicator* comm,
-                           const StageExchange& stage,
-                           const AllToAllvPlan& route, DType dtype,
+absl::Status ExchangeParts(Backend& backend, Communicator* comm,
+                           absl::Span<const ExchangePart> parts, DType dtype,
                            ExchangeBuffers& exchange,
-                           absl::Span<const MatrixView> from,
-                           absl::Span<const MatrixView> to,
-                           const std::string& group);
+                           const std::string& groups);
 
 }  // namespace muond

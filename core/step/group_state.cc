@@ -305,4 +305,16 @@ MatrixView UpdateOf(const GroupState& group, const MuonOptions& options,
                       NsResultDType(options.ns, full[0], full[1]));
 }
 
+std::string NamesOfGroups(absl::Span<GroupState* const> groups) {
+  constexpr size_t kNamed = 3;
+  std::string names;
+  for (size_t i = 0; i < groups.size() && i < kNamed; ++i) {
+    absl::StrAppend(&names, i > 0 ? ", '" : "'", groups[i]->config.name, "'");
+  }
+  if (groups.size() > kNamed) {
+    absl::StrAppend(&names, " and ", groups.size() - kNamed, " more");
+  }
+  return absl::StrCat(groups.size() == 1 ? "group " : "groups ", names);
+}
+
 }  // namespace muond

@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/backend/backend.h"
 #include "core/common/matrix_view.h"
 #include "core/plan/sharding.h"
@@ -109,10 +111,11 @@ struct GroupState {
   std::vector<MatrixView> local;
   // This step's momentum phase ran in the domain agreement, with the grad
   // check in its pass (MomentumWithGradCheck): L_i holds the NS input, and
-  // PrepareMuonGroup runs no momentum phase of its own (and clears it).
+  // the prepare runs no momentum phase of its own (TakePrepareWork clears it).
   bool momentum_ready = false;
   // This step's NS ran with the lane's other groups (RunLaneNs: its inputs
-  // were all local): PrepareMuonGroup runs no NS of its own (and clears it).
+  // were all local): the prepare runs no NS of its own (TakePrepareWork clears
+  // it).
   bool ns_done = false;
   // The dtype of L_i, the assembled matrices and the exchanges: NS's work
   // dtype (bf16 for medium precision), so nothing is converted between the
@@ -176,5 +179,9 @@ MatrixView UpdateOf(const GroupState& group, const MuonOptions& options,
 // allocated on `backend`; points each such group's host_streams at them.
 absl::StatusOr<std::unique_ptr<HostStateStreams>> MakeHostStateStreams(
     Backend* backend, std::vector<GroupState*> groups);
+
+// How an error names several groups: "group 'a'", or "groups 'a', 'b',
+// 'c' and 5 more".
+std::string NamesOfGroups(absl::Span<GroupState* const> groups);
 
 }  // namespace muond

@@ -254,8 +254,8 @@ absl::Status StreamMomentum(GroupState& group, const MuonOptions& options,
   return status;
 }
 
-// Waits until the streams of host momentum are idle: the staged momentum is
-// complete (before the commit), and after an error nothing is still copying.
+}  // namespace
+
 absl::Status DrainMomentumStores(GroupState& group) {
   if (group.host_streams == nullptr) return absl::OkStatus();
   const absl::Status loaded = group.host_streams->load->Synchronize();
@@ -263,24 +263,7 @@ absl::Status DrainMomentumStores(GroupState& group) {
   return loaded.ok() ? stored : loaded;
 }
 
-// L_i -> A1_i over gtp_remat, then A1_i -> A2_i over tp.
-absl::Status ForwardExchangePhase(GroupState& group,
-                                  ExchangeBuffers& exchange) {
-  const PlanBuffers& pb = *group.plan;
-  const GroupExchangePlan& plan = pb.plan;
-  const DomainBinding& d = group.config.domain;
-  if (plan.has_stage1) {
-    RETURN_IF_ERROR(ExchangeStage(*group.backend, d.gtp, plan.stage1,
-                                  plan.stage1.forward, group.ns_dtype, exchange,
-                                  group.local, pb.stage1, group.config.name));
-  }
-  for (const StageExchange& s2 : plan.stage2) {
-    RETURN_IF_ERROR(ExchangeStage(*group.backend, d.tp, s2, s2.forward,
-                                  group.ns_dtype, exchange, pb.stage1,
-                                  pb.stage2, group.config.name));
-  }
-  return absl::OkStatus();
-}
+namespace {
 
 // NS in place where each param is whole on this rank: unmeasured, one graph
 // replay on CUDA (NsRunner::RunLists).
@@ -290,37 +273,6 @@ absl::Status NsPhase(GroupState& group, const MuonOptions& options,
   const absl::Span<const MatrixView> spans[] = {ns.lists[0], ns.lists[1],
                                                 ns.lists[2]};
   return group.ns->RunLists(options, spans, shape_times);
-}
-
-// A2_i -> A1_i over tp, A1_i -> L_i over gtp_remat, pad rows of L_i zeroed.
-absl::Status ReverseExchangePhase(GroupState& group,
-                                  ExchangeBuffers& exchange) {
-  const PlanBuffers& pb = *group.plan;
-  const GroupExchangePlan& plan = pb.plan;
-  const DomainBinding& d = group.config.domain;
-  for (auto it = plan.stage2.rbegin(); it != plan.stage2.rend(); ++it) {
-    RETURN_IF_ERROR(ExchangeStage(*group.backend, d.tp, *it, it->reverse,
-                                  group.ns_dtype, exchange, pb.stage2,
-                                  pb.stage1, group.config.name));
-  }
-  if (!plan.has_stage1) return absl::OkStatus();
-  RETURN_IF_ERROR(ExchangeStage(*group.backend, d.gtp, plan.stage1,
-                                plan.stage1.reverse, group.ns_dtype, exchange,
-                                pb.stage1, group.local, group.config.name));
-  for (const ZeroFill& z : plan.stage1.reverse_zero_fill) {
-    const MatrixView& m = group.local[z.param];
-    RETURN_IF_ERROR(group.backend->Memset0(
-        m.Block(z.block.row0, z.block.col0, z.block.rows, z.block.cols)));
-  }
-  return absl::OkStatus();
-}
-
-// L_i of the params homed in this replica -> L_i on the other replicas.
-absl::Status DpSharePhase(GroupState& group, ExchangeBuffers& exchange) {
-  const StageExchange& share = group.plan->dp_share;
-  return ExchangeStage(*group.backend, group.config.domain.dp, share,
-                       share.forward, group.ns_dtype, exchange, group.local,
-                       group.local, group.config.name);
 }
 
 // L_i -> param_i.
@@ -400,76 +352,52 @@ bool RunsLaneNs(const GroupState& group) {
          !HasExchangeStages(group.plan->plan);
 }
 
-namespace {
-
-// PrepareMuonGroup's phases; host momentum's stores may still run after.
-absl::Status PrepareMuonPhases(GroupState& group, const MuonOptions& options,
-                               const std::set<std::string>& skip,
-                               ExchangeBuffers& exchange,
-                               ShapeTimes* shape_times, PhaseClock& clock) {
-  Backend& backend = *group.backend;
-  // Cleared whichever branch runs: it speaks for this step only.
+PrepareWork TakePrepareWork(GroupState& group, const ShapeTimes* shape_times) {
+  // Cleared whichever way the step goes: they speak for this step only.
   const bool momentum_ready = std::exchange(group.momentum_ready, false);
   const bool ns_done = std::exchange(group.ns_done, false);
   if (StreamsNsWithMomentum(group, shape_times)) {
-    // Momentum and NS overlap: their wall time counts as NS's.
-    RETURN_IF_ERROR(
-        clock.Time(backend, "lsmuon/streamed_ns", &PhaseTimings::ns_us, [&] {
-          return StreamMomentum(group, options, skip, /*with_ns=*/true);
-        }));
-  } else {
-    // Already run where the domain agreement checked the grads in its pass.
-    if (!momentum_ready) {
-      RETURN_IF_ERROR(clock.Time(
-          backend, "lsmuon/momentum", &PhaseTimings::momentum_us, [&] {
-            return group.host_streams != nullptr
-                       ? StreamMomentum(group, options, skip,
-                                        /*with_ns=*/false)
-                       : MomentumPhase(group, options, skip);
-          }));
-    }
-    // A phase with nothing to do (no exchange in the plan) is not timed:
-    // a thousand groups' empty phases would each cost two marks.
-    const PlanBuffers& pb = *group.plan;
-    const bool exchanges = HasExchangeStages(pb.plan);
-    if (exchanges) {
-      RETURN_IF_ERROR(
-          clock.Time(backend, "lsmuon/a2a_fwd", &PhaseTimings::a2a_fwd_us,
-                     [&] { return ForwardExchangePhase(group, exchange); }));
-    }
-    if (!ns_done) {
-      RETURN_IF_ERROR(
-          clock.Time(backend, "lsmuon/ns", &PhaseTimings::ns_us,
-                     [&] { return NsPhase(group, options, shape_times); }));
-    }
-    if (exchanges) {
-      RETURN_IF_ERROR(
-          clock.Time(backend, "lsmuon/a2a_bwd", &PhaseTimings::a2a_bwd_us,
-                     [&] { return ReverseExchangePhase(group, exchange); }));
-    }
-    if (pb.dp_share.active) {
-      RETURN_IF_ERROR(
-          clock.Time(backend, "lsmuon/dp_share", &PhaseTimings::dp_share_us,
-                     [&] { return DpSharePhase(group, exchange); }));
-    }
+    return {.momentum = true, .ns = true, .streamed = true};
   }
+  return {.momentum = !momentum_ready, .ns = !ns_done, .streamed = false};
+}
+
+absl::Status RunMomentumPhase(GroupState& group, const MuonOptions& options,
+                              const std::set<std::string>& skip,
+                              const PrepareWork& work, PhaseClock& clock) {
+  Backend& backend = *group.backend;
+  if (work.streamed) {
+    // Momentum and NS overlap: their wall time counts as NS's.
+    return clock.Time(backend, "lsmuon/streamed_ns", &PhaseTimings::ns_us, [&] {
+      return StreamMomentum(group, options, skip, /*with_ns=*/true);
+    });
+  }
+  if (!work.momentum) return absl::OkStatus();
+  return clock.Time(backend, "lsmuon/momentum", &PhaseTimings::momentum_us,
+                    [&] {
+                      return group.host_streams != nullptr
+                                 ? StreamMomentum(group, options, skip,
+                                                  /*with_ns=*/false)
+                                 : MomentumPhase(group, options, skip);
+                    });
+}
+
+absl::Status RunNsPhase(GroupState& group, const MuonOptions& options,
+                        const PrepareWork& work, ShapeTimes* shape_times,
+                        PhaseClock& clock) {
+  if (work.streamed || !work.ns) return absl::OkStatus();
+  return clock.Time(*group.backend, "lsmuon/ns", &PhaseTimings::ns_us,
+                    [&] { return NsPhase(group, options, shape_times); });
+}
+
+absl::Status RunVariantPhase(GroupState& group, const MuonOptions& options,
+                             const std::set<std::string>& skip,
+                             PhaseClock& clock) {
   // NorMuon/AdaMuon renormalise the update where it is whole again; their
   // time counts as NS's.
   if (options.variant == MuonVariant::kMuon) return absl::OkStatus();
-  return clock.Time(backend, "lsmuon/variant", &PhaseTimings::ns_us,
+  return clock.Time(*group.backend, "lsmuon/variant", &PhaseTimings::ns_us,
                     [&] { return VariantPhase(group, options, skip); });
-}
-
-}  // namespace
-
-absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
-                              const std::set<std::string>& skip,
-                              ExchangeBuffers& exchange,
-                              ShapeTimes* shape_times, PhaseClock& clock) {
-  const absl::Status status =
-      PrepareMuonPhases(group, options, skip, exchange, shape_times, clock);
-  const absl::Status drained = DrainMomentumStores(group);
-  return status.ok() ? drained : status;
 }
 
 absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,

@@ -4,7 +4,8 @@
 //
 //   momentum   grad_i, momentum_i -> L_i (momentum_i only read; double-
 //              buffered: also -> staged_momentum_i)
-//   a2a_fwd    stage 1 over gtp_remat:  L_i  -> A1_i
+//   a2a_fwd    (batched across the lane's groups: lane_exchanges.h)
+//              stage 1 over gtp_remat:  L_i  -> A1_i
 //              stage 2 over tp:         A1_i -> A2_i
 //   ns         replicated params on L_i, ns_tp_complete on A1_i,
 //              ns_after_stage2 on A2_i (NsRunner, in place)
@@ -83,7 +84,7 @@ bool StreamsNsWithMomentum(const GroupState& group,
 // Backend::CheckGradsInto; on the host GradsWithinLimit).
 bool ChecksGradsInMomentum(const GroupState& group);
 
-// PrepareMuonGroup's momentum phase run ahead of it, in the domain agreement
+// The prepare's momentum phase run ahead of it, in the domain agreement
 // (nothing of the state is written: L_i only), with the "every grad not in
 // `skip` under check.limit" check in the same pass
 // (Backend::CheckedMuonMomentumBatch into check.slot). Issues the work and
@@ -98,7 +99,7 @@ absl::Status MomentumWithGradCheck(GroupState& group,
 // (MomentumWithGradCheck), NS needs no exchange before it (every param
 // whole on this rank) and has not run yet: NS runs with the lane's other
 // such groups (lane_ns.h), before the job vote where the step is not
-// measured, and PrepareMuonGroup runs none of its own.
+// measured, and the prepare runs none of its own.
 bool RunsLaneNs(const GroupState& group);
 
 // The matrices a group's NS runs on in place (group.plan must be set), as
@@ -109,18 +110,45 @@ struct NsLists {
 };
 NsLists NsListsOf(const GroupState& group);
 
-// A Muon group's step up to the commit under its current plan (group.plan
-// must be set): momentum into staging, exchanges, NS, reverse exchanges,
-// dp_share (StreamsNsWithMomentum: momentum and NS overlapped).
-// `exchange`: the lane's buffers, reserved for the plan. `shape_times`: null
-// when this step does not measure NS per shape. Phases are timed on `clock`
-// (their work may still run when this returns).
-absl::Status PrepareMuonGroup(GroupState& group, const MuonOptions& options,
-                              const std::set<std::string>& skip,
-                              ExchangeBuffers& exchange,
-                              ShapeTimes* shape_times, PhaseClock& clock);
+// A Muon group's share of a lane's prepare (PrepareLane runs it phase by
+// phase across its groups, the exchanges batched: lane_exchanges.h), under
+// the group's current plan (group.plan must be set). What is left to do
+// this step: the momentum unless the domain agreement ran it, NS unless it
+// ran with the lane's (lane_ns.h); `streamed` where StreamsNsWithMomentum,
+// whose momentum phase runs NS too and which has nothing after it. Reads
+// and clears GroupState::momentum_ready and ns_done.
+struct PrepareWork {
+  bool momentum = true;
+  bool ns = true;
+  bool streamed = false;
+};
+PrepareWork TakePrepareWork(GroupState& group, const ShapeTimes* shape_times);
 
-// After PrepareMuonGroup: InvalidArgument naming the group's params whose
+// grad_i, momentum_i -> L_i (host momentum streamed through its device
+// slots; `work.streamed`: NS overlapped), timed on `clock`; nothing where
+// the agreement ran it.
+absl::Status RunMomentumPhase(GroupState& group, const MuonOptions& options,
+                              const std::set<std::string>& skip,
+                              const PrepareWork& work, PhaseClock& clock);
+
+// NS in place on NsListsOf (after the forward exchanges), timed on `clock`
+// and per shape into `shape_times` where not null; nothing where it ran
+// already.
+absl::Status RunNsPhase(GroupState& group, const MuonOptions& options,
+                        const PrepareWork& work, ShapeTimes* shape_times,
+                        PhaseClock& clock);
+
+// NorMuon/AdaMuon: the update renormalised where it is whole again (after
+// the reverse exchanges and dp_share); nothing for plain Muon.
+absl::Status RunVariantPhase(GroupState& group, const MuonOptions& options,
+                             const std::set<std::string>& skip,
+                             PhaseClock& clock);
+
+// Waits until the streams of host momentum are idle: the staged momentum is
+// complete (before the commit), and after an error nothing is still copying.
+absl::Status DrainMomentumStores(GroupState& group);
+
+// After the prepare: InvalidArgument naming the group's params whose
 // update on this rank (L_i) has a NaN or Inf, for custom coefficient
 // schedules only. A custom schedule can grow past the iteration dtype's range
 // (fp16 65504, or fp32) with finite gradients; the built-in sets are bounded
@@ -130,7 +158,7 @@ absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
                                   const std::set<std::string>& skip);
 
 // After the job's commit vote: the update of the params (L_i after
-// PrepareMuonGroup) and the new momentum stored (host state: the staged
+// the prepare) and the new momentum stored (host state: the staged
 // momentum made the state). Local only.
 absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
                              const std::set<std::string>& skip,

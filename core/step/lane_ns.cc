@@ -35,19 +35,6 @@ std::vector<std::vector<GroupState*>> BatchesOf(
   return out;
 }
 
-// "group 'a'", or "groups 'a', 'b', 'c' and 5 more".
-std::string NamesOf(const std::vector<GroupState*>& batch) {
-  constexpr size_t kNamed = 3;
-  std::string names;
-  for (size_t i = 0; i < batch.size() && i < kNamed; ++i) {
-    absl::StrAppend(&names, i > 0 ? ", '" : "'", batch[i]->config.name, "'");
-  }
-  if (batch.size() > kNamed) {
-    absl::StrAppend(&names, " and ", batch.size() - kNamed, " more");
-  }
-  return absl::StrCat(batch.size() == 1 ? "group " : "groups ", names);
-}
-
 absl::Status RunBatch(const std::vector<GroupState*>& batch, PhaseClock& clock,
                       ShapeTimes* shape_times, absl::string_view when) {
   NsLists all;
@@ -66,7 +53,7 @@ absl::Status RunBatch(const std::vector<GroupState*>& batch, PhaseClock& clock,
       [&] { return first.ns->RunLists(first.step_muon, spans, shape_times); });
   if (!ran.ok()) {
     return WithContext(
-        ran, absl::StrCat(NamesOf(batch), ": Newton-Schulz", when,
+        ran, absl::StrCat(NamesOfGroups(batch), ": Newton-Schulz", when,
                           " failed (the step was not applied: params and "
                           "momentum unchanged): "));
   }

@@ -161,6 +161,12 @@ struct StepOptions {
   // fit under the cap or the backend's free memory runs in smaller batches
   // (ns_workspace_budget.h; muond-daemon --max_ns_workspace_bytes).
   int64_t max_ns_workspace_bytes = 0;
+  // The exchanges of a lane's groups over one communicator run as one
+  // all_to_allv per stage for as many groups, in order, as stay within this
+  // many bytes by their size bound (lane_exchanges.h); a larger group
+  // exchanges alone, and 0 makes every group exchange alone. Must be the same
+  // on every rank of the job: the batches decide which collectives run.
+  int64_t exchange_batch_bytes = int64_t{64} << 20;
 };
 
 class LayerShardedMuon {

@@ -17,7 +17,9 @@
 //   lanes.h                lanes: groups that must run one after the other
 //   lane_threads.h         the lanes' worker pool, created with the engine
 //   group_step.h           one group's phases (momentum ... update)
-//   exchange_stage.h       one all_to_allv stage: pack, exchange, unpack
+//   exchange_stage.h       one all_to_allv: pack, exchange, unpack
+//   lane_exchanges.h       a lane's exchanges batched across its groups
+//   lane_ns.h              a lane's NS batched across its groups
 //   ns_runner.h            Newton–Schulz batched by shape, shape timing
 //   state_io.h             the state codec of ExportState / ImportState
 #include <cstdint>
@@ -97,6 +99,9 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   // Routes `group` by the homes of `version` (0: round-robin fallback),
   // building its plan unless it is the one in use.
   absl::Status UseHomesVersion(GroupState& group, int64_t version);
+  // Grows `lane`'s exchange buffers to its batched exchanges under the
+  // groups' current plans (lane_exchanges.h).
+  absl::Status ReserveLaneExchanges(Lane& lane);
   // The homes of `version` as this rank holds them.
   absl::StatusOr<std::vector<NsHome>> HomesOf(const GroupState& group,
                                               int64_t version) const;
@@ -130,8 +135,10 @@ class LayerShardedMuonImpl final : public LayerShardedMuon {
   absl::Status RunLanes(
       const std::function<absl::Status(Lane&, PhaseTimings&)>& fn,
       PhaseTimings& timings);
-  // Up to the commit: the Muon groups of one lane, in registration order.
-  // Phases are timed on lane.clock; their work may run on after it returns.
+  // Up to the commit: the Muon groups of one lane phase by phase, in
+  // registration order within each phase, the exchanges batched across them
+  // (lane_exchanges.h). Phases are timed on lane.clock; their work may run
+  // on after it returns.
   absl::Status PrepareLane(Lane& lane, const StepInputs& inputs,
                            ShapeTimes* shape_times);
   // The lane's groups, in its order.

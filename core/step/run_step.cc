@@ -5,6 +5,7 @@
 // commit vote, then the commit.
 #include <algorithm>
 #include <functional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/time/time.h"
 #include "core/common/status_macros.h"
 #include "core/step/group_step.h"
+#include "core/step/lane_exchanges.h"
 #include "core/step/lane_ns.h"
 #include "core/step/layer_sharded_muon_impl.h"
 #include "core/step/step_failures.h"
@@ -221,21 +223,58 @@ absl::Status LayerShardedMuonImpl::RunLanes(
 absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
                                                const StepInputs& inputs,
                                                ShapeTimes* shape_times) {
+  const std::set<std::string>& skip = inputs.skip_params;
   // A measured step's batched NS (an unmeasured one's ran before the vote).
-  absl::Status first =
+  const absl::Status lane_ns =
       RunLaneNs(GroupsOf(lane), lane.clock, shape_times, " after the vote");
+  // The Muon groups phase by phase, the exchanges batched across them. A
+  // group that failed on its own (NS out of memory on a GPU another process
+  // shares) still takes part in every exchange, whose peers wait for it,
+  // and runs nothing else; the commit vote refuses the step. After a
+  // communicator's failure the next collective would only wait out one more
+  // timeout: nothing more runs.
+  std::vector<GroupState*> muon;
+  std::vector<PrepareWork> work;
+  std::vector<absl::Status> own;
   for (int gi : lane.groups) {
-    // After a failure of this rank's own (NS out of memory on a GPU another
-    // process shares), the groups after it still run their exchanges, whose
-    // peers wait for them; the commit vote refuses the step. After a
-    // communicator's failure the next collective would only wait out one
-    // more timeout.
-    if (IsCommunicationFailure(first)) break;
     GroupState& group = groups_[gi];
     if (group.config.algorithm != Algorithm::kMuon) continue;
-    first.Update(PrepareMuonGroup(group, group.step_muon, inputs.skip_params,
-                                  lane.exchange, shape_times, lane.clock));
+    muon.push_back(&group);
+    work.push_back(TakePrepareWork(group, shape_times));
+    own.push_back(RunMomentumPhase(group, group.step_muon, skip, work.back(),
+                                   lane.clock));
   }
+  absl::Status exchanged;
+  auto exchange = [&](LaneExchangeStep step, PhaseClock::Field field) {
+    if (IsCommunicationFailure(exchanged)) return;
+    exchanged.Update(RunLaneExchanges(muon, step, options_.exchange_batch_bytes,
+                                      lane.exchange, lane.clock, field));
+  };
+  auto each_group = [&](auto&& phase) {
+    if (IsCommunicationFailure(exchanged)) return;
+    for (size_t i = 0; i < muon.size(); ++i) {
+      if (own[i].ok() && !work[i].streamed) own[i] = phase(*muon[i], work[i]);
+    }
+  };
+  exchange(LaneExchangeStep::kStage1Forward, &PhaseTimings::a2a_fwd_us);
+  exchange(LaneExchangeStep::kStage2Forward, &PhaseTimings::a2a_fwd_us);
+  each_group([&](GroupState& group, const PrepareWork& w) {
+    return RunNsPhase(group, group.step_muon, w, shape_times, lane.clock);
+  });
+  exchange(LaneExchangeStep::kStage2Reverse, &PhaseTimings::a2a_bwd_us);
+  exchange(LaneExchangeStep::kStage1Reverse, &PhaseTimings::a2a_bwd_us);
+  exchange(LaneExchangeStep::kDpShare, &PhaseTimings::dp_share_us);
+  each_group([&](GroupState& group, const PrepareWork&) {
+    return RunVariantPhase(group, group.step_muon, skip, lane.clock);
+  });
+  // A communicator's failure first: the step decides on it (a timeout
+  // abandons the step); then the groups' own, in order.
+  absl::Status first =
+      IsCommunicationFailure(exchanged) ? exchanged : absl::OkStatus();
+  first.Update(lane_ns);
+  for (const absl::Status& failed : own) first.Update(failed);
+  first.Update(exchanged);
+  for (GroupState* group : muon) first.Update(DrainMomentumStores(*group));
   return first;
 }
 

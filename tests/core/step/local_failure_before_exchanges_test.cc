@@ -4,8 +4,10 @@
 // exchange it skipped. Two ranks over Gloo (4 s timeout), a device-like
 // backend; one lane holding a group whose params are GTP-sharded over both
 // ranks (exchanges) and a single-rank group whose NS needs none, in either
-// order; on the first step (measured: NS after the vote) NS of the 3x5
-// matrices fails on rank 0 only.
+// order; on the first step (measured: NS after the vote) NS fails on rank 0
+// only: of the single-rank group's 3x5 matrix (before the exchanges), or of
+// the sharded group's 8x6 matrix assembled on rank 0 (between its forward
+// and its reverse exchange, which rank 1 waits in).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -27,18 +29,19 @@ namespace {
 
 constexpr int kRanks = 2;
 
-// A device-like CPU backend whose NS fails on 3x5 matrices while `fail`.
+// A device-like CPU backend whose NS fails on matrices with `fail_cols`
+// columns (0: none).
 class Failing final : public testing::DelegatingBackend {
  public:
   bool is_device() const override { return true; }
   absl::Status FrobeniusNormalize(const MatrixView& s, const MatrixView& d,
                                   int64_t batch, float eps) override {
-    if (fail && (s.cols == 5 || s.rows == 5)) {
-      return absl::InternalError("injected NS failure on 3x5");
+    if (fail_cols > 0 && (s.cols == fail_cols || s.rows == fail_cols)) {
+      return absl::InternalError("injected NS failure");
     }
     return DelegatingBackend::FrobeniusNormalize(s, d, batch, eps);
   }
-  bool fail = false;
+  int64_t fail_cols = 0;
 };
 
 struct RankRun {
@@ -48,7 +51,7 @@ struct RankRun {
 
 // `local_first`: the single-rank group registered first.
 void RunRank(InMemoryKeyValueStore* store, int rank, bool local_first,
-             RankRun* run) {
+             int64_t fail_cols, RankRun* run) {
   GlooOptions gloo;
   gloo.hostname = "127.0.0.1";
   gloo.timeout = absl::Seconds(4);
@@ -59,7 +62,7 @@ void RunRank(InMemoryKeyValueStore* store, int rank, bool local_first,
     return;
   }
   Failing backend;
-  backend.fail = rank == 0;
+  backend.fail_cols = rank == 0 ? fail_cols : 0;
   std::vector<float> pb(4 * 6, 0.1f), gb(4 * 6, 0.2f);
   std::vector<float> pa(3 * 5, 0.3f), ga(3 * 5, 0.4f);
   std::vector<GroupConfig> groups(2);
@@ -101,31 +104,43 @@ void RunRank(InMemoryKeyValueStore* store, int rank, bool local_first,
   run->seconds = absl::ToDoubleSeconds(absl::Now() - start);
 }
 
+// Both ranks refused the step (none abandoned it) well inside the comm
+// timeout, rank 0 naming `failure`.
+void ExpectRefusedAtOnce(bool local_first, int64_t fail_cols,
+                         const std::string& failure) {
+  InMemoryKeyValueStore store;
+  RankRun runs[kRanks];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back(RunRank, &store, r, local_first, fail_cols, &runs[r]);
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_FALSE(runs[r].status.ok());
+    EXPECT_FALSE(absl::IsDeadlineExceeded(runs[r].status))
+        << "a refusal was expected, not an abandoned step: " << runs[r].status;
+    EXPECT_LT(runs[r].seconds, 3.0) << "waited for the comm timeout";
+  }
+  EXPECT_NE(runs[0].status.message().find(failure), std::string::npos)
+      << runs[0].status;
+  EXPECT_NE(runs[1].status.message().find("refused by rank 0"),
+            std::string::npos)
+      << runs[1].status;
+}
+
 TEST(LocalFailureBeforeExchanges, PeersRefuseAtOnceInsteadOfTimingOut) {
   for (bool local_first : {false, true}) {
     SCOPED_TRACE(local_first ? "single-rank group first" : "sharded first");
-    InMemoryKeyValueStore store;
-    RankRun runs[kRanks];
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kRanks; ++r) {
-      threads.emplace_back(RunRank, &store, r, local_first, &runs[r]);
-    }
-    for (std::thread& t : threads) t.join();
-    for (int r = 0; r < kRanks; ++r) {
-      SCOPED_TRACE(absl::StrCat("rank ", r));
-      EXPECT_FALSE(runs[r].status.ok());
-      EXPECT_FALSE(absl::IsDeadlineExceeded(runs[r].status))
-          << "a refusal was expected, not an abandoned step: "
-          << runs[r].status;
-      EXPECT_LT(runs[r].seconds, 3.0) << "waited for the comm timeout";
-    }
-    EXPECT_NE(runs[0].status.message().find(
-                  "group 'local': Newton-Schulz after the vote failed"),
-              std::string::npos)
-        << runs[0].status;
-    EXPECT_NE(runs[1].status.message().find("refused by rank 0"),
-              std::string::npos)
-        << runs[1].status;
+    ExpectRefusedAtOnce(local_first, /*fail_cols=*/5,
+                        "group 'local': Newton-Schulz after the vote failed");
+  }
+}
+
+TEST(LocalFailureBetweenExchanges, PeersRefuseAtOnceInsteadOfTimingOut) {
+  for (bool local_first : {false, true}) {
+    SCOPED_TRACE(local_first ? "single-rank group first" : "sharded first");
+    ExpectRefusedAtOnce(local_first, /*fail_cols=*/6, "injected NS failure");
   }
 }
 
