@@ -5,9 +5,10 @@
 // Gloo between R threads of this process). Prints each layout's median step
 // time on rank 0 and the ratio one group / P groups (1.00: groups cost
 // nothing), measured side by side in one run. On the host backend this is
-// the cost of the per-group collectives (the domain votes, the exchanges)
-// and host work; the device-only batching (grad check slots, NS across
-// groups) needs a GPU (step_bench --engine --groups).
+// the per-group host work and what the collectives cost beyond one group's
+// (the domain votes and the exchanges run batched across a lane's groups);
+// the device-only batching (grad check slots, NS across groups) needs a GPU
+// (step_bench --engine --groups).
 //   groups_bench [--ranks=2] [--params=1000] [--rows=8] [--cols=16]
 //                [--steps=20] [--warmup=3]
 #include <algorithm>

@@ -10,7 +10,6 @@
 #include "absl/time/time.h"
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
-#include "core/step/exchange_stage.h"
 #include "core/step/variant_phase.h"
 
 namespace muond {

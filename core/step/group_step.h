@@ -4,9 +4,8 @@
 //
 //   momentum   grad_i, momentum_i -> L_i (momentum_i only read; double-
 //              buffered: also -> staged_momentum_i)
-//   a2a_fwd    (batched across the lane's groups: lane_exchanges.h)
-//              stage 1 over gtp_remat:  L_i  -> A1_i
-//              stage 2 over tp:         A1_i -> A2_i
+//   a2a_fwd    stage 1 over gtp:  L_i  -> A1_i
+//              stage 2 over tp:   A1_i -> A2_i
 //   ns         replicated params on L_i, ns_tp_complete on A1_i,
 //              ns_after_stage2 on A2_i (NsRunner, in place)
 //   a2a_bwd    reverse stage 2:  A2_i -> A1_i
@@ -14,6 +13,10 @@
 //   dp_share   over the DP group: L_i of the params homed in this replica
 //              -> L_i of the same params on the other replicas
 //              (PlanBuffers::dp_share; nothing without a DP axis)
+//   variant    NorMuon / AdaMuon: the update renormalised where it is whole
+//              (variant_phase.h); nothing for plain Muon
+//   (a lane's exchanges, a2a_fwd, a2a_bwd and dp_share, run batched across
+//   its groups: lane_exchanges.h)
 //   ---------- the job's commit vote (layer_sharded_muon.cc) ----------
 //   update     L_i -> param_i (weight decay + adjusted lr), then
 //              grad_i, momentum_i -> momentum_i (the momentum kernel again,
@@ -58,7 +61,6 @@
 #include "absl/status/status.h"
 #include "core/muon/adamw.h"
 #include "core/muon/muon_update.h"
-#include "core/step/buffers.h"
 #include "core/step/group_state.h"
 #include "core/step/layer_sharded_muon.h"
 #include "core/step/ns_runner.h"
@@ -115,7 +117,7 @@ NsLists NsListsOf(const GroupState& group);
 // the group's current plan (group.plan must be set). What is left to do
 // this step: the momentum unless the domain agreement ran it, NS unless it
 // ran with the lane's (lane_ns.h); `streamed` where StreamsNsWithMomentum,
-// whose momentum phase runs NS too and which has nothing after it. Reads
+// whose momentum phase runs NS too, leaving only the variant phase. Reads
 // and clears GroupState::momentum_ready and ns_done.
 struct PrepareWork {
   bool momentum = true;

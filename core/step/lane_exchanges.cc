@@ -48,32 +48,37 @@ std::optional<GroupPart> PartOf(const GroupState& group, LaneExchangeStep step,
       break;
   }
   if (stage == nullptr || !stage->active) return std::nullopt;
+  const std::string* name = &group.config.name;
   switch (step) {
     case LaneExchangeStep::kStage1Forward:
-      return GroupPart{d.gtp, {&stage->forward, group.local, pb.stage1}};
+      return GroupPart{d.gtp, {name, &stage->forward, group.local, pb.stage1}};
     case LaneExchangeStep::kStage2Forward:
-      return GroupPart{d.tp, {&stage->forward, pb.stage1, pb.stage2}};
+      return GroupPart{d.tp, {name, &stage->forward, pb.stage1, pb.stage2}};
     case LaneExchangeStep::kStage2Reverse:
-      return GroupPart{d.tp, {&stage->reverse, pb.stage2, pb.stage1}};
+      return GroupPart{d.tp, {name, &stage->reverse, pb.stage2, pb.stage1}};
     case LaneExchangeStep::kStage1Reverse:
-      return GroupPart{d.gtp, {&stage->reverse, pb.stage1, group.local}};
+      return GroupPart{d.gtp, {name, &stage->reverse, pb.stage1, group.local}};
     case LaneExchangeStep::kDpShare:
-      return GroupPart{d.dp, {&stage->forward, group.local, group.local}};
+      return GroupPart{d.dp, {name, &stage->forward, group.local, group.local}};
   }
   return std::nullopt;
 }
 
 // The same on every rank of the group's domain: its params' whole elements
-// in its NS dtype, at least what any rank sends or receives for the group
-// in any step.
-int64_t SizeBound(const GroupState& group) {
+// in its NS dtype, times the other replicas for dp_share (a replica sends
+// the updates of the params homed in it to each of them): at least what any
+// rank sends or receives for the group in `step`.
+int64_t SizeBound(const GroupState& group, LaneExchangeStep step) {
   int64_t elements = 0;
   for (const ParamState& p : group.params) {
     int64_t n = 1;
     for (int64_t dim : p.spec.full_shape) n *= dim;
     elements += n;
   }
-  return elements * int64_t(DTypeSize(group.ns_dtype));
+  const int64_t copies = step == LaneExchangeStep::kDpShare
+                             ? std::max(1, group.config.domain.size.dp - 1)
+                             : 1;
+  return elements * copies * int64_t(DTypeSize(group.ns_dtype));
 }
 
 // The tp_dims of stage 2 in the order `step` runs them.
@@ -103,7 +108,7 @@ void AppendBatches(absl::Span<GroupState* const> groups, LaneExchangeStep step,
   for (const std::vector<size_t>& same : keyed) {
     int64_t bound = 0;
     for (size_t i : same) {
-      const int64_t own = SizeBound(*groups[i]);
+      const int64_t own = SizeBound(*groups[i], step);
       if (i == same.front() || bound + own > batch_bytes) {
         ExchangeBatch& batch = out.emplace_back();
         batch.comm = parts[i]->comm;
@@ -159,17 +164,15 @@ absl::Status ZeroPadRows(const GroupState& group) {
 
 absl::Status RunBatch(const ExchangeBatch& batch, LaneExchangeStep step,
                       ExchangeBuffers& exchange) {
-  const std::string names = NamesOfGroups(batch.groups);
-  absl::Status status = ExchangeParts(*batch.backend, batch.comm, batch.parts,
-                                      batch.dtype, exchange, names);
-  for (size_t i = 0; i < batch.groups.size() && status.ok() &&
-                     step == LaneExchangeStep::kStage1Reverse;
-       ++i) {
-    status = ZeroPadRows(*batch.groups[i]);
+  RETURN_IF_ERROR(ExchangeParts(*batch.backend, batch.comm, batch.parts,
+                                batch.dtype, exchange));
+  if (step != LaneExchangeStep::kStage1Reverse) return absl::OkStatus();
+  for (const GroupState* group : batch.groups) {
+    RETURN_IF_ERROR(WithContext(
+        ZeroPadRows(*group),
+        absl::StrCat("group '", group->config.name, "': pad rows: ")));
   }
-  // A communicator's error names the communicator; a local one the groups.
-  if (status.ok() || IsCommunicationFailure(status)) return status;
-  return WithContext(status, absl::StrCat(names, ": exchange: "));
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -181,15 +184,19 @@ absl::Status RunLaneExchanges(absl::Span<GroupState* const> groups,
   static constexpr const char* kRange[] = {"lsmuon/a2a_fwd", "lsmuon/a2a_fwd",
                                            "lsmuon/a2a_bwd", "lsmuon/a2a_bwd",
                                            "lsmuon/dp_share"};
-  absl::Status first;
+  absl::Status comm, first;
   for (const ExchangeBatch& batch :
        ExchangeBatchesOf(groups, step, batch_bytes)) {
-    if (IsCommunicationFailure(first)) break;
-    first.Update(clock.Time(*batch.backend, kRange[static_cast<int>(step)],
-                            field,
-                            [&] { return RunBatch(batch, step, exchange); }));
+    const absl::Status ran =
+        clock.Time(*batch.backend, kRange[static_cast<int>(step)], field,
+                   [&] { return RunBatch(batch, step, exchange); });
+    if (IsCommunicationFailure(ran)) {
+      comm = ran;
+      break;
+    }
+    first.Update(ran);
   }
-  return first;
+  return comm.ok() ? first : comm;
 }
 
 }  // namespace muond

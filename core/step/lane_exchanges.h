@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "core/step/buffers.h"
-#include "core/step/exchange_stage.h"
+#include "core/step/exchange_parts.h"
 #include "core/step/group_state.h"
 #include "core/step/phase_clock.h"
 
@@ -65,8 +65,9 @@ ExchangeBytes LaneExchangeBytes(absl::Span<GroupState* const> groups,
 // `field`; kStage1Reverse also zeroes the pad rows of L_i. After a batch's
 // communicator fails, runs no more (the next would only wait out one more
 // timeout); after a local failure (a pack or unpack), runs on: the peers
-// wait for the batches after it. Returns the first failure, naming the
-// batch's groups.
+// wait for the batches after it. Returns the communicator's failure if any
+// (it decides the step: a timeout abandons it), else the first local one,
+// naming the group whose pack or unpack failed.
 absl::Status RunLaneExchanges(absl::Span<GroupState* const> groups,
                               LaneExchangeStep step, int64_t batch_bytes,
                               ExchangeBuffers& exchange, PhaseClock& clock,

@@ -3,6 +3,8 @@
 #include <functional>
 #include <map>
 
+#include "absl/strings/str_cat.h"
+
 namespace muond {
 
 std::vector<Lane> AssignLanes(std::vector<GroupState>& groups) {
@@ -38,6 +40,26 @@ std::vector<Lane> AssignLanes(std::vector<GroupState>& groups) {
     lanes[it->second].groups.push_back(int(i));
   }
   return lanes;
+}
+
+absl::Status CheckOneBackendPerCommunicator(
+    const std::vector<GroupState>& groups) {
+  std::map<const Communicator*, const GroupState*> first_on;
+  for (const GroupState& group : groups) {
+    const DomainBinding& d = group.config.domain;
+    for (const Communicator* c : {d.gtp, d.tp, d.dp}) {
+      if (c == nullptr) continue;
+      const GroupState* first = first_on.emplace(c, &group).first->second;
+      if (first->backend == group.backend) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "groups '", first->config.name, "' and '", group.config.name,
+          "' share the communicator '", c->name(),
+          "' but not a backend: groups that exchange over one communicator "
+          "must compute on one backend (their exchanges run as one collective "
+          "per stage); give them the same GroupConfig::backend"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muond

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "core/backend/backend.h"
 #include "core/step/buffers.h"
 #include "core/step/group_state.h"
@@ -43,5 +44,12 @@ struct Lane {
 // communicator or a device backend), in order of each lane's first group,
 // and sets each group's `lane`. Allocates no buffers.
 std::vector<Lane> AssignLanes(std::vector<GroupState>& groups);
+
+// InvalidArgument naming two groups that exchange over one communicator
+// (gtp, tp or dp) but compute on different backends: a lane's exchanges over
+// a communicator run as one collective packed on one backend's queue
+// (lane_exchanges.h), and every rank must batch them alike.
+absl::Status CheckOneBackendPerCommunicator(
+    const std::vector<GroupState>& groups);
 
 }  // namespace muond

@@ -102,6 +102,7 @@ absl::Status LayerShardedMuonImpl::AllocateLocalSlabs(Lane& lane) {
 }
 
 absl::Status LayerShardedMuonImpl::SetUpLanes() {
+  RETURN_IF_ERROR(CheckOneBackendPerCommunicator(groups_));
   lanes_ = AssignLanes(groups_);
   for (Lane& lane : lanes_) {
     const int64_t scratch = VoteScratchFloats(lane);

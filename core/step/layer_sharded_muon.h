@@ -164,8 +164,10 @@ struct StepOptions {
   // The exchanges of a lane's groups over one communicator run as one
   // all_to_allv per stage for as many groups, in order, as stay within this
   // many bytes by their size bound (lane_exchanges.h); a larger group
-  // exchanges alone, and 0 makes every group exchange alone. Must be the same
-  // on every rank of the job: the batches decide which collectives run.
+  // exchanges alone, and 0 makes every group exchange alone. A lane's
+  // exchange buffers grow to its largest batch. Must be the same on every
+  // rank of the job (the batches decide which collectives run): the daemon
+  // has no flag for it and always runs the default.
   int64_t exchange_batch_bytes = int64_t{64} << 20;
 };
 

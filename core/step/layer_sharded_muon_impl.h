@@ -17,7 +17,7 @@
 //   lanes.h                lanes: groups that must run one after the other
 //   lane_threads.h         the lanes' worker pool, created with the engine
 //   group_step.h           one group's phases (momentum ... update)
-//   exchange_stage.h       one all_to_allv: pack, exchange, unpack
+//   exchange_parts.h       one all_to_allv: pack, exchange, unpack
 //   lane_exchanges.h       a lane's exchanges batched across its groups
 //   lane_ns.h              a lane's NS batched across its groups
 //   ns_runner.h            Newton–Schulz batched by shape, shape timing

@@ -229,10 +229,11 @@ absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
       RunLaneNs(GroupsOf(lane), lane.clock, shape_times, " after the vote");
   // The Muon groups phase by phase, the exchanges batched across them. A
   // group that failed on its own (NS out of memory on a GPU another process
-  // shares) still takes part in every exchange, whose peers wait for it,
-  // and runs nothing else; the commit vote refuses the step. After a
-  // communicator's failure the next collective would only wait out one more
-  // timeout: nothing more runs.
+  // shares) still takes part in every collective, whose peers wait for it
+  // (the exchanges, NorMuon's row statistics), on scratch only, and runs no
+  // NS; the commit vote refuses the step. After a communicator's failure the
+  // next collective would only wait out one more timeout: nothing more runs,
+  // and that failure decides the step (a timeout abandons it).
   std::vector<GroupState*> muon;
   std::vector<PrepareWork> work;
   std::vector<absl::Status> own;
@@ -244,33 +245,35 @@ absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
     own.push_back(RunMomentumPhase(group, group.step_muon, skip, work.back(),
                                    lane.clock));
   }
-  absl::Status exchanged;
-  auto exchange = [&](LaneExchangeStep step, PhaseClock::Field field) {
-    if (IsCommunicationFailure(exchanged)) return;
-    exchanged.Update(RunLaneExchanges(muon, step, options_.exchange_batch_bytes,
-                                      lane.exchange, lane.clock, field));
+  absl::Status comm, exchanged;
+  // `status` where it is local; a communicator's failure goes to `comm`.
+  auto local = [&](absl::Status status) {
+    if (!IsCommunicationFailure(status)) return status;
+    if (comm.ok()) comm = std::move(status);
+    return absl::OkStatus();
   };
-  auto each_group = [&](auto&& phase) {
-    if (IsCommunicationFailure(exchanged)) return;
-    for (size_t i = 0; i < muon.size(); ++i) {
-      if (own[i].ok() && !work[i].streamed) own[i] = phase(*muon[i], work[i]);
-    }
+  auto exchange = [&](LaneExchangeStep step, PhaseClock::Field field) {
+    if (!comm.ok()) return;
+    exchanged.Update(
+        local(RunLaneExchanges(muon, step, options_.exchange_batch_bytes,
+                               lane.exchange, lane.clock, field)));
   };
   exchange(LaneExchangeStep::kStage1Forward, &PhaseTimings::a2a_fwd_us);
   exchange(LaneExchangeStep::kStage2Forward, &PhaseTimings::a2a_fwd_us);
-  each_group([&](GroupState& group, const PrepareWork& w) {
-    return RunNsPhase(group, group.step_muon, w, shape_times, lane.clock);
-  });
+  for (size_t i = 0; i < muon.size() && comm.ok(); ++i) {
+    if (!own[i].ok()) continue;
+    own[i] = RunNsPhase(*muon[i], muon[i]->step_muon, work[i], shape_times,
+                        lane.clock);
+  }
   exchange(LaneExchangeStep::kStage2Reverse, &PhaseTimings::a2a_bwd_us);
   exchange(LaneExchangeStep::kStage1Reverse, &PhaseTimings::a2a_bwd_us);
   exchange(LaneExchangeStep::kDpShare, &PhaseTimings::dp_share_us);
-  each_group([&](GroupState& group, const PrepareWork&) {
-    return RunVariantPhase(group, group.step_muon, skip, lane.clock);
-  });
-  // A communicator's failure first: the step decides on it (a timeout
-  // abandons the step); then the groups' own, in order.
-  absl::Status first =
-      IsCommunicationFailure(exchanged) ? exchanged : absl::OkStatus();
+  for (size_t i = 0; i < muon.size() && comm.ok(); ++i) {
+    const absl::Status variant =
+        local(RunVariantPhase(*muon[i], muon[i]->step_muon, skip, lane.clock));
+    if (own[i].ok()) own[i] = variant;
+  }
+  absl::Status first = comm;
   first.Update(lane_ns);
   for (const absl::Status& failed : own) first.Update(failed);
   first.Update(exchanged);

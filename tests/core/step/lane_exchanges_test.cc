@@ -17,6 +17,7 @@
 //     stage unbatched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -62,6 +63,7 @@ class Counting final : public Communicator {
   absl::Status Wait() override { return inner_->Wait(); }
   void Abort() override { inner_->Abort(); }
   int all_to_allvs = 0;
+  int64_t max_send_bytes = 0;
 
  protected:
   absl::Status DoAllToAllV(const void* send,
@@ -69,6 +71,10 @@ class Counting final : public Communicator {
                            absl::Span<const int64_t> recv_counts,
                            DType dtype) override {
     ++all_to_allvs;
+    int64_t elements = 0;
+    for (int64_t n : send_counts) elements += n;
+    max_send_bytes =
+        std::max(max_send_bytes, elements * int64_t(DTypeSize(dtype)));
     return inner_->AllToAllV(send, send_counts, recv, recv_counts, dtype);
   }
   absl::Status DoAllGather(const void* send, int64_t count, void* recv,
@@ -358,6 +364,110 @@ TEST(LaneExchanges, BatchedRunsAreBitwiseTheUnbatchedWithFewerCollectives) {
       }
     }
   }
+}
+
+// dp_share sends the updates of the params homed in a replica to each of
+// the D - 1 others: with four replicas and eight groups of one 16x16 fp32
+// param all homed in replica 0 (per-group homes of a group per layer),
+// replica 0 sends 3 x 1024 bytes a group. Under a 12288-byte budget that is
+// four groups a batch: two all_to_allvs, each within the budget.
+TEST(LaneExchanges, DpShareBatchesStayWithinTheBudget) {
+  constexpr int kD = 4, kGroups = 8;
+  constexpr int64_t kBudget = 12288;
+  struct ReplicaRun {
+    absl::Status status;
+    int all_to_allvs = 0;
+    int64_t max_send_bytes = 0;
+  };
+  InMemoryKeyValueStore store;
+  std::vector<ReplicaRun> runs(kD);
+  auto run_replica = [&](int d) {
+    ReplicaRun& run = runs[d];
+    GlooOptions gloo;
+    gloo.hostname = "127.0.0.1";
+    gloo.timeout = absl::Seconds(20);
+    auto job = CreateGlooCommunicator(&store, "job", d, kD, gloo);
+    auto inner = CreateGlooCommunicator(&store, "dp", d, kD, gloo);
+    if (!job.ok() || !inner.ok()) {
+      run.status = job.ok() ? inner.status() : job.status();
+      return;
+    }
+    Counting dp(*std::move(inner));
+    std::unique_ptr<Backend> backend = testing::MakeStepTestBackend();
+    std::vector<std::vector<float>> p(kGroups, std::vector<float>(256, 0.1f));
+    std::vector<std::vector<float>> g(kGroups, std::vector<float>(256, 0.2f));
+    std::vector<GroupConfig> groups(kGroups);
+    for (int k = 0; k < kGroups; ++k) {
+      groups[k].name = absl::StrCat("layer", k);
+      groups[k].muon.lr = 0.02;
+      groups[k].domain.size = DomainSize{1, 1, kD};
+      groups[k].domain.d = d;
+      groups[k].domain.dp = &dp;
+      ParamBinding b;
+      b.name = absl::StrCat("w", k);
+      b.full_shape = {16, 16};
+      b.param = ContiguousView(p[k].data(), DType::kFloat32, 16, 16);
+      b.grad = ContiguousView(g[k].data(), DType::kFloat32, 16, 16);
+      groups[k].params.push_back(b);
+    }
+    StepOptions options;
+    options.job = job->get();
+    options.exchange_batch_bytes = kBudget;
+    auto engine = LayerShardedMuon::Create(backend.get(), groups, options);
+    if (!engine.ok()) {
+      run.status = engine.status();
+      return;
+    }
+    for (int k = 0; k < kGroups; ++k) {
+      run.status.Update(
+          (*engine)->SetHomes(absl::StrCat("layer", k), {NsHome{0, 0, 0}}));
+    }
+    if (run.status.ok()) run.status = (*engine)->Step({}).status();
+    run.all_to_allvs = dp.all_to_allvs;
+    run.max_send_bytes = dp.max_send_bytes;
+  };
+  std::vector<std::thread> threads;
+  for (int d = 0; d < kD; ++d) threads.emplace_back(run_replica, d);
+  for (std::thread& t : threads) t.join();
+  for (int d = 0; d < kD; ++d) {
+    SCOPED_TRACE(absl::StrCat("replica ", d));
+    ASSERT_TRUE(runs[d].status.ok()) << runs[d].status;
+    EXPECT_EQ(runs[d].all_to_allvs, 2);
+    EXPECT_LE(runs[d].max_send_bytes, kBudget);
+  }
+  EXPECT_EQ(runs[0].max_send_bytes, 4 * 3 * 1024);
+}
+
+// Groups that exchange over one communicator must compute on one backend:
+// each rank picks its groups' backends, and a batch is packed on one.
+TEST(LaneExchanges, GroupsSharingACommunicatorMustShareABackend) {
+  InMemoryKeyValueStore store;
+  GlooOptions gloo;
+  gloo.hostname = "127.0.0.1";
+  auto gtp = CreateGlooCommunicator(&store, "gtp", 0, 1, gloo);
+  ASSERT_TRUE(gtp.ok()) << gtp.status();
+  std::unique_ptr<Backend> first = MakeCpuBackend(), second = MakeCpuBackend();
+  std::vector<float> p(16, 0.1f), g(16, 0.2f), q(16, 0.1f), h(16, 0.2f);
+  std::vector<GroupConfig> groups(2);
+  for (int k = 0; k < 2; ++k) {
+    groups[k].name = absl::StrCat("layer", k);
+    groups[k].domain.gtp = gtp->get();
+    ParamBinding b;
+    b.name = absl::StrCat("w", k);
+    b.full_shape = {4, 4};
+    b.param = ContiguousView((k == 0 ? p : q).data(), DType::kFloat32, 4, 4);
+    b.grad = ContiguousView((k == 0 ? g : h).data(), DType::kFloat32, 4, 4);
+    groups[k].params.push_back(b);
+  }
+  groups[1].backend = second.get();
+  const auto engine = LayerShardedMuon::Create(first.get(), groups);
+  EXPECT_TRUE(absl::IsInvalidArgument(engine.status())) << engine.status();
+  EXPECT_NE(engine.status().message().find(
+                "groups 'layer0' and 'layer1' share the communicator"),
+            std::string::npos)
+      << engine.status();
+  groups[1].backend = nullptr;  // the optimizer's, as the first group's
+  EXPECT_TRUE(LayerShardedMuon::Create(first.get(), groups).ok());
 }
 
 }  // namespace

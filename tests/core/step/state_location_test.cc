@@ -336,6 +336,50 @@ INSTANTIATE_TEST_SUITE_P(
              "Batch" + std::to_string(std::get<2>(info.param));
     });
 
+// A NorMuon or AdaMuon group whose host momentum streams with its NS (one
+// rank, unmeasured steps) still renormalises its update after NS: its params
+// after 4 steps equal those of the same group with device state, bitwise.
+std::vector<float> VariantParamsAfterSteps(MuonVariant variant,
+                                           StateLocation where) {
+  StreamingCpuBackend backend;
+  std::vector<float> p(16 * 12), g(16 * 12);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = float(i % 7) / 7 - 0.4f;
+  GroupConfig c;
+  c.name = "m";
+  c.muon.lr = 0.02;
+  c.muon.variant = variant;
+  c.muon.state_location = where;
+  ParamBinding b;
+  b.name = "w";
+  b.full_shape = {16, 12};
+  b.param = ContiguousView(p.data(), DType::kFloat32, 16, 12);
+  b.grad = ContiguousView(g.data(), DType::kFloat32, 16, 12);
+  c.params.push_back(b);
+  StepOptions options;
+  options.ns_shape_timing_every = 0;  // every step streams NS
+  auto engine = LayerShardedMuon::Create(&backend, {c}, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  for (int step = 1; step <= 4; ++step) {
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = float((i * 13 + step * 5) % 11) / 11 - 0.5f;
+    }
+    const auto result = (*engine)->Step({});
+    EXPECT_TRUE(result.ok()) << result.status();
+  }
+  return p;
+}
+
+TEST(StateLocationTest, StreamedHostStateRunsTheVariantPhase) {
+  for (MuonVariant v : {MuonVariant::kNorMuon, MuonVariant::kAdaMuon}) {
+    SCOPED_TRACE(MuonVariantName(v));
+    const std::vector<float> device =
+        VariantParamsAfterSteps(v, StateLocation::kDevice);
+    ASSERT_FALSE(device.empty());
+    EXPECT_EQ(VariantParamsAfterSteps(v, StateLocation::kHost), device);
+  }
+}
+
 TEST(StateLocationTest, HostStateStepsAsDeviceStateOnCuda) {
   if (!muond::testing::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
   auto gpu = MakeCudaBackend(0);

@@ -1,8 +1,10 @@
-#include "core/step/exchange_stage.h"
+#include "core/step/exchange_parts.h"
 
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 
 namespace muond {
@@ -68,12 +70,16 @@ int64_t RecvBytesOf(absl::Span<const ExchangePart> parts, DType dtype) {
 
 absl::Status ExchangeParts(Backend& backend, Communicator* comm,
                            absl::Span<const ExchangePart> parts, DType dtype,
-                           ExchangeBuffers& exchange,
-                           const std::string& groups) {
+                           ExchangeBuffers& exchange) {
   if (parts.empty()) return absl::OkStatus();
   if (comm == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("group ", groups, ": exchange needs a communicator"));
+    return absl::InternalError(absl::StrCat(
+        "groups '",
+        absl::StrJoin(parts, "', '",
+                      [](std::string* out, const ExchangePart& part) {
+                        out->append(*part.group);
+                      }),
+        "': the exchange needs a communicator"));
   }
   const int peers = static_cast<int>(parts.front().route->send_counts.size());
   const BatchLayout send = LayOut(
@@ -85,6 +91,11 @@ absl::Status ExchangeParts(Backend& backend, Communicator* comm,
         return r.recv_counts;
       });
   absl::Status local;
+  // The group of the part whose pack or unpack failed.
+  auto named = [&](size_t k, absl::Status status) {
+    return WithContext(
+        status, absl::StrCat("group '", *parts[k].group, "': exchange: "));
+  };
   for (size_t k = 0; k < parts.size() && local.ok(); ++k) {
     const AllToAllvPlan& route = *parts[k].route;
     for (int p = 0; p < peers && local.ok(); ++p) {
@@ -94,7 +105,10 @@ absl::Status ExchangeParts(Backend& backend, Communicator* comm,
                        BatchedOffset(send, k, p, route.send_displs, pc),
                        pc.block),
             PieceOf(parts[k].from[pc.param], pc));
-        if (!local.ok()) break;
+        if (!local.ok()) {
+          local = named(k, local);
+          break;
+        }
       }
     }
   }
@@ -109,7 +123,10 @@ absl::Status ExchangeParts(Backend& backend, Communicator* comm,
             ElementsAt(exchange.recv(), dtype,
                        BatchedOffset(recv, k, p, route.recv_displs, pc),
                        pc.block));
-        if (!local.ok()) break;
+        if (!local.ok()) {
+          local = named(k, local);
+          break;
+        }
       }
     }
   }

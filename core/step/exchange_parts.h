@@ -1,6 +1,7 @@
 #pragma once
 // One all_to_allv of the exchange: pack, exchange, unpack, for one or more
 // groups' routes over one communicator (lane_exchanges.h batches them).
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -15,8 +16,9 @@ namespace muond {
 
 // A group's share of one all_to_allv: the blocks its `route` names, packed
 // out of `from` and unpacked into `to` (one view per param, indexed by
-// Piece::param).
+// Piece::param); `group` names it in errors.
 struct ExchangePart {
+  const std::string* group = nullptr;
   const AllToAllvPlan* route = nullptr;
   absl::Span<const MatrixView> from;
   absl::Span<const MatrixView> to;
@@ -33,12 +35,11 @@ int64_t RecvBytesOf(absl::Span<const ExchangePart> parts, DType dtype);
 // of `dtype`, and unpacks what arrived in the same layout, on `backend`.
 // `exchange` must hold SendBytesOf and RecvBytesOf (ExchangeBuffers::
 // Reserve). A failed pack or unpack does not skip the collective, which the
-// peers wait for; it is returned after. A missing communicator is an
-// Internal error naming `groups`; communicator errors are returned as they
-// come.
+// peers wait for; it is returned after, naming its part's group. A missing
+// communicator is an Internal error naming every part's group; communicator
+// errors are returned as they come.
 absl::Status ExchangeParts(Backend& backend, Communicator* comm,
                            absl::Span<const ExchangePart> parts, DType dtype,
-                           ExchangeBuffers& exchange,
-                           const std::string& groups);
+                           ExchangeBuffers& exchange);
 
 }  // namespace muond
