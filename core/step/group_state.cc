@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -12,6 +13,7 @@
 #include "core/common/state_storage.h"
 #include "core/common/status_macros.h"
 #include "core/muon/newton_schulz.h"
+#include "core/step/domain_agreement.h"
 #include "core/step/variant_phase.h"
 
 namespace muond {
@@ -212,6 +214,20 @@ void SizeHostStream(GroupState& group) {
   group.host_slot_bytes = group.host_piece_bytes + largest;
 }
 
+// GroupState::registered.
+std::string RegisteredAs(const GroupState& group) {
+  const GroupConfig& c = group.config;
+  std::vector<std::string> parts = {
+      c.name, c.algorithm == Algorithm::kMuon ? "muon" : "adamw",
+      std::string(DTypeName(group.ns_dtype))};
+  for (const ParamBinding& p : c.params) {
+    parts.push_back(p.name);
+    parts.push_back(absl::StrJoin(p.full_shape, "x"));
+  }
+  return absl::StrCat(c.params.size(), " params, ",
+                      absl::Hex(StepFingerprint(parts), absl::kZeroPad16));
+}
+
 }  // namespace
 
 bool StagesMomentum(const MuonOptions& options, const Backend& backend) {
@@ -265,6 +281,7 @@ absl::StatusOr<GroupState> CreateGroupState(GroupConfig config,
     }
   }
   group.config = std::move(config);
+  group.registered = RegisteredAs(group);
   if (group.config.algorithm == Algorithm::kMuon) {
     RETURN_IF_ERROR(AllocateVariantState(group));
   }

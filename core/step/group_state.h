@@ -123,6 +123,12 @@ struct GroupState {
   // writes its result over its input in NsResultDType (fp16 from Gram NS
   // under medium: same size, so the exchanges move its bytes unchanged).
   DType ns_dtype = DType::kFloat32;
+  // The group as registered, as the ranks of its domain compare it every
+  // step (group_step_summary.h): "<n> params, <fingerprint>" of its name,
+  // algorithm, NS dtype and its params' names and full shapes. Ranks that
+  // registered a communicator's groups in different orders, or a group with
+  // other params, refuse the step instead of exchanging each other's data.
+  std::string registered;
   int64_t state_bytes = 0;
   // The part of state_bytes that is the variants' fp32 second moments
   // (variant_phase.h), in device memory whatever the group's state_dtype and

@@ -20,6 +20,7 @@ GroupStepSummary SummarizeGroupStep(const GroupState& group,
     // so ranks that differ only there agree.
     out.hyper.push_back(absl::StrFormat("%s=%.17g", field, v + 0.0));
   };
+  out.hyper.push_back(absl::StrCat("registered=", group.registered));
   if (group.config.algorithm == Algorithm::kMuon) {
     const MuonOptions& o = group.step_muon;
     add("lr", o.lr);

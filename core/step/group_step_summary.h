@@ -11,8 +11,9 @@ namespace muond {
 
 // What a step does to a group on this rank, as its domain's ranks must agree
 // on it (domain_agreement.h): the group's params this rank skips, sorted,
-// and the group's hyperparameters for the step (its step_muon or step_adamw,
-// which RunStep resolves first), each "<field>=<value>" (%.17g: every double
+// and the group as registered ("registered=", GroupState::registered) and
+// its hyperparameters for the step (its step_muon or step_adamw, which
+// RunStep resolves first), each "<field>=<value>" (%.17g: every double
 // exactly).
 struct GroupStepSummary {
   std::vector<std::string> skips;

@@ -10,9 +10,13 @@
 //   * a timeout in NorMuon's row-statistics gather (after the exchanges)
 //     stops the lane's collectives too;
 //   * a pack failure in a batch of five groups names the group whose piece
-//     failed, and the peer refuses the step instead of timing out.
+//     failed, and the peer refuses the step instead of timing out;
+//   * ranks that registered the groups of a communicator in different
+//     orders refuse the step in the domain agreement, naming the group,
+//     instead of exchanging each other's data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,9 +39,10 @@ struct Scenario {
   int groups = 3;
   int64_t batch_bytes = 0;
   MuonVariant variant = MuonVariant::kMuon;
-  int all_to_allv_dies_at = 0;  // the n-th all_to_allv fails (0: none)
-  int all_gather_dies_at = 0;   // the n-th all_gather fails (0: none)
-  int copy_fails_at = 0;        // rank 0's n-th Copy2D fails (0: none)
+  int all_to_allv_dies_at = 0;     // the n-th all_to_allv fails (0: none)
+  int all_gather_dies_at = 0;      // the n-th all_gather fails (0: none)
+  int copy_fails_at = 0;           // rank 0's n-th Copy2D fails (0: none)
+  bool reversed_on_rank1 = false;  // rank 1 registers the groups backwards
 };
 
 // The gtp communicator: from its chosen call on, every call and Wait
@@ -117,8 +122,9 @@ void RunRank(InMemoryKeyValueStore* store, int rank, const Scenario& s,
   std::vector<std::vector<float>> p(s.groups), g(s.groups);
   std::vector<GroupConfig> groups(s.groups);
   for (int k = 0; k < s.groups; ++k) {
-    p[k].assign(4 * 6, 0.1f + k);
-    g[k].assign(4 * 6, 0.2f + k);
+    const int64_t cols = 6 + k;  // each group's size its own
+    p[k].assign(4 * cols, 0.1f + k);
+    g[k].assign(4 * cols, 0.2f + k);
     groups[k].name = absl::StrCat("g", k);
     groups[k].muon.lr = 0.02;
     groups[k].muon.variant = s.variant;
@@ -127,11 +133,14 @@ void RunRank(InMemoryKeyValueStore* store, int rank, const Scenario& s,
     groups[k].domain.gtp = &gtp;
     ParamBinding b;
     b.name = absl::StrCat("w", k);
-    b.full_shape = {4 * kRanks, 6};
+    b.full_shape = {4 * kRanks, cols};
     b.tags.is_gtp_weight_remat = true;
-    b.param = ContiguousView(p[k].data(), DType::kFloat32, 4, 6);
-    b.grad = ContiguousView(g[k].data(), DType::kFloat32, 4, 6);
+    b.param = ContiguousView(p[k].data(), DType::kFloat32, 4, cols);
+    b.grad = ContiguousView(g[k].data(), DType::kFloat32, 4, cols);
     groups[k].params.push_back(b);
+  }
+  if (s.reversed_on_rank1 && rank == 1) {
+    std::reverse(groups.begin(), groups.end());
   }
   StepOptions options;
   options.job = job->get();
@@ -202,6 +211,26 @@ TEST(LaneExchangeFailures, PackFailureNamesItsGroupAndThePeerRefuses) {
   EXPECT_NE(runs[1].status.message().find("refused by rank 0"),
             std::string::npos)
       << runs[1].status;
+}
+
+TEST(LaneExchangeFailures, GroupsRegisteredInAnotherOrderAreRefused) {
+  // Batched, the per-peer totals of the swapped groups would still match.
+  const std::vector<RankRun> runs = RunWorld({.groups = 3,
+                                              .batch_bytes = int64_t{64} << 20,
+                                              .reversed_on_rank1 = true});
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_TRUE(absl::IsInvalidArgument(runs[r].status)) << runs[r].status;
+    EXPECT_NE(
+        runs[r].status.message().find(
+            "the ranks of its domain disagree on the group as registered"),
+        std::string::npos)
+        << runs[r].status;
+  }
+  // Registered alike, the same groups step.
+  for (const RankRun& run : RunWorld({.groups = 3})) {
+    EXPECT_TRUE(run.status.ok()) << run.status;
+  }
 }
 
 }  // namespace
