@@ -129,10 +129,10 @@ absl::Status CheckStepAgreed(const DomainVote& agreed, const std::string& group,
   }
   if (hyper_differ) {
     absl::StrAppend(&what, skips_differ ? " and " : "",
-                    "the group as registered (its name, params and their "
-                    "full shapes: a communicator's groups registered in "
-                    "another order?) or this step's hyperparameters "
-                    "(overrides; this rank's: ",
+                    "the group as registered (its name, algorithm, "
+                    "precision, params and their full shapes: were a "
+                    "communicator's groups registered in another order?) or "
+                    "this step's hyperparameters (overrides; this rank's: ",
                     absl::StrJoin(my_hyper, ", "), ")");
   }
   return absl::InvalidArgumentError(absl::StrCat(

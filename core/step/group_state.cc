@@ -224,8 +224,9 @@ std::string RegisteredAs(const GroupState& group) {
     parts.push_back(p.name);
     parts.push_back(absl::StrJoin(p.full_shape, "x"));
   }
-  return absl::StrCat(c.params.size(), " params, ",
-                      absl::Hex(StepFingerprint(parts), absl::kZeroPad16));
+  return absl::StrCat("#", absl::Hex(StepFingerprint(parts), absl::kZeroPad16),
+                      " (", c.params.size(),
+                      c.params.size() == 1 ? " param)" : " params)");
 }
 
 }  // namespace

@@ -124,8 +124,8 @@ struct GroupState {
   // under medium: same size, so the exchanges move its bytes unchanged).
   DType ns_dtype = DType::kFloat32;
   // The group as registered, as the ranks of its domain compare it every
-  // step (group_step_summary.h): "<n> params, <fingerprint>" of its name,
-  // algorithm, NS dtype and its params' names and full shapes. Ranks that
+  // step (group_step_summary.h): "#<fingerprint> (<n> params)" of its
+  // name, algorithm, NS dtype and its params' names and full shapes. Ranks that
   // registered a communicator's groups in different orders, or a group with
   // other params, refuse the step instead of exchanging each other's data.
   std::string registered;

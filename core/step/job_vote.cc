@@ -77,7 +77,8 @@ std::string RefusalCodeName(RefusalCode code) {
     case RefusalCode::kSkipParams:
       return "a skip_params name it does not hold";
     case RefusalCode::kDomainDisagreement:
-      return "its domain's ranks disagree on skip_params or overrides";
+      return "its domain's ranks disagree on a group as registered, "
+             "skip_params or overrides";
     case RefusalCode::kNonFiniteUpdate:
       return "a non-finite Newton-Schulz output (custom coefficients)";
     case RefusalCode::kReplicaGradients:

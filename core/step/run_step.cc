@@ -160,6 +160,8 @@ absl::StatusOr<StepResult> LayerShardedMuonImpl::RunStep(
     absl::SleepFor(absl::Milliseconds(options_.testonly_commit_delay_ms));
   }
   absl::StatusOr<JobDecision> committed = VoteOnJob(commit);
+  // Timed out: the communicators are gone, whatever this rank refused.
+  if (!abandoned_.ok()) return abandoned_;
   if (!prepared.ok()) return prepared;
   if (!ns_finite.ok()) return ns_finite;  // mine, with the params named
   if (!committed.ok()) return committed.status();
@@ -201,21 +203,25 @@ absl::Status LayerShardedMuonImpl::TakeTrainerVerdict(const StepInputs& inputs,
 absl::Status LayerShardedMuonImpl::RunLanes(
     const std::function<absl::Status(Lane&, PhaseTimings&)>& fn,
     PhaseTimings& timings) {
-  if (lane_threads_ == nullptr) {
-    absl::Status first;
-    // Every lane runs even after one failed: a lane's collectives are
-    // awaited by peers that do not know this rank failed elsewhere.
-    for (Lane& lane : lanes_) first.Update(fn(lane, timings));
-    return first;
-  }
-  std::vector<PhaseTimings> lane_timings(lanes_.size());
+  // Every lane runs even after one failed: a lane's collectives are
+  // awaited by peers that do not know this rank failed elsewhere.
   std::vector<absl::Status> lane_status(lanes_.size());
-  lane_threads_->Run(
-      [&](int l) { lane_status[l] = fn(lanes_[l], lane_timings[l]); });
+  if (lane_threads_ == nullptr) {
+    for (size_t l = 0; l < lanes_.size(); ++l) {
+      lane_status[l] = fn(lanes_[l], timings);
+    }
+  } else {
+    std::vector<PhaseTimings> lane_timings(lanes_.size());
+    lane_threads_->Run(
+        [&](int l) { lane_status[l] = fn(lanes_[l], lane_timings[l]); });
+    for (const PhaseTimings& t : lane_timings) AddTimings(t, timings);
+  }
+  // A communicator's failure in any lane decides the step (a timeout
+  // abandons it), ahead of a local failure in an earlier lane.
   absl::Status first;
-  for (size_t l = 0; l < lanes_.size(); ++l) {
-    first.Update(lane_status[l]);
-    AddTimings(lane_timings[l], timings);
+  for (const absl::Status& s : lane_status) {
+    if (IsCommunicationFailure(s)) return s;
+    first.Update(s);
   }
   return first;
 }

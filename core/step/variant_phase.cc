@@ -74,7 +74,9 @@ std::vector<NorMuonRowBlock> RowBlocks(const GroupState& group,
 // The statistics <- the sum, in rank order, of every rank's statistics over
 // the gtp group, then over the tp group (on the backend's memory: no host
 // step).
-absl::Status GatherRowStats(GroupState& group) {
+// A local failure (`local`, and one in a sum here) does not skip a gather:
+// the peers wait for it (the step is refused after); a communicator's does.
+absl::Status GatherRowStats(GroupState& group, absl::Status local) {
   const NorMuonRows& rows = group.normuon;
   const DomainBinding& d = group.config.domain;
   for (Communicator* comm : {d.gtp, d.tp}) {
@@ -83,11 +85,12 @@ absl::Status GatherRowStats(GroupState& group) {
     float* recv = stats + rows.slots;
     RETURN_IF_ERROR(comm->AllGather(stats, rows.slots, recv, kF32));
     RETURN_IF_ERROR(comm->Wait());
-    RETURN_IF_ERROR(group.backend->SumSlices(
+    if (!local.ok()) continue;
+    local = group.backend->SumSlices(
         ContiguousView(recv, kF32, comm->size(), rows.slots),
-        Rows(rows.stats_buf, 0, rows.slots)));
+        Rows(rows.stats_buf, 0, rows.slots));
   }
-  return absl::OkStatus();
+  return local;
 }
 
 absl::Status NorMuonPhase(GroupState& group, const MuonOptions& options,
@@ -97,8 +100,8 @@ absl::Status NorMuonPhase(GroupState& group, const MuonOptions& options,
   const std::vector<NorMuonRowBlock> blocks = RowBlocks(group, options, skip);
   const MatrixView state = Rows(rows.state_buf, 0, rows.total_rows);
   const MatrixView stats = Rows(rows.stats_buf, 0, rows.slots);
-  RETURN_IF_ERROR(backend.NorMuonRowStats(blocks, state, stats));
-  RETURN_IF_ERROR(GatherRowStats(group));
+  RETURN_IF_ERROR(
+      GatherRowStats(group, backend.NorMuonRowStats(blocks, state, stats)));
   return backend.NorMuonFactors(blocks, stats, state,
                                 Rows(rows.staged_buf, 0, rows.total_rows),
                                 Rows(rows.factors_buf, 0, rows.total_rows),

@@ -13,7 +13,11 @@
 //     failed, and the peer refuses the step instead of timing out;
 //   * ranks that registered the groups of a communicator in different
 //     orders refuse the step in the domain agreement, naming the group,
-//     instead of exchanging each other's data.
+//     instead of exchanging each other's data;
+//   * NorMuon's row statistics failing on one rank still gathers them, so
+//     the peer refuses instead of timing out;
+//   * a communicator's failure in a later lane decides the step over a
+//     local failure in an earlier one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,6 +47,10 @@ struct Scenario {
   int all_gather_dies_at = 0;      // the n-th all_gather fails (0: none)
   int copy_fails_at = 0;           // rank 0's n-th Copy2D fails (0: none)
   bool reversed_on_rank1 = false;  // rank 1 registers the groups backwards
+  bool row_stats_fail = false;     // rank 0's NorMuon row statistics fail
+  // A second lane after the groups' one: a group over a gtp communicator of
+  // its own that dies at its first all_to_allv.
+  bool later_lane_dies = false;
 };
 
 // The gtp communicator: from its chosen call on, every call and Wait
@@ -97,8 +105,17 @@ class FailingCopy final : public testing::DelegatingBackend {
     }
     return DelegatingBackend::Copy2D(d, s);
   }
+  absl::Status NorMuonRowStats(absl::Span<const NorMuonRowBlock> blocks,
+                               const MatrixView& state,
+                               const MatrixView& stats) override {
+    if (row_stats_fail) {
+      return absl::InternalError("injected NorMuonRowStats failure");
+    }
+    return DelegatingBackend::NorMuonRowStats(blocks, state, stats);
+  }
   int fail_at = 0;  // armed for the step only
   int seen = 0;
+  bool row_stats_fail = false;
 };
 
 struct RankRun {
@@ -118,6 +135,12 @@ void RunRank(InMemoryKeyValueStore* store, int rank, const Scenario& s,
     return;
   }
   Dying gtp(*std::move(inner), s);
+  auto inner2 = CreateGlooCommunicator(store, "gtp2", rank, kRanks, gloo);
+  if (!inner2.ok()) {
+    run->status = inner2.status();
+    return;
+  }
+  Dying gtp2(*std::move(inner2), {.all_to_allv_dies_at = 1});
   FailingCopy backend;
   std::vector<std::vector<float>> p(s.groups), g(s.groups);
   std::vector<GroupConfig> groups(s.groups);
@@ -142,22 +165,34 @@ void RunRank(InMemoryKeyValueStore* store, int rank, const Scenario& s,
   if (s.reversed_on_rank1 && rank == 1) {
     std::reverse(groups.begin(), groups.end());
   }
+  std::vector<float> p2(4 * 6, 0.3f), g2(4 * 6, 0.4f);
+  if (s.later_lane_dies) {
+    GroupConfig& other = groups.emplace_back(groups.front());
+    other.name = "other";
+    other.domain.gtp = &gtp2;
+    other.params.resize(1);
+    other.params[0].name = "w-other";
+    other.params[0].full_shape = {4 * kRanks, 6};
+    other.params[0].param = ContiguousView(p2.data(), DType::kFloat32, 4, 6);
+    other.params[0].grad = ContiguousView(g2.data(), DType::kFloat32, 4, 6);
+  }
   StepOptions options;
   options.job = job->get();
   options.exchange_batch_bytes = s.batch_bytes;
+  options.concurrent_groups = false;  // lanes in order, on this thread
   auto engine = LayerShardedMuon::Create(&backend, groups, options);
   if (!engine.ok()) {
     run->status = engine.status();
     return;
   }
-  for (int k = 0; k < s.groups; ++k) {
-    run->status.Update(
-        (*engine)->SetHomes(absl::StrCat("g", k), {NsHome{0, 0}}));
+  for (const GroupConfig& group : groups) {
+    run->status.Update((*engine)->SetHomes(group.name, {NsHome{0, 0}}));
   }
   if (!run->status.ok()) return;
   backend.fail_at = rank == 0 ? s.copy_fails_at : 0;
+  backend.row_stats_fail = rank == 0 && s.row_stats_fail;
   run->status = (*engine)->Step({}).status();
-  run->calls_after_death = gtp.calls_after_death;
+  run->calls_after_death = gtp.calls_after_death + gtp2.calls_after_death;
 }
 
 std::vector<RankRun> RunWorld(const Scenario& s) {
@@ -230,6 +265,29 @@ TEST(LaneExchangeFailures, GroupsRegisteredInAnotherOrderAreRefused) {
   // Registered alike, the same groups step.
   for (const RankRun& run : RunWorld({.groups = 3})) {
     EXPECT_TRUE(run.status.ok()) << run.status;
+  }
+}
+
+TEST(LaneExchangeFailures, RowStatisticsFailureStillGathersThem) {
+  const std::vector<RankRun> runs = RunWorld(
+      {.groups = 2, .variant = MuonVariant::kNorMuon, .row_stats_fail = true});
+  EXPECT_NE(runs[0].status.message().find("injected NorMuonRowStats failure"),
+            std::string::npos)
+      << runs[0].status;
+  EXPECT_FALSE(absl::IsDeadlineExceeded(runs[1].status)) << runs[1].status;
+  EXPECT_NE(runs[1].status.message().find("refused by rank 0"),
+            std::string::npos)
+      << runs[1].status;
+}
+
+TEST(LaneExchangeFailures, ALaterLanesCommunicatorFailureDecidesTheStep) {
+  // Rank 0's first pack fails in the first lane; the second lane's
+  // communicator times out on both ranks.
+  const std::vector<RankRun> runs =
+      RunWorld({.groups = 2, .copy_fails_at = 1, .later_lane_dies = true});
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(runs[r].status)) << runs[r].status;
   }
 }
 
