@@ -304,14 +304,21 @@ absl::StatusOr<int64_t> NsRunner::FitBatch(const MuonOptions& options,
   if (budget_ == nullptr) return want;
   const int64_t es = int64_t(DTypeSize(work_dtype_));
   for (int64_t batch = want;; batch = (batch + 1) / 2) {
-    if (engines_.contains({ns_key, rows, cols, batch})) {
-      return batch;
+    // The staging buffer is one, sized by the largest staged batch: only
+    // its growth is charged (an engine made for stacked chunks may run
+    // staged ones later).
+    const int64_t staged = batch > 1 && !stacked ? batch * rows * cols : 0;
+    int64_t bytes = std::max<int64_t>(0, staged - staging_charged_elems_) * es;
+    if (!engines_.contains({ns_key, rows, cols, batch})) {
+      bytes += NewtonSchulz::WorkspaceBytes(options.ns, rows, cols, batch);
     }
-    int64_t bytes = NewtonSchulz::WorkspaceBytes(options.ns, rows, cols, batch);
-    if (batch > 1 && !stacked) bytes += batch * rows * cols * es;
-    ASSIGN_OR_RETURN(const bool granted, budget_->TryTake(*backend_, bytes));
+    bool granted = bytes == 0;
+    if (!granted) {
+      ASSIGN_OR_RETURN(granted, budget_->TryTake(*backend_, bytes));
+    }
     if (granted) {
       taken_ += bytes;
+      staging_charged_elems_ = std::max(staging_charged_elems_, staged);
       if (batch < want) {
         LOG(WARNING) << "ns: " << rows << "x" << cols << " matrices run in "
                      << "batches of " << batch << ", not " << want

@@ -169,6 +169,9 @@ class NsRunner {
   // Staging for chunks that are not back to back.
   OwnedBuffer staging_;
   int64_t staging_elems_ = 0;
+  // The staging elements charged to the budget: the largest staged batch
+  // FitBatch granted (the buffer grows to it before the chunks run).
+  int64_t staging_charged_elems_ = 0;
   bool use_graphs_ = true;
   // Unique per runner in the process: graph keys of a runner never match
   // those of a later one that reuses freed addresses.

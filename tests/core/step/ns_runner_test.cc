@@ -460,6 +460,29 @@ TEST(NsRunnerTest, ABatchThatDoesNotFitFreeMemoryRunsInHalves) {
   EXPECT_EQ(budget.taken(), 0);
 }
 
+// Staged chunks of two shapes share one staging buffer, sized by the larger:
+// the budget is charged each shape's workspace and that buffer once. The
+// engines of an unbounded budget: 12x20 and 20x12, four of each, none back
+// to back (so staged), one batch of 4 each.
+TEST(NsRunnerTest, TheStagingBufferIsChargedOnceByTheLargestBatch) {
+  CountingBackend backend;
+  const MuonOptions options = Options();  // ns_batch_size 4
+  std::vector<std::vector<float>> owned;
+  std::vector<MatrixView> views;
+  for (int i = 0; i < 8; ++i) {
+    const int64_t r = i % 2 == 0 ? 12 : 20, c = i % 2 == 0 ? 20 : 12;
+    owned.emplace_back(r * c, 0.01f * float(i + 1));
+    views.push_back(ContiguousView(owned.back().data(), DType::kFloat32, r, c));
+  }
+  NsWorkspaceBudget budget;
+  NsRunner runner(&backend, DType::kFloat32, &budget);
+  ASSERT_TRUE(runner.Run(options, views, nullptr).ok());
+  EXPECT_EQ(budget.taken(),
+            NewtonSchulz::WorkspaceBytes(options.ns, 12, 20, 4) +
+                NewtonSchulz::WorkspaceBytes(options.ns, 20, 12, 4) +
+                4 * 12 * 20 * 4);
+}
+
 TEST(NsRunnerTest, NotOneMatrixFittingIsResourceExhaustedWithTheNumbers) {
   CountingBackend backend;
   const int64_t total = int64_t(1) << 30;
