@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu_backend.h"
+#include "core/comm/delegating_communicator.h"
 #include "core/comm/gloo_communicator.h"
 #include "core/comm/kv_store.h"
 
@@ -32,34 +33,19 @@ constexpr int kGroups = 40;
 
 // A Gloo communicator that counts its all_gathers and, where `fail` is set,
 // returns it instead of gathering (set alike on every rank: no peer waits).
-class Counting final : public Communicator {
+class Counting final : public DelegatingCommunicator {
  public:
-  explicit Counting(std::unique_ptr<Communicator> inner)
-      : Communicator(inner->rank(), inner->size(), inner->name()),
-        inner_(std::move(inner)) {}
-  MemorySpace memory_space() const override { return inner_->memory_space(); }
-  absl::Status Barrier() override { return inner_->Barrier(); }
-  absl::Status Wait() override { return inner_->Wait(); }
-  void Abort() override { inner_->Abort(); }
+  using DelegatingCommunicator::DelegatingCommunicator;
   int all_gathers = 0;
   absl::Status fail;
 
  protected:
-  absl::Status DoAllToAllV(const void* send,
-                           absl::Span<const int64_t> send_counts, void* recv,
-                           absl::Span<const int64_t> recv_counts,
-                           DType dtype) override {
-    return inner_->AllToAllV(send, send_counts, recv, recv_counts, dtype);
-  }
   absl::Status DoAllGather(const void* send, int64_t count, void* recv,
                            DType dtype) override {
     ++all_gathers;
     if (!fail.ok()) return fail;
-    return inner_->AllGather(send, count, recv, dtype);
+    return DelegatingCommunicator::DoAllGather(send, count, recv, dtype);
   }
-
- private:
-  std::unique_ptr<Communicator> inner_;
 };
 
 // Group k's communicators: tp "a" (odd k) or "b" (even k); dp "d" where

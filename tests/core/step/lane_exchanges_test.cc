@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu_backend.h"
+#include "core/comm/delegating_communicator.h"
 #include "core/comm/gloo_communicator.h"
 #include "core/comm/groups.h"
 #include "core/comm/kv_store.h"
@@ -46,22 +47,15 @@ using testing_layouts::FullMatrix;
 using testing_layouts::Layout;
 using testing_layouts::ParamCase;
 using testing_layouts::Shard;
-using testing_layouts::TagsOf;
 
 constexpr int kLayers = 12;
 constexpr int kSteps = 3;
 const Layout kLayout{2, 2, 2};
 
-// A Gloo communicator that counts its all_to_allvs.
-class Counting final : public Communicator {
+// A Gloo communicator that counts its all_to_allvs and their largest send.
+class Counting final : public DelegatingCommunicator {
  public:
-  explicit Counting(std::unique_ptr<Communicator> inner)
-      : Communicator(inner->rank(), inner->size(), inner->name()),
-        inner_(std::move(inner)) {}
-  MemorySpace memory_space() const override { return inner_->memory_space(); }
-  absl::Status Barrier() override { return inner_->Barrier(); }
-  absl::Status Wait() override { return inner_->Wait(); }
-  void Abort() override { inner_->Abort(); }
+  using DelegatingCommunicator::DelegatingCommunicator;
   int all_to_allvs = 0;
   int64_t max_send_bytes = 0;
 
@@ -75,15 +69,9 @@ class Counting final : public Communicator {
     for (int64_t n : send_counts) elements += n;
     max_send_bytes =
         std::max(max_send_bytes, elements * int64_t(DTypeSize(dtype)));
-    return inner_->AllToAllV(send, send_counts, recv, recv_counts, dtype);
+    return DelegatingCommunicator::DoAllToAllV(send, send_counts, recv,
+                                               recv_counts, dtype);
   }
-  absl::Status DoAllGather(const void* send, int64_t count, void* recv,
-                           DType dtype) override {
-    return inner_->AllGather(send, count, recv, dtype);
-  }
-
- private:
-  std::unique_ptr<Communicator> inner_;
 };
 
 bool Medium(int layer) { return layer % 2 == 1; }
@@ -175,14 +163,8 @@ class Rank {
       group.muon = LayerMuon(k);
       group.domain = {size, g_, t_, d_, gtp_.get(), tp_.get(), dp_.get()};
       for (const ParamCase& p : LayerParams(k)) {
-        ParamBinding b;
-        b.name = p.name;
-        b.full_shape = {p.rows, p.cols};
-        b.tags = TagsOf(p, kLayout);
-        const auto [r, c] = shapes_[p.name];
-        b.param = ContiguousView(params_[p.name].data(), DType::kFloat32, r, c);
-        b.grad = ContiguousView(grads_[p.name].data(), DType::kFloat32, r, c);
-        group.params.push_back(b);
+        group.params.push_back(testing_layouts::BindingOf(
+            p, kLayout, params_[p.name], grads_[p.name], shapes_[p.name]));
       }
     }
     StepOptions options;

@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/plan/planner.h"
 #include "core/plan/sharding.h"
+#include "core/step/layer_sharded_muon.h"
 #include "gtest/gtest.h"
 
 namespace muond::testing_layouts {
@@ -58,6 +60,22 @@ inline ParamShardSpec SpecOf(const ParamCase& p, const Layout& l) {
                                  tags.pad_length, DomainSize{l.G, l.T});
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
+}
+
+// The binding of param `p` whose rank-local fp32 shard (`rows` x `cols`)
+// and grad live in `param` and `grad` (the engine's views point into them).
+inline ParamBinding BindingOf(const ParamCase& p, const Layout& l,
+                              std::vector<float>& param,
+                              std::vector<float>& grad,
+                              std::pair<int64_t, int64_t> shape) {
+  ParamBinding b;
+  b.name = p.name;
+  b.full_shape = {p.rows, p.cols};
+  b.tags = TagsOf(p, l);
+  const auto [r, c] = shape;
+  b.param = ContiguousView(param.data(), DType::kFloat32, r, c);
+  b.grad = ContiguousView(grad.data(), DType::kFloat32, r, c);
+  return b;
 }
 
 // Rank (g, t)'s shard of a full matrix (the same on every replica): TP split

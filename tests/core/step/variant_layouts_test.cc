@@ -51,7 +51,6 @@ using testing_layouts::Pad;
 using testing_layouts::ParamCase;
 using testing_layouts::Shard;
 using testing_layouts::SpecOf;
-using testing_layouts::TagsOf;
 
 constexpr int kSteps = 3;
 constexpr int64_t kAdamN = 5;  // the AdamW param: 1 x 5 on every rank
@@ -216,14 +215,8 @@ class Rank {
       params_["b"][i] = AdamValue(flat_, 0, i);
     grads_["b"].assign(kAdamN, 0.0f);
     for (const ParamCase& p : params) {
-      ParamBinding b;
-      b.name = p.name;
-      b.full_shape = {p.rows, p.cols};
-      b.tags = TagsOf(p, l_);
-      const auto [r, c] = shapes_[p.name];
-      b.param = ContiguousView(params_[p.name].data(), DType::kFloat32, r, c);
-      b.grad = ContiguousView(grads_[p.name].data(), DType::kFloat32, r, c);
-      dense.params.push_back(b);
+      dense.params.push_back(testing_layouts::BindingOf(
+          p, l_, params_[p.name], grads_[p.name], shapes_[p.name]));
     }
     ParamBinding b;
     b.name = "b";
