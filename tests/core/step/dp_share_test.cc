@@ -88,16 +88,7 @@ int64_t ExpectedNsRuns(const Layout& l, int d, int g, int t) {
   return runs;
 }
 
-MuonOptions TestMuon() {
-  MuonOptions o;
-  o.ns.precision = MatmulPrecision::kHighest;
-  o.lr = 0.02;
-  o.momentum = 0.9;
-  o.nesterov = true;
-  o.weight_decay = 0.1;
-  o.ns_batch_size = 1;
-  return o;
-}
+MuonOptions TestMuon() { return testing_layouts::LayoutMuon(); }
 
 AdamWOptions TestAdamW() {
   AdamWOptions o;

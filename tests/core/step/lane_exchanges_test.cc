@@ -77,15 +77,8 @@ class Counting final : public DelegatingCommunicator {
 bool Medium(int layer) { return layer % 2 == 1; }
 
 MuonOptions LayerMuon(int layer) {
-  MuonOptions o;
-  o.ns.precision =
-      Medium(layer) ? MatmulPrecision::kMedium : MatmulPrecision::kHighest;
-  o.lr = 0.02;
-  o.momentum = 0.9;
-  o.nesterov = true;
-  o.weight_decay = 0.1;
-  o.ns_batch_size = 1;
-  return o;
+  return testing_layouts::LayoutMuon(Medium(layer) ? MatmulPrecision::kMedium
+                                                   : MatmulPrecision::kHighest);
 }
 
 // Layer k's params: the layout tests' mixed params, named per layer.

@@ -62,6 +62,20 @@ inline ParamShardSpec SpecOf(const ParamCase& p, const Layout& l) {
   return *spec;
 }
 
+// The Muon hyperparameters of the layout tests, at ns_batch_size 1 (the
+// bitwise contract with the single-process path) in `precision`.
+inline MuonOptions LayoutMuon(
+    MatmulPrecision precision = MatmulPrecision::kHighest) {
+  MuonOptions o;
+  o.ns.precision = precision;
+  o.lr = 0.02;
+  o.momentum = 0.9;
+  o.nesterov = true;
+  o.weight_decay = 0.1;
+  o.ns_batch_size = 1;
+  return o;
+}
+
 // The binding of param `p` whose rank-local fp32 shard (`rows` x `cols`)
 // and grad live in `param` and `grad` (the engine's views point into them).
 inline ParamBinding BindingOf(const ParamCase& p, const Layout& l,

@@ -72,16 +72,10 @@ MuonVariant g_variant = MuonVariant::kNorMuon;
 MatmulPrecision g_precision = MatmulPrecision::kHighest;
 
 MuonOptions TestMuon() {
-  MuonOptions o;
+  MuonOptions o = testing_layouts::LayoutMuon(g_precision);
   o.variant = g_variant;
   o.beta2 = 0.9;
   o.moment2_eps = 1e-8;
-  o.ns.precision = g_precision;
-  o.lr = 0.02;
-  o.momentum = 0.9;
-  o.nesterov = true;
-  o.weight_decay = 0.1;
-  o.ns_batch_size = 1;
   return o;
 }
 
