@@ -95,6 +95,8 @@ struct MuonOptions {
   // The variant is known, beta2 in [0, 1), moment2_eps > 0 and finite as
   // fp32.
   absl::Status ValidateVariant() const;
+
+  bool operator==(const MuonOptions&) const = default;
 };
 
 // Phase 1. grad fp32|bf16 (trainer memory), momentum in options.state_dtype

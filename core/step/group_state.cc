@@ -156,7 +156,7 @@ absl::Status AllocateParamState(GroupState& group, const GroupConfig& config,
     st.momentum = ContiguousView(st.momentum_buf.data(), sd, rows, cols);
     // Streamed host state stores its new momentum to a staged host copy (the
     // slots are reused), double-buffered state to its second buffer; other
-    // state needs none: the commit recomputes it in place (CommitMuonGroup).
+    // state needs none: the commit recomputes it in place (CommitMuonGroups).
     const bool staged = StagesMomentum(config.muon, *group.backend);
     const bool streamed = StreamsHostMomentum(where, *group.backend);
     if (staged) {

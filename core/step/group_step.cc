@@ -58,7 +58,7 @@ bool DoubleBuffersMomentum(const GroupState& group) {
 // grad_i, momentum_i -> L_i in one batched call (CUDA: a launch per ~40 small
 // params, not per param); the new momentum to staged_momentum_i where the
 // group DoubleBuffersMomentum, else not stored. momentum_i is only read, so
-// an abandoned step leaves the state as it was (CommitMuonGroup stores the
+// an abandoned step leaves the state as it was (CommitMuonGroups stores the
 // new momentum or swaps it in). A skipped param's L_i is zeroed.
 // With `check`, the momentum kernels also check the grads they read
 // (Backend::CheckedMuonMomentumBatch).
@@ -91,17 +91,25 @@ absl::Status MomentumPhase(
 // `skip`, by the momentum kernel in place with no NS input (the grads are the
 // trainer's, unchanged since MomentumPhase): bitwise what MomentumPhase
 // computed. Costs a read of grad and momentum per element where a staged
-// copy would have cost a second momentum's memory.
-absl::Status StoreMomentum(GroupState& group, const MuonOptions& options,
+// copy would have cost a second momentum's memory. `groups` share a backend
+// and step options (one batched call for them all).
+absl::Status StoreMomentum(absl::Span<GroupState* const> groups,
+                           const MuonOptions& options,
                            const std::set<std::string>& skip) {
-  const MomentumOperands m = MomentumOperandsOf(group, skip);
-  if (m.params.empty()) return absl::OkStatus();
+  MomentumOperands all;
   std::vector<MatrixView> absent;
-  for (size_t k = 0; k < m.params.size(); ++k) {
-    absent.push_back(Absent(group.local[m.params[k]]));
+  for (GroupState* group : groups) {
+    MomentumOperands m = MomentumOperandsOf(*group, skip);
+    for (size_t k = 0; k < m.params.size(); ++k) {
+      absent.push_back(Absent(group->local[m.params[k]]));
+    }
+    all.grads.insert(all.grads.end(), m.grads.begin(), m.grads.end());
+    all.momenta.insert(all.momenta.end(), m.momenta.begin(), m.momenta.end());
+    all.scales.insert(all.scales.end(), m.scales.begin(), m.scales.end());
   }
-  return MuonMomentumPhaseBatch(*group.backend, options, m.grads, m.momenta,
-                                m.momenta, absent, m.scales);
+  if (all.grads.empty()) return absl::OkStatus();
+  return MuonMomentumPhaseBatch(*groups.front()->backend, options, all.grads,
+                                all.momenta, all.momenta, absent, all.scales);
 }
 
 // Params in NS order cut into pieces of about GroupState::host_piece_bytes
@@ -274,27 +282,31 @@ absl::Status NsPhase(GroupState& group, const MuonOptions& options,
   return group.ns->RunLists(options, spans, shape_times);
 }
 
-// L_i -> param_i.
-absl::Status UpdatePhase(GroupState& group, const MuonOptions& options,
+// L_i -> param_i, for `groups` that share a backend and step options (one
+// batched call for them all).
+absl::Status UpdatePhase(absl::Span<GroupState* const> groups,
+                         const MuonOptions& options,
                          const std::set<std::string>& skip) {
   // Each param's lr times its Muon scale (of the full matrix).
   // NorMuon's row factors (variant_phase.h) are applied with the update.
   const bool row_scaled = options.variant == MuonVariant::kNorMuon;
   std::vector<MatrixView> params, updates, row_factors;
   std::vector<float> adjusted_lrs;
-  for (size_t i = 0; i < group.params.size(); ++i) {
-    const ParamBinding& b = group.config.params[i];
-    if (skip.contains(b.name)) continue;
-    const std::vector<int64_t>& full = group.params[i].spec.full_shape;
-    ASSIGN_OR_RETURN(float lr, MuonAdjustedLr(options, full[0], full[1]));
-    params.push_back(b.param);
-    updates.push_back(UpdateOf(group, options, i));
-    adjusted_lrs.push_back(lr);
-    if (row_scaled) row_factors.push_back(NorMuonRowFactorsOf(group, i));
+  for (GroupState* group : groups) {
+    for (size_t i = 0; i < group->params.size(); ++i) {
+      const ParamBinding& b = group->config.params[i];
+      if (skip.contains(b.name)) continue;
+      const std::vector<int64_t>& full = group->params[i].spec.full_shape;
+      ASSIGN_OR_RETURN(float lr, MuonAdjustedLr(options, full[0], full[1]));
+      params.push_back(b.param);
+      updates.push_back(UpdateOf(*group, options, i));
+      adjusted_lrs.push_back(lr);
+      if (row_scaled) row_factors.push_back(NorMuonRowFactorsOf(*group, i));
+    }
   }
   if (params.empty()) return absl::OkStatus();
-  return MuonUpdatePhaseBatch(*group.backend, options, params, updates,
-                              adjusted_lrs, row_factors);
+  return MuonUpdatePhaseBatch(*groups.front()->backend, options, params,
+                              updates, adjusted_lrs, row_factors);
 }
 
 }  // namespace
@@ -448,17 +460,30 @@ void SwapInStagedMomentum(GroupState& group,
 
 }  // namespace
 
-absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
-                             const std::set<std::string>& skip,
-                             PhaseClock& clock) {
-  const bool staged = StagesMomentum(group.config.muon, *group.backend);
+bool CommitsTogether(const GroupState& a, const GroupState& b) {
+  return a.config.algorithm == Algorithm::kMuon &&
+         b.config.algorithm == Algorithm::kMuon && a.backend == b.backend &&
+         a.step_muon == b.step_muon &&
+         StagesMomentum(a.config.muon, *a.backend) ==
+             StagesMomentum(b.config.muon, *b.backend);
+}
+
+absl::Status CommitMuonGroups(absl::Span<GroupState* const> groups,
+                              const std::set<std::string>& skip,
+                              PhaseClock& clock) {
+  GroupState& first = *groups.front();
+  const MuonOptions& options = first.step_muon;
+  const bool staged = StagesMomentum(first.config.muon, *first.backend);
   RETURN_IF_ERROR(clock.Time(
-      *group.backend, "lsmuon/update", &PhaseTimings::update_us, [&] {
-        RETURN_IF_ERROR(UpdatePhase(group, options, skip));
-        return staged ? absl::OkStatus() : StoreMomentum(group, options, skip);
+      *first.backend, "lsmuon/update", &PhaseTimings::update_us, [&] {
+        RETURN_IF_ERROR(UpdatePhase(groups, options, skip));
+        return staged ? absl::OkStatus() : StoreMomentum(groups, options, skip);
       }));
-  if (staged) SwapInStagedMomentum(group, skip);
-  return CommitVariantState(group, options, skip);
+  for (GroupState* group : groups) {
+    if (staged) SwapInStagedMomentum(*group, skip);
+    RETURN_IF_ERROR(CommitVariantState(*group, options, skip));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StepAdamWGroup(GroupState& group, const AdamWOptions& options,

@@ -159,12 +159,19 @@ absl::Status DrainMomentumStores(GroupState& group);
 absl::Status CheckNsOutputsFinite(GroupState& group, const MuonOptions& options,
                                   const std::set<std::string>& skip);
 
-// After the job's commit vote: the update of the params (L_i after
-// the prepare) and the new momentum stored (host state: the staged
-// momentum made the state). Local only.
-absl::Status CommitMuonGroup(GroupState& group, const MuonOptions& options,
-                             const std::set<std::string>& skip,
-                             PhaseClock& clock);
+// Whether Muon groups `a` and `b` commit as one (CommitMuonGroups): the
+// same backend, step options and way of storing the momentum.
+bool CommitsTogether(const GroupState& a, const GroupState& b);
+
+// After the job's commit vote: the update of the params (L_i after the
+// prepare) and the new momentum stored (host state and double-buffered
+// momentum: the staged momentum made the state), for Muon `groups` that
+// CommitsTogether, in one batched update and one momentum store for them
+// all (a group per layer launches them once, not once per layer). Local
+// only.
+absl::Status CommitMuonGroups(absl::Span<GroupState* const> groups,
+                              const std::set<std::string>& skip,
+                              PhaseClock& clock);
 
 // An AdamW group's step on its local shards (no exchange), run at the
 // commit: each param not in `skip` at its own step count + 1 (torch.optim

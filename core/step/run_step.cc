@@ -322,15 +322,22 @@ absl::Status LayerShardedMuonImpl::CheckNsOutputs(const StepInputs& inputs) {
 absl::Status LayerShardedMuonImpl::CommitLane(Lane& lane,
                                               const StepInputs& inputs,
                                               PhaseTimings& timings) {
-  for (int gi : lane.groups) {
-    GroupState& group = groups_[gi];
-    if (group.config.algorithm == Algorithm::kMuon) {
-      RETURN_IF_ERROR(CommitMuonGroup(group, group.step_muon,
-                                      inputs.skip_params, lane.clock));
-    } else {
+  const std::vector<GroupState*> groups = GroupsOf(lane);
+  for (size_t i = 0; i < groups.size();) {
+    GroupState& group = *groups[i];
+    if (group.config.algorithm != Algorithm::kMuon) {
       RETURN_IF_ERROR(StepAdamWGroup(group, group.step_adamw,
                                      inputs.skip_params, lane.clock));
+      ++i;
+      continue;
     }
+    // Neighbours that commit alike commit as one.
+    size_t end = i + 1;
+    while (end < groups.size() && CommitsTogether(group, *groups[end])) ++end;
+    RETURN_IF_ERROR(
+        CommitMuonGroups(absl::MakeConstSpan(groups).subspan(i, end - i),
+                         inputs.skip_params, lane.clock));
+    i = end;
   }
   // The step's writes are done before it answers; the times of all its
   // phases on this lane (the prepare's too) are known from here.

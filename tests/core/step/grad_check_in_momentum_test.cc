@@ -304,11 +304,12 @@ void RunBoth(bool skip_nonfinite, const std::vector<Case>& cases,
     EXPECT_EQ(on_device.State(), on_cpu.State()) << c.what;
     // Each Muon group's momentum ran once, checked, in the agreement; the
     // unchecked calls are a committed step's stores of the new momentum
-    // (none where it is double-buffered).
+    // (none where it is double-buffered), one for each kind's groups: they
+    // are neighbours with the same options and commit as one.
     EXPECT_EQ(device.checked - checked_before, groups) << c.what;
     const bool committed = got.ok() && got->skipped_nonfinite.empty();
     EXPECT_EQ(device.unchecked - unchecked_before,
-              committed && !double_buffer ? groups : 0)
+              committed && !double_buffer ? 2 : 0)
         << c.what;
     // Every group's finding taken with one wait per device_slots groups.
     EXPECT_EQ(device.takes - takes_before,
@@ -710,10 +711,9 @@ TEST(GradCheckInMomentum, AFailedCheckedCallOrTakeFallsBackToItsOwnRead) {
     const absl::StatusOr<StepResult> got = on_device.Step(step, {});
     ASSERT_TRUE(got.ok()) << c.what << ": " << got.status();
     ASSERT_TRUE(on_cpu.Step(step, {}).ok()) << c.what;
-    // The committed step's stores of the new momentum, and the momentum
-    // phases run again.
-    EXPECT_EQ(device.unchecked - unchecked_before,
-              kGroupsHere + c.momentum_again)
+    // The committed step's stores of the new momentum (one for each kind's
+    // groups, which commit as one), and the momentum phases run again.
+    EXPECT_EQ(device.unchecked - unchecked_before, 2 + c.momentum_again)
         << c.what;
     EXPECT_EQ(on_device.Values(), on_cpu.Values()) << c.what;
     EXPECT_EQ(on_device.State(), on_cpu.State()) << c.what;
