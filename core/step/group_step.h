@@ -168,7 +168,9 @@ bool CommitsTogether(const GroupState& a, const GroupState& b);
 // momentum: the staged momentum made the state), for Muon `groups` that
 // CommitsTogether, in one batched update and one momentum store for them
 // all (a group per layer launches them once, not once per layer). Local
-// only.
+// only. Its only failures are the backend's own (a launch error): after the
+// update, a failed store leaves every group of the run with new params and
+// old momentum, as one group's batch could before.
 absl::Status CommitMuonGroups(absl::Span<GroupState* const> groups,
                               const std::set<std::string>& skip,
                               PhaseClock& clock);
