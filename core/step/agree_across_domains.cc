@@ -300,10 +300,13 @@ absl::Status LayerShardedMuonImpl::UseHomesVersion(GroupState& group,
                        std::move(homes), group.config.domain, group.local));
   group.plan = std::move(plan);
   group.plan_version = version;
+  lanes_[group.lane].exchanges_reserved = false;
   return absl::OkStatus();
 }
 
 absl::Status LayerShardedMuonImpl::ReserveLaneExchanges(Lane& lane) {
+  // Plans change rarely; their batches are worked out again only then.
+  if (lane.exchanges_reserved) return absl::OkStatus();
   const std::vector<GroupState*> groups = GroupsOf(lane);
   const ExchangeBytes need =
       LaneExchangeBytes(groups, options_.exchange_batch_bytes);
@@ -317,6 +320,7 @@ absl::Status LayerShardedMuonImpl::ReserveLaneExchanges(Lane& lane) {
   transient_bytes_ =
       std::max(transient_bytes_, assembled + lane.exchange.send_bytes() +
                                      lane.exchange.recv_bytes());
+  lane.exchanges_reserved = true;
   return absl::OkStatus();
 }
 

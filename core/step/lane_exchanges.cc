@@ -9,6 +9,7 @@
 #include "core/common/error_reason.h"
 #include "core/common/status_macros.h"
 #include "core/step/group_in_order.h"
+#include "core/step/step_failures.h"
 
 namespace muond {
 namespace {
@@ -184,19 +185,16 @@ absl::Status RunLaneExchanges(absl::Span<GroupState* const> groups,
   static constexpr const char* kRange[] = {"lsmuon/a2a_fwd", "lsmuon/a2a_fwd",
                                            "lsmuon/a2a_bwd", "lsmuon/a2a_bwd",
                                            "lsmuon/dp_share"};
-  absl::Status comm, first;
+  CommunicatorFirst comm;
+  absl::Status first;
   for (const ExchangeBatch& batch :
        ExchangeBatchesOf(groups, step, batch_bytes)) {
-    const absl::Status ran =
+    if (comm.failed()) break;
+    first.Update(comm.Take(
         clock.Time(*batch.backend, kRange[static_cast<int>(step)], field,
-                   [&] { return RunBatch(batch, step, exchange); });
-    if (IsCommunicationFailure(ran)) {
-      comm = ran;
-      break;
-    }
-    first.Update(ran);
+                   [&] { return RunBatch(batch, step, exchange); })));
   }
-  return comm.ok() ? first : comm;
+  return comm.Or(first);
 }
 
 }  // namespace muond

@@ -24,6 +24,9 @@ struct Lane {
   // Indices into the engine's groups, in registration order.
   std::vector<int> groups;
   ExchangeBuffers exchange;
+  // `exchange` holds the batches of the groups' current plans
+  // (ReserveLaneExchanges); a group's new plan clears it.
+  bool exchanges_reserved = false;
   // The L_i of its Muon groups (GroupState::local): one slab per NS runner
   // and shape, in group then param order, so that same-shape L_i of
   // neighbouring groups lie back to back and NS batched across them

@@ -216,14 +216,12 @@ absl::Status LayerShardedMuonImpl::RunLanes(
         [&](int l) { lane_status[l] = fn(lanes_[l], lane_timings[l]); });
     for (const PhaseTimings& t : lane_timings) AddTimings(t, timings);
   }
-  // A communicator's failure in any lane decides the step (a timeout
-  // abandons it), ahead of a local failure in an earlier lane.
+  // A communicator's failure in any lane decides the step, ahead of a local
+  // failure in an earlier lane.
+  CommunicatorFirst comm;
   absl::Status first;
-  for (const absl::Status& s : lane_status) {
-    if (IsCommunicationFailure(s)) return s;
-    first.Update(s);
-  }
-  return first;
+  for (absl::Status& s : lane_status) first.Update(comm.Take(std::move(s)));
+  return comm.Or(first);
 }
 
 absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
@@ -251,22 +249,17 @@ absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
     own.push_back(RunMomentumPhase(group, group.step_muon, skip, work.back(),
                                    lane.clock));
   }
-  absl::Status comm, exchanged;
-  // `status` where it is local; a communicator's failure goes to `comm`.
-  auto local = [&](absl::Status status) {
-    if (!IsCommunicationFailure(status)) return status;
-    if (comm.ok()) comm = std::move(status);
-    return absl::OkStatus();
-  };
+  CommunicatorFirst comm;
+  absl::Status exchanged;
   auto exchange = [&](LaneExchangeStep step, PhaseClock::Field field) {
-    if (!comm.ok()) return;
+    if (comm.failed()) return;
     exchanged.Update(
-        local(RunLaneExchanges(muon, step, options_.exchange_batch_bytes,
-                               lane.exchange, lane.clock, field)));
+        comm.Take(RunLaneExchanges(muon, step, options_.exchange_batch_bytes,
+                                   lane.exchange, lane.clock, field)));
   };
   exchange(LaneExchangeStep::kStage1Forward, &PhaseTimings::a2a_fwd_us);
   exchange(LaneExchangeStep::kStage2Forward, &PhaseTimings::a2a_fwd_us);
-  for (size_t i = 0; i < muon.size() && comm.ok(); ++i) {
+  for (size_t i = 0; i < muon.size() && !comm.failed(); ++i) {
     if (!own[i].ok()) continue;
     own[i] = RunNsPhase(*muon[i], muon[i]->step_muon, work[i], shape_times,
                         lane.clock);
@@ -274,12 +267,12 @@ absl::Status LayerShardedMuonImpl::PrepareLane(Lane& lane,
   exchange(LaneExchangeStep::kStage2Reverse, &PhaseTimings::a2a_bwd_us);
   exchange(LaneExchangeStep::kStage1Reverse, &PhaseTimings::a2a_bwd_us);
   exchange(LaneExchangeStep::kDpShare, &PhaseTimings::dp_share_us);
-  for (size_t i = 0; i < muon.size() && comm.ok(); ++i) {
-    const absl::Status variant =
-        local(RunVariantPhase(*muon[i], muon[i]->step_muon, skip, lane.clock));
+  for (size_t i = 0; i < muon.size() && !comm.failed(); ++i) {
+    const absl::Status variant = comm.Take(
+        RunVariantPhase(*muon[i], muon[i]->step_muon, skip, lane.clock));
     if (own[i].ok()) own[i] = variant;
   }
-  absl::Status first = comm;
+  absl::Status first = comm.Or(absl::OkStatus());
   first.Update(lane_ns);
   for (const absl::Status& failed : own) first.Update(failed);
   first.Update(exchanged);

@@ -30,4 +30,10 @@ absl::Status NonFiniteError(const std::vector<std::string>& bad) {
       "skips such steps instead)"));
 }
 
+absl::Status CommunicatorFirst::Take(absl::Status status) {
+  if (!IsCommunicationFailure(status)) return status;
+  if (failure_.ok()) failure_ = std::move(status);
+  return absl::OkStatus();
+}
+
 }  // namespace muond
