@@ -16,8 +16,10 @@ run, fp32 params and grads, median of --reps steps, --rounds rounds:
   daemon_gram    channel), standard / Gram NS (ns_algorithm="gram");
   daemon_gram_checks_first  the same with overlap_checks off: step() checks, then sends;
   daemon_gram_grpc          the same over the Step RPC (a Unix socket);
-  daemon_gram_asleep        the same asleep until the answer (step_channel_poll_ms=0; not
-                            among the default columns);
+  daemon_gram_asleep        the same with neither end polling: the trainer asleep until
+                            the answer (step_channel_poll_ms=0), the daemon until the
+                            request (--step_channel_poll_ms=0); not among the default
+                            columns;
   daemon_gram_double_buffered  the same with double_buffer_momentum (not among the
                                default columns).
 
@@ -99,7 +101,7 @@ TITLES = {"torch": "torch.optim.Muon", "peer_a": "peer (a) same coeffs",
           "daemon_gram": "muond daemon gram",
           "daemon_gram_checks_first": "muond daemon gram, checks first",
           "daemon_gram_grpc": "muond daemon gram, Step RPC",
-          "daemon_gram_asleep": "muond daemon gram, asleep till the answer",
+          "daemon_gram_asleep": "muond daemon gram, neither end polling",
           "daemon_gram_double_buffered": "muond daemon gram, double-buffered momentum"}
 # Speed targets, muond gram through the daemon: x faster than (peer a, peer b, torch).
 # The targets per set: (vs peer (a), vs peer (b), vs torch.optim.Muon); None: no target.
@@ -442,14 +444,17 @@ def muond_gram_kwargs(algorithm, o):
 
 
 def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algorithm, o,
-                 step_channel=True, overlap_checks=True, poll_ms=None, double_buffer=False):
+                 step_channel=True, overlap_checks=True, poll_ms=None, double_buffer=False,
+                 daemon_poll_ms=None):
     import torch
     from daemon_harness import Daemon
     from muond.torch import Muon
     params, grads = fresh(shapes, 0)
     ps = [torch.nn.Parameter(p) for p in params]
     with Daemon(job, log_dir=log_dir,
-                daemon_args=(f"--sym_gemm_schedule={o.sym_gemm_schedule}",)) as d:
+                daemon_args=(f"--sym_gemm_schedule={o.sym_gemm_schedule}",) + (
+                    () if daemon_poll_ms is None
+                    else (f"--step_channel_poll_ms={daemon_poll_ms:g}",))) as d:
         opt = Muon([{"params": ps, "param_names": [f"p{i}" for i in range(len(ps))]}],
                    daemons=[d.address], job_id=job, coefficient_type="simple",
                    scale_mode="original", extra_scale_factor=1.0, fp32_matmul_prec="medium",
@@ -475,7 +480,7 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
             dm = sorted(daemon_ms[warmup:])
             print_breakdown(algorithm + ("" if step_channel else ", Step RPC")
                             + ("" if overlap_checks else ", checks first")
-                            + ("" if poll_ms is None else ", asleep till the answer")
+                            + ("" if poll_ms is None else ", neither end polling")
                             + (", double-buffered momentum" if double_buffer else ""),
                             parts[warmup:])
         finally:
@@ -504,6 +509,11 @@ def print_breakdown(label, parts):
               med("overhead_us"), med("handler_us") - med("total_us"), med("total_us"),
               " + ".join("%s %.2f" % (k[:-3], med(k)) for k in phases),
               outside[len(outside) // 2] / 1e3), flush=True)
+    if all("request_leg_us" in p for p in parts):  # through the step channel
+        print("daemon %s round trip beyond the handler (median ms): request leg %.3f (posted "
+              "-> the daemon took it), answer leg %.3f (the daemon published its answer -> "
+              "step() returned)" % (label, med("request_leg_us"), med("answer_leg_us")),
+              flush=True)
 
 
 def bench_rpc(reps, job, log_dir):
@@ -667,6 +677,7 @@ def run_column(c, row, name, r, shapes, ns_batch, peers, peer_info, a, o):
                       step_channel=not c.endswith("_grpc"),
                       overlap_checks=not c.endswith("_checks_first"),
                       poll_ms=0.0 if c.endswith("_asleep") else None,
+                      daemon_poll_ms=0.0 if c.endswith("_asleep") else None,
                       double_buffer=c.endswith("_double_buffered"))
         if res:
             row[c], row[c + "_side"] = res
@@ -706,7 +717,7 @@ def set_table(name, layers, ns_batch, shapes, cols, rows, peer_info, a, o):
                   "daemon / in-process std | daemon / in-process gram | "
                   "daemon over the Step RPC / in-process gram | "
                   "daemon, checks first / in-process gram | "
-                  "daemon, asleep till the answer / in-process gram | "
+                  "daemon, neither end polling / in-process gram | "
                   "daemon / in-process, both double-buffered |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
     for k, row in enumerate(rows if muond else []):

@@ -9,7 +9,8 @@ params (64x32, the MoE set's param count) or (c) 1000 groups of one 8x8
 param each (per-layer groups at scale; --cases groups), and runs a few hundred steps,
 each after --gap-ms of idle time (the trainer's forward and backward), once
 over the Step RPC and once through the step channel (shared memory and a
-futex), side by side. Per step it splits the client's wall time of
+futex), side by side (with --daemon-poll-ms also through the channel with
+the daemon polling for each request, as a GPU daemon does). Per step it splits the client's wall time of
 ``opt.step()`` into
 
     client Python      = wall - rpc        (checks, overrides, the request)
@@ -70,7 +71,7 @@ def timed_calls(fn, n, warmup):
 
 
 def run_case(job, shapes, steps, warmup, profile, step_channel=True, gap_s=0.0,
-             group_each=False):
+             group_each=False, daemon_poll_ms=0.0):
     torch.manual_seed(0)
     params = [torch.nn.Parameter(0.02 * torch.randn(s)) for s in shapes]
     names = [f"p{i}" for i in range(len(params))]
@@ -79,7 +80,8 @@ def run_case(job, shapes, steps, warmup, profile, step_channel=True, gap_s=0.0,
                   for i, (p, n) in enumerate(zip(params, names))]
     else:
         groups = [{"params": params, "param_names": names}]
-    with Daemon(job, host=True) as d:
+    with Daemon(job, host=True,
+                daemon_args=(f"--step_channel_poll_ms={daemon_poll_ms:g}",)) as d:
         opt = Muon(groups, lr=0.02, weight_decay=0.1, daemons=[d.address], job_id=job,
                    step_channel=step_channel)
         try:
@@ -124,7 +126,9 @@ def run_case(job, shapes, steps, warmup, profile, step_channel=True, gap_s=0.0,
     wall = [r["wall_us"] for r in rows]
     rpc = [r["rpc_us"] for r in rows]
     total = [r["total_us"] for r in rows]
-    return dict(wall=wall, rpc=rpc, total=total,
+    legs = {k: [r[k] for r in rows if k in r]
+            for k in ("request_leg_us", "answer_leg_us", "handler_us")}
+    return dict(wall=wall, rpc=rpc, total=total, legs=legs,
                 client=[r["wall_us"] - r["rpc_us"] for r in rows],
                 server=[r["rpc_us"] - r["total_us"] for r in rows],
                 health=health, idle_health=idle, prof=prof_text)
@@ -145,6 +149,10 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the client's step()")
     ap.add_argument("--gap-ms", type=float, default=20.0,
                     help="idle time before each step, as a trainer's forward and backward")
+    ap.add_argument("--daemon-poll-ms", type=float, default=0.0,
+                    help="also run the step channel with the daemon polling for each request "
+                         "this long before it is due (--step_channel_poll_ms; a GPU daemon's "
+                         "default is 1, a host daemon's 0)")
     a = ap.parse_args()
     os.environ["MUOND_BIN"] = a.bin  # the harness's binaries
     torch.set_num_threads(1)
@@ -160,20 +168,39 @@ def main() -> int:
           "| daemon total | Health RPC | Health RPC after idle gap | transport + server / "
           "idle Health (p50) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    profiles = []
+    profiles, splits = [], []
     cases = [c for c, key in zip(cases, ("one", "many", "groups")) if key in a.cases.split(",")]
     for k, (name, shapes, group_each) in enumerate(cases):
-        for channel in (False, True):  # side by side, the same daemon build
-            r = run_case(f"rpcbench{os.getpid()}x{k}{int(channel)}", shapes, a.steps, a.warmup,
+        ways = [(False, 0.0), (True, 0.0)] + ([(True, a.daemon_poll_ms)]
+                                              if a.daemon_poll_ms > 0 else [])
+        for w, (channel, poll_ms) in enumerate(ways):  # side by side, the same build
+            r = run_case(f"rpcbench{os.getpid()}x{k}{w}", shapes, a.steps, a.warmup,
                          a.profile, step_channel=channel, gap_s=a.gap_ms / 1e3,
-                         group_each=group_each)
-            print(f"| {name} | {'step channel' if channel else 'Step RPC'} | {fmt(r['wall'])} | "
+                         group_each=group_each, daemon_poll_ms=poll_ms)
+            how = ("Step RPC" if not channel else "step channel" if poll_ms == 0
+                   else f"step channel, daemon polls {poll_ms:g} ms")
+            print(f"| {name} | {how} | {fmt(r['wall'])} | "
                   f"{fmt(r['client'])} | {fmt(r['rpc'])} | "
                   f"{fmt(r['server'])} | {fmt(r['total'])} | {fmt(r['health'])} | "
                   f"{fmt(r['idle_health'])} | "
                   f"{pct(r['server'], .5) / pct(r['idle_health'], .5):.2f} |", flush=True)
+            if channel and r["legs"]["request_leg_us"]:
+                splits.append((f"{name}, {how}", r))
             if r["prof"]:
-                profiles.append((f"{name}, step channel {channel}", r["prof"]))
+                profiles.append((f"{name}, {how}", r["prof"]))
+    if splits:
+        # StepTimings.received_at_us / answered_at_us against the trainer's
+        # readings of the same clock (muond.torch.Muon.last_timings).
+        print("\nThe step channel's round trip, split: request leg (posted → the daemon "
+              "took it), the daemon's Step handler, the handler beyond the engine, answer "
+              "leg (the daemon published its answer → step() returned); p50 / p99 µs\n")
+        print("| case | request leg | handler | handler beyond the engine | answer leg |")
+        print("|---|---|---|---|---|")
+        for name, r in splits:
+            legs = r["legs"]
+            beyond = [h - t for h, t in zip(legs["handler_us"], r["total"])]
+            print(f"| {name} | {fmt(legs['request_leg_us'])} | {fmt(legs['handler_us'])} | "
+                  f"{fmt(beyond)} | {fmt(legs['answer_leg_us'])} |")
     for name, text in profiles:
         print(f"\n== cProfile of step(), {name} ==\n{text}")
     return 0

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "glog/logging.h"
 #include "proto/status_details.h"
 #include "proto/step_channel_layout.h"
+#include "server/daemon/request_poll.h"
 
 namespace muond {
 namespace sc = step_channel;
@@ -28,6 +31,18 @@ namespace sc = step_channel;
 namespace {
 
 constexpr uint64_t kPageBytes = 4096;
+// What StepTimings.received_at_us and answered_at_us add to an answer at
+// most: a tag byte and a 10-byte varint each, and up to 2 bytes of the
+// timings' own tag and length.
+constexpr uint64_t kMaxStampBytes = 24;
+
+// CLOCK_MONOTONIC in microseconds: the clock the trainer's time.monotonic()
+// reads on the same host (StepTimings.received_at_us, answered_at_us).
+int64_t MonotonicMicros() {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return int64_t(now.tv_sec) * 1000000 + now.tv_nsec / 1000;
+}
 
 long Futex(const void* word, int op, uint32_t value,
            const struct timespec* timeout) {
@@ -446,9 +461,40 @@ absl::Status StepChannels::AwaitVerdict(StepChannelEnd* channel, uint32_t seq) {
   }
 }
 
+// Reads request_seq until it moves past `last`, `until` passes, the daemon
+// stops or the object can no longer be read, yielding the core between looks
+// (sched_yield returns at once when nothing else waits for it).
+void PollForRequest(int fd, uint32_t last, RequestPoll::Clock::time_point until,
+                    const std::atomic<bool>& stopping) {
+  uint32_t seq = last;
+  while (ReadSeq(fd, &seq) && seq == last && !stopping.load() &&
+         RequestPoll::Clock::now() < until) {
+    sched_yield();
+  }
+}
+
+bool StepChannels::AwaitRequest(StepChannelEnd* channel, RequestPoll& poll) {
+  absl::Duration slice = options_.idle_check;
+  if (const std::optional<RequestPoll::Window> window = poll.Next()) {
+    const RequestPoll::Clock::time_point now = RequestPoll::Clock::now();
+    if (now >= window->from) {
+      PollForRequest(channel->fd, channel->last_seq, window->until, stopping_);
+      poll.Spent();  // a request that came is taken next: Arrived resets it
+      return true;
+    }
+    slice = std::min(slice, absl::FromChrono(window->from - now));
+  }
+  const struct timespec wait = absl::ToTimespec(slice);
+  // A timeout is a moment to look at the trainer's lock (the window's too).
+  return !(Futex(channel->word(sc::kRequestSeqOffset), FUTEX_WAIT,
+                 channel->last_seq, &wait) != 0 &&
+           errno == ETIMEDOUT &&
+           !sc::LockHeldByOther(channel->fd, sc::kTrainerLockByte));
+}
+
 void StepChannels::Serve(StepChannelEnd* channel) {
   const int fd = channel->fd;
-  const struct timespec idle = absl::ToTimespec(options_.idle_check);
+  RequestPoll poll(absl::ToChronoNanoseconds(options_.request_poll));
   std::string ended = "closed by the trainer";
   // A request posted before the shutdown is still answered (the handler
   // refuses it once the table is shut down), one at most: a trainer bumping
@@ -467,16 +513,15 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     }
     answered_since_stopping = stopping_.load();
     if (seq == channel->last_seq) {
-      if (Futex(channel->word(sc::kRequestSeqOffset), FUTEX_WAIT,
-                channel->last_seq, &idle) != 0 &&
-          errno == ETIMEDOUT &&
-          !sc::LockHeldByOther(fd, sc::kTrainerLockByte)) {
+      if (!AwaitRequest(channel, poll)) {
         ended = "its trainer is gone";
         break;
       }
       continue;
     }
     channel->last_seq = seq;
+    const int64_t received_at = MonotonicMicros();
+    poll.Arrived(RequestPoll::Clock::now());
     // The trainer wrote the request before its sequence number.
     std::atomic_thread_fence(std::memory_order_acquire);
     uint32_t op = 0, len = 0;
@@ -498,6 +543,13 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     std::string bytes;
     uint32_t kind = sc::kStepResponse;
     if (answer.ok()) {
+      // Stamped only where it fits the channel: an answer fetched over the
+      // Step RPC carries none (StepTimings.received_at_us).
+      if (answer->ByteSizeLong() + kMaxStampBytes <=
+          channel->response_capacity) {
+        answer->mutable_timings()->set_received_at_us(received_at);
+        answer->mutable_timings()->set_answered_at_us(MonotonicMicros());
+      }
       answer->SerializeToString(&bytes);
     } else {
       bytes = ToRpcStatusBytes(answer.status());  // as over gRPC

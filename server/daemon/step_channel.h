@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "muond/v1/muond.pb.h"
 #include "server/daemon/memory_mapper.h"
+#include "server/daemon/request_poll.h"
 
 namespace muond {
 
@@ -43,6 +44,13 @@ struct StepChannelOptions {
   // How often an idle channel checks that its trainer still holds its lock
   // (and that the daemon is not shutting down).
   absl::Duration idle_check = absl::Milliseconds(500);
+  // How long before its trainer's next request is due (the last request
+  // plus the interval before it) a channel's thread polls for it instead of
+  // sleeping on the futex, and as long after (request_poll.h): the wake-up
+  // after the trainer's forward and backward is then off the step. Zero:
+  // sleep throughout (muond-daemon --step_channel_poll_ms; host mode, whose
+  // step needs the cores, does not poll).
+  absl::Duration request_poll = absl::ZeroDuration();
   // At the limit, how long Open waits for an open channel to end before it
   // refuses: a trainer replacing its channel (a new registration) posts the
   // old one's close and opens the new one at once, before the old one's
@@ -114,6 +122,10 @@ class StepChannels {
   // The channel's thread started and its entry listed, or why not.
   absl::Status StartServing(std::unique_ptr<StepChannelEnd> channel);
   void Serve(StepChannelEnd* channel);
+  // Waits for the trainer's next request on `channel`: polls in the window
+  // `poll` gives, else sleeps on the futex for a slice (ending where that
+  // window starts). False once the trainer is gone.
+  bool AwaitRequest(StepChannelEnd* channel, RequestPoll& poll);
   // The trainer's verdict on the request of `seq`
   // (proto/step_channel_layout.h).
   absl::Status AwaitVerdict(StepChannelEnd* channel, uint32_t seq);

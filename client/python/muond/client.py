@@ -282,6 +282,10 @@ class Client:
             channel = grpc.intercept_channel(channel, _TokenInterceptor(token))
         self.stub = pb_grpc.OptimizerStub(channel)
         self._step_channel: StepChannel | None = None
+        # The last step's StepChannel.last_trip when it went through the step
+        # channel, else None (over gRPC the daemon may be on another host,
+        # with another clock).
+        self.last_trip: tuple[float, float] | None = None
 
     def close(self) -> None:
         self.close_step_channel()
@@ -314,6 +318,7 @@ class Client:
         the job then fails it at once and nothing changes."""
         request = _step_request(job_id, step_id, overrides, client_id, skip_params,
                                 self._name, trainer_refusal)
+        self.last_trip = None
         channel = self._step_channel
         if channel is not None:
             response = self._step_through(channel, request)
@@ -354,8 +359,11 @@ class Client:
         """The step channel's answer to ``request``, or None when it was not
         sent there (step() sends it over gRPC). A failure raises as the Step
         RPC's would; a channel whose step's outcome is unknown is closed."""
+        self.last_trip = None
         try:
-            return channel.step(request, self.timeout, checks)
+            response = channel.step(request, self.timeout, checks)
+            self.last_trip = channel.last_trip
+            return response
         except ChannelUnusable:
             return None
         except ChannelAnswerTooLarge:

@@ -324,6 +324,13 @@ class StepChannel:
         # predicted.
         self._poll_s = 0.0
         self._last_wait_s = 0.0
+        # The last step answered here: (posted, returned), time.monotonic()
+        # as its request was posted and as its answer was read; with the
+        # answer's received_at_us / answered_at_us (the daemon's readings of
+        # the same clock) they split its round trip into legs. None until a
+        # step is answered, and after one that was not.
+        self.last_trip: tuple[float, float] | None = None
+        self._posted_at = 0.0
         anchor = ctypes.c_char.from_buffer(mapping)
         base = ctypes.addressof(anchor)
         del anchor  # a live buffer export would keep the mapping from closing
@@ -370,6 +377,7 @@ class StepChannel:
                 raise ChannelUnusable(f"a StepRequest of {len(data)} bytes, past the step "
                                       f"channel's {self.request_capacity}")
             self.broken = True  # until the answer is read, whatever interrupts us
+            self.last_trip = None
             self._send(data)
             raised = None
             if checks is not None:
@@ -385,6 +393,8 @@ class StepChannel:
                     raise raised  # the checks' error; the channel stays broken
                 raise
             outcome = self._read_answer()
+            if isinstance(outcome, pb.StepResponse):
+                self.last_trip = (self._posted_at, time.monotonic())
             self.broken = False
         finally:
             if self._closing:
@@ -434,6 +444,7 @@ class StepChannel:
         self._mapping[_HEADER:_HEADER + len(data)] = data
         self._request_len.value = len(data)
         self._request_op.value = _rules.STEP_CHANNEL_OP_STEP
+        self._posted_at = time.monotonic()
         self._post()
 
     def _post(self) -> None:

@@ -74,6 +74,16 @@ class ChannelStepsTest(ClusterTestCase):
             grpc_steps[step_channel] = count_grpc_steps(opt.clients[0])
             train(opt, model)
             self.assertGreater(opt.last_timings["total_us"], 0)
+            # The legs, on the clock both processes read: never negative,
+            # never past the step's whole round trip (another clock, or the
+            # stamps swapped, would be off by far more).
+            legs = [opt.last_timings.get(k) for k in ("request_leg_us", "answer_leg_us")]
+            if step_channel:
+                for leg in legs:
+                    self.assertGreaterEqual(leg, 0)
+                    self.assertLess(leg, opt.last_timings["rpc_us"])
+            else:
+                self.assertEqual(legs, [None, None])
             params[step_channel] = {n: p.detach().clone() for n, p in model.named_parameters()}
             opt.close()
         self.assertEqual(grpc_steps, {True: [], False: list(range(1, STEPS + 1))})

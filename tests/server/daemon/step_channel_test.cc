@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -229,6 +230,69 @@ TEST(StepChannelTest, StepsAreAnsweredInOrder) {
     EXPECT_EQ(trainer.Response().step_id(), step);
   }
   EXPECT_EQ(channels.open_channels(), 1);
+}
+
+// CLOCK_MONOTONIC in microseconds, the clock of StepTimings.received_at_us
+// and answered_at_us.
+int64_t MonotonicMicros() {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return int64_t(now.tv_sec) * 1000000 + now.tv_nsec / 1000;
+}
+
+StepChannelOptions PollingOptions(absl::Duration poll) {
+  StepChannelOptions options = FastOptions();
+  options.request_poll = poll;
+  return options;
+}
+
+// A channel that polls for its trainer's requests answers them as one that
+// sleeps does: at the trainer's period (in the poll's window), early (before
+// it) and late (after it: the window spent, back on the futex). Every answer
+// is stamped on the trainer's clock between its posting and its return.
+TEST(StepChannelTest, PollingChannelAnswersRequestsOnTimeEarlyAndLate) {
+  StepChannels channels(EchoHandler, PollingOptions(absl::Milliseconds(2)));
+  Trainer trainer;
+  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+  const int gaps_ms[] = {10, 10, 10, 10, 0, 10, 10, 60, 10, 10};
+  int64_t step = 1;
+  for (const int gap : gaps_ms) {
+    absl::SleepFor(absl::Milliseconds(gap));
+    const int64_t posted = MonotonicMicros();
+    ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(step))))
+        << "step " << step;
+    const int64_t returned = MonotonicMicros();
+    const v1::StepResponse answer = trainer.Response();
+    EXPECT_EQ(answer.step_id(), step);
+    EXPECT_LE(posted, answer.timings().received_at_us()) << "step " << step;
+    EXPECT_LE(answer.timings().received_at_us(),
+              answer.timings().answered_at_us());
+    EXPECT_LE(answer.timings().answered_at_us(), returned) << "step " << step;
+    ++step;
+  }
+  EXPECT_EQ(channels.open_channels(), 1);
+}
+
+// A trainer that vanishes or shrinks its object while the daemon polls for
+// its next request ends the channel, as one asleep on the futex does.
+TEST(StepChannelTest, TrainerGoneWhilePolledForEndsItsChannel) {
+  for (const bool shrink : {false, true}) {
+    SCOPED_TRACE(shrink ? "shrunk" : "vanished");
+    // Polling from 40 ms before the third request is due to 40 ms after.
+    StepChannels channels(EchoHandler, PollingOptions(absl::Milliseconds(40)));
+    Trainer trainer;
+    ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+    ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(1))));
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(2))));
+    absl::SleepFor(absl::Milliseconds(70));  // inside the window
+    if (shrink) {
+      ASSERT_EQ(ftruncate(trainer.fd(), 0), 0);
+    } else {
+      trainer.Vanish();
+    }
+    EXPECT_TRUE(EventuallyOpen(channels, 0));
+  }
 }
 
 TEST(StepChannelTest, RefusalIsTheStepRpcsStatus) {

@@ -1,0 +1,43 @@
+#pragma once
+// When a step channel's thread looks for its trainer's next request by
+// polling instead of sleeping on the futex. A trainer's steps come at a
+// steady period (forward, backward, the step), and a thread that slept
+// through the trainer's forward and backward takes ~0.05-0.2 ms to wake once
+// the request is posted (bench/results/step_channel_cpu.md, "The request's
+// leg"): polling from a little before the request is due takes that off
+// every step, for at most 2 x `poll` of one core a step.
+#include <chrono>
+#include <optional>
+
+namespace muond {
+
+class RequestPoll {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Window {
+    Clock::time_point from, until;
+  };
+
+  // `poll` <= 0: never poll.
+  explicit RequestPoll(Clock::duration poll) : poll_(poll) {}
+
+  // A request was taken at `at`.
+  void Arrived(Clock::time_point at);
+  // Where to poll for the next request: from `poll` before it is due (the
+  // last request plus the interval before it) to `poll` after. None with
+  // polling off, before two requests, when the interval is under 2 x `poll`
+  // (the thread is barely asleep: nothing to gain) or once Spent() this
+  // interval.
+  std::optional<Window> Next() const;
+  // The window went by without a request: sleep until it comes (a pause in
+  // the steps, such as an evaluation, costs one window, not one per slice).
+  void Spent() { spent_ = true; }
+
+ private:
+  const Clock::duration poll_;
+  std::optional<Clock::time_point> last_;
+  Clock::duration interval_{0};
+  bool spent_ = false;
+};
+
+}  // namespace muond
