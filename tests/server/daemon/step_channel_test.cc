@@ -654,11 +654,15 @@ TEST(StepChannelTest, RefusedThreadLeavesNoChannelBehind) {
 // trainer's verdict for that request: go answers it as any step; withdraw,
 // an unknown verdict, a verdict for an earlier request, no verdict in time
 // and a trainer that ends are each the handler's refusal, said by name.
-class VerdictTest : public ::testing::Test {
+// Each with a daemon that sleeps till the verdict and with one that polls
+// for it first (request_poll, as a GPU daemon): 200 ms, within which most of
+// these verdicts come.
+class VerdictTest : public ::testing::TestWithParam<absl::Duration> {
  protected:
   VerdictTest() {
     StepChannelOptions options = FastOptions();
     options.verdict_timeout = absl::Milliseconds(300);
+    options.request_poll = GetParam();
     channels_ = std::make_unique<StepChannels>(
         [this](const v1::StepRequest& request, const TrainerVerdict& verdict) {
           absl::StatusOr<v1::StepResponse> answer =
@@ -691,7 +695,7 @@ class VerdictTest : public ::testing::Test {
   std::unique_ptr<StepChannels> channels_;
 };
 
-TEST_F(VerdictTest, GoAnswersTheStepOnlyAfterTheVerdict) {
+TEST_P(VerdictTest, GoAnswersTheStepOnlyAfterTheVerdict) {
   const uint32_t seq = trainer_.Send(StepBytes(7, /*await_verdict=*/true));
   EXPECT_FALSE(trainer_.Await(seq, absl::Milliseconds(100)));
   trainer_.Verdict(seq, sc::kVerdictGo);
@@ -702,7 +706,7 @@ TEST_F(VerdictTest, GoAnswersTheStepOnlyAfterTheVerdict) {
   EXPECT_EQ(trainer_.Response().step_id(), 8);
 }
 
-TEST_F(VerdictTest, WithdrawAndUnknownVerdictsAreRefusedByName) {
+TEST_P(VerdictTest, WithdrawAndUnknownVerdictsAreRefusedByName) {
   uint32_t seq = trainer_.Send(StepBytes(7, true));
   trainer_.Verdict(seq, sc::kVerdictWithdraw);
   ASSERT_TRUE(trainer_.Await(seq));
@@ -717,7 +721,7 @@ TEST_F(VerdictTest, WithdrawAndUnknownVerdictsAreRefusedByName) {
               HasSubstr("verdict 9 is neither go (1) nor withdraw (2)"));
 }
 
-TEST_F(VerdictTest, AnEarlierRequestsVerdictIsNotThisOnes) {
+TEST_P(VerdictTest, AnEarlierRequestsVerdictIsNotThisOnes) {
   const uint32_t first = trainer_.Send(StepBytes(7, true));
   trainer_.Verdict(first, sc::kVerdictGo);
   ASSERT_TRUE(trainer_.Await(first));
@@ -729,7 +733,7 @@ TEST_F(VerdictTest, AnEarlierRequestsVerdictIsNotThisOnes) {
   EXPECT_THAT(trainer_.Refusal().message(), HasSubstr("no verdict came"));
 }
 
-TEST_F(VerdictTest, ATrainerThatEndsBeforeItsVerdictWithdraws) {
+TEST_P(VerdictTest, ATrainerThatEndsBeforeItsVerdictWithdraws) {
   trainer_.Send(StepBytes(7, true));
   trainer_.Vanish();
   const std::vector<absl::Status> said = Said(1);
@@ -737,6 +741,10 @@ TEST_F(VerdictTest, ATrainerThatEndsBeforeItsVerdictWithdraws) {
   EXPECT_TRUE(absl::IsAborted(said[0])) << said[0];
   EXPECT_THAT(said[0].message(), HasSubstr("trainer ended before its verdict"));
 }
+
+INSTANTIATE_TEST_SUITE_P(SleepingAndPolling, VerdictTest,
+                         ::testing::Values(absl::ZeroDuration(),
+                                           absl::Milliseconds(200)));
 
 }  // namespace
 }  // namespace muond
