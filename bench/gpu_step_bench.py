@@ -18,7 +18,7 @@ run, fp32 params and grads, median of --reps steps, --rounds rounds:
   daemon_gram_grpc          the same over the Step RPC (a Unix socket);
   daemon_gram_asleep        the same with neither end polling: the trainer asleep until
                             the answer (step_channel_poll_ms=0), the daemon until the
-                            request (--step_channel_poll_ms=0); not among the default
+                            request (--step_channel_request_poll_ms=0); not among the default
                             columns;
   daemon_gram_double_buffered  the same with double_buffer_momentum (not among the
                                default columns).
@@ -454,7 +454,7 @@ def bench_daemon(shapes, reps, warmup, job, log_dir, ns_batch_size, syrk, algori
     with Daemon(job, log_dir=log_dir,
                 daemon_args=(f"--sym_gemm_schedule={o.sym_gemm_schedule}",) + (
                     () if daemon_poll_ms is None
-                    else (f"--step_channel_poll_ms={daemon_poll_ms:g}",))) as d:
+                    else (f"--step_channel_request_poll_ms={daemon_poll_ms:g}",))) as d:
         opt = Muon([{"params": ps, "param_names": [f"p{i}" for i in range(len(ps))]}],
                    daemons=[d.address], job_id=job, coefficient_type="simple",
                    scale_mode="original", extra_scale_factor=1.0, fp32_matmul_prec="medium",
@@ -510,10 +510,10 @@ def print_breakdown(label, parts):
               " + ".join("%s %.2f" % (k[:-3], med(k)) for k in phases),
               outside[len(outside) // 2] / 1e3), flush=True)
     if all("request_leg_us" in p for p in parts):  # through the step channel
-        print("daemon %s round trip beyond the handler (median ms): request leg %.3f (posted "
-              "-> the daemon took it), answer leg %.3f (the daemon published its answer -> "
-              "step() returned)" % (label, med("request_leg_us"), med("answer_leg_us")),
-              flush=True)
+        print("daemon %s round trip beyond the handler (median ms): request leg %.3f (the "
+              "trainer writes its request -> the daemon has parsed it), answer leg %.3f (the "
+              "daemon encodes its answer -> the trainer has parsed it)"
+              % (label, med("request_leg_us"), med("answer_leg_us")), flush=True)
 
 
 def bench_rpc(reps, job, log_dir):

@@ -81,7 +81,7 @@ def run_case(job, shapes, steps, warmup, profile, step_channel=True, gap_s=0.0,
     else:
         groups = [{"params": params, "param_names": names}]
     with Daemon(job, host=True,
-                daemon_args=(f"--step_channel_poll_ms={daemon_poll_ms:g}",)) as d:
+                daemon_args=(f"--step_channel_request_poll_ms={daemon_poll_ms:g}",)) as d:
         opt = Muon(groups, lr=0.02, weight_decay=0.1, daemons=[d.address], job_id=job,
                    step_channel=step_channel)
         try:
@@ -151,7 +151,7 @@ def main() -> int:
                     help="idle time before each step, as a trainer's forward and backward")
     ap.add_argument("--daemon-poll-ms", type=float, default=0.0,
                     help="also run the step channel with the daemon polling for each request "
-                         "this long before it is due (--step_channel_poll_ms; a GPU daemon's "
+                         "this long before it is due (--step_channel_request_poll_ms; a GPU daemon's "
                          "default is 1, a host daemon's 0)")
     a = ap.parse_args()
     os.environ["MUOND_BIN"] = a.bin  # the harness's binaries
@@ -191,9 +191,10 @@ def main() -> int:
     if splits:
         # StepTimings.received_at_us / answered_at_us against the trainer's
         # readings of the same clock (muond.torch.Muon.last_timings).
-        print("\nThe step channel's round trip, split: request leg (posted → the daemon "
-              "took it), the daemon's Step handler, the handler beyond the engine, answer "
-              "leg (the daemon published its answer → step() returned); p50 / p99 µs\n")
+        print("\nThe step channel's round trip, split: request leg (the trainer writes its "
+              "request → the daemon has read and parsed it), the daemon's Step handler, the "
+              "handler beyond the engine, answer leg (the daemon encodes its answer → the "
+              "trainer has parsed it); p50 / p99 µs\n")
         print("| case | request leg | handler | handler beyond the engine | answer leg |")
         print("|---|---|---|---|---|")
         for name, r in splits:

@@ -117,6 +117,21 @@ void Client::Prepare(grpc::ClientContext* context,
   }
 }
 
+namespace {
+
+// ClientOptions.step_channel_poll, or its default for these regions: 1 ms
+// where the daemon steps on the GPU (a region of CUDA memory), else none.
+absl::Duration AnswerPoll(const ClientOptions& options,
+                          const std::vector<v1::MemoryRegion>& regions) {
+  if (options.step_channel_poll.has_value()) return *options.step_channel_poll;
+  for (const v1::MemoryRegion& r : regions) {
+    if (r.kind() == v1::MEMORY_KIND_CUDA_IPC) return absl::Milliseconds(1);
+  }
+  return absl::ZeroDuration();
+}
+
+}  // namespace
+
 // One unary RPC: the deadline, wait-for-ready and the job token on its
 // context; the reply's status converted with its ErrorReason
 // (proto/status_details.h), so callers branch on the reason, not the text.
@@ -143,7 +158,7 @@ absl::StatusOr<v1::RegisterParamsResponse> Client::Register(
   for (const v1::ParamGroup& g : groups) *request.add_groups() = g;
   absl::StatusOr<v1::RegisterParamsResponse> response =
       Call(&Stub::RegisterParams, request, DefaultRpc());
-  if (response.ok()) OpenStepChannel(groups);
+  if (response.ok()) OpenStepChannel(groups, AnswerPoll(options_, regions));
   return response;
 }
 
@@ -231,7 +246,8 @@ absl::StatusOr<v1::StepResponse> Client::FetchAnswerOverGrpc(
   return response;
 }
 
-void Client::OpenStepChannel(const std::vector<v1::ParamGroup>& groups) {
+void Client::OpenStepChannel(const std::vector<v1::ParamGroup>& groups,
+                             absl::Duration answer_poll) {
   std::lock_guard<std::mutex> lock(channel_mu_);
   DropStepChannel(absl::OkStatus());  // replaced: sized for these groups
   absl::StatusOr<std::unique_ptr<StepChannel>> channel =
@@ -243,6 +259,7 @@ void Client::OpenStepChannel(const std::vector<v1::ParamGroup>& groups) {
   channel_status_ = channel.status();
   if (!channel.ok()) return;
   channel_ = *std::move(channel);
+  channel_->set_answer_poll(answer_poll);
   has_channel_.store(true);
 }
 

@@ -90,6 +90,13 @@ struct ClientOptions {
   // answers from its record of the step).
   uint32_t step_channel_request_bytes = 0;
   uint32_t step_channel_response_bytes = 0;
+  // How long before a step's answer is due (the last step's wait) the
+  // trainer polls for it instead of sleeping, and as long after
+  // (StepChannel::set_answer_poll): a trainer asleep through a GPU step
+  // wakes ~0.05-0.1 ms after the answer. Unset: 1 ms when a registered
+  // region is CUDA memory (the daemon steps on the GPU), else zero (a host
+  // daemon's step needs the cores).
+  std::optional<absl::Duration> step_channel_poll;
 };
 
 // The RefuseStep reason a step channel sized for the groups has room for
@@ -227,8 +234,10 @@ class Client {
   // returns that answer where the daemon `answers_kept` it.
   absl::StatusOr<v1::StepResponse> FetchAnswerOverGrpc(
       const v1::StepRequest& request, bool answers_kept);
-  // A channel of the daemon's for steps of `groups`, replacing any open one.
-  void OpenStepChannel(const std::vector<v1::ParamGroup>& groups);
+  // A channel of the daemon's for steps of `groups`, replacing any open one;
+  // it polls for answers for `answer_poll` (StepChannel::set_answer_poll).
+  void OpenStepChannel(const std::vector<v1::ParamGroup>& groups,
+                       absl::Duration answer_poll);
   absl::StatusOr<std::unique_ptr<StepChannel>> NewStepChannel(
       const std::vector<v1::ParamGroup>& groups);
   // Closes the channel; `why` is StepChannelStatus() from now on.

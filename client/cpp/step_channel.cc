@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -250,14 +252,39 @@ void StepChannel::Post(uint32_t op, uint32_t length) {
 
 absl::Status StepChannel::AwaitAnswer(absl::Time deadline) {
   std::atomic_ref<uint32_t> response_seq(*Word(sc::kResponseSeqOffset));
+  const absl::Time start = absl::Now();
+  // When to poll instead of sleeping (set_answer_poll), once a step.
+  std::optional<absl::Time> poll_from;
+  if (answer_poll_ > absl::ZeroDuration() && last_wait_ >= 2 * answer_poll_) {
+    poll_from = start + last_wait_ - answer_poll_;
+  }
   while (true) {
     const uint32_t seen = response_seq.load(std::memory_order_acquire);
-    if (seen == seq_) return absl::OkStatus();
-    const absl::Duration left = deadline - absl::Now();
+    if (seen == seq_) {
+      last_wait_ = absl::Now() - start;
+      return absl::OkStatus();
+    }
+    const absl::Time now = absl::Now();
+    const absl::Duration left = deadline - now;
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError("Deadline Exceeded");  // as gRPC's
     }
-    const struct timespec slice = absl::ToTimespec(std::min(left, kWaitSlice));
+    absl::Duration wait = std::min(left, kWaitSlice);
+    if (poll_from.has_value()) {
+      if (now >= *poll_from) {
+        poll_from.reset();
+        PollAnswer(std::min(now + 2 * answer_poll_, deadline));
+        // A daemon gone during the poll is seen at its end, as at a slice's.
+        if (DaemonGone()) {
+          return absl::UnavailableError(
+              "its step channel's lock is gone (the daemon's process ended) "
+              "before it answered");
+        }
+        continue;
+      }
+      wait = std::min(wait, *poll_from - now);
+    }
+    const struct timespec slice = absl::ToTimespec(wait);
     // A signal ends the wait early (EINTR) without a timeout: the daemon's
     // lock is checked then too, so that signals arriving more often than a
     // slice (a profiler's SIGPROF, a timer) cannot hide a dead daemon until
@@ -268,6 +295,14 @@ absl::Status StepChannel::AwaitAnswer(absl::Time deadline) {
           "its step channel's lock is gone (the daemon's process ended) "
           "before it answered");
     }
+  }
+}
+
+void StepChannel::PollAnswer(absl::Time until) const {
+  std::atomic_ref<uint32_t> response_seq(*Word(sc::kResponseSeqOffset));
+  while (response_seq.load(std::memory_order_acquire) != seq_ &&
+         absl::Now() < until) {
+    sched_yield();
   }
 }
 

@@ -92,12 +92,16 @@ ABSL_FLAG(int, max_step_channels, 64,
           "through shared memory instead of the Step RPC, a futex wake-up "
           "instead of gRPC's: server/README.md \"Step channels\"); 0 turns "
           "them off");
-ABSL_FLAG(double, step_channel_poll_ms, -1,
-          "Milliseconds before a trainer's next step is due (by its last "
-          "interval) that its step channel polls for it instead of sleeping, "
-          "and as long after: the daemon's wake-up is then off the step, for "
-          "at most twice this of one core a step. 0: sleep; -1 (default): 1 "
-          "with --device, 0 in host mode (its step needs the cores)");
+ABSL_FLAG(double, step_channel_request_poll_ms, -1,
+          "A step channel's thread polls for its trainer's next Step request "
+          "from this many ms before it is due (the last interval between "
+          "requests) to as long after, instead of sleeping on the futex, so "
+          "that its wake-up is off the step; it costs up to twice this of one "
+          "core a step per channel. In [0, 10]; 0: sleep; -1 (default): 1 with "
+          "--device, "
+          "0 in host mode, whose step needs the cores (server/README.md "
+          "\"Step channels\"; the trainer's own step_channel_poll_ms polls "
+          "for the answer)");
 ABSL_FLAG(int, log_every, 100, "Log a one-line step summary every N steps");
 ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
           "Address this daemon's Gloo listens on and advertises to its peers: "
@@ -183,10 +187,10 @@ int main(int argc, char** argv) {
                << " must be >= 0 (0: no cap)";
     return 2;
   }
-  if (const double p = absl::GetFlag(FLAGS_step_channel_poll_ms);
-      p != -1 && !(p >= 0 && p <= 100)) {
-    LOG(ERROR) << "--step_channel_poll_ms=" << p
-               << " must be in [0, 100] (0: sleep) or -1 (the default)";
+  if (const double p = absl::GetFlag(FLAGS_step_channel_request_poll_ms);
+      p != -1 && !(p >= 0 && p <= 10)) {
+    LOG(ERROR) << "--step_channel_request_poll_ms=" << p
+               << " must be in [0, 10] (0: sleep) or -1 (the default)";
     return 2;
   }
   if (const int n = absl::GetFlag(FLAGS_max_step_channels); n < 0) {
@@ -333,7 +337,7 @@ int main(int argc, char** argv) {
   muond::StepChannelOptions channels;
   channels.max_channels = absl::GetFlag(FLAGS_max_step_channels);
   channels.allow_foreign_shm = absl::GetFlag(FLAGS_allow_foreign_shm);
-  const double poll_ms = absl::GetFlag(FLAGS_step_channel_poll_ms);
+  const double poll_ms = absl::GetFlag(FLAGS_step_channel_request_poll_ms);
   channels.request_poll = absl::Microseconds(
       1000 * (poll_ms >= 0 ? poll_ms : (device >= 0 ? 1.0 : 0.0)));
   // A withdrawal must reach the peers waiting in the job vote before

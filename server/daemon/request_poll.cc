@@ -10,7 +10,7 @@ void RequestPoll::Arrived(Clock::time_point at) {
 
 std::optional<RequestPoll::Window> RequestPoll::Next() const {
   if (poll_ <= Clock::duration::zero() || spent_ || !last_.has_value() ||
-      interval_ < 2 * poll_) {
+      interval_ / 2 < poll_) {
     return std::nullopt;
   }
   const Clock::time_point due = *last_ + interval_;

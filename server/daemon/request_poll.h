@@ -6,6 +6,7 @@
 // the request is posted (bench/results/step_channel_cpu.md, "The request's
 // leg"): polling from a little before the request is due takes that off
 // every step, for at most 2 x `poll` of one core a step.
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -18,8 +19,12 @@ class RequestPoll {
     Clock::time_point from, until;
   };
 
-  // `poll` <= 0: never poll.
-  explicit RequestPoll(Clock::duration poll) : poll_(poll) {}
+  // `poll` <= 0: never poll; more than kMaxPoll is kMaxPoll (the wake-up it
+  // hides is a fraction of a millisecond; the cap keeps the window's sums
+  // far from overflow).
+  static constexpr Clock::duration kMaxPoll = std::chrono::seconds(1);
+  explicit RequestPoll(Clock::duration poll)
+      : poll_(std::min(poll, kMaxPoll)) {}
 
   // A request was taken at `at`.
   void Arrived(Clock::time_point at);

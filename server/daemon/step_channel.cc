@@ -471,16 +471,17 @@ absl::Status StepChannels::AwaitVerdict(StepChannelEnd* channel, uint32_t seq) {
   }
 }
 
-// Reads request_seq until it moves past `last`, `until` passes, the daemon
-// stops or the object can no longer be read, yielding the core between looks
-// (sched_yield returns at once when nothing else waits for it).
-void PollForRequest(int fd, uint32_t last, RequestPoll::Clock::time_point until,
+// Reads request_seq until it moves past `last` (true), `until` passes, the
+// daemon stops or the object can no longer be read, yielding the core
+// between looks (sched_yield returns at once when nothing else waits for it).
+bool PollForRequest(int fd, uint32_t last, RequestPoll::Clock::time_point until,
                     const std::atomic<bool>& stopping) {
   uint32_t seq = last;
   while (ReadSeq(fd, &seq) && seq == last && !stopping.load() &&
          RequestPoll::Clock::now() < until) {
     sched_yield();
   }
+  return seq != last;
 }
 
 bool StepChannels::AwaitRequest(StepChannelEnd* channel, RequestPoll& poll) {
@@ -488,7 +489,10 @@ bool StepChannels::AwaitRequest(StepChannelEnd* channel, RequestPoll& poll) {
   if (const std::optional<RequestPoll::Window> window = poll.Next()) {
     const RequestPoll::Clock::time_point now = RequestPoll::Clock::now();
     if (now >= window->from) {
-      PollForRequest(channel->fd, channel->last_seq, window->until, stopping_);
+      if (PollForRequest(channel->fd, channel->last_seq, window->until,
+                         stopping_)) {
+        requests_polled_.fetch_add(1);
+      }
       poll.Spent();  // a request that came is taken next: Arrived resets it
       return true;
     }
@@ -530,7 +534,6 @@ void StepChannels::Serve(StepChannelEnd* channel) {
       continue;
     }
     channel->last_seq = seq;
-    const int64_t received_at = MonotonicMicros();
     poll.Arrived(RequestPoll::Clock::now());
     // The trainer wrote the request before its sequence number.
     std::atomic_thread_fence(std::memory_order_acquire);
@@ -543,6 +546,7 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     if (op == sc::kOpClose) break;
     absl::StatusOr<v1::StepRequest> request =
         ReadRequest(fd, op, len, channel->request_capacity);
+    const int64_t received_at = MonotonicMicros();  // read and parsed
     Keep(channel, "", std::nullopt);  // a new request: the last one fetched
     const TrainerVerdict verdict = [this, channel, seq] {
       return AwaitVerdict(channel, seq);

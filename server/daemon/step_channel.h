@@ -48,8 +48,8 @@ struct StepChannelOptions {
   // plus the interval before it) a channel's thread polls for it instead of
   // sleeping on the futex, and as long after (request_poll.h): the wake-up
   // after the trainer's forward and backward is then off the step. Zero:
-  // sleep throughout (muond-daemon --step_channel_poll_ms; host mode, whose
-  // step needs the cores, does not poll).
+  // sleep throughout (muond-daemon --step_channel_request_poll_ms; host mode,
+  // whose step needs the cores, does not poll).
   absl::Duration request_poll = absl::ZeroDuration();
   // At the limit, how long Open waits for an open channel to end before it
   // refuses: a trainer replacing its channel (a new registration) posts the
@@ -111,6 +111,9 @@ class StepChannels {
 
   // Channels whose thread still runs.
   int open_channels() const;
+  // Requests a channel's thread found while polling for them
+  // (StepChannelOptions::request_poll), not woken by the futex.
+  int64_t requests_polled() const { return requests_polled_.load(); }
 
  private:
   // Channels are on, the daemon not stopping, a slot free.
@@ -140,6 +143,7 @@ class StepChannels {
   const StepChannelOptions options_;
   HandleOpener opener_;
   std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> requests_polled_{0};
   mutable absl::Mutex mu_;
   std::list<std::unique_ptr<StepChannelEnd>> channels_ ABSL_GUARDED_BY(mu_);
 };

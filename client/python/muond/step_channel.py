@@ -325,7 +325,8 @@ class StepChannel:
         self._poll_s = 0.0
         self._last_wait_s = 0.0
         # The last step answered here: (posted, returned), time.monotonic()
-        # as its request was posted and as its answer was read; with the
+        # as its request began to be written and once its answer was parsed;
+        # with the
         # answer's received_at_us / answered_at_us (the daemon's readings of
         # the same clock) they split its round trip into legs. None until a
         # step is answered, and after one that was not.
@@ -441,10 +442,10 @@ class StepChannel:
             raise ChannelUnusable("the step channel is closed")
 
     def _send(self, data: bytes) -> None:
+        self._posted_at = time.monotonic()
         self._mapping[_HEADER:_HEADER + len(data)] = data
         self._request_len.value = len(data)
         self._request_op.value = _rules.STEP_CHANNEL_OP_STEP
-        self._posted_at = time.monotonic()
         self._post()
 
     def _post(self) -> None:

@@ -289,15 +289,22 @@ class StepChannelTest : public ::testing::Test {
   int regions_ = 0;
 };
 
-// The same three steps on two daemons, one trainer through the channel and
-// one over the Step RPC: the same answers and, bitwise, the same params.
+// The same three steps on three daemons, a trainer over the Step RPC, one
+// through the channel asleep till each answer and one polling for it
+// (ClientOptions.step_channel_poll; a host daemon's step of a few ms, so the
+// poll of 0.2 ms starts before most answers): the same answers and, bitwise,
+// the same params.
 TEST_F(StepChannelTest, StepsThroughTheChannelEqualStepsOverGrpc) {
-  std::vector<float> params[2];
-  std::vector<v1::StepResponse> answers[2];
-  for (const bool channel : {true, false}) {
-    const std::string job = absl::StrCat(channel ? "chan" : "rpc", getpid());
-    std::unique_ptr<Trainer> trainer =
-        Register(StartDaemon(job), Options(job, channel));
+  std::vector<float> params[3];
+  std::vector<v1::StepResponse> answers[3];
+  for (const int way : {1, 2, 0}) {  // 0: the Step RPC; 1: asleep; 2: polling
+    const bool channel = way > 0;
+    const std::string job =
+        absl::StrCat(channel ? "chan" : "rpc", way, "-", getpid());
+    ClientOptions options = Options(job, channel);
+    options.step_channel_poll =
+        way == 2 ? absl::Microseconds(200) : absl::ZeroDuration();
+    std::unique_ptr<Trainer> trainer = Register(StartDaemon(job), options);
     ASSERT_NE(trainer, nullptr);
     EXPECT_EQ(trainer->client->HasStepChannel(), channel);
     EXPECT_EQ(trainer->client->StepChannelStatus().ok(), channel)
@@ -307,24 +314,32 @@ TEST_F(StepChannelTest, StepsThroughTheChannelEqualStepsOverGrpc) {
       trainer->SetGrads(step);
       absl::StatusOr<v1::StepResponse> answer = trainer->client->Step(step);
       ASSERT_TRUE(answer.ok()) << answer.status();
-      answers[channel].push_back(*answer);
+      answers[way].push_back(*answer);
     }
     EXPECT_EQ(ChannelRequests(job), channel ? 3 : -1);
-    params[channel] = trainer->Params();
-    EXPECT_NE(params[channel], before);
+    params[way] = trainer->Params();
+    EXPECT_NE(params[way], before);
   }
-  for (int i = 0; i < 3; ++i) {
-    const v1::StepResponse &through = answers[1][i], &rpc = answers[0][i];
-    EXPECT_EQ(through.step_id(), i + 1);
-    EXPECT_EQ(through.step_id(), rpc.step_id());
-    EXPECT_EQ(through.plan_version(), rpc.plan_version());
-    EXPECT_EQ(through.replayed(), rpc.replayed());
-    EXPECT_GT(through.timings().total_us(), 0);
+  for (const int way : {1, 2}) {
+    for (int i = 0; i < 3; ++i) {
+      const v1::StepResponse &through = answers[way][i], &rpc = answers[0][i];
+      EXPECT_EQ(through.step_id(), i + 1);
+      EXPECT_EQ(through.step_id(), rpc.step_id());
+      EXPECT_EQ(through.plan_version(), rpc.plan_version());
+      EXPECT_EQ(through.replayed(), rpc.replayed());
+      EXPECT_GT(through.timings().total_us(), 0);
+      // Stamped through the channel only, on one clock.
+      EXPECT_GT(through.timings().received_at_us(), 0);
+      EXPECT_LE(through.timings().received_at_us(),
+                through.timings().answered_at_us());
+      EXPECT_EQ(rpc.timings().received_at_us(), 0);
+    }
+    ASSERT_EQ(params[0].size(), params[way].size());
+    EXPECT_EQ(std::memcmp(params[0].data(), params[way].data(),
+                          params[0].size() * sizeof(float)),
+              0)
+        << "way " << way;
   }
-  ASSERT_EQ(params[0].size(), params[1].size());
-  EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(),
-                        params[0].size() * sizeof(float)),
-            0);
 }
 
 // A trainer's refusal answered through the channel is the one the Step RPC
@@ -586,10 +601,18 @@ TEST_F(StepChannelTest, AForkedChildDestroysItsCopyOfTheClient) {
 // the daemon is stopped first, so the request is posted and unanswered when
 // it dies. The deadline is far away, so only the daemon's released lock can
 // end the wait: Unavailable naming the address, the channel dropped.
-TEST_F(StepChannelTest, ADaemonKilledMidWaitIsUnavailableNotAHang) {
+// Asleep on the futex and polling (the kill may come before, in or after
+// the poll: the lock is looked at after each).
+class KilledMidWaitTest : public StepChannelTest,
+                          public ::testing::WithParamInterface<absl::Duration> {
+};
+
+TEST_P(KilledMidWaitTest, ADaemonKilledMidWaitIsUnavailableNotAHang) {
   const std::string job = absl::StrCat("kill", getpid());
   const std::string address = StartDaemon(job);
-  std::unique_ptr<Trainer> trainer = Register(address, Options(job, true));
+  ClientOptions options = Options(job, true);
+  options.step_channel_poll = GetParam();
+  std::unique_ptr<Trainer> trainer = Register(address, options);
   ASSERT_NE(trainer, nullptr);
   trainer->SetGrads(1);
   ASSERT_TRUE(trainer->client->Step(1).ok());
@@ -629,6 +652,10 @@ TEST_F(StepChannelTest, ADaemonKilledMidWaitIsUnavailableNotAHang) {
   EXPECT_EQ(next.code(), absl::StatusCode::kUnavailable) << next;
   EXPECT_THAT(next.message(), HasSubstr("daemon at " + address));
 }
+
+INSTANTIATE_TEST_SUITE_P(AsleepAndPolling, KilledMidWaitTest,
+                         ::testing::Values(absl::ZeroDuration(),
+                                           absl::Milliseconds(1)));
 
 void IgnoreSignal(int) {}
 

@@ -212,5 +212,31 @@ class MuonStepChannelTest(unittest.TestCase):
                  step_channel="yes")
 
 
+class TripLegsTest(unittest.TestCase):
+    """last_timings' request_leg_us / answer_leg_us from the trainer's clock
+    readings (Client.last_trip) and the daemon's stamps: there on one clock,
+    absent over gRPC, with two daemons, unstamped, or off the clock."""
+
+    def legs(self, trip, received, answered, rpc_us=4000.0, clients=1):
+        from muond.torch.optimizer import _trip_legs
+        r = pb.StepResponse()
+        r.timings.received_at_us, r.timings.answered_at_us = received, answered
+        client = mock.Mock(last_trip=trip)
+        return _trip_legs([client] * clients, [r] * clients, rpc_us)
+
+    def test_legs_on_one_clock(self):
+        legs = self.legs((10.0, 10.004), 10_000_150, 10_003_920)
+        self.assertAlmostEqual(legs["request_leg_us"], 150, places=3)
+        self.assertAlmostEqual(legs["answer_leg_us"], 80, places=3)
+
+    def test_no_legs_where_they_cannot_be_read(self):
+        self.assertEqual(self.legs(None, 10_000_150, 10_003_920), {})  # the Step RPC
+        self.assertEqual(self.legs((10.0, 10.004), 0, 0), {})  # unstamped
+        self.assertEqual(self.legs((10.0, 10.004), 10_000_150, 10_003_920, clients=2), {})
+        # Another clock: the daemon's stamps before the request or past the answer.
+        self.assertEqual(self.legs((10.0, 10.004), 9_000_000, 9_000_100), {})
+        self.assertEqual(self.legs((10.0, 10.004), 90_000_000, 90_000_100), {})
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -54,5 +54,19 @@ TEST(RequestPollTest, ShortIntervalsAndNoPollNeverPoll) {
   EXPECT_FALSE(off.Next().has_value());
 }
 
+// StepChannelOptions::request_poll set far past any use (absl's infinite
+// duration is nanoseconds' largest): capped, the window stays about the
+// request it was for, not overflowed into the past.
+TEST(RequestPollTest, AnEndlessPollIsCapped) {
+  RequestPoll poll(RequestPoll::Clock::duration::max());
+  const RequestPoll::Clock::time_point start = kStart + std::chrono::hours(24);
+  poll.Arrived(start);
+  poll.Arrived(start + std::chrono::seconds(3));
+  const std::optional<RequestPoll::Window> w = poll.Next();
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->from, start + std::chrono::seconds(5));
+  EXPECT_EQ(w->until, start + std::chrono::seconds(7));
+}
+
 }  // namespace
 }  // namespace muond

@@ -129,12 +129,12 @@ TEST(Startup, CommTimeoutAndJobIdAreCheckedAtStartup) {
   EXPECT_THAT(out, HasSubstr("--job_id=\"team/a\" (6 bytes) must be 1-64 "
                              "characters of [A-Za-z0-9._-]"));
   EXPECT_THAT(out, Not(HasSubstr("serving on")));
-  for (const char* poll : {"-0.5", "101", "nan"}) {
+  for (const char* poll : {"-0.5", "11", "nan"}) {
     args = base;
     args.insert(args.end(),
-                {"--job_id=j", absl::StrCat("--step_channel_poll_ms=", poll)});
+                {"--job_id=j", absl::StrCat("--step_channel_request_poll_ms=", poll)});
     EXPECT_EQ(RunToExit(args, &out), 2) << out;
-    EXPECT_THAT(out, HasSubstr("must be in [0, 100] (0: sleep) or -1")) << poll;
+    EXPECT_THAT(out, HasSubstr("must be in [0, 10] (0: sleep) or -1")) << poll;
   }
 }
 

@@ -273,6 +273,28 @@ TEST(StepChannelTest, PollingChannelAnswersRequestsOnTimeEarlyAndLate) {
   EXPECT_EQ(channels.open_channels(), 1);
 }
 
+// At a steady period the daemon finds requests by polling (a poll of 5 ms
+// around each request 30 ms after the last: an oversleep of the trainer
+// past 5 ms on every one of six would miss them all); asleep, never.
+TEST(StepChannelTest, RequestsAtASteadyPeriodAreFoundByPolling) {
+  for (const absl::Duration poll :
+       {absl::ZeroDuration(), absl::Milliseconds(5)}) {
+    StepChannels channels(EchoHandler, PollingOptions(poll));
+    Trainer trainer;
+    ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+    for (int64_t step = 1; step <= 8; ++step) {
+      absl::SleepFor(absl::Milliseconds(30));
+      ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(step))));
+      EXPECT_EQ(trainer.Response().step_id(), step);
+    }
+    if (poll == absl::ZeroDuration()) {
+      EXPECT_EQ(channels.requests_polled(), 0);
+    } else {
+      EXPECT_GE(channels.requests_polled(), 1);
+    }
+  }
+}
+
 // A trainer that vanishes or shrinks its object while the daemon polls for
 // its next request ends the channel, as one asleep on the futex does.
 TEST(StepChannelTest, TrainerGoneWhilePolledForEndsItsChannel) {

@@ -41,19 +41,23 @@ _PHASES = ("momentum_us", "a2a_fwd_us", "ns_us", "a2a_bwd_us", "dp_share_us", "u
 _MAX_REFUSAL_CHARS = 4096
 
 
-def _trip_legs(clients: list, responses: list) -> dict:
+def _trip_legs(clients: list, responses: list, rpc_us: float) -> dict:
     """request_leg_us and answer_leg_us of a step that went through the
-    step channel (one daemon, on this host): from the trainer's posting to
-    the daemon's taking the request, and from the daemon's publishing the
-    answer to step's return, in the clock both read (StepTimings
-    received_at_us, answered_at_us). Empty for a step over the Step RPC."""
+    step channel (one daemon, on this host): from the trainer's writing its
+    request to the daemon's having read and parsed it, and from the daemon's
+    encoding its answer to the trainer's having parsed it, on the clock both
+    read (StepTimings received_at_us, answered_at_us). Empty for a step over
+    the Step RPC, an answer too close to the channel's size for the stamps,
+    and legs outside [0, rpc_us] (a daemon reading another clock, such as
+    one in another time namespace)."""
     trip = clients[0].last_trip if len(clients) == 1 else None
     t = responses[0].timings
     if trip is None or t.received_at_us <= 0 or t.answered_at_us <= 0:
         return {}
     posted, returned = trip
-    return {"request_leg_us": t.received_at_us - posted * 1e6,
+    legs = {"request_leg_us": t.received_at_us - posted * 1e6,
             "answer_leg_us": returned * 1e6 - t.answered_at_us}
+    return legs if all(0 <= leg <= rpc_us for leg in legs.values()) else {}
 
 
 def _step_channel_poll_s(ms) -> float:
@@ -450,7 +454,7 @@ class Muon(torch.optim.Optimizer):
         timings = {k: max(getattr(r.timings, k) for r in responses) for k in _PHASES}
         timings["rpc_us"] = rpc_us
         timings["overhead_us"] = rpc_us - timings["total_us"]
-        timings.update(_trip_legs(self.clients, responses))
+        timings.update(_trip_legs(self.clients, responses, rpc_us))
         self.last_timings = timings
         self.last_responses = responses
 
