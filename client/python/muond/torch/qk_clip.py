@@ -367,7 +367,7 @@ def prepare(bound: Bound | None, max_logits, opt) -> list:
 def apply(pending: list, responses) -> None:
     """Scales each param's held rows in place, unless the daemons skipped
     the step (--skip_nonfinite: every rank reports it)."""
-    if any(r.skipped_nonfinite for r in responses):
+    if not pending or any(r.skipped_nonfinite for r in responses):
         return
     for param, table, index in pending:
         held = param.to_local() if is_dtensor(param) else param.data
