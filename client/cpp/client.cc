@@ -304,6 +304,11 @@ absl::Status Client::StepChannelStatus() const {
   return channel_status_;
 }
 
+int64_t Client::StepChannelAnswerPolls() const {
+  std::lock_guard<std::mutex> lock(channel_mu_);
+  return channel_ != nullptr ? channel_->answer_polls() : 0;
+}
+
 // No lock: no other thread may use a Client being destroyed (and a forked
 // child's copy of the mutex may be held by a thread the child lacks).
 Client::~Client() {

@@ -92,10 +92,10 @@ struct ClientOptions {
   uint32_t step_channel_response_bytes = 0;
   // How long before a step's answer is due (the last step's wait) the
   // trainer polls for it instead of sleeping, and as long after
-  // (StepChannel::set_answer_poll): a trainer asleep through a GPU step
-  // wakes ~0.05-0.1 ms after the answer. Unset: 1 ms when a registered
-  // region is CUDA memory (the daemon steps on the GPU), else zero (a host
-  // daemon's step needs the cores).
+  // (StepChannel::set_answer_poll; at most 100 ms counts): a trainer asleep
+  // through a GPU step wakes ~0.05-0.1 ms after the answer. Unset: 1 ms when
+  // a registered region is CUDA memory (the daemon steps on the GPU), else
+  // zero (a host daemon's step needs the cores).
   std::optional<absl::Duration> step_channel_poll;
 };
 
@@ -211,6 +211,10 @@ class Client {
   // daemon), a local shm error, or why the channel was dropped. Waits for a
   // step in the channel.
   absl::Status StepChannelStatus() const;
+  // Polls for an answer the open step channel ran
+  // (ClientOptions.step_channel_poll); 0 without a channel. Waits for a step
+  // in the channel.
+  int64_t StepChannelAnswerPolls() const;
 
   const ClientOptions& options() const { return options_; }
   v1::Optimizer::Stub* stub() { return stub_.get(); }

@@ -273,7 +273,9 @@ absl::Status StepChannel::AwaitAnswer(absl::Time deadline) {
     if (poll_from.has_value()) {
       if (now >= *poll_from) {
         poll_from.reset();
-        PollAnswer(std::min(now + 2 * answer_poll_, deadline));
+        ++answer_polls_;
+        PollAnswer(
+            std::min({now + 2 * answer_poll_, now + kWaitSlice, deadline}));
         // A daemon gone during the poll is seen at its end, as at a slice's.
         if (DaemonGone()) {
           return absl::UnavailableError(

@@ -21,6 +21,7 @@
 // parent's channel or Client.
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -115,8 +116,15 @@ class StepChannel {
   // the answer comes (waking costs ~0.05-0.1 ms:
   // bench/results/step_channel_cpu.md). Up to 2 x `poll` of one core a step;
   // a step whose last wait was under 2 x `poll` does not poll. Zero (the
-  // default): sleep throughout.
-  void set_answer_poll(absl::Duration poll) { answer_poll_ = poll; }
+  // default): sleep throughout; more than kMaxAnswerPoll is kMaxAnswerPoll
+  // (as the Python client's MAX_ANSWER_POLL_S).
+  static constexpr absl::Duration kMaxAnswerPoll = absl::Milliseconds(100);
+  void set_answer_poll(absl::Duration poll) {
+    answer_poll_ =
+        std::clamp(poll, absl::ZeroDuration(), absl::Duration(kMaxAnswerPoll));
+  }
+  // Polls for an answer run so far (set_answer_poll).
+  int64_t answer_polls() const { return answer_polls_; }
 
   // Step may send: not broken, the daemon's end not seen gone, not a forked
   // child's copy.
@@ -160,6 +168,7 @@ class StepChannel {
   bool end_gone_ = false;  // the daemon's lock was gone before a step
   absl::Duration answer_poll_ = absl::ZeroDuration();
   absl::Duration last_wait_ = absl::ZeroDuration();  // the last step's wait
+  int64_t answer_polls_ = 0;
 };
 
 }  // namespace muond

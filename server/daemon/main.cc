@@ -96,12 +96,13 @@ ABSL_FLAG(double, step_channel_request_poll_ms, -1,
           "A step channel's thread polls for its trainer's next Step request "
           "from this many ms before it is due (the last interval between "
           "requests) to as long after, instead of sleeping on the futex, so "
-          "that its wake-up is off the step; it costs up to twice this of one "
-          "core a step per channel. In [0, 10]; 0: sleep; -1 (default): 1 with "
-          "--device, "
+          "that its wake-up is off the step, and for a trainer's verdict as "
+          "long before it sleeps: up to three times this of one core a step "
+          "per channel. In [0, 10]; 0: sleep; -1 (default): 1 with --device, "
           "0 in host mode, whose step needs the cores (server/README.md "
-          "\"Step channels\"; the trainer's own step_channel_poll_ms polls "
-          "for the answer)");
+          "\"Step channels\"; the trainer polls for the answer on its own: "
+          "muond.torch.Muon's step_channel_poll_ms, muond::ClientOptions' "
+          "step_channel_poll)");
 ABSL_FLAG(int, log_every, 100, "Log a one-line step summary every N steps");
 ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
           "Address this daemon's Gloo listens on and advertises to its peers: "

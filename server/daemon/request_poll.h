@@ -21,8 +21,8 @@ class RequestPoll {
 
   // `poll` <= 0: never poll; more than kMaxPoll is kMaxPoll (the wake-up it
   // hides is a fraction of a millisecond; the cap keeps the window's sums
-  // far from overflow).
-  static constexpr Clock::duration kMaxPoll = std::chrono::seconds(1);
+  // far from overflow and a gone trainer noticed soon).
+  static constexpr Clock::duration kMaxPoll = std::chrono::milliseconds(100);
   explicit RequestPoll(Clock::duration poll)
       : poll_(std::min(poll, kMaxPoll)) {}
 

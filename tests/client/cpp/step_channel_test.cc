@@ -291,9 +291,9 @@ class StepChannelTest : public ::testing::Test {
 
 // The same three steps on three daemons, a trainer over the Step RPC, one
 // through the channel asleep till each answer and one polling for it
-// (ClientOptions.step_channel_poll; a host daemon's step of a few ms, so the
-// poll of 0.2 ms starts before most answers): the same answers and, bitwise,
-// the same params.
+// (ClientOptions.step_channel_poll of 10 ms, each step held ~30 ms by
+// stopping the daemon: steps 2 and 3 poll from ~20 ms, and the answer comes
+// in the poll): the same answers and, bitwise, the same params.
 TEST_F(StepChannelTest, StepsThroughTheChannelEqualStepsOverGrpc) {
   std::vector<float> params[3];
   std::vector<v1::StepResponse> answers[3];
@@ -303,7 +303,7 @@ TEST_F(StepChannelTest, StepsThroughTheChannelEqualStepsOverGrpc) {
         absl::StrCat(channel ? "chan" : "rpc", way, "-", getpid());
     ClientOptions options = Options(job, channel);
     options.step_channel_poll =
-        way == 2 ? absl::Microseconds(200) : absl::ZeroDuration();
+        way == 2 ? absl::Milliseconds(10) : absl::ZeroDuration();
     std::unique_ptr<Trainer> trainer = Register(StartDaemon(job), options);
     ASSERT_NE(trainer, nullptr);
     EXPECT_EQ(trainer->client->HasStepChannel(), channel);
@@ -312,11 +312,25 @@ TEST_F(StepChannelTest, StepsThroughTheChannelEqualStepsOverGrpc) {
     const std::vector<float> before = trainer->Params();
     for (int step = 1; step <= 3; ++step) {
       trainer->SetGrads(step);
+      std::thread resume;
+      if (way == 2) {  // a step as long as a GPU's
+        ASSERT_NO_FATAL_FAILURE(StopDaemon());
+        resume = std::thread([this] {
+          absl::SleepFor(absl::Milliseconds(30));
+          kill(daemon_pid_, SIGCONT);
+        });
+      }
       absl::StatusOr<v1::StepResponse> answer = trainer->client->Step(step);
+      if (resume.joinable()) resume.join();
       ASSERT_TRUE(answer.ok()) << answer.status();
       answers[way].push_back(*answer);
     }
     EXPECT_EQ(ChannelRequests(job), channel ? 3 : -1);
+    if (way == 2) {
+      EXPECT_GE(trainer->client->StepChannelAnswerPolls(), 1);
+    } else {
+      EXPECT_EQ(trainer->client->StepChannelAnswerPolls(), 0);
+    }
     params[way] = trainer->Params();
     EXPECT_NE(params[way], before);
   }
@@ -601,8 +615,9 @@ TEST_F(StepChannelTest, AForkedChildDestroysItsCopyOfTheClient) {
 // the daemon is stopped first, so the request is posted and unanswered when
 // it dies. The deadline is far away, so only the daemon's released lock can
 // end the wait: Unavailable naming the address, the channel dropped.
-// Asleep on the futex and polling (the kill may come before, in or after
-// the poll: the lock is looked at after each).
+// Asleep on the futex and polling (10 us: step 2 polls around when step 1's
+// wait says, while the daemon is stopped; the lock is looked at after the
+// poll, as after a slice).
 class KilledMidWaitTest : public StepChannelTest,
                           public ::testing::WithParamInterface<absl::Duration> {
 };
@@ -655,7 +670,7 @@ TEST_P(KilledMidWaitTest, ADaemonKilledMidWaitIsUnavailableNotAHang) {
 
 INSTANTIATE_TEST_SUITE_P(AsleepAndPolling, KilledMidWaitTest,
                          ::testing::Values(absl::ZeroDuration(),
-                                           absl::Milliseconds(1)));
+                                           absl::Microseconds(10)));
 
 void IgnoreSignal(int) {}
 

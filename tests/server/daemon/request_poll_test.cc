@@ -64,8 +64,8 @@ TEST(RequestPollTest, AnEndlessPollIsCapped) {
   poll.Arrived(start + std::chrono::seconds(3));
   const std::optional<RequestPoll::Window> w = poll.Next();
   ASSERT_TRUE(w.has_value());
-  EXPECT_EQ(w->from, start + std::chrono::seconds(5));
-  EXPECT_EQ(w->until, start + std::chrono::seconds(7));
+  EXPECT_EQ(w->from, start + std::chrono::milliseconds(5900));
+  EXPECT_EQ(w->until, start + std::chrono::milliseconds(6100));
 }
 
 }  // namespace
