@@ -478,6 +478,8 @@ absl::Status StepChannels::AwaitVerdict(StepChannelEnd* channel, uint32_t seq) {
   }
 }
 
+namespace {
+
 // Reads request_seq until it moves past `last` (true), `until` passes, the
 // daemon stops or the object can no longer be read, yielding the core
 // between looks (sched_yield returns at once when nothing else waits for it).
@@ -490,6 +492,8 @@ bool PollForRequest(int fd, uint32_t last, RequestPoll::Clock::time_point until,
   }
   return seq != last;
 }
+
+}  // namespace
 
 bool StepChannels::AwaitRequest(StepChannelEnd* channel, RequestPoll& poll) {
   absl::Duration slice = options_.idle_check;
