@@ -146,11 +146,15 @@ struct RankVotes {
 };
 
 // This rank's vote in every group's agreement from its grad `findings`;
-// `refused` gets the first failure to form one.
+// `refused` gets the first failure to form one. A Muon group's vote also
+// carries the engine's `exchange_batch_bytes`: ranks that cut a lane's
+// exchanges at different sizes would run different collectives (Gloo
+// aborts the process on the mismatched sizes).
 RankVotes CastVotes(std::vector<GroupState>& groups,
                     const std::vector<Lane>& lanes, const StepInputs& inputs,
                     const std::vector<absl::StatusOr<bool>>& findings,
-                    bool read_grads, absl::Status& refused) {
+                    bool read_grads, int64_t exchange_batch_bytes,
+                    absl::Status& refused) {
   RankVotes out;
   out.votes.resize(groups.size());
   out.local_bad.resize(groups.size());
@@ -162,8 +166,12 @@ RankVotes CastVotes(std::vector<GroupState>& groups,
     mine.all_finite = finite.value_or(false);
     mine.homes_version = group.homes.newest();
     mine.oldest_held = group.homes.oldest();
-    const GroupStepSummary& summary =
+    GroupStepSummary& summary =
         out.summaries.emplace_back(SummarizeGroupStep(group, inputs));
+    if (group.config.algorithm == Algorithm::kMuon) {
+      summary.hyper.push_back(
+          absl::StrCat("exchange_batch_bytes=", exchange_batch_bytes));
+    }
     mine.skip_min = mine.skip_max = StepFingerprint(summary.skips);
     mine.hyper_min = mine.hyper_max = StepFingerprint(summary.hyper);
     if (read_grads) mine.grads = GradFingerprint(group, inputs.skip_params);
@@ -207,8 +215,8 @@ LayerShardedMuonImpl::AgreeAcrossDomains(const StepInputs& inputs,
   std::vector<absl::StatusOr<bool>> findings =
       read_grads ? LocalGradFindings(groups_, inputs, result).Take(momentum_now)
                  : std::vector<absl::StatusOr<bool>>(groups_.size(), true);
-  RankVotes mine =
-      CastVotes(groups_, lanes_, inputs, findings, read_grads, refused);
+  RankVotes mine = CastVotes(groups_, lanes_, inputs, findings, read_grads,
+                             options_.exchange_batch_bytes, refused);
   std::vector<GroupVote>& votes = mine.votes;
   const absl::Time asked = absl::Now();
   size_t timed_out = 0;

@@ -131,8 +131,9 @@ absl::Status CheckStepAgreed(const DomainVote& agreed, const std::string& group,
     absl::StrAppend(&what, skips_differ ? " and " : "",
                     "the group as registered (its name, algorithm, "
                     "precision, params and their full shapes: were a "
-                    "communicator's groups registered in another order?) or "
-                    "this step's hyperparameters (overrides; this rank's: ",
+                    "communicator's groups registered in another order?), "
+                    "this step's hyperparameters (overrides) or the engine's "
+                    "exchange_batch_bytes (StepOptions) (this rank's: ",
                     absl::StrJoin(my_hyper, ", "), ")");
   }
   return absl::InvalidArgumentError(absl::StrCat(

@@ -166,8 +166,9 @@ struct StepOptions {
   // many bytes by their size bound (lane_exchanges.h); a larger group
   // exchanges alone, and 0 makes every group exchange alone. A lane's
   // exchange buffers grow to its largest batch. Must be the same on every
-  // rank of the job (the batches decide which collectives run): the daemon
-  // has no flag for it and always runs the default.
+  // rank of the job (the batches decide which collectives run): each Muon
+  // group's domain agreement compares it, and ranks that differ refuse the
+  // step, naming it. The daemon has no flag for it and runs the default.
   int64_t exchange_batch_bytes = int64_t{64} << 20;
 };
 

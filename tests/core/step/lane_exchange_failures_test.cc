@@ -43,6 +43,7 @@ constexpr int kRanks = 2;
 struct Scenario {
   int groups = 3;
   int64_t batch_bytes = 0;
+  int64_t rank1_batch_bytes = -1;  // rank 1's own, where >= 0
   MuonVariant variant = MuonVariant::kMuon;
   int all_to_allv_dies_at = 0;     // the n-th all_to_allv fails (0: none)
   int all_gather_dies_at = 0;      // the n-th all_gather fails (0: none)
@@ -177,7 +178,9 @@ void RunRank(InMemoryKeyValueStore* store, int rank, const Scenario& s,
   }
   StepOptions options;
   options.job = job->get();
-  options.exchange_batch_bytes = s.batch_bytes;
+  options.exchange_batch_bytes = rank == 1 && s.rank1_batch_bytes >= 0
+                                     ? s.rank1_batch_bytes
+                                     : s.batch_bytes;
   options.concurrent_groups = false;  // lanes in order, on this thread
   auto engine = LayerShardedMuon::Create(&backend, groups, options);
   if (!engine.ok()) {
@@ -270,6 +273,23 @@ TEST(LaneExchangeFailures, GroupsRegisteredInAnotherOrderAreRefused) {
   // Registered alike, the same groups step.
   for (const RankRun& run : RunWorld({.groups = 3})) {
     EXPECT_TRUE(run.status.ok()) << run.status;
+  }
+}
+
+// StepOptions::exchange_batch_bytes is the engine's, not the job's: ranks
+// built with different ones would cut a lane's exchanges into different
+// collectives. Every rank refuses the step in the domain agreement, naming
+// it, before any exchange.
+TEST(LaneExchangeFailures, RanksCuttingExchangesDifferentlyAreRefused) {
+  const std::vector<RankRun> runs = RunWorld(
+      {.groups = 3, .batch_bytes = int64_t{64} << 20, .rank1_batch_bytes = 0});
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_TRUE(absl::IsInvalidArgument(runs[r].status)) << runs[r].status;
+    EXPECT_NE(runs[r].status.message().find(absl::StrCat(
+                  "exchange_batch_bytes=", r == 1 ? 0 : int64_t{64} << 20)),
+              std::string::npos)
+        << runs[r].status;
   }
 }
 
