@@ -156,6 +156,8 @@ RankVotes CastVotes(std::vector<GroupState>& groups,
                     bool read_grads, int64_t exchange_batch_bytes,
                     absl::Status& refused) {
   RankVotes out;
+  const std::string batch_entry =
+      absl::StrCat("exchange_batch_bytes=", exchange_batch_bytes);
   out.votes.resize(groups.size());
   out.local_bad.resize(groups.size());
   for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -169,8 +171,7 @@ RankVotes CastVotes(std::vector<GroupState>& groups,
     GroupStepSummary& summary =
         out.summaries.emplace_back(SummarizeGroupStep(group, inputs));
     if (group.config.algorithm == Algorithm::kMuon) {
-      summary.hyper.push_back(
-          absl::StrCat("exchange_batch_bytes=", exchange_batch_bytes));
+      summary.hyper.push_back(batch_entry);
     }
     mine.skip_min = mine.skip_max = StepFingerprint(summary.skips);
     mine.hyper_min = mine.hyper_max = StepFingerprint(summary.hyper);

@@ -9,7 +9,7 @@ void RequestPoll::Arrived(Clock::time_point at) {
 }
 
 std::optional<RequestPoll::Window> RequestPoll::Next() const {
-  if (poll_ <= Clock::duration::zero() || spent_ || !last_.has_value() ||
+  if (poll_ == Clock::duration::zero() || spent_ || !last_.has_value() ||
       interval_ / 2 < poll_) {
     return std::nullopt;
   }

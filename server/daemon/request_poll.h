@@ -19,12 +19,15 @@ class RequestPoll {
     Clock::time_point from, until;
   };
 
-  // `poll` <= 0: never poll; more than kMaxPoll is kMaxPoll (the wake-up it
-  // hides is a fraction of a millisecond; the cap keeps the window's sums
-  // far from overflow and a gone trainer noticed soon).
+  // The poll as it counts: <= 0 is none, more than kMaxPoll is kMaxPoll
+  // (the wake-up it hides is a fraction of a millisecond; the cap keeps the
+  // window's sums far from overflow and a gone trainer noticed soon). The
+  // daemon's wait for a trainer's verdict polls as long.
   static constexpr Clock::duration kMaxPoll = std::chrono::milliseconds(100);
-  explicit RequestPoll(Clock::duration poll)
-      : poll_(std::min(poll, kMaxPoll)) {}
+  static Clock::duration Capped(Clock::duration poll) {
+    return std::clamp(poll, Clock::duration::zero(), kMaxPoll);
+  }
+  explicit RequestPoll(Clock::duration poll) : poll_(Capped(poll)) {}
 
   // A request was taken at `at`.
   void Arrived(Clock::time_point at);

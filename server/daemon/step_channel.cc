@@ -44,14 +44,6 @@ int64_t MonotonicMicros() {
   return int64_t(now.tv_sec) * 1000000 + now.tv_nsec / 1000;
 }
 
-// The options' request_poll as RequestPoll takes it: at most its kMaxPoll
-// (the verdict's poll too), never negative.
-RequestPoll::Clock::duration RequestPollOf(const StepChannelOptions& options) {
-  return std::clamp<RequestPoll::Clock::duration>(
-      absl::ToChronoNanoseconds(options.request_poll),
-      RequestPoll::Clock::duration::zero(), RequestPoll::kMaxPoll);
-}
-
 long Futex(const void* word, int op, uint32_t value,
            const struct timespec* timeout) {
   return syscall(SYS_futex, word, op, value, timeout, nullptr, 0);
@@ -438,7 +430,8 @@ absl::Status StepChannels::AwaitVerdict(StepChannelEnd* channel, uint32_t seq) {
   // it polls for a request: the trainer's checks mostly end within it, and
   // waking for a verdict would land on the step as a request's wake-up does.
   const RequestPoll::Clock::time_point poll_until =
-      RequestPoll::Clock::now() + RequestPollOf(options_);
+      RequestPoll::Clock::now() +
+      RequestPoll::Capped(absl::ToChronoNanoseconds(options_.request_poll));
   while (true) {
     uint32_t said = 0, verdict = 0;
     if (!Read(fd, sc::kVerdictSeqOffset, &said)) {
@@ -519,7 +512,7 @@ bool StepChannels::AwaitRequest(StepChannelEnd* channel, RequestPoll& poll) {
 
 void StepChannels::Serve(StepChannelEnd* channel) {
   const int fd = channel->fd;
-  RequestPoll poll(RequestPollOf(options_));
+  RequestPoll poll(absl::ToChronoNanoseconds(options_.request_poll));
   std::string ended = "closed by the trainer";
   // A request posted before the shutdown is still answered (the handler
   // refuses it once the table is shut down), one at most: a trainer bumping

@@ -318,12 +318,12 @@ class Client:
         the job then fails it at once and nothing changes."""
         request = _step_request(job_id, step_id, overrides, client_id, skip_params,
                                 self._name, trainer_refusal)
-        self.last_trip = None
         channel = self._step_channel
         if channel is not None:
             response = self._step_through(channel, request)
             if response is not None:
                 return response
+        self.last_trip = None
         # A blocking call runs on this thread; a future makes grpc start a
         # channel polling thread per call (~100 µs more per step).
         return self.stub.Step(request, timeout=self.timeout)
