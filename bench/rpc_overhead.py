@@ -50,6 +50,12 @@ from muond.v1 import muond_pb2 as pb  # noqa: E402
 from daemon_harness import Daemon  # noqa: E402
 
 
+# A request leg under this was read by a daemon thread already awake (polling):
+# one woken from the futex after the trainer's idle takes ~0.1-0.2 ms on the
+# development VM (bench/results/step_channel_cpu.md).
+AWAKE_LEG_US = 80
+
+
 def pct(values, q):
     v = sorted(values)
     return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))]
@@ -194,13 +200,18 @@ def main() -> int:
         print("\nThe step channel's round trip, split: request leg (the trainer writes its "
               "request → the daemon has read and parsed it), the daemon's Step handler, the "
               "handler beyond the engine, answer leg (the daemon encodes its answer → the "
-              "trainer has parsed it); p50 / p99 µs\n")
-        print("| case | request leg | handler | handler beyond the engine | answer leg |")
-        print("|---|---|---|---|---|")
+              "trainer has parsed it); p50 / p99 µs. Requests found awake: the share whose "
+              f"leg is under {AWAKE_LEG_US} µs (a daemon thread woken from the futex takes "
+              "longer here: the asleep row's p50)\n")
+        print("| case | request leg | requests found awake | handler | handler beyond the "
+              "engine | answer leg |")
+        print("|---|---|---|---|---|---|")
         for name, r in splits:
             legs = r["legs"]
             beyond = [h - t for h, t in zip(legs["handler_us"], r["total"])]
-            print(f"| {name} | {fmt(legs['request_leg_us'])} | {fmt(legs['handler_us'])} | "
+            awake = sum(leg < AWAKE_LEG_US for leg in legs["request_leg_us"])
+            print(f"| {name} | {fmt(legs['request_leg_us'])} | "
+                  f"{awake} / {len(legs['request_leg_us'])} | {fmt(legs['handler_us'])} | "
                   f"{fmt(beyond)} | {fmt(legs['answer_leg_us'])} |")
     for name, text in profiles:
         print(f"\n== cProfile of step(), {name} ==\n{text}")

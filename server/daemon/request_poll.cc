@@ -3,17 +3,22 @@
 namespace muond {
 
 void RequestPoll::Arrived(Clock::time_point at) {
-  if (last_.has_value()) interval_ = at - *last_;
-  last_ = at;
+  if (arrived_.has_value()) interval_ = at - *arrived_;
+  if (answered_.has_value() && arrived_.has_value() &&
+      *answered_ >= *arrived_) {
+    turn_ = std::max(at - *answered_, Clock::duration::zero());
+  }
+  arrived_ = at;
   spent_ = false;
 }
 
 std::optional<RequestPoll::Window> RequestPoll::Next() const {
-  if (poll_ == Clock::duration::zero() || spent_ || !last_.has_value() ||
+  if (poll_ == Clock::duration::zero() || spent_ || !turn_.has_value() ||
+      !answered_.has_value() || *answered_ < *arrived_ ||
       interval_ / 2 < poll_) {
     return std::nullopt;
   }
-  const Clock::time_point due = *last_ + interval_;
+  const Clock::time_point due = *answered_ + *turn_;
   return Window{due - poll_, due + poll_};
 }
 

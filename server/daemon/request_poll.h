@@ -6,6 +6,12 @@
 // the request is posted (bench/results/step_channel_cpu.md, "The request's
 // leg"): polling from a little before the request is due takes that off
 // every step, for at most 2 x `poll` of one core a step.
+//
+// The request is due the trainer's last turn (from an answer to its next
+// request: its forward and backward) after the last answer. Counted from the
+// answer, the daemon's own step time, which varies from step to step by more
+// than a millisecond on a large model, does not move the window away from
+// the request (bench/results/gpu_h100_groups_and_polling.md).
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -31,11 +37,14 @@ class RequestPoll {
 
   // A request was taken at `at`.
   void Arrived(Clock::time_point at);
+  // The answer to the request taken last was posted at `at`.
+  void Answered(Clock::time_point at) { answered_ = at; }
   // Where to poll for the next request: from `poll` before it is due (the
-  // last request plus the interval before it) to `poll` after. None with
-  // polling off, before two requests, when the interval is under 2 x `poll`
-  // (the thread is barely asleep: nothing to gain) or once Spent() this
-  // interval.
+  // last answer plus the trainer's last turn) to `poll` after. None with
+  // polling off, before a turn was measured (a request after an answer),
+  // before the last request's answer, when requests come less than 2 x
+  // `poll` apart (the thread is barely asleep: nothing to gain) or once
+  // Spent() this turn.
   std::optional<Window> Next() const;
   // The window went by without a request: sleep until it comes (a pause in
   // the steps, such as an evaluation, costs one window, not one per slice).
@@ -43,8 +52,9 @@ class RequestPoll {
 
  private:
   const Clock::duration poll_;
-  std::optional<Clock::time_point> last_;
-  Clock::duration interval_{0};
+  std::optional<Clock::time_point> arrived_, answered_;
+  Clock::duration interval_{0};          // between the last two requests
+  std::optional<Clock::duration> turn_;  // the last answer -> request
   bool spent_ = false;
 };
 

@@ -596,6 +596,7 @@ void StepChannels::Serve(StepChannelEnd* channel) {
     }
     Futex(channel->word(sc::kResponseSeqOffset), FUTEX_WAKE, INT32_MAX,
           nullptr);
+    poll.Answered(RequestPoll::Clock::now());
   }
   LOG(INFO) << "step channel '" << Echo(channel->name) << "' ended: " << ended;
   // Now, not at the reaping: the daemon's lock lives until both the mapping
