@@ -414,7 +414,7 @@ class StepChannel:
 
     def set_answer_poll(self, seconds: float) -> None:
         """Poll for the daemon's answer over the last ``seconds`` before it
-        is expected (when the last step's wait ended) and as long after,
+        is expected (the last step's wait, counted from its request's sending) and as long after,
         instead of sleeping on the futex, so that the thread is awake when
         the answer comes (one that slept through a GPU step wakes ~0.05-0.1
         ms after the daemon's futex wake-up: bench/results/step_channel_cpu.md).
@@ -460,14 +460,18 @@ class StepChannel:
         waiting it checks the daemon's lock and the deadline."""
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
+        # The answer's wait is counted from the request's sending, not from
+        # here: the trainer's checks alongside run in between, and their
+        # time, which varies, must not move the poll away from the answer.
+        sent = self._posted_at
         poll_from = None  # when to poll instead of sleeping (set_answer_poll)
         if self._poll_s > 0 and self._last_wait_s >= 2 * self._poll_s:
-            poll_from = start + self._last_wait_s - self._poll_s
+            poll_from = sent + self._last_wait_s - self._poll_s
         while True:
             seen = self._response_seq.value
             if seen == self._seq:
                 _fence()
-                self._last_wait_s = time.monotonic() - start
+                self._last_wait_s = time.monotonic() - sent
                 return
             if self._closing:  # as gRPC cancels a closed channel's calls
                 raise ChannelRpcError(grpc.StatusCode.CANCELLED,

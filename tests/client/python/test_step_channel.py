@@ -366,6 +366,31 @@ class StepTest(ChannelTestCase):
             self.assertTrue(seen)
         self.assertEqual([r.step_id for r in self.daemon.doubles[0].requests], [1, 2, 3])
 
+    def test_checks_alongside_do_not_move_the_poll(self):
+        # The wait is counted from the request's sending: checks that run
+        # after it (checks alongside) for longer than at the last step still
+        # find the answer polled for, not slept through.
+        self.delayed(0.08)
+        self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP, answer_poll_s=0.01))
+        channel = self.client._step_channel
+        polls = self.polls_of(channel)
+
+        def checks_taking(seconds):
+            def checks():
+                time.sleep(seconds)
+                return True
+            return checks
+        for step_id, checks_s in ((1, 0.0), (2, 0.0), (3, 0.05)):
+            sent = time.monotonic()
+            answer = channel.step(pb.StepRequest(step_id=step_id), 5, checks_taking(checks_s))
+            self.assertEqual(answer.step_id, step_id)
+        # Step 3's checks ended 50 ms after the send; the answer came at
+        # ~80 ms, inside the window from 70 ms (80 - 10) after the send.
+        self.assertEqual(len(polls), 2)
+        start, until, seen = polls[-1]
+        self.assertTrue(seen)
+        self.assertLess(start - sent, 0.08)
+
     def test_an_answer_later_than_the_poll_is_waited_for_asleep(self):
         self.assertTrue(self.client.open_step_channel(self.job, CAP, CAP, answer_poll_s=0.01))
         polls = self.polls_of(self.client._step_channel)
