@@ -42,8 +42,10 @@ class RequestPoll {
   // Where to poll for the next request: from `poll` before it is due (the
   // last answer plus the trainer's last turn) to `poll` after. None with
   // polling off, before a turn was measured (a request after an answer),
-  // before the last request's answer, when requests come less than 2 x
-  // `poll` apart (the thread is barely asleep: nothing to gain) or once
+  // before the last request's answer (StepChannels::Serve answers every
+  // request it takes unless the channel ends; kept for any other caller),
+  // when requests come less than 2 x `poll` apart (steps that short are a
+  // host daemon's, whose cores the poll would take from the step) or once
   // Spent() this turn.
   std::optional<Window> Next() const;
   // The window went by without a request: sleep until it comes (a pause in

@@ -594,9 +594,11 @@ void StepChannels::Serve(StepChannelEnd* channel) {
       ended = "the object shrank";
       break;
     }
+    // As the trainer can see it: before the wake-up, which a woken trainer
+    // may preempt.
+    poll.Answered(RequestPoll::Clock::now());
     Futex(channel->word(sc::kResponseSeqOffset), FUTEX_WAKE, INT32_MAX,
           nullptr);
-    poll.Answered(RequestPoll::Clock::now());
   }
   LOG(INFO) << "step channel '" << Echo(channel->name) << "' ended: " << ended;
   // Now, not at the reaping: the daemon's lock lives until both the mapping

@@ -81,8 +81,9 @@ TEST(RequestPollTest, ShortIntervalsAndNoPollNeverPoll) {
   EXPECT_FALSE(off.Next().has_value());
 }
 
-// A request that was never answered (the channel's thread broke off) leaves
-// no turn to measure: the one after it is not polled for until a turn is.
+// A request that was never answered leaves no turn to measure (Serve
+// answers every request unless the channel ends; RequestPoll does not rely
+// on it): the turn measured before it stays.
 TEST(RequestPollTest, ATurnIsMeasuredFromTheLastRequestsAnswerOnly) {
   RequestPoll poll(milliseconds(1));
   poll.Arrived(kStart);

@@ -295,6 +295,30 @@ TEST(StepChannelTest, RequestsAtASteadyPeriodAreFoundByPolling) {
   }
 }
 
+// The daemon's own step varies (here 2 ms, then 40 ms, in turn) while the
+// trainer's turn does not (20 ms): the window placed by the answer still
+// finds the requests. Placed by the interval between the last two requests
+// (22 ms, then 60, in turn) it would be 38 ms off every time: none found.
+TEST(StepChannelTest, RequestsAreFoundByPollingWhenTheStepVaries) {
+  std::atomic<int64_t> handled{0};
+  const auto varying_step = [&handled](const v1::StepRequest& request,
+                                       const TrainerVerdict& verdict) {
+    absl::SleepFor(absl::Milliseconds(++handled % 2 == 0 ? 40 : 2));
+    return EchoHandler(request, verdict);
+  };
+  StepChannels channels(varying_step, PollingOptions(absl::Milliseconds(5)));
+  Trainer trainer;
+  ASSERT_TRUE(channels.Open(trainer.OpenRequest()).ok());
+  constexpr int64_t kSteps = 16;
+  for (int64_t step = 101; step <= 100 + kSteps; ++step) {  // plain steps
+    absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_TRUE(trainer.Await(trainer.Send(StepBytes(step))));
+    EXPECT_EQ(trainer.Response().step_id(), step);
+  }
+  // The first two requests set the turn; a loaded machine may miss a few.
+  EXPECT_GE(channels.requests_polled(), kSteps / 2);
+}
+
 // A trainer that vanishes or shrinks its object while the daemon polls for
 // its next request ends the channel, as one asleep on the futex does.
 TEST(StepChannelTest, TrainerGoneWhilePolledForEndsItsChannel) {
