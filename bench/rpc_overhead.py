@@ -17,7 +17,10 @@ the daemon polling for each request, as a GPU daemon does). Per step it splits t
     transport + server = rpc - daemon      (transport, handler, bookkeeping)
     daemon             = timings.total_us  (the step engine's phases)
 
-and compares transport + server with gRPC's floor: a bare Health RPC on the
+and compares transport + server with gRPC's floor. With --daemon-poll-ms run it on an
+otherwise idle host: a daemon thread polling with sched_yield waits for a core another
+busy process holds, where one woken from the futex is scheduled at once (why host mode does
+not poll by default). Also compared: a bare Health RPC on the
 same socket (a handler that does nothing), back to back and after an idle gap
 as long as a step's (both ends' gRPC threads sleep that long; waking them
 costs extra). All figures p50 / p99 µs.

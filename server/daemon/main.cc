@@ -95,9 +95,9 @@ ABSL_FLAG(int, max_step_channels, 64,
 ABSL_FLAG(double, step_channel_request_poll_ms, -1,
           "A step channel's thread polls for its trainer's next Step request "
           "from this many ms before it is due (the last answer plus the "
-          "trainer's last time from an answer to its next request) to as long "
-          "after, instead of sleeping on the futex, so "
-          "that its wake-up is off the step, and for a trainer's verdict as "
+          "trainer's last forward and backward: its time from an answer to its "
+          "next request) to as long after, instead of sleeping on the futex, "
+          "so that its wake-up is off the step, and for a trainer's verdict as "
           "long before it sleeps: up to three times this of one core a step "
           "per channel. In [0, 10]; 0: sleep; -1 (default): 1 with --device, "
           "0 in host mode, whose step needs the cores (server/README.md "

@@ -44,15 +44,14 @@ struct StepChannelOptions {
   // How often an idle channel checks that its trainer still holds its lock
   // (and that the daemon is not shutting down).
   absl::Duration idle_check = absl::Milliseconds(500);
-  // How long before its trainer's next request is due (the last answer
-  // plus the trainer's last turn, answer to request) a channel's thread polls
-  // for it instead of sleeping on the futex, and as long after
-  // (request_poll.h): the wake-up after the trainer's forward and backward is
-  // then off the step; also how long it looks for a trainer's verdict before it
-  // sleeps. Zero: sleep throughout; at most RequestPoll::kMaxPoll (100 ms)
-  // counts (muond-daemon
-  // --step_channel_request_poll_ms; host mode, whose step needs the cores,
-  // does not poll).
+  // How long before its trainer's next request is due (the last answer plus
+  // the trainer's last turn, answer to request) a channel's thread polls for
+  // it instead of sleeping on the futex, and as long after (request_poll.h):
+  // the wake-up after the trainer's forward and backward is then off the
+  // step; also how long it looks for a trainer's verdict before it sleeps.
+  // Zero: sleep throughout; at most RequestPoll::kMaxPoll (100 ms) counts
+  // (muond-daemon --step_channel_request_poll_ms; host mode, whose step needs
+  // the cores, does not poll).
   absl::Duration request_poll = absl::ZeroDuration();
   // At the limit, how long Open waits for an open channel to end before it
   // refuses: a trainer replacing its channel (a new registration) posts the

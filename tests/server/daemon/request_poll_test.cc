@@ -30,8 +30,9 @@ TEST(RequestPollTest, PollsAroundTheNextRequestOnceATurnWasMeasured) {
 }
 
 // The daemon's step varies from step to step; the trainer's turn (its
-// forward and backward) does not move with it, so neither does the window:
-// a step 5 ms longer than the last still finds its next request polled for.
+// forward and backward) does not. Counted from the answer, the window moves
+// with the step and stays on the request: a step 5 ms longer than the last
+// still finds its next request polled for.
 TEST(RequestPollTest, ALongerStepMovesTheWindowWithIt) {
   RequestPoll poll(milliseconds(1));
   poll.Arrived(kStart);

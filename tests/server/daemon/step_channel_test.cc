@@ -274,8 +274,8 @@ TEST(StepChannelTest, PollingChannelAnswersRequestsOnTimeEarlyAndLate) {
 }
 
 // At a steady period the daemon finds requests by polling (a poll of 5 ms
-// around each request 30 ms after the last: an oversleep of the trainer
-// past 5 ms on every one of six would miss them all); asleep, never.
+// around each request, due 30 ms after the last answer: an oversleep of the
+// trainer past 5 ms on every one of six would miss them all); asleep, never.
 TEST(StepChannelTest, RequestsAtASteadyPeriodAreFoundByPolling) {
   for (const absl::Duration poll :
        {absl::ZeroDuration(), absl::Milliseconds(5)}) {
