@@ -9,9 +9,10 @@
 //
 // The request is due the trainer's last turn (from an answer to its next
 // request: its forward and backward) after the last answer. Counted from the
-// answer, the daemon's own step time, which varies from step to step by more
-// than a millisecond on a large model, does not move the window away from
-// the request (bench/results/gpu_h100_groups_and_polling.md).
+// answer, the daemon's own step time, which varies from step to step, does
+// not move the window away from the request, as it did when the window was
+// placed by the interval between the last two requests
+// (bench/results/step_channel_cpu.md, last section).
 #include <algorithm>
 #include <chrono>
 #include <optional>

@@ -414,14 +414,15 @@ class StepChannel:
 
     def set_answer_poll(self, seconds: float) -> None:
         """Poll for the daemon's answer over the last ``seconds`` before it
-        is expected (the last step's wait, counted from its request's sending) and as long after,
-        instead of sleeping on the futex, so that the thread is awake when
-        the answer comes (one that slept through a GPU step wakes ~0.05-0.1
-        ms after the daemon's futex wake-up: bench/results/step_channel_cpu.md).
-        The poll yields the GIL and the core between looks and costs up to
-        2 x ``seconds`` of one core a step; a step
-        whose previous wait was shorter than 2 x ``seconds`` (a CPU daemon's
-        short step) does not poll. 0 (the default): sleep throughout.
+        is expected (the last step's wait, counted from its request's
+        sending) and as long after, instead of sleeping on the futex, so
+        that the thread is awake when the answer comes (one that slept
+        through a GPU step wakes ~0.05-0.1 ms after the daemon's futex
+        wake-up: bench/results/step_channel_cpu.md). The poll yields the GIL
+        and the core between looks and costs up to 2 x ``seconds`` of one
+        core a step; a step whose previous wait was shorter than 2 x
+        ``seconds`` (a CPU daemon's short step) does not poll. 0 (the
+        default): sleep throughout.
         ValueError unless answer_poll_seconds takes it."""
         self._poll_s = answer_poll_seconds(seconds)
 
