@@ -13,9 +13,9 @@ void RequestPoll::Arrived(Clock::time_point at) {
 }
 
 std::optional<RequestPoll::Window> RequestPoll::Next() const {
+  // A turn is measured only once a request and its answer were seen.
   if (poll_ == Clock::duration::zero() || spent_ || !turn_.has_value() ||
-      !answered_.has_value() || *answered_ < *arrived_ ||
-      interval_ / 2 < poll_) {
+      *answered_ < *arrived_ || interval_ / 2 < poll_) {
     return std::nullopt;
   }
   const Clock::time_point due = *answered_ + *turn_;
